@@ -1,0 +1,100 @@
+"""Build the backward program of a forward program, in the same IR.
+
+Each op's derivative rule lives in its registry entry and emits backward ops through a
+`_Builder`; forward values it reads become ``saved:<id>`` inputs of the backward program,
+so the runtime knows exactly which forward intermediates to keep and the code generator
+can fuse the backward like any program (Seastar §5.2). The gradient of a broadcast is a
+reduce along the same index, so a source-side broadcast turns into a reduction over
+out-edges, which the Triton backend runs over the reverse CSR.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..ir import CompileError, Program, Residency, Value, get_op
+
+
+@dataclass
+class BackwardProgram:
+    program: Program
+    saved: list[Value] = field(default_factory=list)   # forward values, in saved-input order
+    wrt: tuple[str, ...] = ()                           # forward input keys with a gradient output
+
+
+class _Builder:
+    def __init__(self, program: Program, source: str | None):
+        self.program = program
+        self.saved: dict[int, tuple[Value, Value]] = {}
+        self.source = source
+
+    def fwd(self, value: Value) -> Value:
+        if value.id not in self.saved:
+            placeholder = self.program.input(f"saved:{value.id}", value.residency, value.shape, value.dtype)
+            self.saved[value.id] = (value, placeholder)
+        return self.saved[value.id][1]
+
+    def add(self, op: str, /, *inputs: Value, **attrs) -> Value:
+        return self.program.add(op, *inputs, source=self.source, **attrs)
+
+    def const(self, value: float, like: Value) -> Value:
+        return self.program.add("const", value=float(value), dtype=like.dtype)
+
+
+def build_backward(forward: Program, wrt: list[str] | tuple[str, ...]) -> BackwardProgram:
+    """Gradients of every forward output with respect to the inputs named in ``wrt``.
+
+    The backward program's inputs are ``grad:<output key>`` and ``saved:<value id>``; its
+    outputs are ``grad:<input key>`` for each input in ``wrt`` that the outputs depend on.
+    """
+    for key in wrt:
+        if key not in forward.inputs:
+            raise KeyError(f"{key!r} is not an input of the program")
+    needs = {forward.inputs[k].id for k in wrt}
+    for v in forward.values:
+        if any(i.id in needs for i in v.inputs):
+            needs.add(v.id)
+
+    program = Program()
+    grads: dict[int, Value] = {}
+    for key, out in forward.outputs.items():
+        if out.id in needs:
+            g = program.input(f"grad:{key}", out.residency, out.shape, out.dtype)
+            grads[out.id] = _accumulate(program, grads.get(out.id), g)
+    builder = _Builder(program, None)
+
+    for v in reversed(forward.values):
+        if v.op == "input" or v.id not in grads:
+            continue
+        opdef = get_op(v.op)
+        if not any(i.id in needs for i in v.inputs):
+            continue
+        if opdef.derivative is None:
+            raise CompileError(f"op {v.op!r} has no derivative rule", v.source)
+        builder.source = v.source
+        try:
+            input_grads = opdef.derivative(builder, v, grads.pop(v.id))
+        except NotImplementedError as exc:
+            raise CompileError(f"cannot differentiate {v.op!r}: {exc}", v.source) from exc
+        for x, gx in zip(v.inputs, input_grads):
+            if gx is None or x.id not in needs:
+                continue
+            grads[x.id] = _accumulate(program, grads.get(x.id), _fit(program, gx, x))
+
+    result = BackwardProgram(program, wrt=tuple(k for k in wrt if forward.inputs[k].id in grads))
+    for key in result.wrt:
+        program.output(f"grad:{key}", grads[forward.inputs[key].id])
+    result.saved = [fwd for fwd, _ in builder.saved.values()]
+    return result
+
+
+def _fit(program: Program, g: Value, x: Value) -> Value:
+    """Sum a gradient over the dims (and rows) that broadcasting spread ``x`` across."""
+    to_shared = x.residency is Residency.SHARED and g.residency is not Residency.SHARED
+    if to_shared or g.shape != x.shape:
+        target = Residency.SHARED if x.residency is Residency.SHARED else g.residency
+        g = program.add("sum_to", g, shape=x.shape, residency=target)
+    return g
+
+
+def _accumulate(program: Program, total: Value | None, g: Value) -> Value:
+    return g if total is None else program.add("add", total, g)

@@ -1,0 +1,1 @@
+"""Executors for programs: `reference` (torch ops, any device) and `triton` (generated kernels)."""

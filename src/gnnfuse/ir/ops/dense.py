@@ -1,0 +1,134 @@
+"""Dense ops that are not elementwise: matmul, feature-dim reductions, shape changes,
+constants, dropout masks and the row reduction that produces parameter gradients.
+
+Dims in attrs are always negative (per-element, counted from the right), so the same
+attrs work on row-leading tensors at run time and on stripped shapes at trace time.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..registry import OpDef, register
+from ..residency import Movement, Residency
+
+
+def _dense(name: str, fn, derivative=None, **kw) -> OpDef:
+    return register(OpDef(name, Movement.DENSE, lambda ctx, *xs, **a: fn(*xs, **a),
+                          derivative=derivative, **kw))
+
+
+# --- matmul ---------------------------------------------------------------------------
+def _matmul_derivative(b, v, g):
+    x, w = v.inputs
+    if w.residency is not Residency.SHARED:
+        raise NotImplementedError("matmul derivative needs a SHARED right operand")
+    return [b.add("matmul", g, b.add("transpose", b.fwd(w))),
+            b.add("matmul_tn", b.fwd(x), g)]
+
+
+_dense("matmul", torch.matmul, _matmul_derivative, arity=2,
+       doc="x @ W with W a parameter (the usual linear transform)")
+_dense("transpose", lambda x: x.transpose(-1, -2), lambda b, v, g: [b.add("transpose", g)], arity=1)
+
+
+def _matmul_tn_shape(inputs, attrs, residency):
+    x, g = inputs
+    return (x.shape[-1], g.shape[-1]), x.dtype
+
+
+_dense("matmul_tn", lambda x, g: x.reshape(-1, x.shape[-1]).transpose(0, 1) @ g.reshape(-1, g.shape[-1]),
+       None, arity=2, shape=_matmul_tn_shape,
+       residency=lambda rs, a: Residency.SHARED,
+       doc="sum over rows of outer(x_row, g_row): the weight gradient of x @ W")
+register(OpDef("sum_to", Movement.REDUCE, lambda ctx, x, shape, residency, rows: _sum_to(x, shape, rows[0],
+                                                                                   residency),
+               residency=lambda rs, a: a["residency"],
+               shape=lambda inputs, a, r: (tuple(a["shape"]), inputs[0].dtype),
+               arity=1, row_aware=True,
+               doc="sum broadcast dims away, and the rows too for a SHARED target (parameter gradients)"))
+
+
+def _sum_to(x: torch.Tensor, shape, rows: bool, residency: Residency) -> torch.Tensor:
+    if rows and residency is Residency.SHARED:
+        x, rows = x.sum(0), False
+    lead = int(rows)
+    elem = x.shape[lead:]
+    extra = len(elem) - len(shape)
+    dims = [lead + i for i in range(extra)]
+    dims += [lead + extra + i for i, s in enumerate(shape) if s == 1 and elem[extra + i] != 1]
+    if dims:
+        x = x.sum(dims, keepdim=True)
+    return x.reshape(((x.shape[0],) if rows else ()) + tuple(shape))
+
+
+# --- feature-dim reductions -----------------------------------------------------------
+def _expand_back(b, v, g):
+    x = v.inputs[0]
+    if not v.attrs["keepdim"]:
+        keep_shape = list(x.shape)
+        for d in v.attrs["dim"]:
+            keep_shape[d] = 1
+        g = b.add("reshape", g, shape=tuple(keep_shape))
+    return b.add("expand", g, shape=x.shape)
+
+
+_dense("sum_dim", lambda x, dim, keepdim: x.sum(dim, keepdim=keepdim),
+       lambda b, v, g: [_expand_back(b, v, g)], arity=1)
+_dense("mean_dim", lambda x, dim, keepdim: x.mean(dim, keepdim=keepdim),
+       lambda b, v, g: [b.add("mul", _expand_back(b, v, g),
+                              b.const(1.0 / math.prod(v.inputs[0].shape[d] for d in v.attrs["dim"]), g))],
+       arity=1)
+
+# --- shape changes --------------------------------------------------------------------
+def _reshape(x: torch.Tensor, shape, rows) -> torch.Tensor:
+    return x.reshape(((x.shape[0],) if rows[0] else ()) + tuple(shape))
+
+
+def _expand(x: torch.Tensor, shape, rows) -> torch.Tensor:
+    return x.expand(((x.shape[0],) if rows[0] else ()) + tuple(shape))
+
+
+_dense("reshape", _reshape, lambda b, v, g: [b.add("reshape", g, shape=v.inputs[0].shape)],
+       arity=1, row_aware=True)
+_dense("expand", _expand, None, arity=1, row_aware=True,
+       doc="broadcast per-element dims to shape; its gradient is summed back by autodiff")
+
+
+def _concat_derivative(b, v, g):
+    grads, start, dim = [], 0, v.attrs["dim"]
+    for x in v.inputs:
+        size = x.shape[dim]
+        grads.append(b.add("narrow", g, dim=dim, start=start, length=size))
+        start += size
+    return grads
+
+
+_dense("concat", lambda *xs, dim: torch.cat(xs, dim), _concat_derivative, elementwise=True)
+_dense("narrow", lambda x, dim, start, length: x.narrow(dim, start, length),
+       lambda b, v, g: [b.add("unnarrow", g, dim=v.attrs["dim"], start=v.attrs["start"],
+                              size=v.inputs[0].shape[v.attrs["dim"]])], arity=1)
+_dense("unnarrow", lambda g, dim, start, size: _unnarrow(g, dim, start, size),
+       lambda b, v, g: [b.add("narrow", g, dim=v.attrs["dim"], start=v.attrs["start"],
+                              length=v.inputs[0].shape[v.attrs["dim"]])], arity=1,
+       doc="place g at [start, start+len) of a zero tensor of length size along dim")
+
+
+def _unnarrow(g: torch.Tensor, dim: int, start: int, size: int) -> torch.Tensor:
+    shape = list(g.shape)
+    shape[dim] = size
+    out = g.new_zeros(shape)
+    out.narrow(dim, start, g.shape[dim]).copy_(g)
+    return out
+
+
+# --- constants and randomness ---------------------------------------------------------
+register(OpDef("const", Movement.DENSE, lambda ctx, value, dtype: torch.tensor(value, dtype=dtype),
+               residency=lambda rs, a: Residency.SHARED,
+               shape=lambda inputs, a, r: ((), a["dtype"]), arity=0))
+register(OpDef("dropout_mask", Movement.DENSE,
+               lambda ctx, x, p: torch.bernoulli(torch.full_like(x, 1.0 - p)) / (1.0 - p),
+               shape=lambda inputs, a, r: (inputs[0].shape, inputs[0].dtype),
+               arity=1, pure=False,
+               doc="a fresh keep-mask scaled by 1/(1-p), shaped like x; dropout is x * mask"))

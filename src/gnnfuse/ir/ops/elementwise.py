@@ -1,0 +1,54 @@
+"""Elementwise ops: per-element, per-row math with right-aligned feature broadcasting."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..registry import OpDef, register
+from ..residency import Movement
+
+
+def _ew(name: str, fn, derivative=None, arity: int | None = None, doc: str = "") -> OpDef:
+    return register(OpDef(name, Movement.DENSE, lambda ctx, *xs, **a: fn(*xs, **a),
+                          derivative=derivative, elementwise=True, arity=arity, doc=doc))
+
+
+# --- binary -------------------------------------------------------------------------
+_ew("add", torch.add, lambda b, v, g: [g, g], 2)
+_ew("sub", torch.sub, lambda b, v, g: [g, b.add("neg", g)], 2)
+_ew("mul", torch.mul, lambda b, v, g: [b.add("mul", g, b.fwd(v.inputs[1])),
+                                        b.add("mul", g, b.fwd(v.inputs[0]))], 2)
+_ew("div", torch.div, lambda b, v, g: [
+    b.add("div", g, b.fwd(v.inputs[1])),
+    b.add("neg", b.add("div", b.add("mul", g, b.fwd(v)), b.fwd(v.inputs[1]))),
+], 2)
+_ew("eq", lambda x, y: (x == y).to(torch.promote_types(x.dtype, y.dtype)), None, 2,
+    doc="1 where equal else 0; not differentiable (used by max/min derivatives)")
+
+# --- unary --------------------------------------------------------------------------
+_ew("neg", torch.neg, lambda b, v, g: [b.add("neg", g)], 1)
+_ew("exp", torch.exp, lambda b, v, g: [b.add("mul", g, b.fwd(v))], 1)
+_ew("log", torch.log, lambda b, v, g: [b.add("div", g, b.fwd(v.inputs[0]))], 1)
+_ew("sqrt", torch.sqrt, lambda b, v, g: [
+    b.add("div", g, b.add("mul", b.fwd(v), b.const(2.0, g)))], 1)
+_ew("pow", lambda x, exponent: torch.pow(x, exponent), lambda b, v, g: [
+    b.add("mul", g, b.add("mul", b.add("pow", b.fwd(v.inputs[0]), exponent=v.attrs["exponent"] - 1.0),
+                          b.const(v.attrs["exponent"], g)))], 1)
+_ew("relu", torch.relu, lambda b, v, g: [b.add("mul", g, b.add("step", b.fwd(v.inputs[0])))], 1)
+_ew("step", lambda x: (x > 0).to(x.dtype), None, 1, doc="1 where x > 0 else 0")
+_ew("leaky_relu", lambda x, negative_slope: F.leaky_relu(x, negative_slope),
+    lambda b, v, g: [b.add("mul", g, b.add("leaky_relu_slope", b.fwd(v.inputs[0]),
+                                           negative_slope=v.attrs["negative_slope"]))], 1)
+_ew("leaky_relu_slope", lambda x, negative_slope: torch.where(x > 0, 1.0, negative_slope).to(x.dtype),
+    None, 1, doc="derivative multiplier of leaky_relu")
+_ew("elu", lambda x, alpha: F.elu(x, alpha),
+    lambda b, v, g: [b.add("mul", g, b.add("elu_slope", b.fwd(v.inputs[0]), alpha=v.attrs["alpha"]))], 1)
+_ew("elu_slope", lambda x, alpha: torch.where(x > 0, torch.ones_like(x), alpha * torch.exp(x)),
+    None, 1, doc="derivative multiplier of elu")
+_ew("sigmoid", torch.sigmoid, lambda b, v, g: [
+    b.add("mul", g, b.add("mul", b.fwd(v), b.add("sub", b.const(1.0, g), b.fwd(v))))], 1)
+_ew("tanh", torch.tanh, lambda b, v, g: [
+    b.add("mul", g, b.add("sub", b.const(1.0, g), b.add("mul", b.fwd(v), b.fwd(v))))], 1)
+_ew("clamp_min", lambda x, min: torch.clamp_min(x, min),
+    lambda b, v, g: [b.add("mul", g, b.add("step", b.add("sub", b.fwd(v.inputs[0]),
+                                                          b.const(v.attrs["min"], g))))], 1)

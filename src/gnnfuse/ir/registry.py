@@ -1,0 +1,126 @@
+"""The op registry: one entry per op holds every rule about it.
+
+An `OpDef` carries the op's movement class, its residency rule, its shape rule, its torch
+reference implementation, its derivative (a rule that builds backward IR), and, once a
+code generator knows it, its Triton emitter. Adding an op means adding one entry.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
+
+import torch
+
+from .errors import CompileError
+from .residency import Movement, Residency, join
+
+if TYPE_CHECKING:
+    from .program import Value
+
+
+class ExecContext(Protocol):
+    """What movement ops need from the graph when they run (see backend.reference)."""
+
+    num_nodes: int
+    num_edges: int
+    src: torch.Tensor
+    dst: torch.Tensor
+
+    def rows(self, residency: Residency) -> int: ...
+
+
+class GradBuilder(Protocol):
+    """What a derivative rule may do: read forward values and add backward ops."""
+
+    def fwd(self, value: "Value") -> "Value": ...
+
+    def add(self, op: str, /, *inputs: "Value", **attrs: Any) -> "Value": ...
+
+    def const(self, value: float, like: "Value") -> "Value": ...
+
+
+Reference = Callable[..., torch.Tensor]
+Derivative = Callable[[GradBuilder, "Value", "Value"], Sequence["Value | None"]]
+
+
+def dense_residency(inputs: list[Residency], attrs: dict) -> Residency:
+    return join(inputs)
+
+
+@dataclass
+class OpDef:
+    name: str
+    movement: Movement
+    reference: Reference
+    residency: Callable[[list[Residency], dict], Residency] = dense_residency
+    shape: Callable[[Sequence["Value"], dict, Residency], tuple[tuple[int, ...], torch.dtype]] | None = None
+    derivative: Derivative | None = None
+    elementwise: bool = False
+    pure: bool = True            # False: must never be merged or folded (random masks)
+    row_aware: bool = False      # reference takes rows=(operand has a row dim, ...) as a keyword
+    arity: int | None = None     # None: variadic
+    emit: Any = None             # Triton emitter, filled in by the code generator's table
+    doc: str = ""
+
+    def infer_residency(self, inputs: list[Residency], attrs: dict) -> Residency:
+        if self.arity is not None and len(inputs) != self.arity:
+            raise ValueError(f"{self.name} takes {self.arity} operands, got {len(inputs)}")
+        return self.residency(inputs, attrs)
+
+    def infer_shape(self, inputs: Sequence["Value"], attrs: dict,
+                    residency: Residency) -> tuple[tuple[int, ...], torch.dtype]:
+        if self.shape is not None:
+            return self.shape(inputs, attrs, residency)
+        # Shape inference by running the reference on meta tensors with two rows, the way
+        # Seastar's tracer reuses the DL framework's own type inference.
+        metas = [torch.empty(((2,) if i.residency is not Residency.SHARED else ()) + i.shape,
+                             dtype=i.dtype, device="meta") for i in inputs]
+        out = self.run(None, metas, [i.residency for i in inputs], attrs)
+        shape = tuple(out.shape)
+        return (shape[1:] if residency is not Residency.SHARED else shape), out.dtype
+
+    def run(self, ctx: ExecContext | None, tensors: Sequence[torch.Tensor],
+            residencies: Sequence[Residency], attrs: dict) -> torch.Tensor:
+        """Run the torch reference, aligning per-element dims of row operands first."""
+        if self.elementwise:
+            tensors = align_rows(tensors, residencies)
+        if self.row_aware:
+            attrs = {**attrs, "rows": tuple(r is not Residency.SHARED for r in residencies)}
+        return self.reference(ctx, *tensors, **attrs)
+
+
+def align_rows(tensors: Sequence[torch.Tensor], residencies: Sequence[Residency]) -> list[torch.Tensor]:
+    """Broadcast per-element shapes right-aligned while keeping the row dim leading.
+
+    Plain torch broadcasting would align a [rows] scalar-per-row with the *last* feature
+    dim of a [rows, F] tensor; values here are per-element, so [rows] becomes [rows, 1].
+    """
+    ranks = [t.dim() - (r is not Residency.SHARED) for t, r in zip(tensors, residencies)]
+    k = max(ranks, default=0)
+    out = []
+    for t, r, rank in zip(tensors, residencies, ranks):
+        if r is not Residency.SHARED and rank < k:
+            t = t.reshape((t.shape[0],) + (1,) * (k - rank) + tuple(t.shape[1:]))
+        out.append(t)
+    return out
+
+
+_REGISTRY: dict[str, OpDef] = {}
+
+
+def register(opdef: OpDef) -> OpDef:
+    if opdef.name in _REGISTRY:
+        raise ValueError(f"op {opdef.name!r} is registered twice")
+    _REGISTRY[opdef.name] = opdef
+    return opdef
+
+
+def get_op(name: str, source: str | None = None) -> OpDef:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise CompileError(f"no registry entry for op {name!r}", source) from None
+
+
+def registered_ops() -> dict[str, OpDef]:
+    return dict(_REGISTRY)

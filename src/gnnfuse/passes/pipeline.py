@@ -1,0 +1,17 @@
+"""The default optimization pipeline run on every compiled program."""
+from __future__ import annotations
+
+from ..ir import Program, verify
+from .cse import eliminate_common_subexpressions
+from .dce import eliminate_dead_code
+from .fold import fold_constants
+from .reorder import reorder_broadcasts
+
+
+def optimize(program: Program, keep_inputs: bool = False) -> Program:
+    fold_constants(program)
+    reorder_broadcasts(program)
+    eliminate_common_subexpressions(program)
+    eliminate_dead_code(program, keep_inputs=keep_inputs)
+    verify(program)
+    return program

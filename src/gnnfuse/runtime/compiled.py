@@ -1,0 +1,70 @@
+"""Wraps a forward program and its generated backward in a `torch.autograd.Function`.
+
+The backward program is built once per set of inputs that need gradients and cached;
+the forward run keeps only the values that backward program reads (its ``saved:``
+inputs), so every other intermediate is freed as soon as the forward is done with it.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import torch
+
+from ..autodiff import BackwardProgram, build_backward
+from ..backend.reference import GraphContext, execute
+from ..graph import Graph
+from ..ir import Program, verify
+from ..passes import optimize
+
+
+class CompiledProgram:
+    """An optimized program plus lazily built backward programs, runnable on any graph."""
+
+    def __init__(self, program: Program, optimize_program: bool = True):
+        verify(program)
+        self.program = optimize(program) if optimize_program else program
+        self._backward: dict[tuple[str, ...], BackwardProgram] = {}
+
+    def backward_for(self, wrt: tuple[str, ...]) -> BackwardProgram:
+        if wrt not in self._backward:
+            backward = build_backward(self.program, wrt)
+            backward.program = optimize(backward.program, keep_inputs=True)
+            self._backward[wrt] = backward
+        return self._backward[wrt]
+
+    def __call__(self, graph: Graph, feeds: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        keys = tuple(self.program.inputs)
+        missing = [k for k in keys if k not in feeds]
+        if missing:
+            raise KeyError(f"missing inputs {missing}; the program reads {list(keys)}")
+        outputs = _ProgramFunction.apply(self, GraphContext(graph), keys, *(feeds[k] for k in keys))
+        return dict(zip(self.program.outputs, outputs))
+
+
+class _ProgramFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, compiled: CompiledProgram, graph_ctx: GraphContext, keys: tuple[str, ...],
+                *tensors: torch.Tensor):
+        wrt = tuple(k for k, needs in zip(keys, ctx.needs_input_grad[3:]) if needs)
+        backward = compiled.backward_for(wrt) if wrt else None
+        keep = [v.id for v in backward.saved] if backward else []
+        outputs, kept = execute(compiled.program, graph_ctx, dict(zip(keys, tensors)), keep)
+        ctx.compiled, ctx.graph_ctx, ctx.keys, ctx.backward = compiled, graph_ctx, keys, backward
+        ctx.kept = kept
+        return tuple(outputs.values())
+
+    @staticmethod
+    def backward(ctx, *output_grads: torch.Tensor):
+        backward: BackwardProgram = ctx.backward
+        feeds: dict[str, torch.Tensor] = {f"saved:{i}": t for i, t in ctx.kept.items()}
+        for (key, out), g in zip(ctx.compiled.program.outputs.items(), output_grads):
+            name = f"grad:{key}"
+            if name in backward.program.inputs:
+                feeds[name] = g if g is not None else torch.zeros_like(ctx.kept[out.id])
+        grads, _ = execute(backward.program, ctx.graph_ctx, feeds)
+        by_key = {k.removeprefix("grad:"): g for k, g in grads.items()}
+        return (None, None, None) + tuple(by_key.get(k) for k in ctx.keys)
+
+
+def compile_program(program: Program, optimize_program: bool = True) -> CompiledProgram:
+    return CompiledProgram(program, optimize_program)
