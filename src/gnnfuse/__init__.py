@@ -1,0 +1,11 @@
+"""gnnfuse: write GNN layers the way the maths reads, run them as fused kernels.
+
+Layering (each imports only from those before it): graph -> ir -> passes -> autodiff ->
+backend -> runtime -> frontend -> nn / data / cli.
+"""
+from .frontend import compile, message_passing, vertex
+from .graph import Graph
+from .ir import CompileError
+
+__version__ = "0.1.0"
+__all__ = ["CompileError", "Graph", "compile", "message_passing", "vertex", "__version__"]

@@ -1,0 +1,127 @@
+"""Graphiler's message/reduce front end, in DGL's UDF style (Graphiler §4.1-4.2).
+
+    def message(edges):  return {"m": edges.src["h"] * edges.data["w"]}
+    def reduce(nodes):   return {"h": torch.sum(nodes.mailbox["m"], dim=1)}
+    out = gnnfuse.message_passing(graph, message, reduce, ndata={"h": h}, edata={"w": w})
+
+The UDFs are traced once per call into the same IR as vertex-centric code; a reduction or
+softmax over ``dim=1`` of the mailbox becomes a Reduce or Norm op, so no per-degree
+bucketing ever runs (Graphiler §3.2's problem).
+"""
+from __future__ import annotations
+
+from typing import Callable, Mapping
+
+import torch
+
+from ..graph import Graph
+from ..ir import Residency
+from ..runtime import CompiledProgram
+from .tracer import EDGE_ROWED, SymTensor, Tracer
+
+_COMPILED: dict[str, CompiledProgram] = {}
+
+
+class _MessageTracer(Tracer):
+    """A tracer whose mailbox reductions turn into graph Reduce/Norm ops."""
+
+    def reduce(self, x: SymTensor, op: str) -> SymTensor:
+        self._check_mailbox(x)
+        value = self.program.add("reduce", x.value, op=op, by="dst", source=self.source())
+        return SymTensor(self, value, 1)
+
+    def softmax(self, x: SymTensor) -> SymTensor:
+        self._check_mailbox(x)
+        return SymTensor(self, self.program.add("edge_softmax", x.value, by="dst", source=self.source()), 2)
+
+    def _check_mailbox(self, x: SymTensor) -> None:
+        if self.mode != "reduce" or x.value.residency not in EDGE_ROWED:
+            raise self.error("reductions over dim=1 apply to nodes.mailbox inside reduce_fn")
+
+
+class _Lookup:
+    def __init__(self, tracer: Tracer, what: str, get: Callable[[str], SymTensor], keys):
+        self._tracer, self._what, self._get, self._keys = tracer, what, get, keys
+
+    def __getitem__(self, key: str) -> SymTensor:
+        if key not in self._keys:
+            raise self._tracer.error(f"{self._what}[{key!r}] does not exist; available: {sorted(self._keys)}")
+        return self._get(key)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._keys
+
+
+class _Edges:
+    def __init__(self, tracer: Tracer, ndata, edata):
+        def node(by):
+            def get(key):
+                x = tracer.input(key, Residency.NODE, ndata[key], 1)
+                return SymTensor(tracer, tracer.program.add("broadcast", x.value, by=by,
+                                                            source=tracer.source()), 1)
+            return get
+        self.src = _Lookup(tracer, "edges.src", node("src"), ndata)
+        self.dst = _Lookup(tracer, "edges.dst", node("dst"), ndata)
+        self.data = _Lookup(tracer, "edges.data",
+                            lambda k: tracer.input(f"e.{k}", Residency.EDGE, edata[k], 1), edata)
+
+
+class _Nodes:
+    def __init__(self, tracer: Tracer, ndata, mailbox: Mapping[str, SymTensor], computed):
+        def data(key):
+            if key in computed:
+                return computed[key]
+            return tracer.input(key, Residency.NODE, ndata[key], 1)
+        self.data = _Lookup(tracer, "nodes.data", data, {*ndata, *computed})
+        self.mailbox = _Lookup(tracer, "nodes.mailbox",
+                               lambda k: SymTensor(tracer, mailbox[k].value, 2), mailbox)
+
+
+def _returned(tracer: Tracer, result, stage: str) -> dict[str, SymTensor]:
+    if not isinstance(result, dict) or not all(isinstance(v, SymTensor) for v in result.values()):
+        raise tracer.error(f"{stage} must return a dict of traced tensors, got {type(result).__name__}")
+    return result
+
+
+def trace_message_passing(message_fn: Callable, reduce_fn: Callable, update_fn: Callable | None,
+                          ndata: Mapping[str, torch.Tensor], edata: Mapping[str, torch.Tensor]) -> _MessageTracer:
+    """Capture the three UDFs into one program whose outputs are the final node data."""
+    dtype = next((t.dtype for t in [*ndata.values(), *edata.values()] if t.is_floating_point()),
+                 torch.get_default_dtype())
+    tracer = _MessageTracer(message_fn, "message", dtype)
+    messages = _returned(tracer, message_fn(_Edges(tracer, ndata, edata)), "message_fn")
+    for key, m in messages.items():
+        if m.value.residency not in EDGE_ROWED:
+            raise tracer.error(f"message {key!r} is {m.value.residency.name} data; a message must be "
+                               "per edge (built from edges.src/dst/data)")
+    stages = [(reduce_fn, "reduce", "reduce_fn")] + ([(update_fn, "update", "update_fn")] if update_fn else [])
+    computed: dict[str, SymTensor] = {}
+    for fn, mode, name in stages:
+        tracer.rebind(fn, mode)
+        result = _returned(tracer, fn(_Nodes(tracer, ndata, messages if mode == "reduce" else {}, computed)),
+                           name)
+        for key, out in result.items():
+            if out.value.residency is not Residency.NODE:
+                raise tracer.error(f"{name} output {key!r} is {out.value.residency.name} data; reduce the "
+                                   "mailbox over dim=1 (sum/mean/max/min) to get per-node values")
+        computed = {**computed, **result} if mode == "update" else dict(result)
+        outputs = result
+    for key, out in outputs.items():
+        tracer.program.output(key, out.value)
+    return tracer
+
+
+def message_passing(graph: Graph | object, message_fn: Callable, reduce_fn: Callable,
+                    update_fn: Callable | None = None, *, ndata: Mapping[str, torch.Tensor],
+                    edata: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """Run DGL-style ``update_all(message_fn, reduce_fn, update_fn)`` compiled through the IR;
+    returns the node data that ``update_fn`` (or ``reduce_fn``) produces."""
+    graph = Graph.coerce(graph)
+    edata = dict(edata or {})
+    tracer = trace_message_passing(message_fn, reduce_fn, update_fn, ndata, edata)
+    key = tracer.program.fingerprint()
+    if key not in _COMPILED:
+        _COMPILED[key] = CompiledProgram(tracer.program)
+    feeds = {**ndata, **{f"e.{k}": t for k, t in edata.items()},
+             **{name: t for name, t in tracer.captured.values()}}
+    return _COMPILED[key](graph, feeds)

@@ -1,0 +1,188 @@
+"""Seastar's vertex-centric API (§4): write what one vertex ``v`` computes.
+
+    @gnnfuse.vertex
+    def gcn(v):
+        return sum([torch.mm(u.h, W) * u.norm for u in v.innbs])
+
+    out = gcn(graph, v_feature={"h": h, "norm": norm})
+
+``v.<key>`` is the vertex's own feature, ``u.<key>`` a neighbour's (``for u in v.innbs``),
+``e.<key>`` an in-edge's (``for e in v.inedges``, with ``e.src``/``e.dst``). ``sum``,
+``max`` and ``min`` over a list built from the neighbour list aggregate per vertex;
+``len(v.innbs)`` is the in-degree. The function is traced into the IR on each call (cheap,
+Python only); compiled programs are cached by the traced program's structure.
+"""
+from __future__ import annotations
+
+import builtins
+import functools
+import types
+from typing import Any, Callable, Mapping
+
+import torch
+
+from ..graph import Graph
+from ..ir import Residency
+from ..runtime import CompiledProgram
+from .tracer import EDGE_ROWED, Degree, SymTensor, Tracer
+
+
+class _Neighbours:
+    """``v.innbs`` / ``v.inedges``: iterates once, yielding one symbolic neighbour."""
+
+    def __init__(self, tracer: Tracer, make: Callable[[], Any]):
+        self.tracer, self._make = tracer, make
+
+    def __iter__(self):
+        yield self._make()
+
+    def __getitem__(self, i):
+        if i != 0:
+            raise self.tracer.error("index the neighbour list only through range(len(v.innbs))")
+        return self._make()
+
+    def __len__(self):
+        raise self.tracer.error("len(v.innbs) must be called directly in the decorated function")
+
+
+class _Vertex:
+    def __init__(self, tracer: Tracer, side: str, features: Mapping[str, torch.Tensor]):
+        self._tracer, self._side, self._features = tracer, side, features
+
+    @property
+    def innbs(self) -> _Neighbours:
+        self._center_only("innbs")
+        return _Neighbours(self._tracer, lambda: _Vertex(self._tracer, "src", self._features))
+
+    @property
+    def inedges(self) -> _Neighbours:
+        self._center_only("inedges")
+        return _Neighbours(self._tracer, lambda: _Edge(self._tracer, self._features))
+
+    def _center_only(self, what: str) -> None:
+        if self._side != "center":
+            raise self._tracer.error(f"{what} is only available on the center vertex v (one hop per call)")
+
+    def __getattr__(self, key: str) -> SymTensor:
+        if key.startswith("_"):
+            raise AttributeError(key)
+        nodes = self._features["nodes"]
+        if key not in nodes:
+            raise self._tracer.error(f"vertex feature {key!r} does not exist; v_feature has {sorted(nodes)}")
+        x = self._tracer.input(key, Residency.NODE, nodes[key], 0)
+        if self._side == "center":
+            return x
+        by = "src" if self._side == "src" else "dst"
+        return SymTensor(self._tracer, self._tracer.program.add("broadcast", x.value, by=by,
+                                                                source=self._tracer.source()), 0)
+
+
+class _Edge:
+    def __init__(self, tracer: Tracer, features):
+        self._tracer, self._features = tracer, features
+        self.src = _Vertex(tracer, "src", features)
+        self.dst = _Vertex(tracer, "dst", features)
+
+    def __getattr__(self, key: str) -> SymTensor:
+        if key.startswith("_"):
+            raise AttributeError(key)
+        edges = self._features["edges"]
+        if key not in edges:
+            raise self._tracer.error(f"edge feature {key!r} does not exist; e_feature has {sorted(edges)}")
+        return self._tracer.input(f"e.{key}", Residency.EDGE, edges[key], 0)
+
+
+def _aggregate(tracer: Tracer, builtin: Callable, op: str):
+    """``sum``/``max``/``min`` that aggregate a traced neighbour list per vertex."""
+
+    def aggregate(iterable, *args, **kwargs):
+        items = list(iterable) if not isinstance(iterable, SymTensor) else [iterable]
+        syms = [x for x in items if isinstance(x, SymTensor)]
+        if not syms or not any(x.value.residency in EDGE_ROWED for x in syms):
+            return builtin(items, *args, **kwargs)
+        if len(items) != 1:
+            raise tracer.error(f"{op}() over a neighbour list must take exactly the list built from "
+                               "v.innbs / v.inedges")
+        if kwargs or (args and op != "sum"):
+            raise tracer.error(f"{op}() over a neighbour list takes no extra arguments")
+        result = SymTensor(tracer, tracer.program.add("reduce", items[0].value, op=op, by="dst",
+                                                      source=tracer.source()), 0)
+        return tracer.apply("add", result, args[0]) if args and args[0] != 0 else result
+
+    return aggregate
+
+
+def _length(tracer: Tracer):
+    def length(obj):
+        if isinstance(obj, _Neighbours) or (isinstance(obj, list) and obj and all(
+                isinstance(x, SymTensor) and x.value.residency in EDGE_ROWED for x in obj)):
+            value = tracer.program.add("degree", by="dst", dtype=tracer.dtype, source=tracer.source())
+            return Degree(tracer, value, 0)
+        return builtins.len(obj)
+    return length
+
+
+class VertexFunction:
+    """A vertex-centric function, compiled on first use for each traced structure."""
+
+    def __init__(self, fn: Callable):
+        functools.update_wrapper(self, fn)
+        self.fn = fn
+        self._compiled: dict[tuple, CompiledProgram] = {}
+
+    def trace(self, v_feature: Mapping[str, torch.Tensor],
+              e_feature: Mapping[str, torch.Tensor] | None = None) -> tuple[Tracer, dict[str, torch.Tensor]]:
+        """Trace the function into a program; returns the tracer and the captured tensors."""
+        feats = {"nodes": dict(v_feature), "edges": dict(e_feature or {})}
+        dtype = next((t.dtype for t in [*feats["nodes"].values(), *feats["edges"].values()]
+                      if t.is_floating_point()), torch.get_default_dtype())
+        tracer = Tracer(self.fn, "vertex", dtype)
+        patched_globals = dict(self.fn.__globals__, sum=_aggregate(tracer, builtins.sum, "sum"),
+                               max=_aggregate(tracer, builtins.max, "max"),
+                               min=_aggregate(tracer, builtins.min, "min"), len=_length(tracer))
+        fn = types.FunctionType(self.fn.__code__, patched_globals, self.fn.__name__,
+                                self.fn.__defaults__, self.fn.__closure__)
+        result = fn(_Vertex(tracer, "center", feats))
+        outputs = result if isinstance(result, dict) else {"out": result}
+        for key, out in outputs.items():
+            if not isinstance(out, SymTensor) or out.value.residency is not Residency.NODE:
+                where = getattr(out, "value", None)
+                raise tracer.error(
+                    f"a vertex function must return per-vertex values; output {key!r} is "
+                    f"{where.residency.name if where is not None else type(out).__name__} — aggregate "
+                    "neighbour values with sum/max/min over the list built from v.innbs")
+            tracer.program.output(key, out.value)
+        return tracer, {name: t for name, t in tracer.captured.values()}
+
+    def __call__(self, graph: Graph | Any, v_feature: Mapping[str, torch.Tensor],
+                 e_feature: Mapping[str, torch.Tensor] | None = None):
+        graph = Graph.coerce(graph)
+        tracer, captured = self.trace(v_feature, e_feature)
+        compiled = _cached(self._compiled, tracer.program)
+        feeds = {**v_feature, **{f"e.{k}": t for k, t in (e_feature or {}).items()}, **captured}
+        outputs = compiled(graph, feeds)
+        return outputs["out"] if list(outputs) == ["out"] else outputs
+
+
+def _cached(cache: dict, program) -> CompiledProgram:
+    key = program.fingerprint()
+    if key not in cache:
+        cache[key] = CompiledProgram(program)
+    return cache[key]
+
+
+def vertex(fn: Callable) -> VertexFunction:
+    """Decorator: compile a vertex-centric function (see module docstring)."""
+    return VertexFunction(fn)
+
+
+def compile(graph: Graph | Any = None, v_feature: Mapping[str, torch.Tensor] | None = None,
+            e_feature: Mapping[str, torch.Tensor] | None = None) -> Callable[[Callable], Callable[[], Any]]:
+    """Seastar's spelling: ``@compile(graph, v_feature={...})`` on ``vc_compute(v)`` gives a
+    zero-argument callable that runs it on that graph (Seastar Figure 3)."""
+
+    def decorate(fn: Callable) -> Callable[[], Any]:
+        compiled = VertexFunction(fn)
+        return functools.wraps(fn)(lambda: compiled(graph, v_feature or {}, e_feature))
+
+    return decorate
