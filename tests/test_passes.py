@@ -1,0 +1,98 @@
+"""Each rewrite pass on a small program: the rewritten listing and its op count."""
+from __future__ import annotations
+
+import torch
+
+from gnnfuse.ir import Program, Residency, verify
+from gnnfuse.passes import (eliminate_common_subexpressions, eliminate_dead_code, fold_constants, optimize,
+                            reorder_broadcasts)
+
+R = Residency
+f64 = torch.float64
+
+
+def ops(p: Program) -> list[str]:
+    return [v.op for v in p if v.op != "input"]
+
+
+def test_broadcast_reordering_moves_dense_ops_before_the_gather():
+    p = Program()
+    h = p.input("h", R.NODE, (8,), f64)
+    w = p.input("W", R.SHARED, (8, 4), f64)
+    msg = p.add("relu", p.add("matmul", p.add("broadcast", h, by="src"), w))   # edges.src['h'] @ W
+    p.output("out", p.add("reduce", msg, op="sum", by="dst"))
+    assert ops(p) == ["broadcast", "matmul", "relu", "reduce"]
+    reorder_broadcasts(p)
+    eliminate_dead_code(p)
+    verify(p)
+    assert ops(p) == ["matmul", "relu", "broadcast", "reduce"]
+    assert [v.residency for v in p if v.op in ("matmul", "relu")] == [R.NODE, R.NODE]
+    assert p.op_count() == 4 and "NODE[4] float64              = matmul(%h, %W)" in p.pretty()
+
+
+def test_reordering_keeps_ops_that_mix_source_and_destination():
+    p = Program()
+    h = p.input("h", R.NODE, (3,), f64)
+    e = p.add("add", p.add("broadcast", h, by="src"), p.add("broadcast", h, by="dst"))
+    p.output("out", p.add("reduce", e, op="sum", by="dst"))
+    reorder_broadcasts(p)
+    assert ops(p) == ["broadcast", "broadcast", "add", "reduce"]
+
+
+def test_reordering_never_moves_random_masks():
+    p = Program()
+    h = p.input("h", R.NODE, (3,), f64)
+    hs = p.add("broadcast", h, by="src")
+    p.output("out", p.add("reduce", p.add("mul", hs, p.add("dropout_mask", hs, p=0.5)), op="sum", by="dst"))
+    reorder_broadcasts(p)
+    assert ops(p) == ["broadcast", "dropout_mask", "mul", "reduce"]
+
+
+def test_cse_merges_equal_pure_ops_only():
+    p = Program()
+    h = p.input("h", R.NODE, (3,), f64)
+    a, b = p.add("exp", h), p.add("exp", h)
+    m1, m2 = p.add("dropout_mask", h, p=0.5), p.add("dropout_mask", h, p=0.5)
+    p.output("out", p.add("add", p.add("add", a, b), p.add("add", m1, m2)))
+    eliminate_common_subexpressions(p)
+    assert ops(p) == ["exp", "dropout_mask", "dropout_mask", "add", "add", "add"]
+    assert p.op_count("exp") == 1
+
+
+def test_constant_folding():
+    p = Program()
+    h = p.input("h", R.NODE, (3,), f64)
+    c = p.add("mul", p.add("const", value=2.0, dtype=f64), p.add("const", value=3.0, dtype=f64))
+    p.output("out", p.add("mul", h, p.add("sqrt", c)))
+    fold_constants(p)
+    eliminate_dead_code(p)
+    assert ops(p) == ["const", "mul"]
+    assert abs(next(v for v in p if v.op == "const").attrs["value"] - 6.0 ** 0.5) < 1e-15
+
+
+def test_dead_code_elimination():
+    p = Program()
+    h = p.input("h", R.NODE, (3,), f64)
+    p.input("unused", R.NODE, (3,), f64)
+    p.add("exp", h)
+    p.output("out", p.add("relu", h))
+    eliminate_dead_code(p, keep_inputs=True)
+    assert ops(p) == ["relu"] and set(p.inputs) == {"h", "unused"}
+    eliminate_dead_code(p)
+    assert set(p.inputs) == {"h"}
+
+
+def test_optimize_pipeline_on_a_traced_gcn():
+    from gnnfuse.frontend import trace_message_passing
+
+    x, w = torch.randn(5, 4, dtype=f64), torch.randn(4, 2, dtype=f64)
+
+    def message(edges):
+        return {"m": (edges.src["h"] @ w) * edges.src["n"]}
+
+    tracer = trace_message_passing(message, lambda n: {"out": torch.sum(n.mailbox["m"], dim=1)},
+                                           None, {"h": x, "n": torch.ones(5, dtype=f64)}, {})
+    before = tracer.program.op_count()
+    optimize(tracer.program)
+    assert ops(tracer.program) == ["matmul", "mul", "broadcast", "reduce"]
+    assert tracer.program.op_count() == before - 1   # two source broadcasts became one
