@@ -173,35 +173,30 @@ def oracle(name, x, graph, p):
     ei = graph.edge_index
     src, dst, n = graph.src, graph.dst, graph.num_nodes
 
-    def linear(layer, W, b=None):
-        layer.weight.data = W.t().clone()
-        if b is not None:
-            layer.bias.data = b.clone()
-
     def aggregate(msg):
         return torch.zeros(n, *msg.shape[1:], dtype=msg.dtype).index_add(0, dst, msg)
 
+    def call(module, weights):
+        """Run a PyG module with our tensors as its parameters, differentiably, so the
+        oracle's parameter gradients exist (PyG stores Linear weights transposed)."""
+        return torch.func.functional_call(module, weights, (x, ei), strict=False)
+
     if name == "gcn":
         conv = pyg.GCNConv(F_IN, F_OUT, add_self_loops=False, bias=False).double()
-        linear(conv.lin, p["W"])
-        return conv(x, ei)
+        return call(conv, {"lin.weight": p["W"].t()})
     if name == "gat":
         conv = pyg.GATConv(F_IN, F_OUT, heads=HEADS, add_self_loops=False, bias=False, negative_slope=0.2).double()
-        linear(conv.lin, p["W"])
-        conv.att_src.data = p["a_src"].view(1, HEADS, F_OUT).clone()
-        conv.att_dst.data = p["a_dst"].view(1, HEADS, F_OUT).clone()
-        return conv(x, ei)
+        return call(conv, {"lin.weight": p["W"].t(),
+                           "att_src": p["a_src"].view(1, HEADS, F_OUT),
+                           "att_dst": p["a_dst"].view(1, HEADS, F_OUT)})
     if name in ("sage_mean", "sage_max"):
         conv = pyg.SAGEConv(F_IN, F_OUT, aggr=name.split("_")[1]).double()
-        linear(conv.lin_l, p["Wl"], p["bl"])
-        linear(conv.lin_r, p["Wr"])
-        return conv(x, ei)
+        return call(conv, {"lin_l.weight": p["Wl"].t(), "lin_l.bias": p["bl"], "lin_r.weight": p["Wr"].t()})
     if name == "gin":
         mlp = torch.nn.Sequential(torch.nn.Linear(F_IN, F_OUT), torch.nn.ReLU(), torch.nn.Linear(F_OUT, F_OUT))
-        conv = pyg.GINConv(mlp, eps=0.1).double()   # its constructor re-initializes the MLP
-        linear(mlp[0], p["W1"], p["b1"])
-        linear(mlp[2], p["W2"], p["b2"])
-        return conv(x, ei)
+        conv = pyg.GINConv(mlp, eps=0.1).double()
+        return call(conv, {"nn.0.weight": p["W1"].t(), "nn.0.bias": p["b1"],
+                           "nn.2.weight": p["W2"].t(), "nn.2.bias": p["b2"]})
     if name == "appnp":
         norm = gcn_norm(graph)
         weight = norm[src] * norm[dst]
