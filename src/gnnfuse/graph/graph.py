@@ -1,0 +1,351 @@
+"""The immutable graph every gnnfuse layer runs on.
+
+A graph is stored as its edge list in *input order*: edge i goes ``src[i] -> dst[i]`` and
+edge-feature tensors are indexed by that i. Kernels want other layouts -- in-edges grouped
+by destination (CSR) for the forward pass, out-edges grouped by source (reverse CSR) for
+the backward pass (Seastar §6.1, §6.3.4), vertices in descending degree for load balancing
+(§6.3.3). Each layout permutes the edges, so each carries an ``eid`` array mapping its
+positions back to edge ids; edge features are never permuted.
+
+All layouts are built lazily, on the graph's device, once per graph, and memoised in one
+cache that layers also use (`Graph.cached`) for their own derived data such as GCN
+normalisation. Because the cache assumes the graph never changes, a `Graph` has no
+mutating methods: transformations return new graphs with empty caches.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import numpy as np
+import torch
+
+from .convert import networkx_edges, scipy_edges
+from .validate import as_index_tensor, check_ids, choose_index_dtype, infer_count
+
+
+class CSR(NamedTuple):
+    """Edges grouped by one endpoint: row v owns positions ``rowptr[v]:rowptr[v+1]``.
+
+    ``col`` holds the other endpoint and ``eid`` the original edge id of each position.
+    """
+    rowptr: torch.Tensor
+    col: torch.Tensor
+    eid: torch.Tensor
+
+
+class Graph:
+    """A directed graph on vertices ``0..num_nodes-1``, optionally with edge/vertex types.
+
+    `src`, `dst` (and `edge_type`, `node_type`) may be tensors, numpy arrays or sequences
+    of integers. int64 tensors are kept without copying: do not modify them afterwards.
+    Non-tensor inputs go to the device of the tensor inputs (CPU if there are none).
+    """
+
+    def __init__(self, src: Any, dst: Any, num_nodes: int | None = None, *,
+                 edge_type: Any = None, num_edge_types: int | None = None,
+                 node_type: Any = None, num_node_types: int | None = None) -> None:
+        devices = {name: t.device for name, t in
+                   (("src", src), ("dst", dst), ("edge_type", edge_type), ("node_type", node_type))
+                   if isinstance(t, torch.Tensor)}
+        if len(set(devices.values())) > 1:
+            where = ", ".join(f"{name} is on {dev}" for name, dev in devices.items())
+            raise ValueError(f"graph tensors must share one device, but {where}")
+        device = next(iter(devices.values()), torch.device("cpu"))
+        src = as_index_tensor("src", src, device)
+        dst = as_index_tensor("dst", dst, device)
+        if src.numel() != dst.numel():
+            raise ValueError(f"src and dst must have the same length, got {src.numel()} and {dst.numel()}")
+        n = infer_count(num_nodes, "num_nodes", src, dst)
+        check_ids("src", src, n, "num_nodes")
+        check_ids("dst", dst, n, "num_nodes")
+
+        etype, num_etypes = _types("edge", edge_type, num_edge_types, src.numel(), "edges", device)
+        ntype, num_ntypes = _types("node", node_type, num_node_types, n, "nodes", device)
+        self._init(src, dst, n, etype, num_etypes, ntype, num_ntypes)
+
+    def _init(self, src, dst, num_nodes, edge_type, num_edge_types, node_type, num_node_types) -> None:
+        self._src, self._dst, self._num_nodes = src, dst, num_nodes
+        self._edge_type, self._num_edge_types = edge_type, num_edge_types
+        self._node_type, self._num_node_types = node_type, num_node_types
+        self._cache: dict[str, Any] = {}
+
+    def _derive(self, src: torch.Tensor, dst: torch.Tensor, edge_type: torch.Tensor | None,
+                num_edge_types: int | None = None) -> Graph:
+        """A graph from already-valid tensors, skipping validation; keeps vertex types."""
+        g = Graph.__new__(Graph)
+        g._init(src, dst, self._num_nodes, edge_type,
+                self._num_edge_types if num_edge_types is None else num_edge_types,
+                self._node_type, self._num_node_types)
+        return g
+
+    # --- construction from other formats -------------------------------------------------
+    @classmethod
+    def from_edge_index(cls, edge_index: Any, num_nodes: int | None = None, **kw: Any) -> Graph:
+        """From a PyG-style ``[2, E]`` array: row 0 = sources, row 1 = targets."""
+        if not isinstance(edge_index, torch.Tensor) and not isinstance(edge_index, np.ndarray):
+            edge_index = np.asarray(edge_index)
+            if edge_index.size == 0 and edge_index.dtype.kind == "f":
+                edge_index = edge_index.astype(np.int64)    # `[[], []]` parses as float64
+        shape = tuple(edge_index.shape)
+        if len(shape) != 2 or shape[0] != 2:
+            raise ValueError(f"edge_index must have shape [2, E], got {list(shape)}")
+        return cls(edge_index[0], edge_index[1], num_nodes, **kw)
+
+    @classmethod
+    def from_scipy(cls, matrix: Any) -> Graph:
+        """From a square scipy sparse matrix/array: row = source, column = target.
+
+        One edge per stored entry, in ``matrix.tocoo()`` order (duplicates kept).
+        """
+        src, dst, n = scipy_edges(matrix)
+        return cls(src, dst, n)
+
+    @classmethod
+    def from_networkx(cls, g: Any) -> Graph:
+        """From a networkx graph; vertices are renumbered in ``g.nodes`` iteration order.
+
+        Undirected graphs give both directions of every edge; multigraphs keep multi-edges.
+        """
+        src, dst, n = networkx_edges(g)
+        return cls(src, dst, n)
+
+    @classmethod
+    def coerce(cls, obj: Any, num_nodes: int | None = None) -> Graph:
+        """Whatever a layer's ``forward(x, graph)`` was given, as a `Graph`.
+
+        A `Graph` passes through; a ``[2, E]`` tensor or array is an edge_index; scipy
+        sparse matrices and networkx graphs are converted.
+        """
+        if isinstance(obj, Graph):
+            if num_nodes is not None and num_nodes != obj.num_nodes:
+                raise ValueError(f"num_nodes={num_nodes} given but the graph has {obj.num_nodes} nodes")
+            return obj
+        if isinstance(obj, (torch.Tensor, np.ndarray)):
+            return cls.from_edge_index(obj, num_nodes)
+        import scipy.sparse as sp
+        if sp.issparse(obj):
+            graph = cls.from_scipy(obj)
+        elif type(obj).__module__.startswith("networkx"):
+            graph = cls.from_networkx(obj)
+        else:
+            raise TypeError(f"cannot make a Graph from {type(obj).__name__}; pass a Graph, a [2, E] "
+                            "edge_index, a scipy sparse matrix or a networkx graph")
+        return cls.coerce(graph, num_nodes)
+
+    # --- basic attributes ----------------------------------------------------------------
+    @property
+    def num_nodes(self) -> int:
+        return self._num_nodes
+
+    @property
+    def num_edges(self) -> int:
+        return self._src.numel()
+
+    @property
+    def device(self) -> torch.device:
+        return self._src.device
+
+    @property
+    def src(self) -> torch.Tensor:
+        """Source of each edge, int64, in edge-id order."""
+        return self._src
+
+    @property
+    def dst(self) -> torch.Tensor:
+        """Target of each edge, int64, in edge-id order."""
+        return self._dst
+
+    @property
+    def edge_type(self) -> torch.Tensor | None:
+        return self._edge_type
+
+    @property
+    def num_edge_types(self) -> int | None:
+        return self._num_edge_types
+
+    @property
+    def node_type(self) -> torch.Tensor | None:
+        return self._node_type
+
+    @property
+    def num_node_types(self) -> int | None:
+        return self._num_node_types
+
+    @property
+    def edge_index(self) -> torch.Tensor:
+        """``[2, E]`` int64 (PyG layout)."""
+        return self.cached("edge_index", lambda g: torch.stack([g.src, g.dst]))
+
+    @property
+    def index_dtype(self) -> torch.dtype:
+        """The narrowest safe dtype for indices into this graph (int32 when it fits)."""
+        return choose_index_dtype(self._num_nodes, self.num_edges)
+
+    # --- derived layouts (lazy, cached, on the graph's device) ---------------------------
+    def cached(self, key: str, fn: Callable[[Graph], Any]) -> Any:
+        """``fn(self)``, computed on first use per graph and key, then memoised.
+
+        Keys are shared by every user of the graph, so pick descriptive ones
+        (e.g. ``"gcn_norm"``); two users with the same key must compute the same thing.
+        """
+        if key not in self._cache:
+            self._cache[key] = fn(self)
+        return self._cache[key]
+
+    def csr(self) -> CSR:
+        """In-edges grouped by destination: ``col`` = sources; stable in edge id per row."""
+        return self.cached("csr", lambda g: g._group_by(g._dst, g._src))
+
+    def reverse_csr(self) -> CSR:
+        """Out-edges grouped by source: ``col`` = destinations; stable in edge id per row."""
+        return self.cached("reverse_csr", lambda g: g._group_by(g._src, g._dst))
+
+    def _group_by(self, key: torch.Tensor, other: torch.Tensor) -> CSR:
+        """Edges grouped by `key`, `other` as ``col``; the sort is stable so ids rise per row.
+
+        The permutation itself is kept as ``eid``: after regrouping, a position no longer
+        names its edge, so E-typed tensors must be read through it (Seastar §6.3.4).
+        """
+        dtype = self.index_dtype
+        eid = torch.sort(key, stable=True).indices
+        counts = torch.bincount(key, minlength=self._num_nodes)
+        rowptr = torch.zeros(self._num_nodes + 1, dtype=torch.int64, device=self.device)
+        torch.cumsum(counts, 0, out=rowptr[1:])
+        return CSR(rowptr.to(dtype), other[eid].to(dtype), eid.to(dtype))
+
+    def coo(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(src, dst) in `index_dtype`, edge-id order."""
+        return self.cached("coo", lambda g: (g._src.to(g.index_dtype), g._dst.to(g.index_dtype)))
+
+    def in_degrees(self) -> torch.Tensor:
+        """int64 [N]: number of edges into each vertex (multi-edges and loops count)."""
+        return self.cached("in_degrees", lambda g: torch.bincount(g._dst, minlength=g._num_nodes))
+
+    def out_degrees(self) -> torch.Tensor:
+        """int64 [N]: number of edges out of each vertex."""
+        return self.cached("out_degrees", lambda g: torch.bincount(g._src, minlength=g._num_nodes))
+
+    def degree_order(self) -> torch.Tensor:
+        """Vertex ids by descending in-degree, ties by ascending id (Seastar §6.3.3).
+
+        Scheduling the heaviest rows first keeps a long tail of hub vertices from landing
+        on the last, otherwise idle, workers.
+        """
+        return self.cached("degree_order", lambda g: torch.sort(
+            g.in_degrees(), descending=True, stable=True).indices)
+
+    # --- transformations (each returns a new graph) -------------------------------------
+    def to(self, device: torch.device | str) -> Graph:
+        """This graph on `device` (itself if already there); caches are rebuilt lazily."""
+        device = torch.device(device)
+        if device == self.device:
+            return self
+        def move(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(device)
+        g = Graph.__new__(Graph)
+        g._init(move(self._src), move(self._dst), self._num_nodes, move(self._edge_type),
+                self._num_edge_types, move(self._node_type), self._num_node_types)
+        return g
+
+    def add_self_loops(self, loop_type: int | None = None) -> Graph:
+        """Append one ``v -> v`` edge per vertex after the existing edges (ids E..E+N-1).
+
+        Existing loops are kept (use `remove_self_loops` first for exactly one per
+        vertex). In a typed graph the loops get `loop_type`, by default a new relation
+        ``num_edge_types`` -- a self connection is usually weighted apart (R-GCN's W_0).
+        """
+        loops = torch.arange(self._num_nodes, device=self.device)
+        if self._edge_type is None:
+            if loop_type is not None:
+                raise ValueError("loop_type given but the graph has no edge types")
+            return self._derive(torch.cat([self._src, loops]), torch.cat([self._dst, loops]), None)
+        num_types = self._num_edge_types
+        if loop_type is None:
+            loop_type, num_types = num_types, num_types + 1
+        elif not 0 <= loop_type < num_types:
+            raise ValueError(f"loop_type={loop_type} is not a valid edge type (num_edge_types={num_types})")
+        types = torch.cat([self._edge_type, torch.full_like(loops, loop_type)])
+        return self._derive(torch.cat([self._src, loops]), torch.cat([self._dst, loops]), types, num_types)
+
+    def remove_self_loops(self) -> Graph:
+        """Drop every ``v -> v`` edge; the others keep their relative order."""
+        keep = self._src != self._dst
+        return self._select(keep)
+
+    def _select(self, keep: torch.Tensor) -> Graph:
+        etype = None if self._edge_type is None else self._edge_type[keep]
+        return self._derive(self._src[keep], self._dst[keep], etype)
+
+    def reverse(self) -> Graph:
+        """Every edge flipped; edge ids (and types) unchanged."""
+        return self._derive(self._dst, self._src, self._edge_type)
+
+    def to_undirected(self) -> Graph:
+        """Each edge in both directions, with duplicate edges removed.
+
+        Duplicates are equal (src, dst) pairs -- (src, dst, type) triples in a typed graph,
+        so relations are not merged. The result is sorted by (src, dst[, type]), so edge
+        ids do not correspond to this graph's.
+        """
+        src = torch.cat([self._src, self._dst])
+        dst = torch.cat([self._dst, self._src])
+        etype = None if self._edge_type is None else torch.cat([self._edge_type, self._edge_type])
+        columns = [src, dst] + ([etype] if etype is not None else [])
+        unique = _unique_rows(columns, [self._num_nodes, self._num_nodes, self._num_edge_types or 1])
+        return self._derive(unique[0], unique[1], unique[2] if etype is not None else None)
+
+    def to_scipy(self) -> Any:
+        """``scipy.sparse.coo_array`` of ones, shape [N, N], one entry per edge in id order.
+
+        Duplicate edges stay separate entries (scipy sums them into counts on conversion
+        to CSR), so ``Graph.from_scipy(g.to_scipy())`` gives back the same edges and ids.
+        """
+        import scipy.sparse as sp
+        src, dst = self._src.cpu().numpy(), self._dst.cpu().numpy()
+        return sp.coo_array((np.ones(len(src), dtype=np.float32), (src, dst)),
+                            shape=(self._num_nodes, self._num_nodes))
+
+    def __repr__(self) -> str:
+        typed = ""
+        if self._edge_type is not None:
+            typed += f", num_edge_types={self._num_edge_types}"
+        if self._node_type is not None:
+            typed += f", num_node_types={self._num_node_types}"
+        return f"Graph(num_nodes={self._num_nodes}, num_edges={self.num_edges}{typed}, device={self.device})"
+
+
+def _types(kind: str, values: Any, count: int | None, length: int, unit: str,
+           device: torch.device) -> tuple[torch.Tensor | None, int | None]:
+    """Validated (``{kind}_type`` tensor, ``num_{kind}_types``); both None if untyped."""
+    if values is None:
+        if count is not None:
+            raise ValueError(f"num_{kind}_types given without {kind}_type")
+        return None, None
+    types = as_index_tensor(f"{kind}_type", values, device)
+    if types.numel() != length:
+        raise ValueError(f"{kind}_type has {types.numel()} entries but the graph has {length} {unit}")
+    count = infer_count(count, f"num_{kind}_types", types)
+    check_ids(f"{kind}_type", types, count, f"num_{kind}_types")
+    return types, count
+
+
+def _unique_rows(columns: list[torch.Tensor], sizes: list[int]) -> list[torch.Tensor]:
+    """Distinct tuples of the parallel id `columns`, sorted lexicographically.
+
+    Packs each tuple into one int64 key when the key space fits (fast 1-D unique), else
+    falls back to a row-wise unique.
+    """
+    space = 1
+    for size in sizes[:len(columns)]:
+        space *= max(size, 1)
+    if space > torch.iinfo(torch.int64).max:
+        return list(torch.unique(torch.stack(columns), dim=1).unbind(0))
+    key = torch.zeros_like(columns[0])
+    for col, size in zip(columns, sizes):
+        key = key * max(size, 1) + col
+    key = torch.unique(key)
+    out = []
+    for size in reversed(sizes[:len(columns)]):
+        out.append(key % max(size, 1))
+        key = key // max(size, 1)
+    return out[::-1]

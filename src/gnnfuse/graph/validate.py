@@ -1,0 +1,79 @@
+"""Turning user-supplied id arrays into checked int64 tensors.
+
+Every kernel downstream indexes memory with these ids without bounds checks, so a bad id
+must be caught here, once, with a message that says which array and which position is
+wrong -- not later as a silent out-of-bounds read or a wrapped-around int32.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+_INT64_MAX = np.iinfo(np.int64).max
+
+
+def as_index_tensor(name: str, value: Any, device: torch.device | None = None) -> torch.Tensor:
+    """`value` as a 1-D int64 tensor; rejects float/bool ids and non-1-D input.
+
+    int64 tensors are used as they are (no copy), so a 62M-edge graph does not double its
+    memory on construction; other integer types are widened, never narrowed. Non-tensor
+    input is placed on `device` (the device of the tensor it travels with).
+    """
+    if isinstance(value, torch.Tensor):
+        tensor = value
+    else:
+        array = np.asarray(value)
+        if array.size == 0 and array.dtype.kind == "f" and not isinstance(value, np.ndarray):
+            array = array.astype(np.int64)          # `[]` parses as float64; it holds no ids
+        if array.dtype.kind not in "iu":
+            raise ValueError(f"{name} must hold integer ids, got numpy dtype {array.dtype}")
+        if array.dtype == np.uint64 and array.size and int(array.max()) > _INT64_MAX:
+            raise ValueError(f"{name} holds ids above the int64 range (largest {int(array.max())})")
+        tensor = torch.from_numpy(np.ascontiguousarray(array, dtype=np.int64))
+        if device is not None:
+            tensor = tensor.to(device)
+    if tensor.dtype.is_floating_point or tensor.dtype.is_complex or tensor.dtype == torch.bool:
+        raise ValueError(f"{name} must hold integer ids, got {tensor.dtype}")
+    if tensor.dim() != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {tuple(tensor.shape)}")
+    return tensor if tensor.dtype == torch.int64 else tensor.to(torch.int64)
+
+
+def check_ids(name: str, ids: torch.Tensor, bound: int, bound_name: str) -> None:
+    """Raise unless every id is in [0, bound); name the first offending position."""
+    if ids.numel() == 0:
+        return
+    if int(ids.min()) < 0:
+        pos = int(torch.nonzero(ids < 0)[0])
+        raise ValueError(f"{name} has a negative id {int(ids[pos])} at position {pos}")
+    if int(ids.max()) >= bound:
+        pos = int(torch.nonzero(ids >= bound)[0])
+        raise ValueError(
+            f"{name} has id {int(ids[pos])} at position {pos}, but {bound_name}={bound} "
+            f"(ids must be < {bound_name}; {bound_name} is smaller than the largest id + 1 = "
+            f"{int(ids.max()) + 1})")
+
+
+def infer_count(explicit: int | None, name: str, *tensors: torch.Tensor) -> int:
+    """`explicit` if given (checked to be a non-negative int), else largest id + 1 (0 if empty)."""
+    if explicit is not None:
+        if isinstance(explicit, bool) or not isinstance(explicit, (int, np.integer)):
+            raise ValueError(f"{name} must be an int, got {type(explicit).__name__}")
+        if explicit < 0:
+            raise ValueError(f"{name} must be >= 0, got {explicit}")
+        return int(explicit)
+    return max((int(t.max()) + 1 for t in tensors if t.numel()), default=0)
+
+
+def choose_index_dtype(num_nodes: int, num_edges: int) -> torch.dtype:
+    """int32 when the vertex count N and the edge count plus one fit, else int64.
+
+    Halving index bandwidth matters for memory-bound sparse kernels, but a wrapped int32
+    offset corrupts results silently, so narrow only when provably safe: ids and the
+    count N itself (a kernel's row bound) need N <= INT32_MAX, and offsets reach E, with
+    one slot of headroom for an exclusive end pointer.
+    """
+    limit = torch.iinfo(torch.int32).max
+    return torch.int32 if num_nodes <= limit and num_edges + 1 <= limit else torch.int64

@@ -1,0 +1,251 @@
+"""Graph: every input format against a scipy reference, kernel layouts, validation."""
+from __future__ import annotations
+
+import networkx as nx
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gnnfuse import Graph
+from gnnfuse.graph import choose_index_dtype
+
+INT32_MAX = 2**31 - 1
+
+
+@st.composite
+def edge_lists(draw, max_nodes: int = 12, max_edges: int = 30):
+    """(src, dst, num_nodes): isolated vertices, self loops and multi-edges all likely."""
+    n = draw(st.integers(0, max_nodes))
+    e = draw(st.integers(0, max_edges)) if n else 0
+    ids = st.lists(st.integers(0, max(n - 1, 0)), min_size=e, max_size=e)
+    return draw(ids), draw(ids), n
+
+
+def reference(src, dst, n) -> np.ndarray:
+    """Dense edge-count matrix from scipy (which sums duplicates), row = source."""
+    ones = np.ones(len(src), dtype=np.int64)
+    return sp.coo_array((ones, (np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64))),
+                        shape=(n, n)).toarray()
+
+
+def dense(g: Graph) -> np.ndarray:
+    return g.to_scipy().toarray().astype(np.int64)
+
+
+fast = settings(max_examples=25, deadline=None)
+
+
+# --- input formats ---------------------------------------------------------------------
+@fast
+@given(edge_lists())
+def test_every_input_format_gives_the_same_graph(edges):
+    src, dst, n = edges
+    ref = reference(src, dst, n)
+    a_src, a_dst = np.array(src, dtype=np.int64), np.array(dst, dtype=np.int64)
+    exact = [
+        Graph(src, dst, n),
+        Graph(a_src, a_dst, n),
+        Graph(torch.tensor(a_src, dtype=torch.int32), torch.tensor(a_dst, dtype=torch.int32), n),
+        Graph.from_edge_index(torch.tensor(np.stack([a_src, a_dst])), n),
+        Graph.from_edge_index(np.stack([a_src, a_dst]), n),
+        Graph.from_scipy(sp.coo_array((np.ones(len(src)), (a_src, a_dst)), shape=(n, n))),
+        Graph.coerce(torch.tensor(np.stack([a_src, a_dst])), n),
+    ]
+    for g in exact:                                  # edge ids follow input order
+        assert g.num_nodes == n and g.num_edges == len(src)
+        assert g.src.dtype == g.dst.dtype == torch.int64
+        assert g.src.tolist() == src and g.dst.tolist() == dst
+        assert g.edge_index.tolist() == [src, dst]
+    order = np.argsort(a_src, kind="stable")                       # CSR with duplicates stored
+    indptr = np.concatenate([[0], np.cumsum(np.bincount(a_src, minlength=n))])
+    csr_matrix = sp.csr_matrix((np.ones(len(src)), a_dst[order], indptr), shape=(n, n))
+    multigraph = nx.MultiDiGraph()
+    multigraph.add_nodes_from(range(n))
+    multigraph.add_edges_from(zip(src, dst))
+    for g in (Graph.from_scipy(csr_matrix), Graph.coerce(csr_matrix), Graph.from_networkx(multigraph)):
+        assert g.num_nodes == n
+        assert np.array_equal(dense(g), ref)
+
+
+@fast
+@given(edge_lists())
+def test_from_scipy_keeps_coo_order_and_duplicates(edges):
+    src, dst, n = edges
+    coo = sp.coo_matrix((np.arange(len(src)) + 1.0, (src, dst)), shape=(n, n))
+    g = Graph.from_scipy(coo)
+    assert g.src.tolist() == coo.tocoo().row.tolist() and g.num_edges == len(src)
+    assert Graph.from_scipy(g.to_scipy()).edge_index.tolist() == g.edge_index.tolist()
+
+
+@fast
+@given(edge_lists())
+def test_undirected_networkx_gives_both_directions(edges):
+    src, dst, n = edges
+    g_nx = nx.Graph()
+    g_nx.add_nodes_from(range(n))
+    g_nx.add_edges_from(zip(src, dst))
+    g = Graph.from_networkx(g_nx)
+    assert np.array_equal(dense(g), nx.to_numpy_array(g_nx, nodelist=range(n), dtype=np.int64))
+
+
+def test_networkx_vertices_numbered_in_iteration_order():
+    g_nx = nx.DiGraph()
+    g_nx.add_edges_from([("b", "a"), ("a", "c")])
+    g = Graph.from_networkx(g_nx)
+    assert g.num_nodes == 3 and g.edge_index.tolist() == [[0, 1], [1, 2]]
+
+
+def test_coerce():
+    g = Graph([0, 1], [1, 0])
+    assert Graph.coerce(g) is g
+    assert Graph.coerce(nx.path_graph(3)).num_edges == 4
+    with pytest.raises(ValueError, match="num_nodes=5 given but the graph has 2"):
+        Graph.coerce(g, num_nodes=5)
+    with pytest.raises(TypeError, match="cannot make a Graph from str"):
+        Graph.coerce("cora")
+
+
+# --- layouts ---------------------------------------------------------------------------
+def check_grouping(csr, n, key, other, index_dtype):
+    rowptr, col, eid = csr
+    assert rowptr.dtype == col.dtype == eid.dtype == index_dtype
+    assert len(rowptr) == n + 1 and rowptr[0] == 0 and rowptr[-1] == len(key)
+    assert sorted(eid.tolist()) == list(range(len(key)))          # a permutation of edge ids
+    rows = torch.repeat_interleave(torch.arange(n), torch.diff(rowptr.long()))
+    eid = eid.long()
+    assert torch.equal(key[eid], rows)
+    assert torch.equal(other[eid], col.long())
+    for v in range(n):                                             # stable: ids increase per row
+        ids = eid[rowptr[v]:rowptr[v + 1]]
+        assert torch.all(ids[1:] > ids[:-1])
+
+
+@fast
+@given(edge_lists())
+def test_csr_and_reverse_csr_carry_edge_ids(edges):
+    src, dst, n = edges
+    g = Graph(src, dst, n)
+    ref = reference(src, dst, n)
+    check_grouping(g.csr(), n, g.dst, g.src, g.index_dtype)
+    check_grouping(g.reverse_csr(), n, g.src, g.dst, g.index_dtype)
+    assert g.in_degrees().tolist() == ref.sum(axis=0).tolist()
+    assert g.out_degrees().tolist() == ref.sum(axis=1).tolist()
+    c_src, c_dst = g.coo()
+    assert c_src.dtype == g.index_dtype and c_src.tolist() == src and c_dst.tolist() == dst
+
+
+@fast
+@given(edge_lists())
+def test_degree_order_descending_ties_by_id(edges):
+    src, dst, n = edges
+    g = Graph(src, dst, n)
+    deg = g.in_degrees().tolist()
+    assert g.degree_order().tolist() == sorted(range(n), key=lambda v: (-deg[v], v))
+
+
+def test_layouts_are_cached_and_shared_with_cached():
+    g = Graph([0, 1, 2], [1, 2, 0])
+    assert g.csr() is g.csr()
+    calls = []
+    value = g.cached("norm", lambda graph: calls.append(graph) or 42)
+    assert value == g.cached("norm", lambda graph: 0) == 42 and calls == [g]
+    assert Graph([0], [1]).cached("norm", lambda graph: 7) == 7                  # per graph
+
+
+def test_index_dtype_narrows_only_when_it_fits():
+    assert Graph([0], [1]).index_dtype == torch.int32
+    assert choose_index_dtype(INT32_MAX, INT32_MAX - 1) == torch.int32
+    assert choose_index_dtype(INT32_MAX + 1, 0) == torch.int64
+    assert choose_index_dtype(0, INT32_MAX) == torch.int64
+    big = Graph([0, 2**40], [2**40, 0])                           # no per-vertex arrays built
+    assert big.num_nodes == 2**40 + 1 and big.index_dtype == torch.int64
+    assert big.coo()[0].tolist() == [0, 2**40]                     # not wrapped
+
+
+# --- transformations -------------------------------------------------------------------
+@fast
+@given(edge_lists())
+def test_transformations_match_scipy(edges):
+    src, dst, n = edges
+    g = Graph(src, dst, n)
+    ref = reference(src, dst, n)
+    no_loops = ref * (1 - np.eye(n, dtype=np.int64))
+    assert np.array_equal(dense(g.remove_self_loops()), no_loops)
+    assert np.array_equal(dense(g.add_self_loops()), ref + np.eye(n, dtype=np.int64))
+    assert g.add_self_loops().src[len(src):].tolist() == list(range(n))
+    assert np.array_equal(dense(g.reverse()), ref.T)
+    undirected = g.to_undirected()
+    assert np.array_equal(dense(undirected), ((ref + ref.T) > 0).astype(np.int64))
+    assert np.array_equal(g.to_scipy().toarray(), ref)
+
+
+def test_typed_graph_keeps_relations_apart():
+    g = Graph([0, 0, 1, 2], [1, 1, 1, 0], edge_type=[0, 1, 0, 1])
+    assert g.num_edge_types == 2 and g.reverse().edge_type.tolist() == [0, 1, 0, 1]
+    assert g.remove_self_loops().edge_type.tolist() == [0, 1, 1]
+    looped = g.add_self_loops()
+    assert looped.num_edge_types == 3 and looped.edge_type[4:].tolist() == [2, 2, 2]
+    assert g.add_self_loops(loop_type=0).edge_type[4:].tolist() == [0, 0, 0]
+    undirected = g.to_undirected()
+    triples = sorted(zip(undirected.src.tolist(), undirected.dst.tolist(), undirected.edge_type.tolist()))
+    assert triples == [(0, 1, 0), (0, 1, 1), (0, 2, 1), (1, 0, 0), (1, 0, 1), (1, 1, 0), (2, 0, 1)]
+
+
+def test_node_types():
+    g = Graph([0], [1], 3, node_type=[0, 1, 1])
+    assert g.num_node_types == 2 and g.reverse().node_type.tolist() == [0, 1, 1]
+
+
+def test_empty_graph_everywhere():
+    for g in (Graph([], []), Graph(torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long), 0)):
+        assert g.num_nodes == 0 and g.num_edges == 0
+        assert g.csr().rowptr.tolist() == [0] and g.reverse_csr().eid.numel() == 0
+        assert g.degree_order().numel() == 0 and g.in_degrees().numel() == 0
+        assert g.to_undirected().num_edges == 0 and g.add_self_loops().num_edges == 0
+        assert g.to_scipy().shape == (0, 0) and g.edge_index.shape == (2, 0)
+    assert Graph.from_edge_index([[], []]).num_edges == 0
+    assert Graph.from_edge_index([[], []]).num_edges == 0
+    isolated = Graph([], [], 4)
+    assert isolated.csr().rowptr.tolist() == [0] * 5 and isolated.degree_order().tolist() == [0, 1, 2, 3]
+    assert isolated.add_self_loops().num_edges == 4
+
+
+def test_to_device_and_repr():
+    g = Graph([0, 1], [1, 0])
+    assert g.to("cpu") is g
+    meta = g.to("meta")
+    assert meta.device.type == "meta" and meta.num_edges == 2
+    assert repr(g) == "Graph(num_nodes=2, num_edges=2, device=cpu)"
+
+
+# --- validation ------------------------------------------------------------------------
+@pytest.mark.parametrize("make, message", [
+    (lambda: Graph([0, 1, -3], [1, 1, 1]), r"src has a negative id -3 at position 2"),
+    (lambda: Graph([0, 1], [1, -1]), r"dst has a negative id -1 at position 1"),
+    (lambda: Graph([0, 1], [1, 5], 3), r"dst has id 5 at position 1, but num_nodes=3"),
+    (lambda: Graph([0, 9], [1, 1], 4), r"num_nodes is smaller than the largest id \+ 1 = 10"),
+    (lambda: Graph([0, 1], [1]), r"same length, got 2 and 1"),
+    (lambda: Graph([0.0, 1.0], [1, 0]), r"src must hold integer ids, got numpy dtype float64"),
+    (lambda: Graph(torch.tensor([0.0]), torch.tensor([1.0])), r"src must hold integer ids, got torch.float32"),
+    (lambda: Graph(torch.tensor([True]), torch.tensor([1])), r"src must hold integer ids, got torch.bool"),
+    (lambda: Graph([[0, 1]], [[1, 0]]), r"src must be 1-D, got shape \(1, 2\)"),
+    (lambda: Graph(torch.tensor([0]), torch.tensor([0], device="meta")), r"src is on cpu, dst is on meta"),
+    (lambda: Graph([0, 1], [1, 0], edge_type=[0]), r"edge_type has 1 entries but the graph has 2 edges"),
+    (lambda: Graph([0, 1], [1, 0], edge_type=[0, 3], num_edge_types=2), r"edge_type has id 3 at position 1"),
+    (lambda: Graph([0, 1], [1, 0], edge_type=[0, -1]), r"edge_type has a negative id -1 at position 1"),
+    (lambda: Graph([0, 1], [1, 0], num_edge_types=2), r"num_edge_types given without edge_type"),
+    (lambda: Graph([0], [1], node_type=[0]), r"node_type has 1 entries but the graph has 2 nodes"),
+    (lambda: Graph([0], [1], -1), r"num_nodes must be >= 0, got -1"),
+    (lambda: Graph([0], [1], 2.0), r"num_nodes must be an int, got float"),
+    (lambda: Graph.from_edge_index(torch.zeros(3, 2, dtype=torch.long)), r"shape \[2, E\], got \[3, 2\]"),
+    (lambda: Graph.from_scipy(sp.coo_array((2, 3))), r"must be square"),
+    (lambda: Graph.from_scipy(np.eye(2)), r"expected a scipy sparse matrix"),
+    (lambda: Graph(np.array([2**63], dtype=np.uint64), [0]), r"above the int64 range"),
+    (lambda: Graph([0, 1], [1, 0]).add_self_loops(loop_type=0), r"loop_type given but the graph has no edge types"),
+])
+def test_bad_input_raises_value_error(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()
