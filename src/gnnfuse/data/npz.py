@@ -1,0 +1,54 @@
+"""The gnn-benchmark ``.npz`` graphs (Shchur et al., "Pitfalls of GNN evaluation").
+
+Unlike Planetoid these are the raw *directed* citation graphs with no predefined split,
+which makes them a second, independent loader path and a real directed graph for tests.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from ..graph import Graph
+from .dataset import NodeDataset, row_normalize
+from .paths import find_data_file
+
+
+def _csr(parts, prefix: str) -> sp.csr_matrix:
+    return sp.csr_matrix((parts[f"{prefix}_data"], parts[f"{prefix}_indices"],
+                          parts[f"{prefix}_indptr"]), shape=tuple(parts[f"{prefix}_shape"]))
+
+
+def load_npz(name: str, root: str | os.PathLike | None = None, *, undirected: bool = False) -> NodeDataset:
+    """Load ``gnn-benchmark/<name>.npz`` (e.g. "cora", "citeseer"); masks are None.
+
+    The graph keeps citation direction (row = citing = source) with duplicates and self
+    loops removed: cora has 5429 edges, citeseer 4591 (it stores 124 self loops).
+    `undirected=True` symmetrises instead (cora 10556 -- the Planetoid graph -- citeseer
+    9072). Features are row-normalised; use `random_split` for a split.
+    """
+    with np.load(find_data_file("gnn-benchmark", f"{name}.npz", root), allow_pickle=True) as parts:
+        adjacency = _csr(parts, "adj")
+        attributes = _csr(parts, "attr")
+        labels = np.asarray(parts["labels"], dtype=np.int64)
+    graph = Graph.from_scipy(adjacency)
+    graph = graph.to_undirected() if undirected else _deduplicate(graph)
+    graph = graph.remove_self_loops()
+    x = row_normalize(torch.from_numpy(attributes.toarray().astype(np.float32)))
+    kind = "undirected" if undirected else "directed"
+    return NodeDataset(
+        name=f"{name}-npz", graph=graph, x=x, y=torch.from_numpy(labels),
+        train_mask=None, val_mask=None, test_mask=None, num_classes=int(labels.max()) + 1,
+        description=f"gnn-benchmark {name}: raw {kind} citation graph, row-normalised "
+                    "binary features, no predefined split (see random_split)")
+
+
+def _deduplicate(graph: Graph) -> Graph:
+    """Keep the first of each repeated (src, dst) edge, preserving edge order."""
+    key = graph.src * max(graph.num_nodes, 1) + graph.dst
+    _, first = np.unique(key.numpy(), return_index=True)
+    keep = torch.zeros(graph.num_edges, dtype=torch.bool)
+    keep[torch.from_numpy(np.sort(first))] = True
+    return Graph(graph.src[keep], graph.dst[keep], graph.num_nodes)

@@ -1,0 +1,109 @@
+"""Cora, CiteSeer and PubMed in the original Planetoid ``ind.*`` pickle format.
+
+Reproduces the preprocessing of the GCN paper and PyG's `Planetoid` so that accuracies
+are comparable with published numbers: public split, row-normalised features, graph
+symmetrised, de-duplicated and without self loops.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import warnings
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from ..graph import Graph
+from .dataset import NodeDataset, index_mask, row_normalize
+from .paths import find_data_file
+
+PLANETOID_NAMES = ("cora", "citeseer", "pubmed")
+NUM_VAL = 500
+
+
+def _read(name: str, part: str, root: str | os.PathLike | None):
+    path = find_data_file("planetoid", f"ind.{name}.{part}", root)
+    if part == "test.index":
+        return np.loadtxt(path, dtype=np.int64).reshape(-1)
+    with open(path, "rb") as f, warnings.catch_warnings():
+        # the pickles name scipy's long-deprecated `scipy.sparse.csr` module
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return pickle.load(f, encoding="latin1")      # written by Python 2
+
+
+def _dense(m) -> np.ndarray:
+    return np.asarray(m.todense() if sp.issparse(m) else m, dtype=np.float32)
+
+
+def _graph_from_dict(adjacency: dict, num_nodes: int) -> Graph:
+    src = np.repeat(np.fromiter(adjacency.keys(), dtype=np.int64),
+                    [len(v) for v in adjacency.values()])
+    dst = np.fromiter((u for v in adjacency.values() for u in v), dtype=np.int64, count=len(src))
+    return Graph(src, dst, num_nodes).to_undirected().remove_self_loops()
+
+
+def load_planetoid(name: str, root: str | os.PathLike | None = None) -> NodeDataset:
+    """Load "cora", "citeseer" or "pubmed" with the standard public split.
+
+    Test rows of ``tx``/``ty`` are put at the ids in ``test.index``; citeseer's test ids
+    without a feature row (isolated papers) get zero features and label 0, as in PyG.
+    pubmed's ``allx`` is not available here: its topology, labels and split are real, but
+    `x` is seeded random (a warning says so) and the 1060 real rows are in `x_known`.
+    """
+    name = name.lower()
+    if name not in PLANETOID_NAMES:
+        raise ValueError(f"unknown Planetoid data set {name!r}; expected one of {PLANETOID_NAMES}")
+    y_train, ty, ally = (_read(name, p, root) for p in ("y", "ty", "ally"))
+    x_train, tx = (_read(name, p, root) for p in ("x", "tx"))
+    test_index = _read(name, "test.index", root)
+    adjacency = _read(name, "graph", root)
+
+    first_test, last_test = int(test_index.min()), int(test_index.max())
+    if first_test != len(ally):
+        raise ValueError(f"ind.{name}: test ids start at {first_test}, expected right after "
+                         f"the {len(ally)} rows of ally")
+    num_nodes = first_test + (last_test - first_test + 1)
+    labels_test = np.zeros((last_test - first_test + 1, ty.shape[1]), dtype=np.float32)
+    labels_test[test_index - first_test] = ty
+    labels = np.concatenate([_dense(ally), labels_test])
+    y = torch.from_numpy(labels.argmax(axis=1)).long()
+
+    x_test = np.zeros((last_test - first_test + 1, tx.shape[1]), dtype=np.float32)
+    x_test[test_index - first_test] = _dense(tx)
+    if name == "pubmed":
+        x, x_known, known = _pubmed_features(x_train, x_test, first_test, num_nodes, test_index)
+    else:
+        x = torch.from_numpy(np.concatenate([_dense(_read(name, "allx", root)), x_test]))
+        x, x_known, known = row_normalize(x), None, None
+
+    num_train = len(y_train)
+    description = (f"Planetoid {name}: public split ({num_train} train / {NUM_VAL} val / "
+                   f"{len(test_index)} test), row-normalised features, undirected graph")
+    if known is not None:
+        description += "; FEATURES ARE RANDOM (ind.pubmed.allx missing), real rows in x_known"
+    return NodeDataset(
+        name=name, graph=_graph_from_dict(adjacency, num_nodes), x=x, y=y,
+        train_mask=index_mask(num_nodes, np.arange(num_train)),
+        val_mask=index_mask(num_nodes, np.arange(num_train, num_train + NUM_VAL)),
+        test_mask=index_mask(num_nodes, test_index),
+        num_classes=labels.shape[1], features_partial=known is not None,
+        description=description, x_known=x_known, x_known_mask=known)
+
+
+def _pubmed_features(x_train, x_test: np.ndarray, first_test: int, num_nodes: int,
+                     test_index: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(random x, real partial x, mask of real rows) for pubmed, whose allx is missing."""
+    width = x_test.shape[1]
+    x_known = torch.zeros(num_nodes, width)
+    x_known[:x_train.shape[0]] = torch.from_numpy(_dense(x_train))
+    x_known[first_test:] = torch.from_numpy(x_test)
+    known = index_mask(num_nodes, np.concatenate([np.arange(x_train.shape[0]), test_index]))
+    warnings.warn(
+        f"pubmed: ind.pubmed.allx is missing, so x holds SEEDED RANDOM features for all "
+        f"{num_nodes} nodes (topology, labels and split are real; the {int(known.sum())} real "
+        "feature rows are in dataset.x_known[dataset.x_known_mask]). Accuracies are not "
+        "comparable with published pubmed results.", UserWarning, stacklevel=3)
+    generator = torch.Generator().manual_seed(0)
+    x = row_normalize(torch.rand(num_nodes, width, generator=generator))
+    return x, row_normalize(x_known), known

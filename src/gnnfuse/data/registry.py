@@ -1,0 +1,47 @@
+"""`load_dataset`: one name-based entry point for the CLI and benchmarks."""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+from .dataset import NodeDataset, RelationalDataset
+from .npz import load_npz
+from .planetoid import load_planetoid
+from .synthetic import planted_partition, power_law_graph
+from .wn18rr import load_wn18rr
+
+# (num_nodes, num_edges, num_features, num_classes) of the real graphs each preset mimics
+POWER_LAW_PRESETS: dict[str, tuple[int, int, int, int]] = {
+    "arxiv-like": (169_343, 1_166_243, 128, 40),
+    "reddit2-like": (232_965, 23_213_838, 602, 41),
+    "products-like": (2_449_029, 61_859_140, 100, 47),
+}
+
+_LOADERS: dict[str, Callable[..., NodeDataset | RelationalDataset]] = {
+    "cora": lambda root, **kw: load_planetoid("cora", root, **kw),
+    "citeseer": lambda root, **kw: load_planetoid("citeseer", root, **kw),
+    "pubmed": lambda root, **kw: load_planetoid("pubmed", root, **kw),
+    "cora-npz": lambda root, **kw: load_npz("cora", root, **kw),
+    "citeseer-npz": lambda root, **kw: load_npz("citeseer", root, **kw),
+    "wn18rr": lambda root, **kw: load_wn18rr(root, **kw),
+    "synthetic": lambda root, **kw: planted_partition(**kw),
+    "sbm": lambda root, **kw: planted_partition(**kw),
+    **{name: (lambda root, _name=name, **kw: power_law_graph(*POWER_LAW_PRESETS[_name], name=_name, **kw))
+       for name in POWER_LAW_PRESETS},
+}
+
+DATASET_NAMES: tuple[str, ...] = tuple(_LOADERS)
+DEFAULT_DATASET = "synthetic"
+
+
+def load_dataset(name: str, root: str | os.PathLike | None = None,
+                 **kw: Any) -> NodeDataset | RelationalDataset:
+    """Load a data set by name (case-insensitive); `kw` goes to the underlying loader.
+
+    Real data sets are searched for as described in `gnnfuse.data.paths`; synthetic ones
+    ("synthetic"/"sbm" and the power-law presets) ignore `root`.
+    """
+    key = name.lower()
+    if key not in _LOADERS:
+        raise ValueError(f"unknown data set {name!r}; known: {', '.join(DATASET_NAMES)}")
+    return _LOADERS[key](root, **kw)

@@ -1,0 +1,44 @@
+"""WN18RR, a real WordNet knowledge graph: the relational data set for typed layers."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import torch
+
+from ..graph import Graph
+from .dataset import RelationalDataset
+from .paths import find_data_file
+
+SPLITS = ("train", "valid", "test")
+
+
+def load_wn18rr(root: str | os.PathLike | None = None) -> RelationalDataset:
+    """Load WN18RR: 40,943 entities, 11 relations; the graph holds the training triples.
+
+    Entities are numbered in sorted order of their synset id strings (leading zeros kept)
+    and relations in sorted name order, so ids do not depend on file order. Only training
+    triples become edges (head -> tail, typed by relation), the usual setting for link
+    prediction; every entity of every split is a vertex.
+    """
+    raw = {}
+    for split in SPLITS:
+        path = find_data_file("wn18rr", f"{split}.txt", root)
+        raw[split] = np.loadtxt(path, dtype=str, delimiter="\t", comments=None).reshape(-1, 3)
+    everything = np.concatenate(list(raw.values()))
+    entities = np.unique(np.concatenate([everything[:, 0], everything[:, 2]]))
+    relations = np.unique(everything[:, 1])
+
+    def encode(triples: np.ndarray) -> torch.Tensor:
+        ids = np.stack([np.searchsorted(entities, triples[:, 0]),
+                        np.searchsorted(relations, triples[:, 1]),
+                        np.searchsorted(entities, triples[:, 2])], axis=1)
+        return torch.from_numpy(ids.astype(np.int64))
+
+    train, valid, test = (encode(raw[s]) for s in SPLITS)
+    graph = Graph(train[:, 0], train[:, 2], len(entities),
+                  edge_type=train[:, 1], num_edge_types=len(relations))
+    return RelationalDataset(
+        name="wn18rr", graph=graph, entity_ids=entities.tolist(), relation_names=relations.tolist(),
+        train_triples=train, valid_triples=valid, test_triples=test,
+        description="WN18RR (WordNet): typed edges head -> tail from the training triples")

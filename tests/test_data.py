@@ -1,0 +1,141 @@
+"""Data loaders against the real files (exact published counts) and the synthetic generators."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gnnfuse.data import (DATASET_NAMES, NodeDataset, find_data_file, load_dataset, load_npz, load_planetoid,
+                          load_wn18rr, planted_partition, power_law_graph, random_split)
+
+
+def split_sizes(dataset: NodeDataset) -> tuple[int, int, int]:
+    return tuple(int(m.sum()) for m in (dataset.train_mask, dataset.val_mask, dataset.test_mask))
+
+
+def sizes(dataset: NodeDataset) -> tuple[int, int, int, int]:
+    return dataset.graph.num_nodes, dataset.graph.num_edges, dataset.num_features, dataset.num_classes
+
+
+def assert_symmetric_simple(dataset: NodeDataset) -> None:
+    """Undirected (every edge both ways), no duplicates, no self loops."""
+    g = dataset.graph
+    n = g.num_nodes
+    forward = set((g.src * n + g.dst).tolist())
+    assert len(forward) == g.num_edges
+    assert forward == set((g.dst * n + g.src).tolist())
+    assert not bool((g.src == g.dst).any())
+
+
+@pytest.mark.parametrize("name, nodes, edges, features, classes, split", [
+    ("cora", 2708, 10556, 1433, 7, (140, 500, 1000)),
+    ("citeseer", 3327, 9104, 3703, 6, (120, 500, 1000)),
+])
+def test_planetoid_counts(shared_data, name, nodes, edges, features, classes, split):
+    d = load_planetoid(name, shared_data)
+    assert sizes(d) == (nodes, edges, features, classes)
+    assert d.x.dtype == torch.float32 and d.y.dtype == torch.int64 and d.x.shape == (nodes, features)
+    assert split_sizes(d) == split
+    assert not d.features_partial
+    assert_symmetric_simple(d)
+
+
+def test_planetoid_public_split_and_row_normalisation(shared_data):
+    d = load_planetoid("cora", shared_data)
+    assert d.train_mask[:140].all() and not d.train_mask[140:].any()
+    assert d.val_mask[140:640].all() and int(d.val_mask.sum()) == 500
+    assert not (d.test_mask & (d.train_mask | d.val_mask)).any()
+    assert torch.allclose(d.x.sum(dim=1), torch.ones(2708))
+    # citeseer pads its featureless isolated test ids with zero rows, which stay zero
+    citeseer = load_planetoid("citeseer", shared_data)
+    sums = citeseer.x.sum(dim=1)
+    assert torch.allclose(sums[sums != 0], torch.ones_like(sums[sums != 0]))
+    assert int((sums == 0).sum()) > 0
+
+
+def test_pubmed_has_real_topology_and_random_features(shared_data):
+    with pytest.warns(UserWarning, match="allx"):
+        d = load_planetoid("pubmed", shared_data)
+    assert sizes(d) == (19717, 88648, 500, 3)
+    assert split_sizes(d) == (60, 500, 1000)
+    assert d.features_partial and "random" in d.description.lower()
+    assert int(d.x_known_mask.sum()) == 1060
+    assert (d.x_known_mask == (d.train_mask | d.test_mask)).all()
+    assert (d.x_known[~d.x_known_mask] == 0).all() and (d.x_known[d.x_known_mask].sum(dim=1) > 0).all()
+    assert_symmetric_simple(d)
+
+
+def test_npz_directed_counts_and_random_split(shared_data):
+    cora = load_npz("cora", shared_data)
+    citeseer = load_npz("citeseer", shared_data)
+    # directed, de-duplicated, no self loops: cora stores none of either; citeseer has 124 loops
+    assert sizes(cora) == (2708, 5429, 1433, 7)
+    assert (citeseer.graph.num_nodes, citeseer.graph.num_edges, citeseer.num_classes) == (3312, 4591, 6)
+    assert cora.train_mask is None
+    assert load_npz("cora", shared_data, undirected=True).graph.num_edges == 10556
+
+    split = random_split(cora, seed=3)
+    assert split_sizes(split) == (140, 500, 1000)
+    assert torch.bincount(split.y[split.train_mask], minlength=7).tolist() == [20] * 7
+    assert not (split.train_mask & split.val_mask).any() and not (split.val_mask & split.test_mask).any()
+    assert torch.equal(random_split(cora, seed=3).test_mask, split.test_mask)
+    assert cora.train_mask is None                      # the original is untouched
+
+
+def test_wn18rr(shared_data):
+    d = load_wn18rr(shared_data)
+    assert d.graph.num_nodes == len(d.entity_ids) == 40943
+    assert d.graph.num_edge_types == len(d.relation_names) == 11
+    assert (len(d.train_triples), len(d.valid_triples), len(d.test_triples)) == (86835, 3034, 3134)
+    assert d.graph.num_edges == 86835
+    assert torch.equal(d.graph.edge_type, d.train_triples[:, 1])
+    assert all(len(e) == 8 for e in d.entity_ids[:10])   # leading zeros kept
+
+
+def test_missing_file_names_every_place_looked(tmp_path, monkeypatch):
+    monkeypatch.setenv("GNNFUSE_DATA", str(tmp_path / "env"))
+    with pytest.raises(FileNotFoundError) as error:
+        find_data_file("planetoid", "ind.nosuch.x", tmp_path / "explicit")
+    message = str(error.value)
+    assert "ind.nosuch.x" in message and "GNNFUSE_DATA" in message
+    for looked in (tmp_path / "explicit" / "planetoid", tmp_path / "explicit", tmp_path / "env"):
+        assert str(looked / "ind.nosuch.x") in message
+
+
+def test_root_from_environment_and_flat_layout(shared_data, tmp_path, monkeypatch):
+    monkeypatch.setenv("GNNFUSE_DATA", str(shared_data))
+    monkeypatch.chdir(tmp_path)                         # so ../shared/data cannot be what is found
+    assert load_dataset("cora").graph.num_nodes == 2708
+    monkeypatch.setenv("GNNFUSE_DATA", str(shared_data / "planetoid"))   # <root>/ind.cora.x
+    assert load_dataset("citeseer").graph.num_edges == 9104
+
+
+def test_unknown_name_lists_known_ones():
+    with pytest.raises(ValueError, match="cora.*products-like"):
+        load_dataset("imagenet")
+    assert {"cora", "citeseer", "pubmed", "cora-npz", "citeseer-npz", "wn18rr", "synthetic",
+            "arxiv-like", "reddit2-like", "products-like"} <= set(DATASET_NAMES)
+
+
+def test_power_law_graph_is_seeded_sized_and_heavy_tailed():
+    a = power_law_graph(20_000, 200_000, 8, 4, seed=1)
+    assert sizes(a) == (20_000, 200_000, 8, 4)
+    assert a.graph.src.dtype == torch.int64 and a.x.dtype == torch.float32
+    assert not bool((a.graph.src == a.graph.dst).any())
+    degrees = a.graph.in_degrees().float()
+    assert degrees.max() > 50 * degrees.mean()
+    b = power_law_graph(20_000, 200_000, 8, 4, seed=1)
+    assert torch.equal(a.graph.src, b.graph.src) and torch.equal(a.x, b.x) and torch.equal(a.y, b.y)
+    assert not torch.equal(a.graph.src, power_law_graph(20_000, 200_000, 8, 4, seed=2).graph.src)
+
+
+def test_planted_partition_is_seeded_homophilous_with_default_split():
+    d = load_dataset("synthetic")
+    assert (d.graph.num_nodes, d.num_features, d.num_classes) == (2000, 64, 5)
+    assert split_sizes(d) == (100, 500, 1000)
+    assert 9 < d.graph.num_edges / d.graph.num_nodes < 11
+    same_class = (d.y[d.graph.src] == d.y[d.graph.dst]).float().mean()
+    assert same_class > 0.6                             # p_ratio 8 with 5 classes: 8 / (8 + 4)
+    assert_symmetric_simple(d)
+    again = planted_partition(seed=0)
+    assert torch.equal(d.graph.src, again.graph.src) and torch.equal(d.x, again.x)
+    assert torch.equal(d.train_mask, again.train_mask)
