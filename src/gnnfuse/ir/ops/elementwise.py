@@ -8,47 +8,48 @@ from ..registry import OpDef, register
 from ..residency import Movement
 
 
-def _ew(name: str, fn, derivative=None, arity: int | None = None, doc: str = "") -> OpDef:
+def _ew(name: str, fn, derivative=None, arity: int | None = None, doc: str = "", emit: str | None = None) -> OpDef:
+    """``emit`` is the op's Triton expression: ``{0}``, ``{1}`` are operands, ``{attr}`` attrs."""
     return register(OpDef(name, Movement.DENSE, lambda ctx, *xs, **a: fn(*xs, **a),
-                          derivative=derivative, elementwise=True, arity=arity, doc=doc))
+                          derivative=derivative, elementwise=True, arity=arity, doc=doc, emit=emit))
 
 
 # --- binary -------------------------------------------------------------------------
-_ew("add", torch.add, lambda b, v, g: [g, g], 2)
-_ew("sub", torch.sub, lambda b, v, g: [g, b.add("neg", g)], 2)
+_ew("add", torch.add, lambda b, v, g: [g, g], 2, emit="({0} + {1})")
+_ew("sub", torch.sub, lambda b, v, g: [g, b.add("neg", g)], 2, emit="({0} - {1})")
 _ew("mul", torch.mul, lambda b, v, g: [b.add("mul", g, b.fwd(v.inputs[1])),
-                                        b.add("mul", g, b.fwd(v.inputs[0]))], 2)
+                                        b.add("mul", g, b.fwd(v.inputs[0]))], 2, emit="({0} * {1})")
 _ew("div", torch.div, lambda b, v, g: [
     b.add("div", g, b.fwd(v.inputs[1])),
     b.add("neg", b.add("div", b.add("mul", g, b.fwd(v)), b.fwd(v.inputs[1]))),
-], 2)
+], 2, emit="({0} / {1})")
 _ew("eq", lambda x, y: (x == y).to(torch.promote_types(x.dtype, y.dtype)), None, 2,
-    doc="1 where equal else 0; not differentiable (used by max/min derivatives)")
+    doc="1 where equal else 0; not differentiable (used by max/min derivatives)", emit="tl.where({0} == {1}, 1.0, 0.0)")
 
 # --- unary --------------------------------------------------------------------------
-_ew("neg", torch.neg, lambda b, v, g: [b.add("neg", g)], 1)
-_ew("exp", torch.exp, lambda b, v, g: [b.add("mul", g, b.fwd(v))], 1)
-_ew("log", torch.log, lambda b, v, g: [b.add("div", g, b.fwd(v.inputs[0]))], 1)
+_ew("neg", torch.neg, lambda b, v, g: [b.add("neg", g)], 1, emit="(-{0})")
+_ew("exp", torch.exp, lambda b, v, g: [b.add("mul", g, b.fwd(v))], 1, emit="tl.exp({0})")
+_ew("log", torch.log, lambda b, v, g: [b.add("div", g, b.fwd(v.inputs[0]))], 1, emit="tl.log({0})")
 _ew("sqrt", torch.sqrt, lambda b, v, g: [
-    b.add("div", g, b.add("mul", b.fwd(v), b.const(2.0, g)))], 1)
+    b.add("div", g, b.add("mul", b.fwd(v), b.const(2.0, g)))], 1, emit="tl.sqrt({0})")
 _ew("pow", lambda x, exponent: torch.pow(x, exponent), lambda b, v, g: [
     b.add("mul", g, b.add("mul", b.add("pow", b.fwd(v.inputs[0]), exponent=v.attrs["exponent"] - 1.0),
                           b.const(v.attrs["exponent"], g)))], 1)
-_ew("relu", torch.relu, lambda b, v, g: [b.add("mul", g, b.add("step", b.fwd(v.inputs[0])))], 1)
-_ew("step", lambda x: (x > 0).to(x.dtype), None, 1, doc="1 where x > 0 else 0")
+_ew("relu", torch.relu, lambda b, v, g: [b.add("mul", g, b.add("step", b.fwd(v.inputs[0])))], 1, emit="tl.maximum({0}, 0.0)")
+_ew("step", lambda x: (x > 0).to(x.dtype), None, 1, doc="1 where x > 0 else 0", emit="tl.where({0} > 0, 1.0, 0.0)")
 _ew("leaky_relu", lambda x, negative_slope: F.leaky_relu(x, negative_slope),
     lambda b, v, g: [b.add("mul", g, b.add("leaky_relu_slope", b.fwd(v.inputs[0]),
-                                           negative_slope=v.attrs["negative_slope"]))], 1)
-_ew("leaky_relu_slope", lambda x, negative_slope: torch.where(x > 0, 1.0, negative_slope).to(x.dtype),
-    None, 1, doc="derivative multiplier of leaky_relu")
+                                           negative_slope=v.attrs["negative_slope"]))], 1, emit="tl.where({0} > 0, {0}, {0} * {negative_slope})")
+_ew("leaky_relu_slope", lambda x, negative_slope: torch.ones_like(x).masked_fill(x <= 0, negative_slope),
+    None, 1, doc="derivative multiplier of leaky_relu", emit="tl.where({0} > 0, 1.0, {negative_slope})")
 _ew("elu", lambda x, alpha: F.elu(x, alpha),
-    lambda b, v, g: [b.add("mul", g, b.add("elu_slope", b.fwd(v.inputs[0]), alpha=v.attrs["alpha"]))], 1)
+    lambda b, v, g: [b.add("mul", g, b.add("elu_slope", b.fwd(v.inputs[0]), alpha=v.attrs["alpha"]))], 1, emit="tl.where({0} > 0, {0}, {alpha} * (tl.exp({0}) - 1.0))")
 _ew("elu_slope", lambda x, alpha: torch.where(x > 0, torch.ones_like(x), alpha * torch.exp(x)),
-    None, 1, doc="derivative multiplier of elu")
+    None, 1, doc="derivative multiplier of elu", emit="tl.where({0} > 0, 1.0, {alpha} * tl.exp({0}))")
 _ew("sigmoid", torch.sigmoid, lambda b, v, g: [
-    b.add("mul", g, b.add("mul", b.fwd(v), b.add("sub", b.const(1.0, g), b.fwd(v))))], 1)
+    b.add("mul", g, b.add("mul", b.fwd(v), b.add("sub", b.const(1.0, g), b.fwd(v))))], 1, emit="tl.sigmoid({0})")
 _ew("tanh", torch.tanh, lambda b, v, g: [
-    b.add("mul", g, b.add("sub", b.const(1.0, g), b.add("mul", b.fwd(v), b.fwd(v))))], 1)
+    b.add("mul", g, b.add("sub", b.const(1.0, g), b.add("mul", b.fwd(v), b.fwd(v))))], 1, emit="(2.0 * tl.sigmoid(2.0 * {0}) - 1.0)")
 _ew("clamp_min", lambda x, min: torch.clamp_min(x, min),
     lambda b, v, g: [b.add("mul", g, b.add("step", b.add("sub", b.fwd(v.inputs[0]),
-                                                          b.const(v.attrs["min"], g))))], 1)
+                                                          b.const(v.attrs["min"], g))))], 1, emit="tl.maximum({0}, {min})")
