@@ -6,12 +6,13 @@ inputs), so every other intermediate is freed as soon as the forward is done wit
 """
 from __future__ import annotations
 
-from typing import Mapping
+import os
+from typing import Callable, Mapping
 
 import torch
 
 from ..autodiff import BackwardProgram, build_backward
-from ..backend.reference import GraphContext, execute
+from ..backend.reference import GraphContext
 from ..graph import Graph
 from ..ir import Program, verify
 from ..passes import optimize
@@ -41,6 +42,26 @@ class CompiledProgram:
         return dict(zip(self.program.outputs, outputs))
 
 
+BACKENDS = ("reference", "triton")
+
+
+def select_backend(tensors) -> Callable:
+    """The executor for this call: ``GNNFUSE_BACKEND`` if set, else Triton for CUDA
+    tensors and the torch reference for everything else."""
+    name = os.environ.get("GNNFUSE_BACKEND") or (
+        "triton" if any(t.is_cuda for t in tensors) else "reference")
+    if name not in BACKENDS:
+        raise ValueError(f"GNNFUSE_BACKEND must be one of {BACKENDS}, got {name!r}")
+    if name == "triton":
+        try:
+            from ..backend.triton import execute
+        except ImportError as exc:
+            raise RuntimeError("the triton backend needs the 'triton' package: pip install 'gnnfuse[gpu]'") from exc
+        return execute
+    from ..backend.reference import execute
+    return execute
+
+
 class _ProgramFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, compiled: CompiledProgram, graph_ctx: GraphContext, keys: tuple[str, ...],
@@ -48,8 +69,10 @@ class _ProgramFunction(torch.autograd.Function):
         wrt = tuple(k for k, needs in zip(keys, ctx.needs_input_grad[3:]) if needs)
         backward = compiled.backward_for(wrt) if wrt else None
         keep = [v.id for v in backward.saved] if backward else []
+        execute = select_backend(tensors)
         outputs, kept = execute(compiled.program, graph_ctx, dict(zip(keys, tensors)), keep)
         ctx.compiled, ctx.graph_ctx, ctx.keys, ctx.backward = compiled, graph_ctx, keys, backward
+        ctx.execute = execute
         ctx.kept = kept
         return tuple(outputs.values())
 
@@ -61,7 +84,7 @@ class _ProgramFunction(torch.autograd.Function):
             name = f"grad:{key}"
             if name in backward.program.inputs:
                 feeds[name] = g if g is not None else torch.zeros_like(ctx.kept[out.id])
-        grads, _ = execute(backward.program, ctx.graph_ctx, feeds)
+        grads, _ = ctx.execute(backward.program, ctx.graph_ctx, feeds)
         by_key = {k.removeprefix("grad:"): g for k, g in grads.items()}
         return (None, None, None) + tuple(by_key.get(k) for k in ctx.keys)
 

@@ -40,5 +40,17 @@ class GraphContext:
             return int(self.graph.num_node_types)
         raise ValueError(f"{residency.name} values have no rows")
 
+    def csr(self, by: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Edges grouped by ``by``: (rowptr, the other endpoint, edge ids)."""
+        csr = self.graph.csr() if by == "dst" else self.graph.reverse_csr()
+        return csr.rowptr, csr.col, csr.eid
+
+    def order(self, by: str) -> torch.Tensor:
+        """Group rows in descending degree, so the heaviest rows start first."""
+        if by == "dst":
+            return self.graph.degree_order()
+        return self.graph.cached("out_degree_order", lambda g: torch.sort(
+            g.out_degrees(), descending=True, stable=True).indices)
+
     def degree(self, by: str) -> torch.Tensor:
         return self.graph.in_degrees() if by == "dst" else self.graph.out_degrees()

@@ -2,40 +2,54 @@
 (Seastar §5.3), except the values the backward program will read."""
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping, Sequence
 
 import torch
 
-from ...ir import CompileError, Program, Residency, get_op
+from ...ir import CompileError, Program, Residency, Value, get_op
 from .context import GraphContext
 
 
 def execute(program: Program, ctx: GraphContext, feeds: Mapping[str, torch.Tensor],
             keep: Iterable[int] = ()) -> tuple[dict[str, torch.Tensor], dict[int, torch.Tensor]]:
     """Run ``program`` on ``feeds``; return its outputs and the kept values by value id."""
+    plan = [v for v in program.values if v.op != "input"]
+    return run_plan(program, plan, ctx, feeds, keep, None)
+
+
+def run_plan(program: Program, plan: Sequence, ctx: GraphContext, feeds: Mapping[str, torch.Tensor],
+             keep: Iterable[int], run_unit: Callable | None
+             ) -> tuple[dict[str, torch.Tensor], dict[int, torch.Tensor]]:
+    """Run ``plan``: values run through their torch reference, fused units (anything with
+    ``reduce`` and ``leaves``) through ``run_unit(unit, ctx, {leaf id: tensor})``."""
     keep = set(keep) | {v.id for v in program.outputs.values()}
-    remaining = {v.id: 0 for v in program.values}
-    for v in program.values:
-        for i in v.inputs:
-            remaining[i.id] += 1
-    env: dict[int, torch.Tensor] = {}
-    kept: dict[int, torch.Tensor] = {}
-    for v in program.values:
-        if v.op == "input":
-            env[v.id] = _feed(v, feeds, ctx)
+    steps = [(item, _reads(item), item if isinstance(item, Value) else item.reduce) for item in plan]
+    remaining: dict[int, int] = {}
+    for _, reads, _ in steps:
+        for i in reads:
+            remaining[i.id] = remaining.get(i.id, 0) + 1
+    env: dict[int, torch.Tensor] = {v.id: _feed(v, feeds, ctx) for v in program.inputs.values()}
+    for item, reads, out in steps:
+        if isinstance(item, Value):
+            args = [env[i.id] for i in item.inputs]
+            env[out.id] = get_op(item.op).run(ctx, args, [i.residency for i in item.inputs], item.attrs)
         else:
-            args = [env[i.id] for i in v.inputs]
-            env[v.id] = get_op(v.op).run(ctx, args, [i.residency for i in v.inputs], v.attrs)
-            for i in v.inputs:
-                remaining[i.id] -= 1
-                if remaining[i.id] == 0 and i.id not in keep:
-                    del env[i.id]
-        if v.id in keep:
-            kept[v.id] = env[v.id]
+            env[out.id] = run_unit(item, ctx, {i.id: env[i.id] for i in reads})
+        for i in reads:
+            remaining[i.id] -= 1
+            if remaining[i.id] == 0 and i.id not in keep:
+                del env[i.id]
+    kept = {i: env[i] for i in keep if i in env}
     return {k: env[v.id] for k, v in program.outputs.items()}, kept
 
 
-def _feed(v, feeds: Mapping[str, torch.Tensor], ctx: GraphContext) -> torch.Tensor:
+def _reads(item) -> list[Value]:
+    if isinstance(item, Value):
+        return list(item.inputs)
+    return [v for v in item.leaves if v.op != "const"]
+
+
+def _feed(v: Value, feeds: Mapping[str, torch.Tensor], ctx: GraphContext) -> torch.Tensor:
     key = v.attrs["key"]
     if key not in feeds:
         raise CompileError(f"no tensor was given for program input {key!r}")

@@ -1,0 +1,128 @@
+"""Turn an `AggregateUnit` into the source of one vertex-parallel Triton kernel.
+
+Schedule (fuseGNN's GAR, Seastar's locality-centric execution): one program owns one
+group row (a destination vertex for forward reductions, a source vertex for backward
+ones over the reverse CSR) and one block of output features; it walks the row's edges
+in chunks of BLOCK_E, gathers what the unit reads, evaluates the unit's per-edge
+expression in registers and accumulates; each output row is written once, no atomics.
+Rows are visited in descending-degree order (Seastar §6.3.3).
+
+Values are evaluated at *coordinates*: each output feature index f maps to coordinates
+in every value's per-element shape (right-aligned broadcasting, reshapes remapped through
+the flat index), so multi-head shapes such as scores (H,) against messages (H, C) need no
+materialized broadcast.
+"""
+from __future__ import annotations
+
+import math
+
+from ...ir import Value, get_op
+from ...passes.fusion import AggregateUnit, gather_side, leaf_kind
+
+_IDENTITY = {"sum": "0.0", "mean": "0.0", "max": "float('-inf')", "min": "float('inf')"}
+
+
+def _strides(shape: tuple[int, ...]) -> list[int]:
+    return [math.prod(shape[d + 1:]) for d in range(len(shape))]
+
+
+class _Emitter:
+    def __init__(self, unit: AggregateUnit):
+        self.unit = unit
+        self.lines: list[str] = []
+        self.memo: dict[tuple, str] = {}
+        self.names: dict[str, str] = {}
+        self.leaf_args: list[Value] = [v for v in unit.leaves if leaf_kind(v) != "const"]
+        self.leaf_index = {v.id: n for n, v in enumerate(self.leaf_args)}
+
+    def tmp(self, expr: str) -> str:
+        if expr not in self.names:
+            self.names[expr] = f"t{len(self.names)}"
+            self.lines.append(f"{self.names[expr]} = {expr}")
+        return self.names[expr]
+
+    def offset(self, shape: tuple[int, ...], coords: tuple[str, ...]) -> str:
+        terms = [f"{c} * {s}" if s != 1 else c for c, s in zip(coords, _strides(shape)) if c != "0"]
+        return self.tmp(" + ".join(terms) + " + fzero" if terms else "fzero")
+
+    def value(self, v: Value, coords: tuple[str, ...]) -> str:
+        key = (v.id, coords)
+        if key in self.memo:
+            return self.memo[key]
+        if v.id in self.leaf_index or v.op == "const":
+            out = self.load(v, coords, leaf_kind(v))
+        elif v.op == "broadcast":
+            out = self.load(v.inputs[0], coords, gather_side(v, self.unit))
+        elif v.op == "reshape":
+            flat = self.offset(v.shape, coords)
+            src = v.inputs[0]
+            out = self.value(src, tuple(self.tmp(f"({flat} // {st}) % {n}") if n != 1 else "0"
+                                        for st, n in zip(_strides(src.shape), src.shape)))
+        else:
+            args = [self.value(i, _project(coords, v.shape, i.shape)) for i in v.inputs]
+            attrs = {k: repr(float(a)) for k, a in v.attrs.items() if isinstance(a, (int, float))}
+            out = self.tmp(get_op(v.op).emit.format(*args, **attrs))
+        self.memo[key] = out
+        return out
+
+    def load(self, v: Value, coords: tuple[str, ...], kind: str) -> str:
+        if kind == "const":
+            return repr(float(v.attrs["value"]))
+        ptr, off = f"L{self.leaf_index[v.id]}", self.offset(v.shape, coords)
+        width = math.prod(v.shape)
+        if kind == "shared":
+            return self.tmp(f"tl.load({ptr} + {off}[None, :]).to(ACC)")
+        if kind == "center":
+            return self.tmp(f"tl.load({ptr} + row * {width} + {off}[None, :]).to(ACC)")
+        index = "nbr" if kind == "neighbour" else "edge"
+        return self.tmp(f"tl.load({ptr} + {index}[:, None] * {width} + {off}[None, :], "
+                        f"mask=emask[:, None], other=0.0).to(ACC)")
+
+
+def _project(coords: tuple[str, ...], shape: tuple[int, ...], in_shape: tuple[int, ...]) -> tuple[str, ...]:
+    k = len(shape) - len(in_shape)
+    return tuple("0" if n == 1 else coords[d + k] for d, n in enumerate(in_shape))
+
+
+def generate(unit: AggregateUnit, name: str, acc_dtype: str) -> tuple[str, list[Value]]:
+    """Kernel source for ``unit`` and the leaf values its pointer arguments take, in order."""
+    out_shape = unit.reduce.shape
+    width = math.prod(out_shape)
+    em = _Emitter(unit)
+    coords = tuple("0" if n == 1 else em.tmp(f"(f // {st}) % {n}")
+                   for st, n in zip(_strides(out_shape), out_shape))
+    root = em.value(unit.reduce.inputs[0], coords)
+    op = unit.reduce.attrs["op"]
+    combine = {"sum": "acc + tl.sum(tile, axis=0)", "mean": "acc + tl.sum(tile, axis=0)",
+               "max": "tl.maximum(acc, tl.max(tile, axis=0))", "min": "tl.minimum(acc, tl.min(tile, axis=0))"}[op]
+    finish = {"sum": "acc", "mean": "acc / tl.maximum(end - start, 1).to(ACC)",
+              "max": "tl.where(end > start, acc, 0.0)", "min": "tl.where(end > start, acc, 0.0)"}[op]
+    body = "\n".join(f"        {line}" for line in em.lines)
+    leaf_params = "".join(f"L{n}, " for n in range(len(em.leaf_args)))
+    source = f'''import triton
+import triton.language as tl
+
+
+@triton.jit
+def {name}(rowptr, col, eid, order, out, {leaf_params}BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
+    # {unit.describe()}
+    ACC: tl.constexpr = {acc_dtype}
+    row = tl.load(order + tl.program_id(0)).to(tl.int64)
+    f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
+    fmask = f < {width}
+    fzero = f * 0
+    start = tl.load(rowptr + row).to(tl.int64)
+    end = tl.load(rowptr + row + 1).to(tl.int64)
+    acc = tl.full([BLOCK_F], {_IDENTITY[op]}, ACC)
+    for e0 in range(start, end, BLOCK_E):
+        e = e0 + tl.arange(0, BLOCK_E)
+        emask = e < end
+        nbr = tl.load(col + e, mask=emask, other=0).to(tl.int64)
+        edge = tl.load(eid + e, mask=emask, other=0).to(tl.int64)
+{body}
+        tile = tl.where(emask[:, None], {root} + tl.zeros([BLOCK_E, BLOCK_F], ACC), {_IDENTITY[op]})
+        acc = {combine}
+    acc = {finish}
+    tl.store(out + row * {width} + f, acc.to(out.dtype.element_ty), mask=fmask)
+'''
+    return source, em.leaf_args
