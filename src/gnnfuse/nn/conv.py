@@ -1,0 +1,171 @@
+"""Graph convolutions with PyG's names, arguments and parameter layout, whose graph part
+is written in gnnfuse's own front ends and compiled.
+
+Each layer keeps the dense transform (a matmul every backend already does well) in
+torch and writes only the part that moves data along edges -- gather, per-edge
+arithmetic, aggregation -- as a vertex-centric or message/reduce function, which the
+compiler fuses into one kernel forward and one backward. Parameter names and shapes
+match PyG, so ``layer.load_state_dict(pyg_layer.state_dict())`` copies a PyG model.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .. import frontend
+from ..graph import Graph
+
+
+def _as_graph(graph: Graph | torch.Tensor, num_nodes: int) -> Graph:
+    """Accept a PyG ``edge_index`` for drop-in use; a `Graph` keeps its cached CSR across
+    calls, so passing one is the fast path."""
+    if isinstance(graph, Graph):
+        if graph.num_nodes != num_nodes:
+            raise ValueError(f"x has {num_nodes} rows but the graph has {graph.num_nodes} nodes")
+        return graph
+    return Graph.from_edge_index(graph, num_nodes=num_nodes)
+
+
+def _looped(graph: Graph) -> Graph:
+    """The graph with exactly one self loop per vertex, as PyG's ``add_self_loops`` does."""
+    return graph.cached("nn_self_looped", lambda g: g.remove_self_loops().add_self_loops())
+
+
+def _inv_sqrt_degree(graph: Graph, dtype: torch.dtype) -> torch.Tensor:
+    """deg^-1/2 by in-degree, 0 for isolated vertices (PyG's ``gcn_norm``)."""
+    def build(g: Graph) -> torch.Tensor:
+        norm = g.in_degrees().to(torch.float64).pow(-0.5)
+        return norm.masked_fill(torch.isinf(norm), 0.0).unsqueeze(-1)
+    return graph.cached("nn_inv_sqrt_degree", build).to(dtype)
+
+
+@frontend.vertex
+def _normalized_sum(v):
+    return sum([u.h * u.norm for u in v.innbs]) * v.norm
+
+
+@frontend.vertex
+def _neighbour_mean(v):
+    return sum([u.h for u in v.innbs]) / len(v.innbs)
+
+
+@frontend.vertex
+def _neighbour_max(v):
+    return max([u.h for u in v.innbs])
+
+
+@frontend.vertex
+def _neighbour_sum(v):
+    return sum([u.h for u in v.innbs])
+
+
+_AGGREGATORS = {"mean": _neighbour_mean, "max": _neighbour_max, "sum": _neighbour_sum, "add": _neighbour_sum}
+
+
+class GCNConv(nn.Module):
+    """Kipf & Welling's graph convolution, ``D^-1/2 (A + I) D^-1/2 X W + b``."""
+
+    def __init__(self, in_channels: int, out_channels: int, add_self_loops: bool = True,
+                 bias: bool = True):
+        super().__init__()
+        self.in_channels, self.out_channels = in_channels, out_channels
+        self.add_self_loops = add_self_loops
+        self.lin = nn.Linear(in_channels, out_channels, bias=False)
+        self.bias = nn.Parameter(torch.zeros(out_channels)) if bias else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.xavier_uniform_(self.lin.weight)   # PyG's glorot
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
+
+    def forward(self, x: torch.Tensor, graph: Graph | torch.Tensor) -> torch.Tensor:
+        graph = _as_graph(graph, x.shape[0])
+        if self.add_self_loops:
+            graph = _looped(graph)
+        out = _normalized_sum(graph, {"h": self.lin(x), "norm": _inv_sqrt_degree(graph, x.dtype)})
+        return out if self.bias is None else out + self.bias
+
+
+class SAGEConv(nn.Module):
+    """GraphSAGE: ``lin_l(aggr_{u in N(v)} x_u) + lin_r(x_v)``.
+
+    For mean and sum aggregation the linear map commutes with the aggregation, so when
+    it narrows the features (``out_channels < in_channels``) it runs first and the graph
+    kernel moves the narrower rows -- GraphTensor's combine-first order; max does not
+    commute and always aggregates first.
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, aggr: str = "mean", root_weight: bool = True,
+                 bias: bool = True):
+        super().__init__()
+        if aggr not in _AGGREGATORS:
+            raise ValueError(f"aggr must be one of {sorted(_AGGREGATORS)}, got {aggr!r}")
+        self.in_channels, self.out_channels, self.aggr = in_channels, out_channels, aggr
+        self.lin_l = nn.Linear(in_channels, out_channels, bias=bias)
+        self.lin_r = nn.Linear(in_channels, out_channels, bias=False) if root_weight else None
+
+    def reset_parameters(self) -> None:
+        self.lin_l.reset_parameters()
+        if self.lin_r is not None:
+            self.lin_r.reset_parameters()
+
+    def forward(self, x: torch.Tensor, graph: Graph | torch.Tensor) -> torch.Tensor:
+        graph = _as_graph(graph, x.shape[0])
+        aggregate = _AGGREGATORS[self.aggr]
+        if self.aggr != "max" and self.out_channels < self.in_channels:
+            out = aggregate(graph, {"h": F.linear(x, self.lin_l.weight)})
+            if self.lin_l.bias is not None:
+                out = out + self.lin_l.bias
+        else:
+            out = self.lin_l(aggregate(graph, {"h": x}))
+        return out if self.lin_r is None else out + self.lin_r(x)
+
+
+class GATConv(nn.Module):
+    """Graph attention (Veličković et al.), multi-head, with PyG's parameter layout.
+
+    Per-vertex attention logits ``<h_u, a_src>`` and ``<h_v, a_dst>`` are computed densely;
+    the message/reduce function adds them per edge, applies leaky ReLU and the edge
+    softmax, and aggregates the weighted messages.
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, heads: int = 1, concat: bool = True,
+                 negative_slope: float = 0.2, add_self_loops: bool = True, bias: bool = True):
+        super().__init__()
+        self.in_channels, self.out_channels, self.heads = in_channels, out_channels, heads
+        self.concat, self.negative_slope, self.add_self_loops = concat, negative_slope, add_self_loops
+        self.lin = nn.Linear(in_channels, heads * out_channels, bias=False)
+        self.att_src = nn.Parameter(torch.empty(1, heads, out_channels))
+        self.att_dst = nn.Parameter(torch.empty(1, heads, out_channels))
+        width = heads * out_channels if concat else out_channels
+        self.bias = nn.Parameter(torch.zeros(width)) if bias else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.xavier_uniform_(self.lin.weight)
+        nn.init.xavier_uniform_(self.att_src)
+        nn.init.xavier_uniform_(self.att_dst)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
+
+    def forward(self, x: torch.Tensor, graph: Graph | torch.Tensor) -> torch.Tensor:
+        graph = _as_graph(graph, x.shape[0])
+        if self.add_self_loops:
+            graph = _looped(graph)
+        h = self.lin(x).view(-1, self.heads, self.out_channels)
+        slope = self.negative_slope
+
+        def message(edges):
+            score = edges.src["alpha_src"] + edges.dst["alpha_dst"]
+            return {"score": F.leaky_relu(score, slope), "h": edges.src["h"]}
+
+        def reduce(nodes):
+            alpha = torch.softmax(nodes.mailbox["score"], dim=1)
+            return {"out": torch.sum(alpha.unsqueeze(-1) * nodes.mailbox["h"], dim=1)}
+
+        out = frontend.message_passing(graph, message, reduce, ndata={
+            "h": h, "alpha_src": (h * self.att_src).sum(-1), "alpha_dst": (h * self.att_dst).sum(-1)})["out"]
+        out = out.reshape(-1, self.heads * self.out_channels) if self.concat else out.mean(dim=1)
+        return out if self.bias is None else out + self.bias
