@@ -1,11 +1,14 @@
 """Turn an `AggregateUnit` into the source of one vertex-parallel Triton kernel.
 
 Schedule (fuseGNN's GAR, Seastar's locality-centric execution): one program owns one
-group row (a destination vertex for forward reductions, a source vertex for backward
-ones over the reverse CSR) and one block of output features; it walks the row's edges
-in chunks of BLOCK_E, gathers what the unit reads, evaluates the unit's per-edge
-expression in registers and accumulates; each output row is written once, no atomics.
-Rows are visited in descending-degree order (Seastar §6.3.3).
+segment of a group row's edges (the row is a destination vertex for forward reductions,
+a source vertex for backward ones over the reverse CSR) and one block of output
+features; it walks the segment in chunks of BLOCK_E, gathers what the unit reads,
+evaluates the unit's per-edge expression in registers and accumulates. A row short
+enough to be one segment -- almost every row -- is written once with no atomics; a
+high-degree row is split into several segments that add into it atomically, so one hub
+cannot serialize the launch (FeatGraph's hybrid partitioning). Segments are visited
+longest first (Seastar §6.3.3's degree sorting).
 
 Values are evaluated at *coordinates*: each output feature index f maps to coordinates
 in every value's per-element shape (right-aligned broadcasting, reshapes remapped through
@@ -95,8 +98,15 @@ def generate(unit: AggregateUnit, name: str, acc_dtype: str) -> tuple[str, list[
     op = unit.reduce.attrs["op"]
     combine = {"sum": "acc + tl.sum(tile, axis=0)", "mean": "acc + tl.sum(tile, axis=0)",
                "max": "tl.maximum(acc, tl.max(tile, axis=0))", "min": "tl.minimum(acc, tl.min(tile, axis=0))"}[op]
-    finish = {"sum": "acc", "mean": "acc / tl.maximum(end - start, 1).to(ACC)",
+    finish = {"sum": "acc", "mean": "acc / tl.maximum(row_end - row_start, 1).to(ACC)",
               "max": "tl.where(end > start, acc, 0.0)", "min": "tl.where(end > start, acc, 0.0)"}[op]
+    # Segments of a split row add their partial results atomically (sum and mean only:
+    # the executor never splits max/min rows); an unsplit row is written once.
+    store = f"tl.store(out + row * {width} + f, acc.to(out.dtype.element_ty), mask=fmask)"
+    if op in ("sum", "mean"):
+        store = (f"if tl.load(seg_split + seg) != 0:\n"
+                 f"        tl.atomic_add(out + row * {width} + f, acc.to(out.dtype.element_ty), mask=fmask)\n"
+                 f"    else:\n        {store}")
     body = "\n".join(f"        {line}" for line in em.lines)
     leaf_params = "".join(f"L{n}, " for n in range(len(em.leaf_args)))
     source = f'''import triton
@@ -104,15 +114,18 @@ import triton.language as tl
 
 
 @triton.jit
-def {name}(rowptr, col, eid, order, out, {leaf_params}BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
+def {name}(rowptr, col, eid, seg_row, seg_start, seg_end, seg_split, out, {leaf_params}BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
     # {unit.describe()}
     ACC: tl.constexpr = {acc_dtype}
-    row = tl.load(order + tl.program_id(0)).to(tl.int64)
+    seg = tl.program_id(0)
+    row = tl.load(seg_row + seg).to(tl.int64)
     f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
     fmask = f < {width}
     fzero = f * 0
-    start = tl.load(rowptr + row).to(tl.int64)
-    end = tl.load(rowptr + row + 1).to(tl.int64)
+    start = tl.load(seg_start + seg).to(tl.int64)
+    end = tl.load(seg_end + seg).to(tl.int64)
+    row_start = tl.load(rowptr + row).to(tl.int64)
+    row_end = tl.load(rowptr + row + 1).to(tl.int64)
     acc = tl.full([BLOCK_F], {_IDENTITY[op]}, ACC)
     for e0 in range(start, end, BLOCK_E):
         e = e0 + tl.arange(0, BLOCK_E)
@@ -123,6 +136,6 @@ def {name}(rowptr, col, eid, order, out, {leaf_params}BLOCK_E: tl.constexpr, BLO
         tile = tl.where(emask[:, None], {root} + tl.zeros([BLOCK_E, BLOCK_F], ACC), {_IDENTITY[op]})
         acc = {combine}
     acc = {finish}
-    tl.store(out + row * {width} + f, acc.to(out.dtype.element_ty), mask=fmask)
+    {store}
 '''
     return source, em.leaf_args

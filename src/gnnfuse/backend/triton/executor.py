@@ -17,9 +17,11 @@ from ...passes.fusion import AggregateUnit, partition
 from ..reference import GraphContext
 from ..reference.executor import run_plan
 from .codegen import generate
+from .schedule import SEGMENT_EDGES, segments
 
 _KERNELS: dict[str, object] = {}
 _PLANS: "weakref.WeakKeyDictionary[Program, dict]" = weakref.WeakKeyDictionary()
+_UNIT_KERNELS: "weakref.WeakKeyDictionary[AggregateUnit, dict]" = weakref.WeakKeyDictionary()
 
 
 def _cache_dir() -> Path:
@@ -42,21 +44,36 @@ def _load_kernel(source: str, name: str):
     return _KERNELS[digest]
 
 
+def _kernel_for(unit: AggregateUnit, acc: str):
+    """Generate and load a unit's kernel once per accumulator type; plans are cached per
+    program, so steady-state training never regenerates source."""
+    per_unit = _UNIT_KERNELS.setdefault(unit, {})
+    if acc not in per_unit:
+        source, leaf_args = generate(unit, "fused_aggregate", acc)
+        per_unit[acc] = (_load_kernel(source, "fused_aggregate"), leaf_args)
+    return per_unit[acc]
+
+
 def run_unit(unit: AggregateUnit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> torch.Tensor:
     tensors = list(leaves.values())
     acc = "tl.float64" if any(t.dtype == torch.float64 for t in tensors) else "tl.float32"
-    source, leaf_args = generate(unit, "fused_aggregate", acc)
-    kernel = _load_kernel(source, "fused_aggregate")
+    kernel, leaf_args = _kernel_for(unit, acc)
     rowptr, col, eid = ctx.csr(unit.by)
+    op = unit.reduce.attrs["op"]
+    splits = op in ("sum", "mean")
+    segs = segments(ctx, unit.by, SEGMENT_EDGES if splits else None)
     width = math.prod(unit.reduce.shape)
-    out = torch.empty((ctx.num_nodes,) + unit.reduce.shape, dtype=unit.reduce.dtype, device=rowptr.device)
-    if ctx.num_nodes == 0:
+    shape = (ctx.num_nodes,) + unit.reduce.shape
+    # Split rows accumulate atomically into zeros; every row is covered by a segment.
+    out = (torch.zeros if splits else torch.empty)(shape, dtype=unit.reduce.dtype, device=rowptr.device)
+    if len(segs) == 0:
         return out
     block_f = min(triton.next_power_of_2(width), 128)
     block_e = max(16, min(128, 2048 // block_f))   # feature-adaptive: small rows take more edges
     args = [leaves[v.id].contiguous() for v in leaf_args]
-    grid = (ctx.num_nodes, triton.cdiv(width, block_f))
-    kernel[grid](rowptr, col, eid, ctx.order(unit.by), out, *args, BLOCK_E=block_e, BLOCK_F=block_f)
+    grid = (len(segs), triton.cdiv(width, block_f))
+    kernel[grid](rowptr, col, eid, segs.row, segs.start, segs.end, segs.split, out, *args,
+                 BLOCK_E=block_e, BLOCK_F=block_f)
     return out
 
 
