@@ -25,9 +25,19 @@ class _Builder:
     def __init__(self, program: Program, source: str | None):
         self.program = program
         self.saved: dict[int, tuple[Value, Value]] = {}
+        self.regathered: dict[int, Value] = {}
         self.source = source
 
     def fwd(self, value: Value) -> Value:
+        """The backward program's handle on a forward value. A broadcast is re-gathered
+        from its (|V|-sized) input instead of being saved: saving it would keep an
+        |E|-sized copy alive between forward and backward, and the gather fuses into
+        whatever kernel reads it."""
+        if value.op == "broadcast":
+            if value.id not in self.regathered:
+                self.regathered[value.id] = self.program.add(
+                    "broadcast", self.fwd(value.inputs[0]), source=self.source, **value.attrs)
+            return self.regathered[value.id]
         if value.id not in self.saved:
             placeholder = self.program.input(f"saved:{value.id}", value.residency, value.shape, value.dtype)
             self.saved[value.id] = (value, placeholder)

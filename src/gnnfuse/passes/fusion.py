@@ -6,9 +6,13 @@ feeds it, with broadcasts turned into in-kernel gathers. Per-edge values inside 
 never reach memory. A unit stops where a value is needed elsewhere (by another op or by
 the backward program), where an op has no Triton emitter, or at ops that are not
 elementwise (edge softmax, matmul): those stay torch ops and the unit reads their result.
+Per-edge values that must reach memory anyway (inputs of edge softmax, values saved for
+backward) are computed by edge units: gathers and arithmetic fused into one pass that
+writes only the result.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Iterable
 
@@ -19,6 +23,7 @@ FUSIBLE_REDUCERS = ("sum", "mean", "max", "min")
 
 @dataclass(eq=False)
 class AggregateUnit:
+    """Source->Edge->Aggregate: per-edge work reduced into one row per vertex."""
     reduce: Value                                       # the unit's output
     body: list[Value] = field(default_factory=list)     # per-edge values computed in registers
     leaves: list[Value] = field(default_factory=list)   # values the kernel reads from memory
@@ -27,10 +32,35 @@ class AggregateUnit:
     def by(self) -> str:
         return self.reduce.attrs["by"]
 
+    @property
+    def root(self) -> Value:
+        return self.reduce
+
     def describe(self) -> str:
-        reads = ", ".join(f"{v.op}:{v.residency.name}{list(v.shape)}" for v in self.leaves)
         return (f"unit reduce[{self.reduce.attrs['op']} by {self.by}] fuses "
-                f"{[v.op for v in self.body]} reading ({reads})")
+                f"{[v.op for v in self.body]} reading ({_reads(self.leaves)})")
+
+
+@dataclass(eq=False)
+class EdgeUnit:
+    """Source->Edge (Graphiler's broadcast-compute, FeatGraph's generalized SDDMM): an
+    edge value computed from gathered endpoint rows, written once per edge, optionally
+    summed over feature dims on the way out (attention logits, edge-weight gradients)."""
+    root: Value
+    body: list[Value] = field(default_factory=list)
+    leaves: list[Value] = field(default_factory=list)
+
+    def describe(self) -> str:
+        return (f"unit edge[{self.root.op} -> {self.root.residency.name}{list(self.root.shape)}] fuses "
+                f"{[v.op for v in self.body]} reading ({_reads(self.leaves)})")
+
+
+Unit = AggregateUnit | EdgeUnit
+MAX_UNROLLED_FEATURE_SUM = 64   # an edge unit's closing feature sum is unrolled in the kernel
+
+
+def _reads(leaves: list[Value]) -> str:
+    return ", ".join(f"{v.op}:{v.residency.name}{list(v.shape)}" for v in leaves)
 
 
 def _fusible_body(v: Value) -> bool:
@@ -44,45 +74,77 @@ def _fusible_body(v: Value) -> bool:
         (opdef.elementwise and opdef.emit is not None) or v.op == "reshape")
 
 
-def partition(program: Program, keep: Iterable[int] = ()) -> list[AggregateUnit | Value]:
+def feature_sum_terms(v: Value) -> int | None:
+    """How many input elements one output element of a feature-dim sum adds up, or None
+    if ``v`` is not a per-edge sum over feature dims."""
+    if not v.inputs or not v.inputs[0].residency.is_edge_rowed or not v.residency.is_edge_rowed:
+        return None
+    if v.op in ("sum_to", "sum_dim"):
+        return math.prod(v.inputs[0].shape) // max(math.prod(v.shape), 1)
+    return None
+
+
+def _edge_root(v: Value) -> bool:
+    if v.op in ("input", "broadcast") or not v.residency.is_edge_rowed:
+        return False
+    terms = feature_sum_terms(v)
+    if terms is not None:
+        return terms <= MAX_UNROLLED_FEATURE_SUM
+    return _fusible_body(v)
+
+
+def partition(program: Program, keep: Iterable[int] = ()) -> list[Unit | Value]:
     """The program's computing values in order, with fused units replacing what they cover.
 
-    ``keep`` holds ids of values that must be materialized (saved for backward)."""
+    ``keep`` holds ids of values that must be materialized (saved for backward). Reduce
+    units are formed first; then every per-edge value that must still reach memory
+    becomes the root of an edge unit. Broadcasts are gathers and cost nothing to repeat,
+    so every unit that reads one recomputes it; it is materialized only for plain ops."""
     users = program.users()
     keep = set(keep) | {v.id for v in program.outputs.values()}
-    covered: dict[int, AggregateUnit] = {}
-    units: list[AggregateUnit] = []
-    for v in program.values:
-        if v.op != "reduce" or v.attrs["by"] not in ("src", "dst") or v.attrs["op"] not in FUSIBLE_REDUCERS:
-            continue
-        unit = AggregateUnit(v)
+    covered: dict[int, Unit] = {}
+    units: list[Unit] = []
+
+    def grow(unit: Unit) -> None:
+        root = unit.root
         members: set[int] = set()
-        reachable = {v.inputs[0].id}
+        reachable = {i.id for i in root.inputs}
         # Reverse topological order sees every user of a value before the value itself,
         # so a value joins exactly when all of its users are already inside the unit.
-        for x in reversed(program.values[: program.values.index(v)]):
-            if x.id not in reachable:
+        for x in reversed(program.values[: program.values.index(root)]):
+            if x.id not in reachable or x.id in keep or not _fusible_body(x):
                 continue
-            if (_fusible_body(x) and x.id not in keep and x.id not in covered
-                    and all(u.id in members or u is v for u in users[x.id])):
+            if x.op == "broadcast" or (x.id not in covered and
+                                       all(u.id in members or u is root for u in users[x.id])):
                 members.add(x.id)
                 reachable.update(i.id for i in x.inputs)
         unit.body = [x for x in program.values if x.id in members]
         unit.leaves = [x for x in program.values if x.id in reachable and x.id not in members]
         for x in unit.body:
-            covered[x.id] = unit
-        covered[v.id] = unit
+            if x.op != "broadcast":
+                covered[x.id] = unit
+        covered[root.id] = unit
         units.append(unit)
 
-    plan: list[AggregateUnit | Value] = []
+    for v in program.values:
+        if v.op == "reduce" and v.attrs["by"] in ("src", "dst") and v.attrs["op"] in FUSIBLE_REDUCERS:
+            grow(AggregateUnit(v))
+    for v in reversed(program.values):
+        if v.id not in covered and _edge_root(v):
+            grow(EdgeUnit(v))
+
+    read_by_units = {leaf.id for unit in units for leaf in unit.leaves}
+    plan: list[Unit | Value] = []
     for v in program.values:
         if v.op == "input":
             continue
         unit = covered.get(v.id)
-        if unit is None:
+        if unit is not None:
+            if v is unit.root:
+                plan.append(unit)
+        elif v.op != "broadcast" or v.id in keep or v.id in read_by_units or any(
+                u.id not in covered for u in users[v.id]):
             plan.append(v)
-        elif v is unit.reduce:
-            plan.append(unit)
     return plan
 
 
@@ -96,7 +158,10 @@ def leaf_kind(leaf: Value) -> str:
     return "node" if leaf.residency is Residency.NODE else "edge"
 
 
-def gather_side(broadcast: Value, unit: AggregateUnit) -> str:
-    """A fused broadcast along the unit's own index reads the row's vertex (``center``);
-    along the other endpoint it gathers the ``neighbour``."""
+def gather_side(broadcast: Value, unit: Unit) -> str:
+    """In a reduce unit, a fused broadcast along the unit's own index reads the row's
+    vertex (``center``) and along the other endpoint gathers the ``neighbour``; an edge
+    unit gathers by the edge's ``src`` or ``dst``."""
+    if isinstance(unit, EdgeUnit):
+        return broadcast.attrs["by"]
     return "center" if broadcast.attrs["by"] == unit.by else "neighbour"

@@ -21,9 +21,9 @@ def run_plan(program: Program, plan: Sequence, ctx: GraphContext, feeds: Mapping
              keep: Iterable[int], run_unit: Callable | None
              ) -> tuple[dict[str, torch.Tensor], dict[int, torch.Tensor]]:
     """Run ``plan``: values run through their torch reference, fused units (anything with
-    ``reduce`` and ``leaves``) through ``run_unit(unit, ctx, {leaf id: tensor})``."""
+    ``root`` and ``leaves``) through ``run_unit(unit, ctx, {leaf id: tensor})``."""
     keep = set(keep) | {v.id for v in program.outputs.values()}
-    steps = [(item, _reads(item), item if isinstance(item, Value) else item.reduce) for item in plan]
+    steps = [(item, _reads(item), item if isinstance(item, Value) else item.root) for item in plan]
     remaining: dict[int, int] = {}
     for _, reads, _ in steps:
         for i in reads:

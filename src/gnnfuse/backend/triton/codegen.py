@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 
 from ...ir import Value, get_op
-from ...passes.fusion import AggregateUnit, gather_side, leaf_kind
+from ...passes.fusion import AggregateUnit, EdgeUnit, Unit, feature_sum_terms, gather_side, leaf_kind
 
 _IDENTITY = {"sum": "0.0", "mean": "0.0", "max": "float('-inf')", "min": "float('inf')"}
 
@@ -30,7 +30,7 @@ def _strides(shape: tuple[int, ...]) -> list[int]:
 
 
 class _Emitter:
-    def __init__(self, unit: AggregateUnit):
+    def __init__(self, unit: Unit):
         self.unit = unit
         self.lines: list[str] = []
         self.memo: dict[tuple, str] = {}
@@ -43,6 +43,11 @@ class _Emitter:
             self.names[expr] = f"t{len(self.names)}"
             self.lines.append(f"{self.names[expr]} = {expr}")
         return self.names[expr]
+
+    def constant(self, value: float) -> str:
+        """A constant in the accumulator type: a bare literal would be float32 in Triton
+        and round, e.g., a 0.2 slope by 1.5e-8 in a float64 kernel."""
+        return self.tmp(f"tl.full([1], {float(value)!r}, ACC)")
 
     def offset(self, shape: tuple[int, ...], coords: tuple[str, ...]) -> str:
         terms = [f"{c} * {s}" if s != 1 else c for c, s in zip(coords, _strides(shape)) if c != "0"]
@@ -63,21 +68,22 @@ class _Emitter:
                                         for st, n in zip(_strides(src.shape), src.shape)))
         else:
             args = [self.value(i, _project(coords, v.shape, i.shape)) for i in v.inputs]
-            attrs = {k: repr(float(a)) for k, a in v.attrs.items() if isinstance(a, (int, float))}
+            attrs = {k: self.constant(a) for k, a in v.attrs.items()
+                     if isinstance(a, (int, float)) and not isinstance(a, bool)}
             out = self.tmp(get_op(v.op).emit.format(*args, **attrs))
         self.memo[key] = out
         return out
 
     def load(self, v: Value, coords: tuple[str, ...], kind: str) -> str:
         if kind == "const":
-            return repr(float(v.attrs["value"]))
+            return self.constant(v.attrs["value"])
         ptr, off = f"L{self.leaf_index[v.id]}", self.offset(v.shape, coords)
         width = math.prod(v.shape)
         if kind == "shared":
             return self.tmp(f"tl.load({ptr} + {off}[None, :]).to(ACC)")
         if kind == "center":
             return self.tmp(f"tl.load({ptr} + row * {width} + {off}[None, :]).to(ACC)")
-        index = "nbr" if kind == "neighbour" else "edge"
+        index = {"neighbour": "nbr", "edge": "edge", "src": "src_id", "dst": "dst_id"}[kind]
         return self.tmp(f"tl.load({ptr} + {index}[:, None] * {width} + {off}[None, :], "
                         f"mask=emask[:, None], other=0.0).to(ACC)")
 
@@ -85,6 +91,70 @@ class _Emitter:
 def _project(coords: tuple[str, ...], shape: tuple[int, ...], in_shape: tuple[int, ...]) -> tuple[str, ...]:
     k = len(shape) - len(in_shape)
     return tuple("0" if n == 1 else coords[d + k] for d, n in enumerate(in_shape))
+
+
+def _summed_coords(root: Value, coords: tuple[str, ...]) -> list[tuple[str, ...]]:
+    """For a feature-dim sum ``root``, the input coordinates of every term that adds
+    into the output element at ``coords``, as literal indices (the sum is unrolled)."""
+    in_shape = root.inputs[0].shape
+    if root.op == "sum_dim":
+        dims = sorted(d % len(in_shape) for d in root.attrs["dim"])
+        if root.attrs["keepdim"]:
+            fixed = {d: c for d, c in enumerate(coords) if d not in dims}
+        else:
+            rest = iter(coords)
+            fixed = {d: next(rest) for d in range(len(in_shape)) if d not in dims}
+    else:   # sum_to: leading extra dims and size-1 target dims are summed
+        extra = len(in_shape) - len(root.shape)
+        fixed = {extra + i: c for i, (c, n) in enumerate(zip(coords, root.shape))
+                 if not (n == 1 and in_shape[extra + i] != 1)}
+    summed = [d for d in range(len(in_shape)) if d not in fixed]
+    terms = []
+    for flat in range(math.prod(in_shape[d] for d in summed)):
+        picked, rem = {}, flat
+        for d in reversed(summed):
+            picked[d], rem = str(rem % in_shape[d]), rem // in_shape[d]
+        terms.append(tuple(fixed.get(d, picked.get(d)) for d in range(len(in_shape))))
+    return terms
+
+
+def generate_edge(unit: EdgeUnit, name: str, acc_dtype: str) -> tuple[str, list[Value]]:
+    """Kernel source for an edge unit: one program per block of edges and features,
+    gathering endpoint rows through the COO arrays, writing each edge's row once."""
+    root = unit.root
+    width = math.prod(root.shape)
+    em = _Emitter(unit)
+    coords = tuple("0" if n == 1 else em.tmp(f"(f // {st}) % {n}")
+                   for st, n in zip(_strides(root.shape), root.shape))
+    if feature_sum_terms(root) is not None:
+        terms = [em.value(root.inputs[0], c) for c in _summed_coords(root, coords)]
+        result = " + ".join(terms)
+    else:
+        result = em.value(root, coords)
+    body = "\n".join(f"    {line}" for line in em.lines)
+    leaf_params = "".join(f"L{n}, " for n in range(len(em.leaf_args)))
+    source = f'''import triton
+import triton.language as tl
+
+
+@triton.jit
+def {name}(src, dst, num_edges, out, {leaf_params}BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
+    # {unit.describe()}
+    ACC: tl.constexpr = {acc_dtype}
+    e = tl.program_id(0).to(tl.int64) * BLOCK_E + tl.arange(0, BLOCK_E)
+    emask = e < num_edges
+    f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
+    fmask = f < {width}
+    fzero = f * 0
+    edge = e
+    src_id = tl.load(src + e, mask=emask, other=0).to(tl.int64)
+    dst_id = tl.load(dst + e, mask=emask, other=0).to(tl.int64)
+{body}
+    val = {result} + tl.zeros([BLOCK_E, BLOCK_F], ACC)
+    tl.store(out + e[:, None] * {width} + f[None, :], val.to(out.dtype.element_ty),
+             mask=emask[:, None] & fmask[None, :])
+'''
+    return source, em.leaf_args
 
 
 def generate(unit: AggregateUnit, name: str, acc_dtype: str) -> tuple[str, list[Value]]:

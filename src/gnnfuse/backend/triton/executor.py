@@ -13,10 +13,10 @@ import torch
 import triton
 
 from ...ir import Program
-from ...passes.fusion import AggregateUnit, partition
+from ...passes.fusion import AggregateUnit, EdgeUnit, Unit, partition
 from ..reference import GraphContext
 from ..reference.executor import run_plan
-from .codegen import generate
+from .codegen import generate, generate_edge
 from .schedule import SEGMENT_EDGES, segments
 
 _KERNELS: dict[str, object] = {}
@@ -44,20 +44,23 @@ def _load_kernel(source: str, name: str):
     return _KERNELS[digest]
 
 
-def _kernel_for(unit: AggregateUnit, acc: str):
+def _kernel_for(unit: Unit, acc: str):
     """Generate and load a unit's kernel once per accumulator type; plans are cached per
     program, so steady-state training never regenerates source."""
     per_unit = _UNIT_KERNELS.setdefault(unit, {})
     if acc not in per_unit:
-        source, leaf_args = generate(unit, "fused_aggregate", acc)
-        per_unit[acc] = (_load_kernel(source, "fused_aggregate"), leaf_args)
+        name = "fused_aggregate" if isinstance(unit, AggregateUnit) else "fused_edge"
+        source, leaf_args = (generate if isinstance(unit, AggregateUnit) else generate_edge)(unit, name, acc)
+        per_unit[acc] = (_load_kernel(source, name), leaf_args)
     return per_unit[acc]
 
 
-def run_unit(unit: AggregateUnit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> torch.Tensor:
+def run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> torch.Tensor:
     tensors = list(leaves.values())
     acc = "tl.float64" if any(t.dtype == torch.float64 for t in tensors) else "tl.float32"
     kernel, leaf_args = _kernel_for(unit, acc)
+    if isinstance(unit, EdgeUnit):
+        return _run_edge_unit(unit, ctx, kernel, [leaves[v.id].contiguous() for v in leaf_args])
     rowptr, col, eid = ctx.csr(unit.by)
     op = unit.reduce.attrs["op"]
     splits = op in ("sum", "mean")
@@ -74,6 +77,19 @@ def run_unit(unit: AggregateUnit, ctx: GraphContext, leaves: dict[int, torch.Ten
     grid = (len(segs), triton.cdiv(width, block_f))
     kernel[grid](rowptr, col, eid, segs.row, segs.start, segs.end, segs.split, out, *args,
                  BLOCK_E=block_e, BLOCK_F=block_f)
+    return out
+
+
+def _run_edge_unit(unit: EdgeUnit, ctx: GraphContext, kernel, args: list[torch.Tensor]) -> torch.Tensor:
+    root = unit.root
+    width = math.prod(root.shape)
+    out = torch.empty((ctx.num_edges,) + root.shape, dtype=root.dtype, device=ctx.src.device)
+    if ctx.num_edges == 0 or width == 0:
+        return out
+    block_f = min(triton.next_power_of_2(width), 64)
+    block_e = max(16, 2048 // block_f)
+    grid = (triton.cdiv(ctx.num_edges, block_e), triton.cdiv(width, block_f))
+    kernel[grid](ctx.src, ctx.dst, ctx.num_edges, out, *args, BLOCK_E=block_e, BLOCK_F=block_f)
     return out
 
 
