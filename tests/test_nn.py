@@ -34,9 +34,11 @@ def test_layer_matches_pyg(name, as_graph, backend, monkeypatch):
     torch.manual_seed(0)
     n = 40
     edge_index = torch.randint(0, n - 3, (2, 200))              # last three vertices isolated
-    ours, ref = (m.double() for m in LAYERS[name]())
+    device = "cuda" if backend == "triton" and torch.cuda.is_available() else "cpu"
+    ours, ref = (m.double().to(device) for m in LAYERS[name]())
     ours.load_state_dict(ref.state_dict())
-    x = torch.randn(n, 12, dtype=torch.float64)
+    edge_index = edge_index.to(device)
+    x = torch.randn(n, 12, dtype=torch.float64).to(device)
     xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
     graph = gnnfuse.Graph.from_edge_index(edge_index, num_nodes=n) if as_graph else edge_index
     out, expected = ours(xa, graph), ref(xb, edge_index)
