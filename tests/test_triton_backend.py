@@ -137,3 +137,19 @@ def test_gat_runs_no_edge_sized_torch_op_but_edge_softmax():
         plain = [v for v in partition(program, keep) if not isinstance(v, (AggregateUnit, EdgeUnit))]
         assert [v.op for v in plain if v.residency.is_edge_rowed] in (["edge_softmax"], [])
     assert not any(v.op == "broadcast" for v in backward.saved)
+
+
+@pytest.mark.parametrize("shape", [(), (3,)])
+def test_edge_softmax_kernel_matches_reference(shape):
+    from gnnfuse.backend.reference import GraphContext
+    from gnnfuse.backend.triton.softmax import edge_softmax
+    from gnnfuse.ir import Program, Residency
+    from gnnfuse.ir.ops.movement import edge_softmax as reference_softmax
+    graph = hub_graph().to(DEVICE)
+    program = Program()
+    scores = program.input("s", Residency.EDGE, shape, torch.float32)
+    value = program.add("edge_softmax", scores, by="dst")
+    x = 10 * torch.randn(graph.num_edges, *shape, device=DEVICE)
+    ctx = GraphContext(graph)
+    out = edge_softmax(value, ctx, [x])
+    torch.testing.assert_close(out, reference_softmax(x, ctx.index("dst"), graph.num_nodes))

@@ -17,7 +17,10 @@ materialized broadcast.
 """
 from __future__ import annotations
 
+import inspect
 import math
+
+import triton
 
 from ...ir import Value, get_op
 from ...passes.fusion import AggregateUnit, EdgeUnit, Unit, feature_sum_terms, gather_side, leaf_kind
@@ -118,7 +121,21 @@ def _summed_coords(root: Value, coords: tuple[str, ...]) -> list[tuple[str, ...]
     return terms
 
 
-def generate_edge(unit: EdgeUnit, name: str, acc_dtype: str) -> tuple[str, list[Value]]:
+def _decorator(tuned: bool, block_e: tuple[int, ...], key: str, reset: bool) -> str:
+    """``@triton.jit``, behind an autotuner over edge-block sizes and warps when ``tuned``:
+    the best block depends on degree distribution and feature width, which a first
+    timed run measures better than a rule. Atomic kernels reset ``out`` between trials."""
+    if not tuned:
+        return "@triton.jit"
+    configs = ", ".join(f"triton.Config({{'BLOCK_E': {b}}}, num_warps={w})" for b in block_e for w in (2, 4))
+    extra = ", warmup=5, rep=20"   # milliseconds per trial: tuning costs well under a second per kernel
+    extra += ", reset_to_zero=['out']" if reset else ""
+    if "cache_results" in inspect.signature(triton.autotune).parameters:
+        extra += ", cache_results=True"   # the choice persists on disk across processes
+    return f"@triton.autotune(configs=[{configs}], key=['{key}']{extra})\n@triton.jit"
+
+
+def generate_edge(unit: EdgeUnit, name: str, acc_dtype: str, tuned: bool = False) -> tuple[str, list[Value]]:
     """Kernel source for an edge unit: one program per block of edges and features,
     gathering endpoint rows through the COO arrays, writing each edge's row once."""
     root = unit.root
@@ -137,7 +154,7 @@ def generate_edge(unit: EdgeUnit, name: str, acc_dtype: str) -> tuple[str, list[
 import triton.language as tl
 
 
-@triton.jit
+{_decorator(tuned, (32, 64, 128, 256), "num_edges", False)}
 def {name}(src, dst, num_edges, out, {leaf_params}BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
     # {unit.describe()}
     ACC: tl.constexpr = {acc_dtype}
@@ -157,7 +174,7 @@ def {name}(src, dst, num_edges, out, {leaf_params}BLOCK_E: tl.constexpr, BLOCK_F
     return source, em.leaf_args
 
 
-def generate(unit: AggregateUnit, name: str, acc_dtype: str) -> tuple[str, list[Value]]:
+def generate(unit: AggregateUnit, name: str, acc_dtype: str, tuned: bool = False) -> tuple[str, list[Value]]:
     """Kernel source for ``unit`` and the leaf values its pointer arguments take, in order."""
     out_shape = unit.reduce.shape
     width = math.prod(out_shape)
@@ -183,8 +200,8 @@ def generate(unit: AggregateUnit, name: str, acc_dtype: str) -> tuple[str, list[
 import triton.language as tl
 
 
-@triton.jit
-def {name}(rowptr, col, eid, seg_row, seg_start, seg_end, seg_split, out, {leaf_params}BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
+{_decorator(tuned, (8, 16, 32, 64), "num_segments", op in ("sum", "mean"))}
+def {name}(rowptr, col, eid, seg_row, seg_start, seg_end, seg_split, num_segments, out, {leaf_params}BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
     # {unit.describe()}
     ACC: tl.constexpr = {acc_dtype}
     seg = tl.program_id(0)

@@ -18,6 +18,7 @@ from ..reference import GraphContext
 from ..reference.executor import run_plan
 from .codegen import generate, generate_edge
 from .schedule import SEGMENT_EDGES, segments
+from .softmax import edge_softmax
 
 _KERNELS: dict[str, object] = {}
 _PLANS: "weakref.WeakKeyDictionary[Program, dict]" = weakref.WeakKeyDictionary()
@@ -44,13 +45,19 @@ def _load_kernel(source: str, name: str):
     return _KERNELS[digest]
 
 
+def _autotune() -> bool:
+    """Autotune on real hardware; the interpreter would only time numpy."""
+    return os.environ.get("TRITON_INTERPRET", "0") != "1"
+
+
 def _kernel_for(unit: Unit, acc: str):
     """Generate and load a unit's kernel once per accumulator type; plans are cached per
     program, so steady-state training never regenerates source."""
     per_unit = _UNIT_KERNELS.setdefault(unit, {})
     if acc not in per_unit:
         name = "fused_aggregate" if isinstance(unit, AggregateUnit) else "fused_edge"
-        source, leaf_args = (generate if isinstance(unit, AggregateUnit) else generate_edge)(unit, name, acc)
+        source, leaf_args = (generate if isinstance(unit, AggregateUnit) else generate_edge)(
+            unit, name, acc, tuned=_autotune())
         per_unit[acc] = (_load_kernel(source, name), leaf_args)
     return per_unit[acc]
 
@@ -72,11 +79,12 @@ def run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> 
     if len(segs) == 0:
         return out
     block_f = min(triton.next_power_of_2(width), 128)
-    block_e = max(16, min(128, 2048 // block_f))   # feature-adaptive: small rows take more edges
     args = [leaves[v.id].contiguous() for v in leaf_args]
     grid = (len(segs), triton.cdiv(width, block_f))
-    kernel[grid](rowptr, col, eid, segs.row, segs.start, segs.end, segs.split, out, *args,
-                 BLOCK_E=block_e, BLOCK_F=block_f)
+    # Feature-adaptive default for the interpreter; on a GPU the autotuner picks BLOCK_E.
+    fixed = {} if _autotune() else {"BLOCK_E": max(16, min(128, 2048 // block_f))}
+    kernel[grid](rowptr, col, eid, segs.row, segs.start, segs.end, segs.split, len(segs), out, *args,
+                 BLOCK_F=block_f, **fixed)
     return out
 
 
@@ -87,9 +95,11 @@ def _run_edge_unit(unit: EdgeUnit, ctx: GraphContext, kernel, args: list[torch.T
     if ctx.num_edges == 0 or width == 0:
         return out
     block_f = min(triton.next_power_of_2(width), 64)
-    block_e = max(16, 2048 // block_f)
-    grid = (triton.cdiv(ctx.num_edges, block_e), triton.cdiv(width, block_f))
-    kernel[grid](ctx.src, ctx.dst, ctx.num_edges, out, *args, BLOCK_E=block_e, BLOCK_F=block_f)
+    fixed = {} if _autotune() else {"BLOCK_E": max(16, 2048 // block_f)}
+
+    def grid(meta):
+        return triton.cdiv(ctx.num_edges, meta["BLOCK_E"]), triton.cdiv(width, block_f)
+    kernel[grid](ctx.src, ctx.dst, ctx.num_edges, out, *args, BLOCK_F=block_f, **fixed)
     return out
 
 
@@ -99,4 +109,4 @@ def execute(program: Program, ctx: GraphContext, feeds: Mapping[str, torch.Tenso
     plans = _PLANS.setdefault(program, {})
     if keep not in plans:
         plans[keep] = partition(program, keep)
-    return run_plan(program, plans[keep], ctx, feeds, keep, run_unit)
+    return run_plan(program, plans[keep], ctx, feeds, keep, run_unit, {"edge_softmax": edge_softmax})
