@@ -1,0 +1,221 @@
+"""Helpers shared by the benchmark scripts: timing, memory, failure handling, result files.
+
+Kept in one place so both scripts time, label and merge results the same way; the
+scripts import it as a sibling module (``python benchmarks/<script>.py`` puts this
+folder on ``sys.path``).
+"""
+from __future__ import annotations
+
+import datetime
+import gc
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+import gnnfuse
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def log(message: str) -> None:
+    """Print one progress line at once, so a killed or piped run still shows how far it got."""
+    print(message, flush=True)
+
+
+def warn(message: str) -> None:
+    """A banner on stdout and stderr: a failed correctness check must not scroll by unseen."""
+    banner = f"\n{'!' * 78}\n!!! {message}\n{'!' * 78}\n"
+    print(banner, flush=True)
+    print(banner, file=sys.stderr, flush=True)
+
+
+def resolve_device(name: str) -> torch.device:
+    """The requested device; fails early instead of benchmarking the CPU by accident."""
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(f"--device {name}, but CUDA is not available to torch {torch.__version__}")
+    return device
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_calls(fn: Callable[[], Any], repeats: int, device: torch.device) -> list[float]:
+    """Milliseconds of each of `repeats` calls of `fn`, measured one call at a time.
+
+    On CUDA each call is bracketed by events and synchronised before the next starts,
+    so a time covers exactly one call from an idle GPU, host-side launch overhead
+    included (the events wait on the stream while Python launches kernels). On CPU,
+    where there are no events, wall time with `time.perf_counter`.
+    """
+    synchronize(device)
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            begin = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - begin) * 1e3)
+    return times
+
+
+def summarize(times_ms: list[float]) -> dict[str, float]:
+    """Median (the headline: robust to one-off stalls), plus min and mean for spread."""
+    return {"median_ms": statistics.median(times_ms), "min_ms": min(times_ms),
+            "mean_ms": statistics.fmean(times_ms)}
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory_gb(device: torch.device) -> float | None:
+    """Peak bytes allocated by torch's CUDA allocator since the last reset, in GB (1e9);
+    None on CPU, where no allocator statistic covers just the measured calls."""
+    if device.type != "cuda":
+        return None
+    return torch.cuda.max_memory_allocated(device) / 1e9
+
+
+def allocated_gb(device: torch.device) -> float | None:
+    """Bytes currently allocated, in GB: what is resident before a measurement starts."""
+    if device.type != "cuda":
+        return None
+    return torch.cuda.memory_allocated(device) / 1e9
+
+
+def free_memory(device: torch.device) -> None:
+    """Return cached blocks to the driver after the caller dropped its references, so
+    the next measurement starts from the same baseline and a failure does not cascade."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def failure_status(exc: BaseException) -> str:
+    """``"oom"`` for out-of-memory however it surfaces (torch, Triton, or wrapped by
+    torch.compile), else ``"error: <type>: <first line>"`` short enough for a table."""
+    text = str(exc)
+    if isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in text.lower():
+        return "oom"
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    return f"error: {type(exc).__name__}: {first[:160]}"
+
+
+def _git(*args: str) -> str | None:
+    try:
+        done = subprocess.run(["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True,
+                              timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip()
+
+
+def environment(device: torch.device) -> dict[str, Any]:
+    """What a number depends on besides the code: hardware, library versions, commit.
+
+    ``git_dirty`` says whether tracked files differed from the commit, since a
+    benchmark of uncommitted changes is not reproducible from the commit alone.
+    """
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    try:
+        import torch_geometric
+        pyg_version = torch_geometric.__version__
+    except ImportError:
+        pyg_version = None
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    return {
+        "device": device.type,
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda"
+        else (platform.processor() or platform.machine() or "cpu"),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "triton": triton_version,
+        "torch_geometric": pyg_version,
+        "gnnfuse": gnnfuse.__version__,
+        "python": platform.python_version(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "git_commit": _git("rev-parse", "HEAD"),
+        "git_dirty": None if status is None else bool(status),
+    }
+
+
+def new_run_id() -> str:
+    """A sortable id naming one invocation; cells point at it for their environment."""
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+
+
+def load_results(path: Path) -> dict[str, Any]:
+    """The accumulated results, or an empty skeleton if none were written yet."""
+    if path.is_file():
+        return json.loads(path.read_text())
+    return {"runs": {}, "cells": {}}
+
+
+def prune_runs(results: dict[str, Any]) -> None:
+    """Drop environments no stored entry refers to any more (all their cells re-run)."""
+    used = {entry["run"] for key, section in results.items() if key != "runs" and isinstance(section, dict)
+            for entry in section.values() if isinstance(entry, dict) and "run" in entry}
+    results["runs"] = {rid: env for rid, env in results["runs"].items() if rid in used}
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write via a temporary file and rename, so a run killed mid-write (the device
+    machine's time limit) leaves the previous complete file, never a truncated one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def save_json(path: Path, results: dict[str, Any]) -> None:
+    write_atomically(path, json.dumps(results, indent=1, sort_keys=True) + "\n")
+
+
+def device_names(results: dict[str, Any], entries: list[dict[str, Any]]) -> list[str]:
+    """Distinct device names the given cells were measured on, via their runs."""
+    return sorted({results["runs"][e["run"]]["device_name"] for e in entries})
+
+
+def runs_markdown(results: dict[str, Any]) -> list[str]:
+    """One bullet per run whose cells are in the file: device, versions, commit, date.
+
+    Results accumulate across invocations, possibly on different machines; a loud note
+    when they do, because ratios across devices mean nothing.
+    """
+    lines = []
+    for rid, env in sorted(results["runs"].items()):
+        commit = (env["git_commit"] or "unknown")[:12] + (" (dirty)" if env["git_dirty"] else "")
+        lines.append(f"- run `{rid}`: {env['device_name']}; torch {env['torch']}, triton "
+                     f"{env['triton']}, torch_geometric {env['torch_geometric']}; commit {commit}; "
+                     f"{env['date']}")
+    if len({env["device_name"] for env in results["runs"].values()}) > 1:
+        lines.append("")
+        lines.append("**Warning: these results come from more than one device; ratios are only "
+                     "given where all cells of a row share one.**")
+    return lines
+
+
+def fmt(value: float | None, spec: str) -> str:
+    return "–" if value is None else format(value, spec)
