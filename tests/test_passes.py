@@ -96,3 +96,19 @@ def test_optimize_pipeline_on_a_traced_gcn():
     optimize(tracer.program)
     assert ops(tracer.program) == ["matmul", "mul", "broadcast", "reduce"]
     assert tracer.program.op_count() == before - 1   # two source broadcasts became one
+
+
+def test_edge_softmax_decomposes_into_reductions_with_a_gradient_free_shift():
+    from gnnfuse.autodiff import build_backward
+    from gnnfuse.passes import decompose_edge_softmax
+    p = Program()
+    s = p.input("s", R.EDGE, (2,), f64)
+    p.output("a", p.add("edge_softmax", s, by="dst"))
+    decompose_edge_softmax(p)
+    eliminate_dead_code(p)
+    verify(p)
+    assert ops(p) == ["reduce", "stop_gradient", "broadcast", "sub", "exp", "reduce", "broadcast", "div"]
+    assert [v.attrs["op"] for v in p if v.op == "reduce"] == ["max", "sum"]
+    backward = build_backward(p, ["s"])
+    assert not any(v.op == "reduce" and v.attrs["op"] == "max" for v in backward.program)
+    assert "eq" not in ops(backward.program)     # the max's tie-splitting derivative never runs

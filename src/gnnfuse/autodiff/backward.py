@@ -6,6 +6,13 @@ so the runtime knows exactly which forward intermediates to keep and the code ge
 can fuse the backward like any program (Seastar §5.2). The gradient of a broadcast is a
 reduce along the same index, so a source-side broadcast turns into a reduction over
 out-edges, which the Triton backend runs over the reverse CSR.
+
+Per-edge values that are cheap functions of gathered vertex rows (broadcasts, elementwise
+arithmetic, reshapes) are recomputed in the backward program instead of saved, as flash
+attention recomputes its scores: saving them would keep |E|-sized tensors alive between
+forward and backward, while recomputing them costs a few gathers and flops inside the
+fused kernels that need them. Only vertex-sized values, parameters and per-edge values
+that cannot be recomputed (matmuls on edges, random masks) are saved.
 """
 from __future__ import annotations
 
@@ -25,19 +32,17 @@ class _Builder:
     def __init__(self, program: Program, source: str | None):
         self.program = program
         self.saved: dict[int, tuple[Value, Value]] = {}
-        self.regathered: dict[int, Value] = {}
+        self.recomputed: dict[int, Value] = {}
         self.source = source
 
     def fwd(self, value: Value) -> Value:
-        """The backward program's handle on a forward value. A broadcast is re-gathered
-        from its (|V|-sized) input instead of being saved: saving it would keep an
-        |E|-sized copy alive between forward and backward, and the gather fuses into
-        whatever kernel reads it."""
-        if value.op == "broadcast":
-            if value.id not in self.regathered:
-                self.regathered[value.id] = self.program.add(
-                    "broadcast", self.fwd(value.inputs[0]), source=self.source, **value.attrs)
-            return self.regathered[value.id]
+        """The backward program's handle on a forward value: recomputed from its inputs
+        if it is a cheap per-edge value (see the module docstring), else saved."""
+        if _recomputable(value):
+            if value.id not in self.recomputed:
+                self.recomputed[value.id] = self.program.add(
+                    value.op, *(self.fwd(i) for i in value.inputs), source=value.source, **value.attrs)
+            return self.recomputed[value.id]
         if value.id not in self.saved:
             placeholder = self.program.input(f"saved:{value.id}", value.residency, value.shape, value.dtype)
             self.saved[value.id] = (value, placeholder)
@@ -48,6 +53,15 @@ class _Builder:
 
     def const(self, value: float, like: Value) -> Value:
         return self.program.add("const", value=float(value), dtype=like.dtype)
+
+
+def _recomputable(value: Value) -> bool:
+    """Per-edge, deterministic and elementwise (or a gather or reshape): cheaper to redo
+    in a fused kernel than to keep in memory."""
+    if value.op == "input" or not value.residency.is_edge_rowed:
+        return False
+    opdef = get_op(value.op)
+    return opdef.pure and (opdef.elementwise or value.op in ("broadcast", "reshape"))
 
 
 def build_backward(forward: Program, wrt: list[str] | tuple[str, ...]) -> BackwardProgram:

@@ -4,6 +4,7 @@ from .dce import eliminate_dead_code
 from .fold import fold_constants
 from .pipeline import optimize
 from .reorder import reorder_broadcasts
+from .softmax import decompose_edge_softmax
 
-__all__ = ["eliminate_common_subexpressions", "eliminate_dead_code", "fold_constants", "optimize",
+__all__ = ["decompose_edge_softmax", "eliminate_common_subexpressions", "eliminate_dead_code", "fold_constants", "optimize",
            "reorder_broadcasts"]

@@ -3,12 +3,12 @@
 A unit is Seastar's Source->Edge->Aggregate pattern (§6.2) and Graphiler's
 broadcast-compute-reduce (§4.3.2): one ``reduce`` plus the per-edge elementwise work that
 feeds it, with broadcasts turned into in-kernel gathers. Per-edge values inside a unit
-never reach memory. A unit stops where a value is needed elsewhere (by another op or by
-the backward program), where an op has no Triton emitter, or at ops that are not
-elementwise (edge softmax, matmul): those stay torch ops and the unit reads their result.
-Per-edge values that must reach memory anyway (inputs of edge softmax, values saved for
-backward) are computed by edge units: gathers and arithmetic fused into one pass that
-writes only the result.
+never reach memory; a cheap per-edge value that several units need is recomputed in each
+(see `partition`). A unit stops at values that are kept for the backward pass, at ops
+with no Triton emitter and at ops that are not elementwise (matmuls on edges, random
+masks): those stay torch ops and the unit reads their result. Per-edge values that must
+reach memory anyway (read by such an op, or returned) are computed by edge units:
+gathers and arithmetic fused into one pass that writes only the result.
 """
 from __future__ import annotations
 
@@ -96,56 +96,43 @@ def _edge_root(v: Value) -> bool:
 def partition(program: Program, keep: Iterable[int] = ()) -> list[Unit | Value]:
     """The program's computing values in order, with fused units replacing what they cover.
 
-    ``keep`` holds ids of values that must be materialized (saved for backward). Reduce
-    units are formed first; then every per-edge value that must still reach memory
-    becomes the root of an edge unit. Broadcasts are gathers and cost nothing to repeat,
-    so every unit that reads one recomputes it; it is materialized only for plain ops."""
-    users = program.users()
-    keep = set(keep) | {v.id for v in program.outputs.values()}
-    covered: dict[int, Unit] = {}
-    units: list[Unit] = []
-
-    def grow(unit: Unit) -> None:
+    ``keep`` holds ids of values that must be materialized (saved for backward). Every
+    fusible reduce becomes a unit that pulls in all the per-edge work feeding it. Cheap
+    per-edge values (gathers, elementwise arithmetic) are *recomputed* in every unit that
+    needs them rather than written once and read back: an edge softmax's scores, say,
+    feed its max pass, its sum pass and the weighted aggregation, and recomputing them
+    from gathered vertex rows costs far less than an |E|-sized round trip to memory.
+    A value reaches memory only if a plain op reads it, a unit reads it as a leaf, or
+    it is kept or returned; a per-edge one then becomes the root of an edge unit."""
+    def grow(unit: Unit) -> Unit:
         root = unit.root
         members: set[int] = set()
         reachable = {i.id for i in root.inputs}
-        # Reverse topological order sees every user of a value before the value itself,
-        # so a value joins exactly when all of its users are already inside the unit.
         for x in reversed(program.values[: program.values.index(root)]):
-            if x.id not in reachable or x.id in keep or not _fusible_body(x):
-                continue
-            if x.op == "broadcast" or (x.id not in covered and
-                                       all(u.id in members or u is root for u in users[x.id])):
+            if x.id in reachable and x.id not in keep and _fusible_body(x):
                 members.add(x.id)
                 reachable.update(i.id for i in x.inputs)
         unit.body = [x for x in program.values if x.id in members]
         unit.leaves = [x for x in program.values if x.id in reachable and x.id not in members]
-        for x in unit.body:
-            if x.op != "broadcast":
-                covered[x.id] = unit
-        covered[root.id] = unit
-        units.append(unit)
+        return unit
 
-    for v in program.values:
-        if v.op == "reduce" and v.attrs["by"] in ("src", "dst") and v.attrs["op"] in FUSIBLE_REDUCERS:
-            grow(AggregateUnit(v))
+    keep = set(keep)
+    needed = keep | {v.id for v in program.outputs.values()}
+    chosen: dict[int, Unit | Value] = {}
+    # Reverse topological order decides every user of a value before the value itself.
     for v in reversed(program.values):
-        if v.id not in covered and _edge_root(v):
-            grow(EdgeUnit(v))
-
-    read_by_units = {leaf.id for unit in units for leaf in unit.leaves}
-    plan: list[Unit | Value] = []
-    for v in program.values:
-        if v.op == "input":
+        if v.op == "input" or v.id not in needed:
             continue
-        unit = covered.get(v.id)
-        if unit is not None:
-            if v is unit.root:
-                plan.append(unit)
-        elif v.op != "broadcast" or v.id in keep or v.id in read_by_units or any(
-                u.id not in covered for u in users[v.id]):
-            plan.append(v)
-    return plan
+        if v.op == "reduce" and v.attrs["by"] in ("src", "dst") and v.attrs["op"] in FUSIBLE_REDUCERS:
+            item: Unit | Value = grow(AggregateUnit(v))
+        elif _edge_root(v):
+            item = grow(EdgeUnit(v))
+        else:
+            item = v
+        chosen[v.id] = item
+        reads = item.inputs if isinstance(item, Value) else item.leaves
+        needed.update(i.id for i in reads)
+    return [chosen[v.id] for v in program.values if v.id in chosen]
 
 
 def leaf_kind(leaf: Value) -> str:

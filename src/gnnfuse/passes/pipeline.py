@@ -6,9 +6,11 @@ from .cse import eliminate_common_subexpressions
 from .dce import eliminate_dead_code
 from .fold import fold_constants
 from .reorder import reorder_broadcasts
+from .softmax import decompose_edge_softmax
 
 
 def optimize(program: Program, keep_inputs: bool = False) -> Program:
+    decompose_edge_softmax(program)
     fold_constants(program)
     reorder_broadcasts(program)
     eliminate_common_subexpressions(program)

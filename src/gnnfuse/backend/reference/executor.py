@@ -18,14 +18,10 @@ def execute(program: Program, ctx: GraphContext, feeds: Mapping[str, torch.Tenso
 
 
 def run_plan(program: Program, plan: Sequence, ctx: GraphContext, feeds: Mapping[str, torch.Tensor],
-             keep: Iterable[int], run_unit: Callable | None,
-             kernels: Mapping[str, Callable] | None = None
+             keep: Iterable[int], run_unit: Callable | None
              ) -> tuple[dict[str, torch.Tensor], dict[int, torch.Tensor]]:
-    """Run ``plan``: values run through their torch reference, or through
-    ``kernels[op](value, ctx, args)`` where a backend has a dedicated kernel (which may
-    return None to decline); fused units (anything with ``root`` and ``leaves``) run
-    through ``run_unit(unit, ctx, {leaf id: tensor})``."""
-    kernels = kernels or {}
+    """Run ``plan``: values run through their torch reference; fused units (anything
+    with ``root`` and ``leaves``) run through ``run_unit(unit, ctx, {leaf id: tensor})``."""
     keep = set(keep) | {v.id for v in program.outputs.values()}
     steps = [(item, _reads(item), item if isinstance(item, Value) else item.root) for item in plan]
     remaining: dict[int, int] = {}
@@ -36,10 +32,7 @@ def run_plan(program: Program, plan: Sequence, ctx: GraphContext, feeds: Mapping
     for item, reads, out in steps:
         if isinstance(item, Value):
             args = [env[i.id] for i in item.inputs]
-            special = kernels.get(item.op)
-            result = special(item, ctx, args) if special else None
-            env[out.id] = result if result is not None else get_op(item.op).run(
-                ctx, args, [i.residency for i in item.inputs], item.attrs)
+            env[out.id] = get_op(item.op).run(ctx, args, [i.residency for i in item.inputs], item.attrs)
         else:
             env[out.id] = run_unit(item, ctx, {i.id: env[i.id] for i in reads})
         for i in reads:

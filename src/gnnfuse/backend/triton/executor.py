@@ -18,7 +18,6 @@ from ..reference import GraphContext
 from ..reference.executor import run_plan
 from .codegen import generate, generate_edge
 from .schedule import SEGMENT_EDGES, segments
-from .softmax import edge_softmax
 
 _KERNELS: dict[str, object] = {}
 _PLANS: "weakref.WeakKeyDictionary[Program, dict]" = weakref.WeakKeyDictionary()
@@ -109,4 +108,4 @@ def execute(program: Program, ctx: GraphContext, feeds: Mapping[str, torch.Tenso
     plans = _PLANS.setdefault(program, {})
     if keep not in plans:
         plans[keep] = partition(program, keep)
-    return run_plan(program, plans[keep], ctx, feeds, keep, run_unit, {"edge_softmax": edge_softmax})
+    return run_plan(program, plans[keep], ctx, feeds, keep, run_unit)

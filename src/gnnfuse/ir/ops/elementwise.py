@@ -50,6 +50,9 @@ _ew("sigmoid", torch.sigmoid, lambda b, v, g: [
     b.add("mul", g, b.add("mul", b.fwd(v), b.add("sub", b.const(1.0, g), b.fwd(v))))], 1, emit="tl.sigmoid({0})")
 _ew("tanh", torch.tanh, lambda b, v, g: [
     b.add("mul", g, b.add("sub", b.const(1.0, g), b.add("mul", b.fwd(v), b.fwd(v))))], 1, emit="(2.0 * tl.sigmoid(2.0 * {0}) - 1.0)")
+_ew("stop_gradient", lambda x: x, lambda b, v, g: [None], 1, emit="{0}",
+    doc="identity whose gradient is zero: marks a value the result does not really depend on, such as "
+        "the shift a softmax subtracts for stability, so autodiff spends no work on it")
 _ew("clamp_min", lambda x, min: torch.clamp_min(x, min),
     lambda b, v, g: [b.add("mul", g, b.add("step", b.add("sub", b.fwd(v.inputs[0]),
                                                           b.const(v.attrs["min"], g))))], 1, emit="tl.maximum({0}, {min})")
