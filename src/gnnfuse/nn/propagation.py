@@ -131,8 +131,11 @@ class APPNP(nn.Module):
 
     With ``dropout > 0`` in training mode each hop drops entries of ``Â`` (edge dropout,
     inverted scaling). As in PyG each hop drops from the previous hop's already-dropped
-    weights, so the masks compound; every hop's weights stay unbiased in expectation.
-    Unlike PyG, ``normalize=False`` with dropout works (it drops entries of ``A``).
+    weights, so the masks compound: hop k keeps an entry with probability ``(1-p)^k``
+    and scales it by ``(1-p)^-k``, so each hop's weights are unbiased but not independent
+    of the earlier hops'. Drawing in PyG's order over PyG's edge order, a seeded run gives
+    PyG's masks. Unlike PyG, ``normalize=False`` with dropout works (it drops entries of
+    ``A``).
     """
 
     def __init__(self, K: int, alpha: float, dropout: float = 0.0, cached: bool = False,
@@ -264,26 +267,30 @@ _LAPLACIANS = ("sym", "rw", None)
 
 
 def _laplacian(graph: Graph, normalization: str | None, dtype: torch.dtype
-               ) -> tuple[Graph, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(graph without self loops, diag, left, right): ``(L x)_v = diag_v x_v + left_v
-    sum_{u -> v} right_u x_u``, cached per graph.
+               ) -> tuple[Graph, float, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(graph without self loops, default lambda_max, diag, left, right), cached per graph:
+    ``(L x)_v = diag_v x_v + left_v sum_{u -> v} right_u x_u``.
 
     PyG's ``get_laplacian``: self loops are dropped, degrees are *out*-degrees (by
     source), and 0 for a vertex without out-edges; ``sym`` is ``I - D^-1/2 A D^-1/2``,
-    ``rw`` is ``I - D^-1 A`` (``D^-1`` of the source), None is ``D - A``.
+    ``rw`` is ``I - D^-1 A`` (``D^-1`` of the source), None is ``D - A``. The default
+    lambda_max is PyG's, twice the largest entry of ``L``: off-diagonal entries are
+    negative, so that is the largest diagonal entry (1 for "sym" and "rw").
     """
-    def build(g: Graph) -> tuple[Graph, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def build(g: Graph) -> tuple[Graph, float, torch.Tensor, torch.Tensor, torch.Tensor]:
         loop_free = g.remove_self_loops()
         deg = loop_free.out_degrees().to(torch.float64).unsqueeze(-1)
         ones = torch.ones_like(deg)
         if normalization == "sym":
             inv_sqrt = deg.pow(-0.5).masked_fill(deg == 0, 0.0)
-            return loop_free, ones, -inv_sqrt, inv_sqrt
-        if normalization == "rw":
-            return loop_free, ones, -ones, deg.reciprocal().masked_fill(deg == 0, 0.0)
-        return loop_free, deg, -ones, ones
-    loop_free, *factors = graph.cached(f"nn_laplacian_{normalization}", build)
-    return (loop_free, *(f.to(dtype) for f in factors))
+            diag, left, right = ones, -inv_sqrt, inv_sqrt
+        elif normalization == "rw":
+            diag, left, right = ones, -ones, deg.reciprocal().masked_fill(deg == 0, 0.0)
+        else:
+            diag, left, right = deg, -ones, ones
+        return loop_free, 2.0 * float(diag.max()), diag, left, right
+    loop_free, lambda_max, *factors = graph.cached(f"nn_laplacian_{normalization}", build)
+    return (loop_free, lambda_max, *(f.to(dtype) for f in factors))
 
 
 @frontend.vertex
@@ -327,16 +334,15 @@ class ChebConv(nn.Module):
     def forward(self, x: torch.Tensor, graph: Graph | torch.Tensor,
                 lambda_max: float | torch.Tensor | None = None) -> torch.Tensor:
         graph = _as_graph(graph, x.shape[0])
-        loop_free, diag, left, right = _laplacian(graph, self.normalization, x.dtype)
-        if lambda_max is None:
-            lam = 2.0 * float(diag.max()) if diag.numel() else 2.0
-        elif isinstance(lambda_max, torch.Tensor) and lambda_max.numel() != 1:
+        loop_free, lam, diag, left, right = _laplacian(graph, self.normalization, x.dtype)
+        if isinstance(lambda_max, torch.Tensor) and lambda_max.numel() != 1:
             raise ValueError(f"lambda_max must be one number (per-graph values need batching, which "
                              f"ChebConv does not support), got shape {list(lambda_max.shape)}")
-        else:
+        if lambda_max is not None:
             lam = float(lambda_max)
         if not lam > 0:
-            raise ValueError(f"lambda_max must be positive, got {lam}")
+            hint = "" if lambda_max is not None else " (the default, 2 max L, is 0: L = D - A of a graph without edges)"
+            raise ValueError(f"lambda_max must be positive, got {lam}{hint}")
         scaled = {"diag": diag * (2.0 / lam) - 1.0, "left": left * (2.0 / lam), "right": right}
         tx0, out = x, self.lins[0](x)
         if len(self.lins) > 1:
