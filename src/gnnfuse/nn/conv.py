@@ -40,9 +40,51 @@ def _inv_sqrt_degree(graph: Graph, dtype: torch.dtype) -> torch.Tensor:
     return graph.cached("nn_inv_sqrt_degree", build).to(dtype)
 
 
+def _improved_gcn_norm(graph: Graph, dtype: torch.dtype) -> tuple[Graph, torch.Tensor, torch.Tensor]:
+    """(graph without self loops, deg^-1/2, self-loop weight) for ``A + 2I``, cached per graph.
+
+    PyG's ``add_remaining_self_loops`` semantics: a vertex that already has a self loop
+    keeps it at weight 1, every other vertex gets a loop of weight 2. The loops are kept
+    out of the edge list and applied per vertex, so no |E|-sized weight is ever built.
+    """
+    def build(g: Graph) -> tuple[Graph, torch.Tensor, torch.Tensor]:
+        loop_free = g.remove_self_loops()
+        has_loop = torch.zeros(g.num_nodes, dtype=torch.bool, device=g.device)
+        has_loop[g.src[g.src == g.dst]] = True
+        fill = torch.where(has_loop, 1.0, 2.0).to(torch.float64).unsqueeze(-1)
+        norm = (loop_free.in_degrees().to(torch.float64).unsqueeze(-1) + fill).pow(-0.5)
+        return loop_free, norm, fill
+    loop_free, norm, fill = graph.cached("nn_improved_gcn_norm", build)
+    return loop_free, norm.to(dtype), fill.to(dtype)
+
+
+def _layer_graph(layer: nn.Module, x: torch.Tensor, graph: Graph | torch.Tensor, cache: bool) -> Graph:
+    """The graph a layer with PyG's ``cached`` flag propagates over.
+
+    With ``cache`` the first graph is kept on the layer and reused on every later call,
+    whatever graph is passed then -- PyG's transductive-only ``cached=True`` contract. The
+    normalisation lives in that graph's own cache, so it is computed once.
+    """
+    kept = layer._cached_graph
+    if kept is not None:
+        if kept.num_nodes != x.shape[0]:
+            raise ValueError(f"x has {x.shape[0]} rows but the cached graph has {kept.num_nodes} nodes "
+                             "(cached=True reuses the first graph; call reset_parameters() to drop it)")
+        return kept
+    graph = _as_graph(graph, x.shape[0])
+    if cache:
+        layer._cached_graph = graph
+    return graph
+
+
 @frontend.vertex
 def _normalized_sum(v):
     return sum([u.h * u.norm for u in v.innbs]) * v.norm
+
+
+@frontend.vertex
+def _normalized_sum_with_loops(v):
+    return (sum([u.h * u.norm for u in v.innbs]) + v.h * v.norm * v.fill) * v.norm
 
 
 @frontend.vertex
@@ -64,13 +106,28 @@ _AGGREGATORS = {"mean": _neighbour_mean, "max": _neighbour_max, "sum": _neighbou
 
 
 class GCNConv(nn.Module):
-    """Kipf & Welling's graph convolution, ``D^-1/2 (A + I) D^-1/2 X W + b``."""
+    """Kipf & Welling's graph convolution, ``D^-1/2 (A + I) D^-1/2 X W + b``.
 
-    def __init__(self, in_channels: int, out_channels: int, add_self_loops: bool = True,
-                 bias: bool = True):
+    ``improved=True`` uses ``A + 2I`` (a vertex that already has a self loop keeps it at
+    weight 1, as PyG's ``add_remaining_self_loops`` does). Note that PyG 2.8 applies that
+    fill only when an explicit ``edge_weight`` is passed; without one its ``improved``
+    flag has no effect, whereas here it always means ``A + 2I``. ``normalize=False``
+    sums ``X W`` over in-neighbours unscaled and, like PyG, adds no self loops.
+    ``cached=True`` keeps the first graph (and its normalisation) for every later call.
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, improved: bool = False, cached: bool = False,
+                 add_self_loops: bool | None = None, normalize: bool = True, bias: bool = True):
         super().__init__()
+        if add_self_loops is None:
+            add_self_loops = normalize
+        if add_self_loops and not normalize:
+            raise ValueError("GCNConv does not support adding self-loops to the graph when no "
+                             "normalization is applied (normalize=False needs add_self_loops=False)")
         self.in_channels, self.out_channels = in_channels, out_channels
-        self.add_self_loops = add_self_loops
+        self.improved, self.cached = improved, cached
+        self.add_self_loops, self.normalize = add_self_loops, normalize
+        self._cached_graph: Graph | None = None
         self.lin = nn.Linear(in_channels, out_channels, bias=False)
         self.bias = nn.Parameter(torch.zeros(out_channels)) if bias else None
         self.reset_parameters()
@@ -79,12 +136,20 @@ class GCNConv(nn.Module):
         nn.init.xavier_uniform_(self.lin.weight)   # PyG's glorot
         if self.bias is not None:
             nn.init.zeros_(self.bias)
+        self._cached_graph = None
 
     def forward(self, x: torch.Tensor, graph: Graph | torch.Tensor) -> torch.Tensor:
-        graph = _as_graph(graph, x.shape[0])
-        if self.add_self_loops:
-            graph = _looped(graph)
-        out = _normalized_sum(graph, {"h": self.lin(x), "norm": _inv_sqrt_degree(graph, x.dtype)})
+        graph = _layer_graph(self, x, graph, self.cached and self.normalize)
+        h = self.lin(x)
+        if not self.normalize:
+            out = _neighbour_sum(graph, {"h": h})
+        elif self.improved and self.add_self_loops:
+            loop_free, norm, fill = _improved_gcn_norm(graph, x.dtype)
+            out = _normalized_sum_with_loops(loop_free, {"h": h, "norm": norm, "fill": fill})
+        else:
+            if self.add_self_loops:
+                graph = _looped(graph)
+            out = _normalized_sum(graph, {"h": h, "norm": _inv_sqrt_degree(graph, x.dtype)})
         return out if self.bias is None else out + self.bias
 
 

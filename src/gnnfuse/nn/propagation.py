@@ -1,0 +1,357 @@
+"""Propagation-family layers with PyG's names, arguments and parameter layout: GIN,
+GraphConv, APPNP, SGC, TAG and Chebyshev convolutions.
+
+Each hop is one vertex-centric function that reads like its formula (``v`` the vertex,
+``u`` an in-neighbour); the per-graph coefficients it needs -- ``D^-1/2``, the scaled
+Laplacian's diagonal and off-diagonal factors -- are computed once per graph and kept in
+the graph's cache, and the dense transforms stay plain torch. Normalisation factors are
+passed per vertex (``u.norm * v.norm``) rather than per edge, so a hop gathers no
+|E|-sized weight array; only APPNP's edge dropout needs per-edge weights, and only while
+training. Parameter names and shapes match PyG, so
+``layer.load_state_dict(pyg_layer.state_dict())`` copies a PyG model.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .. import frontend
+from ..graph import Graph
+from .conv import (_AGGREGATORS, _as_graph, _inv_sqrt_degree, _layer_graph, _looped, _neighbour_sum,
+                   _normalized_sum)
+
+
+def _reset(module: Callable) -> None:
+    """PyG's ``reset``: re-initialise a user-supplied network, recursing into children that
+    have no ``reset_parameters`` of their own (a ``Sequential``, say)."""
+    if hasattr(module, "reset_parameters"):
+        module.reset_parameters()
+    elif isinstance(module, nn.Module):
+        for child in module.children():
+            _reset(child)
+
+
+class GINConv(nn.Module):
+    """Graph isomorphism network layer (Xu et al.):
+    ``x'_v = nn((1 + eps) * x_v + sum_{u in N(v)} x_u)``.
+
+    ``eps`` is a parameter with ``train_eps=True`` and a buffer otherwise, as in PyG, so
+    state dicts carry it either way.
+    """
+
+    def __init__(self, nn: Callable[[torch.Tensor], torch.Tensor], eps: float = 0.0, train_eps: bool = False):
+        super().__init__()
+        self.nn = nn
+        self.initial_eps = eps
+        if train_eps:
+            self.eps = torch.nn.Parameter(torch.empty(1))
+        else:
+            self.register_buffer("eps", torch.empty(1))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        _reset(self.nn)
+        self.eps.data.fill_(self.initial_eps)
+
+    def forward(self, x: torch.Tensor, graph: Graph | torch.Tensor) -> torch.Tensor:
+        graph = _as_graph(graph, x.shape[0])
+        return self.nn(_neighbour_sum(graph, {"h": x}) + (1 + self.eps) * x)
+
+
+class GraphConv(nn.Module):
+    """Morris et al.'s higher-order GNN layer:
+    ``x'_v = lin_rel(aggr_{u in N(v)} x_u) + lin_root(x_v)``, ``aggr`` in add/sum/mean/max.
+
+    As in `SAGEConv`, add and mean commute with ``lin_rel``, so when it narrows the
+    features it runs first and the graph kernel moves the narrower rows.
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, aggr: str = "add", bias: bool = True):
+        super().__init__()
+        if aggr not in _AGGREGATORS:
+            raise ValueError(f"aggr must be one of {sorted(_AGGREGATORS)}, got {aggr!r}")
+        self.in_channels, self.out_channels, self.aggr = in_channels, out_channels, aggr
+        self.lin_rel = nn.Linear(in_channels, out_channels, bias=bias)
+        self.lin_root = nn.Linear(in_channels, out_channels, bias=False)
+
+    def reset_parameters(self) -> None:
+        self.lin_rel.reset_parameters()
+        self.lin_root.reset_parameters()
+
+    def forward(self, x: torch.Tensor, graph: Graph | torch.Tensor) -> torch.Tensor:
+        graph = _as_graph(graph, x.shape[0])
+        aggregate = _AGGREGATORS[self.aggr]
+        if self.aggr != "max" and self.out_channels < self.in_channels:
+            out = aggregate(graph, {"h": F.linear(x, self.lin_rel.weight)})
+            if self.lin_rel.bias is not None:
+                out = out + self.lin_rel.bias
+        else:
+            out = self.lin_rel(aggregate(graph, {"h": x}))
+        return out + self.lin_root(x)
+
+
+@functools.lru_cache(maxsize=None)
+def _appnp_step(alpha: float) -> frontend.VertexFunction:
+    """One personalised-PageRank hop for a given teleport ``alpha`` (a compile-time
+    constant, so each distinct alpha compiles once)."""
+
+    @frontend.vertex
+    def step(v):
+        return (1 - alpha) * sum([u.h * u.norm for u in v.innbs]) * v.norm + alpha * v.h0
+    return step
+
+
+@functools.lru_cache(maxsize=None)
+def _appnp_dropped_step(alpha: float) -> frontend.VertexFunction:
+    """The same hop over explicit per-edge weights (the dropped-out normalised adjacency)."""
+
+    @frontend.vertex
+    def step(v):
+        return (1 - alpha) * sum([e.src.h * e.w for e in v.inedges]) + alpha * v.h0
+    return step
+
+
+def _edge_weights(graph: Graph, dtype: torch.dtype) -> torch.Tensor:
+    """``deg^-1/2[src] * deg^-1/2[dst]`` per edge, in edge-id order (PyG's ``gcn_norm``)."""
+    def build(g: Graph) -> torch.Tensor:
+        norm = _inv_sqrt_degree(g, torch.float64).squeeze(-1)
+        return norm[g.src] * norm[g.dst]
+    return graph.cached("nn_gcn_edge_weight", build).to(dtype)
+
+
+class APPNP(nn.Module):
+    """Approximate personalised propagation of neural predictions (Klicpera et al.):
+    ``X^0 = X``, ``X^{k+1} = (1 - alpha) Â X^k + alpha X`` for K hops, where
+    ``Â = D^-1/2 (A + I) D^-1/2`` (``A`` with ``add_self_loops=False``, plain ``A`` with
+    ``normalize=False``).
+
+    With ``dropout > 0`` in training mode each hop drops entries of ``Â`` (edge dropout,
+    inverted scaling). As in PyG each hop drops from the previous hop's already-dropped
+    weights, so the masks compound: hop k keeps an entry with probability ``(1-p)^k``
+    and scales it by ``(1-p)^-k``, so each hop's weights are unbiased but not independent
+    of the earlier hops'. Drawing in PyG's order over PyG's edge order, a seeded run gives
+    PyG's masks. Unlike PyG, ``normalize=False`` with dropout works (it drops entries of
+    ``A``).
+    """
+
+    def __init__(self, K: int, alpha: float, dropout: float = 0.0, cached: bool = False,
+                 add_self_loops: bool = True, normalize: bool = True):
+        super().__init__()
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        self.K, self.alpha, self.dropout = K, alpha, dropout
+        self.cached, self.add_self_loops, self.normalize = cached, add_self_loops, normalize
+        self._cached_graph: Graph | None = None
+
+    def reset_parameters(self) -> None:
+        self._cached_graph = None
+
+    def forward(self, x: torch.Tensor, graph: Graph | torch.Tensor) -> torch.Tensor:
+        graph = _layer_graph(self, x, graph, self.cached and self.normalize)
+        if self.normalize and self.add_self_loops:
+            graph = _looped(graph)
+        h = x
+        if self.dropout > 0 and self.training:
+            weight = (_edge_weights(graph, x.dtype) if self.normalize
+                      else x.new_ones(graph.num_edges))
+            step = _appnp_dropped_step(float(self.alpha))
+            for _ in range(self.K):
+                weight = F.dropout(weight, p=self.dropout)
+                h = step(graph, {"h": h, "h0": x}, {"w": weight})
+            return h
+        norm = _inv_sqrt_degree(graph, x.dtype) if self.normalize else x.new_ones(graph.num_nodes, 1)
+        step = _appnp_step(float(self.alpha))
+        for _ in range(self.K):
+            h = step(graph, {"h": h, "norm": norm, "h0": x})
+        return h
+
+    def extra_repr(self) -> str:
+        return f"K={self.K}, alpha={self.alpha}"
+
+
+class SGConv(nn.Module):
+    """Simplified graph convolution (Wu et al.): ``lin(Â^K X)``,
+    ``Â = D^-1/2 (A + I) D^-1/2``.
+
+    ``cached=True`` keeps ``Â^K X`` from the first call and reuses it (detached) on every
+    later one, as PyG does -- only sound when X and the graph never change. Without it,
+    a narrowing ``lin`` runs first (``Â^K (X W) + b``), so the K hops move narrower rows.
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, K: int = 1, cached: bool = False,
+                 add_self_loops: bool = True, bias: bool = True):
+        super().__init__()
+        self.in_channels, self.out_channels, self.K = in_channels, out_channels, K
+        self.cached, self.add_self_loops = cached, add_self_loops
+        self._cached_x: torch.Tensor | None = None
+        self.lin = nn.Linear(in_channels, out_channels, bias=bias)
+
+    def reset_parameters(self) -> None:
+        self.lin.reset_parameters()
+        self._cached_x = None
+
+    def forward(self, x: torch.Tensor, graph: Graph | torch.Tensor) -> torch.Tensor:
+        if self._cached_x is not None:
+            return self.lin(self._cached_x.detach())
+        graph = _as_graph(graph, x.shape[0])
+        if self.add_self_loops:
+            graph = _looped(graph)
+        norm = _inv_sqrt_degree(graph, x.dtype)
+        transform_first = not self.cached and self.out_channels < self.in_channels
+        h = F.linear(x, self.lin.weight) if transform_first else x
+        for _ in range(self.K):
+            h = _normalized_sum(graph, {"h": h, "norm": norm})
+        if transform_first:
+            return h if self.lin.bias is None else h + self.lin.bias
+        if self.cached:
+            self._cached_x = h
+        return self.lin(h)
+
+    def extra_repr(self) -> str:
+        return f"{self.in_channels}, {self.out_channels}, K={self.K}"
+
+
+@frontend.vertex
+def _tag_step(v):
+    return sum([u.h * u.norm for u in v.innbs]) * v.norm + v.skip
+
+
+class TAGConv(nn.Module):
+    """Topology adaptive graph convolution (Du et al.):
+    ``sum_{k=0..K} Â^k X W_k + b``, ``Â = D^-1/2 A D^-1/2`` (no self loops; plain ``A``
+    with ``normalize=False``).
+
+    ``Â`` commutes with right-multiplication by ``W_k``, so when the transforms narrow
+    the features the sum is evaluated in Horner form,
+    ``X W_0 + Â (X W_1 + Â (... + Â X W_K))``: one matmul for all K+1 transforms, then
+    K hops over out-channel rows, each adding its skip term in the same kernel.
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, K: int = 3, bias: bool = True,
+                 normalize: bool = True):
+        super().__init__()
+        self.in_channels, self.out_channels, self.K, self.normalize = in_channels, out_channels, K, normalize
+        self.lins = nn.ModuleList([nn.Linear(in_channels, out_channels, bias=False) for _ in range(K + 1)])
+        self.bias = nn.Parameter(torch.zeros(out_channels)) if bias else None
+
+    def reset_parameters(self) -> None:
+        for lin in self.lins:
+            lin.reset_parameters()
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
+
+    def forward(self, x: torch.Tensor, graph: Graph | torch.Tensor) -> torch.Tensor:
+        graph = _as_graph(graph, x.shape[0])
+        norm = _inv_sqrt_degree(graph, x.dtype) if self.normalize else x.new_ones(graph.num_nodes, 1)
+        if self.out_channels < self.in_channels:
+            skips = F.linear(x, torch.cat([lin.weight for lin in self.lins])).split(self.out_channels, dim=-1)
+            out = skips[-1]
+            for skip in reversed(skips[:-1]):
+                out = _tag_step(graph, {"h": out, "norm": norm, "skip": skip})
+        else:
+            out, h = self.lins[0](x), x
+            for lin in self.lins[1:]:
+                h = _normalized_sum(graph, {"h": h, "norm": norm})
+                out = out + lin(h)
+        return out if self.bias is None else out + self.bias
+
+    def extra_repr(self) -> str:
+        return f"{self.in_channels}, {self.out_channels}, K={self.K}"
+
+
+_LAPLACIANS = ("sym", "rw", None)
+
+
+def _laplacian(graph: Graph, normalization: str | None, dtype: torch.dtype
+               ) -> tuple[Graph, float, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(graph without self loops, default lambda_max, diag, left, right), cached per graph:
+    ``(L x)_v = diag_v x_v + left_v sum_{u -> v} right_u x_u``.
+
+    PyG's ``get_laplacian``: self loops are dropped, degrees are *out*-degrees (by
+    source), and 0 for a vertex without out-edges; ``sym`` is ``I - D^-1/2 A D^-1/2``,
+    ``rw`` is ``I - D^-1 A`` (``D^-1`` of the source), None is ``D - A``. The default
+    lambda_max is PyG's, twice the largest entry of ``L``: off-diagonal entries are
+    negative, so that is the largest diagonal entry (1 for "sym" and "rw").
+    """
+    def build(g: Graph) -> tuple[Graph, float, torch.Tensor, torch.Tensor, torch.Tensor]:
+        loop_free = g.remove_self_loops()
+        deg = loop_free.out_degrees().to(torch.float64).unsqueeze(-1)
+        ones = torch.ones_like(deg)
+        if normalization == "sym":
+            inv_sqrt = deg.pow(-0.5).masked_fill(deg == 0, 0.0)
+            diag, left, right = ones, -inv_sqrt, inv_sqrt
+        elif normalization == "rw":
+            diag, left, right = ones, -ones, deg.reciprocal().masked_fill(deg == 0, 0.0)
+        else:
+            diag, left, right = deg, -ones, ones
+        return loop_free, 2.0 * float(diag.max()), diag, left, right
+    loop_free, lambda_max, *factors = graph.cached(f"nn_laplacian_{normalization}", build)
+    return (loop_free, lambda_max, *(f.to(dtype) for f in factors))
+
+
+@frontend.vertex
+def _chebyshev_first(v):
+    return v.h * v.diag + sum([u.h * u.right for u in v.innbs]) * v.left
+
+
+@frontend.vertex
+def _chebyshev_next(v):
+    return 2 * (v.h * v.diag + sum([u.h * u.right for u in v.innbs]) * v.left) - v.prev
+
+
+class ChebConv(nn.Module):
+    """Chebyshev spectral graph convolution (Defferrard et al.):
+    ``sum_{k<K} T_k(L̂) X W_k + b`` with ``L̂ = 2 L / lambda_max - I``, ``T_0 = I``,
+    ``T_1 = L̂``, ``T_k = 2 L̂ T_{k-1} - T_{k-2}``.
+
+    ``L`` is PyG's ``get_laplacian`` of the graph (see `_laplacian`) for
+    ``normalization`` "sym", "rw" or None. ``lambda_max`` defaults, as in PyG, to twice
+    the largest entry of ``L`` -- 2 for "sym" and "rw".
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, K: int, normalization: str | None = "sym",
+                 bias: bool = True):
+        super().__init__()
+        if K < 1:
+            raise ValueError(f"K must be at least 1, got {K}")
+        if normalization not in _LAPLACIANS:
+            raise ValueError(f"normalization must be 'sym', 'rw' or None, got {normalization!r}")
+        self.in_channels, self.out_channels, self.normalization = in_channels, out_channels, normalization
+        self.lins = nn.ModuleList([nn.Linear(in_channels, out_channels, bias=False) for _ in range(K)])
+        self.bias = nn.Parameter(torch.zeros(out_channels)) if bias else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for lin in self.lins:
+            nn.init.xavier_uniform_(lin.weight)   # PyG's glorot
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
+
+    def forward(self, x: torch.Tensor, graph: Graph | torch.Tensor,
+                lambda_max: float | torch.Tensor | None = None) -> torch.Tensor:
+        graph = _as_graph(graph, x.shape[0])
+        loop_free, lam, diag, left, right = _laplacian(graph, self.normalization, x.dtype)
+        if isinstance(lambda_max, torch.Tensor) and lambda_max.numel() != 1:
+            raise ValueError(f"lambda_max must be one number (per-graph values need batching, which "
+                             f"ChebConv does not support), got shape {list(lambda_max.shape)}")
+        if lambda_max is not None:
+            lam = float(lambda_max)
+        if not lam > 0:
+            hint = "" if lambda_max is not None else " (the default, 2 max L, is 0: L = D - A of a graph without edges)"
+            raise ValueError(f"lambda_max must be positive, got {lam}{hint}")
+        scaled = {"diag": diag * (2.0 / lam) - 1.0, "left": left * (2.0 / lam), "right": right}
+        tx0, out = x, self.lins[0](x)
+        if len(self.lins) > 1:
+            tx1 = _chebyshev_first(loop_free, {"h": x, **scaled})
+            out = out + self.lins[1](tx1)
+            for lin in self.lins[2:]:
+                tx0, tx1 = tx1, _chebyshev_next(loop_free, {"h": tx1, "prev": tx0, **scaled})
+                out = out + lin(tx1)
+        return out if self.bias is None else out + self.bias
+
+    def extra_repr(self) -> str:
+        return f"{self.in_channels}, {self.out_channels}, K={len(self.lins)}, normalization={self.normalization}"

@@ -1,0 +1,236 @@
+"""The propagation-family layers (GIN, GraphConv, APPNP, SGC, TAG, Chebyshev) and GCNConv's
+improved/cached/normalize options against PyG itself: same state dict, same outputs and
+gradients in float64, with a gnnfuse Graph or a PyG edge_index, on the reference backend
+and on generated kernels (Triton's interpreter without a GPU)."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch_geometric.nn as pyg
+
+import gnnfuse
+from gnnfuse import nn as gnn
+
+N, F_IN = 20, 12
+
+
+def graph_edges() -> torch.Tensor:
+    """Random multigraph on N vertices: the last three isolated, loops on 2 and (twice) on 5."""
+    g = torch.Generator().manual_seed(0)
+    edges = torch.randint(0, N - 3, (2, 60), generator=g)
+    return torch.cat([edges, torch.tensor([[2, 5, 5], [2, 5, 5]])], dim=1)
+
+
+def mlp() -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Linear(F_IN, 8), torch.nn.ReLU(), torch.nn.Linear(8, 6))
+
+
+def gin_pair():
+    return gnn.GINConv(mlp(), eps=0.3, train_eps=True), pyg.GINConv(mlp(), eps=0.3, train_eps=True)
+
+
+def ones(edge_index: torch.Tensor) -> torch.Tensor:
+    return torch.ones(edge_index.shape[1], dtype=torch.float64, device=edge_index.device)
+
+
+# name -> (factory of (ours, PyG), extra forward arguments for the PyG layer)
+LAYERS = {
+    # PyG 2.8 applies improved's fill of 2 only when given edge weights; all-ones weights
+    # make it compute the documented A + 2I.
+    "gcn-improved": (lambda: (gnn.GCNConv(F_IN, 6, improved=True), pyg.GCNConv(F_IN, 6, improved=True)),
+                     lambda ei: (ones(ei),)),
+    "gcn-unnormalized": (lambda: (gnn.GCNConv(F_IN, 6, normalize=False), pyg.GCNConv(F_IN, 6, normalize=False)),
+                         lambda ei: ()),
+    "gin-train-eps": (gin_pair, lambda ei: ()),
+    "graphconv-add": (lambda: (gnn.GraphConv(F_IN, 6), pyg.GraphConv(F_IN, 6)), lambda ei: ()),
+    "graphconv-mean-widening": (lambda: (gnn.GraphConv(F_IN, 20, aggr="mean"), pyg.GraphConv(F_IN, 20, aggr="mean")),
+                                lambda ei: ()),
+    "graphconv-max": (lambda: (gnn.GraphConv(F_IN, 6, aggr="max"), pyg.GraphConv(F_IN, 6, aggr="max")),
+                      lambda ei: ()),
+    "appnp": (lambda: (gnn.APPNP(K=3, alpha=0.1), pyg.APPNP(K=3, alpha=0.1)), lambda ei: ()),
+    "appnp-no-loops": (lambda: (gnn.APPNP(2, 0.2, add_self_loops=False), pyg.APPNP(2, 0.2, add_self_loops=False)),
+                       lambda ei: ()),
+    "appnp-unnormalized": (lambda: (gnn.APPNP(2, 0.2, normalize=False), pyg.APPNP(2, 0.2, normalize=False)),
+                           lambda ei: ()),
+    "sgc-narrowing": (lambda: (gnn.SGConv(F_IN, 6, K=2), pyg.SGConv(F_IN, 6, K=2)), lambda ei: ()),
+    "sgc-widening-no-loops": (lambda: (gnn.SGConv(F_IN, 20, K=2, add_self_loops=False),
+                                       pyg.SGConv(F_IN, 20, K=2, add_self_loops=False)), lambda ei: ()),
+    "tag-narrowing": (lambda: (gnn.TAGConv(F_IN, 6, K=2), pyg.TAGConv(F_IN, 6, K=2)), lambda ei: ()),
+    "tag-widening-unnormalized": (lambda: (gnn.TAGConv(F_IN, 20, K=2, normalize=False),
+                                           pyg.TAGConv(F_IN, 20, K=2, normalize=False)), lambda ei: ()),
+    "cheb-sym": (lambda: (gnn.ChebConv(F_IN, 6, K=3), pyg.ChebConv(F_IN, 6, K=3)), lambda ei: ()),
+    "cheb-rw": (lambda: (gnn.ChebConv(F_IN, 6, K=3, normalization="rw"),
+                         pyg.ChebConv(F_IN, 6, K=3, normalization="rw")), lambda ei: ()),
+    "cheb-unnormalized": (lambda: (gnn.ChebConv(F_IN, 6, K=3, normalization=None),
+                                   pyg.ChebConv(F_IN, 6, K=3, normalization=None)), lambda ei: ()),
+}
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a - b).norm() / b.norm()).item()
+
+
+def device_for(backend: str) -> str:
+    return "cuda" if backend == "triton" and torch.cuda.is_available() else "cpu"
+
+
+def pair(name: str, device: str = "cpu"):
+    ours, ref = (m.double().to(device) for m in LAYERS[name][0]())
+    ours.load_state_dict(ref.state_dict())
+    return ours, ref
+
+
+def assert_same_outputs_and_grads(ours, ref, run_ours, run_ref, x: torch.Tensor) -> None:
+    """Outputs, input gradient and every parameter gradient agree to 1e-9 relative."""
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    out, expected = run_ours(xa), run_ref(xb)
+    assert out.shape == expected.shape
+    seed = torch.randn_like(expected)
+    (out * seed).sum().backward()
+    (expected * seed).sum().backward()
+    assert rel_err(out, expected) < 1e-9
+    assert rel_err(xa.grad, xb.grad) < 1e-9
+    ours_params, ref_params = dict(ours.named_parameters()), dict(ref.named_parameters())
+    assert ours_params.keys() == ref_params.keys()
+    for key, p in ours_params.items():
+        assert rel_err(p.grad, ref_params[key].grad) < 1e-9, key
+
+
+@pytest.mark.parametrize("name", LAYERS)
+@pytest.mark.parametrize("as_graph", [True, False], ids=["Graph", "edge_index"])
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_layer_matches_pyg(name, as_graph, backend, monkeypatch):
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    torch.manual_seed(0)
+    device = device_for(backend)
+    ours, ref = pair(name, device)
+    edge_index = graph_edges().to(device)
+    graph = gnnfuse.Graph.from_edge_index(edge_index, num_nodes=N) if as_graph else edge_index
+    extra = LAYERS[name][1](edge_index)
+    x = torch.randn(N, F_IN, dtype=torch.float64).to(device)
+    assert_same_outputs_and_grads(ours, ref, lambda xs: ours(xs, graph), lambda xs: ref(xs, edge_index, *extra), x)
+
+
+@pytest.mark.parametrize("normalization", ["sym", "rw", None])
+def test_chebyshev_with_explicit_lambda_max(normalization):
+    torch.manual_seed(1)
+    ours, ref = (m.double() for m in (gnn.ChebConv(F_IN, 6, K=4, normalization=normalization),
+                                      pyg.ChebConv(F_IN, 6, K=4, normalization=normalization)))
+    ours.load_state_dict(ref.state_dict())
+    edge_index = graph_edges()
+    x = torch.randn(N, F_IN, dtype=torch.float64)
+    lam = torch.tensor(3.5, dtype=torch.float64)
+    assert_same_outputs_and_grads(ours, ref, lambda xs: ours(xs, edge_index, lambda_max=3.5),
+                                  lambda xs: ref(xs, edge_index, lambda_max=lam), x)
+
+
+@pytest.mark.parametrize("name", ["gcn", "appnp", "sgc"])
+def test_cached_layers_reuse_their_first_graph_like_pyg(name):
+    """cached=True: the second call, given another graph (and for SGC other features),
+    still propagates over what the first call saw -- PyG's transductive contract."""
+    torch.manual_seed(2)
+    ours, ref = {
+        "gcn": lambda: (gnn.GCNConv(F_IN, 6, cached=True), pyg.GCNConv(F_IN, 6, cached=True)),
+        "appnp": lambda: (gnn.APPNP(2, 0.1, cached=True), pyg.APPNP(2, 0.1, cached=True)),
+        "sgc": lambda: (gnn.SGConv(F_IN, 6, K=2, cached=True), pyg.SGConv(F_IN, 6, K=2, cached=True)),
+    }[name]()
+    ours, ref = ours.double(), ref.double()
+    ours.load_state_dict(ref.state_dict())
+    first, second = graph_edges(), torch.randint(0, N, (2, 30))
+    x = torch.randn(N, F_IN, dtype=torch.float64)
+    assert_same_outputs_and_grads(ours, ref, lambda xs: ours(xs, first), lambda xs: ref(xs, first), x)
+    ours.zero_grad()
+    ref.zero_grad()
+    x2 = torch.randn(N, F_IN, dtype=torch.float64)
+    again, expected = ours(x2, second), ref(x2, second)
+    assert rel_err(again, expected) < 1e-9
+    fresh = type(ours)(**{"gcn": dict(in_channels=F_IN, out_channels=6), "appnp": dict(K=2, alpha=0.1),
+                          "sgc": dict(in_channels=F_IN, out_channels=6, K=2)}[name]).double()
+    fresh.load_state_dict(ours.state_dict())
+    assert rel_err(again, fresh(x2, second)) > 1e-3        # the cache really was used
+    ours.reset_parameters()
+    ours.load_state_dict(fresh.state_dict())
+    assert rel_err(ours(x2, second), fresh(x2, second)) < 1e-12   # reset drops the cache
+
+
+@pytest.mark.parametrize("normalize", [True, False])
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_appnp_edge_dropout_matches_pyg(normalize, backend, monkeypatch):
+    """Training mode: with the same RNG state ours draws the same edge masks as PyG (same
+    edge order, same weight vector), so outputs and gradients agree exactly; PyG needs
+    explicit weights to drop out of an unnormalised adjacency."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    device = device_for(backend)
+    ours = gnn.APPNP(K=3, alpha=0.1, dropout=0.4, normalize=normalize).train()
+    ref = pyg.APPNP(K=3, alpha=0.1, dropout=0.4, normalize=normalize).train()
+    edge_index = graph_edges().to(device)
+    extra = () if normalize else (ones(edge_index),)
+    x = torch.randn(N, F_IN, dtype=torch.float64, generator=torch.Generator().manual_seed(3)).to(device)
+
+    def seeded(fn):
+        def run(xs):
+            torch.manual_seed(4)
+            return fn(xs)
+        return run
+    assert_same_outputs_and_grads(ours, ref, seeded(lambda xs: ours(xs, edge_index)),
+                                  seeded(lambda xs: ref(xs, edge_index, *extra)), x)
+
+
+def test_appnp_edge_dropout_is_off_in_eval_and_unbiased_in_training():
+    torch.manual_seed(5)
+    graph = gnnfuse.Graph.from_edge_index(graph_edges(), num_nodes=N)
+    x = torch.randn(N, 4, dtype=torch.float64)
+    layer = gnn.APPNP(K=1, alpha=0.1, dropout=0.5)
+    evaluated = layer.eval()(x, graph)
+    assert torch.equal(evaluated, gnn.APPNP(K=1, alpha=0.1)(x, graph))
+    assert rel_err(evaluated, pyg.APPNP(K=1, alpha=0.1, dropout=0.5).eval()(x, graph.edge_index)) < 1e-12
+    layer.train()
+    draws = torch.stack([layer(x, graph) for _ in range(1500)])
+    assert (draws[0] - evaluated).abs().max() > 1e-3
+    # One hop is linear in the dropped weights: its mean is the eval output, within a few
+    # standard errors per entry (a missing 1/(1-p) rescale would be off by ~50%).
+    stderr = draws.std(dim=0) / draws.shape[0] ** 0.5
+    z = (draws.mean(dim=0) - evaluated).abs() / stderr.clamp_min(1e-12)
+    assert z.max() < 5
+
+
+@pytest.mark.parametrize("make", [lambda: gnn.ChebConv(3, 2, K=3), lambda: gnn.TAGConv(3, 2, K=2),
+                                  lambda: gnn.GCNConv(3, 2, improved=True)], ids=["cheb", "tag-horner", "gcn-improved"])
+def test_gradcheck(make):
+    """Finite differences through the compiled forward and backward, for x and every parameter."""
+    torch.manual_seed(6)
+    layer = make().double()
+    g = torch.Generator().manual_seed(7)
+    edge_index = torch.cat([torch.randint(0, 6, (2, 14), generator=g), torch.tensor([[3], [3]])], dim=1)
+    graph = gnnfuse.Graph.from_edge_index(edge_index, num_nodes=8)
+    x = torch.randn(8, 3, dtype=torch.float64, requires_grad=True)
+    names = [k for k, _ in layer.named_parameters()]
+    params = [p.detach().clone().requires_grad_() for _, p in layer.named_parameters()]
+
+    def run(x, *values):
+        return torch.func.functional_call(layer, dict(zip(names, values)), (x, graph))
+    assert torch.autograd.gradcheck(run, (x, *params), eps=1e-6, atol=1e-6, rtol=1e-5)
+
+
+def test_bad_arguments_are_rejected():
+    with pytest.raises(ValueError, match="normalization must be 'sym', 'rw' or None, got 'lap'"):
+        gnn.ChebConv(4, 4, K=2, normalization="lap")
+    with pytest.raises(ValueError, match="K must be at least 1"):
+        gnn.ChebConv(4, 4, K=0)
+    with pytest.raises(ValueError, match="aggr must be one of"):
+        gnn.GraphConv(4, 4, aggr="median")
+    with pytest.raises(ValueError, match="does not support adding self-loops"):
+        gnn.GCNConv(4, 4, add_self_loops=True, normalize=False)
+    with pytest.raises(ValueError, match="dropout must be in"):
+        gnn.APPNP(2, 0.1, dropout=1.0)
+    edge_index = torch.tensor([[0, 1], [1, 2]])
+    with pytest.raises(ValueError, match="lambda_max must be positive"):
+        gnn.ChebConv(4, 4, K=2)(torch.randn(3, 4), edge_index, lambda_max=0.0)
+    with pytest.raises(ValueError, match="the default, 2 max L, is 0"):
+        gnn.ChebConv(4, 4, K=2, normalization=None)(torch.randn(3, 4), torch.zeros(2, 0, dtype=torch.long))
+    with pytest.raises(ValueError, match="lambda_max must be one number"):
+        gnn.ChebConv(4, 4, K=2)(torch.randn(3, 4), edge_index, lambda_max=torch.tensor([2.0, 3.0]))
+    layer = gnn.APPNP(1, 0.1, cached=True)
+    layer(torch.randn(3, 4), edge_index)
+    with pytest.raises(ValueError, match="x has 5 rows but the cached graph has 3 nodes"):
+        layer(torch.randn(5, 4), torch.tensor([[0, 4], [4, 0]]))
