@@ -158,19 +158,22 @@ def _edge_weighted_sum(v):
 
 
 class CGATConv(nn.Module):
-    r"""Constrained GAT as Graphiler evaluates it (Wang et al. 2019; Graphiler §5.2).
+    r"""Constrained GAT (C-GAT, Wang et al. 2019) as Graphiler benchmarks it (Graphiler §5.2.1).
 
     .. math::
         z = W x, \quad e_{u \to v} = \mathrm{LeakyReLU}(a_s^\top z_u + a_d^\top z_v), \quad
         w_{u \to v} = \sum_{t \in N(v)} \max(0,\, e_{u \to v} - e_{t \to v}), \quad
         x'_v = \sum_{u \in N(v)} w_{u \to v}\, z_u + b
 
-    per head (``a^T [z_u || z_v]`` split into a source and a destination half, as PyG's
-    GAT stores it). Instead of a softmax, each edge is weighted by how far its score
-    clears each competing in-edge's -- the "edge pair-wise normalization" that framework
-    primitives cannot express. The weights are not normalized: the lowest-scoring
-    in-edge of a vertex gets 0, and a vertex whose only in-edge is its self loop outputs
-    just the bias. No PyG counterpart; the parameters follow PyG's GATConv layout.
+    per head. The paper only names the "edge pair-wise normalization" that framework
+    primitives cannot express; the formula is that of Graphiler's C-GAT benchmark (its
+    reduce UDF compares every pair of a vertex's in-edges), whose ``a^T [z_u || z_v]`` is
+    split into a source and a destination half as PyG's GAT stores it. Instead of a
+    softmax, each edge is weighted by how far its score clears each competing in-edge's;
+    the weights are not normalized: the lowest-scoring in-edge of a vertex gets 0, and a
+    vertex whose only in-edge is its self loop outputs just the bias. Graphiler's layer
+    is ``heads=1, add_self_loops=False, bias=False`` (slope 0.01); there is no PyG
+    counterpart, so the parameters follow PyG's GATConv layout.
 
     The pair-wise weights are computed with torch (`pairwise_constraint`): the IR has
     no residency for pairs of edges, so they cannot be traced. The weighted aggregation
