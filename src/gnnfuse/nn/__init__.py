@@ -1,9 +1,11 @@
 """Neural-network layers with PyG's names and parameter layout (`conv`: GCN, GraphSAGE,
-GAT; `propagation`: GIN, GraphConv, APPNP, SGC, TAG, Chebyshev), and plain-PyTorch
+GAT; `propagation`: GIN, GraphConv, APPNP, SGC, TAG, Chebyshev; `attention`: GATv2,
+constrained GAT, dot-product GAT, EdgeConv, MLP aggregation, NGCF), and plain-PyTorch
 baselines (`reference`) that the compiled layers are measured against."""
+from .attention import CGATConv, DotGATConv, EdgeConv, GATv2Conv, MLPAggConv, NGCFConv
 from .conv import GATConv, GCNConv, SAGEConv
 from .propagation import APPNP, ChebConv, GINConv, GraphConv, SGConv, TAGConv
 from .reference import GCN, gcn_norm
 
-__all__ = ["APPNP", "ChebConv", "GATConv", "GCNConv", "GCN", "GINConv", "GraphConv", "SAGEConv", "SGConv",
-           "TAGConv", "gcn_norm"]
+__all__ = ["APPNP", "CGATConv", "ChebConv", "DotGATConv", "EdgeConv", "GATConv", "GATv2Conv", "GCNConv", "GCN",
+           "GINConv", "GraphConv", "MLPAggConv", "NGCFConv", "SAGEConv", "SGConv", "TAGConv", "gcn_norm"]

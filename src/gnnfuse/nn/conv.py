@@ -193,14 +193,20 @@ class GATConv(nn.Module):
 
     Per-vertex attention logits ``<h_u, a_src>`` and ``<h_v, a_dst>`` are computed densely;
     the message/reduce function adds them per edge, applies leaky ReLU and the edge
-    softmax, and aggregates the weighted messages.
+    softmax, and aggregates the weighted messages. ``dropout`` drops normalized attention
+    coefficients in training mode, as PyG does; with ``p = 0`` or in eval mode the traced
+    program is exactly the one without dropout.
     """
 
     def __init__(self, in_channels: int, out_channels: int, heads: int = 1, concat: bool = True,
-                 negative_slope: float = 0.2, add_self_loops: bool = True, bias: bool = True):
+                 negative_slope: float = 0.2, dropout: float = 0.0, add_self_loops: bool = True,
+                 bias: bool = True):
         super().__init__()
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         self.in_channels, self.out_channels, self.heads = in_channels, out_channels, heads
         self.concat, self.negative_slope, self.add_self_loops = concat, negative_slope, add_self_loops
+        self.dropout = dropout
         self.lin = nn.Linear(in_channels, heads * out_channels, bias=False)
         self.att_src = nn.Parameter(torch.empty(1, heads, out_channels))
         self.att_dst = nn.Parameter(torch.empty(1, heads, out_channels))
@@ -220,14 +226,14 @@ class GATConv(nn.Module):
         if self.add_self_loops:
             graph = _looped(graph)
         h = self.lin(x).view(-1, self.heads, self.out_channels)
-        slope = self.negative_slope
+        slope, p, training = self.negative_slope, self.dropout, self.training
 
         def message(edges):
             score = edges.src["alpha_src"] + edges.dst["alpha_dst"]
             return {"score": F.leaky_relu(score, slope), "h": edges.src["h"]}
 
         def reduce(nodes):
-            alpha = torch.softmax(nodes.mailbox["score"], dim=1)
+            alpha = F.dropout(torch.softmax(nodes.mailbox["score"], dim=1), p, training)
             return {"out": torch.sum(alpha.unsqueeze(-1) * nodes.mailbox["h"], dim=1)}
 
         out = frontend.message_passing(graph, message, reduce, ndata={
