@@ -10,7 +10,9 @@ from torch_geometric.nn import RGCNConv
 from torch_geometric.utils import softmax as pyg_softmax
 
 import gnnfuse
+from gnnfuse.backend.reference import GraphContext
 from gnnfuse.frontend.vertex import VertexFunction
+from gnnfuse.ir import CompileError, Program, Residency
 from gnnfuse.passes.fusion import AggregateUnit, partition
 from gnnfuse.runtime import CompiledProgram
 
@@ -41,6 +43,56 @@ def relation_mean_norm(graph: gnnfuse.Graph) -> torch.Tensor:
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm().clamp_min(1e-300)).item()
+
+
+# --- the IR: residency rules of the type indices ------------------------------------------
+R = Residency
+
+
+@pytest.mark.parametrize("by, source, target", [
+    ("etype", R.EDGE_TYPE, R.EDGE), ("srctype", R.NODE_TYPE, R.SRC),
+    ("dsttype", R.NODE_TYPE, R.DST), ("ntype", R.NODE_TYPE, R.NODE),
+])
+def test_type_broadcast_and_reduce_residencies(by, source, target):
+    p = Program()
+    t = p.input("t", source, (3,), f64)
+    rows = p.add("broadcast", t, by=by)
+    assert rows.residency is target
+    assert p.add("reduce", rows, op="sum", by=by).residency is source
+    assert p.add("degree", by=by, dtype=f64).residency is source
+    with pytest.raises(CompileError, match=f"broadcast by {by} takes {source.name} data"):
+        p.add("broadcast", p.input("x", R.EDGE if source is R.NODE_TYPE else R.NODE_TYPE, (3,), f64), by=by)
+
+
+def test_typed_matmul_rules():
+    p = Program()
+    w_e = p.input("We", R.EDGE_TYPE, (3, 2), f64)
+    w_n = p.input("Wn", R.NODE_TYPE, (3, 2), f64)
+    x_src = p.add("broadcast", p.input("h", R.NODE, (3,), f64), by="src")
+    assert p.add("typed_matmul", x_src, w_e, by="etype").residency is R.EDGE
+    assert p.add("typed_matmul", x_src, w_n, by="srctype").residency is R.SRC
+    assert p.add("typed_matmul", x_src, w_n, by="dsttype").residency is R.EDGE
+    assert p.add("typed_matmul", p.inputs["h"], w_n, by="ntype").shape == (2,)
+    grad = p.add("typed_matmul_tn", x_src, p.input("g", R.EDGE, (2,), f64), by="etype")
+    assert (grad.residency, grad.shape) == (R.EDGE_TYPE, (3, 2))
+    with pytest.raises(CompileError, match="takes a weight table resident on EDGE_TYPE, got NODE_TYPE"):
+        p.add("typed_matmul", x_src, w_n, by="etype")
+    with pytest.raises(CompileError, match="by ntype takes per-vertex"):
+        p.add("typed_matmul", x_src, w_n, by="ntype")
+    with pytest.raises(CompileError, match=r"last dim must match.*\[4\] @ W \[3, 2\]"):
+        p.add("typed_matmul", p.input("h4", R.NODE, (4,), f64), w_n, by="ntype")
+
+
+def test_graph_context_type_indices_and_counts():
+    graph = typed_graph(0)
+    ctx = GraphContext(graph)
+    assert torch.equal(ctx.index("srctype"), graph.node_type[graph.src])
+    assert torch.equal(ctx.index("dsttype"), graph.node_type[graph.dst])
+    assert torch.equal(ctx.degree("etype"), torch.bincount(graph.edge_type, minlength=3))
+    groups = ctx.groups("etype")
+    assert len(groups) == 3 and groups[2].numel() == 0
+    assert torch.equal(torch.sort(torch.cat(groups)).values, torch.arange(graph.num_edges))
+    assert all((graph.edge_type[rows] == t).all() for t, rows in enumerate(groups))
 
 
 # --- R-GCN ------------------------------------------------------------------------------

@@ -42,7 +42,7 @@ def _typed_matmul_residency(rs, attrs):
     by = attrs["by"]
     _check_type_index(by)
     if rs[1] is not BROADCAST_FROM[by]:
-        raise ValueError(f"typed_matmul by {by} takes a {BROADCAST_FROM[by].name} weight table, "
+        raise ValueError(f"typed_matmul by {by} takes a weight table resident on {BROADCAST_FROM[by].name}, "
                          f"got {rs[1].name}")
     return _rows_residency(rs[0], by, "typed_matmul")
 
