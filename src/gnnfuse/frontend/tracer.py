@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from ..ir import CompileError, Program, Residency
+from ..ir.ops.movement import TYPE_INDICES
 
 EDGE_ROWED = (Residency.SRC, Residency.DST, Residency.EDGE)
 
@@ -231,9 +232,6 @@ def _reduction(feature_op: str, graph_op: str):
             result = tracer.apply(feature_op, x, dim=tuple(dims), keepdim=bool(keepdim))
         return _ReduceResult((result, None)) if graph_op in ("max", "min") else result
     return handler
-
-
-TYPE_INDICES = ("etype", "srctype", "dsttype", "ntype")
 
 
 def _matmul(tracer: Tracer, a, b, *, out=None):

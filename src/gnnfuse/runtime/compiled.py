@@ -15,6 +15,7 @@ from ..autodiff import BackwardProgram, build_backward
 from ..backend.reference import GraphContext
 from ..graph import Graph
 from ..ir import CompileError, Program, Residency, verify
+from ..ir.ops.movement import BROADCAST_FROM, TYPE_INDICES
 from ..passes import optimize
 
 
@@ -48,8 +49,7 @@ _TYPE_KINDS = {  # residency -> (what it is per, Graph attribute holding the cou
     Residency.EDGE_TYPE: ("edge", "num_edge_types"),
     Residency.NODE_TYPE: ("node", "num_node_types"),
 }
-_INDEX_KIND = {"etype": Residency.EDGE_TYPE, "srctype": Residency.NODE_TYPE,
-               "dsttype": Residency.NODE_TYPE, "ntype": Residency.NODE_TYPE}
+_INDEX_KIND = {by: BROADCAST_FROM[by] for by in TYPE_INDICES}   # type index -> the types it reads
 
 
 def _types_read(program: Program) -> set[Residency]:
