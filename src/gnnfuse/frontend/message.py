@@ -7,6 +7,16 @@
 The UDFs are traced once per call into the same IR as vertex-centric code; a reduction or
 softmax over ``dim=1`` of the mailbox becomes a Reduce or Norm op, so no per-degree
 bucketing ever runs (Graphiler §3.2's problem).
+
+On a typed graph, per-type data is passed as ``etype_data={key: [num_edge_types, ...]}``
+and ``ntype_data={key: [num_node_types, ...]}``. In ``message_fn``, ``edges.type[key]``
+is each edge's relation's row, ``edges.srctype[key]`` / ``edges.dsttype[key]`` its
+source's / destination's node type's row; in ``reduce_fn``/``update_fn``,
+``nodes.type[key]`` is each vertex's node type's row. ``x @ edges.type["W"]`` with W of
+shape [R, in, out] multiplies every edge by its own relation's matrix (R-GCN, HGT):
+
+    def message(edges):
+        return {"m": (edges.src["h"] @ edges.type["W"]) * edges.data["norm"]}
 """
 from __future__ import annotations
 
@@ -52,27 +62,38 @@ class _Lookup:
         return key in self._keys
 
 
+def _gather(tracer: Tracer, key: str, residency: Residency, tensor: torch.Tensor, by: str) -> SymTensor:
+    """Program input ``key`` read onto rows through index ``by`` (a broadcast)."""
+    x = tracer.input(key, residency, tensor, 1)
+    return SymTensor(tracer, tracer.program.add("broadcast", x.value, by=by, source=tracer.source()), 1)
+
+
 class _Edges:
-    def __init__(self, tracer: Tracer, ndata, edata):
+    def __init__(self, tracer: Tracer, ndata, edata, etype_data, ntype_data):
         def node(by):
-            def get(key):
-                x = tracer.input(key, Residency.NODE, ndata[key], 1)
-                return SymTensor(tracer, tracer.program.add("broadcast", x.value, by=by,
-                                                            source=tracer.source()), 1)
-            return get
+            return lambda key: _gather(tracer, key, Residency.NODE, ndata[key], by)
+
+        def ntype(by):
+            return lambda key: _gather(tracer, f"ntype.{key}", Residency.NODE_TYPE, ntype_data[key], by)
         self.src = _Lookup(tracer, "edges.src", node("src"), ndata)
         self.dst = _Lookup(tracer, "edges.dst", node("dst"), ndata)
         self.data = _Lookup(tracer, "edges.data",
                             lambda k: tracer.input(f"e.{k}", Residency.EDGE, edata[k], 1), edata)
+        self.type = _Lookup(tracer, "edges.type (etype_data)", lambda k: _gather(
+            tracer, f"etype.{k}", Residency.EDGE_TYPE, etype_data[k], "etype"), etype_data)
+        self.srctype = _Lookup(tracer, "edges.srctype (ntype_data)", ntype("srctype"), ntype_data)
+        self.dsttype = _Lookup(tracer, "edges.dsttype (ntype_data)", ntype("dsttype"), ntype_data)
 
 
 class _Nodes:
-    def __init__(self, tracer: Tracer, ndata, mailbox: Mapping[str, SymTensor], computed):
+    def __init__(self, tracer: Tracer, ndata, ntype_data, mailbox: Mapping[str, SymTensor], computed):
         def data(key):
             if key in computed:
                 return computed[key]
             return tracer.input(key, Residency.NODE, ndata[key], 1)
         self.data = _Lookup(tracer, "nodes.data", data, {*ndata, *computed})
+        self.type = _Lookup(tracer, "nodes.type (ntype_data)", lambda k: _gather(
+            tracer, f"ntype.{k}", Residency.NODE_TYPE, ntype_data[k], "ntype"), ntype_data)
         self.mailbox = _Lookup(tracer, "nodes.mailbox",
                                lambda k: SymTensor(tracer, mailbox[k].value, 2), mailbox)
 
@@ -84,12 +105,16 @@ def _returned(tracer: Tracer, result, stage: str) -> dict[str, SymTensor]:
 
 
 def trace_message_passing(message_fn: Callable, reduce_fn: Callable, update_fn: Callable | None,
-                          ndata: Mapping[str, torch.Tensor], edata: Mapping[str, torch.Tensor]) -> _MessageTracer:
+                          ndata: Mapping[str, torch.Tensor], edata: Mapping[str, torch.Tensor],
+                          etype_data: Mapping[str, torch.Tensor] | None = None,
+                          ntype_data: Mapping[str, torch.Tensor] | None = None) -> _MessageTracer:
     """Capture the three UDFs into one program whose outputs are the final node data."""
-    dtype = next((t.dtype for t in [*ndata.values(), *edata.values()] if t.is_floating_point()),
-                 torch.get_default_dtype())
+    etype_data, ntype_data = dict(etype_data or {}), dict(ntype_data or {})
+    dtype = next((t.dtype for table in (ndata, edata, etype_data, ntype_data) for t in table.values()
+                  if t.is_floating_point()), torch.get_default_dtype())
     tracer = _MessageTracer(message_fn, "message", dtype)
-    messages = _returned(tracer, message_fn(_Edges(tracer, ndata, edata)), "message_fn")
+    messages = _returned(tracer, message_fn(_Edges(tracer, ndata, edata, etype_data, ntype_data)),
+                         "message_fn")
     for key, m in messages.items():
         if m.value.residency not in EDGE_ROWED:
             raise tracer.error(f"message {key!r} is {m.value.residency.name} data; a message must be "
@@ -98,8 +123,8 @@ def trace_message_passing(message_fn: Callable, reduce_fn: Callable, update_fn: 
     computed: dict[str, SymTensor] = {}
     for fn, mode, name in stages:
         tracer.rebind(fn, mode)
-        result = _returned(tracer, fn(_Nodes(tracer, ndata, messages if mode == "reduce" else {}, computed)),
-                           name)
+        nodes = _Nodes(tracer, ndata, ntype_data, messages if mode == "reduce" else {}, computed)
+        result = _returned(tracer, fn(nodes), name)
         for key, out in result.items():
             if out.value.residency is not Residency.NODE:
                 raise tracer.error(f"{name} output {key!r} is {out.value.residency.name} data; reduce the "
@@ -113,15 +138,20 @@ def trace_message_passing(message_fn: Callable, reduce_fn: Callable, update_fn: 
 
 def message_passing(graph: Graph | object, message_fn: Callable, reduce_fn: Callable,
                     update_fn: Callable | None = None, *, ndata: Mapping[str, torch.Tensor],
-                    edata: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+                    edata: Mapping[str, torch.Tensor] | None = None,
+                    etype_data: Mapping[str, torch.Tensor] | None = None,
+                    ntype_data: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """Run DGL-style ``update_all(message_fn, reduce_fn, update_fn)`` compiled through the IR;
-    returns the node data that ``update_fn`` (or ``reduce_fn``) produces."""
+    returns the node data that ``update_fn`` (or ``reduce_fn``) produces. ``etype_data`` /
+    ``ntype_data`` hold per-edge-type / per-node-type tensors (see the module docstring)."""
     graph = Graph.coerce(graph)
-    edata = dict(edata or {})
-    tracer = trace_message_passing(message_fn, reduce_fn, update_fn, ndata, edata)
+    edata, etype_data, ntype_data = dict(edata or {}), dict(etype_data or {}), dict(ntype_data or {})
+    tracer = trace_message_passing(message_fn, reduce_fn, update_fn, ndata, edata, etype_data, ntype_data)
     key = tracer.program.fingerprint()
     if key not in _COMPILED:
         _COMPILED[key] = CompiledProgram(tracer.program)
     feeds = {**ndata, **{f"e.{k}": t for k, t in edata.items()},
+             **{f"etype.{k}": t for k, t in etype_data.items()},
+             **{f"ntype.{k}": t for k, t in ntype_data.items()},
              **{name: t for name, t in tracer.captured.values()}}
     return _COMPILED[key](graph, feeds)

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from ..ir import CompileError, Program, Residency
+from ..ir.ops.movement import TYPE_INDICES
 
 EDGE_ROWED = (Residency.SRC, Residency.DST, Residency.EDGE)
 
@@ -234,7 +235,25 @@ def _reduction(feature_op: str, graph_op: str):
 
 
 def _matmul(tracer: Tracer, a, b, *, out=None):
+    b = tracer.lift(b)
+    if b.value.op == "broadcast" and b.value.attrs["by"] in TYPE_INDICES:
+        return _typed_matmul(tracer, tracer.lift(a), b)
     return tracer.apply("matmul", a, b)
+
+
+def _typed_matmul(tracer: Tracer, x: SymTensor, lookup: SymTensor) -> SymTensor:
+    """``x @ e.type.W`` (or ``edges.type['W']``, ``u.type.W``, ...): multiply by the row's
+    type's matrix without copying it onto every row (see ir/ops/typed.py). Vertex data
+    meeting an edge-level lookup is the destination's, as everywhere in the tracer, and
+    an edge row reading a vertex's type (``v.type`` next to ``u.h``) reads its destination's."""
+    table = SymTensor(tracer, lookup.value.inputs[0], 0)
+    by = lookup.value.attrs["by"]
+    if by == "ntype" and x.value.residency in EDGE_ROWED:
+        by = "dsttype"
+    elif by != "ntype" and x.value.residency is Residency.NODE:
+        x = x.broadcast_dst()
+    result = tracer.apply("typed_matmul", x, table, by=by)
+    return SymTensor(tracer, result.value, max(x.prefix, lookup.prefix))
 
 
 def _linear(tracer: Tracer, x, weight, bias=None):

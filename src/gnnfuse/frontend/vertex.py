@@ -11,6 +11,21 @@
 ``max`` and ``min`` over a list built from the neighbour list aggregate per vertex;
 ``len(v.innbs)`` is the in-degree. The function is traced into the IR on each call (cheap,
 Python only); compiled programs are cached by the traced program's structure.
+
+Typed graphs (``Graph(..., edge_type=..., node_type=...)``) carry per-type data, passed
+as ``etype_feature={key: [num_edge_types, ...]}`` and ``ntype_feature={key:
+[num_node_types, ...]}`` and read through a row's type: ``e.type.<key>`` is the in-edge's
+relation's row, ``u.type.<key>`` / ``e.src.type.<key>`` the source's node type's,
+``e.dst.type.<key>`` and ``v.type.<key>`` the destination's. ``x @ e.type.W`` with W of
+shape [R, in, out] multiplies by each edge's own relation matrix (R-GCN):
+
+    @gnnfuse.vertex
+    def rgcn(v):
+        return sum([(e.src.h @ e.type.W) * e.norm for e in v.inedges]) + v.h @ root
+
+    out = rgcn(graph, {"h": x}, {"norm": norm}, etype_feature={"W": W})
+
+``type`` is therefore reserved and cannot name a vertex or edge feature.
 """
 from __future__ import annotations
 
@@ -55,6 +70,12 @@ class _Vertex:
         return _Neighbours(self._tracer, lambda: _Vertex(self._tracer, "src", self._features))
 
     @property
+    def type(self) -> "_TypeData":
+        """This vertex's node type's row of each ``ntype_feature`` tensor."""
+        by = {"center": "ntype", "src": "srctype", "dst": "dsttype"}[self._side]
+        return _TypeData(self._tracer, "ntype", by, self._features)
+
+    @property
     def inedges(self) -> _Neighbours:
         self._center_only("inedges")
         return _Neighbours(self._tracer, lambda: _Edge(self._tracer, self._features))
@@ -77,11 +98,37 @@ class _Vertex:
                                                                 source=self._tracer.source()), 0)
 
 
+class _TypeData:
+    """``e.type`` / ``u.type`` / ``v.type``: per-type data read through the row's type."""
+
+    _ARGUMENT = {"etype": "etype_feature", "ntype": "ntype_feature"}
+    _RESIDENCY = {"etype": Residency.EDGE_TYPE, "ntype": Residency.NODE_TYPE}
+
+    def __init__(self, tracer: Tracer, table: str, by: str, features):
+        self._tracer, self._table, self._by, self._features = tracer, table, by, features
+
+    def __getattr__(self, key: str) -> SymTensor:
+        if key.startswith("_"):
+            raise AttributeError(key)
+        tables = self._features[self._table]
+        if key not in tables:
+            raise self._tracer.error(f"per-type feature {key!r} does not exist; "
+                                     f"{self._ARGUMENT[self._table]} has {sorted(tables)}")
+        x = self._tracer.input(f"{self._table}.{key}", self._RESIDENCY[self._table], tables[key], 0)
+        return SymTensor(self._tracer, self._tracer.program.add("broadcast", x.value, by=self._by,
+                                                                source=self._tracer.source()), 0)
+
+
 class _Edge:
     def __init__(self, tracer: Tracer, features):
         self._tracer, self._features = tracer, features
         self.src = _Vertex(tracer, "src", features)
         self.dst = _Vertex(tracer, "dst", features)
+
+    @property
+    def type(self) -> _TypeData:
+        """This edge's relation's row of each ``etype_feature`` tensor."""
+        return _TypeData(self._tracer, "etype", "etype", self._features)
 
     def __getattr__(self, key: str) -> SymTensor:
         if key.startswith("_"):
@@ -125,16 +172,20 @@ def _length(tracer: Tracer):
 class VertexFunction:
     """A vertex-centric function, compiled on first use for each traced structure."""
 
-    def __init__(self, fn: Callable):
+    def __init__(self, fn: Callable, cache: dict[str, CompiledProgram] | None = None):
         functools.update_wrapper(self, fn)
         self.fn = fn
-        self._compiled: dict[tuple, CompiledProgram] = {}
+        self._compiled: dict[str, CompiledProgram] = {} if cache is None else cache
 
     def trace(self, v_feature: Mapping[str, torch.Tensor],
-              e_feature: Mapping[str, torch.Tensor] | None = None) -> tuple[Tracer, dict[str, torch.Tensor]]:
+              e_feature: Mapping[str, torch.Tensor] | None = None,
+              etype_feature: Mapping[str, torch.Tensor] | None = None,
+              ntype_feature: Mapping[str, torch.Tensor] | None = None
+              ) -> tuple[Tracer, dict[str, torch.Tensor]]:
         """Trace the function into a program; returns the tracer and the captured tensors."""
-        feats = {"nodes": dict(v_feature), "edges": dict(e_feature or {})}
-        dtype = next((t.dtype for t in [*feats["nodes"].values(), *feats["edges"].values()]
+        feats = {"nodes": dict(v_feature), "edges": dict(e_feature or {}),
+                 "etype": dict(etype_feature or {}), "ntype": dict(ntype_feature or {})}
+        dtype = next((t.dtype for table in feats.values() for t in table.values()
                       if t.is_floating_point()), torch.get_default_dtype())
         tracer = Tracer(self.fn, "vertex", dtype)
         patched_globals = dict(self.fn.__globals__, sum=_aggregate(tracer, builtins.sum, "sum"),
@@ -155,11 +206,15 @@ class VertexFunction:
         return tracer, {name: t for name, t in tracer.captured.values()}
 
     def __call__(self, graph: Graph | Any, v_feature: Mapping[str, torch.Tensor],
-                 e_feature: Mapping[str, torch.Tensor] | None = None):
+                 e_feature: Mapping[str, torch.Tensor] | None = None, *,
+                 etype_feature: Mapping[str, torch.Tensor] | None = None,
+                 ntype_feature: Mapping[str, torch.Tensor] | None = None):
         graph = Graph.coerce(graph)
-        tracer, captured = self.trace(v_feature, e_feature)
+        tracer, captured = self.trace(v_feature, e_feature, etype_feature, ntype_feature)
         compiled = _cached(self._compiled, tracer.program)
-        feeds = {**v_feature, **{f"e.{k}": t for k, t in (e_feature or {}).items()}, **captured}
+        feeds = {**v_feature, **{f"e.{k}": t for k, t in (e_feature or {}).items()},
+                 **{f"etype.{k}": t for k, t in (etype_feature or {}).items()},
+                 **{f"ntype.{k}": t for k, t in (ntype_feature or {}).items()}, **captured}
         outputs = compiled(graph, feeds)
         return outputs["out"] if list(outputs) == ["out"] else outputs
 
@@ -176,13 +231,24 @@ def vertex(fn: Callable) -> VertexFunction:
     return VertexFunction(fn)
 
 
+_SEASTAR_COMPILED: dict[str, CompiledProgram] = {}
+
+
 def compile(graph: Graph | Any = None, v_feature: Mapping[str, torch.Tensor] | None = None,
-            e_feature: Mapping[str, torch.Tensor] | None = None) -> Callable[[Callable], Callable[[], Any]]:
+            e_feature: Mapping[str, torch.Tensor] | None = None, *,
+            etype_feature: Mapping[str, torch.Tensor] | None = None,
+            ntype_feature: Mapping[str, torch.Tensor] | None = None) -> Callable[[Callable], Callable[[], Any]]:
     """Seastar's spelling: ``@compile(graph, v_feature={...})`` on ``vc_compute(v)`` gives a
-    zero-argument callable that runs it on that graph (Seastar Figure 3)."""
+    zero-argument callable that runs it on that graph (Seastar Figure 3).
+
+    Figure 3 applies the decorator inside a module's ``forward``, so every call decorates
+    a fresh function; compiled programs are therefore shared by structure across
+    decorations (a module-level cache), and only the cheap trace repeats per call."""
 
     def decorate(fn: Callable) -> Callable[[], Any]:
-        compiled = VertexFunction(fn)
-        return functools.wraps(fn)(lambda: compiled(graph, v_feature or {}, e_feature))
+        compiled = VertexFunction(fn, _SEASTAR_COMPILED)
+        return functools.wraps(fn)(lambda: compiled(graph, v_feature or {}, e_feature,
+                                                    etype_feature=etype_feature,
+                                                    ntype_feature=ntype_feature))
 
     return decorate

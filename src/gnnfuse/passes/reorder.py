@@ -1,6 +1,8 @@
 """Graphiler's broadcast reordering (§4.3.1): ``f(broadcast(x))`` becomes
 ``broadcast(f(x))`` when ``f`` is a dense op, so ``edges.src['h'] @ W`` costs |V| rows
-of matmul instead of |E|."""
+of matmul instead of |E|. The same holds for a per-node-type matmul on an endpoint's
+data: ``edges.src['h'] @ edges.srctype['W']`` depends only on the source vertex, so it
+is computed per vertex with the vertex's type (HGT's per-type projections)."""
 from __future__ import annotations
 
 from ..ir import Movement, Program, Residency, get_op
@@ -16,6 +18,9 @@ def reorder_broadcasts(program: Program) -> Program:
     while changed:
         changed = False
         for v in list(program.values):
+            if _reorder_typed_matmul(program, v):
+                changed = True
+                continue
             if v.op == "input" or v.movement is not Movement.DENSE or not get_op(v.op).pure:
                 continue
             rowed = [i for i in v.inputs if i.residency is not Residency.SHARED]
@@ -30,3 +35,20 @@ def reorder_broadcasts(program: Program) -> Program:
             program.replace_uses(v, gathered)
             changed = True
     return program
+
+
+_ENDPOINT_TYPE = {"srctype": "src", "dsttype": "dst"}
+
+
+def _reorder_typed_matmul(program: Program, v) -> bool:
+    """``typed_matmul(broadcast(x, src), W, by=srctype)`` -> ``broadcast(typed_matmul(x, W,
+    by=ntype), src)`` (and likewise for dst); returns whether it rewrote ``v``."""
+    if v.op != "typed_matmul" or v.attrs["by"] not in _ENDPOINT_TYPE:
+        return False
+    x, w = v.inputs
+    side = _ENDPOINT_TYPE[v.attrs["by"]]
+    if x.op != "broadcast" or x.attrs["by"] != side:
+        return False
+    moved = program.add("typed_matmul", x.inputs[0], w, source=v.source, by="ntype")
+    program.replace_uses(v, program.add("broadcast", moved, source=v.source, by=side))
+    return True

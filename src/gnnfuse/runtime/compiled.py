@@ -14,7 +14,8 @@ import torch
 from ..autodiff import BackwardProgram, build_backward
 from ..backend.reference import GraphContext
 from ..graph import Graph
-from ..ir import Program, verify
+from ..ir import CompileError, Program, Residency, verify
+from ..ir.ops.movement import BROADCAST_FROM, TYPE_INDICES
 from ..passes import optimize
 
 
@@ -25,6 +26,7 @@ class CompiledProgram:
         verify(program)
         self.program = optimize(program) if optimize_program else program
         self._backward: dict[tuple[str, ...], BackwardProgram] = {}
+        self._types_read = _types_read(self.program)
 
     def backward_for(self, wrt: tuple[str, ...]) -> BackwardProgram:
         if wrt not in self._backward:
@@ -38,8 +40,42 @@ class CompiledProgram:
         missing = [k for k in keys if k not in feeds]
         if missing:
             raise KeyError(f"missing inputs {missing}; the program reads {list(keys)}")
+        _check_types(self.program, self._types_read, graph, feeds)
         outputs = _ProgramFunction.apply(self, GraphContext(graph), keys, *(feeds[k] for k in keys))
         return dict(zip(self.program.outputs, outputs))
+
+
+_TYPE_KINDS = {  # residency -> (what it is per, Graph attribute holding the count)
+    Residency.EDGE_TYPE: ("edge", "num_edge_types"),
+    Residency.NODE_TYPE: ("node", "num_node_types"),
+}
+_INDEX_KIND = {by: BROADCAST_FROM[by] for by in TYPE_INDICES}   # type index -> the types it reads
+
+
+def _types_read(program: Program) -> set[Residency]:
+    """Which kinds of type (EDGE_TYPE, NODE_TYPE) the program indexes by or holds data of."""
+    kinds = {v.residency for v in program.values if v.residency in _TYPE_KINDS}
+    kinds |= {_INDEX_KIND[v.attrs["by"]] for v in program.values if v.attrs.get("by") in _INDEX_KIND}
+    return kinds
+
+
+def _check_types(program: Program, kinds: set[Residency], graph: Graph,
+                 feeds: Mapping[str, torch.Tensor]) -> None:
+    """Fail before running when a typed program meets a graph without those types, or a
+    per-type input whose row count is not the graph's number of types: both would
+    otherwise surface as an index error deep inside a gather."""
+    for kind in kinds:
+        what, count_attr = _TYPE_KINDS[kind]
+        count = getattr(graph, count_attr)
+        if count is None:
+            raise CompileError(f"the program reads {what} types (per-{what}-type data or an index by "
+                               f"{what} type) but the graph has none; build it with "
+                               f"Graph(..., {what}_type=..., {count_attr}=...)")
+        for key, value in program.inputs.items():
+            rows = feeds[key].shape[0] if feeds[key].dim() else None
+            if value.residency is kind and rows != count:
+                raise CompileError(f"per-{what}-type input {key!r} has {rows} rows but the graph has "
+                                   f"{count} {what} types ({count_attr}); give one row per type")
 
 
 BACKENDS = ("reference", "triton")

@@ -1,10 +1,18 @@
-"""The graph indices movement ops read while a program runs."""
+"""The graph indices movement ops read while a program runs.
+
+Besides the endpoint indices ``src``/``dst``, typed programs read ``etype`` (each edge's
+type), ``srctype``/``dsttype`` (each edge's endpoint's node type) and ``ntype`` (each
+vertex's node type); the derived ones are built once per graph in its cache.
+"""
 from __future__ import annotations
 
 import torch
 
 from ...graph import Graph
-from ...ir import Residency
+from ...ir import CompileError, Residency
+
+EDGE_TYPE_INDICES = ("etype",)
+NODE_TYPE_INDICES = ("srctype", "dsttype", "ntype")
 
 
 class GraphContext:
@@ -18,16 +26,55 @@ class GraphContext:
         self.dst = graph.dst
 
     def index(self, by: str) -> torch.Tensor:
+        """int64 index ``by``: one entry per edge (per vertex for ``ntype``)."""
         if by == "src":
             return self.src
         if by == "dst":
             return self.dst
-        if self.graph.edge_type is None:
-            raise ValueError("this program reads edge types but the graph has none (pass edge_type=)")
-        return self.graph.edge_type
+        if by in EDGE_TYPE_INDICES:
+            return self._edge_types()
+        node_type = self._node_types()
+        if by == "ntype":
+            return node_type
+        if by == "srctype":
+            return self.graph.cached("src_node_type", lambda g: node_type[g.src])
+        if by == "dsttype":
+            return self.graph.cached("dst_node_type", lambda g: node_type[g.dst])
+        raise ValueError(f"unknown index {by!r}")
 
     def num_rows(self, by: str) -> int:
-        return self.num_nodes if by in ("src", "dst") else int(self.graph.num_edge_types)
+        """How many rows index ``by`` points into."""
+        if by in ("src", "dst"):
+            return self.num_nodes
+        if by in EDGE_TYPE_INDICES:
+            self._edge_types()
+            return int(self.graph.num_edge_types)
+        self._node_types()
+        return int(self.graph.num_node_types)
+
+    def groups(self, by: str) -> list[torch.Tensor]:
+        """Row ids per value of index ``by`` (per type), each ascending; cached per graph.
+
+        Per-type ops (typed_matmul) run one dense op per group, so the grouping is a sort
+        done once per graph rather than a boolean mask per type per call."""
+        def build(g: Graph) -> list[torch.Tensor]:
+            index = self.index(by)
+            order = torch.sort(index, stable=True).indices
+            counts = torch.bincount(index, minlength=self.num_rows(by)).tolist()
+            return list(torch.split(order, counts))
+        return self.graph.cached(f"groups_by_{by}", build)
+
+    def _edge_types(self) -> torch.Tensor:
+        if self.graph.edge_type is None:
+            raise CompileError("this program reads edge types (e.type / edges.type) but the graph has "
+                               "none; build it with Graph(..., edge_type=...)")
+        return self.graph.edge_type
+
+    def _node_types(self) -> torch.Tensor:
+        if self.graph.node_type is None:
+            raise CompileError("this program reads node types (u.type / edges.srctype / edges.dsttype) "
+                               "but the graph has none; build it with Graph(..., node_type=...)")
+        return self.graph.node_type
 
     def rows(self, residency: Residency) -> int:
         if residency is Residency.NODE:
@@ -35,9 +82,9 @@ class GraphContext:
         if residency.is_edge_rowed:
             return self.num_edges
         if residency is Residency.EDGE_TYPE:
-            return int(self.graph.num_edge_types)
+            return self.num_rows("etype")
         if residency is Residency.NODE_TYPE:
-            return int(self.graph.num_node_types)
+            return self.num_rows("ntype")
         raise ValueError(f"{residency.name} values have no rows")
 
     def csr(self, by: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -53,4 +100,11 @@ class GraphContext:
             g.out_degrees(), descending=True, stable=True).indices)
 
     def degree(self, by: str) -> torch.Tensor:
-        return self.graph.in_degrees() if by == "dst" else self.graph.out_degrees()
+        """How many entries of index ``by`` point at each row (in/out-degree, edges or
+        vertices per type)."""
+        if by == "dst":
+            return self.graph.in_degrees()
+        if by == "src":
+            return self.graph.out_degrees()
+        return self.graph.cached(f"count_by_{by}", lambda g: torch.bincount(
+            self.index(by), minlength=self.num_rows(by)))

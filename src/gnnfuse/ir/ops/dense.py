@@ -11,7 +11,7 @@ import math
 import torch
 
 from ..registry import OpDef, register
-from ..residency import Movement, Residency
+from ..residency import Movement, Residency, ResidencyError, join
 
 
 def _dense(name: str, fn, derivative=None, **kw) -> OpDef:
@@ -28,7 +28,17 @@ def _matmul_derivative(b, v, g):
             b.add("matmul_tn", b.fwd(x), g)]
 
 
-_dense("matmul", torch.matmul, _matmul_derivative, arity=2,
+def _matmul_residency(rs, attrs):
+    """Only ``rows @ parameter``: a row-resident right operand would be batched against the
+    left's rows by torch.matmul's broadcasting and silently give the wrong shape."""
+    if rs[1] is not Residency.SHARED:
+        raise ResidencyError(f"x @ W needs W to be a parameter (SHARED), got {rs[1].name}; a weight "
+                             "looked up per edge or node type is typed_matmul (x @ e.type.W, "
+                             "x @ edges.type['W'])")
+    return join(rs)
+
+
+_dense("matmul", torch.matmul, _matmul_derivative, arity=2, residency=_matmul_residency,
        doc="x @ W with W a parameter (the usual linear transform)")
 _dense("transpose", lambda x: x.transpose(-1, -2), lambda b, v, g: [b.add("transpose", g)], arity=1)
 

@@ -1,8 +1,22 @@
 """Ops that move data across the row dimension: Broadcast, Reduce and Norm.
 
-``by`` names the index that connects edges to rows: ``"src"``/``"dst"`` (vertex ids of
-each edge's endpoints) or ``"etype"`` (each edge's type id). Empty groups reduce to 0,
-as PyG's scatter does, so isolated vertices get zeros, never NaN or -inf.
+``by`` names the index that connects the rows of one place to another:
+
+========== ============================== ============= ==================
+by         index (one entry per ...)      broadcast     reduce
+========== ============================== ============= ==================
+src, dst   edge: its endpoint's vertex id NODE -> SRC/DST edge -> NODE
+etype      edge: its type id              EDGE_TYPE->EDGE edge -> EDGE_TYPE
+srctype,   edge: its endpoint's node type NODE_TYPE ->   edge -> NODE_TYPE
+dsttype                                   SRC / DST
+ntype      vertex: its node type          NODE_TYPE->NODE NODE -> NODE_TYPE
+========== ============================== ============= ==================
+
+Type broadcasts are how per-relation and per-node-type parameters (R-GCN's W_r, HGT's
+per-type projections; Graphiler §4.1 Table 1) reach edges and vertices; their derivative
+is a reduce along the same index, which sums each type's gradient over its edges or
+vertices. Empty groups reduce to 0, as PyG's scatter does, so isolated vertices get
+zeros, never NaN or -inf.
 """
 from __future__ import annotations
 
@@ -12,9 +26,13 @@ from ..errors import CompileError
 from ..registry import OpDef, register
 from ..residency import EDGE_ROWED, Movement, Residency
 
-_BROADCAST_FROM = {"src": Residency.NODE, "dst": Residency.NODE, "etype": Residency.EDGE_TYPE}
-_BROADCAST_TO = {"src": Residency.SRC, "dst": Residency.DST, "etype": Residency.EDGE}
-_REDUCE_TO = {"src": Residency.NODE, "dst": Residency.NODE, "etype": Residency.EDGE_TYPE}
+BROADCAST_FROM = {"src": Residency.NODE, "dst": Residency.NODE, "etype": Residency.EDGE_TYPE,
+                  "srctype": Residency.NODE_TYPE, "dsttype": Residency.NODE_TYPE,
+                  "ntype": Residency.NODE_TYPE}
+BROADCAST_TO = {"src": Residency.SRC, "dst": Residency.DST, "etype": Residency.EDGE,
+                "srctype": Residency.SRC, "dsttype": Residency.DST, "ntype": Residency.NODE}
+REDUCE_TO = BROADCAST_FROM
+TYPE_INDICES = ("etype", "srctype", "dsttype", "ntype")
 REDUCERS = ("sum", "mean", "max", "min")
 
 
@@ -24,24 +42,31 @@ def _same_shape(inputs, attrs, residency):
 
 def _check_by(attrs: dict) -> str:
     by = attrs["by"]
-    if by not in _BROADCAST_FROM:
-        raise ValueError(f"by must be one of {sorted(_BROADCAST_FROM)}, got {by!r}")
+    if by not in BROADCAST_FROM:
+        raise ValueError(f"by must be one of {sorted(BROADCAST_FROM)}, got {by!r}")
     return by
+
+
+def _is_row_of(residency: Residency, by: str) -> bool:
+    """Whether ``residency`` has one row per entry of index ``by`` (what reduce reads)."""
+    if BROADCAST_TO[by] is Residency.NODE:
+        return residency is Residency.NODE
+    return residency in EDGE_ROWED
 
 
 # --- broadcast --------------------------------------------------------------------------
 def _broadcast_residency(rs, attrs):
     by = _check_by(attrs)
-    if rs[0] is not _BROADCAST_FROM[by]:
-        raise ValueError(f"broadcast by {by} takes {_BROADCAST_FROM[by].name} data, got {rs[0].name}")
-    return _BROADCAST_TO[by]
+    if rs[0] is not BROADCAST_FROM[by]:
+        raise ValueError(f"broadcast by {by} takes {BROADCAST_FROM[by].name} data, got {rs[0].name}")
+    return BROADCAST_TO[by]
 
 
 register(OpDef("broadcast", Movement.BROADCAST,
                lambda ctx, x, by: x.index_select(0, ctx.index(by)),
                residency=_broadcast_residency, shape=_same_shape, arity=1,
                derivative=lambda b, v, g: [b.add("reduce", g, op="sum", by=v.attrs["by"])],
-               doc="gather vertex (or type) rows onto edges through src, dst or etype"))
+               doc="gather vertex (or type) rows onto edges (or vertices) through one index (see module doc)"))
 
 
 # --- reduce ---------------------------------------------------------------------------
@@ -49,9 +74,11 @@ def _reduce_residency(rs, attrs):
     by = _check_by(attrs)
     if attrs["op"] not in REDUCERS:
         raise ValueError(f"reduce op must be one of {REDUCERS}, got {attrs['op']!r}")
-    if rs[0] not in EDGE_ROWED:
-        raise ValueError(f"reduce takes edge data (SRC, DST or EDGE), got {rs[0].name}")
-    return _REDUCE_TO[by]
+    if not _is_row_of(rs[0], by):
+        if BROADCAST_TO[by] is Residency.NODE:
+            raise ValueError(f"reduce by {by} takes vertex data (NODE), got {rs[0].name}")
+        raise ValueError(f"reduce takes edge data (SRC, DST or EDGE) when grouped by {by}, got {rs[0].name}")
+    return REDUCE_TO[by]
 
 
 def reduce_rows(x: torch.Tensor, index: torch.Tensor, rows: int, op: str) -> torch.Tensor:
@@ -93,9 +120,9 @@ def edge_softmax(x: torch.Tensor, index: torch.Tensor, rows: int) -> torch.Tenso
 
 
 def _softmax_residency(rs, attrs):
-    _check_by(attrs)
-    if rs[0] not in EDGE_ROWED:
-        raise ValueError(f"edge_softmax takes edge data, got {rs[0].name}")
+    if not _is_row_of(rs[0], _check_by(attrs)) or rs[0] not in EDGE_ROWED:
+        raise ValueError(f"edge_softmax takes edge data grouped by an edge index, got {rs[0].name} "
+                         f"by {attrs['by']}")
     return Residency.EDGE
 
 
@@ -115,11 +142,12 @@ register(OpDef("edge_softmax", Movement.NORM,
 
 # --- graph-derived values -------------------------------------------------------------
 def _degree_residency(rs, attrs):
-    if attrs["by"] not in ("src", "dst"):
-        raise CompileError(f"degree is counted by 'src' or 'dst', got {attrs['by']!r}")
-    return Residency.NODE
+    if attrs["by"] not in BROADCAST_FROM:
+        raise CompileError(f"degree is counted by one of {sorted(BROADCAST_FROM)}, got {attrs['by']!r}")
+    return REDUCE_TO[attrs["by"]]
 
 
 register(OpDef("degree", Movement.REDUCE, lambda ctx, by, dtype: ctx.degree(by).to(dtype),
                residency=_degree_residency, shape=lambda inputs, a, r: ((), a["dtype"]), arity=0,
-               doc="in-degree (by='dst') or out-degree (by='src') of every vertex"))
+               doc="how many index entries each row owns: in-degree (by='dst'), out-degree "
+                   "(by='src'), edges per type (etype/srctype/dsttype), vertices per type (ntype)"))
