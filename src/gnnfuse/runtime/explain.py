@@ -217,7 +217,7 @@ class ExplainReport:
         if not self.programs:
             return "gnnfuse.explain: the call ran no compiled gnnfuse program"
         lines = [f"gnnfuse.explain: {len(self.programs)} compiled program(s); bytes are estimates "
-                 "(see gnnfuse.runtime.explain for the model)"]
+                 "(the byte model is documented in gnnfuse/runtime/explain.py)"]
         for n, rep in enumerate(self.programs, 1):
             g = rep.call.graph
             grads = ", ".join(rep.call.wrt) or "none"
