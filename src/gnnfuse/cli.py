@@ -1,4 +1,5 @@
-"""The ``gnnfuse`` command: inspect a data set (`info`) or train a model on it (`train`)."""
+"""The ``gnnfuse`` command: inspect a data set (`info`), train a model on it (`train`), show
+what the compiler makes of a model (`explain`) or time it against PyG (`bench`)."""
 from __future__ import annotations
 
 import argparse
@@ -13,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
+from . import bench, cli_explain
 from .data import DATASET_NAMES, DEFAULT_DATASET, NodeDataset, RelationalDataset, load_dataset, random_split
 from .graph import Graph
 from .nn.reference import GCN
@@ -183,6 +185,13 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--root", help=root_help)
     train.set_defaults(run=run_train)
+
+    explain = commands.add_parser("explain", help="show fused units, memory traffic and kernels of a model")
+    cli_explain.add_arguments(explain)
+    explain.set_defaults(run=cli_explain.run_command)
+    bench_cmd = commands.add_parser("bench", help="time training steps against PyG (eager and compiled)")
+    bench.add_arguments(bench_cmd)
+    bench_cmd.set_defaults(run=bench.run_command)
     return parser
 
 

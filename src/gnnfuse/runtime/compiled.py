@@ -7,7 +7,9 @@ inputs), so every other intermediate is freed as soon as the forward is done wit
 from __future__ import annotations
 
 import os
-from typing import Callable, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Iterator, Mapping
 
 import torch
 
@@ -24,6 +26,8 @@ class CompiledProgram:
 
     def __init__(self, program: Program, optimize_program: bool = True):
         verify(program)
+        # The passes rewrite in place: keep the listing as traced for `gnnfuse.explain`.
+        self.traced = program.pretty()
         self.program = optimize(program) if optimize_program else program
         self._backward: dict[tuple[str, ...], BackwardProgram] = {}
         self._types_read = _types_read(self.program)
@@ -98,12 +102,39 @@ def select_backend(tensors) -> Callable:
     return execute
 
 
+@dataclass(frozen=True)
+class ProgramCall:
+    """One run of a compiled program, as seen by `record_calls`: the program, the graph it
+    ran on and the inputs that needed gradients (which decide the backward program and
+    which forward values are saved for it)."""
+    compiled: CompiledProgram
+    graph: Graph
+    wrt: tuple[str, ...]
+
+
+_RECORDERS: list[list[ProgramCall]] = []
+
+
+@contextmanager
+def record_calls() -> Iterator[list[ProgramCall]]:
+    """Collect every compiled-program run inside the block, in order. Only `explain`
+    uses this; outside a block the cost is one empty-list check per run."""
+    calls: list[ProgramCall] = []
+    _RECORDERS.append(calls)
+    try:
+        yield calls
+    finally:
+        _RECORDERS.remove(calls)
+
+
 class _ProgramFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, compiled: CompiledProgram, graph_ctx: GraphContext, keys: tuple[str, ...],
                 *tensors: torch.Tensor):
         wrt = tuple(k for k, needs in zip(keys, ctx.needs_input_grad[3:]) if needs)
         backward = compiled.backward_for(wrt) if wrt else None
+        for calls in _RECORDERS:
+            calls.append(ProgramCall(compiled, graph_ctx.graph, wrt))
         keep = [v.id for v in backward.saved] if backward else []
         execute = select_backend(tensors)
         outputs, kept = execute(compiled.program, graph_ctx, dict(zip(keys, tensors)), keep)

@@ -12,7 +12,7 @@ from typing import Iterable, Mapping
 import torch
 import triton
 
-from ...ir import Program
+from ...ir import Program, Value
 from ...passes.fusion import AggregateUnit, EdgeUnit, Unit, partition
 from ..reference import GraphContext
 from ..reference.executor import run_plan
@@ -49,14 +49,22 @@ def _autotune() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") != "1"
 
 
+def kernel_source(unit: Unit, acc: str) -> tuple[str, str, list[Value]]:
+    """(kernel name, source, leaf values in pointer-argument order) for ``unit``: the one
+    place that maps a unit kind to its generator, shared by the executor and by
+    `gnnfuse.explain`, which prints the source without running it."""
+    name = "fused_aggregate" if isinstance(unit, AggregateUnit) else "fused_edge"
+    source, leaf_args = (generate if isinstance(unit, AggregateUnit) else generate_edge)(
+        unit, name, acc, tuned=_autotune())
+    return name, source, leaf_args
+
+
 def _kernel_for(unit: Unit, acc: str):
     """Generate and load a unit's kernel once per accumulator type; plans are cached per
     program, so steady-state training never regenerates source."""
     per_unit = _UNIT_KERNELS.setdefault(unit, {})
     if acc not in per_unit:
-        name = "fused_aggregate" if isinstance(unit, AggregateUnit) else "fused_edge"
-        source, leaf_args = (generate if isinstance(unit, AggregateUnit) else generate_edge)(
-            unit, name, acc, tuned=_autotune())
+        name, source, leaf_args = kernel_source(unit, acc)
         per_unit[acc] = (_load_kernel(source, name), leaf_args)
     return per_unit[acc]
 

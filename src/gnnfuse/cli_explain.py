@@ -1,0 +1,48 @@
+"""``gnnfuse explain``: what the compiler makes of a two-layer model's graph layers.
+
+Builds the model `gnnfuse bench` times (same layers and widths), runs one training-mode
+forward on the data set under `gnnfuse.explain`, so the backward programs and the values
+saved for them are those of real training, and prints the report.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+from .bench import MODELS, build_model
+from .data import DATASET_NAMES, NodeDataset, load_dataset
+from .runtime import explain
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``gnnfuse explain`` options."""
+    parser.add_argument("--model", default="gcn", choices=MODELS)
+    parser.add_argument("--dataset", default="synthetic", help=f"one of: {', '.join(DATASET_NAMES)}")
+    parser.add_argument("--source", action="store_true", help="also print each fused unit's Triton kernel")
+    parser.add_argument("--graph", type=Path, metavar="OUT.png", help="draw the dataflow graph to this file")
+    parser.add_argument("--dot", type=Path, metavar="OUT.dot", help="write the dataflow graph as Graphviz DOT")
+    parser.add_argument("--root", help="data folder (default: $GNNFUSE_DATA, then ../shared/data)")
+
+
+def run_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    try:
+        dataset = load_dataset(args.dataset, args.root)
+    except (ValueError, FileNotFoundError) as error:
+        parser.error(str(error))
+    if not isinstance(dataset, NodeDataset):
+        parser.error(f"{args.dataset} is not a node-classification data set")
+    torch.manual_seed(0)
+    model = build_model("gnnfuse", args.model, dataset.num_features, dataset.num_classes).train()
+    try:
+        report = explain(model, dataset.x, dataset.graph, source=args.source)
+    except RuntimeError as error:      # source=True without triton
+        parser.error(str(error))
+    print(report)
+    if args.dot:
+        args.dot.write_text(report.to_dot())
+        print(f"wrote {args.dot}")
+    if args.graph:
+        print(f"wrote {report.render(args.graph)}")
+    return 0

@@ -1,0 +1,386 @@
+"""`gnnfuse.explain`: what the compiler made of a layer, and what it will cost on a graph.
+
+``explain(fn, *args, **kwargs)`` calls ``fn`` once while recording every compiled program
+it runs (see `record_calls`), then reports for each one the program as traced, the program
+after the rewrite passes, and the forward and backward plans: the fused units and plain
+torch ops the Triton backend executes (the reference backend, used for CPU tensors, runs
+the same programs op by op), what each step reads and writes to memory, and an estimate of
+the bytes it moves on the graph it ran on.
+
+Byte model (an estimate of DRAM traffic, not a measurement; caches are ignored):
+
+* A value of residency NODE has N rows, SRC/DST/EDGE values have E rows (N and E of the
+  graph the program ran on), SHARED values (parameters, constants) one; a row is the
+  product of the value's per-element shape times its dtype's size.
+* A plain torch op reads each input in full once and writes its output in full. A
+  broadcast reads one input row per *edge* (a gather), and every op that moves data along
+  the graph (broadcast, reduce, edge softmax, degree) also reads one index entry per edge.
+* A fused unit reads each leaf once per row it is needed for: an edge-rowed leaf once
+  per edge; a vertex leaf gathered through a fused broadcast once per edge -- except, in a
+  unit grouped by a vertex index (a CSR walk, ``unit.by``), the grouping vertex's own row,
+  which is read once per vertex; a SHARED leaf once; constants are inlined and cost
+  nothing. Index traffic: a grouped unit reads the row pointer (N+1 entries) and, per
+  edge, the neighbour column if it gathers neighbours and the edge id if it reads edge
+  rows; an ungrouped (per-edge) unit reads the src and/or dst array per edge, as its
+  gathers need. Values computed inside the unit never reach memory; the unit writes only
+  its root.
+* Index entries have the graph's index dtype size.
+
+The report is generic over unit kinds: it uses only a unit's ``root``, ``body``,
+``leaves``, ``describe()`` and, if present, ``by``.
+"""
+from __future__ import annotations
+
+import math
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from ..graph import Graph
+from ..ir import Program, Residency, Value, get_op
+from ..ir.residency import Movement
+from ..passes.fusion import partition
+from .compiled import ProgramCall, record_calls
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """Estimated bytes one plan step moves (see the module docstring for the model)."""
+    reads: int
+    index: int
+    writes: int
+
+    @property
+    def total(self) -> int:
+        return self.reads + self.index + self.writes
+
+
+@dataclass
+class Step:
+    """One entry of a plan: a fused unit (``fused``) or a plain torch op."""
+    item: Any                       # the unit, or the op's Value
+    label: str
+    fused: bool
+    body: list[Value]               # values a fused unit computes in registers
+    reads: list[tuple[Value, str]]  # (value read from memory, how it is read)
+    writes: list[Value]             # values materialized in memory
+    traffic: Traffic
+    source: str | None = None       # generated Triton kernel, when asked for
+
+
+@dataclass
+class Plan:
+    """A program split into steps as the Triton backend runs it."""
+    phase: str                      # "forward" or "backward"
+    program: Program
+    steps: list[Step]
+
+    @property
+    def traffic(self) -> int:
+        return sum(s.traffic.total for s in self.steps)
+
+
+@dataclass
+class ProgramReport:
+    """One compiled program as it ran on one graph (``calls`` runs with the same setup)."""
+    call: ProgramCall
+    calls: int
+    forward: Plan
+    backward: Plan | None
+
+
+class _Sizes:
+    """Row counts and index width of the graph a program ran on."""
+
+    def __init__(self, graph: Graph):
+        self.num_nodes, self.num_edges = graph.num_nodes, graph.num_edges
+        self.index_bytes = torch.empty((), dtype=graph.index_dtype).element_size()
+        self.types = {Residency.NODE_TYPE: graph.num_node_types or 0,
+                      Residency.EDGE_TYPE: graph.num_edge_types or 0}
+
+    def rows(self, residency: Residency) -> int:
+        if residency is Residency.NODE:
+            return self.num_nodes
+        if residency.is_edge_rowed:
+            return self.num_edges
+        if residency is Residency.SHARED:
+            return 1
+        return self.types[residency]
+
+
+def _row_bytes(v: Value) -> int:
+    return math.prod(v.shape) * torch.empty((), dtype=v.dtype).element_size()
+
+
+def _names(program: Program) -> dict[int, str]:
+    """The names `Program.pretty` prints, so plan listings point into the listing."""
+    return {v.id: f"%{v.attrs['key']}" if v.op == "input" else f"%{n}" for n, v in enumerate(program.values)}
+
+
+def _unit_step(unit: Any, sizes: _Sizes) -> Step:
+    by = getattr(unit, "by", None)
+    grouped = by in ("src", "dst")
+    gathers = {}   # leaf id -> list of gather index names
+    for b in unit.body:
+        if b.op == "broadcast":
+            side = "center" if grouped and b.attrs["by"] == by else b.attrs["by"]
+            gathers.setdefault(b.inputs[0].id, []).append(side)
+    reads: list[tuple[Value, str]] = []
+    read_bytes, index_names = 0, set()
+    for leaf in unit.leaves:
+        if leaf.op == "const":
+            continue
+        if leaf.residency is Residency.SHARED:
+            reads.append((leaf, "once (shared)"))
+            read_bytes += _row_bytes(leaf)
+        elif leaf.residency.is_edge_rowed:
+            reads.append((leaf, "per edge"))
+            read_bytes += sizes.num_edges * _row_bytes(leaf)
+            if grouped:
+                index_names.add("eid")   # a CSR walk finds edge rows through edge ids
+        elif leaf.id in gathers:
+            for side in gathers[leaf.id]:
+                if side == "center":
+                    reads.append((leaf, f"per vertex (its own row, grouped by {by})"))
+                    read_bytes += sizes.num_nodes * _row_bytes(leaf)
+                else:
+                    reads.append((leaf, f"per edge (gathered by {side})"))
+                    read_bytes += sizes.num_edges * _row_bytes(leaf)
+                    index_names.add("col" if grouped else side)
+        else:
+            reads.append((leaf, "in full"))
+            read_bytes += sizes.rows(leaf.residency) * _row_bytes(leaf)
+    index = sizes.num_edges * len(index_names) + (sizes.num_nodes + 1 if grouped else 0)
+    root = unit.root
+    writes = sizes.rows(root.residency) * _row_bytes(root)
+    return Step(unit, unit.describe(), True, [v for v in unit.body if v is not root], reads, [root],
+                Traffic(read_bytes, index * sizes.index_bytes, writes))
+
+
+def _op_step(v: Value, sizes: _Sizes, names: dict[int, str]) -> Step:
+    movement = get_op(v.op).movement
+    rows_out = sizes.rows(v.residency)
+    reads, read_bytes = [], 0
+    for i in v.inputs:
+        if movement is Movement.BROADCAST:
+            reads.append((i, "per edge (gathered)"))
+            read_bytes += rows_out * _row_bytes(i)
+        else:
+            reads.append((i, "in full"))
+            read_bytes += sizes.rows(i.residency) * _row_bytes(i)
+    moves = v.attrs.get("by") in ("src", "dst")
+    index = sizes.num_edges * sizes.index_bytes if moves else 0
+    args = ", ".join(names[i.id] for i in v.inputs)
+    label = f"torch op {names[v.id]} = {v.op}({args}) -> {v.residency.name}{list(v.shape)}"
+    return Step(v, label, False, [], reads, [v], Traffic(read_bytes, index, rows_out * _row_bytes(v)))
+
+
+def _kernel_source(unit: Any) -> str:
+    try:
+        from ..backend.triton.executor import kernel_source
+    except ImportError as exc:
+        raise RuntimeError("explain(source=True) prints generated Triton kernels and needs the 'triton' "
+                           "package: pip install 'gnnfuse[gpu]'") from exc
+    wide = any(leaf.dtype == torch.float64 for leaf in unit.leaves if leaf.op != "const")
+    return kernel_source(unit, "tl.float64" if wide else "tl.float32")[1]
+
+
+def _plan(phase: str, program: Program, keep: list[int], sizes: _Sizes, source: bool) -> Plan:
+    names = _names(program)
+    steps = []
+    for item in partition(program, keep):
+        if isinstance(item, Value):
+            steps.append(_op_step(item, sizes, names))
+        else:
+            step = _unit_step(item, sizes)
+            step.source = _kernel_source(item) if source else None
+            steps.append(step)
+    return Plan(phase, program, steps)
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.3f} MB" if n >= 1e5 else f"{n:,} B"
+
+
+class ExplainReport:
+    """What `explain` found: ``result`` (what ``fn`` returned) and one `ProgramReport` per
+    distinct (program, graph size, gradient inputs) it ran. ``str()`` is the listing."""
+
+    def __init__(self, result: Any, programs: list[ProgramReport], source: bool):
+        self.result, self.programs, self.source = result, programs, source
+
+    # -- text -----------------------------------------------------------------------
+    def __str__(self) -> str:
+        if not self.programs:
+            return "gnnfuse.explain: the call ran no compiled gnnfuse program"
+        lines = [f"gnnfuse.explain: {len(self.programs)} compiled program(s); bytes are estimates "
+                 "(the byte model is documented in gnnfuse/runtime/explain.py)"]
+        for n, rep in enumerate(self.programs, 1):
+            g = rep.call.graph
+            grads = ", ".join(rep.call.wrt) or "none"
+            lines += ["", f"=== program {n} of {len(self.programs)}: ran {rep.calls}x on a graph with "
+                      f"N={g.num_nodes:,} nodes, E={g.num_edges:,} edges ({str(g.index_dtype).removeprefix('torch.')}"
+                      f" indices); gradients for: {grads} ===",
+                      "--- traced ---", rep.call.compiled.traced,
+                      "--- optimized ---", rep.forward.program.pretty(show_source=False)]
+            lines += self._plan_lines(rep.forward)
+            if rep.backward is None:
+                lines += ["--- backward: none (no input needed a gradient) ---"]
+            else:
+                lines += ["--- backward program ---", rep.backward.program.pretty(show_source=False)]
+                lines += self._plan_lines(rep.backward)
+        return "\n".join(lines)
+
+    def _plan_lines(self, plan: Plan) -> list[str]:
+        names = _names(plan.program)
+        fused = sum(s.fused for s in plan.steps)
+        lines = [f"--- {plan.phase} plan: {fused} fused unit(s), {len(plan.steps) - fused} torch op(s), "
+                 f"~{_mb(plan.traffic)} moved ---"]
+        for k, step in enumerate(plan.steps, 1):
+            lines.append(f"[{k}] {step.label}")
+            if step.fused:
+                lines.append("    in registers: " + (", ".join(f"{names[v.id]} {v.op}" for v in step.body)
+                                                     or "(nothing)"))
+            lines.append("    reads:  " + (", ".join(f"{names[v.id]} {v.residency.name}{list(v.shape)} {how}"
+                                                      for v, how in step.reads) or "(nothing)"))
+            lines.append("    writes: " + ", ".join(f"{names[v.id]} {v.residency.name}{list(v.shape)} "
+                                                    f"{str(v.dtype).removeprefix('torch.')}" for v in step.writes))
+            t = step.traffic
+            lines.append(f"    bytes:  read {_mb(t.reads)} + index {_mb(t.index)} + write {_mb(t.writes)} "
+                         f"= {_mb(t.total)}")
+            if step.source:
+                lines += ["    kernel:"] + [f"      {line}" for line in step.source.rstrip().splitlines()]
+        return lines
+
+    # -- graphs ---------------------------------------------------------------------
+    def _sections(self) -> list[tuple[str, str, Plan]]:
+        out = []
+        for n, rep in enumerate(self.programs, 1):
+            for plan in (rep.forward, rep.backward):
+                if plan is not None:
+                    out.append((f"p{n}{plan.phase[0]}", f"program {n} {plan.phase}", plan))
+        return out
+
+    def to_dot(self) -> str:
+        """Graphviz DOT text of every recorded program's dataflow: one cluster per program
+        and phase, a nested filled cluster per fused unit, an edge per operand."""
+        lines = ["digraph gnnfuse {", "  rankdir=TB;", '  node [shape=box, fontsize=10, fontname="monospace"];']
+        for prefix, title, plan in self._sections():
+            names = _names(plan.program)
+            lines.append(f'  subgraph cluster_{prefix} {{\n    label="{title}";')
+            in_unit = set()
+            for k, step in enumerate(s for s in plan.steps if s.fused):
+                members = step.body + step.writes
+                in_unit.update(v.id for v in members)
+                lines.append(f'    subgraph cluster_{prefix}_u{k} {{\n      label="{_escape(step.label)}";\n'
+                             '      style=filled; fillcolor="#dbe9f6"; color="#4a7fb5";')
+                lines += [f"      {_dot_node(prefix, v, names)}" for v in members]
+                lines.append("    }")
+            lines += [f"    {_dot_node(prefix, v, names)}" for v in plan.program.values if v.id not in in_unit]
+            lines.append("  }")
+            lines += [f"  {prefix}_{i.id} -> {prefix}_{v.id};" for v in plan.program.values for i in v.inputs]
+        lines.append("}")
+        return "\n".join(lines) + "\n"
+
+    def render(self, path: str | Path) -> Path:
+        """Write the dataflow graph as an image: through Graphviz when the ``graphviz``
+        package and the ``dot`` binary are both present (format from the suffix), else
+        drawn with networkx and matplotlib (PNG, or any format matplotlib saves)."""
+        path = Path(path)
+        try:
+            import graphviz
+        except ImportError:
+            graphviz = None
+        if graphviz is not None and shutil.which("dot"):
+            graphviz.Source(self.to_dot()).render(outfile=str(path), cleanup=True)
+            return path
+        try:
+            import matplotlib  # noqa: F401 - drawing backend for networkx
+            import networkx
+        except ImportError as exc:
+            raise RuntimeError("render() needs either the 'graphviz' package with Graphviz's 'dot' binary, "
+                               "or 'matplotlib' and 'networkx' (pip install matplotlib networkx)") from exc
+        _draw(self._sections(), path, networkx)
+        return path
+
+
+def _escape(text: str) -> str:
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _node_label(v: Value, names: dict[int, str]) -> str:
+    return f"{names[v.id]} = {v.op}\n{v.residency.name}{list(v.shape)}"
+
+
+def _dot_node(prefix: str, v: Value, names: dict[int, str]) -> str:
+    shape = ', shape=ellipse' if v.op == "input" else ""
+    return f'{prefix}_{v.id} [label="{_escape(_node_label(v, names))}"{shape}];'
+
+
+def _draw(sections: list[tuple[str, str, Plan]], path: Path, nx: Any) -> None:
+    """Layered drawing without Graphviz: x = topological generation, one band of rows per
+    program and phase, fused units coloured (one colour per unit)."""
+    from matplotlib.figure import Figure
+    graph, pos, colors, labels = nx.DiGraph(), {}, {}, {}
+    palette = ["#9ecae1", "#a1d99b", "#fdae6b", "#bcbddc", "#fc9272", "#c7e9c0", "#fdd0a2"]
+    y0 = 0.0
+    for prefix, title, plan in sections:
+        names = _names(plan.program)
+        unit_of = {v.id: k for k, s in enumerate(x for x in plan.steps if x.fused) for v in s.body + s.writes}
+        depth: dict[int, int] = {}
+        for v in plan.program.values:
+            depth[v.id] = 1 + max((depth[i.id] for i in v.inputs), default=-1)
+        per_level: dict[int, int] = {}
+        for v in plan.program.values:
+            node = f"{prefix}_{v.id}"
+            graph.add_node(node)
+            row = per_level.get(depth[v.id], 0)
+            per_level[depth[v.id]] = row + 1
+            pos[node] = (depth[v.id], -(y0 + row))
+            labels[node] = _node_label(v, names)
+            colors[node] = ("#eeeeee" if v.op == "input" else
+                            palette[unit_of[v.id] % len(palette)] if v.id in unit_of else "#ffffff")
+            graph.add_edges_from((f"{prefix}_{i.id}", node) for i in v.inputs)
+        labels[f"{prefix}_title"] = title
+        graph.add_node(f"{prefix}_title")
+        pos[f"{prefix}_title"] = (-1, -y0)
+        colors[f"{prefix}_title"] = "#ffffff"
+        y0 += max(per_level.values(), default=1) + 1.5
+    width = max((x for x, _ in pos.values()), default=1) + 2
+    fig = Figure(figsize=(min(2.2 * width, 80), min(0.9 * y0 + 1, 120)))
+    ax = fig.add_subplot()
+    nodes = list(graph.nodes)
+    nx.draw_networkx(graph, pos, ax=ax, nodelist=nodes, labels=labels, node_shape="s", node_size=2200,
+                     node_color=[colors[n] for n in nodes], edgecolors="#555555", font_size=6,
+                     arrowsize=8, edge_color="#888888")
+    ax.set_axis_off()
+    fig.savefig(path, dpi=80, bbox_inches="tight")
+
+
+def explain(fn: Callable[..., Any], *args: Any, source: bool = False, **kwargs: Any) -> ExplainReport:
+    """Run ``fn(*args, **kwargs)`` once and report every compiled gnnfuse program it ran:
+    traced and optimized programs, forward/backward fused-unit plans with what each step
+    reads and writes, estimated bytes moved on the actual graph, and with ``source=True``
+    each unit's generated Triton kernel. ``fn`` may be a layer (``nn.Module``), a vertex
+    function or any callable that ends up running compiled programs."""
+    if not callable(fn):
+        raise TypeError(f"explain() takes a callable (a layer, vertex function or function), "
+                        f"got {type(fn).__name__}")
+    with record_calls() as calls:
+        result = fn(*args, **kwargs)
+    reports: dict[tuple, ProgramReport] = {}
+    for call in calls:
+        key = (id(call.compiled), call.wrt, call.graph.num_nodes, call.graph.num_edges)
+        if key in reports:
+            reports[key].calls += 1
+            continue
+        sizes = _Sizes(call.graph)
+        backward = call.compiled.backward_for(call.wrt) if call.wrt else None
+        keep = [v.id for v in backward.saved] if backward else []
+        forward = _plan("forward", call.compiled.program, keep, sizes, source)
+        back = _plan("backward", backward.program, [], sizes, source) if backward else None
+        reports[key] = ProgramReport(call, 1, forward, back)
+    return ExplainReport(result, list(reports.values()), source)

@@ -1,0 +1,60 @@
+"""`gnnfuse bench` on CPU with a couple of steps: table, JSON, plot, failures as statuses."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from gnnfuse import bench
+from gnnfuse.cli import main
+
+
+def test_cli_bench_writes_table_json_and_plot(tmp_path, capsys):
+    out, png = tmp_path / "bench.json", tmp_path / "bench.png"
+    status = main(["bench", "--model", "gcn", "--dataset", "synthetic", "--device", "cpu",
+                   "--frameworks", "gnnfuse,pyg", "--steps", "2", "--warmup", "1",
+                   "--json", str(out), "--plot", str(png)])
+    assert status == 0
+    text = capsys.readouterr().out
+    assert "forward check gnnfuse vs pyg" in text and "agree" in text and "n/a" in text
+    report = json.loads(out.read_text())
+    assert report["check"]["agrees"] and report["check"]["max_rel_err"] < bench.REL_ERR_LIMIT
+    assert report["num_nodes"] == 2000 and set(report["results"]) == {"gnnfuse", "pyg"}
+    for cell in report["results"].values():
+        assert cell["status"] == "ok" and cell["median_ms"] > 0 and cell["peak_gb"] is None
+    assert report["ratios"]["pyg"]["speedup"] > 0 and report["ratios"]["pyg"]["memory"] is None
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_failing_framework_becomes_a_status(monkeypatch):
+    real = bench.measure
+
+    def measure(framework, *args):
+        if framework == "pyg":
+            raise RuntimeError("simulated compiler failure\nsecond line")
+        return real(framework, *args)
+
+    monkeypatch.setattr(bench, "measure", measure)
+    report = bench.run_bench("sage", "synthetic", "cpu", ("gnnfuse", "pyg"), steps=1, warmup=1, log=lambda m: None)
+    assert report["results"]["gnnfuse"]["status"] == "ok"
+    assert report["results"]["pyg"]["status"] == "error: RuntimeError: simulated compiler failure"
+    assert report["ratios"]["pyg"]["speedup"] is None
+    assert "failed" in bench.format_table(report)
+
+
+def test_bad_options_are_usage_errors(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "--dataset", "synthetic", "--frameworks", "gnnfuse,dgl"])
+    assert exit_info.value.code == 2 and "frameworks" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit):
+            main(["bench", "--dataset", "synthetic", "--device", "cuda"])
+        assert "CUDA is not available" in capsys.readouterr().err
+
+
+def test_missing_torch_geometric_is_reported(monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, "torch_geometric.nn", None)   # makes the import fail
+    with pytest.raises(bench.MissingDependency, match="gnnfuse\\[bench\\]"):
+        bench.require_pyg()
