@@ -283,9 +283,6 @@ def test_attention_dropout_in_training(make):
     assert only_bias.float().mean() > 0.7
 
 
-@pytest.mark.xfail(strict=True, raises=gnnfuse.CompileError,
-                   reason="IR op 'dropout_mask' has no derivative rule (ir/ops/dense.py), so a training-mode "
-                          "forward that needs gradients cannot build its backward program")
 @pytest.mark.parametrize("make", DROPOUT_LAYERS.values(), ids=DROPOUT_LAYERS.keys())
 def test_attention_dropout_gradient(make):
     """With the RNG reseeded before each forward the mask is fixed, so the analytic

@@ -45,7 +45,11 @@ class CompiledProgram:
         if missing:
             raise KeyError(f"missing inputs {missing}; the program reads {list(keys)}")
         _check_types(self.program, self._types_read, graph, feeds)
-        outputs = _ProgramFunction.apply(self, GraphContext(graph), keys, *(feeds[k] for k in keys))
+        tensors = [feeds[k] for k in keys]
+        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+            outputs = _ProgramFunction.apply(self, GraphContext(graph), keys, *tensors)
+        else:   # inference: no backward program is built and nothing is saved for one
+            outputs, _, _ = _run_forward(self, GraphContext(graph), keys, tensors, None)
         return dict(zip(self.program.outputs, outputs))
 
 
@@ -127,21 +131,29 @@ def record_calls() -> Iterator[list[ProgramCall]]:
         _RECORDERS.remove(calls)
 
 
+def _run_forward(compiled: CompiledProgram, graph_ctx: GraphContext, keys: tuple[str, ...],
+                 tensors, backward: BackwardProgram | None):
+    """Run the forward program, keeping what ``backward`` will read; returns the outputs
+    (in output order), the kept values and the executor used."""
+    for calls in _RECORDERS:
+        calls.append(ProgramCall(compiled, graph_ctx.graph, backward.wrt if backward else ()))
+    keep = [v.id for v in backward.saved] if backward else []
+    execute = select_backend(tensors)
+    outputs, kept = execute(compiled.program, graph_ctx, dict(zip(keys, tensors)), keep)
+    return tuple(outputs.values()), kept, execute
+
+
 class _ProgramFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, compiled: CompiledProgram, graph_ctx: GraphContext, keys: tuple[str, ...],
                 *tensors: torch.Tensor):
         wrt = tuple(k for k, needs in zip(keys, ctx.needs_input_grad[3:]) if needs)
         backward = compiled.backward_for(wrt) if wrt else None
-        for calls in _RECORDERS:
-            calls.append(ProgramCall(compiled, graph_ctx.graph, wrt))
-        keep = [v.id for v in backward.saved] if backward else []
-        execute = select_backend(tensors)
-        outputs, kept = execute(compiled.program, graph_ctx, dict(zip(keys, tensors)), keep)
+        outputs, kept, execute = _run_forward(compiled, graph_ctx, keys, tensors, backward)
         ctx.compiled, ctx.graph_ctx, ctx.keys, ctx.backward = compiled, graph_ctx, keys, backward
         ctx.execute = execute
         ctx.kept = kept
-        return tuple(outputs.values())
+        return outputs
 
     @staticmethod
     def backward(ctx, *output_grads: torch.Tensor):

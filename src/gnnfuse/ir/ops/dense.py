@@ -140,5 +140,6 @@ register(OpDef("const", Movement.DENSE, lambda ctx, value, dtype: torch.tensor(v
 register(OpDef("dropout_mask", Movement.DENSE,
                lambda ctx, x, p: torch.bernoulli(torch.full_like(x, 1.0 - p)) / (1.0 - p),
                shape=lambda inputs, a, r: (inputs[0].shape, inputs[0].dtype),
-               arity=1, pure=False,
-               doc="a fresh keep-mask scaled by 1/(1-p), shaped like x; dropout is x * mask"))
+               arity=1, pure=False, derivative=lambda b, v, g: [None],
+               doc="a fresh keep-mask scaled by 1/(1-p), shaped like x; dropout is x * mask; the mask "
+                   "is a constant of the step (backward reuses the saved one), so no gradient flows to x"))
