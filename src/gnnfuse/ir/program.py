@@ -140,9 +140,14 @@ class Program:
             place(v)
         self.values = ordered
 
-    def fingerprint(self) -> str:
-        """A canonical text of the program, independent of value ids."""
-        return self.pretty(show_source=False)
+    def fingerprint(self) -> tuple:
+        """A canonical structural key of the program, independent of value ids; layers
+        look their compiled program up by it on every call, so it is built from tuples
+        rather than by printing the listing."""
+        position = {v.id: n for n, v in enumerate(self.values)}
+        values = tuple((v.op, tuple(position[i.id] for i in v.inputs), _freeze(v.attrs), v.residency,
+                        v.shape, v.dtype) for v in self.values)
+        return values, tuple((k, position[v.id]) for k, v in self.outputs.items())
 
     # -- printing -------------------------------------------------------------------
     def pretty(self, show_source: bool = True) -> str:

@@ -18,6 +18,7 @@ materialized broadcast.
 from __future__ import annotations
 
 import inspect
+import itertools
 import math
 
 import triton
@@ -121,14 +122,18 @@ def _summed_coords(root: Value, coords: tuple[str, ...]) -> list[tuple[str, ...]
     return terms
 
 
-def _decorator(tuned: bool, block_e: tuple[int, ...], key: str, reset: bool) -> str:
-    """``@triton.jit``, behind an autotuner over edge-block sizes and warps when ``tuned``:
-    the best block depends on degree distribution and feature width, which a first
-    timed run measures better than a rule. Atomic kernels reset ``out`` between trials."""
+def _decorator(tuned: bool, space: dict[str, tuple[int, ...]], key: str, reset: bool) -> str:
+    """``@triton.jit``, behind an autotuner over ``space`` (block sizes and rows per
+    program) and warps when ``tuned``: the best choice depends on degree distribution and
+    feature width, which a first timed run measures better than a rule. Atomic kernels
+    reset ``out`` between trials."""
     if not tuned:
         return "@triton.jit"
-    configs = ", ".join(f"triton.Config({{'BLOCK_E': {b}}}, num_warps={w})" for b in block_e for w in (2, 4))
-    extra = ", warmup=5, rep=20"   # milliseconds per trial: tuning costs well under a second per kernel
+    names = list(space)
+    configs = ", ".join(
+        "triton.Config({" + ", ".join(f"'{n}': {v}" for n, v in zip(names, values)) + f"}}, num_warps={w})"
+        for values in itertools.product(*space.values()) for w in (2, 4))
+    extra = ", warmup=5, rep=20"   # milliseconds per trial: tuning costs under a second per kernel
     extra += ", reset_to_zero=['out']" if reset else ""
     if "cache_results" in inspect.signature(triton.autotune).parameters:
         extra += ", cache_results=True"   # the choice persists on disk across processes
@@ -154,7 +159,7 @@ def generate_edge(unit: EdgeUnit, name: str, acc_dtype: str, tuned: bool = False
 import triton.language as tl
 
 
-{_decorator(tuned, (32, 64, 128, 256), "num_edges", False)}
+{_decorator(tuned, {"BLOCK_E": (32, 64, 128, 256)}, "num_edges", False)}
 def {name}(src, dst, num_edges, out, {leaf_params}BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
     # {unit.describe()}
     ACC: tl.constexpr = {acc_dtype}
@@ -192,37 +197,42 @@ def generate(unit: AggregateUnit, name: str, acc_dtype: str, tuned: bool = False
     store = f"tl.store(out + row * {width} + f, acc.to(out.dtype.element_ty), mask=fmask)"
     if op in ("sum", "mean"):
         store = (f"if tl.load(seg_split + seg) != 0:\n"
-                 f"        tl.atomic_add(out + row * {width} + f, acc.to(out.dtype.element_ty), mask=fmask)\n"
-                 f"    else:\n        {store}")
-    body = "\n".join(f"        {line}" for line in em.lines)
+                 f"                tl.atomic_add(out + row * {width} + f, acc.to(out.dtype.element_ty), mask=fmask)\n"
+                 f"            else:\n                {store}")
+    body = "\n".join(f"                {line}" for line in em.lines)
     leaf_params = "".join(f"L{n}, " for n in range(len(em.leaf_args)))
     source = f'''import triton
 import triton.language as tl
 
 
-{_decorator(tuned, (8, 16, 32, 64), "num_segments", op in ("sum", "mean"))}
-def {name}(rowptr, col, eid, seg_row, seg_start, seg_end, seg_split, num_segments, out, {leaf_params}BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
+{_decorator(tuned, {"BLOCK_E": (8, 16, 32, 64), "ROWS": (1, 4, 16)}, "num_segments", op in ("sum", "mean"))}
+def {name}(rowptr, col, eid, seg_row, seg_start, seg_end, seg_split, num_segments, out, {leaf_params}BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr, ROWS: tl.constexpr):
     # {unit.describe()}
+    # Each program reduces ROWS consecutive segments (feature-adaptive grouping, Seastar
+    # §6.3.1): segments are sorted by length, so neighbours cost alike, and on a graph
+    # of average degree ~10 one segment alone is too little work for a program.
     ACC: tl.constexpr = {acc_dtype}
-    seg = tl.program_id(0)
-    row = tl.load(seg_row + seg).to(tl.int64)
     f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
     fmask = f < {width}
     fzero = f * 0
-    start = tl.load(seg_start + seg).to(tl.int64)
-    end = tl.load(seg_end + seg).to(tl.int64)
-    row_start = tl.load(rowptr + row).to(tl.int64)
-    row_end = tl.load(rowptr + row + 1).to(tl.int64)
-    acc = tl.full([BLOCK_F], {_IDENTITY[op]}, ACC)
-    for e0 in range(start, end, BLOCK_E):
-        e = e0 + tl.arange(0, BLOCK_E)
-        emask = e < end
-        nbr = tl.load(col + e, mask=emask, other=0).to(tl.int64)
-        edge = tl.load(eid + e, mask=emask, other=0).to(tl.int64)
+    for r in range(ROWS):
+        seg = tl.program_id(0) * ROWS + r
+        if seg < num_segments:
+            row = tl.load(seg_row + seg).to(tl.int64)
+            start = tl.load(seg_start + seg).to(tl.int64)
+            end = tl.load(seg_end + seg).to(tl.int64)
+            row_start = tl.load(rowptr + row).to(tl.int64)
+            row_end = tl.load(rowptr + row + 1).to(tl.int64)
+            acc = tl.full([BLOCK_F], {_IDENTITY[op]}, ACC)
+            for e0 in range(start, end, BLOCK_E):
+                e = e0 + tl.arange(0, BLOCK_E)
+                emask = e < end
+                nbr = tl.load(col + e, mask=emask, other=0).to(tl.int64)
+                edge = tl.load(eid + e, mask=emask, other=0).to(tl.int64)
 {body}
-        tile = tl.where(emask[:, None], {root} + tl.zeros([BLOCK_E, BLOCK_F], ACC), {_IDENTITY[op]})
-        acc = {combine}
-    acc = {finish}
-    {store}
+                tile = tl.where(emask[:, None], {root} + tl.zeros([BLOCK_E, BLOCK_F], ACC), {_IDENTITY[op]})
+                acc = {combine}
+            acc = {finish}
+            {store}
 '''
     return source, em.leaf_args

@@ -134,7 +134,13 @@ def _unnarrow(g: torch.Tensor, dim: int, start: int, size: int) -> torch.Tensor:
 
 
 # --- constants and randomness ---------------------------------------------------------
-register(OpDef("const", Movement.DENSE, lambda ctx, value, dtype: torch.tensor(value, dtype=dtype),
+def _const(ctx, value: float, dtype: torch.dtype) -> torch.Tensor:
+    """On the graph's device: a value derived from constants alone can become a kernel
+    operand, and a kernel cannot read a CPU scalar."""
+    return torch.tensor(value, dtype=dtype, device=None if ctx is None else ctx.src.device)
+
+
+register(OpDef("const", Movement.DENSE, _const,
                residency=lambda rs, a: Residency.SHARED,
                shape=lambda inputs, a, r: ((), a["dtype"]), arity=0))
 register(OpDef("dropout_mask", Movement.DENSE,
