@@ -152,17 +152,23 @@ class _ProgramFunction(torch.autograd.Function):
         outputs, kept, execute = _run_forward(compiled, graph_ctx, keys, tensors, backward)
         ctx.compiled, ctx.graph_ctx, ctx.keys, ctx.backward = compiled, graph_ctx, keys, backward
         ctx.execute = execute
-        ctx.kept = kept
+        # Through save_for_backward, never as plain ctx attributes: a saved value may be an
+        # output, and an output held by its own grad_fn's ctx is a cycle through C++ that
+        # Python's collector cannot free -- every step's tensors would leak.
+        ctx.saved_ids = [v.id for v in backward.saved] if backward else []
+        ctx.save_for_backward(*(kept[i] for i in ctx.saved_ids))
+        ctx.output_meta = [(o.shape, o.dtype, o.device) for o in outputs]
         return outputs
 
     @staticmethod
     def backward(ctx, *output_grads: torch.Tensor):
         backward: BackwardProgram = ctx.backward
-        feeds: dict[str, torch.Tensor] = {f"saved:{i}": t for i, t in ctx.kept.items()}
-        for (key, out), g in zip(ctx.compiled.program.outputs.items(), output_grads):
+        feeds: dict[str, torch.Tensor] = {f"saved:{i}": t for i, t in zip(ctx.saved_ids, ctx.saved_tensors)}
+        for (key, out), g, (shape, dtype, device) in zip(ctx.compiled.program.outputs.items(), output_grads,
+                                                         ctx.output_meta):
             name = f"grad:{key}"
             if name in backward.program.inputs:
-                feeds[name] = g if g is not None else torch.zeros_like(ctx.kept[out.id])
+                feeds[name] = g if g is not None else torch.zeros(shape, dtype=dtype, device=device)
         grads, _ = ctx.execute(backward.program, ctx.graph_ctx, feeds)
         by_key = {k.removeprefix("grad:"): g for k, g in grads.items()}
         return (None, None, None) + tuple(by_key.get(k) for k in ctx.keys)

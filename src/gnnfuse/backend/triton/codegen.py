@@ -133,7 +133,7 @@ def _decorator(tuned: bool, space: dict[str, tuple[int, ...]], key: str, reset: 
     configs = ", ".join(
         "triton.Config({" + ", ".join(f"'{n}': {v}" for n, v in zip(names, values)) + f"}}, num_warps={w})"
         for values in itertools.product(*space.values()) for w in (2, 4))
-    extra = ", warmup=5, rep=20"   # milliseconds per trial: tuning costs under a second per kernel
+    extra = ", warmup=3, rep=10"   # milliseconds per trial: tuning costs well under a second per kernel
     extra += ", reset_to_zero=['out']" if reset else ""
     if "cache_results" in inspect.signature(triton.autotune).parameters:
         extra += ", cache_results=True"   # the choice persists on disk across processes
@@ -205,7 +205,7 @@ def generate(unit: AggregateUnit, name: str, acc_dtype: str, tuned: bool = False
 import triton.language as tl
 
 
-{_decorator(tuned, {"BLOCK_E": (8, 16, 32, 64), "ROWS": (1, 4, 16)}, "num_segments", op in ("sum", "mean"))}
+{_decorator(tuned, {"BLOCK_E": (8, 32, 64), "ROWS": (1, 8)}, "num_segments", op in ("sum", "mean"))}
 def {name}(rowptr, col, eid, seg_row, seg_start, seg_end, seg_split, num_segments, out, {leaf_params}BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr, ROWS: tl.constexpr):
     # {unit.describe()}
     # Each program reduces ROWS consecutive segments (feature-adaptive grouping, Seastar
