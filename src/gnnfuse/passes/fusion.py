@@ -64,14 +64,21 @@ def _reads(leaves: list[Value]) -> str:
 
 
 def _fusible_body(v: Value) -> bool:
-    """Per-edge ops a kernel can evaluate in registers; a broadcast becomes a gather."""
+    """Ops a kernel can evaluate in registers: per-edge elementwise work, broadcasts (which
+    become gathers) and per-vertex elementwise work on the gathered rows.
+
+    The last kind undoes broadcast reordering where it does not pay: ``h * norm`` moved
+    before the gather saves flops, but as a separate op it costs a launch and an |V|-row
+    round trip to memory, while in the kernel it is one multiply on rows gathered anyway.
+    Such values only join a unit through a broadcast (partition grows units from edges)."""
     if v.op == "input":
         return False
     if v.op == "broadcast":
         return v.attrs["by"] in ("src", "dst")
     opdef = get_op(v.op)
-    return v.residency.is_edge_rowed and opdef.pure and (
-        (opdef.elementwise and opdef.emit is not None) or v.op == "reshape")
+    if v.residency not in (Residency.SRC, Residency.DST, Residency.EDGE, Residency.NODE):
+        return False
+    return opdef.pure and ((opdef.elementwise and opdef.emit is not None) or v.op == "reshape")
 
 
 def feature_sum_terms(v: Value) -> int | None:
@@ -133,6 +140,25 @@ def partition(program: Program, keep: Iterable[int] = ()) -> list[Unit | Value]:
         reads = item.inputs if isinstance(item, Value) else item.leaves
         needed.update(i.id for i in reads)
     return [chosen[v.id] for v in program.values if v.id in chosen]
+
+
+def gathered_leaves(unit: Unit) -> dict[int, list[str]]:
+    """For every vertex leaf a unit reads through a gather, the indices (``"src"``,
+    ``"dst"``) it is gathered by -- directly, or through per-vertex work in the body."""
+    members = {v.id: v for v in unit.body}
+    sides: dict[int, list[str]] = {}
+
+    def visit(x: Value, by: str) -> None:
+        if x.id in members and x.residency is Residency.NODE:
+            for i in x.inputs:
+                visit(i, by)
+        elif x.residency is Residency.NODE and by not in sides.setdefault(x.id, []):
+            sides[x.id].append(by)
+
+    for b in unit.body:
+        if b.op == "broadcast":
+            visit(b.inputs[0], b.attrs["by"])
+    return sides
 
 
 def leaf_kind(leaf: Value) -> str:

@@ -42,7 +42,7 @@ import torch
 from ..graph import Graph
 from ..ir import Program, Residency, Value, get_op
 from ..ir.residency import Movement
-from ..passes.fusion import partition
+from ..passes.fusion import gathered_leaves, partition
 from .compiled import ProgramCall, record_calls
 
 
@@ -123,11 +123,8 @@ def _names(program: Program) -> dict[int, str]:
 def _unit_step(unit: Any, sizes: _Sizes) -> Step:
     by = getattr(unit, "by", None)
     grouped = by in ("src", "dst")
-    gathers = {}   # leaf id -> list of gather index names
-    for b in unit.body:
-        if b.op == "broadcast":
-            side = "center" if grouped and b.attrs["by"] == by else b.attrs["by"]
-            gathers.setdefault(b.inputs[0].id, []).append(side)
+    gathers = {leaf: ["center" if grouped and side == by else side for side in sides]
+               for leaf, sides in gathered_leaves(unit).items()}   # leaf id -> gather index names
     reads: list[tuple[Value, str]] = []
     read_bytes, index_names = 0, set()
     for leaf in unit.leaves:

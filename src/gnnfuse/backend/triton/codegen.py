@@ -57,21 +57,25 @@ class _Emitter:
         terms = [f"{c} * {s}" if s != 1 else c for c, s in zip(coords, _strides(shape)) if c != "0"]
         return self.tmp(" + ".join(terms) + " + fzero" if terms else "fzero")
 
-    def value(self, v: Value, coords: tuple[str, ...]) -> str:
-        key = (v.id, coords)
+    def value(self, v: Value, coords: tuple[str, ...], side: str | None = None) -> str:
+        """Expression for ``v`` at ``coords``. ``side`` is set while evaluating per-vertex
+        values on a gathered row: how that row is found (``center``, ``neighbour``,
+        ``src``, ``dst``)."""
+        key = (v.id, coords, side)
         if key in self.memo:
             return self.memo[key]
         if v.id in self.leaf_index or v.op == "const":
-            out = self.load(v, coords, leaf_kind(v))
+            kind = leaf_kind(v)
+            out = self.load(v, coords, side if kind == "node" and side else kind)
         elif v.op == "broadcast":
-            out = self.load(v.inputs[0], coords, gather_side(v, self.unit))
+            out = self.value(v.inputs[0], coords, gather_side(v, self.unit))
         elif v.op == "reshape":
             flat = self.offset(v.shape, coords)
             src = v.inputs[0]
             out = self.value(src, tuple(self.tmp(f"({flat} // {st}) % {n}") if n != 1 else "0"
-                                        for st, n in zip(_strides(src.shape), src.shape)))
+                                        for st, n in zip(_strides(src.shape), src.shape)), side)
         else:
-            args = [self.value(i, _project(coords, v.shape, i.shape)) for i in v.inputs]
+            args = [self.value(i, _project(coords, v.shape, i.shape), side) for i in v.inputs]
             attrs = {k: self.constant(a) for k, a in v.attrs.items()
                      if isinstance(a, (int, float)) and not isinstance(a, bool)}
             out = self.tmp(get_op(v.op).emit.format(*args, **attrs))
@@ -124,15 +128,16 @@ def _summed_coords(root: Value, coords: tuple[str, ...]) -> list[tuple[str, ...]
 
 def _decorator(tuned: bool, space: dict[str, tuple[int, ...]], key: str, reset: bool) -> str:
     """``@triton.jit``, behind an autotuner over ``space`` (block sizes and rows per
-    program) and warps when ``tuned``: the best choice depends on degree distribution and
-    feature width, which a first timed run measures better than a rule. Atomic kernels
-    reset ``out`` between trials."""
+    program) when ``tuned``: the best choice depends on degree distribution and feature
+    width, which a first timed run measures better than a rule. Every config is compiled
+    before it is timed, so the space stays small (a GAT layer has a dozen kernels).
+    Atomic kernels reset ``out`` between trials."""
     if not tuned:
         return "@triton.jit"
     names = list(space)
     configs = ", ".join(
         "triton.Config({" + ", ".join(f"'{n}': {v}" for n, v in zip(names, values)) + f"}}, num_warps={w})"
-        for values in itertools.product(*space.values()) for w in (2, 4))
+        for values in itertools.product(*space.values()) for w in (4,))
     extra = ", warmup=3, rep=10"   # milliseconds per trial: tuning costs well under a second per kernel
     extra += ", reset_to_zero=['out']" if reset else ""
     if "cache_results" in inspect.signature(triton.autotune).parameters:
@@ -159,7 +164,7 @@ def generate_edge(unit: EdgeUnit, name: str, acc_dtype: str, tuned: bool = False
 import triton.language as tl
 
 
-{_decorator(tuned, {"BLOCK_E": (32, 64, 128, 256)}, "num_edges", False)}
+{_decorator(tuned, {"BLOCK_E": (64, 256)}, "num_edges", False)}
 def {name}(src, dst, num_edges, out, {leaf_params}BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
     # {unit.describe()}
     ACC: tl.constexpr = {acc_dtype}
@@ -205,7 +210,7 @@ def generate(unit: AggregateUnit, name: str, acc_dtype: str, tuned: bool = False
 import triton.language as tl
 
 
-{_decorator(tuned, {"BLOCK_E": (8, 32, 64), "ROWS": (1, 8)}, "num_segments", op in ("sum", "mean"))}
+{_decorator(tuned, {"BLOCK_E": (16, 64), "ROWS": (1, 8)}, "num_segments", op in ("sum", "mean"))}
 def {name}(rowptr, col, eid, seg_row, seg_start, seg_end, seg_split, num_segments, out, {leaf_params}BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr, ROWS: tl.constexpr):
     # {unit.describe()}
     # Each program reduces ROWS consecutive segments (feature-adaptive grouping, Seastar
