@@ -89,6 +89,9 @@ def test_plot_writes_a_png(tmp_path, capsys):
     (["--dropout", "1.0"], "dropout must be in [0, 1)"),
     (["--patience", "-1"], "patience must be >= 0"),
     (["--dataset", "wn18rr"], "not a node-classification data set"),
+    (["--dataset", "nope"], "unknown data set 'nope'"),
+    (["--dataset", "cora", "--root", "/nonexistent-gnnfuse-root"], "data file 'ind.cora.y' not found"),
+    (["--hidden", "0"], "hidden must be >= 1"),
 ])
 def test_bad_options_are_usage_errors(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:

@@ -9,7 +9,7 @@ import numpy as np
 from .data import DATASET_NAMES, DEFAULT_DATASET, NodeDataset, RelationalDataset, load_dataset
 from .graph import Graph
 from .nn.models import get_model, model_names
-from .training import TrainSummary, make_config, save_checkpoint, train_runs
+from .training import ConfigError, RunResult, TrainSummary, make_config, save_checkpoint, train_runs
 
 
 # --- info ------------------------------------------------------------------------------
@@ -86,21 +86,21 @@ def train(args: argparse.Namespace) -> TrainSummary:
         config = make_config(args.model, args.dataset, runs=args.runs, seed=args.seed, device=args.device,
                              root=args.root, hidden=args.hidden, lr=args.lr, weight_decay=args.weight_decay,
                              dropout=args.dropout, epochs=args.epochs, patience=args.patience)
-    except ValueError as error:
+    except ConfigError as error:
         raise UsageError(str(error)) from None
     patience = "none" if config.patience is None else config.patience
     print(f"training {config.model} on {config.dataset} on {config.device}: {config.runs} run(s), "
           f"up to {config.epochs} epochs, patience {patience}, hidden {config.hidden}, lr {config.lr:g}, "
           f"weight decay {config.weight_decay:g}, dropout {config.dropout:g}")
 
-    def report(index: int, run) -> None:
+    def report(index: int, run: RunResult) -> None:
         stopped = (f", stopped early at epoch {run.epochs_run}" if run.epochs_run < config.epochs else "")
         print(f"run {index + 1}/{config.runs} (seed {run.seed}): best val acc {run.best_val_acc:.4f} "
               f"(epoch {run.best_epoch}), test acc at best val {run.test_acc:.4f}{stopped}, {run.seconds:.2f} s")
 
     try:
         return train_runs(config, on_run=report)
-    except ValueError as error:            # data set kind, unavailable device
+    except ConfigError as error:           # data set kind or files, unavailable device
         raise UsageError(str(error)) from None
 
 

@@ -29,6 +29,12 @@ SPARSE_FEATURES = 0.1      # feature matrices with fewer non-zeros than this go 
 CHECKPOINT_FORMAT = "gnnfuse-train/1"
 
 
+class ConfigError(ValueError):
+    """A training request that cannot run as given: unknown model or data set, a value out
+    of range, a missing data file or device. Raised before any training starts, so callers
+    can report it as a usage error without mistaking a failure inside training for one."""
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """A fully resolved training recipe: every value the runs used, saved with the weights.
@@ -54,15 +60,18 @@ def make_config(model: str, dataset: str = DEFAULT_DATASET, *, runs: int = 1, se
     """`model`'s paper defaults, with every override that is not None applied.
 
     Overrides are hidden, lr, weight_decay, dropout, epochs and patience (0 disables
-    early stopping). Raises `ValueError` naming the bad value.
+    early stopping). Raises `ConfigError` naming the bad value.
     """
-    spec = get_model(model)
+    try:
+        spec = get_model(model)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
     unknown = set(overrides) - {"hidden", "lr", "weight_decay", "dropout", "epochs", "patience"}
     if unknown:
-        raise ValueError(f"unknown hyperparameter(s): {', '.join(sorted(unknown))}")
+        raise ConfigError(f"unknown hyperparameter(s): {', '.join(sorted(unknown))}")
     given = {key: value for key, value in overrides.items() if value is not None}
     if "hidden" in given and spec.defaults.hidden is None:
-        raise ValueError(f"model {model!r} has no hidden layer, so --hidden does not apply")
+        raise ConfigError(f"model {model!r} has no hidden layer, so hidden does not apply")
     if given.get("patience") == 0:
         given["patience"] = None
     values = {**dataclasses.asdict(spec.defaults), **given}
@@ -77,7 +86,7 @@ def make_config(model: str, dataset: str = DEFAULT_DATASET, *, runs: int = 1, se
               (device in ("cpu", "cuda"), f"device must be cpu or cuda, got {device!r}")]
     for ok, message in checks:
         if not ok:
-            raise ValueError(message)
+            raise ConfigError(message)
     return TrainConfig(model=model, dataset=dataset, runs=runs, seed=seed, device=device,
                        root=None if root is None else str(root), **values)
 
@@ -123,13 +132,16 @@ class PreparedData:
 
 def prepare_data(config: TrainConfig, spec: ModelSpec) -> PreparedData:
     """Load the data set, split it if it has no split (seeded by `config.seed`, the same
-    for every run), and move it to the device."""
+    for every run), and move it to the device; `ConfigError` if that cannot be done."""
     if config.device == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device cuda, but CUDA is not available to this torch ({torch.__version__})")
+        raise ConfigError(f"device cuda, but CUDA is not available to this torch ({torch.__version__})")
     device = torch.device(config.device)
-    dataset = load_dataset(config.dataset, config.root)
+    try:
+        dataset = load_dataset(config.dataset, config.root)
+    except (ValueError, FileNotFoundError) as error:     # unknown name, data files not found
+        raise ConfigError(str(error)) from None
     if not isinstance(dataset, NodeDataset):
-        raise ValueError(f"{config.dataset} is not a node-classification data set")
+        raise ConfigError(f"{config.dataset} is not a node-classification data set")
     if dataset.train_mask is None:
         dataset = random_split(dataset, seed=config.seed)
         print(f"{dataset.name} has no split: using random_split(seed={config.seed})")
