@@ -10,7 +10,7 @@ from gnnfuse import nn as gnn
 from gnnfuse.cli import main
 from gnnfuse.data import load_dataset
 from gnnfuse.nn import models
-from gnnfuse.training import load_checkpoint, make_config, train_runs
+from gnnfuse.training import EarlyStopping, load_checkpoint, make_config, train_runs
 
 FAST = ["--epochs", "3"]
 
@@ -52,6 +52,21 @@ def test_early_stopping_stops_when_patience_runs_out():
     run = summary.runs[0]
     assert (run.best_epoch, run.epochs_run, len(run.history["val_acc"])) == (1, 5, 5)
     assert train_runs(make_config("gcn", epochs=6, patience=0, lr=0.0)).runs[0].epochs_run == 6
+
+
+def test_patience_counts_epochs_where_neither_val_accuracy_nor_loss_improved():
+    stopping = EarlyStopping(patience=2)
+    trace = [(0.5, 1.0), (0.6, 0.9), (0.6, 0.8), (0.55, 0.7), (0.6, 0.85), (0.6, 0.82), (0.58, 0.71)]
+    best = [stopping.step(epoch, *values) for epoch, values in enumerate(trace, start=1)]
+    # epoch 3 ties on accuracy with a lower loss (new best); 4 only lowers the loss, which
+    # still counts as progress; 5 and 6 improve neither, so the run stops after 6
+    assert best == [True, True, True, False, False, False, False]
+    assert (stopping.best_epoch, stopping.best_val_acc, stopping.last_progress) == (3, 0.6, 4)
+    assert [EarlyStopping(2).step(1, 0.5, 1.0), EarlyStopping(None).should_stop] == [True, False]
+    stopping = EarlyStopping(patience=2)
+    for epoch, values in enumerate(trace[:6], start=1):
+        stopping.step(epoch, *values)
+    assert stopping.should_stop and stopping.epoch == 6
 
 
 def test_test_accuracy_is_taken_at_the_best_validation_epoch():

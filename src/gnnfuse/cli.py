@@ -148,8 +148,8 @@ def _parser() -> argparse.ArgumentParser:
                        "data sets without one (default 0)")
     defaults = "(default: the model's)"
     train.add_argument("--epochs", type=int, help=f"most epochs per run {defaults}")
-    train.add_argument("--patience", type=int, help="stop after this many epochs without a better "
-                       f"validation accuracy; 0 never stops early {defaults}")
+    train.add_argument("--patience", type=int, help="stop after this many epochs in which neither "
+                       f"validation accuracy nor loss improved; 0 never stops early {defaults}")
     train.add_argument("--hidden", type=int, help=f"hidden width (per head for gat) {defaults}")
     train.add_argument("--lr", type=float, help=f"Adam learning rate {defaults}")
     train.add_argument("--weight-decay", type=float, help=f"L2 penalty {defaults}")

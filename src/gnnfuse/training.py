@@ -178,11 +178,43 @@ def _optimizer(spec: ModelSpec, model: nn.Module, config: TrainConfig) -> torch.
     return torch.optim.Adam(groups, lr=config.lr)
 
 
+class EarlyStopping:
+    """Best-epoch selection and the patience rule, apart from the loop so both can be
+    checked on plain numbers.
+
+    The best epoch has the highest validation accuracy, ties broken by lower validation
+    loss (so a plateau still moves to a better-calibrated epoch). Training stops after
+    `patience` epochs in which neither the validation accuracy nor the validation loss
+    reached a new best -- the GAT paper's rule: the loss often keeps falling while the
+    accuracy plateaus early, and stopping on accuracy alone then cuts training short.
+    `patience` None never stops.
+    """
+
+    def __init__(self, patience: int | None):
+        self.patience = patience
+        self.best_epoch, self.best_val_acc, self.best_val_loss = 0, -1.0, float("inf")
+        self.lowest_val_loss, self.last_progress, self.epoch = float("inf"), 0, 0
+
+    def step(self, epoch: int, val_acc: float, val_loss: float) -> bool:
+        """Record one epoch; True when it is the new best epoch."""
+        self.epoch = epoch
+        improved = val_acc > self.best_val_acc or (val_acc == self.best_val_acc and val_loss < self.best_val_loss)
+        if improved:
+            self.best_epoch, self.best_val_acc, self.best_val_loss = epoch, val_acc, val_loss
+        if improved or val_loss < self.lowest_val_loss:
+            self.last_progress = epoch
+        self.lowest_val_loss = min(self.lowest_val_loss, val_loss)
+        return improved
+
+    @property
+    def should_stop(self) -> bool:
+        return self.patience is not None and self.epoch - self.last_progress >= self.patience
+
+
 def train_run(config: TrainConfig, spec: ModelSpec, data: PreparedData, seed: int, *,
               label: str = "", log_epochs: bool = True) -> RunResult:
-    """Train one model from `seed`, stopping after `config.patience` epochs without a better
-    validation score; the best epoch is the highest validation accuracy, ties broken by
-    lower validation loss (so a plateau still moves to a better-calibrated epoch)."""
+    """Train one model from `seed`, keeping the weights and test accuracy of the best
+    validation epoch and stopping by `config.patience` (see `EarlyStopping`)."""
     device = torch.device(config.device)
     torch.manual_seed(seed)
     if device.type == "cuda":
@@ -192,8 +224,8 @@ def train_run(config: TrainConfig, spec: ModelSpec, data: PreparedData, seed: in
     optimizer = _optimizer(spec, model, config)
     train_mask, val_mask, test_mask = data.masks
     history: dict[str, list[float]] = {key: [] for key in ("loss", "val_loss", "train_acc", "val_acc", "test_acc")}
-    best = (-1.0, float("inf"))
-    best_epoch, test_at_best, best_state = 0, float("nan"), {}
+    stopping = EarlyStopping(config.patience)
+    test_at_best, best_state = float("nan"), {}
     start = time.perf_counter()
     progress = tqdm(range(1, config.epochs + 1), desc=f"train{label}", unit="epoch", file=sys.stderr)
     for epoch in progress:
@@ -213,18 +245,19 @@ def train_run(config: TrainConfig, spec: ModelSpec, data: PreparedData, seed: in
         train_acc, val_acc, test_acc = (accuracy(logits, data.y, m) for m in data.masks)
         for key, value in zip(history, (loss.item(), val_loss, train_acc, val_acc, test_acc)):
             history[key].append(value)
-        if val_acc > best[0] or (val_acc == best[0] and val_loss < best[1]):
-            best, best_epoch, test_at_best = (val_acc, val_loss), epoch, test_acc
+        if stopping.step(epoch, val_acc, val_loss):
+            test_at_best = test_acc
             best_state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
         progress.set_postfix(loss=f"{loss.item():.4f}", val=f"{val_acc:.4f}", test=f"{test_acc:.4f}")
         if log_epochs:
             tqdm.write(f"{label.strip() + ' | ' if label else ''}epoch {epoch:4d} | loss {loss.item():.4f} | "
                        f"train {train_acc:.4f} | val {val_acc:.4f} | test {test_acc:.4f} | {epoch_ms:7.1f} ms | "
                        f"peak {peak_memory_mib(device):.0f} MiB", file=sys.stdout)
-        if config.patience is not None and epoch - best_epoch >= config.patience:
+        if stopping.should_stop:
             break
     progress.close()
-    return RunResult(seed=seed, best_epoch=best_epoch, best_val_acc=best[0], test_acc=test_at_best,
+    return RunResult(seed=seed, best_epoch=stopping.best_epoch, best_val_acc=stopping.best_val_acc,
+                     test_acc=test_at_best,
                      epochs_run=len(history["loss"]), seconds=time.perf_counter() - start,
                      state_dict=best_state, history=history)
 
