@@ -1,11 +1,22 @@
-"""The ``gnnfuse`` command line: `info` output, `train` logging and reference accuracy."""
+"""The ``gnnfuse`` command line: `info` output, `train` (runs, early stopping, saved weights,
+curves, the model registry) and reference accuracy."""
 from __future__ import annotations
 
 import pytest
 import torch
+import torch_geometric.nn as pyg
 
-from gnnfuse.cli import _parser, build_model, main, train
+from gnnfuse import nn as gnn
+from gnnfuse.cli import main
 from gnnfuse.data import load_dataset
+from gnnfuse.nn import models
+from gnnfuse.training import EarlyStopping, load_checkpoint, make_config, train_runs
+
+FAST = ["--epochs", "3"]
+
+
+def last_line(capsys) -> str:
+    return capsys.readouterr().out.strip().splitlines()[-1]
 
 
 def test_info_prints_counts_and_degree_summary(shared_data, capsys):
@@ -17,10 +28,92 @@ def test_info_prints_counts_and_degree_summary(shared_data, capsys):
 
 
 def test_train_logs_epochs_and_summary(capsys):
-    assert main(["train", "--epochs", "3"]) == 0
+    assert main(["train", *FAST]) == 0
     out = capsys.readouterr().out
     assert out.count("epoch ") >= 3 and "peak" in out and " ms " in out
-    assert out.strip().splitlines()[-1].startswith("summary: best val acc")
+    assert out.strip().splitlines()[-1].startswith("summary: test acc")
+
+
+def test_runs_report_mean_and_std_over_seeds(capsys):
+    assert main(["train", "--runs", "2", "--epochs", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "run 1/2 (seed 0)" in out and "run 2/2 (seed 1)" in out
+    summary = out.strip().splitlines()[-1]
+    assert "±" in summary and "over 2 run(s)" in summary
+    tests = [float(line.split("test acc at best val ")[1].split(",")[0])
+             for line in out.splitlines() if "(seed " in line]
+    mean = float(summary.split("test acc ")[1].split(" ±")[0])
+    assert mean == pytest.approx(sum(tests) / 2, abs=1e-4)
+
+
+def test_early_stopping_stops_when_patience_runs_out():
+    # lr 0: validation never improves after epoch 1, so the run ends at exactly 1 + patience
+    summary = train_runs(make_config("gcn", epochs=50, patience=4, lr=0.0))
+    run = summary.runs[0]
+    assert (run.best_epoch, run.epochs_run, len(run.history["val_acc"])) == (1, 5, 5)
+    assert train_runs(make_config("gcn", epochs=6, patience=0, lr=0.0)).runs[0].epochs_run == 6
+
+
+def test_patience_counts_epochs_where_neither_val_accuracy_nor_loss_improved():
+    stopping = EarlyStopping(patience=2)
+    trace = [(0.5, 1.0), (0.6, 0.9), (0.6, 0.8), (0.55, 0.7), (0.6, 0.85), (0.6, 0.82), (0.58, 0.71)]
+    best = [stopping.step(epoch, *values) for epoch, values in enumerate(trace, start=1)]
+    # epoch 3 ties on accuracy with a lower loss (new best); 4 only lowers the loss, which
+    # still counts as progress; 5 and 6 improve neither, so the run stops after 6
+    assert best == [True, True, True, False, False, False, False]
+    assert (stopping.best_epoch, stopping.best_val_acc, stopping.last_progress) == (3, 0.6, 4)
+    assert [EarlyStopping(2).step(1, 0.5, 1.0), EarlyStopping(None).should_stop] == [True, False]
+    stopping = EarlyStopping(patience=2)
+    for epoch, values in enumerate(trace[:6], start=1):
+        stopping.step(epoch, *values)
+    assert stopping.should_stop and stopping.epoch == 6
+
+
+def test_test_accuracy_is_taken_at_the_best_validation_epoch():
+    run = train_runs(make_config("gcn", epochs=30)).runs[0]
+    best = max(range(run.epochs_run), key=lambda i: (run.history["val_acc"][i], -run.history["val_loss"][i]))
+    assert run.best_epoch == best + 1 and run.best_val_acc == run.history["val_acc"][best]
+    assert run.test_acc == run.history["test_acc"][best]
+
+
+def test_save_writes_loadable_best_val_weights(tmp_path, capsys):
+    path = tmp_path / "weights.pt"
+    assert main(["train", "--model", "sage", "--runs", "2", "--epochs", "4", "--hidden", "12",
+                 "--save", str(path)]) == 0
+    model, checkpoint = load_checkpoint(path, run=1)
+    assert checkpoint["config"]["model"] == "sage" and checkpoint["config"]["hidden"] == 12
+    assert [r["seed"] for r in checkpoint["runs"]] == [0, 1]
+    data = load_dataset("synthetic")
+    logits = model(data.x, data.graph)
+    test_acc = (logits[data.test_mask].argmax(1) == data.y[data.test_mask]).float().mean().item()
+    assert test_acc == pytest.approx(checkpoint["runs"][1]["test_acc"], abs=1e-6)
+    with pytest.raises(ValueError, match="run 2 does not exist"):
+        load_checkpoint(path, run=2)
+
+
+def test_plot_writes_a_png(tmp_path, capsys):
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed (pip install 'gnnfuse[plot]')")
+    path = tmp_path / "curves.png"
+    assert main(["train", "--runs", "2", *FAST, "--plot", str(path)]) == 0
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--model", "gat2"], "unknown model 'gat2'; known: gcn, gat, sage, gcn-reference"),
+    (["--runs", "0"], "runs must be >= 1"),
+    (["--dropout", "1.0"], "dropout must be in [0, 1)"),
+    (["--patience", "-1"], "patience must be >= 0"),
+    (["--dataset", "wn18rr"], "not a node-classification data set"),
+    (["--dataset", "nope"], "unknown data set 'nope'"),
+    (["--dataset", "cora", "--root", "/nonexistent-gnnfuse-root"], "data file 'ind.cora.y' not found"),
+    (["--hidden", "0"], "hidden must be >= 1"),
+])
+def test_bad_options_are_usage_errors(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", *argv, *FAST])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "usage: gnnfuse train" in err and message in err
 
 
 def test_train_cuda_without_cuda_is_a_usage_error(capsys):
@@ -32,21 +125,52 @@ def test_train_cuda_without_cuda_is_a_usage_error(capsys):
     assert "CUDA is not available" in capsys.readouterr().err
 
 
-def test_build_model_is_called_as_model_x_graph():
+@pytest.mark.parametrize("name", models.model_names())
+def test_every_registered_model_trains_on_synthetic(name):
+    """A few epochs from the paper's recipe lower the training loss and are called as model(x, graph);
+    sparse COO features (what train passes bag-of-words data) give the dense result."""
+    summary = train_runs(make_config(name, epochs=8, dropout=0.0))
+    losses = summary.runs[0].history["loss"]
+    assert losses[-1] < losses[0] and summary.runs[0].test_acc > 0.3
     data = load_dataset("synthetic")
-    model = build_model("gcn", data.num_features, 8, data.num_classes, 0.5)
-    assert model(data.x, data.graph).shape == (data.graph.num_nodes, data.num_classes)
-    model.eval()                                        # sparse features (as train passes cora's) agree
-    assert torch.allclose(model(data.x.to_sparse(), data.graph), model(data.x, data.graph), atol=1e-5)
-    with pytest.raises(ValueError, match="gcn"):
-        build_model("gat2", 4, 4, 2, 0.0)
+    model = models.build_model(name, data.num_features, data.num_classes).eval()
+    out = model(data.x, data.graph)
+    assert out.shape == (data.graph.num_nodes, data.num_classes)
+    if models.get_model(name).sparse_input:
+        assert torch.allclose(model(data.x.to_sparse(), data.graph), out, atol=1e-5)
+
+
+def test_registry_builds_the_papers_architectures():
+    gat = models.build_model("gat", 10, 3)
+    assert (gat.conv1.heads, gat.conv1.out_channels, gat.conv2.heads, gat.conv2.concat) == (8, 8, 1, False)
+    assert gat.dropout == 0.6 and models.get_model("gat").defaults.patience == 100
+    gcn = models.build_model("gcn", 10, 3, hidden=5, dropout=0.1)
+    assert (gcn.conv1.out_channels, gcn.dropout) == (5, 0.1)
+    assert models.get_model("gcn").defaults == models.Hyperparameters(16, 0.01, 5e-4, 0.5, 200, None)
+    assert models.get_model("sage").defaults.hidden == 64 and models.build_model("sage", 4, 2).conv1.aggr == "mean"
+    with pytest.raises(ValueError, match="already registered"):
+        models.register(models.get_model("gcn"))
+
+
+def test_gcn_state_dict_is_pygs_layout():
+    """The registry's GCN is built from PyG-compatible layers: a PyG conv's weights load into it."""
+    model = models.build_model("gcn", 6, 3)
+    model.conv1.load_state_dict(pyg.GCNConv(6, 16).state_dict())
+    model.conv2.load_state_dict(pyg.GCNConv(16, 3).state_dict())
+
+
+def test_appnp_and_sgc_train_with_their_paper_recipes():
+    for name in ("appnp", "sgc"):
+        summary = train_runs(make_config(name, epochs=5, dropout=0.0))
+        assert summary.runs[0].history["loss"][-1] < summary.runs[0].history["loss"][0]
+    with pytest.raises(ValueError, match="no hidden layer"):
+        make_config("sgc", hidden=32)
 
 
 def test_gcn_learns_the_default_synthetic_data_set():
-    result = train(_parser().parse_args(["train", "--epochs", "100"]))
-    assert result["test_acc"] > 0.7
+    assert train_runs(make_config("gcn", epochs=100)).runs[0].test_acc > 0.7
 
 
 def test_gcn_reaches_published_accuracy_on_cora(shared_data):
-    result = train(_parser().parse_args(["train", "--dataset", "cora", "--root", str(shared_data)]))
-    assert result["test_acc"] >= 0.78
+    summary = train_runs(make_config("gcn", "cora", root=shared_data), log_epochs=False)
+    assert summary.runs[0].test_acc >= 0.79

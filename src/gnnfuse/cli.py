@@ -3,36 +3,15 @@ what the compiler makes of a model (`explain`) or time it against PyG (`bench`).
 from __future__ import annotations
 
 import argparse
-import resource
-import sys
-import time
 from typing import Sequence
 
 import numpy as np
-import torch
-import torch.nn.functional as F
-from torch import nn
-from tqdm import tqdm
 
 from . import bench, cli_explain
-from .data import DATASET_NAMES, DEFAULT_DATASET, NodeDataset, RelationalDataset, load_dataset, random_split
+from .data import DATASET_NAMES, DEFAULT_DATASET, NodeDataset, RelationalDataset, load_dataset
 from .graph import Graph
-from .nn.reference import GCN
-
-MODELS = ("gcn",)
-SPARSE_FEATURES = 0.1      # feature matrices with fewer non-zeros than this go in as sparse COO
-
-
-def build_model(name: str, in_dim: int, hidden: int, out_dim: int, dropout: float) -> nn.Module:
-    """The model `train` runs: a module called as ``model(x, graph)``, where `x` is dense
-    or, for mostly-zero features, a sparse COO tensor.
-
-    The single place that maps a model name to an implementation, so compiled layers
-    can replace the plain-PyTorch reference without touching the training loop.
-    """
-    if name == "gcn":
-        return GCN(in_dim, hidden, out_dim, dropout)
-    raise ValueError(f"unknown model {name!r}; known: {', '.join(MODELS)}")
+from .nn.models import get_model, model_names
+from .training import ConfigError, RunResult, TrainSummary, make_config, save_checkpoint, train_runs
 
 
 # --- info ------------------------------------------------------------------------------
@@ -76,89 +55,74 @@ def run_info(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 # --- train -----------------------------------------------------------------------------
-def peak_memory_mib(device: torch.device) -> float:
-    """Peak CUDA allocation on GPU; on CPU the process's peak resident set size."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10   # bytes vs KiB
-
-
-def accuracy(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> float:
-    return (logits[mask].argmax(dim=1) == y[mask]).float().mean().item() if mask.any() else float("nan")
-
-
 class UsageError(Exception):
     """A bad combination of options, reported as an argparse usage error (exit status 2)."""
 
 
-def train(args: argparse.Namespace) -> dict[str, float]:
-    """Train `args.model` on `args.dataset`, logging every epoch; returns the metrics.
+def _model_epilog() -> str:
+    """One line per runnable model with its paper defaults, for `gnnfuse train --help`."""
+    lines = ["models (defaults from each paper; options override them):"]
+    for name in model_names():
+        spec = get_model(name)
+        d = spec.defaults
+        patience = "none" if d.patience is None else d.patience
+        lines.append(f"  {name:14s} {spec.description}\n  {'':14s} hidden {d.hidden}, lr {d.lr:g}, "
+                     f"weight decay {d.weight_decay:g}, dropout {d.dropout:g}, epochs {d.epochs}, "
+                     f"patience {patience}")
+    return "\n".join(lines)
 
-    Returns best_val_acc, test_acc (at the best validation epoch), best_epoch and
-    total_s, so tests and benchmarks can use the numbers without parsing output.
+
+def train(args: argparse.Namespace) -> TrainSummary:
+    """Train `args.model` on `args.dataset` for `args.runs` seeds, logging every epoch.
+
+    Options left unset take the model's paper defaults. Bad options raise `UsageError`
+    before any training, including a missing matplotlib when `--plot` is given.
     """
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise UsageError(f"--device cuda, but CUDA is not available to this torch ({torch.__version__})")
-    device = torch.device(args.device)
-    torch.manual_seed(args.seed)
-    dataset = load_dataset(args.dataset, args.root)
-    if not isinstance(dataset, NodeDataset):
-        raise UsageError(f"{args.dataset} is not a node-classification data set")
-    if dataset.train_mask is None:
-        dataset = random_split(dataset, seed=args.seed)
-        print(f"{dataset.name} has no split: using random_split(seed={args.seed})")
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+    if args.plot:
+        from .curves import require_matplotlib
+        try:
+            require_matplotlib()
+        except ImportError as error:
+            raise UsageError(f"--plot: {error}") from None
+    try:
+        config = make_config(args.model, args.dataset, runs=args.runs, seed=args.seed, device=args.device,
+                             root=args.root, hidden=args.hidden, lr=args.lr, weight_decay=args.weight_decay,
+                             dropout=args.dropout, epochs=args.epochs, patience=args.patience)
+    except ConfigError as error:
+        raise UsageError(str(error)) from None
+    patience = "none" if config.patience is None else config.patience
+    print(f"training {config.model} on {config.dataset} on {config.device}: {config.runs} run(s), "
+          f"up to {config.epochs} epochs, patience {patience}, hidden {config.hidden}, lr {config.lr:g}, "
+          f"weight decay {config.weight_decay:g}, dropout {config.dropout:g}")
 
-    graph = dataset.graph.to(device)
-    x, y = dataset.x.to(device), dataset.y.to(device)
-    if x.count_nonzero() < SPARSE_FEATURES * x.numel():
-        # bag-of-words features (cora: 1.3% non-zero): dropout and the first matmul then
-        # touch only the non-zeros, ~8x less work in what dominated a dense cora epoch
-        x = x.to_sparse()
-    masks = [m.to(device) for m in (dataset.train_mask, dataset.val_mask, dataset.test_mask)]
-    model = build_model(args.model, dataset.num_features, args.hidden, dataset.num_classes,
-                        args.dropout).to(device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
-    print(f"training {args.model} on {dataset.name} ({graph.num_nodes} nodes, {graph.num_edges} edges) "
-          f"on {device}")
+    def report(index: int, run: RunResult) -> None:
+        stopped = (f", stopped early at epoch {run.epochs_run}" if run.epochs_run < config.epochs else "")
+        print(f"run {index + 1}/{config.runs} (seed {run.seed}): best val acc {run.best_val_acc:.4f} "
+              f"(epoch {run.best_epoch}), test acc at best val {run.test_acc:.4f}{stopped}, {run.seconds:.2f} s")
 
-    best_val, test_at_best, best_epoch = -1.0, float("nan"), 0
-    start = time.perf_counter()
-    progress = tqdm(range(1, args.epochs + 1), desc="train", unit="epoch", file=sys.stderr)
-    for epoch in progress:
-        epoch_start = time.perf_counter()
-        model.train()
-        optimizer.zero_grad()
-        loss = F.cross_entropy(model(x, graph)[masks[0]], y[masks[0]])
-        loss.backward()
-        optimizer.step()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        epoch_ms = (time.perf_counter() - epoch_start) * 1e3      # the training step only
-        model.eval()
-        with torch.no_grad():
-            logits = model(x, graph)
-        train_acc, val_acc, test_acc = (accuracy(logits, y, m) for m in masks)
-        if val_acc > best_val:
-            best_val, test_at_best, best_epoch = val_acc, test_acc, epoch
-        progress.set_postfix(loss=f"{loss.item():.4f}", val=f"{val_acc:.4f}", test=f"{test_acc:.4f}")
-        tqdm.write(f"epoch {epoch:4d} | loss {loss.item():.4f} | train {train_acc:.4f} | val {val_acc:.4f}"
-                   f" | test {test_acc:.4f} | {epoch_ms:7.1f} ms | peak {peak_memory_mib(device):.0f} MiB",
-                   file=sys.stdout)
-    progress.close()
-    return {"best_val_acc": best_val, "test_acc": test_at_best, "best_epoch": best_epoch,
-            "total_s": time.perf_counter() - start}
+    try:
+        return train_runs(config, on_run=report)
+    except ConfigError as error:           # data set kind or files, unavailable device
+        raise UsageError(str(error)) from None
 
 
 def run_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:
-        result = train(args)
+        summary = train(args)
     except UsageError as error:
         parser.error(str(error))                      # prints usage, exits with status 2
-    print(f"summary: best val acc {result['best_val_acc']:.4f} (epoch {result['best_epoch']}), "
-          f"test acc at best val {result['test_acc']:.4f}, total time {result['total_s']:.2f} s")
+    if args.save:
+        save_checkpoint(summary, args.save)
+        print(f"saved best-val weights of {len(summary.runs)} run(s) and the config to {args.save}")
+    if args.plot:
+        from .curves import plot_curves
+        plot_curves(summary, args.plot)
+        print(f"saved learning curves to {args.plot}")
+    test, test_std = summary.mean_std("test_acc")
+    val, val_std = summary.mean_std("best_val_acc")
+    total = sum(run.seconds for run in summary.runs)
+    print(f"summary: test acc {test:.4f} ± {test_std:.4f} over {len(summary.runs)} run(s) "
+          f"(at the best val epoch; best val acc {val:.4f} ± {val_std:.4f}), total time {total:.2f} s")
     return 0
 
 
@@ -171,20 +135,32 @@ def _parser() -> argparse.ArgumentParser:
     info = commands.add_parser("info", help="print size, split and degree statistics of a data set")
     info.add_argument("dataset", help=f"one of: {', '.join(DATASET_NAMES)}")
     info.add_argument("--root", help=root_help)
-    info.set_defaults(run=run_info)
+    info.set_defaults(run=run_info, command_parser=info)
 
-    train = commands.add_parser("train", help="train a 2-layer GNN for node classification")
-    train.add_argument("--model", default="gcn", choices=MODELS)
+    train = commands.add_parser(
+        "train", help="train a node-classification model, with early stopping, over several seeds",
+        description="Train a registered model (paper hyperparameters unless overridden) and report the "
+                    "test accuracy at the best validation epoch, mean ± std over --runs seeds.",
+        epilog=_model_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    train.add_argument("--model", default="gcn", help=f"one of: {', '.join(model_names())} (default gcn)")
     train.add_argument("--dataset", default=DEFAULT_DATASET, help=f"one of: {', '.join(DATASET_NAMES)}")
-    train.add_argument("--epochs", type=int, default=200)
-    train.add_argument("--hidden", type=int, default=16)
-    train.add_argument("--lr", type=float, default=0.01)
-    train.add_argument("--weight-decay", type=float, default=5e-4)
-    train.add_argument("--dropout", type=float, default=0.5)
     train.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--runs", type=int, default=1, help="seeds --seed, --seed+1, ... (default 1)")
+    train.add_argument("--seed", type=int, default=0, help="first seed; also seeds the split of "
+                       "data sets without one (default 0)")
+    defaults = "(default: the model's)"
+    train.add_argument("--epochs", type=int, help=f"most epochs per run {defaults}")
+    train.add_argument("--patience", type=int, help="stop after this many epochs in which neither "
+                       f"validation accuracy nor loss improved; 0 never stops early {defaults}")
+    train.add_argument("--hidden", type=int, help=f"hidden width (per head for gat) {defaults}")
+    train.add_argument("--lr", type=float, help=f"Adam learning rate {defaults}")
+    train.add_argument("--weight-decay", type=float, help=f"L2 penalty {defaults}")
+    train.add_argument("--dropout", type=float, help=f"dropout rate {defaults}")
+    train.add_argument("--plot", metavar="PNG", help="save learning curves (needs matplotlib)")
+    train.add_argument("--save", metavar="PT", help="save each run's best-val state dict and the config "
+                       "(torch.save; reload with gnnfuse.training.load_checkpoint)")
     train.add_argument("--root", help=root_help)
-    train.set_defaults(run=run_train)
+    train.set_defaults(run=run_train, command_parser=train)
 
     explain = commands.add_parser("explain", help="show fused units, memory traffic and kernels of a model")
     cli_explain.add_arguments(explain)
@@ -199,4 +175,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (usage errors exit with 2)."""
     parser = _parser()
     args = parser.parse_args(argv)
-    return args.run(args, parser)
+    return args.run(args, args.command_parser)      # usage errors show the sub-command's usage

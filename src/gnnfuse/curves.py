@@ -1,0 +1,53 @@
+"""Learning curves of a `gnnfuse train` invocation as a PNG.
+
+matplotlib is an optional extra (``pip install gnnfuse[plot]``), imported only here and
+only when a plot is asked for, so training never depends on it.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from .training import TrainSummary
+
+
+def require_matplotlib() -> Any:
+    """matplotlib's `Figure` class, or an ImportError that says how to install it.
+
+    Called before training starts, so a missing plotting library does not surface
+    only after minutes of training.
+    """
+    try:
+        from matplotlib.figure import Figure
+    except ImportError as error:
+        raise ImportError("plotting learning curves needs matplotlib: pip install 'gnnfuse[plot]' "
+                          "(or pip install matplotlib)") from error
+    return Figure
+
+
+def plot_curves(summary: TrainSummary, path: str | os.PathLike) -> None:
+    """Loss (train solid, validation dashed) and accuracy (train solid, validation dashed)
+    per epoch, one colour per run, with each run's best-validation epoch marked.
+
+    Uses `Figure` directly rather than pyplot, so no GUI backend or global state is involved.
+    """
+    figure_class = require_matplotlib()
+    figure = figure_class(figsize=(11, 4.2), layout="constrained")
+    loss_axes, acc_axes = figure.subplots(1, 2)
+    for index, run in enumerate(summary.runs):
+        colour = f"C{index % 10}"
+        epochs = range(1, run.epochs_run + 1)
+        loss_axes.plot(epochs, run.history["loss"], color=colour, label=f"seed {run.seed}")
+        loss_axes.plot(epochs, run.history["val_loss"], color=colour, linestyle="--")
+        acc_axes.plot(epochs, run.history["train_acc"], color=colour, label=f"seed {run.seed}")
+        acc_axes.plot(epochs, run.history["val_acc"], color=colour, linestyle="--")
+        acc_axes.axvline(run.best_epoch, color=colour, linestyle=":", linewidth=0.8)
+    loss_axes.set(xlabel="epoch", ylabel="cross-entropy", title="loss (solid: train, dashed: val)")
+    acc_axes.set(xlabel="epoch", ylabel="accuracy", ylim=(0, 1.01),
+                 title="accuracy (solid: train, dashed: val, dotted: best val)")
+    if len(summary.runs) <= 10:
+        acc_axes.legend(loc="lower right", fontsize="small")
+    config = summary.config
+    figure.suptitle(f"{config.model} on {summary.dataset_name}: {len(summary.runs)} run(s), "
+                    f"lr {config.lr:g}, weight decay {config.weight_decay:g}, dropout {config.dropout:g}")
+    figure.savefig(path, dpi=110)
