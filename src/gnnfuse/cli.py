@@ -164,10 +164,10 @@ def _parser() -> argparse.ArgumentParser:
 
     explain = commands.add_parser("explain", help="show fused units, memory traffic and kernels of a model")
     cli_explain.add_arguments(explain)
-    explain.set_defaults(run=cli_explain.run_command)
+    explain.set_defaults(run=cli_explain.run_command, command_parser=explain)
     bench_cmd = commands.add_parser("bench", help="time training steps against PyG (eager and compiled)")
     bench.add_arguments(bench_cmd)
-    bench_cmd.set_defaults(run=bench.run_command)
+    bench_cmd.set_defaults(run=bench.run_command, command_parser=bench_cmd)
     return parser
 
 
