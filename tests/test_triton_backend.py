@@ -101,9 +101,9 @@ def test_units_fuse_gather_compute_and_reduce():
     assert {v.op for v in units[0].leaves} == {"input"}
     assert "mul" in [v.op for v in units[0].body if v.residency.name == "NODE"]
     source, _ = generate(units[0], "k", "tl.float64")
-    assert "for k in range(0, longest)" in source     # segments walk their edges in lockstep
-    assert "tl.atomic_add(out + row[:, None] * 5 + f[None, :], acc.to(out.dtype.element_ty), " \
-           "mask=(rmask & split)[:, None]" in source  # only split rows add atomically
+    assert "for e0 in range(start, end, BLOCK_E)" in source
+    assert re.search(r"if tl.load\(seg_split \+ seg\) != 0:\s+tl.atomic_add", source)   # only split rows
+    assert "for r in range(ROWS):" in source         # several segments per program
 
 
 def test_segments_cover_every_edge_once_longest_first():

@@ -90,7 +90,7 @@ class _Emitter:
         if kind == "shared":
             return self.tmp(f"tl.load({ptr} + {off}[None, :]).to(ACC)")
         if kind == "center":
-            return self.tmp(f"tl.load({ptr} + row[:, None] * {width} + {off}[None, :]).to(ACC)")
+            return self.tmp(f"tl.load({ptr} + row * {width} + {off}[None, :]).to(ACC)")
         index = {"neighbour": "nbr", "edge": "edge", "src": "src_id", "dst": "dst_id"}[kind]
         return self.tmp(f"tl.load({ptr} + {index}[:, None] * {width} + {off}[None, :], "
                         f"mask=emask[:, None], other=0.0).to(ACC)")
@@ -185,15 +185,7 @@ def {name}(src, dst, num_edges, out, {leaf_params}BLOCK_E: tl.constexpr, BLOCK_F
 
 
 def generate(unit: AggregateUnit, name: str, acc_dtype: str, tuned: bool = False) -> tuple[str, list[Value]]:
-    """Kernel source for ``unit`` and the leaf values its pointer arguments take, in order.
-
-    A program owns BLOCK_R consecutive segments (feature-adaptive grouping, Seastar
-    §6.3.1) and one block of features, and walks their edges in lockstep: step k gathers
-    the k-th edge of every segment at once into a [BLOCK_R, BLOCK_F] tile that is added
-    into a same-shaped accumulator. No step reduces across threads, and each step issues
-    BLOCK_R independent gathers. Segments are sorted longest first, so the segments of a
-    program are about equally long and the lockstep wastes little; the first is the
-    longest and bounds the walk."""
+    """Kernel source for ``unit`` and the leaf values its pointer arguments take, in order."""
     out_shape = unit.reduce.shape
     width = math.prod(out_shape)
     em = _Emitter(unit)
@@ -201,53 +193,51 @@ def generate(unit: AggregateUnit, name: str, acc_dtype: str, tuned: bool = False
                    for st, n in zip(_strides(out_shape), out_shape))
     root = em.value(unit.reduce.inputs[0], coords)
     op = unit.reduce.attrs["op"]
-    combine = {"sum": "acc + tile", "mean": "acc + tile", "max": "tl.maximum(acc, tile)",
-               "min": "tl.minimum(acc, tile)"}[op]
-    finish = {"sum": "acc", "mean": "acc / tl.maximum(row_end - row_start, 1).to(ACC)[:, None]",
-              "max": "tl.where((end > start)[:, None], acc, 0.0)",
-              "min": "tl.where((end > start)[:, None], acc, 0.0)"}[op]
-    target = f"out + row[:, None] * {width} + f[None, :]"
-    value = "acc.to(out.dtype.element_ty)"
+    combine = {"sum": "acc + tl.sum(tile, axis=0)", "mean": "acc + tl.sum(tile, axis=0)",
+               "max": "tl.maximum(acc, tl.max(tile, axis=0))", "min": "tl.minimum(acc, tl.min(tile, axis=0))"}[op]
+    finish = {"sum": "acc", "mean": "acc / tl.maximum(row_end - row_start, 1).to(ACC)",
+              "max": "tl.where(end > start, acc, 0.0)", "min": "tl.where(end > start, acc, 0.0)"}[op]
     # Segments of a split row add their partial results atomically (sum and mean only:
     # the executor never splits max/min rows); an unsplit row is written once.
+    store = f"tl.store(out + row * {width} + f, acc.to(out.dtype.element_ty), mask=fmask)"
     if op in ("sum", "mean"):
-        split = "tl.load(seg_split + seg, mask=rmask, other=0) != 0"
-        store = (f"split = {split}\n"
-                 f"    tl.atomic_add({target}, {value}, mask=(rmask & split)[:, None] & fmask[None, :])\n"
-                 f"    tl.store({target}, {value}, mask=(rmask & ~split)[:, None] & fmask[None, :])")
-    else:
-        store = f"tl.store({target}, {value}, mask=rmask[:, None] & fmask[None, :])"
-    body = "\n".join(f"        {line}" for line in em.lines)
+        store = (f"if tl.load(seg_split + seg) != 0:\n"
+                 f"                tl.atomic_add(out + row * {width} + f, acc.to(out.dtype.element_ty), mask=fmask)\n"
+                 f"            else:\n                {store}")
+    body = "\n".join(f"                {line}" for line in em.lines)
     leaf_params = "".join(f"L{n}, " for n in range(len(em.leaf_args)))
     source = f'''import triton
 import triton.language as tl
 
 
-{_decorator(tuned, {"BLOCK_R": (16, 64)}, "num_segments", op in ("sum", "mean"))}
-def {name}(rowptr, col, eid, seg_row, seg_start, seg_end, seg_split, num_segments, out, {leaf_params}BLOCK_R: tl.constexpr, BLOCK_F: tl.constexpr):
+{_decorator(tuned, {"BLOCK_E": (16, 64), "ROWS": (1, 8)}, "num_segments", op in ("sum", "mean"))}
+def {name}(rowptr, col, eid, seg_row, seg_start, seg_end, seg_split, num_segments, out, {leaf_params}BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr, ROWS: tl.constexpr):
     # {unit.describe()}
+    # Each program reduces ROWS consecutive segments (feature-adaptive grouping, Seastar
+    # §6.3.1): segments are sorted by length, so neighbours cost alike, and on a graph
+    # of average degree ~10 one segment alone is too little work for a program.
     ACC: tl.constexpr = {acc_dtype}
-    seg = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    rmask = seg < num_segments
     f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
     fmask = f < {width}
     fzero = f * 0
-    row = tl.load(seg_row + seg, mask=rmask, other=0).to(tl.int64)
-    start = tl.load(seg_start + seg, mask=rmask, other=0).to(tl.int64)
-    end = tl.load(seg_end + seg, mask=rmask, other=0).to(tl.int64)
-    row_start = tl.load(rowptr + row, mask=rmask, other=0).to(tl.int64)
-    row_end = tl.load(rowptr + row + 1, mask=rmask, other=0).to(tl.int64)
-    longest = tl.max(end - start, axis=0)
-    acc = tl.full([BLOCK_R, BLOCK_F], {_IDENTITY[op]}, ACC)
-    for k in range(0, longest):
-        e = start + k
-        emask = e < end
-        nbr = tl.load(col + e, mask=emask, other=0).to(tl.int64)
-        edge = tl.load(eid + e, mask=emask, other=0).to(tl.int64)
+    for r in range(ROWS):
+        seg = tl.program_id(0) * ROWS + r
+        if seg < num_segments:
+            row = tl.load(seg_row + seg).to(tl.int64)
+            start = tl.load(seg_start + seg).to(tl.int64)
+            end = tl.load(seg_end + seg).to(tl.int64)
+            row_start = tl.load(rowptr + row).to(tl.int64)
+            row_end = tl.load(rowptr + row + 1).to(tl.int64)
+            acc = tl.full([BLOCK_F], {_IDENTITY[op]}, ACC)
+            for e0 in range(start, end, BLOCK_E):
+                e = e0 + tl.arange(0, BLOCK_E)
+                emask = e < end
+                nbr = tl.load(col + e, mask=emask, other=0).to(tl.int64)
+                edge = tl.load(eid + e, mask=emask, other=0).to(tl.int64)
 {body}
-        tile = tl.where(emask[:, None], {root} + tl.zeros([BLOCK_R, BLOCK_F], ACC), {_IDENTITY[op]})
-        acc = {combine}
-    acc = {finish}
-    {store}
+                tile = tl.where(emask[:, None], {root} + tl.zeros([BLOCK_E, BLOCK_F], ACC), {_IDENTITY[op]})
+                acc = {combine}
+            acc = {finish}
+            {store}
 '''
     return source, em.leaf_args

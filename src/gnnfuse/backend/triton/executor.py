@@ -88,9 +88,10 @@ def run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> 
     block_f = min(triton.next_power_of_2(width), 128)
     args = [leaves[v.id].contiguous() for v in leaf_args]
     def grid(meta):
-        return triton.cdiv(len(segs), meta["BLOCK_R"]), triton.cdiv(width, block_f)
-    # Feature-adaptive default for the interpreter; on a GPU the autotuner picks BLOCK_R.
-    fixed = {} if _autotune() else {"BLOCK_R": max(4, min(64, 2048 // block_f))}
+        return triton.cdiv(len(segs), meta["ROWS"]), triton.cdiv(width, block_f)
+    # Feature-adaptive default for the interpreter (two rows per program, so the row loop
+    # and its bound check run in tests); on a GPU the autotuner picks BLOCK_E and ROWS.
+    fixed = {} if _autotune() else {"BLOCK_E": max(16, min(128, 2048 // block_f)), "ROWS": 2}
     kernel[grid](rowptr, col, eid, segs.row, segs.start, segs.end, segs.split, len(segs), out, *args,
                  BLOCK_F=block_f, **fixed)
     return out
