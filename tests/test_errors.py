@@ -91,3 +91,11 @@ def test_wrong_input_shape_at_run_time():
         return sum([u.h for u in v.innbs])
     with pytest.raises(ValueError, match="input 'h' \\(NODE\\) should have shape \\[3, 2\\], got \\[4, 2\\]"):
         f(graph(), {"h": torch.randn(4, 2)})
+
+
+def test_sparse_input_is_rejected_with_a_clear_error():
+    @gnnfuse.vertex
+    def f(v):
+        return sum([u.h for u in v.innbs])
+    with pytest.raises(ValueError, match="input 'h' is a torch.sparse_coo tensor; compiled programs take dense"):
+        f(graph(), {"h": torch.eye(3, 2).to_sparse()})

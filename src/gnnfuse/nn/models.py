@@ -180,4 +180,6 @@ register(ModelSpec(
     decayed=lambda model: model.lin1.parameters()))
 register(ModelSpec(
     "sgc", _sgc, Hyperparameters(hidden=None, lr=0.2, weight_decay=5e-6, dropout=0.0, epochs=100, patience=None),
-    "SGC (Wu et al. 2019): SGConv(K=2, cached), a linear model on 2-step propagated features"))
+    "SGC (Wu et al. 2019): SGConv(K=2, cached), a linear model on 2-step propagated features",
+    sparse_input=False))   # SGConv propagates its input before the linear map
+

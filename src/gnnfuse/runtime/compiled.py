@@ -46,6 +46,10 @@ class CompiledProgram:
             raise KeyError(f"missing inputs {missing}; the program reads {list(keys)}")
         _check_types(self.program, self._types_read, graph, feeds)
         tensors = [feeds[k] for k in keys]
+        for key, tensor in zip(keys, tensors):
+            if tensor.layout is not torch.strided:
+                raise ValueError(f"input {key!r} is a {tensor.layout} tensor; compiled programs take dense "
+                                 "tensors (convert with .to_dense(), or apply the dense transform first)")
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
             outputs = _ProgramFunction.apply(self, GraphContext(graph), keys, *tensors)
         else:   # inference: no backward program is built and nothing is saved for one
