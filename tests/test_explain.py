@@ -99,3 +99,12 @@ def test_cli_explain_prints_plans_and_writes_graph(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "fused unit" in text and "bytes:" in text and "N=2,000" in text
     assert out.stat().st_size > 0 and (tmp_path / "gcn.dot").read_text().startswith("digraph")
+
+
+def test_cli_explain_cuda_without_cuda_is_a_usage_error(capsys):
+    import pytest
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["explain", "--device", "cuda"])
+    assert exit_info.value.code == 2 and "CUDA is not available" in capsys.readouterr().err

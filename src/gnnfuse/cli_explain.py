@@ -24,6 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--graph", type=Path, metavar="OUT.png", help="draw the dataflow graph to this file")
     parser.add_argument("--dot", type=Path, metavar="OUT.dot", help="write the dataflow graph as Graphviz DOT")
     parser.add_argument("--root", help="data folder (default: $GNNFUSE_DATA, then ../shared/data)")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                        help="where the forward runs (cuda: the generated kernels, autotuned)")
 
 
 def run_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -33,10 +35,13 @@ def run_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
         parser.error(str(error))
     if not isinstance(dataset, NodeDataset):
         parser.error(f"{args.dataset} is not a node-classification data set")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error(f"--device cuda, but CUDA is not available to this torch ({torch.__version__})")
     torch.manual_seed(0)
     model = build_model("gnnfuse", args.model, dataset.num_features, dataset.num_classes).train()
     try:
-        report = explain(model, dataset.x, dataset.graph, source=args.source)
+        report = explain(model.to(args.device), dataset.x.to(args.device), dataset.graph.to(args.device),
+                         source=args.source)
     except RuntimeError as error:      # source=True without triton
         parser.error(str(error))
     print(report)
