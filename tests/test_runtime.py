@@ -45,9 +45,9 @@ def test_training_steps_do_not_accumulate_tensors():
 def test_inference_builds_no_backward_program():
     data = power_law_graph(100, 400, 8, 3)
     layer = gnn.GATConv(8, 4, heads=2)
-    from gnnfuse.frontend import message as message_frontend
-    message_frontend._COMPILED.clear()
+    from gnnfuse.runtime import compiled as compiled_module
+    compiled_module._BY_STRUCTURE.clear()
     with torch.no_grad():
         layer(data.x, data.graph)
-    (compiled,) = message_frontend._COMPILED.values()
+    (compiled,) = compiled_module._BY_STRUCTURE.values()
     assert compiled._backward == {}

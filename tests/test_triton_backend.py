@@ -129,13 +129,13 @@ def test_gat_forward_writes_no_edge_sized_tensor_and_saves_only_vertex_data():
     |E|-sized tensor at all, the backward keeps only vertex-sized values (features,
     logits, per-destination max and sum), and no per-edge torch op runs in either."""
     from gnnfuse import nn as gnn
-    from gnnfuse.frontend import message as message_frontend
+    from gnnfuse.runtime import compiled as compiled_module
     graph = hub_graph()
     layer = gnn.GATConv(4, 3, heads=2)
     x = torch.randn(graph.num_nodes, 4, requires_grad=True)
-    message_frontend._COMPILED.clear()
+    compiled_module._BY_STRUCTURE.clear()
     layer(x, graph).sum().backward()
-    (compiled,) = message_frontend._COMPILED.values()
+    (compiled,) = compiled_module._BY_STRUCTURE.values()
     (backward,) = compiled._backward.values()
     forward_plan = partition(compiled.program, [v.id for v in backward.saved])
     assert not any(isinstance(item, EdgeUnit) for item in forward_plan)

@@ -26,10 +26,9 @@ import torch
 
 from ..graph import Graph
 from ..ir import Residency
-from ..runtime import CompiledProgram
+from ..runtime import compiled_for
 from .tracer import EDGE_ROWED, SymTensor, Tracer
 
-_COMPILED: dict[str, CompiledProgram] = {}
 
 
 class _MessageTracer(Tracer):
@@ -147,11 +146,8 @@ def message_passing(graph: Graph | object, message_fn: Callable, reduce_fn: Call
     graph = Graph.coerce(graph)
     edata, etype_data, ntype_data = dict(edata or {}), dict(etype_data or {}), dict(ntype_data or {})
     tracer = trace_message_passing(message_fn, reduce_fn, update_fn, ndata, edata, etype_data, ntype_data)
-    key = tracer.program.fingerprint()
-    if key not in _COMPILED:
-        _COMPILED[key] = CompiledProgram(tracer.program)
     feeds = {**ndata, **{f"e.{k}": t for k, t in edata.items()},
              **{f"etype.{k}": t for k, t in etype_data.items()},
              **{f"ntype.{k}": t for k, t in ntype_data.items()},
              **{name: t for name, t in tracer.captured.values()}}
-    return _COMPILED[key](graph, feeds)
+    return compiled_for(tracer.program)(graph, feeds)

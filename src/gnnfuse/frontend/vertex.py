@@ -38,7 +38,7 @@ import torch
 
 from ..graph import Graph
 from ..ir import Residency
-from ..runtime import CompiledProgram
+from ..runtime import compiled_for
 from .tracer import EDGE_ROWED, Degree, SymTensor, Tracer
 
 
@@ -172,10 +172,9 @@ def _length(tracer: Tracer):
 class VertexFunction:
     """A vertex-centric function, compiled on first use for each traced structure."""
 
-    def __init__(self, fn: Callable, cache: dict[str, CompiledProgram] | None = None):
+    def __init__(self, fn: Callable):
         functools.update_wrapper(self, fn)
         self.fn = fn
-        self._compiled: dict[str, CompiledProgram] = {} if cache is None else cache
 
     def trace(self, v_feature: Mapping[str, torch.Tensor],
               e_feature: Mapping[str, torch.Tensor] | None = None,
@@ -211,7 +210,7 @@ class VertexFunction:
                  ntype_feature: Mapping[str, torch.Tensor] | None = None):
         graph = Graph.coerce(graph)
         tracer, captured = self.trace(v_feature, e_feature, etype_feature, ntype_feature)
-        compiled = _cached(self._compiled, tracer.program)
+        compiled = compiled_for(tracer.program)
         feeds = {**v_feature, **{f"e.{k}": t for k, t in (e_feature or {}).items()},
                  **{f"etype.{k}": t for k, t in (etype_feature or {}).items()},
                  **{f"ntype.{k}": t for k, t in (ntype_feature or {}).items()}, **captured}
@@ -219,19 +218,9 @@ class VertexFunction:
         return outputs["out"] if list(outputs) == ["out"] else outputs
 
 
-def _cached(cache: dict, program) -> CompiledProgram:
-    key = program.fingerprint()
-    if key not in cache:
-        cache[key] = CompiledProgram(program)
-    return cache[key]
-
-
 def vertex(fn: Callable) -> VertexFunction:
     """Decorator: compile a vertex-centric function (see module docstring)."""
     return VertexFunction(fn)
-
-
-_SEASTAR_COMPILED: dict[str, CompiledProgram] = {}
 
 
 def compile(graph: Graph | Any = None, v_feature: Mapping[str, torch.Tensor] | None = None,
@@ -242,11 +231,11 @@ def compile(graph: Graph | Any = None, v_feature: Mapping[str, torch.Tensor] | N
     zero-argument callable that runs it on that graph (Seastar Figure 3).
 
     Figure 3 applies the decorator inside a module's ``forward``, so every call decorates
-    a fresh function; compiled programs are therefore shared by structure across
-    decorations (a module-level cache), and only the cheap trace repeats per call."""
+    a fresh function; compiled programs are shared by structure (`compiled_for`), so only
+    the cheap trace repeats per call."""
 
     def decorate(fn: Callable) -> Callable[[], Any]:
-        compiled = VertexFunction(fn, _SEASTAR_COMPILED)
+        compiled = VertexFunction(fn)
         return functools.wraps(fn)(lambda: compiled(graph, v_feature or {}, e_feature,
                                                     etype_feature=etype_feature,
                                                     ntype_feature=ntype_feature))

@@ -22,42 +22,14 @@ from torch import nn
 
 from .. import frontend
 from ..graph import Graph
-from ..runtime import CompiledProgram
-from .conv import _as_graph, _inv_sqrt_degree, _looped, _normalized_sum
-
-_COMPILED: dict[str, CompiledProgram] = {}
-
+from .conv import (_as_graph, _check_dropout, _combine_heads, _head_bias, _inv_sqrt_degree, _looped,
+                   _normalized_sum)
 
 def _run_vertex(fn: Callable, graph: Graph, v_feature: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    """Run a vertex function that closes over a layer's parameters.
-
-    Such a function is made anew in every ``forward`` (so that it reads the current
-    parameters, and a deep-copied layer reads its own), which would defeat
-    ``frontend.vertex``'s cache -- that one is kept per decorated function object. Here
-    compiled programs are shared by traced structure, as ``message_passing`` does, so
-    each call costs one trace (Python only) and the program compiles once.
-    """
-    tracer, captured = frontend.VertexFunction(fn).trace(v_feature)
-    key = tracer.program.fingerprint()
-    if key not in _COMPILED:
-        _COMPILED[key] = CompiledProgram(tracer.program)
-    return _COMPILED[key](graph, {**v_feature, **captured})["out"]
-
-
-def _check_dropout(dropout: float) -> float:
-    if not 0.0 <= dropout < 1.0:
-        raise ValueError(f"dropout must be in [0, 1), got {dropout}")
-    return dropout
-
-
-def _combine_heads(out: torch.Tensor, concat: bool, bias: torch.Tensor | None) -> torch.Tensor:
-    """[N, heads, C] -> [N, heads * C] (concat) or [N, C] (mean over heads), plus bias."""
-    out = out.reshape(out.shape[0], -1) if concat else out.mean(dim=1)
-    return out if bias is None else out + bias
-
-
-def _head_bias(heads: int, out_channels: int, concat: bool, bias: bool) -> nn.Parameter | None:
-    return nn.Parameter(torch.zeros(heads * out_channels if concat else out_channels)) if bias else None
+    """Run a vertex function that closes over a layer's parameters, made anew in every
+    ``forward`` (so it reads the current parameters, and a deep-copied layer its own);
+    its compiled program is shared by structure, so only the trace repeats per call."""
+    return frontend.VertexFunction(fn)(graph, v_feature)
 
 
 # --- GATv2 --------------------------------------------------------------------------------

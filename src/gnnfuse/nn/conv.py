@@ -105,6 +105,22 @@ def _neighbour_sum(v):
 _AGGREGATORS = {"mean": _neighbour_mean, "max": _neighbour_max, "sum": _neighbour_sum, "add": _neighbour_sum}
 
 
+def _check_dropout(dropout: float) -> float:
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+    return dropout
+
+
+def _combine_heads(out: torch.Tensor, concat: bool, bias: torch.Tensor | None) -> torch.Tensor:
+    """[N, heads, C] -> [N, heads * C] (concat) or [N, C] (mean over heads), plus bias."""
+    out = out.reshape(out.shape[0], -1) if concat else out.mean(dim=1)
+    return out if bias is None else out + bias
+
+
+def _head_bias(heads: int, out_channels: int, concat: bool, bias: bool) -> nn.Parameter | None:
+    return nn.Parameter(torch.zeros(heads * out_channels if concat else out_channels)) if bias else None
+
+
 class GCNConv(nn.Module):
     """Kipf & Welling's graph convolution, ``D^-1/2 (A + I) D^-1/2 X W + b``.
 
@@ -202,16 +218,13 @@ class GATConv(nn.Module):
                  negative_slope: float = 0.2, dropout: float = 0.0, add_self_loops: bool = True,
                  bias: bool = True):
         super().__init__()
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         self.in_channels, self.out_channels, self.heads = in_channels, out_channels, heads
         self.concat, self.negative_slope, self.add_self_loops = concat, negative_slope, add_self_loops
-        self.dropout = dropout
+        self.dropout = _check_dropout(dropout)
         self.lin = nn.Linear(in_channels, heads * out_channels, bias=False)
         self.att_src = nn.Parameter(torch.empty(1, heads, out_channels))
         self.att_dst = nn.Parameter(torch.empty(1, heads, out_channels))
-        width = heads * out_channels if concat else out_channels
-        self.bias = nn.Parameter(torch.zeros(width)) if bias else None
+        self.bias = _head_bias(heads, out_channels, concat, bias)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -238,5 +251,4 @@ class GATConv(nn.Module):
 
         out = frontend.message_passing(graph, message, reduce, ndata={
             "h": h, "alpha_src": (h * self.att_src).sum(-1), "alpha_dst": (h * self.att_dst).sum(-1)})["out"]
-        out = out.reshape(-1, self.heads * self.out_channels) if self.concat else out.mean(dim=1)
-        return out if self.bias is None else out + self.bias
+        return _combine_heads(out, self.concat, self.bias)

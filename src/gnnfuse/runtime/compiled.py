@@ -178,5 +178,20 @@ class _ProgramFunction(torch.autograd.Function):
         return (None, None, None) + tuple(by_key.get(k) for k in ctx.keys)
 
 
+_BY_STRUCTURE: dict[tuple, CompiledProgram] = {}
+
+
+def compiled_for(program: Program) -> CompiledProgram:
+    """The compiled program for ``program``'s structure, built on first sight.
+
+    Front ends trace on every call (Python only, and the only way to see which tensors a
+    function reads), but optimizing, differentiating and generating kernels happen once
+    per structure, shared by every function, decoration and layer that traces to it."""
+    key = program.fingerprint()
+    if key not in _BY_STRUCTURE:
+        _BY_STRUCTURE[key] = CompiledProgram(program)
+    return _BY_STRUCTURE[key]
+
+
 def compile_program(program: Program, optimize_program: bool = True) -> CompiledProgram:
     return CompiledProgram(program, optimize_program)
