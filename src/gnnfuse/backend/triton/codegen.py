@@ -34,8 +34,9 @@ def _strides(shape: tuple[int, ...]) -> list[int]:
 
 
 class _Emitter:
-    def __init__(self, unit: Unit):
+    def __init__(self, unit: Unit, sides: dict[str, str] | None = None):
         self.unit = unit
+        self.sides = sides or {}     # gather side -> the index variable a schedule names it by
         self.lines: list[str] = []
         self.memo: dict[tuple, str] = {}
         self.names: dict[str, str] = {}
@@ -68,7 +69,8 @@ class _Emitter:
             kind = leaf_kind(v)
             out = self.load(v, coords, side if kind == "node" and side else kind)
         elif v.op == "broadcast":
-            out = self.value(v.inputs[0], coords, gather_side(v, self.unit))
+            side = gather_side(v, self.unit)
+            out = self.value(v.inputs[0], coords, self.sides.get(side, side))
         elif v.op == "reshape":
             flat = self.offset(v.shape, coords)
             src = v.inputs[0]
@@ -239,5 +241,50 @@ def {name}(rowptr, col, eid, seg_row, seg_start, seg_end, seg_split, num_segment
                 acc = {combine}
             acc = {finish}
             {store}
+'''
+    return source, em.leaf_args
+
+
+def generate_coo(unit: AggregateUnit, name: str, acc_dtype: str, tuned: bool = False) -> tuple[str, list[Value]]:
+    """Kernel source for a sum or mean ``unit`` in the edge-parallel schedule (fuseGNN's
+    GAS): one program per block of edges in edge-id order, gathering both endpoints'
+    rows through the COO arrays, evaluating the unit's per-edge expression and adding it
+    into its row atomically. No CSR and no degree skew to balance, at the price of one
+    atomic add per edge and feature; a mean divides each term by the row's degree."""
+    op = unit.reduce.attrs["op"]
+    if op not in ("sum", "mean"):
+        raise ValueError(f"the edge-parallel schedule accumulates with atomic adds; {op} needs the CSR one")
+    out_shape = unit.reduce.shape
+    width = math.prod(out_shape)
+    other = "src" if unit.by == "dst" else "dst"
+    em = _Emitter(unit, {"center": unit.by, "neighbour": other})
+    coords = tuple("0" if n == 1 else em.tmp(f"(f // {st}) % {n}")
+                   for st, n in zip(_strides(out_shape), out_shape))
+    root = em.value(unit.reduce.inputs[0], coords)
+    scale = ("\n    val = val / tl.maximum(tl.load(degree + row, mask=emask, other=1), 1).to(ACC)[:, None]"
+             if op == "mean" else "")
+    body = "\n".join(f"    {line}" for line in em.lines)
+    leaf_params = "".join(f"L{n}, " for n in range(len(em.leaf_args)))
+    source = f'''import triton
+import triton.language as tl
+
+
+{_decorator(tuned, {"BLOCK_E": (64, 256)}, "num_edges", True)}
+def {name}(src, dst, degree, num_edges, out, {leaf_params}BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
+    # {unit.describe()}, edge-parallel
+    ACC: tl.constexpr = {acc_dtype}
+    e = tl.program_id(0).to(tl.int64) * BLOCK_E + tl.arange(0, BLOCK_E)
+    emask = e < num_edges
+    f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
+    fmask = f < {width}
+    fzero = f * 0
+    edge = e
+    src_id = tl.load(src + e, mask=emask, other=0).to(tl.int64)
+    dst_id = tl.load(dst + e, mask=emask, other=0).to(tl.int64)
+{body}
+    val = {root} + tl.zeros([BLOCK_E, BLOCK_F], ACC)
+    row = {unit.by}_id{scale}
+    tl.atomic_add(out + row[:, None] * {width} + f[None, :], val.to(out.dtype.element_ty),
+                  mask=emask[:, None] & fmask[None, :])
 '''
     return source, em.leaf_args

@@ -16,7 +16,7 @@ from ...ir import Program, Value
 from ...passes.fusion import AggregateUnit, EdgeUnit, Unit, partition
 from ..reference import GraphContext
 from ..reference.executor import run_plan
-from .codegen import generate, generate_edge
+from .codegen import generate, generate_coo, generate_edge
 from .schedule import SEGMENT_EDGES, segments
 
 _KERNELS: dict[str, object] = {}
@@ -49,32 +49,55 @@ def _autotune() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") != "1"
 
 
-def kernel_source(unit: Unit, acc: str) -> tuple[str, str, list[Value]]:
-    """(kernel name, source, leaf values in pointer-argument order) for ``unit``: the one
-    place that maps a unit kind to its generator, shared by the executor and by
-    `gnnfuse.explain`, which prints the source without running it."""
-    name = "fused_aggregate" if isinstance(unit, AggregateUnit) else "fused_edge"
-    source, leaf_args = (generate if isinstance(unit, AggregateUnit) else generate_edge)(
-        unit, name, acc, tuned=_autotune())
+SCHEDULES = ("csr", "coo")
+
+
+def schedule_for(unit: Unit) -> str:
+    """How an aggregate unit runs: ``csr`` (vertex-parallel, edge-sequential; the default)
+    or ``coo`` (edge-parallel with atomic adds, for sum and mean), forced for every unit
+    by ``GNNFUSE_SCHEDULE``. Edge units have one schedule (``edge``). No cost rule picks
+    COO by itself yet: none has been fitted on GPU measurements."""
+    if not isinstance(unit, AggregateUnit):
+        return "edge"
+    forced = os.environ.get("GNNFUSE_SCHEDULE", "csr")
+    if forced not in SCHEDULES:
+        raise ValueError(f"GNNFUSE_SCHEDULE must be one of {SCHEDULES}, got {forced!r}")
+    return "coo" if forced == "coo" and unit.reduce.attrs["op"] in ("sum", "mean") else "csr"
+
+
+_GENERATORS = {"csr": ("fused_aggregate", generate), "coo": ("fused_aggregate_coo", generate_coo),
+               "edge": ("fused_edge", generate_edge)}
+
+
+def kernel_source(unit: Unit, acc: str, schedule: str | None = None) -> tuple[str, str, list[Value]]:
+    """(kernel name, source, leaf values in pointer-argument order) for ``unit`` in
+    ``schedule`` (default: `schedule_for`): the one place that maps a unit to its
+    generator, shared by the executor and by `gnnfuse.explain`, which prints the source
+    without running it."""
+    name, generator = _GENERATORS[schedule or schedule_for(unit)]
+    source, leaf_args = generator(unit, name, acc, tuned=_autotune())
     return name, source, leaf_args
 
 
-def _kernel_for(unit: Unit, acc: str):
-    """Generate and load a unit's kernel once per accumulator type; plans are cached per
-    program, so steady-state training never regenerates source."""
+def _kernel_for(unit: Unit, acc: str, schedule: str):
+    """Generate and load a unit's kernel once per accumulator type and schedule; plans
+    are cached per program, so steady-state training never regenerates source."""
     per_unit = _UNIT_KERNELS.setdefault(unit, {})
-    if acc not in per_unit:
-        name, source, leaf_args = kernel_source(unit, acc)
-        per_unit[acc] = (_load_kernel(source, name), leaf_args)
-    return per_unit[acc]
+    if (acc, schedule) not in per_unit:
+        name, source, leaf_args = kernel_source(unit, acc, schedule)
+        per_unit[acc, schedule] = (_load_kernel(source, name), leaf_args)
+    return per_unit[acc, schedule]
 
 
 def run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> torch.Tensor:
     tensors = list(leaves.values())
     acc = "tl.float64" if any(t.dtype == torch.float64 for t in tensors) else "tl.float32"
-    kernel, leaf_args = _kernel_for(unit, acc)
-    if isinstance(unit, EdgeUnit):
+    schedule = schedule_for(unit)
+    kernel, leaf_args = _kernel_for(unit, acc, schedule)
+    if schedule == "edge":
         return _run_edge_unit(unit, ctx, kernel, [leaves[v.id].contiguous() for v in leaf_args])
+    if schedule == "coo":
+        return _run_coo_unit(unit, ctx, kernel, [leaves[v.id].contiguous() for v in leaf_args])
     rowptr, col, eid = ctx.csr(unit.by)
     op = unit.reduce.attrs["op"]
     splits = op in ("sum", "mean")
@@ -94,6 +117,20 @@ def run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> 
     fixed = {} if _autotune() else {"BLOCK_E": max(16, min(128, 2048 // block_f)), "ROWS": 2}
     kernel[grid](rowptr, col, eid, segs.row, segs.start, segs.end, segs.split, len(segs), out, *args,
                  BLOCK_F=block_f, **fixed)
+    return out
+
+
+def _run_coo_unit(unit: AggregateUnit, ctx: GraphContext, kernel, args: list[torch.Tensor]) -> torch.Tensor:
+    width = math.prod(unit.reduce.shape)
+    out = torch.zeros((ctx.num_nodes,) + unit.reduce.shape, dtype=unit.reduce.dtype, device=ctx.src.device)
+    if ctx.num_edges == 0 or width == 0:
+        return out
+    block_f = min(triton.next_power_of_2(width), 64)
+    fixed = {} if _autotune() else {"BLOCK_E": max(16, 2048 // block_f)}
+
+    def grid(meta):
+        return triton.cdiv(ctx.num_edges, meta["BLOCK_E"]), triton.cdiv(width, block_f)
+    kernel[grid](ctx.src, ctx.dst, ctx.degree(unit.by), ctx.num_edges, out, *args, BLOCK_F=block_f, **fixed)
     return out
 
 
