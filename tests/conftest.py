@@ -1,6 +1,7 @@
 """Shared fixtures: the read-only real data sets beside the repository, the test folder
-on sys.path so test modules can import the model zoo, and Triton's CPU interpreter on
-machines without a GPU (it must be chosen before triton is first imported)."""
+on sys.path so test modules can import the model zoo, Triton's CPU interpreter on
+machines without a GPU (it must be chosen before triton is first imported), and one
+torch thread."""
 from __future__ import annotations
 
 import os
@@ -12,6 +13,10 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# Test tensors are tiny: torch's intra-op threads cost more than they save, and on a
+# 2-core CI machine they made the suite 2-3x slower.
+torch.set_num_threads(1)
 
 TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))
