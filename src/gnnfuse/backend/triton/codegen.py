@@ -147,6 +147,34 @@ def _decorator(tuned: bool, space: dict[str, tuple[int, ...]], key: str, reset: 
     return f"@triton.autotune(configs=[{configs}], key=['{key}']{extra})\n@triton.jit"
 
 
+def _edge_parallel_source(name: str, comment: str, acc_dtype: str, em: _Emitter, width: int, params: str,
+                          tail: str, tuned: bool, reset: bool) -> str:
+    """A kernel with one program per block of edges (in edge-id order) and features:
+    the COO endpoints are loaded, the emitted per-edge expression evaluated, and
+    ``tail`` writes the result. Edge units store it; edge-parallel reductions add it."""
+    body = "\n".join(f"    {line}" for line in em.lines)
+    leaf_params = "".join(f"L{n}, " for n in range(len(em.leaf_args)))
+    return f'''import triton
+import triton.language as tl
+
+
+{_decorator(tuned, {"BLOCK_E": (64, 256)}, "num_edges", reset)}
+def {name}(src, dst, num_edges, out, {params}{leaf_params}BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
+    # {comment}
+    ACC: tl.constexpr = {acc_dtype}
+    e = tl.program_id(0).to(tl.int64) * BLOCK_E + tl.arange(0, BLOCK_E)
+    emask = e < num_edges
+    f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
+    fmask = f < {width}
+    fzero = f * 0
+    edge = e
+    src_id = tl.load(src + e, mask=emask, other=0).to(tl.int64)
+    dst_id = tl.load(dst + e, mask=emask, other=0).to(tl.int64)
+{body}
+{tail}
+'''
+
+
 def generate_edge(unit: EdgeUnit, name: str, acc_dtype: str, tuned: bool = False) -> tuple[str, list[Value]]:
     """Kernel source for an edge unit: one program per block of edges and features,
     gathering endpoint rows through the COO arrays, writing each edge's row once."""
@@ -160,29 +188,10 @@ def generate_edge(unit: EdgeUnit, name: str, acc_dtype: str, tuned: bool = False
         result = " + ".join(terms)
     else:
         result = em.value(root, coords)
-    body = "\n".join(f"    {line}" for line in em.lines)
-    leaf_params = "".join(f"L{n}, " for n in range(len(em.leaf_args)))
-    source = f'''import triton
-import triton.language as tl
-
-
-{_decorator(tuned, {"BLOCK_E": (64, 256)}, "num_edges", False)}
-def {name}(src, dst, num_edges, out, {leaf_params}BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
-    # {unit.describe()}
-    ACC: tl.constexpr = {acc_dtype}
-    e = tl.program_id(0).to(tl.int64) * BLOCK_E + tl.arange(0, BLOCK_E)
-    emask = e < num_edges
-    f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
-    fmask = f < {width}
-    fzero = f * 0
-    edge = e
-    src_id = tl.load(src + e, mask=emask, other=0).to(tl.int64)
-    dst_id = tl.load(dst + e, mask=emask, other=0).to(tl.int64)
-{body}
-    val = {result} + tl.zeros([BLOCK_E, BLOCK_F], ACC)
-    tl.store(out + e[:, None] * {width} + f[None, :], val.to(out.dtype.element_ty),
-             mask=emask[:, None] & fmask[None, :])
-'''
+    tail = (f"    val = {result} + tl.zeros([BLOCK_E, BLOCK_F], ACC)\n"
+            f"    tl.store(out + e[:, None] * {width} + f[None, :], val.to(out.dtype.element_ty),\n"
+            f"             mask=emask[:, None] & fmask[None, :])")
+    source = _edge_parallel_source(name, unit.describe(), acc_dtype, em, width, "", tail, tuned, reset=False)
     return source, em.leaf_args
 
 
@@ -263,28 +272,10 @@ def generate_coo(unit: AggregateUnit, name: str, acc_dtype: str, tuned: bool = F
     root = em.value(unit.reduce.inputs[0], coords)
     scale = ("\n    val = val / tl.maximum(tl.load(degree + row, mask=emask, other=1), 1).to(ACC)[:, None]"
              if op == "mean" else "")
-    body = "\n".join(f"    {line}" for line in em.lines)
-    leaf_params = "".join(f"L{n}, " for n in range(len(em.leaf_args)))
-    source = f'''import triton
-import triton.language as tl
-
-
-{_decorator(tuned, {"BLOCK_E": (64, 256)}, "num_edges", True)}
-def {name}(src, dst, degree, num_edges, out, {leaf_params}BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
-    # {unit.describe()}, edge-parallel
-    ACC: tl.constexpr = {acc_dtype}
-    e = tl.program_id(0).to(tl.int64) * BLOCK_E + tl.arange(0, BLOCK_E)
-    emask = e < num_edges
-    f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
-    fmask = f < {width}
-    fzero = f * 0
-    edge = e
-    src_id = tl.load(src + e, mask=emask, other=0).to(tl.int64)
-    dst_id = tl.load(dst + e, mask=emask, other=0).to(tl.int64)
-{body}
-    val = {root} + tl.zeros([BLOCK_E, BLOCK_F], ACC)
-    row = {unit.by}_id{scale}
-    tl.atomic_add(out + row[:, None] * {width} + f[None, :], val.to(out.dtype.element_ty),
-                  mask=emask[:, None] & fmask[None, :])
-'''
+    tail = (f"    val = {root} + tl.zeros([BLOCK_E, BLOCK_F], ACC)\n"
+            f"    row = {unit.by}_id{scale}\n"
+            f"    tl.atomic_add(out + row[:, None] * {width} + f[None, :], val.to(out.dtype.element_ty),\n"
+            f"                  mask=emask[:, None] & fmask[None, :])")
+    source = _edge_parallel_source(name, f"{unit.describe()}, edge-parallel", acc_dtype, em, width, "degree, ",
+                                   tail, tuned, reset=True)
     return source, em.leaf_args

@@ -121,23 +121,19 @@ def run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> 
 
 
 def _run_coo_unit(unit: AggregateUnit, ctx: GraphContext, kernel, args: list[torch.Tensor]) -> torch.Tensor:
-    width = math.prod(unit.reduce.shape)
     out = torch.zeros((ctx.num_nodes,) + unit.reduce.shape, dtype=unit.reduce.dtype, device=ctx.src.device)
-    if ctx.num_edges == 0 or width == 0:
-        return out
-    block_f = min(triton.next_power_of_2(width), 64)
-    fixed = {} if _autotune() else {"BLOCK_E": max(16, 2048 // block_f)}
-
-    def grid(meta):
-        return triton.cdiv(ctx.num_edges, meta["BLOCK_E"]), triton.cdiv(width, block_f)
-    kernel[grid](ctx.src, ctx.dst, ctx.degree(unit.by), ctx.num_edges, out, *args, BLOCK_F=block_f, **fixed)
-    return out
+    return _launch_over_edges(kernel, ctx, out, [ctx.degree(unit.by), *args])
 
 
 def _run_edge_unit(unit: EdgeUnit, ctx: GraphContext, kernel, args: list[torch.Tensor]) -> torch.Tensor:
     root = unit.root
-    width = math.prod(root.shape)
     out = torch.empty((ctx.num_edges,) + root.shape, dtype=root.dtype, device=ctx.src.device)
+    return _launch_over_edges(kernel, ctx, out, args)
+
+
+def _launch_over_edges(kernel, ctx: GraphContext, out: torch.Tensor, args: list[torch.Tensor]) -> torch.Tensor:
+    """Run an edge-parallel kernel (edge unit or COO reduction) writing ``out``."""
+    width = math.prod(out.shape[1:])
     if ctx.num_edges == 0 or width == 0:
         return out
     block_f = min(triton.next_power_of_2(width), 64)
