@@ -22,7 +22,7 @@ from torch import nn
 
 from .. import frontend
 from ..graph import Graph
-from .conv import (_as_graph, _check_dropout, _combine_heads, _head_bias, _inv_sqrt_degree, _looped,
+from .conv import (GATConv, _as_graph, _check_dropout, _combine_heads, _head_bias, _inv_sqrt_degree, _looped,
                    _normalized_sum)
 
 def _run_vertex(fn: Callable, graph: Graph, v_feature: Mapping[str, torch.Tensor]) -> torch.Tensor:
@@ -129,7 +129,7 @@ def _edge_weighted_sum(v):
     return sum([e.weight.unsqueeze(-1) * e.src.z for e in v.inedges])
 
 
-class CGATConv(nn.Module):
+class CGATConv(GATConv):
     r"""Constrained GAT (C-GAT, Wang et al. 2019) as Graphiler benchmarks it (Graphiler §5.2.1).
 
     .. math::
@@ -154,21 +154,8 @@ class CGATConv(nn.Module):
 
     def __init__(self, in_channels: int, out_channels: int, heads: int = 1, concat: bool = True,
                  negative_slope: float = 0.2, add_self_loops: bool = True, bias: bool = True):
-        super().__init__()
-        self.in_channels, self.out_channels, self.heads = in_channels, out_channels, heads
-        self.concat, self.negative_slope, self.add_self_loops = concat, negative_slope, add_self_loops
-        self.lin = nn.Linear(in_channels, heads * out_channels, bias=False)
-        self.att_src = nn.Parameter(torch.empty(1, heads, out_channels))
-        self.att_dst = nn.Parameter(torch.empty(1, heads, out_channels))
-        self.bias = _head_bias(heads, out_channels, concat, bias)
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        nn.init.xavier_uniform_(self.lin.weight)
-        nn.init.xavier_uniform_(self.att_src)
-        nn.init.xavier_uniform_(self.att_dst)
-        if self.bias is not None:
-            nn.init.zeros_(self.bias)
+        super().__init__(in_channels, out_channels, heads, concat, negative_slope, dropout=0.0,
+                         add_self_loops=add_self_loops, bias=bias)
 
     def forward(self, x: torch.Tensor, graph: Graph | torch.Tensor) -> torch.Tensor:
         graph = _as_graph(graph, x.shape[0])
