@@ -86,7 +86,11 @@ def environment(device: torch.device) -> dict[str, Any]:
         pyg_version = torch_geometric.__version__
     except ImportError:
         pyg_version = None
-    status = _git("status", "--porcelain", "--untracked-files=no")
+    # A copy of the tree on another machine may carry a stale .git (the device machine's
+    # did, recording the seed commit for every run): GNNFUSE_COMMIT, set by whoever
+    # knows what was sent, takes precedence over what git says there.
+    sent = os.environ.get("GNNFUSE_COMMIT")
+    status = None if sent else _git("status", "--porcelain", "--untracked-files=no")
     return {
         "device": device.type,
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda"
@@ -98,7 +102,7 @@ def environment(device: torch.device) -> dict[str, Any]:
         "gnnfuse": gnnfuse.__version__,
         "python": platform.python_version(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "git_commit": _git("rev-parse", "HEAD"),
+        "git_commit": sent or _git("rev-parse", "HEAD"),
         "git_dirty": None if status is None else bool(status),
     }
 
