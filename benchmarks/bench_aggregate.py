@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import time
-import traceback
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +27,8 @@ from torch_geometric.utils import scatter
 import gnnfuse
 from gnnfuse.data import load_dataset
 
-from common import (environment, failure_status, fmt, free_memory, load_results, log, new_run_id, prune_runs,
+from common import (environment, failure_status, fmt, free_memory, guarded, load_results, log, new_run_id,
+                    prune_runs,
                     resolve_device, runs_markdown, save_json, summarize, synchronize, time_calls, warn,
                     write_atomically)
 
@@ -127,18 +127,6 @@ def measure(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, expecte
     return {"status": "ok", **stats, "repeats": args.repeats, "bytes": moved,
             "gb_per_s": moved / (stats["median_ms"] * 1e-3) / 1e9,
             "rel_err": None if expected is None else max_rel_err(fn(x), expected)}
-
-
-def guarded(fn: Callable[[], dict[str, Any]], device: torch.device) -> dict[str, Any]:
-    """One cell; OOM or any failure becomes its status instead of ending the run."""
-    try:
-        result = fn()
-    except Exception as exc:  # noqa: BLE001 - one failing cell must not end the run
-        result = {"status": failure_status(exc)}
-        if result["status"] != "oom":
-            traceback.print_exc()
-    free_memory(device)
-    return result
 
 
 def run_width(name: str, ops: Operands, features: int, args: argparse.Namespace, device: torch.device,

@@ -20,7 +20,7 @@ import torch
 import gnnfuse
 # Timing, memory and failure handling live in the package (one implementation, also
 # behind `gnnfuse bench`); re-exported for bench_aggregate.py.
-from gnnfuse.bench import failure_status, free_memory, summarize, synchronize, time_calls  # noqa: F401
+from gnnfuse.bench import failure_status, free_memory, guarded, summarize, synchronize, time_calls  # noqa: F401
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
