@@ -64,7 +64,7 @@ def main() -> None:
     parser.add_argument("--dataset", default="arxiv-like")
     parser.add_argument("--top", type=int, default=25, help="steps listed, slowest first")
     parser.add_argument("--cprofile", action="store_true",
-                        help="also list the Python functions with the most own time over 20 steps")
+                        help="also list the Python functions with the most own and cumulative time over 20 steps")
     args = parser.parse_args()
     data = load_dataset(args.dataset)
     device = torch.device("cuda")
@@ -106,7 +106,8 @@ def main() -> None:
             step()
         torch.cuda.synchronize()
         profiler.disable()
-        pstats.Stats(profiler).sort_stats("tottime").print_stats(args.top)
+        for order in ("tottime", "cumulative"):
+            pstats.Stats(profiler).sort_stats(order).print_stats(args.top)
 
     records: list = []
     install(records)
