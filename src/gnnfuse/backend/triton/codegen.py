@@ -128,18 +128,19 @@ def _summed_coords(root: Value, coords: tuple[str, ...]) -> list[tuple[str, ...]
     return terms
 
 
-def _decorator(tuned: bool, space: dict[str, tuple[int, ...]], key: str, reset: bool) -> str:
+def _decorator(tuned: bool, space: dict[str, tuple[int, ...]], key: str, reset: bool,
+               warps: tuple[int, ...] = (4,)) -> str:
     """``@triton.jit``, behind an autotuner over ``space`` (block sizes and rows per
-    program) when ``tuned``: the best choice depends on degree distribution and feature
-    width, which a first timed run measures better than a rule. Every config is compiled
-    before it is timed, so the space stays small (a GAT layer has a dozen kernels).
-    Atomic kernels reset ``out`` between trials."""
+    program) and ``warps`` when ``tuned``: the best choice depends on degree distribution
+    and feature width, which a first timed run measures better than a rule. Every config
+    is compiled before it is timed, so the space stays small (a GAT layer has a dozen
+    kernels). Atomic kernels reset ``out`` between trials."""
     if not tuned:
         return "@triton.jit"
     names = list(space)
     configs = ", ".join(
         "triton.Config({" + ", ".join(f"'{n}': {v}" for n, v in zip(names, values)) + f"}}, num_warps={w})"
-        for values in itertools.product(*space.values()) for w in (4,))
+        for values in itertools.product(*space.values()) for w in warps)
     extra = ", warmup=3, rep=10"   # milliseconds per trial: tuning costs well under a second per kernel
     extra += ", reset_to_zero=['out']" if reset else ""
     if "cache_results" in inspect.signature(triton.autotune).parameters:
@@ -221,12 +222,15 @@ def generate(unit: AggregateUnit, name: str, acc_dtype: str, tuned: bool = False
 import triton.language as tl
 
 
-{_decorator(tuned, {"BLOCK_E": (16, 64), "ROWS": (1, 8)}, "num_segments", op in ("sum", "mean"))}
+{_decorator(tuned, {"BLOCK_E": (16, 64), "ROWS": (1, 4)}, "num_segments", op in ("sum", "mean"), warps=(1,))}
 def {name}(rowptr, col, eid, seg_row, seg_start, seg_end, seg_split, num_segments, out, {leaf_params}BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr, ROWS: tl.constexpr):
     # {unit.describe()}
     # Each program reduces ROWS consecutive segments (feature-adaptive grouping, Seastar
     # §6.3.1): segments are sorted by length, so neighbours cost alike, and on a graph
-    # of average degree ~10 one segment alone is too little work for a program.
+    # of average degree ~10 one segment alone is too little work for a program. One
+    # warp per program: the per-chunk tl.sum over edges then stays within the warp
+    # (shuffles); across four warps it went through shared memory with a barrier per
+    # chunk and ran 2-3x slower on an H100 (benchmarks/README.md).
     ACC: tl.constexpr = {acc_dtype}
     f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
     fmask = f < {width}
