@@ -27,6 +27,7 @@ import torch
 from ..graph import Graph
 from ..ir import Residency
 from ..runtime import compiled_for
+from .trace_cache import TraceCache
 from .tracer import EDGE_ROWED, SymTensor, Tracer
 
 
@@ -145,9 +146,18 @@ def message_passing(graph: Graph | object, message_fn: Callable, reduce_fn: Call
     ``ntype_data`` hold per-edge-type / per-node-type tensors (see the module docstring)."""
     graph = Graph.coerce(graph)
     edata, etype_data, ntype_data = dict(edata or {}), dict(etype_data or {}), dict(ntype_data or {})
-    tracer = trace_message_passing(message_fn, reduce_fn, update_fn, ndata, edata, etype_data, ntype_data)
+    key = _TRACES.key((message_fn, reduce_fn, update_fn), (ndata, edata, etype_data, ntype_data))
+    compiled, captured = _TRACES.get(key), {}
+    if compiled is None:
+        tracer = trace_message_passing(message_fn, reduce_fn, update_fn, ndata, edata, etype_data, ntype_data)
+        compiled, captured = compiled_for(tracer.program), dict(tracer.captured.values())
+        _TRACES.put(key, compiled, captured)
     feeds = {**ndata, **{f"e.{k}": t for k, t in edata.items()},
              **{f"etype.{k}": t for k, t in etype_data.items()},
-             **{f"ntype.{k}": t for k, t in ntype_data.items()},
-             **{name: t for name, t in tracer.captured.values()}}
-    return compiled_for(tracer.program)(graph, feeds)
+             **{f"ntype.{k}": t for k, t in ntype_data.items()}, **captured}
+    return compiled(graph, feeds)
+
+
+# UDFs are often closures defined anew on every call (a layer's forward defines them),
+# so the cache is keyed by their code and guarded state, not by the function objects.
+_TRACES = TraceCache()

@@ -9,8 +9,10 @@
 ``v.<key>`` is the vertex's own feature, ``u.<key>`` a neighbour's (``for u in v.innbs``),
 ``e.<key>`` an in-edge's (``for e in v.inedges``, with ``e.src``/``e.dst``). ``sum``,
 ``max`` and ``min`` over a list built from the neighbour list aggregate per vertex;
-``len(v.innbs)`` is the in-degree. The function is traced into the IR on each call (cheap,
-Python only); compiled programs are cached by the traced program's structure.
+``len(v.innbs)`` is the in-degree. The function is traced into the IR on the first call
+and again whenever a call could trace differently (other shapes or dtypes, a changed
+closure constant or global: see `trace_cache`); compiled programs are cached by the
+traced program's structure.
 
 Typed graphs (``Graph(..., edge_type=..., node_type=...)``) carry per-type data, passed
 as ``etype_feature={key: [num_edge_types, ...]}`` and ``ntype_feature={key:
@@ -39,6 +41,7 @@ import torch
 from ..graph import Graph
 from ..ir import Residency
 from ..runtime import compiled_for
+from .trace_cache import TraceCache
 from .tracer import EDGE_ROWED, Degree, SymTensor, Tracer
 
 
@@ -175,6 +178,7 @@ class VertexFunction:
     def __init__(self, fn: Callable):
         functools.update_wrapper(self, fn)
         self.fn = fn
+        self._traces = TraceCache()
 
     def trace(self, v_feature: Mapping[str, torch.Tensor],
               e_feature: Mapping[str, torch.Tensor] | None = None,
@@ -209,8 +213,13 @@ class VertexFunction:
                  etype_feature: Mapping[str, torch.Tensor] | None = None,
                  ntype_feature: Mapping[str, torch.Tensor] | None = None):
         graph = Graph.coerce(graph)
-        tracer, captured = self.trace(v_feature, e_feature, etype_feature, ntype_feature)
-        compiled = compiled_for(tracer.program)
+        tables = (v_feature, e_feature or {}, etype_feature or {}, ntype_feature or {})
+        key = self._traces.key((self.fn,), tables)
+        compiled, captured = self._traces.get(key), {}
+        if compiled is None:
+            tracer, captured = self.trace(v_feature, e_feature, etype_feature, ntype_feature)
+            compiled = compiled_for(tracer.program)
+            self._traces.put(key, compiled, captured)
         feeds = {**v_feature, **{f"e.{k}": t for k, t in (e_feature or {}).items()},
                  **{f"etype.{k}": t for k, t in (etype_feature or {}).items()},
                  **{f"ntype.{k}": t for k, t in (ntype_feature or {}).items()}, **captured}

@@ -1,0 +1,117 @@
+"""Reuse a trace when a later call would trace to the same program.
+
+Front ends trace the user's function on every call, because tracing is the only way to
+see what it computes. On a small graph that Python work is a visible share of a
+training step, and it almost always yields the same program again. A trace depends on
+
+1. the keys, shapes and dtypes of the tensors passed (and the default dtype),
+2. the code of the traced functions,
+3. whatever else that code can read: closure variables, default arguments, globals,
+   and the same for any plain Python function it calls.
+
+(1) and (2) are the cache key. (3) is *guarded*: every value the code can reach from
+outside its arguments is snapshotted on each call -- immutable scalars by value,
+modules, classes and library functions by identity, user functions recursively -- and
+becomes part of the key, so a changed closure constant or a rebound global traces
+afresh. A function that can reach anything else (a tensor it captured, a list, a dict,
+an object with attributes) is never cached: such state can change without changing
+identity, and a stale program would compute the wrong thing silently. Programs that
+captured tensors as parameters are not cached for the same reason.
+"""
+from __future__ import annotations
+
+import builtins
+import enum
+import functools
+import types
+from typing import Any, Callable, Hashable, Mapping
+
+import torch
+
+_MISSING = object()
+_SCALARS = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.Size)
+# Functions of these packages are trusted to behave the same while their identity holds.
+_LIBRARIES = ("torch", "math", "operator", "functools", "builtins", "numpy", "gnnfuse")
+_LIMIT = 256     # distinct structures kept per cache; beyond that the oldest is dropped
+
+
+class _Uncacheable(Exception):
+    """Raised inside the guard walk when a reachable value cannot be snapshotted."""
+
+
+@functools.lru_cache(maxsize=1024)
+def _global_names(code: types.CodeType) -> tuple[str, ...]:
+    """Names ``code`` (and the comprehensions and lambdas nested in it) may look up as
+    globals. ``co_names`` also lists attribute names; those are harmless extra guards."""
+    names = list(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names.extend(_global_names(const))
+    return tuple(dict.fromkeys(names))
+
+
+def _freeze(value: Any, seen: set[int]) -> Hashable:
+    if isinstance(value, _SCALARS) or isinstance(value, enum.Enum):
+        return type(value), value
+    if isinstance(value, (tuple, frozenset)):
+        return type(value), tuple(_freeze(v, seen) for v in value)
+    if isinstance(value, (types.ModuleType, type, types.BuiltinFunctionType)):
+        return value
+    if isinstance(value, types.FunctionType):
+        if (value.__module__ or "").split(".")[0] in _LIBRARIES:
+            return value
+        return value, _function_state(value, seen)
+    raise _Uncacheable(type(value).__name__)
+
+
+def _function_state(fn: types.FunctionType, seen: set[int]) -> Hashable:
+    """Snapshot of everything ``fn`` reads besides its arguments."""
+    if id(fn) in seen:          # recursion: the function is already being snapshotted
+        return "recursive"
+    seen.add(id(fn))
+    env = fn.__globals__
+    globals_ = tuple(_freeze(env[name], seen) if name in env else _MISSING
+                     for name in _global_names(fn.__code__) if name in env or not hasattr(builtins, name))
+    cells = tuple(_freeze(cell.cell_contents, seen) for cell in fn.__closure__ or ())
+    defaults = _freeze(fn.__defaults__ or (), seen), _freeze(tuple((fn.__kwdefaults__ or {}).items()), seen)
+    return fn.__code__, globals_, cells, defaults
+
+
+def guard_key(functions: tuple[Callable | None, ...]) -> Hashable | None:
+    """The guard part of the key for tracing ``functions``, or None when one of them can
+    reach state that cannot be snapshotted (then every call traces)."""
+    seen: set[int] = set()
+    try:
+        return tuple(None if fn is None else _function_state(fn, seen) if isinstance(fn, types.FunctionType)
+                     else _freeze(fn, seen) for fn in functions)
+    except _Uncacheable:
+        return None
+
+
+def signature(tables: tuple[Mapping[str, torch.Tensor], ...]) -> Hashable:
+    """The argument part of the key: keys, shapes and dtypes of every tensor passed."""
+    return torch.get_default_dtype(), tuple(
+        tuple((key, tuple(t.shape), t.dtype) for key, t in table.items()) for table in tables)
+
+
+class TraceCache:
+    """Compiled programs by (guard key, argument signature), for traces that captured no
+    tensors. Lookups cost a walk over the functions' globals and closure cells."""
+
+    def __init__(self) -> None:
+        self._entries: dict[Hashable, Any] = {}
+
+    def key(self, functions: tuple[Callable | None, ...],
+            tables: tuple[Mapping[str, torch.Tensor], ...]) -> Hashable | None:
+        guards = guard_key(functions)
+        return None if guards is None else (guards, signature(tables))
+
+    def get(self, key: Hashable | None) -> Any:
+        return None if key is None else self._entries.get(key)
+
+    def put(self, key: Hashable | None, compiled: Any, captured: Mapping) -> None:
+        if key is None or captured:
+            return
+        if len(self._entries) >= _LIMIT:
+            del self._entries[next(iter(self._entries))]
+        self._entries[key] = compiled

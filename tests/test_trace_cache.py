@@ -1,0 +1,150 @@
+"""A cached trace is reused only when a fresh trace would come out the same.
+
+Each test counts traces (by wrapping `Tracer.__init__`) and checks results against a
+plain-torch oracle, so a stale program shows up as a wrong number, not just a count.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import gnnfuse
+from gnnfuse import frontend, nn
+from gnnfuse.frontend import tracer as tracer_module
+
+SCALE = 2.0
+SETTINGS = {"scale": 2.0}
+
+
+@pytest.fixture
+def traces(monkeypatch):
+    count = [0]
+    init = tracer_module.Tracer.__init__
+
+    def counting(self, *args, **kwargs):
+        count[0] += 1
+        init(self, *args, **kwargs)
+    monkeypatch.setattr(tracer_module.Tracer, "__init__", counting)
+    return count
+
+
+@pytest.fixture
+def graph():
+    src = torch.tensor([0, 1, 2, 3, 0, 2])
+    dst = torch.tensor([1, 2, 3, 0, 2, 2])
+    return gnnfuse.Graph(src, dst, 4)
+
+
+def neighbour_sum(graph, h):
+    return torch.zeros_like(h).index_add_(0, graph.dst, h[graph.src])
+
+
+def test_repeated_call_traces_once(graph, traces):
+    @gnnfuse.vertex
+    def f(v):
+        return sum([u.h * 3.0 for u in v.innbs])
+    h = torch.randn(4, 5, dtype=torch.float64)
+    for _ in range(3):
+        torch.testing.assert_close(f(graph, {"h": h}), 3.0 * neighbour_sum(graph, h))
+    assert traces[0] == 1
+
+
+def test_new_shape_or_dtype_retraces(graph, traces):
+    @gnnfuse.vertex
+    def f(v):
+        return sum([u.h for u in v.innbs])
+    for h in (torch.randn(4, 5), torch.randn(4, 7), torch.randn(4, 7, dtype=torch.float64)):
+        torch.testing.assert_close(f(graph, {"h": h}), neighbour_sum(graph, h))
+    assert traces[0] == 3
+
+
+def test_rebound_global_scalar_retraces(graph, traces):
+    global SCALE
+
+    @gnnfuse.vertex
+    def f(v):
+        return sum([u.h * SCALE for u in v.innbs])
+    h = torch.randn(4, 3, dtype=torch.float64)
+    try:
+        torch.testing.assert_close(f(graph, {"h": h}), 2.0 * neighbour_sum(graph, h))
+        SCALE = 5.0
+        torch.testing.assert_close(f(graph, {"h": h}), 5.0 * neighbour_sum(graph, h))
+    finally:
+        SCALE = 2.0
+    assert traces[0] == 2
+
+
+def test_closure_constant_is_part_of_the_key(graph, traces):
+    """Message/reduce UDFs defined anew in every forward (as GATConv does) share a cache
+    entry by code, and a different closure constant gets its own."""
+    h = torch.randn(4, 3, dtype=torch.float64)
+
+    def run(factor):
+        def message(edges):
+            return {"m": edges.src["h"] * factor}
+
+        def reduce(nodes):
+            return {"out": torch.sum(nodes.mailbox["m"], dim=1)}
+        return frontend.message_passing(graph, message, reduce, ndata={"h": h})["out"]
+    for factor in (2.0, 2.0, 3.0, 2.0):
+        torch.testing.assert_close(run(factor), factor * neighbour_sum(graph, h))
+    assert traces[0] == 2
+
+
+def test_mutable_global_is_never_cached(graph, traces):
+    @gnnfuse.vertex
+    def f(v):
+        return sum([u.h * SETTINGS["scale"] for u in v.innbs])
+    h = torch.randn(4, 3, dtype=torch.float64)
+    torch.testing.assert_close(f(graph, {"h": h}), 2.0 * neighbour_sum(graph, h))
+    SETTINGS["scale"] = 4.0
+    try:
+        torch.testing.assert_close(f(graph, {"h": h}), 4.0 * neighbour_sum(graph, h))
+    finally:
+        SETTINGS["scale"] = 2.0
+    assert traces[0] == 2
+
+
+def test_captured_tensor_is_never_cached(graph, traces):
+    """A closure tensor becomes a program input bound at trace time; a cached trace
+    would keep feeding the first tensor after the closure points at another."""
+    h = torch.randn(4, 3, dtype=torch.float64)
+    weight = torch.randn(3, 2, dtype=torch.float64)
+
+    @gnnfuse.vertex
+    def f(v):
+        return sum([u.h @ weight for u in v.innbs])
+    torch.testing.assert_close(f(graph, {"h": h}), neighbour_sum(graph, h @ weight))
+    weight = torch.randn(3, 2, dtype=torch.float64)
+    torch.testing.assert_close(f(graph, {"h": h}), neighbour_sum(graph, h @ weight))
+    assert traces[0] == 2
+
+
+def test_called_helper_is_guarded_recursively(graph, traces):
+    scale = [2.0]
+
+    def helper(x):
+        return x * scale[0]
+
+    @gnnfuse.vertex
+    def f(v):
+        return sum([helper(u.h) for u in v.innbs])
+    h = torch.randn(4, 3, dtype=torch.float64)
+    torch.testing.assert_close(f(graph, {"h": h}), 2.0 * neighbour_sum(graph, h))
+    scale[0] = 3.0
+    torch.testing.assert_close(f(graph, {"h": h}), 3.0 * neighbour_sum(graph, h))
+    assert traces[0] == 2
+
+
+def test_layers_trace_once_per_structure(graph, traces):
+    """The nn layers' UDFs read only their features and scalars, so training steps
+    after the first do no tracing."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 6)
+    layers = [nn.GCNConv(6, 3), nn.GATConv(6, 2, heads=2), nn.SAGEConv(6, 3)]
+    for layer in layers:
+        layer(x, graph).sum().backward()
+    first = traces[0]
+    for layer in layers:
+        layer(x, graph).sum().backward()
+    assert traces[0] == first
