@@ -119,6 +119,7 @@ def test_segments_cover_every_edge_once_longest_first():
     assert (covered == 1).all()
     assert set(segs.row.tolist()) == set(range(graph.num_nodes))        # isolated rows still written
     assert segs.row[segs.split.bool()].unique().tolist() == [0]          # only the hub is split
+    assert segs.split_rows.tolist() == [0]                               # zeroed before the launch
     lengths = segs.end - segs.start
     assert (lengths[:-1] >= lengths[1:]).all()
 

@@ -23,6 +23,7 @@ class Segments:
     start: torch.Tensor   # first CSR position of the segment
     end: torch.Tensor     # one past its last CSR position
     split: torch.Tensor   # int8: 1 where the row has several segments (atomic accumulation)
+    split_rows: torch.Tensor   # the rows cut into several segments, each once
 
     def __len__(self) -> int:
         return self.row.numel()
@@ -50,4 +51,5 @@ def _build(rowptr: torch.Tensor, max_edges: int | None) -> Segments:
     start = rowptr[row] + k * step
     end = rowptr[row + 1] if max_edges is None else torch.minimum(start + step, rowptr[row + 1])
     order = torch.sort(end - start, descending=True, stable=True).indices
-    return Segments(row[order], start[order], end[order], (count[row] > 1).to(torch.int8)[order])
+    return Segments(row[order], start[order], end[order], (count[row] > 1).to(torch.int8)[order],
+                    torch.nonzero(count > 1).squeeze(1))
