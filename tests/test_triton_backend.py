@@ -58,6 +58,7 @@ def test_kernels_match_reference(name, kind, graph_name, monkeypatch):
     p = {k: v.to(DEVICE) for k, v in zoo.params(name, gen).items()}
 
     monkeypatch.setattr(triton_executor, "SEGMENT_EDGES", 64)   # the hub splits into 5 segments
+    monkeypatch.setenv("GNNFUSE_SCHEDULE", "csr")   # the cost rule would pick COO on graphs this small
     launched = []
     real_run_unit = triton_executor.run_unit
     monkeypatch.setattr(triton_executor, "run_unit",
@@ -74,14 +75,16 @@ def test_kernels_match_reference(name, kind, graph_name, monkeypatch):
 
 def test_float32_kernels_accumulate_in_float32(monkeypatch):
     graph = hub_graph().to(DEVICE)
-    x = torch.randn(graph.num_nodes, zoo.F_IN, device=DEVICE)
-    p = {k: v.float().to(DEVICE) for k, v in zoo.params("gat", torch.Generator().manual_seed(0)).items()}
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(graph.num_nodes, zoo.F_IN, generator=gen).to(DEVICE)
+    p = {k: v.float().to(DEVICE) for k, v in zoo.params("gat", gen).items()}
     out, grads = run("message", "gat", graph, x, p, "triton", monkeypatch)
     ref, ref_grads = run("message", "gat", graph, x, p, "reference", monkeypatch)
     assert out.dtype == torch.float32
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     for g, r in zip(grads, ref_grads):
-        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-5 * r.abs().max().item())   # 300-term sums
+        # 300-term float32 sums with cancellation: error relative to the terms, not the result
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-4 * r.abs().max().item())
 
 
 def test_units_fuse_gather_compute_and_reduce():
@@ -182,4 +185,31 @@ def test_schedule_is_checked(monkeypatch):
         generate_coo(unit, "k", "tl.float64")
     monkeypatch.setenv("GNNFUSE_SCHEDULE", "gas")
     with pytest.raises(ValueError, match="GNNFUSE_SCHEDULE must be one of"):
-        triton_executor.schedule_for(unit)
+        triton_executor.schedule_for(unit, graph.num_nodes, graph.num_edges)
+
+
+def test_cost_rule_picks_coo_only_for_light_rows(monkeypatch):
+    """The default schedule: edge-parallel where rows hold little work (low average
+    degree, narrow features), CSR otherwise, and always CSR for max/min, which have no
+    atomic combine here; GNNFUSE_SCHEDULE overrides the rule."""
+    graph = hub_graph()
+    units = {}
+    for op in ("sum", "max"):
+        tracer = trace_message_passing(
+            lambda e: {"m": e.src["h"]},
+            lambda n, op=op: {"out": getattr(torch, op)(n.mailbox["m"], dim=1) if op == "sum"
+                              else torch.max(n.mailbox["m"], dim=1)[0]},
+            None, ndata={"h": torch.randn(graph.num_nodes, 8, dtype=torch.float64)}, edata={})
+        (units[op],) = [u for u in partition(CompiledProgram(tracer.program).program) if isinstance(u, AggregateUnit)]
+    monkeypatch.delenv("GNNFUSE_SCHEDULE", raising=False)
+    choose = triton_executor.schedule_for
+    assert choose(units["sum"], 1000, 2000) == "coo"        # degree 2, width 8
+    assert choose(units["sum"], 1000, 50_000) == "csr"      # degree 50
+    assert choose(units["max"], 1000, 2000) == "csr"
+    assert triton_executor.prefers_coo(2, 64) and not triton_executor.prefers_coo(2, 256)
+    assert triton_executor.prefers_coo(6, 16) and not triton_executor.prefers_coo(6, 64)
+    monkeypatch.setenv("GNNFUSE_SCHEDULE", "csr")
+    assert choose(units["sum"], 1000, 2000) == "csr"
+    monkeypatch.setenv("GNNFUSE_SCHEDULE", "coo")
+    assert choose(units["sum"], 1000, 50_000) == "coo"
+    assert choose(units["max"], 1000, 2000) == "csr"

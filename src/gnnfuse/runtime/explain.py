@@ -175,14 +175,15 @@ def _op_step(v: Value, sizes: _Sizes, names: dict[int, str]) -> Step:
     return Step(v, label, False, [], reads, [v], Traffic(read_bytes, index, rows_out * _row_bytes(v)))
 
 
-def _kernel_source(unit: Any) -> str:
+def _kernel_source(unit: Any, sizes: _Sizes) -> str:
     try:
-        from ..backend.triton.executor import kernel_source
+        from ..backend.triton.executor import kernel_source, schedule_for
     except ImportError as exc:
         raise RuntimeError("explain(source=True) prints generated Triton kernels and needs the 'triton' "
                            "package: pip install 'gnnfuse[gpu]'") from exc
     wide = any(leaf.dtype == torch.float64 for leaf in unit.leaves if leaf.op != "const")
-    return kernel_source(unit, "tl.float64" if wide else "tl.float32")[1]
+    schedule = schedule_for(unit, sizes.num_nodes, sizes.num_edges)
+    return kernel_source(unit, "tl.float64" if wide else "tl.float32", schedule)[1]
 
 
 def _plan(phase: str, program: Program, keep: list[int], sizes: _Sizes, source: bool) -> Plan:
@@ -193,7 +194,7 @@ def _plan(phase: str, program: Program, keep: list[int], sizes: _Sizes, source: 
             steps.append(_op_step(item, sizes, names))
         else:
             step = _unit_step(item, sizes)
-            step.source = _kernel_source(item) if source else None
+            step.source = _kernel_source(item, sizes) if source else None
             steps.append(step)
     return Plan(phase, program, steps)
 
