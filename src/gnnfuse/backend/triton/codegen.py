@@ -87,8 +87,10 @@ class _Emitter:
     def load(self, v: Value, coords: tuple[str, ...], kind: str) -> str:
         if kind == "const":
             return self.constant(v.attrs["value"])
-        ptr, off = f"L{self.leaf_index[v.id]}", self.offset(v.shape, coords)
-        width = math.prod(v.shape)
+        ptr, width = f"L{self.leaf_index[v.id]}", math.prod(v.shape)
+        if width == 1:
+            return self.scalar_load(ptr, kind)
+        off = self.offset(v.shape, coords)
         if kind == "shared":
             return self.tmp(f"tl.load({ptr} + {off}[None, :]).to(ACC)")
         if kind == "center":
@@ -96,6 +98,19 @@ class _Emitter:
         index = {"neighbour": "nbr", "edge": "edge", "src": "src_id", "dst": "dst_id"}[kind]
         return self.tmp(f"tl.load({ptr} + {index}[:, None] * {width} + {off}[None, :], "
                         f"mask=emask[:, None], other=0.0).to(ACC)")
+
+
+    def scalar_load(self, ptr: str, kind: str) -> str:
+        """A value with one element per row (a GCN norm, a degree) is loaded once per row
+        and broadcast over the feature block in registers; loading it at every feature
+        coordinate issued BLOCK_F loads of one address and made a GCN unit 3x slower
+        than a plain neighbour sum."""
+        if kind == "shared":
+            return self.tmp(f"tl.load({ptr}).to(ACC)")
+        if kind == "center":
+            return self.tmp(f"tl.load({ptr} + row).to(ACC)")
+        index = {"neighbour": "nbr", "edge": "edge", "src": "src_id", "dst": "dst_id"}[kind]
+        return self.tmp(f"tl.load({ptr} + {index}, mask=emask, other=0.0).to(ACC)[:, None]")
 
 
 def _project(coords: tuple[str, ...], shape: tuple[int, ...], in_shape: tuple[int, ...]) -> tuple[str, ...]:
@@ -149,7 +164,7 @@ def _decorator(tuned: bool, space: dict[str, tuple[int, ...]], key: str, reset: 
 
 
 def _edge_parallel_source(name: str, comment: str, acc_dtype: str, em: _Emitter, width: int, params: str,
-                          tail: str, tuned: bool, reset: bool) -> str:
+                          tail: str, tuned: bool, reset: bool, block_e: tuple[int, ...] = (64, 256)) -> str:
     """A kernel with one program per block of edges (in edge-id order) and features:
     the COO endpoints are loaded, the emitted per-edge expression evaluated, and
     ``tail`` writes the result. Edge units store it; edge-parallel reductions add it."""
@@ -159,7 +174,7 @@ def _edge_parallel_source(name: str, comment: str, acc_dtype: str, em: _Emitter,
 import triton.language as tl
 
 
-{_decorator(tuned, {"BLOCK_E": (64, 256)}, "num_edges", reset)}
+{_decorator(tuned, {"BLOCK_E": block_e}, "num_edges", reset)}
 def {name}(src, dst, num_edges, out, {params}{leaf_params}BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
     # {comment}
     ACC: tl.constexpr = {acc_dtype}
@@ -176,12 +191,51 @@ def {name}(src, dst, num_edges, out, {params}{leaf_params}BLOCK_E: tl.constexpr,
 '''
 
 
+def row_sum_split(root: Value) -> tuple[int, int] | None:
+    """(kept, summed) widths when ``root`` sums the trailing feature dims of its input
+    and both widths are powers of two, else None. Such a sum (a GAT attention gradient,
+    ``(h_src * g).sum(-1)`` per head) is evaluated as one coalesced [edges, kept*summed]
+    tile reshaped and reduced in registers; unrolled, it loaded every term separately at
+    a stride of ``summed`` elements."""
+    if feature_sum_terms(root) is None:
+        return None
+    in_shape = root.inputs[0].shape
+    if root.op == "sum_dim":
+        summed_dims = {d % len(in_shape) for d in root.attrs["dim"]}
+    elif len(in_shape) == len(root.shape):
+        summed_dims = {d for d, (n, m) in enumerate(zip(in_shape, root.shape)) if m == 1 and n != 1}
+    else:
+        return None
+    kept_dims = [d for d, n in enumerate(in_shape) if d not in summed_dims and n != 1]
+    if kept_dims and summed_dims and max(kept_dims) > min(summed_dims):
+        return None
+    kept = math.prod(root.shape)
+    summed = math.prod(in_shape) // max(kept, 1)
+    power_of_two = all(n > 0 and n & (n - 1) == 0 for n in (kept, summed))
+    return (kept, summed) if power_of_two and kept * summed <= 128 else None
+
+
 def generate_edge(unit: EdgeUnit, name: str, acc_dtype: str, tuned: bool = False) -> tuple[str, list[Value]]:
     """Kernel source for an edge unit: one program per block of edges and features,
     gathering endpoint rows through the COO arrays, writing each edge's row once."""
     root = unit.root
     width = math.prod(root.shape)
     em = _Emitter(unit)
+    split = row_sum_split(root)
+    if split is not None:   # the launcher gives BLOCK_F = kept * summed and one feature program
+        kept, summed = split
+        in_shape = root.inputs[0].shape
+        coords = tuple("0" if n == 1 else em.tmp(f"(f // {st}) % {n}")
+                       for st, n in zip(_strides(in_shape), in_shape))
+        tile = em.value(root.inputs[0], coords)
+        tail = (f"    tile = {tile} + tl.zeros([BLOCK_E, BLOCK_F], ACC)\n"
+                f"    val = tl.sum(tl.reshape(tile, [BLOCK_E, {kept}, {summed}]), axis=2)\n"
+                f"    fo = tl.arange(0, {kept})\n"
+                f"    tl.store(out + e[:, None] * {kept} + fo[None, :], val.to(out.dtype.element_ty),\n"
+                f"             mask=emask[:, None])")
+        source = _edge_parallel_source(name, unit.describe(), acc_dtype, em, kept * summed, "", tail, tuned,
+                                       reset=False, block_e=(16, 64))   # whole rows: fewer edges per tile
+        return source, em.leaf_args
     coords = tuple("0" if n == 1 else em.tmp(f"(f // {st}) % {n}")
                    for st, n in zip(_strides(root.shape), root.shape))
     if feature_sum_terms(root) is not None:

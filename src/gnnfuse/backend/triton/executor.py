@@ -16,7 +16,7 @@ from ...ir import Program, Value
 from ...passes.fusion import AggregateUnit, EdgeUnit, Unit, partition
 from ..reference import GraphContext
 from ..reference.executor import run_plan
-from .codegen import generate, generate_coo, generate_edge
+from .codegen import generate, generate_coo, generate_edge, row_sum_split
 from .schedule import SEGMENT_EDGES, segments
 
 _KERNELS: dict[str, object] = {}
@@ -147,15 +147,20 @@ def _run_coo_unit(unit: AggregateUnit, ctx: GraphContext, kernel, args: list[tor
 def _run_edge_unit(unit: EdgeUnit, ctx: GraphContext, kernel, args: list[torch.Tensor]) -> torch.Tensor:
     root = unit.root
     out = torch.empty((ctx.num_edges,) + root.shape, dtype=root.dtype, device=ctx.src.device)
-    return _launch_over_edges(kernel, ctx, out, args)
+    split = row_sum_split(root)
+    return _launch_over_edges(kernel, ctx, out, args, None if split is None else split[0] * split[1])
 
 
-def _launch_over_edges(kernel, ctx: GraphContext, out: torch.Tensor, args: list[torch.Tensor]) -> torch.Tensor:
-    """Run an edge-parallel kernel (edge unit or COO reduction) writing ``out``."""
+def _launch_over_edges(kernel, ctx: GraphContext, out: torch.Tensor, args: list[torch.Tensor],
+                       whole_row: int | None = None) -> torch.Tensor:
+    """Run an edge-parallel kernel (edge unit or COO reduction) writing ``out``; a kernel
+    that reduces a whole input row in registers (``whole_row`` elements, see
+    `row_sum_split`) gets it as one feature block."""
     width = math.prod(out.shape[1:])
     if ctx.num_edges == 0 or width == 0:
         return out
-    block_f = min(triton.next_power_of_2(width), 64)
+    block_f = whole_row or min(triton.next_power_of_2(width), 64)
+    width = whole_row or width
     fixed = {} if _autotune() else {"BLOCK_E": max(16, 2048 // block_f)}
 
     def grid(meta):
