@@ -16,7 +16,7 @@ from ...ir import Program, Value
 from ...passes.fusion import AggregateUnit, EdgeUnit, Unit, partition
 from ..reference import GraphContext
 from ..reference.executor import run_plan
-from .codegen import generate, generate_coo, generate_edge, row_sum_split
+from .codegen import generate, generate_coo, generate_edge, row_stride, row_sum_split
 from .schedule import SEGMENT_EDGES, segments
 
 _KERNELS: dict[str, object] = {}
@@ -110,10 +110,11 @@ def run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> 
     acc = "tl.float64" if any(t.dtype == torch.float64 for t in tensors) else "tl.float32"
     schedule = schedule_for(unit, ctx.num_nodes, ctx.num_edges)
     kernel, leaf_args = _kernel_for(unit, acc, schedule)
+    args = [_laid_out(leaves[v.id], v) for v in leaf_args]
     if schedule == "edge":
-        return _run_edge_unit(unit, ctx, kernel, [leaves[v.id].contiguous() for v in leaf_args])
+        return _run_edge_unit(unit, ctx, kernel, args)
     if schedule == "coo":
-        return _run_coo_unit(unit, ctx, kernel, [leaves[v.id].contiguous() for v in leaf_args])
+        return _run_coo_unit(unit, ctx, kernel, args)
     rowptr, col, eid = ctx.csr(unit.by)
     op = unit.reduce.attrs["op"]
     splits = op in ("sum", "mean")
@@ -128,7 +129,6 @@ def run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> 
     if len(segs) == 0:
         return out
     block_f = min(triton.next_power_of_2(width), 128)
-    args = [leaves[v.id].contiguous() for v in leaf_args]
     def grid(meta):
         return triton.cdiv(len(segs), meta["ROWS"]), triton.cdiv(width, block_f)
     # Feature-adaptive default for the interpreter (two rows per program, so the row loop
@@ -137,6 +137,14 @@ def run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> 
     kernel[grid](rowptr, col, eid, segs.row, segs.start, segs.end, segs.split, len(segs), out, *args,
                  BLOCK_F=block_f, **fixed)
     return out
+
+
+def _laid_out(tensor: torch.Tensor, leaf: Value) -> torch.Tensor:
+    """A leaf's tensor in the row layout its kernel reads (see `row_stride`)."""
+    width, stride = math.prod(leaf.shape), row_stride(leaf)
+    if stride == width:
+        return tensor.contiguous()
+    return torch.nn.functional.pad(tensor.reshape(tensor.shape[0], width), (0, stride - width))
 
 
 def _run_coo_unit(unit: AggregateUnit, ctx: GraphContext, kernel, args: list[torch.Tensor]) -> torch.Tensor:
@@ -148,7 +156,8 @@ def _run_edge_unit(unit: EdgeUnit, ctx: GraphContext, kernel, args: list[torch.T
     root = unit.root
     out = torch.empty((ctx.num_edges,) + root.shape, dtype=root.dtype, device=ctx.src.device)
     split = row_sum_split(root)
-    return _launch_over_edges(kernel, ctx, out, args, None if split is None else split[0] * split[1])
+    return _launch_over_edges(kernel, ctx, out, args,
+                              None if split is None else split[0] * triton.next_power_of_2(split[1]))
 
 
 def _launch_over_edges(kernel, ctx: GraphContext, out: torch.Tensor, args: list[torch.Tensor],
