@@ -116,7 +116,8 @@ def run_dataset(name: str, args: argparse.Namespace, device: torch.device, resul
             warn(f"{name}/{model}: gnnfuse forward differs from PyG by {err:.2e} (> {REL_ERR_LIMIT:g})")
         for framework in args.frameworks:
             begin = time.perf_counter()
-            cell = guarded(lambda: measure(framework, model, data, state, args.steps, args.warmup, device), device)
+            cell = guarded(lambda: measure(framework, model, data, state, args.steps, args.warmup, device), device,
+                           args.cell_timeout)
             results["cells"][f"{name}/{model}/{framework}"] = {**cell, "run": run_id}
             store(results, args.out)
             log(f"[{name}] {model} {framework}: {describe(cell)} [{time.perf_counter() - begin:.1f} s]")
@@ -153,6 +154,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help=f"untimed steps first (default 5; pyg-compile gets {COMPILE_EXTRA_WARMUP} more)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"),
                         help="folder of training.json (merged into) and training.md")
+    parser.add_argument("--cell-timeout", type=float, default=None,
+                        help="seconds one framework may take on one model and data set, compile included; "
+                             "past it the cell is recorded as a time-out and the run goes on (default: none)")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--data-root", help="folder of the real data sets (default: $GNNFUSE_DATA, "
                                             "then ../shared/data)")

@@ -58,3 +58,18 @@ def test_missing_torch_geometric_is_reported(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch_geometric.nn", None)   # makes the import fail
     with pytest.raises(bench.MissingDependency, match="gnnfuse\\[bench\\]"):
         bench.require_pyg()
+
+
+def test_a_stuck_measurement_becomes_a_timeout_and_the_alarm_is_cleared():
+    import signal
+    import time
+
+    from gnnfuse.bench import guarded
+
+    def stuck():
+        while True:
+            time.sleep(0.01)
+    cell = guarded(stuck, torch.device("cpu"), time_limit_s=0.2)
+    assert cell == {"status": "timeout (0.2 s)"}
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    assert guarded(lambda: {"status": "ok"}, torch.device("cpu"), time_limit_s=5) == {"status": "ok"}

@@ -13,15 +13,17 @@ PyG is the outside oracle here, not a dependency of gnnfuse: ``pip install 'gnnf
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import gc
 import json
+import signal
 import statistics
 import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -293,15 +295,44 @@ def measure(framework: str, model: str, data: DeviceData, state: dict[str, torch
             "resident_gb": resident, "peak_gb": peak_memory_gb(device)}
 
 
-def guarded(fn: Callable[[], dict[str, Any]], device: torch.device) -> dict[str, Any]:
-    """Run one measurement; an OOM or any failure (e.g. torch.compile's) becomes its status.
+class CellTimeout(Exception):
+    """A measurement ran past its time limit (see `guarded`)."""
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float | None) -> Iterator[None]:
+    """Raise `CellTimeout` in the main thread after ``seconds`` (POSIX timers; no limit
+    when None). It lands at the next Python bytecode, so a long C++ call finishes first."""
+    if not seconds:
+        yield
+        return
+
+    def expire(signum, frame):
+        raise CellTimeout(f"no result within {seconds:g} s")
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def guarded(fn: Callable[[], dict[str, Any]], device: torch.device,
+            time_limit_s: float | None = None) -> dict[str, Any]:
+    """Run one measurement; an OOM, a time-out or any failure (e.g. torch.compile's)
+    becomes its status, so one stuck or failing framework leaves the rest of a run intact.
 
     Memory is released only after the except block has dropped the traceback, which
     would otherwise keep the failed measurement's tensors alive. Errors other than OOM
-    print their traceback to stderr, since a one-line status rarely says how to fix them.
+    and time-outs print their traceback to stderr, since a one-line status rarely says
+    how to fix them.
     """
     try:
-        result = fn()
+        with _time_limit(time_limit_s):
+            result = fn()
+    except CellTimeout:
+        result = {"status": f"timeout ({time_limit_s:g} s)"}
     except Exception as exc:  # noqa: BLE001 - one failing framework must not end the run
         result = {"status": failure_status(exc)}
         if result["status"] != "oom":
