@@ -73,3 +73,10 @@ def test_a_stuck_measurement_becomes_a_timeout_and_the_alarm_is_cleared():
     assert cell == {"status": "timeout (0.2 s)"}
     assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
     assert guarded(lambda: {"status": "ok"}, torch.device("cpu"), time_limit_s=5) == {"status": "ok"}
+
+    def compiler_wrapping_the_timeout():   # as torch.compile's InductorError does
+        try:
+            stuck()
+        except Exception as exc:
+            raise RuntimeError(f"compile failed: {exc}") from exc
+    assert guarded(compiler_wrapping_the_timeout, torch.device("cpu"), time_limit_s=0.2) == {"status": "timeout (0.2 s)"}

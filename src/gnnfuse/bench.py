@@ -318,6 +318,18 @@ def _time_limit(seconds: float | None) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
+def _caused_by_timeout(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is a `CellTimeout` or wraps one: torch.compile re-raises errors
+    from inside its compiler as its own (``InductorError``)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, CellTimeout):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__ or getattr(exc, "inner_exception", None)
+    return False
+
+
 def guarded(fn: Callable[[], dict[str, Any]], device: torch.device,
             time_limit_s: float | None = None) -> dict[str, Any]:
     """Run one measurement; an OOM, a time-out or any failure (e.g. torch.compile's)
@@ -331,12 +343,13 @@ def guarded(fn: Callable[[], dict[str, Any]], device: torch.device,
     try:
         with _time_limit(time_limit_s):
             result = fn()
-    except CellTimeout:
-        result = {"status": f"timeout ({time_limit_s:g} s)"}
     except Exception as exc:  # noqa: BLE001 - one failing framework must not end the run
-        result = {"status": failure_status(exc)}
-        if result["status"] != "oom":
-            traceback.print_exc()
+        if _caused_by_timeout(exc):
+            result = {"status": f"timeout ({time_limit_s:g} s)"}
+        else:
+            result = {"status": failure_status(exc)}
+            if result["status"] != "oom":
+                traceback.print_exc()
     torch._dynamo.reset()
     free_memory(device)
     return result
