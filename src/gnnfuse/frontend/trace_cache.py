@@ -51,7 +51,7 @@ def _global_names(code: types.CodeType) -> tuple[str, ...]:
 
 
 def _freeze(value: Any, seen: set[int]) -> Hashable:
-    if isinstance(value, _SCALARS) or isinstance(value, enum.Enum):
+    if isinstance(value, (*_SCALARS, enum.Enum)):
         return type(value), value
     if isinstance(value, (tuple, frozenset)):
         return type(value), tuple(_freeze(v, seen) for v in value)
