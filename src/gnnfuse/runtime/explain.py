@@ -153,8 +153,18 @@ def _unit_step(unit: Any, sizes: _Sizes) -> Step:
     index = sizes.num_edges * len(index_names) + (sizes.num_nodes + 1 if grouped else 0)
     root = unit.root
     writes = sizes.rows(root.residency) * _row_bytes(root)
-    return Step(unit, unit.describe(), True, [v for v in unit.body if v is not root], reads, [root],
-                Traffic(read_bytes, index * sizes.index_bytes, writes))
+    return Step(unit, unit.describe() + _schedule_note(unit, sizes), True, [v for v in unit.body if v is not root],
+                reads, [root], Traffic(read_bytes, index * sizes.index_bytes, writes))
+
+
+def _schedule_note(unit: Any, sizes: _Sizes) -> str:
+    """How the Triton backend would run ``unit`` on this graph; nothing without Triton
+    (the byte estimate above is the CSR walk's either way)."""
+    try:
+        from ..backend.triton.executor import schedule_for
+    except ImportError:
+        return ""
+    return f" [{schedule_for(unit, sizes.num_nodes, sizes.num_edges)} schedule on CUDA]"
 
 
 def _op_step(v: Value, sizes: _Sizes, names: dict[int, str]) -> Step:
