@@ -139,3 +139,12 @@ def test_planted_partition_is_seeded_homophilous_with_default_split():
     again = planted_partition(seed=0)
     assert torch.equal(d.graph.src, again.graph.src) and torch.equal(d.x, again.x)
     assert torch.equal(d.train_mask, again.train_mask)
+
+
+def test_relational_data_sets_are_refused_by_name_before_reading():
+    """Training, benchmarks and explain need node labels: wn18rr is refused at once,
+    even where its files are absent, instead of after (or instead of) a file search."""
+    from gnnfuse.data import load_node_dataset
+    with pytest.raises(ValueError, match="wn18rr is not a node-classification data set"):
+        load_node_dataset("wn18rr", "/nonexistent-gnnfuse-root")
+    assert load_node_dataset("synthetic").train_mask is not None

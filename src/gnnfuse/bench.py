@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import nn as gnn_nn
-from .data import DATASET_NAMES, NodeDataset, load_dataset
+from .data import DATASET_NAMES, load_node_dataset
 from .graph import Graph
 
 MODELS = ("gcn", "gat", "sage")
@@ -200,9 +200,9 @@ def load_data(name: str, root: str | None, device: torch.device,
               log: Callable[[str], None] = lambda message: None) -> DeviceData:
     """Load (or, for seeded presets, generate on CPU) a data set and move it over."""
     begin = time.perf_counter()
-    dataset = load_dataset(name, root)
-    if not isinstance(dataset, NodeDataset) or dataset.train_mask is None:
-        raise ValueError(f"{name} is not a node-classification data set with a split")
+    dataset = load_node_dataset(name, root)
+    if dataset.train_mask is None:
+        raise ValueError(f"{name} has no train/validation/test split to time training on")
     loaded = time.perf_counter() - begin
     graph = dataset.graph
     data = DeviceData(name, dataset.x.to(device), dataset.y.to(device),

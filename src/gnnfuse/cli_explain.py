@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from .bench import MODELS, build_model
-from .data import DATASET_NAMES, NodeDataset, load_dataset
+from .data import DATASET_NAMES, load_node_dataset
 from .runtime import explain
 
 
@@ -30,11 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:
-        dataset = load_dataset(args.dataset, args.root)
+        dataset = load_node_dataset(args.dataset, args.root)
     except (ValueError, FileNotFoundError) as error:
         parser.error(str(error))
-    if not isinstance(dataset, NodeDataset):
-        parser.error(f"{args.dataset} is not a node-classification data set")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error(f"--device cuda, but CUDA is not available to this torch ({torch.__version__})")
     torch.manual_seed(0)

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
-from .data import DEFAULT_DATASET, NodeDataset, load_dataset, random_split
+from .data import DEFAULT_DATASET, load_node_dataset, random_split
 from .graph import Graph
 from .nn.models import ModelSpec, build_model, get_model
 
@@ -137,11 +137,9 @@ def prepare_data(config: TrainConfig, spec: ModelSpec) -> PreparedData:
         raise ConfigError(f"device cuda, but CUDA is not available to this torch ({torch.__version__})")
     device = torch.device(config.device)
     try:
-        dataset = load_dataset(config.dataset, config.root)
-    except (ValueError, FileNotFoundError) as error:     # unknown name, data files not found
+        dataset = load_node_dataset(config.dataset, config.root)
+    except (ValueError, FileNotFoundError) as error:     # unknown or relational name, files not found
         raise ConfigError(str(error)) from None
-    if not isinstance(dataset, NodeDataset):
-        raise ConfigError(f"{config.dataset} is not a node-classification data set")
     if dataset.train_mask is None:
         dataset = random_split(dataset, seed=config.seed)
         print(f"{dataset.name} has no split: using random_split(seed={config.seed})")

@@ -31,6 +31,7 @@ _LOADERS: dict[str, Callable[..., NodeDataset | RelationalDataset]] = {
 }
 
 DATASET_NAMES: tuple[str, ...] = tuple(_LOADERS)
+RELATIONAL_DATASETS = frozenset({"wn18rr"})   # typed edges for link prediction: no node labels
 DEFAULT_DATASET = "synthetic"
 
 
@@ -45,3 +46,17 @@ def load_dataset(name: str, root: str | os.PathLike | None = None,
     if key not in _LOADERS:
         raise ValueError(f"unknown data set {name!r}; known: {', '.join(DATASET_NAMES)}")
     return _LOADERS[key](root, **kw)
+
+
+def load_node_dataset(name: str, root: str | os.PathLike | None = None, **kw: Any) -> NodeDataset:
+    """`load_dataset` for callers that need node labels (training, benchmarks, explain).
+
+    A relational data set is refused by name before anything is read, so the error does
+    not depend on whether its files happen to be present."""
+    if name.lower() in RELATIONAL_DATASETS:
+        raise ValueError(f"{name} is not a node-classification data set (it is a relational one: typed "
+                         "edges, no node labels)")
+    dataset = load_dataset(name, root, **kw)
+    if not isinstance(dataset, NodeDataset):
+        raise ValueError(f"{name} is not a node-classification data set")
+    return dataset
