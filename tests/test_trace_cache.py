@@ -148,3 +148,19 @@ def test_layers_trace_once_per_structure(graph, traces):
     for layer in layers:
         layer(x, graph).sum().backward()
     assert traces[0] == first
+
+
+def test_user_module_attributes_are_never_cached(graph, traces):
+    """``settings.scale`` can be rebound without the module changing identity."""
+    import types
+    settings = types.ModuleType("user_settings")
+    settings.scale = 2.0
+
+    @gnnfuse.vertex
+    def f(v):
+        return sum([u.h * settings.scale for u in v.innbs])
+    h = torch.randn(4, 3, dtype=torch.float64)
+    torch.testing.assert_close(f(graph, {"h": h}), 2.0 * neighbour_sum(graph, h))
+    settings.scale = 6.0
+    torch.testing.assert_close(f(graph, {"h": h}), 6.0 * neighbour_sum(graph, h))
+    assert traces[0] == 2

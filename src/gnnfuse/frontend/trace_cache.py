@@ -11,12 +11,13 @@ training step, and it almost always yields the same program again. A trace depen
 
 (1) and (2) are the cache key. (3) is *guarded*: every value the code can reach from
 outside its arguments is snapshotted on each call -- immutable scalars by value,
-modules, classes and library functions by identity, user functions recursively -- and
+library modules, classes and functions by identity, user functions recursively -- and
 becomes part of the key, so a changed closure constant or a rebound global traces
 afresh. A function that can reach anything else (a tensor it captured, a list, a dict,
-an object with attributes) is never cached: such state can change without changing
-identity, and a stale program would compute the wrong thing silently. Programs that
-captured tensors as parameters are not cached for the same reason.
+an object with attributes, a module or class of the user's own) is never cached: such
+state can change without changing identity, and a stale program would compute the
+wrong thing silently. Programs that captured tensors as parameters are not cached for
+the same reason.
 """
 from __future__ import annotations
 
@@ -55,13 +56,23 @@ def _freeze(value: Any, seen: set[int]) -> Hashable:
         return type(value), value
     if isinstance(value, (tuple, frozenset)):
         return type(value), tuple(_freeze(v, seen) for v in value)
-    if isinstance(value, (types.ModuleType, type, types.BuiltinFunctionType)):
+    if isinstance(value, types.BuiltinFunctionType):
         return value
+    if isinstance(value, (types.ModuleType, type)):
+        # A library's attributes are trusted; a user's module or class is a namespace whose
+        # attributes (``settings.scale``) can be rebound without changing its identity.
+        if _from_library(value.__name__ if isinstance(value, types.ModuleType) else value.__module__):
+            return value
+        raise _Uncacheable(f"{type(value).__name__} {value.__name__}")
     if isinstance(value, types.FunctionType):
-        if (value.__module__ or "").split(".")[0] in _LIBRARIES:
+        if _from_library(value.__module__):
             return value
         return value, _function_state(value, seen)
     raise _Uncacheable(type(value).__name__)
+
+
+def _from_library(module_name: str | None) -> bool:
+    return (module_name or "").split(".")[0] in _LIBRARIES
 
 
 def _function_state(fn: types.FunctionType, seen: set[int]) -> Hashable:
