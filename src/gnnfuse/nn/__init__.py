@@ -1,14 +1,16 @@
 """Neural-network layers with PyG's names and parameter layout (`conv`: GCN, GraphSAGE,
 GAT; `propagation`: GIN, GraphConv, APPNP, SGC, TAG, Chebyshev; `attention`: GATv2,
-constrained GAT, dot-product GAT, EdgeConv, MLP aggregation, NGCF), plain-PyTorch
+constrained GAT, dot-product GAT, EdgeConv, MLP aggregation, NGCF; `relational`:
+R-GCN), plain-PyTorch
 baselines (`reference`) that the compiled layers are measured against, and a registry of
 standard node-classification models built from them (`models`)."""
 from .attention import CGATConv, DotGATConv, EdgeConv, GATv2Conv, MLPAggConv, NGCFConv
 from .conv import GATConv, GCNConv, SAGEConv
 from .propagation import APPNP, ChebConv, GINConv, GraphConv, SGConv, TAGConv
+from .relational import RGCNConv
 from .reference import GCN, gcn_norm
 from .models import Hyperparameters, ModelSpec, build_model, get_model, model_names
 
 __all__ = ["APPNP", "CGATConv", "ChebConv", "DotGATConv", "EdgeConv", "GATConv", "GATv2Conv", "GCNConv", "GCN",
-           "GINConv", "GraphConv", "Hyperparameters", "MLPAggConv", "ModelSpec", "NGCFConv", "SAGEConv", "SGConv",
+           "GINConv", "GraphConv", "Hyperparameters", "MLPAggConv", "ModelSpec", "NGCFConv", "RGCNConv", "SAGEConv", "SGConv",
            "TAGConv", "build_model", "gcn_norm", "get_model", "model_names"]
