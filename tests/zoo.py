@@ -25,7 +25,7 @@ def params(name: str, gen: torch.Generator) -> dict[str, torch.Tensor]:
         "sage_max": lambda: {"Wl": r(F_IN, F_OUT), "bl": r(F_OUT), "Wr": r(F_IN, F_OUT)},
         "gin": lambda: {"W1": r(F_IN, F_OUT), "b1": r(F_OUT), "W2": r(F_OUT, F_OUT), "b2": r(F_OUT)},
         "appnp": lambda: {},
-        "cgat": lambda: {"W": r(F_IN, F_OUT), "a": r(F_OUT)},
+        "diffgat": lambda: {"W": r(F_IN, F_OUT), "a": r(F_OUT)},
         "dotgat": lambda: {"W": r(F_IN, F_OUT)},
         "mlp_agg": lambda: {"W": r(F_IN, F_OUT)},
     }[name]()
@@ -78,12 +78,15 @@ def vertex_models(x, graph, p):
         return 0.9 * sum([u.h * u.norm for u in v.innbs]) * v.norm + 0.1 * v.h0
     out["appnp"] = lambda: appnp(graph, {"h": x, "h0": x * 0.5, "norm": norm})
 
+    # Attention scored on the difference of the endpoints' features -- a test of
+    # per-edge arithmetic on both endpoints, not Graphiler's constrained GAT (that is
+    # gnnfuse.nn.CGATConv, tested in test_nn_attention.py).
     @gnnfuse.vertex
-    def cgat(v):
+    def diffgat(v):
         scores = [F.leaky_relu(((v.h - u.h) @ p["W"] * p["a"]).sum(-1), 0.2) for u in v.innbs]
         att = [torch.exp(s) / sum([torch.exp(t) for t in scores]) for s in scores]
         return sum([att[i].unsqueeze(-1) * (u.h @ p["W"]) for i, u in enumerate(v.innbs)])
-    out["cgat"] = lambda: cgat(graph, {"h": x})
+    out["diffgat"] = lambda: diffgat(graph, {"h": x})
 
     @gnnfuse.vertex
     def dotgat(v):
@@ -146,7 +149,7 @@ def message_models(x, graph, p):
                               lambda n: {"out": 0.9 * torch.sum(n.mailbox["m"], dim=1) + 0.1 * n.data["h0"]},
                               ndata={"h": x, "h0": x * 0.5, "norm": norm})["out"]
 
-    def cgat_msg(edges):
+    def diffgat_msg(edges):
         s = ((edges.dst["h"] - edges.src["h"]) @ p["W"] * p["a"]).sum(-1)
         return {"s": F.leaky_relu(s, 0.2), "h": edges.src["h"] @ p["W"]}
 
@@ -155,7 +158,7 @@ def message_models(x, graph, p):
             alpha = torch.softmax(nodes.mailbox[score], dim=1)
             return {"out": torch.sum(alpha.unsqueeze(-1) * nodes.mailbox["h"], dim=1)}
         return reduce
-    out["cgat"] = lambda: mp(graph, cgat_msg, attend("s"), ndata={"h": x})["out"]
+    out["diffgat"] = lambda: mp(graph, diffgat_msg, attend("s"), ndata={"h": x})["out"]
 
     def dot_msg(edges):
         hs, hd = edges.src["h"] @ p["W"], edges.dst["h"] @ p["W"]
@@ -202,9 +205,9 @@ def oracle(name, x, graph, p):
         weight = norm[src] * norm[dst]
         prop = pyg.APPNP(K=1, alpha=0.1, add_self_loops=False, normalize=False)
         return prop(x, ei, weight) - 0.1 * x + 0.1 * x * 0.5
-    if name in ("cgat", "dotgat"):
+    if name in ("diffgat", "dotgat"):
         h = x @ p["W"]
-        if name == "cgat":
+        if name == "diffgat":
             s = F.leaky_relu(((x[dst] - x[src]) @ p["W"] * p["a"]).sum(-1), 0.2)
         else:
             s = (h[src] * h[dst]).sum(-1) / math.sqrt(F_OUT)
@@ -216,4 +219,4 @@ def oracle(name, x, graph, p):
     raise KeyError(name)
 
 
-MODELS = ["gcn", "gat", "sage_mean", "sage_max", "gin", "appnp", "cgat", "dotgat", "mlp_agg"]
+MODELS = ["gcn", "gat", "sage_mean", "sage_max", "gin", "appnp", "diffgat", "dotgat", "mlp_agg"]
