@@ -164,3 +164,17 @@ def test_user_module_attributes_are_never_cached(graph, traces):
     settings.scale = 6.0
     torch.testing.assert_close(f(graph, {"h": h}), 6.0 * neighbour_sum(graph, h))
     assert traces[0] == 2
+
+
+h = torch.zeros(1)   # a global tensor named like the feature the function reads as u.h
+
+
+def test_attribute_named_like_a_global_does_not_block_reuse(graph, traces):
+    """Only names the bytecode loads as globals are guarded, not attribute names."""
+    @gnnfuse.vertex
+    def f(v):
+        return sum([u.h for u in v.innbs])
+    x = torch.randn(4, 3, dtype=torch.float64)
+    for _ in range(3):
+        torch.testing.assert_close(f(graph, {"h": x}), neighbour_sum(graph, x))
+    assert traces[0] == 1

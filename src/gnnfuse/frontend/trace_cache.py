@@ -22,6 +22,7 @@ the same reason.
 from __future__ import annotations
 
 import builtins
+import dis
 import enum
 import functools
 import types
@@ -42,9 +43,10 @@ class _Uncacheable(Exception):
 
 @functools.lru_cache(maxsize=1024)
 def _global_names(code: types.CodeType) -> tuple[str, ...]:
-    """Names ``code`` (and the comprehensions and lambdas nested in it) may look up as
-    globals. ``co_names`` also lists attribute names; those are harmless extra guards."""
-    names = list(code.co_names)
+    """Names ``code`` (and the comprehensions and lambdas nested in it) looks up as
+    globals, read from its bytecode. ``co_names`` would also list attribute names, and
+    ``u.h`` next to a global tensor ``h`` would then make the function uncacheable."""
+    names = [ins.argval for ins in dis.get_instructions(code) if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME")]
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             names.extend(_global_names(const))
