@@ -24,6 +24,10 @@ Byte model (an estimate of DRAM traffic, not a measurement; caches are ignored):
   rows; an ungrouped (per-edge) unit reads the src and/or dst array per edge, as its
   gathers need. Values computed inside the unit never reach memory; the unit writes only
   its root.
+* A sum or mean unit that the Triton backend would run edge-parallel (the COO schedule,
+  see `prefers_coo`) is counted as an ungrouped unit: every leaf row it needs is
+  gathered per edge, it reads both endpoint arrays, and it writes its output with one
+  atomic read-modify-write per edge and output element.
 * Index entries have the graph's index dtype size.
 
 The report is generic over unit kinds: it uses only a unit's ``root``, ``body``,
@@ -122,7 +126,8 @@ def _names(program: Program) -> dict[int, str]:
 
 def _unit_step(unit: Any, sizes: _Sizes) -> Step:
     by = getattr(unit, "by", None)
-    grouped = by in ("src", "dst")
+    schedule = _schedule(unit, sizes)
+    grouped = by in ("src", "dst") and schedule != "coo"
     gathers = {leaf: ["center" if grouped and side == by else side for side in sides]
                for leaf, sides in gathered_leaves(unit).items()}   # leaf id -> gather index names
     reads: list[tuple[Value, str]] = []
@@ -152,19 +157,23 @@ def _unit_step(unit: Any, sizes: _Sizes) -> Step:
             read_bytes += sizes.rows(leaf.residency) * _row_bytes(leaf)
     index = sizes.num_edges * len(index_names) + (sizes.num_nodes + 1 if grouped else 0)
     root = unit.root
-    writes = sizes.rows(root.residency) * _row_bytes(root)
-    return Step(unit, unit.describe() + _schedule_note(unit, sizes), True, [v for v in unit.body if v is not root],
+    if schedule == "coo":   # both endpoint ids, one atomic read-modify-write per edge
+        index = 2 * sizes.num_edges
+        writes = 2 * sizes.num_edges * _row_bytes(root)
+    else:
+        writes = sizes.rows(root.residency) * _row_bytes(root)
+    label = unit.describe() + (f" [{schedule} schedule on CUDA]" if schedule else "")
+    return Step(unit, label, True, [v for v in unit.body if v is not root],
                 reads, [root], Traffic(read_bytes, index * sizes.index_bytes, writes))
 
 
-def _schedule_note(unit: Any, sizes: _Sizes) -> str:
-    """How the Triton backend would run ``unit`` on this graph; nothing without Triton
-    (the byte estimate above is the CSR walk's either way)."""
+def _schedule(unit: Any, sizes: _Sizes) -> str | None:
+    """How the Triton backend would run ``unit`` on this graph (None without Triton)."""
     try:
         from ..backend.triton.executor import schedule_for
     except ImportError:
-        return ""
-    return f" [{schedule_for(unit, sizes.num_nodes, sizes.num_edges)} schedule on CUDA]"
+        return None
+    return schedule_for(unit, sizes.num_nodes, sizes.num_edges)
 
 
 def _op_step(v: Value, sizes: _Sizes, names: dict[int, str]) -> Step:
