@@ -178,3 +178,17 @@ def test_attribute_named_like_a_global_does_not_block_reuse(graph, traces):
     for _ in range(3):
         torch.testing.assert_close(f(graph, {"h": x}), neighbour_sum(graph, x))
     assert traces[0] == 1
+
+
+def test_a_function_decorated_anew_each_call_reuses_its_trace(graph, traces):
+    """Seastar's Figure 3 decorates inside forward; the closure constant still counts."""
+    x = torch.randn(4, 3, dtype=torch.float64)
+
+    def forward(factor):
+        @gnnfuse.compile(graph, v_feature={"h": x})
+        def vc_compute(v):
+            return sum([u.h * factor for u in v.innbs])
+        return vc_compute()
+    for factor in (2.0, 2.0, 2.0, 5.0):
+        torch.testing.assert_close(forward(factor), factor * neighbour_sum(graph, x))
+    assert traces[0] == 2
