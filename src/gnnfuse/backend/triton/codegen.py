@@ -1,6 +1,9 @@
-"""Turn an `AggregateUnit` into the source of one vertex-parallel Triton kernel.
+"""Turn a fused unit into the source of one Triton kernel: an aggregate unit into a
+vertex-parallel CSR kernel (`generate`) or an edge-parallel COO one with atomic adds
+(`generate_coo`), an edge unit into an edge-parallel kernel that writes each edge's row
+(`generate_edge`).
 
-Schedule (fuseGNN's GAR, Seastar's locality-centric execution): one program owns one
+CSR schedule (fuseGNN's GAR, Seastar's locality-centric execution): one program owns one
 segment of a group row's edges (the row is a destination vertex for forward reductions,
 a source vertex for backward ones over the reverse CSR) and one block of output
 features; it walks the segment in chunks of BLOCK_E, gathers what the unit reads,
@@ -13,7 +16,10 @@ longest first (Seastar §6.3.3's degree sorting).
 Values are evaluated at *coordinates*: each output feature index f maps to coordinates
 in every value's per-element shape (right-aligned broadcasting, reshapes remapped through
 the flat index), so multi-head shapes such as scores (H,) against messages (H, C) need no
-materialized broadcast.
+materialized broadcast. Values with one element per row are loaded once per row and
+broadcast in registers (`_Emitter.scalar_load`); vertex rows of odd width are read from
+a copy padded for aligned vector loads (`row_stride`); a per-edge sum over trailing
+feature dims reduces a whole row tile (`row_sum_split`).
 """
 from __future__ import annotations
 

@@ -72,7 +72,7 @@ def schedule_for(unit: Unit, num_nodes: int, num_edges: int) -> str:
 def prefers_coo(average_degree: float, width: int) -> bool:
     """The cost rule between the schedules, fitted on an H100 (neighbour sum over
     power-law graphs of 300k vertices, average degree 1-64, widths 16-256; the
-    measurements are in benchmarks/README.md). The edge-parallel kernel pays one atomic
+    measurements are benchmarks/results/schedules.md). The edge-parallel kernel pays one atomic
     add per edge and feature but nothing per row; the CSR kernel pays a fixed cost per
     row (its segment bounds, a store) and then streams edges without atomics. So COO
     wins only where rows hold little work -- few edges and narrow features -- and CSR
