@@ -26,6 +26,7 @@ from __future__ import annotations
 import inspect
 import itertools
 import math
+from typing import NamedTuple
 
 import triton
 
@@ -33,6 +34,8 @@ from ...ir import Residency, Value, get_op
 from ...passes.fusion import AggregateUnit, EdgeUnit, Unit, feature_sum_terms, gather_side, leaf_kind
 
 _IDENTITY = {"sum": "0.0", "mean": "0.0", "max": "float('-inf')", "min": "float('inf')"}
+# The kernel variable holding the row id of each edge's gathered row, by gather kind.
+_ROW_INDEX = {"neighbour": "nbr", "edge": "edge", "src": "src_id", "dst": "dst_id"}
 
 
 def _strides(shape: tuple[int, ...]) -> list[int]:
@@ -101,7 +104,7 @@ class _Emitter:
             return self.tmp(f"tl.load({ptr} + {off}[None, :]).to(ACC)")
         if kind == "center":
             return self.tmp(f"tl.load({ptr} + row * {stride} + {off}[None, :]).to(ACC)")
-        index = {"neighbour": "nbr", "edge": "edge", "src": "src_id", "dst": "dst_id"}[kind]
+        index = _ROW_INDEX[kind]
         return self.tmp(f"tl.load({ptr} + {index}[:, None] * {stride} + {off}[None, :], "
                         f"mask=emask[:, None], other=0.0).to(ACC)")
 
@@ -115,8 +118,7 @@ class _Emitter:
             return self.tmp(f"tl.load({ptr}).to(ACC)")
         if kind == "center":
             return self.tmp(f"tl.load({ptr} + row).to(ACC)")
-        index = {"neighbour": "nbr", "edge": "edge", "src": "src_id", "dst": "dst_id"}[kind]
-        return self.tmp(f"tl.load({ptr} + {index}, mask=emask, other=0.0).to(ACC)[:, None]")
+        return self.tmp(f"tl.load({ptr} + {_ROW_INDEX[kind]}, mask=emask, other=0.0).to(ACC)[:, None]")
 
 
 _VECTOR = 4   # elements per 16-byte float32 vector load
@@ -212,10 +214,22 @@ def {name}(src, dst, num_edges, out, {params}{leaf_params}BLOCK_E: tl.constexpr,
 '''
 
 
-def row_sum_split(root: Value) -> tuple[int, int] | None:
-    """(kept, summed) widths when ``root`` sums the trailing feature dims of its input,
-    ``kept`` is a power of two and the padded tile (``kept * next_pow2(summed)``) is at
-    most 128 elements, else None. Such a sum (a GAT attention gradient, ``(h_src *
+class RowSum(NamedTuple):
+    """A per-edge sum over trailing feature dims, evaluated as a [edges, kept, padded]
+    tile whose lanes past ``summed`` are masked (see `row_sum_split`)."""
+    kept: int
+    summed: int
+    padded: int      # next power of two >= summed
+
+    @property
+    def tile(self) -> int:
+        """Elements per edge in the tile: the kernel's BLOCK_F, in one feature block."""
+        return self.kept * self.padded
+
+
+def row_sum_split(root: Value) -> RowSum | None:
+    """The tile for ``root`` when it sums the trailing feature dims of its input, ``kept``
+    is a power of two and the padded tile is at most 128 elements, else None. Such a sum (a GAT attention gradient, ``(h_src *
     g).sum(-1)`` per head) is evaluated as one coalesced [edges, kept, summed] tile
     reduced in registers; unrolled, it loaded every term separately at a stride of
     ``summed`` elements."""
@@ -233,8 +247,8 @@ def row_sum_split(root: Value) -> tuple[int, int] | None:
         return None
     kept = math.prod(root.shape)
     summed = math.prod(in_shape) // max(kept, 1)
-    fits = kept > 0 and kept & (kept - 1) == 0 and kept * triton.next_power_of_2(summed) <= 128
-    return (kept, summed) if fits else None
+    split = RowSum(kept, summed, triton.next_power_of_2(summed))
+    return split if kept > 0 and kept & (kept - 1) == 0 and split.tile <= 128 else None
 
 
 def generate_edge(unit: EdgeUnit, name: str, acc_dtype: str, tuned: bool = False) -> tuple[str, list[Value]]:
@@ -244,9 +258,8 @@ def generate_edge(unit: EdgeUnit, name: str, acc_dtype: str, tuned: bool = False
     width = math.prod(root.shape)
     em = _Emitter(unit)
     split = row_sum_split(root)
-    if split is not None:   # the launcher gives BLOCK_F = the padded tile width, one feature program
-        kept, summed = split
-        padded = triton.next_power_of_2(summed)   # tile lanes past `summed` are masked to 0
+    if split is not None:   # the launcher gives BLOCK_F = split.tile, one feature program
+        kept, summed, padded = split   # tile lanes past `summed` are masked to 0
         in_shape = root.inputs[0].shape
         flat = "f" if padded == summed else em.tmp(f"(f // {padded}) * {summed} + f % {padded}")
         coords = tuple("0" if n == 1 else em.tmp(f"({flat} // {st}) % {n}")
@@ -258,7 +271,7 @@ def generate_edge(unit: EdgeUnit, name: str, acc_dtype: str, tuned: bool = False
                 f"    fo = tl.arange(0, {kept})\n"
                 f"    tl.store(out + e[:, None] * {kept} + fo[None, :], val.to(out.dtype.element_ty),\n"
                 f"             mask=emask[:, None])")
-        source = _edge_parallel_source(name, unit.describe(), acc_dtype, em, kept * padded, "", tail, tuned,
+        source = _edge_parallel_source(name, unit.describe(), acc_dtype, em, split.tile, "", tail, tuned,
                                        reset=False, block_e=(16, 64))   # whole rows: fewer edges per tile
         return source, em.leaf_args
     coords = tuple("0" if n == 1 else em.tmp(f"(f // {st}) % {n}")

@@ -16,7 +16,7 @@ from ...ir import Program, Value
 from ...passes.fusion import AggregateUnit, EdgeUnit, Unit, partition
 from ..reference import GraphContext
 from ..reference.executor import run_plan
-from .codegen import generate, generate_coo, generate_edge, row_stride, row_sum_split
+from .codegen import RowSum, generate, generate_coo, generate_edge, row_stride, row_sum_split
 from .schedule import SEGMENT_EDGES, segments
 
 _KERNELS: dict[str, object] = {}
@@ -96,12 +96,15 @@ def kernel_source(unit: Unit, acc: str, schedule: str) -> tuple[str, str, list[V
 
 
 def _kernel_for(unit: Unit, acc: str, schedule: str):
-    """Generate and load a unit's kernel once per accumulator type and schedule; plans
-    are cached per program, so steady-state training never regenerates source."""
+    """(kernel, leaf values in argument order, row tile) for a unit, generated and loaded
+    once per accumulator type and schedule; plans are cached per program, so
+    steady-state training never regenerates source. The row tile is an edge unit's
+    `row_sum_split` (None elsewhere), which fixes its launch's feature block."""
     per_unit = _UNIT_KERNELS.setdefault(unit, {})
     if (acc, schedule) not in per_unit:
         name, source, leaf_args = kernel_source(unit, acc, schedule)
-        per_unit[acc, schedule] = (_load_kernel(source, name), leaf_args)
+        row_tile = row_sum_split(unit.root) if schedule == "edge" else None
+        per_unit[acc, schedule] = (_load_kernel(source, name), leaf_args, row_tile)
     return per_unit[acc, schedule]
 
 
@@ -109,10 +112,10 @@ def run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> 
     tensors = list(leaves.values())
     acc = "tl.float64" if any(t.dtype == torch.float64 for t in tensors) else "tl.float32"
     schedule = schedule_for(unit, ctx.num_nodes, ctx.num_edges)
-    kernel, leaf_args = _kernel_for(unit, acc, schedule)
+    kernel, leaf_args, row_tile = _kernel_for(unit, acc, schedule)
     args = [_laid_out(leaves[v.id], v) for v in leaf_args]
     if schedule == "edge":
-        return _run_edge_unit(unit, ctx, kernel, args)
+        return _run_edge_unit(unit, ctx, kernel, args, row_tile)
     if schedule == "coo":
         return _run_coo_unit(unit, ctx, kernel, args)
     rowptr, col, eid = ctx.csr(unit.by)
@@ -152,12 +155,11 @@ def _run_coo_unit(unit: AggregateUnit, ctx: GraphContext, kernel, args: list[tor
     return _launch_over_edges(kernel, ctx, out, [ctx.degree(unit.by), *args])
 
 
-def _run_edge_unit(unit: EdgeUnit, ctx: GraphContext, kernel, args: list[torch.Tensor]) -> torch.Tensor:
+def _run_edge_unit(unit: EdgeUnit, ctx: GraphContext, kernel, args: list[torch.Tensor],
+                   row_tile: RowSum | None) -> torch.Tensor:
     root = unit.root
     out = torch.empty((ctx.num_edges,) + root.shape, dtype=root.dtype, device=ctx.src.device)
-    split = row_sum_split(root)
-    return _launch_over_edges(kernel, ctx, out, args,
-                              None if split is None else split[0] * triton.next_power_of_2(split[1]))
+    return _launch_over_edges(kernel, ctx, out, args, row_tile and row_tile.tile)
 
 
 def _launch_over_edges(kernel, ctx: GraphContext, out: torch.Tensor, args: list[torch.Tensor],
