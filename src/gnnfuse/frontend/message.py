@@ -26,8 +26,7 @@ import torch
 
 from ..graph import Graph
 from ..ir import Residency
-from ..runtime import compiled_for
-from .trace_cache import TraceCache
+from .trace_cache import TraceCache, program_feeds
 from .tracer import EDGE_ROWED, SymTensor, Tracer
 
 
@@ -146,16 +145,10 @@ def message_passing(graph: Graph | object, message_fn: Callable, reduce_fn: Call
     ``ntype_data`` hold per-edge-type / per-node-type tensors (see the module docstring)."""
     graph = Graph.coerce(graph)
     edata, etype_data, ntype_data = dict(edata or {}), dict(etype_data or {}), dict(ntype_data or {})
-    key = _TRACES.key((message_fn, reduce_fn, update_fn), (ndata, edata, etype_data, ntype_data))
-    compiled, captured = _TRACES.get(key), {}
-    if compiled is None:
-        tracer = trace_message_passing(message_fn, reduce_fn, update_fn, ndata, edata, etype_data, ntype_data)
-        compiled, captured = compiled_for(tracer.program), dict(tracer.captured.values())
-        _TRACES.put(key, compiled, captured)
-    feeds = {**ndata, **{f"e.{k}": t for k, t in edata.items()},
-             **{f"etype.{k}": t for k, t in etype_data.items()},
-             **{f"ntype.{k}": t for k, t in ntype_data.items()}, **captured}
-    return compiled(graph, feeds)
+    tables = (ndata, edata, etype_data, ntype_data)
+    compiled, captured = _TRACES.compiled((message_fn, reduce_fn, update_fn), tables,
+                                          lambda: trace_message_passing(message_fn, reduce_fn, update_fn, *tables))
+    return compiled(graph, program_feeds(tables, captured))
 
 
 # UDFs are often closures defined anew on every call (a layer's forward defines them),

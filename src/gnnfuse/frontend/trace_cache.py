@@ -30,6 +30,9 @@ from typing import Any, Callable, Hashable, Mapping
 
 import torch
 
+from ..runtime import CompiledProgram, compiled_for
+from .tracer import Tracer
+
 _MISSING = object()
 _SCALARS = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.Size)
 # Functions of these packages are trusted to behave the same while their identity holds.
@@ -109,22 +112,35 @@ def signature(tables: tuple[Mapping[str, torch.Tensor], ...]) -> Hashable:
 
 class TraceCache:
     """Compiled programs by (guard key, argument signature), for traces that captured no
-    tensors. Lookups cost a walk over the functions' globals and closure cells."""
+    tensors. A lookup costs a walk over the functions' globals and closure cells."""
 
     def __init__(self) -> None:
-        self._entries: dict[Hashable, Any] = {}
+        self._entries: dict[Hashable, CompiledProgram] = {}
 
-    def key(self, functions: tuple[Callable | None, ...],
-            tables: tuple[Mapping[str, torch.Tensor], ...]) -> Hashable | None:
+    def compiled(self, functions: tuple[Callable | None, ...], tables: tuple[Mapping[str, torch.Tensor], ...],
+                 trace: Callable[[], Tracer]) -> tuple[CompiledProgram, dict[str, torch.Tensor]]:
+        """The compiled program for ``functions`` called on ``tables``, and the tensors
+        its trace captured (program inputs beside the tables); ``trace`` runs only when
+        no reusable trace is cached."""
         guards = guard_key(functions)
-        return None if guards is None else (guards, signature(tables))
+        key = None if guards is None else (guards, signature(tables))
+        if key in self._entries:
+            return self._entries[key], {}
+        tracer = trace()
+        compiled, captured = compiled_for(tracer.program), dict(tracer.captured.values())
+        if key is not None and not captured:
+            if len(self._entries) >= _LIMIT:
+                del self._entries[next(iter(self._entries))]
+            self._entries[key] = compiled
+        return compiled, captured
 
-    def get(self, key: Hashable | None) -> Any:
-        return None if key is None else self._entries.get(key)
 
-    def put(self, key: Hashable | None, compiled: Any, captured: Mapping) -> None:
-        if key is None or captured:
-            return
-        if len(self._entries) >= _LIMIT:
-            del self._entries[next(iter(self._entries))]
-        self._entries[key] = compiled
+def program_feeds(tables: tuple[Mapping[str, torch.Tensor], ...],
+                  captured: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A traced program's inputs by name: node tensors as given, edge and per-type
+    tensors under the prefixes the tracers give them, then the captured parameters."""
+    feeds = {f"{prefix}{key}": t for prefix, table in zip(_PREFIXES, tables) for key, t in table.items()}
+    return {**feeds, **captured}
+
+
+_PREFIXES = ("", "e.", "etype.", "ntype.")   # node, edge, edge-type, node-type tables

@@ -40,8 +40,7 @@ import torch
 
 from ..graph import Graph
 from ..ir import Residency
-from ..runtime import compiled_for
-from .trace_cache import TraceCache
+from .trace_cache import TraceCache, program_feeds
 from .tracer import EDGE_ROWED, Degree, SymTensor, Tracer
 
 
@@ -213,16 +212,8 @@ class VertexFunction:
                  ntype_feature: Mapping[str, torch.Tensor] | None = None):
         graph = Graph.coerce(graph)
         tables = (v_feature, e_feature or {}, etype_feature or {}, ntype_feature or {})
-        key = _TRACES.key((self.fn,), tables)
-        compiled, captured = _TRACES.get(key), {}
-        if compiled is None:
-            tracer, captured = self.trace(v_feature, e_feature, etype_feature, ntype_feature)
-            compiled = compiled_for(tracer.program)
-            _TRACES.put(key, compiled, captured)
-        feeds = {**v_feature, **{f"e.{k}": t for k, t in (e_feature or {}).items()},
-                 **{f"etype.{k}": t for k, t in (etype_feature or {}).items()},
-                 **{f"ntype.{k}": t for k, t in (ntype_feature or {}).items()}, **captured}
-        outputs = compiled(graph, feeds)
+        compiled, captured = _TRACES.compiled((self.fn,), tables, lambda: self.trace(*tables)[0])
+        outputs = compiled(graph, program_feeds(tables, captured))
         return outputs["out"] if list(outputs) == ["out"] else outputs
 
 
