@@ -22,8 +22,8 @@ from torch import nn
 
 from .. import frontend
 from ..graph import Graph
-from .conv import (GATConv, _as_graph, _check_dropout, _combine_heads, _head_bias, _inv_sqrt_degree, _looped,
-                   _normalized_sum)
+from .conv import (GATConv, _as_graph, _check_dropout, _combine_heads, _head_bias, _inv_sqrt_degree,
+                   _normalized_sum, _with_loops)
 
 def _run_vertex(fn: Callable, graph: Graph, v_feature: Mapping[str, torch.Tensor]) -> torch.Tensor:
     """Run a vertex function that closes over a layer's parameters, made anew in every
@@ -72,9 +72,7 @@ class GATv2Conv(nn.Module):
             nn.init.zeros_(self.bias)
 
     def forward(self, x: torch.Tensor, graph: Graph | torch.Tensor) -> torch.Tensor:
-        graph = _as_graph(graph, x.shape[0])
-        if self.add_self_loops:
-            graph = _looped(graph)
+        graph = _with_loops(_as_graph(graph, x.shape[0]), self.add_self_loops)
         shape = (-1, self.heads, self.out_channels)
         x_l = self.lin_l(x).view(shape)
         x_r = x_l if self.share_weights else self.lin_r(x).view(shape)
@@ -158,9 +156,7 @@ class CGATConv(GATConv):
                          add_self_loops=add_self_loops, bias=bias)
 
     def forward(self, x: torch.Tensor, graph: Graph | torch.Tensor) -> torch.Tensor:
-        graph = _as_graph(graph, x.shape[0])
-        if self.add_self_loops:
-            graph = _looped(graph)
+        graph = _with_loops(_as_graph(graph, x.shape[0]), self.add_self_loops)
         z = self.lin(x).view(-1, self.heads, self.out_channels)
         s_src, s_dst = (z * self.att_src).sum(-1), (z * self.att_dst).sum(-1)
         score = F.leaky_relu(s_src[graph.src] + s_dst[graph.dst], self.negative_slope)
@@ -207,9 +203,7 @@ class DotGATConv(nn.Module):
             nn.init.zeros_(self.bias)
 
     def forward(self, x: torch.Tensor, graph: Graph | torch.Tensor) -> torch.Tensor:
-        graph = _as_graph(graph, x.shape[0])
-        if self.add_self_loops:
-            graph = _looped(graph)
+        graph = _with_loops(_as_graph(graph, x.shape[0]), self.add_self_loops)
         z = self.lin(x).view(-1, self.heads, self.out_channels)
         out = _dot_attention(graph, {"z": z, "q": z / math.sqrt(self.out_channels)})
         return _combine_heads(out, self.concat, self.bias)

@@ -32,6 +32,12 @@ def _looped(graph: Graph) -> Graph:
     return graph.cached("nn_self_looped", lambda g: g.remove_self_loops().add_self_loops())
 
 
+def _with_loops(graph: Graph, add_self_loops: bool) -> Graph:
+    """The graph an attention or propagation layer runs on: `_looped` when the layer's
+    ``add_self_loops`` asks for it, else as given."""
+    return _looped(graph) if add_self_loops else graph
+
+
 def _inv_sqrt_degree(graph: Graph, dtype: torch.dtype) -> torch.Tensor:
     """deg^-1/2 by in-degree, 0 for isolated vertices (PyG's ``gcn_norm``)."""
     def build(g: Graph) -> torch.Tensor:
@@ -163,8 +169,7 @@ class GCNConv(nn.Module):
             loop_free, norm, fill = _improved_gcn_norm(graph, x.dtype)
             out = _normalized_sum_with_loops(loop_free, {"h": h, "norm": norm, "fill": fill})
         else:
-            if self.add_self_loops:
-                graph = _looped(graph)
+            graph = _with_loops(graph, self.add_self_loops)
             out = _normalized_sum(graph, {"h": h, "norm": _inv_sqrt_degree(graph, x.dtype)})
         return out if self.bias is None else out + self.bias
 
@@ -235,9 +240,7 @@ class GATConv(nn.Module):
             nn.init.zeros_(self.bias)
 
     def forward(self, x: torch.Tensor, graph: Graph | torch.Tensor) -> torch.Tensor:
-        graph = _as_graph(graph, x.shape[0])
-        if self.add_self_loops:
-            graph = _looped(graph)
+        graph = _with_loops(_as_graph(graph, x.shape[0]), self.add_self_loops)
         h = self.lin(x).view(-1, self.heads, self.out_channels)
         slope, p, training = self.negative_slope, self.dropout, self.training
 

@@ -21,8 +21,8 @@ from torch import nn
 
 from .. import frontend
 from ..graph import Graph
-from .conv import (_AGGREGATORS, _as_graph, _inv_sqrt_degree, _layer_graph, _looped, _neighbour_sum,
-                   _normalized_sum)
+from .conv import (_AGGREGATORS, _as_graph, _inv_sqrt_degree, _layer_graph, _neighbour_sum,
+                   _normalized_sum, _with_loops)
 
 
 def _reset(module: Callable) -> None:
@@ -152,8 +152,7 @@ class APPNP(nn.Module):
 
     def forward(self, x: torch.Tensor, graph: Graph | torch.Tensor) -> torch.Tensor:
         graph = _layer_graph(self, x, graph, self.cached and self.normalize)
-        if self.normalize and self.add_self_loops:
-            graph = _looped(graph)
+        graph = _with_loops(graph, self.normalize and self.add_self_loops)
         h = x
         if self.dropout > 0 and self.training:
             weight = (_edge_weights(graph, x.dtype) if self.normalize
@@ -197,9 +196,7 @@ class SGConv(nn.Module):
     def forward(self, x: torch.Tensor, graph: Graph | torch.Tensor) -> torch.Tensor:
         if self._cached_x is not None:
             return self.lin(self._cached_x.detach())
-        graph = _as_graph(graph, x.shape[0])
-        if self.add_self_loops:
-            graph = _looped(graph)
+        graph = _with_loops(_as_graph(graph, x.shape[0]), self.add_self_loops)
         norm = _inv_sqrt_degree(graph, x.dtype)
         transform_first = not self.cached and self.out_channels < self.in_channels
         h = F.linear(x, self.lin.weight) if transform_first else x
