@@ -18,6 +18,7 @@ from torch_geometric.utils import softmax as pyg_softmax
 
 import gnnfuse
 from gnnfuse import nn as gnn
+from layer_check import assert_same_outputs_and_grads, rel_err
 
 N, F_IN = 20, 6
 
@@ -32,18 +33,27 @@ def _heads_out(out, concat, bias):
     return out if bias is None else out + bias
 
 
-class CGATOracle(nn.Module):
-    """Graphiler's C-GAT reduce, literally: every pair of a vertex's in-edges."""
+class Oracle(nn.Module):
+    """A plain-PyTorch forward of ``layer`` (its own copy: see `_oracle_pair`)."""
 
-    def __init__(self, layer: gnn.CGATConv):
+    def __init__(self, layer: nn.Module):
         super().__init__()
         self.layer = layer
 
-    def forward(self, x, edge_index):
-        m = self.layer
-        n = x.shape[0]
+    def projected(self, x, edge_index):
+        """(src, dst, z) of a multi-head attention layer: the edges, with its self loops
+        if it adds them, and ``x`` through its linear map as [N, heads, channels]."""
+        m, n = self.layer, x.shape[0]
         src, dst = _loops(edge_index, n) if m.add_self_loops else edge_index
-        z = (x @ m.lin.weight.t()).view(n, m.heads, m.out_channels)
+        return src, dst, (x @ m.lin.weight.t()).view(n, m.heads, m.out_channels)
+
+
+class CGATOracle(Oracle):
+    """Graphiler's C-GAT reduce, literally: every pair of a vertex's in-edges."""
+
+    def forward(self, x, edge_index):
+        m, n = self.layer, x.shape[0]
+        src, dst, z = self.projected(x, edge_index)
         e = F.leaky_relu((z[src] * m.att_src).sum(-1) + (z[dst] * m.att_dst).sum(-1), m.negative_slope)
         j, i = (dst.unsqueeze(1) == dst.unsqueeze(0)).nonzero(as_tuple=True)   # all pairs at one vertex
         w = torch.zeros_like(e).index_add(0, j, torch.relu(e[j] - e[i]))
@@ -51,25 +61,19 @@ class CGATOracle(nn.Module):
         return _heads_out(out, m.concat, m.bias)
 
 
-class DotGATOracle(nn.Module):
-    def __init__(self, layer: gnn.DotGATConv):
-        super().__init__()
-        self.layer = layer
+class DotGATOracle(Oracle):
+    """Dot-product attention per edge, softmax over each vertex's in-edges."""
 
     def forward(self, x, edge_index):
-        m = self.layer
-        n = x.shape[0]
-        src, dst = _loops(edge_index, n) if m.add_self_loops else edge_index
-        z = (x @ m.lin.weight.t()).view(n, m.heads, m.out_channels)
+        m, n = self.layer, x.shape[0]
+        src, dst, z = self.projected(x, edge_index)
         alpha = pyg_softmax((z[src] * z[dst]).sum(-1) / math.sqrt(m.out_channels), dst, num_nodes=n)
         out = torch.zeros_like(z).index_add(0, dst, alpha.unsqueeze(-1) * z[src])
         return _heads_out(out, m.concat, m.bias)
 
 
-class MLPAggOracle(nn.Module):
-    def __init__(self, layer: gnn.MLPAggConv):
-        super().__init__()
-        self.layer = layer
+class MLPAggOracle(Oracle):
+    """FeatGraph's MLP aggregation: max over in-edges of relu(lin(x_u + x_v))."""
 
     def forward(self, x, edge_index):
         src, dst = edge_index
@@ -78,12 +82,8 @@ class MLPAggOracle(nn.Module):
             0, dst, msg, "amax", include_self=False)
 
 
-class NGCFOracle(nn.Module):
+class NGCFOracle(Oracle):
     """NGCF eq. 3-7 per edge, messages materialized: m = p (W1 x_u + W2 (x_u * x_v))."""
-
-    def __init__(self, layer: gnn.NGCFConv):
-        super().__init__()
-        self.layer = layer
 
     def forward(self, x, edge_index):
         m = self.layer
@@ -129,10 +129,6 @@ LAYERS = {
 }
 
 
-def rel_err(a, b):
-    return ((a - b).norm() / b.norm()).item()
-
-
 def _graph_edges(seed: int = 0) -> torch.Tensor:
     """A random multigraph (duplicate edges, self loops) whose last three vertices are isolated."""
     gen = torch.Generator().manual_seed(seed)
@@ -172,20 +168,9 @@ def test_layer_matches_oracle(backend, as_graph, name, monkeypatch):
     ours.eval(), ref.eval()
     edge_index = _graph_edges().to(device)
     x = torch.randn(N, F_IN, dtype=torch.float64).to(device)
-    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
     graph = gnnfuse.Graph.from_edge_index(edge_index, num_nodes=N) if as_graph else edge_index
-    out, expected = ours(xa, graph), ref(xb, edge_index)
-    assert out.shape == expected.shape
-    seed = torch.randn_like(expected)
-    (out * seed).sum().backward()
-    (expected * seed).sum().backward()
-    assert rel_err(out, expected) < 1e-9
-    assert rel_err(xa.grad, xb.grad) < 1e-9
-    ref_params = dict(ref.named_parameters())
-    for key, p in ours.named_parameters():
-        q = ref_params[key] if key in ref_params else ref_params[f"layer.{key}"]
-        assert p.grad is not None and q.grad is not None, key
-        assert rel_err(p.grad, q.grad) < 1e-9, key
+    assert_same_outputs_and_grads(ours, ref, lambda xs: ours(xs, graph), lambda xs: ref(xs, edge_index), x,
+                                  ref_prefix="layer." if isinstance(ref, Oracle) else "")
 
 
 def test_isolated_vertices_get_bias_only():

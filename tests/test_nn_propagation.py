@@ -10,6 +10,7 @@ import torch_geometric.nn as pyg
 
 import gnnfuse
 from gnnfuse import nn as gnn
+from layer_check import assert_same_outputs_and_grads, rel_err
 
 N, F_IN = 20, 12
 
@@ -66,10 +67,6 @@ LAYERS = {
 }
 
 
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a - b).norm() / b.norm()).item()
-
-
 def device_for(backend: str) -> str:
     return "cuda" if backend == "triton" and torch.cuda.is_available() else "cpu"
 
@@ -78,22 +75,6 @@ def pair(name: str, device: str = "cpu"):
     ours, ref = (m.double().to(device) for m in LAYERS[name][0]())
     ours.load_state_dict(ref.state_dict())
     return ours, ref
-
-
-def assert_same_outputs_and_grads(ours, ref, run_ours, run_ref, x: torch.Tensor) -> None:
-    """Outputs, input gradient and every parameter gradient agree to 1e-9 relative."""
-    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
-    out, expected = run_ours(xa), run_ref(xb)
-    assert out.shape == expected.shape
-    seed = torch.randn_like(expected)
-    (out * seed).sum().backward()
-    (expected * seed).sum().backward()
-    assert rel_err(out, expected) < 1e-9
-    assert rel_err(xa.grad, xb.grad) < 1e-9
-    ours_params, ref_params = dict(ours.named_parameters()), dict(ref.named_parameters())
-    assert ours_params.keys() == ref_params.keys()
-    for key, p in ours_params.items():
-        assert rel_err(p.grad, ref_params[key].grad) < 1e-9, key
 
 
 @pytest.mark.parametrize("name", LAYERS)
