@@ -104,6 +104,24 @@ def timeit(fn, reps=30):
     return times[len(times) // 2]
 
 
+def checked_time(launch, shape, ref):
+    """Median ms of ``launch(out)`` into a zeroed ``out`` (split rows add atomically),
+    or why it was not timed: a wrong result against ``ref`` or a failure to compile."""
+    out = torch.zeros(shape, device=DEV)
+
+    def run():
+        out.zero_()
+        launch(out)
+    try:
+        run()
+        if DEV == "cuda":
+            torch.cuda.synchronize()
+        err = ((out - ref).abs().max() / ref.abs().max()).item()
+        return timeit(run) if err < 1e-4 else f"wrong {err}"
+    except Exception as exc:  # noqa: BLE001 - a variant Triton cannot compile is a result too
+        return f"fail {type(exc).__name__}: {str(exc)[:100]}"
+
+
 def kernel_variants(name, graph, widths):
     g = graph.to(DEV)
     csr = g.csr()
@@ -121,33 +139,18 @@ def kernel_variants(name, graph, widths):
         res["gnnfuse-api"] = timeit(lambda: nsum(g, {"h": x}))
         bf = min(triton.next_power_of_2(F), 128)
         nf = triton.cdiv(F, bf)
+        shape = (g.num_nodes, F)
         for be, rows, w, defer in itertools.product((16, 64), (1, 4), (1, 4), (0, 1)):
-            key = f"2d be{be} rows{rows} w{w} defer{defer}"
-            out = torch.zeros(g.num_nodes, F, device=DEV)
-            def run():
-                out.zero_()
-                seg2d[(triton.cdiv(nseg, rows), nf)](row, st, en, sp, nseg, col32, x, out, F, be, bf, rows, defer, num_warps=w)
-            try:
-                run(); DEV == "cuda" and torch.cuda.synchronize()
-                err = ((out - ref).abs().max() / ref.abs().max()).item()
-                res[key] = timeit(run) if err < 1e-4 else f"wrong {err}"
-            except Exception as exc:
-                res[key] = f"fail {type(exc).__name__}: {str(exc)[:100]}"
+            res[f"2d be{be} rows{rows} w{w} defer{defer}"] = checked_time(
+                lambda out: seg2d[(triton.cdiv(nseg, rows), nf)](
+                    row, st, en, sp, nseg, col32, x, out, F, be, bf, rows, defer, num_warps=w), shape, ref)
         budget = max(2048, 8 * bf)
         for r, w in itertools.product((2, 8, 32, 64), (2, 4, 8)):
             k = budget // (r * bf)
-            if k < 1 or k > 64: continue
-            key = f"3d r{r} k{k} w{w}"
-            out = torch.zeros(g.num_nodes, F, device=DEV)
-            def run():
-                out.zero_()
-                seg3d[(triton.cdiv(nseg, r), nf)](row, st, en, sp, nseg, col32, x, out, F, r, k, bf, num_warps=w)
-            try:
-                run(); DEV == "cuda" and torch.cuda.synchronize()
-                err = ((out - ref).abs().max() / ref.abs().max()).item()
-                res[key] = timeit(run) if err < 1e-4 else f"wrong {err}"
-            except Exception as exc:
-                res[key] = f"fail {type(exc).__name__}: {str(exc)[:100]}"
+            if 1 <= k <= 64:
+                res[f"3d r{r} k{k} w{w}"] = checked_time(
+                    lambda out: seg3d[(triton.cdiv(nseg, r), nf)](
+                        row, st, en, sp, nseg, col32, x, out, F, r, k, bf, num_warps=w), shape, ref)
         zero = timeit(lambda: torch.zeros(g.num_nodes, F, device=DEV).zero_())
         res["zero-fill"] = zero
         RESULTS[f"{name}/{F}"] = res
