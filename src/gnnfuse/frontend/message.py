@@ -17,6 +17,24 @@ shape [R, in, out] multiplies every edge by its own relation's matrix (R-GCN, HG
 
     def message(edges):
         return {"m": (edges.src["h"] @ edges.type["W"]) * edges.data["norm"]}
+
+Edge data: ``message_fn`` may write ``edges.data[key] = value`` (a per-edge value), as
+GatedGCN updates its edge features; later reads of ``edges.data[key]`` in the UDF see the
+written value. ``message_passing(..., return_edata=True)`` returns ``(node_data,
+edge_data)``, ``edge_data`` holding every key written, as [E, ...] tensors in edge-id order
+(DGL would leave them in ``g.edata``; here nothing is stored on the graph, so the caller
+asks for them). ``apply_edges(graph, edge_fn, ndata=..., edata=...)`` is DGL's
+``apply_edges``: ``edge_fn(edges)`` returns a dict of per-edge values, and the result maps
+those keys and any written to ``edges.data`` to [E, ...] tensors. Both are differentiable
+and compile to the same fused edge kernels as messages:
+
+    def message(edges):
+        edges.data["e"] = edges.dst["h"] @ A + edges.src["h"] @ B + edges.data["e"] @ C
+        sigma = torch.sigmoid(edges.data["e"])
+        return {"m": sigma * (edges.src["h"] @ V), "sigma": sigma}
+
+    nodes, edges = gnnfuse.message_passing(graph, message, reduce, ndata={"h": h},
+                                           edata={"e": e}, return_edata=True)   # edges["e"]: [E, F]
 """
 from __future__ import annotations
 

@@ -28,6 +28,19 @@ shape [R, in, out] multiplies by each edge's own relation matrix (R-GCN):
     out = rgcn(graph, {"h": x}, {"norm": norm}, etype_feature={"W": W})
 
 ``type`` is therefore reserved and cannot name a vertex or edge feature.
+
+Multi-hop propagation (Seastar's APPNP): ``v.update_allnode({"h": new_h})`` sets every
+vertex's ``h`` to the per-vertex value ``new_h`` for the rest of the function, so reads of
+``u.h`` / ``v.h`` / ``e.src.h`` after it see the new value and a loop of K hops compiles
+into one program of K chained aggregations (K is a trace-time constant, guarded by the
+trace cache like any closure constant):
+
+    @gnnfuse.vertex
+    def appnp(v):
+        for _ in range(K):
+            h = (1 - alpha) * sum([u.h * u.norm for u in v.innbs]) * v.norm + alpha * v.h0
+            v.update_allnode({"h": h})
+        return v.h
 """
 from __future__ import annotations
 
