@@ -160,3 +160,21 @@ def test_a_node_output_named_like_returned_edge_data_is_rejected():
 
     with pytest.raises(gnnfuse.CompileError, match="clashes with edge data 'x'"):
         gnnfuse.message_passing(graph, message, reduce, ndata={"h": h}, return_edata=True)
+
+
+def test_writing_other_udf_tables_is_rejected_at_its_line():
+    graph = gnnfuse.Graph(SRC, DST, N)
+    h = torch.randn(N, F, dtype=torch.float64)
+
+    def writes_source_data(edges):
+        edges.src["h"] = edges.src["h"] * 2.0
+        return {"m": edges.src["h"]}
+
+    def writes_node_data(nodes):
+        nodes.data["h"] = torch.sum(nodes.mailbox["m"], dim=1)
+        return {"h": nodes.data["h"]}
+
+    with pytest.raises(gnnfuse.CompileError, match=r"(?s)edges.src is read-only.*edges.src\[\"h\"\] ="):
+        gnnfuse.apply_edges(graph, writes_source_data, ndata={"h": h})
+    with pytest.raises(gnnfuse.CompileError, match=r"(?s)nodes.data is read-only.*nodes.data\[\"h\"\] ="):
+        gnnfuse.message_passing(graph, lambda edges: {"m": edges.src["h"]}, writes_node_data, ndata={"h": h})

@@ -79,6 +79,10 @@ class _Lookup:
     def __contains__(self, key: str) -> bool:
         return key in self._keys
 
+    def __setitem__(self, key: str, value) -> None:
+        raise self._tracer.error(f"{self._what} is read-only: only edges.data can be written in a UDF; "
+                                 f"return {key!r} in the UDF's result dict instead")
+
 
 class _EdgeData(_Lookup):
     """``edges.data``: the edge features passed in, plus those the UDF writes
