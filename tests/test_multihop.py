@@ -149,3 +149,12 @@ def test_update_allnode_misuse_is_rejected_at_its_line():
                       (reserved_name, r"(?s)cannot set 'type'.*update_allnode\(\{\"type\""),]:
         with pytest.raises(gnnfuse.CompileError, match=match):
             fn(graph, {"h": x})
+
+
+def test_multihop_gradcheck():
+    graph = gnnfuse.Graph(SRC, DST, N)
+    norm = inv_sqrt_in_degree(DST)
+    x, x0 = features("cpu", (N, 2), (N, 2))
+    appnp = appnp_with_hops(2, 0.3)
+    assert torch.autograd.gradcheck(lambda x, x0: appnp(graph, {"h": x, "h0": x0, "norm": norm}),
+                                    (x.requires_grad_(), x0.requires_grad_()))
