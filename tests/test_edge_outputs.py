@@ -231,3 +231,9 @@ def test_gated_gcn_layer_written_as_dgl_methods(backend, monkeypatch):
 
     tensors = {**inputs(device, h=(N, F), e=(E, F)), **{k: p.detach() for k, p in params.items()}}
     assert_matches_oracle(ours, oracle, tensors)
+
+
+def test_apply_edges_rejects_a_tensor_where_a_dict_belongs():
+    graph = gnnfuse.Graph(SRC, DST, N)
+    with pytest.raises(TypeError, match="ndata must be a dict of tensors"):
+        gnnfuse.apply_edges(graph, lambda edges: {"x": edges.src["h"]}, ndata=torch.randn(N, 2))

@@ -238,7 +238,11 @@ def apply_edges(graph: Graph | object, edge_fn: Callable, *, ndata: Mapping[str,
     per-edge values; the result maps each returned key, and each key ``edge_fn`` wrote to
     ``edges.data``, to an [E, ...] tensor in edge-id order, differentiable."""
     graph = Graph.coerce(graph)
-    tables = (dict(ndata or {}), dict(edata or {}), dict(etype_data or {}), dict(ntype_data or {}))
+    given = {"ndata": ndata, "edata": edata, "etype_data": etype_data, "ntype_data": ntype_data}
+    for name, table in given.items():
+        if table is not None and not isinstance(table, Mapping):
+            raise TypeError(f"apply_edges: {name} must be a dict of tensors by key, got {type(table).__name__}")
+    tables = tuple(dict(table or {}) for table in given.values())
     compiled, captured = _EDGE_TRACES.compiled((edge_fn,), tables, lambda: trace_apply_edges(edge_fn, *tables))
     return compiled(graph, program_feeds(tables, captured))
 
