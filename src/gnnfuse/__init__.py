@@ -3,10 +3,10 @@
 Layering (each imports only from those before it): graph -> ir -> passes -> autodiff ->
 backend -> runtime -> frontend -> nn / data / cli.
 """
-from .frontend import compile, message_passing, vertex
+from .frontend import apply_edges, compile, message_passing, vertex
 from .graph import Graph
 from .ir import CompileError
 from .runtime import explain
 
 __version__ = "0.1.0"
-__all__ = ["CompileError", "Graph", "compile", "explain", "message_passing", "vertex", "__version__"]
+__all__ = ["CompileError", "Graph", "apply_edges", "compile", "explain", "message_passing", "vertex", "__version__"]

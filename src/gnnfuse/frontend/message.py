@@ -17,6 +17,24 @@ shape [R, in, out] multiplies every edge by its own relation's matrix (R-GCN, HG
 
     def message(edges):
         return {"m": (edges.src["h"] @ edges.type["W"]) * edges.data["norm"]}
+
+Edge data: ``message_fn`` may write ``edges.data[key] = value`` (a per-edge value), as
+GatedGCN updates its edge features; later reads of ``edges.data[key]`` in the UDF see the
+written value. ``message_passing(..., return_edata=True)`` returns ``(node_data,
+edge_data)``, ``edge_data`` holding every key written, as [E, ...] tensors in edge-id order
+(DGL would leave them in ``g.edata``; here nothing is stored on the graph, so the caller
+asks for them). ``apply_edges(graph, edge_fn, ndata=..., edata=...)`` is DGL's
+``apply_edges``: ``edge_fn(edges)`` returns a dict of per-edge values, and the result maps
+those keys and any written to ``edges.data`` to [E, ...] tensors. Both are differentiable
+and compile to the same fused edge kernels as messages:
+
+    def message(edges):
+        edges.data["e"] = edges.dst["h"] @ A + edges.src["h"] @ B + edges.data["e"] @ C
+        sigma = torch.sigmoid(edges.data["e"])
+        return {"m": sigma * (edges.src["h"] @ V), "sigma": sigma}
+
+    nodes, edges = gnnfuse.message_passing(graph, message, reduce, ndata={"h": h},
+                                           edata={"e": e}, return_edata=True)   # edges["e"]: [E, F]
 """
 from __future__ import annotations
 
@@ -26,6 +44,7 @@ import torch
 
 from ..graph import Graph
 from ..ir import Residency
+from ..runtime import CompiledProgram
 from .trace_cache import TraceCache, program_feeds
 from .tracer import EDGE_ROWED, SymTensor, Tracer
 
@@ -60,6 +79,37 @@ class _Lookup:
     def __contains__(self, key: str) -> bool:
         return key in self._keys
 
+    def __setitem__(self, key: str, value) -> None:
+        raise self._tracer.error(f"{self._what} is read-only: only edges.data can be written in a UDF; "
+                                 f"return {key!r} in the UDF's result dict instead")
+
+
+class _EdgeData(_Lookup):
+    """``edges.data``: the edge features passed in, plus those the UDF writes
+    (``edges.data["e"] = ...``, GatedGCN's edge update). A written key shadows the input
+    of that name for the rest of the trace, as the assignment does in DGL; the written
+    values are what `message_passing(..., return_edata=True)` and `apply_edges` return."""
+
+    def __init__(self, tracer: Tracer, edata: Mapping[str, torch.Tensor]):
+        super().__init__(tracer, "edges.data",
+                         lambda k: tracer.input(f"e.{k}", Residency.EDGE, edata[k], 1), edata)
+        self.written: dict[str, SymTensor] = {}
+
+    def __getitem__(self, key: str) -> SymTensor:
+        return self.written[key] if key in self.written else super().__getitem__(key)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.written or super().__contains__(key)
+
+    def __setitem__(self, key: str, value: SymTensor) -> None:
+        if not isinstance(key, str):
+            raise self._tracer.error(f"edges.data keys are strings, got {type(key).__name__}")
+        if not isinstance(value, SymTensor) or value.value.residency not in EDGE_ROWED:
+            what = value.value.residency.name if isinstance(value, SymTensor) else type(value).__name__
+            raise self._tracer.error(f"edges.data[{key!r}] must be assigned a per-edge value computed from "
+                                     f"edges.src/dst/data, got {what}")
+        self.written[key] = value
+
 
 def _gather(tracer: Tracer, key: str, residency: Residency, tensor: torch.Tensor, by: str) -> SymTensor:
     """Program input ``key`` read onto rows through index ``by`` (a broadcast)."""
@@ -76,8 +126,7 @@ class _Edges:
             return lambda key: _gather(tracer, f"ntype.{key}", Residency.NODE_TYPE, ntype_data[key], by)
         self.src = _Lookup(tracer, "edges.src", node("src"), ndata)
         self.dst = _Lookup(tracer, "edges.dst", node("dst"), ndata)
-        self.data = _Lookup(tracer, "edges.data",
-                            lambda k: tracer.input(f"e.{k}", Residency.EDGE, edata[k], 1), edata)
+        self.data = _EdgeData(tracer, edata)
         self.type = _Lookup(tracer, "edges.type (etype_data)", lambda k: _gather(
             tracer, f"etype.{k}", Residency.EDGE_TYPE, etype_data[k], "etype"), etype_data)
         self.srctype = _Lookup(tracer, "edges.srctype (ntype_data)", ntype("srctype"), ntype_data)
@@ -106,18 +155,14 @@ def _returned(tracer: Tracer, result, stage: str) -> dict[str, SymTensor]:
 def trace_message_passing(message_fn: Callable, reduce_fn: Callable, update_fn: Callable | None,
                           ndata: Mapping[str, torch.Tensor], edata: Mapping[str, torch.Tensor],
                           etype_data: Mapping[str, torch.Tensor] | None = None,
-                          ntype_data: Mapping[str, torch.Tensor] | None = None) -> _MessageTracer:
-    """Capture the three UDFs into one program whose outputs are the final node data."""
+                          ntype_data: Mapping[str, torch.Tensor] | None = None,
+                          return_edata: bool = False) -> _MessageTracer:
+    """Capture the three UDFs into one program whose outputs are the final node data, and
+    with ``return_edata`` the edge data ``message_fn`` wrote (keys ``EDGE_OUTPUT + key``)."""
     etype_data, ntype_data = dict(etype_data or {}), dict(ntype_data or {})
-    dtype = next((t.dtype for table in (ndata, edata, etype_data, ntype_data) for t in table.values()
-                  if t.is_floating_point()), torch.get_default_dtype())
-    tracer = _MessageTracer(message_fn, "message", dtype)
-    messages = _returned(tracer, message_fn(_Edges(tracer, ndata, edata, etype_data, ntype_data)),
-                         "message_fn")
-    for key, m in messages.items():
-        if m.value.residency not in EDGE_ROWED:
-            raise tracer.error(f"message {key!r} is {m.value.residency.name} data; a message must be "
-                               "per edge (built from edges.src/dst/data)")
+    tracer = _MessageTracer(message_fn, "message", _float_dtype(ndata, edata, etype_data, ntype_data))
+    edges = _Edges(tracer, ndata, edata, etype_data, ntype_data)
+    messages = _per_edge(tracer, _returned(tracer, message_fn(edges), "message_fn"), "message")
     stages = [(reduce_fn, "reduce", "reduce_fn")] + ([(update_fn, "update", "update_fn")] if update_fn else [])
     computed: dict[str, SymTensor] = {}
     for fn, mode, name in stages:
@@ -132,6 +177,8 @@ def trace_message_passing(message_fn: Callable, reduce_fn: Callable, update_fn: 
         outputs = result
     for key, out in outputs.items():
         tracer.program.output(key, out.value)
+    if return_edata:
+        _output_edge_data(tracer, edges.data.written)
     return tracer
 
 
@@ -139,18 +186,97 @@ def message_passing(graph: Graph | object, message_fn: Callable, reduce_fn: Call
                     update_fn: Callable | None = None, *, ndata: Mapping[str, torch.Tensor],
                     edata: Mapping[str, torch.Tensor] | None = None,
                     etype_data: Mapping[str, torch.Tensor] | None = None,
-                    ntype_data: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+                    ntype_data: Mapping[str, torch.Tensor] | None = None,
+                    return_edata: bool = False
+                    ) -> dict[str, torch.Tensor] | tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """Run DGL-style ``update_all(message_fn, reduce_fn, update_fn)`` compiled through the IR;
     returns the node data that ``update_fn`` (or ``reduce_fn``) produces. ``etype_data`` /
-    ``ntype_data`` hold per-edge-type / per-node-type tensors (see the module docstring)."""
+    ``ntype_data`` hold per-edge-type / per-node-type tensors (see the module docstring).
+    With ``return_edata=True`` it returns ``(node data, edge data)``, the edge data being
+    what ``message_fn`` wrote to ``edges.data`` ([E, ...] in edge-id order)."""
     graph = Graph.coerce(graph)
     edata, etype_data, ntype_data = dict(edata or {}), dict(etype_data or {}), dict(ntype_data or {})
     tables = (ndata, edata, etype_data, ntype_data)
-    compiled, captured = _TRACES.compiled((message_fn, reduce_fn, update_fn), tables,
-                                          lambda: trace_message_passing(message_fn, reduce_fn, update_fn, *tables))
-    return compiled(graph, program_feeds(tables, captured))
+    traces = _TRACES_WITH_EDATA if return_edata else _TRACES
+    compiled, captured = traces.compiled((message_fn, reduce_fn, update_fn), tables, lambda: trace_message_passing(
+        message_fn, reduce_fn, update_fn, *tables, return_edata=return_edata))
+    outputs = compiled(graph, program_feeds(tables, captured))
+    if not return_edata:
+        return outputs
+    return _split_edge_outputs(compiled, outputs)
 
 
 # UDFs are often closures defined anew on every call (a layer's forward defines them),
 # so the cache is keyed by their code and guarded state, not by the function objects.
+# Returning edge data changes the program's outputs, so those traces have their own cache.
 _TRACES = TraceCache()
+_TRACES_WITH_EDATA = TraceCache()
+_EDGE_TRACES = TraceCache()
+
+
+def trace_apply_edges(edge_fn: Callable, ndata: Mapping[str, torch.Tensor], edata: Mapping[str, torch.Tensor],
+                      etype_data: Mapping[str, torch.Tensor], ntype_data: Mapping[str, torch.Tensor]
+                      ) -> _MessageTracer:
+    """Capture ``edge_fn`` into a program whose outputs are the per-edge values it returns
+    and the ``edges.data`` it writes (a returned key wins over a written one)."""
+    tracer = _MessageTracer(edge_fn, "message", _float_dtype(ndata, edata, etype_data, ntype_data))
+    edges = _Edges(tracer, ndata, edata, etype_data, ntype_data)
+    returned = _per_edge(tracer, _returned(tracer, edge_fn(edges), "edge_fn"), "edge_fn output")
+    outputs = {**edges.data.written, **returned}
+    if not outputs:
+        raise tracer.error("edge_fn returned an empty dict and wrote no edges.data: nothing to compute")
+    for key, out in outputs.items():
+        tracer.program.output(key, out.value)
+    return tracer
+
+
+def apply_edges(graph: Graph | object, edge_fn: Callable, *, ndata: Mapping[str, torch.Tensor] | None = None,
+                edata: Mapping[str, torch.Tensor] | None = None,
+                etype_data: Mapping[str, torch.Tensor] | None = None,
+                ntype_data: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """DGL's ``apply_edges(edge_fn)``, compiled: ``edge_fn(edges)`` returns a dict of
+    per-edge values; the result maps each returned key, and each key ``edge_fn`` wrote to
+    ``edges.data``, to an [E, ...] tensor in edge-id order, differentiable."""
+    graph = Graph.coerce(graph)
+    given = {"ndata": ndata, "edata": edata, "etype_data": etype_data, "ntype_data": ntype_data}
+    for name, table in given.items():
+        if table is not None and not isinstance(table, Mapping):
+            raise TypeError(f"apply_edges: {name} must be a dict of tensors by key, got {type(table).__name__}")
+    tables = tuple(dict(table or {}) for table in given.values())
+    compiled, captured = _EDGE_TRACES.compiled((edge_fn,), tables, lambda: trace_apply_edges(edge_fn, *tables))
+    return compiled(graph, program_feeds(tables, captured))
+
+
+EDGE_OUTPUT = "e."   # program output key prefix of edge data returned beside node data
+
+
+def _output_edge_data(tracer: Tracer, written: Mapping[str, SymTensor]) -> None:
+    for key, value in written.items():
+        name = EDGE_OUTPUT + key
+        if name in tracer.program.outputs:
+            raise tracer.error(f"node output {name!r} clashes with edge data {key!r} returned beside it; "
+                               "rename one of them")
+        tracer.program.output(name, value.value)
+
+
+def _split_edge_outputs(compiled: CompiledProgram, outputs: dict[str, torch.Tensor]
+                        ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """(node data, edge data) from a program traced with ``return_edata``: edge data are
+    the edge-rowed outputs, under their ``edges.data`` keys."""
+    rowed = {key: value.residency.is_edge_rowed for key, value in compiled.program.outputs.items()}
+    return ({k: t for k, t in outputs.items() if not rowed[k]},
+            {k.removeprefix(EDGE_OUTPUT): t for k, t in outputs.items() if rowed[k]})
+
+
+def _float_dtype(*tables: Mapping[str, torch.Tensor]) -> torch.dtype:
+    """The dtype constants are traced in: the first floating-point input's."""
+    return next((t.dtype for table in tables for t in table.values() if t.is_floating_point()),
+                torch.get_default_dtype())
+
+
+def _per_edge(tracer: Tracer, values: dict[str, SymTensor], what: str) -> dict[str, SymTensor]:
+    for key, value in values.items():
+        if value.value.residency not in EDGE_ROWED:
+            raise tracer.error(f"{what} {key!r} is {value.value.residency.name} data; it must be per edge "
+                               "(built from edges.src/dst/data)")
+    return values

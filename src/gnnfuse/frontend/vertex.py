@@ -28,6 +28,19 @@ shape [R, in, out] multiplies by each edge's own relation matrix (R-GCN):
     out = rgcn(graph, {"h": x}, {"norm": norm}, etype_feature={"W": W})
 
 ``type`` is therefore reserved and cannot name a vertex or edge feature.
+
+Multi-hop propagation (Seastar's APPNP): ``v.update_allnode({"h": new_h})`` sets every
+vertex's ``h`` to the per-vertex value ``new_h`` for the rest of the function, so reads of
+``u.h`` / ``v.h`` / ``e.src.h`` after it see the new value and a loop of K hops compiles
+into one program of K chained aggregations (K is a trace-time constant, guarded by the
+trace cache like any closure constant):
+
+    @gnnfuse.vertex
+    def appnp(v):
+        for _ in range(K):
+            h = (1 - alpha) * sum([u.h * u.norm for u in v.innbs]) * v.norm + alpha * v.h0
+            v.update_allnode({"h": h})
+        return v.h
 """
 from __future__ import annotations
 
@@ -82,6 +95,25 @@ class _Vertex:
         self._center_only("inedges")
         return _Neighbours(self._tracer, lambda: _Edge(self._tracer, self._features))
 
+    def update_allnode(self, features: Mapping[str, SymTensor]) -> None:
+        """Seastar's multi-hop step: every vertex's ``key`` becomes ``features[key]`` for
+        the rest of the function, so ``u.<key>`` / ``v.<key>`` read after it see the new
+        per-vertex value. A loop of K hops that ends each hop with this traces into K
+        chained aggregations in one program (Seastar's APPNP)."""
+        self._center_only("update_allnode")
+        if not isinstance(features, Mapping):
+            raise self._tracer.error(f"update_allnode takes a dict of per-vertex values, got "
+                                     f"{type(features).__name__}")
+        for key, value in features.items():
+            if not isinstance(key, str) or key.startswith("_") or hasattr(_Vertex, key):
+                raise self._tracer.error(f"update_allnode cannot set {key!r}: not a feature name "
+                                         "(a string that is not a vertex attribute such as innbs or type)")
+            if not isinstance(value, SymTensor) or value.value.residency is not Residency.NODE:
+                what = value.value.residency.name if isinstance(value, SymTensor) else type(value).__name__
+                raise self._tracer.error(f"update_allnode({{{key!r}: ...}}) needs a per-vertex value, got "
+                                         f"{what}; aggregate neighbour values with sum/max/min first")
+        self._features["updated"].update(features)
+
     def _center_only(self, what: str) -> None:
         if self._side != "center":
             raise self._tracer.error(f"{what} is only available on the center vertex v (one hop per call)")
@@ -89,10 +121,10 @@ class _Vertex:
     def __getattr__(self, key: str) -> SymTensor:
         if key.startswith("_"):
             raise AttributeError(key)
-        nodes = self._features["nodes"]
-        if key not in nodes:
+        nodes, updated = self._features["nodes"], self._features["updated"]
+        if key not in nodes and key not in updated:
             raise self._tracer.error(f"vertex feature {key!r} does not exist; v_feature has {sorted(nodes)}")
-        x = self._tracer.input(key, Residency.NODE, nodes[key], 0)
+        x = updated[key] if key in updated else self._tracer.input(key, Residency.NODE, nodes[key], 0)
         if self._side == "center":
             return x
         by = "src" if self._side == "src" else "dst"
@@ -188,6 +220,7 @@ class VertexFunction:
                  "etype": dict(etype_feature or {}), "ntype": dict(ntype_feature or {})}
         dtype = next((t.dtype for table in feats.values() for t in table.values()
                       if t.is_floating_point()), torch.get_default_dtype())
+        feats["updated"] = {}   # vertex features set by v.update_allnode, by key
         tracer = Tracer(self.fn, "vertex", dtype)
         patched_globals = dict(self.fn.__globals__, sum=_aggregate(tracer, builtins.sum, "sum"),
                                max=_aggregate(tracer, builtins.max, "max"),
