@@ -17,6 +17,7 @@ if not torch.cuda.is_available():
 # Test tensors are tiny: torch's intra-op threads cost more than they save, and on a
 # 2-core CI machine they made the suite 2-3x slower.
 torch.set_num_threads(1)
+os.environ.setdefault("GNNFUSE_NUM_THREADS", "1")     # and for the CLI, which sets its own count
 
 TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))
