@@ -105,7 +105,7 @@ def test_plot_writes_a_png(tmp_path, capsys):
     (["--patience", "-1"], "patience must be >= 0"),
     (["--dataset", "wn18rr"], "not a node-classification data set"),
     (["--dataset", "nope"], "unknown data set 'nope'"),
-    (["--dataset", "cora", "--root", "/nonexistent-gnnfuse-root"], "data file 'ind.cora.y' not found"),
+    (["--dataset", "cora-npz", "--root", "/nonexistent-gnnfuse-root"], "data file 'cora.npz' not found"),
     (["--hidden", "0"], "hidden must be >= 1"),
 ])
 def test_bad_options_are_usage_errors(argv, message, capsys):
