@@ -54,7 +54,7 @@ def describe(dataset: NodeDataset | RelationalDataset) -> list[str]:
 def run_info(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:
         dataset = load_dataset(args.dataset, args.root)
-    except (ValueError, OSError) as error:     # unknown name; files missing and not downloadable
+    except (ValueError, OSError, ImportError) as error:   # unknown name; files missing, not downloadable; no ogb
         parser.error(str(error))
     print("\n".join(describe(dataset)))
     return 0

@@ -45,7 +45,7 @@ def edge_count_note(name: str, graph: Graph, model: torch.nn.Module) -> str:
 def run_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:
         dataset = load_node_dataset(args.dataset, args.root)
-    except (ValueError, OSError) as error:     # unknown name; files missing and not downloadable
+    except (ValueError, OSError, ImportError) as error:   # unknown name; files missing, not downloadable; no ogb
         parser.error(str(error))
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error(f"--device cuda, but CUDA is not available to this torch ({torch.__version__})")

@@ -139,7 +139,7 @@ def prepare_data(config: TrainConfig, spec: ModelSpec) -> PreparedData:
     device = torch.device(config.device)
     try:
         dataset = load_node_dataset(config.dataset, config.root)
-    except (ValueError, OSError) as error:     # unknown or relational name, files missing or not downloadable
+    except (ValueError, OSError, ImportError) as error:  # unknown/relational name; files missing; no ogb
         raise ConfigError(str(error)) from None
     if dataset.train_mask is None:
         dataset = random_split(dataset, seed=config.seed)
