@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from . import bench, cli_explain
-from .data import DATASET_NAMES, DEFAULT_DATASET, NodeDataset, RelationalDataset, load_dataset
+from .data import DATASET_NAMES, DEFAULT_DATASET, LOAD_ERRORS, NodeDataset, RelationalDataset, load_dataset
 from .graph import Graph
 from .nn.models import get_model, model_names
 from .threads import THREADS_ENV, configure_threads
@@ -54,7 +54,7 @@ def describe(dataset: NodeDataset | RelationalDataset) -> list[str]:
 def run_info(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:
         dataset = load_dataset(args.dataset, args.root)
-    except (ValueError, OSError, ImportError) as error:   # unknown name; files missing, not downloadable; no ogb
+    except LOAD_ERRORS as error:
         parser.error(str(error))
     print("\n".join(describe(dataset)))
     return 0

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from .bench import MODELS, build_model
-from .data import DATASET_NAMES, load_node_dataset
+from .data import DATASET_NAMES, LOAD_ERRORS, load_node_dataset
 from .graph import Graph
 from .runtime import explain
 
@@ -45,7 +45,7 @@ def edge_count_note(name: str, graph: Graph, model: torch.nn.Module) -> str:
 def run_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:
         dataset = load_node_dataset(args.dataset, args.root)
-    except (ValueError, OSError, ImportError) as error:   # unknown name; files missing, not downloadable; no ogb
+    except LOAD_ERRORS as error:
         parser.error(str(error))
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error(f"--device cuda, but CUDA is not available to this torch ({torch.__version__})")

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
-from .data import DEFAULT_DATASET, load_node_dataset, random_split
+from .data import DEFAULT_DATASET, LOAD_ERRORS, load_node_dataset, random_split
 from .graph import Graph
 from .nn.models import ModelSpec, build_model, get_model
 from .progress import progress_bar
@@ -139,7 +139,7 @@ def prepare_data(config: TrainConfig, spec: ModelSpec) -> PreparedData:
     device = torch.device(config.device)
     try:
         dataset = load_node_dataset(config.dataset, config.root)
-    except (ValueError, OSError, ImportError) as error:  # unknown/relational name; files missing; no ogb
+    except LOAD_ERRORS as error:
         raise ConfigError(str(error)) from None
     if dataset.train_mask is None:
         dataset = random_split(dataset, seed=config.seed)

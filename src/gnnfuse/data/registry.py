@@ -33,6 +33,11 @@ _LOADERS: dict[str, Callable[..., NodeDataset | RelationalDataset]] = {
 }
 
 DATASET_NAMES: tuple[str, ...] = tuple(_LOADERS)
+# What loading raises for a request that cannot be met as given -- an unknown or unfit
+# name (ValueError), files missing and not downloadable (OSError, DownloadError among
+# them), the ogb package not installed (ImportError) -- as opposed to a bug: callers
+# report these as usage errors.
+LOAD_ERRORS: tuple[type[Exception], ...] = (ValueError, OSError, ImportError)
 RELATIONAL_DATASETS = frozenset({"wn18rr"})   # typed edges for link prediction: no node labels
 DEFAULT_DATASET = "synthetic"
 
