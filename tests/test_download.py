@@ -48,7 +48,7 @@ def serve(monkeypatch):
                 requested.append(self.path)
 
         server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=str(folder)))
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         servers.append(server)
         monkeypatch.setenv(URL_ENV, f"http://127.0.0.1:{server.server_address[1]}/")
         return requested

@@ -2,8 +2,9 @@
 
 torch starts one OpenMP thread per physical core, and those threads meet at a barrier
 after every parallel op. When another process holds one of the cores, the thread that
-lands there stalls every op until it is scheduled again: on a 2-core machine with one
-busy core `gnnfuse train` ran 50x slower than with one thread. Half the CPUs this process
+lands there stalls every op until it is scheduled again: on a shared 2-core machine
+(load average 5-6), the 200 epochs of `gnnfuse train` took 16-100 s with torch's 2
+threads and 1.3-3.4 s with one (50x was reported elsewhere). Half the CPUs this process
 may use (at least one) leaves room for other work and for hyperthread siblings; on an
 idle machine it costs at most a factor two on large ops, against an unbounded loss on a
 busy one. An explicit choice always wins: ``--threads``, ``$GNNFUSE_NUM_THREADS``, or
