@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import http.client
 import os
-import tempfile
+import secrets
 import urllib.request
 from pathlib import Path
 
@@ -28,10 +28,12 @@ def fetch(url: str, destination: Path, sha256: str, *, timeout: float = TIMEOUT_
     """Download `url` to `destination` if its SHA-256 is `sha256`; `DownloadError` otherwise
     (network failure, HTTP error or hash mismatch), with nothing left at `destination`."""
     destination.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=destination.parent, prefix=f".{destination.name}.", suffix=".part")
+    # a fresh name per call (concurrent downloads do not collide), opened like any file so
+    # that the umask, not mkstemp's owner-only mode, sets who may read the data
+    temporary = destination.with_name(f".{destination.name}.{secrets.token_hex(4)}.part")
     try:
         digest = hashlib.sha256()
-        with os.fdopen(handle, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as response:
+        with open(temporary, "xb") as out, urllib.request.urlopen(url, timeout=timeout) as response:
             size = response.headers.get("Content-Length")
             with progress_bar(total=int(size) if size else None, unit="B", unit_scale=True,
                               desc=destination.name) as bar:
@@ -48,4 +50,4 @@ def fetch(url: str, destination: Path, sha256: str, *, timeout: float = TIMEOUT_
             raise
         raise DownloadError(f"{url}: {getattr(error, 'reason', None) or error}") from error
     finally:
-        Path(temporary).unlink(missing_ok=True)      # already gone after the rename into place
+        temporary.unlink(missing_ok=True)            # already gone after the rename into place
