@@ -24,7 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--source", action="store_true", help="also print each fused unit's Triton kernel")
     parser.add_argument("--graph", type=Path, metavar="OUT.png", help="draw the dataflow graph to this file")
     parser.add_argument("--dot", type=Path, metavar="OUT.dot", help="write the dataflow graph as Graphviz DOT")
-    parser.add_argument("--root", help="data folder (default: $GNNFUSE_DATA, then ../shared/data)")
+    parser.add_argument("--root", help="data folder (default: $GNNFUSE_DATA, then ../shared/data, then the "
+                        "download cache)")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                         help="where the forward runs (cuda: the generated kernels, autotuned)")
 
