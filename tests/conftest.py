@@ -17,6 +17,10 @@ if not torch.cuda.is_available():
 # Test tensors are tiny: torch's intra-op threads cost more than they save, and on a
 # 2-core CI machine they made the suite 2-3x slower.
 torch.set_num_threads(1)
+os.environ.setdefault("GNNFUSE_NUM_THREADS", "1")     # and for the CLI, which sets its own count
+# Tests never reach the network: a Planetoid download they trigger goes to a closed
+# loopback port (tests of the download serve files on 127.0.0.1 themselves).
+os.environ["GNNFUSE_PLANETOID_URL"] = "http://127.0.0.1:9/planetoid"
 
 TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))

@@ -105,7 +105,7 @@ def test_plot_writes_a_png(tmp_path, capsys):
     (["--patience", "-1"], "patience must be >= 0"),
     (["--dataset", "wn18rr"], "not a node-classification data set"),
     (["--dataset", "nope"], "unknown data set 'nope'"),
-    (["--dataset", "cora", "--root", "/nonexistent-gnnfuse-root"], "data file 'ind.cora.y' not found"),
+    (["--dataset", "cora-npz", "--root", "/nonexistent-gnnfuse-root"], "data file 'cora.npz' not found"),
     (["--hidden", "0"], "hidden must be >= 1"),
 ])
 def test_bad_options_are_usage_errors(argv, message, capsys):
@@ -174,3 +174,76 @@ def test_gcn_learns_the_default_synthetic_data_set():
 def test_gcn_reaches_published_accuracy_on_cora(shared_data):
     summary = train_runs(make_config("gcn", "cora", root=shared_data), log_epochs=False)
     assert summary.runs[0].test_acc >= 0.79
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["info", "nosuch"], "unknown data set 'nosuch'"),
+    (["info", "cora-npz", "--root", "/nonexistent-gnnfuse-root"],
+     "data file 'cora.npz' not found; looked in:\n  /nonexistent-gnnfuse-root/gnn-benchmark/cora.npz"),
+    (["explain", "--dataset", "citeseer-npz", "--root", "/nonexistent-gnnfuse-root"], "citeseer.npz"),
+])
+def test_unknown_or_missing_data_is_a_usage_error_not_a_traceback(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"usage: gnnfuse {argv[0]}" in err and message in err and "Traceback" not in err
+
+
+def test_no_progress_bar_redraws_when_stderr_is_not_a_terminal(capsys):
+    """tqdm's `\\r` redraws filled logs (hundreds of KB per long run); off a terminal the
+    per-epoch lines on stdout are the only progress report."""
+    assert main(["train", "--epochs", "40", "--patience", "0"]) == 0
+    captured = capsys.readouterr()
+    assert sum(line.startswith("epoch ") for line in captured.out.splitlines()) == 40
+    assert "\r" not in captured.err and len(captured.err) < 200, captured.err[:300]
+
+
+def test_progress_bar_draws_on_a_terminal(monkeypatch, capsys):
+    from gnnfuse import progress
+    monkeypatch.setattr(progress, "stderr_is_terminal", lambda: True)
+    for _ in progress.progress_bar(range(3), desc="steps"):
+        pass
+    assert "steps" in capsys.readouterr().err
+
+
+@pytest.fixture
+def restore_threads(monkeypatch):
+    for name in ("GNNFUSE_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def test_thread_count_defaults_to_half_the_usable_cpus_and_yields_to_the_user(restore_threads, monkeypatch,
+                                                                              capsys):
+    from gnnfuse import threads
+    monkeypatch.setattr(threads, "usable_cpus", lambda: 2)     # the 2-core machine of the report
+    assert threads.configure_threads() == 1 and torch.get_num_threads() == 1
+    monkeypatch.setattr(threads, "usable_cpus", lambda: 9)
+    assert threads.default_num_threads() == 4
+    assert threads.configure_threads(3) == 3 and torch.get_num_threads() == 3      # --threads
+    monkeypatch.setenv("GNNFUSE_NUM_THREADS", "2")
+    assert threads.configure_threads() == 2 and torch.get_num_threads() == 2
+    monkeypatch.delenv("GNNFUSE_NUM_THREADS")
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")                   # torch honours it itself: left alone
+    torch.set_num_threads(3)
+    assert threads.configure_threads() is None and torch.get_num_threads() == 3
+
+    assert main(["train", "--threads", "2", "--epochs", "1"]) == 0
+    assert "on cpu (2 CPU thread(s))" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--threads", "0"])
+    assert exit_info.value.code == 2 and "thread count must be >= 1" in capsys.readouterr().err
+
+
+def test_explain_says_why_its_edge_count_differs_from_info(capsys):
+    assert main(["info", "synthetic"]) == 0
+    edges = int(next(line for line in capsys.readouterr().out.splitlines() if line.startswith("edges")).split()[1])
+    assert main(["explain", "--model", "gcn"]) == 0
+    out = capsys.readouterr().out
+    looped = edges + 2000
+    assert f"{edges:,} edges (as `gnnfuse info` counts them)" in out
+    assert f"GCNConv adds a self loop to every node (add_self_loops=True, as in PyG), so the programs below " \
+           f"run on {looped:,} edges" in out and f"E={looped:,} edges" in out

@@ -148,3 +148,35 @@ def test_relational_data_sets_are_refused_by_name_before_reading():
     with pytest.raises(ValueError, match="wn18rr is not a node-classification data set"):
         load_node_dataset("wn18rr", "/nonexistent-gnnfuse-root")
     assert load_node_dataset("synthetic").train_mask is not None
+
+
+def test_graph_from_pyg_data_keeps_isolated_nodes_types_and_layer_results():
+    """`Graph.from_data` reads a PyG Data's edge_index (here non-contiguous), its num_nodes
+    (vertex 4 is isolated, so edge_index alone would lose it) and edge/node types; a layer
+    on the graph gives PyG's result on the Data."""
+    from torch_geometric.data import Data, HeteroData
+    from torch_geometric.nn import GCNConv
+
+    from gnnfuse import Graph
+    from gnnfuse.nn import GCNConv as FusedGCNConv
+
+    edges = torch.tensor([[0, 1], [1, 2], [2, 0], [3, 1]])
+    data = Data(x=torch.randn(5, 3, dtype=torch.float64), edge_index=edges.t(),
+                edge_type=torch.tensor([0, 2, 1, 0]))
+    graph = Graph.from_data(data)
+    assert (graph.num_nodes, graph.num_edges, graph.num_edge_types) == (5, 4, 3)
+    assert torch.equal(graph.edge_index, edges.t()) and torch.equal(graph.edge_type, data.edge_type)
+
+    pyg = GCNConv(3, 2).double()
+    fused = FusedGCNConv(3, 2).double()
+    fused.load_state_dict(pyg.state_dict())
+    assert torch.allclose(fused(data.x, graph), pyg(data.x, data.edge_index))
+
+    hetero = HeteroData()
+    hetero["paper"].x = torch.zeros(3, 1)
+    hetero["author"].x = torch.zeros(2, 1)
+    hetero["author", "writes", "paper"].edge_index = torch.tensor([[0, 1], [2, 2]])
+    with pytest.raises(TypeError, match="to_homogeneous"):
+        Graph.from_data(hetero)
+    flat = Graph.from_data(hetero.to_homogeneous())
+    assert (flat.num_nodes, flat.num_edges, flat.num_node_types) == (5, 2, 2)

@@ -6,11 +6,13 @@ import argparse
 from typing import Sequence
 
 import numpy as np
+import torch
 
 from . import bench, cli_explain
-from .data import DATASET_NAMES, DEFAULT_DATASET, NodeDataset, RelationalDataset, load_dataset
+from .data import DATASET_NAMES, DEFAULT_DATASET, LOAD_ERRORS, NodeDataset, RelationalDataset, load_dataset
 from .graph import Graph
 from .nn.models import get_model, model_names
+from .threads import THREADS_ENV, configure_threads
 from .training import ConfigError, RunResult, TrainSummary, make_config, save_checkpoint, train_runs
 
 
@@ -50,7 +52,11 @@ def describe(dataset: NodeDataset | RelationalDataset) -> list[str]:
 
 
 def run_info(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    print("\n".join(describe(load_dataset(args.dataset, args.root))))
+    try:
+        dataset = load_dataset(args.dataset, args.root)
+    except LOAD_ERRORS as error:
+        parser.error(str(error))
+    print("\n".join(describe(dataset)))
     return 0
 
 
@@ -91,7 +97,8 @@ def train(args: argparse.Namespace) -> TrainSummary:
     except ConfigError as error:
         raise UsageError(str(error)) from None
     patience = "none" if config.patience is None else config.patience
-    print(f"training {config.model} on {config.dataset} on {config.device}: {config.runs} run(s), "
+    print(f"training {config.model} on {config.dataset} on {config.device} ({torch.get_num_threads()} CPU "
+          f"thread(s)): {config.runs} run(s), "
           f"up to {config.epochs} epochs, patience {patience}, hidden {config.hidden}, lr {config.lr:g}, "
           f"weight decay {config.weight_decay:g}, dropout {config.dropout:g}")
 
@@ -130,7 +137,11 @@ def run_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gnnfuse", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-    root_help = "data folder (default: $GNNFUSE_DATA, then ../shared/data)"
+    root_help = "data folder (default: $GNNFUSE_DATA, then ../shared/data, then the download cache)"
+    threads = argparse.ArgumentParser(add_help=False)
+    threads.add_argument("--threads", type=int, metavar="N",
+                         help=f"torch CPU threads (default: ${THREADS_ENV}, else $OMP_NUM_THREADS, else half "
+                              "the CPUs this process may use)")
 
     info = commands.add_parser("info", help="print size, split and degree statistics of a data set")
     info.add_argument("dataset", help=f"one of: {', '.join(DATASET_NAMES)}")
@@ -141,7 +152,7 @@ def _parser() -> argparse.ArgumentParser:
         "train", help="train a node-classification model, with early stopping, over several seeds",
         description="Train a registered model (paper hyperparameters unless overridden) and report the "
                     "test accuracy at the best validation epoch, mean ± std over --runs seeds.",
-        epilog=_model_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=_model_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter, parents=[threads])
     train.add_argument("--model", default="gcn", help=f"one of: {', '.join(model_names())} (default gcn)")
     train.add_argument("--dataset", default=DEFAULT_DATASET, help=f"one of: {', '.join(DATASET_NAMES)}")
     train.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
@@ -162,10 +173,12 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--root", help=root_help)
     train.set_defaults(run=run_train, command_parser=train)
 
-    explain = commands.add_parser("explain", help="show fused units, memory traffic and kernels of a model")
+    explain = commands.add_parser("explain", help="show fused units, memory traffic and kernels of a model",
+                                  parents=[threads])
     cli_explain.add_arguments(explain)
     explain.set_defaults(run=cli_explain.run_command, command_parser=explain)
-    bench_cmd = commands.add_parser("bench", help="time training steps against PyG (eager and compiled)")
+    bench_cmd = commands.add_parser("bench", help="time training steps against PyG (eager and compiled)",
+                                    parents=[threads])
     bench.add_arguments(bench_cmd)
     bench_cmd.set_defaults(run=bench.run_command, command_parser=bench_cmd)
     return parser
@@ -175,4 +188,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (usage errors exit with 2)."""
     parser = _parser()
     args = parser.parse_args(argv)
+    try:
+        configure_threads(getattr(args, "threads", None))
+    except ValueError as error:
+        args.command_parser.error(str(error))
     return args.run(args, args.command_parser)      # usage errors show the sub-command's usage

@@ -12,7 +12,8 @@ from pathlib import Path
 import torch
 
 from .bench import MODELS, build_model
-from .data import DATASET_NAMES, load_node_dataset
+from .data import DATASET_NAMES, LOAD_ERRORS, load_node_dataset
+from .graph import Graph
 from .runtime import explain
 
 
@@ -23,15 +24,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--source", action="store_true", help="also print each fused unit's Triton kernel")
     parser.add_argument("--graph", type=Path, metavar="OUT.png", help="draw the dataflow graph to this file")
     parser.add_argument("--dot", type=Path, metavar="OUT.dot", help="write the dataflow graph as Graphviz DOT")
-    parser.add_argument("--root", help="data folder (default: $GNNFUSE_DATA, then ../shared/data)")
+    parser.add_argument("--root", help="data folder (default: $GNNFUSE_DATA, then ../shared/data, then the "
+                        "download cache)")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                         help="where the forward runs (cuda: the generated kernels, autotuned)")
+
+
+def edge_count_note(name: str, graph: Graph, model: torch.nn.Module) -> str:
+    """Why the programs' E can differ from `gnnfuse info`'s: layers with ``add_self_loops``
+    (GCN, GAT, as in PyG) run on the graph with one self loop per vertex."""
+    note = f"{name}: {graph.num_nodes:,} nodes, {graph.num_edges:,} edges (as `gnnfuse info` counts them)"
+    looped = sorted({type(m).__name__ for m in model.modules() if getattr(m, "add_self_loops", False)})
+    if looped:
+        with_loops = graph.remove_self_loops().num_edges + graph.num_nodes
+        verb = "adds" if len(looped) == 1 else "add"
+        note += (f"; {' and '.join(looped)} {verb} a self loop to every node (add_self_loops=True, as in PyG), "
+                 f"so the programs below run on {with_loops:,} edges")
+    return note
 
 
 def run_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:
         dataset = load_node_dataset(args.dataset, args.root)
-    except (ValueError, FileNotFoundError) as error:
+    except LOAD_ERRORS as error:
         parser.error(str(error))
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error(f"--device cuda, but CUDA is not available to this torch ({torch.__version__})")
@@ -42,6 +57,7 @@ def run_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
                          source=args.source)
     except RuntimeError as error:      # source=True without triton
         parser.error(str(error))
+    print(edge_count_note(args.dataset, dataset.graph, model))
     print(report)
     if args.dot:
         args.dot.write_text(report.to_dot())

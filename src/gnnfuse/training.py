@@ -21,9 +21,10 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
-from .data import DEFAULT_DATASET, load_node_dataset, random_split
+from .data import DEFAULT_DATASET, LOAD_ERRORS, load_node_dataset, random_split
 from .graph import Graph
 from .nn.models import ModelSpec, build_model, get_model
+from .progress import progress_bar
 
 SPARSE_FEATURES = 0.1      # feature matrices with fewer non-zeros than this go in as sparse COO
 CHECKPOINT_FORMAT = "gnnfuse-train/1"
@@ -138,7 +139,7 @@ def prepare_data(config: TrainConfig, spec: ModelSpec) -> PreparedData:
     device = torch.device(config.device)
     try:
         dataset = load_node_dataset(config.dataset, config.root)
-    except (ValueError, FileNotFoundError) as error:     # unknown or relational name, files not found
+    except LOAD_ERRORS as error:
         raise ConfigError(str(error)) from None
     if dataset.train_mask is None:
         dataset = random_split(dataset, seed=config.seed)
@@ -225,7 +226,7 @@ def train_run(config: TrainConfig, spec: ModelSpec, data: PreparedData, seed: in
     stopping = EarlyStopping(config.patience)
     test_at_best, best_state = float("nan"), {}
     start = time.perf_counter()
-    progress = tqdm(range(1, config.epochs + 1), desc=f"train{label}", unit="epoch", file=sys.stderr)
+    progress = progress_bar(range(1, config.epochs + 1), desc=f"train{label}", unit="epoch")
     for epoch in progress:
         epoch_start = time.perf_counter()
         model.train()

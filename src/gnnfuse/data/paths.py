@@ -1,26 +1,52 @@
-"""Where data sets live: an explicit root, $GNNFUSE_DATA, or the shared folder nearby.
+"""Where data sets live: an explicit root, $GNNFUSE_DATA, the shared folder nearby, or
+the user's cache folder that downloads go to.
 
 The real data sets are read-only files beside the repository (``../shared/data``) and
-must never be copied into it, so the loaders find them in place instead of downloading.
+must never be copied into it, so the loaders find them in place; only data that is found
+nowhere is downloaded, into `download_root`.
 """
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
+
+DATA_ENV = "GNNFUSE_DATA"
+
+
+def user_cache_dir() -> Path:
+    """The per-user cache folder for downloaded data sets, by each platform's convention
+    (what platformdirs gives, without the dependency): ``$XDG_CACHE_HOME/gnnfuse/data``
+    or ``~/.cache/gnnfuse/data`` on Linux, ``~/Library/Caches/gnnfuse/data`` on macOS,
+    ``%LOCALAPPDATA%\\gnnfuse\\Cache\\data`` on Windows."""
+    if sys.platform == "win32":
+        base = Path(os.environ.get("LOCALAPPDATA") or Path.home() / "AppData" / "Local")
+        return base / "gnnfuse" / "Cache" / "data"
+    if sys.platform == "darwin":
+        return Path.home() / "Library" / "Caches" / "gnnfuse" / "data"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gnnfuse" / "data"
+
+
+def download_root(root: str | os.PathLike | None = None) -> Path:
+    """Where missing files are downloaded: `root` if given, else $GNNFUSE_DATA, else the
+    user cache folder -- always one of the places `candidate_roots` searches."""
+    chosen = root or os.environ.get(DATA_ENV)
+    return Path(chosen) if chosen else user_cache_dir()
 
 
 def candidate_roots(root: str | os.PathLike | None = None) -> list[Path]:
     """Roots to search, in order: `root`, then $GNNFUSE_DATA; only when neither is set,
-    ``../shared/data`` from the working directory, then ``shared/data`` beside any
-    folder above this package.
+    ``../shared/data`` from the working directory, ``shared/data`` beside any folder
+    above this package, then the download cache (`user_cache_dir`).
 
     A location the user configured is never silently replaced by a discovered one, so a
     mistyped root fails loudly instead of loading some other copy of the data.
     """
-    roots = [Path(p) for p in (root, os.environ.get("GNNFUSE_DATA")) if p]
+    roots = [Path(p) for p in (root, os.environ.get(DATA_ENV)) if p]
     if not roots:
         roots.append(Path.cwd().parent / "shared" / "data")
         roots.extend(parent / "shared" / "data" for parent in Path(__file__).resolve().parents)
+        roots.append(user_cache_dir())
     unique: list[Path] = []
     for path in roots:
         if path not in unique:
@@ -43,4 +69,4 @@ def find_data_file(subdir: str, filename: str, root: str | os.PathLike | None = 
     listing = "\n  ".join(str(p) for p in tried)
     raise FileNotFoundError(
         f"data file {filename!r} not found; looked in:\n  {listing}\n"
-        "pass root=..., or set GNNFUSE_DATA to the folder holding it")
+        f"pass root=..., or set {DATA_ENV} to the folder holding it")

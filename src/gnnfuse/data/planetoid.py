@@ -17,6 +17,7 @@ import torch
 from ..graph import Graph
 from .dataset import NodeDataset, index_mask, row_normalize
 from .paths import find_data_file
+from .planetoid_source import ensure_planetoid
 
 PLANETOID_NAMES = ("cora", "citeseer", "pubmed")
 NUM_VAL = 500
@@ -50,10 +51,12 @@ def load_planetoid(name: str, root: str | os.PathLike | None = None) -> NodeData
     without a feature row (isolated papers) get zero features and label 0, as in PyG.
     pubmed's ``allx`` is not available here: its topology, labels and split are real, but
     `x` is seeded random (a warning says so) and the 1060 real rows are in `x_known`.
+    Files found under no searched root are downloaded first (`ensure_planetoid`).
     """
     name = name.lower()
     if name not in PLANETOID_NAMES:
         raise ValueError(f"unknown Planetoid data set {name!r}; expected one of {PLANETOID_NAMES}")
+    ensure_planetoid(name, root)
     y_train, ty, ally = (_read(name, p, root) for p in ("y", "ty", "ally"))
     x_train, tx = (_read(name, p, root) for p in ("x", "tx"))
     test_index = _read(name, "test.index", root)

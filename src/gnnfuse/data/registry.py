@@ -6,6 +6,7 @@ from typing import Any, Callable
 
 from .dataset import NodeDataset, RelationalDataset
 from .npz import load_npz
+from .ogb import OGB_NAMES, load_ogb
 from .planetoid import load_planetoid
 from .synthetic import planted_partition, power_law_graph
 from .wn18rr import load_wn18rr
@@ -24,6 +25,7 @@ _LOADERS: dict[str, Callable[..., NodeDataset | RelationalDataset]] = {
     "cora-npz": lambda root, **kw: load_npz("cora", root, **kw),
     "citeseer-npz": lambda root, **kw: load_npz("citeseer", root, **kw),
     "wn18rr": lambda root, **kw: load_wn18rr(root, **kw),
+    **{name: (lambda root, _name=name, **kw: load_ogb(_name, root, **kw)) for name in OGB_NAMES},
     "synthetic": lambda root, **kw: planted_partition(**kw),
     "sbm": lambda root, **kw: planted_partition(**kw),
     **{name: (lambda root, _name=name, **kw: power_law_graph(*POWER_LAW_PRESETS[_name], name=_name, **kw))
@@ -31,6 +33,11 @@ _LOADERS: dict[str, Callable[..., NodeDataset | RelationalDataset]] = {
 }
 
 DATASET_NAMES: tuple[str, ...] = tuple(_LOADERS)
+# What loading raises for a request that cannot be met as given -- an unknown or unfit
+# name (ValueError), files missing and not downloadable (OSError, DownloadError among
+# them), the ogb package not installed (ImportError) -- as opposed to a bug: callers
+# report these as usage errors.
+LOAD_ERRORS: tuple[type[Exception], ...] = (ValueError, OSError, ImportError)
 RELATIONAL_DATASETS = frozenset({"wn18rr"})   # typed edges for link prediction: no node labels
 DEFAULT_DATASET = "synthetic"
 

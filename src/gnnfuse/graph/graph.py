@@ -92,6 +92,23 @@ class Graph:
         return cls(edge_index[0], edge_index[1], num_nodes, **kw)
 
     @classmethod
+    def from_data(cls, data: Any) -> Graph:
+        """From a PyG ``Data``: its ``edge_index``, ``num_nodes`` and, when present,
+        ``edge_type`` and ``node_type`` (what ``HeteroData.to_homogeneous()`` produces).
+
+        Read by attribute name, so torch_geometric is not imported here. A ``HeteroData``
+        is refused rather than flattened silently: its type numbering is the caller's choice.
+        """
+        if getattr(data, "edge_index", None) is None:
+            hint = (" (a HeteroData: call data.to_homogeneous() first)" if hasattr(data, "to_homogeneous")
+                    else "")
+            raise TypeError(f"Graph.from_data needs a PyG Data with an edge_index; got "
+                            f"{type(data).__name__} without one{hint}")
+        return cls.from_edge_index(data.edge_index, getattr(data, "num_nodes", None),
+                                   edge_type=getattr(data, "edge_type", None),
+                                   node_type=getattr(data, "node_type", None))
+
+    @classmethod
     def from_scipy(cls, matrix: Any) -> Graph:
         """From a square scipy sparse matrix/array: row = source, column = target.
 
