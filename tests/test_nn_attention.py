@@ -197,16 +197,6 @@ def test_softmax_is_stable_for_large_scores():
     assert rel_err(out, ref(x, edge_index)) < 1e-9
 
 
-def test_pairwise_constraint_ties_and_heads():
-    """Equal scores contribute 0 to each other; each head is constrained separately."""
-    from gnnfuse.nn.attention import pairwise_constraint
-    score = torch.tensor([[1.0, 0.0], [3.0, 0.0], [1.0, 5.0], [2.0, 1.0]], dtype=torch.float64)
-    dst = torch.tensor([0, 0, 0, 1])
-    w = pairwise_constraint(score, dst, 2)
-    # vertex 0, head 0: scores 1, 3, 1 -> 0, (2 + 2), 0; head 1: 0, 0, 5 -> 0, 0, 10.
-    assert torch.equal(w, torch.tensor([[0.0, 0.0], [4.0, 0.0], [0.0, 10.0], [0.0, 0.0]], dtype=torch.float64))
-
-
 def test_gradcheck_gatv2():
     torch.manual_seed(2)
     edge_index = torch.randint(0, 8, (2, 20))

@@ -43,6 +43,8 @@ class _MessageTracer(Tracer):
         return SymTensor(self, value, 1)
 
     def softmax(self, x: SymTensor) -> SymTensor:
+        if pairwise.is_pairwise(x):
+            raise self.error("softmax over an axis of a pairwise [N, D, D, ...] term cannot be compiled")
         self._check_mailbox(x)
         return SymTensor(self, self.program.add("edge_softmax", x.value, by="dst", source=self.source()), 2)
 
