@@ -92,7 +92,7 @@ def view_reduce(nodes):
     """[N, 1, D, F] alone: over its size-1 axis the identity, over axis 2 per vertex."""
     z, e = nodes.mailbox["z"], nodes.mailbox["e"]
     per_vertex = torch.relu(z.unsqueeze(1)).sum(2)                         # [N, 1, F]
-    same = torch.relu(z.unsqueeze(1) * e.unsqueeze(1)).mean(1)             # [N, D, F]
+    same = torch.relu(z.unsqueeze(1) * e.unsqueeze(1)).sum(1)              # [N, D, F]
     return {"h": torch.sum(same * per_vertex, dim=1)}
 
 
@@ -278,6 +278,16 @@ def test_misaligned_operands_are_rejected():
     _expect_error(node_data, "bad = ", "does not line up")
 
 
+def test_per_destination_values_in_pair_terms_are_rejected():
+    """nodes.data[k].unsqueeze(1) is [N, 1, F] in DGL but edges.dst[k] in the mailbox is
+    [N, D, F]; both trace to the same DST value, so neither may enter a pair term."""
+    def node_view(nodes):
+        e = nodes.mailbox["e"]
+        bad = e.unsqueeze(1) * nodes.data["h"].unsqueeze(1).unsqueeze(1)
+        return {"h": torch.sum(bad.sum(1).sum(-1, keepdim=True) * nodes.mailbox["z"], dim=1)}
+    _expect_error(node_view, "bad = ", "per-destination value")
+
+
 def test_reducing_both_pair_axes_at_once_is_rejected():
     def both(nodes):
         e = nodes.mailbox["e"]
@@ -311,3 +321,17 @@ def test_clamp_traces_with_constant_bounds():
     ours = _run(lambda h, p: gnnfuse.message_passing(graph, message, reduce, ndata={"h": h})["h"], h, {})
     expected = _run(lambda h, p: dgl_update_all(*_graph(), N, message, reduce, {"h": h}, {})["h"], h, {})
     assert rel_err(ours[0], expected[0]) < 1e-12 and rel_err(ours[1][0], expected[1][0]) < 1e-12
+
+
+def test_explain_counts_pair_rows():
+    """explain() sizes PAIR values by the graph's in-edge pairs (sum of squared in-degrees)."""
+    src, dst = _graph()
+    graph = gnnfuse.Graph(src, dst, N)
+
+    class Spread(torch.nn.Module):
+        def forward(self, x, graph):
+            return gnnfuse.message_passing(graph, make_message(_params()), spread_reduce, ndata={"h": x},
+                                           edata=_edata(graph.num_edges))["h"]
+    report = str(gnnfuse.explain(Spread(), torch.randn(N, F_IN, dtype=torch.float64), graph))
+    assert "pair_reduce" in report and "PAIR" in report
+    assert len(in_edge_pairs(dst, N)[0]) == int((torch.bincount(dst, minlength=N) ** 2).sum())
