@@ -57,7 +57,8 @@ class CGATOracle(Oracle):
         e = F.leaky_relu((z[src] * m.att_src).sum(-1) + (z[dst] * m.att_dst).sum(-1), m.negative_slope)
         j, i = (dst.unsqueeze(1) == dst.unsqueeze(0)).nonzero(as_tuple=True)   # all pairs at one vertex
         w = torch.zeros_like(e).index_add(0, j, torch.relu(e[j] - e[i]))
-        out = torch.zeros(n, m.heads, m.out_channels, dtype=x.dtype).index_add(0, dst, w.unsqueeze(-1) * z[src])
+        out = torch.zeros(n, m.heads, m.out_channels, dtype=x.dtype, device=x.device).index_add(
+            0, dst, w.unsqueeze(-1) * z[src])
         return _heads_out(out, m.concat, m.bias)
 
 

@@ -31,6 +31,11 @@ N, F_IN, F_OUT = 8, 3, 4
 BACKENDS = ("reference", "triton")
 
 
+def _device(backend: str) -> str:
+    """Generated kernels on a GPU when there is one, else in Triton's interpreter (conftest)."""
+    return "cuda" if backend == "triton" and torch.cuda.is_available() else "cpu"
+
+
 def _graph() -> tuple[torch.Tensor, torch.Tensor]:
     """Multi-edges (equal scores), self loops, in-degrees 0..9; vertices 6 and 7 get no edges in."""
     gen = torch.Generator().manual_seed(0)
@@ -39,10 +44,10 @@ def _graph() -> tuple[torch.Tensor, torch.Tensor]:
     return src, dst
 
 
-def _params() -> dict[str, torch.Tensor]:
+def _params(device: str = "cpu") -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(1)
-    return {"W": torch.randn(F_IN, F_OUT, dtype=torch.float64, generator=gen),
-            "attn": torch.randn(2 * F_OUT, 1, dtype=torch.float64, generator=gen)}
+    return {"W": torch.randn(F_IN, F_OUT, dtype=torch.float64, generator=gen).to(device),
+            "attn": torch.randn(2 * F_OUT, 1, dtype=torch.float64, generator=gen).to(device)}
 
 
 # --- the UDFs (C-GAT as Graphiler's benchmark writes it, and other pairwise terms) -------
@@ -89,11 +94,11 @@ def similarity_reduce(nodes):
 
 
 def view_reduce(nodes):
-    """[N, 1, D, F] alone: over its size-1 axis the identity, over axis 2 per vertex."""
+    """[N, 1, D, F] alone: per-edge ops, and over its size-1 axis the identity."""
     z, e = nodes.mailbox["z"], nodes.mailbox["e"]
-    per_vertex = torch.relu(z.unsqueeze(1)).sum(2)                         # [N, 1, F]
     same = torch.relu(z.unsqueeze(1) * e.unsqueeze(1)).sum(1)              # [N, D, F]
-    return {"h": torch.sum(same * per_vertex, dim=1)}
+    peak = torch.max(torch.tanh(z.unsqueeze(-3)), dim=1, keepdim=True).values   # [N, 1, D, F]
+    return {"h": torch.sum(same * peak.mean(1), dim=1)}
 
 
 REDUCES = {"cgat": cgat_reduce, "flipped-hinge": flipped_hinge_reduce, "spread": spread_reduce,
@@ -120,9 +125,10 @@ def dgl_update_all(src, dst, num_nodes, message, reduce, ndata, edata):
     return out
 
 
-def _edata(num_edges: int) -> dict[str, torch.Tensor]:
+def _edata(num_edges: int, device: str = "cpu") -> dict[str, torch.Tensor]:
     """A per-edge value that tells multi-edges apart (their messages are otherwise equal)."""
-    return {"t": torch.randn(num_edges, 1, dtype=torch.float64, generator=torch.Generator().manual_seed(5))}
+    gen = torch.Generator().manual_seed(5)
+    return {"t": torch.randn(num_edges, 1, dtype=torch.float64, generator=gen).to(device)}
 
 
 def _run(fn, h, p):
@@ -130,7 +136,7 @@ def _run(fn, h, p):
     h = h.clone().requires_grad_()
     p = {k: v.clone().requires_grad_() for k, v in p.items()}
     out = fn(h, p)
-    weight = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)
+    weight = torch.linspace(-1, 1, out.numel(), dtype=out.dtype, device=out.device).view_as(out)
     grads = torch.autograd.grad((out * weight).sum(), [h, *p.values()])
     return out.detach(), grads
 
@@ -140,14 +146,16 @@ def _check(name, backend, src, dst, monkeypatch):
     launched = []
     real_run_unit = triton_executor.run_unit
     monkeypatch.setattr(triton_executor, "run_unit", lambda unit, *a: launched.append(unit) or real_run_unit(unit, *a))
+    device = _device(backend)
+    src, dst = src.to(device), dst.to(device)
     graph = gnnfuse.Graph(src, dst, N)
-    h = torch.randn(N, F_IN, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    h = torch.randn(N, F_IN, dtype=torch.float64, generator=torch.Generator().manual_seed(2)).to(device)
     reduce = REDUCES[name]
-    edata = _edata(len(src))
+    edata = _edata(len(src), device)
     ours = _run(lambda h, p: gnnfuse.message_passing(graph, make_message(p), reduce, ndata={"h": h},
-                                                     edata=edata)["h"], h, _params())
+                                                     edata=edata)["h"], h, _params(device))
     expected = _run(lambda h, p: dgl_update_all(src, dst, N, make_message(p), reduce, {"h": h}, edata)["h"],
-                    h, _params())
+                    h, _params(device))
     assert rel_err(ours[0], expected[0]) < 1e-12
     for got, want in zip(ours[1], expected[1]):
         assert rel_err(got, want) < 1e-12
@@ -191,13 +199,14 @@ def test_cgat_through_pair_rows_without_the_sorting_rewrite(backend, monkeypatch
 def test_graph_without_edges(backend, monkeypatch):
     """No in-edges anywhere: no pairs, zeros out, zero gradients (DGL fills zeros)."""
     monkeypatch.setenv("GNNFUSE_BACKEND", backend)
-    empty = torch.empty(0, dtype=torch.long)
+    device = _device(backend)
+    empty = torch.empty(0, dtype=torch.long, device=device)
     graph = gnnfuse.Graph(empty, empty, N)
     for reduce in (cgat_reduce, spread_reduce):
         out, grads = _run(lambda h, p: gnnfuse.message_passing(graph, make_message(p), reduce, ndata={"h": h},
-                                                               edata=_edata(0))["h"],
-                          torch.randn(N, F_IN, dtype=torch.float64), _params())
-        assert torch.equal(out, torch.zeros(N, F_OUT, dtype=torch.float64))
+                                                               edata=_edata(0, device))["h"],
+                          torch.randn(N, F_IN, dtype=torch.float64, device=device), _params(device))
+        assert torch.equal(out, torch.zeros(N, F_OUT, dtype=torch.float64, device=device))
         assert all(torch.equal(g, torch.zeros_like(g)) for g in grads)
 
 
@@ -223,17 +232,30 @@ def test_hinge_sum_ties_and_columns():
                        torch.tensor([[0.0, 0.0], [4.0, 0.0], [0.0, 10.0], [0.0, 0.0]], dtype=torch.float64))
 
 
-def test_hinge_sum_and_its_gradient_against_all_pairs():
+@pytest.mark.parametrize("special", [None, "nan-x", "inf-x", "nan-grad"])
+def test_hinge_sum_and_its_gradient_against_all_pairs(special):
+    """Against torch's pair table; NaN and infinities stay in their vertex's group."""
     gen = torch.Generator().manual_seed(3)
     dst = torch.randint(0, 5, (30,), generator=gen)
     x = torch.randn(30, 2, 3, dtype=torch.float64, generator=gen).round(decimals=1)   # many ties
     g = torch.randn(30, 2, 3, dtype=torch.float64, generator=gen)
-    same = (dst.unsqueeze(0) == dst.unsqueeze(1)).to(x.dtype).view(30, 30, 1, 1)
+    first = int((dst == dst[0]).nonzero()[0])
+    if special == "nan-x":
+        x[first, 0, 0] = float("nan")
+    elif special == "inf-x":
+        x[first, 0, 0], x[first, 1, 1] = float("inf"), -float("inf")
+    elif special == "nan-grad":
+        g[first, 0, 0] = float("nan")
+    same = (dst.unsqueeze(0) == dst.unsqueeze(1)).view(30, 30, 1, 1)
     xs = x.clone().requires_grad_()
-    pairs = (torch.relu(xs.unsqueeze(1) - xs.unsqueeze(0)) * same).sum(1)       # [e, t] = x_e - x_t
+    gap = torch.relu(xs.unsqueeze(1) - xs.unsqueeze(0))                       # [e, t] = x_e - x_t
+    pairs = torch.where(same, gap, torch.zeros_like(gap)).sum(1)
     (expected_grad,) = torch.autograd.grad((pairs * g).sum(), xs)
-    torch.testing.assert_close(hinge_sum(x, dst, 5), pairs.detach(), rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(hinge_sum_grad(x, g, dst, 5), expected_grad, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(hinge_sum(x, dst, 5), pairs.detach(), rtol=1e-12, atol=1e-12, equal_nan=True)
+    torch.testing.assert_close(hinge_sum_grad(x, g, dst, 5), expected_grad, rtol=1e-12, atol=1e-12,
+                               equal_nan=True)
+    if special is not None:   # other vertices keep finite values
+        assert torch.isfinite(hinge_sum(x, dst, 5)[dst != dst[0]]).all()
 
 
 def test_in_edge_pairs_are_every_ordered_pair_per_destination():
@@ -288,6 +310,16 @@ def test_per_destination_values_in_pair_terms_are_rejected():
     _expect_error(node_view, "bad = ", "per-destination value")
 
 
+def test_reducing_a_row_view_over_its_edges_is_rejected():
+    """m.unsqueeze(1).sum(2) is a per-vertex [N, 1, ...] value, which the trace could not
+    tell from a mailbox value in later reductions; m.sum(1) says the same unambiguously."""
+    def row_view(nodes):
+        z = nodes.mailbox["z"]
+        total = z.unsqueeze(1).sum(2)
+        return {"h": torch.sum(total, dim=1)}
+    _expect_error(row_view, "total = ", "reduce the mailbox value itself")
+
+
 def test_reducing_both_pair_axes_at_once_is_rejected():
     def both(nodes):
         e = nodes.mailbox["e"]
@@ -335,3 +367,26 @@ def test_explain_counts_pair_rows():
     report = str(gnnfuse.explain(Spread(), torch.randn(N, F_IN, dtype=torch.float64), graph))
     assert "pair_reduce" in report and "PAIR" in report
     assert len(in_edge_pairs(dst, N)[0]) == int((torch.bincount(dst, minlength=N) ** 2).sum())
+
+
+def test_cgat_layer_keeps_a_nan_score_in_its_vertex():
+    """nn.CGATConv against the pair table: a NaN feature makes its out-neighbours' scores
+    NaN, which must not spread to vertices it has no edge into (prefix sums over all
+    vertices' sorted scores did that)."""
+    from gnnfuse import nn as gnn
+    src, dst = _graph()
+    layer = gnn.CGATConv(F_IN, F_OUT, heads=2, add_self_loops=False).double()
+    x = torch.randn(N, F_IN, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
+    x[0, 0] = float("nan")
+    out = layer(x, torch.stack([src, dst]))
+    z = (x @ layer.lin.weight.t()).view(N, 2, F_OUT)
+    e = F.leaky_relu((z[src] * layer.att_src).sum(-1) + (z[dst] * layer.att_dst).sum(-1), layer.negative_slope)
+    same = (dst.unsqueeze(0) == dst.unsqueeze(1)).unsqueeze(-1)
+    gap = torch.relu(e.unsqueeze(1) - e.unsqueeze(0))                          # [b, a] = e_b - e_a
+    w = torch.where(same, gap, torch.zeros_like(gap)).sum(1)
+    expected = torch.zeros(N, 2, F_OUT, dtype=torch.float64).index_add(0, dst, w.unsqueeze(-1) * z[src])
+    expected = expected.reshape(N, -1) + layer.bias
+    torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12, equal_nan=True)
+    clean = torch.ones(N, dtype=torch.bool)
+    clean[dst[src == 0]] = False                               # no in-edge from the NaN vertex
+    assert clean.sum() >= 3 and torch.isfinite(out[clean]).all()

@@ -100,20 +100,19 @@ def _unsqueezed(tracer: Tracer, value: Value) -> SymTensor:
 def reduce_pairs(tracer: Tracer, x: SymTensor, op: str, dim, keepdim: bool) -> SymTensor:
     """``op`` over axis 1 or 2 of a pairwise value, with torch's shapes: [N, D, D, ...]
     gives [N, D, ...] (``keepdim``: [N, 1, D, ...] or [N, D, 1, ...]); [N, 1, D, ...]
-    over its size-1 axis 1 is itself, over axis 2 a per-vertex value [N, 1, ...]."""
-    axis = dim + x.dim() if isinstance(dim, int) and dim < 0 else dim
+    over its size-1 axis 1 is itself."""
+    axis = dim[0] if isinstance(dim, (tuple, list)) and len(dim) == 1 else dim
+    axis = axis + x.dim() if isinstance(axis, int) and axis < 0 else axis
     if axis not in (1, 2):
         raise tracer.error(f"a pairwise [N, D, D, ...] term reduces over dim 1 or 2 (one neighbour "
                            f"axis at a time), got dim={dim}")
-    source = tracer.source()
     if x.value.residency is not Residency.PAIR:          # [N, 1, D, ...]
-        if axis == 1:
-            return x if keepdim else SymTensor(tracer, x.value, 2)
-        per_vertex = tracer.program.add("reduce", x.value, op=op, by="dst", source=source)
-        gathered = tracer.program.add("broadcast", per_vertex, by="dst", source=source)   # [N, 1, ...]
-        return _unsqueezed(tracer, gathered) if keepdim else SymTensor(tracer, gathered, 2)
+        if axis == 2:   # [N, 1, ...] would be a DST value, ambiguous (see _check_not_per_destination)
+            raise tracer.error(f"reducing m.unsqueeze(1) ([N, 1, D, ...]) over dim {dim} cannot be "
+                               f"compiled; reduce the mailbox value itself over dim=1 instead")
+        return x if keepdim else SymTensor(tracer, x.value, 2)
     kept = "j" if axis == 1 else "i"
-    value = tracer.program.add("pair_reduce", x.value, op=op, by=kept, source=source)
+    value = tracer.program.add("pair_reduce", x.value, op=op, by=kept, source=tracer.source())
     if not keepdim:
         return SymTensor(tracer, value, 2)
     return SymTensor(tracer, value, PAIR_PREFIX) if kept == "j" else _unsqueezed(tracer, value)

@@ -141,6 +141,19 @@ class _SortedRuns:
         return x.reshape(edges, -1).t().reshape(-1)[self.perm]
 
 
+def _pairwise_hinge(x: torch.Tensor, g: torch.Tensor | None, dst: torch.Tensor,
+                    num_nodes: int) -> torch.Tensor:
+    """`hinge_sum` (``g`` None) or `hinge_sum_grad` over every in-edge pair, as torch
+    computes the pair table: for inputs with NaN or infinities, which prefix sums would
+    smear across vertices (``inf - inf``) where the pair table keeps them in their group."""
+    i, j = in_edge_pairs(dst, num_nodes)
+    gap = x[i] - x[j]
+    if g is None:
+        return torch.zeros_like(x).index_add_(0, i, torch.relu(gap))
+    passed = torch.where(gap <= 0, torch.zeros_like(gap), g[i])   # torch's relu backward (NaN passes)
+    return torch.zeros_like(g).index_add_(0, i, passed).index_add_(0, j, -passed)
+
+
 def hinge_sum(x: torch.Tensor, dst: torch.Tensor, num_nodes: int) -> torch.Tensor:
     """``w_e = sum_{t: dst(t) = dst(e)} max(0, x_e - x_t)`` per feature element: with the
     group sorted, the terms that count are the strictly smaller values, so
@@ -148,6 +161,8 @@ def hinge_sum(x: torch.Tensor, dst: torch.Tensor, num_nodes: int) -> torch.Tenso
     ``e``'s run of equal values (equal values add 0)."""
     if x.numel() == 0:
         return torch.zeros_like(x)
+    if not torch.isfinite(x).all():
+        return _pairwise_hinge(x, None, dst, num_nodes)
     runs = _SortedRuns(x, dst, num_nodes)
     prefix = runs.prefix(runs.value)
     smaller = (prefix[runs.run_first] - prefix[runs.group_start]).to(x.dtype)
@@ -160,6 +175,8 @@ def hinge_sum_grad(x: torch.Tensor, g: torch.Tensor, dst: torch.Tensor, num_node
     ``x_b``; equal values pass nothing, as relu'(0) = 0."""
     if x.numel() == 0:
         return torch.zeros_like(g)
+    if not (torch.isfinite(x).all() and torch.isfinite(g).all()):
+        return _pairwise_hinge(x, g, dst, num_nodes)
     runs = _SortedRuns(x, dst, num_nodes)
     g_sorted = runs.gather(g)
     prefix = runs.prefix(g_sorted)
