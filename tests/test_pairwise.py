@@ -388,5 +388,6 @@ def test_cgat_layer_keeps_a_nan_score_in_its_vertex():
     expected = expected.reshape(N, -1) + layer.bias
     torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12, equal_nan=True)
     clean = torch.ones(N, dtype=torch.bool)
+    clean[0] = False                                           # its own score half is NaN
     clean[dst[src == 0]] = False                               # no in-edge from the NaN vertex
     assert clean.sum() >= 3 and torch.isfinite(out[clean]).all()
