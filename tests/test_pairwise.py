@@ -68,11 +68,20 @@ def cgat_reduce(nodes):
     return {"h": torch.sum(alpha * nodes.mailbox["z"], dim=1)}
 
 
+def weighted_cgat_reduce(nodes):
+    """C-GAT's weights on messages that differ between multi-edges (their scores tie):
+    clamp's gradient at a tie then reaches both edges unequally."""
+    score = nodes.mailbox["e"]
+    alpha = (score.unsqueeze(1) - score.unsqueeze(2)).clamp(min=0).sum(1)
+    return {"h": torch.sum(alpha * nodes.mailbox["t"] * nodes.mailbox["z"], dim=1)}
+
+
 def flipped_hinge_reduce(nodes):
-    """sum_a max(0, e_a - e_b): the hinge the other way round (sorted as hinge_sum(-e))."""
+    """sum_a max(0, e_a - e_b): the hinge the other way round (sorted as hinge_sum(-e)),
+    with relu, whose gradient at ties is 0, on messages that differ between multi-edges."""
     e = nodes.mailbox["e"]
     alpha = torch.relu(e.unsqueeze(2) - e.unsqueeze(1)).sum(1)
-    return {"h": torch.sum(alpha * nodes.mailbox["z"], dim=1)}
+    return {"h": torch.sum(alpha * nodes.mailbox["t"] * nodes.mailbox["z"], dim=1)}
 
 
 def spread_reduce(nodes):
@@ -101,9 +110,9 @@ def view_reduce(nodes):
     return {"h": torch.sum(same * peak.mean(1), dim=1)}
 
 
-REDUCES = {"cgat": cgat_reduce, "flipped-hinge": flipped_hinge_reduce, "spread": spread_reduce,
-           "similarity": similarity_reduce, "view": view_reduce}
-SORTED, PER_EDGE = {"cgat", "flipped-hinge"}, {"view"}   # hinge_sum; no pair rows; the rest: pair rows
+REDUCES = {"cgat": cgat_reduce, "weighted-cgat": weighted_cgat_reduce, "flipped-hinge": flipped_hinge_reduce,
+           "spread": spread_reduce, "similarity": similarity_reduce, "view": view_reduce}
+SORTED, PER_EDGE = {"cgat", "weighted-cgat", "flipped-hinge"}, {"view"}   # hinge_sum; no pair rows; the rest: pairs
 
 
 # --- DGL's update_all on real tensors -------------------------------------------------
@@ -187,12 +196,48 @@ def test_hinge_sums_are_sorted_other_pair_terms_keep_pair_rows(name):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_cgat_through_pair_rows_without_the_sorting_rewrite(backend, monkeypatch):
-    """The general path for C-GAT's own UDF: same numbers with the pass switched off."""
+@pytest.mark.parametrize("name", sorted(SORTED))
+def test_hinge_sums_through_pair_rows_without_the_sorting_rewrite(name, backend, monkeypatch):
+    """The general path for the hinge UDFs: same numbers with the pass switched off."""
     monkeypatch.setattr(pipeline, "sort_hinge_pairs", lambda program: program)
     monkeypatch.setattr(compiled_module, "_BY_STRUCTURE", {})
-    assert {"pair_broadcast", "pair_reduce"} <= _optimized_ops(cgat_reduce)
-    _check("cgat", backend, *_graph(), monkeypatch)
+    assert {"pair_broadcast", "pair_reduce"} <= _optimized_ops(REDUCES[name])
+    _check(name, backend, *_graph(), monkeypatch)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", ["weighted-cgat", "flipped-hinge"])
+def test_tied_scores_get_torchs_gradient(name, backend, monkeypatch):
+    """Scores read from edge data with many exact ties between different edges: clamp's
+    gradient at a tie passes (torch.clamp), relu's does not; the edge data's gradient
+    shows which, on the sorted path and on pair rows."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    device = _device(backend)
+    src, dst = (t.to(device) for t in _graph())
+    graph = gnnfuse.Graph(src, dst, N)
+    gen = torch.Generator().manual_seed(7)
+    h = torch.randn(N, F_OUT, dtype=torch.float64, generator=gen).to(device).requires_grad_()
+    score = torch.randint(0, 3, (len(src), 1), generator=gen).to(device, torch.float64).requires_grad_()
+    t = torch.randn(len(src), 1, dtype=torch.float64, generator=gen).to(device)
+
+    def message(edges):
+        return {"z": edges.src["h"], "e": edges.data["s"], "t": edges.data["t"]}
+
+    def grads(run):
+        out = run()
+        weight = torch.linspace(-1, 1, out.numel(), dtype=out.dtype, device=out.device).view_as(out)
+        return torch.autograd.grad((out * weight).sum(), [h, score])
+
+    expected = grads(lambda: dgl_update_all(src, dst, N, message, REDUCES[name], {"h": h}, {"s": score, "t": t})["h"])
+    assert expected[1].abs().sum() > 0
+    for sort in (True, False):
+        if not sort:
+            monkeypatch.setattr(pipeline, "sort_hinge_pairs", lambda program: program)
+            monkeypatch.setattr(compiled_module, "_BY_STRUCTURE", {})
+        ours = grads(lambda: gnnfuse.message_passing(graph, message, REDUCES[name], ndata={"h": h},
+                                                     edata={"s": score, "t": t})["h"])
+        for got, want in zip(ours, expected):
+            assert rel_err(got, want) < 1e-12, ("sorted" if sort else "pair rows")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -232,9 +277,11 @@ def test_hinge_sum_ties_and_columns():
                        torch.tensor([[0.0, 0.0], [4.0, 0.0], [0.0, 10.0], [0.0, 0.0]], dtype=torch.float64))
 
 
+@pytest.mark.parametrize("hinge", [torch.relu, lambda gap: gap.clamp(min=0)], ids=["relu", "clamp"])
 @pytest.mark.parametrize("special", [None, "nan-x", "inf-x", "nan-grad"])
-def test_hinge_sum_and_its_gradient_against_all_pairs(special):
-    """Against torch's pair table; NaN and infinities stay in their vertex's group."""
+def test_hinge_sum_and_its_gradient_against_all_pairs(special, hinge):
+    """Against torch's pair table (relu's or clamp's gradient at ties); NaN and
+    infinities stay in their vertex's group."""
     gen = torch.Generator().manual_seed(3)
     dst = torch.randint(0, 5, (30,), generator=gen)
     x = torch.randn(30, 2, 3, dtype=torch.float64, generator=gen).round(decimals=1)   # many ties
@@ -248,11 +295,12 @@ def test_hinge_sum_and_its_gradient_against_all_pairs(special):
         g[first, 0, 0] = float("nan")
     same = (dst.unsqueeze(0) == dst.unsqueeze(1)).view(30, 30, 1, 1)
     xs = x.clone().requires_grad_()
-    gap = torch.relu(xs.unsqueeze(1) - xs.unsqueeze(0))                       # [e, t] = x_e - x_t
+    gap = hinge(xs.unsqueeze(1) - xs.unsqueeze(0))                            # [e, t] = x_e - x_t
     pairs = torch.where(same, gap, torch.zeros_like(gap)).sum(1)
     (expected_grad,) = torch.autograd.grad((pairs * g).sum(), xs)
+    inclusive = hinge is not torch.relu
     torch.testing.assert_close(hinge_sum(x, dst, 5), pairs.detach(), rtol=1e-12, atol=1e-12, equal_nan=True)
-    torch.testing.assert_close(hinge_sum_grad(x, g, dst, 5), expected_grad, rtol=1e-12, atol=1e-12,
+    torch.testing.assert_close(hinge_sum_grad(x, g, dst, 5, inclusive), expected_grad, rtol=1e-12, atol=1e-12,
                                equal_nan=True)
     if special is not None:   # other vertices keep finite values
         assert torch.isfinite(hinge_sum(x, dst, 5)[dst != dst[0]]).all()

@@ -25,7 +25,8 @@ def sort_hinge_pairs(program: Program) -> Program:
         x, flipped = matched
         if flipped:
             x = program.add("neg", x, source=v.source)
-        program.replace_uses(v, program.add("hinge_sum", x, by="dst", source=v.source))
+        inclusive = v.inputs[0].op == "clamp_min"    # its gradient passes at ties, relu's does not
+        program.replace_uses(v, program.add("hinge_sum", x, by="dst", inclusive=inclusive, source=v.source))
     return program
 
 

@@ -141,8 +141,8 @@ class _SortedRuns:
         return x.reshape(edges, -1).t().reshape(-1)[self.perm]
 
 
-def _pairwise_hinge(x: torch.Tensor, g: torch.Tensor | None, dst: torch.Tensor,
-                    num_nodes: int) -> torch.Tensor:
+def _pairwise_hinge(x: torch.Tensor, g: torch.Tensor | None, dst: torch.Tensor, num_nodes: int,
+                    inclusive: bool = False) -> torch.Tensor:
     """`hinge_sum` (``g`` None) or `hinge_sum_grad` over every in-edge pair, as torch
     computes the pair table: for inputs with NaN or infinities, which prefix sums would
     smear across vertices (``inf - inf``) where the pair table keeps them in their group."""
@@ -150,7 +150,9 @@ def _pairwise_hinge(x: torch.Tensor, g: torch.Tensor | None, dst: torch.Tensor,
     gap = x[i] - x[j]
     if g is None:
         return torch.zeros_like(x).index_add_(0, i, torch.relu(gap))
-    passed = torch.where(gap <= 0, torch.zeros_like(gap), g[i])   # torch's relu backward (NaN passes)
+    # torch's backward: clamp passes where gap >= 0 (not NaN), relu unless gap <= 0 (NaN passes)
+    passes = gap >= 0 if inclusive else ~(gap <= 0)
+    passed = torch.where(passes, g[i], torch.zeros_like(gap))
     return torch.zeros_like(g).index_add_(0, i, passed).index_add_(0, j, -passed)
 
 
@@ -169,19 +171,26 @@ def hinge_sum(x: torch.Tensor, dst: torch.Tensor, num_nodes: int) -> torch.Tenso
     return runs.unsort((runs.run_first - runs.group_start).to(x.dtype) * runs.value - smaller)
 
 
-def hinge_sum_grad(x: torch.Tensor, g: torch.Tensor, dst: torch.Tensor, num_nodes: int) -> torch.Tensor:
+def hinge_sum_grad(x: torch.Tensor, g: torch.Tensor, dst: torch.Tensor, num_nodes: int,
+                   inclusive: bool = False) -> torch.Tensor:
     """Gradient of `hinge_sum` at ``x`` for output gradient ``g``: edge ``c`` gains
-    ``g_c`` per strictly smaller value and loses ``g_b`` for every strictly larger
-    ``x_b``; equal values pass nothing, as relu'(0) = 0."""
+    ``g_c`` per smaller value and loses ``g_b`` for every larger ``x_b``. At equal values
+    the hinge has a kink: ``inclusive=False`` passes nothing there (``relu``'s choice),
+    ``inclusive=True`` counts them on both sides (``clamp(min=0)``'s; ``c`` itself then
+    adds and takes ``g_c`` once, which cancels)."""
     if x.numel() == 0:
         return torch.zeros_like(g)
     if not (torch.isfinite(x).all() and torch.isfinite(g).all()):
-        return _pairwise_hinge(x, g, dst, num_nodes)
+        return _pairwise_hinge(x, g, dst, num_nodes, inclusive)
     runs = _SortedRuns(x, dst, num_nodes)
     g_sorted = runs.gather(g)
     prefix = runs.prefix(g_sorted)
-    larger = (prefix[runs.group_end] - prefix[runs.run_last + 1]).to(g.dtype)
-    return runs.unsort((runs.run_first - runs.group_start).to(g.dtype) * g_sorted - larger)
+    if inclusive:
+        count, larger_from = runs.run_last + 1, runs.run_first
+    else:
+        count, larger_from = runs.run_first, runs.run_last + 1
+    larger = (prefix[runs.group_end] - prefix[larger_from]).to(g.dtype)
+    return runs.unsort((count - runs.group_start).to(g.dtype) * g_sorted - larger)
 
 
 def _hinge_residency(rs, attrs):
@@ -192,11 +201,12 @@ def _hinge_residency(rs, attrs):
 
 
 register(OpDef("hinge_sum", Movement.NORM,
-               lambda ctx, x, by: hinge_sum(x, ctx.index(by), ctx.num_rows(by)),
+               lambda ctx, x, by, inclusive: hinge_sum(x, ctx.index(by), ctx.num_rows(by)),
                residency=_hinge_residency, shape=_same_shape, arity=1,
-               derivative=lambda b, v, g: [b.add("hinge_sum_grad", b.fwd(v.inputs[0]), g, by=v.attrs["by"])],
-               doc="sum over the in-edges t of e's destination of max(0, x_e - x_t), by sorting"))
+               derivative=lambda b, v, g: [b.add("hinge_sum_grad", b.fwd(v.inputs[0]), g, **v.attrs)],
+               doc="sum over the in-edges t of e's destination of max(0, x_e - x_t), by sorting; "
+                   "inclusive: the gradient at equal values is clamp's (passes), else relu's (blocks)"))
 register(OpDef("hinge_sum_grad", Movement.NORM,
-               lambda ctx, x, g, by: hinge_sum_grad(x, g, ctx.index(by), ctx.num_rows(by)),
+               lambda ctx, x, g, by, inclusive: hinge_sum_grad(x, g, ctx.index(by), ctx.num_rows(by), inclusive),
                residency=_hinge_residency, shape=lambda inputs, a, r: (inputs[1].shape, inputs[1].dtype),
                arity=2, doc="the gradient of hinge_sum at x for output gradient g"))
