@@ -368,6 +368,14 @@ def test_reducing_a_row_view_over_its_edges_is_rejected():
     _expect_error(row_view, "total = ", "reduce the mailbox value itself")
 
 
+def test_softmax_over_a_pair_axis_is_rejected():
+    def pair_softmax(nodes):
+        e = nodes.mailbox["e"]
+        att = torch.softmax(e.unsqueeze(1) - e.unsqueeze(2), dim=1)
+        return {"h": torch.sum(att.sum(2) * nodes.mailbox["z"], dim=1)}
+    _expect_error(pair_softmax, "att = ", "softmax over an axis of a pairwise")
+
+
 def test_reducing_both_pair_axes_at_once_is_rejected():
     def both(nodes):
         e = nodes.mailbox["e"]
