@@ -45,6 +45,7 @@ import torch
 from ..graph import Graph
 from ..ir import Residency
 from ..runtime import CompiledProgram
+from . import pairwise
 from .trace_cache import TraceCache, program_feeds
 from .tracer import EDGE_ROWED, SymTensor, Tracer
 
@@ -53,14 +54,28 @@ from .tracer import EDGE_ROWED, SymTensor, Tracer
 class _MessageTracer(Tracer):
     """A tracer whose mailbox reductions turn into graph Reduce/Norm ops."""
 
-    def reduce(self, x: SymTensor, op: str) -> SymTensor:
+    def reduce(self, x: SymTensor, op: str, dim=1, keepdim: bool = False) -> SymTensor:
+        if pairwise.is_pairwise(x):
+            return pairwise.reduce_pairs(self, x, op, dim, keepdim)
         self._check_mailbox(x)
         value = self.program.add("reduce", x.value, op=op, by="dst", source=self.source())
         return SymTensor(self, value, 1)
 
     def softmax(self, x: SymTensor) -> SymTensor:
+        if pairwise.is_pairwise(x):
+            raise self.error("softmax over an axis of a pairwise [N, D, D, ...] term cannot be compiled")
         self._check_mailbox(x)
         return SymTensor(self, self.program.add("edge_softmax", x.value, by="dst", source=self.source()), 2)
+
+    def apply(self, op: str, *operands, **attrs) -> SymTensor:
+        syms = [self.lift(o) for o in operands]
+        if any(pairwise.is_pairwise(s) for s in syms):
+            syms = pairwise.line_up(self, syms)
+        return super().apply(op, *syms, **attrs)
+
+    def pair_view(self, x: SymTensor) -> SymTensor:
+        """``x.unsqueeze(1)`` of a mailbox value (see frontend/pairwise.py)."""
+        return pairwise.pair_view(self, x)
 
     def _check_mailbox(self, x: SymTensor) -> None:
         if self.mode != "reduce" or x.value.residency not in EDGE_ROWED:

@@ -222,7 +222,7 @@ def _reduction(feature_op: str, graph_op: str):
             raise tracer.error(f"torch.{graph_op} over all dims of a graph value cannot be compiled; pass dim=")
         dims, graph_axis = _dims(x, dim)
         if graph_axis:
-            result = tracer.reduce(x, graph_op) if hasattr(tracer, "reduce") else None
+            result = tracer.reduce(x, graph_op, dim, keepdim) if hasattr(tracer, "reduce") else None
             if result is None:
                 raise tracer.error(f"reducing over dim={dim} (the neighbour axis) is only possible on "
                                    "nodes.mailbox inside reduce_fn")
@@ -290,6 +290,8 @@ def _unsqueeze(tracer: Tracer, x, dim):
     x = tracer.lift(x)
     if tracer.mode == "reduce" and x.value.residency is Residency.NODE and dim == 1:
         return x.broadcast_dst()   # nodes.data[k].unsqueeze(1): line up with the mailbox
+    if tracer.mode == "reduce" and x.prefix == 2 and (dim if dim >= 0 else x.dim() + 1 + dim) == 1:
+        return tracer.pair_view(x)  # mailbox.unsqueeze(1): a pairwise term (frontend/pairwise.py)
     rank = len(x.value.shape)
     pos = dim - x.prefix if dim >= 0 else rank + 1 + dim
     if not 0 <= pos <= rank:
@@ -312,6 +314,20 @@ def _softmax(tracer: Tracer, x, dim=None, *args, **kwargs):
     if dim is None or x.feature_dim(dim) is not None or not hasattr(tracer, "softmax"):
         raise tracer.error("softmax is supported over the neighbour axis (dim=1 of nodes.mailbox)")
     return tracer.softmax(x)
+
+
+def _clamp(tracer: Tracer, x, min=None, max=None, *, out=None):
+    """``x.clamp(min=a, max=b)`` with constant bounds: ``clamp_min``, and for ``max``
+    the same on ``-x`` (``min(x, b) = -max(-x, -b)``)."""
+    if any(bound is not None and not isinstance(bound, (int, float)) for bound in (min, max)):
+        raise tracer.error("only constant bounds can be compiled in clamp(min=..., max=...)")
+    if min is None and max is None:
+        raise tracer.error("clamp needs a min or a max bound")
+    if min is not None:
+        x = tracer.apply("clamp_min", x, min=float(min))
+    if max is not None:
+        x = tracer.apply("neg", tracer.apply("clamp_min", tracer.apply("neg", x), min=-float(max)))
+    return x
 
 
 def _pow(tracer: Tracer, x, exponent):
@@ -348,6 +364,7 @@ for _fns, _h in [
     ((F.dropout,), _dropout),
     ((torch.softmax, F.softmax, T.softmax), _softmax),
     ((torch.pow, T.pow, T.__pow__), _pow),
+    ((torch.clamp, torch.clip, T.clamp, T.clip), _clamp),
 ]:
     for _f in _fns:
         TORCH_HANDLERS[_f] = _h

@@ -53,6 +53,12 @@ _ew("tanh", torch.tanh, lambda b, v, g: [
 _ew("stop_gradient", lambda x: x, lambda b, v, g: [None], 1, emit="{0}",
     doc="identity whose gradient is zero: marks a value the result does not really depend on, such as "
         "the shift a softmax subtracts for stability, so autodiff spends no work on it")
+def _at_least(b, x, bound):
+    """1 where x >= bound, else 0 (NaN too): where torch's clamp passes its gradient,
+    the bound included (relu's step excludes 0)."""
+    return b.add("add", b.add("step", b.add("sub", x, bound)), b.add("eq", x, bound))
+
+
 _ew("clamp_min", lambda x, min: torch.clamp_min(x, min),
-    lambda b, v, g: [b.add("mul", g, b.add("step", b.add("sub", b.fwd(v.inputs[0]),
-                                                          b.const(v.attrs["min"], g))))], 1, emit="tl.maximum({0}, {min})")
+    lambda b, v, g: [b.add("mul", g, _at_least(b, b.fwd(v.inputs[0]), b.const(v.attrs["min"], g)))], 1,
+    emit="tl.maximum({0}, {min})")
