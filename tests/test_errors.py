@@ -79,8 +79,8 @@ def test_reduce_fn_must_reduce_the_mailbox():
                                 ndata={"h": torch.randn(3, 2)})
 
 
-def test_mailbox_reduction_outside_reduce_fn():
-    with pytest.raises(CompileError, match="apply to nodes.mailbox inside reduce_fn"):
+def test_reduction_over_the_edge_rows_in_message_fn():
+    with pytest.raises(CompileError, match=r"dim 0 is the row axis \(one row per edge\)"):
         gnnfuse.message_passing(graph(), lambda e: {"m": torch.sum(e.src["h"], dim=0)},
                                 lambda n: {"o": torch.sum(n.mailbox["m"], dim=1)}, ndata={"h": torch.randn(3, 2)})
 

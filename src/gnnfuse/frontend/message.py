@@ -112,7 +112,7 @@ def trace_message_passing(message_fn: Callable, reduce_fn: Callable, update_fn: 
     dtype = next((t.dtype for table in (ndata, edata, etype_data, ntype_data) for t in table.values()
                   if t.is_floating_point()), torch.get_default_dtype())
     tracer = _MessageTracer(message_fn, "message", dtype)
-    messages = _returned(tracer, message_fn(_Edges(tracer, ndata, edata, etype_data, ntype_data)),
+    messages = _returned(tracer, tracer.call(message_fn, _Edges(tracer, ndata, edata, etype_data, ntype_data)),
                          "message_fn")
     for key, m in messages.items():
         if m.value.residency not in EDGE_ROWED:
@@ -123,7 +123,7 @@ def trace_message_passing(message_fn: Callable, reduce_fn: Callable, update_fn: 
     for fn, mode, name in stages:
         tracer.rebind(fn, mode)
         nodes = _Nodes(tracer, ndata, ntype_data, messages if mode == "reduce" else {}, computed)
-        result = _returned(tracer, fn(nodes), name)
+        result = _returned(tracer, tracer.call(fn, nodes), name)
         for key, out in result.items():
             if out.value.residency is not Residency.NODE:
                 raise tracer.error(f"{name} output {key!r} is {out.value.residency.name} data; reduce the "

@@ -39,9 +39,11 @@ from typing import Any, Callable, Mapping
 import torch
 
 from ..graph import Graph
-from ..ir import Residency
+from ..ir import CompileError, Residency
 from .trace_cache import TraceCache, program_feeds
-from .tracer import EDGE_ROWED, Degree, SymTensor, Tracer
+from .counting import check_counting
+from .tracer import EDGE_ROWED, SymTensor, Tracer
+from .udf import unwrap
 
 
 class _Neighbours:
@@ -59,7 +61,13 @@ class _Neighbours:
         return self._make()
 
     def __len__(self):
-        raise self.tracer.error("len(v.innbs) must be called directly in the decorated function")
+        error = self.tracer.error("len(v.innbs) must be called directly in the decorated function")
+        raise _LengthError(str(error)) from None
+
+
+class _LengthError(CompileError, TypeError):
+    """Also a TypeError, so ``list(v.innbs)``, which asks for a length hint first and
+    ignores a TypeError there, still builds the one-neighbour list."""
 
 
 class _Vertex:
@@ -162,20 +170,30 @@ def _aggregate(tracer: Tracer, builtin: Callable, op: str):
 
 
 def _length(tracer: Tracer):
+    """``len`` that counts a neighbour list symbolically: ``len(v.innbs)``, and the one
+    element of a list built from it (``len([u for u in v.innbs])``, ``len(list(v.innbs))``)."""
     def length(obj):
-        if isinstance(obj, _Neighbours) or (isinstance(obj, list) and obj and all(
-                isinstance(x, SymTensor) and x.value.residency in EDGE_ROWED for x in obj)):
-            value = tracer.program.add("degree", by="dst", dtype=tracer.dtype, source=tracer.source())
-            return Degree(tracer, value, 0)
+        if isinstance(obj, _Neighbours) or (isinstance(obj, (list, tuple)) and builtins.len(obj) == 1
+                                            and _from_neighbour(obj[0])):
+            return tracer.in_degree()
         return builtins.len(obj)
     return length
+
+
+def _from_neighbour(item) -> bool:
+    """Whether ``item`` was built from the one traced neighbour (or in-edge) of v."""
+    if isinstance(item, SymTensor):
+        return item.value.residency in EDGE_ROWED
+    if isinstance(item, (list, tuple)):
+        return any(_from_neighbour(x) for x in item)
+    return isinstance(item, _Edge) or (isinstance(item, _Vertex) and item._side == "src")
 
 
 class VertexFunction:
     """A vertex-centric function, compiled on first use for each traced structure."""
 
     def __init__(self, fn: Callable):
-        functools.update_wrapper(self, fn)
+        functools.update_wrapper(self, fn, updated=())   # a Module's __dict__ is its state, not a wrapper's
         self.fn = fn
 
     def trace(self, v_feature: Mapping[str, torch.Tensor],
@@ -189,12 +207,15 @@ class VertexFunction:
         dtype = next((t.dtype for table in feats.values() for t in table.values()
                       if t.is_floating_point()), torch.get_default_dtype())
         tracer = Tracer(self.fn, "vertex", dtype)
-        patched_globals = dict(self.fn.__globals__, sum=_aggregate(tracer, builtins.sum, "sum"),
+        plain, args, keywords = unwrap(self.fn)
+        check_counting(plain)
+        patched_globals = dict(plain.__globals__, sum=_aggregate(tracer, builtins.sum, "sum"),
                                max=_aggregate(tracer, builtins.max, "max"),
                                min=_aggregate(tracer, builtins.min, "min"), len=_length(tracer))
-        fn = types.FunctionType(self.fn.__code__, patched_globals, self.fn.__name__,
-                                self.fn.__defaults__, self.fn.__closure__)
-        result = fn(_Vertex(tracer, "center", feats))
+        fn = types.FunctionType(plain.__code__, patched_globals, plain.__name__,
+                                plain.__defaults__, plain.__closure__)
+        fn.__kwdefaults__ = plain.__kwdefaults__
+        result = tracer.call(lambda v: fn(*args, v, **keywords), _Vertex(tracer, "center", feats))
         outputs = result if isinstance(result, dict) else {"out": result}
         for key, out in outputs.items():
             if not isinstance(out, SymTensor) or out.value.residency is not Residency.NODE:
