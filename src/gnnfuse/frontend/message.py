@@ -8,6 +8,14 @@ The UDFs are traced once per call into the same IR as vertex-centric code; a red
 softmax over ``dim=1`` of the mailbox becomes a Reduce or Norm op, so no per-degree
 bucketing ever runs (Graphiler §3.2's problem).
 
+Vertices without in-edges follow DGL's ``update_all``: reduce_fn does not apply to them,
+so every reduce_fn output is 0 there (also a reduce_fn that adds node data or a constant,
+as GatedGCN's ``h + sum(...) / (sum(...) + eps)`` does), and update_fn runs on all
+vertices, seeing those zeros. ``nodes.mailbox['m'].shape[1]`` is each vertex's in-degree.
+
+A UDF may be a function, a bound method, a ``functools.partial``, an ``nn.Module`` (its
+``forward`` is traced; hooks do not run) or an object with a ``__call__`` method.
+
 On a typed graph, per-type data is passed as ``etype_data={key: [num_edge_types, ...]}``
 and ``ntype_data={key: [num_node_types, ...]}``. In ``message_fn``, ``edges.type[key]``
 is each edge's relation's row, ``edges.srctype[key]`` / ``edges.dsttype[key]`` its
@@ -26,7 +34,7 @@ import torch
 
 from ..graph import Graph
 from ..ir import Residency
-from .trace_cache import TraceCache, program_feeds
+from .trace_cache import TraceCache, check_tables, program_feeds
 from .tracer import EDGE_ROWED, SymTensor, Tracer
 
 
@@ -98,9 +106,24 @@ class _Nodes:
 
 
 def _returned(tracer: Tracer, result, stage: str) -> dict[str, SymTensor]:
-    if not isinstance(result, dict) or not all(isinstance(v, SymTensor) for v in result.values()):
-        raise tracer.error(f"{stage} must return a dict of traced tensors, got {type(result).__name__}")
+    if not isinstance(result, dict):
+        raise tracer.error(f"{stage} must return a dict of feature name -> tensor, got {type(result).__name__}")
+    for key, value in result.items():
+        if not isinstance(value, SymTensor):
+            what = ("a tensor not computed from its edges/nodes argument (created or captured, so not "
+                    "per-edge or per-node data)" if isinstance(value, torch.Tensor) else f"a {type(value).__name__}")
+            raise tracer.error(f"{stage} output {key!r} is {what}; each output must be computed from the "
+                               "UDF's edges/nodes data")
     return result
+
+
+def _zero_without_in_edges(tracer: Tracer, out: SymTensor) -> SymTensor:
+    """DGL does not run reduce_fn on a vertex with no in-edges and zero-fills its outputs
+    there; a traced reduce_fn runs on every vertex, so its result is selected away on
+    those vertices. A bare mailbox reduction is already 0 on an empty mailbox."""
+    if out.value.op == "reduce":
+        return out
+    return tracer.apply("select", tracer.in_degree(prefix=1), out, 0.0)
 
 
 def trace_message_passing(message_fn: Callable, reduce_fn: Callable, update_fn: Callable | None,
@@ -128,6 +151,8 @@ def trace_message_passing(message_fn: Callable, reduce_fn: Callable, update_fn: 
             if out.value.residency is not Residency.NODE:
                 raise tracer.error(f"{name} output {key!r} is {out.value.residency.name} data; reduce the "
                                    "mailbox over dim=1 (sum/mean/max/min) to get per-node values")
+        if mode == "reduce":
+            result = {key: _zero_without_in_edges(tracer, out) for key, out in result.items()}
         computed = {**computed, **result} if mode == "update" else dict(result)
         outputs = result
     for key, out in outputs.items():
@@ -144,6 +169,7 @@ def message_passing(graph: Graph | object, message_fn: Callable, reduce_fn: Call
     returns the node data that ``update_fn`` (or ``reduce_fn``) produces. ``etype_data`` /
     ``ntype_data`` hold per-edge-type / per-node-type tensors (see the module docstring)."""
     graph = Graph.coerce(graph)
+    check_tables(ndata=ndata, edata=edata, etype_data=etype_data, ntype_data=ntype_data)
     edata, etype_data, ntype_data = dict(edata or {}), dict(etype_data or {}), dict(ntype_data or {})
     tables = (ndata, edata, etype_data, ntype_data)
     compiled, captured = _TRACES.compiled((message_fn, reduce_fn, update_fn), tables,
