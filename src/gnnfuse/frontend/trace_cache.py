@@ -173,6 +173,21 @@ class TraceCache:
         return compiled, captured
 
 
+def check_tables(**tables: Mapping[str, torch.Tensor] | None) -> None:
+    """Each feature argument (``ndata=``, ``v_feature=``, ...) is a dict of name -> tensor;
+    anything else would fail deep inside tracing with an unrelated message."""
+    for argument, table in tables.items():
+        if table is None:
+            continue
+        if not isinstance(table, Mapping):
+            raise TypeError(f"{argument} must be a dict of feature name -> tensor (e.g. {argument}={{'h': x}}), "
+                            f"got {type(table).__name__}")
+        for key, tensor in table.items():
+            if not isinstance(key, str) or not isinstance(tensor, torch.Tensor):
+                raise TypeError(f"{argument} must map str names to tensors; {argument}[{key!r}] is "
+                                f"{type(tensor).__name__}")
+
+
 def program_feeds(tables: tuple[Mapping[str, torch.Tensor], ...],
                   captured: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A traced program's inputs by name: node tensors as given, edge and per-type

@@ -71,7 +71,13 @@ class Tracer:
         return None
 
     def error(self, message: str) -> CompileError:
-        return CompileError(message, self.source())
+        """An error at the user's line; outside a running UDF (checking what it returned),
+        at the first line of the UDF's definition."""
+        return CompileError(message, self.source() or self._definition())
+
+    def _definition(self) -> str:
+        line = self._code.co_firstlineno
+        return f"{self._code.co_filename}:{line}: {linecache.getline(self._code.co_filename, line).strip()}"
 
     # -- values ---------------------------------------------------------------------
     def input(self, key: str, residency: Residency, tensor: torch.Tensor, prefix: int) -> "SymTensor":

@@ -40,7 +40,7 @@ import torch
 
 from ..graph import Graph
 from ..ir import CompileError, Residency
-from .trace_cache import TraceCache, program_feeds
+from .trace_cache import TraceCache, check_tables, program_feeds
 from .counting import check_counting
 from .tracer import EDGE_ROWED, SymTensor, Tracer
 from .udf import unwrap
@@ -232,6 +232,8 @@ class VertexFunction:
                  etype_feature: Mapping[str, torch.Tensor] | None = None,
                  ntype_feature: Mapping[str, torch.Tensor] | None = None):
         graph = Graph.coerce(graph)
+        check_tables(v_feature=v_feature, e_feature=e_feature, etype_feature=etype_feature,
+                     ntype_feature=ntype_feature)
         tables = (v_feature, e_feature or {}, etype_feature or {}, ntype_feature or {})
         compiled, captured = _TRACES.compiled((self.fn,), tables, lambda: self.trace(*tables)[0])
         outputs = compiled(graph, program_feeds(tables, captured))
