@@ -9,10 +9,15 @@
 ``v.<key>`` is the vertex's own feature, ``u.<key>`` a neighbour's (``for u in v.innbs``),
 ``e.<key>`` an in-edge's (``for e in v.inedges``, with ``e.src``/``e.dst``). ``sum``,
 ``max`` and ``min`` over a list built from the neighbour list aggregate per vertex;
-``len(v.innbs)`` is the in-degree. The function is traced into the IR on the first call
-and again whenever a call could trace differently (other shapes or dtypes, a changed
-closure constant or global: see `trace_cache`); compiled programs are cached by the
-traced program's structure.
+``len(v.innbs)`` (or ``len`` of a list built from it) is the in-degree. The traced loop
+over ``v.innbs`` runs once, for one symbolic neighbour, so counting in Python (``n += 1``
+in the loop, a list of constants built from it) is rejected: it would count 1.
+The function may also be a bound method, a ``functools.partial``, an ``nn.Module``
+(its ``forward`` is traced) or an object with a ``__call__`` method.
+
+The function is traced into the IR on the first call and again whenever a call could
+trace differently (other shapes or dtypes, a changed closure constant or global: see
+`trace_cache`); compiled programs are cached by the traced program's structure.
 
 Typed graphs (``Graph(..., edge_type=..., node_type=...)``) carry per-type data, passed
 as ``etype_feature={key: [num_edge_types, ...]}`` and ``ntype_feature={key:
@@ -40,8 +45,8 @@ import torch
 
 from ..graph import Graph
 from ..ir import CompileError, Residency
-from .trace_cache import TraceCache, check_tables, program_feeds
 from .counting import check_counting
+from .trace_cache import TraceCache, check_tables, program_feeds
 from .tracer import EDGE_ROWED, SymTensor, Tracer
 from .udf import unwrap
 
@@ -61,8 +66,7 @@ class _Neighbours:
         return self._make()
 
     def __len__(self):
-        error = self.tracer.error("len(v.innbs) must be called directly in the decorated function")
-        raise _LengthError(str(error)) from None
+        raise _LengthError("len(v.innbs) must be called directly in the decorated function", self.tracer.source())
 
 
 class _LengthError(CompileError, TypeError):
