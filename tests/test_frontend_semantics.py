@@ -202,3 +202,13 @@ def test_reduction_dtype_other_than_the_data_is_rejected():
                                    lambda n: {"o": torch.sum(n.mailbox["m"], dim=1, dtype=DOUBLE)}, ndata={"h": h})
     degree = torch.tensor([1, 3, 1, 0, 1], dtype=DOUBLE)[:, None]
     check_against(same["o"], lambda x: neighbour_mean(g, x) * degree, h)
+
+
+@pytest.mark.parametrize("softmax", [
+    lambda m: torch.softmax(m, 1, torch.float32), lambda m: torch.softmax(m, dim=1, dtype=torch.float32),
+    lambda m: torch.nn.functional.softmax(m, dim=1, dtype=torch.float32), lambda m: m.softmax(1, torch.float32)])
+def test_softmax_dtype_other_than_the_data_is_rejected(softmax):
+    def reduce(nodes):
+        return {"o": torch.sum(softmax(nodes.mailbox["m"]) * nodes.mailbox["m"], dim=1)}
+    with pytest.raises(CompileError, match=r"softmax\(..., dtype=torch.float32\) on torch.float64 data"):
+        gnnfuse.message_passing(graph(), lambda e: {"m": e.src["h"]}, reduce, ndata={"h": features()})

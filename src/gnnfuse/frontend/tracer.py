@@ -270,6 +270,13 @@ class _ReduceResult(tuple):
         return super().__getitem__(index)
 
 
+def _check_dtype(tracer: Tracer, x: SymTensor, dtype: torch.dtype | None, name: str) -> None:
+    """A ``dtype=`` argument asks for a conversion; gnnfuse has no conversion op."""
+    if dtype is not None and dtype != x.dtype:
+        raise tracer.error(f"torch.{name}(..., dtype={dtype}) on {x.dtype} data: gnnfuse has no dtype "
+                           "conversion op; pass features of the dtype you want to compute in")
+
+
 def _reduction(feature_op: str, graph_op: str):
     def handler(tracer: Tracer, x, dim=None, keepdim=False, *, dtype=None, out=None):
         x = tracer.lift(x)
@@ -277,9 +284,7 @@ def _reduction(feature_op: str, graph_op: str):
             raise tracer.error(f"torch.{graph_op} over all dims of a graph value cannot be compiled; pass dim=")
         if out is not None:
             raise tracer.error(f"torch.{graph_op}(..., out=) writes into an existing tensor, which cannot be compiled")
-        if dtype is not None and dtype != x.dtype:
-            raise tracer.error(f"torch.{graph_op}(..., dtype={dtype}) on {x.dtype} data: gnnfuse has no dtype "
-                               "conversion op; pass features of the dtype you want to compute in")
+        _check_dtype(tracer, x, dtype, graph_op)
         dims, graph_axis = _dims(x, dim)
         if graph_axis:
             result = tracer.reduce(x, graph_op) if hasattr(tracer, "reduce") else None
@@ -380,6 +385,7 @@ def _dropout(tracer: Tracer, x, p=0.5, training=True, inplace=False):
 
 def _softmax(tracer: Tracer, x, dim=None, *args, **kwargs):
     x = tracer.lift(x)
+    _check_dtype(tracer, x, kwargs.get("dtype", next((a for a in args if isinstance(a, torch.dtype)), None)), "softmax")
     if dim is None or x.feature_dim(dim) is not None or not hasattr(tracer, "softmax"):
         raise tracer.error("softmax is supported over the neighbour axis (dim=1 of nodes.mailbox)")
     return tracer.softmax(x)
