@@ -190,7 +190,8 @@ class SymTensor:
         raise self.tracer.error("len() of a symbolic feature value cannot be compiled")
 
     def __repr__(self) -> str:
-        return f"SymTensor({self.value.residency.name}, shape={list(self.shape)})"
+        return (f"SymTensor({self.value.residency.name}, {self.prefix} graph dims, "
+                f"feature shape={list(self.value.shape)})")   # self.shape would trace a degree
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
