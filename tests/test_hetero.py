@@ -108,8 +108,11 @@ def rgcn_message(graph, x, weight, root, bias):
         return {"m": (edges.src["h"] @ edges.type["W"]) * edges.data["norm"]}
 
     def reduce(nodes):
-        return {"h": torch.sum(nodes.mailbox["m"], dim=1) + nodes.data["h"] @ root + bias}
-    return gnnfuse.message_passing(graph, message, reduce, ndata={"h": x},
+        return {"agg": torch.sum(nodes.mailbox["m"], dim=1)}
+
+    def update(nodes):   # DGL runs it on every vertex; reduce outputs are 0 without in-edges
+        return {"h": nodes.data["agg"] + nodes.data["h"] @ root + bias}
+    return gnnfuse.message_passing(graph, message, reduce, update, ndata={"h": x},
                                    edata={"norm": relation_mean_norm(graph)},
                                    etype_data={"W": weight})["h"]
 

@@ -9,7 +9,9 @@ and the line of the user's function that used it.
 from __future__ import annotations
 
 import linecache
+import os
 import sys
+import types
 from typing import Any, Callable
 
 import torch
@@ -17,8 +19,15 @@ import torch.nn.functional as F
 
 from ..ir import CompileError, Program, Residency
 from ..ir.ops.movement import TYPE_INDICES
+from .udf import unwrap
 
 EDGE_ROWED = (Residency.SRC, Residency.DST, Residency.EDGE)
+_LIBRARY_DIRS = tuple(os.path.dirname(path) + os.sep for path in (os.path.dirname(__file__), torch.__file__))
+
+
+def _is_library(filename: str) -> bool:
+    """Whether code in ``filename`` is gnnfuse's or torch's, never the user's."""
+    return filename.startswith(_LIBRARY_DIRS)
 
 
 class Tracer:
@@ -28,31 +37,47 @@ class Tracer:
         self.program = Program()
         self.dtype = dtype
         self.captured: dict[int, tuple[str, torch.Tensor]] = {}
+        self._calls: list[types.FrameType] = []
         self.rebind(fn, mode)
 
     def rebind(self, fn: Callable, mode: str) -> None:
         """Point at the user function being traced; ``mode`` is "vertex", "message",
         "reduce" or "update" (the message/reduce front end traces three UDFs into one
-        program)."""
+        program). ``fn`` may be any UDF `udf.unwrap` accepts."""
         self.fn, self.mode = fn, mode
-        code = fn.__code__
-        self._file, self._first = code.co_filename, code.co_firstlineno
-        self._last = max((line for *_, line in code.co_lines() if line), default=self._first)
+        self._code = unwrap(fn)[0].__code__
+
+    def call(self, fn: Callable, *args: Any) -> Any:
+        """Run user code: errors raised while it runs name the innermost line of user code
+        below this call, in the UDF or in a helper it calls."""
+        self._calls.append(sys._getframe())
+        try:
+            return fn(*args)
+        finally:
+            self._calls.pop()
 
     # -- locations ------------------------------------------------------------------
     def source(self) -> str | None:
-        """``file:line: text`` of the innermost frame inside the user's function."""
-        frame = sys._getframe(1)
-        while frame is not None:
+        """``file:line: text`` of the innermost frame of user code: the traced UDF's own
+        code, or any code outside gnnfuse and torch (a helper the UDF calls), found
+        between here and the `call` that runs the UDF."""
+        frame, entry = sys._getframe(1), self._calls[-1] if self._calls else None
+        while frame is not None and frame is not entry:
             code = frame.f_code
-            if code.co_filename == self._file and self._first <= frame.f_lineno <= self._last:
+            if code is self._code or (entry is not None and not _is_library(code.co_filename)):
                 text = linecache.getline(code.co_filename, frame.f_lineno).strip()
                 return f"{code.co_filename}:{frame.f_lineno}: {text}"
             frame = frame.f_back
         return None
 
     def error(self, message: str) -> CompileError:
-        return CompileError(message, self.source())
+        """An error at the user's line; outside a running UDF (checking what it returned),
+        at the first line of the UDF's definition."""
+        return CompileError(message, self.source() or self._definition())
+
+    def _definition(self) -> str:
+        line = self._code.co_firstlineno
+        return f"{self._code.co_filename}:{line}: {linecache.getline(self._code.co_filename, line).strip()}"
 
     # -- values ---------------------------------------------------------------------
     def input(self, key: str, residency: Residency, tensor: torch.Tensor, prefix: int) -> "SymTensor":
@@ -76,6 +101,14 @@ class Tracer:
                                                     source=self.source()), 0)
         raise self.error(f"cannot use a {type(obj).__name__} as a tensor operand in a traced function")
 
+    def in_degree(self, kind: type["Degree"] | None = None, prefix: int = 0) -> "Degree":
+        """Each vertex's in-degree as a traced value (``len(v.innbs)``, ``mailbox.shape[1]``)."""
+        value = self.program.add("degree", by="dst", dtype=self.dtype, source=self.source())
+        return (kind or Degree)(self, value, prefix)
+
+    def neighbour_count(self) -> "NeighbourCount":
+        return self.in_degree(NeighbourCount, 1)
+
     def apply(self, op: str, *operands: Any, **attrs: Any) -> "SymTensor":
         syms = [self.lift(o) for o in operands]
         residencies = {s.value.residency for s in syms}
@@ -97,7 +130,12 @@ class SymTensor:
 
     # -- tensor-like surface --------------------------------------------------------
     @property
-    def shape(self) -> torch.Size:
+    def shape(self) -> tuple:
+        """Graph dims read as 1 (reshape takes them back as -1 or 1), except a mailbox's
+        neighbour axis: its length differs per vertex, so it is the in-degree, a
+        symbolic value (``nodes.mailbox['m'].shape[1]`` in arithmetic is the degree)."""
+        if self.prefix == 2:
+            return (1, self.tracer.neighbour_count()) + self.value.shape
         return torch.Size((1,) * self.prefix + self.value.shape)
 
     def size(self, dim: int | None = None):
@@ -115,18 +153,23 @@ class SymTensor:
         return SymTensor(self.tracer, v, 2 if self.tracer.mode == "reduce" else self.prefix)
 
     def feature_dim(self, d: int) -> int | None:
-        """A user dim as a negative per-element dim, or None for a graph (row/neighbour) axis."""
+        """A user dim as a negative per-element dim, or None for a mailbox's neighbour axis
+        (dim 1 of ``nodes.mailbox[...]``). The row axis (dim 0 of node, edge and mailbox
+        data: one row per vertex or edge) cannot be named: every op works within a row."""
         rank = len(self.value.shape)
-        if d < 0:
-            if d < -rank:
-                raise self.tracer.error(f"dim {d} is out of range for a value with feature shape "
-                                        f"{list(self.value.shape)}")
-            return d
-        if d < self.prefix:
+        if not -(self.prefix + rank) <= d < self.prefix + rank:
+            raise self.tracer.error(f"dim {d} is out of range for a value with {self.prefix} graph dims "
+                                    f"and feature shape {list(self.value.shape)}")
+        d = d % (self.prefix + rank)
+        if d >= self.prefix:
+            return d - self.prefix - rank
+        if self.prefix == 2 and d == 1:
             return None
-        if d - self.prefix >= rank:
-            raise self.tracer.error(f"dim {d} is out of range for shape {list(self.shape)}")
-        return d - self.prefix - rank
+        raise self.tracer.error(f"dim {d} is the row axis (one row per {self._row_name()}); a compiled "
+                                "function computes within each row and cannot combine rows")
+
+    def _row_name(self) -> str:
+        return "vertex" if self.value.residency is Residency.NODE or self.prefix == 2 else "edge"
 
     def __bool__(self):
         raise self.tracer.error("Python control flow (if/while/and/or/not) on a symbolic graph value "
@@ -147,7 +190,8 @@ class SymTensor:
         raise self.tracer.error("len() of a symbolic feature value cannot be compiled")
 
     def __repr__(self) -> str:
-        return f"SymTensor({self.value.residency.name}, shape={list(self.shape)})"
+        return (f"SymTensor({self.value.residency.name}, {self.prefix} graph dims, "
+                f"feature shape={list(self.value.shape)})")   # self.shape would trace a degree
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
@@ -210,9 +254,28 @@ def _dims(x: SymTensor, dim) -> tuple[list[int], bool]:
 class _ReduceResult(tuple):
     """What torch.max(x, dim) returns: (values, indices); only values can be traced."""
 
+    tracer: Tracer
+
     @property
     def values(self):
         return self[0]
+
+    @property
+    def indices(self):
+        raise self.tracer.error("the indices of torch.max/min over a graph value (argmax/argmin) cannot "
+                                "be compiled; use the values (torch.max(x, dim)[0] or .values)")
+
+    def __getitem__(self, index):
+        if not isinstance(index, slice) and index in (1, -1):
+            return self.indices
+        return super().__getitem__(index)
+
+
+def _check_dtype(tracer: Tracer, x: SymTensor, dtype: torch.dtype | None, name: str) -> None:
+    """A ``dtype=`` argument asks for a conversion; gnnfuse has no conversion op."""
+    if dtype is not None and dtype != x.dtype:
+        raise tracer.error(f"torch.{name}(..., dtype={dtype}) on {x.dtype} data: gnnfuse has no dtype "
+                           "conversion op; pass features of the dtype you want to compute in")
 
 
 def _reduction(feature_op: str, graph_op: str):
@@ -220,17 +283,26 @@ def _reduction(feature_op: str, graph_op: str):
         x = tracer.lift(x)
         if dim is None:
             raise tracer.error(f"torch.{graph_op} over all dims of a graph value cannot be compiled; pass dim=")
+        if out is not None:
+            raise tracer.error(f"torch.{graph_op}(..., out=) writes into an existing tensor, which cannot be compiled")
+        _check_dtype(tracer, x, dtype, graph_op)
         dims, graph_axis = _dims(x, dim)
         if graph_axis:
             result = tracer.reduce(x, graph_op, dim, keepdim) if hasattr(tracer, "reduce") else None
             if result is None:
                 raise tracer.error(f"reducing over dim={dim} (the neighbour axis) is only possible on "
                                    "nodes.mailbox inside reduce_fn")
+            if keepdim:   # [N, 1, F]: the neighbour axis kept as a per-vertex dim of size 1
+                result = tracer.apply("reshape", result, shape=(1,) + result.value.shape)
         elif feature_op is None:
             raise tracer.error(f"torch.{graph_op} over feature dims has no gnnfuse op")
         else:
             result = tracer.apply(feature_op, x, dim=tuple(dims), keepdim=bool(keepdim))
-        return _ReduceResult((result, None)) if graph_op in ("max", "min") else result
+        if graph_op not in ("max", "min"):
+            return result
+        pair = _ReduceResult((result, None))
+        pair.tracer = tracer
+        return pair
     return handler
 
 
@@ -273,7 +345,12 @@ def _reshape(tracer: Tracer, x, *shape):
     x = tracer.lift(x)
     shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list, torch.Size)) else shape
     lead, elem = shape[: x.prefix], shape[x.prefix:]
-    if any(s not in (-1, 1) for s in lead):
+    kept = [i == 1 and isinstance(s, NeighbourCount) for i, s in enumerate(lead)]
+    if any(isinstance(s, SymTensor) for s in elem) or any(
+            isinstance(s, SymTensor) and not keep for s, keep in zip(lead, kept)):
+        raise tracer.error("a reshape size cannot depend on the in-degree (mailbox.shape[1]): it differs "
+                           "per vertex; keep the neighbour axis as its own dim")
+    if any(not keep and s not in (-1, 1) for s, keep in zip(lead, kept)):
         raise tracer.error(f"reshape {list(shape)} must keep the leading graph dims as -1")
     if -1 in elem:
         known = 1
@@ -311,6 +388,7 @@ def _dropout(tracer: Tracer, x, p=0.5, training=True, inplace=False):
 
 def _softmax(tracer: Tracer, x, dim=None, *args, **kwargs):
     x = tracer.lift(x)
+    _check_dtype(tracer, x, kwargs.get("dtype", next((a for a in args if isinstance(a, torch.dtype)), None)), "softmax")
     if dim is None or x.feature_dim(dim) is not None or not hasattr(tracer, "softmax"):
         raise tracer.error("softmax is supported over the neighbour axis (dim=1 of nodes.mailbox)")
     return tracer.softmax(x)
@@ -385,5 +463,21 @@ class Degree(SymTensor):
     def __index__(self) -> int:
         return 1
 
+    def __int__(self):
+        raise self.tracer.error("the in-degree is a per-vertex graph value, not a Python number; "
+                                "use it in tensor arithmetic")
+
+    __float__ = __int__
+
     def clamped(self) -> SymTensor:
         return self.tracer.apply("clamp_min", self, min=1.0)
+
+
+class NeighbourCount(Degree):
+    """``nodes.mailbox[k].shape[1]`` / ``.size(1)``: the in-degree, as a tensor value. A
+    Python int would be 1 at trace time (the traced mailbox has one symbolic entry), so
+    using it as one (``range``, a reshape size) is an error rather than a wrong count."""
+
+    def __index__(self) -> int:
+        raise self.tracer.error("mailbox.shape[1] (the in-degree) differs per vertex and cannot be used "
+                                "as a Python int; use it in tensor arithmetic, or reduce over dim=1")

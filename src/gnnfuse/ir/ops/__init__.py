@@ -1,2 +1,2 @@
 """Importing this package registers every built-in op."""
-from . import dense, elementwise, movement, pairwise, typed  # noqa: F401
+from . import dense, elementwise, movement, pairwise, select, typed  # noqa: F401
