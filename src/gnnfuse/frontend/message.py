@@ -66,8 +66,10 @@ class _MessageTracer(Tracer):
         if pairwise.is_pairwise(x):
             return pairwise.reduce_pairs(self, x, op, dim, keepdim)
         self._check_mailbox(x)
-        value = self.program.add("reduce", x.value, op=op, by="dst", source=self.source())
-        return SymTensor(self, value, 1)
+        result = SymTensor(self, self.program.add("reduce", x.value, op=op, by="dst", source=self.source()), 1)
+        if keepdim:   # [N, 1, F]: the neighbour axis kept as a per-vertex dim of size 1
+            result = self.apply("reshape", result, shape=(1,) + result.value.shape)
+        return result
 
     def softmax(self, x: SymTensor) -> SymTensor:
         if pairwise.is_pairwise(x):

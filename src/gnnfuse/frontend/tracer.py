@@ -163,7 +163,7 @@ class SymTensor:
         d = d % (self.prefix + rank)
         if d >= self.prefix:
             return d - self.prefix - rank
-        if self.prefix == 2 and d == 1:
+        if self.prefix >= 2 and d >= 1:   # a mailbox's neighbour axis, or a pairwise term's two
             return None
         raise self.tracer.error(f"dim {d} is the row axis (one row per {self._row_name()}); a compiled "
                                 "function computes within each row and cannot combine rows")
@@ -292,8 +292,6 @@ def _reduction(feature_op: str, graph_op: str):
             if result is None:
                 raise tracer.error(f"reducing over dim={dim} (the neighbour axis) is only possible on "
                                    "nodes.mailbox inside reduce_fn")
-            if keepdim:   # [N, 1, F]: the neighbour axis kept as a per-vertex dim of size 1
-                result = tracer.apply("reshape", result, shape=(1,) + result.value.shape)
         elif feature_op is None:
             raise tracer.error(f"torch.{graph_op} over feature dims has no gnnfuse op")
         else:
