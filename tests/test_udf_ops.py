@@ -117,6 +117,17 @@ def test_maximum_splits_the_gradient_of_a_tie_evenly_like_torch(backend):
     torch.testing.assert_close(h.grad[4], torch.ones(FEAT, dtype=torch.float64))   # 0.5 + 0.5
 
 
+def test_nan_features_propagate_like_torch(backend):
+    """NaN goes through abs and maximum in the forward; torch's gradients there are 0 for
+    abs (sign(NaN) is 0) and the whole gradient to both operands of maximum."""
+    h = features(N, FEAT, integer=False).detach()
+    h[2, 1] = h[4, 0] = float("nan")
+    h.requires_grad_()
+    op = lambda a, b: torch.maximum(a, b) + abs(a - b) * 2 + torch.minimum(a, b)   # noqa: E731
+    for front_end in (run_vertex, run_message):
+        assert_matches(lambda: front_end(op, h), lambda: aggregate(op(h[SRC], h[DST])), [h])
+
+
 def test_feature_softmax_and_normalize_in_node_apply(backend):
     """A node-apply step (DGL's update_fn; after the aggregate in vertex code) over features."""
     h = features(N, FEAT, integer=False)

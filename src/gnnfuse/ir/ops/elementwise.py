@@ -60,8 +60,8 @@ _ew("clamp_min", lambda x, min: torch.clamp_min(x, min),
 # --- sign-dependent ops whose derivative follows torch's at 0 and at ties ---------------
 _ew("abs", torch.abs, lambda b, v, g: [b.add("mul", g, b.add("sign", b.fwd(v.inputs[0])))], 1,
     emit="tl.abs({0})")
-_ew("sign", torch.sign, None, 1, doc="-1, 0 or 1 (NaN stays NaN): the derivative multiplier of abs, "
-    "0 at 0 as in torch", emit="tl.where({0} > 0, 1.0, tl.where({0} < 0, -1.0, {0} * 0.0))")
+_ew("sign", torch.sign, None, 1, doc="-1, 0 or 1, and 0 at NaN as torch.sign: the derivative multiplier "
+    "of abs, 0 at 0 as in torch", emit="tl.where({0} > 0, 1.0, tl.where({0} < 0, -1.0, 0.0))")
 _ew("tie_share", lambda x, y: torch.where(x == y, 0.5, torch.where(x < y, 0.0, 1.0)).to(
         torch.promote_types(x.dtype, y.dtype)), None, 2,
     doc="1 where x > y (or either is NaN), 1/2 where x == y, 0 where x < y: x's share of the gradient of "
