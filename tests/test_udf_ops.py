@@ -15,6 +15,8 @@ import torch.nn.functional as F
 
 import gnnfuse
 from gnnfuse import CompileError
+from gnnfuse.passes.fusion import partition
+from gnnfuse.runtime import CompiledProgram
 
 SRC = torch.tensor([0, 1, 2, 3, 3, 4, 1, 2, 2])
 DST = torch.tensor([1, 2, 0, 0, 0, 4, 3, 3, 1])
@@ -314,3 +316,20 @@ def test_log_softmax_over_the_neighbour_axis_is_a_compile_error():
     def reduce(nodes):
         return {"o": torch.sum(F.log_softmax(nodes.mailbox["m"], dim=1), dim=1)}
     _message_error(lambda e: {"m": e.src["h"]}, reduce, "graph axis", reduce, "F.log_softmax")
+
+
+def test_slice_of_an_edge_value_is_fused_into_the_kernel(backend):
+    """A slice of per-edge work is a coordinate map inside the aggregation kernel, not a
+    torch op over an edge-sized tensor."""
+    h = features(N, FEAT)
+
+    def message(edges):
+        return {"m": (edges.src["h"] * edges.dst["h"])[:, 1::2] + (edges.src["h"] - edges.dst["h"])[:, 0, None]}
+
+    def reduce(nodes):
+        return {"o": torch.sum(nodes.mailbox["m"], dim=1)}
+    tracer = gnnfuse.frontend.trace_message_passing(message, reduce, None, {"h": h}, {})
+    plan = partition(CompiledProgram(tracer.program).program)
+    assert not [v for v in plan if getattr(v, "op", None) == "slice_features"]
+    assert_matches(lambda: gnnfuse.message_passing(graph(), message, reduce, ndata={"h": h})["o"],
+                   lambda: aggregate((h[SRC] * h[DST])[:, 1::2] + (h[SRC] - h[DST])[:, 0, None]), [h])

@@ -19,6 +19,7 @@ from typing import Iterable
 from ..ir import Program, Residency, Value, get_op
 
 FUSIBLE_REDUCERS = ("sum", "mean", "max", "min")
+COORDINATE_MAPS = ("reshape", "slice_features")   # a kernel reads their input at remapped coordinates
 
 
 @dataclass(eq=False)
@@ -78,7 +79,7 @@ def _fusible_body(v: Value) -> bool:
     opdef = get_op(v.op)
     if v.residency not in (Residency.SRC, Residency.DST, Residency.EDGE, Residency.NODE):
         return False
-    return opdef.pure and ((opdef.elementwise and opdef.emit is not None) or v.op == "reshape")
+    return opdef.pure and ((opdef.elementwise and opdef.emit is not None) or v.op in COORDINATE_MAPS)
 
 
 def feature_sum_terms(v: Value) -> int | None:
