@@ -210,6 +210,27 @@ def test_graphiler_rgcn_bmm_over_indexed_weights(out_features, backend):
     assert_matches(lambda: gnnfuse.message_passing(graph(), message, reduce, ndata={"h": h},
                                                    edata={"type": ETYPE})["h"],
                    lambda: rgcn_oracle(h, W), [h, W])
+    # Grouped by relation, as typed_matmul: no [E, in, out] tensor of gathered weights.
+    tracer = gnnfuse.frontend.trace_message_passing(message, reduce, None, {"h": h}, {"type": ETYPE})
+    ops = [v.op for v in CompiledProgram(tracer.program).program]
+    assert "indexed_matmul" in ops and "index_rows" not in ops and "row_matmul" not in ops
+
+
+def test_table_indices_wrap_and_fail_like_torch(backend):
+    """Negative indices count from the end, as torch's do; an index past the table fails."""
+    h, W = features(N, FEAT, integer=False), features(R, FEAT, 2, integer=False, seed=1)
+
+    def run(types):
+        return gnnfuse.message_passing(
+            graph(), lambda e: {"m": torch.bmm(e.src["h"].unsqueeze(1), W[e.data["t"]]).squeeze(1) * embed_scale(e)},
+            lambda n: {"o": torch.sum(n.mailbox["m"], dim=1)}, ndata={"h": h}, edata={"t": types})["o"]
+
+    def embed_scale(e):
+        return W[e.data["t"]][:, 0, 0:1]
+    assert_matches(lambda: run(ETYPE - R), lambda: aggregate(
+        torch.bmm(h[SRC].unsqueeze(1), W[ETYPE]).squeeze(1) * W[ETYPE][:, 0, 0:1]), [h, W])
+    with pytest.raises(IndexError):
+        run(ETYPE + 1)
 
 
 def test_bmm_over_typed_lookup_becomes_typed_matmul(backend):

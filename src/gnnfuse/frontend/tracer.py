@@ -254,6 +254,10 @@ def _row_matmul(tracer: Tracer, x: SymTensor, w: SymTensor) -> SymTensor:
     if prefix and not (w.dim() >= 3 and (shared_left or (x.prefix == w.prefix and x.dim() == w.dim()))):
         raise tracer.error(f"x @ W with W one matrix per row needs both as batches over the graph axis, got "
                            f"{list(x.shape)} @ {list(w.shape)}; write torch.bmm(x.unsqueeze(1), W)")
+    if w.value.op == "index_rows" and x.value.residency is not Residency.SHARED:
+        table, idx = w.value.inputs
+        if idx.shape == () and len(table.shape) == 3:   # x @ W[idx]: grouped, never gathered
+            return tracer.apply("indexed_matmul", x, SymTensor(tracer, table, 0), SymTensor(tracer, idx, w.prefix))
     vector_x, vector_w = len(x.value.shape) == 1, len(w.value.shape) == 1
     if vector_x:
         x = tracer.apply("reshape", x, shape=(1,) + x.value.shape)

@@ -70,9 +70,17 @@ def _index_rows_shape(inputs, attrs, residency):
     return idx.shape + table.shape[1:], table.dtype
 
 
+def wrap_index(idx: torch.Tensor, count: int) -> torch.Tensor:
+    """``idx`` into a table of ``count`` entries with negative entries counted from the end,
+    as torch's indexing does; an entry outside [-count, count) is an IndexError."""
+    if idx.numel() and (int(idx.min()) < -count or int(idx.max()) >= count):
+        raise IndexError(f"an index is out of range for a table of {count} entries")
+    return torch.where(idx < 0, idx + count, idx)
+
+
 def _index_rows_grad(g: torch.Tensor, idx: torch.Tensor, size) -> torch.Tensor:
     out = g.new_zeros(tuple(size))
-    return out.index_add_(0, idx.reshape(-1), g.reshape((-1,) + tuple(size[1:])))
+    return out.index_add_(0, wrap_index(idx, size[0]).reshape(-1), g.reshape((-1,) + tuple(size[1:])))
 
 
 register(OpDef("index_rows", Movement.DENSE, lambda ctx, table, idx: table[idx],
