@@ -280,6 +280,50 @@ def test_message_reads_embedding_rows_by_edge_data(backend):
         lambda: aggregate(h[SRC] * embed[ETYPE]), [h, embed])
 
 
+def test_dgl_rgcn_input_layer_embedding_lookup(backend):
+    """DGL's R-GCN input layer: the weight viewed as one embedding table, indexed by an
+    index computed from integer edge and vertex data."""
+    weight, norm = features(R, N, 3, integer=False, seed=5), features(len(SRC), 1, integer=False, seed=6)
+    ids = torch.arange(N)
+
+    def message(edges):
+        embed = weight.view(-1, 3)
+        index = edges.data["rel_type"] * N + edges.src["id"]
+        return {"msg": embed[index] * edges.data["norm"]}
+
+    @gnnfuse.vertex
+    def f(v):
+        return sum([weight.view(-1, 3)[e.rel_type * N + e.src.id] * e.norm for e in v.inedges])
+
+    def oracle():
+        return aggregate(weight.view(-1, 3)[ETYPE * N + ids[SRC]] * norm)
+    assert_matches(lambda: gnnfuse.message_passing(graph(), message, lambda n: {"h": n.mailbox["msg"].sum(1)},
+                                                   ndata={"id": ids}, edata={"rel_type": ETYPE, "norm": norm})["h"],
+                   oracle, [weight, norm])
+    assert_matches(lambda: f(graph(), {"id": ids}, {"rel_type": ETYPE, "norm": norm}), oracle, [weight, norm])
+
+
+def test_index_select_with_long_cast(backend):
+    h, W = features(N, FEAT, integer=False), features(R, FEAT, 2, integer=False, seed=1)
+
+    def message(edges):
+        w = W.index_select(0, edges.data["type"].int().long())
+        return {"m": torch.bmm(edges.src["h"].unsqueeze(1), w).squeeze(1)}
+    assert_matches(lambda: gnnfuse.message_passing(graph(), message, lambda n: {"o": n.mailbox["m"].sum(1)},
+                                                   ndata={"h": h}, edata={"type": ETYPE.int()})["o"],
+                   lambda: rgcn_oracle(h, W, squeeze_dim=1), [h, W])
+
+
+def test_integer_index_arithmetic_is_exact_on_every_backend(backend):
+    """Integer arithmetic is never evaluated in a kernel's float accumulator: with float32
+    it rounds integers above 2**24, and this index would read the wrong rows."""
+    embed, ids, big = features(N, 2, integer=False), torch.arange(N), torch.full((len(SRC),), 2**25 + 1)
+    out = gnnfuse.message_passing(graph(), lambda e: {"m": embed[(e.data["big"] + e.src["id"]) - e.data["big"]]},
+                                  lambda n: {"o": torch.sum(n.mailbox["m"], dim=1)},
+                                  ndata={"id": ids}, edata={"big": big})["o"]
+    torch.testing.assert_close(out, aggregate(embed[SRC]))
+
+
 # --- errors name the construct and the line -------------------------------------------
 def _message_error(message, reduce, match: str, at, text: str) -> None:
     """message_passing raises a CompileError matching ``match`` at the line of ``at``
@@ -317,8 +361,8 @@ def test_indexing_a_graph_axis_is_a_compile_error():
 @pytest.mark.parametrize("expr, match", [
     ('torch.bmm(edges.src["h"].unsqueeze(1), W3)', "captured tensor has no rows"),
     ('edges.src["h"] @ W[edges.data["type"]]', "batches over the graph axis"),
-    ('F.normalize(edges.src["h"], dim=0)', "graph axis"),
-    ('edges.src["h"].unsqueeze(1).squeeze(0)', "graph axis"),
+    ('F.normalize(edges.src["h"], dim=0)', "graph axis|row axis"),
+    ('edges.src["h"].unsqueeze(1).squeeze(0)', "graph axis|row axis"),
     ('torch.norm(edges.src["h"])', "pass dim=-1"),
     ('edges.src["h"] / edges.src["h"].norm(p=3, dim=-1, keepdim=True)', "p=1 and p=2"),
     ('edges.src["h"][:, [0, 1]]', "tensor, list or bool"),

@@ -73,7 +73,9 @@ class Tracer:
                 self.captured[id(obj)] = entry
             return self.input(entry[0], Residency.SHARED, obj, 0)
         if isinstance(obj, (int, float)) and not isinstance(obj, bool):
-            return SymTensor(self, self.program.add("const", value=float(obj), dtype=self.dtype,
+            # An int stays an int, as in torch: ``edges.data['type'] * 4`` is an index.
+            dtype = torch.int64 if isinstance(obj, int) else self.dtype
+            return SymTensor(self, self.program.add("const", value=float(obj), dtype=dtype,
                                                     source=self.source()), 0)
         raise self.error(f"cannot use a {type(obj).__name__} as a tensor operand in a traced function")
 
@@ -537,6 +539,22 @@ def _getitem(tracer: Tracer, x, index):
     return value
 
 
+def _index_select(tracer: Tracer, table, dim, index):
+    """``weight.index_select(0, edges.data['type'])``: the same per-row lookup as table[idx]."""
+    if dim != 0 or isinstance(table, SymTensor):
+        raise tracer.error("index_select can only read rows (dim=0) of a captured table with an integer "
+                           "graph value")
+    return _index_table(tracer, table, index)
+
+
+def _to_integer(dtype: torch.dtype):
+    """``idx.long()`` / ``.int()``: integer data feeding a table lookup; no gradient flows."""
+    def handler(tracer: Tracer, x, memory_format=None):
+        x = tracer.lift(x)
+        return x if x.dtype == dtype else tracer.apply("cast", x, dtype=dtype)
+    return handler
+
+
 def _scalar_conversion(self: SymTensor, *args):
     raise self.tracer.error("a graph value cannot become a Python number (math.exp, float(), int(), ...); "
                             "use the torch function (torch.exp, ...) on it instead")
@@ -578,7 +596,8 @@ for _fns, _h in [
     ((torch.norm, T.norm), _norm), ((torch.linalg.vector_norm,), _linalg_vector_norm),
     ((torch.squeeze, T.squeeze), _squeeze),
     ((torch.bmm, T.bmm), _bmm),
-    ((T.__getitem__,), _getitem),
+    ((T.__getitem__,), _getitem), ((torch.index_select, T.index_select), _index_select),
+    ((T.long,), _to_integer(torch.int64)), ((T.int,), _to_integer(torch.int32)),
 ]:
     for _f in _fns:
         TORCH_HANDLERS[_f] = _h

@@ -71,11 +71,15 @@ def _fusible_body(v: Value) -> bool:
     The last kind undoes broadcast reordering where it does not pay: ``h * norm`` moved
     before the gather saves flops, but as a separate op it costs a launch and an |V|-row
     round trip to memory, while in the kernel it is one multiply on rows gathered anyway.
-    Such values only join a unit through a broadcast (partition grows units from edges)."""
+    Such values only join a unit through a broadcast (partition grows units from edges).
+    Integer results (an index computed from integer data) stay torch ops: a kernel
+    computes in its float accumulator, which would round integers above 2**24."""
     if v.op == "input":
         return False
     if v.op == "broadcast":
         return v.attrs["by"] in ("src", "dst")
+    if not v.dtype.is_floating_point:
+        return False
     opdef = get_op(v.op)
     if v.residency not in (Residency.SRC, Residency.DST, Residency.EDGE, Residency.NODE):
         return False

@@ -10,7 +10,9 @@ coordinate map, like a reshape.
 value with one entry (or a few) per row -- R-GCN's ``weight[edges.data['rel_type']]``,
 an embedding ``embed[index]``. Unlike a typed lookup (``edges.type['W']``), the index
 is user data, not an index the graph owns, so it is read per row; the table's gradient
-adds each row's gradient into the entry it read (``index_rows_grad``).
+adds each row's gradient into the entry it read (``index_rows_grad``). Indices computed
+from integer data (``edges.data['type'] * in_feat + edges.src['id']``, then ``.long()``:
+``cast``) stay integers.
 """
 from __future__ import annotations
 
@@ -92,3 +94,10 @@ register(OpDef("index_rows_grad", Movement.REDUCE, lambda ctx, g, idx, size: _in
                residency=lambda rs, a: Residency.SHARED,
                shape=lambda inputs, a, r: (tuple(a["size"]), inputs[0].dtype), arity=2,
                doc="the table gradient of index_rows: every row's g added into the entry it read"))
+
+
+# --- cast to an integer type: indices computed from data ----------------------------------
+register(OpDef("cast", Movement.DENSE, lambda ctx, x, dtype: x.to(dtype),
+               shape=lambda inputs, a, r: (inputs[0].shape, a["dtype"]), arity=1,
+               derivative=lambda b, v, g: [None],
+               doc="x.to(an integer dtype) (idx.long(), idx.int()): integer data carries no gradient"))
