@@ -324,6 +324,55 @@ def test_integer_index_arithmetic_is_exact_on_every_backend(backend):
     torch.testing.assert_close(out, aggregate(embed[SRC]))
 
 
+NTYPE = torch.tensor([0, 1, 1, 0, 1, 0])
+
+
+def hgt_weights():
+    shapes = {"k": (2, FEAT, FEAT), "q": (2, FEAT, FEAT), "v": (2, FEAT, FEAT), "a": (2, FEAT, FEAT),
+              "att": (R, FEAT, FEAT), "msg": (R, FEAT, FEAT), "pri": (R, 1), "skip": (2,)}
+    return {k: features(*shape, integer=False, seed=10 + i) for i, (k, shape) in enumerate(shapes.items())}
+
+
+def hgt_oracle(h, w):
+    """HGT with one head, written out in torch over the edge list (DGL's naive UDFs)."""
+    k = torch.bmm(h[SRC].unsqueeze(1), w["k"][NTYPE[SRC]]).squeeze(1)
+    v = torch.bmm(h[SRC].unsqueeze(1), w["v"][NTYPE[SRC]]).squeeze(1)
+    q = torch.bmm(h[DST].unsqueeze(1), w["q"][NTYPE[DST]]).squeeze(1)
+    k = torch.bmm(k.unsqueeze(1), w["att"][ETYPE]).squeeze(1)
+    v = torch.bmm(v.unsqueeze(1), w["msg"][ETYPE]).squeeze(1)
+    score = (k * q).sum(1, keepdim=True) * w["pri"][ETYPE] / math.sqrt(FEAT)
+    peak = torch.full((N, 1), -math.inf, dtype=score.dtype).index_reduce(0, DST, score, "amax")
+    e = torch.exp(score - peak[DST])
+    t = aggregate(e / aggregate(e)[DST] * v)
+    return torch.bmm(t.unsqueeze(1), w["a"][NTYPE]).squeeze(1) * torch.sigmoid(w["skip"][NTYPE]).unsqueeze(1)
+
+
+def test_hgt_with_weights_indexed_by_type_data(backend):
+    """Graphiler's HGT as DGL's naive UDFs write it: every per-type weight indexed with the
+    type ids stored as edge and node data, bmm'd and squeeze()d."""
+    h, w = features(N, FEAT, integer=False), hgt_weights()
+
+    def message(edges):
+        k = torch.bmm(edges.src["h"].unsqueeze(1), w["k"][edges.src["_TYPE"]]).squeeze()
+        v = torch.bmm(edges.src["h"].unsqueeze(1), w["v"][edges.src["_TYPE"]]).squeeze()
+        q = torch.bmm(edges.dst["h"].unsqueeze(1), w["q"][edges.dst["_TYPE"]]).squeeze()
+        k = torch.bmm(k.unsqueeze(1), w["att"][edges.data["_TYPE"]]).squeeze()
+        v = torch.bmm(v.unsqueeze(1), w["msg"][edges.data["_TYPE"]]).squeeze()
+        score = torch.sum(k * q, dim=1, keepdim=True) * w["pri"][edges.data["_TYPE"]] / math.sqrt(FEAT)
+        return {"attn": score, "v": v}
+
+    def reduce(nodes):
+        return {"t": torch.sum(torch.softmax(nodes.mailbox["attn"], dim=1) * nodes.mailbox["v"], dim=1)}
+
+    def update(nodes):
+        alpha = torch.sigmoid(w["skip"][nodes.data["_TYPE"]])
+        trans_out = torch.bmm(nodes.data["t"].unsqueeze(1), w["a"][nodes.data["_TYPE"]]).squeeze()
+        return {"h": trans_out * alpha.unsqueeze(1)}
+    assert_matches(lambda: gnnfuse.message_passing(graph(), message, reduce, update,
+                                                   ndata={"h": h, "_TYPE": NTYPE}, edata={"_TYPE": ETYPE})["h"],
+                   lambda: hgt_oracle(h, w), [h, *w.values()])
+
+
 # --- errors name the construct and the line -------------------------------------------
 def _message_error(message, reduce, match: str, at, text: str) -> None:
     """message_passing raises a CompileError matching ``match`` at the line of ``at``
