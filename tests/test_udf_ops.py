@@ -373,6 +373,22 @@ def test_hgt_with_weights_indexed_by_type_data(backend):
                    lambda: hgt_oracle(h, w), [h, *w.values()])
 
 
+def test_derivative_rules_pass_gradcheck():
+    """The new ops' derivative rules against finite differences (away from ties and zeros,
+    where the ops are differentiable), independently of torch's autograd formulas."""
+    def run(h, We, W, embed):
+        def message(edges):
+            a, b = edges.src["h"], edges.dst["h"]
+            m = F.normalize(a, dim=-1) * torch.softmax(b, dim=-1) + abs(a) * torch.maximum(a, b * 0.7)
+            m = m[:, 1:3] + torch.bmm(a.unsqueeze(1), W[edges.data["t"]]).squeeze(1)
+            return {"m": m + torch.bmm(b.unsqueeze(1), edges.data["W"]).squeeze(1) * embed[edges.data["t"]][:, ::2]}
+        return gnnfuse.message_passing(graph(), message, lambda n: {"o": n.mailbox["m"].sum(1)},
+                                       ndata={"h": h}, edata={"W": We, "t": ETYPE})["o"]
+    inputs = (features(N, FEAT, integer=False), features(len(SRC), FEAT, 2, integer=False, seed=2),
+              features(R, FEAT, 2, integer=False, seed=1), features(R, FEAT, integer=False, seed=4))
+    assert torch.autograd.gradcheck(run, inputs, fast_mode=True)
+
+
 # --- errors name the construct and the line -------------------------------------------
 def _message_error(message, reduce, match: str, at, text: str) -> None:
     """message_passing raises a CompileError matching ``match`` at the line of ``at``
