@@ -303,6 +303,18 @@ def test_dgl_rgcn_input_layer_embedding_lookup(backend):
     assert_matches(lambda: f(graph(), {"id": ids}, {"rel_type": ETYPE, "norm": norm}), oracle, [weight, norm])
 
 
+def test_embedding_module_and_table_index_with_slices(backend):
+    """``nn.Embedding`` on node data and ``table[idx, <slices>]`` on edge data."""
+    embedding, W = torch.nn.Embedding(4, FEAT).double(), features(R, FEAT, 3, integer=False, seed=1)
+    h, ids = features(N, FEAT, integer=False), torch.tensor([3, 0, 0, 2, 1, 3])
+
+    def message(edges):
+        return {"m": edges.src["h"] * embedding(edges.src["id"]) + W[edges.data["t"], :, 1]}
+    assert_matches(lambda: gnnfuse.message_passing(graph(), message, lambda n: {"o": n.mailbox["m"].sum(1)},
+                                                   ndata={"h": h, "id": ids}, edata={"t": ETYPE})["o"],
+                   lambda: aggregate(h[SRC] * embedding(ids[SRC]) + W[ETYPE, :, 1]), [h, embedding.weight, W])
+
+
 def test_index_select_with_long_cast(backend):
     h, W = features(N, FEAT, integer=False), features(R, FEAT, 2, integer=False, seed=1)
 
@@ -431,6 +443,8 @@ def test_indexing_a_graph_axis_is_a_compile_error():
     ('torch.norm(edges.src["h"])', "pass dim=-1"),
     ('edges.src["h"] / edges.src["h"].norm(p=3, dim=-1, keepdim=True)', "p=1 and p=2"),
     ('edges.src["h"][:, [0, 1]]', "tensor, list or bool"),
+    ('W[edges.data["type"], edges.data["type"]]', "not by several tensors"),
+    ('F.embedding(edges.data["type"], W[:, :, 0], padding_idx=0)', "padding_idx"),
     ('F.softmax(edges.src["h"], dim=-1, dtype=torch.float32)', "dtype"),
 ])
 def test_message_op_misuse_is_a_compile_error(expr, match):

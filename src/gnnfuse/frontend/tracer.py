@@ -468,18 +468,32 @@ def _bmm(tracer: Tracer, a, b, *, out=None):
 
 def _index_table(tracer: Tracer, table, index):
     """``table[idx]`` with ``table`` a captured tensor and ``idx`` integer graph data:
-    a per-row lookup (R-GCN's ``weight[edges.data['rel_type']]``, ``embed[index]``)."""
+    a per-row lookup (R-GCN's ``weight[edges.data['rel_type']]``, ``embed[index]``).
+    ``table[idx, ...rest]`` is the lookup, then ``rest`` on the table's remaining dims."""
     table = tracer.lift(table)
     if table.value.residency is not Residency.SHARED:
         raise tracer.error("indexing a graph value with another graph value cannot be compiled; only a "
                            "captured table (a parameter) can be indexed per row")
-    idx = index if isinstance(index, SymTensor) else None
-    if idx is None:
-        raise tracer.error(f"indexing a captured tensor with {type(index).__name__} mixed with graph values "
-                           "cannot be compiled; index it with one integer graph value: table[idx]")
+    idx, rest = (index[0], index[1:]) if isinstance(index, tuple) and index else (index, ())
+    if not isinstance(idx, SymTensor) or any(isinstance(i, (SymTensor, torch.Tensor, list)) for i in rest):
+        raise tracer.error("a captured tensor can be indexed by one integer graph value in its first dim "
+                           "(table[idx] or table[idx, <slices>]), not by several tensors")
     if idx.value.dtype.is_floating_point or idx.value.dtype == torch.bool:
         raise tracer.error(f"a table is indexed by integer data, got a {idx.value.dtype} graph value")
-    return tracer.apply("index_rows", table, idx)
+    rows = tracer.apply("index_rows", table, idx)
+    if not rest:
+        return rows
+    return _getitem(tracer, rows, (slice(None),) * (rows.dim() - len(table.value.shape) + 1) + tuple(rest))
+
+
+def _embedding(tracer: Tracer, input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
+               scale_grad_by_freq=False, sparse=False):
+    """``F.embedding`` / ``nn.Embedding`` on integer graph data: ``weight[input]``. The
+    options that change the gradient or renormalize the weight in place are refused."""
+    if padding_idx is not None or max_norm is not None or scale_grad_by_freq or sparse:
+        raise tracer.error("embedding with padding_idx, max_norm, scale_grad_by_freq or sparse cannot be "
+                           "compiled; index the weight directly (weight[idx])")
+    return _index_table(tracer, weight, input)
 
 
 def _getitem(tracer: Tracer, x, index):
@@ -597,6 +611,7 @@ for _fns, _h in [
     ((torch.squeeze, T.squeeze), _squeeze),
     ((torch.bmm, T.bmm), _bmm),
     ((T.__getitem__,), _getitem), ((torch.index_select, T.index_select), _index_select),
+    ((F.embedding,), _embedding),
     ((T.long,), _to_integer(torch.int64)), ((T.int,), _to_integer(torch.int32)),
 ]:
     for _f in _fns:
