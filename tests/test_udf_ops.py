@@ -80,7 +80,8 @@ EDGE_OPS = {
     "maximum_minimum": lambda a, b: torch.maximum(a, b) - torch.minimum(a * 0.5, b) + a.max(b),
     "math_on_constants": lambda a, b: a * math.exp(0.5) + b * math.sqrt(2.0) - math.pi,
     "normalize": lambda a, b: F.normalize(a - b, p=2, dim=-1) + F.normalize(a, p=1, dim=-1),
-    "norm": lambda a, b: a * (a - b).norm(dim=-1, keepdim=True) + torch.norm(b, dim=-1, keepdim=True),
+    "norm": lambda a, b: a * (a - b).norm(dim=-1, keepdim=True) + torch.norm(b, dim=-1, keepdim=True)
+    + torch.linalg.vector_norm(a * b, dim=-1, keepdim=True) * a.norm(p=1, dim=-1, keepdim=True),
     "softmax": lambda a, b: torch.softmax(a * b, dim=-1) + F.softmax(a, dim=-1) * F.log_softmax(b, dim=-1),
     "slices": lambda a, b: torch.cat([a[..., 1:] * b[..., :-1], a[..., ::2]], dim=-1) * b[..., 0:1],
     "integer_index": lambda a, b: a[..., 2] * b[..., -1],
@@ -444,6 +445,7 @@ def test_indexing_a_graph_axis_is_a_compile_error():
     ('edges.src["h"] / edges.src["h"].norm(p=3, dim=-1, keepdim=True)', "p=1 and p=2"),
     ('edges.src["h"][:, [0, 1]]', "tensor, list or bool"),
     ('W[edges.data["type"], edges.data["type"]]', "not by several tensors"),
+    ('(W * 2)[edges.data["type"], 0] * (W * 2)[edges.src["h"][:, 0]][:, 0]', "integer data"),
     ('F.embedding(edges.data["type"], W[:, :, 0], padding_idx=0)', "padding_idx"),
     ('F.softmax(edges.src["h"], dim=-1, dtype=torch.float32)', "dtype"),
 ])

@@ -499,7 +499,8 @@ def _embedding(tracer: Tracer, input, weight, padding_idx=None, max_norm=None, n
 def _getitem(tracer: Tracer, x, index):
     """``x[...]``: slices and integer indices on feature dims become one `slice_features`
     (then a reshape for dropped or added dims); a graph axis may only be taken whole."""
-    if isinstance(index, SymTensor) or (isinstance(x, torch.Tensor) and not isinstance(x, SymTensor)):
+    lookup = index[0] if isinstance(index, tuple) and index else index
+    if isinstance(lookup, SymTensor) or not isinstance(x, SymTensor):
         return _index_table(tracer, x, index)
     x = tracer.lift(x)
     items = list(index) if isinstance(index, tuple) else [index]
@@ -536,7 +537,7 @@ def _getitem(tracer: Tracer, x, index):
                 out_shape.append(len(picked))
             else:
                 try:
-                    i = int(operator.index(item))
+                    i = operator.index(item)
                 except TypeError:
                     raise tracer.error(f"cannot index a graph value with {item!r}") from None
                 if not -n <= i < n:
@@ -604,7 +605,7 @@ for _fns, _h in [
     ((torch.pow, T.pow, T.__pow__), _pow),
     ((torch.abs, T.abs, T.__abs__), _unary("abs")),
     ((torch.maximum, T.maximum), _binary("maximum")), ((torch.minimum, T.minimum), _binary("minimum")),
-    ((torch.softmax, F.softmax, T.softmax), _softmax_or_feature),
+    ((torch.softmax, F.softmax, T.softmax), _softmax_or_feature),   # feature dims, else _softmax above
     ((torch.log_softmax, F.log_softmax, T.log_softmax), _log_softmax),
     ((F.normalize,), _normalize),
     ((torch.norm, T.norm), _norm), ((torch.linalg.vector_norm,), _linalg_vector_norm),
