@@ -1,9 +1,10 @@
 """``x_row @ W_row``: a matmul whose right operand differs from row to row.
 
 DGL code multiplies each edge by its own matrix with ``torch.bmm(x.unsqueeze(1), W_e)``,
-``W_e`` being edge data or a gathered ``weight[edges.data['type']]``. The plain
-``matmul`` op takes a parameter on the right; this one takes per-row matrices (or a
-parameter on the left, ``W @ x_row``) and multiplies row by row. Both operands are at
+``W_e`` being edge data or computed per edge (a table looked up by one integer per row
+is ``indexed_matmul`` instead, which never gathers the matrices). The plain ``matmul``
+op takes a parameter on the right; this one takes per-row matrices (or a parameter on
+the left, ``W @ x_row``) and multiplies row by row. Both operands are at
 least matrices per row (the tracer turns a vector into a one-row matrix and back); their
 per-row batch dims broadcast, and autodiff sums a gradient back over them.
 """
