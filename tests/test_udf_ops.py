@@ -448,6 +448,7 @@ def test_indexing_a_graph_axis_is_a_compile_error():
     ('(W * 2)[edges.data["type"], 0] * (W * 2)[edges.src["h"][:, 0]][:, 0]', "integer data"),
     ('F.embedding(edges.data["type"], W[:, :, 0], padding_idx=0)', "padding_idx"),
     ('F.softmax(edges.src["h"], dim=-1, dtype=torch.float32)', "dtype"),
+    ('torch.log_softmax(edges.src["h"], -1, torch.float32)', "dtype"),
 ])
 def test_message_op_misuse_is_a_compile_error(expr, match):
     namespace = {"torch": torch, "F": F, "W": torch.randn(R, FEAT, 3), "W3": torch.randn(len(SRC), FEAT, 3)}

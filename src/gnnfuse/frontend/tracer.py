@@ -389,18 +389,23 @@ def _feature_softmax(tracer: Tracer, x: SymTensor, dim: int, log: bool) -> SymTe
     return tracer.apply("sub", z, tracer.apply("log", total)) if log else tracer.apply("div", e, total)
 
 
-def _softmax_or_feature(tracer: Tracer, x, dim=None, *args, dtype=None, **kwargs):
+def _softmax_dtype(args, kwargs) -> torch.dtype | None:
+    """The dtype given to torch.softmax(x, dim, dtype) / F.softmax(x, dim, _stacklevel, dtype)."""
+    return kwargs.get("dtype") or next((a for a in args if isinstance(a, torch.dtype)), None)
+
+
+def _softmax_or_feature(tracer: Tracer, x, dim=None, *args, **kwargs):
     """Over a feature dim here; over the neighbour axis (the mailbox's dim 1) by `_softmax`."""
     x = tracer.lift(x)
     if isinstance(dim, int) and x.feature_dim(dim) is not None:
-        _no_dtype_change(tracer, x, dtype, "softmax")
+        _no_dtype_change(tracer, x, _softmax_dtype(args, kwargs), "softmax")
         return _feature_softmax(tracer, x, dim, log=False)
-    return _softmax(tracer, x, dim, *args, dtype=dtype, **kwargs)
+    return _softmax(tracer, x, dim, *args, **kwargs)
 
 
-def _log_softmax(tracer: Tracer, x, dim=None, _stacklevel=3, dtype=None):
+def _log_softmax(tracer: Tracer, x, dim=None, *args, **kwargs):
     x = tracer.lift(x)
-    _no_dtype_change(tracer, x, dtype, "log_softmax")
+    _no_dtype_change(tracer, x, _softmax_dtype(args, kwargs), "log_softmax")
     return _feature_softmax(tracer, x, dim, log=True)
 
 
