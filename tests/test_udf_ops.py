@@ -179,6 +179,10 @@ def test_slicing_a_graph_value_in_message_and_vertex_code(backend):
     assert_matches(lambda: f(graph(), {"h": h}), oracle, [h])
     assert_matches(lambda: gnnfuse.message_passing(graph(), message, lambda n: {"o": n.mailbox["m"].sum(1)},
                                                    ndata={"h": h})["o"], oracle, [h])
+    # Feature dims of a mailbox ([nodes, neighbours, features]) slice the same way.
+    assert_matches(lambda: gnnfuse.message_passing(
+        graph(), lambda e: {"m": e.src["h"] * 1.5}, lambda n: {"o": n.mailbox["m"][:, :, 1:3].sum(1)},
+        ndata={"h": h})["o"], lambda: aggregate(h[SRC][:, 1:3] * 1.5), [h])
 
 
 def test_slicing_multi_head_features_with_none_and_integer(backend):
