@@ -85,6 +85,10 @@ class _Emitter:
             src = v.inputs[0]
             out = self.value(src, tuple(self.tmp(f"({flat} // {st}) % {n}") if n != 1 else "0"
                                         for st, n in zip(_strides(src.shape), src.shape)), side)
+        elif v.op == "slice_features":   # output coordinate c reads input start + step * c
+            out = self.value(v.inputs[0], tuple(
+                str(start) if c == "0" else c if (start, step) == (0, 1) else self.tmp(f"{start} + {step} * {c}")
+                for c, (start, step, _) in zip(coords, v.attrs["window"])), side)
         else:
             args = [self.value(i, _project(coords, v.shape, i.shape), side) for i in v.inputs]
             attrs = {k: self.constant(a) for k, a in v.attrs.items()
