@@ -37,7 +37,8 @@ class Graph:
     """A directed graph on vertices ``0..num_nodes-1``, optionally with edge/vertex types.
 
     `src`, `dst` (and `edge_type`, `node_type`) may be tensors, numpy arrays or sequences
-    of integers. int64 tensors are kept without copying: do not modify them afterwards.
+    of integers. Contiguous int64 tensors are kept without copying: do not modify them
+    afterwards. Anything else (int32, a strided view) is copied to contiguous int64.
     Non-tensor inputs go to the device of the tensor inputs (CPU if there are none).
     """
 
