@@ -4,7 +4,9 @@ training loop reuses its CSR and self-looped graph, and an edited input is never
 a stale graph."""
 from __future__ import annotations
 
+import gc
 import types
+import weakref
 
 import pytest
 import torch
@@ -70,11 +72,26 @@ def test_an_edited_edge_index_is_never_served_stale():
 
 
 def test_new_tensors_are_never_mistaken_for_freed_ones():
-    """int32 input is copied into the graph, so only the cache keeps it alive; a freed
-    tensor's address and version (0) come back with the next allocation of its size."""
-    for i in range(4):
-        graph = Graph.coerce(torch.full((2, 1 << 16), i, dtype=torch.int32), 4)
+    """Each temporary below gets the id of the one freed before it, and int32 input is
+    copied into the graph, so the freed tensor's memory (and version 0) may come back
+    too: only the object itself tells the inputs apart."""
+    for i in range(16):
+        graph = Graph.coerce(torch.full((2, 1 << 16), i, dtype=torch.int32), 16)
         assert graph.dst[0].item() == i
+
+
+@pytest.mark.parametrize("make", [edge_index, lambda: adjacencies(edge_index())["csr"],
+                                  lambda: EdgeIndex(edge_index(), sparse_size=(N, N))],
+                         ids=["edge_index", "adj_t", "EdgeIndex"])
+def test_a_dropped_input_frees_its_graph(make):
+    """A loop making a new edge_index per epoch must not pile up graphs (and their
+    layouts) on the GPU until the cache evicts them."""
+    graph = Graph.coerce(make(), N)
+    graph.csr()
+    alive = weakref.ref(graph)
+    del graph
+    gc.collect()
+    assert alive() is None
 
 
 def test_the_cache_is_bounded_least_recently_used_first():

@@ -160,12 +160,14 @@ class Graph:
 
     @classmethod
     def _from_torch(cls, obj: Any, num_nodes: int | None) -> Graph:
-        """`coerce` for a torch-side input, uncached. A PyG ``EdgeIndex`` sorted by
-        column is already grouped by destination, so its CSR needs no sort."""
+        """`coerce` for a torch-side input, uncached. The graph shares the input's
+        memory but must not hold the input object (a view would): the index cache lets
+        a graph go when its input is freed. A PyG ``EdgeIndex`` sorted by column is
+        already grouped by destination, so its CSR needs no sort."""
         if is_sparse_adjacency(obj):
             return cls.from_adj_t(obj, num_nodes)
         if not is_pyg_edge_index(obj):
-            return cls.from_edge_index(obj, num_nodes)
+            return cls.from_edge_index(obj.detach(), num_nodes)
         rows, cols = obj.sparse_size()
         if num_nodes is None and rows is not None and rows == cols:
             num_nodes = rows                              # isolated trailing vertices count
