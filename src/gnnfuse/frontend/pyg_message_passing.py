@@ -291,17 +291,17 @@ def trace_message(layer: PyGMessagePassing, args: _Arguments, op: str, num_nodes
                   size_j=size[1 - i] if size[1 - i] is not None else size[i], dim_size=num_nodes)
     call = layer.inspector.collect_param_data("message", values)
     out = _with_softmax(message, tracer)(layer, **call)
+    for name, tensor in tracer.captured.values():
+        if tensor.dim() and tensor.shape[0] in (num_edges, num_nodes):
+            raise NotCompilable(f"message() reads a tensor of shape {list(tensor.shape)} that was not passed "
+                                "to propagate(); with one row per edge or node it may be graph data, which "
+                                "compiles only when passed to propagate() as a keyword argument")
     if not isinstance(out, SymTensor) or out.value.residency not in EDGE_ROWED:
         what = out.value.residency.name if isinstance(out, SymTensor) else type(out).__name__
         raise tracer.error(f"message() must return one tensor with a row per edge, got {what}")
     rank = len(out.value.shape) + 1
     if (layer.node_dim + rank if layer.node_dim < 0 else layer.node_dim) != 0:
         raise NotCompilable(f"node_dim={layer.node_dim} does not aggregate message's leading (edge) axis")
-    for name, tensor in tracer.captured.values():
-        if tensor.dim() and tensor.shape[0] in (num_edges, num_nodes):
-            raise NotCompilable(f"message() reads a tensor of shape {list(tensor.shape)} that was not passed "
-                                "to propagate(); with one row per edge or node it may be graph data, which "
-                                "compiles only when passed to propagate() as a keyword argument")
     tracer.program.output("out", tracer.program.add("reduce", out.value, op=op, by="dst"))
     return tracer
 
