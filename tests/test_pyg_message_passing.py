@@ -5,6 +5,7 @@ interpreter, and must really run compiled (a compiled program ran, no fallback w
 -- or, for the layers gnnfuse leaves to PyG, fall back with one warning naming why."""
 from __future__ import annotations
 
+import sys
 import warnings
 
 import pytest
@@ -90,8 +91,7 @@ def test_layer_compiles_and_matches_pyg(name, backend, monkeypatch):
 def test_untraceable_layer_falls_back_once_naming_the_construct(name, construct):
     ours, theirs = twins(name)
     data = inputs(name)
-    pyg_message_passing_warned = gnnfuse.nn.message_passing._WARNED
-    pyg_message_passing_warned.discard(type(ours))
+    gnnfuse.nn.message_passing._WARNED.discard(type(ours))
     with warnings.catch_warnings(record=True) as caught, record_calls() as calls:
         warnings.simplefilter("always")
         first = run(ours, data)
@@ -202,3 +202,60 @@ def test_is_a_pyg_message_passing_module():
     layer = OURS["gin_like"][0](3, 5)
     assert isinstance(layer, pyg_nn.MessagePassing)
     assert "GINLike" in repr(layer)
+
+
+def softmax_by_module(base, size=None):
+    """Attention written with ``torch_geometric.utils.softmax`` reached through the module
+    (a closure variable here), propagating with an explicit ``size``."""
+    import torch_geometric.utils as pyg_utils
+
+    class ModuleSoftmax(base):
+        def __init__(self):
+            super().__init__(aggr="add")
+
+        def forward(self, x, edge_index, score):
+            return self.propagate(edge_index, x=x, score=score, size=size)
+
+        def message(self, x_j, score, index, size_i):
+            return x_j * pyg_utils.softmax(score, index, num_nodes=size_i)
+    return ModuleSoftmax()
+
+
+@pytest.mark.parametrize("form", ["tensor", "size", "edge_index_class", "no_edges"])
+def test_pyg_input_forms_compile(form):
+    """``utils.softmax`` through the module, ``size=(N, N)``, PyG's ``EdgeIndex`` and a
+    graph without edges all run compiled and match PyG."""
+    from torch_geometric import EdgeIndex
+    size = (NUM_NODES, NUM_NODES) if form == "size" else None
+    ours, theirs = softmax_by_module(gnnfuse.nn.MessagePassing, size), softmax_by_module(pyg_nn.MessagePassing, size)
+    edge_index = EDGES[:, :0] if form == "no_edges" else EDGES
+    x, score = torch.randn(NUM_NODES, 3, dtype=torch.float64), torch.randn(edge_index.shape[1], 1, dtype=torch.float64)
+    if form == "edge_index_class":
+        edge_index = EdgeIndex(EDGES, sparse_size=(NUM_NODES, NUM_NODES)).sort_by("col")[0]
+    with warnings.catch_warnings(record=True) as caught, record_calls() as calls:
+        warnings.simplefilter("always")
+        result = run(ours, (x, score), edge_index)
+    assert calls and not fallback_warnings(caught), fallback_warnings(caught)
+    assert_same(result, run(theirs, (x, score), edge_index))
+
+
+def test_sparse_adjacency_runs_pyg_semantics():
+    ours, theirs = twins("mean_sage")
+    x = inputs("mean_sage")[0]
+    adj_t = torch.sparse_coo_tensor(EDGES.flip(0), torch.ones(EDGES.shape[1], dtype=torch.float64),
+                                    (NUM_NODES, NUM_NODES)).coalesce()
+    gnnfuse.nn.message_passing._WARNED.discard(type(ours))
+    with warnings.catch_warnings(record=True) as caught, record_calls() as calls:
+        warnings.simplefilter("always")
+        out = ours(x, adj_t)
+    assert not calls and "edge_index given as Tensor (torch.sparse_coo)" in fallback_warnings(caught)[0]
+    torch.testing.assert_close(out, theirs(x, adj_t))
+
+
+def test_without_pyg_only_message_passing_is_unavailable(monkeypatch):
+    """PyG is optional: gnnfuse.nn loads MessagePassing (the one thing needing PyG) on
+    first use, and without PyG that use says what to install."""
+    monkeypatch.setitem(sys.modules, "torch_geometric.nn", None)      # as if not installed
+    monkeypatch.delitem(sys.modules, "gnnfuse.nn.message_passing")
+    with pytest.raises(ImportError, match="extends PyG's base class and needs torch_geometric: pip install"):
+        gnnfuse.nn.MessagePassing

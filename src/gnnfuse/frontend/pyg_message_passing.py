@@ -96,18 +96,36 @@ class _UtilsView(types.SimpleNamespace):
         return getattr(torch_geometric.utils, name)
 
 
-def _with_softmax(fn: types.FunctionType, tracer: Tracer) -> types.FunctionType:
-    """``fn`` reading the traced softmax wherever its globals name PyG's."""
-    softmax = _softmax(tracer)
-    env = dict(fn.__globals__)
+def _rebuilt(fn: types.FunctionType, swap: Callable[[Any], Any], env: dict[str, Any]) -> types.FunctionType:
+    """``fn`` whose globals (looked up in ``env``, a copy) and closure cells hold
+    ``swap(value)`` in place of each value it reads."""
     for name in _global_names(fn.__code__):
-        if env.get(name) is _PYG_SOFTMAX:
-            env[name] = softmax
-        elif env.get(name) is torch_geometric.utils:
-            env[name] = _UtilsView(softmax)
-    patched = types.FunctionType(fn.__code__, env, fn.__name__, fn.__defaults__, fn.__closure__)
-    patched.__kwdefaults__ = fn.__kwdefaults__
-    return patched
+        if name in fn.__globals__:
+            env[name] = swap(fn.__globals__[name])
+    cells = tuple(cell if cell.cell_contents is _EMPTY else types.CellType(swap(cell.cell_contents))
+                  for cell in map(_filled, fn.__closure__ or ()))
+    rebuilt = types.FunctionType(fn.__code__, env, fn.__name__, fn.__defaults__, cells or None)
+    rebuilt.__kwdefaults__ = fn.__kwdefaults__
+    return rebuilt
+
+
+_EMPTY = object()
+
+
+def _filled(cell: types.CellType) -> types.CellType:
+    try:
+        cell.cell_contents
+        return cell
+    except ValueError:       # a closure variable not yet assigned
+        return types.CellType(_EMPTY)
+
+
+def _with_softmax(fn: types.FunctionType, tracer: Tracer) -> types.FunctionType:
+    """``fn`` reading the traced softmax wherever its globals or closure hold PyG's
+    ``softmax`` or the ``torch_geometric.utils`` module."""
+    softmax = _softmax(tracer)
+    swaps = {id(_PYG_SOFTMAX): softmax, id(torch_geometric.utils): _UtilsView(softmax)}
+    return _rebuilt(fn, lambda value: swaps.get(id(value), value), dict(fn.__globals__))
 
 
 # --- the cache key ---------------------------------------------------------------------
@@ -116,25 +134,24 @@ class _Unguardable:
 
 
 def _library_view(fn: types.FunctionType) -> types.FunctionType:
-    """``fn`` with every PyG object among its globals replaced by its name, so the trace
-    cache guards it like torch's own functions (PyG is a library: its functions do not
-    change while their identity holds)."""
-    env = {"__name__": fn.__globals__.get("__name__")}
-    for name in _global_names(fn.__code__):
-        if name in fn.__globals__:
-            value = fn.__globals__[name]
-            owner = value.__name__ if isinstance(value, types.ModuleType) else getattr(value, "__module__", None)
-            pyg = isinstance(owner, str) and owner.split(".")[0] == "torch_geometric"
-            env[name] = ("torch_geometric", owner, getattr(value, "__qualname__", name)) if pyg else value
-    return types.FunctionType(fn.__code__, env, fn.__name__, fn.__defaults__, fn.__closure__)
+    """``fn`` with every PyG object among its globals and closure replaced by its name,
+    so the trace cache guards it like torch's own functions (PyG is a library: its
+    functions do not change while their identity holds)."""
+    def name_of_pyg(value: Any) -> Any:
+        owner = value.__name__ if isinstance(value, types.ModuleType) else getattr(value, "__module__", None)
+        if isinstance(owner, str) and owner.split(".")[0] == "torch_geometric":
+            return "torch_geometric", owner, getattr(value, "__qualname__", None)
+        return value
+    return _rebuilt(fn, name_of_pyg, {"__name__": fn.__globals__.get("__name__")})
 
 
 @functools.lru_cache(maxsize=256)
 def _self_attributes(code: types.CodeType) -> tuple[str, ...] | None:
     """The attribute names a method reads directly off ``self``, or None when ``self`` is
-    used any other way (passed on, captured by a nested function): then what it reads
-    cannot be listed and the trace is not cached."""
-    if not code.co_argcount or code.co_varnames[0] in code.co_cellvars:
+    used any other way (passed on, captured by a nested function, or implicitly by a
+    zero-argument ``super()``): then what it reads cannot be listed and the trace is not
+    cached."""
+    if not code.co_argcount or code.co_varnames[0] in code.co_cellvars or "__class__" in code.co_freevars:
         return None
     me = code.co_varnames[0]
     instructions = list(dis.get_instructions(code))
@@ -343,7 +360,7 @@ def compiled_propagate(layer: PyGMessagePassing, edge_index: Any, size: Any, kwa
     num_nodes = known[0] if known else (int(edge_index[i].max()) + 1 if num_edges else 0)
     other = tuple((k, _frozen(v) if not isinstance(v, torch.Tensor) else _Unguardable())
                   for k, v in args.other.items())
-    guards = (_library_view(message), _layer_state(layer, message), other, op, layer.flow,
+    guards = (_library_view(message), _layer_state(layer, message), other, op, layer.flow, layer.node_dim,
               tuple(args.gathers.items()), num_nodes)
     try:
         compiled, captured = _TRACES.compiled(guards, (args.nodes, args.edges), lambda: trace_message(
