@@ -136,7 +136,12 @@ def test_trace_is_reused_and_guarded_by_the_scalars_message_reads(monkeypatch):
     assert len(traced) == 3
 
 
-def test_in_place_edited_edge_index_is_not_served_stale():
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_in_place_edited_edge_index_is_not_served_stale(backend, monkeypatch):
+    """Both backends: the reference one reads the index arrays themselves, the Triton one
+    a CSR layout built from them, which a cache keyed without the tensor's version
+    would serve stale."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
     ours, theirs = twins("edge_conv_like")
     data = inputs("edge_conv_like")
     edge_index = EDGES.clone()
