@@ -264,3 +264,23 @@ def test_without_pyg_only_message_passing_is_unavailable(monkeypatch):
     monkeypatch.delitem(sys.modules, "gnnfuse.nn.message_passing")
     with pytest.raises(ImportError, match="extends PyG's base class and needs torch_geometric: pip install"):
         gnnfuse.nn.MessagePassing
+
+
+def test_edge_only_messages_size_the_output_by_the_largest_target():
+    """No node tensor: PyG gives one row per vertex up to the largest target, while the
+    sources may go beyond it."""
+    def build(base):
+        class EdgeOnly(base):
+            def forward(self, edge_attr, edge_index):
+                return self.propagate(edge_index, edge_attr=edge_attr)
+
+            def message(self, edge_attr):
+                return torch.sigmoid(edge_attr) * 2
+        return EdgeOnly(aggr="mean")
+    edge_index = torch.tensor([[0, 6, 5, 6], [1, 3, 1, 0]])
+    edge_attr = torch.randn(4, 3, dtype=torch.float64)
+    ours, theirs = build(gnnfuse.nn.MessagePassing), build(pyg_nn.MessagePassing)
+    with record_calls() as calls:
+        result = run(ours, (edge_attr,), edge_index)
+    assert calls and result[0].shape == (4, 3)
+    assert_same(result, run(theirs, (edge_attr,), edge_index))

@@ -302,10 +302,10 @@ def trace_message(layer: PyGMessagePassing, args: _Arguments, op: str, num_nodes
     for param, key in args.edge_params.items():
         values[param] = tracer.input(f"e.{key}", Residency.EDGE, args.edges[key], 1)
     i = 1 if layer.flow == "source_to_target" else 0
+    size_i = size[i] if size[i] is not None else size[1 - i]
     values.update(index=TARGET_INDEX, edge_index_i=TARGET_INDEX, edge_index_j=_Marker("edge_index_j"),
-                  edge_index=_Marker("edge_index"), adj_t=None, ptr=None, size=list(size),
-                  size_i=size[i] if size[i] is not None else size[1 - i],
-                  size_j=size[1 - i] if size[1 - i] is not None else size[i], dim_size=num_nodes)
+                  edge_index=_Marker("edge_index"), adj_t=None, ptr=None, size=list(size), size_i=size_i,
+                  size_j=size[1 - i] if size[1 - i] is not None else size[i], dim_size=size_i)
     call = layer.inspector.collect_param_data("message", values)
     out = _with_softmax(message, tracer)(layer, **call)
     for name, tensor in tracer.captured.values():
@@ -357,7 +357,10 @@ def compiled_propagate(layer: PyGMessagePassing, edge_index: Any, size: Any, kwa
     if len(set(known)) > 1:
         raise NotCompilable(f"bipartite message passing (size {mutable_size})")
     i = 1 if layer.flow == "source_to_target" else 0
-    num_nodes = known[0] if known else (int(edge_index[i].max()) + 1 if num_edges else 0)
+    # Without node tensors PyG sizes the output by the largest target; the graph must
+    # still hold every source.
+    num_nodes = known[0] if known else (int(edge_index.max()) + 1 if num_edges else 0)
+    rows = known[0] if known else (int(edge_index[i].max()) + 1 if num_edges else 0)
     other = tuple((k, _frozen(v) if not isinstance(v, torch.Tensor) else _Unguardable())
                   for k, v in args.other.items())
     guards = (_library_view(message), _layer_state(layer, message), other, op, layer.flow, layer.node_dim,
@@ -370,7 +373,7 @@ def compiled_propagate(layer: PyGMessagePassing, edge_index: Any, size: Any, kwa
     except Exception as exc:     # the eager run will raise the user's own error, if it is one
         raise _trace_failure(layer, exc) from exc
     graph = _graph(layer, edge_index, num_nodes)
-    out = compiled(graph, program_feeds((args.nodes, args.edges), captured))["out"]
+    out = compiled(graph, program_feeds((args.nodes, args.edges), captured))["out"][:rows]
     update_args = set(layer.inspector.get_param_names("update"))
     collected = layer._collect(update_args - PyGMessagePassing.special_args, edge_index, mutable_size, kwargs)
     return layer.update(out, **layer.inspector.collect_param_data("update", collected))
