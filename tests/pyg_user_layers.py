@@ -130,6 +130,20 @@ def make_layers(Base: type) -> dict[str, tuple[type, bool]]:
         def message(self, x_i, x_j):
             return torch.relu(x_j - x_i) + 0.5 * x_j
 
+    class SoftmaxAggregated(Base):
+        """PyG's softmax aggregation (``aggr="softmax"``) of projected neighbours; its
+        temperature learnt per channel, or fixed with gradients stopped at the weights."""
+
+        def __init__(self, channels_in: int, channels_out: int, aggr_kwargs: dict):
+            super().__init__(aggr="softmax", aggr_kwargs=aggr_kwargs)
+            self.lin = nn.Linear(channels_in, channels_out)
+
+        def forward(self, x, edge_index):
+            return self.propagate(edge_index, x=self.lin(x))
+
+        def message(self, x_i, x_j):
+            return x_j - 0.5 * x_i
+
     class Untraceable(Base):
         """Uses a tensor method the tracer has no op for: falls back, naming the line."""
 
@@ -145,4 +159,5 @@ def make_layers(Base: type) -> dict[str, tuple[type, bool]]:
     return {"edge_weighted": (EdgeWeighted, True), "attention": (Attention, True), "edge_mlp": (EdgeMLP, True),
             "gin_like": (GINLike, True), "own_aggregate": (OwnAggregate, False),
             "edge_conv_like": (EdgeConvLike, True), "mean_sage": (MeanSAGE, True),
-            "min_reverse": (MinReverse, True), "untraceable": (Untraceable, False)}
+            "min_reverse": (MinReverse, True), "softmax_learnt": (SoftmaxAggregated, True),
+            "softmax_semi_grad": (SoftmaxAggregated, True), "untraceable": (Untraceable, False)}

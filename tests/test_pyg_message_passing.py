@@ -25,7 +25,9 @@ EDGES = torch.tensor([[0, 1, 2, 3, 4, 5, 1, 2, 2, 3, 0, 5, 3],
                       [1, 2, 3, 4, 5, 0, 0, 0, 4, 3, 2, 1, 1]])
 NUM_NODES = 7
 ARGS = {"edge_weighted": (3, 5), "attention": (3, 4), "edge_mlp": (3, 2), "gin_like": (3, 5), "own_aggregate": (),
-        "edge_conv_like": (3, 5), "mean_sage": (3, 5), "min_reverse": (), "untraceable": ()}
+        "edge_conv_like": (3, 5), "mean_sage": (3, 5), "min_reverse": (), "untraceable": (),
+        "softmax_learnt": (3, 4, {"learn": True, "channels": 4}),
+        "softmax_semi_grad": (3, 4, {"t": 0.5, "semi_grad": True})}
 
 
 def inputs(name: str, seed: int = 0) -> tuple[torch.Tensor, ...]:

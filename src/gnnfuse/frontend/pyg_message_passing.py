@@ -38,16 +38,19 @@ import torch
 import torch_geometric.utils
 from torch_geometric import EdgeIndex
 from torch_geometric.nn import MessagePassing as PyGMessagePassing
-from torch_geometric.nn.aggr import MaxAggregation, MeanAggregation, MinAggregation, SumAggregation
+from torch_geometric.nn.aggr import (MaxAggregation, MeanAggregation, MinAggregation, SoftmaxAggregation,
+                                    SumAggregation)
 
 from ..graph import Graph
 from ..ir import CompileError, Residency
 from .trace_cache import _SCALARS, TraceCache, _global_names, program_feeds
 from .tracer import EDGE_ROWED, SymTensor, Tracer
 
-# The aggregation modules PyG's ``aggr`` strings resolve to that a graph Reduce computes
-# exactly (empty neighbourhoods give 0 in both).
-AGGREGATIONS = {SumAggregation: "sum", MeanAggregation: "mean", MaxAggregation: "max", MinAggregation: "min"}
+# The aggregation modules PyG's ``aggr`` strings resolve to that the IR computes exactly
+# (empty neighbourhoods give 0 in both): a graph Reduce, or for 'softmax' the sum of the
+# messages weighted by their edge softmax (see `_softmax_aggregate`).
+AGGREGATIONS = {SumAggregation: "sum", MeanAggregation: "mean", MaxAggregation: "max", MinAggregation: "min",
+                SoftmaxAggregation: "softmax"}
 _PYG_SOFTMAX = torch_geometric.utils.softmax
 
 
@@ -259,7 +262,7 @@ def _aggregation(layer: PyGMessagePassing) -> str:
                             f"{inspect.getsourcefile(type(layer).aggregate)})")
     op = AGGREGATIONS.get(type(layer.aggr_module))
     if op is None:
-        raise NotCompilable(f"aggr={layer.aggr!r} (only 'add'/'sum', 'mean', 'max' and 'min' compile)")
+        raise NotCompilable(f"aggr={layer.aggr!r} (only 'add'/'sum', 'mean', 'max', 'min' and 'softmax' compile)")
     return op
 
 
@@ -308,19 +311,43 @@ def trace_message(layer: PyGMessagePassing, args: _Arguments, op: str, num_nodes
                   size_j=size[1 - i] if size[1 - i] is not None else size[i], dim_size=size_i)
     call = layer.inspector.collect_param_data("message", values)
     out = _with_softmax(message, tracer)(layer, **call)
+    if not isinstance(out, SymTensor) or out.value.residency not in EDGE_ROWED:
+        what = out.value.residency.name if isinstance(out, SymTensor) else type(out).__name__
+        raise tracer.error(f"message() must return one tensor with a row per edge, got {what}")
+    if op == "softmax":
+        out = _softmax_aggregate(tracer, layer.aggr_module, out)
     for name, tensor in tracer.captured.values():
         if tensor.dim() and tensor.shape[0] in (num_edges, num_nodes):
             raise NotCompilable(f"message() reads a tensor of shape {list(tensor.shape)} that was not passed "
                                 "to propagate(); with one row per edge or node it may be graph data, which "
                                 "compiles only when passed to propagate() as a keyword argument")
-    if not isinstance(out, SymTensor) or out.value.residency not in EDGE_ROWED:
-        what = out.value.residency.name if isinstance(out, SymTensor) else type(out).__name__
-        raise tracer.error(f"message() must return one tensor with a row per edge, got {what}")
     rank = len(out.value.shape) + 1
     if (layer.node_dim + rank if layer.node_dim < 0 else layer.node_dim) != 0:
         raise NotCompilable(f"node_dim={layer.node_dim} does not aggregate message's leading (edge) axis")
-    tracer.program.output("out", tracer.program.add("reduce", out.value, op=op, by="dst"))
+    reduce = "sum" if op == "softmax" else op
+    tracer.program.output("out", tracer.program.add("reduce", out.value, op=reduce, by="dst"))
     return tracer
+
+
+def _softmax_aggregate(tracer: Tracer, aggr: SoftmaxAggregation, x: SymTensor) -> SymTensor:
+    """PyG's SoftmaxAggregation before its final sum: ``x * softmax(x * t)`` over each
+    target's in-edges (the softmax held constant for gradients with ``semi_grad``)."""
+    if aggr.channels != 1 and len(x.value.shape) != 1:
+        raise NotCompilable(f"SoftmaxAggregation(channels={aggr.channels}) takes [E, channels] messages")
+    alpha = x if isinstance(aggr.t, (int, float)) and aggr.t == 1 else tracer.apply("mul", x, aggr.t)
+    alpha = tracer.program.add("edge_softmax", alpha.value, by="dst")
+    if not aggr.learn and aggr.semi_grad:
+        alpha = tracer.program.add("stop_gradient", alpha)
+    return tracer.apply("mul", x, SymTensor(tracer, alpha, 1))
+
+
+def _aggregation_state(layer: PyGMessagePassing) -> Hashable:
+    """The aggregation module's settings a trace bakes in (a learnt temperature is a
+    captured parameter instead)."""
+    aggr = layer.aggr_module
+    if isinstance(aggr, SoftmaxAggregation):
+        return aggr.learn, aggr.semi_grad, aggr.channels, aggr.t if isinstance(aggr.t, (int, float)) else None
+    return ()
 
 
 def _function(method: Any) -> types.FunctionType:
@@ -363,7 +390,8 @@ def compiled_propagate(layer: PyGMessagePassing, edge_index: Any, size: Any, kwa
     rows = known[0] if known else (int(edge_index[i].max()) + 1 if num_edges else 0)
     other = tuple((k, _frozen(v) if not isinstance(v, torch.Tensor) else _Unguardable())
                   for k, v in args.other.items())
-    guards = (_library_view(message), _layer_state(layer, message), other, op, layer.flow, layer.node_dim,
+    guards = (_library_view(message), _layer_state(layer, message), other, op, _aggregation_state(layer),
+              layer.flow, layer.node_dim,
               tuple(args.gathers.items()), num_nodes)
     try:
         compiled, captured = _TRACES.compiled(guards, (args.nodes, args.edges), lambda: trace_message(
