@@ -9,15 +9,18 @@ source, ``x_i`` by its target, a tensor keyword argument with one row per edge (
 ``edge_weight``) is an EDGE input, and anything else is passed as PyG passes it. ``index``
 (and ``edge_index_i``) is a marker that ``torch_geometric.utils.softmax(alpha, index, ptr,
 size_i)`` inside ``message`` recognises: it becomes an edge softmax over each target's
-in-edges. ``aggr`` becomes a graph Reduce, so the program is the fused gather -> message ->
-aggregate kernel, never materialising the gathered [E, F] inputs. ``update`` runs eagerly
+in-edges. ``aggr`` becomes a graph Reduce ('softmax': edge-softmax weights, then a sum), so
+the program is the fused gather -> message -> aggregate kernel, never materialising the
+gathered [E, F] inputs. ``update`` runs eagerly
 on the aggregated rows with the arguments PyG would give it.
 
 `compiled_propagate` raises `NotCompilable` for anything it cannot reproduce exactly (the
 caller then runs PyG's own ``propagate``): sparse adjacency inputs, bipartite sizes,
 ``node_dim`` other than the row axis, a custom ``aggregate`` or aggregation module, hooks,
-``explain`` and ``decomposed_layers``, and any failure while tracing ``message`` (a
-`CompileError` names the construct and the line).
+``explain`` and ``decomposed_layers``, a tensor with one row per edge or node that
+``message`` reads from outside its arguments (graph data the tracer would take for one
+shared value), and any failure while tracing ``message`` (a `CompileError` names the
+construct and the line).
 
 Traces are reused through `TraceCache` keyed by ``message``'s code and guarded globals,
 the argument shapes, the non-tensor arguments and the values of the ``self.<attr>``

@@ -15,12 +15,14 @@ A PyG layer switches by changing one import::
 The class *is* a ``torch_geometric.nn.MessagePassing`` (a subclass), so every PyG attribute,
 argument and method behaves as PyG documents; only ``propagate`` differs: it traces
 ``message`` into gnnfuse's IR and runs gather, message and aggregation as one fused
-program (see `gnnfuse.frontend.pyg_message_passing` for what maps to what). Where that
-cannot reproduce PyG exactly -- a construct ``message`` uses that the tracer rejects, an
-overridden ``aggregate``, a custom aggregation, sparse adjacency, bipartite sizes, hooks,
-``explain`` -- it runs PyG's own ``propagate`` and warns once per class, naming the
-construct and line. PyG (``torch_geometric``) is therefore required by this class only;
-the rest of gnnfuse does not need it.
+program, for ``aggr`` 'add'/'sum', 'mean', 'max', 'min' and 'softmax' (see
+`gnnfuse.frontend.pyg_message_passing` for what maps to what); ``update`` runs as written on
+the aggregated rows. Where that cannot reproduce PyG exactly -- a construct ``message``
+uses that the tracer rejects, an overridden ``aggregate``, a custom aggregation, sparse
+adjacency, bipartite sizes, hooks, ``explain`` -- it runs PyG's own ``propagate`` and warns
+once per class, naming the construct and line. PyG (``torch_geometric``) is therefore
+required by this class only; the rest of gnnfuse does not need it. TorchScript
+(``jittable()``) is not supported: PyG's template-generated ``propagate`` is replaced.
 """
 from __future__ import annotations
 
