@@ -19,10 +19,10 @@ from gnnfuse.runtime import record_calls
 from pyg_user_layers import make_layers
 
 OURS, THEIRS = make_layers(gnnfuse.nn.MessagePassing), make_layers(pyg_nn.MessagePassing)
-# 7 vertices (6 isolated as a target), 13 edges with a self loop and a multi-edge; weight
-# shapes avoid 7 and 13 rows, which the tracer treats as possible graph data.
-EDGES = torch.tensor([[0, 1, 2, 3, 4, 5, 1, 2, 2, 3, 0, 5, 3],
-                      [1, 2, 3, 4, 5, 0, 0, 0, 4, 3, 2, 1, 1]])
+# 7 vertices (6 isolated), 13 edges with a self loop (3 -> 3) and a multi-edge (1 -> 2
+# twice); weight shapes avoid 7 and 13 rows, which the tracer takes for graph data.
+EDGES = torch.tensor([[0, 1, 2, 3, 4, 5, 1, 2, 2, 3, 0, 5, 1],
+                      [1, 2, 3, 4, 5, 0, 0, 0, 4, 3, 2, 1, 2]])
 NUM_NODES = 7
 ARGS = {"edge_weighted": (3, 5), "attention": (3, 4), "edge_mlp": (3, 2), "gin_like": (3, 5), "own_aggregate": (),
         "edge_conv_like": (3, 5), "mean_sage": (3, 5), "min_reverse": (), "untraceable": (),
