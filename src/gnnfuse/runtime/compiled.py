@@ -14,6 +14,7 @@ from typing import Callable, Iterator, Mapping
 import torch
 
 from ..autodiff import BackwardProgram, build_backward
+from ..backend.forced_schedule import forced_schedule, forcing
 from ..backend.reference import GraphContext
 from ..graph import Graph
 from ..ir import CompileError, Program, Residency, verify
@@ -155,7 +156,7 @@ class _ProgramFunction(torch.autograd.Function):
         backward = compiled.backward_for(wrt) if wrt else None
         outputs, kept, execute = _run_forward(compiled, graph_ctx, keys, tensors, backward)
         ctx.compiled, ctx.graph_ctx, ctx.keys, ctx.backward = compiled, graph_ctx, keys, backward
-        ctx.execute = execute
+        ctx.execute, ctx.schedule = execute, forced_schedule()   # backward runs as forward was told to
         # Through save_for_backward, never as plain ctx attributes: a saved value may be an
         # output, and an output held by its own grad_fn's ctx is a cycle through C++ that
         # Python's collector cannot free -- every step's tensors would leak.
@@ -173,7 +174,8 @@ class _ProgramFunction(torch.autograd.Function):
             name = f"grad:{key}"
             if name in backward.program.inputs:
                 feeds[name] = g if g is not None else torch.zeros(shape, dtype=dtype, device=device)
-        grads, _ = ctx.execute(backward.program, ctx.graph_ctx, feeds)
+        with forcing(ctx.schedule):
+            grads, _ = ctx.execute(backward.program, ctx.graph_ctx, feeds)
         by_key = {k.removeprefix("grad:"): g for k, g in grads.items()}
         return (None, None, None) + tuple(by_key.get(k) for k in ctx.keys)
 
