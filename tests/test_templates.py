@@ -97,6 +97,21 @@ def test_gradcheck_gspmm_and_gsddmm(monkeypatch):
                             src=x, dst=x, edge=w), (x, w))
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_graphs_without_edges_and_edge_index_input(backend, monkeypatch):
+    """No edges: every vertex aggregates to 0 and gsddmm gives [0, ...]. An edge_index
+    takes its node count from the operands, keeping trailing vertices without edges."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    device = device_for(backend)
+    x = inputs(device, x=(N, F))["x"]
+    empty = gnnfuse.Graph(torch.empty(0, dtype=torch.long), torch.empty(0, dtype=torch.long), N).to(device)
+    assert torch.equal(gspmm(empty, lambda xs: xs * 2, "max", src=x), torch.zeros_like(x))
+    assert gsddmm(empty, lambda xs, xd: xs * xd, src=x, dst=x).shape == (0, F)
+    edge_index = torch.stack([SRC, DST]).to(device)   # vertex 5 appears in no edge
+    torch.testing.assert_close(gspmm(edge_index, None, "sum", src=x),
+                               aggregate(x[SRC.to(device)], DST.to(device), "sum"))
+
+
 # --- schedule= -------------------------------------------------------------------------
 def chosen_schedules(monkeypatch) -> list[str]:
     """Every schedule the Triton executor picks from now on, in order."""

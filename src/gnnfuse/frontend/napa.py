@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from ..graph import Graph
-from .templates import gsddmm, gspmm
+from .templates import _graph, gsddmm, gspmm
 
 
 def _in_degree_power(graph: Graph, exponent: float, dtype: torch.dtype) -> torch.Tensor:
@@ -58,7 +58,7 @@ def NeighborApply(graph: Graph | object, embed: torch.Tensor | None = None, mode
     ``"dot"`` -- ``<x_u, x_v>`` ([E, 1]); ``"mul"`` -- ``x_u * x_v``; or a function of
     ``(x_u, x_v)``, or ``(x_u, x_v, e)`` when ``edge`` is given, traced as a `gsddmm` UDF.
     """
-    graph = Graph.coerce(graph)
+    graph = _graph(graph, embed, None)
     if callable(mode):
         return gsddmm(graph, mode, src=embed, dst=embed, edge=edge)
     if mode not in WEIGHTINGS:

@@ -56,6 +56,15 @@ def _copy(operand):
     return operand
 
 
+def _graph(graph: Graph | object, src, dst) -> Graph:
+    """The graph as a `Graph`; an edge_index gets its node count from the vertex operands,
+    so trailing vertices without edges are not lost."""
+    if isinstance(graph, Graph):
+        return graph
+    rows = next((t.shape[0] for t in (src, dst) if isinstance(t, torch.Tensor) and t.dim()), None)
+    return Graph.coerce(graph, rows)
+
+
 def _operands(template: str, graph: Graph, given: dict[str, torch.Tensor | None]) -> dict[str, torch.Tensor]:
     """The operands passed, in the UDF's order, each checked against the graph's sizes."""
     rows = {"src": graph.num_nodes, "dst": graph.num_nodes, "edge": graph.num_edges}
@@ -149,7 +158,7 @@ def gspmm(graph: Graph | object, message: Callable | None, reduce: str, *, src: 
           schedule: str | ForcedSchedule | None = None) -> torch.Tensor:
     """Generalized SpMM: ``out[v] = reduce over edges (u, v) of message(src[u], dst[v], edge[e])``
     (only the operands given are passed); [num_nodes, ...], differentiable. See the module doc."""
-    graph = Graph.coerce(graph)
+    graph = _graph(graph, src, dst)
     if not isinstance(reduce, str):
         raise TypeError(f"gspmm: reduce must be one of {REDUCERS} (a string), got {type(reduce).__name__}")
     if reduce not in REDUCERS:
@@ -165,7 +174,7 @@ def gsddmm(graph: Graph | object, edge_fn: Callable | None, *, src: torch.Tensor
     """Generalized SDDMM: ``out[e] = edge_fn(src[u], dst[v], edge[e])`` for every edge
     e = (u, v) (only the operands given are passed); [num_edges, ...] in edge-id order,
     differentiable. It runs as one edge-parallel kernel, so it takes no ``schedule``."""
-    graph = Graph.coerce(graph)
+    graph = _graph(graph, src, dst)
     operands = _operands("gsddmm", graph, {"src": src, "dst": dst, "edge": edge})
     fn = _user_function("gsddmm", edge_fn, operands, "edge_fn")
     return _run(_SDDMM_TRACES, graph, fn, operands, None, None)
