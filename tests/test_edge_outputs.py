@@ -235,5 +235,5 @@ def test_gated_gcn_layer_written_as_dgl_methods(backend, monkeypatch):
 
 def test_apply_edges_rejects_a_tensor_where_a_dict_belongs():
     graph = gnnfuse.Graph(SRC, DST, N)
-    with pytest.raises(TypeError, match="ndata must be a dict of tensors"):
+    with pytest.raises(TypeError, match="ndata must be a dict of feature name -> tensor"):
         gnnfuse.apply_edges(graph, lambda edges: {"x": edges.src["h"]}, ndata=torch.randn(N, 2))

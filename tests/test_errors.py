@@ -79,8 +79,8 @@ def test_reduce_fn_must_reduce_the_mailbox():
                                 ndata={"h": torch.randn(3, 2)})
 
 
-def test_mailbox_reduction_outside_reduce_fn():
-    with pytest.raises(CompileError, match="apply to nodes.mailbox inside reduce_fn"):
+def test_reduction_over_the_edge_rows_in_message_fn():
+    with pytest.raises(CompileError, match=r"dim 0 is the row axis \(one row per edge\)"):
         gnnfuse.message_passing(graph(), lambda e: {"m": torch.sum(e.src["h"], dim=0)},
                                 lambda n: {"o": torch.sum(n.mailbox["m"], dim=1)}, ndata={"h": torch.randn(3, 2)})
 
@@ -99,3 +99,79 @@ def test_sparse_input_is_rejected_with_a_clear_error():
         return sum([u.h for u in v.innbs])
     with pytest.raises(ValueError, match="input 'h' is a torch.sparse_coo tensor; compiled programs take dense"):
         f(graph(), {"h": torch.eye(3, 2).to_sparse()})
+
+
+# --- issue #11 §3: every reachable error names the construct and the line ----------------
+def error_line(info) -> str:
+    return str(info.value).splitlines()[-1]
+
+
+def test_argmax_indices_of_a_mailbox_reduction():
+    def reduce(nodes):
+        return {"o": torch.max(nodes.mailbox["m"], dim=1).indices}
+
+    def reduce_indexed(nodes):
+        return {"o": torch.max(nodes.mailbox["m"], dim=1)[1]}
+    for fn, text in ((reduce, ".indices"), (reduce_indexed, "dim=1)[1]")):
+        with pytest.raises(CompileError, match=r"indices of torch.max/min .* cannot be compiled") as info:
+            gnnfuse.message_passing(graph(), lambda e: {"m": e.src["h"]}, fn, ndata={"h": torch.randn(3, 2)})
+        assert f":{line_of(fn, text)}:" in error_line(info) and text in error_line(info)
+
+
+def test_feature_tables_must_be_dicts_of_tensors():
+    h = torch.randn(3, 2)
+    with pytest.raises(TypeError, match=r"ndata must be a dict of feature name -> tensor .* got Tensor"):
+        gnnfuse.message_passing(graph(), lambda e: {"m": e.src["h"]},
+                                lambda n: {"o": torch.sum(n.mailbox["m"], dim=1)}, ndata=h)
+    with pytest.raises(TypeError, match=r"edata must map str names to tensors; edata\['w'\] is list"):
+        gnnfuse.message_passing(graph(), lambda e: {"m": e.src["h"]},
+                                lambda n: {"o": torch.sum(n.mailbox["m"], dim=1)}, ndata={"h": h}, edata={"w": [1.0]})
+
+    @gnnfuse.vertex
+    def f(v):
+        return sum([u.h for u in v.innbs])
+    with pytest.raises(TypeError, match=r"v_feature must be a dict of feature name -> tensor .* got Tensor"):
+        f(graph(), h)
+
+
+def test_udf_output_that_is_not_traced_names_the_key_and_what_it_holds():
+    """Checked after the UDF returned, so the error names the UDF's definition line."""
+    def reduce(nodes):
+        return {"o": torch.sum(nodes.mailbox["m"], dim=1), "bias": torch.zeros(3, 2)}
+
+    def message(edges):
+        return {"m": edges.src["h"], "k": 2.0}
+
+    def reduce_list(nodes):
+        return [nodes.mailbox["m"]]
+
+    def message_h(edges):
+        return {"m": edges.src["h"]}
+    cases = ((message, reduce, "message_fn output 'k' is a float", "def message"),
+             (message_h, reduce, "reduce_fn output 'bias' is a tensor not computed from its edges/nodes argument",
+              "def reduce(nodes)"),
+             (message_h, reduce_list, "reduce_fn must return a dict of feature name -> tensor, got list",
+              "def reduce_list"))
+    for message_fn, reduce_fn, expected, text in cases:
+        with pytest.raises(CompileError) as info:
+            gnnfuse.message_passing(graph(), message_fn, reduce_fn, ndata={"h": torch.randn(3, 2)})
+        assert expected in str(info.value) and text in error_line(info)
+
+
+def _helper_that_fails(x):
+    return torch.sin(x)
+
+
+def test_error_inside_a_helper_names_the_helpers_line():
+    @gnnfuse.vertex
+    def f(v):
+        return sum([_helper_that_fails(u.h) for u in v.innbs])
+    with pytest.raises(CompileError, match="torch function sin has no gnnfuse op") as info:
+        f(graph(), {"h": torch.randn(3, 2)})
+    assert f":{line_of(_helper_that_fails, 'torch.sin')}: return torch.sin(x)" in error_line(info)
+
+    def reduce(nodes):
+        return {"o": _helper_that_fails(torch.sum(nodes.mailbox["m"], dim=1))}
+    with pytest.raises(CompileError, match="torch function sin") as info:
+        gnnfuse.message_passing(graph(), lambda e: {"m": e.src["h"]}, reduce, ndata={"h": torch.randn(3, 2)})
+    assert f":{line_of(_helper_that_fails, 'torch.sin')}:" in error_line(info)

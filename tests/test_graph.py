@@ -108,6 +108,22 @@ def test_coerce():
         Graph.coerce("cora")
 
 
+def test_graph_owns_contiguous_int64_indices():
+    """Kernels read indices through a bare pointer: a strided view (a row of
+    ``edges.t()``) or int32 ids must become contiguous int64 arrays in the graph."""
+    edges = torch.tensor([[0, 1], [1, 2], [2, 0]])
+    ei = edges.t()
+    assert not ei[0].is_contiguous()
+    types = torch.tensor([[0, 9], [1, 9], [1, 9]])[:, 0]
+    for g in (Graph(ei[0], ei[1], 3, edge_type=types), Graph.from_edge_index(ei, 3, edge_type=types),
+              Graph(ei[0].int(), ei[1].int(), 3, edge_type=types.int())):
+        for t in (g.src, g.dst, g.edge_type):
+            assert t.is_contiguous() and t.dtype == torch.int64
+        assert g.src.tolist() == [0, 1, 2] and g.dst.tolist() == [1, 2, 0] and g.edge_type.tolist() == [0, 1, 1]
+    plain = torch.tensor([0, 1])
+    assert Graph(plain, plain).src is plain          # contiguous int64 is not copied
+
+
 # --- layouts ---------------------------------------------------------------------------
 def check_grouping(csr, n, key, other, index_dtype):
     rowptr, col, eid = csr

@@ -5,6 +5,11 @@ plain-torch oracle, so a stale program shows up as a wrong number, not just a co
 """
 from __future__ import annotations
 
+import functools
+import random
+from random import random as draw_uniform
+
+import numpy
 import pytest
 import torch
 
@@ -191,4 +196,81 @@ def test_a_function_decorated_anew_each_call_reuses_its_trace(graph, traces):
         return vc_compute()
     for factor in (2.0, 2.0, 2.0, 5.0):
         torch.testing.assert_close(forward(factor), factor * neighbour_sum(graph, x))
+    assert traces[0] == 2
+
+
+# --- values that must not be reused (issue #11 §1.4) -------------------------------------
+def _torch_draw():
+    return torch.rand(()).item()
+
+
+def _numpy_draw():
+    return float(numpy.random.rand())
+
+
+def _random_draw():
+    return random.random()
+
+
+def _imported_draw():
+    return draw_uniform()
+
+
+@pytest.mark.parametrize("draw", [_torch_draw, _numpy_draw, _random_draw, _imported_draw],
+                         ids=["torch.rand.item", "numpy.random.rand", "random.random", "from-random-import"])
+@pytest.mark.parametrize("front_end", ["vertex", "message"])
+def test_a_random_draw_at_trace_time_is_drawn_on_every_call(graph, draw, front_end):
+    """Each call must see its own draw, as eager code would; a cached trace would keep the
+    first. The draw is in a helper, so the guard must follow calls to find it."""
+    h = torch.randn(4, 3, dtype=torch.float64)
+
+    @gnnfuse.vertex
+    def scaled(v):
+        return sum([u.h * draw() for u in v.innbs])
+
+    def message(edges):
+        return {"m": edges.src["h"] * draw()}
+
+    def run():
+        if front_end == "vertex":
+            return scaled(graph, {"h": h})
+        return frontend.message_passing(graph, message, lambda n: {"o": torch.sum(n.mailbox["m"], dim=1)},
+                                        ndata={"h": h})["o"]
+    for seed in (1, 2, 3):
+        for seed_all in (torch.manual_seed, numpy.random.seed, random.seed):
+            seed_all(seed)
+        expected = draw() * neighbour_sum(graph, h)
+        for seed_all in (torch.manual_seed, numpy.random.seed, random.seed):
+            seed_all(seed)
+        torch.testing.assert_close(run(), expected)
+
+
+def test_globals_lookup_by_name_is_never_cached(graph, traces):
+    global SCALE
+
+    @gnnfuse.vertex
+    def f(v):
+        return sum([u.h * globals()["SCALE"] for u in v.innbs])
+    h = torch.randn(4, 3, dtype=torch.float64)
+    try:
+        torch.testing.assert_close(f(graph, {"h": h}), 2.0 * neighbour_sum(graph, h))
+        SCALE = 5.0
+        torch.testing.assert_close(f(graph, {"h": h}), 5.0 * neighbour_sum(graph, h))
+    finally:
+        SCALE = 2.0
+    assert traces[0] == 2
+
+
+def test_partial_udf_is_guarded_by_its_bound_arguments(graph, traces):
+    h = torch.randn(4, 3, dtype=torch.float64)
+
+    def message(factor, edges):
+        return {"m": edges.src["h"] * factor}
+
+    def reduce(nodes, *, op):
+        return {"o": op(nodes.mailbox["m"], dim=1)}
+    for factor in (2.0, 2.0, 3.0):
+        out = frontend.message_passing(graph, functools.partial(message, factor),
+                                       functools.partial(reduce, op=torch.sum), ndata={"h": h})["o"]
+        torch.testing.assert_close(out, factor * neighbour_sum(graph, h))
     assert traces[0] == 2

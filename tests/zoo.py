@@ -145,8 +145,11 @@ def message_models(x, graph, p):
     out["gin"] = lambda: mp(graph, lambda e: {"m": e.src["h"]}, lambda n: {"n": torch.sum(n.mailbox["m"], dim=1)},
                             gin_update, ndata={"h": x})["out"]
 
+    # The teleport term goes in update_fn, which DGL runs on every vertex; reduce_fn's
+    # outputs are zero on vertices without in-edges (DGL's update_all).
     out["appnp"] = lambda: mp(graph, lambda e: {"m": e.src["h"] * e.src["norm"] * e.dst["norm"]},
-                              lambda n: {"out": 0.9 * torch.sum(n.mailbox["m"], dim=1) + 0.1 * n.data["h0"]},
+                              lambda n: {"agg": torch.sum(n.mailbox["m"], dim=1)},
+                              lambda n: {"out": 0.9 * n.data["agg"] + 0.1 * n.data["h0"]},
                               ndata={"h": x, "h0": x * 0.5, "norm": norm})["out"]
 
     def diffgat_msg(edges):

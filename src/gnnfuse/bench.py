@@ -264,11 +264,12 @@ def check_forward(model: str, data: DeviceData, state: dict[str, torch.Tensor], 
 
 
 def measure(framework: str, model: str, data: DeviceData, state: dict[str, torch.Tensor],
-            steps: int, warmup: int, device: torch.device) -> dict[str, Any]:
+            steps: int, warmup: int, device: torch.device, graph: Any = None) -> dict[str, Any]:
     """Warm up, then time `steps` training steps one by one; peak memory covers the
-    timed steps only (compilation, autotuning and layout building happen in warm-up)."""
+    timed steps only (compilation, autotuning and layout building happen in warm-up).
+    `graph` overrides the framework's usual graph input (`graph_input`)."""
     module = instantiate(framework, model, data, state, device)
-    graph = graph_input(framework, data)
+    graph = graph_input(framework, data) if graph is None else graph
     optimizer = torch.optim.Adam(module.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
 
     def step() -> torch.Tensor:

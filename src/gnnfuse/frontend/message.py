@@ -8,6 +8,14 @@ The UDFs are traced once per call into the same IR as vertex-centric code; a red
 softmax over ``dim=1`` of the mailbox becomes a Reduce or Norm op, so no per-degree
 bucketing ever runs (Graphiler §3.2's problem).
 
+Vertices without in-edges follow DGL's ``update_all``: reduce_fn does not apply to them,
+so every reduce_fn output is 0 there (also a reduce_fn that adds node data or a constant,
+as GatedGCN's ``h + sum(...) / (sum(...) + eps)`` does), and update_fn runs on all
+vertices, seeing those zeros. ``nodes.mailbox['m'].shape[1]`` is each vertex's in-degree.
+
+A UDF may be a function, a bound method, a ``functools.partial``, an ``nn.Module`` (its
+``forward`` is traced; hooks do not run) or an object with a ``__call__`` method.
+
 On a typed graph, per-type data is passed as ``etype_data={key: [num_edge_types, ...]}``
 and ``ntype_data={key: [num_node_types, ...]}``. In ``message_fn``, ``edges.type[key]``
 is each edge's relation's row, ``edges.srctype[key]`` / ``edges.dsttype[key]`` its
@@ -45,7 +53,8 @@ import torch
 from ..graph import Graph
 from ..ir import Residency
 from ..runtime import CompiledProgram
-from .trace_cache import TraceCache, program_feeds
+from . import pairwise
+from .trace_cache import TraceCache, check_tables, program_feeds
 from .tracer import EDGE_ROWED, SymTensor, Tracer
 
 
@@ -53,14 +62,30 @@ from .tracer import EDGE_ROWED, SymTensor, Tracer
 class _MessageTracer(Tracer):
     """A tracer whose mailbox reductions turn into graph Reduce/Norm ops."""
 
-    def reduce(self, x: SymTensor, op: str) -> SymTensor:
+    def reduce(self, x: SymTensor, op: str, dim=1, keepdim: bool = False) -> SymTensor:
+        if pairwise.is_pairwise(x):
+            return pairwise.reduce_pairs(self, x, op, dim, keepdim)
         self._check_mailbox(x)
-        value = self.program.add("reduce", x.value, op=op, by="dst", source=self.source())
-        return SymTensor(self, value, 1)
+        result = SymTensor(self, self.program.add("reduce", x.value, op=op, by="dst", source=self.source()), 1)
+        if keepdim:   # [N, 1, F]: the neighbour axis kept as a per-vertex dim of size 1
+            result = self.apply("reshape", result, shape=(1,) + result.value.shape)
+        return result
 
     def softmax(self, x: SymTensor) -> SymTensor:
+        if pairwise.is_pairwise(x):
+            raise self.error("softmax over an axis of a pairwise [N, D, D, ...] term cannot be compiled")
         self._check_mailbox(x)
         return SymTensor(self, self.program.add("edge_softmax", x.value, by="dst", source=self.source()), 2)
+
+    def apply(self, op: str, *operands, **attrs) -> SymTensor:
+        syms = [self.lift(o) for o in operands]
+        if any(pairwise.is_pairwise(s) for s in syms):
+            syms = pairwise.line_up(self, syms)
+        return super().apply(op, *syms, **attrs)
+
+    def pair_view(self, x: SymTensor) -> SymTensor:
+        """``x.unsqueeze(1)`` of a mailbox value (see frontend/pairwise.py)."""
+        return pairwise.pair_view(self, x)
 
     def _check_mailbox(self, x: SymTensor) -> None:
         if self.mode != "reduce" or x.value.residency not in EDGE_ROWED:
@@ -147,9 +172,24 @@ class _Nodes:
 
 
 def _returned(tracer: Tracer, result, stage: str) -> dict[str, SymTensor]:
-    if not isinstance(result, dict) or not all(isinstance(v, SymTensor) for v in result.values()):
-        raise tracer.error(f"{stage} must return a dict of traced tensors, got {type(result).__name__}")
+    if not isinstance(result, dict):
+        raise tracer.error(f"{stage} must return a dict of feature name -> tensor, got {type(result).__name__}")
+    for key, value in result.items():
+        if not isinstance(value, SymTensor):
+            what = ("a tensor not computed from its edges/nodes argument (created or captured, so not "
+                    "per-edge or per-node data)" if isinstance(value, torch.Tensor) else f"a {type(value).__name__}")
+            raise tracer.error(f"{stage} output {key!r} is {what}; each output must be computed from the "
+                               "UDF's edges/nodes data")
     return result
+
+
+def _zero_without_in_edges(tracer: Tracer, out: SymTensor) -> SymTensor:
+    """DGL does not run reduce_fn on a vertex with no in-edges and zero-fills its outputs
+    there; a traced reduce_fn runs on every vertex, so its result is selected away on
+    those vertices. A bare mailbox reduction is already 0 on an empty mailbox."""
+    if out.value.op == "reduce":
+        return out
+    return tracer.apply("select", tracer.in_degree(prefix=1), out, 0.0)
 
 
 def trace_message_passing(message_fn: Callable, reduce_fn: Callable, update_fn: Callable | None,
@@ -162,17 +202,19 @@ def trace_message_passing(message_fn: Callable, reduce_fn: Callable, update_fn: 
     etype_data, ntype_data = dict(etype_data or {}), dict(ntype_data or {})
     tracer = _MessageTracer(message_fn, "message", _float_dtype(ndata, edata, etype_data, ntype_data))
     edges = _Edges(tracer, ndata, edata, etype_data, ntype_data)
-    messages = _per_edge(tracer, _returned(tracer, message_fn(edges), "message_fn"), "message")
+    messages = _per_edge(tracer, _returned(tracer, tracer.call(message_fn, edges), "message_fn"), "message")
     stages = [(reduce_fn, "reduce", "reduce_fn")] + ([(update_fn, "update", "update_fn")] if update_fn else [])
     computed: dict[str, SymTensor] = {}
     for fn, mode, name in stages:
         tracer.rebind(fn, mode)
         nodes = _Nodes(tracer, ndata, ntype_data, messages if mode == "reduce" else {}, computed)
-        result = _returned(tracer, fn(nodes), name)
+        result = _returned(tracer, tracer.call(fn, nodes), name)
         for key, out in result.items():
             if out.value.residency is not Residency.NODE:
                 raise tracer.error(f"{name} output {key!r} is {out.value.residency.name} data; reduce the "
                                    "mailbox over dim=1 (sum/mean/max/min) to get per-node values")
+        if mode == "reduce":
+            result = {key: _zero_without_in_edges(tracer, out) for key, out in result.items()}
         computed = {**computed, **result} if mode == "update" else dict(result)
         outputs = result
     for key, out in outputs.items():
@@ -195,6 +237,7 @@ def message_passing(graph: Graph | object, message_fn: Callable, reduce_fn: Call
     With ``return_edata=True`` it returns ``(node data, edge data)``, the edge data being
     what ``message_fn`` wrote to ``edges.data`` ([E, ...] in edge-id order)."""
     graph = Graph.coerce(graph)
+    check_tables(ndata=ndata, edata=edata, etype_data=etype_data, ntype_data=ntype_data)
     edata, etype_data, ntype_data = dict(edata or {}), dict(etype_data or {}), dict(ntype_data or {})
     tables = (ndata, edata, etype_data, ntype_data)
     traces = _TRACES_WITH_EDATA if return_edata else _TRACES
@@ -221,7 +264,7 @@ def trace_apply_edges(edge_fn: Callable, ndata: Mapping[str, torch.Tensor], edat
     and the ``edges.data`` it writes (a returned key wins over a written one)."""
     tracer = _MessageTracer(edge_fn, "message", _float_dtype(ndata, edata, etype_data, ntype_data))
     edges = _Edges(tracer, ndata, edata, etype_data, ntype_data)
-    returned = _per_edge(tracer, _returned(tracer, edge_fn(edges), "edge_fn"), "edge_fn output")
+    returned = _per_edge(tracer, _returned(tracer, tracer.call(edge_fn, edges), "edge_fn"), "edge_fn output")
     outputs = {**edges.data.written, **returned}
     if not outputs:
         raise tracer.error("edge_fn returned an empty dict and wrote no edges.data: nothing to compute")
@@ -238,11 +281,8 @@ def apply_edges(graph: Graph | object, edge_fn: Callable, *, ndata: Mapping[str,
     per-edge values; the result maps each returned key, and each key ``edge_fn`` wrote to
     ``edges.data``, to an [E, ...] tensor in edge-id order, differentiable."""
     graph = Graph.coerce(graph)
-    given = {"ndata": ndata, "edata": edata, "etype_data": etype_data, "ntype_data": ntype_data}
-    for name, table in given.items():
-        if table is not None and not isinstance(table, Mapping):
-            raise TypeError(f"apply_edges: {name} must be a dict of tensors by key, got {type(table).__name__}")
-    tables = tuple(dict(table or {}) for table in given.values())
+    check_tables(ndata=ndata, edata=edata, etype_data=etype_data, ntype_data=ntype_data)
+    tables = tuple(dict(table or {}) for table in (ndata, edata, etype_data, ntype_data))
     compiled, captured = _EDGE_TRACES.compiled((edge_fn,), tables, lambda: trace_apply_edges(edge_fn, *tables))
     return compiled(graph, program_feeds(tables, captured))
 

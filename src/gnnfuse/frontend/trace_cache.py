@@ -18,6 +18,15 @@ an object with attributes, a module or class of the user's own) is never cached:
 state can change without changing identity, and a stale program would compute the
 wrong thing silently. Programs that captured tensors as parameters are not cached for
 the same reason.
+
+Some reads cannot be snapshotted at all. A random draw or a clock read at trace time
+(``torch.rand(()).item()``, ``numpy.random.rand()``, ``random.random()``) is baked into
+the program as a constant, so code that calls a function of that name (``_IMPURE``)
+is traced on every call and draws anew, as eager code would; so is code that reads its
+namespace by name (``globals()['NAME']``, ``vars()``, ``eval``), which the guard walk
+cannot follow. A ``functools.partial`` UDF is guarded by its function and bound
+arguments; bound methods, ``nn.Module`` UDFs and other callable objects hold state
+of their own and are traced on every call.
 """
 from __future__ import annotations
 
@@ -38,6 +47,16 @@ _SCALARS = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torc
 # Functions of these packages are trusted to behave the same while their identity holds.
 _LIBRARIES = ("torch", "math", "operator", "functools", "builtins", "numpy", "gnnfuse")
 _LIMIT = 256     # distinct structures kept per cache; beyond that the oldest is dropped
+# Functions whose result differs between calls (random draws, clocks) and builtins that
+# read a namespace by name: code that names one is never cached.
+_IMPURE = frozenset({
+    "rand", "randn", "randint", "randperm", "rand_like", "randn_like", "randint_like", "bernoulli",
+    "multinomial", "normal", "poisson", "random", "random_", "uniform", "uniform_", "normal_",
+    "exponential_", "geometric_", "cauchy_", "log_normal_", "choice", "choices", "shuffle",
+    "permutation", "sample", "gauss", "randrange", "getrandbits", "random_sample", "standard_normal",
+    "default_rng", "time", "time_ns", "perf_counter", "monotonic", "urandom",
+    "globals", "locals", "vars", "eval", "exec", "__import__"})
+_NAME_LOADS = ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_ATTR", "LOAD_METHOD", "LOAD_DEREF", "IMPORT_NAME", "IMPORT_FROM")
 
 
 class _Uncacheable(Exception):
@@ -56,13 +75,30 @@ def _global_names(code: types.CodeType) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
+@functools.lru_cache(maxsize=1024)
+def _impure_name(code: types.CodeType) -> str | None:
+    """The first name in ``_IMPURE`` that ``code`` (or code nested in it) loads or calls."""
+    for ins in dis.get_instructions(code):
+        if ins.opname in _NAME_LOADS and ins.argval in _IMPURE:
+            return ins.argval
+    return next((name for const in code.co_consts if isinstance(const, types.CodeType)
+                 for name in [_impure_name(const)] if name), None)
+
+
 def _freeze(value: Any, seen: set[int]) -> Hashable:
     if isinstance(value, (*_SCALARS, enum.Enum)):
         return type(value), value
     if isinstance(value, (tuple, frozenset)):
         return type(value), tuple(_freeze(v, seen) for v in value)
     if isinstance(value, types.BuiltinFunctionType):
+        bound = getattr(value, "__self__", None)
+        if value.__name__ in _IMPURE or not (bound is None or isinstance(bound, (types.ModuleType, type))):
+            # random.random is bound to a Random instance: its result is that object's state
+            raise _Uncacheable(f"builtin {value.__name__}")
         return value
+    if isinstance(value, functools.partial):
+        return (functools.partial, _freeze(value.func, seen), _freeze(value.args, seen),
+                _freeze(tuple(value.keywords.items()), seen))
     if isinstance(value, (types.ModuleType, type)):
         # A library's attributes are trusted; a user's module or class is a namespace whose
         # attributes (``settings.scale``) can be rebound without changing its identity.
@@ -85,6 +121,8 @@ def _function_state(fn: types.FunctionType, seen: set[int]) -> Hashable:
     if id(fn) in seen:          # recursion: the function is already being snapshotted
         return "recursive"
     seen.add(id(fn))
+    if _impure_name(fn.__code__):
+        raise _Uncacheable(f"{fn.__qualname__} calls {_impure_name(fn.__code__)}")
     env = fn.__globals__
     globals_ = tuple(_freeze(env[name], seen) if name in env else _MISSING
                      for name in _global_names(fn.__code__) if name in env or not hasattr(builtins, name))
@@ -133,6 +171,21 @@ class TraceCache:
                 del self._entries[next(iter(self._entries))]
             self._entries[key] = compiled
         return compiled, captured
+
+
+def check_tables(**tables: Mapping[str, torch.Tensor] | None) -> None:
+    """Each feature argument (``ndata=``, ``v_feature=``, ...) is a dict of name -> tensor;
+    anything else would fail deep inside tracing with an unrelated message."""
+    for argument, table in tables.items():
+        if table is None:
+            continue
+        if not isinstance(table, Mapping):
+            raise TypeError(f"{argument} must be a dict of feature name -> tensor (e.g. {argument}={{'h': x}}), "
+                            f"got {type(table).__name__}")
+        for key, tensor in table.items():
+            if not isinstance(key, str) or not isinstance(tensor, torch.Tensor):
+                raise TypeError(f"{argument} must map str names to tensors; {argument}[{key!r}] is "
+                                f"{type(tensor).__name__}")
 
 
 def program_feeds(tables: tuple[Mapping[str, torch.Tensor], ...],

@@ -9,7 +9,10 @@ and the line of the user's function that used it.
 from __future__ import annotations
 
 import linecache
+import operator
+import os
 import sys
+import types
 from typing import Any, Callable
 
 import torch
@@ -17,8 +20,15 @@ import torch.nn.functional as F
 
 from ..ir import CompileError, Program, Residency
 from ..ir.ops.movement import TYPE_INDICES
+from .udf import unwrap
 
 EDGE_ROWED = (Residency.SRC, Residency.DST, Residency.EDGE)
+_LIBRARY_DIRS = tuple(os.path.dirname(path) + os.sep for path in (os.path.dirname(__file__), torch.__file__))
+
+
+def _is_library(filename: str) -> bool:
+    """Whether code in ``filename`` is gnnfuse's or torch's, never the user's."""
+    return filename.startswith(_LIBRARY_DIRS)
 
 
 class Tracer:
@@ -28,31 +38,47 @@ class Tracer:
         self.program = Program()
         self.dtype = dtype
         self.captured: dict[int, tuple[str, torch.Tensor]] = {}
+        self._calls: list[types.FrameType] = []
         self.rebind(fn, mode)
 
     def rebind(self, fn: Callable, mode: str) -> None:
         """Point at the user function being traced; ``mode`` is "vertex", "message",
         "reduce" or "update" (the message/reduce front end traces three UDFs into one
-        program)."""
+        program). ``fn`` may be any UDF `udf.unwrap` accepts."""
         self.fn, self.mode = fn, mode
-        code = fn.__code__
-        self._file, self._first = code.co_filename, code.co_firstlineno
-        self._last = max((line for *_, line in code.co_lines() if line), default=self._first)
+        self._code = unwrap(fn)[0].__code__
+
+    def call(self, fn: Callable, *args: Any) -> Any:
+        """Run user code: errors raised while it runs name the innermost line of user code
+        below this call, in the UDF or in a helper it calls."""
+        self._calls.append(sys._getframe())
+        try:
+            return fn(*args)
+        finally:
+            self._calls.pop()
 
     # -- locations ------------------------------------------------------------------
     def source(self) -> str | None:
-        """``file:line: text`` of the innermost frame inside the user's function."""
-        frame = sys._getframe(1)
-        while frame is not None:
+        """``file:line: text`` of the innermost frame of user code: the traced UDF's own
+        code, or any code outside gnnfuse and torch (a helper the UDF calls), found
+        between here and the `call` that runs the UDF."""
+        frame, entry = sys._getframe(1), self._calls[-1] if self._calls else None
+        while frame is not None and frame is not entry:
             code = frame.f_code
-            if code.co_filename == self._file and self._first <= frame.f_lineno <= self._last:
+            if code is self._code or (entry is not None and not _is_library(code.co_filename)):
                 text = linecache.getline(code.co_filename, frame.f_lineno).strip()
                 return f"{code.co_filename}:{frame.f_lineno}: {text}"
             frame = frame.f_back
         return None
 
     def error(self, message: str) -> CompileError:
-        return CompileError(message, self.source())
+        """An error at the user's line; outside a running UDF (checking what it returned),
+        at the first line of the UDF's definition."""
+        return CompileError(message, self.source() or self._definition())
+
+    def _definition(self) -> str:
+        line = self._code.co_firstlineno
+        return f"{self._code.co_filename}:{line}: {linecache.getline(self._code.co_filename, line).strip()}"
 
     # -- values ---------------------------------------------------------------------
     def input(self, key: str, residency: Residency, tensor: torch.Tensor, prefix: int) -> "SymTensor":
@@ -72,9 +98,19 @@ class Tracer:
                 self.captured[id(obj)] = entry
             return self.input(entry[0], Residency.SHARED, obj, 0)
         if isinstance(obj, (int, float)) and not isinstance(obj, bool):
-            return SymTensor(self, self.program.add("const", value=float(obj), dtype=self.dtype,
+            # An int stays an int, as in torch: ``edges.data['type'] * 4`` is an index.
+            dtype = torch.int64 if isinstance(obj, int) else self.dtype
+            return SymTensor(self, self.program.add("const", value=float(obj), dtype=dtype,
                                                     source=self.source()), 0)
         raise self.error(f"cannot use a {type(obj).__name__} as a tensor operand in a traced function")
+
+    def in_degree(self, kind: type["Degree"] | None = None, prefix: int = 0) -> "Degree":
+        """Each vertex's in-degree as a traced value (``len(v.innbs)``, ``mailbox.shape[1]``)."""
+        value = self.program.add("degree", by="dst", dtype=self.dtype, source=self.source())
+        return (kind or Degree)(self, value, prefix)
+
+    def neighbour_count(self) -> "NeighbourCount":
+        return self.in_degree(NeighbourCount, 1)
 
     def apply(self, op: str, *operands: Any, **attrs: Any) -> "SymTensor":
         syms = [self.lift(o) for o in operands]
@@ -97,7 +133,12 @@ class SymTensor:
 
     # -- tensor-like surface --------------------------------------------------------
     @property
-    def shape(self) -> torch.Size:
+    def shape(self) -> tuple:
+        """Graph dims read as 1 (reshape takes them back as -1 or 1), except a mailbox's
+        neighbour axis: its length differs per vertex, so it is the in-degree, a
+        symbolic value (``nodes.mailbox['m'].shape[1]`` in arithmetic is the degree)."""
+        if self.prefix == 2:
+            return (1, self.tracer.neighbour_count()) + self.value.shape
         return torch.Size((1,) * self.prefix + self.value.shape)
 
     def size(self, dim: int | None = None):
@@ -115,18 +156,23 @@ class SymTensor:
         return SymTensor(self.tracer, v, 2 if self.tracer.mode == "reduce" else self.prefix)
 
     def feature_dim(self, d: int) -> int | None:
-        """A user dim as a negative per-element dim, or None for a graph (row/neighbour) axis."""
+        """A user dim as a negative per-element dim, or None for a mailbox's neighbour axis
+        (dim 1 of ``nodes.mailbox[...]``). The row axis (dim 0 of node, edge and mailbox
+        data: one row per vertex or edge) cannot be named: every op works within a row."""
         rank = len(self.value.shape)
-        if d < 0:
-            if d < -rank:
-                raise self.tracer.error(f"dim {d} is out of range for a value with feature shape "
-                                        f"{list(self.value.shape)}")
-            return d
-        if d < self.prefix:
+        if not -(self.prefix + rank) <= d < self.prefix + rank:
+            raise self.tracer.error(f"dim {d} is out of range for a value with {self.prefix} graph dims "
+                                    f"and feature shape {list(self.value.shape)}")
+        d = d % (self.prefix + rank)
+        if d >= self.prefix:
+            return d - self.prefix - rank
+        if self.prefix >= 2 and d >= 1:   # a mailbox's neighbour axis, or a pairwise term's two
             return None
-        if d - self.prefix >= rank:
-            raise self.tracer.error(f"dim {d} is out of range for shape {list(self.shape)}")
-        return d - self.prefix - rank
+        raise self.tracer.error(f"dim {d} is the row axis (one row per {self._row_name()}); a compiled "
+                                "function computes within each row and cannot combine rows")
+
+    def _row_name(self) -> str:
+        return "vertex" if self.value.residency is Residency.NODE or self.prefix == 2 else "edge"
 
     def __bool__(self):
         raise self.tracer.error("Python control flow (if/while/and/or/not) on a symbolic graph value "
@@ -147,7 +193,8 @@ class SymTensor:
         raise self.tracer.error("len() of a symbolic feature value cannot be compiled")
 
     def __repr__(self) -> str:
-        return f"SymTensor({self.value.residency.name}, shape={list(self.shape)})"
+        return (f"SymTensor({self.value.residency.name}, {self.prefix} graph dims, "
+                f"feature shape={list(self.value.shape)})")   # self.shape would trace a degree
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
@@ -210,9 +257,28 @@ def _dims(x: SymTensor, dim) -> tuple[list[int], bool]:
 class _ReduceResult(tuple):
     """What torch.max(x, dim) returns: (values, indices); only values can be traced."""
 
+    tracer: Tracer
+
     @property
     def values(self):
         return self[0]
+
+    @property
+    def indices(self):
+        raise self.tracer.error("the indices of torch.max/min over a graph value (argmax/argmin) cannot "
+                                "be compiled; use the values (torch.max(x, dim)[0] or .values)")
+
+    def __getitem__(self, index):
+        if not isinstance(index, slice) and index in (1, -1):
+            return self.indices
+        return super().__getitem__(index)
+
+
+def _check_dtype(tracer: Tracer, x: SymTensor, dtype: torch.dtype | None, name: str) -> None:
+    """A ``dtype=`` argument asks for a conversion; gnnfuse has no conversion op."""
+    if dtype is not None and dtype != x.dtype:
+        raise tracer.error(f"torch.{name}(..., dtype={dtype}) on {x.dtype} data: gnnfuse has no dtype "
+                           "conversion op; pass features of the dtype you want to compute in")
 
 
 def _reduction(feature_op: str, graph_op: str):
@@ -220,9 +286,12 @@ def _reduction(feature_op: str, graph_op: str):
         x = tracer.lift(x)
         if dim is None:
             raise tracer.error(f"torch.{graph_op} over all dims of a graph value cannot be compiled; pass dim=")
+        if out is not None:
+            raise tracer.error(f"torch.{graph_op}(..., out=) writes into an existing tensor, which cannot be compiled")
+        _check_dtype(tracer, x, dtype, graph_op)
         dims, graph_axis = _dims(x, dim)
         if graph_axis:
-            result = tracer.reduce(x, graph_op) if hasattr(tracer, "reduce") else None
+            result = tracer.reduce(x, graph_op, dim, keepdim) if hasattr(tracer, "reduce") else None
             if result is None:
                 raise tracer.error(f"reducing over dim={dim} (the neighbour axis) is only possible on "
                                    "nodes.mailbox inside reduce_fn")
@@ -230,7 +299,11 @@ def _reduction(feature_op: str, graph_op: str):
             raise tracer.error(f"torch.{graph_op} over feature dims has no gnnfuse op")
         else:
             result = tracer.apply(feature_op, x, dim=tuple(dims), keepdim=bool(keepdim))
-        return _ReduceResult((result, None)) if graph_op in ("max", "min") else result
+        if graph_op not in ("max", "min"):
+            return result
+        pair = _ReduceResult((result, None))
+        pair.tracer = tracer
+        return pair
     return handler
 
 
@@ -238,7 +311,34 @@ def _matmul(tracer: Tracer, a, b, *, out=None):
     b = tracer.lift(b)
     if b.value.op == "broadcast" and b.value.attrs["by"] in TYPE_INDICES:
         return _typed_matmul(tracer, tracer.lift(a), b)
+    if b.value.residency is not Residency.SHARED:
+        return _row_matmul(tracer, tracer.lift(a), b)
     return tracer.apply("matmul", a, b)
+
+
+def _row_matmul(tracer: Tracer, x: SymTensor, w: SymTensor) -> SymTensor:
+    """``x @ W`` with one matrix W per row (ir/ops/row_matmul.py). Vertex code is written
+    per row, so its shapes are the row's own; in message code torch's batching must line
+    the graph axis of both operands up (equal ranks, as torch.bmm has), or torch would
+    multiply each row against every other row's matrix."""
+    prefix = max(x.prefix, w.prefix)
+    shared_left = x.value.residency is Residency.SHARED and len(x.value.shape) == 2
+    if prefix and not (w.dim() >= 3 and (shared_left or (x.prefix == w.prefix and x.dim() == w.dim()))):
+        raise tracer.error(f"x @ W with W one matrix per row needs both as batches over the graph axis, got "
+                           f"{list(x.shape)} @ {list(w.shape)}; write torch.bmm(x.unsqueeze(1), W)")
+    if w.value.op == "index_rows" and x.value.residency is not Residency.SHARED:
+        table, idx = w.value.inputs
+        if idx.shape == () and len(table.shape) == 3:   # x @ W[idx]: grouped, never gathered
+            return tracer.apply("indexed_matmul", x, SymTensor(tracer, table, 0), SymTensor(tracer, idx, w.prefix))
+    vector_x, vector_w = len(x.value.shape) == 1, len(w.value.shape) == 1
+    if vector_x:
+        x = tracer.apply("reshape", x, shape=(1,) + x.value.shape)
+    if vector_w:
+        w = tracer.apply("reshape", w, shape=w.value.shape + (1,))
+    y = tracer.apply("row_matmul", x, w)
+    if vector_x or vector_w:
+        y = tracer.apply("reshape", y, shape=y.value.shape[:-2] + y.value.shape[-2:][vector_x:2 - vector_w])
+    return y
 
 
 def _typed_matmul(tracer: Tracer, x: SymTensor, lookup: SymTensor) -> SymTensor:
@@ -273,7 +373,12 @@ def _reshape(tracer: Tracer, x, *shape):
     x = tracer.lift(x)
     shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list, torch.Size)) else shape
     lead, elem = shape[: x.prefix], shape[x.prefix:]
-    if any(s not in (-1, 1) for s in lead):
+    kept = [i == 1 and isinstance(s, NeighbourCount) for i, s in enumerate(lead)]
+    if any(isinstance(s, SymTensor) for s in elem) or any(
+            isinstance(s, SymTensor) and not keep for s, keep in zip(lead, kept)):
+        raise tracer.error("a reshape size cannot depend on the in-degree (mailbox.shape[1]): it differs "
+                           "per vertex; keep the neighbour axis as its own dim")
+    if any(not keep and s not in (-1, 1) for s, keep in zip(lead, kept)):
         raise tracer.error(f"reshape {list(shape)} must keep the leading graph dims as -1")
     if -1 in elem:
         known = 1
@@ -290,6 +395,8 @@ def _unsqueeze(tracer: Tracer, x, dim):
     x = tracer.lift(x)
     if tracer.mode == "reduce" and x.value.residency is Residency.NODE and dim == 1:
         return x.broadcast_dst()   # nodes.data[k].unsqueeze(1): line up with the mailbox
+    if tracer.mode == "reduce" and x.prefix == 2 and (dim if dim >= 0 else x.dim() + 1 + dim) == 1:
+        return tracer.pair_view(x)  # mailbox.unsqueeze(1): a pairwise term (frontend/pairwise.py)
     rank = len(x.value.shape)
     pos = dim - x.prefix if dim >= 0 else rank + 1 + dim
     if not 0 <= pos <= rank:
@@ -309,15 +416,260 @@ def _dropout(tracer: Tracer, x, p=0.5, training=True, inplace=False):
 
 def _softmax(tracer: Tracer, x, dim=None, *args, **kwargs):
     x = tracer.lift(x)
+    _check_dtype(tracer, x, kwargs.get("dtype", next((a for a in args if isinstance(a, torch.dtype)), None)), "softmax")
     if dim is None or x.feature_dim(dim) is not None or not hasattr(tracer, "softmax"):
         raise tracer.error("softmax is supported over the neighbour axis (dim=1 of nodes.mailbox)")
     return tracer.softmax(x)
+
+
+def _clamp(tracer: Tracer, x, min=None, max=None, *, out=None):
+    """``x.clamp(min=a, max=b)`` with constant bounds: ``clamp_min``, and for ``max``
+    the same on ``-x`` (``min(x, b) = -max(-x, -b)``)."""
+    if any(bound is not None and not isinstance(bound, (int, float)) for bound in (min, max)):
+        raise tracer.error("only constant bounds can be compiled in clamp(min=..., max=...)")
+    if min is None and max is None:
+        raise tracer.error("clamp needs a min or a max bound")
+    if min is not None:
+        x = tracer.apply("clamp_min", x, min=float(min))
+    if max is not None:
+        x = tracer.apply("neg", tracer.apply("clamp_min", tracer.apply("neg", x), min=-float(max)))
+    return x
 
 
 def _pow(tracer: Tracer, x, exponent):
     if not isinstance(exponent, (int, float)):
         raise tracer.error("only a constant exponent can be compiled in x ** c")
     return tracer.apply("pow", x, exponent=float(exponent))
+
+
+# --- handlers for the tensor ops real UDFs use (issue #11 §2) ---------------------------
+def _binary_or(reduction: Callable, op: str):
+    """``torch.max(a, b)`` is elementwise, ``torch.max(x, dim)`` a reduction: one torch
+    name, two ops, told apart by whether the second operand is a tensor."""
+    def handler(tracer: Tracer, x, *args, **kwargs):
+        other = args[0] if args else kwargs.get("other")
+        if isinstance(other, (SymTensor, torch.Tensor)):
+            return tracer.apply(op, x, other)
+        return reduction(tracer, x, *args, **kwargs)
+    return handler
+
+
+def _no_dtype_change(tracer: Tracer, x: SymTensor, dtype, what: str) -> None:
+    if dtype is not None and dtype != x.dtype:
+        raise tracer.error(f"{what} with dtype={dtype} on a {x.dtype} value cannot be compiled; "
+                           "convert the inputs instead")
+
+
+def _feature_dim(tracer: Tracer, x: SymTensor, dim, what: str) -> int:
+    if not isinstance(dim, int):
+        raise tracer.error(f"{what} needs one integer dim, got dim={dim!r}")
+    d = x.feature_dim(dim)
+    if d is None:
+        raise tracer.error(f"{what} over dim={dim}, a graph axis, cannot be compiled; use a feature dim "
+                           "(dim=-1)")
+    return d
+
+
+def _feature_softmax(tracer: Tracer, x: SymTensor, dim: int, log: bool) -> SymTensor:
+    """softmax / log_softmax over a feature dim, from exp, sum and div (each exact and
+    differentiable), shifted by the max for stability as torch does."""
+    d = _feature_dim(tracer, x, dim, "log_softmax" if log else "softmax")
+    shift = tracer.apply("stop_gradient", tracer.apply("amax_dim", x, dim=(d,), keepdim=True))
+    z = tracer.apply("sub", x, shift)
+    e = tracer.apply("exp", z)
+    total = tracer.apply("sum_dim", e, dim=(d,), keepdim=True)
+    return tracer.apply("sub", z, tracer.apply("log", total)) if log else tracer.apply("div", e, total)
+
+
+def _softmax_dtype(args, kwargs) -> torch.dtype | None:
+    """The dtype given to torch.softmax(x, dim, dtype) / F.softmax(x, dim, _stacklevel, dtype)."""
+    return kwargs.get("dtype") or next((a for a in args if isinstance(a, torch.dtype)), None)
+
+
+def _softmax_or_feature(tracer: Tracer, x, dim=None, *args, **kwargs):
+    """Over a feature dim here; over the neighbour axis (the mailbox's dim 1) by `_softmax`."""
+    x = tracer.lift(x)
+    if isinstance(dim, int) and x.feature_dim(dim) is not None:
+        _no_dtype_change(tracer, x, _softmax_dtype(args, kwargs), "softmax")
+        return _feature_softmax(tracer, x, dim, log=False)
+    return _softmax(tracer, x, dim, *args, **kwargs)
+
+
+def _log_softmax(tracer: Tracer, x, dim=None, *args, **kwargs):
+    x = tracer.lift(x)
+    _no_dtype_change(tracer, x, _softmax_dtype(args, kwargs), "log_softmax")
+    return _feature_softmax(tracer, x, dim, log=True)
+
+
+def _vector_norm(tracer: Tracer, x: SymTensor, p, dim, keepdim: bool, what: str) -> SymTensor:
+    if dim is None:
+        raise tracer.error(f"{what} over all dims would include the graph axis; pass dim=-1")
+    dims = tuple(_feature_dim(tracer, x, d, what) for d in ([dim] if isinstance(dim, int) else dim))
+    if p in (2, "fro"):
+        return tracer.apply("norm_dim", x, dim=dims, keepdim=bool(keepdim))
+    if p == 1:
+        return tracer.apply("sum_dim", tracer.apply("abs", x), dim=dims, keepdim=bool(keepdim))
+    raise tracer.error(f"{what} with p={p!r} has no gnnfuse op; p=1 and p=2 are supported")
+
+
+def _norm(tracer: Tracer, x, p="fro", dim=None, keepdim=False, out=None, dtype=None):
+    x = tracer.lift(x)
+    _no_dtype_change(tracer, x, dtype, "norm")
+    return _vector_norm(tracer, x, p, dim, keepdim, "norm")
+
+
+def _linalg_vector_norm(tracer: Tracer, x, ord=2, dim=None, keepdim=False, *, dtype=None, out=None):
+    return _norm(tracer, x, ord, dim, keepdim, dtype=dtype)
+
+
+def _normalize(tracer: Tracer, x, p=2.0, dim=1, eps=1e-12, out=None):
+    """F.normalize: x / max(||x||_p, eps) over a feature dim, as torch composes it."""
+    x = tracer.lift(x)
+    norm = _vector_norm(tracer, x, p, dim, True, "F.normalize")
+    return tracer.apply("div", x, tracer.apply("clamp_min", norm, min=float(eps)))
+
+
+def _squeeze(tracer: Tracer, x, dim=None):
+    """Drops size-1 feature dims (all of them, or those named), never a graph axis: the
+    row count is the graph's, and a one-edge graph must not lose its edge axis."""
+    x = tracer.lift(x)
+    shape = x.value.shape
+    if dim is None:
+        drop = {d for d, n in enumerate(shape) if n == 1}
+    else:
+        dims = [dim] if isinstance(dim, int) else list(dim)
+        mapped = [x.feature_dim(d) for d in dims]
+        if any(m is None for m in mapped):
+            raise tracer.error(f"squeeze({dim}) names a graph axis, which cannot be dropped")
+        drop = {m % len(shape) for m in mapped if shape[m] == 1}
+    if not drop:
+        return x
+    return tracer.apply("reshape", x, shape=tuple(n for d, n in enumerate(shape) if d not in drop))
+
+
+def _bmm(tracer: Tracer, a, b, *, out=None):
+    """``torch.bmm``: in message code the batch dim is the edge (or node) axis, so
+    ``bmm(edges.src['h'].unsqueeze(1), W_e)`` multiplies each row by its own matrix."""
+    a, b = tracer.lift(a), tracer.lift(b)
+    if a.dim() != 3 or b.dim() != 3:
+        raise tracer.error(f"torch.bmm takes two 3-D tensors, got {list(a.shape)} and {list(b.shape)}")
+    prefix = max(a.prefix, b.prefix)
+    if prefix > 1:
+        raise tracer.error("torch.bmm over a mailbox would contract the neighbour axis, which cannot be "
+                           "compiled; reduce the mailbox with sum/mean/max/min over dim=1")
+    if prefix == 1 and Residency.SHARED in (a.value.residency, b.value.residency):
+        raise tracer.error("torch.bmm here batches over the graph axis, and a captured tensor has no rows "
+                           "of that axis; index it per row (W[edges.data['type']]) or pass it as edge data")
+    return _matmul(tracer, a, b)
+
+
+def _index_table(tracer: Tracer, table, index):
+    """``table[idx]`` with ``table`` a captured tensor and ``idx`` integer graph data:
+    a per-row lookup (R-GCN's ``weight[edges.data['rel_type']]``, ``embed[index]``).
+    ``table[idx, ...rest]`` is the lookup, then ``rest`` on the table's remaining dims."""
+    table = tracer.lift(table)
+    if table.value.residency is not Residency.SHARED:
+        raise tracer.error("indexing a graph value with another graph value cannot be compiled; only a "
+                           "captured table (a parameter) can be indexed per row")
+    idx, rest = (index[0], index[1:]) if isinstance(index, tuple) and index else (index, ())
+    if not isinstance(idx, SymTensor) or any(isinstance(i, (SymTensor, torch.Tensor, list)) for i in rest):
+        raise tracer.error("a captured tensor can be indexed by one integer graph value in its first dim "
+                           "(table[idx] or table[idx, <slices>]), not by several tensors")
+    if idx.value.dtype.is_floating_point or idx.value.dtype == torch.bool:
+        raise tracer.error(f"a table is indexed by integer data, got a {idx.value.dtype} graph value")
+    rows = tracer.apply("index_rows", table, idx)
+    if not rest:
+        return rows
+    return _getitem(tracer, rows, (slice(None),) * (rows.dim() - len(table.value.shape) + 1) + tuple(rest))
+
+
+def _embedding(tracer: Tracer, input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
+               scale_grad_by_freq=False, sparse=False):
+    """``F.embedding`` / ``nn.Embedding`` on integer graph data: ``weight[input]``. The
+    options that change the gradient or renormalize the weight in place are refused."""
+    if padding_idx is not None or max_norm is not None or scale_grad_by_freq or sparse:
+        raise tracer.error("embedding with padding_idx, max_norm, scale_grad_by_freq or sparse cannot be "
+                           "compiled; index the weight directly (weight[idx])")
+    return _index_table(tracer, weight, input)
+
+
+def _getitem(tracer: Tracer, x, index):
+    """``x[...]``: slices and integer indices on feature dims become one `slice_features`
+    (then a reshape for dropped or added dims); a graph axis may only be taken whole."""
+    lookup = index[0] if isinstance(index, tuple) and index else index
+    if isinstance(lookup, SymTensor) or not isinstance(x, SymTensor):
+        return _index_table(tracer, x, index)
+    x = tracer.lift(x)
+    items = list(index) if isinstance(index, tuple) else [index]
+    if any(isinstance(i, (SymTensor, torch.Tensor, list, bool)) for i in items):
+        raise tracer.error("indexing a graph value with a tensor, list or bool cannot be compiled; use "
+                           "slices and integers on feature dims")
+    shape = x.shape
+    if items.count(Ellipsis) > 1:
+        raise tracer.error("an index can have only one ellipsis (...)")
+    if Ellipsis in items:
+        at = items.index(Ellipsis)
+        fill = len(shape) - sum(1 for i in items if i is not None and i is not Ellipsis)
+        items[at:at + 1] = [slice(None)] * fill
+    if sum(1 for i in items if i is not None) > len(shape):
+        raise tracer.error(f"too many indices for a value of shape {list(shape)}")
+    window, out_shape, d = [], [], 0
+    for item in items:
+        if item is None:
+            if d < x.prefix:
+                raise tracer.error("adding a dim (None) before a graph axis cannot be compiled")
+            out_shape.append(1)
+            continue
+        if d < x.prefix:
+            if item != slice(None) and item != slice(None, None, 1):
+                raise tracer.error(f"indexing dim {d}, a graph axis (one row per edge, vertex or mailbox "
+                                   "entry), cannot be compiled; take it whole (:) and index feature dims")
+        else:
+            n = shape[d]
+            if isinstance(item, slice):
+                picked = range(n)[item]
+                if picked.step < 1:
+                    raise tracer.error("a slice step must be positive, as in torch")
+                window.append((picked.start if len(picked) else 0, picked.step, len(picked)))
+                out_shape.append(len(picked))
+            else:
+                try:
+                    i = operator.index(item)
+                except TypeError:
+                    raise tracer.error(f"cannot index a graph value with {item!r}") from None
+                if not -n <= i < n:
+                    raise tracer.error(f"index {i} is out of range for dim {d} of size {n}")
+                window.append((i % n, 1, 1))
+        d += 1
+    window += [(0, 1, n) for n in shape[d:]]
+    out_shape += list(shape[d:])
+    value = x
+    if any(w != (0, 1, n) for w, n in zip(window, x.value.shape)):
+        value = tracer.apply("slice_features", x, window=tuple(window))
+    if tuple(out_shape) != value.value.shape:
+        value = tracer.apply("reshape", value, shape=tuple(out_shape))
+    return value
+
+
+def _index_select(tracer: Tracer, table, dim, index):
+    """``weight.index_select(0, edges.data['type'])``: the same per-row lookup as table[idx]."""
+    if dim != 0 or isinstance(table, SymTensor):
+        raise tracer.error("index_select can only read rows (dim=0) of a captured table with an integer "
+                           "graph value")
+    return _index_table(tracer, table, index)
+
+
+def _to_integer(dtype: torch.dtype):
+    """``idx.long()`` / ``.int()``: integer data feeding a table lookup; no gradient flows."""
+    def handler(tracer: Tracer, x, memory_format=None):
+        x = tracer.lift(x)
+        return x if x.dtype == dtype else tracer.apply("cast", x, dtype=dtype)
+    return handler
+
+
+def _scalar_conversion(self: SymTensor, *args):
+    raise self.tracer.error("a graph value cannot become a Python number (math.exp, float(), int(), ...); "
+                            "use the torch function (torch.exp, ...) on it instead")
 
 
 T = torch.Tensor
@@ -348,9 +700,29 @@ for _fns, _h in [
     ((F.dropout,), _dropout),
     ((torch.softmax, F.softmax, T.softmax), _softmax),
     ((torch.pow, T.pow, T.__pow__), _pow),
+    ((torch.clamp, torch.clip, T.clamp, T.clip), _clamp),
+    ((torch.abs, T.abs, T.__abs__), _unary("abs")),
+    ((torch.maximum, T.maximum), _binary("maximum")), ((torch.minimum, T.minimum), _binary("minimum")),
+    ((torch.softmax, F.softmax, T.softmax), _softmax_or_feature),   # feature dims, else _softmax above
+    ((torch.log_softmax, F.log_softmax, T.log_softmax), _log_softmax),
+    ((F.normalize,), _normalize),
+    ((torch.norm, T.norm), _norm), ((torch.linalg.vector_norm,), _linalg_vector_norm),
+    ((torch.squeeze, T.squeeze), _squeeze),
+    ((torch.bmm, T.bmm), _bmm),
+    ((T.__getitem__,), _getitem), ((torch.index_select, T.index_select), _index_select),
+    ((F.embedding,), _embedding),
+    ((T.long,), _to_integer(torch.int64)), ((T.int,), _to_integer(torch.int32)),
 ]:
     for _f in _fns:
         TORCH_HANDLERS[_f] = _h
+
+# torch.max / torch.min with a tensor as second operand are elementwise (see _binary_or).
+for _fns, _op in (((torch.max, T.max), "maximum"), ((torch.min, T.min), "minimum")):
+    for _f in _fns:
+        TORCH_HANDLERS[_f] = _binary_or(TORCH_HANDLERS[_f], _op)
+SymTensor.__abs__ = lambda self: TORCH_HANDLERS[T.__abs__](self.tracer, self)
+SymTensor.__getitem__ = lambda self, index: _getitem(self.tracer, self, index)
+SymTensor.__float__ = SymTensor.__int__ = SymTensor.__complex__ = _scalar_conversion
 
 # Python operators on SymTensor route through the same handlers.
 for _name in ("add", "radd", "sub", "rsub", "mul", "rmul", "truediv", "rtruediv", "matmul", "neg", "pow"):
@@ -368,5 +740,21 @@ class Degree(SymTensor):
     def __index__(self) -> int:
         return 1
 
+    def __int__(self):
+        raise self.tracer.error("the in-degree is a per-vertex graph value, not a Python number; "
+                                "use it in tensor arithmetic")
+
+    __float__ = __int__
+
     def clamped(self) -> SymTensor:
         return self.tracer.apply("clamp_min", self, min=1.0)
+
+
+class NeighbourCount(Degree):
+    """``nodes.mailbox[k].shape[1]`` / ``.size(1)``: the in-degree, as a tensor value. A
+    Python int would be 1 at trace time (the traced mailbox has one symbolic entry), so
+    using it as one (``range``, a reshape size) is an error rather than a wrong count."""
+
+    def __index__(self) -> int:
+        raise self.tracer.error("mailbox.shape[1] (the in-degree) differs per vertex and cannot be used "
+                                "as a Python int; use it in tensor arithmetic, or reduce over dim=1")

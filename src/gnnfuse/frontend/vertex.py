@@ -9,10 +9,15 @@
 ``v.<key>`` is the vertex's own feature, ``u.<key>`` a neighbour's (``for u in v.innbs``),
 ``e.<key>`` an in-edge's (``for e in v.inedges``, with ``e.src``/``e.dst``). ``sum``,
 ``max`` and ``min`` over a list built from the neighbour list aggregate per vertex;
-``len(v.innbs)`` is the in-degree. The function is traced into the IR on the first call
-and again whenever a call could trace differently (other shapes or dtypes, a changed
-closure constant or global: see `trace_cache`); compiled programs are cached by the
-traced program's structure.
+``len(v.innbs)`` (or ``len`` of a list built from it) is the in-degree. The traced loop
+over ``v.innbs`` runs once, for one symbolic neighbour, so counting in Python (``n += 1``
+in the loop, a list of constants built from it) is rejected: it would count 1.
+The function may also be a bound method, a ``functools.partial``, an ``nn.Module``
+(its ``forward`` is traced) or an object with a ``__call__`` method.
+
+The function is traced into the IR on the first call and again whenever a call could
+trace differently (other shapes or dtypes, a changed closure constant or global: see
+`trace_cache`); compiled programs are cached by the traced program's structure.
 
 Typed graphs (``Graph(..., edge_type=..., node_type=...)``) carry per-type data, passed
 as ``etype_feature={key: [num_edge_types, ...]}`` and ``ntype_feature={key:
@@ -52,9 +57,11 @@ from typing import Any, Callable, Mapping
 import torch
 
 from ..graph import Graph
-from ..ir import Residency
-from .trace_cache import TraceCache, program_feeds
-from .tracer import EDGE_ROWED, Degree, SymTensor, Tracer
+from ..ir import CompileError, Residency
+from .counting import check_counting
+from .trace_cache import TraceCache, check_tables, program_feeds
+from .tracer import EDGE_ROWED, SymTensor, Tracer
+from .udf import unwrap
 
 
 class _Neighbours:
@@ -72,7 +79,12 @@ class _Neighbours:
         return self._make()
 
     def __len__(self):
-        raise self.tracer.error("len(v.innbs) must be called directly in the decorated function")
+        raise _LengthError("len(v.innbs) must be called directly in the decorated function", self.tracer.source())
+
+
+class _LengthError(CompileError, TypeError):
+    """Also a TypeError, so ``list(v.innbs)``, which asks for a length hint first and
+    ignores a TypeError there, still builds the one-neighbour list."""
 
 
 class _Vertex:
@@ -194,20 +206,30 @@ def _aggregate(tracer: Tracer, builtin: Callable, op: str):
 
 
 def _length(tracer: Tracer):
+    """``len`` that counts a neighbour list symbolically: ``len(v.innbs)``, and the one
+    element of a list built from it (``len([u for u in v.innbs])``, ``len(list(v.innbs))``)."""
     def length(obj):
-        if isinstance(obj, _Neighbours) or (isinstance(obj, list) and obj and all(
-                isinstance(x, SymTensor) and x.value.residency in EDGE_ROWED for x in obj)):
-            value = tracer.program.add("degree", by="dst", dtype=tracer.dtype, source=tracer.source())
-            return Degree(tracer, value, 0)
+        if isinstance(obj, _Neighbours) or (isinstance(obj, (list, tuple)) and builtins.len(obj) == 1
+                                            and _from_neighbour(obj[0])):
+            return tracer.in_degree()
         return builtins.len(obj)
     return length
+
+
+def _from_neighbour(item) -> bool:
+    """Whether ``item`` was built from the one traced neighbour (or in-edge) of v."""
+    if isinstance(item, SymTensor):
+        return item.value.residency in EDGE_ROWED
+    if isinstance(item, (list, tuple)):
+        return any(_from_neighbour(x) for x in item)
+    return isinstance(item, _Edge) or (isinstance(item, _Vertex) and item._side == "src")
 
 
 class VertexFunction:
     """A vertex-centric function, compiled on first use for each traced structure."""
 
     def __init__(self, fn: Callable):
-        functools.update_wrapper(self, fn)
+        functools.update_wrapper(self, fn, updated=())   # a Module's __dict__ is its state, not a wrapper's
         self.fn = fn
 
     def trace(self, v_feature: Mapping[str, torch.Tensor],
@@ -222,12 +244,15 @@ class VertexFunction:
                       if t.is_floating_point()), torch.get_default_dtype())
         feats["updated"] = {}   # vertex features set by v.update_allnode, by key
         tracer = Tracer(self.fn, "vertex", dtype)
-        patched_globals = dict(self.fn.__globals__, sum=_aggregate(tracer, builtins.sum, "sum"),
+        plain, args, keywords = unwrap(self.fn)
+        check_counting(plain)
+        patched_globals = dict(plain.__globals__, sum=_aggregate(tracer, builtins.sum, "sum"),
                                max=_aggregate(tracer, builtins.max, "max"),
                                min=_aggregate(tracer, builtins.min, "min"), len=_length(tracer))
-        fn = types.FunctionType(self.fn.__code__, patched_globals, self.fn.__name__,
-                                self.fn.__defaults__, self.fn.__closure__)
-        result = fn(_Vertex(tracer, "center", feats))
+        fn = types.FunctionType(plain.__code__, patched_globals, plain.__name__,
+                                plain.__defaults__, plain.__closure__)
+        fn.__kwdefaults__ = plain.__kwdefaults__
+        result = tracer.call(lambda v: fn(*args, v, **keywords), _Vertex(tracer, "center", feats))
         outputs = result if isinstance(result, dict) else {"out": result}
         for key, out in outputs.items():
             if not isinstance(out, SymTensor) or out.value.residency is not Residency.NODE:
@@ -244,6 +269,8 @@ class VertexFunction:
                  etype_feature: Mapping[str, torch.Tensor] | None = None,
                  ntype_feature: Mapping[str, torch.Tensor] | None = None):
         graph = Graph.coerce(graph)
+        check_tables(v_feature=v_feature, e_feature=e_feature, etype_feature=etype_feature,
+                     ntype_feature=ntype_feature)
         tables = (v_feature, e_feature or {}, etype_feature or {}, ntype_feature or {})
         compiled, captured = _TRACES.compiled((self.fn,), tables, lambda: self.trace(*tables)[0])
         outputs = compiled(graph, program_feeds(tables, captured))

@@ -1,5 +1,6 @@
 """Graph storage: an immutable edge list plus lazily built, cached kernel layouts."""
 from .graph import CSR, Graph
+from .index_cache import clear_index_cache
 from .validate import choose_index_dtype
 
-__all__ = ["CSR", "Graph", "choose_index_dtype"]
+__all__ = ["CSR", "Graph", "choose_index_dtype", "clear_index_cache"]

@@ -1,7 +1,9 @@
-"""Edge lists from other libraries' graph objects (scipy sparse, networkx).
+"""Edge lists from other libraries' graph objects (scipy sparse, networkx, torch sparse
+adjacency, torch_sparse's SparseTensor, PyG's EdgeIndex).
 
 Kept apart from `Graph` so the class itself depends only on torch; networkx is imported
-only when a networkx graph is actually passed in.
+only when a networkx graph is actually passed in, and torch_sparse and PyG are
+recognised by type name, never imported.
 """
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
+import torch
 
 
 def scipy_edges(matrix: Any) -> tuple[np.ndarray, np.ndarray, int]:
@@ -42,3 +45,65 @@ def networkx_edges(g: Any) -> tuple[np.ndarray, np.ndarray, int]:
         loops = src == dst
         src, dst = np.concatenate([src, dst[~loops]]), np.concatenate([dst, src[~loops]])
     return src, dst, len(index)
+
+
+def is_sparse_adjacency(obj: Any) -> bool:
+    """A torch sparse tensor or a torch_sparse ``SparseTensor``: PyG's ``adj_t``."""
+    if isinstance(obj, torch.Tensor):
+        return obj.layout is not torch.strided
+    return type(obj).__name__ == "SparseTensor" and type(obj).__module__.split(".")[0] == "torch_sparse"
+
+
+def is_pyg_edge_index(obj: Any) -> bool:
+    """PyG's ``EdgeIndex``: a tensor subclass holding a plain ``[2, E]`` tensor."""
+    return isinstance(obj, torch.Tensor) and type(obj).__name__ == "EdgeIndex" and hasattr(obj, "as_tensor")
+
+
+def index_tensors(obj: Any) -> list[torch.Tensor]:
+    """The plain tensors holding the indices (and values) of a torch-side graph input:
+    what changes when its contents change (see `index_cache`)."""
+    if is_pyg_edge_index(obj):
+        return [obj.as_tensor()]
+    if not is_sparse_adjacency(obj):
+        return [obj]
+    if not isinstance(obj, torch.Tensor):             # torch_sparse.SparseTensor
+        return [t for t in obj.coo() if t is not None]
+    if obj.layout is torch.sparse_coo:
+        return [obj._indices(), obj._values()]
+    if obj.layout is torch.sparse_csr:
+        return [obj.crow_indices(), obj.col_indices(), obj.values()]
+    raise ValueError(f"a sparse adjacency must be a sparse COO or CSR tensor, got layout {obj.layout}")
+
+
+def adj_t_edges(adj_t: Any) -> tuple[torch.Tensor, torch.Tensor, int, bool]:
+    """(src, dst, num_nodes, grouped by dst) of PyG's transposed adjacency ``adj_t``: a
+    stored entry at (i, j) is the edge j -> i, as PyG's layers read a sparse ``adj_t``.
+
+    One edge per stored entry, in storage order (duplicates of an uncoalesced COO tensor
+    stay separate edges). "Grouped" says storage is row-major (CSR, SparseTensor or a
+    coalesced COO tensor), so the edges already come grouped by destination. Every
+    stored value must be 1: PyG would use other values as edge weights, and silently
+    dropping them would change the result.
+    """
+    if isinstance(adj_t, torch.Tensor):
+        if adj_t.dim() != 2 or adj_t.dense_dim() != 0:
+            raise ValueError(f"a sparse adjacency must be 2-D with scalar entries, got shape {list(adj_t.shape)}")
+        rows, cols = adj_t.shape
+        if adj_t.layout is torch.sparse_csr:
+            crow, col, value = adj_t.crow_indices(), adj_t.col_indices(), adj_t.values()
+            row = torch.repeat_interleave(torch.arange(rows, device=crow.device), crow.diff())
+            grouped = True
+        else:
+            (row, col), value = index_tensors(adj_t)
+            grouped = adj_t.is_coalesced()
+    else:                                             # torch_sparse.SparseTensor, always row-major
+        row, col, value = adj_t.coo()
+        rows, cols = adj_t.sparse_sizes()
+        grouped = True
+    if rows != cols:
+        raise ValueError(f"a sparse adj_t must be square (row = target, column = source), got shape {[rows, cols]}")
+    if value is not None and value.numel() and not bool((value == 1).all()):
+        raise ValueError("the sparse adj_t holds values other than 1, which PyG would use as edge weights; "
+                         "gnnfuse reads only its pattern: pass the edges as edge_index and the weights as "
+                         "edge_weight to a layer that takes them")
+    return col, row, rows, grouped

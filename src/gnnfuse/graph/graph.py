@@ -19,7 +19,8 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 import torch
 
-from .convert import networkx_edges, scipy_edges
+from .convert import adj_t_edges, index_tensors, is_pyg_edge_index, is_sparse_adjacency, networkx_edges, scipy_edges
+from .index_cache import cached_graph
 from .validate import as_index_tensor, check_ids, choose_index_dtype, infer_count
 
 
@@ -37,7 +38,8 @@ class Graph:
     """A directed graph on vertices ``0..num_nodes-1``, optionally with edge/vertex types.
 
     `src`, `dst` (and `edge_type`, `node_type`) may be tensors, numpy arrays or sequences
-    of integers. int64 tensors are kept without copying: do not modify them afterwards.
+    of integers. Contiguous int64 tensors are kept without copying: do not modify them
+    afterwards. Anything else (int32, a strided view) is copied to contiguous int64.
     Non-tensor inputs go to the device of the tensor inputs (CPU if there are none).
     """
 
@@ -68,6 +70,7 @@ class Graph:
         self._edge_type, self._num_edge_types = edge_type, num_edge_types
         self._node_type, self._num_node_types = node_type, num_node_types
         self._cache: dict[str, Any] = {}
+        self._dst_grouped = False   # edges already in destination order: the CSR needs no sort
 
     def _derive(self, src: torch.Tensor, dst: torch.Tensor, edge_type: torch.Tensor | None,
                 num_edge_types: int | None = None) -> Graph:
@@ -109,6 +112,23 @@ class Graph:
                                    node_type=getattr(data, "node_type", None))
 
     @classmethod
+    def from_adj_t(cls, adj_t: Any, num_nodes: int | None = None) -> Graph:
+        """From PyG's transposed adjacency ``adj_t`` [N, N] -- a torch sparse COO or CSR
+        tensor, or a torch_sparse ``SparseTensor`` -- as PyG's layers read it: a stored
+        entry at (row i, column j) is the edge j -> i (row = target, column = source).
+
+        One edge per stored entry, in storage order; every stored value must be 1 (PyG
+        would use other values as edge weights). A row-major input (CSR, SparseTensor,
+        coalesced COO) is already grouped by destination, so `csr` is built without a sort.
+        """
+        src, dst, n, grouped = adj_t_edges(adj_t)
+        if num_nodes is not None and num_nodes != n:
+            raise ValueError(f"num_nodes={num_nodes} given but the adjacency is {n} x {n}")
+        graph = cls(src, dst, n)
+        graph._trust_dst_order(grouped)
+        return graph
+
+    @classmethod
     def from_scipy(cls, matrix: Any) -> Graph:
         """From a square scipy sparse matrix/array: row = source, column = target.
 
@@ -130,14 +150,20 @@ class Graph:
     def coerce(cls, obj: Any, num_nodes: int | None = None) -> Graph:
         """Whatever a layer's ``forward(x, graph)`` was given, as a `Graph`.
 
-        A `Graph` passes through; a ``[2, E]`` tensor or array is an edge_index; scipy
-        sparse matrices and networkx graphs are converted.
+        A `Graph` passes through; a ``[2, E]`` tensor (PyG's ``EdgeIndex`` included) or
+        array is an edge_index; a torch sparse tensor or torch_sparse ``SparseTensor`` is
+        PyG's ``adj_t`` (`from_adj_t`: row = target); scipy sparse matrices (row =
+        source) and networkx graphs are converted. The graph made for a torch input is
+        remembered while that tensor is unchanged (`index_cache`), so passing the same
+        ``edge_index`` every step reuses one graph and its cached layouts.
         """
         if isinstance(obj, Graph):
             if num_nodes is not None and num_nodes != obj.num_nodes:
                 raise ValueError(f"num_nodes={num_nodes} given but the graph has {obj.num_nodes} nodes")
             return obj
-        if isinstance(obj, (torch.Tensor, np.ndarray)):
+        if isinstance(obj, torch.Tensor) or is_sparse_adjacency(obj):
+            return cached_graph(obj, index_tensors(obj), num_nodes, lambda: cls._from_torch(obj, num_nodes))
+        if isinstance(obj, np.ndarray):
             return cls.from_edge_index(obj, num_nodes)
         import scipy.sparse as sp
         if sp.issparse(obj):
@@ -148,6 +174,30 @@ class Graph:
             raise TypeError(f"cannot make a Graph from {type(obj).__name__}; pass a Graph, a [2, E] "
                             "edge_index, a scipy sparse matrix or a networkx graph")
         return cls.coerce(graph, num_nodes)
+
+    @classmethod
+    def _from_torch(cls, obj: Any, num_nodes: int | None) -> Graph:
+        """`coerce` for a torch-side input, uncached. The graph shares the input's
+        memory but must not hold the input object (a view would): the index cache lets
+        a graph go when its input is freed. A PyG ``EdgeIndex`` sorted by column is
+        already grouped by destination, so its CSR needs no sort."""
+        if is_sparse_adjacency(obj):
+            return cls.from_adj_t(obj, num_nodes)
+        if not is_pyg_edge_index(obj):
+            return cls.from_edge_index(obj.detach(), num_nodes)
+        rows, cols = obj.sparse_size()
+        if num_nodes is None and rows is not None and rows == cols:
+            num_nodes = rows                              # isolated trailing vertices count
+        graph = cls.from_edge_index(obj.as_tensor(), num_nodes)
+        graph._trust_dst_order(obj.is_sorted_by_col)
+        return graph
+
+    def _trust_dst_order(self, claimed: bool) -> None:
+        """Let `csr` skip its sort when the input says its edges come grouped by
+        destination. The claim (a coalesced flag, an EdgeIndex sort order) is the
+        caller's word, unchecked by its library, so one pass confirms it first."""
+        dst = self._dst
+        self._dst_grouped = bool(claimed) and bool((dst[1:] >= dst[:-1]).all())
 
     # --- basic attributes ----------------------------------------------------------------
     @property
@@ -211,20 +261,24 @@ class Graph:
 
     def csr(self) -> CSR:
         """In-edges grouped by destination: ``col`` = sources; stable in edge id per row."""
-        return self.cached("csr", lambda g: g._group_by(g._dst, g._src))
+        return self.cached("csr", lambda g: g._group_by(g._dst, g._src, g._dst_grouped))
 
     def reverse_csr(self) -> CSR:
         """Out-edges grouped by source: ``col`` = destinations; stable in edge id per row."""
         return self.cached("reverse_csr", lambda g: g._group_by(g._src, g._dst))
 
-    def _group_by(self, key: torch.Tensor, other: torch.Tensor) -> CSR:
+    def _group_by(self, key: torch.Tensor, other: torch.Tensor, presorted: bool = False) -> CSR:
         """Edges grouped by `key`, `other` as ``col``; the sort is stable so ids rise per row.
 
         The permutation itself is kept as ``eid``: after regrouping, a position no longer
-        names its edge, so E-typed tensors must be read through it (Seastar §6.3.4).
+        names its edge, so E-typed tensors must be read through it (Seastar §6.3.4). A
+        `presorted` key (edges already grouped) needs no sort: the permutation is the identity.
         """
         dtype = self.index_dtype
-        eid = torch.sort(key, stable=True).indices
+        if presorted:
+            eid = torch.arange(key.numel(), device=self.device)
+        else:
+            eid = torch.sort(key, stable=True).indices
         counts = torch.bincount(key, minlength=self._num_nodes)
         rowptr = torch.zeros(self._num_nodes + 1, dtype=torch.int64, device=self.device)
         torch.cumsum(counts, 0, out=rowptr[1:])

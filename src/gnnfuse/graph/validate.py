@@ -15,11 +15,14 @@ _INT64_MAX = np.iinfo(np.int64).max
 
 
 def as_index_tensor(name: str, value: Any, device: torch.device | None = None) -> torch.Tensor:
-    """`value` as a 1-D int64 tensor; rejects float/bool ids and non-1-D input.
+    """`value` as a contiguous 1-D int64 tensor; rejects float/bool ids and non-1-D input.
 
-    int64 tensors are used as they are (no copy), so a 62M-edge graph does not double its
-    memory on construction; other integer types are widened, never narrowed. Non-tensor
-    input is placed on `device` (the device of the tensor it travels with).
+    Kernels read index arrays through a bare pointer, as if contiguous, so the graph
+    owns one layout of one dtype: a strided view (a row of ``edges.t()``, a sliced
+    ``edge_index``) is copied here, once, instead of every kernel having to handle strides.
+    Contiguous int64 tensors are used as they are (no copy), so a 62M-edge graph does not
+    double its memory on construction; other integer types are widened, never narrowed.
+    Non-tensor input is placed on `device` (the device of the tensor it travels with).
     """
     if isinstance(value, torch.Tensor):
         tensor = value
@@ -38,7 +41,7 @@ def as_index_tensor(name: str, value: Any, device: torch.device | None = None) -
         raise ValueError(f"{name} must hold integer ids, got {tensor.dtype}")
     if tensor.dim() != 1:
         raise ValueError(f"{name} must be 1-D, got shape {tuple(tensor.shape)}")
-    return tensor if tensor.dtype == torch.int64 else tensor.to(torch.int64)
+    return tensor.to(torch.int64).contiguous()
 
 
 def check_ids(name: str, ids: torch.Tensor, bound: int, bound_name: str) -> None:

@@ -20,6 +20,7 @@ class Residency(enum.Enum):
     SHARED = "shared"        # parameters and constants: no row dimension
     NODE_TYPE = "node_type"  # one row per vertex type
     EDGE_TYPE = "edge_type"  # one row per edge type
+    PAIR = "pair"            # one row per ordered pair of in-edges of one vertex (ir/ops/pairwise.py)
 
     def __repr__(self) -> str:
         return self.name

@@ -91,40 +91,14 @@ class GATv2Conv(nn.Module):
 
 
 # --- constrained GAT ----------------------------------------------------------------------
-def pairwise_constraint(score: torch.Tensor, dst: torch.Tensor, num_nodes: int) -> torch.Tensor:
-    r"""``w_{u->v} = sum_{t in N(v)} max(0, e_{u->v} - e_{t->v})`` for every edge and head.
-
-    C-GAT's edge pair-wise normalization (Graphiler's reduce UDF compares every pair of
-    a vertex's in-edges, O(deg^2)). Sorting each vertex's scores makes it O(E log E):
-    with the scores of ``v``'s in-edges ascending, the terms that count are the edges
-    with a strictly smaller score, so ``w = (#smaller) * e - sum(smaller)``, read off
-    prefix sums at the first position of ``e``'s run of equal scores (ties add 0, and
-    so get no gradient, as ReLU at 0). Prefix sums run in float64 to keep cancellation
-    small. ``score`` is [E, heads]; differentiable through torch.
-    """
-    edges, heads = score.shape
-    flat = score.t().reshape(-1)                                 # head-major: [heads * E]
-    group = (dst.unsqueeze(0) + num_nodes * torch.arange(heads, device=dst.device).unsqueeze(1)).reshape(-1)
-    by_value = torch.argsort(flat.detach(), stable=True)
-    perm = by_value[torch.argsort(group[by_value], stable=True)]
-    value, grp = flat[perm], group[perm]
-    position = torch.arange(len(perm), device=perm.device)
-    seg_start = torch.cumsum(torch.bincount(grp, minlength=num_nodes * heads), 0)
-    seg_start = (seg_start - torch.bincount(grp, minlength=num_nodes * heads))[grp]
-    new_run = torch.ones_like(grp, dtype=torch.bool)
-    new_run[1:] = (grp[1:] != grp[:-1]) | (value[1:] != value[:-1])
-    first = position[new_run][torch.cumsum(new_run.long(), 0) - 1]
-    prefix = torch.cat([value.new_zeros(1, dtype=torch.float64), torch.cumsum(value.double(), 0)])
-    smaller = (prefix[first] - prefix[seg_start]).to(score.dtype)
-    weight = (first - seg_start).to(score.dtype) * value - smaller
-    inverse = torch.empty_like(perm)
-    inverse[perm] = position
-    return weight[inverse].view(heads, edges).t()
-
-
-@frontend.vertex
-def _edge_weighted_sum(v):
-    return sum([e.weight.unsqueeze(-1) * e.src.z for e in v.inedges])
+def _constrained_reduce(nodes):
+    """Graphiler's C-GAT reduce: edge ``b`` is weighted by how far its score clears
+    each in-edge ``a`` of the same vertex, ``sum_a max(0, e_b - e_a)``; the [N, D, D]
+    pair table it is written with is sorted away by the compiler (passes/pairwise.py)."""
+    score = nodes.mailbox["score"]                               # [N, D, heads]
+    margin = score.unsqueeze(1) - score.unsqueeze(2)             # [v, a, b] = e_b - e_a
+    weight = margin.clamp(min=0).sum(1)                          # [N, D, heads]
+    return {"out": torch.sum(weight.unsqueeze(-1) * nodes.mailbox["z"], dim=1)}
 
 
 class CGATConv(GATConv):
@@ -141,13 +115,14 @@ class CGATConv(GATConv):
     split into a source and a destination half as PyG's GAT stores it. Instead of a
     softmax, each edge is weighted by how far its score clears each competing in-edge's;
     the weights are not normalized: the lowest-scoring in-edge of a vertex gets 0, and a
-    vertex whose only in-edge is its self loop outputs just the bias. Graphiler's layer
-    is ``heads=1, add_self_loops=False, bias=False`` (slope 0.01); there is no PyG
-    counterpart, so the parameters follow PyG's GATConv layout.
+    vertex whose only in-edge is its self loop outputs just the bias. Equal scores add 0
+    and pass no gradient to each other (as ReLU at 0). Graphiler's layer is ``heads=1,
+    add_self_loops=False, bias=False`` (slope 0.01); there is no PyG counterpart, so the
+    parameters follow PyG's GATConv layout.
 
-    The pair-wise weights are computed with torch (`pairwise_constraint`): the IR has
-    no residency for pairs of edges, so they cannot be traced. The weighted aggregation
-    is the compiled vertex function.
+    The graph part is the message/reduce pair as Graphiler writes it, pair table
+    included; the compiler turns its pairwise term into a per-vertex sort, O(E log E)
+    instead of O(sum of squared in-degrees).
     """
 
     def __init__(self, in_channels: int, out_channels: int, heads: int = 1, concat: bool = True,
@@ -158,10 +133,14 @@ class CGATConv(GATConv):
     def forward(self, x: torch.Tensor, graph: Graph | torch.Tensor) -> torch.Tensor:
         graph = _with_loops(_as_graph(graph, x.shape[0]), self.add_self_loops)
         z = self.lin(x).view(-1, self.heads, self.out_channels)
-        s_src, s_dst = (z * self.att_src).sum(-1), (z * self.att_dst).sum(-1)
-        score = F.leaky_relu(s_src[graph.src] + s_dst[graph.dst], self.negative_slope)
-        weight = pairwise_constraint(score, graph.dst, graph.num_nodes)
-        out = _edge_weighted_sum(graph, {"z": z}, {"weight": weight})
+        slope = self.negative_slope
+
+        def message(edges):
+            score = edges.src["score_src"] + edges.dst["score_dst"]
+            return {"score": F.leaky_relu(score, slope), "z": edges.src["z"]}
+
+        out = frontend.message_passing(graph, message, _constrained_reduce, ndata={
+            "z": z, "score_src": (z * self.att_src).sum(-1), "score_dst": (z * self.att_dst).sum(-1)})["out"]
         return _combine_heads(out, self.concat, self.bias)
 
 

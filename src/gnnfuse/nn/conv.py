@@ -18,13 +18,14 @@ from ..graph import Graph
 
 
 def _as_graph(graph: Graph | torch.Tensor, num_nodes: int) -> Graph:
-    """Accept a PyG ``edge_index`` for drop-in use; a `Graph` keeps its cached CSR across
-    calls, so passing one is the fast path."""
+    """Accept a PyG ``edge_index`` (or ``EdgeIndex``, or a sparse ``adj_t``) for drop-in
+    use. `Graph.coerce` remembers the graph made for an unchanged index tensor, so a
+    loop passing the same ``edge_index`` reuses its cached CSR as a `Graph` would."""
     if isinstance(graph, Graph):
         if graph.num_nodes != num_nodes:
             raise ValueError(f"x has {num_nodes} rows but the graph has {graph.num_nodes} nodes")
         return graph
-    return Graph.from_edge_index(graph, num_nodes=num_nodes)
+    return Graph.coerce(graph, num_nodes=num_nodes)
 
 
 def _looped(graph: Graph) -> Graph:

@@ -19,6 +19,7 @@ from typing import Iterable
 from ..ir import Program, Residency, Value, get_op
 
 FUSIBLE_REDUCERS = ("sum", "mean", "max", "min")
+COORDINATE_MAPS = ("reshape", "slice_features")   # a kernel reads their input at remapped coordinates
 
 
 @dataclass(eq=False)
@@ -70,15 +71,19 @@ def _fusible_body(v: Value) -> bool:
     The last kind undoes broadcast reordering where it does not pay: ``h * norm`` moved
     before the gather saves flops, but as a separate op it costs a launch and an |V|-row
     round trip to memory, while in the kernel it is one multiply on rows gathered anyway.
-    Such values only join a unit through a broadcast (partition grows units from edges)."""
+    Such values only join a unit through a broadcast (partition grows units from edges).
+    Integer results (an index computed from integer data) stay torch ops: a kernel
+    computes in its float accumulator, which would round integers above 2**24."""
     if v.op == "input":
         return False
     if v.op == "broadcast":
         return v.attrs["by"] in ("src", "dst")
+    if not v.dtype.is_floating_point:
+        return False
     opdef = get_op(v.op)
     if v.residency not in (Residency.SRC, Residency.DST, Residency.EDGE, Residency.NODE):
         return False
-    return opdef.pure and ((opdef.elementwise and opdef.emit is not None) or v.op == "reshape")
+    return opdef.pure and ((opdef.elementwise and opdef.emit is not None) or v.op in COORDINATE_MAPS)
 
 
 def feature_sum_terms(v: Value) -> int | None:

@@ -5,12 +5,14 @@ from ..ir import Program, verify
 from .cse import eliminate_common_subexpressions
 from .dce import eliminate_dead_code
 from .fold import fold_constants
+from .pairwise import sort_hinge_pairs
 from .reorder import reorder_broadcasts
 from .softmax import decompose_edge_softmax
 
 
 def optimize(program: Program, keep_inputs: bool = False) -> Program:
     decompose_edge_softmax(program)
+    sort_hinge_pairs(program)
     fold_constants(program)
     reorder_broadcasts(program)
     eliminate_common_subexpressions(program)

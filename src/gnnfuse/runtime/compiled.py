@@ -47,6 +47,7 @@ class CompiledProgram:
             raise KeyError(f"missing inputs {missing}; the program reads {list(keys)}")
         _check_types(self.program, self._types_read, graph, feeds)
         tensors = [feeds[k] for k in keys]
+        _check_devices(graph, keys, tensors)
         for key, tensor in zip(keys, tensors):
             if tensor.layout is not torch.strided:
                 raise ValueError(f"input {key!r} is a {tensor.layout} tensor; compiled programs take dense "
@@ -56,6 +57,16 @@ class CompiledProgram:
         else:   # inference: no backward program is built and nothing is saved for one
             outputs, _, _ = _run_forward(self, GraphContext(graph), keys, tensors, None)
         return dict(zip(self.program.outputs, outputs))
+
+
+def _check_devices(graph: Graph, keys: tuple[str, ...], tensors: list[torch.Tensor]) -> None:
+    """Fail before running when an input is not on the graph's device: the reference
+    backend would stop inside a gather with torch's device message, and a Triton kernel
+    given a host index array reads memory it does not own."""
+    for key, tensor in zip(keys, tensors):
+        if tensor.device != graph.device:
+            raise ValueError(f"input {key!r} (shape {list(tensor.shape)}) is on {tensor.device} but the graph "
+                             f"is on {graph.device}; move one of them (tensor.to(device) or graph.to(device))")
 
 
 _TYPE_KINDS = {  # residency -> (what it is per, Graph attribute holding the count)

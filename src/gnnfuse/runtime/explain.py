@@ -104,6 +104,7 @@ class _Sizes:
         self.index_bytes = torch.empty((), dtype=graph.index_dtype).element_size()
         self.types = {Residency.NODE_TYPE: graph.num_node_types or 0,
                       Residency.EDGE_TYPE: graph.num_edge_types or 0}
+        self.num_pairs = int((graph.in_degrees() ** 2).sum())   # PAIR rows: in-edge pairs per vertex
 
     def rows(self, residency: Residency) -> int:
         if residency is Residency.NODE:
@@ -112,6 +113,8 @@ class _Sizes:
             return self.num_edges
         if residency is Residency.SHARED:
             return 1
+        if residency is Residency.PAIR:
+            return self.num_pairs
         return self.types[residency]
 
 

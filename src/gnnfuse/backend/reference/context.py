@@ -10,6 +10,7 @@ import torch
 
 from ...graph import Graph
 from ...ir import CompileError, Residency
+from ...ir.ops.pairwise import in_edge_pairs
 
 EDGE_TYPE_INDICES = ("etype",)
 NODE_TYPE_INDICES = ("srctype", "dsttype", "ntype")
@@ -85,7 +86,13 @@ class GraphContext:
             return self.num_rows("etype")
         if residency is Residency.NODE_TYPE:
             return self.num_rows("ntype")
+        if residency is Residency.PAIR:
+            return len(self.pairs()[0])
         raise ValueError(f"{residency.name} values have no rows")
+
+    def pairs(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Edge ids (i, j) of every ordered pair of in-edges of one vertex (PAIR rows)."""
+        return self.graph.cached("in_edge_pairs", lambda g: in_edge_pairs(g.dst, g.num_nodes))
 
     def csr(self, by: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Edges grouped by ``by``: (rowptr, the other endpoint, edge ids)."""

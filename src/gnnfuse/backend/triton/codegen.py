@@ -85,6 +85,10 @@ class _Emitter:
             src = v.inputs[0]
             out = self.value(src, tuple(self.tmp(f"({flat} // {st}) % {n}") if n != 1 else "0"
                                         for st, n in zip(_strides(src.shape), src.shape)), side)
+        elif v.op == "slice_features":   # output coordinate c reads input start + step * c
+            out = self.value(v.inputs[0], tuple(
+                str(start) if c == "0" else c if (start, step) == (0, 1) else self.tmp(f"{start} + {step} * {c}")
+                for c, (start, step, _) in zip(coords, v.attrs["window"])), side)
         else:
             args = [self.value(i, _project(coords, v.shape, i.shape), side) for i in v.inputs]
             attrs = {k: self.constant(a) for k, a in v.attrs.items()
@@ -301,6 +305,13 @@ def generate(unit: AggregateUnit, name: str, acc_dtype: str, tuned: bool = False
                "max": "tl.maximum(acc, tl.max(tile, axis=0))", "min": "tl.minimum(acc, tl.min(tile, axis=0))"}[op]
     finish = {"sum": "acc", "mean": "acc / tl.maximum(row_end - row_start, 1).to(ACC)",
               "max": "tl.where(end > start, acc, 0.0)", "min": "tl.where(end > start, acc, 0.0)"}[op]
+    # tl.max / tl.min skip NaN (hardware fmax), but torch's amax and PyG propagate it, so
+    # max and min count the NaN they meet and write NaN where there was any.
+    nan_init, nan_count, nan_finish = "", "", ""
+    if op in ("max", "min"):
+        nan_init = "\n            nans = tl.zeros([BLOCK_F], tl.int32)"
+        nan_count = "\n                nans += tl.sum((tile != tile).to(tl.int32), axis=0)"
+        nan_finish = "\n            acc = tl.where(nans > 0, float('nan'), acc)"
     # Segments of a split row add their partial results atomically (sum and mean only:
     # the executor never splits max/min rows); an unsplit row is written once.
     store = f"tl.store(out + row * {width} + f, acc.to(out.dtype.element_ty), mask=fmask)"
@@ -335,7 +346,7 @@ def {name}(rowptr, col, eid, seg_row, seg_start, seg_end, seg_split, num_segment
             end = tl.load(seg_end + seg).to(tl.int64)
             row_start = tl.load(rowptr + row).to(tl.int64)
             row_end = tl.load(rowptr + row + 1).to(tl.int64)
-            acc = tl.full([BLOCK_F], {_IDENTITY[op]}, ACC)
+            acc = tl.full([BLOCK_F], {_IDENTITY[op]}, ACC){nan_init}
             for e0 in range(start, end, BLOCK_E):
                 e = e0 + tl.arange(0, BLOCK_E)
                 emask = e < end
@@ -343,8 +354,8 @@ def {name}(rowptr, col, eid, seg_row, seg_start, seg_end, seg_split, num_segment
                 edge = tl.load(eid + e, mask=emask, other=0).to(tl.int64)
 {body}
                 tile = tl.where(emask[:, None], {root} + tl.zeros([BLOCK_E, BLOCK_F], ACC), {_IDENTITY[op]})
-                acc = {combine}
-            acc = {finish}
+                acc = {combine}{nan_count}
+            acc = {finish}{nan_finish}
             {store}
 '''
     return source, em.leaf_args

@@ -1,2 +1,3 @@
 """Importing this package registers every built-in op."""
-from . import dense, elementwise, movement, typed  # noqa: F401
+from . import (dense, elementwise, features, indexed_matmul, indexing, movement, pairwise,  # noqa: F401
+               row_matmul, select, typed)

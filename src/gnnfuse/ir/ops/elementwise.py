@@ -53,6 +53,31 @@ _ew("tanh", torch.tanh, lambda b, v, g: [
 _ew("stop_gradient", lambda x: x, lambda b, v, g: [None], 1, emit="{0}",
     doc="identity whose gradient is zero: marks a value the result does not really depend on, such as "
         "the shift a softmax subtracts for stability, so autodiff spends no work on it")
+def _at_least(b, x, bound):
+    """1 where x >= bound, else 0 (NaN too): where torch's clamp passes its gradient,
+    the bound included (relu's step excludes 0)."""
+    return b.add("add", b.add("step", b.add("sub", x, bound)), b.add("eq", x, bound))
+
+
 _ew("clamp_min", lambda x, min: torch.clamp_min(x, min),
-    lambda b, v, g: [b.add("mul", g, b.add("step", b.add("sub", b.fwd(v.inputs[0]),
-                                                          b.const(v.attrs["min"], g))))], 1, emit="tl.maximum({0}, {min})")
+    lambda b, v, g: [b.add("mul", g, _at_least(b, b.fwd(v.inputs[0]), b.const(v.attrs["min"], g)))], 1,
+    emit="tl.maximum({0}, {min})")
+
+# --- sign-dependent ops whose derivative follows torch's at 0 and at ties ---------------
+_ew("abs", torch.abs, lambda b, v, g: [b.add("mul", g, b.add("sign", b.fwd(v.inputs[0])))], 1,
+    emit="tl.abs({0})")
+_ew("sign", torch.sign, None, 1, doc="-1, 0 or 1, and 0 at NaN as torch.sign: the derivative multiplier "
+    "of abs, 0 at 0 as in torch", emit="tl.where({0} > 0, 1.0, tl.where({0} < 0, -1.0, 0.0))")
+_ew("tie_share", lambda x, y: torch.where(x == y, 0.5, torch.where(x < y, 0.0, 1.0)).to(
+        torch.promote_types(x.dtype, y.dtype)), None, 2,
+    doc="1 where x > y (or either is NaN), 1/2 where x == y, 0 where x < y: x's share of the gradient of "
+        "maximum(x, y) (and y's of minimum(y, x)); torch splits a tie evenly between the operands",
+    emit="tl.where({0} == {1}, 0.5, tl.where({0} < {1}, 0.0, 1.0))")
+_ew("maximum", torch.maximum, lambda b, v, g: [
+    b.add("mul", g, b.add("tie_share", b.fwd(v.inputs[0]), b.fwd(v.inputs[1]))),
+    b.add("mul", g, b.add("tie_share", b.fwd(v.inputs[1]), b.fwd(v.inputs[0])))], 2,
+    doc="elementwise max; NaN propagates", emit="tl.maximum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)")
+_ew("minimum", torch.minimum, lambda b, v, g: [
+    b.add("mul", g, b.add("tie_share", b.fwd(v.inputs[1]), b.fwd(v.inputs[0]))),
+    b.add("mul", g, b.add("tie_share", b.fwd(v.inputs[0]), b.fwd(v.inputs[1])))], 2,
+    doc="elementwise min; NaN propagates", emit="tl.minimum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)")

@@ -97,10 +97,13 @@ def _reduce_derivative(b, v, g):
     if op == "mean":
         count = b.add("clamp_min", b.add("degree", by=by, dtype=g.dtype), min=1.0)
         return [b.add("broadcast", b.add("div", g, count), by=by)]
-    # max / min: the gradient goes to the arg-extreme edges, split evenly among ties.
+    # max / min: the gradient goes to the arg-extreme edges, split evenly among ties. A
+    # NaN result equals no input, so its row has 0 ties and every in-edge gets g / 0 * 0
+    # = NaN, as torch's scatter_reduce("amax") backward (PyG's max) gives. Rows without
+    # edges also divide by 0, but no edge reads their quotient.
     x = b.fwd(v.inputs[0])
     hit = b.add("eq", x, b.add("broadcast", b.fwd(v), by=by))
-    ties = b.add("clamp_min", b.add("reduce", hit, op="sum", by=by), min=1.0)
+    ties = b.add("reduce", hit, op="sum", by=by)
     return [b.add("mul", b.add("broadcast", b.add("div", g, ties), by=by), hit)]
 
 

@@ -1,0 +1,214 @@
+"""Front-end constructs whose trace-time value differs from their run-time meaning are
+compiled to that meaning or rejected at the user's line -- never a silent constant.
+
+* Counting the neighbour list in Python: the traced list holds one symbolic neighbour,
+  so a Python count is 1 (issue #11 §1.3).
+* Mailbox dims: dim 0 is the vertex axis, not the neighbour axis; ``keepdim`` and
+  ``dtype`` change the result (issue #11 §1.5).
+"""
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+
+import gnnfuse
+from gnnfuse import CompileError
+
+DOUBLE = torch.float64
+
+
+@pytest.fixture(params=["reference", "triton"])
+def backend(request, monkeypatch):
+    monkeypatch.setenv("GNNFUSE_BACKEND", request.param)
+    return request.param
+
+
+def graph() -> gnnfuse.Graph:
+    """In-degrees 1, 3, 1, 0, 1: a multi-edge into 1, an isolated vertex 3."""
+    return gnnfuse.Graph(torch.tensor([0, 2, 2, 4, 1, 0]), torch.tensor([1, 1, 1, 2, 0, 4]), 5)
+
+
+def features(width: int = 3) -> torch.Tensor:
+    return torch.randn(5, width, dtype=DOUBLE, generator=torch.Generator().manual_seed(0)).requires_grad_()
+
+
+def neighbour_mean(g: gnnfuse.Graph, h: torch.Tensor) -> torch.Tensor:
+    total = torch.zeros_like(h).index_add(0, g.dst, h[g.src])
+    degree = torch.zeros(g.num_nodes, dtype=h.dtype).index_add(0, g.dst, torch.ones(g.num_edges, dtype=h.dtype))
+    return total / degree.clamp(min=1).unsqueeze(-1)
+
+
+def check_against(out: torch.Tensor, expected_fn, h: torch.Tensor) -> None:
+    """Outputs and input gradients of ``out`` against the plain-torch ``expected_fn(h)``."""
+    weight = torch.linspace(-1, 1, out.numel(), dtype=DOUBLE).view_as(out)
+    (grad,) = torch.autograd.grad((out * weight).sum(), h, retain_graph=True)
+    h_ref = h.detach().clone().requires_grad_()
+    expected = expected_fn(h_ref)
+    (expected_grad,) = torch.autograd.grad((expected * weight).sum(), h_ref)
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(grad, expected_grad)
+
+
+def line_of(fn, text: str) -> str:
+    lines, start = inspect.getsourcelines(fn)
+    return f":{start + next(i for i, line in enumerate(lines) if text in line)}: "
+
+
+# --- §1.3: counting the neighbour list ------------------------------------------------------
+def test_len_of_a_list_built_from_the_neighbours_is_the_in_degree(backend):
+    @gnnfuse.vertex
+    def mean(v):
+        return sum([u.h for u in v.innbs]) / len([u for u in v.innbs])
+
+    @gnnfuse.vertex
+    def mean_of_list(v):
+        return sum([u.h for u in v.innbs]) / len(list(v.innbs))
+    g, h = graph(), features()
+    for fn in (mean, mean_of_list):
+        check_against(fn(g, {"h": h}), lambda x: neighbour_mean(g, x), h)
+
+
+def test_counting_in_a_python_loop_is_rejected_at_its_line():
+    @gnnfuse.vertex
+    def mean(v):
+        n = 0
+        for u in v.innbs:
+            n += 1
+        return sum([u.h for u in v.innbs]) / n
+
+    @gnnfuse.vertex
+    def mean_indexed(v):
+        n = 0.0
+        for i in range(len(v.innbs)):
+            n = n + 1
+        return sum([u.h for u in v.innbs]) / n
+    for fn, text in ((mean, "n += 1"), (mean_indexed, "n = n + 1")):
+        with pytest.raises(CompileError, match="counting in a Python loop over v.innbs") as info:
+            fn(graph(), {"h": features()})
+        assert line_of(fn.fn, text) + text in str(info.value)
+
+
+def test_a_list_of_constants_built_from_the_neighbours_is_rejected():
+    @gnnfuse.vertex
+    def mean(v):
+        return sum([u.h for u in v.innbs]) / sum(1 for u in v.innbs)
+
+    @gnnfuse.vertex
+    def mean_len(v):
+        return sum([u.h for u in v.innbs]) / len([1.0 for u in v.innbs])
+    for fn, text in ((mean, "sum(1 for u"), (mean_len, "len([1.0 for")):
+        with pytest.raises(CompileError, match="a list of constants built from v.innbs") as info:
+            fn(graph(), {"h": features()})
+        assert line_of(fn.fn, text) in str(info.value)
+
+
+def mailbox_mean(nodes):
+    m = nodes.mailbox["m"]
+    return {"a": torch.sum(m, dim=1) / m.shape[1], "b": m.sum(1) / m.size(1),
+            "c": torch.sum(m / m.shape[1], dim=1)}
+
+
+def test_mailbox_shape_1_is_the_in_degree(backend):
+    g, h = graph(), features()
+    out = gnnfuse.message_passing(g, lambda e: {"m": e.src["h"]}, mailbox_mean, ndata={"h": h})
+    for key in "abc":
+        check_against(out[key], lambda x: neighbour_mean(g, x), h)
+
+
+def test_mailbox_shape_1_kept_as_a_dim_in_reshape():
+    g, h = graph(), features(4)
+
+    def reduce(nodes):
+        m = nodes.mailbox["m"]
+        return {"o": torch.sum(m.reshape(m.shape[0], m.shape[1], 2, 2), dim=1).reshape(-1, 4)}
+    out = gnnfuse.message_passing(g, lambda e: {"m": e.src["h"]}, reduce, ndata={"h": h})["o"]
+    check_against(out, lambda x: neighbour_mean(g, x) * torch.tensor([1, 3, 1, 0, 1.0], dtype=DOUBLE)[:, None], h)
+
+
+def test_mailbox_shape_1_as_a_python_int_is_rejected():
+    def as_range(nodes):
+        m = nodes.mailbox["m"]
+        total = 0
+        for i in range(m.shape[1]):
+            total = total + m
+        return {"o": total.sum(1)}
+
+    def as_size(nodes):
+        m = nodes.mailbox["m"]
+        return {"o": m.reshape(-1, m.shape[1] * 3)}
+
+    def as_float(nodes):
+        m = nodes.mailbox["m"]
+        return {"o": m.sum(1) / float(m.size(1))}
+    cases = ((as_range, "range(m.shape[1])", "cannot be used as a Python int"),
+             (as_size, "m.shape[1] * 3", "reshape size cannot depend on the in-degree"),
+             (as_float, "float(m.size(1))", "not a Python number"))
+    for reduce, text, message in cases:
+        with pytest.raises(CompileError, match=message) as info:
+            gnnfuse.message_passing(graph(), lambda e: {"m": e.src["h"]}, reduce, ndata={"h": features()})
+        assert line_of(reduce, text) in str(info.value)
+
+
+# --- §1.5: mailbox dims, keepdim, dtype --------------------------------------------------
+@pytest.mark.parametrize("reduce, text", [
+    (lambda nodes: {"o": torch.sum(nodes.mailbox["m"], dim=0)}, "torch.sum"),
+    (lambda nodes: {"o": torch.softmax(nodes.mailbox["m"], dim=0).sum(1)}, "torch.softmax"),
+    (lambda nodes: {"o": nodes.mailbox["m"].max(0)[0]}, "max(0)"),
+    (lambda nodes: {"o": torch.mean(nodes.mailbox["m"], dim=-3)}, "dim=-3"),
+])
+def test_reducing_over_the_vertex_axis_is_rejected(reduce, text):
+    with pytest.raises(CompileError, match=r"dim 0 is the row axis \(one row per vertex\)") as info:
+        gnnfuse.message_passing(graph(), lambda e: {"m": e.src["h"]}, reduce, ndata={"h": features()})
+    assert text in str(info.value).splitlines()[-1]
+
+
+def test_negative_dim_names_the_neighbour_axis(backend):
+    g, h = graph(), features()
+    out = gnnfuse.message_passing(g, lambda e: {"m": e.src["h"]},
+                                  lambda nodes: {"o": torch.mean(nodes.mailbox["m"], dim=-2)}, ndata={"h": h})["o"]
+    check_against(out, lambda x: neighbour_mean(g, x), h)
+
+
+def test_keepdim_keeps_the_neighbour_axis_as_size_one(backend):
+    g, h = graph(), features()
+
+    def reduce(nodes):
+        m = nodes.mailbox["m"]
+        return {"s": torch.sum(m, dim=1, keepdim=True), "x": torch.max(m, 1, keepdim=True)[0],
+                "f": m.sum(-1, keepdim=True).sum(1)}
+    out = gnnfuse.message_passing(g, lambda e: {"m": e.src["h"]}, reduce, ndata={"h": h})
+    assert out["s"].shape == (5, 1, 3) and out["x"].shape == (5, 1, 3) and out["f"].shape == (5, 1)
+
+    def neighbour_max(x):
+        return torch.zeros_like(x).scatter_reduce(0, g.dst[:, None].expand(-1, 3), x[g.src], "amax",
+                                                  include_self=False)
+    degree = torch.tensor([1, 3, 1, 0, 1], dtype=DOUBLE)[:, None]
+    check_against(out["s"], lambda x: (neighbour_mean(g, x) * degree).unsqueeze(1), h)
+    check_against(out["x"], lambda x: neighbour_max(x).unsqueeze(1), h)
+    check_against(out["f"], lambda x: (neighbour_mean(g, x) * degree).sum(-1, keepdim=True), h)
+
+
+def test_reduction_dtype_other_than_the_data_is_rejected():
+    def reduce(nodes):
+        return {"o": torch.sum(nodes.mailbox["m"], dim=1, dtype=torch.float32)}
+    with pytest.raises(CompileError, match=r"dtype=torch.float32\) on torch.float64 data") as info:
+        gnnfuse.message_passing(graph(), lambda e: {"m": e.src["h"]}, reduce, ndata={"h": features()})
+    assert line_of(reduce, "dtype=torch.float32") in str(info.value)
+
+    g, h = graph(), features()
+    same = gnnfuse.message_passing(g, lambda e: {"m": e.src["h"]},
+                                   lambda n: {"o": torch.sum(n.mailbox["m"], dim=1, dtype=DOUBLE)}, ndata={"h": h})
+    degree = torch.tensor([1, 3, 1, 0, 1], dtype=DOUBLE)[:, None]
+    check_against(same["o"], lambda x: neighbour_mean(g, x) * degree, h)
+
+
+@pytest.mark.parametrize("softmax", [
+    lambda m: torch.softmax(m, 1, torch.float32), lambda m: torch.softmax(m, dim=1, dtype=torch.float32),
+    lambda m: torch.nn.functional.softmax(m, dim=1, dtype=torch.float32), lambda m: m.softmax(1, torch.float32)])
+def test_softmax_dtype_other_than_the_data_is_rejected(softmax):
+    def reduce(nodes):
+        return {"o": torch.sum(softmax(nodes.mailbox["m"]) * nodes.mailbox["m"], dim=1)}
+    with pytest.raises(CompileError, match=r"softmax\(..., dtype=torch.float32\) on torch.float64 data"):
+        gnnfuse.message_passing(graph(), lambda e: {"m": e.src["h"]}, reduce, ndata={"h": features()})

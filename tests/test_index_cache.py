@@ -1,0 +1,240 @@
+"""Raw graph inputs a PyG user passes -- an ``edge_index`` tensor, PyG's ``EdgeIndex``, a
+sparse ``adj_t`` -- get one remembered `Graph` while unchanged (issue #12 item 1), so a
+training loop reuses its CSR and self-looped graph, and an edited input is never served
+a stale graph."""
+from __future__ import annotations
+
+import gc
+import types
+import weakref
+
+import pytest
+import torch
+import torch_geometric.nn as pyg
+from torch_geometric import EdgeIndex
+
+import gnnfuse
+from gnnfuse import Graph
+from gnnfuse import nn as gnn
+from gnnfuse.graph import clear_index_cache, index_cache
+from layer_check import assert_same_outputs_and_grads
+
+N = 10
+
+
+@pytest.fixture(autouse=True)
+def empty_cache():
+    clear_index_cache()
+    yield
+    clear_index_cache()
+
+
+def edge_index() -> torch.Tensor:
+    """No multi-edges (a sparse adj_t would merge them), vertex 9 isolated."""
+    pairs = sorted({(s, d) for s, d in torch.randint(0, N - 1, (30, 2), generator=torch.Generator().manual_seed(5)).tolist()})
+    return torch.tensor(pairs).t().contiguous()
+
+
+def gcn() -> tuple[gnn.GCNConv, pyg.GCNConv]:
+    torch.manual_seed(0)
+    ours, ref = gnn.GCNConv(4, 3).double(), pyg.GCNConv(4, 3).double()
+    ours.load_state_dict(ref.state_dict())
+    return ours, ref
+
+
+def no_call(graph: Graph):
+    pytest.fail("a layout cached on the first call was built again")
+
+
+def test_a_repeated_edge_index_reuses_one_graph_and_its_layouts():
+    ei, conv = edge_index(), gcn()[0]
+    x = torch.randn(N, 4, dtype=torch.float64)
+    conv(x, ei)
+    graph = Graph.coerce(ei, N)
+    assert Graph.coerce(ei, N) is graph
+    graph.cached("nn_self_looped", no_call).cached("nn_inv_sqrt_degree", no_call)   # from the first call
+    assert Graph.coerce(ei, N + 1) is not graph and Graph.coerce(ei, N + 1).num_nodes == N + 1
+
+
+def test_an_edited_edge_index_is_never_served_stale():
+    ei, conv = edge_index(), gcn()[0]
+    x = torch.randn(N, 4, dtype=torch.float64)
+    before = conv(x, ei)
+    edits = [lambda: ei.__setitem__((1, 0), 9),           # item assignment
+             lambda: ei[0].copy_(ei[0].flip(0)),          # through a view of one row
+             lambda: ei.t()[:3, 1].fill_(4)]              # through a strided view
+    for edit in edits:
+        edit()
+        fresh = conv(x, ei.clone())                      # a new tensor: rebuilt from scratch
+        torch.testing.assert_close(conv(x, ei), fresh, rtol=0, atol=0)
+        assert not torch.equal(fresh, before)
+        before = fresh
+
+
+def test_new_tensors_are_never_mistaken_for_freed_ones():
+    """Each temporary below gets the id of the one freed before it, and int32 input is
+    copied into the graph, so the freed tensor's memory (and version 0) may come back
+    too: only the object itself tells the inputs apart."""
+    for i in range(16):
+        graph = Graph.coerce(torch.full((2, 1 << 16), i, dtype=torch.int32), 16)
+        assert graph.dst[0].item() == i
+
+
+@pytest.mark.parametrize("make", [edge_index, lambda: adjacencies(edge_index())["csr"],
+                                  lambda: EdgeIndex(edge_index(), sparse_size=(N, N))],
+                         ids=["edge_index", "adj_t", "EdgeIndex"])
+def test_a_dropped_input_frees_its_graph(make):
+    """A loop making a new edge_index per epoch must not pile up graphs (and their
+    layouts) on the GPU until the cache evicts them."""
+    graph = Graph.coerce(make(), N)
+    graph.csr()
+    alive = weakref.ref(graph)
+    del graph
+    gc.collect()
+    assert alive() is None
+
+
+def test_the_cache_is_bounded_least_recently_used_first():
+    first = edge_index()
+    graph = Graph.coerce(first, N)
+    others = [edge_index() for _ in range(2 * index_cache.CAPACITY)]
+    for other in others[:index_cache.CAPACITY - 1]:     # now full
+        Graph.coerce(other, N)
+    assert Graph.coerce(first, N) is graph              # a hit: `first` is the most recent
+    Graph.coerce(others[index_cache.CAPACITY - 1], N)   # evicts others[0], not `first`
+    assert Graph.coerce(first, N) is graph
+    for other in others[index_cache.CAPACITY:]:
+        Graph.coerce(other, N)
+    assert Graph.coerce(first, N) is not graph
+
+
+def test_inference_tensors_are_used_but_not_cached():
+    with torch.inference_mode():
+        ei = edge_index()
+    graph = Graph.coerce(ei, N)
+    assert graph.num_edges == ei.shape[1] and Graph.coerce(ei, N) is not graph
+
+
+# --- other PyG graph inputs --------------------------------------------------------------
+def loop_free_edge_index() -> torch.Tensor:
+    """For comparisons with PyG's own sparse path: on a torch sparse adj_t, PyG's GCN adds
+    a second self loop where one exists (add_self_loops), unlike on an edge_index
+    (add_remaining_self_loops); gnnfuse reads both inputs as the same graph and follows the
+    edge_index semantics."""
+    ei = edge_index()
+    return ei[:, ei[0] != ei[1]]
+
+
+def adjacencies(ei: torch.Tensor) -> dict[str, torch.Tensor]:
+    """PyG's adj_t convention: entry (target, source)."""
+    coo = torch.sparse_coo_tensor(ei.flip(0), torch.ones(ei.shape[1], dtype=torch.float64), (N, N)).coalesce()
+    return {"coo": coo, "csr": coo.to_sparse_csr()}
+
+
+@pytest.mark.parametrize("layout", ["coo", "csr"])
+def test_sparse_adj_t_is_read_as_pyg_reads_it(layout):
+    ei = loop_free_edge_index()
+    adj_t = adjacencies(ei)[layout]
+    ours, ref = gcn()
+    x = torch.randn(N, 4, dtype=torch.float64)
+    assert_same_outputs_and_grads(ours, ref, lambda xs: ours(xs, adj_t), lambda xs: ref(xs, adj_t), x)
+    with_loops = edge_index()
+    torch.testing.assert_close(ours(x, adjacencies(with_loops)[layout]), ours(x, with_loops))
+    graph = Graph.coerce(adj_t, N)
+    assert sorted(zip(graph.src.tolist(), graph.dst.tolist())) == sorted(zip(*ei.tolist()))
+    assert Graph.coerce(adj_t, N) is graph
+
+
+@pytest.mark.parametrize("layout", ["coo", "csr"])
+def test_row_major_adj_t_builds_its_csr_without_a_sort(layout, monkeypatch):
+    graph = Graph.coerce(adjacencies(edge_index())[layout], N)
+    expected = Graph(graph.src, graph.dst, N).csr()
+    monkeypatch.setattr(torch, "sort", lambda *a, **k: pytest.fail("sorted again"))
+    for got, want in zip(graph.csr(), expected):
+        assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda ei: torch.sparse_coo_tensor(ei.flip(0), torch.full((ei.shape[1],), 0.5), (N, N)),
+     "values other than 1, which PyG would use as edge weights"),
+    (lambda ei: torch.sparse_coo_tensor(ei.flip(0), torch.ones(ei.shape[1]), (N, N + 1)), "must be square"),
+    (lambda ei: adjacencies(ei)["coo"].to_sparse_csc(), "sparse COO or CSR tensor, got layout torch.sparse_csc"),
+])
+def test_unusable_adj_t_is_rejected(make, message):
+    with pytest.raises(ValueError, match=message):
+        Graph.coerce(make(edge_index()))
+
+
+def test_adj_t_size_must_match_num_nodes():
+    with pytest.raises(ValueError, match="num_nodes=12 given but the adjacency is 10 x 10"):
+        Graph.coerce(adjacencies(edge_index())["coo"], 12)
+
+
+def test_pyg_edge_index_is_read_and_its_column_order_reused(monkeypatch):
+    ei = edge_index()
+    order = torch.sort(ei[1], stable=True).indices
+    by_col = EdgeIndex(ei[:, order], sparse_size=(N, N), sort_order="col")
+    ours, ref = gcn()
+    x = torch.randn(N, 4, dtype=torch.float64)
+    assert_same_outputs_and_grads(ours, ref, lambda xs: ours(xs, by_col), lambda xs: ref(xs, ei[:, order]), x)
+    graph = Graph.coerce(by_col, N)
+    assert type(graph.src) is torch.Tensor and Graph.coerce(by_col, N) is graph
+    fresh = Graph.coerce(EdgeIndex(ei[:, order], sparse_size=(N, N), sort_order="col"), N)
+    expected = Graph.from_edge_index(ei[:, order], N).csr()
+    monkeypatch.setattr(torch, "sort", lambda *a, **k: pytest.fail("sorted again"))
+    for got, want in zip(fresh.csr(), expected):
+        assert torch.equal(got, want)
+
+
+def test_a_false_sort_order_claim_is_not_trusted():
+    ei = edge_index()
+    claimed = EdgeIndex(ei, sparse_size=(N, N), sort_order="col")   # ei is sorted by source, not target
+    for got, want in zip(Graph.coerce(claimed, N).csr(), Graph.from_edge_index(ei, N).csr()):
+        assert torch.equal(got, want)
+
+
+class _FakeSparseTensor:
+    """torch_sparse.SparseTensor's surface gnnfuse reads (``coo``, ``sparse_sizes``)."""
+
+    def __init__(self, row: torch.Tensor, col: torch.Tensor, size: int):
+        self.row, self.col, self.size = row, col, size
+
+    def coo(self):
+        return self.row, self.col, None
+
+    def sparse_sizes(self):
+        return self.size, self.size
+
+
+def test_sparse_tensor_is_read_as_adj_t():
+    fake = types.new_class("SparseTensor", (_FakeSparseTensor,))
+    fake.__module__ = "torch_sparse.tensor"
+    ei = edge_index()
+    order = torch.sort(ei[1], stable=True).indices
+    adj_t = fake(ei[1, order], ei[0, order], N)
+    graph = Graph.coerce(adj_t, N)
+    assert graph.src.tolist() == ei[0, order].tolist() and graph.dst.tolist() == ei[1, order].tolist()
+    assert Graph.coerce(adj_t, N) is graph
+
+
+def test_real_sparse_tensor_matches_pyg():
+    torch_sparse = pytest.importorskip("torch_sparse")
+    ei = edge_index()
+    adj_t = torch_sparse.SparseTensor(row=ei[1], col=ei[0], sparse_sizes=(N, N))
+    ours, ref = gcn()
+    x = torch.randn(N, 4, dtype=torch.float64)
+    assert_same_outputs_and_grads(ours, ref, lambda xs: ours(xs, adj_t), lambda xs: ref(xs, adj_t), x)
+
+
+def test_front_ends_take_the_same_inputs():
+    @gnnfuse.vertex
+    def neighbour_sum(v):
+        return sum([u.h for u in v.innbs])
+
+    ei = torch.cat([edge_index(), torch.tensor([[N - 1], [0]])], 1)   # N inferred from the ids
+    x = torch.randn(N, 2, dtype=torch.float64)
+    expected = torch.zeros_like(x).index_add(0, ei[1], x[ei[0]])
+    for graph in (ei, adjacencies(ei)["csr"], EdgeIndex(ei, sparse_size=(N, N))):
+        torch.testing.assert_close(neighbour_sum(graph, {"h": x}), expected)
+    padded = torch.cat([x, x[:2]])             # EdgeIndex's size counts isolated trailing vertices
+    assert neighbour_sum(EdgeIndex(ei, sparse_size=(N + 2, N + 2)), {"h": padded}).shape == (N + 2, 2)

@@ -1,0 +1,62 @@
+"""Max and min aggregation propagate NaN as torch's ``scatter_reduce("amax"/"amin",
+include_self=False)`` -- PyG's max and min -- does, forward and backward, on both
+backends. The Triton kernels once skipped NaN (hardware fmax): a vertex whose only
+in-neighbour was NaN got -inf and a NaN among finite neighbours was ignored.
+
+Backward semantics (torch's): a vertex whose max is NaN sends NaN to every in-edge; a
+finite max goes to its arg-extreme edges, split evenly among ties."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import gnnfuse
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+NAN = float("nan")
+
+
+@gnnfuse.vertex
+def neighbour_max(v):
+    return max([u.h for u in v.innbs])
+
+
+@gnnfuse.vertex
+def neighbour_min(v):
+    return min([u.h for u in v.innbs])
+
+
+def nan_graph() -> tuple[gnnfuse.Graph, torch.Tensor]:
+    """(graph, features). Vertex 1's only in-neighbour (0) is NaN in column 0; vertex 2
+    sees NaN among finite neighbours; vertex 3 has a tie; vertex 4 a 150-edge row (over
+    one edge chunk) whose only NaN comes last; vertex 5 has no in-edges; vertex 6 sees
+    +-inf and no NaN."""
+    pairs = [(0, 1), (0, 2), (3, 2), (4, 2), (6, 3), (7, 3)] + [(8, 4)] * 149 + [(0, 4), (9, 6), (10, 6)]
+    src, dst = torch.tensor(pairs).t()
+    x = torch.randn(11, 2, dtype=torch.float64)
+    x[0, 0] = NAN
+    x[6] = x[7] = torch.tensor([1.5, -2.0], dtype=torch.float64)   # ties at vertex 3
+    x[9] = torch.tensor([float("inf"), float("-inf")], dtype=torch.float64)
+    x[10] = torch.tensor([float("-inf"), float("inf")], dtype=torch.float64)
+    return gnnfuse.Graph(src, dst, 11).to(DEVICE), x.to(DEVICE)
+
+
+def torch_oracle(x: torch.Tensor, graph: gnnfuse.Graph, reduce: str) -> torch.Tensor:
+    index = graph.dst.view(-1, 1).expand(-1, x.shape[1])
+    return x.new_zeros(x.shape).scatter_reduce(0, index, x[graph.src], reduce, include_self=False)
+
+
+@pytest.mark.parametrize("reduce, fn", [("amax", neighbour_max), ("amin", neighbour_min)])
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_max_and_min_propagate_nan_like_torch(reduce, fn, backend, monkeypatch):
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    graph, x = nan_graph()
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    out, expected = fn(graph, {"h": xa}), torch_oracle(xb, graph, reduce)
+    torch.testing.assert_close(out, expected, equal_nan=True)
+    assert out[1, 0].isnan() and out[2, 0].isnan() and out[4, 0].isnan() and not out[3].isnan().any()
+    seed = torch.linspace(-1, 1, out.numel(), dtype=out.dtype, device=out.device).view_as(out)
+    (out * seed).sum().backward()
+    (expected * seed).sum().backward()
+    torch.testing.assert_close(xa.grad, xb.grad, equal_nan=True)
+    assert xa.grad[[3, 4], 0].isnan().all() and not xa.grad[[6, 7, 9, 10]].isnan().any()

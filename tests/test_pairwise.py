@@ -1,0 +1,449 @@
+"""Pairwise mailbox terms (issue #11 §2): reduce UDFs that combine every pair of a
+vertex's messages, ``m.unsqueeze(1) - m.unsqueeze(2)``, as Graphiler's C-GAT does.
+
+Each UDF pair is checked against DGL's semantics written out in plain torch: the same
+UDFs run on real tensors, vertices bucketed by in-degree so every bucket's mailbox is a
+dense [n, D, ...] tensor, zero-degree vertices left at 0. Outputs and the gradients of
+the input and of every captured parameter in float64, on the reference backend and on
+generated kernels (Triton's interpreter without a GPU); pair ops themselves run as torch
+ops on both backends. C-GAT's hinge sum runs once through its sorted rewrite
+(``hinge_sum``) and once through the general pair rows, so both stay covered."""
+from __future__ import annotations
+
+import inspect
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import gnnfuse
+from gnnfuse import CompileError
+from gnnfuse.backend.triton import executor as triton_executor
+from gnnfuse.frontend import trace_message_passing
+from gnnfuse.ir.ops.pairwise import hinge_sum, hinge_sum_grad, in_edge_pairs
+from gnnfuse.passes import pipeline
+from gnnfuse.runtime import CompiledProgram
+from gnnfuse.runtime import compiled as compiled_module
+from layer_check import rel_err
+
+N, F_IN, F_OUT = 8, 3, 4
+BACKENDS = ("reference", "triton")
+
+
+def _device(backend: str) -> str:
+    """Generated kernels on a GPU when there is one, else in Triton's interpreter (conftest)."""
+    return "cuda" if backend == "triton" and torch.cuda.is_available() else "cpu"
+
+
+def _graph() -> tuple[torch.Tensor, torch.Tensor]:
+    """Multi-edges (equal scores), self loops, in-degrees 0..9; vertices 6 and 7 get no edges in."""
+    gen = torch.Generator().manual_seed(0)
+    src = torch.cat([torch.randint(0, N, (24,), generator=gen), torch.tensor([2, 2, 5])])
+    dst = torch.cat([torch.randint(0, N - 2, (24,), generator=gen), torch.tensor([4, 4, 5])])
+    return src, dst
+
+
+def _params(device: str = "cpu") -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(1)
+    return {"W": torch.randn(F_IN, F_OUT, dtype=torch.float64, generator=gen).to(device),
+            "attn": torch.randn(2 * F_OUT, 1, dtype=torch.float64, generator=gen).to(device)}
+
+
+# --- the UDFs (C-GAT as Graphiler's benchmark writes it, and other pairwise terms) -------
+def make_message(p):
+    def message(edges):
+        z_src = torch.mm(edges.src["h"], p["W"])
+        z_dst = torch.mm(edges.dst["h"], p["W"])
+        score = torch.mm(torch.cat([z_src, z_dst], dim=1), p["attn"])
+        return {"z": z_src, "e": F.leaky_relu(score), "t": edges.data["t"]}
+    return message
+
+
+def cgat_reduce(nodes):
+    score = nodes.mailbox["e"]
+    below = score.unsqueeze(2)
+    above = score.unsqueeze(1)
+    alpha = (above - below).clamp(min=0).sum(1)
+    return {"h": torch.sum(alpha * nodes.mailbox["z"], dim=1)}
+
+
+def weighted_cgat_reduce(nodes):
+    """C-GAT's weights on messages that differ between multi-edges (their scores tie):
+    clamp's gradient at a tie then reaches both edges unequally."""
+    score = nodes.mailbox["e"]
+    alpha = (score.unsqueeze(1) - score.unsqueeze(2)).clamp(min=0).sum(1)
+    return {"h": torch.sum(alpha * nodes.mailbox["t"] * nodes.mailbox["z"], dim=1)}
+
+
+def flipped_hinge_reduce(nodes):
+    """sum_a max(0, e_a - e_b): the hinge the other way round (sorted as hinge_sum(-e)),
+    with relu, whose gradient at ties is 0, on messages that differ between multi-edges."""
+    e = nodes.mailbox["e"]
+    alpha = torch.relu(e.unsqueeze(2) - e.unsqueeze(1)).sum(1)
+    return {"h": torch.sum(alpha * nodes.mailbox["t"] * nodes.mailbox["z"], dim=1)}
+
+
+def spread_reduce(nodes):
+    """Mean squared score gap per edge, reduced over axis 2."""
+    e = nodes.mailbox["e"]
+    gap = (e.unsqueeze(1) - e.unsqueeze(2)) ** 2
+    return {"h": torch.sum(gap.mean(2) * nodes.mailbox["z"], dim=1)}
+
+
+def similarity_reduce(nodes):
+    """Pairs of feature vectors (plus a per-edge tie-breaker): each edge's least similar
+    in-edge, and a keepdim max whose size-1 axis is then summed away (the identity)."""
+    z, t, e = nodes.mailbox["z"], nodes.mailbox["t"], nodes.mailbox["e"]
+    sim = torch.tanh((z.unsqueeze(1) * z.unsqueeze(2)).sum(-1, keepdim=True)) + t.unsqueeze(1) * t.unsqueeze(2)
+    sim = sim * e.unsqueeze(1)                                              # [N, D, D, 1]
+    least = torch.min(sim, dim=2).values                                    # [N, D, 1]
+    peak = torch.max(sim, dim=1, keepdim=True).values                       # [N, 1, D, 1]
+    return {"h": torch.sum((least + peak.sum(1)) * z, dim=1)}
+
+
+def view_reduce(nodes):
+    """[N, 1, D, F] alone: per-edge ops, and over its size-1 axis the identity."""
+    z, e = nodes.mailbox["z"], nodes.mailbox["e"]
+    same = torch.relu(z.unsqueeze(1) * e.unsqueeze(1)).sum(1)              # [N, D, F]
+    peak = torch.max(torch.tanh(z.unsqueeze(-3)), dim=1, keepdim=True).values   # [N, 1, D, F]
+    return {"h": torch.sum(same * peak.mean(1), dim=1)}
+
+
+REDUCES = {"cgat": cgat_reduce, "weighted-cgat": weighted_cgat_reduce, "flipped-hinge": flipped_hinge_reduce,
+           "spread": spread_reduce, "similarity": similarity_reduce, "view": view_reduce}
+SORTED, PER_EDGE = {"cgat", "weighted-cgat", "flipped-hinge"}, {"view"}   # hinge_sum; no pair rows; the rest: pairs
+
+
+# --- DGL's update_all on real tensors -------------------------------------------------
+def dgl_update_all(src, dst, num_nodes, message, reduce, ndata, edata):
+    edges = SimpleNamespace(src={k: v[src] for k, v in ndata.items()},
+                            dst={k: v[dst] for k, v in ndata.items()}, data=edata)
+    messages = message(edges)
+    degree = torch.bincount(dst, minlength=num_nodes)
+    out = {}
+    for d in sorted(set(degree.tolist()) - {0}):
+        vertices = (degree == d).nonzero().squeeze(1)
+        eids = torch.stack([(dst == v).nonzero().squeeze(1) for v in vertices])       # [n, d], id order
+        nodes = SimpleNamespace(mailbox={k: m[eids] for k, m in messages.items()},
+                                data={k: v[vertices] for k, v in ndata.items()})
+        for key, rows in reduce(nodes).items():
+            if key not in out:
+                out[key] = rows.new_zeros((num_nodes,) + rows.shape[1:])
+            out[key] = out[key].index_add(0, vertices, rows)
+    return out
+
+
+def _edata(num_edges: int, device: str = "cpu") -> dict[str, torch.Tensor]:
+    """A per-edge value that tells multi-edges apart (their messages are otherwise equal)."""
+    gen = torch.Generator().manual_seed(5)
+    return {"t": torch.randn(num_edges, 1, dtype=torch.float64, generator=gen).to(device)}
+
+
+def _run(fn, h, p):
+    """fn's output and the gradients of a fixed projection of it (h first, then p)."""
+    h = h.clone().requires_grad_()
+    p = {k: v.clone().requires_grad_() for k, v in p.items()}
+    out = fn(h, p)
+    weight = torch.linspace(-1, 1, out.numel(), dtype=out.dtype, device=out.device).view_as(out)
+    grads = torch.autograd.grad((out * weight).sum(), [h, *p.values()])
+    return out.detach(), grads
+
+
+def _check(name, backend, src, dst, monkeypatch):
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    launched = []
+    real_run_unit = triton_executor.run_unit
+    monkeypatch.setattr(triton_executor, "run_unit", lambda unit, *a: launched.append(unit) or real_run_unit(unit, *a))
+    device = _device(backend)
+    src, dst = src.to(device), dst.to(device)
+    graph = gnnfuse.Graph(src, dst, N)
+    h = torch.randn(N, F_IN, dtype=torch.float64, generator=torch.Generator().manual_seed(2)).to(device)
+    reduce = REDUCES[name]
+    edata = _edata(len(src), device)
+    ours = _run(lambda h, p: gnnfuse.message_passing(graph, make_message(p), reduce, ndata={"h": h},
+                                                     edata=edata)["h"], h, _params(device))
+    expected = _run(lambda h, p: dgl_update_all(src, dst, N, make_message(p), reduce, {"h": h}, edata)["h"],
+                    h, _params(device))
+    assert rel_err(ours[0], expected[0]) < 1e-12
+    for got, want in zip(ours[1], expected[1]):
+        assert rel_err(got, want) < 1e-12
+    assert bool(launched) == (backend == "triton"), "generated kernels ran exactly on the Triton backend"
+
+
+def _optimized_ops(reduce) -> set[str]:
+    p = _params()
+    tracer = trace_message_passing(make_message(p), reduce, None, {"h": torch.zeros(N, F_IN, dtype=torch.float64)},
+                                   _edata(3))
+    return {v.op for v in CompiledProgram(tracer.program).program}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", REDUCES)
+def test_pairwise_udf_matches_dgl_semantics(name, backend, monkeypatch):
+    _check(name, backend, *_graph(), monkeypatch)
+
+
+@pytest.mark.parametrize("name", REDUCES)
+def test_hinge_sums_are_sorted_other_pair_terms_keep_pair_rows(name):
+    ops = _optimized_ops(REDUCES[name])
+    if name in SORTED:
+        assert "hinge_sum" in ops and not ops & {"pair_broadcast", "pair_reduce"}
+    elif name in PER_EDGE:
+        assert not ops & {"hinge_sum", "pair_broadcast", "pair_reduce"}
+    else:
+        assert {"pair_broadcast", "pair_reduce"} <= ops and "hinge_sum" not in ops
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", sorted(SORTED))
+def test_hinge_sums_through_pair_rows_without_the_sorting_rewrite(name, backend, monkeypatch):
+    """The general path for the hinge UDFs: same numbers with the pass switched off."""
+    monkeypatch.setattr(pipeline, "sort_hinge_pairs", lambda program: program)
+    monkeypatch.setattr(compiled_module, "_BY_STRUCTURE", {})
+    assert {"pair_broadcast", "pair_reduce"} <= _optimized_ops(REDUCES[name])
+    _check(name, backend, *_graph(), monkeypatch)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", ["weighted-cgat", "flipped-hinge"])
+def test_tied_scores_get_torchs_gradient(name, backend, monkeypatch):
+    """Scores read from edge data with many exact ties between different edges: clamp's
+    gradient at a tie passes (torch.clamp), relu's does not; the edge data's gradient
+    shows which, on the sorted path and on pair rows."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    device = _device(backend)
+    src, dst = (t.to(device) for t in _graph())
+    graph = gnnfuse.Graph(src, dst, N)
+    gen = torch.Generator().manual_seed(7)
+    h = torch.randn(N, F_OUT, dtype=torch.float64, generator=gen).to(device).requires_grad_()
+    score = torch.randint(0, 3, (len(src), 1), generator=gen).to(device, torch.float64).requires_grad_()
+    t = torch.randn(len(src), 1, dtype=torch.float64, generator=gen).to(device)
+
+    def message(edges):
+        return {"z": edges.src["h"], "e": edges.data["s"], "t": edges.data["t"]}
+
+    def grads(run):
+        out = run()
+        weight = torch.linspace(-1, 1, out.numel(), dtype=out.dtype, device=out.device).view_as(out)
+        return torch.autograd.grad((out * weight).sum(), [h, score])
+
+    expected = grads(lambda: dgl_update_all(src, dst, N, message, REDUCES[name], {"h": h}, {"s": score, "t": t})["h"])
+    assert expected[1].abs().sum() > 0
+    for sort in (True, False):
+        if not sort:
+            monkeypatch.setattr(pipeline, "sort_hinge_pairs", lambda program: program)
+            monkeypatch.setattr(compiled_module, "_BY_STRUCTURE", {})
+        ours = grads(lambda: gnnfuse.message_passing(graph, message, REDUCES[name], ndata={"h": h},
+                                                     edata={"s": score, "t": t})["h"])
+        for got, want in zip(ours, expected):
+            assert rel_err(got, want) < 1e-12, ("sorted" if sort else "pair rows")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_graph_without_edges(backend, monkeypatch):
+    """No in-edges anywhere: no pairs, zeros out, zero gradients (DGL fills zeros)."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    device = _device(backend)
+    empty = torch.empty(0, dtype=torch.long, device=device)
+    graph = gnnfuse.Graph(empty, empty, N)
+    for reduce in (cgat_reduce, spread_reduce):
+        out, grads = _run(lambda h, p: gnnfuse.message_passing(graph, make_message(p), reduce, ndata={"h": h},
+                                                               edata=_edata(0, device))["h"],
+                          torch.randn(N, F_IN, dtype=torch.float64, device=device), _params(device))
+        assert torch.equal(out, torch.zeros(N, F_OUT, dtype=torch.float64, device=device))
+        assert all(torch.equal(g, torch.zeros_like(g)) for g in grads)
+
+
+def test_gradcheck_cgat_udf():
+    src, dst = _graph()
+    graph = gnnfuse.Graph(src, dst, N)
+    h = torch.randn(N, F_IN, dtype=torch.float64, requires_grad=True)
+    W, attn = (t.requires_grad_() for t in _params().values())
+
+    def f(h, W, attn):
+        return gnnfuse.message_passing(graph, make_message({"W": W, "attn": attn}), cgat_reduce,
+                                       ndata={"h": h}, edata=_edata(len(src)))["h"]
+    assert torch.autograd.gradcheck(f, (h, W, attn))
+
+
+# --- the sorted hinge sum and the pair index --------------------------------------------
+def test_hinge_sum_ties_and_columns():
+    """Equal values contribute 0 to each other; each feature column is its own problem."""
+    score = torch.tensor([[1.0, 0.0], [3.0, 0.0], [1.0, 5.0], [2.0, 1.0]], dtype=torch.float64)
+    dst = torch.tensor([0, 0, 0, 1])
+    # vertex 0, column 0: scores 1, 3, 1 -> 0, (2 + 2), 0; column 1: 0, 0, 5 -> 0, 0, 10.
+    assert torch.equal(hinge_sum(score, dst, 2),
+                       torch.tensor([[0.0, 0.0], [4.0, 0.0], [0.0, 10.0], [0.0, 0.0]], dtype=torch.float64))
+
+
+@pytest.mark.parametrize("hinge", [torch.relu, lambda gap: gap.clamp(min=0)], ids=["relu", "clamp"])
+@pytest.mark.parametrize("special", [None, "nan-x", "inf-x", "nan-grad"])
+def test_hinge_sum_and_its_gradient_against_all_pairs(special, hinge):
+    """Against torch's pair table (relu's or clamp's gradient at ties); NaN and
+    infinities stay in their vertex's group."""
+    gen = torch.Generator().manual_seed(3)
+    dst = torch.randint(0, 5, (30,), generator=gen)
+    x = torch.randn(30, 2, 3, dtype=torch.float64, generator=gen).round(decimals=1)   # many ties
+    g = torch.randn(30, 2, 3, dtype=torch.float64, generator=gen)
+    first = int((dst == dst[0]).nonzero()[0])
+    if special == "nan-x":
+        x[first, 0, 0] = float("nan")
+    elif special == "inf-x":
+        x[first, 0, 0], x[first, 1, 1] = float("inf"), -float("inf")
+    elif special == "nan-grad":
+        g[first, 0, 0] = float("nan")
+    same = (dst.unsqueeze(0) == dst.unsqueeze(1)).view(30, 30, 1, 1)
+    xs = x.clone().requires_grad_()
+    gap = hinge(xs.unsqueeze(1) - xs.unsqueeze(0))                            # [e, t] = x_e - x_t
+    pairs = torch.where(same, gap, torch.zeros_like(gap)).sum(1)
+    (expected_grad,) = torch.autograd.grad((pairs * g).sum(), xs)
+    inclusive = hinge is not torch.relu
+    torch.testing.assert_close(hinge_sum(x, dst, 5), pairs.detach(), rtol=1e-12, atol=1e-12, equal_nan=True)
+    torch.testing.assert_close(hinge_sum_grad(x, g, dst, 5, inclusive), expected_grad, rtol=1e-12, atol=1e-12,
+                               equal_nan=True)
+    if special is not None:   # other vertices keep finite values
+        assert torch.isfinite(hinge_sum(x, dst, 5)[dst != dst[0]]).all()
+
+
+def test_in_edge_pairs_are_every_ordered_pair_per_destination():
+    dst = torch.tensor([2, 0, 2, 2, 1, 0])
+    i, j = in_edge_pairs(dst, 4)
+    expected = {(a, b) for a in range(6) for b in range(6) if dst[a] == dst[b]}
+    assert sorted(zip(i.tolist(), j.tolist())) == sorted(expected)
+
+
+# --- what cannot be lined up is an error naming the line ----------------------------------
+def _line(fn, text: str) -> int:
+    lines, start = inspect.getsourcelines(fn)
+    return start + next(n for n, line in enumerate(lines) if text in line)
+
+
+def _expect_error(reduce, text: str, match: str):
+    graph = gnnfuse.Graph(*_graph(), N)
+    h = torch.randn(N, F_IN, dtype=torch.float64)
+    with pytest.raises(CompileError, match=match) as info:
+        gnnfuse.message_passing(graph, make_message(_params()), reduce, ndata={"h": h},
+                                edata=_edata(graph.num_edges))
+    assert f":{_line(reduce, text)}:" in str(info.value)
+
+
+def test_misaligned_operands_are_rejected():
+    def rank_mismatch(nodes):
+        e = nodes.mailbox["e"]
+        bad = e.unsqueeze(1) - e            # [N, 1, D, 1] - [N, D, 1]: N meets D
+        return {"h": torch.sum(bad.sum(1) * nodes.mailbox["z"], dim=1)}
+    _expect_error(rank_mismatch, "bad = ", "does not line up")
+
+    def not_singleton(nodes):
+        z = nodes.mailbox["z"]
+        bad = z.unsqueeze(1) - z.unsqueeze(3)   # [N, 1, D, F] - [N, D, F, 1]: D meets F
+        return {"h": torch.sum(bad.sum(1).sum(-1) * z, dim=1)}
+    _expect_error(not_singleton, "bad = ", "does not line up")
+
+    def node_data(nodes):
+        e = nodes.mailbox["e"]
+        bad = e.unsqueeze(1) - nodes.data["h"]
+        return {"h": torch.sum(bad.sum(1) * nodes.mailbox["z"], dim=1)}
+    _expect_error(node_data, "bad = ", "does not line up")
+
+
+def test_per_destination_values_in_pair_terms_are_rejected():
+    """nodes.data[k].unsqueeze(1) is [N, 1, F] in DGL but edges.dst[k] in the mailbox is
+    [N, D, F]; both trace to the same DST value, so neither may enter a pair term."""
+    def node_view(nodes):
+        e = nodes.mailbox["e"]
+        bad = e.unsqueeze(1) * nodes.data["h"].unsqueeze(1).unsqueeze(1)
+        return {"h": torch.sum(bad.sum(1).sum(-1, keepdim=True) * nodes.mailbox["z"], dim=1)}
+    _expect_error(node_view, "bad = ", "per-destination value")
+
+
+def test_reducing_a_row_view_over_its_edges_is_rejected():
+    """m.unsqueeze(1).sum(2) is a per-vertex [N, 1, ...] value, which the trace could not
+    tell from a mailbox value in later reductions; m.sum(1) says the same unambiguously."""
+    def row_view(nodes):
+        z = nodes.mailbox["z"]
+        total = z.unsqueeze(1).sum(2)
+        return {"h": torch.sum(total, dim=1)}
+    _expect_error(row_view, "total = ", "reduce the mailbox value itself")
+
+
+def test_softmax_over_a_pair_axis_is_rejected():
+    def pair_softmax(nodes):
+        e = nodes.mailbox["e"]
+        att = torch.softmax(e.unsqueeze(1) - e.unsqueeze(2), dim=1)
+        return {"h": torch.sum(att.sum(2) * nodes.mailbox["z"], dim=1)}
+    _expect_error(pair_softmax, "att = ", "softmax over an axis of a pairwise")
+
+
+def test_reducing_both_pair_axes_at_once_is_rejected():
+    def both(nodes):
+        e = nodes.mailbox["e"]
+        total = (e.unsqueeze(1) - e.unsqueeze(2)).sum((1, 2))
+        return {"h": total}
+    _expect_error(both, "total = ", "separate calls")
+
+
+def test_returning_a_pair_term_is_rejected():
+    def unreduced(nodes):
+        e = nodes.mailbox["e"]
+        pairs = e.unsqueeze(1) - e.unsqueeze(2)
+        return {"h": pairs}
+    graph = gnnfuse.Graph(*_graph(), N)
+    with pytest.raises(CompileError, match="reduce_fn output 'h' is PAIR data"):
+        gnnfuse.message_passing(graph, make_message(_params()), unreduced, edata=_edata(graph.num_edges),
+                                ndata={"h": torch.randn(N, F_IN, dtype=torch.float64)})
+
+
+def test_clamp_traces_with_constant_bounds():
+    """clamp(min=, max=) and its gradient against torch (no ties at the bounds)."""
+    graph = gnnfuse.Graph(*_graph(), N)
+    h = torch.randn(N, F_IN, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+
+    def message(edges):
+        return {"m": edges.src["h"]}
+
+    def reduce(nodes):
+        return {"h": torch.sum(nodes.mailbox["m"].clamp(min=-0.5, max=0.7), dim=1)}
+
+    ours = _run(lambda h, p: gnnfuse.message_passing(graph, message, reduce, ndata={"h": h})["h"], h, {})
+    expected = _run(lambda h, p: dgl_update_all(*_graph(), N, message, reduce, {"h": h}, {})["h"], h, {})
+    assert rel_err(ours[0], expected[0]) < 1e-12 and rel_err(ours[1][0], expected[1][0]) < 1e-12
+
+
+def test_explain_counts_pair_rows():
+    """explain() sizes PAIR values by the graph's in-edge pairs (sum of squared in-degrees)."""
+    src, dst = _graph()
+    graph = gnnfuse.Graph(src, dst, N)
+
+    class Spread(torch.nn.Module):
+        def forward(self, x, graph):
+            return gnnfuse.message_passing(graph, make_message(_params()), spread_reduce, ndata={"h": x},
+                                           edata=_edata(graph.num_edges))["h"]
+    report = str(gnnfuse.explain(Spread(), torch.randn(N, F_IN, dtype=torch.float64), graph))
+    assert "pair_reduce" in report and "PAIR" in report
+    assert len(in_edge_pairs(dst, N)[0]) == int((torch.bincount(dst, minlength=N) ** 2).sum())
+
+
+def test_cgat_layer_keeps_a_nan_score_in_its_vertex():
+    """nn.CGATConv against the pair table: a NaN feature makes its out-neighbours' scores
+    NaN, which must not spread to vertices it has no edge into (prefix sums over all
+    vertices' sorted scores did that)."""
+    from gnnfuse import nn as gnn
+    src, dst = _graph()
+    layer = gnn.CGATConv(F_IN, F_OUT, heads=2, add_self_loops=False).double()
+    x = torch.randn(N, F_IN, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
+    x[0, 0] = float("nan")
+    out = layer(x, torch.stack([src, dst]))
+    z = (x @ layer.lin.weight.t()).view(N, 2, F_OUT)
+    e = F.leaky_relu((z[src] * layer.att_src).sum(-1) + (z[dst] * layer.att_dst).sum(-1), layer.negative_slope)
+    same = (dst.unsqueeze(0) == dst.unsqueeze(1)).unsqueeze(-1)
+    gap = torch.relu(e.unsqueeze(1) - e.unsqueeze(0))                          # [b, a] = e_b - e_a
+    w = torch.where(same, gap, torch.zeros_like(gap)).sum(1)
+    expected = torch.zeros(N, 2, F_OUT, dtype=torch.float64).index_add(0, dst, w.unsqueeze(-1) * z[src])
+    expected = expected.reshape(N, -1) + layer.bias
+    torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12, equal_nan=True)
+    clean = torch.ones(N, dtype=torch.bool)
+    clean[0] = False                                           # its own score half is NaN
+    clean[dst[src == 0]] = False                               # no in-edge from the NaN vertex
+    assert clean.sum() >= 3 and torch.isfinite(out[clean]).all()

@@ -1,0 +1,486 @@
+"""Tensor ops that real DGL / Graphiler / Seastar UDFs use (issue #11 §2-3), written the
+way those repositories write them, in both front ends, against plain PyTorch in float64
+on outputs and every gradient, on the reference backend and on the Triton kernels (the
+interpreter without a GPU: see conftest). The graph has a self loop (equal endpoint
+features: ties for max/min, zeros for abs and normalize), a multi-edge and a vertex
+with no in-edges; features are small integers, so ties are common."""
+from __future__ import annotations
+
+import inspect
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import gnnfuse
+from gnnfuse import CompileError
+from gnnfuse.passes.fusion import partition
+from gnnfuse.runtime import CompiledProgram
+
+SRC = torch.tensor([0, 1, 2, 3, 3, 4, 1, 2, 2])
+DST = torch.tensor([1, 2, 0, 0, 0, 4, 3, 3, 1])
+N, FEAT, R = 6, 4, 3
+ETYPE = torch.tensor([0, 2, 1, 0, 0, 1, 2, 2, 1])
+BACKENDS = ("reference", "triton")
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request, monkeypatch):
+    monkeypatch.setenv("GNNFUSE_BACKEND", request.param)
+    return request.param
+
+
+def graph(typed: bool = False) -> gnnfuse.Graph:
+    if typed:
+        return gnnfuse.Graph(SRC, DST, N, edge_type=ETYPE, num_edge_types=R)
+    return gnnfuse.Graph(SRC, DST, N)
+
+
+def features(*shape, integer: bool = True, seed: int = 0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    if integer:
+        return torch.randint(-2, 3, shape, generator=gen).double().requires_grad_()
+    return torch.randn(*shape, generator=gen, dtype=torch.float64).requires_grad_()
+
+
+def aggregate(messages: torch.Tensor) -> torch.Tensor:
+    """DGL's sum reduce, written out: messages added into their destination's row."""
+    return torch.zeros((N,) + messages.shape[1:], dtype=messages.dtype).index_add(0, DST, messages)
+
+
+def assert_matches(run, oracle, leaves: list[torch.Tensor]) -> None:
+    """Outputs, and the gradients of every leaf under a fixed projection of the output."""
+    grads = []
+    for fn in (run, oracle):
+        for t in leaves:
+            t.grad = None
+        out = fn()
+        weight = torch.linspace(-1, 2, out.numel(), dtype=out.dtype).view_as(out)
+        (out * weight).sum().backward()
+        grads.append((out.detach(), [t.grad.clone() for t in leaves]))
+    (out, got), (ref, want) = grads
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-12, equal_nan=True)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12, equal_nan=True)
+
+
+def line_of(fn, text: str) -> int:
+    lines, start = inspect.getsourcelines(fn)
+    return start + next(i for i, line in enumerate(lines) if text in line)
+
+
+# --- per-edge ops in both front ends ---------------------------------------------------
+# Each takes the source's and the destination's features, real or traced, and is written
+# with dims that mean the same per vertex (vertex code) and per batch of edges (messages).
+EDGE_OPS = {
+    "abs": lambda a, b: abs(a - b) + torch.abs(a) * b.abs(),
+    "pow": lambda a, b: (a - b) ** 2 + a ** 3 * 0.5,
+    "max_min": lambda a, b: torch.max(a, b) * 2 + torch.min(a, b),
+    "maximum_minimum": lambda a, b: torch.maximum(a, b) - torch.minimum(a * 0.5, b) + a.max(b),
+    "math_on_constants": lambda a, b: a * math.exp(0.5) + b * math.sqrt(2.0) - math.pi,
+    "normalize": lambda a, b: F.normalize(a - b, p=2, dim=-1) + F.normalize(a, p=1, dim=-1),
+    "norm": lambda a, b: a * (a - b).norm(dim=-1, keepdim=True) + torch.norm(b, dim=-1, keepdim=True)
+    + torch.linalg.vector_norm(a * b, dim=-1, keepdim=True) * a.norm(p=1, dim=-1, keepdim=True),
+    "softmax": lambda a, b: torch.softmax(a * b, dim=-1) + F.softmax(a, dim=-1) * F.log_softmax(b, dim=-1),
+    "slices": lambda a, b: torch.cat([a[..., 1:] * b[..., :-1], a[..., ::2]], dim=-1) * b[..., 0:1],
+    "integer_index": lambda a, b: a[..., 2] * b[..., -1],
+}
+
+
+def run_vertex(op, h):
+    @gnnfuse.vertex
+    def f(v):
+        return sum([op(u.h, v.h) for u in v.innbs])
+    return f(graph(), {"h": h})
+
+
+def run_message(op, h):
+    def message(edges):
+        return {"m": op(edges.src["h"], edges.dst["h"])}
+
+    def reduce(nodes):
+        return {"out": torch.sum(nodes.mailbox["m"], dim=1)}
+    return gnnfuse.message_passing(graph(), message, reduce, ndata={"h": h})["out"]
+
+
+@pytest.mark.parametrize("front_end", [run_vertex, run_message], ids=["vertex", "message"])
+@pytest.mark.parametrize("name", EDGE_OPS)
+def test_edge_op_matches_torch(name, front_end, backend):
+    op, h = EDGE_OPS[name], features(N, FEAT)
+    assert_matches(lambda: front_end(op, h), lambda: aggregate(op(h[SRC], h[DST])), [h])
+
+
+def test_maximum_splits_the_gradient_of_a_tie_evenly_like_torch(backend):
+    """A self loop's endpoints are equal: torch gives each operand half the gradient."""
+    h = features(N, FEAT, integer=False)
+    self_loop_only = gnnfuse.Graph(torch.tensor([4]), torch.tensor([4]), N)
+    gnnfuse.message_passing(self_loop_only, lambda e: {"m": torch.maximum(e.src["h"], e.dst["h"])},
+                            lambda n: {"o": torch.sum(n.mailbox["m"], dim=1)}, ndata={"h": h})["o"].sum().backward()
+    torch.testing.assert_close(h.grad[4], torch.ones(FEAT, dtype=torch.float64))   # 0.5 + 0.5
+
+
+def test_nan_features_propagate_like_torch(backend):
+    """NaN goes through abs and maximum in the forward; torch's gradients there are 0 for
+    abs (sign(NaN) is 0) and the whole gradient to both operands of maximum."""
+    h = features(N, FEAT, integer=False).detach()
+    h[2, 1] = h[4, 0] = float("nan")
+    h.requires_grad_()
+    op = lambda a, b: torch.maximum(a, b) + abs(a - b) * 2 + torch.minimum(a, b)   # noqa: E731
+    for front_end in (run_vertex, run_message):
+        assert_matches(lambda: front_end(op, h), lambda: aggregate(op(h[SRC], h[DST])), [h])
+
+
+def test_feature_softmax_and_normalize_in_node_apply(backend):
+    """A node-apply step (DGL's update_fn; after the aggregate in vertex code) over features."""
+    h = features(N, FEAT, integer=False)
+
+    def reduce(nodes):
+        return {"agg": torch.sum(nodes.mailbox["m"], dim=1)}
+
+    def apply(nodes):
+        return {"out": torch.softmax(nodes.data["agg"], dim=-1) + F.normalize(nodes.data["agg"], dim=1)}
+
+    @gnnfuse.vertex
+    def vertex_fn(v):
+        agg = sum([u.h for u in v.innbs])
+        return torch.softmax(agg, dim=-1) + F.normalize(agg, dim=-1)
+
+    def oracle():
+        agg = aggregate(h[SRC])
+        return torch.softmax(agg, dim=-1) + F.normalize(agg, dim=1)
+    assert_matches(lambda: gnnfuse.message_passing(graph(), lambda e: {"m": e.src["h"]}, reduce, apply,
+                                                   ndata={"h": h})["out"], oracle, [h])
+    assert_matches(lambda: vertex_fn(graph(), {"h": h}), oracle, [h])
+
+
+def test_softmax_of_large_logits_is_stable(backend):
+    h = (features(N, FEAT, integer=False) * 1000).detach().requires_grad_()
+
+    @gnnfuse.vertex
+    def f(v):
+        return torch.softmax(v.h, dim=-1)
+    assert_matches(lambda: f(graph(), {"h": h}), lambda: torch.softmax(h, dim=-1), [h])
+
+
+def test_slicing_a_graph_value_in_message_and_vertex_code(backend):
+    """``u.h[0:1]`` in vertex code is the row's first feature; ``[:, 0:1]`` in a message."""
+    h = features(N, FEAT)
+
+    @gnnfuse.vertex
+    def f(v):
+        return sum([u.h[0:1] * v.h[1:] for u in v.innbs])
+
+    def message(edges):
+        return {"m": edges.src["h"][:, 0:1] * edges.dst["h"][:, 1:]}
+
+    def oracle():
+        return aggregate(h[SRC][:, 0:1] * h[DST][:, 1:])
+    assert_matches(lambda: f(graph(), {"h": h}), oracle, [h])
+    assert_matches(lambda: gnnfuse.message_passing(graph(), message, lambda n: {"o": n.mailbox["m"].sum(1)},
+                                                   ndata={"h": h})["o"], oracle, [h])
+    # Feature dims of a mailbox ([nodes, neighbours, features]) slice the same way.
+    assert_matches(lambda: gnnfuse.message_passing(
+        graph(), lambda e: {"m": e.src["h"] * 1.5}, lambda n: {"o": n.mailbox["m"][:, :, 1:3].sum(1)},
+        ndata={"h": h})["o"], lambda: aggregate(h[SRC][:, 1:3] * 1.5), [h])
+
+
+def test_slicing_multi_head_features_with_none_and_integer(backend):
+    h = features(N, 2, 4)
+
+    def message(edges):
+        return {"m": edges.src["h"][:, 1, None, 1:3] * edges.dst["h"][:, :, -1:]}
+    assert_matches(lambda: gnnfuse.message_passing(graph(), message, lambda n: {"o": n.mailbox["m"].sum(1)},
+                                                   ndata={"h": h})["o"],
+                   lambda: aggregate(h[SRC][:, 1, None, 1:3] * h[DST][:, :, -1:]), [h])
+
+
+# --- per-row lookups and per-row matrices (R-GCN, HGT) -----------------------------------
+def rgcn_oracle(h, W, squeeze_dim=None):
+    rows = torch.bmm(h[SRC].unsqueeze(1), W[ETYPE])
+    return aggregate(rows.squeeze() if squeeze_dim is None else rows.squeeze(squeeze_dim))
+
+
+@pytest.mark.parametrize("out_features", [3, 1])
+def test_graphiler_rgcn_bmm_over_indexed_weights(out_features, backend):
+    """Graphiler's R-GCN message, verbatim in shape: the relation's weight read through edge
+    data. With one output feature, squeeze() drops it as DGL does (the edge axis never)."""
+    h, W = features(N, FEAT, integer=False), features(R, FEAT, out_features, integer=False, seed=1)
+
+    def message(edges):
+        return {"m": torch.bmm(edges.src["h"].unsqueeze(1), W[edges.data["type"]]).squeeze()}
+
+    def reduce(nodes):
+        return {"h": torch.sum(nodes.mailbox["m"], dim=1)}
+    assert_matches(lambda: gnnfuse.message_passing(graph(), message, reduce, ndata={"h": h},
+                                                   edata={"type": ETYPE})["h"],
+                   lambda: rgcn_oracle(h, W), [h, W])
+    # Grouped by relation, as typed_matmul: no [E, in, out] tensor of gathered weights.
+    tracer = gnnfuse.frontend.trace_message_passing(message, reduce, None, {"h": h}, {"type": ETYPE})
+    ops = [v.op for v in CompiledProgram(tracer.program).program]
+    assert "indexed_matmul" in ops and "index_rows" not in ops and "row_matmul" not in ops
+
+
+def test_table_indices_wrap_and_fail_like_torch(backend):
+    """Negative indices count from the end, as torch's do; an index past the table fails."""
+    h, W = features(N, FEAT, integer=False), features(R, FEAT, 2, integer=False, seed=1)
+
+    def run(types):
+        return gnnfuse.message_passing(
+            graph(), lambda e: {"m": torch.bmm(e.src["h"].unsqueeze(1), W[e.data["t"]]).squeeze(1) * embed_scale(e)},
+            lambda n: {"o": torch.sum(n.mailbox["m"], dim=1)}, ndata={"h": h}, edata={"t": types})["o"]
+
+    def embed_scale(e):
+        return W[e.data["t"]][:, 0, 0:1]
+    assert_matches(lambda: run(ETYPE - R), lambda: aggregate(
+        torch.bmm(h[SRC].unsqueeze(1), W[ETYPE]).squeeze(1) * W[ETYPE][:, 0, 0:1]), [h, W])
+    with pytest.raises(IndexError):
+        run(ETYPE + 1)
+
+
+def test_bmm_over_typed_lookup_becomes_typed_matmul(backend):
+    h, W = features(N, FEAT, integer=False), features(R, FEAT, 3, integer=False, seed=1)
+
+    def message(edges):
+        return {"m": torch.bmm(edges.src["h"].unsqueeze(1), edges.type["W"]).squeeze(1)}
+
+    def reduce(nodes):
+        return {"h": torch.sum(nodes.mailbox["m"], dim=1)}
+    run = lambda: gnnfuse.message_passing(graph(typed=True), message, reduce, ndata={"h": h},  # noqa: E731
+                                          etype_data={"W": W})["h"]
+    assert_matches(run, lambda: rgcn_oracle(h, W, squeeze_dim=1), [h, W])
+    tracer = gnnfuse.frontend.trace_message_passing(message, reduce, None, {"h": h}, {}, {"W": W})
+    assert tracer.program.op_count("typed_matmul") == 1 and tracer.program.op_count("row_matmul") == 0
+
+
+def test_per_edge_matrices_from_edge_data(backend):
+    h, We = features(N, FEAT, integer=False), features(len(SRC), FEAT, 2, integer=False, seed=2)
+
+    def message(edges):
+        return {"m": torch.bmm(edges.src["h"].unsqueeze(1), edges.data["W"]).squeeze(1)}
+    assert_matches(lambda: gnnfuse.message_passing(graph(), message, lambda n: {"o": n.mailbox["m"].sum(1)},
+                                                   ndata={"h": h}, edata={"W": We})["o"],
+                   lambda: aggregate(torch.bmm(h[SRC].unsqueeze(1), We).squeeze(1)), [h, We])
+
+
+def test_vertex_code_indexes_weights_and_embeddings_with_integer_data(backend):
+    """``e.src.h @ W[e.rel]`` per in-edge and ``embed[v.idx]`` per vertex, vertex-centric."""
+    h, W = features(N, FEAT, integer=False), features(R, FEAT, 3, integer=False, seed=1)
+    embed, idx = features(4, 3, integer=False, seed=3), torch.tensor([3, 0, 0, 2, 1, 3])
+
+    @gnnfuse.vertex
+    def f(v):
+        return sum([e.src.h @ W[e.rel] for e in v.inedges]) + embed[v.idx]
+
+    def oracle():
+        return aggregate(torch.einsum("ef,efo->eo", h[SRC], W[ETYPE])) + embed[idx]
+    assert_matches(lambda: f(graph(), {"h": h, "idx": idx}, {"rel": ETYPE}), oracle, [h, W, embed])
+
+
+def test_message_reads_embedding_rows_by_edge_data(backend):
+    h, embed = features(N, FEAT, integer=False), features(R, FEAT, integer=False, seed=4)
+    assert_matches(lambda: gnnfuse.message_passing(
+        graph(), lambda e: {"m": e.src["h"] * embed[e.data["type"]]},
+        lambda n: {"o": n.mailbox["m"].sum(1)}, ndata={"h": h}, edata={"type": ETYPE})["o"],
+        lambda: aggregate(h[SRC] * embed[ETYPE]), [h, embed])
+
+
+def test_dgl_rgcn_input_layer_embedding_lookup(backend):
+    """DGL's R-GCN input layer: the weight viewed as one embedding table, indexed by an
+    index computed from integer edge and vertex data."""
+    weight, norm = features(R, N, 3, integer=False, seed=5), features(len(SRC), 1, integer=False, seed=6)
+    ids = torch.arange(N)
+
+    def message(edges):
+        embed = weight.view(-1, 3)
+        index = edges.data["rel_type"] * N + edges.src["id"]
+        return {"msg": embed[index] * edges.data["norm"]}
+
+    @gnnfuse.vertex
+    def f(v):
+        return sum([weight.view(-1, 3)[e.rel_type * N + e.src.id] * e.norm for e in v.inedges])
+
+    def oracle():
+        return aggregate(weight.view(-1, 3)[ETYPE * N + ids[SRC]] * norm)
+    assert_matches(lambda: gnnfuse.message_passing(graph(), message, lambda n: {"h": n.mailbox["msg"].sum(1)},
+                                                   ndata={"id": ids}, edata={"rel_type": ETYPE, "norm": norm})["h"],
+                   oracle, [weight, norm])
+    assert_matches(lambda: f(graph(), {"id": ids}, {"rel_type": ETYPE, "norm": norm}), oracle, [weight, norm])
+
+
+def test_embedding_module_and_table_index_with_slices(backend):
+    """``nn.Embedding`` on node data and ``table[idx, <slices>]`` on edge data."""
+    embedding, W = torch.nn.Embedding(4, FEAT).double(), features(R, FEAT, 3, integer=False, seed=1)
+    h, ids = features(N, FEAT, integer=False), torch.tensor([3, 0, 0, 2, 1, 3])
+
+    def message(edges):
+        return {"m": edges.src["h"] * embedding(edges.src["id"]) + W[edges.data["t"], :, 1]}
+    assert_matches(lambda: gnnfuse.message_passing(graph(), message, lambda n: {"o": n.mailbox["m"].sum(1)},
+                                                   ndata={"h": h, "id": ids}, edata={"t": ETYPE})["o"],
+                   lambda: aggregate(h[SRC] * embedding(ids[SRC]) + W[ETYPE, :, 1]), [h, embedding.weight, W])
+
+
+def test_index_select_with_long_cast(backend):
+    h, W = features(N, FEAT, integer=False), features(R, FEAT, 2, integer=False, seed=1)
+
+    def message(edges):
+        w = W.index_select(0, edges.data["type"].int().long())
+        return {"m": torch.bmm(edges.src["h"].unsqueeze(1), w).squeeze(1)}
+    assert_matches(lambda: gnnfuse.message_passing(graph(), message, lambda n: {"o": n.mailbox["m"].sum(1)},
+                                                   ndata={"h": h}, edata={"type": ETYPE.int()})["o"],
+                   lambda: rgcn_oracle(h, W, squeeze_dim=1), [h, W])
+
+
+def test_integer_index_arithmetic_is_exact_on_every_backend(backend):
+    """Integer arithmetic is never evaluated in a kernel's float accumulator: with float32
+    it rounds integers above 2**24, and this index would read the wrong rows."""
+    embed, ids, big = features(N, 2, integer=False), torch.arange(N), torch.full((len(SRC),), 2**25 + 1)
+    out = gnnfuse.message_passing(graph(), lambda e: {"m": embed[(e.data["big"] + e.src["id"]) - e.data["big"]]},
+                                  lambda n: {"o": torch.sum(n.mailbox["m"], dim=1)},
+                                  ndata={"id": ids}, edata={"big": big})["o"]
+    torch.testing.assert_close(out, aggregate(embed[SRC]))
+
+
+NTYPE = torch.tensor([0, 1, 1, 0, 1, 0])
+
+
+def hgt_weights():
+    shapes = {"k": (2, FEAT, FEAT), "q": (2, FEAT, FEAT), "v": (2, FEAT, FEAT), "a": (2, FEAT, FEAT),
+              "att": (R, FEAT, FEAT), "msg": (R, FEAT, FEAT), "pri": (R, 1), "skip": (2,)}
+    return {k: features(*shape, integer=False, seed=10 + i) for i, (k, shape) in enumerate(shapes.items())}
+
+
+def hgt_oracle(h, w):
+    """HGT with one head, written out in torch over the edge list (DGL's naive UDFs)."""
+    k = torch.bmm(h[SRC].unsqueeze(1), w["k"][NTYPE[SRC]]).squeeze(1)
+    v = torch.bmm(h[SRC].unsqueeze(1), w["v"][NTYPE[SRC]]).squeeze(1)
+    q = torch.bmm(h[DST].unsqueeze(1), w["q"][NTYPE[DST]]).squeeze(1)
+    k = torch.bmm(k.unsqueeze(1), w["att"][ETYPE]).squeeze(1)
+    v = torch.bmm(v.unsqueeze(1), w["msg"][ETYPE]).squeeze(1)
+    score = (k * q).sum(1, keepdim=True) * w["pri"][ETYPE] / math.sqrt(FEAT)
+    peak = torch.full((N, 1), -math.inf, dtype=score.dtype).index_reduce(0, DST, score, "amax")
+    e = torch.exp(score - peak[DST])
+    t = aggregate(e / aggregate(e)[DST] * v)
+    return torch.bmm(t.unsqueeze(1), w["a"][NTYPE]).squeeze(1) * torch.sigmoid(w["skip"][NTYPE]).unsqueeze(1)
+
+
+def test_hgt_with_weights_indexed_by_type_data(backend):
+    """Graphiler's HGT as DGL's naive UDFs write it: every per-type weight indexed with the
+    type ids stored as edge and node data, bmm'd and squeeze()d."""
+    h, w = features(N, FEAT, integer=False), hgt_weights()
+
+    def message(edges):
+        k = torch.bmm(edges.src["h"].unsqueeze(1), w["k"][edges.src["_TYPE"]]).squeeze()
+        v = torch.bmm(edges.src["h"].unsqueeze(1), w["v"][edges.src["_TYPE"]]).squeeze()
+        q = torch.bmm(edges.dst["h"].unsqueeze(1), w["q"][edges.dst["_TYPE"]]).squeeze()
+        k = torch.bmm(k.unsqueeze(1), w["att"][edges.data["_TYPE"]]).squeeze()
+        v = torch.bmm(v.unsqueeze(1), w["msg"][edges.data["_TYPE"]]).squeeze()
+        score = torch.sum(k * q, dim=1, keepdim=True) * w["pri"][edges.data["_TYPE"]] / math.sqrt(FEAT)
+        return {"attn": score, "v": v}
+
+    def reduce(nodes):
+        return {"t": torch.sum(torch.softmax(nodes.mailbox["attn"], dim=1) * nodes.mailbox["v"], dim=1)}
+
+    def update(nodes):
+        alpha = torch.sigmoid(w["skip"][nodes.data["_TYPE"]])
+        trans_out = torch.bmm(nodes.data["t"].unsqueeze(1), w["a"][nodes.data["_TYPE"]]).squeeze()
+        return {"h": trans_out * alpha.unsqueeze(1)}
+    assert_matches(lambda: gnnfuse.message_passing(graph(), message, reduce, update,
+                                                   ndata={"h": h, "_TYPE": NTYPE}, edata={"_TYPE": ETYPE})["h"],
+                   lambda: hgt_oracle(h, w), [h, *w.values()])
+
+
+def test_derivative_rules_pass_gradcheck():
+    """The new ops' derivative rules against finite differences (away from ties and zeros,
+    where the ops are differentiable), independently of torch's autograd formulas."""
+    def run(h, We, W, embed):
+        def message(edges):
+            a, b = edges.src["h"], edges.dst["h"]
+            m = F.normalize(a, dim=-1) * torch.softmax(b, dim=-1) + abs(a) * torch.maximum(a, b * 0.7)
+            m = m[:, 1:3] + torch.bmm(a.unsqueeze(1), W[edges.data["t"]]).squeeze(1)
+            return {"m": m + torch.bmm(b.unsqueeze(1), edges.data["W"]).squeeze(1) * embed[edges.data["t"]][:, ::2]}
+        return gnnfuse.message_passing(graph(), message, lambda n: {"o": n.mailbox["m"].sum(1)},
+                                       ndata={"h": h}, edata={"W": We, "t": ETYPE})["o"]
+    inputs = (features(N, FEAT, integer=False), features(len(SRC), FEAT, 2, integer=False, seed=2),
+              features(R, FEAT, 2, integer=False, seed=1), features(R, FEAT, integer=False, seed=4))
+    assert torch.autograd.gradcheck(run, inputs, fast_mode=True)
+
+
+# --- errors name the construct and the line -------------------------------------------
+def _message_error(message, reduce, match: str, at, text: str) -> None:
+    """message_passing raises a CompileError matching ``match`` at the line of ``at``
+    (one of the UDFs) holding ``text``."""
+    with pytest.raises(CompileError, match=match) as info:
+        gnnfuse.message_passing(graph(), message, reduce, ndata={"h": torch.randn(N, FEAT)},
+                                edata={"type": ETYPE})
+    assert f":{line_of(at, text)}:" in str(info.value)
+
+
+def test_math_function_on_a_graph_value_is_a_compile_error():
+    @gnnfuse.vertex
+    def f(v):
+        return sum([math.exp(u.h) for u in v.innbs])
+    with pytest.raises(CompileError, match="cannot become a Python number") as info:
+        f(graph(), {"h": torch.randn(N, FEAT)})
+    assert f":{line_of(f.fn, 'math.exp')}:" in str(info.value)
+
+
+def test_indexing_a_graph_axis_is_a_compile_error():
+    """An edge's row or one mailbox entry (``mailbox['m'][:, 0]``, DGL's first message by
+    edge id) is not a feature: the graph axis can only be taken whole."""
+    def message(edges):
+        return {"m": edges.src["h"][0]}
+
+    def reduce(nodes):
+        return {"o": torch.sum(nodes.mailbox["m"], dim=1)}
+    _message_error(message, reduce, "graph axis", message, 'edges.src["h"][0]')
+
+    def first_message(nodes):
+        return {"o": nodes.mailbox["m"][:, 0]}
+    _message_error(lambda e: {"m": e.src["h"]}, first_message, "graph axis", first_message, "[:, 0]")
+
+
+@pytest.mark.parametrize("expr, match", [
+    ('torch.bmm(edges.src["h"].unsqueeze(1), W3)', "captured tensor has no rows"),
+    ('edges.src["h"] @ W[edges.data["type"]]', "batches over the graph axis"),
+    ('F.normalize(edges.src["h"], dim=0)', "graph axis|row axis"),
+    ('edges.src["h"].unsqueeze(1).squeeze(0)', "graph axis|row axis"),
+    ('torch.norm(edges.src["h"])', "pass dim=-1"),
+    ('edges.src["h"] / edges.src["h"].norm(p=3, dim=-1, keepdim=True)', "p=1 and p=2"),
+    ('edges.src["h"][:, [0, 1]]', "tensor, list or bool"),
+    ('W[edges.data["type"], edges.data["type"]]', "not by several tensors"),
+    ('(W * 2)[edges.data["type"], 0] * (W * 2)[edges.src["h"][:, 0]][:, 0]', "integer data"),
+    ('F.embedding(edges.data["type"], W[:, :, 0], padding_idx=0)', "padding_idx"),
+    ('F.softmax(edges.src["h"], dim=-1, dtype=torch.float32)', "dtype"),
+    ('torch.log_softmax(edges.src["h"], -1, torch.float32)', "dtype"),
+])
+def test_message_op_misuse_is_a_compile_error(expr, match):
+    namespace = {"torch": torch, "F": F, "W": torch.randn(R, FEAT, 3), "W3": torch.randn(len(SRC), FEAT, 3)}
+    exec(f"def message(edges):\n    return {{'m': {expr}}}\n", namespace)
+    with pytest.raises(CompileError, match=match) as info:
+        gnnfuse.message_passing(graph(), namespace["message"], lambda n: {"o": torch.sum(n.mailbox["m"], dim=1)},
+                                ndata={"h": torch.randn(N, FEAT, dtype=torch.float64)}, edata={"type": ETYPE})
+    assert ":2:" in str(info.value)
+
+
+def test_log_softmax_over_the_neighbour_axis_is_a_compile_error():
+    def reduce(nodes):
+        return {"o": torch.sum(F.log_softmax(nodes.mailbox["m"], dim=1), dim=1)}
+    _message_error(lambda e: {"m": e.src["h"]}, reduce, "graph axis", reduce, "F.log_softmax")
+
+
+def test_slice_of_an_edge_value_is_fused_into_the_kernel(backend):
+    """A slice of per-edge work is a coordinate map inside the aggregation kernel, not a
+    torch op over an edge-sized tensor."""
+    h = features(N, FEAT)
+
+    def message(edges):
+        return {"m": (edges.src["h"] * edges.dst["h"])[:, 1::2] + (edges.src["h"] - edges.dst["h"])[:, 0, None]}
+
+    def reduce(nodes):
+        return {"o": torch.sum(nodes.mailbox["m"], dim=1)}
+    tracer = gnnfuse.frontend.trace_message_passing(message, reduce, None, {"h": h}, {})
+    plan = partition(CompiledProgram(tracer.program).program)
+    assert not [v for v in plan if getattr(v, "op", None) == "slice_features"]
+    assert_matches(lambda: gnnfuse.message_passing(graph(), message, reduce, ndata={"h": h})["o"],
+                   lambda: aggregate((h[SRC] * h[DST])[:, 1::2] + (h[SRC] - h[DST])[:, 0, None]), [h])
