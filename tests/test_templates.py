@@ -36,6 +36,9 @@ def aggregate(messages: torch.Tensor, dst: torch.Tensor, reduce: str) -> torch.T
                               include_self=False)
 
 
+LINEAR = torch.nn.Linear(F, 2).double()   # a module as the user function (FeatGraph's UDF)
+
+
 # name -> (operand shapes, template call, oracle): the oracle gathers with s = SRC, d = DST.
 CASES = {
     "sddmm_dot": (dict(x=(N, F)),
@@ -61,6 +64,8 @@ CASES = {
     "spmm_captured_weight": (dict(x=(N, F), W=(F, 2)),
                              lambda g, x, W: gspmm(g, lambda xs: torch.relu(xs @ W), "sum", src=x),
                              lambda s, d, x, W: aggregate(torch.relu(x[s] @ W), d, "sum")),
+    "spmm_module_message": (dict(x=(N, F)), lambda g, x: gspmm(g, LINEAR, "mean", src=x),
+                            lambda s, d, x: aggregate(LINEAR(x[s]), d, "mean")),
 }
 TRITON_CASES = ["sddmm_src_dst_edge", "spmm_weighted_sum", "spmm_max_all_operands"]
 
@@ -213,6 +218,11 @@ def test_untraceable_functions_raise_compile_errors_naming_their_line():
         gspmm(g, lambda xs: xs.numpy(), "sum", src=x)
     with pytest.raises(gnnfuse.CompileError, match=r"(?s)(edge|row) axis.*test_templates.py:\d+: .*xs.sum\(0\)"):
         gsddmm(g, lambda xs: xs.sum(0), src=x)
+
+    def helper(rows):
+        return rows.numpy()
+    with pytest.raises(gnnfuse.CompileError, match=r"test_templates.py:\d+: return rows.numpy\(\)"):
+        gspmm(g, lambda xs: helper(xs), "sum", src=x)
 
     def returns_a_number(xs):
         return 1.0

@@ -28,7 +28,7 @@ import torch
 
 from ..backend.forced_schedule import SCHEDULES, ForcedSchedule, forcing
 from ..graph import Graph
-from ..ir import CompileError, Residency
+from ..ir import Residency
 from ..ir.ops.movement import REDUCERS
 from .message import _float_dtype, _gather
 from .trace_cache import TraceCache, program_feeds
@@ -37,18 +37,6 @@ from .tracer import EDGE_ROWED, SymTensor, Tracer
 Schedule = ForcedSchedule
 _MAX_TILE = 1024
 OPERANDS = ("src", "dst", "edge")   # the order the user function receives them in
-
-
-class _TemplateTracer(Tracer):
-    """Traces a template's per-edge function: the template, not the UDF, aggregates."""
-
-    def reduce(self, x: SymTensor, op: str) -> SymTensor:
-        raise self.error(f"{op} over the edge axis (dim 0) inside a template function cannot be compiled: "
-                         "the function computes one edge's value; gspmm's reduce= aggregates")
-
-    def softmax(self, x: SymTensor) -> SymTensor:
-        raise self.error("softmax over the edge axis inside a template function cannot be compiled; "
-                         "use gnnfuse.message_passing's reduce_fn for an edge softmax")
 
 
 def _copy(operand):
@@ -104,20 +92,18 @@ def _user_function(template: str, fn: Callable | None, operands: dict[str, torch
     return fn
 
 
-def trace_template(fn: Callable, operands: dict[str, torch.Tensor], reduce: str | None) -> _TemplateTracer:
+def trace_template(fn: Callable, operands: dict[str, torch.Tensor], reduce: str | None) -> Tracer:
     """Capture ``fn`` over the gathered operand rows into a program with one output,
     ``out``: the per-edge value, or its ``reduce`` over each destination's in-edges."""
-    tracer = _TemplateTracer(fn, "message", _float_dtype(operands))
+    tracer = Tracer(fn, "message", _float_dtype(operands))
     rows = [tracer.input("e.edge", Residency.EDGE, tensor, 1) if name == "edge"
             else _gather(tracer, name, Residency.NODE, tensor, name) for name, tensor in operands.items()]
-    result = fn(*rows)
+    result = tracer.call(fn, *rows)
     if not isinstance(result, SymTensor) or result.value.residency not in EDGE_ROWED:
         what = (f"{result.value.residency.name} data" if isinstance(result, SymTensor)
                 else f"a {type(result).__name__}")
-        code = getattr(fn, "__code__", None)
-        where = f"{code.co_filename}:{code.co_firstlineno}" if code else None
-        raise CompileError(f"the template function must return one per-edge tensor computed from its "
-                           f"operands, got {what}", where)
+        raise tracer.error(f"the template function must return one per-edge tensor computed from its "
+                           f"operands, got {what}")
     value = result.value
     if reduce is not None:
         value = tracer.program.add("reduce", value, op=reduce, by="dst")
