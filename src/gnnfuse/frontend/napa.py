@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from ..graph import Graph
-from .templates import _graph, gsddmm, gspmm
+from .templates import Schedule, gsddmm, gspmm, operand_graph
 
 
 def _in_degree_power(graph: Graph, exponent: float, dtype: torch.dtype) -> torch.Tensor:
@@ -58,7 +58,7 @@ def NeighborApply(graph: Graph | object, embed: torch.Tensor | None = None, mode
     ``"dot"`` -- ``<x_u, x_v>`` ([E, 1]); ``"mul"`` -- ``x_u * x_v``; or a function of
     ``(x_u, x_v)``, or ``(x_u, x_v, e)`` when ``edge`` is given, traced as a `gsddmm` UDF.
     """
-    graph = _graph(graph, embed, None)
+    graph = operand_graph(graph, embed, None)
     if callable(mode):
         return gsddmm(graph, mode, src=embed, dst=embed, edge=edge)
     if mode not in WEIGHTINGS:
@@ -77,7 +77,8 @@ def NeighborApply(graph: Graph | object, embed: torch.Tensor | None = None, mode
 
 
 def Pull(graph: Graph | object, embed: torch.Tensor, edge: torch.Tensor | None = None,
-         mode_g: str | Callable = "mul", mode_h: str = "sum", *, schedule=None) -> torch.Tensor:
+         mode_g: str | Callable = "mul", mode_h: str = "sum", *,
+         schedule: str | Schedule | None = None) -> torch.Tensor:
     """Aggregate over each vertex's in-edges: ``h_v = mode_h over u -> v of g(x_u, ...)`` ([N, ...]).
 
     ``mode_g``: ``"mul"`` -- ``e * x_u`` with the edge weights ``edge`` (from

@@ -44,7 +44,7 @@ def _copy(operand):
     return operand
 
 
-def _graph(graph: Graph | object, src, dst) -> Graph:
+def operand_graph(graph: Graph | object, src, dst) -> Graph:
     """The graph as a `Graph`; an edge_index gets its node count from the vertex operands,
     so trailing vertices without edges are not lost."""
     if isinstance(graph, Graph):
@@ -144,7 +144,7 @@ def gspmm(graph: Graph | object, message: Callable | None, reduce: str, *, src: 
           schedule: str | ForcedSchedule | None = None) -> torch.Tensor:
     """Generalized SpMM: ``out[v] = reduce over edges (u, v) of message(src[u], dst[v], edge[e])``
     (only the operands given are passed); [num_nodes, ...], differentiable. See the module doc."""
-    graph = _graph(graph, src, dst)
+    graph = operand_graph(graph, src, dst)
     if not isinstance(reduce, str):
         raise TypeError(f"gspmm: reduce must be one of {REDUCERS} (a string), got {type(reduce).__name__}")
     if reduce not in REDUCERS:
@@ -160,7 +160,7 @@ def gsddmm(graph: Graph | object, edge_fn: Callable | None, *, src: torch.Tensor
     """Generalized SDDMM: ``out[e] = edge_fn(src[u], dst[v], edge[e])`` for every edge
     e = (u, v) (only the operands given are passed); [num_edges, ...] in edge-id order,
     differentiable. It runs as one edge-parallel kernel, so it takes no ``schedule``."""
-    graph = _graph(graph, src, dst)
+    graph = operand_graph(graph, src, dst)
     operands = _operands("gsddmm", graph, {"src": src, "dst": dst, "edge": edge})
     fn = _user_function("gsddmm", edge_fn, operands, "edge_fn")
     return _run(_SDDMM_TRACES, graph, fn, operands, None, None)
