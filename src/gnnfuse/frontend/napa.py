@@ -27,9 +27,12 @@ from .templates import Schedule, gsddmm, gspmm, operand_graph
 
 
 def _in_degree_power(graph: Graph, exponent: float, dtype: torch.dtype) -> torch.Tensor:
-    """in-degree ** exponent as a [N, 1] column, 0 where a vertex has no in-edges."""
-    scale = graph.in_degrees().to(torch.float64).pow(exponent)
-    return scale.masked_fill(torch.isinf(scale), 0.0).to(dtype).unsqueeze(-1)
+    """in-degree ** exponent as a [N, 1] column, 0 where a vertex has no in-edges;
+    computed once per graph (a layer calls it every step on the same graph)."""
+    def build(g: Graph) -> torch.Tensor:
+        scale = g.in_degrees().to(torch.float64).pow(exponent)
+        return scale.masked_fill(torch.isinf(scale), 0.0).unsqueeze(-1)
+    return graph.cached(f"napa_in_degree_pow_{exponent}", build).to(dtype)
 
 
 def _dot(s, d):
