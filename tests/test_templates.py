@@ -149,6 +149,16 @@ def test_schedule_overrides_the_cost_rule_and_the_environment_in_forward_and_bac
     assert chosen == [env if env != "auto" else "coo"], "without schedule= the usual choice applies"
 
 
+def test_explain_reports_the_schedule_a_call_forced():
+    """explain plans after the call returns; it must report the schedule the call ran
+    with, not the cost rule's (COO on this graph)."""
+    g = gnnfuse.Graph(SRC, DST, N)
+    x = inputs("cpu", x=(N, F))["x"].requires_grad_()
+    report = str(gnnfuse.explain(lambda: gspmm(g, lambda xs: xs * 2, "sum", src=x, schedule="csr")))
+    assert "[csr schedule on CUDA]" in report and "coo schedule" not in report
+    assert "[coo schedule on CUDA]" in str(gnnfuse.explain(lambda: gspmm(g, lambda xs: xs * 2, "sum", src=x)))
+
+
 def test_schedule_feature_tile_sets_the_kernel_feature_block(monkeypatch):
     monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
     device = device_for("triton")

@@ -14,7 +14,7 @@ from typing import Callable, Iterator, Mapping
 import torch
 
 from ..autodiff import BackwardProgram, build_backward
-from ..backend.forced_schedule import forced_schedule, forcing
+from ..backend.forced_schedule import ForcedSchedule, forced_schedule, forcing
 from ..backend.reference import GraphContext
 from ..graph import Graph
 from ..ir import CompileError, Program, Residency, verify
@@ -125,11 +125,12 @@ def select_backend(tensors) -> Callable:
 @dataclass(frozen=True)
 class ProgramCall:
     """One run of a compiled program, as seen by `record_calls`: the program, the graph it
-    ran on and the inputs that needed gradients (which decide the backward program and
-    which forward values are saved for it)."""
+    ran on, the inputs that needed gradients (which decide the backward program and
+    which forward values are saved for it) and the schedule the call forced, if any."""
     compiled: CompiledProgram
     graph: Graph
     wrt: tuple[str, ...]
+    schedule: ForcedSchedule | None = None
 
 
 _RECORDERS: list[list[ProgramCall]] = []
@@ -152,7 +153,7 @@ def _run_forward(compiled: CompiledProgram, graph_ctx: GraphContext, keys: tuple
     """Run the forward program, keeping what ``backward`` will read; returns the outputs
     (in output order), the kept values and the executor used."""
     for calls in _RECORDERS:
-        calls.append(ProgramCall(compiled, graph_ctx.graph, backward.wrt if backward else ()))
+        calls.append(ProgramCall(compiled, graph_ctx.graph, backward.wrt if backward else (), forced_schedule()))
     keep = [v.id for v in backward.saved] if backward else []
     execute = select_backend(tensors)
     outputs, kept = execute(compiled.program, graph_ctx, dict(zip(keys, tensors)), keep)
