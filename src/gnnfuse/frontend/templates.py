@@ -7,7 +7,9 @@ The user function (FeatGraph's UDF) receives the rows of the tensors passed, gat
 onto the edges, positionally in the order src, dst, edge (only those given); it is
 traced into the same IR as the other front ends, so the gather, the UDF and the
 aggregation compile into one fused kernel, differentiable in every operand and in any
-tensor the UDF captures. `gspmm` aggregates the per-edge result over each destination's
+tensor the UDF captures. The function sees each operand as DGL's ``edges.src[k]`` does,
+a batch of rows ``[E, ...]``: dim 0 is the edge axis (reducing over it is a CompileError
+at the line; that is the template's job), the other dims are features. `gspmm` aggregates the per-edge result over each destination's
 in-edges (``reduce``: sum, mean, max or min; a vertex without in-edges gets 0);
 `gsddmm` returns it per edge, in edge-id order. ``message=None`` copies the single
 operand given (plain SpMM / gather).
