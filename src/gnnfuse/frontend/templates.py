@@ -9,9 +9,10 @@ traced into the same IR as the other front ends, so the gather, the UDF and the
 aggregation compile into one fused kernel, differentiable in every operand and in any
 tensor the UDF captures. The function sees each operand as DGL's ``edges.src[k]`` does,
 a batch of rows ``[E, ...]``: dim 0 is the edge axis (reducing over it is a CompileError
-at the line; that is the template's job), the other dims are features. `gspmm` aggregates the per-edge result over each destination's
-in-edges (``reduce``: sum, mean, max or min; a vertex without in-edges gets 0);
-`gsddmm` returns it per edge, in edge-id order. ``message=None`` copies the single
+at the line; that is the template's job), the other dims are features. `gspmm`
+aggregates the per-edge result over each destination's in-edges (``reduce``: sum, mean,
+max or min; a vertex without in-edges gets 0); `gsddmm` returns it per edge, in edge-id
+order. ``message=None`` copies the single
 operand given (plain SpMM / gather).
 
 ``schedule=`` is FeatGraph's feature-dimension schedule for one call: ``"csr"``
