@@ -14,3 +14,12 @@ from .models import Hyperparameters, ModelSpec, build_model, get_model, model_na
 __all__ = ["APPNP", "CGATConv", "ChebConv", "DotGATConv", "EdgeConv", "GATConv", "GATv2Conv", "GCNConv", "GCN",
            "GINConv", "GraphConv", "Hyperparameters", "MLPAggConv", "ModelSpec", "NGCFConv", "RGCNConv", "SAGEConv", "SGConv",
            "TAGConv", "build_model", "gcn_norm", "get_model", "model_names"]
+
+
+def __getattr__(name: str):
+    # PyG's base class is needed only by MessagePassing, so PyG stays optional: importing
+    # it is deferred to first use (an ImportError then says what to install).
+    if name == "MessagePassing":
+        from .message_passing import MessagePassing
+        return MessagePassing
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

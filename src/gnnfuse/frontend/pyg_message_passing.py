@@ -1,0 +1,410 @@
+"""PyG's ``MessagePassing.propagate``, with ``message`` traced into the IR and fused into
+the aggregation (the engine behind `gnnfuse.nn.MessagePassing`).
+
+PyG runs ``propagate`` as: gather every ``*_i`` / ``*_j`` tensor onto the edges
+(``index_select``), call ``message`` on those [E, ...] tensors, scatter the result into the
+target vertices with ``aggr``, then call ``update``. Here ``message`` is called once on
+`SymTensor` rows instead: ``x_j`` is the program input ``x`` broadcast by the edge's
+source, ``x_i`` by its target, a tensor keyword argument with one row per edge (``edge_attr``,
+``edge_weight``) is an EDGE input, and anything else is passed as PyG passes it. ``index``
+(and ``edge_index_i``) is a marker that ``torch_geometric.utils.softmax(alpha, index, ptr,
+size_i)`` inside ``message`` recognises: it becomes an edge softmax over each target's
+in-edges. ``aggr`` becomes a graph Reduce ('softmax': edge-softmax weights, then a sum), so
+the program is the fused gather -> message -> aggregate kernel, never materialising the
+gathered [E, F] inputs. ``update`` runs eagerly
+on the aggregated rows with the arguments PyG would give it.
+
+`compiled_propagate` raises `NotCompilable` for anything it cannot reproduce exactly (the
+caller then runs PyG's own ``propagate``): sparse adjacency inputs, bipartite sizes,
+``node_dim`` other than the row axis, a custom ``aggregate`` or aggregation module, hooks,
+``explain`` and ``decomposed_layers``, a tensor with one row per edge or node that
+``message`` reads from outside its arguments (graph data the tracer would take for one
+shared value), and any failure while tracing ``message`` (a `CompileError` names the
+construct and the line).
+
+Traces are reused through `TraceCache` keyed by ``message``'s code and guarded globals,
+the argument shapes, the non-tensor arguments and the values of the ``self.<attr>``
+scalars ``message`` reads (``self.training``, ``self.negative_slope``); a ``message`` that
+reads anything else of ``self`` (a submodule, a tensor) or captures tensors is traced on
+every call, which costs Python time but can never serve a stale program.
+"""
+from __future__ import annotations
+
+import dis
+import functools
+import inspect
+import traceback
+import types
+from typing import Any, Callable, Hashable, Mapping
+
+import torch
+import torch_geometric.utils
+from torch_geometric import EdgeIndex
+from torch_geometric.nn import MessagePassing as PyGMessagePassing
+from torch_geometric.nn.aggr import (MaxAggregation, MeanAggregation, MinAggregation, SoftmaxAggregation,
+                                    SumAggregation)
+
+from ..graph import Graph
+from ..ir import CompileError, Residency
+from .trace_cache import _SCALARS, TraceCache, _global_names, program_feeds
+from .tracer import EDGE_ROWED, SymTensor, Tracer
+
+# The aggregation modules PyG's ``aggr`` strings resolve to that the IR computes exactly
+# (empty neighbourhoods give 0 in both): a graph Reduce, or for 'softmax' the sum of the
+# messages weighted by their edge softmax (see `_softmax_aggregate`).
+AGGREGATIONS = {SumAggregation: "sum", MeanAggregation: "mean", MaxAggregation: "max", MinAggregation: "min",
+                SoftmaxAggregation: "softmax"}
+_PYG_SOFTMAX = torch_geometric.utils.softmax
+
+
+class NotCompilable(Exception):
+    """This ``propagate`` call must run eagerly; the message says why (and where)."""
+
+
+class _Marker:
+    """Stands for one of PyG's index arguments inside a traced ``message``. Only
+    ``torch_geometric.utils.softmax`` accepts it; any other use fails the trace, so the
+    call runs eagerly rather than computing with a wrong value."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"<traced {self.name}>"
+
+
+TARGET_INDEX = _Marker("index")
+
+
+def _softmax(tracer: Tracer) -> Callable:
+    """``torch_geometric.utils.softmax`` as ``message`` sees it while traced."""
+
+    def softmax(src, index=None, ptr=None, num_nodes=None, dim=0):
+        if not isinstance(src, SymTensor):
+            return _PYG_SOFTMAX(src, index, ptr, num_nodes, dim)
+        if index is not TARGET_INDEX or ptr is not None or dim not in (0, -src.dim()):
+            raise tracer.error("torch_geometric.utils.softmax compiles only as softmax(alpha, index, ptr, "
+                               "size_i) over message's `index` argument (each edge's target), dim=0")
+        if src.value.residency not in EDGE_ROWED:
+            raise tracer.error("softmax over a target's in-edges takes per-edge values")
+        return SymTensor(tracer, tracer.program.add("edge_softmax", src.value, by="dst", source=tracer.source()), 1)
+
+    return softmax
+
+
+class _UtilsView(types.SimpleNamespace):
+    """``torch_geometric.utils`` with ``softmax`` replaced (for ``utils.softmax(...)``)."""
+
+    def __init__(self, softmax: Callable):
+        super().__init__(softmax=softmax)
+
+    def __getattr__(self, name: str):
+        return getattr(torch_geometric.utils, name)
+
+
+def _rebuilt(fn: types.FunctionType, swap: Callable[[Any], Any], env: dict[str, Any]) -> types.FunctionType:
+    """``fn`` whose globals (looked up in ``env``, a copy) and closure cells hold
+    ``swap(value)`` in place of each value it reads."""
+    for name in _global_names(fn.__code__):
+        if name in fn.__globals__:
+            env[name] = swap(fn.__globals__[name])
+    cells = tuple(cell if cell.cell_contents is _EMPTY else types.CellType(swap(cell.cell_contents))
+                  for cell in map(_filled, fn.__closure__ or ()))
+    rebuilt = types.FunctionType(fn.__code__, env, fn.__name__, fn.__defaults__, cells or None)
+    rebuilt.__kwdefaults__ = fn.__kwdefaults__
+    return rebuilt
+
+
+_EMPTY = object()
+
+
+def _filled(cell: types.CellType) -> types.CellType:
+    try:
+        cell.cell_contents
+        return cell
+    except ValueError:       # a closure variable not yet assigned
+        return types.CellType(_EMPTY)
+
+
+def _with_softmax(fn: types.FunctionType, tracer: Tracer) -> types.FunctionType:
+    """``fn`` reading the traced softmax wherever its globals or closure hold PyG's
+    ``softmax`` or the ``torch_geometric.utils`` module."""
+    softmax = _softmax(tracer)
+    swaps = {id(_PYG_SOFTMAX): softmax, id(torch_geometric.utils): _UtilsView(softmax)}
+    return _rebuilt(fn, lambda value: swaps.get(id(value), value), dict(fn.__globals__))
+
+
+# --- the cache key ---------------------------------------------------------------------
+class _Unguardable:
+    """Put in a cache key to make it uncacheable (`TraceCache` cannot freeze it)."""
+
+
+def _library_view(fn: types.FunctionType) -> types.FunctionType:
+    """``fn`` with every PyG object among its globals and closure replaced by its name,
+    so the trace cache guards it like torch's own functions (PyG is a library: its
+    functions do not change while their identity holds)."""
+    def name_of_pyg(value: Any) -> Any:
+        owner = value.__name__ if isinstance(value, types.ModuleType) else getattr(value, "__module__", None)
+        if isinstance(owner, str) and owner.split(".")[0] == "torch_geometric":
+            return "torch_geometric", owner, getattr(value, "__qualname__", None)
+        return value
+    return _rebuilt(fn, name_of_pyg, {"__name__": fn.__globals__.get("__name__")})
+
+
+@functools.lru_cache(maxsize=256)
+def _self_attributes(code: types.CodeType) -> tuple[str, ...] | None:
+    """The attribute names a method reads directly off ``self``, or None when ``self`` is
+    used any other way (passed on, captured by a nested function, or implicitly by a
+    zero-argument ``super()``): then what it reads cannot be listed and the trace is not
+    cached."""
+    if not code.co_argcount or code.co_varnames[0] in code.co_cellvars or "__class__" in code.co_freevars:
+        return None
+    me = code.co_varnames[0]
+    instructions = list(dis.get_instructions(code))
+    names = []
+    for ins, after in zip(instructions, instructions[1:] + [None]):
+        if ins.opname == "LOAD_FAST" and ins.argval == me:
+            if after is None or after.opname not in ("LOAD_ATTR", "LOAD_METHOD"):
+                return None
+            names.append(after.argval)
+        elif ins.opname in ("STORE_FAST", "DELETE_FAST") and ins.argval == me:
+            return None
+    return tuple(dict.fromkeys(names))
+
+
+def _frozen(value: Any) -> Hashable:
+    if isinstance(value, _SCALARS):
+        return type(value), value
+    if isinstance(value, (tuple, list)):
+        return type(value), tuple(_frozen(v) for v in value)
+    return _Unguardable()
+
+
+def _layer_state(layer: PyGMessagePassing, message: types.FunctionType) -> Hashable:
+    """The values of the ``self.<attr>`` scalars ``message`` reads (part of the key)."""
+    names = _self_attributes(message.__code__)
+    if names is None:
+        return _Unguardable()
+    return tuple((name, _frozen(getattr(layer, name, None))) for name in names)
+
+
+# --- argument collection (PyG's ``_collect``, symbolically) ------------------------------
+class _Arguments:
+    """The tensors a traced ``message`` reads, as program input tables, and what it is
+    called with."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, torch.Tensor] = {}     # program input name -> [N, ...] tensor
+        self.edges: dict[str, torch.Tensor] = {}     # edge input name -> [E, ...] tensor
+        self.gathers: dict[str, tuple[str, str]] = {}  # message param -> (node input, by)
+        self.edge_params: dict[str, str] = {}        # message param -> edge input
+        self.other: dict[str, Any] = {}              # message param -> value as PyG passes it
+
+
+def _node_rows(layer: PyGMessagePassing, name: str, tensor: torch.Tensor) -> int:
+    """Rows of a ``*_i``/``*_j`` tensor, when ``node_dim`` is its leading axis."""
+    dim = layer.node_dim + tensor.dim() if layer.node_dim < 0 else layer.node_dim
+    if tensor.dim() == 0 or dim != 0:
+        raise NotCompilable(f"`{name}` has shape {list(tensor.shape)} and node_dim={layer.node_dim} selects "
+                            "a non-leading axis (batched node features)")
+    return tensor.shape[0]
+
+
+def _set_size(layer: PyGMessagePassing, size: list[int | None], side: int, name: str,
+              tensor: torch.Tensor) -> None:
+    rows = _node_rows(layer, name, tensor)
+    if size[side] is None:
+        size[side] = rows
+    elif size[side] != rows:
+        raise ValueError(f"Encountered tensor with size {rows} in dimension {layer.node_dim}, "
+                         f"but expected size {size[side]}.")
+
+
+def _collect(layer: PyGMessagePassing, params: list[str], kwargs: Mapping[str, Any],
+             size: list[int | None], num_edges: int) -> _Arguments:
+    """Which program input each ``message`` parameter reads, filling ``size`` from the
+    ``*_i``/``*_j`` tensors the way PyG's ``_collect`` does."""
+    i, j = (1, 0) if layer.flow == "source_to_target" else (0, 1)
+    args = _Arguments()
+    for param in params:
+        if param in PyGMessagePassing.special_args:
+            continue
+        if param[-2:] not in ("_i", "_j"):
+            if param not in kwargs:
+                continue    # message's default applies (or PyG's "required" error, eagerly)
+            value = kwargs[param]
+            if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == num_edges:
+                args.edges[param] = value
+                args.edge_params[param] = param
+            else:
+                args.other[param] = value
+            continue
+        base, side = param[:-2], (j if param[-2:] == "_j" else i)
+        if base not in kwargs:
+            continue
+        data, key = kwargs[base], base
+        if isinstance(data, (tuple, list)):
+            if len(data) != 2:
+                raise NotCompilable(f"`{base}` is a sequence of {len(data)}; PyG takes a (source, target) pair")
+            if isinstance(data[1 - side], torch.Tensor):
+                _set_size(layer, size, 1 - side, base, data[1 - side])
+            key, data = f"{base}/{side}", data[side]
+        if isinstance(data, torch.Tensor):
+            _set_size(layer, size, side, base, data)
+            args.nodes[key] = data
+            args.gathers[param] = (key, "src" if side == j else "dst")
+        else:
+            args.other[param] = data
+    return args
+
+
+def _aggregation(layer: PyGMessagePassing) -> str:
+    if type(layer).aggregate is not PyGMessagePassing.aggregate:
+        raise NotCompilable(f"{type(layer).__name__} overrides aggregate() (line "
+                            f"{inspect.getsourcelines(type(layer).aggregate)[1]} of "
+                            f"{inspect.getsourcefile(type(layer).aggregate)})")
+    op = AGGREGATIONS.get(type(layer.aggr_module))
+    if op is None:
+        raise NotCompilable(f"aggr={layer.aggr!r} (only 'add'/'sum', 'mean', 'max', 'min' and 'softmax' compile)")
+    return op
+
+
+def _check_layer(layer: PyGMessagePassing, edge_index: Any) -> None:
+    if layer.explain:
+        raise NotCompilable("explain mode")
+    if layer.decomposed_layers != 1:
+        raise NotCompilable(f"decomposed_layers={layer.decomposed_layers}")
+    hooks = [name for name, table in vars(layer).items()
+             if name.endswith("_hooks") and name.startswith(("_propagate", "_message", "_aggregate")) and table]
+    if hooks:
+        raise NotCompilable(f"registered hooks ({', '.join(sorted(hooks))})")
+    if not isinstance(edge_index, torch.Tensor) or edge_index.layout is not torch.strided:
+        raise NotCompilable(f"edge_index given as {type(edge_index).__name__} "
+                            f"({getattr(edge_index, 'layout', 'sparse')}); pass a [2, E] tensor to compile")
+
+
+def _graph(layer: PyGMessagePassing, edge_index: torch.Tensor, num_nodes: int) -> Graph:
+    if isinstance(edge_index, EdgeIndex):
+        edge_index = edge_index.as_tensor()
+    if layer.flow == "source_to_target":
+        return Graph.coerce(edge_index, num_nodes)
+    return Graph(edge_index[1], edge_index[0], num_nodes)
+
+
+# --- tracing -------------------------------------------------------------------------
+def trace_message(layer: PyGMessagePassing, args: _Arguments, op: str, num_nodes: int,
+                  num_edges: int, size: list[int | None]) -> Tracer:
+    """Trace ``layer.message`` on symbolic rows into a program whose output ``out`` is the
+    messages reduced with ``op`` into each target vertex."""
+    message = _function(type(layer).message)
+    tables = (args.nodes, args.edges)
+    dtype = next((t.dtype for table in tables for t in table.values() if t.is_floating_point()),
+                 torch.get_default_dtype())
+    tracer = Tracer(message, "message", dtype)
+    values: dict[str, Any] = dict(args.other)
+    for param, (key, by) in args.gathers.items():
+        x = tracer.input(key, Residency.NODE, args.nodes[key], 1)
+        values[param] = SymTensor(tracer, tracer.program.add("broadcast", x.value, by=by), 1)
+    for param, key in args.edge_params.items():
+        values[param] = tracer.input(f"e.{key}", Residency.EDGE, args.edges[key], 1)
+    i = 1 if layer.flow == "source_to_target" else 0
+    size_i = size[i] if size[i] is not None else size[1 - i]
+    values.update(index=TARGET_INDEX, edge_index_i=TARGET_INDEX, edge_index_j=_Marker("edge_index_j"),
+                  edge_index=_Marker("edge_index"), adj_t=None, ptr=None, size=list(size), size_i=size_i,
+                  size_j=size[1 - i] if size[1 - i] is not None else size[i], dim_size=size_i)
+    call = layer.inspector.collect_param_data("message", values)
+    out = _with_softmax(message, tracer)(layer, **call)
+    if not isinstance(out, SymTensor) or out.value.residency not in EDGE_ROWED:
+        what = out.value.residency.name if isinstance(out, SymTensor) else type(out).__name__
+        raise tracer.error(f"message() must return one tensor with a row per edge, got {what}")
+    if op == "softmax":
+        out = _softmax_aggregate(tracer, layer.aggr_module, out)
+    for name, tensor in tracer.captured.values():
+        if tensor.dim() and tensor.shape[0] in (num_edges, num_nodes):
+            raise NotCompilable(f"message() reads a tensor of shape {list(tensor.shape)} that was not passed "
+                                "to propagate(); with one row per edge or node it may be graph data, which "
+                                "compiles only when passed to propagate() as a keyword argument")
+    rank = len(out.value.shape) + 1
+    if (layer.node_dim + rank if layer.node_dim < 0 else layer.node_dim) != 0:
+        raise NotCompilable(f"node_dim={layer.node_dim} does not aggregate message's leading (edge) axis")
+    reduce = "sum" if op == "softmax" else op
+    tracer.program.output("out", tracer.program.add("reduce", out.value, op=reduce, by="dst"))
+    return tracer
+
+
+def _softmax_aggregate(tracer: Tracer, aggr: SoftmaxAggregation, x: SymTensor) -> SymTensor:
+    """PyG's SoftmaxAggregation before its final sum: ``x * softmax(x * t)`` over each
+    target's in-edges (the softmax held constant for gradients with ``semi_grad``)."""
+    if aggr.channels != 1 and len(x.value.shape) != 1:
+        raise NotCompilable(f"SoftmaxAggregation(channels={aggr.channels}) takes [E, channels] messages")
+    alpha = x if isinstance(aggr.t, (int, float)) and aggr.t == 1 else tracer.apply("mul", x, aggr.t)
+    alpha = tracer.program.add("edge_softmax", alpha.value, by="dst")
+    if not aggr.learn and aggr.semi_grad:
+        alpha = tracer.program.add("stop_gradient", alpha)
+    return tracer.apply("mul", x, SymTensor(tracer, alpha, 1))
+
+
+def _aggregation_state(layer: PyGMessagePassing) -> Hashable:
+    """The aggregation module's settings a trace bakes in (a learnt temperature is a
+    captured parameter instead)."""
+    aggr = layer.aggr_module
+    if isinstance(aggr, SoftmaxAggregation):
+        return aggr.learn, aggr.semi_grad, aggr.channels, aggr.t if isinstance(aggr.t, (int, float)) else None
+    return ()
+
+
+def _function(method: Any) -> types.FunctionType:
+    fn = getattr(method, "__func__", method)
+    if not isinstance(fn, types.FunctionType):
+        raise NotCompilable(f"message is a {type(fn).__name__}, not a Python function")
+    return fn
+
+
+def _trace_failure(layer: PyGMessagePassing, exc: Exception) -> NotCompilable:
+    """Why tracing failed, naming the line of ``message`` where it did."""
+    if isinstance(exc, CompileError):
+        return NotCompilable(str(exc))
+    code = _function(type(layer).message).__code__
+    lines = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == code.co_filename]
+    where = f" at {lines[-1].filename}:{lines[-1].lineno}: {lines[-1].line}" if lines else ""
+    return NotCompilable(f"tracing message() raised {type(exc).__name__}: {exc}{where}")
+
+
+_TRACES = TraceCache()
+
+
+def compiled_propagate(layer: PyGMessagePassing, edge_index: Any, size: Any, kwargs: Mapping[str, Any]) -> Any:
+    """``layer.propagate(edge_index, size, **kwargs)`` with ``message`` and the aggregation
+    compiled; raises `NotCompilable` when it must run eagerly instead."""
+    _check_layer(layer, edge_index)
+    op = _aggregation(layer)
+    mutable_size = layer._check_input(edge_index, size)
+    num_edges = edge_index.shape[1]
+    message = _function(type(layer).message)
+    params = layer.inspector.get_param_names("message")
+    args = _collect(layer, params, kwargs, mutable_size, num_edges)
+    known = [s for s in mutable_size if s is not None]
+    if len(set(known)) > 1:
+        raise NotCompilable(f"bipartite message passing (size {mutable_size})")
+    i = 1 if layer.flow == "source_to_target" else 0
+    # Without node tensors PyG sizes the output by the largest target; the graph must
+    # still hold every source.
+    num_nodes = known[0] if known else (int(edge_index.max()) + 1 if num_edges else 0)
+    rows = known[0] if known else (int(edge_index[i].max()) + 1 if num_edges else 0)
+    other = tuple((k, _frozen(v) if not isinstance(v, torch.Tensor) else _Unguardable())
+                  for k, v in args.other.items())
+    guards = (_library_view(message), _layer_state(layer, message), other, op, _aggregation_state(layer),
+              layer.flow, layer.node_dim,
+              tuple(args.gathers.items()), num_nodes)
+    try:
+        compiled, captured = _TRACES.compiled(guards, (args.nodes, args.edges), lambda: trace_message(
+            layer, args, op, num_nodes, num_edges, mutable_size))
+    except NotCompilable:
+        raise
+    except Exception as exc:     # the eager run will raise the user's own error, if it is one
+        raise _trace_failure(layer, exc) from exc
+    graph = _graph(layer, edge_index, num_nodes)
+    out = compiled(graph, program_feeds((args.nodes, args.edges), captured))["out"][:rows]
+    update_args = set(layer.inspector.get_param_names("update"))
+    collected = layer._collect(update_args - PyGMessagePassing.special_args, edge_index, mutable_size, kwargs)
+    return layer.update(out, **layer.inspector.collect_param_data("update", collected))

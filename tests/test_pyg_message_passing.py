@@ -1,0 +1,288 @@
+"""`gnnfuse.nn.MessagePassing` against PyG's own base class: the same user layer (one
+definition, two bases: `pyg_user_layers.make_layers`) with the same weights must give the
+same outputs and gradients in float64, on the reference backend and the Triton
+interpreter, and must really run compiled (a compiled program ran, no fallback warning)
+-- or, for the layers gnnfuse leaves to PyG, fall back with one warning naming why."""
+from __future__ import annotations
+
+import sys
+import warnings
+
+import pytest
+import torch
+import torch_geometric.nn as pyg_nn
+
+import gnnfuse.nn
+from gnnfuse.frontend import pyg_message_passing
+from gnnfuse.frontend.trace_cache import TraceCache
+from gnnfuse.runtime import record_calls
+from pyg_user_layers import make_layers
+
+OURS, THEIRS = make_layers(gnnfuse.nn.MessagePassing), make_layers(pyg_nn.MessagePassing)
+# 7 vertices (6 isolated), 13 edges with a self loop (3 -> 3) and a multi-edge (1 -> 2
+# twice); weight shapes avoid 7 and 13 rows, which the tracer takes for graph data.
+EDGES = torch.tensor([[0, 1, 2, 3, 4, 5, 1, 2, 2, 3, 0, 5, 1],
+                      [1, 2, 3, 4, 5, 0, 0, 0, 4, 3, 2, 1, 2]])
+NUM_NODES = 7
+ARGS = {"edge_weighted": (3, 5), "attention": (3, 4), "edge_mlp": (3, 2), "gin_like": (3, 5), "own_aggregate": (),
+        "edge_conv_like": (3, 5), "mean_sage": (3, 5), "min_reverse": (), "untraceable": (),
+        "softmax_learnt": (3, 4, {"learn": True, "channels": 4}),
+        "softmax_semi_grad": (3, 4, {"t": 0.5, "semi_grad": True})}
+
+
+def inputs(name: str, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    """Node features and the layer's edge data (as forward takes them after edge_index)."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(NUM_NODES, 3, dtype=torch.float64, generator=gen)
+    edge_data = {"edge_weighted": torch.rand(EDGES.shape[1], dtype=torch.float64, generator=gen),
+                 "edge_mlp": torch.randn(EDGES.shape[1], 2, dtype=torch.float64, generator=gen)}
+    return (x,) + ((edge_data[name],) if name in edge_data else ())
+
+
+def twins(name: str) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """The layer on gnnfuse's base and on PyG's, with the same float64 weights."""
+    torch.manual_seed(0)
+    ours = OURS[name][0](*ARGS[name]).double()
+    theirs = THEIRS[name][0](*ARGS[name]).double()
+    theirs.load_state_dict(ours.state_dict())
+    return ours, theirs
+
+
+def run(layer: torch.nn.Module, data: tuple[torch.Tensor, ...], edge_index: torch.Tensor = EDGES):
+    """Output and the gradients of a fixed projection of it w.r.t. inputs and parameters."""
+    data = [t.clone().requires_grad_() for t in data]
+    out = layer(data[0], edge_index, *data[1:])
+    weight = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)
+    grads = torch.autograd.grad((out * weight).sum(), data + list(layer.parameters()), allow_unused=True)
+    return out.detach(), grads
+
+
+def assert_same(ours, theirs) -> None:
+    (out, grads), (ref, ref_grads) = ours, theirs
+    torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-10)
+    assert len(grads) == len(ref_grads)
+    for g, r in zip(grads, ref_grads):
+        assert (g is None) == (r is None)
+        if r is not None:
+            torch.testing.assert_close(g, r, rtol=1e-9, atol=1e-10)
+
+
+def fallback_warnings(caught) -> list[str]:
+    return [str(w.message) for w in caught if "eager message passing" in str(w.message)]
+
+
+COMPILED = [name for name, (_, compiles) in OURS.items() if compiles]
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+@pytest.mark.parametrize("name", COMPILED)
+def test_layer_compiles_and_matches_pyg(name, backend, monkeypatch):
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    ours, theirs = twins(name)
+    data = inputs(name)
+    with warnings.catch_warnings(record=True) as caught, record_calls() as calls:
+        warnings.simplefilter("always")
+        result = run(ours, data)
+    assert not fallback_warnings(caught), fallback_warnings(caught)
+    assert calls, "no compiled program ran: the layer fell back silently"
+    assert_same(result, run(theirs, data))
+
+
+@pytest.mark.parametrize("name, construct", [("own_aggregate", "overrides aggregate() (line"),
+                                             ("untraceable", ".cumsum() has no gnnfuse op")])
+def test_untraceable_layer_falls_back_once_naming_the_construct(name, construct):
+    ours, theirs = twins(name)
+    data = inputs(name)
+    gnnfuse.nn.message_passing._WARNED.discard(type(ours))
+    with warnings.catch_warnings(record=True) as caught, record_calls() as calls:
+        warnings.simplefilter("always")
+        first = run(ours, data)
+        second = run(ours, data)
+    messages = fallback_warnings(caught)
+    assert len(messages) == 1 and construct in messages[0], messages
+    assert "pyg_user_layers.py" in messages[0]
+    if name == "untraceable":
+        assert "return x_j.cumsum(-1)" in messages[0]       # the offending line, quoted
+    assert not calls
+    reference = run(theirs, data)
+    assert_same(first, reference)
+    assert_same(second, reference)
+
+
+def count_traces(monkeypatch) -> list[int]:
+    traced = []
+    real = pyg_message_passing.trace_message
+
+    def counting(*args, **kwargs):
+        traced.append(1)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(pyg_message_passing, "trace_message", counting)
+    monkeypatch.setattr(pyg_message_passing, "_TRACES", TraceCache())   # nothing traced yet
+    return traced
+
+
+def test_trace_is_reused_and_guarded_by_the_scalars_message_reads(monkeypatch):
+    """The attention message reads self.negative_slope, self.dropout and self.training:
+    one trace serves repeated calls, and changing one of them traces afresh (a stale
+    program would keep the old slope)."""
+    traced = count_traces(monkeypatch)
+    ours, theirs = twins("attention")
+    data = inputs("attention")
+    for _ in range(3):
+        assert_same(run(ours, data), run(theirs, data))
+    assert len(traced) == 1
+    ours.negative_slope = theirs.negative_slope = 0.7
+    assert_same(run(ours, data), run(theirs, data))
+    ours.eval(), theirs.eval()
+    assert_same(run(ours, data), run(theirs, data))
+    assert len(traced) == 3
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_in_place_edited_edge_index_is_not_served_stale(backend, monkeypatch):
+    """Both backends: the reference one reads the index arrays themselves, the Triton one
+    a CSR layout built from them, which a cache keyed without the tensor's version
+    would serve stale."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    ours, theirs = twins("edge_conv_like")
+    data = inputs("edge_conv_like")
+    edge_index = EDGES.clone()
+    assert_same(run(ours, data, edge_index), run(theirs, data, edge_index))
+    edge_index[1, :4] = torch.tensor([6, 6, 5, 0])     # rewire four edges in place
+    after = run(ours, data, edge_index)
+    assert_same(after, run(theirs, data, edge_index))
+    assert not torch.allclose(after[0], run(theirs, data, EDGES)[0])
+
+
+def test_graph_data_read_outside_the_arguments_falls_back():
+    """A per-edge tensor message() reads off the module (not passed to propagate) could
+    be traced as one shared value; gnnfuse must leave it to PyG rather than guess."""
+    def build(base):
+        class Masked(base):
+            def __init__(self):
+                super().__init__(aggr="add")
+                self.mask = torch.linspace(0, 1, EDGES.shape[1], dtype=torch.float64).view(-1, 1)
+
+            def forward(self, x, edge_index):
+                return self.propagate(edge_index, x=x)
+
+            def message(self, x_j):
+                return x_j * self.mask
+        return Masked()
+    ours, theirs = build(gnnfuse.nn.MessagePassing), build(pyg_nn.MessagePassing)
+    data = inputs("untraceable")
+    with warnings.catch_warnings(record=True) as caught, record_calls() as calls:
+        warnings.simplefilter("always")
+        result = run(ours, data)
+    assert not calls and "not passed to propagate()" in fallback_warnings(caught)[0]
+    assert_same(result, run(theirs, data))
+
+
+def test_pyg_features_fall_back_to_pyg_semantics():
+    """Hooks and bipartite sizes run PyG's propagate; explain mode toggled back off
+    compiles again (PyG swaps propagate implementations when it toggles)."""
+    ours, theirs = twins("mean_sage")
+    data = inputs("mean_sage")
+    seen = []
+    handle = ours.register_message_forward_hook(lambda module, inputs, out: seen.append(out.shape))
+    with warnings.catch_warnings(record=True), record_calls() as calls:
+        warnings.simplefilter("always")
+        assert_same(run(ours, data), run(theirs, data))
+    assert seen == [torch.Size([EDGES.shape[1], 3])] and not calls
+    handle.remove()
+    ours.explain = True
+    ours.explain = False
+    with record_calls() as calls:
+        assert_same(run(ours, data), run(theirs, data))
+    assert calls
+
+    x_src, x_dst = torch.randn(8, 3, dtype=torch.float64), torch.randn(NUM_NODES, 3, dtype=torch.float64)
+    edge_index = torch.tensor([[0, 7, 3, 5], [1, 6, 0, 1]])
+    with warnings.catch_warnings(record=True), record_calls() as calls:
+        warnings.simplefilter("always")
+        out = ours.propagate(edge_index, x=(x_src, x_dst))
+    assert not calls
+    torch.testing.assert_close(out, theirs.propagate(edge_index, x=(x_src, x_dst)))
+
+
+def test_is_a_pyg_message_passing_module():
+    layer = OURS["gin_like"][0](3, 5)
+    assert isinstance(layer, pyg_nn.MessagePassing)
+    assert "GINLike" in repr(layer)
+
+
+def softmax_by_module(base, size=None):
+    """Attention written with ``torch_geometric.utils.softmax`` reached through the module
+    (a closure variable here), propagating with an explicit ``size``."""
+    import torch_geometric.utils as pyg_utils
+
+    class ModuleSoftmax(base):
+        def __init__(self):
+            super().__init__(aggr="add")
+
+        def forward(self, x, edge_index, score):
+            return self.propagate(edge_index, x=x, score=score, size=size)
+
+        def message(self, x_j, score, index, size_i):
+            return x_j * pyg_utils.softmax(score, index, num_nodes=size_i)
+    return ModuleSoftmax()
+
+
+@pytest.mark.parametrize("form", ["tensor", "size", "edge_index_class", "no_edges"])
+def test_pyg_input_forms_compile(form):
+    """``utils.softmax`` through the module, ``size=(N, N)``, PyG's ``EdgeIndex`` and a
+    graph without edges all run compiled and match PyG."""
+    from torch_geometric import EdgeIndex
+    size = (NUM_NODES, NUM_NODES) if form == "size" else None
+    ours, theirs = softmax_by_module(gnnfuse.nn.MessagePassing, size), softmax_by_module(pyg_nn.MessagePassing, size)
+    edge_index = EDGES[:, :0] if form == "no_edges" else EDGES
+    x, score = torch.randn(NUM_NODES, 3, dtype=torch.float64), torch.randn(edge_index.shape[1], 1, dtype=torch.float64)
+    if form == "edge_index_class":
+        edge_index = EdgeIndex(EDGES, sparse_size=(NUM_NODES, NUM_NODES)).sort_by("col")[0]
+    with warnings.catch_warnings(record=True) as caught, record_calls() as calls:
+        warnings.simplefilter("always")
+        result = run(ours, (x, score), edge_index)
+    assert calls and not fallback_warnings(caught), fallback_warnings(caught)
+    assert_same(result, run(theirs, (x, score), edge_index))
+
+
+def test_sparse_adjacency_runs_pyg_semantics():
+    ours, theirs = twins("mean_sage")
+    x = inputs("mean_sage")[0]
+    adj_t = torch.sparse_coo_tensor(EDGES.flip(0), torch.ones(EDGES.shape[1], dtype=torch.float64),
+                                    (NUM_NODES, NUM_NODES)).coalesce()
+    gnnfuse.nn.message_passing._WARNED.discard(type(ours))
+    with warnings.catch_warnings(record=True) as caught, record_calls() as calls:
+        warnings.simplefilter("always")
+        out = ours(x, adj_t)
+    assert not calls and "edge_index given as Tensor (torch.sparse_coo)" in fallback_warnings(caught)[0]
+    torch.testing.assert_close(out, theirs(x, adj_t))
+
+
+def test_without_pyg_only_message_passing_is_unavailable(monkeypatch):
+    """PyG is optional: gnnfuse.nn loads MessagePassing (the one thing needing PyG) on
+    first use, and without PyG that use says what to install."""
+    monkeypatch.setitem(sys.modules, "torch_geometric.nn", None)      # as if not installed
+    monkeypatch.delitem(sys.modules, "gnnfuse.nn.message_passing")
+    with pytest.raises(ImportError, match="extends PyG's base class and needs torch_geometric: pip install"):
+        gnnfuse.nn.MessagePassing
+
+
+def test_edge_only_messages_size_the_output_by_the_largest_target():
+    """No node tensor: PyG gives one row per vertex up to the largest target, while the
+    sources may go beyond it."""
+    def build(base):
+        class EdgeOnly(base):
+            def forward(self, edge_attr, edge_index):
+                return self.propagate(edge_index, edge_attr=edge_attr)
+
+            def message(self, edge_attr):
+                return torch.sigmoid(edge_attr) * 2
+        return EdgeOnly(aggr="mean")
+    edge_index = torch.tensor([[0, 6, 5, 6], [1, 3, 1, 0]])
+    edge_attr = torch.randn(4, 3, dtype=torch.float64)
+    ours, theirs = build(gnnfuse.nn.MessagePassing), build(pyg_nn.MessagePassing)
+    with record_calls() as calls:
+        result = run(ours, (edge_attr,), edge_index)
+    assert calls and result[0].shape == (4, 3)
+    assert_same(result, run(theirs, (edge_attr,), edge_index))
