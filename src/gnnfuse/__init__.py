@@ -7,6 +7,7 @@ from .frontend import apply_edges, compile, message_passing, vertex
 from .graph import Graph
 from .ir import CompileError
 from .runtime import explain
+from . import napa, ops   # kernel-level templates (FeatGraph) and NAPA primitives (GraphTensor)
 
 __version__ = "0.1.0"
 __all__ = ["CompileError", "Graph", "apply_edges", "compile", "explain", "message_passing", "vertex", "__version__"]

@@ -14,6 +14,7 @@ from typing import Callable, Iterator, Mapping
 import torch
 
 from ..autodiff import BackwardProgram, build_backward
+from ..backend.forced_schedule import ForcedSchedule, forced_schedule, forcing
 from ..backend.reference import GraphContext
 from ..graph import Graph
 from ..ir import CompileError, Program, Residency, verify
@@ -124,11 +125,12 @@ def select_backend(tensors) -> Callable:
 @dataclass(frozen=True)
 class ProgramCall:
     """One run of a compiled program, as seen by `record_calls`: the program, the graph it
-    ran on and the inputs that needed gradients (which decide the backward program and
-    which forward values are saved for it)."""
+    ran on, the inputs that needed gradients (which decide the backward program and
+    which forward values are saved for it) and the schedule the call forced, if any."""
     compiled: CompiledProgram
     graph: Graph
     wrt: tuple[str, ...]
+    schedule: ForcedSchedule | None = None
 
 
 _RECORDERS: list[list[ProgramCall]] = []
@@ -151,7 +153,7 @@ def _run_forward(compiled: CompiledProgram, graph_ctx: GraphContext, keys: tuple
     """Run the forward program, keeping what ``backward`` will read; returns the outputs
     (in output order), the kept values and the executor used."""
     for calls in _RECORDERS:
-        calls.append(ProgramCall(compiled, graph_ctx.graph, backward.wrt if backward else ()))
+        calls.append(ProgramCall(compiled, graph_ctx.graph, backward.wrt if backward else (), forced_schedule()))
     keep = [v.id for v in backward.saved] if backward else []
     execute = select_backend(tensors)
     outputs, kept = execute(compiled.program, graph_ctx, dict(zip(keys, tensors)), keep)
@@ -166,7 +168,7 @@ class _ProgramFunction(torch.autograd.Function):
         backward = compiled.backward_for(wrt) if wrt else None
         outputs, kept, execute = _run_forward(compiled, graph_ctx, keys, tensors, backward)
         ctx.compiled, ctx.graph_ctx, ctx.keys, ctx.backward = compiled, graph_ctx, keys, backward
-        ctx.execute = execute
+        ctx.execute, ctx.schedule = execute, forced_schedule()   # backward runs as forward was told to
         # Through save_for_backward, never as plain ctx attributes: a saved value may be an
         # output, and an output held by its own grad_fn's ctx is a cycle through C++ that
         # Python's collector cannot free -- every step's tensors would leak.
@@ -184,7 +186,8 @@ class _ProgramFunction(torch.autograd.Function):
             name = f"grad:{key}"
             if name in backward.program.inputs:
                 feeds[name] = g if g is not None else torch.zeros(shape, dtype=dtype, device=device)
-        grads, _ = ctx.execute(backward.program, ctx.graph_ctx, feeds)
+        with forcing(ctx.schedule):
+            grads, _ = ctx.execute(backward.program, ctx.graph_ctx, feeds)
         by_key = {k.removeprefix("grad:"): g for k, g in grads.items()}
         return (None, None, None) + tuple(by_key.get(k) for k in ctx.keys)
 

@@ -43,6 +43,7 @@ from typing import Any, Callable
 
 import torch
 
+from ..backend.forced_schedule import forcing
 from ..graph import Graph
 from ..ir import Program, Residency, Value, get_op
 from ..ir.residency import Movement
@@ -393,14 +394,15 @@ def explain(fn: Callable[..., Any], *args: Any, source: bool = False, **kwargs: 
         result = fn(*args, **kwargs)
     reports: dict[tuple, ProgramReport] = {}
     for call in calls:
-        key = (id(call.compiled), call.wrt, call.graph.num_nodes, call.graph.num_edges)
+        key = (id(call.compiled), call.wrt, call.graph.num_nodes, call.graph.num_edges, call.schedule)
         if key in reports:
             reports[key].calls += 1
             continue
         sizes = _Sizes(call.graph)
         backward = call.compiled.backward_for(call.wrt) if call.wrt else None
         keep = [v.id for v in backward.saved] if backward else []
-        forward = _plan("forward", call.compiled.program, keep, sizes, source)
-        back = _plan("backward", backward.program, [], sizes, source) if backward else None
+        with forcing(call.schedule):   # a schedule= the call forced is the one reported
+            forward = _plan("forward", call.compiled.program, keep, sizes, source)
+            back = _plan("backward", backward.program, [], sizes, source) if backward else None
         reports[key] = ProgramReport(call, 1, forward, back)
     return ExplainReport(result, list(reports.values()), source)

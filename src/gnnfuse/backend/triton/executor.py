@@ -14,6 +14,7 @@ import triton
 
 from ...ir import Program, Value
 from ...passes.fusion import AggregateUnit, EdgeUnit, Unit, partition
+from ..forced_schedule import SCHEDULES, forced_schedule
 from ..reference import GraphContext
 from ..reference.executor import run_plan
 from .codegen import RowSum, generate, generate_coo, generate_edge, row_stride, row_sum_split
@@ -49,17 +50,15 @@ def _autotune() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") != "1"
 
 
-SCHEDULES = ("auto", "csr", "coo")
-
-
 def schedule_for(unit: Unit, num_nodes: int, num_edges: int) -> str:
     """How a unit runs on a graph of this size: ``csr`` (vertex-parallel, edge-sequential)
     or ``coo`` (edge-parallel with atomic adds; sum and mean only); edge units have one
     schedule, ``edge``. ``GNNFUSE_SCHEDULE=csr|coo`` forces one for every unit; the
-    default ``auto`` applies `prefers_coo`."""
+    default ``auto`` applies `prefers_coo`; a per-call `forced_schedule` wins over both."""
     if not isinstance(unit, AggregateUnit):
         return "edge"
-    forced = os.environ.get("GNNFUSE_SCHEDULE", "auto")
+    call = forced_schedule()
+    forced = call.kind if call and call.kind != "auto" else os.environ.get("GNNFUSE_SCHEDULE", "auto")
     if forced not in SCHEDULES:
         raise ValueError(f"GNNFUSE_SCHEDULE must be one of {SCHEDULES}, got {forced!r}")
     if unit.reduce.attrs["op"] not in ("sum", "mean"):
@@ -131,7 +130,7 @@ def run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> 
         out.index_fill_(0, segs.split_rows, 0)
     if len(segs) == 0:
         return out
-    block_f = min(triton.next_power_of_2(width), 128)
+    block_f = _feature_tile() or min(triton.next_power_of_2(width), 128)
     def grid(meta):
         return triton.cdiv(len(segs), meta["ROWS"]), triton.cdiv(width, block_f)
     # Feature-adaptive default for the interpreter (two rows per program, so the row loop
@@ -140,6 +139,11 @@ def run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> 
     kernel[grid](rowptr, col, eid, segs.row, segs.start, segs.end, segs.split, len(segs), out, *args,
                  BLOCK_F=block_f, **fixed)
     return out
+
+
+def _feature_tile() -> int | None:
+    call = forced_schedule()
+    return call.feature_tile if call else None
 
 
 def _laid_out(tensor: torch.Tensor, leaf: Value) -> torch.Tensor:
@@ -170,7 +174,7 @@ def _launch_over_edges(kernel, ctx: GraphContext, out: torch.Tensor, args: list[
     width = math.prod(out.shape[1:])
     if ctx.num_edges == 0 or width == 0:
         return out
-    block_f = whole_row or min(triton.next_power_of_2(width), 64)
+    block_f = whole_row or _feature_tile() or min(triton.next_power_of_2(width), 64)
     width = whole_row or width
     fixed = {} if _autotune() else {"BLOCK_E": max(16, 2048 // block_f)}
 

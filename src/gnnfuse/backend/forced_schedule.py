@@ -1,0 +1,45 @@
+"""A schedule chosen for one call, overriding the backend's cost rule (FeatGraph's FDS).
+
+FeatGraph lets the user of a template say how a kernel is parallelized and tiled; here
+``gnnfuse.ops.gspmm(..., schedule=...)`` does that by running the call inside
+`forcing` (and its backward inside the same choice, see `runtime.compiled`). The
+override lives in a context variable rather than in the program, so one compiled
+program serves every schedule and the choice never leaks into other calls or threads.
+Backends that have no such choice (the torch reference) ignore it.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Iterator
+
+SCHEDULES = ("auto", "csr", "coo")
+
+
+@dataclass(frozen=True)
+class ForcedSchedule:
+    """``kind``: ``csr`` (vertex-parallel over destinations, edges in sequence), ``coo``
+    (edge-parallel with atomic adds; sum and mean only) or ``auto`` (the cost rule).
+    ``feature_tile``: features one program handles (a power of two), None for the
+    backend's width-adaptive default."""
+    kind: str = "auto"
+    feature_tile: int | None = None
+
+
+_CURRENT: ContextVar[ForcedSchedule | None] = ContextVar("gnnfuse_forced_schedule", default=None)
+
+
+def forced_schedule() -> ForcedSchedule | None:
+    """The schedule forced for the code running now, or None."""
+    return _CURRENT.get()
+
+
+@contextmanager
+def forcing(schedule: ForcedSchedule | None) -> Iterator[None]:
+    """Run the block under ``schedule`` (None: no override)."""
+    token = _CURRENT.set(schedule)
+    try:
+        yield
+    finally:
+        _CURRENT.reset(token)

@@ -1,0 +1,116 @@
+"""GraphTensor's NAPA programming model (GraphTensor §IV-B, Fig. 10): NeighborApply, Pull, Apply.
+
+A GNN layer is edge weighting, then aggregation, then combination:
+
+    p = NeighborApply(graph, x, "gcn")             # per-edge weights (SDDMM): [E, 1]
+    h = Pull(graph, x, p, "mul", "sum")            # sum_u p_uv * x_u (SpMM): [N, F]
+    out = Apply(16, 8, activation=torch.relu)(h)   # dense MLP
+
+GraphTensor configures each primitive with a mode (its f, g and h); here a mode is a
+name or a function traced into the IR, because `NeighborApply` and `Pull` are thin
+wrappers over `gnnfuse.ops.gsddmm` and `gnnfuse.ops.gspmm`: each call is one fused,
+destination-centric kernel (CSR by default, as GraphTensor runs it), differentiable.
+`Apply` is a dense layer in plain torch, as GraphTensor's Apply uses the framework's
+matmul and activations: dense work gains nothing from the graph compiler. An `Apply`
+module can also be called inside a `NeighborApply` or `Pull` function, where its
+``nn.Linear`` is traced like any captured weight (NGCF's per-edge ``W2 (x_u * x_v)``).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+
+from ..graph import Graph
+from .templates import Schedule, gsddmm, gspmm, operand_graph
+
+
+def _in_degree_power(graph: Graph, exponent: float, dtype: torch.dtype) -> torch.Tensor:
+    """in-degree ** exponent as a [N, 1] column, 0 where a vertex has no in-edges;
+    computed once per graph (a layer calls it every step on the same graph)."""
+    def build(g: Graph) -> torch.Tensor:
+        scale = g.in_degrees().to(torch.float64).pow(exponent)
+        return scale.masked_fill(torch.isinf(scale), 0.0).unsqueeze(-1)
+    return graph.cached(f"napa_in_degree_pow_{exponent}", build).to(dtype)
+
+
+def _dot(s, d):
+    return (s * d).sum(-1, keepdim=True)
+
+
+def _mul(s, d):
+    return s * d
+
+
+def _weighted(s, w):
+    return w * s
+
+
+WEIGHTINGS = ("gcn", "mean", "dot", "mul")      # NeighborApply's named modes (GraphTensor's f)
+MESSAGES = ("copy", "mul")                     # Pull's named modes (GraphTensor's g)
+
+
+def NeighborApply(graph: Graph | object, embed: torch.Tensor | None = None, mode: str | Callable = "gcn", *,
+                  edge: torch.Tensor | None = None) -> torch.Tensor:
+    """Per-edge weights ``f(x_u, x_v)`` for every edge u -> v, in edge-id order ([E, ...]).
+
+    ``mode``: ``"gcn"`` -- ``1/sqrt(deg(u) deg(v))`` by in-degree, GCN's and NGCF's
+    normalization, 0 at a vertex without in-edges ([E, 1]; ``embed`` only sets its
+    dtype); ``"mean"`` -- ``1/deg(v)``, the weight that turns a sum into a mean ([E, 1]);
+    ``"dot"`` -- ``<x_u, x_v>`` ([E, 1]); ``"mul"`` -- ``x_u * x_v``; or a function of
+    ``(x_u, x_v)``, or ``(x_u, x_v, e)`` when ``edge`` is given, traced as a `gsddmm` UDF.
+    """
+    graph = operand_graph(graph, embed, None)
+    if callable(mode):
+        return gsddmm(graph, mode, src=embed, dst=embed, edge=edge)
+    if mode not in WEIGHTINGS:
+        raise ValueError(f"NeighborApply: mode must be one of {WEIGHTINGS} or a function, got {mode!r}")
+    if edge is not None:
+        raise ValueError(f"NeighborApply: mode {mode!r} reads no edge= tensor; pass a function to use one")
+    if mode in ("gcn", "mean"):
+        dtype = embed.dtype if isinstance(embed, torch.Tensor) else torch.get_default_dtype()
+        if mode == "mean":
+            return gsddmm(graph, None, dst=_in_degree_power(graph, -1.0, dtype))
+        norm = _in_degree_power(graph, -0.5, dtype)
+        return gsddmm(graph, _mul, src=norm, dst=norm)
+    if embed is None:
+        raise ValueError(f"NeighborApply: mode {mode!r} needs the node embeddings (embed=)")
+    return gsddmm(graph, _dot if mode == "dot" else _mul, src=embed, dst=embed)
+
+
+def Pull(graph: Graph | object, embed: torch.Tensor, edge: torch.Tensor | None = None,
+         mode_g: str | Callable = "mul", mode_h: str = "sum", *,
+         schedule: str | Schedule | None = None) -> torch.Tensor:
+    """Aggregate over each vertex's in-edges: ``h_v = mode_h over u -> v of g(x_u, ...)`` ([N, ...]).
+
+    ``mode_g``: ``"mul"`` -- ``e * x_u`` with the edge weights ``edge`` (from
+    `NeighborApply`); ``"copy"`` -- ``x_u``; or a function of ``(x_u, x_v, e)`` (of
+    ``(x_u, x_v)`` without ``edge``), traced as a `gspmm` UDF. ``mode_h``: sum, mean, max
+    or min. ``schedule`` is `gspmm`'s (FeatGraph's per-call schedule).
+    """
+    if callable(mode_g):
+        return gspmm(graph, mode_g, mode_h, src=embed, dst=embed, edge=edge, schedule=schedule)
+    if mode_g not in MESSAGES:
+        raise ValueError(f"Pull: mode_g must be one of {MESSAGES} or a function, got {mode_g!r}")
+    if (mode_g == "mul") != (edge is not None):
+        raise ValueError("Pull: mode_g='mul' weights each message by edge= (give it); 'copy' reads no edge= "
+                         f"(got mode_g={mode_g!r} with edge={'a tensor' if edge is not None else 'None'})")
+    message = _weighted if mode_g == "mul" else None
+    return gspmm(graph, message, mode_h, src=embed, edge=edge, schedule=schedule)
+
+
+class Apply(nn.Module):
+    """The combination step: ``activation(x @ W^T + b)``, a dense layer on vertex rows
+    (GraphTensor's Apply: matmul, bias add, activation). ``lin`` is an ``nn.Linear``, so
+    weights copy to and from PyG-style layers by name."""
+
+    def __init__(self, in_channels: int, out_channels: int, bias: bool = True,
+                 activation: Callable[[torch.Tensor], torch.Tensor] | None = None):
+        super().__init__()
+        self.lin = nn.Linear(in_channels, out_channels, bias=bias)
+        self.activation = activation
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.lin(x)
+        return out if self.activation is None else self.activation(out)

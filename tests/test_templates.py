@@ -1,0 +1,240 @@
+"""FeatGraph's templates, ``gnnfuse.ops.gspmm`` / ``gsddmm``: user functions over the
+gathered operand rows against plain-PyTorch gather + index_add / scatter_reduce oracles
+(outputs and every gradient, float64, both backends), gradcheck, the per-call schedule,
+trace reuse, and every argument error."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import gnnfuse
+from gnnfuse.backend.forced_schedule import forced_schedule
+from gnnfuse.backend.triton import executor as triton_executor
+from gnnfuse.frontend import templates
+from gnnfuse.ops import Schedule, gsddmm, gspmm
+from oracle_check import BACKENDS, assert_matches_oracle, device_for
+
+# A multi-edge 3->1 (twice), a self loop on 4, vertex 3 without in-edges, vertex 5 isolated.
+SRC = torch.tensor([0, 1, 2, 2, 3, 3, 4, 1, 0])
+DST = torch.tensor([1, 2, 0, 1, 1, 1, 4, 0, 2])
+N, E, F = 6, len(SRC), 3
+
+
+def inputs(device: str, **shapes: tuple[int, ...]) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    return {k: torch.randn(s, dtype=torch.float64, generator=gen).to(device) for k, s in shapes.items()}
+
+
+def aggregate(messages: torch.Tensor, dst: torch.Tensor, reduce: str) -> torch.Tensor:
+    """The oracle's aggregation: index_add for sum, scatter_reduce for the others, 0 where
+    a vertex has no in-edges."""
+    out = messages.new_zeros((N,) + messages.shape[1:])
+    if reduce == "sum":
+        return out.index_add(0, dst, messages)
+    index = dst.view(-1, *([1] * (messages.dim() - 1))).expand_as(messages)
+    return out.scatter_reduce(0, index, messages, {"mean": "mean", "max": "amax", "min": "amin"}[reduce],
+                              include_self=False)
+
+
+LINEAR = torch.nn.Linear(F, 2).double()   # a module as the user function (FeatGraph's UDF)
+
+
+# name -> (operand shapes, template call, oracle): the oracle gathers with s = SRC, d = DST.
+CASES = {
+    "sddmm_dot": (dict(x=(N, F)),
+                  lambda g, x: gsddmm(g, lambda xs, xd: (xs * xd).sum(-1, keepdim=True), src=x, dst=x),
+                  lambda s, d, x: (x[s] * x[d]).sum(-1, keepdim=True)),
+    "sddmm_src_dst_edge": (dict(x=(N, F), y=(N, F), e=(E, F)),
+                           lambda g, x, y, e: gsddmm(g, lambda xs, xd, w: torch.sigmoid(xs - xd) * w,
+                                                     src=x, dst=y, edge=e),
+                           lambda s, d, x, y, e: torch.sigmoid(x[s] - y[d]) * e),
+    "sddmm_copy_dst": (dict(y=(N, F)), lambda g, y: gsddmm(g, None, dst=y), lambda s, d, y: y[d]),
+    "spmm_weighted_sum": (dict(x=(N, F), w=(E, 1)),
+                          lambda g, x, w: gspmm(g, lambda xs, w: w * xs, "sum", src=x, edge=w),
+                          lambda s, d, x, w: aggregate(w * x[s], d, "sum")),
+    "spmm_mean_src_dst": (dict(x=(N, F)),
+                          lambda g, x: gspmm(g, lambda xs, xd: xs * torch.tanh(xd), "mean", src=x, dst=x),
+                          lambda s, d, x: aggregate(x[s] * torch.tanh(x[d]), d, "mean")),
+    "spmm_max_all_operands": (dict(x=(N, F), y=(N, F), e=(E, F)),
+                              lambda g, x, y, e: gspmm(g, lambda xs, xd, w: xs + w * xd, "max",
+                                                       src=x, dst=y, edge=e),
+                              lambda s, d, x, y, e: aggregate(x[s] + e * y[d], d, "max")),
+    "spmm_min_copy_edge": (dict(e=(E, F)), lambda g, e: gspmm(g, None, "min", edge=e),
+                           lambda s, d, e: aggregate(e, d, "min")),
+    "spmm_captured_weight": (dict(x=(N, F), W=(F, 2)),
+                             lambda g, x, W: gspmm(g, lambda xs: torch.relu(xs @ W), "sum", src=x),
+                             lambda s, d, x, W: aggregate(torch.relu(x[s] @ W), d, "sum")),
+    "spmm_module_message": (dict(x=(N, F)), lambda g, x: gspmm(g, LINEAR, "mean", src=x),
+                            lambda s, d, x: aggregate(LINEAR(x[s]), d, "mean")),
+}
+TRITON_CASES = ["sddmm_src_dst_edge", "spmm_weighted_sum", "spmm_max_all_operands"]
+
+
+def check_case(name: str, backend: str, monkeypatch) -> None:
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    device = device_for(backend)
+    shapes, call, oracle = CASES[name]
+    g = gnnfuse.Graph(SRC, DST, N).to(device)
+    s, d = SRC.to(device), DST.to(device)
+    assert_matches_oracle(lambda **t: {"out": call(g, **t)}, lambda **t: {"out": oracle(s, d, **t)},
+                          inputs(device, **shapes))
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_template_matches_torch_oracle_on_reference(name, monkeypatch):
+    check_case(name, "reference", monkeypatch)
+
+
+@pytest.mark.parametrize("name", TRITON_CASES)
+def test_template_matches_torch_oracle_on_triton(name, monkeypatch):
+    monkeypatch.setenv("GNNFUSE_SCHEDULE", "csr")
+    check_case(name, "triton", monkeypatch)
+
+
+def test_gradcheck_gspmm_and_gsddmm(monkeypatch):
+    monkeypatch.setenv("GNNFUSE_BACKEND", "reference")
+    g = gnnfuse.Graph(SRC, DST, N)
+    x, w = (t.requires_grad_() for t in inputs("cpu", x=(N, F), w=(E, 1)).values())
+    assert torch.autograd.gradcheck(
+        lambda x, w: gspmm(g, lambda xs, xd, w: torch.tanh(w * xs * xd), "mean", src=x, dst=x, edge=w), (x, w))
+    assert torch.autograd.gradcheck(
+        lambda x, w: gsddmm(g, lambda xs, xd, w: (xs * xd).sum(-1, keepdim=True) * torch.exp(w),
+                            src=x, dst=x, edge=w), (x, w))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_graphs_without_edges_and_edge_index_input(backend, monkeypatch):
+    """No edges: every vertex aggregates to 0 and gsddmm gives [0, ...]. An edge_index
+    takes its node count from the operands, keeping trailing vertices without edges."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    device = device_for(backend)
+    x = inputs(device, x=(N, F))["x"]
+    empty = gnnfuse.Graph(torch.empty(0, dtype=torch.long), torch.empty(0, dtype=torch.long), N).to(device)
+    assert torch.equal(gspmm(empty, lambda xs: xs * 2, "max", src=x), torch.zeros_like(x))
+    assert gsddmm(empty, lambda xs, xd: xs * xd, src=x, dst=x).shape == (0, F)
+    edge_index = torch.stack([SRC, DST]).to(device)   # vertex 5 appears in no edge
+    torch.testing.assert_close(gspmm(edge_index, None, "sum", src=x),
+                               aggregate(x[SRC.to(device)], DST.to(device), "sum"))
+
+
+# --- schedule= -------------------------------------------------------------------------
+def chosen_schedules(monkeypatch) -> list[str]:
+    """Every schedule the Triton executor picks from now on, in order."""
+    chosen = []
+    real = triton_executor.schedule_for
+    monkeypatch.setattr(triton_executor, "schedule_for",
+                        lambda unit, n, e: chosen.append(real(unit, n, e)) or chosen[-1])
+    return chosen
+
+
+@pytest.mark.parametrize("forced,env", [("csr", "auto"), ("coo", "csr")])
+def test_schedule_overrides_the_cost_rule_and_the_environment_in_forward_and_backward(forced, env, monkeypatch):
+    """The cost rule picks COO on a graph this small (average degree 1.5, width 3), so
+    forcing CSR changes it; forcing COO wins over GNNFUSE_SCHEDULE=csr."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
+    monkeypatch.setenv("GNNFUSE_SCHEDULE", env)
+    device = device_for("triton")
+    g = gnnfuse.Graph(SRC, DST, N).to(device)
+    chosen = chosen_schedules(monkeypatch)
+    assert_matches_oracle(
+        lambda x, w: {"out": gspmm(g, lambda xs, w: w * xs, "sum", src=x, edge=w, schedule=forced)},
+        lambda x, w: {"out": aggregate(w * x[SRC.to(device)], DST.to(device), "sum")},
+        inputs(device, x=(N, F), w=(E, 1)))
+    aggregations = [s for s in chosen if s != "edge"]
+    assert len(aggregations) >= 2, f"forward and backward aggregations expected, got {chosen}"
+    assert set(aggregations) == {forced}
+    assert forced_schedule() is None, "the override leaked out of the call"
+    chosen.clear()
+    gspmm(g, lambda xs, w: w * xs, "sum", src=inputs(device, x=(N, F))["x"], edge=torch.ones(E, 1).to(device))
+    assert chosen == [env if env != "auto" else "coo"], "without schedule= the usual choice applies"
+
+
+def test_explain_reports_the_schedule_a_call_forced():
+    """explain plans after the call returns; it must report the schedule the call ran
+    with, not the cost rule's (COO on this graph)."""
+    g = gnnfuse.Graph(SRC, DST, N)
+    x = inputs("cpu", x=(N, F))["x"].requires_grad_()
+    report = str(gnnfuse.explain(lambda: gspmm(g, lambda xs: xs * 2, "sum", src=x, schedule="csr")))
+    assert "[csr schedule on CUDA]" in report and "coo schedule" not in report
+    assert "[coo schedule on CUDA]" in str(gnnfuse.explain(lambda: gspmm(g, lambda xs: xs * 2, "sum", src=x)))
+
+
+def test_schedule_feature_tile_sets_the_kernel_feature_block(monkeypatch):
+    monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
+    device = device_for("triton")
+    blocks = []
+    real_kernel_for = triton_executor._kernel_for
+
+    class Spy:
+        def __init__(self, kernel):
+            self.kernel = kernel
+
+        def __getitem__(self, grid):
+            launch = self.kernel[grid]
+            return lambda *a, **kw: blocks.append(kw["BLOCK_F"]) or launch(*a, **kw)
+
+    monkeypatch.setattr(triton_executor, "_kernel_for",
+                        lambda *a: (lambda k, leaves, tile: (Spy(k), leaves, tile))(*real_kernel_for(*a)))
+    g = gnnfuse.Graph(SRC, DST, N).to(device)
+    x = inputs(device, x=(N, F))["x"]
+    out = gspmm(g, None, "sum", src=x, schedule=Schedule("csr", feature_tile=1))
+    assert blocks == [1]
+    torch.testing.assert_close(out, aggregate(x[SRC.to(device)], DST.to(device), "sum"))
+
+
+# --- trace reuse -------------------------------------------------------------------------
+def test_traces_are_reused_across_calls(monkeypatch):
+    traced = []
+    real = templates.trace_template
+    monkeypatch.setattr(templates, "trace_template", lambda *a: traced.append(1) or real(*a))
+    g = gnnfuse.Graph(SRC, DST, N)
+    x = inputs("cpu", x=(N, F))["x"]
+    for scale in (2.0, 2.0, 3.0):
+        out = gspmm(g, lambda xs: xs * scale, "max", src=x)
+        torch.testing.assert_close(out, aggregate(x[SRC] * scale, DST, "max"))
+    assert len(traced) == 2, "the second call with the same closure value must reuse the trace"
+
+
+# --- errors --------------------------------------------------------------------------------
+def graph_and_x():
+    return gnnfuse.Graph(SRC, DST, N), inputs("cpu", x=(N, F))["x"]
+
+
+@pytest.mark.parametrize("call,error,match", [
+    (lambda g, x: gspmm(g, None, "prod", src=x), ValueError, "reduce must be one of"),
+    (lambda g, x: gspmm(g, None, max, src=x), TypeError, "reduce must be one of"),
+    (lambda g, x: gspmm(g, None, "sum", src=x[:4]), ValueError, r"src= must have one row per graph node \(6"),
+    (lambda g, x: gsddmm(g, None, edge=x), ValueError, r"edge= must have one row per graph edge \(9"),
+    (lambda g, x: gspmm(g, None, "sum", dst=x.tolist()), TypeError, "dst= must be a tensor"),
+    (lambda g, x: gspmm(g, None, "sum"), ValueError, "at least one operand"),
+    (lambda g, x: gsddmm(g, None, src=x, dst=x), ValueError, "edge_fn=None copies a single operand"),
+    (lambda g, x: gspmm(g, "sum", "sum", src=x), TypeError, "message must be a function"),
+    (lambda g, x: gspmm(g, lambda xs: xs, "sum", src=x, dst=x), TypeError,
+     r"called with the 2 operand\(s\) given, \(src, dst\)"),
+    (lambda g, x: gspmm(g, None, "sum", src=x, schedule="vertex"), ValueError, "schedule= must be one of"),
+    (lambda g, x: gspmm(g, None, "sum", src=x, schedule=2), TypeError, "schedule= must be one of"),
+    (lambda g, x: gspmm(g, None, "max", src=x, schedule="coo"), ValueError, "'coo'.*sum.*mean"),
+    (lambda g, x: gspmm(g, None, "sum", src=x, schedule=Schedule("csr", 24)), ValueError, "power of two"),
+])
+def test_bad_arguments_raise_errors_naming_the_argument(call, error, match):
+    g, x = graph_and_x()
+    with pytest.raises(error, match=match):
+        call(g, x)
+
+
+def test_untraceable_functions_raise_compile_errors_naming_their_line():
+    g, x = graph_and_x()
+    with pytest.raises(gnnfuse.CompileError, match=r"test_templates.py:\d+: .*xs.numpy\(\)"):
+        gspmm(g, lambda xs: xs.numpy(), "sum", src=x)
+    with pytest.raises(gnnfuse.CompileError, match=r"(?s)(edge|row) axis.*test_templates.py:\d+: .*xs.sum\(0\)"):
+        gsddmm(g, lambda xs: xs.sum(0), src=x)
+
+    def helper(rows):
+        return rows.numpy()
+    with pytest.raises(gnnfuse.CompileError, match=r"test_templates.py:\d+: return rows.numpy\(\)"):
+        gspmm(g, lambda xs: helper(xs), "sum", src=x)
+
+    def returns_a_number(xs):
+        return 1.0
+    with pytest.raises(gnnfuse.CompileError, match=r"(?s)one per-edge tensor.*got a float.*test_templates.py:\d+"):
+        gsddmm(g, returns_a_number, src=x)
