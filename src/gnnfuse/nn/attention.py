@@ -22,6 +22,7 @@ from torch import nn
 
 from .. import frontend
 from ..graph import Graph
+from .arguments import node_features, reject_unsupported
 from .conv import (GATConv, _as_graph, _check_dropout, _combine_heads, _head_bias, _inv_sqrt_degree,
                    _normalized_sum, _with_loops)
 
@@ -71,8 +72,12 @@ class GATv2Conv(nn.Module):
         if self.bias is not None:
             nn.init.zeros_(self.bias)
 
-    def forward(self, x: torch.Tensor, graph: Graph | torch.Tensor) -> torch.Tensor:
-        graph = _with_loops(_as_graph(graph, x.shape[0]), self.add_self_loops)
+    def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor, edge_attr: torch.Tensor | None = None,
+                return_attention_weights: bool | None = None) -> torch.Tensor:
+        x = node_features(x, "GATv2Conv")
+        reject_unsupported("GATv2Conv", edge_attr=edge_attr,     # False: just the output, as in PyG
+                           return_attention_weights=return_attention_weights or None)
+        graph = _with_loops(_as_graph(edge_index, x.shape[0]), self.add_self_loops)
         shape = (-1, self.heads, self.out_channels)
         x_l = self.lin_l(x).view(shape)
         x_r = x_l if self.share_weights else self.lin_r(x).view(shape)
@@ -202,8 +207,9 @@ class DotGATConv(nn.Module):
         if self.bias is not None:
             nn.init.zeros_(self.bias)
 
-    def forward(self, x: torch.Tensor, graph: Graph | torch.Tensor) -> torch.Tensor:
-        graph = _with_loops(_as_graph(graph, x.shape[0]), self.add_self_loops)
+    def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor) -> torch.Tensor:
+        x = node_features(x, "DotGATConv")
+        graph = _with_loops(_as_graph(edge_index, x.shape[0]), self.add_self_loops)
         z = self.lin(x).view(-1, self.heads, self.out_channels)
         out = _dot_attention(graph, {"z": z, "q": z / math.sqrt(self.out_channels)})
         return _combine_heads(out, self.concat, self.bias)
@@ -235,8 +241,9 @@ class EdgeConv(nn.Module):
             if module is not self.nn and hasattr(module, "reset_parameters"):
                 module.reset_parameters()
 
-    def forward(self, x: torch.Tensor, graph: Graph | torch.Tensor) -> torch.Tensor:
-        graph = _as_graph(graph, x.shape[0])
+    def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor) -> torch.Tensor:
+        x = node_features(x, "EdgeConv")
+        graph = _as_graph(edge_index, x.shape[0])
         h = self.nn
 
         def edge_max(v):
@@ -278,8 +285,9 @@ class MLPAggConv(nn.Module):
     def reset_parameters(self) -> None:
         self.lin.reset_parameters()
 
-    def forward(self, x: torch.Tensor, graph: Graph | torch.Tensor) -> torch.Tensor:
-        graph = _as_graph(graph, x.shape[0])
+    def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor) -> torch.Tensor:
+        x = node_features(x, "MLPAggConv")
+        graph = _as_graph(edge_index, x.shape[0])
         a = F.linear(x, self.lin.weight)
         return _mlp_max(graph, {"a": a, "b": a if self.lin.bias is None else a + self.lin.bias})
 
@@ -315,8 +323,9 @@ class NGCFConv(nn.Module):
         if self.bias is not None:
             nn.init.zeros_(self.bias)
 
-    def forward(self, x: torch.Tensor, graph: Graph | torch.Tensor) -> torch.Tensor:
-        graph = _as_graph(graph, x.shape[0])
+    def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor) -> torch.Tensor:
+        x = node_features(x, "NGCFConv")
+        graph = _as_graph(edge_index, x.shape[0])
         s = _normalized_sum(graph, {"h": x, "norm": _inv_sqrt_degree(graph, x.dtype)})
         out = self.lin1(x + s) + self.lin2(x * s)
         if self.bias is not None:
