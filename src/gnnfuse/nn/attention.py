@@ -24,7 +24,7 @@ from .. import frontend
 from ..graph import Graph
 from .arguments import node_features, reject_unsupported
 from .conv import (GATConv, _as_graph, _check_dropout, _combine_heads, _head_bias, _inv_sqrt_degree,
-                   _normalized_sum, _with_loops)
+                   _normalized_sum, _rows_read, _with_loops)
 
 def _run_vertex(fn: Callable, graph: Graph, v_feature: Mapping[str, torch.Tensor]) -> torch.Tensor:
     """Run a vertex function that closes over a layer's parameters, made anew in every
@@ -259,6 +259,15 @@ class EdgeConv(nn.Module):
         return _run_vertex(fn, graph, {"x": x})
 
 
+def _with_edges(graph: Graph, direction: str) -> torch.Tensor | None:
+    """The vertices with an in-edge (``direction="in"``) or with any edge (``"any"``),
+    boolean [N]; None when that is every vertex. Cached per graph."""
+    def build(g: Graph) -> torch.Tensor | None:
+        degree = g.in_degrees() if direction == "in" else g.in_degrees() + g.out_degrees()
+        return None if bool((degree > 0).all()) else degree > 0
+    return graph.cached(f"nn_with_edges_{direction}", build)
+
+
 @frontend.vertex
 def _mlp_max(v):
     return max([torch.relu(u.a + v.b) for u in v.innbs])
@@ -274,7 +283,8 @@ class MLPAggConv(nn.Module):
     (FeatGraph's kernel has no ``b``; ``bias=False`` gives it exactly). ``W`` distributes
     over the sum, so ``W x`` is computed once per vertex instead of once per edge and the
     traced function is ``max_u ReLU(a_u + b_v)`` with ``a = W x``, ``b = W x + bias``.
-    Isolated vertices get 0, like PyG's max aggregation.
+    Isolated vertices get 0, like PyG's max aggregation, and their features (which no
+    edge reads) are left out of ``W x`` so that a NaN in them reaches no gradient.
     """
 
     def __init__(self, in_channels: int, out_channels: int, bias: bool = True):
@@ -288,7 +298,7 @@ class MLPAggConv(nn.Module):
     def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor) -> torch.Tensor:
         x = node_features(x, "MLPAggConv")
         graph = _as_graph(edge_index, x.shape[0])
-        a = F.linear(x, self.lin.weight)
+        a = F.linear(_rows_read(x, _with_edges(graph, "any")), self.lin.weight)
         return _mlp_max(graph, {"a": a, "b": a if self.lin.bias is None else a + self.lin.bias})
 
 
@@ -306,7 +316,9 @@ class NGCFConv(nn.Module):
     Both are linear, so they distribute over the neighbour sum:
     ``sum_u m = W_1 s_v + W_2 (x_v * s_v)`` with ``s_v = sum_u p_uv x_u`` -- the compiled
     vertex function aggregates ``x`` once (in_channels wide) instead of materializing a
-    transformed message per edge.
+    transformed message per edge. A vertex without in-edges has no messages, so its
+    ``x_v * s_v`` term is left out rather than computed as ``x_v * 0`` (NaN for a NaN
+    ``x_v``, which would reach ``W_2``'s gradient).
     """
 
     def __init__(self, in_channels: int, out_channels: int, negative_slope: float = 0.2, bias: bool = True):
@@ -327,7 +339,7 @@ class NGCFConv(nn.Module):
         x = node_features(x, "NGCFConv")
         graph = _as_graph(edge_index, x.shape[0])
         s = _normalized_sum(graph, {"h": x, "norm": _inv_sqrt_degree(graph, x.dtype)})
-        out = self.lin1(x + s) + self.lin2(x * s)
+        out = self.lin1(x + s) + self.lin2(_rows_read(x, _with_edges(graph, "in")) * s)
         if self.bias is not None:
             out = out + self.bias
         return F.leaky_relu(out, self.negative_slope)

@@ -107,6 +107,49 @@ def _normalized_hop(graph: Graph, edge_weight: torch.Tensor | None, dtype: torch
     return graph, lambda h: _normalized_sum(graph, {"h": h, "norm": norm})
 
 
+def _rows_read(x: torch.Tensor, read: torch.Tensor | None) -> torch.Tensor:
+    """``x`` with the rows of vertices outside ``read`` (boolean [N]; None: all) zeroed.
+
+    Why: a layer that transforms every row before a propagation that reads only some
+    (``(A X) W`` evaluated as ``A (X W)``) gives the same output, but its weight gradient
+    sums every row times that row's share of the output gradient -- 0 for an unread row,
+    yet 0 * NaN = NaN -- where propagating first, as PyG does, never touches the row.
+    Zeroing unread rows changes no output and keeps a NaN or inf in them out of every
+    gradient, as in PyG. Free when every row is read (the usual graph).
+    """
+    return x if read is None else x.masked_fill(~read.unsqueeze(-1), 0.0)
+
+
+def _walk_starts(graph: Graph, hops: int) -> torch.Tensor | None:
+    """The vertices some walk of exactly ``hops`` edges leaves (boolean [N]), whose
+    features a ``hops``-hop propagation carries to an output; None when that is every
+    vertex. Cached per graph."""
+    def build(g: Graph) -> torch.Tensor | None:
+        starts = torch.ones(g.num_nodes, dtype=torch.bool, device=g.device)
+        for _ in range(hops):
+            reached, starts = starts, torch.zeros_like(starts)
+            starts[g.src[reached[g.dst]]] = True
+        return None if bool(starts.all()) else starts
+    return graph.cached(f"nn_walk_starts_{hops}", build)
+
+
+def _transform_first(x: torch.Tensor, weight: torch.Tensor, graph: Graph, hops: int) -> torch.Tensor:
+    """``x W^T`` for a layer that moves its linear map before ``hops`` propagations over
+    ``graph`` (so they move narrower rows) where PyG applies it after, with PyG's gradients.
+
+    The weight's gradient takes only the rows some ``hops``-walk leaves (`_rows_read`).
+    The other rows are still transformed, by the weight detached: their values travel
+    the shorter walks they start and reach what PyG's intermediate hops reach (edge
+    weights' gradients), while ending in no output.
+    """
+    starts = _walk_starts(graph, hops)
+    out = F.linear(_rows_read(x, starts), weight)
+    if starts is None:
+        return out
+    unread = torch.nonzero(~starts).squeeze(1)
+    return out.index_put((unread,), F.linear(x[unread], weight.detach()))
+
+
 def _layer_graph(layer: nn.Module, x: torch.Tensor, graph: Graph | torch.Tensor, cache: bool) -> Graph:
     """The graph a layer with PyG's ``cached`` flag propagates over.
 
@@ -278,7 +321,7 @@ class SAGEConv(nn.Module):
         graph = _as_graph(edge_index, x.shape[0])
         aggregate = _AGGREGATORS[self.aggr]
         if self.aggr != "max" and self.out_channels < self.in_channels:
-            out = aggregate(graph, {"h": F.linear(x, self.lin_l.weight)})
+            out = aggregate(graph, {"h": _transform_first(x, self.lin_l.weight, graph, 1)})
             if self.lin_l.bias is not None:
                 out = out + self.lin_l.bias
         else:

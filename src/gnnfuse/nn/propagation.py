@@ -23,7 +23,7 @@ from .. import frontend
 from ..graph import Graph
 from .arguments import check_size, edge_weight_column, node_features
 from .conv import (_AGGREGATORS, _WEIGHTED_AGGREGATORS, _as_graph, _gcn_edge_norm, _inv_sqrt_degree, _layer_graph,
-                   _neighbour_sum, _normalized_hop, _with_loops)
+                   _neighbour_sum, _normalized_hop, _transform_first, _with_loops)
 
 
 def _reset(module: Callable) -> None:
@@ -98,7 +98,7 @@ class GraphConv(nn.Module):
             weight = edge_weight_column(edge_weight, graph.num_edges, x.dtype).unsqueeze(-1)
             aggregate, edge_feature = _WEIGHTED_AGGREGATORS[self.aggr], {"w": weight}
         if self.aggr != "max" and self.out_channels < self.in_channels:
-            out = aggregate(graph, {"h": F.linear(x, self.lin_rel.weight)}, edge_feature)
+            out = aggregate(graph, {"h": _transform_first(x, self.lin_rel.weight, graph, 1)}, edge_feature)
             if self.lin_rel.bias is not None:
                 out = out + self.lin_rel.bias
         else:
@@ -224,9 +224,9 @@ class SGConv(nn.Module):
         x = node_features(x, "SGConv")
         if self._cached_x is not None:
             return self.lin(self._cached_x.detach())
-        _, hop = _normalized_hop(_as_graph(edge_index, x.shape[0]), edge_weight, x.dtype, self.add_self_loops)
+        graph, hop = _normalized_hop(_as_graph(edge_index, x.shape[0]), edge_weight, x.dtype, self.add_self_loops)
         transform_first = not self.cached and self.out_channels < self.in_channels
-        h = F.linear(x, self.lin.weight) if transform_first else x
+        h = _transform_first(x, self.lin.weight, graph, self.K) if transform_first else x
         for _ in range(self.K):
             h = hop(h)
         if transform_first:
@@ -251,8 +251,7 @@ class TAGConv(nn.Module):
 
     ``Â`` commutes with right-multiplication by ``W_k``, so when the transforms narrow
     the features the sum is evaluated in Horner form,
-    ``X W_0 + Â (X W_1 + Â (... + Â X W_K))``: one matmul for all K+1 transforms, then
-    K hops over out-channel rows, each adding its skip term in the same kernel (a separate
+    ``X W_0 + Â (X W_1 + Â (... + Â X W_K))``: K hops over out-channel rows, each adding its skip term in the same kernel (a separate
     add when PyG's ``edge_weight`` is given: those hops read one weight per edge).
     """
 
@@ -274,7 +273,7 @@ class TAGConv(nn.Module):
         x = node_features(x, "TAGConv")
         graph, hop = _normalized_hop(_as_graph(edge_index, x.shape[0]), edge_weight, x.dtype, False, self.normalize)
         if self.out_channels < self.in_channels:
-            skips = F.linear(x, torch.cat([lin.weight for lin in self.lins])).split(self.out_channels, dim=-1)
+            skips = [_transform_first(x, lin.weight, graph, k) if k else lin(x) for k, lin in enumerate(self.lins)]
             norm = _inv_sqrt_degree(graph, x.dtype) if self.normalize else x.new_ones(graph.num_nodes, 1)
             out = skips[-1]
             for skip in reversed(skips[:-1]):
