@@ -32,8 +32,8 @@ from test_nn_attention import CGATOracle, DotGATOracle, MLPAggOracle, NGCFOracle
 F_IN = 4
 # Derandomized, without an example database: every run, here and in CI, draws the same
 # examples. Sized to keep the whole module near 10 s on a 2-core CPU machine.
-REFERENCE_RUNS = settings(max_examples=6, deadline=None, derandomize=True, database=None)
-GENERATED_KERNEL_RUNS = settings(max_examples=3, deadline=None, derandomize=True, database=None)
+REFERENCE_RUNS = settings(max_examples=10, deadline=None, derandomize=True, database=None)
+GENERATED_KERNEL_RUNS = settings(max_examples=4, deadline=None, derandomize=True, database=None)
 WIDTHS = st.sampled_from([3, 6])      # narrower and wider than F_IN: both orders of transform and hop
 
 
