@@ -47,8 +47,8 @@ def graphs(draw, max_nodes: int = 6, max_edges: int = 14, hub_degrees: st.Search
     gen = torch.Generator().manual_seed(seed)
     edges = torch.tensor(pairs, dtype=torch.int64).reshape(-1, 2)
     if hub:
-        hub_edges = torch.stack([torch.randint(0, active, (hub,), generator=gen), torch.zeros(hub, dtype=torch.int64)], 1)
-        edges = torch.cat([edges, hub_edges])
+        sources = torch.randint(0, active, (hub,), generator=gen)
+        edges = torch.cat([edges, torch.stack([sources, torch.zeros_like(sources)], 1)])
     index_dtype = draw(st.sampled_from([torch.int64, torch.int32]))
     transposed = draw(st.booleans())
     edge_index = edges.t().contiguous()

@@ -184,7 +184,8 @@ def test_bipartite_feature_pairs_are_refused_by_name(name):
              "GINConv": lambda: gnn.GINConv(torch.nn.Identity()),
              "APPNP": lambda: gnn.APPNP(2, 0.1),
              "ChebConv": lambda: gnn.ChebConv(F_IN, 3, K=2),
-             "RGCNConv": lambda: gnn.RGCNConv(F_IN, 3, num_relations=2)}.get(name, lambda: getattr(gnn, name)(F_IN, 3))()
+             "RGCNConv": lambda: gnn.RGCNConv(F_IN, 3, num_relations=2),
+             }.get(name, lambda: getattr(gnn, name)(F_IN, 3))()
     edge_index, _ = weighted_graph()
     x = torch.randn(N, F_IN)
     extra = (torch.zeros(edge_index.shape[1], dtype=torch.long),) if name == "RGCNConv" else ()

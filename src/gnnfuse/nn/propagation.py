@@ -251,8 +251,9 @@ class TAGConv(nn.Module):
 
     ``Â`` commutes with right-multiplication by ``W_k``, so when the transforms narrow
     the features the sum is evaluated in Horner form,
-    ``X W_0 + Â (X W_1 + Â (... + Â X W_K))``: K hops over out-channel rows, each adding its skip term in the same kernel (a separate
-    add when PyG's ``edge_weight`` is given: those hops read one weight per edge).
+    ``X W_0 + Â (X W_1 + Â (... + Â X W_K))``: K hops over out-channel rows, each adding
+    its skip term in the same kernel (a separate add when PyG's ``edge_weight`` is given:
+    those hops read one weight per edge).
     """
 
     def __init__(self, in_channels: int, out_channels: int, K: int = 3, bias: bool = True,
