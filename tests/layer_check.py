@@ -32,3 +32,40 @@ def assert_same_outputs_and_grads(ours: torch.nn.Module, ref: torch.nn.Module,
         q = ref_params[ref_prefix + key]
         assert p.grad is not None and q.grad is not None, key
         assert rel_err(p.grad, q.grad) < 1e-9, key
+
+
+def outputs_and_grads(layer: torch.nn.Module, run: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
+                      cotangent_seed: int = 0) -> dict[str, torch.Tensor]:
+    """``run(x)``'s output, and the gradients of ``<output, c>`` (``c`` a fixed random
+    cotangent) for ``x`` and every parameter of ``layer`` -- zeros where none reached it."""
+    layer.zero_grad(set_to_none=True)
+    xs = x.clone().requires_grad_()
+    out = run(xs)
+    generator = torch.Generator().manual_seed(cotangent_seed)
+    cotangent = torch.randn(out.shape, dtype=out.dtype, generator=generator).to(out.device)
+    (out * cotangent).sum().backward()
+    leaves = {"x": xs, **dict(layer.named_parameters())}
+    return {"out": out.detach(), **{name: torch.zeros_like(leaf) if leaf.grad is None else leaf.grad
+                                    for name, leaf in leaves.items()}}
+
+
+def assert_same_values(actual: torch.Tensor, expected: torch.Tensor, what: str, nan_for_inf: bool = False) -> None:
+    """Equal to 1e-9 relative (to ``expected``'s largest finite magnitude, at least 1)
+    where finite, with NaN, inf and -inf exactly where ``expected`` has them: a
+    non-finite value facing a finite one fails either way round.
+
+    ``nan_for_inf`` lets NaN face +-inf (never a finite value), for gradients of layers
+    that reassociate a linear map with a sum: ``x (sum g)`` and ``sum (x g)`` differ
+    there once ``x`` is infinite (inf * (1 - 1) = NaN, inf * 1 - inf * 1 = NaN but
+    inf * 2 = inf), though both are equally correct float arithmetic.
+    """
+    finite = expected[torch.isfinite(expected)]
+    scale = max(finite.abs().max().item() if finite.numel() else 0.0, 1.0)
+    if nan_for_inf:
+        assert torch.equal(torch.isfinite(actual), torch.isfinite(expected)), f"{what}: finite at other positions"
+        both_inf = torch.isinf(actual) & torch.isinf(expected)
+        assert torch.equal(actual[both_inf], expected[both_inf]), f"{what}: infinities of other signs"
+        keep = torch.isfinite(expected)
+        actual, expected = actual[keep], expected[keep]
+    torch.testing.assert_close(actual, expected, rtol=1e-9, atol=1e-9 * scale, equal_nan=True,
+                               msg=lambda message: f"{what}: {message}")

@@ -54,7 +54,8 @@ class CGATOracle(Oracle):
     def forward(self, x, edge_index):
         m, n = self.layer, x.shape[0]
         src, dst, z = self.projected(x, edge_index)
-        e = F.leaky_relu((z[src] * m.att_src).sum(-1) + (z[dst] * m.att_dst).sum(-1), m.negative_slope)
+        # per-vertex logits, then per edge, as PyG's GATConv (whose layout C-GAT takes) does
+        e = F.leaky_relu((z * m.att_src).sum(-1)[src] + (z * m.att_dst).sum(-1)[dst], m.negative_slope)
         j, i = (dst.unsqueeze(1) == dst.unsqueeze(0)).nonzero(as_tuple=True)   # all pairs at one vertex
         w = torch.zeros_like(e).index_add(0, j, torch.relu(e[j] - e[i]))
         out = torch.zeros(n, m.heads, m.out_channels, dtype=x.dtype, device=x.device).index_add(
@@ -90,7 +91,8 @@ class NGCFOracle(Oracle):
         m = self.layer
         src, dst = edge_index
         deg = torch.zeros(x.shape[0], dtype=x.dtype).index_add(0, dst, torch.ones(len(dst), dtype=x.dtype))
-        p = (deg[src] * deg[dst]).rsqrt().unsqueeze(-1)
+        inv_sqrt = deg.rsqrt().masked_fill(deg == 0, 0.0)        # gcn_norm's 0 for in-degree 0
+        p = (inv_sqrt[src] * inv_sqrt[dst]).unsqueeze(-1)
         msg = p * (m.lin1(x[src]) + m.lin2(x[src] * x[dst]))
         out = m.lin1(x) + torch.zeros(x.shape[0], m.out_channels, dtype=x.dtype).index_add(0, dst, msg)
         return F.leaky_relu(out + m.bias, m.negative_slope)

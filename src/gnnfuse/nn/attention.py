@@ -22,8 +22,9 @@ from torch import nn
 
 from .. import frontend
 from ..graph import Graph
+from .arguments import node_features, reject_unsupported
 from .conv import (GATConv, _as_graph, _check_dropout, _combine_heads, _head_bias, _inv_sqrt_degree,
-                   _normalized_sum, _with_loops)
+                   _normalized_sum, _rows_read, _with_loops)
 
 def _run_vertex(fn: Callable, graph: Graph, v_feature: Mapping[str, torch.Tensor]) -> torch.Tensor:
     """Run a vertex function that closes over a layer's parameters, made anew in every
@@ -71,8 +72,12 @@ class GATv2Conv(nn.Module):
         if self.bias is not None:
             nn.init.zeros_(self.bias)
 
-    def forward(self, x: torch.Tensor, graph: Graph | torch.Tensor) -> torch.Tensor:
-        graph = _with_loops(_as_graph(graph, x.shape[0]), self.add_self_loops)
+    def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor, edge_attr: torch.Tensor | None = None,
+                return_attention_weights: bool | None = None) -> torch.Tensor:
+        x = node_features(x, "GATv2Conv")
+        reject_unsupported("GATv2Conv", edge_attr=edge_attr,     # False: just the output, as in PyG
+                           return_attention_weights=return_attention_weights or None)
+        graph = _with_loops(_as_graph(edge_index, x.shape[0]), self.add_self_loops)
         shape = (-1, self.heads, self.out_channels)
         x_l = self.lin_l(x).view(shape)
         x_r = x_l if self.share_weights else self.lin_r(x).view(shape)
@@ -181,8 +186,9 @@ class DotGATConv(nn.Module):
         if self.bias is not None:
             nn.init.zeros_(self.bias)
 
-    def forward(self, x: torch.Tensor, graph: Graph | torch.Tensor) -> torch.Tensor:
-        graph = _with_loops(_as_graph(graph, x.shape[0]), self.add_self_loops)
+    def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor) -> torch.Tensor:
+        x = node_features(x, "DotGATConv")
+        graph = _with_loops(_as_graph(edge_index, x.shape[0]), self.add_self_loops)
         z = self.lin(x).view(-1, self.heads, self.out_channels)
         out = _dot_attention(graph, {"z": z, "q": z / math.sqrt(self.out_channels)})
         return _combine_heads(out, self.concat, self.bias)
@@ -214,8 +220,9 @@ class EdgeConv(nn.Module):
             if module is not self.nn and hasattr(module, "reset_parameters"):
                 module.reset_parameters()
 
-    def forward(self, x: torch.Tensor, graph: Graph | torch.Tensor) -> torch.Tensor:
-        graph = _as_graph(graph, x.shape[0])
+    def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor) -> torch.Tensor:
+        x = node_features(x, "EdgeConv")
+        graph = _as_graph(edge_index, x.shape[0])
         h = self.nn
 
         def edge_max(v):
@@ -229,6 +236,15 @@ class EdgeConv(nn.Module):
 
         fn = {"max": edge_max, "mean": edge_mean, "add": edge_sum, "sum": edge_sum}[self.aggr]
         return _run_vertex(fn, graph, {"x": x})
+
+
+def _with_edges(graph: Graph, direction: str) -> torch.Tensor | None:
+    """The vertices with an in-edge (``direction="in"``) or with any edge (``"any"``),
+    boolean [N]; None when that is every vertex. Cached per graph."""
+    def build(g: Graph) -> torch.Tensor | None:
+        degree = g.in_degrees() if direction == "in" else g.in_degrees() + g.out_degrees()
+        return None if bool((degree > 0).all()) else degree > 0
+    return graph.cached(f"nn_with_edges_{direction}", build)
 
 
 @frontend.vertex
@@ -246,7 +262,8 @@ class MLPAggConv(nn.Module):
     (FeatGraph's kernel has no ``b``; ``bias=False`` gives it exactly). ``W`` distributes
     over the sum, so ``W x`` is computed once per vertex instead of once per edge and the
     traced function is ``max_u ReLU(a_u + b_v)`` with ``a = W x``, ``b = W x + bias``.
-    Isolated vertices get 0, like PyG's max aggregation.
+    Isolated vertices get 0, like PyG's max aggregation, and their features (which no
+    edge reads) are left out of ``W x`` so that a NaN in them reaches no gradient.
     """
 
     def __init__(self, in_channels: int, out_channels: int, bias: bool = True):
@@ -257,9 +274,10 @@ class MLPAggConv(nn.Module):
     def reset_parameters(self) -> None:
         self.lin.reset_parameters()
 
-    def forward(self, x: torch.Tensor, graph: Graph | torch.Tensor) -> torch.Tensor:
-        graph = _as_graph(graph, x.shape[0])
-        a = F.linear(x, self.lin.weight)
+    def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor) -> torch.Tensor:
+        x = node_features(x, "MLPAggConv")
+        graph = _as_graph(edge_index, x.shape[0])
+        a = F.linear(_rows_read(x, _with_edges(graph, "any")), self.lin.weight)
         return _mlp_max(graph, {"a": a, "b": a if self.lin.bias is None else a + self.lin.bias})
 
 
@@ -277,7 +295,9 @@ class NGCFConv(nn.Module):
     Both are linear, so they distribute over the neighbour sum:
     ``sum_u m = W_1 s_v + W_2 (x_v * s_v)`` with ``s_v = sum_u p_uv x_u`` -- the compiled
     vertex function aggregates ``x`` once (in_channels wide) instead of materializing a
-    transformed message per edge.
+    transformed message per edge. A vertex without in-edges has no messages, so its
+    ``x_v * s_v`` term is left out rather than computed as ``x_v * 0`` (NaN for a NaN
+    ``x_v``, which would reach ``W_2``'s gradient).
     """
 
     def __init__(self, in_channels: int, out_channels: int, negative_slope: float = 0.2, bias: bool = True):
@@ -294,10 +314,11 @@ class NGCFConv(nn.Module):
         if self.bias is not None:
             nn.init.zeros_(self.bias)
 
-    def forward(self, x: torch.Tensor, graph: Graph | torch.Tensor) -> torch.Tensor:
-        graph = _as_graph(graph, x.shape[0])
+    def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor) -> torch.Tensor:
+        x = node_features(x, "NGCFConv")
+        graph = _as_graph(edge_index, x.shape[0])
         s = _normalized_sum(graph, {"h": x, "norm": _inv_sqrt_degree(graph, x.dtype)})
-        out = self.lin1(x + s) + self.lin2(x * s)
+        out = self.lin1(x + s) + self.lin2(_rows_read(x, _with_edges(graph, "in")) * s)
         if self.bias is not None:
             out = out + self.bias
         return F.leaky_relu(out, self.negative_slope)

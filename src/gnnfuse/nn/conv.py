@@ -9,12 +9,15 @@ match PyG, so ``layer.load_state_dict(pyg_layer.state_dict())`` copies a PyG mod
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .. import frontend
 from ..graph import Graph
+from .arguments import check_size, edge_weight_column, node_features, reject_unsupported
 
 
 def _as_graph(graph: Graph | torch.Tensor, num_nodes: int) -> Graph:
@@ -65,6 +68,89 @@ def _improved_gcn_norm(graph: Graph, dtype: torch.dtype) -> tuple[Graph, torch.T
     return loop_free, norm.to(dtype), fill.to(dtype)
 
 
+def _gcn_edge_norm(graph: Graph, edge_weight: torch.Tensor, dtype: torch.dtype, add_self_loops: bool,
+                   fill: float = 1.0, normalize: bool = True) -> tuple[Graph, torch.Tensor]:
+    """(graph, per-edge weight [E', 1]) of PyG's ``gcn_norm`` given explicit edge weights.
+
+    With ``add_self_loops`` every vertex ends with exactly one loop (`_looped`'s edge
+    order), weighted by the weight of its existing loop or else ``fill`` -- PyG's
+    ``add_remaining_self_loops``. With ``normalize`` each weight is scaled by deg^-1/2 of
+    both ends, a vertex's degree summing the weights of its in-edges (0 where that is 0).
+    Computed in torch on every call: the weights may change between calls and carry
+    gradients, which flow through this normalisation as they do in PyG.
+    """
+    weight = edge_weight_column(edge_weight, graph.num_edges, dtype)
+    if add_self_loops:
+        is_loop = graph.src == graph.dst
+        loop_weight = weight.new_full((graph.num_nodes,), fill).index_put((graph.src[is_loop],), weight[is_loop])
+        graph, weight = _looped(graph), torch.cat([weight[~is_loop], loop_weight])
+    if normalize:
+        inv_sqrt = weight.new_zeros(graph.num_nodes).index_add(0, graph.dst, weight).pow(-0.5)
+        inv_sqrt = inv_sqrt.masked_fill(torch.isinf(inv_sqrt), 0.0)
+        weight = inv_sqrt[graph.src] * weight * inv_sqrt[graph.dst]
+    return graph, weight.unsqueeze(-1)
+
+
+def _normalized_hop(graph: Graph, edge_weight: torch.Tensor | None, dtype: torch.dtype, add_self_loops: bool,
+                    normalize: bool = True) -> tuple[Graph, Callable[[torch.Tensor], torch.Tensor]]:
+    """(the graph propagated over, ``h -> Â h``) for PyG's ``gcn_norm`` adjacency ``Â``.
+
+    Without edge weights ``Â`` is read as per-vertex deg^-1/2 factors (all ones with
+    ``normalize=False``), so a hop gathers no |E|-sized array; with them, as one weight per
+    edge (`_gcn_edge_norm`).
+    """
+    if edge_weight is not None:
+        graph, weight = _gcn_edge_norm(graph, edge_weight, dtype, add_self_loops, normalize=normalize)
+        return graph, lambda h: _weighted_sum(graph, {"h": h}, {"w": weight})
+    graph = _with_loops(graph, add_self_loops)
+    norm = (_inv_sqrt_degree(graph, dtype) if normalize
+            else torch.ones(graph.num_nodes, 1, dtype=dtype, device=graph.device))
+    return graph, lambda h: _normalized_sum(graph, {"h": h, "norm": norm})
+
+
+def _rows_read(x: torch.Tensor, read: torch.Tensor | None) -> torch.Tensor:
+    """``x`` with the rows of vertices outside ``read`` (boolean [N]; None: all) zeroed.
+
+    Why: a layer that transforms every row before a propagation that reads only some
+    (``(A X) W`` evaluated as ``A (X W)``) gives the same output, but its weight gradient
+    sums every row times that row's share of the output gradient -- 0 for an unread row,
+    yet 0 * NaN = NaN -- where propagating first, as PyG does, never touches the row.
+    Zeroing unread rows changes no output and keeps a NaN or inf in them out of every
+    gradient, as in PyG. Free when every row is read (the usual graph).
+    """
+    return x if read is None else x.masked_fill(~read.unsqueeze(-1), 0.0)
+
+
+def _walk_starts(graph: Graph, hops: int) -> torch.Tensor | None:
+    """The vertices some walk of exactly ``hops`` edges leaves (boolean [N]), whose
+    features a ``hops``-hop propagation carries to an output; None when that is every
+    vertex. Cached per graph."""
+    def build(g: Graph) -> torch.Tensor | None:
+        starts = torch.ones(g.num_nodes, dtype=torch.bool, device=g.device)
+        for _ in range(hops):
+            reached, starts = starts, torch.zeros_like(starts)
+            starts[g.src[reached[g.dst]]] = True
+        return None if bool(starts.all()) else starts
+    return graph.cached(f"nn_walk_starts_{hops}", build)
+
+
+def _transform_first(x: torch.Tensor, weight: torch.Tensor, graph: Graph, hops: int) -> torch.Tensor:
+    """``x W^T`` for a layer that moves its linear map before ``hops`` propagations over
+    ``graph`` (so they move narrower rows) where PyG applies it after, with PyG's gradients.
+
+    The weight's gradient takes only the rows some ``hops``-walk leaves (`_rows_read`).
+    The other rows are still transformed, by the weight detached: their values travel
+    the shorter walks they start and reach what PyG's intermediate hops reach (edge
+    weights' gradients), while ending in no output.
+    """
+    starts = _walk_starts(graph, hops)
+    out = F.linear(_rows_read(x, starts), weight)
+    if starts is None:
+        return out
+    unread = torch.nonzero(~starts).squeeze(1)
+    return out.index_put((unread,), F.linear(x[unread], weight.detach()))
+
+
 def _layer_graph(layer: nn.Module, x: torch.Tensor, graph: Graph | torch.Tensor, cache: bool) -> Graph:
     """The graph a layer with PyG's ``cached`` flag propagates over.
 
@@ -112,6 +198,25 @@ def _neighbour_sum(v):
 _AGGREGATORS = {"mean": _neighbour_mean, "max": _neighbour_max, "sum": _neighbour_sum, "add": _neighbour_sum}
 
 
+@frontend.vertex
+def _weighted_sum(v):
+    return sum([e.src.h * e.w for e in v.inedges])
+
+
+@frontend.vertex
+def _weighted_mean(v):
+    return sum([e.src.h * e.w for e in v.inedges]) / len(v.inedges)
+
+
+@frontend.vertex
+def _weighted_max(v):
+    return max([e.src.h * e.w for e in v.inedges])
+
+
+# The same aggregations of messages ``w_e * h_u`` (PyG's edge_weight), ``w`` an [E, 1] edge feature.
+_WEIGHTED_AGGREGATORS = {"mean": _weighted_mean, "max": _weighted_max, "sum": _weighted_sum, "add": _weighted_sum}
+
+
 def _check_dropout(dropout: float) -> float:
     if not 0.0 <= dropout < 1.0:
         raise ValueError(f"dropout must be in [0, 1), got {dropout}")
@@ -120,7 +225,7 @@ def _check_dropout(dropout: float) -> float:
 
 def _combine_heads(out: torch.Tensor, concat: bool, bias: torch.Tensor | None) -> torch.Tensor:
     """[N, heads, C] -> [N, heads * C] (concat) or [N, C] (mean over heads), plus bias."""
-    out = out.reshape(out.shape[0], -1) if concat else out.mean(dim=1)
+    out = out.flatten(1) if concat else out.mean(dim=1)     # flatten, unlike reshape(N, -1), allows N = 0
     return out if bias is None else out + bias
 
 
@@ -137,6 +242,8 @@ class GCNConv(nn.Module):
     flag has no effect, whereas here it always means ``A + 2I``. ``normalize=False``
     sums ``X W`` over in-neighbours unscaled and, like PyG, adds no self loops.
     ``cached=True`` keeps the first graph (and its normalisation) for every later call.
+    ``edge_weight`` (one number per edge, PyG's) scales each edge's message and enters
+    the degrees; with it, ``improved`` fills loops with 2 as PyG's does.
     """
 
     def __init__(self, in_channels: int, out_channels: int, improved: bool = False, cached: bool = False,
@@ -161,10 +268,20 @@ class GCNConv(nn.Module):
             nn.init.zeros_(self.bias)
         self._cached_graph = None
 
-    def forward(self, x: torch.Tensor, graph: Graph | torch.Tensor) -> torch.Tensor:
-        graph = _layer_graph(self, x, graph, self.cached and self.normalize)
+    def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor,
+                edge_weight: torch.Tensor | None = None) -> torch.Tensor:
+        x = node_features(x, "GCNConv")
+        caching = self.cached and self.normalize
+        if caching and edge_weight is not None:
+            raise NotImplementedError("GCNConv(cached=True) with edge_weight is not supported: the cache "
+                                      "holds the graph's normalisation, not the weights'")
+        graph = _layer_graph(self, x, edge_index, caching)
         h = self.lin(x)
-        if not self.normalize:
+        if edge_weight is not None:
+            graph, weight = _gcn_edge_norm(graph, edge_weight, x.dtype, self.add_self_loops,
+                                           2.0 if self.improved else 1.0, self.normalize)
+            out = _weighted_sum(graph, {"h": h}, {"w": weight})
+        elif not self.normalize:
             out = _neighbour_sum(graph, {"h": h})
         elif self.improved and self.add_self_loops:
             loop_free, norm, fill = _improved_gcn_norm(graph, x.dtype)
@@ -198,11 +315,14 @@ class SAGEConv(nn.Module):
         if self.lin_r is not None:
             self.lin_r.reset_parameters()
 
-    def forward(self, x: torch.Tensor, graph: Graph | torch.Tensor) -> torch.Tensor:
-        graph = _as_graph(graph, x.shape[0])
+    def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor,
+                size: tuple[int, int] | None = None) -> torch.Tensor:
+        x = node_features(x, "SAGEConv")
+        check_size(size, x.shape[0], "SAGEConv")
+        graph = _as_graph(edge_index, x.shape[0])
         aggregate = _AGGREGATORS[self.aggr]
         if self.aggr != "max" and self.out_channels < self.in_channels:
-            out = aggregate(graph, {"h": F.linear(x, self.lin_l.weight)})
+            out = aggregate(graph, {"h": _transform_first(x, self.lin_l.weight, graph, 1)})
             if self.lin_l.bias is not None:
                 out = out + self.lin_l.bias
         else:
@@ -240,8 +360,13 @@ class GATConv(nn.Module):
         if self.bias is not None:
             nn.init.zeros_(self.bias)
 
-    def forward(self, x: torch.Tensor, graph: Graph | torch.Tensor) -> torch.Tensor:
-        graph = _with_loops(_as_graph(graph, x.shape[0]), self.add_self_loops)
+    def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor, edge_attr: torch.Tensor | None = None,
+                size: tuple[int, int] | None = None, return_attention_weights: bool | None = None) -> torch.Tensor:
+        x = node_features(x, "GATConv")
+        reject_unsupported("GATConv", edge_attr=edge_attr,       # False: just the output, as in PyG
+                           return_attention_weights=return_attention_weights or None)
+        check_size(size, x.shape[0], "GATConv")
+        graph = _with_loops(_as_graph(edge_index, x.shape[0]), self.add_self_loops)
         h = self.lin(x).view(-1, self.heads, self.out_channels)
         slope, p, training = self.negative_slope, self.dropout, self.training
 

@@ -21,8 +21,9 @@ from torch import nn
 
 from .. import frontend
 from ..graph import Graph
-from .conv import (_AGGREGATORS, _as_graph, _inv_sqrt_degree, _layer_graph, _neighbour_sum,
-                   _normalized_sum, _with_loops)
+from .arguments import check_size, edge_weight_column, node_features
+from .conv import (_AGGREGATORS, _WEIGHTED_AGGREGATORS, _as_graph, _gcn_edge_norm, _inv_sqrt_degree, _layer_graph,
+                   _neighbour_sum, _normalized_hop, _transform_first, _with_loops)
 
 
 def _reset(module: Callable) -> None:
@@ -57,8 +58,11 @@ class GINConv(nn.Module):
         _reset(self.nn)
         self.eps.data.fill_(self.initial_eps)
 
-    def forward(self, x: torch.Tensor, graph: Graph | torch.Tensor) -> torch.Tensor:
-        graph = _as_graph(graph, x.shape[0])
+    def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor,
+                size: tuple[int, int] | None = None) -> torch.Tensor:
+        x = node_features(x, "GINConv")
+        check_size(size, x.shape[0], "GINConv")
+        graph = _as_graph(edge_index, x.shape[0])
         return self.nn(_neighbour_sum(graph, {"h": x}) + (1 + self.eps) * x)
 
 
@@ -67,7 +71,8 @@ class GraphConv(nn.Module):
     ``x'_v = lin_rel(aggr_{u in N(v)} x_u) + lin_root(x_v)``, ``aggr`` in add/sum/mean/max.
 
     As in `SAGEConv`, add and mean commute with ``lin_rel``, so when it narrows the
-    features it runs first and the graph kernel moves the narrower rows.
+    features it runs first and the graph kernel moves the narrower rows. ``edge_weight``
+    (PyG's) scales each message ``x_u`` before the aggregation.
     """
 
     def __init__(self, in_channels: int, out_channels: int, aggr: str = "add", bias: bool = True):
@@ -82,15 +87,22 @@ class GraphConv(nn.Module):
         self.lin_rel.reset_parameters()
         self.lin_root.reset_parameters()
 
-    def forward(self, x: torch.Tensor, graph: Graph | torch.Tensor) -> torch.Tensor:
-        graph = _as_graph(graph, x.shape[0])
-        aggregate = _AGGREGATORS[self.aggr]
+    def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor, edge_weight: torch.Tensor | None = None,
+                size: tuple[int, int] | None = None) -> torch.Tensor:
+        x = node_features(x, "GraphConv")
+        check_size(size, x.shape[0], "GraphConv")
+        graph = _as_graph(edge_index, x.shape[0])
+        if edge_weight is None:
+            aggregate, edge_feature = _AGGREGATORS[self.aggr], None
+        else:
+            weight = edge_weight_column(edge_weight, graph.num_edges, x.dtype).unsqueeze(-1)
+            aggregate, edge_feature = _WEIGHTED_AGGREGATORS[self.aggr], {"w": weight}
         if self.aggr != "max" and self.out_channels < self.in_channels:
-            out = aggregate(graph, {"h": F.linear(x, self.lin_rel.weight)})
+            out = aggregate(graph, {"h": _transform_first(x, self.lin_rel.weight, graph, 1)}, edge_feature)
             if self.lin_rel.bias is not None:
                 out = out + self.lin_rel.bias
         else:
-            out = self.lin_rel(aggregate(graph, {"h": x}))
+            out = self.lin_rel(aggregate(graph, {"h": x}, edge_feature))
         return out + self.lin_root(x)
 
 
@@ -107,7 +119,8 @@ def _appnp_step(alpha: float) -> frontend.VertexFunction:
 
 @functools.lru_cache(maxsize=None)
 def _appnp_dropped_step(alpha: float) -> frontend.VertexFunction:
-    """The same hop over explicit per-edge weights (the dropped-out normalised adjacency)."""
+    """The same hop over explicit per-edge weights (PyG's ``edge_weight`` normalised, or the
+    dropped-out normalised adjacency)."""
 
     @frontend.vertex
     def step(v):
@@ -135,7 +148,7 @@ class APPNP(nn.Module):
     and scales it by ``(1-p)^-k``, so each hop's weights are unbiased but not independent
     of the earlier hops'. Drawing in PyG's order over PyG's edge order, a seeded run gives
     PyG's masks. Unlike PyG, ``normalize=False`` with dropout works (it drops entries of
-    ``A``).
+    ``A``). ``edge_weight`` (PyG's) weights ``A``'s entries and the degrees.
     """
 
     def __init__(self, K: int, alpha: float, dropout: float = 0.0, cached: bool = False,
@@ -150,16 +163,29 @@ class APPNP(nn.Module):
     def reset_parameters(self) -> None:
         self._cached_graph = None
 
-    def forward(self, x: torch.Tensor, graph: Graph | torch.Tensor) -> torch.Tensor:
-        graph = _layer_graph(self, x, graph, self.cached and self.normalize)
-        graph = _with_loops(graph, self.normalize and self.add_self_loops)
+    def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor,
+                edge_weight: torch.Tensor | None = None) -> torch.Tensor:
+        x = node_features(x, "APPNP")
+        caching = self.cached and self.normalize
+        if caching and edge_weight is not None:
+            raise NotImplementedError("APPNP(cached=True) with edge_weight is not supported: the cache "
+                                      "holds the graph's normalisation, not the weights'")
+        graph = _layer_graph(self, x, edge_index, caching)
+        add_self_loops = self.normalize and self.add_self_loops
+        dropping = self.dropout > 0 and self.training
+        if edge_weight is not None:
+            graph, weight = _gcn_edge_norm(graph, edge_weight, x.dtype, add_self_loops, normalize=self.normalize)
+        else:
+            graph = _with_loops(graph, add_self_loops)
         h = x
-        if self.dropout > 0 and self.training:
-            weight = (_edge_weights(graph, x.dtype) if self.normalize
-                      else x.new_ones(graph.num_edges))
+        if edge_weight is not None or dropping:
+            if edge_weight is None:
+                weight = (_edge_weights(graph, x.dtype) if self.normalize
+                          else x.new_ones(graph.num_edges))
             step = _appnp_dropped_step(float(self.alpha))
             for _ in range(self.K):
-                weight = F.dropout(weight, p=self.dropout)
+                if dropping:
+                    weight = F.dropout(weight, p=self.dropout)
                 h = step(graph, {"h": h, "h0": x}, {"w": weight})
             return h
         norm = _inv_sqrt_degree(graph, x.dtype) if self.normalize else x.new_ones(graph.num_nodes, 1)
@@ -193,15 +219,16 @@ class SGConv(nn.Module):
         self.lin.reset_parameters()
         self._cached_x = None
 
-    def forward(self, x: torch.Tensor, graph: Graph | torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor,
+                edge_weight: torch.Tensor | None = None) -> torch.Tensor:
+        x = node_features(x, "SGConv")
         if self._cached_x is not None:
             return self.lin(self._cached_x.detach())
-        graph = _with_loops(_as_graph(graph, x.shape[0]), self.add_self_loops)
-        norm = _inv_sqrt_degree(graph, x.dtype)
+        graph, hop = _normalized_hop(_as_graph(edge_index, x.shape[0]), edge_weight, x.dtype, self.add_self_loops)
         transform_first = not self.cached and self.out_channels < self.in_channels
-        h = F.linear(x, self.lin.weight) if transform_first else x
+        h = _transform_first(x, self.lin.weight, graph, self.K) if transform_first else x
         for _ in range(self.K):
-            h = _normalized_sum(graph, {"h": h, "norm": norm})
+            h = hop(h)
         if transform_first:
             return h if self.lin.bias is None else h + self.lin.bias
         if self.cached:
@@ -224,8 +251,9 @@ class TAGConv(nn.Module):
 
     ``Â`` commutes with right-multiplication by ``W_k``, so when the transforms narrow
     the features the sum is evaluated in Horner form,
-    ``X W_0 + Â (X W_1 + Â (... + Â X W_K))``: one matmul for all K+1 transforms, then
-    K hops over out-channel rows, each adding its skip term in the same kernel.
+    ``X W_0 + Â (X W_1 + Â (... + Â X W_K))``: K hops over out-channel rows, each adding
+    its skip term in the same kernel (a separate add when PyG's ``edge_weight`` is given:
+    those hops read one weight per edge).
     """
 
     def __init__(self, in_channels: int, out_channels: int, K: int = 3, bias: bool = True,
@@ -241,18 +269,21 @@ class TAGConv(nn.Module):
         if self.bias is not None:
             nn.init.zeros_(self.bias)
 
-    def forward(self, x: torch.Tensor, graph: Graph | torch.Tensor) -> torch.Tensor:
-        graph = _as_graph(graph, x.shape[0])
-        norm = _inv_sqrt_degree(graph, x.dtype) if self.normalize else x.new_ones(graph.num_nodes, 1)
+    def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor,
+                edge_weight: torch.Tensor | None = None) -> torch.Tensor:
+        x = node_features(x, "TAGConv")
+        graph, hop = _normalized_hop(_as_graph(edge_index, x.shape[0]), edge_weight, x.dtype, False, self.normalize)
         if self.out_channels < self.in_channels:
-            skips = F.linear(x, torch.cat([lin.weight for lin in self.lins])).split(self.out_channels, dim=-1)
+            skips = [_transform_first(x, lin.weight, graph, k) if k else lin(x) for k, lin in enumerate(self.lins)]
+            norm = _inv_sqrt_degree(graph, x.dtype) if self.normalize else x.new_ones(graph.num_nodes, 1)
             out = skips[-1]
             for skip in reversed(skips[:-1]):
-                out = _tag_step(graph, {"h": out, "norm": norm, "skip": skip})
+                out = (_tag_step(graph, {"h": out, "norm": norm, "skip": skip}) if edge_weight is None
+                       else hop(out) + skip)
         else:
             out, h = self.lins[0](x), x
             for lin in self.lins[1:]:
-                h = _normalized_sum(graph, {"h": h, "norm": norm})
+                h = hop(h)
                 out = out + lin(h)
         return out if self.bias is None else out + self.bias
 
@@ -290,6 +321,46 @@ def _laplacian(graph: Graph, normalization: str | None, dtype: torch.dtype
     return (loop_free, lambda_max, *(f.to(dtype) for f in factors))
 
 
+def _weighted_laplacian(graph: Graph, edge_weight: torch.Tensor, normalization: str | None, dtype: torch.dtype
+                        ) -> tuple[Graph, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(graph without self loops, default lambda_max, diag [N, 1], off-diagonal entry per
+    edge [E', 1]) of PyG's ``get_laplacian`` with edge weights: as `_laplacian`, degrees
+    summing the weights of a vertex's out-edges. Built in torch on every call (weights
+    change and carry gradients); lambda_max is twice the largest entry of ``L``, diagonal
+    or not, a tensor through which gradients reach the weights as in PyG.
+    """
+    is_loop = graph.src == graph.dst
+    weight = edge_weight_column(edge_weight, graph.num_edges, dtype)[~is_loop]
+    loop_free = graph.remove_self_loops()
+    src, dst = loop_free.src, loop_free.dst
+    degree = weight.new_zeros(graph.num_nodes).index_add(0, src, weight)
+    if normalization == "sym":
+        inv_sqrt = degree.pow(-0.5)
+        inv_sqrt = inv_sqrt.masked_fill(torch.isinf(inv_sqrt), 0.0)
+        diag, off = torch.ones_like(degree), -(inv_sqrt[src] * weight * inv_sqrt[dst])
+    elif normalization == "rw":
+        inverse = 1.0 / degree
+        diag, off = torch.ones_like(degree), -(inverse.masked_fill(torch.isinf(inverse), 0.0)[src] * weight)
+    else:
+        diag, off = degree, -weight
+    return loop_free, 2.0 * torch.cat([off, diag]).max(), diag.unsqueeze(-1), off.unsqueeze(-1)
+
+
+def _per_vertex_lambda_max(lambda_max: float | torch.Tensor, batch: torch.Tensor | None,
+                           x: torch.Tensor) -> torch.Tensor:
+    """lambda_max as a scalar tensor, or [N, 1] (each vertex's graph's) when a value per
+    graph comes with PyG's ``batch`` vector. Stays attached to autograd."""
+    lam = torch.as_tensor(lambda_max, dtype=x.dtype, device=x.device)
+    if lam.numel() != 1:
+        if batch is None:
+            raise ValueError(f"lambda_max has {lam.numel()} values (one per graph of a batch) but no batch "
+                             "vector was given; pass batch=... (graph id per vertex) or one number")
+        if batch.shape != (x.shape[0],):
+            raise ValueError(f"batch must hold one graph id per vertex, shape [{x.shape[0]}], got {list(batch.shape)}")
+        return lam.reshape(-1)[batch].unsqueeze(-1)
+    return lam.reshape(())
+
+
 @frontend.vertex
 def _chebyshev_first(v):
     return v.h * v.diag + sum([u.h * u.right for u in v.innbs]) * v.left
@@ -300,6 +371,16 @@ def _chebyshev_next(v):
     return 2 * (v.h * v.diag + sum([u.h * u.right for u in v.innbs]) * v.left) - v.prev
 
 
+@frontend.vertex
+def _weighted_chebyshev_first(v):
+    return v.h * v.diag + sum([e.src.h * e.off for e in v.inedges])
+
+
+@frontend.vertex
+def _weighted_chebyshev_next(v):
+    return 2 * (v.h * v.diag + sum([e.src.h * e.off for e in v.inedges])) - v.prev
+
+
 class ChebConv(nn.Module):
     """Chebyshev spectral graph convolution (Defferrard et al.):
     ``sum_{k<K} T_k(L̂) X W_k + b`` with ``L̂ = 2 L / lambda_max - I``, ``T_0 = I``,
@@ -307,7 +388,9 @@ class ChebConv(nn.Module):
 
     ``L`` is PyG's ``get_laplacian`` of the graph (see `_laplacian`) for
     ``normalization`` "sym", "rw" or None. ``lambda_max`` defaults, as in PyG, to twice
-    the largest entry of ``L`` -- 2 for "sym" and "rw".
+    the largest entry of ``L`` -- 2 for "sym" and "rw" without edge weights. PyG's
+    ``edge_weight`` weights ``A`` (and the degrees); a ``lambda_max`` per graph of a batch
+    is read through PyG's ``batch`` vector (graph id per vertex).
     """
 
     def __init__(self, in_channels: int, out_channels: int, K: int, normalization: str | None = "sym",
@@ -328,25 +411,33 @@ class ChebConv(nn.Module):
         if self.bias is not None:
             nn.init.zeros_(self.bias)
 
-    def forward(self, x: torch.Tensor, graph: Graph | torch.Tensor,
-                lambda_max: float | torch.Tensor | None = None) -> torch.Tensor:
-        graph = _as_graph(graph, x.shape[0])
-        loop_free, lam, diag, left, right = _laplacian(graph, self.normalization, x.dtype)
-        if isinstance(lambda_max, torch.Tensor) and lambda_max.numel() != 1:
-            raise ValueError(f"lambda_max must be one number (per-graph values need batching, which "
-                             f"ChebConv does not support), got shape {list(lambda_max.shape)}")
-        if lambda_max is not None:
-            lam = float(lambda_max)
-        if not lam > 0:
-            hint = "" if lambda_max is not None else " (the default, 2 max L, is 0: L = D - A of a graph without edges)"
-            raise ValueError(f"lambda_max must be positive, got {lam}{hint}")
-        scaled = {"diag": diag * (2.0 / lam) - 1.0, "left": left * (2.0 / lam), "right": right}
+    def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor, edge_weight: torch.Tensor | None = None,
+                batch: torch.Tensor | None = None, lambda_max: float | torch.Tensor | None = None) -> torch.Tensor:
+        x = node_features(x, "ChebConv")
+        graph = _as_graph(edge_index, x.shape[0])
+        if edge_weight is None:
+            loop_free, default_lam, diag, left, right = _laplacian(graph, self.normalization, x.dtype)
+        else:
+            loop_free, default_lam, diag, off = _weighted_laplacian(graph, edge_weight, self.normalization, x.dtype)
+        lam = _per_vertex_lambda_max(default_lam if lambda_max is None else lambda_max, batch, x)
+        if not bool((lam > 0).all()):
+            hint = ("" if lambda_max is not None else " (the default, twice the largest entry of L, is not "
+                    "positive: e.g. L = D - A of a graph without edges; pass lambda_max)")
+            raise ValueError(f"lambda_max must be positive, got {lam.detach().flatten()[:8].tolist()}{hint}")
+        scale = 2.0 / lam
+        vertex = {"diag": diag * scale - 1.0}
+        if edge_weight is None:        # off-diagonal entry left_v * right_u, scaled by u's lambda_max as in PyG
+            first, step, edge = _chebyshev_first, _chebyshev_next, None
+            vertex.update(left=left, right=right * scale)
+        else:
+            first, step = _weighted_chebyshev_first, _weighted_chebyshev_next
+            edge = {"off": off * (scale[loop_free.src] if scale.dim() else scale)}
         tx0, out = x, self.lins[0](x)
         if len(self.lins) > 1:
-            tx1 = _chebyshev_first(loop_free, {"h": x, **scaled})
+            tx1 = first(loop_free, {"h": x, **vertex}, edge)
             out = out + self.lins[1](tx1)
             for lin in self.lins[2:]:
-                tx0, tx1 = tx1, _chebyshev_next(loop_free, {"h": tx1, "prev": tx0, **scaled})
+                tx0, tx1 = tx1, step(loop_free, {"h": tx1, "prev": tx0, **vertex}, edge)
                 out = out + lin(tx1)
         return out if self.bias is None else out + self.bias
 

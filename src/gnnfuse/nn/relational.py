@@ -8,6 +8,7 @@ from torch import nn
 
 from .. import frontend
 from ..graph import Graph
+from .arguments import node_features
 
 
 @frontend.vertex
@@ -36,7 +37,7 @@ class RGCNConv(nn.Module):
 
     ``num_bases`` shares the relation matrices as combinations of that many bases
     (``Θ_r = Σ_b comp[r, b] V_b``; parameters ``weight`` [bases, in, out] and ``comp``
-    [relations, bases], as in PyG). ``forward(x, graph, edge_type=None)`` takes a typed
+    [relations, bases], as in PyG). ``forward(x, edge_index, edge_type=None)`` takes a typed
     `Graph` (``Graph(src, dst, n, edge_type=..., num_edge_types=num_relations)``) or a
     PyG ``edge_index`` with ``edge_type``. PyG's block-diagonal ``num_blocks`` and
     featureless input (``x=None``) are not supported and say so.
@@ -74,12 +75,13 @@ class RGCNConv(nn.Module):
         return (self.comp @ self.weight.reshape(self.num_bases, -1)).reshape(
             self.num_relations, self.in_channels, self.out_channels)
 
-    def forward(self, x: torch.Tensor, graph: Graph | torch.Tensor,
+    def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor,
                 edge_type: torch.Tensor | None = None) -> torch.Tensor:
         if x is None:
             raise NotImplementedError("RGCNConv without node features (x=None) is not supported; pass "
                                       "an embedding, e.g. nn.Embedding(num_nodes, in_channels).weight")
-        graph = self._typed_graph(x, graph, edge_type)
+        x = node_features(x, "RGCNConv")
+        graph = self._typed_graph(x, edge_index, edge_type)
         feeds = {"W": self.relation_weights()}
         if self.aggr == "mean":
             out = _relational_mean(graph, {"h": x}, {"norm": _relation_mean_norm(graph, x.dtype)},

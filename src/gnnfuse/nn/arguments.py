@@ -1,0 +1,55 @@
+"""Checks of the ``forward`` arguments that PyG's layers take and gnnfuse's handle
+differently or not yet.
+
+Every layer's ``forward`` keeps PyG's positional order, so a PyG call such as
+``conv(x, edge_index, edge_weight)`` never binds a value to a parameter of another
+meaning. A parameter PyG has and gnnfuse does not implement is still accepted in its
+place, and a value other than None fails here, naming it, instead of being ignored.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def node_features(x: Any, layer: str) -> torch.Tensor:
+    """``x`` itself, after checking it is one [N, F] tensor rather than PyG's bipartite
+    ``(x_src, x_dst)`` pair, which the layers do not support yet."""
+    if isinstance(x, (tuple, list)):
+        raise NotImplementedError(
+            f"{layer}: bipartite input (a pair (x_src, x_dst) of feature tensors) is not supported yet "
+            "(gnnfuse issue #12); pass one [num_nodes, F] tensor for a graph whose sources and "
+            "destinations are the same vertices")
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{layer}: x must be a [num_nodes, F] tensor, got {type(x).__name__}")
+    return x
+
+
+def reject_unsupported(layer: str, **arguments: Any) -> None:
+    """Raise NotImplementedError naming the first of PyG's ``forward`` arguments that was
+    given (is not None) but that this layer does not implement."""
+    for name, value in arguments.items():
+        if value is not None:
+            raise NotImplementedError(f"{layer}.forward(..., {name}=...) is not supported by gnnfuse; "
+                                      f"call it without {name}")
+
+
+def check_size(size: Any, num_nodes: int, layer: str) -> None:
+    """PyG's ``size=(num_src, num_dst)``: only the non-bipartite ``(N, N)`` (or None) is
+    supported; anything else describes a bipartite graph (issue #12)."""
+    if size is not None and tuple(size) != (num_nodes, num_nodes):
+        raise NotImplementedError(f"{layer}: size={tuple(size)} describes a bipartite graph, which is not "
+                                  f"supported yet (gnnfuse issue #12); x has {num_nodes} rows, so size may "
+                                  f"only be None or ({num_nodes}, {num_nodes})")
+
+
+def edge_weight_column(edge_weight: torch.Tensor, num_edges: int, dtype: torch.dtype) -> torch.Tensor:
+    """PyG's ``edge_weight`` (one number per edge, shape [E] or [E, 1], in edge-id order)
+    as an [E] tensor of the features' dtype, still attached to autograd."""
+    if not isinstance(edge_weight, torch.Tensor):
+        raise TypeError(f"edge_weight must be a tensor of one number per edge, got {type(edge_weight).__name__}")
+    if edge_weight.dim() not in (1, 2) or edge_weight.shape[0] != num_edges or edge_weight.numel() != num_edges:
+        raise ValueError(f"edge_weight must have shape [{num_edges}] (one number per edge of the graph), "
+                         f"got {list(edge_weight.shape)}")
+    return edge_weight.reshape(num_edges).to(dtype)

@@ -1,0 +1,73 @@
+"""NaN features where no propagation reads them: layers that reorder their linear map
+and the propagation (transform first, to move narrower rows) or distribute it over a
+neighbour sum computed ``W x_u`` or ``x_v * s_v`` for every vertex, so a NaN row met a
+zero gradient (0 * NaN = NaN) and made a weight gradient NaN where PyG's (or the
+oracle's) is a number. Outputs, input, parameter and edge-weight gradients must put
+NaN exactly where the oracle does; found by tests/test_properties.py."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch_geometric.nn as pyg
+
+from gnnfuse import nn as gnn
+from layer_check import assert_same_values, outputs_and_grads
+from test_nn_attention import MLPAggOracle, NGCFOracle
+
+F_IN = 4
+NAN = float("nan")
+# 0 -> 1 -> 2 and 3 -> 0: vertex 2 has no out-edge, 4 and 5 none at all; 1's walks end
+# after one hop, 3's after three.
+EDGE_INDEX = torch.tensor([[0, 1, 3], [1, 2, 0]])
+WEIGHT = torch.tensor([0.7, 1.3, 0.9], dtype=torch.float64)
+
+
+def features(nan_rows: tuple[int, ...] = (1, 2, 4, 5)) -> torch.Tensor:
+    x = torch.randn(6, F_IN, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    for column, row in enumerate(nan_rows):
+        x[row, column % F_IN] = NAN
+    return x
+
+
+PYG_PAIRS = {
+    "sage-mean-narrowing": lambda: (gnn.SAGEConv(F_IN, 3), pyg.SAGEConv(F_IN, 3)),
+    "graphconv-add-narrowing": lambda: (gnn.GraphConv(F_IN, 3), pyg.GraphConv(F_IN, 3)),
+    "sgc-no-loops": lambda: (gnn.SGConv(F_IN, 3, K=2, add_self_loops=False),
+                             pyg.SGConv(F_IN, 3, K=2, add_self_loops=False)),
+    "tag-narrowing": lambda: (gnn.TAGConv(F_IN, 3, K=2), pyg.TAGConv(F_IN, 3, K=2)),
+}
+
+
+@pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "edge_weight"])
+@pytest.mark.parametrize("name", PYG_PAIRS)
+def test_transform_first_layers_keep_pygs_gradients_for_unread_nan_rows(name, weighted):
+    if weighted and name == "sage-mean-narrowing":
+        pytest.skip("SAGEConv takes no edge_weight")
+    torch.manual_seed(1)
+    ours, ref = (m.double() for m in PYG_PAIRS[name]())
+    ours.load_state_dict(ref.state_dict())
+    wa, wb = WEIGHT.clone().requires_grad_(), WEIGHT.clone().requires_grad_()
+    extra_a, extra_b = ((wa,), (wb,)) if weighted else ((), ())
+    x = features()
+    got = outputs_and_grads(ours, lambda xs: ours(xs, EDGE_INDEX, *extra_a), x)
+    expected = outputs_and_grads(ref, lambda xs: ref(xs, EDGE_INDEX, *extra_b), x)
+    assert got.keys() == expected.keys()
+    for key in got:
+        assert_same_values(got[key], expected[key], key)
+    if weighted:
+        assert_same_values(wa.grad, wb.grad, "edge_weight")
+
+
+@pytest.mark.parametrize("make, oracle", [(lambda: gnn.MLPAggConv(F_IN, 3), MLPAggOracle),
+                                          (lambda: gnn.NGCFConv(F_IN, 3), NGCFOracle)], ids=["mlp-agg", "ngcf"])
+def test_per_vertex_rewrites_keep_the_oracles_gradients_for_unread_nan_rows(make, oracle):
+    torch.manual_seed(2)
+    ours = make().double()
+    ref = oracle(copy.deepcopy(ours))
+    x = features(nan_rows=(4, 5))      # only where no edge is: a NaN that max-aggregates is issue #11 §1.2's
+    got = outputs_and_grads(ours, lambda xs: ours(xs, EDGE_INDEX), x)
+    expected = outputs_and_grads(ref, lambda xs: ref(xs, EDGE_INDEX), x)
+    for key in got:
+        assert_same_values(got[key], expected["layer." + key if key not in ("out", "x") else key], key)
