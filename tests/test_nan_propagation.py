@@ -60,3 +60,35 @@ def test_max_and_min_propagate_nan_like_torch(reduce, fn, backend, monkeypatch):
     (expected * seed).sum().backward()
     torch.testing.assert_close(xa.grad, xb.grad, equal_nan=True)
     assert xa.grad[[3, 4], 0].isnan().all() and not xa.grad[[6, 7, 9, 10]].isnan().any()
+
+
+ACTIVATIONS = {
+    "relu": torch.relu,
+    "leaky_relu": lambda t: torch.nn.functional.leaky_relu(t, 0.2),
+    "elu": torch.nn.functional.elu,
+    "clamp_min": lambda t: t.clamp(min=0.5),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ACTIVATIONS))
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_activations_treat_nan_like_torch(name, backend, monkeypatch):
+    """A NaN feature stays NaN through each activation, and its gradient takes the branch
+    torch's backward takes for NaN (relu and elu pass it, leaky_relu scales it by the slope,
+    clamp blocks it). Triton's maximum once turned relu(NaN) into 0."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    act = ACTIVATIONS[name]
+
+    @gnnfuse.vertex
+    def activated_sum(v):
+        return sum([act(u.h) for u in v.innbs])
+
+    graph = gnnfuse.Graph(torch.tensor([0, 1, 2]), torch.tensor([1, 2, 0]), 3).to(DEVICE)
+    x = torch.tensor([[NAN, -1.0], [0.25, 2.0], [-0.5, NAN]], dtype=torch.float64, device=DEVICE)
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    out = activated_sum(graph, {"h": xa})
+    expected = torch.zeros_like(xb).index_add(0, graph.dst, act(xb)[graph.src])
+    torch.testing.assert_close(out, expected, equal_nan=True)
+    out.sum().backward()
+    expected.sum().backward()
+    torch.testing.assert_close(xa.grad, xb.grad, equal_nan=True)

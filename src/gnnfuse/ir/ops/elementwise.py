@@ -35,17 +35,23 @@ _ew("sqrt", torch.sqrt, lambda b, v, g: [
 _ew("pow", lambda x, exponent: torch.pow(x, exponent), lambda b, v, g: [
     b.add("mul", g, b.add("mul", b.add("pow", b.fwd(v.inputs[0]), exponent=v.attrs["exponent"] - 1.0),
                           b.const(v.attrs["exponent"], g)))], 1)
-_ew("relu", torch.relu, lambda b, v, g: [b.add("mul", g, b.add("step", b.fwd(v.inputs[0])))], 1, emit="tl.maximum({0}, 0.0)")
+# NaN follows torch in both directions: the forward keeps it (tl.maximum would drop it),
+# and each slope takes the branch torch's backward kernel takes for NaN.
+_ew("relu", torch.relu, lambda b, v, g: [b.add("mul", g, b.add("relu_slope", b.fwd(v.inputs[0])))], 1,
+    emit="tl.where({0} <= 0, 0.0, {0})")
+_ew("relu_slope", lambda x: torch.where(x <= 0, torch.zeros_like(x), torch.ones_like(x)), None, 1,
+    doc="derivative multiplier of relu: 0 where x <= 0, else 1 (NaN included, as torch)",
+    emit="tl.where({0} <= 0, 0.0, 1.0)")
 _ew("step", lambda x: (x > 0).to(x.dtype), None, 1, doc="1 where x > 0 else 0", emit="tl.where({0} > 0, 1.0, 0.0)")
 _ew("leaky_relu", lambda x, negative_slope: F.leaky_relu(x, negative_slope),
     lambda b, v, g: [b.add("mul", g, b.add("leaky_relu_slope", b.fwd(v.inputs[0]),
                                            negative_slope=v.attrs["negative_slope"]))], 1, emit="tl.where({0} > 0, {0}, {0} * {negative_slope})")
-_ew("leaky_relu_slope", lambda x, negative_slope: torch.ones_like(x).masked_fill(x <= 0, negative_slope),
+_ew("leaky_relu_slope", lambda x, negative_slope: torch.where(x > 0, torch.ones_like(x), torch.full_like(x, negative_slope)),
     None, 1, doc="derivative multiplier of leaky_relu", emit="tl.where({0} > 0, 1.0, {negative_slope})")
 _ew("elu", lambda x, alpha: F.elu(x, alpha),
     lambda b, v, g: [b.add("mul", g, b.add("elu_slope", b.fwd(v.inputs[0]), alpha=v.attrs["alpha"]))], 1, emit="tl.where({0} > 0, {0}, {alpha} * (tl.exp({0}) - 1.0))")
-_ew("elu_slope", lambda x, alpha: torch.where(x > 0, torch.ones_like(x), alpha * torch.exp(x)),
-    None, 1, doc="derivative multiplier of elu", emit="tl.where({0} > 0, 1.0, {alpha} * tl.exp({0}))")
+_ew("elu_slope", lambda x, alpha: torch.where(x <= 0, alpha * torch.exp(x), torch.ones_like(x)),
+    None, 1, doc="derivative multiplier of elu", emit="tl.where({0} <= 0, {alpha} * tl.exp({0}), 1.0)")
 _ew("sigmoid", torch.sigmoid, lambda b, v, g: [
     b.add("mul", g, b.add("mul", b.fwd(v), b.add("sub", b.const(1.0, g), b.fwd(v))))], 1, emit="tl.sigmoid({0})")
 _ew("tanh", torch.tanh, lambda b, v, g: [
@@ -61,7 +67,7 @@ def _at_least(b, x, bound):
 
 _ew("clamp_min", lambda x, min: torch.clamp_min(x, min),
     lambda b, v, g: [b.add("mul", g, _at_least(b, b.fwd(v.inputs[0]), b.const(v.attrs["min"], g)))], 1,
-    emit="tl.maximum({0}, {min})")
+    emit="tl.where({0} < {min}, {min}, {0})")
 
 # --- sign-dependent ops whose derivative follows torch's at 0 and at ties ---------------
 _ew("abs", torch.abs, lambda b, v, g: [b.add("mul", g, b.add("sign", b.fwd(v.inputs[0])))], 1,
