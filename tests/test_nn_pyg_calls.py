@@ -27,16 +27,7 @@ def positional_parameters(forward) -> list[str]:
     return [p.name for p in inspect.signature(forward).parameters.values() if p.kind in kinds][1:]
 
 
-def signature_cases():
-    for name in LAYER_NAMES:
-        marks = ()
-        if name == "CGATConv":
-            marks = pytest.mark.xfail(strict=True, reason="CGATConv.forward is rewritten on another branch "
-                                                          "(pairwise); it must take (x, edge_index) too")
-        yield pytest.param(name, marks=marks)
-
-
-@pytest.mark.parametrize("name", signature_cases())
+@pytest.mark.parametrize("name", LAYER_NAMES)
 def test_forward_takes_pygs_positional_parameters_in_pygs_order(name):
     """A layer PyG has takes exactly PyG's positional parameters; one PyG lacks takes
     ``(x, edge_index)`` like every PyG convolution."""
@@ -176,7 +167,7 @@ def test_size_other_than_the_square_one_is_bipartite_and_refused(make):
         layer(x, edge_index, size=(N, N - 2))
 
 
-@pytest.mark.parametrize("name", [n for n in LAYER_NAMES if n != "CGATConv"])
+@pytest.mark.parametrize("name", LAYER_NAMES)
 def test_bipartite_feature_pairs_are_refused_by_name(name):
     """``layer((x_src, x_dst), edge_index)``, PyG's bipartite form, raised "'tuple' object
     has no attribute 'shape'"; now it says what is unsupported."""

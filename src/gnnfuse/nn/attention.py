@@ -135,8 +135,9 @@ class CGATConv(GATConv):
         super().__init__(in_channels, out_channels, heads, concat, negative_slope, dropout=0.0,
                          add_self_loops=add_self_loops, bias=bias)
 
-    def forward(self, x: torch.Tensor, graph: Graph | torch.Tensor) -> torch.Tensor:
-        graph = _with_loops(_as_graph(graph, x.shape[0]), self.add_self_loops)
+    def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor) -> torch.Tensor:
+        x = node_features(x, "CGATConv")
+        graph = _with_loops(_as_graph(edge_index, x.shape[0]), self.add_self_loops)
         z = self.lin(x).view(-1, self.heads, self.out_channels)
         slope = self.negative_slope
 
