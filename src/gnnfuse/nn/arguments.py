@@ -8,7 +8,8 @@ place, and a value other than None fails here, naming it, instead of being ignor
 """
 from __future__ import annotations
 
-from typing import Any
+import functools
+from typing import Any, Callable
 
 import torch
 
@@ -23,7 +24,27 @@ def node_features(x: Any, layer: str) -> torch.Tensor:
             "destinations are the same vertices")
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{layer}: x must be a [num_nodes, F] tensor, got {type(x).__name__}")
+    if x.dim() > 2:
+        raise NotImplementedError(f"{layer}: node features of shape {list(x.shape)} (a batch of feature "
+                                  "matrices on one graph, PyG's static graphs) are not supported by this "
+                                  "layer; pass one [num_nodes, F] tensor")
     return x
+
+
+def over_feature_batches(forward: Callable) -> Callable:
+    """A layer ``forward`` that also takes PyG's static-graph input: node features
+    ``[B, N, F]``, B feature matrices on one N-vertex graph, giving ``[B, N, F']``.
+
+    Each matrix runs through the layer on its own and the outputs are stacked -- exactly
+    the per-matrix result, whatever the layer computes. Only for layers whose PyG
+    counterpart accepts such input; the others refuse it in `node_features`.
+    """
+    @functools.wraps(forward)
+    def run(self: Any, x: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(x, torch.Tensor) and x.dim() == 3:
+            return torch.stack([forward(self, features, *args, **kwargs) for features in x.unbind(0)])
+        return forward(self, x, *args, **kwargs)
+    return run
 
 
 def reject_unsupported(layer: str, **arguments: Any) -> None:

@@ -23,6 +23,7 @@ from torch import nn
 from .. import frontend
 from ..graph import Graph
 from .arguments import node_features, reject_unsupported
+from .pyg_repr import OneLineRepr
 from .conv import (GATConv, _as_graph, _check_dropout, _combine_heads, _head_bias, _inv_sqrt_degree,
                    _normalized_sum, _rows_read, _with_loops)
 
@@ -34,7 +35,7 @@ def _run_vertex(fn: Callable, graph: Graph, v_feature: Mapping[str, torch.Tensor
 
 
 # --- GATv2 --------------------------------------------------------------------------------
-class GATv2Conv(nn.Module):
+class GATv2Conv(OneLineRepr, nn.Module):
     r"""GATv2 (Brody et al., "How attentive are graph attention networks?"), PyG's layout.
 
     .. math::
@@ -62,6 +63,9 @@ class GATv2Conv(nn.Module):
         self.att = nn.Parameter(torch.empty(1, heads, out_channels))
         self.bias = _head_bias(heads, out_channels, concat, bias)
         self.reset_parameters()
+
+    def extra_repr(self) -> str:
+        return f"{self.in_channels}, {self.out_channels}, heads={self.heads}"
 
     def reset_parameters(self) -> None:
         for lin in (self.lin_l, self.lin_r):
@@ -199,7 +203,7 @@ class DotGATConv(nn.Module):
 _EDGE_AGGREGATIONS = ("max", "mean", "add", "sum")
 
 
-class EdgeConv(nn.Module):
+class EdgeConv(OneLineRepr, nn.Module):
     r"""EdgeConv (Wang et al., DGCNN) with PyG's arguments.
 
     .. math::
@@ -215,6 +219,9 @@ class EdgeConv(nn.Module):
         if aggr not in _EDGE_AGGREGATIONS:
             raise ValueError(f"aggr must be one of {list(_EDGE_AGGREGATIONS)}, got {aggr!r}")
         self.nn, self.aggr = nn, aggr
+
+    def extra_repr(self) -> str:
+        return f"nn={self.nn}"
 
     def reset_parameters(self) -> None:
         for module in self.nn.modules() if isinstance(self.nn, torch.nn.Module) else ():

@@ -17,7 +17,8 @@ from torch import nn
 
 from .. import frontend
 from ..graph import Graph
-from .arguments import check_size, edge_weight_column, node_features, reject_unsupported
+from .arguments import check_size, edge_weight_column, node_features, over_feature_batches, reject_unsupported
+from .pyg_repr import OneLineRepr
 
 
 def _as_graph(graph: Graph | torch.Tensor, num_nodes: int) -> Graph:
@@ -217,6 +218,46 @@ def _weighted_max(v):
 _WEIGHTED_AGGREGATORS = {"mean": _weighted_mean, "max": _weighted_max, "sum": _weighted_sum, "add": _weighted_sum}
 
 
+_FLOWS = ("source_to_target", "target_to_source")
+
+
+def _check_flow(flow: str) -> None:
+    if flow not in _FLOWS:
+        raise ValueError(f"flow must be one of {list(_FLOWS)}, got {flow!r}")
+
+
+def _along_flow(graph: Graph, flow: str) -> Graph:
+    """The graph messages travel along: as given for PyG's default ``flow``
+    ``"source_to_target"`` (edge_index[0] sends to edge_index[1]); reversed, and cached
+    as such, for ``"target_to_source"``. ``flow`` is read on every call, since PyG users
+    may set the attribute after construction."""
+    _check_flow(flow)
+    return graph if flow == "source_to_target" else graph.cached("nn_reversed", Graph.reverse)
+
+
+def _check_aggregation(layer: str, aggr: object, aggr_kwargs: dict | None) -> None:
+    """Accept one of the aggregations the layers compile (`_AGGREGATORS`), naming what PyG
+    offers beyond them -- a list of aggregators, an ``Aggregation`` module, ``'lstm'``,
+    ``'softmax'``..., or ``aggr_kwargs`` to configure them -- instead of ignoring it."""
+    if aggr_kwargs:
+        raise NotImplementedError(f"{layer}(aggr_kwargs=...) is not supported by gnnfuse: its aggregations "
+                                  f"({sorted(_AGGREGATORS)}) take no arguments")
+    if isinstance(aggr, str) and aggr in _AGGREGATORS:
+        return
+    if isinstance(aggr, (str, list, tuple, nn.Module)):
+        raise NotImplementedError(f"{layer}(aggr={aggr!r}) is not supported by gnnfuse; aggr must be one of "
+                                  f"{sorted(_AGGREGATORS)}")
+    raise ValueError(f"aggr must be one of {sorted(_AGGREGATORS)}, got {aggr!r}")
+
+
+def _linear(in_channels: int, out_channels: int, bias: bool) -> nn.Module:
+    """PyG's ``Linear``: ``in_channels <= 0`` (PyG writes -1) means lazy, the input width
+    being read from the first call (``torch.nn.LazyLinear``)."""
+    if isinstance(in_channels, int) and in_channels <= 0:
+        return nn.LazyLinear(out_channels, bias=bias)
+    return nn.Linear(in_channels, out_channels, bias=bias)
+
+
 def _check_dropout(dropout: float) -> float:
     if not 0.0 <= dropout < 1.0:
         raise ValueError(f"dropout must be in [0, 1), got {dropout}")
@@ -233,7 +274,7 @@ def _head_bias(heads: int, out_channels: int, concat: bool, bias: bool) -> nn.Pa
     return nn.Parameter(torch.zeros(heads * out_channels if concat else out_channels)) if bias else None
 
 
-class GCNConv(nn.Module):
+class GCNConv(OneLineRepr, nn.Module):
     """Kipf & Welling's graph convolution, ``D^-1/2 (A + I) D^-1/2 X W + b``.
 
     ``improved=True`` uses ``A + 2I`` (a vertex that already has a self loop keeps it at
@@ -244,18 +285,21 @@ class GCNConv(nn.Module):
     ``cached=True`` keeps the first graph (and its normalisation) for every later call.
     ``edge_weight`` (one number per edge, PyG's) scales each edge's message and enters
     the degrees; with it, ``improved`` fills loops with 2 as PyG's does.
+    ``flow="target_to_source"`` (PyG's) sends messages from ``edge_index[1]`` to ``edge_index[0]``.
     """
 
     def __init__(self, in_channels: int, out_channels: int, improved: bool = False, cached: bool = False,
-                 add_self_loops: bool | None = None, normalize: bool = True, bias: bool = True):
+                 add_self_loops: bool | None = None, normalize: bool = True, bias: bool = True,
+                 flow: str = "source_to_target"):
         super().__init__()
+        _check_flow(flow)
         if add_self_loops is None:
             add_self_loops = normalize
         if add_self_loops and not normalize:
             raise ValueError("GCNConv does not support adding self-loops to the graph when no "
                              "normalization is applied (normalize=False needs add_self_loops=False)")
         self.in_channels, self.out_channels = in_channels, out_channels
-        self.improved, self.cached = improved, cached
+        self.improved, self.cached, self.flow = improved, cached, flow
         self.add_self_loops, self.normalize = add_self_loops, normalize
         self._cached_graph: Graph | None = None
         self.lin = nn.Linear(in_channels, out_channels, bias=False)
@@ -268,6 +312,7 @@ class GCNConv(nn.Module):
             nn.init.zeros_(self.bias)
         self._cached_graph = None
 
+    @over_feature_batches
     def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor,
                 edge_weight: torch.Tensor | None = None) -> torch.Tensor:
         x = node_features(x, "GCNConv")
@@ -275,7 +320,7 @@ class GCNConv(nn.Module):
         if caching and edge_weight is not None:
             raise NotImplementedError("GCNConv(cached=True) with edge_weight is not supported: the cache "
                                       "holds the graph's normalisation, not the weights'")
-        graph = _layer_graph(self, x, edge_index, caching)
+        graph = _along_flow(_layer_graph(self, x, edge_index, caching), self.flow)
         h = self.lin(x)
         if edge_weight is not None:
             graph, weight = _gcn_edge_norm(graph, edge_weight, x.dtype, self.add_self_loops,
@@ -292,7 +337,7 @@ class GCNConv(nn.Module):
         return out if self.bias is None else out + self.bias
 
 
-class SAGEConv(nn.Module):
+class SAGEConv(OneLineRepr, nn.Module):
     """GraphSAGE: ``lin_l(aggr_{u in N(v)} x_u) + lin_r(x_v)``.
 
     For mean and sum aggregation the linear map commutes with the aggregation, so when
@@ -301,36 +346,48 @@ class SAGEConv(nn.Module):
     commute and always aggregates first.
     """
 
-    def __init__(self, in_channels: int, out_channels: int, aggr: str = "mean", root_weight: bool = True,
-                 bias: bool = True):
+    def __init__(self, in_channels: int, out_channels: int, aggr: str = "mean", normalize: bool = False,
+                 root_weight: bool = True, project: bool = False, bias: bool = True,
+                 aggr_kwargs: dict | None = None):
         super().__init__()
-        if aggr not in _AGGREGATORS:
-            raise ValueError(f"aggr must be one of {sorted(_AGGREGATORS)}, got {aggr!r}")
+        _check_aggregation("SAGEConv", aggr, aggr_kwargs)
+        if project and isinstance(in_channels, int) and in_channels <= 0:
+            raise ValueError("'SAGEConv' does not support lazy initialization with `project=True`")
         self.in_channels, self.out_channels, self.aggr = in_channels, out_channels, aggr
-        self.lin_l = nn.Linear(in_channels, out_channels, bias=bias)
-        self.lin_r = nn.Linear(in_channels, out_channels, bias=False) if root_weight else None
+        self.normalize, self.project = normalize, project
+        self.lin = nn.Linear(in_channels, in_channels, bias=True) if project else None
+        self.lin_l = _linear(in_channels, out_channels, bias)
+        self.lin_r = _linear(in_channels, out_channels, False) if root_weight else None
+
+    def extra_repr(self) -> str:
+        return f"{self.in_channels}, {self.out_channels}, aggr={self.aggr}"
 
     def reset_parameters(self) -> None:
+        if self.lin is not None:
+            self.lin.reset_parameters()
         self.lin_l.reset_parameters()
         if self.lin_r is not None:
             self.lin_r.reset_parameters()
 
+    @over_feature_batches
     def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor,
                 size: tuple[int, int] | None = None) -> torch.Tensor:
         x = node_features(x, "SAGEConv")
         check_size(size, x.shape[0], "SAGEConv")
         graph = _as_graph(edge_index, x.shape[0])
         aggregate = _AGGREGATORS[self.aggr]
+        messages = F.relu(self.lin(x)) if self.project else x     # PyG projects the neighbours only
         if self.aggr != "max" and self.out_channels < self.in_channels:
-            out = aggregate(graph, {"h": _transform_first(x, self.lin_l.weight, graph, 1)})
+            out = aggregate(graph, {"h": _transform_first(messages, self.lin_l.weight, graph, 1)})
             if self.lin_l.bias is not None:
                 out = out + self.lin_l.bias
         else:
-            out = self.lin_l(aggregate(graph, {"h": x}))
-        return out if self.lin_r is None else out + self.lin_r(x)
+            out = self.lin_l(aggregate(graph, {"h": messages}))
+        out = out if self.lin_r is None else out + self.lin_r(x)
+        return F.normalize(out, p=2.0, dim=-1) if self.normalize else out
 
 
-class GATConv(nn.Module):
+class GATConv(OneLineRepr, nn.Module):
     """Graph attention (Veličković et al.), multi-head, with PyG's parameter layout.
 
     Per-vertex attention logits ``<h_u, a_src>`` and ``<h_v, a_dst>`` are computed densely;
@@ -352,6 +409,9 @@ class GATConv(nn.Module):
         self.att_dst = nn.Parameter(torch.empty(1, heads, out_channels))
         self.bias = _head_bias(heads, out_channels, concat, bias)
         self.reset_parameters()
+
+    def extra_repr(self) -> str:
+        return f"{self.in_channels}, {self.out_channels}, heads={self.heads}"
 
     def reset_parameters(self) -> None:
         nn.init.xavier_uniform_(self.lin.weight)
