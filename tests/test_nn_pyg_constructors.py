@@ -200,3 +200,41 @@ REPR = {
 @pytest.mark.parametrize("name", REPR)
 def test_repr_is_pygs_one_line_form(name):
     assert str(REPR[name](gnn)) == str(REPR[name](pyg))
+
+
+ATTENTION_CONFS = [dict(edge_dim=3), dict(edge_dim=3, fill_value=0.5), dict(edge_dim=1, fill_value="max"),
+                   dict(edge_dim=3, fill_value=torch.tensor([0.1, -0.2, 0.3])), dict(residual=True),
+                   dict(residual=True, concat=False, edge_dim=3, fill_value="add"),
+                   dict(edge_dim=3, add_self_loops=False)]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("conf", ATTENTION_CONFS, ids=str)
+@pytest.mark.parametrize("name", ["GATConv", "GATv2Conv"])
+def test_attention_edge_features_and_residual_match_pyg(name, conf, backend, monkeypatch):
+    """``edge_dim`` with ``edge_attr`` (the self loops' features made by ``fill_value``, the
+    given loop at vertex 1 replaced) and ``residual``: outputs and the gradients of x, the
+    edge features and every parameter agree with PyG's layer."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    torch.manual_seed(8)
+    ours, ref = copied(getattr(gnn, name)(F_IN, 4, heads=2, **conf), getattr(pyg, name)(F_IN, 4, heads=2, **conf))
+    x = torch.randn(N, F_IN, dtype=torch.float64)
+    edge_dim = conf.get("edge_dim")
+    attr = None if edge_dim is None else torch.randn(EDGE_INDEX.shape[1], edge_dim, dtype=torch.float64).squeeze(1)
+    attr_a = None if attr is None else attr.clone().requires_grad_()
+    attr_b = None if attr is None else attr.clone().requires_grad_()
+    assert_same_outputs_and_grads(ours, ref, lambda xs: ours(xs, EDGE_INDEX, attr_a),
+                                  lambda xs: ref(xs, EDGE_INDEX, attr_b), x)
+    if attr is not None:
+        torch.testing.assert_close(attr_a.grad, attr_b.grad, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["GATConv", "GATv2Conv"])
+def test_attention_edge_feature_errors_are_named(name):
+    x, attr = torch.randn(N, F_IN), torch.randn(EDGE_INDEX.shape[1], 3)
+    with pytest.raises(NotImplementedError, match=rf"edge_attr=\.\.\.\) needs the layer built with edge_dim"):
+        getattr(gnn, name)(F_IN, 4)(x, EDGE_INDEX, attr)
+    with pytest.raises(ValueError, match=r"edge_attr must have shape \[8, 2\]"):
+        getattr(gnn, name)(F_IN, 4, edge_dim=2)(x, EDGE_INDEX, attr)
+    with pytest.raises(NotImplementedError, match="fill_value='median'"):
+        getattr(gnn, name)(F_IN, 4, edge_dim=3, fill_value="median")(x, EDGE_INDEX, attr)

@@ -24,14 +24,16 @@ from .. import frontend
 from ..graph import Graph
 from .arguments import node_features, reject_unsupported
 from .pyg_repr import OneLineRepr
-from .conv import (GATConv, _as_graph, _check_dropout, _combine_heads, _head_bias, _inv_sqrt_degree,
-                   _normalized_sum, _rows_read, _with_loops)
+from .conv import (GATConv, _as_graph, _check_dropout, _combine_heads, _combine_heads_with_residual, _edge_inputs,
+                   _head_bias, _head_residual, _inv_sqrt_degree, _normalized_sum, _rows_read, _with_loops)
+from .edge_features import FillValue, edge_projection
 
-def _run_vertex(fn: Callable, graph: Graph, v_feature: Mapping[str, torch.Tensor]) -> torch.Tensor:
+def _run_vertex(fn: Callable, graph: Graph, v_feature: Mapping[str, torch.Tensor],
+                e_feature: Mapping[str, torch.Tensor] | None = None) -> torch.Tensor:
     """Run a vertex function that closes over a layer's parameters, made anew in every
     ``forward`` (so it reads the current parameters, and a deep-copied layer its own);
     its compiled program is shared by structure, so only the trace repeats per call."""
-    return frontend.VertexFunction(fn)(graph, v_feature)
+    return frontend.VertexFunction(fn)(graph, v_feature, e_feature)
 
 
 # --- GATv2 --------------------------------------------------------------------------------
@@ -52,15 +54,19 @@ class GATv2Conv(OneLineRepr, nn.Module):
 
     def __init__(self, in_channels: int, out_channels: int, heads: int = 1, concat: bool = True,
                  negative_slope: float = 0.2, dropout: float = 0.0, add_self_loops: bool = True,
-                 bias: bool = True, share_weights: bool = False):
+                 edge_dim: int | None = None, fill_value: FillValue = "mean", bias: bool = True,
+                 share_weights: bool = False, residual: bool = False):
         super().__init__()
         self.in_channels, self.out_channels, self.heads = in_channels, out_channels, heads
         self.concat, self.negative_slope = concat, negative_slope
         self.dropout, self.add_self_loops = _check_dropout(dropout), add_self_loops
+        self.edge_dim, self.fill_value, self.residual = edge_dim, fill_value, residual
         self.share_weights = share_weights
         self.lin_l = nn.Linear(in_channels, heads * out_channels, bias=bias)
         self.lin_r = self.lin_l if share_weights else nn.Linear(in_channels, heads * out_channels, bias=bias)
         self.att = nn.Parameter(torch.empty(1, heads, out_channels))
+        self.lin_edge = edge_projection(edge_dim, heads * out_channels)
+        self.res = _head_residual(residual, in_channels, heads, out_channels, concat)
         self.bias = _head_bias(heads, out_channels, concat, bias)
         self.reset_parameters()
 
@@ -73,15 +79,20 @@ class GATv2Conv(OneLineRepr, nn.Module):
             if lin.bias is not None:
                 nn.init.zeros_(lin.bias)
         nn.init.xavier_uniform_(self.att)
+        for lin in (self.lin_edge, self.res):
+            if lin is not None:
+                nn.init.xavier_uniform_(lin.weight)
         if self.bias is not None:
             nn.init.zeros_(self.bias)
 
     def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor, edge_attr: torch.Tensor | None = None,
                 return_attention_weights: bool | None = None) -> torch.Tensor:
         x = node_features(x, "GATv2Conv")
-        reject_unsupported("GATv2Conv", edge_attr=edge_attr,     # False: just the output, as in PyG
+        reject_unsupported("GATv2Conv",                            # False: just the output, as in PyG
                            return_attention_weights=return_attention_weights or None)
-        graph = _with_loops(_as_graph(edge_index, x.shape[0]), self.add_self_loops)
+        graph = _as_graph(edge_index, x.shape[0])
+        edge_h = _edge_inputs(self, graph, edge_attr, "GATv2Conv")
+        graph = _with_loops(graph, self.add_self_loops)
         shape = (-1, self.heads, self.out_channels)
         x_l = self.lin_l(x).view(shape)
         x_r = x_l if self.share_weights else self.lin_r(x).view(shape)
@@ -89,14 +100,15 @@ class GATv2Conv(OneLineRepr, nn.Module):
         p, training = self.dropout, self.training
 
         def gatv2(v):
-            scores = [(F.leaky_relu(u.x_l + v.x_r, slope) * att).sum(-1) for u in v.innbs]
+            scores = [(F.leaky_relu(e.src.x_l + v.x_r + e.x_e if edge_h is not None else e.src.x_l + v.x_r, slope)
+                       * att).sum(-1) for e in v.inedges]
             peak = max(scores)
             weights = [torch.exp(s - peak) for s in scores]
             alpha = [F.dropout(w / sum(weights), p, training) for w in weights]
-            return sum([alpha[i].unsqueeze(-1) * u.x_l for i, u in enumerate(v.innbs)])
+            return sum([alpha[i].unsqueeze(-1) * e.src.x_l for i, e in enumerate(v.inedges)])
 
-        out = _run_vertex(gatv2, graph, {"x_l": x_l, "x_r": x_r})
-        return _combine_heads(out, self.concat, self.bias)
+        out = _run_vertex(gatv2, graph, {"x_l": x_l, "x_r": x_r}, None if edge_h is None else {"x_e": edge_h})
+        return _combine_heads_with_residual(out, x, self)
 
 
 # --- constrained GAT ----------------------------------------------------------------------

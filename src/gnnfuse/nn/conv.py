@@ -18,6 +18,7 @@ from torch import nn
 from .. import frontend
 from ..graph import Graph
 from .arguments import check_size, edge_weight_column, node_features, over_feature_batches, reject_unsupported
+from .edge_features import FillValue, edge_feature_rows, edge_projection, looped_edge_features
 from .pyg_repr import OneLineRepr
 
 
@@ -274,6 +275,37 @@ def _head_bias(heads: int, out_channels: int, concat: bool, bias: bool) -> nn.Pa
     return nn.Parameter(torch.zeros(heads * out_channels if concat else out_channels)) if bias else None
 
 
+def _head_residual(residual: bool, in_channels: int, heads: int, out_channels: int, concat: bool) -> nn.Linear | None:
+    """PyG's ``res`` of the attention layers: ``x`` mapped to the output width without bias,
+    added to the combined heads before the bias."""
+    width = heads * out_channels if concat else out_channels
+    return nn.Linear(in_channels, width, bias=False) if residual else None
+
+
+def _combine_heads_with_residual(out: torch.Tensor, x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
+    """`_combine_heads`, with ``layer.res(x)`` added first when the layer has ``residual``."""
+    if layer.res is not None:
+        out = (out.flatten(1) if layer.concat else out.mean(dim=1)) + layer.res(x)
+        return out if layer.bias is None else out + layer.bias
+    return _combine_heads(out, layer.concat, layer.bias)
+
+
+def _edge_inputs(layer: nn.Module, graph: Graph, edge_attr: torch.Tensor | None, name: str) -> torch.Tensor | None:
+    """``lin_edge(edge_attr)`` as [E', heads, out_channels], E' the edges of the graph the
+    attention runs on (self loops replaced by one per vertex, featured by ``fill_value``,
+    when ``add_self_loops``); None without ``edge_attr``. Edge features given to a layer
+    built without ``edge_dim`` are refused (PyG ignores them)."""
+    if edge_attr is None:
+        return None
+    if layer.lin_edge is None:
+        raise NotImplementedError(f"{name}.forward(..., edge_attr=...) needs the layer built with edge_dim "
+                                  f"(the width of the edge features): {name}(..., edge_dim=D)")
+    rows = edge_feature_rows(edge_attr, graph.num_edges, layer.edge_dim, name).to(layer.lin_edge.weight.dtype)
+    if layer.add_self_loops:
+        rows = looped_edge_features(graph, rows, layer.fill_value, name)
+    return layer.lin_edge(rows).view(-1, layer.heads, layer.out_channels)
+
+
 class GCNConv(OneLineRepr, nn.Module):
     """Kipf & Welling's graph convolution, ``D^-1/2 (A + I) D^-1/2 X W + b``.
 
@@ -399,14 +431,19 @@ class GATConv(OneLineRepr, nn.Module):
 
     def __init__(self, in_channels: int, out_channels: int, heads: int = 1, concat: bool = True,
                  negative_slope: float = 0.2, dropout: float = 0.0, add_self_loops: bool = True,
-                 bias: bool = True):
+                 edge_dim: int | None = None, fill_value: FillValue = "mean", bias: bool = True,
+                 residual: bool = False):
         super().__init__()
         self.in_channels, self.out_channels, self.heads = in_channels, out_channels, heads
         self.concat, self.negative_slope, self.add_self_loops = concat, negative_slope, add_self_loops
         self.dropout = _check_dropout(dropout)
+        self.edge_dim, self.fill_value, self.residual = edge_dim, fill_value, residual
         self.lin = nn.Linear(in_channels, heads * out_channels, bias=False)
         self.att_src = nn.Parameter(torch.empty(1, heads, out_channels))
         self.att_dst = nn.Parameter(torch.empty(1, heads, out_channels))
+        self.lin_edge = edge_projection(edge_dim, heads * out_channels)
+        self.att_edge = nn.Parameter(torch.empty(1, heads, out_channels)) if edge_dim is not None else None
+        self.res = _head_residual(residual, in_channels, heads, out_channels, concat)
         self.bias = _head_bias(heads, out_channels, concat, bias)
         self.reset_parameters()
 
@@ -417,21 +454,29 @@ class GATConv(OneLineRepr, nn.Module):
         nn.init.xavier_uniform_(self.lin.weight)
         nn.init.xavier_uniform_(self.att_src)
         nn.init.xavier_uniform_(self.att_dst)
+        for p in (self.lin_edge, self.att_edge, self.res):
+            if p is not None:
+                nn.init.xavier_uniform_(p if isinstance(p, nn.Parameter) else p.weight)
         if self.bias is not None:
             nn.init.zeros_(self.bias)
 
     def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor, edge_attr: torch.Tensor | None = None,
                 size: tuple[int, int] | None = None, return_attention_weights: bool | None = None) -> torch.Tensor:
         x = node_features(x, "GATConv")
-        reject_unsupported("GATConv", edge_attr=edge_attr,       # False: just the output, as in PyG
+        reject_unsupported("GATConv",                              # False: just the output, as in PyG
                            return_attention_weights=return_attention_weights or None)
         check_size(size, x.shape[0], "GATConv")
-        graph = _with_loops(_as_graph(edge_index, x.shape[0]), self.add_self_loops)
+        graph = _as_graph(edge_index, x.shape[0])
+        edge_h = _edge_inputs(self, graph, edge_attr, "GATConv")
+        edata = None if edge_h is None else {"alpha_edge": (edge_h * self.att_edge).sum(-1)}
+        graph = _with_loops(graph, self.add_self_loops)
         h = self.lin(x).view(-1, self.heads, self.out_channels)
         slope, p, training = self.negative_slope, self.dropout, self.training
 
         def message(edges):
             score = edges.src["alpha_src"] + edges.dst["alpha_dst"]
+            if edata is not None:
+                score = score + edges.data["alpha_edge"]
             return {"score": F.leaky_relu(score, slope), "h": edges.src["h"]}
 
         def reduce(nodes):
@@ -439,5 +484,6 @@ class GATConv(OneLineRepr, nn.Module):
             return {"out": torch.sum(alpha.unsqueeze(-1) * nodes.mailbox["h"], dim=1)}
 
         out = frontend.message_passing(graph, message, reduce, ndata={
-            "h": h, "alpha_src": (h * self.att_src).sum(-1), "alpha_dst": (h * self.att_dst).sum(-1)})["out"]
-        return _combine_heads(out, self.concat, self.bias)
+            "h": h, "alpha_src": (h * self.att_src).sum(-1), "alpha_dst": (h * self.att_dst).sum(-1)},
+            edata=edata)["out"]
+        return _combine_heads_with_residual(out, x, self)
