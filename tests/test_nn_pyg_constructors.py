@@ -238,3 +238,30 @@ def test_attention_edge_feature_errors_are_named(name):
         getattr(gnn, name)(F_IN, 4, edge_dim=2)(x, EDGE_INDEX, attr)
     with pytest.raises(NotImplementedError, match="fill_value='median'"):
         getattr(gnn, name)(F_IN, 4, edge_dim=3, fill_value="median")(x, EDGE_INDEX, attr)
+
+
+WEIGHTED_ADJACENCY = {
+    "GCNConv": lambda lib: lib.GCNConv(F_IN, 3),
+    "GraphConv": lambda lib: lib.GraphConv(F_IN, 3, aggr="mean"),
+    "SGConv": lambda lib: lib.SGConv(F_IN, 3, K=2),
+    "TAGConv": lambda lib: lib.TAGConv(F_IN, 3, K=2),
+    "APPNP": lambda lib: lib.APPNP(K=2, alpha=0.2),
+    "ChebConv": lambda lib: lib.ChebConv(F_IN, 3, K=2),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", WEIGHTED_ADJACENCY)
+def test_weighted_sparse_adjacency_weights_the_edges_like_pyg(name, backend, monkeypatch):
+    """A sparse ``adj_t`` holding values other than 1: PyG weights each edge by its entry
+    (as ``edge_weight``), which gnnfuse used to refuse."""
+    from torch_geometric.utils import to_torch_csc_tensor
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    torch.manual_seed(9)
+    ours, ref = copied(WEIGHTED_ADJACENCY[name](gnn), WEIGHTED_ADJACENCY[name](pyg))
+    value = torch.rand(EDGE_INDEX.shape[1], dtype=torch.float64) + 0.5
+    adj_t = to_torch_csc_tensor(EDGE_INDEX, value, size=(N, N)).t()
+    x = torch.randn(N, F_IN, dtype=torch.float64)
+    assert_same_outputs_and_grads(ours, ref, lambda xs: ours(xs, adj_t), lambda xs: ref(xs, EDGE_INDEX, value), x)
+    with pytest.raises(ValueError, match="adj_t holds edge weights .* and edge_weight was given too"):
+        ours(x, adj_t, value)

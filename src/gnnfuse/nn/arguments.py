@@ -13,6 +13,8 @@ from typing import Any, Callable
 
 import torch
 
+from ..graph.convert import is_sparse_adjacency
+
 
 def node_features(x: Any, layer: str) -> torch.Tensor:
     """``x`` itself, after checking it is one [N, F] tensor rather than PyG's bipartite
@@ -74,3 +76,25 @@ def edge_weight_column(edge_weight: torch.Tensor, num_edges: int, dtype: torch.d
         raise ValueError(f"edge_weight must have shape [{num_edges}] (one number per edge of the graph), "
                          f"got {list(edge_weight.shape)}")
     return edge_weight.reshape(num_edges).to(dtype)
+
+
+def adjacency_weights(edge_index: Any, edge_weight: torch.Tensor | None, layer: str) -> tuple[Any, torch.Tensor | None]:
+    """``(edge_index, edge_weight)`` for a layer that takes edge weights, given PyG's
+    sparse ``adj_t`` whose stored values are not all 1: PyG multiplies each message by
+    its entry, so the entries become ``edge_weight`` of a ``[2, E]`` edge_index (row =
+    target, column = source). Any other input passes through unchanged. (The index made
+    here is new on every call, so such a graph's layout is rebuilt per call; a pattern-only
+    ``adj_t`` or a plain edge_index keeps the cached layout.)"""
+    if not is_sparse_adjacency(edge_index):
+        return edge_index, edge_weight
+    if isinstance(edge_index, torch.Tensor):
+        coo = edge_index if edge_index.layout is torch.sparse_coo else edge_index.to_sparse_coo()
+        (row, col), value = coo._indices(), coo._values()
+    else:                                             # torch_sparse.SparseTensor
+        row, col, value = edge_index.coo()
+    if value is None or not value.numel() or bool((value == 1).all()):
+        return edge_index, edge_weight
+    if edge_weight is not None:
+        raise ValueError(f"{layer}: the sparse adj_t holds edge weights (values other than 1) and edge_weight "
+                         "was given too; pass the weights one way")
+    return torch.stack([col, row]), value

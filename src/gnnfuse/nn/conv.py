@@ -17,7 +17,8 @@ from torch import nn
 
 from .. import frontend
 from ..graph import Graph
-from .arguments import check_size, edge_weight_column, node_features, over_feature_batches, reject_unsupported
+from .arguments import (adjacency_weights, check_size, edge_weight_column, node_features, over_feature_batches,
+                        reject_unsupported)
 from .edge_features import FillValue, edge_feature_rows, edge_projection, looped_edge_features
 from .pyg_repr import OneLineRepr
 
@@ -348,6 +349,7 @@ class GCNConv(OneLineRepr, nn.Module):
     def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor,
                 edge_weight: torch.Tensor | None = None) -> torch.Tensor:
         x = node_features(x, "GCNConv")
+        edge_index, edge_weight = adjacency_weights(edge_index, edge_weight, "GCNConv")
         caching = self.cached and self.normalize
         if caching and edge_weight is not None:
             raise NotImplementedError("GCNConv(cached=True) with edge_weight is not supported: the cache "

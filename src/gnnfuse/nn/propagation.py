@@ -21,7 +21,7 @@ from torch import nn
 
 from .. import frontend
 from ..graph import Graph
-from .arguments import check_size, edge_weight_column, node_features, over_feature_batches
+from .arguments import adjacency_weights, check_size, edge_weight_column, node_features, over_feature_batches
 from .pyg_repr import OneLineRepr
 from .conv import (_AGGREGATORS, _WEIGHTED_AGGREGATORS, _as_graph, _gcn_edge_norm, _inv_sqrt_degree, _layer_graph,
                    _neighbour_sum, _normalized_hop, _transform_first, _with_loops)
@@ -96,6 +96,7 @@ class GraphConv(OneLineRepr, nn.Module):
     def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor, edge_weight: torch.Tensor | None = None,
                 size: tuple[int, int] | None = None) -> torch.Tensor:
         x = node_features(x, "GraphConv")
+        edge_index, edge_weight = adjacency_weights(edge_index, edge_weight, "GraphConv")
         check_size(size, x.shape[0], "GraphConv")
         graph = _as_graph(edge_index, x.shape[0])
         if edge_weight is None:
@@ -173,6 +174,7 @@ class APPNP(OneLineRepr, nn.Module):
     def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor,
                 edge_weight: torch.Tensor | None = None) -> torch.Tensor:
         x = node_features(x, "APPNP")
+        edge_index, edge_weight = adjacency_weights(edge_index, edge_weight, "APPNP")
         caching = self.cached and self.normalize
         if caching and edge_weight is not None:
             raise NotImplementedError("APPNP(cached=True) with edge_weight is not supported: the cache "
@@ -230,6 +232,7 @@ class SGConv(OneLineRepr, nn.Module):
     def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor,
                 edge_weight: torch.Tensor | None = None) -> torch.Tensor:
         x = node_features(x, "SGConv")
+        edge_index, edge_weight = adjacency_weights(edge_index, edge_weight, "SGConv")
         if self._cached_x is not None:
             return self.lin(self._cached_x.detach())
         graph, hop = _normalized_hop(_as_graph(edge_index, x.shape[0]), edge_weight, x.dtype, self.add_self_loops)
@@ -281,6 +284,7 @@ class TAGConv(OneLineRepr, nn.Module):
     def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor,
                 edge_weight: torch.Tensor | None = None) -> torch.Tensor:
         x = node_features(x, "TAGConv")
+        edge_index, edge_weight = adjacency_weights(edge_index, edge_weight, "TAGConv")
         graph, hop = _normalized_hop(_as_graph(edge_index, x.shape[0]), edge_weight, x.dtype, False, self.normalize)
         if self.out_channels < self.in_channels:
             skips = [_transform_first(x, lin.weight, graph, k) if k else lin(x) for k, lin in enumerate(self.lins)]
@@ -423,6 +427,7 @@ class ChebConv(OneLineRepr, nn.Module):
     def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor, edge_weight: torch.Tensor | None = None,
                 batch: torch.Tensor | None = None, lambda_max: float | torch.Tensor | None = None) -> torch.Tensor:
         x = node_features(x, "ChebConv")
+        edge_index, edge_weight = adjacency_weights(edge_index, edge_weight, "ChebConv")
         graph = _as_graph(edge_index, x.shape[0])
         if edge_weight is None:
             loop_free, default_lam, diag, left, right = _laplacian(graph, self.normalization, x.dtype)
