@@ -265,3 +265,32 @@ def test_weighted_sparse_adjacency_weights_the_edges_like_pyg(name, backend, mon
     assert_same_outputs_and_grads(ours, ref, lambda xs: ours(xs, adj_t), lambda xs: ref(xs, EDGE_INDEX, value), x)
     with pytest.raises(ValueError, match="adj_t holds edge weights .* and edge_weight was given too"):
         ours(x, adj_t, value)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("conf", [dict(), dict(edge_dim=3), dict(add_self_loops=False, concat=False)], ids=str)
+@pytest.mark.parametrize("name", ["GATConv", "GATv2Conv"])
+def test_return_attention_weights_matches_pyg(name, conf, backend, monkeypatch):
+    """``(out, (edge_index, alpha))``: the edges attended over (PyG's loop order) and one
+    weight per edge and head, with gradients through both parts of the result."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    torch.manual_seed(10)
+    ours, ref = copied(getattr(gnn, name)(F_IN, 4, heads=2, **conf), getattr(pyg, name)(F_IN, 4, heads=2, **conf))
+    attr = torch.randn(EDGE_INDEX.shape[1], 3, dtype=torch.float64) if "edge_dim" in conf else None
+    results = {}
+
+    def run(layer, xs):
+        out, (edges, alpha) = layer(xs, EDGE_INDEX, attr, return_attention_weights=True)
+        results[layer] = edges, alpha
+        return torch.cat([out.flatten(), alpha.flatten()])
+
+    x = torch.randn(N, F_IN, dtype=torch.float64)
+    assert_same_outputs_and_grads(ours, ref, lambda xs: run(ours, xs), lambda xs: run(ref, xs), x)
+    assert torch.equal(results[ours][0].long(), results[ref][0])
+
+
+def test_return_attention_weights_refuses_a_sparse_adjacency():
+    from torch_geometric.utils import to_torch_csc_tensor
+    adj_t = to_torch_csc_tensor(EDGE_INDEX, size=(N, N)).t()
+    with pytest.raises(NotImplementedError, match="return_attention_weights=True\\) with a sparse adj_t"):
+        gnn.GATConv(F_IN, 4)(torch.randn(N, F_IN), adj_t, return_attention_weights=True)

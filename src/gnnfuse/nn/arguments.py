@@ -4,7 +4,7 @@ differently or not yet.
 Every layer's ``forward`` keeps PyG's positional order, so a PyG call such as
 ``conv(x, edge_index, edge_weight)`` never binds a value to a parameter of another
 meaning. A parameter PyG has and gnnfuse does not implement is still accepted in its
-place, and a value other than None fails here, naming it, instead of being ignored.
+place, and a value it cannot honour fails, naming it, instead of being ignored.
 """
 from __future__ import annotations
 
@@ -47,15 +47,6 @@ def over_feature_batches(forward: Callable) -> Callable:
             return torch.stack([forward(self, features, *args, **kwargs) for features in x.unbind(0)])
         return forward(self, x, *args, **kwargs)
     return run
-
-
-def reject_unsupported(layer: str, **arguments: Any) -> None:
-    """Raise NotImplementedError naming the first of PyG's ``forward`` arguments that was
-    given (is not None) but that this layer does not implement."""
-    for name, value in arguments.items():
-        if value is not None:
-            raise NotImplementedError(f"{layer}.forward(..., {name}=...) is not supported by gnnfuse; "
-                                      f"call it without {name}")
 
 
 def check_size(size: Any, num_nodes: int, layer: str) -> None:

@@ -22,10 +22,11 @@ from torch import nn
 
 from .. import frontend
 from ..graph import Graph
-from .arguments import node_features, reject_unsupported
+from .arguments import node_features
 from .pyg_repr import OneLineRepr
-from .conv import (GATConv, _as_graph, _check_dropout, _combine_heads, _combine_heads_with_residual, _edge_inputs,
-                   _head_bias, _head_residual, _inv_sqrt_degree, _normalized_sum, _rows_read, _with_loops)
+from .conv import (AttentionOutput, GATConv, _as_graph, _attention_weights, _check_attention_request, _check_dropout, _combine_heads,
+                   _combine_heads_with_residual, _edge_inputs, _head_bias, _head_residual, _inv_sqrt_degree,
+                   _normalized_sum, _rows_read, _with_loops)
 from .edge_features import FillValue, edge_projection
 
 def _run_vertex(fn: Callable, graph: Graph, v_feature: Mapping[str, torch.Tensor],
@@ -86,10 +87,10 @@ class GATv2Conv(OneLineRepr, nn.Module):
             nn.init.zeros_(self.bias)
 
     def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor, edge_attr: torch.Tensor | None = None,
-                return_attention_weights: bool | None = None) -> torch.Tensor:
+                return_attention_weights: bool | None = None) -> AttentionOutput:
         x = node_features(x, "GATv2Conv")
-        reject_unsupported("GATv2Conv",                            # False: just the output, as in PyG
-                           return_attention_weights=return_attention_weights or None)
+        if return_attention_weights:                               # False: just the output, as in PyG
+            _check_attention_request(self, edge_index, "GATv2Conv")
         graph = _as_graph(edge_index, x.shape[0])
         edge_h = _edge_inputs(self, graph, edge_attr, "GATv2Conv")
         graph = _with_loops(graph, self.add_self_loops)
@@ -108,7 +109,12 @@ class GATv2Conv(OneLineRepr, nn.Module):
             return sum([alpha[i].unsqueeze(-1) * e.src.x_l for i, e in enumerate(v.inedges)])
 
         out = _run_vertex(gatv2, graph, {"x_l": x_l, "x_r": x_r}, None if edge_h is None else {"x_e": edge_h})
-        return _combine_heads_with_residual(out, x, self)
+        out = _combine_heads_with_residual(out, x, self)
+        if not return_attention_weights:
+            return out
+        pair = x_l[graph.src.long()] + x_r[graph.dst.long()]
+        pair = pair if edge_h is None else pair + edge_h
+        return out, _attention_weights(graph, (F.leaky_relu(pair, slope) * att).sum(-1))
 
 
 # --- constrained GAT ----------------------------------------------------------------------

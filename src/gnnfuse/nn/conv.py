@@ -9,7 +9,7 @@ match PyG, so ``layer.load_state_dict(pyg_layer.state_dict())`` copies a PyG mod
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -17,8 +17,8 @@ from torch import nn
 
 from .. import frontend
 from ..graph import Graph
-from .arguments import (adjacency_weights, check_size, edge_weight_column, node_features, over_feature_batches,
-                        reject_unsupported)
+from ..graph.convert import is_sparse_adjacency
+from .arguments import adjacency_weights, check_size, edge_weight_column, node_features, over_feature_batches
 from .edge_features import FillValue, edge_feature_rows, edge_projection, looped_edge_features
 from .pyg_repr import OneLineRepr
 
@@ -291,6 +291,36 @@ def _combine_heads_with_residual(out: torch.Tensor, x: torch.Tensor, layer: nn.M
     return _combine_heads(out, layer.concat, layer.bias)
 
 
+# What GAT/GATv2's forward returns: the output, or with return_attention_weights=True
+# ``(output, (edge_index, alpha))`` as in PyG.
+AttentionOutput = Union[torch.Tensor, Tuple[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]]
+
+
+def _check_attention_request(layer: nn.Module, edge_index: object, name: str) -> None:
+    """Refuse, by name, the ``return_attention_weights=True`` calls whose weights cannot be
+    given exactly: in training with dropout the kernel's dropout mask is not returned, and
+    for a sparse ``adj_t`` PyG returns a sparse tensor of weights, which is not built here."""
+    if layer.training and layer.dropout > 0:
+        raise NotImplementedError(f"{name}(..., return_attention_weights=True) in training mode with dropout > 0 "
+                                  "is not supported by gnnfuse (the dropped weights stay in the kernel); call "
+                                  "it in eval mode or with dropout=0")
+    if is_sparse_adjacency(edge_index):
+        raise NotImplementedError(f"{name}(..., return_attention_weights=True) with a sparse adj_t is not "
+                                  "supported by gnnfuse; pass an edge_index to get (edge_index, alpha)")
+
+
+def _attention_weights(graph: Graph, scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """PyG's ``(edge_index, alpha)``: the edges attended over (self loops included) and the
+    softmax of the per-edge ``scores`` [E, heads] over each vertex's in-edges. Computed in
+    torch from the same scores the kernel normalises, and only when asked for."""
+    index = graph.dst.to(torch.long).unsqueeze(-1).expand_as(scores)
+    peak = scores.new_full((graph.num_nodes, scores.shape[1]), float("-inf")).scatter_reduce(
+        0, index, scores, "amax")
+    weight = torch.exp(scores - peak.gather(0, index))
+    total = scores.new_zeros(graph.num_nodes, scores.shape[1]).scatter_add(0, index, weight)
+    return graph.edge_index, weight / total.gather(0, index)
+
+
 def _edge_inputs(layer: nn.Module, graph: Graph, edge_attr: torch.Tensor | None, name: str) -> torch.Tensor | None:
     """``lin_edge(edge_attr)`` as [E', heads, out_channels], E' the edges of the graph the
     attention runs on (self loops replaced by one per vertex, featured by ``fill_value``,
@@ -463,10 +493,10 @@ class GATConv(OneLineRepr, nn.Module):
             nn.init.zeros_(self.bias)
 
     def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor, edge_attr: torch.Tensor | None = None,
-                size: tuple[int, int] | None = None, return_attention_weights: bool | None = None) -> torch.Tensor:
+                size: tuple[int, int] | None = None, return_attention_weights: bool | None = None) -> AttentionOutput:
         x = node_features(x, "GATConv")
-        reject_unsupported("GATConv",                              # False: just the output, as in PyG
-                           return_attention_weights=return_attention_weights or None)
+        if return_attention_weights:                               # False: just the output, as in PyG
+            _check_attention_request(self, edge_index, "GATConv")
         check_size(size, x.shape[0], "GATConv")
         graph = _as_graph(edge_index, x.shape[0])
         edge_h = _edge_inputs(self, graph, edge_attr, "GATConv")
@@ -485,7 +515,13 @@ class GATConv(OneLineRepr, nn.Module):
             alpha = F.dropout(torch.softmax(nodes.mailbox["score"], dim=1), p, training)
             return {"out": torch.sum(alpha.unsqueeze(-1) * nodes.mailbox["h"], dim=1)}
 
+        alpha_src, alpha_dst = (h * self.att_src).sum(-1), (h * self.att_dst).sum(-1)
         out = frontend.message_passing(graph, message, reduce, ndata={
-            "h": h, "alpha_src": (h * self.att_src).sum(-1), "alpha_dst": (h * self.att_dst).sum(-1)},
-            edata=edata)["out"]
-        return _combine_heads_with_residual(out, x, self)
+            "h": h, "alpha_src": alpha_src, "alpha_dst": alpha_dst}, edata=edata)["out"]
+        out = _combine_heads_with_residual(out, x, self)
+        if not return_attention_weights:
+            return out
+        score = alpha_src[graph.src.long()] + alpha_dst[graph.dst.long()]
+        if edata is not None:
+            score = score + edata["alpha_edge"]
+        return out, _attention_weights(graph, F.leaky_relu(score, slope))
