@@ -294,3 +294,23 @@ def test_return_attention_weights_refuses_a_sparse_adjacency():
     adj_t = to_torch_csc_tensor(EDGE_INDEX, size=(N, N)).t()
     with pytest.raises(NotImplementedError, match="return_attention_weights=True\\) with a sparse adj_t"):
         gnn.GATConv(F_IN, 4)(torch.randn(N, F_IN), adj_t, return_attention_weights=True)
+
+
+@pytest.mark.parametrize("make", [lambda: gnn.GCNConv(F_IN, 3, cached=True), lambda: gnn.APPNP(2, 0.1, cached=True)])
+def test_cached_graph_is_cleared_by_pygs_idiom(make):
+    """PyG users drop a ``cached=True`` layer's graph with ``conv._cached_edge_index = None``
+    (or ``_cached_adj_t``); the next call then uses the graph it is given."""
+    layer, x = make(), torch.randn(N, F_IN)
+    assert layer._cached_edge_index is None
+    layer(x, EDGE_INDEX)
+    assert layer._cached_edge_index is not None and layer._cached_adj_t is not None
+    other = EDGE_INDEX.flip(0)
+    stale = layer(x, other)                        # the kept graph, as in PyG
+    layer._cached_edge_index = None
+    fresh = layer(x, other)
+    assert not torch.allclose(stale, fresh)
+    layer._cached_adj_t = None
+    assert layer._cached_edge_index is None
+    torch.testing.assert_close(layer(x, other), fresh)
+    with pytest.raises(ValueError, match="can only be set to None"):
+        layer._cached_edge_index = EDGE_INDEX

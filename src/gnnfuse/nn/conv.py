@@ -173,6 +173,37 @@ def _layer_graph(layer: nn.Module, x: torch.Tensor, graph: Graph | torch.Tensor,
     return graph
 
 
+class CachedGraph:
+    """Mixin for layers with PyG's ``cached=True``: the graph kept by `_layer_graph` under
+    the names PyG users reach for. PyG keeps ``_cached_edge_index`` (for an edge_index) and
+    ``_cached_adj_t`` (for a sparse adjacency), and users clear the cache by setting them
+    to None; here both name the one kept `Graph`, so setting either to None drops it."""
+
+    _cached_graph: Graph | None
+
+    @property
+    def _cached_edge_index(self) -> Graph | None:
+        return self._cached_graph
+
+    @_cached_edge_index.setter
+    def _cached_edge_index(self, value: None) -> None:
+        self._drop_cached_graph(value, "_cached_edge_index")
+
+    @property
+    def _cached_adj_t(self) -> Graph | None:
+        return self._cached_graph
+
+    @_cached_adj_t.setter
+    def _cached_adj_t(self, value: None) -> None:
+        self._drop_cached_graph(value, "_cached_adj_t")
+
+    def _drop_cached_graph(self, value: None, name: str) -> None:
+        if value is not None:
+            raise ValueError(f"{name} can only be set to None (to drop the cached graph); gnnfuse keeps the "
+                             "graph of the first call itself")
+        self._cached_graph = None
+
+
 @frontend.vertex
 def _normalized_sum(v):
     return sum([u.h * u.norm for u in v.innbs]) * v.norm
@@ -337,7 +368,7 @@ def _edge_inputs(layer: nn.Module, graph: Graph, edge_attr: torch.Tensor | None,
     return layer.lin_edge(rows).view(-1, layer.heads, layer.out_channels)
 
 
-class GCNConv(OneLineRepr, nn.Module):
+class GCNConv(OneLineRepr, CachedGraph, nn.Module):
     """Kipf & Welling's graph convolution, ``D^-1/2 (A + I) D^-1/2 X W + b``.
 
     ``improved=True`` uses ``A + 2I`` (a vertex that already has a self loop keeps it at

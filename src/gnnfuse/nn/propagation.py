@@ -23,8 +23,8 @@ from .. import frontend
 from ..graph import Graph
 from .arguments import adjacency_weights, check_size, edge_weight_column, node_features, over_feature_batches
 from .pyg_repr import OneLineRepr
-from .conv import (_AGGREGATORS, _WEIGHTED_AGGREGATORS, _as_graph, _gcn_edge_norm, _inv_sqrt_degree, _layer_graph,
-                   _neighbour_sum, _normalized_hop, _transform_first, _with_loops)
+from .conv import (_AGGREGATORS, _WEIGHTED_AGGREGATORS, CachedGraph, _as_graph, _gcn_edge_norm, _inv_sqrt_degree,
+                   _layer_graph, _neighbour_sum, _normalized_hop, _transform_first, _with_loops)
 
 
 def _reset(module: Callable) -> None:
@@ -143,7 +143,7 @@ def _edge_weights(graph: Graph, dtype: torch.dtype) -> torch.Tensor:
     return graph.cached("nn_gcn_edge_weight", build).to(dtype)
 
 
-class APPNP(OneLineRepr, nn.Module):
+class APPNP(OneLineRepr, CachedGraph, nn.Module):
     """Approximate personalised propagation of neural predictions (Klicpera et al.):
     ``X^0 = X``, ``X^{k+1} = (1 - alpha) Â X^k + alpha X`` for K hops, where
     ``Â = D^-1/2 (A + I) D^-1/2`` (``A`` with ``add_self_loops=False``, plain ``A`` with
