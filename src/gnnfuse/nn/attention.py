@@ -24,10 +24,10 @@ from .. import frontend
 from ..graph import Graph
 from .arguments import node_features
 from .pyg_repr import OneLineRepr
-from .conv import (AttentionOutput, GATConv, _as_graph, _attention_weights, _check_attention_request, _check_dropout, _combine_heads,
-                   _combine_heads_with_residual, _edge_inputs, _head_bias, _head_residual, _inv_sqrt_degree,
+from .attention_weights import AttentionOutput, attention_weights, check_attention_request
+from .conv import (GATConv, _as_graph, _check_dropout, _combine_heads, _head_bias, _head_residual, _inv_sqrt_degree,
                    _normalized_sum, _rows_read, _with_loops)
-from .edge_features import FillValue, edge_projection
+from .edge_features import FillValue, edge_inputs, edge_projection
 
 def _run_vertex(fn: Callable, graph: Graph, v_feature: Mapping[str, torch.Tensor],
                 e_feature: Mapping[str, torch.Tensor] | None = None) -> torch.Tensor:
@@ -90,9 +90,9 @@ class GATv2Conv(OneLineRepr, nn.Module):
                 return_attention_weights: bool | None = None) -> AttentionOutput:
         x = node_features(x, "GATv2Conv")
         if return_attention_weights:                               # False: just the output, as in PyG
-            _check_attention_request(self, edge_index, "GATv2Conv")
+            check_attention_request(self, edge_index, "GATv2Conv")
         graph = _as_graph(edge_index, x.shape[0])
-        edge_h = _edge_inputs(self, graph, edge_attr, "GATv2Conv")
+        edge_h = edge_inputs(self, graph, edge_attr, "GATv2Conv")
         graph = _with_loops(graph, self.add_self_loops)
         shape = (-1, self.heads, self.out_channels)
         x_l = self.lin_l(x).view(shape)
@@ -109,12 +109,12 @@ class GATv2Conv(OneLineRepr, nn.Module):
             return sum([alpha[i].unsqueeze(-1) * e.src.x_l for i, e in enumerate(v.inedges)])
 
         out = _run_vertex(gatv2, graph, {"x_l": x_l, "x_r": x_r}, None if edge_h is None else {"x_e": edge_h})
-        out = _combine_heads_with_residual(out, x, self)
+        out = _combine_heads(out, self.concat, self.bias, None if self.res is None else self.res(x))
         if not return_attention_weights:
             return out
         pair = x_l[graph.src.long()] + x_r[graph.dst.long()]
         pair = pair if edge_h is None else pair + edge_h
-        return out, _attention_weights(graph, (F.leaky_relu(pair, slope) * att).sum(-1))
+        return out, attention_weights(graph, (F.leaky_relu(pair, slope) * att).sum(-1))
 
 
 # --- constrained GAT ----------------------------------------------------------------------

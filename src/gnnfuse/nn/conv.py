@@ -9,7 +9,7 @@ match PyG, so ``layer.load_state_dict(pyg_layer.state_dict())`` copies a PyG mod
 """
 from __future__ import annotations
 
-from typing import Callable, Tuple, Union
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -17,9 +17,9 @@ from torch import nn
 
 from .. import frontend
 from ..graph import Graph
-from ..graph.convert import is_sparse_adjacency
 from .arguments import adjacency_weights, check_size, edge_weight_column, node_features, over_feature_batches
-from .edge_features import FillValue, edge_feature_rows, edge_projection, looped_edge_features
+from .attention_weights import AttentionOutput, attention_weights, check_attention_request
+from .edge_features import FillValue, edge_inputs, edge_projection
 from .pyg_repr import OneLineRepr
 
 
@@ -297,9 +297,12 @@ def _check_dropout(dropout: float) -> float:
     return dropout
 
 
-def _combine_heads(out: torch.Tensor, concat: bool, bias: torch.Tensor | None) -> torch.Tensor:
-    """[N, heads, C] -> [N, heads * C] (concat) or [N, C] (mean over heads), plus bias."""
+def _combine_heads(out: torch.Tensor, concat: bool, bias: torch.Tensor | None,
+                   residual: torch.Tensor | None = None) -> torch.Tensor:
+    """[N, heads, C] -> [N, heads * C] (concat) or [N, C] (mean over heads), plus PyG's
+    ``residual`` term (``res(x)``, when given) and the bias, in PyG's order."""
     out = out.flatten(1) if concat else out.mean(dim=1)     # flatten, unlike reshape(N, -1), allows N = 0
+    out = out if residual is None else out + residual
     return out if bias is None else out + bias
 
 
@@ -312,60 +315,6 @@ def _head_residual(residual: bool, in_channels: int, heads: int, out_channels: i
     added to the combined heads before the bias."""
     width = heads * out_channels if concat else out_channels
     return nn.Linear(in_channels, width, bias=False) if residual else None
-
-
-def _combine_heads_with_residual(out: torch.Tensor, x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
-    """`_combine_heads`, with ``layer.res(x)`` added first when the layer has ``residual``."""
-    if layer.res is not None:
-        out = (out.flatten(1) if layer.concat else out.mean(dim=1)) + layer.res(x)
-        return out if layer.bias is None else out + layer.bias
-    return _combine_heads(out, layer.concat, layer.bias)
-
-
-# What GAT/GATv2's forward returns: the output, or with return_attention_weights=True
-# ``(output, (edge_index, alpha))`` as in PyG.
-AttentionOutput = Union[torch.Tensor, Tuple[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]]
-
-
-def _check_attention_request(layer: nn.Module, edge_index: object, name: str) -> None:
-    """Refuse, by name, the ``return_attention_weights=True`` calls whose weights cannot be
-    given exactly: in training with dropout the kernel's dropout mask is not returned, and
-    for a sparse ``adj_t`` PyG returns a sparse tensor of weights, which is not built here."""
-    if layer.training and layer.dropout > 0:
-        raise NotImplementedError(f"{name}(..., return_attention_weights=True) in training mode with dropout > 0 "
-                                  "is not supported by gnnfuse (the dropped weights stay in the kernel); call "
-                                  "it in eval mode or with dropout=0")
-    if is_sparse_adjacency(edge_index):
-        raise NotImplementedError(f"{name}(..., return_attention_weights=True) with a sparse adj_t is not "
-                                  "supported by gnnfuse; pass an edge_index to get (edge_index, alpha)")
-
-
-def _attention_weights(graph: Graph, scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """PyG's ``(edge_index, alpha)``: the edges attended over (self loops included) and the
-    softmax of the per-edge ``scores`` [E, heads] over each vertex's in-edges. Computed in
-    torch from the same scores the kernel normalises, and only when asked for."""
-    index = graph.dst.to(torch.long).unsqueeze(-1).expand_as(scores)
-    peak = scores.new_full((graph.num_nodes, scores.shape[1]), float("-inf")).scatter_reduce(
-        0, index, scores, "amax")
-    weight = torch.exp(scores - peak.gather(0, index))
-    total = scores.new_zeros(graph.num_nodes, scores.shape[1]).scatter_add(0, index, weight)
-    return graph.edge_index, weight / total.gather(0, index)
-
-
-def _edge_inputs(layer: nn.Module, graph: Graph, edge_attr: torch.Tensor | None, name: str) -> torch.Tensor | None:
-    """``lin_edge(edge_attr)`` as [E', heads, out_channels], E' the edges of the graph the
-    attention runs on (self loops replaced by one per vertex, featured by ``fill_value``,
-    when ``add_self_loops``); None without ``edge_attr``. Edge features given to a layer
-    built without ``edge_dim`` are refused (PyG ignores them)."""
-    if edge_attr is None:
-        return None
-    if layer.lin_edge is None:
-        raise NotImplementedError(f"{name}.forward(..., edge_attr=...) needs the layer built with edge_dim "
-                                  f"(the width of the edge features): {name}(..., edge_dim=D)")
-    rows = edge_feature_rows(edge_attr, graph.num_edges, layer.edge_dim, name).to(layer.lin_edge.weight.dtype)
-    if layer.add_self_loops:
-        rows = looped_edge_features(graph, rows, layer.fill_value, name)
-    return layer.lin_edge(rows).view(-1, layer.heads, layer.out_channels)
 
 
 class GCNConv(OneLineRepr, CachedGraph, nn.Module):
@@ -527,10 +476,10 @@ class GATConv(OneLineRepr, nn.Module):
                 size: tuple[int, int] | None = None, return_attention_weights: bool | None = None) -> AttentionOutput:
         x = node_features(x, "GATConv")
         if return_attention_weights:                               # False: just the output, as in PyG
-            _check_attention_request(self, edge_index, "GATConv")
+            check_attention_request(self, edge_index, "GATConv")
         check_size(size, x.shape[0], "GATConv")
         graph = _as_graph(edge_index, x.shape[0])
-        edge_h = _edge_inputs(self, graph, edge_attr, "GATConv")
+        edge_h = edge_inputs(self, graph, edge_attr, "GATConv")
         edata = None if edge_h is None else {"alpha_edge": (edge_h * self.att_edge).sum(-1)}
         graph = _with_loops(graph, self.add_self_loops)
         h = self.lin(x).view(-1, self.heads, self.out_channels)
@@ -549,10 +498,10 @@ class GATConv(OneLineRepr, nn.Module):
         alpha_src, alpha_dst = (h * self.att_src).sum(-1), (h * self.att_dst).sum(-1)
         out = frontend.message_passing(graph, message, reduce, ndata={
             "h": h, "alpha_src": alpha_src, "alpha_dst": alpha_dst}, edata=edata)["out"]
-        out = _combine_heads_with_residual(out, x, self)
+        out = _combine_heads(out, self.concat, self.bias, None if self.res is None else self.res(x))
         if not return_attention_weights:
             return out
         score = alpha_src[graph.src.long()] + alpha_dst[graph.dst.long()]
         if edata is not None:
             score = score + edata["alpha_edge"]
-        return out, _attention_weights(graph, F.leaky_relu(score, slope))
+        return out, attention_weights(graph, F.leaky_relu(score, slope))

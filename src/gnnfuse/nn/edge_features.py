@@ -66,3 +66,18 @@ def edge_projection(edge_dim: int | None, width: int) -> nn.Linear | None:
     """PyG's ``lin_edge``: edge features to ``width`` (heads * out_channels), no bias."""
     return None if edge_dim is None else nn.Linear(edge_dim, width, bias=False)
 
+
+def edge_inputs(layer: nn.Module, graph: Graph, edge_attr: torch.Tensor | None, name: str) -> torch.Tensor | None:
+    """``lin_edge(edge_attr)`` as [E', heads, out_channels], E' the edges of the graph the
+    attention runs on (self loops replaced by one per vertex, featured by ``fill_value``,
+    when ``add_self_loops``); None without ``edge_attr``. Edge features given to a layer
+    built without ``edge_dim`` are refused (PyG ignores them)."""
+    if edge_attr is None:
+        return None
+    if layer.lin_edge is None:
+        raise NotImplementedError(f"{name}.forward(..., edge_attr=...) needs the layer built with edge_dim "
+                                  f"(the width of the edge features): {name}(..., edge_dim=D)")
+    rows = edge_feature_rows(edge_attr, graph.num_edges, layer.edge_dim, name).to(layer.lin_edge.weight.dtype)
+    if layer.add_self_loops:
+        rows = looped_edge_features(graph, rows, layer.fill_value, name)
+    return layer.lin_edge(rows).view(-1, layer.heads, layer.out_channels)
