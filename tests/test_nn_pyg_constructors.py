@@ -289,11 +289,20 @@ def test_return_attention_weights_matches_pyg(name, conf, backend, monkeypatch):
     assert torch.equal(results[ours][0].long(), results[ref][0])
 
 
-def test_return_attention_weights_refuses_a_sparse_adjacency():
+@pytest.mark.parametrize("name", ["GATConv", "GATv2Conv"])
+def test_return_attention_weights_for_a_sparse_adjacency_matches_pyg(name):
+    """Given a torch sparse ``adj_t``, PyG returns the adjacency (loops added) in its layout
+    with the weights as [N, N, heads] values; before, this was refused."""
     from torch_geometric.utils import to_torch_csc_tensor
-    adj_t = to_torch_csc_tensor(EDGE_INDEX, size=(N, N)).t()
-    with pytest.raises(NotImplementedError, match="return_attention_weights=True\\) with a sparse adj_t"):
-        gnn.GATConv(F_IN, 4)(torch.randn(N, F_IN), adj_t, return_attention_weights=True)
+    torch.manual_seed(11)
+    ours, ref = copied(getattr(gnn, name)(F_IN, 4, heads=2), getattr(pyg, name)(F_IN, 4, heads=2))
+    adj_t = to_torch_csc_tensor(EDGE_INDEX.unique(dim=1), size=(N, N)).t()
+    x = torch.randn(N, F_IN, dtype=torch.float64)
+    (out, (adj, _)), (expected, (expected_adj, _)) = (layer(x, adj_t, return_attention_weights=True)
+                                                      for layer in (ours, ref))
+    torch.testing.assert_close(out, expected, rtol=1e-9, atol=1e-12)
+    assert adj.layout == expected_adj.layout and adj.shape == expected_adj.shape == (N, N, 2)
+    torch.testing.assert_close(adj.to_dense(), expected_adj.to_dense(), rtol=1e-9, atol=1e-12)
 
 
 @pytest.mark.parametrize("make", [lambda: gnn.GCNConv(F_IN, 3, cached=True), lambda: gnn.APPNP(2, 0.1, cached=True)])

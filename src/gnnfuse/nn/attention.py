@@ -114,7 +114,7 @@ class GATv2Conv(OneLineRepr, nn.Module):
             return out
         pair = x_l[graph.src.long()] + x_r[graph.dst.long()]
         pair = pair if edge_h is None else pair + edge_h
-        return out, attention_weights(graph, (F.leaky_relu(pair, slope) * att).sum(-1))
+        return out, attention_weights(graph, (F.leaky_relu(pair, slope) * att).sum(-1), edge_index)
 
 
 # --- constrained GAT ----------------------------------------------------------------------

@@ -23,23 +23,36 @@ AttentionOutput = Union[torch.Tensor, Tuple[torch.Tensor, Tuple[torch.Tensor, to
 def check_attention_request(layer: nn.Module, edge_index: object, name: str) -> None:
     """Refuse, by name, the ``return_attention_weights=True`` calls whose weights cannot be
     given exactly: in training with dropout the kernel's dropout mask is not returned, and
-    for a sparse ``adj_t`` PyG returns a sparse tensor of weights, which is not built here."""
+    for a torch_sparse ``SparseTensor`` PyG returns one of weights, which is not built here."""
     if layer.training and layer.dropout > 0:
         raise NotImplementedError(f"{name}(..., return_attention_weights=True) in training mode with dropout > 0 "
                                   "is not supported by gnnfuse (the dropped weights stay in the kernel); call "
                                   "it in eval mode or with dropout=0")
-    if is_sparse_adjacency(edge_index):
-        raise NotImplementedError(f"{name}(..., return_attention_weights=True) with a sparse adj_t is not "
-                                  "supported by gnnfuse; pass an edge_index to get (edge_index, alpha)")
+    if is_sparse_adjacency(edge_index) and not isinstance(edge_index, torch.Tensor):
+        raise NotImplementedError(f"{name}(..., return_attention_weights=True) with a torch_sparse SparseTensor "
+                                  "is not supported by gnnfuse; pass an edge_index or a torch sparse adj_t")
 
 
-def attention_weights(graph: Graph, scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def attention_weights(graph: Graph, scores: torch.Tensor, given: object) -> tuple[torch.Tensor, torch.Tensor]:
     """PyG's ``(edge_index, alpha)``: the edges attended over (self loops included) and the
     softmax of the per-edge ``scores`` [E, heads] over each vertex's in-edges. Computed in
-    torch from the same scores the kernel normalises, and only when asked for."""
+    torch from the same scores the kernel normalises, and only when asked for.
+
+    When the graph was ``given`` as a torch sparse ``adj_t``, the first element is, as in
+    PyG, that adjacency (loops included) in the same layout with the weights as values,
+    [N, N, heads] (row = target); duplicate entries are summed, as PyG's coalescing does."""
     index = graph.dst.to(torch.long).unsqueeze(-1).expand_as(scores)
     peak = scores.new_full((graph.num_nodes, scores.shape[1]), float("-inf")).scatter_reduce(
         0, index, scores, "amax")
     weight = torch.exp(scores - peak.gather(0, index))
     total = scores.new_zeros(graph.num_nodes, scores.shape[1]).scatter_add(0, index, weight)
-    return graph.edge_index, weight / total.gather(0, index)
+    alpha = weight / total.gather(0, index)
+    if not is_sparse_adjacency(given):
+        return graph.edge_index, alpha
+    adj = torch.sparse_coo_tensor(torch.stack([graph.dst, graph.src]).to(torch.long), alpha,
+                                  (graph.num_nodes, graph.num_nodes, alpha.shape[1])).coalesce()
+    if given.layout is torch.sparse_csr:
+        adj = adj.to_sparse_csr()
+    elif given.layout is torch.sparse_csc:
+        adj = adj.to_sparse_csc()
+    return adj, alpha

@@ -504,4 +504,4 @@ class GATConv(OneLineRepr, nn.Module):
         score = alpha_src[graph.src.long()] + alpha_dst[graph.dst.long()]
         if edata is not None:
             score = score + edata["alpha_edge"]
-        return out, attention_weights(graph, F.leaky_relu(score, slope))
+        return out, attention_weights(graph, F.leaky_relu(score, slope), edge_index)
