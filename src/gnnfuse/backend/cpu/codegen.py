@@ -32,7 +32,8 @@ from . import scalar
 
 # The loop a variable is first known in: before all loops, per row, per edge, per feature.
 _KERNEL, _ROW, _EDGE, _FEATURE = range(4)
-_LOOP_VARS = {"row": _ROW, "nbr": _EDGE, "edge": _EDGE, "src_id": _EDGE, "dst_id": _EDGE, "f": _FEATURE}
+_LOOP_VARS = {"row": _ROW, "start": _ROW, "end": _ROW, "nbr": _EDGE, "edge": _EDGE, "src_id": _EDGE,
+              "dst_id": _EDGE, "f": _FEATURE, "k": _FEATURE}
 # The kernel variable holding the row id of each gather kind (see passes.fusion.gather_side).
 _ROW_INDEX = {"center": "row", "neighbour": "nbr", "edge": "edge", "src": "src_id", "dst": "dst_id"}
 _IDENTITY = {"sum": "0.0", "mean": "0.0", "max": "-np.inf", "min": "np.inf"}
@@ -64,6 +65,12 @@ class _Emitter:
             self.lines[level].append(f"{name} = {expr}")
         return self.names[expr]
 
+    def uint(self, n: int) -> str:
+        """An index constant as an unsigned 64-bit value (see `generate_aggregate` on why
+        every index is unsigned): mixing it with a signed one would make Numba compute
+        the index in float64."""
+        return self.tmp(f"U({n})")
+
     def coords(self, shape: tuple[int, ...], flat: str) -> tuple[str, ...]:
         """Coordinates in ``shape`` of the flat element index ``flat``."""
         width = math.prod(shape)
@@ -72,12 +79,14 @@ class _Emitter:
             if n == 1:
                 out.append("0")
                 continue
-            expr = flat if st == 1 else f"({flat} // {st})"
-            out.append(self.tmp(expr if st * n == width else f"{expr} % {n}"))
+            expr = flat if st == 1 else f"({flat} // {self.uint(st)})"
+            out.append(self.tmp(expr if st * n == width else f"{expr} % {self.uint(n)}"))
         return tuple(out)
 
     def offset(self, shape: tuple[int, ...], coords: tuple[str, ...]) -> str:
-        terms = [c if s == 1 else f"{c} * {s}" for c, s in zip(coords, strides(shape)) if c != "0"]
+        terms = [(self.uint(int(c)) if c.isdigit() else c) if s == 1 else
+                 f"{self.uint(int(c)) if c.isdigit() else c} * {self.uint(s)}"
+                 for c, s in zip(coords, strides(shape)) if c != "0"]
         return self.tmp(" + ".join(terms)) if terms else "0"
 
     def value(self, v: Value, coords: tuple[str, ...], side: str | None = None) -> str:
@@ -117,7 +126,7 @@ class _Emitter:
         if kind == "shared":
             return self.tmp(f"ACC({ptr}[{off}])")
         index = _ROW_INDEX[kind]
-        row = index if width == 1 else f"{index} * {width}"
+        row = index if width == 1 else f"{index} * {self.uint(width)}"
         return self.tmp(f"ACC({ptr}[{row}{'' if off == '0' else ' + ' + off}])")
 
     def block(self, level: int, indent: int) -> str:
@@ -127,7 +136,7 @@ class _Emitter:
 def _header(acc: str) -> str:
     return ("import numba\nimport numpy as np\nfrom numba import prange\n\n"
             "from gnnfuse.backend.cpu import scalar as tl\n\n"
-            f"ACC = np.{acc}\n\n\n")
+            f"ACC = np.{acc}\nU = np.uint64\n\n\n")
 
 
 def _decorator(parallel: bool) -> str:
@@ -137,48 +146,66 @@ def _decorator(parallel: bool) -> str:
     return f"@numba.njit(parallel={parallel}, cache=True, nogil=True, error_model='numpy')"
 
 
+ROWS_PER_BLOCK = 64   # rows one prange iteration reduces, sharing one accumulator buffer
+
+
 def generate_aggregate(unit: AggregateUnit, name: str, acc: str, parallel: bool) -> tuple[str, list[Value]]:
     """Kernel source for an aggregate unit and its leaf values in argument order.
 
     ``name(rowptr, col, eid, out, f_tile, L0, ...)``: ``out`` is the flat output of
-    ``num_rows * width`` elements, filled completely (no zeroing needed)."""
+    ``num_rows * width`` elements, filled completely (no zeroing needed).
+
+    Two details carry most of the speed (a neighbour sum on pubmed at F=64 ran 5x
+    faster with both than without). Every array index is an unsigned 64-bit integer:
+    for a signed index Numba emits a wrap-around check (negative indices count from
+    the end), which keeps LLVM from vectorizing the feature loop. And a row is reduced
+    into a local accumulator, written to ``out`` once: accumulating into ``out``
+    itself, which LLVM must assume may alias the gathered inputs, stored and reloaded
+    every element of every edge."""
     width = math.prod(unit.reduce.shape)
     em = _Emitter(unit)
     val = em.value(unit.reduce.inputs[0], em.coords(unit.reduce.shape, "f"))
     op = unit.reduce.attrs["op"]
     if op in ("sum", "mean"):
-        combine = f"out[base + f] += {val}"
+        combine = f"acc[k] += {val}"
     else:
         better = ">" if op == "max" else "<"
         # NaN wins and stays, as torch's scatter_reduce amax/amin propagate it.
-        combine = (f"v = {val}\n                    a = out[base + f]\n"
-                   f"                    if v {better} a or v != v:\n                        out[base + f] = v")
+        combine = (f"v = {val}\n                        a = acc[k]\n"
+                   f"                        if v {better} a or v != v:\n                            acc[k] = v")
     if op == "mean":
-        finish = ("            d = ACC(max(end - start, 1))\n"
-                  "            for f in range(f_lo, f_hi):\n                out[base + f] /= d\n")
+        result = "acc[k] / ACC(max(end - start, 1))"
     elif op in ("max", "min"):   # a row with no edges holds 0, as reduce's reference does
-        finish = ("            if end == start:\n"
-                  "                for f in range(f_lo, f_hi):\n                    out[base + f] = 0.0\n")
+        result = "acc[k] if end > start else ACC(0.0)"
     else:
-        finish = ""
+        result = "acc[k]"
     source = _header(acc) + f'''{_decorator(parallel)}
 def {name}(rowptr, col, eid, out, f_tile, {"".join(f"L{n}, " for n in range(len(em.leaf_args)))}):
     # {unit.describe()}
 {em.block(_KERNEL, 4)}    num_rows = rowptr.shape[0] - 1
+    width = U({width})
     for f_lo in range(0, {width}, f_tile):
         f_hi = min(f_lo + f_tile, {width})
-        for row in prange(num_rows):
-            start = rowptr[row]
-            end = rowptr[row + 1]
-            base = row * {width}
-{em.block(_ROW, 12)}            for f in range(f_lo, f_hi):
-                out[base + f] = {_IDENTITY[op]}
-            for p in range(start, end):
-                nbr = col[p]
-                edge = eid[p]
-{em.block(_EDGE, 16)}                for f in range(f_lo, f_hi):
-{em.block(_FEATURE, 20)}                    {combine}
-{finish}'''
+        for block in prange((num_rows + {ROWS_PER_BLOCK - 1}) // {ROWS_PER_BLOCK}):
+            acc = np.empty(f_hi - f_lo, ACC)
+            for r in range(block * {ROWS_PER_BLOCK}, min(block * {ROWS_PER_BLOCK} + {ROWS_PER_BLOCK}, num_rows)):
+                row = U(r)
+                start = rowptr[row]
+                end = rowptr[row + U(1)]
+{em.block(_ROW, 16)}                for k in range(f_hi - f_lo):
+                    acc[k] = {_IDENTITY[op]}
+                for p in range(start, end):
+                    nbr = U(col[p])
+                    edge = U(eid[p])
+{em.block(_EDGE, 20)}                    for fi in range(f_lo, f_hi):
+                        f = U(fi)
+                        k = U(fi - f_lo)
+{em.block(_FEATURE, 24)}                        {combine}
+                base = row * width
+                for fi in range(f_lo, f_hi):
+                    k = U(fi - f_lo)
+                    out[base + U(fi)] = {result}
+'''
     return source, em.leaf_args
 
 
@@ -199,11 +226,14 @@ def generate_edge(unit: EdgeUnit, name: str, acc: str, parallel: bool) -> tuple[
     source = _header(acc) + f'''{_decorator(parallel)}
 def {name}(src, dst, out, {"".join(f"L{n}, " for n in range(len(em.leaf_args)))}):
     # {unit.describe()}
-{em.block(_KERNEL, 4)}    for edge in prange(src.shape[0]):
-        src_id = src[edge]
-        dst_id = dst[edge]
-        base = edge * {width}
-{em.block(_ROW, 8)}{em.block(_EDGE, 8)}        for f in range({width}):
+{em.block(_KERNEL, 4)}    width = U({width})
+    for e in prange(src.shape[0]):
+        edge = U(e)
+        src_id = U(src[edge])
+        dst_id = U(dst[edge])
+        base = edge * width
+{em.block(_ROW, 8)}{em.block(_EDGE, 8)}        for fi in range({width}):
+            f = U(fi)
 {em.block(_FEATURE, 12)}            out[base + f] = {val}
 '''
     return source, em.leaf_args
