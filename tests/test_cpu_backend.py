@@ -147,6 +147,11 @@ def test_parallel_kernels_and_feature_tiles_match_reference(launched, monkeypatc
     """Two threads compile the prange kernels; a feature tile narrower than the width
     makes the aggregate kernel take several passes over the graph."""
     monkeypatch.setenv("GNNFUSE_CPU_FEATURE_TILE", "3")
+    monkeypatch.setattr(cpu_executor.schedule, "PARALLEL_MIN_WORK", 0)   # this graph is far below it
+    parallel_flags = []
+    recording = cpu_executor._kernel_for
+    monkeypatch.setattr(cpu_executor, "_kernel_for",
+                        lambda unit, acc, parallel: parallel_flags.append(parallel) or recording(unit, acc, parallel))
     graph = small_graph()
     h = torch.randn(graph.num_nodes, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
 
@@ -163,7 +168,7 @@ def test_parallel_kernels_and_feature_tiles_match_reference(launched, monkeypatc
         torch.set_num_threads(threads)
     monkeypatch.setenv("GNNFUSE_BACKEND", "reference")
     torch.testing.assert_close(out, model(h), rtol=1e-12, atol=1e-12)
-    assert launched
+    assert launched and all(parallel_flags), "the prange kernel did not run"
 
 
 def test_without_numba_the_reference_runs_with_one_warning(monkeypatch):

@@ -106,7 +106,7 @@ def run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> 
                                           "fused units run as torch ops")
         return _run_reference(unit, ctx, leaves)
     acc = "float64" if any(t.dtype == torch.float64 for t in tensors) or root.dtype == torch.float64 else "float32"
-    threads = min(schedule.threads(), numba.config.NUMBA_NUM_THREADS)
+    threads = schedule.threads(ctx.num_edges * math.prod(root.shape), numba.config.NUMBA_NUM_THREADS)
     compiled = _kernel_for(unit, acc, threads > 1)
     if compiled is None:
         return _run_reference(unit, ctx, leaves)

@@ -18,6 +18,7 @@ import torch
 CACHE_BUDGET = 8 << 20   # bytes of gathered rows per tile: a share of a typical 16-32 MiB L3
 MIN_TILE = 16            # one 64-byte line of float32 per gathered row and tile
 FEATURE_TILE_ENV = "GNNFUSE_CPU_FEATURE_TILE"
+PARALLEL_MIN_WORK = 1 << 16   # edge-features below which one thread beats waking the others
 
 
 def feature_tile(num_rows: int, width: int, itemsize: int) -> int:
@@ -34,7 +35,12 @@ def feature_tile(num_rows: int, width: int, itemsize: int) -> int:
     return min(width, max(MIN_TILE, fitting // MIN_TILE * MIN_TILE))
 
 
-def threads() -> int:
-    """Threads for a kernel: torch's intra-op count (which ``gnnfuse.threads`` and the
-    test suite set), so the CPU backend and the torch ops around it share one budget."""
-    return max(1, torch.get_num_threads())
+def threads(work: int, limit: int) -> int:
+    """Threads for a kernel doing ``work`` edge-feature steps, at most ``limit``:
+    torch's intra-op count (which ``gnnfuse.threads`` and the test suite set), so the
+    CPU backend and the torch ops around it share one budget, but one thread for small
+    work -- waking a second thread cost 20 ms per launch on a loaded 2-core machine,
+    against 0.3 ms for a whole small kernel run serially."""
+    if work < PARALLEL_MIN_WORK:
+        return 1
+    return max(1, min(torch.get_num_threads(), limit))
