@@ -154,7 +154,9 @@ def render_markdown(results: dict[str, Any]) -> str:
     lines = ["# CPU backend (Numba) against PyG and torch", "",
              "Median milliseconds per call; speedup = their time / gnnfuse-cpu's. Targets (issue 15): "
              "kernels >= 3x pyg-scatter and >= 1.5x sparse-mm; training >= 1.5x PyG eager and >= 1.2x "
-             "compiled PyG.", "", *runs_markdown(results), "", "## Aggregation kernels (forward, float32)", "",
+             "compiled PyG. Timings taken while other work shares the CPU are noise-bound (one call's "
+             "time varied up to 20x between cells of the first run here): compare runs on a quiet machine.",
+             "", *runs_markdown(results), "", "## Aggregation kernels (forward, float32)", "",
              "| graph | kernel | F | threads | gnnfuse-cpu | pyg-scatter | sparse-mm | vs scatter | vs sparse-mm |",
              "|---|---|---|---|---|---|---|---|---|"]
     keys = sorted({k.rsplit("/", 1)[0] for k in results["kernels"]},
