@@ -202,3 +202,10 @@ def test_dtype_without_kernels_runs_as_torch_ops_with_a_warning(monkeypatch):
     with pytest.warns(RuntimeWarning, match="no kernels for torch.bfloat16"):
         out = model(h)
     torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("value", ["0", "-4", "wide"])
+def test_feature_tile_setting_is_checked(value, monkeypatch):
+    monkeypatch.setenv("GNNFUSE_CPU_FEATURE_TILE", value)
+    with pytest.raises(ValueError, match="GNNFUSE_CPU_FEATURE_TILE must be a positive integer"):
+        cpu_executor.schedule.feature_tile(8)

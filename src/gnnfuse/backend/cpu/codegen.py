@@ -15,10 +15,10 @@ Aggregate kernel (FeatGraph's CPU SpMM template, §III-B): ``prange`` over rows 
 CSR grouped by the unit's index (destinations forward; sources, over the reverse CSR,
 for the backward's reductions), each row's edges walked sequentially and reduced into
 the row's output, which stays in L1 while its edges stream by -- no atomics and no
-per-edge values in memory. The feature axis is cut into tiles of ``f_tile`` columns, one
-pass over the graph per tile, so the gathered rows of one tile stay in the last-level
-cache (FeatGraph's feature-dimension tiling; the tile is a launch argument chosen by
-`schedule.feature_tile`, so one compiled kernel serves every width and graph).
+per-edge values in memory. The feature axis can be cut into tiles of ``f_tile``
+columns, one pass over the graph per tile (FeatGraph's feature-dimension tiling; a
+launch argument, so one compiled kernel serves every tile: `schedule.feature_tile`
+says when it is used).
 """
 from __future__ import annotations
 

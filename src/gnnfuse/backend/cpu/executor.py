@@ -118,7 +118,7 @@ def run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> 
         rowptr, col, eid = ctx.csr(unit.by)
         width = math.prod(root.shape)
         out = torch.empty((ctx.num_nodes,) + root.shape, dtype=root.dtype)
-        tile = schedule.feature_tile(ctx.num_nodes, width, out.element_size())
+        tile = schedule.feature_tile(width)
         kernel(rowptr.numpy(), col.numpy(), eid.numpy(), out.view(-1).numpy(), tile, *args)
     else:
         out = torch.empty((ctx.num_edges,) + root.shape, dtype=root.dtype)
