@@ -22,8 +22,10 @@ says when it is used).
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import re
+from pathlib import Path
 
 from ...ir import Value, get_op
 from ...passes.fusion import AggregateUnit, EdgeUnit, Unit, feature_sum_terms, gather_side, leaf_kind
@@ -133,8 +135,15 @@ class _Emitter:
         return "".join(" " * indent + line + "\n" for line in self.lines[level])
 
 
+# Kernels inline `scalar`'s functions, and Numba's disk cache is keyed by the kernel's own
+# file alone: the digest of scalar.py in every kernel's source (hence in its file name)
+# keeps a changed scalar.py from reusing machine code compiled against the old one.
+_SCALAR_DIGEST = hashlib.sha1(Path(scalar.__file__).read_bytes()).hexdigest()[:16]
+
+
 def _header(acc: str) -> str:
-    return ("import numba\nimport numpy as np\nfrom numba import prange\n\n"
+    return (f"# inlines gnnfuse.backend.cpu.scalar {_SCALAR_DIGEST}\n"
+            "import numba\nimport numpy as np\nfrom numba import prange\n\n"
             "from gnnfuse.backend.cpu import scalar as tl\n\n"
             f"ACC = np.{acc}\nU = np.uint64\n\n\n")
 
@@ -169,10 +178,9 @@ def generate_aggregate(unit: AggregateUnit, name: str, acc: str, parallel: bool)
     if op in ("sum", "mean"):
         combine = f"acc[k] += {val}"
     else:
-        better = ">" if op == "max" else "<"
-        # NaN wins and stays, as torch's scatter_reduce amax/amin propagate it.
-        combine = (f"v = {val}\n                        a = acc[k]\n"
-                   f"                        if v {better} a or v != v:\n                            acc[k] = v")
+        # NaN wins and stays, as torch's scatter_reduce amax/amin propagate it: the rule
+        # lives once, in scalar.maximum / scalar.minimum.
+        combine = f"acc[k] = tl.{'maximum' if op == 'max' else 'minimum'}({val}, acc[k])"
     if op == "mean":
         result = "acc[k] / ACC(max(end - start, 1))"
     elif op in ("max", "min"):   # a row with no edges holds 0, as reduce's reference does
