@@ -8,6 +8,8 @@ Graphs are tiny and kernels are compiled serially (one torch thread, see conftes
 cached on disk, so a warm run of this module costs a few seconds."""
 from __future__ import annotations
 
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -186,6 +188,25 @@ def test_without_numba_the_reference_runs_with_one_warning(monkeypatch):
         warnings.simplefilter("error")
         model(h, graph)    # warned once, not per call
     torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
+def test_a_machine_without_numba_imports_the_backend_and_falls_back():
+    """numba absent for real (not patched after import): the backend still imports."""
+    script = """
+import sys, warnings
+sys.modules["numba"] = None          # any 'import numba' now raises ImportError
+import os; os.environ["GNNFUSE_BACKEND"] = "cpu"
+import torch, gnnfuse
+g = gnnfuse.Graph(torch.tensor([0, 1]), torch.tensor([1, 2]), 3)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    out = gnnfuse.message_passing(g, lambda e: {"m": e.src["h"]},
+                                  lambda n: {"o": n.mailbox["m"].sum(dim=1)}, ndata={"h": torch.ones(3, 2)})["o"]
+assert out.tolist() == [[0, 0], [1, 1], [1, 1]], out
+assert any("needs numba" in str(w.message) for w in caught), [str(w.message) for w in caught]
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
 
 
 def test_dtype_without_kernels_runs_as_torch_ops_with_a_warning(monkeypatch):

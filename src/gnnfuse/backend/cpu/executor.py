@@ -31,18 +31,19 @@ from typing import Iterable, Mapping
 
 import torch
 
-from ...ir import Program, Value, get_op
+from ...ir import Program, get_op
 from ...passes.fusion import AggregateUnit, Unit, partition
 from ..reference import GraphContext
 from ..reference import execute as reference_execute
 from ..reference.executor import run_plan
 from ..kernel_cache import load_kernel
 from . import schedule
-from .codegen import UnsupportedUnit, generate_aggregate, generate_edge
 
 try:
     import numba
-except ImportError:   # the optional 'cpu' extra is not installed
+
+    from .codegen import UnsupportedUnit, generate_aggregate, generate_edge   # needs numba (scalar.py)
+except ImportError:   # the optional 'cpu' extra is not installed: `execute` runs the reference
     numba = None
 
 _KERNEL_DTYPES = {torch.float32: "float32", torch.float64: "float64"}
