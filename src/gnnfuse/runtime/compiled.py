@@ -102,12 +102,14 @@ def _check_types(program: Program, kinds: set[Residency], graph: Graph,
                                    f"{count} {what} types ({count_attr}); give one row per type")
 
 
-BACKENDS = ("reference", "triton")
+BACKENDS = ("reference", "triton", "cpu")
 
 
 def select_backend(tensors) -> Callable:
     """The executor for this call: ``GNNFUSE_BACKEND`` if set, else Triton for CUDA
-    tensors and the torch reference for everything else."""
+    tensors and the torch reference for everything else. The Numba CPU backend is
+    opt-in (``cpu``): its first call per kernel compiles for a second or two, which the
+    reference, the oracle, never pays."""
     name = os.environ.get("GNNFUSE_BACKEND") or (
         "triton" if any(t.is_cuda for t in tensors) else "reference")
     if name not in BACKENDS:
@@ -117,6 +119,9 @@ def select_backend(tensors) -> Callable:
             from ..backend.triton import execute
         except ImportError as exc:
             raise RuntimeError("the triton backend needs the 'triton' package: pip install 'gnnfuse[gpu]'") from exc
+        return execute
+    if name == "cpu":
+        from ..backend.cpu import execute
         return execute
     from ..backend.reference import execute
     return execute

@@ -1,12 +1,9 @@
 """Runs a program with one generated kernel per fused unit and torch ops elsewhere."""
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import math
 import os
 import weakref
-from pathlib import Path
 from typing import Iterable, Mapping
 
 import torch
@@ -16,33 +13,13 @@ from ...ir import Program, Value
 from ...passes.fusion import AggregateUnit, EdgeUnit, Unit, partition
 from ..forced_schedule import SCHEDULES, forced_schedule
 from ..reference import GraphContext
+from ..kernel_cache import load_kernel as _load_kernel
 from ..reference.executor import run_plan
 from .codegen import RowSum, generate, generate_coo, generate_edge, row_stride, row_sum_split
 from .schedule import SEGMENT_EDGES, segments
 
-_KERNELS: dict[str, object] = {}
 _PLANS: "weakref.WeakKeyDictionary[Program, dict]" = weakref.WeakKeyDictionary()
 _UNIT_KERNELS: "weakref.WeakKeyDictionary[AggregateUnit, dict]" = weakref.WeakKeyDictionary()
-
-
-def _cache_dir() -> Path:
-    path = Path(os.environ.get("GNNFUSE_CACHE", Path.home() / ".cache" / "gnnfuse")) / "kernels"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-def _load_kernel(source: str, name: str):
-    """Triton's JIT reads kernel source from a file, so generated code goes to the cache."""
-    digest = hashlib.sha1(source.encode()).hexdigest()[:16]
-    if digest not in _KERNELS:
-        path = _cache_dir() / f"{name}_{digest}.py"
-        if not path.exists():
-            path.write_text(source)
-        spec = importlib.util.spec_from_file_location(f"gnnfuse_kernel_{digest}", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        _KERNELS[digest] = getattr(module, name)
-    return _KERNELS[digest]
 
 
 def _autotune() -> bool:
