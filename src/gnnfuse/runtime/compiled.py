@@ -105,16 +105,31 @@ def _check_types(program: Program, kinds: set[Residency], graph: Graph,
 BACKENDS = ("reference", "triton", "cpu")
 
 
-def select_backend(tensors) -> Callable:
-    """The executor for this call: ``GNNFUSE_BACKEND`` if set, else Triton for CUDA
-    tensors and the torch reference for everything else. The Numba CPU backend is
-    opt-in (``cpu``): its first call per kernel compiles for a second or two, which the
-    reference, the oracle, never pays."""
+def _check_triton_can_read(device: torch.device) -> None:
+    """Compiled Triton kernels read CUDA memory only; only Triton's CPU interpreter runs
+    them on host tensors. Without this check a forced ``GNNFUSE_BACKEND=triton`` on CPU
+    tensors stops inside Triton's launcher with a raw pointer error. Read at call time:
+    the interpreter is whatever ``TRITON_INTERPRET`` says now."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return
+    if device.type != "cuda":     # the inputs are on the graph's device (_check_devices)
+        raise ValueError(f"the triton backend runs CUDA tensors, but the graph and inputs are on {device}: "
+                         "move the tensors and the graph to cuda (tensor.to('cuda'), graph.to('cuda')), "
+                         "or unset GNNFUSE_BACKEND, or set TRITON_INTERPRET=1 before triton is first "
+                         "imported to run Triton's CPU interpreter")
+
+
+def select_backend(tensors, device: torch.device) -> Callable:
+    """The executor for this call on a graph on ``device``: ``GNNFUSE_BACKEND`` if set,
+    else Triton for CUDA tensors and the torch reference for everything else. The Numba
+    CPU backend is opt-in (``cpu``): its first call per kernel compiles for a second or
+    two, which the reference, the oracle, never pays."""
     name = os.environ.get("GNNFUSE_BACKEND") or (
         "triton" if any(t.is_cuda for t in tensors) else "reference")
     if name not in BACKENDS:
         raise ValueError(f"GNNFUSE_BACKEND must be one of {BACKENDS}, got {name!r}")
     if name == "triton":
+        _check_triton_can_read(device)
         try:
             from ..backend.triton import execute
         except ImportError as exc:
@@ -160,7 +175,7 @@ def _run_forward(compiled: CompiledProgram, graph_ctx: GraphContext, keys: tuple
     for calls in _RECORDERS:
         calls.append(ProgramCall(compiled, graph_ctx.graph, backward.wrt if backward else (), forced_schedule()))
     keep = [v.id for v in backward.saved] if backward else []
-    execute = select_backend(tensors)
+    execute = select_backend(tensors, graph_ctx.graph.device)
     outputs, kept = execute(compiled.program, graph_ctx, dict(zip(keys, tensors)), keep)
     return tuple(outputs.values()), kept, execute
 
