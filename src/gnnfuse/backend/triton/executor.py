@@ -110,7 +110,7 @@ def _kernel_for(unit: Unit, acc: str, schedule: str):
 def run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> torch.Tensor:
     tensors = list(leaves.values())
     acc = "tl.float64" if any(t.dtype == torch.float64 for t in tensors) else "tl.float32"
-    rows = ctx.num_rows(unit.by) if isinstance(unit, AggregateUnit) else ctx.num_nodes
+    rows = ctx.num_rows(unit.by) if isinstance(unit, AggregateUnit) else ctx.num_nodes  # what `out` holds
     schedule = schedule_for(unit, rows, ctx.num_edges)
     kernel, leaf_args, row_tile = _kernel_for(unit, acc, schedule)
     args = [_laid_out(leaves[v.id], v) for v in leaf_args]
