@@ -113,3 +113,15 @@ def test_gatv2_needs_x_dst():
     layer = gnn.GATv2Conv((F_SRC, F_DST), 3)
     with pytest.raises(ValueError, match="GATv2Conv: bipartite input needs x_dst"):
         layer((torch.randn(NUM_SRC, F_SRC), None), EDGE_INDEX)
+
+
+@pytest.mark.parametrize("name", ["GATConv", "GATv2Conv", "SAGEConv", "GraphConv"])
+def test_in_channels_pair_with_one_feature_tensor_uses_both_maps(name):
+    """A layer built with ``in_channels=(a, a)`` and called with one x maps it through
+    the source and the destination weights, as PyG does (GAT used lin_src for both)."""
+    torch.manual_seed(0)
+    ref = getattr(pyg, name)((F_SRC, F_SRC), 3).double()
+    ours = getattr(gnn, name)((F_SRC, F_SRC), 3).double()
+    ours.load_state_dict(ref.state_dict())
+    x = torch.randn(NUM_SRC, F_SRC, dtype=torch.float64)
+    assert_same_values(ours(x, EDGE_INDEX), ref(x, EDGE_INDEX), "output")

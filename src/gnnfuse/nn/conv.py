@@ -401,7 +401,7 @@ class GATConv(nn.Module):
         h = (self.lin or self.lin_src)(x).view(shape)
         ndata = {"h": h, "alpha_src": (h * self.att_src).sum(-1)}
         if x_dst is not None:
-            h_dst = h if x_dst is x else (self.lin or self.lin_dst)(x_dst).view(shape)
+            h_dst = h if x_dst is x and self.lin is not None else (self.lin or self.lin_dst)(x_dst).view(shape)
             ndata["alpha_dst"] = (h_dst * self.att_dst).sum(-1)
         slope, p, training, dst_term = self.negative_slope, self.dropout, self.training, x_dst is not None
 
