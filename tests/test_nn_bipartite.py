@@ -9,6 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch_geometric.nn as pyg
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gnnfuse import nn as gnn
 from gnnfuse.graph import Graph
@@ -55,27 +57,35 @@ def test_bipartite_layer_matches_pyg(case, backend):
     if backend == "triton" and case[0] not in ("sage-narrowing", "graph-weighted-narrowing", "gin", "gat-loops",
                                                "gatv2-loops"):
         pytest.skip("the Triton interpreter runs one case per layer (suite time)")
+    compare_with_pyg(name, arguments, extra, with_dst, EDGE_INDEX, NUM_SRC, NUM_DST)
+
+
+def compare_with_pyg(name: str, arguments, extra: dict, with_dst, edge_index: torch.Tensor,
+                     num_src: int, num_dst: int) -> None:
+    """Outputs and the gradients of x_src, x_dst and every parameter equal PyG's."""
     torch.manual_seed(0)
     ref = getattr(pyg, name)(*arguments()).double()
+    for p in ref.parameters():
+        if p.dim() == 1:
+            torch.nn.init.normal_(p)      # biases start at zero: draw them so their use shows
     torch.manual_seed(1)
     ours = getattr(gnn, name)(*arguments()).double()
     ours.load_state_dict(ref.state_dict())
     width_dst = F_SRC if with_dst == "same-width" else F_DST
-    x_src = torch.randn(NUM_SRC, F_SRC, dtype=torch.float64)
-    x_dst = torch.randn(NUM_DST, width_dst, dtype=torch.float64) if with_dst else None
-    size = (NUM_SRC, NUM_DST)
+    x_src = torch.randn(num_src, F_SRC, dtype=torch.float64)
+    x_dst = torch.randn(num_dst, width_dst, dtype=torch.float64) if with_dst else None
     results = []
     for layer in (ours, ref):
         leaves = [x_src.clone().requires_grad_()] + ([x_dst.clone().requires_grad_()] if with_dst else [])
-        out = layer((leaves[0], leaves[1] if with_dst else None), EDGE_INDEX,
-                    **extra, **({} if name == "GATv2Conv" else {"size": size}))
+        out = layer((leaves[0], leaves[1] if with_dst else None), edge_index,
+                    **extra, **({} if name == "GATv2Conv" else {"size": (num_src, num_dst)}))
         cotangent = torch.randn(out.shape, dtype=out.dtype, generator=torch.Generator().manual_seed(2))
         (out * cotangent).sum().backward()
         params = {k: p.grad for k, p in layer.named_parameters()}
         results.append((out.detach(), [x.grad for x in leaves], params))
         layer.zero_grad(set_to_none=True)
     (out, grads, params), (expected, expected_grads, expected_params) = results
-    assert out.shape == expected.shape == (NUM_DST, out.shape[1])
+    assert out.shape == expected.shape == (num_dst, out.shape[1])
     assert_same_values(out, expected, "output")
     for what, a, b in zip(("x_src", "x_dst"), grads, expected_grads):
         assert_same_values(a, b, f"gradient of {what}")
@@ -85,6 +95,32 @@ def test_bipartite_layer_matches_pyg(case, backend):
             assert grad is None or not grad.any(), key
         else:
             assert_same_values(grad, expected_params[key], f"gradient of {key}")
+
+
+@st.composite
+def bipartite_graphs(draw):
+    """(edge_index, num_src, num_dst): either set may be empty; multi-edges, vertices of
+    either side without edges, and i -> i edges (self loops only by number) all occur."""
+    num_src, num_dst = draw(st.integers(0, 7)), draw(st.integers(0, 7))
+    num_edges = draw(st.integers(0, 16)) if num_src and num_dst else 0
+    src = draw(st.lists(st.integers(0, max(num_src - 1, 0)), min_size=num_edges, max_size=num_edges))
+    dst = draw(st.lists(st.integers(0, max(num_dst - 1, 0)), min_size=num_edges, max_size=num_edges))
+    return torch.tensor([src, dst], dtype=torch.long).view(2, num_edges), num_src, num_dst
+
+
+PROPERTY_CASES = [c for c in CASES if c[0] in ("sage-mean", "sage-max", "graph-weighted-narrowing", "gin",
+                                               "gat-loops", "gat-no-loops", "gatv2-loops")]
+
+
+@pytest.mark.parametrize("case", PROPERTY_CASES, ids=[c[0] for c in PROPERTY_CASES])
+@settings(max_examples=8, deadline=None, derandomize=True, database=None)
+@given(graph=bipartite_graphs())
+def test_bipartite_layers_match_pyg_on_random_graphs(case, graph):
+    _, name, arguments, extra, with_dst = case
+    edge_index, num_src, num_dst = graph
+    if "edge_weight" in extra:
+        extra = {"edge_weight": torch.linspace(-1.0, 2.0, edge_index.shape[1], dtype=torch.float64)}
+    compare_with_pyg(name, arguments, extra, with_dst, edge_index, num_src, num_dst)
 
 
 def test_in_channels_pair_gives_pygs_parameter_names():
