@@ -23,8 +23,8 @@ from torch import nn
 from .. import frontend
 from ..graph import Graph
 from .arguments import node_features, reject_unsupported
-from .conv import (GATConv, _as_graph, _check_dropout, _combine_heads, _head_bias, _inv_sqrt_degree,
-                   _normalized_sum, _rows_read, _with_loops)
+from .conv import (GATConv, _as_graph, _bipartite_inputs, _channel_pair, _check_dropout, _combine_heads,
+                   _head_bias, _inv_sqrt_degree, _normalized_sum, _rows_read, _with_loops)
 
 def _run_vertex(fn: Callable, graph: Graph, v_feature: Mapping[str, torch.Tensor]) -> torch.Tensor:
     """Run a vertex function that closes over a layer's parameters, made anew in every
@@ -46,19 +46,22 @@ class GATv2Conv(nn.Module):
     between the two per-vertex terms and ``a``, so the score cannot be split into
     per-vertex logits: it is computed per edge inside the traced function, with ``a``
     read from the closure. ``dropout`` drops normalized attention coefficients in
-    training mode, as PyG does.
+    training mode, as PyG does. Bipartite input (PyG's): ``in_channels=(a, b)`` and
+    ``forward((x_src, x_dst), edge_index)`` (``x_dst`` required, as in PyG); self loops
+    then join source i to destination i for i below both counts.
     """
 
-    def __init__(self, in_channels: int, out_channels: int, heads: int = 1, concat: bool = True,
-                 negative_slope: float = 0.2, dropout: float = 0.0, add_self_loops: bool = True,
-                 bias: bool = True, share_weights: bool = False):
+    def __init__(self, in_channels: int | tuple[int, int], out_channels: int, heads: int = 1,
+                 concat: bool = True, negative_slope: float = 0.2, dropout: float = 0.0,
+                 add_self_loops: bool = True, bias: bool = True, share_weights: bool = False):
         super().__init__()
         self.in_channels, self.out_channels, self.heads = in_channels, out_channels, heads
         self.concat, self.negative_slope = concat, negative_slope
         self.dropout, self.add_self_loops = _check_dropout(dropout), add_self_loops
         self.share_weights = share_weights
-        self.lin_l = nn.Linear(in_channels, heads * out_channels, bias=bias)
-        self.lin_r = self.lin_l if share_weights else nn.Linear(in_channels, heads * out_channels, bias=bias)
+        in_src, in_dst = _channel_pair(in_channels)
+        self.lin_l = nn.Linear(in_src, heads * out_channels, bias=bias)
+        self.lin_r = self.lin_l if share_weights else nn.Linear(in_dst, heads * out_channels, bias=bias)
         self.att = nn.Parameter(torch.empty(1, heads, out_channels))
         self.bias = _head_bias(heads, out_channels, concat, bias)
         self.reset_parameters()
@@ -72,15 +75,18 @@ class GATv2Conv(nn.Module):
         if self.bias is not None:
             nn.init.zeros_(self.bias)
 
-    def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor, edge_attr: torch.Tensor | None = None,
-                return_attention_weights: bool | None = None) -> torch.Tensor:
-        x = node_features(x, "GATv2Conv")
+    def forward(self, x: torch.Tensor | tuple[torch.Tensor, torch.Tensor], edge_index: Graph | torch.Tensor,
+                edge_attr: torch.Tensor | None = None, return_attention_weights: bool | None = None) -> torch.Tensor:
         reject_unsupported("GATv2Conv", edge_attr=edge_attr,     # False: just the output, as in PyG
                            return_attention_weights=return_attention_weights or None)
-        graph = _with_loops(_as_graph(edge_index, x.shape[0]), self.add_self_loops)
+        x, x_dst, graph = _bipartite_inputs(x, edge_index, None, "GATv2Conv")
+        if x_dst is None:
+            raise ValueError("GATv2Conv: bipartite input needs x_dst (the destination features score "
+                             "every edge), as in PyG; got (x_src, None)")
+        graph = _with_loops(graph, self.add_self_loops)
         shape = (-1, self.heads, self.out_channels)
         x_l = self.lin_l(x).view(shape)
-        x_r = x_l if self.share_weights else self.lin_r(x).view(shape)
+        x_r = x_l if self.share_weights and x_dst is x else self.lin_r(x_dst).view(shape)
         att, slope = self.att.view(self.heads, self.out_channels), self.negative_slope
         p, training = self.dropout, self.training
 

@@ -17,7 +17,7 @@ from torch import nn
 
 from .. import frontend
 from ..graph import Graph
-from .arguments import check_size, edge_weight_column, node_features, reject_unsupported
+from .arguments import edge_weight_column, node_features, node_pair, reject_unsupported
 
 
 def _as_graph(graph: Graph | torch.Tensor, num_nodes: int) -> Graph:
@@ -25,10 +25,24 @@ def _as_graph(graph: Graph | torch.Tensor, num_nodes: int) -> Graph:
     use. `Graph.coerce` remembers the graph made for an unchanged index tensor, so a
     loop passing the same ``edge_index`` reuses its cached CSR as a `Graph` would."""
     if isinstance(graph, Graph):
+        if graph.is_bipartite and graph.num_src_nodes != graph.num_nodes:
+            raise ValueError(f"x has {num_nodes} rows but the graph has {graph.num_src_nodes} source and "
+                             f"{graph.num_nodes} destination nodes; pass (x_src, x_dst)")
         if graph.num_nodes != num_nodes:
             raise ValueError(f"x has {num_nodes} rows but the graph has {graph.num_nodes} nodes")
         return graph
     return Graph.coerce(graph, num_nodes=num_nodes)
+
+
+def _bipartite_inputs(x, graph: Graph | torch.Tensor, size, layer: str
+                      ) -> tuple[torch.Tensor, torch.Tensor | None, Graph]:
+    """``(x_src, x_dst, graph)`` for a layer taking PyG's bipartite input (`node_pair`):
+    a pair gives a graph whose sources index ``x_src`` and destinations ``x_dst``; one
+    tensor is both, on a graph with one vertex set."""
+    x_src, x_dst, sizes = node_pair(x, size, layer)
+    if sizes is None:
+        return x_src, x_dst, _as_graph(graph, x_src.shape[0])
+    return x_src, x_dst, Graph.coerce(graph, num_nodes=sizes[1], num_src_nodes=sizes[0])
 
 
 def _looped(graph: Graph) -> Graph:
@@ -122,13 +136,14 @@ def _rows_read(x: torch.Tensor, read: torch.Tensor | None) -> torch.Tensor:
 
 
 def _walk_starts(graph: Graph, hops: int) -> torch.Tensor | None:
-    """The vertices some walk of exactly ``hops`` edges leaves (boolean [N]), whose
-    features a ``hops``-hop propagation carries to an output; None when that is every
-    vertex. Cached per graph."""
+    """The vertices some walk of exactly ``hops`` edges leaves (boolean [N], one per
+    source vertex), whose features a ``hops``-hop propagation carries to an output; None
+    when that is every vertex. Cached per graph. On a bipartite graph only ``hops=1``
+    is meaningful (a walk cannot continue from a destination)."""
     def build(g: Graph) -> torch.Tensor | None:
         starts = torch.ones(g.num_nodes, dtype=torch.bool, device=g.device)
         for _ in range(hops):
-            reached, starts = starts, torch.zeros_like(starts)
+            reached, starts = starts, torch.zeros(g.num_src_nodes, dtype=torch.bool, device=g.device)
             starts[g.src[reached[g.dst]]] = True
         return None if bool(starts.all()) else starts
     return graph.cached(f"nn_walk_starts_{hops}", build)
@@ -217,6 +232,11 @@ def _weighted_max(v):
 _WEIGHTED_AGGREGATORS = {"mean": _weighted_mean, "max": _weighted_max, "sum": _weighted_sum, "add": _weighted_sum}
 
 
+def _channel_pair(in_channels: int | tuple[int, int]) -> tuple[int, int]:
+    """PyG's ``in_channels``: one width for both vertex sets, or ``(source, destination)``."""
+    return (in_channels, in_channels) if isinstance(in_channels, int) else tuple(in_channels)
+
+
 def _check_dropout(dropout: float) -> float:
     if not 0.0 <= dropout < 1.0:
         raise ValueError(f"dropout must be in [0, 1), got {dropout}")
@@ -298,36 +318,36 @@ class SAGEConv(nn.Module):
     For mean and sum aggregation the linear map commutes with the aggregation, so when
     it narrows the features (``out_channels < in_channels``) it runs first and the graph
     kernel moves the narrower rows -- GraphTensor's combine-first order; max does not
-    commute and always aggregates first.
+    commute and always aggregates first. Bipartite input (PyG's): ``in_channels=(a, b)``
+    and ``forward((x_src, x_dst), edge_index, size)``.
     """
 
-    def __init__(self, in_channels: int, out_channels: int, aggr: str = "mean", root_weight: bool = True,
-                 bias: bool = True):
+    def __init__(self, in_channels: int | tuple[int, int], out_channels: int, aggr: str = "mean",
+                 root_weight: bool = True, bias: bool = True):
         super().__init__()
         if aggr not in _AGGREGATORS:
             raise ValueError(f"aggr must be one of {sorted(_AGGREGATORS)}, got {aggr!r}")
         self.in_channels, self.out_channels, self.aggr = in_channels, out_channels, aggr
-        self.lin_l = nn.Linear(in_channels, out_channels, bias=bias)
-        self.lin_r = nn.Linear(in_channels, out_channels, bias=False) if root_weight else None
+        in_src, in_dst = _channel_pair(in_channels)
+        self.lin_l = nn.Linear(in_src, out_channels, bias=bias)
+        self.lin_r = nn.Linear(in_dst, out_channels, bias=False) if root_weight else None
 
     def reset_parameters(self) -> None:
         self.lin_l.reset_parameters()
         if self.lin_r is not None:
             self.lin_r.reset_parameters()
 
-    def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor,
+    def forward(self, x: torch.Tensor | tuple[torch.Tensor, torch.Tensor | None], edge_index: Graph | torch.Tensor,
                 size: tuple[int, int] | None = None) -> torch.Tensor:
-        x = node_features(x, "SAGEConv")
-        check_size(size, x.shape[0], "SAGEConv")
-        graph = _as_graph(edge_index, x.shape[0])
+        x, x_dst, graph = _bipartite_inputs(x, edge_index, size, "SAGEConv")
         aggregate = _AGGREGATORS[self.aggr]
-        if self.aggr != "max" and self.out_channels < self.in_channels:
+        if self.aggr != "max" and self.out_channels < self.lin_l.in_features:
             out = aggregate(graph, {"h": _transform_first(x, self.lin_l.weight, graph, 1)})
             if self.lin_l.bias is not None:
                 out = out + self.lin_l.bias
         else:
             out = self.lin_l(aggregate(graph, {"h": x}))
-        return out if self.lin_r is None else out + self.lin_r(x)
+        return out if self.lin_r is None or x_dst is None else out + self.lin_r(x_dst)
 
 
 class GATConv(nn.Module):
@@ -338,23 +358,34 @@ class GATConv(nn.Module):
     softmax, and aggregates the weighted messages. ``dropout`` drops normalized attention
     coefficients in training mode, as PyG does; with ``p = 0`` or in eval mode the traced
     program is exactly the one without dropout.
+
+    Bipartite input (PyG's): ``in_channels=(a, b)`` gives separate maps ``lin_src`` and
+    ``lin_dst`` (and no ``lin``), and ``forward((x_src, x_dst), edge_index, size=...)``;
+    self loops then join source i to destination i for i below both counts, as in PyG.
     """
 
-    def __init__(self, in_channels: int, out_channels: int, heads: int = 1, concat: bool = True,
-                 negative_slope: float = 0.2, dropout: float = 0.0, add_self_loops: bool = True,
-                 bias: bool = True):
+    def __init__(self, in_channels: int | tuple[int, int], out_channels: int, heads: int = 1,
+                 concat: bool = True, negative_slope: float = 0.2, dropout: float = 0.0,
+                 add_self_loops: bool = True, bias: bool = True):
         super().__init__()
         self.in_channels, self.out_channels, self.heads = in_channels, out_channels, heads
         self.concat, self.negative_slope, self.add_self_loops = concat, negative_slope, add_self_loops
         self.dropout = _check_dropout(dropout)
-        self.lin = nn.Linear(in_channels, heads * out_channels, bias=False)
+        self.lin = self.lin_src = self.lin_dst = None
+        if isinstance(in_channels, int):
+            self.lin = nn.Linear(in_channels, heads * out_channels, bias=False)
+        else:
+            self.lin_src = nn.Linear(in_channels[0], heads * out_channels, bias=False)
+            self.lin_dst = nn.Linear(in_channels[1], heads * out_channels, bias=False)
         self.att_src = nn.Parameter(torch.empty(1, heads, out_channels))
         self.att_dst = nn.Parameter(torch.empty(1, heads, out_channels))
         self.bias = _head_bias(heads, out_channels, concat, bias)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        nn.init.xavier_uniform_(self.lin.weight)
+        for lin in (self.lin, self.lin_src, self.lin_dst):
+            if lin is not None:
+                nn.init.xavier_uniform_(lin.weight)
         nn.init.xavier_uniform_(self.att_src)
         nn.init.xavier_uniform_(self.att_dst)
         if self.bias is not None:
@@ -362,22 +393,27 @@ class GATConv(nn.Module):
 
     def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor, edge_attr: torch.Tensor | None = None,
                 size: tuple[int, int] | None = None, return_attention_weights: bool | None = None) -> torch.Tensor:
-        x = node_features(x, "GATConv")
         reject_unsupported("GATConv", edge_attr=edge_attr,       # False: just the output, as in PyG
                            return_attention_weights=return_attention_weights or None)
-        check_size(size, x.shape[0], "GATConv")
-        graph = _with_loops(_as_graph(edge_index, x.shape[0]), self.add_self_loops)
-        h = self.lin(x).view(-1, self.heads, self.out_channels)
-        slope, p, training = self.negative_slope, self.dropout, self.training
+        x, x_dst, graph = _bipartite_inputs(x, edge_index, size, "GATConv")
+        graph = _with_loops(graph, self.add_self_loops)
+        shape = (-1, self.heads, self.out_channels)
+        h = (self.lin or self.lin_src)(x).view(shape)
+        ndata = {"h": h, "alpha_src": (h * self.att_src).sum(-1)}
+        if x_dst is not None:
+            h_dst = h if x_dst is x and self.lin is not None else (self.lin or self.lin_dst)(x_dst).view(shape)
+            ndata["alpha_dst"] = (h_dst * self.att_dst).sum(-1)
+        slope, p, training, dst_term = self.negative_slope, self.dropout, self.training, x_dst is not None
 
         def message(edges):
-            score = edges.src["alpha_src"] + edges.dst["alpha_dst"]
+            score = edges.src["alpha_src"]
+            if dst_term:      # PyG: no destination term without x_dst
+                score = score + edges.dst["alpha_dst"]
             return {"score": F.leaky_relu(score, slope), "h": edges.src["h"]}
 
         def reduce(nodes):
             alpha = F.dropout(torch.softmax(nodes.mailbox["score"], dim=1), p, training)
             return {"out": torch.sum(alpha.unsqueeze(-1) * nodes.mailbox["h"], dim=1)}
 
-        out = frontend.message_passing(graph, message, reduce, ndata={
-            "h": h, "alpha_src": (h * self.att_src).sum(-1), "alpha_dst": (h * self.att_dst).sum(-1)})["out"]
+        out = frontend.message_passing(graph, message, reduce, ndata=ndata)["out"]
         return _combine_heads(out, self.concat, self.bias)

@@ -19,6 +19,7 @@ from ..backend.reference import GraphContext
 from ..graph import Graph
 from ..ir import CompileError, Program, Residency, verify
 from ..ir.ops.movement import BROADCAST_FROM, TYPE_INDICES
+from ..ir.sides import declare_sides, sides_of
 from ..passes import optimize
 
 
@@ -37,6 +38,7 @@ class CompiledProgram:
         if wrt not in self._backward:
             backward = build_backward(self.program, wrt)
             backward.program = optimize(backward.program, keep_inputs=True)
+            _declare_backward_sides(self.program, backward)
             self._backward[wrt] = backward
         return self._backward[wrt]
 
@@ -57,6 +59,20 @@ class CompiledProgram:
         else:   # inference: no backward program is built and nothing is saved for one
             outputs, _, _ = _run_forward(self, GraphContext(graph), keys, tensors, None)
         return dict(zip(self.program.outputs, outputs))
+
+
+def _declare_backward_sides(forward: Program, backward: BackwardProgram) -> None:
+    """A backward program's inputs are forward values (``saved:<id>``) and gradients of
+    forward outputs (``grad:<key>``): each is a table of the vertex set its forward value
+    is (ir/sides.py), whatever the backward program does with it."""
+    sides = sides_of(forward)
+    seeds = {}
+    for key, value in backward.program.inputs.items():
+        kind, _, name = key.partition(":")
+        origin = int(name) if kind == "saved" else forward.outputs[name].id if kind == "grad" else None
+        if origin in sides:
+            seeds[value.id] = sides[origin]
+    declare_sides(backward.program, seeds)
 
 
 def _check_devices(graph: Graph, keys: tuple[str, ...], tensors: list[torch.Tensor]) -> None:

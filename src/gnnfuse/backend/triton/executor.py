@@ -87,7 +87,8 @@ def _kernel_for(unit: Unit, acc: str, schedule: str):
 def run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> torch.Tensor:
     tensors = list(leaves.values())
     acc = "tl.float64" if any(t.dtype == torch.float64 for t in tensors) else "tl.float32"
-    schedule = schedule_for(unit, ctx.num_nodes, ctx.num_edges)
+    rows = ctx.num_rows(unit.by) if isinstance(unit, AggregateUnit) else ctx.num_nodes  # what `out` holds
+    schedule = schedule_for(unit, rows, ctx.num_edges)
     kernel, leaf_args, row_tile = _kernel_for(unit, acc, schedule)
     args = [_laid_out(leaves[v.id], v) for v in leaf_args]
     if schedule == "edge":
@@ -99,7 +100,7 @@ def run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> 
     splits = op in ("sum", "mean")
     segs = segments(ctx, unit.by, SEGMENT_EDGES if splits else None)
     width = math.prod(unit.reduce.shape)
-    shape = (ctx.num_nodes,) + unit.reduce.shape
+    shape = (rows,) + unit.reduce.shape
     # Every row is covered by a segment, so only split rows, which accumulate
     # atomically, need zeros first: a full memset cost a quarter of the kernel's time.
     out = torch.empty(shape, dtype=unit.reduce.dtype, device=rowptr.device)
@@ -132,7 +133,7 @@ def _laid_out(tensor: torch.Tensor, leaf: Value) -> torch.Tensor:
 
 
 def _run_coo_unit(unit: AggregateUnit, ctx: GraphContext, kernel, args: list[torch.Tensor]) -> torch.Tensor:
-    out = torch.zeros((ctx.num_nodes,) + unit.reduce.shape, dtype=unit.reduce.dtype, device=ctx.src.device)
+    out = torch.zeros((ctx.num_rows(unit.by),) + unit.reduce.shape, dtype=unit.reduce.dtype, device=ctx.src.device)
     return _launch_over_edges(kernel, ctx, out, [ctx.degree(unit.by), *args])
 
 
