@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from gnnfuse import nn as gnn
 from gnnfuse.graph import Graph
 from layer_check import assert_same_values
+from oracle_check import device_for
 
 NUM_SRC, NUM_DST, F_SRC, F_DST = 6, 4, 5, 3
 # destination 3 has no in-edges; sources 3 and 5 have no out-edges
@@ -45,41 +46,40 @@ CASES = [
 ]
 
 
-@pytest.fixture(params=["reference", "triton"])
-def backend(request, monkeypatch):
-    monkeypatch.setenv("GNNFUSE_BACKEND", request.param)
-    return request.param
+# The Triton interpreter runs one case per layer (suite time); the reference runs them all.
+TRITON_CASES = ("sage-narrowing", "graph-weighted-narrowing", "gin", "gat-loops", "gatv2-loops")
+PARAMS = [pytest.param(case, backend, id=f"{backend}-{case[0]}") for backend in ("reference", "triton")
+          for case in CASES if backend == "reference" or case[0] in TRITON_CASES]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_bipartite_layer_matches_pyg(case, backend):
+@pytest.mark.parametrize("case, backend", PARAMS)
+def test_bipartite_layer_matches_pyg(case, backend, monkeypatch):
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
     _, name, arguments, extra, with_dst = case
-    if backend == "triton" and case[0] not in ("sage-narrowing", "graph-weighted-narrowing", "gin", "gat-loops",
-                                               "gatv2-loops"):
-        pytest.skip("the Triton interpreter runs one case per layer (suite time)")
-    compare_with_pyg(name, arguments, extra, with_dst, EDGE_INDEX, NUM_SRC, NUM_DST)
+    compare_with_pyg(name, arguments, extra, with_dst, EDGE_INDEX, NUM_SRC, NUM_DST, device_for(backend))
 
 
 def compare_with_pyg(name: str, arguments, extra: dict, with_dst, edge_index: torch.Tensor,
-                     num_src: int, num_dst: int) -> None:
+                     num_src: int, num_dst: int, device: str = "cpu") -> None:
     """Outputs and the gradients of x_src, x_dst and every parameter equal PyG's."""
     torch.manual_seed(0)
-    ref = getattr(pyg, name)(*arguments()).double()
+    ref = getattr(pyg, name)(*arguments()).double().to(device)
     for p in ref.parameters():
         if p.dim() == 1:
             torch.nn.init.normal_(p)      # biases start at zero: draw them so their use shows
     torch.manual_seed(1)
-    ours = getattr(gnn, name)(*arguments()).double()
+    ours = getattr(gnn, name)(*arguments()).double().to(device)
     ours.load_state_dict(ref.state_dict())
     width_dst = F_SRC if with_dst == "same-width" else F_DST
-    x_src = torch.randn(num_src, F_SRC, dtype=torch.float64)
-    x_dst = torch.randn(num_dst, width_dst, dtype=torch.float64) if with_dst else None
+    x_src = torch.randn(num_src, F_SRC, dtype=torch.float64).to(device)
+    x_dst = torch.randn(num_dst, width_dst, dtype=torch.float64).to(device) if with_dst else None
+    edge_index = edge_index.to(device)
     results = []
     for layer in (ours, ref):
         leaves = [x_src.clone().requires_grad_()] + ([x_dst.clone().requires_grad_()] if with_dst else [])
         out = layer((leaves[0], leaves[1] if with_dst else None), edge_index,
                     **extra, **({} if name == "GATv2Conv" else {"size": (num_src, num_dst)}))
-        cotangent = torch.randn(out.shape, dtype=out.dtype, generator=torch.Generator().manual_seed(2))
+        cotangent = torch.randn(out.shape, dtype=out.dtype, generator=torch.Generator().manual_seed(2)).to(device)
         (out * cotangent).sum().backward()
         params = {k: p.grad for k, p in layer.named_parameters()}
         results.append((out.detach(), [x.grad for x in leaves], params))
