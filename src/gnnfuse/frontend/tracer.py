@@ -393,8 +393,6 @@ def _reshape(tracer: Tracer, x, *shape):
 
 def _unsqueeze(tracer: Tracer, x, dim):
     x = tracer.lift(x)
-    if tracer.mode == "reduce" and x.value.residency is Residency.NODE and dim == 1:
-        return x.broadcast_dst()   # nodes.data[k].unsqueeze(1): line up with the mailbox
     if tracer.mode == "reduce" and x.prefix == 2 and (dim if dim >= 0 else x.dim() + 1 + dim) == 1:
         return tracer.pair_view(x)  # mailbox.unsqueeze(1): a pairwise term (frontend/pairwise.py)
     rank = len(x.value.shape)

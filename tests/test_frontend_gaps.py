@@ -1,0 +1,114 @@
+"""Front-end gaps left after issue #11's merges: values whose trace-time shape or count
+differs from DGL's must compile to DGL's meaning or be rejected at the user's line.
+
+* ``nodes.data[k].unsqueeze(1)`` in a reduce UDF is [N, 1, F]: its size-1 neighbour axis
+  reduces to itself, and meeting a mailbox value it broadcasts over the in-edges.
+"""
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+
+import gnnfuse
+from gnnfuse import CompileError
+
+DOUBLE = torch.float64
+SRC = torch.tensor([0, 2, 2, 4, 1, 0, 3])
+DST = torch.tensor([1, 1, 1, 2, 0, 4, 1])
+N = 5   # in-degrees 1, 4, 1, 0, 1: a multi-edge into 1, vertex 3 without in-edges
+
+
+@pytest.fixture(params=["reference", "triton"])
+def backend(request, monkeypatch):
+    monkeypatch.setenv("GNNFUSE_BACKEND", request.param)
+    return request.param
+
+
+def graph() -> gnnfuse.Graph:
+    return gnnfuse.Graph(SRC, DST, N)
+
+
+def features(width: int = 3, seed: int = 0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(N, width, dtype=DOUBLE, generator=gen).requires_grad_()
+
+
+def mailbox(h: torch.Tensor) -> list[torch.Tensor]:
+    """DGL's mailbox, per vertex: its in-edges' messages in edge-id order ([D_v, ...])."""
+    return [h[SRC[DST == v]] for v in range(N)]
+
+
+def per_vertex(fn, *tables: torch.Tensor) -> torch.Tensor:
+    """DGL's update_all reduce: ``fn(v, *rows)`` on each vertex with in-edges, zeros elsewhere."""
+    rows = [fn(v, *(t[v] for t in tables)) for v in range(N) if (DST == v).any()]
+    out = torch.zeros((N,) + rows[0].shape, dtype=DOUBLE)
+    return out.index_put((torch.unique(DST),), torch.stack(rows))
+
+
+def check(out: torch.Tensor, oracle, leaves: list[torch.Tensor]) -> None:
+    """Outputs and the gradients of every leaf, against the plain-torch ``oracle()``."""
+    weight = torch.linspace(-1, 2, out.numel(), dtype=DOUBLE).view_as(out)
+    grads = torch.autograd.grad((out * weight).sum(), leaves)
+    expected = oracle()
+    expected_grads = torch.autograd.grad((expected * weight).sum(), leaves)
+    torch.testing.assert_close(out, expected)
+    for grad, expected_grad in zip(grads, expected_grads):
+        torch.testing.assert_close(grad, expected_grad)
+
+
+def line_of(fn, text: str) -> str:
+    lines, start = inspect.getsourcelines(fn)
+    return f":{start + next(i for i, line in enumerate(lines) if text in line)}: "
+
+
+def copy_src(edges):
+    return {"m": edges.src["h"]}
+
+
+# --- 1: a node value unsqueezed at dim 1 has a size-1 neighbour axis ------------------------
+def test_sum_over_the_size_one_axis_of_unsqueezed_node_data_is_the_data(backend):
+    def reduce(nodes):
+        return {"out": torch.sum(nodes.data["h"].unsqueeze(1), dim=1) + torch.sum(nodes.mailbox["m"], dim=1)}
+    g, h = graph(), features()
+    out = gnnfuse.message_passing(g, copy_src, reduce, ndata={"h": h})["out"]
+    check(out, lambda: per_vertex(lambda v, hv: hv + mailbox(h)[v].sum(0), h), [h])
+
+
+def test_unsqueezed_node_data_has_size_one_at_dim_1(backend):
+    def reduce(nodes):
+        x = nodes.data["h"].unsqueeze(1)
+        return {"out": torch.sum(nodes.mailbox["m"], dim=1) * x.shape[1] + x.sum(1, keepdim=True).squeeze(1)}
+    g, h = graph(), features()
+    out = gnnfuse.message_passing(g, copy_src, reduce, ndata={"h": h})["out"]
+    check(out, lambda: per_vertex(lambda v, hv: mailbox(h)[v].sum(0) + hv, h), [h])
+
+
+def test_unsqueezed_node_data_broadcasts_over_the_mailbox(backend):
+    """Once combined with the mailbox it is per edge: the reduction over dim 1 is real, and
+    a keepdim reduction meeting the mailbox again (a stable softmax) lines up as [N, 1, F]."""
+    def reduce(nodes):
+        m = nodes.mailbox["m"]
+        scores = m * nodes.data["h"].unsqueeze(1)
+        shifted = scores - torch.max(scores, dim=1, keepdim=True)[0]
+        return {"out": torch.sum(torch.exp(shifted) * m, dim=1) + torch.sum(scores, 1)}
+
+    def oracle_row(v, hv):
+        m = mailbox(h)[v]
+        scores = m * hv.unsqueeze(0)
+        shifted = scores - scores.max(0, keepdim=True)[0]
+        return (shifted.exp() * m).sum(0) + scores.sum(0)
+    g, h = graph(), features()
+    out = gnnfuse.message_passing(g, copy_src, reduce, ndata={"h": h})["out"]
+    assert out.shape == (N, 3)
+    check(out, lambda: per_vertex(oracle_row, h), [h])
+
+
+def test_node_data_without_the_neighbour_axis_next_to_the_mailbox_is_rejected():
+    """[N, F] + [N, D, F] broadcasts the vertex axis against the neighbour axis in DGL."""
+    def reduce(nodes):
+        return {"out": torch.sum(nodes.mailbox["m"] + nodes.data["h"], dim=1)}
+    with pytest.raises(CompileError, match="unsqueeze") as info:
+        gnnfuse.message_passing(graph(), copy_src, reduce, ndata={"h": features()})
+    assert line_of(reduce, "nodes.data") in str(info.value)
