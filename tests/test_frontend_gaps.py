@@ -112,3 +112,39 @@ def test_node_data_without_the_neighbour_axis_next_to_the_mailbox_is_rejected():
     with pytest.raises(CompileError, match="unsqueeze") as info:
         gnnfuse.message_passing(graph(), copy_src, reduce, ndata={"h": features()})
     assert line_of(reduce, "nodes.data") in str(info.value)
+
+
+# --- 2: the row axis' length (edges or vertices) is not a trace-time number ----------------
+def test_row_count_kept_in_its_own_position_of_a_reshape(backend):
+    heads = 3
+
+    def message(edges):
+        m = edges.src["h"] * edges.dst["h"]
+        return {"m": m.view(m.shape[0], heads, -1).sum(-1).reshape(m.size(0), heads, 1)}
+
+    def reduce(nodes):
+        m = nodes.mailbox["m"]
+        return {"out": torch.sum(m.view(m.shape[0], m.shape[1], -1), dim=1)}
+    g, h = graph(), features(6)
+
+    def oracle():
+        m = (h[SRC] * h[DST]).view(-1, heads, 2).sum(-1)
+        return per_vertex(lambda v: m[DST == v].sum(0))
+    out = gnnfuse.message_passing(g, message, reduce, ndata={"h": h})["out"]
+    check(out, oracle, [h])
+
+
+@pytest.mark.parametrize("use, text", [
+    (lambda x: x * x.shape[0], "arithmetic"),
+    (lambda x: x / x.size(0), "arithmetic"),
+    (lambda x: x * int(x.shape[0]), "int"),
+    (lambda x: sum(x for _ in range(x.size(0))), "range"),
+    (lambda x: x.view(-1, x.shape[0]), "reshape"),
+])
+def test_row_count_anywhere_else_is_rejected_at_its_line(use, text):
+    def message(edges):
+        return {"m": use(edges.src["h"])}
+    with pytest.raises(CompileError, match=r"shape\[0\]") as info:
+        gnnfuse.message_passing(graph(), message, lambda nodes: {"out": torch.sum(nodes.mailbox["m"], 1)},
+                                ndata={"h": features()})
+    assert "test_frontend_gaps.py:" in str(info.value) and "(lambda x:" in str(info.value)

@@ -102,6 +102,8 @@ class Tracer:
             dtype = torch.int64 if isinstance(obj, int) else self.dtype
             return SymTensor(self, self.program.add("const", value=float(obj), dtype=dtype,
                                                     source=self.source()), 0)
+        if isinstance(obj, RowCount):
+            raise obj.error()
         raise self.error(f"cannot use a {type(obj).__name__} as a tensor operand in a traced function")
 
     def in_degree(self, kind: type["Degree"] | None = None, prefix: int = 0) -> "Degree":
@@ -134,12 +136,17 @@ class SymTensor:
     # -- tensor-like surface --------------------------------------------------------
     @property
     def shape(self) -> tuple:
-        """Graph dims read as 1 (reshape takes them back as -1 or 1), except a mailbox's
-        neighbour axis: its length differs per vertex, so it is the in-degree, a
-        symbolic value (``nodes.mailbox['m'].shape[1]`` in arithmetic is the degree)."""
+        """Feature dims are numbers; graph dims are not known at trace time. The row axis
+        (dim 0: edges or vertices) is a `RowCount`, which only a reshape takes back in its
+        own position; a mailbox's neighbour axis is the in-degree, a symbolic value
+        (``nodes.mailbox['m'].shape[1]`` in arithmetic is the degree); the size-1 axes of
+        a pairwise view read as 1 (reshape takes them back as -1 or 1)."""
+        if not self.prefix:
+            return torch.Size(self.value.shape)
+        rows = RowCount(self.tracer, self._row_name())
         if self.prefix == 2:
-            return (1, self.tracer.neighbour_count()) + self.value.shape
-        return torch.Size((1,) * self.prefix + self.value.shape)
+            return (rows, self.tracer.neighbour_count()) + self.value.shape
+        return (rows,) + (1,) * (self.prefix - 1) + self.value.shape
 
     def size(self, dim: int | None = None):
         return self.shape if dim is None else self.shape[dim]
@@ -373,7 +380,9 @@ def _reshape(tracer: Tracer, x, *shape):
     x = tracer.lift(x)
     shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list, torch.Size)) else shape
     lead, elem = shape[: x.prefix], shape[x.prefix:]
-    kept = [i == 1 and isinstance(s, NeighbourCount) for i, s in enumerate(lead)]
+    if any(isinstance(s, RowCount) for s in shape[1:]):
+        raise next(s for s in shape[1:] if isinstance(s, RowCount)).error()
+    kept = [isinstance(s, (RowCount, NeighbourCount)[i]) if i < 2 else False for i, s in enumerate(lead)]
     if any(isinstance(s, SymTensor) for s in elem) or any(
             isinstance(s, SymTensor) and not keep for s, keep in zip(lead, kept)):
         raise tracer.error("a reshape size cannot depend on the in-degree (mailbox.shape[1]): it differs "
@@ -756,3 +765,31 @@ class NeighbourCount(Degree):
     def __index__(self) -> int:
         raise self.tracer.error("mailbox.shape[1] (the in-degree) differs per vertex and cannot be used "
                                 "as a Python int; use it in tensor arithmetic, or reduce over dim=1")
+
+
+class RowCount:
+    """``x.shape[0]`` / ``x.size(0)`` of edge, node or mailbox data: the number of edges
+    or vertices. The trace sees one row, so as a number it would be 1; a reshape takes
+    it back as the row axis (``x.view(x.shape[0], -1)``), and any other use (arithmetic,
+    ``int()``, ``range``, a comparison) is an error at the user's line."""
+
+    def __init__(self, tracer: Tracer, rows: str):
+        self.tracer, self.rows = tracer, rows
+
+    def error(self, *args) -> CompileError:
+        return self.tracer.error(f"x.shape[0] / x.size(0), the number of {self.rows}s, is not known when the "
+                                 "function is traced; it can only be the first size of a reshape or view "
+                                 "(x.view(x.shape[0], -1)); use -1 there, or per-row arithmetic")
+
+    def _reject(self, *args):
+        raise self.error()
+
+    def __repr__(self) -> str:
+        return "E" if self.rows == "edge" else "N"
+
+    __hash__ = object.__hash__
+
+
+for _name in ("index", "int", "float", "bool", "eq", "ne", "lt", "le", "gt", "ge", "neg", "pos", "abs",
+              *(f"{r}{op}" for op in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow") for r in ("", "r"))):
+    setattr(RowCount, f"__{_name}__", RowCount._reject)
