@@ -148,3 +148,33 @@ def test_row_count_anywhere_else_is_rejected_at_its_line(use, text):
         gnnfuse.message_passing(graph(), message, lambda nodes: {"out": torch.sum(nodes.mailbox["m"], 1)},
                                 ndata={"h": features()})
     assert "test_frontend_gaps.py:" in str(info.value) and "(lambda x:" in str(info.value)
+
+
+# --- 3: len() of a neighbour list inside a helper the vertex function calls ---------------
+def _mean_of(values):
+    return sum(values) / len(values)
+
+
+def _count(neighbours):
+    return len(neighbours)
+
+
+def in_neighbour_mean(h: torch.Tensor) -> torch.Tensor:
+    return per_vertex(lambda v: h[SRC[DST == v]].mean(0))
+
+
+def test_len_in_a_helper_is_the_in_degree(backend):
+    @gnnfuse.vertex
+    def mean(v):
+        return _mean_of([u.h for u in v.innbs])
+
+    @gnnfuse.vertex
+    def mean_by_count(v):
+        return sum([u.h for u in v.innbs]) / _count([u.h for u in v.innbs])
+
+    @gnnfuse.vertex
+    def mean_by_degree(v):
+        return sum([u.h for u in v.innbs]) / _count(v.innbs)
+    g, h = graph(), features()
+    for fn in (mean, mean_by_count, mean_by_degree):
+        check(fn(g, {"h": h}), lambda: in_neighbour_mean(h), [h])

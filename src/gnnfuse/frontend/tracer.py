@@ -26,7 +26,7 @@ EDGE_ROWED = (Residency.SRC, Residency.DST, Residency.EDGE)
 _LIBRARY_DIRS = tuple(os.path.dirname(path) + os.sep for path in (os.path.dirname(__file__), torch.__file__))
 
 
-def _is_library(filename: str) -> bool:
+def is_library(filename: str) -> bool:
     """Whether code in ``filename`` is gnnfuse's or torch's, never the user's."""
     return filename.startswith(_LIBRARY_DIRS)
 
@@ -65,7 +65,7 @@ class Tracer:
         frame, entry = sys._getframe(1), self._calls[-1] if self._calls else None
         while frame is not None and frame is not entry:
             code = frame.f_code
-            if code is self._code or (entry is not None and not _is_library(code.co_filename)):
+            if code is self._code or (entry is not None and not is_library(code.co_filename)):
                 text = linecache.getline(code.co_filename, frame.f_lineno).strip()
                 return f"{code.co_filename}:{frame.f_lineno}: {text}"
             frame = frame.f_back

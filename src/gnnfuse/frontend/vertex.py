@@ -50,7 +50,9 @@ trace cache like any closure constant):
 from __future__ import annotations
 
 import builtins
+import contextlib
 import functools
+import sys
 import types
 from typing import Any, Callable, Mapping
 
@@ -60,7 +62,7 @@ from ..graph import Graph
 from ..ir import CompileError, Residency
 from .counting import check_counting
 from .trace_cache import TraceCache, check_tables, program_feeds
-from .tracer import EDGE_ROWED, SymTensor, Tracer
+from .tracer import EDGE_ROWED, SymTensor, Tracer, is_library
 from .udf import unwrap
 
 
@@ -209,11 +211,43 @@ def _length(tracer: Tracer):
     """``len`` that counts a neighbour list symbolically: ``len(v.innbs)``, and the one
     element of a list built from it (``len([u for u in v.innbs])``, ``len(list(v.innbs))``)."""
     def length(obj):
-        if isinstance(obj, _Neighbours) or (isinstance(obj, (list, tuple)) and builtins.len(obj) == 1
+        if isinstance(obj, _Neighbours) or (isinstance(obj, (list, tuple)) and _BUILTINS["len"](obj) == 1
                                             and _from_neighbour(obj[0])):
             return tracer.in_degree()
-        return builtins.len(obj)
+        return _BUILTINS["len"](obj)
     return length
+
+
+_BUILTINS = {name: getattr(builtins, name) for name in ("sum", "max", "min", "len")}
+
+
+def _counting_builtins(tracer: Tracer) -> dict[str, Callable]:
+    """``sum``, ``max``, ``min`` and ``len`` that aggregate or count a traced neighbour list."""
+    return {"sum": _aggregate(tracer, _BUILTINS["sum"], "sum"), "max": _aggregate(tracer, _BUILTINS["max"], "max"),
+            "min": _aggregate(tracer, _BUILTINS["min"], "min"), "len": _length(tracer)}
+
+
+@contextlib.contextmanager
+def _in_helpers(counting: Mapping[str, Callable]):
+    """While the function runs, ``sum``/``max``/``min``/``len`` called from user code
+    outside it (a helper taking the neighbour list: ``def mean(xs): return sum(xs) /
+    len(xs)``) aggregate and count too: a helper's globals cannot be patched, and there
+    the list built from ``v.innbs`` holds one traced neighbour, so the builtin ``len``
+    would count 1. The builtins are replaced for the trace only, and gnnfuse's and
+    torch's own calls (and any call on other values) reach the original ones."""
+    def user_only(name: str) -> Callable:
+        original, patched = builtins.__dict__[name], counting[name]
+
+        def call(*args, **kwargs):
+            caller = sys._getframe(1).f_code.co_filename
+            return (original if is_library(caller) else patched)(*args, **kwargs)
+        return call
+    saved = {name: builtins.__dict__[name] for name in counting}
+    builtins.__dict__.update({name: user_only(name) for name in counting})
+    try:
+        yield
+    finally:
+        builtins.__dict__.update(saved)
 
 
 def _from_neighbour(item) -> bool:
@@ -246,13 +280,12 @@ class VertexFunction:
         tracer = Tracer(self.fn, "vertex", dtype)
         plain, args, keywords = unwrap(self.fn)
         check_counting(plain)
-        patched_globals = dict(plain.__globals__, sum=_aggregate(tracer, builtins.sum, "sum"),
-                               max=_aggregate(tracer, builtins.max, "max"),
-                               min=_aggregate(tracer, builtins.min, "min"), len=_length(tracer))
-        fn = types.FunctionType(plain.__code__, patched_globals, plain.__name__,
+        counting = _counting_builtins(tracer)
+        fn = types.FunctionType(plain.__code__, dict(plain.__globals__, **counting), plain.__name__,
                                 plain.__defaults__, plain.__closure__)
         fn.__kwdefaults__ = plain.__kwdefaults__
-        result = tracer.call(lambda v: fn(*args, v, **keywords), _Vertex(tracer, "center", feats))
+        with _in_helpers(counting):
+            result = tracer.call(lambda v: fn(*args, v, **keywords), _Vertex(tracer, "center", feats))
         outputs = result if isinstance(result, dict) else {"out": result}
         for key, out in outputs.items():
             if not isinstance(out, SymTensor) or out.value.residency is not Residency.NODE:
