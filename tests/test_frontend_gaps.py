@@ -152,7 +152,8 @@ def test_row_count_anywhere_else_is_rejected_at_its_line(use, text):
 
 # --- 3: len() of a neighbour list inside a helper the vertex function calls ---------------
 def _mean_of(values):
-    return sum(values) / len(values)
+    one = max(2, min(4, 3)) - len([0, 1]) + sum(i for i in range(1))   # builtins on other values
+    return sum(values) / len(values) * one
 
 
 def _count(neighbours):

@@ -233,14 +233,19 @@ def _in_helpers(counting: Mapping[str, Callable]):
     outside it (a helper taking the neighbour list: ``def mean(xs): return sum(xs) /
     len(xs)``) aggregate and count too: a helper's globals cannot be patched, and there
     the list built from ``v.innbs`` holds one traced neighbour, so the builtin ``len``
-    would count 1. The builtins are replaced for the trace only, and gnnfuse's and
-    torch's own calls (and any call on other values) reach the original ones."""
+    would count 1. The builtins are replaced for the trace only; a call reaches the
+    counting version only from code outside gnnfuse and torch and on a neighbour list
+    (``v.innbs`` or a list built from it), every other call the original builtin."""
     def user_only(name: str) -> Callable:
         original, patched = builtins.__dict__[name], counting[name]
 
         def call(*args, **kwargs):
-            caller = sys._getframe(1).f_code.co_filename
-            return (original if is_library(caller) else patched)(*args, **kwargs)
+            if not args or is_library(sys._getframe(1).f_code.co_filename):
+                return original(*args, **kwargs)
+            if name != "len" and isinstance(args[0], types.GeneratorType):
+                args = (list(args[0]),) + args[1:]
+            one_iterable = name in ("len", "sum") or len(args) == 1
+            return (patched if one_iterable and _neighbour_list(args[0]) else original)(*args, **kwargs)
         return call
     saved = {name: builtins.__dict__[name] for name in counting}
     builtins.__dict__.update({name: user_only(name) for name in counting})
@@ -248,6 +253,11 @@ def _in_helpers(counting: Mapping[str, Callable]):
         yield
     finally:
         builtins.__dict__.update(saved)
+
+
+def _neighbour_list(obj) -> bool:
+    """``v.innbs`` / ``v.inedges``, or a list or tuple built from its traced neighbour."""
+    return isinstance(obj, _Neighbours) or (isinstance(obj, (list, tuple)) and any(_from_neighbour(x) for x in obj))
 
 
 def _from_neighbour(item) -> bool:
