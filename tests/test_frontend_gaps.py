@@ -179,3 +179,18 @@ def test_len_in_a_helper_is_the_in_degree(backend):
     g, h = graph(), features()
     for fn in (mean, mean_by_count, mean_by_degree):
         check(fn(g, {"h": h}), lambda: in_neighbour_mean(h), [h])
+
+
+# --- 4: keepdims (numpy's spelling, as Graphiler's HGT writes it); amax/amin are tensors ---
+def test_keepdims_alias_and_amax_amin_return_tensors(backend):
+    def reduce(nodes):
+        m = nodes.mailbox["m"]
+        kept = torch.sum(m, dim=1, keepdims=True) + m.mean(1, keepdims=True) * torch.amin(m, 1, keepdims=True)
+        return {"out": kept.squeeze(1) + torch.amax(m, dim=1) - m.amin(dim=1)}
+
+    def oracle_row(v):
+        m = mailbox(h)[v]
+        return m.sum(0) + m.mean(0) * m.amin(0) + m.amax(0) - m.amin(0)
+    g, h = graph(), features()
+    out = gnnfuse.message_passing(g, copy_src, reduce, ndata={"h": h})["out"]
+    check(out, lambda: per_vertex(oracle_row), [h])

@@ -288,14 +288,21 @@ def _check_dtype(tracer: Tracer, x: SymTensor, dtype: torch.dtype | None, name: 
                            "conversion op; pass features of the dtype you want to compute in")
 
 
-def _reduction(feature_op: str, graph_op: str):
-    def handler(tracer: Tracer, x, dim=None, keepdim=False, *, dtype=None, out=None):
+def _reduction(feature_op: str | None, graph_op: str, name: str | None = None, pair: bool = False):
+    """torch.``name`` (default ``graph_op``): ``graph_op`` over the neighbour axis,
+    ``feature_op`` over feature dims; with ``pair`` it returns (values, indices) as
+    torch.max / torch.min do (torch.amax / amin return the values alone). ``keepdims``
+    is the numpy spelling of ``keepdim`` that torch accepts too."""
+    name = name or graph_op
+
+    def handler(tracer: Tracer, x, dim=None, keepdim=False, *, dtype=None, out=None, keepdims=None):
         x = tracer.lift(x)
+        keepdim = keepdim if keepdims is None else keepdims
         if dim is None:
-            raise tracer.error(f"torch.{graph_op} over all dims of a graph value cannot be compiled; pass dim=")
+            raise tracer.error(f"torch.{name} over all dims of a graph value cannot be compiled; pass dim=")
         if out is not None:
-            raise tracer.error(f"torch.{graph_op}(..., out=) writes into an existing tensor, which cannot be compiled")
-        _check_dtype(tracer, x, dtype, graph_op)
+            raise tracer.error(f"torch.{name}(..., out=) writes into an existing tensor, which cannot be compiled")
+        _check_dtype(tracer, x, dtype, name)
         dims, graph_axis = _dims(x, dim)
         if graph_axis:
             result = tracer.reduce(x, graph_op, dim, keepdim) if hasattr(tracer, "reduce") else None
@@ -303,14 +310,14 @@ def _reduction(feature_op: str, graph_op: str):
                 raise tracer.error(f"reducing over dim={dim} (the neighbour axis) is only possible on "
                                    "nodes.mailbox inside reduce_fn")
         elif feature_op is None:
-            raise tracer.error(f"torch.{graph_op} over feature dims has no gnnfuse op")
+            raise tracer.error(f"torch.{name} over feature dims has no gnnfuse op")
         else:
             result = tracer.apply(feature_op, x, dim=tuple(dims), keepdim=bool(keepdim))
-        if graph_op not in ("max", "min"):
+        if not pair:
             return result
-        pair = _ReduceResult((result, None))
-        pair.tracer = tracer
-        return pair
+        values_and_indices = _ReduceResult((result, None))
+        values_and_indices.tracer = tracer
+        return values_and_indices
     return handler
 
 
@@ -699,8 +706,9 @@ for _fns, _h in [
     ((F.linear,), _linear),
     ((torch.sum, T.sum), _reduction("sum_dim", "sum")),
     ((torch.mean, T.mean), _reduction("mean_dim", "mean")),
-    ((torch.max, T.max, torch.amax, T.amax), _reduction(None, "max")),
-    ((torch.min, T.min, torch.amin, T.amin), _reduction(None, "min")),
+    ((torch.max, T.max), _reduction(None, "max", pair=True)),
+    ((torch.min, T.min), _reduction(None, "min", pair=True)),
+    ((torch.amax, T.amax), _reduction(None, "max", "amax")), ((torch.amin, T.amin), _reduction(None, "min", "amin")),
     ((torch.cat, torch.concat), _cat),
     ((torch.reshape, T.reshape, T.view), _reshape),
     ((torch.unsqueeze, T.unsqueeze), _unsqueeze),
