@@ -194,3 +194,26 @@ def test_keepdims_alias_and_amax_amin_return_tensors(backend):
     g, h = graph(), features()
     out = gnnfuse.message_passing(g, copy_src, reduce, ndata={"h": h})["out"]
     check(out, lambda: per_vertex(oracle_row), [h])
+
+
+# --- 5: Python's max/min of two tensors compares them, which a traced value cannot ---------
+def test_builtin_max_of_two_tensors_is_rejected_with_the_torch_function():
+    @gnnfuse.vertex
+    def pairwise_max(v):
+        return sum([max(u.h, v.h) for u in v.innbs])
+
+    @gnnfuse.vertex
+    def pairwise_min(v):
+        return sum([min(u.h, v.h, key=None) for u in v.innbs])
+    for fn, torch_name in ((pairwise_max, "torch.maximum"), (pairwise_min, "torch.minimum")):
+        with pytest.raises(CompileError, match=torch_name) as info:
+            fn(graph(), {"h": features()})
+        assert line_of(fn.fn, "for u in v.innbs") in str(info.value)
+
+
+def test_builtin_max_of_numbers_in_a_vertex_function(backend):
+    @gnnfuse.vertex
+    def scaled_max(v):
+        return max([u.h for u in v.innbs]) * max(2, min(4, 3)) + min(1.0, 0.5) * v.h
+    g, h = graph(), features()
+    check(scaled_max(g, {"h": h}), lambda: per_vertex(lambda v: h[SRC[DST == v]].amax(0) * 3) + 0.5 * h, [h])

@@ -191,6 +191,12 @@ def _aggregate(tracer: Tracer, builtin: Callable, op: str):
     """``sum``/``max``/``min`` that aggregate a traced neighbour list per vertex."""
 
     def aggregate(iterable, *args, **kwargs):
+        if op != "sum" and args:   # max(a, b, ...): Python compares the operands
+            if any(isinstance(x, SymTensor) for x in (iterable, *args)):
+                raise tracer.error(f"Python's {op}(a, b) compares tensors with < / >, which has no per-element "
+                                   f"meaning (eager PyTorch raises on multi-element tensors); use "
+                                   f"torch.{op}imum(a, b)")
+            return builtin(iterable, *args, **kwargs)
         items = list(iterable) if not isinstance(iterable, SymTensor) else [iterable]
         syms = [x for x in items if isinstance(x, SymTensor)]
         if not syms or not any(x.value.residency in EDGE_ROWED for x in syms):
@@ -244,8 +250,8 @@ def _in_helpers(counting: Mapping[str, Callable]):
                 return original(*args, **kwargs)
             if name != "len" and isinstance(args[0], types.GeneratorType):
                 args = (list(args[0]),) + args[1:]
-            one_iterable = name in ("len", "sum") or len(args) == 1
-            return (patched if one_iterable and _neighbour_list(args[0]) else original)(*args, **kwargs)
+            counted = _neighbour_list(args[0]) or any(isinstance(x, SymTensor) for x in args)
+            return (patched if counted else original)(*args, **kwargs)
         return call
     saved = {name: builtins.__dict__[name] for name in counting}
     builtins.__dict__.update({name: user_only(name) for name in counting})
