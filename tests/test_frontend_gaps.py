@@ -1,8 +1,17 @@
 """Front-end gaps left after issue #11's merges: values whose trace-time shape or count
 differs from DGL's must compile to DGL's meaning or be rejected at the user's line.
 
-* ``nodes.data[k].unsqueeze(1)`` in a reduce UDF is [N, 1, F]: its size-1 neighbour axis
-  reduces to itself, and meeting a mailbox value it broadcasts over the in-edges.
+Each construct runs against DGL's semantics written out in plain torch (mailboxes as each
+vertex's in-edges in edge-id order, zero-in-degree vertices skipped and zero-filled), on
+outputs and gradients in float64, on the reference backend and the Triton kernels.
+
+1. ``nodes.data[k].unsqueeze(1)`` in a reduce UDF is [N, 1, F]: its size-1 neighbour axis
+   reduces to itself, and meeting a mailbox value it broadcasts over the in-edges.
+2. ``x.shape[0]`` (edges or vertices) is only a reshape's first size, never the number 1.
+3. ``len`` (and sum/max/min) in a helper a vertex function calls count per vertex.
+4. ``keepdims=`` is ``keepdim=``; torch.amax/amin return a tensor.
+5. Python's ``max(a, b)`` on traced values is an error suggesting torch.maximum.
+6. ``nodes.mailbox[k][:, i]`` is each vertex's i-th message; slices of that axis are errors.
 """
 from __future__ import annotations
 
@@ -217,3 +226,53 @@ def test_builtin_max_of_numbers_in_a_vertex_function(backend):
         return max([u.h for u in v.innbs]) * max(2, min(4, 3)) + min(1.0, 0.5) * v.h
     g, h = graph(), features()
     check(scaled_max(g, {"h": h}), lambda: per_vertex(lambda v: h[SRC[DST == v]].amax(0) * 3) + 0.5 * h, [h])
+
+
+# --- 6: mailbox[k][:, i], the i-th message of each vertex (in-edges in edge-id order) -----
+def test_mailbox_message_at_a_constant_position(backend):
+    """Vertex 1 has four in-edges (ids 0, 1, 2, 6: a multi-edge), the others one or none:
+    positions 0 and -1 are defined on every vertex with in-edges."""
+    def reduce(nodes):
+        m = nodes.mailbox["m"]
+        return {"out": m[:, 0] * 2 - m[:, -1, 1:] .sum(-1, keepdim=True) + torch.sum(m, dim=1)}
+
+    def oracle_row(v):
+        m = mailbox(h * w)[v]
+        return m[0] * 2 - m[-1, 1:].sum(-1, keepdim=True) + m.sum(0)
+    g, h = graph(), features()
+    w = torch.linspace(0.5, 2, N, dtype=DOUBLE).unsqueeze(1).requires_grad_()
+
+    def message(edges):
+        return {"m": edges.src["h"] * edges.src["w"]}
+    out = gnnfuse.message_passing(g, message, reduce, ndata={"h": h, "w": w})["out"]
+    check(out, lambda: per_vertex(oracle_row), [h, w])
+
+
+def test_mailbox_position_beyond_a_vertex_in_degree_raises():
+    """DGL raises IndexError on the degree bucket whose mailbox is too short."""
+    def reduce(nodes):
+        return {"out": nodes.mailbox["m"][:, 1]}
+    with pytest.raises(ValueError, match=r"\[:, 1\].*in-degree 1"):
+        gnnfuse.message_passing(graph(), copy_src, reduce, ndata={"h": features()})
+    hub = gnnfuse.Graph(torch.tensor([0, 2, 4]), torch.tensor([1, 1, 1]), 5)   # degree 3 or 0
+    out = gnnfuse.message_passing(hub, copy_src, lambda nodes: {"out": nodes.mailbox["m"][:, -3]},
+                                  ndata={"h": features()})["out"]
+    torch.testing.assert_close(out[1], features()[0].detach())
+    assert not out[[0, 2, 3, 4]].any()
+
+
+def test_mailbox_slice_over_the_neighbour_axis_is_rejected_at_its_line():
+    def reduce(nodes):
+        first = nodes.mailbox["m"][:, 1:3]
+        return {"out": torch.sum(first, dim=1)}
+    with pytest.raises(CompileError, match="neighbour axis") as info:
+        gnnfuse.message_passing(graph(), copy_src, reduce, ndata={"h": features()})
+    assert line_of(reduce, "first = ") in str(info.value)
+
+
+def test_gradcheck_mailbox_position():
+    def reduce(nodes):
+        return {"out": nodes.mailbox["m"][:, -1] * nodes.mailbox["m"][:, 0]}
+    g = graph()
+    torch.autograd.gradcheck(lambda h: gnnfuse.message_passing(g, copy_src, reduce, ndata={"h": h})["out"],
+                             (features(2),))

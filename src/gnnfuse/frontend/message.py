@@ -71,6 +71,12 @@ class _MessageTracer(Tracer):
             result = self.apply("reshape", result, shape=(1,) + result.value.shape)
         return result
 
+    def pick(self, x: SymTensor, position: int) -> SymTensor:
+        """``nodes.mailbox[k][:, position]``: each vertex's message at that position of its
+        in-edges in edge-id order, DGL's mailbox order (ir/ops/positional.py)."""
+        self._check_mailbox(x)
+        return SymTensor(self, self.program.add("pick_in_edge", x.value, position=position, source=self.source()), 1)
+
     def softmax(self, x: SymTensor) -> SymTensor:
         if pairwise.is_pairwise(x):
             raise self.error("softmax over an axis of a pairwise [N, D, D, ...] term cannot be compiled")

@@ -627,6 +627,9 @@ def _getitem(tracer: Tracer, x, index):
         items[at:at + 1] = [slice(None)] * fill
     if sum(1 for i in items if i is not None) > len(shape):
         raise tracer.error(f"too many indices for a value of shape {list(shape)}")
+    if x.prefix == 2 and len(items) > 1 and items[0] == slice(None) and not isinstance(items[1], slice) \
+            and items[1] is not None:
+        return _mailbox_position(tracer, x, items)
     window, out_shape, d = [], [], 0
     for item in items:
         if item is None:
@@ -635,6 +638,10 @@ def _getitem(tracer: Tracer, x, index):
             out_shape.append(1)
             continue
         if d < x.prefix:
+            if item != slice(None) and item != slice(None, None, 1) and x.prefix == 2 and d == 1:
+                raise tracer.error(f"slicing dim 1 of a mailbox value, the neighbour axis, cannot be compiled "
+                                   "(vertices have different numbers of messages); take one message by a "
+                                   "constant position (m[:, 0], m[:, -1]) or reduce over dim=1")
             if item != slice(None) and item != slice(None, None, 1):
                 raise tracer.error(f"indexing dim {d}, a graph axis (one row per edge, vertex or mailbox "
                                    "entry), cannot be compiled; take it whole (:) and index feature dims")
@@ -663,6 +670,20 @@ def _getitem(tracer: Tracer, x, index):
     if tuple(out_shape) != value.value.shape:
         value = tracer.apply("reshape", value, shape=tuple(out_shape))
     return value
+
+
+def _mailbox_position(tracer: Tracer, x: SymTensor, items: list) -> SymTensor:
+    """``nodes.mailbox[k][:, i, ...]``: each vertex's ``i``-th message (ir/ops/positional.py),
+    then the remaining indices on its feature dims."""
+    try:
+        position = operator.index(items[1])
+    except TypeError:
+        raise tracer.error(f"cannot index a mailbox's neighbour axis with {items[1]!r}; use a constant "
+                           "integer position (m[:, 0]) or reduce over dim=1") from None
+    if not hasattr(tracer, "pick"):
+        raise tracer.error("a message by its position (m[:, i]) exists only on nodes.mailbox in reduce_fn")
+    picked = tracer.pick(x, position)
+    return _getitem(tracer, picked, (slice(None), *items[2:])) if items[2:] else picked
 
 
 def _index_select(tracer: Tracer, table, dim, index):
