@@ -9,7 +9,9 @@
 ``v.<key>`` is the vertex's own feature, ``u.<key>`` a neighbour's (``for u in v.innbs``),
 ``e.<key>`` an in-edge's (``for e in v.inedges``, with ``e.src``/``e.dst``). ``sum``,
 ``max`` and ``min`` over a list built from the neighbour list aggregate per vertex;
-``len(v.innbs)`` (or ``len`` of a list built from it) is the in-degree. The traced loop
+``len(v.innbs)`` (or ``len`` of a list built from it) is the in-degree, also in a helper
+the function calls; Python's ``max(a, b)`` of two tensors is an error (use
+``torch.maximum``), as eager PyTorch's comparison is for multi-element tensors. The traced loop
 over ``v.innbs`` runs once, for one symbolic neighbour, so counting in Python (``n += 1``
 in the loop, a list of constants built from it) is rejected: it would count 1.
 The function may also be a bound method, a ``functools.partial``, an ``nn.Module``
@@ -81,7 +83,8 @@ class _Neighbours:
         return self._make()
 
     def __len__(self):
-        raise _LengthError("len(v.innbs) must be called directly in the decorated function", self.tracer.source())
+        raise _LengthError("len(v.innbs) is the in-degree only through Python's len() called in the vertex "
+                           "function or a helper of yours", self.tracer.source())
 
 
 class _LengthError(CompileError, TypeError):
