@@ -13,6 +13,11 @@ so every reduce_fn output is 0 there (also a reduce_fn that adds node data or a 
 as GatedGCN's ``h + sum(...) / (sum(...) + eps)`` does), and update_fn runs on all
 vertices, seeing those zeros. ``nodes.mailbox['m'].shape[1]`` is each vertex's in-degree.
 
+Shapes follow torch's broadcasting as in DGL: ``nodes.data['h'].unsqueeze(1)`` is
+[N, 1, F] (summing it over dim 1 gives ``h``; next to a mailbox value it is read onto each
+in-edge), while ``nodes.data['h']`` ([N, F]) next to a [N, D, F] mailbox value is an error.
+``nodes.mailbox['m'][:, i]`` is each vertex's ``i``-th message, in-edges in edge-id order.
+
 A UDF may be a function, a bound method, a ``functools.partial``, an ``nn.Module`` (its
 ``forward`` is traced; hooks do not run) or an object with a ``__call__`` method.
 
