@@ -425,8 +425,9 @@ def test_math_function_on_a_graph_value_is_a_compile_error():
 
 
 def test_indexing_a_graph_axis_is_a_compile_error():
-    """An edge's row or one mailbox entry (``mailbox['m'][:, 0]``, DGL's first message by
-    edge id) is not a feature: the graph axis can only be taken whole."""
+    """An edge's row or a slice of the mailbox's neighbour axis is not a feature: the
+    graph axis can only be taken whole (one message by position, ``mailbox['m'][:, 0]``,
+    is tests/test_frontend_gaps.py's)."""
     def message(edges):
         return {"m": edges.src["h"][0]}
 
@@ -434,9 +435,9 @@ def test_indexing_a_graph_axis_is_a_compile_error():
         return {"o": torch.sum(nodes.mailbox["m"], dim=1)}
     _message_error(message, reduce, "graph axis", message, 'edges.src["h"][0]')
 
-    def first_message(nodes):
-        return {"o": nodes.mailbox["m"][:, 0]}
-    _message_error(lambda e: {"m": e.src["h"]}, first_message, "graph axis", first_message, "[:, 0]")
+    def first_messages(nodes):
+        return {"o": nodes.mailbox["m"][:, 0:2].sum(1)}
+    _message_error(lambda e: {"m": e.src["h"]}, first_messages, "neighbour axis", first_messages, "[:, 0:2]")
 
 
 @pytest.mark.parametrize("expr, match", [
