@@ -1,7 +1,8 @@
 """Graphs with distinct source and destination vertex sets (PyG's ``size=(num_src,
 num_dst)``): the graph's layouts, and vertex functions and message/reduce UDFs compiled
 on one, against plain torch (gather, index_add, scatter_reduce) in float64, forward and
-backward, on the reference backend and the Triton interpreter."""
+backward, on the reference backend and the Triton kernels (on device_for(backend):
+CUDA on a GPU machine, Triton's CPU interpreter elsewhere)."""
 from __future__ import annotations
 
 import pytest
@@ -19,8 +20,8 @@ SRC = torch.tensor([0, 1, 4, 4, 2, 1, 0, 2])
 DST = torch.tensor([0, 0, 1, 0, 2, 1, 2, 2])
 
 
-def bipartite() -> Graph:
-    return Graph(SRC, DST, NUM_DST, num_src_nodes=NUM_SRC)
+def bipartite(device: str = "cpu") -> Graph:
+    return Graph(SRC, DST, NUM_DST, num_src_nodes=NUM_SRC).to(device)
 
 
 def test_layouts_have_one_row_per_vertex_of_their_side():
@@ -53,25 +54,36 @@ def test_self_loops_join_source_i_to_destination_i_below_both_counts():
     assert looped.num_src_nodes == NUM_SRC
 
 
-@pytest.fixture(params=["reference", "triton-csr", "triton-coo"])
-def backend(request, monkeypatch):
-    name, _, schedule = request.param.partition("-")
-    monkeypatch.setenv("GNNFUSE_BACKEND", name)
-    if schedule:
-        monkeypatch.setenv("GNNFUSE_SCHEDULE", schedule)
+@pytest.fixture
+def schedule(request, monkeypatch):
+    """GNNFUSE_SCHEDULE for a Triton case (None: the backend's own choice)."""
+    if request.param:
+        monkeypatch.setenv("GNNFUSE_SCHEDULE", request.param)
+    return request.param
 
 
-def tables():
+def on_each_backend(test):
+    """The shared ``backend`` fixture (conftest), its Triton cases under both schedules:
+    ids reference, triton-csr and triton-coo. Tensors go on the ``device`` fixture."""
+    cases = [pytest.param("reference", None, id="reference"),
+             pytest.param("triton", "csr", id="triton-csr"),
+             pytest.param("triton", "coo", id="triton-coo")]
+    test = pytest.mark.parametrize("backend, schedule", cases, indirect=True)(test)
+    return pytest.mark.usefixtures("schedule")(test)
+
+
+def tables(device: str = "cpu"):
+    """Drawn on the CPU (one stream for every device), then moved: leaves on ``device``."""
     torch.manual_seed(0)
-    hs = torch.randn(NUM_SRC, 3, dtype=torch.float64, requires_grad=True)
-    hd = torch.randn(NUM_DST, 3, dtype=torch.float64, requires_grad=True)
+    hs = torch.randn(NUM_SRC, 3, dtype=torch.float64).to(device).requires_grad_()
+    hd = torch.randn(NUM_DST, 3, dtype=torch.float64).to(device).requires_grad_()
     return hs, hd
 
 
 def check(ours: torch.Tensor, expected: torch.Tensor, leaves) -> None:
     assert ours.shape == expected.shape
     assert_same_values(ours, expected, "output")
-    cotangent = torch.randn_like(expected)
+    cotangent = torch.randn(expected.shape, dtype=expected.dtype).to(expected.device)
     got = torch.autograd.grad(ours, leaves, cotangent)
     want = torch.autograd.grad(expected, leaves, cotangent)
     for name, a, b in zip(("source table", "destination table"), got, want):
@@ -81,26 +93,30 @@ def check(ours: torch.Tensor, expected: torch.Tensor, leaves) -> None:
 
 def per_destination(values: torch.Tensor, reduce: str) -> torch.Tensor:
     out = values.new_zeros((NUM_DST,) + values.shape[1:])
-    index = DST.view(-1, 1).expand_as(values)
+    index = DST.to(values.device).view(-1, 1).expand_as(values)
     return out.scatter_reduce(0, index, values, reduce, include_self=False)
 
 
-def test_vertex_function_reads_sources_and_destinations_from_their_own_tables(backend):
-    hs, hd = tables()
+@on_each_backend
+def test_vertex_function_reads_sources_and_destinations_from_their_own_tables(device):
+    hs, hd = tables(device)
+    src, dst = SRC.to(device), DST.to(device)
 
     def fn(v):
         total = sum([torch.tanh(u.hs) * v.hd for u in v.innbs])
         return v.hd * total + max([u.hs for u in v.innbs]) + total / len(v.innbs)
 
-    out = frontend.VertexFunction(fn)(bipartite(), {"hs": hs, "hd": hd})
-    total = per_destination(torch.tanh(hs[SRC]) * hd[DST], "sum")
-    degree = torch.bincount(DST, minlength=NUM_DST).clamp(min=1).unsqueeze(-1)
-    expected = hd * total + per_destination(hs[SRC], "amax") + total / degree
+    out = frontend.VertexFunction(fn)(bipartite(device), {"hs": hs, "hd": hd})
+    total = per_destination(torch.tanh(hs[src]) * hd[dst], "sum")
+    degree = torch.bincount(dst, minlength=NUM_DST).clamp(min=1).unsqueeze(-1)
+    expected = hd * total + per_destination(hs[src], "amax") + total / degree
     check(out, expected, (hs, hd))
 
 
-def test_message_passing_on_a_bipartite_graph(backend):
-    hs, hd = tables()
+@on_each_backend
+def test_message_passing_on_a_bipartite_graph(device):
+    hs, hd = tables(device)
+    src, dst = SRC.to(device), DST.to(device)
 
     def message(edges):
         return {"m": F.relu(edges.src["hs"] - edges.dst["hd"])}
@@ -108,9 +124,9 @@ def test_message_passing_on_a_bipartite_graph(backend):
     def reduce(nodes):
         return {"out": torch.sum(nodes.mailbox["m"], dim=1) * nodes.data["hd"]}
 
-    out = frontend.message_passing(bipartite(), message, reduce, ndata={"hs": hs, "hd": hd})["out"]
-    expected = per_destination(F.relu(hs[SRC] - hd[DST]), "sum") * hd
-    expected = expected * (torch.bincount(DST, minlength=NUM_DST) > 0).unsqueeze(-1)  # DGL: no reduce without in-edges
+    out = frontend.message_passing(bipartite(device), message, reduce, ndata={"hs": hs, "hd": hd})["out"]
+    expected = per_destination(F.relu(hs[src] - hd[dst]), "sum") * hd
+    expected = expected * (torch.bincount(dst, minlength=NUM_DST) > 0).unsqueeze(-1)  # DGL: no reduce without in-edges
     check(out, expected, (hs, hd))
 
 

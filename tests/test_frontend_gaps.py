@@ -29,36 +29,37 @@ DST = torch.tensor([1, 1, 1, 2, 0, 4, 1])
 N = 5   # in-degrees 1, 4, 1, 0, 1: a multi-edge into 1, vertex 3 without in-edges
 
 
-@pytest.fixture(params=["reference", "triton"])
-def backend(request, monkeypatch):
-    monkeypatch.setenv("GNNFUSE_BACKEND", request.param)
-    return request.param
+def graph(device: str) -> gnnfuse.Graph:
+    return gnnfuse.Graph(SRC, DST, N).to(device)
 
 
-def graph() -> gnnfuse.Graph:
-    return gnnfuse.Graph(SRC, DST, N)
-
-
-def features(width: int = 3, seed: int = 0) -> torch.Tensor:
+def features(device: str, width: int = 3, seed: int = 0) -> torch.Tensor:
+    """Drawn on the CPU (one stream for every device), then moved: a leaf on ``device``."""
     gen = torch.Generator().manual_seed(seed)
-    return torch.randn(N, width, dtype=DOUBLE, generator=gen).requires_grad_()
+    return torch.randn(N, width, dtype=DOUBLE, generator=gen).to(device).requires_grad_()
+
+
+def in_edges(v: int, device) -> torch.Tensor:
+    """The sources of vertex ``v``'s in-edges in edge-id order, as an index on ``device``."""
+    return SRC[DST == v].to(device)
 
 
 def mailbox(h: torch.Tensor) -> list[torch.Tensor]:
     """DGL's mailbox, per vertex: its in-edges' messages in edge-id order ([D_v, ...])."""
-    return [h[SRC[DST == v]] for v in range(N)]
+    return [h[in_edges(v, h.device)] for v in range(N)]
 
 
 def per_vertex(fn, *tables: torch.Tensor) -> torch.Tensor:
     """DGL's update_all reduce: ``fn(v, *rows)`` on each vertex with in-edges, zeros elsewhere."""
     rows = [fn(v, *(t[v] for t in tables)) for v in range(N) if (DST == v).any()]
-    out = torch.zeros((N,) + rows[0].shape, dtype=DOUBLE)
-    return out.index_put((torch.unique(DST),), torch.stack(rows))
+    device = rows[0].device
+    out = torch.zeros((N,) + rows[0].shape, dtype=DOUBLE, device=device)
+    return out.index_put((torch.unique(DST).to(device),), torch.stack(rows))
 
 
 def check(out: torch.Tensor, oracle, leaves: list[torch.Tensor]) -> None:
     """Outputs and the gradients of every leaf, against the plain-torch ``oracle()``."""
-    weight = torch.linspace(-1, 2, out.numel(), dtype=DOUBLE).view_as(out)
+    weight = torch.linspace(-1, 2, out.numel(), dtype=DOUBLE, device=out.device).view_as(out)
     grads = torch.autograd.grad((out * weight).sum(), leaves)
     expected = oracle()
     expected_grads = torch.autograd.grad((expected * weight).sum(), leaves)
@@ -77,24 +78,24 @@ def copy_src(edges):
 
 
 # --- 1: a node value unsqueezed at dim 1 has a size-1 neighbour axis ------------------------
-def test_sum_over_the_size_one_axis_of_unsqueezed_node_data_is_the_data(backend):
+def test_sum_over_the_size_one_axis_of_unsqueezed_node_data_is_the_data(device):
     def reduce(nodes):
         return {"out": torch.sum(nodes.data["h"].unsqueeze(1), dim=1) + torch.sum(nodes.mailbox["m"], dim=1)}
-    g, h = graph(), features()
+    g, h = graph(device), features(device)
     out = gnnfuse.message_passing(g, copy_src, reduce, ndata={"h": h})["out"]
     check(out, lambda: per_vertex(lambda v, hv: hv + mailbox(h)[v].sum(0), h), [h])
 
 
-def test_unsqueezed_node_data_has_size_one_at_dim_1(backend):
+def test_unsqueezed_node_data_has_size_one_at_dim_1(device):
     def reduce(nodes):
         x = nodes.data["h"].unsqueeze(1)
         return {"out": torch.sum(nodes.mailbox["m"], dim=1) * x.shape[1] + x.sum(1, keepdim=True).squeeze(1)}
-    g, h = graph(), features()
+    g, h = graph(device), features(device)
     out = gnnfuse.message_passing(g, copy_src, reduce, ndata={"h": h})["out"]
     check(out, lambda: per_vertex(lambda v, hv: mailbox(h)[v].sum(0) + hv, h), [h])
 
 
-def test_unsqueezed_node_data_broadcasts_over_the_mailbox(backend):
+def test_unsqueezed_node_data_broadcasts_over_the_mailbox(device):
     """Once combined with the mailbox it is per edge: the reduction over dim 1 is real, and
     a keepdim reduction meeting the mailbox again (a stable softmax) lines up as [N, 1, F]."""
     def reduce(nodes):
@@ -108,7 +109,7 @@ def test_unsqueezed_node_data_broadcasts_over_the_mailbox(backend):
         scores = m * hv.unsqueeze(0)
         shifted = scores - scores.max(0, keepdim=True)[0]
         return (shifted.exp() * m).sum(0) + scores.sum(0)
-    g, h = graph(), features()
+    g, h = graph(device), features(device)
     out = gnnfuse.message_passing(g, copy_src, reduce, ndata={"h": h})["out"]
     assert out.shape == (N, 3)
     check(out, lambda: per_vertex(oracle_row, h), [h])
@@ -119,12 +120,12 @@ def test_node_data_without_the_neighbour_axis_next_to_the_mailbox_is_rejected():
     def reduce(nodes):
         return {"out": torch.sum(nodes.mailbox["m"] + nodes.data["h"], dim=1)}
     with pytest.raises(CompileError, match="unsqueeze") as info:
-        gnnfuse.message_passing(graph(), copy_src, reduce, ndata={"h": features()})
+        gnnfuse.message_passing(graph("cpu"), copy_src, reduce, ndata={"h": features("cpu")})
     assert line_of(reduce, "nodes.data") in str(info.value)
 
 
 # --- 2: the row axis' length (edges or vertices) is not a trace-time number ----------------
-def test_row_count_kept_in_its_own_position_of_a_reshape(backend):
+def test_row_count_kept_in_its_own_position_of_a_reshape(device):
     heads = 3
 
     def message(edges):
@@ -134,11 +135,12 @@ def test_row_count_kept_in_its_own_position_of_a_reshape(backend):
     def reduce(nodes):
         m = nodes.mailbox["m"]
         return {"out": torch.sum(m.view(m.shape[0], m.shape[1], -1), dim=1)}
-    g, h = graph(), features(6)
+    g, h = graph(device), features(device, 6)
 
     def oracle():
-        m = (h[SRC] * h[DST]).view(-1, heads, 2).sum(-1)
-        return per_vertex(lambda v: m[DST == v].sum(0))
+        src, dst = SRC.to(h.device), DST.to(h.device)
+        m = (h[src] * h[dst]).view(-1, heads, 2).sum(-1)
+        return per_vertex(lambda v: m[dst == v].sum(0))
     out = gnnfuse.message_passing(g, message, reduce, ndata={"h": h})["out"]
     check(out, oracle, [h])
 
@@ -154,8 +156,8 @@ def test_row_count_anywhere_else_is_rejected_at_its_line(use, text):
     def message(edges):
         return {"m": use(edges.src["h"])}
     with pytest.raises(CompileError, match=r"shape\[0\]") as info:
-        gnnfuse.message_passing(graph(), message, lambda nodes: {"out": torch.sum(nodes.mailbox["m"], 1)},
-                                ndata={"h": features()})
+        gnnfuse.message_passing(graph("cpu"), message, lambda nodes: {"out": torch.sum(nodes.mailbox["m"], 1)},
+                                ndata={"h": features("cpu")})
     assert "test_frontend_gaps.py:" in str(info.value) and "(lambda x:" in str(info.value)
 
 
@@ -170,10 +172,10 @@ def _count(neighbours):
 
 
 def in_neighbour_mean(h: torch.Tensor) -> torch.Tensor:
-    return per_vertex(lambda v: h[SRC[DST == v]].mean(0))
+    return per_vertex(lambda v: h[in_edges(v, h.device)].mean(0))
 
 
-def test_len_in_a_helper_is_the_in_degree(backend):
+def test_len_in_a_helper_is_the_in_degree(device):
     @gnnfuse.vertex
     def mean(v):
         return _mean_of([u.h for u in v.innbs])
@@ -185,13 +187,13 @@ def test_len_in_a_helper_is_the_in_degree(backend):
     @gnnfuse.vertex
     def mean_by_degree(v):
         return sum([u.h for u in v.innbs]) / _count(v.innbs)
-    g, h = graph(), features()
+    g, h = graph(device), features(device)
     for fn in (mean, mean_by_count, mean_by_degree):
         check(fn(g, {"h": h}), lambda: in_neighbour_mean(h), [h])
 
 
 # --- 4: keepdims (numpy's spelling, as Graphiler's HGT writes it); amax/amin are tensors ---
-def test_keepdims_alias_and_amax_amin_return_tensors(backend):
+def test_keepdims_alias_and_amax_amin_return_tensors(device):
     def reduce(nodes):
         m = nodes.mailbox["m"]
         kept = torch.sum(m, dim=1, keepdims=True) + m.mean(1, keepdims=True) * torch.amin(m, 1, keepdims=True)
@@ -200,7 +202,7 @@ def test_keepdims_alias_and_amax_amin_return_tensors(backend):
     def oracle_row(v):
         m = mailbox(h)[v]
         return m.sum(0) + m.mean(0) * m.amin(0) + m.amax(0) - m.amin(0)
-    g, h = graph(), features()
+    g, h = graph(device), features(device)
     out = gnnfuse.message_passing(g, copy_src, reduce, ndata={"h": h})["out"]
     check(out, lambda: per_vertex(oracle_row), [h])
 
@@ -216,20 +218,20 @@ def test_builtin_max_of_two_tensors_is_rejected_with_the_torch_function():
         return sum([min(u.h, v.h, key=None) for u in v.innbs])
     for fn, torch_name in ((pairwise_max, "torch.maximum"), (pairwise_min, "torch.minimum")):
         with pytest.raises(CompileError, match=torch_name) as info:
-            fn(graph(), {"h": features()})
+            fn(graph("cpu"), {"h": features("cpu")})
         assert line_of(fn.fn, "for u in v.innbs") in str(info.value)
 
 
-def test_builtin_max_of_numbers_in_a_vertex_function(backend):
+def test_builtin_max_of_numbers_in_a_vertex_function(device):
     @gnnfuse.vertex
     def scaled_max(v):
         return max([u.h for u in v.innbs]) * max(2, min(4, 3)) + min(1.0, 0.5) * v.h
-    g, h = graph(), features()
-    check(scaled_max(g, {"h": h}), lambda: per_vertex(lambda v: h[SRC[DST == v]].amax(0) * 3) + 0.5 * h, [h])
+    g, h = graph(device), features(device)
+    check(scaled_max(g, {"h": h}), lambda: per_vertex(lambda v: h[in_edges(v, h.device)].amax(0) * 3) + 0.5 * h, [h])
 
 
 # --- 6: mailbox[k][:, i], the i-th message of each vertex (in-edges in edge-id order) -----
-def test_mailbox_message_at_a_constant_position(backend):
+def test_mailbox_message_at_a_constant_position(device):
     """Vertex 1 has four in-edges (ids 0, 1, 2, 6: a multi-edge), the others one or none:
     positions 0 and -1 are defined on every vertex with in-edges."""
     def reduce(nodes):
@@ -239,8 +241,8 @@ def test_mailbox_message_at_a_constant_position(backend):
     def oracle_row(v):
         m = mailbox(h * w)[v]
         return m[0] * 2 - m[-1, 1:].sum(-1, keepdim=True) + m.sum(0)
-    g, h = graph(), features()
-    w = torch.linspace(0.5, 2, N, dtype=DOUBLE).unsqueeze(1).requires_grad_()
+    g, h = graph(device), features(device)
+    w = torch.linspace(0.5, 2, N, dtype=DOUBLE).unsqueeze(1).to(device).requires_grad_()
 
     def message(edges):
         return {"m": edges.src["h"] * edges.src["w"]}
@@ -253,11 +255,11 @@ def test_mailbox_position_beyond_a_vertex_in_degree_raises():
     def reduce(nodes):
         return {"out": nodes.mailbox["m"][:, 1]}
     with pytest.raises(ValueError, match=r"\[:, 1\].*in-degree 1"):
-        gnnfuse.message_passing(graph(), copy_src, reduce, ndata={"h": features()})
+        gnnfuse.message_passing(graph("cpu"), copy_src, reduce, ndata={"h": features("cpu")})
     hub = gnnfuse.Graph(torch.tensor([0, 2, 4]), torch.tensor([1, 1, 1]), 5)   # degree 3 or 0
     out = gnnfuse.message_passing(hub, copy_src, lambda nodes: {"out": nodes.mailbox["m"][:, -3]},
-                                  ndata={"h": features()})["out"]
-    torch.testing.assert_close(out[1], features()[0].detach())
+                                  ndata={"h": features("cpu")})["out"]
+    torch.testing.assert_close(out[1], features("cpu")[0].detach())
     assert not out[[0, 2, 3, 4]].any()
 
 
@@ -266,13 +268,13 @@ def test_mailbox_slice_over_the_neighbour_axis_is_rejected_at_its_line():
         first = nodes.mailbox["m"][:, 1:3]
         return {"out": torch.sum(first, dim=1)}
     with pytest.raises(CompileError, match="neighbour axis") as info:
-        gnnfuse.message_passing(graph(), copy_src, reduce, ndata={"h": features()})
+        gnnfuse.message_passing(graph("cpu"), copy_src, reduce, ndata={"h": features("cpu")})
     assert line_of(reduce, "first = ") in str(info.value)
 
 
 def test_gradcheck_mailbox_position():
     def reduce(nodes):
         return {"out": nodes.mailbox["m"][:, -1] * nodes.mailbox["m"][:, 0]}
-    g = graph()
+    g = graph("cpu")
     torch.autograd.gradcheck(lambda h: gnnfuse.message_passing(g, copy_src, reduce, ndata={"h": h})["out"],
-                             (features(2),))
+                             (features("cpu", 2),))
