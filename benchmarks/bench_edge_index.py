@@ -28,8 +28,9 @@ from gnnfuse.bench import MODELS, REL_ERR_LIMIT, guarded, instantiate, load_data
 from gnnfuse.graph import clear_index_cache
 
 from bench_training import comma_list, describe
-from common import (device_names, environment, fmt, free_memory, load_results, log, new_run_id, prune_runs,
-                    resolve_device, runs_markdown, save_json, warn, write_atomically)
+from common import (add_step_arguments, device_names, environment, fmt, free_memory, load_results, log,
+                    new_run_id, parse_step_arguments, prune_runs, resolve_device, runs_markdown, save_json,
+                    warn, write_atomically)
 
 DATASETS = ("cora", "pubmed", "arxiv-like", "reddit2-like", "products-like")
 DEFAULT_DATASETS = DATASETS[1:]      # the sizes issue #12 measured
@@ -121,21 +122,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--datasets", type=comma_list(DATASETS), default=list(DEFAULT_DATASETS))
     parser.add_argument("--models", type=comma_list(MODELS), default=list(MODELS))
-    parser.add_argument("--steps", type=int, default=20, help="timed steps per cell (default 20)")
-    parser.add_argument("--warmup", type=int, default=5, help="untimed steps first (default 5)")
     parser.add_argument("--json", type=Path, default=Path("benchmarks/results/edge_index.json"),
                         help="results file, merged into")
     parser.add_argument("--md", type=Path, default=Path("benchmarks/results/edge_index.md"),
                         help="table regenerated from --json")
-    parser.add_argument("--cell-timeout", type=float, default=None,
-                        help="seconds one measurement may take; past it the cell is recorded as a time-out")
-    parser.add_argument("--device", default="cuda")
-    parser.add_argument("--data-root", help="folder of the real data sets (default: $GNNFUSE_DATA, "
-                                            "then ../shared/data)")
-    args = parser.parse_args(argv)
-    if args.steps < 1:
-        parser.error("--steps must be at least 1")
-    return args
+    add_step_arguments(parser)
+    return parse_step_arguments(parser, argv)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -26,8 +26,9 @@ import torch
 from gnnfuse.bench import (COMPILE_EXTRA_WARMUP, FRAMEWORKS, MODELS, REL_ERR_LIMIT, check_forward, free_memory,
                            guarded, load_data, measure, reference_state)
 
-from common import (device_names, environment, fmt, load_results, log, new_run_id, prune_runs, resolve_device,
-                    runs_markdown, save_json, warn, write_atomically)
+from common import (add_step_arguments, device_names, environment, fmt, load_results, log, new_run_id,
+                    parse_step_arguments, prune_runs, resolve_device, runs_markdown, save_json, warn,
+                    write_atomically)
 
 DATASETS = ("cora", "citeseer", "pubmed", "arxiv-like", "reddit2-like", "products-like")
 
@@ -149,21 +150,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--datasets", type=comma_list(DATASETS), default=list(DATASETS))
     parser.add_argument("--models", type=comma_list(MODELS), default=list(MODELS))
     parser.add_argument("--frameworks", type=comma_list(FRAMEWORKS), default=list(FRAMEWORKS))
-    parser.add_argument("--steps", type=int, default=20, help="timed steps per cell (default 20)")
-    parser.add_argument("--warmup", type=int, default=5,
-                        help=f"untimed steps first (default 5; pyg-compile gets {COMPILE_EXTRA_WARMUP} more)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"),
                         help="folder of training.json (merged into) and training.md")
-    parser.add_argument("--cell-timeout", type=float, default=None,
-                        help="seconds one framework may take on one model and data set, compile included; "
-                             "past it the cell is recorded as a time-out and the run goes on (default: none)")
-    parser.add_argument("--device", default="cuda")
-    parser.add_argument("--data-root", help="folder of the real data sets (default: $GNNFUSE_DATA, "
-                                            "then ../shared/data)")
-    args = parser.parse_args(argv)
-    if args.steps < 1:
-        parser.error("--steps must be at least 1")
-    return args
+    add_step_arguments(parser, warmup_note=f"; pyg-compile gets {COMPILE_EXTRA_WARMUP} more",
+                       cell_timeout_help="seconds one framework may take on one model and data set, compile "
+                                         "included; past it the cell is recorded as a time-out and the run goes "
+                                         "on (default: none)")
+    return parse_step_arguments(parser, argv)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -6,6 +6,7 @@ folder on ``sys.path``).
 """
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import os
@@ -165,3 +166,23 @@ def runs_markdown(results: dict[str, Any]) -> list[str]:
 
 def fmt(value: float | None, spec: str) -> str:
     return "–" if value is None else format(value, spec)
+
+
+def add_step_arguments(parser: argparse.ArgumentParser, warmup_note: str = "",
+                       cell_timeout_help: str = "seconds one measurement may take; past it the cell is "
+                                                "recorded as a time-out") -> None:
+    """The options every training-step benchmark takes: how many steps, the per-cell
+    time limit, the device and where the real data sets are."""
+    parser.add_argument("--steps", type=int, default=20, help="timed steps per cell (default 20)")
+    parser.add_argument("--warmup", type=int, default=5, help=f"untimed steps first (default 5{warmup_note})")
+    parser.add_argument("--cell-timeout", type=float, default=None, help=cell_timeout_help)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--data-root", help="folder of the real data sets (default: $GNNFUSE_DATA, "
+                                            "then ../shared/data)")
+
+
+def parse_step_arguments(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    args = parser.parse_args(argv)
+    if args.steps < 1:
+        parser.error("--steps must be at least 1")
+    return args

@@ -1,7 +1,7 @@
 """Shared fixtures: the read-only real data sets beside the repository, the test folder
 on sys.path so test modules can import the model zoo, Triton's CPU interpreter on
-machines without a GPU (it must be chosen before triton is first imported), and one
-torch thread."""
+machines without a GPU (it must be chosen before triton is first imported), one
+torch thread, and the `backend`/`device` pair that runs a test on both backends."""
 from __future__ import annotations
 
 import os
@@ -24,6 +24,22 @@ os.environ["GNNFUSE_PLANETOID_URL"] = "http://127.0.0.1:9/planetoid"
 
 TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))
+
+from oracle_check import device_for  # noqa: E402  (needs the test folder on sys.path)
+
+
+@pytest.fixture(params=["reference", "triton"])
+def backend(request, monkeypatch) -> str:
+    """Runs a test once per backend, forced through GNNFUSE_BACKEND. Triton needs its
+    graph and tensors on `device_for` (CUDA on a GPU machine): use the `device` fixture."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", request.param)
+    return request.param
+
+
+@pytest.fixture
+def device(backend: str) -> str:
+    """Where the graph, features and oracle tensors of a `backend` test live."""
+    return device_for(backend)
 
 
 @pytest.fixture(scope="session")

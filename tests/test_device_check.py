@@ -22,3 +22,24 @@ def test_inputs_on_another_device_than_the_graph_are_named():
     weight = torch.randn(2, 2, device="meta")   # a captured parameter, named as the program names it
     with pytest.raises(ValueError, match=r"input 'param0' \(shape \[2, 2\]\) is on meta but the graph is on cpu"):
         weighted_sum(graph, {"h": torch.zeros(2, 2)})
+
+
+def test_forced_triton_backend_on_host_tensors_names_the_fix(monkeypatch):
+    """Outside Triton's interpreter, Triton kernels read CUDA memory only: host tensors
+    get a gnnfuse error naming the ways out, not Triton's raw pointer error. The
+    interpreter path (TRITON_INTERPRET=1, read at call time) still runs them."""
+    @gnnfuse.vertex
+    def neighbour_sum(v):
+        return sum([u.h for u in v.innbs])
+
+    graph = gnnfuse.Graph([0, 1], [1, 0], 2)
+    h = torch.arange(4, dtype=torch.float64).reshape(2, 2)
+    monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match=r"the triton backend runs CUDA tensors, but the graph and inputs "
+                                         r"are on cpu: move the tensors and the graph to cuda .*unset "
+                                         r"GNNFUSE_BACKEND.*TRITON_INTERPRET=1"):
+        neighbour_sum(graph, {"h": h})
+    if not torch.cuda.is_available():   # conftest chose the interpreter before triton's import
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+        assert torch.equal(neighbour_sum(graph, {"h": h}), h.flip(0))

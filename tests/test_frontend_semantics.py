@@ -19,30 +19,27 @@ from gnnfuse import CompileError
 DOUBLE = torch.float64
 
 
-@pytest.fixture(params=["reference", "triton"])
-def backend(request, monkeypatch):
-    monkeypatch.setenv("GNNFUSE_BACKEND", request.param)
-    return request.param
-
-
-def graph() -> gnnfuse.Graph:
+def graph(device: str = "cpu") -> gnnfuse.Graph:
     """In-degrees 1, 3, 1, 0, 1: a multi-edge into 1, an isolated vertex 3."""
-    return gnnfuse.Graph(torch.tensor([0, 2, 2, 4, 1, 0]), torch.tensor([1, 1, 1, 2, 0, 4]), 5)
+    return gnnfuse.Graph(torch.tensor([0, 2, 2, 4, 1, 0]), torch.tensor([1, 1, 1, 2, 0, 4]), 5).to(device)
 
 
-def features(width: int = 3) -> torch.Tensor:
-    return torch.randn(5, width, dtype=DOUBLE, generator=torch.Generator().manual_seed(0)).requires_grad_()
+def features(device: str = "cpu", width: int = 3) -> torch.Tensor:
+    """Drawn on the CPU (one stream for every device), then moved: a leaf on ``device``."""
+    drawn = torch.randn(5, width, dtype=DOUBLE, generator=torch.Generator().manual_seed(0))
+    return drawn.to(device).requires_grad_()
 
 
 def neighbour_mean(g: gnnfuse.Graph, h: torch.Tensor) -> torch.Tensor:
     total = torch.zeros_like(h).index_add(0, g.dst, h[g.src])
-    degree = torch.zeros(g.num_nodes, dtype=h.dtype).index_add(0, g.dst, torch.ones(g.num_edges, dtype=h.dtype))
+    degree = torch.zeros(g.num_nodes, dtype=h.dtype, device=h.device).index_add(
+        0, g.dst, torch.ones(g.num_edges, dtype=h.dtype, device=h.device))
     return total / degree.clamp(min=1).unsqueeze(-1)
 
 
 def check_against(out: torch.Tensor, expected_fn, h: torch.Tensor) -> None:
     """Outputs and input gradients of ``out`` against the plain-torch ``expected_fn(h)``."""
-    weight = torch.linspace(-1, 1, out.numel(), dtype=DOUBLE).view_as(out)
+    weight = torch.linspace(-1, 1, out.numel(), dtype=DOUBLE, device=out.device).view_as(out)
     (grad,) = torch.autograd.grad((out * weight).sum(), h, retain_graph=True)
     h_ref = h.detach().clone().requires_grad_()
     expected = expected_fn(h_ref)
@@ -57,7 +54,7 @@ def line_of(fn, text: str) -> str:
 
 
 # --- §1.3: counting the neighbour list ------------------------------------------------------
-def test_len_of_a_list_built_from_the_neighbours_is_the_in_degree(backend):
+def test_len_of_a_list_built_from_the_neighbours_is_the_in_degree(device):
     @gnnfuse.vertex
     def mean(v):
         return sum([u.h for u in v.innbs]) / len([u for u in v.innbs])
@@ -65,7 +62,7 @@ def test_len_of_a_list_built_from_the_neighbours_is_the_in_degree(backend):
     @gnnfuse.vertex
     def mean_of_list(v):
         return sum([u.h for u in v.innbs]) / len(list(v.innbs))
-    g, h = graph(), features()
+    g, h = graph(device), features(device)
     for fn in (mean, mean_of_list):
         check_against(fn(g, {"h": h}), lambda x: neighbour_mean(g, x), h)
 
@@ -110,15 +107,15 @@ def mailbox_mean(nodes):
             "c": torch.sum(m / m.shape[1], dim=1)}
 
 
-def test_mailbox_shape_1_is_the_in_degree(backend):
-    g, h = graph(), features()
+def test_mailbox_shape_1_is_the_in_degree(device):
+    g, h = graph(device), features(device)
     out = gnnfuse.message_passing(g, lambda e: {"m": e.src["h"]}, mailbox_mean, ndata={"h": h})
     for key in "abc":
         check_against(out[key], lambda x: neighbour_mean(g, x), h)
 
 
 def test_mailbox_shape_1_kept_as_a_dim_in_reshape():
-    g, h = graph(), features(4)
+    g, h = graph(), features(width=4)
 
     def reduce(nodes):
         m = nodes.mailbox["m"]
@@ -164,15 +161,15 @@ def test_reducing_over_the_vertex_axis_is_rejected(reduce, text):
     assert text in str(info.value).splitlines()[-1]
 
 
-def test_negative_dim_names_the_neighbour_axis(backend):
-    g, h = graph(), features()
+def test_negative_dim_names_the_neighbour_axis(device):
+    g, h = graph(device), features(device)
     out = gnnfuse.message_passing(g, lambda e: {"m": e.src["h"]},
                                   lambda nodes: {"o": torch.mean(nodes.mailbox["m"], dim=-2)}, ndata={"h": h})["o"]
     check_against(out, lambda x: neighbour_mean(g, x), h)
 
 
-def test_keepdim_keeps_the_neighbour_axis_as_size_one(backend):
-    g, h = graph(), features()
+def test_keepdim_keeps_the_neighbour_axis_as_size_one(device):
+    g, h = graph(device), features(device)
 
     def reduce(nodes):
         m = nodes.mailbox["m"]
@@ -184,7 +181,7 @@ def test_keepdim_keeps_the_neighbour_axis_as_size_one(backend):
     def neighbour_max(x):
         return torch.zeros_like(x).scatter_reduce(0, g.dst[:, None].expand(-1, 3), x[g.src], "amax",
                                                   include_self=False)
-    degree = torch.tensor([1, 3, 1, 0, 1], dtype=DOUBLE)[:, None]
+    degree = torch.tensor([1, 3, 1, 0, 1], dtype=DOUBLE, device=device)[:, None]
     check_against(out["s"], lambda x: (neighbour_mean(g, x) * degree).unsqueeze(1), h)
     check_against(out["x"], lambda x: neighbour_max(x).unsqueeze(1), h)
     check_against(out["f"], lambda x: (neighbour_mean(g, x) * degree).sum(-1, keepdim=True), h)

@@ -19,6 +19,7 @@ from torch_geometric.utils import softmax as pyg_softmax
 import gnnfuse
 from gnnfuse import nn as gnn
 from layer_check import assert_same_outputs_and_grads, rel_err
+from oracle_check import device_for
 
 N, F_IN = 20, 6
 
@@ -80,7 +81,7 @@ class MLPAggOracle(Oracle):
     def forward(self, x, edge_index):
         src, dst = edge_index
         msg = self.layer.lin(x[src] + x[dst]).relu()
-        return torch.zeros(x.shape[0], msg.shape[1], dtype=x.dtype).index_reduce(
+        return torch.zeros(x.shape[0], msg.shape[1], dtype=x.dtype, device=x.device).index_reduce(
             0, dst, msg, "amax", include_self=False)
 
 
@@ -90,11 +91,13 @@ class NGCFOracle(Oracle):
     def forward(self, x, edge_index):
         m = self.layer
         src, dst = edge_index
-        deg = torch.zeros(x.shape[0], dtype=x.dtype).index_add(0, dst, torch.ones(len(dst), dtype=x.dtype))
+        deg = torch.zeros(x.shape[0], dtype=x.dtype, device=x.device).index_add(
+            0, dst, torch.ones(len(dst), dtype=x.dtype, device=x.device))
         inv_sqrt = deg.rsqrt().masked_fill(deg == 0, 0.0)        # gcn_norm's 0 for in-degree 0
         p = (inv_sqrt[src] * inv_sqrt[dst]).unsqueeze(-1)
         msg = p * (m.lin1(x[src]) + m.lin2(x[src] * x[dst]))
-        out = m.lin1(x) + torch.zeros(x.shape[0], m.out_channels, dtype=x.dtype).index_add(0, dst, msg)
+        out = m.lin1(x) + torch.zeros(x.shape[0], m.out_channels, dtype=x.dtype, device=x.device).index_add(
+            0, dst, msg)
         return F.leaky_relu(out + m.bias, m.negative_slope)
 
 
@@ -153,7 +156,7 @@ CASES = ([("reference", True, name) for name in LAYERS] + [("reference", False, 
 def test_layer_matches_oracle(backend, as_graph, name, monkeypatch):
     monkeypatch.setenv("GNNFUSE_BACKEND", backend)
     torch.manual_seed(0)
-    device = "cuda" if backend == "triton" and torch.cuda.is_available() else "cpu"
+    device = device_for(backend)
     ours, ref = (m.double().to(device) for m in LAYERS[name]())
     if isinstance(ref, (pyg.GATv2Conv, pyg.GATConv)):
         ours.load_state_dict(ref.state_dict())

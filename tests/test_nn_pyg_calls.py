@@ -1,8 +1,10 @@
 """PyG's call forms on gnnfuse's layers: every ``forward`` takes PyG 2.8's positional
 parameters in PyG's order (so ``conv(x, edge_index, edge_weight)`` never binds the weights
 to another parameter), ``edge_weight`` matches PyG on outputs and every gradient (the
-weights' included), and what is not supported -- bipartite ``(x_src, x_dst)`` input,
-edge features, attention weights -- fails loudly instead of being ignored."""
+weights' included), and what is not supported -- bipartite ``(x_src, x_dst)`` input
+outside the five layers that take it (test_nn_bipartite.py), edge features to a layer
+built without edge_dim, attention weights in training with dropout -- fails loudly
+instead of being ignored."""
 from __future__ import annotations
 
 import inspect
@@ -159,15 +161,19 @@ def test_unsupported_pyg_arguments_are_named(call, argument):
 
 @pytest.mark.parametrize("make", [lambda: gnn.SAGEConv(F_IN, 3), lambda: gnn.GINConv(torch.nn.Identity()),
                                   lambda: gnn.GraphConv(F_IN, 3), lambda: gnn.GATConv(F_IN, 3)])
-def test_size_other_than_the_square_one_is_bipartite_and_refused(make):
+def test_size_must_fit_a_single_feature_tensor(make):
+    """One x is both tables; a size other than (N, N) needs the (x_src, x_dst) pair, as in PyG."""
     edge_index, _ = weighted_graph()
     layer, x = make(), torch.randn(N, F_IN)
     layer(x, edge_index, size=(N, N))
-    with pytest.raises(NotImplementedError, match="size=.*bipartite.*issue #12"):
+    with pytest.raises(ValueError, match=r"size=\(9, 7\) does not fit x with 9 rows; pass \(x_src, x_dst\)"):
         layer(x, edge_index, size=(N, N - 2))
 
 
-@pytest.mark.parametrize("name", LAYER_NAMES)
+BIPARTITE_LAYERS = ("GATConv", "GATv2Conv", "GINConv", "GraphConv", "SAGEConv")
+
+
+@pytest.mark.parametrize("name", [name for name in LAYER_NAMES if name not in BIPARTITE_LAYERS])
 def test_bipartite_feature_pairs_are_refused_by_name(name):
     """``layer((x_src, x_dst), edge_index)``, PyG's bipartite form, raised "'tuple' object
     has no attribute 'shape'"; now it says what is unsupported."""

@@ -19,22 +19,17 @@ from gnnfuse import CompileError
 DOUBLE = torch.float64
 
 
-@pytest.fixture(params=["reference", "triton"])
-def backend(request, monkeypatch):
-    monkeypatch.setenv("GNNFUSE_BACKEND", request.param)
-    return request.param
-
-
-def graph() -> gnnfuse.Graph:
+def graph(device: str = "cpu") -> gnnfuse.Graph:
     """Every vertex has an in-edge (so DGL's zero fill does not enter); a multi-edge into 2."""
-    return gnnfuse.Graph(torch.tensor([0, 1, 3, 3, 2, 1]), torch.tensor([1, 2, 2, 2, 3, 0]), 4)
+    return gnnfuse.Graph(torch.tensor([0, 1, 3, 3, 2, 1]), torch.tensor([1, 2, 2, 2, 3, 0]), 4).to(device)
 
 
 def neighbour(g: gnnfuse.Graph, x: torch.Tensor, op: str = "sum") -> torch.Tensor:
     index = g.dst[:, None].expand(-1, x.shape[1])
+    zeros = torch.zeros(g.num_nodes, x.shape[1], dtype=x.dtype, device=x.device)
     if op == "sum":
-        return torch.zeros(g.num_nodes, x.shape[1], dtype=x.dtype).index_add(0, g.dst, x)
-    return torch.zeros(g.num_nodes, x.shape[1], dtype=x.dtype).scatter_reduce(0, index, x, op, include_self=False)
+        return zeros.index_add(0, g.dst, x)
+    return zeros.scatter_reduce(0, index, x, op, include_self=False)
 
 
 class NodeApply(nn.Module):
@@ -89,7 +84,7 @@ class EdgeScale:
 
 
 def grads_of(out: torch.Tensor, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    weight = torch.linspace(-1, 1, out.numel(), dtype=DOUBLE).view_as(out)
+    weight = torch.linspace(-1, 1, out.numel(), dtype=DOUBLE, device=out.device).view_as(out)
     return list(torch.autograd.grad((out * weight).sum(), tensors))
 
 
@@ -103,11 +98,11 @@ def assert_same(run, oracle, tensors: list[torch.Tensor]) -> None:
         torch.testing.assert_close(g, e)
 
 
-def test_modules_methods_partials_and_callables_as_message_passing_udfs(backend):
-    torch.manual_seed(0)
-    g = graph()
-    h = torch.randn(4, 3, dtype=DOUBLE, requires_grad=True)
-    layer, pool, apply = Layer(3), PoolAggregator(3), NodeApply(3, 2)
+def test_modules_methods_partials_and_callables_as_message_passing_udfs(device):
+    torch.manual_seed(0)   # drawn on the CPU, then moved
+    g = graph(device)
+    h = torch.randn(4, 3, dtype=DOUBLE).to(device).requires_grad_()
+    layer, pool, apply = Layer(3).to(device), PoolAggregator(3).to(device), NodeApply(3, 2).to(device)
     params = [h, layer.weight, pool.fc.weight, pool.fc.bias, apply.linear.weight, apply.linear.bias]
 
     def run():
@@ -137,11 +132,11 @@ class VertexModule(nn.Module):
         return sum([u.h @ self.root for u in v.innbs]) * factor
 
 
-def test_modules_methods_partials_and_callables_as_vertex_functions(backend):
-    torch.manual_seed(1)
-    g = graph()
-    h = torch.randn(4, 3, dtype=DOUBLE, requires_grad=True)
-    module = VertexModule(3, 2)
+def test_modules_methods_partials_and_callables_as_vertex_functions(device):
+    torch.manual_seed(1)   # drawn on the CPU, then moved
+    g = graph(device)
+    h = torch.randn(4, 3, dtype=DOUBLE).to(device).requires_grad_()
+    module = VertexModule(3, 2).to(device)
     params = [h, module.neighbour.weight, module.root]
     degree = torch.bincount(g.dst, minlength=4).to(DOUBLE)[:, None]
 

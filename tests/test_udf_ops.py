@@ -22,31 +22,26 @@ SRC = torch.tensor([0, 1, 2, 3, 3, 4, 1, 2, 2])
 DST = torch.tensor([1, 2, 0, 0, 0, 4, 3, 3, 1])
 N, FEAT, R = 6, 4, 3
 ETYPE = torch.tensor([0, 2, 1, 0, 0, 1, 2, 2, 1])
-BACKENDS = ("reference", "triton")
 
 
-@pytest.fixture(params=BACKENDS)
-def backend(request, monkeypatch):
-    monkeypatch.setenv("GNNFUSE_BACKEND", request.param)
-    return request.param
-
-
-def graph(typed: bool = False) -> gnnfuse.Graph:
+def graph(device: str, typed: bool = False) -> gnnfuse.Graph:
     if typed:
-        return gnnfuse.Graph(SRC, DST, N, edge_type=ETYPE, num_edge_types=R)
-    return gnnfuse.Graph(SRC, DST, N)
+        return gnnfuse.Graph(SRC, DST, N, edge_type=ETYPE, num_edge_types=R).to(device)
+    return gnnfuse.Graph(SRC, DST, N).to(device)
 
 
-def features(*shape, integer: bool = True, seed: int = 0) -> torch.Tensor:
+def features(device: str, *shape, integer: bool = True, seed: int = 0) -> torch.Tensor:
+    """Drawn on the CPU (one stream for every device), then moved: a leaf on ``device``."""
     gen = torch.Generator().manual_seed(seed)
     if integer:
-        return torch.randint(-2, 3, shape, generator=gen).double().requires_grad_()
-    return torch.randn(*shape, generator=gen, dtype=torch.float64).requires_grad_()
+        return torch.randint(-2, 3, shape, generator=gen).double().to(device).requires_grad_()
+    return torch.randn(*shape, generator=gen, dtype=torch.float64).to(device).requires_grad_()
 
 
 def aggregate(messages: torch.Tensor) -> torch.Tensor:
     """DGL's sum reduce, written out: messages added into their destination's row."""
-    return torch.zeros((N,) + messages.shape[1:], dtype=messages.dtype).index_add(0, DST, messages)
+    return torch.zeros((N,) + messages.shape[1:], dtype=messages.dtype,
+                       device=messages.device).index_add(0, DST.to(messages.device), messages)
 
 
 def assert_matches(run, oracle, leaves: list[torch.Tensor]) -> None:
@@ -56,7 +51,7 @@ def assert_matches(run, oracle, leaves: list[torch.Tensor]) -> None:
         for t in leaves:
             t.grad = None
         out = fn()
-        weight = torch.linspace(-1, 2, out.numel(), dtype=out.dtype).view_as(out)
+        weight = torch.linspace(-1, 2, out.numel(), dtype=out.dtype, device=out.device).view_as(out)
         (out * weight).sum().backward()
         grads.append((out.detach(), [t.grad.clone() for t in leaves]))
     (out, got), (ref, want) = grads
@@ -92,7 +87,7 @@ def run_vertex(op, h):
     @gnnfuse.vertex
     def f(v):
         return sum([op(u.h, v.h) for u in v.innbs])
-    return f(graph(), {"h": h})
+    return f(graph(h.device), {"h": h})
 
 
 def run_message(op, h):
@@ -101,29 +96,29 @@ def run_message(op, h):
 
     def reduce(nodes):
         return {"out": torch.sum(nodes.mailbox["m"], dim=1)}
-    return gnnfuse.message_passing(graph(), message, reduce, ndata={"h": h})["out"]
+    return gnnfuse.message_passing(graph(h.device), message, reduce, ndata={"h": h})["out"]
 
 
 @pytest.mark.parametrize("front_end", [run_vertex, run_message], ids=["vertex", "message"])
 @pytest.mark.parametrize("name", EDGE_OPS)
-def test_edge_op_matches_torch(name, front_end, backend):
-    op, h = EDGE_OPS[name], features(N, FEAT)
+def test_edge_op_matches_torch(name, front_end, device):
+    op, h = EDGE_OPS[name], features(device, N, FEAT)
     assert_matches(lambda: front_end(op, h), lambda: aggregate(op(h[SRC], h[DST])), [h])
 
 
-def test_maximum_splits_the_gradient_of_a_tie_evenly_like_torch(backend):
+def test_maximum_splits_the_gradient_of_a_tie_evenly_like_torch(device):
     """A self loop's endpoints are equal: torch gives each operand half the gradient."""
-    h = features(N, FEAT, integer=False)
-    self_loop_only = gnnfuse.Graph(torch.tensor([4]), torch.tensor([4]), N)
+    h = features(device, N, FEAT, integer=False)
+    self_loop_only = gnnfuse.Graph(torch.tensor([4]), torch.tensor([4]), N).to(device)
     gnnfuse.message_passing(self_loop_only, lambda e: {"m": torch.maximum(e.src["h"], e.dst["h"])},
                             lambda n: {"o": torch.sum(n.mailbox["m"], dim=1)}, ndata={"h": h})["o"].sum().backward()
-    torch.testing.assert_close(h.grad[4], torch.ones(FEAT, dtype=torch.float64))   # 0.5 + 0.5
+    torch.testing.assert_close(h.grad[4], torch.ones(FEAT, dtype=torch.float64, device=device))   # 0.5 + 0.5
 
 
-def test_nan_features_propagate_like_torch(backend):
+def test_nan_features_propagate_like_torch(device):
     """NaN goes through abs and maximum in the forward; torch's gradients there are 0 for
     abs (sign(NaN) is 0) and the whole gradient to both operands of maximum."""
-    h = features(N, FEAT, integer=False).detach()
+    h = features(device, N, FEAT, integer=False).detach()
     h[2, 1] = h[4, 0] = float("nan")
     h.requires_grad_()
     op = lambda a, b: torch.maximum(a, b) + abs(a - b) * 2 + torch.minimum(a, b)   # noqa: E731
@@ -131,9 +126,9 @@ def test_nan_features_propagate_like_torch(backend):
         assert_matches(lambda: front_end(op, h), lambda: aggregate(op(h[SRC], h[DST])), [h])
 
 
-def test_feature_softmax_and_normalize_in_node_apply(backend):
+def test_feature_softmax_and_normalize_in_node_apply(device):
     """A node-apply step (DGL's update_fn; after the aggregate in vertex code) over features."""
-    h = features(N, FEAT, integer=False)
+    h = features(device, N, FEAT, integer=False)
 
     def reduce(nodes):
         return {"agg": torch.sum(nodes.mailbox["m"], dim=1)}
@@ -149,23 +144,23 @@ def test_feature_softmax_and_normalize_in_node_apply(backend):
     def oracle():
         agg = aggregate(h[SRC])
         return torch.softmax(agg, dim=-1) + F.normalize(agg, dim=1)
-    assert_matches(lambda: gnnfuse.message_passing(graph(), lambda e: {"m": e.src["h"]}, reduce, apply,
+    assert_matches(lambda: gnnfuse.message_passing(graph(device), lambda e: {"m": e.src["h"]}, reduce, apply,
                                                    ndata={"h": h})["out"], oracle, [h])
-    assert_matches(lambda: vertex_fn(graph(), {"h": h}), oracle, [h])
+    assert_matches(lambda: vertex_fn(graph(device), {"h": h}), oracle, [h])
 
 
-def test_softmax_of_large_logits_is_stable(backend):
-    h = (features(N, FEAT, integer=False) * 1000).detach().requires_grad_()
+def test_softmax_of_large_logits_is_stable(device):
+    h = (features(device, N, FEAT, integer=False) * 1000).detach().requires_grad_()
 
     @gnnfuse.vertex
     def f(v):
         return torch.softmax(v.h, dim=-1)
-    assert_matches(lambda: f(graph(), {"h": h}), lambda: torch.softmax(h, dim=-1), [h])
+    assert_matches(lambda: f(graph(device), {"h": h}), lambda: torch.softmax(h, dim=-1), [h])
 
 
-def test_slicing_a_graph_value_in_message_and_vertex_code(backend):
+def test_slicing_a_graph_value_in_message_and_vertex_code(device):
     """``u.h[0:1]`` in vertex code is the row's first feature; ``[:, 0:1]`` in a message."""
-    h = features(N, FEAT)
+    h = features(device, N, FEAT)
 
     @gnnfuse.vertex
     def f(v):
@@ -176,21 +171,21 @@ def test_slicing_a_graph_value_in_message_and_vertex_code(backend):
 
     def oracle():
         return aggregate(h[SRC][:, 0:1] * h[DST][:, 1:])
-    assert_matches(lambda: f(graph(), {"h": h}), oracle, [h])
-    assert_matches(lambda: gnnfuse.message_passing(graph(), message, lambda n: {"o": n.mailbox["m"].sum(1)},
+    assert_matches(lambda: f(graph(device), {"h": h}), oracle, [h])
+    assert_matches(lambda: gnnfuse.message_passing(graph(device), message, lambda n: {"o": n.mailbox["m"].sum(1)},
                                                    ndata={"h": h})["o"], oracle, [h])
     # Feature dims of a mailbox ([nodes, neighbours, features]) slice the same way.
     assert_matches(lambda: gnnfuse.message_passing(
-        graph(), lambda e: {"m": e.src["h"] * 1.5}, lambda n: {"o": n.mailbox["m"][:, :, 1:3].sum(1)},
+        graph(device), lambda e: {"m": e.src["h"] * 1.5}, lambda n: {"o": n.mailbox["m"][:, :, 1:3].sum(1)},
         ndata={"h": h})["o"], lambda: aggregate(h[SRC][:, 1:3] * 1.5), [h])
 
 
-def test_slicing_multi_head_features_with_none_and_integer(backend):
-    h = features(N, 2, 4)
+def test_slicing_multi_head_features_with_none_and_integer(device):
+    h = features(device, N, 2, 4)
 
     def message(edges):
         return {"m": edges.src["h"][:, 1, None, 1:3] * edges.dst["h"][:, :, -1:]}
-    assert_matches(lambda: gnnfuse.message_passing(graph(), message, lambda n: {"o": n.mailbox["m"].sum(1)},
+    assert_matches(lambda: gnnfuse.message_passing(graph(device), message, lambda n: {"o": n.mailbox["m"].sum(1)},
                                                    ndata={"h": h})["o"],
                    lambda: aggregate(h[SRC][:, 1, None, 1:3] * h[DST][:, :, -1:]), [h])
 
@@ -202,71 +197,72 @@ def rgcn_oracle(h, W, squeeze_dim=None):
 
 
 @pytest.mark.parametrize("out_features", [3, 1])
-def test_graphiler_rgcn_bmm_over_indexed_weights(out_features, backend):
+def test_graphiler_rgcn_bmm_over_indexed_weights(out_features, device):
     """Graphiler's R-GCN message, verbatim in shape: the relation's weight read through edge
     data. With one output feature, squeeze() drops it as DGL does (the edge axis never)."""
-    h, W = features(N, FEAT, integer=False), features(R, FEAT, out_features, integer=False, seed=1)
+    h, W = features(device, N, FEAT, integer=False), features(device, R, FEAT, out_features, integer=False, seed=1)
 
     def message(edges):
         return {"m": torch.bmm(edges.src["h"].unsqueeze(1), W[edges.data["type"]]).squeeze()}
 
     def reduce(nodes):
         return {"h": torch.sum(nodes.mailbox["m"], dim=1)}
-    assert_matches(lambda: gnnfuse.message_passing(graph(), message, reduce, ndata={"h": h},
-                                                   edata={"type": ETYPE})["h"],
+    assert_matches(lambda: gnnfuse.message_passing(graph(device), message, reduce, ndata={"h": h},
+                                                   edata={"type": ETYPE.to(device)})["h"],
                    lambda: rgcn_oracle(h, W), [h, W])
     # Grouped by relation, as typed_matmul: no [E, in, out] tensor of gathered weights.
-    tracer = gnnfuse.frontend.trace_message_passing(message, reduce, None, {"h": h}, {"type": ETYPE})
+    tracer = gnnfuse.frontend.trace_message_passing(message, reduce, None, {"h": h}, {"type": ETYPE.to(device)})
     ops = [v.op for v in CompiledProgram(tracer.program).program]
     assert "indexed_matmul" in ops and "index_rows" not in ops and "row_matmul" not in ops
 
 
-def test_table_indices_wrap_and_fail_like_torch(backend):
+def test_table_indices_wrap_and_fail_like_torch(device):
     """Negative indices count from the end, as torch's do; an index past the table fails."""
-    h, W = features(N, FEAT, integer=False), features(R, FEAT, 2, integer=False, seed=1)
+    h, W = features(device, N, FEAT, integer=False), features(device, R, FEAT, 2, integer=False, seed=1)
 
     def run(types):
         return gnnfuse.message_passing(
-            graph(), lambda e: {"m": torch.bmm(e.src["h"].unsqueeze(1), W[e.data["t"]]).squeeze(1) * embed_scale(e)},
+            graph(device),
+            lambda e: {"m": torch.bmm(e.src["h"].unsqueeze(1), W[e.data["t"]]).squeeze(1) * embed_scale(e)},
             lambda n: {"o": torch.sum(n.mailbox["m"], dim=1)}, ndata={"h": h}, edata={"t": types})["o"]
 
     def embed_scale(e):
         return W[e.data["t"]][:, 0, 0:1]
-    assert_matches(lambda: run(ETYPE - R), lambda: aggregate(
+    assert_matches(lambda: run(ETYPE.to(device) - R), lambda: aggregate(
         torch.bmm(h[SRC].unsqueeze(1), W[ETYPE]).squeeze(1) * W[ETYPE][:, 0, 0:1]), [h, W])
     with pytest.raises(IndexError):
-        run(ETYPE + 1)
+        run(ETYPE.to(device) + 1)
 
 
-def test_bmm_over_typed_lookup_becomes_typed_matmul(backend):
-    h, W = features(N, FEAT, integer=False), features(R, FEAT, 3, integer=False, seed=1)
+def test_bmm_over_typed_lookup_becomes_typed_matmul(device):
+    h, W = features(device, N, FEAT, integer=False), features(device, R, FEAT, 3, integer=False, seed=1)
 
     def message(edges):
         return {"m": torch.bmm(edges.src["h"].unsqueeze(1), edges.type["W"]).squeeze(1)}
 
     def reduce(nodes):
         return {"h": torch.sum(nodes.mailbox["m"], dim=1)}
-    run = lambda: gnnfuse.message_passing(graph(typed=True), message, reduce, ndata={"h": h},  # noqa: E731
+    run = lambda: gnnfuse.message_passing(graph(device, typed=True), message, reduce, ndata={"h": h},  # noqa: E731
                                           etype_data={"W": W})["h"]
     assert_matches(run, lambda: rgcn_oracle(h, W, squeeze_dim=1), [h, W])
     tracer = gnnfuse.frontend.trace_message_passing(message, reduce, None, {"h": h}, {}, {"W": W})
     assert tracer.program.op_count("typed_matmul") == 1 and tracer.program.op_count("row_matmul") == 0
 
 
-def test_per_edge_matrices_from_edge_data(backend):
-    h, We = features(N, FEAT, integer=False), features(len(SRC), FEAT, 2, integer=False, seed=2)
+def test_per_edge_matrices_from_edge_data(device):
+    h, We = features(device, N, FEAT, integer=False), features(device, len(SRC), FEAT, 2, integer=False, seed=2)
 
     def message(edges):
         return {"m": torch.bmm(edges.src["h"].unsqueeze(1), edges.data["W"]).squeeze(1)}
-    assert_matches(lambda: gnnfuse.message_passing(graph(), message, lambda n: {"o": n.mailbox["m"].sum(1)},
+    assert_matches(lambda: gnnfuse.message_passing(graph(device), message, lambda n: {"o": n.mailbox["m"].sum(1)},
                                                    ndata={"h": h}, edata={"W": We})["o"],
                    lambda: aggregate(torch.bmm(h[SRC].unsqueeze(1), We).squeeze(1)), [h, We])
 
 
-def test_vertex_code_indexes_weights_and_embeddings_with_integer_data(backend):
+def test_vertex_code_indexes_weights_and_embeddings_with_integer_data(device):
     """``e.src.h @ W[e.rel]`` per in-edge and ``embed[v.idx]`` per vertex, vertex-centric."""
-    h, W = features(N, FEAT, integer=False), features(R, FEAT, 3, integer=False, seed=1)
-    embed, idx = features(4, 3, integer=False, seed=3), torch.tensor([3, 0, 0, 2, 1, 3])
+    h, W = features(device, N, FEAT, integer=False), features(device, R, FEAT, 3, integer=False, seed=1)
+    embed, idx = features(device, 4, 3, integer=False, seed=3), torch.tensor([3, 0, 0, 2, 1, 3], device=device)
 
     @gnnfuse.vertex
     def f(v):
@@ -274,22 +270,23 @@ def test_vertex_code_indexes_weights_and_embeddings_with_integer_data(backend):
 
     def oracle():
         return aggregate(torch.einsum("ef,efo->eo", h[SRC], W[ETYPE])) + embed[idx]
-    assert_matches(lambda: f(graph(), {"h": h, "idx": idx}, {"rel": ETYPE}), oracle, [h, W, embed])
+    assert_matches(lambda: f(graph(device), {"h": h, "idx": idx}, {"rel": ETYPE.to(device)}), oracle, [h, W, embed])
 
 
-def test_message_reads_embedding_rows_by_edge_data(backend):
-    h, embed = features(N, FEAT, integer=False), features(R, FEAT, integer=False, seed=4)
+def test_message_reads_embedding_rows_by_edge_data(device):
+    h, embed = features(device, N, FEAT, integer=False), features(device, R, FEAT, integer=False, seed=4)
     assert_matches(lambda: gnnfuse.message_passing(
-        graph(), lambda e: {"m": e.src["h"] * embed[e.data["type"]]},
-        lambda n: {"o": n.mailbox["m"].sum(1)}, ndata={"h": h}, edata={"type": ETYPE})["o"],
+        graph(device), lambda e: {"m": e.src["h"] * embed[e.data["type"]]},
+        lambda n: {"o": n.mailbox["m"].sum(1)}, ndata={"h": h}, edata={"type": ETYPE.to(device)})["o"],
         lambda: aggregate(h[SRC] * embed[ETYPE]), [h, embed])
 
 
-def test_dgl_rgcn_input_layer_embedding_lookup(backend):
+def test_dgl_rgcn_input_layer_embedding_lookup(device):
     """DGL's R-GCN input layer: the weight viewed as one embedding table, indexed by an
     index computed from integer edge and vertex data."""
-    weight, norm = features(R, N, 3, integer=False, seed=5), features(len(SRC), 1, integer=False, seed=6)
-    ids = torch.arange(N)
+    weight = features(device, R, N, 3, integer=False, seed=5)
+    norm = features(device, len(SRC), 1, integer=False, seed=6)
+    ids, etype = torch.arange(N, device=device), ETYPE.to(device)
 
     def message(edges):
         embed = weight.view(-1, 3)
@@ -301,41 +298,42 @@ def test_dgl_rgcn_input_layer_embedding_lookup(backend):
         return sum([weight.view(-1, 3)[e.rel_type * N + e.src.id] * e.norm for e in v.inedges])
 
     def oracle():
-        return aggregate(weight.view(-1, 3)[ETYPE * N + ids[SRC]] * norm)
-    assert_matches(lambda: gnnfuse.message_passing(graph(), message, lambda n: {"h": n.mailbox["msg"].sum(1)},
-                                                   ndata={"id": ids}, edata={"rel_type": ETYPE, "norm": norm})["h"],
+        return aggregate(weight.view(-1, 3)[etype * N + ids[SRC]] * norm)
+    assert_matches(lambda: gnnfuse.message_passing(graph(device), message, lambda n: {"h": n.mailbox["msg"].sum(1)},
+                                                   ndata={"id": ids}, edata={"rel_type": etype, "norm": norm})["h"],
                    oracle, [weight, norm])
-    assert_matches(lambda: f(graph(), {"id": ids}, {"rel_type": ETYPE, "norm": norm}), oracle, [weight, norm])
+    assert_matches(lambda: f(graph(device), {"id": ids}, {"rel_type": etype, "norm": norm}), oracle, [weight, norm])
 
 
-def test_embedding_module_and_table_index_with_slices(backend):
+def test_embedding_module_and_table_index_with_slices(device):
     """``nn.Embedding`` on node data and ``table[idx, <slices>]`` on edge data."""
-    embedding, W = torch.nn.Embedding(4, FEAT).double(), features(R, FEAT, 3, integer=False, seed=1)
-    h, ids = features(N, FEAT, integer=False), torch.tensor([3, 0, 0, 2, 1, 3])
+    embedding, W = torch.nn.Embedding(4, FEAT).double().to(device), features(device, R, FEAT, 3, integer=False, seed=1)
+    h, ids = features(device, N, FEAT, integer=False), torch.tensor([3, 0, 0, 2, 1, 3], device=device)
 
     def message(edges):
         return {"m": edges.src["h"] * embedding(edges.src["id"]) + W[edges.data["t"], :, 1]}
-    assert_matches(lambda: gnnfuse.message_passing(graph(), message, lambda n: {"o": n.mailbox["m"].sum(1)},
-                                                   ndata={"h": h, "id": ids}, edata={"t": ETYPE})["o"],
+    assert_matches(lambda: gnnfuse.message_passing(graph(device), message, lambda n: {"o": n.mailbox["m"].sum(1)},
+                                                   ndata={"h": h, "id": ids}, edata={"t": ETYPE.to(device)})["o"],
                    lambda: aggregate(h[SRC] * embedding(ids[SRC]) + W[ETYPE, :, 1]), [h, embedding.weight, W])
 
 
-def test_index_select_with_long_cast(backend):
-    h, W = features(N, FEAT, integer=False), features(R, FEAT, 2, integer=False, seed=1)
+def test_index_select_with_long_cast(device):
+    h, W = features(device, N, FEAT, integer=False), features(device, R, FEAT, 2, integer=False, seed=1)
 
     def message(edges):
         w = W.index_select(0, edges.data["type"].int().long())
         return {"m": torch.bmm(edges.src["h"].unsqueeze(1), w).squeeze(1)}
-    assert_matches(lambda: gnnfuse.message_passing(graph(), message, lambda n: {"o": n.mailbox["m"].sum(1)},
-                                                   ndata={"h": h}, edata={"type": ETYPE.int()})["o"],
+    assert_matches(lambda: gnnfuse.message_passing(graph(device), message, lambda n: {"o": n.mailbox["m"].sum(1)},
+                                                   ndata={"h": h}, edata={"type": ETYPE.int().to(device)})["o"],
                    lambda: rgcn_oracle(h, W, squeeze_dim=1), [h, W])
 
 
-def test_integer_index_arithmetic_is_exact_on_every_backend(backend):
+def test_integer_index_arithmetic_is_exact_on_every_backend(device):
     """Integer arithmetic is never evaluated in a kernel's float accumulator: with float32
     it rounds integers above 2**24, and this index would read the wrong rows."""
-    embed, ids, big = features(N, 2, integer=False), torch.arange(N), torch.full((len(SRC),), 2**25 + 1)
-    out = gnnfuse.message_passing(graph(), lambda e: {"m": embed[(e.data["big"] + e.src["id"]) - e.data["big"]]},
+    embed, ids = features(device, N, 2, integer=False), torch.arange(N, device=device)
+    big = torch.full((len(SRC),), 2**25 + 1, device=device)
+    out = gnnfuse.message_passing(graph(device), lambda e: {"m": embed[(e.data["big"] + e.src["id"]) - e.data["big"]]},
                                   lambda n: {"o": torch.sum(n.mailbox["m"], dim=1)},
                                   ndata={"id": ids}, edata={"big": big})["o"]
     torch.testing.assert_close(out, aggregate(embed[SRC]))
@@ -344,10 +342,10 @@ def test_integer_index_arithmetic_is_exact_on_every_backend(backend):
 NTYPE = torch.tensor([0, 1, 1, 0, 1, 0])
 
 
-def hgt_weights():
+def hgt_weights(device: str):
     shapes = {"k": (2, FEAT, FEAT), "q": (2, FEAT, FEAT), "v": (2, FEAT, FEAT), "a": (2, FEAT, FEAT),
               "att": (R, FEAT, FEAT), "msg": (R, FEAT, FEAT), "pri": (R, 1), "skip": (2,)}
-    return {k: features(*shape, integer=False, seed=10 + i) for i, (k, shape) in enumerate(shapes.items())}
+    return {k: features(device, *shape, integer=False, seed=10 + i) for i, (k, shape) in enumerate(shapes.items())}
 
 
 def hgt_oracle(h, w):
@@ -358,16 +356,17 @@ def hgt_oracle(h, w):
     k = torch.bmm(k.unsqueeze(1), w["att"][ETYPE]).squeeze(1)
     v = torch.bmm(v.unsqueeze(1), w["msg"][ETYPE]).squeeze(1)
     score = (k * q).sum(1, keepdim=True) * w["pri"][ETYPE] / math.sqrt(FEAT)
-    peak = torch.full((N, 1), -math.inf, dtype=score.dtype).index_reduce(0, DST, score, "amax")
+    peak = torch.full((N, 1), -math.inf, dtype=score.dtype, device=score.device).index_reduce(
+        0, DST.to(score.device), score, "amax")
     e = torch.exp(score - peak[DST])
     t = aggregate(e / aggregate(e)[DST] * v)
     return torch.bmm(t.unsqueeze(1), w["a"][NTYPE]).squeeze(1) * torch.sigmoid(w["skip"][NTYPE]).unsqueeze(1)
 
 
-def test_hgt_with_weights_indexed_by_type_data(backend):
+def test_hgt_with_weights_indexed_by_type_data(device):
     """Graphiler's HGT as DGL's naive UDFs write it: every per-type weight indexed with the
     type ids stored as edge and node data, bmm'd and squeeze()d."""
-    h, w = features(N, FEAT, integer=False), hgt_weights()
+    h, w = features(device, N, FEAT, integer=False), hgt_weights(device)
 
     def message(edges):
         k = torch.bmm(edges.src["h"].unsqueeze(1), w["k"][edges.src["_TYPE"]]).squeeze()
@@ -385,8 +384,8 @@ def test_hgt_with_weights_indexed_by_type_data(backend):
         alpha = torch.sigmoid(w["skip"][nodes.data["_TYPE"]])
         trans_out = torch.bmm(nodes.data["t"].unsqueeze(1), w["a"][nodes.data["_TYPE"]]).squeeze()
         return {"h": trans_out * alpha.unsqueeze(1)}
-    assert_matches(lambda: gnnfuse.message_passing(graph(), message, reduce, update,
-                                                   ndata={"h": h, "_TYPE": NTYPE}, edata={"_TYPE": ETYPE})["h"],
+    ndata, edata = {"h": h, "_TYPE": NTYPE.to(device)}, {"_TYPE": ETYPE.to(device)}
+    assert_matches(lambda: gnnfuse.message_passing(graph(device), message, reduce, update, ndata=ndata, edata=edata)["h"],
                    lambda: hgt_oracle(h, w), [h, *w.values()])
 
 
@@ -399,10 +398,10 @@ def test_derivative_rules_pass_gradcheck():
             m = F.normalize(a, dim=-1) * torch.softmax(b, dim=-1) + abs(a) * torch.maximum(a, b * 0.7)
             m = m[:, 1:3] + torch.bmm(a.unsqueeze(1), W[edges.data["t"]]).squeeze(1)
             return {"m": m + torch.bmm(b.unsqueeze(1), edges.data["W"]).squeeze(1) * embed[edges.data["t"]][:, ::2]}
-        return gnnfuse.message_passing(graph(), message, lambda n: {"o": n.mailbox["m"].sum(1)},
+        return gnnfuse.message_passing(graph("cpu"), message, lambda n: {"o": n.mailbox["m"].sum(1)},
                                        ndata={"h": h}, edata={"W": We, "t": ETYPE})["o"]
-    inputs = (features(N, FEAT, integer=False), features(len(SRC), FEAT, 2, integer=False, seed=2),
-              features(R, FEAT, 2, integer=False, seed=1), features(R, FEAT, integer=False, seed=4))
+    inputs = (features("cpu", N, FEAT, integer=False), features("cpu", len(SRC), FEAT, 2, integer=False, seed=2),
+              features("cpu", R, FEAT, 2, integer=False, seed=1), features("cpu", R, FEAT, integer=False, seed=4))
     assert torch.autograd.gradcheck(run, inputs, fast_mode=True)
 
 
@@ -411,7 +410,7 @@ def _message_error(message, reduce, match: str, at, text: str) -> None:
     """message_passing raises a CompileError matching ``match`` at the line of ``at``
     (one of the UDFs) holding ``text``."""
     with pytest.raises(CompileError, match=match) as info:
-        gnnfuse.message_passing(graph(), message, reduce, ndata={"h": torch.randn(N, FEAT)},
+        gnnfuse.message_passing(graph("cpu"), message, reduce, ndata={"h": torch.randn(N, FEAT)},
                                 edata={"type": ETYPE})
     assert f":{line_of(at, text)}:" in str(info.value)
 
@@ -421,13 +420,14 @@ def test_math_function_on_a_graph_value_is_a_compile_error():
     def f(v):
         return sum([math.exp(u.h) for u in v.innbs])
     with pytest.raises(CompileError, match="cannot become a Python number") as info:
-        f(graph(), {"h": torch.randn(N, FEAT)})
+        f(graph("cpu"), {"h": torch.randn(N, FEAT)})
     assert f":{line_of(f.fn, 'math.exp')}:" in str(info.value)
 
 
 def test_indexing_a_graph_axis_is_a_compile_error():
-    """An edge's row or one mailbox entry (``mailbox['m'][:, 0]``, DGL's first message by
-    edge id) is not a feature: the graph axis can only be taken whole."""
+    """An edge's row or a slice of the mailbox's neighbour axis is not a feature: the
+    graph axis can only be taken whole (one message by position, ``mailbox['m'][:, 0]``,
+    is tests/test_frontend_gaps.py's)."""
     def message(edges):
         return {"m": edges.src["h"][0]}
 
@@ -435,9 +435,9 @@ def test_indexing_a_graph_axis_is_a_compile_error():
         return {"o": torch.sum(nodes.mailbox["m"], dim=1)}
     _message_error(message, reduce, "graph axis", message, 'edges.src["h"][0]')
 
-    def first_message(nodes):
-        return {"o": nodes.mailbox["m"][:, 0]}
-    _message_error(lambda e: {"m": e.src["h"]}, first_message, "graph axis", first_message, "[:, 0]")
+    def first_messages(nodes):
+        return {"o": nodes.mailbox["m"][:, 0:2].sum(1)}
+    _message_error(lambda e: {"m": e.src["h"]}, first_messages, "neighbour axis", first_messages, "[:, 0:2]")
 
 
 @pytest.mark.parametrize("expr, match", [
@@ -458,7 +458,7 @@ def test_message_op_misuse_is_a_compile_error(expr, match):
     namespace = {"torch": torch, "F": F, "W": torch.randn(R, FEAT, 3), "W3": torch.randn(len(SRC), FEAT, 3)}
     exec(f"def message(edges):\n    return {{'m': {expr}}}\n", namespace)
     with pytest.raises(CompileError, match=match) as info:
-        gnnfuse.message_passing(graph(), namespace["message"], lambda n: {"o": torch.sum(n.mailbox["m"], dim=1)},
+        gnnfuse.message_passing(graph("cpu"), namespace["message"], lambda n: {"o": torch.sum(n.mailbox["m"], dim=1)},
                                 ndata={"h": torch.randn(N, FEAT, dtype=torch.float64)}, edata={"type": ETYPE})
     assert ":2:" in str(info.value)
 
@@ -469,10 +469,10 @@ def test_log_softmax_over_the_neighbour_axis_is_a_compile_error():
     _message_error(lambda e: {"m": e.src["h"]}, reduce, "graph axis", reduce, "F.log_softmax")
 
 
-def test_slice_of_an_edge_value_is_fused_into_the_kernel(backend):
+def test_slice_of_an_edge_value_is_fused_into_the_kernel(device):
     """A slice of per-edge work is a coordinate map inside the aggregation kernel, not a
     torch op over an edge-sized tensor."""
-    h = features(N, FEAT)
+    h = features(device, N, FEAT)
 
     def message(edges):
         return {"m": (edges.src["h"] * edges.dst["h"])[:, 1::2] + (edges.src["h"] - edges.dst["h"])[:, 0, None]}
@@ -482,5 +482,5 @@ def test_slice_of_an_edge_value_is_fused_into_the_kernel(backend):
     tracer = gnnfuse.frontend.trace_message_passing(message, reduce, None, {"h": h}, {})
     plan = partition(CompiledProgram(tracer.program).program)
     assert not [v for v in plan if getattr(v, "op", None) == "slice_features"]
-    assert_matches(lambda: gnnfuse.message_passing(graph(), message, reduce, ndata={"h": h})["o"],
+    assert_matches(lambda: gnnfuse.message_passing(graph(device), message, reduce, ndata={"h": h})["o"],
                    lambda: aggregate((h[SRC] * h[DST])[:, 1::2] + (h[SRC] - h[DST])[:, 0, None]), [h])

@@ -14,22 +14,18 @@ DOUBLE = torch.float64
 EPS = 1e-6
 
 
-@pytest.fixture(params=["reference", "triton"])
-def backend(request, monkeypatch):
-    monkeypatch.setenv("GNNFUSE_BACKEND", request.param)
-    return request.param
-
-
-def graph() -> gnnfuse.Graph:
+def graph(device: str) -> gnnfuse.Graph:
     """In-degrees 1, 2, 0, 2, 0, 1: vertex 2 only sends, vertex 4 is isolated; a multi-edge
     into 3 and a self loop on 5."""
-    return gnnfuse.Graph(torch.tensor([2, 0, 2, 1, 1, 5]), torch.tensor([0, 1, 1, 3, 3, 5]), 6)
+    return gnnfuse.Graph(torch.tensor([2, 0, 2, 1, 1, 5]), torch.tensor([0, 1, 1, 3, 3, 5]), 6).to(device)
 
 
 def tensors(g: gnnfuse.Graph, width: int = 3) -> dict[str, torch.Tensor]:
+    """Drawn on the CPU (one stream for every device), then moved to the graph's device."""
     gen = torch.Generator().manual_seed(1)
     node = {k: torch.randn(g.num_nodes, width, dtype=DOUBLE, generator=gen) for k in ("Ah", "Bh", "Dh", "Eh")}
-    return {**node, "Ce": torch.randn(g.num_edges, width, dtype=DOUBLE, generator=gen)}
+    drawn = {**node, "Ce": torch.randn(g.num_edges, width, dtype=DOUBLE, generator=gen)}
+    return {k: v.to(g.device) for k, v in drawn.items()}
 
 
 def message(edges):
@@ -65,7 +61,8 @@ def compare(run, oracle, t: dict[str, torch.Tensor]) -> None:
     for fn in (run, oracle):
         leaves = {k: v.clone().requires_grad_() for k, v in t.items()}
         out = fn(leaves)
-        loss = sum((o * torch.linspace(-1, 1, o.numel(), dtype=DOUBLE).view_as(o)).sum() for o in out.values())
+        loss = sum((o * torch.linspace(-1, 1, o.numel(), dtype=DOUBLE, device=o.device).view_as(o)).sum()
+                   for o in out.values())
         grads = torch.autograd.grad(loss, list(leaves.values()), allow_unused=True)
         results.append((out, [torch.zeros_like(v) if gr is None else gr for v, gr in zip(t.values(), grads)]))
     (out, grads), (expected, expected_grads) = results
@@ -85,23 +82,23 @@ def run_udfs(g, with_update):
 
 
 @pytest.mark.parametrize("with_update", [False, True], ids=["reduce", "reduce+update"])
-def test_gated_gcn_reduce_is_zero_filled_without_in_edges(backend, with_update, monkeypatch):
+def test_gated_gcn_reduce_is_zero_filled_without_in_edges(backend, device, with_update, monkeypatch):
     from gnnfuse.backend.triton import executor as triton_executor
     sources = []
     real = triton_executor.kernel_source
     monkeypatch.setattr(triton_executor, "kernel_source", lambda *a: sources.append(real(*a)[1]) or real(*a))
-    g = graph()
+    g = graph(device)
     t = tensors(g)
     compare(run_udfs(g, with_update), lambda x: dgl_oracle(g, x, with_update), t)
     if backend == "triton":   # the zero fill's select also runs inside fused kernels (its emit string)
         assert any("!= 0" in source for source in sources)
 
 
-def test_zero_fill_selects_rather_than_multiplies(backend):
+def test_zero_fill_selects_rather_than_multiplies(device):
     """Node data that is infinite on an isolated vertex, and log(0) of an empty sum, give
     DGL's 0 there, not NaN (0 * inf); the finite vertices' values and gradients are exact."""
-    g = graph()
-    t = {"h": torch.rand(6, 2, dtype=DOUBLE, generator=torch.Generator().manual_seed(2)) + 0.5}
+    g = graph(device)
+    t = {"h": (torch.rand(6, 2, dtype=DOUBLE, generator=torch.Generator().manual_seed(2)) + 0.5).to(device)}
     t["h"][4] = float("inf")
 
     def reduce_log(nodes):
@@ -121,7 +118,7 @@ def test_zero_fill_selects_rather_than_multiplies(backend):
 
 
 def test_gradcheck_through_the_zero_fill():
-    g = graph()
+    g = graph("cpu")
     t = tensors(g, width=2)
     names = list(t)
 

@@ -13,6 +13,11 @@ so every reduce_fn output is 0 there (also a reduce_fn that adds node data or a 
 as GatedGCN's ``h + sum(...) / (sum(...) + eps)`` does), and update_fn runs on all
 vertices, seeing those zeros. ``nodes.mailbox['m'].shape[1]`` is each vertex's in-degree.
 
+Shapes follow torch's broadcasting as in DGL: ``nodes.data['h'].unsqueeze(1)`` is
+[N, 1, F] (summing it over dim 1 gives ``h``; next to a mailbox value it is read onto each
+in-edge), while ``nodes.data['h']`` ([N, F]) next to a [N, D, F] mailbox value is an error.
+``nodes.mailbox['m'][:, i]`` is each vertex's ``i``-th message, in-edges in edge-id order.
+
 A UDF may be a function, a bound method, a ``functools.partial``, an ``nn.Module`` (its
 ``forward`` is traced; hooks do not run) or an object with a ``__call__`` method.
 
@@ -51,7 +56,7 @@ from typing import Callable, Mapping
 import torch
 
 from ..graph import Graph
-from ..ir import Residency
+from ..ir import Residency, Value
 from ..runtime import CompiledProgram
 from . import pairwise
 from .trace_cache import TraceCache, check_tables, program_feeds
@@ -71,6 +76,12 @@ class _MessageTracer(Tracer):
             result = self.apply("reshape", result, shape=(1,) + result.value.shape)
         return result
 
+    def pick(self, x: SymTensor, position: int) -> SymTensor:
+        """``nodes.mailbox[k][:, position]``: each vertex's message at that position of its
+        in-edges in edge-id order, DGL's mailbox order (ir/ops/positional.py)."""
+        self._check_mailbox(x)
+        return SymTensor(self, self.program.add("pick_in_edge", x.value, position=position, source=self.source()), 1)
+
     def softmax(self, x: SymTensor) -> SymTensor:
         if pairwise.is_pairwise(x):
             raise self.error("softmax over an axis of a pairwise [N, D, D, ...] term cannot be compiled")
@@ -81,7 +92,25 @@ class _MessageTracer(Tracer):
         syms = [self.lift(o) for o in operands]
         if any(pairwise.is_pairwise(s) for s in syms):
             syms = pairwise.line_up(self, syms)
+        elif any(s.prefix == 2 for s in syms):
+            rank = max(s.dim() for s in syms if s.prefix == 2)
+            syms = [self._onto_mailbox(s, rank) for s in syms]
         return super().apply(op, *syms, **attrs)
+
+    def _onto_mailbox(self, x: SymTensor, rank: int) -> SymTensor:
+        """A per-vertex value meeting a mailbox value ([N, D, ...], ``rank`` dims), with
+        torch's right-aligned broadcasting: [N, 1, ...] (``nodes.data[k].unsqueeze(1)``,
+        a keepdim reduction) is read onto each in-edge of its vertex; a per-vertex scalar
+        of the in-degree (``mailbox.shape[1]``) scales every entry, as DGL's Python int
+        does; anything else would broadcast the vertex axis against the neighbour axis."""
+        if x.value.residency is not Residency.NODE or x.prefix != 1 or _counts_in_edges(x.value):
+            return x
+        if x.dim() != rank or x.value.shape[:1] != (1,):
+            raise self.error(f"a per-vertex {list(x.shape)} value next to a {rank}-dim mailbox value "
+                             "([N, D, ...]) would broadcast its vertex axis against the neighbour axis; "
+                             "give it a size-1 neighbour axis (nodes.data[k].unsqueeze(1), or keepdim=True)")
+        row = self.apply("reshape", x, shape=x.value.shape[1:])
+        return row.broadcast_dst()
 
     def pair_view(self, x: SymTensor) -> SymTensor:
         """``x.unsqueeze(1)`` of a mailbox value (see frontend/pairwise.py)."""
@@ -134,6 +163,16 @@ class _EdgeData(_Lookup):
             raise self._tracer.error(f"edges.data[{key!r}] must be assigned a per-edge value computed from "
                                      f"edges.src/dst/data, got {what}")
         self.written[key] = value
+
+
+def _counts_in_edges(value: Value) -> bool:
+    """Whether ``value`` is a per-vertex scalar computed from the in-degree and constants
+    alone (``1 / nodes.mailbox['m'].shape[1]``): no per-vertex data, so no vertex axis."""
+    if value.op in ("degree", "const"):
+        return True
+    if value.op == "input" or value.shape != () or not value.inputs:
+        return False
+    return all(i.residency is Residency.SHARED or _counts_in_edges(i) for i in value.inputs)
 
 
 def _gather(tracer: Tracer, key: str, residency: Residency, tensor: torch.Tensor, by: str) -> SymTensor:

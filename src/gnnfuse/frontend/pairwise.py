@@ -9,7 +9,8 @@ apart by the leading graph dims a value shows (its prefix) and its residency:
   size 1, as ``m.unsqueeze(2)`` always was;
 * [N, 1, D, ...] -- ``m.unsqueeze(1)`` -- keeps its edge rows but shows three graph dims
   (prefix 3, edge residency): ops on it alone stay per edge, and a reduction over its
-  size-1 axis 1 is the identity, as in torch;
+  size-1 axis 1 is the identity, as in torch, and one over axis 2 the mailbox reduction,
+  a per-vertex [N, 1, ...] value;
 * [N, D, D, ...] lives on the PAIR residency (prefix 3; see ir/ops/pairwise.py): made
   when the first two meet, ``pair_broadcast`` reading each side through the pair's
   edge ``i`` or ``j``; a sum/mean/max/min over dim 1 or 2 is ``pair_reduce`` back to
@@ -35,18 +36,17 @@ def is_pairwise(x: SymTensor) -> bool:
 
 def pair_view(tracer: Tracer, x: SymTensor) -> SymTensor:
     """``x.unsqueeze(1)`` of a mailbox value: [N, 1, D, ...], still one row per edge."""
-    _check_not_per_destination(tracer, x)
     return SymTensor(tracer, x.value, PAIR_PREFIX)
 
 
-def _check_not_per_destination(tracer: Tracer, x: SymTensor) -> None:
-    """A DST value with two graph dims is ``edges.dst[k]`` from the mailbox ([N, D, ...])
-    or ``nodes.data[k].unsqueeze(1)`` ([N, 1, ...]): the trace cannot tell which, and in
-    a pairwise term the size of that axis changes what a later reduction over it counts."""
-    if x.value.residency is Residency.DST:
-        raise tracer.error("a per-destination value (nodes.data[...] or edges.dst[...]) cannot enter a "
-                           "pairwise [N, D, D, ...] term: whether its neighbour axis has size 1 or D "
-                           "is unknown at trace time; combine it after reducing the pair axes")
+def _node_view(tracer: Tracer, x: SymTensor) -> SymTensor:
+    """A per-vertex [N, 1, 1, ...] value (``nodes.data[k].unsqueeze(1).unsqueeze(1)``),
+    the same for every pair of its vertex: read onto the vertex's in-edges as an
+    [N, 1, D, ...] view. (A mailbox value with two graph dims is always [N, D, ...]: a
+    node value meets the mailbox only through a size-1 neighbour axis, see
+    message._MessageTracer.apply.)"""
+    row = tracer.program.add("reshape", x.value, shape=x.value.shape[2:], source=tracer.source())
+    return SymTensor(tracer, SymTensor(tracer, row, 1).broadcast_dst().value, PAIR_PREFIX)
 
 
 def line_up(tracer: Tracer, operands: Sequence[SymTensor]) -> list[SymTensor]:
@@ -62,14 +62,17 @@ def line_up(tracer: Tracer, operands: Sequence[SymTensor]) -> list[SymTensor]:
         elif is_pairwise(x) and x.dim() == rank:
             sides.append("pair" if residency is Residency.PAIR else "j")
         elif residency in EDGE_ROWED and x.prefix == 2 and x.dim() == rank and x.value.shape[0] == 1:
-            _check_not_per_destination(tracer, x)
             sides.append("i")
+        elif residency is Residency.NODE and x.prefix == 1 and x.dim() == rank and x.value.shape[:2] == (1, 1):
+            sides.append("node")
         else:
             raise tracer.error(
                 f"a {list(x.shape)} value ({residency.name}) does not line up with a pairwise "
                 f"[N, D, D, ...] term of rank {rank}: its graph dims would broadcast against other "
                 "axes; give mailbox values as m.unsqueeze(1) ([N, 1, D, ...]) or m.unsqueeze(2) "
                 "([N, D, 1, ...]) of the same rank")
+    operands = [_node_view(tracer, x) if side == "node" else x for x, side in zip(operands, sides)]
+    sides = ["j" if side == "node" else side for side in sides]
     if not {"i", "pair"} & set(sides):
         return list(operands)
     lined = []
@@ -100,16 +103,16 @@ def _unsqueezed(tracer: Tracer, value: Value) -> SymTensor:
 def reduce_pairs(tracer: Tracer, x: SymTensor, op: str, dim, keepdim: bool) -> SymTensor:
     """``op`` over axis 1 or 2 of a pairwise value, with torch's shapes: [N, D, D, ...]
     gives [N, D, ...] (``keepdim``: [N, 1, D, ...] or [N, D, 1, ...]); [N, 1, D, ...]
-    over its size-1 axis 1 is itself."""
+    over its size-1 axis 1 is itself, over axis 2 the per-vertex [N, 1, ...]."""
     axis = dim[0] if isinstance(dim, (tuple, list)) and len(dim) == 1 else dim
     axis = axis + x.dim() if isinstance(axis, int) and axis < 0 else axis
     if axis not in (1, 2):
         raise tracer.error(f"a pairwise [N, D, D, ...] term reduces over dim 1 or 2 (one neighbour "
                            f"axis at a time), got dim={dim}")
     if x.value.residency is not Residency.PAIR:          # [N, 1, D, ...]
-        if axis == 2:   # [N, 1, ...] would be a DST value, ambiguous (see _check_not_per_destination)
-            raise tracer.error(f"reducing m.unsqueeze(1) ([N, 1, D, ...]) over dim {dim} cannot be "
-                               f"compiled; reduce the mailbox value itself over dim=1 instead")
+        if axis == 2:   # the mailbox reduction, shown as [N, 1, ...] (or [N, 1, 1, ...])
+            total = tracer.reduce(SymTensor(tracer, x.value, 2), op, 1)
+            return tracer.apply("reshape", total, shape=(1,) * (1 + keepdim) + total.value.shape)
         return x if keepdim else SymTensor(tracer, x.value, 2)
     kept = "j" if axis == 1 else "i"
     value = tracer.program.add("pair_reduce", x.value, op=op, by=kept, source=tracer.source())

@@ -26,7 +26,7 @@ EDGE_ROWED = (Residency.SRC, Residency.DST, Residency.EDGE)
 _LIBRARY_DIRS = tuple(os.path.dirname(path) + os.sep for path in (os.path.dirname(__file__), torch.__file__))
 
 
-def _is_library(filename: str) -> bool:
+def is_library(filename: str) -> bool:
     """Whether code in ``filename`` is gnnfuse's or torch's, never the user's."""
     return filename.startswith(_LIBRARY_DIRS)
 
@@ -65,7 +65,7 @@ class Tracer:
         frame, entry = sys._getframe(1), self._calls[-1] if self._calls else None
         while frame is not None and frame is not entry:
             code = frame.f_code
-            if code is self._code or (entry is not None and not _is_library(code.co_filename)):
+            if code is self._code or (entry is not None and not is_library(code.co_filename)):
                 text = linecache.getline(code.co_filename, frame.f_lineno).strip()
                 return f"{code.co_filename}:{frame.f_lineno}: {text}"
             frame = frame.f_back
@@ -102,6 +102,8 @@ class Tracer:
             dtype = torch.int64 if isinstance(obj, int) else self.dtype
             return SymTensor(self, self.program.add("const", value=float(obj), dtype=dtype,
                                                     source=self.source()), 0)
+        if isinstance(obj, RowCount):
+            raise obj.error()
         raise self.error(f"cannot use a {type(obj).__name__} as a tensor operand in a traced function")
 
     def in_degree(self, kind: type["Degree"] | None = None, prefix: int = 0) -> "Degree":
@@ -134,12 +136,17 @@ class SymTensor:
     # -- tensor-like surface --------------------------------------------------------
     @property
     def shape(self) -> tuple:
-        """Graph dims read as 1 (reshape takes them back as -1 or 1), except a mailbox's
-        neighbour axis: its length differs per vertex, so it is the in-degree, a
-        symbolic value (``nodes.mailbox['m'].shape[1]`` in arithmetic is the degree)."""
+        """Feature dims are numbers; graph dims are not known at trace time. The row axis
+        (dim 0: edges or vertices) is a `RowCount`, which only a reshape takes back in its
+        own position; a mailbox's neighbour axis is the in-degree, a symbolic value
+        (``nodes.mailbox['m'].shape[1]`` in arithmetic is the degree); the size-1 axes of
+        a pairwise view read as 1 (reshape takes them back as -1 or 1)."""
+        if not self.prefix:
+            return torch.Size(self.value.shape)
+        rows = RowCount(self.tracer, self._row_name())
         if self.prefix == 2:
-            return (1, self.tracer.neighbour_count()) + self.value.shape
-        return torch.Size((1,) * self.prefix + self.value.shape)
+            return (rows, self.tracer.neighbour_count()) + self.value.shape
+        return (rows,) + (1,) * (self.prefix - 1) + self.value.shape
 
     def size(self, dim: int | None = None):
         return self.shape if dim is None else self.shape[dim]
@@ -281,14 +288,21 @@ def _check_dtype(tracer: Tracer, x: SymTensor, dtype: torch.dtype | None, name: 
                            "conversion op; pass features of the dtype you want to compute in")
 
 
-def _reduction(feature_op: str, graph_op: str):
-    def handler(tracer: Tracer, x, dim=None, keepdim=False, *, dtype=None, out=None):
+def _reduction(feature_op: str | None, graph_op: str, name: str | None = None, pair: bool = False):
+    """torch.``name`` (default ``graph_op``): ``graph_op`` over the neighbour axis,
+    ``feature_op`` over feature dims; with ``pair`` it returns (values, indices) as
+    torch.max / torch.min do (torch.amax / amin return the values alone). ``keepdims``
+    is the numpy spelling of ``keepdim`` that torch accepts too."""
+    name = name or graph_op
+
+    def handler(tracer: Tracer, x, dim=None, keepdim=False, *, dtype=None, out=None, keepdims=None):
         x = tracer.lift(x)
+        keepdim = keepdim if keepdims is None else keepdims
         if dim is None:
-            raise tracer.error(f"torch.{graph_op} over all dims of a graph value cannot be compiled; pass dim=")
+            raise tracer.error(f"torch.{name} over all dims of a graph value cannot be compiled; pass dim=")
         if out is not None:
-            raise tracer.error(f"torch.{graph_op}(..., out=) writes into an existing tensor, which cannot be compiled")
-        _check_dtype(tracer, x, dtype, graph_op)
+            raise tracer.error(f"torch.{name}(..., out=) writes into an existing tensor, which cannot be compiled")
+        _check_dtype(tracer, x, dtype, name)
         dims, graph_axis = _dims(x, dim)
         if graph_axis:
             result = tracer.reduce(x, graph_op, dim, keepdim) if hasattr(tracer, "reduce") else None
@@ -296,14 +310,14 @@ def _reduction(feature_op: str, graph_op: str):
                 raise tracer.error(f"reducing over dim={dim} (the neighbour axis) is only possible on "
                                    "nodes.mailbox inside reduce_fn")
         elif feature_op is None:
-            raise tracer.error(f"torch.{graph_op} over feature dims has no gnnfuse op")
+            raise tracer.error(f"torch.{name} over feature dims has no gnnfuse op")
         else:
             result = tracer.apply(feature_op, x, dim=tuple(dims), keepdim=bool(keepdim))
-        if graph_op not in ("max", "min"):
+        if not pair:
             return result
-        pair = _ReduceResult((result, None))
-        pair.tracer = tracer
-        return pair
+        values_and_indices = _ReduceResult((result, None))
+        values_and_indices.tracer = tracer
+        return values_and_indices
     return handler
 
 
@@ -373,7 +387,9 @@ def _reshape(tracer: Tracer, x, *shape):
     x = tracer.lift(x)
     shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list, torch.Size)) else shape
     lead, elem = shape[: x.prefix], shape[x.prefix:]
-    kept = [i == 1 and isinstance(s, NeighbourCount) for i, s in enumerate(lead)]
+    if any(isinstance(s, RowCount) for s in shape[1:]):
+        raise next(s for s in shape[1:] if isinstance(s, RowCount)).error()
+    kept = [isinstance(s, (RowCount, NeighbourCount)[i]) if i < 2 else False for i, s in enumerate(lead)]
     if any(isinstance(s, SymTensor) for s in elem) or any(
             isinstance(s, SymTensor) and not keep for s, keep in zip(lead, kept)):
         raise tracer.error("a reshape size cannot depend on the in-degree (mailbox.shape[1]): it differs "
@@ -393,8 +409,6 @@ def _reshape(tracer: Tracer, x, *shape):
 
 def _unsqueeze(tracer: Tracer, x, dim):
     x = tracer.lift(x)
-    if tracer.mode == "reduce" and x.value.residency is Residency.NODE and dim == 1:
-        return x.broadcast_dst()   # nodes.data[k].unsqueeze(1): line up with the mailbox
     if tracer.mode == "reduce" and x.prefix == 2 and (dim if dim >= 0 else x.dim() + 1 + dim) == 1:
         return tracer.pair_view(x)  # mailbox.unsqueeze(1): a pairwise term (frontend/pairwise.py)
     rank = len(x.value.shape)
@@ -613,6 +627,9 @@ def _getitem(tracer: Tracer, x, index):
         items[at:at + 1] = [slice(None)] * fill
     if sum(1 for i in items if i is not None) > len(shape):
         raise tracer.error(f"too many indices for a value of shape {list(shape)}")
+    if x.prefix == 2 and len(items) > 1 and items[0] == slice(None) and not isinstance(items[1], slice) \
+            and items[1] is not None:
+        return _mailbox_position(tracer, x, items)
     window, out_shape, d = [], [], 0
     for item in items:
         if item is None:
@@ -621,6 +638,10 @@ def _getitem(tracer: Tracer, x, index):
             out_shape.append(1)
             continue
         if d < x.prefix:
+            if item != slice(None) and item != slice(None, None, 1) and x.prefix == 2 and d == 1:
+                raise tracer.error(f"slicing dim 1 of a mailbox value, the neighbour axis, cannot be compiled "
+                                   "(vertices have different numbers of messages); take one message by a "
+                                   "constant position (m[:, 0], m[:, -1]) or reduce over dim=1")
             if item != slice(None) and item != slice(None, None, 1):
                 raise tracer.error(f"indexing dim {d}, a graph axis (one row per edge, vertex or mailbox "
                                    "entry), cannot be compiled; take it whole (:) and index feature dims")
@@ -649,6 +670,20 @@ def _getitem(tracer: Tracer, x, index):
     if tuple(out_shape) != value.value.shape:
         value = tracer.apply("reshape", value, shape=tuple(out_shape))
     return value
+
+
+def _mailbox_position(tracer: Tracer, x: SymTensor, items: list) -> SymTensor:
+    """``nodes.mailbox[k][:, i, ...]``: each vertex's ``i``-th message (ir/ops/positional.py),
+    then the remaining indices on its feature dims."""
+    try:
+        position = operator.index(items[1])
+    except TypeError:
+        raise tracer.error(f"cannot index a mailbox's neighbour axis with {items[1]!r}; use a constant "
+                           "integer position (m[:, 0]) or reduce over dim=1") from None
+    if not hasattr(tracer, "pick"):
+        raise tracer.error("a message by its position (m[:, i]) exists only on nodes.mailbox in reduce_fn")
+    picked = tracer.pick(x, position)
+    return _getitem(tracer, picked, (slice(None), *items[2:])) if items[2:] else picked
 
 
 def _index_select(tracer: Tracer, table, dim, index):
@@ -692,8 +727,9 @@ for _fns, _h in [
     ((F.linear,), _linear),
     ((torch.sum, T.sum), _reduction("sum_dim", "sum")),
     ((torch.mean, T.mean), _reduction("mean_dim", "mean")),
-    ((torch.max, T.max, torch.amax, T.amax), _reduction(None, "max")),
-    ((torch.min, T.min, torch.amin, T.amin), _reduction(None, "min")),
+    ((torch.max, T.max), _reduction(None, "max", pair=True)),
+    ((torch.min, T.min), _reduction(None, "min", pair=True)),
+    ((torch.amax, T.amax), _reduction(None, "max", "amax")), ((torch.amin, T.amin), _reduction(None, "min", "amin")),
     ((torch.cat, torch.concat), _cat),
     ((torch.reshape, T.reshape, T.view), _reshape),
     ((torch.unsqueeze, T.unsqueeze), _unsqueeze),
@@ -758,3 +794,31 @@ class NeighbourCount(Degree):
     def __index__(self) -> int:
         raise self.tracer.error("mailbox.shape[1] (the in-degree) differs per vertex and cannot be used "
                                 "as a Python int; use it in tensor arithmetic, or reduce over dim=1")
+
+
+class RowCount:
+    """``x.shape[0]`` / ``x.size(0)`` of edge, node or mailbox data: the number of edges
+    or vertices. The trace sees one row, so as a number it would be 1; a reshape takes
+    it back as the row axis (``x.view(x.shape[0], -1)``), and any other use (arithmetic,
+    ``int()``, ``range``, a comparison) is an error at the user's line."""
+
+    def __init__(self, tracer: Tracer, rows: str):
+        self.tracer, self.rows = tracer, rows
+
+    def error(self, *args) -> CompileError:
+        return self.tracer.error(f"x.shape[0] / x.size(0), the number of {self.rows}s, is not known when the "
+                                 "function is traced; it can only be the first size of a reshape or view "
+                                 "(x.view(x.shape[0], -1)); use -1 there, or per-row arithmetic")
+
+    def _reject(self, *args):
+        raise self.error()
+
+    def __repr__(self) -> str:
+        return "E" if self.rows == "edge" else "N"
+
+    __hash__ = object.__hash__
+
+
+for _name in ("index", "int", "float", "bool", "eq", "ne", "lt", "le", "gt", "ge", "neg", "pos", "abs",
+              *(f"{r}{op}" for op in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow") for r in ("", "r"))):
+    setattr(RowCount, f"__{_name}__", RowCount._reject)

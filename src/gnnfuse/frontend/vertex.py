@@ -9,7 +9,9 @@
 ``v.<key>`` is the vertex's own feature, ``u.<key>`` a neighbour's (``for u in v.innbs``),
 ``e.<key>`` an in-edge's (``for e in v.inedges``, with ``e.src``/``e.dst``). ``sum``,
 ``max`` and ``min`` over a list built from the neighbour list aggregate per vertex;
-``len(v.innbs)`` (or ``len`` of a list built from it) is the in-degree. The traced loop
+``len(v.innbs)`` (or ``len`` of a list built from it) is the in-degree, also in a helper
+the function calls; Python's ``max(a, b)`` of two tensors is an error (use
+``torch.maximum``), as eager PyTorch's comparison is for multi-element tensors. The traced loop
 over ``v.innbs`` runs once, for one symbolic neighbour, so counting in Python (``n += 1``
 in the loop, a list of constants built from it) is rejected: it would count 1.
 The function may also be a bound method, a ``functools.partial``, an ``nn.Module``
@@ -50,7 +52,9 @@ trace cache like any closure constant):
 from __future__ import annotations
 
 import builtins
+import contextlib
 import functools
+import sys
 import types
 from typing import Any, Callable, Mapping
 
@@ -60,7 +64,7 @@ from ..graph import Graph
 from ..ir import CompileError, Residency
 from .counting import check_counting
 from .trace_cache import TraceCache, check_tables, program_feeds
-from .tracer import EDGE_ROWED, SymTensor, Tracer
+from .tracer import EDGE_ROWED, SymTensor, Tracer, is_library
 from .udf import unwrap
 
 
@@ -79,7 +83,8 @@ class _Neighbours:
         return self._make()
 
     def __len__(self):
-        raise _LengthError("len(v.innbs) must be called directly in the decorated function", self.tracer.source())
+        raise _LengthError("len(v.innbs) is the in-degree only through Python's len() called in the vertex "
+                           "function or a helper of yours", self.tracer.source())
 
 
 class _LengthError(CompileError, TypeError):
@@ -189,6 +194,12 @@ def _aggregate(tracer: Tracer, builtin: Callable, op: str):
     """``sum``/``max``/``min`` that aggregate a traced neighbour list per vertex."""
 
     def aggregate(iterable, *args, **kwargs):
+        if op != "sum" and args:   # max(a, b, ...): Python compares the operands
+            if any(isinstance(x, SymTensor) for x in (iterable, *args)):
+                raise tracer.error(f"Python's {op}(a, b) compares tensors with < / >, which has no per-element "
+                                   f"meaning (eager PyTorch raises on multi-element tensors); use "
+                                   f"torch.{op}imum(a, b)")
+            return builtin(iterable, *args, **kwargs)
         items = list(iterable) if not isinstance(iterable, SymTensor) else [iterable]
         syms = [x for x in items if isinstance(x, SymTensor)]
         if not syms or not any(x.value.residency in EDGE_ROWED for x in syms):
@@ -209,11 +220,53 @@ def _length(tracer: Tracer):
     """``len`` that counts a neighbour list symbolically: ``len(v.innbs)``, and the one
     element of a list built from it (``len([u for u in v.innbs])``, ``len(list(v.innbs))``)."""
     def length(obj):
-        if isinstance(obj, _Neighbours) or (isinstance(obj, (list, tuple)) and builtins.len(obj) == 1
+        if isinstance(obj, _Neighbours) or (isinstance(obj, (list, tuple)) and _BUILTINS["len"](obj) == 1
                                             and _from_neighbour(obj[0])):
             return tracer.in_degree()
-        return builtins.len(obj)
+        return _BUILTINS["len"](obj)
     return length
+
+
+_BUILTINS = {name: getattr(builtins, name) for name in ("sum", "max", "min", "len")}
+
+
+def _counting_builtins(tracer: Tracer) -> dict[str, Callable]:
+    """``sum``, ``max``, ``min`` and ``len`` that aggregate or count a traced neighbour list."""
+    return {"sum": _aggregate(tracer, _BUILTINS["sum"], "sum"), "max": _aggregate(tracer, _BUILTINS["max"], "max"),
+            "min": _aggregate(tracer, _BUILTINS["min"], "min"), "len": _length(tracer)}
+
+
+@contextlib.contextmanager
+def _in_helpers(counting: Mapping[str, Callable]):
+    """While the function runs, ``sum``/``max``/``min``/``len`` called from user code
+    outside it (a helper taking the neighbour list: ``def mean(xs): return sum(xs) /
+    len(xs)``) aggregate and count too: a helper's globals cannot be patched, and there
+    the list built from ``v.innbs`` holds one traced neighbour, so the builtin ``len``
+    would count 1. The builtins are replaced for the trace only; a call reaches the
+    counting version only from code outside gnnfuse and torch and on a neighbour list
+    (``v.innbs`` or a list built from it), every other call the original builtin."""
+    def user_only(name: str) -> Callable:
+        original, patched = builtins.__dict__[name], counting[name]
+
+        def call(*args, **kwargs):
+            if not args or is_library(sys._getframe(1).f_code.co_filename):
+                return original(*args, **kwargs)
+            if name != "len" and isinstance(args[0], types.GeneratorType):
+                args = (list(args[0]),) + args[1:]
+            counted = _neighbour_list(args[0]) or any(isinstance(x, SymTensor) for x in args)
+            return (patched if counted else original)(*args, **kwargs)
+        return call
+    saved = {name: builtins.__dict__[name] for name in counting}
+    builtins.__dict__.update({name: user_only(name) for name in counting})
+    try:
+        yield
+    finally:
+        builtins.__dict__.update(saved)
+
+
+def _neighbour_list(obj) -> bool:
+    """``v.innbs`` / ``v.inedges``, or a list or tuple built from its traced neighbour."""
+    return isinstance(obj, _Neighbours) or (isinstance(obj, (list, tuple)) and any(_from_neighbour(x) for x in obj))
 
 
 def _from_neighbour(item) -> bool:
@@ -246,13 +299,12 @@ class VertexFunction:
         tracer = Tracer(self.fn, "vertex", dtype)
         plain, args, keywords = unwrap(self.fn)
         check_counting(plain)
-        patched_globals = dict(plain.__globals__, sum=_aggregate(tracer, builtins.sum, "sum"),
-                               max=_aggregate(tracer, builtins.max, "max"),
-                               min=_aggregate(tracer, builtins.min, "min"), len=_length(tracer))
-        fn = types.FunctionType(plain.__code__, patched_globals, plain.__name__,
+        counting = _counting_builtins(tracer)
+        fn = types.FunctionType(plain.__code__, dict(plain.__globals__, **counting), plain.__name__,
                                 plain.__defaults__, plain.__closure__)
         fn.__kwdefaults__ = plain.__kwdefaults__
-        result = tracer.call(lambda v: fn(*args, v, **keywords), _Vertex(tracer, "center", feats))
+        with _in_helpers(counting):
+            result = tracer.call(lambda v: fn(*args, v, **keywords), _Vertex(tracer, "center", feats))
         outputs = result if isinstance(result, dict) else {"out": result}
         for key, out in outputs.items():
             if not isinstance(out, SymTensor) or out.value.residency is not Residency.NODE:

@@ -37,6 +37,20 @@ class CSR(NamedTuple):
 class Graph:
     """A directed graph on vertices ``0..num_nodes-1``, optionally with edge/vertex types.
 
+    A *bipartite* graph (``num_src_nodes`` given, or `Graph.bipartite`) has two vertex
+    sets: edges go from a source ``0..num_src_nodes-1`` to a destination
+    ``0..num_nodes-1``, so ``num_nodes`` always counts the vertices that aggregate
+    (``num_dst_nodes``). This is PyG's ``size=(num_src, num_dst)`` layer shape, the one
+    mini-batch training runs on: a sampled block's destinations are a few seed vertices,
+    its sources their much larger neighbourhood. Keeping ``num_nodes`` the destination
+    count means every row an aggregation writes, the CSR (grouped by destination, one row
+    per destination) and in-degrees need no change; only what is indexed by source --
+    the reverse CSR, out-degrees, source-side feature tables -- has ``num_src_nodes``
+    rows. A graph built without ``num_src_nodes`` has one vertex set and
+    ``num_src_nodes == num_nodes``. Node types and undirected copies need one vertex set
+    and are refused on a bipartite graph; `add_self_loops` there joins source i to
+    destination i, as PyG's attention layers do.
+
     `src`, `dst` (and `edge_type`, `node_type`) may be tensors, numpy arrays or sequences
     of integers. Contiguous int64 tensors are kept without copying: do not modify them
     afterwards. Anything else (int32, a strided view) is copied to contiguous int64.
@@ -45,7 +59,8 @@ class Graph:
 
     def __init__(self, src: Any, dst: Any, num_nodes: int | None = None, *,
                  edge_type: Any = None, num_edge_types: int | None = None,
-                 node_type: Any = None, num_node_types: int | None = None) -> None:
+                 node_type: Any = None, num_node_types: int | None = None,
+                 num_src_nodes: int | None = None) -> None:
         devices = {name: t.device for name, t in
                    (("src", src), ("dst", dst), ("edge_type", edge_type), ("node_type", node_type))
                    if isinstance(t, torch.Tensor)}
@@ -57,16 +72,25 @@ class Graph:
         dst = as_index_tensor("dst", dst, device)
         if src.numel() != dst.numel():
             raise ValueError(f"src and dst must have the same length, got {src.numel()} and {dst.numel()}")
-        n = infer_count(num_nodes, "num_nodes", src, dst)
-        check_ids("src", src, n, "num_nodes")
+        if num_src_nodes is None:
+            n = infer_count(num_nodes, "num_nodes", src, dst)
+            check_ids("src", src, n, "num_nodes")
+        else:
+            if node_type is not None:
+                raise ValueError("node_type needs one vertex set; a bipartite graph (num_src_nodes given) "
+                                 "has two")
+            n = infer_count(num_nodes, "num_nodes", dst)
+            check_ids("src", src, infer_count(num_src_nodes, "num_src_nodes"), "num_src_nodes")
         check_ids("dst", dst, n, "num_nodes")
 
         etype, num_etypes = _types("edge", edge_type, num_edge_types, src.numel(), "edges", device)
         ntype, num_ntypes = _types("node", node_type, num_node_types, n, "nodes", device)
-        self._init(src, dst, n, etype, num_etypes, ntype, num_ntypes)
+        self._init(src, dst, n, etype, num_etypes, ntype, num_ntypes, num_src_nodes)
 
-    def _init(self, src, dst, num_nodes, edge_type, num_edge_types, node_type, num_node_types) -> None:
+    def _init(self, src, dst, num_nodes, edge_type, num_edge_types, node_type, num_node_types,
+              num_src_nodes=None) -> None:
         self._src, self._dst, self._num_nodes = src, dst, num_nodes
+        self._num_src = num_src_nodes   # None: sources and destinations are one vertex set
         self._edge_type, self._num_edge_types = edge_type, num_edge_types
         self._node_type, self._num_node_types = node_type, num_node_types
         self._cache: dict[str, Any] = {}
@@ -78,8 +102,17 @@ class Graph:
         g = Graph.__new__(Graph)
         g._init(src, dst, self._num_nodes, edge_type,
                 self._num_edge_types if num_edge_types is None else num_edge_types,
-                self._node_type, self._num_node_types)
+                self._node_type, self._num_node_types, self._num_src)
         return g
+
+    @classmethod
+    def bipartite(cls, src: Any, dst: Any, num_src_nodes: int | None = None, num_dst_nodes: int | None = None,
+                  **kw: Any) -> Graph:
+        """Edges ``src[i] -> dst[i]`` from sources ``0..num_src_nodes-1`` to the separate
+        destinations ``0..num_dst_nodes-1`` (each count defaults to its largest id + 1)."""
+        if num_src_nodes is None:
+            num_src_nodes = infer_count(None, "num_src_nodes", as_index_tensor("src", src))
+        return cls(src, dst, num_dst_nodes, num_src_nodes=num_src_nodes, **kw)
 
     # --- construction from other formats -------------------------------------------------
     @classmethod
@@ -147,7 +180,7 @@ class Graph:
         return cls(src, dst, n)
 
     @classmethod
-    def coerce(cls, obj: Any, num_nodes: int | None = None) -> Graph:
+    def coerce(cls, obj: Any, num_nodes: int | None = None, num_src_nodes: int | None = None) -> Graph:
         """Whatever a layer's ``forward(x, graph)`` was given, as a `Graph`.
 
         A `Graph` passes through; a ``[2, E]`` tensor (PyG's ``EdgeIndex`` included) or
@@ -155,12 +188,22 @@ class Graph:
         PyG's ``adj_t`` (`from_adj_t`: row = target); scipy sparse matrices (row =
         source) and networkx graphs are converted. The graph made for a torch input is
         remembered while that tensor is unchanged (`index_cache`), so passing the same
-        ``edge_index`` every step reuses one graph and its cached layouts.
+        ``edge_index`` every step reuses one graph and its cached layouts. With
+        ``num_src_nodes`` an edge_index becomes a bipartite graph (PyG's ``size=``).
         """
         if isinstance(obj, Graph):
             if num_nodes is not None and num_nodes != obj.num_nodes:
                 raise ValueError(f"num_nodes={num_nodes} given but the graph has {obj.num_nodes} nodes")
+            if num_src_nodes is not None and num_src_nodes != obj.num_src_nodes:
+                raise ValueError(f"num_src_nodes={num_src_nodes} given but the graph has "
+                                 f"{obj.num_src_nodes} source nodes")
             return obj
+        if num_src_nodes is not None:
+            if not isinstance(obj, torch.Tensor) or is_sparse_adjacency(obj):
+                raise ValueError(f"a bipartite graph (num_src_nodes={num_src_nodes}) is made from a [2, E] "
+                                 f"edge_index or a Graph, got {type(obj).__name__}")
+            return cached_graph(obj, index_tensors(obj), (num_nodes, num_src_nodes),
+                                lambda: cls._from_torch(obj, num_nodes, num_src_nodes))
         if isinstance(obj, torch.Tensor) or is_sparse_adjacency(obj):
             return cached_graph(obj, index_tensors(obj), num_nodes, lambda: cls._from_torch(obj, num_nodes))
         if isinstance(obj, np.ndarray):
@@ -176,19 +219,20 @@ class Graph:
         return cls.coerce(graph, num_nodes)
 
     @classmethod
-    def _from_torch(cls, obj: Any, num_nodes: int | None) -> Graph:
+    def _from_torch(cls, obj: Any, num_nodes: int | None, num_src_nodes: int | None = None) -> Graph:
         """`coerce` for a torch-side input, uncached. The graph shares the input's
         memory but must not hold the input object (a view would): the index cache lets
         a graph go when its input is freed. A PyG ``EdgeIndex`` sorted by column is
         already grouped by destination, so its CSR needs no sort."""
         if is_sparse_adjacency(obj):
             return cls.from_adj_t(obj, num_nodes)
+        bipartite = {} if num_src_nodes is None else {"num_src_nodes": num_src_nodes}
         if not is_pyg_edge_index(obj):
-            return cls.from_edge_index(obj.detach(), num_nodes)
+            return cls.from_edge_index(obj.detach(), num_nodes, **bipartite)
         rows, cols = obj.sparse_size()
         if num_nodes is None and rows is not None and rows == cols:
             num_nodes = rows                              # isolated trailing vertices count
-        graph = cls.from_edge_index(obj.as_tensor(), num_nodes)
+        graph = cls.from_edge_index(obj.as_tensor(), num_nodes, **bipartite)
         graph._trust_dst_order(obj.is_sorted_by_col)
         return graph
 
@@ -203,6 +247,26 @@ class Graph:
     @property
     def num_nodes(self) -> int:
         return self._num_nodes
+
+    @property
+    def num_src_nodes(self) -> int:
+        """How many vertices edges start from (``num_nodes`` unless the graph is bipartite)."""
+        return self._num_nodes if self._num_src is None else self._num_src
+
+    @property
+    def num_dst_nodes(self) -> int:
+        """How many vertices edges end at: ``num_nodes``, under PyG's name."""
+        return self._num_nodes
+
+    @property
+    def is_bipartite(self) -> bool:
+        """Whether sources and destinations are separate vertex sets (see the class doc)."""
+        return self._num_src is not None
+
+    def _one_vertex_set(self, what: str) -> None:
+        if self.is_bipartite:
+            raise ValueError(f"{what} needs one vertex set, but this graph is bipartite "
+                             f"({self.num_src_nodes} sources, {self.num_dst_nodes} destinations)")
 
     @property
     def num_edges(self) -> int:
@@ -246,7 +310,7 @@ class Graph:
     @property
     def index_dtype(self) -> torch.dtype:
         """The narrowest safe dtype for indices into this graph (int32 when it fits)."""
-        return choose_index_dtype(self._num_nodes, self.num_edges)
+        return choose_index_dtype(max(self._num_nodes, self.num_src_nodes), self.num_edges)
 
     # --- derived layouts (lazy, cached, on the graph's device) ---------------------------
     def cached(self, key: str, fn: Callable[[Graph], Any]) -> Any:
@@ -260,14 +324,16 @@ class Graph:
         return self._cache[key]
 
     def csr(self) -> CSR:
-        """In-edges grouped by destination: ``col`` = sources; stable in edge id per row."""
-        return self.cached("csr", lambda g: g._group_by(g._dst, g._src, g._dst_grouped))
+        """In-edges grouped by destination: ``col`` = sources; stable in edge id per row.
+        One row per destination (``num_nodes + 1`` row pointers)."""
+        return self.cached("csr", lambda g: g._group_by(g._dst, g._src, g._num_nodes, g._dst_grouped))
 
     def reverse_csr(self) -> CSR:
-        """Out-edges grouped by source: ``col`` = destinations; stable in edge id per row."""
-        return self.cached("reverse_csr", lambda g: g._group_by(g._src, g._dst))
+        """Out-edges grouped by source: ``col`` = destinations; stable in edge id per row.
+        One row per source (``num_src_nodes + 1`` row pointers)."""
+        return self.cached("reverse_csr", lambda g: g._group_by(g._src, g._dst, g.num_src_nodes))
 
-    def _group_by(self, key: torch.Tensor, other: torch.Tensor, presorted: bool = False) -> CSR:
+    def _group_by(self, key: torch.Tensor, other: torch.Tensor, rows: int, presorted: bool = False) -> CSR:
         """Edges grouped by `key`, `other` as ``col``; the sort is stable so ids rise per row.
 
         The permutation itself is kept as ``eid``: after regrouping, a position no longer
@@ -279,8 +345,8 @@ class Graph:
             eid = torch.arange(key.numel(), device=self.device)
         else:
             eid = torch.sort(key, stable=True).indices
-        counts = torch.bincount(key, minlength=self._num_nodes)
-        rowptr = torch.zeros(self._num_nodes + 1, dtype=torch.int64, device=self.device)
+        counts = torch.bincount(key, minlength=rows)
+        rowptr = torch.zeros(rows + 1, dtype=torch.int64, device=self.device)
         torch.cumsum(counts, 0, out=rowptr[1:])
         return CSR(rowptr.to(dtype), other[eid].to(dtype), eid.to(dtype))
 
@@ -293,8 +359,8 @@ class Graph:
         return self.cached("in_degrees", lambda g: torch.bincount(g._dst, minlength=g._num_nodes))
 
     def out_degrees(self) -> torch.Tensor:
-        """int64 [N]: number of edges out of each vertex."""
-        return self.cached("out_degrees", lambda g: torch.bincount(g._src, minlength=g._num_nodes))
+        """int64 [num_src_nodes]: number of edges out of each (source) vertex."""
+        return self.cached("out_degrees", lambda g: torch.bincount(g._src, minlength=g.num_src_nodes))
 
     def degree_order(self) -> torch.Tensor:
         """Vertex ids by descending in-degree, ties by ascending id (Seastar §6.3.3).
@@ -315,7 +381,7 @@ class Graph:
             return None if t is None else t.to(device)
         g = Graph.__new__(Graph)
         g._init(move(self._src), move(self._dst), self._num_nodes, move(self._edge_type),
-                self._num_edge_types, move(self._node_type), self._num_node_types)
+                self._num_edge_types, move(self._node_type), self._num_node_types, self._num_src)
         return g
 
     def add_self_loops(self, loop_type: int | None = None) -> Graph:
@@ -324,8 +390,10 @@ class Graph:
         Existing loops are kept (use `remove_self_loops` first for exactly one per
         vertex). In a typed graph the loops get `loop_type`, by default a new relation
         ``num_edge_types`` -- a self connection is usually weighted apart (R-GCN's W_0).
+        On a bipartite graph, as PyG's attention layers do there, source i gets an edge to
+        destination i for every i below both vertex counts.
         """
-        loops = torch.arange(self._num_nodes, device=self.device)
+        loops = torch.arange(min(self._num_nodes, self.num_src_nodes), device=self.device)
         if self._edge_type is None:
             if loop_type is not None:
                 raise ValueError("loop_type given but the graph has no edge types")
@@ -348,8 +416,12 @@ class Graph:
         return self._derive(self._src[keep], self._dst[keep], etype)
 
     def reverse(self) -> Graph:
-        """Every edge flipped; edge ids (and types) unchanged."""
-        return self._derive(self._dst, self._src, self._edge_type)
+        """Every edge flipped; edge ids (and types) unchanged. A bipartite graph's
+        vertex sets swap roles."""
+        g = self._derive(self._dst, self._src, self._edge_type)
+        if self.is_bipartite:
+            g._num_nodes, g._num_src = self._num_src, self._num_nodes
+        return g
 
     def to_undirected(self) -> Graph:
         """Each edge in both directions, with duplicate edges removed.
@@ -358,6 +430,7 @@ class Graph:
         so relations are not merged. The result is sorted by (src, dst[, type]), so edge
         ids do not correspond to this graph's.
         """
+        self._one_vertex_set("to_undirected")
         src = torch.cat([self._src, self._dst])
         dst = torch.cat([self._dst, self._src])
         etype = None if self._edge_type is None else torch.cat([self._edge_type, self._edge_type])
@@ -366,7 +439,8 @@ class Graph:
         return self._derive(unique[0], unique[1], unique[2] if etype is not None else None)
 
     def to_scipy(self) -> Any:
-        """``scipy.sparse.coo_array`` of ones, shape [N, N], one entry per edge in id order.
+        """``scipy.sparse.coo_array`` of ones, shape [N, N] ([num_src_nodes, num_nodes] if
+        bipartite), one entry per edge in id order.
 
         Duplicate edges stay separate entries (scipy sums them into counts on conversion
         to CSR), so ``Graph.from_scipy(g.to_scipy())`` gives back the same edges and ids.
@@ -374,10 +448,10 @@ class Graph:
         import scipy.sparse as sp
         src, dst = self._src.cpu().numpy(), self._dst.cpu().numpy()
         return sp.coo_array((np.ones(len(src), dtype=np.float32), (src, dst)),
-                            shape=(self._num_nodes, self._num_nodes))
+                            shape=(self.num_src_nodes, self._num_nodes))
 
     def __repr__(self) -> str:
-        typed = ""
+        typed = f", num_src_nodes={self._num_src}" if self.is_bipartite else ""
         if self._edge_type is not None:
             typed += f", num_edge_types={self._num_edge_types}"
         if self._node_type is not None:

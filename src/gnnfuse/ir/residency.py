@@ -5,6 +5,14 @@ A value's *residency* says which index its leading (stripped) dimension runs ove
 destination vertex: that is what lets the broadcast-reordering pass compute them per
 vertex instead of per edge (Graphiler §4.3.1), and what lets a fused kernel gather them
 instead of reading an |E|-sized tensor (Seastar §5.1's graph types S/D/E/P).
+
+On a bipartite graph (sources and destinations are separate vertex sets, PyG's
+``size=(num_src, num_dst)``) a NODE value is a table of one of the two sets. That is not
+a residency of its own: which set is implied by how the value is used -- gathered by
+src or by dst, produced by a reduce by src or by dst -- and inferred per program by
+`ir.sides`, so programs, passes and kernels stay the same for both kinds of graph; only
+row counts (the runtime's input check, the rows a reduce writes) ask the graph for the
+right set.
 """
 from __future__ import annotations
 

@@ -18,7 +18,8 @@ from ..graph.convert import is_sparse_adjacency
 
 def node_features(x: Any, layer: str) -> torch.Tensor:
     """``x`` itself, after checking it is one [N, F] tensor rather than PyG's bipartite
-    ``(x_src, x_dst)`` pair, which the layers do not support yet."""
+    ``(x_src, x_dst)`` pair, which only the layers that take it in PyG's form do (SAGE,
+    GraphConv, GIN, GAT, GATv2: `node_pair`)."""
     if isinstance(x, (tuple, list)):
         raise NotImplementedError(
             f"{layer}: bipartite input (a pair (x_src, x_dst) of feature tensors) is not supported yet "
@@ -49,13 +50,40 @@ def over_feature_batches(forward: Callable) -> Callable:
     return run
 
 
-def check_size(size: Any, num_nodes: int, layer: str) -> None:
-    """PyG's ``size=(num_src, num_dst)``: only the non-bipartite ``(N, N)`` (or None) is
-    supported; anything else describes a bipartite graph (issue #12)."""
-    if size is not None and tuple(size) != (num_nodes, num_nodes):
-        raise NotImplementedError(f"{layer}: size={tuple(size)} describes a bipartite graph, which is not "
-                                  f"supported yet (gnnfuse issue #12); x has {num_nodes} rows, so size may "
-                                  f"only be None or ({num_nodes}, {num_nodes})")
+def node_pair(x: Any, size: Any, layer: str) -> tuple[torch.Tensor, torch.Tensor | None, tuple[int, int] | None]:
+    """PyG's ``x`` of a layer that takes bipartite input: ``(x_src, x_dst, sizes)``.
+
+    One [N, F] tensor is both tables of a graph with one vertex set (``sizes`` None;
+    ``size`` may only be None or (N, N), as PyG checks). A pair ``(x_src, x_dst)`` is a
+    bipartite graph's source and destination tables, ``sizes = (num_src, num_dst)``;
+    ``x_dst`` may be None (the layer then has no root term), and the destination count
+    comes from ``size`` or, as in PyG, defaults to the source count.
+    """
+    if not isinstance(x, (tuple, list)):
+        x = node_features(x, layer)
+        if size is not None and tuple(size) != (x.shape[0], x.shape[0]):
+            raise ValueError(f"{layer}: size={tuple(size)} does not fit x with {x.shape[0]} rows; pass "
+                             "(x_src, x_dst) for a bipartite graph")
+        return x, x, None
+    if len(x) != 2:
+        raise ValueError(f"{layer}: bipartite input is a pair (x_src, x_dst), got {len(x)} tensors")
+    x_src, x_dst = x
+    if not isinstance(x_src, torch.Tensor) or not (x_dst is None or isinstance(x_dst, torch.Tensor)):
+        raise TypeError(f"{layer}: (x_src, x_dst) must be tensors (x_dst may be None), got "
+                        f"({type(x_src).__name__}, {type(x_dst).__name__})")
+    if any(t is not None and t.dim() > 2 for t in (x_src, x_dst)):
+        raise NotImplementedError(f"{layer}: bipartite input with batched node features ([B, N, F] in "
+                                  "(x_src, x_dst)) is not supported by gnnfuse; [B, N, F] is taken as one "
+                                  "tensor x only")
+    num_src = x_src.shape[0]
+    num_dst = num_src if x_dst is None else x_dst.shape[0]
+    if size is not None:
+        if size[0] != num_src or (x_dst is not None and size[1] != num_dst):
+            raise ValueError(f"{layer}: size={tuple(size)} does not fit x_src with {num_src} rows and "
+                             f"x_dst with {None if x_dst is None else num_dst} rows")
+        num_dst = size[1]
+    return x_src, x_dst, (num_src, num_dst)
+
 
 
 def edge_weight_column(edge_weight: torch.Tensor, num_edges: int, dtype: torch.dtype) -> torch.Tensor:

@@ -23,11 +23,12 @@ from torch import nn
 from .. import frontend
 from ..graph import Graph
 from .arguments import node_features
-from .pyg_repr import OneLineRepr
 from .attention_weights import AttentionOutput, attention_weights, check_attention_request
-from .conv import (GATConv, _as_graph, _check_dropout, _combine_heads, _head_bias, _head_residual, _inv_sqrt_degree,
-                   _normalized_sum, _rows_read, _with_loops)
+from .conv import (GATConv, _as_graph, _bipartite_inputs, _channel_pair, _check_dropout, _combine_heads,
+                   _head_bias, _head_residual, _inv_sqrt_degree, _normalized_sum, _rows_read, _with_loops)
 from .edge_features import FillValue, edge_inputs, edge_projection
+from .pyg_repr import OneLineRepr
+
 
 def _run_vertex(fn: Callable, graph: Graph, v_feature: Mapping[str, torch.Tensor],
                 e_feature: Mapping[str, torch.Tensor] | None = None) -> torch.Tensor:
@@ -50,21 +51,24 @@ class GATv2Conv(OneLineRepr, nn.Module):
     between the two per-vertex terms and ``a``, so the score cannot be split into
     per-vertex logits: it is computed per edge inside the traced function, with ``a``
     read from the closure. ``dropout`` drops normalized attention coefficients in
-    training mode, as PyG does.
+    training mode, as PyG does. Bipartite input (PyG's): ``in_channels=(a, b)`` and
+    ``forward((x_src, x_dst), edge_index)`` (``x_dst`` required, as in PyG); self loops
+    then join source i to destination i for i below both counts.
     """
 
-    def __init__(self, in_channels: int, out_channels: int, heads: int = 1, concat: bool = True,
-                 negative_slope: float = 0.2, dropout: float = 0.0, add_self_loops: bool = True,
-                 edge_dim: int | None = None, fill_value: FillValue = "mean", bias: bool = True,
-                 share_weights: bool = False, residual: bool = False):
+    def __init__(self, in_channels: int | tuple[int, int], out_channels: int, heads: int = 1,
+                 concat: bool = True, negative_slope: float = 0.2, dropout: float = 0.0,
+                 add_self_loops: bool = True, edge_dim: int | None = None, fill_value: FillValue = "mean",
+                 bias: bool = True, share_weights: bool = False, residual: bool = False):
         super().__init__()
         self.in_channels, self.out_channels, self.heads = in_channels, out_channels, heads
         self.concat, self.negative_slope = concat, negative_slope
         self.dropout, self.add_self_loops = _check_dropout(dropout), add_self_loops
         self.edge_dim, self.fill_value, self.residual = edge_dim, fill_value, residual
         self.share_weights = share_weights
-        self.lin_l = nn.Linear(in_channels, heads * out_channels, bias=bias)
-        self.lin_r = self.lin_l if share_weights else nn.Linear(in_channels, heads * out_channels, bias=bias)
+        in_src, in_dst = _channel_pair(in_channels)
+        self.lin_l = nn.Linear(in_src, heads * out_channels, bias=bias)
+        self.lin_r = self.lin_l if share_weights else nn.Linear(in_dst, heads * out_channels, bias=bias)
         self.att = nn.Parameter(torch.empty(1, heads, out_channels))
         self.lin_edge = edge_projection(edge_dim, heads * out_channels)
         self.res = _head_residual(residual, in_channels, heads, out_channels, concat)
@@ -86,17 +90,19 @@ class GATv2Conv(OneLineRepr, nn.Module):
         if self.bias is not None:
             nn.init.zeros_(self.bias)
 
-    def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor, edge_attr: torch.Tensor | None = None,
-                return_attention_weights: bool | None = None) -> AttentionOutput:
-        x = node_features(x, "GATv2Conv")
+    def forward(self, x: torch.Tensor | tuple[torch.Tensor, torch.Tensor], edge_index: Graph | torch.Tensor,
+                edge_attr: torch.Tensor | None = None, return_attention_weights: bool | None = None) -> AttentionOutput:
         if return_attention_weights:                               # False: just the output, as in PyG
-            check_attention_request(self, edge_index, "GATv2Conv")
-        graph = _as_graph(edge_index, x.shape[0])
+            check_attention_request(self, x, edge_index, "GATv2Conv")
+        x, x_dst, graph = _bipartite_inputs(x, edge_index, None, "GATv2Conv")
+        if x_dst is None:
+            raise ValueError("GATv2Conv: bipartite input needs x_dst (the destination features score "
+                             "every edge), as in PyG; got (x_src, None)")
         edge_h = edge_inputs(self, graph, edge_attr, "GATv2Conv")
         graph = _with_loops(graph, self.add_self_loops)
         shape = (-1, self.heads, self.out_channels)
         x_l = self.lin_l(x).view(shape)
-        x_r = x_l if self.share_weights else self.lin_r(x).view(shape)
+        x_r = x_l if self.share_weights and x_dst is x else self.lin_r(x_dst).view(shape)
         att, slope = self.att.view(self.heads, self.out_channels), self.negative_slope
         p, training = self.dropout, self.training
 
@@ -109,7 +115,7 @@ class GATv2Conv(OneLineRepr, nn.Module):
             return sum([alpha[i].unsqueeze(-1) * e.src.x_l for i, e in enumerate(v.inedges)])
 
         out = _run_vertex(gatv2, graph, {"x_l": x_l, "x_r": x_r}, None if edge_h is None else {"x_e": edge_h})
-        out = _combine_heads(out, self.concat, self.bias, None if self.res is None else self.res(x))
+        out = _combine_heads(out, self.concat, self.bias, None if self.res is None else self.res(x_dst))
         if not return_attention_weights:
             return out
         pair = x_l[graph.src.long()] + x_r[graph.dst.long()]

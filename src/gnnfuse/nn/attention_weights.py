@@ -20,10 +20,15 @@ from ..graph.convert import is_sparse_adjacency
 AttentionOutput = Union[torch.Tensor, Tuple[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]]
 
 
-def check_attention_request(layer: nn.Module, edge_index: object, name: str) -> None:
+def check_attention_request(layer: nn.Module, x: object, edge_index: object, name: str) -> None:
     """Refuse, by name, the ``return_attention_weights=True`` calls whose weights cannot be
-    given exactly: in training with dropout the kernel's dropout mask is not returned, and
-    for a torch_sparse ``SparseTensor`` PyG returns one of weights, which is not built here."""
+    given exactly: in training with dropout the kernel's dropout mask is not returned, for
+    a torch_sparse ``SparseTensor`` PyG returns one of weights, which is not built here,
+    and for bipartite input ``(x_src, x_dst)`` the returned edges and loops are not checked
+    against PyG's."""
+    if isinstance(x, (tuple, list)):
+        raise NotImplementedError(f"{name}(..., return_attention_weights=True) with bipartite input (x_src, x_dst) "
+                                  "is not supported by gnnfuse; call it without return_attention_weights")
     if layer.training and layer.dropout > 0:
         raise NotImplementedError(f"{name}(..., return_attention_weights=True) in training mode with dropout > 0 "
                                   "is not supported by gnnfuse (the dropped weights stay in the kernel); call "

@@ -17,7 +17,7 @@ from torch import nn
 
 from .. import frontend
 from ..graph import Graph
-from .arguments import adjacency_weights, check_size, edge_weight_column, node_features, over_feature_batches
+from .arguments import adjacency_weights, edge_weight_column, node_features, node_pair, over_feature_batches
 from .attention_weights import AttentionOutput, attention_weights, check_attention_request
 from .edge_features import FillValue, edge_inputs, edge_projection
 from .pyg_repr import OneLineRepr
@@ -28,10 +28,24 @@ def _as_graph(graph: Graph | torch.Tensor, num_nodes: int) -> Graph:
     use. `Graph.coerce` remembers the graph made for an unchanged index tensor, so a
     loop passing the same ``edge_index`` reuses its cached CSR as a `Graph` would."""
     if isinstance(graph, Graph):
+        if graph.is_bipartite and graph.num_src_nodes != graph.num_nodes:
+            raise ValueError(f"x has {num_nodes} rows but the graph has {graph.num_src_nodes} source and "
+                             f"{graph.num_nodes} destination nodes; pass (x_src, x_dst)")
         if graph.num_nodes != num_nodes:
             raise ValueError(f"x has {num_nodes} rows but the graph has {graph.num_nodes} nodes")
         return graph
     return Graph.coerce(graph, num_nodes=num_nodes)
+
+
+def _bipartite_inputs(x, graph: Graph | torch.Tensor, size, layer: str
+                      ) -> tuple[torch.Tensor, torch.Tensor | None, Graph]:
+    """``(x_src, x_dst, graph)`` for a layer taking PyG's bipartite input (`node_pair`):
+    a pair gives a graph whose sources index ``x_src`` and destinations ``x_dst``; one
+    tensor is both, on a graph with one vertex set."""
+    x_src, x_dst, sizes = node_pair(x, size, layer)
+    if sizes is None:
+        return x_src, x_dst, _as_graph(graph, x_src.shape[0])
+    return x_src, x_dst, Graph.coerce(graph, num_nodes=sizes[1], num_src_nodes=sizes[0])
 
 
 def _looped(graph: Graph) -> Graph:
@@ -125,13 +139,14 @@ def _rows_read(x: torch.Tensor, read: torch.Tensor | None) -> torch.Tensor:
 
 
 def _walk_starts(graph: Graph, hops: int) -> torch.Tensor | None:
-    """The vertices some walk of exactly ``hops`` edges leaves (boolean [N]), whose
-    features a ``hops``-hop propagation carries to an output; None when that is every
-    vertex. Cached per graph."""
+    """The vertices some walk of exactly ``hops`` edges leaves (boolean [N], one per
+    source vertex), whose features a ``hops``-hop propagation carries to an output; None
+    when that is every vertex. Cached per graph. On a bipartite graph only ``hops=1``
+    is meaningful (a walk cannot continue from a destination)."""
     def build(g: Graph) -> torch.Tensor | None:
         starts = torch.ones(g.num_nodes, dtype=torch.bool, device=g.device)
         for _ in range(hops):
-            reached, starts = starts, torch.zeros_like(starts)
+            reached, starts = starts, torch.zeros(g.num_src_nodes, dtype=torch.bool, device=g.device)
             starts[g.src[reached[g.dst]]] = True
         return None if bool(starts.all()) else starts
     return graph.cached(f"nn_walk_starts_{hops}", build)
@@ -291,6 +306,11 @@ def _linear(in_channels: int, out_channels: int, bias: bool) -> nn.Module:
     return nn.Linear(in_channels, out_channels, bias=bias)
 
 
+def _channel_pair(in_channels: int | tuple[int, int]) -> tuple[int, int]:
+    """PyG's ``in_channels``: one width for both vertex sets, or ``(source, destination)``."""
+    return (in_channels, in_channels) if isinstance(in_channels, int) else tuple(in_channels)
+
+
 def _check_dropout(dropout: float) -> float:
     if not 0.0 <= dropout < 1.0:
         raise ValueError(f"dropout must be in [0, 1), got {dropout}")
@@ -311,10 +331,11 @@ def _head_bias(heads: int, out_channels: int, concat: bool, bias: bool) -> nn.Pa
 
 
 def _head_residual(residual: bool, in_channels: int, heads: int, out_channels: int, concat: bool) -> nn.Linear | None:
-    """PyG's ``res`` of the attention layers: ``x`` mapped to the output width without bias,
-    added to the combined heads before the bias."""
+    """PyG's ``res`` of the attention layers: ``x`` (``x_dst`` of bipartite input, so of
+    width ``in_channels[1]``) mapped to the output width without bias, added to the
+    combined heads before the bias."""
     width = heads * out_channels if concat else out_channels
-    return nn.Linear(in_channels, width, bias=False) if residual else None
+    return nn.Linear(_channel_pair(in_channels)[1], width, bias=False) if residual else None
 
 
 class GCNConv(OneLineRepr, CachedGraph, nn.Module):
@@ -387,21 +408,23 @@ class SAGEConv(OneLineRepr, nn.Module):
     For mean and sum aggregation the linear map commutes with the aggregation, so when
     it narrows the features (``out_channels < in_channels``) it runs first and the graph
     kernel moves the narrower rows -- GraphTensor's combine-first order; max does not
-    commute and always aggregates first.
+    commute and always aggregates first. Bipartite input (PyG's): ``in_channels=(a, b)``
+    and ``forward((x_src, x_dst), edge_index, size)``.
     """
 
-    def __init__(self, in_channels: int, out_channels: int, aggr: str = "mean", normalize: bool = False,
-                 root_weight: bool = True, project: bool = False, bias: bool = True,
+    def __init__(self, in_channels: int | tuple[int, int], out_channels: int, aggr: str = "mean",
+                 normalize: bool = False, root_weight: bool = True, project: bool = False, bias: bool = True,
                  aggr_kwargs: dict | None = None):
         super().__init__()
         _check_aggregation("SAGEConv", aggr, aggr_kwargs)
-        if project and isinstance(in_channels, int) and in_channels <= 0:
+        in_src, in_dst = _channel_pair(in_channels)
+        if project and in_src <= 0:
             raise ValueError("'SAGEConv' does not support lazy initialization with `project=True`")
         self.in_channels, self.out_channels, self.aggr = in_channels, out_channels, aggr
         self.normalize, self.project = normalize, project
-        self.lin = nn.Linear(in_channels, in_channels, bias=True) if project else None
-        self.lin_l = _linear(in_channels, out_channels, bias)
-        self.lin_r = _linear(in_channels, out_channels, False) if root_weight else None
+        self.lin = nn.Linear(in_src, in_src, bias=True) if project else None   # PyG: the sources' width
+        self.lin_l = _linear(in_src, out_channels, bias)
+        self.lin_r = _linear(in_dst, out_channels, False) if root_weight else None
 
     def extra_repr(self) -> str:
         return f"{self.in_channels}, {self.out_channels}, aggr={self.aggr}"
@@ -414,20 +437,18 @@ class SAGEConv(OneLineRepr, nn.Module):
             self.lin_r.reset_parameters()
 
     @over_feature_batches
-    def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor,
+    def forward(self, x: torch.Tensor | tuple[torch.Tensor, torch.Tensor | None], edge_index: Graph | torch.Tensor,
                 size: tuple[int, int] | None = None) -> torch.Tensor:
-        x = node_features(x, "SAGEConv")
-        check_size(size, x.shape[0], "SAGEConv")
-        graph = _as_graph(edge_index, x.shape[0])
+        x, x_dst, graph = _bipartite_inputs(x, edge_index, size, "SAGEConv")
         aggregate = _AGGREGATORS[self.aggr]
-        messages = F.relu(self.lin(x)) if self.project else x     # PyG projects the neighbours only
-        if self.aggr != "max" and self.out_channels < self.in_channels:
+        messages = F.relu(self.lin(x)) if self.project else x     # PyG projects the sources only
+        if self.aggr != "max" and self.out_channels < self.lin_l.in_features:
             out = aggregate(graph, {"h": _transform_first(messages, self.lin_l.weight, graph, 1)})
             if self.lin_l.bias is not None:
                 out = out + self.lin_l.bias
         else:
             out = self.lin_l(aggregate(graph, {"h": messages}))
-        out = out if self.lin_r is None else out + self.lin_r(x)
+        out = out if self.lin_r is None or x_dst is None else out + self.lin_r(x_dst)
         return F.normalize(out, p=2.0, dim=-1) if self.normalize else out
 
 
@@ -439,18 +460,30 @@ class GATConv(OneLineRepr, nn.Module):
     softmax, and aggregates the weighted messages. ``dropout`` drops normalized attention
     coefficients in training mode, as PyG does; with ``p = 0`` or in eval mode the traced
     program is exactly the one without dropout.
+
+    Bipartite input (PyG's): ``in_channels=(a, b)`` gives separate maps ``lin_src`` and
+    ``lin_dst`` (and no ``lin``), and ``forward((x_src, x_dst), edge_index, size=...)``;
+    self loops then join source i to destination i for i below both counts, as in PyG.
+    There ``residual`` maps ``x_dst`` (``res`` has width ``in_channels[1]``), and the loops'
+    edge features may only be a number or a tensor ``fill_value``; attention weights of
+    bipartite input are not returned (both refused by name).
     """
 
-    def __init__(self, in_channels: int, out_channels: int, heads: int = 1, concat: bool = True,
-                 negative_slope: float = 0.2, dropout: float = 0.0, add_self_loops: bool = True,
-                 edge_dim: int | None = None, fill_value: FillValue = "mean", bias: bool = True,
-                 residual: bool = False):
+    def __init__(self, in_channels: int | tuple[int, int], out_channels: int, heads: int = 1,
+                 concat: bool = True, negative_slope: float = 0.2, dropout: float = 0.0,
+                 add_self_loops: bool = True, edge_dim: int | None = None, fill_value: FillValue = "mean",
+                 bias: bool = True, residual: bool = False):
         super().__init__()
         self.in_channels, self.out_channels, self.heads = in_channels, out_channels, heads
         self.concat, self.negative_slope, self.add_self_loops = concat, negative_slope, add_self_loops
         self.dropout = _check_dropout(dropout)
         self.edge_dim, self.fill_value, self.residual = edge_dim, fill_value, residual
-        self.lin = nn.Linear(in_channels, heads * out_channels, bias=False)
+        self.lin = self.lin_src = self.lin_dst = None
+        if isinstance(in_channels, int):
+            self.lin = nn.Linear(in_channels, heads * out_channels, bias=False)
+        else:
+            self.lin_src = nn.Linear(in_channels[0], heads * out_channels, bias=False)
+            self.lin_dst = nn.Linear(in_channels[1], heads * out_channels, bias=False)
         self.att_src = nn.Parameter(torch.empty(1, heads, out_channels))
         self.att_dst = nn.Parameter(torch.empty(1, heads, out_channels))
         self.lin_edge = edge_projection(edge_dim, heads * out_channels)
@@ -463,7 +496,9 @@ class GATConv(OneLineRepr, nn.Module):
         return f"{self.in_channels}, {self.out_channels}, heads={self.heads}"
 
     def reset_parameters(self) -> None:
-        nn.init.xavier_uniform_(self.lin.weight)
+        for lin in (self.lin, self.lin_src, self.lin_dst):
+            if lin is not None:
+                nn.init.xavier_uniform_(lin.weight)
         nn.init.xavier_uniform_(self.att_src)
         nn.init.xavier_uniform_(self.att_dst)
         for p in (self.lin_edge, self.att_edge, self.res):
@@ -472,21 +507,28 @@ class GATConv(OneLineRepr, nn.Module):
         if self.bias is not None:
             nn.init.zeros_(self.bias)
 
-    def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor, edge_attr: torch.Tensor | None = None,
-                size: tuple[int, int] | None = None, return_attention_weights: bool | None = None) -> AttentionOutput:
-        x = node_features(x, "GATConv")
+    def forward(self, x: torch.Tensor | tuple[torch.Tensor, torch.Tensor | None], edge_index: Graph | torch.Tensor,
+                edge_attr: torch.Tensor | None = None, size: tuple[int, int] | None = None,
+                return_attention_weights: bool | None = None) -> AttentionOutput:
         if return_attention_weights:                               # False: just the output, as in PyG
-            check_attention_request(self, edge_index, "GATConv")
-        check_size(size, x.shape[0], "GATConv")
-        graph = _as_graph(edge_index, x.shape[0])
+            check_attention_request(self, x, edge_index, "GATConv")
+        x, x_dst, graph = _bipartite_inputs(x, edge_index, size, "GATConv")
         edge_h = edge_inputs(self, graph, edge_attr, "GATConv")
         edata = None if edge_h is None else {"alpha_edge": (edge_h * self.att_edge).sum(-1)}
         graph = _with_loops(graph, self.add_self_loops)
-        h = self.lin(x).view(-1, self.heads, self.out_channels)
-        slope, p, training = self.negative_slope, self.dropout, self.training
+        shape = (-1, self.heads, self.out_channels)
+        h = (self.lin or self.lin_src)(x).view(shape)
+        alpha_src = (h * self.att_src).sum(-1)
+        ndata = {"h": h, "alpha_src": alpha_src}
+        if x_dst is not None:
+            h_dst = h if x_dst is x and self.lin is not None else (self.lin or self.lin_dst)(x_dst).view(shape)
+            ndata["alpha_dst"] = (h_dst * self.att_dst).sum(-1)
+        slope, p, training, dst_term = self.negative_slope, self.dropout, self.training, x_dst is not None
 
         def message(edges):
-            score = edges.src["alpha_src"] + edges.dst["alpha_dst"]
+            score = edges.src["alpha_src"]
+            if dst_term:      # PyG: no destination term without x_dst
+                score = score + edges.dst["alpha_dst"]
             if edata is not None:
                 score = score + edges.data["alpha_edge"]
             return {"score": F.leaky_relu(score, slope), "h": edges.src["h"]}
@@ -495,13 +537,12 @@ class GATConv(OneLineRepr, nn.Module):
             alpha = F.dropout(torch.softmax(nodes.mailbox["score"], dim=1), p, training)
             return {"out": torch.sum(alpha.unsqueeze(-1) * nodes.mailbox["h"], dim=1)}
 
-        alpha_src, alpha_dst = (h * self.att_src).sum(-1), (h * self.att_dst).sum(-1)
-        out = frontend.message_passing(graph, message, reduce, ndata={
-            "h": h, "alpha_src": alpha_src, "alpha_dst": alpha_dst}, edata=edata)["out"]
-        out = _combine_heads(out, self.concat, self.bias, None if self.res is None else self.res(x))
+        out = frontend.message_passing(graph, message, reduce, ndata=ndata, edata=edata)["out"]
+        residual = None if self.res is None or x_dst is None else self.res(x_dst)   # PyG: res(x_dst)
+        out = _combine_heads(out, self.concat, self.bias, residual)
         if not return_attention_weights:
             return out
-        score = alpha_src[graph.src.long()] + alpha_dst[graph.dst.long()]
+        score = alpha_src[graph.src.long()] + ndata["alpha_dst"][graph.dst.long()]   # one x: never bipartite
         if edata is not None:
             score = score + edata["alpha_edge"]
         return out, attention_weights(graph, F.leaky_relu(score, slope), edge_index)

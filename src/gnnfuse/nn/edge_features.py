@@ -37,7 +37,7 @@ def loop_features(graph: Graph, rows: torch.Tensor, fill_value: FillValue, layer
     """The features of the self loops PyG's ``add_self_loops(edge_attr, fill_value)`` adds,
     one row per vertex, from the features ``rows`` of the edges of ``graph`` that are not
     self loops."""
-    num_nodes, width = graph.num_nodes, rows.shape[1:]
+    num_nodes, width = min(graph.num_nodes, graph.num_src_nodes), rows.shape[1:]   # bipartite: `_looped`'s loops
     if isinstance(fill_value, bool) or not isinstance(fill_value, (int, float, torch.Tensor, str)):
         raise ValueError(f"{layer}: fill_value must be a number, a tensor or one of {sorted(_FILL_REDUCTIONS)}, "
                          f"got {fill_value!r}")
@@ -49,6 +49,10 @@ def loop_features(graph: Graph, rows: torch.Tensor, fill_value: FillValue, layer
     if fill_value not in _FILL_REDUCTIONS:
         raise NotImplementedError(f"{layer}(fill_value={fill_value!r}) is not supported by gnnfuse; use a number, "
                                   f"a tensor or one of {sorted(_FILL_REDUCTIONS)}")
+    if graph.is_bipartite:
+        raise NotImplementedError(f"{layer}(fill_value={fill_value!r}) with add_self_loops on bipartite input "
+                                  "(x_src, x_dst) and edge_attr is not supported by gnnfuse; give fill_value as a "
+                                  "number or a tensor, or build the layer with add_self_loops=False")
     index = graph.dst.to(torch.long).view(-1, 1).expand_as(rows)
     return rows.new_zeros(num_nodes, *width).scatter_reduce(0, index, rows, _FILL_REDUCTIONS[fill_value],
                                                             include_self=False)

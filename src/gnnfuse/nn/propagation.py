@@ -21,10 +21,11 @@ from torch import nn
 
 from .. import frontend
 from ..graph import Graph
-from .arguments import adjacency_weights, check_size, edge_weight_column, node_features, over_feature_batches
+from .arguments import adjacency_weights, edge_weight_column, node_features, over_feature_batches
 from .pyg_repr import OneLineRepr
-from .conv import (_AGGREGATORS, _WEIGHTED_AGGREGATORS, CachedGraph, _as_graph, _gcn_edge_norm, _inv_sqrt_degree,
-                   _layer_graph, _neighbour_sum, _normalized_hop, _transform_first, _with_loops)
+from .conv import (_AGGREGATORS, _WEIGHTED_AGGREGATORS, CachedGraph, _as_graph, _bipartite_inputs, _channel_pair,
+                   _gcn_edge_norm, _inv_sqrt_degree, _layer_graph, _neighbour_sum, _normalized_hop,
+                   _transform_first, _with_loops)
 
 
 def _reset(module: Callable) -> None:
@@ -63,12 +64,11 @@ class GINConv(OneLineRepr, nn.Module):
         self.eps.data.fill_(self.initial_eps)
 
     @over_feature_batches
-    def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor,
+    def forward(self, x: torch.Tensor | tuple[torch.Tensor, torch.Tensor | None], edge_index: Graph | torch.Tensor,
                 size: tuple[int, int] | None = None) -> torch.Tensor:
-        x = node_features(x, "GINConv")
-        check_size(size, x.shape[0], "GINConv")
-        graph = _as_graph(edge_index, x.shape[0])
-        return self.nn(_neighbour_sum(graph, {"h": x}) + (1 + self.eps) * x)
+        x, x_dst, graph = _bipartite_inputs(x, edge_index, size, "GINConv")
+        out = _neighbour_sum(graph, {"h": x})
+        return self.nn(out if x_dst is None else out + (1 + self.eps) * x_dst)
 
 
 class GraphConv(OneLineRepr, nn.Module):
@@ -77,40 +77,41 @@ class GraphConv(OneLineRepr, nn.Module):
 
     As in `SAGEConv`, add and mean commute with ``lin_rel``, so when it narrows the
     features it runs first and the graph kernel moves the narrower rows. ``edge_weight``
-    (PyG's) scales each message ``x_u`` before the aggregation.
+    (PyG's) scales each message ``x_u`` before the aggregation. Bipartite input (PyG's):
+    ``in_channels=(a, b)`` and ``forward((x_src, x_dst), edge_index, edge_weight, size)``.
     """
 
-    def __init__(self, in_channels: int, out_channels: int, aggr: str = "add", bias: bool = True):
+    def __init__(self, in_channels: int | tuple[int, int], out_channels: int, aggr: str = "add",
+                 bias: bool = True):
         super().__init__()
         if aggr not in _AGGREGATORS:
             raise ValueError(f"aggr must be one of {sorted(_AGGREGATORS)}, got {aggr!r}")
         self.in_channels, self.out_channels, self.aggr = in_channels, out_channels, aggr
-        self.lin_rel = nn.Linear(in_channels, out_channels, bias=bias)
-        self.lin_root = nn.Linear(in_channels, out_channels, bias=False)
+        in_src, in_dst = _channel_pair(in_channels)
+        self.lin_rel = nn.Linear(in_src, out_channels, bias=bias)
+        self.lin_root = nn.Linear(in_dst, out_channels, bias=False)
 
     def reset_parameters(self) -> None:
         self.lin_rel.reset_parameters()
         self.lin_root.reset_parameters()
 
     @over_feature_batches
-    def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor, edge_weight: torch.Tensor | None = None,
-                size: tuple[int, int] | None = None) -> torch.Tensor:
-        x = node_features(x, "GraphConv")
+    def forward(self, x: torch.Tensor | tuple[torch.Tensor, torch.Tensor | None], edge_index: Graph | torch.Tensor,
+                edge_weight: torch.Tensor | None = None, size: tuple[int, int] | None = None) -> torch.Tensor:
         edge_index, edge_weight = adjacency_weights(edge_index, edge_weight, "GraphConv")
-        check_size(size, x.shape[0], "GraphConv")
-        graph = _as_graph(edge_index, x.shape[0])
+        x, x_dst, graph = _bipartite_inputs(x, edge_index, size, "GraphConv")
         if edge_weight is None:
             aggregate, edge_feature = _AGGREGATORS[self.aggr], None
         else:
             weight = edge_weight_column(edge_weight, graph.num_edges, x.dtype).unsqueeze(-1)
             aggregate, edge_feature = _WEIGHTED_AGGREGATORS[self.aggr], {"w": weight}
-        if self.aggr != "max" and self.out_channels < self.in_channels:
+        if self.aggr != "max" and self.out_channels < self.lin_rel.in_features:
             out = aggregate(graph, {"h": _transform_first(x, self.lin_rel.weight, graph, 1)}, edge_feature)
             if self.lin_rel.bias is not None:
                 out = out + self.lin_rel.bias
         else:
             out = self.lin_rel(aggregate(graph, {"h": x}, edge_feature))
-        return out + self.lin_root(x)
+        return out if x_dst is None else out + self.lin_root(x_dst)
 
 
 @functools.lru_cache(maxsize=None)

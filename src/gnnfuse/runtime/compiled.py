@@ -19,6 +19,7 @@ from ..backend.reference import GraphContext
 from ..graph import Graph
 from ..ir import CompileError, Program, Residency, verify
 from ..ir.ops.movement import BROADCAST_FROM, TYPE_INDICES
+from ..ir.sides import declare_sides, sides_of
 from ..passes import optimize
 
 
@@ -37,6 +38,7 @@ class CompiledProgram:
         if wrt not in self._backward:
             backward = build_backward(self.program, wrt)
             backward.program = optimize(backward.program, keep_inputs=True)
+            _declare_backward_sides(self.program, backward)
             self._backward[wrt] = backward
         return self._backward[wrt]
 
@@ -57,6 +59,20 @@ class CompiledProgram:
         else:   # inference: no backward program is built and nothing is saved for one
             outputs, _, _ = _run_forward(self, GraphContext(graph), keys, tensors, None)
         return dict(zip(self.program.outputs, outputs))
+
+
+def _declare_backward_sides(forward: Program, backward: BackwardProgram) -> None:
+    """A backward program's inputs are forward values (``saved:<id>``) and gradients of
+    forward outputs (``grad:<key>``): each is a table of the vertex set its forward value
+    is (ir/sides.py), whatever the backward program does with it."""
+    sides = sides_of(forward)
+    seeds = {}
+    for key, value in backward.program.inputs.items():
+        kind, _, name = key.partition(":")
+        origin = int(name) if kind == "saved" else forward.outputs[name].id if kind == "grad" else None
+        if origin in sides:
+            seeds[value.id] = sides[origin]
+    declare_sides(backward.program, seeds)
 
 
 def _check_devices(graph: Graph, keys: tuple[str, ...], tensors: list[torch.Tensor]) -> None:
@@ -102,21 +118,41 @@ def _check_types(program: Program, kinds: set[Residency], graph: Graph,
                                    f"{count} {what} types ({count_attr}); give one row per type")
 
 
-BACKENDS = ("reference", "triton")
+BACKENDS = ("reference", "triton", "cpu")
 
 
-def select_backend(tensors) -> Callable:
-    """The executor for this call: ``GNNFUSE_BACKEND`` if set, else Triton for CUDA
-    tensors and the torch reference for everything else."""
+def _check_triton_can_read(device: torch.device) -> None:
+    """Compiled Triton kernels read CUDA memory only; only Triton's CPU interpreter runs
+    them on host tensors. Without this check a forced ``GNNFUSE_BACKEND=triton`` on CPU
+    tensors stops inside Triton's launcher with a raw pointer error. Read at call time:
+    the interpreter is whatever ``TRITON_INTERPRET`` says now."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return
+    if device.type != "cuda":     # the inputs are on the graph's device (_check_devices)
+        raise ValueError(f"the triton backend runs CUDA tensors, but the graph and inputs are on {device}: "
+                         "move the tensors and the graph to cuda (tensor.to('cuda'), graph.to('cuda')), "
+                         "or unset GNNFUSE_BACKEND, or set TRITON_INTERPRET=1 before triton is first "
+                         "imported to run Triton's CPU interpreter")
+
+
+def select_backend(tensors, device: torch.device) -> Callable:
+    """The executor for this call on a graph on ``device``: ``GNNFUSE_BACKEND`` if set,
+    else Triton for CUDA tensors and the torch reference for everything else. The Numba
+    CPU backend is opt-in (``cpu``): its first call per kernel compiles for a second or
+    two, which the reference, the oracle, never pays."""
     name = os.environ.get("GNNFUSE_BACKEND") or (
         "triton" if any(t.is_cuda for t in tensors) else "reference")
     if name not in BACKENDS:
         raise ValueError(f"GNNFUSE_BACKEND must be one of {BACKENDS}, got {name!r}")
     if name == "triton":
+        _check_triton_can_read(device)
         try:
             from ..backend.triton import execute
         except ImportError as exc:
             raise RuntimeError("the triton backend needs the 'triton' package: pip install 'gnnfuse[gpu]'") from exc
+        return execute
+    if name == "cpu":
+        from ..backend.cpu import execute
         return execute
     from ..backend.reference import execute
     return execute
@@ -155,7 +191,7 @@ def _run_forward(compiled: CompiledProgram, graph_ctx: GraphContext, keys: tuple
     for calls in _RECORDERS:
         calls.append(ProgramCall(compiled, graph_ctx.graph, backward.wrt if backward else (), forced_schedule()))
     keep = [v.id for v in backward.saved] if backward else []
-    execute = select_backend(tensors)
+    execute = select_backend(tensors, graph_ctx.graph.device)
     outputs, kept = execute(compiled.program, graph_ctx, dict(zip(keys, tensors)), keep)
     return tuple(outputs.values()), kept, execute
 

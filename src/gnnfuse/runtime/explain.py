@@ -102,10 +102,16 @@ class _Sizes:
 
     def __init__(self, graph: Graph):
         self.num_nodes, self.num_edges = graph.num_nodes, graph.num_edges
+        self.num_src_nodes = graph.num_src_nodes
         self.index_bytes = torch.empty((), dtype=graph.index_dtype).element_size()
         self.types = {Residency.NODE_TYPE: graph.num_node_types or 0,
                       Residency.EDGE_TYPE: graph.num_edge_types or 0}
         self.num_pairs = int((graph.in_degrees() ** 2).sum())   # PAIR rows: in-edge pairs per vertex
+
+    def group_rows(self, unit: Any) -> int:
+        """Rows a unit's reduce writes: sources when it groups by src (a bipartite
+        graph's source set), destinations otherwise -- what the executor allocates."""
+        return self.num_src_nodes if getattr(unit, "by", None) == "src" else self.num_nodes
 
     def rows(self, residency: Residency) -> int:
         if residency is Residency.NODE:
@@ -151,7 +157,7 @@ def _unit_step(unit: Any, sizes: _Sizes) -> Step:
             for side in gathers[leaf.id]:
                 if side == "center":
                     reads.append((leaf, f"per vertex (its own row, grouped by {by})"))
-                    read_bytes += sizes.num_nodes * _row_bytes(leaf)
+                    read_bytes += sizes.group_rows(unit) * _row_bytes(leaf)
                 else:
                     reads.append((leaf, f"per edge (gathered by {side})"))
                     read_bytes += sizes.num_edges * _row_bytes(leaf)
@@ -159,13 +165,14 @@ def _unit_step(unit: Any, sizes: _Sizes) -> Step:
         else:
             reads.append((leaf, "in full"))
             read_bytes += sizes.rows(leaf.residency) * _row_bytes(leaf)
-    index = sizes.num_edges * len(index_names) + (sizes.num_nodes + 1 if grouped else 0)
+    index = sizes.num_edges * len(index_names) + (sizes.group_rows(unit) + 1 if grouped else 0)
     root = unit.root
     if schedule == "coo":   # both endpoint ids, one atomic read-modify-write per edge
         index = 2 * sizes.num_edges
         writes = 2 * sizes.num_edges * _row_bytes(root)
     else:
-        writes = sizes.rows(root.residency) * _row_bytes(root)
+        writes = (sizes.group_rows(unit) if root.residency is Residency.NODE else sizes.rows(root.residency)) \
+            * _row_bytes(root)
     label = unit.describe() + (f" [{schedule} schedule on CUDA]" if schedule else "")
     return Step(unit, label, True, [v for v in unit.body if v is not root],
                 reads, [root], Traffic(read_bytes, index * sizes.index_bytes, writes))
@@ -177,7 +184,7 @@ def _schedule(unit: Any, sizes: _Sizes) -> str | None:
         from ..backend.triton.executor import schedule_for
     except ImportError:
         return None
-    return schedule_for(unit, sizes.num_nodes, sizes.num_edges)
+    return schedule_for(unit, sizes.group_rows(unit), sizes.num_edges)
 
 
 def _op_step(v: Value, sizes: _Sizes, names: dict[int, str]) -> Step:
@@ -205,7 +212,7 @@ def _kernel_source(unit: Any, sizes: _Sizes) -> str:
         raise RuntimeError("explain(source=True) prints generated Triton kernels and needs the 'triton' "
                            "package: pip install 'gnnfuse[gpu]'") from exc
     wide = any(leaf.dtype == torch.float64 for leaf in unit.leaves if leaf.op != "const")
-    schedule = schedule_for(unit, sizes.num_nodes, sizes.num_edges)
+    schedule = schedule_for(unit, sizes.group_rows(unit), sizes.num_edges)
     return kernel_source(unit, "tl.float64" if wide else "tl.float32", schedule)[1]
 
 

@@ -44,8 +44,11 @@ class GraphContext:
         raise ValueError(f"unknown index {by!r}")
 
     def num_rows(self, by: str) -> int:
-        """How many rows index ``by`` points into."""
-        if by in ("src", "dst"):
+        """How many rows index ``by`` points into: sources for ``src`` (a bipartite
+        graph's source set), destinations for ``dst``."""
+        if by == "src":
+            return self.graph.num_src_nodes
+        if by == "dst":
             return self.num_nodes
         if by in EDGE_TYPE_INDICES:
             self._edge_types()
@@ -77,9 +80,11 @@ class GraphContext:
                                "but the graph has none; build it with Graph(..., node_type=...)")
         return self.graph.node_type
 
-    def rows(self, residency: Residency) -> int:
+    def rows(self, residency: Residency, side: str = "dst") -> int:
+        """Rows of a value of ``residency``; a NODE value's count depends on which vertex
+        set it is a table of (``side``, see ir/sides.py), which matters on bipartite graphs."""
         if residency is Residency.NODE:
-            return self.num_nodes
+            return self.num_rows(side)
         if residency.is_edge_rowed:
             return self.num_edges
         if residency is Residency.EDGE_TYPE:

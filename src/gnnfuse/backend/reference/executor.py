@@ -7,6 +7,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 import torch
 
 from ...ir import CompileError, Program, Residency, Value, get_op
+from ...ir.sides import BOTH, check_sides, sides_of
 from .context import GraphContext
 
 
@@ -28,7 +29,11 @@ def run_plan(program: Program, plan: Sequence, ctx: GraphContext, feeds: Mapping
     for _, reads, _ in steps:
         for i in reads:
             remaining[i.id] = remaining.get(i.id, 0) + 1
-    env: dict[int, torch.Tensor] = {v.id: _feed(v, feeds, ctx) for v in program.inputs.values()}
+    sides: dict[int, str | None] = {}
+    if ctx.graph.is_bipartite:
+        check_sides(program, ctx.graph.num_src_nodes, ctx.num_nodes)
+        sides = sides_of(program)
+    env: dict[int, torch.Tensor] = {v.id: _feed(v, feeds, ctx, sides.get(v.id)) for v in program.inputs.values()}
     for item, reads, out in steps:
         if isinstance(item, Value):
             args = [env[i.id] for i in item.inputs]
@@ -49,12 +54,15 @@ def _reads(item) -> list[Value]:
     return [v for v in item.leaves if v.op != "const"]
 
 
-def _feed(v: Value, feeds: Mapping[str, torch.Tensor], ctx: GraphContext) -> torch.Tensor:
+def _feed(v: Value, feeds: Mapping[str, torch.Tensor], ctx: GraphContext, side: str | None) -> torch.Tensor:
+    """The input tensor for ``v``, its shape checked; a NODE input of a bipartite graph has
+    one row per vertex of the set it is read as (``side``; undecided means destinations)."""
     key = v.attrs["key"]
     if key not in feeds:
         raise CompileError(f"no tensor was given for program input {key!r}")
     t = feeds[key]
-    expected = ((ctx.rows(v.residency),) if v.residency is not Residency.SHARED else ()) + v.shape
+    side = "dst" if side in (None, BOTH) else side
+    expected = ((ctx.rows(v.residency, side),) if v.residency is not Residency.SHARED else ()) + v.shape
     if tuple(t.shape) != expected:
         raise ValueError(f"input {key!r} ({v.residency.name}) should have shape {list(expected)}, "
                          f"got {list(t.shape)}")

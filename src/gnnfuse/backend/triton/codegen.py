@@ -32,14 +32,11 @@ import triton
 
 from ...ir import Residency, Value, get_op
 from ...passes.fusion import AggregateUnit, EdgeUnit, Unit, feature_sum_terms, gather_side, leaf_kind
+from ..coords import project as _project, strides as _strides, summed_coords as _summed_coords
 
 _IDENTITY = {"sum": "0.0", "mean": "0.0", "max": "float('-inf')", "min": "float('inf')"}
 # The kernel variable holding the row id of each edge's gathered row, by gather kind.
 _ROW_INDEX = {"neighbour": "nbr", "edge": "edge", "src": "src_id", "dst": "dst_id"}
-
-
-def _strides(shape: tuple[int, ...]) -> list[int]:
-    return [math.prod(shape[d + 1:]) for d in range(len(shape))]
 
 
 class _Emitter:
@@ -138,36 +135,6 @@ def row_stride(v: Value) -> int:
     if v.residency is not Residency.NODE or width <= _VECTOR or width % _VECTOR == 0:
         return width
     return -(-width // _VECTOR) * _VECTOR
-
-
-def _project(coords: tuple[str, ...], shape: tuple[int, ...], in_shape: tuple[int, ...]) -> tuple[str, ...]:
-    k = len(shape) - len(in_shape)
-    return tuple("0" if n == 1 else coords[d + k] for d, n in enumerate(in_shape))
-
-
-def _summed_coords(root: Value, coords: tuple[str, ...]) -> list[tuple[str, ...]]:
-    """For a feature-dim sum ``root``, the input coordinates of every term that adds
-    into the output element at ``coords``, as literal indices (the sum is unrolled)."""
-    in_shape = root.inputs[0].shape
-    if root.op == "sum_dim":
-        dims = sorted(d % len(in_shape) for d in root.attrs["dim"])
-        if root.attrs["keepdim"]:
-            fixed = {d: c for d, c in enumerate(coords) if d not in dims}
-        else:
-            rest = iter(coords)
-            fixed = {d: next(rest) for d in range(len(in_shape)) if d not in dims}
-    else:   # sum_to: leading extra dims and size-1 target dims are summed
-        extra = len(in_shape) - len(root.shape)
-        fixed = {extra + i: c for i, (c, n) in enumerate(zip(coords, root.shape))
-                 if not (n == 1 and in_shape[extra + i] != 1)}
-    summed = [d for d in range(len(in_shape)) if d not in fixed]
-    terms = []
-    for flat in range(math.prod(in_shape[d] for d in summed)):
-        picked, rem = {}, flat
-        for d in reversed(summed):
-            picked[d], rem = str(rem % in_shape[d]), rem // in_shape[d]
-        terms.append(tuple(fixed.get(d, picked.get(d)) for d in range(len(in_shape))))
-    return terms
 
 
 def _decorator(tuned: bool, space: dict[str, tuple[int, ...]], key: str, reset: bool,

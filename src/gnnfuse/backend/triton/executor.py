@@ -1,12 +1,9 @@
 """Runs a program with one generated kernel per fused unit and torch ops elsewhere."""
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import math
 import os
 import weakref
-from pathlib import Path
 from typing import Iterable, Mapping
 
 import torch
@@ -16,33 +13,13 @@ from ...ir import Program, Value
 from ...passes.fusion import AggregateUnit, EdgeUnit, Unit, partition
 from ..forced_schedule import SCHEDULES, forced_schedule
 from ..reference import GraphContext
+from ..kernel_cache import load_kernel as _load_kernel
 from ..reference.executor import run_plan
 from .codegen import RowSum, generate, generate_coo, generate_edge, row_stride, row_sum_split
 from .schedule import SEGMENT_EDGES, segments
 
-_KERNELS: dict[str, object] = {}
 _PLANS: "weakref.WeakKeyDictionary[Program, dict]" = weakref.WeakKeyDictionary()
 _UNIT_KERNELS: "weakref.WeakKeyDictionary[AggregateUnit, dict]" = weakref.WeakKeyDictionary()
-
-
-def _cache_dir() -> Path:
-    path = Path(os.environ.get("GNNFUSE_CACHE", Path.home() / ".cache" / "gnnfuse")) / "kernels"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-def _load_kernel(source: str, name: str):
-    """Triton's JIT reads kernel source from a file, so generated code goes to the cache."""
-    digest = hashlib.sha1(source.encode()).hexdigest()[:16]
-    if digest not in _KERNELS:
-        path = _cache_dir() / f"{name}_{digest}.py"
-        if not path.exists():
-            path.write_text(source)
-        spec = importlib.util.spec_from_file_location(f"gnnfuse_kernel_{digest}", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        _KERNELS[digest] = getattr(module, name)
-    return _KERNELS[digest]
 
 
 def _autotune() -> bool:
@@ -110,7 +87,8 @@ def _kernel_for(unit: Unit, acc: str, schedule: str):
 def run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> torch.Tensor:
     tensors = list(leaves.values())
     acc = "tl.float64" if any(t.dtype == torch.float64 for t in tensors) else "tl.float32"
-    schedule = schedule_for(unit, ctx.num_nodes, ctx.num_edges)
+    rows = ctx.num_rows(unit.by) if isinstance(unit, AggregateUnit) else ctx.num_nodes  # what `out` holds
+    schedule = schedule_for(unit, rows, ctx.num_edges)
     kernel, leaf_args, row_tile = _kernel_for(unit, acc, schedule)
     args = [_laid_out(leaves[v.id], v) for v in leaf_args]
     if schedule == "edge":
@@ -122,7 +100,7 @@ def run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> 
     splits = op in ("sum", "mean")
     segs = segments(ctx, unit.by, SEGMENT_EDGES if splits else None)
     width = math.prod(unit.reduce.shape)
-    shape = (ctx.num_nodes,) + unit.reduce.shape
+    shape = (rows,) + unit.reduce.shape
     # Every row is covered by a segment, so only split rows, which accumulate
     # atomically, need zeros first: a full memset cost a quarter of the kernel's time.
     out = torch.empty(shape, dtype=unit.reduce.dtype, device=rowptr.device)
@@ -155,7 +133,7 @@ def _laid_out(tensor: torch.Tensor, leaf: Value) -> torch.Tensor:
 
 
 def _run_coo_unit(unit: AggregateUnit, ctx: GraphContext, kernel, args: list[torch.Tensor]) -> torch.Tensor:
-    out = torch.zeros((ctx.num_nodes,) + unit.reduce.shape, dtype=unit.reduce.dtype, device=ctx.src.device)
+    out = torch.zeros((ctx.num_rows(unit.by),) + unit.reduce.shape, dtype=unit.reduce.dtype, device=ctx.src.device)
     return _launch_over_edges(kernel, ctx, out, [ctx.degree(unit.by), *args])
 
 

@@ -1,3 +1,3 @@
 """Importing this package registers every built-in op."""
 from . import (dense, elementwise, features, indexed_matmul, indexing, movement, pairwise,  # noqa: F401
-               row_matmul, select, typed)
+               positional, row_matmul, select, typed)

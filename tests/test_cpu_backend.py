@@ -1,0 +1,232 @@
+"""The Numba CPU backend (GNNFUSE_BACKEND=cpu) against the torch reference executor, on
+outputs and every gradient: the fused units of the zoo's models (neighbour sum, GCN
+norm, mean with zero in-degree, max, GAT and dot-product attention with their edge
+softmax, the edge units of their backward passes), NaN propagation through max/min,
+float32, gradcheck, the nn layers, the parallel kernels and the fallbacks.
+
+Graphs are tiny and kernels are compiled serially (one torch thread, see conftest) and
+cached on disk, so a warm run of this module costs a few seconds."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+
+pytest.importorskip("numba")
+
+import gnnfuse  # noqa: E402
+import zoo  # noqa: E402
+from gnnfuse import nn as gnn  # noqa: E402
+from gnnfuse.backend.cpu import executor as cpu_executor  # noqa: E402
+from gnnfuse.passes.fusion import AggregateUnit, EdgeUnit  # noqa: E402
+
+
+def small_graph() -> gnnfuse.Graph:
+    """Self loops (2, 4), a multi-edge (0 -> 1 twice), a vertex of in-degree 3, and
+    vertices 5 and 6 with no in-edges (6 has none at all)."""
+    src = torch.tensor([0, 0, 2, 3, 1, 4, 0, 5, 3])
+    dst = torch.tensor([1, 1, 2, 1, 3, 4, 3, 3, 0])
+    return gnnfuse.Graph(src, dst, 7)
+
+
+@pytest.fixture
+def launched(monkeypatch):
+    """The units the CPU backend ran as kernels (not through its torch fallback)."""
+    units = []
+    real_kernel_for = cpu_executor._kernel_for
+
+    def recording(unit, *args):
+        compiled = real_kernel_for(unit, *args)
+        if compiled is not None:
+            units.append(unit)
+        return compiled
+    monkeypatch.setattr(cpu_executor, "_kernel_for", recording)
+    return units
+
+
+def run(fn, inputs, backend, monkeypatch):
+    """Output of ``fn(*inputs)`` and the gradients of a fixed projection of it, under ``backend``."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    leaves = [t.detach().clone().requires_grad_() for t in inputs]
+    out = fn(*leaves)
+    weight = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)
+    grads = torch.autograd.grad((out.nan_to_num() * weight).sum(), leaves, allow_unused=True)
+    return out.detach(), grads
+
+
+def assert_same(fn, inputs, monkeypatch, **tol):
+    out, grads = run(fn, inputs, "cpu", monkeypatch)
+    ref, ref_grads = run(fn, inputs, "reference", monkeypatch)
+    torch.testing.assert_close(out, ref, equal_nan=True, **tol)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r, equal_nan=True, **tol)
+
+
+@pytest.mark.parametrize("name", ["gcn", "gat", "sage_mean", "sage_max", "dotgat"])
+def test_zoo_units_match_reference(name, launched, monkeypatch):
+    graph = small_graph()
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(graph.num_nodes, zoo.F_IN, dtype=torch.float64, generator=gen)
+    p = zoo.params(name, gen)
+    keys = list(p)
+
+    def model(x, *values):
+        return zoo.vertex_models(x, graph, dict(zip(keys, values)))[name]()
+    assert_same(model, [x, *p.values()], monkeypatch, rtol=1e-10, atol=1e-12)
+    assert any(isinstance(u, AggregateUnit) and u.by == "dst" for u in launched), "no forward kernel ran"
+    assert any(isinstance(u, AggregateUnit) and u.by == "src" for u in launched), \
+        "no backward kernel over the reverse CSR ran"
+    if name in ("gat", "dotgat"):
+        assert any(isinstance(u, EdgeUnit) for u in launched), "no edge kernel ran"
+
+
+@pytest.mark.parametrize("reducer", ["max", "min"])
+def test_max_and_min_propagate_nan_like_scatter_reduce(reducer, launched, monkeypatch):
+    graph = small_graph()
+    h = torch.randn(graph.num_nodes, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    h[0, 0] = float("nan")    # vertex 1: a NaN among finite in-neighbours (0, 0, 3)
+    h[2, 1] = float("nan")    # vertex 2: its only in-neighbour (a self loop) is NaN
+    pick = getattr(torch, reducer)
+
+    def model(h):
+        return gnnfuse.message_passing(graph, lambda e: {"m": e.src["h"] * 2.0},
+                                       lambda n: {"o": pick(n.mailbox["m"], dim=1).values}, ndata={"h": h})["o"]
+    assert_same(model, [h], monkeypatch, rtol=0, atol=0)
+    out, _ = run(model, [h], "cpu", monkeypatch)
+    assert out[1, 0].isnan() and out[2, 1].isnan() and not out[1, 1].isnan()
+    assert launched
+
+
+def test_float32_matches_reference(launched, monkeypatch):
+    graph = small_graph()
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(graph.num_nodes, zoo.F_IN, generator=gen)
+    p = {k: v.float() for k, v in zoo.params("sage_mean", gen).items()}   # few kernels: each is a cold compile on CI
+
+    def model(x, *values):
+        return zoo.vertex_models(x, graph, dict(zip(p, values)))["sage_mean"]()
+    out, grads = run(model, [x, *p.values()], "cpu", monkeypatch)
+    assert out.dtype == torch.float32 and all(g.dtype == torch.float32 for g in grads)
+    assert_same(model, [x, *p.values()], monkeypatch, rtol=1e-5, atol=1e-6)
+    assert launched
+
+
+def test_gradcheck_through_cpu_kernels(launched, monkeypatch):
+    monkeypatch.setenv("GNNFUSE_BACKEND", "cpu")
+    graph = small_graph()
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(graph.num_nodes, zoo.F_IN, dtype=torch.float64, generator=gen, requires_grad=True)
+    p = zoo.params("gcn", gen)
+    w = p["W"].requires_grad_()
+    assert torch.autograd.gradcheck(lambda x, w: zoo.vertex_models(x, graph, {"W": w})["gcn"](), (x, w))
+    assert launched
+
+
+@pytest.mark.parametrize("layer", [
+    lambda: gnn.GCNConv(6, 4), lambda: gnn.GATConv(6, 3, heads=2), lambda: gnn.SAGEConv(6, 4)],
+    ids=["GCNConv", "GATConv", "SAGEConv"])
+def test_nn_layers_match_reference_backend(layer, launched, monkeypatch):
+    torch.manual_seed(0)
+    module = layer().double()
+    graph = small_graph()
+    x = torch.randn(graph.num_nodes, 6, dtype=torch.float64)
+    params = list(module.parameters())
+
+    def model(x, *values):
+        with torch.no_grad():
+            for param, value in zip(params, values):
+                param.copy_(value)
+        return torch.func.functional_call(module, dict(zip([n for n, _ in module.named_parameters()], values)),
+                                          (x, graph))
+    assert_same(model, [x, *params], monkeypatch, rtol=1e-10, atol=1e-12)
+    assert launched
+
+
+def test_parallel_kernels_and_feature_tiles_match_reference(launched, monkeypatch):
+    """Two threads compile the prange kernels; a feature tile narrower than the width
+    makes the aggregate kernel take several passes over the graph."""
+    monkeypatch.setenv("GNNFUSE_CPU_FEATURE_TILE", "3")
+    monkeypatch.setattr(cpu_executor.schedule, "PARALLEL_MIN_WORK", 0)   # this graph is far below it
+    parallel_flags = []
+    recording = cpu_executor._kernel_for
+    monkeypatch.setattr(cpu_executor, "_kernel_for",
+                        lambda unit, acc, parallel: parallel_flags.append(parallel) or recording(unit, acc, parallel))
+    graph = small_graph()
+    h = torch.randn(graph.num_nodes, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+
+    def model(h):
+        return gnnfuse.message_passing(graph, lambda e: {"m": e.src["h"]},
+                                       lambda n: {"o": n.mailbox["m"].sum(dim=1)}, ndata={"h": h})["o"]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with torch.no_grad():
+            monkeypatch.setenv("GNNFUSE_BACKEND", "cpu")
+            out = model(h)
+    finally:
+        torch.set_num_threads(threads)
+    monkeypatch.setenv("GNNFUSE_BACKEND", "reference")
+    torch.testing.assert_close(out, model(h), rtol=1e-12, atol=1e-12)
+    assert launched and all(parallel_flags), "the prange kernel did not run"
+
+
+def test_without_numba_the_reference_runs_with_one_warning(monkeypatch):
+    monkeypatch.setattr(cpu_executor, "numba", None)
+    monkeypatch.setattr(cpu_executor, "_WARNED", set())
+    graph = small_graph()
+    h = torch.randn(graph.num_nodes, 2, dtype=torch.float64)
+    model = gnn.SAGEConv(2, 2).double()
+    monkeypatch.setenv("GNNFUSE_BACKEND", "reference")
+    expected = model(h, graph)
+    monkeypatch.setenv("GNNFUSE_BACKEND", "cpu")
+    with pytest.warns(RuntimeWarning, match="needs numba"):
+        out = model(h, graph)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model(h, graph)    # warned once, not per call
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
+def test_a_machine_without_numba_imports_the_backend_and_falls_back():
+    """numba absent for real (not patched after import): the backend still imports."""
+    script = """
+import sys, warnings
+sys.modules["numba"] = None          # any 'import numba' now raises ImportError
+import os; os.environ["GNNFUSE_BACKEND"] = "cpu"
+import torch, gnnfuse
+g = gnnfuse.Graph(torch.tensor([0, 1]), torch.tensor([1, 2]), 3)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    out = gnnfuse.message_passing(g, lambda e: {"m": e.src["h"]},
+                                  lambda n: {"o": n.mailbox["m"].sum(dim=1)}, ndata={"h": torch.ones(3, 2)})["o"]
+assert out.tolist() == [[0, 0], [1, 1], [1, 1]], out
+assert any("needs numba" in str(w.message) for w in caught), [str(w.message) for w in caught]
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
+def test_dtype_without_kernels_runs_as_torch_ops_with_a_warning(monkeypatch):
+    monkeypatch.setattr(cpu_executor, "_WARNED", set())
+    graph = small_graph()
+    h = torch.randn(graph.num_nodes, 2).to(torch.bfloat16)
+
+    def model(h):
+        return gnnfuse.message_passing(graph, lambda e: {"m": e.src["h"]},
+                                       lambda n: {"o": n.mailbox["m"].sum(dim=1)}, ndata={"h": h})["o"]
+    monkeypatch.setenv("GNNFUSE_BACKEND", "reference")
+    expected = model(h)
+    monkeypatch.setenv("GNNFUSE_BACKEND", "cpu")
+    with pytest.warns(RuntimeWarning, match="no kernels for torch.bfloat16"):
+        out = model(h)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("value", ["0", "-4", "wide"])
+def test_feature_tile_setting_is_checked(value, monkeypatch):
+    monkeypatch.setenv("GNNFUSE_CPU_FEATURE_TILE", value)
+    with pytest.raises(ValueError, match="GNNFUSE_CPU_FEATURE_TILE must be a positive integer"):
+        cpu_executor.schedule.feature_tile(8)

@@ -1,0 +1,163 @@
+"""PyG's bipartite layer shape -- ``in_channels=(a, b)``, ``forward((x_src, x_dst),
+edge_index, size=(num_src, num_dst))`` -- on SAGEConv, GraphConv, GINConv, GATConv and
+GATv2Conv, against PyG 2.8 with copied weights: outputs and the gradients of x_src,
+x_dst and every parameter in float64, on the reference backend and the Triton
+interpreter. The graph has fewer destinations than sources, a destination without
+in-edges and sources without out-edges."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch_geometric.nn as pyg
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gnnfuse import nn as gnn
+from gnnfuse.graph import Graph
+from layer_check import assert_same_values
+from oracle_check import device_for
+
+NUM_SRC, NUM_DST, F_SRC, F_DST = 6, 4, 5, 3
+# destination 3 has no in-edges; sources 3 and 5 have no out-edges
+EDGE_INDEX = torch.tensor([[0, 1, 4, 4, 2, 1, 0, 2], [0, 0, 1, 0, 2, 1, 2, 2]])
+EDGE_WEIGHT = torch.tensor([0.5, 2.0, -1.0, 1.5, 0.25, 1.0, -0.5, 3.0], dtype=torch.float64)
+
+
+def gin_mlp(width: int) -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Linear(width, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+
+
+# (id, layer class name, constructor arguments (nn modules made per call), forward extras, uses x_dst)
+CASES = [
+    ("sage-mean", "SAGEConv", lambda: ((F_SRC, F_DST), 4), {}, True),
+    ("sage-narrowing", "SAGEConv", lambda: ((F_SRC, F_DST), 2), {}, True),
+    ("sage-max", "SAGEConv", lambda: ((F_SRC, F_DST), 4, "max"), {}, True),
+    ("sage-no-x_dst", "SAGEConv", lambda: ((F_SRC, F_DST), 4), {}, False),
+    ("graph-add", "GraphConv", lambda: ((F_SRC, F_DST), 4), {}, True),
+    ("graph-weighted-narrowing", "GraphConv", lambda: ((F_SRC, F_DST), 2), {"edge_weight": EDGE_WEIGHT}, True),
+    ("graph-mean", "GraphConv", lambda: ((F_SRC, F_DST), 4, "mean"), {}, True),
+    ("gin", "GINConv", lambda: (gin_mlp(F_SRC), 0.3, True), {}, "same-width"),
+    ("gin-no-x_dst", "GINConv", lambda: (gin_mlp(F_SRC),), {}, False),
+    ("gat-loops", "GATConv", lambda: ((F_SRC, F_DST), 3, 2), {}, True),
+    ("gat-no-loops", "GATConv", lambda: ((F_SRC, F_DST), 3, 2, False, 0.2, 0.0, False), {}, True),
+    ("gat-no-x_dst", "GATConv", lambda: ((F_SRC, F_DST), 3, 2), {}, False),
+    ("gatv2-loops", "GATv2Conv", lambda: ((F_SRC, F_DST), 3, 2), {}, True),
+    ("gatv2-no-loops", "GATv2Conv", lambda: ((F_SRC, F_DST), 3, 2, True, 0.2, 0.0, False), {}, True),
+]
+
+
+# The Triton interpreter runs one case per layer (suite time); the reference runs them all.
+TRITON_CASES = ("sage-narrowing", "graph-weighted-narrowing", "gin", "gat-loops", "gatv2-loops")
+PARAMS = [pytest.param(case, backend, id=f"{backend}-{case[0]}") for backend in ("reference", "triton")
+          for case in CASES if backend == "reference" or case[0] in TRITON_CASES]
+
+
+@pytest.mark.parametrize("case, backend", PARAMS)
+def test_bipartite_layer_matches_pyg(case, backend, monkeypatch):
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    _, name, arguments, extra, with_dst = case
+    compare_with_pyg(name, arguments, extra, with_dst, EDGE_INDEX, NUM_SRC, NUM_DST, device_for(backend))
+
+
+def compare_with_pyg(name: str, arguments, extra: dict, with_dst, edge_index: torch.Tensor,
+                     num_src: int, num_dst: int, device: str = "cpu") -> None:
+    """Outputs and the gradients of x_src, x_dst and every parameter equal PyG's."""
+    torch.manual_seed(0)
+    ref = getattr(pyg, name)(*arguments()).double().to(device)
+    for p in ref.parameters():
+        if p.dim() == 1:
+            torch.nn.init.normal_(p)      # biases start at zero: draw them so their use shows
+    torch.manual_seed(1)
+    ours = getattr(gnn, name)(*arguments()).double().to(device)
+    ours.load_state_dict(ref.state_dict())
+    width_dst = F_SRC if with_dst == "same-width" else F_DST
+    x_src = torch.randn(num_src, F_SRC, dtype=torch.float64).to(device)
+    x_dst = torch.randn(num_dst, width_dst, dtype=torch.float64).to(device) if with_dst else None
+    edge_index = edge_index.to(device)
+    results = []
+    for layer in (ours, ref):
+        leaves = [x_src.clone().requires_grad_()] + ([x_dst.clone().requires_grad_()] if with_dst else [])
+        out = layer((leaves[0], leaves[1] if with_dst else None), edge_index,
+                    **extra, **({} if name == "GATv2Conv" else {"size": (num_src, num_dst)}))
+        cotangent = torch.randn(out.shape, dtype=out.dtype, generator=torch.Generator().manual_seed(2)).to(device)
+        (out * cotangent).sum().backward()
+        params = {k: p.grad for k, p in layer.named_parameters()}
+        results.append((out.detach(), [x.grad for x in leaves], params))
+        layer.zero_grad(set_to_none=True)
+    (out, grads, params), (expected, expected_grads, expected_params) = results
+    assert out.shape == expected.shape == (num_dst, out.shape[1])
+    assert_same_values(out, expected, "output")
+    for what, a, b in zip(("x_src", "x_dst"), grads, expected_grads):
+        assert_same_values(a, b, f"gradient of {what}")
+    assert params.keys() == expected_params.keys()
+    for key, grad in params.items():
+        if expected_params[key] is None:
+            assert grad is None or not grad.any(), key
+        else:
+            assert_same_values(grad, expected_params[key], f"gradient of {key}")
+
+
+@st.composite
+def bipartite_graphs(draw):
+    """(edge_index, num_src, num_dst): either set may be empty; multi-edges, vertices of
+    either side without edges, and i -> i edges (self loops only by number) all occur."""
+    num_src, num_dst = draw(st.integers(0, 7)), draw(st.integers(0, 7))
+    num_edges = draw(st.integers(0, 16)) if num_src and num_dst else 0
+    src = draw(st.lists(st.integers(0, max(num_src - 1, 0)), min_size=num_edges, max_size=num_edges))
+    dst = draw(st.lists(st.integers(0, max(num_dst - 1, 0)), min_size=num_edges, max_size=num_edges))
+    return torch.tensor([src, dst], dtype=torch.long).view(2, num_edges), num_src, num_dst
+
+
+PROPERTY_CASES = [c for c in CASES if c[0] in ("sage-mean", "sage-max", "graph-weighted-narrowing", "gin",
+                                               "gat-loops", "gat-no-loops", "gatv2-loops")]
+
+
+@pytest.mark.parametrize("case", PROPERTY_CASES, ids=[c[0] for c in PROPERTY_CASES])
+@settings(max_examples=8, deadline=None, derandomize=True, database=None)
+@given(graph=bipartite_graphs())
+def test_bipartite_layers_match_pyg_on_random_graphs(case, graph):
+    _, name, arguments, extra, with_dst = case
+    edge_index, num_src, num_dst = graph
+    if "edge_weight" in extra:
+        extra = {"edge_weight": torch.linspace(-1.0, 2.0, edge_index.shape[1], dtype=torch.float64)}
+    compare_with_pyg(name, arguments, extra, with_dst, edge_index, num_src, num_dst)
+
+
+def test_in_channels_pair_gives_pygs_parameter_names():
+    for name, arguments in [("SAGEConv", ((F_SRC, F_DST), 4)), ("GraphConv", ((F_SRC, F_DST), 4)),
+                            ("GATConv", ((F_SRC, F_DST), 3, 2)), ("GATv2Conv", ((F_SRC, F_DST), 3, 2))]:
+        ours, ref = getattr(gnn, name)(*arguments), getattr(pyg, name)(*arguments)
+        assert {k: tuple(v.shape) for k, v in ours.state_dict().items()} == \
+               {k: tuple(v.shape) for k, v in ref.state_dict().items()}, name
+
+
+def test_a_bipartite_graph_object_and_size_are_checked_against_the_features():
+    layer = gnn.SAGEConv((F_SRC, F_DST), 4).double()
+    x_src, x_dst = torch.randn(NUM_SRC, F_SRC, dtype=torch.float64), torch.randn(NUM_DST, F_DST, dtype=torch.float64)
+    graph = Graph.from_edge_index(EDGE_INDEX, NUM_DST, num_src_nodes=NUM_SRC)
+    from_graph = layer((x_src, x_dst), graph)
+    torch.testing.assert_close(from_graph, layer((x_src, x_dst), EDGE_INDEX, size=(NUM_SRC, NUM_DST)))
+    with pytest.raises(ValueError, match=r"size=\(6, 5\) does not fit"):
+        layer((x_src, x_dst), EDGE_INDEX, size=(NUM_SRC, NUM_DST + 1))
+    with pytest.raises(ValueError, match="num_nodes=3 given but the graph has 4 nodes"):
+        layer((x_src, x_dst[:3]), graph)
+    with pytest.raises(ValueError, match=r"x has 6 rows but the graph has 6 source and 4 destination nodes; pass \(x_src, x_dst\)"):
+        gnn.SAGEConv(F_SRC, 4).double()(x_src, graph)
+
+
+def test_gatv2_needs_x_dst():
+    layer = gnn.GATv2Conv((F_SRC, F_DST), 3)
+    with pytest.raises(ValueError, match="GATv2Conv: bipartite input needs x_dst"):
+        layer((torch.randn(NUM_SRC, F_SRC), None), EDGE_INDEX)
+
+
+@pytest.mark.parametrize("name", ["GATConv", "GATv2Conv", "SAGEConv", "GraphConv"])
+def test_in_channels_pair_with_one_feature_tensor_uses_both_maps(name):
+    """A layer built with ``in_channels=(a, a)`` and called with one x maps it through
+    the source and the destination weights, as PyG does (GAT used lin_src for both)."""
+    torch.manual_seed(0)
+    ref = getattr(pyg, name)((F_SRC, F_SRC), 3).double()
+    ours = getattr(gnn, name)((F_SRC, F_SRC), 3).double()
+    ours.load_state_dict(ref.state_dict())
+    x = torch.randn(NUM_SRC, F_SRC, dtype=torch.float64)
+    assert_same_values(ours(x, EDGE_INDEX), ref(x, EDGE_INDEX), "output")
