@@ -203,7 +203,7 @@ def test_bad_arguments_are_rejected():
     with pytest.raises(ValueError, match="does not support adding self-loops"):
         gnn.GCNConv(4, 4, add_self_loops=True, normalize=False)
     with pytest.raises(ValueError, match="dropout must be in"):
-        gnn.APPNP(2, 0.1, dropout=1.0)
+        gnn.APPNP(2, 0.1, dropout=1.5)
     edge_index = torch.tensor([[0, 1], [1, 2]])
     with pytest.raises(ValueError, match="lambda_max must be positive"):
         gnn.ChebConv(4, 4, K=2)(torch.randn(3, 4), edge_index, lambda_max=0.0)

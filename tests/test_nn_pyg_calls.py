@@ -2,8 +2,9 @@
 parameters in PyG's order (so ``conv(x, edge_index, edge_weight)`` never binds the weights
 to another parameter), ``edge_weight`` matches PyG on outputs and every gradient (the
 weights' included), and what is not supported -- bipartite ``(x_src, x_dst)`` input
-outside the five layers that take it (test_nn_bipartite.py), edge features, attention
-weights -- fails loudly instead of being ignored."""
+outside the five layers that take it (test_nn_bipartite.py), edge features to a layer
+built without edge_dim, attention weights in training with dropout -- fails loudly
+instead of being ignored."""
 from __future__ import annotations
 
 import inspect
@@ -145,16 +146,16 @@ def test_cached_layers_refuse_edge_weight(layer):
 
 @pytest.mark.parametrize("call, argument", [
     (lambda x, ei: gnn.GATConv(F_IN, 2)(x, ei, torch.ones(ei.shape[1], 3)), "edge_attr"),
-    (lambda x, ei: gnn.GATConv(F_IN, 2)(x, ei, None, None, True), "return_attention_weights"),
+    (lambda x, ei: gnn.GATConv(F_IN, 2, dropout=0.5)(x, ei, None, None, True), "return_attention_weights"),
     (lambda x, ei: gnn.GATv2Conv(F_IN, 2)(x, ei, torch.ones(ei.shape[1], 3)), "edge_attr"),
-    (lambda x, ei: gnn.GATv2Conv(F_IN, 2)(x, ei, None, True), "return_attention_weights"),
+    (lambda x, ei: gnn.GATv2Conv(F_IN, 2, dropout=0.5)(x, ei, None, True), "return_attention_weights"),
 ])
 def test_unsupported_pyg_arguments_are_named(call, argument):
-    """PyG's GAT uses edge_attr with edge_dim (which gnnfuse's lacks) and returns
-    ``(out, (edge_index, alpha))`` for return_attention_weights=True: neither may be
-    silently dropped."""
+    """PyG's GAT uses edge_attr only with edge_dim (ignoring it otherwise), and returns
+    dropped-out weights for return_attention_weights=True in training: neither may be
+    silently dropped or approximated."""
     edge_index, _ = weighted_graph()
-    with pytest.raises(NotImplementedError, match=rf"{argument}=\.\.\.\) is not supported"):
+    with pytest.raises(NotImplementedError, match=rf"{argument}=(\.\.\.|True)\) (is not|needs the layer built with|in training)"):
         call(torch.randn(N, F_IN), edge_index)
 
 

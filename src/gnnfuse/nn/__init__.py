@@ -1,7 +1,8 @@
 """Neural-network layers with PyG's names and parameter layout (`conv`: GCN, GraphSAGE,
 GAT; `propagation`: GIN, GraphConv, APPNP, SGC, TAG, Chebyshev; `attention`: GATv2,
 constrained GAT, dot-product GAT, EdgeConv, MLP aggregation, NGCF; `relational`:
-R-GCN), plain-PyTorch
+R-GCN; `edge_features` and `attention_weights`: GAT/GATv2's PyG ``edge_attr`` and
+``return_attention_weights``; `pyg_repr`: PyG's printed form), plain-PyTorch
 baselines (`reference`) that the compiled layers are measured against, and a registry of
 standard node-classification models built from them (`models`)."""
 from .attention import CGATConv, DotGATConv, EdgeConv, GATv2Conv, MLPAggConv, NGCFConv

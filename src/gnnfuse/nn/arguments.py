@@ -4,13 +4,16 @@ differently or not yet.
 Every layer's ``forward`` keeps PyG's positional order, so a PyG call such as
 ``conv(x, edge_index, edge_weight)`` never binds a value to a parameter of another
 meaning. A parameter PyG has and gnnfuse does not implement is still accepted in its
-place, and a value other than None fails here, naming it, instead of being ignored.
+place, and a value it cannot honour fails, naming it, instead of being ignored.
 """
 from __future__ import annotations
 
-from typing import Any
+import functools
+from typing import Any, Callable
 
 import torch
+
+from ..graph.convert import is_sparse_adjacency
 
 
 def node_features(x: Any, layer: str) -> torch.Tensor:
@@ -24,7 +27,27 @@ def node_features(x: Any, layer: str) -> torch.Tensor:
             "destinations are the same vertices")
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{layer}: x must be a [num_nodes, F] tensor, got {type(x).__name__}")
+    if x.dim() > 2:
+        raise NotImplementedError(f"{layer}: node features of shape {list(x.shape)} (a batch of feature "
+                                  "matrices on one graph, PyG's static graphs) are not supported by this "
+                                  "layer; pass one [num_nodes, F] tensor")
     return x
+
+
+def over_feature_batches(forward: Callable) -> Callable:
+    """A layer ``forward`` that also takes PyG's static-graph input: node features
+    ``[B, N, F]``, B feature matrices on one N-vertex graph, giving ``[B, N, F']``.
+
+    Each matrix runs through the layer on its own and the outputs are stacked -- exactly
+    the per-matrix result, whatever the layer computes. Only for layers whose PyG
+    counterpart accepts such input; the others refuse it in `node_features`.
+    """
+    @functools.wraps(forward)
+    def run(self: Any, x: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(x, torch.Tensor) and x.dim() == 3:
+            return torch.stack([forward(self, features, *args, **kwargs) for features in x.unbind(0)])
+        return forward(self, x, *args, **kwargs)
+    return run
 
 
 def node_pair(x: Any, size: Any, layer: str) -> tuple[torch.Tensor, torch.Tensor | None, tuple[int, int] | None]:
@@ -48,6 +71,10 @@ def node_pair(x: Any, size: Any, layer: str) -> tuple[torch.Tensor, torch.Tensor
     if not isinstance(x_src, torch.Tensor) or not (x_dst is None or isinstance(x_dst, torch.Tensor)):
         raise TypeError(f"{layer}: (x_src, x_dst) must be tensors (x_dst may be None), got "
                         f"({type(x_src).__name__}, {type(x_dst).__name__})")
+    if any(t is not None and t.dim() > 2 for t in (x_src, x_dst)):
+        raise NotImplementedError(f"{layer}: bipartite input with batched node features ([B, N, F] in "
+                                  "(x_src, x_dst)) is not supported by gnnfuse; [B, N, F] is taken as one "
+                                  "tensor x only")
     num_src = x_src.shape[0]
     num_dst = num_src if x_dst is None else x_dst.shape[0]
     if size is not None:
@@ -57,14 +84,6 @@ def node_pair(x: Any, size: Any, layer: str) -> tuple[torch.Tensor, torch.Tensor
         num_dst = size[1]
     return x_src, x_dst, (num_src, num_dst)
 
-
-def reject_unsupported(layer: str, **arguments: Any) -> None:
-    """Raise NotImplementedError naming the first of PyG's ``forward`` arguments that was
-    given (is not None) but that this layer does not implement."""
-    for name, value in arguments.items():
-        if value is not None:
-            raise NotImplementedError(f"{layer}.forward(..., {name}=...) is not supported by gnnfuse; "
-                                      f"call it without {name}")
 
 
 def edge_weight_column(edge_weight: torch.Tensor, num_edges: int, dtype: torch.dtype) -> torch.Tensor:
@@ -76,3 +95,25 @@ def edge_weight_column(edge_weight: torch.Tensor, num_edges: int, dtype: torch.d
         raise ValueError(f"edge_weight must have shape [{num_edges}] (one number per edge of the graph), "
                          f"got {list(edge_weight.shape)}")
     return edge_weight.reshape(num_edges).to(dtype)
+
+
+def adjacency_weights(edge_index: Any, edge_weight: torch.Tensor | None, layer: str) -> tuple[Any, torch.Tensor | None]:
+    """``(edge_index, edge_weight)`` for a layer that takes edge weights, given PyG's
+    sparse ``adj_t`` whose stored values are not all 1: PyG multiplies each message by
+    its entry, so the entries become ``edge_weight`` of a ``[2, E]`` edge_index (row =
+    target, column = source). Any other input passes through unchanged. (The index made
+    here is new on every call, so such a graph's layout is rebuilt per call; a pattern-only
+    ``adj_t`` or a plain edge_index keeps the cached layout.)"""
+    if not is_sparse_adjacency(edge_index):
+        return edge_index, edge_weight
+    if isinstance(edge_index, torch.Tensor):
+        coo = edge_index if edge_index.layout is torch.sparse_coo else edge_index.to_sparse_coo()
+        (row, col), value = coo._indices(), coo._values()
+    else:                                             # torch_sparse.SparseTensor
+        row, col, value = edge_index.coo()
+    if value is None or not value.numel() or bool((value == 1).all()):
+        return edge_index, edge_weight
+    if edge_weight is not None:
+        raise ValueError(f"{layer}: the sparse adj_t holds edge weights (values other than 1) and edge_weight "
+                         "was given too; pass the weights one way")
+    return torch.stack([col, row]), value

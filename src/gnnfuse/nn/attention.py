@@ -22,19 +22,24 @@ from torch import nn
 
 from .. import frontend
 from ..graph import Graph
-from .arguments import node_features, reject_unsupported
+from .arguments import node_features
+from .attention_weights import AttentionOutput, attention_weights, check_attention_request
 from .conv import (GATConv, _as_graph, _bipartite_inputs, _channel_pair, _check_dropout, _combine_heads,
-                   _head_bias, _inv_sqrt_degree, _normalized_sum, _rows_read, _with_loops)
+                   _head_bias, _head_residual, _inv_sqrt_degree, _normalized_sum, _rows_read, _with_loops)
+from .edge_features import FillValue, edge_inputs, edge_projection
+from .pyg_repr import OneLineRepr
 
-def _run_vertex(fn: Callable, graph: Graph, v_feature: Mapping[str, torch.Tensor]) -> torch.Tensor:
+
+def _run_vertex(fn: Callable, graph: Graph, v_feature: Mapping[str, torch.Tensor],
+                e_feature: Mapping[str, torch.Tensor] | None = None) -> torch.Tensor:
     """Run a vertex function that closes over a layer's parameters, made anew in every
     ``forward`` (so it reads the current parameters, and a deep-copied layer its own);
     its compiled program is shared by structure, so only the trace repeats per call."""
-    return frontend.VertexFunction(fn)(graph, v_feature)
+    return frontend.VertexFunction(fn)(graph, v_feature, e_feature)
 
 
 # --- GATv2 --------------------------------------------------------------------------------
-class GATv2Conv(nn.Module):
+class GATv2Conv(OneLineRepr, nn.Module):
     r"""GATv2 (Brody et al., "How attentive are graph attention networks?"), PyG's layout.
 
     .. math::
@@ -53,18 +58,25 @@ class GATv2Conv(nn.Module):
 
     def __init__(self, in_channels: int | tuple[int, int], out_channels: int, heads: int = 1,
                  concat: bool = True, negative_slope: float = 0.2, dropout: float = 0.0,
-                 add_self_loops: bool = True, bias: bool = True, share_weights: bool = False):
+                 add_self_loops: bool = True, edge_dim: int | None = None, fill_value: FillValue = "mean",
+                 bias: bool = True, share_weights: bool = False, residual: bool = False):
         super().__init__()
         self.in_channels, self.out_channels, self.heads = in_channels, out_channels, heads
         self.concat, self.negative_slope = concat, negative_slope
         self.dropout, self.add_self_loops = _check_dropout(dropout), add_self_loops
+        self.edge_dim, self.fill_value, self.residual = edge_dim, fill_value, residual
         self.share_weights = share_weights
         in_src, in_dst = _channel_pair(in_channels)
         self.lin_l = nn.Linear(in_src, heads * out_channels, bias=bias)
         self.lin_r = self.lin_l if share_weights else nn.Linear(in_dst, heads * out_channels, bias=bias)
         self.att = nn.Parameter(torch.empty(1, heads, out_channels))
+        self.lin_edge = edge_projection(edge_dim, heads * out_channels)
+        self.res = _head_residual(residual, in_channels, heads, out_channels, concat)
         self.bias = _head_bias(heads, out_channels, concat, bias)
         self.reset_parameters()
+
+    def extra_repr(self) -> str:
+        return f"{self.in_channels}, {self.out_channels}, heads={self.heads}"
 
     def reset_parameters(self) -> None:
         for lin in (self.lin_l, self.lin_r):
@@ -72,17 +84,21 @@ class GATv2Conv(nn.Module):
             if lin.bias is not None:
                 nn.init.zeros_(lin.bias)
         nn.init.xavier_uniform_(self.att)
+        for lin in (self.lin_edge, self.res):
+            if lin is not None:
+                nn.init.xavier_uniform_(lin.weight)
         if self.bias is not None:
             nn.init.zeros_(self.bias)
 
     def forward(self, x: torch.Tensor | tuple[torch.Tensor, torch.Tensor], edge_index: Graph | torch.Tensor,
-                edge_attr: torch.Tensor | None = None, return_attention_weights: bool | None = None) -> torch.Tensor:
-        reject_unsupported("GATv2Conv", edge_attr=edge_attr,     # False: just the output, as in PyG
-                           return_attention_weights=return_attention_weights or None)
+                edge_attr: torch.Tensor | None = None, return_attention_weights: bool | None = None) -> AttentionOutput:
+        if return_attention_weights:                               # False: just the output, as in PyG
+            check_attention_request(self, x, edge_index, "GATv2Conv")
         x, x_dst, graph = _bipartite_inputs(x, edge_index, None, "GATv2Conv")
         if x_dst is None:
             raise ValueError("GATv2Conv: bipartite input needs x_dst (the destination features score "
                              "every edge), as in PyG; got (x_src, None)")
+        edge_h = edge_inputs(self, graph, edge_attr, "GATv2Conv")
         graph = _with_loops(graph, self.add_self_loops)
         shape = (-1, self.heads, self.out_channels)
         x_l = self.lin_l(x).view(shape)
@@ -91,14 +107,20 @@ class GATv2Conv(nn.Module):
         p, training = self.dropout, self.training
 
         def gatv2(v):
-            scores = [(F.leaky_relu(u.x_l + v.x_r, slope) * att).sum(-1) for u in v.innbs]
+            scores = [(F.leaky_relu(e.src.x_l + v.x_r + e.x_e if edge_h is not None else e.src.x_l + v.x_r, slope)
+                       * att).sum(-1) for e in v.inedges]
             peak = max(scores)
             weights = [torch.exp(s - peak) for s in scores]
             alpha = [F.dropout(w / sum(weights), p, training) for w in weights]
-            return sum([alpha[i].unsqueeze(-1) * u.x_l for i, u in enumerate(v.innbs)])
+            return sum([alpha[i].unsqueeze(-1) * e.src.x_l for i, e in enumerate(v.inedges)])
 
-        out = _run_vertex(gatv2, graph, {"x_l": x_l, "x_r": x_r})
-        return _combine_heads(out, self.concat, self.bias)
+        out = _run_vertex(gatv2, graph, {"x_l": x_l, "x_r": x_r}, None if edge_h is None else {"x_e": edge_h})
+        out = _combine_heads(out, self.concat, self.bias, None if self.res is None else self.res(x_dst))
+        if not return_attention_weights:
+            return out
+        pair = x_l[graph.src.long()] + x_r[graph.dst.long()]
+        pair = pair if edge_h is None else pair + edge_h
+        return out, attention_weights(graph, (F.leaky_relu(pair, slope) * att).sum(-1), edge_index)
 
 
 # --- constrained GAT ----------------------------------------------------------------------
@@ -205,7 +227,7 @@ class DotGATConv(nn.Module):
 _EDGE_AGGREGATIONS = ("max", "mean", "add", "sum")
 
 
-class EdgeConv(nn.Module):
+class EdgeConv(OneLineRepr, nn.Module):
     r"""EdgeConv (Wang et al., DGCNN) with PyG's arguments.
 
     .. math::
@@ -221,6 +243,9 @@ class EdgeConv(nn.Module):
         if aggr not in _EDGE_AGGREGATIONS:
             raise ValueError(f"aggr must be one of {list(_EDGE_AGGREGATIONS)}, got {aggr!r}")
         self.nn, self.aggr = nn, aggr
+
+    def extra_repr(self) -> str:
+        return f"nn={self.nn}"
 
     def reset_parameters(self) -> None:
         for module in self.nn.modules() if isinstance(self.nn, torch.nn.Module) else ():

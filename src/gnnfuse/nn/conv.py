@@ -17,7 +17,10 @@ from torch import nn
 
 from .. import frontend
 from ..graph import Graph
-from .arguments import edge_weight_column, node_features, node_pair, reject_unsupported
+from .arguments import adjacency_weights, edge_weight_column, node_features, node_pair, over_feature_batches
+from .attention_weights import AttentionOutput, attention_weights, check_attention_request
+from .edge_features import FillValue, edge_inputs, edge_projection
+from .pyg_repr import OneLineRepr
 
 
 def _as_graph(graph: Graph | torch.Tensor, num_nodes: int) -> Graph:
@@ -185,6 +188,37 @@ def _layer_graph(layer: nn.Module, x: torch.Tensor, graph: Graph | torch.Tensor,
     return graph
 
 
+class CachedGraph:
+    """Mixin for layers with PyG's ``cached=True``: the graph kept by `_layer_graph` under
+    the names PyG users reach for. PyG keeps ``_cached_edge_index`` (for an edge_index) and
+    ``_cached_adj_t`` (for a sparse adjacency), and users clear the cache by setting them
+    to None; here both name the one kept `Graph`, so setting either to None drops it."""
+
+    _cached_graph: Graph | None
+
+    @property
+    def _cached_edge_index(self) -> Graph | None:
+        return self._cached_graph
+
+    @_cached_edge_index.setter
+    def _cached_edge_index(self, value: None) -> None:
+        self._drop_cached_graph(value, "_cached_edge_index")
+
+    @property
+    def _cached_adj_t(self) -> Graph | None:
+        return self._cached_graph
+
+    @_cached_adj_t.setter
+    def _cached_adj_t(self, value: None) -> None:
+        self._drop_cached_graph(value, "_cached_adj_t")
+
+    def _drop_cached_graph(self, value: None, name: str) -> None:
+        if value is not None:
+            raise ValueError(f"{name} can only be set to None (to drop the cached graph); gnnfuse keeps the "
+                             "graph of the first call itself")
+        self._cached_graph = None
+
+
 @frontend.vertex
 def _normalized_sum(v):
     return sum([u.h * u.norm for u in v.innbs]) * v.norm
@@ -232,6 +266,46 @@ def _weighted_max(v):
 _WEIGHTED_AGGREGATORS = {"mean": _weighted_mean, "max": _weighted_max, "sum": _weighted_sum, "add": _weighted_sum}
 
 
+_FLOWS = ("source_to_target", "target_to_source")
+
+
+def _check_flow(flow: str) -> None:
+    if flow not in _FLOWS:
+        raise ValueError(f"flow must be one of {list(_FLOWS)}, got {flow!r}")
+
+
+def _along_flow(graph: Graph, flow: str) -> Graph:
+    """The graph messages travel along: as given for PyG's default ``flow``
+    ``"source_to_target"`` (edge_index[0] sends to edge_index[1]); reversed, and cached
+    as such, for ``"target_to_source"``. ``flow`` is read on every call, since PyG users
+    may set the attribute after construction."""
+    _check_flow(flow)
+    return graph if flow == "source_to_target" else graph.cached("nn_reversed", Graph.reverse)
+
+
+def _check_aggregation(layer: str, aggr: object, aggr_kwargs: dict | None) -> None:
+    """Accept one of the aggregations the layers compile (`_AGGREGATORS`), naming what PyG
+    offers beyond them -- a list of aggregators, an ``Aggregation`` module, ``'lstm'``,
+    ``'softmax'``..., or ``aggr_kwargs`` to configure them -- instead of ignoring it."""
+    if aggr_kwargs:
+        raise NotImplementedError(f"{layer}(aggr_kwargs=...) is not supported by gnnfuse: its aggregations "
+                                  f"({sorted(_AGGREGATORS)}) take no arguments")
+    if isinstance(aggr, str) and aggr in _AGGREGATORS:
+        return
+    if isinstance(aggr, (str, list, tuple, nn.Module)):
+        raise NotImplementedError(f"{layer}(aggr={aggr!r}) is not supported by gnnfuse; aggr must be one of "
+                                  f"{sorted(_AGGREGATORS)}")
+    raise ValueError(f"aggr must be one of {sorted(_AGGREGATORS)}, got {aggr!r}")
+
+
+def _linear(in_channels: int, out_channels: int, bias: bool) -> nn.Module:
+    """PyG's ``Linear``: ``in_channels <= 0`` (PyG writes -1) means lazy, the input width
+    being read from the first call (``torch.nn.LazyLinear``)."""
+    if isinstance(in_channels, int) and in_channels <= 0:
+        return nn.LazyLinear(out_channels, bias=bias)
+    return nn.Linear(in_channels, out_channels, bias=bias)
+
+
 def _channel_pair(in_channels: int | tuple[int, int]) -> tuple[int, int]:
     """PyG's ``in_channels``: one width for both vertex sets, or ``(source, destination)``."""
     return (in_channels, in_channels) if isinstance(in_channels, int) else tuple(in_channels)
@@ -243,9 +317,12 @@ def _check_dropout(dropout: float) -> float:
     return dropout
 
 
-def _combine_heads(out: torch.Tensor, concat: bool, bias: torch.Tensor | None) -> torch.Tensor:
-    """[N, heads, C] -> [N, heads * C] (concat) or [N, C] (mean over heads), plus bias."""
+def _combine_heads(out: torch.Tensor, concat: bool, bias: torch.Tensor | None,
+                   residual: torch.Tensor | None = None) -> torch.Tensor:
+    """[N, heads, C] -> [N, heads * C] (concat) or [N, C] (mean over heads), plus PyG's
+    ``residual`` term (``res(x)``, when given) and the bias, in PyG's order."""
     out = out.flatten(1) if concat else out.mean(dim=1)     # flatten, unlike reshape(N, -1), allows N = 0
+    out = out if residual is None else out + residual
     return out if bias is None else out + bias
 
 
@@ -253,7 +330,15 @@ def _head_bias(heads: int, out_channels: int, concat: bool, bias: bool) -> nn.Pa
     return nn.Parameter(torch.zeros(heads * out_channels if concat else out_channels)) if bias else None
 
 
-class GCNConv(nn.Module):
+def _head_residual(residual: bool, in_channels: int, heads: int, out_channels: int, concat: bool) -> nn.Linear | None:
+    """PyG's ``res`` of the attention layers: ``x`` (``x_dst`` of bipartite input, so of
+    width ``in_channels[1]``) mapped to the output width without bias, added to the
+    combined heads before the bias."""
+    width = heads * out_channels if concat else out_channels
+    return nn.Linear(_channel_pair(in_channels)[1], width, bias=False) if residual else None
+
+
+class GCNConv(OneLineRepr, CachedGraph, nn.Module):
     """Kipf & Welling's graph convolution, ``D^-1/2 (A + I) D^-1/2 X W + b``.
 
     ``improved=True`` uses ``A + 2I`` (a vertex that already has a self loop keeps it at
@@ -264,18 +349,21 @@ class GCNConv(nn.Module):
     ``cached=True`` keeps the first graph (and its normalisation) for every later call.
     ``edge_weight`` (one number per edge, PyG's) scales each edge's message and enters
     the degrees; with it, ``improved`` fills loops with 2 as PyG's does.
+    ``flow="target_to_source"`` (PyG's) sends messages from ``edge_index[1]`` to ``edge_index[0]``.
     """
 
     def __init__(self, in_channels: int, out_channels: int, improved: bool = False, cached: bool = False,
-                 add_self_loops: bool | None = None, normalize: bool = True, bias: bool = True):
+                 add_self_loops: bool | None = None, normalize: bool = True, bias: bool = True,
+                 flow: str = "source_to_target"):
         super().__init__()
+        _check_flow(flow)
         if add_self_loops is None:
             add_self_loops = normalize
         if add_self_loops and not normalize:
             raise ValueError("GCNConv does not support adding self-loops to the graph when no "
                              "normalization is applied (normalize=False needs add_self_loops=False)")
         self.in_channels, self.out_channels = in_channels, out_channels
-        self.improved, self.cached = improved, cached
+        self.improved, self.cached, self.flow = improved, cached, flow
         self.add_self_loops, self.normalize = add_self_loops, normalize
         self._cached_graph: Graph | None = None
         self.lin = nn.Linear(in_channels, out_channels, bias=False)
@@ -288,14 +376,16 @@ class GCNConv(nn.Module):
             nn.init.zeros_(self.bias)
         self._cached_graph = None
 
+    @over_feature_batches
     def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor,
                 edge_weight: torch.Tensor | None = None) -> torch.Tensor:
         x = node_features(x, "GCNConv")
+        edge_index, edge_weight = adjacency_weights(edge_index, edge_weight, "GCNConv")
         caching = self.cached and self.normalize
         if caching and edge_weight is not None:
             raise NotImplementedError("GCNConv(cached=True) with edge_weight is not supported: the cache "
                                       "holds the graph's normalisation, not the weights'")
-        graph = _layer_graph(self, x, edge_index, caching)
+        graph = _along_flow(_layer_graph(self, x, edge_index, caching), self.flow)
         h = self.lin(x)
         if edge_weight is not None:
             graph, weight = _gcn_edge_norm(graph, edge_weight, x.dtype, self.add_self_loops,
@@ -312,7 +402,7 @@ class GCNConv(nn.Module):
         return out if self.bias is None else out + self.bias
 
 
-class SAGEConv(nn.Module):
+class SAGEConv(OneLineRepr, nn.Module):
     """GraphSAGE: ``lin_l(aggr_{u in N(v)} x_u) + lin_r(x_v)``.
 
     For mean and sum aggregation the linear map commutes with the aggregation, so when
@@ -323,34 +413,46 @@ class SAGEConv(nn.Module):
     """
 
     def __init__(self, in_channels: int | tuple[int, int], out_channels: int, aggr: str = "mean",
-                 root_weight: bool = True, bias: bool = True):
+                 normalize: bool = False, root_weight: bool = True, project: bool = False, bias: bool = True,
+                 aggr_kwargs: dict | None = None):
         super().__init__()
-        if aggr not in _AGGREGATORS:
-            raise ValueError(f"aggr must be one of {sorted(_AGGREGATORS)}, got {aggr!r}")
-        self.in_channels, self.out_channels, self.aggr = in_channels, out_channels, aggr
+        _check_aggregation("SAGEConv", aggr, aggr_kwargs)
         in_src, in_dst = _channel_pair(in_channels)
-        self.lin_l = nn.Linear(in_src, out_channels, bias=bias)
-        self.lin_r = nn.Linear(in_dst, out_channels, bias=False) if root_weight else None
+        if project and in_src <= 0:
+            raise ValueError("'SAGEConv' does not support lazy initialization with `project=True`")
+        self.in_channels, self.out_channels, self.aggr = in_channels, out_channels, aggr
+        self.normalize, self.project = normalize, project
+        self.lin = nn.Linear(in_src, in_src, bias=True) if project else None   # PyG: the sources' width
+        self.lin_l = _linear(in_src, out_channels, bias)
+        self.lin_r = _linear(in_dst, out_channels, False) if root_weight else None
+
+    def extra_repr(self) -> str:
+        return f"{self.in_channels}, {self.out_channels}, aggr={self.aggr}"
 
     def reset_parameters(self) -> None:
+        if self.lin is not None:
+            self.lin.reset_parameters()
         self.lin_l.reset_parameters()
         if self.lin_r is not None:
             self.lin_r.reset_parameters()
 
+    @over_feature_batches
     def forward(self, x: torch.Tensor | tuple[torch.Tensor, torch.Tensor | None], edge_index: Graph | torch.Tensor,
                 size: tuple[int, int] | None = None) -> torch.Tensor:
         x, x_dst, graph = _bipartite_inputs(x, edge_index, size, "SAGEConv")
         aggregate = _AGGREGATORS[self.aggr]
+        messages = F.relu(self.lin(x)) if self.project else x     # PyG projects the sources only
         if self.aggr != "max" and self.out_channels < self.lin_l.in_features:
-            out = aggregate(graph, {"h": _transform_first(x, self.lin_l.weight, graph, 1)})
+            out = aggregate(graph, {"h": _transform_first(messages, self.lin_l.weight, graph, 1)})
             if self.lin_l.bias is not None:
                 out = out + self.lin_l.bias
         else:
-            out = self.lin_l(aggregate(graph, {"h": x}))
-        return out if self.lin_r is None or x_dst is None else out + self.lin_r(x_dst)
+            out = self.lin_l(aggregate(graph, {"h": messages}))
+        out = out if self.lin_r is None or x_dst is None else out + self.lin_r(x_dst)
+        return F.normalize(out, p=2.0, dim=-1) if self.normalize else out
 
 
-class GATConv(nn.Module):
+class GATConv(OneLineRepr, nn.Module):
     """Graph attention (Veličković et al.), multi-head, with PyG's parameter layout.
 
     Per-vertex attention logits ``<h_u, a_src>`` and ``<h_v, a_dst>`` are computed densely;
@@ -362,15 +464,20 @@ class GATConv(nn.Module):
     Bipartite input (PyG's): ``in_channels=(a, b)`` gives separate maps ``lin_src`` and
     ``lin_dst`` (and no ``lin``), and ``forward((x_src, x_dst), edge_index, size=...)``;
     self loops then join source i to destination i for i below both counts, as in PyG.
+    There ``residual`` maps ``x_dst`` (``res`` has width ``in_channels[1]``), and the loops'
+    edge features may only be a number or a tensor ``fill_value``; attention weights of
+    bipartite input are not returned (both refused by name).
     """
 
     def __init__(self, in_channels: int | tuple[int, int], out_channels: int, heads: int = 1,
                  concat: bool = True, negative_slope: float = 0.2, dropout: float = 0.0,
-                 add_self_loops: bool = True, bias: bool = True):
+                 add_self_loops: bool = True, edge_dim: int | None = None, fill_value: FillValue = "mean",
+                 bias: bool = True, residual: bool = False):
         super().__init__()
         self.in_channels, self.out_channels, self.heads = in_channels, out_channels, heads
         self.concat, self.negative_slope, self.add_self_loops = concat, negative_slope, add_self_loops
         self.dropout = _check_dropout(dropout)
+        self.edge_dim, self.fill_value, self.residual = edge_dim, fill_value, residual
         self.lin = self.lin_src = self.lin_dst = None
         if isinstance(in_channels, int):
             self.lin = nn.Linear(in_channels, heads * out_channels, bias=False)
@@ -379,8 +486,14 @@ class GATConv(nn.Module):
             self.lin_dst = nn.Linear(in_channels[1], heads * out_channels, bias=False)
         self.att_src = nn.Parameter(torch.empty(1, heads, out_channels))
         self.att_dst = nn.Parameter(torch.empty(1, heads, out_channels))
+        self.lin_edge = edge_projection(edge_dim, heads * out_channels)
+        self.att_edge = nn.Parameter(torch.empty(1, heads, out_channels)) if edge_dim is not None else None
+        self.res = _head_residual(residual, in_channels, heads, out_channels, concat)
         self.bias = _head_bias(heads, out_channels, concat, bias)
         self.reset_parameters()
+
+    def extra_repr(self) -> str:
+        return f"{self.in_channels}, {self.out_channels}, heads={self.heads}"
 
     def reset_parameters(self) -> None:
         for lin in (self.lin, self.lin_src, self.lin_dst):
@@ -388,18 +501,25 @@ class GATConv(nn.Module):
                 nn.init.xavier_uniform_(lin.weight)
         nn.init.xavier_uniform_(self.att_src)
         nn.init.xavier_uniform_(self.att_dst)
+        for p in (self.lin_edge, self.att_edge, self.res):
+            if p is not None:
+                nn.init.xavier_uniform_(p if isinstance(p, nn.Parameter) else p.weight)
         if self.bias is not None:
             nn.init.zeros_(self.bias)
 
-    def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor, edge_attr: torch.Tensor | None = None,
-                size: tuple[int, int] | None = None, return_attention_weights: bool | None = None) -> torch.Tensor:
-        reject_unsupported("GATConv", edge_attr=edge_attr,       # False: just the output, as in PyG
-                           return_attention_weights=return_attention_weights or None)
+    def forward(self, x: torch.Tensor | tuple[torch.Tensor, torch.Tensor | None], edge_index: Graph | torch.Tensor,
+                edge_attr: torch.Tensor | None = None, size: tuple[int, int] | None = None,
+                return_attention_weights: bool | None = None) -> AttentionOutput:
+        if return_attention_weights:                               # False: just the output, as in PyG
+            check_attention_request(self, x, edge_index, "GATConv")
         x, x_dst, graph = _bipartite_inputs(x, edge_index, size, "GATConv")
+        edge_h = edge_inputs(self, graph, edge_attr, "GATConv")
+        edata = None if edge_h is None else {"alpha_edge": (edge_h * self.att_edge).sum(-1)}
         graph = _with_loops(graph, self.add_self_loops)
         shape = (-1, self.heads, self.out_channels)
         h = (self.lin or self.lin_src)(x).view(shape)
-        ndata = {"h": h, "alpha_src": (h * self.att_src).sum(-1)}
+        alpha_src = (h * self.att_src).sum(-1)
+        ndata = {"h": h, "alpha_src": alpha_src}
         if x_dst is not None:
             h_dst = h if x_dst is x and self.lin is not None else (self.lin or self.lin_dst)(x_dst).view(shape)
             ndata["alpha_dst"] = (h_dst * self.att_dst).sum(-1)
@@ -409,11 +529,20 @@ class GATConv(nn.Module):
             score = edges.src["alpha_src"]
             if dst_term:      # PyG: no destination term without x_dst
                 score = score + edges.dst["alpha_dst"]
+            if edata is not None:
+                score = score + edges.data["alpha_edge"]
             return {"score": F.leaky_relu(score, slope), "h": edges.src["h"]}
 
         def reduce(nodes):
             alpha = F.dropout(torch.softmax(nodes.mailbox["score"], dim=1), p, training)
             return {"out": torch.sum(alpha.unsqueeze(-1) * nodes.mailbox["h"], dim=1)}
 
-        out = frontend.message_passing(graph, message, reduce, ndata=ndata)["out"]
-        return _combine_heads(out, self.concat, self.bias)
+        out = frontend.message_passing(graph, message, reduce, ndata=ndata, edata=edata)["out"]
+        residual = None if self.res is None or x_dst is None else self.res(x_dst)   # PyG: res(x_dst)
+        out = _combine_heads(out, self.concat, self.bias, residual)
+        if not return_attention_weights:
+            return out
+        score = alpha_src[graph.src.long()] + ndata["alpha_dst"][graph.dst.long()]   # one x: never bipartite
+        if edata is not None:
+            score = score + edata["alpha_edge"]
+        return out, attention_weights(graph, F.leaky_relu(score, slope), edge_index)

@@ -21,8 +21,9 @@ from torch import nn
 
 from .. import frontend
 from ..graph import Graph
-from .arguments import edge_weight_column, node_features
-from .conv import (_AGGREGATORS, _WEIGHTED_AGGREGATORS, _as_graph, _bipartite_inputs, _channel_pair,
+from .arguments import adjacency_weights, edge_weight_column, node_features, over_feature_batches
+from .pyg_repr import OneLineRepr
+from .conv import (_AGGREGATORS, _WEIGHTED_AGGREGATORS, CachedGraph, _as_graph, _bipartite_inputs, _channel_pair,
                    _gcn_edge_norm, _inv_sqrt_degree, _layer_graph, _neighbour_sum, _normalized_hop,
                    _transform_first, _with_loops)
 
@@ -37,7 +38,7 @@ def _reset(module: Callable) -> None:
             _reset(child)
 
 
-class GINConv(nn.Module):
+class GINConv(OneLineRepr, nn.Module):
     """Graph isomorphism network layer (Xu et al.):
     ``x'_v = nn((1 + eps) * x_v + sum_{u in N(v)} x_u)``.
 
@@ -55,10 +56,14 @@ class GINConv(nn.Module):
             self.register_buffer("eps", torch.empty(1))
         self.reset_parameters()
 
+    def extra_repr(self) -> str:
+        return f"nn={self.nn}"
+
     def reset_parameters(self) -> None:
         _reset(self.nn)
         self.eps.data.fill_(self.initial_eps)
 
+    @over_feature_batches
     def forward(self, x: torch.Tensor | tuple[torch.Tensor, torch.Tensor | None], edge_index: Graph | torch.Tensor,
                 size: tuple[int, int] | None = None) -> torch.Tensor:
         x, x_dst, graph = _bipartite_inputs(x, edge_index, size, "GINConv")
@@ -66,7 +71,7 @@ class GINConv(nn.Module):
         return self.nn(out if x_dst is None else out + (1 + self.eps) * x_dst)
 
 
-class GraphConv(nn.Module):
+class GraphConv(OneLineRepr, nn.Module):
     """Morris et al.'s higher-order GNN layer:
     ``x'_v = lin_rel(aggr_{u in N(v)} x_u) + lin_root(x_v)``, ``aggr`` in add/sum/mean/max.
 
@@ -90,8 +95,10 @@ class GraphConv(nn.Module):
         self.lin_rel.reset_parameters()
         self.lin_root.reset_parameters()
 
+    @over_feature_batches
     def forward(self, x: torch.Tensor | tuple[torch.Tensor, torch.Tensor | None], edge_index: Graph | torch.Tensor,
                 edge_weight: torch.Tensor | None = None, size: tuple[int, int] | None = None) -> torch.Tensor:
+        edge_index, edge_weight = adjacency_weights(edge_index, edge_weight, "GraphConv")
         x, x_dst, graph = _bipartite_inputs(x, edge_index, size, "GraphConv")
         if edge_weight is None:
             aggregate, edge_feature = _AGGREGATORS[self.aggr], None
@@ -137,7 +144,7 @@ def _edge_weights(graph: Graph, dtype: torch.dtype) -> torch.Tensor:
     return graph.cached("nn_gcn_edge_weight", build).to(dtype)
 
 
-class APPNP(nn.Module):
+class APPNP(OneLineRepr, CachedGraph, nn.Module):
     """Approximate personalised propagation of neural predictions (Klicpera et al.):
     ``X^0 = X``, ``X^{k+1} = (1 - alpha) Â X^k + alpha X`` for K hops, where
     ``Â = D^-1/2 (A + I) D^-1/2`` (``A`` with ``add_self_loops=False``, plain ``A`` with
@@ -155,8 +162,8 @@ class APPNP(nn.Module):
     def __init__(self, K: int, alpha: float, dropout: float = 0.0, cached: bool = False,
                  add_self_loops: bool = True, normalize: bool = True):
         super().__init__()
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        if not 0.0 <= dropout <= 1.0:      # 1 drops every edge: each hop gives alpha * x, as in PyG
+            raise ValueError(f"dropout must be in [0, 1], got {dropout}")
         self.K, self.alpha, self.dropout = K, alpha, dropout
         self.cached, self.add_self_loops, self.normalize = cached, add_self_loops, normalize
         self._cached_graph: Graph | None = None
@@ -164,9 +171,11 @@ class APPNP(nn.Module):
     def reset_parameters(self) -> None:
         self._cached_graph = None
 
+    @over_feature_batches
     def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor,
                 edge_weight: torch.Tensor | None = None) -> torch.Tensor:
         x = node_features(x, "APPNP")
+        edge_index, edge_weight = adjacency_weights(edge_index, edge_weight, "APPNP")
         caching = self.cached and self.normalize
         if caching and edge_weight is not None:
             raise NotImplementedError("APPNP(cached=True) with edge_weight is not supported: the cache "
@@ -199,7 +208,7 @@ class APPNP(nn.Module):
         return f"K={self.K}, alpha={self.alpha}"
 
 
-class SGConv(nn.Module):
+class SGConv(OneLineRepr, nn.Module):
     """Simplified graph convolution (Wu et al.): ``lin(Â^K X)``,
     ``Â = D^-1/2 (A + I) D^-1/2``.
 
@@ -220,9 +229,11 @@ class SGConv(nn.Module):
         self.lin.reset_parameters()
         self._cached_x = None
 
+    @over_feature_batches
     def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor,
                 edge_weight: torch.Tensor | None = None) -> torch.Tensor:
         x = node_features(x, "SGConv")
+        edge_index, edge_weight = adjacency_weights(edge_index, edge_weight, "SGConv")
         if self._cached_x is not None:
             return self.lin(self._cached_x.detach())
         graph, hop = _normalized_hop(_as_graph(edge_index, x.shape[0]), edge_weight, x.dtype, self.add_self_loops)
@@ -245,7 +256,7 @@ def _tag_step(v):
     return sum([u.h * u.norm for u in v.innbs]) * v.norm + v.skip
 
 
-class TAGConv(nn.Module):
+class TAGConv(OneLineRepr, nn.Module):
     """Topology adaptive graph convolution (Du et al.):
     ``sum_{k=0..K} Â^k X W_k + b``, ``Â = D^-1/2 A D^-1/2`` (no self loops; plain ``A``
     with ``normalize=False``).
@@ -270,9 +281,11 @@ class TAGConv(nn.Module):
         if self.bias is not None:
             nn.init.zeros_(self.bias)
 
+    @over_feature_batches
     def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor,
                 edge_weight: torch.Tensor | None = None) -> torch.Tensor:
         x = node_features(x, "TAGConv")
+        edge_index, edge_weight = adjacency_weights(edge_index, edge_weight, "TAGConv")
         graph, hop = _normalized_hop(_as_graph(edge_index, x.shape[0]), edge_weight, x.dtype, False, self.normalize)
         if self.out_channels < self.in_channels:
             skips = [_transform_first(x, lin.weight, graph, k) if k else lin(x) for k, lin in enumerate(self.lins)]
@@ -382,7 +395,7 @@ def _weighted_chebyshev_next(v):
     return 2 * (v.h * v.diag + sum([e.src.h * e.off for e in v.inedges])) - v.prev
 
 
-class ChebConv(nn.Module):
+class ChebConv(OneLineRepr, nn.Module):
     """Chebyshev spectral graph convolution (Defferrard et al.):
     ``sum_{k<K} T_k(L̂) X W_k + b`` with ``L̂ = 2 L / lambda_max - I``, ``T_0 = I``,
     ``T_1 = L̂``, ``T_k = 2 L̂ T_{k-1} - T_{k-2}``.
@@ -415,6 +428,7 @@ class ChebConv(nn.Module):
     def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor, edge_weight: torch.Tensor | None = None,
                 batch: torch.Tensor | None = None, lambda_max: float | torch.Tensor | None = None) -> torch.Tensor:
         x = node_features(x, "ChebConv")
+        edge_index, edge_weight = adjacency_weights(edge_index, edge_weight, "ChebConv")
         graph = _as_graph(edge_index, x.shape[0])
         if edge_weight is None:
             loop_free, default_lam, diag, left, right = _laplacian(graph, self.normalization, x.dtype)

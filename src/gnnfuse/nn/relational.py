@@ -31,6 +31,15 @@ def _relation_mean_norm(graph: Graph, dtype: torch.dtype) -> torch.Tensor:
     return graph.cached("nn_relation_mean_norm", build).to(dtype)
 
 
+def _glorot(weight: torch.Tensor) -> None:
+    """PyG's ``glorot``: uniform in +-sqrt(6 / (fan_in + fan_out)) with the fans read from the
+    last two dimensions, whatever the tensor's rank. (``xavier_uniform_`` multiplies the fans
+    of a 3-D relation tensor by its last size, giving a different, smaller range.)"""
+    bound = (6.0 / (weight.size(-2) + weight.size(-1))) ** 0.5
+    with torch.no_grad():
+        weight.uniform_(-bound, bound)
+
+
 class RGCNConv(nn.Module):
     """``x'_v = x_v Θ_root + Σ_r agg_{u ∈ N_r(v)} x_u Θ_r + b`` with ``agg`` the mean per
     relation (``aggr="mean"``, PyG's default) or the sum (``aggr="add"``/``"sum"``).
@@ -39,23 +48,39 @@ class RGCNConv(nn.Module):
     (``Θ_r = Σ_b comp[r, b] V_b``; parameters ``weight`` [bases, in, out] and ``comp``
     [relations, bases], as in PyG). ``forward(x, edge_index, edge_type=None)`` takes a typed
     `Graph` (``Graph(src, dst, n, edge_type=..., num_edge_types=num_relations)``) or a
-    PyG ``edge_index`` with ``edge_type``. PyG's block-diagonal ``num_blocks`` and
-    featureless input (``x=None``) are not supported and say so.
+    PyG ``edge_index`` with ``edge_type``.
+
+    ``num_blocks`` makes each relation matrix block-diagonal (``weight`` [relations, blocks,
+    in/blocks, out/blocks], as in PyG). ``x`` may be None or a vector of node indices, as in
+    PyG: the input is then the one-hot rows of those indices (``x=None``: ``arange(in_channels)``),
+    so every node has its own learnt embedding row in each relation matrix. That one-hot
+    input is built dense, [N, in_channels]. ``is_sorted`` (a PyG speed hint) changes nothing here.
     """
 
     def __init__(self, in_channels: int, out_channels: int, num_relations: int, num_bases: int | None = None,
-                 num_blocks: int | None = None, aggr: str = "mean", root_weight: bool = True, bias: bool = True):
+                 num_blocks: int | None = None, aggr: str = "mean", root_weight: bool = True,
+                 is_sorted: bool = False, bias: bool = True):
         super().__init__()
-        if num_blocks is not None:
-            raise NotImplementedError("RGCNConv(num_blocks=...) (block-diagonal relation matrices) is not "
-                                      "supported; use num_bases or full matrices")
+        if not isinstance(in_channels, int):
+            raise NotImplementedError(f"RGCNConv: in_channels={in_channels!r} (a bipartite pair) is not supported "
+                                      "by gnnfuse; pass one int")
+        if num_bases is not None and num_blocks is not None:
+            raise ValueError("RGCNConv: num_bases and num_blocks cannot both be given (one decomposition at a time)")
+        if num_blocks is not None and (num_blocks < 1 or in_channels % num_blocks or out_channels % num_blocks):
+            raise ValueError(f"RGCNConv: num_blocks={num_blocks} must divide in_channels={in_channels} and "
+                             f"out_channels={out_channels}")
         if aggr not in ("mean", "add", "sum"):
             raise ValueError(f"aggr must be 'mean', 'add' or 'sum', got {aggr!r}")
         if num_relations < 1 or (num_bases is not None and num_bases < 1):
             raise ValueError(f"num_relations and num_bases must be >= 1, got {num_relations} and {num_bases}")
         self.in_channels, self.out_channels = in_channels, out_channels
-        self.num_relations, self.num_bases, self.aggr = num_relations, num_bases, aggr
-        self.weight = nn.Parameter(torch.empty(num_bases or num_relations, in_channels, out_channels))
+        self.num_relations, self.num_bases, self.num_blocks, self.aggr = num_relations, num_bases, num_blocks, aggr
+        self.is_sorted = is_sorted
+        if num_blocks is not None:
+            shape = (num_relations, num_blocks, in_channels // num_blocks, out_channels // num_blocks)
+        else:
+            shape = (num_bases or num_relations, in_channels, out_channels)
+        self.weight = nn.Parameter(torch.empty(shape))
         self.comp = nn.Parameter(torch.empty(num_relations, num_bases)) if num_bases is not None else None
         self.root = nn.Parameter(torch.empty(in_channels, out_channels)) if root_weight else None
         self.bias = nn.Parameter(torch.empty(out_channels)) if bias else None
@@ -64,23 +89,27 @@ class RGCNConv(nn.Module):
     def reset_parameters(self) -> None:
         for p in (self.weight, self.comp, self.root):
             if p is not None:
-                nn.init.xavier_uniform_(p)   # PyG's glorot
+                _glorot(p)
         if self.bias is not None:
             nn.init.zeros_(self.bias)
 
     def relation_weights(self) -> torch.Tensor:
         """[num_relations, in, out]: the per-relation matrices (combined from the bases)."""
+        if self.num_blocks is not None:
+            eye = torch.eye(self.num_blocks, dtype=self.weight.dtype, device=self.weight.device)
+            return torch.einsum("rbio,bc->rbico", self.weight, eye).reshape(
+                self.num_relations, self.in_channels, self.out_channels)
         if self.comp is None:
             return self.weight
         return (self.comp @ self.weight.reshape(self.num_bases, -1)).reshape(
             self.num_relations, self.in_channels, self.out_channels)
 
-    def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor,
+    def forward(self, x: torch.Tensor | None, edge_index: Graph | torch.Tensor,
                 edge_type: torch.Tensor | None = None) -> torch.Tensor:
-        if x is None:
-            raise NotImplementedError("RGCNConv without node features (x=None) is not supported; pass "
-                                      "an embedding, e.g. nn.Embedding(num_nodes, in_channels).weight")
-        x = node_features(x, "RGCNConv")
+        if x is None and isinstance(edge_index, Graph) and edge_index.num_nodes != self.in_channels:
+            raise ValueError(f"RGCNConv(x=None) gives each of in_channels={self.in_channels} nodes its own "
+                             f"embedding row, but the graph has {edge_index.num_nodes} nodes")
+        x = self._input_features(x)
         graph = self._typed_graph(x, edge_index, edge_type)
         feeds = {"W": self.relation_weights()}
         if self.aggr == "mean":
@@ -91,6 +120,22 @@ class RGCNConv(nn.Module):
         if self.root is not None:
             out = out + x @ self.root
         return out if self.bias is None else out + self.bias
+
+    def _input_features(self, x: torch.Tensor | None) -> torch.Tensor:
+        """``x`` as [N, in_channels] features: a float matrix as given; None or integer node
+        indices (PyG's featureless input) as one-hot rows, so ``x @ W`` selects each node's row."""
+        if x is not None and not isinstance(x, torch.Tensor):
+            return node_features(x, "RGCNConv")        # names a bipartite pair or a wrong type
+        if x is not None and x.is_floating_point():
+            return node_features(x, "RGCNConv")
+        if self.num_blocks is not None:
+            raise ValueError("RGCNConv: block-diagonal decomposition (num_blocks) needs float node features, "
+                             "not node indices or x=None (as in PyG)")
+        if x is None:
+            x = torch.arange(self.in_channels, device=self.weight.device)
+        if x.dim() != 1:
+            raise ValueError(f"RGCNConv: integer x must be a vector of node indices, got shape {list(x.shape)}")
+        return torch.nn.functional.one_hot(x, self.in_channels).to(self.weight.dtype)
 
     def _typed_graph(self, x: torch.Tensor, graph: Graph | torch.Tensor, edge_type: torch.Tensor | None) -> Graph:
         if isinstance(graph, Graph):

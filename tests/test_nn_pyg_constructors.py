@@ -1,0 +1,325 @@
+"""PyG's constructor arguments and input forms on gnnfuse's layers, each checked against
+PyG's own layer with the same weights (outputs, input and every parameter gradient, float64,
+both backends): SAGE's ``project``/``normalize`` and lazy ``in_channels=-1``, GCN's ``flow``,
+APPNP's ``dropout=1``, static graphs (node features ``[B, N, F]``), R-GCN's PyG
+initialisation, ``num_blocks`` and featureless input, and PyG's one-line ``repr``.
+What is still unsupported fails by name."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch_geometric.nn as pyg
+
+from gnnfuse import nn as gnn
+from layer_check import assert_same_outputs_and_grads
+
+BACKENDS = ["reference", "triton"]
+N, F_IN = 6, 5
+EDGE_INDEX = torch.tensor([[0, 1, 2, 3, 3, 5, 1, 4], [1, 2, 0, 4, 1, 3, 1, 0]])   # a self loop, no loop on 5
+
+
+def copied(ours: torch.nn.Module, ref: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module]:
+    ours, ref = ours.double(), ref.double()
+    ours.load_state_dict(ref.state_dict())
+    return ours, ref
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("aggr", ["mean", "max"])
+@pytest.mark.parametrize("normalize", [False, True])
+def test_sage_project_and_normalize_match_pyg(aggr, normalize, backend, monkeypatch):
+    """``project=True`` maps and relus the neighbours' features only (the root term reads
+    the raw ``x``); ``normalize=True`` L2-normalises the output rows."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    torch.manual_seed(0)
+    ours, ref = copied(gnn.SAGEConv(F_IN, 3, aggr=aggr, normalize=normalize, project=True),
+                       pyg.SAGEConv(F_IN, 3, aggr=aggr, normalize=normalize, project=True))
+    x = torch.randn(N, F_IN, dtype=torch.float64)
+    assert_same_outputs_and_grads(ours, ref, lambda xs: ours(xs, EDGE_INDEX), lambda xs: ref(xs, EDGE_INDEX), x)
+
+
+def test_sage_lazy_in_channels_matches_pyg():
+    """``in_channels=-1`` reads the width from the first call (torch's LazyLinear);
+    after it, PyG's weights load and the layer matches PyG."""
+    torch.manual_seed(1)
+    x = torch.randn(N, F_IN, dtype=torch.float64)
+    ours, ref = gnn.SAGEConv(-1, 3).double(), pyg.SAGEConv(-1, 3).double()
+    assert str(ours) == str(ref) == "SAGEConv(-1, 3, aggr=mean)"
+    ours(x, EDGE_INDEX), ref(x, EDGE_INDEX)
+    ours.load_state_dict(ref.state_dict())
+    assert_same_outputs_and_grads(ours, ref, lambda xs: ours(xs, EDGE_INDEX), lambda xs: ref(xs, EDGE_INDEX), x)
+    with pytest.raises(ValueError, match="does not support lazy"):
+        gnn.SAGEConv(-1, 3, project=True)
+
+
+@pytest.mark.parametrize("aggr, kwargs", [("lstm", {}), (["mean", "max"], {}), ("softmax", {}),
+                                          ("mean", {"aggr_kwargs": {"learn": True}})])
+def test_sage_aggregations_gnnfuse_lacks_are_named(aggr, kwargs):
+    with pytest.raises(NotImplementedError, match="SAGEConv\\(aggr"):
+        gnn.SAGEConv(F_IN, 3, aggr=aggr, **kwargs)
+
+
+def test_sage_aggregation_module_is_named():
+    with pytest.raises(NotImplementedError, match="SAGEConv\\(aggr=MLPAggregation"):
+        gnn.SAGEConv(F_IN, 3, aggr=pyg.MLPAggregation(F_IN, F_IN, max_num_elements=3, num_layers=1))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gcn_target_to_source_flow_matches_pyg(backend, monkeypatch):
+    """``flow="target_to_source"`` sends along edge_index[1] -> edge_index[0]; setting the
+    attribute after construction (as PyG users do) takes effect too."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    torch.manual_seed(2)
+    ours, ref = copied(gnn.GCNConv(F_IN, 3, flow="target_to_source"), pyg.GCNConv(F_IN, 3, flow="target_to_source"))
+    x = torch.randn(N, F_IN, dtype=torch.float64)
+    assert_same_outputs_and_grads(ours, ref, lambda xs: ours(xs, EDGE_INDEX), lambda xs: ref(xs, EDGE_INDEX), x)
+    ours.flow = ref.flow = "source_to_target"
+    assert_same_outputs_and_grads(ours, ref, lambda xs: ours(xs, EDGE_INDEX), lambda xs: ref(xs, EDGE_INDEX), x)
+    with pytest.raises(ValueError, match="flow must be one of"):
+        gnn.GCNConv(F_IN, 3, flow="sideways")
+
+
+def test_appnp_dropout_one_drops_every_edge_like_pyg():
+    x = torch.randn(N, F_IN, dtype=torch.float64)
+    ours, ref = gnn.APPNP(K=2, alpha=0.1, dropout=1.0), pyg.APPNP(K=2, alpha=0.1, dropout=1.0)
+    torch.testing.assert_close(ours(x, EDGE_INDEX), ref(x, EDGE_INDEX), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(ours(x, EDGE_INDEX), 0.1 * x, rtol=1e-12, atol=1e-12)
+
+
+# name -> factory of (ours, PyG) for the layers whose PyG counterpart takes [B, N, F] features
+STATIC = {
+    "gcn": lambda: (gnn.GCNConv(F_IN, 3), pyg.GCNConv(F_IN, 3)),
+    "gin": lambda: (gnn.GINConv(torch.nn.Linear(F_IN, 3), train_eps=True),
+                    pyg.GINConv(torch.nn.Linear(F_IN, 3), train_eps=True)),
+    "tag": lambda: (gnn.TAGConv(F_IN, 3, K=2), pyg.TAGConv(F_IN, 3, K=2)),
+    "sgc": lambda: (gnn.SGConv(F_IN, 3, K=2), pyg.SGConv(F_IN, 3, K=2)),
+    "graphconv": lambda: (gnn.GraphConv(F_IN, 3, aggr="max"), pyg.GraphConv(F_IN, 3, aggr="max")),
+    "sage": lambda: (gnn.SAGEConv(F_IN, 3), pyg.SAGEConv(F_IN, 3)),
+    "appnp": lambda: (gnn.APPNP(K=2, alpha=0.3), pyg.APPNP(K=2, alpha=0.3)),
+}
+
+
+@pytest.mark.parametrize("name", STATIC)
+def test_static_graph_features_match_pyg(name):
+    """Node features [B, N, F] on one graph (PyG's static graphs): [B, N, F'] as PyG."""
+    torch.manual_seed(3)
+    ours, ref = copied(*STATIC[name]())
+    x = torch.randn(3, N, F_IN, dtype=torch.float64)
+    assert_same_outputs_and_grads(ours, ref, lambda xs: ours(xs, EDGE_INDEX), lambda xs: ref(xs, EDGE_INDEX), x)
+
+
+def test_static_graph_features_on_the_triton_backend(monkeypatch):
+    monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
+    torch.manual_seed(4)
+    ours, ref = copied(*STATIC["gcn"]())
+    x = torch.randn(2, N, F_IN, dtype=torch.float64)
+    assert_same_outputs_and_grads(ours, ref, lambda xs: ours(xs, EDGE_INDEX), lambda xs: ref(xs, EDGE_INDEX), x)
+
+
+@pytest.mark.parametrize("make", [lambda: gnn.GATConv(F_IN, 3), lambda: gnn.GATv2Conv(F_IN, 3),
+                                  lambda: gnn.EdgeConv(torch.nn.Linear(2 * F_IN, 3))])
+def test_batched_features_are_refused_where_pyg_refuses_them(make):
+    """Before, a [B, N, F] input was read as B vertices of [N, F] features: a wrong
+    answer (or a confusing error) instead of a refusal."""
+    with pytest.raises(NotImplementedError, match=r"node features of shape \[3, 6, 5\]"):
+        make()(torch.randn(3, N, F_IN), EDGE_INDEX)
+
+
+EDGE_TYPE = torch.tensor([0, 1, 1, 0, 2, 2, 1, 0])
+RGCN_CONFS = [dict(), dict(num_bases=2), dict(num_blocks=1), dict(num_blocks=2)]   # widths 4 -> 6
+
+
+@pytest.mark.parametrize("conf", RGCN_CONFS)
+def test_rgcn_initialisation_is_pygs(conf):
+    """From the same seed the parameters equal PyG's: glorot's fans are read from the last
+    two dimensions (xavier_uniform_ gave a ~2.7x smaller range on the 3-D weight)."""
+    torch.manual_seed(5)
+    ours = gnn.RGCNConv(4, 6, 3, **conf)
+    torch.manual_seed(5)
+    ref = pyg.RGCNConv(4, 6, 3, **conf)
+    assert ours.state_dict().keys() == ref.state_dict().keys()
+    for key, value in ref.state_dict().items():
+        assert torch.equal(ours.state_dict()[key], value), key
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("conf", RGCN_CONFS[2:] + [dict(num_bases=2, aggr="add")])
+def test_rgcn_block_diagonal_matches_pyg(conf, backend, monkeypatch):
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    torch.manual_seed(6)
+    ours, ref = copied(gnn.RGCNConv(4, 6, 3, **conf), pyg.RGCNConv(4, 6, 3, **conf))
+    x = torch.randn(N, 4, dtype=torch.float64)
+    assert_same_outputs_and_grads(ours, ref, lambda xs: ours(xs, EDGE_INDEX, EDGE_TYPE),
+                                  lambda xs: ref(xs, EDGE_INDEX, EDGE_TYPE), x)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("aggr", ["mean", "add"])
+def test_rgcn_featureless_input_matches_pyg(aggr, backend, monkeypatch):
+    """``x=None`` (one learnt row per node) and ``x`` a vector of node indices, as PyG: the
+    outputs and every parameter gradient agree."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    torch.manual_seed(7)
+    ours, ref = copied(gnn.RGCNConv(N, 3, 3, aggr=aggr), pyg.RGCNConv(N, 3, 3, aggr=aggr))
+    index = torch.tensor([2, 0, 1, 5, 4, 3])
+    for x in (None, index):
+        for layer in (ours, ref):
+            layer.zero_grad()
+        out, expected = ours(x, EDGE_INDEX, EDGE_TYPE), ref(x, EDGE_INDEX, EDGE_TYPE)
+        torch.testing.assert_close(out, expected, rtol=1e-9, atol=1e-12)
+        cotangent = torch.randn_like(expected)
+        (out * cotangent).sum().backward()
+        (expected * cotangent).sum().backward()
+        for key, p in ours.named_parameters():
+            torch.testing.assert_close(p.grad, dict(ref.named_parameters())[key].grad, rtol=1e-9, atol=1e-12)
+
+
+def test_rgcn_blocks_refuse_featureless_input_like_pyg():
+    with pytest.raises(ValueError, match="num_blocks.*needs float node features"):
+        gnn.RGCNConv(N, 4, 3, num_blocks=2)(None, EDGE_INDEX, EDGE_TYPE)
+    with pytest.raises(ValueError, match="cannot both be given"):
+        gnn.RGCNConv(4, 6, 3, num_bases=2, num_blocks=2)
+
+
+REPR = {
+    "GCNConv": lambda lib: lib.GCNConv(16, 32),
+    "GATConv": lambda lib: lib.GATConv(8, 32, heads=2),
+    "GATv2Conv": lambda lib: lib.GATv2Conv(8, 32, heads=2),
+    "SAGEConv": lambda lib: lib.SAGEConv(8, 32, aggr="max"),
+    "GINConv": lambda lib: lib.GINConv(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())),
+    "GraphConv": lambda lib: lib.GraphConv(8, 32),
+    "APPNP": lambda lib: lib.APPNP(K=3, alpha=0.1),
+    "SGConv": lambda lib: lib.SGConv(16, 32, K=10),
+    "TAGConv": lambda lib: lib.TAGConv(16, 32, K=3),
+    "ChebConv": lambda lib: lib.ChebConv(16, 32, K=3),
+    "EdgeConv": lambda lib: lib.EdgeConv(torch.nn.Linear(4, 2)),
+    "RGCNConv": lambda lib: lib.RGCNConv(4, 32, num_relations=2),
+}
+
+
+@pytest.mark.parametrize("name", REPR)
+def test_repr_is_pygs_one_line_form(name):
+    assert str(REPR[name](gnn)) == str(REPR[name](pyg))
+
+
+ATTENTION_CONFS = [dict(edge_dim=3), dict(edge_dim=3, fill_value=0.5), dict(edge_dim=1, fill_value="max"),
+                   dict(edge_dim=3, fill_value=torch.tensor([0.1, -0.2, 0.3])), dict(residual=True),
+                   dict(residual=True, concat=False, edge_dim=3, fill_value="add"),
+                   dict(edge_dim=3, add_self_loops=False)]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("conf", ATTENTION_CONFS, ids=str)
+@pytest.mark.parametrize("name", ["GATConv", "GATv2Conv"])
+def test_attention_edge_features_and_residual_match_pyg(name, conf, backend, monkeypatch):
+    """``edge_dim`` with ``edge_attr`` (the self loops' features made by ``fill_value``, the
+    given loop at vertex 1 replaced) and ``residual``: outputs and the gradients of x, the
+    edge features and every parameter agree with PyG's layer."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    torch.manual_seed(8)
+    ours, ref = copied(getattr(gnn, name)(F_IN, 4, heads=2, **conf), getattr(pyg, name)(F_IN, 4, heads=2, **conf))
+    x = torch.randn(N, F_IN, dtype=torch.float64)
+    edge_dim = conf.get("edge_dim")
+    attr = None if edge_dim is None else torch.randn(EDGE_INDEX.shape[1], edge_dim, dtype=torch.float64).squeeze(1)
+    attr_a = None if attr is None else attr.clone().requires_grad_()
+    attr_b = None if attr is None else attr.clone().requires_grad_()
+    assert_same_outputs_and_grads(ours, ref, lambda xs: ours(xs, EDGE_INDEX, attr_a),
+                                  lambda xs: ref(xs, EDGE_INDEX, attr_b), x)
+    if attr is not None:
+        torch.testing.assert_close(attr_a.grad, attr_b.grad, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["GATConv", "GATv2Conv"])
+def test_attention_edge_feature_errors_are_named(name):
+    x, attr = torch.randn(N, F_IN), torch.randn(EDGE_INDEX.shape[1], 3)
+    with pytest.raises(NotImplementedError, match=rf"edge_attr=\.\.\.\) needs the layer built with edge_dim"):
+        getattr(gnn, name)(F_IN, 4)(x, EDGE_INDEX, attr)
+    with pytest.raises(ValueError, match=r"edge_attr must have shape \[8, 2\]"):
+        getattr(gnn, name)(F_IN, 4, edge_dim=2)(x, EDGE_INDEX, attr)
+    with pytest.raises(NotImplementedError, match="fill_value='median'"):
+        getattr(gnn, name)(F_IN, 4, edge_dim=3, fill_value="median")(x, EDGE_INDEX, attr)
+
+
+WEIGHTED_ADJACENCY = {
+    "GCNConv": lambda lib: lib.GCNConv(F_IN, 3),
+    "GraphConv": lambda lib: lib.GraphConv(F_IN, 3, aggr="mean"),
+    "SGConv": lambda lib: lib.SGConv(F_IN, 3, K=2),
+    "TAGConv": lambda lib: lib.TAGConv(F_IN, 3, K=2),
+    "APPNP": lambda lib: lib.APPNP(K=2, alpha=0.2),
+    "ChebConv": lambda lib: lib.ChebConv(F_IN, 3, K=2),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", WEIGHTED_ADJACENCY)
+def test_weighted_sparse_adjacency_weights_the_edges_like_pyg(name, backend, monkeypatch):
+    """A sparse ``adj_t`` holding values other than 1: PyG weights each edge by its entry
+    (as ``edge_weight``), which gnnfuse used to refuse."""
+    from torch_geometric.utils import to_torch_csc_tensor
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    torch.manual_seed(9)
+    ours, ref = copied(WEIGHTED_ADJACENCY[name](gnn), WEIGHTED_ADJACENCY[name](pyg))
+    value = torch.rand(EDGE_INDEX.shape[1], dtype=torch.float64) + 0.5
+    adj_t = to_torch_csc_tensor(EDGE_INDEX, value, size=(N, N)).t()
+    x = torch.randn(N, F_IN, dtype=torch.float64)
+    assert_same_outputs_and_grads(ours, ref, lambda xs: ours(xs, adj_t), lambda xs: ref(xs, EDGE_INDEX, value), x)
+    with pytest.raises(ValueError, match="adj_t holds edge weights .* and edge_weight was given too"):
+        ours(x, adj_t, value)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("conf", [dict(), dict(edge_dim=3), dict(add_self_loops=False, concat=False)], ids=str)
+@pytest.mark.parametrize("name", ["GATConv", "GATv2Conv"])
+def test_return_attention_weights_matches_pyg(name, conf, backend, monkeypatch):
+    """``(out, (edge_index, alpha))``: the edges attended over (PyG's loop order) and one
+    weight per edge and head, with gradients through both parts of the result."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    torch.manual_seed(10)
+    ours, ref = copied(getattr(gnn, name)(F_IN, 4, heads=2, **conf), getattr(pyg, name)(F_IN, 4, heads=2, **conf))
+    attr = torch.randn(EDGE_INDEX.shape[1], 3, dtype=torch.float64) if "edge_dim" in conf else None
+    results = {}
+
+    def run(layer, xs):
+        out, (edges, alpha) = layer(xs, EDGE_INDEX, attr, return_attention_weights=True)
+        results[layer] = edges, alpha
+        return torch.cat([out.flatten(), alpha.flatten()])
+
+    x = torch.randn(N, F_IN, dtype=torch.float64)
+    assert_same_outputs_and_grads(ours, ref, lambda xs: run(ours, xs), lambda xs: run(ref, xs), x)
+    assert torch.equal(results[ours][0].long(), results[ref][0])
+
+
+@pytest.mark.parametrize("name", ["GATConv", "GATv2Conv"])
+def test_return_attention_weights_for_a_sparse_adjacency_matches_pyg(name):
+    """Given a torch sparse ``adj_t``, PyG returns the adjacency (loops added) in its layout
+    with the weights as [N, N, heads] values; before, this was refused."""
+    from torch_geometric.utils import to_torch_csc_tensor
+    torch.manual_seed(11)
+    ours, ref = copied(getattr(gnn, name)(F_IN, 4, heads=2), getattr(pyg, name)(F_IN, 4, heads=2))
+    adj_t = to_torch_csc_tensor(EDGE_INDEX.unique(dim=1), size=(N, N)).t()
+    x = torch.randn(N, F_IN, dtype=torch.float64)
+    (out, (adj, _)), (expected, (expected_adj, _)) = (layer(x, adj_t, return_attention_weights=True)
+                                                      for layer in (ours, ref))
+    torch.testing.assert_close(out, expected, rtol=1e-9, atol=1e-12)
+    assert adj.layout == expected_adj.layout and adj.shape == expected_adj.shape == (N, N, 2)
+    torch.testing.assert_close(adj.to_dense(), expected_adj.to_dense(), rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("make", [lambda: gnn.GCNConv(F_IN, 3, cached=True), lambda: gnn.APPNP(2, 0.1, cached=True)])
+def test_cached_graph_is_cleared_by_pygs_idiom(make):
+    """PyG users drop a ``cached=True`` layer's graph with ``conv._cached_edge_index = None``
+    (or ``_cached_adj_t``); the next call then uses the graph it is given."""
+    layer, x = make(), torch.randn(N, F_IN)
+    assert layer._cached_edge_index is None
+    layer(x, EDGE_INDEX)
+    assert layer._cached_edge_index is not None and layer._cached_adj_t is not None
+    other = EDGE_INDEX.flip(0)
+    stale = layer(x, other)                        # the kept graph, as in PyG
+    layer._cached_edge_index = None
+    fresh = layer(x, other)
+    assert not torch.allclose(stale, fresh)
+    layer._cached_adj_t = None
+    assert layer._cached_edge_index is None
+    torch.testing.assert_close(layer(x, other), fresh)
+    with pytest.raises(ValueError, match="can only be set to None"):
+        layer._cached_edge_index = EDGE_INDEX
