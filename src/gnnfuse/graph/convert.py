@@ -75,9 +75,34 @@ def index_tensors(obj: Any) -> list[torch.Tensor]:
     raise ValueError(f"a sparse adjacency must be a sparse COO or CSR tensor, got layout {obj.layout}")
 
 
-def adj_t_edges(adj_t: Any) -> tuple[torch.Tensor, torch.Tensor, int, bool]:
-    """(src, dst, num_nodes, grouped by dst) of PyG's transposed adjacency ``adj_t``: a
-    stored entry at (i, j) is the edge j -> i, as PyG's layers read a sparse ``adj_t``.
+def declared_size(obj: Any) -> tuple[int, int] | None:
+    """(num_src, num_dst) that a sparse adj_t (its shape, transposed) or an ``EdgeIndex``
+    with both sparse sizes set declares, as PyG infers a layer's ``size`` from them;
+    None for an input that declares no counts."""
+    if is_sparse_adjacency(obj):
+        shape = tuple(obj.shape) if isinstance(obj, torch.Tensor) else tuple(obj.sparse_sizes())
+        return (shape[1], shape[0]) if len(shape) == 2 else None     # adj_t_edges names a wrong rank
+    if is_pyg_edge_index(obj) and None not in obj.sparse_size():
+        return tuple(obj.sparse_size())
+    return None
+
+
+def check_bipartite_adj_t(adj_t: Any, num_nodes: int, num_src_nodes: int) -> None:
+    """A ValueError naming both unless ``adj_t`` (PyG's bipartite adjacency, rows =
+    destinations, columns = sources) is [num_nodes, num_src_nodes]: a mis-shaped one
+    whose stored entries happen to fit would otherwise be read silently."""
+    shape = list(adj_t.shape) if isinstance(adj_t, torch.Tensor) else list(adj_t.sparse_sizes())
+    if shape != [num_nodes, num_src_nodes]:
+        raise ValueError(f"the sparse adj_t has shape {shape} (destinations x sources) but the bipartite graph "
+                         f"has {num_src_nodes} source and {num_nodes} destination nodes (adj_t must be "
+                         f"{[num_nodes, num_src_nodes]})")
+
+
+def adj_t_edges(adj_t: Any) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int], bool]:
+    """(src, dst, (num_dst, num_src), grouped by dst) of PyG's transposed adjacency
+    ``adj_t``: a stored entry at (i, j) is the edge j -> i, as PyG's layers read a sparse
+    ``adj_t``. Its shape is (rows, columns) = (destinations, sources); a bipartite
+    graph's is rectangular.
 
     One edge per stored entry, in storage order (duplicates of an uncoalesced COO tensor
     stay separate edges). "Grouped" says storage is row-major (CSR, SparseTensor or a
@@ -100,10 +125,8 @@ def adj_t_edges(adj_t: Any) -> tuple[torch.Tensor, torch.Tensor, int, bool]:
         row, col, value = adj_t.coo()
         rows, cols = adj_t.sparse_sizes()
         grouped = True
-    if rows != cols:
-        raise ValueError(f"a sparse adj_t must be square (row = target, column = source), got shape {[rows, cols]}")
     if value is not None and value.numel() and not bool((value == 1).all()):
         raise ValueError("the sparse adj_t holds values other than 1, which PyG would use as edge weights; "
                          "gnnfuse reads only its pattern: pass the edges as edge_index and the weights as "
                          "edge_weight to a layer that takes them")
-    return col, row, rows, grouped
+    return col, row, (rows, cols), grouped

@@ -19,7 +19,8 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 import torch
 
-from .convert import adj_t_edges, index_tensors, is_pyg_edge_index, is_sparse_adjacency, networkx_edges, scipy_edges
+from .convert import (adj_t_edges, check_bipartite_adj_t, index_tensors, is_pyg_edge_index, is_sparse_adjacency,
+                      networkx_edges, scipy_edges)
 from .index_cache import cached_graph
 from .validate import as_index_tensor, check_ids, choose_index_dtype, infer_count
 
@@ -145,19 +146,30 @@ class Graph:
                                    node_type=getattr(data, "node_type", None))
 
     @classmethod
-    def from_adj_t(cls, adj_t: Any, num_nodes: int | None = None) -> Graph:
+    def from_adj_t(cls, adj_t: Any, num_nodes: int | None = None, num_src_nodes: int | None = None) -> Graph:
         """From PyG's transposed adjacency ``adj_t`` [N, N] -- a torch sparse COO or CSR
         tensor, or a torch_sparse ``SparseTensor`` -- as PyG's layers read it: a stored
         entry at (row i, column j) is the edge j -> i (row = target, column = source).
+        With ``num_src_nodes`` the graph is bipartite and ``adj_t`` is
+        [num_nodes, num_src_nodes] (destinations x sources, PyG's bipartite ``adj_t``;
+        a CSC adjacency's ``.t()`` is such a CSR tensor).
 
         One edge per stored entry, in storage order; every stored value must be 1 (PyG
         would use other values as edge weights). A row-major input (CSR, SparseTensor,
         coalesced COO) is already grouped by destination, so `csr` is built without a sort.
         """
-        src, dst, n, grouped = adj_t_edges(adj_t)
-        if num_nodes is not None and num_nodes != n:
-            raise ValueError(f"num_nodes={num_nodes} given but the adjacency is {n} x {n}")
-        graph = cls(src, dst, n)
+        src, dst, (rows, cols), grouped = adj_t_edges(adj_t)
+        if num_src_nodes is None:
+            if rows != cols:
+                raise ValueError(f"a sparse adj_t must be square (row = target, column = source), got shape "
+                                 f"{[rows, cols]}; a bipartite adj_t [num_dst, num_src] needs num_src_nodes "
+                                 "(a layer's (x_src, x_dst) input)")
+            if num_nodes is not None and num_nodes != rows:
+                raise ValueError(f"num_nodes={num_nodes} given but the adjacency is {rows} x {rows}")
+            graph = cls(src, dst, rows)
+        else:
+            check_bipartite_adj_t(adj_t, rows if num_nodes is None else num_nodes, num_src_nodes)
+            graph = cls(src, dst, rows, num_src_nodes=cols)
         graph._trust_dst_order(grouped)
         return graph
 
@@ -199,9 +211,9 @@ class Graph:
                                  f"{obj.num_src_nodes} source nodes")
             return obj
         if num_src_nodes is not None:
-            if not isinstance(obj, torch.Tensor) or is_sparse_adjacency(obj):
+            if not isinstance(obj, torch.Tensor) and not is_sparse_adjacency(obj):
                 raise ValueError(f"a bipartite graph (num_src_nodes={num_src_nodes}) is made from a [2, E] "
-                                 f"edge_index or a Graph, got {type(obj).__name__}")
+                                 f"edge_index, a sparse adj_t or a Graph, got {type(obj).__name__}")
             return cached_graph(obj, index_tensors(obj), (num_nodes, num_src_nodes),
                                 lambda: cls._from_torch(obj, num_nodes, num_src_nodes))
         if isinstance(obj, torch.Tensor) or is_sparse_adjacency(obj):
@@ -225,11 +237,15 @@ class Graph:
         a graph go when its input is freed. A PyG ``EdgeIndex`` sorted by column is
         already grouped by destination, so its CSR needs no sort."""
         if is_sparse_adjacency(obj):
-            return cls.from_adj_t(obj, num_nodes)
+            return cls.from_adj_t(obj, num_nodes, num_src_nodes)
         bipartite = {} if num_src_nodes is None else {"num_src_nodes": num_src_nodes}
         if not is_pyg_edge_index(obj):
             return cls.from_edge_index(obj.detach(), num_nodes, **bipartite)
         rows, cols = obj.sparse_size()
+        if num_src_nodes is not None and (rows not in (None, num_src_nodes)
+                                          or (num_nodes is not None and cols not in (None, num_nodes))):
+            raise ValueError(f"the EdgeIndex has sparse_size=({rows}, {cols}) (sources, destinations) but the "
+                             f"bipartite graph has {num_src_nodes} source and {num_nodes} destination nodes")
         if num_nodes is None and rows is not None and rows == cols:
             num_nodes = rows                              # isolated trailing vertices count
         graph = cls.from_edge_index(obj.as_tensor(), num_nodes, **bipartite)

@@ -9,7 +9,7 @@ match PyG, so ``layer.load_state_dict(pyg_layer.state_dict())`` copies a PyG mod
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -17,6 +17,7 @@ from torch import nn
 
 from .. import frontend
 from ..graph import Graph
+from ..graph.convert import check_bipartite_adj_t, declared_size
 from .arguments import adjacency_weights, edge_weight_column, node_features, node_pair, over_feature_batches
 from .attention_weights import AttentionOutput, attention_weights, check_attention_request
 from .edge_features import FillValue, edge_inputs, edge_projection
@@ -37,14 +38,24 @@ def _as_graph(graph: Graph | torch.Tensor, num_nodes: int) -> Graph:
     return Graph.coerce(graph, num_nodes=num_nodes)
 
 
-def _bipartite_inputs(x, graph: Graph | torch.Tensor, size, layer: str
+def _bipartite_inputs(x, graph: Graph | torch.Tensor, size, layer: str, weighted_adj_t: Any = None
                       ) -> tuple[torch.Tensor, torch.Tensor | None, Graph]:
     """``(x_src, x_dst, graph)`` for a layer taking PyG's bipartite input (`node_pair`):
     a pair gives a graph whose sources index ``x_src`` and destinations ``x_dst``; one
-    tensor is both, on a graph with one vertex set."""
+    tensor is both, on a graph with one vertex set. ``weighted_adj_t`` is the graph
+    argument as the user gave it, where `adjacency_weights` may have turned a weighted
+    sparse adj_t into ``graph`` (an edge_index, which has lost the adjacency's shape):
+    that adj_t's shape is checked against the pair's counts here, as `Graph.from_adj_t`
+    checks an unweighted one's. Without ``x_dst`` and ``size``
+    the destination count is the one the adjacency declares, as PyG reads it."""
+    adjacency = graph if weighted_adj_t is None else weighted_adj_t
+    if size is None and isinstance(x, (tuple, list)) and len(x) == 2 and x[1] is None:
+        size = declared_size(adjacency)
     x_src, x_dst, sizes = node_pair(x, size, layer)
     if sizes is None:
         return x_src, x_dst, _as_graph(graph, x_src.shape[0])
+    if weighted_adj_t is not None and weighted_adj_t is not graph:
+        check_bipartite_adj_t(weighted_adj_t, sizes[1], sizes[0])
     return x_src, x_dst, Graph.coerce(graph, num_nodes=sizes[1], num_src_nodes=sizes[0])
 
 

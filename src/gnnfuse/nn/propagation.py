@@ -98,8 +98,8 @@ class GraphConv(OneLineRepr, nn.Module):
     @over_feature_batches
     def forward(self, x: torch.Tensor | tuple[torch.Tensor, torch.Tensor | None], edge_index: Graph | torch.Tensor,
                 edge_weight: torch.Tensor | None = None, size: tuple[int, int] | None = None) -> torch.Tensor:
-        edge_index, edge_weight = adjacency_weights(edge_index, edge_weight, "GraphConv")
-        x, x_dst, graph = _bipartite_inputs(x, edge_index, size, "GraphConv")
+        graph_input, edge_weight = adjacency_weights(edge_index, edge_weight, "GraphConv")
+        x, x_dst, graph = _bipartite_inputs(x, graph_input, size, "GraphConv", weighted_adj_t=edge_index)
         if edge_weight is None:
             aggregate, edge_feature = _AGGREGATORS[self.aggr], None
         else:
