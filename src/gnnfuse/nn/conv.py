@@ -199,6 +199,21 @@ def _layer_graph(layer: nn.Module, x: torch.Tensor, graph: Graph | torch.Tensor,
     return graph
 
 
+def _normalized_layer_inputs(layer: nn.Module, name: str, x: torch.Tensor, edge_index: Graph | torch.Tensor,
+                             edge_weight: torch.Tensor | None) -> tuple[torch.Tensor, Graph, torch.Tensor | None]:
+    """``(x, graph, edge_weight)`` for a normalising layer with PyG's ``cached`` flag (GCN,
+    APPNP): a weighted sparse ``adj_t`` becomes ``edge_weight``, and caching keeps the graph
+    -- the normalisation lives in its cache -- so weights, which that normalisation ignores,
+    are refused with it rather than silently reusing a normalisation computed without them."""
+    x = node_features(x, name)
+    edge_index, edge_weight = adjacency_weights(edge_index, edge_weight, name)
+    caching = layer.cached and layer.normalize
+    if caching and edge_weight is not None:
+        raise NotImplementedError(f"{name}(cached=True) with edge_weight is not supported: the cache "
+                                  "holds the graph's normalisation, not the weights'")
+    return x, _layer_graph(layer, x, edge_index, caching), edge_weight
+
+
 class CachedGraph:
     """Mixin for layers with PyG's ``cached=True``: the graph kept by `_layer_graph` under
     the names PyG users reach for. PyG keeps ``_cached_edge_index`` (for an edge_index) and
@@ -390,13 +405,8 @@ class GCNConv(OneLineRepr, CachedGraph, nn.Module):
     @over_feature_batches
     def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor,
                 edge_weight: torch.Tensor | None = None) -> torch.Tensor:
-        x = node_features(x, "GCNConv")
-        edge_index, edge_weight = adjacency_weights(edge_index, edge_weight, "GCNConv")
-        caching = self.cached and self.normalize
-        if caching and edge_weight is not None:
-            raise NotImplementedError("GCNConv(cached=True) with edge_weight is not supported: the cache "
-                                      "holds the graph's normalisation, not the weights'")
-        graph = _along_flow(_layer_graph(self, x, edge_index, caching), self.flow)
+        x, graph, edge_weight = _normalized_layer_inputs(self, "GCNConv", x, edge_index, edge_weight)
+        graph = _along_flow(graph, self.flow)
         h = self.lin(x)
         if edge_weight is not None:
             graph, weight = _gcn_edge_norm(graph, edge_weight, x.dtype, self.add_self_loops,

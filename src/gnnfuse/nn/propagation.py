@@ -24,7 +24,7 @@ from ..graph import Graph
 from .arguments import adjacency_weights, edge_weight_column, node_features, over_feature_batches
 from .pyg_repr import OneLineRepr
 from .conv import (_AGGREGATORS, _WEIGHTED_AGGREGATORS, CachedGraph, _as_graph, _bipartite_inputs, _channel_pair,
-                   _gcn_edge_norm, _inv_sqrt_degree, _layer_graph, _neighbour_sum, _normalized_hop,
+                   _gcn_edge_norm, _inv_sqrt_degree, _neighbour_sum, _normalized_hop, _normalized_layer_inputs,
                    _transform_first, _with_loops)
 
 
@@ -174,13 +174,7 @@ class APPNP(OneLineRepr, CachedGraph, nn.Module):
     @over_feature_batches
     def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor,
                 edge_weight: torch.Tensor | None = None) -> torch.Tensor:
-        x = node_features(x, "APPNP")
-        edge_index, edge_weight = adjacency_weights(edge_index, edge_weight, "APPNP")
-        caching = self.cached and self.normalize
-        if caching and edge_weight is not None:
-            raise NotImplementedError("APPNP(cached=True) with edge_weight is not supported: the cache "
-                                      "holds the graph's normalisation, not the weights'")
-        graph = _layer_graph(self, x, edge_index, caching)
+        x, graph, edge_weight = _normalized_layer_inputs(self, "APPNP", x, edge_index, edge_weight)
         add_self_loops = self.normalize and self.add_self_loops
         dropping = self.dropout > 0 and self.training
         if edge_weight is not None:
