@@ -639,7 +639,7 @@ def _getitem(tracer: Tracer, x, index):
             continue
         if d < x.prefix:
             if item != slice(None) and item != slice(None, None, 1) and x.prefix == 2 and d == 1:
-                raise tracer.error(f"slicing dim 1 of a mailbox value, the neighbour axis, cannot be compiled "
+                raise tracer.error("slicing dim 1 of a mailbox value, the neighbour axis, cannot be compiled "
                                    "(vertices have different numbers of messages); take one message by a "
                                    "constant position (m[:, 0], m[:, -1]) or reduce over dim=1")
             if item != slice(None) and item != slice(None, None, 1):
