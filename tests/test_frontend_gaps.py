@@ -278,3 +278,30 @@ def test_gradcheck_mailbox_position():
     g = graph("cpu")
     torch.autograd.gradcheck(lambda h: gnnfuse.message_passing(g, copy_src, reduce, ndata={"h": h})["out"],
                              (features("cpu", 2),))
+
+
+def test_concurrent_traces_leave_the_builtins_as_they_were():
+    """Tracing swaps ``sum``/``max``/``min``/``len`` in ``builtins`` for the trace; two
+    threads tracing at once once interleaved their swaps and left one trace's wrappers
+    installed for good. A captured tensor makes every call trace."""
+    import builtins
+    import threading
+
+    original = {name: getattr(builtins, name) for name in ("sum", "max", "min", "len")}
+    g = gnnfuse.Graph(torch.tensor([0, 1, 2]), torch.tensor([1, 2, 0]))
+    scale = torch.ones(2)
+
+    def work():
+        @gnnfuse.vertex
+        def mean(v):
+            xs = [u.h * scale for u in v.innbs]
+            return sum(xs) / len(xs)
+        for _ in range(100):
+            mean(g, {"h": torch.randn(3, 2)})
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(getattr(builtins, name) is fn for name, fn in original.items())

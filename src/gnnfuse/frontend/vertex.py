@@ -55,6 +55,7 @@ import builtins
 import contextlib
 import functools
 import sys
+import threading
 import types
 from typing import Any, Callable, Mapping
 
@@ -228,6 +229,7 @@ def _length(tracer: Tracer):
 
 
 _BUILTINS = {name: getattr(builtins, name) for name in ("sum", "max", "min", "len")}
+_BUILTINS_SWAP = threading.RLock()   # re-entrant: a UDF may call another vertex function
 
 
 def _counting_builtins(tracer: Tracer) -> dict[str, Callable]:
@@ -256,12 +258,13 @@ def _in_helpers(counting: Mapping[str, Callable]):
             counted = _neighbour_list(args[0]) or any(isinstance(x, SymTensor) for x in args)
             return (patched if counted else original)(*args, **kwargs)
         return call
-    saved = {name: builtins.__dict__[name] for name in counting}
-    builtins.__dict__.update({name: user_only(name) for name in counting})
-    try:
-        yield
-    finally:
-        builtins.__dict__.update(saved)
+    with _BUILTINS_SWAP:   # one trace at a time: interleaved swaps would restore another's wrappers
+        saved = {name: builtins.__dict__[name] for name in counting}
+        builtins.__dict__.update({name: user_only(name) for name in counting})
+        try:
+            yield
+        finally:
+            builtins.__dict__.update(saved)
 
 
 def _neighbour_list(obj) -> bool:
