@@ -24,13 +24,13 @@ from typing import Any
 
 import torch
 
-from gnnfuse.bench import MODELS, REL_ERR_LIMIT, guarded, instantiate, load_data, max_rel_err, measure, reference_state
+from gnnfuse.bench import MODELS, REL_ERR_LIMIT, guarded, instantiate, max_rel_err, measure, reference_state
 from gnnfuse.graph import clear_index_cache
 
 from bench_training import comma_list, describe
-from common import (add_step_arguments, device_names, environment, fmt, free_memory, load_results, log,
-                    new_run_id, parse_step_arguments, prune_runs, resolve_device, runs_markdown, save_json,
-                    warn, write_atomically)
+from common import (add_step_arguments, device_names, environment, fmt, free_memory, load_data_or_exit,
+                    load_results, log, new_run_id, parse_step_arguments, prune_runs, resolve_device,
+                    runs_markdown, save_json, warn, write_atomically)
 
 DATASETS = ("cora", "pubmed", "arxiv-like", "reddit2-like", "products-like")
 DEFAULT_DATASETS = DATASETS[1:]      # the sizes issue #12 measured
@@ -94,10 +94,7 @@ def store(results: dict[str, Any], args: argparse.Namespace) -> None:
 # --- driver ----------------------------------------------------------------------------
 def run_dataset(name: str, args: argparse.Namespace, device: torch.device, results: dict[str, Any],
                 run_id: str) -> None:
-    try:
-        data = load_data(name, args.data_root, device, log)
-    except ValueError as error:
-        raise SystemExit(str(error)) from error
+    data = load_data_or_exit(name, args.data_root, device)
     for model in args.models:
         state = reference_state(model, data)
         check = guarded(lambda: {"status": "ok", "max_rel_err": check_same_forward(model, data, state, device)},

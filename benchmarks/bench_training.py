@@ -24,11 +24,11 @@ from typing import Any, Callable
 import torch
 
 from gnnfuse.bench import (COMPILE_EXTRA_WARMUP, FRAMEWORKS, MODELS, REL_ERR_LIMIT, check_forward, free_memory,
-                           guarded, load_data, measure, reference_state)
+                           guarded, measure, reference_state)
 
-from common import (add_step_arguments, device_names, environment, fmt, load_results, log, new_run_id,
-                    parse_step_arguments, prune_runs, resolve_device, runs_markdown, save_json, warn,
-                    write_atomically)
+from common import (add_step_arguments, device_names, environment, fmt, load_data_or_exit, load_results, log,
+                    new_run_id, parse_step_arguments, prune_runs, resolve_device, runs_markdown, save_json,
+                    warn, write_atomically)
 
 DATASETS = ("cora", "citeseer", "pubmed", "arxiv-like", "reddit2-like", "products-like")
 
@@ -103,10 +103,7 @@ def store(results: dict[str, Any], out: Path) -> None:
 # --- driver ----------------------------------------------------------------------------
 def run_dataset(name: str, args: argparse.Namespace, device: torch.device, results: dict[str, Any],
                 run_id: str) -> None:
-    try:
-        data = load_data(name, args.data_root, device, log)
-    except ValueError as error:
-        raise SystemExit(str(error)) from error
+    data = load_data_or_exit(name, args.data_root, device)
     for model in args.models:
         state = reference_state(model, data)
         check = guarded(lambda: {"status": "ok", "max_rel_err": check_forward(model, data, state, device)}, device)

@@ -186,3 +186,13 @@ def parse_step_arguments(parser: argparse.ArgumentParser, argv: list[str] | None
     if args.steps < 1:
         parser.error("--steps must be at least 1")
     return args
+
+
+def load_data_or_exit(name: str, data_root: str | None, device: torch.device) -> Any:
+    """`gnnfuse.bench.load_data`, with a data set that cannot be loaded ending the run with
+    its message instead of a traceback."""
+    from gnnfuse.bench import load_data
+    try:
+        return load_data(name, data_root, device, log)
+    except ValueError as error:
+        raise SystemExit(str(error)) from error
