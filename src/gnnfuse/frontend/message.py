@@ -60,7 +60,7 @@ from ..ir import Residency, Value
 from ..runtime import CompiledProgram
 from . import pairwise
 from .trace_cache import TraceCache, check_tables, program_feeds
-from .tracer import EDGE_ROWED, SymTensor, Tracer
+from .tracer import EDGE_ROWED, SymTensor, Tracer, float_dtype
 
 
 
@@ -239,7 +239,7 @@ def trace_message_passing(message_fn: Callable, reduce_fn: Callable, update_fn: 
     """Capture the three UDFs into one program whose outputs are the final node data, and
     with ``return_edata`` the edge data ``message_fn`` wrote (keys ``EDGE_OUTPUT + key``)."""
     etype_data, ntype_data = dict(etype_data or {}), dict(ntype_data or {})
-    tracer = _MessageTracer(message_fn, "message", _float_dtype(ndata, edata, etype_data, ntype_data))
+    tracer = _MessageTracer(message_fn, "message", float_dtype(ndata, edata, etype_data, ntype_data))
     edges = _Edges(tracer, ndata, edata, etype_data, ntype_data)
     messages = _per_edge(tracer, _returned(tracer, tracer.call(message_fn, edges), "message_fn"), "message")
     stages = [(reduce_fn, "reduce", "reduce_fn")] + ([(update_fn, "update", "update_fn")] if update_fn else [])
@@ -301,7 +301,7 @@ def trace_apply_edges(edge_fn: Callable, ndata: Mapping[str, torch.Tensor], edat
                       ) -> _MessageTracer:
     """Capture ``edge_fn`` into a program whose outputs are the per-edge values it returns
     and the ``edges.data`` it writes (a returned key wins over a written one)."""
-    tracer = _MessageTracer(edge_fn, "message", _float_dtype(ndata, edata, etype_data, ntype_data))
+    tracer = _MessageTracer(edge_fn, "message", float_dtype(ndata, edata, etype_data, ntype_data))
     edges = _Edges(tracer, ndata, edata, etype_data, ntype_data)
     returned = _per_edge(tracer, _returned(tracer, tracer.call(edge_fn, edges), "edge_fn"), "edge_fn output")
     outputs = {**edges.data.written, **returned}
@@ -345,12 +345,6 @@ def _split_edge_outputs(compiled: CompiledProgram, outputs: dict[str, torch.Tens
     rowed = {key: value.residency.is_edge_rowed for key, value in compiled.program.outputs.items()}
     return ({k: t for k, t in outputs.items() if not rowed[k]},
             {k.removeprefix(EDGE_OUTPUT): t for k, t in outputs.items() if rowed[k]})
-
-
-def _float_dtype(*tables: Mapping[str, torch.Tensor]) -> torch.dtype:
-    """The dtype constants are traced in: the first floating-point input's."""
-    return next((t.dtype for table in tables for t in table.values() if t.is_floating_point()),
-                torch.get_default_dtype())
 
 
 def _per_edge(tracer: Tracer, values: dict[str, SymTensor], what: str) -> dict[str, SymTensor]:

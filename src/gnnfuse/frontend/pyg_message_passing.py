@@ -47,7 +47,7 @@ from torch_geometric.nn.aggr import (MaxAggregation, MeanAggregation, MinAggrega
 from ..graph import Graph
 from ..ir import CompileError, Residency
 from .trace_cache import _SCALARS, TraceCache, _global_names, program_feeds
-from .tracer import EDGE_ROWED, SymTensor, Tracer
+from .tracer import EDGE_ROWED, SymTensor, Tracer, float_dtype
 
 # The aggregation modules PyG's ``aggr`` strings resolve to that the IR computes exactly
 # (empty neighbourhoods give 0 in both): a graph Reduce, or for 'softmax' the sum of the
@@ -288,7 +288,7 @@ def _graph(layer: PyGMessagePassing, edge_index: torch.Tensor, num_nodes: int) -
         edge_index = edge_index.as_tensor()
     if layer.flow == "source_to_target":
         return Graph.coerce(edge_index, num_nodes)
-    return Graph(edge_index[1], edge_index[0], num_nodes)
+    return Graph.coerce(edge_index, num_nodes).cached("reversed", Graph.reverse)   # edge ids kept
 
 
 # --- tracing -------------------------------------------------------------------------
@@ -298,9 +298,7 @@ def trace_message(layer: PyGMessagePassing, args: _Arguments, op: str, num_nodes
     messages reduced with ``op`` into each target vertex."""
     message = _function(type(layer).message)
     tables = (args.nodes, args.edges)
-    dtype = next((t.dtype for table in tables for t in table.values() if t.is_floating_point()),
-                 torch.get_default_dtype())
-    tracer = Tracer(message, "message", dtype)
+    tracer = Tracer(message, "message", float_dtype(*tables))
     values: dict[str, Any] = dict(args.other)
     for param, (key, by) in args.gathers.items():
         x = tracer.input(key, Residency.NODE, args.nodes[key], 1)

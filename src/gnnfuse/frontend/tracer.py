@@ -13,7 +13,7 @@ import operator
 import os
 import sys
 import types
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +29,12 @@ _LIBRARY_DIRS = tuple(os.path.dirname(path) + os.sep for path in (os.path.dirnam
 def is_library(filename: str) -> bool:
     """Whether code in ``filename`` is gnnfuse's or torch's, never the user's."""
     return filename.startswith(_LIBRARY_DIRS)
+
+
+def float_dtype(*tables: Mapping[str, torch.Tensor]) -> torch.dtype:
+    """The dtype constants are traced in: the first floating-point input's."""
+    return next((t.dtype for table in tables for t in table.values() if t.is_floating_point()),
+                torch.get_default_dtype())
 
 
 class Tracer:

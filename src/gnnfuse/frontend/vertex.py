@@ -65,7 +65,7 @@ from ..graph import Graph
 from ..ir import CompileError, Residency
 from .counting import check_counting
 from .trace_cache import TraceCache, check_tables, program_feeds
-from .tracer import EDGE_ROWED, SymTensor, Tracer, is_library
+from .tracer import EDGE_ROWED, SymTensor, Tracer, float_dtype, is_library
 from .udf import unwrap
 
 
@@ -296,8 +296,7 @@ class VertexFunction:
         """Trace the function into a program; returns the tracer and the captured tensors."""
         feats = {"nodes": dict(v_feature), "edges": dict(e_feature or {}),
                  "etype": dict(etype_feature or {}), "ntype": dict(ntype_feature or {})}
-        dtype = next((t.dtype for table in feats.values() for t in table.values()
-                      if t.is_floating_point()), torch.get_default_dtype())
+        dtype = float_dtype(*feats.values())
         feats["updated"] = {}   # vertex features set by v.update_allnode, by key
         tracer = Tracer(self.fn, "vertex", dtype)
         plain, args, keywords = unwrap(self.fn)

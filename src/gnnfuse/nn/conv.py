@@ -306,7 +306,7 @@ def _along_flow(graph: Graph, flow: str) -> Graph:
     as such, for ``"target_to_source"``. ``flow`` is read on every call, since PyG users
     may set the attribute after construction."""
     _check_flow(flow)
-    return graph if flow == "source_to_target" else graph.cached("nn_reversed", Graph.reverse)
+    return graph if flow == "source_to_target" else graph.cached("reversed", Graph.reverse)
 
 
 def _check_aggregation(layer: str, aggr: object, aggr_kwargs: dict | None) -> None:
