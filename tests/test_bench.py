@@ -35,7 +35,7 @@ def test_a_failing_framework_becomes_a_status(monkeypatch):
             raise RuntimeError("simulated compiler failure\nsecond line")
         return real(framework, *args)
 
-    monkeypatch.setattr(bench, "measure", measure)
+    monkeypatch.setattr(bench.compare, "measure", measure)   # what run_bench calls
     report = bench.run_bench("sage", "synthetic", "cpu", ("gnnfuse", "pyg"), steps=1, warmup=1, log=lambda m: None)
     assert report["results"]["gnnfuse"]["status"] == "ok"
     assert report["results"]["pyg"]["status"] == "error: RuntimeError: simulated compiler failure"

@@ -7,89 +7,22 @@ runs differ only in the seed of initialisation and dropout, never in the split.
 """
 from __future__ import annotations
 
-import dataclasses
-import os
 import resource
 import statistics
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
-from .data import DEFAULT_DATASET, LOAD_ERRORS, load_node_dataset, random_split
-from .graph import Graph
-from .nn.models import ModelSpec, build_model, get_model
-from .progress import progress_bar
-
-SPARSE_FEATURES = 0.1      # feature matrices with fewer non-zeros than this go in as sparse COO
-CHECKPOINT_FORMAT = "gnnfuse-train/1"
-
-
-class ConfigError(ValueError):
-    """A training request that cannot run as given: unknown model or data set, a value out
-    of range, a missing data file or device. Raised before any training starts, so callers
-    can report it as a usage error without mistaking a failure inside training for one."""
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """A fully resolved training recipe: every value the runs used, saved with the weights.
-
-    `patience` None trains all `epochs`; `hidden` None is for models without a hidden layer.
-    """
-    model: str
-    dataset: str
-    hidden: int | None
-    lr: float
-    weight_decay: float
-    dropout: float
-    epochs: int
-    patience: int | None
-    runs: int = 1
-    seed: int = 0
-    device: str = "cpu"
-    root: str | None = None
-
-
-def make_config(model: str, dataset: str = DEFAULT_DATASET, *, runs: int = 1, seed: int = 0,
-                device: str = "cpu", root: str | os.PathLike | None = None, **overrides: Any) -> TrainConfig:
-    """`model`'s paper defaults, with every override that is not None applied.
-
-    Overrides are hidden, lr, weight_decay, dropout, epochs and patience (0 disables
-    early stopping). Raises `ConfigError` naming the bad value.
-    """
-    try:
-        spec = get_model(model)
-    except ValueError as error:
-        raise ConfigError(str(error)) from None
-    unknown = set(overrides) - {"hidden", "lr", "weight_decay", "dropout", "epochs", "patience"}
-    if unknown:
-        raise ConfigError(f"unknown hyperparameter(s): {', '.join(sorted(unknown))}")
-    given = {key: value for key, value in overrides.items() if value is not None}
-    if "hidden" in given and spec.defaults.hidden is None:
-        raise ConfigError(f"model {model!r} has no hidden layer, so hidden does not apply")
-    if given.get("patience") == 0:
-        given["patience"] = None
-    values = {**dataclasses.asdict(spec.defaults), **given}
-    checks = [(runs >= 1, f"runs must be >= 1, got {runs}"),
-              (values["epochs"] >= 1, f"epochs must be >= 1, got {values['epochs']}"),
-              (values["patience"] is None or values["patience"] >= 1,
-               f"patience must be >= 0, got {values['patience']}"),
-              (values["hidden"] is None or values["hidden"] >= 1, f"hidden must be >= 1, got {values['hidden']}"),
-              (values["lr"] >= 0, f"lr must be >= 0, got {values['lr']}"),
-              (values["weight_decay"] >= 0, f"weight decay must be >= 0, got {values['weight_decay']}"),
-              (0 <= values["dropout"] < 1, f"dropout must be in [0, 1), got {values['dropout']}"),
-              (device in ("cpu", "cuda"), f"device must be cpu or cuda, got {device!r}")]
-    for ok, message in checks:
-        if not ok:
-            raise ConfigError(message)
-    return TrainConfig(model=model, dataset=dataset, runs=runs, seed=seed, device=device,
-                       root=None if root is None else str(root), **values)
+from ..nn.models import ModelSpec, build_model, get_model
+from ..progress import progress_bar
+from .config import TrainConfig
+from .data import PreparedData, prepare_data
 
 
 @dataclass
@@ -117,41 +50,6 @@ class TrainSummary:
         """Mean and sample standard deviation (0 for one run) of a per-run number."""
         values = [getattr(run, key) for run in self.runs]
         return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
-
-
-@dataclass(frozen=True)
-class PreparedData:
-    """A data set moved to the device, with features in the layout the model takes."""
-    name: str
-    graph: Graph
-    x: torch.Tensor
-    y: torch.Tensor
-    masks: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
-    num_features: int
-    num_classes: int
-
-
-def prepare_data(config: TrainConfig, spec: ModelSpec) -> PreparedData:
-    """Load the data set, split it if it has no split (seeded by `config.seed`, the same
-    for every run), and move it to the device; `ConfigError` if that cannot be done."""
-    if config.device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"device cuda, but CUDA is not available to this torch ({torch.__version__})")
-    device = torch.device(config.device)
-    try:
-        dataset = load_node_dataset(config.dataset, config.root)
-    except LOAD_ERRORS as error:
-        raise ConfigError(str(error)) from None
-    if dataset.train_mask is None:
-        dataset = random_split(dataset, seed=config.seed)
-        print(f"{dataset.name} has no split: using random_split(seed={config.seed})")
-    x = dataset.x.to(device)
-    if spec.sparse_input and x.count_nonzero() < SPARSE_FEATURES * x.numel():
-        # bag-of-words features (cora: 1.3% non-zero): dropout and the first matmul then
-        # touch only the non-zeros, ~8x less work in what dominated a dense cora epoch
-        x = x.to_sparse()
-    masks = tuple(m.to(device) for m in (dataset.train_mask, dataset.val_mask, dataset.test_mask))
-    return PreparedData(dataset.name, dataset.graph.to(device), x, dataset.y.to(device), masks,
-                        dataset.num_features, dataset.num_classes)
 
 
 def peak_memory_mib(device: torch.device) -> float:
@@ -275,27 +173,3 @@ def train_runs(config: TrainConfig, *, log_epochs: bool = True,
         if on_run is not None:
             on_run(index, result)
     return summary
-
-
-def save_checkpoint(summary: TrainSummary, path: str | os.PathLike) -> None:
-    """Write every run's best-validation state dict with the config that rebuilds the model."""
-    torch.save({"format": CHECKPOINT_FORMAT, "config": dataclasses.asdict(summary.config),
-                "dataset": summary.dataset_name, "in_channels": summary.in_channels,
-                "out_channels": summary.out_channels,
-                "runs": [{"seed": r.seed, "best_epoch": r.best_epoch, "best_val_acc": r.best_val_acc,
-                          "test_acc": r.test_acc, "state_dict": r.state_dict} for r in summary.runs]}, path)
-
-
-def load_checkpoint(path: str | os.PathLike, run: int = 0) -> tuple[nn.Module, dict[str, Any]]:
-    """The model of run `run` from a `save_checkpoint` file, weights loaded, in eval mode,
-    with the whole checkpoint (config, accuracies) alongside."""
-    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    if not isinstance(checkpoint, dict) or checkpoint.get("format") != CHECKPOINT_FORMAT:
-        raise ValueError(f"{path} is not a gnnfuse train checkpoint (format {CHECKPOINT_FORMAT})")
-    if not 0 <= run < len(checkpoint["runs"]):
-        raise ValueError(f"{path} holds {len(checkpoint['runs'])} run(s); run {run} does not exist")
-    config = checkpoint["config"]
-    model = build_model(config["model"], checkpoint["in_channels"], checkpoint["out_channels"],
-                        config["hidden"], config["dropout"])
-    model.load_state_dict(checkpoint["runs"][run]["state_dict"])
-    return model.eval(), checkpoint

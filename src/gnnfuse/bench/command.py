@@ -1,0 +1,43 @@
+"""The ``gnnfuse bench`` command line."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+from ..data import DATASET_NAMES
+from .compare import format_table, plot, run_bench
+from .models import FRAMEWORKS, MODELS, MissingDependency
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``gnnfuse bench`` options."""
+    parser.add_argument("--model", default="gcn", choices=MODELS)
+    parser.add_argument("--dataset", default="cora", help=f"one of: {', '.join(DATASET_NAMES)}")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--frameworks", default=",".join(FRAMEWORKS),
+                        help=f"comma list of {', '.join(FRAMEWORKS)} (default: all)")
+    parser.add_argument("--steps", type=int, default=20, help="timed training steps (default 20)")
+    parser.add_argument("--warmup", type=int, default=5, help="untimed steps first (default 5)")
+    parser.add_argument("--json", type=Path, help="also write the result as JSON here")
+    parser.add_argument("--plot", type=Path, help="also draw a bar chart (PNG) here")
+    parser.add_argument("--root", help="data folder (default: $GNNFUSE_DATA, then ../shared/data)")
+
+
+def run_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """``gnnfuse bench``: exit status 0, or 1 when the forward outputs disagree or gnnfuse failed."""
+    frameworks = tuple(f.strip() for f in args.frameworks.split(",") if f.strip())
+    try:
+        report = run_bench(args.model, args.dataset, args.device, frameworks, args.steps, args.warmup,
+                           args.root, log=lambda message: print(message, flush=True))
+    except (ValueError, FileNotFoundError, MissingDependency) as error:
+        parser.error(str(error))
+    print(format_table(report), end="")
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1) + "\n")
+        print(f"wrote {args.json}")
+    if args.plot:
+        print(f"wrote {plot(report, args.plot)}")
+    ours = report["results"].get("gnnfuse", {"status": "ok"})
+    return 0 if report["check"]["agrees"] and ours["status"] == "ok" else 1

@@ -1,0 +1,131 @@
+"""One measured training step per framework, with its failure (OOM, time-out, compile error) kept as a status."""
+from __future__ import annotations
+
+import contextlib
+import signal
+import time
+import traceback
+from typing import Any, Callable, Iterator
+
+import torch
+import torch.nn.functional as F
+
+from .models import LR, WEIGHT_DECAY, DeviceData, graph_input, instantiate
+from .timing import (allocated_gb, failure_status, free_memory, peak_memory_gb, reset_peak_memory, summarize,
+                     synchronize, time_calls)
+
+COMPILE_EXTRA_WARMUP = 5     # torch.compile compiles (and may recompile once) in its first steps
+REL_ERR_LIMIT = 1e-3         # float32 forward disagreement beyond this is a bug, not rounding
+
+
+def max_rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """max|a - b| / max|b|: the worst element's error on the output's own scale.
+
+    Element-wise relative error would blow up on logits that happen to be near zero.
+    """
+    scale = expected.abs().max().clamp_min(torch.finfo(expected.dtype).tiny)
+    return ((actual - expected).abs().max() / scale).item()
+
+
+def check_forward(model: str, data: DeviceData, state: dict[str, torch.Tensor], device: torch.device) -> float:
+    """gnnfuse's eval-mode forward against PyG eager's, from the same weights."""
+    outputs = []
+    for framework in ("gnnfuse", "pyg"):
+        module = instantiate(framework, model, data, state, device).eval()
+        with torch.no_grad():
+            outputs.append(module(data.x, graph_input(framework, data)))
+        del module
+    return max_rel_err(*outputs)
+
+
+def measure(framework: str, model: str, data: DeviceData, state: dict[str, torch.Tensor],
+            steps: int, warmup: int, device: torch.device, graph: Any = None) -> dict[str, Any]:
+    """Warm up, then time `steps` training steps one by one; peak memory covers the
+    timed steps only (compilation, autotuning and layout building happen in warm-up).
+    `graph` overrides the framework's usual graph input (`graph_input`)."""
+    module = instantiate(framework, model, data, state, device)
+    graph = graph_input(framework, data) if graph is None else graph
+    optimizer = torch.optim.Adam(module.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
+
+    def step() -> torch.Tensor:
+        optimizer.zero_grad(set_to_none=True)
+        out = module(data.x, graph)
+        loss = F.cross_entropy(out[data.train_idx], data.y[data.train_idx])
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    torch.manual_seed(1)                      # same dropout masks for every framework
+    begin = time.perf_counter()
+    first_loss = step().item()
+    first_step_ms = (time.perf_counter() - begin) * 1e3
+    warmup = max(warmup, 1) + (COMPILE_EXTRA_WARMUP if framework == "pyg-compile" else 0)
+    for _ in range(warmup - 1):
+        step()
+    synchronize(device)
+    resident = allocated_gb(device)
+    reset_peak_memory(device)
+    times = time_calls(step, steps, device)
+    return {"status": "ok", **summarize(times), "steps": steps, "warmup": warmup,
+            "first_step_ms": first_step_ms, "first_loss": first_loss,
+            "resident_gb": resident, "peak_gb": peak_memory_gb(device)}
+
+
+class CellTimeout(Exception):
+    """A measurement ran past its time limit (see `guarded`)."""
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float | None) -> Iterator[None]:
+    """Raise `CellTimeout` in the main thread after ``seconds`` (POSIX timers; no limit
+    when None). It lands at the next Python bytecode, so a long C++ call finishes first."""
+    if not seconds:
+        yield
+        return
+
+    def expire(signum, frame):
+        raise CellTimeout(f"no result within {seconds:g} s")
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _caused_by_timeout(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is a `CellTimeout` or wraps one: torch.compile re-raises errors
+    from inside its compiler as its own (``InductorError``)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, CellTimeout):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__ or getattr(exc, "inner_exception", None)
+    return False
+
+
+def guarded(fn: Callable[[], dict[str, Any]], device: torch.device,
+            time_limit_s: float | None = None) -> dict[str, Any]:
+    """Run one measurement; an OOM, a time-out or any failure (e.g. torch.compile's)
+    becomes its status, so one stuck or failing framework leaves the rest of a run intact.
+
+    Memory is released only after the except block has dropped the traceback, which
+    would otherwise keep the failed measurement's tensors alive. Errors other than OOM
+    and time-outs print their traceback to stderr, since a one-line status rarely says
+    how to fix them.
+    """
+    try:
+        with _time_limit(time_limit_s):
+            result = fn()
+    except Exception as exc:  # noqa: BLE001 - one failing framework must not end the run
+        if _caused_by_timeout(exc):
+            result = {"status": f"timeout ({time_limit_s:g} s)"}
+        else:
+            result = {"status": failure_status(exc)}
+            if result["status"] != "oom":
+                traceback.print_exc()
+    torch._dynamo.reset()
+    free_memory(device)
+    return result

@@ -1,0 +1,73 @@
+"""What a training run is asked to do: `TrainConfig`, resolved from a model's paper
+defaults by `make_config`, and `ConfigError` for a request that cannot run as given."""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from ..data import DEFAULT_DATASET
+from ..nn.models import get_model
+
+
+class ConfigError(ValueError):
+    """A training request that cannot run as given: unknown model or data set, a value out
+    of range, a missing data file or device. Raised before any training starts, so callers
+    can report it as a usage error without mistaking a failure inside training for one."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """A fully resolved training recipe: every value the runs used, saved with the weights.
+
+    `patience` None trains all `epochs`; `hidden` None is for models without a hidden layer.
+    """
+    model: str
+    dataset: str
+    hidden: int | None
+    lr: float
+    weight_decay: float
+    dropout: float
+    epochs: int
+    patience: int | None
+    runs: int = 1
+    seed: int = 0
+    device: str = "cpu"
+    root: str | None = None
+
+
+def make_config(model: str, dataset: str = DEFAULT_DATASET, *, runs: int = 1, seed: int = 0,
+                device: str = "cpu", root: str | os.PathLike | None = None, **overrides: Any) -> TrainConfig:
+    """`model`'s paper defaults, with every override that is not None applied.
+
+    Overrides are hidden, lr, weight_decay, dropout, epochs and patience (0 disables
+    early stopping). Raises `ConfigError` naming the bad value.
+    """
+    try:
+        spec = get_model(model)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    unknown = set(overrides) - {"hidden", "lr", "weight_decay", "dropout", "epochs", "patience"}
+    if unknown:
+        raise ConfigError(f"unknown hyperparameter(s): {', '.join(sorted(unknown))}")
+    given = {key: value for key, value in overrides.items() if value is not None}
+    if "hidden" in given and spec.defaults.hidden is None:
+        raise ConfigError(f"model {model!r} has no hidden layer, so hidden does not apply")
+    if given.get("patience") == 0:
+        given["patience"] = None
+    values = {**dataclasses.asdict(spec.defaults), **given}
+    checks = [(runs >= 1, f"runs must be >= 1, got {runs}"),
+              (values["epochs"] >= 1, f"epochs must be >= 1, got {values['epochs']}"),
+              (values["patience"] is None or values["patience"] >= 1,
+               f"patience must be >= 0, got {values['patience']}"),
+              (values["hidden"] is None or values["hidden"] >= 1, f"hidden must be >= 1, got {values['hidden']}"),
+              (values["lr"] >= 0, f"lr must be >= 0, got {values['lr']}"),
+              (values["weight_decay"] >= 0, f"weight decay must be >= 0, got {values['weight_decay']}"),
+              (0 <= values["dropout"] < 1, f"dropout must be in [0, 1), got {values['dropout']}"),
+              (device in ("cpu", "cuda"), f"device must be cpu or cuda, got {device!r}")]
+    for ok, message in checks:
+        if not ok:
+            raise ConfigError(message)
+    return TrainConfig(model=model, dataset=dataset, runs=runs, seed=seed, device=device,
+                       root=None if root is None else str(root), **values)
