@@ -230,8 +230,9 @@ def test_table_indices_wrap_and_fail_like_torch(device):
         return W[e.data["t"]][:, 0, 0:1]
     assert_matches(lambda: run(ETYPE.to(device) - R), lambda: aggregate(
         torch.bmm(h[SRC].unsqueeze(1), W[ETYPE]).squeeze(1) * W[ETYPE][:, 0, 0:1]), [h, W])
-    with pytest.raises(IndexError):
-        run(ETYPE.to(device) + 1)
+    if torch.device(device).type == "cpu":   # on CUDA torch's own indexing is a device-side assert,
+        with pytest.raises(IndexError):       # which would poison the process's CUDA context
+            run(ETYPE.to(device) + 1)
 
 
 def test_bmm_over_typed_lookup_becomes_typed_matmul(device):
