@@ -316,6 +316,12 @@ def compare(ours: float | None, theirs: float | None, spec: str, unit: str) -> t
     return f"{ours:{spec}} / {theirs:{spec}} {unit}", "met" if ours <= theirs else "missed"
 
 
+def turbo_line(record: dict[str, Any]) -> str:
+    """What a run recorded about turbo-gnn: built from which sdist, or why not."""
+    source = f", built from `{Path(record['sdist']).name}`" if record.get("sdist") else ""
+    return f"{record.get('status', 'not recorded')}{source}"
+
+
 def render_markdown(results: dict[str, Any]) -> str:
     lines = ["# GATv2 attention aggregation, forward + backward: gnnfuse vs turbo-gnn vs torch", "",
              "Median ms of one forward+backward (output and gradients of x_l, x_r, att; CUDA events, "
@@ -326,10 +332,9 @@ def render_markdown(results: dict[str, Any]) -> str:
              f"Max rel err = max|a - b| / max|b| over the output and the three gradients, against "
              f"the method named (torch, or gnnfuse where torch failed); **FAIL** above {REL_ERR_LIMIT:g}.",
              "", *runs_markdown(results), ""]
-    turbo = results.get("turbo")
-    if turbo:
-        lines += [f"turbo-gnn: {turbo['status']}" + (f", from `{Path(turbo['sdist']).name}`"
-                                                    if turbo.get("sdist") else ""), ""]
+    lines += [f"- turbo-gnn in run `{rid}`: {turbo_line(env.get('turbo_gnn', {}))}"
+              for rid, env in sorted(results["runs"].items())]
+    lines.append("")
     head = ["graph", "heads × dim", *(f"{m} ms (GB)" for m in METHODS), "gnnfuse rel err", "turbo-gnn rel err"]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, shape in cell_rows(results):
@@ -412,7 +417,6 @@ def main(argv: list[str] | None = None) -> None:
     env = environment(device)
     env["turbo_gnn"] = turbo_record
     results["runs"][run_id] = env
-    results["turbo"] = turbo_record
     log(f"run {run_id} on {env['device_name']}; turbo-gnn: {turbo_record['status']}; results -> {args.out}")
     for name in args.datasets:
         problem = load_problem(name, args, device, results, run_id)

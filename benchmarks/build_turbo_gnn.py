@@ -22,12 +22,13 @@ import ast
 import glob
 import importlib
 import os
+import subprocess
 import sys
 import tarfile
 import time
 import types
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TURBO_DIR = REPO_ROOT / ".turbo"
@@ -144,18 +145,33 @@ def default_arch() -> str:
     return f"{major}.{minor}"
 
 
+def nvcc_version(cuda_home: Path) -> str:
+    """nvcc's ``release X.Y`` line, for the log: a build failure often comes down to it."""
+    try:
+        done = subprocess.run([str(cuda_home / "bin" / "nvcc"), "--version"], capture_output=True, text=True,
+                              timeout=30, check=True)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"nvcc at {cuda_home} (version unknown: {exc})"
+    release = [line for line in done.stdout.splitlines() if "release" in line]
+    return f"nvcc at {cuda_home} ({release[-1].strip() if release else 'version unknown'})"
+
+
 def build_extension(root: Path, build_dir: Path, arch: str | None = None, jobs: int | None = None,
-                    verbose: bool = False) -> types.ModuleType:
+                    verbose: bool = False, log: Callable[[str], None] = print) -> types.ModuleType:
     """Compile (or load from `build_dir`'s cache) the extension setup.py declares."""
+    import torch
     from torch.utils.cpp_extension import CUDA_HOME, load
     if not CUDA_HOME:
-        raise RuntimeError("no CUDA toolkit (nvcc) found: set CUDA_HOME; turbo-gnn must be compiled")
+        raise RuntimeError("no CUDA toolkit found (torch looks at $CUDA_HOME, nvcc on PATH, /usr/local/cuda); "
+                           "turbo-gnn must be compiled with nvcc")
     spec = extension_spec(root / "setup.py")
     libraries = list(spec.get("libraries", []))
     flags = spec.get("extra_compile_args", {})
     os.environ["TORCH_CUDA_ARCH_LIST"] = arch or os.environ.get("TORCH_CUDA_ARCH_LIST") or default_arch()
     os.environ["MAX_JOBS"] = str(jobs or os.environ.get("MAX_JOBS") or os.cpu_count() or 1)
     build_dir.mkdir(parents=True, exist_ok=True)
+    log(f"turbo-gnn: {nvcc_version(Path(CUDA_HOME))}, torch built with CUDA {torch.version.cuda}; "
+        f"building (or loading) {build_dir}")
     return load(name=EXTENSION_NAME, sources=[str(root / source) for source in spec["sources"]],
                 extra_cflags=list(flags.get("cxx", [])), extra_cuda_cflags=list(flags.get("nvcc", [])),
                 extra_include_paths=[str(d) for d in include_dirs(root, libraries)],
@@ -163,7 +179,7 @@ def build_extension(root: Path, build_dir: Path, arch: str | None = None, jobs: 
 
 
 def install(sdist: Path | None = None, arch: str | None = None, jobs: int | None = None,
-            verbose: bool = False, log=print) -> types.ModuleType:
+            verbose: bool = False, log: Callable[[str], None] = print) -> types.ModuleType:
     """Unpack, build (cached) and import turbo-gnn; returns the ``turbo_gnn`` package."""
     if "turbo_gnn" in sys.modules:
         return sys.modules["turbo_gnn"]
@@ -171,7 +187,7 @@ def install(sdist: Path | None = None, arch: str | None = None, jobs: int | None
     build_root = TURBO_DIR / "build"
     begin = time.perf_counter()
     root = unpack(sdist, build_root)
-    extension = build_extension(root, build_root / f"ext-{root.name}", arch, jobs, verbose)
+    extension = build_extension(root, build_root / f"ext-{root.name}", arch, jobs, verbose, log)
     log(f"turbo-gnn extension ready in {time.perf_counter() - begin:.0f} s "
         f"(TORCH_CUDA_ARCH_LIST={os.environ['TORCH_CUDA_ARCH_LIST']}, MAX_JOBS={os.environ['MAX_JOBS']})")
     return import_package(root, extension)
