@@ -1,0 +1,52 @@
+"""benchmarks/bench_attention.py's issue-13 target table, from canned results (no GPU)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+@pytest.fixture
+def bench_attention(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))     # the script imports its sibling `common`
+    import bench_attention
+    return bench_attention
+
+
+def _run(device_name):
+    return {"device_name": device_name, "torch": "2.11", "triton": "3.6", "torch_geometric": "2.8",
+            "git_commit": None, "git_dirty": None, "date": "2026-11-23"}
+
+
+def _cell(status="ok", ms=None, gb=None, run="gpu"):
+    return {"status": status, "median_ms": ms, "extra_peak_gb": gb, "run": run}
+
+
+def test_targets_compare_time_and_memory_per_cell_and_name_what_failed(bench_attention):
+    results = {
+        "runs": {"gpu": _run("H100"), "other": _run("A100")},
+        "graphs": {"arxiv-like": {}, "products-like": {}},
+        "cells": {
+            "arxiv-like/4x32/gnnfuse": _cell(ms=7.0, gb=0.5),        # faster, but more memory
+            "arxiv-like/4x32/turbo-gnn": _cell(ms=9.4, gb=0.35),
+            "arxiv-like/1x64/gnnfuse": _cell(ms=4.0, gb=0.1, run="other"),
+            "arxiv-like/1x64/turbo-gnn": _cell(ms=11.6, gb=0.18),
+            "products-like/4x32/gnnfuse": _cell("oom"),
+            "products-like/4x32/turbo-gnn": _cell(ms=272.0, gb=5.06),
+            "products-like/8x8/gnnfuse": _cell(ms=167.0, gb=3.0),
+            "products-like/8x8/turbo-gnn": _cell("error: RuntimeError: unsupported head dim D=8"),
+            "products-like/1x64/gnnfuse": _cell(ms=90.0, gb=2.0),
+            "products-like/1x64/turbo-gnn": _cell("oom"),
+            "products-like/1x64/torch": _cell("oom"),
+        },
+    }
+    rows = {(name, shape): rest for name, shape, *rest in bench_attention.target_rows(results)}
+    assert rows[("arxiv-like", "4x32")] == ["7.00 / 9.40 ms", "met", "0.50 / 0.35 GB", "missed"]
+    assert rows[("arxiv-like", "1x64")][1] == "n/a (measured on different devices)"
+    assert rows[("products-like", "4x32")][1::2] == ["missed (gnnfuse: oom)"] * 2
+    assert rows[("products-like", "8x8")][1] == "n/a (turbo-gnn: error: RuntimeError: unsupported head dim D=8)"
+    assert rows[("products-like", "1x64")][1::2] == ["met (turbo-gnn: oom)"] * 2
+    markdown = bench_attention.render_markdown(results)
+    assert "| products-like | 4 × 32 | – | missed (gnnfuse: oom) |" in markdown
