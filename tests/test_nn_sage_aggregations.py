@@ -47,6 +47,8 @@ FUSED = [
     ("std", lambda: "std", None),
     ("pyg-mean-module", lambda: pyg.MeanAggregation(), None),
     ("pyg-std-module", lambda: pyg.StdAggregation(), None),
+    ("pyg-multi-module", lambda: pyg.MultiAggregation(["sum", "min", "std"], mode="proj",
+                                                      mode_kwargs={"in_channels": F_IN, "out_channels": 2}), None),
 ]
 EAGER = [
     ("lstm", lambda: "lstm", None, "LSTMAggregation"),

@@ -189,13 +189,15 @@ def _fusable_pyg_module(module: nn.Module) -> str | None:
 
 def aggregate(layer: str, module: nn.Module, graph: Graph, messages: torch.Tensor) -> torch.Tensor:
     """``module``'s aggregation of the per-source ``messages`` into each destination of
-    ``graph``: the fused reductions in one compiled program, the others eagerly."""
-    slots = list(module.aggrs) if isinstance(module, MultiAggregation) else [module]
-    kinds = tuple(slot.kind for slot in slots if isinstance(slot, Reduction))
-    fused = _fused(graph, messages, kinds) if kinds else {}
-    outputs = [fused[slot.kind] if isinstance(slot, Reduction) else _eager(layer, slot, graph, messages)
-               for slot in slots]
-    return module.combine(outputs) if isinstance(module, MultiAggregation) else outputs[0]
+    ``graph``: the fused reductions in one compiled program, the others eagerly. A
+    multi-aggregation (ours, or PyG's passed as a module: the same ``aggrs``/``combine``)
+    fuses its reductions and combines as it defines."""
+    multi = type(module).__name__ == "MultiAggregation"
+    slots = list(module.aggrs) if multi else [module]
+    kinds = [slot.kind if isinstance(slot, Reduction) else _fusable_pyg_module(slot) for slot in slots]
+    fused = _fused(graph, messages, tuple(k for k in kinds if k)) if any(kinds) else {}
+    outputs = [fused[kind] if kind else _eager(layer, slot, graph, messages) for slot, kind in zip(slots, kinds)]
+    return module.combine(outputs) if multi else outputs[0]
 
 
 def _fused(graph: Graph, messages: torch.Tensor, kinds: tuple[str, ...]) -> dict[str, torch.Tensor]:
