@@ -3,9 +3,10 @@
 module -- against PyG 2.8 with PyG's state loaded (so parameter names and shapes are
 PyG's): outputs and the gradients of x and every parameter in float64.
 
-Sum, mean, max, min, var and std are fused (one compiled program for all of a list's;
-the tests make the eager path fail to prove it is not taken), on both backends. Other
-aggregations (lstm, MLPAggregation, a learnable softmax, median, semi-gradient std) run
+Sum, mean, max, min, var and std are fused (one compiled program for all of a list's),
+and so is softmax (fixed or learnt t); the tests make the eager path fail to prove it is
+not taken, on both backends. Other aggregations (lstm, MLPAggregation, median,
+semi-gradient std and softmax) run
 PyG's own module eagerly, with one warning per layer class and aggregation naming it;
 without PyG they are refused by name, while the fused ones need no PyG."""
 from __future__ import annotations
@@ -47,18 +48,20 @@ FUSED = [
     ("std", lambda: "std", None),
     ("pyg-mean-module", lambda: pyg.MeanAggregation(), None),
     ("pyg-std-module", lambda: pyg.StdAggregation(), None),
+    ("mean-and-learnt-softmax", lambda: ["mean", "softmax"], {"aggrs_kwargs": [{}, {"learn": True, "t": 0.5}]}),
+    ("softmax-per-channel", lambda: pyg.SoftmaxAggregation(learn=True, channels=F_IN), None),
+    ("softmax-fixed-t", lambda: pyg.SoftmaxAggregation(t=2.0), None),
     ("pyg-multi-module", lambda: pyg.MultiAggregation(["sum", "min", "std"], mode="proj",
                                                       mode_kwargs={"in_channels": F_IN, "out_channels": 2}), None),
 ]
 EAGER = [
     ("lstm", lambda: "lstm", None, "LSTMAggregation"),
     ("mlp", lambda: pyg.MLPAggregation(F_IN, F_IN, max_num_elements=3, num_layers=1), None, "MLPAggregation"),
-    ("mean-and-learnt-softmax", lambda: ["mean", "softmax"], {"aggrs_kwargs": [{}, {"learn": True, "t": 1.0}]},
-     "SoftmaxAggregation"),
+    ("semi-grad-softmax", lambda: pyg.SoftmaxAggregation(t=2.0, semi_grad=True), None, "SoftmaxAggregation"),
     ("median", lambda: "median", None, "MedianAggregation"),
     ("semi-grad-std", lambda: pyg.StdAggregation(semi_grad=True), None, "StdAggregation"),
 ]
-TRITON_FUSED = ("cat", "proj-moments")
+TRITON_FUSED = ("cat", "proj-moments", "softmax-per-channel")
 
 
 def layers(aggr, aggr_kwargs) -> tuple[torch.nn.Module, torch.nn.Module]:

@@ -3,12 +3,14 @@
 
 What gnnfuse can fuse -- sum, mean, max, min and the two moments behind var and std --
 runs as one compiled program over the graph, however many of them a list names: every
-reduction reads the same gathered rows, so one kernel produces them all. The rest of a
+reduction reads the same gathered rows, so one kernel produces them all. PyG's
+``SoftmaxAggregation`` (fixed or learnt temperature ``t``) is fused too, one program per
+such slot, reading its ``t`` (PyG's parameter, so the state loads) on every call. The rest of a
 list's combination (concatenation, PyG's ``proj``/``attn`` modes, dense reductions over
 the aggregations) is dense per-vertex work and runs in torch, with PyG's parameter names,
 so ``load_state_dict`` of a PyG layer's state works.
 
-Everything else (``'lstm'``, ``MLPAggregation``, a learnable ``'softmax'``, ``'median'``,
+Everything else (``'lstm'``, ``MLPAggregation``, ``'median'``, semi-gradient variants,
 ...) is not fused: it runs eagerly through PyG's own ``Aggregation`` module -- exactly the
 semantics the user asked for -- on the messages in edge order, with a warning once per
 layer class and aggregation. PyG is imported only then; without it such an aggregation is
@@ -43,7 +45,7 @@ _UNFUSED_REASONS = {
     "GRUAggregation": "it reads each vertex's neighbours as an ordered sequence (sorted dense batches) "
                       "through a GRU",
     "MLPAggregation": "it runs an MLP over each vertex's neighbours padded into one dense row",
-    "SoftmaxAggregation": "its softmax temperature is a parameter of the aggregation",
+    "SoftmaxAggregation": "semi_grad=True (no gradient through the softmax weights) is not fused",
     "PowerMeanAggregation": "its power is a parameter of the aggregation",
     "MedianAggregation": "it sorts each vertex's neighbours",
     "QuantileAggregation": "it sorts each vertex's neighbours",
@@ -195,9 +197,37 @@ def aggregate(layer: str, module: nn.Module, graph: Graph, messages: torch.Tenso
     multi = type(module).__name__ == "MultiAggregation"
     slots = list(module.aggrs) if multi else [module]
     kinds = [slot.kind if isinstance(slot, Reduction) else _fusable_pyg_module(slot) for slot in slots]
-    fused = _fused(graph, messages, tuple(k for k in kinds if k)) if any(kinds) else {}
-    outputs = [fused[kind] if kind else _eager(layer, slot, graph, messages) for slot, kind in zip(slots, kinds)]
+    moments = tuple(k for k in kinds if k is not None)
+    fused = _fused(graph, messages, moments) if moments else {}
+    outputs = [fused[kind] if kind is not None
+               else _softmax(graph, messages, slot) if _is_fusable_softmax(slot)
+               else _eager(layer, slot, graph, messages) for slot, kind in zip(slots, kinds)]
     return module.combine(outputs) if multi else outputs[0]
+
+
+def _is_fusable_softmax(module: nn.Module) -> bool:
+    """PyG's ``SoftmaxAggregation`` with full gradients (a learnt ``t``, or ``semi_grad`` off)."""
+    return (type(module).__name__ == "SoftmaxAggregation" and type(module).__module__.startswith("torch_geometric")
+            and (module.learn or not module.semi_grad))
+
+
+@frontend.vertex
+def _softmax_weighted_sum(v):
+    # Normalised per edge, as PyG does, so a vertex without in-edges sums nothing (0).
+    peak = max([u.scaled for u in v.innbs])
+    total = sum([torch.exp(u.scaled - peak) for u in v.innbs])
+    return sum([torch.exp(u.scaled - peak) / total * u.h for u in v.innbs])
+
+
+def _softmax(graph: Graph, messages: torch.Tensor, module: nn.Module) -> torch.Tensor:
+    """PyG's softmax aggregation, ``sum_u softmax_u(t * x_u) * x_u`` per feature channel
+    (PyG's ``t``: a number, or a learnt [channels] parameter, one per channel group). The
+    scaling runs in torch on the source rows, so ``t``'s gradient flows through it."""
+    t = module.t
+    if isinstance(t, torch.Tensor) and module.channels != 1:
+        t = t.view(-1, module.channels)
+    scaled = messages * t if isinstance(t, torch.Tensor) or t != 1 else messages
+    return _softmax_weighted_sum(graph, {"h": messages, "scaled": scaled})
 
 
 def _fused(graph: Graph, messages: torch.Tensor, kinds: tuple[str, ...]) -> dict[str, torch.Tensor]:

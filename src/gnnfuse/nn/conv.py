@@ -420,8 +420,8 @@ class SAGEConv(OneLineRepr, nn.Module):
 
     ``aggr`` takes what PyG's does (`aggregation`): a name, a list of names combined as
     ``aggr_kwargs`` says (PyG's ``MultiAggregation``), or an ``Aggregation`` module, held
-    in ``aggr_module`` as in PyG. Sum, mean, max, min, var and std are fused; others run
-    PyG's module eagerly, with a warning.
+    in ``aggr_module`` as in PyG. Sum, mean, max, min, var, std and softmax are fused;
+    others run PyG's module eagerly, with a warning.
     """
 
     def __init__(self, in_channels: int | tuple[int, int], out_channels: int, aggr: Any = "mean",
