@@ -33,6 +33,8 @@ from ..graph import Graph
 _FUSED_NAMES = {"sum": "sum", "add": "sum", "mean": "mean", "max": "max", "min": "min", "var": "var", "std": "std"}
 _PYG_CLASSES = {"sum": "SumAggregation", "mean": "MeanAggregation", "max": "MaxAggregation",
                 "min": "MinAggregation", "var": "VarAggregation", "std": "StdAggregation"}
+_KIND_OF_PYG_CLASS = {cls: kind for kind, cls in _PYG_CLASSES.items()}
+_FUSED_DESCRIPTION = f"gnnfuse fuses only {sorted(set(_FUSED_NAMES))} and PyG's SoftmaxAggregation"
 # The per-vertex reductions the compiled program computes for each kind.
 _MOMENTS = {"sum": ("sum",), "mean": ("mean",), "max": ("max",), "min": ("min",),
             "var": ("mean", "square_mean"), "std": ("mean", "square_mean")}
@@ -46,7 +48,6 @@ _UNFUSED_REASONS = {
                       "through a GRU",
     "MLPAggregation": "it runs an MLP over each vertex's neighbours padded into one dense row",
     "SoftmaxAggregation": "semi_grad=True (no gradient through the softmax weights) is not fused",
-    "PowerMeanAggregation": "its power is a parameter of the aggregation",
     "MedianAggregation": "it sorts each vertex's neighbours",
     "QuantileAggregation": "it sorts each vertex's neighbours",
 }
@@ -173,9 +174,8 @@ def resolve_aggregation(layer: str, aggr: Any, aggr_kwargs: dict | None = None) 
     try:
         from torch_geometric.nn.resolver import aggregation_resolver
     except ImportError as exc:
-        raise ImportError(f"{layer}(aggr={aggr!r}): gnnfuse fuses only {sorted(set(_FUSED_NAMES))}; other "
-                          "aggregations run PyG's own Aggregation module, so install torch_geometric "
-                          "(pip install torch_geometric)") from exc
+        raise ImportError(f"{layer}(aggr={aggr!r}): {_FUSED_DESCRIPTION}; other aggregations run PyG's own "
+                          "Aggregation module, so install torch_geometric (pip install torch_geometric)") from exc
     return aggregation_resolver(aggr, **aggr_kwargs)
 
 
@@ -184,7 +184,7 @@ def _fusable_pyg_module(module: nn.Module) -> str | None:
     (var/std only with their default full gradient), else None."""
     if type(module).__module__ != "torch_geometric.nn.aggr.basic":
         return None
-    kind = {cls: name for name, cls in _PYG_CLASSES.items()}.get(type(module).__name__)
+    kind = _KIND_OF_PYG_CLASS.get(type(module).__name__)
     semi_grad = getattr(getattr(module, "var_aggr", module), "semi_grad", False)
     return None if semi_grad else kind
 
@@ -279,7 +279,7 @@ def _eager(layer: str, module: nn.Module, graph: Graph, messages: torch.Tensor) 
     name = type(module).__name__
     if (layer, name) not in _WARNED:
         _WARNED.add((layer, name))
-        reason = _UNFUSED_REASONS.get(name, f"gnnfuse fuses only {sorted(set(_FUSED_NAMES))}")
+        reason = _UNFUSED_REASONS.get(name, _FUSED_DESCRIPTION)
         warnings.warn(f"{layer}: aggregation {module} runs eagerly through its module, not fused by gnnfuse: "
                       f"{reason}", stacklevel=4)
     return module(messages[graph.src], graph.dst, dim_size=graph.num_nodes)
