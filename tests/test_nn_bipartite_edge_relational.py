@@ -11,11 +11,12 @@ import types
 import pytest
 import torch
 import torch_geometric.nn as pyg
+from hypothesis import given, settings
 
 from gnnfuse import nn as gnn
 from layer_check import assert_same_values
 from oracle_check import device_for
-from test_nn_bipartite import EDGE_INDEX, NUM_DST, NUM_SRC
+from test_nn_bipartite import EDGE_INDEX, NUM_DST, NUM_SRC, bipartite_graphs
 
 EDGE_TYPE = torch.tensor([0, 1, 2, 0, 1, 1, 2, 0])
 RELATIONS, F_SRC, F_DST, F_OUT = 3, 5, 3, 4
@@ -163,3 +164,20 @@ def test_bipartite_rgcn_counts_are_checked():
         ours((x_src, x_dst, x_dst), EDGE_INDEX, EDGE_TYPE)
     with pytest.raises(ValueError, match="node ids .* out of range|num_src_nodes|source"):
         ours((x_src[:2], x_dst), EDGE_INDEX, EDGE_TYPE)
+
+
+@settings(max_examples=8, deadline=None, derandomize=True, database=None)
+@given(graph=bipartite_graphs())
+def test_bipartite_edge_conv_and_rgcn_match_pyg_on_random_bipartite_graphs(graph):
+    """Either vertex set empty, multi-edges, destinations without in-edges, relations
+    without edges: the same results as PyG's (mean R-GCN averages each relation apart)."""
+    edge_index, num_src, num_dst = graph
+    edge_type = torch.arange(edge_index.shape[1]) % RELATIONS
+    generator = torch.Generator().manual_seed(6)
+    x_src = torch.randn(num_src, F_SRC, dtype=torch.float64, generator=generator)
+    x_dst = torch.randn(num_dst, F_SRC, dtype=torch.float64, generator=generator)
+    torch.manual_seed(7)
+    compare(gnn.RGCNConv(F_SRC, F_OUT, RELATIONS).double(), pyg.RGCNConv(F_SRC, F_OUT, RELATIONS).double(),
+            (x_src, x_dst), lambda layer, xs: layer(tuple(xs), edge_index, edge_type))
+    compare(gnn.EdgeConv(edge_mlp(F_SRC), aggr="mean").double(), pyg.EdgeConv(edge_mlp(F_SRC), aggr="mean").double(),
+            (x_src, x_dst), lambda layer, xs: layer(tuple(xs), edge_index))
