@@ -96,6 +96,7 @@ RGCN_CASES = [
     ("featureless-src", dict(aggr="sum"), None, "index"),
     ("index-both", dict(), "index", "index"),
     ("bases-featureless", dict(num_bases=2, aggr="sum"), None, "index"),
+    ("no-root-index-both", dict(root_weight=False), "index", "index"),
 ]
 
 
@@ -162,6 +163,12 @@ def test_bipartite_rgcn_counts_are_checked():
         gnn.RGCNConv((F_SRC, F_DST), F_OUT, RELATIONS, num_blocks=2)
     with pytest.raises(ValueError, match="RGCNConv: bipartite input is a pair"):
         ours((x_src, x_dst, x_dst), EDGE_INDEX, EDGE_TYPE)
+    with pytest.raises(ValueError, match=r"RGCNConv: bipartite input needs x_dst"):
+        ours((x_src, None), EDGE_INDEX, EDGE_TYPE)
+    with pytest.raises(ValueError, match="x_src and x_dst must both be float features or both node indices"):
+        ours((x_src, torch.arange(NUM_DST)), EDGE_INDEX, EDGE_TYPE)     # PyG fails here (a float index)
+    with pytest.raises(ValueError, match="x_src and x_dst must both be float features or both node indices"):
+        ours((None, x_dst), EDGE_INDEX, EDGE_TYPE)
     with pytest.raises(ValueError, match="node ids .* out of range|num_src_nodes|source"):
         ours((x_src[:2], x_dst), EDGE_INDEX, EDGE_TYPE)
 

@@ -50,6 +50,10 @@ def _typed_adj_t(adj_t, edge_type: torch.Tensor | None, num_src: int, num_dst: i
     return torch.stack([col, row]), value
 
 
+def _is_float(x: object) -> bool:
+    return isinstance(x, torch.Tensor) and x.is_floating_point()
+
+
 def _glorot(weight: torch.Tensor) -> None:
     """PyG's ``glorot``: uniform in +-sqrt(6 / (fan_in + fan_out)) with the fans read from the
     last two dimensions, whatever the tensor's rank. (``xavier_uniform_`` multiplies the fans
@@ -132,6 +136,12 @@ class RGCNConv(nn.Module):
         if bipartite and len(x) != 2:
             raise ValueError(f"RGCNConv: bipartite input is a pair (x_src, x_dst), got {len(x)} entries")
         x_src, x_dst = x if bipartite else (x, None)
+        if bipartite and x_dst is None:
+            raise ValueError("RGCNConv: bipartite input needs x_dst (destination features or node indices: they "
+                             "give the destination count and feed root), as in PyG; got (x_src, None)")
+        if bipartite and _is_float(x_src) != _is_float(x_dst):
+            raise ValueError("RGCNConv: x_src and x_dst must both be float features or both node indices (x_src "
+                             "may be None); PyG reads the pair one way, chosen by x_dst")
         if x_src is None and isinstance(edge_index, Graph) and edge_index.num_src_nodes != self.in_channels_l:
             raise ValueError(f"RGCNConv(x=None) gives each of in_channels={self.in_channels_l} nodes its own "
                              f"embedding row, but the graph has {edge_index.num_src_nodes} source nodes")
@@ -152,7 +162,7 @@ class RGCNConv(nn.Module):
     def _input_features(self, x: torch.Tensor | None, width: int | None) -> torch.Tensor:
         """``x`` as [N, width] features: a float matrix as given; None or integer node
         indices (PyG's featureless input) as one-hot rows, so ``x @ W`` selects each node's
-        row. (``width`` None: a destination side without ``root``, whose rows only count.)"""
+        row. (``width`` None: destination node indices without ``root``, whose rows only count.)"""
         if x is not None and not isinstance(x, torch.Tensor):
             raise TypeError(f"RGCNConv: x must be a tensor, node indices or None, got {type(x).__name__}")
         if x is not None and x.is_floating_point():
