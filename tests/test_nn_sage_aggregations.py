@@ -169,6 +169,7 @@ def test_pyg_is_imported_only_inside_the_fallback():
      "'attn' needs several aggregations"),
     (["mean", "max"], {"aggrs_kwargs": [{}]}, ValueError, "aggrs_kwargs has 1 entries for 2 aggregations"),
     ([], {}, ValueError, r"aggr=\[\] names no aggregation"),
+    (["mean", ["max"]], {}, ValueError, "nests a list"),
     (3, {}, ValueError, "aggr must be a name, a list of names or an Aggregation module"),
 ])
 def test_bad_aggregation_arguments_are_named(aggr, kwargs, error, match):

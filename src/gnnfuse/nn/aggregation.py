@@ -5,10 +5,10 @@ What gnnfuse can fuse -- sum, mean, max, min and the two moments behind var and 
 runs as one compiled program over the graph, however many of them a list names: every
 reduction reads the same gathered rows, so one kernel produces them all. PyG's
 ``SoftmaxAggregation`` (fixed or learnt temperature ``t``) is fused too, one program per
-such slot, reading its ``t`` (PyG's parameter, so the state loads) on every call. The rest of a
-list's combination (concatenation, PyG's ``proj``/``attn`` modes, dense reductions over
-the aggregations) is dense per-vertex work and runs in torch, with PyG's parameter names,
-so ``load_state_dict`` of a PyG layer's state works.
+such slot, reading its ``t`` (PyG's parameter, so the state loads) on every call. The
+rest of a list's combination (concatenation, PyG's ``proj``/``attn`` modes, dense
+reductions over the aggregations) is dense per-vertex work and runs in torch, with PyG's
+parameter names, so ``load_state_dict`` of a PyG layer's state works.
 
 Everything else (``'lstm'``, ``MLPAggregation``, ``'median'``, semi-gradient variants,
 ...) is not fused: it runs eagerly through PyG's own ``Aggregation`` module -- exactly the
@@ -90,6 +90,8 @@ class MultiAggregation(nn.Module):
         super().__init__()
         if not aggrs:
             raise ValueError(f"{layer}: aggr=[] names no aggregation")
+        if any(isinstance(a, (list, tuple)) for a in aggrs):
+            raise ValueError(f"{layer}: aggr={aggrs!r} nests a list; PyG's aggregation lists are flat")
         aggrs_kwargs = aggrs_kwargs or [{}] * len(aggrs)
         if len(aggrs_kwargs) != len(aggrs):
             raise ValueError(f"{layer}: aggrs_kwargs has {len(aggrs_kwargs)} entries for {len(aggrs)} aggregations")
