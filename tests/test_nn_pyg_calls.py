@@ -170,7 +170,7 @@ def test_size_must_fit_a_single_feature_tensor(make):
         layer(x, edge_index, size=(N, N - 2))
 
 
-BIPARTITE_LAYERS = ("GATConv", "GATv2Conv", "GINConv", "GraphConv", "SAGEConv")
+BIPARTITE_LAYERS = ("EdgeConv", "GATConv", "GATv2Conv", "GINConv", "GraphConv", "RGCNConv", "SAGEConv")
 
 
 @pytest.mark.parametrize("name", [name for name in LAYER_NAMES if name not in BIPARTITE_LAYERS])

@@ -52,18 +52,6 @@ def test_sage_lazy_in_channels_matches_pyg():
         gnn.SAGEConv(-1, 3, project=True)
 
 
-@pytest.mark.parametrize("aggr, kwargs", [("lstm", {}), (["mean", "max"], {}), ("softmax", {}),
-                                          ("mean", {"aggr_kwargs": {"learn": True}})])
-def test_sage_aggregations_gnnfuse_lacks_are_named(aggr, kwargs):
-    with pytest.raises(NotImplementedError, match="SAGEConv\\(aggr"):
-        gnn.SAGEConv(F_IN, 3, aggr=aggr, **kwargs)
-
-
-def test_sage_aggregation_module_is_named():
-    with pytest.raises(NotImplementedError, match="SAGEConv\\(aggr=MLPAggregation"):
-        gnn.SAGEConv(F_IN, 3, aggr=pyg.MLPAggregation(F_IN, F_IN, max_num_elements=3, num_layers=1))
-
-
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_gcn_target_to_source_flow_matches_pyg(backend, monkeypatch):
     """``flow="target_to_source"`` sends along edge_index[1] -> edge_index[0]; setting the

@@ -236,6 +236,8 @@ class EdgeConv(OneLineRepr, nn.Module):
     with ``h_Theta = nn`` applied to every edge and aggregation ``aggr`` (max, mean, add).
     ``nn`` is traced inside the vertex function, so it may use what the tracer compiles
     (``nn.Linear``, elementwise activations, ``torch.cat``, ...); isolated vertices get 0.
+    Bipartite input (PyG's): ``forward((x_src, x_dst), edge_index)``, ``x_v`` then read
+    from ``x_dst`` and ``x_u`` from ``x_src`` (the same width, as ``nn`` takes both).
     """
 
     def __init__(self, nn: Callable, aggr: str = "max"):
@@ -252,22 +254,25 @@ class EdgeConv(OneLineRepr, nn.Module):
             if module is not self.nn and hasattr(module, "reset_parameters"):
                 module.reset_parameters()
 
-    def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor) -> torch.Tensor:
-        x = node_features(x, "EdgeConv")
-        graph = _as_graph(edge_index, x.shape[0])
+    def forward(self, x: torch.Tensor | tuple[torch.Tensor, torch.Tensor], edge_index: Graph | torch.Tensor
+                ) -> torch.Tensor:
+        x_src, x_dst, graph = _bipartite_inputs(x, edge_index, None, "EdgeConv")
+        if x_dst is None:
+            raise ValueError("EdgeConv: bipartite input needs x_dst (every message reads its destination's "
+                             "features), as in PyG; got (x_src, None)")
         h = self.nn
 
         def edge_max(v):
-            return max([h(torch.cat([v.x, u.x - v.x], -1)) for u in v.innbs])
+            return max([h(torch.cat([v.x_dst, u.x_src - v.x_dst], -1)) for u in v.innbs])
 
         def edge_sum(v):
-            return sum([h(torch.cat([v.x, u.x - v.x], -1)) for u in v.innbs])
+            return sum([h(torch.cat([v.x_dst, u.x_src - v.x_dst], -1)) for u in v.innbs])
 
         def edge_mean(v):
-            return sum([h(torch.cat([v.x, u.x - v.x], -1)) for u in v.innbs]) / len(v.innbs)
+            return sum([h(torch.cat([v.x_dst, u.x_src - v.x_dst], -1)) for u in v.innbs]) / len(v.innbs)
 
         fn = {"max": edge_max, "mean": edge_mean, "add": edge_sum, "sum": edge_sum}[self.aggr]
-        return _run_vertex(fn, graph, {"x": x})
+        return _run_vertex(fn, graph, {"x_src": x_src, "x_dst": x_dst})
 
 
 def _with_edges(graph: Graph, direction: str) -> torch.Tensor | None:

@@ -18,6 +18,7 @@ from torch import nn
 from .. import frontend
 from ..graph import Graph
 from ..graph.convert import check_bipartite_adj_t, declared_size
+from .aggregation import Reduction, aggregate, pyg_aggr_name, resolve_aggregation
 from .arguments import adjacency_weights, edge_weight_column, node_features, node_pair, over_feature_batches
 from .attention_weights import AttentionOutput, attention_weights, check_attention_request
 from .edge_features import FillValue, edge_inputs, edge_projection
@@ -309,21 +310,6 @@ def _along_flow(graph: Graph, flow: str) -> Graph:
     return graph if flow == "source_to_target" else graph.cached("reversed", Graph.reverse)
 
 
-def _check_aggregation(layer: str, aggr: object, aggr_kwargs: dict | None) -> None:
-    """Accept one of the aggregations the layers compile (`_AGGREGATORS`), naming what PyG
-    offers beyond them -- a list of aggregators, an ``Aggregation`` module, ``'lstm'``,
-    ``'softmax'``..., or ``aggr_kwargs`` to configure them -- instead of ignoring it."""
-    if aggr_kwargs:
-        raise NotImplementedError(f"{layer}(aggr_kwargs=...) is not supported by gnnfuse: its aggregations "
-                                  f"({sorted(_AGGREGATORS)}) take no arguments")
-    if isinstance(aggr, str) and aggr in _AGGREGATORS:
-        return
-    if isinstance(aggr, (str, list, tuple, nn.Module)):
-        raise NotImplementedError(f"{layer}(aggr={aggr!r}) is not supported by gnnfuse; aggr must be one of "
-                                  f"{sorted(_AGGREGATORS)}")
-    raise ValueError(f"aggr must be one of {sorted(_AGGREGATORS)}, got {aggr!r}")
-
-
 def _linear(in_channels: int, out_channels: int, bias: bool) -> nn.Module:
     """PyG's ``Linear``: ``in_channels <= 0`` (PyG writes -1) means lazy, the input width
     being read from the first call (``torch.nn.LazyLinear``)."""
@@ -431,26 +417,36 @@ class SAGEConv(OneLineRepr, nn.Module):
     kernel moves the narrower rows -- GraphTensor's combine-first order; max does not
     commute and always aggregates first. Bipartite input (PyG's): ``in_channels=(a, b)``
     and ``forward((x_src, x_dst), edge_index, size)``.
+
+    ``aggr`` takes what PyG's does (`aggregation`): a name, a list of names combined as
+    ``aggr_kwargs`` says (PyG's ``MultiAggregation``), or an ``Aggregation`` module, held
+    in ``aggr_module`` as in PyG. Sum, mean, max, min, var, std and softmax are fused;
+    others run PyG's module eagerly, with a warning.
     """
 
-    def __init__(self, in_channels: int | tuple[int, int], out_channels: int, aggr: str = "mean",
+    def __init__(self, in_channels: int | tuple[int, int], out_channels: int, aggr: Any = "mean",
                  normalize: bool = False, root_weight: bool = True, project: bool = False, bias: bool = True,
                  aggr_kwargs: dict | None = None):
         super().__init__()
-        _check_aggregation("SAGEConv", aggr, aggr_kwargs)
         in_src, in_dst = _channel_pair(in_channels)
+        if aggr == "lstm":      # PyG sizes the LSTM by the sources' width
+            aggr_kwargs = {"in_channels": in_src, "out_channels": in_src, **(aggr_kwargs or {})}
+        self.aggr_module = resolve_aggregation("SAGEConv", aggr, aggr_kwargs)
         if project and in_src <= 0:
             raise ValueError("'SAGEConv' does not support lazy initialization with `project=True`")
-        self.in_channels, self.out_channels, self.aggr = in_channels, out_channels, aggr
+        self.in_channels, self.out_channels, self.aggr = in_channels, out_channels, pyg_aggr_name(aggr)
         self.normalize, self.project = normalize, project
         self.lin = nn.Linear(in_src, in_src, bias=True) if project else None   # PyG: the sources' width
-        self.lin_l = _linear(in_src, out_channels, bias)
+        is_multi = type(self.aggr_module).__name__ == "MultiAggregation"    # ours, or PyG's passed as a module
+        self.lin_l = _linear(self.aggr_module.get_out_channels(in_src) if is_multi else in_src, out_channels, bias)
         self.lin_r = _linear(in_dst, out_channels, False) if root_weight else None
 
     def extra_repr(self) -> str:
         return f"{self.in_channels}, {self.out_channels}, aggr={self.aggr}"
 
     def reset_parameters(self) -> None:
+        if hasattr(self.aggr_module, "reset_parameters"):
+            self.aggr_module.reset_parameters()
         if self.lin is not None:
             self.lin.reset_parameters()
         self.lin_l.reset_parameters()
@@ -461,14 +457,16 @@ class SAGEConv(OneLineRepr, nn.Module):
     def forward(self, x: torch.Tensor | tuple[torch.Tensor, torch.Tensor | None], edge_index: Graph | torch.Tensor,
                 size: tuple[int, int] | None = None) -> torch.Tensor:
         x, x_dst, graph = _bipartite_inputs(x, edge_index, size, "SAGEConv")
-        aggregate = _AGGREGATORS[self.aggr]
         messages = F.relu(self.lin(x)) if self.project else x     # PyG projects the sources only
-        if self.aggr != "max" and self.out_channels < self.lin_l.in_features:
-            out = aggregate(graph, {"h": _transform_first(messages, self.lin_l.weight, graph, 1)})
+        kind = self.aggr_module.kind if isinstance(self.aggr_module, Reduction) else None
+        if kind in ("sum", "mean") and self.out_channels < self.lin_l.in_features:
+            out = _AGGREGATORS[kind](graph, {"h": _transform_first(messages, self.lin_l.weight, graph, 1)})
             if self.lin_l.bias is not None:
                 out = out + self.lin_l.bias
+        elif kind in _AGGREGATORS:
+            out = self.lin_l(_AGGREGATORS[kind](graph, {"h": messages}))
         else:
-            out = self.lin_l(aggregate(graph, {"h": messages}))
+            out = self.lin_l(aggregate("SAGEConv", self.aggr_module, graph, messages))
         out = out if self.lin_r is None or x_dst is None else out + self.lin_r(x_dst)
         return F.normalize(out, p=2.0, dim=-1) if self.normalize else out
 

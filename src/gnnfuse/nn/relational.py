@@ -8,6 +8,7 @@ from torch import nn
 
 from .. import frontend
 from ..graph import Graph
+from ..graph.convert import check_bipartite_adj_t, is_sparse_adjacency
 from .arguments import node_features
 
 
@@ -29,6 +30,28 @@ def _relation_mean_norm(graph: Graph, dtype: torch.dtype) -> torch.Tensor:
         count = torch.bincount(key, minlength=g.num_nodes * g.num_edge_types)
         return 1.0 / count[key].to(torch.float64)
     return graph.cached("nn_relation_mean_norm", build).to(dtype)
+
+
+def _typed_adj_t(adj_t, edge_type: torch.Tensor | None, num_src: int, num_dst: int
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(edge_index, edge_type)`` of PyG's typed ``adj_t``: a ``torch_sparse.SparseTensor``
+    of shape [destinations, sources] whose stored values are the edge types (PyG's only
+    sparse form for R-GCN; a torch sparse tensor has no such reading there, and is refused)."""
+    if isinstance(adj_t, torch.Tensor):
+        raise ValueError("RGCNConv: a torch sparse adj_t carries no edge types; pass edge_index and edge_type "
+                         "(or a torch_sparse.SparseTensor whose values are the edge types, as PyG takes)")
+    if edge_type is not None:
+        raise ValueError("RGCNConv: the SparseTensor adj_t holds the edge types as its values; edge_type was "
+                         "given too, pass the types one way")
+    row, col, value = adj_t.coo()
+    if value is None:
+        raise ValueError("RGCNConv: the SparseTensor adj_t has no values; PyG reads them as the edge types")
+    check_bipartite_adj_t(adj_t, num_dst, num_src)
+    return torch.stack([col, row]), value
+
+
+def _is_float(x: object) -> bool:
+    return isinstance(x, torch.Tensor) and x.is_floating_point()
 
 
 def _glorot(weight: torch.Tensor) -> None:
@@ -55,19 +78,22 @@ class RGCNConv(nn.Module):
     PyG: the input is then the one-hot rows of those indices (``x=None``: ``arange(in_channels)``),
     so every node has its own learnt embedding row in each relation matrix. That one-hot
     input is built dense, [N, in_channels]. ``is_sorted`` (a PyG speed hint) changes nothing here.
+
+    Bipartite input (PyG's): ``in_channels=(a, b)`` (relation matrices read sources of width
+    ``a``, ``root`` destinations of width ``b``) and ``forward((x_src, x_dst), edge_index,
+    edge_type)`` on a graph from ``x_src``'s rows to ``x_dst``'s; either side may be node
+    indices, and ``x_src`` None (``arange(a)``), as above.
     """
 
     def __init__(self, in_channels: int, out_channels: int, num_relations: int, num_bases: int | None = None,
                  num_blocks: int | None = None, aggr: str = "mean", root_weight: bool = True,
                  is_sorted: bool = False, bias: bool = True):
         super().__init__()
-        if not isinstance(in_channels, int):
-            raise NotImplementedError(f"RGCNConv: in_channels={in_channels!r} (a bipartite pair) is not supported "
-                                      "by gnnfuse; pass one int")
+        in_src, in_dst = (in_channels, in_channels) if isinstance(in_channels, int) else tuple(in_channels)
         if num_bases is not None and num_blocks is not None:
             raise ValueError("RGCNConv: num_bases and num_blocks cannot both be given (one decomposition at a time)")
-        if num_blocks is not None and (num_blocks < 1 or in_channels % num_blocks or out_channels % num_blocks):
-            raise ValueError(f"RGCNConv: num_blocks={num_blocks} must divide in_channels={in_channels} and "
+        if num_blocks is not None and (num_blocks < 1 or in_src % num_blocks or out_channels % num_blocks):
+            raise ValueError(f"RGCNConv: num_blocks={num_blocks} must divide in_channels={in_src} and "
                              f"out_channels={out_channels}")
         if aggr not in ("mean", "add", "sum"):
             raise ValueError(f"aggr must be 'mean', 'add' or 'sum', got {aggr!r}")
@@ -75,14 +101,14 @@ class RGCNConv(nn.Module):
             raise ValueError(f"num_relations and num_bases must be >= 1, got {num_relations} and {num_bases}")
         self.in_channels, self.out_channels = in_channels, out_channels
         self.num_relations, self.num_bases, self.num_blocks, self.aggr = num_relations, num_bases, num_blocks, aggr
-        self.is_sorted = is_sorted
+        self.is_sorted, self.in_channels_l = is_sorted, in_src     # PyG's name for the sources' width
         if num_blocks is not None:
-            shape = (num_relations, num_blocks, in_channels // num_blocks, out_channels // num_blocks)
+            shape = (num_relations, num_blocks, in_src // num_blocks, out_channels // num_blocks)
         else:
-            shape = (num_bases or num_relations, in_channels, out_channels)
+            shape = (num_bases or num_relations, in_src, out_channels)
         self.weight = nn.Parameter(torch.empty(shape))
         self.comp = nn.Parameter(torch.empty(num_relations, num_bases)) if num_bases is not None else None
-        self.root = nn.Parameter(torch.empty(in_channels, out_channels)) if root_weight else None
+        self.root = nn.Parameter(torch.empty(in_dst, out_channels)) if root_weight else None
         self.bias = nn.Parameter(torch.empty(out_channels)) if bias else None
         self.reset_parameters()
 
@@ -98,57 +124,80 @@ class RGCNConv(nn.Module):
         if self.num_blocks is not None:
             eye = torch.eye(self.num_blocks, dtype=self.weight.dtype, device=self.weight.device)
             return torch.einsum("rbio,bc->rbico", self.weight, eye).reshape(
-                self.num_relations, self.in_channels, self.out_channels)
+                self.num_relations, self.in_channels_l, self.out_channels)
         if self.comp is None:
             return self.weight
         return (self.comp @ self.weight.reshape(self.num_bases, -1)).reshape(
-            self.num_relations, self.in_channels, self.out_channels)
+            self.num_relations, self.in_channels_l, self.out_channels)
 
-    def forward(self, x: torch.Tensor | None, edge_index: Graph | torch.Tensor,
-                edge_type: torch.Tensor | None = None) -> torch.Tensor:
-        if x is None and isinstance(edge_index, Graph) and edge_index.num_nodes != self.in_channels:
-            raise ValueError(f"RGCNConv(x=None) gives each of in_channels={self.in_channels} nodes its own "
-                             f"embedding row, but the graph has {edge_index.num_nodes} nodes")
-        x = self._input_features(x)
-        graph = self._typed_graph(x, edge_index, edge_type)
+    def forward(self, x: torch.Tensor | None | tuple[torch.Tensor | None, torch.Tensor],
+                edge_index: Graph | torch.Tensor, edge_type: torch.Tensor | None = None) -> torch.Tensor:
+        bipartite = isinstance(x, (tuple, list))
+        if bipartite and len(x) != 2:
+            raise ValueError(f"RGCNConv: bipartite input is a pair (x_src, x_dst), got {len(x)} entries")
+        x_src, x_dst = x if bipartite else (x, None)
+        if bipartite and x_dst is None:
+            raise ValueError("RGCNConv: bipartite input needs x_dst (destination features or node indices: they "
+                             "give the destination count and feed root), as in PyG; got (x_src, None)")
+        if bipartite and _is_float(x_src) != _is_float(x_dst):
+            raise ValueError("RGCNConv: x_src and x_dst must both be float features or both node indices (x_src "
+                             "may be None); PyG reads the pair one way, chosen by x_dst")
+        if x_src is None and isinstance(edge_index, Graph) and edge_index.num_src_nodes != self.in_channels_l:
+            raise ValueError(f"RGCNConv(x=None) gives each of in_channels={self.in_channels_l} nodes its own "
+                             f"embedding row, but the graph has {edge_index.num_src_nodes} source nodes")
+        x_src = self._input_features(x_src, self.in_channels_l)
+        x_dst = self._input_features(x_dst, self.root.shape[0] if self.root is not None else None) \
+            if bipartite else x_src
+        graph = self._typed_graph(x_src, x_dst, edge_index, edge_type, bipartite)
         feeds = {"W": self.relation_weights()}
         if self.aggr == "mean":
-            out = _relational_mean(graph, {"h": x}, {"norm": _relation_mean_norm(graph, x.dtype)},
+            out = _relational_mean(graph, {"h": x_src}, {"norm": _relation_mean_norm(graph, x_src.dtype)},
                                    etype_feature=feeds)
         else:
-            out = _relational_sum(graph, {"h": x}, etype_feature=feeds)
+            out = _relational_sum(graph, {"h": x_src}, etype_feature=feeds)
         if self.root is not None:
-            out = out + x @ self.root
+            out = out + x_dst @ self.root
         return out if self.bias is None else out + self.bias
 
-    def _input_features(self, x: torch.Tensor | None) -> torch.Tensor:
-        """``x`` as [N, in_channels] features: a float matrix as given; None or integer node
-        indices (PyG's featureless input) as one-hot rows, so ``x @ W`` selects each node's row."""
+    def _input_features(self, x: torch.Tensor | None, width: int | None) -> torch.Tensor:
+        """``x`` as [N, width] features: a float matrix as given; None or integer node
+        indices (PyG's featureless input) as one-hot rows, so ``x @ W`` selects each node's
+        row. (``width`` None: destination node indices without ``root``, whose rows only count.)"""
         if x is not None and not isinstance(x, torch.Tensor):
-            return node_features(x, "RGCNConv")        # names a bipartite pair or a wrong type
+            raise TypeError(f"RGCNConv: x must be a tensor, node indices or None, got {type(x).__name__}")
         if x is not None and x.is_floating_point():
             return node_features(x, "RGCNConv")
         if self.num_blocks is not None:
             raise ValueError("RGCNConv: block-diagonal decomposition (num_blocks) needs float node features, "
                              "not node indices or x=None (as in PyG)")
         if x is None:
-            x = torch.arange(self.in_channels, device=self.weight.device)
+            x = torch.arange(width, device=self.weight.device)
         if x.dim() != 1:
             raise ValueError(f"RGCNConv: integer x must be a vector of node indices, got shape {list(x.shape)}")
-        return torch.nn.functional.one_hot(x, self.in_channels).to(self.weight.dtype)
+        if width is None:
+            return x.new_empty((x.shape[0], 0), dtype=self.weight.dtype)
+        return torch.nn.functional.one_hot(x, width).to(self.weight.dtype)
 
-    def _typed_graph(self, x: torch.Tensor, graph: Graph | torch.Tensor, edge_type: torch.Tensor | None) -> Graph:
+    def _typed_graph(self, x_src: torch.Tensor, x_dst: torch.Tensor, graph: Graph | torch.Tensor,
+                     edge_type: torch.Tensor | None, bipartite: bool) -> Graph:
+        num_src, num_dst = x_src.shape[0], x_dst.shape[0]
         if isinstance(graph, Graph):
             if edge_type is not None:
                 raise ValueError("pass edge_type inside the Graph (Graph(..., edge_type=...)) or with an "
                                  "edge_index, not both")
         else:
+            if is_sparse_adjacency(graph):
+                graph, edge_type = _typed_adj_t(graph, edge_type, num_src, num_dst)
             if edge_type is None:
                 raise ValueError("RGCNConv needs edge types: a Graph built with edge_type=..., or "
                                  "forward(x, edge_index, edge_type)")
-            graph = Graph(graph[0], graph[1], x.shape[0], edge_type=edge_type, num_edge_types=self.num_relations)
-        if graph.num_nodes != x.shape[0]:
-            raise ValueError(f"x has {x.shape[0]} rows but the graph has {graph.num_nodes} nodes")
+            graph = Graph(graph[0], graph[1], num_dst, edge_type=edge_type, num_edge_types=self.num_relations,
+                          num_src_nodes=num_src if bipartite else None)
+        if (graph.num_src_nodes, graph.num_nodes) != (num_src, num_dst):
+            if not (bipartite or graph.is_bipartite):
+                raise ValueError(f"x has {num_src} rows but the graph has {graph.num_nodes} nodes")
+            raise ValueError(f"x has {num_src} source and {num_dst} destination rows but the graph has "
+                             f"{graph.num_src_nodes} source and {graph.num_nodes} destination nodes")
         if graph.num_edge_types != self.num_relations:
             raise ValueError(f"the graph has {graph.num_edge_types} edge types but the layer was built for "
                              f"num_relations={self.num_relations}")
