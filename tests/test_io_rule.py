@@ -140,14 +140,23 @@ def test_report_gives_largest_edge_tensor_and_total_bytes():
 
 
 def test_exemption_covers_only_values_free_of_gathered_rows():
-    """GAT's lin_edge(edge_attr) is exempt (edge input times a parameter), and what
-    mixes it with gathered rows is not."""
+    """An edge input times a parameter (as lin_edge(edge_attr)) is exempt, and so is the
+    gradient returned for the edge input; a matmul of per-edge work on gathered rows is
+    not (it is what keeps EdgeConv on the known list)."""
+    w, w2 = torch.randn(EDGE_DIM, CHANNELS, requires_grad=True), torch.randn(CHANNELS, 2, requires_grad=True)
+
+    @gnnfuse.vertex
+    def layer(v):
+        return sum([torch.relu(e.a @ w + e.src.h) @ w2 for e in v.inedges])
+
     graph = _graph()
-    x = torch.randn(N, F_IN, requires_grad=True)
-    layer = gnn.GATConv(F_IN, CHANNELS, heads=HEADS, edge_dim=EDGE_DIM, add_self_loops=False)
-    report = gnnfuse.explain(layer, x, graph, _edge_attr(graph))
-    forward = report.programs[0].forward
-    exempt = [t for t in forward.edge_tensors if t.exempt]
-    assert exempt and all(t.value.op in ("matmul", "reshape") for t in exempt)
-    assert all(not t.exempt for t in forward.edge_tensors if t.width == HEADS and t.value.op == "sum_dim"
-               and t not in exempt or t.value.op not in ("matmul", "reshape"))
+    h = torch.randn(N, CHANNELS, requires_grad=True)
+    a = torch.randn(graph.num_edges, EDGE_DIM, requires_grad=True)
+    [program] = gnnfuse.explain(layer, graph, {"h": h}, {"a": a}).programs
+    [lin_edge] = [t for t in program.forward.edge_tensors if t.exempt]
+    assert lin_edge.value.op == "matmul" and lin_edge.value.inputs[0].attrs["key"] == "e.a"
+    wide = [t.value.op for t in program.forward.edge_tensors if not t.exempt]
+    assert "relu" in wide and "matmul" in wide        # relu(...) @ w2: per-edge work on gathered rows
+    returned = program.backward.program.outputs["grad:e.a"]
+    assert [t.exempt for t in program.backward.edge_tensors if t.value is returned] == [True]
+    assert all(not t.exempt for t in program.backward.edge_tensors if t.value is not returned)
