@@ -19,7 +19,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..ir import CompileError, Program, Residency, Value, get_op
-from ..passes.fusion import COORDINATE_MAPS
 
 
 @dataclass
@@ -57,12 +56,13 @@ class _Builder:
 
 
 def _recomputable(value: Value) -> bool:
-    """Per-edge, deterministic and elementwise (or a gather, or a coordinate map such as
-    a reshape or an expand): cheaper to redo in a fused kernel than to keep in memory."""
+    """Per-edge, deterministic and elementwise, or a gather, reshape or expand: cheaper to
+    redo in a fused kernel than to keep in memory. (Not a feature slice: redoing it
+    would save its wider input instead, where that input is not recomputable.)"""
     if value.op == "input" or not value.residency.is_edge_rowed:
         return False
     opdef = get_op(value.op)
-    return opdef.pure and (opdef.elementwise or value.op == "broadcast" or value.op in COORDINATE_MAPS)
+    return opdef.pure and (opdef.elementwise or value.op in ("broadcast", "reshape", "expand"))
 
 
 def build_backward(forward: Program, wrt: list[str] | tuple[str, ...]) -> BackwardProgram:

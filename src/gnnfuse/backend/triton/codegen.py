@@ -360,6 +360,9 @@ def generate_coo(unit: AggregateUnit, name: str, acc_dtype: str, tuned: bool = F
 
 
 SHARED_REDUCE_PROGRAMS = 1024   # programs of a shared-reduce kernel: a few per SM of an H100
+# Edges per step: the [BLOCK_E, BLOCK_F] accumulator lives in registers (at most 128 x 64
+# over 128 threads, 64 registers each), summed across edges once, at the end.
+SHARED_REDUCE_BLOCK_E = (32, 128)
 
 
 def generate_shared_reduce(unit: SharedReduceUnit, name: str, acc_dtype: str,
@@ -390,7 +393,7 @@ def generate_shared_reduce(unit: SharedReduceUnit, name: str, acc_dtype: str,
 import triton.language as tl
 
 
-{_decorator(tuned, {"BLOCK_E": (64, 256)}, "num_edges", reset=False)}
+{_decorator(tuned, {"BLOCK_E": SHARED_REDUCE_BLOCK_E}, "num_edges", reset=False)}
 def {name}(src, dst, num_edges, out, {leaf_params}BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
     # {unit.describe()}
     ACC: tl.constexpr = {acc_dtype}

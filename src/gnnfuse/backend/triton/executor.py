@@ -15,7 +15,7 @@ from ..forced_schedule import SCHEDULES, forced_schedule
 from ..reference import GraphContext
 from ..kernel_cache import load_kernel as _load_kernel
 from ..reference.executor import run_plan
-from .codegen import (SHARED_REDUCE_PROGRAMS, RowSum, generate, generate_coo, generate_edge, generate_shared_reduce,
+from .codegen import (SHARED_REDUCE_BLOCK_E, SHARED_REDUCE_PROGRAMS, RowSum, generate, generate_coo, generate_edge, generate_shared_reduce,
                       row_stride, row_sum_split)
 from .schedule import SEGMENT_EDGES, segments
 
@@ -159,7 +159,7 @@ def _run_shared_reduce_unit(unit: SharedReduceUnit, ctx: GraphContext, kernel, a
         return torch.zeros(root.shape, dtype=root.dtype, device=ctx.src.device)
     block_f = _feature_tile() or min(triton.next_power_of_2(width), 64)
     fixed = {} if _autotune() else {"BLOCK_E": 16}
-    smallest_block = fixed.get("BLOCK_E", 64)
+    smallest_block = fixed.get("BLOCK_E", min(SHARED_REDUCE_BLOCK_E))
     programs = min(SHARED_REDUCE_PROGRAMS, triton.cdiv(ctx.num_edges, smallest_block))
     partial_dtype = torch.float64 if acc == "tl.float64" else torch.float32
     partials = torch.empty((programs, width), dtype=partial_dtype, device=ctx.src.device)
