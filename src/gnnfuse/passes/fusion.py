@@ -179,7 +179,7 @@ def partition(program: Program, keep: Iterable[int] = ()) -> list[Unit | Value]:
             item: Unit | Value = grow(AggregateUnit(v))
         elif _edge_root(v):
             item = grow(EdgeUnit(v))
-        elif summed_operand(v) is not None and summed_operand(v).id not in keep:
+        elif (operand := summed_operand(v)) is not None and operand.id not in keep:
             item = grow(SharedReduceUnit(v))
         else:
             item = v

@@ -28,6 +28,9 @@ Byte model (an estimate of DRAM traffic, not a measurement; caches are ignored):
   see `prefers_coo`) is counted as an ungrouped unit: every leaf row it needs is
   gathered per edge, it reads both endpoint arrays, and it writes its output with one
   atomic read-modify-write per edge and output element.
+* A shared-reduce unit (per-edge work summed into a parameter shape) reads as an
+  ungrouped unit does and writes its one parameter-sized root (its per-program partial
+  rows, at most a thousand, are not counted).
 * Index entries have the graph's index dtype size.
 
 The report is generic over unit kinds: it uses only a unit's ``root``, ``body``,

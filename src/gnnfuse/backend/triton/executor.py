@@ -15,8 +15,8 @@ from ..forced_schedule import SCHEDULES, forced_schedule
 from ..reference import GraphContext
 from ..kernel_cache import load_kernel as _load_kernel
 from ..reference.executor import run_plan
-from .codegen import (SHARED_REDUCE_BLOCK_E, SHARED_REDUCE_PROGRAMS, RowSum, generate, generate_coo, generate_edge, generate_shared_reduce,
-                      row_stride, row_sum_split)
+from .codegen import (SHARED_REDUCE_BLOCK_E, SHARED_REDUCE_PROGRAMS, RowSum, generate, generate_coo, generate_edge,
+                      generate_shared_reduce, row_stride, row_sum_split)
 from .schedule import SEGMENT_EDGES, segments
 
 _PLANS: "weakref.WeakKeyDictionary[Program, dict]" = weakref.WeakKeyDictionary()
@@ -31,8 +31,9 @@ def _autotune() -> bool:
 def schedule_for(unit: Unit, num_nodes: int, num_edges: int) -> str:
     """How a unit runs on a graph of this size: ``csr`` (vertex-parallel, edge-sequential)
     or ``coo`` (edge-parallel with atomic adds; sum and mean only); edge units have one
-    schedule, ``edge``, and shared-reduce units one, ``shared``. ``GNNFUSE_SCHEDULE=csr|coo`` forces one for every unit; the
-    default ``auto`` applies `prefers_coo`; a per-call `forced_schedule` wins over both."""
+    schedule, ``edge``, and shared-reduce units one, ``shared``. ``GNNFUSE_SCHEDULE=csr|coo``
+    forces one for every unit; the default ``auto`` applies `prefers_coo`; a per-call
+    `forced_schedule` wins over both."""
     if isinstance(unit, SharedReduceUnit):
         return "shared"
     if not isinstance(unit, AggregateUnit):
