@@ -319,8 +319,8 @@ class ExplainReport:
         marks = "".join([", saved" if largest.saved else "", ", exempt from the IO rule"
                          if largest.exempt else ""])
         return (f"edge-rowed tensors written: {len(plan.edge_tensors)}, {_mb(plan.edge_tensor_bytes)} in all; "
-                f"largest {names[v.id]} {v.op} {v.residency.name}[{plan.num_edges:,}, "
-                f"{', '.join(map(str, v.shape))}] = {_mb(plan.edge_bytes(largest))}{marks}")
+                f"largest {names[v.id]} {v.op} {v.residency.name}{list((plan.num_edges,) + v.shape)} = "
+                f"{_mb(plan.edge_bytes(largest))}{marks}")
 
     # -- graphs ---------------------------------------------------------------------
     def _sections(self) -> list[tuple[str, str, Plan]]:
