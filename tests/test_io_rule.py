@@ -123,6 +123,23 @@ def test_no_wide_edge_tensor_from_gathered_rows(name):
     assert wide == [], f"{name} writes per-edge tensors wider than H={heads}: {wide}"
 
 
+SOFTMAX_LAYERS = ["GATv2Conv", "GATv2Conv-no-loops", "GATv2Conv-edge_dim", "GATv2Conv-share_weights", "DotGATConv",
+                  "GATConv", "example-gat_vertex", "example-gat_message"]
+
+
+@pytest.mark.parametrize("name", SOFTMAX_LAYERS)
+def test_softmax_keeps_only_per_vertex_statistics_for_the_backward(name):
+    """The forward saves no per-edge value for the backward: its softmax keeps the
+    per-(vertex, head) max and sum, and the backward recomputes the [E, H] scores from
+    the saved vertex rows (autodiff's recomputed feature sums)."""
+    heads, run = LAYERS[name]
+    torch.manual_seed(0)
+    [program] = gnnfuse.explain(run, torch.randn(N, F_IN, requires_grad=True), _graph()).programs
+    assert [t.value.op for t in program.forward.edge_tensors if t.saved] == []
+    saved = program.call.compiled.backward_for(program.call.wrt).saved
+    assert [v.op for v in saved if v.residency.is_edge_rowed and v.op != "input"] == []   # edge inputs: the user's
+
+
 def test_report_gives_largest_edge_tensor_and_total_bytes():
     graph = _graph()
     x = torch.randn(N, F_IN, requires_grad=True)
@@ -133,7 +150,7 @@ def test_report_gives_largest_edge_tensor_and_total_bytes():
         assert largest is not None and largest.width == HEADS   # the scores, one per edge and head
         assert plan.edge_bytes(largest) == graph.num_edges * HEADS * 4
         assert plan.edge_tensor_bytes == sum(graph.num_edges * t.width * 4 for t in plan.edge_tensors)
-    assert program.forward.largest_edge_tensor.saved
+    assert not program.forward.largest_edge_tensor.saved   # recomputed by the backward (see below)
     text = str(report)
     assert text.count("edge-rowed tensors written:") == 2
     assert f"EDGE[{graph.num_edges}, {HEADS}]" in text
