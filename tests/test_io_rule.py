@@ -17,6 +17,7 @@ from torch import nn
 
 import gnnfuse
 from gnnfuse import nn as gnn
+from gnnfuse.passes.fusion import MAX_EDGE_FEATURES
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 N, F_IN, EDGE_DIM, RELATIONS = 7, 6, 3, 3
@@ -159,8 +160,10 @@ def test_report_gives_largest_edge_tensor_and_total_bytes():
 def test_exemption_covers_only_values_free_of_gathered_rows():
     """An edge input times a parameter (as lin_edge(edge_attr)) is exempt, and so is the
     gradient returned for the edge input; a matmul of per-edge work on gathered rows is
-    not (it is what keeps EdgeConv on the known list)."""
-    w, w2 = torch.randn(EDGE_DIM, CHANNELS, requires_grad=True), torch.randn(CHANNELS, 2, requires_grad=True)
+    not (it is what keeps EdgeConv on the known list). The edge input is wider than
+    passes.fusion.MAX_EDGE_FEATURES, so its matmul is stored, not unrolled in a kernel."""
+    wide = MAX_EDGE_FEATURES + 1
+    w, w2 = torch.randn(wide, CHANNELS, requires_grad=True), torch.randn(CHANNELS, 2, requires_grad=True)
 
     @gnnfuse.vertex
     def layer(v):
@@ -168,7 +171,7 @@ def test_exemption_covers_only_values_free_of_gathered_rows():
 
     graph = _graph()
     h = torch.randn(N, CHANNELS, requires_grad=True)
-    a = torch.randn(graph.num_edges, EDGE_DIM, requires_grad=True)
+    a = torch.randn(graph.num_edges, wide, requires_grad=True)
     [program] = gnnfuse.explain(layer, graph, {"h": h}, {"a": a}).programs
     [lin_edge] = [t for t in program.forward.edge_tensors if t.exempt]
     assert lin_edge.value.op == "matmul" and lin_edge.value.inputs[0].attrs["key"] == "e.a"

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..ir import CompileError, Program, Residency, Value, get_op
-from ..passes.fusion import MAX_UNROLLED_FEATURE_SUM, feature_sum_terms
+from ..passes.fusion import MAX_UNROLLED_FEATURE_SUM, edge_feature_matmul, feature_sum_terms
 
 
 @dataclass
@@ -57,15 +57,17 @@ class _Builder:
 
 
 def _recomputable(value: Value) -> bool:
-    """Per-edge, deterministic and elementwise, or a gather, reshape or expand: cheaper to
-    redo in a fused kernel than to keep in memory. (Not a feature slice: redoing it
+    """Per-edge, deterministic and elementwise, or a gather, reshape, expand or a matmul
+    of edge features (passes.fusion.edge_feature_matmul): cheaper to redo in a fused
+    kernel than to keep in memory. (Not a feature slice: redoing it
     would save its wider input instead, where that input is not recomputable.)"""
     if value.op == "input" or not value.residency.is_edge_rowed:
         return False
     opdef = get_op(value.op)
     if not opdef.pure:
         return False
-    return opdef.elementwise or value.op in ("broadcast", "reshape", "expand") or _recomputable_sum(value, {})
+    return (opdef.elementwise or value.op in ("broadcast", "reshape", "expand") or edge_feature_matmul(value)
+            or _recomputable_sum(value, {}))
 
 
 def _recomputable_sum(value: Value, memo: dict[int, bool]) -> bool:

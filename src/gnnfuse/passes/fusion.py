@@ -106,7 +106,24 @@ def _fusible_body(v: Value) -> bool:
     opdef = get_op(v.op)
     if v.residency not in (Residency.SRC, Residency.DST, Residency.EDGE, Residency.NODE):
         return False
-    return opdef.pure and ((opdef.elementwise and opdef.emit is not None) or v.op in COORDINATE_MAPS)
+    return opdef.pure and ((opdef.elementwise and opdef.emit is not None) or v.op in COORDINATE_MAPS
+                           or edge_feature_matmul(v))
+
+
+MAX_EDGE_FEATURES = 16   # terms of the unrolled dot an edge-feature matmul costs per output element
+
+
+def edge_feature_matmul(v: Value) -> bool:
+    """``edge_attr @ W``: a per-edge input of at most ``MAX_EDGE_FEATURES`` features (the
+    user's edge features) times a parameter. A kernel evaluates it as an unrolled dot
+    where it is used, and the backward recomputes it, so its [E, out] result (GAT's
+    ``lin_edge(edge_attr)``, heads x channels wide) never reaches memory when it is
+    traced into the program."""
+    if v.op != "matmul":
+        return False
+    x, w = v.inputs
+    return (x.op == "input" and x.residency.is_edge_rowed and len(x.shape) == 1 and x.shape[0] <= MAX_EDGE_FEATURES
+            and w.residency is Residency.SHARED and len(w.shape) == 2)
 
 
 def feature_sum_terms(v: Value) -> int | None:

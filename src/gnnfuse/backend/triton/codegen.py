@@ -86,6 +86,10 @@ class _Emitter:
                                         for st, n in zip(_strides(src.shape), src.shape)), side)
         elif v.op == "expand":   # a size-1 (or missing leading) dim reads the input's one element
             out = self.value(v.inputs[0], _project(coords, v.shape, v.inputs[0].shape), side)
+        elif v.op == "matmul":   # an edge-feature matmul (passes.fusion.edge_feature_matmul), unrolled
+            x, w = v.inputs
+            out = self.tmp(" + ".join(f"{self.value(x, (str(k),), side)} * {self.value(w, (str(k), coords[-1]), side)}"
+                                      for k in range(x.shape[0])))
         elif v.op == "slice_features":   # output coordinate c reads input start + step * c
             out = self.value(v.inputs[0], tuple(
                 str(start) if c == "0" else c if (start, step) == (0, 1) else self.tmp(f"{start} + {step} * {c}")
