@@ -95,8 +95,9 @@ LAYERS: dict[str, tuple[int, Callable[[torch.Tensor, gnnfuse.Graph], torch.Tenso
 # Layers whose per-edge work is a matmul of gathered rows: the message is [E, F] x [F, C]
 # per edge (EdgeConv's MLP on (x_i, x_j - x_i); R-GCN's x_j @ W_r with W_r chosen by the
 # edge's relation), which the fused units cannot evaluate in registers (they hold
-# elementwise work only; an in-kernel tl.dot is not built yet). Strict: fixing one fails
-# here until it is taken off the list.
+# elementwise work and matmuls of the user's edge inputs, not matmuls of gathered rows:
+# an in-kernel tl.dot is not built yet). Strict: fixing one fails here until it is
+# taken off the list.
 MATMUL_ON_EDGES = {"EdgeConv", "RGCNConv", "RGCNConv-bases"}
 
 
