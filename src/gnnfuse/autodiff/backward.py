@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..ir import CompileError, Program, Residency, Value, get_op
+from ..passes.fusion import MAX_UNROLLED_FEATURE_SUM, edge_feature_matmul, feature_sum_terms
 
 
 @dataclass
@@ -56,12 +57,39 @@ class _Builder:
 
 
 def _recomputable(value: Value) -> bool:
-    """Per-edge, deterministic and elementwise (or a gather or reshape): cheaper to redo
-    in a fused kernel than to keep in memory."""
+    """Per-edge, deterministic and elementwise, or a gather, reshape, expand or a matmul
+    of edge features (passes.fusion.edge_feature_matmul): cheaper to redo in a fused
+    kernel than to keep in memory. (Not a feature slice: redoing it
+    would save its wider input instead, where that input is not recomputable.)"""
     if value.op == "input" or not value.residency.is_edge_rowed:
         return False
     opdef = get_op(value.op)
-    return opdef.pure and (opdef.elementwise or value.op in ("broadcast", "reshape"))
+    if not opdef.pure:
+        return False
+    return (opdef.elementwise or value.op in ("broadcast", "reshape", "expand") or edge_feature_matmul(value)
+            or _recomputable_sum(value, {}))
+
+
+def _recomputable_sum(value: Value, memo: dict[int, bool]) -> bool:
+    """A per-edge sum over feature dims (attention scores, ``(leaky_relu(x_i + x_j) *
+    att).sum(-1)``) of work that is itself recomputed: redone in the backward by one edge
+    kernel (an edge unit of at most ``MAX_UNROLLED_FEATURE_SUM`` terms per output), so
+    the forward keeps only per-vertex softmax statistics (max and sum), never the [E, H]
+    scores, alive until the backward. Not when the sum reads, at any depth, a per-edge
+    value that would be saved instead (a matmul on edges, a random mask): saving that
+    wider value would cost more than saving the sum."""
+    terms = feature_sum_terms(value)
+    return terms is not None and terms <= MAX_UNROLLED_FEATURE_SUM and all(
+        _rebuilt_from_rows(i, memo) for i in value.inputs)
+
+
+def _rebuilt_from_rows(value: Value, memo: dict[int, bool]) -> bool:
+    """Whether the backward can rebuild ``value`` without saving any per-edge value:
+    it is not per-edge, or a program input, or recomputable from such values."""
+    if value.id not in memo:
+        memo[value.id] = (not value.residency.is_edge_rowed or value.op == "input" or (
+            _recomputable(value) and all(_rebuilt_from_rows(i, memo) for i in value.inputs)))
+    return memo[value.id]
 
 
 def build_backward(forward: Program, wrt: list[str] | tuple[str, ...]) -> BackwardProgram:

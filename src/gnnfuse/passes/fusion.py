@@ -8,7 +8,10 @@ never reach memory; a cheap per-edge value that several units need is recomputed
 with no Triton emitter and at ops that are not elementwise (matmuls on edges, random
 masks): those stay torch ops and the unit reads their result. Per-edge values that must
 reach memory anyway (read by such an op, or returned) are computed by edge units:
-gathers and arithmetic fused into one pass that writes only the result.
+gathers and arithmetic fused into one pass that writes only the result. A sum of
+per-edge work into a parameter-shaped (SHARED) result -- the gradient of an attention
+vector or of any parameter used on edges -- is a shared-reduce unit: the per-edge values
+are reduced in registers and only the parameter-sized result is written.
 """
 from __future__ import annotations
 
@@ -19,7 +22,10 @@ from typing import Iterable
 from ..ir import Program, Residency, Value, get_op
 
 FUSIBLE_REDUCERS = ("sum", "mean", "max", "min")
-COORDINATE_MAPS = ("reshape", "slice_features")   # a kernel reads their input at remapped coordinates
+# A kernel reads their input at remapped coordinates: an ``expand`` (the gradient of a
+# feature sum spread back over the summed dims) is a broadcast in registers, never an
+# |E| x H x D tensor.
+COORDINATE_MAPS = ("reshape", "slice_features", "expand")
 
 
 @dataclass(eq=False)
@@ -56,7 +62,24 @@ class EdgeUnit:
                 f"{[v.op for v in self.body]} reading ({_reads(self.leaves)})")
 
 
-Unit = AggregateUnit | EdgeUnit
+@dataclass(eq=False)
+class SharedReduceUnit:
+    """Per-edge work summed over every edge into one SHARED (parameter-shaped) value: a
+    parameter's gradient where the parameter is used on edges (GAT's attention vector
+    ``att``: ``sum_to(g_e * leaky_relu(x_i + x_j))``; a weight applied to edge features,
+    ``matmul_tn(edge_attr, g_e)``; see `summed_operand`). The kernel evaluates the body in
+    registers and reduces its edges there, so the per-edge product, |E| x H x D
+    elements, never reaches memory; only one parameter-sized partial per program does."""
+    root: Value
+    body: list[Value] = field(default_factory=list)
+    leaves: list[Value] = field(default_factory=list)
+
+    def describe(self) -> str:
+        return (f"unit reduce[sum over edges -> {self.root.residency.name}{list(self.root.shape)}] fuses "
+                f"{[v.op for v in self.body]} reading ({_reads(self.leaves)})")
+
+
+Unit = AggregateUnit | EdgeUnit | SharedReduceUnit
 MAX_UNROLLED_FEATURE_SUM = 64   # an edge unit's closing feature sum is unrolled in the kernel
 
 
@@ -83,7 +106,24 @@ def _fusible_body(v: Value) -> bool:
     opdef = get_op(v.op)
     if v.residency not in (Residency.SRC, Residency.DST, Residency.EDGE, Residency.NODE):
         return False
-    return opdef.pure and ((opdef.elementwise and opdef.emit is not None) or v.op in COORDINATE_MAPS)
+    return opdef.pure and ((opdef.elementwise and opdef.emit is not None) or v.op in COORDINATE_MAPS
+                           or edge_feature_matmul(v))
+
+
+MAX_EDGE_FEATURES = 16   # terms of the unrolled dot an edge-feature matmul costs per output element
+
+
+def edge_feature_matmul(v: Value) -> bool:
+    """``edge_attr @ W``: a per-edge input of at most ``MAX_EDGE_FEATURES`` features (the
+    user's edge features) times a parameter. A kernel evaluates it as an unrolled dot
+    where it is used, and the backward recomputes it, so its [E, out] result (GAT's
+    ``lin_edge(edge_attr)``, heads x channels wide) never reaches memory when it is
+    traced into the program."""
+    if v.op != "matmul":
+        return False
+    x, w = v.inputs
+    return (x.op == "input" and x.residency.is_edge_rowed and len(x.shape) == 1 and x.shape[0] <= MAX_EDGE_FEATURES
+            and w.residency is Residency.SHARED and len(w.shape) == 2)
 
 
 def feature_sum_terms(v: Value) -> int | None:
@@ -93,6 +133,23 @@ def feature_sum_terms(v: Value) -> int | None:
         return None
     if v.op in ("sum_to", "sum_dim"):
         return math.prod(v.inputs[0].shape) // max(math.prod(v.shape), 1)
+    return None
+
+
+def summed_operand(v: Value) -> Value | None:
+    """The per-edge operand a shared-reduce unit evaluates in registers when ``v`` can be
+    its root, else None. Two roots: a row sum into a parameter shape (``sum_to``, the
+    gradient of a parameter used elementwise on edges) and the weight gradient of a
+    per-edge matmul, ``matmul_tn(x, g)`` = sum over edges of outer(x_e, g_e), with ``x``
+    an edge value read from memory (the user's edge features) and ``g`` per-edge work."""
+    if v.op == "sum_to" and v.residency is Residency.SHARED:
+        x = v.inputs[0]
+        terms = math.prod(x.shape) // max(math.prod(v.shape), 1)
+        return x if x.residency.is_edge_rowed and _fusible_body(x) and terms <= MAX_UNROLLED_FEATURE_SUM else None
+    if v.op == "matmul_tn":
+        x, g = v.inputs
+        one_row = all(i.residency.is_edge_rowed and len(i.shape) == 1 for i in (x, g))
+        return g if one_row and not _fusible_body(x) and _fusible_body(g) else None
     return None
 
 
@@ -139,6 +196,8 @@ def partition(program: Program, keep: Iterable[int] = ()) -> list[Unit | Value]:
             item: Unit | Value = grow(AggregateUnit(v))
         elif _edge_root(v):
             item = grow(EdgeUnit(v))
+        elif (operand := summed_operand(v)) is not None and operand.id not in keep:
+            item = grow(SharedReduceUnit(v))
         else:
             item = v
         chosen[v.id] = item
@@ -180,6 +239,6 @@ def gather_side(broadcast: Value, unit: Unit) -> str:
     """In a reduce unit, a fused broadcast along the unit's own index reads the row's
     vertex (``center``) and along the other endpoint gathers the ``neighbour``; an edge
     unit gathers by the edge's ``src`` or ``dst``."""
-    if isinstance(unit, EdgeUnit):
+    if not isinstance(unit, AggregateUnit):
         return broadcast.attrs["by"]
     return "center" if broadcast.attrs["by"] == unit.by else "neighbour"

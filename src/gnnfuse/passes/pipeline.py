@@ -7,11 +7,12 @@ from .dce import eliminate_dead_code
 from .fold import fold_constants
 from .pairwise import sort_hinge_pairs
 from .reorder import reorder_broadcasts
-from .softmax import decompose_edge_softmax
+from .softmax import decompose_edge_softmax, stop_softmax_shift_gradients
 
 
 def optimize(program: Program, keep_inputs: bool = False) -> Program:
     decompose_edge_softmax(program)
+    stop_softmax_shift_gradients(program)
     sort_hinge_pairs(program)
     fold_constants(program)
     reorder_broadcasts(program)

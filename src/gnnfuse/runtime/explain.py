@@ -28,10 +28,18 @@ Byte model (an estimate of DRAM traffic, not a measurement; caches are ignored):
   see `prefers_coo`) is counted as an ungrouped unit: every leaf row it needs is
   gathered per edge, it reads both endpoint arrays, and it writes its output with one
   atomic read-modify-write per edge and output element.
+* A shared-reduce unit (per-edge work summed into a parameter shape) reads as an
+  ungrouped unit does and writes its one parameter-sized root (its per-program partial
+  rows, at most a thousand, are not counted).
 * Index entries have the graph's index dtype size.
 
 The report is generic over unit kinds: it uses only a unit's ``root``, ``body``,
 ``leaves``, ``describe()`` and, if present, ``by``.
+
+Per plan it also lists the per-edge tensors the plan writes (`Plan.edge_tensors`: every
+edge-rowed value a step materializes, the forward's saved ones marked), the largest of
+them and their total bytes on the graph; values exempt from the IO rule (not computed
+from gathered vertex rows, see passes/io_rule.py) are marked so.
 """
 from __future__ import annotations
 
@@ -48,6 +56,7 @@ from ..graph import Graph
 from ..ir import Program, Residency, Value, get_op
 from ..ir.residency import Movement
 from ..passes.fusion import gathered_leaves, partition
+from ..passes.io_rule import EdgeTensor, backward_reads_gathered_rows, edge_tensors, reads_gathered_rows
 from .compiled import ProgramCall, record_calls
 
 
@@ -82,10 +91,26 @@ class Plan:
     phase: str                      # "forward" or "backward"
     program: Program
     steps: list[Step]
+    edge_tensors: list[EdgeTensor]  # per-edge values the steps write (passes/io_rule.py)
+    num_edges: int                  # E of the graph the byte counts are for
 
     @property
     def traffic(self) -> int:
         return sum(s.traffic.total for s in self.steps)
+
+    def edge_bytes(self, tensor: EdgeTensor) -> int:
+        """Bytes of one per-edge tensor on this graph."""
+        return self.num_edges * _row_bytes(tensor.value)
+
+    @property
+    def largest_edge_tensor(self) -> EdgeTensor | None:
+        """The widest per-edge tensor the plan writes (None if it writes none)."""
+        return max(self.edge_tensors, key=self.edge_bytes, default=None)
+
+    @property
+    def edge_tensor_bytes(self) -> int:
+        """Total bytes of the per-edge tensors the plan writes."""
+        return sum(self.edge_bytes(t) for t in self.edge_tensors)
 
 
 @dataclass
@@ -216,7 +241,8 @@ def _kernel_source(unit: Any, sizes: _Sizes) -> str:
     return kernel_source(unit, "tl.float64" if wide else "tl.float32", schedule)[1]
 
 
-def _plan(phase: str, program: Program, keep: list[int], sizes: _Sizes, source: bool) -> Plan:
+def _plan(phase: str, program: Program, keep: list[int], sizes: _Sizes, source: bool,
+          tainted: set[int]) -> Plan:
     names = _names(program)
     steps = []
     for item in partition(program, keep):
@@ -226,7 +252,8 @@ def _plan(phase: str, program: Program, keep: list[int], sizes: _Sizes, source: 
             step = _unit_step(item, sizes)
             step.source = _kernel_source(item, sizes) if source else None
             steps.append(step)
-    return Plan(phase, program, steps)
+    written = [v for step in steps for v in step.writes]
+    return Plan(phase, program, steps, edge_tensors(written, keep, tainted), sizes.num_edges)
 
 
 def _mb(n: int) -> str:
@@ -266,7 +293,7 @@ class ExplainReport:
         names = _names(plan.program)
         fused = sum(s.fused for s in plan.steps)
         lines = [f"--- {plan.phase} plan: {fused} fused unit(s), {len(plan.steps) - fused} torch op(s), "
-                 f"~{_mb(plan.traffic)} moved ---"]
+                 f"~{_mb(plan.traffic)} moved ---", self._edge_tensor_line(plan, names)]
         for k, step in enumerate(plan.steps, 1):
             lines.append(f"[{k}] {step.label}")
             if step.fused:
@@ -282,6 +309,18 @@ class ExplainReport:
             if step.source:
                 lines += ["    kernel:"] + [f"      {line}" for line in step.source.rstrip().splitlines()]
         return lines
+
+    @staticmethod
+    def _edge_tensor_line(plan: Plan, names: dict[int, str]) -> str:
+        largest = plan.largest_edge_tensor
+        if largest is None:
+            return "edge-rowed tensors written: none"
+        v = largest.value
+        marks = "".join([", saved" if largest.saved else "", ", exempt from the IO rule"
+                         if largest.exempt else ""])
+        return (f"edge-rowed tensors written: {len(plan.edge_tensors)}, {_mb(plan.edge_tensor_bytes)} in all; "
+                f"largest {names[v.id]} {v.op} {v.residency.name}{list((plan.num_edges,) + v.shape)} = "
+                f"{_mb(plan.edge_bytes(largest))}{marks}")
 
     # -- graphs ---------------------------------------------------------------------
     def _sections(self) -> list[tuple[str, str, Plan]]:
@@ -408,8 +447,11 @@ def explain(fn: Callable[..., Any], *args: Any, source: bool = False, **kwargs: 
         sizes = _Sizes(call.graph)
         backward = call.compiled.backward_for(call.wrt) if call.wrt else None
         keep = [v.id for v in backward.saved] if backward else []
+        program = call.compiled.program
+        tainted = reads_gathered_rows(program)
         with forcing(call.schedule):   # a schedule= the call forced is the one reported
-            forward = _plan("forward", call.compiled.program, keep, sizes, source)
-            back = _plan("backward", backward.program, [], sizes, source) if backward else None
+            forward = _plan("forward", program, keep, sizes, source, tainted)
+            back = _plan("backward", backward.program, [], sizes, source,
+                         backward_reads_gathered_rows(backward.program, program, tainted)) if backward else None
         reports[key] = ProgramReport(call, 1, forward, back)
     return ExplainReport(result, list(reports.values()), source)

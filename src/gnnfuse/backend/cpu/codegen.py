@@ -105,6 +105,12 @@ class _Emitter:
         elif v.op == "reshape":
             src = v.inputs[0]
             out = self.value(src, self.coords(src.shape, self.offset(v.shape, coords)), side)
+        elif v.op == "expand":   # size-1 dims read the input's one element (see the Triton emitter)
+            out = self.value(v.inputs[0], project(coords, v.shape, v.inputs[0].shape), side)
+        elif v.op == "matmul":   # an edge-feature matmul, unrolled (see the Triton emitter)
+            x, w = v.inputs
+            out = self.tmp(" + ".join(f"{self.value(x, (str(k),), side)} * {self.value(w, (str(k), coords[-1]), side)}"
+                                      for k in range(x.shape[0])))
         else:
             emit = get_op(v.op).emit
             if not isinstance(emit, str):

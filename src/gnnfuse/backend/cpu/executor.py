@@ -32,7 +32,7 @@ from typing import Iterable, Mapping
 import torch
 
 from ...ir import Program, get_op
-from ...passes.fusion import AggregateUnit, Unit, partition
+from ...passes.fusion import AggregateUnit, EdgeUnit, SharedReduceUnit, Unit, partition, summed_operand
 from ..reference import GraphContext
 from ..reference import execute as reference_execute
 from ..reference.executor import run_plan
@@ -50,6 +50,7 @@ _KERNEL_DTYPES = {torch.float32: "float32", torch.float64: "float64"}
 _READABLE = set(_KERNEL_DTYPES) | {torch.int32, torch.int64, torch.bool, torch.uint8, torch.int8}
 _PLANS: "weakref.WeakKeyDictionary[Program, dict]" = weakref.WeakKeyDictionary()
 _UNIT_KERNELS: "weakref.WeakKeyDictionary[Unit, dict]" = weakref.WeakKeyDictionary()
+_PER_EDGE: "weakref.WeakKeyDictionary[SharedReduceUnit, EdgeUnit]" = weakref.WeakKeyDictionary()
 _WARNED: set[str] = set()
 
 
@@ -99,7 +100,22 @@ def _run_reference(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor
     return env[unit.root.id]
 
 
+def _per_edge_part(unit: SharedReduceUnit) -> EdgeUnit:
+    """The edge unit computing the per-edge operand a shared-reduce unit sums, for the
+    CPU, which has no shared-reduce kernel: it runs the plan it ran before that unit
+    kind existed (an edge kernel, then the torch op), so neither slower nor different.
+    On a CPU the |E|-row intermediate lives in host memory, which the IO rule (a GPU
+    memory budget) does not count."""
+    per_edge = summed_operand(unit.root)
+    return _PER_EDGE.setdefault(unit, EdgeUnit(per_edge, [v for v in unit.body if v is not per_edge], unit.leaves))
+
+
 def run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> torch.Tensor:
+    if isinstance(unit, SharedReduceUnit):
+        root, part = unit.root, _per_edge_part(unit)
+        env = {**leaves, part.root.id: run_unit(part, ctx, leaves)}
+        return get_op(root.op).run(ctx, [env[i.id] for i in root.inputs], [i.residency for i in root.inputs],
+                                   root.attrs)
     tensors = list(leaves.values())
     root = unit.root
     if any(t.device.type != "cpu" for t in tensors) or ctx.src.device.type != "cpu":

@@ -1,7 +1,8 @@
 """Turn a fused unit into the source of one Triton kernel: an aggregate unit into a
 vertex-parallel CSR kernel (`generate`) or an edge-parallel COO one with atomic adds
 (`generate_coo`), an edge unit into an edge-parallel kernel that writes each edge's row
-(`generate_edge`).
+(`generate_edge`), a shared-reduce unit into an edge-parallel kernel that sums its
+edges into one parameter-shaped partial per program (`generate_shared_reduce`).
 
 CSR schedule (fuseGNN's GAR, Seastar's locality-centric execution): one program owns one
 segment of a group row's edges (the row is a destination vertex for forward reductions,
@@ -31,7 +32,8 @@ from typing import NamedTuple
 import triton
 
 from ...ir import Residency, Value, get_op
-from ...passes.fusion import AggregateUnit, EdgeUnit, Unit, feature_sum_terms, gather_side, leaf_kind
+from ...passes.fusion import (AggregateUnit, EdgeUnit, SharedReduceUnit, Unit, feature_sum_terms, gather_side,
+                              leaf_kind)
 from ..coords import project as _project, strides as _strides, summed_coords as _summed_coords
 
 _IDENTITY = {"sum": "0.0", "mean": "0.0", "max": "float('-inf')", "min": "float('inf')"}
@@ -82,6 +84,12 @@ class _Emitter:
             src = v.inputs[0]
             out = self.value(src, tuple(self.tmp(f"({flat} // {st}) % {n}") if n != 1 else "0"
                                         for st, n in zip(_strides(src.shape), src.shape)), side)
+        elif v.op == "expand":   # a size-1 (or missing leading) dim reads the input's one element
+            out = self.value(v.inputs[0], _project(coords, v.shape, v.inputs[0].shape), side)
+        elif v.op == "matmul":   # an edge-feature matmul (passes.fusion.edge_feature_matmul), unrolled
+            x, w = v.inputs
+            out = self.tmp(" + ".join(f"{self.value(x, (str(k),), side)} * {self.value(w, (str(k), coords[-1]), side)}"
+                                      for k in range(x.shape[0])))
         elif v.op == "slice_features":   # output coordinate c reads input start + step * c
             out = self.value(v.inputs[0], tuple(
                 str(start) if c == "0" else c if (start, step) == (0, 1) else self.tmp(f"{start} + {step} * {c}")
@@ -352,4 +360,60 @@ def generate_coo(unit: AggregateUnit, name: str, acc_dtype: str, tuned: bool = F
             f"                  mask=emask[:, None] & fmask[None, :])")
     source = _edge_parallel_source(name, f"{unit.describe()}, edge-parallel", acc_dtype, em, width, "degree, ",
                                    tail, tuned, reset=True)
+    return source, em.leaf_args
+
+
+SHARED_REDUCE_PROGRAMS = 1024   # programs of a shared-reduce kernel: a few per SM of an H100
+# Edges per step: the [BLOCK_E, BLOCK_F] accumulator lives in registers (at most 128 x 64
+# over 128 threads, 64 registers each), summed across edges once, at the end.
+SHARED_REDUCE_BLOCK_E = (32, 128)
+
+
+def generate_shared_reduce(unit: SharedReduceUnit, name: str, acc_dtype: str,
+                           tuned: bool = False) -> tuple[str, list[Value]]:
+    """Kernel source for a shared-reduce unit: a fixed number of programs (the launch's
+    first grid dim) stride over blocks of edges, evaluate the unit's per-edge
+    expression in registers, sum it over their edges and write one partial row each
+    into ``out[program, :]``; the executor adds the partials with one torch sum.
+
+    Why partials and not atomics: every program's result goes to the same few hundred
+    addresses, so atomic adds would serialize on them and make a parameter's gradient
+    change in its last bits from run to run; a fixed partial per program keeps the
+    result deterministic and the extra traffic to ``SHARED_REDUCE_PROGRAMS`` rows of
+    the parameter's width, whatever |E| is."""
+    root = unit.root
+    width = math.prod(root.shape)
+    em = _Emitter(unit)
+    coords = tuple("0" if n == 1 else em.tmp(f"(f // {st}) % {n}")
+                   for st, n in zip(_strides(root.shape), root.shape))
+    if root.op == "matmul_tn":   # out[k, j] adds x[e, k] * g[e, j] over edges e
+        x, g = root.inputs
+        terms = f"{em.value(x, coords[:1])} * {em.value(g, coords[1:])}"
+    else:
+        terms = " + ".join(em.value(root.inputs[0], c) for c in _summed_coords(root, coords))
+    body = "\n".join(f"        {line}" for line in em.lines)
+    leaf_params = "".join(f"L{n}, " for n in range(len(em.leaf_args)))
+    source = f'''import triton
+import triton.language as tl
+
+
+{_decorator(tuned, {"BLOCK_E": SHARED_REDUCE_BLOCK_E}, "num_edges", reset=False)}
+def {name}(src, dst, num_edges, out, {leaf_params}BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
+    # {unit.describe()}
+    ACC: tl.constexpr = {acc_dtype}
+    f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
+    fmask = f < {width}
+    fzero = f * 0
+    acc = tl.zeros([BLOCK_E, BLOCK_F], ACC)
+    for e0 in range(tl.program_id(0).to(tl.int64) * BLOCK_E, num_edges, tl.num_programs(0) * BLOCK_E):
+        e = e0 + tl.arange(0, BLOCK_E).to(tl.int64)
+        emask = e < num_edges
+        edge = e
+        src_id = tl.load(src + e, mask=emask, other=0).to(tl.int64)
+        dst_id = tl.load(dst + e, mask=emask, other=0).to(tl.int64)
+{body}
+        acc += tl.where(emask[:, None], {terms} + tl.zeros([BLOCK_E, BLOCK_F], ACC), 0.0)
+    partial = tl.sum(acc, axis=0)
+    tl.store(out + tl.program_id(0) * {width} + f, partial.to(out.dtype.element_ty), mask=fmask)
+'''
     return source, em.leaf_args

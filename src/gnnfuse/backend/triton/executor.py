@@ -10,12 +10,13 @@ import torch
 import triton
 
 from ...ir import Program, Value
-from ...passes.fusion import AggregateUnit, EdgeUnit, Unit, partition
+from ...passes.fusion import AggregateUnit, EdgeUnit, SharedReduceUnit, Unit, partition
 from ..forced_schedule import SCHEDULES, forced_schedule
 from ..reference import GraphContext
 from ..kernel_cache import load_kernel as _load_kernel
 from ..reference.executor import run_plan
-from .codegen import RowSum, generate, generate_coo, generate_edge, row_stride, row_sum_split
+from .codegen import (SHARED_REDUCE_BLOCK_E, SHARED_REDUCE_PROGRAMS, RowSum, generate, generate_coo, generate_edge,
+                      generate_shared_reduce, row_stride, row_sum_split)
 from .schedule import SEGMENT_EDGES, segments
 
 _PLANS: "weakref.WeakKeyDictionary[Program, dict]" = weakref.WeakKeyDictionary()
@@ -30,8 +31,11 @@ def _autotune() -> bool:
 def schedule_for(unit: Unit, num_nodes: int, num_edges: int) -> str:
     """How a unit runs on a graph of this size: ``csr`` (vertex-parallel, edge-sequential)
     or ``coo`` (edge-parallel with atomic adds; sum and mean only); edge units have one
-    schedule, ``edge``. ``GNNFUSE_SCHEDULE=csr|coo`` forces one for every unit; the
-    default ``auto`` applies `prefers_coo`; a per-call `forced_schedule` wins over both."""
+    schedule, ``edge``, and shared-reduce units one, ``shared``. ``GNNFUSE_SCHEDULE=csr|coo``
+    forces one for every unit; the default ``auto`` applies `prefers_coo`; a per-call
+    `forced_schedule` wins over both."""
+    if isinstance(unit, SharedReduceUnit):
+        return "shared"
     if not isinstance(unit, AggregateUnit):
         return "edge"
     call = forced_schedule()
@@ -58,7 +62,7 @@ def prefers_coo(average_degree: float, width: int) -> bool:
 
 
 _GENERATORS = {"csr": ("fused_aggregate", generate), "coo": ("fused_aggregate_coo", generate_coo),
-               "edge": ("fused_edge", generate_edge)}
+               "edge": ("fused_edge", generate_edge), "shared": ("fused_shared_reduce", generate_shared_reduce)}
 
 
 def kernel_source(unit: Unit, acc: str, schedule: str) -> tuple[str, str, list[Value]]:
@@ -93,6 +97,8 @@ def run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> 
     args = [_laid_out(leaves[v.id], v) for v in leaf_args]
     if schedule == "edge":
         return _run_edge_unit(unit, ctx, kernel, args, row_tile)
+    if schedule == "shared":
+        return _run_shared_reduce_unit(unit, ctx, kernel, args, acc)
     if schedule == "coo":
         return _run_coo_unit(unit, ctx, kernel, args)
     rowptr, col, eid = ctx.csr(unit.by)
@@ -142,6 +148,25 @@ def _run_edge_unit(unit: EdgeUnit, ctx: GraphContext, kernel, args: list[torch.T
     root = unit.root
     out = torch.empty((ctx.num_edges,) + root.shape, dtype=root.dtype, device=ctx.src.device)
     return _launch_over_edges(kernel, ctx, out, args, row_tile and row_tile.tile)
+
+
+def _run_shared_reduce_unit(unit: SharedReduceUnit, ctx: GraphContext, kernel, args: list[torch.Tensor],
+                            acc: str) -> torch.Tensor:
+    """One partial row per program (see `generate_shared_reduce`), summed in the
+    accumulator's precision and then cast to the parameter's dtype."""
+    root = unit.root
+    width = math.prod(root.shape)
+    if ctx.num_edges == 0 or width == 0:
+        return torch.zeros(root.shape, dtype=root.dtype, device=ctx.src.device)
+    block_f = _feature_tile() or min(triton.next_power_of_2(width), 64)
+    fixed = {} if _autotune() else {"BLOCK_E": 16}
+    smallest_block = fixed.get("BLOCK_E", min(SHARED_REDUCE_BLOCK_E))
+    programs = min(SHARED_REDUCE_PROGRAMS, triton.cdiv(ctx.num_edges, smallest_block))
+    partial_dtype = torch.float64 if acc == "tl.float64" else torch.float32
+    partials = torch.empty((programs, width), dtype=partial_dtype, device=ctx.src.device)
+    kernel[(programs, triton.cdiv(width, block_f))](ctx.src, ctx.dst, ctx.num_edges, partials, *args,
+                                                     BLOCK_F=block_f, **fixed)
+    return partials.sum(0).to(root.dtype).reshape(root.shape)
 
 
 def _launch_over_edges(kernel, ctx: GraphContext, out: torch.Tensor, args: list[torch.Tensor],

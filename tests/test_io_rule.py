@@ -1,0 +1,183 @@
+"""The IO rule (issue #13): no compiled forward or backward program of a gnnfuse.nn layer,
+a registered model or an example's layer writes a per-edge tensor of more than H
+elements per edge (H = heads for attention layers, 1 otherwise) that is computed from
+gathered vertex rows. Read from the plans `gnnfuse.explain` reports -- the partition the
+Triton backend runs -- so a change that brings back an |E| x H x D tensor fails here,
+not in a benchmark. Exempt (passes/io_rule.py): per-edge values computed from the
+user's edge inputs and parameters alone, such as GAT's lin_edge(edge_attr)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import torch
+from torch import nn
+
+import gnnfuse
+from gnnfuse import nn as gnn
+from gnnfuse.passes.fusion import MAX_EDGE_FEATURES
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+N, F_IN, EDGE_DIM, RELATIONS = 7, 6, 3, 3
+HEADS, CHANNELS = 4, 8      # attention layers: D = CHANNELS > H = HEADS, so a [E, H, D] tensor shows
+
+
+def _graph(typed: bool = False) -> gnnfuse.Graph:
+    src = torch.tensor([0, 1, 2, 3, 4, 5, 6, 0, 2, 4, 1])
+    dst = torch.tensor([1, 2, 3, 4, 5, 6, 0, 3, 5, 1, 1])
+    etype = torch.arange(len(src)) % RELATIONS if typed else None
+    return gnnfuse.Graph(src, dst, N, edge_type=etype, num_edge_types=RELATIONS if typed else None)
+
+
+def _mlp(width_in: int, width_out: int = 5) -> nn.Module:
+    return nn.Sequential(nn.Linear(width_in, width_out), nn.ReLU(), nn.Linear(width_out, width_out))
+
+
+def _edge_attr(graph: gnnfuse.Graph) -> torch.Tensor:
+    return torch.randn(graph.num_edges, EDGE_DIM)
+
+
+def _example(module: str, attr: str):
+    if str(EXAMPLES) not in sys.path:
+        sys.path.insert(0, str(EXAMPLES))
+    return getattr(__import__(module), attr)
+
+
+def _similarity_attention(x: torch.Tensor, graph: gnnfuse.Graph) -> torch.Tensor:
+    layer = _example("custom_attention", "SimilarityAttention")(F_IN, CHANNELS)
+    sim = torch.randn(graph.num_edges, 1)   # a user edge input, [E, 1]
+    return layer(x, graph, sim)
+
+
+# name -> (heads H, run(x, graph) -> output); every layer in gnnfuse.nn.__all__ appears
+LAYERS: dict[str, tuple[int, Callable[[torch.Tensor, gnnfuse.Graph], torch.Tensor]]] = {
+    "GCNConv": (1, lambda x, g: gnn.GCNConv(F_IN, CHANNELS)(x, g)),
+    "GATConv": (HEADS, lambda x, g: gnn.GATConv(F_IN, CHANNELS, heads=HEADS)(x, g)),
+    "GATConv-edge_dim": (HEADS, lambda x, g: gnn.GATConv(F_IN, CHANNELS, heads=HEADS, edge_dim=EDGE_DIM)(
+        x, g, _edge_attr(g))),
+    "GATConv-mean-heads-no-loops": (HEADS, lambda x, g: gnn.GATConv(
+        F_IN, CHANNELS, heads=HEADS, concat=False, add_self_loops=False)(x, g)),
+    "GATv2Conv": (HEADS, lambda x, g: gnn.GATv2Conv(F_IN, CHANNELS, heads=HEADS)(x, g)),
+    "GATv2Conv-no-loops": (HEADS, lambda x, g: gnn.GATv2Conv(F_IN, CHANNELS, heads=HEADS, add_self_loops=False)(x, g)),
+    "GATv2Conv-edge_dim": (HEADS, lambda x, g: gnn.GATv2Conv(F_IN, CHANNELS, heads=HEADS, edge_dim=EDGE_DIM)(
+        x, g, _edge_attr(g))),
+    "GATv2Conv-share_weights": (HEADS, lambda x, g: gnn.GATv2Conv(F_IN, CHANNELS, heads=HEADS,
+                                                                   share_weights=True)(x, g)),
+    "SAGEConv-mean": (1, lambda x, g: gnn.SAGEConv(F_IN, CHANNELS)(x, g)),
+    "SAGEConv-max": (1, lambda x, g: gnn.SAGEConv(F_IN, CHANNELS, aggr="max")(x, g)),
+    "SAGEConv-sum": (1, lambda x, g: gnn.SAGEConv(F_IN, CHANNELS, aggr="sum")(x, g)),
+    "GINConv": (1, lambda x, g: gnn.GINConv(_mlp(F_IN), train_eps=True)(x, g)),
+    "GraphConv": (1, lambda x, g: gnn.GraphConv(F_IN, CHANNELS)(x, g)),
+    "GraphConv-max": (1, lambda x, g: gnn.GraphConv(F_IN, CHANNELS, aggr="max")(x, g)),
+    "APPNP": (1, lambda x, g: gnn.APPNP(K=2, alpha=0.1)(x, g)),
+    "SGConv": (1, lambda x, g: gnn.SGConv(F_IN, CHANNELS, K=2)(x, g)),
+    "TAGConv": (1, lambda x, g: gnn.TAGConv(F_IN, CHANNELS, K=2)(x, g)),
+    "ChebConv": (1, lambda x, g: gnn.ChebConv(F_IN, CHANNELS, K=3)(x, g)),
+    "EdgeConv": (1, lambda x, g: gnn.EdgeConv(_mlp(2 * F_IN))(x, g)),
+    "RGCNConv": (1, lambda x, g: gnn.RGCNConv(F_IN, CHANNELS, RELATIONS)(x, g)),
+    "RGCNConv-bases": (1, lambda x, g: gnn.RGCNConv(F_IN, CHANNELS, RELATIONS, num_bases=2)(x, g)),
+    "CGATConv": (HEADS, lambda x, g: gnn.CGATConv(F_IN, CHANNELS, heads=HEADS)(x, g)),
+    "DotGATConv": (HEADS, lambda x, g: gnn.DotGATConv(F_IN, CHANNELS, heads=HEADS)(x, g)),
+    "MLPAggConv": (1, lambda x, g: gnn.MLPAggConv(F_IN, CHANNELS)(x, g)),
+    "NGCFConv": (1, lambda x, g: gnn.NGCFConv(F_IN, CHANNELS)(x, g)),
+    **{f"model-{name}": (8 if name == "gat" else 1,     # the registered GAT has 8 heads
+                         lambda x, g, name=name: gnn.build_model(name, F_IN, 3)(x, g))
+       for name in gnn.model_names()},
+    "example-gat_vertex": (HEADS, lambda x, g: _example("gat_vertex", "GATLayer")(F_IN, CHANNELS, HEADS)(x, g)),
+    "example-gat_message": (HEADS, lambda x, g: _example("gat_message", "MessageGATLayer")(F_IN, CHANNELS, HEADS)(
+        x, g)),
+    "example-custom_attention": (1, _similarity_attention),
+}
+
+
+# Layers whose per-edge work is a matmul of gathered rows: the message is [E, F] x [F, C]
+# per edge (EdgeConv's MLP on (x_i, x_j - x_i); R-GCN's x_j @ W_r with W_r chosen by the
+# edge's relation), which the fused units cannot evaluate in registers (they hold
+# elementwise work and matmuls of the user's edge inputs, not matmuls of gathered rows:
+# an in-kernel tl.dot is not built yet). Strict: fixing one fails here until it is
+# taken off the list.
+MATMUL_ON_EDGES = {"EdgeConv", "RGCNConv", "RGCNConv-bases"}
+
+
+def _plans(run, typed: bool):
+    graph = _graph(typed)
+    x = torch.randn(N, F_IN, requires_grad=True)
+    report = gnnfuse.explain(run, x, graph)
+    return [plan for program in report.programs for plan in (program.forward, program.backward) if plan]
+
+
+def test_every_layer_of_gnnfuse_nn_is_listed():
+    covered = {name.split("-")[0] for name in LAYERS}
+    public_layers = {n for n in gnn.__all__ if n[0].isupper() and n not in ("Hyperparameters", "ModelSpec", "GCN")}
+    assert public_layers <= covered
+
+
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.xfail(
+    strict=True, reason="per-edge matmul of gathered rows")) if name in MATMUL_ON_EDGES else name for name in LAYERS])
+def test_no_wide_edge_tensor_from_gathered_rows(name):
+    heads, run = LAYERS[name]
+    torch.manual_seed(0)
+    plans = _plans(run, typed=name.startswith("RGCN"))
+    wide = [f"{plan.phase}: {t.value.op} {t.value.residency.name}{list(t.value.shape)}"
+            for plan in plans for t in plan.edge_tensors if t.width > heads and not t.exempt]
+    assert wide == [], f"{name} writes per-edge tensors wider than H={heads}: {wide}"
+
+
+SOFTMAX_LAYERS = ["GATv2Conv", "GATv2Conv-no-loops", "GATv2Conv-edge_dim", "GATv2Conv-share_weights", "DotGATConv",
+                  "GATConv", "example-gat_vertex", "example-gat_message"]
+
+
+@pytest.mark.parametrize("name", SOFTMAX_LAYERS)
+def test_softmax_keeps_only_per_vertex_statistics_for_the_backward(name):
+    """The forward saves no per-edge value for the backward: its softmax keeps the
+    per-(vertex, head) max and sum, and the backward recomputes the [E, H] scores from
+    the saved vertex rows (autodiff's recomputed feature sums)."""
+    heads, run = LAYERS[name]
+    torch.manual_seed(0)
+    [program] = gnnfuse.explain(run, torch.randn(N, F_IN, requires_grad=True), _graph()).programs
+    assert [t.value.op for t in program.forward.edge_tensors if t.saved] == []
+    saved = program.call.compiled.backward_for(program.call.wrt).saved
+    assert [v.op for v in saved if v.residency.is_edge_rowed and v.op != "input"] == []   # edge inputs: the user's
+
+
+def test_report_gives_largest_edge_tensor_and_total_bytes():
+    graph = _graph()
+    x = torch.randn(N, F_IN, requires_grad=True)
+    report = gnnfuse.explain(gnn.GATv2Conv(F_IN, CHANNELS, heads=HEADS, add_self_loops=False), x, graph)
+    [program] = report.programs
+    for plan in (program.forward, program.backward):
+        largest = plan.largest_edge_tensor
+        assert largest is not None and largest.width == HEADS   # the scores, one per edge and head
+        assert plan.edge_bytes(largest) == graph.num_edges * HEADS * 4
+        assert plan.edge_tensor_bytes == sum(graph.num_edges * t.width * 4 for t in plan.edge_tensors)
+    assert not program.forward.largest_edge_tensor.saved   # recomputed by the backward (see below)
+    text = str(report)
+    assert text.count("edge-rowed tensors written:") == 2
+    assert f"EDGE[{graph.num_edges}, {HEADS}]" in text
+
+
+def test_exemption_covers_only_values_free_of_gathered_rows():
+    """An edge input times a parameter (as lin_edge(edge_attr)) is exempt, and so is the
+    gradient returned for the edge input; a matmul of per-edge work on gathered rows is
+    not (it is what keeps EdgeConv on the known list). The edge input is wider than
+    passes.fusion.MAX_EDGE_FEATURES, so its matmul is stored, not unrolled in a kernel."""
+    wide = MAX_EDGE_FEATURES + 1
+    w, w2 = torch.randn(wide, CHANNELS, requires_grad=True), torch.randn(CHANNELS, 2, requires_grad=True)
+
+    @gnnfuse.vertex
+    def layer(v):
+        return sum([torch.relu(e.a @ w + e.src.h) @ w2 for e in v.inedges])
+
+    graph = _graph()
+    h = torch.randn(N, CHANNELS, requires_grad=True)
+    a = torch.randn(graph.num_edges, wide, requires_grad=True)
+    [program] = gnnfuse.explain(layer, graph, {"h": h}, {"a": a}).programs
+    [lin_edge] = [t for t in program.forward.edge_tensors if t.exempt]
+    assert lin_edge.value.op == "matmul" and lin_edge.value.inputs[0].attrs["key"] == "e.a"
+    wide = [t.value.op for t in program.forward.edge_tensors if not t.exempt]
+    assert "relu" in wide and "matmul" in wide        # relu(...) @ w2: per-edge work on gathered rows
+    returned = program.backward.program.outputs["grad:e.a"]
+    assert [t.exempt for t in program.backward.edge_tensors if t.value is returned] == [True]
+    assert all(not t.exempt for t in program.backward.edge_tensors if t.value is not returned)
