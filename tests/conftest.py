@@ -48,3 +48,24 @@ def shared_data() -> Path:
     if not path.is_dir():
         pytest.skip(f"real data sets not found at {path} (the ../shared/data folder beside the repository)")
     return path
+
+
+
+@pytest.fixture
+def import_script():
+    """Import a module of a script folder (benchmarks/, examples/) whose scripts import
+    their siblings by bare name (``from common import ...``). Both folders have a
+    ``common``: whatever the import adds to ``sys.modules`` and ``sys.path`` is undone
+    after the test, so the next folder's scripts get their own siblings."""
+    saved_path, saved_modules = list(sys.path), dict(sys.modules)
+
+    def load(folder: Path, module: str):
+        sys.path.insert(0, str(folder))
+        for name in (module, "common"):
+            sys.modules.pop(name, None)
+        return __import__(module)
+    yield load
+    sys.path[:] = saved_path
+    for name in set(sys.modules) - set(saved_modules):
+        del sys.modules[name]
+    sys.modules.update({n: m for n, m in saved_modules.items() if n in ("common",)})

@@ -9,10 +9,8 @@ BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
 @pytest.fixture
-def bench_attention(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCHMARKS))     # the script imports its sibling `common`
-    import bench_attention
-    return bench_attention
+def bench_attention(import_script):
+    return import_script(BENCHMARKS, "bench_attention")
 
 
 def _run(device_name):

@@ -40,9 +40,20 @@ def _edge_attr(graph: gnnfuse.Graph) -> torch.Tensor:
 
 
 def _example(module: str, attr: str):
-    if str(EXAMPLES) not in sys.path:
+    """A class of an example script. The examples import their sibling ``common`` by bare
+    name, as benchmarks/ scripts import theirs: another test's ``common`` must not be the
+    one found, and the examples' must not stay behind for the next test."""
+    if module not in sys.modules:
+        other = sys.modules.pop("common", None)
         sys.path.insert(0, str(EXAMPLES))
-    return getattr(__import__(module), attr)
+        try:
+            __import__(module)
+        finally:
+            sys.path.remove(str(EXAMPLES))
+            sys.modules.pop("common", None)
+            if other is not None:
+                sys.modules["common"] = other
+    return getattr(sys.modules[module], attr)
 
 
 def _similarity_attention(x: torch.Tensor, graph: gnnfuse.Graph) -> torch.Tensor:
