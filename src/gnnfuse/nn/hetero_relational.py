@@ -22,6 +22,7 @@ from torch import nn
 
 from .. import frontend
 from ..graph import Graph
+from .arguments import node_features
 from .conv import _check_dropout, _neighbour_sum
 from .relational import RGCNConv, _glorot
 
@@ -149,7 +150,8 @@ class RGATConv(nn.Module):
                 return_attention_weights: bool | None = None) -> torch.Tensor:
         if size is not None or return_attention_weights is not None:
             raise NotImplementedError("RGATConv: size= and return_attention_weights= are not supported by gnnfuse")
-        if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dim() != 2:
+        x = node_features(x, "RGATConv")                 # names a bipartite pair or a wrong type
+        if not x.is_floating_point() or x.dim() != 2:
             raise TypeError("RGATConv: x must be a float [num_nodes, in_channels] tensor (gnnfuse does not take "
                             "PyG's node-index input here)")
         graph = typed_input_graph(x.shape[0], edge_index, edge_type, self.num_relations, "RGATConv")
