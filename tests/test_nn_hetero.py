@@ -15,6 +15,8 @@ from torch_geometric.data import HeteroData
 import gnnfuse
 from gnnfuse import nn as gnn
 from gnnfuse.graph.hetero import HeteroGraph
+from gnnfuse.graph import hetero_cache
+from gnnfuse.graph.hetero_cache import cached_hetero_graph
 
 f64 = torch.float64
 METADATA = (["a", "b", "c"], [("a", "r", "b"), ("b", "s", "a"), ("a", "t", "a"), ("b", "u", "b"), ("c", "w", "a")])
@@ -110,7 +112,7 @@ def test_hetero_graph_from_hetero_data_matches_the_dicts():
     assert torch.equal(hetero.graph.edge_type, direct.graph.edge_type)
 
 
-HETERO_MODULES = ("gnnfuse.graph.hetero", "gnnfuse.nn.hetero_conv", "gnnfuse.nn.hetero_relational",
+HETERO_MODULES = ("gnnfuse.graph.hetero", "gnnfuse.graph.hetero_cache", "gnnfuse.nn.hetero_conv", "gnnfuse.nn.hetero_relational",
                   "gnnfuse.nn.hetero_transformer")
 
 
@@ -135,6 +137,24 @@ def test_hetero_graph_errors(edges, counts, message):
 def test_hetero_graph_refuses_an_edge_type_outside_the_numbering():
     with pytest.raises(ValueError, match="not among the edge types"):
         HeteroGraph({("a", "r", "b"): torch.tensor([[0], [0]])}, {"a": 1, "b": 1}, edge_types=[("b", "s", "a")])
+
+
+def test_hetero_graph_is_reused_while_the_edge_tensors_are_unchanged():
+    x, edges = hetero_inputs(2)
+    counts = {t: v.shape[0] for t, v in x.items()}
+    make = lambda e: cached_hetero_graph(e, counts, node_types=list(counts), edge_types=METADATA[1])  # noqa: E731
+    first = make(edges)
+    assert make(dict(edges)) is first                        # a new dict of the same tensors (PyG's x_dict)
+    replaced = dict(edges)
+    key = ("a", "r", "b")
+    replaced[key] = edges[key].clone()                       # equal values, another tensor
+    assert make(replaced) is not first
+    edges[key][1, 0] = 3 - edges[key][1, 0]                  # edited in place: a new graph with the new edge
+    second = make(edges)
+    assert second is not first and second.graph.dst[0] == edges[key][1, 0] + second.offsets["b"]
+    entries = len(hetero_cache._ENTRIES)
+    del replaced                                             # frees the clone: its entry goes with it
+    assert len(hetero_cache._ENTRIES) == entries - 1
 
 
 # --- HGTConv --------------------------------------------------------------------------------
@@ -167,10 +187,12 @@ def test_hgt_takes_a_prebuilt_hetero_graph():
 
 
 def test_hgt_gradcheck():
+    """The inputs and the relation parameters the compiled attention reads (the per-type
+    linear maps are torch's own, compared with PyG above)."""
     layer = randomized(gnn.HGTConv(IN_CHANNELS, 4, METADATA, heads=2).double(), 4)
     x, edges = hetero_inputs(4)
-    names = [n for n, _ in layer.named_parameters()]
-    params = [p.detach().clone().requires_grad_() for p in layer.parameters()]
+    names = ["k_rel.weight", "v_rel.weight", "p_rel.a__r__b"]
+    params = [layer.get_parameter(n).detach().clone().requires_grad_() for n in names]
     xs = [x[t].clone().requires_grad_() for t in "abc"]
 
     def run(a, b, c, *values):
@@ -230,8 +252,8 @@ def test_rgat_gradcheck_within_relation():
     layer = randomized(gnn.RGATConv(3, 2, RELATIONS, attention_mechanism="within-relation",
                                     attention_mode="multiplicative-self-attention", dim=2).double(), 6)
     index, types = typed_edges(6, n=6, num_edges=14)
-    names = [n for n, _ in layer.named_parameters()]
-    params = [p.detach().clone().requires_grad_() for p in layer.parameters()]
+    names = ["weight", "q", "k"]             # the parameters the compiled attention reads
+    params = [layer.get_parameter(n).detach().clone().requires_grad_() for n in names]
     x = torch.randn(6, 3, dtype=f64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda x, *values: torch.func.functional_call(
         layer, dict(zip(names, values)), (x, index, types)), (x, *params), eps=1e-6, atol=1e-6)

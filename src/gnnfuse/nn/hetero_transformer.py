@@ -22,6 +22,7 @@ from torch import nn
 
 from .. import frontend
 from ..graph.hetero import EdgeType, HeteroGraph
+from ..graph.hetero_cache import cached_hetero_graph
 from .conv import _linear
 
 
@@ -69,9 +70,10 @@ def _key(edge_type: EdgeType) -> str:
 
 def hetero_graph_for(edge_index_dict: Any, x_dict: Mapping[str, torch.Tensor], edge_types: list[EdgeType],
                      layer: str) -> HeteroGraph:
-    """The `HeteroGraph` a hetero layer runs on: given, or built from ``edge_index_dict``
+    """The `HeteroGraph` a hetero layer runs on: given, or made from ``edge_index_dict``
     with the node types in ``x_dict``'s order and relations numbered as the layer's
-    metadata lists them (so relation r reads the layer's r-th weights)."""
+    metadata lists them (so relation r reads the layer's r-th weights) -- built once
+    for as long as the dict's tensors are unchanged (`cached_hetero_graph`)."""
     if isinstance(edge_index_dict, HeteroGraph):
         if edge_index_dict.edge_types != edge_types:
             raise ValueError(f"{layer}: the HeteroGraph numbers its edge types {edge_index_dict.edge_types}, but "
@@ -80,8 +82,8 @@ def hetero_graph_for(edge_index_dict: Any, x_dict: Mapping[str, torch.Tensor], e
     if not isinstance(edge_index_dict, Mapping):
         raise TypeError(f"{layer}: expected edge_index_dict {{(src, rel, dst): edge_index}} or a HeteroGraph, got "
                         f"{type(edge_index_dict).__name__}")
-    return HeteroGraph(edge_index_dict, {t: x.shape[0] for t, x in x_dict.items()},
-                       node_types=list(x_dict), edge_types=edge_types)
+    return cached_hetero_graph(edge_index_dict, {t: x.shape[0] for t, x in x_dict.items()},
+                               node_types=list(x_dict), edge_types=edge_types)
 
 
 class HGTConv(nn.Module):
