@@ -158,13 +158,13 @@ class RGATConv(nn.Module):
         edge_feature = self._edge_scores(graph, edge_attr)
         heads, dim, channels = self.heads, self.dim, self.out_channels
         additive = self.attention_mode == "additive-self-attention"
-        q, k, slope, p, training = self.q, self.k, self.negative_slope, self.dropout, self.training
+        slope, p, training = self.negative_slope, self.dropout, self.training
         with_edges = edge_feature is not None
 
         def rgat(v):
             def score(e):
-                query = (v.x_dst @ e.type.W) @ q
-                key = (e.src.x @ e.type.W) @ k
+                query = v.x_dst @ e.type.W_q
+                key = e.src.x @ e.type.W_k
                 if additive:
                     return F.leaky_relu(query + key + e.a if with_edges else query + key, slope)
                 return query * key * e.a if with_edges else query * key
@@ -176,7 +176,11 @@ class RGATConv(nn.Module):
             return sum([alpha[i].view(heads, dim, 1) * (e.src.x @ e.type.W).view(heads, 1, channels)
                         for i, e in enumerate(v.inedges)])
 
-        tables = {"etype_feature": {"W": self.relation_weights()}}
+        # PyG's (x W_r) q re-associated as x (W_r q): the score's query and key come from one
+        # relation-typed matmul each (computed per (vertex, relation) pair by the compact
+        # materialization pass) instead of a further [heads*C, heads*dim] product per edge.
+        weights = self.relation_weights()
+        tables = {"etype_feature": {"W": weights, "W_q": weights @ self.q, "W_k": weights @ self.k}}
         edges = None if edge_feature is None else {"a": edge_feature}
         if self.attention_mechanism == "across-relation":
             out = frontend.VertexFunction(rgat)(graph, {"x": x, "x_dst": x}, edges, **tables)
