@@ -83,3 +83,44 @@ def test_compact_transforms_match_the_oracle(num_src, backend, device):
     graph = typed_graph(device, num_src)
     assert_matches_oracle(lambda **kw: both_endpoints(graph, **kw), lambda **kw: oracle(graph, **kw),
                           inputs(graph, device))
+
+
+# --- a relation read from edge data: Graphiler's R-GCN message ----------------------------
+def graphiler_message(graph, relation, h_src, h_dst, w, v):
+    """``bmm(edges.src['h'].unsqueeze(1), W[edges.data['type']])`` (Graphiler's R-GCN), scaled
+    by the destination's row through another table indexed the same way."""
+    def message(edges):
+        rel = edges.data["type"]
+        m = torch.bmm(edges.src["h"].unsqueeze(1), w[rel]).squeeze(1)
+        scale = torch.bmm(edges.dst["g"].unsqueeze(1), v[rel]).squeeze(1).sum(-1, keepdim=True)
+        return {"m": m * scale}
+
+    def reduce(nodes):
+        return {"out": torch.sum(nodes.mailbox["m"], dim=1)}
+    return gnnfuse.message_passing(graph, message, reduce, ndata={"h": h_src, "g": h_dst},
+                                   edata={"type": relation})
+
+
+def test_relation_from_edge_data_runs_per_pair():
+    graph = typed_graph()
+    values = {k: t.requires_grad_() for k, t in inputs(graph, "cpu").items()}
+    report = gnnfuse.explain(lambda: graphiler_message(graph, graph.edge_type, **values)["out"].sum().backward())
+    (program,) = report.programs
+    forward = sorted((v.op, v.attrs.get("side")) for v in program.forward.program.values if "matmul" in v.op)
+    assert forward == [("compact_indexed_matmul", "dst"), ("compact_indexed_matmul", "src")]
+    backward = {v.op for v in program.backward.program.values if "matmul" in v.op}
+    assert backward == {"compact_indexed_matmul_t", "compact_indexed_matmul_tn"}
+
+
+def test_relation_from_edge_data_matches_the_oracle(backend, device):
+    """Negative relation ids count from the end, as torch's indexing does."""
+    graph = typed_graph(device)
+    relation = torch.where(graph.edge_type == 1, -2, graph.edge_type)        # -2 is relation 1 of 3
+    assert_matches_oracle(lambda **kw: graphiler_message(graph, relation, **kw),
+                          lambda **kw: oracle(graph, **kw), inputs(graph, device))
+
+
+def test_relation_from_edge_data_out_of_range_is_an_index_error():
+    graph = typed_graph()
+    with pytest.raises(IndexError, match="out of range for a table of 3 entries"):
+        graphiler_message(graph, graph.edge_type + 2, **inputs(graph, "cpu"))   # ids 2 and 3
