@@ -186,6 +186,16 @@ def test_hgt_takes_a_prebuilt_hetero_graph():
         layer(x, HeteroGraph(edges, {t: v.shape[0] for t, v in x.items()}))
 
 
+def test_hgt_ignores_features_of_node_types_outside_its_metadata():
+    torch.manual_seed(0)
+    pyg = randomized(pyg_nn.HGTConv(IN_CHANNELS, 6, METADATA, heads=2).double(), 5)
+    ours = gnn.HGTConv(IN_CHANNELS, 6, METADATA, heads=2).double()
+    ours.load_state_dict(pyg.state_dict())
+    x, edges = hetero_inputs(5)
+    x["z"] = torch.randn(2, 6, dtype=f64)
+    assert_same(ours, pyg, x, lambda layer, xs: layer(xs, edges))
+
+
 def test_hgt_gradcheck():
     """The inputs and the relation parameters the compiled attention reads (the per-type
     linear maps are torch's own, compared with PyG above)."""
@@ -269,6 +279,9 @@ def test_rgat_gradcheck_within_relation():
     (lambda: gnn.RGATConv(4, 2, 3), lambda layer, x, i, t: layer(x, i, t, return_attention_weights=True),
      NotImplementedError, "return_attention_weights"),
     (lambda: gnn.RGATConv(4, 2, 3), lambda layer, x, i, t: layer(x, i), ValueError, "needs edge types"),
+    (lambda: gnn.RGATConv(4, 2, 3), lambda layer, x, i, t: layer(x, i.t(), t), ValueError, r"shape \[2, E\]"),
+    (lambda: gnn.RGATConv(4, 2, 3), lambda layer, x, i, t: layer(x, torch.sparse_coo_tensor(
+        i, torch.ones(i.shape[1]), (8, 8)), t), NotImplementedError, "sparse adjacency"),
     (lambda: gnn.RGATConv(4, 2, 3), lambda layer, x, i, t: layer(x, i, t, torch.randn(22, 3)), ValueError,
      "no edge_dim"),
     (lambda: gnn.RGATConv(4, 2, 5), lambda layer, x, i, t: layer(x, gnnfuse.Graph(

@@ -22,6 +22,7 @@ from torch import nn
 
 from .. import frontend
 from ..graph import Graph
+from ..graph.convert import is_sparse_adjacency
 from .arguments import node_features
 from .conv import _check_dropout, _neighbour_sum
 from .relational import RGCNConv, _glorot
@@ -48,7 +49,10 @@ def typed_input_graph(rows: int, graph: Graph | torch.Tensor, edge_type: torch.T
         if edge_type is None:
             raise ValueError(f"{layer} needs edge types: a Graph built with edge_type=..., or "
                              "forward(x, edge_index, edge_type)")
-        graph = Graph(graph[0], graph[1], rows, edge_type=edge_type, num_edge_types=num_relations)
+        if is_sparse_adjacency(graph):
+            raise NotImplementedError(f"{layer}: a sparse adjacency (adj_t) is not supported by gnnfuse here; pass "
+                                      "edge_index and edge_type, or a typed Graph")
+        graph = Graph.from_edge_index(graph, rows, edge_type=edge_type, num_edge_types=num_relations)
     if graph.num_nodes != rows:
         raise ValueError(f"{layer}: x has {rows} rows but the graph has {graph.num_nodes} nodes")
     if graph.edge_type is None or graph.num_edge_types != num_relations:

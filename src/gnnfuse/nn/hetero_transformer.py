@@ -128,6 +128,7 @@ class HGTConv(nn.Module):
             nn.init.ones_(p)
 
     def forward(self, x_dict: Mapping[str, torch.Tensor], edge_index_dict: Any) -> dict[str, torch.Tensor]:
+        x_dict = {t: x for t, x in x_dict.items() if t in self.kqv_lin.lins}    # PyG skips unknown types
         hetero = hetero_graph_for(edge_index_dict, x_dict, self.edge_types, "HGTConv")
         heads, relations = self.heads, len(self.edge_types)
         dim = self.out_channels // heads
