@@ -92,10 +92,12 @@ class HGTConv(nn.Module):
     maths, so ``load_state_dict(pyg_layer.state_dict())`` copies a PyG layer.
 
     ``forward(x_dict, edge_index_dict)`` takes ``{node_type: x}`` and ``{(src, rel, dst):
-    edge_index}`` (or a `HeteroGraph` built once with ``edge_types=metadata[1]``, which
-    saves re-concatenating the indices every call) and returns ``{node_type: out}`` for
-    the node types some edge type of the metadata ends at. ``in_channels`` may be a dict
-    per node type, or -1 (lazy), as in PyG.
+    edge_index}`` (whose `HeteroGraph` is kept while its tensors are unchanged), or a
+    `HeteroGraph` built with ``edge_types=metadata[1]``, and returns ``{node_type: out}``
+    for the node types some edge type of the metadata ends at. ``in_channels`` may be a
+    dict per node type, or -1 (lazy), as in PyG. The relation matrices of all heads are
+    applied as one block-diagonal matrix per relation (`RelationHeadWeight.per_relation`),
+    once per (source vertex, relation) pair (passes/compact.py).
     """
 
     def __init__(self, in_channels: int | dict[str, int], out_channels: int, metadata: tuple[list, list],
@@ -131,15 +133,13 @@ class HGTConv(nn.Module):
         x_dict = {t: x for t, x in x_dict.items() if t in self.kqv_lin.lins}    # PyG skips unknown types
         hetero = hetero_graph_for(edge_index_dict, x_dict, self.edge_types, "HGTConv")
         heads, relations = self.heads, len(self.edge_types)
+        if not relations:                                  # no edge type: no node type has an output
+            return {}
         dim = self.out_channels // heads
-        kqv = self.kqv_lin(x_dict)
-        k, q, v = _split_kqv(hetero, kqv)
-        if relations:
-            p = torch.cat([self.p_rel[_key(t)] for t in self.edge_types]) / math.sqrt(dim)
-            w_k, w_v = self.k_rel.per_relation(heads, relations), self.v_rel.per_relation(heads, relations)
-            out = _attend(hetero, k, q.view(-1, heads, dim), v, w_k, w_v, p, heads, dim)
-        else:                                              # no relation: no vertex receives anything
-            out = k.new_zeros(k.shape[0], heads, dim)
+        k, q, v = _split_kqv(hetero, self.kqv_lin(x_dict))
+        p = torch.cat([self.p_rel[_key(t)] for t in self.edge_types]) / math.sqrt(dim)
+        w_k, w_v = self.k_rel.per_relation(heads, relations), self.v_rel.per_relation(heads, relations)
+        out = _attend(hetero, k, q.view(-1, heads, dim), v, w_k, w_v, p, heads, dim)
         out = hetero.split(out.reshape(-1, self.out_channels),
                            [t for t in hetero.node_types if t in self.dst_node_types])
         mapped = self.out_lin({t: F.gelu(o) for t, o in out.items()})
