@@ -112,8 +112,8 @@ def test_hetero_graph_from_hetero_data_matches_the_dicts():
     assert torch.equal(hetero.graph.edge_type, direct.graph.edge_type)
 
 
-HETERO_MODULES = ("gnnfuse.graph.hetero", "gnnfuse.graph.hetero_cache", "gnnfuse.nn.hetero_conv", "gnnfuse.nn.hetero_relational",
-                  "gnnfuse.nn.hetero_transformer")
+HETERO_MODULES = ("gnnfuse.graph.hetero", "gnnfuse.graph.hetero_cache", "gnnfuse.nn.hetero_conv",
+                  "gnnfuse.nn.hetero_relational", "gnnfuse.nn.hetero_transformer")
 
 
 @pytest.mark.parametrize("module", HETERO_MODULES)
@@ -218,7 +218,8 @@ RELATIONS = 3
 def typed_edges(seed: int, n: int = 8, num_edges: int = 22, device: str = "cpu"):
     """Edges with self loops, multi-edges, a vertex without in-edges and a relation no edge has."""
     g = torch.Generator().manual_seed(seed)
-    index = torch.stack([torch.randint(0, n, (num_edges,), generator=g), torch.randint(0, n - 1, (num_edges,), generator=g)])
+    index = torch.stack([torch.randint(0, n, (num_edges,), generator=g),
+                         torch.randint(0, n - 1, (num_edges,), generator=g)])
     return index.to(device), torch.randint(0, RELATIONS - 1, (num_edges,), generator=g).to(device)
 
 
