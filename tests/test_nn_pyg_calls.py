@@ -171,9 +171,12 @@ def test_size_must_fit_a_single_feature_tensor(make):
 
 
 BIPARTITE_LAYERS = ("EdgeConv", "GATConv", "GATv2Conv", "GINConv", "GraphConv", "RGCNConv", "SAGEConv")
+# Layers taking per-type dicts, and FastRGCNConv, whose inputs are RGCNConv's (checked there).
+NOT_SINGLE_TABLE_LAYERS = ("FastRGCNConv", "HGTConv", "HeteroConv")
 
 
-@pytest.mark.parametrize("name", [name for name in LAYER_NAMES if name not in BIPARTITE_LAYERS])
+@pytest.mark.parametrize("name", [name for name in LAYER_NAMES
+                                  if name not in BIPARTITE_LAYERS + NOT_SINGLE_TABLE_LAYERS])
 def test_bipartite_feature_pairs_are_refused_by_name(name):
     """``layer((x_src, x_dst), edge_index)``, PyG's bipartite form, raised "'tuple' object
     has no attribute 'shape'"; now it says what is unsupported."""
@@ -182,10 +185,11 @@ def test_bipartite_feature_pairs_are_refused_by_name(name):
              "APPNP": lambda: gnn.APPNP(2, 0.1),
              "ChebConv": lambda: gnn.ChebConv(F_IN, 3, K=2),
              "RGCNConv": lambda: gnn.RGCNConv(F_IN, 3, num_relations=2),
+             "RGATConv": lambda: gnn.RGATConv(F_IN, 3, num_relations=2),
              }.get(name, lambda: getattr(gnn, name)(F_IN, 3))()
     edge_index, _ = weighted_graph()
     x = torch.randn(N, F_IN)
-    extra = (torch.zeros(edge_index.shape[1], dtype=torch.long),) if name == "RGCNConv" else ()
+    extra = (torch.zeros(edge_index.shape[1], dtype=torch.long),) if name in ("RGCNConv", "RGATConv") else ()
     with pytest.raises(NotImplementedError, match=rf"{name}: bipartite input .*issue #12"):
         layer((x, x), edge_index, *extra)
 

@@ -57,6 +57,11 @@ def node_sides(program: Program, seeds: dict[int, str] | None = None) -> dict[in
         if v.op in ("reduce", "degree") and by in SIDES:
             mark(v.id, by)
             continue
+        if v.attrs.get("side") in SIDES:   # ops reading or writing one endpoint's table (ir/ops/compact.py)
+            for i in v.inputs + (v,):
+                if i.residency is Residency.NODE:
+                    mark(i.id, v.attrs["side"])
+            continue
         if v.residency is Residency.NODE and v.op != "broadcast":
             nodes.append(v.id)
         for i in nodes[1:]:

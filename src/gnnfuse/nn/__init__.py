@@ -1,7 +1,8 @@
 """Neural-network layers with PyG's names and parameter layout (`conv`: GCN, GraphSAGE,
 GAT; `propagation`: GIN, GraphConv, APPNP, SGC, TAG, Chebyshev; `attention`: GATv2,
 constrained GAT, dot-product GAT, EdgeConv, MLP aggregation, NGCF; `relational`:
-R-GCN; `edge_features` and `attention_weights`: GAT/GATv2's PyG ``edge_attr`` and
+R-GCN; `hetero_relational`: RGAT, FastRGCN; `hetero_transformer`: HGT; `hetero_conv`: PyG's
+HeteroConv wrapper; `edge_features` and `attention_weights`: GAT/GATv2's PyG ``edge_attr`` and
 ``return_attention_weights``; `pyg_repr`: PyG's printed form), plain-PyTorch
 baselines (`reference`) that the compiled layers are measured against, and a registry of
 standard node-classification models built from them (`models`)."""
@@ -9,11 +10,14 @@ from .attention import CGATConv, DotGATConv, EdgeConv, GATv2Conv, MLPAggConv, NG
 from .conv import GATConv, GCNConv, SAGEConv
 from .propagation import APPNP, ChebConv, GINConv, GraphConv, SGConv, TAGConv
 from .relational import RGCNConv
+from .hetero_conv import HeteroConv
+from .hetero_relational import FastRGCNConv, RGATConv
+from .hetero_transformer import HGTConv
 from .reference import GCN, gcn_norm
 from .models import Hyperparameters, ModelSpec, build_model, get_model, model_names
 
-__all__ = ["APPNP", "CGATConv", "ChebConv", "DotGATConv", "EdgeConv", "GATConv", "GATv2Conv", "GCNConv", "GCN",
-           "GINConv", "GraphConv", "Hyperparameters", "MLPAggConv", "ModelSpec", "NGCFConv", "RGCNConv", "SAGEConv", "SGConv",
+__all__ = ["APPNP", "CGATConv", "ChebConv", "DotGATConv", "EdgeConv", "FastRGCNConv", "GATConv", "GATv2Conv", "GCNConv", "GCN",
+           "GINConv", "GraphConv", "HGTConv", "HeteroConv", "Hyperparameters", "MLPAggConv", "ModelSpec", "NGCFConv", "RGATConv", "RGCNConv", "SAGEConv", "SGConv",
            "TAGConv", "build_model", "gcn_norm", "get_model", "model_names"]
 
 

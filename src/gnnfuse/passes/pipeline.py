@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from ..ir import Program, verify
+from .compact import materialize_compactly
 from .cse import eliminate_common_subexpressions
 from .dce import eliminate_dead_code
 from .fold import fold_constants
@@ -16,6 +17,7 @@ def optimize(program: Program, keep_inputs: bool = False) -> Program:
     sort_hinge_pairs(program)
     fold_constants(program)
     reorder_broadcasts(program)
+    materialize_compactly(program)
     eliminate_common_subexpressions(program)
     eliminate_dead_code(program, keep_inputs=keep_inputs)
     verify(program)

@@ -1,0 +1,239 @@
+"""Compact materialization (Hector, ASPLOS '24): ``x[endpoint] @ W[relation]`` per edge,
+computed once per (endpoint vertex, relation) pair that has an edge, then gathered.
+
+R-GCN's and HGT's messages multiply an endpoint's row by the edge's relation matrix.
+Per edge (``typed_matmul(broadcast(x, by=src), W, by=etype)``) that is |E| row-matrix
+products, although every edge of one source vertex and one relation computes the same
+row. ``compact_typed_matmul`` computes one product per such *pair* -- P <= min(|E|,
+|V| * R) of them, one dense matmul per relation over its pairs -- and gathers each edge's
+row from its pair. The backward pass runs on pairs too: a pair's edges' gradients are
+summed first (the matmul is linear), so the input gradient is P products, not |E|, and
+the weight gradient sums P outer products per relation.
+
+The pairs are a sorted ``unique`` of ``vertex * R + relation`` over the edges. With the
+graph's edge types (``compact_typed_matmul``: ``e.src.h @ e.type.W``) they are built once
+per graph and endpoint; with a relation read from edge data (``compact_indexed_matmul``:
+Graphiler's ``bmm(edges.src['h'].unsqueeze(1), W[edges.data['type']])``, ir/ops/
+indexed_matmul.py) once per call, as the data may change between calls -- one sort, as
+the per-edge form's grouping already costs. ``side`` names the endpoint (``"src"``:
+sources, ``"dst"``: destinations); on a bipartite graph the vertex table is that side's
+(ir/sides.py reads ``side``). The ops are torch ops in every backend, like ``typed_matmul``.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from ..registry import OpDef, register
+from ..residency import EDGE_ROWED, Movement, Residency
+from .indexing import wrap_index
+from .typed import typed_matmul, typed_matmul_tn
+
+SIDES = ("src", "dst")
+
+
+class RelationPairs(NamedTuple):
+    """The (vertex, relation) pairs of one endpoint that have edges."""
+    vertex: torch.Tensor               # [P] the pair's vertex
+    groups: list[torch.Tensor]         # per relation, the ids of its pairs
+    of_edge: torch.Tensor              # [E] each edge's pair
+
+
+def _pairs(endpoint: torch.Tensor, relation: torch.Tensor, count: int) -> RelationPairs:
+    unique, of_edge = torch.unique(endpoint * count + relation, return_inverse=True)
+    relation_of_pair = unique % count
+    order = torch.sort(relation_of_pair, stable=True).indices
+    groups = list(torch.split(order, torch.bincount(relation_of_pair, minlength=count).tolist()))
+    return RelationPairs(unique // count, groups, of_edge)
+
+
+def relation_pairs(ctx, side: str) -> RelationPairs:
+    """The pairs of endpoint ``side`` and the graph's edge types, built once per graph."""
+    return ctx.graph.cached(f"relation_pairs_{side}", lambda graph: _pairs(
+        ctx.index(side), ctx.index("etype"), ctx.num_rows("etype")))
+
+
+def data_pairs(ctx, side: str, idx: torch.Tensor, count: int) -> RelationPairs:
+    """The pairs of endpoint ``side`` and the per-edge table index ``idx`` (negative
+    entries counted from the end, as torch indexes)."""
+    return _pairs(ctx.index(side), wrap_index(idx.reshape(-1), count), count)
+
+
+def _pair_matmul(x: torch.Tensor, w: torch.Tensor, pairs: RelationPairs) -> torch.Tensor:
+    """Each edge's ``x[vertex] @ w[relation]``, computed per pair."""
+    return typed_matmul(x.index_select(0, pairs.vertex), w, pairs.groups).index_select(0, pairs.of_edge)
+
+
+def _pair_input_grad(g: torch.Tensor, w_t: torch.Tensor, pairs: RelationPairs, rows: int) -> torch.Tensor:
+    """Per vertex, the sum over its pairs of (the pair's edges' ``g`` summed) @ w_t[relation]."""
+    grad = typed_matmul(_pair_sums(g, pairs), w_t, pairs.groups)
+    return grad.new_zeros((rows,) + tuple(grad.shape[1:])).index_add_(0, pairs.vertex, grad)
+
+
+def _pair_weight_grad(x: torch.Tensor, g: torch.Tensor, pairs: RelationPairs) -> torch.Tensor:
+    """Per relation, the sum over its pairs of outer(x[vertex], the pair's edges' ``g`` summed)."""
+    return typed_matmul_tn(x.index_select(0, pairs.vertex), _pair_sums(g, pairs), pairs.groups)
+
+
+def _check_side(attrs) -> str:
+    if attrs.get("side") not in SIDES:
+        raise ValueError(f"side must be one of {SIDES}, got {attrs.get('side')!r}")
+    return attrs["side"]
+
+
+def _pair_sums(g: torch.Tensor, pairs: RelationPairs) -> torch.Tensor:
+    """Each pair's rows of per-edge ``g`` summed."""
+    out = g.new_zeros((len(pairs.vertex),) + tuple(g.shape[1:]))
+    return out.index_add_(0, pairs.of_edge, g)
+
+
+def _matmul_shape(inputs, attrs):
+    x, w = inputs
+    if len(w.shape) != 2 or not x.shape or x.shape[-1] != w.shape[0]:
+        raise ValueError(f"rows {list(x.shape)} @ one [in, out] matrix per relation {list(w.shape)}")
+    return x.shape[:-1] + (w.shape[1],), torch.promote_types(x.dtype, w.dtype)
+
+
+# --- compact_typed_matmul: x[endpoint] @ W[etype] per edge --------------------------------
+def _forward_residency(rs, attrs):
+    _check_side(attrs)
+    if rs != [Residency.NODE, Residency.EDGE_TYPE]:
+        raise ValueError(f"compact_typed_matmul takes a vertex table and a per-relation weight, got "
+                         f"{[r.name for r in rs]}")
+    return Residency.EDGE
+
+
+def compact_typed_matmul(ctx, x: torch.Tensor, w: torch.Tensor, side: str) -> torch.Tensor:
+    return _pair_matmul(x, w, relation_pairs(ctx, side))
+
+
+def _derivative(b, v, g):
+    x, w = v.inputs
+    side = v.attrs["side"]
+    return [b.add("compact_typed_matmul_t", g, b.add("transpose", b.fwd(w)), side=side),
+            b.add("compact_typed_matmul_tn", b.fwd(x), g, side=side)]
+
+
+register(OpDef("compact_typed_matmul", Movement.BROADCAST, compact_typed_matmul,
+               residency=_forward_residency, shape=lambda inputs, a, r: _matmul_shape(inputs, a), arity=2,
+               derivative=_derivative,
+               doc="x[side] @ W[etype] per edge, computed once per (vertex, relation) pair with edges, "
+                   "then gathered (compact materialization)"))
+
+
+# --- compact_typed_matmul_t: the input gradient ------------------------------------------
+def _input_grad_residency(rs, attrs):
+    _check_side(attrs)
+    if rs[0] not in EDGE_ROWED or rs[1] is not Residency.EDGE_TYPE:
+        raise ValueError(f"compact_typed_matmul_t takes per-edge rows and a per-relation weight, got "
+                         f"{[r.name for r in rs]}")
+    return Residency.NODE
+
+
+def _input_grad(ctx, g: torch.Tensor, w_t: torch.Tensor, side: str) -> torch.Tensor:
+    return _pair_input_grad(g, w_t, relation_pairs(ctx, side), ctx.num_rows(side))
+
+
+register(OpDef("compact_typed_matmul_t", Movement.REDUCE, _input_grad,
+               residency=_input_grad_residency, shape=lambda inputs, a, r: _matmul_shape(inputs, a), arity=2,
+               doc="per vertex of side, the sum over its (vertex, relation) pairs of (the pair's edges' g "
+                   "summed) @ W^T[relation]: the input gradient of compact_typed_matmul"))
+
+
+# --- compact_typed_matmul_tn: the weight gradient ----------------------------------------
+def _weight_grad_residency(rs, attrs):
+    _check_side(attrs)
+    if rs[0] is not Residency.NODE or rs[1] not in EDGE_ROWED:
+        raise ValueError(f"compact_typed_matmul_tn takes a vertex table and per-edge rows, got "
+                         f"{[r.name for r in rs]}")
+    return Residency.EDGE_TYPE
+
+
+def _weight_grad_shape(inputs, attrs, residency):
+    x, g = inputs
+    if x.shape[:-1] != g.shape[:-1]:
+        raise ValueError(f"x {list(x.shape)} and g {list(g.shape)} must agree on all but the last dim")
+    return (x.shape[-1], g.shape[-1]), torch.promote_types(x.dtype, g.dtype)
+
+
+def _weight_grad(ctx, x: torch.Tensor, g: torch.Tensor, side: str) -> torch.Tensor:
+    return _pair_weight_grad(x, g, relation_pairs(ctx, side))
+
+
+register(OpDef("compact_typed_matmul_tn", Movement.REDUCE, _weight_grad,
+               residency=_weight_grad_residency, shape=_weight_grad_shape, arity=2,
+               doc="per relation, the sum over its (vertex, relation) pairs of outer(x[vertex], the pair's "
+                   "edges' g summed): the weight gradient of compact_typed_matmul"))
+
+
+# --- compact_indexed_matmul: x[endpoint] @ table[idx] per edge, idx edge data --------------
+def _indexed_residency(rs, attrs):
+    _check_side(attrs)
+    x, table, idx = rs
+    if x is not Residency.NODE or table is not Residency.SHARED or idx not in EDGE_ROWED:
+        raise ValueError(f"compact_indexed_matmul takes a vertex table, a parameter table and a per-edge index, "
+                         f"got {[r.name for r in rs]}")
+    return Residency.EDGE
+
+
+class _PerEntry(NamedTuple):
+    """A table entry's shape and dtype, as `_matmul_shape` reads a value's."""
+    shape: tuple
+    dtype: torch.dtype
+
+
+def _indexed_shape(inputs, attrs, residency):
+    x, table, idx = inputs
+    if idx.shape != () or len(table.shape) != 3:
+        raise ValueError(f"one index per edge into a [T, in, out] table, got index {list(idx.shape)} into "
+                         f"{list(table.shape)}")
+    return _matmul_shape([x, _PerEntry(table.shape[1:], table.dtype)], attrs)
+
+
+def _indexed_derivative(b, v, g):
+    x, table, idx = v.inputs
+    side, rows = v.attrs["side"], b.fwd(idx)
+    return [b.add("compact_indexed_matmul_t", g, b.add("transpose", b.fwd(table)), rows, side=side),
+            b.add("compact_indexed_matmul_tn", b.fwd(x), g, rows, side=side, count=table.shape[0]), None]
+
+
+register(OpDef("compact_indexed_matmul", Movement.BROADCAST,
+               lambda ctx, x, table, idx, side: _pair_matmul(x, table, data_pairs(ctx, side, idx, table.shape[0])),
+               residency=_indexed_residency, shape=_indexed_shape, arity=3, derivative=_indexed_derivative,
+               doc="x[side] @ table[idx] per edge (idx edge data), computed once per (vertex, index) pair, "
+                   "then gathered (compact materialization)"))
+
+
+def _indexed_input_grad_residency(rs, attrs):
+    _check_side(attrs)
+    if rs[0] not in EDGE_ROWED or rs[1] is not Residency.SHARED or rs[2] not in EDGE_ROWED:
+        raise ValueError(f"compact_indexed_matmul_t takes per-edge rows, a parameter table and a per-edge index, "
+                         f"got {[r.name for r in rs]}")
+    return Residency.NODE
+
+
+register(OpDef("compact_indexed_matmul_t", Movement.REDUCE,
+               lambda ctx, g, table_t, idx, side: _pair_input_grad(
+                   g, table_t, data_pairs(ctx, side, idx, table_t.shape[0]), ctx.num_rows(side)),
+               residency=_indexed_input_grad_residency, shape=_indexed_shape, arity=3,
+               doc="the input gradient of compact_indexed_matmul, per (vertex, index) pair"))
+
+
+def _indexed_weight_grad_residency(rs, attrs):
+    _check_side(attrs)
+    if rs[0] is not Residency.NODE or rs[1] not in EDGE_ROWED or rs[2] not in EDGE_ROWED:
+        raise ValueError(f"compact_indexed_matmul_tn takes a vertex table, per-edge rows and a per-edge index, "
+                         f"got {[r.name for r in rs]}")
+    return Residency.SHARED
+
+
+def _indexed_weight_grad_shape(inputs, attrs, residency):
+    x, g, _ = inputs
+    return (attrs["count"],) + _weight_grad_shape([x, g], attrs, residency)[0], torch.promote_types(x.dtype, g.dtype)
+
+
+register(OpDef("compact_indexed_matmul_tn", Movement.REDUCE,
+               lambda ctx, x, g, idx, side, count: _pair_weight_grad(x, g, data_pairs(ctx, side, idx, count)),
+               residency=_indexed_weight_grad_residency, shape=_indexed_weight_grad_shape, arity=3,
+               doc="the table gradient of compact_indexed_matmul, per (vertex, index) pair"))

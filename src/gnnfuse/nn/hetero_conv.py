@@ -1,0 +1,120 @@
+"""PyG's ``HeteroConv``: one homogeneous (bipartite) layer per edge type, each relation's
+outputs grouped per destination node type.
+
+Each wrapped layer is a gnnfuse layer (or any module with PyG's call signature), so every
+relation's graph work is compiled; this module only routes the per-type inputs the way
+PyG's does and combines the results. The wrapped layers are stored under PyG's keys
+(``convs.<src___rel___dst>``), so ``load_state_dict(pyg_hetero_conv.state_dict())``
+copies a PyG model whose layers have gnnfuse counterparts.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Any, Mapping
+
+import torch
+from torch import nn
+
+from ..graph.hetero import EdgeType
+
+_GROUPINGS = ("sum", "mean", "min", "max", "cat", None)
+
+
+def module_key(key: str | EdgeType) -> str:
+    """PyG's ``ModuleDict`` key of a node or edge type: an edge type as ``<src___rel___dst>``,
+    a name torch's ``ModuleDict`` reserves wrapped in ``<>``, and dots as ``#``."""
+    if isinstance(key, tuple):
+        key = f"<{'___'.join(key)}>"
+    if key in dir(nn.ModuleDict):
+        key = f"<{key}>"
+    return key.replace(".", "#")
+
+
+def group(outputs: list[torch.Tensor], aggr: str | None) -> torch.Tensor:
+    """PyG's grouping of the outputs several relations give one node type: stacked on a
+    new dim 1 (``aggr=None``), concatenated (``"cat"``) or reduced element-wise."""
+    if aggr is None:
+        return torch.stack(outputs, dim=1)
+    if len(outputs) == 1:
+        return outputs[0]
+    if aggr == "cat":
+        return torch.cat(outputs, dim=-1)
+    out = getattr(torch, aggr)(torch.stack(outputs, dim=0), dim=0)
+    return out[0] if isinstance(out, tuple) else out
+
+
+class HeteroConv(nn.Module):
+    """``HeteroConv({(src, rel, dst): layer}, aggr="sum")`` with PyG's semantics.
+
+    ``forward(x_dict, edge_index_dict, *more_dicts, **name_dicts)``: for every edge type
+    with a layer and an entry in some positional or keyword dict, the layer is called with
+    its edge type's entries -- a node-type dict entry as ``x`` when source and
+    destination types agree, else as the pair ``(x_src, x_dst)`` -- and keyword dicts
+    ``<name>_dict`` passed as ``<name>=``. Outputs for one destination type are grouped
+    with ``aggr`` (``"sum"``, ``"mean"``, ``"min"``, ``"max"``, ``"cat"`` or None: stacked).
+    """
+
+    def __init__(self, convs: Mapping[EdgeType, nn.Module], aggr: str | None = "sum"):
+        super().__init__()
+        if aggr not in _GROUPINGS:
+            raise ValueError(f"HeteroConv: aggr must be one of {list(_GROUPINGS)}, got {aggr!r}")
+        for edge_type, conv in convs.items():
+            src, _, dst = edge_type
+            if src != dst and getattr(conv, "add_self_loops", False):
+                raise ValueError(f"'add_self_loops' attribute set to 'True' on module '{conv}' for use with edge "
+                                 f"type(s) '{edge_type}'. This will lead to incorrect message passing results.")
+        unchanged = {t[0] for t in convs} - {t[-1] for t in convs}
+        if unchanged:
+            warnings.warn(f"There exist node types ({unchanged}) whose representations do not get updated during "
+                          "message passing as they do not occur as destination type in any edge type. This may "
+                          "lead to unexpected behavior.", stacklevel=2)
+        self.edge_types = [tuple(t) for t in convs]
+        self.convs = nn.ModuleDict({module_key(t): conv for t, conv in convs.items()})
+        self.aggr = aggr
+
+    def reset_parameters(self) -> None:
+        for conv in self.convs.values():
+            conv.reset_parameters()
+
+    def forward(self, *args_dict: Mapping, **kwargs_dict: Mapping) -> dict[str, torch.Tensor]:
+        for name in kwargs_dict:
+            if not name.endswith("_dict"):
+                raise ValueError(f"Keyword arguments in 'HeteroConv' need to end with '_dict' (got '{name}')")
+        outputs: dict[str, list[torch.Tensor]] = {}
+        for edge_type in self.edge_types:
+            src, _, dst = edge_type
+            args, used = [], False
+            for values in args_dict:
+                value, edge_level = _entry(values, edge_type)
+                used |= edge_level
+                if value is not _MISSING:
+                    args.append(value)
+            kwargs = {}
+            for name, values in kwargs_dict.items():
+                value, edge_level = _entry(values, edge_type)
+                used |= edge_level
+                if value is not _MISSING:
+                    kwargs[name[:-len("_dict")]] = value
+            if used:     # PyG skips an edge type no dict has an entry for
+                outputs.setdefault(dst, []).append(self.convs[module_key(edge_type)](*args, **kwargs))
+        return {t: group(outs, self.aggr) for t, outs in outputs.items()}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(num_relations={len(self.convs)})"
+
+
+_MISSING = object()
+
+
+def _entry(values: Mapping, edge_type: EdgeType) -> tuple[Any, bool]:
+    """What one dict argument gives a relation's layer, and whether it was an edge-level
+    entry (only those make a relation run): the edge type's own entry, else the node
+    type's entry when both ends share it, else the (source, destination) pair."""
+    src, _, dst = edge_type
+    if edge_type in values:
+        return values[edge_type], True
+    if src == dst and src in values:
+        return values[src], False
+    if src in values or dst in values:
+        return (values.get(src), values.get(dst)), False
+    return _MISSING, False

@@ -1,0 +1,177 @@
+"""The Heterogeneous Graph Transformer (HGT, Hu et al. 2020) with PyG 2.8's ``HGTConv``
+arguments, parameter names and maths, its attention written vertex-centrically on the
+typed `Graph` that `HeteroGraph` lays the per-type inputs onto.
+
+Per node type, ``kqv_lin`` maps features to keys, queries and values (H heads of width
+D). Along an edge ``u -> v`` of relation ``r`` and head ``h``, the key and value pass
+through that relation's and head's matrices ``k_rel.weight[h * R + r]`` /
+``v_rel.weight[h * R + r]``; the score ``<q_v, k_u W^k> * p_rel[r] / sqrt(D)`` is
+soft-maxed over all of ``v``'s in-edges, whatever their relation, and weights the
+transformed values. Per destination node type the sum goes through GELU and
+``out_lin``, then a learnt gate ``sigmoid(skip)`` mixes in the input when the widths
+match. Node types that no edge type ends at are left out of the output, as in PyG.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .. import frontend
+from ..graph.hetero import EdgeType, HeteroGraph
+from ..graph.hetero_cache import cached_hetero_graph
+from .conv import _linear
+
+
+class TypeLinears(nn.Module):
+    """One linear map per node type, stored as PyG's ``HeteroDictLinear`` stores them
+    (``lins.<type>.weight``/``.bias``), so its state dict loads into this one."""
+
+    def __init__(self, in_channels: Mapping[str, int], out_channels: int, bias: bool = True):
+        super().__init__()
+        self.lins = nn.ModuleDict({t: _linear(c, out_channels, bias) for t, c in in_channels.items()})
+
+    def forward(self, x_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {t: lin(x_dict[t]) for t, lin in self.lins.items() if t in x_dict}
+
+
+class RelationHeadWeight(nn.Module):
+    """PyG's ``HeteroLinear`` without bias as HGT uses it: ``weight`` [types, in, out],
+    type ``h * R + r`` holding relation r's matrix for head h."""
+
+    def __init__(self, num_types: int, in_channels: int, out_channels: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num_types, in_channels, out_channels))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        bound = 1.0 / math.sqrt(self.weight.shape[1])    # PyG: kaiming_uniform(fan=in, a=sqrt(5))
+        with torch.no_grad():
+            self.weight.uniform_(-bound, bound)
+
+    def per_relation(self, heads: int, relations: int) -> torch.Tensor:
+        """[R, H*D, H*D]: each relation's heads as one block-diagonal matrix, so a row's
+        H heads are transformed by one typed matmul of the flat [H*D] row. The off-diagonal
+        zeros cost H times the multiply-adds of per-head [D, D] products; the compiler's
+        typed matmul takes one [in, out] matrix per type."""
+        d = self.weight.shape[-1]
+        w = self.weight.view(heads, relations, d, d).transpose(0, 1)
+        eye = torch.eye(heads, dtype=w.dtype, device=w.device)
+        return torch.einsum("rhij,hg->rhigj", w, eye).reshape(relations, heads * d, heads * d)
+
+
+def _key(edge_type: EdgeType) -> str:
+    """PyG's ``p_rel`` key of an edge type."""
+    return "__".join(edge_type)
+
+
+def hetero_graph_for(edge_index_dict: Any, x_dict: Mapping[str, torch.Tensor], edge_types: list[EdgeType],
+                     layer: str) -> HeteroGraph:
+    """The `HeteroGraph` a hetero layer runs on: given, or made from ``edge_index_dict``
+    with the node types in ``x_dict``'s order and relations numbered as the layer's
+    metadata lists them (so relation r reads the layer's r-th weights) -- built once
+    for as long as the dict's tensors are unchanged (`cached_hetero_graph`)."""
+    if isinstance(edge_index_dict, HeteroGraph):
+        if edge_index_dict.edge_types != edge_types:
+            raise ValueError(f"{layer}: the HeteroGraph numbers its edge types {edge_index_dict.edge_types}, but "
+                             f"the layer's metadata lists {edge_types}; build it with edge_types=metadata[1]")
+        return edge_index_dict
+    if not isinstance(edge_index_dict, Mapping):
+        raise TypeError(f"{layer}: expected edge_index_dict {{(src, rel, dst): edge_index}} or a HeteroGraph, got "
+                        f"{type(edge_index_dict).__name__}")
+    return cached_hetero_graph(edge_index_dict, {t: x.shape[0] for t, x in x_dict.items()},
+                               node_types=list(x_dict), edge_types=edge_types)
+
+
+class HGTConv(nn.Module):
+    r"""PyG's ``HGTConv(in_channels, out_channels, metadata, heads=1)``: same arguments,
+    parameters (``kqv_lin``, ``out_lin``, ``k_rel``, ``v_rel``, ``skip``, ``p_rel``) and
+    maths, so ``load_state_dict(pyg_layer.state_dict())`` copies a PyG layer.
+
+    ``forward(x_dict, edge_index_dict)`` takes ``{node_type: x}`` and ``{(src, rel, dst):
+    edge_index}`` (whose `HeteroGraph` is kept while its tensors are unchanged), or a
+    `HeteroGraph` built with ``edge_types=metadata[1]``, and returns ``{node_type: out}``
+    for the node types some edge type of the metadata ends at. ``in_channels`` may be a
+    dict per node type, or -1 (lazy), as in PyG. The relation matrices of all heads are
+    applied as one block-diagonal matrix per relation (`RelationHeadWeight.per_relation`),
+    once per (source vertex, relation) pair (passes/compact.py).
+    """
+
+    def __init__(self, in_channels: int | dict[str, int], out_channels: int, metadata: tuple[list, list],
+                 heads: int = 1, **kwargs: Any):
+        super().__init__()
+        if kwargs:
+            raise NotImplementedError(f"HGTConv: the MessagePassing arguments {sorted(kwargs)} are not supported "
+                                      "by gnnfuse")
+        if out_channels % heads != 0:
+            raise ValueError(f"'out_channels' (got {out_channels}) must be divisible by the number of heads "
+                             f"(got {heads})")
+        node_types, edge_types = list(metadata[0]), [tuple(t) for t in metadata[1]]
+        if not isinstance(in_channels, dict):
+            in_channels = {t: in_channels for t in node_types}
+        self.in_channels, self.out_channels, self.heads = in_channels, out_channels, heads
+        self.node_types, self.edge_types = node_types, edge_types
+        self.dst_node_types = {t[-1] for t in edge_types}
+        dim = out_channels // heads
+        self.kqv_lin = TypeLinears(in_channels, out_channels * 3)
+        self.out_lin = TypeLinears({t: out_channels for t in node_types}, out_channels)
+        self.k_rel = RelationHeadWeight(heads * len(edge_types), dim, dim)
+        self.v_rel = RelationHeadWeight(heads * len(edge_types), dim, dim)
+        self.skip = nn.ParameterDict({t: nn.Parameter(torch.ones(1)) for t in node_types})
+        self.p_rel = nn.ParameterDict({_key(t): nn.Parameter(torch.ones(1, heads)) for t in edge_types})
+
+    def reset_parameters(self) -> None:
+        for module in (*self.kqv_lin.lins.values(), *self.out_lin.lins.values(), self.k_rel, self.v_rel):
+            module.reset_parameters()
+        for p in (*self.skip.values(), *self.p_rel.values()):
+            nn.init.ones_(p)
+
+    def forward(self, x_dict: Mapping[str, torch.Tensor], edge_index_dict: Any) -> dict[str, torch.Tensor]:
+        x_dict = {t: x for t, x in x_dict.items() if t in self.kqv_lin.lins}    # PyG skips unknown types
+        hetero = hetero_graph_for(edge_index_dict, x_dict, self.edge_types, "HGTConv")
+        heads, relations = self.heads, len(self.edge_types)
+        if not relations:                                  # no edge type: no node type has an output
+            return {}
+        dim = self.out_channels // heads
+        k, q, v = _split_kqv(hetero, self.kqv_lin(x_dict))
+        p = torch.cat([self.p_rel[_key(t)] for t in self.edge_types]) / math.sqrt(dim)
+        w_k, w_v = self.k_rel.per_relation(heads, relations), self.v_rel.per_relation(heads, relations)
+        out = _attend(hetero, k, q.view(-1, heads, dim), v, w_k, w_v, p, heads, dim)
+        out = hetero.split(out.reshape(-1, self.out_channels),
+                           [t for t in hetero.node_types if t in self.dst_node_types])
+        mapped = self.out_lin({t: F.gelu(o) for t, o in out.items()})
+        result = {}
+        for t, o in mapped.items():
+            if o.shape[-1] == x_dict[t].shape[-1]:
+                gate = self.skip[t].sigmoid()
+                o = gate * o + (1 - gate) * x_dict[t]
+            result[t] = o
+        return result
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(-1, {self.out_channels}, heads={self.heads})"
+
+
+def _split_kqv(hetero: HeteroGraph, kqv: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """Keys, queries and values of every vertex in the global numbering: each type's
+    [n, 3F] projection split in three (PyG's ``tensor_split`` order), then concatenated."""
+    parts = {t: torch.tensor_split(val, 3, dim=1) for t, val in kqv.items()}
+    return tuple(hetero.concat({t: p[i] for t, p in parts.items()}) for i in range(3))
+
+
+def _attend(hetero: HeteroGraph, k: torch.Tensor, q: torch.Tensor, v: torch.Tensor, w_k: torch.Tensor,
+            w_v: torch.Tensor, p: torch.Tensor, heads: int, dim: int) -> torch.Tensor:
+    """[N, H, D]: the softmax-weighted sum of relation-transformed values per vertex."""
+    def hgt(vertex):
+        scores = [((e.src.k @ e.type.w_k).view(heads, dim) * vertex.q).sum(-1) * e.type.p for e in vertex.inedges]
+        peak = max(scores)
+        weights = [torch.exp(s - peak) for s in scores]
+        total = sum(weights)
+        return sum([(weights[i] / total).unsqueeze(-1) * (e.src.v @ e.type.w_v).view(heads, dim)
+                    for i, e in enumerate(vertex.inedges)])
+
+    return frontend.VertexFunction(hgt)(hetero.graph, {"k": k, "q": q, "v": v}, None,
+                                        etype_feature={"w_k": w_k, "w_v": w_v, "p": p})

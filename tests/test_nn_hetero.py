@@ -1,0 +1,349 @@
+"""PyG's heterogeneous graphs and layers: `HeteroGraph` (an edge_index dict or a HeteroData
+laid onto one typed Graph), and HGTConv, RGATConv, HeteroConv and FastRGCNConv against
+PyG's layers with copied parameters -- outputs and every gradient in float64, on both
+backends -- then gradcheck and the errors they raise."""
+from __future__ import annotations
+
+import importlib
+import sys
+
+import pytest
+import torch
+import torch_geometric.nn as pyg_nn
+from torch_geometric.data import HeteroData
+
+import gnnfuse
+from gnnfuse import nn as gnn
+from gnnfuse.graph.hetero import HeteroGraph
+from gnnfuse.graph import hetero_cache
+from gnnfuse.graph.hetero_cache import cached_hetero_graph
+
+f64 = torch.float64
+METADATA = (["a", "b", "c"], [("a", "r", "b"), ("b", "s", "a"), ("a", "t", "a"), ("b", "u", "b"), ("c", "w", "a")])
+IN_CHANNELS = {"a": 6, "b": 3, "c": 2}
+
+
+def hetero_inputs(seed: int, device: str = "cpu", absent: tuple = (("b", "u", "b"),)):
+    """Per-type features and edges: 'a' as wide as the output (its skip gate applies),
+    'c' only a source type (no output), a vertex of each type with no in-edge, and edge
+    types of the metadata left out of the dict (their weights must get zero gradients)."""
+    g = torch.Generator().manual_seed(seed)
+    counts = {"a": 6, "b": 4, "c": 3}
+    x = {t: torch.randn(n, IN_CHANNELS[t], dtype=f64, generator=g).to(device) for t, n in counts.items()}
+    edges = {}
+    for src, rel, dst in METADATA[1]:
+        if (src, rel, dst) in absent:
+            continue
+        e = 9
+        edges[(src, rel, dst)] = torch.stack([torch.randint(0, counts[src], (e,), generator=g),
+                                              torch.randint(0, counts[dst] - 1, (e,), generator=g)]).to(device)
+    return x, edges
+
+
+def dict_outputs_and_grads(layer, x_dict, call):
+    """Outputs and the gradients of inputs and parameters under a fixed projection."""
+    layer.zero_grad()
+    leaves = {t: x.clone().requires_grad_() for t, x in x_dict.items()}
+    out = call(layer, leaves)
+    outs = out if isinstance(out, dict) else {"out": out}
+    loss = sum((o * torch.linspace(-1, 1, o.numel(), dtype=o.dtype, device=o.device).view_as(o)).sum()
+               for o in outs.values())
+    loss.backward()
+    grads = {f"x[{t}]": leaf.grad for t, leaf in leaves.items() if leaf.grad is not None}
+    # a parameter the call did not use has no gradient in PyG and a zero one here: the same
+    grads.update({n: torch.zeros_like(p) if p.grad is None else p.grad.clone() for n, p in layer.named_parameters()})
+    return {k: o.detach() for k, o in outs.items()}, grads
+
+
+def assert_same(ours, pyg, x, call_ours, call_pyg=None):
+    out, grads = dict_outputs_and_grads(ours, x, call_ours)
+    ref, ref_grads = dict_outputs_and_grads(pyg, x, call_pyg or call_ours)
+    assert out.keys() == ref.keys()
+    for key in ref:
+        torch.testing.assert_close(out[key], ref[key], rtol=1e-10, atol=1e-12, msg=lambda m: f"{key}: {m}")
+    assert grads.keys() == ref_grads.keys()
+    for name in ref_grads:
+        torch.testing.assert_close(grads[name], ref_grads[name], rtol=1e-10, atol=1e-12,
+                                   msg=lambda m, name=name: f"gradient of {name}: {m}")
+    return grads
+
+
+def randomized(layer: torch.nn.Module, seed: int) -> torch.nn.Module:
+    """PyG's initial gates and scales are ones and biases zeros: draw every parameter, so
+    that a mis-wired one cannot hide behind its initial value."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.copy_(torch.randn(p.shape, dtype=p.dtype, generator=g) * 0.5)
+    return layer
+
+
+# --- HeteroGraph ----------------------------------------------------------------------------
+def test_hetero_graph_numbers_types_by_offsets_and_splits_into_views():
+    x, edges = hetero_inputs(0)
+    hetero = HeteroGraph(edges, {t: v.shape[0] for t, v in x.items()}, edge_types=METADATA[1])
+    assert hetero.offsets == {"a": 0, "b": 6, "c": 10} and hetero.num_nodes == 13
+    graph = hetero.graph
+    assert graph.num_edge_types == len(METADATA[1]) and graph.num_node_types == 3
+    assert graph.node_type.tolist() == [0] * 6 + [1] * 4 + [2] * 3
+    for edge_type, index in edges.items():
+        src, _, dst = edge_type
+        start = hetero.edge_offsets[edge_type]
+        rows = slice(start, start + index.shape[1])
+        assert torch.equal(graph.src[rows], index[0] + hetero.offsets[src])
+        assert torch.equal(graph.dst[rows], index[1] + hetero.offsets[dst])
+        assert (graph.edge_type[rows] == METADATA[1].index(edge_type)).all()
+    table = hetero.concat(x | {"b": torch.randn(4, 6, dtype=f64), "c": torch.randn(3, 6, dtype=f64)})
+    parts = hetero.split(table)
+    assert torch.equal(parts["a"], x["a"]) and parts["b"].data_ptr() == table[6:].data_ptr()
+
+
+def test_hetero_graph_from_hetero_data_matches_the_dicts():
+    x, edges = hetero_inputs(1)
+    data = HeteroData()
+    for t, v in x.items():
+        data[t].x = v
+    for edge_type, index in edges.items():
+        data[edge_type].edge_index = index
+    hetero = HeteroGraph.from_data(data)
+    direct = HeteroGraph(edges, {t: v.shape[0] for t, v in x.items()})
+    assert hetero.node_types == direct.node_types and hetero.edge_types == direct.edge_types
+    assert torch.equal(hetero.graph.edge_index, direct.graph.edge_index)
+    assert torch.equal(hetero.graph.edge_type, direct.graph.edge_type)
+
+
+HETERO_MODULES = ("gnnfuse.graph.hetero", "gnnfuse.graph.hetero_cache", "gnnfuse.nn.hetero_conv",
+                  "gnnfuse.nn.hetero_relational", "gnnfuse.nn.hetero_transformer")
+
+
+@pytest.mark.parametrize("module", HETERO_MODULES)
+def test_hetero_modules_import_without_torch_geometric(module, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch_geometric", None)       # any torch_geometric import now fails
+    monkeypatch.delitem(sys.modules, module)
+    importlib.import_module(module)
+
+
+@pytest.mark.parametrize("edges, counts, message", [
+    ({("a", "r", "b"): torch.tensor([[0], [4]])}, {"a": 2, "b": 4}, "destination id is outside 0..3"),
+    ({("a", "r", "b"): torch.tensor([[2], [0]])}, {"a": 2, "b": 4}, "source id is outside 0..1"),
+    ({("a", "r", "z"): torch.tensor([[0], [0]])}, {"a": 2, "b": 4}, "node type 'z'"),
+    ({("a", "r", "b"): torch.tensor([0, 1])}, {"a": 2, "b": 4}, "expected a [2, E] edge_index"),
+])
+def test_hetero_graph_errors(edges, counts, message):
+    with pytest.raises((ValueError, TypeError), match=message.replace("[", r"\[").replace("]", r"\]")):
+        HeteroGraph(edges, counts)
+
+
+def test_hetero_graph_refuses_an_edge_type_outside_the_numbering():
+    with pytest.raises(ValueError, match="not among the edge types"):
+        HeteroGraph({("a", "r", "b"): torch.tensor([[0], [0]])}, {"a": 1, "b": 1}, edge_types=[("b", "s", "a")])
+
+
+def test_hetero_graph_is_reused_while_the_edge_tensors_are_unchanged():
+    x, edges = hetero_inputs(2)
+    counts = {t: v.shape[0] for t, v in x.items()}
+    make = lambda e: cached_hetero_graph(e, counts, node_types=list(counts), edge_types=METADATA[1])  # noqa: E731
+    first = make(edges)
+    assert make(dict(edges)) is first                        # a new dict of the same tensors (PyG's x_dict)
+    replaced = dict(edges)
+    key = ("a", "r", "b")
+    replaced[key] = edges[key].clone()                       # equal values, another tensor
+    assert make(replaced) is not first
+    edges[key][1, 0] = 3 - edges[key][1, 0]                  # edited in place: a new graph with the new edge
+    second = make(edges)
+    assert second is not first and second.graph.dst[0] == edges[key][1, 0] + second.offsets["b"]
+    entries = len(hetero_cache._ENTRIES)
+    del replaced                                             # frees the clone: its entry goes with it
+    assert len(hetero_cache._ENTRIES) == entries - 1
+
+
+# --- HGTConv --------------------------------------------------------------------------------
+@pytest.mark.parametrize("heads", [1, 2])
+def test_hgt_matches_pyg(heads, backend, device):
+    torch.manual_seed(0)
+    pyg = randomized(pyg_nn.HGTConv(IN_CHANNELS, 6, METADATA, heads=heads).double().to(device), heads)
+    ours = gnn.HGTConv(IN_CHANNELS, 6, METADATA, heads=heads).double().to(device)
+    ours.load_state_dict(pyg.state_dict())
+    x, edges = hetero_inputs(heads, device)
+    grads = assert_same(ours, pyg, x, lambda layer, xs: layer(xs, edges))
+    assert set(grads) >= {"x[a]", "x[b]", "x[c]", "k_rel.weight", "v_rel.weight", "p_rel.a__r__b", "skip.a"}
+    unused = METADATA[1].index(("b", "u", "b"))
+    for name in ("k_rel.weight", "v_rel.weight"):      # [heads * R, D, D], entry h * R + r
+        assert (grads[name].view(heads, len(METADATA[1]), -1)[:, unused] == 0).all()
+    assert (grads[name].view(heads, len(METADATA[1]), -1)[:, 0] != 0).any()
+
+
+def test_hgt_takes_a_prebuilt_hetero_graph():
+    layer = randomized(gnn.HGTConv(IN_CHANNELS, 6, METADATA, heads=2).double(), 3)
+    x, edges = hetero_inputs(3)
+    hetero = HeteroGraph(edges, {t: v.shape[0] for t, v in x.items()}, edge_types=METADATA[1])
+    expected = layer(x, edges)
+    got = layer(x, hetero)
+    assert got.keys() == expected.keys() == {"a", "b"}
+    for t in got:
+        torch.testing.assert_close(got[t], expected[t], rtol=0, atol=0)
+    with pytest.raises(ValueError, match="edge_types=metadata"):
+        layer(x, HeteroGraph(edges, {t: v.shape[0] for t, v in x.items()}))
+
+
+def test_hgt_ignores_features_of_node_types_outside_its_metadata():
+    torch.manual_seed(0)
+    pyg = randomized(pyg_nn.HGTConv(IN_CHANNELS, 6, METADATA, heads=2).double(), 5)
+    ours = gnn.HGTConv(IN_CHANNELS, 6, METADATA, heads=2).double()
+    ours.load_state_dict(pyg.state_dict())
+    x, edges = hetero_inputs(5)
+    x["z"] = torch.randn(2, 6, dtype=f64)
+    assert_same(ours, pyg, x, lambda layer, xs: layer(xs, edges))
+
+
+def test_hgt_gradcheck():
+    """The inputs and the relation parameters the compiled attention reads (the per-type
+    linear maps are torch's own, compared with PyG above)."""
+    layer = randomized(gnn.HGTConv(IN_CHANNELS, 4, METADATA, heads=2).double(), 4)
+    x, edges = hetero_inputs(4)
+    names = ["k_rel.weight", "v_rel.weight", "p_rel.a__r__b"]
+    params = [layer.get_parameter(n).detach().clone().requires_grad_() for n in names]
+    xs = [x[t].clone().requires_grad_() for t in "abc"]
+
+    def run(a, b, c, *values):
+        out = torch.func.functional_call(layer, dict(zip(names, values)), ({"a": a, "b": b, "c": c}, edges))
+        return out["a"], out["b"]
+    assert torch.autograd.gradcheck(run, (*xs, *params), eps=1e-6, atol=1e-6)
+
+
+# --- RGATConv -------------------------------------------------------------------------------
+RELATIONS = 3
+
+
+def typed_edges(seed: int, n: int = 8, num_edges: int = 22, device: str = "cpu"):
+    """Edges with self loops, multi-edges, a vertex without in-edges and a relation no edge has."""
+    g = torch.Generator().manual_seed(seed)
+    index = torch.stack([torch.randint(0, n, (num_edges,), generator=g),
+                         torch.randint(0, n - 1, (num_edges,), generator=g)])
+    return index.to(device), torch.randint(0, RELATIONS - 1, (num_edges,), generator=g).to(device)
+
+
+RGAT_OPTIONS = {
+    "across-additive": {},
+    "within-additive": {"attention_mechanism": "within-relation", "heads": 2},
+    "across-multiplicative": {"attention_mode": "multiplicative-self-attention", "dim": 2, "heads": 2},
+    "within-multiplicative": {"attention_mechanism": "within-relation", "attention_mode":
+                              "multiplicative-self-attention", "dim": 2, "concat": False},
+    "bases-edge_dim": {"num_bases": 2, "edge_dim": 3, "heads": 2, "concat": False},
+    "blocks-within-edge_dim": {"num_blocks": 2, "edge_dim": 3, "attention_mechanism": "within-relation",
+                               "attention_mode": "multiplicative-self-attention"},
+}
+
+
+@pytest.mark.parametrize("options", RGAT_OPTIONS.values(), ids=RGAT_OPTIONS.keys())
+def test_rgat_matches_pyg(options, backend, device):
+    if backend == "triton" and options.get("num_blocks"):
+        pytest.skip("the reference run covers the decomposition; Triton runs the same graph program")
+    torch.manual_seed(0)
+    pyg = randomized(pyg_nn.RGATConv(4, 2, RELATIONS, **options).double().to(device), 1)
+    ours = gnn.RGATConv(4, 2, RELATIONS, **options).double().to(device)
+    ours.load_state_dict(pyg.state_dict())
+    index, types = typed_edges(2, device=device)
+    x = {"x": torch.randn(8, 4, dtype=f64, device=device)}
+    edge_attr = torch.randn(index.shape[1], 3, dtype=f64, device=device) if "edge_dim" in options else None
+    grads = assert_same(ours, pyg, x, lambda layer, xs: layer(xs["x"], index, types, edge_attr))
+    if not options.get("num_bases") and not options.get("num_blocks"):
+        assert (grads["weight"][RELATIONS - 1] == 0).all()        # the relation no edge has
+
+
+def test_rgat_takes_a_typed_graph():
+    layer = randomized(gnn.RGATConv(4, 2, RELATIONS, attention_mechanism="within-relation", heads=2).double(), 5)
+    index, types = typed_edges(5)
+    x = torch.randn(8, 4, dtype=f64)
+    graph = gnnfuse.Graph(index[0], index[1], 8, edge_type=types, num_edge_types=RELATIONS)
+    torch.testing.assert_close(layer(x, graph), layer(x, index, types), rtol=0, atol=0)
+
+
+def test_rgat_gradcheck_within_relation():
+    layer = randomized(gnn.RGATConv(3, 2, RELATIONS, attention_mechanism="within-relation",
+                                    attention_mode="multiplicative-self-attention", dim=2).double(), 6)
+    index, types = typed_edges(6, n=6, num_edges=14)
+    names = ["weight", "q", "k"]             # the parameters the compiled attention reads
+    params = [layer.get_parameter(n).detach().clone().requires_grad_() for n in names]
+    x = torch.randn(6, 3, dtype=f64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x, *values: torch.func.functional_call(
+        layer, dict(zip(names, values)), (x, index, types)), (x, *params), eps=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("build, call, error, message", [
+    (lambda: gnn.RGATConv(4, 2, 3, mod="additive"), None, NotImplementedError, "mod='additive'"),
+    (lambda: gnn.RGATConv(4, 2, 3, attention_mode="x"), None, ValueError, "attention mode"),
+    (lambda: gnn.RGATConv(4, 2, 3, attention_mechanism="x"), None, ValueError, "attention mechanism"),
+    (lambda: gnn.RGATConv(4, 2, 3, dim=2), None, ValueError, "cannot be applied when value of d"),
+    (lambda: gnn.RGATConv(4, 2, 3, aggr="mean"), None, NotImplementedError, "aggr"),
+    (lambda: gnn.RGATConv(4, 2, 3), lambda layer, x, i, t: layer(torch.arange(8), i, t), TypeError, "float"),
+    (lambda: gnn.RGATConv(4, 2, 3), lambda layer, x, i, t: layer(x, i, t, return_attention_weights=True),
+     NotImplementedError, "return_attention_weights"),
+    (lambda: gnn.RGATConv(4, 2, 3), lambda layer, x, i, t: layer(x, i), ValueError, "needs edge types"),
+    (lambda: gnn.RGATConv(4, 2, 3), lambda layer, x, i, t: layer(x, i.t(), t), ValueError, r"shape \[2, E\]"),
+    (lambda: gnn.RGATConv(4, 2, 3), lambda layer, x, i, t: layer(x, torch.sparse_coo_tensor(
+        i, torch.ones(i.shape[1]), (8, 8)), t), NotImplementedError, "sparse adjacency"),
+    (lambda: gnn.RGATConv(4, 2, 3), lambda layer, x, i, t: layer(x, i, t, torch.randn(22, 3)), ValueError,
+     "no edge_dim"),
+    (lambda: gnn.RGATConv(4, 2, 5), lambda layer, x, i, t: layer(x, gnnfuse.Graph(
+        i[0], i[1], 8, edge_type=t, num_edge_types=3)), ValueError, "num_relations=5"),
+])
+def test_rgat_errors_say_what_is_wrong(build, call, error, message):
+    index, types = typed_edges(7)
+    with pytest.raises(error, match=message):
+        layer = build()
+        call(layer, torch.randn(8, 4), index, types)
+
+
+# --- HeteroConv -----------------------------------------------------------------------------
+def hetero_convs(module, aggr):
+    return module.HeteroConv({
+        ("a", "r", "b"): module.SAGEConv((6, 3), 5),
+        ("b", "s", "a"): module.GATConv((3, 6), 5, heads=2, concat=False, add_self_loops=False),
+        ("a", "t", "a"): module.GCNConv(6, 5),
+    }, aggr=aggr)
+
+
+@pytest.mark.parametrize("aggr", ["sum", "mean", "max", "cat", None])
+def test_hetero_conv_matches_pyg(aggr, backend, device):
+    if backend == "triton" and aggr not in ("sum", None):
+        pytest.skip("the groupings are torch code; one Triton run covers the wrapped layers")
+    torch.manual_seed(0)
+    pyg = hetero_convs(pyg_nn, aggr).double().to(device)
+    ours = hetero_convs(gnn, aggr).double().to(device)
+    ours.load_state_dict(pyg.state_dict())
+    x, edges = hetero_inputs(8, device)
+    assert_same(ours, pyg, x, lambda layer, xs: layer(xs, edges))
+
+
+def test_hetero_conv_routes_edge_level_keyword_dicts():
+    torch.manual_seed(0)
+    make = lambda m: m.HeteroConv({("a", "t", "a"): m.GATConv(6, 4, edge_dim=2),          # noqa: E731
+                                   ("b", "s", "a"): m.GATConv((3, 6), 4, add_self_loops=False, edge_dim=2)})
+    pyg, ours = make(pyg_nn).double(), make(gnn).double()
+    ours.load_state_dict(pyg.state_dict())
+    x, edges = hetero_inputs(9)
+    attrs = {t: torch.randn(index.shape[1], 2, dtype=f64) for t, index in edges.items()}
+    assert_same(ours, pyg, x, lambda layer, xs: layer(xs, edges, edge_attr_dict=attrs))
+
+
+def test_hetero_conv_errors():
+    with pytest.raises(ValueError, match="add_self_loops"):
+        gnn.HeteroConv({("a", "r", "b"): gnn.GATConv((6, 3), 5)})
+    with pytest.raises(ValueError, match="aggr must be one of"):
+        gnn.HeteroConv({("a", "t", "a"): gnn.GCNConv(6, 5)}, aggr="prod")
+    layer = gnn.HeteroConv({("a", "t", "a"): gnn.GCNConv(6, 5)})
+    with pytest.raises(ValueError, match="need to end with '_dict'"):
+        layer(*hetero_inputs(0), edge_weight={})
+
+
+# --- FastRGCNConv ---------------------------------------------------------------------------
+@pytest.mark.parametrize("options", [{}, {"aggr": "add", "num_bases": 2}], ids=["mean", "add-bases"])
+def test_fast_rgcn_matches_pyg(options, backend, device):
+    torch.manual_seed(0)
+    pyg = randomized(pyg_nn.FastRGCNConv(4, 3, RELATIONS, **options).double().to(device), 2)
+    ours = gnn.FastRGCNConv(4, 3, RELATIONS, **options).double().to(device)
+    ours.load_state_dict(pyg.state_dict())
+    index, types = typed_edges(3, device=device)
+    assert_same(ours, pyg, {"x": torch.randn(8, 4, dtype=f64, device=device)},
+                lambda layer, xs: layer(xs["x"], index, types))
