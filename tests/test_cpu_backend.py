@@ -230,3 +230,60 @@ def test_feature_tile_setting_is_checked(value, monkeypatch):
     monkeypatch.setenv("GNNFUSE_CPU_FEATURE_TILE", value)
     with pytest.raises(ValueError, match="GNNFUSE_CPU_FEATURE_TILE must be a positive integer"):
         cpu_executor.schedule.feature_tile(8)
+
+
+@pytest.fixture
+def no_fallback(monkeypatch):
+    """Fails the test if the CPU backend runs any unit as torch ops (its fallback warns)."""
+    monkeypatch.setattr(cpu_executor, "_WARNED", set())
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="gnnfuse cpu backend")
+        yield
+
+
+def test_feature_slices_run_as_kernels(launched, no_fallback, monkeypatch):
+    """``slice_features`` is a coordinate map inside the kernel (strided, offset and a
+    one-wide slice broadcast against a wider one), forward and backward."""
+    graph = small_graph()
+    h = torch.randn(graph.num_nodes, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+
+    def model(h):
+        return gnnfuse.message_passing(
+            graph, lambda e: {"m": e.src["h"][:, 1:6:2] * e.dst["h"][:, 0:1] + e.src["h"][:, 3:]},
+            lambda n: {"o": n.mailbox["m"].sum(dim=1)}, ndata={"h": h})["o"]
+    assert_same(model, [h], monkeypatch, rtol=1e-12, atol=1e-12)
+    assert any(u.root.op == "reduce" and "slice_features" in [v.op for v in u.body] for u in launched)
+
+
+@pytest.mark.parametrize("pick", [torch.maximum, torch.minimum], ids=["maximum", "minimum"])
+def test_binary_max_and_min_propagate_nan_in_kernels(pick, launched, no_fallback, monkeypatch):
+    """NaN in either operand of torch.maximum/minimum gives NaN (Triton's
+    ``propagate_nan=ALL``), in the output and in the gradients, as in torch."""
+    graph = small_graph()
+    h = torch.randn(graph.num_nodes, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
+    h[0, 0] = float("nan")   # a source operand
+    h[3, 2] = float("nan")   # a destination operand (vertex 3) and a source one
+    h[4, 1] = h[4, 1]        # a self loop: ties split the gradient evenly
+
+    def model(h):
+        return gnnfuse.message_passing(graph, lambda e: {"m": pick(e.src["h"], e.dst["h"] * 0.5)},
+                                       lambda n: {"o": n.mailbox["m"].sum(dim=1)}, ndata={"h": h})["o"]
+    assert_same(model, [h], monkeypatch, rtol=1e-12, atol=1e-12)
+    out, _ = run(model, [h], "cpu", monkeypatch)
+    assert out[1, 0].isnan() and out[3, 2].isnan() and not out[1, 1].isnan()
+    assert launched
+
+
+def test_bipartite_backward_rows_are_the_source_set(launched, monkeypatch):
+    """A unit grouped by source on a bipartite graph writes one row per *source* vertex
+    (the gradient of the source features), not one per destination."""
+    src = torch.tensor([0, 1, 4, 4, 2, 0])
+    dst = torch.tensor([0, 0, 1, 2, 2, 1])
+    graph = gnnfuse.Graph(src, dst, num_nodes=3, num_src_nodes=5)
+    x_src = torch.randn(5, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
+
+    def model(x_src):
+        return gnn.SAGEConv((4, 4), 2).double()((x_src, torch.ones(3, 4, dtype=torch.float64)), graph)
+    torch.manual_seed(0)
+    assert_same(lambda x: (torch.manual_seed(0), model(x))[1], [x_src], monkeypatch, rtol=1e-10, atol=1e-12)
+    assert any(isinstance(u, AggregateUnit) and u.by == "src" for u in launched)

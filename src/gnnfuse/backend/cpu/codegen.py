@@ -105,6 +105,9 @@ class _Emitter:
         elif v.op == "reshape":
             src = v.inputs[0]
             out = self.value(src, self.coords(src.shape, self.offset(v.shape, coords)), side)
+        elif v.op == "slice_features":   # output coordinate c reads input start + step * c
+            out = self.value(v.inputs[0], tuple(self.sliced(c, start, step)
+                                                for c, (start, step, _) in zip(coords, v.attrs["window"])), side)
         else:
             emit = get_op(v.op).emit
             if not isinstance(emit, str):
@@ -119,6 +122,14 @@ class _Emitter:
             out = self.tmp(expr)
         self.memo[key] = out
         return out
+
+    def sliced(self, c: str, start: int, step: int) -> str:
+        """The input coordinate a slice window ``start::step`` reads at output coordinate ``c``."""
+        if c.isdigit():
+            return str(start + step * int(c))
+        if (start, step) == (0, 1):
+            return c
+        return self.tmp(f"{self.uint(start)} + {self.uint(step)} * {c}" if start else f"{self.uint(step)} * {c}")
 
     def load(self, v: Value, coords: tuple[str, ...], kind: str) -> str:
         if kind == "const":

@@ -122,7 +122,7 @@ def run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> 
     if isinstance(unit, AggregateUnit):
         rowptr, col, eid = ctx.csr(unit.by)
         width = math.prod(root.shape)
-        out = torch.empty((ctx.num_nodes,) + root.shape, dtype=root.dtype)
+        out = torch.empty((ctx.num_rows(unit.by),) + root.shape, dtype=root.dtype)
         tile = schedule.feature_tile(width)
         kernel(rowptr.numpy(), col.numpy(), eid.numpy(), out.view(-1).numpy(), tile, *args)
     else:
