@@ -21,6 +21,7 @@ import gnnfuse  # noqa: E402
 import zoo  # noqa: E402
 from gnnfuse import nn as gnn  # noqa: E402
 from gnnfuse.backend.cpu import executor as cpu_executor  # noqa: E402
+from gnnfuse.backend.forced_schedule import ForcedSchedule, forcing  # noqa: E402
 from gnnfuse.passes.fusion import AggregateUnit, EdgeUnit  # noqa: E402
 
 
@@ -153,7 +154,8 @@ def test_parallel_kernels_and_feature_tiles_match_reference(launched, monkeypatc
     parallel_flags = []
     recording = cpu_executor._kernel_for
     monkeypatch.setattr(cpu_executor, "_kernel_for",
-                        lambda unit, acc, parallel: parallel_flags.append(parallel) or recording(unit, acc, parallel))
+                        lambda unit, acc, parallel, *parts: parallel_flags.append(parallel)
+                        or recording(unit, acc, parallel, *parts))
     graph = small_graph()
     h = torch.randn(graph.num_nodes, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
 
@@ -166,10 +168,13 @@ def test_parallel_kernels_and_feature_tiles_match_reference(launched, monkeypatc
         with torch.no_grad():
             monkeypatch.setenv("GNNFUSE_BACKEND", "cpu")
             out = model(h)
+            with forcing(ForcedSchedule(partition_bytes=16, chunk=1)):   # source ranges of 2 rows
+                partitioned = model(h)
     finally:
         torch.set_num_threads(threads)
     monkeypatch.setenv("GNNFUSE_BACKEND", "reference")
     torch.testing.assert_close(out, model(h), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(partitioned, model(h), rtol=1e-12, atol=1e-12)
     assert launched and all(parallel_flags), "the prange kernel did not run"
 
 
@@ -287,3 +292,46 @@ def test_bipartite_backward_rows_are_the_source_set(launched, monkeypatch):
     torch.manual_seed(0)
     assert_same(lambda x: (torch.manual_seed(0), model(x))[1], [x_src], monkeypatch, rtol=1e-10, atol=1e-12)
     assert any(isinstance(u, AggregateUnit) and u.by == "src" for u in launched)
+
+
+@pytest.mark.parametrize("reducer", ["sum", "mean", "max", "min"])
+def test_source_partitions_match_reference(reducer, monkeypatch):
+    """FeatGraph's source-range partitioning: ranges of one to a few source rows (tiny
+    cache budgets), each range's partial aggregation combined into the output, with
+    feature tiles and dynamic thread chunks, forward and backward (whose reverse-CSR
+    units are partitioned by destination ranges); NaN in max/min still wins."""
+    partitioned = []
+    real_kernel_for = cpu_executor._kernel_for
+
+    def recording(unit, acc, parallel, parts=False):
+        partitioned.append(parts)
+        return real_kernel_for(unit, acc, parallel, parts)
+    monkeypatch.setattr(cpu_executor, "_kernel_for", recording)
+    graph = small_graph()
+    x = torch.randn(graph.num_nodes, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(8))
+    if reducer in ("max", "min"):
+        x[0, 1] = float("nan")
+    for budget, tile in ((8, 4), (48, 2)):   # one source per range at F=4; three per range on 2-column tiles
+        schedule = gnnfuse.ops.Schedule(feature_tile=tile, partition_bytes=budget, chunk=1)
+
+        def model(x):
+            return gnnfuse.ops.gspmm(graph, lambda xs, xd: xs * torch.sigmoid(xd), reducer, src=x, dst=x,
+                                     schedule=schedule)
+        assert_same(model, [x], monkeypatch, rtol=1e-12, atol=1e-12)
+    assert any(partitioned), "no partitioned kernel ran"
+
+
+def test_partition_layout_covers_every_edge_once():
+    from gnnfuse.backend.cpu.partition import source_partitions
+    from gnnfuse.backend.reference import GraphContext
+    ctx = GraphContext(small_graph())
+    parts = source_partitions(ctx, "dst", 2)
+    assert len(parts.part_ptr) == 4   # sources 0-1, 2-3, 4-5 (none from 6)
+    seen = []
+    for p in range(len(parts.part_ptr) - 1):
+        for i in range(parts.part_ptr[p], parts.part_ptr[p + 1]):
+            for j in range(parts.ptr[i], parts.ptr[i + 1]):
+                assert parts.col[j] // 2 == p
+                seen.append((int(parts.col[j]), int(parts.rows[i]), int(parts.eid[j])))
+    graph = small_graph()
+    assert sorted(seen) == sorted(zip(graph.src.tolist(), graph.dst.tolist(), range(graph.num_edges)))
