@@ -36,7 +36,7 @@ import torch
 
 from ..graph import Graph
 from ..passes.fusion import AggregateUnit, Unit
-from .forced_schedule import SCHEDULES, ForcedSchedule
+from .forced_schedule import SCHEDULES, ForcedSchedule, forced_schedule
 
 PATH_ENV = "GNNFUSE_TUNED_SCHEDULES"
 FORMAT = 1
@@ -165,6 +165,26 @@ def lookup(unit: Unit, graph: Graph, backend: str) -> ForcedSchedule | None:
     """The tuned schedule for ``unit`` on ``graph`` under ``backend``, or None."""
     table = entries()
     return table.get(key(unit, graph, backend)) if table else None
+
+
+def forced_or_tuned(unit: Unit, graph: Graph, backend: str, overridden: bool = False
+                    ) -> tuple[ForcedSchedule | None, bool]:
+    """What a backend runs ``unit`` under, before its cost rule: (schedule, whether it is
+    a tuned choice). A schedule the call forced wins; else the tuned choice, unless the
+    backend's own environment override is set (``overridden``); else (None, False)."""
+    call = forced_schedule()
+    if call is not None or overridden:
+        return call, False
+    tuned = lookup(unit, graph, backend)
+    return tuned, tuned is not None
+
+
+def note(unit: Unit, graph: Graph) -> str | None:
+    """For `gnnfuse.explain`: the tuned choices stored for ``unit`` on this graph and
+    device, per backend, or None."""
+    found = [(b, lookup(unit, graph, b)) for b in ("cpu", "triton")]
+    text = "; ".join(f"{b} backend: {describe(s)}" for b, s in found if s is not None)
+    return f"tuned schedule, {text}" if text else None
 
 
 def describe(schedule: ForcedSchedule) -> str:

@@ -119,7 +119,8 @@ def run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> 
     tile = schedule.feature_tile(width, choice.feature_tile)
     ranges = None
     if isinstance(unit, AggregateUnit):
-        ranges = schedule.range_rows(unit, choice.partition_bytes, tile, ctx.num_rows("dst" if unit.by == "src" else "src"))
+        neighbours = ctx.num_rows("dst" if unit.by == "src" else "src")
+        ranges = schedule.range_rows(unit, choice.partition_bytes, tile, neighbours)
     compiled = _kernel_for(unit, acc, threads > 1, ranges is not None)
     if compiled is None:
         return _run_reference(unit, ctx, leaves)
@@ -132,7 +133,12 @@ def run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> 
         out = torch.empty((ctx.num_rows(unit.by),) + root.shape, dtype=root.dtype)
         graph = (rowptr.numpy(), col.numpy(), eid.numpy()) if ranges is None else \
             _partitioned(rowptr, source_partitions(ctx, unit.by, ranges))
-        with numba.parallel_chunksize(choice.chunk or 0):
+        # Only parallel calls set a chunk size: that starts Numba's pool, which resets OpenMP's
+        # thread count -- torch's too -- to every core (numba.set_num_threads above set ours).
+        if threads > 1 and choice.chunk:
+            with numba.parallel_chunksize(choice.chunk):
+                kernel(*graph, out.view(-1).numpy(), tile, *args)
+        else:
             kernel(*graph, out.view(-1).numpy(), tile, *args)
     else:
         out = torch.empty((ctx.num_edges,) + root.shape, dtype=root.dtype)

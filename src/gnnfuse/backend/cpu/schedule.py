@@ -29,7 +29,7 @@ import torch
 
 from ...passes.fusion import AggregateUnit, Unit, gathered_leaves
 from .. import tuned_schedule
-from ..forced_schedule import ForcedSchedule, forced_schedule
+from ..forced_schedule import ForcedSchedule
 from ..reference import GraphContext
 
 FEATURE_TILE_ENV = "GNNFUSE_CPU_FEATURE_TILE"
@@ -39,14 +39,8 @@ COST_RULE = ForcedSchedule()
 
 def chosen(unit: Unit, ctx: GraphContext) -> tuple[ForcedSchedule, bool]:
     """(the schedule ``unit`` runs under on this graph, whether it is a tuned choice)."""
-    call = forced_schedule()
-    if call is not None:
-        return call, False
-    if not os.environ.get(FEATURE_TILE_ENV):
-        tuned = tuned_schedule.lookup(unit, ctx.graph, "cpu")
-        if tuned is not None:
-            return tuned, True
-    return COST_RULE, False
+    schedule, tuned = tuned_schedule.forced_or_tuned(unit, ctx.graph, "cpu", bool(os.environ.get(FEATURE_TILE_ENV)))
+    return schedule or COST_RULE, tuned
 
 
 def feature_tile(width: int, tile: int | None = None) -> int:

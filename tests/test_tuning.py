@@ -1,0 +1,147 @@
+"""The tuner (`gnnfuse tune`, FeatGraph's grid search) on the CPU backend: it times every
+fused unit of a tiny model's forward and backward programs over a small schedule space,
+stores the fastest per unit, reuses stored choices on a second run; the backend then
+runs the stored choice (the values unchanged against the reference backend), `explain`
+says so, and a corrupt or stale file is ignored with a warning."""
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+import torch
+
+pytest.importorskip("numba")
+
+import gnnfuse  # noqa: E402
+from gnnfuse import nn as gnn  # noqa: E402
+from gnnfuse.backend import tuned_schedule  # noqa: E402
+from gnnfuse.backend.cpu import executor as cpu_executor  # noqa: E402
+from gnnfuse.backend.cpu import schedule as cpu_schedule  # noqa: E402
+from gnnfuse.cli import main  # noqa: E402
+from gnnfuse.tuning import candidates, tune  # noqa: E402
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """A private tuned-schedule file, read afresh by this test."""
+    path = tmp_path / "tuned.json"
+    monkeypatch.setenv(tuned_schedule.PATH_ENV, str(path))
+    monkeypatch.setattr(tuned_schedule, "_loaded", {"path": None, "mtime": None, "entries": {}})
+    monkeypatch.setattr(tuned_schedule, "_warned", set())
+    return path
+
+
+def tiny():
+    src = torch.tensor([0, 0, 2, 3, 1, 4, 0, 5, 3, 6, 1])
+    dst = torch.tensor([1, 1, 2, 1, 3, 4, 3, 3, 0, 5, 6])
+    graph = gnnfuse.Graph(src, dst, 7)
+    torch.manual_seed(0)
+    model = gnn.GCNConv(4, 4).double()
+    x = torch.randn(7, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    return model, graph, x
+
+
+def output_and_grads(model, graph, x, backend, monkeypatch):
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    x = x.clone().requires_grad_()
+    model.zero_grad()
+    out = model(x, graph)
+    (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)).sum().backward()
+    return [out.detach(), x.grad, *(p.grad.clone() for p in model.parameters())]
+
+
+def test_tune_stores_choices_and_a_second_run_reuses_them(cache, monkeypatch):
+    monkeypatch.setenv("GNNFUSE_BACKEND", "reference")
+    model, graph, x = tiny()
+    first = tune(lambda: model(x, graph), "cpu", space="small", repeats=1)
+    # GCN: forward aggregation by destination, backward by source (the input gradient)
+    assert {r.unit.split("]")[0] for r in first} >= {"unit reduce[sum by dst", "unit reduce[sum by src"}
+    assert not any(r.reused for r in first) and all(r.candidates > 1 for r in first)
+    stored = json.loads(cache.read_text())
+    assert stored["stamp"] == tuned_schedule.STAMP and set(stored["entries"]) == {r.key for r in first}
+    timed = []
+    monkeypatch.setattr("gnnfuse.tuning.search.time_calls", lambda *a: timed.append(a) or [1.0])
+    second = tune(lambda: model(x, graph), "cpu", space="small", repeats=1)
+    assert all(r.reused for r in second) and not timed
+    assert {r.key: r.schedule for r in second} == {r.key: r.schedule for r in first}
+
+
+def test_the_backend_runs_the_tuned_choice_with_unchanged_values(cache, monkeypatch):
+    model, graph, x = tiny()
+    monkeypatch.setenv("GNNFUSE_BACKEND", "reference")
+    results = tune(lambda: model(x, graph), "cpu", space="small", repeats=1)
+    # Whatever the timings said, store a choice that changes the kernels: two-column
+    # tiles over source ranges of one vertex each.
+    tuned_schedule.store({r.key: {"schedule": {"feature_tile": 2, "partition_bytes": 8}} for r in results})
+    chosen, partitioned = [], []
+    real_chosen, real_kernel_for = cpu_schedule.chosen, cpu_executor._kernel_for
+    monkeypatch.setattr(cpu_schedule, "chosen", lambda *a: chosen.append(real_chosen(*a)[1]) or real_chosen(*a))
+    monkeypatch.setattr(cpu_executor, "_kernel_for",
+                        lambda unit, acc, par, parts=False: partitioned.append(parts) or real_kernel_for(
+                            unit, acc, par, parts))
+    got = output_and_grads(model, graph, x, "cpu", monkeypatch)
+    assert chosen and all(chosen) and any(partitioned)
+    expected = output_and_grads(model, graph, x, "reference", monkeypatch)
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    report = str(gnnfuse.explain(model, x, graph))
+    assert "tuned schedule, cpu backend: feature tile 2, source partitions of 8 B" in report
+
+
+@pytest.mark.parametrize("content, message", [
+    ("{not json", "ignoring the tuned-schedule cache"),
+    (json.dumps({"stamp": {"format": 0}, "entries": {}}), "written for other kernels"),
+])
+def test_a_corrupt_or_stale_cache_is_ignored_with_a_warning(content, message, cache, monkeypatch):
+    model, graph, x = tiny()
+    expected = output_and_grads(model, graph, x, "reference", monkeypatch)
+    cache.write_text(content)
+    with pytest.warns(RuntimeWarning, match=message):
+        got = output_and_grads(model, graph, x, "cpu", monkeypatch)
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        output_and_grads(model, graph, x, "cpu", monkeypatch)   # warned once, not per call
+
+
+def test_a_corrupt_entry_is_skipped_and_the_others_kept(cache, monkeypatch):
+    cache.write_text(json.dumps({"stamp": tuned_schedule.STAMP, "entries": {
+        "a": {"schedule": {"feature_tile": 2}}, "b": {"schedule": {"chunk": -3}}, "c": {"nothing": 1}}}))
+    with pytest.warns(RuntimeWarning, match="corrupt entry"):
+        table = tuned_schedule.entries()
+    assert set(table) == {"a"} and table["a"].feature_tile == 2
+
+
+def test_a_chunk_on_a_serial_kernel_leaves_torch_threads_alone(monkeypatch):
+    """Setting Numba's chunk size starts its thread pool, which resets OpenMP's (and so
+    torch's) thread count to every core: serial kernels must not touch it."""
+    model, graph, x = tiny()
+    monkeypatch.setenv("GNNFUSE_BACKEND", "cpu")
+    with gnnfuse.backend.forced_schedule.forcing(gnnfuse.backend.forced_schedule.ForcedSchedule(chunk=4)):
+        model(x, graph)
+    assert torch.get_num_threads() == 1
+
+
+def test_spaces_start_with_the_cost_rule_and_grow_with_threads():
+    model, graph, x = tiny()
+    from gnnfuse.passes.fusion import partition
+    from gnnfuse.runtime.compiled import record_calls
+    with record_calls() as calls:
+        model(x, graph)
+    unit = next(u for u in partition(calls[0].compiled.program) if hasattr(u, "reduce"))
+    one, two = candidates(unit, "cpu", 1), candidates(unit, "cpu", 2)
+    assert one[0] == two[0] == gnnfuse.ops.Schedule() and len(two) > len(one) > 1
+    assert len(set(one)) == len(one) and all(s.feature_tile is None or s.feature_tile < 4 for s in one)
+    triton = candidates(unit, "triton", 1)
+    assert {s.kind for s in triton} == {"auto", "csr", "coo"}
+
+
+def test_tune_command_line_errors(capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["tune", "--dataset", "cora", "--backend", "cpu", "--device", "cuda"])
+    assert stop.value.code == 2 and "--backend cpu runs host tensors" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:
+        main(["tune", "--dataset", "nosuch", "--space", "small"])
+    assert stop.value.code == 2
