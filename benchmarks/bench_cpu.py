@@ -35,6 +35,7 @@ from torch_geometric.utils import softmax as pyg_softmax
 
 import gnnfuse
 from gnnfuse import bench
+from gnnfuse.backend.tuned_schedule import cpu_name
 from gnnfuse.data import load_dataset
 from gnnfuse.tuning import SPACES, tune
 
@@ -59,17 +60,6 @@ def gat_aggregate(v):
     e = [torch.exp(F.leaky_relu(u.al + v.ar, NEGATIVE_SLOPE)) for u in v.innbs]
     total = sum(e)
     return sum([e[i] / total * u.h for i, u in enumerate(v.innbs)])
-
-
-def cpu_name() -> str:
-    """The CPU model from /proc/cpuinfo (platform.processor() is often just the ISA)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "cpu"
 
 
 def weighted_adjacency(ops, weight: torch.Tensor) -> torch.Tensor:

@@ -64,7 +64,8 @@ def unit_fingerprint(unit: Unit) -> str:
         values = [*unit.leaves, *unit.body, unit.root]
         position = {v.id: n for n, v in enumerate(values)}
         computed = {v.id for v in unit.body} | {unit.root.id}
-        rows = [(v.op, tuple(position.get(i.id, -1) for i in v.inputs) if v.id in computed else (), sorted((k, repr(a)) for k, a in v.attrs.items() if k != "key"),
+        rows = [(v.op, tuple(position.get(i.id, -1) for i in v.inputs) if v.id in computed else (),
+                 sorted((k, repr(a)) for k, a in v.attrs.items() if k != "key"),   # not an input's name
                  v.residency.name, tuple(v.shape), str(v.dtype)) for v in values]
         kind = ("aggregate", unit.by) if isinstance(unit, AggregateUnit) else ("edge",)
         _FINGERPRINTS[unit] = hashlib.sha1(repr((kind, rows)).encode()).hexdigest()[:16]
@@ -85,7 +86,8 @@ def shape_class(graph: Graph) -> str:
     return graph.cached("tuned_shape_class", build)
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
+    """The CPU model from /proc/cpuinfo (platform.processor() is often just the ISA)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -95,7 +97,7 @@ def _cpu_name() -> str:
     return "cpu"
 
 
-_CPU_NAME = _cpu_name()
+_CPU_NAME = cpu_name()
 
 
 def device_name(device: torch.device) -> str:
