@@ -108,7 +108,8 @@ def test_a_corrupt_or_stale_cache_is_ignored_with_a_warning(content, message, ca
 
 def test_a_corrupt_entry_is_skipped_and_the_others_kept(cache, monkeypatch):
     cache.write_text(json.dumps({"stamp": tuned_schedule.STAMP, "entries": {
-        "a": {"schedule": {"feature_tile": 2}}, "b": {"schedule": {"chunk": -3}}, "c": {"nothing": 1}}}))
+        "a": {"schedule": {"feature_tile": 2}}, "b": {"schedule": {"chunk": -3}}, "c": {"nothing": 1},
+        "d": {"schedule": {"feature_tile": 3}}, "e": {"schedule": {"kind": "diagonal"}}}}))
     with pytest.warns(RuntimeWarning, match="corrupt entry"):
         table = tuned_schedule.entries()
     assert set(table) == {"a"} and table["a"].feature_tile == 2
@@ -145,3 +146,35 @@ def test_tune_command_line_errors(capsys):
     with pytest.raises(SystemExit) as stop:
         main(["tune", "--dataset", "nosuch", "--space", "small"])
     assert stop.value.code == 2
+
+
+def test_the_triton_backend_runs_a_tuned_choice(cache, monkeypatch):
+    """A stored Triton choice (here the vertex-parallel CSR schedule with 2-wide feature
+    blocks, where the cost rule picks the edge-parallel COO one for this sparse graph)
+    is what runs, forward and backward, with the values of the reference backend;
+    GNNFUSE_SCHEDULE still overrides it."""
+    pytest.importorskip("triton")
+    from gnnfuse.backend.triton import executor as triton_executor
+    from gnnfuse.runtime.compiled import record_calls
+    from oracle_check import device_for
+    device = device_for("triton")
+    model, graph, x = tiny()
+    model, graph, x = model.to(device), graph.to(device), x.to(device)
+    coo = []
+    real = triton_executor._run_coo_unit
+    monkeypatch.setattr(triton_executor, "_run_coo_unit", lambda *a: coo.append(1) or real(*a))
+    with record_calls() as calls:
+        output_and_grads(model, graph, x, "triton", monkeypatch)
+    assert len(coo) == 2, "the cost rule no longer picks COO here: pick another tuned choice"
+    call = calls[0]
+    units = [u for p in (call.compiled.program, call.compiled.backward_for(call.wrt).program)
+             for u in gnnfuse.passes.fusion.partition(p) if hasattr(u, "reduce")]
+    tuned_schedule.store({tuned_schedule.key(u, call.graph, "triton"): {"schedule": {"kind": "csr", "feature_tile": 2}}
+                          for u in units})
+    got = output_and_grads(model, graph, x, "triton", monkeypatch)
+    assert len(coo) == 2, "a tuned CSR choice ran as COO"
+    for a, b in zip(got, output_and_grads(model, graph, x, "reference", monkeypatch)):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    monkeypatch.setenv("GNNFUSE_SCHEDULE", "coo")
+    output_and_grads(model, graph, x, "triton", monkeypatch)
+    assert len(coo) == 4

@@ -124,7 +124,8 @@ def _schedule(record: Any) -> ForcedSchedule:
     fields = record["schedule"]
     schedule = ForcedSchedule(**fields)
     tile = schedule.feature_tile
-    if schedule.kind not in SCHEDULES or (tile is not None and (not isinstance(tile, int) or tile < 1)):
+    if schedule.kind not in SCHEDULES or (tile is not None and (not isinstance(tile, int) or tile < 1
+                                                                 or tile & (tile - 1))):   # Triton's blocks
         raise ValueError(f"not a schedule: {fields!r}")
     return schedule
 
