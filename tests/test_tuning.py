@@ -175,6 +175,8 @@ def test_the_triton_backend_runs_a_tuned_choice(cache, monkeypatch):
     assert len(coo) == 2, "a tuned CSR choice ran as COO"
     for a, b in zip(got, output_and_grads(model, graph, x, "reference", monkeypatch)):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    report = str(gnnfuse.explain(model, x, graph))
+    assert report.count("[csr schedule on CUDA] [tuned schedule, triton backend: csr schedule, feature tile 2]") == 2   # forward, backward
     monkeypatch.setenv("GNNFUSE_SCHEDULE", "coo")
     output_and_grads(model, graph, x, "triton", monkeypatch)
     assert len(coo) == 4

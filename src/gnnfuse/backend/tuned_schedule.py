@@ -170,13 +170,17 @@ def lookup(unit: Unit, graph: Graph, backend: str) -> ForcedSchedule | None:
     return table.get(key(unit, graph, backend)) if table else None
 
 
-def forced_or_tuned(unit: Unit, graph: Graph, backend: str, overridden: bool = False
-                    ) -> tuple[ForcedSchedule | None, bool]:
+# Each backend's environment variable that forces a schedule for every unit (benchmarks,
+# debugging): set, it wins over tuned choices as it wins over the cost rule.
+OVERRIDES = {"cpu": "GNNFUSE_CPU_FEATURE_TILE", "triton": "GNNFUSE_SCHEDULE"}
+
+
+def forced_or_tuned(unit: Unit, graph: Graph, backend: str) -> tuple[ForcedSchedule | None, bool]:
     """What a backend runs ``unit`` under, before its cost rule: (schedule, whether it is
     a tuned choice). A schedule the call forced wins; else the tuned choice, unless the
-    backend's own environment override is set (``overridden``); else (None, False)."""
+    backend's `OVERRIDES` variable is set; else (None, False)."""
     call = forced_schedule()
-    if call is not None or overridden:
+    if call is not None or os.environ.get(OVERRIDES[backend], "auto") not in ("", "auto"):
         return call, False
     tuned = lookup(unit, graph, backend)
     return tuned, tuned is not None

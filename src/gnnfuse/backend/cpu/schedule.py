@@ -32,14 +32,14 @@ from .. import tuned_schedule
 from ..forced_schedule import ForcedSchedule
 from ..reference import GraphContext
 
-FEATURE_TILE_ENV = "GNNFUSE_CPU_FEATURE_TILE"
+FEATURE_TILE_ENV = tuned_schedule.OVERRIDES["cpu"]
 PARALLEL_MIN_WORK = 1 << 16   # edge-features below which one thread beats waking the others
 COST_RULE = ForcedSchedule()
 
 
 def chosen(unit: Unit, ctx: GraphContext) -> tuple[ForcedSchedule, bool]:
     """(the schedule ``unit`` runs under on this graph, whether it is a tuned choice)."""
-    schedule, tuned = tuned_schedule.forced_or_tuned(unit, ctx.graph, "cpu", bool(os.environ.get(FEATURE_TILE_ENV)))
+    schedule, tuned = tuned_schedule.forced_or_tuned(unit, ctx.graph, "cpu")
     return schedule or COST_RULE, tuned
 
 

@@ -87,9 +87,7 @@ def _kernel_for(unit: Unit, acc: str, schedule: str):
 
 def run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> torch.Tensor:
     """Runs ``unit`` under the tuner's stored choice for it, if any (backend/tuned_schedule.py)."""
-    overridden = os.environ.get("GNNFUSE_SCHEDULE", "auto") != "auto"
-    schedule, _ = tuned_schedule.forced_or_tuned(unit, ctx.graph, "triton", overridden)
-    with forcing(schedule):
+    with forcing(tuned_schedule.forced_or_tuned(unit, ctx.graph, "triton")[0]):
         return _run_unit(unit, ctx, leaves)
 
 
