@@ -180,3 +180,13 @@ def test_the_triton_backend_runs_a_tuned_choice(cache, monkeypatch):
     monkeypatch.setenv("GNNFUSE_SCHEDULE", "coo")
     output_and_grads(model, graph, x, "triton", monkeypatch)
     assert len(coo) == 4
+
+
+def test_tune_command_tunes_then_reuses(cache, capsys):
+    assert main(["tune", "--dataset", "synthetic", "--model", "gcn", "--space", "small", "--repeats", "1"]) == 0
+    first = capsys.readouterr().out
+    assert "tuning the cpu backend for gcn on synthetic" in first and "0 reused" in first
+    assert cache.exists()
+    assert main(["tune", "--dataset", "synthetic", "--model", "gcn", "--space", "small"]) == 0
+    second = capsys.readouterr().out
+    assert "0 unit(s) tuned" in second and "reused:" in second
