@@ -27,7 +27,7 @@ def cache(tmp_path, monkeypatch):
     """A private tuned-schedule file, read afresh by this test."""
     path = tmp_path / "tuned.json"
     monkeypatch.setenv(tuned_schedule.PATH_ENV, str(path))
-    monkeypatch.setattr(tuned_schedule, "_loaded", {"path": None, "mtime": None, "entries": {}})
+    monkeypatch.setattr(tuned_schedule, "_loaded", {"path": None, "version": None, "checked": 0.0, "entries": {}})
     monkeypatch.setattr(tuned_schedule, "_warned", set())
     return path
 

@@ -27,6 +27,7 @@ import json
 import math
 import os
 import tempfile
+import time
 import warnings
 import weakref
 from pathlib import Path
@@ -45,7 +46,8 @@ STAMP = {"format": FORMAT, "generators": hashlib.sha1(
     b"".join(p.read_bytes() for p in _GENERATORS if p.exists())).hexdigest()[:16]}
 
 _FINGERPRINTS: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
-_loaded: dict[str, Any] = {"path": None, "mtime": None, "entries": {}}
+RECHECK_SECONDS = 1.0
+_loaded: dict[str, Any] = {"path": None, "version": None, "checked": 0.0, "entries": {}}
 _warned: set[str] = set()
 
 
@@ -153,14 +155,20 @@ def _read(path: Path) -> dict[str, ForcedSchedule]:
 
 
 def entries() -> dict[str, ForcedSchedule]:
-    """Every stored choice by key, read once and again whenever the file changes."""
-    path = cache_path()
+    """Every stored choice by key, read once and again whenever the file changes. The
+    file is looked at most every `RECHECK_SECONDS` (every fused unit's launch asks, and
+    a GPU step is a few hundred microseconds of launches); `store` re-reads at once."""
+    path, now = cache_path(), time.monotonic()
+    if _loaded["path"] == path and now - _loaded["checked"] < RECHECK_SECONDS:
+        return _loaded["entries"]
     try:
-        mtime = path.stat().st_mtime_ns
+        stat = path.stat()
+        version = (stat.st_mtime_ns, stat.st_ino, stat.st_size)
     except OSError:
-        mtime = None
-    if (_loaded["path"], _loaded["mtime"]) != (path, mtime):
-        _loaded.update(path=path, mtime=mtime, entries=_read(path) if mtime is not None else {})
+        version = None
+    if (_loaded["path"], _loaded["version"]) != (path, version):
+        _loaded.update(path=path, version=version, entries=_read(path) if version is not None else {})
+    _loaded["checked"] = now
     return _loaded["entries"]
 
 
@@ -220,4 +228,5 @@ def store(records: dict[str, dict[str, Any]]) -> Path:
     with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
         json.dump({"stamp": STAMP, "entries": merged}, f, indent=1, sort_keys=True)
     os.replace(f.name, path)
+    _loaded["path"] = None   # read back on the next lookup
     return path
