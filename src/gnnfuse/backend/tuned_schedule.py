@@ -183,15 +183,14 @@ def lookup(unit: Unit, graph: Graph, backend: str) -> ForcedSchedule | None:
 OVERRIDES = {"cpu": "GNNFUSE_CPU_FEATURE_TILE", "triton": "GNNFUSE_SCHEDULE"}
 
 
-def forced_or_tuned(unit: Unit, graph: Graph, backend: str) -> tuple[ForcedSchedule | None, bool]:
-    """What a backend runs ``unit`` under, before its cost rule: (schedule, whether it is
-    a tuned choice). A schedule the call forced wins; else the tuned choice, unless the
-    backend's `OVERRIDES` variable is set; else (None, False)."""
+def forced_or_tuned(unit: Unit, graph: Graph, backend: str) -> ForcedSchedule | None:
+    """What a backend runs ``unit`` under, before its cost rule: a schedule the call
+    forced, else the tuned choice (unless the backend's `OVERRIDES` variable is set),
+    else None."""
     call = forced_schedule()
     if call is not None or os.environ.get(OVERRIDES[backend], "auto") not in ("", "auto"):
-        return call, False
-    tuned = lookup(unit, graph, backend)
-    return tuned, tuned is not None
+        return call
+    return lookup(unit, graph, backend)
 
 
 def note(unit: Unit, graph: Graph) -> str | None:

@@ -186,7 +186,7 @@ def _schedule(unit: Any, sizes: _Sizes) -> str | None:
         from ..backend.triton.executor import schedule_for
     except ImportError:
         return None
-    with forcing(tuned_schedule.forced_or_tuned(unit, sizes.graph, "triton")[0]):   # as the executor runs it
+    with forcing(tuned_schedule.forced_or_tuned(unit, sizes.graph, "triton")):   # as the executor runs it
         return schedule_for(unit, sizes.group_rows(unit), sizes.num_edges)
 
 

@@ -114,7 +114,7 @@ def run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> 
         return _run_reference(unit, ctx, leaves)
     acc = "float64" if any(t.dtype == torch.float64 for t in tensors) or root.dtype == torch.float64 else "float32"
     threads = schedule.threads(ctx.num_edges * math.prod(root.shape), numba.config.NUMBA_NUM_THREADS)
-    choice, _ = schedule.chosen(unit, ctx)
+    choice = schedule.chosen(unit, ctx)
     width = math.prod(root.shape)
     tile = schedule.feature_tile(width, choice.feature_tile)
     ranges = None

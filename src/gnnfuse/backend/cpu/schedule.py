@@ -37,10 +37,9 @@ PARALLEL_MIN_WORK = 1 << 16   # edge-features below which one thread beats wakin
 COST_RULE = ForcedSchedule()
 
 
-def chosen(unit: Unit, ctx: GraphContext) -> tuple[ForcedSchedule, bool]:
-    """(the schedule ``unit`` runs under on this graph, whether it is a tuned choice)."""
-    schedule, tuned = tuned_schedule.forced_or_tuned(unit, ctx.graph, "cpu")
-    return schedule or COST_RULE, tuned
+def chosen(unit: Unit, ctx: GraphContext) -> ForcedSchedule:
+    """The schedule ``unit`` runs under on this graph (see module doc)."""
+    return tuned_schedule.forced_or_tuned(unit, ctx.graph, "cpu") or COST_RULE
 
 
 def feature_tile(width: int, tile: int | None = None) -> int:

@@ -87,7 +87,7 @@ def _kernel_for(unit: Unit, acc: str, schedule: str):
 
 def run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> torch.Tensor:
     """Runs ``unit`` under the tuner's stored choice for it, if any (backend/tuned_schedule.py)."""
-    with forcing(tuned_schedule.forced_or_tuned(unit, ctx.graph, "triton")[0]):
+    with forcing(tuned_schedule.forced_or_tuned(unit, ctx.graph, "triton")):
         return _run_unit(unit, ctx, leaves)
 
 
