@@ -15,6 +15,7 @@ reference).
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -24,7 +25,7 @@ from ..backend import tuned_schedule
 from ..backend.forced_schedule import ForcedSchedule, forcing
 from ..backend.reference import GraphContext
 from ..backend.reference.executor import run_plan
-from ..bench.timing import summarize, time_calls
+from ..bench.timing import time_calls
 from ..ir import Program, Residency
 from ..ir.sides import BOTH, sides_of
 from ..passes.fusion import partition
@@ -35,9 +36,9 @@ from .space import candidates
 
 @dataclass
 class TunedUnit:
-    """One unit's outcome: its description, the chosen schedule and times (ms, the fastest
-    of the repeats: other work on the machine only ever adds time),
-    or ``reused`` when a stored choice was kept."""
+    """One unit's outcome: its description, the chosen schedule and its time and the cost
+    rule's (ms, the fastest of the repeats: other work on the machine only ever adds
+    time), or ``reused`` when a stored choice was kept."""
     key: str
     unit: str
     schedule: ForcedSchedule
@@ -112,6 +113,27 @@ def _captured_units(run_model: Callable[[], Any], backend: str, device: torch.de
     return captured
 
 
+def _time_schedules(unit, ctx: GraphContext, leaves: dict, schedules: list[ForcedSchedule], backend: str,
+                    repeats: int, device: torch.device, bar) -> list[float]:
+    """The fastest of ``repeats`` calls of the unit under each schedule, in ms. One
+    untimed call each first (it compiles the kernel and builds partitions), then the
+    timed calls in rounds over all schedules, so that a burst of other work on the
+    machine slows every schedule's calls alike instead of one schedule's run."""
+    run_unit = _unit_runner(backend)
+
+    def call(schedule: ForcedSchedule) -> float:
+        with forcing(schedule):
+            ms = time_calls(lambda: run_unit(unit, ctx, leaves), 1, device)[0]
+        bar.update(1)
+        return ms
+    for schedule in schedules:
+        call(schedule)
+    best = [math.inf] * len(schedules)
+    for _ in range(repeats):
+        best = [min(b, call(s)) for b, s in zip(best, schedules)]
+    return best
+
+
 def tune(run_model: Callable[[], Any], backend: str, device: torch.device | str = "cpu", space: str = "full",
          repeats: int = 5, retune: bool = False, log: Callable[[str], None] = lambda message: None
          ) -> list[TunedUnit]:
@@ -124,30 +146,28 @@ def tune(run_model: Callable[[], Any], backend: str, device: torch.device | str 
         units.setdefault(tuned_schedule.key(unit, ctx.graph, backend), (unit, ctx, leaves))
     stored = tuned_schedule.entries()
     threads = torch.get_num_threads()
-    todo = {k: (u, c, l, candidates(u, backend, threads, space)) for k, (u, c, l) in units.items()
-            if retune or k not in stored}
-    results = [TunedUnit(k, u.describe(), stored[k], reused=True) for k, (u, _, _) in units.items() if k not in todo]
+    spaces = {k: candidates(u, backend, threads, space) for k, (u, _, _) in units.items()}
+    fixed = [k for k, schedules in spaces.items() if len(schedules) == 1]
+    if fixed:
+        log(f"{len(fixed)} unit(s) have a single schedule on the {backend} backend (nothing to tune)")
+    todo = [k for k in units if len(spaces[k]) > 1 and (retune or k not in stored)]
+    results = [TunedUnit(k, units[k][0].describe(), stored[k], reused=True)
+               for k in units if k not in todo and k in stored]
     for result in results:
         log(f"reused: {result.unit}: {tuned_schedule.describe(result.schedule)}")
-    run_unit = _unit_runner(backend)
     records = {}
-    with progress_bar(total=sum(len(t[3]) for t in todo.values()), desc="tune", unit="schedule") as bar:
-        for key, (unit, ctx, leaves, schedules) in todo.items():
-            times = []
-            for schedule in schedules:
-                with forcing(schedule):
-                    run_unit(unit, ctx, leaves)        # compiles (once per kernel), builds partitions
-                    times.append(summarize(time_calls(lambda: run_unit(unit, ctx, leaves), repeats,
-                                                      device))["min_ms"])
-                bar.update(1)
-            best = min(range(len(schedules)), key=times.__getitem__)
-            result = TunedUnit(key, unit.describe(), schedules[best], times[best], times[0], len(schedules))
+    with progress_bar(total=sum(len(spaces[k]) for k in todo) * (repeats + 1), desc="tune", unit="call") as bar:
+        for key in todo:
+            unit, ctx, leaves = units[key]
+            times = _time_schedules(unit, ctx, leaves, spaces[key], backend, repeats, device, bar)
+            best = min(range(len(times)), key=times.__getitem__)
+            result = TunedUnit(key, unit.describe(), spaces[key][best], times[best], times[0], len(times))
             results.append(result)
             records[key] = {"schedule": dataclasses.asdict(result.schedule), "ms": result.best_ms,
                             "cost_rule_ms": result.cost_rule_ms, "unit": result.unit,
                             "candidates": result.candidates}
             log(f"tuned: {result.unit}: {tuned_schedule.describe(result.schedule)}, {result.best_ms:.3f} ms "
-                f"(cost rule {result.cost_rule_ms:.3f} ms, {len(schedules)} schedules)")
+                f"(cost rule {result.cost_rule_ms:.3f} ms, {len(times)} schedules)")
     if records:
         path = tuned_schedule.store(records)
         log(f"stored {len(records)} choice(s) in {path}")
