@@ -49,6 +49,9 @@ def run_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
                    log=lambda message: print(message, flush=True))
     tuned = sum(not r.reused for r in results)
     print(f"{tuned} unit(s) tuned, {len(results) - tuned} reused; choices in {cache_path()}")
+    if backend == "cpu":
+        print(f"(CPU choices hold for {torch.get_num_threads()} thread(s): run with the same --threads / "
+              "torch.set_num_threads, or tune again for another count)")
     for r in results:
         speedup = "" if r.reused or not r.best_ms else f" ({r.cost_rule_ms / r.best_ms:.2f}x the cost rule)"
         print(f"  {describe(r.schedule)}{speedup}: {r.unit}")
