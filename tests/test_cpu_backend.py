@@ -321,6 +321,22 @@ def test_source_partitions_match_reference(reducer, monkeypatch):
     assert any(partitioned), "no partitioned kernel ran"
 
 
+def test_source_partitions_read_edge_rows_by_edge_id(monkeypatch):
+    """Edge operands are read through the partitioned layout's edge ids (ranges reorder
+    the edges), forward and in the backward's reverse-CSR unit."""
+    graph = small_graph()
+    gen = torch.Generator().manual_seed(9)
+    x = torch.randn(graph.num_nodes, 3, dtype=torch.float64, generator=gen)
+    w = torch.randn(graph.num_edges, 1, dtype=torch.float64, generator=gen)
+
+    def model(x, w):
+        return gnnfuse.ops.gspmm(graph, lambda xs, w: w * xs, "sum", src=x, edge=w,
+                                 schedule=gnnfuse.ops.Schedule(partition_bytes=24))   # one source per range
+    assert_same(model, [x, w], monkeypatch, rtol=1e-12, atol=1e-12)
+    for by in ("dst", "src"):   # the layouts were built (not a silent unpartitioned run)
+        assert graph.cached(f"cpu_partitions_{by}_1", lambda g: None) is not None
+
+
 def test_partition_layout_covers_every_edge_once():
     from gnnfuse.backend.cpu.partition import source_partitions
     from gnnfuse.backend.reference import GraphContext
