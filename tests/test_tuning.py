@@ -5,6 +5,7 @@ runs the stored choice (the values unchanged against the reference backend), `ex
 says so, and a corrupt or stale file is ignored with a warning."""
 from __future__ import annotations
 
+import contextlib
 import json
 import warnings
 
@@ -18,6 +19,7 @@ from gnnfuse import nn as gnn  # noqa: E402
 from gnnfuse.backend import tuned_schedule  # noqa: E402
 from gnnfuse.backend.cpu import executor as cpu_executor  # noqa: E402
 from gnnfuse.backend.cpu import schedule as cpu_schedule  # noqa: E402
+from gnnfuse.backend.forced_schedule import ForcedSchedule, forcing  # noqa: E402
 from gnnfuse.cli import main  # noqa: E402
 from gnnfuse.tuning import candidates, tune  # noqa: E402
 
@@ -117,12 +119,16 @@ def test_a_corrupt_entry_is_skipped_and_the_others_kept(cache, monkeypatch):
 
 def test_a_chunk_on_a_serial_kernel_leaves_torch_threads_alone(monkeypatch):
     """Setting Numba's chunk size starts its thread pool, which resets OpenMP's (and so
-    torch's) thread count to every core: serial kernels must not touch it."""
+    torch's) thread count to every core: serial kernels must not set it. (Checked on
+    the call, since a pool started by an earlier test would hide the reset.)"""
     model, graph, x = tiny()
     monkeypatch.setenv("GNNFUSE_BACKEND", "cpu")
-    with gnnfuse.backend.forced_schedule.forcing(gnnfuse.backend.forced_schedule.ForcedSchedule(chunk=4)):
+    entered = []
+    monkeypatch.setattr(cpu_executor.numba, "parallel_chunksize",
+                        lambda n: entered.append(n) or contextlib.nullcontext())
+    with forcing(ForcedSchedule(chunk=4)):
         model(x, graph)
-    assert torch.get_num_threads() == 1
+    assert not entered and torch.get_num_threads() == 1
 
 
 def test_spaces_start_with_the_cost_rule_and_grow_with_threads():
