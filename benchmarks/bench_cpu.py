@@ -16,6 +16,9 @@ commit. On a shared machine the numbers are noise-bound: rerun on a quiet one.
 
     python benchmarks/bench_cpu.py                                  # pubmed + arxiv-like, F 16/64/256, 1 and 2 threads
     python benchmarks/bench_cpu.py --dataset pubmed --features 16 --threads 1 --repeats 3 --models gcn
+
+The backend runs the tuner's stored choices where they exist (``gnnfuse tune`` for the
+training models, ``--tune`` here for the kernels); otherwise its cost rule.
 """
 from __future__ import annotations
 
@@ -32,7 +35,9 @@ from torch_geometric.utils import softmax as pyg_softmax
 
 import gnnfuse
 from gnnfuse import bench
+from gnnfuse.backend.tuned_schedule import cpu_name
 from gnnfuse.data import load_dataset
+from gnnfuse.tuning import SPACES, tune
 
 from bench_aggregate import build_operands, max_rel_err, neighbour_sum
 from common import (environment, fmt, guarded, load_results, log, new_run_id, prune_runs, runs_markdown,
@@ -55,17 +60,6 @@ def gat_aggregate(v):
     e = [torch.exp(F.leaky_relu(u.al + v.ar, NEGATIVE_SLOPE)) for u in v.innbs]
     total = sum(e)
     return sum([e[i] / total * u.h for i, u in enumerate(v.innbs)])
-
-
-def cpu_name() -> str:
-    """The CPU model from /proc/cpuinfo (platform.processor() is often just the ISA)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "cpu"
 
 
 def weighted_adjacency(ops, weight: torch.Tensor) -> torch.Tensor:
@@ -114,6 +108,8 @@ def run_kernels(name: str, threads: int, args, results: dict[str, Any], run_id: 
         x = torch.randn(ops.num_nodes, features, generator=torch.Generator().manual_seed(features))
         for kernel in args.kernels:
             fns = kernel_methods(kernel, ops, x)
+            if args.tune:   # FeatGraph's grid search for this kernel, graph, width and thread count
+                tune(fns["gnnfuse-cpu"], "cpu", space=args.tune, log=log)
             expected = fns["pyg-scatter"]()
             for method in METHODS:
                 cell = guarded(lambda: timed(fns[method], None if method == "pyg-scatter" else expected, args),
@@ -199,6 +195,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--steps", type=int, default=10, help="timed training steps per cell")
+    parser.add_argument("--tune", choices=SPACES, help="tune each kernel (gnnfuse.tuning, this schedule space) "
+                        "before timing it; tuned choices are stored and reused by later runs")
     parser.add_argument("--skip-kernels", action="store_true")
     parser.add_argument("--skip-training", action="store_true")
     parser.add_argument("--data-root", default=None)

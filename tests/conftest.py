@@ -21,6 +21,9 @@ os.environ.setdefault("GNNFUSE_NUM_THREADS", "1")     # and for the CLI, which s
 # Tests never reach the network: a Planetoid download they trigger goes to a closed
 # loopback port (tests of the download serve files on 127.0.0.1 themselves).
 os.environ["GNNFUSE_PLANETOID_URL"] = "http://127.0.0.1:9/planetoid"
+# Tests never read the tuner's choices stored on this machine (gnnfuse tune): the CPU and
+# Triton backends run their cost rules unless a test stores choices of its own.
+os.environ["GNNFUSE_TUNED_SCHEDULES"] = str(Path(__file__).resolve().parent / "no-tuned-schedules.json")
 
 TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))

@@ -21,6 +21,7 @@ import gnnfuse  # noqa: E402
 import zoo  # noqa: E402
 from gnnfuse import nn as gnn  # noqa: E402
 from gnnfuse.backend.cpu import executor as cpu_executor  # noqa: E402
+from gnnfuse.backend.forced_schedule import ForcedSchedule, forcing  # noqa: E402
 from gnnfuse.passes.fusion import AggregateUnit, EdgeUnit  # noqa: E402
 
 
@@ -153,7 +154,8 @@ def test_parallel_kernels_and_feature_tiles_match_reference(launched, monkeypatc
     parallel_flags = []
     recording = cpu_executor._kernel_for
     monkeypatch.setattr(cpu_executor, "_kernel_for",
-                        lambda unit, acc, parallel: parallel_flags.append(parallel) or recording(unit, acc, parallel))
+                        lambda unit, acc, parallel, *parts: parallel_flags.append(parallel)
+                        or recording(unit, acc, parallel, *parts))
     graph = small_graph()
     h = torch.randn(graph.num_nodes, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
 
@@ -166,10 +168,13 @@ def test_parallel_kernels_and_feature_tiles_match_reference(launched, monkeypatc
         with torch.no_grad():
             monkeypatch.setenv("GNNFUSE_BACKEND", "cpu")
             out = model(h)
+            with forcing(ForcedSchedule(partition_bytes=16, chunk=1)):   # source ranges of 2 rows
+                partitioned = model(h)
     finally:
         torch.set_num_threads(threads)
     monkeypatch.setenv("GNNFUSE_BACKEND", "reference")
     torch.testing.assert_close(out, model(h), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(partitioned, model(h), rtol=1e-12, atol=1e-12)
     assert launched and all(parallel_flags), "the prange kernel did not run"
 
 
@@ -230,3 +235,119 @@ def test_feature_tile_setting_is_checked(value, monkeypatch):
     monkeypatch.setenv("GNNFUSE_CPU_FEATURE_TILE", value)
     with pytest.raises(ValueError, match="GNNFUSE_CPU_FEATURE_TILE must be a positive integer"):
         cpu_executor.schedule.feature_tile(8)
+
+
+@pytest.fixture
+def no_fallback(monkeypatch):
+    """Fails the test if the CPU backend runs any unit as torch ops (its fallback warns)."""
+    monkeypatch.setattr(cpu_executor, "_WARNED", set())
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="gnnfuse cpu backend")
+        yield
+
+
+def test_feature_slices_run_as_kernels(launched, no_fallback, monkeypatch):
+    """``slice_features`` is a coordinate map inside the kernel (strided, offset and a
+    one-wide slice broadcast against a wider one), forward and backward."""
+    graph = small_graph()
+    h = torch.randn(graph.num_nodes, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+
+    def model(h):
+        return gnnfuse.message_passing(
+            graph, lambda e: {"m": e.src["h"][:, 1:6:2] * e.dst["h"][:, 0:1] + e.src["h"][:, 3:]},
+            lambda n: {"o": n.mailbox["m"].sum(dim=1)}, ndata={"h": h})["o"]
+    assert_same(model, [h], monkeypatch, rtol=1e-12, atol=1e-12)
+    assert any(u.root.op == "reduce" and "slice_features" in [v.op for v in u.body] for u in launched)
+
+
+@pytest.mark.parametrize("pick", [torch.maximum, torch.minimum], ids=["maximum", "minimum"])
+def test_binary_max_and_min_propagate_nan_in_kernels(pick, launched, no_fallback, monkeypatch):
+    """NaN in either operand of torch.maximum/minimum gives NaN (Triton's
+    ``propagate_nan=ALL``), in the output and in the gradients, as in torch."""
+    graph = small_graph()
+    h = torch.randn(graph.num_nodes, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
+    h[0, 0] = float("nan")   # a source operand
+    h[3, 2] = float("nan")   # a destination operand (vertex 3) and a source one
+    h[4, 1] = h[4, 1]        # a self loop: ties split the gradient evenly
+
+    def model(h):
+        return gnnfuse.message_passing(graph, lambda e: {"m": pick(e.src["h"], e.dst["h"] * 0.5)},
+                                       lambda n: {"o": n.mailbox["m"].sum(dim=1)}, ndata={"h": h})["o"]
+    assert_same(model, [h], monkeypatch, rtol=1e-12, atol=1e-12)
+    out, _ = run(model, [h], "cpu", monkeypatch)
+    assert out[1, 0].isnan() and out[3, 2].isnan() and not out[1, 1].isnan()
+    assert launched
+
+
+def test_bipartite_backward_rows_are_the_source_set(launched, monkeypatch):
+    """A unit grouped by source on a bipartite graph writes one row per *source* vertex
+    (the gradient of the source features), not one per destination."""
+    src = torch.tensor([0, 1, 4, 4, 2, 0])
+    dst = torch.tensor([0, 0, 1, 2, 2, 1])
+    graph = gnnfuse.Graph(src, dst, num_nodes=3, num_src_nodes=5)
+    x_src = torch.randn(5, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
+
+    def model(x_src):
+        return gnn.SAGEConv((4, 4), 2).double()((x_src, torch.ones(3, 4, dtype=torch.float64)), graph)
+    torch.manual_seed(0)
+    assert_same(lambda x: (torch.manual_seed(0), model(x))[1], [x_src], monkeypatch, rtol=1e-10, atol=1e-12)
+    assert any(isinstance(u, AggregateUnit) and u.by == "src" for u in launched)
+
+
+@pytest.mark.parametrize("reducer", ["sum", "mean", "max", "min"])
+def test_source_partitions_match_reference(reducer, monkeypatch):
+    """FeatGraph's source-range partitioning: ranges of one to a few source rows (tiny
+    cache budgets), each range's partial aggregation combined into the output, with
+    feature tiles and dynamic thread chunks, forward and backward (whose reverse-CSR
+    units are partitioned by destination ranges); NaN in max/min still wins."""
+    partitioned = []
+    real_kernel_for = cpu_executor._kernel_for
+
+    def recording(unit, acc, parallel, parts=False):
+        partitioned.append(parts)
+        return real_kernel_for(unit, acc, parallel, parts)
+    monkeypatch.setattr(cpu_executor, "_kernel_for", recording)
+    graph = small_graph()
+    x = torch.randn(graph.num_nodes, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(8))
+    if reducer in ("max", "min"):
+        x[0, 1] = float("nan")
+    for budget, tile in ((8, 4), (48, 2)):   # one source per range at F=4; three per range on 2-column tiles
+        schedule = gnnfuse.ops.Schedule(feature_tile=tile, partition_bytes=budget, chunk=1)
+
+        def model(x):
+            return gnnfuse.ops.gspmm(graph, lambda xs, xd: xs * torch.sigmoid(xd), reducer, src=x, dst=x,
+                                     schedule=schedule)
+        assert_same(model, [x], monkeypatch, rtol=1e-12, atol=1e-12)
+    assert any(partitioned), "no partitioned kernel ran"
+
+
+def test_source_partitions_read_edge_rows_by_edge_id(monkeypatch):
+    """Edge operands are read through the partitioned layout's edge ids (ranges reorder
+    the edges), forward and in the backward's reverse-CSR unit."""
+    graph = small_graph()
+    gen = torch.Generator().manual_seed(9)
+    x = torch.randn(graph.num_nodes, 3, dtype=torch.float64, generator=gen)
+    w = torch.randn(graph.num_edges, 1, dtype=torch.float64, generator=gen)
+
+    def model(x, w):
+        return gnnfuse.ops.gspmm(graph, lambda xs, w: w * xs, "sum", src=x, edge=w,
+                                 schedule=gnnfuse.ops.Schedule(partition_bytes=24))   # one source per range
+    assert_same(model, [x, w], monkeypatch, rtol=1e-12, atol=1e-12)
+    for by in ("dst", "src"):   # the layouts were built (not a silent unpartitioned run)
+        assert graph.cached(f"cpu_partitions_{by}_1", lambda g: None) is not None
+
+
+def test_partition_layout_covers_every_edge_once():
+    from gnnfuse.backend.cpu.partition import source_partitions
+    from gnnfuse.backend.reference import GraphContext
+    ctx = GraphContext(small_graph())
+    parts = source_partitions(ctx, "dst", 2)
+    assert len(parts.part_ptr) == 4   # sources 0-1, 2-3, 4-5 (none from 6)
+    seen = []
+    for p in range(len(parts.part_ptr) - 1):
+        for i in range(parts.part_ptr[p], parts.part_ptr[p + 1]):
+            for j in range(parts.ptr[i], parts.ptr[i + 1]):
+                assert parts.col[j] // 2 == p
+                seen.append((int(parts.col[j]), int(parts.rows[i]), int(parts.eid[j])))
+    graph = small_graph()
+    assert sorted(seen) == sorted(zip(graph.src.tolist(), graph.dst.tolist(), range(graph.num_edges)))

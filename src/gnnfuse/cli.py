@@ -13,6 +13,7 @@ from .data import DATASET_NAMES, DEFAULT_DATASET, LOAD_ERRORS, NodeDataset, Rela
 from .graph import Graph
 from .nn.models import get_model, model_names
 from .threads import THREADS_ENV, configure_threads
+from .tuning import command as tuning_command
 from .training import ConfigError, RunResult, TrainSummary, make_config, save_checkpoint, train_runs
 
 
@@ -181,6 +182,10 @@ def _parser() -> argparse.ArgumentParser:
                                     parents=[threads])
     bench.add_arguments(bench_cmd)
     bench_cmd.set_defaults(run=bench.run_command, command_parser=bench_cmd)
+    tune_cmd = commands.add_parser("tune", help="time every fused unit of a model under each schedule and "
+                                   "store the fastest for the backends (FeatGraph's grid search)", parents=[threads])
+    tuning_command.add_arguments(tune_cmd)
+    tune_cmd.set_defaults(run=tuning_command.run_command, command_parser=tune_cmd)
     return parser
 
 

@@ -22,9 +22,23 @@ class ForcedSchedule:
     """``kind``: ``csr`` (vertex-parallel over destinations, edges in sequence), ``coo``
     (edge-parallel with atomic adds; sum and mean only) or ``auto`` (the cost rule).
     ``feature_tile``: features one program handles (a power of two), None for the
-    backend's width-adaptive default."""
+    backend's width-adaptive default.
+
+    The CPU backend reads two more, FeatGraph's CPU schedule (§III-C): ``partition_bytes``
+    cuts the source vertices into ranges whose gathered feature rows fill that many bytes
+    of cache, each range's partial aggregation accumulated in turn (None: one pass over
+    all sources); ``chunk`` is how many blocks of rows a thread takes at a time from the
+    shared pool (dynamic scheduling against degree skew; None: an even static split)."""
     kind: str = "auto"
     feature_tile: int | None = None
+    partition_bytes: int | None = None
+    chunk: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("partition_bytes", "chunk"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"schedule {name} must be a positive integer or None, got {value!r}")
 
 
 _CURRENT: ContextVar[ForcedSchedule | None] = ContextVar("gnnfuse_forced_schedule", default=None)

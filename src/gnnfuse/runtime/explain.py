@@ -51,6 +51,7 @@ from typing import Any, Callable
 
 import torch
 
+from ..backend import tuned_schedule
 from ..backend.forced_schedule import forcing
 from ..graph import Graph
 from ..ir import Program, Residency, Value, get_op
@@ -126,7 +127,7 @@ class _Sizes:
     """Row counts and index width of the graph a program ran on."""
 
     def __init__(self, graph: Graph):
-        self.num_nodes, self.num_edges = graph.num_nodes, graph.num_edges
+        self.graph, self.num_nodes, self.num_edges = graph, graph.num_nodes, graph.num_edges
         self.num_src_nodes = graph.num_src_nodes
         self.index_bytes = torch.empty((), dtype=graph.index_dtype).element_size()
         self.types = {Residency.NODE_TYPE: graph.num_node_types or 0,
@@ -199,6 +200,7 @@ def _unit_step(unit: Any, sizes: _Sizes) -> Step:
         writes = (sizes.group_rows(unit) if root.residency is Residency.NODE else sizes.rows(root.residency)) \
             * _row_bytes(root)
     label = unit.describe() + (f" [{schedule} schedule on CUDA]" if schedule else "")
+    label += f" [{tuned}]" if (tuned := tuned_schedule.note(unit, sizes.graph)) else ""
     return Step(unit, label, True, [v for v in unit.body if v is not root],
                 reads, [root], Traffic(read_bytes, index * sizes.index_bytes, writes))
 
@@ -209,7 +211,8 @@ def _schedule(unit: Any, sizes: _Sizes) -> str | None:
         from ..backend.triton.executor import schedule_for
     except ImportError:
         return None
-    return schedule_for(unit, sizes.group_rows(unit), sizes.num_edges)
+    with forcing(tuned_schedule.forced_or_tuned(unit, sizes.graph, "triton")):   # as the executor runs it
+        return schedule_for(unit, sizes.group_rows(unit), sizes.num_edges)
 
 
 def _op_step(v: Value, sizes: _Sizes, names: dict[int, str]) -> Step:

@@ -111,6 +111,9 @@ class _Emitter:
             x, w = v.inputs
             out = self.tmp(" + ".join(f"{self.value(x, (str(k),), side)} * {self.value(w, (str(k), coords[-1]), side)}"
                                       for k in range(x.shape[0])))
+        elif v.op == "slice_features":   # output coordinate c reads input start + step * c
+            out = self.value(v.inputs[0], tuple(self.sliced(c, start, step)
+                                                for c, (start, step, _) in zip(coords, v.attrs["window"])), side)
         else:
             emit = get_op(v.op).emit
             if not isinstance(emit, str):
@@ -125,6 +128,14 @@ class _Emitter:
             out = self.tmp(expr)
         self.memo[key] = out
         return out
+
+    def sliced(self, c: str, start: int, step: int) -> str:
+        """The input coordinate a slice window ``start::step`` reads at output coordinate ``c``."""
+        if c.isdigit():
+            return str(start + step * int(c))
+        if (start, step) == (0, 1):
+            return c
+        return self.tmp(f"{self.uint(start)} + {self.uint(step)} * {c}" if start else f"{self.uint(step)} * {c}")
 
     def load(self, v: Value, coords: tuple[str, ...], kind: str) -> str:
         if kind == "const":
@@ -164,11 +175,16 @@ def _decorator(parallel: bool) -> str:
 ROWS_PER_BLOCK = 64   # rows one prange iteration reduces, sharing one accumulator buffer
 
 
-def generate_aggregate(unit: AggregateUnit, name: str, acc: str, parallel: bool) -> tuple[str, list[Value]]:
+def generate_aggregate(unit: AggregateUnit, name: str, acc: str, parallel: bool,
+                       partitioned: bool = False) -> tuple[str, list[Value]]:
     """Kernel source for an aggregate unit and its leaf values in argument order.
 
     ``name(rowptr, col, eid, out, f_tile, L0, ...)``: ``out`` is the flat output of
-    ``num_rows * width`` elements, filled completely (no zeroing needed).
+    ``num_rows * width`` elements, filled completely (no zeroing needed). With
+    ``partitioned``, ``name(rowptr, part_ptr, rows, ptr, col, eid, out, f_tile, L0, ...)``
+    walks the source ranges of `partition.Partitions` one after the other (all threads on
+    one range at a time, as FeatGraph does, so the range's rows stay in the shared
+    cache), each range's rows reduced in parallel and combined into ``out``.
 
     Two details carry most of the speed (a neighbour sum on pubmed at F=64 ran 5x
     faster with both than without). Every array index is an unsigned 64-bit integer:
@@ -181,32 +197,18 @@ def generate_aggregate(unit: AggregateUnit, name: str, acc: str, parallel: bool)
     em = _Emitter(unit)
     val = em.value(unit.reduce.inputs[0], em.coords(unit.reduce.shape, "f"))
     op = unit.reduce.attrs["op"]
-    if op in ("sum", "mean"):
-        combine = f"acc[k] += {val}"
-    else:
-        # NaN wins and stays, as torch's scatter_reduce amax/amin propagate it: the rule
-        # lives once, in scalar.maximum / scalar.minimum.
-        combine = f"acc[k] = tl.{'maximum' if op == 'max' else 'minimum'}({val}, acc[k])"
+    # NaN wins and stays, as torch's scatter_reduce amax/amin propagate it: the rule
+    # lives once, in scalar.maximum / scalar.minimum.
+    pick = "tl.maximum" if op == "max" else "tl.minimum"
+    combine = "{0} += {1}" if op in ("sum", "mean") else f"{{0}} = {pick}({{1}}, {{0}})"
     if op == "mean":
-        result = "acc[k] / ACC(max(end - start, 1))"
+        result = "{0} / ACC(max(end - start, 1))"
     elif op in ("max", "min"):   # a row with no edges holds 0, as reduce's reference does
-        result = "acc[k] if end > start else ACC(0.0)"
+        result = "{0} if end > start else ACC(0.0)"
     else:
-        result = "acc[k]"
-    source = _header(acc) + f'''{_decorator(parallel)}
-def {name}(rowptr, col, eid, out, f_tile, {"".join(f"L{n}, " for n in range(len(em.leaf_args)))}):
-    # {unit.describe()}
-{em.block(_KERNEL, 4)}    num_rows = rowptr.shape[0] - 1
-    width = U({width})
-    for f_lo in range(0, {width}, f_tile):
-        f_hi = min(f_lo + f_tile, {width})
-        for block in prange((num_rows + {ROWS_PER_BLOCK - 1}) // {ROWS_PER_BLOCK}):
-            acc = np.empty(f_hi - f_lo, ACC)
-            for r in range(block * {ROWS_PER_BLOCK}, min(block * {ROWS_PER_BLOCK} + {ROWS_PER_BLOCK}, num_rows)):
-                row = U(r)
-                start = rowptr[row]
-                end = rowptr[row + U(1)]
-{em.block(_ROW, 16)}                for k in range(f_hi - f_lo):
+        result = "{0}"
+    leaves = "".join(f"L{n}, " for n in range(len(em.leaf_args)))
+    reduction = f'''{em.block(_ROW, 16)}                for k in range(f_hi - f_lo):
                     acc[k] = {_IDENTITY[op]}
                 for p in range(start, end):
                     nbr = U(col[p])
@@ -214,13 +216,59 @@ def {name}(rowptr, col, eid, out, f_tile, {"".join(f"L{n}, " for n in range(len(
 {em.block(_EDGE, 20)}                    for fi in range(f_lo, f_hi):
                         f = U(fi)
                         k = U(fi - f_lo)
-{em.block(_FEATURE, 24)}                        {combine}
+{em.block(_FEATURE, 24)}                        {combine.format("acc[k]", val)}
                 base = row * width
                 for fi in range(f_lo, f_hi):
                     k = U(fi - f_lo)
-                    out[base + U(fi)] = {result}
 '''
-    return source, em.leaf_args
+    blocks = f"(num_rows + {ROWS_PER_BLOCK - 1}) // {ROWS_PER_BLOCK}"
+    rows_of_block = f"range(block * {ROWS_PER_BLOCK}, min(block * {ROWS_PER_BLOCK} + {ROWS_PER_BLOCK}, num_rows))"
+    head = _header(acc) + f'''{_decorator(parallel)}
+def {name}(rowptr, {"part_ptr, rows, ptr, " if partitioned else ""}col, eid, out, f_tile, {leaves}):
+    # {unit.describe()}
+{em.block(_KERNEL, 4)}    num_rows = rowptr.shape[0] - 1
+    width = U({width})
+    for f_lo in range(0, {width}, f_tile):
+        f_hi = min(f_lo + f_tile, {width})
+'''
+    if not partitioned:
+        return head + f'''        for block in prange({blocks}):
+            acc = np.empty(f_hi - f_lo, ACC)
+            for r in {rows_of_block}:
+                row = U(r)
+                start = rowptr[row]
+                end = rowptr[row + U(1)]
+{reduction}                    out[base + U(fi)] = {result.format("acc[k]")}
+''', em.leaf_args
+    finish = "" if op == "sum" else f'''        for block in prange({blocks}):
+            for r in {rows_of_block}:
+                row = U(r)
+                start = rowptr[row]
+                end = rowptr[row + U(1)]
+                for fi in range(f_lo, f_hi):
+                    i = row * width + U(fi)
+                    out[i] = {result.format("out[i]")}
+'''
+    return head + f'''        for block in prange({blocks}):
+            for r in {rows_of_block}:
+                for fi in range(f_lo, f_hi):
+                    out[U(r) * width + U(fi)] = {_IDENTITY[op]}
+        for part in range(part_ptr.shape[0] - 1):
+            first = part_ptr[part]
+            count = part_ptr[part + 1] - first
+            for block in prange((count + {ROWS_PER_BLOCK - 1}) // {ROWS_PER_BLOCK}):
+                acc = np.empty(f_hi - f_lo, ACC)
+                for i in range(block * {ROWS_PER_BLOCK}, min(block * {ROWS_PER_BLOCK} + {ROWS_PER_BLOCK}, count)):
+                    pair = U(first + i)
+                    row = U(rows[pair])
+                    start = ptr[pair]
+                    end = ptr[pair + U(1)]
+{_indent(reduction, 4)}                        {combine.format("out[base + U(fi)]", "acc[k]")}
+{finish}''', em.leaf_args
+
+
+def _indent(text: str, by: int) -> str:
+    return "".join(" " * by + line if line.strip() else line for line in text.splitlines(keepends=True))
 
 
 def generate_edge(unit: EdgeUnit, name: str, acc: str, parallel: bool) -> tuple[str, list[Value]]:

@@ -38,6 +38,7 @@ from ..reference import execute as reference_execute
 from ..reference.executor import run_plan
 from ..kernel_cache import load_kernel
 from . import schedule
+from .partition import Partitions, source_partitions
 
 try:
     import numba
@@ -65,17 +66,18 @@ def _warn_once(reason: str, message: str) -> None:
         warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
-def _kernel_for(unit: Unit, acc: str, parallel: bool):
+def _kernel_for(unit: Unit, acc: str, parallel: bool, partitioned: bool = False):
     """(kernel, leaf values in argument order), or None where the unit cannot be
-    generated; decided once per unit, accumulator type and parallelism (plans are cached
-    per program, so steady-state training never regenerates source)."""
+    generated; decided once per unit, accumulator type, parallelism and partitioning
+    (plans are cached per program, so steady-state training never regenerates source)."""
     per_unit = _UNIT_KERNELS.setdefault(unit, {})
-    key = acc, parallel
+    key = acc, parallel, partitioned
     if key not in per_unit:
         aggregate = isinstance(unit, AggregateUnit)
         name = "cpu_aggregate" if aggregate else "cpu_edge"
         try:
-            source, leaf_args = (generate_aggregate if aggregate else generate_edge)(unit, name, acc, parallel)
+            source, leaf_args = (generate_aggregate(unit, name, acc, parallel, partitioned) if aggregate
+                                 else generate_edge(unit, name, acc, parallel))
             per_unit[key] = (load_kernel(source, name), leaf_args)
         except UnsupportedUnit as exc:
             _warn_once(f"unit:{exc}", f"gnnfuse cpu backend: {exc}; that unit runs as torch ops")
@@ -128,7 +130,14 @@ def run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> 
         return _run_reference(unit, ctx, leaves)
     acc = "float64" if any(t.dtype == torch.float64 for t in tensors) or root.dtype == torch.float64 else "float32"
     threads = schedule.threads(ctx.num_edges * math.prod(root.shape), numba.config.NUMBA_NUM_THREADS)
-    compiled = _kernel_for(unit, acc, threads > 1)
+    choice = schedule.chosen(unit, ctx)
+    width = math.prod(root.shape)
+    tile = schedule.feature_tile(width, choice.feature_tile)
+    ranges = None
+    if isinstance(unit, AggregateUnit):
+        neighbours = ctx.num_rows("dst" if unit.by == "src" else "src")
+        ranges = schedule.range_rows(unit, choice.partition_bytes, tile, neighbours)
+    compiled = _kernel_for(unit, acc, threads > 1, ranges is not None)
     if compiled is None:
         return _run_reference(unit, ctx, leaves)
     kernel, leaf_args = compiled
@@ -137,14 +146,24 @@ def run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> 
         numba.set_num_threads(threads)
     if isinstance(unit, AggregateUnit):
         rowptr, col, eid = ctx.csr(unit.by)
-        width = math.prod(root.shape)
-        out = torch.empty((ctx.num_nodes,) + root.shape, dtype=root.dtype)
-        tile = schedule.feature_tile(width)
-        kernel(rowptr.numpy(), col.numpy(), eid.numpy(), out.view(-1).numpy(), tile, *args)
+        out = torch.empty((ctx.num_rows(unit.by),) + root.shape, dtype=root.dtype)
+        graph = (rowptr.numpy(), col.numpy(), eid.numpy()) if ranges is None else \
+            _partitioned(rowptr, source_partitions(ctx, unit.by, ranges))
+        # Only parallel calls set a chunk size: that starts Numba's pool, which resets OpenMP's
+        # thread count -- torch's too -- to every core (numba.set_num_threads above set ours).
+        if threads > 1 and choice.chunk:
+            with numba.parallel_chunksize(choice.chunk):
+                kernel(*graph, out.view(-1).numpy(), tile, *args)
+        else:
+            kernel(*graph, out.view(-1).numpy(), tile, *args)
     else:
         out = torch.empty((ctx.num_edges,) + root.shape, dtype=root.dtype)
         kernel(ctx.src.numpy(), ctx.dst.numpy(), out.view(-1).numpy(), *args)
     return out
+
+
+def _partitioned(rowptr: torch.Tensor, parts: Partitions) -> tuple:
+    return rowptr.numpy(), parts.part_ptr, parts.rows, parts.ptr, parts.col, parts.eid
 
 
 def execute(program: Program, ctx: GraphContext, feeds: Mapping[str, torch.Tensor],

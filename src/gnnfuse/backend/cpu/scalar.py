@@ -6,13 +6,22 @@ evaluate one element at a time, so they import this module *as* ``tl`` and the s
 strings compile under Numba. The functions are inlined into the generated kernels.
 
 NaN semantics follow torch, not IEEE min/max: ``maximum`` returns NaN if either operand
-is NaN, as ``torch.relu``/``torch.clamp_min`` do.
+is NaN, as ``torch.relu``/``torch.clamp_min`` and ``torch.maximum`` do. That is
+Triton's ``propagate_nan=tl.PropagateNan.ALL``, which the registry's ``maximum`` and
+``minimum`` spell out; the argument is accepted here and changes nothing, and
+`PropagateNan` has no member for Triton's default (NaN dropped), so an emit string that
+asked for it would fail to compile rather than propagate silently.
 """
 from __future__ import annotations
 
+import enum
 import math
 
 import numba
+
+
+class PropagateNan(enum.IntEnum):
+    ALL = 1
 
 
 @numba.njit(inline="always", cache=True)
@@ -31,12 +40,12 @@ def sqrt(x):
 
 
 @numba.njit(inline="always", cache=True)
-def maximum(a, b):
+def maximum(a, b, propagate_nan=PropagateNan.ALL):
     return a if (a > b or a != a) else b
 
 
 @numba.njit(inline="always", cache=True)
-def minimum(a, b):
+def minimum(a, b, propagate_nan=PropagateNan.ALL):
     return a if (a < b or a != a) else b
 
 
@@ -55,4 +64,4 @@ def abs(x):   # noqa: A001 -- mirrors tl.abs
     return math.fabs(x)
 
 
-NAMES = frozenset({"exp", "log", "sqrt", "maximum", "minimum", "where", "sigmoid", "abs"})
+NAMES = frozenset({"exp", "log", "sqrt", "maximum", "minimum", "where", "sigmoid", "abs", "PropagateNan"})

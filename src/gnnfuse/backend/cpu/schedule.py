@@ -11,27 +11,63 @@ F=256, one thread of an AMD EPYC (32 MiB L3), tiles of 16, 32 and 64 columns mad
 neighbour sum 2.8x, 1.8x and 1.06x slower than one 256-wide pass (534, 357, 205 against
 193 ms). A gathered row of 1 KiB streams through the prefetcher; a 64-byte tile of it
 is one isolated miss, and the CSR is re-read per tile. ``GNNFUSE_CPU_FEATURE_TILE``
-forces a tile, for benchmarks and for a tuner's search (FeatGraph's FDS).
+forces a tile for every kernel, for benchmarks.
+
+Which schedule a unit runs under (`chosen`): a schedule the call forced
+(``gnnfuse.ops.gspmm(..., schedule=...)``, or the tuner timing a candidate), else --
+unless ``GNNFUSE_CPU_FEATURE_TILE`` is set -- the tuner's stored choice for this unit,
+graph class and machine (`tuned_schedule`), else this module's cost rule: one pass over
+the whole feature width and all sources (no partitions; see partition.py), rows split
+evenly between threads.
 """
 from __future__ import annotations
 
+import math
 import os
 
 import torch
 
-FEATURE_TILE_ENV = "GNNFUSE_CPU_FEATURE_TILE"
+from ...passes.fusion import AggregateUnit, Unit, gathered_leaves
+from .. import tuned_schedule
+from ..forced_schedule import ForcedSchedule
+from ..reference import GraphContext
+
+FEATURE_TILE_ENV = tuned_schedule.OVERRIDES["cpu"]
 PARALLEL_MIN_WORK = 1 << 16   # edge-features below which one thread beats waking the others
+COST_RULE = ForcedSchedule()
 
 
-def feature_tile(width: int) -> int:
-    """Columns per feature tile for an aggregate of ``width`` columns (see module doc)."""
-    forced = os.environ.get(FEATURE_TILE_ENV)
-    if not forced:
-        return max(width, 1)
-    tile = int(forced) if forced.isdigit() else 0
-    if tile < 1:
-        raise ValueError(f"{FEATURE_TILE_ENV} must be a positive integer, got {forced!r}")
+def chosen(unit: Unit, ctx: GraphContext) -> ForcedSchedule:
+    """The schedule ``unit`` runs under on this graph (see module doc)."""
+    return tuned_schedule.forced_or_tuned(unit, ctx.graph, "cpu") or COST_RULE
+
+
+def feature_tile(width: int, tile: int | None = None) -> int:
+    """Columns per feature tile for an aggregate of ``width`` columns: ``tile`` (a chosen
+    schedule's), else ``GNNFUSE_CPU_FEATURE_TILE``, else the whole width (see module doc)."""
+    if tile is None:
+        forced = os.environ.get(FEATURE_TILE_ENV)
+        if not forced:
+            return max(width, 1)
+        tile = int(forced) if forced.isdigit() else 0
+        if tile < 1:
+            raise ValueError(f"{FEATURE_TILE_ENV} must be a positive integer, got {forced!r}")
     return min(tile, max(width, 1))
+
+
+def range_rows(unit: AggregateUnit, partition_bytes: int | None, tile: int, num_neighbours: int) -> int | None:
+    """Neighbour vertices per source range so that the rows the unit gathers from a range
+    (``tile`` columns of each wide gathered leaf, all of a one-column one) fill
+    ``partition_bytes``; None where one range would hold them all or nothing is gathered."""
+    if not partition_bytes:
+        return None
+    sides = gathered_leaves(unit)
+    row_bytes = sum(min(math.prod(leaf.shape), tile) * leaf.dtype.itemsize
+                    for leaf in unit.leaves if any(side != unit.by for side in sides.get(leaf.id, ())))
+    if row_bytes == 0:
+        return None
+    rows = max(1, partition_bytes // row_bytes)
+    return rows if rows < num_neighbours else None
 
 
 def threads(work: int, limit: int) -> int:

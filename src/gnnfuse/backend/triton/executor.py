@@ -11,7 +11,8 @@ import triton
 
 from ...ir import Program, Value
 from ...passes.fusion import AggregateUnit, EdgeUnit, SharedReduceUnit, Unit, partition
-from ..forced_schedule import SCHEDULES, forced_schedule
+from .. import tuned_schedule
+from ..forced_schedule import SCHEDULES, forced_schedule, forcing
 from ..reference import GraphContext
 from ..kernel_cache import load_kernel as _load_kernel
 from ..reference.executor import run_plan
@@ -89,6 +90,12 @@ def _kernel_for(unit: Unit, acc: str, schedule: str):
 
 
 def run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> torch.Tensor:
+    """Runs ``unit`` under the tuner's stored choice for it, if any (backend/tuned_schedule.py)."""
+    with forcing(tuned_schedule.forced_or_tuned(unit, ctx.graph, "triton")):
+        return _run_unit(unit, ctx, leaves)
+
+
+def _run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> torch.Tensor:
     tensors = list(leaves.values())
     acc = "tl.float64" if any(t.dtype == torch.float64 for t in tensors) else "tl.float32"
     rows = ctx.num_rows(unit.by) if isinstance(unit, AggregateUnit) else ctx.num_nodes  # what `out` holds

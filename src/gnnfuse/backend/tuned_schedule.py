@@ -1,0 +1,231 @@
+"""Schedules chosen by the tuner (`gnnfuse tune`, FeatGraph's grid search), read by the
+backends.
+
+FeatGraph picks its scheduling parameters -- partitions, feature tiles, thread blocks --
+by timing every point of the space on the input at hand, since no cost rule fits every
+graph, width and machine. `gnnfuse.tuning` does the timing; this module holds what the
+two sides share: the key a choice is stored under, the file it lives in, and the lookup
+the backends make before falling back to their cost rule.
+
+Key: the fused unit's structure (`unit_fingerprint`: its ops, attributes, shapes and
+dtypes, independent of value ids, so every model and layer with the same unit shares a
+choice), the graph's shape class (nodes, edges, average and maximum in-degree, each
+bucketed to a power of two: a choice transfers between graphs of one class, and a
+re-tuned graph of another class never reuses it), the feature width, the backend and the
+device (the CPU model and the thread count, or the GPU's name).
+
+File: JSON at ``$GNNFUSE_TUNED_SCHEDULES`` (default ``$GNNFUSE_CACHE/tuned_schedules.json``,
+``~/.cache/gnnfuse``), stamped with a format number and a digest of the kernel
+generators. A file that does not parse, or whose stamp differs (written for other
+kernels), is ignored with one warning and the cost rules apply: a tuned choice only
+changes speed, never values, so ignoring one is always safe.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import tempfile
+import time
+import warnings
+import weakref
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..graph import Graph
+from ..passes.fusion import AggregateUnit, Unit
+from .forced_schedule import SCHEDULES, ForcedSchedule, forced_schedule
+
+PATH_ENV = "GNNFUSE_TUNED_SCHEDULES"
+FORMAT = 1
+_GENERATORS = [Path(__file__).parent / p for p in ("cpu/codegen.py", "cpu/scalar.py", "triton/codegen.py")]
+STAMP = {"format": FORMAT, "generators": hashlib.sha1(
+    b"".join(p.read_bytes() for p in _GENERATORS if p.exists())).hexdigest()[:16]}
+
+_FINGERPRINTS: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
+RECHECK_SECONDS = 1.0
+_loaded: dict[str, Any] = {"path": None, "version": None, "checked": 0.0, "entries": {}}
+_warned: set[str] = set()
+
+
+def cache_path() -> Path:
+    explicit = os.environ.get(PATH_ENV)
+    if explicit:
+        return Path(explicit)
+    root = Path(os.environ.get("GNNFUSE_CACHE", Path.home() / ".cache" / "gnnfuse"))
+    return root / "tuned_schedules.json"
+
+
+def unit_fingerprint(unit: Unit) -> str:
+    """A digest of the unit's structure: leaves, body and root as (op, operand positions,
+    attributes, residency, shape, dtype), plus its kind and grouping index."""
+    if unit not in _FINGERPRINTS:
+        values = [*unit.leaves, *unit.body, unit.root]
+        position = {v.id: n for n, v in enumerate(values)}
+        computed = {v.id for v in unit.body} | {unit.root.id}
+        rows = [(v.op, tuple(position.get(i.id, -1) for i in v.inputs) if v.id in computed else (),
+                 sorted((k, repr(a)) for k, a in v.attrs.items() if k != "key"),   # not an input's name
+                 v.residency.name, tuple(v.shape), str(v.dtype)) for v in values]
+        kind = ("aggregate", unit.by) if isinstance(unit, AggregateUnit) else ("edge",)
+        _FINGERPRINTS[unit] = hashlib.sha1(repr((kind, rows)).encode()).hexdigest()[:16]
+    return _FINGERPRINTS[unit]
+
+
+def _bucket(x: float) -> int:
+    return int(math.floor(math.log2(x))) if x >= 1 else 0
+
+
+def shape_class(graph: Graph) -> str:
+    """Nodes, edges, average and maximum in-degree as powers of two (see module doc)."""
+    def build(g: Graph) -> str:
+        degrees = g.in_degrees()
+        top = int(degrees.max()) if degrees.numel() else 0
+        return (f"n{_bucket(g.num_nodes)}-e{_bucket(g.num_edges)}-"
+                f"avg{_bucket(g.num_edges / max(g.num_nodes, 1))}-max{_bucket(top)}")
+    return graph.cached("tuned_shape_class", build)
+
+
+def cpu_name() -> str:
+    """The CPU model from /proc/cpuinfo (platform.processor() is often just the ISA)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "cpu"
+
+
+_CPU_NAME = cpu_name()
+
+
+def device_name(device: torch.device) -> str:
+    """The machine a timing holds for: the GPU's name, or the CPU model and the torch
+    thread count (the CPU backend's kernels use that many threads)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"{_CPU_NAME} x{torch.get_num_threads()} threads"
+
+
+def key(unit: Unit, graph: Graph, backend: str) -> str:
+    width = math.prod(unit.root.shape)
+    return "|".join((backend, device_name(graph.device), shape_class(graph), f"F{width}", unit_fingerprint(unit)))
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=4)
+
+
+def _schedule(record: Any) -> ForcedSchedule:
+    """The schedule of a stored entry; ValueError if it is not one."""
+    fields = record["schedule"]
+    schedule = ForcedSchedule(**fields)
+    tile = schedule.feature_tile
+    if schedule.kind not in SCHEDULES or (tile is not None and (not isinstance(tile, int) or tile < 1
+                                                                 or tile & (tile - 1))):   # Triton's blocks
+        raise ValueError(f"not a schedule: {fields!r}")
+    return schedule
+
+
+def _read(path: Path) -> dict[str, ForcedSchedule]:
+    try:
+        data = json.loads(path.read_text())
+        if not isinstance(data, dict) or not isinstance(data.get("entries"), dict):
+            raise ValueError("no 'entries' table")
+    except (OSError, ValueError) as error:
+        _warn_once(f"gnnfuse: ignoring the tuned-schedule cache {path} ({error}); the backends use their "
+                   "cost rules (run `gnnfuse tune` to rebuild it)")
+        return {}
+    if data.get("stamp") != STAMP:
+        _warn_once(f"gnnfuse: ignoring the tuned-schedule cache {path}: it was written for other kernels "
+                   f"(stamp {data.get('stamp')!r}, these are {STAMP!r}); run `gnnfuse tune` again")
+        return {}
+    entries = {}
+    for k, record in data["entries"].items():
+        try:
+            entries[k] = _schedule(record)
+        except (TypeError, ValueError, KeyError) as error:
+            _warn_once(f"gnnfuse: ignoring a corrupt entry of the tuned-schedule cache {path} ({error})")
+    return entries
+
+
+def entries() -> dict[str, ForcedSchedule]:
+    """Every stored choice by key, read once and again whenever the file changes. The
+    file is looked at most every `RECHECK_SECONDS` (every fused unit's launch asks, and
+    a GPU step is a few hundred microseconds of launches); `store` re-reads at once."""
+    path, now = cache_path(), time.monotonic()
+    if _loaded["path"] == path and now - _loaded["checked"] < RECHECK_SECONDS:
+        return _loaded["entries"]
+    try:
+        stat = path.stat()
+        version = (stat.st_mtime_ns, stat.st_ino, stat.st_size)
+    except OSError:
+        version = None
+    if (_loaded["path"], _loaded["version"]) != (path, version):
+        _loaded.update(path=path, version=version, entries=_read(path) if version is not None else {})
+    _loaded["checked"] = now
+    return _loaded["entries"]
+
+
+def lookup(unit: Unit, graph: Graph, backend: str) -> ForcedSchedule | None:
+    """The tuned schedule for ``unit`` on ``graph`` under ``backend``, or None."""
+    table = entries()
+    return table.get(key(unit, graph, backend)) if table else None
+
+
+# Each backend's environment variable that forces a schedule for every unit (benchmarks,
+# debugging): set, it wins over tuned choices as it wins over the cost rule.
+OVERRIDES = {"cpu": "GNNFUSE_CPU_FEATURE_TILE", "triton": "GNNFUSE_SCHEDULE"}
+
+
+def forced_or_tuned(unit: Unit, graph: Graph, backend: str) -> ForcedSchedule | None:
+    """What a backend runs ``unit`` under, before its cost rule: a schedule the call
+    forced, else the tuned choice (unless the backend's `OVERRIDES` variable is set),
+    else None."""
+    call = forced_schedule()
+    if call is not None or os.environ.get(OVERRIDES[backend], "auto") not in ("", "auto"):
+        return call
+    return lookup(unit, graph, backend)
+
+
+def note(unit: Unit, graph: Graph) -> str | None:
+    """For `gnnfuse.explain`: the tuned choices stored for ``unit`` on this graph and
+    device, per backend, or None."""
+    found = [(b, lookup(unit, graph, b)) for b in ("cpu", "triton")]
+    text = "; ".join(f"{b} backend: {describe(s)}" for b, s in found if s is not None)
+    return f"tuned schedule, {text}" if text else None
+
+
+def describe(schedule: ForcedSchedule) -> str:
+    parts = [] if schedule.kind == "auto" else [f"{schedule.kind} schedule"]
+    if schedule.feature_tile:
+        parts.append(f"feature tile {schedule.feature_tile}")
+    if schedule.partition_bytes:
+        parts.append(f"source partitions of {schedule.partition_bytes} B")
+    if schedule.chunk:
+        parts.append(f"{schedule.chunk} row blocks per thread chunk")
+    return ", ".join(parts) or "the cost rule"
+
+
+def store(records: dict[str, dict[str, Any]]) -> Path:
+    """Merge ``records`` (key -> {"schedule": fields, ...}) into the cache file, written
+    atomically; an unreadable or stale file is replaced."""
+    path = cache_path()
+    current = entries()   # the readable, current-stamp entries only
+    try:
+        old = json.loads(path.read_text())["entries"] if current else {}
+    except (OSError, ValueError, KeyError, TypeError):
+        old = {}
+    merged = {k: v for k, v in old.items() if k in current}
+    merged.update(records)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
+        json.dump({"stamp": STAMP, "entries": merged}, f, indent=1, sort_keys=True)
+    os.replace(f.name, path)
+    _loaded["path"] = None   # read back on the next lookup
+    return path

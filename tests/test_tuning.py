@@ -1,0 +1,203 @@
+"""The tuner (`gnnfuse tune`, FeatGraph's grid search) on the CPU backend: it times every
+fused unit of a tiny model's forward and backward programs over a small schedule space,
+stores the fastest per unit, reuses stored choices on a second run; the backend then
+runs the stored choice (the values unchanged against the reference backend), `explain`
+says so, and a corrupt or stale file is ignored with a warning."""
+from __future__ import annotations
+
+import contextlib
+import json
+import warnings
+
+import pytest
+import torch
+
+pytest.importorskip("numba")
+
+import gnnfuse  # noqa: E402
+from gnnfuse import nn as gnn  # noqa: E402
+from gnnfuse.backend import tuned_schedule  # noqa: E402
+from gnnfuse.backend.cpu import executor as cpu_executor  # noqa: E402
+from gnnfuse.backend.cpu import schedule as cpu_schedule  # noqa: E402
+from gnnfuse.backend.forced_schedule import ForcedSchedule, forcing  # noqa: E402
+from gnnfuse.cli import main  # noqa: E402
+from gnnfuse.tuning import candidates, tune  # noqa: E402
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """A private tuned-schedule file, read afresh by this test."""
+    path = tmp_path / "tuned.json"
+    monkeypatch.setenv(tuned_schedule.PATH_ENV, str(path))
+    monkeypatch.setattr(tuned_schedule, "_loaded", {"path": None, "version": None, "checked": 0.0, "entries": {}})
+    monkeypatch.setattr(tuned_schedule, "_warned", set())
+    return path
+
+
+def tiny():
+    src = torch.tensor([0, 0, 2, 3, 1, 4, 0, 5, 3, 6, 1])
+    dst = torch.tensor([1, 1, 2, 1, 3, 4, 3, 3, 0, 5, 6])
+    graph = gnnfuse.Graph(src, dst, 7)
+    torch.manual_seed(0)
+    model = gnn.GCNConv(4, 4).double()
+    x = torch.randn(7, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    return model, graph, x
+
+
+def output_and_grads(model, graph, x, backend, monkeypatch):
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    x = x.clone().requires_grad_()
+    model.zero_grad()
+    out = model(x, graph)
+    (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)).sum().backward()
+    return [out.detach(), x.grad, *(p.grad.clone() for p in model.parameters())]
+
+
+def test_tune_stores_choices_and_a_second_run_reuses_them(cache, monkeypatch):
+    monkeypatch.setenv("GNNFUSE_BACKEND", "reference")
+    model, graph, x = tiny()
+    first = tune(lambda: model(x, graph), "cpu", space="small", repeats=1)
+    # GCN: forward aggregation by destination, backward by source (the input gradient)
+    assert {r.unit.split("]")[0] for r in first} >= {"unit reduce[sum by dst", "unit reduce[sum by src"}
+    assert not any(r.reused for r in first) and all(r.candidates > 1 for r in first)
+    stored = json.loads(cache.read_text())
+    assert stored["stamp"] == tuned_schedule.STAMP and set(stored["entries"]) == {r.key for r in first}
+    timed = []
+    monkeypatch.setattr("gnnfuse.tuning.search.time_calls", lambda *a: timed.append(a) or [1.0])
+    second = tune(lambda: model(x, graph), "cpu", space="small", repeats=1)
+    assert all(r.reused for r in second) and not timed
+    assert {r.key: r.schedule for r in second} == {r.key: r.schedule for r in first}
+
+
+def test_the_backend_runs_the_tuned_choice_with_unchanged_values(cache, monkeypatch):
+    model, graph, x = tiny()
+    monkeypatch.setenv("GNNFUSE_BACKEND", "reference")
+    results = tune(lambda: model(x, graph), "cpu", space="small", repeats=1)
+    # Whatever the timings said, store a choice that changes the kernels: two-column
+    # tiles over source ranges of one vertex each.
+    tuned_schedule.store({r.key: {"schedule": {"feature_tile": 2, "partition_bytes": 8}} for r in results})
+    chosen, partitioned = [], []
+    real_chosen, real_kernel_for = cpu_schedule.chosen, cpu_executor._kernel_for
+    monkeypatch.setattr(cpu_schedule, "chosen", lambda *a: chosen.append(real_chosen(*a)) or chosen[-1])
+    monkeypatch.setattr(cpu_executor, "_kernel_for",
+                        lambda unit, acc, par, parts=False: partitioned.append(parts) or real_kernel_for(
+                            unit, acc, par, parts))
+    got = output_and_grads(model, graph, x, "cpu", monkeypatch)
+    assert chosen and all(c.feature_tile == 2 and c.partition_bytes == 8 for c in chosen) and any(partitioned)
+    expected = output_and_grads(model, graph, x, "reference", monkeypatch)
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    report = str(gnnfuse.explain(model, x, graph))
+    assert "tuned schedule, cpu backend: feature tile 2, source partitions of 8 B" in report
+
+
+@pytest.mark.parametrize("content, message", [
+    ("{not json", "ignoring the tuned-schedule cache"),
+    (json.dumps({"stamp": {"format": 0}, "entries": {}}), "written for other kernels"),
+])
+def test_a_corrupt_or_stale_cache_is_ignored_with_a_warning(content, message, cache, monkeypatch):
+    model, graph, x = tiny()
+    expected = output_and_grads(model, graph, x, "reference", monkeypatch)
+    cache.write_text(content)
+    with pytest.warns(RuntimeWarning, match=message):
+        got = output_and_grads(model, graph, x, "cpu", monkeypatch)
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        output_and_grads(model, graph, x, "cpu", monkeypatch)   # warned once, not per call
+
+
+def test_a_corrupt_entry_is_skipped_and_the_others_kept(cache, monkeypatch):
+    cache.write_text(json.dumps({"stamp": tuned_schedule.STAMP, "entries": {
+        "a": {"schedule": {"feature_tile": 2}}, "b": {"schedule": {"chunk": -3}}, "c": {"nothing": 1},
+        "d": {"schedule": {"feature_tile": 3}}, "e": {"schedule": {"kind": "diagonal"}}}}))
+    with pytest.warns(RuntimeWarning, match="corrupt entry"):
+        table = tuned_schedule.entries()
+    assert set(table) == {"a"} and table["a"].feature_tile == 2
+
+
+def test_a_chunk_on_a_serial_kernel_leaves_torch_threads_alone(monkeypatch):
+    """Setting Numba's chunk size starts its thread pool, which resets OpenMP's (and so
+    torch's) thread count to every core: serial kernels must not set it. (Checked on
+    the call, since a pool started by an earlier test would hide the reset.)"""
+    model, graph, x = tiny()
+    monkeypatch.setenv("GNNFUSE_BACKEND", "cpu")
+    entered = []
+    monkeypatch.setattr(cpu_executor.numba, "parallel_chunksize",
+                        lambda n: entered.append(n) or contextlib.nullcontext())
+    with forcing(ForcedSchedule(chunk=4)):
+        model(x, graph)
+    assert not entered and torch.get_num_threads() == 1
+
+
+def test_spaces_start_with_the_cost_rule_and_grow_with_threads():
+    model, graph, x = tiny()
+    from gnnfuse.passes.fusion import partition
+    from gnnfuse.runtime.compiled import record_calls
+    with record_calls() as calls:
+        model(x, graph)
+    unit = next(u for u in partition(calls[0].compiled.program) if hasattr(u, "reduce"))
+    one, two = candidates(unit, "cpu", 1), candidates(unit, "cpu", 2)
+    assert one[0] == two[0] == gnnfuse.ops.Schedule() and len(two) > len(one) > 1
+    assert len(set(one)) == len(one) and all(s.feature_tile is None or s.feature_tile < 4 for s in one)
+    triton = candidates(unit, "triton", 1)
+    assert {s.kind for s in triton} == {"auto", "csr", "coo"}
+
+
+def test_tune_command_line_errors(capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["tune", "--dataset", "cora", "--backend", "cpu", "--device", "cuda"])
+    assert stop.value.code == 2 and "--backend cpu runs host tensors" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:
+        main(["tune", "--dataset", "nosuch", "--space", "small"])
+    assert stop.value.code == 2
+
+
+def test_the_triton_backend_runs_a_tuned_choice(cache, monkeypatch):
+    """A stored Triton choice (here the vertex-parallel CSR schedule with 2-wide feature
+    blocks, where the cost rule picks the edge-parallel COO one for this sparse graph)
+    is what runs, forward and backward, with the values of the reference backend;
+    GNNFUSE_SCHEDULE still overrides it."""
+    pytest.importorskip("triton")
+    from gnnfuse.backend.triton import executor as triton_executor
+    from gnnfuse.runtime.compiled import record_calls
+    from oracle_check import device_for
+    device = device_for("triton")
+    model, graph, x = tiny()
+    model, graph, x = model.to(device), graph.to(device), x.to(device)
+    coo = []
+    real = triton_executor._run_coo_unit
+    monkeypatch.setattr(triton_executor, "_run_coo_unit", lambda *a: coo.append(1) or real(*a))
+    with record_calls() as calls:
+        output_and_grads(model, graph, x, "triton", monkeypatch)
+    assert len(coo) == 2, "the cost rule no longer picks COO here: pick another tuned choice"
+    call = calls[0]
+    units = [u for p in (call.compiled.program, call.compiled.backward_for(call.wrt).program)
+             for u in gnnfuse.passes.fusion.partition(p) if hasattr(u, "reduce")]
+    tuned_schedule.store({tuned_schedule.key(u, call.graph, "triton"): {"schedule": {"kind": "csr", "feature_tile": 2}}
+                          for u in units})
+    got = output_and_grads(model, graph, x, "triton", monkeypatch)
+    assert len(coo) == 2, "a tuned CSR choice ran as COO"
+    for a, b in zip(got, output_and_grads(model, graph, x, "reference", monkeypatch)):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    report = str(gnnfuse.explain(model, x, graph))
+    assert report.count("[csr schedule on CUDA] [tuned schedule, triton backend: csr schedule, feature tile 2]") == 2   # forward, backward
+    monkeypatch.setenv("GNNFUSE_SCHEDULE", "coo")
+    output_and_grads(model, graph, x, "triton", monkeypatch)
+    assert len(coo) == 4
+
+
+def test_tune_command_tunes_then_reuses(cache, capsys, monkeypatch):
+    # Unpartitioned schedules only: a partitioned kernel is one more compile per unit on a cold
+    # CI cache, and partitions are tested above.
+    real = gnnfuse.tuning.search.candidates
+    monkeypatch.setattr("gnnfuse.tuning.search.candidates",
+                        lambda *a: [s for s in real(*a) if s.partition_bytes is None])
+    assert main(["tune", "--dataset", "synthetic", "--model", "gcn", "--space", "small", "--repeats", "1"]) == 0
+    first = capsys.readouterr().out
+    assert "tuning the cpu backend for gcn on synthetic" in first and "0 reused" in first
+    assert cache.exists()
+    assert main(["tune", "--dataset", "synthetic", "--model", "gcn", "--space", "small"]) == 0
+    second = capsys.readouterr().out
+    assert "0 unit(s) tuned" in second and "reused:" in second
