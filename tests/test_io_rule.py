@@ -62,6 +62,23 @@ def _similarity_attention(x: torch.Tensor, graph: gnnfuse.Graph) -> torch.Tensor
     return layer(x, graph, sim)
 
 
+HETERO_EDGES = {("a", "r", "b"): torch.tensor([[0, 1, 2, 3, 0], [0, 1, 2, 0, 2]]),
+                ("b", "s", "a"): torch.tensor([[0, 1, 2, 2], [1, 2, 3, 0]]),
+                ("a", "t", "a"): torch.tensor([[0, 1, 2], [1, 2, 3]])}
+HETERO_METADATA = (["a", "b"], list(HETERO_EDGES))
+
+
+def _hetero(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """A dict-taking layer on node types a (the first 4 rows of x) and b (the other 3)."""
+    out = layer({"a": x[:4], "b": x[4:]}, HETERO_EDGES)
+    return torch.cat([out[t] for t in sorted(out)])
+
+
+def _rgat(x: torch.Tensor, graph: gnnfuse.Graph) -> torch.Tensor:
+    layer = gnn.RGATConv(F_IN, CHANNELS, RELATIONS, heads=HEADS)
+    return layer(x, torch.stack([graph.src, graph.dst]), graph.edge_type)
+
+
 # name -> (heads H, run(x, graph) -> output); every layer in gnnfuse.nn.__all__ appears
 LAYERS: dict[str, tuple[int, Callable[[torch.Tensor, gnnfuse.Graph], torch.Tensor]]] = {
     "GCNConv": (1, lambda x, g: gnn.GCNConv(F_IN, CHANNELS)(x, g)),
@@ -89,6 +106,10 @@ LAYERS: dict[str, tuple[int, Callable[[torch.Tensor, gnnfuse.Graph], torch.Tenso
     "EdgeConv": (1, lambda x, g: gnn.EdgeConv(_mlp(2 * F_IN))(x, g)),
     "RGCNConv": (1, lambda x, g: gnn.RGCNConv(F_IN, CHANNELS, RELATIONS)(x, g)),
     "RGCNConv-bases": (1, lambda x, g: gnn.RGCNConv(F_IN, CHANNELS, RELATIONS, num_bases=2)(x, g)),
+    "FastRGCNConv": (1, lambda x, g: gnn.FastRGCNConv(F_IN, CHANNELS, RELATIONS)(x, g)),
+    "RGATConv": (HEADS, _rgat),
+    "HGTConv": (HEADS, lambda x, g: _hetero(gnn.HGTConv(F_IN, CHANNELS * HEADS, HETERO_METADATA, heads=HEADS), x)),
+    "HeteroConv": (1, lambda x, g: _hetero(gnn.HeteroConv({t: gnn.SAGEConv(F_IN, CHANNELS) for t in HETERO_EDGES}), x)),
     "CGATConv": (HEADS, lambda x, g: gnn.CGATConv(F_IN, CHANNELS, heads=HEADS)(x, g)),
     "DotGATConv": (HEADS, lambda x, g: gnn.DotGATConv(F_IN, CHANNELS, heads=HEADS)(x, g)),
     "MLPAggConv": (1, lambda x, g: gnn.MLPAggConv(F_IN, CHANNELS)(x, g)),
@@ -109,7 +130,12 @@ LAYERS: dict[str, tuple[int, Callable[[torch.Tensor, gnnfuse.Graph], torch.Tenso
 # elementwise work and matmuls of the user's edge inputs, not matmuls of gathered rows:
 # an in-kernel tl.dot is not built yet). Strict: fixing one fails here until it is
 # taken off the list.
-MATMUL_ON_EDGES = {"EdgeConv", "RGCNConv", "RGCNConv-bases"}
+MATMUL_ON_EDGES = {"EdgeConv", "RGCNConv", "RGCNConv-bases", "FastRGCNConv"}
+# Layers whose relation-typed transforms are compacted per (vertex, relation) pair
+# (passes/compact.py): the forward gathers the pair rows inside the kernels, but the
+# backward sums each edge's gradient row into its pair with a torch scatter, which reads
+# an [E, H * D] gradient; a fused reduce by pair is not built yet.
+PAIR_GRADIENT_ON_EDGES = {"RGATConv", "HGTConv"}
 
 
 def _plans(run, typed: bool):
@@ -125,12 +151,19 @@ def test_every_layer_of_gnnfuse_nn_is_listed():
     assert public_layers <= covered
 
 
-@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.xfail(
-    strict=True, reason="per-edge matmul of gathered rows")) if name in MATMUL_ON_EDGES else name for name in LAYERS])
+def _known_gap(name: str):
+    if name in MATMUL_ON_EDGES:
+        return pytest.param(name, marks=pytest.mark.xfail(strict=True, reason="per-edge matmul of gathered rows"))
+    if name in PAIR_GRADIENT_ON_EDGES:
+        return pytest.param(name, marks=pytest.mark.xfail(strict=True, reason="pair gradients summed from edges"))
+    return name
+
+
+@pytest.mark.parametrize("name", [_known_gap(name) for name in LAYERS])
 def test_no_wide_edge_tensor_from_gathered_rows(name):
     heads, run = LAYERS[name]
     torch.manual_seed(0)
-    plans = _plans(run, typed=name.startswith("RGCN"))
+    plans = _plans(run, typed=name.startswith(("RGCN", "FastRGCN", "RGAT")))
     wide = [f"{plan.phase}: {t.value.op} {t.value.residency.name}{list(t.value.shape)}"
             for plan in plans for t in plan.edge_tensors if t.width > heads and not t.exempt]
     assert wide == [], f"{name} writes per-edge tensors wider than H={heads}: {wide}"
