@@ -229,3 +229,13 @@ def test_a_failed_capture_falls_back_and_drops_unwritten_gradients():
     with pytest.warns(CaptureFallbackWarning, match="capture failed .*stream is capturing"):
         capture(), capture()     # the first call builds the graph's caches (a boolean mask): not audited
     assert not capture.captured and all(p.grad is None for p in model.parameters())
+
+
+def test_sage_on_a_graph_with_unread_rows_is_replayable_after_its_first_call():
+    """Before: SAGEConv's transform-before-aggregate ran torch.nonzero over the vertices
+    without out-edges on every call (a host sync per step, and an unreplayable step)."""
+    graph = Graph(torch.tensor([0, 1, 2]), torch.tensor([1, 2, 0]), 4)    # vertex 3 sends nothing
+    layer, x = gnn_nn.SAGEConv(6, 2), torch.randn(4, 6)
+    first = layer(x, graph)
+    again, reason = audit_step(lambda: layer(x, graph), torch.device("cpu"))
+    assert reason is None and torch.equal(again, first)
