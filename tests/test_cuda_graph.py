@@ -239,3 +239,22 @@ def test_sage_on_a_graph_with_unread_rows_is_replayable_after_its_first_call():
     first = layer(x, graph)
     again, reason = audit_step(lambda: layer(x, graph), torch.device("cpu"))
     assert reason is None and torch.equal(again, first)
+
+
+def test_training_with_cuda_graph_on_falls_back_on_the_cpu_with_the_same_history():
+    from gnnfuse.training import make_config, train_runs
+    config = make_config("gcn", epochs=3)
+    eager = train_runs(config, log_epochs=False, cuda_graph="off").runs[0]
+    with pytest.warns(CaptureFallbackWarning, match="CUDA device") as caught:
+        asked = train_runs(config, log_epochs=False, cuda_graph="on").runs[0]
+    assert len([w for w in caught if issubclass(w.category, CaptureFallbackWarning)]) == 1
+    assert asked.history == eager.history and asked.cuda_graph.startswith("eager: CUDA graphs need")
+    assert eager.cuda_graph == "eager: disabled (mode 'off')"
+
+
+def test_cli_train_takes_the_cuda_graph_flag(capsys):
+    from gnnfuse.cli import main
+    assert main(["train", "--epochs", "2", "--cuda-graph", "off"]) == 0
+    with pytest.raises(SystemExit):
+        main(["train", "--epochs", "2", "--cuda-graph", "sometimes"])
+    assert "invalid choice: 'sometimes'" in capsys.readouterr().err
