@@ -258,3 +258,15 @@ def test_cli_train_takes_the_cuda_graph_flag(capsys):
     with pytest.raises(SystemExit):
         main(["train", "--epochs", "2", "--cuda-graph", "sometimes"])
     assert "invalid choice: 'sometimes'" in capsys.readouterr().err
+
+
+def test_bench_reports_how_gnnfuse_step_ran():
+    from gnnfuse import bench
+    report = bench.run_bench("gcn", "synthetic", "cpu", ("gnnfuse",), steps=1, warmup=1, log=lambda m: None,
+                             cuda_graph="off")
+    cell = report["results"]["gnnfuse"]
+    assert cell["status"] == "ok" and cell["cuda_graph"] == "eager: disabled (mode 'off')"
+    assert cell["warmup"] >= 3          # the timed steps would be replays where it captures
+    assert "gnnfuse training step: eager: disabled" in bench.format_table(report)
+    with pytest.raises(ValueError, match="pyg-compile-ro"):
+        bench.run_bench("gcn", "synthetic", "cpu", ("pyg-cudagraphs",), log=lambda m: None)
