@@ -270,3 +270,42 @@ def test_bench_reports_how_gnnfuse_step_ran():
     assert "gnnfuse training step: eager: disabled" in bench.format_table(report)
     with pytest.raises(ValueError, match="pyg-compile-ro"):
         bench.run_bench("gcn", "synthetic", "cpu", ("pyg-cudagraphs",), log=lambda m: None)
+
+
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="real CUDA-graph capture needs a GPU")
+
+
+@needs_gpu
+def test_gpu_captured_training_matches_eager():
+    """Dropout-free GCN steps replayed from a CUDA graph give eager's losses and weights."""
+    def run(mode: str):
+        torch.manual_seed(0)
+        graph = _graph().to("cuda")
+        x, y = torch.randn(6, 5, device="cuda"), torch.tensor([0, 1, 0, 1, 1, 0], device="cuda")
+        model = torch.nn.ModuleList([gnn_nn.GCNConv(5, 8), gnn_nn.GCNConv(8, 2)]).cuda()
+        opt = torch.optim.Adam(model.parameters(), lr=0.05, capturable=True)
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(model[1](torch.relu(model[0](x, graph)), graph), y)
+            loss.backward()
+            opt.step()
+            return loss
+        capture = StepCapture(step, optimizers=[opt], modules=[model], mode=mode)
+        losses = torch.stack([capture() for _ in range(6)])
+        return capture, losses, list(model.parameters())
+    captured, losses, weights = run("on")
+    _, eager_losses, eager_weights = run("off")
+    assert captured.status == "captured"
+    torch.testing.assert_close(losses, eager_losses, rtol=1e-5, atol=1e-6)
+    for mine, theirs in zip(weights, eager_weights):
+        torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-6)
+
+
+@needs_gpu
+def test_gpu_a_syncing_step_falls_back_with_the_reason():
+    x = torch.randn(8, device="cuda")
+    capture = StepCapture(lambda: x * float(x.sum()), mode="auto")
+    with pytest.warns(CaptureFallbackWarning, match="_local_scalar_dense"):
+        results = [capture() for _ in range(4)]
+    assert not capture.captured and all(torch.equal(r, x * float(x.sum())) for r in results)

@@ -85,9 +85,26 @@ def measure(framework: str, model: str, data: DeviceData, state: dict[str, torch
     times = time_calls(step, steps, device)
     peak, pool = peak_memory_gb(device), _pool_gb(step)
     return {"status": "ok", **summarize(times), "steps": steps, "warmup": warmup,
+            "host_ms": issue_ms(step, min(steps, ISSUE_STEPS), device),
             "first_step_ms": first_step_ms, "first_loss": first_loss,
             "resident_gb": resident, "peak_gb": peak if peak is None or not pool else peak + pool,
             **({"cuda_graph": step.status, "graph_pool_gb": pool} if ours else {})}
+
+
+ISSUE_STEPS = 10     # few enough that their launches fit CUDA's queue without blocking
+
+
+def issue_ms(fn: Callable[[], Any], repeats: int, device: torch.device) -> float:
+    """Host milliseconds per call to issue ``repeats`` calls back to back, before waiting
+    for the device: about the step time when a step is host-bound, far below it when the
+    GPU is the bottleneck (equal to the step time on the CPU)."""
+    synchronize(device)
+    begin = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    issued = (time.perf_counter() - begin) * 1e3 / repeats
+    synchronize(device)
+    return issued
 
 
 def _pool_gb(step: StepCapture) -> float | None:
