@@ -12,7 +12,7 @@ from ...ir.sides import BOTH, check_sides, sides_of
 from .context import GraphContext
 
 
-_Schedule = tuple  # ((item, reads, out id, ids freed after it), ...): see `_schedule`
+_Schedule = tuple  # ((item, reads, out id, ids freed after it, op, input ids, residencies), ...): `_schedule`
 _SCHEDULES: "weakref.WeakKeyDictionary[Program, dict]" = weakref.WeakKeyDictionary()
 _VALUE_PLANS: "weakref.WeakKeyDictionary[Program, list[Value]]" = weakref.WeakKeyDictionary()
 _INPUTS: "weakref.WeakKeyDictionary[Program, weakref.WeakKeyDictionary]" = weakref.WeakKeyDictionary()
@@ -46,10 +46,9 @@ def run_plan(program: Program, plan: Sequence, ctx: GraphContext, feeds: Mapping
         if t.shape != expected:
             raise ValueError(f"input {key!r} ({residency}) should have shape {list(expected)}, got {list(t.shape)}")
         env[value_id] = t
-    for item, reads, out, frees in steps:
-        if isinstance(item, Value):
-            env[out] = get_op(item.op).run(ctx, [env[i.id] for i in item.inputs],
-                                           [i.residency for i in item.inputs], item.attrs)
+    for item, reads, out, frees, op, input_ids, residencies in steps:
+        if op is not None:
+            env[out] = op.run(ctx, [env[i] for i in input_ids], residencies, item.attrs)
         else:
             env[out] = run_unit(item, ctx, {i.id: env[i.id] for i in reads})
         for i in frees:
@@ -60,7 +59,8 @@ def run_plan(program: Program, plan: Sequence, ctx: GraphContext, feeds: Mapping
 
 def _schedule(program: Program, plan: Sequence, keep: frozenset[int]) -> _Schedule:
     """Each step of ``plan`` with what it reads and the values that die after it (read
-    for the last time and not kept), built once per (program, plan, keep)."""
+    for the last time and not kept), and for a value its op and operands' ids and
+    residencies; built once per (program, plan, keep)."""
     cache = _SCHEDULES.setdefault(program, {})
     entry = cache.get((id(plan), keep))
     if entry is not None and entry[0] is plan:
@@ -74,7 +74,9 @@ def _schedule(program: Program, plan: Sequence, keep: frozenset[int]) -> _Schedu
     for value_id, position in last.items():
         if value_id not in keep:
             frees[position].append(value_id)
-    steps = tuple((item, tuple(r), (item if isinstance(item, Value) else item.root).id, tuple(f))
+    steps = tuple((item, tuple(r), item.id, tuple(f), get_op(item.op), tuple(i.id for i in item.inputs),
+                   tuple(i.residency for i in item.inputs)) if isinstance(item, Value) else
+                  (item, tuple(r), item.root.id, tuple(f), None, None, None)
                   for item, r, f in zip(plan, reads, frees))
     cache[(id(plan), keep)] = (plan, steps)
     return steps
