@@ -309,3 +309,10 @@ def test_gpu_a_syncing_step_falls_back_with_the_reason():
     with pytest.warns(CaptureFallbackWarning, match="_local_scalar_dense"):
         results = [capture() for _ in range(4)]
     assert not capture.captured and all(torch.equal(r, x * float(x.sum())) for r in results)
+
+
+def test_a_container_of_tensors_is_not_captured():
+    capture = _captured(lambda tables: tables["x"] * 2)
+    with pytest.warns(CaptureFallbackWarning, match="argument 0 is a dict holding tensors"):
+        assert torch.equal(capture({"x": torch.ones(2)}), torch.full((2,), 2.0))
+    assert not capture.captured and torch.equal(capture({"x": torch.zeros(2)}), torch.zeros(2))

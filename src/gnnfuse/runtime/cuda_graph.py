@@ -116,6 +116,25 @@ def audit_step(fn: Callable[[], Any], device: torch.device) -> tuple[Any, str | 
     return result, audit.reason
 
 
+def _argument_problem(inputs: tuple) -> str | None:
+    """Tensors inside a container argument would be read at capture and never again: the
+    replay could not see that the container now holds other tensors."""
+    for position, value in enumerate(inputs):
+        if not isinstance(value, torch.Tensor) and any(isinstance(t, torch.Tensor) for t in tree_flatten(value)[0]):
+            return (f"argument {position} is a {type(value).__name__} holding tensors; pass the tensors themselves "
+                    "as arguments (they are copied into static buffers) or close over them")
+    return None
+
+
+def _same_value(given: Any, static: Any) -> bool:
+    """Whether a non-tensor argument equals the one captured; a container of tensors
+    (whose ``==`` is element-wise) counts as changed unless it is the same object."""
+    try:
+        return bool(given == static)
+    except (RuntimeError, TypeError, ValueError):
+        return False
+
+
 class _CudaGraph:
     """torch.cuda.graph behind the two calls `StepCapture` makes, so its bookkeeping can
     be exercised without a GPU by a stand-in with the same interface."""
@@ -151,8 +170,10 @@ class StepCapture:
       elsewhere (silently on the CPU); ``"on"`` warns whenever it cannot capture; ``"off"``
       never captures. `reason` says why a step runs eagerly.
     - ``inputs``: tensor arguments are copied into static buffers made at capture
-      (`static_inputs`; write into them to skip the copy). Tensors the step closes over
-      are used in place: they must keep their storage, as parameters must.
+      (`static_inputs`; write into them to skip the copy; no gradient flows back to
+      them). Other arguments (a `Graph`, numbers) must be the same object or equal on
+      every call; a container holding tensors is not captured. Tensors the step closes
+      over are used in place: they must keep their storage, as parameters must.
     - ``optimizers`` / ``modules``: their parameters are checked not to have been
       replaced, and the modules' train/eval flags not to have changed, before each replay.
       Adam-style optimizers must be built with ``capturable=True``.
@@ -204,7 +225,7 @@ class StepCapture:
             return self.step_fn(*inputs)
         if self._calls < self.warmup:
             return self._eager_on_side_stream(inputs, device)
-        reason = self._optimizer_problem(device)
+        reason = self._optimizer_problem(device) or _argument_problem(inputs)
         if reason:
             self._fall_back(reason)
             return self.step_fn(*inputs)
@@ -301,7 +322,7 @@ class StepCapture:
                     raise ValueError(f"argument {position} of the captured {self.name} changed from (shape, dtype, "
                                      f"device, stride) {expected} to {meta}; a CUDA graph replays fixed shapes: "
                                      "build a new StepCapture for the new shape")
-            elif given is not static and given != static:
+            elif given is not static and not _same_value(given, static):
                 raise ValueError(f"argument {position} of the captured {self.name} changed from {static!r} to "
                                  f"{given!r}; the graph replays the value it was captured with")
         for name, p, pointer in self._watched:
