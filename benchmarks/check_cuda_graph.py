@@ -8,7 +8,9 @@
 2. **Fresh randomness.** A captured forward with feature dropout (``F.dropout``) and one
    with GAT attention dropout (gnnfuse's ``dropout_mask`` op) must give different outputs
    on consecutive replays, with about the dropped share of zeros.
-3. **Step times** on pubmed and arxiv-like: gnnfuse eager, gnnfuse captured, PyG
+3. **Forward against PyG** on each data set and model, on gnnfuse's second call (the
+   autotuner's choice replayed directly), rel err <= 1e-3.
+4. **Step times** on pubmed and arxiv-like: gnnfuse eager, gnnfuse captured, PyG
    compiled (``torch.compile`` default mode: the issue's baseline) and, with ``--with-ro``,
    PyG compiled with ``mode="reduce-overhead"`` (PyG's own CUDA graphs). Median ms per
    step, host ms to issue one step, and the issue's targets (>= 1.5x PyG compiled on
@@ -36,7 +38,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from gnnfuse import nn as gnn_nn
-from gnnfuse.bench import build_model, guarded, load_data, measure, reference_state
+from gnnfuse.bench import (REL_ERR_LIMIT, build_model, graph_input, guarded, instantiate, load_data, max_rel_err,
+                           measure, reference_state)
 from gnnfuse.graph import Graph
 from gnnfuse.runtime.cuda_graph import StepCapture
 
@@ -132,6 +135,21 @@ def fresh_masks(kind: str, problem: dict[str, Any]) -> dict[str, Any]:
             "passed": step.captured and all(differ) and plausible}
 
 
+def forward_check(model: str, data, state: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """gnnfuse's eval forward against PyG's from the same weights, on its second call:
+    the first lets the autotuner choose, the second replays the choice directly
+    (`gnnfuse.backend.triton.launch`), which is the path every later step takes."""
+    outputs = []
+    for framework, calls in (("gnnfuse", 2), ("pyg", 1)):
+        module = instantiate(framework, model, data, state, data.x.device).eval()
+        with torch.no_grad():
+            for _ in range(calls):
+                out = module(data.x, graph_input(framework, data))
+        outputs.append(out)
+    err = max_rel_err(*outputs)
+    return {"status": "ok", "max_rel_err": err, "passed": err <= REL_ERR_LIMIT}
+
+
 def timing_cells(datasets: list[str], frameworks: list[str]) -> list[tuple[str, str, str]]:
     """(dataset, model, framework) in priority order: gnnfuse's cells of every model
     first (fast), then the compiled peers, which spend most of the time compiling."""
@@ -171,6 +189,11 @@ def render(results: dict[str, Any]) -> str:
             continue
         lines.append(f"| {kind} | {cell['capture']} | {cell['replays_differ']} | {cell['zero_share']:.2f} | "
                      f"{'yes' if cell['passed'] else '**no**'} |")
+    lines += ["", "## gnnfuse forward (second call: the autotuner's choice replayed) against PyG", "",
+              "| data set / model | status | max rel err | passed |", "|---|---|---|---|"]
+    for key, cell in results["forward_checks"].items():
+        lines.append(f"| {key} | {cell['status']} | {fmt(cell.get('max_rel_err'), '.1e')} | "
+                     f"{'yes' if cell['passed'] else '**no**'} |")
     frameworks = ["gnnfuse-eager", "gnnfuse-captured"] + results["peers"]
     lines += ["", "## Training step, median ms (host ms to issue one step)", "",
               "Speedup = PyG compiled median / gnnfuse captured median; target from issue #13.", "",
@@ -209,17 +232,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=float, default=240, help="seconds after which no timing cell starts")
     parser.add_argument("--cell-limit", type=float, default=90, help="seconds per timing cell")
     parser.add_argument("--root", help="data folder (default: $GNNFUSE_DATA, then ../shared/data)")
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
+                        help="cpu: a dry run of the script itself (nothing is captured, so the checks fail)")
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
+    if args.device == "cuda" and not torch.cuda.is_available():
         print("check_cuda_graph: CUDA is not available; nothing to check", flush=True)
         return 1
-    begin, device = time.perf_counter(), torch.device("cuda")
+    begin, device = time.perf_counter(), torch.device(args.device)
     peers = ["pyg-compile"] + (["pyg-compile-ro"] if args.with_ro else [])
     datasets = [d.strip() for d in args.datasets.split(",") if d.strip()]
     results: dict[str, Any] = {
-        "environment": f"{torch.cuda.get_device_name()}, torch {torch.__version__}, "
-                       f"triton {__import__('triton').__version__}",
-        "datasets": datasets, "peers": peers, "equivalence": {}, "fresh_masks": {}, "timings": {}}
+        "environment": f"{torch.cuda.get_device_name() if device.type == 'cuda' else 'CPU (dry run)'}, "
+                       f"torch {torch.__version__}, triton {__import__('triton').__version__}",
+        "datasets": datasets, "peers": peers, "equivalence": {}, "fresh_masks": {}, "forward_checks": {},
+        "timings": {}}
 
     def log(message: str) -> None:
         print(f"[{time.perf_counter() - begin:6.1f} s] {message}", flush=True)
@@ -260,6 +286,13 @@ def main(argv: list[str] | None = None) -> int:
             results["timings"][key] = {"status": data}
             continue
         state = reference_state(model, data)
+        check_key = f"{dataset}/{model}"
+        if check_key not in results["forward_checks"]:
+            check = guarded(lambda: forward_check(model, data, state), device, args.cell_limit)
+            check.setdefault("passed", False)
+            results["forward_checks"][check_key] = check
+            log(f"forward vs PyG {check_key}: {check['status']} rel err {check.get('max_rel_err')} "
+                f"passed={check['passed']}")
         cell = guarded(lambda: run_timing(dataset, model, framework, data, state, args), device, args.cell_limit)
         results["timings"][key] = cell
         extra = f" ({cell.get('cuda_graph')})" if "cuda_graph" in cell else ""
@@ -268,7 +301,8 @@ def main(argv: list[str] | None = None) -> int:
         save(results, args.out)
     save(results, args.out)
     print(render(results), flush=True)
-    checks = list(results["equivalence"].values()) + list(results["fresh_masks"].values())
+    checks = [*results["equivalence"].values(), *results["fresh_masks"].values(),
+              *results["forward_checks"].values()]
     failed = [c for c in checks if not c["passed"]]
     log(f"wrote {args.out / 'cuda_graph.md'}; {len(checks) - len(failed)}/{len(checks)} correctness checks passed")
     return 1 if failed else 0
