@@ -45,6 +45,10 @@ from gnnfuse.runtime.cuda_graph import StepCapture
 
 MODELS = ("gcn", "gat", "sage")
 TARGETS = {"arxiv-like": 1.5, "pubmed": 1.2}    # gnnfuse speedup over PyG compiled, issue #13
+# PyG compiled step medians (ms) of issue #13's run (H100, torch 2.11): the yardstick for
+# a cell whose own PyG compiled run did not fit in the time budget, marked as such.
+ISSUE_PYG_COMPILED = {("pubmed", "gcn"): 4.86, ("pubmed", "gat"): 4.96, ("pubmed", "sage"): 2.52,
+                      ("arxiv-like", "gcn"): 3.58, ("arxiv-like", "gat"): 4.76, ("arxiv-like", "sage"): 2.59}
 LOSS_RTOL = 1e-3
 
 
@@ -151,10 +155,11 @@ def forward_check(model: str, data, state: dict[str, torch.Tensor]) -> dict[str,
 
 
 def timing_cells(datasets: list[str], frameworks: list[str]) -> list[tuple[str, str, str]]:
-    """(dataset, model, framework) in priority order: gnnfuse's cells of every model
-    first (fast), then the compiled peers, which spend most of the time compiling."""
-    ours = [(d, m, f) for d in datasets for m in MODELS for f in ("gnnfuse-eager", "gnnfuse-captured")]
-    return ours + [(d, m, f) for f in frameworks for d in datasets for m in MODELS]
+    """(dataset, model, framework) in priority order: one data set at a time, gnnfuse's
+    cells of every model first (fast), then the compiled peers, which spend most of
+    their time compiling."""
+    return [(d, m, f) for d in datasets
+            for f in ("gnnfuse-eager", "gnnfuse-captured", *frameworks) for m in MODELS]
 
 
 def run_timing(dataset: str, model: str, framework: str, data, state, args) -> dict[str, Any]:
@@ -205,11 +210,15 @@ def render(results: dict[str, Any]) -> str:
             shown = [(f"{c['median_ms']:.2f} ({c['host_ms']:.2f})" if c.get("status") == "ok" else c["status"])
                      if c else "–" for c in cells]
             ours, peer = cells[1], results["timings"].get(f"{dataset}/{model}/pyg-compile")
-            ok = ours and peer and ours.get("status") == peer.get("status") == "ok"
-            speedup = peer["median_ms"] / ours["median_ms"] if ok else None
+            ok = ours and ours.get("status") == "ok"
+            speedup, note = None, ""
+            if ok and peer and peer.get("status") == "ok":
+                speedup = peer["median_ms"] / ours["median_ms"]
+            elif ok and (dataset, model) in ISSUE_PYG_COMPILED:
+                speedup, note = ISSUE_PYG_COMPILED[dataset, model] / ours["median_ms"], " (vs issue #13's PyG run)"
             target = TARGETS.get(dataset)
             verdict = "" if speedup is None else (" met" if speedup >= target else " **missed**") if target else ""
-            lines.append(f"| {dataset} | {model} | " + " | ".join(shown) + f" | {fmt(speedup, '.2f')} | "
+            lines.append(f"| {dataset} | {model} | " + " | ".join(shown) + f" | {fmt(speedup, '.2f')}{note} | "
                          f"{f'>= {target}' if target else '–'}{verdict} | {ours.get('cuda_graph', '–') if ours else '–'} | "
                          f"{fmt(ours.get('graph_pool_gb') if ours else None, '.3f')} |")
     return "\n".join(lines) + "\n"
@@ -229,8 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--train-steps", type=int, default=8, help="steps of the equivalence check")
-    parser.add_argument("--budget", type=float, default=240, help="seconds after which no timing cell starts")
-    parser.add_argument("--cell-limit", type=float, default=90, help="seconds per timing cell")
+    parser.add_argument("--budget", type=float, default=170, help="seconds after which no timing cell starts")
+    parser.add_argument("--cell-limit", type=float, default=60, help="seconds per timing cell")
     parser.add_argument("--root", help="data folder (default: $GNNFUSE_DATA, then ../shared/data)")
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
                         help="cpu: a dry run of the script itself (nothing is captured, so the checks fail)")

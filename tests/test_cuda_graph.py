@@ -316,3 +316,10 @@ def test_a_container_of_tensors_is_not_captured():
     with pytest.warns(CaptureFallbackWarning, match="argument 0 is a dict holding tensors"):
         assert torch.equal(capture({"x": torch.ones(2)}), torch.full((2,), 2.0))
     assert not capture.captured and torch.equal(capture({"x": torch.zeros(2)}), torch.zeros(2))
+
+
+def test_cli_bench_takes_the_cuda_graph_flag(capsys):
+    from gnnfuse.cli import main
+    assert main(["bench", "--dataset", "synthetic", "--frameworks", "gnnfuse", "--steps", "1", "--warmup", "1",
+                 "--cuda-graph", "off"]) == 0
+    assert "gnnfuse training step: eager: disabled (mode 'off') (CUDA graph)" in capsys.readouterr().out
