@@ -267,7 +267,7 @@ def test_bench_reports_how_gnnfuse_step_ran():
     cell = report["results"]["gnnfuse"]
     assert cell["status"] == "ok" and cell["cuda_graph"] == "eager: disabled (mode 'off')"
     assert cell["warmup"] >= 3          # the timed steps would be replays where it captures
-    assert "gnnfuse training step: eager: disabled" in bench.format_table(report)
+    assert "CUDA graph of gnnfuse's training step: eager: disabled" in bench.format_table(report)
     with pytest.raises(ValueError, match="pyg-compile-ro"):
         bench.run_bench("gcn", "synthetic", "cpu", ("pyg-cudagraphs",), log=lambda m: None)
 
@@ -322,4 +322,4 @@ def test_cli_bench_takes_the_cuda_graph_flag(capsys):
     from gnnfuse.cli import main
     assert main(["bench", "--dataset", "synthetic", "--frameworks", "gnnfuse", "--steps", "1", "--warmup", "1",
                  "--cuda-graph", "off"]) == 0
-    assert "gnnfuse training step: eager: disabled (mode 'off') (CUDA graph)" in capsys.readouterr().out
+    assert "CUDA graph of gnnfuse's training step: eager: disabled (mode 'off')" in capsys.readouterr().out

@@ -79,7 +79,7 @@ def format_table(report: dict[str, Any]) -> str:
     if report["device"].startswith("cpu"):
         notes.append("peak memory: n/a on CPU (only the CUDA allocator tracks the timed steps alone)")
     if "cuda_graph" in report["results"].get("gnnfuse", {}):
-        notes.append(f"gnnfuse training step: {report['results']['gnnfuse']['cuda_graph']} (CUDA graph)")
+        notes.append(f"CUDA graph of gnnfuse's training step: {report['results']['gnnfuse']['cuda_graph']}")
     return "\n".join(lines + notes + failures) + "\n"
 
 
