@@ -276,7 +276,6 @@ def main(argv: list[str] | None = None) -> int:
         log(f"fresh masks, {kind}: {cell['status']} capture={cell.get('capture')} "
             f"differ={cell.get('replays_differ')} zeros={cell.get('zero_share')} passed={cell['passed']}")
         save(results, args.out)
-    del problem
 
     loaded: dict[str, Any] = {}
     for dataset, model, framework in timing_cells(datasets, peers):

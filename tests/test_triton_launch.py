@@ -4,7 +4,6 @@ Runs a real ``@triton.autotune`` kernel (one config: no timing, so the interpret
 run it); on a GPU the autotuner picks among several configs, the bookkeeping is the same."""
 from __future__ import annotations
 
-import pytest
 import torch
 import triton
 import triton.language as tl
