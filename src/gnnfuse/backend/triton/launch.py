@@ -45,7 +45,8 @@ def _direct_launch(kernel: Autotuner, grid: Callable[[dict], tuple], kwargs: dic
     """(JIT function, grid, keyword arguments) replaying the autotuner's last launch,
     or a marker to keep going through the autotuner when the config has a pre-hook."""
     config = getattr(kernel, "best_config", None)
-    if config is None or getattr(config, "pre_hook", None) is not None or not hasattr(config, "all_kwargs"):
+    if (config is None or getattr(config, "pre_hook", None) is not None or not hasattr(config, "all_kwargs")
+            or not hasattr(kernel, "fn")):
         return _THROUGH_AUTOTUNER
     merged = {**kwargs, **config.all_kwargs()}
     return kernel.fn, grid(merged), merged
