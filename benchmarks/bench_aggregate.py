@@ -9,7 +9,14 @@ Each time is also given as effective bandwidth under one fixed byte model (see
 `bytes_moved`), next to the device's measured copy bandwidth. Results merge into
 ``<out>/aggregate.json`` (keyed by data set/width/method) and ``<out>/aggregate.md``.
 
+Timed call by call, a small graph measures the host (Python, launches) as much as the
+kernel. ``--cuda-graph`` also times every method through a CUDA graph holding
+``--graph-calls`` calls (`gnnfuse.runtime.cuda_graph.StepCapture`), replayed and divided
+by the call count: kernel against kernel. Those cells are keyed ``.../<method>@graph``
+and get their own tables.
+
     python benchmarks/bench_aggregate.py --dataset arxiv-like,reddit2-like
+    python benchmarks/bench_aggregate.py --dataset arxiv-like --cuda-graph --features 16,32,64,128
     python benchmarks/bench_aggregate.py --device cpu --dataset cora --features 1,8 --repeats 2
 """
 from __future__ import annotations
@@ -26,6 +33,7 @@ from torch_geometric.utils import scatter
 
 import gnnfuse
 from gnnfuse.data import load_dataset
+from gnnfuse.runtime.cuda_graph import CaptureFallbackWarning, StepCapture
 
 from common import (environment, failure_status, fmt, free_memory, guarded, load_results, log, new_run_id,
                     prune_runs,
@@ -36,6 +44,7 @@ FEATURES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 METHODS = ("gnnfuse", "sparse-mm", "pyg-scatter")
 REFERENCE = "sparse-mm"        # the others are checked against cuSPARSE's result
 REL_ERR_LIMIT = 1e-4           # float32 sums in another order differ by ~1e-6 of the scale
+GRAPH = "@graph"               # key suffix of cells timed through a CUDA graph
 VALUE_BYTES, INDEX_BYTES = 4, 4
 BYTES_MODEL = (f"bytes = E*F*{VALUE_BYTES} (one source row gathered per edge) + E*{INDEX_BYTES} (column "
                f"index) + (N+1)*{INDEX_BYTES} (row pointer) + N*F*{VALUE_BYTES} (output written); "
@@ -129,6 +138,29 @@ def measure(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, expecte
             "rel_err": None if expected is None else max_rel_err(fn(x), expected)}
 
 
+def measure_captured(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, expected: torch.Tensor | None,
+                     args: argparse.Namespace, device: torch.device, num_edges: int) -> dict[str, Any]:
+    """`measure`, with ``args.graph_calls`` calls captured in one CUDA graph per replay;
+    times are per call. A method the capture refuses gets that reason as its status."""
+    def calls() -> torch.Tensor:
+        for _ in range(args.graph_calls - 1):
+            fn(x)
+        return fn(x)
+    step = StepCapture(calls, mode="on", copy_outputs=False, warmup=max(args.warmup, 2), name="aggregation")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CaptureFallbackWarning)     # the reason becomes the status
+        for _ in range(max(args.warmup, 2)):
+            step()
+    if not step.captured:
+        return {"status": f"not captured: {step.reason}"[:200]}
+    replays = summarize(time_calls(step, args.repeats, device))
+    stats = {key: value / args.graph_calls for key, value in replays.items()}
+    moved = bytes_moved(x.shape[0], num_edges, x.shape[1])
+    return {"status": "ok", **stats, "repeats": args.repeats, "graph_calls": args.graph_calls, "bytes": moved,
+            "gb_per_s": moved / (stats["median_ms"] * 1e-3) / 1e9,
+            "rel_err": None if expected is None else max_rel_err(step(), expected)}
+
+
 def run_width(name: str, ops: Operands, features: int, args: argparse.Namespace, device: torch.device,
               results: dict[str, Any], run_id: str) -> None:
     """All methods at one feature width, against the reference method's output."""
@@ -140,14 +172,17 @@ def run_width(name: str, ops: Operands, features: int, args: argparse.Namespace,
     except Exception as exc:  # noqa: BLE001 - timings are still worth having unchecked
         log(f"[{name}] F={features}: reference {REFERENCE} failed ({failure_status(exc)}); outputs unchecked")
         expected = None
-    for method in args.methods:
-        check = None if method == REFERENCE else expected
-        cell = guarded(lambda: measure(fns[method], x, check, args, device, ops.graph.num_edges), device)
-        results["cells"][f"{name}/{features}/{method}"] = {**cell, "run": run_id}
-        log(f"[{name}] F={features:4d} {method:12s} {describe(cell)}")
-        err = cell.get("rel_err")
-        if err is not None and err > REL_ERR_LIMIT:
-            warn(f"{name} F={features} {method}: output differs from {REFERENCE} by {err:.2e} (> {REL_ERR_LIMIT:g})")
+    timings = [("", measure)] + ([(GRAPH, measure_captured)] if args.cuda_graph else [])
+    for suffix, timing in timings:
+        for method in args.methods:
+            check = None if method == REFERENCE and not suffix else expected
+            cell = guarded(lambda: timing(fns[method], x, check, args, device, ops.graph.num_edges), device)
+            results["cells"][f"{name}/{features}/{method}{suffix}"] = {**cell, "run": run_id}
+            log(f"[{name}] F={features:4d} {method + suffix:18s} {describe(cell)}")
+            err = cell.get("rel_err")
+            if err is not None and err > REL_ERR_LIMIT:
+                warn(f"{name} F={features} {method}{suffix}: output differs from {REFERENCE} by {err:.2e} "
+                     f"(> {REL_ERR_LIMIT:g})")
     del x, expected
     store(results, args.out)
 
@@ -186,16 +221,22 @@ def render_markdown(results: dict[str, Any]) -> str:
     lines += [f"- copy bandwidth, run `{rid}`: {env['copy_bandwidth_gbs']:.0f} GB/s"
               for rid, env in sorted(results["runs"].items())]
     cells = results["cells"]
+    modes = (("", "each call launched from Python"),
+             (GRAPH, "calls replayed from a CUDA graph (time per call; no host overhead)"))
     for name, meta in results["graphs"].items():
         head = ["F", *(f"{m} ms" for m in METHODS), *(f"{m} GB/s" for m in METHODS), "gnnfuse % copy",
                 *(f"speedup vs {m}" for m in METHODS[1:]), "max rel err"]
-        lines += ["", f"## {name}: {meta['num_nodes']:,} nodes, {meta['num_edges']:,} edges "
-                      f"({meta['adjacency_nnz']:,} distinct)", "",
-                  "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        widths = sorted({int(key.split("/")[1]) for key in cells if key.split("/")[0] == name})
-        for features in widths:
-            row = [cells.get(f"{name}/{features}/{m}") for m in METHODS]
-            lines.append("| " + " | ".join(table_row(results, features, row)) + " |")
+        for suffix, how in modes:
+            widths = sorted({int(key.split("/")[1]) for key in cells
+                             if key.split("/")[0] == name and key.endswith(suffix) and (suffix or GRAPH not in key)})
+            if not widths:
+                continue
+            lines += ["", f"## {name}: {meta['num_nodes']:,} nodes, {meta['num_edges']:,} edges "
+                          f"({meta['adjacency_nnz']:,} distinct), {how}", "",
+                      "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+            for features in widths:
+                row = [cells.get(f"{name}/{features}/{m}{suffix}") for m in METHODS]
+                lines.append("| " + " | ".join(table_row(results, features, row)) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -253,6 +294,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help=f"comma list of {', '.join(METHODS)}")
     parser.add_argument("--repeats", type=int, default=20, help="timed calls per cell (default 20)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed calls first (default 5)")
+    parser.add_argument("--cuda-graph", action="store_true",
+                        help="also time every method through a CUDA graph of --graph-calls calls")
+    parser.add_argument("--graph-calls", type=int, default=20, help="calls per captured graph (default 20)")
     parser.add_argument("--copy-mb", type=int, default=1024, help="buffer size of the copy-bandwidth test")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"),
                         help="folder of aggregate.json (merged into) and aggregate.md")
@@ -263,8 +307,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = [m for m in args.methods if m not in METHODS]
     if unknown:
         parser.error(f"unknown methods {unknown}; known: {', '.join(METHODS)}")
-    if args.repeats < 1:
-        parser.error("--repeats must be at least 1")
+    if args.repeats < 1 or args.graph_calls < 1:
+        parser.error("--repeats and --graph-calls must be at least 1")
     return args
 
 

@@ -30,10 +30,10 @@ def test_cli_bench_writes_table_json_and_plot(tmp_path, capsys):
 def test_a_failing_framework_becomes_a_status(monkeypatch):
     real = bench.measure
 
-    def measure(framework, *args):
+    def measure(framework, *args, **kwargs):
         if framework == "pyg":
             raise RuntimeError("simulated compiler failure\nsecond line")
-        return real(framework, *args)
+        return real(framework, *args, **kwargs)
 
     monkeypatch.setattr(bench.compare, "measure", measure)   # what run_bench calls
     report = bench.run_bench("sage", "synthetic", "cpu", ("gnnfuse", "pyg"), steps=1, warmup=1, log=lambda m: None)

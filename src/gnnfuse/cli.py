@@ -12,6 +12,7 @@ from . import bench, cli_explain
 from .data import DATASET_NAMES, DEFAULT_DATASET, LOAD_ERRORS, NodeDataset, RelationalDataset, load_dataset
 from .graph import Graph
 from .nn.models import get_model, model_names
+from .runtime.cuda_graph import MODES
 from .threads import THREADS_ENV, configure_threads
 from .tuning import command as tuning_command
 from .training import ConfigError, RunResult, TrainSummary, make_config, save_checkpoint, train_runs
@@ -105,11 +106,12 @@ def train(args: argparse.Namespace) -> TrainSummary:
 
     def report(index: int, run: RunResult) -> None:
         stopped = (f", stopped early at epoch {run.epochs_run}" if run.epochs_run < config.epochs else "")
+        graph = f", training step {run.cuda_graph}" if config.device == "cuda" else ""
         print(f"run {index + 1}/{config.runs} (seed {run.seed}): best val acc {run.best_val_acc:.4f} "
-              f"(epoch {run.best_epoch}), test acc at best val {run.test_acc:.4f}{stopped}, {run.seconds:.2f} s")
+              f"(epoch {run.best_epoch}), test acc at best val {run.test_acc:.4f}{stopped}, {run.seconds:.2f} s{graph}")
 
     try:
-        return train_runs(config, on_run=report)
+        return train_runs(config, on_run=report, cuda_graph=args.cuda_graph)
     except ConfigError as error:           # data set kind or files, unavailable device
         raise UsageError(str(error)) from None
 
@@ -168,6 +170,10 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--lr", type=float, help=f"Adam learning rate {defaults}")
     train.add_argument("--weight-decay", type=float, help=f"L2 penalty {defaults}")
     train.add_argument("--dropout", type=float, help=f"dropout rate {defaults}")
+    train.add_argument("--cuda-graph", choices=MODES, default="auto",
+                       help="capture the training step in a CUDA graph and replay it: auto (default) does on "
+                            "CUDA when the step is replayable, else runs eagerly; on also warns when it cannot; "
+                            "off never captures")
     train.add_argument("--plot", metavar="PNG", help="save learning curves (needs matplotlib)")
     train.add_argument("--save", metavar="PT", help="save each run's best-val state dict and the config "
                        "(torch.save; reload with gnnfuse.training.load_checkpoint)")

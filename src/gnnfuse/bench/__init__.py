@@ -13,14 +13,14 @@ PyG is the outside oracle here, not a dependency of gnnfuse: ``pip install 'gnnf
 from .command import add_arguments, run_command
 from .compare import format_table, plot, ratios, run_bench
 from .measure import COMPILE_EXTRA_WARMUP, REL_ERR_LIMIT, CellTimeout, check_forward, guarded, max_rel_err, measure
-from .models import (DROPOUT, FRAMEWORKS, GAT_HEADS, GAT_HIDDEN, HIDDEN, LR, MODELS, WEIGHT_DECAY, DeviceData,
-                     MissingDependency, TwoLayer, build_model, graph_input, instantiate, load_data, reference_state,
+from .models import (DROPOUT, FRAMEWORKS, GAT_HEADS, GAT_HIDDEN, HIDDEN, KNOWN_FRAMEWORKS, LR, MODELS, WEIGHT_DECAY,
+                     DeviceData, MissingDependency, TwoLayer, build_model, graph_input, instantiate, load_data, reference_state,
                      require_pyg)
 from .timing import (allocated_gb, failure_status, free_memory, peak_memory_gb, reset_peak_memory, summarize,
                      synchronize, time_calls)
 
-__all__ = ["COMPILE_EXTRA_WARMUP", "DROPOUT", "FRAMEWORKS", "GAT_HEADS", "GAT_HIDDEN", "HIDDEN", "LR", "MODELS",
-           "REL_ERR_LIMIT", "WEIGHT_DECAY", "CellTimeout", "DeviceData", "MissingDependency", "TwoLayer",
+__all__ = ["COMPILE_EXTRA_WARMUP", "DROPOUT", "FRAMEWORKS", "GAT_HEADS", "GAT_HIDDEN", "HIDDEN", "KNOWN_FRAMEWORKS",
+           "LR", "MODELS", "REL_ERR_LIMIT", "WEIGHT_DECAY", "CellTimeout", "DeviceData", "MissingDependency", "TwoLayer",
            "add_arguments", "allocated_gb", "build_model", "check_forward", "failure_status", "format_table",
            "free_memory", "graph_input", "guarded", "instantiate", "load_data", "max_rel_err", "measure",
            "peak_memory_gb", "plot", "ratios", "reference_state", "require_pyg", "reset_peak_memory", "run_bench",

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from ..data import DATASET_NAMES
 from .compare import format_table, plot, run_bench
-from .models import FRAMEWORKS, MODELS, MissingDependency
+from ..runtime.cuda_graph import MODES
+from .models import FRAMEWORKS, KNOWN_FRAMEWORKS, MODELS, MissingDependency
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -17,7 +18,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", default="cora", help=f"one of: {', '.join(DATASET_NAMES)}")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--frameworks", default=",".join(FRAMEWORKS),
-                        help=f"comma list of {', '.join(FRAMEWORKS)} (default: all)")
+                        help=f"comma list of {', '.join(KNOWN_FRAMEWORKS)} (default: {','.join(FRAMEWORKS)}; "
+                             "pyg-compile-ro is torch.compile(mode='reduce-overhead'), PyG with CUDA graphs)")
+    parser.add_argument("--cuda-graph", choices=MODES, default="auto",
+                        help="capture gnnfuse's training step in a CUDA graph: auto (default) when replayable on "
+                             "CUDA, on (warn when not), off")
     parser.add_argument("--steps", type=int, default=20, help="timed training steps (default 20)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps first (default 5)")
     parser.add_argument("--json", type=Path, help="also write the result as JSON here")
@@ -30,7 +35,7 @@ def run_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     frameworks = tuple(f.strip() for f in args.frameworks.split(",") if f.strip())
     try:
         report = run_bench(args.model, args.dataset, args.device, frameworks, args.steps, args.warmup,
-                           args.root, log=lambda message: print(message, flush=True))
+                           args.root, log=lambda message: print(message, flush=True), cuda_graph=args.cuda_graph)
     except (ValueError, FileNotFoundError, MissingDependency) as error:
         parser.error(str(error))
     print(format_table(report), end="")

@@ -7,21 +7,23 @@ from typing import Any, Callable
 import torch
 
 from .measure import REL_ERR_LIMIT, check_forward, guarded, measure
-from .models import FRAMEWORKS, MissingDependency, load_data, reference_state, require_pyg
+from .models import FRAMEWORKS, KNOWN_FRAMEWORKS, MissingDependency, load_data, reference_state, require_pyg
 
 
 def run_bench(model: str = "gcn", dataset: str = "cora", device: str | torch.device = "cpu",
               frameworks: tuple[str, ...] = FRAMEWORKS, steps: int = 20, warmup: int = 5,
-              root: str | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
+              root: str | None = None, log: Callable[[str], None] = print,
+              cuda_graph: str = "auto") -> dict[str, Any]:
     """Compare `frameworks` on one model and data set; returns a JSON-ready dict with the
     forward check (``check``), one entry per framework (``results``) and gnnfuse's
-    speedup and memory ratio against each other framework (``ratios``)."""
+    speedup and memory ratio against each other framework (``ratios``). ``cuda_graph``
+    is the capture mode of gnnfuse's training step (`measure`)."""
     device = torch.device(device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {device} requested, but CUDA is not available to torch {torch.__version__}")
-    unknown = [f for f in frameworks if f not in FRAMEWORKS]
+    unknown = [f for f in frameworks if f not in KNOWN_FRAMEWORKS]
     if unknown or not frameworks:
-        raise ValueError(f"frameworks must be a non-empty subset of {FRAMEWORKS}, got {list(frameworks)}")
+        raise ValueError(f"frameworks must be a non-empty subset of {KNOWN_FRAMEWORKS}, got {list(frameworks)}")
     if steps < 1:
         raise ValueError(f"steps must be at least 1, got {steps}")
     require_pyg()
@@ -31,7 +33,8 @@ def run_bench(model: str = "gcn", dataset: str = "cora", device: str | torch.dev
     check["agrees"] = check.get("max_rel_err") is not None and check["max_rel_err"] <= REL_ERR_LIMIT
     results = {}
     for framework in frameworks:
-        results[framework] = guarded(lambda: measure(framework, model, data, state, steps, warmup, device), device)
+        results[framework] = guarded(lambda: measure(framework, model, data, state, steps, warmup, device,
+                                                     cuda_graph=cuda_graph), device)
         log(f"[{dataset}] {model} {framework}: {results[framework]['status']}")
     return {"model": model, "dataset": dataset, "device": str(device), "num_nodes": data.num_nodes,
             "num_edges": data.edge_index.shape[1], "steps": steps, "rel_err_limit": REL_ERR_LIMIT,
@@ -75,6 +78,8 @@ def format_table(report: dict[str, Any]) -> str:
     notes = ["", "speedup = framework median / gnnfuse median; mem ratio = gnnfuse peak / framework peak"]
     if report["device"].startswith("cpu"):
         notes.append("peak memory: n/a on CPU (only the CUDA allocator tracks the timed steps alone)")
+    if "cuda_graph" in report["results"].get("gnnfuse", {}):
+        notes.append(f"CUDA graph of gnnfuse's training step: {report['results']['gnnfuse']['cuda_graph']}")
     return "\n".join(lines + notes + failures) + "\n"
 
 

@@ -10,7 +10,8 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.nn.functional as F
 
-from .models import LR, WEIGHT_DECAY, DeviceData, graph_input, instantiate
+from ..runtime.cuda_graph import DEFAULT_WARMUP as CAPTURE_WARMUP, StepCapture
+from .models import COMPILED, LR, WEIGHT_DECAY, DeviceData, graph_input, instantiate
 from .timing import (allocated_gb, failure_status, free_memory, peak_memory_gb, reset_peak_memory, summarize,
                      synchronize, time_calls)
 
@@ -39,36 +40,79 @@ def check_forward(model: str, data: DeviceData, state: dict[str, torch.Tensor], 
 
 
 def measure(framework: str, model: str, data: DeviceData, state: dict[str, torch.Tensor],
-            steps: int, warmup: int, device: torch.device, graph: Any = None) -> dict[str, Any]:
+            steps: int, warmup: int, device: torch.device, graph: Any = None,
+            cuda_graph: str = "auto") -> dict[str, Any]:
     """Warm up, then time `steps` training steps one by one; peak memory covers the
     timed steps only (compilation, autotuning and layout building happen in warm-up).
-    `graph` overrides the framework's usual graph input (`graph_input`)."""
+    `graph` overrides the framework's usual graph input (`graph_input`).
+
+    gnnfuse's whole step goes through `StepCapture` (mode ``cuda_graph``): on CUDA it is
+    captured in a CUDA graph after warm-up when replayable, so the timed steps are
+    replays; ``cuda_graph`` in the result says which ran. A replay allocates nothing, so
+    its peak adds the graph's private pool (an upper bound: the pool also holds the
+    gradients, which the allocator already counts)."""
     module = instantiate(framework, model, data, state, device)
     graph = graph_input(framework, data) if graph is None else graph
-    optimizer = torch.optim.Adam(module.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
+    ours = framework == "gnnfuse"
+    capturable = ours and device.type == "cuda" and cuda_graph != "off"
+    optimizer = torch.optim.Adam(module.parameters(), lr=LR, weight_decay=WEIGHT_DECAY, capturable=capturable)
+    train_y = data.y[data.train_idx]
 
-    def step() -> torch.Tensor:
+    def train_step() -> torch.Tensor:
+        if framework == "pyg-compile-ro":       # each step is a new generation of its graphs
+            torch.compiler.cudagraph_mark_step_begin()
         optimizer.zero_grad(set_to_none=True)
         out = module(data.x, graph)
-        loss = F.cross_entropy(out[data.train_idx], data.y[data.train_idx])
+        loss = F.cross_entropy(out[data.train_idx], train_y)
         loss.backward()
         optimizer.step()
         return loss
+    step = StepCapture(train_step, optimizers=[optimizer], modules=[module], mode=cuda_graph if ours else "off",
+                       name=f"{framework} training step")
 
     torch.manual_seed(1)                      # same dropout masks for every framework
     begin = time.perf_counter()
     first_loss = step().item()
     first_step_ms = (time.perf_counter() - begin) * 1e3
-    warmup = max(warmup, 1) + (COMPILE_EXTRA_WARMUP if framework == "pyg-compile" else 0)
+    warmup = max(warmup, 1) + (COMPILE_EXTRA_WARMUP if framework in COMPILED else 0)
+    if ours:
+        warmup = max(warmup, CAPTURE_WARMUP)  # the timed steps are replays when it captures
     for _ in range(warmup - 1):
         step()
     synchronize(device)
     resident = allocated_gb(device)
     reset_peak_memory(device)
     times = time_calls(step, steps, device)
+    peak, pool = peak_memory_gb(device), _pool_gb(step)
     return {"status": "ok", **summarize(times), "steps": steps, "warmup": warmup,
+            "host_ms": issue_ms(step, min(steps, ISSUE_STEPS), device),
             "first_step_ms": first_step_ms, "first_loss": first_loss,
-            "resident_gb": resident, "peak_gb": peak_memory_gb(device)}
+            "resident_gb": resident, "peak_gb": peak if peak is None or not pool else peak + pool,
+            **({"cuda_graph": step.status, "graph_pool_gb": pool} if ours else {})}
+
+
+ISSUE_STEPS = 10     # few enough that their launches fit CUDA's queue without blocking
+
+
+def issue_ms(fn: Callable[[], Any], repeats: int, device: torch.device) -> float:
+    """Host milliseconds per call to issue ``repeats`` calls back to back, before waiting
+    for the device: about the step time when a step is host-bound, far below it when the
+    GPU is the bottleneck (equal to the step time on the CPU)."""
+    synchronize(device)
+    begin = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    issued = (time.perf_counter() - begin) * 1e3 / repeats
+    synchronize(device)
+    return issued
+
+
+def _pool_gb(step: StepCapture) -> float | None:
+    """The captured graph's private pool in GB; None when not captured or not readable."""
+    try:
+        return step.pool_bytes() / 1e9 if step.captured else None
+    except Exception:  # noqa: BLE001 - a memory snapshot must never fail a measurement
+        return None
 
 
 class CellTimeout(Exception):

@@ -177,7 +177,8 @@ def _transform_first(x: torch.Tensor, weight: torch.Tensor, graph: Graph, hops: 
     out = F.linear(_rows_read(x, starts), weight)
     if starts is None:
         return out
-    unread = torch.nonzero(~starts).squeeze(1)
+    # Cached: a nonzero per call would synchronise with the GPU (and break graph capture).
+    unread = graph.cached(f"nn_walk_unread_{hops}", lambda _: torch.nonzero(~starts).squeeze(1))
     return out.index_put((unread,), F.linear(x[unread], weight.detach()))
 
 

@@ -146,6 +146,16 @@ def select_backend(tensors, device: torch.device) -> Callable:
         raise ValueError(f"GNNFUSE_BACKEND must be one of {BACKENDS}, got {name!r}")
     if name == "triton":
         _check_triton_can_read(device)
+    if name not in _EXECUTORS:      # imported once, not on every call
+        _EXECUTORS[name] = _import_executor(name)
+    return _EXECUTORS[name]
+
+
+_EXECUTORS: dict[str, Callable] = {}
+
+
+def _import_executor(name: str) -> Callable:
+    if name == "triton":
         try:
             from ..backend.triton import execute
         except ImportError as exc:

@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from ..nn.models import ModelSpec, build_model, get_model
 from ..progress import progress_bar
+from ..runtime.cuda_graph import StepCapture
 from .config import TrainConfig
 from .data import PreparedData, prepare_data
 
@@ -36,6 +37,7 @@ class RunResult:
     seconds: float
     state_dict: dict[str, torch.Tensor]
     history: dict[str, list[float]] = field(default_factory=dict)
+    cuda_graph: str = "eager: disabled (mode 'off')"   # StepCapture.status of the training step
 
 
 @dataclass
@@ -64,15 +66,17 @@ def accuracy(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> float
     return (logits[mask].argmax(dim=1) == y[mask]).float().mean().item() if mask.any() else float("nan")
 
 
-def _optimizer(spec: ModelSpec, model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
-    """Adam with weight decay on `spec.decayed` parameters only (all when unset)."""
+def _optimizer(spec: ModelSpec, model: nn.Module, config: TrainConfig, capturable: bool = False
+               ) -> torch.optim.Optimizer:
+    """Adam with weight decay on `spec.decayed` parameters only (all when unset);
+    ``capturable`` keeps its step count on the GPU, so a CUDA graph can replay it."""
     decayed = list(spec.decayed(model)) if spec.decayed else list(model.parameters())
     ids = {id(p) for p in decayed}
     groups = [{"params": decayed, "weight_decay": config.weight_decay}]
     rest = [p for p in model.parameters() if id(p) not in ids]
     if rest:
         groups.append({"params": rest, "weight_decay": 0.0})
-    return torch.optim.Adam(groups, lr=config.lr)
+    return torch.optim.Adam(groups, lr=config.lr, capturable=capturable)
 
 
 class EarlyStopping:
@@ -109,17 +113,29 @@ class EarlyStopping:
 
 
 def train_run(config: TrainConfig, spec: ModelSpec, data: PreparedData, seed: int, *,
-              label: str = "", log_epochs: bool = True) -> RunResult:
+              label: str = "", log_epochs: bool = True, cuda_graph: str = "auto") -> RunResult:
     """Train one model from `seed`, keeping the weights and test accuracy of the best
-    validation epoch and stopping by `config.patience` (see `EarlyStopping`)."""
+    validation epoch and stopping by `config.patience` (see `EarlyStopping`). The
+    training step is captured in a CUDA graph where `StepCapture` finds it replayable
+    (``cuda_graph`` is its mode); the evaluation forward stays eager."""
     device = torch.device(config.device)
     torch.manual_seed(seed)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     model = build_model(config.model, data.num_features, data.num_classes,
                         config.hidden, config.dropout).to(device)
-    optimizer = _optimizer(spec, model, config)
+    optimizer = _optimizer(spec, model, config, capturable=device.type == "cuda" and cuda_graph != "off")
     train_mask, val_mask, test_mask = data.masks
+    train_index = train_mask.nonzero().squeeze(1)    # a boolean mask would sync every step
+    train_y = data.y[train_index]
+
+    def train_step() -> torch.Tensor:
+        optimizer.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(data.x, data.graph)[train_index], train_y)
+        loss.backward()
+        optimizer.step()
+        return loss
+    step = StepCapture(train_step, optimizers=[optimizer], modules=[model], mode=cuda_graph)
     history: dict[str, list[float]] = {key: [] for key in ("loss", "val_loss", "train_acc", "val_acc", "test_acc")}
     stopping = EarlyStopping(config.patience)
     test_at_best, best_state = float("nan"), {}
@@ -128,10 +144,7 @@ def train_run(config: TrainConfig, spec: ModelSpec, data: PreparedData, seed: in
     for epoch in progress:
         epoch_start = time.perf_counter()
         model.train()
-        optimizer.zero_grad()
-        loss = F.cross_entropy(model(data.x, data.graph)[train_mask], data.y[train_mask])
-        loss.backward()
-        optimizer.step()
+        loss = step()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         epoch_ms = (time.perf_counter() - epoch_start) * 1e3      # the training step only
@@ -156,19 +169,21 @@ def train_run(config: TrainConfig, spec: ModelSpec, data: PreparedData, seed: in
     return RunResult(seed=seed, best_epoch=stopping.best_epoch, best_val_acc=stopping.best_val_acc,
                      test_acc=test_at_best,
                      epochs_run=len(history["loss"]), seconds=time.perf_counter() - start,
-                     state_dict=best_state, history=history)
+                     state_dict=best_state, history=history, cuda_graph=step.status)
 
 
 def train_runs(config: TrainConfig, *, log_epochs: bool = True,
-               on_run: Callable[[int, RunResult], None] | None = None) -> TrainSummary:
+               on_run: Callable[[int, RunResult], None] | None = None, cuda_graph: str = "auto") -> TrainSummary:
     """`config.runs` runs with seeds ``config.seed, config.seed + 1, ...`` on one split;
-    `on_run(index, result)` is called after each (for progress lines)."""
+    `on_run(index, result)` is called after each (for progress lines); ``cuda_graph`` is
+    the training step's capture mode (`StepCapture`)."""
     spec = get_model(config.model)
     data = prepare_data(config, spec)
     summary = TrainSummary(config, data.name, data.num_features, data.num_classes, [])
     for index in range(config.runs):
         label = f" run {index + 1}/{config.runs}" if config.runs > 1 else ""
-        result = train_run(config, spec, data, config.seed + index, label=label, log_epochs=log_epochs)
+        result = train_run(config, spec, data, config.seed + index, label=label, log_epochs=log_epochs,
+                           cuda_graph=cuda_graph)
         summary.runs.append(result)
         if on_run is not None:
             on_run(index, result)

@@ -2,6 +2,7 @@
 (Seastar §5.3), except the values the backward program will read."""
 from __future__ import annotations
 
+import weakref
 from typing import Callable, Iterable, Mapping, Sequence
 
 import torch
@@ -11,41 +12,88 @@ from ...ir.sides import BOTH, check_sides, sides_of
 from .context import GraphContext
 
 
+_Schedule = tuple  # ((item, reads, out id, ids freed after it, op, input ids, residencies), ...): `_schedule`
+_SCHEDULES: "weakref.WeakKeyDictionary[Program, dict]" = weakref.WeakKeyDictionary()
+_VALUE_PLANS: "weakref.WeakKeyDictionary[Program, list[Value]]" = weakref.WeakKeyDictionary()
+_INPUTS: "weakref.WeakKeyDictionary[Program, weakref.WeakKeyDictionary]" = weakref.WeakKeyDictionary()
+
+
 def execute(program: Program, ctx: GraphContext, feeds: Mapping[str, torch.Tensor],
             keep: Iterable[int] = ()) -> tuple[dict[str, torch.Tensor], dict[int, torch.Tensor]]:
     """Run ``program`` on ``feeds``; return its outputs and the kept values by value id."""
-    plan = [v for v in program.values if v.op != "input"]
-    return run_plan(program, plan, ctx, feeds, keep, None)
+    if program not in _VALUE_PLANS:
+        _VALUE_PLANS[program] = [v for v in program.values if v.op != "input"]
+    return run_plan(program, _VALUE_PLANS[program], ctx, feeds, keep, None)
 
 
 def run_plan(program: Program, plan: Sequence, ctx: GraphContext, feeds: Mapping[str, torch.Tensor],
              keep: Iterable[int], run_unit: Callable | None
              ) -> tuple[dict[str, torch.Tensor], dict[int, torch.Tensor]]:
     """Run ``plan``: values run through their torch reference; fused units (anything
-    with ``root`` and ``leaves``) run through ``run_unit(unit, ctx, {leaf id: tensor})``."""
-    keep = set(keep) | {v.id for v in program.outputs.values()}
-    steps = [(item, _reads(item), item if isinstance(item, Value) else item.root) for item in plan]
-    remaining: dict[int, int] = {}
-    for _, reads, _ in steps:
-        for i in reads:
-            remaining[i.id] = remaining.get(i.id, 0) + 1
-    sides: dict[int, str | None] = {}
-    if ctx.graph.is_bipartite:
-        check_sides(program, ctx.graph.num_src_nodes, ctx.num_nodes)
-        sides = sides_of(program)
-    env: dict[int, torch.Tensor] = {v.id: _feed(v, feeds, ctx, sides.get(v.id)) for v in program.inputs.values()}
-    for item, reads, out in steps:
-        if isinstance(item, Value):
-            args = [env[i.id] for i in item.inputs]
-            env[out.id] = get_op(item.op).run(ctx, args, [i.residency for i in item.inputs], item.attrs)
+    with ``root`` and ``leaves``) run through ``run_unit(unit, ctx, {leaf id: tensor})``.
+
+    What a call does besides running the steps -- which values each step reads, when
+    each dies, the inputs' expected shapes on this graph -- is worked out on the first
+    call per (program, plan, kept values) and per (program, graph), not on every call:
+    on small graphs that bookkeeping was a visible share of a training step."""
+    keep = frozenset(keep) | {v.id for v in program.outputs.values()}
+    steps = _schedule(program, plan, keep)
+    env: dict[int, torch.Tensor] = {}
+    for key, value_id, expected, residency in _inputs(program, ctx):
+        if key not in feeds:
+            raise CompileError(f"no tensor was given for program input {key!r}")
+        t = feeds[key]
+        if t.shape != expected:
+            raise ValueError(f"input {key!r} ({residency}) should have shape {list(expected)}, got {list(t.shape)}")
+        env[value_id] = t
+    for item, reads, out, frees, op, input_ids, residencies in steps:
+        if op is not None:
+            env[out] = op.run(ctx, [env[i] for i in input_ids], residencies, item.attrs)
         else:
-            env[out.id] = run_unit(item, ctx, {i.id: env[i.id] for i in reads})
-        for i in reads:
-            remaining[i.id] -= 1
-            if remaining[i.id] == 0 and i.id not in keep:
-                del env[i.id]
+            env[out] = run_unit(item, ctx, {i.id: env[i.id] for i in reads})
+        for i in frees:
+            del env[i]
     kept = {i: env[i] for i in keep if i in env}
     return {k: env[v.id] for k, v in program.outputs.items()}, kept
+
+
+def _schedule(program: Program, plan: Sequence, keep: frozenset[int]) -> _Schedule:
+    """Each step of ``plan`` with what it reads and the values that die after it (read
+    for the last time and not kept), and for a value its op and operands' ids and
+    residencies; built once per (program, plan, keep)."""
+    cache = _SCHEDULES.setdefault(program, {})
+    entry = cache.get((id(plan), keep))
+    if entry is not None and entry[0] is plan:
+        return entry[1]
+    reads = [_reads(item) for item in plan]
+    last: dict[int, int] = {}
+    for position, values in enumerate(reads):
+        for i in values:
+            last[i.id] = position
+    frees: list[list[int]] = [[] for _ in plan]
+    for value_id, position in last.items():
+        if value_id not in keep:
+            frees[position].append(value_id)
+    steps = tuple((item, tuple(r), item.id, tuple(f), get_op(item.op), tuple(i.id for i in item.inputs),
+                   tuple(i.residency for i in item.inputs)) if isinstance(item, Value) else
+                  (item, tuple(r), item.root.id, tuple(f), None, None, None)
+                  for item, r, f in zip(plan, reads, frees))
+    cache[(id(plan), keep)] = (plan, steps)
+    return steps
+
+
+def _inputs(program: Program, ctx: GraphContext) -> list[tuple[str, int, torch.Size, str]]:
+    """(key, value id, expected shape, residency name) per program input on ``ctx``'s
+    graph; a bipartite graph's sides are checked here, once per (program, graph)."""
+    per_graph = _INPUTS.setdefault(program, weakref.WeakKeyDictionary())
+    if ctx.graph not in per_graph:
+        sides: dict[int, str | None] = {}
+        if ctx.graph.is_bipartite:
+            check_sides(program, ctx.graph.num_src_nodes, ctx.num_nodes)
+            sides = sides_of(program)
+        per_graph[ctx.graph] = [(v.attrs["key"], v.id, torch.Size(_expected_shape(v, ctx, sides.get(v.id))),
+                                 v.residency.name) for v in program.inputs.values()]
+    return per_graph[ctx.graph]
 
 
 def _reads(item) -> list[Value]:
@@ -54,16 +102,8 @@ def _reads(item) -> list[Value]:
     return [v for v in item.leaves if v.op != "const"]
 
 
-def _feed(v: Value, feeds: Mapping[str, torch.Tensor], ctx: GraphContext, side: str | None) -> torch.Tensor:
-    """The input tensor for ``v``, its shape checked; a NODE input of a bipartite graph has
-    one row per vertex of the set it is read as (``side``; undecided means destinations)."""
-    key = v.attrs["key"]
-    if key not in feeds:
-        raise CompileError(f"no tensor was given for program input {key!r}")
-    t = feeds[key]
+def _expected_shape(v: Value, ctx: GraphContext, side: str | None) -> tuple[int, ...]:
+    """The shape input ``v`` must have; a NODE input of a bipartite graph has one row
+    per vertex of the set it is read as (``side``; undecided means destinations)."""
     side = "dst" if side in (None, BOTH) else side
-    expected = ((ctx.rows(v.residency, side),) if v.residency is not Residency.SHARED else ()) + v.shape
-    if tuple(t.shape) != expected:
-        raise ValueError(f"input {key!r} ({v.residency.name}) should have shape {list(expected)}, "
-                         f"got {list(t.shape)}")
-    return t
+    return ((ctx.rows(v.residency, side),) if v.residency is not Residency.SHARED else ()) + v.shape

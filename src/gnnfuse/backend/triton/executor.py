@@ -18,6 +18,7 @@ from ..kernel_cache import load_kernel as _load_kernel
 from ..reference.executor import run_plan
 from .codegen import (SHARED_REDUCE_BLOCK_E, SHARED_REDUCE_PROGRAMS, RowSum, generate, generate_coo, generate_edge,
                       generate_shared_reduce, row_stride, row_sum_split)
+from .launch import launch
 from .schedule import SEGMENT_EDGES, segments
 
 _PLANS: "weakref.WeakKeyDictionary[Program, dict]" = weakref.WeakKeyDictionary()
@@ -77,15 +78,16 @@ def kernel_source(unit: Unit, acc: str, schedule: str) -> tuple[str, str, list[V
 
 
 def _kernel_for(unit: Unit, acc: str, schedule: str):
-    """(kernel, leaf values in argument order, row tile) for a unit, generated and loaded
-    once per accumulator type and schedule; plans are cached per program, so
-    steady-state training never regenerates source. The row tile is an edge unit's
-    `row_sum_split` (None elsewhere), which fixes its launch's feature block."""
+    """(kernel, leaf values in argument order with their row layouts, row tile) for a
+    unit, generated and loaded once per accumulator type and schedule; plans are cached
+    per program, so steady-state training never regenerates source. The row tile is an
+    edge unit's `row_sum_split` (None elsewhere), which fixes its launch's feature block."""
     per_unit = _UNIT_KERNELS.setdefault(unit, {})
     if (acc, schedule) not in per_unit:
         name, source, leaf_args = kernel_source(unit, acc, schedule)
         row_tile = row_sum_split(unit.root) if schedule == "edge" else None
-        per_unit[acc, schedule] = (_load_kernel(source, name), leaf_args, row_tile)
+        layouts = [(v.id, math.prod(v.shape), row_stride(v)) for v in leaf_args]
+        per_unit[acc, schedule] = (_load_kernel(source, name), layouts, row_tile)
     return per_unit[acc, schedule]
 
 
@@ -100,8 +102,8 @@ def _run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) ->
     acc = "tl.float64" if any(t.dtype == torch.float64 for t in tensors) else "tl.float32"
     rows = ctx.num_rows(unit.by) if isinstance(unit, AggregateUnit) else ctx.num_nodes  # what `out` holds
     schedule = schedule_for(unit, rows, ctx.num_edges)
-    kernel, leaf_args, row_tile = _kernel_for(unit, acc, schedule)
-    args = [_laid_out(leaves[v.id], v) for v in leaf_args]
+    kernel, layouts, row_tile = _kernel_for(unit, acc, schedule)
+    args = [_laid_out(leaves[leaf], width, stride) for leaf, width, stride in layouts]
     if schedule == "edge":
         return _run_edge_unit(unit, ctx, kernel, args, row_tile)
     if schedule == "shared":
@@ -127,8 +129,8 @@ def _run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) ->
     # Feature-adaptive default for the interpreter (two rows per program, so the row loop
     # and its bound check run in tests); on a GPU the autotuner picks BLOCK_E and ROWS.
     fixed = {} if _autotune() else {"BLOCK_E": max(16, min(128, 2048 // block_f)), "ROWS": 2}
-    kernel[grid](rowptr, col, eid, segs.row, segs.start, segs.end, segs.split, len(segs), out, *args,
-                 BLOCK_F=block_f, **fixed)
+    launch(kernel, grid, (len(segs), width), (rowptr, col, eid, segs.row, segs.start, segs.end, segs.split,
+                                              len(segs), out, *args), {"BLOCK_F": block_f, **fixed})
     return out
 
 
@@ -137,9 +139,9 @@ def _feature_tile() -> int | None:
     return call.feature_tile if call else None
 
 
-def _laid_out(tensor: torch.Tensor, leaf: Value) -> torch.Tensor:
-    """A leaf's tensor in the row layout its kernel reads (see `row_stride`)."""
-    width, stride = math.prod(leaf.shape), row_stride(leaf)
+def _laid_out(tensor: torch.Tensor, width: int, stride: int) -> torch.Tensor:
+    """A leaf's tensor (``width`` elements per row) in the row layout its kernel reads:
+    rows ``stride`` elements apart (see `row_stride`)."""
     if stride == width:
         return tensor.contiguous()
     return torch.nn.functional.pad(tensor.reshape(tensor.shape[0], width), (0, stride - width))
@@ -171,8 +173,8 @@ def _run_shared_reduce_unit(unit: SharedReduceUnit, ctx: GraphContext, kernel, a
     programs = min(SHARED_REDUCE_PROGRAMS, triton.cdiv(ctx.num_edges, smallest_block))
     partial_dtype = torch.float64 if acc == "tl.float64" else torch.float32
     partials = torch.empty((programs, width), dtype=partial_dtype, device=ctx.src.device)
-    kernel[(programs, triton.cdiv(width, block_f))](ctx.src, ctx.dst, ctx.num_edges, partials, *args,
-                                                     BLOCK_F=block_f, **fixed)
+    launch(kernel, lambda meta: (programs, triton.cdiv(width, block_f)), (ctx.num_edges, width),
+           (ctx.src, ctx.dst, ctx.num_edges, partials, *args), {"BLOCK_F": block_f, **fixed})
     return partials.sum(0).to(root.dtype).reshape(root.shape)
 
 
@@ -190,7 +192,8 @@ def _launch_over_edges(kernel, ctx: GraphContext, out: torch.Tensor, args: list[
 
     def grid(meta):
         return triton.cdiv(ctx.num_edges, meta["BLOCK_E"]), triton.cdiv(width, block_f)
-    kernel[grid](ctx.src, ctx.dst, ctx.num_edges, out, *args, BLOCK_F=block_f, **fixed)
+    launch(kernel, grid, (ctx.num_edges, width), (ctx.src, ctx.dst, ctx.num_edges, out, *args),
+           {"BLOCK_F": block_f, **fixed})
     return out
 
 

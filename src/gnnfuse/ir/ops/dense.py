@@ -136,8 +136,10 @@ def _unnarrow(g: torch.Tensor, dim: int, start: int, size: int) -> torch.Tensor:
 # --- constants and randomness ---------------------------------------------------------
 def _const(ctx, value: float, dtype: torch.dtype) -> torch.Tensor:
     """On the graph's device: a value derived from constants alone can become a kernel
-    operand, and a kernel cannot read a CPU scalar."""
-    return torch.tensor(value, dtype=dtype, device=None if ctx is None else ctx.src.device)
+    operand, and a kernel cannot read a CPU scalar. Filled there (``torch.full``) rather
+    than copied from the host (``torch.tensor``): that copy synchronises the host with the
+    GPU on every call and cannot be captured in a CUDA graph."""
+    return torch.full((), value, dtype=dtype, device=None if ctx is None else ctx.src.device)
 
 
 register(OpDef("const", Movement.DENSE, _const,

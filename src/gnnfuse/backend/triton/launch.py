@@ -1,0 +1,52 @@
+"""Launching a generated kernel with as little host work per call as Triton allows.
+
+An autotuned kernel's every launch goes through ``Autotuner.run``: it rebuilds dicts of
+the arguments, formats every tensor's dtype into its cache key, looks the key up and
+merges the chosen config into the keyword arguments -- host work repeated on every call
+of every fused unit, which on small graphs is a visible share of a training step. Its
+choice never changes once made, so `launch` remembers it per call signature (the
+autotuner's key argument, the feature block and the tensors' dtypes: what the
+autotuner's own key is made of) and launches the JIT function underneath directly with
+that config and the grid it gives. Anything unusual (a config with a pre-hook, an
+autotuner without ``best_config``) keeps going through the autotuner.
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Any, Callable, Sequence
+
+import torch
+from triton.runtime.autotuner import Autotuner
+
+_CHOSEN: "weakref.WeakKeyDictionary[Autotuner, dict]" = weakref.WeakKeyDictionary()
+_THROUGH_AUTOTUNER = object()   # a signature whose config cannot be replayed directly
+
+
+def launch(kernel: Any, grid: Callable[[dict], tuple], sizes: tuple[int, ...], args: Sequence[Any],
+           kwargs: dict[str, Any]) -> None:
+    """``kernel[grid](*args, **kwargs)``, where ``sizes`` are all the call's sizes the
+    grid and the autotuner's key depend on (rows or edges, feature width)."""
+    if not isinstance(kernel, Autotuner):
+        kernel[grid](*args, **kwargs)        # a plain JIT function: nothing to skip
+        return
+    signature = (sizes, tuple(kwargs.items()), tuple(a.dtype for a in args if isinstance(a, torch.Tensor)))
+    chosen = _CHOSEN.setdefault(kernel, {})
+    entry = chosen.get(signature)
+    if entry is None or entry is _THROUGH_AUTOTUNER:
+        kernel[grid](*args, **kwargs)        # the autotuner chooses (or finds) a config
+        if entry is None:
+            chosen[signature] = _direct_launch(kernel, grid, kwargs)
+        return
+    fn, fixed_grid, merged = entry
+    fn[fixed_grid](*args, **merged)
+
+
+def _direct_launch(kernel: Autotuner, grid: Callable[[dict], tuple], kwargs: dict[str, Any]) -> Any:
+    """(JIT function, grid, keyword arguments) replaying the autotuner's last launch,
+    or a marker to keep going through the autotuner when the config has a pre-hook."""
+    config = getattr(kernel, "best_config", None)
+    if (config is None or getattr(config, "pre_hook", None) is not None or not hasattr(config, "all_kwargs")
+            or not hasattr(kernel, "fn")):
+        return _THROUGH_AUTOTUNER
+    merged = {**kwargs, **config.all_kwargs()}
+    return kernel.fn, grid(merged), merged

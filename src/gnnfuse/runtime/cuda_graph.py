@@ -1,0 +1,335 @@
+"""Whole training steps captured once into a CUDA graph and replayed (opt-in).
+
+On small graphs a training step is bound by the host: tracing-cache lookups, plan
+walks and a few dozen kernel launches cost milliseconds while the GPU works for a
+fraction of that. A CUDA graph records every kernel of one step -- forward, loss,
+backward, optimizer update -- and replays them with one launch, so the host cost of
+a step is a few microseconds whatever the model does in Python.
+
+Replay is only correct if the step does exactly the same device work every time, on
+the same memory. `StepCapture` makes that safe rather than assumed:
+
+- **Warm-up before capture.** The first calls run eagerly, so Triton autotuning,
+  trace and layout caches, lazily built optimizer state and lazily initialised
+  parameters all exist before anything is recorded.
+- **An audited step.** The last warm-up call runs under `audit_step`, which sees every
+  torch op: a host synchronisation (``.item()``, ``nonzero``, boolean-mask indexing,
+  ``if tensor:``) or a tensor on another device (a CPU tensor would be read once at
+  capture and then frozen) means the step cannot be replayed, and it runs eagerly from
+  then on with one warning saying which op did it. An optimizer that keeps its step
+  count on the host (``torch.optim.Adam`` without ``capturable=True``) is refused too.
+- **Guarded replays.** Tensor arguments are copied into static buffers when they are
+  not those buffers; a different shape, dtype or stride, a parameter replaced
+  (``param.data = ...``) or a module switched between ``train()`` and ``eval()`` since
+  capture is refused with an error, never replayed on stale memory.
+- **Fresh randomness.** Dropout draws from torch's CUDA generator (gnnfuse's attention
+  dropout masks too: the ``dropout_mask`` op is ``torch.bernoulli``), which a capture
+  registers, so each replay advances the philox offset and draws new masks.
+
+A failed capture also falls back to eager, after dropping the gradients it may have
+left pointing at unwritten memory. Everything else (the CPU, ``mode="off"``) runs the
+step as it is, with the same numbers.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Any, Callable, Iterable, Sequence
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._python_dispatch import TorchDispatchMode
+
+MODES = ("auto", "on", "off")
+DEFAULT_WARMUP = 3   # eager calls before capture; the last one is audited
+
+# Ops whose result the host reads (a device-to-host synchronisation): a capture cannot
+# record them and the host value would be frozen at capture time.
+_SYNCING_OPS = frozenset({"_local_scalar_dense", "item", "nonzero", "nonzero_static", "is_nonzero", "equal",
+                          "masked_select", "_unique", "_unique2", "unique_dim", "unique_consecutive", "allclose",
+                          "tolist"})
+_MASK_INDEXING_OPS = frozenset({"index", "index_put", "index_put_", "_index_put_impl_"})
+
+
+class CaptureFallbackWarning(UserWarning):
+    """A step asked to be captured runs eagerly instead (the message says why)."""
+
+
+def check_mode(mode: str) -> str:
+    if mode not in MODES:
+        raise ValueError(f"cuda graph mode must be one of {MODES}, got {mode!r}")
+    return mode
+
+
+class _Audit(TorchDispatchMode):
+    """Records the first op that a CUDA graph could not replay faithfully."""
+
+    def __init__(self, device: torch.device):
+        super().__init__()
+        self.device = device
+        self.reason: str | None = None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if self.reason is None:
+            self.reason = _unreplayable(func, args, kwargs, out, self.device)
+        return out
+
+
+def _unreplayable(func, args, kwargs, out, device: torch.device) -> str | None:
+    name = func.overloadpacket.__name__
+    if name in _SYNCING_OPS:
+        return f"aten.{name} reads a device value on the host (.item(), nonzero, `if tensor:`, ...)"
+    inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+    if name in _MASK_INDEXING_OPS and any(t.dtype in (torch.bool, torch.uint8) for t in inputs[1:]):
+        return f"aten.{name} with a boolean mask counts the mask's entries on the host (index with an int index)"
+    for tensor in inputs + [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]:
+        if tensor.device.type != device.type:
+            return (f"aten.{name} works on a {tensor.device.type} tensor {list(tensor.shape)}: a capture "
+                    f"records only {device.type} work and would freeze that value")
+    return None
+
+
+def audit_step(fn: Callable[[], Any], device: torch.device) -> tuple[Any, str | None]:
+    """Run ``fn`` once, for real, and say why a CUDA graph could not replay it (None when
+    it can): the first op that synchronises with the host or touches a tensor off
+    ``device``, or (on CUDA) any synchronisation torch's sync debug mode reports."""
+    audit = _Audit(device)
+    syncing = device.type == "cuda"
+    previous = torch.cuda.get_sync_debug_mode() if syncing else 0
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if syncing:
+            torch.cuda.set_sync_debug_mode("warn")
+        try:
+            with audit:
+                result = fn()
+        finally:
+            if syncing:
+                torch.cuda.set_sync_debug_mode(previous)
+    synced = [w for w in caught if "synchroniz" in str(w.message).lower()]
+    for w in caught:
+        if w not in synced:          # pass on the step's own warnings
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    if audit.reason is None and synced:
+        audit.reason = f"the step synchronises with the host ({str(synced[0].message).splitlines()[0]})"
+    return result, audit.reason
+
+
+def _argument_problem(inputs: tuple) -> str | None:
+    """Tensors inside a container argument would be read at capture and never again: the
+    replay could not see that the container now holds other tensors."""
+    for position, value in enumerate(inputs):
+        if not isinstance(value, torch.Tensor) and any(isinstance(t, torch.Tensor) for t in tree_flatten(value)[0]):
+            return (f"argument {position} is a {type(value).__name__} holding tensors; pass the tensors themselves "
+                    "as arguments (they are copied into static buffers) or close over them")
+    return None
+
+
+def _same_value(given: Any, static: Any) -> bool:
+    """Whether a non-tensor argument equals the one captured; a container of tensors
+    (whose ``==`` is element-wise) counts as changed unless it is the same object."""
+    try:
+        return bool(given == static)
+    except (RuntimeError, TypeError, ValueError):
+        return False
+
+
+class _CudaGraph:
+    """torch.cuda.graph behind the two calls `StepCapture` makes, so its bookkeeping can
+    be exercised without a GPU by a stand-in with the same interface."""
+
+    def __init__(self) -> None:
+        self.graph = torch.cuda.CUDAGraph()
+
+    def capture(self, fn: Callable[[], Any]) -> Any:
+        torch.cuda.synchronize()
+        with torch.cuda.graph(self.graph):
+            return fn()
+
+    def replay(self) -> None:
+        self.graph.replay()
+
+    def pool_bytes(self) -> int:
+        """Bytes of the segments in the graph's private memory pool: the temporaries its
+        replays reuse, which the allocator's peak statistics never see again."""
+        pool = self.graph.pool()
+        return sum(seg["total_size"] for seg in torch.cuda.memory_snapshot()
+                   if tuple(seg.get("segment_pool_id", ())) == tuple(pool))
+
+
+class StepCapture:
+    """``step = StepCapture(step_fn, optimizers=[opt], modules=[model]); loss = step()``.
+
+    ``step_fn(*inputs)`` is one whole training step (zero the gradients, forward, loss,
+    backward, ``optimizer.step()``) returning tensors (e.g. the loss). The first
+    ``warmup`` calls run eagerly; the last of them is audited and, when replayable,
+    captured; every later call replays the graph. Each call is one real step either way.
+
+    - ``mode``: ``"auto"`` captures on CUDA when the step is replayable and runs eagerly
+      elsewhere (silently on the CPU); ``"on"`` warns whenever it cannot capture; ``"off"``
+      never captures. `reason` says why a step runs eagerly.
+    - ``inputs``: tensor arguments are copied into static buffers made at capture
+      (`static_inputs`; write into them to skip the copy; no gradient flows back to
+      them). Other arguments (a `Graph`, numbers) must be the same object or equal on
+      every call; a container holding tensors is not captured. Tensors the step closes
+      over are used in place: they must keep their storage, as parameters must.
+    - ``optimizers`` / ``modules``: their parameters are checked not to have been
+      replaced, and the modules' train/eval flags not to have changed, before each replay.
+      Adam-style optimizers must be built with ``capturable=True``.
+    - Outputs are copied out of the graph's static outputs (``copy_outputs=False`` returns
+      the static tensors themselves, overwritten by the next replay).
+    """
+
+    def __init__(self, step_fn: Callable[..., Any], *, optimizers: Sequence[torch.optim.Optimizer] = (),
+                 modules: Sequence[torch.nn.Module] = (), mode: str = "auto", warmup: int = DEFAULT_WARMUP,
+                 copy_outputs: bool = True, name: str = "training step",
+                 _graph_factory: Callable[[], Any] | None = None):
+        if warmup < 1:
+            raise ValueError(f"warmup must be at least 1 (the audited call), got {warmup}")
+        self.step_fn, self.optimizers, self.modules = step_fn, list(optimizers), list(modules)
+        self.mode, self.warmup, self.copy_outputs, self.name = check_mode(mode), warmup, copy_outputs, name
+        self._graph_factory = _graph_factory or _CudaGraph
+        self._graph: Any = None
+        self._calls = 0
+        self.reason: str | None = "disabled (mode 'off')" if mode == "off" else None
+        self.static_inputs: list[Any] = []
+        self._static_outputs: Any = None
+        self._watched: list[tuple[str, torch.Tensor, int]] = []
+        self._training: list[bool] = []
+
+    @property
+    def captured(self) -> bool:
+        return self._graph is not None
+
+    @property
+    def status(self) -> str:
+        """``"captured"``, ``"warming up"`` or ``"eager: <reason>"``, for logs and reports."""
+        if self.captured:
+            return "captured"
+        return f"eager: {self.reason}" if self.reason else "warming up"
+
+    def pool_bytes(self) -> int:
+        """Memory the captured graph holds for its temporaries (0 when not captured)."""
+        return self._graph.pool_bytes() if self._graph is not None else 0
+
+    def __call__(self, *inputs: Any) -> Any:
+        if self._graph is not None:
+            return self._replay(inputs)
+        if self.reason is not None:
+            return self.step_fn(*inputs)
+        self._calls += 1
+        device = self._device(inputs)
+        if self._graph_factory is _CudaGraph and device.type != "cuda":
+            self._fall_back(f"CUDA graphs need a CUDA device; the step runs on {device}", warn=self.mode == "on")
+            return self.step_fn(*inputs)
+        if self._calls < self.warmup:
+            return self._eager_on_side_stream(inputs, device)
+        reason = self._optimizer_problem(device) or _argument_problem(inputs)
+        if reason:
+            self._fall_back(reason)
+            return self.step_fn(*inputs)
+        result, reason = audit_step(lambda: self.step_fn(*inputs), device)
+        if reason:
+            self._fall_back(reason)
+        else:
+            self._capture(inputs)
+        return result
+
+    # --- capture ---------------------------------------------------------------------
+    def _device(self, inputs: Iterable[Any]) -> torch.device:
+        tensors = [p for opt in self.optimizers for g in opt.param_groups for p in g["params"]]
+        tensors += [p for m in self.modules for p in m.parameters()]
+        tensors += [t for t in inputs if isinstance(t, torch.Tensor)]
+        return tensors[0].device if tensors else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+    def _eager_on_side_stream(self, inputs: tuple, device: torch.device) -> Any:
+        """Warm-up as PyTorch's CUDA-graph recipe does it: on a side stream, so lazily
+        created per-stream state is not tied to the stream the capture records on."""
+        if device.type != "cuda" or self._graph_factory is not _CudaGraph:
+            return self.step_fn(*inputs)
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            result = self.step_fn(*inputs)
+        torch.cuda.current_stream(device).wait_stream(side)
+        return result
+
+    def _optimizer_problem(self, device: torch.device) -> str | None:
+        for opt in self.optimizers:
+            for group in opt.param_groups:
+                if group.get("capturable") is False:
+                    return (f"{type(opt).__name__} keeps its step count on the host; build it with "
+                            "capturable=True")
+                for p in group["params"]:
+                    if p.device.type != device.type:
+                        return f"a parameter of {type(opt).__name__} is on {p.device}, the step on {device}"
+        return None
+
+    def _capture(self, inputs: tuple) -> None:
+        self.static_inputs = [t.detach().clone() if isinstance(t, torch.Tensor) else t for t in inputs]
+        graph = self._graph_factory()
+        try:
+            self._static_outputs = graph.capture(lambda: self.step_fn(*self.static_inputs))
+        except Exception as exc:  # noqa: BLE001 - any capture failure means: run eagerly
+            self._drop_gradients()
+            self.static_inputs = []
+            self._fall_back(f"capture failed ({type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]})")
+            return
+        self._graph = graph
+        self._watched = [(name, p, p.data_ptr()) for name, p in self._parameters()]
+        self._training = [m.training for top in self.modules for m in top.modules()]
+
+    def _parameters(self) -> list[tuple[str, torch.Tensor]]:
+        named = [(f"{type(m).__name__}.{n}", p) for m in self.modules for n, p in m.named_parameters()]
+        named += [(f"{type(opt).__name__} parameter {i}", p) for opt in self.optimizers
+                  for i, p in enumerate(p for g in opt.param_groups for p in g["params"])]
+        return named
+
+    def _drop_gradients(self) -> None:
+        """A failed capture may have left ``.grad`` tensors that no kernel ever wrote."""
+        for _, p in self._parameters():
+            p.grad = None
+
+    def _fall_back(self, reason: str, warn: bool = True) -> None:
+        self.reason = reason
+        if warn:
+            warnings.warn(f"gnnfuse: the {self.name} is not captured in a CUDA graph and runs eagerly: {reason}",
+                          CaptureFallbackWarning, stacklevel=3)
+
+    # --- replay ----------------------------------------------------------------------
+    def _replay(self, inputs: tuple) -> Any:
+        self._check_unchanged(inputs)
+        for given, static in zip(inputs, self.static_inputs):
+            if isinstance(static, torch.Tensor) and given is not static:
+                static.copy_(given)
+        self._graph.replay()
+        if not self.copy_outputs:
+            return self._static_outputs
+        return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, self._static_outputs)
+
+    def _check_unchanged(self, inputs: tuple) -> None:
+        if len(inputs) != len(self.static_inputs):
+            raise ValueError(f"the captured {self.name} took {len(self.static_inputs)} argument(s), got {len(inputs)}")
+        for position, (given, static) in enumerate(zip(inputs, self.static_inputs)):
+            if isinstance(static, torch.Tensor):
+                if not isinstance(given, torch.Tensor):
+                    raise TypeError(f"argument {position} of the captured {self.name} was a tensor, "
+                                    f"got {type(given).__name__}")
+                meta = (tuple(given.shape), given.dtype, given.device, given.stride())
+                expected = (tuple(static.shape), static.dtype, static.device, static.stride())
+                if meta != expected:
+                    raise ValueError(f"argument {position} of the captured {self.name} changed from (shape, dtype, "
+                                     f"device, stride) {expected} to {meta}; a CUDA graph replays fixed shapes: "
+                                     "build a new StepCapture for the new shape")
+            elif given is not static and not _same_value(given, static):
+                raise ValueError(f"argument {position} of the captured {self.name} changed from {static!r} to "
+                                 f"{given!r}; the graph replays the value it was captured with")
+        for name, p, pointer in self._watched:
+            if p.data_ptr() != pointer:
+                raise RuntimeError(f"{name} was given new storage since the {self.name} was captured (e.g. "
+                                   "param.data = ...); the graph would update the old memory: load new values "
+                                   "in place (load_state_dict, param.copy_) or build a new StepCapture")
+        if [m.training for top in self.modules for m in top.modules()] != self._training:
+            raise RuntimeError(f"a module switched between train() and eval() since the {self.name} was "
+                               "captured; the graph replays the mode it was captured in")

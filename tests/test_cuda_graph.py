@@ -1,0 +1,321 @@
+"""`StepCapture` and `audit_step` on the CPU: the eager fallback gives the numbers an
+uncaptured loop gives and says why once; the audit names what a CUDA graph could not
+replay; replays copy moved inputs and refuse changed shapes, replaced parameters and a
+switched train/eval mode. Real capture needs a GPU (benchmarks/check_cuda_graph.py);
+the bookkeeping around it runs here against `_Rerun`, a stand-in whose replay re-runs
+the captured function on the static buffers, which is what a CUDA graph replays."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gnnfuse import nn as gnn_nn
+from gnnfuse.graph import Graph
+from gnnfuse.ir import get_op
+from gnnfuse.runtime.cuda_graph import CaptureFallbackWarning, StepCapture, audit_step
+
+
+class _Rerun:
+    """Capture runs the function once; replay runs it again and writes its results into
+    the outputs of the capture, as a graph's kernels write its static outputs."""
+
+    def capture(self, fn):
+        self.fn = fn
+        self.outputs = fn()
+        return self.outputs
+
+    def replay(self):
+        fresh = self.fn()
+        for static, value in zip(torch.utils._pytree.tree_leaves(self.outputs),
+                                 torch.utils._pytree.tree_leaves(fresh)):
+            static.copy_(value)
+
+
+class _FailingCapture(_Rerun):
+    def capture(self, fn):
+        fn()
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+
+def _graph() -> Graph:
+    src = torch.tensor([0, 1, 2, 3, 4, 0, 2, 5])
+    dst = torch.tensor([1, 2, 3, 4, 5, 5, 0, 1])
+    return Graph(src, dst, 6)
+
+
+def _training(seed: int, optimizer=torch.optim.Adam):
+    """A dropout GCN on a tiny graph, its optimizer and one step function, from ``seed``."""
+    torch.manual_seed(seed)
+    graph, x, y = _graph(), torch.randn(6, 5), torch.tensor([0, 1, 0, 1, 1, 0])
+    model = torch.nn.ModuleList([gnn_nn.GCNConv(5, 8), gnn_nn.GCNConv(8, 2)])
+    opt = optimizer(model.parameters(), lr=0.05)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        h = F.dropout(torch.relu(model[0](x, graph)), 0.5, True)
+        loss = F.cross_entropy(model[1](h, graph), y)
+        loss.backward()
+        opt.step()
+        return loss
+    return model, opt, step
+
+
+def test_cpu_fallback_trains_exactly_as_eager_and_says_why_once():
+    model, _, step = _training(0)
+    eager = [step().item() for _ in range(6)]
+    captured_model, opt, captured_step = _training(0)
+    capture = StepCapture(captured_step, optimizers=[opt], modules=[captured_model], mode="on")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        losses = [capture().item() for _ in range(6)]
+    assert losses == eager
+    for mine, theirs in zip(captured_model.parameters(), model.parameters()):
+        assert torch.equal(mine, theirs)
+    fallbacks = [w for w in caught if issubclass(w.category, CaptureFallbackWarning)]
+    assert len(fallbacks) == 1 and "CUDA device" in str(fallbacks[0].message)
+    assert not capture.captured and capture.status.startswith("eager: CUDA graphs need a CUDA device")
+
+
+@pytest.mark.parametrize("mode, status", [("auto", "eager: CUDA graphs need"), ("off", "eager: disabled")])
+def test_auto_and_off_run_eagerly_without_a_warning(mode, status):
+    _, opt, step = _training(1)
+    capture = StepCapture(step, optimizers=[opt], mode=mode)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CaptureFallbackWarning)
+        capture(), capture()
+    assert capture.status.startswith(status)
+
+
+def test_arguments_are_checked():
+    with pytest.raises(ValueError, match="mode must be one of"):
+        StepCapture(lambda: None, mode="always")
+    with pytest.raises(ValueError, match="warmup must be at least 1"):
+        StepCapture(lambda: None, warmup=0)
+
+
+def test_audit_accepts_a_device_only_step():
+    x = torch.randn(5, 3)
+    result, reason = audit_step(lambda: (x * 2).sum(), torch.device("cpu"))
+    assert reason is None and torch.equal(result, (x * 2).sum())
+
+
+@pytest.mark.parametrize("step, named", [
+    (lambda x: float(x.sum()), "_local_scalar_dense"),
+    (lambda x: torch.nonzero(x > 0), "nonzero"),
+    (lambda x: x[x > 0], "boolean mask"),
+    (lambda x: x.sum() if x.sum() > 0 else x.mean(), "_local_scalar_dense"),   # `if tensor:`
+])
+def test_audit_names_host_synchronisations(step, named):
+    result, reason = audit_step(lambda: step(torch.randn(5, 3)), torch.device("cpu"))
+    assert reason is not None and named in reason
+
+
+def test_audit_names_work_off_the_capture_device():
+    """A CPU tensor inside a CUDA step is read at capture and frozen: the audit of a
+    step meant for another device (meta here) reports the first CPU op."""
+    _, reason = audit_step(lambda: torch.ones(3) * 2, torch.device("meta"))
+    assert reason is not None and "cpu tensor" in reason
+
+
+def test_const_op_fills_on_the_device_without_a_host_copy():
+    """Before: torch.tensor(value, device=...) copied a host scalar to the GPU on every
+    call (a synchronisation, which also breaks capture); the audit saw no device op."""
+    class Ctx:
+        src = torch.empty(0, device="meta")
+    seen = []
+
+    class Watch(torch.utils._python_dispatch.TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            seen.append((func.overloadpacket.__name__, out.device.type))
+            return out
+    with Watch():
+        value = get_op("const").run(Ctx(), [], [], {"value": 0.5, "dtype": torch.float32})
+    assert value.device.type == "meta" and seen == [("full", "meta")]
+
+
+def _captured(step, **kwargs) -> StepCapture:
+    return StepCapture(step, warmup=1, _graph_factory=_Rerun, **kwargs)
+
+
+def test_replay_copies_new_input_data_into_the_static_buffer():
+    capture = _captured(lambda x: x * 2)
+    first = torch.ones(3)
+    capture(first)
+    assert capture.captured
+    moved = torch.full((3,), 4.0)
+    assert torch.equal(capture(moved), moved * 2)
+    capture.static_inputs[0].fill_(5.0)            # written in place: no copy, same result
+    assert torch.equal(capture(capture.static_inputs[0]), torch.full((3,), 10.0))
+    assert torch.equal(first, torch.ones(3))       # the caller's first tensor is never written
+
+
+def test_replay_returns_copies_unless_asked_for_the_static_outputs():
+    capture = _captured(lambda x: x + 1)
+    capture(torch.zeros(2))
+    a = capture(torch.zeros(2))
+    b = capture(torch.ones(2))
+    assert torch.equal(a, torch.ones(2)) and torch.equal(b, torch.full((2,), 2.0))
+    static = _captured(lambda x: x + 1, copy_outputs=False)
+    static(torch.zeros(2))
+    assert static(torch.zeros(2)) is static(torch.ones(2))
+
+
+@pytest.mark.parametrize("given, error", [
+    (torch.zeros(4), "changed from"), (torch.zeros(3, dtype=torch.float64), "changed from"),
+    (torch.zeros(6)[::2], "changed from"), ("x", "was a tensor")])
+def test_replay_refuses_changed_shapes_dtypes_and_strides(given, error):
+    capture = _captured(lambda x: x * 2)
+    capture(torch.zeros(3))
+    with pytest.raises((ValueError, TypeError), match=error):
+        capture(given)
+
+
+def test_replay_refuses_a_changed_python_argument():
+    capture = _captured(lambda x, scale: x * scale)
+    capture(torch.ones(2), 2.0)
+    assert torch.equal(capture(torch.ones(2), 2.0), torch.full((2,), 2.0))
+    with pytest.raises(ValueError, match="changed from 2.0 to 3.0"):
+        capture(torch.ones(2), 3.0)
+
+
+def test_replay_refuses_replaced_parameters_and_a_switched_mode():
+    layer = torch.nn.Linear(3, 2)
+    capture = _captured(lambda: layer(torch.ones(1, 3)), modules=[layer])
+    capture()
+    with torch.no_grad():
+        layer.weight.copy_(torch.zeros(2, 3))      # in place: fine, and seen by the replay
+    assert torch.equal(capture(), layer.bias.detach().unsqueeze(0))
+    layer.eval()
+    with pytest.raises(RuntimeError, match="train\\(\\) and eval\\(\\)"):
+        capture()
+    layer.train()
+    layer.weight.data = torch.zeros(2, 3)
+    with pytest.raises(RuntimeError, match="new storage"):
+        capture()
+
+
+def test_an_optimizer_without_capturable_runs_eagerly_with_a_reason():
+    model, opt, step = _training(2)
+    capture = StepCapture(step, optimizers=[opt], warmup=2, _graph_factory=_Rerun)
+    with pytest.warns(CaptureFallbackWarning, match="capturable=True"):
+        capture(), capture()
+    assert not capture.captured
+    capture()          # later calls: eager, no new warning (an error under pytest.warns' absence)
+
+
+def test_an_unreplayable_step_runs_eagerly_after_one_warning():
+    calls = []
+
+    def step(x):
+        calls.append(1)
+        return x[x > 0].sum()
+    capture = StepCapture(step, warmup=2, _graph_factory=_Rerun)
+    x = torch.tensor([1.0, -1.0, 2.0])
+    with pytest.warns(CaptureFallbackWarning, match="boolean mask"):
+        results = [capture(x), capture(x)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CaptureFallbackWarning)
+        results.append(capture(x))
+    assert [r.item() for r in results] == [3.0, 3.0, 3.0] and len(calls) == 3
+
+
+def test_a_failed_capture_falls_back_and_drops_unwritten_gradients():
+    model, opt, step = _training(3, torch.optim.SGD)     # no host-side step count (Adam's capturable is CUDA-only)
+    capture = StepCapture(step, optimizers=[opt], modules=[model], warmup=2, _graph_factory=_FailingCapture)
+    with pytest.warns(CaptureFallbackWarning, match="capture failed .*stream is capturing"):
+        capture(), capture()     # the first call builds the graph's caches (a boolean mask): not audited
+    assert not capture.captured and all(p.grad is None for p in model.parameters())
+
+
+def test_sage_on_a_graph_with_unread_rows_is_replayable_after_its_first_call():
+    """Before: SAGEConv's transform-before-aggregate ran torch.nonzero over the vertices
+    without out-edges on every call (a host sync per step, and an unreplayable step)."""
+    graph = Graph(torch.tensor([0, 1, 2]), torch.tensor([1, 2, 0]), 4)    # vertex 3 sends nothing
+    layer, x = gnn_nn.SAGEConv(6, 2), torch.randn(4, 6)
+    first = layer(x, graph)
+    again, reason = audit_step(lambda: layer(x, graph), torch.device("cpu"))
+    assert reason is None and torch.equal(again, first)
+
+
+def test_training_with_cuda_graph_on_falls_back_on_the_cpu_with_the_same_history():
+    from gnnfuse.training import make_config, train_runs
+    config = make_config("gcn", epochs=3)
+    eager = train_runs(config, log_epochs=False, cuda_graph="off").runs[0]
+    with pytest.warns(CaptureFallbackWarning, match="CUDA device") as caught:
+        asked = train_runs(config, log_epochs=False, cuda_graph="on").runs[0]
+    assert len([w for w in caught if issubclass(w.category, CaptureFallbackWarning)]) == 1
+    assert asked.history == eager.history and asked.cuda_graph.startswith("eager: CUDA graphs need")
+    assert eager.cuda_graph == "eager: disabled (mode 'off')"
+
+
+def test_cli_train_takes_the_cuda_graph_flag(capsys):
+    from gnnfuse.cli import main
+    assert main(["train", "--epochs", "2", "--cuda-graph", "off"]) == 0
+    with pytest.raises(SystemExit):
+        main(["train", "--epochs", "2", "--cuda-graph", "sometimes"])
+    assert "invalid choice: 'sometimes'" in capsys.readouterr().err
+
+
+def test_bench_reports_how_gnnfuse_step_ran(tmp_path, capsys):
+    import json
+
+    from gnnfuse import bench
+    from gnnfuse.cli import main
+    assert main(["bench", "--dataset", "synthetic", "--frameworks", "gnnfuse", "--steps", "1", "--warmup", "1",
+                 "--cuda-graph", "off", "--json", str(tmp_path / "bench.json")]) == 0
+    assert "CUDA graph of gnnfuse's training step: eager: disabled (mode 'off')" in capsys.readouterr().out
+    cell = json.loads((tmp_path / "bench.json").read_text())["results"]["gnnfuse"]
+    assert cell["status"] == "ok" and cell["cuda_graph"] == "eager: disabled (mode 'off')"
+    assert cell["warmup"] >= 3 and cell["host_ms"] > 0    # the timed steps would be replays where it captures
+    with pytest.raises(ValueError, match="pyg-compile-ro"):
+        bench.run_bench("gcn", "synthetic", "cpu", ("pyg-cudagraphs",), log=lambda m: None)
+
+
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="real CUDA-graph capture needs a GPU")
+
+
+@needs_gpu
+def test_gpu_captured_training_matches_eager():
+    """Dropout-free GCN steps replayed from a CUDA graph give eager's losses and weights."""
+    def run(mode: str):
+        torch.manual_seed(0)
+        graph = _graph().to("cuda")
+        x, y = torch.randn(6, 5, device="cuda"), torch.tensor([0, 1, 0, 1, 1, 0], device="cuda")
+        model = torch.nn.ModuleList([gnn_nn.GCNConv(5, 8), gnn_nn.GCNConv(8, 2)]).cuda()
+        opt = torch.optim.Adam(model.parameters(), lr=0.05, capturable=True)
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(model[1](torch.relu(model[0](x, graph)), graph), y)
+            loss.backward()
+            opt.step()
+            return loss
+        capture = StepCapture(step, optimizers=[opt], modules=[model], mode=mode)
+        losses = torch.stack([capture() for _ in range(6)])
+        return capture, losses, list(model.parameters())
+    captured, losses, weights = run("on")
+    _, eager_losses, eager_weights = run("off")
+    assert captured.status == "captured"
+    torch.testing.assert_close(losses, eager_losses, rtol=1e-5, atol=1e-6)
+    for mine, theirs in zip(weights, eager_weights):
+        torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-6)
+
+
+@needs_gpu
+def test_gpu_a_syncing_step_falls_back_with_the_reason():
+    x = torch.randn(8, device="cuda")
+    capture = StepCapture(lambda: x * float(x.sum()), mode="auto")
+    with pytest.warns(CaptureFallbackWarning, match="_local_scalar_dense"):
+        results = [capture() for _ in range(4)]
+    assert not capture.captured and all(torch.equal(r, x * float(x.sum())) for r in results)
+
+
+def test_a_container_of_tensors_is_not_captured():
+    capture = _captured(lambda tables: tables["x"] * 2)
+    with pytest.warns(CaptureFallbackWarning, match="argument 0 is a dict holding tensors"):
+        assert torch.equal(capture({"x": torch.ones(2)}), torch.full((2,), 2.0))
+    assert not capture.captured and torch.equal(capture({"x": torch.zeros(2)}), torch.zeros(2))
