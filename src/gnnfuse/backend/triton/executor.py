@@ -26,8 +26,11 @@ _UNIT_KERNELS: "weakref.WeakKeyDictionary[AggregateUnit, dict]" = weakref.WeakKe
 
 
 def _autotune() -> bool:
-    """Autotune on real hardware; the interpreter would only time numpy."""
-    return os.environ.get("TRITON_INTERPRET", "0") != "1"
+    """Autotune on real hardware; the interpreter would only time numpy.
+    ``GNNFUSE_AUTOTUNE=0`` launches the fixed configs the interpreter uses: every
+    autotuned kernel compiles and times each of its configs on first use, which made a
+    GPU run of the test suite spend most of its time tuning kernels it runs once."""
+    return os.environ.get("TRITON_INTERPRET", "0") != "1" and os.environ.get("GNNFUSE_AUTOTUNE", "1") != "0"
 
 
 def schedule_for(unit: Unit, num_nodes: int, num_edges: int) -> str:
@@ -83,12 +86,13 @@ def _kernel_for(unit: Unit, acc: str, schedule: str):
     per program, so steady-state training never regenerates source. The row tile is an
     edge unit's `row_sum_split` (None elsewhere), which fixes its launch's feature block."""
     per_unit = _UNIT_KERNELS.setdefault(unit, {})
-    if (acc, schedule) not in per_unit:
+    key = (acc, schedule, _autotune())   # an autotuned kernel takes no fixed block sizes
+    if key not in per_unit:
         name, source, leaf_args = kernel_source(unit, acc, schedule)
         row_tile = row_sum_split(unit.root) if schedule == "edge" else None
         layouts = [(v.id, math.prod(v.shape), row_stride(v)) for v in leaf_args]
-        per_unit[acc, schedule] = (_load_kernel(source, name), layouts, row_tile)
-    return per_unit[acc, schedule]
+        per_unit[key] = (_load_kernel(source, name), layouts, row_tile)
+    return per_unit[key]
 
 
 def run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> torch.Tensor:
