@@ -41,9 +41,18 @@ def _edge_attr(graph: gnnfuse.Graph) -> torch.Tensor:
 
 
 def _example(module: str, attr: str):
+    """``attr`` of an example script. The examples import their sibling ``common``, and
+    benchmarks/ has a module of that name too (test_bench_attention imports it): the
+    examples get their own, and whatever ``common`` was loaded before is put back."""
     if str(EXAMPLES) not in sys.path:
         sys.path.insert(0, str(EXAMPLES))
-    return getattr(__import__(module), attr)
+    before = sys.modules.pop("common", None)
+    try:
+        return getattr(__import__(module), attr)
+    finally:
+        sys.modules.pop("common", None)
+        if before is not None:
+            sys.modules["common"] = before
 
 
 def _similarity_attention(x: torch.Tensor, graph: gnnfuse.Graph) -> torch.Tensor:
