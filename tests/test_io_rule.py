@@ -152,17 +152,32 @@ def test_softmax_keeps_only_per_vertex_statistics_for_the_backward(name):
     assert [v.op for v in saved if v.residency.is_edge_rowed and v.op != "input"] == []   # edge inputs: the user's
 
 
+@pytest.mark.parametrize("name", ["GATConv", "GATConv-edge_dim", "GATv2Conv", "GATv2Conv-no-loops",
+                                  "GATv2Conv-edge_dim", "GATv2Conv-share_weights", "DotGATConv"])
+def test_attention_scores_never_reach_memory(name):
+    """The [E, H] attention scores are recomputed from gathered rows in every unit that
+    reads them (passes.fusion's tiled feature sums): the max pass, the sum pass and the
+    weighted aggregation of the forward, and the backward units. Neither program writes
+    anything per edge."""
+    heads, run = LAYERS[name]
+    torch.manual_seed(0)
+    [program] = gnnfuse.explain(run, torch.randn(N, F_IN, requires_grad=True), _graph()).programs
+    written = [f"{plan.phase}: {t.value.op}{list(t.value.shape)}" for plan in (program.forward, program.backward)
+               for t in plan.edge_tensors]
+    assert written == []
+
+
 def test_report_gives_largest_edge_tensor_and_total_bytes():
+    """C-GAT's pairwise edge weights (one per edge and head) are written, so report them."""
     graph = _graph()
     x = torch.randn(N, F_IN, requires_grad=True)
-    report = gnnfuse.explain(gnn.GATv2Conv(F_IN, CHANNELS, heads=HEADS, add_self_loops=False), x, graph)
+    report = gnnfuse.explain(gnn.CGATConv(F_IN, CHANNELS, heads=HEADS, add_self_loops=False), x, graph)
     [program] = report.programs
     for plan in (program.forward, program.backward):
         largest = plan.largest_edge_tensor
-        assert largest is not None and largest.width == HEADS   # the scores, one per edge and head
+        assert largest is not None and largest.width == HEADS   # one per edge and head
         assert plan.edge_bytes(largest) == graph.num_edges * HEADS * 4
         assert plan.edge_tensor_bytes == sum(graph.num_edges * t.width * 4 for t in plan.edge_tensors)
-    assert not program.forward.largest_edge_tensor.saved   # recomputed by the backward (see below)
     text = str(report)
     assert text.count("edge-rowed tensors written:") == 2
     assert f"EDGE[{graph.num_edges}, {HEADS}]" in text
