@@ -7,6 +7,7 @@ not in a benchmark. Exempt (passes/io_rule.py): per-edge values computed from th
 user's edge inputs and parameters alone, such as GAT's lin_edge(edge_attr)."""
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 from typing import Callable
@@ -186,17 +187,32 @@ def test_softmax_keeps_only_per_vertex_statistics_for_the_backward(name):
     assert [v.op for v in saved if v.residency.is_edge_rowed and v.op != "input"] == []   # edge inputs: the user's
 
 
+@pytest.mark.parametrize("name", ["GATConv", "GATConv-edge_dim", "GATv2Conv", "GATv2Conv-no-loops",
+                                  "GATv2Conv-edge_dim", "GATv2Conv-share_weights", "DotGATConv"])
+def test_attention_scores_never_reach_memory(name):
+    """The [E, H] attention scores are recomputed from gathered rows in every unit that
+    reads them (passes.fusion's tiled feature sums): the max pass, the sum pass and the
+    weighted aggregation of the forward, and the backward units. Neither program writes
+    anything per edge."""
+    heads, run = LAYERS[name]
+    torch.manual_seed(0)
+    [program] = gnnfuse.explain(run, torch.randn(N, F_IN, requires_grad=True), _graph()).programs
+    written = [f"{plan.phase}: {t.value.op}{list(t.value.shape)}" for plan in (program.forward, program.backward)
+               for t in plan.edge_tensors]
+    assert written == []
+
+
 def test_report_gives_largest_edge_tensor_and_total_bytes():
+    """C-GAT's pairwise edge weights (one per edge and head) are written, so report them."""
     graph = _graph()
     x = torch.randn(N, F_IN, requires_grad=True)
-    report = gnnfuse.explain(gnn.GATv2Conv(F_IN, CHANNELS, heads=HEADS, add_self_loops=False), x, graph)
+    report = gnnfuse.explain(gnn.CGATConv(F_IN, CHANNELS, heads=HEADS, add_self_loops=False), x, graph)
     [program] = report.programs
     for plan in (program.forward, program.backward):
         largest = plan.largest_edge_tensor
-        assert largest is not None and largest.width == HEADS   # the scores, one per edge and head
+        assert largest is not None and largest.width == HEADS   # one per edge and head
         assert plan.edge_bytes(largest) == graph.num_edges * HEADS * 4
         assert plan.edge_tensor_bytes == sum(graph.num_edges * t.width * 4 for t in plan.edge_tensors)
-    assert not program.forward.largest_edge_tensor.saved   # recomputed by the backward (see below)
     text = str(report)
     assert text.count("edge-rowed tensors written:") == 2
     assert f"EDGE[{graph.num_edges}, {HEADS}]" in text
@@ -225,3 +241,38 @@ def test_exemption_covers_only_values_free_of_gathered_rows():
     returned = program.backward.program.outputs["grad:e.a"]
     assert [t.exempt for t in program.backward.edge_tensors if t.value is returned] == [True]
     assert all(not t.exempt for t in program.backward.edge_tensors if t.value is not returned)
+
+
+@pytest.mark.parametrize("name", ["GATConv-edge_dim", "GATv2Conv-edge_dim"])
+def test_edge_features_are_projected_in_registers(name):
+    """With edge_dim <= MAX_EDGE_FEATURES, GAT and GATv2 trace lin_edge(edge_attr) into the
+    program, so nothing per edge wider than max(H, edge_dim) exists anywhere: not as a
+    program input, not written by the forward or the backward (exempt or not), not saved
+    for the backward -- by the program or by torch's autograd around it (lin_edge run
+    in torch would save its [E, H * D] result). The looped edge_attr rows themselves are
+    edge_dim wide."""
+    heads, run = LAYERS[name]
+    limit = max(heads, EDGE_DIM)
+    assert EDGE_DIM <= MAX_EDGE_FEATURES
+    torch.manual_seed(0)
+    graph, x = _graph(), torch.randn(N, F_IN, requires_grad=True)
+    [program] = gnnfuse.explain(run, x, graph).programs
+    inputs = [f"{key}{list(v.shape)}" for key, v in program.forward.program.inputs.items()
+              if v.residency.is_edge_rowed and math.prod(v.shape) > limit]
+    written = [f"{plan.phase}: {t.value.op}{list(t.value.shape)}" for plan in (program.forward, program.backward)
+               for t in plan.edge_tensors if t.width > limit]
+    saved = [v.op for v in program.call.compiled.backward_for(program.call.wrt).saved
+             if v.residency.is_edge_rowed and math.prod(v.shape) > limit]
+    assert (inputs, written, saved) == ([], [], [])
+    looped_edges = int((graph.src != graph.dst).sum()) + N
+    held: list[list[int]] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if t.dim() and t.shape[0] == looped_edges and t[0].numel() > limit:
+            held.append(list(t.shape))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = run(x, graph)
+    out.sum().backward()
+    assert held == []

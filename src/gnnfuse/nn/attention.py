@@ -26,7 +26,7 @@ from .arguments import node_features
 from .attention_weights import AttentionOutput, attention_weights, check_attention_request
 from .conv import (GATConv, _as_graph, _bipartite_inputs, _channel_pair, _check_dropout, _combine_heads,
                    _head_bias, _head_residual, _inv_sqrt_degree, _normalized_sum, _rows_read, _with_loops)
-from .edge_features import FillValue, edge_inputs, edge_projection
+from .edge_features import FillValue, edge_projection, edge_rows, traced_edge_matmul
 from .pyg_repr import OneLineRepr
 
 
@@ -98,28 +98,39 @@ class GATv2Conv(OneLineRepr, nn.Module):
         if x_dst is None:
             raise ValueError("GATv2Conv: bipartite input needs x_dst (the destination features score "
                              "every edge), as in PyG; got (x_src, None)")
-        edge_h = edge_inputs(self, graph, edge_attr, "GATv2Conv")
+        rows = edge_rows(self, graph, edge_attr, "GATv2Conv")
         graph = _with_loops(graph, self.add_self_loops)
         shape = (-1, self.heads, self.out_channels)
         x_l = self.lin_l(x).view(shape)
         x_r = x_l if self.share_weights and x_dst is x else self.lin_r(x_dst).view(shape)
         att, slope = self.att.view(self.heads, self.out_channels), self.negative_slope
-        p, training = self.dropout, self.training
+        p, training, heads, channels = self.dropout, self.training, self.heads, self.out_channels
+        # lin_edge traced in (edge_dim <= the compiler's unroll limit): evaluated in registers, never
+        # stored per edge; wider edge features are projected by torch and read as [E, heads, channels]
+        in_kernel = traced_edge_matmul(rows)
+        w_edge = self.lin_edge.weight.t() if in_kernel else None
+        e_feature = None if rows is None else {"attr": rows} if in_kernel else {
+            "x_e": self.lin_edge(rows).view(shape)}
+
+        def pair(e, v):
+            both = e.src.x_l + v.x_r
+            if rows is None:
+                return both
+            return both + ((e.attr @ w_edge).view(heads, channels) if in_kernel else e.x_e)
 
         def gatv2(v):
-            scores = [(F.leaky_relu(e.src.x_l + v.x_r + e.x_e if edge_h is not None else e.src.x_l + v.x_r, slope)
-                       * att).sum(-1) for e in v.inedges]
+            scores = [(F.leaky_relu(pair(e, v), slope) * att).sum(-1) for e in v.inedges]
             peak = max(scores)
             weights = [torch.exp(s - peak) for s in scores]
             alpha = [F.dropout(w / sum(weights), p, training) for w in weights]
             return sum([alpha[i].unsqueeze(-1) * e.src.x_l for i, e in enumerate(v.inedges)])
 
-        out = _run_vertex(gatv2, graph, {"x_l": x_l, "x_r": x_r}, None if edge_h is None else {"x_e": edge_h})
+        out = _run_vertex(gatv2, graph, {"x_l": x_l, "x_r": x_r}, e_feature)
         out = _combine_heads(out, self.concat, self.bias, None if self.res is None else self.res(x_dst))
         if not return_attention_weights:
             return out
         pair = x_l[graph.src.long()] + x_r[graph.dst.long()]
-        pair = pair if edge_h is None else pair + edge_h
+        pair = pair if rows is None else pair + self.lin_edge(rows).view(shape)
         return out, attention_weights(graph, (F.leaky_relu(pair, slope) * att).sum(-1), edge_index)
 
 

@@ -21,7 +21,7 @@ from ..graph.convert import check_bipartite_adj_t, declared_size
 from .aggregation import Reduction, aggregate, pyg_aggr_name, resolve_aggregation
 from .arguments import adjacency_weights, edge_weight_column, node_features, node_pair, over_feature_batches
 from .attention_weights import AttentionOutput, attention_weights, check_attention_request
-from .edge_features import FillValue, edge_inputs, edge_projection
+from .edge_features import FillValue, edge_projection, edge_rows, traced_edge_matmul
 from .pyg_repr import OneLineRepr
 
 
@@ -533,8 +533,14 @@ class GATConv(OneLineRepr, nn.Module):
         if return_attention_weights:                               # False: just the output, as in PyG
             check_attention_request(self, x, edge_index, "GATConv")
         x, x_dst, graph = _bipartite_inputs(x, edge_index, size, "GATConv")
-        edge_h = edge_inputs(self, graph, edge_attr, "GATConv")
-        edata = None if edge_h is None else {"alpha_edge": (edge_h * self.att_edge).sum(-1)}
+        rows = edge_rows(self, graph, edge_attr, "GATConv")
+        # the edge logit <lin_edge(a), att_edge> per head is a @ w_edge, w_edge [edge_dim, heads] folded from
+        # both parameters, so no [E, heads x channels] product exists; traced in (edge_dim <= the compiler's
+        # unroll limit) it is evaluated in registers, else torch computes the [E, heads] logits
+        w_edge = None if rows is None else (self.lin_edge.weight.view(self.heads, self.out_channels, -1)
+                                            * self.att_edge.view(self.heads, self.out_channels, 1)).sum(1).t()
+        in_kernel = traced_edge_matmul(rows)
+        edata = None if rows is None else {"attr": rows} if in_kernel else {"alpha_edge": rows @ w_edge}
         graph = _with_loops(graph, self.add_self_loops)
         shape = (-1, self.heads, self.out_channels)
         h = (self.lin or self.lin_src)(x).view(shape)
@@ -550,7 +556,7 @@ class GATConv(OneLineRepr, nn.Module):
             if dst_term:      # PyG: no destination term without x_dst
                 score = score + edges.dst["alpha_dst"]
             if edata is not None:
-                score = score + edges.data["alpha_edge"]
+                score = score + (edges.data["attr"] @ w_edge if in_kernel else edges.data["alpha_edge"])
             return {"score": F.leaky_relu(score, slope), "h": edges.src["h"]}
 
         def reduce(nodes):
@@ -563,6 +569,6 @@ class GATConv(OneLineRepr, nn.Module):
         if not return_attention_weights:
             return out
         score = alpha_src[graph.src.long()] + ndata["alpha_dst"][graph.dst.long()]   # one x: never bipartite
-        if edata is not None:
-            score = score + edata["alpha_edge"]
+        if rows is not None:
+            score = score + rows @ w_edge
         return out, attention_weights(graph, F.leaky_relu(score, slope), edge_index)

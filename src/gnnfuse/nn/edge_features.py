@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from ..graph import Graph
+from ..passes.fusion import MAX_EDGE_FEATURES
 
 FillValue = Union[float, torch.Tensor, str]
 
@@ -71,17 +72,25 @@ def edge_projection(edge_dim: int | None, width: int) -> nn.Linear | None:
     return None if edge_dim is None else nn.Linear(edge_dim, width, bias=False)
 
 
-def edge_inputs(layer: nn.Module, graph: Graph, edge_attr: torch.Tensor | None, name: str) -> torch.Tensor | None:
-    """``lin_edge(edge_attr)`` as [E', heads, out_channels], E' the edges of the graph the
-    attention runs on (self loops replaced by one per vertex, featured by ``fill_value``,
-    when ``add_self_loops``); None without ``edge_attr``. Edge features given to a layer
-    built without ``edge_dim`` are refused (PyG ignores them)."""
+def edge_rows(layer: nn.Module, graph: Graph, edge_attr: torch.Tensor | None, name: str) -> torch.Tensor | None:
+    """The edge features of the graph the attention runs on, [E', edge_dim], before
+    ``lin_edge``: E' the edges with self loops replaced by one per vertex, featured by
+    ``fill_value``, when ``add_self_loops``; None without ``edge_attr``. Edge features
+    given to a layer built without ``edge_dim`` are refused (PyG ignores them)."""
     if edge_attr is None:
         return None
     if layer.lin_edge is None:
         raise NotImplementedError(f"{name}.forward(..., edge_attr=...) needs the layer built with edge_dim "
                                   f"(the width of the edge features): {name}(..., edge_dim=D)")
     rows = edge_feature_rows(edge_attr, graph.num_edges, layer.edge_dim, name).to(layer.lin_edge.weight.dtype)
-    if layer.add_self_loops:
-        rows = looped_edge_features(graph, rows, layer.fill_value, name)
-    return layer.lin_edge(rows).view(-1, layer.heads, layer.out_channels)
+    return looped_edge_features(graph, rows, layer.fill_value, name) if layer.add_self_loops else rows
+
+
+def traced_edge_matmul(rows: torch.Tensor | None) -> bool:
+    """Whether ``rows @ W`` can be written inside a traced function, where the compiler
+    evaluates it in registers in every kernel that uses it and recomputes it in the
+    backward (passes.fusion.edge_feature_matmul), so no [E, heads x channels] product is
+    ever stored. That holds up to ``MAX_EDGE_FEATURES`` features (the compiler unrolls the
+    dot); wider features take the precomputed ``lin_edge(edge_attr)`` path."""
+    return rows is not None and rows.shape[1] <= MAX_EDGE_FEATURES
+

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Iterable, NamedTuple
 
 from ..ir import Program, Residency, Value, get_op
 
@@ -136,6 +136,43 @@ def feature_sum_terms(v: Value) -> int | None:
     return None
 
 
+class RowSum(NamedTuple):
+    """A per-edge sum over trailing feature dims, evaluated as a [edges, kept, padded]
+    tile whose lanes past ``summed`` are masked (see `row_sum_split`)."""
+    kept: int
+    summed: int
+    padded: int      # next power of two >= summed
+
+    @property
+    def tile(self) -> int:
+        """Elements per edge in the tile (an edge unit's BLOCK_F, in one feature block)."""
+        return self.kept * self.padded
+
+
+def row_sum_split(root: Value) -> RowSum | None:
+    """The tile for ``root`` when it sums the trailing feature dims of its input, ``kept``
+    is a power of two and the padded tile is at most 128 elements, else None. Such a sum
+    (attention scores ``(h * a).sum(-1)`` per head, a GAT attention gradient) is evaluated
+    as one coalesced [edges, kept, summed] tile reduced in registers; unrolled, it loaded
+    every term separately at a stride of ``summed`` elements."""
+    if feature_sum_terms(root) is None:
+        return None
+    in_shape = root.inputs[0].shape
+    if root.op == "sum_dim":
+        summed_dims = {d % len(in_shape) for d in root.attrs["dim"]}
+    elif len(in_shape) == len(root.shape):
+        summed_dims = {d for d, (n, m) in enumerate(zip(in_shape, root.shape)) if m == 1 and n != 1}
+    else:
+        return None
+    kept_dims = [d for d, n in enumerate(in_shape) if d not in summed_dims and n != 1]
+    if kept_dims and summed_dims and max(kept_dims) > min(summed_dims):
+        return None
+    kept = math.prod(root.shape)
+    summed = math.prod(in_shape) // max(kept, 1)
+    split = RowSum(kept, summed, 1 << max(summed - 1, 0).bit_length())
+    return split if kept > 0 and kept & (kept - 1) == 0 and split.tile <= 128 else None
+
+
 def summed_operand(v: Value) -> Value | None:
     """The per-edge operand a shared-reduce unit evaluates in registers when ``v`` can be
     its root, else None. Two roots: a row sum into a parameter shape (``sum_to``, the
@@ -162,7 +199,7 @@ def _edge_root(v: Value) -> bool:
     return _fusible_body(v)
 
 
-def partition(program: Program, keep: Iterable[int] = ()) -> list[Unit | Value]:
+def partition(program: Program, keep: Iterable[int] = (), tile_feature_sums: bool = False) -> list[Unit | Value]:
     """The program's computing values in order, with fused units replacing what they cover.
 
     ``keep`` holds ids of values that must be materialized (saved for backward). Every
@@ -172,13 +209,23 @@ def partition(program: Program, keep: Iterable[int] = ()) -> list[Unit | Value]:
     feed its max pass, its sum pass and the weighted aggregation, and recomputing them
     from gathered vertex rows costs far less than an |E|-sized round trip to memory.
     A value reaches memory only if a plain op reads it, a unit reads it as a leaf, or
-    it is kept or returned; a per-edge one then becomes the root of an edge unit."""
+    it is kept or returned; a per-edge one then becomes the root of an edge unit.
+
+    ``tile_feature_sums`` (the Triton backend): a per-edge feature sum that fits a row
+    tile (`row_sum_split`) joins the body of every unit that reads it, which evaluates
+    it from its own gathered rows as a [edges, kept, summed] tile reduced in registers.
+    An edge softmax's [E, H] scores then never reach memory: its max pass, sum pass and
+    weighted aggregation each recompute them (flash-attention style), and so do the
+    backward units, where the gathered rows are mostly read anyway."""
+    def in_body(x: Value) -> bool:
+        return _fusible_body(x) or (tile_feature_sums and row_sum_split(x) is not None)
+
     def grow(unit: Unit) -> Unit:
         root = unit.root
         members: set[int] = set()
         reachable = {i.id for i in root.inputs}
         for x in reversed(program.values[: program.values.index(root)]):
-            if x.id in reachable and x.id not in keep and _fusible_body(x):
+            if x.id in reachable and x.id not in keep and in_body(x):
                 members.add(x.id)
                 reachable.update(i.id for i in x.inputs)
         unit.body = [x for x in program.values if x.id in members]

@@ -248,7 +248,7 @@ def _plan(phase: str, program: Program, keep: list[int], sizes: _Sizes, source: 
           tainted: set[int]) -> Plan:
     names = _names(program)
     steps = []
-    for item in partition(program, keep):
+    for item in partition(program, keep, tile_feature_sums=True):   # the Triton backend's plan
         if isinstance(item, Value):
             steps.append(_op_step(item, sizes, names))
         else:

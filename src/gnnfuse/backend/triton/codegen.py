@@ -27,13 +27,12 @@ from __future__ import annotations
 import inspect
 import itertools
 import math
-from typing import NamedTuple
 
 import triton
 
 from ...ir import Residency, Value, get_op
-from ...passes.fusion import (AggregateUnit, EdgeUnit, SharedReduceUnit, Unit, feature_sum_terms, gather_side,
-                              leaf_kind)
+from ...passes.fusion import (AggregateUnit, EdgeUnit, RowSum, SharedReduceUnit, Unit, feature_sum_terms,
+                              gather_side, leaf_kind, row_sum_split)
 from ..coords import project as _project, strides as _strides, summed_coords as _summed_coords
 
 _IDENTITY = {"sum": "0.0", "mean": "0.0", "max": "float('-inf')", "min": "float('inf')"}
@@ -50,6 +49,9 @@ class _Emitter:
         self.names: dict[str, str] = {}
         self.leaf_args: list[Value] = [v for v in unit.leaves if leaf_kind(v) != "const"]
         self.leaf_index = {v.id: n for n, v in enumerate(self.leaf_args)}
+        # the feature lanes values are evaluated on: the kernel's [BLOCK_F] block, or a
+        # row tile's lanes while a feature sum in the body is evaluated (`row_sum`)
+        self.zero, self.lanes = "fzero", "BLOCK_F"
 
     def tmp(self, expr: str) -> str:
         if expr not in self.names:
@@ -64,18 +66,20 @@ class _Emitter:
 
     def offset(self, shape: tuple[int, ...], coords: tuple[str, ...]) -> str:
         terms = [f"{c} * {s}" if s != 1 else c for c, s in zip(coords, _strides(shape)) if c != "0"]
-        return self.tmp(" + ".join(terms) + " + fzero" if terms else "fzero")
+        return self.tmp(" + ".join(terms) + f" + {self.zero}" if terms else self.zero)
 
     def value(self, v: Value, coords: tuple[str, ...], side: str | None = None) -> str:
         """Expression for ``v`` at ``coords``. ``side`` is set while evaluating per-vertex
         values on a gathered row: how that row is found (``center``, ``neighbour``,
         ``src``, ``dst``)."""
-        key = (v.id, coords, side)
+        key = (v.id, coords, side, self.zero)
         if key in self.memo:
             return self.memo[key]
         if v.id in self.leaf_index or v.op == "const":
             kind = leaf_kind(v)
             out = self.load(v, coords, side if kind == "node" and side else kind)
+        elif feature_sum_terms(v) is not None:   # a per-edge feature sum in the body (scores)
+            out = self.row_sum(v, coords)
         elif v.op == "broadcast":
             side = gather_side(v, self.unit)
             out = self.value(v.inputs[0], coords, self.sides.get(side, side))
@@ -101,6 +105,34 @@ class _Emitter:
             out = self.tmp(get_op(v.op).emit.format(*args, **attrs))
         self.memo[key] = out
         return out
+
+    def row_sum(self, v: Value, coords: tuple[str, ...]) -> str:
+        """A per-edge feature sum at ``coords``, [BLOCK_E, lanes]: its whole row tile is
+        evaluated on lanes of its own and reduced in registers (as an edge unit's closing
+        sum, see `generate_edge`), then each lane picks its kept element -- the score of
+        its head -- with ``tl.gather``. partition only puts sums that fit a tile
+        (`row_sum_split`) in a body."""
+        split = row_sum_split(v)
+        key = ("tile", v.id, self.zero)
+        if key not in self.memo:
+            kept, summed, padded = split
+            outer = self.zero, self.lanes
+            lanes = self.tmp(f"tl.arange(0, {split.tile})")
+            self.zero, self.lanes = self.tmp(f"{lanes} * 0"), str(split.tile)
+            flat = lanes if padded == summed else self.tmp(f"({lanes} // {padded}) * {summed} + {lanes} % {padded}")
+            in_shape = v.inputs[0].shape
+            tile = self.value(v.inputs[0], tuple("0" if n == 1 else self.tmp(f"({flat} // {st}) % {n}")
+                                                 for st, n in zip(_strides(in_shape), in_shape)))
+            tile = self.tmp(f"{tile} + tl.zeros([BLOCK_E, {split.tile}], ACC)")
+            if padded != summed:
+                tile = self.tmp(f"tl.where(({lanes} % {padded} < {summed})[None, :], {tile}, 0.0)")
+            self.zero, self.lanes = outer
+            self.memo[key] = self.tmp(f"tl.sum(tl.reshape({tile}, [BLOCK_E, {kept}, {padded}]), axis=2)")
+        if split.kept == 1:
+            return self.memo[key]
+        index = self.offset(v.shape, coords)
+        return self.tmp(f"tl.gather({self.memo[key]}, tl.broadcast_to({index}[None, :], [BLOCK_E, {self.lanes}]), "
+                        "axis=1)")
 
     def load(self, v: Value, coords: tuple[str, ...], kind: str) -> str:
         if kind == "const":
@@ -191,43 +223,6 @@ def {name}(src, dst, num_edges, out, {params}{leaf_params}BLOCK_E: tl.constexpr,
 {body}
 {tail}
 '''
-
-
-class RowSum(NamedTuple):
-    """A per-edge sum over trailing feature dims, evaluated as a [edges, kept, padded]
-    tile whose lanes past ``summed`` are masked (see `row_sum_split`)."""
-    kept: int
-    summed: int
-    padded: int      # next power of two >= summed
-
-    @property
-    def tile(self) -> int:
-        """Elements per edge in the tile: the kernel's BLOCK_F, in one feature block."""
-        return self.kept * self.padded
-
-
-def row_sum_split(root: Value) -> RowSum | None:
-    """The tile for ``root`` when it sums the trailing feature dims of its input, ``kept``
-    is a power of two and the padded tile is at most 128 elements, else None. Such a sum (a GAT attention gradient, ``(h_src *
-    g).sum(-1)`` per head) is evaluated as one coalesced [edges, kept, summed] tile
-    reduced in registers; unrolled, it loaded every term separately at a stride of
-    ``summed`` elements."""
-    if feature_sum_terms(root) is None:
-        return None
-    in_shape = root.inputs[0].shape
-    if root.op == "sum_dim":
-        summed_dims = {d % len(in_shape) for d in root.attrs["dim"]}
-    elif len(in_shape) == len(root.shape):
-        summed_dims = {d for d, (n, m) in enumerate(zip(in_shape, root.shape)) if m == 1 and n != 1}
-    else:
-        return None
-    kept_dims = [d for d, n in enumerate(in_shape) if d not in summed_dims and n != 1]
-    if kept_dims and summed_dims and max(kept_dims) > min(summed_dims):
-        return None
-    kept = math.prod(root.shape)
-    summed = math.prod(in_shape) // max(kept, 1)
-    split = RowSum(kept, summed, triton.next_power_of_2(summed))
-    return split if kept > 0 and kept & (kept - 1) == 0 and split.tile <= 128 else None
 
 
 def generate_edge(unit: EdgeUnit, name: str, acc_dtype: str, tuned: bool = False) -> tuple[str, list[Value]]:

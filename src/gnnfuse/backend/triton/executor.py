@@ -206,5 +206,5 @@ def execute(program: Program, ctx: GraphContext, feeds: Mapping[str, torch.Tenso
     keep = tuple(sorted(set(keep)))
     plans = _PLANS.setdefault(program, {})
     if keep not in plans:
-        plans[keep] = partition(program, keep)
+        plans[keep] = partition(program, keep, tile_feature_sums=True)
     return run_plan(program, plans[keep], ctx, feeds, keep, run_unit)
