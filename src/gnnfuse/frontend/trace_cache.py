@@ -143,9 +143,12 @@ def guard_key(functions: tuple[Callable | None, ...]) -> Hashable | None:
 
 
 def signature(tables: tuple[Mapping[str, torch.Tensor], ...]) -> Hashable:
-    """The argument part of the key: keys, shapes and dtypes of every tensor passed."""
+    """The argument part of the key: keys, dtypes and per-row shapes of every tensor
+    passed. The row count (dim 0: vertices, edges or types) is left out: the tracer
+    sees it only as a symbolic `RowCount`, so a trace never depends on it, and the
+    batches of a sampled mini-batch run (a different vertex count each) reuse one trace."""
     return torch.get_default_dtype(), tuple(
-        tuple((key, tuple(t.shape), t.dtype) for key, t in table.items()) for table in tables)
+        tuple((key, t.dim(), tuple(t.shape[1:]), t.dtype) for key, t in table.items()) for table in tables)
 
 
 class TraceCache:
