@@ -206,11 +206,11 @@ class NeighborLoader:
             x = self._gather(self._x, ids)
             y = self._gather(self._y, ids[:seeds.numel()])
         with times.timing("transfer", stream_sync(self.device)):
-            move = lambda t: self._to_device(t)                        # noqa: E731
-            x, y = move(x), move(y)
-            blocks = [Block(block_graph(move(rowptr), move(src), move(dst), frontier_nodes.numel()),
-                            move(frontier_nodes)) for rowptr, src, dst, frontier_nodes in reversed(hops)]
-            n_id, input_id = move(nodes), move(seeds)
+            x, y, n_id, input_id = (self._to_device(t) for t in (x, y, nodes, seeds))
+            hops = [tuple(self._to_device(t) for t in hop) for hop in reversed(hops)]
+        with times.timing("reindex", stream_sync(self.device)):       # the blocks' graphs, on the device
+            blocks = [Block(block_graph(rowptr, src, dst, frontier_nodes.numel()), frontier_nodes)
+                      for rowptr, src, dst, frontier_nodes in hops]
         return MiniBatch(blocks, x, y, n_id, input_id)
 
     def _gather(self, table: torch.Tensor | None, ids: torch.Tensor) -> torch.Tensor | None:
