@@ -48,8 +48,8 @@ class Prefetcher(Generic[Batch]):
 
     def _run(self) -> None:
         try:
-            if self._stream is not None:
-                torch.cuda.set_device(self._device)
+            if self._stream is not None and self._device.index is not None:
+                torch.cuda.set_device(self._device)          # the thread's current device
             for item in self._items:
                 if self._stop.is_set():
                     return
