@@ -132,3 +132,21 @@ def _has_matplotlib() -> bool:
     except ImportError:
         return False
     return True
+
+
+def test_triton_autotuner_keys_on_a_size_class_not_the_batch_count():
+    """Every mini-batch has its own edge and segment counts; an autotuner keyed on the
+    count itself re-times every configuration of every kernel on every batch. Kernels
+    key on ``size_class`` (the count's bit length), so batches within a factor of two
+    share one tuned configuration."""
+    from gnnfuse.backend.triton.codegen import generate, generate_coo, size_class
+    from gnnfuse.frontend import trace_message_passing
+    from gnnfuse.passes.fusion import partition
+    from gnnfuse.runtime import CompiledProgram
+    tracer = trace_message_passing(lambda e: {"m": e.src["h"]}, lambda n: {"out": torch.sum(n.mailbox["m"], dim=1)},
+                                   None, ndata={"h": torch.randn(3, 4)}, edata={})
+    (unit,) = partition(CompiledProgram(tracer.program).program)
+    for make in (generate, generate_coo):
+        source, _ = make(unit, "k", "tl.float32", tuned=True)
+        assert "key=['size_class']" in source and "size_class, out" in source
+    assert size_class(600) == size_class(1000) != size_class(1100)

@@ -15,7 +15,7 @@ from ..forced_schedule import SCHEDULES, forced_schedule
 from ..reference import GraphContext
 from ..kernel_cache import load_kernel as _load_kernel
 from ..reference.executor import run_plan
-from .codegen import RowSum, generate, generate_coo, generate_edge, row_stride, row_sum_split
+from .codegen import RowSum, generate, generate_coo, generate_edge, row_stride, row_sum_split, size_class
 from .schedule import SEGMENT_EDGES, segments
 
 _PLANS: "weakref.WeakKeyDictionary[Program, dict]" = weakref.WeakKeyDictionary()
@@ -114,8 +114,8 @@ def run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> 
     # Feature-adaptive default for the interpreter (two rows per program, so the row loop
     # and its bound check run in tests); on a GPU the autotuner picks BLOCK_E and ROWS.
     fixed = {} if _autotune() else {"BLOCK_E": max(16, min(128, 2048 // block_f)), "ROWS": 2}
-    kernel[grid](rowptr, col, eid, segs.row, segs.start, segs.end, segs.split, len(segs), out, *args,
-                 BLOCK_F=block_f, **fixed)
+    kernel[grid](rowptr, col, eid, segs.row, segs.start, segs.end, segs.split, len(segs), size_class(len(segs)),
+                 out, *args, BLOCK_F=block_f, **fixed)
     return out
 
 
@@ -158,7 +158,7 @@ def _launch_over_edges(kernel, ctx: GraphContext, out: torch.Tensor, args: list[
 
     def grid(meta):
         return triton.cdiv(ctx.num_edges, meta["BLOCK_E"]), triton.cdiv(width, block_f)
-    kernel[grid](ctx.src, ctx.dst, ctx.num_edges, out, *args, BLOCK_F=block_f, **fixed)
+    kernel[grid](ctx.src, ctx.dst, ctx.num_edges, size_class(ctx.num_edges), out, *args, BLOCK_F=block_f, **fixed)
     return out
 
 
