@@ -150,3 +150,15 @@ def test_triton_autotuner_keys_on_a_size_class_not_the_batch_count():
         source, _ = make(unit, "k", "tl.float32", tuned=True)
         assert "key=['size_class']" in source and "size_class, out" in source
     assert size_class(600) == size_class(1000) != size_class(1100)
+
+
+def test_a_saved_mini_batch_run_loads_back(tmp_path, capsys):
+    from gnnfuse.data import load_node_dataset
+    from gnnfuse.training import load_checkpoint
+    path = tmp_path / "weights.pt"
+    assert main(["train", "--model", "sage", "--fanout", "4,4,4", "--epochs", "2", "--hidden", "8",
+                 "--save", str(path)]) == 0
+    model, checkpoint = load_checkpoint(path)
+    assert checkpoint["config"]["fanout"] == (4, 4, 4) and len(model.convs) == 3
+    data = load_node_dataset("synthetic")
+    assert model(data.x, data.graph).shape == (data.graph.num_nodes, data.num_classes)
