@@ -175,6 +175,65 @@ def compute_only(loader: NeighborLoader, ours: nn.Module, pyg: nn.Module, device
     return {f"{name}_compute_s": clock.seconds() for name, clock in clocks.items()} | {"batches": batches}
 
 
+def take(loader: NeighborLoader, count: int) -> list[Any]:
+    """The next ``count`` batches, over as many epochs as that takes."""
+    out: list[Any] = []
+    while len(out) < count:
+        for batch in loader:
+            out.append(batch)
+            if len(out) == count:
+                break
+    return out
+
+
+def dkp_cells(loader: NeighborLoader, model: nn.Module, device: torch.device, args: argparse.Namespace
+              ) -> dict[str, Any]:
+    """GraphTensor's dynamic kernel placement on this model: fit on the kernel times of
+    ``--dkp-calibration`` batches, the fitted model's prediction error per layer on as
+    many further batches (both orders' predicted vs measured seconds), and training
+    steps on the same batches always aggregating first, always combining first, and as
+    the model chooses."""
+    from gnnfuse.nn.conv import _AGGREGATORS
+    from gnnfuse.nn.placement import FixedPlacement, calibrate, install, kernel_times
+    held = take(loader, 2 * args.dkp_calibration)
+    placement = calibrate(model, held[:args.dkp_calibration])
+    errors: dict[int, list[float]] = {}
+    for batch in held[args.dkp_calibration:]:
+        for index, conv in enumerate(model.convs):
+            f_in, f_out, graph = conv.lin_l.in_features, conv.out_channels, batch.blocks[index].graph
+            measured = {(k.kind, k.rows, k.width_in): k.seconds
+                        for k in kernel_times(graph, _AGGREGATORS[conv.aggr], f_in, f_out, index > 0)}
+            matmul = "matmul" if index > 0 else "matmul-weight-only"
+            aggregate_x = "aggregate" if index > 0 else "aggregate-forward-only"
+            actual = {"aggregate-first": measured[aggregate_x, graph.num_dst_nodes, f_in]
+                      + measured[matmul, graph.num_dst_nodes, f_in],
+                      "combine-first": measured[matmul, graph.num_src_nodes, f_in]
+                      + measured["aggregate", graph.num_dst_nodes, f_out]}
+            predicted = placement.order_times(graph.num_src_nodes, graph.num_dst_nodes, graph.num_edges, f_in, f_out,
+                                              index > 0)
+            errors.setdefault(index, []).extend(abs(predicted[o] - actual[o]) / actual[o] for o in actual)
+    del held
+    placement.decisions.clear()
+    policies = {"aggregate-first": FixedPlacement("aggregate-first"), "combine-first": FixedPlacement("combine-first"),
+                "dkp": placement}
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.003)
+    clocks = {name: StepClock(device) for name in policies}
+    batches_run = 0
+    for batch in loader:
+        for name, policy in policies.items():
+            install(model, policy)
+            clocks[name].run(lambda: train_step(model, optimizer, batch.x, batch.blocks, batch.y, batch.batch_size))
+        batches_run += 1
+        if args.max_batches is not None and batches_run >= args.max_batches:
+            break
+    install(model, None)
+    seconds = {name: clock.seconds() for name, clock in clocks.items()}
+    return {"coefficients": placement.coefficients, "model": placement.describe(), "batches": batches_run,
+            "prediction_error_per_layer": {i: sum(e) / len(e) for i, e in errors.items()},
+            "step_s": seconds,
+            "speedup_vs": {name: seconds[name] / seconds["dkp"] for name in ("aggregate-first", "combine-first")}}
+
+
 def pyg_epoch(dataset: Any, train_idx: torch.Tensor, model: nn.Module, args: argparse.Namespace,
               device: torch.device) -> dict[str, Any]:
     """One timed epoch of PyG's NeighborLoader feeding PyG's model (after a warm-up)."""
@@ -273,6 +332,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     log(f"compute only, same {cell['batches']} batches: gnnfuse {cell['gnnfuse_compute_s']:.2f} s, PyG SAGEConv "
         f"{cell['pyg_compute_s']:.2f} s (x{cell['pyg_compute_s'] / max(cell['gnnfuse_compute_s'], 1e-12):.2f}); "
         f"forward max rel err {error:.1e}")
+    if args.dkp_calibration:
+        torch.manual_seed(args.seed)
+        cell = dkp_cells(loader, ours, device, args)
+        results["dkp"] = cell
+        log(cell["model"])
+        log("DKP prediction error per layer: " + ", ".join(
+            f"layer {i} {100 * e:.1f}%" for i, e in cell["prediction_error_per_layer"].items()))
+        log(f"DKP training steps over {cell['batches']} batches: " + ", ".join(
+            f"{name} {s:.2f} s" for name, s in cell["step_s"].items()))
     if args.pyg_loader and pyg_can_sample():
         torch.manual_seed(args.seed)
         try:
@@ -322,6 +390,15 @@ def markdown(results: dict[str, Any]) -> str:
     lines += ["", f"Compute only (same {compute['batches']} batches of gnnfuse's loader, training step): gnnfuse "
                   f"{compute['gnnfuse_compute_s']:.2f} s, PyG SAGEConv {compute['pyg_compute_s']:.2f} s; forward "
                   f"max rel err {compute['max_rel_err']:.1e}."]
+    dkp = results.get("dkp")
+    if dkp:
+        errors = ", ".join(f"layer {i} {100 * e:.1f}%" for i, e in dkp["prediction_error_per_layer"].items())
+        steps = ", ".join(f"{name} {s:.2f} s" for name, s in dkp["step_s"].items())
+        lines += ["", "## Dynamic kernel placement (SAGE layers)", "", "```", dkp["model"], "```", "",
+                  f"Prediction error (mean |predicted - measured| / measured, both orders): {errors}.", "",
+                  f"Training steps over the same {dkp['batches']} batches: {steps}; DKP speedup "
+                  f"x{dkp['speedup_vs']['aggregate-first']:.2f} over always aggregate-first, "
+                  f"x{dkp['speedup_vs']['combine-first']:.2f} over always combine-first."]
     return "\n".join(lines) + "\n"
 
 
@@ -343,6 +420,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pyg-workers", type=int, default=8, help="PyG loader worker processes (default 8)")
     parser.add_argument("--no-pyg-loader", dest="pyg_loader", action="store_false",
                         help="skip the epoch with PyG's NeighborLoader")
+    parser.add_argument("--dkp-calibration", type=int, default=4, help="batches whose kernel times fit the DKP "
+                        "cost model (and as many to measure its error); 0 skips the DKP measurement (default 4)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", help="write the results here (default benchmarks/results/minibatch_<device>.json, "
                                        "with a .md beside it)")

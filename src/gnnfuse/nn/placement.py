@@ -11,6 +11,9 @@ For a layer ``h_dst = W · mean_{u in N(v)} x_u`` over a block with ``n_src`` so
 with GraphTensor's kernel models ``matmul = alpha·rows·F·H + beta·rows·H`` and
 ``aggregate = gamma·E·W + delta·n_dst·W``; their difference is Table I's pair of
 benefits, ``(n_src - n_dst)(alpha·F·H + beta·H)`` against ``(F - H)(gamma·E + delta·n_dst)``.
+Each kernel model here also has a constant term (launch and framework overhead, which
+Table I leaves out): it cancels between orders built of the same kernels, but without
+it a fit over small batches bends the slopes to absorb it.
 The coefficients are machine-specific, so `calibrate` fits them by least squares on
 kernel times measured on the first batches of training; each kernel is timed forward
 and backward, as training runs it, and with or without its input's gradient (a first
@@ -23,6 +26,7 @@ when it narrows the rows).
 """
 from __future__ import annotations
 
+import itertools
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -47,26 +51,25 @@ class KernelTime(NamedTuple):
     seconds: float
 
 
-def _terms(sample: KernelTime) -> tuple[float, float]:
-    """The two regressors of a kernel's time (Table I's kernel-execution factors)."""
+def _terms(sample: KernelTime) -> tuple[float, float, float]:
+    """The regressors of a kernel's time: Table I's two kernel-execution factors and 1."""
     if sample.kind.startswith("matmul"):
-        return sample.rows * sample.width_in * sample.width_out, sample.rows * sample.width_out
-    return sample.edges * sample.width_in, sample.rows * sample.width_in
+        return sample.rows * sample.width_in * sample.width_out, sample.rows * sample.width_out, 1.0
+    return sample.edges * sample.width_in, sample.rows * sample.width_in, 1.0
 
 
 @dataclass
 class PlacementModel:
-    """Fitted coefficients per kernel kind: ``coefficients[kind] = (a, b)`` with
-    ``time = a·term1 + b·term2`` (`_terms`), and the decisions taken so far."""
-    coefficients: dict[str, tuple[float, float]]
+    """Fitted coefficients per kernel kind: ``coefficients[kind] = (a, b, c)`` with
+    ``time = a·term1 + b·term2 + c`` (`_terms`), and the decisions taken so far."""
+    coefficients: dict[str, tuple[float, float, float]]
 
     def __post_init__(self) -> None:
         self.decisions: Counter[tuple[int, int, str]] = Counter()
 
     @classmethod
     def fit(cls, samples: Iterable[KernelTime]) -> PlacementModel:
-        """Least squares per kernel kind, constrained to non-negative coefficients (a
-        term with a negative fit is dropped and the other refitted alone)."""
+        """Least squares per kernel kind, constrained to non-negative coefficients."""
         by_kind: dict[str, list[KernelTime]] = {}
         for sample in samples:
             by_kind.setdefault(sample.kind, []).append(sample)
@@ -76,9 +79,8 @@ class PlacementModel:
         return cls({kind: _nonnegative_fit(rows) for kind, rows in by_kind.items()})
 
     def predict(self, kind: str, rows: int, edges: int, width_in: int, width_out: int) -> float:
-        a, b = self.coefficients[kind]
-        t1, t2 = _terms(KernelTime(kind, rows, edges, width_in, width_out, 0.0))
-        return a * t1 + b * t2
+        terms = _terms(KernelTime(kind, rows, edges, width_in, width_out, 0.0))
+        return sum(c * t for c, t in zip(self.coefficients[kind], terms))
 
     def order_times(self, n_src: int, n_dst: int, edges: int, f_in: int, f_out: int,
                     input_grad: bool) -> dict[str, float]:
@@ -104,9 +106,9 @@ class PlacementModel:
     def describe(self) -> str:
         lines = ["dynamic kernel placement (GraphTensor Table I), fitted by least squares:"]
         for kind in KINDS:
-            a, b = self.coefficients[kind]
-            form = "a*rows*F*H + b*rows*H" if kind.startswith("matmul") else "a*E*W + b*n_dst*W"
-            lines.append(f"  {kind:24s} t = {form:22s} a={a:.3e} b={b:.3e}")
+            a, b, c = self.coefficients[kind]
+            form = "a*rows*F*H + b*rows*H + c" if kind.startswith("matmul") else "a*E*W + b*n_dst*W + c"
+            lines.append(f"  {kind:24s} t = {form:26s} a={a:.3e} b={b:.3e} c={c:.3e}")
         for (f_in, f_out, order), count in sorted(self.decisions.items()):
             lines.append(f"  layer {f_in}->{f_out}: {order} x{count}")
         return "\n".join(lines)
@@ -126,20 +128,28 @@ class FixedPlacement(PlacementModel):
         return self.order
 
 
-def _nonnegative_fit(samples: list[KernelTime]) -> tuple[float, float]:
+def _nonnegative_fit(samples: list[KernelTime]) -> tuple[float, float, float]:
+    """Non-negative least squares over the three terms, by trying every subset of
+    columns (eight) and keeping the best fit whose coefficients are all >= 0."""
     terms = torch.tensor([_terms(s) for s in samples], dtype=torch.float64)
     seconds = torch.tensor([s.seconds for s in samples], dtype=torch.float64)
-    scale = terms.abs().amax(0).clamp_min(1.0)                  # conditioning: the terms differ by 1e4
-    solution = torch.linalg.lstsq(terms / scale, seconds.unsqueeze(1)).solution.squeeze(1) / scale
-    if bool((solution >= 0).all()):
-        return float(solution[0]), float(solution[1])
-    fits = []
-    for column in (0, 1):
-        x = terms[:, column]
-        a = float((x @ seconds) / (x @ x).clamp_min(1e-300))
-        fits.append((max(a, 0.0), column, float(((x * max(a, 0.0) - seconds) ** 2).sum())))
-    a, column, _ = min(fits, key=lambda fit: fit[2])
-    return (a, 0.0) if column == 0 else (0.0, a)
+    scale = terms.abs().amax(0).clamp_min(1e-300)               # conditioning: the terms differ by 1e6
+    best, best_residual = (0.0, 0.0, 0.0), float(seconds.pow(2).sum())
+    for mask in itertools.product((False, True), repeat=terms.shape[1]):
+        columns = [i for i, keep in enumerate(mask) if keep]
+        if not columns:
+            continue
+        a = terms[:, columns] / scale[columns]
+        solution = torch.linalg.lstsq(a, seconds.unsqueeze(1)).solution.squeeze(1)
+        if bool((solution < 0).any()):
+            continue
+        residual = float((a @ solution - seconds).pow(2).sum())
+        if residual < best_residual * (1 - 1e-12):
+            coefficients = [0.0] * terms.shape[1]
+            for i, value in zip(columns, (solution / scale[columns]).tolist()):
+                coefficients[i] = value
+            best, best_residual = tuple(coefficients), residual
+    return best
 
 
 # --- measuring kernels ------------------------------------------------------------------
