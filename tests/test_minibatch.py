@@ -162,3 +162,13 @@ def test_a_saved_mini_batch_run_loads_back(tmp_path, capsys):
     assert checkpoint["config"]["fanout"] == (4, 4, 4) and len(model.convs) == 3
     data = load_node_dataset("synthetic")
     assert model(data.x, data.graph).shape == (data.graph.num_nodes, data.num_classes)
+
+
+def test_cli_dkp_fits_and_reports_the_placement(capsys):
+    assert main(["train", "--model", "sage", "--fanout", "4,4", "--batch-size", "128", "--epochs", "1",
+                 "--hidden", "8", "--dkp"]) == 0
+    out = capsys.readouterr().out
+    assert "dynamic kernel placement" in out and "layer " in out and "a*E*W" in out
+    with pytest.raises(SystemExit):
+        main(["train", "--model", "sage", "--dkp"])
+    assert "needs mini-batch training" in capsys.readouterr().err

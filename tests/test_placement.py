@@ -52,9 +52,15 @@ def test_decision_is_table_one_benefit_comparison():
     assert "layer 100->256" in model.describe()
 
 
-def test_fit_refuses_missing_kernel_kinds():
+def test_fit_refuses_no_samples_and_a_one_layer_model_calibrates():
     with pytest.raises(ValueError, match="no kernel times"):
-        PlacementModel.fit([s for s in synthetic_samples() if s.kind != "aggregate"])
+        PlacementModel.fit([])
+    graph = gnnfuse.Graph(torch.tensor([0, 1, 2, 3]), torch.tensor([1, 2, 3, 0]), 4)
+    model = build_block_model("sage", 5, 2, 4, 0.0, 1)
+    batches = list(NeighborLoader(graph, [2], batch_size=2, x=torch.randn(4, 5), prefetch=0))
+    placement = calibrate(model, batches, repeats=1)
+    model(batches[0].x, batches[0].blocks)
+    assert "matmul-weight-only" in placement.describe() and "layer 5->2" in placement.describe()
 
 
 @pytest.mark.parametrize("aggr", ["mean", "sum"])

@@ -94,7 +94,7 @@ def train(args: argparse.Namespace) -> TrainSummary:
         config = make_config(args.model, args.dataset, runs=args.runs, seed=args.seed, device=args.device,
                              root=args.root, hidden=args.hidden, lr=args.lr, weight_decay=args.weight_decay,
                              dropout=args.dropout, epochs=args.epochs, patience=args.patience,
-                             fanout=args.fanout, batch_size=args.batch_size)
+                             fanout=args.fanout, batch_size=args.batch_size, dkp=args.dkp)
     except ConfigError as error:
         raise UsageError(str(error)) from None
     patience = "none" if config.patience is None else config.patience
@@ -184,6 +184,9 @@ def _parser() -> argparse.ArgumentParser:
                             "batch (PyG's num_neighbors; -1 takes all), one hop per layer (sage, gat)")
     train.add_argument("--batch-size", type=int, metavar="B", help="seed vertices per mini-batch (default 1024; "
                        "needs --fanout)")
+    train.add_argument("--dkp", action="store_true", help="dynamic kernel placement (GraphTensor): fit a cost "
+                       "model on the first batches' kernel times and let each sage layer pick aggregate- or "
+                       "combine-first per batch (needs --fanout)")
     train.add_argument("--plot", metavar="PNG", help="save learning curves (needs matplotlib); with --fanout "
                        "also the per-epoch stage breakdown")
     train.add_argument("--save", metavar="PT", help="save each run's best-val state dict and the config "

@@ -73,9 +73,9 @@ class PlacementModel:
         by_kind: dict[str, list[KernelTime]] = {}
         for sample in samples:
             by_kind.setdefault(sample.kind, []).append(sample)
-        missing = set(KINDS) - set(by_kind)
-        if missing:
-            raise ValueError(f"no kernel times for {', '.join(sorted(missing))}; calibrate on more batches")
+        if not by_kind:
+            raise ValueError("no kernel times to fit: calibrate on at least one batch of a model with a "
+                             "placeable layer (SAGEConv, mean or sum)")
         return cls({kind: _nonnegative_fit(rows) for kind, rows in by_kind.items()})
 
     def predict(self, kind: str, rows: int, edges: int, width_in: int, width_out: int) -> float:
@@ -105,7 +105,7 @@ class PlacementModel:
 
     def describe(self) -> str:
         lines = ["dynamic kernel placement (GraphTensor Table I), fitted by least squares:"]
-        for kind in KINDS:
+        for kind in (k for k in KINDS if k in self.coefficients):    # a first layer alone has no "matmul"
             a, b, c = self.coefficients[kind]
             form = "a*rows*F*H + b*rows*H + c" if kind.startswith("matmul") else "a*E*W + b*n_dst*W + c"
             lines.append(f"  {kind:24s} t = {form:26s} a={a:.3e} b={b:.3e} c={c:.3e}")

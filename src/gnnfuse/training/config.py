@@ -41,16 +41,18 @@ class TrainConfig:
     root: str | None = None
     fanout: tuple[int, ...] | None = None
     batch_size: int = 1024
+    dkp: bool = False
 
 
 def make_config(model: str, dataset: str = DEFAULT_DATASET, *, runs: int = 1, seed: int = 0,
                 device: str = "cpu", root: str | os.PathLike | None = None,
-                fanout: tuple[int, ...] | None = None, batch_size: int | None = None,
+                fanout: tuple[int, ...] | None = None, batch_size: int | None = None, dkp: bool = False,
                 **overrides: Any) -> TrainConfig:
     """`model`'s paper defaults, with every override that is not None applied.
 
     Overrides are hidden, lr, weight_decay, dropout, epochs and patience (0 disables
-    early stopping). `fanout` and `batch_size` ask for mini-batch training. Raises
+    early stopping). `fanout` and `batch_size` ask for mini-batch training, `dkp` for
+    dynamic kernel placement fitted on its first batches (`nn.placement`). Raises
     `ConfigError` naming the bad value.
     """
     try:
@@ -75,10 +77,12 @@ def make_config(model: str, dataset: str = DEFAULT_DATASET, *, runs: int = 1, se
               (values["weight_decay"] >= 0, f"weight decay must be >= 0, got {values['weight_decay']}"),
               (0 <= values["dropout"] < 1, f"dropout must be in [0, 1), got {values['dropout']}"),
               (device in ("cpu", "cuda"), f"device must be cpu or cuda, got {device!r}")]
+    checks.append((not dkp or (fanout is not None and model == "sage"),
+                   "dynamic kernel placement needs mini-batch training (a fanout) of sage"))
     for ok, message in checks + minibatch_checks(model, fanout, batch_size):
         if not ok:
             raise ConfigError(message)
-    sampling = {} if fanout is None else {"fanout": tuple(fanout), "batch_size": batch_size or 1024}
+    sampling = {} if fanout is None else {"fanout": tuple(fanout), "batch_size": batch_size or 1024, "dkp": dkp}
     return TrainConfig(model=model, dataset=dataset, runs=runs, seed=seed, device=device,
                        root=None if root is None else str(root), **values, **sampling)
 

@@ -20,6 +20,7 @@ from tqdm import tqdm
 from ..loader import STAGES, NeighborLoader
 from ..nn.block_models import build_block_model
 from ..nn.models import ModelSpec
+from ..nn.placement import PlacementModel, calibrate
 from ..progress import progress_bar
 from .config import TrainConfig
 from .data import PreparedData
@@ -48,6 +49,7 @@ def train_minibatch_run(config: TrainConfig, spec: ModelSpec, data: PreparedData
     loader = NeighborLoader(data.graph, fanout, config.batch_size, input_nodes=train_mask, shuffle=True,
                             x=x, y=data.y, device=device)
     times = loader.stage_times
+    placement = _fit_placement(model, loader) if config.dkp else None
     history: dict[str, list[float]] = {key: [] for key in ("loss", "val_loss", "train_acc", "val_acc", "test_acc",
                                                            "epoch_seconds", *(f"stage_{s}" for s in STAGES))}
     stopping = EarlyStopping(config.patience)
@@ -95,9 +97,25 @@ def train_minibatch_run(config: TrainConfig, spec: ModelSpec, data: PreparedData
         if stopping.should_stop:
             break
     progress.close()
+    if placement is not None and log_epochs:       # the fitted model and the decisions it took
+        tqdm.write(f"{label.strip() + ' | ' if label else ''}{placement.describe()}", file=sys.stdout)
     return RunResult(seed=seed, best_epoch=stopping.best_epoch, best_val_acc=stopping.best_val_acc,
                      test_acc=test_at_best, epochs_run=len(history["loss"]), seconds=time.perf_counter() - start,
                      state_dict=best_state, history=history)
+
+
+DKP_CALIBRATION_BATCHES = 4
+
+
+def _fit_placement(model: torch.nn.Module, loader: NeighborLoader) -> PlacementModel:
+    """Fit dynamic kernel placement on the kernel times of the first batches of an
+    extra, abandoned epoch, before training (GraphTensor fits in the first epoch)."""
+    batches = []
+    for batch in loader:
+        batches.append(batch)
+        if len(batches) == DKP_CALIBRATION_BATCHES:
+            break
+    return calibrate(model, batches)
 
 
 def stage_split(stages: dict[str, float]) -> str:
