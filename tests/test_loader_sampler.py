@@ -11,7 +11,7 @@ import gnnfuse
 from gnnfuse.loader import NeighborLoader, block_graph, reindex, sample_hop
 from graph_strategies import graphs
 
-RUNS = settings(max_examples=25, deadline=None, derandomize=True, database=None)
+RUNS = settings(max_examples=15, deadline=None, derandomize=True, database=None)
 
 
 def full_csr(case):

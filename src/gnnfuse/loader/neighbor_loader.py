@@ -77,6 +77,15 @@ def _graph_and_tables(data: Any, x: torch.Tensor | None, y: torch.Tensor | None
     return graph, getattr(data, "x", None) if x is None else x, getattr(data, "y", None) if y is None else y
 
 
+def _indexed(device: torch.device | str) -> torch.device:
+    """``cuda`` as the device it means now (``cuda:0``): tensors report an indexed device,
+    and ``torch.device('cuda') != torch.device('cuda:0')``."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 def _seed_ids(input_nodes: Any, num_nodes: int) -> torch.Tensor:
     """The seed vertices as int64 ids on the host: all vertices, a boolean mask, or ids."""
     if input_nodes is None:
@@ -133,8 +142,8 @@ class NeighborLoader:
         for name, table in (("x", features), ("y", labels)):
             if table is not None and table.shape[0] != graph.num_nodes:
                 raise ValueError(f"{name} has {table.shape[0]} rows but the graph has {graph.num_nodes} nodes")
-        self.sample_device = torch.device(sample_device) if sample_device is not None else graph.device
-        self.device = torch.device(device) if device is not None else self.sample_device
+        self.sample_device = _indexed(sample_device if sample_device is not None else graph.device)
+        self.device = _indexed(device) if device is not None else self.sample_device
         csr = graph.to(self.sample_device).csr()
         self._rowptr, self._col = csr.rowptr.long(), csr.col.long()
         self.num_nodes = graph.num_nodes
