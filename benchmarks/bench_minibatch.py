@@ -285,7 +285,9 @@ def check_same_forward(ours: nn.Module, pyg: nn.Module, loader: NeighborLoader) 
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def run(args: argparse.Namespace, save: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """Every cell in turn, ``save``-ing the results after each, so a run stopped by the
+    device machine's time limit keeps what it measured."""
     device = resolve_device(args.device)
     torch.manual_seed(args.seed)
     begin = time.perf_counter()
@@ -314,6 +316,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for epoch in range(args.epochs):
             cell = gnnfuse_epoch(loader, model, device, args.warmup if epoch == 0 else 0, args.max_batches)
             results["gnnfuse"].setdefault(place, []).append(cell)
+            save(results)
             split = " ".join(f"{s} {cell['stages_s'][s]:.2f}s" for s in STAGES)
             log(f"gnnfuse, features on {place}: epoch {cell['epoch_s']:.2f} s, {cell['batches']} batches "
                 f"({cell['batches_per_s']:.1f}/s), busy {100 * cell['busy_fraction']:.0f}% | {split}")
@@ -329,6 +332,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         warn(f"gnnfuse and PyG SAGE forwards differ (max rel err {error:.2e}); compute times are not comparable")
     cell = compute_only(loader, ours, pyg, device, args.warmup, args.max_batches) | {"max_rel_err": error}
     results["compute_only"] = cell
+    save(results)
     log(f"compute only, same {cell['batches']} batches: gnnfuse {cell['gnnfuse_compute_s']:.2f} s, PyG SAGEConv "
         f"{cell['pyg_compute_s']:.2f} s (x{cell['pyg_compute_s'] / max(cell['gnnfuse_compute_s'], 1e-12):.2f}); "
         f"forward max rel err {error:.1e}")
@@ -336,6 +340,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         torch.manual_seed(args.seed)
         cell = dkp_cells(loader, ours, device, args)
         results["dkp"] = cell
+        save(results)
         log(cell["model"])
         log("DKP prediction error per layer: " + ", ".join(
             f"layer {i} {100 * e:.1f}%" for i, e in cell["prediction_error_per_layer"].items()))
@@ -348,15 +353,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         except Exception as error:          # keep the gnnfuse results of this run
             warn(f"PyG's loader epoch failed: {type(error).__name__}: {error}")
             results["pyg"] = {"error": f"{type(error).__name__}: {error}"}
+            save(results)
             return results
         results["pyg"] = cell
+        save(results)
         log(f"PyG NeighborLoader + SAGEConv: epoch {cell['epoch_s']:.2f} s, {cell['batches']} batches, "
             f"busy {100 * cell['busy_fraction']:.0f}%")
     else:
-        results["pyg"] = None
-        log("PyG's NeighborLoader cannot sample here (neither pyg-lib nor torch-sparse is importable)"
-            if args.pyg_loader else "PyG's loader skipped (--no-pyg-loader)")
-        log("only the compute-only comparison above is against PyG")
+        reason = ("not run: PyG's NeighborLoader cannot sample here (neither pyg-lib nor torch-sparse is "
+                  "importable), so only the compute-only comparison is against PyG" if args.pyg_loader
+                  else "skipped (--no-pyg-loader)")
+        results["pyg"] = {"skipped": reason}
+        log(f"PyG's NeighborLoader epoch {reason}")
+    save(results)
     return results
 
 
@@ -377,17 +386,16 @@ def markdown(results: dict[str, Any]) -> str:
             stages = " | ".join(f"{cell['stages_s'][s]:.2f}" for s in STAGES)
             lines.append(f"| gnnfuse | {place} | {cell['epoch_s']:.2f} | {cell['batches_per_s']:.1f} | "
                          f"{100 * cell['busy_fraction']:.0f}% | {stages} |")
-    pyg = results.get("pyg")
-    if pyg and "error" in pyg:
+    pyg = results.get("pyg") or {}
+    if "error" in pyg:
         lines += ["", f"PyG's NeighborLoader epoch failed: {pyg['error']}"]
+    elif "skipped" in pyg:
+        lines += ["", f"PyG's NeighborLoader epoch: {pyg['skipped']}."]
     elif pyg:
         lines.append(f"| PyG ({pyg['workers']} workers) | host | {pyg['epoch_s']:.2f} | {pyg['batches_per_s']:.1f} | "
                      f"{100 * pyg['busy_fraction']:.0f}% |" + " – |" * len(STAGES))
-    else:
-        lines += ["", "PyG's NeighborLoader could not sample on this machine (neither pyg-lib nor torch-sparse "
-                      "importable): only the compute-only comparison is against PyG."]
-    compute = results["compute_only"]
-    lines += ["", f"Compute only (same {compute['batches']} batches of gnnfuse's loader, training step): gnnfuse "
+    compute = results.get("compute_only")
+    lines += [] if compute is None else ["", f"Compute only (same {compute['batches']} batches of gnnfuse's loader, training step): gnnfuse "
                   f"{compute['gnnfuse_compute_s']:.2f} s, PyG SAGEConv {compute['pyg_compute_s']:.2f} s; forward "
                   f"max rel err {compute['max_rel_err']:.1e}."]
     dkp = results.get("dkp")
@@ -426,10 +434,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", help="write the results here (default benchmarks/results/minibatch_<device>.json, "
                                        "with a .md beside it)")
     args = parser.parse_args(argv)
-    results = run(args)
     path = Path(args.json) if args.json else REPO_ROOT / "benchmarks" / "results" / f"minibatch_{args.device}.json"
-    write_atomically(path, json.dumps(results, indent=1, default=str) + "\n")
-    write_atomically(path.with_suffix(".md"), markdown(results))
+
+    def save(results: dict[str, Any]) -> None:
+        write_atomically(path, json.dumps(results, indent=1, default=str) + "\n")
+        write_atomically(path.with_suffix(".md"), markdown(results))
+
+    run(args, save)
     log(f"wrote {path} and {path.with_suffix('.md')}")
 
 
