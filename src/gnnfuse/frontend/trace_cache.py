@@ -35,6 +35,7 @@ import dis
 import enum
 import functools
 import types
+import weakref
 from typing import Any, Callable, Hashable, Mapping
 
 import torch
@@ -157,6 +158,7 @@ class TraceCache:
 
     def __init__(self) -> None:
         self._entries: dict[Hashable, CompiledProgram] = {}
+        _ALL.add(self)
 
     def compiled(self, functions: tuple[Callable | None, ...], tables: tuple[Mapping[str, torch.Tensor], ...],
                  trace: Callable[[], Tracer]) -> tuple[CompiledProgram, dict[str, torch.Tensor]]:
@@ -174,6 +176,17 @@ class TraceCache:
                 del self._entries[next(iter(self._entries))]
             self._entries[key] = compiled
         return compiled, captured
+
+
+_ALL: "weakref.WeakSet[TraceCache]" = weakref.WeakSet()
+
+
+def clear_trace_caches() -> None:
+    """Forget every cached trace, so the next call of each function traces (and asks
+    `compiled_for`) again: for tests that inspect freshly compiled programs, since a
+    trace is reused across graphs of any size."""
+    for cache in list(_ALL):
+        cache._entries.clear()
 
 
 def check_tables(**tables: Mapping[str, torch.Tensor] | None) -> None:
