@@ -106,8 +106,9 @@ def reindex(dst_nodes: torch.Tensor, sampled_src: torch.Tensor) -> Reindexed:
     unique, inverse = torch.unique(everything, return_inverse=True)
     position = torch.arange(everything.numel(), device=everything.device)
     first = torch.full((unique.numel(),), everything.numel(), dtype=torch.int64, device=everything.device)
-    first.scatter_reduce_(0, inverse, position, reduce="amin")
-    order = torch.argsort(first)                                  # unique ids by first appearance
-    local = torch.empty_like(order)
-    local[order] = torch.arange(order.numel(), device=order.device)
-    return Reindexed(unique[order], local[inverse[dst_nodes.numel():]])
+    first.scatter_reduce_(0, inverse, position, reduce="amin")    # each id's first position
+    # Numbering the first positions in position order is a prefix sum, not a second sort.
+    is_first = torch.zeros(everything.numel(), dtype=torch.bool, device=everything.device)
+    is_first[first] = True
+    local = (torch.cumsum(is_first, 0) - 1)[first]                # local id of each unique id
+    return Reindexed(everything[is_first], local[inverse[dst_nodes.numel():]])
