@@ -99,3 +99,17 @@ def test_calibration_fits_on_blocks_and_installs():
     assert sum(placement.decisions.values()) == 3
     install(model, None)
     assert all(conv.placement is None for conv in model.convs)
+
+
+def test_explain_shows_the_fitted_model_and_this_calls_decisions():
+    torch.manual_seed(0)
+    graph = gnnfuse.Graph(torch.randint(0, 40, (200,)), torch.randint(0, 40, (200,)), 40)
+    model = build_block_model("sage", 12, 3, 6, 0.0, 2)
+    batches = list(NeighborLoader(graph, [4, 3], batch_size=10, x=torch.randn(40, 12), prefetch=0))
+    placement = calibrate(model, batches[:2], repeats=1)
+    model(batches[0].x, batches[0].blocks)                 # decisions before the explained call
+    text = str(gnnfuse.explain(model, batches[1].x, batches[1].blocks))
+    assert "dynamic kernel placement" in text and "a*E*W" in text
+    decided = text.split("decisions in this call:")[1]
+    assert decided.count(" x1") == 2 and "layer 12->6" in decided and "layer 6->3" in decided
+    assert sum(placement.decisions.values()) == 4
