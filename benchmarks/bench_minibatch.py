@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gnnfuse.bench import synchronize
 from gnnfuse.data import load_node_dataset
 from gnnfuse.loader import STAGES, NeighborLoader
 from gnnfuse.nn.block_models import build_block_model
@@ -110,11 +111,6 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tens
     optimizer.zero_grad()
     F.cross_entropy(model(x, graph)[:rows], y[:rows]).backward()
     optimizer.step()
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def warm_up(loader: Any, steps: dict[str, Callable[[Any], None]], batches: int, device: torch.device) -> None:

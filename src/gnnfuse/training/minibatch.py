@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from ..bench.timing import synchronize
 from ..loader import STAGES, NeighborLoader
 from ..nn.block_models import build_block_model
 from ..nn.models import ModelSpec
@@ -25,11 +26,6 @@ from ..progress import progress_bar
 from .config import TrainConfig
 from .data import PreparedData
 from .loop import EarlyStopping, RunResult, _optimizer, accuracy, peak_memory_mib
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def train_minibatch_run(config: TrainConfig, spec: ModelSpec, data: PreparedData, seed: int, *,
@@ -69,7 +65,7 @@ def train_minibatch_run(config: TrainConfig, spec: ModelSpec, data: PreparedData
             optimizer.step()
             loss_sum += loss.detach() * batch.batch_size
             seen += batch.batch_size
-            _synchronize(device)
+            synchronize(device)
             times.add("compute", time.perf_counter() - step_start)
             progress.update()
         epoch_seconds = time.perf_counter() - epoch_start
