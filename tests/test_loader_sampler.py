@@ -123,3 +123,12 @@ def test_loader_rejects_bad_arguments(kwargs, message):
     arguments = {"num_neighbors": [2], **kwargs}
     with pytest.raises(ValueError, match=message):
         NeighborLoader(graph, **arguments)
+
+
+def test_an_unindexed_cuda_device_means_the_current_one(monkeypatch):
+    # tensors report cuda:0, and torch.device("cuda") != torch.device("cuda:0"): features already
+    # on the GPU were taken for host features and moved back to the host
+    from gnnfuse.loader.neighbor_loader import _indexed
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    assert _indexed("cuda") == torch.device("cuda:0") and _indexed("cuda:1") == torch.device("cuda:1")
+    assert _indexed("cpu") == torch.device("cpu")
