@@ -15,6 +15,7 @@ import zoo
 from gnnfuse.backend.triton import executor as triton_executor
 from gnnfuse.backend.triton.codegen import generate
 from gnnfuse.frontend import trace_message_passing
+from gnnfuse.frontend.trace_cache import clear_trace_caches
 from gnnfuse.passes.fusion import AggregateUnit, EdgeUnit, partition
 from gnnfuse.runtime import CompiledProgram
 
@@ -138,6 +139,7 @@ def test_gat_forward_writes_no_edge_sized_tensor_and_saves_only_vertex_data():
     layer = gnn.GATConv(4, 3, heads=2)
     x = torch.randn(graph.num_nodes, 4, requires_grad=True)
     compiled_module._BY_STRUCTURE.clear()
+    clear_trace_caches()       # a trace from another graph size would be reused
     layer(x, graph).sum().backward()
     (compiled,) = compiled_module._BY_STRUCTURE.values()
     (backward,) = compiled._backward.values()

@@ -95,7 +95,8 @@ def train(args: argparse.Namespace) -> TrainSummary:
     try:
         config = make_config(args.model, args.dataset, runs=args.runs, seed=args.seed, device=args.device,
                              root=args.root, hidden=args.hidden, lr=args.lr, weight_decay=args.weight_decay,
-                             dropout=args.dropout, epochs=args.epochs, patience=args.patience)
+                             dropout=args.dropout, epochs=args.epochs, patience=args.patience,
+                             fanout=args.fanout, batch_size=args.batch_size, dkp=args.dkp)
     except ConfigError as error:
         raise UsageError(str(error)) from None
     patience = "none" if config.patience is None else config.patience
@@ -103,6 +104,9 @@ def train(args: argparse.Namespace) -> TrainSummary:
           f"thread(s)): {config.runs} run(s), "
           f"up to {config.epochs} epochs, patience {patience}, hidden {config.hidden}, lr {config.lr:g}, "
           f"weight decay {config.weight_decay:g}, dropout {config.dropout:g}")
+    if config.fanout is not None:
+        print(f"mini-batch: fanout {','.join(map(str, config.fanout))} (hop 1 first), batch size "
+              f"{config.batch_size}; held-out accuracy by full-neighbourhood inference")
 
     def report(index: int, run: RunResult) -> None:
         stopped = (f", stopped early at epoch {run.epochs_run}" if run.epochs_run < config.epochs else "")
@@ -134,6 +138,14 @@ def run_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     print(f"summary: test acc {test:.4f} ± {test_std:.4f} over {len(summary.runs)} run(s) "
           f"(at the best val epoch; best val acc {val:.4f} ± {val_std:.4f}), total time {total:.2f} s")
     return 0
+
+
+def _fanout(text: str) -> tuple[int, ...]:
+    """``15,10,5`` -> (15, 10, 5), an argparse type (its errors are usage errors)."""
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 15,10,5, got {text!r}") from None
 
 
 # --- entry point -----------------------------------------------------------------------
@@ -173,8 +185,17 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--cuda-graph", choices=MODES, default="auto",
                        help="capture the training step in a CUDA graph and replay it: auto (default) does on "
                             "CUDA when the step is replayable, else runs eagerly; on also warns when it cannot; "
-                            "off never captures")
-    train.add_argument("--plot", metavar="PNG", help="save learning curves (needs matplotlib)")
+                            "off never captures (full-graph training; sampled batches change shape and run eagerly)")
+    train.add_argument("--fanout", type=_fanout, metavar="K1,K2,..",
+                       help="sampled mini-batch training: in-edges sampled per vertex at each hop from the "
+                            "batch (PyG's num_neighbors; -1 takes all), one hop per layer (sage, gat)")
+    train.add_argument("--batch-size", type=int, metavar="B", help="seed vertices per mini-batch (default 1024; "
+                       "needs --fanout)")
+    train.add_argument("--dkp", action="store_true", help="dynamic kernel placement (GraphTensor): fit a cost "
+                       "model on the first batches' kernel times and let each sage layer pick aggregate- or "
+                       "combine-first per batch (needs --fanout)")
+    train.add_argument("--plot", metavar="PNG", help="save learning curves (needs matplotlib); with --fanout "
+                       "also the per-epoch stage breakdown")
     train.add_argument("--save", metavar="PT", help="save each run's best-val state dict and the config "
                        "(torch.save; reload with gnnfuse.training.load_checkpoint)")
     train.add_argument("--root", help=root_help)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from .loader import STAGES
 from .training import TrainSummary
 
 
@@ -32,8 +33,10 @@ def plot_curves(summary: TrainSummary, path: str | os.PathLike) -> None:
     Uses `Figure` directly rather than pyplot, so no GUI backend or global state is involved.
     """
     figure_class = require_matplotlib()
-    figure = figure_class(figsize=(11, 4.2), layout="constrained")
-    loss_axes, acc_axes = figure.subplots(1, 2)
+    staged = bool(summary.runs) and "epoch_seconds" in summary.runs[0].history
+    figure = figure_class(figsize=(16.5 if staged else 11, 4.2), layout="constrained")
+    axes = figure.subplots(1, 3 if staged else 2)
+    loss_axes, acc_axes = axes[0], axes[1]
     for index, run in enumerate(summary.runs):
         colour = f"C{index % 10}"
         epochs = range(1, run.epochs_run + 1)
@@ -47,7 +50,24 @@ def plot_curves(summary: TrainSummary, path: str | os.PathLike) -> None:
                  title="accuracy (solid: train, dashed: val, dotted: best val)")
     if len(summary.runs) <= 10:
         acc_axes.legend(loc="lower right", fontsize="small")
+    if staged:
+        plot_stage_breakdown(axes[2], summary.runs[0].history, summary.runs[0].seed)
     config = summary.config
     figure.suptitle(f"{config.model} on {summary.dataset_name}: {len(summary.runs)} run(s), "
                     f"lr {config.lr:g}, weight decay {config.weight_decay:g}, dropout {config.dropout:g}")
     figure.savefig(path, dpi=110)
+
+
+def plot_stage_breakdown(axes: Any, history: dict[str, list[float]], seed: int) -> None:
+    """One run's per-epoch seconds of each mini-batch stage as stacked bars, with the
+    epoch's wall time as a line: with prefetch the stages overlap, so the bars may rise
+    above the line; ``wait`` is the part of preparation the overlap did not hide."""
+    epochs = range(1, len(history["epoch_seconds"]) + 1)
+    bottom = [0.0] * len(epochs)
+    for index, stage in enumerate(STAGES):
+        seconds = history[f"stage_{stage}"]
+        axes.bar(epochs, seconds, bottom=bottom, width=0.85, color=f"C{index}", label=stage)
+        bottom = [b + s for b, s in zip(bottom, seconds)]
+    axes.plot(epochs, history["epoch_seconds"], color="black", marker=".", label="epoch (wall)")
+    axes.set(xlabel="epoch", ylabel="seconds", title=f"time per stage, seed {seed} (stacked; line: epoch wall)")
+    axes.legend(loc="upper right", fontsize="small")

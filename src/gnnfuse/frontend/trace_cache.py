@@ -35,6 +35,7 @@ import dis
 import enum
 import functools
 import types
+import weakref
 from typing import Any, Callable, Hashable, Mapping
 
 import torch
@@ -143,9 +144,12 @@ def guard_key(functions: tuple[Callable | None, ...]) -> Hashable | None:
 
 
 def signature(tables: tuple[Mapping[str, torch.Tensor], ...]) -> Hashable:
-    """The argument part of the key: keys, shapes and dtypes of every tensor passed."""
+    """The argument part of the key: keys, dtypes and per-row shapes of every tensor
+    passed. The row count (dim 0: vertices, edges or types) is left out: the tracer
+    sees it only as a symbolic `RowCount`, so a trace never depends on it, and the
+    batches of a sampled mini-batch run (a different vertex count each) reuse one trace."""
     return torch.get_default_dtype(), tuple(
-        tuple((key, tuple(t.shape), t.dtype) for key, t in table.items()) for table in tables)
+        tuple((key, t.dim(), tuple(t.shape[1:]), t.dtype) for key, t in table.items()) for table in tables)
 
 
 class TraceCache:
@@ -154,6 +158,7 @@ class TraceCache:
 
     def __init__(self) -> None:
         self._entries: dict[Hashable, CompiledProgram] = {}
+        _ALL.add(self)
 
     def compiled(self, functions: tuple[Callable | None, ...], tables: tuple[Mapping[str, torch.Tensor], ...],
                  trace: Callable[[], Tracer]) -> tuple[CompiledProgram, dict[str, torch.Tensor]]:
@@ -171,6 +176,17 @@ class TraceCache:
                 del self._entries[next(iter(self._entries))]
             self._entries[key] = compiled
         return compiled, captured
+
+
+_ALL: "weakref.WeakSet[TraceCache]" = weakref.WeakSet()
+
+
+def clear_trace_caches() -> None:
+    """Forget every cached trace, so the next call of each function traces (and asks
+    `compiled_for`) again: for tests that inspect freshly compiled programs, since a
+    trace is reused across graphs of any size."""
+    for cache in list(_ALL):
+        cache._entries.clear()
 
 
 def check_tables(**tables: Mapping[str, torch.Tensor] | None) -> None:

@@ -445,6 +445,17 @@ class SAGEConv(OneLineRepr, nn.Module):
     def extra_repr(self) -> str:
         return f"{self.in_channels}, {self.out_channels}, aggr={self.aggr}"
 
+    placement = None     # a `nn.placement.PlacementModel` choosing the order per call, or the static rule
+
+    def _combine_first(self, graph: Graph, messages: torch.Tensor) -> bool:
+        """Whether the linear map runs before the aggregation (mean/sum only): by the
+        `placement` model when one is installed (GraphTensor's DKP), else when it narrows."""
+        width = self.lin_l.in_features
+        if self.placement is None or not width:     # lazy in_channels: not materialized yet
+            return self.out_channels < width
+        input_grad = torch.is_grad_enabled() and messages.requires_grad
+        return self.placement.combine_first(graph, width, self.out_channels, input_grad)
+
     def reset_parameters(self) -> None:
         if hasattr(self.aggr_module, "reset_parameters"):
             self.aggr_module.reset_parameters()
@@ -460,7 +471,7 @@ class SAGEConv(OneLineRepr, nn.Module):
         x, x_dst, graph = _bipartite_inputs(x, edge_index, size, "SAGEConv")
         messages = F.relu(self.lin(x)) if self.project else x     # PyG projects the sources only
         kind = self.aggr_module.kind if isinstance(self.aggr_module, Reduction) else None
-        if kind in ("sum", "mean") and self.out_channels < self.lin_l.in_features:
+        if kind in ("sum", "mean") and self._combine_first(graph, messages):
             out = _AGGREGATORS[kind](graph, {"h": _transform_first(messages, self.lin_l.weight, graph, 1)})
             if self.lin_l.bias is not None:
                 out = out + self.lin_l.bias

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import math
 import shutil
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -267,8 +268,9 @@ class ExplainReport:
     """What `explain` found: ``result`` (what ``fn`` returned) and one `ProgramReport` per
     distinct (program, graph size, gradient inputs) it ran. ``str()`` is the listing."""
 
-    def __init__(self, result: Any, programs: list[ProgramReport], source: bool):
+    def __init__(self, result: Any, programs: list[ProgramReport], source: bool, placements: list[str] = ()):
         self.result, self.programs, self.source = result, programs, source
+        self.placements = list(placements)    # dynamic kernel placement: fitted model, this call's decisions
 
     # -- text -----------------------------------------------------------------------
     def __str__(self) -> str:
@@ -290,6 +292,8 @@ class ExplainReport:
             else:
                 lines += ["--- backward program ---", rep.backward.program.pretty(show_source=False)]
                 lines += self._plan_lines(rep.backward)
+        for placement in self.placements:
+            lines += ["", "=== " + placement]
         return "\n".join(lines)
 
     def _plan_lines(self, plan: Plan) -> list[str]:
@@ -439,6 +443,8 @@ def explain(fn: Callable[..., Any], *args: Any, source: bool = False, **kwargs: 
     if not callable(fn):
         raise TypeError(f"explain() takes a callable (a layer, vertex function or function), "
                         f"got {type(fn).__name__}")
+    placements = _placements(fn)
+    before = [Counter(p.decisions) for p in placements]
     with record_calls() as calls:
         result = fn(*args, **kwargs)
     reports: dict[tuple, ProgramReport] = {}
@@ -457,4 +463,22 @@ def explain(fn: Callable[..., Any], *args: Any, source: bool = False, **kwargs: 
             back = _plan("backward", backward.program, [], sizes, source,
                          backward_reads_gathered_rows(backward.program, program, tainted)) if backward else None
         reports[key] = ProgramReport(call, 1, forward, back)
-    return ExplainReport(result, list(reports.values()), source)
+    return ExplainReport(result, list(reports.values()), source,
+                         [_placement_text(p, Counter(p.decisions) - old) for p, old in zip(placements, before)])
+
+
+def _placements(fn: Any) -> list[Any]:
+    """The distinct dynamic-kernel-placement models (`nn.placement`) installed on the
+    layers of a module ``fn``, found by attribute so this layer needs no import of nn."""
+    found: dict[int, Any] = {}
+    for module in fn.modules() if hasattr(fn, "modules") else ():
+        placement = getattr(module, "placement", None)
+        if placement is not None and hasattr(placement, "describe"):
+            found.setdefault(id(placement), placement)
+    return list(found.values())
+
+
+def _placement_text(placement: Any, decided: Counter) -> str:
+    lines = [placement.describe(), "decisions in this call:"]
+    lines += [f"  layer {f_in}->{f_out}: {order} x{count}" for (f_in, f_out, order), count in sorted(decided.items())]
+    return "\n".join(lines if decided else lines[:1] + ["decisions in this call: none"])

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..nn.block_models import build_block_model
 from ..nn.models import build_model
 from .loop import TrainSummary
 
@@ -32,7 +33,11 @@ def load_checkpoint(path: str | os.PathLike, run: int = 0) -> tuple[nn.Module, d
     if not 0 <= run < len(checkpoint["runs"]):
         raise ValueError(f"{path} holds {len(checkpoint['runs'])} run(s); run {run} does not exist")
     config = checkpoint["config"]
-    model = build_model(config["model"], checkpoint["in_channels"], checkpoint["out_channels"],
-                        config["hidden"], config["dropout"])
+    if config.get("fanout"):       # a mini-batch run: one layer per sampled hop
+        model = build_block_model(config["model"], checkpoint["in_channels"], checkpoint["out_channels"],
+                                  config["hidden"], config["dropout"], len(config["fanout"]))
+    else:
+        model = build_model(config["model"], checkpoint["in_channels"], checkpoint["out_channels"],
+                            config["hidden"], config["dropout"])
     model.load_state_dict(checkpoint["runs"][run]["state_dict"])
     return model.eval(), checkpoint

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..data import DEFAULT_DATASET
+from ..nn.block_models import BLOCK_MODELS
 from ..nn.models import get_model
 
 
@@ -22,6 +23,9 @@ class TrainConfig:
     """A fully resolved training recipe: every value the runs used, saved with the weights.
 
     `patience` None trains all `epochs`; `hidden` None is for models without a hidden layer.
+    `fanout` (one per layer, PyG's ``num_neighbors``) makes the runs sampled mini-batch
+    training (`training.minibatch`) with `batch_size` seeds per batch; None trains on the
+    full graph.
     """
     model: str
     dataset: str
@@ -35,14 +39,21 @@ class TrainConfig:
     seed: int = 0
     device: str = "cpu"
     root: str | None = None
+    fanout: tuple[int, ...] | None = None
+    batch_size: int = 1024
+    dkp: bool = False
 
 
 def make_config(model: str, dataset: str = DEFAULT_DATASET, *, runs: int = 1, seed: int = 0,
-                device: str = "cpu", root: str | os.PathLike | None = None, **overrides: Any) -> TrainConfig:
+                device: str = "cpu", root: str | os.PathLike | None = None,
+                fanout: tuple[int, ...] | None = None, batch_size: int | None = None, dkp: bool = False,
+                **overrides: Any) -> TrainConfig:
     """`model`'s paper defaults, with every override that is not None applied.
 
     Overrides are hidden, lr, weight_decay, dropout, epochs and patience (0 disables
-    early stopping). Raises `ConfigError` naming the bad value.
+    early stopping). `fanout` and `batch_size` ask for mini-batch training, `dkp` for
+    dynamic kernel placement fitted on its first batches (`nn.placement`). Raises
+    `ConfigError` naming the bad value.
     """
     try:
         spec = get_model(model)
@@ -66,8 +77,23 @@ def make_config(model: str, dataset: str = DEFAULT_DATASET, *, runs: int = 1, se
               (values["weight_decay"] >= 0, f"weight decay must be >= 0, got {values['weight_decay']}"),
               (0 <= values["dropout"] < 1, f"dropout must be in [0, 1), got {values['dropout']}"),
               (device in ("cpu", "cuda"), f"device must be cpu or cuda, got {device!r}")]
-    for ok, message in checks:
+    checks.append((not dkp or (fanout is not None and model == "sage"),
+                   "dynamic kernel placement needs mini-batch training (a fanout) of sage"))
+    for ok, message in checks + minibatch_checks(model, fanout, batch_size):
         if not ok:
             raise ConfigError(message)
+    sampling = {} if fanout is None else {"fanout": tuple(fanout), "batch_size": batch_size or 1024, "dkp": dkp}
     return TrainConfig(model=model, dataset=dataset, runs=runs, seed=seed, device=device,
-                       root=None if root is None else str(root), **values)
+                       root=None if root is None else str(root), **values, **sampling)
+
+
+def minibatch_checks(model: str, fanout: tuple[int, ...] | None, batch_size: int | None
+                     ) -> list[tuple[bool, str]]:
+    """(ok, message) pairs for the mini-batch options."""
+    if fanout is None:
+        return [(batch_size is None, "batch size given without a fanout; mini-batch training needs both")]
+    return [(model in BLOCK_MODELS, f"model {model!r} has no mini-batch version; mini-batch models: "
+                                     f"{', '.join(BLOCK_MODELS)}"),
+            (len(fanout) >= 1 and all(k >= 1 or k == -1 for k in fanout),
+             f"fanout must be one count >= 1 (or -1 for all) per layer, got {list(fanout)}"),
+            (batch_size is None or batch_size >= 1, f"batch size must be >= 1, got {batch_size}")]

@@ -180,10 +180,15 @@ def train_runs(config: TrainConfig, *, log_epochs: bool = True,
     spec = get_model(config.model)
     data = prepare_data(config, spec)
     summary = TrainSummary(config, data.name, data.num_features, data.num_classes, [])
+    if config.fanout is None:
+        run_one = train_run
+    else:
+        from .minibatch import train_minibatch_run as run_one     # imports this module
     for index in range(config.runs):
         label = f" run {index + 1}/{config.runs}" if config.runs > 1 else ""
-        result = train_run(config, spec, data, config.seed + index, label=label, log_epochs=log_epochs,
-                           cuda_graph=cuda_graph)
+        # a sampled batch changes shape every step: only the full-graph step is captured
+        extra = {"cuda_graph": cuda_graph} if config.fanout is None else {}
+        result = run_one(config, spec, data, config.seed + index, label=label, log_epochs=log_epochs, **extra)
         summary.runs.append(result)
         if on_run is not None:
             on_run(index, result)

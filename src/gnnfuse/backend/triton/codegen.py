@@ -177,13 +177,22 @@ def row_stride(v: Value) -> int:
     return -(-width // _VECTOR) * _VECTOR
 
 
+def size_class(count: int) -> int:
+    """The autotuner's key for a launch over ``count`` edges or segments: counts within
+    a factor of two share one tuned configuration."""
+    return int(count).bit_length()
+
+
 def _decorator(tuned: bool, space: dict[str, tuple[int, ...]], key: str, reset: bool,
                warps: tuple[int, ...] = (4,)) -> str:
     """``@triton.jit``, behind an autotuner over ``space`` (block sizes and rows per
     program) and ``warps`` when ``tuned``: the best choice depends on degree distribution
     and feature width, which a first timed run measures better than a rule. Every config
     is compiled before it is timed, so the space stays small (a GAT layer has a dozen
-    kernels). Atomic kernels reset ``out`` between trials."""
+    kernels). Atomic kernels reset ``out`` between trials. The tuning key is the
+    kernel's ``size_class`` argument (`size_class`: the bit length of its edge or
+    segment count), not the count itself: mini-batch training gives every batch a new
+    count, and keying on it re-tuned every kernel on every batch."""
     if not tuned:
         return "@triton.jit"
     names = list(space)
@@ -208,8 +217,8 @@ def _edge_parallel_source(name: str, comment: str, acc_dtype: str, em: _Emitter,
 import triton.language as tl
 
 
-{_decorator(tuned, {"BLOCK_E": block_e}, "num_edges", reset)}
-def {name}(src, dst, num_edges, out, {params}{leaf_params}BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
+{_decorator(tuned, {"BLOCK_E": block_e}, "size_class", reset)}
+def {name}(src, dst, num_edges, size_class, out, {params}{leaf_params}BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
     # {comment}
     ACC: tl.constexpr = {acc_dtype}
     e = tl.program_id(0).to(tl.int64) * BLOCK_E + tl.arange(0, BLOCK_E)
@@ -295,8 +304,8 @@ def generate(unit: AggregateUnit, name: str, acc_dtype: str, tuned: bool = False
 import triton.language as tl
 
 
-{_decorator(tuned, {"BLOCK_E": (16, 64), "ROWS": (1, 4)}, "num_segments", op in ("sum", "mean"), warps=(1,))}
-def {name}(rowptr, col, eid, seg_row, seg_start, seg_end, seg_split, num_segments, out, {leaf_params}BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr, ROWS: tl.constexpr):
+{_decorator(tuned, {"BLOCK_E": (16, 64), "ROWS": (1, 4)}, "size_class", op in ("sum", "mean"), warps=(1,))}
+def {name}(rowptr, col, eid, seg_row, seg_start, seg_end, seg_split, num_segments, size_class, out, {leaf_params}BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr, ROWS: tl.constexpr):
     # {unit.describe()}
     # Each program reduces ROWS consecutive segments (feature-adaptive grouping, Seastar
     # §6.3.1): segments are sorted by length, so neighbours cost alike, and on a graph
@@ -392,8 +401,8 @@ def generate_shared_reduce(unit: SharedReduceUnit, name: str, acc_dtype: str,
 import triton.language as tl
 
 
-{_decorator(tuned, {"BLOCK_E": SHARED_REDUCE_BLOCK_E}, "num_edges", reset=False)}
-def {name}(src, dst, num_edges, out, {leaf_params}BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
+{_decorator(tuned, {"BLOCK_E": SHARED_REDUCE_BLOCK_E}, "size_class", reset=False)}
+def {name}(src, dst, num_edges, size_class, out, {leaf_params}BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
     # {unit.describe()}
     ACC: tl.constexpr = {acc_dtype}
     f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)

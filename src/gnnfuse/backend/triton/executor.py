@@ -17,7 +17,7 @@ from ..reference import GraphContext
 from ..kernel_cache import load_kernel as _load_kernel
 from ..reference.executor import run_plan
 from .codegen import (SHARED_REDUCE_BLOCK_E, SHARED_REDUCE_PROGRAMS, RowSum, generate, generate_coo, generate_edge,
-                      generate_shared_reduce, row_stride, row_sum_split)
+                      generate_shared_reduce, row_stride, row_sum_split, size_class)
 from .launch import launch
 from .schedule import SEGMENT_EDGES, segments
 
@@ -133,8 +133,8 @@ def _run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) ->
     # Feature-adaptive default for the interpreter (two rows per program, so the row loop
     # and its bound check run in tests); on a GPU the autotuner picks BLOCK_E and ROWS.
     fixed = {} if _autotune() else {"BLOCK_E": max(16, min(128, 2048 // block_f)), "ROWS": 2}
-    launch(kernel, grid, (len(segs), width), (rowptr, col, eid, segs.row, segs.start, segs.end, segs.split,
-                                              len(segs), out, *args), {"BLOCK_F": block_f, **fixed})
+    launch(kernel, grid, (size_class(len(segs)), width), (rowptr, col, eid, segs.row, segs.start, segs.end,
+           segs.split, len(segs), size_class(len(segs)), out, *args), {"BLOCK_F": block_f, **fixed})
     return out
 
 
@@ -177,8 +177,8 @@ def _run_shared_reduce_unit(unit: SharedReduceUnit, ctx: GraphContext, kernel, a
     programs = min(SHARED_REDUCE_PROGRAMS, triton.cdiv(ctx.num_edges, smallest_block))
     partial_dtype = torch.float64 if acc == "tl.float64" else torch.float32
     partials = torch.empty((programs, width), dtype=partial_dtype, device=ctx.src.device)
-    launch(kernel, lambda meta: (programs, triton.cdiv(width, block_f)), (ctx.num_edges, width),
-           (ctx.src, ctx.dst, ctx.num_edges, partials, *args), {"BLOCK_F": block_f, **fixed})
+    launch(kernel, lambda meta: (programs, triton.cdiv(width, block_f)), (size_class(ctx.num_edges), width),
+           (ctx.src, ctx.dst, ctx.num_edges, size_class(ctx.num_edges), partials, *args), {"BLOCK_F": block_f, **fixed})
     return partials.sum(0).to(root.dtype).reshape(root.shape)
 
 
@@ -196,8 +196,8 @@ def _launch_over_edges(kernel, ctx: GraphContext, out: torch.Tensor, args: list[
 
     def grid(meta):
         return triton.cdiv(ctx.num_edges, meta["BLOCK_E"]), triton.cdiv(width, block_f)
-    launch(kernel, grid, (ctx.num_edges, width), (ctx.src, ctx.dst, ctx.num_edges, out, *args),
-           {"BLOCK_F": block_f, **fixed})
+    launch(kernel, grid, (size_class(ctx.num_edges), width),
+           (ctx.src, ctx.dst, ctx.num_edges, size_class(ctx.num_edges), out, *args), {"BLOCK_F": block_f, **fixed})
     return out
 
 

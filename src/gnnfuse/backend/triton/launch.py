@@ -7,7 +7,7 @@ of every fused unit, which on small graphs is a visible share of a training step
 choice never changes once made, so `launch` remembers it per call signature (the
 autotuner's key argument, the feature block and the tensors' dtypes: what the
 autotuner's own key is made of) and launches the JIT function underneath directly with
-that config and the grid it gives. Anything unusual (a config with a pre-hook, an
+that config (the grid is computed per call: the key holds size classes, not sizes). Anything unusual (a config with a pre-hook, an
 autotuner without ``best_config``) keeps going through the autotuner.
 """
 from __future__ import annotations
@@ -24,8 +24,8 @@ _THROUGH_AUTOTUNER = object()   # a signature whose config cannot be replayed di
 
 def launch(kernel: Any, grid: Callable[[dict], tuple], sizes: tuple[int, ...], args: Sequence[Any],
            kwargs: dict[str, Any]) -> None:
-    """``kernel[grid](*args, **kwargs)``, where ``sizes`` are all the call's sizes the
-    grid and the autotuner's key depend on (rows or edges, feature width)."""
+    """``kernel[grid](*args, **kwargs)``, where ``sizes`` are what the autotuner's key
+    depends on (the size class of the rows or edges, the feature width)."""
     if not isinstance(kernel, Autotuner):
         kernel[grid](*args, **kwargs)        # a plain JIT function: nothing to skip
         return
@@ -37,16 +37,16 @@ def launch(kernel: Any, grid: Callable[[dict], tuple], sizes: tuple[int, ...], a
         if entry is None:
             chosen[signature] = _direct_launch(kernel, grid, kwargs)
         return
-    fn, fixed_grid, merged = entry
-    fn[fixed_grid](*args, **merged)
+    fn, merged = entry
+    fn[grid](*args, **merged)     # the grid is this call's: sizes within one size class differ
 
 
 def _direct_launch(kernel: Autotuner, grid: Callable[[dict], tuple], kwargs: dict[str, Any]) -> Any:
-    """(JIT function, grid, keyword arguments) replaying the autotuner's last launch,
+    """(JIT function, keyword arguments) replaying the autotuner's last launch,
     or a marker to keep going through the autotuner when the config has a pre-hook."""
     config = getattr(kernel, "best_config", None)
     if (config is None or getattr(config, "pre_hook", None) is not None or not hasattr(config, "all_kwargs")
             or not hasattr(kernel, "fn")):
         return _THROUGH_AUTOTUNER
     merged = {**kwargs, **config.all_kwargs()}
-    return kernel.fn, grid(merged), merged
+    return kernel.fn, merged

@@ -1,0 +1,444 @@
+"""Sampled mini-batch training epochs: gnnfuse's NeighborLoader + compiled layers, with the
+per-stage breakdown, against PyG's NeighborLoader + PyG SAGEConv in the same run.
+
+The default cell is GraphTensor's / SALIENT's setting (issue #14): the ``products-like``
+preset (2.45M nodes, 61.9M edges, 100 features), GraphSAGE with 3 layers of 256 hidden
+channels, fanouts 15,10,5, batches of 1024 seeds drawn from ogbn-products' training-set
+size (196,615 vertices; the preset's own split is 60%). For each place the features can
+live (``device``: gathered on the GPU; ``pinned``: gathered on the host into page-locked
+buffers, copied asynchronously) it times one epoch after a warm-up and reports:
+
+- the epoch's wall time and batches/s;
+- the loader's stage seconds (sample, reindex, lookup, transfer -- in its background
+  thread, overlapped with compute), the training loop's compute seconds and the time it
+  waited for batches;
+- the GPU busy fraction: the summed CUDA-event time of the training steps over the
+  epoch's wall time (on the CPU: compute seconds over wall).
+
+PyG: when ``torch_geometric.loader.NeighborLoader`` can sample (it needs ``pyg-lib`` or
+``torch-sparse``), a full epoch of PyG's loader (host sampling, ``--pyg-workers``
+worker processes, pinned batches) feeding PyG's SAGEConv model. Always, and the only
+PyG number when neither library is importable: *compute only*, PyG's SAGEConv model and
+gnnfuse's stepping on the same batches from gnnfuse's loader (after checking that their
+forward outputs agree from the same weights).
+
+    python benchmarks/bench_minibatch.py --device cuda                      # products-like, H100
+    python benchmarks/bench_minibatch.py --device cpu --dataset cora --epochs 1
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gnnfuse.bench import synchronize
+from gnnfuse.data import load_node_dataset
+from gnnfuse.loader import STAGES, NeighborLoader
+from gnnfuse.nn.block_models import build_block_model
+
+from common import REPO_ROOT, environment, log, resolve_device, warn, write_atomically
+
+PRODUCTS_TRAIN_NODES = 196_615        # ogbn-products' training split
+
+
+# --- models ----------------------------------------------------------------------------
+class PygSage(nn.Module):
+    """PyG's SAGEConv stack with the parameter names of gnnfuse's `BlockGNN` (so one
+    state dict loads into both); runs on blocks or on a PyG subgraph's edge_index."""
+
+    def __init__(self, widths: list[int], dropout: float):
+        super().__init__()
+        from torch_geometric.nn import SAGEConv
+        self.convs = nn.ModuleList(SAGEConv(a, b, aggr="mean") for a, b in zip(widths, widths[1:]))
+        self.dropout = dropout
+
+    def forward(self, x: torch.Tensor, graph: Any) -> torch.Tensor:
+        for i, conv in enumerate(self.convs):
+            x = F.dropout(x, self.dropout, self.training)
+            if isinstance(graph, list):
+                block = graph[i]
+                x = conv((x, x[:block.num_dst]), block.edge_index, size=(block.num_src, block.num_dst))
+            else:
+                x = conv(x, graph)
+            if i < len(self.convs) - 1:
+                x = F.relu(x)
+        return x
+
+
+def pyg_can_sample() -> bool:
+    try:
+        import torch_geometric.typing as typing
+    except ImportError:
+        return False
+    return bool(typing.WITH_PYG_LIB or typing.WITH_TORCH_SPARSE)
+
+
+# --- timing ----------------------------------------------------------------------------
+class StepClock:
+    """Times training steps: CUDA events on the compute stream (the GPU's busy time) on
+    a GPU, host seconds on the CPU; summed when asked."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.pairs, self.host = device, [], 0.0
+
+    def run(self, step: Callable[[], None]) -> None:
+        if self.device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            step()
+            end.record()
+            self.pairs.append((start, end))
+        else:
+            begin = time.perf_counter()
+            step()
+            self.host += time.perf_counter() - begin
+
+    def seconds(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            return sum(start.elapsed_time(end) for start, end in self.pairs) / 1e3
+        return self.host
+
+
+def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, graph: Any,
+               y: torch.Tensor, rows: int) -> None:
+    optimizer.zero_grad()
+    F.cross_entropy(model(x, graph)[:rows], y[:rows]).backward()
+    optimizer.step()
+
+
+def warm_up(loader: Any, steps: dict[str, Callable[[Any], None]], batches: int, device: torch.device) -> None:
+    """Run each step on the first ``batches`` batches of an abandoned epoch: kernel
+    compilation and allocator growth stay out of the timed epoch."""
+    for index, batch in enumerate(loader):
+        if index >= batches:
+            break
+        for step in steps.values():
+            step(batch)
+    synchronize(device)
+
+
+def gnnfuse_epoch(loader: NeighborLoader, model: nn.Module, device: torch.device, warmup: int,
+                  max_batches: int | None) -> dict[str, Any]:
+    """One timed epoch of gnnfuse's loader and layers, after `warm_up`."""
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.003)
+    model.train()
+    warm_up(loader, {"gnnfuse": lambda b: train_step(model, optimizer, b.x, b.blocks, b.y, b.batch_size)},
+            warmup, device)
+    loader.stage_times.reset()
+    clock = StepClock(device)
+    begin = time.perf_counter()
+    batches = 0
+    for batch in loader:
+        step_begin = time.perf_counter()
+        clock.run(lambda: train_step(model, optimizer, batch.x, batch.blocks, batch.y, batch.batch_size))
+        loader.stage_times.add("compute", time.perf_counter() - step_begin)
+        batches += 1
+        if max_batches is not None and batches >= max_batches:
+            break
+    synchronize(device)
+    wall = time.perf_counter() - begin
+    busy = clock.seconds()
+    stages = loader.stage_times.totals()
+    return {"epoch_s": wall, "batches": batches, "batches_per_s": batches / wall, "stages_s": stages,
+            "busy_fraction": busy / wall, "busy_s": busy}
+
+
+def compute_only(loader: NeighborLoader, ours: nn.Module, pyg: nn.Module, device: torch.device, warmup: int,
+                 max_batches: int | None) -> dict[str, Any]:
+    """Training-step seconds of each model on the same batches of gnnfuse's loader."""
+    models = {"gnnfuse": ours, "pyg": pyg}
+    optimizers = {name: torch.optim.Adam(m.parameters(), lr=0.003) for name, m in models.items()}
+    steps = {name: (lambda b, m=model, o=optimizers[name]: train_step(m, o, b.x, b.blocks, b.y, b.batch_size))
+             for name, model in models.items()}
+    for model in models.values():
+        model.train()
+    warm_up(loader, steps, warmup, device)
+    clocks = {name: StepClock(device) for name in models}
+    batches = 0
+    for batch in loader:
+        for name, step in steps.items():
+            clocks[name].run(lambda: step(batch))
+        batches += 1
+        if max_batches is not None and batches >= max_batches:
+            break
+    return {f"{name}_compute_s": clock.seconds() for name, clock in clocks.items()} | {"batches": batches}
+
+
+def take(loader: NeighborLoader, count: int) -> list[Any]:
+    """The next ``count`` batches, over as many epochs as that takes."""
+    out: list[Any] = []
+    while len(out) < count:
+        for batch in loader:
+            out.append(batch)
+            if len(out) == count:
+                break
+    return out
+
+
+def dkp_cells(loader: NeighborLoader, model: nn.Module, device: torch.device, args: argparse.Namespace
+              ) -> dict[str, Any]:
+    """GraphTensor's dynamic kernel placement on this model: fit on the kernel times of
+    ``--dkp-calibration`` batches, the fitted model's prediction error per layer on as
+    many further batches (both orders' predicted vs measured seconds), and training
+    steps on the same batches always aggregating first, always combining first, and as
+    the model chooses."""
+    from gnnfuse.nn.conv import _AGGREGATORS
+    from gnnfuse.nn.placement import FixedPlacement, calibrate, install, kernel_times
+    held = take(loader, 2 * args.dkp_calibration)
+    placement = calibrate(model, held[:args.dkp_calibration])
+    errors: dict[int, list[float]] = {}
+    for batch in held[args.dkp_calibration:]:
+        for index, conv in enumerate(model.convs):
+            f_in, f_out, graph = conv.lin_l.in_features, conv.out_channels, batch.blocks[index].graph
+            measured = {(k.kind, k.rows, k.width_in): k.seconds
+                        for k in kernel_times(graph, _AGGREGATORS[conv.aggr], f_in, f_out, index > 0)}
+            matmul = "matmul" if index > 0 else "matmul-weight-only"
+            aggregate_x = "aggregate" if index > 0 else "aggregate-forward-only"
+            actual = {"aggregate-first": measured[aggregate_x, graph.num_dst_nodes, f_in]
+                      + measured[matmul, graph.num_dst_nodes, f_in],
+                      "combine-first": measured[matmul, graph.num_src_nodes, f_in]
+                      + measured["aggregate", graph.num_dst_nodes, f_out]}
+            predicted = placement.order_times(graph.num_src_nodes, graph.num_dst_nodes, graph.num_edges, f_in, f_out,
+                                              index > 0)
+            errors.setdefault(index, []).extend(abs(predicted[o] - actual[o]) / actual[o] for o in actual)
+    del held
+    placement.decisions.clear()
+    policies = {"aggregate-first": FixedPlacement("aggregate-first"), "combine-first": FixedPlacement("combine-first"),
+                "dkp": placement}
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.003)
+    clocks = {name: StepClock(device) for name in policies}
+    batches_run = 0
+    for batch in loader:
+        for name, policy in policies.items():
+            install(model, policy)
+            clocks[name].run(lambda: train_step(model, optimizer, batch.x, batch.blocks, batch.y, batch.batch_size))
+        batches_run += 1
+        if args.max_batches is not None and batches_run >= args.max_batches:
+            break
+    install(model, None)
+    seconds = {name: clock.seconds() for name, clock in clocks.items()}
+    return {"coefficients": placement.coefficients, "model": placement.describe(), "batches": batches_run,
+            "prediction_error_per_layer": {i: sum(e) / len(e) for i, e in errors.items()},
+            "step_s": seconds,
+            "speedup_vs": {name: seconds[name] / seconds["dkp"] for name in ("aggregate-first", "combine-first")}}
+
+
+def pyg_epoch(dataset: Any, train_idx: torch.Tensor, model: nn.Module, args: argparse.Namespace,
+              device: torch.device) -> dict[str, Any]:
+    """One timed epoch of PyG's NeighborLoader feeding PyG's model (after a warm-up)."""
+    from torch_geometric.data import Data
+    from torch_geometric.loader import NeighborLoader as PygNeighborLoader
+    data = Data(x=dataset.x, y=dataset.y, edge_index=dataset.graph.edge_index, num_nodes=dataset.graph.num_nodes)
+    workers = args.pyg_workers
+    loader = PygNeighborLoader(data, num_neighbors=args.fanout, batch_size=args.batch_size, input_nodes=train_idx,
+                               shuffle=True, num_workers=workers, persistent_workers=workers > 0,
+                               pin_memory=device.type == "cuda")
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.003)
+    model.train()
+
+    def step(batch: Any) -> None:
+        batch = batch.to(device, non_blocking=True)
+        train_step(model, optimizer, batch.x, batch.edge_index, batch.y, batch.batch_size)
+
+    warm_up(loader, {"pyg": step}, args.warmup, device)
+    clock = StepClock(device)
+    begin, batches = time.perf_counter(), 0
+    for batch in loader:
+        clock.run(lambda: step(batch))
+        batches += 1
+        if args.max_batches is not None and batches >= args.max_batches:
+            break
+    synchronize(device)
+    wall = time.perf_counter() - begin
+    return {"epoch_s": wall, "batches": batches, "batches_per_s": batches / wall,
+            "busy_fraction": clock.seconds() / wall, "workers": workers}
+
+
+# --- the run ---------------------------------------------------------------------------
+def training_seeds(train_mask: torch.Tensor, count: int, seed: int) -> torch.Tensor:
+    """``count`` training vertices (all when 0 or more than the split has), chosen at random."""
+    ids = train_mask.nonzero().flatten()
+    if 0 < count < ids.numel():
+        ids = ids[torch.randperm(ids.numel(), generator=torch.Generator().manual_seed(seed))[:count]].sort().values
+    return ids
+
+
+def check_same_forward(ours: nn.Module, pyg: nn.Module, loader: NeighborLoader) -> float:
+    """max |ours - PyG| / max |PyG| of both models' eval forward on one batch, from the
+    same weights: a speedup is only reported for a model that computes the same thing."""
+    pyg.load_state_dict(ours.state_dict())
+    ours.eval(), pyg.eval()
+    batch = next(iter(loader))
+    with torch.no_grad():
+        a, b = ours(batch.x, batch.blocks), pyg(batch.x, batch.blocks)
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+
+
+def run(args: argparse.Namespace, save: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """Every cell in turn, ``save``-ing the results after each, so a run stopped by the
+    device machine's time limit keeps what it measured."""
+    device = resolve_device(args.device)
+    torch.manual_seed(args.seed)
+    begin = time.perf_counter()
+    dataset = load_node_dataset(args.dataset, args.data_root)
+    train_count = args.train_nodes if args.train_nodes is not None else (
+        PRODUCTS_TRAIN_NODES if args.dataset == "products-like" else 0)
+    train_idx = training_seeds(dataset.train_mask, train_count, args.seed)
+    graph = dataset.graph.to(device)
+    graph.csr()
+    synchronize(device)
+    log(f"[{args.dataset}] {graph.num_nodes:,} nodes, {graph.num_edges:,} edges, {dataset.num_features} "
+        f"features, {train_idx.numel():,} training seeds; loaded and on {device} in "
+        f"{time.perf_counter() - begin:.1f} s")
+    widths = [dataset.num_features] + [args.hidden] * (len(args.fanout) - 1) + [dataset.num_classes]
+    results: dict[str, Any] = {"config": {**{k: v for k, v in vars(args).items() if k != "json"},
+                                          "train_seeds": train_idx.numel()},
+                               "environment": environment(device), "gnnfuse": {}}
+    feature_devices = ["device", "pinned"] if device.type == "cuda" else ["device"]
+    for place in feature_devices:
+        torch.manual_seed(args.seed)
+        model = build_block_model("sage", dataset.num_features, dataset.num_classes, args.hidden, args.dropout,
+                                  len(args.fanout)).to(device)
+        x = dataset.x.to(device) if place == "device" else dataset.x.pin_memory()
+        loader = NeighborLoader(graph, args.fanout, args.batch_size, input_nodes=train_idx, shuffle=True, x=x,
+                                y=dataset.y.to(device), device=device, feature_device=place, prefetch=args.prefetch)
+        for epoch in range(args.epochs):
+            cell = gnnfuse_epoch(loader, model, device, args.warmup if epoch == 0 else 0, args.max_batches)
+            results["gnnfuse"].setdefault(place, []).append(cell)
+            save(results)
+            split = " ".join(f"{s} {cell['stages_s'][s]:.2f}s" for s in STAGES)
+            log(f"gnnfuse, features on {place}: epoch {cell['epoch_s']:.2f} s, {cell['batches']} batches "
+                f"({cell['batches_per_s']:.1f}/s), busy {100 * cell['busy_fraction']:.0f}% | {split}")
+        del x, loader
+    torch.manual_seed(args.seed)
+    ours = build_block_model("sage", dataset.num_features, dataset.num_classes, args.hidden, args.dropout,
+                             len(args.fanout)).to(device)
+    pyg = PygSage(widths, args.dropout).to(device)
+    loader = NeighborLoader(graph, args.fanout, args.batch_size, input_nodes=train_idx, shuffle=True,
+                            x=dataset.x.to(device), y=dataset.y.to(device), device=device, prefetch=args.prefetch)
+    error = check_same_forward(ours, pyg, loader)
+    if error > 1e-4:
+        warn(f"gnnfuse and PyG SAGE forwards differ (max rel err {error:.2e}); compute times are not comparable")
+    cell = compute_only(loader, ours, pyg, device, args.warmup, args.max_batches) | {"max_rel_err": error}
+    results["compute_only"] = cell
+    save(results)
+    log(f"compute only, same {cell['batches']} batches: gnnfuse {cell['gnnfuse_compute_s']:.2f} s, PyG SAGEConv "
+        f"{cell['pyg_compute_s']:.2f} s (x{cell['pyg_compute_s'] / max(cell['gnnfuse_compute_s'], 1e-12):.2f}); "
+        f"forward max rel err {error:.1e}")
+    if args.dkp_calibration:
+        torch.manual_seed(args.seed)
+        cell = dkp_cells(loader, ours, device, args)
+        results["dkp"] = cell
+        save(results)
+        log(cell["model"])
+        log("DKP prediction error per layer: " + ", ".join(
+            f"layer {i} {100 * e:.1f}%" for i, e in cell["prediction_error_per_layer"].items()))
+        log(f"DKP training steps over {cell['batches']} batches: " + ", ".join(
+            f"{name} {s:.2f} s" for name, s in cell["step_s"].items()))
+    if args.pyg_loader and pyg_can_sample():
+        torch.manual_seed(args.seed)
+        try:
+            cell = pyg_epoch(dataset, train_idx, PygSage(widths, args.dropout).to(device), args, device)
+        except Exception as error:          # keep the gnnfuse results of this run
+            warn(f"PyG's loader epoch failed: {type(error).__name__}: {error}")
+            results["pyg"] = {"error": f"{type(error).__name__}: {error}"}
+            save(results)
+            return results
+        results["pyg"] = cell
+        save(results)
+        log(f"PyG NeighborLoader + SAGEConv: epoch {cell['epoch_s']:.2f} s, {cell['batches']} batches, "
+            f"busy {100 * cell['busy_fraction']:.0f}%")
+    else:
+        reason = ("not run: PyG's NeighborLoader cannot sample here (neither pyg-lib nor torch-sparse is "
+                  "importable), so only the compute-only comparison is against PyG" if args.pyg_loader
+                  else "skipped (--no-pyg-loader)")
+        results["pyg"] = {"skipped": reason}
+        log(f"PyG's NeighborLoader epoch {reason}")
+    save(results)
+    return results
+
+
+def markdown(results: dict[str, Any]) -> str:
+    config, env = results["config"], results["environment"]
+    lines = ["# Mini-batch training epoch (sampled, GraphSAGE)", "",
+             f"{config['dataset']}, {len(config['fanout'])} layers hidden {config['hidden']}, fanouts "
+             f"{','.join(map(str, config['fanout']))}, batch {config['batch_size']}, {config['train_seeds']:,} "
+             f"training seeds; {env['device_name']}, torch {env['torch']}, commit "
+             f"{(env['git_commit'] or 'unknown')[:12]}{' (dirty)' if env['git_dirty'] else ''}, {env['date']}.", "",
+             "Stage seconds are summed over batches; sample/reindex/lookup/transfer run in the loader's "
+             "background thread, overlapped with compute; wait = time the training loop waited for a batch; "
+             "busy = training-step GPU time (CUDA events) / epoch wall time.", "",
+             "| loader | features | epoch s | batches/s | busy | " + " | ".join(STAGES) + " |",
+             "|---|---|---|---|---|" + "---|" * len(STAGES)]
+    for place, cells in results["gnnfuse"].items():
+        for cell in cells:
+            stages = " | ".join(f"{cell['stages_s'][s]:.2f}" for s in STAGES)
+            lines.append(f"| gnnfuse | {place} | {cell['epoch_s']:.2f} | {cell['batches_per_s']:.1f} | "
+                         f"{100 * cell['busy_fraction']:.0f}% | {stages} |")
+    pyg = results.get("pyg") or {}
+    if "error" in pyg:
+        lines += ["", f"PyG's NeighborLoader epoch failed: {pyg['error']}"]
+    elif "skipped" in pyg:
+        lines += ["", f"PyG's NeighborLoader epoch: {pyg['skipped']}."]
+    elif pyg:
+        lines.append(f"| PyG ({pyg['workers']} workers) | host | {pyg['epoch_s']:.2f} | {pyg['batches_per_s']:.1f} | "
+                     f"{100 * pyg['busy_fraction']:.0f}% |" + " – |" * len(STAGES))
+    compute = results.get("compute_only")
+    lines += [] if compute is None else ["", f"Compute only (same {compute['batches']} batches of gnnfuse's loader, training step): gnnfuse "
+                  f"{compute['gnnfuse_compute_s']:.2f} s, PyG SAGEConv {compute['pyg_compute_s']:.2f} s; forward "
+                  f"max rel err {compute['max_rel_err']:.1e}."]
+    dkp = results.get("dkp")
+    if dkp:
+        errors = ", ".join(f"layer {i} {100 * e:.1f}%" for i, e in dkp["prediction_error_per_layer"].items())
+        steps = ", ".join(f"{name} {s:.2f} s" for name, s in dkp["step_s"].items())
+        lines += ["", "## Dynamic kernel placement (SAGE layers)", "", "```", dkp["model"], "```", "",
+                  f"Prediction error (mean |predicted - measured| / measured, both orders): {errors}.", "",
+                  f"Training steps over the same {dkp['batches']} batches: {steps}; DKP speedup "
+                  f"x{dkp['speedup_vs']['aggregate-first']:.2f} over always aggregate-first, "
+                  f"x{dkp['speedup_vs']['combine-first']:.2f} over always combine-first."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--dataset", default="products-like")
+    parser.add_argument("--data-root", help="folder of the real data sets (default: $GNNFUSE_DATA, ../shared/data)")
+    parser.add_argument("--fanout", type=lambda s: [int(k) for k in s.split(",")], default=[15, 10, 5])
+    parser.add_argument("--batch-size", type=int, default=1024)
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--dropout", type=float, default=0.5)
+    parser.add_argument("--epochs", type=int, default=1, help="timed epochs per feature placement (default 1)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed batches first (default 3)")
+    parser.add_argument("--max-batches", type=int, help="stop each timed epoch after this many batches")
+    parser.add_argument("--train-nodes", type=int, help="training seeds per epoch (default: ogbn-products' "
+                        f"{PRODUCTS_TRAIN_NODES:,} for products-like, else the whole split; 0: the whole split)")
+    parser.add_argument("--prefetch", type=int, default=2, help="batches the loader prepares ahead (default 2)")
+    parser.add_argument("--pyg-workers", type=int, default=8, help="PyG loader worker processes (default 8)")
+    parser.add_argument("--no-pyg-loader", dest="pyg_loader", action="store_false",
+                        help="skip the epoch with PyG's NeighborLoader")
+    parser.add_argument("--dkp-calibration", type=int, default=4, help="batches whose kernel times fit the DKP "
+                        "cost model (and as many to measure its error); 0 skips the DKP measurement (default 4)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", help="write the results here (default benchmarks/results/minibatch_<device>.json, "
+                                       "with a .md beside it)")
+    args = parser.parse_args(argv)
+    path = Path(args.json) if args.json else REPO_ROOT / "benchmarks" / "results" / f"minibatch_{args.device}.json"
+
+    def save(results: dict[str, Any]) -> None:
+        write_atomically(path, json.dumps(results, indent=1, default=str) + "\n")
+        write_atomically(path.with_suffix(".md"), markdown(results))
+
+    run(args, save)
+    log(f"wrote {path} and {path.with_suffix('.md')}")
+
+
+if __name__ == "__main__":
+    main()

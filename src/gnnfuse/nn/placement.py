@@ -1,0 +1,226 @@
+"""Dynamic kernel placement (GraphTensor §V-A, Table I): per layer and batch, aggregate
+the input rows and then apply the layer's linear map, or map first and aggregate the
+narrower (or wider) result.
+
+For a layer ``h_dst = W · mean_{u in N(v)} x_u`` over a block with ``n_src`` sources,
+``n_dst`` destinations and ``E`` edges, from ``F`` to ``H`` channels, the two orders cost
+
+- aggregate first: aggregate(E, n_dst, width F) + matmul(n_dst rows, F -> H)
+- combine first:   matmul(n_src rows, F -> H) + aggregate(E, n_dst, width H)
+
+with GraphTensor's kernel models ``matmul = alpha·rows·F·H + beta·rows·H`` and
+``aggregate = gamma·E·W + delta·n_dst·W``; their difference is Table I's pair of
+benefits, ``(n_src - n_dst)(alpha·F·H + beta·H)`` against ``(F - H)(gamma·E + delta·n_dst)``.
+Each kernel model here also has a constant term (launch and framework overhead, which
+Table I leaves out): it cancels between orders built of the same kernels, but without
+it a fit over small batches bends the slopes to absorb it.
+The coefficients are machine-specific, so `calibrate` fits them by least squares on
+kernel times measured on the first batches of training; each kernel is timed forward
+and backward, as training runs it, and with or without its input's gradient (a first
+layer's input needs none: GraphTensor's special case for the first layer's BWP), so
+each (kernel, gradient) pair has its own two coefficients.
+
+Only layers whose aggregation commutes with the map take a placement (SAGEConv with
+mean or sum: `SAGEConv.placement`); without one they keep the static rule (map first
+when it narrows the rows).
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+ORDERS = ("aggregate-first", "combine-first")
+KINDS = ("matmul", "matmul-weight-only", "aggregate", "aggregate-forward-only")
+
+
+class KernelTime(NamedTuple):
+    """One measured kernel: ``kind`` (one of `KINDS`), its sizes and seconds (forward
+    and backward). For a matmul ``rows`` are its rows; for an aggregation ``rows`` are
+    the destinations and ``width_in == width_out`` the feature width."""
+    kind: str
+    rows: int
+    edges: int
+    width_in: int
+    width_out: int
+    seconds: float
+
+
+def _terms(sample: KernelTime) -> tuple[float, float, float]:
+    """The regressors of a kernel's time: Table I's two kernel-execution factors and 1."""
+    if sample.kind.startswith("matmul"):
+        return sample.rows * sample.width_in * sample.width_out, sample.rows * sample.width_out, 1.0
+    return sample.edges * sample.width_in, sample.rows * sample.width_in, 1.0
+
+
+@dataclass
+class PlacementModel:
+    """Fitted coefficients per kernel kind: ``coefficients[kind] = (a, b, c)`` with
+    ``time = a·term1 + b·term2 + c`` (`_terms`), and the decisions taken so far."""
+    coefficients: dict[str, tuple[float, float, float]]
+
+    def __post_init__(self) -> None:
+        self.decisions: Counter[tuple[int, int, str]] = Counter()
+
+    @classmethod
+    def fit(cls, samples: Iterable[KernelTime]) -> PlacementModel:
+        """Least squares per kernel kind, constrained to non-negative coefficients."""
+        by_kind: dict[str, list[KernelTime]] = {}
+        for sample in samples:
+            by_kind.setdefault(sample.kind, []).append(sample)
+        if not by_kind:
+            raise ValueError("no kernel times to fit: calibrate on at least one batch of a model with a "
+                             "placeable layer (SAGEConv, mean or sum)")
+        return cls({kind: _nonnegative_fit(rows) for kind, rows in by_kind.items()})
+
+    def predict(self, kind: str, rows: int, edges: int, width_in: int, width_out: int) -> float:
+        terms = _terms(KernelTime(kind, rows, edges, width_in, width_out, 0.0))
+        return sum(c * t for c, t in zip(self.coefficients[kind], terms))
+
+    def order_times(self, n_src: int, n_dst: int, edges: int, f_in: int, f_out: int,
+                    input_grad: bool) -> dict[str, float]:
+        """Predicted seconds (forward + backward) of each order for one layer."""
+        matmul = "matmul" if input_grad else "matmul-weight-only"
+        aggregate_x = "aggregate" if input_grad else "aggregate-forward-only"
+        return {"aggregate-first": self.predict(aggregate_x, n_dst, edges, f_in, f_in)
+                + self.predict(matmul, n_dst, 0, f_in, f_out),
+                "combine-first": self.predict(matmul, n_src, 0, f_in, f_out)
+                + self.predict("aggregate", n_dst, edges, f_out, f_out)}
+
+    def choose(self, n_src: int, n_dst: int, edges: int, f_in: int, f_out: int, input_grad: bool) -> str:
+        times = self.order_times(n_src, n_dst, edges, f_in, f_out, input_grad)
+        order = min(times, key=times.get)
+        self.decisions[f_in, f_out, order] += 1
+        return order
+
+    def combine_first(self, graph: Any, f_in: int, f_out: int, input_grad: bool) -> bool:
+        """What `SAGEConv` asks: map before aggregating on this graph?"""
+        return self.choose(graph.num_src_nodes, graph.num_dst_nodes, graph.num_edges, f_in, f_out,
+                           input_grad) == "combine-first"
+
+    def describe(self) -> str:
+        lines = ["dynamic kernel placement (GraphTensor Table I), fitted by least squares:"]
+        for kind in (k for k in KINDS if k in self.coefficients):    # a first layer alone has no "matmul"
+            a, b, c = self.coefficients[kind]
+            form = "a*rows*F*H + b*rows*H + c" if kind.startswith("matmul") else "a*E*W + b*n_dst*W + c"
+            lines.append(f"  {kind:24s} t = {form:26s} a={a:.3e} b={b:.3e} c={c:.3e}")
+        for (f_in, f_out, order), count in sorted(self.decisions.items()):
+            lines.append(f"  layer {f_in}->{f_out}: {order} x{count}")
+        return "\n".join(lines)
+
+
+class FixedPlacement(PlacementModel):
+    """Always one order (the baselines DKP is measured against)."""
+
+    def __init__(self, order: str):
+        if order not in ORDERS:
+            raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+        super().__init__({})
+        self.order = order
+
+    def choose(self, n_src: int, n_dst: int, edges: int, f_in: int, f_out: int, input_grad: bool) -> str:
+        self.decisions[f_in, f_out, self.order] += 1
+        return self.order
+
+
+def _nonnegative_fit(samples: list[KernelTime]) -> tuple[float, float, float]:
+    """Non-negative least squares over the three terms, by trying every subset of
+    columns (eight) and keeping the best fit whose coefficients are all >= 0."""
+    terms = torch.tensor([_terms(s) for s in samples], dtype=torch.float64)
+    seconds = torch.tensor([s.seconds for s in samples], dtype=torch.float64)
+    scale = terms.abs().amax(0).clamp_min(1e-300)               # conditioning: the terms differ by 1e6
+    best, best_residual = (0.0, 0.0, 0.0), float(seconds.pow(2).sum())
+    for mask in itertools.product((False, True), repeat=terms.shape[1]):
+        columns = [i for i, keep in enumerate(mask) if keep]
+        if not columns:
+            continue
+        a = terms[:, columns] / scale[columns]
+        solution = torch.linalg.lstsq(a, seconds.unsqueeze(1)).solution.squeeze(1)
+        if bool((solution < 0).any()):
+            continue
+        residual = float((a @ solution - seconds).pow(2).sum())
+        if residual < best_residual * (1 - 1e-12):
+            coefficients = [0.0] * terms.shape[1]
+            for i, value in zip(columns, (solution / scale[columns]).tolist()):
+                coefficients[i] = value
+            best, best_residual = tuple(coefficients), residual
+    return best
+
+
+# --- measuring kernels ------------------------------------------------------------------
+def _seconds(run: Callable[[], None], device: torch.device, repeats: int) -> float:
+    """Best of ``repeats`` runs of ``run``, synchronized on a GPU."""
+    best = float("inf")
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        begin = time.perf_counter()
+        run()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        best = min(best, time.perf_counter() - begin)
+    return best
+
+
+def kernel_times(graph: Any, aggregate: Callable, f_in: int, f_out: int, input_grad: bool,
+                 repeats: int = 2) -> list[KernelTime]:
+    """Forward + backward seconds of the four kernels of one layer's two orders on
+    ``graph`` (a block): the matmul on the destinations and on the sources, the
+    aggregation at width ``f_in`` and at ``f_out``. ``aggregate(graph, {"h": x})`` is the
+    layer's compiled aggregation."""
+    device = graph.device
+    n_src, n_dst, edges = graph.num_src_nodes, graph.num_dst_nodes, graph.num_edges
+    weight = torch.randn(f_out, f_in, device=device, requires_grad=True)
+    matmul = "matmul" if input_grad else "matmul-weight-only"
+    aggregate_x = "aggregate" if input_grad else "aggregate-forward-only"
+
+    def time_matmul(rows: int) -> float:
+        x = torch.randn(rows, f_in, device=device, requires_grad=input_grad)
+        return _seconds(lambda: F.linear(x, weight).sum().backward(), device, repeats)
+
+    def time_aggregate(width: int, grad: bool) -> float:
+        x = torch.randn(n_src, width, device=device, requires_grad=grad)
+        if grad:
+            return _seconds(lambda: aggregate(graph, {"h": x}).sum().backward(), device, repeats)
+        return _seconds(lambda: aggregate(graph, {"h": x}), device, repeats)
+
+    return [KernelTime(matmul, n_dst, 0, f_in, f_out, time_matmul(n_dst)),
+            KernelTime(matmul, n_src, 0, f_in, f_out, time_matmul(n_src)),
+            KernelTime(aggregate_x, n_dst, edges, f_in, f_in, time_aggregate(f_in, input_grad)),
+            KernelTime("aggregate", n_dst, edges, f_out, f_out, time_aggregate(f_out, True))]
+
+
+# --- models ---------------------------------------------------------------------------
+def placeable(conv: Any) -> bool:
+    """Layers whose aggregation commutes with their linear map (a placement applies)."""
+    from .conv import SAGEConv
+    return isinstance(conv, SAGEConv) and conv.aggr in ("mean", "sum", "add")
+
+
+def install(model: Any, placement: PlacementModel | None) -> None:
+    """Let every placeable layer of ``model`` choose its order by ``placement`` (None:
+    back to the static rule)."""
+    for conv in model.modules():
+        if placeable(conv):
+            conv.placement = placement
+
+
+def calibrate(model: Any, batches: Iterable[Any], repeats: int = 2) -> PlacementModel:
+    """Fit a `PlacementModel` on the kernel times of ``model``'s placeable layers over
+    ``batches`` (mini-batches of `gnnfuse.loader`; a few from the first epoch), and
+    install it. Layer 0's input (the features) is taken to need no gradient."""
+    from .conv import _AGGREGATORS
+    samples = []
+    for batch in batches:
+        for index, conv in enumerate(model.convs):
+            if placeable(conv):
+                samples += kernel_times(batch.blocks[index].graph, _AGGREGATORS[conv.aggr], conv.lin_l.in_features,
+                                        conv.out_channels, index > 0, repeats)
+    placement = PlacementModel.fit(samples)
+    install(model, placement)
+    return placement

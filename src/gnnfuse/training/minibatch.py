@@ -1,0 +1,121 @@
+"""Sampled mini-batch training (``gnnfuse train --fanout 15,10,5``): one run.
+
+Each epoch draws batches of training vertices from `gnnfuse.loader.NeighborLoader` and
+steps on their blocks; held-out accuracy is measured by full-neighbourhood inference
+(every layer on the whole graph, the same weights), so it is the model's accuracy, not
+a sample of it. Everything else -- seeds, the optimizer, early stopping, the best
+epoch's weights -- is `training.loop`'s, so mini-batch and full-batch runs compare.
+Per epoch the history also records the seconds of each loader stage
+(`loader.STAGES`) and of the epoch, which ``--plot`` draws as a stacked breakdown.
+"""
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from ..bench.timing import synchronize
+from ..loader import STAGES, NeighborLoader
+from ..nn.block_models import build_block_model
+from ..nn.models import ModelSpec
+from ..nn.placement import PlacementModel, calibrate
+from ..progress import progress_bar
+from .config import TrainConfig
+from .data import PreparedData
+from .loop import EarlyStopping, RunResult, _optimizer, accuracy, peak_memory_mib
+
+
+def train_minibatch_run(config: TrainConfig, spec: ModelSpec, data: PreparedData, seed: int, *,
+                        label: str = "", log_epochs: bool = True) -> RunResult:
+    """Train one model from `seed` on sampled mini-batches of the training vertices,
+    keeping the weights and test accuracy of the best validation epoch."""
+    device = torch.device(config.device)
+    torch.manual_seed(seed)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    fanout = list(config.fanout)
+    model = build_block_model(config.model, data.num_features, data.num_classes, config.hidden, config.dropout,
+                              len(fanout)).to(device)
+    optimizer = _optimizer(spec, model, config)
+    x = data.x.to_dense() if data.x.is_sparse else data.x         # batches gather rows
+    train_mask, val_mask, _ = data.masks
+    loader = NeighborLoader(data.graph, fanout, config.batch_size, input_nodes=train_mask, shuffle=True,
+                            x=x, y=data.y, device=device)
+    times = loader.stage_times
+    placement = _fit_placement(model, loader) if config.dkp else None
+    history: dict[str, list[float]] = {key: [] for key in ("loss", "val_loss", "train_acc", "val_acc", "test_acc",
+                                                           "epoch_seconds", *(f"stage_{s}" for s in STAGES))}
+    stopping = EarlyStopping(config.patience)
+    test_at_best, best_state = float("nan"), {}
+    start = time.perf_counter()
+    progress = progress_bar(total=config.epochs * len(loader), desc=f"train{label}", unit="batch")
+    for epoch in range(1, config.epochs + 1):
+        model.train()
+        times.reset()
+        epoch_start = time.perf_counter()
+        loss_sum, seen = torch.zeros((), device=device), 0
+        for batch in loader:
+            step_start = time.perf_counter()
+            optimizer.zero_grad()
+            loss = F.cross_entropy(model(batch.x, batch.blocks), batch.y)
+            loss.backward()
+            optimizer.step()
+            loss_sum += loss.detach() * batch.batch_size
+            seen += batch.batch_size
+            synchronize(device)
+            times.add("compute", time.perf_counter() - step_start)
+            progress.update()
+        epoch_seconds = time.perf_counter() - epoch_start
+        stages = times.totals()
+        model.eval()
+        with torch.no_grad():
+            logits = model(x, data.graph)                          # full-neighbourhood inference
+            val_loss = F.cross_entropy(logits[val_mask], data.y[val_mask]).item()
+        train_acc, val_acc, test_acc = (accuracy(logits, data.y, m) for m in data.masks)
+        train_loss = loss_sum.item() / max(seen, 1)
+        values = (train_loss, val_loss, train_acc, val_acc, test_acc, epoch_seconds, *stages.values())
+        for key, value in zip(history, values):
+            history[key].append(value)
+        if stopping.step(epoch, val_acc, val_loss):
+            test_at_best = test_acc
+            best_state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+        rate = times.batches / epoch_seconds if epoch_seconds > 0 else float("inf")
+        split = stage_split(stages)
+        progress.set_postfix_str(f"epoch {epoch} loss {train_loss:.4f} val {val_acc:.4f} | {split}")
+        if log_epochs:
+            tqdm.write(f"{label.strip() + ' | ' if label else ''}epoch {epoch:4d} | loss {train_loss:.4f} | "
+                       f"train {train_acc:.4f} | val {val_acc:.4f} | test {test_acc:.4f} | "
+                       f"{epoch_seconds * 1e3:7.1f} ms, {rate:.1f} batches/s ({split}) | "
+                       f"peak {peak_memory_mib(device):.0f} MiB", file=sys.stdout)
+        if stopping.should_stop:
+            break
+    progress.close()
+    if placement is not None and log_epochs:       # the fitted model and the decisions it took
+        tqdm.write(f"{label.strip() + ' | ' if label else ''}{placement.describe()}", file=sys.stdout)
+    return RunResult(seed=seed, best_epoch=stopping.best_epoch, best_val_acc=stopping.best_val_acc,
+                     test_acc=test_at_best, epochs_run=len(history["loss"]), seconds=time.perf_counter() - start,
+                     state_dict=best_state, history=history)
+
+
+DKP_CALIBRATION_BATCHES = 4
+
+
+def _fit_placement(model: torch.nn.Module, loader: NeighborLoader) -> PlacementModel:
+    """Fit dynamic kernel placement on the kernel times of the first batches of an
+    extra, abandoned epoch, before training (GraphTensor fits in the first epoch)."""
+    batches = []
+    for batch in loader:
+        batches.append(batch)
+        if len(batches) == DKP_CALIBRATION_BATCHES:
+            break
+    return calibrate(model, batches)
+
+
+def stage_split(stages: dict[str, float]) -> str:
+    """``sample 12% reindex 8% ...``: each stage's share of the summed stage times
+    (stages overlap under prefetch, so these are shares of work, not of the epoch)."""
+    total = sum(stages.values()) or 1.0
+    return " ".join(f"{stage} {100 * seconds / total:.0f}%" for stage, seconds in stages.items())

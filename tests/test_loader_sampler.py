@@ -1,0 +1,134 @@
+"""Neighbour sampling and reindexing (`gnnfuse.loader.sampler`) and the blocks built from
+them: properties on random small multigraphs (self loops, repeated edges, a hub), checked
+against the graph itself rather than against a second sampler."""
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+import gnnfuse
+from gnnfuse.loader import NeighborLoader, block_graph, reindex, sample_hop
+from graph_strategies import graphs
+
+RUNS = settings(max_examples=15, deadline=None, derandomize=True, database=None)
+
+
+def full_csr(case):
+    csr = gnnfuse.Graph.from_edge_index(case.edge_index, case.num_nodes).csr()
+    return csr.rowptr.long(), csr.col.long()
+
+
+@st.composite
+def hops(draw):
+    case = draw(graphs(max_nodes=7, max_edges=20, hub_degrees=st.sampled_from([0, 9])))
+    seeds = draw(st.lists(st.integers(0, case.num_nodes - 1), min_size=1, max_size=case.num_nodes, unique=True))
+    return case, torch.tensor(seeds), draw(st.sampled_from([1, 2, 3, -1])), draw(st.booleans()), draw(st.integers(0, 99))
+
+
+@RUNS
+@given(hops())
+def test_sampled_edges_exist_and_follow_the_fanout(drawn):
+    case, seeds, fanout, replace, seed = drawn
+    rowptr, col = full_csr(case)
+    hop = sample_hop(rowptr, col, seeds, fanout, replace, torch.Generator().manual_seed(seed))
+    deg = rowptr[seeds + 1] - rowptr[seeds]
+    counts = hop.rowptr.diff()
+    assert hop.rowptr[0] == 0 and bool((counts >= 0).all()) and hop.rowptr[-1] == hop.src.numel()
+    for i, s in enumerate(seeds.tolist()):
+        eids = hop.eid[hop.rowptr[i]:hop.rowptr[i + 1]]
+        lo, hi = int(rowptr[s]), int(rowptr[s + 1])
+        assert bool(((eids >= lo) & (eids < hi)).all()), "a sampled edge is not an in-edge of its destination"
+        assert torch.equal(hop.src[hop.rowptr[i]:hop.rowptr[i + 1]], col[eids])
+        assert bool((hop.dst[hop.rowptr[i]:hop.rowptr[i + 1]] == i).all())
+        d = int(deg[i])
+        if fanout == -1 or (not replace and d <= fanout):
+            assert sorted(eids.tolist()) == list(range(lo, hi)), "degree <= fanout must keep every in-edge"
+        elif replace:
+            assert eids.numel() == (fanout if d else 0)
+        else:
+            assert eids.numel() == fanout and eids.unique().numel() == fanout, "duplicate without replacement"
+
+
+@RUNS
+@given(hops())
+def test_reindex_puts_destinations_first_and_maps_back(drawn):
+    case, seeds, fanout, replace, seed = drawn
+    rowptr, col = full_csr(case)
+    hop = sample_hop(rowptr, col, seeds, fanout, replace, torch.Generator().manual_seed(seed))
+    nodes, local = reindex(seeds, hop.src)
+    assert torch.equal(nodes[:seeds.numel()], seeds)
+    assert nodes.unique().numel() == nodes.numel()
+    assert torch.equal(nodes[local], hop.src)
+    assert set(nodes.tolist()) == set(seeds.tolist()) | set(hop.src.tolist())
+    graph = block_graph(hop.rowptr, local, hop.dst, nodes.numel())
+    fresh = gnnfuse.Graph(local, hop.dst, seeds.numel(), num_src_nodes=nodes.numel())     # sorts for its CSR
+    for ours, sorted_ in zip(graph.csr(), fresh.csr()):
+        assert torch.equal(ours, sorted_), "the block's CSR differs from the one a sort builds"
+
+
+def test_sampling_without_replacement_is_uniform():
+    # one destination with 6 in-edges, fanout 2: each edge is kept with probability 1/3
+    rowptr, col = torch.tensor([0, 6]), torch.arange(6)
+    gen = torch.Generator().manual_seed(0)
+    seeds = torch.zeros(3000, dtype=torch.int64)
+    hop = sample_hop(rowptr, col, seeds, 2, False, gen)
+    pairs = hop.eid.view(-1, 2)
+    assert bool((pairs[:, 0] != pairs[:, 1]).all())
+    share = torch.bincount(hop.eid, minlength=6).double() / 3000
+    torch.testing.assert_close(share, torch.full((6,), 1 / 3, dtype=torch.float64), atol=0.04, rtol=0)
+
+
+@RUNS
+@given(graphs(max_nodes=8, max_edges=24, hub_degrees=st.sampled_from([0, 7])), st.integers(1, 4),
+       st.integers(0, 99))
+def test_loader_blocks_chain_and_carry_the_batch(case, batch_size, seed):
+    features = torch.randn(case.num_nodes, 3)
+    labels = torch.arange(case.num_nodes)
+    torch.manual_seed(seed)
+    loader = NeighborLoader(gnnfuse.Graph.from_edge_index(case.edge_index, case.num_nodes), [2, 3],
+                            batch_size=batch_size, shuffle=True, x=features, y=labels, prefetch=0)
+    seen = []
+    for batch in loader:
+        first, second = batch.blocks
+        assert torch.equal(second.src_nodes[:second.num_dst], batch.input_id)
+        assert torch.equal(first.src_nodes[:first.num_dst], second.src_nodes), "layer outputs feed the next layer"
+        assert torch.equal(batch.n_id, first.src_nodes) and torch.equal(batch.x, features[batch.n_id])
+        assert torch.equal(batch.y, labels[batch.input_id])
+        for block in batch.blocks:   # every block edge is an edge of the graph
+            src, dst = block.src_nodes[block.graph.src], block.src_nodes[block.graph.dst]
+            edges = set(zip(case.edge_index[0].tolist(), case.edge_index[1].tolist()))
+            assert set(zip(src.tolist(), dst.tolist())) <= edges
+        seen += batch.input_id.tolist()
+    assert sorted(seen) == list(range(case.num_nodes)) and len(loader) == -(-case.num_nodes // batch_size)
+
+
+def test_loader_reads_a_pyg_data_and_input_mask():
+    from torch_geometric.data import Data
+    data = Data(x=torch.randn(5, 2), y=torch.arange(5), edge_index=torch.tensor([[0, 1, 2, 3], [1, 2, 3, 4]]))
+    mask = torch.tensor([False, True, False, True, True])
+    batches = list(NeighborLoader(data, [-1], batch_size=2, input_nodes=mask))
+    assert [b.input_id.tolist() for b in batches] == [[1, 3], [4]]
+    assert batches[0].blocks[0].edge_index.tolist() == [[2, 3], [0, 1]]   # 0->1, 2->3 with local ids
+    assert torch.equal(batches[0].x, data.x[[1, 3, 0, 2]])
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"num_neighbors": []}, "num_neighbors"), ({"num_neighbors": [0]}, "num_neighbors"),
+    ({"batch_size": 0}, "batch_size"), ({"input_nodes": torch.tensor([0, 0])}, "repeated"),
+    ({"input_nodes": torch.tensor([9])}, "outside"), ({"feature_device": "pinned"}, "CUDA"),
+    ({"x": torch.zeros(2, 1)}, "rows")])
+def test_loader_rejects_bad_arguments(kwargs, message):
+    graph = gnnfuse.Graph(torch.tensor([0, 1]), torch.tensor([1, 2]), 3)
+    arguments = {"num_neighbors": [2], **kwargs}
+    with pytest.raises(ValueError, match=message):
+        NeighborLoader(graph, **arguments)
+
+
+def test_an_unindexed_cuda_device_means_the_current_one(monkeypatch):
+    # tensors report cuda:0, and torch.device("cuda") != torch.device("cuda:0"): features already
+    # on the GPU were taken for host features and moved back to the host
+    from gnnfuse.loader.neighbor_loader import _indexed
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    assert _indexed("cuda") == torch.device("cuda:0") and _indexed("cuda:1") == torch.device("cuda:1")
+    assert _indexed("cpu") == torch.device("cpu")

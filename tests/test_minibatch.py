@@ -1,0 +1,174 @@
+"""Mini-batch training: layers on sampled blocks give the full-graph answer when the
+sample is the whole neighbourhood (outputs and every gradient, both backends), the
+prefetching pipeline changes nothing, batches of different sizes reuse one trace, and
+``gnnfuse train --fanout`` runs end to end."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+import gnnfuse
+from gnnfuse.cli import main
+from gnnfuse.frontend import tracer as tracer_module
+from gnnfuse.loader import NeighborLoader, neighbor_loader
+from gnnfuse.nn.block_models import build_block_model
+from gnnfuse.runtime import compiled as compiled_module
+
+# 7 vertices: a self loop (2->2), a repeated edge (0->1 twice), an isolated vertex (6)
+EDGES = torch.tensor([[0, 0, 2, 3, 1, 4, 5, 2, 0, 3], [1, 1, 2, 2, 3, 3, 4, 5, 5, 0]])
+NUM_NODES = 7
+
+
+@pytest.mark.parametrize("model", ["sage", "gat"])
+def test_blocks_with_whole_neighbourhoods_equal_the_full_graph(model, backend, device):
+    torch.manual_seed(0)
+    graph = gnnfuse.Graph.from_edge_index(EDGES, NUM_NODES).to(device)
+    x = torch.randn(NUM_NODES, 3, dtype=torch.float64, device=device)
+    net = build_block_model(model, 3, 2, 2, 0.0, 2).double().to(device)
+    seeds = torch.tensor([3, 5, 6])
+    loader = NeighborLoader(graph, [10, 10], batch_size=3, input_nodes=seeds, x=x, prefetch=0)
+    (batch,) = list(loader)
+    weights = torch.randn(3, 2, dtype=torch.float64, device=device)
+
+    leaf_full = x.clone().requires_grad_()
+    (net(leaf_full, graph)[seeds.to(device)] * weights).sum().backward()
+    expected = {name: p.grad.clone() for name, p in net.named_parameters()}
+    net.zero_grad()
+    leaf_batch = x.clone().requires_grad_()
+    out = net(leaf_batch[batch.n_id], batch.blocks)
+    (out * weights).sum().backward()
+
+    torch.testing.assert_close(out, net(x, graph)[seeds.to(device)], rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(leaf_batch.grad, leaf_full.grad, rtol=1e-9, atol=1e-12)
+    for name, p in net.named_parameters():
+        torch.testing.assert_close(p.grad, expected[name], rtol=1e-9, atol=1e-12, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_prefetch_yields_the_batches_of_a_plain_run():
+    graph = gnnfuse.Graph(torch.randint(0, 40, (160,), generator=torch.Generator().manual_seed(1)),
+                          torch.randint(0, 40, (160,), generator=torch.Generator().manual_seed(2)), 40)
+    x = torch.randn(40, 4)
+
+    def epoch(prefetch):
+        torch.manual_seed(7)
+        loader = NeighborLoader(graph, [3, 2], batch_size=6, shuffle=True, x=x, prefetch=prefetch)
+        return [(b.n_id, b.x, [blk.edge_index for blk in b.blocks]) for b in loader], loader.stage_times
+
+    plain, _ = epoch(0)
+    prefetched, times = epoch(3)
+    assert len(plain) == 7
+    for a, b in zip(plain, prefetched, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    totals = times.totals()
+    assert times.batches == 7 and totals["sample"] > 0 and totals["reindex"] > 0 and totals["lookup"] > 0
+
+
+def test_prefetch_reraises_a_failure_and_stops_when_abandoned(monkeypatch):
+    graph = gnnfuse.Graph(torch.tensor([0, 1]), torch.tensor([1, 2]), 3)
+    loader = NeighborLoader(graph, [1], batch_size=1, prefetch=2)
+    epoch = iter(loader)
+    assert next(epoch).batch_size == 1
+    epoch.close()                                 # abandoned after one batch: the thread is joined
+    assert not any(t.name == "gnnfuse-prefetch" for t in threading.enumerate())
+
+    def failing(*args):
+        raise RuntimeError("sampling failed")
+    monkeypatch.setattr(neighbor_loader, "sample_hop", failing)
+    with pytest.raises(RuntimeError, match="sampling failed"):
+        list(loader)
+
+
+@pytest.mark.parametrize("model", ["sage", "gat"])
+def test_batches_of_different_sizes_reuse_one_trace_and_program(model, monkeypatch):
+    traces = [0]
+    init = tracer_module.Tracer.__init__
+
+    def counting(self, *args, **kwargs):
+        traces[0] += 1
+        init(self, *args, **kwargs)
+    monkeypatch.setattr(tracer_module.Tracer, "__init__", counting)
+    torch.manual_seed(0)
+    graph = gnnfuse.Graph(torch.randint(0, 60, (300,)), torch.randint(0, 60, (300,)), 60)
+    net = build_block_model(model, 5, 3, 4, 0.5, 2)
+    loader = NeighborLoader(graph, [4, 3], batch_size=13, shuffle=True, x=torch.randn(60, 5), prefetch=0)
+    sizes = set()
+    for index, batch in enumerate(loader):
+        net(batch.x, batch.blocks).sum().backward()
+        sizes.add((batch.blocks[0].num_src, batch.blocks[0].graph.num_edges))
+        if index == 0:
+            after_first, programs = traces[0], len(compiled_module._BY_STRUCTURE)
+    assert len(sizes) > 1
+    assert traces[0] == after_first, "a batch of another size traced the layer again"
+    assert len(compiled_module._BY_STRUCTURE) == programs
+
+
+def test_cli_trains_mini_batches_and_plots_the_stages(tmp_path, capsys):
+    path = tmp_path / "curves.png"
+    plot = ["--plot", str(path)] if _has_matplotlib() else []
+    assert main(["train", "--model", "sage", "--fanout", "5,5", "--batch-size", "64", "--epochs", "2",
+                 "--hidden", "8", *plot]) == 0
+    out = capsys.readouterr().out
+    assert "mini-batch: fanout 5,5" in out and out.count("batches/s") == 2 and "compute" in out
+    assert out.strip().splitlines()[-1].startswith("summary: test acc")
+    assert not plot or path.stat().st_size > 0
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--model", "gcn", "--fanout", "5"], "no mini-batch version"),
+    (["--batch-size", "8"], "without a fanout"),
+    (["--model", "sage", "--fanout", "5,x"], "comma-separated"),
+    (["--model", "sage", "--fanout", "5,0"], "fanout must be")])
+def test_cli_rejects_bad_mini_batch_options(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", *argv])
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def _has_matplotlib() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def test_triton_autotuner_keys_on_a_size_class_not_the_batch_count():
+    """Every mini-batch has its own edge and segment counts; an autotuner keyed on the
+    count itself re-times every configuration of every kernel on every batch. Kernels
+    key on ``size_class`` (the count's bit length), so batches within a factor of two
+    share one tuned configuration."""
+    from gnnfuse.backend.triton.codegen import generate, generate_coo, size_class
+    from gnnfuse.frontend import trace_message_passing
+    from gnnfuse.passes.fusion import partition
+    from gnnfuse.runtime import CompiledProgram
+    tracer = trace_message_passing(lambda e: {"m": e.src["h"]}, lambda n: {"out": torch.sum(n.mailbox["m"], dim=1)},
+                                   None, ndata={"h": torch.randn(3, 4)}, edata={})
+    (unit,) = partition(CompiledProgram(tracer.program).program)
+    for make in (generate, generate_coo):
+        source, _ = make(unit, "k", "tl.float32", tuned=True)
+        assert "key=['size_class']" in source and "size_class, out" in source
+    assert size_class(600) == size_class(1000) != size_class(1100)
+
+
+def test_a_saved_mini_batch_run_loads_back(tmp_path, capsys):
+    from gnnfuse.data import load_node_dataset
+    from gnnfuse.training import load_checkpoint
+    path = tmp_path / "weights.pt"
+    assert main(["train", "--model", "sage", "--fanout", "4,4,4", "--epochs", "2", "--hidden", "8",
+                 "--save", str(path)]) == 0
+    model, checkpoint = load_checkpoint(path)
+    assert checkpoint["config"]["fanout"] == (4, 4, 4) and len(model.convs) == 3
+    data = load_node_dataset("synthetic")
+    assert model(data.x, data.graph).shape == (data.graph.num_nodes, data.num_classes)
+
+
+def test_cli_dkp_fits_and_reports_the_placement(capsys):
+    assert main(["train", "--model", "sage", "--fanout", "4,4", "--batch-size", "128", "--epochs", "1",
+                 "--hidden", "8", "--dkp"]) == 0
+    out = capsys.readouterr().out
+    assert "dynamic kernel placement" in out and "layer " in out and "a*E*W" in out
+    with pytest.raises(SystemExit):
+        main(["train", "--model", "sage", "--dkp"])
+    assert "needs mini-batch training" in capsys.readouterr().err

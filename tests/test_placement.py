@@ -1,0 +1,115 @@
+"""Dynamic kernel placement (GraphTensor Table I): the least-squares fit recovers the
+coefficients that generated kernel times, decisions follow Table I's benefit
+comparison, either order computes the same layer (outputs and gradients, both
+backends), and calibration on real blocks installs a model that the layers use."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import gnnfuse
+from gnnfuse.loader import NeighborLoader
+from gnnfuse.nn import SAGEConv
+from gnnfuse.nn.block_models import build_block_model
+from gnnfuse.nn.placement import KINDS, FixedPlacement, KernelTime, PlacementModel, calibrate, install
+
+TRUE = {"matmul": (2e-9, 3e-7, 1e-5), "matmul-weight-only": (1e-9, 1e-7, 0.0), "aggregate": (4e-8, 5e-7, 2e-5),
+        "aggregate-forward-only": (2e-8, 0.0, 1e-5)}
+
+
+def synthetic_samples():
+    gen = torch.Generator().manual_seed(0)
+    samples = []
+    for kind, (a, b, c) in TRUE.items():
+        for _ in range(6):
+            rows, edges = int(torch.randint(10, 5000, (1,), generator=gen)), int(torch.randint(10, 50000, (1,),
+                                                                                              generator=gen))
+            f, h = int(torch.randint(4, 300, (1,), generator=gen)), int(torch.randint(4, 300, (1,), generator=gen))
+            if kind.startswith("matmul"):
+                seconds = a * rows * f * h + b * rows * h + c
+                samples.append(KernelTime(kind, rows, 0, f, h, seconds))
+            else:
+                samples.append(KernelTime(kind, rows, edges, f, f, a * edges * f + b * rows * f + c))
+    return samples
+
+
+def test_fit_recovers_the_generating_coefficients():
+    model = PlacementModel.fit(synthetic_samples())
+    for kind in KINDS:
+        torch.testing.assert_close(torch.tensor(model.coefficients[kind]), torch.tensor(TRUE[kind]), rtol=1e-6,
+                                   atol=1e-12)
+
+
+def test_decision_is_table_one_benefit_comparison():
+    model = PlacementModel.fit(synthetic_samples())
+    (alpha, beta, _), (gamma, delta, _) = TRUE["matmul"], TRUE["aggregate"]   # constants cancel
+    for n_src, n_dst, edges, f, h in [(5000, 500, 20000, 100, 256), (5000, 500, 20000, 256, 16),
+                                      (800, 790, 900, 64, 60), (3000, 100, 90000, 50, 40)]:
+        aggregate_first_benefit = (n_src - n_dst) * (alpha * f * h + beta * h)
+        combine_first_benefit = (f - h) * (gamma * edges + delta * n_dst)
+        expected = "combine-first" if combine_first_benefit > aggregate_first_benefit else "aggregate-first"
+        assert model.choose(n_src, n_dst, edges, f, h, input_grad=True) == expected
+    assert "layer 100->256" in model.describe()
+
+
+def test_fit_refuses_no_samples_and_a_one_layer_model_calibrates():
+    with pytest.raises(ValueError, match="no kernel times"):
+        PlacementModel.fit([])
+    graph = gnnfuse.Graph(torch.tensor([0, 1, 2, 3]), torch.tensor([1, 2, 3, 0]), 4)
+    model = build_block_model("sage", 5, 2, 4, 0.0, 1)
+    batches = list(NeighborLoader(graph, [2], batch_size=2, x=torch.randn(4, 5), prefetch=0))
+    placement = calibrate(model, batches, repeats=1)
+    model(batches[0].x, batches[0].blocks)
+    assert "matmul-weight-only" in placement.describe() and "layer 5->2" in placement.describe()
+
+
+@pytest.mark.parametrize("aggr", ["mean", "sum"])
+def test_both_orders_compute_the_same_layer(aggr, backend, device):
+    torch.manual_seed(0)
+    graph = gnnfuse.Graph(torch.tensor([0, 3, 4, 4, 1, 2]), torch.tensor([0, 1, 1, 2, 2, 2]), 3, num_src_nodes=5)
+    graph = graph.to(device)
+    conv = SAGEConv(4, 3, aggr=aggr).double().to(device)
+    x = torch.randn(5, 4, dtype=torch.float64, device=device)
+    results = []
+    for order in ("aggregate-first", "combine-first"):
+        conv.placement = FixedPlacement(order)
+        leaf = x.clone().requires_grad_()
+        out = conv((leaf, leaf[:3]), graph)
+        out.pow(2).sum().backward()
+        results.append((out.detach(), leaf.grad, [p.grad.clone() for p in conv.parameters()]))
+        conv.zero_grad()
+        assert conv.placement.decisions[4, 3, order] == 1
+    (out_a, gx_a, gp_a), (out_c, gx_c, gp_c) = results
+    torch.testing.assert_close(out_a, out_c, rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(gx_a, gx_c, rtol=1e-9, atol=1e-12)
+    for a, c in zip(gp_a, gp_c):
+        torch.testing.assert_close(a, c, rtol=1e-9, atol=1e-12)
+
+
+def test_calibration_fits_on_blocks_and_installs():
+    torch.manual_seed(0)
+    graph = gnnfuse.Graph(torch.randint(0, 80, (500,)), torch.randint(0, 80, (500,)), 80)
+    model = build_block_model("sage", 12, 3, 6, 0.0, 3)
+    loader = NeighborLoader(graph, [5, 4, 3], batch_size=20, x=torch.randn(80, 12), prefetch=0)
+    batches = list(loader)
+    placement = calibrate(model, batches[:2], repeats=1)
+    assert set(placement.coefficients) == set(KINDS)
+    assert all(conv.placement is placement for conv in model.convs)
+    model(batches[2].x, batches[2].blocks).sum().backward()
+    assert sum(placement.decisions.values()) == 3
+    install(model, None)
+    assert all(conv.placement is None for conv in model.convs)
+
+
+def test_explain_shows_the_fitted_model_and_this_calls_decisions():
+    torch.manual_seed(0)
+    graph = gnnfuse.Graph(torch.randint(0, 40, (200,)), torch.randint(0, 40, (200,)), 40)
+    model = build_block_model("sage", 12, 3, 6, 0.0, 2)
+    batches = list(NeighborLoader(graph, [4, 3], batch_size=10, x=torch.randn(40, 12), prefetch=0))
+    placement = calibrate(model, batches[:2], repeats=1)
+    model(batches[0].x, batches[0].blocks)                 # decisions before the explained call
+    text = str(gnnfuse.explain(model, batches[1].x, batches[1].blocks))
+    assert "dynamic kernel placement" in text and "a*E*W" in text
+    decided = text.split("decisions in this call:")[1]
+    assert decided.count(" x1") == 2 and "layer 12->6" in decided and "layer 6->3" in decided
+    assert sum(placement.decisions.values()) == 4
