@@ -319,3 +319,17 @@ def test_a_container_of_tensors_is_not_captured():
     with pytest.warns(CaptureFallbackWarning, match="argument 0 is a dict holding tensors"):
         assert torch.equal(capture({"x": torch.ones(2)}), torch.full((2,), 2.0))
     assert not capture.captured and torch.equal(capture({"x": torch.zeros(2)}), torch.zeros(2))
+
+
+def test_sync_debug_mode_notice_is_not_a_synchronisation(monkeypatch):
+    """Turning torch's sync debug mode on warns that it "is a prototype feature and does not
+    yet detect all synchronizing operations"; the audit took that notice for a sync and no
+    step was ever captured on the H100. Only torch's actual report counts."""
+    monkeypatch.setattr(torch.cuda, "get_sync_debug_mode", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", lambda mode: warnings.warn(
+        "Synchronization debug mode is a prototype feature and does not yet detect all synchronizing operations")
+        if mode == "warn" else None)
+    cuda = torch.device("cuda")
+    assert audit_step(lambda: 1, cuda) == (1, None)
+    _, reason = audit_step(lambda: warnings.warn("called a synchronizing CUDA operation"), cuda)
+    assert reason is not None and "called a synchronizing" in reason

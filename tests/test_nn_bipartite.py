@@ -74,6 +74,7 @@ def compare_with_pyg(name: str, arguments, extra: dict, with_dst, edge_index: to
     x_src = torch.randn(num_src, F_SRC, dtype=torch.float64).to(device)
     x_dst = torch.randn(num_dst, width_dst, dtype=torch.float64).to(device) if with_dst else None
     edge_index = edge_index.to(device)
+    extra = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in extra.items()}   # edge_weight
     results = []
     for layer in (ours, ref):
         leaves = [x_src.clone().requires_grad_()] + ([x_dst.clone().requires_grad_()] if with_dst else [])

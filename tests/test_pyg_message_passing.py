@@ -16,6 +16,7 @@ import gnnfuse.nn
 from gnnfuse.frontend import pyg_message_passing
 from gnnfuse.frontend.trace_cache import TraceCache
 from gnnfuse.runtime import record_calls
+from oracle_check import device_for
 from pyg_user_layers import make_layers
 
 OURS, THEIRS = make_layers(gnnfuse.nn.MessagePassing), make_layers(pyg_nn.MessagePassing)
@@ -52,7 +53,7 @@ def run(layer: torch.nn.Module, data: tuple[torch.Tensor, ...], edge_index: torc
     """Output and the gradients of a fixed projection of it w.r.t. inputs and parameters."""
     data = [t.clone().requires_grad_() for t in data]
     out = layer(data[0], edge_index, *data[1:])
-    weight = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)
+    weight = torch.linspace(-1, 1, out.numel(), dtype=out.dtype, device=out.device).view_as(out)
     grads = torch.autograd.grad((out * weight).sum(), data + list(layer.parameters()), allow_unused=True)
     return out.detach(), grads
 
@@ -78,14 +79,16 @@ COMPILED = [name for name, (_, compiles) in OURS.items() if compiles]
 @pytest.mark.parametrize("name", COMPILED)
 def test_layer_compiles_and_matches_pyg(name, backend, monkeypatch):
     monkeypatch.setenv("GNNFUSE_BACKEND", backend)
-    ours, theirs = twins(name)
-    data = inputs(name)
+    device = device_for(backend)     # the Triton backend runs CUDA tensors on a GPU machine
+    ours, theirs = (layer.to(device) for layer in twins(name))
+    data = tuple(t.to(device) for t in inputs(name))
+    edge_index = EDGES.to(device)
     with warnings.catch_warnings(record=True) as caught, record_calls() as calls:
         warnings.simplefilter("always")
-        result = run(ours, data)
+        result = run(ours, data, edge_index)
     assert not fallback_warnings(caught), fallback_warnings(caught)
     assert calls, "no compiled program ran: the layer fell back silently"
-    assert_same(result, run(theirs, data))
+    assert_same(result, run(theirs, data, edge_index))
 
 
 @pytest.mark.parametrize("name, construct", [("own_aggregate", "overrides aggregate() (line"),
