@@ -21,6 +21,12 @@ SRC = torch.tensor([0, 1, 2, 3, 4, 5, 0, 2, 4, 1, 6, 3, 5])   # vertex 1 a small
 DST = torch.tensor([1, 2, 3, 4, 5, 1, 3, 5, 1, 1, 1, 0, 0])
 
 
+@pytest.fixture(autouse=True)
+def tiled_scores(monkeypatch):
+    """The tiled plan is opt-in (GNNFUSE_TILED_SCORES=1; see backend/forced_schedule.py)."""
+    monkeypatch.setenv("GNNFUSE_TILED_SCORES", "1")
+
+
 def _sums_in_unit_bodies(report: ExplainReport) -> list[str]:
     return [v.op for program in report.programs for plan in (program.forward, program.backward)
             for step in plan.steps if step.fused for v in step.body if v.op in ("sum_dim", "sum_to")]

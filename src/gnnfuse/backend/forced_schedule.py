@@ -9,6 +9,8 @@ Backends that have no such choice (the torch reference) ignore it.
 """
 from __future__ import annotations
 
+import os
+
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -57,3 +59,14 @@ def forcing(schedule: ForcedSchedule | None) -> Iterator[None]:
         yield
     finally:
         _CURRENT.reset(token)
+
+
+def tiled_scores() -> bool:
+    """Whether per-edge feature sums (attention scores) are recomputed inside every kernel
+    that reads them, as a register tile (``passes.fusion.partition``'s
+    ``tile_feature_sums``), instead of written once as an [E, heads] tensor. Opt-in with
+    ``GNNFUSE_TILED_SCORES=1``: the tile's per-lane head lookup (``tl.gather``) fails to
+    compile in Triton 3.6 on an H100 for some tile shapes (an assertion in
+    TritonGPUOptimizeThreadLocality, heads x channels = 2 x 3 among them), so it is not
+    the default until it runs there."""
+    return os.environ.get("GNNFUSE_TILED_SCORES", "0") == "1"

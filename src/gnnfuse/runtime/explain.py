@@ -53,7 +53,7 @@ from typing import Any, Callable
 import torch
 
 from ..backend import tuned_schedule
-from ..backend.forced_schedule import forcing
+from ..backend.forced_schedule import forcing, tiled_scores
 from ..graph import Graph
 from ..ir import Program, Residency, Value, get_op
 from ..ir.residency import Movement
@@ -249,7 +249,7 @@ def _plan(phase: str, program: Program, keep: list[int], sizes: _Sizes, source: 
           tainted: set[int]) -> Plan:
     names = _names(program)
     steps = []
-    for item in partition(program, keep, tile_feature_sums=True):   # the Triton backend's plan
+    for item in partition(program, keep, tile_feature_sums=tiled_scores()):   # the Triton backend's plan
         if isinstance(item, Value):
             steps.append(_op_step(item, sizes, names))
         else:

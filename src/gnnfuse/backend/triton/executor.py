@@ -12,7 +12,7 @@ import triton
 from ...ir import Program, Value
 from ...passes.fusion import AggregateUnit, EdgeUnit, SharedReduceUnit, Unit, partition
 from .. import tuned_schedule
-from ..forced_schedule import SCHEDULES, forced_schedule, forcing
+from ..forced_schedule import SCHEDULES, forced_schedule, forcing, tiled_scores
 from ..reference import GraphContext
 from ..kernel_cache import load_kernel as _load_kernel
 from ..reference.executor import run_plan
@@ -205,6 +205,7 @@ def execute(program: Program, ctx: GraphContext, feeds: Mapping[str, torch.Tenso
             keep: Iterable[int] = ()) -> tuple[dict[str, torch.Tensor], dict[int, torch.Tensor]]:
     keep = tuple(sorted(set(keep)))
     plans = _PLANS.setdefault(program, {})
-    if keep not in plans:
-        plans[keep] = partition(program, keep, tile_feature_sums=True)
-    return run_plan(program, plans[keep], ctx, feeds, keep, run_unit)
+    key = (keep, tiled_scores())
+    if key not in plans:
+        plans[key] = partition(program, keep, tile_feature_sums=key[1])
+    return run_plan(program, plans[key], ctx, feeds, keep, run_unit)
