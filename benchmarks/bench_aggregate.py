@@ -35,10 +35,9 @@ import gnnfuse
 from gnnfuse.data import load_dataset
 from gnnfuse.runtime.cuda_graph import CaptureFallbackWarning, StepCapture
 
-from common import (environment, failure_status, fmt, free_memory, guarded, load_results, log, new_run_id,
-                    prune_runs,
-                    resolve_device, runs_markdown, save_json, summarize, synchronize, time_calls, warn,
-                    write_atomically)
+from common import (add_device_arguments, check_methods, environment, failure_status, fmt, free_memory, guarded,
+                    load_results, log, new_run_id, prune_runs, resolve_device, runs_markdown, save_json, summarize,
+                    synchronize, time_calls, warn, write_atomically)
 
 FEATURES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 METHODS = ("gnnfuse", "sparse-mm", "pyg-scatter")
@@ -300,13 +299,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--copy-mb", type=int, default=1024, help="buffer size of the copy-bandwidth test")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"),
                         help="folder of aggregate.json (merged into) and aggregate.md")
-    parser.add_argument("--device", default="cuda")
-    parser.add_argument("--data-root", help="folder of the real data sets (default: $GNNFUSE_DATA, "
-                                            "then ../shared/data)")
+    add_device_arguments(parser)
     args = parser.parse_args(argv)
-    unknown = [m for m in args.methods if m not in METHODS]
-    if unknown:
-        parser.error(f"unknown methods {unknown}; known: {', '.join(METHODS)}")
+    check_methods(parser, args.methods, METHODS)
     if args.repeats < 1 or args.graph_calls < 1:
         parser.error("--repeats and --graph-calls must be at least 1")
     return args

@@ -43,9 +43,9 @@ import gnnfuse
 from gnnfuse.bench import allocated_gb, max_rel_err, peak_memory_gb, reset_peak_memory
 from gnnfuse.data import load_dataset
 
-from common import (environment, failure_status, free_memory, guarded, load_results, log, new_run_id,
-                    prune_runs, resolve_device, runs_markdown, save_json, summarize, synchronize, time_calls,
-                    warn, write_atomically)
+from common import (add_device_arguments, check_methods, environment, failure_status, free_memory, guarded,
+                    load_results, log, new_run_id, prune_runs, resolve_device, runs_markdown, save_json, summarize,
+                    synchronize, time_calls, warn, write_atomically)
 
 METHODS = ("gnnfuse", "turbo-gnn", "torch")
 CHECK_ORDER = ("torch", "gnnfuse", "turbo-gnn")   # measured in this order; the first that runs is the oracle
@@ -395,13 +395,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "recorded as a time-out")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"),
                         help="folder of attention.json (merged into) and attention.md")
-    parser.add_argument("--device", default="cuda")
-    parser.add_argument("--data-root", help="folder of the real data sets (default: $GNNFUSE_DATA, "
-                                            "then ../shared/data)")
+    add_device_arguments(parser)
     args = parser.parse_args(argv)
-    unknown = [m for m in args.methods if m not in METHODS]
-    if unknown:
-        parser.error(f"unknown methods {unknown}; known: {', '.join(METHODS)}")
+    check_methods(parser, args.methods, METHODS)
     if args.reps < 1 or args.warmup < 1:
         parser.error("--reps and --warmup must be at least 1")
     return args

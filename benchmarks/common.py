@@ -176,9 +176,21 @@ def add_step_arguments(parser: argparse.ArgumentParser, warmup_note: str = "",
     parser.add_argument("--steps", type=int, default=20, help="timed steps per cell (default 20)")
     parser.add_argument("--warmup", type=int, default=5, help=f"untimed steps first (default 5{warmup_note})")
     parser.add_argument("--cell-timeout", type=float, default=None, help=cell_timeout_help)
+    add_device_arguments(parser)
+
+
+def add_device_arguments(parser: argparse.ArgumentParser) -> None:
+    """The device and data-root options every driver shares."""
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--data-root", help="folder of the real data sets (default: $GNNFUSE_DATA, "
                                             "then ../shared/data)")
+
+
+def check_methods(parser: argparse.ArgumentParser, methods: list[str], known: tuple[str, ...]) -> None:
+    """A usage error naming any method not in ``known``."""
+    unknown = [m for m in methods if m not in known]
+    if unknown:
+        parser.error(f"unknown methods {unknown}; known: {', '.join(known)}")
 
 
 def parse_step_arguments(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
