@@ -69,3 +69,20 @@ def assert_same_values(actual: torch.Tensor, expected: torch.Tensor, what: str, 
         actual, expected = actual[keep], expected[keep]
     torch.testing.assert_close(actual, expected, rtol=1e-9, atol=1e-9 * scale, equal_nan=True,
                                msg=lambda message: f"{what}: {message}")
+
+
+def assert_gatv2_matches_pyg(device: str, in_channels: int, channels: int, heads: int, edge_dim: int | None,
+                             src: torch.Tensor, dst: torch.Tensor, num_nodes: int):
+    """gnnfuse's GATv2Conv against PyG's with copied float64 weights, on outputs and all
+    gradients; returns (the layer's call on x, x) for checks of the plan it ran."""
+    import torch_geometric.nn as pyg
+    from gnnfuse import nn as gnn
+    ours = gnn.GATv2Conv(in_channels, channels, heads=heads, edge_dim=edge_dim).double().to(device)
+    ref = pyg.GATv2Conv(in_channels, channels, heads=heads, edge_dim=edge_dim).double().to(device)
+    ref.load_state_dict(ours.state_dict())
+    edge_index = torch.stack([src, dst]).to(device)
+    attr = None if edge_dim is None else torch.randn(len(src), edge_dim, dtype=torch.float64, device=device)
+    x = torch.randn(num_nodes, in_channels, dtype=torch.float64, device=device)
+    assert_same_outputs_and_grads(ours, ref, lambda xs: ours(xs, edge_index, attr),
+                                  lambda xs: ref(xs, edge_index, attr), x)
+    return (lambda xs: ours(xs, edge_index, attr)), x

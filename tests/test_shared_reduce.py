@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch_geometric.nn as pyg
 
 import gnnfuse
 from gnnfuse import nn as gnn
 from gnnfuse.passes.fusion import SharedReduceUnit, partition
-from layer_check import assert_same_outputs_and_grads
+from layer_check import assert_gatv2_matches_pyg
 from oracle_check import assert_matches_oracle, device_for
 
 N, F_IN, HEADS, CHANNELS, EDGE_DIM = 7, 5, 2, 4, 3
@@ -85,16 +84,8 @@ def test_edge_feature_matmul_and_gradients_stay_in_registers():
 def test_gatv2_attention_gradient_runs_fused_and_matches_pyg(any_backend, edge_dim):
     """GATv2's attention vector gradient is a shared-reduce unit reading the fused
     expand of the score gradient; on every backend the layer matches PyG."""
-    device = device_for(any_backend)
     torch.manual_seed(3)
-    ours = gnn.GATv2Conv(F_IN, CHANNELS, heads=HEADS, edge_dim=edge_dim).double().to(device)
-    ref = pyg.GATv2Conv(F_IN, CHANNELS, heads=HEADS, edge_dim=edge_dim).double().to(device)
-    ref.load_state_dict(ours.state_dict())
-    edge_index = torch.stack([SRC, DST]).to(device)
-    attr = None if edge_dim is None else torch.randn(len(SRC), edge_dim, dtype=torch.float64, device=device)
-    x = torch.randn(N, F_IN, dtype=torch.float64, device=device)
-    assert_same_outputs_and_grads(ours, ref, lambda xs: ours(xs, edge_index, attr),
-                                  lambda xs: ref(xs, edge_index, attr), x)
+    assert_gatv2_matches_pyg(device_for(any_backend), F_IN, CHANNELS, HEADS, edge_dim, SRC, DST, N)
 
 
 def test_gatv2_backward_plan_fuses_expand_into_a_shared_reduce():

@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch_geometric.nn as pyg
 
 import gnnfuse
 from gnnfuse.runtime.explain import ExplainReport
-from gnnfuse import nn as gnn
-from layer_check import assert_same_outputs_and_grads
+from layer_check import assert_gatv2_matches_pyg
 from oracle_check import assert_matches_oracle
 
 N, F_IN = 7, 5
@@ -35,15 +33,8 @@ def _sums_in_unit_bodies(report: ExplainReport) -> list[str]:
 @pytest.mark.parametrize("heads,channels,edge_dim", [(2, 3, None), (1, 5, 2), (4, 2, None)])
 def test_gatv2_with_scores_recomputed_in_units_matches_pyg(heads, channels, edge_dim, backend, device):
     torch.manual_seed(0)
-    ours = gnn.GATv2Conv(F_IN, channels, heads=heads, edge_dim=edge_dim).double().to(device)
-    ref = pyg.GATv2Conv(F_IN, channels, heads=heads, edge_dim=edge_dim).double().to(device)
-    ref.load_state_dict(ours.state_dict())
-    edge_index = torch.stack([SRC, DST]).to(device)
-    attr = None if edge_dim is None else torch.randn(len(SRC), edge_dim, dtype=torch.float64, device=device)
-    x = torch.randn(N, F_IN, dtype=torch.float64, device=device)
-    assert_same_outputs_and_grads(ours, ref, lambda xs: ours(xs, edge_index, attr),
-                                  lambda xs: ref(xs, edge_index, attr), x)
-    report = gnnfuse.explain(lambda xs: ours(xs, edge_index, attr), x.clone().requires_grad_())
+    call, x = assert_gatv2_matches_pyg(device, F_IN, channels, heads, edge_dim, SRC, DST, N)
+    report = gnnfuse.explain(call, x.clone().requires_grad_())
     assert "sum_dim" in _sums_in_unit_bodies(report)   # the scores: in registers, not an edge unit's output
 
 
