@@ -96,8 +96,13 @@ def _kernel_for(unit: Unit, acc: str, schedule: str):
 
 
 def run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> torch.Tensor:
-    """Runs ``unit`` under the tuner's stored choice for it, if any (backend/tuned_schedule.py)."""
-    with forcing(tuned_schedule.forced_or_tuned(unit, ctx.graph, "triton")):
+    """Runs ``unit`` under the tuner's stored choice for it, if any (backend/tuned_schedule.py).
+    Without one -- no stored choice, or the call already forces a schedule -- nothing is
+    re-forced: this runs for every fused unit of every call."""
+    chosen = tuned_schedule.forced_or_tuned(unit, ctx.graph, "triton")
+    if chosen is forced_schedule():
+        return _run_unit(unit, ctx, leaves)
+    with forcing(chosen):
         return _run_unit(unit, ctx, leaves)
 
 
