@@ -74,7 +74,7 @@ def test_a_tiny_knowledge_graph_is_learnt(model):
     config = make_config(model, "wn18rr", epochs=40, hidden=16, lr=0.05, dropout=0.0, patience=0)
     result = train_link_run(config, get_model(model), data, seed=0, log_epochs=False)
     assert result.metric == "MRR" and result.best_val_acc > 0.5 and result.test_acc > 0.5
-    assert result.history["loss"][-1] < 0.5 * result.history["loss"][0]
+    assert result.history["loss"][-1] < 0.6 * result.history["loss"][0]
 
 
 def test_link_models_need_a_relational_data_set_and_full_graph_training(capsys):
