@@ -42,6 +42,9 @@ class DistMultLinkModel(nn.Module):
         self.conv1, self.conv2 = conv(hidden, hidden, 2 * num_relations), conv(hidden, hidden, 2 * num_relations)
         self.relation = nn.Parameter(torch.empty(num_relations, hidden))
         self.dropout = dropout
+        # Glorot-scaled, not nn.Embedding's N(0, 1): with unit rows a DistMult score sums
+        # `hidden` products of size ~1 and the first steps' logits saturate
+        nn.init.xavier_uniform_(self.embedding.weight)
         nn.init.xavier_uniform_(self.relation)
 
     def forward(self, graph: Graph) -> torch.Tensor:
