@@ -45,9 +45,12 @@ _FIXED_TN = {"BLOCK_M": 16, **_FIXED}
 
 
 def _configs(tn: bool) -> list[triton.Config]:
+    """A few shapes, not a grid: every config compiles per (dtype, precision) on first use."""
     rows = [{"BLOCK_M": 32}, {"BLOCK_M": 64}] if tn else [{}]
-    return [triton.Config({**r, "BLOCK_N": n, "BLOCK_K": k}, num_warps=w, num_stages=s)
-            for r in rows for n in (32, 64, 128) for k in (16, 32, 64) for w, s in ((4, 2), (4, 3), (8, 3))]
+    shapes = ((32, 32, 4, 2), (64, 32, 4, 3), (128, 64, 8, 3)) if tn else \
+        ((32, 16, 4, 2), (32, 32, 4, 3), (64, 32, 4, 3), (64, 64, 4, 3), (128, 32, 8, 3), (128, 64, 8, 3))
+    return [triton.Config({**r, "BLOCK_N": n, "BLOCK_K": k}, num_warps=w, num_stages=st)
+            for r in rows for n, k, w, st in shapes]
 
 
 @triton.jit
@@ -105,7 +108,8 @@ def _segment_matmul_tn(x_ptr, g_ptr, out_ptr, order_ptr, tiles_ptr, num_tiles, K
 
 
 _TUNED = {"forward": triton.autotune(_configs(False), key=["K", "N"])(_segment_matmul),
-          "tn": triton.autotune(_configs(True), key=["K", "N"])(_segment_matmul_tn)}
+          # the weight gradient adds into `out`: zeroed between the autotuner's trial runs
+          "tn": triton.autotune(_configs(True), key=["K", "N"], reset_to_zero=["out_ptr"])(_segment_matmul_tn)}
 
 
 class _Layout(NamedTuple):
