@@ -8,7 +8,7 @@ import torch
 
 from gnnfuse.cli import main
 from gnnfuse.graph import Graph
-from gnnfuse.nn.models import get_model
+from gnnfuse.nn.models import get_model, model_names
 from gnnfuse.training import ConfigError, make_config
 from gnnfuse.training.link_prediction import LinkData, corrupt, filtered_ranks, ranking_metrics, train_link_run
 from gnnfuse.nn.link_models import with_inverse_relations
@@ -78,6 +78,7 @@ def test_a_tiny_knowledge_graph_is_learnt(model):
 
 
 def test_link_models_need_a_relational_data_set_and_full_graph_training(capsys):
+    assert "rgcn" not in model_names() and {"rgcn", "rgat"} <= set(model_names(task=None))
     with pytest.raises(ConfigError, match="relational data set"):
         make_config("rgcn", "cora")
     with pytest.raises(ConfigError, match="--fanout does not apply"):

@@ -70,7 +70,7 @@ class UsageError(Exception):
 def _model_epilog() -> str:
     """One line per runnable model with its paper defaults, for `gnnfuse train --help`."""
     lines = ["models (defaults from each paper; options override them):"]
-    for name in model_names():
+    for name in model_names(task=None):
         spec = get_model(name)
         d = spec.defaults
         patience = "none" if d.patience is None else d.patience
@@ -170,7 +170,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Train a registered model (paper hyperparameters unless overridden) and report the "
                     "test accuracy at the best validation epoch, mean ± std over --runs seeds.",
         epilog=_model_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter, parents=[threads])
-    train.add_argument("--model", default="gcn", help=f"one of: {', '.join(model_names())} (default gcn)")
+    train.add_argument("--model", default="gcn", help=f"one of: {', '.join(model_names(task=None))} (default gcn)")
     train.add_argument("--dataset", default=DEFAULT_DATASET, help=f"one of: {', '.join(DATASET_NAMES)}")
     train.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     train.add_argument("--runs", type=int, default=1, help="seeds --seed, --seed+1, ... (default 1)")

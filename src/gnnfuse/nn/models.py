@@ -70,16 +70,17 @@ def register(spec: ModelSpec) -> ModelSpec:
     return spec
 
 
-def model_names() -> tuple[str, ...]:
-    """Registered model names, in registration order."""
-    return tuple(_REGISTRY)
+def model_names(task: str | None = "node") -> tuple[str, ...]:
+    """Registered model names of ``task`` (``"node"``, ``"link"``; None: every task), in
+    registration order."""
+    return tuple(name for name, spec in _REGISTRY.items() if task is None or spec.task == task)
 
 
 def get_model(name: str) -> ModelSpec:
     """The spec of `name`; a clear `ValueError` for unknown models."""
     spec = _REGISTRY.get(name)
     if spec is None:
-        raise ValueError(f"unknown model {name!r}; known: {', '.join(model_names())}")
+        raise ValueError(f"unknown model {name!r}; known: {', '.join(model_names(task=None))}")
     return spec
 
 
