@@ -17,9 +17,11 @@ sorted by type and, on most builds, bf16) and ``pyg_lib.ops.segment_matmul`` whe
 are importable. The grouped GEMMs get their rows already sorted by type (their sort is not
 timed); the segment matmul gathers rows through the type order, as it does in gnnfuse.
 
-Exits non-zero when a check fails. Results: ``<out>/segment_matmul.json`` and ``.md``.
+Exits non-zero when a check fails. Results merge into ``<out>/segment_matmul.json`` (cells
+keyed shape/widths/dtype) and ``<out>/segment_matmul.md`` is rewritten after every cell.
 
-    python benchmarks/check_segment_matmul.py --out benchmarks/results
+    python benchmarks/check_segment_matmul.py --shapes aifb-like,mutag-like,bgs-like
+    python benchmarks/check_segment_matmul.py --shapes am-like
 """
 from __future__ import annotations
 
@@ -34,8 +36,8 @@ from gnnfuse.backend.triton.segment_matmul import segment_matmul, segment_matmul
 from gnnfuse.data.typed import relation_skew
 from gnnfuse.ir.ops.typed import typed_matmul, typed_matmul_tn
 
-from common import environment, fmt, log, new_run_id, resolve_device, save_json, summarize, time_calls, warn, \
-    write_atomically
+from common import (environment, fmt, load_results, log, new_run_id, prune_runs, resolve_device, runs_markdown,
+                    save_json, summarize, time_calls, warn, write_atomically)
 
 # (name, rows, types): the compact pairs of the benchmark presets are about this many
 SHAPES = (("aifb-like", 30_000, 90), ("mutag-like", 80_000, 46), ("bgs-like", 1_000_000, 206),
@@ -110,16 +112,15 @@ def check_shape(name: str, rows: int, types: int, k: int, n: int, dtype_name: st
 
 
 def render(results: dict[str, Any]) -> str:
-    labels = sorted({label for cell in results["cells"] for label in cell["times"]})
+    cells = list(results["cells"].values())
+    labels = sorted({label for cell in cells for label in cell["times"]})
     head = ["shape", "rows", "types", "in x out", "dtype", "max rel err (fwd / in-grad / w-grad)", *labels]
-    env = results["environment"]
     lines = ["# Segment matmul (Triton) vs the torch loop and torch's grouped GEMMs", "",
-             f"{env['device_name']}; torch {env['torch']}, triton {env['triton']}; commit "
-             f"{(env['git_commit'] or 'unknown')[:12]}{' (dirty)' if env['git_dirty'] else ''}; {env['date']}", "",
              "Median ms per call. Errors are against the float64 torch loop. `(sorted)` baselines get rows "
              "already sorted by type; the segment matmul gathers through the type order.", "",
+             *runs_markdown(results), "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for cell in results["cells"]:
+    for cell in cells:
         errs = " / ".join(f"{cell['errors'][k]:.1e}" for k in ("forward", "input grad", "weight grad"))
         times = [fmt(cell["times"][lb].get("median_ms"), ".3f") if cell["times"].get(lb, {}).get("status") == "ok"
                  else cell["times"].get(lb, {}).get("status", "–")[:40] for lb in labels]
@@ -138,18 +139,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = parser.parse_args(argv)
     device = resolve_device(args.device)
-    results = {"run": new_run_id(), "environment": environment(device), "cells": []}
+    # merged by (shape, widths, dtype) into what earlier calls stored, so several calls
+    # (the device's 10-minute limit) fill one table; each cell names its run
+    results = load_results(args.out / "segment_matmul.json")
+    run_id = new_run_id()
+    results["runs"][run_id] = environment(device)
     failed = False
     for name, rows, types in (s for s in SHAPES if s[0] in args.shapes.split(",")):
         for k, n in WIDTHS:
             for dtype_name in args.dtypes.split(","):
-                cell = check_shape(name, rows, types, k, n, dtype_name, device, args.repeats)
-                results["cells"].append(cell)
+                cell = {**check_shape(name, rows, types, k, n, dtype_name, device, args.repeats), "run": run_id}
+                results["cells"][f"{name}/{k}x{n}/{dtype_name}"] = cell
                 failed |= not cell["ok"]
                 log(f"{name} {k}x{n} {dtype_name}: errors {cell['errors']} "
                     + " ".join(f"{lb}={c.get('median_ms', c['status'])}" for lb, c in cell["times"].items()))
                 if not cell["ok"]:
                     warn(f"{name} {k}x{n} {dtype_name}: segment matmul error above {TOLERANCE[dtype_name]}")
+                prune_runs(results)
                 save_json(args.out / "segment_matmul.json", results)
                 write_atomically(args.out / "segment_matmul.md", render(results))
     sys.exit(1 if failed else 0)
