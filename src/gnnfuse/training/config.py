@@ -83,8 +83,8 @@ def make_config(model: str, dataset: str = DEFAULT_DATASET, *, runs: int = 1, se
     checks.append((spec.task != "link" or fanout is None, f"model {model!r} (link prediction) trains on the full "
                    "graph; --fanout does not apply"))
     checks.append((spec.task != "link" or dataset.lower() in RELATIONAL_DATASETS,
-                   f"model {model!r} predicts links of a relational data set ({', '.join(sorted(RELATIONAL_DATASETS))}),"
-                   f" not {dataset}"))
+                   f"model {model!r} predicts links of a relational data set "
+                   f"({', '.join(sorted(RELATIONAL_DATASETS))}), not {dataset}"))
     for ok, message in checks + minibatch_checks(model, fanout, batch_size):
         if not ok:
             raise ConfigError(message)

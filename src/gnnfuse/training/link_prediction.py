@@ -147,7 +147,8 @@ def train_link_run(config: TrainConfig, spec: ModelSpec, data: LinkData, seed: i
         optimizer.step()
         epoch_ms = (time.perf_counter() - epoch_start) * 1e3
         history["loss"].append(loss.item())
-        line = f"epoch {epoch:4d} | loss {loss.item():.4f} | {epoch_ms:7.1f} ms | peak {peak_memory_mib(device):.0f} MiB"
+        line = (f"epoch {epoch:4d} | loss {loss.item():.4f} | {epoch_ms:7.1f} ms | "
+                f"peak {peak_memory_mib(device):.0f} MiB")
         if epoch % EVAL_EVERY == 0 or epoch == config.epochs:
             mrr, hits = evaluate(model, data, data.valid)
             history["val_mrr"].append(mrr)

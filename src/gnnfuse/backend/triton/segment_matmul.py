@@ -213,7 +213,9 @@ def segment_matmul_tn(x: torch.Tensor, g: torch.Tensor, groups: list[torch.Tenso
         tuned = _autotuning()
         kernel: Callable = _TUNED["tn"] if tuned else _segment_matmul_tn
         fixed = {} if tuned else _FIXED_TN
-        launch(kernel, lambda meta: (layout.num_tiles, triton.cdiv(k, meta["BLOCK_K"]), triton.cdiv(n, meta["BLOCK_N"])),
+        def grid(meta):
+            return layout.num_tiles, triton.cdiv(k, meta["BLOCK_K"]), triton.cdiv(n, meta["BLOCK_N"])
+        launch(kernel, grid,
                (k, n), (rows, grads, out, layout.order, layout.tiles, layout.num_tiles, k, n, *rows.stride(),
                         *grads.stride(), *out.stride()),
                {"PRECISION": _precision(x.dtype), "TILE": TN_CHUNK, **fixed})
