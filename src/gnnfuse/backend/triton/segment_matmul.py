@@ -11,6 +11,12 @@ never straddles two types) and a program takes one tile, gathers its rows of ``x
 through the ids, multiplies them by its type's weight with ``tl.dot`` and scatters the
 result rows back -- no type-sorted copy of ``x`` or of the output is made.
 
+The type-sorted order is where sorting by relation pays: every program's rows share one
+weight matrix, which it streams once through ``tl.dot``. The fused aggregation kernels
+need no edge-type-sorted CSR: after compact materialization (passes/compact.py) no
+relation weight is read inside them -- the typed product is computed here, per (vertex,
+relation) pair, and they only gather its rows.
+
 The weight gradient cuts each type's rows into chunks of ``TN_CHUNK`` positions; a
 program sums one chunk's outer products in registers and adds its [K, N] block into its
 type's matrix atomically, so a relation holding half the edges is spread over many
