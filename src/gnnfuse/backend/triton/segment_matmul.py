@@ -14,8 +14,8 @@ result rows back -- no type-sorted copy of ``x`` or of the output is made.
 The type-sorted order is where sorting by relation pays: every program's rows share one
 weight matrix, which it streams once through ``tl.dot``. The fused aggregation kernels
 need no edge-type-sorted CSR: after compact materialization (passes/compact.py) no
-relation weight is read inside them -- the typed product is computed here, per (vertex,
-relation) pair, and they only gather its rows.
+relation matrix is read inside them (at most a per-relation scalar, HGT's prior) -- the
+typed product is computed here, per (vertex, relation) pair, and they only gather its rows.
 
 The weight gradient cuts each type's rows into chunks of ``TN_CHUNK`` positions; a
 program sums one chunk's outer products in registers and adds its [K, N] block into its
