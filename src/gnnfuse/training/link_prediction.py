@@ -166,6 +166,9 @@ def train_link_run(config: TrainConfig, spec: ModelSpec, data: LinkData, seed: i
     model.load_state_dict(state)
     test_mrr, test_hits = evaluate(model, data, data.test)
     history["test_hits10"] = [test_hits]
+    if log_epochs:
+        tqdm.write(f"{label.strip() + ' | ' if label else ''}test (filtered, epoch {best_epoch}'s weights): "
+                   f"MRR {test_mrr:.4f} | Hits@10 {test_hits:.4f}", file=sys.stdout)
     return RunResult(seed=seed, best_epoch=best_epoch, best_val_acc=best_mrr, test_acc=test_mrr,
                      epochs_run=len(history["loss"]), seconds=time.perf_counter() - start, state_dict=state,
                      history=history, cuda_graph="eager (link prediction)", metric="MRR")
