@@ -38,6 +38,7 @@ class RunResult:
     state_dict: dict[str, torch.Tensor]
     history: dict[str, list[float]] = field(default_factory=dict)
     cuda_graph: str = "eager: disabled (mode 'off')"   # StepCapture.status of the training step
+    metric: str = "acc"       # what best_val_acc and test_acc hold: accuracy, or MRR for link prediction
 
 
 @dataclass
@@ -178,16 +179,21 @@ def train_runs(config: TrainConfig, *, log_epochs: bool = True,
     `on_run(index, result)` is called after each (for progress lines); ``cuda_graph`` is
     the training step's capture mode (`StepCapture`)."""
     spec = get_model(config.model)
-    data = prepare_data(config, spec)
-    summary = TrainSummary(config, data.name, data.num_features, data.num_classes, [])
-    if config.fanout is None:
-        run_one = train_run
+    if spec.task == "link":
+        from .link_prediction import prepare_link_data, train_link_run as run_one     # imports this module
+        data = prepare_link_data(config)
+        summary = TrainSummary(config, data.name, data.num_entities, data.num_relations, [])
     else:
-        from .minibatch import train_minibatch_run as run_one     # imports this module
+        data = prepare_data(config, spec)
+        summary = TrainSummary(config, data.name, data.num_features, data.num_classes, [])
+        if config.fanout is None:
+            run_one = train_run
+        else:
+            from .minibatch import train_minibatch_run as run_one     # imports this module
     for index in range(config.runs):
         label = f" run {index + 1}/{config.runs}" if config.runs > 1 else ""
         # a sampled batch changes shape every step: only the full-graph step is captured
-        extra = {"cuda_graph": cuda_graph} if config.fanout is None else {}
+        extra = {"cuda_graph": cuda_graph} if run_one is train_run else {}
         result = run_one(config, spec, data, config.seed + index, label=label, log_epochs=log_epochs, **extra)
         summary.runs.append(result)
         if on_run is not None:
