@@ -49,7 +49,7 @@ from ..training.config import TrainConfig
 from ..training.data import PreparedData
 from ..training.loop import EarlyStopping, RunResult, _optimizer, peak_memory_mib
 from .halo import HaloExchange
-from .partition import Partition, contiguous_owners, partition_graph
+from .partition import Partition, contiguous_owners, greedy_owners, partition_graph
 
 SUPPORTED_LAYERS = (GCNConv, GATConv, SAGEConv)
 
@@ -181,11 +181,25 @@ class Shard:
     split_sizes: tuple[int, int, int]
 
 
-def shard_data(data: PreparedData, rank: int, world_size: int, device: torch.device,
-               owner: torch.Tensor | None = None) -> Shard:
-    """Rank ``rank``'s partition (``owner``, else `contiguous_owners`) and rows of ``data``."""
-    if owner is None:
-        owner = contiguous_owners(data.graph, world_size)
+PARTITIONERS = {"greedy": greedy_owners, "contiguous": contiguous_owners}
+
+
+def agreed_owners(graph: Graph, device: torch.device, method: str = "greedy", group: Any = None) -> torch.Tensor:
+    """The owner of every vertex by `PARTITIONERS[method]`, computed on rank 0 and
+    broadcast (through ``device``, the process group's), so no two ranks can disagree
+    about a vertex (a partition computed on every rank would have to be bit-identical
+    across devices and library versions); on the graph's device."""
+    if method not in PARTITIONERS:
+        raise ValueError(f"unknown partition method {method!r}; known: {', '.join(PARTITIONERS)}")
+    world_size = dist.get_world_size(group)
+    owner = (PARTITIONERS[method](graph, world_size).to(device) if dist.get_rank(group) == 0
+             else torch.empty(graph.num_nodes, dtype=torch.int64, device=device))
+    dist.broadcast(owner, src=0, group=group)
+    return owner.to(graph.device)
+
+
+def shard_data(data: PreparedData, rank: int, world_size: int, device: torch.device, owner: torch.Tensor) -> Shard:
+    """Rank ``rank``'s partition under ``owner`` and its rows of ``data``, on ``device``."""
     partition = partition_graph(data.graph, owner, rank, world_size).to(device)
     owned = partition.owned
     masks = tuple(m[owned.to(m.device)].to(device) for m in data.masks)
@@ -234,7 +248,7 @@ def train_full_graph_run(config: TrainConfig, spec: ModelSpec, data: PreparedDat
     broadcast_parameters(model)
     torch.manual_seed(seed + 1_000_003 * rank)       # each rank its own dropout stream (rank 0: train_run's)
     optimizer = _optimizer(spec, model, config)
-    shard = shard_data(data, rank, world_size, device)
+    shard = shard_data(data, rank, world_size, device, agreed_owners(data.graph, device))
     exchange = HaloExchange(shard.partition)
     net = PartitionedModel(model, data.graph, exchange)
     train_index = shard.masks[0].nonzero().squeeze(1)

@@ -10,22 +10,25 @@ vertices, sources are the owned vertices (the first ``num_owned``, so ``x_dst =
 x_src[:num_owned]`` and a local self loop ``i -> i`` is a true self loop) followed by
 the halo, and the edges are every in-edge of an owned vertex, in local ids.
 
-Which vertices a rank owns is `contiguous_owners`: contiguous id ranges cut where the
-running sum of ``in-degree + 1`` crosses ``k / world_size`` of the total. Why contiguous
-and not a METIS-like cut: it costs one cumulative sum (the partition of a 62M-edge graph
-is computed on every rank in well under a second, no extra library, identical on every
-rank without communication), the work of a layer is proportional to its in-edges plus
-its vertices, which this balances exactly, and data sets are usually numbered with
-locality (crawl or BFS order; Planetoid's citation graphs, OGB's products) that
-contiguous ranges keep. `greedy_owners` (linear deterministic greedy streaming, Stanton
-& Kliot 2012) is the refinement when the numbering has no locality; `partition_stats`
-measures both (`benchmarks/bench_distributed_fullgraph.py --partition-stats`).
+Which vertices a rank owns decides the halo, i.e. how many rows cross ranks per layer.
+`greedy_owners` (linear deterministic greedy streaming, Stanton & Kliot 2012, vectorised
+in chunks) is the default, because the real data sets are not numbered with locality:
+contiguous ranges of their ids cut as many edges as a random assignment, while the greedy
+pass cuts a third to a half as many and fetches 40-60% fewer halo rows, at the same load
+balance (`partition_stats`, 2 ranks: cora 49% of edges cut contiguous vs 18% greedy,
+2214 vs 1081 halo rows; citeseer 52% vs 18%; pubmed 50% vs 26%, 13990 vs 8779 rows; at 8
+ranks pubmed 88% vs 48%). On the Chung-Lu benchmark presets, random graphs with no
+communities to find, it still saves a quarter of the cut (arxiv-like, 2 ranks: 50% vs
+38%). It costs at most 4096 vectorised steps (about a second on these graphs) and is
+computed once, on rank 0. `contiguous_owners` (ranges balanced by ``in-degree + 1``,
+one cumulative sum) is there for graphs numbered with locality (crawl or BFS order) and
+as the simplest baseline; a full multilevel METIS cut would need a native library for a
+gain the greedy pass mostly already takes.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from ..graph import Graph
@@ -87,38 +90,46 @@ def contiguous_owners(graph: Graph, world_size: int) -> torch.Tensor:
     return torch.clamp((before * world_size) // max(int(cost.sum()), 1), max=world_size - 1)
 
 
-def greedy_owners(graph: Graph, world_size: int, slack: float = 1.05) -> torch.Tensor:
+def greedy_owners(graph: Graph, world_size: int, slack: float = 1.05, chunk: int | None = None) -> torch.Tensor:
     """int64 [N]: the owner rank of every vertex by linear deterministic greedy streaming
-    (LDG): vertices in id order each go to the rank holding most of their already placed
-    neighbours (either edge direction), discounted by ``1 - load / capacity`` so ranks
-    fill evenly, ties to the lighter rank. Load is ``in-degree + 1`` as in
-    `contiguous_owners`; the capacity is ``slack`` times an even share.
+    (LDG, Stanton & Kliot 2012): vertices in id order each go to the rank holding most of
+    their already placed neighbours (either edge direction), discounted by ``1 - load /
+    capacity`` so ranks fill evenly, ties to the lighter rank. Load is ``in-degree + 1`` as
+    in `contiguous_owners`; the capacity is ``slack`` times an even share.
 
-    One pass with a Python step per vertex (a few seconds per million vertices): a cut
-    several times smaller than contiguous ranges on graphs numbered without locality,
-    where halo traffic would otherwise dominate a layer."""
+    Vectorised over ``chunk`` consecutive vertices at a time (default: N / 4096, at
+    least 1), a vertex not seeing the placements made in its own chunk: at most 4096
+    steps, so a 2.4M-vertex graph takes seconds rather than the minutes of one Python
+    step per vertex, with the cut of the one-at-a-time pass (pubmed, 2 ranks, chunks of 5
+    vertices: 25.5% of edges cut, one at a time 25.6%)."""
     _check_world(world_size)
-    n = graph.num_nodes
-    src, dst = graph.src.cpu().numpy().astype(np.int64), graph.dst.cpu().numpy().astype(np.int64)
-    ends = np.concatenate([src, dst])
-    others = np.concatenate([dst, src])
-    order = np.argsort(ends, kind="stable")
+    n, device = graph.num_nodes, graph.device
+    chunk = chunk or max(1, -(-n // 4096))
+    src, dst = graph.src.long(), graph.dst.long()
+    ends, others = torch.cat([src, dst]), torch.cat([dst, src])
+    order = torch.argsort(ends, stable=True)
     neighbours = others[order]
-    starts = np.concatenate([[0], np.cumsum(np.bincount(ends, minlength=n))])
-    cost = np.bincount(dst, minlength=n) + 1
-    capacity = slack * cost.sum() / world_size
-    owner = np.full(n, -1, dtype=np.int64)
-    load = np.zeros(world_size, dtype=np.float64)
-    for v in range(n):
-        placed = owner[neighbours[starts[v]:starts[v + 1]]]
-        placed = placed[placed >= 0]
-        counts = np.bincount(placed, minlength=world_size).astype(np.float64)
-        score = counts * np.maximum(1.0 - load / capacity, 0.0)
-        best = np.flatnonzero(score == score.max())
-        rank = best[np.argmin(load[best])]
-        owner[v] = rank
-        load[rank] += cost[v]
-    return torch.from_numpy(owner).to(graph.device)
+    starts = torch.zeros(n + 1, dtype=torch.int64, device=device)
+    starts[1:] = torch.cumsum(torch.bincount(ends, minlength=n), 0)
+    cost = (torch.bincount(dst, minlength=n) + 1).to(torch.float64)
+    capacity = slack * float(cost.sum()) / world_size
+    owner = torch.full((n,), -1, dtype=torch.int64, device=device)
+    load = torch.zeros(world_size, dtype=torch.float64, device=device)
+    for first in range(0, n, chunk):
+        last = min(first + chunk, n)
+        lo, hi = int(starts[first]), int(starts[last])
+        rows = torch.repeat_interleave(torch.arange(last - first, device=device),
+                                       starts[first + 1:last + 1] - starts[first:last])
+        placed = owner[neighbours[lo:hi]]
+        seen = placed >= 0
+        counts = torch.zeros(last - first, world_size, dtype=torch.float64, device=device)
+        counts.index_put_((rows[seen], placed[seen]), torch.ones(int(seen.sum()), dtype=torch.float64, device=device),
+                          accumulate=True)
+        room = torch.clamp(1.0 - load / capacity, min=0.0)
+        chosen = torch.argmax(counts * room - 1e-9 * load / capacity, dim=1)     # ties: the lighter rank
+        owner[first:last] = chosen
+        load.index_add_(0, chosen, cost[first:last])
+    return owner
 
 
 @dataclass(frozen=True)
