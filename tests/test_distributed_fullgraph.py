@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import socket
+import warnings
 from pathlib import Path
 
 import pytest
@@ -30,7 +31,8 @@ from gnnfuse.distributed.partition import (contiguous_owners, greedy_owners, par
                                            partition_stats)
 from gnnfuse.data import load_node_dataset
 from gnnfuse.graph import Graph
-from gnnfuse.nn.models import build_model, get_model
+from gnnfuse.nn import GCNConv, GINConv
+from gnnfuse.nn.models import TwoLayerGNN, build_model, get_model
 from gnnfuse.training import PreparedData, make_config, train_run
 
 WORLD = 2
@@ -108,8 +110,11 @@ def _step_case(rank: int, name: str, dtype: torch.dtype, kind: str) -> dict:
 
 def _run_case(name: str) -> dict:
     config = make_config(name, "tiny", dropout=0.0, epochs=STEPS, hidden=4, patience=0)
-    result = train_full_graph_run(config, get_model(name), data(), seed=3, log_epochs=False)
-    return {"history": result.history, "state": result.state_dict}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = train_full_graph_run(config, get_model(name), data(), seed=3, log_epochs=False, cuda_graph="on")
+    return {"history": result.history, "state": result.state_dict,
+            "warned": any("not captured" in str(w.message) for w in caught)}
 
 
 def _worker(rank: int, port: int, out: str, world: int) -> None:
@@ -276,12 +281,27 @@ def test_two_process_run_follows_the_one_process_loss_curve(ranks, name):
                                        rtol=1e-5, atol=1e-6, msg=key)
         for param, value in expected.state_dict.items():
             torch.testing.assert_close(result[("run", name)]["state"][param], value, rtol=1e-5, atol=1e-6)
+    assert [r[("run", name)]["warned"] for r in ranks] == [True, False]     # cuda_graph="on": said once
 
 
-def test_full_graph_run_needs_a_process_group():
+def test_full_graph_run_needs_a_process_group_and_a_partitioned_model():
     config = make_config("gcn", "tiny", epochs=1)
     with pytest.raises(RuntimeError, match="torch.distributed"):
         train_full_graph_run(config, get_model("gcn"), data(), seed=0)
+    with pytest.raises(ValueError, match="appnp"):
+        train_full_graph_run(make_config("appnp", "tiny"), get_model("appnp"), data(), seed=0)
+
+
+def test_partitioned_model_refuses_what_it_cannot_partition_exactly():
+    part = partition_graph(graph(), owners("contiguous"), 0, WORLD)
+    with pytest.raises(ValueError, match="improved=True"):
+        PartitionedModel(TwoLayerGNN(GCNConv(4, 4, improved=True), GCNConv(4, 2), F.relu, 0.0), graph(),
+                         HaloExchange(part))
+    with pytest.raises(ValueError, match="GINConv"):
+        PartitionedModel(TwoLayerGNN(GINConv(torch.nn.Linear(4, 4)), GCNConv(4, 2), F.relu, 0.0), graph(),
+                         HaloExchange(part))
+    with pytest.raises(ValueError, match="APPNP|PropagatedMLP"):
+        PartitionedModel(build_model("appnp", 4, 2), graph(), HaloExchange(part))
 
 
 def test_benchmark_smoke_run_trains_every_method_and_agrees(import_script, tmp_path):

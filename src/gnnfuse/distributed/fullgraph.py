@@ -30,6 +30,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
@@ -52,6 +53,7 @@ from .halo import HaloExchange
 from .partition import Partition, contiguous_owners, greedy_owners, partition_graph
 
 SUPPORTED_LAYERS = (GCNConv, GATConv, SAGEConv)
+PARTITIONED_MODELS = ("gcn", "gat", "sage")      # registry models built from SUPPORTED_LAYERS only
 
 
 def model_layers(model: nn.Module) -> tuple[list[nn.Module], Callable[[torch.Tensor], torch.Tensor], float]:
@@ -230,16 +232,25 @@ class _EpochStats:
 
 
 def train_full_graph_run(config: TrainConfig, spec: ModelSpec, data: PreparedData, seed: int, *,
-                         label: str = "", log_epochs: bool = True) -> RunResult:
+                         label: str = "", log_epochs: bool = True, cuda_graph: str = "auto") -> RunResult:
     """`gnnfuse.training.train_run` on the ranks of the initialised default process group,
     each training on its partition of the graph (`shard_data`); every rank returns the
     same `RunResult` (rank 0 alone logs and draws the progress bar). The training step
-    is not captured in a CUDA graph (it holds collectives), so ``cuda_graph`` says eager."""
+    is never captured in a CUDA graph (its halo exchanges and all-reduce are collectives
+    with host-side split sizes): ``cuda_graph="on"`` warns so, as `StepCapture` warns
+    when it cannot capture. ``data`` may stay on the host: only the rank's shard moves to
+    its device."""
+    if config.model not in PARTITIONED_MODELS:
+        raise ValueError(f"model {config.model!r} has no partitioned full-graph version; partitioned models: "
+                         f"{', '.join(PARTITIONED_MODELS)}")
     if not dist.is_initialized():
         raise RuntimeError("partitioned full-graph training needs torch.distributed initialised "
                            "(launch with torchrun or gnnfuse train --gpus N)")
     rank, world_size = dist.get_rank(), dist.get_world_size()
     device = rank_device(config.device)
+    if cuda_graph == "on" and rank == 0:
+        warnings.warn("--cuda-graph on: the partitioned full-graph step is not captured (it exchanges halo rows "
+                      "and all-reduces gradients between ranks every step); it runs eagerly", stacklevel=2)
     torch.manual_seed(seed)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -285,9 +296,9 @@ def train_full_graph_run(config: TrainConfig, spec: ModelSpec, data: PreparedDat
         if log_epochs and rank == 0:
             tqdm.write(f"{label.strip() + ' | ' if label else ''}epoch {epoch:4d} | loss {loss:.4f} | "
                        f"train {train_acc:.4f} | val {val_acc:.4f} | test {test_acc:.4f} | {epoch_ms:7.1f} ms | "
-                       f"peak {peak_memory_mib(device):.0f} MiB (rank 0) | "
-                       f"halo sent {exchange.forward_bytes / 2**20:.1f} MiB fwd "
-                       f"{exchange.backward_bytes / 2**20:.1f} MiB bwd", file=sys.stdout)
+                       f"peak {peak_memory_mib(device):.0f} MiB (rank 0) | halo sent by rank 0: "
+                       f"{exchange.forward_bytes / 2**20:.1f} MiB rows (training and evaluation forward), "
+                       f"{exchange.backward_bytes / 2**20:.1f} MiB gradients", file=sys.stdout)
         exchange.reset_counts()
         if stopping.should_stop:
             break
