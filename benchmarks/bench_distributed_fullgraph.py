@@ -13,7 +13,7 @@ CPU), one after the other:
 
 - ``pyg-1``: PyG's GATConv model on one GPU; an out-of-memory error is caught and
   recorded with the peak memory reached (the expected result at the default size);
-- ``gnnfuse-N``: N ranks, greedy vertex partition (``--partition``), halo exchange per
+- ``gnnfuse-N``: N ranks, vertices partitioned (``--partition``), halo exchange per
   layer, gradients summed by all-reduce: per-rank step time (median of ``--steps``
   after ``--warmup``, CUDA events), peak memory, halo rows and bytes per step, and the
   partition's edge cut;
@@ -323,7 +323,11 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--scale", type=float, default=2.0, help="products-like's vertices and edges times this "
                                                                  "(default 2)")
     parser.add_argument("--features", type=int, default=512)
-    parser.add_argument("--partition", default="greedy", choices=["greedy", "contiguous"])
+    parser.add_argument("--partition", default="contiguous", choices=["greedy", "contiguous"],
+                        help="vertex partition (default contiguous: on this Chung-Lu graph every vertex has "
+                             "neighbours on both sides, so the greedy pass, the library's default, fetches only "
+                             "0.4%% fewer halo rows -- 2,430,963 vs 2,440,671 at scale 1, 2 ranks -- for a minute "
+                             "of partitioning on the host)")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)

@@ -115,16 +115,17 @@ def greedy_owners(graph: Graph, world_size: int, slack: float = 1.05, chunk: int
     capacity = slack * float(cost.sum()) / world_size
     owner = torch.full((n,), -1, dtype=torch.int64, device=device)
     load = torch.zeros(world_size, dtype=torch.float64, device=device)
-    for first in range(0, n, chunk):
+    firsts = list(range(0, n, chunk))
+    bounds = starts[firsts + [n]].tolist()     # on the host: no device sync per step
+    for step, first in enumerate(firsts):
         last = min(first + chunk, n)
-        lo, hi = int(starts[first]), int(starts[last])
+        lo, hi = bounds[step], bounds[step + 1]
         rows = torch.repeat_interleave(torch.arange(last - first, device=device),
-                                       starts[first + 1:last + 1] - starts[first:last])
+                                       starts[first + 1:last + 1] - starts[first:last], output_size=hi - lo)
         placed = owner[neighbours[lo:hi]]
-        seen = placed >= 0
         counts = torch.zeros(last - first, world_size, dtype=torch.float64, device=device)
-        counts.index_put_((rows[seen], placed[seen]), torch.ones(int(seen.sum()), dtype=torch.float64, device=device),
-                          accumulate=True)
+        # unplaced neighbours (-1) count 0 towards rank 0
+        counts.index_put_((rows, placed.clamp(min=0)), (placed >= 0).to(torch.float64), accumulate=True)
         room = torch.clamp(1.0 - load / capacity, min=0.0)
         chosen = torch.argmax(counts * room - 1e-9 * load / capacity, dim=1)     # ties: the lighter rank
         owner[first:last] = chosen
