@@ -13,6 +13,7 @@ ownership.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import warnings
@@ -92,10 +93,14 @@ def _halo_case(rank: int, kind: str, world: int = WORLD) -> dict:
             "bytes": (exchange.forward_bytes, exchange.backward_bytes)}
 
 
-def _step_case(rank: int, name: str, dtype: torch.dtype, kind: str) -> dict:
+def _step_case(rank: int, name: str, dtype: torch.dtype, kind: str, sparse: bool = False,
+               dropout: float = 0.0) -> dict:
     prepared = data(dtype)
+    if sparse:      # bag-of-words features go in as sparse COO (training.data.SPARSE_FEATURES)
+        prepared = dataclasses.replace(prepared, x=prepared.x.to_sparse())
     shard = shard_data(prepared, rank, WORLD, torch.device("cpu"), owner=owners(kind))
     net_model = model(name, dtype)
+    net_model.dropout = dropout
     net = PartitionedModel(net_model, prepared.graph, HaloExchange(shard.partition))
     logits = net(shard.x)
     train = shard.masks[0]
@@ -129,7 +134,10 @@ def _worker(rank: int, port: int, out: str, world: int) -> None:
             for kind in OWNERSHIPS:
                 results[("step", name, torch.float64, kind)] = _step_case(rank, name, torch.float64, kind)
             results[("step", name, torch.float32, "contiguous")] = _step_case(rank, name, torch.float32, "contiguous")
+            results[("sparse", name)] = _step_case(rank, name, torch.float64, "interleaved", sparse=True)
             results[("run", name)] = _run_case(name)
+        results[("sparse", "dropout")] = _step_case(rank, "gcn", torch.float64, "interleaved", sparse=True,
+                                                    dropout=0.5)
         os.environ["GNNFUSE_BACKEND"] = "triton"
         for name in ("gcn", "sage"):    # GCN's aggregation is partition code; GAT's is the layer's own
             results[("triton", name)] = _step_case(rank, name, torch.float32, "interleaved")
@@ -258,6 +266,21 @@ def check_step(ranks: list[dict], key: tuple, name: str, dtype: torch.dtype, rto
 @pytest.mark.parametrize("name", MODELS)
 def test_two_process_step_equals_one_process_float64(ranks, name, kind):
     check_step(ranks, ("step", name, torch.float64, kind), name, torch.float64, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_two_process_step_on_sparse_features_equals_one_process(ranks, name):
+    check_step(ranks, ("sparse", name), name, torch.float64, rtol=1e-12, atol=1e-12)
+
+
+def test_feature_dropout_on_sparse_features_of_a_shard(ranks):
+    """A shard's rows of sparse COO features come uncoalesced from index_select, which
+    the sparse dropout refused ("Cannot get indices on an uncoalesced tensor")."""
+    dropped, kept = ranks[0][("sparse", "dropout")], ranks[0][("sparse", "gcn")]
+    assert torch.isfinite(dropped["loss"]) and not torch.equal(dropped["grads"]["conv1.lin.weight"],
+                                                               kept["grads"]["conv1.lin.weight"])
+    for param, grad in dropped["grads"].items():     # summed over ranks: the same update everywhere
+        assert torch.equal(ranks[1][("sparse", "dropout")]["grads"][param], grad)
 
 
 @pytest.mark.parametrize("name", MODELS)

@@ -205,8 +205,9 @@ def shard_data(data: PreparedData, rank: int, world_size: int, device: torch.dev
     partition = partition_graph(data.graph, owner, rank, world_size).to(device)
     owned = partition.owned
     masks = tuple(m[owned.to(m.device)].to(device) for m in data.masks)
-    return Shard(partition, data.x.index_select(0, owned.to(data.x.device)).to(device),
-                 data.y[owned.to(data.y.device)].to(device), masks,
+    x = data.x.index_select(0, owned.to(data.x.device)).to(device)
+    x = x.coalesce() if x.is_sparse else x          # index_select leaves sparse rows uncoalesced
+    return Shard(partition, x, data.y[owned.to(data.y.device)].to(device), masks,
                  tuple(int(m.sum()) for m in data.masks))
 
 
