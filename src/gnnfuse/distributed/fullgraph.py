@@ -15,9 +15,12 @@ The loss is the sum over ranks of each rank's summed cross-entropy divided by th
 global number of training vertices, i.e. exactly the one-process mean. Each rank's
 backward gives its share of every parameter's gradient (the halo exchange already sent
 activation gradients to their owners); the shares are summed with one explicit
-``all_reduce`` per step (not DDP: DDP averages, and hooks per bucket would overlap the
-all-reduce with a backward that is mostly halo exchanges anyway), so every rank applies
-the same update and the weights stay identical without being broadcast again.
+``all_reduce`` per step after the backward, so every rank applies the same update and
+the weights stay identical without being broadcast again. Not DDP: DDP averages over
+ranks where this loss already is the global mean, and its per-bucket all-reduces would
+be issued during the backward, between the halo exchanges' own collectives, whose order
+must then match on every rank; the gradients of these models are a few hundred KB, one
+all-reduce at the end costs nothing to overlap.
 Accuracies and the validation loss are global counts summed with one ``all_reduce``.
 
 With dropout, each rank draws the masks of its own rows, so a run is not bit-for-bit
