@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import socket
 import tempfile
 import time
@@ -291,7 +290,8 @@ def markdown(results: dict[str, Any]) -> str:
              f"Median of {config['steps']} training steps after {config['warmup']} (forward, loss, backward, "
              "gradient all-reduce, Adam); peak = torch's max allocated per GPU from the start of training "
              "(features, graph, model resident).", "",
-             "| method | status | step ms | peak GB per GPU | owned / halo vertices per rank | halo MB per step (fwd / bwd, rank 0) |",
+             "| method | status | step ms | peak GB per GPU | owned / halo vertices per rank "
+             "| halo MB per step (fwd / bwd, rank 0) |",
              "|---|---|---|---|---|---|"]
     for method, entry in results["methods"].items():
         cells = entry.get("ranks", [entry])

@@ -331,7 +331,7 @@ def test_benchmark_smoke_run_trains_every_method_and_agrees(import_script, tmp_p
     """benchmarks/bench_distributed_fullgraph.py --smoke: PyG and gnnfuse on one process and
     gnnfuse on 2 gloo ranks, one call; their initial losses agree and the report is written."""
     bench = import_script(Path(__file__).resolve().parent.parent / "benchmarks", "bench_distributed_fullgraph")
-    import torch._dynamo  # noqa: F401   (imported before the fork: see run_ranks)
+    import torch._dynamo  # noqa: F401  (imported before the forks: see run_ranks)
     results = bench.main(["--smoke", "--json", str(tmp_path / "smoke.json")])
     assert list(results["methods"]) == ["pyg-1", "gnnfuse-2", "gnnfuse-1"]
     assert all(entry["status"] == "ok" for entry in results["methods"].values()), results["methods"]
