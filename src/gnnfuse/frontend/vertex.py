@@ -260,6 +260,12 @@ def _in_helpers(counting: Mapping[str, Callable]):
             counted = _neighbour_list(args[0]) or any(isinstance(x, SymTensor) for x in args)
             return (patched if counted else original)(*args, **kwargs)
         return call
+    import torch._dynamo  # noqa: F401  (see below)
+    # Module-level code run while the builtins are swapped would keep the wrappers. Torch
+    # imports dynamo lazily from inside its meta kernels, which the tracer's shape rules
+    # run, so the first trace of a process imported it mid-swap, and dynamo, holding a
+    # wrapper for ``len``, could no longer trace ``len`` (torch.compile after an eager
+    # call failed). Imported first, at no extra cost: that first trace imports it anyway.
     with _BUILTINS_SWAP:   # one trace at a time: interleaved swaps would restore another's wrappers
         saved = {name: builtins.__dict__[name] for name in counting}
         builtins.__dict__.update({name: user_only(name) for name in counting})

@@ -1,6 +1,12 @@
 """Which layer calls run as one captured graph under ``torch.compile``, and the fallback
 for the rest.
 
+Covered: SAGEConv (every fused ``aggr`` form: names, lists, softmax), GCNConv, GATConv,
+GINConv, GraphConv, SGConv, APPNP and TAGConv, on a plain ``edge_index`` or an untyped
+`Graph`, one vertex set or bipartite; each layer's ``_compile_problem`` names the
+arguments that are not (edge weights, ``cached=True``, dropout drawn inside a program,
+attention weights returned, ...).
+
 A covered layer's ``forward`` traced by dynamo takes the graph as a `GraphRef` (index
 tensors; layouts are built inside the fused program's operator, see
 `runtime.compile_op`) and computes its per-graph coefficients in plain torch, so the
@@ -19,7 +25,7 @@ import torch
 
 from ..runtime.compile_op import graph_input_problem, run_eagerly
 
-__all__ = ["compile_path", "graph_input_problem"]
+__all__ = ["compile_path", "graph_input_problem", "propagation_problem"]
 
 
 def compile_path(why_not: Callable[..., str | None] | None = None) -> Callable[[Callable], Callable]:
@@ -36,3 +42,14 @@ def compile_path(why_not: Callable[..., str | None] | None = None) -> Callable[[
             return forward(self, *args, **kwargs)
         return run
     return wrap
+
+
+def propagation_problem(edge_index: Any, edge_weight: Any, cached: bool = False) -> str | None:
+    """Why a normalising propagation's call (GCN, APPNP, SGC, TAG) has no traced path, or
+    None: edge weights (their normalisation reorders edges by data: loops removed and
+    re-added), PyG's ``cached=True`` (state kept on the layer) and untraceable graphs."""
+    if edge_weight is not None:
+        return "edge_weight"
+    if cached:
+        return "cached=True"
+    return graph_input_problem(edge_index)

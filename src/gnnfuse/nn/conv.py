@@ -22,7 +22,7 @@ from ..runtime.compile_op import GRAPH_STEPS, GraphRef
 from .aggregation import Reduction, aggregate, eager_slots, pyg_aggr_name, resolve_aggregation
 from .arguments import adjacency_weights, edge_weight_column, node_features, node_pair, over_feature_batches
 from .attention_weights import AttentionOutput, attention_weights, check_attention_request
-from .compiling import compile_path, graph_input_problem
+from .compiling import compile_path, graph_input_problem, propagation_problem
 from .edge_features import FillValue, edge_projection, edge_rows, traced_edge_matmul
 from .pyg_repr import OneLineRepr
 
@@ -404,13 +404,9 @@ class GCNConv(OneLineRepr, CachedGraph, nn.Module):
         self._cached_graph = None
 
     def _compile_problem(self, x: Any, edge_index: Any, edge_weight: Any = None) -> str | None:
-        if edge_weight is not None:
-            return "edge_weight"
-        if self.cached and self.normalize:
-            return "cached=True"
-        if self.improved and self.add_self_loops:
+        if self.improved and self.add_self_loops and edge_weight is None:
             return "improved=True"
-        return graph_input_problem(edge_index)
+        return propagation_problem(edge_index, edge_weight, self.cached and self.normalize)
 
     @over_feature_batches
     @compile_path(_compile_problem)

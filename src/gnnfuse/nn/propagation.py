@@ -22,7 +22,7 @@ from .. import frontend
 from ..graph import Graph
 from ..runtime.compile_op import GraphRef
 from .arguments import adjacency_weights, edge_weight_column, node_features, over_feature_batches
-from .compiling import compile_path, graph_input_problem
+from .compiling import compile_path, graph_input_problem, propagation_problem
 from .pyg_repr import OneLineRepr
 from .conv import (_AGGREGATORS, _WEIGHTED_AGGREGATORS, CachedGraph, _as_graph, _bipartite_inputs, _channel_pair,
                    _gcn_edge_norm, _inv_sqrt_degree, _neighbour_sum, _normalized_hop, _normalized_layer_inputs,
@@ -181,8 +181,13 @@ class APPNP(OneLineRepr, CachedGraph, nn.Module):
     def reset_parameters(self) -> None:
         self._cached_graph = None
 
+    def _compile_problem(self, x: Any, edge_index: Any, edge_weight: Any = None) -> str | None:
+        if self.dropout > 0 and self.training:
+            return "edge dropout in training"
+        return propagation_problem(edge_index, edge_weight, self.cached and self.normalize)
+
     @over_feature_batches
-    @compile_path()
+    @compile_path(_compile_problem)
     def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor,
                 edge_weight: torch.Tensor | None = None) -> torch.Tensor:
         x, graph, edge_weight = _normalized_layer_inputs(self, "APPNP", x, edge_index, edge_weight)
@@ -234,8 +239,11 @@ class SGConv(OneLineRepr, nn.Module):
         self.lin.reset_parameters()
         self._cached_x = None
 
+    def _compile_problem(self, x: Any, edge_index: Any, edge_weight: Any = None) -> str | None:
+        return propagation_problem(edge_index, edge_weight, self.cached)
+
     @over_feature_batches
-    @compile_path()
+    @compile_path(_compile_problem)
     def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor,
                 edge_weight: torch.Tensor | None = None) -> torch.Tensor:
         x = node_features(x, "SGConv")
@@ -243,7 +251,8 @@ class SGConv(OneLineRepr, nn.Module):
         if self._cached_x is not None:
             return self.lin(self._cached_x.detach())
         graph, hop = _normalized_hop(_as_graph(edge_index, x.shape[0]), edge_weight, x.dtype, self.add_self_loops)
-        transform_first = not self.cached and self.out_channels < self.in_channels
+        transform_first = (not self.cached and self.out_channels < self.in_channels   # not under torch.compile
+                           and not isinstance(graph, GraphRef))
         h = _transform_first(x, self.lin.weight, graph, self.K) if transform_first else x
         for _ in range(self.K):
             h = hop(h)
@@ -287,14 +296,17 @@ class TAGConv(OneLineRepr, nn.Module):
         if self.bias is not None:
             nn.init.zeros_(self.bias)
 
+    def _compile_problem(self, x: Any, edge_index: Any, edge_weight: Any = None) -> str | None:
+        return propagation_problem(edge_index, edge_weight)
+
     @over_feature_batches
-    @compile_path()
+    @compile_path(_compile_problem)
     def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor,
                 edge_weight: torch.Tensor | None = None) -> torch.Tensor:
         x = node_features(x, "TAGConv")
         edge_index, edge_weight = adjacency_weights(edge_index, edge_weight, "TAGConv")
         graph, hop = _normalized_hop(_as_graph(edge_index, x.shape[0]), edge_weight, x.dtype, False, self.normalize)
-        if self.out_channels < self.in_channels:
+        if self.out_channels < self.in_channels and not isinstance(graph, GraphRef):   # not under torch.compile
             skips = [_transform_first(x, lin.weight, graph, k) if k else lin(x) for k, lin in enumerate(self.lins)]
             norm = _inv_sqrt_degree(graph, x.dtype) if self.normalize else x.new_ones(graph.num_nodes, 1)
             out = skips[-1]

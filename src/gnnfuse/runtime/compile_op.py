@@ -73,7 +73,7 @@ class GraphRef(NamedTuple):
         return GraphRef((graph,), num_nodes, -1 if num_src_nodes is None else num_src_nodes)
 
     def derived(self, step: str) -> GraphRef:
-        return self._replace(steps=self.steps + (step,))
+        return GraphRef(self.edges, self.num_nodes, self.num_src_nodes, self.steps + (step,))
 
     @property
     def num_src(self) -> int:
