@@ -16,6 +16,7 @@ import torch
 import torch_geometric.nn as pyg
 
 import gnnfuse.nn as ours
+from gnnfuse import vertex
 from gnnfuse.graph import Graph
 from layer_check import assert_same_values, outputs_and_grads
 
@@ -151,3 +152,29 @@ def test_inductor_compiles_after_an_eager_call_in_a_fresh_process():
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [SRC, os.environ.get("PYTHONPATH")]))}
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+_WEIGHT = torch.ones(3, dtype=torch.float64)
+
+
+@vertex
+def _weighted_neighbour_sum(v):
+    return sum([u.h * _WEIGHT for u in v.innbs])     # reads a tensor from outside its arguments
+
+
+def test_a_udf_reading_an_outside_tensor_runs_eagerly_and_sees_its_edits():
+    """Frozen into a compiled graph, the tensor's later edits would be missed: such a UDF
+    runs eagerly behind a graph break, says so, and sees every edit."""
+    x, edge_index = torch.randn(NUM_NODES, 3, dtype=torch.float64), Graph.from_edge_index(EDGE_INDEX, NUM_NODES)
+    compiled = torch.compile(lambda h, e: _weighted_neighbour_sum(e, {"h": h}), backend="eager")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        compiled(x, edge_index)
+    assert any("reads tensors" in str(w.message) for w in caught)
+    _WEIGHT.mul_(3.0)
+    try:
+        assert_same_values(compiled(x, edge_index), _weighted_neighbour_sum(edge_index, {"h": x}), "after an edit")
+        assert_same_values(compiled(x, edge_index), 3.0 * _weighted_neighbour_sum(edge_index, {"h": x / 3.0}),
+                           "scaled")
+    finally:
+        _WEIGHT.fill_(1.0)
