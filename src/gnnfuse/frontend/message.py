@@ -59,6 +59,7 @@ from ..graph import Graph
 from ..ir import Residency, Value
 from ..runtime import CompiledProgram
 from . import pairwise
+from .compiled_call import call_compiled, register_udf
 from .trace_cache import TraceCache, check_tables, program_feeds
 from .tracer import EDGE_ROWED, SymTensor, Tracer, float_dtype
 
@@ -286,6 +287,30 @@ def message_passing(graph: Graph | object, message_fn: Callable, reduce_fn: Call
     if not return_edata:
         return outputs
     return _split_edge_outputs(compiled, outputs)
+
+
+class UpdateAll:
+    """``message_passing`` with its UDFs bound: ``UpdateAll(message_fn, reduce_fn)(graph,
+    ndata=...)`` is ``message_passing(graph, message_fn, reduce_fn, ndata=...)``. Built
+    once (at module level, or by a `compiled_call.udf_factory` factory) it also runs under
+    ``torch.compile`` as one operator, which a call with fresh closures cannot."""
+
+    def __init__(self, message_fn: Callable, reduce_fn: Callable, update_fn: Callable | None = None):
+        self.functions = (message_fn, reduce_fn, update_fn)
+        self.udf_key = register_udf(self)
+
+    def compiled(self, tables: tuple[Mapping[str, torch.Tensor], ...]
+                 ) -> tuple[CompiledProgram, dict[str, torch.Tensor]]:
+        """The compiled program for a call on ``tables`` and the tensors its trace captured."""
+        return _TRACES.compiled(self.functions, tables, lambda: trace_message_passing(*self.functions, *tables))
+
+    def __call__(self, graph: Graph | object, *, ndata: Mapping[str, torch.Tensor],
+                 edata: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        def run() -> dict[str, torch.Tensor]:
+            return message_passing(graph, *self.functions, ndata=ndata, edata=edata)
+        if torch.compiler.is_compiling():
+            return call_compiled(self.udf_key, graph, (ndata, edata or {}, {}, {}), run)
+        return run()
 
 
 # UDFs are often closures defined anew on every call (a layer's forward defines them),

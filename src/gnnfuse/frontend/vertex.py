@@ -63,6 +63,8 @@ import torch
 
 from ..graph import Graph
 from ..ir import CompileError, Residency
+from ..runtime import CompiledProgram
+from .compiled_call import call_compiled, register_udf
 from .counting import check_counting
 from .trace_cache import TraceCache, check_tables, program_feeds
 from .tracer import EDGE_ROWED, SymTensor, Tracer, float_dtype, is_library
@@ -258,6 +260,12 @@ def _in_helpers(counting: Mapping[str, Callable]):
             counted = _neighbour_list(args[0]) or any(isinstance(x, SymTensor) for x in args)
             return (patched if counted else original)(*args, **kwargs)
         return call
+    import torch._dynamo  # noqa: F401  (see below)
+    # Module-level code run while the builtins are swapped would keep the wrappers. Torch
+    # imports dynamo lazily from inside its meta kernels, which the tracer's shape rules
+    # run, so the first trace of a process imported it mid-swap, and dynamo, holding a
+    # wrapper for ``len``, could no longer trace ``len`` (torch.compile after an eager
+    # call failed). Imported first, at no extra cost: that first trace imports it anyway.
     with _BUILTINS_SWAP:   # one trace at a time: interleaved swaps would restore another's wrappers
         saved = {name: builtins.__dict__[name] for name in counting}
         builtins.__dict__.update({name: user_only(name) for name in counting})
@@ -287,6 +295,7 @@ class VertexFunction:
     def __init__(self, fn: Callable):
         functools.update_wrapper(self, fn, updated=())   # a Module's __dict__ is its state, not a wrapper's
         self.fn = fn
+        self.udf_key = register_udf(self)
 
     def trace(self, v_feature: Mapping[str, torch.Tensor],
               e_feature: Mapping[str, torch.Tensor] | None = None,
@@ -322,13 +331,25 @@ class VertexFunction:
                  e_feature: Mapping[str, torch.Tensor] | None = None, *,
                  etype_feature: Mapping[str, torch.Tensor] | None = None,
                  ntype_feature: Mapping[str, torch.Tensor] | None = None):
+        tables = (v_feature, e_feature or {}, etype_feature or {}, ntype_feature or {})
+        if torch.compiler.is_compiling():
+            outputs = call_compiled(self.udf_key, graph, tables, lambda: self._run(graph, tables))
+        else:
+            outputs = self._run(graph, tables)
+        return outputs["out"] if list(outputs) == ["out"] else outputs
+
+    def _run(self, graph: Graph | Any, tables: tuple[Mapping[str, torch.Tensor], ...]) -> dict[str, torch.Tensor]:
         graph = Graph.coerce(graph)
+        v_feature, e_feature, etype_feature, ntype_feature = tables
         check_tables(v_feature=v_feature, e_feature=e_feature, etype_feature=etype_feature,
                      ntype_feature=ntype_feature)
-        tables = (v_feature, e_feature or {}, etype_feature or {}, ntype_feature or {})
-        compiled, captured = _TRACES.compiled((self.fn,), tables, lambda: self.trace(*tables)[0])
-        outputs = compiled(graph, program_feeds(tables, captured))
-        return outputs["out"] if list(outputs) == ["out"] else outputs
+        compiled, captured = self.compiled(tables)
+        return compiled(graph, program_feeds(tables, captured))
+
+    def compiled(self, tables: tuple[Mapping[str, torch.Tensor], ...]
+                 ) -> tuple[CompiledProgram, dict[str, torch.Tensor]]:
+        """The compiled program for a call on ``tables`` and the tensors its trace captured."""
+        return _TRACES.compiled((self.fn,), tables, lambda: self.trace(*tables)[0])
 
 
 # Keyed by the function's code and guarded state, not by the decorated object, so a

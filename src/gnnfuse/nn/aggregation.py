@@ -18,7 +18,6 @@ refused by name at construction.
 """
 from __future__ import annotations
 
-import functools
 import math
 import warnings
 from typing import Any
@@ -197,7 +196,7 @@ def aggregate(layer: str, module: nn.Module, graph: Graph, messages: torch.Tenso
     multi-aggregation (ours, or PyG's passed as a module: the same ``aggrs``/``combine``)
     fuses its reductions and combines as it defines."""
     multi = type(module).__name__ == "MultiAggregation"
-    slots = list(module.aggrs) if multi else [module]
+    slots = _slots(module)
     kinds = [slot.kind if isinstance(slot, Reduction) else _fusable_pyg_module(slot) for slot in slots]
     moments = tuple(k for k in kinds if k is not None)
     fused = _fused(graph, messages, moments) if moments else {}
@@ -205,6 +204,18 @@ def aggregate(layer: str, module: nn.Module, graph: Graph, messages: torch.Tenso
                else _softmax(graph, messages, slot) if _is_fusable_softmax(slot)
                else _eager(layer, slot, graph, messages) for slot, kind in zip(slots, kinds)]
     return module.combine(outputs) if multi else outputs[0]
+
+
+def _slots(module: nn.Module) -> list[nn.Module]:
+    """The aggregations ``module`` computes: a multi-aggregation's (ours, or PyG's passed
+    as a module), else the module itself."""
+    return list(module.aggrs) if type(module).__name__ == "MultiAggregation" else [module]
+
+
+def eager_slots(module: nn.Module) -> list[str]:
+    """The class names of ``module``'s aggregations that `aggregate` runs eagerly."""
+    return [type(slot).__name__ for slot in _slots(module) if not isinstance(slot, Reduction)
+            and _fusable_pyg_module(slot) is None and not _is_fusable_softmax(slot)]
 
 
 def _is_fusable_softmax(module: nn.Module) -> bool:
@@ -252,7 +263,7 @@ def _fused(graph: Graph, messages: torch.Tensor, kinds: tuple[str, ...]) -> dict
     return out
 
 
-@functools.lru_cache(maxsize=None)
+@frontend.udf_factory
 def _reductions(moments: tuple[str, ...]) -> frontend.VertexFunction:
     """A vertex function computing every reduction in ``moments`` over the same
     in-neighbour rows (one program, so one kernel reads each gathered row once)."""

@@ -24,6 +24,7 @@ from .. import frontend
 from ..graph import Graph
 from .arguments import node_features
 from .attention_weights import AttentionOutput, attention_weights, check_attention_request
+from .compiling import compile_path
 from .conv import (GATConv, _as_graph, _bipartite_inputs, _channel_pair, _check_dropout, _combine_heads,
                    _head_bias, _head_residual, _inv_sqrt_degree, _normalized_sum, _rows_read, _with_loops)
 from .edge_features import FillValue, edge_projection, edge_rows, traced_edge_matmul
@@ -90,6 +91,7 @@ class GATv2Conv(OneLineRepr, nn.Module):
         if self.bias is not None:
             nn.init.zeros_(self.bias)
 
+    @compile_path()
     def forward(self, x: torch.Tensor | tuple[torch.Tensor, torch.Tensor], edge_index: Graph | torch.Tensor,
                 edge_attr: torch.Tensor | None = None, return_attention_weights: bool | None = None) -> AttentionOutput:
         if return_attention_weights:                               # False: just the output, as in PyG
@@ -174,6 +176,7 @@ class CGATConv(GATConv):
         super().__init__(in_channels, out_channels, heads, concat, negative_slope, dropout=0.0,
                          add_self_loops=add_self_loops, bias=bias)
 
+    @compile_path()
     def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor) -> torch.Tensor:
         x = node_features(x, "CGATConv")
         graph = _with_loops(_as_graph(edge_index, x.shape[0]), self.add_self_loops)
@@ -226,6 +229,7 @@ class DotGATConv(nn.Module):
         if self.bias is not None:
             nn.init.zeros_(self.bias)
 
+    @compile_path()
     def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor) -> torch.Tensor:
         x = node_features(x, "DotGATConv")
         graph = _with_loops(_as_graph(edge_index, x.shape[0]), self.add_self_loops)
@@ -265,6 +269,7 @@ class EdgeConv(OneLineRepr, nn.Module):
             if module is not self.nn and hasattr(module, "reset_parameters"):
                 module.reset_parameters()
 
+    @compile_path()
     def forward(self, x: torch.Tensor | tuple[torch.Tensor, torch.Tensor], edge_index: Graph | torch.Tensor
                 ) -> torch.Tensor:
         x_src, x_dst, graph = _bipartite_inputs(x, edge_index, None, "EdgeConv")
@@ -322,6 +327,7 @@ class MLPAggConv(nn.Module):
     def reset_parameters(self) -> None:
         self.lin.reset_parameters()
 
+    @compile_path()
     def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor) -> torch.Tensor:
         x = node_features(x, "MLPAggConv")
         graph = _as_graph(edge_index, x.shape[0])
@@ -362,6 +368,7 @@ class NGCFConv(nn.Module):
         if self.bias is not None:
             nn.init.zeros_(self.bias)
 
+    @compile_path()
     def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor) -> torch.Tensor:
         x = node_features(x, "NGCFConv")
         graph = _as_graph(edge_index, x.shape[0])

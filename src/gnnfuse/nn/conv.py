@@ -18,9 +18,11 @@ from torch import nn
 from .. import frontend
 from ..graph import Graph
 from ..graph.convert import check_bipartite_adj_t, declared_size
-from .aggregation import Reduction, aggregate, pyg_aggr_name, resolve_aggregation
+from ..runtime.compile_op import GRAPH_STEPS, GraphRef
+from .aggregation import Reduction, aggregate, eager_slots, pyg_aggr_name, resolve_aggregation
 from .arguments import adjacency_weights, edge_weight_column, node_features, node_pair, over_feature_batches
 from .attention_weights import AttentionOutput, attention_weights, check_attention_request
+from .compiling import compile_path, graph_input_problem, propagation_problem
 from .edge_features import FillValue, edge_projection, edge_rows, traced_edge_matmul
 from .pyg_repr import OneLineRepr
 
@@ -35,7 +37,9 @@ def _as_graph(graph: Graph | torch.Tensor, num_nodes: int) -> Graph:
                              f"{graph.num_nodes} destination nodes; pass (x_src, x_dst)")
         if graph.num_nodes != num_nodes:
             raise ValueError(f"x has {num_nodes} rows but the graph has {graph.num_nodes} nodes")
-        return graph
+        return GraphRef.of(graph, num_nodes) if torch.compiler.is_compiling() else graph
+    if torch.compiler.is_compiling():     # a covered layer under torch.compile (nn.compiling)
+        return GraphRef.of(graph, num_nodes)
     return Graph.coerce(graph, num_nodes=num_nodes)
 
 
@@ -57,12 +61,17 @@ def _bipartite_inputs(x, graph: Graph | torch.Tensor, size, layer: str, weighted
         return x_src, x_dst, _as_graph(graph, x_src.shape[0])
     if weighted_adj_t is not None and weighted_adj_t is not graph:
         check_bipartite_adj_t(weighted_adj_t, sizes[1], sizes[0])
+    if torch.compiler.is_compiling():
+        checked = Graph.coerce(graph, num_nodes=sizes[1], num_src_nodes=sizes[0]) if isinstance(graph, Graph) else graph
+        return x_src, x_dst, GraphRef.of(checked, sizes[1], sizes[0])
     return x_src, x_dst, Graph.coerce(graph, num_nodes=sizes[1], num_src_nodes=sizes[0])
 
 
-def _looped(graph: Graph) -> Graph:
+def _looped(graph: Graph | GraphRef) -> Graph | GraphRef:
     """The graph with exactly one self loop per vertex, as PyG's ``add_self_loops`` does."""
-    return graph.cached("nn_self_looped", lambda g: g.remove_self_loops().add_self_loops())
+    if isinstance(graph, GraphRef):
+        return graph.derived("looped")
+    return graph.cached("nn_self_looped", GRAPH_STEPS["looped"])
 
 
 def _with_loops(graph: Graph, add_self_loops: bool) -> Graph:
@@ -71,12 +80,15 @@ def _with_loops(graph: Graph, add_self_loops: bool) -> Graph:
     return _looped(graph) if add_self_loops else graph
 
 
-def _inv_sqrt_degree(graph: Graph, dtype: torch.dtype) -> torch.Tensor:
-    """deg^-1/2 by in-degree, 0 for isolated vertices (PyG's ``gcn_norm``)."""
-    def build(g: Graph) -> torch.Tensor:
-        norm = g.in_degrees().to(torch.float64).pow(-0.5)
+def _inv_sqrt_degree(graph: Graph | GraphRef, dtype: torch.dtype) -> torch.Tensor:
+    """deg^-1/2 by in-degree, 0 for isolated vertices (PyG's ``gcn_norm``). Cached per
+    graph; under torch.compile computed in the traced graph from the index tensors."""
+    def inv_sqrt(degree: torch.Tensor) -> torch.Tensor:
+        norm = degree.to(torch.float64).pow(-0.5)
         return norm.masked_fill(torch.isinf(norm), 0.0).unsqueeze(-1)
-    return graph.cached("nn_inv_sqrt_degree", build).to(dtype)
+    if isinstance(graph, GraphRef):
+        return inv_sqrt(graph.in_degrees(torch.float64)).to(dtype)
+    return graph.cached("nn_inv_sqrt_degree", lambda g: inv_sqrt(g.in_degrees())).to(dtype)
 
 
 def _improved_gcn_norm(graph: Graph, dtype: torch.dtype) -> tuple[Graph, torch.Tensor, torch.Tensor]:
@@ -308,7 +320,9 @@ def _along_flow(graph: Graph, flow: str) -> Graph:
     as such, for ``"target_to_source"``. ``flow`` is read on every call, since PyG users
     may set the attribute after construction."""
     _check_flow(flow)
-    return graph if flow == "source_to_target" else graph.cached("reversed", Graph.reverse)
+    if flow == "source_to_target":
+        return graph
+    return graph.derived("reversed") if isinstance(graph, GraphRef) else graph.cached("reversed", Graph.reverse)
 
 
 def _linear(in_channels: int, out_channels: int, bias: bool) -> nn.Module:
@@ -389,7 +403,13 @@ class GCNConv(OneLineRepr, CachedGraph, nn.Module):
             nn.init.zeros_(self.bias)
         self._cached_graph = None
 
+    def _compile_problem(self, x: Any, edge_index: Any, edge_weight: Any = None) -> str | None:
+        if self.improved and self.add_self_loops and edge_weight is None:
+            return "improved=True"
+        return propagation_problem(edge_index, edge_weight, self.cached and self.normalize)
+
     @over_feature_batches
+    @compile_path(_compile_problem)
     def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor,
                 edge_weight: torch.Tensor | None = None) -> torch.Tensor:
         x, graph, edge_weight = _normalized_layer_inputs(self, "GCNConv", x, edge_index, edge_weight)
@@ -451,6 +471,8 @@ class SAGEConv(OneLineRepr, nn.Module):
         """Whether the linear map runs before the aggregation (mean/sum only): by the
         `placement` model when one is installed (GraphTensor's DKP), else when it narrows."""
         width = self.lin_l.in_features
+        if isinstance(graph, GraphRef):     # torch.compile: aggregating first needs no per-graph row masks
+            return False
         if self.placement is None or not width:     # lazy in_channels: not materialized yet
             return self.out_channels < width
         input_grad = torch.is_grad_enabled() and messages.requires_grad
@@ -465,7 +487,17 @@ class SAGEConv(OneLineRepr, nn.Module):
         if self.lin_r is not None:
             self.lin_r.reset_parameters()
 
+    def _compile_problem(self, x: Any, edge_index: Any, size: Any = None) -> str | None:
+        eager = eager_slots(self.aggr_module)
+        if eager:
+            return f"aggregation {', '.join(eager)} runs PyG's module eagerly"
+        if any(isinstance(m, nn.modules.lazy.LazyModuleMixin) and m.has_uninitialized_params()
+               for m in (self.lin_l, self.lin_r)):
+            return "lazy in_channels=-1 before the first call"
+        return graph_input_problem(edge_index)
+
     @over_feature_batches
+    @compile_path(_compile_problem)
     def forward(self, x: torch.Tensor | tuple[torch.Tensor, torch.Tensor | None], edge_index: Graph | torch.Tensor,
                 size: tuple[int, int] | None = None) -> torch.Tensor:
         x, x_dst, graph = _bipartite_inputs(x, edge_index, size, "SAGEConv")
@@ -481,6 +513,30 @@ class SAGEConv(OneLineRepr, nn.Module):
             out = self.lin_l(aggregate("SAGEConv", self.aggr_module, graph, messages))
         out = out if self.lin_r is None or x_dst is None else out + self.lin_r(x_dst)
         return F.normalize(out, p=2.0, dim=-1) if self.normalize else out
+
+
+def _gat_udfs(slope: float, p: float, training: bool, dst_term: bool,
+              edge_score: Callable | None) -> tuple[Callable, Callable]:
+    """GAT's message and reduce: per edge ``leaky_relu(alpha_src[u] + alpha_dst[v] (+
+    edge_score))``, then the edge softmax, attention dropout and the weighted sum."""
+    def message(edges):
+        score = edges.src["alpha_src"]
+        if dst_term:      # PyG: no destination term without x_dst
+            score = score + edges.dst["alpha_dst"]
+        if edge_score is not None:
+            score = score + edge_score(edges)
+        return {"score": F.leaky_relu(score, slope), "h": edges.src["h"]}
+
+    def reduce(nodes):
+        alpha = F.dropout(torch.softmax(nodes.mailbox["score"], dim=1), p, training)
+        return {"out": torch.sum(alpha.unsqueeze(-1) * nodes.mailbox["h"], dim=1)}
+    return message, reduce
+
+
+@frontend.udf_factory
+def _gat_attention(slope: float, p: float, training: bool, dst_term: bool) -> frontend.UpdateAll:
+    """`_gat_udfs` without edge features, built once per setting (so torch.compile can run it)."""
+    return frontend.UpdateAll(*_gat_udfs(slope, p, training, dst_term, None))
 
 
 class GATConv(OneLineRepr, nn.Module):
@@ -538,6 +594,17 @@ class GATConv(OneLineRepr, nn.Module):
         if self.bias is not None:
             nn.init.zeros_(self.bias)
 
+    def _compile_problem(self, x: Any, edge_index: Any, edge_attr: Any = None, size: Any = None,
+                         return_attention_weights: bool | None = None) -> str | None:
+        if return_attention_weights:
+            return "return_attention_weights=True"
+        if edge_attr is not None:
+            return "edge_attr"
+        if self.training and self.dropout > 0:
+            return "attention dropout in training (the backward re-runs the forward and would draw anew)"
+        return graph_input_problem(edge_index)
+
+    @compile_path(_compile_problem)
     def forward(self, x: torch.Tensor | tuple[torch.Tensor, torch.Tensor | None], edge_index: Graph | torch.Tensor,
                 edge_attr: torch.Tensor | None = None, size: tuple[int, int] | None = None,
                 return_attention_weights: bool | None = None) -> AttentionOutput:
@@ -560,21 +627,13 @@ class GATConv(OneLineRepr, nn.Module):
         if x_dst is not None:
             h_dst = h if x_dst is x and self.lin is not None else (self.lin or self.lin_dst)(x_dst).view(shape)
             ndata["alpha_dst"] = (h_dst * self.att_dst).sum(-1)
-        slope, p, training, dst_term = self.negative_slope, self.dropout, self.training, x_dst is not None
-
-        def message(edges):
-            score = edges.src["alpha_src"]
-            if dst_term:      # PyG: no destination term without x_dst
-                score = score + edges.dst["alpha_dst"]
-            if edata is not None:
-                score = score + (edges.data["attr"] @ w_edge if in_kernel else edges.data["alpha_edge"])
-            return {"score": F.leaky_relu(score, slope), "h": edges.src["h"]}
-
-        def reduce(nodes):
-            alpha = F.dropout(torch.softmax(nodes.mailbox["score"], dim=1), p, training)
-            return {"out": torch.sum(alpha.unsqueeze(-1) * nodes.mailbox["h"], dim=1)}
-
-        out = frontend.message_passing(graph, message, reduce, ndata=ndata, edata=edata)["out"]
+        setting = (self.negative_slope, self.dropout, self.training, x_dst is not None)
+        if edata is None:
+            out = _gat_attention(*setting)(graph, ndata=ndata)["out"]
+        else:
+            edge_score = ((lambda edges: edges.data["attr"] @ w_edge) if in_kernel
+                          else (lambda edges: edges.data["alpha_edge"]))
+            out = frontend.message_passing(graph, *_gat_udfs(*setting, edge_score), ndata=ndata, edata=edata)["out"]
         residual = None if self.res is None or x_dst is None else self.res(x_dst)   # PyG: res(x_dst)
         out = _combine_heads(out, self.concat, self.bias, residual)
         if not return_attention_weights:
@@ -582,4 +641,4 @@ class GATConv(OneLineRepr, nn.Module):
         score = alpha_src[graph.src.long()] + ndata["alpha_dst"][graph.dst.long()]   # one x: never bipartite
         if rows is not None:
             score = score + rows @ w_edge
-        return out, attention_weights(graph, F.leaky_relu(score, slope), edge_index)
+        return out, attention_weights(graph, F.leaky_relu(score, self.negative_slope), edge_index)

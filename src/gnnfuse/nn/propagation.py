@@ -12,8 +12,7 @@ training. Parameter names and shapes match PyG, so
 """
 from __future__ import annotations
 
-import functools
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -21,7 +20,9 @@ from torch import nn
 
 from .. import frontend
 from ..graph import Graph
+from ..runtime.compile_op import GraphRef
 from .arguments import adjacency_weights, edge_weight_column, node_features, over_feature_batches
+from .compiling import compile_path, graph_input_problem, propagation_problem
 from .pyg_repr import OneLineRepr
 from .conv import (_AGGREGATORS, _WEIGHTED_AGGREGATORS, CachedGraph, _as_graph, _bipartite_inputs, _channel_pair,
                    _gcn_edge_norm, _inv_sqrt_degree, _neighbour_sum, _normalized_hop, _normalized_layer_inputs,
@@ -63,7 +64,11 @@ class GINConv(OneLineRepr, nn.Module):
         _reset(self.nn)
         self.eps.data.fill_(self.initial_eps)
 
+    def _compile_problem(self, x: Any, edge_index: Any, size: Any = None) -> str | None:
+        return graph_input_problem(edge_index)
+
     @over_feature_batches
+    @compile_path(_compile_problem)
     def forward(self, x: torch.Tensor | tuple[torch.Tensor, torch.Tensor | None], edge_index: Graph | torch.Tensor,
                 size: tuple[int, int] | None = None) -> torch.Tensor:
         x, x_dst, graph = _bipartite_inputs(x, edge_index, size, "GINConv")
@@ -95,7 +100,11 @@ class GraphConv(OneLineRepr, nn.Module):
         self.lin_rel.reset_parameters()
         self.lin_root.reset_parameters()
 
+    def _compile_problem(self, x: Any, edge_index: Any, edge_weight: Any = None, size: Any = None) -> str | None:
+        return "edge_weight" if edge_weight is not None else graph_input_problem(edge_index)
+
     @over_feature_batches
+    @compile_path(_compile_problem)
     def forward(self, x: torch.Tensor | tuple[torch.Tensor, torch.Tensor | None], edge_index: Graph | torch.Tensor,
                 edge_weight: torch.Tensor | None = None, size: tuple[int, int] | None = None) -> torch.Tensor:
         graph_input, edge_weight = adjacency_weights(edge_index, edge_weight, "GraphConv")
@@ -105,7 +114,8 @@ class GraphConv(OneLineRepr, nn.Module):
         else:
             weight = edge_weight_column(edge_weight, graph.num_edges, x.dtype).unsqueeze(-1)
             aggregate, edge_feature = _WEIGHTED_AGGREGATORS[self.aggr], {"w": weight}
-        if self.aggr != "max" and self.out_channels < self.lin_rel.in_features:
+        narrows = self.out_channels < self.lin_rel.in_features and not isinstance(graph, GraphRef)
+        if self.aggr != "max" and narrows:     # under torch.compile (a GraphRef) it aggregates first
             out = aggregate(graph, {"h": _transform_first(x, self.lin_rel.weight, graph, 1)}, edge_feature)
             if self.lin_rel.bias is not None:
                 out = out + self.lin_rel.bias
@@ -114,7 +124,7 @@ class GraphConv(OneLineRepr, nn.Module):
         return out if x_dst is None else out + self.lin_root(x_dst)
 
 
-@functools.lru_cache(maxsize=None)
+@frontend.udf_factory
 def _appnp_step(alpha: float) -> frontend.VertexFunction:
     """One personalised-PageRank hop for a given teleport ``alpha`` (a compile-time
     constant, so each distinct alpha compiles once)."""
@@ -125,7 +135,7 @@ def _appnp_step(alpha: float) -> frontend.VertexFunction:
     return step
 
 
-@functools.lru_cache(maxsize=None)
+@frontend.udf_factory
 def _appnp_dropped_step(alpha: float) -> frontend.VertexFunction:
     """The same hop over explicit per-edge weights (PyG's ``edge_weight`` normalised, or the
     dropped-out normalised adjacency)."""
@@ -171,7 +181,13 @@ class APPNP(OneLineRepr, CachedGraph, nn.Module):
     def reset_parameters(self) -> None:
         self._cached_graph = None
 
+    def _compile_problem(self, x: Any, edge_index: Any, edge_weight: Any = None) -> str | None:
+        if self.dropout > 0 and self.training:
+            return "edge dropout in training"
+        return propagation_problem(edge_index, edge_weight, self.cached and self.normalize)
+
     @over_feature_batches
+    @compile_path(_compile_problem)
     def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor,
                 edge_weight: torch.Tensor | None = None) -> torch.Tensor:
         x, graph, edge_weight = _normalized_layer_inputs(self, "APPNP", x, edge_index, edge_weight)
@@ -223,7 +239,11 @@ class SGConv(OneLineRepr, nn.Module):
         self.lin.reset_parameters()
         self._cached_x = None
 
+    def _compile_problem(self, x: Any, edge_index: Any, edge_weight: Any = None) -> str | None:
+        return propagation_problem(edge_index, edge_weight, self.cached)
+
     @over_feature_batches
+    @compile_path(_compile_problem)
     def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor,
                 edge_weight: torch.Tensor | None = None) -> torch.Tensor:
         x = node_features(x, "SGConv")
@@ -231,7 +251,8 @@ class SGConv(OneLineRepr, nn.Module):
         if self._cached_x is not None:
             return self.lin(self._cached_x.detach())
         graph, hop = _normalized_hop(_as_graph(edge_index, x.shape[0]), edge_weight, x.dtype, self.add_self_loops)
-        transform_first = not self.cached and self.out_channels < self.in_channels
+        transform_first = (not self.cached and self.out_channels < self.in_channels   # not under torch.compile
+                           and not isinstance(graph, GraphRef))
         h = _transform_first(x, self.lin.weight, graph, self.K) if transform_first else x
         for _ in range(self.K):
             h = hop(h)
@@ -275,13 +296,17 @@ class TAGConv(OneLineRepr, nn.Module):
         if self.bias is not None:
             nn.init.zeros_(self.bias)
 
+    def _compile_problem(self, x: Any, edge_index: Any, edge_weight: Any = None) -> str | None:
+        return propagation_problem(edge_index, edge_weight)
+
     @over_feature_batches
+    @compile_path(_compile_problem)
     def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor,
                 edge_weight: torch.Tensor | None = None) -> torch.Tensor:
         x = node_features(x, "TAGConv")
         edge_index, edge_weight = adjacency_weights(edge_index, edge_weight, "TAGConv")
         graph, hop = _normalized_hop(_as_graph(edge_index, x.shape[0]), edge_weight, x.dtype, False, self.normalize)
-        if self.out_channels < self.in_channels:
+        if self.out_channels < self.in_channels and not isinstance(graph, GraphRef):   # not under torch.compile
             skips = [_transform_first(x, lin.weight, graph, k) if k else lin(x) for k, lin in enumerate(self.lins)]
             norm = _inv_sqrt_degree(graph, x.dtype) if self.normalize else x.new_ones(graph.num_nodes, 1)
             out = skips[-1]
@@ -419,6 +444,7 @@ class ChebConv(OneLineRepr, nn.Module):
         if self.bias is not None:
             nn.init.zeros_(self.bias)
 
+    @compile_path()
     def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor, edge_weight: torch.Tensor | None = None,
                 batch: torch.Tensor | None = None, lambda_max: float | torch.Tensor | None = None) -> torch.Tensor:
         x = node_features(x, "ChebConv")

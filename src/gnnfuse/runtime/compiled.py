@@ -42,7 +42,9 @@ class CompiledProgram:
             self._backward[wrt] = backward
         return self._backward[wrt]
 
-    def __call__(self, graph: Graph, feeds: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def checked_inputs(self, graph: Graph, feeds: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
+        """The program's inputs from ``feeds``, in program order, after checking each fits
+        ``graph`` (types, device, layout)."""
         keys = tuple(self.program.inputs)
         missing = [k for k in keys if k not in feeds]
         if missing:
@@ -54,6 +56,11 @@ class CompiledProgram:
             if tensor.layout is not torch.strided:
                 raise ValueError(f"input {key!r} is a {tensor.layout} tensor; compiled programs take dense "
                                  "tensors (convert with .to_dense(), or apply the dense transform first)")
+        return tensors
+
+    def __call__(self, graph: Graph, feeds: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        keys = tuple(self.program.inputs)
+        tensors = self.checked_inputs(graph, feeds)
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
             outputs = _ProgramFunction.apply(self, GraphContext(graph), keys, *tensors)
         else:   # inference: no backward program is built and nothing is saved for one
@@ -225,17 +232,24 @@ class _ProgramFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *output_grads: torch.Tensor):
-        backward: BackwardProgram = ctx.backward
-        feeds: dict[str, torch.Tensor] = {f"saved:{i}": t for i, t in zip(ctx.saved_ids, ctx.saved_tensors)}
-        for (key, out), g, (shape, dtype, device) in zip(ctx.compiled.program.outputs.items(), output_grads,
-                                                         ctx.output_meta):
-            name = f"grad:{key}"
-            if name in backward.program.inputs:
-                feeds[name] = g if g is not None else torch.zeros(shape, dtype=dtype, device=device)
+        output_grads = [g if g is not None else torch.zeros(shape, dtype=dtype, device=device)
+                        for g, (shape, dtype, device) in zip(output_grads, ctx.output_meta)]
+        feeds = backward_feeds(ctx.compiled, ctx.backward, dict(zip(ctx.saved_ids, ctx.saved_tensors)), output_grads)
         with forcing(ctx.schedule):
-            grads, _ = ctx.execute(backward.program, ctx.graph_ctx, feeds)
+            grads, _ = ctx.execute(ctx.backward.program, ctx.graph_ctx, feeds)
         by_key = {k.removeprefix("grad:"): g for k, g in grads.items()}
         return (None, None, None) + tuple(by_key.get(k) for k in ctx.keys)
+
+
+def backward_feeds(compiled: CompiledProgram, backward: BackwardProgram, kept: Mapping[int, torch.Tensor],
+                   output_grads) -> dict[str, torch.Tensor]:
+    """The backward program's inputs: the forward values it saved (``kept``, by value id)
+    and the gradients of the forward outputs it reads (in output order)."""
+    feeds = {f"saved:{v.id}": kept[v.id] for v in backward.saved}
+    for key, g in zip(compiled.program.outputs, output_grads):
+        if f"grad:{key}" in backward.program.inputs:
+            feeds[f"grad:{key}"] = g
+    return feeds
 
 
 _BY_STRUCTURE: dict[tuple, CompiledProgram] = {}

@@ -1,0 +1,115 @@
+"""Front-end calls while ``torch.compile`` traces a model: one opaque operator per call.
+
+Eagerly, a vertex function or message/reduce UDF is traced into a program on each call
+(or found in the trace cache) and run. Dynamo cannot trace that Python into a graph, so
+under ``torch.compile`` (`torch.compiler.is_compiling`) a call instead
+
+1. asks `program_at_compile_time` -- run by dynamo once, as a constant (its result is
+   assumed fixed for the UDF and the tables' keys, per-row shapes and dtypes, exactly
+   what the trace cache keys on) -- for the compiled program's operator name, inputs
+   and outputs, tracing on stand-in tables that hold no data;
+2. runs the program as ``gnnfuse::run_program`` (`runtime.compile_op`), which builds the
+   graph layouts and launches the fused kernels at run time.
+
+A UDF is named to the operator by the key of its registration here (`register_udf`),
+so only UDF objects that exist outside the traced code qualify: module-level
+`VertexFunction` s and the objects `udf_factory` factories return. A call that
+cannot run so -- a UDF whose trace captures tensors from outside its arguments (they
+would be frozen into the compiled graph), a typed graph, a program drawing random
+numbers -- runs eagerly behind a graph break, with a warning.
+"""
+from __future__ import annotations
+
+import functools
+import itertools
+import weakref
+from typing import Any, Callable, Hashable, Mapping
+
+import torch
+
+from ..graph import Graph
+from ..ir import CompileError
+from ..runtime.compile_op import GraphRef, graph_input_problem, register_program, run_eagerly, run_program
+from .trace_cache import program_feeds, signature
+
+_UDFS: "weakref.WeakValueDictionary[str, Any]" = weakref.WeakValueDictionary()
+_KEYS = itertools.count()
+
+
+def register_udf(udf: Any) -> str:
+    """A key naming ``udf`` (an object with ``compiled(tables)``) to `program_at_compile_time`."""
+    key = f"{type(udf).__name__}-{next(_KEYS)}"
+    _UDFS[key] = udf
+    return key
+
+
+def _constant_result(fn: Callable) -> Callable:
+    """Mark ``fn`` as `torch.compiler.assume_constant_result` does: dynamo calls it at
+    trace time and keeps the result as a constant. Set directly because the public
+    spelling imports dynamo (seconds) at gnnfuse's import."""
+    fn._dynamo_marked_constant = True
+    return fn
+
+
+def udf_factory(build: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorator for a function building a UDF from constants (a reduction list, a
+    slope): memoised per argument tuple, built outside any traced code, so a model
+    torch.compile traces meets the same registered UDF object the eager path uses."""
+    name = f"{build.__module__}.{build.__qualname__}"
+    _BUILDERS[name] = build
+
+    @functools.wraps(build)
+    def make(*args: Hashable) -> Any:
+        return _MADE[_made(name, args)]
+    return make
+
+
+_BUILDERS: dict[str, Callable[..., Any]] = {}
+_MADE: dict[tuple[str, tuple], Any] = {}
+
+
+@_constant_result
+def _made(name: str, args: tuple) -> tuple[str, tuple]:
+    """The `_MADE` key of ``name(*args)``, built on first use. A constant to dynamo,
+    which then reads the UDF from the module's table, a lookup it can guard."""
+    key = (name, args)
+    if key not in _MADE:
+        _MADE[key] = _BUILDERS[name](*args)
+    return key
+
+
+@_constant_result
+def program_at_compile_time(udf_key: str, table_signature: Hashable
+                            ) -> tuple[str, tuple[str, ...], tuple[str, ...]] | str:
+    """(operator name of the compiled program, its input names, its output names) for the
+    UDF registered under ``udf_key`` called on tables of ``table_signature``; or, when it
+    cannot run as the operator, why not."""
+    default_dtype, tables = table_signature
+    stand_ins = tuple({key: torch.empty((1, *rest) if dim else (), dtype=dtype, device="meta")
+                       for key, dim, rest, dtype in table} for table in tables)
+    compiled, captured = _UDFS[udf_key].compiled(stand_ins)
+    if captured:
+        return (f"a UDF reads tensors {sorted(captured)} from outside its arguments (pass them as node or edge "
+                "features to trace it)")
+    try:
+        name = register_program(compiled)
+    except CompileError as exc:
+        return str(exc)
+    return name, tuple(compiled.program.inputs), tuple(compiled.program.outputs)
+
+
+def call_compiled(udf_key: str, graph: Any, tables: tuple[Mapping[str, torch.Tensor], ...],
+                  eager: Callable[[], dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """A UDF call as torch.compile traces it, or ``eager()`` behind a graph break when it
+    has no traced form. On a raw index tensor the vertex count is the node table's row
+    count (under compile the ids cannot be read to infer it)."""
+    problem = graph_input_problem(graph)
+    rows = next((t.shape[0] for t in tables[0].values()), None)
+    if problem is None and rows is None and not isinstance(graph, (Graph, GraphRef)):
+        problem = "a UDF called on an edge_index without node features (whose rows give the vertex count)"
+    found = program_at_compile_time(udf_key, signature(tables)) if problem is None else problem
+    if isinstance(found, str):
+        return run_eagerly(found, eager)
+    program, inputs, outputs = found
+    feeds = program_feeds(tables, {})
+    return dict(zip(outputs, run_program(program, GraphRef.of(graph, rows), [feeds[k] for k in inputs])))

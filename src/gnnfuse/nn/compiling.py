@@ -1,0 +1,55 @@
+"""Which layer calls run as one captured graph under ``torch.compile``, and the fallback
+for the rest.
+
+Covered: SAGEConv (every fused ``aggr`` form: names, lists, softmax), GCNConv, GATConv,
+GINConv, GraphConv, SGConv, APPNP and TAGConv, on a plain ``edge_index`` or an untyped
+`Graph`, one vertex set or bipartite; each layer's ``_compile_problem`` names the
+arguments that are not (edge weights, ``cached=True``, dropout drawn inside a program,
+attention weights returned, ...).
+
+A covered layer's ``forward`` traced by dynamo takes the graph as a `GraphRef` (index
+tensors; layouts are built inside the fused program's operator, see
+`runtime.compile_op`) and computes its per-graph coefficients in plain torch, so the
+whole layer is one graph: dense transforms compiled by inductor, each fused graph kernel
+one opaque node. Calls the compile path does not cover (an argument the layer's
+``why_not`` names, or a layer not covered at all) run the layer's eager ``forward`` through
+``torch.compiler.disable``: one graph break, the eager result, and a warning once per
+layer class and reason -- never a silently different answer.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import torch
+
+from ..runtime.compile_op import graph_input_problem, run_eagerly
+
+__all__ = ["compile_path", "graph_input_problem", "propagation_problem"]
+
+
+def compile_path(why_not: Callable[..., str | None] | None = None) -> Callable[[Callable], Callable]:
+    """Decorator for a layer's ``forward``: under torch.compile, runs it traced when
+    ``why_not(layer, *args, **kwargs)`` gives None, else eagerly (a graph break) for the
+    reason it gives. Without ``why_not`` the layer always runs eagerly under compile."""
+    def wrap(forward: Callable) -> Callable:
+        @functools.wraps(forward)
+        def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if torch.compiler.is_compiling():
+                reason = "it has no torch.compile path yet" if why_not is None else why_not(self, *args, **kwargs)
+                if reason is not None:
+                    return run_eagerly(f"{type(self).__name__}: {reason}", forward, self, *args, **kwargs)
+            return forward(self, *args, **kwargs)
+        return run
+    return wrap
+
+
+def propagation_problem(edge_index: Any, edge_weight: Any, cached: bool = False) -> str | None:
+    """Why a normalising propagation's call (GCN, APPNP, SGC, TAG) has no traced path, or
+    None: edge weights (their normalisation reorders edges by data: loops removed and
+    re-added), PyG's ``cached=True`` (state kept on the layer) and untraceable graphs."""
+    if edge_weight is not None:
+        return "edge_weight"
+    if cached:
+        return "cached=True"
+    return graph_input_problem(edge_index)

@@ -1,0 +1,261 @@
+"""A compiled program's run as one opaque torch operator, so ``torch.compile`` captures
+models built on gnnfuse in one graph.
+
+Dynamo traces Python bytecode. gnnfuse's eager path is Python it cannot trace into one
+graph: layouts built and cached per index tensor (object identity, version counters),
+front-end tracing of the user's function, an executor choosing kernels. Under
+``torch.compile`` all of that moves behind two custom operators:
+
+- ``gnnfuse::run_program`` runs one registered `CompiledProgram` on a graph given as
+  raw index tensors (a `GraphRef`). Inside it -- real tensors, outside dynamo's view --
+  the `Graph` and its layouts are built (and cached, as in eager mode, by the index
+  tensor's identity and version) and the usual executor runs: Triton's fused kernels
+  on CUDA, the torch reference elsewhere. Its fake implementation gives the outputs'
+  shapes from the program's IR (node rows are ``num_nodes``; per-row shapes are the
+  IR's), so dynamo never runs a kernel to learn a shape.
+- ``gnnfuse::run_program_backward`` is its autograd formula: the generated backward
+  program. The backward program reads forward intermediates (``saved:`` values), and
+  an opaque operator's outputs are fixed by its schema, so the backward operator runs
+  the forward program again, keeping those values, then the backward program: one
+  extra forward per training step, the price of a graph with no breaks.
+
+So inductor sees each fused graph kernel as one node and compiles the dense work around
+it (linear maps, activations, the per-graph degree arithmetic done in torch). Programs
+that draw random numbers (dropout) are refused here: the backward's re-run would draw a
+different mask.
+"""
+from __future__ import annotations
+
+import itertools
+import warnings
+from typing import Any, Callable, NamedTuple
+
+import torch
+
+from ..backend.reference import GraphContext
+from ..graph import Graph
+from ..graph.index_cache import cached_graph
+from ..ir import CompileError, Residency
+from .compiled import CompiledProgram, backward_feeds, _run_forward
+
+# Graph transforms a `GraphRef` can name; the operator applies them to the built graph.
+GRAPH_STEPS = {
+    "looped": lambda g: g.remove_self_loops().add_self_loops(),   # exactly one loop per vertex (PyG's)
+    "reversed": Graph.reverse,
+}
+_RANDOM_OPS = ("dropout_mask",)
+
+
+class GraphRef(NamedTuple):
+    """A graph as a traced model holds it: index tensors, vertex counts and the named
+    transforms (`GRAPH_STEPS`) to apply, all building deferred to the operator.
+
+    ``edges`` is ``(edge_index,)`` (the user's [2, E] tensor, passed through unchanged so
+    the operator meets the very object the index cache knows) or ``(src, dst)`` of a
+    `Graph`. ``num_src_nodes`` is -1 for one vertex set."""
+    edges: tuple[torch.Tensor, ...]
+    num_nodes: int
+    num_src_nodes: int
+    steps: tuple[str, ...] = ()
+
+    @staticmethod
+    def of(graph: "Graph | torch.Tensor | GraphRef", num_nodes: int, num_src_nodes: int | None = None) -> GraphRef:
+        """The reference for a graph input that `graph_input_problem` accepts: a
+        `GraphRef`, an untyped `Graph` or a plain [2, E] index tensor."""
+        problem = graph_input_problem(graph)
+        if problem is not None:
+            raise CompileError(f"under torch.compile {problem} cannot be traced")
+        if isinstance(graph, GraphRef):
+            return graph
+        if isinstance(graph, Graph):
+            return GraphRef((graph.src, graph.dst), graph.num_nodes,
+                            graph.num_src_nodes if graph.is_bipartite else -1)
+        return GraphRef((graph,), num_nodes, -1 if num_src_nodes is None else num_src_nodes)
+
+    def derived(self, step: str) -> GraphRef:
+        return GraphRef(self.edges, self.num_nodes, self.num_src_nodes, self.steps + (step,))
+
+    @property
+    def num_src(self) -> int:
+        return self.num_nodes if self.num_src_nodes < 0 else self.num_src_nodes
+
+    def in_degrees(self, dtype: torch.dtype) -> torch.Tensor:
+        """[num_nodes] in-degrees of the transformed graph, in torch that dynamo traces
+        (static shapes: no loop removal by masking, loops counted instead)."""
+        src, dst = self.edges if len(self.edges) == 2 else self.edges[0].unbind(0)
+        num_dst, num_src, weight, looped = self.num_nodes, self.num_src, torch.ones_like(dst, dtype=dtype), False
+        for step in self.steps:
+            if looped:
+                raise CompileError(f"graph steps {self.steps}: nothing may follow 'looped'")
+            if step == "reversed":
+                src, dst, num_dst, num_src = dst, src, num_src, num_dst
+            else:
+                weight, looped = (src != dst).to(dtype), True
+        degree = torch.zeros(num_dst, dtype=dtype, device=dst.device).index_add(0, dst, weight)
+        if looped:
+            degree = degree + (torch.arange(num_dst, device=dst.device) < min(num_dst, num_src)).to(dtype)
+        return degree
+
+
+def graph_input_problem(graph: object) -> str | None:
+    """Why a graph argument cannot be traced into a `GraphRef`, or None: a plain [2, E]
+    index tensor (not PyG's EdgeIndex subclass, not a sparse adjacency) or a `Graph`
+    without edge or node types can."""
+    if isinstance(graph, GraphRef):
+        return None
+    if isinstance(graph, Graph):
+        return "a Graph with edge or node types" if graph.edge_type is not None or graph.node_type is not None \
+            else None
+    if type(graph) is torch.Tensor and graph.layout is torch.strided and graph.dim() == 2:
+        return None
+    return f"a graph given as {type(graph).__name__}"
+
+
+_WARNED: set[str] = set()
+
+
+def run_eagerly(reason: str, fn: Callable, *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` outside the traced graph (one graph break) when a call has
+    no traced path, with a warning once per reason: the eager result, never a silently
+    different one."""
+    return torch.compiler.disable(_warned_call)(reason, fn, *args, **kwargs)
+
+
+def _warned_call(reason: str, fn: Callable, *args: Any, **kwargs: Any) -> Any:
+    if reason not in _WARNED:
+        _WARNED.add(reason)
+        warnings.warn(f"gnnfuse runs eagerly under torch.compile (a graph break): {reason}", stacklevel=3)
+    return fn(*args, **kwargs)
+
+
+_PROGRAMS: dict[str, CompiledProgram] = {}
+_IDS: dict[int, str] = {}
+_COUNTER = itertools.count()
+
+
+def register_program(compiled: CompiledProgram) -> str:
+    """The operator's name for ``compiled`` (registered once; programs live as long as
+    `compiled_for`'s table keeps them: the process)."""
+    if id(compiled) not in _IDS:
+        random = sorted({v.op for v in compiled.program.values if v.op in _RANDOM_OPS})
+        if random:
+            raise CompileError(f"the program draws random numbers ({', '.join(random)}); under torch.compile "
+                               "its backward re-runs the forward and would draw anew: use eval mode or p=0")
+        name = f"p{next(_COUNTER)}"
+        _IDS[id(compiled)], _PROGRAMS[name] = name, compiled
+    return _IDS[id(compiled)]
+
+
+def run_program(program: str, graph: GraphRef, feeds: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Run registered ``program`` on ``graph`` with its inputs in program order."""
+    return torch.ops.gnnfuse.run_program(program, "+".join(graph.steps), graph.num_nodes, graph.num_src_nodes,
+                                         list(graph.edges), feeds)
+
+
+def _built_graph(edges: list[torch.Tensor], num_nodes: int, num_src_nodes: int, steps: str) -> Graph:
+    """The `Graph` a `GraphRef` describes, from the index caches: one per index tensor
+    while it is unchanged, its transforms cached on it."""
+    bipartite = None if num_src_nodes < 0 else num_src_nodes
+    if len(edges) == 1:
+        graph = Graph.coerce(edges[0], num_nodes=num_nodes, num_src_nodes=bipartite)
+    else:
+        src, dst = edges      # a Graph's own tensors: the rebuilt graph shares their memory, not the objects
+        graph = cached_graph(src, edges, ("pair", num_nodes, bipartite),
+                             lambda: Graph(src.detach(), dst.detach(), num_nodes, num_src_nodes=bipartite))
+    done = []
+    for step in steps.split("+") if steps else ():
+        done.append(step)
+        graph = graph.cached("compile_steps_" + "+".join(done), GRAPH_STEPS[step])
+    return graph
+
+
+def _program_inputs(compiled: CompiledProgram, graph: Graph, feeds: list[torch.Tensor]
+                    ) -> tuple[tuple[str, ...], list[torch.Tensor]]:
+    keys = tuple(compiled.program.inputs)
+    return keys, compiled.checked_inputs(graph, dict(zip(keys, feeds)))
+
+
+@torch.library.custom_op("gnnfuse::run_program", mutates_args=())
+def _run_op(program: str, steps: str, num_nodes: int, num_src_nodes: int, edges: list[torch.Tensor],
+            feeds: list[torch.Tensor]) -> list[torch.Tensor]:
+    compiled = _PROGRAMS[program]
+    graph = _built_graph(edges, num_nodes, num_src_nodes, steps)
+    keys, tensors = _program_inputs(compiled, graph, feeds)
+    outputs, _, _ = _run_forward(compiled, GraphContext(graph), keys, tensors, None)
+    return _unaliased(outputs, feeds)
+
+
+def _unaliased(outputs, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """An operator's outputs may alias neither its inputs nor each other (a program
+    can return an input, or one value under two names): such outputs are copied."""
+    seen = {t.untyped_storage().data_ptr() for t in inputs if t.numel()}
+    result = []
+    for out in outputs:
+        if out.numel() and out.untyped_storage().data_ptr() in seen:
+            out = out.clone()
+        seen.add(out.untyped_storage().data_ptr())
+        result.append(out)
+    return result
+
+
+@_run_op.register_fake
+def _run_fake(program, steps, num_nodes, num_src_nodes, edges, feeds):
+    device = feeds[0].device if feeds else edges[0].device
+    return [torch.empty(_rows(value.residency, num_nodes, key) + tuple(value.shape), dtype=value.dtype, device=device)
+            for key, value in _PROGRAMS[program].program.outputs.items()]
+
+
+def _rows(residency: Residency, num_nodes: int, key: str) -> tuple[int, ...]:
+    if residency is Residency.NODE:
+        return (num_nodes,)
+    if residency is Residency.SHARED:
+        return ()
+    raise CompileError(f"program output {key!r} is {residency.name} data; under torch.compile a program "
+                       "returns per-vertex values only")
+
+
+@torch.library.custom_op("gnnfuse::run_program_backward", mutates_args=())
+def _backward_op(program: str, steps: str, num_nodes: int, num_src_nodes: int, edges: list[torch.Tensor],
+                 feeds: list[torch.Tensor], wrt: list[int], output_grads: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Gradients of the inputs at positions ``wrt``, the forward re-run to recover what
+    the backward program reads."""
+    compiled = _PROGRAMS[program]
+    graph = _built_graph(edges, num_nodes, num_src_nodes, steps)
+    keys, tensors = _program_inputs(compiled, graph, feeds)
+    backward = compiled.backward_for(tuple(keys[i] for i in wrt))
+    graph_ctx = GraphContext(graph)
+    _, kept, execute = _run_forward(compiled, graph_ctx, keys, tensors, backward)
+    grads, _ = execute(backward.program, graph_ctx, backward_feeds(compiled, backward, kept, output_grads))
+    by_key = {k.removeprefix("grad:"): g for k, g in grads.items()}
+    return [by_key[keys[i]] if by_key.get(keys[i]) is not None else torch.zeros_like(tensors[i]) for i in wrt]
+
+
+@_backward_op.register_fake
+def _backward_fake(program, steps, num_nodes, num_src_nodes, edges, feeds, wrt, output_grads):
+    return [torch.empty_like(feeds[i]) for i in wrt]
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    program, steps, num_nodes, num_src_nodes, edges, feeds = inputs
+    ctx.program, ctx.steps, ctx.num_nodes, ctx.num_src_nodes = program, steps, num_nodes, num_src_nodes
+    ctx.num_edges = len(edges)
+    ctx.save_for_backward(*edges, *feeds)
+    ctx.output_meta = [(o.shape, o.dtype, o.device) for o in output]
+
+
+def _backward(ctx, output_grads):
+    saved = ctx.saved_tensors
+    edges, feeds = list(saved[:ctx.num_edges]), list(saved[ctx.num_edges:])
+    wrt = [i for i, need in enumerate(ctx.needs_input_grad[5]) if need]
+    grads = [None] * len(feeds)
+    if wrt:
+        output_grads = [g if g is not None else torch.zeros(shape, dtype=dtype, device=device)
+                        for g, (shape, dtype, device) in zip(output_grads, ctx.output_meta)]
+        computed = torch.ops.gnnfuse.run_program_backward(ctx.program, ctx.steps, ctx.num_nodes, ctx.num_src_nodes,
+                                                          edges, feeds, wrt, output_grads)
+        for i, g in zip(wrt, computed):
+            grads[i] = g
+    return None, None, None, None, [None] * len(edges), grads
+
+
+_run_op.register_autograd(_backward, setup_context=_setup_context)

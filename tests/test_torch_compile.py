@@ -1,0 +1,180 @@
+"""``torch.compile`` of gnnfuse.nn layers: one captured graph (no graph breaks), each fused
+program one opaque operator, and the eager answer -- outputs and every gradient -- which
+is also PyG's (float64, weights copied from PyG's layer). Compiled with ``aot_eager``
+(dynamo and AOT autograd, no code generation: what decides graph breaks and gradients)
+and ``fullgraph=True``, which raises at any graph break; one test runs inductor."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import torch_geometric.nn as pyg
+
+import gnnfuse.nn as ours
+from gnnfuse import vertex
+from gnnfuse.graph import Graph
+from layer_check import assert_same_values, outputs_and_grads
+
+SRC = str(Path(__file__).resolve().parent.parent / "src")
+# A self loop (0 -> 0), a vertex without in-edges (3), one without any edge (4).
+EDGE_INDEX = [[0, 1, 2, 3, 3, 1], [0, 0, 1, 1, 2, 2]]
+NUM_NODES = 5
+
+# name -> (gnnfuse layer, PyG layer of the same configuration); inputs are 8 wide.
+LAYERS = {
+    "sage_aggr_list": lambda: (ours.SAGEConv(8, 6, aggr=["mean", "sum", "min", "max", "std"]),
+                               pyg.SAGEConv(8, 6, aggr=["mean", "sum", "min", "max", "std"])),
+    "sage_narrowing_mean": lambda: (ours.SAGEConv(8, 4), pyg.SAGEConv(8, 4)),
+    "gcn": lambda: (ours.GCNConv(8, 4), pyg.GCNConv(8, 4)),
+    "gcn_target_to_source": lambda: (ours.GCNConv(8, 4, flow="target_to_source"),
+                                     pyg.GCNConv(8, 4, flow="target_to_source")),
+    "gcn_unnormalized": lambda: (ours.GCNConv(8, 4, normalize=False), pyg.GCNConv(8, 4, normalize=False)),
+    "gat": lambda: (ours.GATConv(8, 3, heads=2), pyg.GATConv(8, 3, heads=2)),
+    "gin": lambda: (ours.GINConv(torch.nn.Linear(8, 4), train_eps=True),
+                    pyg.GINConv(torch.nn.Linear(8, 4), train_eps=True)),
+    "graph_conv_mean": lambda: (ours.GraphConv(8, 4, aggr="mean"), pyg.GraphConv(8, 4, aggr="mean")),
+    "sgc": lambda: (ours.SGConv(8, 4, K=2), pyg.SGConv(8, 4, K=2)),
+    "appnp": lambda: (ours.APPNP(K=2, alpha=0.1), pyg.APPNP(K=2, alpha=0.1)),
+    "tag": lambda: (ours.TAGConv(8, 4, K=2), pyg.TAGConv(8, 4, K=2)),
+}
+TRITON_LAYERS = ("sage_aggr_list", "gcn", "gat")     # the interpreter is slow: one per program shape
+
+
+def _pair(name: str, device: str) -> tuple[torch.nn.Module, torch.nn.Module]:
+    torch.manual_seed(0)
+    layer, oracle = (m.double().to(device) for m in LAYERS[name]())
+    layer.load_state_dict(oracle.state_dict())
+    return layer, oracle
+
+
+def _inputs(device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    torch.manual_seed(1)
+    return (torch.randn(NUM_NODES, 8, dtype=torch.float64, device=device),
+            torch.tensor(EDGE_INDEX, device=device))
+
+
+def _assert_compiled_matches(name: str, device: str) -> None:
+    """Compiled (one graph) == eager == PyG, on the output and every gradient."""
+    layer, oracle = _pair(name, device)
+    x, edge_index = _inputs(device)
+    eager = outputs_and_grads(layer, lambda h: layer(h, edge_index), x)     # first, as a user's eager warm-up
+    compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)
+    got = outputs_and_grads(layer, lambda h: compiled(h, edge_index), x)
+    expected = outputs_and_grads(oracle, lambda h: oracle(h, edge_index), x)
+    assert got.keys() == eager.keys() == expected.keys()
+    for key in got:
+        assert_same_values(got[key], eager[key], f"{name} {key} (compiled vs eager)")
+        assert_same_values(got[key], expected[key], f"{name} {key} (compiled vs PyG)")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    """Each test compiles anew: dynamo's caches are per code object, so a layer class
+    compiled by an earlier test would otherwise be reused (or hit the recompile limit)."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("name", sorted(LAYERS))
+def test_layer_compiles_to_one_graph_with_eager_and_pyg_results(name):
+    _assert_compiled_matches(name, "cpu")
+
+
+@pytest.mark.parametrize("name", TRITON_LAYERS)
+def test_layer_compiles_on_the_triton_backend(name, monkeypatch):
+    monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
+    from oracle_check import device_for
+    _assert_compiled_matches(name, device_for("triton"))
+
+
+def test_explain_finds_no_graph_break_in_a_list_aggregation():
+    """PyG's own check, in our words: dynamo's explanation of a SAGE layer with a list of
+    aggregations (std included) counts no graph break, and its graph calls our operator."""
+    layer, _ = _pair("sage_aggr_list", "cpu")
+    x, edge_index = _inputs("cpu")
+    explanation = torch._dynamo.explain(layer)(x, edge_index)
+    assert explanation.graph_break_count == 0
+    assert "gnnfuse.run_program" in explanation.graphs[0].code
+
+
+def test_an_edited_edge_index_is_never_served_stale():
+    """The compiled graph keeps no layout: the operator builds it per index tensor, and
+    an in-place edit (a new version) or another tensor of the same shape gets its own."""
+    layer, _ = _pair("sage_aggr_list", "cpu")
+    x, edge_index = _inputs("cpu")
+    compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)
+    compiled(x, edge_index)
+    edge_index[1, 0] = 4
+    assert_same_values(compiled(x, edge_index), layer(x, edge_index), "after an in-place edit")
+    other = torch.tensor([[4, 4, 3, 2, 1, 0], [0, 1, 2, 3, 4, 4]])
+    assert_same_values(compiled(x, other), layer(x, other), "on another edge_index")
+
+
+def test_a_graph_object_runs_in_the_compiled_graph():
+    layer, oracle = _pair("gcn", "cpu")
+    x, edge_index = _inputs("cpu")
+    graph = Graph.from_edge_index(edge_index, NUM_NODES)
+    compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)
+    assert_same_values(compiled(x, graph), oracle(x, edge_index), "GCN on a Graph")
+
+
+def test_an_uncovered_call_runs_eagerly_with_a_warning():
+    """GCN with edge_weight has no traced path: it runs the eager layer behind one graph
+    break, says so, and gives the eager answer."""
+    layer, oracle = _pair("gcn", "cpu")
+    x, edge_index = _inputs("cpu")
+    weight = torch.rand(edge_index.shape[1], dtype=torch.float64)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = torch.compile(layer, backend="eager")(x, edge_index, weight)
+    assert any("GCNConv: edge_weight" in str(w.message) for w in caught)
+    assert_same_values(out, oracle(x, edge_index, weight), "GCN with edge_weight")
+
+
+def test_inductor_compiles_after_an_eager_call_in_a_fresh_process():
+    """Inductor (the default backend) compiles a list aggregation to one graph with the
+    eager result, after an eager call. In a fresh process, because the first trace of a
+    process imports dynamo (torch's meta kernels do, lazily) while the vertex tracer has
+    ``len``/``sum``/``max``/``min`` swapped: dynamo kept the swapped ``len`` and could not
+    compile any model afterwards."""
+    script = ("import torch\nfrom gnnfuse.nn import SAGEConv\ntorch.manual_seed(0)\n"
+              "x, edge_index = torch.randn(4, 8), torch.tensor([[0, 1, 2, 3], [0, 0, 1, 1]])\n"
+              "layer = SAGEConv(8, 32, aggr=['mean', 'sum', 'min', 'max', 'std'])\n"
+              "expected = layer(x, edge_index)\n"
+              "out = torch.compile(layer, fullgraph=True)(x, edge_index)\n"
+              "assert torch.allclose(out, expected, atol=1e-6)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [SRC, os.environ.get("PYTHONPATH")]))}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+_WEIGHT = torch.ones(3, dtype=torch.float64)
+
+
+@vertex
+def _weighted_neighbour_sum(v):
+    return sum([u.h * _WEIGHT for u in v.innbs])     # reads a tensor from outside its arguments
+
+
+def test_a_udf_reading_an_outside_tensor_runs_eagerly_and_sees_its_edits():
+    """Frozen into a compiled graph, the tensor's later edits would be missed: such a UDF
+    runs eagerly behind a graph break, says so, and sees every edit."""
+    x, edge_index = torch.randn(NUM_NODES, 3, dtype=torch.float64), Graph.from_edge_index(EDGE_INDEX, NUM_NODES)
+    compiled = torch.compile(lambda h, e: _weighted_neighbour_sum(e, {"h": h}), backend="eager")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        compiled(x, edge_index)
+    assert any("reads tensors" in str(w.message) for w in caught)
+    _WEIGHT.mul_(3.0)
+    try:
+        assert_same_values(compiled(x, edge_index), _weighted_neighbour_sum(edge_index, {"h": x}), "after an edit")
+        assert_same_values(compiled(x, edge_index), 3.0 * _weighted_neighbour_sum(edge_index, {"h": x / 3.0}),
+                           "scaled")
+    finally:
+        _WEIGHT.fill_(1.0)
