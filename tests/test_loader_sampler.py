@@ -65,6 +65,10 @@ def test_reindex_puts_destinations_first_and_maps_back(drawn):
     fresh = gnnfuse.Graph(local, hop.dst, seeds.numel(), num_src_nodes=nodes.numel())     # sorts for its CSR
     for ours, sorted_ in zip(graph.csr(), fresh.csr()):
         assert torch.equal(ours, sorted_), "the block's CSR differs from the one a sort builds"
+    for ours, sorted_ in zip(graph.reverse_csr(), fresh.reverse_csr()):
+        assert ours.dtype == sorted_.dtype and torch.equal(ours, sorted_), "the block's reverse CSR differs"
+    assert torch.equal(graph.in_degrees(), fresh.in_degrees())
+    assert torch.equal(graph.out_degrees(), fresh.out_degrees())
 
 
 def test_sampling_without_replacement_is_uniform():

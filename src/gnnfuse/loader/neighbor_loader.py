@@ -32,6 +32,7 @@ import torch
 
 from ..graph import Graph
 from .block import Block, block_graph
+from .layouts import prepare_layouts
 from .prefetch import Prefetcher
 from .sampler import reindex, sample_hop
 from .stages import StageTimes, stream_sync
@@ -218,8 +219,8 @@ class NeighborLoader:
             x, y, n_id, input_id = (self._to_device(t) for t in (x, y, nodes, seeds))
             hops = [tuple(self._to_device(t) for t in hop) for hop in reversed(hops)]
         with times.timing("reindex", stream_sync(self.device)):       # the blocks' graphs, on the device
-            blocks = [Block(block_graph(rowptr, src, dst, frontier_nodes.numel()), frontier_nodes)
-                      for rowptr, src, dst, frontier_nodes in hops]
+            graphs = [(block_graph(rowptr, src, dst, frontier.numel()), frontier) for rowptr, src, dst, frontier in hops]
+            blocks = [Block(graph, frontier, prepare_layouts(graph)) for graph, frontier in graphs]
         return MiniBatch(blocks, x, y, n_id, input_id)
 
     def _gather(self, table: torch.Tensor | None, ids: torch.Tensor) -> torch.Tensor | None:
