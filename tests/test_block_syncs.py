@@ -67,3 +67,21 @@ def test_the_counter_sees_the_syncs_of_a_block_without_prepared_layouts(backend,
     counter = _counted_steps(model, [type(batch)(bare, batch.x, batch.y, batch.n_id, batch.input_id)], backend,
                              monkeypatch)
     assert counter.syncs
+
+
+def test_triton_segments_of_rows_that_cannot_split_are_built_without_a_sync():
+    from gnnfuse.backend.reference import GraphContext
+    from gnnfuse.backend.triton.schedule import segments
+    generator = torch.Generator().manual_seed(3)
+    dst = torch.randint(0, 9, (40,), generator=generator)
+    graph = gnnfuse.Graph(torch.randint(0, 12, (40,), generator=generator), dst, 9, num_src_nodes=12)
+    most = int(torch.bincount(dst).max())
+    graph.csr()                                   # built before counting: a loader's block comes with it
+    counter = HostSyncCounter()
+    with counter:
+        hinted = segments(GraphContext(graph), "dst", most, max_degree=most)
+    assert not counter.syncs
+    counted = segments(GraphContext(gnnfuse.Graph(graph.src, dst, 9, num_src_nodes=12)), "dst", most)   # counts
+    for name in ("row", "start", "end", "split", "split_rows"):
+        ours, theirs = getattr(hinted, name), getattr(counted, name)
+        assert ours.dtype == theirs.dtype and torch.equal(ours, theirs), name

@@ -40,37 +40,48 @@ class Block:
     def tensors(self) -> list[torch.Tensor]:
         """Every tensor the block holds (to tie their memory to a consumer's CUDA stream)."""
         graph = self.graph
-        return [graph.src, graph.dst, *graph.csr(), *graph.reverse_csr(), graph.in_degrees(), graph.out_degrees(),
-                self.src_nodes, *self.layouts]
+        return [graph.src, graph.dst, *graph.csr(), graph.in_degrees(), graph.out_degrees(), self.src_nodes,
+                *self.layouts]
 
 
 def block_graph(rowptr: torch.Tensor, local_src: torch.Tensor, local_dst: torch.Tensor, num_src: int) -> Graph:
     """The bipartite graph of a block whose edges come grouped by destination
-    (``rowptr``, ``local_src``; ``local_dst`` is each edge's destination), with both of
-    its layouts and degree vectors already in the graph's cache.
+    (``rowptr``, ``local_src``; ``local_dst`` is each edge's destination), with its CSR
+    and both degree vectors already in the graph's cache.
 
-    Why here: a layer's forward reads the CSR, its backward the reverse CSR (out-edges
-    grouped by source), and both degree vectors. Built lazily they would run in the
-    training step, once per block, and `Graph` builds them with ``bincount``, which on a
-    GPU reads its input's maximum back to the host: a sync that drains the device queue
-    every layer of every batch. The sample already holds the CSR (edges in destination
-    order, identity edge ids: exactly what `Graph.csr`'s sort would give), the in-degrees
-    are its row lengths, and the reverse layout is one stable sort of the sources with
-    its row pointers found by binary search -- nothing is read back to the host.
+    Why here: built lazily they would run in the training step, once per block, and
+    `Graph` builds them with a sort and ``bincount``, which on a GPU reads its input's
+    maximum back to the host: a sync that drains the device queue. The sample already
+    holds the CSR (edges in destination order, identity edge ids: exactly what
+    `Graph.csr`'s sort would give), the in-degrees are its row lengths and the
+    out-degrees one scatter-add; nothing is read back to the host.
     """
     graph = Graph(local_src, local_dst, rowptr.numel() - 1, num_src_nodes=num_src)
     dtype, device = graph.index_dtype, local_src.device
-    rowptr, local_src, local_dst = rowptr.long(), local_src.long(), local_dst.long()
-    edges = torch.arange(local_src.numel(), device=device)
-    by_source = torch.sort(local_src, stable=True)
-    reverse_rowptr = torch.searchsorted(by_source.values, torch.arange(num_src + 1, device=device))
-    layouts = {
-        "csr": CSR(rowptr.to(dtype), local_src.to(dtype), edges.to(dtype)),
-        "reverse_csr": CSR(reverse_rowptr.to(dtype), local_dst[by_source.indices].to(dtype),
-                           by_source.indices.to(dtype)),
-        "in_degrees": rowptr.diff(),
-        "out_degrees": reverse_rowptr.diff(),
-    }
+    rowptr, local_src = rowptr.long(), local_src.long()
+    edges = torch.arange(local_src.numel(), device=device, dtype=dtype)
+    out_degrees = torch.zeros(num_src, dtype=torch.int64, device=device).index_add_(
+        0, local_src, torch.ones(local_src.numel(), dtype=torch.int64, device=device))
+    _prefill(graph, csr=CSR(rowptr.to(dtype), local_src.to(dtype), edges), in_degrees=rowptr.diff(),
+             out_degrees=out_degrees)
+    return graph
+
+
+def build_reverse_csr(graph: Graph) -> CSR:
+    """The block's out-edges grouped by source (what a backward pass reads), built into
+    its cache without a host sync: one stable sort of the sources, row pointers by
+    binary search (`Graph.reverse_csr` would count rows with ``bincount``)."""
+    src = graph.src
+    by_source = torch.sort(src, stable=True)
+    rowptr = torch.searchsorted(by_source.values, torch.arange(graph.num_src_nodes + 1, device=src.device))
+    dtype = graph.index_dtype
+    reverse = CSR(rowptr.to(dtype), graph.dst[by_source.indices].to(dtype), by_source.indices.to(dtype))
+    _prefill(graph, reverse_csr=reverse)
+    return graph.reverse_csr()
+
+
+def _prefill(graph: Graph, **layouts: object) -> None:
+    """Store ``layouts`` in the graph's cache under `Graph`'s own keys (a key already
+    built keeps its value: both are the same layout)."""
     for key, value in layouts.items():
         graph.cached(key, lambda g, v=value: v)
-    return graph

@@ -11,8 +11,10 @@ with the previous batch's compute, and the step finds them in the graph's cache
 What is built depends on the backend that will run the block (`runtime.backend_name`):
 the Triton kernels' edge segments of both CSRs, the tuned-schedule shape class the
 Triton and CPU backends key their lookups on, and for every backend the rows a
-combine-first SAGE layer reads (`nn.conv.transform_first_rows`). The CSR, the reverse
-CSR and the degree vectors come with the block itself (`block.block_graph`).
+combine-first SAGE layer reads (`nn.conv.transform_first_rows`). The CSR and the degree
+vectors come with the block itself (`block.block_graph`); the reverse CSR, which only
+the compiled backends' backward kernels read, is built here for them
+(`block.build_reverse_csr`).
 """
 from __future__ import annotations
 
@@ -26,19 +28,24 @@ from ..backend.reference import GraphContext
 from ..graph import Graph
 from ..nn.conv import transform_first_rows
 from ..runtime.compiled import backend_name
+from .block import build_reverse_csr
 
 
-def prepare_layouts(graph: Graph) -> tuple[torch.Tensor, ...]:
+def prepare_layouts(graph: Graph, max_in_degree: int | None = None) -> tuple[torch.Tensor, ...]:
     """Build the per-graph layouts the step will read on ``graph`` (see the module
-    doc); returns the tensors built, which the consumer's stream must keep alive."""
+    doc); returns the tensors built, which the consumer's stream must keep alive.
+    ``max_in_degree`` bounds the destinations' sampled in-edges (the hop's fanout; None
+    when unbounded), which spares the Triton segments of the CSR a count."""
     built: list[Any] = [transform_first_rows(graph, 1)]
     backend = backend_name(graph.device.type == "cuda")
-    if backend != "reference":
-        tuned_schedule.shape_class(graph)
+    if backend != "reference":      # the reference backend's backward scatters by edge: no reverse CSR
+        built.append(build_reverse_csr(graph))
+        if tuned_schedule.entries():     # the lookup's key; without stored choices it is never read
+            tuned_schedule.shape_class(graph)
     if backend == "triton":
         from ..backend.triton.schedule import SEGMENT_EDGES, segments
         context = GraphContext(graph)
-        built += [segments(context, side, SEGMENT_EDGES) for side in ("dst", "src")]
+        built += [segments(context, "dst", SEGMENT_EDGES, max_in_degree), segments(context, "src", SEGMENT_EDGES)]
     return tuple(_tensors(built))
 
 

@@ -220,7 +220,9 @@ class NeighborLoader:
             hops = [tuple(self._to_device(t) for t in hop) for hop in reversed(hops)]
         with times.timing("reindex", stream_sync(self.device)):       # the blocks' graphs, on the device
             graphs = [(block_graph(rowptr, src, dst, frontier.numel()), frontier) for rowptr, src, dst, frontier in hops]
-            blocks = [Block(graph, frontier, prepare_layouts(graph)) for graph, frontier in graphs]
+            in_degree_bounds = [k if k >= 0 else None for k in reversed(self.num_neighbors)]
+            blocks = [Block(graph, frontier, prepare_layouts(graph, bound))
+                      for (graph, frontier), bound in zip(graphs, in_degree_bounds)]
         return MiniBatch(blocks, x, y, n_id, input_id)
 
     def _gather(self, table: torch.Tensor | None, ids: torch.Tensor) -> torch.Tensor | None:
