@@ -137,3 +137,20 @@ def test_an_unindexed_cuda_device_means_the_current_one(monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     assert _indexed("cuda") == torch.device("cuda:0") and _indexed("cuda:1") == torch.device("cuda:1")
     assert _indexed("cpu") == torch.device("cpu")
+
+
+def test_a_hop_reads_back_only_its_edge_count_and_the_unique_size():
+    """On a GPU every value read back stalls the loader's stream: a hop needs its edge
+    count (to size the sample) and unique's result, nothing else (mask indexing sizes
+    its result on the host too)."""
+    from gnnfuse.bench.host_syncs import HostSyncCounter
+    generator = torch.Generator().manual_seed(0)
+    graph = gnnfuse.Graph(torch.randint(0, 30, (200,), generator=generator),
+                          torch.randint(0, 30, (200,), generator=generator), 30)
+    rowptr, col = graph.csr().rowptr.long(), graph.csr().col.long()
+    seeds = torch.arange(0, 30, 3)
+    counter = HostSyncCounter()
+    with counter:
+        hop = sample_hop(rowptr, col, seeds, 3, False, generator)   # some rows exceed 3, some do not
+        reindex(seeds, hop.src)
+    assert dict(counter.syncs) == {"aten._local_scalar_dense.default": 1, "aten._unique2.default": 1}
