@@ -19,7 +19,8 @@ from typing import Any, Iterator
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-# Ops whose CUDA implementations read a value back to the host before returning.
+# Ops whose CUDA implementations read a value back to the host before returning (and,
+# in `_syncs`, blocking copies from the device to host memory).
 SYNCING_OPS = frozenset({
     "aten._local_scalar_dense.default",     # .item(), int(t), float(t), bool(t), .tolist()
     "aten.nonzero.default", "aten.masked_select.default", "aten.equal.default",
@@ -32,6 +33,12 @@ _MASK_INDEXING = ("aten.index.Tensor", "aten.index_put.default", "aten.index_put
 def _syncs(name: str, args: tuple, kwargs: dict) -> bool:
     if name in SYNCING_OPS:
         return True
+    if name == "aten._to_copy.default":      # .cpu(), .to("cpu") of a GPU tensor
+        device = kwargs.get("device")
+        return (args[0].is_cuda and device is not None and torch.device(device).type == "cpu"
+                and not kwargs.get("non_blocking", False))
+    if name == "aten.copy_.default":
+        return args[0].device.type == "cpu" and args[1].is_cuda and not (len(args) > 2 and args[2])
     if name == "aten.repeat_interleave.Tensor":
         return kwargs.get("output_size") is None
     if name in _MASK_INDEXING and len(args) > 1:        # a boolean mask index runs a nonzero
