@@ -20,9 +20,14 @@ PyG: when ``torch_geometric.loader.NeighborLoader`` can sample (it needs ``pyg-l
 worker processes, pinned batches) feeding PyG's SAGEConv model. Always, and the only
 PyG number when neither library is importable: *compute only*, PyG's SAGEConv model and
 gnnfuse's stepping on the same batches from gnnfuse's loader (after checking that their
-forward outputs agree from the same weights).
+forward outputs agree from the same weights): both warmed up, then taking turns on each
+batch, each step timed from an idle device with its host time (until the Python call
+returns), device time (CUDA events) and wall time apart, and each model's host syncs in
+one forward + backward counted. DKP: the fitted model's prediction error per layer, then
+the three policies (always aggregate-first, always combine-first, DKP) warmed up and
+taking turns on the same batches, timed the same way.
 
-    python benchmarks/bench_minibatch.py --device cuda                      # products-like, H100
+    python benchmarks/bench_minibatch.py --device cuda --max-batches 100    # products-like, H100
     python benchmarks/bench_minibatch.py --device cpu --dataset cora --epochs 1
 """
 from __future__ import annotations
@@ -249,7 +254,7 @@ def compute_only(loader: NeighborLoader, ours: nn.Module, pyg: nn.Module, device
         batches += 1
         if max_batches is not None and batches >= max_batches:
             break
-    return {"batches": batches, "host_syncs_per_step": syncs} | {name: clock.summary() for name, clock in clocks.items()}
+    return {"batches": batches, "host_syncs_per_step": syncs} | {name: c.summary() for name, c in clocks.items()}
 
 
 def take(loader: NeighborLoader, count: int) -> list[Any]:
