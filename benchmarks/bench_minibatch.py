@@ -20,15 +20,21 @@ PyG: when ``torch_geometric.loader.NeighborLoader`` can sample (it needs ``pyg-l
 worker processes, pinned batches) feeding PyG's SAGEConv model. Always, and the only
 PyG number when neither library is importable: *compute only*, PyG's SAGEConv model and
 gnnfuse's stepping on the same batches from gnnfuse's loader (after checking that their
-forward outputs agree from the same weights).
+forward outputs agree from the same weights): both warmed up, then taking turns on each
+batch, each step timed from an idle device with its host time (until the Python call
+returns), device time (CUDA events) and wall time apart, and each model's host syncs in
+one forward + backward counted. DKP: the fitted model's prediction error per layer, then
+the three policies (always aggregate-first, always combine-first, DKP) warmed up and
+taking turns on the same batches, timed the same way.
 
-    python benchmarks/bench_minibatch.py --device cuda                      # products-like, H100
+    python benchmarks/bench_minibatch.py --device cuda --max-batches 100    # products-like, H100
     python benchmarks/bench_minibatch.py --device cpu --dataset cora --epochs 1
 """
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -38,6 +44,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gnnfuse.bench import synchronize
+from gnnfuse.bench.host_syncs import HostSyncCounter
 from gnnfuse.data import load_node_dataset
 from gnnfuse.loader import STAGES, NeighborLoader
 from gnnfuse.nn.block_models import build_block_model
@@ -106,6 +113,77 @@ class StepClock:
         return self.host
 
 
+class IsolatedStepClock:
+    """Times steps one at a time from an idle device, splitting each into
+
+    - host: until the step's Python call returns (tracing, bookkeeping, launches; on a
+      GPU the kernels are still running then, unless the step waited for them),
+    - device: between CUDA events recorded around the step (None on the CPU),
+    - wall: until the device has finished it.
+
+    A step that never waits on the device has wall ~ max(host, device); one that syncs
+    mid-step pays host + device. The device is synchronized before each step, so no
+    step's time carries another's queued work."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.host: list[float] = []
+        self.wall: list[float] = []
+        self._events: list[tuple[Any, Any]] = []
+
+    def run(self, step: Callable[[], None]) -> None:
+        cuda = self.device.type == "cuda"
+        synchronize(self.device)
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        begin = time.perf_counter()
+        step()
+        returned = time.perf_counter()
+        if cuda:
+            end.record()
+            self._events.append((start, end))
+        synchronize(self.device)
+        self.host.append(returned - begin)
+        self.wall.append(time.perf_counter() - begin)
+
+    def device_times(self) -> list[float] | None:
+        if self.device.type != "cuda":
+            return None
+        torch.cuda.synchronize(self.device)
+        return [start.elapsed_time(end) / 1e3 for start, end in self._events]
+
+    def summary(self) -> dict[str, Any]:
+        """Totals (s) and per-step medians (ms) of host, device and wall time."""
+        out: dict[str, Any] = {"steps": len(self.wall)}
+        for name, values in (("host", self.host), ("device", self.device_times()), ("wall", self.wall)):
+            out[f"{name}_s"] = None if values is None else sum(values)
+            out[f"{name}_median_ms"] = None if not values else 1e3 * statistics.median(values)
+        return out
+
+    def total(self) -> float:
+        """The time a comparison uses: the device's on a GPU, the wall's on the CPU."""
+        summary = self.summary()
+        return summary["device_s"] if summary["device_s"] is not None else summary["wall_s"]
+
+
+def rotated(names: list[str], index: int) -> list[str]:
+    """``names`` starting at position ``index`` (mod its length): who goes first changes
+    from batch to batch, so no model or policy always runs on caches the other warmed."""
+    shift = index % len(names)
+    return names[shift:] + names[:shift]
+
+
+def host_syncs_per_step(model: nn.Module, batch: Any) -> dict[str, int]:
+    """The syncing ops (`HostSyncCounter`) of one forward + backward of ``model`` on ``batch``
+    (no optimizer step: Adam reads its step counts on the host by design)."""
+    counter = HostSyncCounter()
+    with counter:
+        F.cross_entropy(model(batch.x, batch.blocks)[:batch.batch_size], batch.y[:batch.batch_size]).backward()
+    model.zero_grad(set_to_none=True)
+    return dict(counter.syncs)
+
+
 def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, graph: Any,
                y: torch.Tensor, rows: int) -> None:
     optimizer.zero_grad()
@@ -152,7 +230,12 @@ def gnnfuse_epoch(loader: NeighborLoader, model: nn.Module, device: torch.device
 
 def compute_only(loader: NeighborLoader, ours: nn.Module, pyg: nn.Module, device: torch.device, warmup: int,
                  max_batches: int | None) -> dict[str, Any]:
-    """Training-step seconds of each model on the same batches of gnnfuse's loader."""
+    """Training-step times of each model on the same batches of gnnfuse's loader: both
+    warmed up on the first ``warmup`` batches (compilation, autotuning of every size
+    class those batches reach, allocator growth), then each batch stepped by both, the
+    model going first alternating, each step timed from an idle device
+    (`IsolatedStepClock`: host, device and wall time apart). Also counts each model's
+    host syncs in one forward + backward."""
     models = {"gnnfuse": ours, "pyg": pyg}
     optimizers = {name: torch.optim.Adam(m.parameters(), lr=0.003) for name, m in models.items()}
     steps = {name: (lambda b, m=model, o=optimizers[name]: train_step(m, o, b.x, b.blocks, b.y, b.batch_size))
@@ -160,15 +243,18 @@ def compute_only(loader: NeighborLoader, ours: nn.Module, pyg: nn.Module, device
     for model in models.values():
         model.train()
     warm_up(loader, steps, warmup, device)
-    clocks = {name: StepClock(device) for name in models}
+    clocks = {name: IsolatedStepClock(device) for name in models}
+    syncs: dict[str, dict[str, int]] = {}
     batches = 0
     for batch in loader:
-        for name, step in steps.items():
-            clocks[name].run(lambda: step(batch))
+        if not syncs:
+            syncs = {name: host_syncs_per_step(model, batch) for name, model in models.items()}
+        for name in rotated(list(models), batches):
+            clocks[name].run(lambda: steps[name](batch))
         batches += 1
         if max_batches is not None and batches >= max_batches:
             break
-    return {f"{name}_compute_s": clock.seconds() for name, clock in clocks.items()} | {"batches": batches}
+    return {"batches": batches, "host_syncs_per_step": syncs} | {name: c.summary() for name, c in clocks.items()}
 
 
 def take(loader: NeighborLoader, count: int) -> list[Any]:
@@ -209,24 +295,30 @@ def dkp_cells(loader: NeighborLoader, model: nn.Module, device: torch.device, ar
                                               index > 0)
             errors.setdefault(index, []).extend(abs(predicted[o] - actual[o]) / actual[o] for o in actual)
     del held
-    placement.decisions.clear()
     policies = {"aggregate-first": FixedPlacement("aggregate-first"), "combine-first": FixedPlacement("combine-first"),
                 "dkp": placement}
     optimizer = torch.optim.Adam(model.parameters(), lr=0.003)
-    clocks = {name: StepClock(device) for name in policies}
+
+    def step(name: str, batch: Any) -> None:
+        install(model, policies[name])
+        train_step(model, optimizer, batch.x, batch.blocks, batch.y, batch.batch_size)
+    # Every policy compiles and tunes its kernels (each order runs its aggregation at
+    # another width) before any is timed; then they take turns on each batch.
+    warm_up(loader, {name: lambda b, n=name: step(n, b) for name in policies}, args.warmup, device)
+    placement.decisions.clear()
+    clocks = {name: IsolatedStepClock(device) for name in policies}
     batches_run = 0
     for batch in loader:
-        for name, policy in policies.items():
-            install(model, policy)
-            clocks[name].run(lambda: train_step(model, optimizer, batch.x, batch.blocks, batch.y, batch.batch_size))
+        for name in rotated(list(policies), batches_run):
+            clocks[name].run(lambda: step(name, batch))
         batches_run += 1
         if args.max_batches is not None and batches_run >= args.max_batches:
             break
     install(model, None)
-    seconds = {name: clock.seconds() for name, clock in clocks.items()}
+    seconds = {name: clock.total() for name, clock in clocks.items()}
     return {"coefficients": placement.coefficients, "model": placement.describe(), "batches": batches_run,
             "prediction_error_per_layer": {i: sum(e) / len(e) for i, e in errors.items()},
-            "step_s": seconds,
+            "step_s": seconds, "steps": {name: clock.summary() for name, clock in clocks.items()},
             "speedup_vs": {name: seconds[name] / seconds["dkp"] for name in ("aggregate-first", "combine-first")}}
 
 
@@ -329,9 +421,10 @@ def run(args: argparse.Namespace, save: Callable[[dict[str, Any]], None]) -> dic
     cell = compute_only(loader, ours, pyg, device, args.warmup, args.max_batches) | {"max_rel_err": error}
     results["compute_only"] = cell
     save(results)
-    log(f"compute only, same {cell['batches']} batches: gnnfuse {cell['gnnfuse_compute_s']:.2f} s, PyG SAGEConv "
-        f"{cell['pyg_compute_s']:.2f} s (x{cell['pyg_compute_s'] / max(cell['gnnfuse_compute_s'], 1e-12):.2f}); "
-        f"forward max rel err {error:.1e}")
+    log(f"compute only, same {cell['batches']} batches, each step from an idle device: gnnfuse "
+        f"{step_times(cell['gnnfuse'])}; PyG SAGEConv {step_times(cell['pyg'])}; host syncs per forward + backward: "
+        f"gnnfuse {sum(cell['host_syncs_per_step']['gnnfuse'].values())}, PyG "
+        f"{sum(cell['host_syncs_per_step']['pyg'].values())}; forward max rel err {error:.1e}")
     if args.dkp_calibration:
         torch.manual_seed(args.seed)
         cell = dkp_cells(loader, ours, device, args)
@@ -340,8 +433,8 @@ def run(args: argparse.Namespace, save: Callable[[dict[str, Any]], None]) -> dic
         log(cell["model"])
         log("DKP prediction error per layer: " + ", ".join(
             f"layer {i} {100 * e:.1f}%" for i, e in cell["prediction_error_per_layer"].items()))
-        log(f"DKP training steps over {cell['batches']} batches: " + ", ".join(
-            f"{name} {s:.2f} s" for name, s in cell["step_s"].items()))
+        log(f"DKP training steps over {cell['batches']} batches, policies warmed up and taking turns: " + "; ".join(
+            f"{name} {step_times(summary)}" for name, summary in cell["steps"].items()))
     if args.pyg_loader and pyg_can_sample():
         torch.manual_seed(args.seed)
         try:
@@ -363,6 +456,25 @@ def run(args: argparse.Namespace, save: Callable[[dict[str, Any]], None]) -> dic
         log(f"PyG's NeighborLoader epoch {reason}")
     save(results)
     return results
+
+
+STEP_COLUMNS = ("device s", "host s", "wall s", "median device ms", "median host ms", "median wall ms")
+
+
+def _value(value: float | None, spec: str) -> str:
+    return "–" if value is None else format(value, spec)
+
+
+def step_row(summary: dict[str, Any]) -> str:
+    """An `IsolatedStepClock.summary` as the cells of `STEP_COLUMNS`."""
+    return " | ".join([*(_value(summary[f"{k}_s"], ".3f") for k in ("device", "host", "wall")),
+                       *(_value(summary[f"{k}_median_ms"], ".2f") for k in ("device", "host", "wall"))])
+
+
+def step_times(summary: dict[str, Any]) -> str:
+    """``device 0.49 s, host 0.31 s, wall 0.52 s`` for a log line."""
+    return ", ".join(f"{k} {summary[f'{k}_s']:.3f} s" for k in ("device", "host", "wall")
+                     if summary[f"{k}_s"] is not None)
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -391,18 +503,29 @@ def markdown(results: dict[str, Any]) -> str:
         lines.append(f"| PyG ({pyg['workers']} workers) | host | {pyg['epoch_s']:.2f} | {pyg['batches_per_s']:.1f} | "
                      f"{100 * pyg['busy_fraction']:.0f}% |" + " – |" * len(STAGES))
     compute = results.get("compute_only")
-    lines += [] if compute is None else ["", f"Compute only (same {compute['batches']} batches of gnnfuse's loader, training step): gnnfuse "
-                  f"{compute['gnnfuse_compute_s']:.2f} s, PyG SAGEConv {compute['pyg_compute_s']:.2f} s; forward "
-                  f"max rel err {compute['max_rel_err']:.1e}."]
+    if compute is not None:
+        syncs = compute["host_syncs_per_step"]
+        lines += ["", f"## Compute only (same {compute['batches']} batches of gnnfuse's loader, training step)", "",
+                  "Both models warmed up on the first batches, then taking turns on each batch (who goes first "
+                  "alternates); each step starts from an idle device. host = until the step's Python call returns, "
+                  "device = CUDA events around the step, wall = until the device finished it.", "",
+                  "| model | " + " | ".join(STEP_COLUMNS) + " | host syncs per fwd+bwd |",
+                  "|---|" + "---|" * (len(STEP_COLUMNS) + 1)]
+        for name, label in (("gnnfuse", "gnnfuse"), ("pyg", "PyG SAGEConv")):
+            lines.append(f"| {label} | {step_row(compute[name])} | {sum(syncs[name].values())} |")
+        lines += ["", f"Forward max rel err {compute['max_rel_err']:.1e}."]
     dkp = results.get("dkp")
     if dkp:
         errors = ", ".join(f"layer {i} {100 * e:.1f}%" for i, e in dkp["prediction_error_per_layer"].items())
-        steps = ", ".join(f"{name} {s:.2f} s" for name, s in dkp["step_s"].items())
         lines += ["", "## Dynamic kernel placement (SAGE layers)", "", "```", dkp["model"], "```", "",
                   f"Prediction error (mean |predicted - measured| / measured, both orders): {errors}.", "",
-                  f"Training steps over the same {dkp['batches']} batches: {steps}; DKP speedup "
-                  f"x{dkp['speedup_vs']['aggregate-first']:.2f} over always aggregate-first, "
-                  f"x{dkp['speedup_vs']['combine-first']:.2f} over always combine-first."]
+                  f"Training steps over the same {dkp['batches']} batches, every policy warmed up first, then the "
+                  "three taking turns on each batch (who goes first rotates), each step from an idle device:", "",
+                  "| policy | " + " | ".join(STEP_COLUMNS) + " |", "|---|" + "---|" * len(STEP_COLUMNS)]
+        lines += [f"| {name} | {step_row(summary)} |" for name, summary in dkp["steps"].items()]
+        lines += ["", f"DKP speedup x{dkp['speedup_vs']['aggregate-first']:.2f} over always aggregate-first, "
+                  f"x{dkp['speedup_vs']['combine-first']:.2f} over always combine-first (device time on a GPU, wall "
+                  "on the CPU)."]
     return "\n".join(lines) + "\n"
 
 

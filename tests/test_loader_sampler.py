@@ -9,6 +9,7 @@ from hypothesis import given, settings, strategies as st
 
 import gnnfuse
 from gnnfuse.loader import NeighborLoader, block_graph, reindex, sample_hop
+from gnnfuse.loader.block import build_reverse_csr
 from graph_strategies import graphs
 
 RUNS = settings(max_examples=15, deadline=None, derandomize=True, database=None)
@@ -65,6 +66,10 @@ def test_reindex_puts_destinations_first_and_maps_back(drawn):
     fresh = gnnfuse.Graph(local, hop.dst, seeds.numel(), num_src_nodes=nodes.numel())     # sorts for its CSR
     for ours, sorted_ in zip(graph.csr(), fresh.csr()):
         assert torch.equal(ours, sorted_), "the block's CSR differs from the one a sort builds"
+    for ours, sorted_ in zip(build_reverse_csr(graph), fresh.reverse_csr()):
+        assert ours.dtype == sorted_.dtype and torch.equal(ours, sorted_), "the block's reverse CSR differs"
+    assert torch.equal(graph.in_degrees(), fresh.in_degrees())
+    assert torch.equal(graph.out_degrees(), fresh.out_degrees())
 
 
 def test_sampling_without_replacement_is_uniform():
@@ -132,3 +137,20 @@ def test_an_unindexed_cuda_device_means_the_current_one(monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     assert _indexed("cuda") == torch.device("cuda:0") and _indexed("cuda:1") == torch.device("cuda:1")
     assert _indexed("cpu") == torch.device("cpu")
+
+
+def test_a_hop_reads_back_only_its_edge_count_and_the_unique_size():
+    """On a GPU every value read back stalls the loader's stream: a hop needs its edge
+    count (to size the sample) and unique's result, nothing else (mask indexing sizes
+    its result on the host too)."""
+    from gnnfuse.bench.host_syncs import HostSyncCounter
+    generator = torch.Generator().manual_seed(0)
+    graph = gnnfuse.Graph(torch.randint(0, 30, (200,), generator=generator),
+                          torch.randint(0, 30, (200,), generator=generator), 30)
+    rowptr, col = graph.csr().rowptr.long(), graph.csr().col.long()
+    seeds = torch.arange(0, 30, 3)
+    counter = HostSyncCounter()
+    with counter:
+        hop = sample_hop(rowptr, col, seeds, 3, False, generator)   # some rows exceed 3, some do not
+        reindex(seeds, hop.src)
+    assert dict(counter.syncs) == {"aten._local_scalar_dense.default": 1, "aten._unique2.default": 1}

@@ -48,7 +48,7 @@ STAMP = {"format": FORMAT, "generators": hashlib.sha1(
 
 _FINGERPRINTS: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
 RECHECK_SECONDS = 1.0
-_loaded: dict[str, Any] = {"path": None, "version": None, "checked": 0.0, "entries": {}}
+_loaded: dict[str, Any] = {"path": None, "where": None, "version": None, "checked": 0.0, "entries": {}}
 _warned: set[str] = set()
 
 
@@ -165,10 +165,14 @@ def _read(path: Path) -> dict[str, ForcedSchedule]:
 def entries() -> dict[str, ForcedSchedule]:
     """Every stored choice by key, read once and again whenever the file changes. The
     file is looked at most every `RECHECK_SECONDS` (every fused unit's launch asks, and
-    a GPU step is a few hundred microseconds of launches); `store` re-reads at once."""
-    path, now = cache_path(), time.monotonic()
-    if _loaded["path"] == path and now - _loaded["checked"] < RECHECK_SECONDS:
+    a GPU step is a few hundred microseconds of launches); `store` re-reads at once.
+    Between looks only the variables `cache_path` reads are compared: building the path
+    cost more Python calls than the rest of a unit's launch."""
+    where, now = (os.environ.get(PATH_ENV), os.environ.get("GNNFUSE_CACHE"), os.environ.get("HOME")), time.monotonic()
+    if _loaded["path"] is not None and _loaded["where"] == where and now - _loaded["checked"] < RECHECK_SECONDS:
         return _loaded["entries"]
+    path = cache_path()
+    _loaded["where"] = where
     try:
         stat = path.stat()
         version = (stat.st_mtime_ns, stat.st_ino, stat.st_size)

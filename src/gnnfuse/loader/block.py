@@ -17,9 +17,12 @@ class Block:
     sampled in-edge, sources numbered so that the first ``num_dst`` are the destinations
     themselves (a layer reads ``x_dst = x_src[:num_dst]``). ``src_nodes`` are the global
     ids of the sources (so ``src_nodes[:num_dst]`` those of the destinations).
+    ``layouts`` are the tensors the loader built ahead for the layers' kernels
+    (`loader.layouts`), listed so their memory is tied to the consumer's stream.
     """
     graph: Graph
     src_nodes: torch.Tensor
+    layouts: tuple[torch.Tensor, ...] = ()
 
     @property
     def num_src(self) -> int:
@@ -36,18 +39,49 @@ class Block:
 
     def tensors(self) -> list[torch.Tensor]:
         """Every tensor the block holds (to tie their memory to a consumer's CUDA stream)."""
-        csr = self.graph.csr()
-        return [self.graph.src, self.graph.dst, csr.rowptr, csr.col, csr.eid, self.src_nodes]
+        graph = self.graph
+        return [graph.src, graph.dst, *graph.csr(), graph.in_degrees(), graph.out_degrees(), self.src_nodes,
+                *self.layouts]
 
 
 def block_graph(rowptr: torch.Tensor, local_src: torch.Tensor, local_dst: torch.Tensor, num_src: int) -> Graph:
     """The bipartite graph of a block whose edges come grouped by destination
-    (``rowptr``, ``local_src``; ``local_dst`` is each edge's destination). Its CSR is the
-    sampled layout itself, stored in the graph's layout cache, so no per-batch sort
-    regroups the edges (the sort `Graph.csr` would do gives exactly this layout: edges in
-    destination order, identity edge ids)."""
+    (``rowptr``, ``local_src``; ``local_dst`` is each edge's destination), with its CSR
+    and both degree vectors already in the graph's cache.
+
+    Why here: built lazily they would run in the training step, once per block, and
+    `Graph` builds them with a sort and ``bincount``, which on a GPU reads its input's
+    maximum back to the host: a sync that drains the device queue. The sample already
+    holds the CSR (edges in destination order, identity edge ids: exactly what
+    `Graph.csr`'s sort would give), the in-degrees are its row lengths and the
+    out-degrees one scatter-add; nothing is read back to the host.
+    """
     graph = Graph(local_src, local_dst, rowptr.numel() - 1, num_src_nodes=num_src)
-    dtype = graph.index_dtype
-    edges = torch.arange(local_src.numel(), device=local_src.device, dtype=dtype)
-    graph.cached("csr", lambda g: CSR(rowptr.to(dtype), local_src.to(dtype), edges))
+    dtype, device = graph.index_dtype, local_src.device
+    rowptr, local_src = rowptr.long(), local_src.long()
+    edges = torch.arange(local_src.numel(), device=device, dtype=dtype)
+    out_degrees = torch.zeros(num_src, dtype=torch.int64, device=device).index_add_(
+        0, local_src, torch.ones(local_src.numel(), dtype=torch.int64, device=device))
+    _prefill(graph, csr=CSR(rowptr.to(dtype), local_src.to(dtype), edges), in_degrees=rowptr.diff(),
+             out_degrees=out_degrees)
     return graph
+
+
+def build_reverse_csr(graph: Graph) -> CSR:
+    """The block's out-edges grouped by source (what a backward pass reads), built into
+    its cache without a host sync: one stable sort of the sources, row pointers by
+    binary search (`Graph.reverse_csr` would count rows with ``bincount``)."""
+    src = graph.src
+    by_source = torch.sort(src, stable=True)
+    rowptr = torch.searchsorted(by_source.values, torch.arange(graph.num_src_nodes + 1, device=src.device))
+    dtype = graph.index_dtype
+    reverse = CSR(rowptr.to(dtype), graph.dst[by_source.indices].to(dtype), by_source.indices.to(dtype))
+    _prefill(graph, reverse_csr=reverse)
+    return graph.reverse_csr()
+
+
+def _prefill(graph: Graph, **layouts: object) -> None:
+    """Store ``layouts`` in the graph's cache under `Graph`'s own keys (a key already
+    built keeps its value: both are the same layout)."""
+    for key, value in layouts.items():
+        graph.cached(key, lambda g, v=value: v)

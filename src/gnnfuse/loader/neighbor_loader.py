@@ -22,6 +22,10 @@ Where each stage runs (GraphTensor §V-B's S, R, K, T):
 With ``prefetch >= 1`` (default 2) a background thread prepares up to that many batches
 ahead of the training loop (`Prefetcher`), on a side CUDA stream on a GPU; the batches
 are the same as without prefetch. Per-stage seconds accumulate in ``loader.stage_times``.
+
+Each block comes with what its layers' kernels derive from it (reverse CSR, degrees,
+the Triton backend's edge segments: `loader.layouts`), built in that thread, so a
+training step on the blocks reads nothing back from the device.
 """
 from __future__ import annotations
 
@@ -32,6 +36,7 @@ import torch
 
 from ..graph import Graph
 from .block import Block, block_graph
+from .layouts import prepare_layouts
 from .prefetch import Prefetcher
 from .sampler import reindex, sample_hop
 from .stages import StageTimes, stream_sync
@@ -218,8 +223,10 @@ class NeighborLoader:
             x, y, n_id, input_id = (self._to_device(t) for t in (x, y, nodes, seeds))
             hops = [tuple(self._to_device(t) for t in hop) for hop in reversed(hops)]
         with times.timing("reindex", stream_sync(self.device)):       # the blocks' graphs, on the device
-            blocks = [Block(block_graph(rowptr, src, dst, frontier_nodes.numel()), frontier_nodes)
-                      for rowptr, src, dst, frontier_nodes in hops]
+            graphs = [(block_graph(rowptr, src, dst, ids.numel()), ids) for rowptr, src, dst, ids in hops]
+            in_degree_bounds = [k if k >= 0 else None for k in reversed(self.num_neighbors)]
+            blocks = [Block(graph, ids, prepare_layouts(graph, bound))
+                      for (graph, ids), bound in zip(graphs, in_degree_bounds)]
         return MiniBatch(blocks, x, y, n_id, input_id)
 
     def _gather(self, table: torch.Tensor | None, ids: torch.Tensor) -> torch.Tensor | None:

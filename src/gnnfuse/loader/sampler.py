@@ -65,30 +65,31 @@ def sample_hop(rowptr: torch.Tensor, col: torch.Tensor, seeds: torch.Tensor, fan
         draw = torch.rand(total, device=device, generator=generator)
         offset = (draw * deg[row]).long().clamp_(max=deg[row] - 1)
     elif fanout >= 0:
-        offset = _floyd_offsets(deg, count, offset, row, fanout, generator)
+        offset = _floyd_offsets(deg, offset, row, fanout, generator)
     eid = start[row] + offset
     return SampledHop(out_ptr, col[eid], row, eid)
 
 
-def _floyd_offsets(deg: torch.Tensor, count: torch.Tensor, offset: torch.Tensor, row: torch.Tensor,
-                   fanout: int, generator: torch.Generator | None) -> torch.Tensor:
+def _floyd_offsets(deg: torch.Tensor, offset: torch.Tensor, row: torch.Tensor, fanout: int,
+                   generator: torch.Generator | None) -> torch.Tensor:
     """In-row offsets of the sampled edges: ``0..deg-1`` where the whole row is kept, a
-    uniform ``fanout``-subset (Floyd) where ``deg > fanout``."""
+    uniform ``fanout``-subset (Floyd) where ``deg > fanout``.
+
+    Floyd runs on every destination, and the rows that keep everything ignore its draws:
+    selecting the rows with ``deg > fanout`` first would size a tensor by a count read
+    back from the device (a sync per hop on a GPU), and the extra work is ``fanout^2``
+    comparisons per destination."""
     big = deg > fanout
-    if not bool(big.any()):
-        return offset
-    d = deg[big]
-    chosen = torch.empty(d.numel(), fanout, dtype=torch.int64, device=deg.device)
+    last = (deg - fanout).clamp(min=0)          # j's first value (rows that keep everything: ignored)
+    chosen = torch.empty(deg.numel(), fanout, dtype=torch.int64, device=deg.device)
     for i in range(fanout):
-        j = d - fanout + i
-        t = (torch.rand(d.numel(), device=deg.device, generator=generator) * (j + 1)).long()
+        j = last + i
+        t = (torch.rand(deg.numel(), device=deg.device, generator=generator) * (j + 1)).long()
         t = torch.minimum(t, j)                                   # float rounding at the top edge
         taken = (chosen[:, :i] == t.unsqueeze(1)).any(1)
         chosen[:, i] = torch.where(taken, j, t)
-    # Rows with deg > fanout hold exactly `fanout` samples each, in row order.
-    out = offset.clone()
-    out[big[row]] = chosen.reshape(-1)
-    return out
+    # A row with deg > fanout holds exactly `fanout` samples, at positions 0..fanout-1.
+    return torch.where(big[row], chosen[row, offset], offset)
 
 
 class Reindexed(NamedTuple):
@@ -111,4 +112,6 @@ def reindex(dst_nodes: torch.Tensor, sampled_src: torch.Tensor) -> Reindexed:
     is_first = torch.zeros(everything.numel(), dtype=torch.bool, device=everything.device)
     is_first[first] = True
     local = (torch.cumsum(is_first, 0) - 1)[first]                # local id of each unique id
-    return Reindexed(everything[is_first], local[inverse[dst_nodes.numel():]])
+    # The first positions in position order, sorted rather than read through the mask
+    # `is_first` (a boolean index sizes its result on the host: a sync on a GPU).
+    return Reindexed(everything[torch.sort(first).values], local[inverse[dst_nodes.numel():]])

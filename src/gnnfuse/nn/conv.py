@@ -185,13 +185,22 @@ def _transform_first(x: torch.Tensor, weight: torch.Tensor, graph: Graph, hops: 
     the shorter walks they start and reach what PyG's intermediate hops reach (edge
     weights' gradients), while ending in no output.
     """
-    starts = _walk_starts(graph, hops)
+    starts, unread = transform_first_rows(graph, hops)
     out = F.linear(_rows_read(x, starts), weight)
     if starts is None:
         return out
-    # Cached: a nonzero per call would synchronise with the GPU (and break graph capture).
-    unread = graph.cached(f"nn_walk_unread_{hops}", lambda _: torch.nonzero(~starts).squeeze(1))
     return out.index_put((unread,), F.linear(x[unread], weight.detach()))
+
+
+def transform_first_rows(graph: Graph, hops: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(the `_walk_starts` mask, the ids of the other rows) that `_transform_first` reads
+    on ``graph``, built and cached on first use. Both read a count back from the device
+    (a sync, and a break in graph capture), so a mini-batch loader builds them for each
+    block in its own thread rather than leaving them to the training step."""
+    starts = _walk_starts(graph, hops)
+    if starts is None:
+        return None, None
+    return starts, graph.cached(f"nn_walk_unread_{hops}", lambda _: torch.nonzero(~starts).squeeze(1))
 
 
 def _layer_graph(layer: nn.Module, x: torch.Tensor, graph: Graph | torch.Tensor, cache: bool) -> Graph:

@@ -142,15 +142,21 @@ def _check_triton_can_read(device: torch.device) -> None:
                          "imported to run Triton's CPU interpreter")
 
 
+def backend_name(on_cuda: bool) -> str:
+    """Which backend runs a call whose tensors are (or are not) on a GPU:
+    ``GNNFUSE_BACKEND`` if set, else Triton on CUDA and the torch reference elsewhere."""
+    name = os.environ.get("GNNFUSE_BACKEND") or ("triton" if on_cuda else "reference")
+    if name not in BACKENDS:
+        raise ValueError(f"GNNFUSE_BACKEND must be one of {BACKENDS}, got {name!r}")
+    return name
+
+
 def select_backend(tensors, device: torch.device) -> Callable:
     """The executor for this call on a graph on ``device``: ``GNNFUSE_BACKEND`` if set,
     else Triton for CUDA tensors and the torch reference for everything else. The Numba
     CPU backend is opt-in (``cpu``): its first call per kernel compiles for a second or
     two, which the reference, the oracle, never pays."""
-    name = os.environ.get("GNNFUSE_BACKEND") or (
-        "triton" if any(t.is_cuda for t in tensors) else "reference")
-    if name not in BACKENDS:
-        raise ValueError(f"GNNFUSE_BACKEND must be one of {BACKENDS}, got {name!r}")
+    name = backend_name(any(t.is_cuda for t in tensors))
     if name == "triton":
         _check_triton_can_read(device)
     if name not in _EXECUTORS:      # imported once, not on every call

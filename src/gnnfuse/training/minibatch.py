@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from ..bench.timing import synchronize
 from ..loader import STAGES, NeighborLoader
+from ..loader.stages import ComputeTimer
 from ..nn.block_models import build_block_model
 from ..nn.models import ModelSpec
 from ..nn.placement import PlacementModel, calibrate
@@ -45,6 +45,7 @@ def train_minibatch_run(config: TrainConfig, spec: ModelSpec, data: PreparedData
     loader = NeighborLoader(data.graph, fanout, config.batch_size, input_nodes=train_mask, shuffle=True,
                             x=x, y=data.y, device=device)
     times = loader.stage_times
+    compute = ComputeTimer(times, device)
     placement = _fit_placement(model, loader) if config.dkp else None
     history: dict[str, list[float]] = {key: [] for key in ("loss", "val_loss", "train_acc", "val_acc", "test_acc",
                                                            "epoch_seconds", *(f"stage_{s}" for s in STAGES))}
@@ -58,16 +59,15 @@ def train_minibatch_run(config: TrainConfig, spec: ModelSpec, data: PreparedData
         epoch_start = time.perf_counter()
         loss_sum, seen = torch.zeros((), device=device), 0
         for batch in loader:
-            step_start = time.perf_counter()
-            optimizer.zero_grad()
-            loss = F.cross_entropy(model(batch.x, batch.blocks), batch.y)
-            loss.backward()
-            optimizer.step()
-            loss_sum += loss.detach() * batch.batch_size
+            with compute.step():
+                optimizer.zero_grad()
+                loss = F.cross_entropy(model(batch.x, batch.blocks), batch.y)
+                loss.backward()
+                optimizer.step()
+                loss_sum += loss.detach() * batch.batch_size
             seen += batch.batch_size
-            synchronize(device)
-            times.add("compute", time.perf_counter() - step_start)
             progress.update()
+        compute.flush()
         epoch_seconds = time.perf_counter() - epoch_start
         stages = times.totals()
         model.eval()

@@ -29,27 +29,31 @@ class Segments:
         return self.row.numel()
 
 
-def segments(ctx: GraphContext, by: str, max_edges: int | None) -> Segments:
+def segments(ctx: GraphContext, by: str, max_edges: int | None, max_degree: int | None = None) -> Segments:
     """Segments of the CSR grouped by ``by``; ``max_edges=None`` keeps rows whole (for
-    reductions with no atomic combine). Cached on the graph per (by, max_edges)."""
+    reductions with no atomic combine). Cached on the graph per (by, max_edges).
+    ``max_degree``, a bound on the rows' lengths the caller knows (a sampled block's
+    fanout), lets rows that cannot split skip counting segments."""
+    whole = max_edges is None or (max_degree is not None and max_degree <= max_edges)
     return ctx.graph.cached(f"triton_segments_{by}_{max_edges}",
-                            lambda _: _build(ctx.csr(by)[0], max_edges))
+                            lambda _: _build(ctx.csr(by)[0], None if whole else max_edges))
 
 
 def _build(rowptr: torch.Tensor, max_edges: int | None) -> Segments:
     rowptr = rowptr.to(torch.int64)
     num_rows = rowptr.numel() - 1
+    if max_edges is None:      # a segment per row: no count to read back from the device
+        row = torch.arange(num_rows, device=rowptr.device)
+        order = torch.sort(rowptr[1:] - rowptr[:-1], descending=True, stable=True).indices
+        return Segments(row[order], rowptr[:-1][order], rowptr[1:][order],
+                        torch.zeros(num_rows, dtype=torch.int8, device=rowptr.device), row[:0])
     degree = rowptr[1:] - rowptr[:-1]
-    if max_edges is None:
-        count = torch.ones_like(degree)
-    else:
-        count = torch.clamp((degree + max_edges - 1) // max_edges, min=1)
+    count = torch.clamp((degree + max_edges - 1) // max_edges, min=1)
     row = torch.repeat_interleave(torch.arange(num_rows, device=rowptr.device), count)
     first = torch.cumsum(count, 0) - count
     k = torch.arange(row.numel(), device=rowptr.device) - first[row]
-    step = max_edges if max_edges is not None else 0
-    start = rowptr[row] + k * step
-    end = rowptr[row + 1] if max_edges is None else torch.minimum(start + step, rowptr[row + 1])
+    start = rowptr[row] + k * max_edges
+    end = torch.minimum(start + max_edges, rowptr[row + 1])
     order = torch.sort(end - start, descending=True, stable=True).indices
     return Segments(row[order], start[order], end[order], (count[row] > 1).to(torch.int8)[order],
                     torch.nonzero(count > 1).squeeze(1))

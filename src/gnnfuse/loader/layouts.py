@@ -1,0 +1,60 @@
+"""What the layers and kernels derive from each block, built in the loader's thread.
+
+Every block is a new graph, so everything a layer or backend caches per graph is built
+once per block. Several of those builders read a count back from the device (the size
+of a ``nonzero``, a ``repeat_interleave`` or a maximum): on a GPU each is a sync that
+empties the device's queue in the middle of the training step, several times per layer
+and batch. Built here, they run in the prefetch thread on its side stream, overlapped
+with the previous batch's compute, and the step finds them in the graph's cache
+(`Graph.cached`, the same entries the layers would have built: values cannot differ).
+
+What is built depends on the backend that will run the block (`runtime.backend_name`):
+the Triton kernels' edge segments of both CSRs, the tuned-schedule shape class the
+Triton and CPU backends key their lookups on, and for every backend the rows a
+combine-first SAGE layer reads (`nn.conv.transform_first_rows`). The CSR and the degree
+vectors come with the block itself (`block.block_graph`); the reverse CSR, which only
+the compiled backends' backward kernels read, is built here for them
+(`block.build_reverse_csr`).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from ..backend import tuned_schedule
+from ..backend.reference import GraphContext
+from ..graph import Graph
+from ..nn.conv import transform_first_rows
+from ..runtime.compiled import backend_name
+from .block import build_reverse_csr
+
+
+def prepare_layouts(graph: Graph, max_in_degree: int | None = None) -> tuple[torch.Tensor, ...]:
+    """Build the per-graph layouts the step will read on ``graph`` (see the module
+    doc); returns the tensors built, which the consumer's stream must keep alive.
+    ``max_in_degree`` bounds the destinations' sampled in-edges (the hop's fanout; None
+    when unbounded), which spares the Triton segments of the CSR a count."""
+    built: list[Any] = [transform_first_rows(graph, 1)]
+    backend = backend_name(graph.device.type == "cuda")
+    if backend != "reference":      # the reference backend's backward scatters by edge: no reverse CSR
+        built.append(build_reverse_csr(graph))
+        if tuned_schedule.entries():     # the lookup's key; without stored choices it is never read
+            tuned_schedule.shape_class(graph)
+    if backend == "triton":
+        from ..backend.triton.schedule import SEGMENT_EDGES, segments
+        context = GraphContext(graph)
+        built += [segments(context, "dst", SEGMENT_EDGES, max_in_degree), segments(context, "src", SEGMENT_EDGES)]
+    return tuple(_tensors(built))
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    """The tensors inside ``value`` (nested tuples, lists and dataclasses; None skipped)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if dataclasses.is_dataclass(value):
+        value = [getattr(value, f.name) for f in dataclasses.fields(value)]
+    if isinstance(value, (tuple, list)):
+        return [t for item in value for t in _tensors(item)]
+    return []

@@ -1,0 +1,87 @@
+"""A training step on the loader's blocks reads nothing back from the device.
+
+Every block is a new graph; whatever a layer or backend derives from it with a
+host-visible size (a nonzero, a bincount, a maximum) would be a GPU sync in the middle
+of the step, once per layer and batch. The loader builds all of that in its own thread
+(`loader.layouts`), so the step's forward and backward must issue no syncing op at all:
+counted here on the CPU with `HostSyncCounter`, on both backends."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import gnnfuse
+from gnnfuse.bench.host_syncs import HostSyncCounter
+from gnnfuse.loader import NeighborLoader
+from gnnfuse.nn.block_models import build_block_model
+
+
+def _graph_and_model(device: str):
+    generator = torch.Generator().manual_seed(0)
+    graph = gnnfuse.Graph(torch.randint(0, 50, (400,), generator=generator),
+                          torch.randint(0, 50, (400,), generator=generator), 50).to(device)
+    torch.manual_seed(0)
+    # 8 -> 8 aggregates first; 8 -> 3 narrows, so it maps first (`_transform_first`'s rows)
+    model = build_block_model("sage", 8, 3, 8, 0.5, 2).to(device)
+    return graph, model
+
+
+def _counted_steps(model, batches, backend: str, monkeypatch) -> HostSyncCounter:
+    counter = HostSyncCounter()
+    if backend == "triton":     # the interpreter runs kernels on the host: leave the launch out
+        from gnnfuse.backend.triton import executor
+        launch = executor.launch
+
+        def paused_launch(*args, **kwargs):
+            with counter.paused():
+                launch(*args, **kwargs)
+        monkeypatch.setattr(executor, "launch", paused_launch)
+    with counter:
+        for batch in batches:
+            F.cross_entropy(model(batch.x, batch.blocks), batch.y).backward()
+    return counter
+
+
+def test_a_training_step_on_loader_blocks_makes_no_host_sync(backend, device, monkeypatch):
+    graph, model = _graph_and_model(device)
+    loader = NeighborLoader(graph, [4, 3], batch_size=6, shuffle=True, x=torch.randn(50, 8, device=device),
+                            y=torch.randint(0, 3, (50,), device=device), prefetch=0)
+    first, *batches = [batch for _, batch in zip(range(3), loader)]
+    F.cross_entropy(model(first.x, first.blocks), first.y).backward()      # traces and compiles
+    counter = _counted_steps(model, batches, backend, monkeypatch)
+    assert counter.ops, "the counter saw no op at all"
+    assert not counter.syncs, f"host syncs in the step: {dict(counter.syncs)}"
+
+
+def test_the_counter_sees_the_syncs_of_a_block_without_prepared_layouts(backend, device, monkeypatch):
+    """The same step on the same edges, as a graph built by hand: its layouts are built
+    in the step, and the counter must see that (or the test above could not fail)."""
+    graph, model = _graph_and_model(device)
+    loader = NeighborLoader(graph, [4, 3], batch_size=6, x=torch.randn(50, 8, device=device),
+                            y=torch.randint(0, 3, (50,), device=device), prefetch=0)
+    batch = next(iter(loader))
+    F.cross_entropy(model(batch.x, batch.blocks), batch.y).backward()
+    bare = [type(block)(gnnfuse.Graph(block.graph.src, block.graph.dst, block.num_dst, num_src_nodes=block.num_src),
+                        block.src_nodes) for block in batch.blocks]
+    counter = _counted_steps(model, [type(batch)(bare, batch.x, batch.y, batch.n_id, batch.input_id)], backend,
+                             monkeypatch)
+    assert counter.syncs
+
+
+def test_triton_segments_of_rows_that_cannot_split_are_built_without_a_sync():
+    from gnnfuse.backend.reference import GraphContext
+    from gnnfuse.backend.triton.schedule import segments
+    generator = torch.Generator().manual_seed(3)
+    dst = torch.randint(0, 9, (40,), generator=generator)
+    graph = gnnfuse.Graph(torch.randint(0, 12, (40,), generator=generator), dst, 9, num_src_nodes=12)
+    most = int(torch.bincount(dst).max())
+    graph.csr()                                   # built before counting: a loader's block comes with it
+    counter = HostSyncCounter()
+    with counter:
+        hinted = segments(GraphContext(graph), "dst", most, max_degree=most)
+    assert not counter.syncs
+    counted = segments(GraphContext(gnnfuse.Graph(graph.src, dst, 9, num_src_nodes=12)), "dst", most)   # counts
+    for name in ("row", "start", "end", "split", "split_rows"):
+        ours, theirs = getattr(hinted, name), getattr(counted, name)
+        assert ours.dtype == theirs.dtype and torch.equal(ours, theirs), name
