@@ -124,6 +124,25 @@ def test_flat_typed_programs_are_rewritten_forward_and_backward(case):
     assert not backward & {"compact_typed_matmul_t", "compact_indexed_matmul_t"}
 
 
+def test_source_side_and_parameter_scales_match_the_oracle_in_both_orders(order, backend, device):
+    """A scale read from the source's row (``e.src.d``) is per edge; a parameter scalar
+    multiplies the aggregated result. Both get their gradients."""
+    graph = typed_graph(device)
+
+    def ours(h, w, d, c):
+        fn = gnnfuse.vertex(lambda v: sum([(e.src.h @ e.type.W) * e.src.d * c for e in v.inedges]))
+        return {"out": fn(graph, {"h": h, "d": d}, etype_feature={"W": w})}
+
+    def expected(h, w, d, c):
+        return {"out": oracle(graph, h, w, d[graph.src])["out"] * c}
+    values = inputs(graph, device)
+    values = {"h": values["h"], "w": values["w"], "d": values["s"][:graph.num_nodes],
+              "c": torch.tensor(0.7, dtype=f64, device=device)}
+    assert_matches_oracle(ours, expected, values)
+    (program,) = gnnfuse.explain(lambda: ours(**values)).programs
+    assert program.forward.program.op_count("typed_aggregate") == 1
+
+
 def test_a_flat_mean_stays_one_mean_over_all_in_edges(order):
     """A vertex with one edge of relation 0 and three of relation 1: the flat mean divides
     by 4; a sum or a mean of per-relation means (the hierarchy R-GCN's norm builds) would not."""
