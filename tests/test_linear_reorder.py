@@ -88,7 +88,7 @@ def graphiler_rgcn(graph, h, w, s):
 
 def oracle(graph, h, w, s, mean: bool = False):
     messages = torch.einsum("ei,eio->eo", h[graph.src], w[graph.edge_type]) * s.unsqueeze(-1)
-    out = torch.zeros(graph.num_nodes, F_OUT, dtype=f64, device=h.device).index_add(0, graph.dst, messages)
+    out = torch.zeros(graph.num_nodes, w.shape[-1], dtype=f64, device=h.device).index_add(0, graph.dst, messages)
     if mean:
         out = out / torch.bincount(graph.dst, minlength=graph.num_nodes).clamp_min(1).unsqueeze(-1)
     return {"out": out}
@@ -104,6 +104,17 @@ def test_flat_typed_programs_match_the_oracle_in_both_orders(case, order, backen
     graph = typed_graph(device)
     assert_matches_oracle(lambda **kw: fn(graph, **kw), lambda **kw: oracle(graph, **kw, mean=mean),
                           inputs(graph, device))
+
+
+def test_graphiler_rgcn_with_one_output_feature(order):
+    """``squeeze()`` drops the one feature: the message and DGL's [E, 1] norm are both one
+    value per edge, and the norm is the one that is not the transformed row."""
+    graph = typed_graph()
+    values = inputs(graph, "cpu")
+    values["w"] = values["w"][..., :1].contiguous()
+    (program,) = gnnfuse.explain(lambda: graphiler_rgcn(graph, **values)).programs
+    assert program.forward.program.op_count("typed_aggregate") == 1
+    assert_matches_oracle(lambda **kw: graphiler_rgcn(graph, **kw), lambda **kw: oracle(graph, **kw), values)
 
 
 def test_bipartite_graph_matches_the_oracle_in_both_orders(order, backend, device):

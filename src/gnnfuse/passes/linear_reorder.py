@@ -66,6 +66,8 @@ def _match(program: Program, reduce: Value) -> tuple[Value, list[Value], list[Va
             v = v.inputs[0]
         elif v.op == "mul":
             scalars = [i for i in v.inputs if _is_scalar(i, reduce)]
+            if len(scalars) == 2:       # a one-feature message times a scale: the scale is off the path
+                scalars = [i for i in scalars if i.op not in ("reshape", "mul") + COMPACT_MATMULS]
             if len(scalars) != 1:
                 return None
             scale = scalars[0]
