@@ -13,11 +13,14 @@ Variants, each in its own process (compiled programs are cached per process):
 One step is ``layer(x, graph)``, a weighted sum of the output and ``backward()`` (input
 and weight gradients). The first calls (tracing, pair building) are untimed. The
 variants run interleaved, ``--rounds`` times each, ``--repeats`` steps a run; the median
-and interquartile range of all steps are printed. The machine may be shared: compare
-medians within one run, and rerun when the ranges overlap.
+and interquartile range of all steps are printed, as wall time and as the process's CPU
+time (with one thread, the CPU time is what a step costs, and it is far less disturbed
+than wall time when other processes share the cores; on CUDA only wall time means
+anything). Compare medians within one run, and rerun when the ranges overlap.
 
     python benchmarks/bench_typed_order.py                          # AIFB-sized, 3 width pairs
     python benchmarks/bench_typed_order.py --nodes 2000 --edges 20000 --relations 50 --widths 16x16
+    python benchmarks/bench_typed_order.py --device cuda --nodes 334000 --edges 1830000 --relations 206  # BGS-sized
 """
 from __future__ import annotations
 
@@ -53,15 +56,17 @@ def run_variant(variant: str, args: argparse.Namespace, width_in: int, width_out
         from gnnfuse.passes import pipeline
         pipeline.reorder_typed_linear = lambda program: program
     import gnnfuse
+    from gnnfuse.bench import synchronize
     from gnnfuse.nn import RGCNConv
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    graph = typed_graph(args.nodes, args.edges, args.relations)
-    layer = RGCNConv(width_in, width_out, args.relations, root_weight=False)
-    x = torch.randn(args.nodes, width_in, requires_grad=True)
+    device = torch.device(args.device)
+    graph = typed_graph(args.nodes, args.edges, args.relations).to(device)
+    layer = RGCNConv(width_in, width_out, args.relations, root_weight=False).to(device)
+    x = torch.randn(args.nodes, width_in, device=device, requires_grad=True)
     if variant == "pyg":
         from torch_geometric.nn import RGCNConv as PygRGCNConv
-        pyg = PygRGCNConv(width_in, width_out, args.relations, root_weight=False)
+        pyg = PygRGCNConv(width_in, width_out, args.relations, root_weight=False).to(device)
         pyg.load_state_dict(layer.state_dict())
         index, types = graph.edge_index, graph.edge_type
 
@@ -70,20 +75,28 @@ def run_variant(variant: str, args: argparse.Namespace, width_in: int, width_out
     else:
         def step():
             return layer(x, graph)
-    cotangent = torch.randn(args.nodes, width_out)
-    times = []
+    cotangent = torch.randn(args.nodes, width_out, device=device)
+    times, cpu_times = [], []
     for k in range(args.warmup + args.repeats):
-        start = time.perf_counter()
+        synchronize(device)
+        start, cpu_start = time.perf_counter(), time.process_time()
         (step() * cotangent).sum().backward()
+        synchronize(device)
         if k >= args.warmup:
             times.append(time.perf_counter() - start)
+            cpu_times.append(time.process_time() - cpu_start)
         x.grad = None
         layer.zero_grad()
     chosen = None
     if variant == "auto":
         report = gnnfuse.explain(lambda: (step() * cotangent).sum().backward())
         chosen = [line.strip() for line in str(report).splitlines() if "typed linear order" in line]
-    return {"times_ms": [1e3 * t for t in times], "chosen": chosen}
+    return {"times_ms": [1e3 * t for t in times], "cpu_ms": [1e3 * t for t in cpu_times], "chosen": chosen}
+
+
+def _median_iqr(values: list[float]) -> str:
+    q = statistics.quantiles(values, n=4)
+    return f"{statistics.median(values):7.1f} ms [{q[0]:.1f}, {q[2]:.1f}]"
 
 
 def main() -> None:
@@ -94,6 +107,7 @@ def main() -> None:
     parser.add_argument("--widths", default="16x16,64x16,16x64", help="in x out pairs, comma-separated")
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="cpu")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=4)
@@ -103,25 +117,27 @@ def main() -> None:
         variant, width_in, width_out = args.one.split(":")
         print(json.dumps(run_variant(variant, args, int(width_in), int(width_out))))
         return
-    print(f"R-GCN forward+backward, N={args.nodes} E={args.edges} R={args.relations}, {args.threads} thread(s), "
+    print(f"R-GCN forward+backward on {args.device}, N={args.nodes} E={args.edges} R={args.relations}, "
+          f"{args.threads} thread(s), "
           f"median [IQR] of {args.rounds} rounds x {args.repeats} steps, variants interleaved per round")
     variants = args.variants.split(",")
     for pair in args.widths.split(","):
         width_in, width_out = pair.split("x")
         times: dict[str, list[float]] = {v: [] for v in variants}
+        cpu_times: dict[str, list[float]] = {v: [] for v in variants}
         chosen: list[str] = []
         for _ in range(args.rounds):     # interleaved, so a burst of load from elsewhere hits every variant
             for variant in variants:
                 command = [sys.executable, __file__, "--one", f"{variant}:{width_in}:{width_out}"] + [
-                    f"--{k}={getattr(args, k)}" for k in ("nodes", "edges", "relations", "threads", "warmup",
-                                                          "repeats")]
+                    f"--{k}={getattr(args, k)}" for k in ("nodes", "edges", "relations", "threads", "device",
+                                                          "warmup", "repeats")]
                 row = json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout)
                 times[variant] += row["times_ms"]
+                cpu_times[variant] += row["cpu_ms"]
                 chosen = row["chosen"] or chosen
         for variant in variants:
-            q = statistics.quantiles(times[variant], n=4)
-            print(f"in={width_in:>3} out={width_out:>3} {variant:>8}: {statistics.median(times[variant]):8.1f} ms "
-                  f"[{q[0]:.1f}, {q[2]:.1f}]", flush=True)
+            print(f"in={width_in:>3} out={width_out:>3} {variant:>8}: wall {_median_iqr(times[variant])}, "
+                  f"process CPU {_median_iqr(cpu_times[variant])}", flush=True)
         for line in chosen:
             print(f"{'':8}{line}")
 
