@@ -59,11 +59,14 @@ def test_relation_transforms_of_endpoints_run_per_pair_and_explain_shows_it():
     values = {k: t.requires_grad_() for k, t in inputs(graph, "cpu").items()}
     report = gnnfuse.explain(lambda: both_endpoints(graph, **values)["out"].sum().backward())
     (program,) = report.programs
-    forward = [(v.op, v.attrs.get("side")) for v in program.forward.program.values if "matmul" in v.op]
-    assert sorted(forward) == [("compact_typed_matmul", "dst"), ("compact_typed_matmul", "src")]
+    # The source side's transform, summed with a scalar per edge, is a typed linear
+    # aggregation (passes/linear_reorder.py), which runs it per pair or after aggregating.
+    forward = [(v.op, v.attrs.get("side")) for v in program.forward.program.values
+               if "matmul" in v.op or v.op == "typed_aggregate"]
+    assert sorted(forward) == [("compact_typed_matmul", "dst"), ("typed_aggregate", None)]
     backward = {v.op for v in program.backward.program.values if "matmul" in v.op}
-    assert backward == {"compact_typed_matmul_t", "compact_typed_matmul_tn"}
-    assert "compact_typed_matmul(%h, %etype.W, side='src')" in str(report)
+    assert backward == {"compact_typed_matmul", "compact_typed_matmul_t", "compact_typed_matmul_tn"}
+    assert "compact_typed_matmul(%g, %etype.V, side='dst')" in str(report)
 
 
 def test_pairs_are_the_distinct_vertex_relation_pairs():
@@ -106,10 +109,11 @@ def test_relation_from_edge_data_runs_per_pair():
     values = {k: t.requires_grad_() for k, t in inputs(graph, "cpu").items()}
     report = gnnfuse.explain(lambda: graphiler_message(graph, graph.edge_type, **values)["out"].sum().backward())
     (program,) = report.programs
-    forward = sorted((v.op, v.attrs.get("side")) for v in program.forward.program.values if "matmul" in v.op)
-    assert forward == [("compact_indexed_matmul", "dst"), ("compact_indexed_matmul", "src")]
+    forward = sorted((v.op, v.attrs.get("side")) for v in program.forward.program.values
+                     if "matmul" in v.op or v.op == "typed_aggregate")
+    assert forward == [("compact_indexed_matmul", "dst"), ("typed_aggregate", None)]
     backward = {v.op for v in program.backward.program.values if "matmul" in v.op}
-    assert backward == {"compact_indexed_matmul_t", "compact_indexed_matmul_tn"}
+    assert backward == {"compact_indexed_matmul", "compact_indexed_matmul_t", "compact_indexed_matmul_tn"}
 
 
 def test_relation_from_edge_data_matches_the_oracle(backend, device):

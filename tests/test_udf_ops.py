@@ -211,10 +211,11 @@ def test_graphiler_rgcn_bmm_over_indexed_weights(out_features, device):
                                                    edata={"type": ETYPE.to(device)})["h"],
                    lambda: rgcn_oracle(h, W), [h, W])
     # Grouped by relation, as typed_matmul: no [E, in, out] tensor of gathered weights; and
-    # computed once per (source, relation) pair (passes/compact.py).
+    # computed once per (vertex, relation) pair, before or after the sum (passes/compact.py,
+    # passes/linear_reorder.py).
     tracer = gnnfuse.frontend.trace_message_passing(message, reduce, None, {"h": h}, {"type": ETYPE.to(device)})
     ops = [v.op for v in CompiledProgram(tracer.program).program]
-    assert "compact_indexed_matmul" in ops and "index_rows" not in ops and "row_matmul" not in ops
+    assert "typed_aggregate" in ops and "index_rows" not in ops and "row_matmul" not in ops
 
 
 def test_table_indices_wrap_and_fail_like_torch(device):

@@ -24,10 +24,12 @@ from __future__ import annotations
 import weakref
 
 from .errors import CompileError
+from .ops.typed_aggregate import OTHER_SIDE
 from .program import Program
 from .residency import Residency
 
 SIDES = ("src", "dst")
+TWO_SIDED = ("typed_aggregate", "typed_aggregate_tn")
 BOTH = "both"
 
 
@@ -56,6 +58,12 @@ def node_sides(program: Program, seeds: dict[int, str] | None = None) -> dict[in
             continue
         if v.op in ("reduce", "degree") and by in SIDES:
             mark(v.id, by)
+            continue
+        if v.op in TWO_SIDED:   # ir/ops/typed_aggregate.py: rows of one endpoint aggregated onto the other
+            mark(v.inputs[0].id, OTHER_SIDE[by])
+            for i in v.inputs[1:] + (v,):
+                if i.residency is Residency.NODE:
+                    mark(i.id, by)
             continue
         if v.attrs.get("side") in SIDES:   # ops reading or writing one endpoint's table (ir/ops/compact.py)
             for i in v.inputs + (v,):

@@ -6,6 +6,7 @@ from .compact import materialize_compactly
 from .cse import eliminate_common_subexpressions
 from .dce import eliminate_dead_code
 from .fold import fold_constants
+from .linear_reorder import reorder_typed_linear
 from .pairwise import sort_hinge_pairs
 from .reorder import reorder_broadcasts
 from .softmax import decompose_edge_softmax, stop_softmax_shift_gradients
@@ -18,6 +19,7 @@ def optimize(program: Program, keep_inputs: bool = False) -> Program:
     fold_constants(program)
     reorder_broadcasts(program)
     materialize_compactly(program)
+    reorder_typed_linear(program)
     eliminate_common_subexpressions(program)
     eliminate_dead_code(program, keep_inputs=keep_inputs)
     verify(program)

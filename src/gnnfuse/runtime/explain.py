@@ -31,6 +31,11 @@ Byte model (an estimate of DRAM traffic, not a measurement; caches are ignored):
 * A shared-reduce unit (per-edge work summed into a parameter shape) reads as an
   ungrouped unit does and writes its one parameter-sized root (its per-program partial
   rows, at most a thousand, are not counted).
+* A relation-typed linear aggregation (``typed_aggregate``, ``typed_aggregate_tn``:
+  passes/linear_reorder.py) is counted with the byte model of the order it chose on the
+  graph (ir/ops/typed_aggregate.py); its step says which order ran, with both orders'
+  bytes and flops, and the per-edge rows it writes inside itself (``out`` wide before
+  aggregation, ``in`` wide after) are listed with the plan's per-edge tensors.
 * Index entries have the graph's index dtype size.
 
 The report is generic over unit kinds: it uses only a unit's ``root``, ``body``,
@@ -46,7 +51,7 @@ from __future__ import annotations
 import math
 import shutil
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -56,6 +61,7 @@ from ..backend import tuned_schedule
 from ..backend.forced_schedule import forcing, tiled_scores
 from ..graph import Graph
 from ..ir import Program, Residency, Value, get_op
+from ..ir.ops.typed_aggregate import recorded_choice
 from ..ir.residency import Movement
 from ..passes.fusion import gathered_leaves, partition
 from ..passes.io_rule import EdgeTensor, backward_reads_gathered_rows, edge_tensors, reads_gathered_rows
@@ -85,6 +91,7 @@ class Step:
     writes: list[Value]             # values materialized in memory
     traffic: Traffic
     source: str | None = None       # generated Triton kernel, when asked for
+    internal: list[Value] = field(default_factory=list)   # per-edge rows a torch op writes inside itself
 
 
 @dataclass
@@ -231,7 +238,16 @@ def _op_step(v: Value, sizes: _Sizes, names: dict[int, str]) -> Step:
     index = sizes.num_edges * sizes.index_bytes if moves else 0
     args = ", ".join(names[i.id] for i in v.inputs)
     label = f"torch op {names[v.id]} = {v.op}({args}) -> {v.residency.name}{list(v.shape)}"
-    return Step(v, label, False, [], reads, [v], Traffic(read_bytes, index, rows_out * _row_bytes(v)))
+    traffic = Traffic(read_bytes, index, rows_out * _row_bytes(v))
+    choice = recorded_choice(sizes.graph, v)
+    if choice is not None:   # a typed linear aggregation: the order it chose here, and why
+        cost = choice.costs[choice.order]
+        label += f"\n    order:  {choice.describe()}"
+        traffic = Traffic(cost.reads, index, cost.writes)
+        width = choice.width_out if choice.order == "before" else choice.width_in
+        return Step(v, label, False, [], reads, [v], traffic,
+                    internal=[Value(v.op, v.inputs, v.attrs, Residency.EDGE, (width,), v.dtype, id=v.id)])
+    return Step(v, label, False, [], reads, [v], traffic)
 
 
 def _kernel_source(unit: Any, sizes: _Sizes) -> str:
@@ -257,7 +273,8 @@ def _plan(phase: str, program: Program, keep: list[int], sizes: _Sizes, source: 
             step.source = _kernel_source(item, sizes) if source else None
             steps.append(step)
     written = [v for step in steps for v in step.writes]
-    return Plan(phase, program, steps, edge_tensors(written, keep, tainted), sizes.num_edges)
+    internal = [EdgeTensor(v, False, False) for step in steps for v in step.internal]   # from gathered rows
+    return Plan(phase, program, steps, edge_tensors(written, keep, tainted) + internal, sizes.num_edges)
 
 
 def _mb(n: int) -> str:

@@ -1,0 +1,277 @@
+"""A relation-typed linear aggregation, ``out[v] = sum over edges e into v of s_e *
+(x[u_e] @ W[relation_e])``, run in whichever order moves fewer bytes on the graph at hand.
+
+R-GCN's message is a typed linear transform of the gathered endpoint, scaled by at most a
+scalar per edge (its per-relation mean is the scale ``1 / |N_r(v)|``), and summed. The
+sum commutes with each ``W_r``, so there are two orders (Hector's linear-operator
+reordering, ASPLOS '24; the hetero counterpart of dynamic kernel placement, nn/
+placement.py):
+
+- ``before`` (transform, then aggregate): one product per (source, relation) pair that has
+  edges -- compact materialization, ir/ops/compact.py -- gathered onto the edges, scaled
+  and summed per destination. Per-edge rows are ``out`` wide.
+- ``after`` (aggregate, then transform): Seastar's hierarchical aggregation (§6.3.5). The
+  raw scaled source rows are summed per (destination, relation) pair, each partial is
+  multiplied by its ``W_r`` once, and the partials are summed across relations. Per-edge
+  rows are ``in`` wide.
+
+Programs are compiled once and run on many graphs, and the pair counts the choice depends
+on are properties of the graph (or, for a relation read from edge data, of that data), so
+the op decides at run time with `choose_order`'s byte model and records the choice on the
+graph for `gnnfuse.explain`. ``GNNFUSE_TYPED_ORDER=before|after`` forces one order (the
+result is the same up to rounding; tests compare the two).
+
+``by`` names the aggregated endpoint (``"dst"``: sum over in-edges); ``x`` is a table of
+the other endpoint. The relation is the graph's edge type when ``W`` is per-edge-type data
+(EDGE_TYPE, [in, out] per relation), or a per-edge index operand into a [T, in, out]
+parameter table (Graphiler's ``W[edges.data['type']]``). ``scaled`` says whether a per-edge
+scalar operand ``s`` follows ``W``. Operands: ``x, W[, s][, idx]``.
+
+The gradients are the same aggregation again: the input gradient sums ``s_e * g[v_e] @
+W_r^T`` over each source's out-edges (``typed_aggregate`` by the other endpoint, which
+picks its own order), the weight gradient ``typed_aggregate_tn`` sums ``s_e *
+outer(x[u_e], g[v_e])`` per relation through either endpoint's pairs, and the scale's
+gradient is the per-edge dot of the message and the gathered output gradient. All are
+torch ops in every backend, like the compact ops.
+"""
+from __future__ import annotations
+
+import os
+from typing import NamedTuple
+
+import torch
+
+from ..registry import OpDef, register
+from ..residency import EDGE_ROWED, Movement, Residency
+from .compact import _pair_input_grad, _pair_matmul, _pair_weight_grad, data_pairs, relation_pairs
+from .movement import reduce_rows
+
+ORDERS = ("before", "after")
+ORDER_ENV = "GNNFUSE_TYPED_ORDER"
+OTHER_SIDE = {"src": "dst", "dst": "src"}
+
+
+class OrderCost(NamedTuple):
+    """What one order reads and writes (bytes, every stage counted) and computes (flops)."""
+    reads: int
+    writes: int
+    flops: int
+
+    @property
+    def bytes(self) -> int:
+        return self.reads + self.writes
+
+
+class OrderChoice(NamedTuple):
+    """The choice `choose_order` made for one op on one graph, with what it was made from."""
+    op: str
+    order: str
+    forced: bool
+    edges: int
+    gathered_pairs: int        # (vertex, relation) pairs of the gathered endpoint
+    aggregated_pairs: int      # (vertex, relation) pairs of the aggregated endpoint
+    width_in: int
+    width_out: int
+    costs: dict[str, OrderCost]
+
+    def describe(self) -> str:
+        how = f"forced by {ORDER_ENV}" if self.forced else "fewer bytes"
+        costs = ", ".join(f"{order} {c.bytes:,} B / {c.flops:,} flops" for order, c in self.costs.items())
+        return (f"typed linear order: transform {self.order} aggregation ({how}); in={self.width_in} "
+                f"out={self.width_out}, E={self.edges:,}, pairs gathered={self.gathered_pairs:,} "
+                f"aggregated={self.aggregated_pairs:,}; {costs}")
+
+
+def order_costs(edges: int, gathered_pairs: int, aggregated_pairs: int, rows_out: int, width_in: int,
+                width_out: int, element_size: int, weight_grad: bool = False) -> dict[str, OrderCost]:
+    """The byte model of both orders, counting each stage's reads and writes once.
+
+    ``before``: the matmul reads P_g rows of ``in`` and writes P_g of ``out``; the edge
+    stage gathers E pair rows of ``out``, reads E scales and writes E rows of ``out``; the
+    aggregation reads them back and writes the output. ``after``: the edge stage gathers E
+    rows of ``in`` and writes them scaled; the pair sum reads them and writes P_a partials
+    of ``in``; the matmul reads those and writes P_a rows of ``out``; the sum across
+    relations reads them and writes the output. The weight gradient (``weight_grad``)
+    has the same stages with the other operand's rows per edge, and writes one [in, out]
+    matrix per relation (``rows_out`` of them) whichever order runs.
+    """
+    n_out = rows_out * (width_in * width_out if weight_grad else width_out)
+    p_g, p_a, e = gathered_pairs, aggregated_pairs, edges
+    before = OrderCost(element_size * (p_g * width_in + 2 * e * width_out + e),
+                       element_size * (p_g * width_out + e * width_out + n_out),
+                       2 * p_g * width_in * width_out + 2 * e * width_out)
+    after = OrderCost(element_size * (2 * e * width_in + e + p_a * (width_in + width_out)),
+                      element_size * (e * width_in + p_a * (width_in + width_out) + n_out),
+                      2 * p_a * width_in * width_out + 2 * e * width_in)
+    return {"before": before, "after": after}
+
+
+def forced_order() -> str | None:
+    """The order ``GNNFUSE_TYPED_ORDER`` forces, or None (the byte model decides)."""
+    order = os.environ.get(ORDER_ENV) or None
+    if order is not None and order not in ORDERS:
+        raise ValueError(f"{ORDER_ENV} must be one of {ORDERS}, got {order!r}")
+    return order
+
+
+def choose_order(op: str, edges: int, gathered_pairs: int, aggregated_pairs: int, rows_out: int, width_in: int,
+                 width_out: int, element_size: int, weight_grad: bool = False) -> OrderChoice:
+    """The order with fewer bytes (then fewer flops; ``before`` on a tie), unless forced."""
+    costs = order_costs(edges, gathered_pairs, aggregated_pairs, rows_out, width_in, width_out, element_size,
+                        weight_grad)
+    forced = forced_order()
+    order = forced or min(ORDERS, key=lambda o: (costs[o].bytes, costs[o].flops))
+    return OrderChoice(op, order, forced is not None, edges, gathered_pairs, aggregated_pairs, width_in, width_out,
+                       costs)
+
+
+def recorded_choices(graph) -> dict[tuple, OrderChoice]:
+    """The choices the ops made on ``graph``, by (op, by, in, out), latest last: what
+    `gnnfuse.explain` reports."""
+    return graph.cached("typed_aggregate_choices", lambda g: {})
+
+
+def choice_key(op: str, by: str, width_in: int, width_out: int) -> tuple:
+    return op, by, width_in, width_out
+
+
+def _operands(rest: tuple, scaled: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """``(s, idx)`` from the operands after ``x`` and ``W`` (or ``x`` and ``g``)."""
+    s = rest[0] if scaled else None
+    idx = rest[1 if scaled else 0] if len(rest) > int(scaled) else None
+    return s, idx
+
+
+def _pairs_of(ctx, side: str, idx: torch.Tensor | None, count: int):
+    return relation_pairs(ctx, side) if idx is None else data_pairs(ctx, side, idx, count)
+
+
+def _scaled_rows(table: torch.Tensor, ctx, side: str, s: torch.Tensor | None) -> torch.Tensor:
+    """``table`` gathered onto the edges by ``side``, times each edge's scale."""
+    rows = table.index_select(0, ctx.index(side))
+    return rows if s is None else rows * s.reshape(-1, 1).to(rows.dtype)
+
+
+def _decide(ctx, op: str, by: str, idx, count: int, width_in: int, width_out: int, dtype: torch.dtype,
+            rows_out: int, weight_grad: bool = False):
+    gather = OTHER_SIDE[by]
+    pairs = {side: _pairs_of(ctx, side, idx, count) for side in (gather, by)}
+    choice = choose_order(op, ctx.num_edges, len(pairs[gather].vertex), len(pairs[by].vertex), rows_out,
+                          width_in, width_out, torch.empty((), dtype=dtype).element_size(), weight_grad)
+    recorded_choices(ctx.graph)[choice_key(op, by, width_in, width_out)] = choice
+    return choice.order, pairs[gather], pairs[by]
+
+
+# --- typed_aggregate ------------------------------------------------------------------------
+def _aggregate(ctx, x: torch.Tensor, w: torch.Tensor, *rest: torch.Tensor, by: str, scaled: bool) -> torch.Tensor:
+    s, idx = _operands(rest, scaled)
+    gather, rows = OTHER_SIDE[by], ctx.num_rows(by)
+    dtype = torch.promote_types(x.dtype, w.dtype)
+    order, gathered, aggregated = _decide(ctx, "typed_aggregate", by, idx, w.shape[0], w.shape[-2], w.shape[-1],
+                                          dtype, rows)
+    if order == "before":
+        messages = _pair_matmul(x, w, gathered)
+        if s is not None:
+            messages = messages * s.reshape(-1, 1).to(messages.dtype)
+        return reduce_rows(messages, ctx.index(by), rows, "sum")
+    return _pair_input_grad(_scaled_rows(x, ctx, gather, s), w, aggregated, rows)
+
+
+def _check(rs: list[Residency], attrs: dict, what: str) -> None:
+    if attrs.get("by") not in OTHER_SIDE:
+        raise ValueError(f"{what} aggregates by one endpoint, 'src' or 'dst', got {attrs.get('by')!r}")
+    rest = rs[2:]
+    s, idx = _operands(tuple(rest), attrs["scaled"])
+    if s is not None and s not in EDGE_ROWED:
+        raise ValueError(f"{what}'s scale is one value per edge, got {s.name}")
+    if idx is not None and idx not in EDGE_ROWED:
+        raise ValueError(f"{what}'s relation index is one value per edge, got {idx.name}")
+    if len(rest) > int(attrs["scaled"]) + 1:
+        raise ValueError(f"{what} takes at most a scale and a relation index after its two operands")
+
+
+def _aggregate_residency(rs, attrs):
+    _check(rs, attrs, "typed_aggregate")
+    indexed = len(rs) > 2 + int(attrs["scaled"])
+    if rs[0] is not Residency.NODE or rs[1] is not (Residency.SHARED if indexed else Residency.EDGE_TYPE):
+        raise ValueError(f"typed_aggregate takes a vertex table and a per-relation weight (EDGE_TYPE, or a "
+                         f"parameter table with a per-edge index), got {[r.name for r in rs]}")
+    return Residency.NODE
+
+
+def _aggregate_shape(inputs, attrs, residency):
+    x, w = inputs[0], inputs[1]
+    matrix = w.shape[-2:] if len(w.shape) == 3 else w.shape
+    if len(x.shape) != 1 or len(matrix) != 2 or x.shape[0] != matrix[0] or (len(w.shape) == 3) != (
+            len(inputs) > 2 + int(attrs["scaled"])):
+        raise ValueError(f"rows [in] @ one [in, out] matrix per relation, got {list(x.shape)} @ {list(w.shape)}")
+    for s in inputs[2:]:
+        if s.shape != ():
+            raise ValueError(f"the scale and relation index hold one scalar per edge, got {list(s.shape)}")
+    return (matrix[1],), torch.promote_types(x.dtype, w.dtype)
+
+
+def _aggregate_derivative(b, v, g):
+    x, w, *rest = v.inputs
+    by, scaled = v.attrs["by"], v.attrs["scaled"]
+    s, idx = _operands(tuple(rest), scaled)
+    extra = [b.fwd(t) for t in rest]
+    grad_x = b.add("typed_aggregate", g, b.add("transpose", b.fwd(w)), *extra, by=OTHER_SIDE[by], scaled=scaled)
+    grad_w = b.add("typed_aggregate_tn", b.fwd(x), g, *extra, by=by, scaled=scaled,
+                   count=w.shape[0] if idx is not None else None)
+    grads = [grad_x, grad_w]
+    if scaled:   # d out / d s_e = (x[u_e] @ W_r) . g[v_e]; summed to s's shape by autodiff
+        side = OTHER_SIDE[by]
+        message = (b.add("compact_typed_matmul", b.fwd(x), b.fwd(w), side=side) if idx is None else
+                   b.add("compact_indexed_matmul", b.fwd(x), b.fwd(w), b.fwd(idx), side=side))
+        grads.append(b.add("mul", message, b.add("broadcast", g, by=by)))
+    return grads + ([None] if idx is not None else [])
+
+
+register(OpDef("typed_aggregate", Movement.REDUCE, _aggregate, residency=_aggregate_residency,
+               shape=_aggregate_shape, derivative=_aggregate_derivative,
+               doc="per vertex of side by, the sum over its edges of s_e * x[other endpoint] @ W[relation], "
+                   "transformed before or after aggregation by the byte model (linear-operator reordering)"))
+
+
+# --- typed_aggregate_tn: the weight gradient ----------------------------------------------------
+def _weight_grad(ctx, x: torch.Tensor, g: torch.Tensor, *rest: torch.Tensor, by: str, scaled: bool,
+                 count: int | None) -> torch.Tensor:
+    s, idx = _operands(rest, scaled)
+    gather = OTHER_SIDE[by]
+    count = count if idx is not None else ctx.num_rows("etype")
+    order, gathered, aggregated = _decide(ctx, "typed_aggregate_tn", by, idx, count, x.shape[-1], g.shape[-1],
+                                          torch.promote_types(x.dtype, g.dtype), count, weight_grad=True)
+    if order == "before":
+        return _pair_weight_grad(x, _scaled_rows(g, ctx, by, s), gathered)
+    return _pair_weight_grad(g, _scaled_rows(x, ctx, gather, s), aggregated).transpose(-1, -2)
+
+
+def _weight_grad_residency(rs, attrs):
+    _check(rs, attrs, "typed_aggregate_tn")
+    if rs[0] is not Residency.NODE or rs[1] is not Residency.NODE:
+        raise ValueError(f"typed_aggregate_tn takes two vertex tables, got {[r.name for r in rs]}")
+    return Residency.SHARED if len(rs) > 2 + int(attrs["scaled"]) else Residency.EDGE_TYPE
+
+
+def _weight_grad_shape(inputs, attrs, residency):
+    x, g = inputs[0], inputs[1]
+    matrix = (x.shape[-1], g.shape[-1])
+    dtype = torch.promote_types(x.dtype, g.dtype)
+    return ((attrs["count"],) + matrix if residency is Residency.SHARED else matrix), dtype
+
+
+register(OpDef("typed_aggregate_tn", Movement.REDUCE, _weight_grad, residency=_weight_grad_residency,
+               shape=_weight_grad_shape,
+               doc="per relation, the sum over its edges of s_e * outer(x[other endpoint], g[by]): the weight "
+                   "gradient of typed_aggregate, through either endpoint's (vertex, relation) pairs"))
+
+
+def recorded_choice(graph, value) -> OrderChoice | None:
+    """The order the op behind ``value`` (a ``typed_aggregate`` or ``typed_aggregate_tn``)
+    last chose on ``graph``, or None if it has not run there or ``value`` is another op."""
+    if value.op not in ("typed_aggregate", "typed_aggregate_tn"):
+        return None
+    width_out = value.shape[-1] if value.op == "typed_aggregate" else value.inputs[1].shape[-1]
+    key = choice_key(value.op, value.attrs["by"], value.inputs[0].shape[-1], width_out)
+    return recorded_choices(graph).get(key)
