@@ -170,11 +170,11 @@ def _aggregate(ctx, x: torch.Tensor, w: torch.Tensor, *rest: torch.Tensor, by: s
     order, gathered, aggregated = _decide(ctx, "typed_aggregate", by, idx, w.shape[0], w.shape[-2], w.shape[-1],
                                           dtype, rows)
     if order == "before":
-        messages = _pair_matmul(x, w, gathered)
+        messages = _pair_matmul(ctx, x, w, gathered)
         if s is not None:
             messages = messages * s.reshape(-1, 1).to(messages.dtype)
         return reduce_rows(messages, ctx.index(by), rows, "sum")
-    return _pair_input_grad(_scaled_rows(x, ctx, gather, s), w, aggregated, rows)
+    return _pair_input_grad(ctx, _scaled_rows(x, ctx, gather, s), w, aggregated, rows)
 
 
 def _check(rs: list[Residency], attrs: dict, what: str) -> None:
@@ -243,8 +243,8 @@ def _weight_grad(ctx, x: torch.Tensor, g: torch.Tensor, *rest: torch.Tensor, by:
     order, gathered, aggregated = _decide(ctx, "typed_aggregate_tn", by, idx, count, x.shape[-1], g.shape[-1],
                                           torch.promote_types(x.dtype, g.dtype), count, weight_grad=True)
     if order == "before":
-        return _pair_weight_grad(x, _scaled_rows(g, ctx, by, s), gathered)
-    return _pair_weight_grad(g, _scaled_rows(x, ctx, gather, s), aggregated).transpose(-1, -2)
+        return _pair_weight_grad(ctx, x, _scaled_rows(g, ctx, by, s), gathered)
+    return _pair_weight_grad(ctx, g, _scaled_rows(x, ctx, gather, s), aggregated).transpose(-1, -2)
 
 
 def _weight_grad_residency(rs, attrs):
