@@ -1,0 +1,15 @@
+"""Training on several processes through torch.distributed (issue #17): NCCL between
+GPUs, gloo between CPU processes; launched by ``torchrun -m gnnfuse train`` or
+``gnnfuse train --gpus N`` / ``--cpu-ranks N``.
+
+Data-parallel mini-batch training (`minibatch`) gives each rank a disjoint share of the
+training seeds and averages gradients with ``DistributedDataParallel``; features are
+replicated or partitioned across ranks (`features`). Modules are imported on use, so
+importing this package starts nothing.
+"""
+from .features import PartitionedFeatures, row_ranges
+from .launch import launch_or_join, train_run_function
+from .process_group import DistributedError, Rank, current, init_process_group, world_size
+
+__all__ = ["DistributedError", "PartitionedFeatures", "Rank", "current", "init_process_group", "launch_or_join",
+           "row_ranges", "train_run_function", "world_size"]
