@@ -124,10 +124,10 @@ def train(args: argparse.Namespace) -> TrainSummary:
 
 def run_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:
-        status, args.device = launch_or_join(args.gpus, args.cpu_ranks, args.device, args.argv)
+        status, args.device = launch_or_join(args.gpus, args.cpu_ranks, args.device, main, args.argv)
     except DistributedError as error:
         parser.error(str(error))
-    if status is not None:                            # this process ran torchrun; the ranks trained
+    if status is not None:                            # this process started the ranks; they trained
         return status
     rank = current()
     if rank.world_size > 1:                           # only rank 0 writes to stdout
@@ -208,7 +208,7 @@ def _parser() -> argparse.ArgumentParser:
                        "model on the first batches' kernel times and let each sage layer pick aggregate- or "
                        "combine-first per batch (needs --fanout)")
     train.add_argument("--gpus", type=int, metavar="N", help="train on N GPUs of this machine, one process each "
-                       "(NCCL): runs torchrun --nproc-per-node N -m gnnfuse train with these options; data-parallel "
+                       "(NCCL), as torchrun --nproc-per-node N -m gnnfuse train with these options would; data-parallel "
                        "with --fanout, partitioned full-graph without")
     train.add_argument("--cpu-ranks", type=int, metavar="N", help="the same on N CPU processes (gloo), for machines "
                        "without GPUs and CI")
@@ -241,7 +241,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (usage errors exit with 2)."""
     parser = _parser()
     args = parser.parse_args(argv)
-    args.argv = list(sys.argv[1:] if argv is None else argv)     # what --gpus/--cpu-ranks hand to torchrun
+    args.argv = list(sys.argv[1:] if argv is None else argv)     # what --gpus/--cpu-ranks hand to each rank
     try:
         configure_threads(getattr(args, "threads", None))
     except ValueError as error:

@@ -1,19 +1,27 @@
-"""One way to launch: ``gnnfuse train --gpus N`` runs ``torchrun`` on the same command.
+"""One way to launch: ``gnnfuse train --gpus N`` starts the ranks ``torchrun`` would.
 
 ``torchrun --nproc-per-node N -m gnnfuse train ...`` is the launch; ``--gpus N`` (GPU
 ranks, NCCL) and ``--cpu-ranks N`` (CPU ranks, gloo: CI and machines without GPUs) start
-exactly that through torchrun's own entry point (``torch.distributed.run``, standalone
-rendezvous on a free local port), with the command line unchanged: a process torchrun
-started sees ``WORLD_SIZE`` in its environment and joins the process group instead of
-launching again. `train_run_function` then picks what each rank runs.
+the same N processes on this machine with torch.multiprocessing, each with torchrun's
+environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``,
+``MASTER_ADDR``, ``MASTER_PORT`` on a free local port) and the same command line: a
+process that finds ``WORLD_SIZE`` in its environment joins the process group instead of
+launching again. Not torchrun's own agent: it costs seconds of start-up and shut-down
+per launch for a restart policy a single-machine run does not use, while
+torch.multiprocessing already stops every rank when one fails. GPU ranks are spawned
+(fresh interpreters: CUDA cannot be forked); CPU ranks are forked, so they start with
+this process's imports. `train_run_function` then picks what each rank runs.
 """
 from __future__ import annotations
 
 import atexit
 import os
+import socket
+import sys
 from typing import Callable, Sequence
 
 import torch.distributed as dist
+import torch.multiprocessing as mp
 
 from ..training.config import TrainConfig
 from .process_group import DistributedError, check_backend, init_process_group, launched_by_torchrun, world_size
@@ -36,19 +44,19 @@ def ranks_and_device(gpus: int | None, cpu_ranks: int | None, device: str) -> tu
     return None, device
 
 
-def launch_or_join(gpus: int | None, cpu_ranks: int | None, device: str, argv: Sequence[str]
-                   ) -> tuple[int | None, str]:
-    """Start the ranks, join them, or do nothing, for ``gnnfuse <argv>``.
+def launch_or_join(gpus: int | None, cpu_ranks: int | None, device: str, entry: Callable[[list[str]], int],
+                   argv: Sequence[str]) -> tuple[int | None, str]:
+    """Start the ranks, join them, or do nothing, for ``entry(argv)`` (``gnnfuse``'s main).
 
     Returns (exit status, device type): a status when this process launched the ranks
-    through torchrun and they have finished (it trains nothing itself); None when this
+    (`run_ranks`) and they have finished (it trains nothing itself); None when this
     process should train -- as a rank of the process group it has just joined (launched
     by torchrun), or alone. Raises `DistributedError` when the ranks cannot run.
     """
     ranks, device_type = ranks_and_device(gpus, cpu_ranks, device)
     if launched_by_torchrun():
         if ranks is not None and ranks != int(os.environ["WORLD_SIZE"]):
-            raise DistributedError(f"{'--gpus' if gpus is not None else '--cpu-ranks'} {ranks}, but torchrun started "
+            raise DistributedError(f"{'--gpus' if gpus is not None else '--cpu-ranks'} {ranks}, but the launcher started "
                                    f"{os.environ['WORLD_SIZE']} ranks")
         init_process_group(device_type)
         atexit.register(_leave)
@@ -58,19 +66,34 @@ def launch_or_join(gpus: int | None, cpu_ranks: int | None, device: str, argv: S
             check_backend(device_type, 1)
         return None, device_type
     check_backend(device_type, ranks)
-    return run_torchrun(ranks, ["-m", "gnnfuse", *argv]), device_type
+    return run_ranks(ranks, device_type, entry, argv), device_type
 
 
-def run_torchrun(ranks: int, command: Sequence[str]) -> int:
-    """``torchrun --standalone --nproc-per-node ranks <command>`` in this process;
-    the exit status (1 when a rank failed: torchrun has printed which and why)."""
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import get_args_parser, run
+def run_ranks(ranks: int, device_type: str, entry: Callable[[list[str]], int], argv: Sequence[str]) -> int:
+    """Run ``entry(argv)`` in ``ranks`` processes with torchrun's environment (see the
+    module docstring); the exit status: 0, or 1 when a rank failed (its error printed)."""
+    with socket.socket() as probe:                  # a port free now, for rank 0's store
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    start_method = "spawn" if device_type == "cuda" else "fork"
+    if start_method == "fork":
+        import torch._dynamo  # noqa: F401  (DDP imports it, ~3 s of CPU: once here, not once per rank)
+    sys.stdout.flush(), sys.stderr.flush()          # a forked rank would print the parent's buffer again
     try:
-        run(get_args_parser().parse_args(["--standalone", f"--nproc-per-node={ranks}", *command]))
-    except ChildFailedError:
+        mp.start_processes(_rank_main, args=(ranks, port, entry, list(argv)), nprocs=ranks,
+                           start_method=start_method)
+    except mp.ProcessException as error:
+        print(f"gnnfuse: rank {error.error_index} of {ranks} failed: {error}", file=sys.stderr)
         return 1
     return 0
+
+
+def _rank_main(local_rank: int, ranks: int, port: int, entry: Callable[[list[str]], int], argv: list[str]) -> None:
+    os.environ.update(RANK=str(local_rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(ranks),
+                      LOCAL_WORLD_SIZE=str(ranks), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    status = entry(argv)
+    if status:
+        raise SystemExit(status)
 
 
 def train_run_function(config: TrainConfig) -> Callable[..., object] | None:

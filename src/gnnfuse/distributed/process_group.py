@@ -1,6 +1,6 @@
 """The process group a training rank joins, from the environment ``torchrun`` sets.
 
-``torchrun`` (and ``gnnfuse train --gpus/--cpu-ranks``, which runs it) starts one process
+``torchrun`` (and ``gnnfuse train --gpus/--cpu-ranks``, which sets the same) starts one process
 per rank with ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and
 ``MASTER_PORT`` set; `init_process_group` reads them and joins PyTorch's own process
 group: NCCL between GPUs, gloo between CPU processes (CI, laptops). What cannot work is
