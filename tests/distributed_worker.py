@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import os
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -32,12 +31,6 @@ SAMPLER_SEEDS = torch.arange(3, 26)          # 23 seeds: 11 per rank, one sits o
 FEATURE_ROWS = 11                            # rank 0 owns rows 0..4, rank 1 rows 5..10
 FEATURE_IDS = {0: [[10, 0, 7, 3, 4], [2]], 1: [[1, 9, 5, 6], []]}    # two gathers per rank
 TRAIN_EPOCHS = 12
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def random_graph(num_nodes: int, num_edges: int, seed: int) -> gnnfuse.Graph:

@@ -1,7 +1,8 @@
 """Data-parallel mini-batch training on 2 CPU processes (gloo), against 1 process.
 
-One 2-rank job (`distributed_worker.run_rank`, forked: the children start with this
-process's imports) records what every test here checks. The launch path itself
+One 2-rank job (`distributed_worker.run_rank`, forked by `start_ranks`: the children
+start with this process's imports, and tests run torch on one thread, so there is no
+OpenMP team to inherit) records what every test here checks. The launch path itself
 (``gnnfuse train --cpu-ranks 2``) runs once, end to end.
 """
 from __future__ import annotations
@@ -11,12 +12,12 @@ import statistics
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 import distributed_worker as worker
 from gnnfuse.cli import main
 from gnnfuse.distributed import DistributedError, init_process_group, launch_or_join
 from gnnfuse.distributed import process_group
+from gnnfuse.distributed.launch import free_port, start_ranks
 from gnnfuse.nn.models import get_model
 from gnnfuse.training import load_checkpoint, prepare_data
 from gnnfuse.training.minibatch import train_minibatch_run
@@ -25,10 +26,8 @@ from gnnfuse.training.minibatch import train_minibatch_run
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> list[dict]:
     """Each rank's recorded results of one 2-process gloo job."""
-    import torch._dynamo  # noqa: F401  (DDP imports it: once here, not once per forked rank)
     out = tmp_path_factory.mktemp("ranks")
-    mp.start_processes(worker.run_rank, args=(worker.free_port(), str(out)), nprocs=worker.WORLD,
-                       start_method="fork")
+    start_ranks(worker.run_rank, (free_port(), str(out)), worker.WORLD, "cpu")
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(worker.WORLD)]
 
 

@@ -8,9 +8,14 @@ environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``,
 process that finds ``WORLD_SIZE`` in its environment joins the process group instead of
 launching again. Not torchrun's own agent: it costs seconds of start-up and shut-down
 per launch for a restart policy a single-machine run does not use, while
-torch.multiprocessing already stops every rank when one fails. GPU ranks are spawned
-(fresh interpreters: CUDA cannot be forked); CPU ranks are forked, so they start with
-this process's imports. `train_run_function` then picks what each rank runs.
+torch.multiprocessing already stops every rank when one fails.
+
+GPU ranks are spawned (fresh interpreters: a CUDA context does not survive a fork).
+CPU ranks are forked, so they start with the launcher's imports (gnnfuse, and
+torch._dynamo, which DDP imports: ~3 s of CPU a process otherwise): safe because the
+launcher has done no parallel torch work yet -- it has only parsed its options -- and
+so holds no OpenMP thread team for a child to inherit (a forked child's first parallel
+region would hang on it). `train_run_function` then picks what each rank runs.
 """
 from __future__ import annotations
 
@@ -72,20 +77,30 @@ def launch_or_join(gpus: int | None, cpu_ranks: int | None, device: str, entry: 
 def run_ranks(ranks: int, device_type: str, entry: Callable[[list[str]], int], argv: Sequence[str]) -> int:
     """Run ``entry(argv)`` in ``ranks`` processes with torchrun's environment (see the
     module docstring); the exit status: 0, or 1 when a rank failed (its error printed)."""
-    with socket.socket() as probe:                  # a port free now, for rank 0's store
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    start_method = "spawn" if device_type == "cuda" else "fork"
-    if start_method == "fork":
-        import torch._dynamo  # noqa: F401  (DDP imports it, ~3 s of CPU: once here, not once per rank)
-    sys.stdout.flush(), sys.stderr.flush()          # a forked rank would print the parent's buffer again
     try:
-        mp.start_processes(_rank_main, args=(ranks, port, entry, list(argv)), nprocs=ranks,
-                           start_method=start_method)
+        start_ranks(_rank_main, (ranks, free_port(), entry, list(argv)), ranks, device_type)
     except mp.ProcessException as error:
         print(f"gnnfuse: rank {error.error_index} of {ranks} failed: {error}", file=sys.stderr)
         return 1
     return 0
+
+
+def start_ranks(function: Callable[..., None], args: tuple, ranks: int, device_type: str) -> None:
+    """``function(local_rank, *args)`` in ``ranks`` processes: spawned for CUDA, forked
+    for the CPU (call it before any parallel torch work; see the module docstring).
+    Raises torch.multiprocessing's `ProcessException` when a rank fails."""
+    start_method = "spawn" if device_type == "cuda" else "fork"
+    if start_method == "fork":
+        import torch._dynamo  # noqa: F401  (imported once here, not once per rank)
+    sys.stdout.flush(), sys.stderr.flush()          # a forked rank would print the buffer again
+    mp.start_processes(function, args=args, nprocs=ranks, start_method=start_method)
+
+
+def free_port() -> int:
+    """A local TCP port free now (for rank 0's store)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def _rank_main(local_rank: int, ranks: int, port: int, entry: Callable[[list[str]], int], argv: list[str]) -> None:
