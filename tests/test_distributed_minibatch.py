@@ -7,8 +7,10 @@ OpenMP team to inherit) records what every test here checks. The launch path its
 """
 from __future__ import annotations
 
+import json
 import re
 import statistics
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,6 +20,7 @@ from gnnfuse.cli import main
 from gnnfuse.distributed import DistributedError, init_process_group, launch_or_join
 from gnnfuse.distributed import process_group
 from gnnfuse.distributed.launch import free_port, start_ranks
+from gnnfuse.loader import STAGES
 from gnnfuse.nn.models import get_model
 from gnnfuse.training import load_checkpoint, prepare_data
 from gnnfuse.training.minibatch import train_minibatch_run
@@ -120,6 +123,23 @@ def test_cpu_ranks_train_end_to_end_from_the_command_line(tmp_path, capfd):
     assert out.count("epoch    2 |") == 1 and out.count("saved best-val weights") == 1
     model, checkpoint = load_checkpoint(path)
     assert len(checkpoint["runs"]) == 1 and tuple(checkpoint["config"]["fanout"]) == (3, 3)
+
+
+def test_the_distributed_benchmark_runs_1_and_2_cpu_ranks_in_one_invocation(import_script, tmp_path):
+    bench = import_script(Path(__file__).resolve().parent.parent / "benchmarks", "bench_distributed")
+    path = tmp_path / "distributed_cpu.json"
+    bench.main(["--device", "cpu", "--dataset", "synthetic", "--fanout", "3,3", "--batch-size", "16", "--hidden", "8",
+                "--max-batches", "2", "--warmup", "1", "--features", "partitioned", "--json", str(path)])
+    results = json.loads(path.read_text())
+    assert set(results["worlds"]) == {"1", "2"} and results["speedup_2_vs_1"] > 0
+    for world, cell in results["worlds"].items():
+        assert [r["rank"] for r in cell["ranks"]] == list(range(int(world)))
+        for rank in cell["ranks"]:
+            assert rank["batches"] == 2 and set(rank["stages_s"]) == set(STAGES) and rank["stages_s"]["compute"] > 0
+            assert (rank["feature_bytes"] is None) == (world == "1")
+            assert world == "1" or rank["feature_bytes"]["received_rows"] > 0
+    table = path.with_suffix(".md").read_text()
+    assert "| 2 | 1 | 2 |" in table and "Speed-up, 2 ranks against 1" in table
 
 
 # --- refusals ----------------------------------------------------------------------------

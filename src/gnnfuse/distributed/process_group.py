@@ -95,7 +95,9 @@ def init_process_group(device_type: str) -> Rank:
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     if not dist.is_initialized():
-        dist.init_process_group(backend_for(device_type), rank=rank, world_size=world_size)
+        # device_id binds NCCL's communicator to this rank's GPU (barriers then need no guess)
+        dist.init_process_group(backend_for(device_type), rank=rank, world_size=world_size,
+                                device_id=device if device_type == "cuda" else None)
     if rank != 0:
         sys.stdout = open(os.devnull, "w")       # noqa: SIM115 (held for the process's life)
     return current()
