@@ -18,9 +18,10 @@ import torch
 import distributed_worker as worker
 from gnnfuse.cli import main
 from gnnfuse.distributed import DistributedError, init_process_group, launch_or_join
-from gnnfuse.distributed import process_group
+from gnnfuse.distributed import dispatch, process_group
 from gnnfuse.distributed.launch import free_port, start_ranks
-from gnnfuse.loader import STAGES
+from gnnfuse.distributed.minibatch import train_distributed_minibatch_run
+from gnnfuse.loader import STAGES, NeighborLoader
 from gnnfuse.nn.models import get_model
 from gnnfuse.training import load_checkpoint, prepare_data
 from gnnfuse.training.minibatch import train_minibatch_run
@@ -142,6 +143,13 @@ def test_the_distributed_benchmark_runs_1_and_2_cpu_ranks_in_one_invocation(impo
     assert "| 2 | 1 | 2 |" in table and "Speed-up, 2 ranks against 1" in table
 
 
+def test_several_ranks_with_a_fanout_run_the_data_parallel_loop(monkeypatch):
+    config = worker.training_config(25)
+    assert dispatch.train_run_function(config) is None                  # one process: the plain loops
+    monkeypatch.setattr(dispatch, "world_size", lambda: 2)
+    assert dispatch.train_run_function(config) is train_distributed_minibatch_run
+
+
 # --- refusals ----------------------------------------------------------------------------
 def test_gpu_ranks_without_gpus_or_nccl_are_refused_naming_what_is_missing(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
@@ -180,3 +188,8 @@ def test_bad_launch_options_are_usage_errors(argv, message, capsys, monkeypatch)
         main(["train", "--epochs", "1", *argv])
     assert exit_info.value.code == 2
     assert re.search(message, capsys.readouterr().err)
+
+
+def test_a_loader_sampler_excludes_shuffle():
+    with pytest.raises(ValueError, match="sampler is mutually exclusive with shuffle"):
+        NeighborLoader(worker.random_graph(5, 8, 0), [2], shuffle=True, sampler=range(5))

@@ -8,7 +8,8 @@ replicated or partitioned across ranks (`features`). Modules are imported on use
 importing this package starts nothing.
 """
 from .features import PartitionedFeatures, row_ranges
-from .launch import launch_or_join, train_run_function
+from .dispatch import train_run_function
+from .launch import launch_or_join
 from .process_group import DistributedError, Rank, current, init_process_group, world_size
 
 __all__ = ["DistributedError", "PartitionedFeatures", "Rank", "current", "init_process_group", "launch_or_join",

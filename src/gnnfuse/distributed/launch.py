@@ -28,8 +28,7 @@ from typing import Callable, Sequence
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from ..training.config import TrainConfig
-from .process_group import DistributedError, check_backend, init_process_group, launched_by_torchrun, world_size
+from .process_group import DistributedError, check_backend, init_process_group, launched_by_torchrun
 
 
 def ranks_and_device(gpus: int | None, cpu_ranks: int | None, device: str) -> tuple[int | None, str]:
@@ -109,18 +108,6 @@ def _rank_main(local_rank: int, ranks: int, port: int, entry: Callable[[list[str
     status = entry(argv)
     if status:
         raise SystemExit(status)
-
-
-def train_run_function(config: TrainConfig) -> Callable[..., object] | None:
-    """What each rank runs when there are several (None with one process): data-parallel
-    mini-batch training with a fanout, partitioned full-graph training without."""
-    if world_size() == 1:
-        return None
-    if config.fanout is None:
-        from .fullgraph import train_full_graph_run       # gnnfuse.distributed.fullgraph (item 2 of #17)
-        return train_full_graph_run
-    from .minibatch import train_distributed_minibatch_run
-    return train_distributed_minibatch_run
 
 
 def _leave() -> None:

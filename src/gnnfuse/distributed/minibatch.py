@@ -88,7 +88,9 @@ def train_distributed_minibatch_run(config: TrainConfig, spec: ModelSpec, data: 
     placement = _fit_placement(model, loader) if config.dkp else None
     block = range_block(data.graph, bounds[me.rank], bounds[me.rank + 1])
     owned = slice(bounds[me.rank], bounds[me.rank + 1])
-    read_input = store.gather if store is not None else (lambda ids: x.index_select(0, ids))
+    # evaluation reads through its own view of the rows, so the bytes logged are training's
+    read_input = (PartitionedFeatures(store.local, bounds, me.rank).gather if store is not None
+                  else (lambda ids: x.index_select(0, ids)))
     history: dict[str, list[float]] = {key: [] for key in ("loss", "val_loss", "train_acc", "val_acc", "test_acc",
                                                            "epoch_seconds", *(f"stage_{s}" for s in STAGES))}
     stopping = EarlyStopping(config.patience)
