@@ -18,6 +18,7 @@ from .runtime.cuda_graph import MODES
 from .threads import THREADS_ENV, configure_threads
 from .tuning import command as tuning_command
 from .training import ConfigError, RunResult, TrainSummary, make_config, save_checkpoint, train_runs
+from .training.config import FEATURE_PLACEMENTS
 
 
 # --- info ------------------------------------------------------------------------------
@@ -212,7 +213,7 @@ def _parser() -> argparse.ArgumentParser:
                        "with --fanout, partitioned full-graph without")
     train.add_argument("--cpu-ranks", type=int, metavar="N", help="the same on N CPU processes (gloo), for machines "
                        "without GPUs and CI")
-    train.add_argument("--features", choices=("replicated", "partitioned"), default="replicated",
+    train.add_argument("--features", choices=FEATURE_PLACEMENTS, default="replicated",
                        help="several ranks with --fanout: every rank holds all features (replicated, default), or "
                             "a contiguous 1/N of the rows, a batch's rows fetched from their owner by all-to-all")
     train.add_argument("--plot", metavar="PNG", help="save learning curves (needs matplotlib); with --fanout "

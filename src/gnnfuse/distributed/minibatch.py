@@ -47,7 +47,6 @@ from .features import PartitionedFeatures, row_ranges
 from .inference import layerwise_logits, range_block, summed_accuracies
 from .process_group import DistributedError, current
 
-FEATURE_MODES = ("replicated", "partitioned")
 RANK_SEED_STRIDE = 1_000_003     # rank r draws dropout and neighbour samples from seed + r * stride
 
 

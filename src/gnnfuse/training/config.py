@@ -12,6 +12,9 @@ from ..nn.block_models import BLOCK_MODELS
 from ..nn.models import get_model
 
 
+FEATURE_PLACEMENTS = ("replicated", "partitioned")     # where data-parallel ranks keep the features
+
+
 class ConfigError(ValueError):
     """A training request that cannot run as given: unknown model or data set, a value out
     of range, a missing data file or device. Raised before any training starts, so callers
@@ -80,8 +83,8 @@ def make_config(model: str, dataset: str = DEFAULT_DATASET, *, runs: int = 1, se
               (values["weight_decay"] >= 0, f"weight decay must be >= 0, got {values['weight_decay']}"),
               (0 <= values["dropout"] < 1, f"dropout must be in [0, 1), got {values['dropout']}"),
               (device in ("cpu", "cuda"), f"device must be cpu or cuda, got {device!r}")]
-    checks.append((features in ("replicated", "partitioned"),
-                   f"features must be replicated or partitioned, got {features!r}"))
+    checks.append((features in FEATURE_PLACEMENTS,
+                   f"features must be one of {', '.join(FEATURE_PLACEMENTS)}, got {features!r}"))
     checks.append((features == "replicated" or fanout is not None,
                    "partitioned features are fetched per mini-batch: they need a fanout"))
     checks.append((not dkp or (fanout is not None and model == "sage"),
