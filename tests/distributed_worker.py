@@ -19,12 +19,12 @@ from torch.utils.data import DistributedSampler
 
 import gnnfuse
 from gnnfuse.distributed import PartitionedFeatures, init_process_group, row_ranges
-from gnnfuse.distributed.inference import layerwise_logits, range_block
+from gnnfuse.distributed.inference import layerwise_logits, range_block, summed_accuracies
 from gnnfuse.distributed.minibatch import train_distributed_minibatch_run
 from gnnfuse.loader import NeighborLoader
 from gnnfuse.nn.block_models import build_block_model
 from gnnfuse.nn.models import get_model
-from gnnfuse.training import make_config, prepare_data
+from gnnfuse.training import accuracy, make_config, prepare_data
 
 WORLD = 2
 SAMPLER_SEEDS = torch.arange(3, 26)          # 23 seeds: 11 per rank, one sits out each epoch
@@ -93,9 +93,15 @@ def inference(rank: int) -> dict[str, Any]:
     block = range_block(graph, bounds[rank], bounds[rank + 1])
     store = PartitionedFeatures.from_full(x, rank, WORLD, torch.device("cpu"))
     with torch.no_grad():
-        full = model(x, graph)[bounds[rank]:bounds[rank + 1]]
-    return {"full": full, "replicated": layerwise_logits(model, block, lambda ids: x[ids], bounds, rank),
-            "partitioned": layerwise_logits(model, block, store.gather, bounds, rank)}
+        whole = model(x, graph)
+    mine = slice(bounds[rank], bounds[rank + 1])
+    partitioned = layerwise_logits(model, block, store.gather, bounds, rank)
+    y = torch.randint(0, 3, (25,), generator=torch.Generator().manual_seed(8))
+    masks = tuple(torch.rand(25, generator=torch.Generator().manual_seed(9 + i)) < 0.5 for i in range(3))
+    return {"full": whole[mine], "replicated": layerwise_logits(model, block, lambda ids: x[ids], bounds, rank),
+            "partitioned": partitioned,
+            "summed": summed_accuracies(partitioned, y[mine], tuple(m[mine] for m in masks), masks[1][mine]),
+            "whole": ([accuracy(whole, y, m) for m in masks], F.cross_entropy(whole[masks[1]], y[masks[1]]).item())}
 
 
 def training(rank: int) -> dict[str, Any]:

@@ -80,6 +80,9 @@ def test_layerwise_inference_across_ranks_equals_the_whole_graph_forward(ranks):
         inference = result["inference"]
         torch.testing.assert_close(inference["replicated"], inference["full"], rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(inference["partitioned"], inference["full"], rtol=1e-12, atol=1e-12)
+        (accuracies, val_loss), (expected, expected_loss) = inference["summed"], inference["whole"]
+        assert accuracies == pytest.approx(expected, rel=1e-6)       # training.accuracy counts in float32
+        assert val_loss == pytest.approx(expected_loss, rel=1e-12)
 
 
 def test_partitioned_features_train_exactly_as_replicated_ones(ranks):
