@@ -176,7 +176,28 @@ def measure(method: str, problem: Problem, inputs: Inputs, turbo: Any, reference
         oracle = None
     del result
     times = time_calls(lambda: forward_backward(forward, inputs), args.reps, device)
+    if args.profile:
+        log(kernel_profile(lambda: forward_backward(forward, inputs), device))
     return {**cell, **summarize(times), "reps": args.reps, "warmup": args.warmup, "oracle": oracle}
+
+
+def kernel_profile(call: Callable[[], Any], device: torch.device, rows: int = 12) -> str:
+    """torch.profiler's table of one call, heaviest device kernels first: the measured
+    split between kernels (which one dominates) and host time (the CPU total against
+    the summed kernel time) behind a cell's median."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        call()
+        synchronize(device)
+    averages = prof.key_averages()
+    for key in ("self_device_time_total", "self_cuda_time_total", "self_cpu_time_total"):
+        try:
+            return averages.table(sort_by=key, row_limit=rows)
+        except (AttributeError, KeyError, ValueError):
+            continue
+    return averages.table(row_limit=rows)
 
 
 def run_cell(problem: Problem, heads: int, dim: int, turbo: Any, turbo_status: str | None,
@@ -395,6 +416,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "recorded as a time-out")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"),
                         help="folder of attention.json (merged into) and attention.md")
+    parser.add_argument("--profile", action="store_true",
+                        help="print torch.profiler's kernel table of one call per method and cell")
     add_device_arguments(parser)
     args = parser.parse_args(argv)
     check_methods(parser, args.methods, METHODS)

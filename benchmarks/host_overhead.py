@@ -9,9 +9,12 @@ cost, and prints cProfile's top entries by own time to show where it goes.
 Runs on the CPU: the reference backend (default) or the Triton interpreter
 (``--backend triton``, which sets TRITON_INTERPRET=1 before triton is imported; its
 kernels run in numpy, so only the host-side share outside the kernel bodies compares).
+``--device cuda`` runs the Triton kernels on the GPU, where the per-call host cost is
+what a small graph's step waits for.
 
     python benchmarks/host_overhead.py --layer gcn --calls 2000
     python benchmarks/host_overhead.py --layer gat --backward --profile 25
+    python benchmarks/host_overhead.py --device cuda --layer gcn --profile 30
 """
 from __future__ import annotations
 
@@ -36,7 +39,7 @@ def _layer(name: str, width: int):
 
 
 def measure(layer_name: str, calls: int, backward: bool, nodes: int, width: int, profile: int,
-            repeats: int = 5) -> dict:
+            repeats: int = 5, device: str = "cpu") -> dict:
     import torch
     from gnnfuse.graph import Graph
 
@@ -44,14 +47,16 @@ def measure(layer_name: str, calls: int, backward: bool, nodes: int, width: int,
     torch.manual_seed(0)
     src = torch.randint(0, nodes, (4 * nodes,))
     dst = torch.randint(0, nodes, (4 * nodes,))
-    graph = Graph(src, dst, nodes)
-    layer = _layer(layer_name, width)
-    x = torch.randn(nodes, width, requires_grad=backward)
+    graph = Graph(src, dst, nodes).to(device)
+    layer = _layer(layer_name, width).to(device)
+    x = torch.randn(nodes, width, device=device, requires_grad=backward)
 
     def call():
         out = layer(x, graph)
         if backward:
             out.sum().backward()
+        if device == "cuda":
+            torch.cuda.synchronize()
 
     for _ in range(5):          # traces, compiles, caches layouts
         call()
@@ -94,17 +99,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backward", action="store_true", help="time forward + backward")
     parser.add_argument("--profile", type=int, default=0, metavar="N", help="print cProfile's top N by own time")
     parser.add_argument("--json", type=Path, help="also write the numbers as JSON here")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                        help="cuda: the Triton kernels on the GPU (implies --backend triton)")
     args = parser.parse_args(argv)
-    if args.backend == "triton":
+    if args.device == "cuda":
+        args.backend = "triton"
+        os.environ["GNNFUSE_BACKEND"] = "triton"
+    elif args.backend == "triton":
         if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
             parser.error("triton was imported before TRITON_INTERPRET=1 could be set")
         os.environ["TRITON_INTERPRET"] = "1"
         os.environ["GNNFUSE_BACKEND"] = "triton"
-    result = measure(args.layer, args.calls, args.backward, args.nodes, args.width, args.profile, args.repeats)
+    result = measure(args.layer, args.calls, args.backward, args.nodes, args.width, args.profile, args.repeats,
+                     args.device)
     result["backend"] = args.backend
     what = "forward + backward" if args.backward else "forward"
     print(f"{args.layer} {what} on {result['nodes']} nodes / {result['edges']} edges, width {args.width}, "
-          f"{args.backend} backend: {result['wall_us_per_call']:.1f} us wall, "
+          f"{args.backend} backend on {args.device}: {result['wall_us_per_call']:.1f} us wall, "
           f"{result['cpu_us_per_call']:.1f} us CPU per call (best of {args.repeats} x {args.calls} calls), "
           f"{result['function_calls_per_call']:.0f} Python function calls per call")
     if result["profile"]:

@@ -15,6 +15,7 @@ from gnnfuse.frontend.vertex import VertexFunction
 from gnnfuse.ir import CompileError, Program, Residency
 from gnnfuse.passes.fusion import AggregateUnit, partition
 from gnnfuse.runtime import CompiledProgram
+from oracle_check import device_for
 
 f64 = torch.float64
 F_IN, F_OUT = 5, 4
@@ -122,12 +123,14 @@ RGCN = {"vertex": rgcn_vertex, "message": rgcn_message}
 
 def rgcn_against_pyg(graph: gnnfuse.Graph, rgcn, f_in: int, f_out: int, seed: int) -> None:
     """Outputs and gradients (x, per-relation weights, root, bias) of ``rgcn`` vs RGCNConv
-    (mean aggregation and root weight, its defaults) with the same parameters."""
+    (mean aggregation and root weight, its defaults) with the same parameters, on the
+    graph's device (drawn on the CPU, so every device compares the same numbers)."""
     torch.manual_seed(seed)
     conv = RGCNConv(f_in, f_out, graph.num_edge_types).double()
     torch.nn.init.normal_(conv.bias)
     x = torch.randn(graph.num_nodes, f_in, dtype=f64)
     seed_grad = torch.randn(graph.num_nodes, f_out, dtype=f64)
+    conv, x, seed_grad = conv.to(graph.device), x.to(graph.device), seed_grad.to(graph.device)
 
     def run(fn):
         conv.zero_grad()
@@ -149,7 +152,7 @@ def rgcn_against_pyg(graph: gnnfuse.Graph, rgcn, f_in: int, f_out: int, seed: in
 @pytest.mark.parametrize("kind", RGCN)
 def test_rgcn_matches_pyg(kind, backend, monkeypatch):
     monkeypatch.setenv("GNNFUSE_BACKEND", backend)
-    rgcn_against_pyg(typed_graph(1), RGCN[kind], F_IN, F_OUT, seed=1)
+    rgcn_against_pyg(typed_graph(1).to(device_for(backend)), RGCN[kind], F_IN, F_OUT, seed=1)
 
 
 @pytest.fixture(scope="module")
@@ -230,7 +233,7 @@ def hgt_oracle(graph, x, p):
     q = torch.einsum("ei,eio->eo", x[dst], p["Wq"][nt[dst]])
     v = torch.einsum("ei,eio->eo", x[src], p["Wv"][nt[src]])
     alpha = pyg_softmax((k * q).sum(-1) * p["mu"][et], dst, num_nodes=graph.num_nodes)
-    agg = torch.zeros(graph.num_nodes, F_OUT, dtype=f64).index_add(0, dst, alpha.unsqueeze(-1) * v)
+    agg = torch.zeros(graph.num_nodes, F_OUT, dtype=f64, device=x.device).index_add(0, dst, alpha.unsqueeze(-1) * v)
     return torch.relu(torch.einsum("ni,nio->no", agg, p["Wa"][nt]) + p["b"][nt])
 
 
@@ -241,10 +244,11 @@ HGT = {"vertex": hgt_vertex, "message": hgt_message}
 @pytest.mark.parametrize("kind", HGT)
 def test_hgt_style_matches_oracle(kind, backend, monkeypatch):
     monkeypatch.setenv("GNNFUSE_BACKEND", backend)
-    graph = typed_graph(4)
-    x = torch.randn(graph.num_nodes, F_IN, dtype=f64, generator=torch.Generator().manual_seed(4))
-    p = hgt_params(4, graph.num_node_types, graph.num_edge_types)
-    seed_grad = torch.randn(graph.num_nodes, F_OUT, dtype=f64)
+    device = device_for(backend)     # the Triton backend runs CUDA tensors on a GPU machine
+    graph = typed_graph(4).to(device)
+    x = torch.randn(graph.num_nodes, F_IN, dtype=f64, generator=torch.Generator().manual_seed(4)).to(device)
+    p = {k: t.to(device) for k, t in hgt_params(4, graph.num_node_types, graph.num_edge_types).items()}
+    seed_grad = torch.randn(graph.num_nodes, F_OUT, dtype=f64).to(device)
 
     def run(fn):
         ps = {k: t.clone().requires_grad_() for k, t in p.items()}

@@ -16,6 +16,7 @@ import torch_geometric.nn as pyg
 import gnnfuse
 from gnnfuse import nn as gnn
 from layer_check import assert_same_outputs_and_grads, rel_err
+from oracle_check import device_for
 
 # Every layer class gnnfuse.nn exports, except the plain-torch baseline model GCN (PyG's
 # GCN of that name is a whole model with another signature).
@@ -91,11 +92,12 @@ def assert_weighted_call_matches_pyg(ours, ref, edge_index, weight, x, *rest, gr
 @pytest.mark.parametrize("backend", ["reference", "triton"])
 def test_edge_weight_matches_pyg(name, backend, monkeypatch):
     monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    device = device_for(backend)     # the Triton backend runs CUDA tensors on a GPU machine
     torch.manual_seed(0)
-    ours, ref = (m.double() for m in WEIGHTED[name]())
+    ours, ref = (m.double().to(device) for m in WEIGHTED[name]())
     ours.load_state_dict(ref.state_dict())
-    edge_index, weight = weighted_graph()
-    x = torch.randn(N, F_IN, dtype=torch.float64)
+    edge_index, weight = (t.to(device) for t in weighted_graph())
+    x = torch.randn(N, F_IN, dtype=torch.float64).to(device)
     graph = gnnfuse.Graph.from_edge_index(edge_index, num_nodes=N) if backend == "reference" else None
     assert_weighted_call_matches_pyg(ours, ref, edge_index, weight, x, graph=graph)
 

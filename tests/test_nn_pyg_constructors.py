@@ -12,14 +12,17 @@ import torch_geometric.nn as pyg
 
 from gnnfuse import nn as gnn
 from layer_check import assert_same_outputs_and_grads
+from oracle_check import device_for
 
 BACKENDS = ["reference", "triton"]
 N, F_IN = 6, 5
 EDGE_INDEX = torch.tensor([[0, 1, 2, 3, 3, 5, 1, 4], [1, 2, 0, 4, 1, 3, 1, 0]])   # a self loop, no loop on 5
 
 
-def copied(ours: torch.nn.Module, ref: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module]:
-    ours, ref = ours.double(), ref.double()
+def copied(ours: torch.nn.Module, ref: torch.nn.Module, device: str = "cpu") -> tuple[torch.nn.Module, torch.nn.Module]:
+    """Both layers in float64 on ``device`` (the Triton backend's is CUDA on a GPU
+    machine), ours holding PyG's weights."""
+    ours, ref = ours.double().to(device), ref.double().to(device)
     ours.load_state_dict(ref.state_dict())
     return ours, ref
 
@@ -31,11 +34,12 @@ def test_sage_project_and_normalize_match_pyg(aggr, normalize, backend, monkeypa
     """``project=True`` maps and relus the neighbours' features only (the root term reads
     the raw ``x``); ``normalize=True`` L2-normalises the output rows."""
     monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    device = device_for(backend)
     torch.manual_seed(0)
     ours, ref = copied(gnn.SAGEConv(F_IN, 3, aggr=aggr, normalize=normalize, project=True),
-                       pyg.SAGEConv(F_IN, 3, aggr=aggr, normalize=normalize, project=True))
-    x = torch.randn(N, F_IN, dtype=torch.float64)
-    assert_same_outputs_and_grads(ours, ref, lambda xs: ours(xs, EDGE_INDEX), lambda xs: ref(xs, EDGE_INDEX), x)
+                       pyg.SAGEConv(F_IN, 3, aggr=aggr, normalize=normalize, project=True), device)
+    x, edge_index = torch.randn(N, F_IN, dtype=torch.float64).to(device), EDGE_INDEX.to(device)
+    assert_same_outputs_and_grads(ours, ref, lambda xs: ours(xs, edge_index), lambda xs: ref(xs, edge_index), x)
 
 
 def test_sage_lazy_in_channels_matches_pyg():
@@ -57,12 +61,14 @@ def test_gcn_target_to_source_flow_matches_pyg(backend, monkeypatch):
     """``flow="target_to_source"`` sends along edge_index[1] -> edge_index[0]; setting the
     attribute after construction (as PyG users do) takes effect too."""
     monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    device = device_for(backend)
     torch.manual_seed(2)
-    ours, ref = copied(gnn.GCNConv(F_IN, 3, flow="target_to_source"), pyg.GCNConv(F_IN, 3, flow="target_to_source"))
-    x = torch.randn(N, F_IN, dtype=torch.float64)
-    assert_same_outputs_and_grads(ours, ref, lambda xs: ours(xs, EDGE_INDEX), lambda xs: ref(xs, EDGE_INDEX), x)
+    ours, ref = copied(gnn.GCNConv(F_IN, 3, flow="target_to_source"), pyg.GCNConv(F_IN, 3, flow="target_to_source"),
+                       device)
+    x, edge_index = torch.randn(N, F_IN, dtype=torch.float64).to(device), EDGE_INDEX.to(device)
+    assert_same_outputs_and_grads(ours, ref, lambda xs: ours(xs, edge_index), lambda xs: ref(xs, edge_index), x)
     ours.flow = ref.flow = "source_to_target"
-    assert_same_outputs_and_grads(ours, ref, lambda xs: ours(xs, EDGE_INDEX), lambda xs: ref(xs, EDGE_INDEX), x)
+    assert_same_outputs_and_grads(ours, ref, lambda xs: ours(xs, edge_index), lambda xs: ref(xs, edge_index), x)
     with pytest.raises(ValueError, match="flow must be one of"):
         gnn.GCNConv(F_IN, 3, flow="sideways")
 
@@ -98,10 +104,11 @@ def test_static_graph_features_match_pyg(name):
 
 def test_static_graph_features_on_the_triton_backend(monkeypatch):
     monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
+    device = device_for("triton")
     torch.manual_seed(4)
-    ours, ref = copied(*STATIC["gcn"]())
-    x = torch.randn(2, N, F_IN, dtype=torch.float64)
-    assert_same_outputs_and_grads(ours, ref, lambda xs: ours(xs, EDGE_INDEX), lambda xs: ref(xs, EDGE_INDEX), x)
+    ours, ref = copied(*STATIC["gcn"](), device)
+    x, edge_index = torch.randn(2, N, F_IN, dtype=torch.float64).to(device), EDGE_INDEX.to(device)
+    assert_same_outputs_and_grads(ours, ref, lambda xs: ours(xs, edge_index), lambda xs: ref(xs, edge_index), x)
 
 
 @pytest.mark.parametrize("make", [lambda: gnn.GATConv(F_IN, 3), lambda: gnn.GATv2Conv(F_IN, 3),
@@ -134,11 +141,13 @@ def test_rgcn_initialisation_is_pygs(conf):
 @pytest.mark.parametrize("conf", RGCN_CONFS[2:] + [dict(num_bases=2, aggr="add")])
 def test_rgcn_block_diagonal_matches_pyg(conf, backend, monkeypatch):
     monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    device = device_for(backend)
     torch.manual_seed(6)
-    ours, ref = copied(gnn.RGCNConv(4, 6, 3, **conf), pyg.RGCNConv(4, 6, 3, **conf))
-    x = torch.randn(N, 4, dtype=torch.float64)
-    assert_same_outputs_and_grads(ours, ref, lambda xs: ours(xs, EDGE_INDEX, EDGE_TYPE),
-                                  lambda xs: ref(xs, EDGE_INDEX, EDGE_TYPE), x)
+    ours, ref = copied(gnn.RGCNConv(4, 6, 3, **conf), pyg.RGCNConv(4, 6, 3, **conf), device)
+    x = torch.randn(N, 4, dtype=torch.float64).to(device)
+    edge_index, edge_type = EDGE_INDEX.to(device), EDGE_TYPE.to(device)
+    assert_same_outputs_and_grads(ours, ref, lambda xs: ours(xs, edge_index, edge_type),
+                                  lambda xs: ref(xs, edge_index, edge_type), x)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -147,13 +156,15 @@ def test_rgcn_featureless_input_matches_pyg(aggr, backend, monkeypatch):
     """``x=None`` (one learnt row per node) and ``x`` a vector of node indices, as PyG: the
     outputs and every parameter gradient agree."""
     monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    device = device_for(backend)
     torch.manual_seed(7)
-    ours, ref = copied(gnn.RGCNConv(N, 3, 3, aggr=aggr), pyg.RGCNConv(N, 3, 3, aggr=aggr))
-    index = torch.tensor([2, 0, 1, 5, 4, 3])
+    ours, ref = copied(gnn.RGCNConv(N, 3, 3, aggr=aggr), pyg.RGCNConv(N, 3, 3, aggr=aggr), device)
+    index = torch.tensor([2, 0, 1, 5, 4, 3], device=device)
+    edge_index, edge_type = EDGE_INDEX.to(device), EDGE_TYPE.to(device)
     for x in (None, index):
         for layer in (ours, ref):
             layer.zero_grad()
-        out, expected = ours(x, EDGE_INDEX, EDGE_TYPE), ref(x, EDGE_INDEX, EDGE_TYPE)
+        out, expected = ours(x, edge_index, edge_type), ref(x, edge_index, edge_type)
         torch.testing.assert_close(out, expected, rtol=1e-9, atol=1e-12)
         cotangent = torch.randn_like(expected)
         (out * cotangent).sum().backward()
@@ -205,15 +216,17 @@ def test_attention_edge_features_and_residual_match_pyg(name, conf, backend, mon
     given loop at vertex 1 replaced) and ``residual``: outputs and the gradients of x, the
     edge features and every parameter agree with PyG's layer."""
     monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    device = device_for(backend)
     torch.manual_seed(8)
-    ours, ref = copied(getattr(gnn, name)(F_IN, 4, heads=2, **conf), getattr(pyg, name)(F_IN, 4, heads=2, **conf))
-    x = torch.randn(N, F_IN, dtype=torch.float64)
+    ours, ref = copied(getattr(gnn, name)(F_IN, 4, heads=2, **conf), getattr(pyg, name)(F_IN, 4, heads=2, **conf),
+                       device)
+    x, edge_index = torch.randn(N, F_IN, dtype=torch.float64).to(device), EDGE_INDEX.to(device)
     edge_dim = conf.get("edge_dim")
     attr = None if edge_dim is None else torch.randn(EDGE_INDEX.shape[1], edge_dim, dtype=torch.float64).squeeze(1)
-    attr_a = None if attr is None else attr.clone().requires_grad_()
-    attr_b = None if attr is None else attr.clone().requires_grad_()
-    assert_same_outputs_and_grads(ours, ref, lambda xs: ours(xs, EDGE_INDEX, attr_a),
-                                  lambda xs: ref(xs, EDGE_INDEX, attr_b), x)
+    attr_a = None if attr is None else attr.to(device).clone().requires_grad_()
+    attr_b = None if attr is None else attr.to(device).clone().requires_grad_()
+    assert_same_outputs_and_grads(ours, ref, lambda xs: ours(xs, edge_index, attr_a),
+                                  lambda xs: ref(xs, edge_index, attr_b), x)
     if attr is not None:
         torch.testing.assert_close(attr_a.grad, attr_b.grad, rtol=1e-9, atol=1e-12)
 
@@ -246,12 +259,14 @@ def test_weighted_sparse_adjacency_weights_the_edges_like_pyg(name, backend, mon
     (as ``edge_weight``), which gnnfuse used to refuse."""
     from torch_geometric.utils import to_torch_csc_tensor
     monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    device = device_for(backend)
     torch.manual_seed(9)
-    ours, ref = copied(WEIGHTED_ADJACENCY[name](gnn), WEIGHTED_ADJACENCY[name](pyg))
-    value = torch.rand(EDGE_INDEX.shape[1], dtype=torch.float64) + 0.5
-    adj_t = to_torch_csc_tensor(EDGE_INDEX, value, size=(N, N)).t()
-    x = torch.randn(N, F_IN, dtype=torch.float64)
-    assert_same_outputs_and_grads(ours, ref, lambda xs: ours(xs, adj_t), lambda xs: ref(xs, EDGE_INDEX, value), x)
+    ours, ref = copied(WEIGHTED_ADJACENCY[name](gnn), WEIGHTED_ADJACENCY[name](pyg), device)
+    value = (torch.rand(EDGE_INDEX.shape[1], dtype=torch.float64) + 0.5).to(device)
+    edge_index = EDGE_INDEX.to(device)
+    adj_t = to_torch_csc_tensor(edge_index, value, size=(N, N)).t()
+    x = torch.randn(N, F_IN, dtype=torch.float64).to(device)
+    assert_same_outputs_and_grads(ours, ref, lambda xs: ours(xs, adj_t), lambda xs: ref(xs, edge_index, value), x)
     with pytest.raises(ValueError, match="adj_t holds edge weights .* and edge_weight was given too"):
         ours(x, adj_t, value)
 
@@ -263,17 +278,20 @@ def test_return_attention_weights_matches_pyg(name, conf, backend, monkeypatch):
     """``(out, (edge_index, alpha))``: the edges attended over (PyG's loop order) and one
     weight per edge and head, with gradients through both parts of the result."""
     monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    device = device_for(backend)
     torch.manual_seed(10)
-    ours, ref = copied(getattr(gnn, name)(F_IN, 4, heads=2, **conf), getattr(pyg, name)(F_IN, 4, heads=2, **conf))
-    attr = torch.randn(EDGE_INDEX.shape[1], 3, dtype=torch.float64) if "edge_dim" in conf else None
+    ours, ref = copied(getattr(gnn, name)(F_IN, 4, heads=2, **conf), getattr(pyg, name)(F_IN, 4, heads=2, **conf),
+                       device)
+    attr = torch.randn(EDGE_INDEX.shape[1], 3, dtype=torch.float64).to(device) if "edge_dim" in conf else None
+    edge_index = EDGE_INDEX.to(device)
     results = {}
 
     def run(layer, xs):
-        out, (edges, alpha) = layer(xs, EDGE_INDEX, attr, return_attention_weights=True)
+        out, (edges, alpha) = layer(xs, edge_index, attr, return_attention_weights=True)
         results[layer] = edges, alpha
         return torch.cat([out.flatten(), alpha.flatten()])
 
-    x = torch.randn(N, F_IN, dtype=torch.float64)
+    x = torch.randn(N, F_IN, dtype=torch.float64).to(device)
     assert_same_outputs_and_grads(ours, ref, lambda xs: run(ours, xs), lambda xs: run(ref, xs), x)
     assert torch.equal(results[ours][0].long(), results[ref][0])
 

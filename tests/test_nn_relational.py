@@ -9,6 +9,7 @@ from torch_geometric.nn import RGCNConv as PygRGCNConv
 
 import gnnfuse
 from gnnfuse.nn import RGCNConv
+from oracle_check import device_for
 
 RELATIONS = 4
 
@@ -27,7 +28,7 @@ def outputs_and_grads(layer, x, call):
     layer.zero_grad()
     xs = x.clone().requires_grad_()
     out = call(layer, xs)
-    weight = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)
+    weight = torch.linspace(-1, 1, out.numel(), dtype=out.dtype, device=out.device).view_as(out)
     (out * weight).sum().backward()
     return out.detach(), {"x": xs.grad, **{n: p.grad.clone() for n, p in layer.named_parameters()}}
 
@@ -39,14 +40,16 @@ def outputs_and_grads(layer, x, call):
 ], ids=["mean", "add", "bases", "no-root-no-bias", "sum-bases"])
 def test_rgcn_matches_pyg(options, as_graph, backend, monkeypatch):
     monkeypatch.setenv("GNNFUSE_BACKEND", backend)
-    graph = typed_graph(0)
+    device = device_for(backend)     # the Triton backend runs CUDA tensors on a GPU machine
+    graph = typed_graph(0).to(device)
     torch.manual_seed(0)
     pyg = PygRGCNConv(6, 3, RELATIONS, **options).double()
     if pyg.bias is not None:
         torch.nn.init.normal_(pyg.bias)
     ours = RGCNConv(6, 3, RELATIONS, **options).double()
     ours.load_state_dict(pyg.state_dict())
-    x = torch.randn(graph.num_nodes, 6, dtype=torch.float64)
+    pyg, ours = pyg.to(device), ours.to(device)
+    x = torch.randn(graph.num_nodes, 6, dtype=torch.float64).to(device)
     if as_graph:
         out, grads = outputs_and_grads(ours, x, lambda layer, xs: layer(xs, graph))
     else:

@@ -147,14 +147,15 @@ def test_in_place_edited_edge_index_is_not_served_stale(backend, monkeypatch):
     a CSR layout built from them, which a cache keyed without the tensor's version
     would serve stale."""
     monkeypatch.setenv("GNNFUSE_BACKEND", backend)
-    ours, theirs = twins("edge_conv_like")
-    data = inputs("edge_conv_like")
-    edge_index = EDGES.clone()
+    device = device_for(backend)
+    ours, theirs = (layer.to(device) for layer in twins("edge_conv_like"))
+    data = tuple(t.to(device) for t in inputs("edge_conv_like"))
+    edge_index = EDGES.to(device).clone()
     assert_same(run(ours, data, edge_index), run(theirs, data, edge_index))
-    edge_index[1, :4] = torch.tensor([6, 6, 5, 0])     # rewire four edges in place
+    edge_index[1, :4] = torch.tensor([6, 6, 5, 0], device=device)     # rewire four edges in place
     after = run(ours, data, edge_index)
     assert_same(after, run(theirs, data, edge_index))
-    assert not torch.allclose(after[0], run(theirs, data, EDGES)[0])
+    assert not torch.allclose(after[0], run(theirs, data, EDGES.to(device))[0])
 
 
 def test_graph_data_read_outside_the_arguments_falls_back():

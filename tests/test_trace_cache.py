@@ -110,9 +110,9 @@ def test_mutable_global_is_never_cached(graph, traces):
     assert traces[0] == 2
 
 
-def test_captured_tensor_is_never_cached(graph, traces):
-    """A closure tensor becomes a program input bound at trace time; a cached trace
-    would keep feeding the first tensor after the closure points at another."""
+def test_captured_closure_tensor_is_fed_anew_on_every_call(graph, traces):
+    """A closure tensor becomes a program input: a reused trace feeds whatever tensor the
+    closure holds now (rebound, or edited in place), never the one it was traced with."""
     h = torch.randn(4, 3, dtype=torch.float64)
     weight = torch.randn(3, 2, dtype=torch.float64)
 
@@ -122,6 +122,58 @@ def test_captured_tensor_is_never_cached(graph, traces):
     torch.testing.assert_close(f(graph, {"h": h}), neighbour_sum(graph, h @ weight))
     weight = torch.randn(3, 2, dtype=torch.float64)
     torch.testing.assert_close(f(graph, {"h": h}), neighbour_sum(graph, h @ weight))
+    weight.mul_(-3.0)
+    torch.testing.assert_close(f(graph, {"h": h}), neighbour_sum(graph, h @ weight))
+    assert traces[0] == 1
+    weight = torch.randn(3, 4, dtype=torch.float64)     # a new shape is a new program
+    torch.testing.assert_close(f(graph, {"h": h}), neighbour_sum(graph, h @ weight))
+    assert traces[0] == 2
+
+
+def test_a_tensor_value_read_at_trace_time_retraces(graph, traces):
+    """``float(scale)`` bakes the value into the program as a constant: such a trace is
+    never reused, so a changed value is honoured."""
+    h = torch.randn(4, 3, dtype=torch.float64)
+    scale = torch.tensor(2.0, dtype=torch.float64)
+
+    @gnnfuse.vertex
+    def f(v):
+        return sum([u.h * float(scale) for u in v.innbs])
+    torch.testing.assert_close(f(graph, {"h": h}), 2.0 * neighbour_sum(graph, h))
+    scale.fill_(5.0)
+    torch.testing.assert_close(f(graph, {"h": h}), 5.0 * neighbour_sum(graph, h))
+    assert traces[0] == 2
+
+
+def test_closure_tensors_that_were_one_object_and_no_longer_are(graph, traces):
+    """Traced with ``a is b`` the program has one parameter for both; once they are two
+    tensors it must not feed one of them twice."""
+    h = torch.randn(4, 3, dtype=torch.float64)
+    a = b = torch.randn(3, dtype=torch.float64)
+
+    def make():
+        @gnnfuse.vertex
+        def f(v):
+            return sum([u.h * a + u.h * b for u in v.innbs])
+        return f
+    torch.testing.assert_close(make()(graph, {"h": h}), neighbour_sum(graph, h * a + h * b))
+    b = torch.randn(3, dtype=torch.float64)
+    torch.testing.assert_close(make()(graph, {"h": h}), neighbour_sum(graph, h * a + h * b))
+    assert traces[0] == 2
+
+
+def test_a_tensor_made_inside_the_function_is_traced_each_call(graph, traces):
+    """A tensor the function builds from its closure (``w.t()``) is captured without a
+    place to find it again, so the trace is not reused."""
+    h = torch.randn(4, 3, dtype=torch.float64)
+    w = torch.randn(2, 3, dtype=torch.float64)
+
+    @gnnfuse.vertex
+    def f(v):
+        return sum([u.h @ w.t() for u in v.innbs])
+    for _ in range(2):
+        torch.testing.assert_close(f(graph, {"h": h}), neighbour_sum(graph, h @ w.t()))
+        w = torch.randn(2, 3, dtype=torch.float64)
     assert traces[0] == 2
 
 
@@ -146,12 +198,17 @@ def test_layers_trace_once_per_structure(graph, traces):
     after the first do no tracing."""
     torch.manual_seed(0)
     x = torch.randn(4, 6)
-    layers = [nn.GCNConv(6, 3), nn.GATConv(6, 2, heads=2), nn.SAGEConv(6, 3)]
+    layers = [nn.GCNConv(6, 3), nn.GATConv(6, 2, heads=2), nn.SAGEConv(6, 3), nn.GATv2Conv(6, 2, heads=2),
+              nn.GATv2Conv(6, 2, heads=2, edge_dim=3)]
+    attr = torch.randn(graph.num_edges, 3)
+    def step(layer):
+        edge = (attr,) if getattr(layer, "edge_dim", None) else ()
+        layer(x, graph, *edge).sum().backward()
     for layer in layers:
-        layer(x, graph).sum().backward()
+        step(layer)
     first = traces[0]
     for layer in layers:
-        layer(x, graph).sum().backward()
+        step(layer)
     assert traces[0] == first
 
 
@@ -274,3 +331,25 @@ def test_partial_udf_is_guarded_by_its_bound_arguments(graph, traces):
                                        functools.partial(reduce, op=torch.sum), ndata={"h": h})["o"]
         torch.testing.assert_close(out, factor * neighbour_sum(graph, h))
     assert traces[0] == 2
+
+
+def test_gatv2_reused_trace_reads_the_current_attention_vector(graph, traces):
+    """GATv2Conv closes over a fresh view of ``att`` on every forward: the reused trace
+    must feed the parameter as it is now -- edited in place, or replaced."""
+    import torch_geometric.nn as pyg
+    torch.manual_seed(0)
+    ours = nn.GATv2Conv(6, 2, heads=2).double()
+    ref = pyg.GATv2Conv(6, 2, heads=2).double()
+    x = torch.randn(4, 6, dtype=torch.float64)
+    edge_index = torch.stack([graph.src, graph.dst])
+
+    def same():
+        ref.load_state_dict(ours.state_dict())
+        torch.testing.assert_close(ours(x, graph), ref(x, edge_index))
+    same()
+    with torch.no_grad():
+        ours.att.mul_(-2.0)
+    same()
+    ours.att = torch.nn.Parameter(torch.randn_like(ours.att))
+    same()
+    assert traces[0] == 1

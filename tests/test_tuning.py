@@ -49,7 +49,7 @@ def output_and_grads(model, graph, x, backend, monkeypatch):
     x = x.clone().requires_grad_()
     model.zero_grad()
     out = model(x, graph)
-    (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)).sum().backward()
+    (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype, device=out.device).view_as(out)).sum().backward()
     return [out.detach(), x.grad, *(p.grad.clone() for p in model.parameters())]
 
 

@@ -73,7 +73,7 @@ class UsageError(Exception):
 def _model_epilog() -> str:
     """One line per runnable model with its paper defaults, for `gnnfuse train --help`."""
     lines = ["models (defaults from each paper; options override them):"]
-    for name in model_names():
+    for name in model_names(task=None):
         spec = get_model(name)
         d = spec.defaults
         patience = "none" if d.patience is None else d.patience
@@ -114,8 +114,9 @@ def train(args: argparse.Namespace) -> TrainSummary:
     def report(index: int, run: RunResult) -> None:
         stopped = (f", stopped early at epoch {run.epochs_run}" if run.epochs_run < config.epochs else "")
         graph = f", training step {run.cuda_graph}" if config.device == "cuda" else ""
-        print(f"run {index + 1}/{config.runs} (seed {run.seed}): best val acc {run.best_val_acc:.4f} "
-              f"(epoch {run.best_epoch}), test acc at best val {run.test_acc:.4f}{stopped}, {run.seconds:.2f} s{graph}")
+        print(f"run {index + 1}/{config.runs} (seed {run.seed}): best val {run.metric} {run.best_val_acc:.4f} "
+              f"(epoch {run.best_epoch}), test {run.metric} at best val {run.test_acc:.4f}{stopped}, "
+              f"{run.seconds:.2f} s{graph}")
 
     try:
         return train_runs(config, on_run=report, cuda_graph=args.cuda_graph)
@@ -149,8 +150,9 @@ def run_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     test, test_std = summary.mean_std("test_acc")
     val, val_std = summary.mean_std("best_val_acc")
     total = sum(run.seconds for run in summary.runs)
-    print(f"summary: test acc {test:.4f} ± {test_std:.4f} over {len(summary.runs)} run(s) "
-          f"(at the best val epoch; best val acc {val:.4f} ± {val_std:.4f}), total time {total:.2f} s")
+    metric = summary.runs[0].metric
+    print(f"summary: test {metric} {test:.4f} ± {test_std:.4f} over {len(summary.runs)} run(s) "
+          f"(at the best val epoch; best val {metric} {val:.4f} ± {val_std:.4f}), total time {total:.2f} s")
     return 0
 
 
@@ -182,7 +184,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Train a registered model (paper hyperparameters unless overridden) and report the "
                     "test accuracy at the best validation epoch, mean ± std over --runs seeds.",
         epilog=_model_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter, parents=[threads])
-    train.add_argument("--model", default="gcn", help=f"one of: {', '.join(model_names())} (default gcn)")
+    train.add_argument("--model", default="gcn", help=f"one of: {', '.join(model_names(task=None))} (default gcn)")
     train.add_argument("--dataset", default=DEFAULT_DATASET, help=f"one of: {', '.join(DATASET_NAMES)}")
     train.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     train.add_argument("--runs", type=int, default=1, help="seeds --seed, --seed+1, ... (default 1)")

@@ -27,8 +27,12 @@ def load_kernel(source: str, name: str):
     digest = hashlib.sha1(source.encode()).hexdigest()[:16]
     if digest not in _KERNELS:
         path = cache_dir() / f"{name}_{digest}.py"
-        if not path.exists():
-            path.write_text(source)
+        if not path.exists() or path.read_text() != source:
+            # written aside and renamed into place: another process (a training rank
+            # compiling the same kernel) never imports a half-written file
+            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+            tmp.write_text(source)
+            os.replace(tmp, path)
         spec = importlib.util.spec_from_file_location(f"gnnfuse_kernel_{digest}", path)
         module = importlib.util.module_from_spec(spec)
         # Registered before it runs: Numba's disk cache re-imports a kernel's module by

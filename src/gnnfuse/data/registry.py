@@ -9,6 +9,7 @@ from .npz import load_npz
 from .ogb import OGB_NAMES, load_ogb
 from .planetoid import load_planetoid
 from .synthetic import planted_partition, power_law_graph
+from .typed import TYPED_PRESETS, typed_graph
 from .wn18rr import load_wn18rr
 
 # (num_nodes, num_edges, num_features, num_classes) of the real graphs each preset mimics
@@ -30,6 +31,7 @@ _LOADERS: dict[str, Callable[..., NodeDataset | RelationalDataset]] = {
     "sbm": lambda root, **kw: planted_partition(**kw),
     **{name: (lambda root, _name=name, **kw: power_law_graph(*POWER_LAW_PRESETS[_name], name=_name, **kw))
        for name in POWER_LAW_PRESETS},
+    **{name: (lambda root, _name=name, **kw: typed_graph(_name, **kw)) for name in TYPED_PRESETS},
 }
 
 DATASET_NAMES: tuple[str, ...] = tuple(_LOADERS)
@@ -47,7 +49,7 @@ def load_dataset(name: str, root: str | os.PathLike | None = None,
     """Load a data set by name (case-insensitive); `kw` goes to the underlying loader.
 
     Real data sets are searched for as described in `gnnfuse.data.paths`; synthetic ones
-    ("synthetic"/"sbm" and the power-law presets) ignore `root`.
+    ("synthetic"/"sbm", the power-law presets and the typed ones) ignore `root`.
     """
     key = name.lower()
     if key not in _LOADERS:

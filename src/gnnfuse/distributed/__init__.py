@@ -4,8 +4,10 @@ GPUs, gloo between CPU processes; launched by ``torchrun -m gnnfuse train`` or
 
 Data-parallel mini-batch training (`minibatch`) gives each rank a disjoint share of the
 training seeds and averages gradients with ``DistributedDataParallel``; features are
-replicated or partitioned across ranks (`features`). Modules are imported on use, so
-importing this package starts nothing.
+replicated or partitioned across ranks (`features`). Full-graph training partitions the
+vertices across ranks (`fullgraph`, `partition`, `halo`). `dispatch` picks which a rank
+runs; `launch` and `process_group` start and join the ranks. Importing this package
+starts nothing.
 """
 from .features import PartitionedFeatures, row_ranges
 from .dispatch import train_run_function

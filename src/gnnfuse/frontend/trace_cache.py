@@ -13,11 +13,20 @@ training step, and it almost always yields the same program again. A trace depen
 outside its arguments is snapshotted on each call -- immutable scalars by value,
 library modules, classes and functions by identity, user functions recursively -- and
 becomes part of the key, so a changed closure constant or a rebound global traces
-afresh. A function that can reach anything else (a tensor it captured, a list, a dict,
-an object with attributes, a module or class of the user's own) is never cached: such
-state can change without changing identity, and a stale program would compute the
-wrong thing silently. Programs that captured tensors as parameters are not cached for
-the same reason.
+afresh. A function that can reach anything else (a list, a dict, an object with
+attributes, a module or class of the user's own) is never cached: such state can change
+without changing identity, and a stale program would compute the wrong thing silently.
+
+Tensors it reaches (a layer's attention vector in a closure, a global weight) are
+guarded by their metadata -- shape, dtype, device, layout, requires_grad, and which of
+them are the same object -- and the place they were found (closure cell, global name,
+default, partial argument) is remembered. Such a trace is reused only when every tensor
+the tracer captured as a program parameter was found at one of those places, so a
+later call feeds the tensor that is there *now*; and only when the trace read no
+tensor's value in Python (``.item()``, ``float(t)``, ``if t:`` -- watched by a
+`torch.overrides.TorchFunctionMode`), which would have baked the value in. Anything
+else -- a tensor made inside the function and captured, a value read -- traces on
+every call, as before.
 
 Some reads cannot be snapshotted at all. A random draw or a clock read at trace time
 (``torch.rand(()).item()``, ``numpy.random.rand()``, ``random.random()``) is baked into
@@ -86,11 +95,33 @@ def _impure_name(code: types.CodeType) -> str | None:
                  for name in [_impure_name(const)] if name), None)
 
 
-def _freeze(value: Any, seen: set[int]) -> Hashable:
+# Where a guarded value was found, step by step from the traced functions: ("fn", i),
+# ("cell", k), ("global", name), ("default", i), ("kwdefault", name), ("item", i),
+# ("func",), ("arg", i), ("keyword", name).
+Path = tuple[tuple[Any, ...], ...]
+
+
+class _Walk:
+    """State of one guard walk: the functions already entered (recursion) and every
+    tensor met, with the path it was found at."""
+
+    def __init__(self) -> None:
+        self.seen: set[int] = set()
+        self.tensors: list[tuple[Path, torch.Tensor]] = []
+
+
+def _freeze(value: Any, walk: _Walk, path: Path) -> Hashable:
     if isinstance(value, (*_SCALARS, enum.Enum)):
         return type(value), value
-    if isinstance(value, (tuple, frozenset)):
-        return type(value), tuple(_freeze(v, seen) for v in value)
+    if isinstance(value, torch.Tensor):
+        walk.tensors.append((path, value))
+        return torch.Tensor, tuple(value.shape), value.dtype, value.device, value.layout, value.requires_grad
+    if isinstance(value, tuple):
+        return tuple, tuple(_freeze(v, walk, path + (("item", i),)) for i, v in enumerate(value))
+    if isinstance(value, frozenset):
+        if any(isinstance(v, torch.Tensor) for v in value):
+            raise _Uncacheable("a tensor in a frozenset")      # no order to find it by again
+        return frozenset, tuple(_freeze(v, walk, path) for v in value)
     if isinstance(value, types.BuiltinFunctionType):
         bound = getattr(value, "__self__", None)
         if value.__name__ in _IMPURE or not (bound is None or isinstance(bound, (types.ModuleType, type))):
@@ -98,8 +129,9 @@ def _freeze(value: Any, seen: set[int]) -> Hashable:
             raise _Uncacheable(f"builtin {value.__name__}")
         return value
     if isinstance(value, functools.partial):
-        return (functools.partial, _freeze(value.func, seen), _freeze(value.args, seen),
-                _freeze(tuple(value.keywords.items()), seen))
+        return (functools.partial, _freeze(value.func, walk, path + (("func",),)),
+                tuple(_freeze(a, walk, path + (("arg", i),)) for i, a in enumerate(value.args)),
+                tuple((k, _freeze(a, walk, path + (("keyword", k),))) for k, a in value.keywords.items()))
     if isinstance(value, (types.ModuleType, type)):
         # A library's attributes are trusted; a user's module or class is a namespace whose
         # attributes (``settings.scale``) can be rebound without changing its identity.
@@ -107,9 +139,11 @@ def _freeze(value: Any, seen: set[int]) -> Hashable:
             return value
         raise _Uncacheable(f"{type(value).__name__} {value.__name__}")
     if isinstance(value, types.FunctionType):
-        if _from_library(value.__module__):
+        if _from_library(value.__module__) and "<locals>" not in value.__qualname__:
             return value
-        return value, _function_state(value, seen)
+        # by code and state, not identity: a helper defined inside a layer's forward is a
+        # new object on every call, with the same code and (guarded) closure
+        return _function_state(value, walk, path)
     raise _Uncacheable(type(value).__name__)
 
 
@@ -117,30 +151,82 @@ def _from_library(module_name: str | None) -> bool:
     return (module_name or "").split(".")[0] in _LIBRARIES
 
 
-def _function_state(fn: types.FunctionType, seen: set[int]) -> Hashable:
+def _function_state(fn: types.FunctionType, walk: _Walk, path: Path) -> Hashable:
     """Snapshot of everything ``fn`` reads besides its arguments."""
-    if id(fn) in seen:          # recursion: the function is already being snapshotted
+    if id(fn) in walk.seen:          # recursion: the function is already being snapshotted
         return "recursive"
-    seen.add(id(fn))
+    walk.seen.add(id(fn))
     if _impure_name(fn.__code__):
         raise _Uncacheable(f"{fn.__qualname__} calls {_impure_name(fn.__code__)}")
     env = fn.__globals__
-    globals_ = tuple(_freeze(env[name], seen) if name in env else _MISSING
+    globals_ = tuple(_freeze(env[name], walk, path + (("global", name),)) if name in env else _MISSING
                      for name in _global_names(fn.__code__) if name in env or not hasattr(builtins, name))
-    cells = tuple(_freeze(cell.cell_contents, seen) for cell in fn.__closure__ or ())
-    defaults = _freeze(fn.__defaults__ or (), seen), _freeze(tuple((fn.__kwdefaults__ or {}).items()), seen)
+    cells = tuple(_freeze(cell.cell_contents, walk, path + (("cell", k),))
+                  for k, cell in enumerate(fn.__closure__ or ()))
+    defaults = (tuple(_freeze(d, walk, path + (("default", i),)) for i, d in enumerate(fn.__defaults__ or ())),
+                tuple((k, _freeze(d, walk, path + (("kwdefault", k),))) for k, d in (fn.__kwdefaults__ or {}).items()))
     return fn.__code__, globals_, cells, defaults
 
 
-def guard_key(functions: tuple[Callable | None, ...]) -> Hashable | None:
-    """The guard part of the key for tracing ``functions``, or None when one of them can
-    reach state that cannot be snapshotted (then every call traces)."""
-    seen: set[int] = set()
+def _guards(functions: tuple[Callable | None, ...]) -> tuple[Hashable, list[tuple[Path, torch.Tensor]]] | None:
+    """The guard part of the key for tracing ``functions`` and the tensors met on the
+    way, or None when one of them can reach state that cannot be snapshotted (then every
+    call traces). Which reached tensors are one object is part of the key: a program
+    traced with two names for one tensor feeds it once."""
+    walk = _Walk()
     try:
-        return tuple(None if fn is None else _function_state(fn, seen) if isinstance(fn, types.FunctionType)
-                     else _freeze(fn, seen) for fn in functions)
+        key = tuple(None if fn is None else _function_state(fn, walk, (("fn", i),))
+                    if isinstance(fn, types.FunctionType) else _freeze(fn, walk, (("fn", i),))
+                    for i, fn in enumerate(functions))
     except _Uncacheable:
         return None
+    first: dict[int, int] = {}
+    aliases = tuple(first.setdefault(id(t), n) for n, (_, t) in enumerate(walk.tensors))
+    return (key, aliases), walk.tensors
+
+
+def guard_key(functions: tuple[Callable | None, ...]) -> Hashable | None:
+    """The guard part of the key for tracing ``functions`` (see `_guards`), or None."""
+    found = _guards(functions)
+    return None if found is None else found[0]
+
+
+def _fetch(functions: tuple[Callable | None, ...], path: Path) -> Any:
+    """The value at ``path`` now (see `Path`)."""
+    obj: Any = functions
+    for step, *arg in path:
+        if step in ("fn", "item", "arg", "default"):
+            obj = (obj.args if step == "arg" else obj.__defaults__ if step == "default" else obj)[arg[0]]
+        elif step == "cell":
+            obj = obj.__closure__[arg[0]].cell_contents
+        elif step == "global":
+            obj = obj.__globals__[arg[0]]
+        elif step == "kwdefault":
+            obj = obj.__kwdefaults__[arg[0]]
+        elif step == "keyword":
+            obj = obj.keywords[arg[0]]
+        else:       # "func"
+            obj = obj.func
+    return obj
+
+
+# Tensor methods that hand a tensor's values to Python, where a trace would bake them in.
+_VALUE_READS = frozenset(getattr(torch.Tensor, name) for name in (
+    "item", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__", "__complex__", "__array__",
+    "__format__", "__repr__", "__str__") if hasattr(torch.Tensor, name))
+
+
+class _ValueReads(torch.overrides.TorchFunctionMode):
+    """Notes whether code run under it read a real tensor's values in Python."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen = False
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in _VALUE_READS and args and isinstance(args[0], torch.Tensor):
+            self.seen = True
+        return func(*args, **(kwargs or {}))
 
 
 def signature(tables: tuple[Mapping[str, torch.Tensor], ...]) -> Hashable:
@@ -157,7 +243,8 @@ class TraceCache:
     tensors. A lookup costs a walk over the functions' globals and closure cells."""
 
     def __init__(self) -> None:
-        self._entries: dict[Hashable, CompiledProgram] = {}
+        # key -> (program, [(parameter name, path of the tensor fed to it)])
+        self._entries: dict[Hashable, tuple[CompiledProgram, list[tuple[str, Path]]]] = {}
         _ALL.add(self)
 
     def compiled(self, functions: tuple[Callable | None, ...], tables: tuple[Mapping[str, torch.Tensor], ...],
@@ -165,16 +252,22 @@ class TraceCache:
         """The compiled program for ``functions`` called on ``tables``, and the tensors
         its trace captured (program inputs beside the tables); ``trace`` runs only when
         no reusable trace is cached."""
-        guards = guard_key(functions)
-        key = None if guards is None else (guards, signature(tables))
+        found = _guards(functions)
+        key = None if found is None else (found[0], signature(tables))
         if key in self._entries:
-            return self._entries[key], {}
-        tracer = trace()
+            compiled, params = self._entries[key]
+            return compiled, {name: _fetch(functions, path) for name, path in params}
+        reads = _ValueReads()
+        with reads:
+            tracer = trace()
         compiled, captured = compiled_for(tracer.program), dict(tracer.captured.values())
-        if key is not None and not captured:
-            if len(self._entries) >= _LIMIT:
-                del self._entries[next(iter(self._entries))]
-            self._entries[key] = compiled
+        if key is not None and not (found[1] and reads.seen):
+            where = {id(t): path for path, t in reversed(found[1])}     # the first place each was met
+            params = [(name, where.get(id(t))) for name, t in captured.items()]
+            if all(path is not None for _, path in params):
+                if len(self._entries) >= _LIMIT:
+                    del self._entries[next(iter(self._entries))]
+                self._entries[key] = (compiled, params)
         return compiled, captured
 
 

@@ -28,6 +28,10 @@ class ExecContext(Protocol):
 
     def rows(self, residency: Residency) -> int: ...
 
+    def grouped_matmul(self, x: torch.Tensor, w: torch.Tensor, groups: list[torch.Tensor]) -> torch.Tensor: ...
+
+    def grouped_matmul_tn(self, x: torch.Tensor, g: torch.Tensor, groups: list[torch.Tensor]) -> torch.Tensor: ...
+
 
 class GradBuilder(Protocol):
     """What a derivative rule may do: read forward values and add backward ops."""

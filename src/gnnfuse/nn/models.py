@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .conv import GATConv, GCNConv, SAGEConv
+from .link_models import rgat_link_model, rgcn_link_model
 from .propagation import APPNP, SGConv
 from .reference import GCN, dropout as sparse_dropout
 
@@ -44,7 +45,10 @@ class ModelSpec:
     `sparse_input` says the model accepts a sparse COO feature matrix (its first
     operation is a matmul);
     `decayed` picks the parameters weight decay applies to (None: all of them), since
-    some papers regularise only the first layer.
+    some papers regularise only the first layer;
+    `task` is ``"node"`` (node classification: ``build(features, classes, ...)``, called as
+    ``model(x, graph)``) or ``"link"`` (link prediction on a relational data set:
+    ``build(entities, relations, ...)``, a `link_models.DistMultLinkModel`).
     """
     name: str
     build: Builder
@@ -52,6 +56,7 @@ class ModelSpec:
     description: str
     sparse_input: bool = True
     decayed: Callable[[nn.Module], Iterable[nn.Parameter]] | None = None
+    task: str = "node"
 
 
 _REGISTRY: dict[str, ModelSpec] = {}
@@ -65,16 +70,17 @@ def register(spec: ModelSpec) -> ModelSpec:
     return spec
 
 
-def model_names() -> tuple[str, ...]:
-    """Registered model names, in registration order."""
-    return tuple(_REGISTRY)
+def model_names(task: str | None = "node") -> tuple[str, ...]:
+    """Registered model names of ``task`` (``"node"``, ``"link"``; None: every task), in
+    registration order."""
+    return tuple(name for name, spec in _REGISTRY.items() if task is None or spec.task == task)
 
 
 def get_model(name: str) -> ModelSpec:
     """The spec of `name`; a clear `ValueError` for unknown models."""
     spec = _REGISTRY.get(name)
     if spec is None:
-        raise ValueError(f"unknown model {name!r}; known: {', '.join(model_names())}")
+        raise ValueError(f"unknown model {name!r}; known: {', '.join(model_names(task=None))}")
     return spec
 
 
@@ -185,4 +191,13 @@ register(ModelSpec(
     "sgc", _sgc, Hyperparameters(hidden=None, lr=0.2, weight_decay=5e-6, dropout=0.0, epochs=100, patience=None),
     "SGC (Wu et al. 2019): SGConv(K=2, cached), a linear model on 2-step propagated features",
     sparse_input=False))   # SGConv propagates its input before the linear map
-
+register(ModelSpec(
+    "rgcn", rgcn_link_model,
+    Hyperparameters(hidden=100, lr=0.01, weight_decay=0.0, dropout=0.2, epochs=200, patience=30),
+    "R-GCN link prediction (Schlichtkrull et al. 2018): learnt entity embeddings, 2 RGCNConv layers (mean, "
+    "inverse relations), DistMult decoder; relational data sets (wn18rr)", task="link"))
+register(ModelSpec(
+    "rgat", rgat_link_model,
+    Hyperparameters(hidden=100, lr=0.01, weight_decay=0.0, dropout=0.2, epochs=200, patience=30),
+    "RGAT link prediction (Busbridge et al. 2019): as rgcn with 2 RGATConv layers (across-relation additive "
+    "attention); relational data sets (wn18rr)", task="link"))

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..data import DEFAULT_DATASET
+from ..data.registry import RELATIONAL_DATASETS
 from ..nn.block_models import BLOCK_MODELS
 from ..nn.models import get_model
 
@@ -89,6 +90,11 @@ def make_config(model: str, dataset: str = DEFAULT_DATASET, *, runs: int = 1, se
                    "partitioned features are fetched per mini-batch: they need a fanout"))
     checks.append((not dkp or (fanout is not None and model == "sage"),
                    "dynamic kernel placement needs mini-batch training (a fanout) of sage"))
+    checks.append((spec.task != "link" or fanout is None, f"model {model!r} (link prediction) trains on the full "
+                   "graph; --fanout does not apply"))
+    checks.append((spec.task != "link" or dataset.lower() in RELATIONAL_DATASETS,
+                   f"model {model!r} predicts links of a relational data set "
+                   f"({', '.join(sorted(RELATIONAL_DATASETS))}), not {dataset}"))
     for ok, message in checks + minibatch_checks(model, fanout, batch_size):
         if not ok:
             raise ConfigError(message)

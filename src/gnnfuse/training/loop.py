@@ -38,6 +38,7 @@ class RunResult:
     state_dict: dict[str, torch.Tensor]
     history: dict[str, list[float]] = field(default_factory=dict)
     cuda_graph: str = "eager: disabled (mode 'off')"   # StepCapture.status of the training step
+    metric: str = "acc"       # what best_val_acc and test_acc hold: accuracy, or MRR for link prediction
 
 
 @dataclass
@@ -178,14 +179,19 @@ def train_runs(config: TrainConfig, *, log_epochs: bool = True,
     `on_run(index, result)` is called after each (for progress lines); ``cuda_graph`` is
     the training step's capture mode (`StepCapture`)."""
     spec = get_model(config.model)
-    data = prepare_data(config, spec)
-    summary = TrainSummary(config, data.name, data.num_features, data.num_classes, [])
-    from ..distributed import train_run_function              # imports this module
-    run_one = train_run_function(config)                      # several ranks: theirs; one process: None
-    if run_one is None and config.fanout is None:
-        run_one = train_run
-    elif run_one is None:
-        from .minibatch import train_minibatch_run as run_one     # imports this module
+    if spec.task == "link":
+        from .link_prediction import prepare_link_data, train_link_run as run_one     # imports this module
+        data = prepare_link_data(config)
+        summary = TrainSummary(config, data.name, data.num_entities, data.num_relations, [])
+    else:
+        data = prepare_data(config, spec)
+        summary = TrainSummary(config, data.name, data.num_features, data.num_classes, [])
+        from ..distributed import train_run_function              # imports this module
+        run_one = train_run_function(config)                      # several ranks: theirs; one process: None
+        if run_one is None and config.fanout is None:
+            run_one = train_run
+        elif run_one is None:
+            from .minibatch import train_minibatch_run as run_one     # imports this module
     for index in range(config.runs):
         label = f" run {index + 1}/{config.runs}" if config.runs > 1 else ""
         # a sampled batch changes shape every step: only the single-process full-graph step is captured

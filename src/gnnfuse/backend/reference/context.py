@@ -11,6 +11,7 @@ import torch
 from ...graph import Graph
 from ...ir import CompileError, Residency
 from ...ir.ops.pairwise import in_edge_pairs
+from ...ir.ops.typed import typed_matmul, typed_matmul_tn
 
 EDGE_TYPE_INDICES = ("etype",)
 NODE_TYPE_INDICES = ("srctype", "dsttype", "ntype")
@@ -18,6 +19,11 @@ NODE_TYPE_INDICES = ("srctype", "dsttype", "ntype")
 
 class GraphContext:
     """Adapts a `Graph` to the registry's `ExecContext`: int64 indices by name."""
+
+    # Per-type matmuls (ir/ops/typed.py): one torch matmul per type here; the Triton
+    # backend's context runs one segment-matmul kernel for all types instead.
+    grouped_matmul = staticmethod(typed_matmul)
+    grouped_matmul_tn = staticmethod(typed_matmul_tn)
 
     def __init__(self, graph: Graph):
         self.graph = graph

@@ -52,12 +52,33 @@ class _Emitter:
         # the feature lanes values are evaluated on: the kernel's [BLOCK_F] block, or a
         # row tile's lanes while a feature sum in the body is evaluated (`row_sum`)
         self.zero, self.lanes = "fzero", "BLOCK_F"
+        # expressions with one value per program (see `head_block`): loads at them are one
+        # per gathered row, and arithmetic on them runs once per edge, not per feature lane
+        self.uniform: set[str] = set()
 
     def tmp(self, expr: str) -> str:
         if expr not in self.names:
             self.names[expr] = f"t{len(self.names)}"
             self.lines.append(f"{self.names[expr]} = {expr}")
         return self.names[expr]
+
+    def uniform_tmp(self, expr: str) -> str:
+        name = self.tmp(expr)
+        self.uniform.add(name)
+        return name
+
+    def feature_coords(self, shape: tuple[int, ...], block: int | None) -> tuple[str, ...]:
+        """The coordinates in ``shape`` of the kernel's feature lanes ``f``. With a
+        `head_block`, every coordinate but the last is the same on all lanes of a program
+        (its block of BLOCK_F lanes lies inside one row of the last dim), so it is computed
+        from the block's first lane as a scalar; a static assert keeps the launch honest."""
+        if block is None:
+            return tuple("0" if n == 1 else self.tmp(f"(f // {st}) % {n}") for st, n in zip(_strides(shape), shape))
+        self.lines.append(f"tl.static_assert({shape[-1]} % BLOCK_F == 0)")
+        first = self.uniform_tmp("tl.program_id(1) * BLOCK_F")
+        lead = tuple("0" if n == 1 else self.uniform_tmp(f"({first} // {st}) % {n}")
+                     for st, n in zip(_strides(shape)[:-1], shape[:-1]))
+        return lead + (self.tmp(f"f % {shape[-1]}"),)
 
     def constant(self, value: float) -> str:
         """A constant in the accumulator type: a bare literal would be float32 in Triton
@@ -66,7 +87,13 @@ class _Emitter:
 
     def offset(self, shape: tuple[int, ...], coords: tuple[str, ...]) -> str:
         terms = [f"{c} * {s}" if s != 1 else c for c, s in zip(coords, _strides(shape)) if c != "0"]
+        if terms and all(c in self.uniform for c in coords if c != "0"):
+            return self.uniform_tmp(" + ".join(terms))
         return self.tmp(" + ".join(terms) + f" + {self.zero}" if terms else self.zero)
+
+    def derived(self, expr: str, *parts: str) -> str:
+        """A coordinate computed from ``parts``: uniform when they all are."""
+        return self.uniform_tmp(expr) if all(p in self.uniform for p in parts) else self.tmp(expr)
 
     def value(self, v: Value, coords: tuple[str, ...], side: str | None = None) -> str:
         """Expression for ``v`` at ``coords``. ``side`` is set while evaluating per-vertex
@@ -86,7 +113,7 @@ class _Emitter:
         elif v.op == "reshape":
             flat = self.offset(v.shape, coords)
             src = v.inputs[0]
-            out = self.value(src, tuple(self.tmp(f"({flat} // {st}) % {n}") if n != 1 else "0"
+            out = self.value(src, tuple(self.derived(f"({flat} // {st}) % {n}", flat) if n != 1 else "0"
                                         for st, n in zip(_strides(src.shape), src.shape)), side)
         elif v.op == "expand":   # a size-1 (or missing leading) dim reads the input's one element
             out = self.value(v.inputs[0], _project(coords, v.shape, v.inputs[0].shape), side)
@@ -96,7 +123,7 @@ class _Emitter:
                                       for k in range(x.shape[0])))
         elif v.op == "slice_features":   # output coordinate c reads input start + step * c
             out = self.value(v.inputs[0], tuple(
-                str(start) if c == "0" else c if (start, step) == (0, 1) else self.tmp(f"{start} + {step} * {c}")
+                str(start) if c == "0" else c if (start, step) == (0, 1) else self.derived(f"{start} + {step} * {c}", c)
                 for c, (start, step, _) in zip(coords, v.attrs["window"])), side)
         else:
             args = [self.value(i, _project(coords, v.shape, i.shape), side) for i in v.inputs]
@@ -131,6 +158,8 @@ class _Emitter:
         if split.kept == 1:
             return self.memo[key]
         index = self.offset(v.shape, coords)
+        if index in self.uniform:      # one head on every lane: still a lane vector for the gather
+            index = self.tmp(f"{index} + {self.zero}")
         return self.tmp(f"tl.gather({self.memo[key]}, tl.broadcast_to({index}[None, :], [BLOCK_E, {self.lanes}]), "
                         "axis=1)")
 
@@ -141,6 +170,13 @@ class _Emitter:
         if width == 1:
             return self.scalar_load(ptr, kind)
         off, stride = self.offset(v.shape, coords), row_stride(v)
+        if off in self.uniform:        # one element per row for the whole program
+            if kind == "shared":
+                return self.tmp(f"tl.load({ptr} + {off}).to(ACC)")
+            if kind == "center":
+                return self.tmp(f"tl.load({ptr} + row * {stride} + {off}).to(ACC)")
+            return self.tmp(f"tl.load({ptr} + {_ROW_INDEX[kind]} * {stride} + {off}, mask=emask, "
+                            "other=0.0).to(ACC)[:, None]")
         if kind == "shared":
             return self.tmp(f"tl.load({ptr} + {off}[None, :]).to(ACC)")
         if kind == "center":
@@ -160,6 +196,25 @@ class _Emitter:
         if kind == "center":
             return self.tmp(f"tl.load({ptr} + row).to(ACC)")
         return self.tmp(f"tl.load({ptr} + {_ROW_INDEX[kind]}, mask=emask, other=0.0).to(ACC)[:, None]")
+
+
+def head_block(unit: Unit) -> int | None:
+    """The largest feature block (BLOCK_F) whose lanes share every coordinate but the
+    last, for a unit with a multi-head output (H, D) that also reads or computes narrower
+    per-head values (attention scores and weights, [H] or [H, 1]); None when that does
+    not apply. A block inside one head lets those values be loaded once per edge and
+    their exp/div run once per edge, not once per lane: with the whole [H * D] row in
+    one block they were gathered and recomputed D times, which made GATv2's backward
+    aggregations at 4 heads x 32 seven times slower than at 1 x 64 on an H100. D must be
+    a power of two (a block is), and at least 16 so a block still fills vector loads;
+    the executor caps its launch's BLOCK_F at this value (`feature_block`)."""
+    shape = unit.reduce.shape if isinstance(unit, AggregateUnit) else unit.root.shape
+    width, last = math.prod(shape), shape[-1] if shape else 1
+    if len(shape) < 2 or width == last or last < 16 or last & (last - 1):
+        return None
+    if not any(1 < math.prod(v.shape) < width for v in (*unit.leaves, *unit.body)):
+        return None
+    return min(last, 128)
 
 
 _VECTOR = 4   # elements per 16-byte float32 vector load
@@ -276,8 +331,7 @@ def generate(unit: AggregateUnit, name: str, acc_dtype: str, tuned: bool = False
     out_shape = unit.reduce.shape
     width = math.prod(out_shape)
     em = _Emitter(unit)
-    coords = tuple("0" if n == 1 else em.tmp(f"(f // {st}) % {n}")
-                   for st, n in zip(_strides(out_shape), out_shape))
+    coords = em.feature_coords(out_shape, head_block(unit))
     root = em.value(unit.reduce.inputs[0], coords)
     op = unit.reduce.attrs["op"]
     combine = {"sum": "acc + tl.sum(tile, axis=0)", "mean": "acc + tl.sum(tile, axis=0)",
@@ -353,8 +407,7 @@ def generate_coo(unit: AggregateUnit, name: str, acc_dtype: str, tuned: bool = F
     width = math.prod(out_shape)
     other = "src" if unit.by == "dst" else "dst"
     em = _Emitter(unit, {"center": unit.by, "neighbour": other})
-    coords = tuple("0" if n == 1 else em.tmp(f"(f // {st}) % {n}")
-                   for st, n in zip(_strides(out_shape), out_shape))
+    coords = em.feature_coords(out_shape, head_block(unit))
     root = em.value(unit.reduce.inputs[0], coords)
     scale = ("\n    val = val / tl.maximum(tl.load(degree + row, mask=emask, other=1), 1).to(ACC)[:, None]"
              if op == "mean" else "")
@@ -388,8 +441,7 @@ def generate_shared_reduce(unit: SharedReduceUnit, name: str, acc_dtype: str,
     root = unit.root
     width = math.prod(root.shape)
     em = _Emitter(unit)
-    coords = tuple("0" if n == 1 else em.tmp(f"(f // {st}) % {n}")
-                   for st, n in zip(_strides(root.shape), root.shape))
+    coords = em.feature_coords(root.shape, head_block(unit))
     if root.op == "matmul_tn":   # out[k, j] adds x[e, k] * g[e, j] over edges e
         x, g = root.inputs
         terms = f"{em.value(x, coords[:1])} * {em.value(g, coords[1:])}"

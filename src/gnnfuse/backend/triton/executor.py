@@ -17,9 +17,10 @@ from ..reference import GraphContext
 from ..kernel_cache import load_kernel as _load_kernel
 from ..reference.executor import run_plan
 from .codegen import (SHARED_REDUCE_BLOCK_E, SHARED_REDUCE_PROGRAMS, RowSum, generate, generate_coo, generate_edge,
-                      generate_shared_reduce, row_stride, row_sum_split, size_class)
+                      generate_shared_reduce, head_block, row_stride, row_sum_split, size_class)
 from .launch import launch
 from .schedule import SEGMENT_EDGES, segments
+from .segment_matmul import SegmentMatmulContext
 
 _PLANS: "weakref.WeakKeyDictionary[Program, dict]" = weakref.WeakKeyDictionary()
 _UNIT_KERNELS: "weakref.WeakKeyDictionary[AggregateUnit, dict]" = weakref.WeakKeyDictionary()
@@ -132,7 +133,7 @@ def _run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) ->
         out.index_fill_(0, segs.split_rows, 0)
     if len(segs) == 0:
         return out
-    block_f = _feature_tile() or min(triton.next_power_of_2(width), 128)
+    block_f = feature_block(unit, 128)
     def grid(meta):
         return triton.cdiv(len(segs), meta["ROWS"]), triton.cdiv(width, block_f)
     # Feature-adaptive default for the interpreter (two rows per program, so the row loop
@@ -148,6 +149,16 @@ def _feature_tile() -> int | None:
     return call.feature_tile if call else None
 
 
+def feature_block(unit: Unit, widest: int) -> int:
+    """BLOCK_F for ``unit``'s launch: a forced or tuned tile, else the output row up to
+    ``widest`` lanes; never wider than the unit's `head_block`, which its kernel was
+    generated to assume (and asserts)."""
+    width = math.prod(unit.reduce.shape if isinstance(unit, AggregateUnit) else unit.root.shape)
+    block = _feature_tile() or min(triton.next_power_of_2(width), widest)
+    cap = head_block(unit)
+    return block if cap is None else min(block, cap)
+
+
 def _laid_out(tensor: torch.Tensor, width: int, stride: int) -> torch.Tensor:
     """A leaf's tensor (``width`` elements per row) in the row layout its kernel reads:
     rows ``stride`` elements apart (see `row_stride`)."""
@@ -158,7 +169,7 @@ def _laid_out(tensor: torch.Tensor, width: int, stride: int) -> torch.Tensor:
 
 def _run_coo_unit(unit: AggregateUnit, ctx: GraphContext, kernel, args: list[torch.Tensor]) -> torch.Tensor:
     out = torch.zeros((ctx.num_rows(unit.by),) + unit.reduce.shape, dtype=unit.reduce.dtype, device=ctx.src.device)
-    return _launch_over_edges(kernel, ctx, out, [ctx.degree(unit.by), *args])
+    return _launch_over_edges(kernel, ctx, out, [ctx.degree(unit.by), *args], block_f=feature_block(unit, 64))
 
 
 def _run_edge_unit(unit: EdgeUnit, ctx: GraphContext, kernel, args: list[torch.Tensor],
@@ -176,7 +187,7 @@ def _run_shared_reduce_unit(unit: SharedReduceUnit, ctx: GraphContext, kernel, a
     width = math.prod(root.shape)
     if ctx.num_edges == 0 or width == 0:
         return torch.zeros(root.shape, dtype=root.dtype, device=ctx.src.device)
-    block_f = _feature_tile() or min(triton.next_power_of_2(width), 64)
+    block_f = feature_block(unit, 64)
     fixed = {} if _autotune() else {"BLOCK_E": 16}
     smallest_block = fixed.get("BLOCK_E", min(SHARED_REDUCE_BLOCK_E))
     programs = min(SHARED_REDUCE_PROGRAMS, triton.cdiv(ctx.num_edges, smallest_block))
@@ -188,14 +199,14 @@ def _run_shared_reduce_unit(unit: SharedReduceUnit, ctx: GraphContext, kernel, a
 
 
 def _launch_over_edges(kernel, ctx: GraphContext, out: torch.Tensor, args: list[torch.Tensor],
-                       whole_row: int | None = None) -> torch.Tensor:
+                       whole_row: int | None = None, block_f: int | None = None) -> torch.Tensor:
     """Run an edge-parallel kernel (edge unit or COO reduction) writing ``out``; a kernel
     that reduces a whole input row in registers (``whole_row`` elements, see
-    `row_sum_split`) gets it as one feature block."""
+    `row_sum_split`) gets it as one feature block, a COO reduction its `feature_block`."""
     width = math.prod(out.shape[1:])
     if ctx.num_edges == 0 or width == 0:
         return out
-    block_f = whole_row or _feature_tile() or min(triton.next_power_of_2(width), 64)
+    block_f = whole_row or block_f or _feature_tile() or min(triton.next_power_of_2(width), 64)
     width = whole_row or width
     fixed = {} if _autotune() else {"BLOCK_E": max(16, 2048 // block_f)}
 
@@ -213,4 +224,4 @@ def execute(program: Program, ctx: GraphContext, feeds: Mapping[str, torch.Tenso
     key = (keep, tiled_scores())
     if key not in plans:
         plans[key] = partition(program, keep, tile_feature_sums=key[1])
-    return run_plan(program, plans[key], ctx, feeds, keep, run_unit)
+    return run_plan(program, plans[key], SegmentMatmulContext(ctx.graph), feeds, keep, run_unit)

@@ -17,7 +17,8 @@ Graphiler's ``bmm(edges.src['h'].unsqueeze(1), W[edges.data['type']])``, ir/ops/
 indexed_matmul.py) once per call, as the data may change between calls -- one sort, as
 the per-edge form's grouping already costs. ``side`` names the endpoint (``"src"``:
 sources, ``"dst"``: destinations); on a bipartite graph the vertex table is that side's
-(ir/sides.py reads ``side``). The ops are torch ops in every backend, like ``typed_matmul``.
+(ir/sides.py reads ``side``). The per-relation products run through the context's
+``grouped_matmul`` like ``typed_matmul``'s (a segment-matmul kernel in the Triton backend).
 """
 from __future__ import annotations
 
@@ -28,7 +29,6 @@ import torch
 from ..registry import OpDef, register
 from ..residency import EDGE_ROWED, Movement, Residency
 from .indexing import wrap_index
-from .typed import typed_matmul, typed_matmul_tn
 
 SIDES = ("src", "dst")
 
@@ -60,20 +60,20 @@ def data_pairs(ctx, side: str, idx: torch.Tensor, count: int) -> RelationPairs:
     return _pairs(ctx.index(side), wrap_index(idx.reshape(-1), count), count)
 
 
-def _pair_matmul(x: torch.Tensor, w: torch.Tensor, pairs: RelationPairs) -> torch.Tensor:
+def _pair_matmul(ctx, x: torch.Tensor, w: torch.Tensor, pairs: RelationPairs) -> torch.Tensor:
     """Each edge's ``x[vertex] @ w[relation]``, computed per pair."""
-    return typed_matmul(x.index_select(0, pairs.vertex), w, pairs.groups).index_select(0, pairs.of_edge)
+    return ctx.grouped_matmul(x.index_select(0, pairs.vertex), w, pairs.groups).index_select(0, pairs.of_edge)
 
 
-def _pair_input_grad(g: torch.Tensor, w_t: torch.Tensor, pairs: RelationPairs, rows: int) -> torch.Tensor:
+def _pair_input_grad(ctx, g: torch.Tensor, w_t: torch.Tensor, pairs: RelationPairs, rows: int) -> torch.Tensor:
     """Per vertex, the sum over its pairs of (the pair's edges' ``g`` summed) @ w_t[relation]."""
-    grad = typed_matmul(_pair_sums(g, pairs), w_t, pairs.groups)
+    grad = ctx.grouped_matmul(_pair_sums(g, pairs), w_t, pairs.groups)
     return grad.new_zeros((rows,) + tuple(grad.shape[1:])).index_add_(0, pairs.vertex, grad)
 
 
-def _pair_weight_grad(x: torch.Tensor, g: torch.Tensor, pairs: RelationPairs) -> torch.Tensor:
+def _pair_weight_grad(ctx, x: torch.Tensor, g: torch.Tensor, pairs: RelationPairs) -> torch.Tensor:
     """Per relation, the sum over its pairs of outer(x[vertex], the pair's edges' ``g`` summed)."""
-    return typed_matmul_tn(x.index_select(0, pairs.vertex), _pair_sums(g, pairs), pairs.groups)
+    return ctx.grouped_matmul_tn(x.index_select(0, pairs.vertex), _pair_sums(g, pairs), pairs.groups)
 
 
 def _check_side(attrs) -> str:
@@ -105,7 +105,7 @@ def _forward_residency(rs, attrs):
 
 
 def compact_typed_matmul(ctx, x: torch.Tensor, w: torch.Tensor, side: str) -> torch.Tensor:
-    return _pair_matmul(x, w, relation_pairs(ctx, side))
+    return _pair_matmul(ctx, x, w, relation_pairs(ctx, side))
 
 
 def _derivative(b, v, g):
@@ -132,7 +132,7 @@ def _input_grad_residency(rs, attrs):
 
 
 def _input_grad(ctx, g: torch.Tensor, w_t: torch.Tensor, side: str) -> torch.Tensor:
-    return _pair_input_grad(g, w_t, relation_pairs(ctx, side), ctx.num_rows(side))
+    return _pair_input_grad(ctx, g, w_t, relation_pairs(ctx, side), ctx.num_rows(side))
 
 
 register(OpDef("compact_typed_matmul_t", Movement.REDUCE, _input_grad,
@@ -158,7 +158,7 @@ def _weight_grad_shape(inputs, attrs, residency):
 
 
 def _weight_grad(ctx, x: torch.Tensor, g: torch.Tensor, side: str) -> torch.Tensor:
-    return _pair_weight_grad(x, g, relation_pairs(ctx, side))
+    return _pair_weight_grad(ctx, x, g, relation_pairs(ctx, side))
 
 
 register(OpDef("compact_typed_matmul_tn", Movement.REDUCE, _weight_grad,
@@ -199,7 +199,7 @@ def _indexed_derivative(b, v, g):
 
 
 register(OpDef("compact_indexed_matmul", Movement.BROADCAST,
-               lambda ctx, x, table, idx, side: _pair_matmul(x, table, data_pairs(ctx, side, idx, table.shape[0])),
+               lambda ctx, x, table, idx, side: _pair_matmul(ctx, x, table, data_pairs(ctx, side, idx, table.shape[0])),
                residency=_indexed_residency, shape=_indexed_shape, arity=3, derivative=_indexed_derivative,
                doc="x[side] @ table[idx] per edge (idx edge data), computed once per (vertex, index) pair, "
                    "then gathered (compact materialization)"))
@@ -215,7 +215,7 @@ def _indexed_input_grad_residency(rs, attrs):
 
 register(OpDef("compact_indexed_matmul_t", Movement.REDUCE,
                lambda ctx, g, table_t, idx, side: _pair_input_grad(
-                   g, table_t, data_pairs(ctx, side, idx, table_t.shape[0]), ctx.num_rows(side)),
+                   ctx, g, table_t, data_pairs(ctx, side, idx, table_t.shape[0]), ctx.num_rows(side)),
                residency=_indexed_input_grad_residency, shape=_indexed_shape, arity=3,
                doc="the input gradient of compact_indexed_matmul, per (vertex, index) pair"))
 
@@ -234,6 +234,6 @@ def _indexed_weight_grad_shape(inputs, attrs, residency):
 
 
 register(OpDef("compact_indexed_matmul_tn", Movement.REDUCE,
-               lambda ctx, x, g, idx, side, count: _pair_weight_grad(x, g, data_pairs(ctx, side, idx, count)),
+               lambda ctx, x, g, idx, side, count: _pair_weight_grad(ctx, x, g, data_pairs(ctx, side, idx, count)),
                residency=_indexed_weight_grad_residency, shape=_indexed_weight_grad_shape, arity=3,
                doc="the table gradient of compact_indexed_matmul, per (vertex, index) pair"))

@@ -16,7 +16,6 @@ import torch
 from ..registry import OpDef, register
 from ..residency import Movement, Residency, join
 from .indexing import wrap_index
-from .typed import typed_matmul, typed_matmul_tn
 
 
 def index_groups(idx: torch.Tensor, count: int) -> list[torch.Tensor]:
@@ -52,7 +51,7 @@ def _derivative(b, v, g):
 
 
 register(OpDef("indexed_matmul", Movement.DENSE,
-               lambda ctx, x, table, idx: typed_matmul(x, table, index_groups(idx, table.shape[0])),
+               lambda ctx, x, table, idx: ctx.grouped_matmul(x, table, index_groups(idx, table.shape[0])),
                residency=_residency, shape=_shape, arity=3, derivative=_derivative,
                doc="x @ table[idx] per row, one dense matmul per table entry; nothing |E|*in*out sized"))
 
@@ -63,7 +62,7 @@ def _tn_shape(inputs, attrs, residency):
 
 
 register(OpDef("indexed_matmul_tn", Movement.REDUCE,
-               lambda ctx, x, g, idx, count: typed_matmul_tn(x, g, index_groups(idx, count)),
+               lambda ctx, x, g, idx, count: ctx.grouped_matmul_tn(x, g, index_groups(idx, count)),
                residency=lambda rs, a: Residency.SHARED, shape=_tn_shape, arity=3,
                doc="per table entry, the sum of outer(x_row, g_row) over the rows indexing it: the table "
                    "gradient of indexed_matmul"))

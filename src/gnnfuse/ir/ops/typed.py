@@ -10,7 +10,9 @@ index rule of the broadcast it replaces).
 
 Both run one dense matmul per type over the rows of that type (what PyG's RGCNConv does
 per relation), so the cost is R small GEMMs and nothing |E|*in*out sized. They have no
-Triton emitter and stay torch ops in every backend.
+Triton emitter: they run through the context's ``grouped_matmul``/``grouped_matmul_tn``,
+which are the torch loops below in the reference backend and one segment-matmul kernel
+launch for all types in the Triton backend (backend/triton/segment_matmul.py).
 """
 from __future__ import annotations
 
@@ -74,7 +76,7 @@ def _typed_matmul_derivative(b, v, g):
 
 
 register(OpDef("typed_matmul", Movement.BROADCAST,
-               lambda ctx, x, w, by: typed_matmul(x, w, ctx.groups(by)),
+               lambda ctx, x, w, by: ctx.grouped_matmul(x, w, ctx.groups(by)),
                residency=_typed_matmul_residency, shape=_typed_matmul_shape, arity=2,
                derivative=_typed_matmul_derivative,
                doc="x @ W[type] per row: W holds one [in, out] matrix per edge type (by='etype') "
@@ -109,7 +111,7 @@ def typed_matmul_tn(x: torch.Tensor, g: torch.Tensor, groups: list[torch.Tensor]
 
 
 register(OpDef("typed_matmul_tn", Movement.REDUCE,
-               lambda ctx, x, g, by: typed_matmul_tn(x, g, ctx.groups(by)),
+               lambda ctx, x, g, by: ctx.grouped_matmul_tn(x, g, ctx.groups(by)),
                residency=_typed_matmul_tn_residency, shape=_typed_matmul_tn_shape, arity=2,
                doc="per type, the sum over its rows of outer(x_row, g_row): the weight gradient "
                    "of typed_matmul"))

@@ -1,0 +1,369 @@
+"""Relational training step: gnnfuse's R-GCN and HGT against PyG's RGCNConv, FastRGCNConv
+and HGTConv on typed graphs sized like AIFB, MUTAG, BGS, AM and ogbn-mag
+(gnnfuse.data.typed), plus Graphiler's R-GCN UDF compiled unchanged.
+
+Models (two layers each, hidden ``--hidden``, the presets' random features):
+
+- ``rgcn``: RGCNConv(mean) -> ReLU -> RGCNConv(mean). Frameworks: ``gnnfuse``
+  (gnnfuse.nn.RGCNConv), ``pyg-rgcn`` (RGCNConv), ``pyg-fastrgcn`` (FastRGCNConv, which
+  gathers an [E, in, out] weight per edge) and ``graphiler-udf``: Graphiler's R-GCN
+  message, ``bmm(edges.src['h'].unsqueeze(1), W[edges.data['type']]) * norm``, with
+  ``sum`` reduce, run by ``gnnfuse.message_passing`` unchanged (plus the root term).
+- ``hgt``: HGTConv(heads 2) -> ReLU -> HGTConv -> Linear on the labelled node type.
+  Frameworks: ``gnnfuse`` (gnnfuse.nn.HGTConv) and ``pyg-hgt``.
+
+Every framework of a model starts from the same weights (PyG's state dict loaded into
+gnnfuse's layers; the UDF reads the same tensors), and before timing the eval-mode
+forward of each is checked against PyG's (max rel err, flagged above 1e-3). A step is
+forward + cross-entropy on the training nodes + backward + Adam; median ms over
+``--steps``, peak GB = ``torch.cuda.max_memory_allocated`` over the timed steps. OOM,
+time-outs and errors are recorded as the cell's status and the run goes on.
+
+Results merge into ``<out>/hetero.json`` (cells keyed data set/model/framework, with the
+device and commit of their run) and ``<out>/hetero.md`` is regenerated after every cell,
+so a run cut off by the device's 10-minute limit keeps what it measured; ``--max-size``
+stops at a preset so one call fits.
+
+    python benchmarks/bench_hetero.py --max-size bgs-like
+    python benchmarks/bench_hetero.py --datasets am-like,mag-like --steps 10
+    python benchmarks/bench_hetero.py --device cpu --max-size aifb-like --steps 2 --warmup 1
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import gnnfuse
+from gnnfuse.bench import guarded, peak_memory_gb, reset_peak_memory
+from gnnfuse.bench.measure import REL_ERR_LIMIT, max_rel_err
+from gnnfuse.data.typed import TYPED_PRESETS, typed_graph
+
+from bench_training import comma_list
+from common import (device_names, environment, fmt, free_memory, load_results, log, new_run_id, prune_runs,
+                    resolve_device, runs_markdown, save_json, summarize, time_calls, warn, write_atomically)
+
+DATASETS = tuple(TYPED_PRESETS)          # smallest first
+MODELS = ("rgcn", "hgt")
+FRAMEWORKS = {"rgcn": ("gnnfuse", "pyg-rgcn", "pyg-fastrgcn", "graphiler-udf"), "hgt": ("gnnfuse", "pyg-hgt")}
+PYG = {"rgcn": ("pyg-rgcn", "pyg-fastrgcn"), "hgt": ("pyg-hgt",)}
+
+
+# --- data --------------------------------------------------------------------------------
+@dataclass
+class TypedData:
+    """A preset on the device, in both frameworks' forms."""
+    name: str
+    graph: gnnfuse.Graph                 # typed, global ids
+    x: torch.Tensor
+    y: torch.Tensor
+    train_idx: torch.Tensor              # global ids of labelled training vertices
+    edge_index: torch.Tensor             # [2, E] for PyG's R-GCNs
+    norm: torch.Tensor                   # 1 / |N_r(v)| per edge (R-GCN's mean), for the UDF
+    x_dict: dict[str, torch.Tensor]
+    edge_index_dict: dict[tuple[str, str, str], torch.Tensor]
+    metadata: tuple[list[str], list[tuple[str, str, str]]]
+    labelled: str
+    num_classes: int
+
+
+def load_typed(name: str, device: torch.device) -> TypedData:
+    preset = TYPED_PRESETS[name]
+    begin = time.perf_counter()
+    data = typed_graph(name)
+    log(f"[{name}] built in {time.perf_counter() - begin:.1f} s: {data.graph.num_nodes} nodes, "
+        f"{data.graph.num_edges} edges, {data.graph.num_edge_types} relations")
+    graph = data.graph.to(device)
+    x = data.x.to(device)
+    offsets = torch.cumsum(torch.tensor([0] + [c for _, c in preset.node_counts]), 0).tolist()
+    starts = dict(zip(preset.node_types, offsets))
+    x_dict = {t: x[starts[t]:starts[t] + c] for t, c in preset.node_counts}
+    order = torch.sort(graph.edge_type, stable=True).indices
+    counts = torch.bincount(graph.edge_type, minlength=graph.num_edge_types).tolist()
+    edge_index_dict = {}
+    for (src_t, rel, dst_t), ids in zip(preset.edge_types, torch.split(order, counts)):
+        edge_index_dict[(src_t, rel, dst_t)] = torch.stack([graph.src[ids] - starts[src_t],
+                                                            graph.dst[ids] - starts[dst_t]])
+    key = graph.dst * graph.num_edge_types + graph.edge_type
+    norm = 1.0 / torch.bincount(key, minlength=graph.num_nodes * graph.num_edge_types)[key].float()
+    return TypedData(name, graph, x, data.y.to(device), data.train_mask.nonzero().squeeze(1).to(device),
+                     torch.stack([graph.src, graph.dst]), norm[:, None], x_dict, edge_index_dict,
+                     (preset.node_types, preset.edge_types), preset.labelled_type, preset.num_classes)
+
+
+# --- models --------------------------------------------------------------------------------
+def _pyg():
+    import torch_geometric.nn as pyg_nn
+    return pyg_nn
+
+
+class TwoRelational(nn.Module):
+    """conv1 -> ReLU -> conv2 over (x, edge_index, edge_type) or a typed Graph."""
+
+    def __init__(self, conv1: nn.Module, conv2: nn.Module, graph_args: Callable[[TypedData], tuple]):
+        super().__init__()
+        self.conv1, self.conv2, self.graph_args = conv1, conv2, graph_args
+
+    def forward(self, data: TypedData) -> torch.Tensor:
+        args = self.graph_args(data)
+        return self.conv2(F.relu(self.conv1(data.x, *args)), *args)
+
+
+class GraphilerRGCNLayer(nn.Module):
+    """Graphiler's R-GCN layer as its authors wrote it for DGL (message: the source row
+    times the edge's relation weight by ``torch.bmm``, scaled by the mean norm; reduce:
+    sum), run by ``gnnfuse.message_passing``; ``root`` and ``bias`` as RGCNConv's, so
+    the parameters load from one."""
+
+    def __init__(self, in_channels: int, out_channels: int, num_relations: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num_relations, in_channels, out_channels))
+        self.root = nn.Parameter(torch.empty(in_channels, out_channels))
+        self.bias = nn.Parameter(torch.zeros(out_channels))
+
+    def forward(self, x: torch.Tensor, data: TypedData) -> torch.Tensor:
+        weight = self.weight
+
+        def message(edges):
+            w = weight[edges.data["_TYPE"]]
+            msg = torch.bmm(edges.src["h"].unsqueeze(1), w).squeeze(1)
+            return {"m": msg * edges.data["norm"]}
+
+        def reduce(nodes):
+            return {"h": torch.sum(nodes.mailbox["m"], dim=1)}
+        out = gnnfuse.message_passing(data.graph, message, reduce, ndata={"h": x},
+                                      edata={"_TYPE": data.graph.edge_type, "norm": data.norm})["h"]
+        return out + x @ self.root + self.bias
+
+
+class TwoHGT(nn.Module):
+    """HGTConv -> ReLU -> HGTConv -> Linear on the labelled node type's rows."""
+
+    def __init__(self, conv1: nn.Module, conv2: nn.Module, hidden: int, num_classes: int, labelled: str):
+        super().__init__()
+        self.conv1, self.conv2, self.labelled = conv1, conv2, labelled
+        self.lin = nn.Linear(hidden, num_classes)
+
+    def forward(self, data: TypedData) -> torch.Tensor:
+        # node types no relation ends at (mag-like's authors) get no output: their input
+        # features go on to the second layer, whose in_channels say so
+        h = {**data.x_dict, **{t: F.relu(v) for t, v in self.conv1(data.x_dict, data.edge_index_dict).items()}}
+        return self.lin(self.conv2(h, data.edge_index_dict)[self.labelled])
+
+
+def build(model: str, framework: str, data: TypedData, hidden: int) -> nn.Module:
+    relations, width = data.graph.num_edge_types, data.x.shape[1]
+    if model == "rgcn":
+        sizes = ((width, hidden), (hidden, data.num_classes))
+        if framework == "gnnfuse":
+            convs = [gnnfuse.nn.RGCNConv(i, o, relations) for i, o in sizes]
+            return TwoRelational(*convs, lambda d: (d.graph,))
+        if framework == "graphiler-udf":
+            convs = [GraphilerRGCNLayer(i, o, relations) for i, o in sizes]
+            return TwoRelational(*convs, lambda d: (d,))
+        cls = _pyg().RGCNConv if framework == "pyg-rgcn" else _pyg().FastRGCNConv
+        return TwoRelational(*(cls(i, o, relations) for i, o in sizes), lambda d: (d.edge_index, d.graph.edge_type))
+    cls = gnnfuse.nn.HGTConv if framework == "gnnfuse" else _pyg().HGTConv
+    node_types, edge_types = data.metadata
+    second = {t: hidden if t in {e[-1] for e in edge_types} else width for t in node_types}
+    return TwoHGT(cls(width, hidden, data.metadata, heads=2), cls(second, hidden, data.metadata, heads=2),
+                  hidden, data.num_classes, data.labelled)
+
+
+def reference_state(model: str, data: TypedData, hidden: int) -> dict[str, torch.Tensor]:
+    """PyG's initial weights (seed 0), which every framework of ``model`` loads."""
+    torch.manual_seed(0)
+    return build(model, PYG[model][0], data, hidden).state_dict()
+
+
+def instantiate(model: str, framework: str, data: TypedData, hidden: int, state: dict[str, torch.Tensor],
+                device: torch.device) -> nn.Module:
+    module = build(model, framework, data, hidden).to(device)
+    module.load_state_dict(state)
+    return module
+
+
+# --- measurement --------------------------------------------------------------------------
+def check(model: str, data: TypedData, hidden: int, state, device: torch.device) -> dict[str, Any]:
+    """Each framework's eval-mode forward against PyG's first variant: max rel err, or
+    the failure (an OOM of one framework leaves the others checked)."""
+    def forward(framework: str) -> dict[str, Any]:
+        module = instantiate(model, framework, data, hidden, state, device).eval()
+        with torch.no_grad():
+            return {"status": "ok", "out": module(data).float()}
+    reference = guarded(lambda: forward(PYG[model][0]), device)
+    if reference["status"] != "ok":
+        return {"status": f"{PYG[model][0]}: {reference['status']}"}
+    errors: dict[str, float | str] = {}
+    for framework in (f for f in FRAMEWORKS[model] if f != PYG[model][0]):
+        got = guarded(lambda: forward(framework), device)
+        errors[framework] = max_rel_err(got["out"], reference["out"]) if got["status"] == "ok" else got["status"]
+    return {"status": "ok", "max_rel_err": errors}
+
+
+def measure(model: str, framework: str, data: TypedData, hidden: int, state, steps: int, warmup: int,
+            device: torch.device) -> dict[str, Any]:
+    module = instantiate(model, framework, data, hidden, state, device)
+    optimizer = torch.optim.Adam(module.parameters(), lr=0.01)
+    train_y = data.y[data.train_idx]
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        # R-GCN outputs every vertex, HGT its labelled type's (the first type: local ids = global)
+        F.cross_entropy(module(data)[data.train_idx], train_y).backward()
+        optimizer.step()
+    begin = time.perf_counter()
+    step()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    first_ms = (time.perf_counter() - begin) * 1e3
+    for _ in range(warmup):
+        step()
+    reset_peak_memory(device)
+    times = time_calls(step, steps, device)
+    return {"status": "ok", **summarize(times), "peak_gb": peak_memory_gb(device), "first_step_ms": first_ms}
+
+
+# --- results ---------------------------------------------------------------------------------
+def ratios(results: dict[str, Any], dataset: str, model: str) -> dict[str, Any]:
+    """gnnfuse's speedup over and memory share of the fastest PyG variant that ran, and
+    the Graphiler UDF's time relative to gnnfuse.nn's; None where a cell is missing,
+    failed, or ran on another device."""
+    cells = results["cells"]
+    ours = cells.get(f"{dataset}/{model}/gnnfuse")
+    if not ours or ours["status"] != "ok":
+        return {"fastest_pyg": None, "speedup": None, "memory_ratio": None, "udf_vs_nn": None}
+    theirs = [(fw, cells.get(f"{dataset}/{model}/{fw}")) for fw in PYG[model]]
+    ran = [(fw, c) for fw, c in theirs if c and c["status"] == "ok" and len(device_names(results, [ours, c])) == 1]
+    out: dict[str, Any] = {"fastest_pyg": None, "speedup": None, "memory_ratio": None}
+    if ran:
+        fw, best = min(ran, key=lambda item: item[1]["median_ms"])
+        out = {"fastest_pyg": fw, "speedup": best["median_ms"] / ours["median_ms"],
+               "memory_ratio": ours["peak_gb"] / best["peak_gb"] if ours["peak_gb"] and best["peak_gb"] else None}
+    udf = cells.get(f"{dataset}/{model}/graphiler-udf")
+    out["udf_vs_nn"] = (udf["median_ms"] / ours["median_ms"]
+                        if udf and udf["status"] == "ok" and len(device_names(results, [ours, udf])) == 1 else None)
+    return out
+
+
+def row_keys(results: dict[str, Any]) -> list[tuple[str, str]]:
+    pairs = {tuple(key.split("/")[:2]) for key in results["cells"]}
+    rank = {name: i for i, name in enumerate(DATASETS + MODELS)}
+    return sorted(pairs, key=lambda p: (rank.get(p[0], len(rank)), rank.get(p[1], len(rank))))
+
+
+def cell_text(cell: dict[str, Any] | None) -> str:
+    if cell is None:
+        return "–"
+    if cell["status"] != "ok":
+        return cell["status"][:40]
+    peak = "" if cell["peak_gb"] is None else f" / {cell['peak_gb']:.3f} GB"
+    return f"{cell['median_ms']:.2f} ms{peak}"
+
+
+def render_markdown(results: dict[str, Any]) -> str:
+    frameworks = ("gnnfuse", "pyg-rgcn", "pyg-fastrgcn", "pyg-hgt", "graphiler-udf")
+    head = ["dataset", "model", *frameworks, "fastest PyG", "speedup", "mem vs PyG", "UDF / nn", "max rel err"]
+    lines = ["# Relational training step: gnnfuse vs PyG (R-GCN, HGT) and Graphiler's R-GCN UDF", "",
+             "Median ms per step (forward + loss + backward + Adam) / peak GB over the timed steps; "
+             "speedup = fastest PyG variant's time / gnnfuse's; mem = gnnfuse peak / that variant's peak; "
+             "UDF / nn = Graphiler's R-GCN UDF compiled by gnnfuse / gnnfuse.nn.RGCNConv; max rel err = worst "
+             f"eval-mode forward difference from PyG over the frameworks (flagged above {REL_ERR_LIMIT:g}). "
+             "Data: gnnfuse.data.typed presets. See benchmarks/bench_hetero.py.", "",
+             *runs_markdown(results), "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for dataset, model in row_keys(results):
+        cells = [results["cells"].get(f"{dataset}/{model}/{fw}") if fw in FRAMEWORKS[model] else None
+                 for fw in frameworks]
+        r = results["ratios"][f"{dataset}/{model}"]
+        errors = results["checks"].get(f"{dataset}/{model}", {})
+        worst = max(_numbers(errors.get("max_rel_err", {})), default=None)
+        err = errors.get("status", "–") if worst is None else f"{worst:.1e}" + (
+            " **FAIL**" if worst > REL_ERR_LIMIT else "")
+        lines.append("| " + " | ".join([dataset, model, *(cell_text(c) if fw in FRAMEWORKS[model] else "n/a"
+                                                             for fw, c in zip(frameworks, cells)),
+                                          r["fastest_pyg"] or "–", fmt(r["speedup"], ".2f"),
+                                          fmt(r["memory_ratio"], ".2f"), fmt(r["udf_vs_nn"], ".2f"), err]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _numbers(errors: dict[str, Any]) -> list[float]:
+    return [e for e in errors.values() if isinstance(e, float)]
+
+
+def store(results: dict[str, Any], out: Path) -> None:
+    prune_runs(results)
+    results["ratios"] = {f"{d}/{m}": ratios(results, d, m) for d, m in row_keys(results)}
+    save_json(out / "hetero.json", results)
+    write_atomically(out / "hetero.md", render_markdown(results))
+
+
+# --- driver ---------------------------------------------------------------------------------
+def run_dataset(name: str, args: argparse.Namespace, device: torch.device, results: dict[str, Any],
+                run_id: str) -> None:
+    data = load_typed(name, device)
+    for model in args.models:
+        state = reference_state(model, data, args.hidden)
+        checked = guarded(lambda: check(model, data, args.hidden, state, device), device, args.cell_timeout)
+        results["checks"][f"{name}/{model}"] = {**checked, "run": run_id}
+        log(f"[{name}] {model} forward check: {checked.get('max_rel_err', checked['status'])}")
+        worst = max(_numbers(checked.get("max_rel_err", {})), default=0.0)
+        if worst > REL_ERR_LIMIT:
+            warn(f"{name}/{model}: a framework's forward differs from PyG's by {worst:.2e} (> {REL_ERR_LIMIT:g})")
+        for framework in (f for f in FRAMEWORKS[model] if f in args.frameworks):
+            begin = time.perf_counter()
+            cell = guarded(lambda: measure(model, framework, data, args.hidden, state, args.steps, args.warmup,
+                                           device), device, args.cell_timeout)
+            results["cells"][f"{name}/{model}/{framework}"] = {**cell, "run": run_id}
+            store(results, args.out)
+            log(f"[{name}] {model} {framework}: {cell_text(cell)} [{time.perf_counter() - begin:.1f} s]")
+    del data
+    free_memory(device)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--datasets", type=comma_list(DATASETS), default=list(DATASETS))
+    parser.add_argument("--max-size", choices=DATASETS, help="skip the presets larger than this one")
+    parser.add_argument("--models", type=comma_list(MODELS), default=list(MODELS))
+    every = tuple(dict.fromkeys(fw for fws in FRAMEWORKS.values() for fw in fws))
+    parser.add_argument("--frameworks", type=comma_list(every), default=list(every))
+    parser.add_argument("--hidden", type=int, default=16, help="hidden width (default 16, R-GCN's)")
+    parser.add_argument("--steps", type=int, default=20, help="timed steps per cell (default 20)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps after the first (default 3)")
+    parser.add_argument("--cell-timeout", type=float, default=None,
+                        help="seconds one cell may take; past it the cell is recorded as a time-out")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"),
+                        help="folder of hetero.json (merged into) and hetero.md")
+    args = parser.parse_args(argv)
+    if args.steps < 1:
+        parser.error("--steps must be at least 1")
+    if args.max_size:
+        args.datasets = [d for d in args.datasets if DATASETS.index(d) <= DATASETS.index(args.max_size)]
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    device = resolve_device(args.device)
+    results = load_results(args.out / "hetero.json")
+    results.setdefault("checks", {})
+    run_id = new_run_id()
+    results["runs"][run_id] = environment(device)
+    log(f"run {run_id} on {results['runs'][run_id]['device_name']}; {', '.join(args.datasets)}; results -> {args.out}")
+    begin = time.perf_counter()
+    for name in args.datasets:
+        run_dataset(name, args, device, results, run_id)
+    store(results, args.out)
+    log(f"done in {time.perf_counter() - begin:.1f} s; {args.out / 'hetero.md'}")
+
+
+if __name__ == "__main__":
+    main()

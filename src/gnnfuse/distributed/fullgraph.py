@@ -1,0 +1,313 @@
+"""Full-graph training with the vertices partitioned across ranks, for graphs whose
+activations do not fit on one GPU.
+
+What is split and what is replicated: every rank holds the whole model (the weights are
+small) and a full Adam state, but only its own vertices' features, labels and
+activations, and the in-edges of those vertices (`partition.Partition`). Each layer
+first fetches the rows of the remote in-neighbours (`halo.HaloExchange`), then runs the
+layer's own compiled program on the rank's bipartite block -- the same call a sampled
+mini-batch makes (``conv((x_src, x_dst), block)``), so nothing about a layer is
+re-implemented except GCN's normalisation, which must use *global* degrees: a halo
+vertex's in-edges live on its owner, so its degree cannot be counted locally; GCN runs
+as ``lin``, exchange, deg^-1/2 scaling by the whole graph's degrees, sum, scaling, bias.
+
+The loss is the sum over ranks of each rank's summed cross-entropy divided by the
+global number of training vertices, i.e. exactly the one-process mean. Each rank's
+backward gives its share of every parameter's gradient (the halo exchange already sent
+activation gradients to their owners); the shares are summed with one explicit
+``all_reduce`` per step after the backward, so every rank applies the same update and
+the weights stay identical without being broadcast again. Not DDP: DDP averages over
+ranks where this loss already is the global mean, and its per-bucket all-reduces would
+be issued during the backward, between the halo exchanges' own collectives, whose order
+must then match on every rank; the gradients of these models are a few hundred KB, one
+all-reduce at the end costs nothing to overlap.
+Accuracies and the validation loss are global counts summed with one ``all_reduce``.
+
+With dropout, each rank draws the masks of its own rows, so a run is not bit-for-bit
+the one-process run (the masks differ), but each vertex row has one mask read by all its
+readers, as on one process. Without dropout the result equals the one-process result to
+floating-point tolerance (`tests/test_distributed_fullgraph.py`).
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from tqdm import tqdm
+
+from ..graph import Graph
+from ..nn.block_models import BlockGNN
+from ..nn.conv import GATConv, GCNConv, SAGEConv, _neighbour_sum
+from ..nn.models import ModelSpec, TwoLayerGNN, build_model
+from ..nn.reference import dropout as sparse_dropout
+from ..progress import progress_bar
+from ..training.config import TrainConfig
+from ..training.data import PreparedData
+from ..training.loop import EarlyStopping, RunResult, _optimizer, peak_memory_mib
+from .halo import HaloExchange
+from .partition import Partition, contiguous_owners, greedy_owners, partition_graph
+
+SUPPORTED_LAYERS = (GCNConv, GATConv, SAGEConv)
+PARTITIONED_MODELS = ("gcn", "gat", "sage")      # registry models built from SUPPORTED_LAYERS only
+
+
+def model_layers(model: nn.Module) -> tuple[list[nn.Module], Callable[[torch.Tensor], torch.Tensor], float]:
+    """(convolutions, activation, dropout) of a model whose forward is ``dropout -> conv ->
+    activation`` per layer (the registry's two-layer models and `BlockGNN`)."""
+    if isinstance(model, TwoLayerGNN):
+        return [model.conv1, model.conv2], model.activation, model.dropout
+    if isinstance(model, BlockGNN):
+        return list(model.convs), model.activation, model.dropout
+    raise ValueError(f"partitioned full-graph training runs models made of dropout -> conv -> activation layers "
+                     f"(TwoLayerGNN, BlockGNN); got {type(model).__name__}")
+
+
+def inv_sqrt_looped_degree(graph: Graph, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """[N, 1] deg^-1/2 of every vertex in the graph with exactly one self loop each, the
+    normalisation GCNConv computes on the whole graph (``_looped`` then in-degree)."""
+    src, dst = graph.src.long(), graph.dst.long()
+    degree = torch.bincount(dst[src != dst], minlength=graph.num_nodes) + 1
+    return degree.to(torch.float64).pow(-0.5).to(dtype).unsqueeze(1)
+
+
+def _check_gcn(conv: GCNConv) -> None:
+    unsupported = [name for name, ok in (("normalize=False", conv.normalize),
+                                         ("add_self_loops=False", conv.add_self_loops),
+                                         ("improved=True", not conv.improved),
+                                         ("flow='target_to_source'", conv.flow == "source_to_target"))
+                   if not ok]
+    if unsupported:
+        raise ValueError(f"partitioned full-graph GCNConv supports PyG's default normalisation only, "
+                         f"not {', '.join(unsupported)}")
+
+
+class PartitionedModel:
+    """A model's layers run on one rank's partition: ``net(x_owned)`` gives the output
+    rows of the owned vertices, exchanging halo rows before every layer.
+
+    ``graph`` is the whole graph (for GCN's global degrees); ``exchange`` the partition's
+    halo plan. Call it from every rank, in the same order, as any collective."""
+
+    def __init__(self, model: nn.Module, graph: Graph, exchange: HaloExchange):
+        self.model = model
+        self.convs, self.activation, self.dropout = model_layers(model)
+        for conv in self.convs:
+            if not isinstance(conv, SUPPORTED_LAYERS):
+                raise ValueError(f"partitioned full-graph training supports "
+                                 f"{', '.join(c.__name__ for c in SUPPORTED_LAYERS)}; got {type(conv).__name__}")
+            if isinstance(conv, GCNConv):
+                _check_gcn(conv)
+        self.exchange = exchange
+        part = exchange.partition
+        self.block = part.graph
+        self._gcn = None
+        if any(isinstance(conv, GCNConv) for conv in self.convs):
+            scale = inv_sqrt_looped_degree(graph).to(part.owned.device)
+            self._gcn = (self.block.remove_self_loops().add_self_loops(), scale[part.src_nodes], scale[part.owned])
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        last = len(self.convs) - 1
+        for i, conv in enumerate(self.convs):
+            x = sparse_dropout(x, self.dropout, self.model.training)
+            x = self._gcn_layer(conv, x) if isinstance(conv, GCNConv) else self._bipartite_layer(conv, x)
+            if i < last:
+                x = self.activation(x)
+        return x
+
+    def _bipartite_layer(self, conv: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """The layer's own forward on the block: sources owned + halo, destinations owned."""
+        x = x.to_dense() if x.is_sparse else x
+        return conv((self.exchange.sources(x), x), self.block)
+
+    def _gcn_layer(self, conv: GCNConv, x: torch.Tensor) -> torch.Tensor:
+        """``D^-1/2 (A + I) D^-1/2 X W + b`` with the whole graph's D: the narrower ``X W``
+        is what crosses ranks."""
+        looped, src_scale, dst_scale = self._gcn
+        h = self.exchange.sources(conv.lin(x))
+        out = _neighbour_sum(looped, {"h": h * src_scale.to(h.dtype)}) * dst_scale.to(h.dtype)
+        return out if conv.bias is None else out + conv.bias
+
+
+def all_reduce_gradients(parameters: Iterable[nn.Parameter], group: Any = None) -> None:
+    """Sum every parameter's gradient over the ranks, with one ``all_reduce`` per dtype.
+
+    A parameter no rank computed a gradient for keeps ``grad = None`` (Adam skips it, as
+    on one process); one that some rank did not reach counts zeros from that rank."""
+    by_dtype: dict[torch.dtype, list[nn.Parameter]] = {}
+    for p in parameters:
+        if p.requires_grad:
+            by_dtype.setdefault(p.dtype, []).append(p)
+    for params in by_dtype.values():
+        grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in params]
+        reached = torch.tensor([p.grad is not None for p in params], dtype=params[0].dtype, device=params[0].device)
+        flat = torch.cat([g.reshape(-1) for g in grads] + [reached])
+        dist.all_reduce(flat, group=group)
+        offset = 0
+        for p, g, got in zip(params, grads, flat[-len(params):].tolist()):
+            p.grad = flat[offset:offset + g.numel()].view_as(p) if got else None
+            offset += g.numel()
+
+
+def broadcast_parameters(model: nn.Module, group: Any = None) -> None:
+    """Rank 0's weights on every rank (the same seed already gives the same weights; this
+    makes it so whatever the initialisation path)."""
+    for tensor in model.state_dict().values():
+        dist.broadcast(tensor, src=0, group=group)
+
+
+def rank_device(device: str) -> torch.device:
+    """This rank's device: ``cuda:LOCAL_RANK`` (torchrun's variable; else the current
+    device) for ``cuda``, else ``device``. NCCL is needed for CUDA tensors."""
+    if device != "cuda":
+        return torch.device(device)
+    index = int(os.environ.get("LOCAL_RANK", torch.cuda.current_device()))
+    torch.cuda.set_device(index)
+    if dist.get_backend() != "nccl":
+        raise ValueError(f"full-graph training on CUDA needs the NCCL backend, the process group uses "
+                         f"{dist.get_backend()!r}")
+    return torch.device("cuda", index)
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One rank's rows of a data set, on its device, and the global split sizes."""
+    partition: Partition
+    x: torch.Tensor
+    y: torch.Tensor
+    masks: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+    split_sizes: tuple[int, int, int]
+
+
+PARTITIONERS = {"greedy": greedy_owners, "contiguous": contiguous_owners}
+
+
+def agreed_owners(graph: Graph, device: torch.device, method: str = "greedy", group: Any = None) -> torch.Tensor:
+    """The owner of every vertex by `PARTITIONERS[method]`, computed on rank 0 and
+    broadcast (through ``device``, the process group's), so no two ranks can disagree
+    about a vertex (a partition computed on every rank would have to be bit-identical
+    across devices and library versions); on the graph's device."""
+    if method not in PARTITIONERS:
+        raise ValueError(f"unknown partition method {method!r}; known: {', '.join(PARTITIONERS)}")
+    world_size = dist.get_world_size(group)
+    owner = (PARTITIONERS[method](graph, world_size).to(device) if dist.get_rank(group) == 0
+             else torch.empty(graph.num_nodes, dtype=torch.int64, device=device))
+    dist.broadcast(owner, src=0, group=group)
+    return owner.to(graph.device)
+
+
+def shard_data(data: PreparedData, rank: int, world_size: int, device: torch.device, owner: torch.Tensor) -> Shard:
+    """Rank ``rank``'s partition under ``owner`` and its rows of ``data``, on ``device``."""
+    partition = partition_graph(data.graph, owner, rank, world_size).to(device)
+    owned = partition.owned
+    masks = tuple(m[owned.to(m.device)].to(device) for m in data.masks)
+    x = data.x.index_select(0, owned.to(data.x.device)).to(device)
+    x = x.coalesce() if x.is_sparse else x          # index_select leaves sparse rows uncoalesced
+    return Shard(partition, x, data.y[owned.to(data.y.device)].to(device), masks,
+                 tuple(int(m.sum()) for m in data.masks))
+
+
+class _EpochStats:
+    """Global training loss, accuracies and validation loss from one float64 all_reduce."""
+
+    def __init__(self, shard: Shard):
+        self.shard = shard
+
+    def reduce(self, train_loss_sum: torch.Tensor, logits: torch.Tensor) -> tuple[float, ...]:
+        y, masks = self.shard.y, self.shard.masks
+        val = masks[1]
+        parts = [train_loss_sum.detach().double().reshape(1),
+                 F.cross_entropy(logits[val], y[val], reduction="sum").double().reshape(1)]
+        for mask in masks:
+            parts.append((logits[mask].argmax(dim=1) == y[mask]).sum().double().reshape(1))
+        totals = torch.cat(parts)
+        dist.all_reduce(totals)
+        train_loss, val_loss, *correct = totals.tolist()
+        n_train, n_val, _ = self.shard.split_sizes
+        accs = [c / n if n else float("nan") for c, n in zip(correct, self.shard.split_sizes)]
+        return (train_loss / max(n_train, 1), val_loss / n_val if n_val else float("nan"), *accs)
+
+
+def train_full_graph_run(config: TrainConfig, spec: ModelSpec, data: PreparedData, seed: int, *,
+                         label: str = "", log_epochs: bool = True, cuda_graph: str = "auto") -> RunResult:
+    """`gnnfuse.training.train_run` on the ranks of the initialised default process group,
+    each training on its partition of the graph (`shard_data`); every rank returns the
+    same `RunResult` (rank 0 alone logs and draws the progress bar). The training step
+    is never captured in a CUDA graph (its halo exchanges and all-reduce are collectives
+    with host-side split sizes): ``cuda_graph="on"`` warns so, as `StepCapture` warns
+    when it cannot capture. ``data`` may stay on the host: only the rank's shard moves to
+    its device."""
+    if config.model not in PARTITIONED_MODELS:
+        raise ValueError(f"model {config.model!r} has no partitioned full-graph version; partitioned models: "
+                         f"{', '.join(PARTITIONED_MODELS)}")
+    if not dist.is_initialized():
+        raise RuntimeError("partitioned full-graph training needs torch.distributed initialised "
+                           "(launch with torchrun or gnnfuse train --gpus N)")
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    device = rank_device(config.device)
+    if cuda_graph == "on" and rank == 0:
+        warnings.warn("--cuda-graph on: the partitioned full-graph step is not captured (it exchanges halo rows "
+                      "and all-reduces gradients between ranks every step); it runs eagerly", stacklevel=2)
+    torch.manual_seed(seed)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    model = build_model(config.model, data.num_features, data.num_classes, config.hidden,
+                        config.dropout).to(device)
+    broadcast_parameters(model)
+    torch.manual_seed(seed + 1_000_003 * rank)       # each rank its own dropout stream (rank 0: train_run's)
+    optimizer = _optimizer(spec, model, config)
+    shard = shard_data(data, rank, world_size, device, agreed_owners(data.graph, device))
+    exchange = HaloExchange(shard.partition)
+    net = PartitionedModel(model, data.graph, exchange)
+    train_index = shard.masks[0].nonzero().squeeze(1)
+    train_y = shard.y[train_index]
+    global_train = max(shard.split_sizes[0], 1)
+    stats = _EpochStats(shard)
+
+    history: dict[str, list[float]] = {key: [] for key in ("loss", "val_loss", "train_acc", "val_acc", "test_acc")}
+    stopping = EarlyStopping(config.patience)
+    test_at_best, best_state = float("nan"), {}
+    start = time.perf_counter()
+    epochs = range(1, config.epochs + 1)
+    progress = progress_bar(epochs, desc=f"train{label}", unit="epoch") if rank == 0 else tqdm(epochs, disable=True)
+    for epoch in progress:
+        epoch_start = time.perf_counter()
+        model.train()
+        optimizer.zero_grad(set_to_none=True)
+        loss_sum = F.cross_entropy(net(shard.x)[train_index], train_y, reduction="sum")
+        (loss_sum / global_train).backward()
+        all_reduce_gradients(model.parameters())
+        optimizer.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        epoch_ms = (time.perf_counter() - epoch_start) * 1e3
+        model.eval()
+        with torch.no_grad():
+            loss, val_loss, train_acc, val_acc, test_acc = stats.reduce(loss_sum, net(shard.x))
+        for key, value in zip(history, (loss, val_loss, train_acc, val_acc, test_acc)):
+            history[key].append(value)
+        if stopping.step(epoch, val_acc, val_loss):
+            test_at_best = test_acc
+            best_state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+        progress.set_postfix(loss=f"{loss:.4f}", val=f"{val_acc:.4f}", test=f"{test_acc:.4f}")
+        if log_epochs and rank == 0:
+            tqdm.write(f"{label.strip() + ' | ' if label else ''}epoch {epoch:4d} | loss {loss:.4f} | "
+                       f"train {train_acc:.4f} | val {val_acc:.4f} | test {test_acc:.4f} | {epoch_ms:7.1f} ms | "
+                       f"peak {peak_memory_mib(device):.0f} MiB (rank 0) | halo sent by rank 0: "
+                       f"{exchange.forward_bytes / 2**20:.1f} MiB rows (training and evaluation forward), "
+                       f"{exchange.backward_bytes / 2**20:.1f} MiB gradients", file=sys.stdout)
+        exchange.reset_counts()
+        if stopping.should_stop:
+            break
+    progress.close()
+    return RunResult(seed=seed, best_epoch=stopping.best_epoch, best_val_acc=stopping.best_val_acc,
+                     test_acc=test_at_best, epochs_run=len(history["loss"]), seconds=time.perf_counter() - start,
+                     state_dict=best_state, history=history,
+                     cuda_graph=f"eager: partitioned full-graph training on {world_size} ranks (collectives per step)")

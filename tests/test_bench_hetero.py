@@ -1,0 +1,69 @@
+"""benchmarks/bench_hetero.py on the CPU, on tiny stand-ins for its presets: PyG's
+per-type dicts rebuilt from the typed graph, every framework's forward equal to PyG's
+from the same weights (R-GCN and HGT, including a node type no relation ends at), steps
+timed and stored, and a failed cell kept as its status."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+# Imported here, not first by the script: the import_script fixture unloads what the
+# script's import brought in, and numpy's and scipy's C modules cannot load twice.
+import torch_geometric.nn  # noqa: F401
+
+import gnnfuse.bench  # noqa: F401
+from gnnfuse.data.typed import TypedPreset, _kg, build_typed_graph
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+@pytest.fixture
+def bench_hetero(import_script):
+    return import_script(BENCHMARKS, "bench_hetero")
+
+
+def tiny_presets(bench_hetero, monkeypatch) -> None:
+    """The script's two smallest names stand for tiny presets of the same two kinds: a
+    KG (one node type, relations with inverses) and a heterogeneous graph with a node
+    type no relation ends at (as mag-like's authors)."""
+    kg = _kg("tiny KG", 300, 1_200, 6, 3)
+    hetero = TypedPreset("tiny mag", (("paper", 80), ("author", 120), ("field", 10)), 4, 8,
+                         edge_counts=((("author", "writes", "paper"), 400), (("paper", "cites", "paper"), 300),
+                                      (("paper", "has_topic", "field"), 200)))
+    presets = {"aifb-like": kg, "mutag-like": hetero}
+    monkeypatch.setattr(bench_hetero, "TYPED_PRESETS", presets)
+    monkeypatch.setattr(bench_hetero, "typed_graph", lambda name: build_typed_graph(presets[name], name))
+
+
+def test_per_type_dicts_hold_the_typed_graph(bench_hetero, monkeypatch):
+    tiny_presets(bench_hetero, monkeypatch)
+    data = bench_hetero.load_typed("mutag-like", torch.device("cpu"))
+    assert list(data.x_dict) == ["paper", "author", "field"] and data.x_dict["author"].shape == (120, 8)
+    assert sum(e.shape[1] for e in data.edge_index_dict.values()) == data.graph.num_edges == 900
+    mask = data.graph.edge_type == 0                    # author -> paper, in per-type ids
+    assert torch.equal(data.edge_index_dict[("author", "writes", "paper")],
+                       torch.stack([data.graph.src[mask] - 80, data.graph.dst[mask]]))
+
+
+def test_cells_are_checked_timed_and_stored(bench_hetero, tmp_path, monkeypatch):
+    tiny_presets(bench_hetero, monkeypatch)
+    common = ["--device", "cpu", "--frameworks", "gnnfuse", "--steps", "1", "--warmup", "0", "--out", str(tmp_path)]
+    bench_hetero.main(["--datasets", "aifb-like", "--models", "rgcn", *common])
+    bench_hetero.main(["--datasets", "mutag-like", "--models", "hgt", *common])    # merged into the same file
+    results = json.loads((tmp_path / "hetero.json").read_text())
+    errors = results["checks"]["aifb-like/rgcn"]["max_rel_err"]
+    assert set(errors) == {"gnnfuse", "pyg-fastrgcn", "graphiler-udf"} and max(errors.values()) < 1e-5
+    assert results["checks"]["mutag-like/hgt"]["max_rel_err"]["gnnfuse"] < 1e-5
+    assert {key: cell["status"] for key, cell in results["cells"].items()} == {
+        "aifb-like/rgcn/gnnfuse": "ok", "mutag-like/hgt/gnnfuse": "ok"}
+    # PyG's cells, one out of memory: the ratio is against the fastest that ran
+    ours = results["cells"]["aifb-like/rgcn/gnnfuse"]
+    results["cells"]["aifb-like/rgcn/pyg-fastrgcn"] = {"status": "oom", "run": ours["run"]}
+    results["cells"]["aifb-like/rgcn/pyg-rgcn"] = {**ours, "median_ms": 3 * ours["median_ms"]}
+    bench_hetero.store(results, tmp_path)
+    markdown = (tmp_path / "hetero.md").read_text()
+    assert "| aifb-like | rgcn |" in markdown and "| oom |" in markdown
+    ratios = results["ratios"]["aifb-like/rgcn"]
+    assert ratios["fastest_pyg"] == "pyg-rgcn" and ratios["speedup"] == pytest.approx(3.0)

@@ -1,0 +1,342 @@
+"""Partitioned full-graph training (gnnfuse.distributed: partition, halo, fullgraph) on 2
+CPU processes over gloo, against the one-process computation.
+
+The 2-process work runs once per session (`ranks` fixture: one spawn, both ranks do every
+case and save what they computed); each test compares one piece with plain one-process
+torch in this process: the halo exchange and its gradient exactly (integer-valued
+floats, so summation order cannot matter), forward logits, loss and every parameter
+gradient of one step for GCN, GAT and SAGE in float64 (to 1e-12) and float32 (to float
+tolerance), on the reference backend and, for the forward, on Triton, and a multi-step
+run's loss curve against `train_run`. The graph has an isolated vertex and vertices all
+of whose in-neighbours another rank owns, under both a contiguous and an interleaved
+ownership.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+
+from gnnfuse.distributed.fullgraph import (PartitionedModel, all_reduce_gradients, shard_data,
+                                           train_full_graph_run)
+from gnnfuse.distributed.halo import HaloExchange
+from gnnfuse.distributed.partition import (contiguous_owners, greedy_owners, partition_graph,
+                                           partition_stats)
+from gnnfuse.data import load_node_dataset
+from gnnfuse.graph import Graph
+from gnnfuse.nn import GCNConv, GINConv
+from gnnfuse.nn.models import TwoLayerGNN, build_model, get_model
+from gnnfuse.training import PreparedData, make_config, train_run
+
+WORLD = 2
+NUM_NODES, NUM_FEATURES, NUM_CLASSES = 14, 6, 3
+MODELS = ("gcn", "gat", "sage")
+OWNERSHIPS = ("contiguous", "interleaved")
+STEPS = 4
+
+
+def graph() -> Graph:
+    """Vertex 13 isolated; 6 has in-neighbours only among odd vertices (remote under the
+    interleaved ownership) and 2 only among vertices >= 7 (remote under the contiguous
+    one); a self loop and a multi-edge; 12 has out-edges only."""
+    edges = [(0, 1), (1, 0), (10, 2), (8, 2), (9, 2), (2, 3), (3, 4), (4, 5), (5, 4), (1, 6), (3, 6), (9, 6),
+             (6, 7), (7, 8), (8, 9), (9, 10), (10, 11), (11, 7), (5, 5), (4, 10), (4, 10), (12, 0), (12, 9),
+             (2, 11), (7, 3)]
+    src, dst = zip(*edges)
+    return Graph(torch.tensor(src), torch.tensor(dst), NUM_NODES)
+
+
+def owners(kind: str, world: int = WORLD) -> torch.Tensor:
+    if kind == "contiguous":
+        return contiguous_owners(graph(), world)
+    return torch.arange(NUM_NODES) % world
+
+
+def data(dtype: torch.dtype = torch.float32) -> PreparedData:
+    generator = torch.Generator().manual_seed(5)
+    x = torch.randn(NUM_NODES, NUM_FEATURES, generator=generator, dtype=torch.float64).to(dtype)
+    y = torch.randint(NUM_CLASSES, (NUM_NODES,), generator=generator)
+    train = torch.zeros(NUM_NODES, dtype=torch.bool)
+    train[[0, 2, 3, 6, 9, 11, 13]] = True       # rank 1 of the contiguous split trains on 9, 11, 13
+    val = ~train & (torch.arange(NUM_NODES) % 2 == 0)
+    test = ~train & ~val
+    return PreparedData("tiny", graph(), x, y, (train, val, test), NUM_FEATURES, NUM_CLASSES)
+
+
+def model(name: str, dtype: torch.dtype, seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return build_model(name, NUM_FEATURES, NUM_CLASSES, hidden=4, dropout=0.0).to(dtype)
+
+
+def integer_rows(rows: int, seed: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(-8, 9, (rows, 3), generator=generator).to(torch.float64)
+
+
+# --- the 2-process side ------------------------------------------------------------------
+def _halo_case(rank: int, kind: str, world: int = WORLD) -> dict:
+    part = partition_graph(graph(), owners(kind, world), rank, world)
+    exchange = HaloExchange(part)
+    rows = integer_rows(NUM_NODES, 1)[part.owned].requires_grad_()
+    sources = exchange.sources(rows)
+    upstream = integer_rows(NUM_NODES, 2)[part.src_nodes] * (rank + 1)
+    (sources * upstream).sum().backward()
+    return {"src_nodes": part.src_nodes, "sources": sources.detach(), "owned": part.owned, "grad": rows.grad,
+            "bytes": (exchange.forward_bytes, exchange.backward_bytes)}
+
+
+def _step_case(rank: int, name: str, dtype: torch.dtype, kind: str, sparse: bool = False,
+               dropout: float = 0.0) -> dict:
+    prepared = data(dtype)
+    if sparse:      # bag-of-words features go in as sparse COO (training.data.SPARSE_FEATURES)
+        prepared = dataclasses.replace(prepared, x=prepared.x.to_sparse())
+    shard = shard_data(prepared, rank, WORLD, torch.device("cpu"), owner=owners(kind))
+    net_model = model(name, dtype)
+    net_model.dropout = dropout
+    net = PartitionedModel(net_model, prepared.graph, HaloExchange(shard.partition))
+    logits = net(shard.x)
+    train = shard.masks[0]
+    loss = F.cross_entropy(logits[train], shard.y[train], reduction="sum") / shard.split_sizes[0]
+    loss.backward()
+    all_reduce_gradients(net_model.parameters())
+    total = loss.detach().clone()
+    dist.all_reduce(total)
+    return {"owned": shard.partition.owned, "logits": logits.detach(), "loss": total,
+            "grads": {k: p.grad for k, p in net_model.named_parameters()}}
+
+
+def _run_case(name: str) -> dict:
+    config = make_config(name, "tiny", dropout=0.0, epochs=STEPS, hidden=4, patience=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = train_full_graph_run(config, get_model(name), data(), seed=3, log_epochs=False, cuda_graph="on")
+    return {"history": result.history, "state": result.state_dict,
+            "warned": any("not captured" in str(w.message) for w in caught)}
+
+
+def _worker(rank: int, port: int, out: str, world: int) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        results = {("halo", kind): _halo_case(rank, kind, world) for kind in OWNERSHIPS}
+        if world != WORLD:      # the halo alone on more ranks: a row read by several gets their sum
+            torch.save(results, os.path.join(out, f"rank{rank}.pt"))
+            return
+        for name in MODELS:
+            for kind in OWNERSHIPS:
+                results[("step", name, torch.float64, kind)] = _step_case(rank, name, torch.float64, kind)
+            results[("step", name, torch.float32, "contiguous")] = _step_case(rank, name, torch.float32, "contiguous")
+            results[("sparse", name)] = _step_case(rank, name, torch.float64, "interleaved", sparse=True)
+            results[("run", name)] = _run_case(name)
+        results[("sparse", "dropout")] = _step_case(rank, "gcn", torch.float64, "interleaved", sparse=True,
+                                                    dropout=0.5)
+        os.environ["GNNFUSE_BACKEND"] = "triton"
+        for name in ("gcn", "sage"):    # GCN's aggregation is partition code; GAT's is the layer's own
+            results[("triton", name)] = _step_case(rank, name, torch.float32, "interleaved")
+        torch.save(results, os.path.join(out, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(out, world: int) -> list[dict]:
+    # forked, not spawned: the ranks inherit this process's imports (torch, gnnfuse, and the
+    # torch._dynamo that building an optimizer imports), seconds a spawned rank pays again
+    import torch._dynamo  # noqa: F401
+    mp.start_processes(_worker, args=(free_port(), str(out), world), nprocs=world, join=True, start_method="fork")
+    return [torch.load(out / f"rank{r}.pt") for r in range(world)]
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory) -> list[dict]:
+    return run_ranks(tmp_path_factory.mktemp("ranks"), WORLD)
+
+
+@pytest.fixture(scope="module")
+def three_ranks(tmp_path_factory) -> list[dict]:
+    return run_ranks(tmp_path_factory.mktemp("three_ranks"), 3)
+
+
+def assembled(ranks: list[dict], key: tuple, field: str) -> torch.Tensor:
+    """Per-vertex rows spread over the ranks, put back in global vertex order."""
+    first = ranks[0][key][field]
+    out = first.new_zeros((NUM_NODES, *first.shape[1:]))
+    for result in ranks:
+        out[result[key]["owned"]] = result[key][field]
+    return out
+
+
+# --- the one-process side ----------------------------------------------------------------
+@pytest.mark.parametrize("kind", OWNERSHIPS)
+def test_partition_covers_every_in_edge_once(kind):
+    g = graph()
+    parts = [partition_graph(g, owners(kind), r, WORLD) for r in range(WORLD)]
+    edges = sorted((int(p.src_nodes[s]), int(p.owned[d])) for p in parts for s, d in zip(*p.graph.coo()))
+    assert edges == sorted(zip(g.src.tolist(), g.dst.tolist()))
+    assert sorted(torch.cat([p.owned for p in parts]).tolist()) == list(range(NUM_NODES))
+    for p in parts:   # what rank q sends to r is exactly r's halo rows owned by q, in r's order
+        for q in parts:
+            if q.rank != p.rank:
+                start = sum(q.send_counts[:p.rank])
+                sent = q.owned[q.send_index[start:start + q.send_counts[p.rank]]]
+                first = sum(p.recv_counts[:q.rank])
+                assert sent.tolist() == p.halo[first:first + p.recv_counts[q.rank]].tolist()
+    # the cases the graph was built for: some owned vertex has only remote in-neighbours
+    remote_only = [int(v) for p in parts for v in range(p.num_owned)
+                   if (p.graph.dst == v).any() and (p.graph.src[p.graph.dst == v] >= p.num_owned).all()]
+    assert remote_only
+
+
+def test_contiguous_owners_are_ranges_balanced_by_in_edges():
+    g = graph()
+    owner = contiguous_owners(g, WORLD)
+    assert torch.all(owner[1:] >= owner[:-1]) and set(owner.tolist()) == {0, 1}
+    assert partition_stats(g, owner, WORLD).imbalance < 1.3
+    assert contiguous_owners(g, NUM_NODES + 3).max() < NUM_NODES + 3       # more ranks than vertices
+
+
+def test_greedy_partition_of_cora_cuts_fewer_edges_than_ranges(shared_data):
+    g = load_node_dataset("cora", shared_data).graph
+    greedy = partition_stats(g, greedy_owners(g, WORLD), WORLD)
+    ranges = partition_stats(g, contiguous_owners(g, WORLD), WORLD)
+    assert greedy.edge_cut < 0.5 * ranges.edge_cut and greedy.halo_rows < 0.6 * ranges.halo_rows
+    assert greedy.imbalance < 1.1
+
+
+def test_partition_rejects_bad_owners():
+    with pytest.raises(ValueError, match="owner"):
+        partition_graph(graph(), torch.zeros(3, dtype=torch.int64), 0, WORLD)
+    with pytest.raises(ValueError, match="rank"):
+        partition_graph(graph(), torch.full((NUM_NODES,), 2), 0, WORLD)
+
+
+@pytest.mark.parametrize("world", [WORLD, 3])
+@pytest.mark.parametrize("kind", OWNERSHIPS)
+def test_halo_exchange_is_the_gather_and_its_gradient(request, kind, world):
+    ranks = request.getfixturevalue("ranks" if world == WORLD else "three_ranks")
+    x = integer_rows(NUM_NODES, 1).requires_grad_()
+    loss = 0
+    for rank, result in enumerate(ranks):
+        got = result[("halo", kind)]
+        assert torch.equal(got["sources"], x.detach()[got["src_nodes"]])
+        loss = loss + (x[got["src_nodes"]] * integer_rows(NUM_NODES, 2)[got["src_nodes"]] * (rank + 1)).sum()
+    loss.backward()
+    assert torch.equal(assembled(ranks, ("halo", kind), "grad"), x.grad)
+    owner = owners(kind, world)
+    halos = [r[("halo", kind)]["src_nodes"][r[("halo", kind)]["owned"].numel():] for r in ranks]
+    for rank, result in enumerate(ranks):
+        sent_rows = sum(int((owner[halo] == rank).sum()) for halo in halos)
+        assert result[("halo", kind)]["bytes"] == (sent_rows * 3 * 8, halos[rank].numel() * 3 * 8)
+
+
+def one_process_step(name: str, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    prepared = data(dtype)
+    net = model(name, dtype)
+    logits = net(prepared.x, prepared.graph)
+    train = prepared.masks[0]
+    loss = F.cross_entropy(logits[train], prepared.y[train])
+    loss.backward()
+    return logits.detach(), loss.detach(), {k: p.grad for k, p in net.named_parameters()}
+
+
+def check_step(ranks: list[dict], key: tuple, name: str, dtype: torch.dtype, rtol: float, atol: float) -> None:
+    logits, loss, grads = one_process_step(name, dtype)
+    torch.testing.assert_close(assembled(ranks, key, "logits"), logits, rtol=rtol, atol=atol)
+    for result in ranks:
+        torch.testing.assert_close(result[key]["loss"], loss, rtol=rtol, atol=atol)
+        assert result[key]["grads"].keys() == grads.keys()
+        for param, grad in grads.items():
+            torch.testing.assert_close(result[key]["grads"][param], grad, rtol=rtol, atol=atol, msg=param)
+
+
+@pytest.mark.parametrize("kind", OWNERSHIPS)
+@pytest.mark.parametrize("name", MODELS)
+def test_two_process_step_equals_one_process_float64(ranks, name, kind):
+    check_step(ranks, ("step", name, torch.float64, kind), name, torch.float64, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_two_process_step_on_sparse_features_equals_one_process(ranks, name):
+    check_step(ranks, ("sparse", name), name, torch.float64, rtol=1e-12, atol=1e-12)
+
+
+def test_feature_dropout_on_sparse_features_of_a_shard(ranks):
+    """A shard's rows of sparse COO features come uncoalesced from index_select, which
+    the sparse dropout refused ("Cannot get indices on an uncoalesced tensor")."""
+    dropped, kept = ranks[0][("sparse", "dropout")], ranks[0][("sparse", "gcn")]
+    assert torch.isfinite(dropped["loss"]) and not torch.equal(dropped["grads"]["conv1.lin.weight"],
+                                                               kept["grads"]["conv1.lin.weight"])
+    for param, grad in dropped["grads"].items():     # summed over ranks: the same update everywhere
+        assert torch.equal(ranks[1][("sparse", "dropout")]["grads"][param], grad)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_two_process_step_equals_one_process_float32(ranks, name):
+    check_step(ranks, ("step", name, torch.float32, "contiguous"), name, torch.float32, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["gcn", "sage"])
+def test_two_process_step_on_triton_equals_one_process(ranks, name):
+    check_step(ranks, ("triton", name), name, torch.float32, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_two_process_run_follows_the_one_process_loss_curve(ranks, name):
+    config = make_config(name, "tiny", dropout=0.0, epochs=STEPS, hidden=4, patience=0)
+    expected = train_run(config, get_model(name), data(), seed=3, log_epochs=False)
+    for result in ranks:
+        history = result[("run", name)]["history"]
+        for key in ("loss", "val_loss", "train_acc", "val_acc", "test_acc"):
+            torch.testing.assert_close(torch.tensor(history[key]), torch.tensor(expected.history[key]),
+                                       rtol=1e-5, atol=1e-6, msg=key)
+        for param, value in expected.state_dict.items():
+            torch.testing.assert_close(result[("run", name)]["state"][param], value, rtol=1e-5, atol=1e-6)
+    assert [r[("run", name)]["warned"] for r in ranks] == [True, False]     # cuda_graph="on": said once
+
+
+def test_full_graph_run_needs_a_process_group_and_a_partitioned_model():
+    config = make_config("gcn", "tiny", epochs=1)
+    with pytest.raises(RuntimeError, match="torch.distributed"):
+        train_full_graph_run(config, get_model("gcn"), data(), seed=0)
+    with pytest.raises(ValueError, match="appnp"):
+        train_full_graph_run(make_config("appnp", "tiny"), get_model("appnp"), data(), seed=0)
+
+
+def test_partitioned_model_refuses_what_it_cannot_partition_exactly():
+    part = partition_graph(graph(), owners("contiguous"), 0, WORLD)
+    with pytest.raises(ValueError, match="improved=True"):
+        PartitionedModel(TwoLayerGNN(GCNConv(4, 4, improved=True), GCNConv(4, 2), F.relu, 0.0), graph(),
+                         HaloExchange(part))
+    with pytest.raises(ValueError, match="GINConv"):
+        PartitionedModel(TwoLayerGNN(GINConv(torch.nn.Linear(4, 4)), GCNConv(4, 2), F.relu, 0.0), graph(),
+                         HaloExchange(part))
+    with pytest.raises(ValueError, match="APPNP|PropagatedMLP"):
+        PartitionedModel(build_model("appnp", 4, 2), graph(), HaloExchange(part))
+
+
+def test_benchmark_smoke_run_trains_every_method_and_agrees(import_script, tmp_path):
+    """benchmarks/bench_distributed_fullgraph.py --smoke: PyG and gnnfuse on one process and
+    gnnfuse on 2 gloo ranks, one call; their initial losses agree and the report is written."""
+    bench = import_script(Path(__file__).resolve().parent.parent / "benchmarks", "bench_distributed_fullgraph")
+    import torch._dynamo  # noqa: F401  (imported before the forks: see run_ranks)
+    results = bench.main(["--smoke", "--json", str(tmp_path / "smoke.json")])
+    assert list(results["methods"]) == ["pyg-1", "gnnfuse-2", "gnnfuse-1"]
+    assert all(entry["status"] == "ok" for entry in results["methods"].values()), results["methods"]
+    assert results["initial_loss_rel_spread"] < 1e-5
+    ranks = results["methods"]["gnnfuse-2"]["ranks"]
+    assert sum(r["owned"] for r in ranks) == bench.SMOKE["nodes"]
+    assert all(r["halo_mb_per_step"]["forward"] > 0 and r["median_ms"] > 0 for r in ranks)
+    assert "| gnnfuse-2 | ok |" in (tmp_path / "smoke.md").read_text()
