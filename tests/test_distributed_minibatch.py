@@ -20,10 +20,11 @@ from gnnfuse.cli import main
 from gnnfuse.distributed import DistributedError, init_process_group, launch_or_join
 from gnnfuse.distributed import dispatch, process_group
 from gnnfuse.distributed.launch import free_port, start_ranks
+from gnnfuse.distributed.fullgraph import train_full_graph_run
 from gnnfuse.distributed.minibatch import train_distributed_minibatch_run
 from gnnfuse.loader import STAGES, NeighborLoader
 from gnnfuse.nn.models import get_model
-from gnnfuse.training import load_checkpoint, prepare_data
+from gnnfuse.training import load_checkpoint, make_config, prepare_data
 from gnnfuse.training.minibatch import train_minibatch_run
 
 
@@ -146,11 +147,13 @@ def test_the_distributed_benchmark_runs_1_and_2_cpu_ranks_in_one_invocation(impo
     assert "| 2 | 1 | 2 |" in table and "Speed-up, 2 ranks against 1" in table
 
 
-def test_several_ranks_with_a_fanout_run_the_data_parallel_loop(monkeypatch):
+def test_several_ranks_run_data_parallel_mini_batches_with_a_fanout_else_the_partitioned_full_graph(monkeypatch):
     config = worker.training_config(25)
     assert dispatch.train_run_function(config) is None                  # one process: the plain loops
     monkeypatch.setattr(dispatch, "world_size", lambda: 2)
     assert dispatch.train_run_function(config) is train_distributed_minibatch_run
+    full_graph = make_config("gcn", "synthetic")
+    assert dispatch.train_run_function(full_graph) is train_full_graph_run
 
 
 # --- refusals ----------------------------------------------------------------------------
