@@ -3,6 +3,7 @@ what the compiler makes of a model (`explain`) or time it against PyG (`bench`).
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Sequence
 
 import numpy as np
@@ -10,12 +11,14 @@ import torch
 
 from . import bench, cli_explain
 from .data import DATASET_NAMES, DEFAULT_DATASET, LOAD_ERRORS, NodeDataset, RelationalDataset, load_dataset
+from .distributed import DistributedError, current, launch_or_join
 from .graph import Graph
 from .nn.models import get_model, model_names
 from .runtime.cuda_graph import MODES
 from .threads import THREADS_ENV, configure_threads
 from .tuning import command as tuning_command
 from .training import ConfigError, RunResult, TrainSummary, make_config, save_checkpoint, train_runs
+from .training.config import FEATURE_PLACEMENTS
 
 
 # --- info ------------------------------------------------------------------------------
@@ -96,7 +99,7 @@ def train(args: argparse.Namespace) -> TrainSummary:
         config = make_config(args.model, args.dataset, runs=args.runs, seed=args.seed, device=args.device,
                              root=args.root, hidden=args.hidden, lr=args.lr, weight_decay=args.weight_decay,
                              dropout=args.dropout, epochs=args.epochs, patience=args.patience,
-                             fanout=args.fanout, batch_size=args.batch_size, dkp=args.dkp)
+                             fanout=args.fanout, batch_size=args.batch_size, dkp=args.dkp, features=args.features)
     except ConfigError as error:
         raise UsageError(str(error)) from None
     patience = "none" if config.patience is None else config.patience
@@ -123,9 +126,20 @@ def train(args: argparse.Namespace) -> TrainSummary:
 
 def run_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:
+        status, args.device = launch_or_join(args.gpus, args.cpu_ranks, args.device, main, args.argv)
+    except DistributedError as error:
+        parser.error(str(error))
+    if status is not None:                            # this process started the ranks; they trained
+        return status
+    rank = current()
+    if rank.world_size > 1:                           # only rank 0 writes to stdout
+        print(f"data-parallel over {rank.world_size} ranks ({rank.backend}), features {args.features}")
+    try:
         summary = train(args)
     except UsageError as error:
         parser.error(str(error))                      # prints usage, exits with status 2
+    if not rank.is_main:                              # files are written once, by rank 0
+        return 0
     if args.save:
         save_checkpoint(summary, args.save)
         print(f"saved best-val weights of {len(summary.runs)} run(s) and the config to {args.save}")
@@ -196,6 +210,14 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--dkp", action="store_true", help="dynamic kernel placement (GraphTensor): fit a cost "
                        "model on the first batches' kernel times and let each sage layer pick aggregate- or "
                        "combine-first per batch (needs --fanout)")
+    train.add_argument("--gpus", type=int, metavar="N", help="train on N GPUs of this machine, one process each "
+                       "(NCCL), as torchrun --nproc-per-node N -m gnnfuse train with these options would; data-parallel "
+                       "with --fanout, partitioned full-graph without")
+    train.add_argument("--cpu-ranks", type=int, metavar="N", help="the same on N CPU processes (gloo), for machines "
+                       "without GPUs and CI")
+    train.add_argument("--features", choices=FEATURE_PLACEMENTS, default="replicated",
+                       help="several ranks with --fanout: every rank holds all features (replicated, default), or "
+                            "a contiguous 1/N of the rows, a batch's rows fetched from their owner by all-to-all")
     train.add_argument("--plot", metavar="PNG", help="save learning curves (needs matplotlib); with --fanout "
                        "also the per-epoch stage breakdown")
     train.add_argument("--save", metavar="PT", help="save each run's best-val state dict and the config "
@@ -222,6 +244,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (usage errors exit with 2)."""
     parser = _parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)     # what --gpus/--cpu-ranks hand to each rank
     try:
         configure_threads(getattr(args, "threads", None))
     except ValueError as error:

@@ -30,7 +30,7 @@ training step on the blocks reads nothing back from the device.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Sequence, Sized
 
 import torch
 
@@ -116,7 +116,10 @@ class NeighborLoader:
 
     PyG's arguments: ``num_neighbors`` (a fanout per hop, ``-1`` for all in-edges),
     ``batch_size``, ``input_nodes`` (ids or a mask; default all vertices), ``shuffle``,
-    ``replace``, ``drop_last``. gnnfuse's: ``x``/``y`` for a bare `Graph`; ``device``
+    ``replace``, ``drop_last``, and torch ``DataLoader``'s ``sampler`` (an iterable of
+    positions in ``input_nodes`` giving each epoch's seed order, with ``len``; call its
+    ``set_epoch`` per epoch, as for ``torch.utils.data.DistributedSampler``, which is how
+    data-parallel ranks each take their share; exclusive with ``shuffle``). gnnfuse's: ``x``/``y`` for a bare `Graph`; ``device``
     (where batches go; default ``sample_device``), ``sample_device`` (where the CSR is
     sampled; default the graph's device), ``feature_device`` (``"device"`` or
     ``"pinned"``; default ``"device"`` when the features are already on ``device`` or
@@ -131,7 +134,7 @@ class NeighborLoader:
                  shuffle: bool = False, replace: bool = False, drop_last: bool = False, *,
                  x: torch.Tensor | None = None, y: torch.Tensor | None = None,
                  device: torch.device | str | None = None, sample_device: torch.device | str | None = None,
-                 feature_device: str | None = None, prefetch: int = 2) -> None:
+                 feature_device: str | None = None, prefetch: int = 2, sampler: Sized | None = None) -> None:
         graph, features, labels = _graph_and_tables(data, x, y)
         if graph.is_bipartite or graph.edge_type is not None:
             raise ValueError("NeighborLoader samples a homogeneous graph with one vertex set; this graph is "
@@ -142,6 +145,8 @@ class NeighborLoader:
                              f"{list(num_neighbors)}")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if sampler is not None and shuffle:
+            raise ValueError("sampler is mutually exclusive with shuffle (the sampler orders the seeds)")
         if prefetch < 0:
             raise ValueError(f"prefetch must be >= 0, got {prefetch}")
         for name, table in (("x", features), ("y", labels)):
@@ -157,7 +162,7 @@ class NeighborLoader:
         self._y = self._place(labels)
         self.seeds = _seed_ids(input_nodes, graph.num_nodes)
         self.batch_size, self.shuffle, self.replace, self.drop_last = batch_size, shuffle, replace, drop_last
-        self.prefetch = prefetch
+        self.prefetch, self.sampler = prefetch, sampler
         self.stage_times = StageTimes()
 
     def _feature_device(self, requested: str | None, features: torch.Tensor | None) -> str:
@@ -178,11 +183,14 @@ class NeighborLoader:
         return table.to(self.device) if self.feature_device == "device" else table.cpu()
 
     def __len__(self) -> int:
-        full, rest = divmod(self.seeds.numel(), self.batch_size)
+        full, rest = divmod(self.seeds.numel() if self.sampler is None else len(self.sampler), self.batch_size)
         return full + (rest > 0 and not self.drop_last)
 
     def _seed_batches(self, generator: torch.Generator) -> list[torch.Tensor]:
-        seeds = self.seeds[torch.randperm(self.seeds.numel(), generator=generator)] if self.shuffle else self.seeds
+        if self.sampler is not None:
+            seeds = self.seeds[torch.as_tensor(list(self.sampler), dtype=torch.int64)]
+        else:
+            seeds = self.seeds[torch.randperm(self.seeds.numel(), generator=generator)] if self.shuffle else self.seeds
         batches = list(seeds.split(self.batch_size))
         if self.drop_last and batches and batches[-1].numel() < self.batch_size:
             batches.pop()

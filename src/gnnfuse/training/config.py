@@ -13,6 +13,9 @@ from ..nn.block_models import BLOCK_MODELS
 from ..nn.models import get_model
 
 
+FEATURE_PLACEMENTS = ("replicated", "partitioned")     # where data-parallel ranks keep the features
+
+
 class ConfigError(ValueError):
     """A training request that cannot run as given: unknown model or data set, a value out
     of range, a missing data file or device. Raised before any training starts, so callers
@@ -26,7 +29,9 @@ class TrainConfig:
     `patience` None trains all `epochs`; `hidden` None is for models without a hidden layer.
     `fanout` (one per layer, PyG's ``num_neighbors``) makes the runs sampled mini-batch
     training (`training.minibatch`) with `batch_size` seeds per batch; None trains on the
-    full graph.
+    full graph. `features` is where several data-parallel ranks keep the feature table:
+    ``replicated`` (each rank all of it) or ``partitioned`` (each rank a contiguous
+    share, rows fetched from their owner per batch; `gnnfuse.distributed`).
     """
     model: str
     dataset: str
@@ -43,12 +48,13 @@ class TrainConfig:
     fanout: tuple[int, ...] | None = None
     batch_size: int = 1024
     dkp: bool = False
+    features: str = "replicated"
 
 
 def make_config(model: str, dataset: str = DEFAULT_DATASET, *, runs: int = 1, seed: int = 0,
                 device: str = "cpu", root: str | os.PathLike | None = None,
                 fanout: tuple[int, ...] | None = None, batch_size: int | None = None, dkp: bool = False,
-                **overrides: Any) -> TrainConfig:
+                features: str = "replicated", **overrides: Any) -> TrainConfig:
     """`model`'s paper defaults, with every override that is not None applied.
 
     Overrides are hidden, lr, weight_decay, dropout, epochs and patience (0 disables
@@ -78,6 +84,10 @@ def make_config(model: str, dataset: str = DEFAULT_DATASET, *, runs: int = 1, se
               (values["weight_decay"] >= 0, f"weight decay must be >= 0, got {values['weight_decay']}"),
               (0 <= values["dropout"] < 1, f"dropout must be in [0, 1), got {values['dropout']}"),
               (device in ("cpu", "cuda"), f"device must be cpu or cuda, got {device!r}")]
+    checks.append((features in FEATURE_PLACEMENTS,
+                   f"features must be one of {', '.join(FEATURE_PLACEMENTS)}, got {features!r}"))
+    checks.append((features == "replicated" or fanout is not None,
+                   "partitioned features are fetched per mini-batch: they need a fanout"))
     checks.append((not dkp or (fanout is not None and model == "sage"),
                    "dynamic kernel placement needs mini-batch training (a fanout) of sage"))
     checks.append((spec.task != "link" or fanout is None, f"model {model!r} (link prediction) trains on the full "
@@ -89,7 +99,7 @@ def make_config(model: str, dataset: str = DEFAULT_DATASET, *, runs: int = 1, se
         if not ok:
             raise ConfigError(message)
     sampling = {} if fanout is None else {"fanout": tuple(fanout), "batch_size": batch_size or 1024, "dkp": dkp}
-    return TrainConfig(model=model, dataset=dataset, runs=runs, seed=seed, device=device,
+    return TrainConfig(model=model, dataset=dataset, runs=runs, seed=seed, device=device, features=features,
                        root=None if root is None else str(root), **values, **sampling)
 
 

@@ -38,7 +38,10 @@ def prepare_data(config: TrainConfig, spec: ModelSpec) -> PreparedData:
     if dataset.train_mask is None:
         dataset = random_split(dataset, seed=config.seed)
         print(f"{dataset.name} has no split: using random_split(seed={config.seed})")
-    x = dataset.x.to(device)
+    from ..distributed import world_size        # distributed builds on training: imported on use
+    # Partitioned features across several ranks: each rank moves only its own rows to its
+    # device (gnnfuse.distributed.minibatch), so the whole table stays in host memory here.
+    x = dataset.x if config.features == "partitioned" and world_size() > 1 else dataset.x.to(device)
     if spec.sparse_input and x.count_nonzero() < SPARSE_FEATURES * x.numel():
         # bag-of-words features (cora: 1.3% non-zero): dropout and the first matmul then
         # touch only the non-zeros, ~8x less work in what dominated a dense cora epoch

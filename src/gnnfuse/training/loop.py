@@ -186,13 +186,15 @@ def train_runs(config: TrainConfig, *, log_epochs: bool = True,
     else:
         data = prepare_data(config, spec)
         summary = TrainSummary(config, data.name, data.num_features, data.num_classes, [])
-        if config.fanout is None:
+        from ..distributed import train_run_function              # imports this module
+        run_one = train_run_function(config)                      # several ranks: theirs; one process: None
+        if run_one is None and config.fanout is None:
             run_one = train_run
-        else:
+        elif run_one is None:
             from .minibatch import train_minibatch_run as run_one     # imports this module
     for index in range(config.runs):
         label = f" run {index + 1}/{config.runs}" if config.runs > 1 else ""
-        # a sampled batch changes shape every step: only the full-graph step is captured
+        # a sampled batch changes shape every step: only the single-process full-graph step is captured
         extra = {"cuda_graph": cuda_graph} if run_one is train_run else {}
         result = run_one(config, spec, data, config.seed + index, label=label, log_epochs=log_epochs, **extra)
         summary.runs.append(result)

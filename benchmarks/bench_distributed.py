@@ -1,0 +1,249 @@
+"""Data-parallel mini-batch training on 1 and 2 GPUs of one machine, in one invocation
+(issue #17): GraphSAGE's epoch time, its scaling, and each rank's stage breakdown.
+
+The default cell is bench_minibatch.py's (products-like, 3 layers of 256 hidden
+channels, fanouts 15,10,5, ogbn-products' 196,615 training seeds) with batches of 1024
+seeds *per GPU*. For every world size in ``--world-sizes`` (default 1,2) the script
+starts that many ranks (`gnnfuse.distributed.launch.start_ranks`: spawned on GPUs, forked
+on the CPU), each of which loads the data set itself (the generator is seeded, so every
+rank holds the same graph), builds the model from the same seed and times one epoch
+after ``--warmup`` untimed batches:
+
+- one GPU is plain single-process training (no process group, no DDP), the number a
+  user with one GPU gets;
+- N GPUs are `gnnfuse.distributed`'s data-parallel training: each rank samples from
+  its disjoint share of the seeds (DistributedSampler, drop_last), DDP averages the
+  gradients (NCCL on GPUs, gloo on the CPU), features replicated or, with
+  ``--features partitioned``, fetched from their owner rank by all-to-all.
+
+Per rank it records the epoch's wall time and batches, the loader's stage seconds
+(sample, reindex, lookup, transfer in its background thread; compute and wait in the
+training loop), the GPU busy fraction (CUDA-event time of the training steps over wall
+time), peak memory and, partitioned, the feature bytes sent and received. The epoch time
+of a world size is its slowest rank's. With ``--max-batches`` (a 10-minute device
+limit) ranks stop after that many batches; the full-epoch time is then projected from
+the throughput (seeds per second), and the speed-up is always the ratio of
+throughputs, so 1 and N GPUs compare the same work per seed.
+
+    python benchmarks/bench_distributed.py --device cuda                     # products-like, 1 and 2 GPUs
+    python benchmarks/bench_distributed.py --device cpu --dataset synthetic --fanout 5,5 --batch-size 64 \\
+        --hidden 16 --max-batches 4                                          # CPU smoke test (gloo)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DistributedSampler
+
+from gnnfuse.bench import synchronize
+from gnnfuse.data import load_node_dataset
+from gnnfuse.distributed import PartitionedFeatures, init_process_group
+from gnnfuse.distributed.launch import free_port, start_ranks
+from gnnfuse.distributed.process_group import check_backend
+from gnnfuse.loader import STAGES, NeighborLoader
+from gnnfuse.loader.stages import stream_sync
+from gnnfuse.nn.block_models import build_block_model
+from gnnfuse.training.loop import peak_memory_mib
+
+from bench_minibatch import PRODUCTS_TRAIN_NODES, StepClock, train_step, training_seeds
+from common import REPO_ROOT, environment, log, write_atomically
+
+TARGET_SPEEDUP_2 = 1.8        # issue #17: 2 GPUs against 1 on the same machine
+
+
+# --- one rank --------------------------------------------------------------------------
+def rank_main(local_rank: int, world: int, port: int, args: argparse.Namespace, out: str) -> None:
+    """Time one epoch on this rank; rank 0 writes every rank's numbers to ``out``."""
+    os.environ.update(RANK=str(local_rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world),
+                      LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    device = torch.device(args.device)
+    if world > 1:
+        device = init_process_group(device.type).device
+    elif device.type == "cuda":
+        device = torch.device("cuda", 0)
+        torch.cuda.set_device(device)
+    begin = time.perf_counter()
+    dataset = load_node_dataset(args.dataset, args.data_root)
+    train_count = args.train_nodes if args.train_nodes is not None else (
+        PRODUCTS_TRAIN_NODES if args.dataset == "products-like" else 0)
+    train_idx = training_seeds(dataset.train_mask, train_count, args.seed)
+    graph = dataset.graph.to(device)
+    graph.csr()
+    store = None
+    if args.features == "partitioned" and world > 1:
+        store = PartitionedFeatures.from_full(dataset.x, local_rank, world, device)
+    x = dataset.x.to(device) if store is None else None
+    synchronize(device)
+    load_s = time.perf_counter() - begin
+    torch.manual_seed(args.seed)
+    model = build_block_model("sage", dataset.num_features, dataset.num_classes, args.hidden, args.dropout,
+                              len(args.fanout)).to(device)
+    step_model = DistributedDataParallel(model) if world > 1 else model
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.003)
+    torch.manual_seed(args.seed + local_rank)
+    sampler = (DistributedSampler(range(train_idx.numel()), num_replicas=world, rank=local_rank, shuffle=True,
+                                  seed=args.seed, drop_last=True) if world > 1 else None)
+    loader = NeighborLoader(graph, args.fanout, args.batch_size, input_nodes=train_idx, shuffle=sampler is None,
+                            sampler=sampler, x=x, y=dataset.y.to(device), device=device, prefetch=args.prefetch)
+    times = loader.stage_times
+
+    def epoch(batches: int | None, clock: StepClock | None) -> int:
+        count = 0
+        for batch in loader:
+            features = batch.x
+            if store is not None:
+                with times.timing("lookup", stream_sync(device)):
+                    features = store.gather(batch.n_id)
+            step_begin = time.perf_counter()
+            step = lambda: train_step(step_model, optimizer, features, batch.blocks, batch.y, batch.batch_size)  # noqa: E731
+            clock.run(step) if clock is not None else step()
+            times.add("compute", time.perf_counter() - step_begin)
+            count += 1
+            if batches is not None and count >= batches:
+                break
+        return count
+
+    model.train()
+    if sampler is not None:
+        sampler.set_epoch(0)
+    epoch(args.warmup, None)                        # compilation and allocator growth, untimed
+    synchronize(device)
+    if world > 1:
+        dist.barrier()
+    if sampler is not None:
+        sampler.set_epoch(1)
+    times.reset()
+    if store is not None:
+        store.bytes.clear()
+    clock = StepClock(device)
+    begin = time.perf_counter()
+    batches = epoch(args.max_batches, clock)
+    synchronize(device)
+    wall = time.perf_counter() - begin
+    busy = clock.seconds()
+    share = len(sampler) if sampler is not None else train_idx.numel()      # this rank's seeds per epoch
+    result = {"rank": local_rank, "epoch_s": wall, "batches": batches, "epoch_seeds": share,
+              "seeds": min(batches * args.batch_size, share),
+              "stages_s": times.totals(), "busy_s": busy, "busy_fraction": busy / wall, "load_s": load_s,
+              "peak_mib": peak_memory_mib(device),
+              "feature_bytes": store.bytes_moved() if store is not None else None}
+    results = [result]
+    if world > 1:
+        results = [None] * world
+        dist.all_gather_object(results, result)
+    if local_rank == 0:
+        write_atomically(Path(out), json.dumps({"ranks": results, "environment": environment(device)}, default=str))
+    if world > 1:
+        dist.destroy_process_group()
+
+
+# --- the run ---------------------------------------------------------------------------
+def summarize(world: int, ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """A world size's epoch: its slowest rank's time, and the throughput of all ranks."""
+    wall = max(r["epoch_s"] for r in ranks)
+    seeds = sum(r["seeds"] for r in ranks)
+    throughput = seeds / wall
+    return {"world_size": world, "epoch_s": wall, "seeds": seeds, "seeds_per_s": throughput,
+            "full_epoch_s": sum(r["epoch_seeds"] for r in ranks) / throughput, "ranks": ranks}
+
+
+def run(args: argparse.Namespace, save) -> dict[str, Any]:
+    results: dict[str, Any] = {"config": {k: v for k, v in vars(args).items() if k != "json"}, "worlds": {}}
+    for world in args.world_sizes:
+        out = Path(args.json).with_suffix(f".world{world}.tmp")
+        begin = time.perf_counter()
+        start_ranks(rank_main, (world, free_port(), args, str(out)), world, torch.device(args.device).type)
+        record = json.loads(out.read_text())
+        out.unlink()
+        results["environment"] = record["environment"]
+        cell = summarize(world, record["ranks"])
+        results["worlds"][str(world)] = cell
+        save(results)
+        log(f"{world} {args.device} rank(s): epoch {cell['epoch_s']:.2f} s over {cell['ranks'][0]['batches']} "
+            f"batches per rank, {cell['seeds_per_s']:,.0f} seeds/s, projected full epoch {cell['full_epoch_s']:.2f} s "
+            f"(launch and run {time.perf_counter() - begin:.0f} s)")
+    one, two = results["worlds"].get("1"), results["worlds"].get("2")
+    if one and two:
+        results["speedup_2_vs_1"] = two["seeds_per_s"] / one["seeds_per_s"]
+        save(results)
+        log(f"speed-up 2 vs 1: x{results['speedup_2_vs_1']:.2f} (target x{TARGET_SPEEDUP_2})")
+    return results
+
+
+def markdown(results: dict[str, Any]) -> str:
+    config, env = results["config"], results.get("environment", {})
+    lines = ["# Data-parallel mini-batch training (GraphSAGE, DDP)", "",
+             f"{config['dataset']}, {len(config['fanout'])} layers hidden {config['hidden']}, fanouts "
+             f"{','.join(map(str, config['fanout']))}, batch {config['batch_size']} per rank, features "
+             f"{config['features']}; {env.get('device_name')}, torch {env.get('torch')}, commit "
+             f"{(env.get('git_commit') or 'unknown')[:12]}{' (dirty)' if env.get('git_dirty') else ''}, "
+             f"{env.get('date')}.", "",
+             "1 rank is plain single-process training; N ranks are gnnfuse.distributed (DistributedSampler "
+             "shares, DDP). Epoch s: the slowest rank's wall time over the batches run; full epoch s: projected "
+             "from seeds/s when --max-batches cut the epoch short. Stage seconds are per rank, summed over its "
+             "batches (sample/reindex/lookup/transfer in the loader's thread, overlapped with compute); busy = "
+             "training-step GPU time / wall.", "",
+             "| ranks | rank | batches | epoch s | full epoch s | seeds/s | busy | peak MiB | "
+             + " | ".join(STAGES) + " | feature MB sent / received |",
+             "|---|---|---|---|---|---|---|---|" + "---|" * len(STAGES) + "---|"]
+    for world, cell in results["worlds"].items():
+        for rank in cell["ranks"]:
+            stages = " | ".join(f"{rank['stages_s'][s]:.2f}" for s in STAGES)
+            moved = rank["feature_bytes"]
+            moved = "–" if moved is None else f"{moved['sent'] / 1e6:.1f} / {moved['received'] / 1e6:.1f}"
+            lines.append(f"| {world} | {rank['rank']} | {rank['batches']} | {rank['epoch_s']:.2f} | "
+                         f"{cell['full_epoch_s']:.2f} | {cell['seeds_per_s']:,.0f} | "
+                         f"{100 * rank['busy_fraction']:.0f}% | {rank['peak_mib']:.0f} | {stages} | {moved} |")
+    if "speedup_2_vs_1" in results:
+        speedup = results["speedup_2_vs_1"]
+        verdict = "met" if speedup >= TARGET_SPEEDUP_2 else "NOT met"
+        lines += ["", f"Speed-up, 2 ranks against 1 (seeds/s): x{speedup:.2f}; target x{TARGET_SPEEDUP_2} {verdict}."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--data-root", help="folder of the real data sets (default: $GNNFUSE_DATA, ../shared/data)")
+    parser.add_argument("--dataset", default="products-like")
+    parser.add_argument("--world-sizes", type=lambda s: [int(k) for k in s.split(",")], default=[1, 2],
+                        help="ranks per run, one run each (default 1,2)")
+    parser.add_argument("--features", choices=("replicated", "partitioned"), default="replicated")
+    parser.add_argument("--fanout", type=lambda s: [int(k) for k in s.split(",")], default=[15, 10, 5])
+    parser.add_argument("--batch-size", type=int, default=1024, help="seeds per batch per rank (default 1024)")
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--dropout", type=float, default=0.5)
+    parser.add_argument("--warmup", type=int, default=3, help="untimed batches first (default 3)")
+    parser.add_argument("--max-batches", type=int, help="stop each rank's timed epoch after this many batches")
+    parser.add_argument("--train-nodes", type=int, help="training seeds per epoch (default: ogbn-products' "
+                        f"{PRODUCTS_TRAIN_NODES:,} for products-like, else the whole split; 0: the whole split)")
+    parser.add_argument("--prefetch", type=int, default=2, help="batches the loader prepares ahead (default 2)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", help="write the results here (default benchmarks/results/distributed_<device>.json, "
+                                       "with a .md beside it)")
+    args = parser.parse_args(argv)
+    device_type = torch.device(args.device).type
+    if device_type == "cuda":
+        check_backend("cuda", max(args.world_sizes))     # before any rank starts: a clear refusal
+    args.json = args.json or str(REPO_ROOT / "benchmarks" / "results" / f"distributed_{device_type}.json")
+    path = Path(args.json)
+
+    def save(results: dict[str, Any]) -> None:
+        write_atomically(path, json.dumps(results, indent=1, default=str) + "\n")
+        write_atomically(path.with_suffix(".md"), markdown(results))
+
+    results = run(args, save)
+    log(f"wrote {path} and {path.with_suffix('.md')}")
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+"""Data-parallel mini-batch training: one run on every rank of the process group.
+
+Each rank samples batches from its own share of the training vertices (torch's
+``DistributedSampler`` over the seed list: one permutation per epoch, seeded by
+``seed + epoch`` and so identical on every rank, cut into disjoint equal shares), runs
+the compiled layers on its blocks, and ``DistributedDataParallel`` averages the
+gradients, so every rank steps the same weights. The sampler *drops* the last
+``len(seeds) % world_size`` seeds of each epoch's permutation (``drop_last=True``)
+rather than padding with repeats: shares stay disjoint (no seed counts twice in an
+epoch), every rank gets the same number of seeds and so the same number of batches
+(DDP needs the same number of steps everywhere, or a rank waits forever in an
+all-reduce), and since the permutation changes each epoch, a different handful of fewer
+than ``world_size`` seeds sits out each epoch.
+
+Features (``config.features``): ``replicated`` -- every rank holds the whole table and
+the loader gathers each batch's rows in its prefetch thread, as on one GPU;
+``partitioned`` -- each rank holds a contiguous 1/world of the rows and a batch's rows
+are fetched from their owners by all-to-all (`PartitionedFeatures`) in the training
+thread, between steps, with the bytes moved logged per rank.
+
+Only rank 0 logs and draws the progress bar; accuracies are summed over ranks
+(`inference`), so all ranks agree on the best epoch and on when to stop.
+"""
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DistributedSampler
+from tqdm import tqdm
+
+from ..bench.timing import synchronize
+from ..loader import STAGES, NeighborLoader
+from ..loader.stages import stream_sync
+from ..nn.block_models import build_block_model
+from ..nn.models import ModelSpec
+from ..progress import progress_bar
+from ..training.config import TrainConfig
+from ..training.data import PreparedData
+from ..training.loop import EarlyStopping, RunResult, _optimizer, peak_memory_mib
+from ..training.minibatch import _fit_placement, stage_split
+from .features import PartitionedFeatures, row_ranges
+from .inference import layerwise_logits, range_block, summed_accuracies
+from .process_group import DistributedError, current
+
+RANK_SEED_STRIDE = 1_000_003     # rank r draws dropout and neighbour samples from seed + r * stride
+
+
+def train_distributed_minibatch_run(config: TrainConfig, spec: ModelSpec, data: PreparedData, seed: int, *,
+                                    label: str = "", log_epochs: bool = True) -> RunResult:
+    """`training.minibatch.train_minibatch_run` on every rank of the joined process
+    group, gradients averaged by DDP; returns the same `RunResult` on every rank."""
+    me = current()
+    device = me.device
+    if device.type != config.device:
+        raise DistributedError(f"the process group's {me.backend} backend drives {device.type}, but the run asks "
+                               f"for device {config.device}")
+    if config.features == "partitioned" and config.dkp:
+        raise DistributedError("dynamic kernel placement calibrates on batches with their features; with "
+                               "--features partitioned use replicated features or drop --dkp")
+    torch.manual_seed(seed)                      # the same initial weights on every rank
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    fanout = list(config.fanout)
+    model = build_block_model(config.model, data.num_features, data.num_classes, config.hidden, config.dropout,
+                              len(fanout)).to(device)
+    # The loader already puts every batch on this rank's device (device_ids=None: DDP
+    # moves no inputs, and a list of blocks is nothing its input mover knows).
+    ddp = DistributedDataParallel(model)
+    optimizer = _optimizer(spec, model, config)
+    torch.manual_seed(seed + RANK_SEED_STRIDE * me.rank)
+    x = data.x.to_dense() if data.x.is_sparse else data.x
+    bounds = row_ranges(data.graph.num_nodes, me.world_size)
+    store = (PartitionedFeatures.from_full(x, me.rank, me.world_size, device)
+             if config.features == "partitioned" else None)
+    train_mask, val_mask, _ = data.masks
+    train_ids = train_mask.nonzero().flatten().cpu()
+    sampler = DistributedSampler(range(train_ids.numel()), num_replicas=me.world_size, rank=me.rank, shuffle=True,
+                                 seed=seed, drop_last=True)
+    loader = NeighborLoader(data.graph, fanout, config.batch_size, input_nodes=train_ids, sampler=sampler,
+                            x=None if store is not None else x, y=data.y, device=device)
+    times = loader.stage_times
+    placement = _fit_placement(model, loader) if config.dkp else None
+    block = range_block(data.graph, bounds[me.rank], bounds[me.rank + 1])
+    owned = slice(bounds[me.rank], bounds[me.rank + 1])
+    # evaluation reads through its own view of the rows, so the bytes logged are training's
+    read_input = (PartitionedFeatures(store.local, bounds, me.rank).gather if store is not None
+                  else (lambda ids: x.index_select(0, ids)))
+    history: dict[str, list[float]] = {key: [] for key in ("loss", "val_loss", "train_acc", "val_acc", "test_acc",
+                                                           "epoch_seconds", *(f"stage_{s}" for s in STAGES))}
+    stopping = EarlyStopping(config.patience)
+    test_at_best, best_state = float("nan"), {}
+    start = time.perf_counter()
+    total = config.epochs * len(loader)
+    progress = progress_bar(total=total, desc=f"train{label}", unit="batch") if me.is_main else tqdm(disable=True)
+    prefix = f"{label.strip() + ' | ' if label else ''}"
+    for epoch in range(1, config.epochs + 1):
+        sampler.set_epoch(epoch)
+        ddp.train()
+        times.reset()
+        epoch_start = time.perf_counter()
+        loss_sum = torch.zeros(2, dtype=torch.float64, device=device)        # loss * seeds, seeds
+        for batch in loader:
+            x_batch = batch.x
+            if store is not None:
+                with times.timing("lookup", stream_sync(device)):
+                    x_batch = store.gather(batch.n_id)
+            step_start = time.perf_counter()
+            optimizer.zero_grad()
+            loss = F.cross_entropy(ddp(x_batch, batch.blocks), batch.y)
+            loss.backward()
+            optimizer.step()
+            loss_sum += torch.stack([loss.detach().double() * batch.batch_size,
+                                     torch.tensor(float(batch.batch_size), dtype=torch.float64, device=device)])
+            synchronize(device)
+            times.add("compute", time.perf_counter() - step_start)
+            progress.update()
+        epoch_seconds = time.perf_counter() - epoch_start
+        stages = times.totals()
+        dist.all_reduce(loss_sum)
+        train_loss = (loss_sum[0] / loss_sum[1].clamp_min(1)).item()
+        ddp.eval()
+        logits = layerwise_logits(model, block, read_input, bounds, me.rank)
+        local_masks = tuple(m[owned] for m in data.masks)
+        (train_acc, val_acc, test_acc), val_loss = summed_accuracies(logits, data.y[owned], local_masks,
+                                                                     val_mask[owned])
+        values = (train_loss, val_loss, train_acc, val_acc, test_acc, epoch_seconds, *stages.values())
+        for key, value in zip(history, values):
+            history[key].append(value)
+        if stopping.step(epoch, val_acc, val_loss):
+            test_at_best = test_acc
+            best_state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+        split = stage_split(stages)
+        progress.set_postfix_str(f"epoch {epoch} loss {train_loss:.4f} val {val_acc:.4f} | {split}")
+        moved = _bytes_per_rank(store, device) if store is not None else ""
+        if log_epochs and me.is_main:
+            rate = times.batches / epoch_seconds if epoch_seconds > 0 else float("inf")
+            tqdm.write(f"{prefix}epoch {epoch:4d} | loss {train_loss:.4f} | train {train_acc:.4f} | val "
+                       f"{val_acc:.4f} | test {test_acc:.4f} | {epoch_seconds * 1e3:7.1f} ms, {rate:.1f} batches/s "
+                       f"per rank ({split}) | peak {peak_memory_mib(device):.0f} MiB{moved}", file=sys.stdout)
+        if stopping.should_stop:
+            break
+    progress.close()
+    if placement is not None and log_epochs and me.is_main:
+        tqdm.write(f"{prefix}rank 0: {placement.describe()}", file=sys.stdout)
+    return RunResult(seed=seed, best_epoch=stopping.best_epoch, best_val_acc=stopping.best_val_acc,
+                     test_acc=test_at_best, epochs_run=len(history["loss"]), seconds=time.perf_counter() - start,
+                     state_dict=best_state, history=history)
+
+
+def _bytes_per_rank(store: PartitionedFeatures, device: torch.device) -> str:
+    """`` | features moved: rank 0 sent 1.2 MB, received 1.3 MB; rank 1 ...`` (a collective:
+    every rank's cumulative training-batch feature traffic, gathered)."""
+    mine = store.bytes_moved()
+    counts = torch.tensor([mine["sent"], mine["received"]], dtype=torch.int64, device=device)
+    every = [torch.empty_like(counts) for _ in range(store.world_size)]
+    dist.all_gather(every, counts)
+    parts = [f"rank {r} sent {int(c[0]) / 1e6:.2f} MB, received {int(c[1]) / 1e6:.2f} MB" for r, c in enumerate(every)]
+    return " | features moved so far: " + "; ".join(parts)

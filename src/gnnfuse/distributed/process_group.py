@@ -1,0 +1,117 @@
+"""The process group a training rank joins, from the environment ``torchrun`` sets.
+
+``torchrun`` (and ``gnnfuse train --gpus/--cpu-ranks``, which sets the same) starts one process
+per rank with ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and
+``MASTER_PORT`` set; `init_process_group` reads them and joins PyTorch's own process
+group: NCCL between GPUs, gloo between CPU processes (CI, laptops). What cannot work is
+refused before any collective starts, with the missing piece named -- a rank that
+waited for peers which will never come would hang instead of failing.
+
+NCCL's environment (``NCCL_NVLS_ENABLE`` among it: the GPU machines keep NVLink
+multicast off) is left exactly as the launcher set it.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from ..training.config import ConfigError
+
+LAUNCH_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+class DistributedError(ConfigError):
+    """Multi-process training that cannot start as asked (missing GPUs, no NCCL, not
+    launched by torchrun); a `ConfigError`, so ``gnnfuse train`` reports it as a usage
+    error before training."""
+
+
+@dataclass(frozen=True)
+class Rank:
+    """Where this process stands: its rank among ``world_size``, its rank on this
+    machine (``local_rank``, the GPU it drives), its device and the backend."""
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    backend: str | None
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the one that logs, draws the progress bar and writes files."""
+        return self.rank == 0
+
+
+def launched_by_torchrun() -> bool:
+    """True in a process ``torchrun`` started (it sets ``WORLD_SIZE`` for every rank)."""
+    return "WORLD_SIZE" in os.environ
+
+
+def backend_for(device_type: str) -> str:
+    return "nccl" if device_type == "cuda" else "gloo"
+
+
+def check_backend(device_type: str, processes_per_machine: int) -> None:
+    """Raise `DistributedError` unless ``processes_per_machine`` ranks can each drive one
+    device of ``device_type`` through its backend (one GPU per rank for NCCL)."""
+    if not dist.is_available():
+        raise DistributedError(f"torch {torch.__version__} was built without torch.distributed")
+    if device_type != "cuda":
+        if not dist.is_gloo_available():
+            raise DistributedError(f"CPU ranks need the gloo backend, which torch {torch.__version__} lacks")
+        return
+    if not torch.cuda.is_available():
+        raise DistributedError(f"{processes_per_machine} GPU rank(s) asked for, but torch {torch.__version__} sees "
+                               "no GPU (CUDA not available); use --cpu-ranks N for CPU ranks (gloo)")
+    visible = torch.cuda.device_count()
+    if visible < processes_per_machine:
+        shown = os.environ.get("CUDA_VISIBLE_DEVICES")
+        raise DistributedError(f"{processes_per_machine} GPU ranks per machine asked for, but only {visible} GPU(s) "
+                               f"are visible{'' if shown is None else f' (CUDA_VISIBLE_DEVICES={shown})'}: "
+                               "one rank drives one GPU")
+    if not dist.is_nccl_available():
+        raise DistributedError(f"GPU ranks communicate through NCCL, which torch {torch.__version__} was built "
+                               "without")
+
+
+def init_process_group(device_type: str) -> Rank:
+    """Join the process group of a ``torchrun``-launched rank (idempotent): the NCCL
+    backend on ``cuda`` with this rank's GPU made current, gloo on ``cpu``. Ranks other
+    than 0 stop writing to stdout (rank-0-only logging; errors still reach stderr)."""
+    missing = [name for name in LAUNCH_ENV if name not in os.environ]
+    if missing:
+        raise DistributedError(f"multi-process training needs {', '.join(missing)} in the environment; launch it "
+                               "with torchrun --nproc-per-node N -m gnnfuse train ..., or gnnfuse train --gpus N "
+                               "(--cpu-ranks N on CPU)")
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ["LOCAL_RANK"])
+    check_backend(device_type, int(os.environ.get("LOCAL_WORLD_SIZE", world_size)))
+    device = torch.device("cpu")
+    if device_type == "cuda":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        # device_id binds NCCL's communicator to this rank's GPU (barriers then need no guess)
+        dist.init_process_group(backend_for(device_type), rank=rank, world_size=world_size,
+                                device_id=device if device_type == "cuda" else None)
+    if rank != 0:
+        sys.stdout = open(os.devnull, "w")       # noqa: SIM115 (held for the process's life)
+    return current()
+
+
+def current() -> Rank:
+    """This process's `Rank`: from the joined process group, or rank 0 of 1 when none."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return Rank(0, 1, 0, torch.device("cpu"), None)
+    backend = dist.get_backend()
+    device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+    return Rank(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", 0)), device, backend)
+
+
+def world_size() -> int:
+    """Ranks in the joined process group (1 without one)."""
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1

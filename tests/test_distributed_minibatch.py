@@ -1,0 +1,201 @@
+"""Data-parallel mini-batch training on 2 CPU processes (gloo), against 1 process.
+
+One 2-rank job (`distributed_worker.run_rank`, forked by `start_ranks`: the children
+start with this process's imports, and tests run torch on one thread, so there is no
+OpenMP team to inherit) records what every test here checks. The launch path itself
+(``gnnfuse train --cpu-ranks 2``) runs once, end to end.
+"""
+from __future__ import annotations
+
+import json
+import re
+import statistics
+from pathlib import Path
+
+import pytest
+import torch
+
+import distributed_worker as worker
+from gnnfuse.cli import main
+from gnnfuse.distributed import DistributedError, init_process_group, launch_or_join
+from gnnfuse.distributed import dispatch, process_group
+from gnnfuse.distributed.launch import free_port, start_ranks
+from gnnfuse.distributed.fullgraph import train_full_graph_run
+from gnnfuse.distributed.minibatch import train_distributed_minibatch_run
+from gnnfuse.loader import STAGES, NeighborLoader
+from gnnfuse.nn.models import get_model
+from gnnfuse.training import load_checkpoint, make_config, prepare_data
+from gnnfuse.training.minibatch import train_minibatch_run
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory) -> list[dict]:
+    """Each rank's recorded results of one 2-process gloo job."""
+    out = tmp_path_factory.mktemp("ranks")
+    start_ranks(worker.run_rank, (free_port(), str(out)), worker.WORLD, "cpu")
+    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(worker.WORLD)]
+
+
+def test_sampler_shares_are_disjoint_equal_and_reshuffled_every_epoch(ranks):
+    seeds = set(worker.SAMPLER_SEEDS.tolist())
+    assert ranks[0]["sampler"]["len"] == ranks[1]["sampler"]["len"] == 3      # 11 seeds in batches of 4
+    orders = []
+    for epoch in range(2):
+        shares = [[s for batch in r["sampler"]["epochs"][epoch] for s in batch] for r in ranks]
+        assert [len(b) for b in ranks[0]["sampler"]["epochs"][epoch]] == [4, 4, 3]
+        assert len(shares[0]) == len(shares[1]) == 11                    # equal steps on every rank
+        assert not set(shares[0]) & set(shares[1])                       # disjoint
+        assert len(seeds - set(shares[0]) - set(shares[1])) == 1         # all but 23 % 2 seeds covered
+        orders.append(shares)
+    assert orders[0] != orders[1]                                        # a new shuffle per epoch
+
+
+def test_partitioned_fetch_equals_the_replicated_gather_and_counts_its_bytes(ranks):
+    for rank, result in enumerate(ranks):
+        table = result["features"]["table"]
+        for ids, rows in zip(worker.FEATURE_IDS[rank], result["features"]["rows"]):
+            assert torch.equal(rows, table[torch.tensor(ids, dtype=torch.int64)])
+    # By hand: rank 0 owns rows 0..4, rank 1 rows 5..10; rows are 3 float32 = 12 bytes.
+    # Rank 0 asks [10, 0, 7, 3, 4] (10 and 7 from rank 1), then [2] (its own); rank 1
+    # asks [1, 9, 5, 6] (1 from rank 0), then nothing. Each gather also swaps one count.
+    counts = 2 * 8
+    assert ranks[0]["features"]["bytes"] == {
+        "sent": counts + 2 * 8 + 1 * 12, "received": counts + 1 * 8 + 2 * 12,
+        "sent_counts": counts, "sent_ids": 2 * 8, "sent_rows": 1 * 12,
+        "received_counts": counts, "received_ids": 1 * 8, "received_rows": 2 * 12}
+    assert ranks[1]["features"]["bytes"] == {
+        "sent": counts + 1 * 8 + 2 * 12, "received": counts + 2 * 8 + 1 * 12,
+        "sent_counts": counts, "sent_ids": 1 * 8, "sent_rows": 2 * 12,
+        "received_counts": counts, "received_ids": 2 * 8, "received_rows": 1 * 12}
+
+
+def test_ddp_gradients_are_the_average_of_each_ranks_own(ranks):
+    own = ranks[0]["grads"]["per_rank"]
+    assert not torch.allclose(own[0], own[1])                # the ranks' batches differ
+    for result in ranks:
+        torch.testing.assert_close(result["grads"]["ddp"], (own[0] + own[1]) / 2, rtol=1e-12, atol=1e-14)
+
+
+def test_layerwise_inference_across_ranks_equals_the_whole_graph_forward(ranks):
+    for result in ranks:
+        inference = result["inference"]
+        torch.testing.assert_close(inference["replicated"], inference["full"], rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(inference["partitioned"], inference["full"], rtol=1e-12, atol=1e-12)
+        (accuracies, val_loss), (expected, expected_loss) = inference["summed"], inference["whole"]
+        assert accuracies == pytest.approx(expected, rel=1e-6)       # training.accuracy counts in float32
+        assert val_loss == pytest.approx(expected_loss, rel=1e-12)
+
+
+def test_partitioned_features_train_exactly_as_replicated_ones(ranks):
+    for result in ranks:
+        partitioned, replicated = result["training"]["partitioned"], result["training"]["replicated"]
+        for key in ("loss", "val_loss", "train_acc", "val_acc", "test_acc"):
+            assert partitioned["history"][key] == replicated["history"][key][:3], key
+
+
+def test_two_processes_train_like_one_by_loss_curve_statistics(ranks):
+    """2 ranks x 25 seeds per batch against 1 process x 50 (the same effective batch and
+    steps per epoch), on the same data and split.
+
+    Sampled batches and dropout differ, so curves are compared by statistics: the final
+    loss (mean training loss over the last 4 of 12 epochs) of the 2-process run must lie
+    within 4 standard deviations (at least 0.05) of the final losses of 1-process runs
+    from seeds 0..2 -- their spread measures what seed noise alone does -- and both must
+    have fallen by at least 0.2 from the first epoch. Every rank reports the same curve
+    (the loss is summed over ranks), and training ran the same epochs on each."""
+    two = ranks[0]["training"]["replicated"]["history"]
+    for key in ("loss", "val_loss", "train_acc", "val_acc", "test_acc"):      # not the per-rank timings
+        assert ranks[1]["training"]["replicated"]["history"][key] == two[key], key
+    spec = get_model("sage")
+    config = worker.training_config(50)
+    data = prepare_data(config, spec)
+    final = lambda losses: statistics.fmean(losses[-4:])       # noqa: E731
+    one = [train_minibatch_run(config, spec, data, seed, log_epochs=False).history["loss"] for seed in range(3)]
+    finals = [final(losses) for losses in one]
+    tolerance = max(4 * statistics.stdev(finals), 0.05)
+    assert abs(final(two["loss"]) - statistics.fmean(finals)) <= tolerance, (final(two["loss"]), finals)
+    for losses in one + [two["loss"]]:
+        assert len(losses) == worker.TRAIN_EPOCHS and losses[0] - final(losses) >= 0.2, losses
+
+
+def test_cpu_ranks_train_end_to_end_from_the_command_line(tmp_path, capfd):
+    path = tmp_path / "ddp.pt"
+    status = main(["train", "--cpu-ranks", "2", "--model", "sage", "--fanout", "3,3", "--batch-size", "25",
+                   "--epochs", "2", "--hidden", "8", "--save", str(path)])
+    out = capfd.readouterr().out
+    assert status == 0
+    assert out.count("data-parallel over 2 ranks (gloo), features replicated") == 1     # rank 0 only
+    assert out.count("epoch    2 |") == 1 and out.count("saved best-val weights") == 1
+    model, checkpoint = load_checkpoint(path)
+    assert len(checkpoint["runs"]) == 1 and tuple(checkpoint["config"]["fanout"]) == (3, 3)
+
+
+def test_the_distributed_benchmark_runs_1_and_2_cpu_ranks_in_one_invocation(import_script, tmp_path):
+    bench = import_script(Path(__file__).resolve().parent.parent / "benchmarks", "bench_distributed")
+    path = tmp_path / "distributed_cpu.json"
+    bench.main(["--device", "cpu", "--dataset", "synthetic", "--fanout", "3,3", "--batch-size", "16", "--hidden", "8",
+                "--max-batches", "2", "--warmup", "1", "--features", "partitioned", "--json", str(path)])
+    results = json.loads(path.read_text())
+    assert set(results["worlds"]) == {"1", "2"} and results["speedup_2_vs_1"] > 0
+    for world, cell in results["worlds"].items():
+        assert [r["rank"] for r in cell["ranks"]] == list(range(int(world)))
+        for rank in cell["ranks"]:
+            assert rank["batches"] == 2 and set(rank["stages_s"]) == set(STAGES) and rank["stages_s"]["compute"] > 0
+            assert (rank["feature_bytes"] is None) == (world == "1")
+            assert world == "1" or rank["feature_bytes"]["received_rows"] > 0
+    table = path.with_suffix(".md").read_text()
+    assert "| 2 | 1 | 2 |" in table and "Speed-up, 2 ranks against 1" in table
+
+
+def test_several_ranks_run_data_parallel_mini_batches_with_a_fanout_else_the_partitioned_full_graph(monkeypatch):
+    config = worker.training_config(25)
+    assert dispatch.train_run_function(config) is None                  # one process: the plain loops
+    monkeypatch.setattr(dispatch, "world_size", lambda: 2)
+    assert dispatch.train_run_function(config) is train_distributed_minibatch_run
+    full_graph = make_config("gcn", "synthetic")
+    assert dispatch.train_run_function(full_graph) is train_full_graph_run
+
+
+# --- refusals ----------------------------------------------------------------------------
+def test_gpu_ranks_without_gpus_or_nccl_are_refused_naming_what_is_missing(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(DistributedError, match="sees no GPU"):
+        launch_or_join(2, None, "cpu", main, [])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    with pytest.raises(DistributedError, match=r"2 GPU ranks per machine asked for, but only 1 GPU\(s\) are "
+                                               r"visible \(CUDA_VISIBLE_DEVICES=3\)"):
+        launch_or_join(2, None, "cpu", main, [])
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(process_group.dist, "is_nccl_available", lambda: False)
+    with pytest.raises(DistributedError, match="through NCCL, which torch .* was built without"):
+        launch_or_join(2, None, "cpu", main, [])
+
+
+def test_a_rank_without_torchrun_environment_names_the_missing_variables(monkeypatch):
+    for name in process_group.LAUNCH_ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(DistributedError, match="needs WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT"):
+        init_process_group("cpu")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--gpus", "2", "--cpu-ranks", "2"], "give one"),
+    (["--cpu-ranks", "0"], "--cpu-ranks must be >= 1"),
+    (["--cpu-ranks", "2", "--device", "cuda"], "for GPU ranks use --gpus N"),
+    (["--gpus", "2"], "sees no GPU|NCCL|visible"),
+    (["--features", "partitioned"], "partitioned features .* need a fanout"),
+])
+def test_bad_launch_options_are_usage_errors(argv, message, capsys, monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--epochs", "1", *argv])
+    assert exit_info.value.code == 2
+    assert re.search(message, capsys.readouterr().err)
+
+
+def test_a_loader_sampler_excludes_shuffle():
+    with pytest.raises(ValueError, match="sampler is mutually exclusive with shuffle"):
+        NeighborLoader(worker.random_graph(5, 8, 0), [2], shuffle=True, sampler=range(5))
