@@ -8,6 +8,7 @@ OpenMP team to inherit) records what every test here checks. The launch path its
 from __future__ import annotations
 
 import json
+import os
 import re
 import statistics
 from pathlib import Path
@@ -199,3 +200,17 @@ def test_bad_launch_options_are_usage_errors(argv, message, capsys, monkeypatch)
 def test_a_loader_sampler_excludes_shuffle():
     with pytest.raises(ValueError, match="sampler is mutually exclusive with shuffle"):
         NeighborLoader(worker.random_graph(5, 8, 0), [2], shuffle=True, sampler=range(5))
+
+
+def _fails_on_rank_1(argv: list[str]) -> int:
+    if os.environ["RANK"] == "1":
+        raise RuntimeError("rank 1 broke")
+    return 0
+
+
+def test_a_failing_rank_ends_the_launch_with_status_1_naming_it(capsys):
+    """A rank that raises stops the launch with a one-line error naming it (the launcher
+    once caught an exception class torch does not have, and crashed instead)."""
+    from gnnfuse.distributed.launch import run_ranks
+    assert run_ranks(2, "cpu", _fails_on_rank_1, []) == 1
+    assert "rank 1 of 2 failed" in capsys.readouterr().err

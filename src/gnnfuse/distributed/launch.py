@@ -78,7 +78,7 @@ def run_ranks(ranks: int, device_type: str, entry: Callable[[list[str]], int], a
     module docstring); the exit status: 0, or 1 when a rank failed (its error printed)."""
     try:
         start_ranks(_rank_main, (ranks, free_port(), entry, list(argv)), ranks, device_type)
-    except mp.ProcessException as error:
+    except (mp.ProcessRaisedException, mp.ProcessExitedException) as error:
         print(f"gnnfuse: rank {error.error_index} of {ranks} failed: {error}", file=sys.stderr)
         return 1
     return 0
@@ -87,7 +87,8 @@ def run_ranks(ranks: int, device_type: str, entry: Callable[[list[str]], int], a
 def start_ranks(function: Callable[..., None], args: tuple, ranks: int, device_type: str) -> None:
     """``function(local_rank, *args)`` in ``ranks`` processes: spawned for CUDA, forked
     for the CPU (call it before any parallel torch work; see the module docstring).
-    Raises torch.multiprocessing's `ProcessException` when a rank fails."""
+    Raises torch.multiprocessing's `ProcessRaisedException` or `ProcessExitedException`
+    when a rank fails."""
     start_method = "spawn" if device_type == "cuda" else "fork"
     if start_method == "fork":
         import torch._dynamo  # noqa: F401  (imported once here, not once per rank)
