@@ -141,12 +141,13 @@ class _CudaGraph:
     """torch.cuda.graph behind the two calls `StepCapture` makes, so its bookkeeping can
     be exercised without a GPU by a stand-in with the same interface."""
 
-    def __init__(self) -> None:
-        self.graph = torch.cuda.CUDAGraph()
+    def __init__(self, cuda: Any = torch.cuda) -> None:
+        self.cuda = cuda          # torch.cuda, or a stand-in for its graph and generator calls
+        self.graph = cuda.CUDAGraph()
 
     def capture(self, fn: Callable[[], Any]) -> Any:
-        torch.cuda.synchronize()
-        with torch.cuda.graph(self.graph):
+        self.cuda.synchronize()
+        with self.cuda.graph(self.graph):
             return fn()
 
     def replay(self) -> None:
@@ -156,7 +157,7 @@ class _CudaGraph:
         """Bytes of the segments in the graph's private memory pool: the temporaries its
         replays reuse, which the allocator's peak statistics never see again."""
         pool = self.graph.pool()
-        return sum(seg["total_size"] for seg in torch.cuda.memory_snapshot()
+        return sum(seg["total_size"] for seg in self.cuda.memory_snapshot()
                    if tuple(seg.get("segment_pool_id", ())) == tuple(pool))
 
 
