@@ -27,7 +27,8 @@ the same memory. `StepCapture` makes that safe rather than assumed:
   registers, so each replay advances the philox offset and draws new masks.
 
 A failed capture also falls back to eager, after dropping the gradients it may have
-left pointing at unwritten memory. Everything else (the CPU, ``mode="off"``) runs the
+left pointing at unwritten memory and with the CUDA generator as it was before the
+capture (`_CudaGraph.capture`). Everything else (the CPU, ``mode="off"``) runs the
 step as it is, with the same numbers.
 """
 from __future__ import annotations
@@ -137,6 +138,10 @@ def _same_value(given: Any, static: Any) -> bool:
         return False
 
 
+def _first_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:200]}"
+
+
 class _CudaGraph:
     """torch.cuda.graph behind the two calls `StepCapture` makes, so its bookkeeping can
     be exercised without a GPU by a stand-in with the same interface."""
@@ -146,9 +151,29 @@ class _CudaGraph:
         self.graph = cuda.CUDAGraph()
 
     def capture(self, fn: Callable[[], Any]) -> Any:
+        """Record ``fn`` with the device's default generator on a copy of its state.
+
+        Why the copy: ``torch.cuda.graph`` registers the default generator's state with
+        the graph and puts it in capture mode (``capture_prologue``); only a successful
+        ``capture_end`` takes it out again (``capture_epilogue`` runs after
+        ``cudaStreamEndCapture`` has succeeded, aten/src/ATen/cuda/CUDAGraph.cpp, torch
+        2.11). A failed capture left it in capture mode for good, and the next eager
+        dropout raised "Offset increment outside graph capture encountered
+        unexpectedly". Capturing on a clone (``graphsafe_set_state``) and putting the
+        untouched original back on failure leaves eager code drawing exactly where it
+        was. On success the clone stays installed: it holds the same seed and offset,
+        and the replays advance the state eager draws read, so eager steps after
+        replays never repeat their masks."""
         self.cuda.synchronize()
-        with self.cuda.graph(self.graph):
-            return fn()
+        generator = self.cuda.default_generators[self.cuda.current_device()]
+        outside = generator.graphsafe_get_state()
+        generator.graphsafe_set_state(outside.clone_state())
+        try:
+            with self.cuda.graph(self.graph):
+                return fn()
+        except BaseException:
+            generator.graphsafe_set_state(outside)
+            raise
 
     def replay(self) -> None:
         self.graph.replay()
@@ -277,7 +302,8 @@ class StepCapture:
         except Exception as exc:  # noqa: BLE001 - any capture failure means: run eagerly
             self._drop_gradients()
             self.static_inputs = []
-            self._fall_back(f"capture failed ({type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]})")
+            self._fall_back(f"capture failed ({_first_line(exc)}"
+                            + (f"; raised first in the step: {_first_line(exc.__context__)})" if exc.__context__ else ")"))
             return
         self._graph = graph
         self._watched = [(name, p, p.data_ptr()) for name, p in self._parameters()]
