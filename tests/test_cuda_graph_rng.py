@@ -20,7 +20,7 @@ import warnings
 
 import pytest
 
-from gnnfuse.runtime.cuda_graph import CaptureFallbackWarning, StepCapture, _CudaGraph
+from gnnfuse.runtime.cuda_graph import CaptureFallbackWarning, GeneratorStuckError, StepCapture, _CudaGraph
 
 DRAW = 4   # philox offset one dropout call advances (torch rounds increments to multiples of 4)
 
@@ -65,9 +65,9 @@ class _Graph:
     def __init__(self, cuda: "_FakeCuda"):
         self.cuda, self.state, self.increment = cuda, None, None
 
-    def replay(self) -> None:   # replay_prologue: the whole graph's draws advance the state
+    def replay(self) -> None:   # replay_prologue: the graph's draws advance the state it registered
         assert self.increment is not None, "replay without a successful capture"
-        self.cuda.default_generators[0].graphsafe_get_state().increase(self.increment)
+        _Generator(self.cuda, self.state).increase(self.increment)
 
 
 class _Capturing:
@@ -145,6 +145,27 @@ def test_eager_dropout_after_a_failed_capture_draws_on():
     assert cuda.offset == 4 * DRAW
 
 
+def test_graphs_captured_before_and_after_a_failed_capture_share_one_random_stream():
+    """Every graph registers the one default generator state, so replays of any graph
+    and eager draws advance one offset and never repeat each other's masks. A graph
+    captured before the failure keeps replaying (it reads the same state, which a
+    failure must not leave in capture mode), and one captured after it must register
+    that same state, not a copy drawing the same offsets again."""
+    cuda = _FakeCuda()
+    before = _capture(cuda, fail_in_capture=False)
+    before(), before()                  # two eager draws (warm-up, audit), one recorded
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CaptureFallbackWarning)
+        failed = _capture(cuda, fail_in_capture=True)
+        failed(), failed()              # two eager draws, then the failed capture
+    after = _capture(cuda, fail_in_capture=False)
+    after(), after()                    # two eager draws, one recorded
+    assert before.captured and after.captured and cuda.offset == 6 * DRAW
+    before(), after(), before()         # three replays, one draw each
+    cuda.dropout()
+    assert cuda.offset == 10 * DRAW
+
+
 def test_a_later_capture_succeeds_and_its_replays_continue_the_eager_stream():
     cuda = _FakeCuda()
     with warnings.catch_warnings():
@@ -158,3 +179,22 @@ def test_a_later_capture_succeeds_and_its_replays_continue_the_eager_stream():
     assert cuda.offset == 6 * DRAW
     cuda.dropout()                      # eager code after the replays draws after them, never the same masks
     assert cuda.offset == 7 * DRAW
+
+
+def test_a_generator_that_cannot_be_reset_is_an_error_not_a_fallback():
+    """If even an empty capture fails, eager random ops would fail later with torch's
+    puzzling message: say so at the capture instead of falling back."""
+    class Broken(_FakeCuda):
+        def graph(self, graph: _Graph) -> _Capturing:
+            if graph is not self.first:
+                raise RuntimeError("CUDA error: an illegal memory access was encountered")
+            return super().graph(graph)
+
+        def CUDAGraph(self) -> _Graph:  # noqa: N802
+            graph = super().CUDAGraph()
+            self.first = getattr(self, "first", graph)
+            return graph
+    cuda = Broken()
+    with pytest.raises(GeneratorStuckError, match="left torch's CUDA generator in capture mode"):
+        capture = _capture(cuda, fail_in_capture=True)
+        capture(), capture()

@@ -27,8 +27,8 @@ the same memory. `StepCapture` makes that safe rather than assumed:
   registers, so each replay advances the philox offset and draws new masks.
 
 A failed capture also falls back to eager, after dropping the gradients it may have
-left pointing at unwritten memory and with the CUDA generator as it was before the
-capture (`_CudaGraph.capture`). Everything else (the CPU, ``mode="off"``) runs the
+left pointing at unwritten memory and with the CUDA generator taken out of capture
+mode (`_CudaGraph._release_generator`). Everything else (the CPU, ``mode="off"``) runs the
 step as it is, with the same numbers.
 """
 from __future__ import annotations
@@ -138,6 +138,10 @@ def _same_value(given: Any, static: Any) -> bool:
         return False
 
 
+class GeneratorStuckError(RuntimeError):
+    """A failed capture left the CUDA generator unusable; not something to fall back from."""
+
+
 def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:200]}"
 
@@ -151,29 +155,38 @@ class _CudaGraph:
         self.graph = cuda.CUDAGraph()
 
     def capture(self, fn: Callable[[], Any]) -> Any:
-        """Record ``fn`` with the device's default generator on a copy of its state.
-
-        Why the copy: ``torch.cuda.graph`` registers the default generator's state with
-        the graph and puts it in capture mode (``capture_prologue``); only a successful
-        ``capture_end`` takes it out again (``capture_epilogue`` runs after
-        ``cudaStreamEndCapture`` has succeeded, aten/src/ATen/cuda/CUDAGraph.cpp, torch
-        2.11). A failed capture left it in capture mode for good, and the next eager
-        dropout raised "Offset increment outside graph capture encountered
-        unexpectedly". Capturing on a clone (``graphsafe_set_state``) and putting the
-        untouched original back on failure leaves eager code drawing exactly where it
-        was. On success the clone stays installed: it holds the same seed and offset,
-        and the replays advance the state eager draws read, so eager steps after
-        replays never repeat their masks."""
         self.cuda.synchronize()
-        generator = self.cuda.default_generators[self.cuda.current_device()]
-        outside = generator.graphsafe_get_state()
-        generator.graphsafe_set_state(outside.clone_state())
         try:
             with self.cuda.graph(self.graph):
                 return fn()
         except BaseException:
-            generator.graphsafe_set_state(outside)
+            self._release_generator()
             raise
+
+    def _release_generator(self) -> None:
+        """Take the default CUDA generator's state out of capture mode after a failed
+        capture, by capturing an empty graph on it.
+
+        ``torch.cuda.graph`` registers the default generator's state with the graph and
+        puts it in capture mode (``capture_prologue``); only a successful ``capture_end``
+        takes it out (``capture_epilogue`` runs after ``cudaStreamEndCapture`` succeeds,
+        aten/src/ATen/cuda/CUDAGraph.cpp, torch 2.11). A failed capture left it in
+        capture mode for good: the next eager dropout raised "Offset increment outside
+        graph capture encountered unexpectedly", and so would every replay of a graph
+        captured earlier. An empty capture runs the prologue and the epilogue on that
+        same state, which leaves its seed and offset as they were. Swapping in a copy
+        of the state for the capture instead would spare the original, but a graph
+        captured on the copy and graphs captured before would then draw the same
+        offsets from two states and repeat each other's dropout masks."""
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")      # torch warns that the graph is empty
+                with self.cuda.graph(self.cuda.CUDAGraph()):
+                    pass
+        except Exception as exc:  # noqa: BLE001 - re-raised as the reason nothing random works
+            raise GeneratorStuckError(
+                "a failed CUDA graph capture left torch's CUDA generator in capture mode and an empty capture "
+                f"could not reset it ({_first_line(exc)}); random ops on this device will fail") from exc
 
     def replay(self) -> None:
         self.graph.replay()
@@ -299,7 +312,9 @@ class StepCapture:
         graph = self._graph_factory()
         try:
             self._static_outputs = graph.capture(lambda: self.step_fn(*self.static_inputs))
-        except Exception as exc:  # noqa: BLE001 - any capture failure means: run eagerly
+        except GeneratorStuckError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any other capture failure means: run eagerly
             self._drop_gradients()
             self.static_inputs = []
             self._fall_back(f"capture failed ({_first_line(exc)}"
