@@ -108,10 +108,11 @@ class _Emitter:
 
     def row_sum(self, v: Value, coords: tuple[str, ...]) -> str:
         """A per-edge feature sum at ``coords``, [BLOCK_E, lanes]: its whole row tile is
-        evaluated on lanes of its own and reduced in registers (as an edge unit's closing
-        sum, see `generate_edge`), then each lane picks its kept element -- the score of
-        its head -- with ``tl.gather``. partition only puts sums that fit a tile
-        (`row_sum_split`) in a body."""
+        evaluated on lanes of its own and reduced in registers to [BLOCK_E, heads] (``kept``
+        rounded up to a power of two; as an edge unit's closing sum, see
+        `generate_edge`); `head_columns` then gives each lane
+        its kept element -- the score of its head. partition only puts sums that fit a
+        tile (`row_sum_split`) in a body."""
         split = row_sum_split(v)
         key = ("tile", v.id, self.zero)
         if key not in self.memo:
@@ -127,12 +128,37 @@ class _Emitter:
             if padded != summed:
                 tile = self.tmp(f"tl.where(({lanes} % {padded} < {summed})[None, :], {tile}, 0.0)")
             self.zero, self.lanes = outer
-            self.memo[key] = self.tmp(f"tl.sum(tl.reshape({tile}, [BLOCK_E, {kept}, {padded}]), axis=2)")
+            self.memo[key] = self.tmp(f"tl.sum(tl.reshape({tile}, [BLOCK_E, {split.heads}, {padded}]), axis=2)")
         if split.kept == 1:
             return self.memo[key]
-        index = self.offset(v.shape, coords)
-        return self.tmp(f"tl.gather({self.memo[key]}, tl.broadcast_to({index}[None, :], [BLOCK_E, {self.lanes}]), "
-                        "axis=1)")
+        return self.head_columns(self.memo[key], split, self.offset(v.shape, coords))
+
+    def head_columns(self, scores: str, split: RowSum, head: str) -> str:
+        """``scores[e, head[j]]`` for every lane j, [BLOCK_E, lanes], from the reduced
+        [BLOCK_E, split.heads] tile: each of the ``split.kept`` heads' columns is cut out
+        by a masked sum over the tile's rows, and lanes pick theirs with a chain of
+        ``tl.where`` (rows past ``kept``, padding to a power of two, are never picked).
+
+        Why not ``tl.gather`` (as first written): Triton 3.6 on an H100 gives a gather a
+        warp-local layout of its own in TritonGPUOptimizeThreadLocality, which asserted
+        for 2 heads x 3 channels and took over 40 s to compile at 4 x 32. Nor a
+        reshape of a [BLOCK_E, kept, 1] broadcast to the lanes: the lanes are the
+        kernel's feature block, an arbitrary window of the flat output (BLOCK_F may
+        cover part of a head, and channel counts such as 3 are not powers of two), so
+        their head is a computed index, not a dimension of the tile. The masked sums
+        and selects use only 2-D elementwise ops and row reductions, the forms every
+        kernel here already compiles, on tensors no larger than [BLOCK_E, lanes]; the
+        sum keeps a non-finite score in its own head (the mask zeroes the others, it
+        does not multiply them). The cost, ``kept`` selects per lane (attention layers
+        have a handful of heads; ``row_sum_split`` bounds the tile at 128 elements), is
+        register work in kernels bound by memory."""
+        heads = self.tmp(f"tl.arange(0, {split.heads})")
+        column = [self.tmp(f"tl.sum(tl.where(({heads} == {h})[None, :], {scores}, 0.0), axis=1)[:, None]")
+                  for h in range(split.kept)]
+        out = column[0]
+        for h in range(1, split.kept):
+            out = self.tmp(f"tl.where(({head} == {h})[None, :], {column[h]}, {out})")
+        return out
 
     def load(self, v: Value, coords: tuple[str, ...], kind: str) -> str:
         if kind == "const":
@@ -250,10 +276,10 @@ def generate_edge(unit: EdgeUnit, name: str, acc_dtype: str, tuned: bool = False
         tile = em.value(root.inputs[0], coords)
         lanes = "" if padded == summed else f"\n    tile = tl.where((f % {padded} < {summed})[None, :], tile, 0.0)"
         tail = (f"    tile = {tile} + tl.zeros([BLOCK_E, BLOCK_F], ACC){lanes}\n"
-                f"    val = tl.sum(tl.reshape(tile, [BLOCK_E, {kept}, {padded}]), axis=2)\n"
-                f"    fo = tl.arange(0, {kept})\n"
+                f"    val = tl.sum(tl.reshape(tile, [BLOCK_E, {split.heads}, {padded}]), axis=2)\n"
+                f"    fo = tl.arange(0, {split.heads})\n"
                 f"    tl.store(out + e[:, None] * {kept} + fo[None, :], val.to(out.dtype.element_ty),\n"
-                f"             mask=emask[:, None])")
+                f"             mask=emask[:, None]{'' if split.heads == kept else f' & (fo < {kept})[None, :]'})")
         source = _edge_parallel_source(name, unit.describe(), acc_dtype, em, split.tile, "", tail, tuned,
                                        reset=False, block_e=(16, 64))   # whole rows: fewer edges per tile
         return source, em.leaf_args
