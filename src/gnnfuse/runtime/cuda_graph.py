@@ -317,8 +317,8 @@ class StepCapture:
         except Exception as exc:  # noqa: BLE001 - any other capture failure means: run eagerly
             self._drop_gradients()
             self.static_inputs = []
-            self._fall_back(f"capture failed ({_first_line(exc)}"
-                            + (f"; raised first in the step: {_first_line(exc.__context__)})" if exc.__context__ else ")"))
+            first = f"; raised first in the step: {_first_line(exc.__context__)}" if exc.__context__ else ""
+            self._fall_back(f"capture failed ({_first_line(exc)}{first})")
             return
         self._graph = graph
         self._watched = [(name, p, p.data_ptr()) for name, p in self._parameters()]
