@@ -111,3 +111,35 @@ def test_tiled_attention_matches_pyg_with_every_gradient(layer, heads, channels,
     written = [f"{plan.phase}: {t.value.op}{list(t.value.shape)}" for plan in (program.forward, program.backward)
                for t in plan.edge_tensors if not t.exempt]
     assert written == []
+
+
+def test_autotuned_blocks_keep_score_tiles_within_registers():
+    """On a GPU the autotuner's edge blocks for a kernel that recomputes a 128-lane score
+    tile (GATv2, 4 heads x 32) are cut so [BLOCK_E, tile] stays within
+    TILE_VALUES_PER_THREAD values per thread; a [256, 128] tile spilled and took 20 s to
+    compile in Triton 3.6. Checked on the sources the GPU gets (tuned=True)."""
+    import re
+    from gnnfuse import nn as gnn
+    from gnnfuse.backend.triton.codegen import TILE_VALUES_PER_THREAD
+    from gnnfuse.backend.triton.executor import _GENERATORS
+    from gnnfuse.passes.fusion import AggregateUnit, SharedReduceUnit, partition
+    layer = gnn.GATv2Conv(F_IN, 32, heads=4)
+    x = torch.randn(N, F_IN, requires_grad=True)
+    [program] = gnnfuse.explain(lambda xs: layer(xs, torch.stack([SRC, DST])), x).programs
+    compiled = program.call.compiled
+    units = [u for p in (compiled.program, compiled.backward_for(program.call.wrt).program)
+             for u in partition(p, tile_feature_sums=True) if isinstance(u, (AggregateUnit, SharedReduceUnit))]
+    checked = 0
+    for unit in units:
+        schedules = ["shared"] if isinstance(unit, SharedReduceUnit) else ["csr", "coo"]
+        for schedule in schedules:
+            if schedule == "coo" and unit.reduce.attrs["op"] not in ("sum", "mean"):
+                continue
+            name, generator = _GENERATORS[schedule]
+            source, _ = generator(unit, name, "tl.float32", tuned=True)
+            if "tl.arange(0, 128)" not in source:
+                continue
+            checked += 1
+            for block_e, warps in re.findall(r"'BLOCK_E': (\d+).*?num_warps=(\d+)", source):
+                assert int(block_e) * 128 <= TILE_VALUES_PER_THREAD * 32 * int(warps), (schedule, block_e, warps)
+    assert checked >= 3     # the max, sum and weighted-sum passes at least

@@ -52,6 +52,7 @@ class _Emitter:
         # the feature lanes values are evaluated on: the kernel's [BLOCK_F] block, or a
         # row tile's lanes while a feature sum in the body is evaluated (`row_sum`)
         self.zero, self.lanes = "fzero", "BLOCK_F"
+        self.tile_lanes = 0   # the widest row tile a feature sum in the body evaluates (`row_sum`)
 
     def tmp(self, expr: str) -> str:
         if expr not in self.names:
@@ -117,6 +118,7 @@ class _Emitter:
         key = ("tile", v.id, self.zero)
         if key not in self.memo:
             kept, summed, padded = split
+            self.tile_lanes = max(self.tile_lanes, split.tile)
             outer = self.zero, self.lanes
             lanes = self.tmp(f"tl.arange(0, {split.tile})")
             self.zero, self.lanes = self.tmp(f"{lanes} * 0"), str(split.tile)
@@ -232,6 +234,23 @@ def _decorator(tuned: bool, space: dict[str, tuple[int, ...]], key: str, reset: 
     return f"@triton.autotune(configs=[{configs}], key=['{key}']{extra})\n@triton.jit"
 
 
+# Values of a body's row tiles one thread may hold: the autotuner's edge blocks are cut
+# to what keeps [BLOCK_E, tile] within it (`_fit_tiles`).
+TILE_VALUES_PER_THREAD = 64
+
+
+def _fit_tiles(block_e: tuple[int, ...], em: _Emitter, warps: int) -> tuple[int, ...]:
+    """The edge blocks of ``block_e`` at which the row tiles of ``em``'s body (tiled
+    attention scores, `_Emitter.row_sum`) fit `TILE_VALUES_PER_THREAD` values per
+    thread; at least the smallest. A [256, 128] score tile over 128 threads (256 values
+    each) spilled registers and took 20 s of Triton 3.6's compile for one config; the
+    tile is a second [BLOCK_E, 128] live beside the feature block."""
+    if not em.tile_lanes:
+        return block_e
+    fitting = tuple(b for b in block_e if b * em.tile_lanes <= TILE_VALUES_PER_THREAD * 32 * warps)
+    return fitting or (min(block_e),)
+
+
 def _edge_parallel_source(name: str, comment: str, acc_dtype: str, em: _Emitter, width: int, params: str,
                           tail: str, tuned: bool, reset: bool, block_e: tuple[int, ...] = (64, 256)) -> str:
     """A kernel with one program per block of edges (in edge-id order) and features:
@@ -243,7 +262,7 @@ def _edge_parallel_source(name: str, comment: str, acc_dtype: str, em: _Emitter,
 import triton.language as tl
 
 
-{_decorator(tuned, {"BLOCK_E": block_e}, "size_class", reset)}
+{_decorator(tuned, {"BLOCK_E": _fit_tiles(block_e, em, 4)}, "size_class", reset)}
 def {name}(src, dst, num_edges, size_class, out, {params}{leaf_params}BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
     # {comment}
     ACC: tl.constexpr = {acc_dtype}
@@ -330,7 +349,8 @@ def generate(unit: AggregateUnit, name: str, acc_dtype: str, tuned: bool = False
 import triton.language as tl
 
 
-{_decorator(tuned, {"BLOCK_E": (16, 64), "ROWS": (1, 4)}, "size_class", op in ("sum", "mean"), warps=(1,))}
+{_decorator(tuned, {"BLOCK_E": _fit_tiles((16, 64), em, 1), "ROWS": (1, 4)}, "size_class", op in ("sum", "mean"),
+            warps=(1,))}
 def {name}(rowptr, col, eid, seg_row, seg_start, seg_end, seg_split, num_segments, size_class, out, {leaf_params}BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr, ROWS: tl.constexpr):
     # {unit.describe()}
     # Each program reduces ROWS consecutive segments (feature-adaptive grouping, Seastar
@@ -427,7 +447,7 @@ def generate_shared_reduce(unit: SharedReduceUnit, name: str, acc_dtype: str,
 import triton.language as tl
 
 
-{_decorator(tuned, {"BLOCK_E": SHARED_REDUCE_BLOCK_E}, "size_class", reset=False)}
+{_decorator(tuned, {"BLOCK_E": _fit_tiles(SHARED_REDUCE_BLOCK_E, em, 4)}, "size_class", reset=False)}
 def {name}(src, dst, num_edges, size_class, out, {leaf_params}BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
     # {unit.describe()}
     ACC: tl.constexpr = {acc_dtype}
