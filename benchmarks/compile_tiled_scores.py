@@ -128,8 +128,9 @@ def main(argv: list[str] | None = None) -> int:
                 error = None if done.returncode == 0 else " / ".join(
                     [line for line in done.stderr.splitlines() if "error" in line.lower()][:2]
                     or done.stderr.strip().splitlines()[-1:])
-            except subprocess.TimeoutExpired:
-                lines, error = [], f"still compiling after {args.limit:g} s"
+            except subprocess.TimeoutExpired as exc:     # the configurations compiled before it still count
+                lines = (exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or "").splitlines()
+                error = f"still compiling after {args.limit:g} s"
             for line in lines:
                 print(f"{label} {line}", flush=True)
             if error is not None:
