@@ -119,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as name:
         kernels = collect(args.layers.split(","), args.shapes.split(","), Path(name))
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        env["TRITON_CACHE_DIR"] = str(Path(name) / "triton-cache")     # compile for real: times, not cache hits
         for kernel in kernels:
             label = f"{kernel['case']}: {kernel['name']} (BLOCK_F {kernel['block_f']})"
             try:
