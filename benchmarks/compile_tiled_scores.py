@@ -112,14 +112,14 @@ def main(argv: list[str] | None = None) -> int:
     if os.environ.get("TRITON_INTERPRET") != "1":
         print("run with TRITON_INTERPRET=1: the kernels are collected under the interpreter", flush=True)
         return 2
+    compiling = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}   # the children's environment
     version = subprocess.run([args.python, "-c", "import triton; print(triton.__version__)"],
-                             capture_output=True, text=True).stdout.strip()
+                             capture_output=True, text=True, env=compiling).stdout.strip()
     print(f"compiling for cuda sm_90 with triton {version or '(not importable)'} ({args.python})", flush=True)
     failures: dict[str, list[str]] = {}
     with tempfile.TemporaryDirectory() as name:
         kernels = collect(args.layers.split(","), args.shapes.split(","), Path(name))
-        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-        env["TRITON_CACHE_DIR"] = str(Path(name) / "triton-cache")     # compile for real: times, not cache hits
+        env = {**compiling, "TRITON_CACHE_DIR": str(Path(name) / "triton-cache")}   # compile for real, no cache hits
         for kernel in kernels:
             label = f"{kernel['case']}: {kernel['name']} (BLOCK_F {kernel['block_f']})"
             try:
