@@ -16,12 +16,22 @@
    step, host ms to issue one step, and the issue's targets (>= 1.5x PyG compiled on
    arxiv-sized, >= 1.2x on pubmed-sized).
 
+0. **A failed capture leaves the process usable** (runs first, in a fresh process, where
+   the H100 run met the bug): a dropout GCN step that reads ``loss.item()`` only while
+   it is captured (the audited eager call before does not, so the audit passes and the
+   capture fails), then eager dropout steps through the same `StepCapture`, then a new
+   `StepCapture` of the plain step that must capture and replay fresh masks. Before the
+   fix the first eager step raised "Offset increment outside graph capture". One
+   summary line ``failed-capture recovery: ... PASS|FAIL``; ``--recovery-only`` runs
+   just this check.
+
 Every cell is guarded (an error or time-out becomes its status); results are rewritten
 after every cell to ``<out>/cuda_graph.json`` and ``<out>/cuda_graph.md``. Cells not
 started within ``--budget`` seconds are marked skipped. Exit status 1 when a
 correctness check fails.
 
     PYTHONPATH=src python benchmarks/check_cuda_graph.py --out benchmarks/results
+    PYTHONPATH=src python benchmarks/check_cuda_graph.py --recovery-only
 """
 from __future__ import annotations
 
@@ -30,6 +40,7 @@ import json
 import sys
 import time
 import traceback
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
@@ -41,7 +52,7 @@ from gnnfuse import nn as gnn_nn
 from gnnfuse.bench import (REL_ERR_LIMIT, build_model, graph_input, guarded, instantiate, load_data, max_rel_err,
                            measure, reference_state)
 from gnnfuse.graph import Graph
-from gnnfuse.runtime.cuda_graph import StepCapture
+from gnnfuse.runtime.cuda_graph import CaptureFallbackWarning, StepCapture
 
 MODELS = ("gcn", "gat", "sage")
 TARGETS = {"arxiv-like": 1.5, "pubmed": 1.2}    # gnnfuse speedup over PyG compiled, issue #13
@@ -118,6 +129,58 @@ def equivalence(model: str, p: float, problem: dict[str, Any], steps: int) -> di
     return cell
 
 
+def failed_capture_recovery(problem: dict[str, Any], eager_steps: int = 3) -> dict[str, Any]:
+    """Check 0 of the module docstring: the capture of a step that synchronises only while
+    captured fails; the eager dropout steps after it and a second capture must work."""
+    torch.manual_seed(0)
+    net = Net("gcn", problem["x"].shape[1], problem["classes"], 0.5).to(problem["x"].device)
+    opt = torch.optim.Adam(net.parameters(), lr=0.01, capturable=net_device_is_cuda(problem))
+    idx, y = problem["train_idx"], problem["y"][problem["train_idx"]]
+
+    def train_step() -> torch.Tensor:
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(net(problem["x"], problem["graph"])[idx], y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    def syncing_when_captured() -> torch.Tensor:
+        loss = train_step()
+        if problem["x"].is_cuda and torch.cuda.is_current_stream_capturing():
+            loss.item()          # a host read the audited eager call did not make
+        return loss
+
+    first = StepCapture(syncing_when_captured, optimizers=[opt], modules=[net], mode="on", name="syncing step")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(first.warmup):
+            first()
+    cell: dict[str, Any] = {"status": "ok", "first_capture": first.status,
+                            "fallback_warnings": sum(issubclass(w.category, CaptureFallbackWarning) for w in caught)}
+    try:                         # eager dropout steps through the fallen-back StepCapture
+        eager = [first().item() for _ in range(eager_steps)]
+        cell["eager_after_failure"] = f"ok ({eager_steps} steps, losses {[round(v, 4) for v in eager]})"
+    except RuntimeError as exc:
+        cell["eager_after_failure"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+    second = StepCapture(train_step, optimizers=[opt], modules=[net], mode="on", name="plain step")
+    losses = [second() for _ in range(second.warmup + 3)]
+    replays = losses[second.warmup:]
+    cell["second_capture"] = second.status
+    cell["replays_differ"] = all(not torch.equal(a, b) for a, b in zip(replays, replays[1:]))
+    after = F.dropout(torch.ones(1000, device=problem["x"].device), 0.5, True)   # eager draw after replays
+    cell["eager_draw_after_replays"] = bool(0 < (after == 0).sum().item() < 1000)
+    cell["passed"] = (not first.captured and cell["eager_after_failure"].startswith("ok") and second.captured
+                      and cell["replays_differ"] and cell["eager_draw_after_replays"])
+    return cell
+
+
+def recovery_summary(cell: dict[str, Any]) -> str:
+    return (f"failed-capture recovery: first capture [{cell.get('first_capture', cell['status'])}], eager dropout "
+            f"after it [{cell.get('eager_after_failure')}], second capture [{cell.get('second_capture')}], replays "
+            f"differ {cell.get('replays_differ')}, eager draw after replays {cell.get('eager_draw_after_replays')} "
+            f"-> {'PASS' if cell['passed'] else 'FAIL'}")
+
+
 def fresh_masks(kind: str, problem: dict[str, Any]) -> dict[str, Any]:
     """Consecutive replays of a captured forward with dropout must draw new masks."""
     x, graph = problem["x"], problem["graph"]
@@ -186,6 +249,8 @@ def render(results: dict[str, Any]) -> str:
         lines.append(f"| {model} | {p} | {cell['capture']} | {cell['max_loss_rel_err']:.1e} | "
                      f"{cell['max_weight_rel_err']:.1e} | {cell.get('same_random_stream', '–')} | "
                      f"{'yes' if cell['passed'] else '**no**'} |")
+    if "recovery" in results:
+        lines += ["", "## A failed capture leaves the process usable", "", recovery_summary(results["recovery"])]
     lines += ["", "## Replays draw fresh dropout masks", "", "| dropout | capture | replays differ | zero share | passed |",
               "|---|---|---|---|---|"]
     for kind, cell in results["fresh_masks"].items():
@@ -241,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=float, default=170, help="seconds after which no timing cell starts")
     parser.add_argument("--cell-limit", type=float, default=60, help="seconds per timing cell")
     parser.add_argument("--root", help="data folder (default: $GNNFUSE_DATA, then ../shared/data)")
+    parser.add_argument("--recovery-only", action="store_true", help="run only check 0 (a failed capture)")
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
                         help="cpu: a dry run of the script itself (nothing is captured, so the checks fail)")
     args = parser.parse_args(argv)
@@ -260,6 +326,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{time.perf_counter() - begin:6.1f} s] {message}", flush=True)
 
     problem = random_problem(device)
+    recovery = guarded(lambda: failed_capture_recovery(problem), device, 120)   # first: a fresh process
+    recovery.setdefault("passed", False)
+    results["recovery"] = recovery
+    print(recovery_summary(recovery), flush=True)
+    save(results, args.out)
+    if args.recovery_only:
+        return 0 if recovery["passed"] else 1
     for model in MODELS:
         for p in (0.0, 0.5):
             cell = guarded(lambda: equivalence(model, p, problem, args.train_steps), device, 120)
@@ -309,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
         save(results, args.out)
     save(results, args.out)
     print(render(results), flush=True)
-    checks = [*results["equivalence"].values(), *results["fresh_masks"].values(),
+    checks = [results["recovery"], *results["equivalence"].values(), *results["fresh_masks"].values(),
               *results["forward_checks"].values()]
     failed = [c for c in checks if not c["passed"]]
     log(f"wrote {args.out / 'cuda_graph.md'}; {len(checks) - len(failed)}/{len(checks)} correctness checks passed")

@@ -65,8 +65,9 @@ def tiled_scores() -> bool:
     """Whether per-edge feature sums (attention scores) are recomputed inside every kernel
     that reads them, as a register tile (``passes.fusion.partition``'s
     ``tile_feature_sums``), instead of written once as an [E, heads] tensor. Opt-in with
-    ``GNNFUSE_TILED_SCORES=1``: the tile's per-lane head lookup (``tl.gather``) fails to
-    compile in Triton 3.6 on an H100 for some tile shapes (an assertion in
-    TritonGPUOptimizeThreadLocality, heads x channels = 2 x 3 among them), so it is not
-    the default until it runs there."""
+    ``GNNFUSE_TILED_SCORES=1``: its first form looked each lane's head up with
+    ``tl.gather``, which Triton 3.6 failed to compile on an H100 (an assertion in
+    TritonGPUOptimizeThreadLocality at 2 heads x 3 channels, a 40 s compile at 4 x 32).
+    The lookup is now masked sums and selects (``codegen._Emitter.head_columns``); it
+    stays opt-in until ``benchmarks/check_tiled_scores.py`` has passed on a GPU."""
     return os.environ.get("GNNFUSE_TILED_SCORES", "0") == "1"

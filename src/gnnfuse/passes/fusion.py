@@ -137,21 +137,27 @@ def feature_sum_terms(v: Value) -> int | None:
 
 
 class RowSum(NamedTuple):
-    """A per-edge sum over trailing feature dims, evaluated as a [edges, kept, padded]
-    tile whose lanes past ``summed`` are masked (see `row_sum_split`)."""
+    """A per-edge sum over trailing feature dims, evaluated as a [edges, heads, padded]
+    tile whose lanes past ``summed`` are masked and whose rows past ``kept`` are never
+    read (see `row_sum_split`)."""
     kept: int
     summed: int
     padded: int      # next power of two >= summed
 
     @property
+    def heads(self) -> int:
+        """``kept`` rounded up to a power of two: Triton's tensor dims must be one."""
+        return 1 << max(self.kept - 1, 0).bit_length()
+
+    @property
     def tile(self) -> int:
         """Elements per edge in the tile (an edge unit's BLOCK_F, in one feature block)."""
-        return self.kept * self.padded
+        return self.heads * self.padded
 
 
 def row_sum_split(root: Value) -> RowSum | None:
-    """The tile for ``root`` when it sums the trailing feature dims of its input, ``kept``
-    is a power of two and the padded tile is at most 128 elements, else None. Such a sum
+    """The tile for ``root`` when it sums the trailing feature dims of its input and the
+    padded tile is at most 128 elements, else None. Such a sum
     (attention scores ``(h * a).sum(-1)`` per head, a GAT attention gradient) is evaluated
     as one coalesced [edges, kept, summed] tile reduced in registers; unrolled, it loaded
     every term separately at a stride of ``summed`` elements."""
@@ -170,7 +176,7 @@ def row_sum_split(root: Value) -> RowSum | None:
     kept = math.prod(root.shape)
     summed = math.prod(in_shape) // max(kept, 1)
     split = RowSum(kept, summed, 1 << max(summed - 1, 0).bit_length())
-    return split if kept > 0 and kept & (kept - 1) == 0 and split.tile <= 128 else None
+    return split if kept > 0 and split.tile <= 128 else None
 
 
 def summed_operand(v: Value) -> Value | None:

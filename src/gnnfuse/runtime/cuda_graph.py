@@ -27,7 +27,8 @@ the same memory. `StepCapture` makes that safe rather than assumed:
   registers, so each replay advances the philox offset and draws new masks.
 
 A failed capture also falls back to eager, after dropping the gradients it may have
-left pointing at unwritten memory. Everything else (the CPU, ``mode="off"``) runs the
+left pointing at unwritten memory and with the CUDA generator taken out of capture
+mode (`_CudaGraph._release_generator`). Everything else (the CPU, ``mode="off"``) runs the
 step as it is, with the same numbers.
 """
 from __future__ import annotations
@@ -137,17 +138,55 @@ def _same_value(given: Any, static: Any) -> bool:
         return False
 
 
+class GeneratorStuckError(RuntimeError):
+    """A failed capture left the CUDA generator unusable; not something to fall back from."""
+
+
+def _first_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:200]}"
+
+
 class _CudaGraph:
     """torch.cuda.graph behind the two calls `StepCapture` makes, so its bookkeeping can
     be exercised without a GPU by a stand-in with the same interface."""
 
-    def __init__(self) -> None:
-        self.graph = torch.cuda.CUDAGraph()
+    def __init__(self, cuda: Any = torch.cuda) -> None:
+        self.cuda = cuda          # torch.cuda, or a stand-in for its graph and generator calls
+        self.graph = cuda.CUDAGraph()
 
     def capture(self, fn: Callable[[], Any]) -> Any:
-        torch.cuda.synchronize()
-        with torch.cuda.graph(self.graph):
-            return fn()
+        self.cuda.synchronize()
+        try:
+            with self.cuda.graph(self.graph):
+                return fn()
+        except BaseException:
+            self._release_generator()
+            raise
+
+    def _release_generator(self) -> None:
+        """Take the default CUDA generator's state out of capture mode after a failed
+        capture, by capturing an empty graph on it.
+
+        ``torch.cuda.graph`` registers the default generator's state with the graph and
+        puts it in capture mode (``capture_prologue``); only a successful ``capture_end``
+        takes it out (``capture_epilogue`` runs after ``cudaStreamEndCapture`` succeeds,
+        aten/src/ATen/cuda/CUDAGraph.cpp, torch 2.11). A failed capture left it in
+        capture mode for good: the next eager dropout raised "Offset increment outside
+        graph capture encountered unexpectedly", and so would every replay of a graph
+        captured earlier. An empty capture runs the prologue and the epilogue on that
+        same state, which leaves its seed and offset as they were. Swapping in a copy
+        of the state for the capture instead would spare the original, but a graph
+        captured on the copy and graphs captured before would then draw the same
+        offsets from two states and repeat each other's dropout masks."""
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")      # torch warns that the graph is empty
+                with self.cuda.graph(self.cuda.CUDAGraph()):
+                    pass
+        except Exception as exc:  # noqa: BLE001 - re-raised as the reason nothing random works
+            raise GeneratorStuckError(
+                "a failed CUDA graph capture left torch's CUDA generator in capture mode and an empty capture "
+                f"could not reset it ({_first_line(exc)}); random ops on this device will fail") from exc
 
     def replay(self) -> None:
         self.graph.replay()
@@ -156,7 +195,7 @@ class _CudaGraph:
         """Bytes of the segments in the graph's private memory pool: the temporaries its
         replays reuse, which the allocator's peak statistics never see again."""
         pool = self.graph.pool()
-        return sum(seg["total_size"] for seg in torch.cuda.memory_snapshot()
+        return sum(seg["total_size"] for seg in self.cuda.memory_snapshot()
                    if tuple(seg.get("segment_pool_id", ())) == tuple(pool))
 
 
@@ -273,10 +312,13 @@ class StepCapture:
         graph = self._graph_factory()
         try:
             self._static_outputs = graph.capture(lambda: self.step_fn(*self.static_inputs))
-        except Exception as exc:  # noqa: BLE001 - any capture failure means: run eagerly
+        except GeneratorStuckError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any other capture failure means: run eagerly
             self._drop_gradients()
             self.static_inputs = []
-            self._fall_back(f"capture failed ({type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]})")
+            first = f"; raised first in the step: {_first_line(exc.__context__)}" if exc.__context__ else ""
+            self._fall_back(f"capture failed ({_first_line(exc)}{first})")
             return
         self._graph = graph
         self._watched = [(name, p, p.data_ptr()) for name, p in self._parameters()]

@@ -55,6 +55,7 @@ class _Emitter:
         # expressions with one value per program (see `head_block`): loads at them are one
         # per gathered row, and arithmetic on them runs once per edge, not per feature lane
         self.uniform: set[str] = set()
+        self.tile_lanes = 0   # the widest row tile a feature sum in the body evaluates (`row_sum`)
 
     def tmp(self, expr: str) -> str:
         if expr not in self.names:
@@ -135,14 +136,16 @@ class _Emitter:
 
     def row_sum(self, v: Value, coords: tuple[str, ...]) -> str:
         """A per-edge feature sum at ``coords``, [BLOCK_E, lanes]: its whole row tile is
-        evaluated on lanes of its own and reduced in registers (as an edge unit's closing
-        sum, see `generate_edge`), then each lane picks its kept element -- the score of
-        its head -- with ``tl.gather``. partition only puts sums that fit a tile
-        (`row_sum_split`) in a body."""
+        evaluated on lanes of its own and reduced in registers to [BLOCK_E, heads] (``kept``
+        rounded up to a power of two; as an edge unit's closing sum, see
+        `generate_edge`); `head_columns` then gives each lane
+        its kept element -- the score of its head. partition only puts sums that fit a
+        tile (`row_sum_split`) in a body."""
         split = row_sum_split(v)
         key = ("tile", v.id, self.zero)
         if key not in self.memo:
             kept, summed, padded = split
+            self.tile_lanes = max(self.tile_lanes, split.tile)
             outer = self.zero, self.lanes
             lanes = self.tmp(f"tl.arange(0, {split.tile})")
             self.zero, self.lanes = self.tmp(f"{lanes} * 0"), str(split.tile)
@@ -154,14 +157,39 @@ class _Emitter:
             if padded != summed:
                 tile = self.tmp(f"tl.where(({lanes} % {padded} < {summed})[None, :], {tile}, 0.0)")
             self.zero, self.lanes = outer
-            self.memo[key] = self.tmp(f"tl.sum(tl.reshape({tile}, [BLOCK_E, {kept}, {padded}]), axis=2)")
+            self.memo[key] = self.tmp(f"tl.sum(tl.reshape({tile}, [BLOCK_E, {split.heads}, {padded}]), axis=2)")
         if split.kept == 1:
             return self.memo[key]
-        index = self.offset(v.shape, coords)
-        if index in self.uniform:      # one head on every lane: still a lane vector for the gather
-            index = self.tmp(f"{index} + {self.zero}")
-        return self.tmp(f"tl.gather({self.memo[key]}, tl.broadcast_to({index}[None, :], [BLOCK_E, {self.lanes}]), "
-                        "axis=1)")
+        return self.head_columns(self.memo[key], split, self.offset(v.shape, coords))
+
+    def head_columns(self, scores: str, split: RowSum, head: str) -> str:
+        """``scores[e, head[j]]`` for every lane j, [BLOCK_E, lanes], from the reduced
+        [BLOCK_E, split.heads] tile: each of the ``split.kept`` heads' columns is cut out
+        by a masked sum over the tile's rows, and lanes pick theirs with a chain of
+        ``tl.where`` (rows past ``kept``, padding to a power of two, are never picked).
+
+        Why not ``tl.gather`` (as first written): Triton 3.6 on an H100 gives a gather a
+        warp-local layout of its own in TritonGPUOptimizeThreadLocality, which asserted
+        for 2 heads x 3 channels and took over 40 s to compile at 4 x 32. Nor a
+        reshape of a [BLOCK_E, kept, 1] broadcast to the lanes: the lanes are the
+        kernel's feature block, an arbitrary window of the flat output (BLOCK_F may
+        cover part of a head, and channel counts such as 3 are not powers of two), so
+        their head is a computed index, not a dimension of the tile. The masked sums
+        and selects use only 2-D elementwise ops and row reductions, the forms every
+        kernel here already compiles, on tensors no larger than [BLOCK_E, lanes]; the
+        sum keeps a non-finite score in its own head (the mask zeroes the others, it
+        does not multiply them). The cost, ``kept`` selects per lane (attention layers
+        have a handful of heads; ``row_sum_split`` bounds the tile at 128 elements), is
+        register work in kernels bound by memory."""
+        heads = self.tmp(f"tl.arange(0, {split.heads})")
+        column = [self.tmp(f"tl.sum(tl.where(({heads} == {h})[None, :], {scores}, 0.0), axis=1)[:, None]")
+                  for h in range(split.kept)]
+        # a head uniform over the program (`head_block`) is one scalar test per column
+        lane = "" if head in self.uniform else "[None, :]"
+        out = column[0]
+        for h in range(1, split.kept):
+            out = self.tmp(f"tl.where(({head} == {h}){lane}, {column[h]}, {out})")
+        return out
 
     def load(self, v: Value, coords: tuple[str, ...], kind: str) -> str:
         if kind == "const":
@@ -261,6 +289,23 @@ def _decorator(tuned: bool, space: dict[str, tuple[int, ...]], key: str, reset: 
     return f"@triton.autotune(configs=[{configs}], key=['{key}']{extra})\n@triton.jit"
 
 
+# Values of a body's row tiles one thread may hold: the autotuner's edge blocks are cut
+# to what keeps [BLOCK_E, tile] within it (`_fit_tiles`).
+TILE_VALUES_PER_THREAD = 64
+
+
+def _fit_tiles(block_e: tuple[int, ...], em: _Emitter, warps: int) -> tuple[int, ...]:
+    """The edge blocks of ``block_e`` at which the row tiles of ``em``'s body (tiled
+    attention scores, `_Emitter.row_sum`) fit `TILE_VALUES_PER_THREAD` values per
+    thread; at least the smallest. A [256, 128] score tile over 128 threads (256 values
+    each) spilled registers and took 20 s of Triton 3.6's compile for one config; the
+    tile is a second [BLOCK_E, 128] live beside the feature block."""
+    if not em.tile_lanes:
+        return block_e
+    fitting = tuple(b for b in block_e if b * em.tile_lanes <= TILE_VALUES_PER_THREAD * 32 * warps)
+    return fitting or (min(block_e),)
+
+
 def _edge_parallel_source(name: str, comment: str, acc_dtype: str, em: _Emitter, width: int, params: str,
                           tail: str, tuned: bool, reset: bool, block_e: tuple[int, ...] = (64, 256)) -> str:
     """A kernel with one program per block of edges (in edge-id order) and features:
@@ -272,7 +317,7 @@ def _edge_parallel_source(name: str, comment: str, acc_dtype: str, em: _Emitter,
 import triton.language as tl
 
 
-{_decorator(tuned, {"BLOCK_E": block_e}, "size_class", reset)}
+{_decorator(tuned, {"BLOCK_E": _fit_tiles(block_e, em, 4)}, "size_class", reset)}
 def {name}(src, dst, num_edges, size_class, out, {params}{leaf_params}BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
     # {comment}
     ACC: tl.constexpr = {acc_dtype}
@@ -305,10 +350,10 @@ def generate_edge(unit: EdgeUnit, name: str, acc_dtype: str, tuned: bool = False
         tile = em.value(root.inputs[0], coords)
         lanes = "" if padded == summed else f"\n    tile = tl.where((f % {padded} < {summed})[None, :], tile, 0.0)"
         tail = (f"    tile = {tile} + tl.zeros([BLOCK_E, BLOCK_F], ACC){lanes}\n"
-                f"    val = tl.sum(tl.reshape(tile, [BLOCK_E, {kept}, {padded}]), axis=2)\n"
-                f"    fo = tl.arange(0, {kept})\n"
+                f"    val = tl.sum(tl.reshape(tile, [BLOCK_E, {split.heads}, {padded}]), axis=2)\n"
+                f"    fo = tl.arange(0, {split.heads})\n"
                 f"    tl.store(out + e[:, None] * {kept} + fo[None, :], val.to(out.dtype.element_ty),\n"
-                f"             mask=emask[:, None])")
+                f"             mask=emask[:, None]{'' if split.heads == kept else f' & (fo < {kept})[None, :]'})")
         source = _edge_parallel_source(name, unit.describe(), acc_dtype, em, split.tile, "", tail, tuned,
                                        reset=False, block_e=(16, 64))   # whole rows: fewer edges per tile
         return source, em.leaf_args
@@ -358,7 +403,8 @@ def generate(unit: AggregateUnit, name: str, acc_dtype: str, tuned: bool = False
 import triton.language as tl
 
 
-{_decorator(tuned, {"BLOCK_E": (16, 64), "ROWS": (1, 4)}, "size_class", op in ("sum", "mean"), warps=(1,))}
+{_decorator(tuned, {"BLOCK_E": _fit_tiles((16, 64), em, 1), "ROWS": (1, 4)}, "size_class", op in ("sum", "mean"),
+            warps=(1,))}
 def {name}(rowptr, col, eid, seg_row, seg_start, seg_end, seg_split, num_segments, size_class, out, {leaf_params}BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr, ROWS: tl.constexpr):
     # {unit.describe()}
     # Each program reduces ROWS consecutive segments (feature-adaptive grouping, Seastar
@@ -453,7 +499,7 @@ def generate_shared_reduce(unit: SharedReduceUnit, name: str, acc_dtype: str,
 import triton.language as tl
 
 
-{_decorator(tuned, {"BLOCK_E": SHARED_REDUCE_BLOCK_E}, "size_class", reset=False)}
+{_decorator(tuned, {"BLOCK_E": _fit_tiles(SHARED_REDUCE_BLOCK_E, em, 4)}, "size_class", reset=False)}
 def {name}(src, dst, num_edges, size_class, out, {leaf_params}BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
     # {unit.describe()}
     ACC: tl.constexpr = {acc_dtype}
