@@ -54,7 +54,7 @@ from gnnfuse.nn.block_models import build_block_model
 from gnnfuse.training.loop import peak_memory_mib
 
 from bench_minibatch import PRODUCTS_TRAIN_NODES, StepClock, train_step, training_seeds
-from common import REPO_ROOT, environment, log, write_atomically
+from common import REPO_ROOT, environment, log, results_saver, write_atomically
 
 TARGET_SPEEDUP_2 = 1.8        # issue #17: 2 GPUs against 1 on the same machine
 
@@ -236,11 +236,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args.json = args.json or str(REPO_ROOT / "benchmarks" / "results" / f"distributed_{device_type}.json")
     path = Path(args.json)
 
-    def save(results: dict[str, Any]) -> None:
-        write_atomically(path, json.dumps(results, indent=1, default=str) + "\n")
-        write_atomically(path.with_suffix(".md"), markdown(results))
-
-    results = run(args, save)
+    results = run(args, results_saver(path, markdown))
     log(f"wrote {path} and {path.with_suffix('.md')}")
     return results
 

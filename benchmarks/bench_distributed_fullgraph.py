@@ -53,7 +53,7 @@ from gnnfuse.distributed.partition import partition_graph, partition_stats
 from gnnfuse.graph import Graph
 from gnnfuse.nn.models import TwoLayerGNN, build_model
 
-from common import REPO_ROOT, environment, log, resolve_device, warn, write_atomically
+from common import REPO_ROOT, environment, log, resolve_device, results_saver, warn
 
 HEADS, HIDDEN, DROPOUT, LR = 8, 8, 0.6, 0.005
 SMOKE = {"nodes": 300, "edges": 2000, "features": 8, "classes": 5, "device": "cpu", "steps": 1, "warmup": 1}
@@ -358,11 +358,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_arguments(argv)
     path = Path(args.json) if args.json else REPO_ROOT / "benchmarks" / "results" / "distributed_fullgraph.json"
 
-    def save(results: dict[str, Any]) -> None:
-        write_atomically(path, json.dumps(results, indent=1, default=str) + "\n")
-        write_atomically(path.with_suffix(".md"), markdown(results))
-
-    results = run(args, save)
+    results = run(args, results_saver(path, markdown))
     log(f"wrote {path} and {path.with_suffix('.md')}")
     return results
 

@@ -14,7 +14,7 @@ import platform
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -138,6 +138,16 @@ def write_atomically(path: Path, text: str) -> None:
 
 def save_json(path: Path, results: dict[str, Any]) -> None:
     write_atomically(path, json.dumps(results, indent=1, sort_keys=True) + "\n")
+
+
+def results_saver(path: Path, markdown: Callable[[dict[str, Any]], str]) -> Callable[[dict[str, Any]], None]:
+    """A function writing a run's results to ``path`` (JSON) and its Markdown table beside
+    it (``.md``), both atomically: called after every cell, so a run cut off by a time
+    limit keeps what it measured."""
+    def save(results: dict[str, Any]) -> None:
+        write_atomically(path, json.dumps(results, indent=1, default=str) + "\n")
+        write_atomically(path.with_suffix(".md"), markdown(results))
+    return save
 
 
 def device_names(results: dict[str, Any], entries: list[dict[str, Any]]) -> list[str]:

@@ -51,7 +51,7 @@ from ..nn.reference import dropout as sparse_dropout
 from ..progress import progress_bar
 from ..training.config import TrainConfig
 from ..training.data import PreparedData
-from ..training.loop import EarlyStopping, RunResult, _optimizer, peak_memory_mib
+from ..training.loop import BestEpoch, EarlyStopping, RunResult, _optimizer, peak_memory_mib
 from .halo import HaloExchange
 from .partition import Partition, contiguous_owners, greedy_owners, partition_graph
 
@@ -273,7 +273,7 @@ def train_full_graph_run(config: TrainConfig, spec: ModelSpec, data: PreparedDat
 
     history: dict[str, list[float]] = {key: [] for key in ("loss", "val_loss", "train_acc", "val_acc", "test_acc")}
     stopping = EarlyStopping(config.patience)
-    test_at_best, best_state = float("nan"), {}
+    best = BestEpoch(history, stopping)
     start = time.perf_counter()
     epochs = range(1, config.epochs + 1)
     progress = progress_bar(epochs, desc=f"train{label}", unit="epoch") if rank == 0 else tqdm(epochs, disable=True)
@@ -291,11 +291,7 @@ def train_full_graph_run(config: TrainConfig, spec: ModelSpec, data: PreparedDat
         model.eval()
         with torch.no_grad():
             loss, val_loss, train_acc, val_acc, test_acc = stats.reduce(loss_sum, net(shard.x))
-        for key, value in zip(history, (loss, val_loss, train_acc, val_acc, test_acc)):
-            history[key].append(value)
-        if stopping.step(epoch, val_acc, val_loss):
-            test_at_best = test_acc
-            best_state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+        best.record(epoch, (loss, val_loss, train_acc, val_acc, test_acc), model, val_acc, val_loss, test_acc)
         progress.set_postfix(loss=f"{loss:.4f}", val=f"{val_acc:.4f}", test=f"{test_acc:.4f}")
         if log_epochs and rank == 0:
             tqdm.write(f"{label.strip() + ' | ' if label else ''}epoch {epoch:4d} | loss {loss:.4f} | "
@@ -308,6 +304,6 @@ def train_full_graph_run(config: TrainConfig, spec: ModelSpec, data: PreparedDat
             break
     progress.close()
     return RunResult(seed=seed, best_epoch=stopping.best_epoch, best_val_acc=stopping.best_val_acc,
-                     test_acc=test_at_best, epochs_run=len(history["loss"]), seconds=time.perf_counter() - start,
-                     state_dict=best_state, history=history,
+                     test_acc=best.test_acc, epochs_run=len(history["loss"]), seconds=time.perf_counter() - start,
+                     state_dict=best.state_dict, history=history,
                      cuda_graph=f"eager: partitioned full-graph training on {world_size} ranks (collectives per step)")

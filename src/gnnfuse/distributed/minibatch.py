@@ -41,7 +41,7 @@ from ..nn.models import ModelSpec
 from ..progress import progress_bar
 from ..training.config import TrainConfig
 from ..training.data import PreparedData
-from ..training.loop import EarlyStopping, RunResult, _optimizer, peak_memory_mib
+from ..training.loop import BestEpoch, EarlyStopping, RunResult, _optimizer, peak_memory_mib
 from ..training.minibatch import _fit_placement, stage_split
 from .features import PartitionedFeatures, row_ranges
 from .inference import layerwise_logits, range_block, summed_accuracies
@@ -93,7 +93,7 @@ def train_distributed_minibatch_run(config: TrainConfig, spec: ModelSpec, data: 
     history: dict[str, list[float]] = {key: [] for key in ("loss", "val_loss", "train_acc", "val_acc", "test_acc",
                                                            "epoch_seconds", *(f"stage_{s}" for s in STAGES))}
     stopping = EarlyStopping(config.patience)
-    test_at_best, best_state = float("nan"), {}
+    best = BestEpoch(history, stopping)
     start = time.perf_counter()
     total = config.epochs * len(loader)
     progress = progress_bar(total=total, desc=f"train{label}", unit="batch") if me.is_main else tqdm(disable=True)
@@ -129,11 +129,7 @@ def train_distributed_minibatch_run(config: TrainConfig, spec: ModelSpec, data: 
         (train_acc, val_acc, test_acc), val_loss = summed_accuracies(logits, data.y[owned], local_masks,
                                                                      val_mask[owned])
         values = (train_loss, val_loss, train_acc, val_acc, test_acc, epoch_seconds, *stages.values())
-        for key, value in zip(history, values):
-            history[key].append(value)
-        if stopping.step(epoch, val_acc, val_loss):
-            test_at_best = test_acc
-            best_state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+        best.record(epoch, values, model, val_acc, val_loss, test_acc)
         split = stage_split(stages)
         progress.set_postfix_str(f"epoch {epoch} loss {train_loss:.4f} val {val_acc:.4f} | {split}")
         moved = _bytes_per_rank(store, device) if store is not None else ""
@@ -148,8 +144,8 @@ def train_distributed_minibatch_run(config: TrainConfig, spec: ModelSpec, data: 
     if placement is not None and log_epochs and me.is_main:
         tqdm.write(f"{prefix}rank 0: {placement.describe()}", file=sys.stdout)
     return RunResult(seed=seed, best_epoch=stopping.best_epoch, best_val_acc=stopping.best_val_acc,
-                     test_acc=test_at_best, epochs_run=len(history["loss"]), seconds=time.perf_counter() - start,
-                     state_dict=best_state, history=history)
+                     test_acc=best.test_acc, epochs_run=len(history["loss"]), seconds=time.perf_counter() - start,
+                     state_dict=best.state_dict, history=history)
 
 
 def _bytes_per_rank(store: PartitionedFeatures, device: torch.device) -> str:

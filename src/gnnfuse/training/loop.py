@@ -12,7 +12,7 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -113,6 +113,24 @@ class EarlyStopping:
         return self.patience is not None and self.epoch - self.last_progress >= self.patience
 
 
+class BestEpoch:
+    """One training loop's epoch record: each epoch's values appended to ``history``, and
+    the test accuracy and weights (a CPU copy) of the best validation epoch, as chosen by
+    an `EarlyStopping` rule -- the bookkeeping every training loop shares."""
+
+    def __init__(self, history: dict[str, list[float]], stopping: EarlyStopping):
+        self.history, self.stopping = history, stopping
+        self.test_acc, self.state_dict = float("nan"), {}
+
+    def record(self, epoch: int, values: Iterable[float], model: nn.Module, val_acc: float, val_loss: float,
+               test_acc: float) -> None:
+        for key, value in zip(self.history, values):
+            self.history[key].append(value)
+        if self.stopping.step(epoch, val_acc, val_loss):
+            self.test_acc = test_acc
+            self.state_dict = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+
+
 def train_run(config: TrainConfig, spec: ModelSpec, data: PreparedData, seed: int, *,
               label: str = "", log_epochs: bool = True, cuda_graph: str = "auto") -> RunResult:
     """Train one model from `seed`, keeping the weights and test accuracy of the best
@@ -139,7 +157,7 @@ def train_run(config: TrainConfig, spec: ModelSpec, data: PreparedData, seed: in
     step = StepCapture(train_step, optimizers=[optimizer], modules=[model], mode=cuda_graph)
     history: dict[str, list[float]] = {key: [] for key in ("loss", "val_loss", "train_acc", "val_acc", "test_acc")}
     stopping = EarlyStopping(config.patience)
-    test_at_best, best_state = float("nan"), {}
+    best = BestEpoch(history, stopping)
     start = time.perf_counter()
     progress = progress_bar(range(1, config.epochs + 1), desc=f"train{label}", unit="epoch")
     for epoch in progress:
@@ -154,11 +172,7 @@ def train_run(config: TrainConfig, spec: ModelSpec, data: PreparedData, seed: in
             logits = model(data.x, data.graph)
             val_loss = F.cross_entropy(logits[val_mask], data.y[val_mask]).item()
         train_acc, val_acc, test_acc = (accuracy(logits, data.y, m) for m in data.masks)
-        for key, value in zip(history, (loss.item(), val_loss, train_acc, val_acc, test_acc)):
-            history[key].append(value)
-        if stopping.step(epoch, val_acc, val_loss):
-            test_at_best = test_acc
-            best_state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+        best.record(epoch, (loss.item(), val_loss, train_acc, val_acc, test_acc), model, val_acc, val_loss, test_acc)
         progress.set_postfix(loss=f"{loss.item():.4f}", val=f"{val_acc:.4f}", test=f"{test_acc:.4f}")
         if log_epochs:
             tqdm.write(f"{label.strip() + ' | ' if label else ''}epoch {epoch:4d} | loss {loss.item():.4f} | "
@@ -168,9 +182,9 @@ def train_run(config: TrainConfig, spec: ModelSpec, data: PreparedData, seed: in
             break
     progress.close()
     return RunResult(seed=seed, best_epoch=stopping.best_epoch, best_val_acc=stopping.best_val_acc,
-                     test_acc=test_at_best,
+                     test_acc=best.test_acc,
                      epochs_run=len(history["loss"]), seconds=time.perf_counter() - start,
-                     state_dict=best_state, history=history, cuda_graph=step.status)
+                     state_dict=best.state_dict, history=history, cuda_graph=step.status)
 
 
 def train_runs(config: TrainConfig, *, log_epochs: bool = True,

@@ -25,7 +25,7 @@ from ..nn.placement import PlacementModel, calibrate
 from ..progress import progress_bar
 from .config import TrainConfig
 from .data import PreparedData
-from .loop import EarlyStopping, RunResult, _optimizer, accuracy, peak_memory_mib
+from .loop import BestEpoch, EarlyStopping, RunResult, _optimizer, accuracy, peak_memory_mib
 
 
 def train_minibatch_run(config: TrainConfig, spec: ModelSpec, data: PreparedData, seed: int, *,
@@ -50,7 +50,7 @@ def train_minibatch_run(config: TrainConfig, spec: ModelSpec, data: PreparedData
     history: dict[str, list[float]] = {key: [] for key in ("loss", "val_loss", "train_acc", "val_acc", "test_acc",
                                                            "epoch_seconds", *(f"stage_{s}" for s in STAGES))}
     stopping = EarlyStopping(config.patience)
-    test_at_best, best_state = float("nan"), {}
+    best = BestEpoch(history, stopping)
     start = time.perf_counter()
     progress = progress_bar(total=config.epochs * len(loader), desc=f"train{label}", unit="batch")
     for epoch in range(1, config.epochs + 1):
@@ -77,11 +77,7 @@ def train_minibatch_run(config: TrainConfig, spec: ModelSpec, data: PreparedData
         train_acc, val_acc, test_acc = (accuracy(logits, data.y, m) for m in data.masks)
         train_loss = loss_sum.item() / max(seen, 1)
         values = (train_loss, val_loss, train_acc, val_acc, test_acc, epoch_seconds, *stages.values())
-        for key, value in zip(history, values):
-            history[key].append(value)
-        if stopping.step(epoch, val_acc, val_loss):
-            test_at_best = test_acc
-            best_state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+        best.record(epoch, values, model, val_acc, val_loss, test_acc)
         rate = times.batches / epoch_seconds if epoch_seconds > 0 else float("inf")
         split = stage_split(stages)
         progress.set_postfix_str(f"epoch {epoch} loss {train_loss:.4f} val {val_acc:.4f} | {split}")
@@ -96,8 +92,8 @@ def train_minibatch_run(config: TrainConfig, spec: ModelSpec, data: PreparedData
     if placement is not None and log_epochs:       # the fitted model and the decisions it took
         tqdm.write(f"{label.strip() + ' | ' if label else ''}{placement.describe()}", file=sys.stdout)
     return RunResult(seed=seed, best_epoch=stopping.best_epoch, best_val_acc=stopping.best_val_acc,
-                     test_acc=test_at_best, epochs_run=len(history["loss"]), seconds=time.perf_counter() - start,
-                     state_dict=best_state, history=history)
+                     test_acc=best.test_acc, epochs_run=len(history["loss"]), seconds=time.perf_counter() - start,
+                     state_dict=best.state_dict, history=history)
 
 
 DKP_CALIBRATION_BATCHES = 4
