@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import socket
 import tempfile
 import time
 import traceback
@@ -40,7 +39,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 
@@ -49,6 +47,7 @@ from gnnfuse.data.registry import POWER_LAW_PRESETS
 from gnnfuse.data.synthetic import power_law_graph
 from gnnfuse.distributed.fullgraph import PartitionedModel, agreed_owners, all_reduce_gradients
 from gnnfuse.distributed.halo import HaloExchange
+from gnnfuse.distributed.launch import free_port, start_ranks
 from gnnfuse.distributed.partition import partition_graph, partition_stats
 from gnnfuse.graph import Graph
 from gnnfuse.nn.models import TwoLayerGNN, build_model
@@ -199,18 +198,11 @@ def ranked(rank: int, world: int, port: int, args: argparse.Namespace, graph_pat
 
 
 # --- the driver --------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch(fn: Any, args_tuple: tuple, nprocs: int, device: str) -> str | None:
-    """Run ``fn`` in ``nprocs`` processes; None, or why they failed. Forked on the CPU (the
-    children inherit this process's imports); spawned for CUDA, which cannot be forked."""
+    """Run ``fn`` in ``nprocs`` processes (`gnnfuse.distributed.launch.start_ranks`: forked
+    on the CPU, spawned for CUDA); None, or why they failed."""
     try:
-        mp.start_processes(fn, args=args_tuple, nprocs=nprocs, join=True,
-                           start_method="fork" if device == "cpu" else "spawn")
+        start_ranks(fn, args_tuple, nprocs, "cpu" if device == "cpu" else "cuda")
     except Exception as error:          # a crashed or killed worker: keep the other methods' results
         return failure_status(error)
     return None

@@ -15,19 +15,18 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import socket
 import warnings
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from gnnfuse.distributed.fullgraph import (PartitionedModel, all_reduce_gradients, shard_data,
                                            train_full_graph_run)
 from gnnfuse.distributed.halo import HaloExchange
+from gnnfuse.distributed.launch import free_port, start_ranks
 from gnnfuse.distributed.partition import (contiguous_owners, greedy_owners, partition_graph,
                                            partition_stats)
 from gnnfuse.data import load_node_dataset
@@ -146,17 +145,8 @@ def _worker(rank: int, port: int, out: str, world: int) -> None:
         dist.destroy_process_group()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_ranks(out, world: int) -> list[dict]:
-    # forked, not spawned: the ranks inherit this process's imports (torch, gnnfuse, and the
-    # torch._dynamo that building an optimizer imports), seconds a spawned rank pays again
-    import torch._dynamo  # noqa: F401
-    mp.start_processes(_worker, args=(free_port(), str(out), world), nprocs=world, join=True, start_method="fork")
+    start_ranks(_worker, (free_port(), str(out), world), world, "cpu")   # forked: ranks inherit the imports
     return [torch.load(out / f"rank{r}.pt") for r in range(world)]
 
 
@@ -331,7 +321,6 @@ def test_benchmark_smoke_run_trains_every_method_and_agrees(import_script, tmp_p
     """benchmarks/bench_distributed_fullgraph.py --smoke: PyG and gnnfuse on one process and
     gnnfuse on 2 gloo ranks, one call; their initial losses agree and the report is written."""
     bench = import_script(Path(__file__).resolve().parent.parent / "benchmarks", "bench_distributed_fullgraph")
-    import torch._dynamo  # noqa: F401  (imported before the forks: see run_ranks)
     results = bench.main(["--smoke", "--json", str(tmp_path / "smoke.json")])
     assert list(results["methods"]) == ["pyg-1", "gnnfuse-2", "gnnfuse-1"]
     assert all(entry["status"] == "ok" for entry in results["methods"].values()), results["methods"]
