@@ -290,3 +290,38 @@ def test_edge_only_messages_size_the_output_by_the_largest_target():
         result = run(ours, (edge_attr,), edge_index)
     assert calls and result[0].shape == (4, 3)
     assert_same(result, run(theirs, (edge_attr,), edge_index))
+
+
+def scaled_message_layer(Base: type) -> type:
+    """A layer whose message reads a parameter directly (``x_j * self.scale``)."""
+    class ScaledMessage(Base):
+        def __init__(self):
+            super().__init__(aggr="add")
+            self.scale = torch.nn.Parameter(torch.randn(3, dtype=torch.float64))
+
+        def forward(self, x, edge_index):
+            return self.propagate(edge_index, x=x)
+
+        def message(self, x_j):
+            return x_j * self.scale
+    return ScaledMessage
+
+
+def test_a_parameter_read_in_message_reuses_the_trace_and_its_current_value(monkeypatch):
+    """``self.scale`` is a captured program parameter: later calls reuse the trace and
+    feed the parameter as it is now -- edited in place by an optimizer, or replaced."""
+    traced = count_traces(monkeypatch)
+    torch.manual_seed(0)
+    ours, theirs = scaled_message_layer(gnnfuse.nn.MessagePassing)(), scaled_message_layer(pyg_nn.MessagePassing)()
+    x = torch.randn(NUM_NODES, 3, dtype=torch.float64)
+
+    def same():
+        theirs.load_state_dict(ours.state_dict())
+        assert_same(run(ours, (x,)), run(theirs, (x,)))
+    same()
+    with torch.no_grad():
+        ours.scale.mul_(-2.0)
+    same()
+    ours.scale = torch.nn.Parameter(torch.randn(3, dtype=torch.float64))
+    same()
+    assert len(traced) == 1

@@ -173,8 +173,14 @@ def _self_attributes(code: types.CodeType) -> tuple[str, ...] | None:
 
 
 def _frozen(value: Any) -> Hashable:
+    """A key part for a value ``message`` reads. A tensor (a parameter read as
+    ``self.scale``) stays itself: the trace cache guards it by metadata and feeds the one
+    found at the same place of the next call's key, so the trace is reused and reads the
+    current parameter."""
     if isinstance(value, _SCALARS):
         return type(value), value
+    if isinstance(value, torch.Tensor):
+        return value
     if isinstance(value, (tuple, list)):
         return type(value), tuple(_frozen(v) for v in value)
     return _Unguardable()
