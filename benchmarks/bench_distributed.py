@@ -47,7 +47,7 @@ from gnnfuse.bench import synchronize
 from gnnfuse.data import load_node_dataset
 from gnnfuse.distributed import PartitionedFeatures, init_process_group
 from gnnfuse.distributed.launch import free_port, start_ranks
-from gnnfuse.distributed.process_group import check_backend
+from gnnfuse.distributed.process_group import check_backend, leave_process_group
 from gnnfuse.loader import STAGES, NeighborLoader
 from gnnfuse.loader.stages import stream_sync
 from gnnfuse.nn.block_models import build_block_model
@@ -142,7 +142,7 @@ def rank_main(local_rank: int, world: int, port: int, args: argparse.Namespace, 
     if local_rank == 0:
         write_atomically(Path(out), json.dumps({"ranks": results, "environment": environment(device)}, default=str))
     if world > 1:
-        dist.destroy_process_group()
+        leave_process_group()
 
 
 # --- the run ---------------------------------------------------------------------------

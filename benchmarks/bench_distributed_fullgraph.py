@@ -48,6 +48,7 @@ from gnnfuse.data.synthetic import power_law_graph
 from gnnfuse.distributed.fullgraph import PartitionedModel, agreed_owners, all_reduce_gradients
 from gnnfuse.distributed.halo import HaloExchange
 from gnnfuse.distributed.launch import free_port, start_ranks
+from gnnfuse.distributed.process_group import leave_process_group
 from gnnfuse.distributed.partition import partition_graph, partition_stats
 from gnnfuse.graph import Graph
 from gnnfuse.nn.models import TwoLayerGNN, build_model
@@ -194,7 +195,7 @@ def ranked(rank: int, world: int, port: int, args: argparse.Namespace, graph_pat
         cell.update(status=failure_status(error), traceback=traceback.format_exc(limit=4))
     cell.update(memory(device))
     (out / f"gnnfuse-{world}.rank{rank}.json").write_text(json.dumps(cell))
-    dist.destroy_process_group()
+    leave_process_group()
 
 
 # --- the driver --------------------------------------------------------------------------

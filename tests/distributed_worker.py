@@ -21,6 +21,7 @@ import gnnfuse
 from gnnfuse.distributed import PartitionedFeatures, init_process_group, row_ranges
 from gnnfuse.distributed.inference import layerwise_logits, range_block, summed_accuracies
 from gnnfuse.distributed.minibatch import train_distributed_minibatch_run
+from gnnfuse.distributed.process_group import leave_process_group
 from gnnfuse.loader import NeighborLoader
 from gnnfuse.nn.block_models import build_block_model
 from gnnfuse.nn.models import get_model
@@ -122,4 +123,4 @@ def run_rank(rank: int, port: int, out_dir: str) -> None:
     results = {"sampler": sampler_epochs(rank), "features": feature_fetch(rank), "grads": ddp_gradients(rank),
                "inference": inference(rank), "training": training(rank)}
     torch.save(results, Path(out_dir) / f"rank{rank}.pt")
-    dist.destroy_process_group()
+    leave_process_group()

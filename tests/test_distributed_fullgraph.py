@@ -27,6 +27,7 @@ from gnnfuse.distributed.fullgraph import (PartitionedModel, all_reduce_gradient
                                            train_full_graph_run)
 from gnnfuse.distributed.halo import HaloExchange
 from gnnfuse.distributed.launch import free_port, start_ranks
+from gnnfuse.distributed.process_group import leave_process_group
 from gnnfuse.distributed.partition import (contiguous_owners, greedy_owners, partition_graph,
                                            partition_stats)
 from gnnfuse.data import load_node_dataset
@@ -142,7 +143,7 @@ def _worker(rank: int, port: int, out: str, world: int) -> None:
             results[("triton", name)] = _step_case(rank, name, torch.float32, "interleaved")
         torch.save(results, os.path.join(out, f"rank{rank}.pt"))
     finally:
-        dist.destroy_process_group()
+        leave_process_group()
 
 
 def run_ranks(out, world: int) -> list[dict]:

@@ -25,10 +25,10 @@ import socket
 import sys
 from typing import Callable, Sequence
 
-import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from .process_group import DistributedError, check_backend, init_process_group, launched_by_torchrun
+from .process_group import (DistributedError, check_backend, init_process_group, launched_by_torchrun,
+                            leave_process_group)
 
 
 def ranks_and_device(gpus: int | None, cpu_ranks: int | None, device: str) -> tuple[int | None, str]:
@@ -112,5 +112,4 @@ def _rank_main(local_rank: int, ranks: int, port: int, entry: Callable[[list[str
 
 
 def _leave() -> None:
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    leave_process_group()

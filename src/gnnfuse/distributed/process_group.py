@@ -12,6 +12,7 @@ multicast off) is left exactly as the launcher set it.
 """
 from __future__ import annotations
 
+import datetime
 import os
 import sys
 from dataclasses import dataclass
@@ -115,3 +116,21 @@ def current() -> Rank:
 def world_size() -> int:
     """Ranks in the joined process group (1 without one)."""
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def leave_process_group(timeout_s: float = 60.0) -> None:
+    """Leave the joined process group (no-op without one), after a barrier.
+
+    Why the barrier: gloo's worker thread drops a finished collective's work object after
+    the caller's wait returns, and dropping one that holds Python tensors (an
+    ``all_gather_object``, DDP's buffers) needs the GIL. Destroying the group joins that
+    thread while the main thread holds the GIL, so a teardown right after such a
+    collective could deadlock (seen in CI: ~ProcessGroupGloo joining a thread that waited
+    in ~AsyncAllgatherWork). The barrier's wait releases the GIL, and the worker runs
+    collectives in order, so once it returns the earlier work objects are gone."""
+    if dist.is_available() and dist.is_initialized():
+        try:     # bounded, so a rank whose peer died still leaves
+            dist.barrier(async_op=True).wait(timeout=datetime.timedelta(seconds=timeout_s))
+        except RuntimeError:
+            pass
+        dist.destroy_process_group()
