@@ -44,7 +44,6 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler
 
 from gnnfuse.bench import synchronize
-from gnnfuse.data import load_node_dataset
 from gnnfuse.distributed import PartitionedFeatures, init_process_group
 from gnnfuse.distributed.launch import free_port, start_ranks
 from gnnfuse.distributed.process_group import check_backend, leave_process_group
@@ -53,7 +52,7 @@ from gnnfuse.loader.stages import stream_sync
 from gnnfuse.nn.block_models import build_block_model
 from gnnfuse.training.loop import peak_memory_mib
 
-from bench_minibatch import PRODUCTS_TRAIN_NODES, StepClock, train_step, training_seeds
+from bench_minibatch import PRODUCTS_TRAIN_NODES, StepClock, load_problem, train_step
 from common import REPO_ROOT, environment, log, results_saver, write_atomically
 
 TARGET_SPEEDUP_2 = 1.8        # issue #17: 2 GPUs against 1 on the same machine
@@ -71,12 +70,7 @@ def rank_main(local_rank: int, world: int, port: int, args: argparse.Namespace, 
         device = torch.device("cuda", 0)
         torch.cuda.set_device(device)
     begin = time.perf_counter()
-    dataset = load_node_dataset(args.dataset, args.data_root)
-    train_count = args.train_nodes if args.train_nodes is not None else (
-        PRODUCTS_TRAIN_NODES if args.dataset == "products-like" else 0)
-    train_idx = training_seeds(dataset.train_mask, train_count, args.seed)
-    graph = dataset.graph.to(device)
-    graph.csr()
+    dataset, train_idx, graph = load_problem(args, device)
     store = None
     if args.features == "partitioned" and world > 1:
         store = PartitionedFeatures.from_full(dataset.x, local_rank, world, device)

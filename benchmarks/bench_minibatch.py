@@ -373,18 +373,26 @@ def check_same_forward(ours: nn.Module, pyg: nn.Module, loader: NeighborLoader) 
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
 
 
-def run(args: argparse.Namespace, save: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
-    """Every cell in turn, ``save``-ing the results after each, so a run stopped by the
-    device machine's time limit keeps what it measured."""
-    device = resolve_device(args.device)
-    torch.manual_seed(args.seed)
-    begin = time.perf_counter()
+def load_problem(args: argparse.Namespace, device: torch.device):
+    """The data set, the training seeds the epoch draws batches from (ogbn-products'
+    training-set size on products-like unless ``--train-nodes`` says otherwise) and the
+    graph on ``device`` with its CSR built, so no timed batch pays for it."""
     dataset = load_node_dataset(args.dataset, args.data_root)
     train_count = args.train_nodes if args.train_nodes is not None else (
         PRODUCTS_TRAIN_NODES if args.dataset == "products-like" else 0)
     train_idx = training_seeds(dataset.train_mask, train_count, args.seed)
     graph = dataset.graph.to(device)
     graph.csr()
+    return dataset, train_idx, graph
+
+
+def run(args: argparse.Namespace, save: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """Every cell in turn, ``save``-ing the results after each, so a run stopped by the
+    device machine's time limit keeps what it measured."""
+    device = resolve_device(args.device)
+    torch.manual_seed(args.seed)
+    begin = time.perf_counter()
+    dataset, train_idx, graph = load_problem(args, device)
     synchronize(device)
     log(f"[{args.dataset}] {graph.num_nodes:,} nodes, {graph.num_edges:,} edges, {dataset.num_features} "
         f"features, {train_idx.numel():,} training seeds; loaded and on {device} in "

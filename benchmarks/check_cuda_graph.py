@@ -97,6 +97,15 @@ def train(model: str, p: float, mode: str, problem: dict[str, Any], state: dict[
     net.load_state_dict(state)
     opt = torch.optim.Adam(net.parameters(), lr=0.01, weight_decay=5e-4,
                            capturable=net_device_is_cuda(problem))   # the same optimizer math both ways
+    train_step = full_graph_step(net, opt, problem)
+    step = StepCapture(train_step, optimizers=[opt], modules=[net], mode=mode)
+    torch.manual_seed(1)
+    losses = [step().item() for _ in range(steps)]
+    return {"losses": losses, "weights": [w.detach().clone() for w in net.parameters()], "status": step.status}
+
+
+def full_graph_step(net: torch.nn.Module, opt: torch.optim.Optimizer, problem: dict[str, Any]):
+    """One full-graph training step of ``net`` on ``problem``'s training vertices."""
     idx, y = problem["train_idx"], problem["y"][problem["train_idx"]]
 
     def train_step() -> torch.Tensor:
@@ -105,10 +114,7 @@ def train(model: str, p: float, mode: str, problem: dict[str, Any], state: dict[
         loss.backward()
         opt.step()
         return loss
-    step = StepCapture(train_step, optimizers=[opt], modules=[net], mode=mode)
-    torch.manual_seed(1)
-    losses = [step().item() for _ in range(steps)]
-    return {"losses": losses, "weights": [w.detach().clone() for w in net.parameters()], "status": step.status}
+    return train_step
 
 
 def equivalence(model: str, p: float, problem: dict[str, Any], steps: int) -> dict[str, Any]:
@@ -135,14 +141,7 @@ def failed_capture_recovery(problem: dict[str, Any], eager_steps: int = 3) -> di
     torch.manual_seed(0)
     net = Net("gcn", problem["x"].shape[1], problem["classes"], 0.5).to(problem["x"].device)
     opt = torch.optim.Adam(net.parameters(), lr=0.01, capturable=net_device_is_cuda(problem))
-    idx, y = problem["train_idx"], problem["y"][problem["train_idx"]]
-
-    def train_step() -> torch.Tensor:
-        opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(net(problem["x"], problem["graph"])[idx], y)
-        loss.backward()
-        opt.step()
-        return loss
+    train_step = full_graph_step(net, opt, problem)
 
     def syncing_when_captured() -> torch.Tensor:
         loss = train_step()
