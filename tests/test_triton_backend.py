@@ -274,3 +274,66 @@ def test_padded_rows_are_read_at_aligned_lanes(width, schedule, monkeypatch):
     assert -(-width // 4) * 4 in sources, "no kernel read the padded rows at aligned lanes"
     for got, want in zip(*results):
         torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("schedule", ["csr", "coo"])
+def test_sum_times_row_scalar_is_one_unit_forward_and_backward(schedule, monkeypatch):
+    """GCN's ``sum(...) * v.norm`` scales each finished row inside the sum's kernel (its
+    backward too), so no torch op runs after the unit; a sum that is also used on its own
+    stays a unit of its own. Both match the reference in float64, the split hub row and
+    the edge-parallel schedule's per-edge terms included."""
+    from gnnfuse.runtime import compiled as compiled_module
+
+    @gnnfuse.vertex
+    def scaled(v):
+        return sum([u.h * u.norm for u in v.innbs]) * v.norm
+
+    @gnnfuse.vertex
+    def scaled_and_plain(v):
+        s = sum([u.h for u in v.innbs])
+        return s * v.norm + torch.tanh(s)
+
+    monkeypatch.setenv("GNNFUSE_SCHEDULE", schedule)
+    graph = hub_graph().to(DEVICE)
+    gen = torch.Generator().manual_seed(4)
+    h = torch.randn(graph.num_nodes, 6, dtype=torch.float64, generator=gen).to(DEVICE)
+    norm = torch.rand(graph.num_nodes, 1, dtype=torch.float64, generator=gen).to(DEVICE) + 0.5
+    for fn, fused in ((scaled, True), (scaled_and_plain, False)):
+        results = []
+        for backend in ("triton", "reference"):
+            monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+            compiled_module._BY_STRUCTURE.clear()
+            clear_trace_caches()
+            hs = h.clone().requires_grad_()
+            out = fn(graph, {"h": hs, "norm": norm})
+            (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype, device=out.device).view_as(out)).sum().backward()
+            results.append([out.detach(), hs.grad])
+        for got, want in zip(*results):
+            torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
+        (compiled,) = compiled_module._BY_STRUCTURE.values()
+        (backward,) = compiled._backward.values()
+        plans = [partition(program, keep)
+                 for program, keep in ((compiled.program, [v.id for v in backward.saved]), (backward.program, []))]
+        if fused:
+            for plan in plans:
+                assert [item.scale is not None for item in plan if isinstance(item, AggregateUnit)] == [True]
+                assert not any(v.op == "mul" for v in plan if not isinstance(v, AggregateUnit))
+        else:
+            (unit,) = [item for item in plans[0] if isinstance(item, AggregateUnit)]
+            assert unit.scale is None and any(v.op == "mul" for v in plans[0] if v is not unit)
+
+
+def test_backward_saves_no_forward_value_it_does_not_read():
+    """A derivative rule asks for every operand (mul's for both factors); once dead code
+    is gone, GCN's backward reads only the norm, so the forward keeps only that and not
+    its [N, F] sum."""
+    from gnnfuse.nn import GCNConv
+    from gnnfuse.runtime import compiled as compiled_module
+    compiled_module._BY_STRUCTURE.clear()
+    clear_trace_caches()
+    graph = hub_graph()
+    GCNConv(4, 5)(torch.randn(graph.num_nodes, 4, requires_grad=True), graph).sum().backward()
+    (compiled,) = compiled_module._BY_STRUCTURE.values()
+    (backward,) = compiled._backward.values()
+    assert [tuple(v.shape) for v in backward.saved] == [(1,)]
+    assert sorted(k for k in backward.program.inputs) == ["grad:out", f"saved:{backward.saved[0].id}"]

@@ -76,9 +76,10 @@ def unit_fingerprint(unit: Unit) -> str:
     """A digest of the unit's structure: leaves, body and root as (op, operand positions,
     attributes, residency, shape, dtype), plus its kind and grouping index."""
     if unit not in _FINGERPRINTS:
-        values = [*unit.leaves, *unit.body, unit.root]
+        outputs = [unit.reduce, unit.root] if isinstance(unit, AggregateUnit) and unit.scale is not None else [unit.root]
+        values = [*unit.leaves, *unit.body, *outputs]
         position = {v.id: n for n, v in enumerate(values)}
-        computed = {v.id for v in unit.body} | {unit.root.id}
+        computed = {v.id for v in unit.body} | {v.id for v in outputs}
         rows = [(v.op, tuple(position.get(i.id, -1) for i in v.inputs) if v.id in computed else (),
                  sorted((k, repr(a)) for k, a in v.attrs.items() if k != "key"),   # not an input's name
                  v.residency.name, tuple(v.shape), str(v.dtype)) for v in values]

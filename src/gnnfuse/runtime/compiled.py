@@ -38,6 +38,7 @@ class CompiledProgram:
         if wrt not in self._backward:
             backward = build_backward(self.program, wrt)
             backward.program = optimize(backward.program, keep_inputs=True)
+            _drop_unread_saved(backward)
             _declare_backward_sides(self.program, backward)
             self._backward[wrt] = backward
         return self._backward[wrt]
@@ -66,6 +67,23 @@ class CompiledProgram:
         else:   # inference: no backward program is built and nothing is saved for one
             outputs, _, _ = _run_forward(self, GraphContext(graph), keys, tensors, None)
         return dict(zip(self.program.outputs, outputs))
+
+
+def _drop_unread_saved(backward: BackwardProgram) -> None:
+    """Stop saving the forward values the optimized backward program no longer reads.
+    Derivative rules ask for every operand they might need (``mul``'s for both factors)
+    before dead-code elimination knows which gradients are wanted; each unread one kept
+    a forward value alive until the backward (GCN kept its [N, F] sum) and forced the
+    forward to write it, which stopped the sum's unit from fusing the ``* norm`` after it."""
+    program = backward.program
+    read = {i.id for v in program.values for i in v.inputs} | {v.id for v in program.outputs.values()}
+    unread = {k for k, v in program.inputs.items() if k.startswith("saved:") and v.id not in read}
+    if not unread:
+        return
+    dropped = {program.inputs[k].id for k in unread}
+    program.inputs = {k: v for k, v in program.inputs.items() if k not in unread}
+    program.values = [v for v in program.values if v.id not in dropped]
+    backward.saved = [v for v in backward.saved if f"saved:{v.id}" not in unread]
 
 
 def _declare_backward_sides(forward: Program, backward: BackwardProgram) -> None:

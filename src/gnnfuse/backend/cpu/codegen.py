@@ -207,6 +207,8 @@ def generate_aggregate(unit: AggregateUnit, name: str, acc: str, parallel: bool,
         result = "{0} if end > start else ACC(0.0)"
     else:
         result = "{0}"
+    # a per-row scale (passes.fusion._row_scaled, sums only) multiplies the finished row
+    scale = f" * ACC(L{em.leaf_index[unit.scale.id]}[row])" if unit.scale is not None else ""
     leaves = "".join(f"L{n}, " for n in range(len(em.leaf_args)))
     reduction = f'''{em.block(_ROW, 16)}                for k in range(f_hi - f_lo):
                     acc[k] = {_IDENTITY[op]}
@@ -238,16 +240,16 @@ def {name}(rowptr, {"part_ptr, rows, ptr, " if partitioned else ""}col, eid, out
                 row = U(r)
                 start = rowptr[row]
                 end = rowptr[row + U(1)]
-{reduction}                    out[base + U(fi)] = {result.format("acc[k]")}
+{reduction}                    out[base + U(fi)] = {result.format("acc[k]")}{scale}
 ''', em.leaf_args
-    finish = "" if op == "sum" else f'''        for block in prange({blocks}):
+    finish = "" if op == "sum" and not scale else f'''        for block in prange({blocks}):
             for r in {rows_of_block}:
                 row = U(r)
                 start = rowptr[row]
                 end = rowptr[row + U(1)]
                 for fi in range(f_lo, f_hi):
                     i = row * width + U(fi)
-                    out[i] = {result.format("out[i]")}
+                    out[i] = {result.format("out[i]")}{scale}
 '''
     return head + f'''        for block in prange({blocks}):
             for r in {rows_of_block}:

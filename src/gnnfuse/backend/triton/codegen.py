@@ -56,6 +56,7 @@ class _Emitter:
         # per gathered row, and arithmetic on them runs once per edge, not per feature lane
         self.uniform: set[str] = set()
         self.tile_lanes = 0   # the widest row tile a feature sum in the body evaluates (`row_sum`)
+        self.row_lanes: tuple[str, ...] | None = None   # the coordinates of a flat output's lanes
 
     def tmp(self, expr: str) -> str:
         if expr not in self.names:
@@ -74,7 +75,10 @@ class _Emitter:
         (its block of BLOCK_F lanes lies inside one row of the last dim), so it is computed
         from the block's first lane as a scalar; a static assert keeps the launch honest."""
         if block is None:
-            return tuple("0" if n == 1 else self.tmp(f"(f // {st}) % {n}") for st, n in zip(_strides(shape), shape))
+            coords = tuple("0" if n == 1 else self.tmp(f"(f // {st}) % {n}") for st, n in zip(_strides(shape), shape))
+            if len(shape) == 1:   # lane f is column f of a flat row: see `padded_lanes`
+                self.row_lanes = coords
+            return coords
         self.lines.append(f"tl.static_assert({shape[-1]} % BLOCK_F == 0)")
         first = self.uniform_tmp("tl.program_id(1) * BLOCK_F")
         lead = tuple("0" if n == 1 else self.uniform_tmp(f"({first} // {st}) % {n}")
@@ -198,7 +202,7 @@ class _Emitter:
         if width == 1:
             return self.scalar_load(ptr, kind)
         off, stride = self.offset(v.shape, coords), row_stride(v)
-        if stride != width and coords == (self.names.get(f"(f // 1) % {width}"),):
+        if stride != width and coords == self.row_lanes:
             off = self.padded_lanes(stride)
         if off in self.uniform:        # one element per row for the whole program
             if kind == "shared":
@@ -217,7 +221,8 @@ class _Emitter:
 
 
     def padded_lanes(self, stride: int) -> str:
-        """Offsets of the lanes in a padded vertex row (`row_stride`): lane f reads column
+        """Offsets of the lanes in a padded vertex row (`row_stride`) read at the lanes of
+        a flat (one-dim) output of the same width: lane f reads column
         f % stride, which is column f for every stored lane (f < width) and stays inside
         the row (the zero pad, or wrapped) for the rest, which the store masks off. Read
         at f % width instead, no lane run is provably contiguous (width is odd), every
@@ -445,10 +450,20 @@ def {name}(rowptr, col, eid, seg_row, seg_start, seg_end, seg_split, num_segment
 {body}
                 tile = tl.where(emask[:, None], {root} + tl.zeros([BLOCK_E, BLOCK_F], ACC), {_IDENTITY[op]})
                 acc = {combine}{nan_count}
-            acc = {finish}{nan_finish}
+            acc = {finish}{nan_finish}{_row_scale(em, unit, "row", "")}
             {store}
 '''
     return source, em.leaf_args
+
+
+def _row_scale(em: _Emitter, unit: AggregateUnit, row: str, mask: str, lanes: str = "", name: str = "acc") -> str:
+    """The line multiplying a finished row (CSR) or each edge's term (COO) by the unit's
+    per-row scale (`passes.fusion._row_scaled`), or nothing without one."""
+    if unit.scale is None:
+        return ""
+    pointer = f"L{em.leaf_index[unit.scale.id]}"
+    indent = "\n            " if name == "acc" else "\n    "
+    return f"{indent}{name} = {name} * tl.load({pointer} + {row}{mask}).to(ACC){lanes}"
 
 
 def generate_coo(unit: AggregateUnit, name: str, acc_dtype: str, tuned: bool = False) -> tuple[str, list[Value]]:
@@ -466,10 +481,10 @@ def generate_coo(unit: AggregateUnit, name: str, acc_dtype: str, tuned: bool = F
     em = _Emitter(unit, {"center": unit.by, "neighbour": other})
     coords = em.feature_coords(out_shape, head_block(unit))
     root = em.value(unit.reduce.inputs[0], coords)
-    scale = ("\n    val = val / tl.maximum(tl.load(degree + row, mask=emask, other=1), 1).to(ACC)[:, None]"
-             if op == "mean" else "")
+    mean = ("\n    val = val / tl.maximum(tl.load(degree + row, mask=emask, other=1), 1).to(ACC)[:, None]"
+            if op == "mean" else "")
     tail = (f"    val = {root} + tl.zeros([BLOCK_E, BLOCK_F], ACC)\n"
-            f"    row = {unit.by}_id{scale}\n"
+            f"    row = {unit.by}_id{mean}{_row_scale(em, unit, 'row', ', mask=emask, other=0.0', '[:, None]', 'val')}\n"
             f"    tl.atomic_add(out + row[:, None] * {width} + f[None, :], val.to(out.dtype.element_ty),\n"
             f"                  mask=emask[:, None] & fmask[None, :])")
     source = _edge_parallel_source(name, f"{unit.describe()}, edge-parallel", acc_dtype, em, width, "degree, ",
