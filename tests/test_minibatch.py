@@ -75,7 +75,7 @@ def test_prefetch_reraises_a_failure_and_stops_when_abandoned(monkeypatch):
 
     def failing(*args):
         raise RuntimeError("sampling failed")
-    monkeypatch.setattr(neighbor_loader, "sample_hop", failing)
+    monkeypatch.setattr(neighbor_loader, "sample_slots", failing)
     with pytest.raises(RuntimeError, match="sampling failed"):
         list(loader)
 
