@@ -45,12 +45,13 @@ class Block:
 
 
 def block_graph(rowptr: torch.Tensor, local_src: torch.Tensor, local_dst: torch.Tensor, num_src: int, *,
-                sampled: bool = False) -> Graph:
+                sampled: bool = False, out_degrees: torch.Tensor | None = None) -> Graph:
     """The bipartite graph of a block whose edges come grouped by destination
     (``rowptr``, ``local_src``; ``local_dst`` is each edge's destination), with its CSR
     and both degree vectors already in the graph's cache. ``sampled``: the ids are the
     int64 local ids `loader.sampler` built, in range by construction, so their range
-    is not checked (otherwise it is, as `Graph` checks any ids).
+    is not checked (otherwise it is, as `Graph` checks any ids). ``out_degrees``: the
+    sources' int64 out-degrees when the caller has counted them already.
 
     Why here: built lazily they would run in the training step, once per block, and
     `Graph` builds them with a sort and ``bincount``, which on a GPU reads its input's
@@ -67,8 +68,9 @@ def block_graph(rowptr: torch.Tensor, local_src: torch.Tensor, local_dst: torch.
     dtype, device = graph.index_dtype, local_src.device
     rowptr, local_src = rowptr.long(), local_src.long()
     edges = torch.arange(local_src.numel(), device=device, dtype=dtype)
-    out_degrees = torch.zeros(num_src, dtype=torch.int64, device=device).index_add_(
-        0, local_src, torch.ones(local_src.numel(), dtype=torch.int64, device=device))
+    if out_degrees is None:
+        out_degrees = torch.zeros(num_src, dtype=torch.int64, device=device).index_add_(
+            0, local_src, torch.ones(local_src.numel(), dtype=torch.int64, device=device))
     _prefill(graph, csr=CSR(rowptr.to(dtype), local_src.to(dtype), edges), in_degrees=rowptr.diff(),
              out_degrees=out_degrees)
     return graph

@@ -31,13 +31,14 @@ from ..runtime.compiled import backend_name
 from .block import build_reverse_csr
 
 
-def prepare_layouts(graph: Graph, max_in_degree: int | None = None,
-                    unread: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+def prepare_layouts(graph: Graph, max_in_degree: int | None = None, unread: torch.Tensor | None = None,
+                    max_out_degree: int | None = None) -> tuple[torch.Tensor, ...]:
     """Build the per-graph layouts the step will read on ``graph`` (see the module
     doc); returns the tensors built, which the consumer's stream must keep alive.
-    ``max_in_degree`` bounds the destinations' sampled in-edges (the hop's fanout; None
-    when unbounded), which spares the Triton segments of the CSR a count; ``unread``,
-    the sources no edge leaves when the sampler knows them (`SampledBlock.unread_dst`),
+    ``max_in_degree`` and ``max_out_degree`` bound the destinations' sampled in-edges
+    (the hop's fanout) and the sources' out-edges (None: unknown), which spares the
+    Triton segments of either CSR a count when no row can split; ``unread``, the
+    sources no edge leaves when the sampler knows them (`SampledBlock.unread_dst`),
     spares the rows a combine-first layer reads theirs."""
     if unread is not None:
         known_transform_first_rows(graph, unread)
@@ -50,7 +51,7 @@ def prepare_layouts(graph: Graph, max_in_degree: int | None = None,
     if backend == "triton":
         from ..backend.triton.schedule import SEGMENT_EDGES, segments
         context = GraphContext(graph)
-        built += [segments(context, "dst", SEGMENT_EDGES, max_in_degree), segments(context, "src", SEGMENT_EDGES)]
+        built += [segments(context, "dst", SEGMENT_EDGES, max_in_degree), segments(context, "src", SEGMENT_EDGES, max_out_degree)]
     return tuple(_tensors(built))
 
 

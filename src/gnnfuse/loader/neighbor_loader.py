@@ -231,15 +231,17 @@ class NeighborLoader:
             y = self._gather(self._y, ids[:seeds.numel()])
         with times.timing("transfer", stream=on_device):
             x, y, n_id, input_id = (self._to_device(t) for t in (x, y, nodes, seeds))
-            moved = ("rowptr", "local_src", "dst", "nodes", "unread_dst")      # not eid: no layer reads it
+            moved = ("rowptr", "local_src", "dst", "nodes", "out_degrees", "unread_dst")    # not eid: unread
             hops = [hop._replace(**{name: self._to_device(getattr(hop, name)) for name in moved})
                     for hop in reversed(hops)]
         with times.timing("reindex", stream=on_device):       # the blocks' graphs, on the device
             bounds = [k if k >= 0 else None for k in reversed(self.num_neighbors)]
             blocks = []
             for hop, bound in zip(hops, bounds):
-                graph = block_graph(hop.rowptr, hop.local_src, hop.dst, hop.nodes.numel(), sampled=True)
-                blocks.append(Block(graph, hop.nodes, prepare_layouts(graph, bound, hop.unread_dst)))
+                graph = block_graph(hop.rowptr, hop.local_src, hop.dst, hop.nodes.numel(), sampled=True,
+                                    out_degrees=hop.out_degrees)
+                blocks.append(Block(graph, hop.nodes,
+                                    prepare_layouts(graph, bound, hop.unread_dst, hop.max_out_degree)))
         return MiniBatch(blocks, x, y, n_id, input_id)
 
     def _gather(self, table: torch.Tensor | None, ids: torch.Tensor) -> torch.Tensor | None:

@@ -21,10 +21,12 @@ GraphTensor §V-B spends its scheduler on does not arise).
 
 Host syncs: on a GPU every value read back to the host stalls the loader's stream. A hop
 with a fanout samples into a ``[num_dst, fanout]`` table (its upper bound), reindexes
-that table with its empty slots masked out, and reads back the three sizes it needs in
-one transfer (`sample_block`): the edge count, the new frontier's size and how many
-destinations no edge reads. Only then are the tensors cut to size, from the counts it
-now knows. (A fanout of -1 has no bound: it reads its edge count first.)
+that table with its empty slots masked out, and reads back the four values it needs in
+one transfer (`sample_block`): the edge count, the new frontier's size, how many
+destinations no edge reads, and the largest out-degree (which spares the Triton
+backend's segments of the reverse CSR a count of their own when no source is a hub).
+Only then are the tensors cut to size, from the counts it now knows. (A fanout of -1
+has no bound: it reads its edge count first.)
 """
 from __future__ import annotations
 
@@ -58,13 +60,17 @@ class Reindexed(NamedTuple):
 class SampledBlock(NamedTuple):
     """One hop sampled and reindexed (`sample_block`): ``rowptr``, ``local_src``,
     ``dst`` and ``eid`` as in `SampledHop` (sources as indices into ``nodes``), ``nodes``
-    as in `Reindexed`, and ``unread_dst`` the destinations (ascending local ids) that no
-    sampled edge leaves: the rows a layer that maps before aggregating never reads."""
+    as in `Reindexed`, ``out_degrees`` the sampled edges leaving each of ``nodes``
+    (``max_out_degree`` the largest), and ``unread_dst`` the destinations (ascending
+    local ids) that no sampled edge leaves: the rows a layer that maps before
+    aggregating never reads."""
     rowptr: torch.Tensor
     local_src: torch.Tensor
     dst: torch.Tensor
     eid: torch.Tensor
     nodes: torch.Tensor
+    out_degrees: torch.Tensor
+    max_out_degree: int
     unread_dst: torch.Tensor
 
 
@@ -110,7 +116,7 @@ def reindex(dst_nodes: torch.Tensor, sampled_src: torch.Tensor) -> Reindexed:
 def sample_block(rowptr: torch.Tensor, col: torch.Tensor, seeds: torch.Tensor, fanout: int,
                  replace: bool = False, generator: torch.Generator | None = None) -> SampledBlock:
     """`sample_hop` and `reindex` of one hop together, reading back once (see the
-    module doc), plus the destinations no sampled edge leaves. The sample is the one
+    module doc), plus the sources' out-degrees and the destinations no edge leaves. The sample is the one
     `sample_hop` draws from the same generator state."""
     return reindex_slots(seeds, sample_slots(rowptr, col, seeds, fanout, replace, generator), rowptr.numel() - 1)
 
@@ -122,15 +128,16 @@ def reindex_slots(seeds: torch.Tensor, slots: Slots, num_nodes: int) -> SampledB
     everything = torch.cat([seeds, slots.src])
     local, nodes, distinct = _first_occurrence_ids(everything, num_nodes)
     local_src = local[num_dst:]
-    # a destination is read if some edge leaves it (its local id is < num_dst); the rest land in slot num_dst
-    leaves = torch.where(local_src < num_dst, local_src, num_dst)
-    if slots.valid is not None:
-        leaves = torch.where(slots.valid, leaves, num_dst)
-    read = torch.zeros(num_dst + 1, dtype=torch.bool, device=seeds.device).index_fill_(0, leaves, True)[:num_dst]
-    edges, distinct, unread = _read_back(torch.stack([slots.rowptr[-1], distinct, num_dst - read.sum()]))
+    leaves = local_src if slots.valid is None else torch.where(slots.valid, local_src, everything.numel())
+    out_degrees = torch.zeros(everything.numel() + 1, dtype=torch.int64, device=seeds.device).index_add_(
+        0, leaves, torch.ones_like(leaves))[:-1]            # empty slots add to the last entry, cut off
+    read = out_degrees[:num_dst] > 0
+    edges, distinct, unread, most = _read_back(torch.stack([slots.rowptr[-1], distinct, num_dst - read.sum(),
+                                                            out_degrees.max()]))
     row, slot = _edge_slots(slots, edges)
     unread_dst = torch.sort(read.to(torch.uint8), stable=True).indices[:unread]     # the False rows, ascending
-    return SampledBlock(slots.rowptr, local_src[slot], row, slots.eid[slot], nodes[:distinct], unread_dst)
+    return SampledBlock(slots.rowptr, local_src[slot], row, slots.eid[slot], nodes[:distinct],
+                        out_degrees[:distinct], most, unread_dst)
 
 
 def _read_back(values: torch.Tensor) -> list[int]:
