@@ -241,6 +241,47 @@ def gnnfuse_epoch(loader: NeighborLoader, model: nn.Module, device: torch.device
             "busy_fraction": busy / wall, "busy_s": busy, "step_host_s": host}
 
 
+COUNTED_BATCHES = 5
+
+
+def loader_alone(graph: Any, x: torch.Tensor, y: torch.Tensor, train_idx: torch.Tensor, args: argparse.Namespace,
+                 device: torch.device) -> dict[str, Any]:
+    """The loader with nothing else running (features on ``device``): its batches/s --
+    whether it can keep up with the training steps at all -- and stage seconds; then, on
+    `COUNTED_BATCHES` batches prepared without prefetch (after one more), the aten ops
+    and host syncs per batch of each stage (`minibatch_host.counting_stage_times`; the
+    counting slows the ops, so no times from that run)."""
+    from minibatch_host import counting_stage_times
+
+    def new_loader(prefetch: int) -> NeighborLoader:
+        return NeighborLoader(graph, args.fanout, args.batch_size, input_nodes=train_idx, shuffle=True, x=x, y=y,
+                              device=device, prefetch=prefetch)
+    loader = new_loader(args.prefetch)
+    take(loader, args.warmup)
+    synchronize(device)
+    loader.stage_times.reset()
+    begin, batches = time.perf_counter(), 0
+    for _ in loader:
+        batches += 1
+        if args.max_batches is not None and batches >= args.max_batches:
+            break
+    synchronize(device)
+    wall = time.perf_counter() - begin
+    cell: dict[str, Any] = {"batches": batches, "seconds": wall, "batches_per_s": batches / wall,
+                            "stages_s": loader.stage_times.totals()}
+    counting = new_loader(0)
+    counting.stage_times = counting_stage_times()
+    take(counting, 1)
+    counting.stage_times.reset()
+    take(counting, COUNTED_BATCHES)       # stages only: an epoch's start (its seed drawn on the host) is not in one
+    times = counting.stage_times
+    cell["per_batch"] = {stage: {"aten_ops": sum(times.ops[stage].values()) / COUNTED_BATCHES,
+                                 "host_syncs": sum(times.syncs[stage].values()) / COUNTED_BATCHES,
+                                 "syncs_by_op": {op: n / COUNTED_BATCHES for op, n in times.syncs[stage].items()}}
+                         for stage in times.ops}
+    return cell
+
+
 def compute_only(loader: NeighborLoader, ours: nn.Module, pyg: nn.Module, device: torch.device, warmup: int,
                  max_batches: int | None) -> dict[str, Any]:
     """Training-step times of each model on the same batches of gnnfuse's loader: both
@@ -416,6 +457,12 @@ def run(args: argparse.Namespace, save: Callable[[dict[str, Any]], None]) -> dic
     results: dict[str, Any] = {"config": {**{k: v for k, v in vars(args).items() if k != "json"},
                                           "train_seeds": train_idx.numel()},
                                "environment": environment(device), "gnnfuse": {}}
+    cell = loader_alone(graph, dataset.x.to(device), dataset.y.to(device), train_idx, args, device)
+    results["loader"] = cell
+    save(results)
+    log(f"loader alone: {cell['batches']} batches in {cell['seconds']:.2f} s ({cell['batches_per_s']:.1f}/s); per "
+        "batch: " + "; ".join(f"{stage} {c['aten_ops']:.0f} ops, {c['host_syncs']:.1f} syncs"
+                              for stage, c in cell["per_batch"].items()))
     feature_devices = ["device", "pinned"] if device.type == "cuda" else ["device"]
     for place in feature_devices:
         torch.manual_seed(args.seed)
@@ -529,6 +576,17 @@ def markdown(results: dict[str, Any]) -> str:
     elif pyg:
         lines.append(f"| PyG ({pyg['workers']} workers) | host | {pyg['epoch_s']:.2f} | {pyg['batches_per_s']:.1f} | "
                      f"{100 * pyg['busy_fraction']:.0f}% |" + " – |" * (len(STAGES) + 1))
+    alone = results.get("loader")
+    if alone is not None:
+        stages = ", ".join(f"{stage} {seconds:.2f}" for stage, seconds in alone["stages_s"].items() if seconds)
+        lines += ["", "## The loader alone (features on the device, no training)", "",
+                  f"{alone['batches']} batches in {alone['seconds']:.2f} s ({alone['batches_per_s']:.1f} batches/s); "
+                  f"stage seconds {stages}.", "",
+                  f"Per batch ({COUNTED_BATCHES} batches, no prefetch; reindex includes building the blocks' graphs "
+                  "and layouts):", "", "| stage | aten ops | host syncs | by op |", "|---|---|---|---|"]
+        lines += [f"| {stage} | {c['aten_ops']:.0f} | {c['host_syncs']:.1f} | "
+                  f"{', '.join(f'{op} {n:g}' for op, n in c['syncs_by_op'].items()) or '–'} |"
+                  for stage, c in alone["per_batch"].items()]
     compute = results.get("compute_only")
     if compute is not None:
         syncs = compute["host_syncs_per_step"]

@@ -32,6 +32,9 @@ def test_bench_minibatch_times_both_models_and_every_policy_on_the_same_batches(
     assert all(summary["steps"] == dkp["batches"] == 2 for summary in dkp["steps"].values())
     assert set(dkp["prediction_error_per_layer"]) == {"0", "1"}
     assert "skipped" in results["pyg"] or results["pyg"]["batches"] > 0
+    loader = results["loader"]            # the loader alone: one read back per hop, nothing else
+    assert loader["batches"] == 2 and loader["per_batch"]["reindex"]["syncs_by_op"] == {"Tensor.tolist": 2.0}
+    assert loader["per_batch"]["sample"]["host_syncs"] == 0 and loader["per_batch"]["sample"]["aten_ops"] > 0
     markdown = path.with_suffix(".md").read_text()
     assert "| PyG SAGEConv |" in markdown and "| dkp |" in markdown
 
