@@ -51,7 +51,8 @@ def prepare_layouts(graph: Graph, max_in_degree: int | None = None, unread: torc
     if backend == "triton":
         from ..backend.triton.schedule import SEGMENT_EDGES, segments
         context = GraphContext(graph)
-        built += [segments(context, "dst", SEGMENT_EDGES, max_in_degree), segments(context, "src", SEGMENT_EDGES, max_out_degree)]
+        built += [segments(context, "dst", SEGMENT_EDGES, max_in_degree),
+                  segments(context, "src", SEGMENT_EDGES, max_out_degree)]
     return tuple(_tensors(built))
 
 

@@ -116,8 +116,8 @@ def reindex(dst_nodes: torch.Tensor, sampled_src: torch.Tensor) -> Reindexed:
 def sample_block(rowptr: torch.Tensor, col: torch.Tensor, seeds: torch.Tensor, fanout: int,
                  replace: bool = False, generator: torch.Generator | None = None) -> SampledBlock:
     """`sample_hop` and `reindex` of one hop together, reading back once (see the
-    module doc), plus the sources' out-degrees and the destinations no edge leaves. The sample is the one
-    `sample_hop` draws from the same generator state."""
+    module doc), plus the sources' out-degrees and the destinations no edge leaves.
+    The sample is the one `sample_hop` draws from the same generator state."""
     return reindex_slots(seeds, sample_slots(rowptr, col, seeds, fanout, replace, generator), rowptr.numel() - 1)
 
 
@@ -147,7 +147,7 @@ def _read_back(values: torch.Tensor) -> list[int]:
 
 
 def sample_slots(rowptr: torch.Tensor, col: torch.Tensor, seeds: torch.Tensor, fanout: int, replace: bool,
-                  generator: torch.Generator | None) -> Slots:
+                 generator: torch.Generator | None) -> Slots:
     """The hop's sample as `Slots`: ``fanout`` slots per destination (the first
     ``count`` of a row hold its edges), or for ``fanout < 0`` every in-edge, which has
     no bound and so reads its edge count back here."""

@@ -16,6 +16,7 @@ from typing import Callable, Iterator
 import torch
 
 STAGES = ("sample", "reindex", "lookup", "transfer", "compute", "wait")
+_PENDING_EVENTS = 256       # event-timed stages kept unread before the ones done are added up
 
 
 class StageTimes:
@@ -46,14 +47,18 @@ class StageTimes:
         """Seconds per stage so far (a copy); a stage timed by events counts once its
         work has run on the device (this never waits for it)."""
         with self._lock:
-            still = []
-            for stage, start, end in self._pending:
-                if end.query():
-                    self._seconds[stage] += start.elapsed_time(end) / 1e3
-                else:
-                    still.append((stage, start, end))
-            self._pending = still
+            self._collect()
             return dict(self._seconds)
+
+    def _collect(self) -> None:
+        """Add the spans of the event-timed stages whose work has run (lock held)."""
+        still = []
+        for stage, start, end in self._pending:
+            if end.query():
+                self._seconds[stage] += start.elapsed_time(end) / 1e3
+            else:
+                still.append((stage, start, end))
+        self._pending = still
 
     @contextmanager
     def timing(self, stage: str, sync: Callable[[], None] | None = None, *,
@@ -64,12 +69,16 @@ class StageTimes:
         (`totals`) -- a synchronize here would stall the thread that queues the work at
         every stage. Else host seconds, after ``sync`` (a stream's synchronize) if given."""
         if stream is not None:
+            if stage not in STAGES:
+                raise ValueError(f"unknown stage {stage!r}; stages are {', '.join(STAGES)}")
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record(stream)
             yield
             end.record(stream)
             with self._lock:
                 self._pending.append((stage, start, end))
+                if len(self._pending) > _PENDING_EVENTS:     # nobody reads the totals: do not hoard events
+                    self._collect()
             return
         begin = time.perf_counter()
         yield
