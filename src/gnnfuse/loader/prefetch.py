@@ -3,10 +3,11 @@ computes on batch i (GraphTensor §V-B's overlap of preprocessing with FWP/BWP).
 
 The thread runs the preparation of each batch in order, so the batches (and every
 random draw in them) are exactly those of an unprefetched run. On a GPU the thread
-queues its device work on a side stream of high priority; each batch carries an event recorded after its
-last copy, the consumer's stream waits on it (no host sync), and every tensor of the
-batch is tied to the consumer's stream (``record_stream``) so the caching allocator
-does not hand its memory out again while the consumer may still be reading it.
+queues its device work on a side stream of high priority; each batch carries an event
+recorded after its last copy, the consumer's stream waits on it (no host sync), and
+every tensor of the batch is tied to the consumer's stream (``record_stream``) so the
+caching allocator does not hand its memory out again while the consumer may still be
+reading it.
 """
 from __future__ import annotations
 

@@ -133,7 +133,8 @@ class FixedPlacement(PlacementModel):
 def _nonnegative_fit(samples: list[KernelTime]) -> tuple[float, float, float]:
     """Non-negative least squares over the three terms, by trying every subset of
     columns (eight) and keeping the best fit whose coefficients are all >= 0."""
-    terms = torch.tensor([_terms(*s[:5]) for s in samples], dtype=torch.float64)
+    terms = torch.tensor([_terms(s.kind, s.rows, s.edges, s.width_in, s.width_out) for s in samples],
+                         dtype=torch.float64)
     seconds = torch.tensor([s.seconds for s in samples], dtype=torch.float64)
     scale = terms.abs().amax(0).clamp_min(1e-300)               # conditioning: the terms differ by 1e6
     best, best_residual = (0.0, 0.0, 0.0), float(seconds.pow(2).sum())
