@@ -164,6 +164,7 @@ def test_a_sampled_block_reads_back_once(fanout, replace):
     assert _counted(lambda: sample_block(rowptr, col, seeds, fanout, replace, generator)) == {"Tensor.tolist": 1}
     hop = sample_hop(rowptr, col, seeds, fanout, replace, generator)
     assert _counted(lambda: reindex(seeds, hop.src)) == {"Tensor.tolist": 1}
+    assert _counted(lambda: sample_hop(rowptr, col, seeds, -1)) == {"Tensor.tolist": 1}     # read once, not twice
 
 
 @RUNS

@@ -98,6 +98,8 @@ def sample_hop(rowptr: torch.Tensor, col: torch.Tensor, seeds: torch.Tensor, fan
     Reads back one value (the edge count).
     """
     slots = sample_slots(rowptr, col, seeds, fanout, replace, generator)
+    if slots.width is None:             # every in-edge: already cut to size, by the count it read
+        return SampledHop(slots.rowptr, slots.src, _edge_slots(slots, slots.src.numel())[0], slots.eid)
     (edges,) = _read_back(slots.rowptr[-1:])
     row, slot = _edge_slots(slots, edges)
     return SampledHop(slots.rowptr, slots.src[slot], row, slots.eid[slot])
