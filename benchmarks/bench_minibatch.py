@@ -33,6 +33,7 @@ taking turns on the same batches, timed the same way.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import time
@@ -47,6 +48,7 @@ from gnnfuse.bench import synchronize
 from gnnfuse.bench.host_syncs import HostSyncCounter
 from gnnfuse.data import load_node_dataset
 from gnnfuse.loader import STAGES, NeighborLoader
+from gnnfuse.loader.stages import ComputeTimer
 from gnnfuse.nn.block_models import build_block_model
 
 from common import REPO_ROOT, environment, log, resolve_device, warn, write_atomically
@@ -166,12 +168,21 @@ class IsolatedStepClock:
         summary = self.summary()
         return summary["device_s"] if summary["device_s"] is not None else summary["wall_s"]
 
+    def median(self) -> float:
+        """`total`'s per-step median (ms): a few first-use steps do not move it."""
+        summary = self.summary()
+        return summary["device_median_ms"] if summary["device_median_ms"] is not None else summary["wall_median_ms"]
 
-def rotated(names: list[str], index: int) -> list[str]:
-    """``names`` starting at position ``index`` (mod its length): who goes first changes
-    from batch to batch, so no model or policy always runs on caches the other warmed."""
-    shift = index % len(names)
-    return names[shift:] + names[:shift]
+
+def turn_order(names: list[str], index: int) -> list[str]:
+    """The order ``names`` take their turns on batch ``index``: every permutation in
+    turn, so each one runs before each other one on half the batches. Whoever runs
+    first on a batch pays its first uses (per-graph caches; a kernel's autotuning on a
+    size class not seen before, shared by the orders that run the same kernels): a
+    rotation of three put DKP before always-aggregate-first on two batches of three,
+    and charged DKP most of their shared autotuning."""
+    orders = list(itertools.permutations(names))
+    return list(orders[index % len(orders)])
 
 
 def host_syncs_per_step(model: nn.Module, batch: Any) -> dict[str, int]:
@@ -210,22 +221,65 @@ def gnnfuse_epoch(loader: NeighborLoader, model: nn.Module, device: torch.device
     warm_up(loader, {"gnnfuse": lambda b: train_step(model, optimizer, b.x, b.blocks, b.y, b.batch_size)},
             warmup, device)
     loader.stage_times.reset()
-    clock = StepClock(device)
+    compute = ComputeTimer(loader.stage_times, device)      # CUDA events on the compute stream
     begin = time.perf_counter()
-    batches = 0
+    batches, host = 0, 0.0
     for batch in loader:
         step_begin = time.perf_counter()
-        clock.run(lambda: train_step(model, optimizer, batch.x, batch.blocks, batch.y, batch.batch_size))
-        loader.stage_times.add("compute", time.perf_counter() - step_begin)
+        with compute.step():
+            train_step(model, optimizer, batch.x, batch.blocks, batch.y, batch.batch_size)
+        host += time.perf_counter() - step_begin
         batches += 1
         if max_batches is not None and batches >= max_batches:
             break
     synchronize(device)
     wall = time.perf_counter() - begin
-    busy = clock.seconds()
+    compute.flush()
     stages = loader.stage_times.totals()
+    busy = stages["compute"]
     return {"epoch_s": wall, "batches": batches, "batches_per_s": batches / wall, "stages_s": stages,
-            "busy_fraction": busy / wall, "busy_s": busy}
+            "busy_fraction": busy / wall, "busy_s": busy, "step_host_s": host}
+
+
+COUNTED_BATCHES = 5
+
+
+def loader_alone(graph: Any, x: torch.Tensor, y: torch.Tensor, train_idx: torch.Tensor, args: argparse.Namespace,
+                 device: torch.device) -> dict[str, Any]:
+    """The loader with nothing else running (features on ``device``): its batches/s --
+    whether it can keep up with the training steps at all -- and stage seconds; then, on
+    `COUNTED_BATCHES` batches prepared without prefetch (after one more), the aten ops
+    and host syncs per batch of each stage (`minibatch_host.counting_stage_times`; the
+    counting slows the ops, so no times from that run)."""
+    from minibatch_host import counting_stage_times
+
+    def new_loader(prefetch: int) -> NeighborLoader:
+        return NeighborLoader(graph, args.fanout, args.batch_size, input_nodes=train_idx, shuffle=True, x=x, y=y,
+                              device=device, prefetch=prefetch)
+    loader = new_loader(args.prefetch)
+    take(loader, args.warmup)
+    synchronize(device)
+    loader.stage_times.reset()
+    begin, batches = time.perf_counter(), 0
+    for _ in loader:
+        batches += 1
+        if args.max_batches is not None and batches >= args.max_batches:
+            break
+    synchronize(device)
+    wall = time.perf_counter() - begin
+    cell: dict[str, Any] = {"batches": batches, "seconds": wall, "batches_per_s": batches / wall,
+                            "stages_s": loader.stage_times.totals()}
+    counting = new_loader(0)
+    counting.stage_times = counting_stage_times()
+    take(counting, 1)
+    counting.stage_times.reset()
+    take(counting, COUNTED_BATCHES)       # stages only: an epoch's start (its seed drawn on the host) is not in one
+    times = counting.stage_times
+    cell["per_batch"] = {stage: {"aten_ops": sum(times.ops[stage].values()) / COUNTED_BATCHES,
+                                 "host_syncs": sum(times.syncs[stage].values()) / COUNTED_BATCHES,
+                                 "syncs_by_op": {op: n / COUNTED_BATCHES for op, n in times.syncs[stage].items()}}
+                         for stage in times.ops}
+    return cell
 
 
 def compute_only(loader: NeighborLoader, ours: nn.Module, pyg: nn.Module, device: torch.device, warmup: int,
@@ -249,7 +303,7 @@ def compute_only(loader: NeighborLoader, ours: nn.Module, pyg: nn.Module, device
     for batch in loader:
         if not syncs:
             syncs = {name: host_syncs_per_step(model, batch) for name, model in models.items()}
-        for name in rotated(list(models), batches):
+        for name in turn_order(list(models), batches):
             clocks[name].run(lambda: steps[name](batch))
         batches += 1
         if max_batches is not None and batches >= max_batches:
@@ -309,17 +363,20 @@ def dkp_cells(loader: NeighborLoader, model: nn.Module, device: torch.device, ar
     clocks = {name: IsolatedStepClock(device) for name in policies}
     batches_run = 0
     for batch in loader:
-        for name in rotated(list(policies), batches_run):
+        for name in turn_order(list(policies), batches_run):
             clocks[name].run(lambda: step(name, batch))
         batches_run += 1
         if args.max_batches is not None and batches_run >= args.max_batches:
             break
     install(model, None)
     seconds = {name: clock.total() for name, clock in clocks.items()}
+    medians = {name: clock.median() for name, clock in clocks.items()}
+    fixed = ("aggregate-first", "combine-first")
     return {"coefficients": placement.coefficients, "model": placement.describe(), "batches": batches_run,
             "prediction_error_per_layer": {i: sum(e) / len(e) for i, e in errors.items()},
             "step_s": seconds, "steps": {name: clock.summary() for name, clock in clocks.items()},
-            "speedup_vs": {name: seconds[name] / seconds["dkp"] for name in ("aggregate-first", "combine-first")}}
+            "speedup_vs": {name: seconds[name] / seconds["dkp"] for name in fixed},
+            "median_speedup_vs": {name: medians[name] / medians["dkp"] for name in fixed}}
 
 
 def pyg_epoch(dataset: Any, train_idx: torch.Tensor, model: nn.Module, args: argparse.Namespace,
@@ -401,6 +458,12 @@ def run(args: argparse.Namespace, save: Callable[[dict[str, Any]], None]) -> dic
     results: dict[str, Any] = {"config": {**{k: v for k, v in vars(args).items() if k != "json"},
                                           "train_seeds": train_idx.numel()},
                                "environment": environment(device), "gnnfuse": {}}
+    cell = loader_alone(graph, dataset.x.to(device), dataset.y.to(device), train_idx, args, device)
+    results["loader"] = cell
+    save(results)
+    log(f"loader alone: {cell['batches']} batches in {cell['seconds']:.2f} s ({cell['batches_per_s']:.1f}/s); per "
+        "batch: " + "; ".join(f"{stage} {c['aten_ops']:.0f} ops, {c['host_syncs']:.1f} syncs"
+                              for stage, c in cell["per_batch"].items()))
     feature_devices = ["device", "pinned"] if device.type == "cuda" else ["device"]
     for place in feature_devices:
         torch.manual_seed(args.seed)
@@ -493,15 +556,19 @@ def markdown(results: dict[str, Any]) -> str:
              f"training seeds; {env['device_name']}, torch {env['torch']}, commit "
              f"{(env['git_commit'] or 'unknown')[:12]}{' (dirty)' if env['git_dirty'] else ''}, {env['date']}.", "",
              "Stage seconds are summed over batches; sample/reindex/lookup/transfer run in the loader's "
-             "background thread, overlapped with compute; wait = time the training loop waited for a batch; "
-             "busy = training-step GPU time (CUDA events) / epoch wall time.", "",
-             "| loader | features | epoch s | batches/s | busy | " + " | ".join(STAGES) + " |",
-             "|---|---|---|---|---|" + "---|" * len(STAGES)]
+             "background thread, overlapped with compute, each timed on a GPU by CUDA events on the stream it "
+             "queues its work on (the loader's; a host-side lookup by the host clock); compute = the training "
+             "steps' spans between CUDA events on the compute stream (a span includes gaps where the stream "
+             "waited for the host's launches, so busy is an upper bound); wait = time the training loop waited "
+             "for a batch; busy = compute / epoch wall time; step host = until each step's Python call "
+             "returned.", "",
+             "| loader | features | epoch s | batches/s | busy | " + " | ".join(STAGES) + " | step host |",
+             "|---|---|---|---|---|" + "---|" * (len(STAGES) + 1)]
     for place, cells in results["gnnfuse"].items():
         for cell in cells:
             stages = " | ".join(f"{cell['stages_s'][s]:.2f}" for s in STAGES)
             lines.append(f"| gnnfuse | {place} | {cell['epoch_s']:.2f} | {cell['batches_per_s']:.1f} | "
-                         f"{100 * cell['busy_fraction']:.0f}% | {stages} |")
+                         f"{100 * cell['busy_fraction']:.0f}% | {stages} | {cell['step_host_s']:.2f} |")
     pyg = results.get("pyg") or {}
     if "error" in pyg:
         lines += ["", f"PyG's NeighborLoader epoch failed: {pyg['error']}"]
@@ -509,7 +576,18 @@ def markdown(results: dict[str, Any]) -> str:
         lines += ["", f"PyG's NeighborLoader epoch: {pyg['skipped']}."]
     elif pyg:
         lines.append(f"| PyG ({pyg['workers']} workers) | host | {pyg['epoch_s']:.2f} | {pyg['batches_per_s']:.1f} | "
-                     f"{100 * pyg['busy_fraction']:.0f}% |" + " – |" * len(STAGES))
+                     f"{100 * pyg['busy_fraction']:.0f}% |" + " – |" * (len(STAGES) + 1))
+    alone = results.get("loader")
+    if alone is not None:
+        stages = ", ".join(f"{stage} {seconds:.2f}" for stage, seconds in alone["stages_s"].items() if seconds)
+        lines += ["", "## The loader alone (features on the device, no training)", "",
+                  f"{alone['batches']} batches in {alone['seconds']:.2f} s ({alone['batches_per_s']:.1f} batches/s); "
+                  f"stage seconds {stages}.", "",
+                  f"Per batch ({COUNTED_BATCHES} batches, no prefetch; reindex includes building the blocks' graphs "
+                  "and layouts):", "", "| stage | aten ops | host syncs | by op |", "|---|---|---|---|"]
+        lines += [f"| {stage} | {c['aten_ops']:.0f} | {c['host_syncs']:.1f} | "
+                  f"{', '.join(f'{op} {n:g}' for op, n in c['syncs_by_op'].items()) or '–'} |"
+                  for stage, c in alone["per_batch"].items()]
     compute = results.get("compute_only")
     if compute is not None:
         syncs = compute["host_syncs_per_step"]
@@ -528,12 +606,15 @@ def markdown(results: dict[str, Any]) -> str:
         lines += ["", "## Dynamic kernel placement (SAGE layers)", "", "```", dkp["model"], "```", "",
                   f"Prediction error (mean |predicted - measured| / measured, both orders): {errors}.", "",
                   f"Training steps over the same {dkp['batches']} batches, every policy warmed up first, then the "
-                  "three taking turns on each batch (who goes first rotates), each step from an idle device:", "",
+                  "three taking turns on each batch (every order in turn, so each policy runs before each other "
+                  "on half the batches), each step from an idle device:", "",
                   "| policy | " + " | ".join(STEP_COLUMNS) + " |", "|---|" + "---|" * len(STEP_COLUMNS)]
         lines += [f"| {name} | {step_row(summary)} |" for name, summary in dkp["steps"].items()]
         lines += ["", f"DKP speedup x{dkp['speedup_vs']['aggregate-first']:.2f} over always aggregate-first, "
                   f"x{dkp['speedup_vs']['combine-first']:.2f} over always combine-first (device time on a GPU, wall "
-                  "on the CPU)."]
+                  "on the CPU); on the per-step medians "
+                  f"x{dkp['median_speedup_vs']['aggregate-first']:.2f} and "
+                  f"x{dkp['median_speedup_vs']['combine-first']:.2f}."]
     return "\n".join(lines) + "\n"
 
 

@@ -9,7 +9,9 @@ graph, per batch:
   again (their per-graph caches then warm): the difference is the per-block work;
 - Python function calls (cProfile), aten ops and host-syncing ops (`HostSyncCounter`)
   per step on fresh blocks;
-- the loader's time per batch (no prefetch), which now builds the blocks' layouts.
+- the loader's time per batch (no prefetch), which now builds the blocks' layouts, and
+  per stage (sample, reindex -- which includes building the blocks' graphs and layouts
+  -- lookup, transfer): host ms, aten ops and host syncs per batch.
 
 With ``--backend triton`` the Triton interpreter compiles the kernels on a warm-up
 batch, then launches are replaced by no-ops: what is left is the host work a GPU step
@@ -32,6 +34,32 @@ import time
 
 def _median(values: list[float]) -> str:
     return f"{statistics.median(values):.2f} ms (range {min(values):.2f}-{max(values):.2f})"
+
+
+def counting_stage_times():
+    """A `StageTimes` that also counts, per stage, the aten ops and host syncs issued
+    inside it (`HostSyncCounter`)."""
+    from collections import Counter
+    from contextlib import contextmanager
+
+    from gnnfuse.bench.host_syncs import HostSyncCounter
+    from gnnfuse.loader.stages import StageTimes
+
+    class CountingStageTimes(StageTimes):
+        def reset(self) -> None:
+            super().reset()
+            self.ops: dict[str, Counter] = {}
+            self.syncs: dict[str, Counter] = {}
+
+        @contextmanager
+        def timing(self, stage, sync=None, *, stream=None):
+            counter = HostSyncCounter()
+            with counter, super().timing(stage, sync, stream=stream):
+                yield
+            self.ops.setdefault(stage, Counter()).update(counter.ops)
+            self.syncs.setdefault(stage, Counter()).update(counter.syncs)
+
+    return CountingStageTimes()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -62,6 +90,7 @@ def main(argv: list[str] | None = None) -> None:
     model = build_block_model("sage", 100, 47, args.hidden, 0.5, 3)
     loader = NeighborLoader(data.graph, [15, 10, 5], args.batch_size, input_nodes=data.train_mask, shuffle=True,
                             x=data.x, y=data.y, prefetch=0)
+    loader.stage_times = counting_stage_times()
     needed = 3 + args.repeats * args.batches + 2
     loader_ms, batches = [], []
     while len(batches) < needed:
@@ -108,6 +137,13 @@ def main(argv: list[str] | None = None) -> None:
     print(f"  per step on fresh blocks: {pstats.Stats(profiler).total_calls} Python calls, "
           f"{sum(counter.ops.values())} aten ops, {sum(counter.syncs.values())} host syncs {dict(counter.syncs)}")
     print(f"  loader per batch (no prefetch): {_median(loader_ms)}")
+    times = loader.stage_times
+    seconds, count = times.totals(), len(batches)          # no prefetch: one preparation per batch taken
+    print(f"  loader per batch and stage, over {count} batches:")
+    for stage in times.ops:
+        syncs = {name: round(n / count, 2) for name, n in times.syncs[stage].items()}
+        print(f"    {stage:9s} {1e3 * seconds[stage] / count:7.2f} ms  {sum(times.ops[stage].values()) / count:6.1f} "
+              f"aten ops  {sum(times.syncs[stage].values()) / count:5.2f} host syncs {syncs}")
 
 
 if __name__ == "__main__":

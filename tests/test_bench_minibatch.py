@@ -32,5 +32,22 @@ def test_bench_minibatch_times_both_models_and_every_policy_on_the_same_batches(
     assert all(summary["steps"] == dkp["batches"] == 2 for summary in dkp["steps"].values())
     assert set(dkp["prediction_error_per_layer"]) == {"0", "1"}
     assert "skipped" in results["pyg"] or results["pyg"]["batches"] > 0
+    loader = results["loader"]            # the loader alone: one read back per hop, nothing else
+    assert loader["batches"] == 2 and loader["per_batch"]["reindex"]["syncs_by_op"] == {"Tensor.tolist": 2.0}
+    assert loader["per_batch"]["sample"]["host_syncs"] == 0 and loader["per_batch"]["sample"]["aten_ops"] > 0
     markdown = path.with_suffix(".md").read_text()
     assert "| PyG SAGEConv |" in markdown and "| dkp |" in markdown
+
+
+def test_every_policy_goes_first_against_every_other_on_half_the_batches(import_script):
+    """Whoever runs first on a batch pays its first uses (per-graph caches, autotuning a
+    new size class that two orders share); a rotation of three put one policy before
+    another on two batches of three."""
+    bench = import_script(BENCHMARKS, "bench_minibatch")
+    names = ["aggregate-first", "combine-first", "dkp"]
+    orders = [bench.turn_order(names, index) for index in range(6)]
+    for a in names:
+        for b in names:
+            if a != b:
+                assert sum(order.index(a) < order.index(b) for order in orders) == 3, (a, b)
+    assert [bench.turn_order(["gnnfuse", "pyg"], i) for i in range(2)] == [["gnnfuse", "pyg"], ["pyg", "gnnfuse"]]

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 import gnnfuse
-from gnnfuse.loader import NeighborLoader, block_graph, reindex, sample_hop
+from gnnfuse.loader import NeighborLoader, block_graph, reindex, sample_block, sample_hop
 from gnnfuse.loader.block import build_reverse_csr
 from graph_strategies import graphs
 
@@ -139,18 +139,92 @@ def test_an_unindexed_cuda_device_means_the_current_one(monkeypatch):
     assert _indexed("cpu") == torch.device("cpu")
 
 
-def test_a_hop_reads_back_only_its_edge_count_and_the_unique_size():
-    """On a GPU every value read back stalls the loader's stream: a hop needs its edge
-    count (to size the sample) and unique's result, nothing else (mask indexing sizes
-    its result on the host too)."""
+def _counted(run):
     from gnnfuse.bench.host_syncs import HostSyncCounter
+    counter = HostSyncCounter()
+    with counter:
+        run()
+    return dict(counter.syncs)
+
+
+def _small_csr():
     generator = torch.Generator().manual_seed(0)
     graph = gnnfuse.Graph(torch.randint(0, 30, (200,), generator=generator),
                           torch.randint(0, 30, (200,), generator=generator), 30)
-    rowptr, col = graph.csr().rowptr.long(), graph.csr().col.long()
-    seeds = torch.arange(0, 30, 3)
-    counter = HostSyncCounter()
-    with counter:
-        hop = sample_hop(rowptr, col, seeds, 3, False, generator)   # some rows exceed 3, some do not
-        reindex(seeds, hop.src)
-    assert dict(counter.syncs) == {"aten._local_scalar_dense.default": 1, "aten._unique2.default": 1}
+    return graph.csr().rowptr.long(), graph.csr().col.long(), generator
+
+
+@pytest.mark.parametrize("fanout, replace", [(3, False), (3, True)])
+def test_a_sampled_block_reads_back_once(fanout, replace):
+    """On a GPU every value read back stalls the loader's stream: a hop with a fanout
+    reads its edge count, its frontier's size and its unread destinations' count in one
+    transfer (it read back the first two apart, and mask indexing would add more)."""
+    rowptr, col, generator = _small_csr()
+    seeds = torch.arange(0, 30, 3)                 # some rows exceed 3, some do not
+    assert _counted(lambda: sample_block(rowptr, col, seeds, fanout, replace, generator)) == {"Tensor.tolist": 1}
+    hop = sample_hop(rowptr, col, seeds, fanout, replace, generator)
+    assert _counted(lambda: reindex(seeds, hop.src)) == {"Tensor.tolist": 1}
+    assert _counted(lambda: sample_hop(rowptr, col, seeds, -1)) == {"Tensor.tolist": 1}     # read once, not twice
+
+
+@RUNS
+@given(hops())
+def test_a_sampled_block_is_sample_hop_then_reindex(drawn):
+    case, seeds, fanout, replace, seed = drawn
+    rowptr, col = full_csr(case)
+    block = sample_block(rowptr, col, seeds, fanout, replace, torch.Generator().manual_seed(seed))
+    hop = sample_hop(rowptr, col, seeds, fanout, replace, torch.Generator().manual_seed(seed))
+    nodes, local = reindex(seeds, hop.src)
+    for ours, theirs in ((block.rowptr, hop.rowptr), (block.dst, hop.dst), (block.eid, hop.eid),
+                         (block.nodes, nodes), (block.local_src, local)):
+        assert torch.equal(ours, theirs)
+    leaves = set(local[local < seeds.numel()].tolist())
+    assert block.unread_dst.tolist() == [d for d in range(seeds.numel()) if d not in leaves]
+    out_degrees = torch.bincount(local, minlength=nodes.numel())
+    assert torch.equal(block.out_degrees, out_degrees) and block.max_out_degree == int(out_degrees.max())
+
+
+def test_floyd_resolved_at_once_picks_what_the_sequential_algorithm_picks():
+    from gnnfuse.loader.sampler import _floyd_offsets
+    deg = torch.randint(0, 30, (300,), generator=torch.Generator().manual_seed(1))
+    for fanout in (1, 2, 5, 8, 13):
+        ours = _floyd_offsets(deg, fanout, torch.Generator().manual_seed(fanout))
+        draws = torch.rand(deg.numel(), fanout, generator=torch.Generator().manual_seed(fanout))
+        for row in torch.nonzero(deg > fanout).flatten().tolist():
+            taken = []
+            for i in range(fanout):
+                j = int(deg[row]) - fanout + i
+                t = min(int(draws[row, i] * (j + 1)), j)
+                taken.append(j if t in taken else t)
+            assert ours[row].tolist() == taken
+
+
+def test_a_batch_reads_back_once_per_hop(backend, device):
+    """Preparing a batch (sampling, reindexing, the blocks' graphs and what their layers
+    read) reads back one transfer per hop: the blocks' graphs skip `Graph`'s range
+    checks (ids the sampler made), the rows a combine-first layer reads come from the
+    sampler, and so does the out-degree bound that spares the Triton segments of the
+    reverse CSR their count. It was 2 reads per hop, 4 per block graph, 3 per block's
+    rows and 2 per block's Triton segments."""
+    generator = torch.Generator().manual_seed(0)
+    graph = gnnfuse.Graph(torch.randint(0, 30, (200,), generator=generator),
+                          torch.randint(0, 30, (200,), generator=generator), 30).to(device)
+    loader = NeighborLoader(graph, [4, 3, 2], batch_size=5, shuffle=True, x=torch.randn(30, 2, device=device),
+                            prefetch=0)
+    batches = iter(loader)
+    next(batches)                                  # the epoch's start draws its seed on the host
+    read = "Tensor.tolist" if device == "cpu" else "aten._to_copy.default"     # a CUDA tensor's: its copy
+    assert _counted(lambda: next(batches)) == {read: 3}
+
+
+def test_a_block_graph_of_sampled_ids_skips_the_range_checks_others_keep_them():
+    rowptr, src, dst = torch.tensor([0, 2, 3]), torch.tensor([2, 0, 1]), torch.tensor([0, 0, 1])
+    assert _counted(lambda: block_graph(rowptr, src, dst, 3, sampled=True)) == {}
+    assert "aten._local_scalar_dense.default" in _counted(lambda: block_graph(rowptr, src, dst, 3))
+    with pytest.raises(ValueError, match="num_src_nodes"):
+        block_graph(rowptr, torch.tensor([2, 0, 5]), dst, 3)
+
+
+def test_the_sync_counter_sees_a_cpu_tensor_read_into_python():
+    assert _counted(lambda: torch.arange(3).tolist()) == {"Tensor.tolist": 1}
+    assert _counted(lambda: torch.arange(3).numpy()) == {"Tensor.numpy": 1}

@@ -75,7 +75,7 @@ def test_prefetch_reraises_a_failure_and_stops_when_abandoned(monkeypatch):
 
     def failing(*args):
         raise RuntimeError("sampling failed")
-    monkeypatch.setattr(neighbor_loader, "sample_hop", failing)
+    monkeypatch.setattr(neighbor_loader, "sample_slots", failing)
     with pytest.raises(RuntimeError, match="sampling failed"):
         list(loader)
 
@@ -212,3 +212,49 @@ def test_sage_on_sampled_blocks_equals_pyg_sageconv_on_the_same_edges(backend, d
     torch.testing.assert_close(grad, expected_grad, rtol=1e-9, atol=1e-12)
     for (name, p), q in zip(ours.convs.named_parameters(), theirs.parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-9, atol=1e-12, msg=lambda m, n=name: f"{n}: {m}")
+
+
+class _FakeEvent:
+    """A CUDA event on the CPU: done once `done` is set, 5 ms after its start."""
+    done = False
+
+    def __init__(self, enable_timing=False):
+        self.recorded_on = None
+
+    def record(self, stream=None):
+        self.recorded_on = stream
+
+    def query(self):
+        return _FakeEvent.done
+
+    def elapsed_time(self, end):
+        return 5.0
+
+
+def test_a_stage_on_a_stream_is_timed_by_events_without_waiting_for_them(monkeypatch):
+    """The loader's thread queues a stage's work on its stream and goes on: timing it
+    with a synchronize per stage stalled that thread at every stage of every batch."""
+    from gnnfuse.loader.stages import StageTimes
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(_FakeEvent, "done", False)
+    times, stream = StageTimes(), object()
+    with times.timing("sample", stream=stream):
+        pass
+    assert times.totals()["sample"] == 0.0              # not run on the device yet: not waited for
+    _FakeEvent.done = True
+    assert times.totals()["sample"] == pytest.approx(0.005) and times.totals()["sample"] == pytest.approx(0.005)
+
+
+def test_the_loader_times_its_device_stages_by_events_on_its_stream(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(_FakeEvent, "done", True)
+    stream = object()                                  # stands for the loader's CUDA stream
+    monkeypatch.setattr(neighbor_loader, "device_stream", lambda device: stream)
+    graph = gnnfuse.Graph(torch.tensor([0, 1, 2]), torch.tensor([1, 2, 0]), 3)
+    loader = NeighborLoader(graph, [2, 2], batch_size=2, x=torch.randn(3, 2), prefetch=0)
+    next(iter(loader))
+    pending = loader.stage_times._pending
+    assert {stage for stage, _, _ in pending} == {"sample", "reindex", "lookup", "transfer"}
+    assert all(start.recorded_on is stream and end.recorded_on is stream for _, start, end in pending)
+    totals = loader.stage_times.totals()
+    assert totals["sample"] == pytest.approx(2 * 0.005) and totals["reindex"] == pytest.approx(3 * 0.005)

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 # Ops whose CUDA implementations read a value back to the host before returning (and,
@@ -28,6 +29,9 @@ SYNCING_OPS = frozenset({
     "aten.bincount.default",
 })
 _MASK_INDEXING = ("aten.index.Tensor", "aten.index_put.default", "aten.index_put_.default")
+# Reads of a whole tensor into Python or numpy: on a GPU a blocking copy to the host (seen
+# as ``aten._to_copy``); on the CPU they issue no aten op at all, so they are watched by name.
+_HOST_READS = {torch.Tensor.tolist: "Tensor.tolist", torch.Tensor.numpy: "Tensor.numpy"}
 
 
 def _syncs(name: str, args: tuple, kwargs: dict) -> bool:
@@ -56,6 +60,15 @@ class HostSyncCounter(TorchDispatchMode):
         self.syncs: Counter[str] = Counter()
         self.ops: Counter[str] = Counter()
         self._paused = 0
+        self._reads = _HostReads(self)
+
+    def __enter__(self) -> HostSyncCounter:
+        self._reads.__enter__()
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        super().__exit__(*exc)
+        self._reads.__exit__(*exc)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
@@ -73,3 +86,19 @@ class HostSyncCounter(TorchDispatchMode):
             yield
         finally:
             self._paused -= 1
+
+
+class _HostReads(TorchFunctionMode):
+    """The part of `HostSyncCounter` that sees `_HOST_READS` of CPU tensors (a CUDA
+    tensor's are counted by their copy, once)."""
+
+    def __init__(self, counter: HostSyncCounter) -> None:
+        super().__init__()
+        self._counter = counter
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        name = _HOST_READS.get(func)
+        if name is not None and not self._counter._paused and not args[0].is_cuda:
+            self._counter.syncs[name] += 1
+            self._counter.ops[name] += 1
+        return func(*args, **(kwargs or {}))

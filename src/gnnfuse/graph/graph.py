@@ -107,6 +107,16 @@ class Graph:
         return g
 
     @classmethod
+    def _of_valid_ids(cls, src: torch.Tensor, dst: torch.Tensor, num_nodes: int,
+                      num_src_nodes: int | None = None) -> Graph:
+        """A graph from contiguous int64 ids that its caller built in range itself (a
+        sampler's local ids), without `__init__`'s checks: each reads the ids' minimum
+        or maximum back to the host, a sync per check on a GPU, per sampled block."""
+        g = cls.__new__(cls)
+        g._init(src, dst, num_nodes, None, None, None, None, num_src_nodes)
+        return g
+
+    @classmethod
     def bipartite(cls, src: Any, dst: Any, num_src_nodes: int | None = None, num_dst_nodes: int | None = None,
                   **kw: Any) -> Graph:
         """Edges ``src[i] -> dst[i]`` from sources ``0..num_src_nodes-1`` to the separate

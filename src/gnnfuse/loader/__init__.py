@@ -2,8 +2,8 @@
 sampling into per-layer blocks, with a pipelined prefetch (GraphTensor §V-B)."""
 from .block import Block, block_graph
 from .neighbor_loader import FEATURE_DEVICES, MiniBatch, NeighborLoader
-from .sampler import Reindexed, SampledHop, reindex, sample_hop
+from .sampler import Reindexed, SampledBlock, SampledHop, reindex, sample_block, sample_hop
 from .stages import STAGES, StageTimes
 
-__all__ = ["Block", "FEATURE_DEVICES", "MiniBatch", "NeighborLoader", "Reindexed", "STAGES", "SampledHop",
-           "StageTimes", "block_graph", "reindex", "sample_hop"]
+__all__ = ["Block", "FEATURE_DEVICES", "MiniBatch", "NeighborLoader", "Reindexed", "STAGES", "SampledBlock",
+           "SampledHop", "StageTimes", "block_graph", "reindex", "sample_block", "sample_hop"]

@@ -44,24 +44,33 @@ class Block:
                 *self.layouts]
 
 
-def block_graph(rowptr: torch.Tensor, local_src: torch.Tensor, local_dst: torch.Tensor, num_src: int) -> Graph:
+def block_graph(rowptr: torch.Tensor, local_src: torch.Tensor, local_dst: torch.Tensor, num_src: int, *,
+                sampled: bool = False, out_degrees: torch.Tensor | None = None) -> Graph:
     """The bipartite graph of a block whose edges come grouped by destination
     (``rowptr``, ``local_src``; ``local_dst`` is each edge's destination), with its CSR
-    and both degree vectors already in the graph's cache.
+    and both degree vectors already in the graph's cache. ``sampled``: the ids are the
+    int64 local ids `loader.sampler` built, in range by construction, so their range
+    is not checked (otherwise it is, as `Graph` checks any ids). ``out_degrees``: the
+    sources' int64 out-degrees when the caller has counted them already.
 
     Why here: built lazily they would run in the training step, once per block, and
     `Graph` builds them with a sort and ``bincount``, which on a GPU reads its input's
     maximum back to the host: a sync that drains the device queue. The sample already
     holds the CSR (edges in destination order, identity edge ids: exactly what
     `Graph.csr`'s sort would give), the in-degrees are its row lengths and the
-    out-degrees one scatter-add; nothing is read back to the host.
+    out-degrees one scatter-add; nothing is read back to the host (nor, for sampled
+    ids, by the four range checks).
     """
-    graph = Graph(local_src, local_dst, rowptr.numel() - 1, num_src_nodes=num_src)
+    if sampled:
+        graph = Graph._of_valid_ids(local_src, local_dst, rowptr.numel() - 1, num_src)
+    else:
+        graph = Graph(local_src, local_dst, rowptr.numel() - 1, num_src_nodes=num_src)
     dtype, device = graph.index_dtype, local_src.device
     rowptr, local_src = rowptr.long(), local_src.long()
     edges = torch.arange(local_src.numel(), device=device, dtype=dtype)
-    out_degrees = torch.zeros(num_src, dtype=torch.int64, device=device).index_add_(
-        0, local_src, torch.ones(local_src.numel(), dtype=torch.int64, device=device))
+    if out_degrees is None:
+        out_degrees = torch.zeros(num_src, dtype=torch.int64, device=device).index_add_(
+            0, local_src, torch.ones(local_src.numel(), dtype=torch.int64, device=device))
     _prefill(graph, csr=CSR(rowptr.to(dtype), local_src.to(dtype), edges), in_degrees=rowptr.diff(),
              out_degrees=out_degrees)
     return graph

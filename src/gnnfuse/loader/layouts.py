@@ -26,16 +26,22 @@ import torch
 from ..backend import tuned_schedule
 from ..backend.reference import GraphContext
 from ..graph import Graph
-from ..nn.conv import transform_first_rows
+from ..nn.conv import known_transform_first_rows, transform_first_rows
 from ..runtime.compiled import backend_name
 from .block import build_reverse_csr
 
 
-def prepare_layouts(graph: Graph, max_in_degree: int | None = None) -> tuple[torch.Tensor, ...]:
+def prepare_layouts(graph: Graph, max_in_degree: int | None = None, unread: torch.Tensor | None = None,
+                    max_out_degree: int | None = None) -> tuple[torch.Tensor, ...]:
     """Build the per-graph layouts the step will read on ``graph`` (see the module
     doc); returns the tensors built, which the consumer's stream must keep alive.
-    ``max_in_degree`` bounds the destinations' sampled in-edges (the hop's fanout; None
-    when unbounded), which spares the Triton segments of the CSR a count."""
+    ``max_in_degree`` and ``max_out_degree`` bound the destinations' sampled in-edges
+    (the hop's fanout) and the sources' out-edges (None: unknown), which spares the
+    Triton segments of either CSR a count when no row can split; ``unread``, the
+    sources no edge leaves when the sampler knows them (`SampledBlock.unread_dst`),
+    spares the rows a combine-first layer reads theirs."""
+    if unread is not None:
+        known_transform_first_rows(graph, unread)
     built: list[Any] = [transform_first_rows(graph, 1)]
     backend = backend_name(graph.device.type == "cuda")
     if backend != "reference":      # the reference backend's backward scatters by edge: no reverse CSR
@@ -45,7 +51,8 @@ def prepare_layouts(graph: Graph, max_in_degree: int | None = None) -> tuple[tor
     if backend == "triton":
         from ..backend.triton.schedule import SEGMENT_EDGES, segments
         context = GraphContext(graph)
-        built += [segments(context, "dst", SEGMENT_EDGES, max_in_degree), segments(context, "src", SEGMENT_EDGES)]
+        built += [segments(context, "dst", SEGMENT_EDGES, max_in_degree),
+                  segments(context, "src", SEGMENT_EDGES, max_out_degree)]
     return tuple(_tensors(built))
 
 

@@ -38,8 +38,8 @@ from ..graph import Graph
 from .block import Block, block_graph
 from .layouts import prepare_layouts
 from .prefetch import Prefetcher
-from .sampler import reindex, sample_hop
-from .stages import StageTimes, stream_sync
+from .sampler import reindex_slots, sample_slots
+from .stages import StageTimes, device_stream
 
 FEATURE_DEVICES = ("device", "pinned")
 
@@ -191,7 +191,8 @@ class NeighborLoader:
             seeds = self.seeds[torch.as_tensor(list(self.sampler), dtype=torch.int64)]
         else:
             seeds = self.seeds[torch.randperm(self.seeds.numel(), generator=generator)] if self.shuffle else self.seeds
-        batches = list(seeds.split(self.batch_size))
+        # on the sampler's device once per epoch, not copied there batch by batch
+        batches = list(seeds.to(self.sample_device).split(self.batch_size))
         if self.drop_last and batches and batches[-1].numel() < self.batch_size:
             batches.pop()
         return batches
@@ -213,28 +214,34 @@ class NeighborLoader:
 
     # -- the stages of one batch ------------------------------------------------------
     def _prepare(self, seeds: torch.Tensor, generator: torch.Generator) -> MiniBatch:
-        times, sync = self.stage_times, stream_sync(self.sample_device)
+        times, on_sampler = self.stage_times, device_stream(self.sample_device)
         nodes = seeds.to(self.sample_device)
         hops = []
         for fanout in self.num_neighbors:
-            with times.timing("sample", sync):
-                hop = sample_hop(self._rowptr, self._col, nodes, fanout, self.replace, generator)
-            with times.timing("reindex", sync):
-                frontier = reindex(nodes, hop.src)
-            hops.append((hop.rowptr, frontier.local_src, hop.dst, frontier.nodes))
-            nodes = frontier.nodes
-        with times.timing("lookup", stream_sync(self.device) if self.feature_device == "device" else None):
+            with times.timing("sample", stream=on_sampler):
+                slots = sample_slots(self._rowptr, self._col, nodes, fanout, self.replace, generator)
+            with times.timing("reindex", stream=on_sampler):
+                hop = reindex_slots(nodes, slots, self.num_nodes)
+            hops.append(hop)
+            nodes = hop.nodes
+        on_device = device_stream(self.device)
+        with times.timing("lookup", stream=on_device if self.feature_device == "device" else None):
             ids = nodes.to(self._x.device if self._x is not None else nodes.device)
             x = self._gather(self._x, ids)
             y = self._gather(self._y, ids[:seeds.numel()])
-        with times.timing("transfer", stream_sync(self.device)):
+        with times.timing("transfer", stream=on_device):
             x, y, n_id, input_id = (self._to_device(t) for t in (x, y, nodes, seeds))
-            hops = [tuple(self._to_device(t) for t in hop) for hop in reversed(hops)]
-        with times.timing("reindex", stream_sync(self.device)):       # the blocks' graphs, on the device
-            graphs = [(block_graph(rowptr, src, dst, ids.numel()), ids) for rowptr, src, dst, ids in hops]
-            in_degree_bounds = [k if k >= 0 else None for k in reversed(self.num_neighbors)]
-            blocks = [Block(graph, ids, prepare_layouts(graph, bound))
-                      for (graph, ids), bound in zip(graphs, in_degree_bounds)]
+            moved = ("rowptr", "local_src", "dst", "nodes", "out_degrees", "unread_dst")    # not eid: unread
+            hops = [hop._replace(**{name: self._to_device(getattr(hop, name)) for name in moved})
+                    for hop in reversed(hops)]
+        with times.timing("reindex", stream=on_device):       # the blocks' graphs, on the device
+            bounds = [k if k >= 0 else None for k in reversed(self.num_neighbors)]
+            blocks = []
+            for hop, bound in zip(hops, bounds):
+                graph = block_graph(hop.rowptr, hop.local_src, hop.dst, hop.nodes.numel(), sampled=True,
+                                    out_degrees=hop.out_degrees)
+                blocks.append(Block(graph, hop.nodes,
+                                    prepare_layouts(graph, bound, hop.unread_dst, hop.max_out_degree)))
         return MiniBatch(blocks, x, y, n_id, input_id)
 
     def _gather(self, table: torch.Tensor | None, ids: torch.Tensor) -> torch.Tensor | None:

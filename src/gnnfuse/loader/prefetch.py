@@ -3,10 +3,11 @@ computes on batch i (GraphTensor §V-B's overlap of preprocessing with FWP/BWP).
 
 The thread runs the preparation of each batch in order, so the batches (and every
 random draw in them) are exactly those of an unprefetched run. On a GPU the thread
-queues its device work on a side stream; each batch carries an event recorded after its
-last copy, the consumer's stream waits on it (no host sync), and every tensor of the
-batch is tied to the consumer's stream (``record_stream``) so the caching allocator
-does not hand its memory out again while the consumer may still be reading it.
+queues its device work on a side stream of high priority; each batch carries an event
+recorded after its last copy, the consumer's stream waits on it (no host sync), and
+every tensor of the batch is tied to the consumer's stream (``record_stream``) so the
+caching allocator does not hand its memory out again while the consumer may still be
+reading it.
 """
 from __future__ import annotations
 
@@ -42,7 +43,9 @@ class Prefetcher(Generic[Batch]):
         self._device = device
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
-        self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        # High priority: the loader's kernels are small and each read back waits for them, so
+        # they should slip in between the training step's large kernels, not queue behind them.
+        self._stream = torch.cuda.Stream(device, priority=-1) if device.type == "cuda" else None
         self._thread = threading.Thread(target=self._run, name="gnnfuse-prefetch", daemon=True)
         self._thread.start()
 

@@ -1,25 +1,36 @@
 """Neighbour sampling and reindexing for one hop, as vectorized torch code.
 
 The same code runs on the CPU (torch's intra-op threads parallelize every op) and on a
-GPU when the graph's CSR lives there: there is no per-vertex Python loop, only a loop
-over the fanout's `k` positions.
+GPU when the graph's CSR lives there: there is no per-vertex Python loop, and no loop
+over the fanout either (a fixed handful of ops per hop, however large the fanout).
 
-Sampling without replacement uses Floyd's algorithm vectorized over destinations: for
+Sampling without replacement is Floyd's algorithm vectorized over destinations: for
 ``j = deg - k .. deg - 1`` draw ``t`` uniform in ``[0, j]`` and take ``j`` if ``t`` was
-already taken, else ``t``. It yields a uniform k-subset of each row at O(k^2) work per
-destination, however large its degree (a hub of 10^5 in-edges costs what a vertex of
-degree 16 costs), and needs no per-row sort. A destination with ``deg <= k`` keeps all
-of its in-edges, as PyG's sampler does.
+already taken, else ``t``. It yields a uniform k-subset of each row at O(k log k) work
+per destination, however large its degree (a hub of 10^5 in-edges costs what a vertex
+of degree 16 costs), and needs no per-row sort. A destination with ``deg <= k`` keeps
+all of its in-edges, as PyG's sampler does. Floyd's steps look sequential (each asks
+what the earlier ones took); `_floyd_offsets` resolves them all at once.
 
-Reindexing (GraphTensor §V-B's R task) is sort-based: ``torch.unique`` on the
-destinations followed by the sampled sources, then the unique ids ordered by first
+Reindexing (GraphTensor §V-B's R task) is sort-based: one stable sort of the
+destinations followed by the sampled sources, then the distinct ids numbered by first
 occurrence, so the destinations keep local ids ``0..num_dst-1`` (``x_dst =
 x_src[:num_dst]``, the PyG/DGL block convention) and new sources follow in the order
 they were first sampled. No shared hash table, so nothing is lock-bound (the contention
 GraphTensor §V-B spends its scheduler on does not arise).
+
+Host syncs: on a GPU every value read back to the host stalls the loader's stream. A hop
+with a fanout samples into a ``[num_dst, fanout]`` table (its upper bound), reindexes
+that table with its empty slots masked out, and reads back the four values it needs in
+one transfer (`sample_block`): the edge count, the new frontier's size, how many
+destinations no edge reads, and the largest out-degree (which spares the Triton
+backend's segments of the reverse CSR a count of their own when no source is a hub).
+Only then are the tensors cut to size, from the counts it now knows. (A fanout of -1
+has no bound: it reads its edge count first.)
 """
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -38,60 +49,6 @@ class SampledHop(NamedTuple):
     eid: torch.Tensor
 
 
-def sample_hop(rowptr: torch.Tensor, col: torch.Tensor, seeds: torch.Tensor, fanout: int,
-               replace: bool = False, generator: torch.Generator | None = None) -> SampledHop:
-    """Sample up to ``fanout`` in-edges of each vertex in ``seeds`` from the CSR
-    (``rowptr``, ``col``: in-edges grouped by destination, ``col`` = sources).
-
-    ``fanout < 0`` takes every in-edge. Without replacement each destination gets
-    ``min(deg, fanout)`` distinct edges; with replacement ``fanout`` draws (none when
-    ``deg == 0``). All tensors are on ``rowptr``'s device; ``generator`` must be too.
-    """
-    device = rowptr.device
-    start = rowptr[seeds]
-    deg = rowptr[seeds + 1] - start
-    if fanout < 0:
-        count = deg
-    elif replace:
-        count = torch.where(deg > 0, torch.full_like(deg, fanout), deg)
-    else:
-        count = deg.clamp(max=fanout)
-    out_ptr = torch.zeros(seeds.numel() + 1, dtype=torch.int64, device=device)
-    torch.cumsum(count, 0, out=out_ptr[1:])
-    total = int(out_ptr[-1])
-    row = torch.repeat_interleave(torch.arange(seeds.numel(), device=device), count, output_size=total)
-    offset = torch.arange(total, device=device) - out_ptr[row]     # position within the row's sample
-    if fanout >= 0 and replace:
-        draw = torch.rand(total, device=device, generator=generator)
-        offset = (draw * deg[row]).long().clamp_(max=deg[row] - 1)
-    elif fanout >= 0:
-        offset = _floyd_offsets(deg, offset, row, fanout, generator)
-    eid = start[row] + offset
-    return SampledHop(out_ptr, col[eid], row, eid)
-
-
-def _floyd_offsets(deg: torch.Tensor, offset: torch.Tensor, row: torch.Tensor, fanout: int,
-                   generator: torch.Generator | None) -> torch.Tensor:
-    """In-row offsets of the sampled edges: ``0..deg-1`` where the whole row is kept, a
-    uniform ``fanout``-subset (Floyd) where ``deg > fanout``.
-
-    Floyd runs on every destination, and the rows that keep everything ignore its draws:
-    selecting the rows with ``deg > fanout`` first would size a tensor by a count read
-    back from the device (a sync per hop on a GPU), and the extra work is ``fanout^2``
-    comparisons per destination."""
-    big = deg > fanout
-    last = (deg - fanout).clamp(min=0)          # j's first value (rows that keep everything: ignored)
-    chosen = torch.empty(deg.numel(), fanout, dtype=torch.int64, device=deg.device)
-    for i in range(fanout):
-        j = last + i
-        t = (torch.rand(deg.numel(), device=deg.device, generator=generator) * (j + 1)).long()
-        t = torch.minimum(t, j)                                   # float rounding at the top edge
-        taken = (chosen[:, :i] == t.unsqueeze(1)).any(1)
-        chosen[:, i] = torch.where(taken, j, t)
-    # A row with deg > fanout holds exactly `fanout` samples, at positions 0..fanout-1.
-    return torch.where(big[row], chosen[row, offset], offset)
-
-
 class Reindexed(NamedTuple):
     """A hop's sources renumbered: ``nodes`` are the global ids of the next frontier
     (the destinations first, in order, then new sources by first appearance) and
@@ -100,18 +57,188 @@ class Reindexed(NamedTuple):
     local_src: torch.Tensor
 
 
+class SampledBlock(NamedTuple):
+    """One hop sampled and reindexed (`sample_block`): ``rowptr``, ``local_src``,
+    ``dst`` and ``eid`` as in `SampledHop` (sources as indices into ``nodes``), ``nodes``
+    as in `Reindexed`, ``out_degrees`` the sampled edges leaving each of ``nodes``
+    (``max_out_degree`` the largest), and ``unread_dst`` the destinations (ascending
+    local ids) that no sampled edge leaves: the rows a layer that maps before
+    aggregating never reads."""
+    rowptr: torch.Tensor
+    local_src: torch.Tensor
+    dst: torch.Tensor
+    eid: torch.Tensor
+    nodes: torch.Tensor
+    out_degrees: torch.Tensor
+    max_out_degree: int
+    unread_dst: torch.Tensor
+
+
+class Slots(NamedTuple):
+    """A hop's sample (`sample_slots`) before it is cut to size: ``src``/``eid`` per slot (a slot that
+    holds no edge has ``valid`` False and the source id ``num_nodes``), the per-row edge
+    counts ``count`` and their prefix sums ``rowptr``; ``width`` slots per destination
+    (None: the slots are already the edges, in CSR order)."""
+    src: torch.Tensor
+    eid: torch.Tensor
+    valid: torch.Tensor | None
+    count: torch.Tensor
+    rowptr: torch.Tensor
+    width: int | None
+
+
+def sample_hop(rowptr: torch.Tensor, col: torch.Tensor, seeds: torch.Tensor, fanout: int,
+               replace: bool = False, generator: torch.Generator | None = None) -> SampledHop:
+    """Sample up to ``fanout`` in-edges of each vertex in ``seeds`` from the CSR
+    (``rowptr``, ``col``: in-edges grouped by destination, ``col`` = sources).
+
+    ``fanout < 0`` takes every in-edge. Without replacement each destination gets
+    ``min(deg, fanout)`` distinct edges; with replacement ``fanout`` draws (none when
+    ``deg == 0``). All tensors are on ``rowptr``'s device; ``generator`` must be too.
+    Reads back one value (the edge count).
+    """
+    slots = sample_slots(rowptr, col, seeds, fanout, replace, generator)
+    if slots.width is None:             # every in-edge: already cut to size, by the count it read
+        return SampledHop(slots.rowptr, slots.src, _edge_slots(slots, slots.src.numel())[0], slots.eid)
+    (edges,) = _read_back(slots.rowptr[-1:])
+    row, slot = _edge_slots(slots, edges)
+    return SampledHop(slots.rowptr, slots.src[slot], row, slots.eid[slot])
+
+
 def reindex(dst_nodes: torch.Tensor, sampled_src: torch.Tensor) -> Reindexed:
     """Local ids for a hop whose destinations are ``dst_nodes`` (distinct global ids)
-    and whose sampled edges start at ``sampled_src`` (global ids)."""
+    and whose sampled edges start at ``sampled_src`` (global ids). Reads back one value
+    (the number of distinct ids)."""
     everything = torch.cat([dst_nodes, sampled_src])
-    unique, inverse = torch.unique(everything, return_inverse=True)
-    position = torch.arange(everything.numel(), device=everything.device)
-    first = torch.full((unique.numel(),), everything.numel(), dtype=torch.int64, device=everything.device)
-    first.scatter_reduce_(0, inverse, position, reduce="amin")    # each id's first position
-    # Numbering the first positions in position order is a prefix sum, not a second sort.
-    is_first = torch.zeros(everything.numel(), dtype=torch.bool, device=everything.device)
-    is_first[first] = True
-    local = (torch.cumsum(is_first, 0) - 1)[first]                # local id of each unique id
-    # The first positions in position order, sorted rather than read through the mask
-    # `is_first` (a boolean index sizes its result on the host: a sync on a GPU).
-    return Reindexed(everything[torch.sort(first).values], local[inverse[dst_nodes.numel():]])
+    local, nodes, count = _first_occurrence_ids(everything, None)
+    (distinct,) = _read_back(count.unsqueeze(0))
+    return Reindexed(nodes[:distinct], local[dst_nodes.numel():])
+
+
+def sample_block(rowptr: torch.Tensor, col: torch.Tensor, seeds: torch.Tensor, fanout: int,
+                 replace: bool = False, generator: torch.Generator | None = None) -> SampledBlock:
+    """`sample_hop` and `reindex` of one hop together, reading back once (see the
+    module doc), plus the sources' out-degrees and the destinations no edge leaves.
+    The sample is the one `sample_hop` draws from the same generator state."""
+    return reindex_slots(seeds, sample_slots(rowptr, col, seeds, fanout, replace, generator), rowptr.numel() - 1)
+
+
+def reindex_slots(seeds: torch.Tensor, slots: Slots, num_nodes: int) -> SampledBlock:
+    """The reindexing half of `sample_block`: ``slots`` sampled for ``seeds`` from a
+    graph of ``num_nodes`` vertices, renumbered and cut to size after one read back."""
+    num_dst = seeds.numel()
+    everything = torch.cat([seeds, slots.src])
+    local, nodes, distinct = _first_occurrence_ids(everything, num_nodes)
+    local_src = local[num_dst:]
+    leaves = local_src if slots.valid is None else torch.where(slots.valid, local_src, everything.numel())
+    out_degrees = torch.zeros(everything.numel() + 1, dtype=torch.int64, device=seeds.device).index_add_(
+        0, leaves, torch.ones_like(leaves))[:-1]            # empty slots add to the last entry, cut off
+    read = out_degrees[:num_dst] > 0
+    edges, distinct, unread, most = _read_back(torch.stack([slots.rowptr[-1], distinct, num_dst - read.sum(),
+                                                            out_degrees.max()]))
+    row, slot = _edge_slots(slots, edges)
+    unread_dst = torch.sort(read.to(torch.uint8), stable=True).indices[:unread]     # the False rows, ascending
+    return SampledBlock(slots.rowptr, local_src[slot], row, slots.eid[slot], nodes[:distinct],
+                        out_degrees[:distinct], most, unread_dst)
+
+
+def _read_back(values: torch.Tensor) -> list[int]:
+    """``values`` on the host: the one transfer (and, on a GPU, the one wait for the
+    queued work) a caller pays for all of them."""
+    return values.tolist()
+
+
+def sample_slots(rowptr: torch.Tensor, col: torch.Tensor, seeds: torch.Tensor, fanout: int, replace: bool,
+                 generator: torch.Generator | None) -> Slots:
+    """The hop's sample as `Slots`: ``fanout`` slots per destination (the first
+    ``count`` of a row hold its edges), or for ``fanout < 0`` every in-edge, which has
+    no bound and so reads its edge count back here."""
+    device = rowptr.device
+    start = rowptr[seeds]
+    deg = rowptr[seeds + 1] - start
+    if fanout < 0:
+        count = deg
+    elif replace:
+        count = torch.where(deg > 0, fanout, 0)
+    else:
+        count = deg.clamp(max=fanout)
+    out_ptr = torch.zeros(seeds.numel() + 1, dtype=torch.int64, device=device)
+    torch.cumsum(count, 0, out=out_ptr[1:])
+    if fanout < 0:
+        (total,) = _read_back(out_ptr[-1:])
+        row = torch.repeat_interleave(torch.arange(seeds.numel(), device=device), count, output_size=total)
+        eid = start[row] + torch.arange(total, device=device) - out_ptr[row]
+        return Slots(col[eid], eid, None, count, out_ptr, None)
+    position = torch.arange(fanout, device=device)
+    if replace:
+        draw = torch.rand(seeds.numel(), fanout, device=device, generator=generator)
+        offset = (draw * deg.unsqueeze(1)).long().clamp_(max=(deg - 1).clamp(min=0).unsqueeze(1))
+    else:
+        offset = torch.where((deg > fanout).unsqueeze(1), _floyd_offsets(deg, fanout, generator), position)
+    valid = position < count.unsqueeze(1)
+    eid = torch.where(valid, start.unsqueeze(1) + offset, 0)
+    num_nodes = rowptr.numel() - 1
+    src = torch.where(valid, col[eid], num_nodes) if col.numel() else torch.full_like(eid, num_nodes)
+    return Slots(src.flatten(), eid.flatten(), valid.flatten(), count, out_ptr, fanout)
+
+
+def _edge_slots(slots: Slots, edges: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(each edge's destination row, its slot) for the hop's ``edges`` sampled edges in
+    CSR order, sized by the count the caller read back (no sync)."""
+    device = slots.rowptr.device
+    row = torch.repeat_interleave(torch.arange(slots.count.numel(), device=device), slots.count, output_size=edges)
+    if slots.width is None:
+        return row, torch.arange(edges, device=device)
+    return row, row * slots.width + torch.arange(edges, device=device) - slots.rowptr[row]
+
+
+def _floyd_offsets(deg: torch.Tensor, fanout: int, generator: torch.Generator | None) -> torch.Tensor:
+    """Floyd's uniform ``fanout``-subset of ``0..deg-1`` for every row ([rows, fanout]
+    offsets; rows with ``deg <= fanout`` get draws the caller ignores), all steps at once.
+
+    Step ``i`` (``j_i = deg - fanout + i``) draws ``t_i`` in ``[0, j_i]`` and takes
+    ``j_i`` exactly when ``t_i`` is already taken. Every ``t_m`` is in the set after step
+    ``m`` (taken then, or taken before), and ``j_m`` is in it exactly when step ``m``
+    collided, so step ``i`` collides when ``t_i`` repeats an earlier draw, or equals
+    ``j_m`` (``m = t_i - j_0 < i``) for a step ``m`` that collided. That is an OR down a
+    chain of strictly earlier steps, resolved by pointer doubling in ceil(log2 k) rounds.
+    The draws and the result are those of the sequential algorithm.
+    """
+    rows = deg.numel()
+    step = torch.arange(fanout, device=deg.device)
+    first = (deg - fanout).clamp(min=0).unsqueeze(1)                      # j_0
+    top = first + step                                                    # j_i
+    draw = torch.rand(rows, fanout, device=deg.device, generator=generator)
+    t = torch.minimum((draw * (top + 1)).long(), top)                     # float rounding at the top edge
+    # t_i repeats an earlier draw: not the first of its run after a stable sort of the row
+    ordered, order = torch.sort(t, dim=1, stable=True)
+    later = torch.cat([torch.zeros_like(ordered[:, :1], dtype=torch.bool), ordered[:, 1:] == ordered[:, :-1]], 1)
+    collided = torch.empty_like(later).scatter_(1, order, later)
+    earlier = t - first                                                   # the step m whose j_m is t_i
+    pointer = torch.where((earlier >= 0) & (earlier < step), earlier, step)
+    for _ in range(math.ceil(math.log2(fanout)) if fanout > 1 else 0):
+        collided = collided | collided.gather(1, pointer)
+        pointer = pointer.gather(1, pointer)
+    return torch.where(collided, top, t)
+
+
+def _first_occurrence_ids(values: torch.Tensor, missing: int | None
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Number the distinct ``values`` by first occurrence, without reading anything back:
+    (each position's local id, the distinct values in that order padded to
+    ``values.numel() + 1`` entries, how many there are). Entries equal to ``missing``
+    (empty slots) get no id of their own and are not counted."""
+    size = values.numel()
+    positions = torch.arange(size, device=values.device)
+    ordered, order = torch.sort(values, stable=True)            # equal values keep position order
+    starts_run = torch.ones(size, dtype=torch.bool, device=values.device)
+    starts_run[1:] = ordered[1:] != ordered[:-1]
+    run_start = torch.cummax(torch.where(starts_run, positions, 0), 0).values
+    first_of_run = starts_run if missing is None else starts_run & (ordered != missing)
+    is_first = torch.empty_like(first_of_run).scatter_(0, order, first_of_run)   # in position order
+    numbered = torch.cumsum(is_first, 0)
+    rank = numbered - 1                                         # the id of a first occurrence
+    local = torch.empty_like(rank).scatter_(0, order, rank[order[run_start]])
+    nodes = values.new_empty(size + 1).index_put_((torch.where(is_first, rank, size),), values)
+    count = numbered[-1] if size else numbered.new_zeros(())
+    return local, nodes, count

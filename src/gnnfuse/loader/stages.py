@@ -16,6 +16,7 @@ from typing import Callable, Iterator
 import torch
 
 STAGES = ("sample", "reindex", "lookup", "transfer", "compute", "wait")
+_PENDING_EVENTS = 256       # event-timed stages kept unread before the ones done are added up
 
 
 class StageTimes:
@@ -29,6 +30,7 @@ class StageTimes:
     def reset(self) -> None:
         with self._lock:
             self._seconds = dict.fromkeys(STAGES, 0.0)
+            self._pending: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
             self.batches = 0
 
     def add(self, stage: str, seconds: float) -> None:
@@ -42,23 +44,57 @@ class StageTimes:
             self.batches += 1
 
     def totals(self) -> dict[str, float]:
-        """Seconds per stage so far (a copy)."""
+        """Seconds per stage so far (a copy); a stage timed by events counts once its
+        work has run on the device (this never waits for it)."""
         with self._lock:
+            self._collect()
             return dict(self._seconds)
 
+    def _collect(self) -> None:
+        """Add the spans of the event-timed stages whose work has run (lock held)."""
+        still = []
+        for stage, start, end in self._pending:
+            if end.query():
+                self._seconds[stage] += start.elapsed_time(end) / 1e3
+            else:
+                still.append((stage, start, end))
+        self._pending = still
+
     @contextmanager
-    def timing(self, stage: str, sync: Callable[[], None] | None = None) -> Iterator[None]:
-        """Time the block as ``stage``; ``sync`` (a CUDA stream's synchronize) runs before
-        the clock stops, so asynchronous device work is charged to the stage that queued it."""
-        start = time.perf_counter()
+    def timing(self, stage: str, sync: Callable[[], None] | None = None, *,
+               stream: torch.cuda.Stream | None = None) -> Iterator[None]:
+        """Time the block as ``stage``. With ``stream`` (the CUDA stream the block queues
+        its work on), the span between two events recorded on it: the stage's time on
+        the device's timeline, waits for the host's launches included, read later
+        (`totals`) -- a synchronize here would stall the thread that queues the work at
+        every stage. Else host seconds, after ``sync`` (a stream's synchronize) if given."""
+        if stream is not None:
+            if stage not in STAGES:
+                raise ValueError(f"unknown stage {stage!r}; stages are {', '.join(STAGES)}")
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record(stream)
+            yield
+            end.record(stream)
+            with self._lock:
+                self._pending.append((stage, start, end))
+                if len(self._pending) > _PENDING_EVENTS:     # nobody reads the totals: do not hoard events
+                    self._collect()
+            return
+        begin = time.perf_counter()
         yield
         if sync is not None:
             sync()
-        self.add(stage, time.perf_counter() - start)
+        self.add(stage, time.perf_counter() - begin)
 
     def summary(self) -> str:
         """``sample 1.2s | reindex ...`` for a progress bar or a log line."""
         return " | ".join(f"{stage} {seconds:.2f}s" for stage, seconds in self.totals().items())
+
+
+def device_stream(device: torch.device) -> torch.cuda.Stream | None:
+    """The stream `StageTimes.timing` records a stage's events on: the current CUDA
+    stream of ``device`` (the loader's side stream in its thread), None on the CPU."""
+    return torch.cuda.current_stream(device) if device.type == "cuda" else None
 
 
 def stream_sync(device: torch.device) -> Callable[[], None] | None:

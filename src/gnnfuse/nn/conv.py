@@ -203,6 +203,18 @@ def transform_first_rows(graph: Graph, hops: int) -> tuple[torch.Tensor | None, 
     return starts, graph.cached(f"nn_walk_unread_{hops}", lambda _: torch.nonzero(~starts).squeeze(1))
 
 
+def known_transform_first_rows(graph: Graph, unread: torch.Tensor) -> None:
+    """Give ``graph`` the rows a one-hop `_transform_first` reads when its builder knows
+    them: ``unread`` are the ascending ids of the sources no edge leaves (a sampler
+    knows which destinations it sampled no edge from, and every other source was
+    sampled). `transform_first_rows` then counts nothing on the device."""
+    starts = None
+    if unread.numel():
+        starts = torch.ones(graph.num_src_nodes, dtype=torch.bool, device=graph.device).index_fill_(0, unread, False)
+    graph.cached("nn_walk_starts_1", lambda _: starts)
+    graph.cached("nn_walk_unread_1", lambda _: unread)
+
+
 def _layer_graph(layer: nn.Module, x: torch.Tensor, graph: Graph | torch.Tensor, cache: bool) -> Graph:
     """The graph a layer with PyG's ``cached`` flag propagates over.
 

@@ -51,11 +51,12 @@ class KernelTime(NamedTuple):
     seconds: float
 
 
-def _terms(sample: KernelTime) -> tuple[float, float, float]:
-    """The regressors of a kernel's time: Table I's two kernel-execution factors and 1."""
-    if sample.kind.startswith("matmul"):
-        return sample.rows * sample.width_in * sample.width_out, sample.rows * sample.width_out, 1.0
-    return sample.edges * sample.width_in, sample.rows * sample.width_in, 1.0
+def _terms(kind: str, rows: int, edges: int, width_in: int, width_out: int) -> tuple[float, float, float]:
+    """The regressors of a kernel's time: Table I's two kernel-execution factors and 1.
+    Plain numbers (no `KernelTime`): a layer evaluates it four times per call."""
+    if kind.startswith("matmul"):
+        return rows * width_in * width_out, rows * width_out, 1.0
+    return edges * width_in, rows * width_in, 1.0
 
 
 @dataclass
@@ -79,8 +80,9 @@ class PlacementModel:
         return cls({kind: _nonnegative_fit(rows) for kind, rows in by_kind.items()})
 
     def predict(self, kind: str, rows: int, edges: int, width_in: int, width_out: int) -> float:
-        terms = _terms(KernelTime(kind, rows, edges, width_in, width_out, 0.0))
-        return sum(c * t for c, t in zip(self.coefficients[kind], terms))
+        a, b, c = self.coefficients[kind]
+        first, second, _ = _terms(kind, rows, edges, width_in, width_out)
+        return a * first + b * second + c
 
     def order_times(self, n_src: int, n_dst: int, edges: int, f_in: int, f_out: int,
                     input_grad: bool) -> dict[str, float]:
@@ -94,7 +96,7 @@ class PlacementModel:
 
     def choose(self, n_src: int, n_dst: int, edges: int, f_in: int, f_out: int, input_grad: bool) -> str:
         times = self.order_times(n_src, n_dst, edges, f_in, f_out, input_grad)
-        order = min(times, key=times.get)
+        order = "combine-first" if times["combine-first"] < times["aggregate-first"] else "aggregate-first"
         self.decisions[f_in, f_out, order] += 1
         return order
 
@@ -131,7 +133,8 @@ class FixedPlacement(PlacementModel):
 def _nonnegative_fit(samples: list[KernelTime]) -> tuple[float, float, float]:
     """Non-negative least squares over the three terms, by trying every subset of
     columns (eight) and keeping the best fit whose coefficients are all >= 0."""
-    terms = torch.tensor([_terms(s) for s in samples], dtype=torch.float64)
+    terms = torch.tensor([_terms(s.kind, s.rows, s.edges, s.width_in, s.width_out) for s in samples],
+                         dtype=torch.float64)
     seconds = torch.tensor([s.seconds for s in samples], dtype=torch.float64)
     scale = terms.abs().amax(0).clamp_min(1e-300)               # conditioning: the terms differ by 1e6
     best, best_residual = (0.0, 0.0, 0.0), float(seconds.pow(2).sum())
