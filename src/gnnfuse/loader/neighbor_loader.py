@@ -13,10 +13,11 @@ Where each stage runs (GraphTensor §V-B's S, R, K, T):
   graph's device): on a GPU when it fits there, else on the host with torch's
   intra-op threads;
 - feature lookup runs where the features are (``feature_device``): ``"device"`` keeps
-  the feature table on ``device`` and gathers there; ``"pinned"`` keeps it in host
-  memory and gathers each batch's rows into a page-locked buffer that is copied to the
-  device asynchronously (torch exposes no zero-copy UVA read of host memory from a
-  kernel, so the rows the batch needs are what crosses the bus, once);
+  the feature table on ``device`` and gathers there; ``"pinned"`` keeps it in page-locked
+  host memory, which a kernel reads in place through unified virtual addressing when the
+  batch's ids are on the GPU (`zero_copy.zero_copy_rows`: only the rows the batch needs
+  cross the bus, and no host thread gathers them); with ids on the host, the rows are
+  gathered there into a page-locked buffer that is copied to the device asynchronously;
 - blocks sampled on the host are copied to the device the same way.
 
 With ``prefetch >= 1`` (default 2) a background thread prepares up to that many batches
@@ -29,6 +30,7 @@ training step on the blocks reads nothing back from the device.
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence, Sized
 
@@ -40,6 +42,7 @@ from .layouts import prepare_layouts
 from .prefetch import Prefetcher
 from .sampler import reindex_slots, sample_slots
 from .stages import StageTimes, device_stream
+from .zero_copy import zero_copy_rows
 
 FEATURE_DEVICES = ("device", "pinned")
 
@@ -158,6 +161,8 @@ class NeighborLoader:
         self._rowptr, self._col = csr.rowptr.long(), csr.col.long()
         self.num_nodes = graph.num_nodes
         self.feature_device = self._feature_device(feature_device, features)
+        # pinned tables are read in place by a kernel when batches are sampled on the GPU
+        self._zero_copy = self.feature_device == "pinned" and self.sample_device.type == "cuda"
         self._x = self._place(features)
         self._y = self._place(labels)
         self.seeds = _seed_ids(input_nodes, graph.num_nodes)
@@ -180,7 +185,16 @@ class NeighborLoader:
         """A feature or label table where its lookups run: on ``device``, or in host memory."""
         if table is None:
             return None
-        return table.to(self.device) if self.feature_device == "device" else table.cpu()
+        if self.feature_device == "device":
+            return table.to(self.device)
+        table = table.cpu().contiguous()
+        if self._zero_copy and not table.is_pinned():
+            try:    # page-locked once, so kernels read its rows in place (loader.zero_copy)
+                table = table.pin_memory()
+            except RuntimeError as exc:
+                warnings.warn(f"gnnfuse NeighborLoader: could not page-lock the {list(table.shape)} feature "
+                              f"table ({exc}); its rows are gathered on the host", RuntimeWarning, stacklevel=3)
+        return table
 
     def __len__(self) -> int:
         full, rest = divmod(self.seeds.numel() if self.sampler is None else len(self.sampler), self.batch_size)
@@ -225,10 +239,10 @@ class NeighborLoader:
             hops.append(hop)
             nodes = hop.nodes
         on_device = device_stream(self.device)
-        with times.timing("lookup", stream=on_device if self.feature_device == "device" else None):
-            ids = nodes.to(self._x.device if self._x is not None else nodes.device)
-            x = self._gather(self._x, ids)
-            y = self._gather(self._y, ids[:seeds.numel()])
+        in_place = self.feature_device == "device" or (self._zero_copy and nodes.device.type == "cuda")
+        with times.timing("lookup", stream=on_device if in_place else None):
+            x = self._lookup(self._x, nodes)
+            y = self._lookup(self._y, nodes[:seeds.numel()])
         with times.timing("transfer", stream=on_device):
             x, y, n_id, input_id = (self._to_device(t) for t in (x, y, nodes, seeds))
             moved = ("rowptr", "local_src", "dst", "nodes", "out_degrees", "unread_dst")    # not eid: unread
@@ -244,11 +258,19 @@ class NeighborLoader:
                                     prepare_layouts(graph, bound, hop.unread_dst, hop.max_out_degree)))
         return MiniBatch(blocks, x, y, n_id, input_id)
 
-    def _gather(self, table: torch.Tensor | None, ids: torch.Tensor) -> torch.Tensor | None:
-        """Rows ``ids`` of a feature or label table; into page-locked memory when they
-        are headed for the device from the host."""
+    def _lookup(self, table: torch.Tensor | None, nodes: torch.Tensor) -> torch.Tensor | None:
+        """Rows ``nodes`` of a feature or label table: gathered where the table is, or,
+        from a pinned host table with ``nodes`` on the GPU, read in place by a kernel
+        (`zero_copy_rows`), falling back to a host gather where that cannot run."""
         if table is None:
             return None
+        if self._zero_copy and (rows := zero_copy_rows(table, nodes)) is not None:
+            return rows
+        return self._gather(table, nodes.to(table.device))
+
+    def _gather(self, table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """Rows ``ids`` of a table on ``ids``'s device; into page-locked memory when they
+        are headed for the device from the host."""
         if table.device.type == "cpu" and self.device.type == "cuda":
             out = torch.empty((ids.numel(),) + table.shape[1:], dtype=table.dtype, pin_memory=True)
             return torch.index_select(table, 0, ids, out=out)
