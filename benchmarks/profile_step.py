@@ -65,6 +65,9 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=25, help="steps listed, slowest first")
     parser.add_argument("--cprofile", action="store_true",
                         help="also list the Python functions with the most own and cumulative time over 20 steps")
+    parser.add_argument("--kernels", action="store_true",
+                        help="also list the GPU kernels (generated and torch's) with the most time over 3 "
+                             "steps, from torch.profiler: where the step's time goes outside the plan too")
     args = parser.parse_args()
     data = load_dataset(args.dataset)
     device = torch.device("cuda")
@@ -108,6 +111,13 @@ def main() -> None:
         profiler.disable()
         for order in ("tottime", "cumulative"):
             pstats.Stats(profiler).sort_stats(order).print_stats(args.top)
+
+    if args.kernels:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(3):
+                step()
+            torch.cuda.synchronize()
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=args.top, max_name_column_width=70))
 
     records: list = []
     install(records)

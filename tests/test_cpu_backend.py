@@ -354,9 +354,9 @@ def test_partition_layout_covers_every_edge_once():
 
 
 def test_sum_times_row_scalar_runs_as_one_scaled_kernel(monkeypatch):
-    """GCN's ``sum(...) * v.norm`` is one unit with a per-row scale (passes.fusion), in
-    the plain and the source-partitioned kernel alike, forward and backward; both match
-    the reference in float64."""
+    """GCN's ``sum(...) * v.norm`` and a mean's ``sum / degree`` are one unit with a
+    per-row scale (passes.fusion), in the plain and the source-partitioned kernel alike;
+    both match the reference in float64, forward and backward."""
     scaled_units = []
     recording = cpu_executor._kernel_for
     monkeypatch.setattr(cpu_executor, "_kernel_for",
@@ -367,22 +367,29 @@ def test_sum_times_row_scalar_runs_as_one_scaled_kernel(monkeypatch):
     def normalized_sum(v):
         return sum([u.h * u.norm for u in v.innbs]) * v.norm
 
+    @gnnfuse.vertex
+    def mean(v):     # sum / degree: forward only (its backward divides before the gather)
+        return sum([u.h for u in v.innbs]) / len(v.innbs)
+
     graph = small_graph()
     gen = torch.Generator().manual_seed(5)
     h = torch.randn(graph.num_nodes, 5, dtype=torch.float64, generator=gen)
     norm = torch.rand(graph.num_nodes, 1, dtype=torch.float64, generator=gen) + 0.5
     weights = torch.randn(graph.num_nodes, 5, dtype=torch.float64, generator=gen)
 
-    def run(backend: str, schedule: ForcedSchedule | None = None):
+    def run(fn, backend: str, schedule: ForcedSchedule | None = None):
         monkeypatch.setenv("GNNFUSE_BACKEND", backend)
         hs = h.clone().requires_grad_()
         with forcing(schedule or ForcedSchedule()):
-            out = normalized_sum(graph, {"h": hs, "norm": norm})
+            out = fn(graph, {"h": hs, "norm": norm})
             (out * weights).sum().backward()
         return out.detach(), hs.grad
 
-    want = run("reference")
-    for schedule in (None, ForcedSchedule(partition_bytes=16, chunk=1)):
-        for got, expected in zip(run("cpu", schedule), want):
-            torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
-    assert scaled_units and all(scaled_units), "the scaled sum did not run as one unit"
+    for fn in (normalized_sum, mean):
+        want = run(fn, "reference")
+        scaled_units.clear()
+        for schedule in (None, ForcedSchedule(partition_bytes=16, chunk=1)):
+            for got, expected in zip(run(fn, "cpu", schedule), want):
+                torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+        assert scaled_units[0], "the scaled sum did not run as one unit"
+        assert all(scaled_units) or fn is mean

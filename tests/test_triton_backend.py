@@ -279,7 +279,8 @@ def test_padded_rows_are_read_at_aligned_lanes(width, schedule, monkeypatch):
 @pytest.mark.parametrize("schedule", ["csr", "coo"])
 def test_sum_times_row_scalar_is_one_unit_forward_and_backward(schedule, monkeypatch):
     """GCN's ``sum(...) * v.norm`` scales each finished row inside the sum's kernel (its
-    backward too), so no torch op runs after the unit; a sum that is also used on its own
+    backward too), and a mean divides it by the degree there, so no torch op runs after
+    the unit; a sum that is also used on its own
     stays a unit of its own. Both match the reference in float64, the split hub row and
     the edge-parallel schedule's per-edge terms included."""
     from gnnfuse.runtime import compiled as compiled_module
@@ -287,6 +288,10 @@ def test_sum_times_row_scalar_is_one_unit_forward_and_backward(schedule, monkeyp
     @gnnfuse.vertex
     def scaled(v):
         return sum([u.h * u.norm for u in v.innbs]) * v.norm
+
+    @gnnfuse.vertex
+    def mean(v):
+        return sum([u.h for u in v.innbs]) / len(v.innbs)
 
     @gnnfuse.vertex
     def scaled_and_plain(v):
@@ -298,7 +303,8 @@ def test_sum_times_row_scalar_is_one_unit_forward_and_backward(schedule, monkeyp
     gen = torch.Generator().manual_seed(4)
     h = torch.randn(graph.num_nodes, 6, dtype=torch.float64, generator=gen).to(DEVICE)
     norm = torch.rand(graph.num_nodes, 1, dtype=torch.float64, generator=gen).to(DEVICE) + 0.5
-    for fn, fused in ((scaled, True), (scaled_and_plain, False)):
+    # (function, which of the forward and backward plans end in a scaled unit)
+    for fn, fused in ((scaled, (True, True)), (mean, (True,)), (scaled_and_plain, ())):
         results = []
         for backend in ("triton", "reference"):
             monkeypatch.setenv("GNNFUSE_BACKEND", backend)
@@ -314,11 +320,10 @@ def test_sum_times_row_scalar_is_one_unit_forward_and_backward(schedule, monkeyp
         (backward,) = compiled._backward.values()
         plans = [partition(program, keep)
                  for program, keep in ((compiled.program, [v.id for v in backward.saved]), (backward.program, []))]
-        if fused:
-            for plan in plans:
-                assert [item.scale is not None for item in plan if isinstance(item, AggregateUnit)] == [True]
-                assert not any(v.op == "mul" for v in plan if not isinstance(v, AggregateUnit))
-        else:
+        for plan, _ in zip(plans, fused):   # the mean's backward divides before its gather
+            assert [item.scale is not None for item in plan if isinstance(item, AggregateUnit)] == [True]
+            assert not any(v.op in ("mul", "div") for v in plan if not isinstance(v, AggregateUnit))
+        if not fused:
             (unit,) = [item for item in plans[0] if isinstance(item, AggregateUnit)]
             assert unit.scale is None and any(v.op == "mul" for v in plans[0] if v is not unit)
 

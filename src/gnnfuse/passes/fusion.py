@@ -34,8 +34,8 @@ class AggregateUnit:
     reduce: Value                                       # the reduction
     body: list[Value] = field(default_factory=list)     # per-edge values computed in registers
     leaves: list[Value] = field(default_factory=list)   # values the kernel reads from memory
-    scale: Value | None = None    # a per-row scalar leaf the reduced row is multiplied by
-    scaled: Value | None = None   # that product, the unit's output when there is a scale
+    scale: Value | None = None    # a per-row scalar leaf the reduced row is multiplied or divided by
+    scaled: Value | None = None   # that product or quotient, the unit's output when there is a scale
 
     @property
     def by(self) -> str:
@@ -46,7 +46,8 @@ class AggregateUnit:
         return self.scaled if self.scaled is not None else self.reduce
 
     def describe(self) -> str:
-        times = f" times {self.scale.name} per row" if self.scale is not None else ""
+        times = "" if self.scale is None else \
+            f" {'times' if self.scaled.op == 'mul' else 'over'} {self.scale.name} per row"
         return (f"unit reduce[{self.reduce.attrs['op']} by {self.by}]{times} fuses "
                 f"{[v.op for v in self.body]} reading ({_reads(self.leaves)})")
 
@@ -209,15 +210,16 @@ def _edge_root(v: Value) -> bool:
 
 
 def _row_scaled(v: Value, users: dict[int, int], needed: set[int]) -> tuple[Value, Value] | None:
-    """(reduce, scale) when ``v`` multiplies a sum over neighbours by a per-row scalar
-    that is its only use (GCN's ``sum(...) * v.norm`` and its backward): the kernel then
-    scales each finished row before storing it. As a separate op the product read and
-    wrote every row once more -- 4.7 of the 38 ms of a products-sized GCN step on an
-    H100. Only a sum: scaling is linear, so split rows' partial sums and the
-    edge-parallel schedule's per-edge atomic terms may each be scaled."""
-    if v.op != "mul" or len(v.inputs) != 2:
+    """(reduce, scale) when ``v`` multiplies or divides a sum over neighbours by a
+    per-row scalar and is the sum's only use (GCN's ``sum(...) * v.norm`` and its
+    backward, a mean's ``sum(...) / degree``): the kernel then scales each finished row
+    before storing it. As a separate op the product read and wrote every row once more
+    -- 4.7 of the 38 ms of a products-sized GCN step on an H100. Only a sum: scaling is
+    linear, so split rows' partial sums and the edge-parallel schedule's per-edge atomic
+    terms may each be scaled."""
+    if v.op not in ("mul", "div") or len(v.inputs) != 2:
         return None
-    for reduce, scale in (v.inputs, v.inputs[::-1]):
+    for reduce, scale in (v.inputs, v.inputs[::-1]) if v.op == "mul" else (v.inputs,):
         if (reduce.op == "reduce" and reduce.attrs["op"] == "sum" and reduce.attrs["by"] in ("src", "dst")
                 and reduce.residency is Residency.NODE and scale.residency is Residency.NODE
                 and math.prod(scale.shape) == 1 and scale.op != "const" and reduce.shape == v.shape

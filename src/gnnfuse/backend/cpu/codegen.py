@@ -207,8 +207,9 @@ def generate_aggregate(unit: AggregateUnit, name: str, acc: str, parallel: bool,
         result = "{0} if end > start else ACC(0.0)"
     else:
         result = "{0}"
-    # a per-row scale (passes.fusion._row_scaled, sums only) multiplies the finished row
-    scale = f" * ACC(L{em.leaf_index[unit.scale.id]}[row])" if unit.scale is not None else ""
+    # a per-row scale (passes.fusion._row_scaled, sums only) multiplies or divides the finished row
+    scale = "" if unit.scale is None else \
+        f" {'*' if unit.scaled.op == 'mul' else '/'} ACC(L{em.leaf_index[unit.scale.id]}[row])"
     leaves = "".join(f"L{n}, " for n in range(len(em.leaf_args)))
     reduction = f'''{em.block(_ROW, 16)}                for k in range(f_hi - f_lo):
                     acc[k] = {_IDENTITY[op]}

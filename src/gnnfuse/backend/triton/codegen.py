@@ -457,13 +457,15 @@ def {name}(rowptr, col, eid, seg_row, seg_start, seg_end, seg_split, num_segment
 
 
 def _row_scale(em: _Emitter, unit: AggregateUnit, row: str, mask: str, lanes: str = "", name: str = "acc") -> str:
-    """The line multiplying a finished row (CSR) or each edge's term (COO) by the unit's
-    per-row scale (`passes.fusion._row_scaled`), or nothing without one."""
+    """The line multiplying (or dividing) a finished row (CSR) or each edge's term (COO)
+    by the unit's per-row scale (`passes.fusion._row_scaled`), or nothing without one.
+    A COO term's padding lanes (masked edges) divide by the ``other`` 1.0, never 0."""
     if unit.scale is None:
         return ""
     pointer = f"L{em.leaf_index[unit.scale.id]}"
     indent = "\n            " if name == "acc" else "\n    "
-    return f"{indent}{name} = {name} * tl.load({pointer} + {row}{mask}).to(ACC){lanes}"
+    by = "*" if unit.scaled.op == "mul" else "/"
+    return f"{indent}{name} = {name} {by} tl.load({pointer} + {row}{mask}).to(ACC){lanes}"
 
 
 def generate_coo(unit: AggregateUnit, name: str, acc_dtype: str, tuned: bool = False) -> tuple[str, list[Value]]:
@@ -484,7 +486,7 @@ def generate_coo(unit: AggregateUnit, name: str, acc_dtype: str, tuned: bool = F
     mean = ("\n    val = val / tl.maximum(tl.load(degree + row, mask=emask, other=1), 1).to(ACC)[:, None]"
             if op == "mean" else "")
     tail = (f"    val = {root} + tl.zeros([BLOCK_E, BLOCK_F], ACC)\n"
-            f"    row = {unit.by}_id{mean}{_row_scale(em, unit, 'row', ', mask=emask, other=0.0', '[:, None]', 'val')}\n"
+            f"    row = {unit.by}_id{mean}{_row_scale(em, unit, 'row', ', mask=emask, other=1.0', '[:, None]', 'val')}\n"
             f"    tl.atomic_add(out + row[:, None] * {width} + f[None, :], val.to(out.dtype.element_ty),\n"
             f"                  mask=emask[:, None] & fmask[None, :])")
     source = _edge_parallel_source(name, f"{unit.describe()}, edge-parallel", acc_dtype, em, width, "degree, ",
