@@ -33,3 +33,16 @@ def test_host_ids_or_an_unpinned_table_go_back_to_the_host_gather():
     loader gathers on the host as before."""
     table = torch.randn(5, 3)
     assert zero_copy_rows(table, torch.tensor([0, 4])) is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="page-locked memory and UVA need a GPU")
+def test_a_pinned_table_is_read_in_place_on_the_gpu():
+    """On a GPU the kernel reads a pinned host table through its mapped address: the
+    rows come back on the device, equal to a host index_select, with no host gather."""
+    table = torch.randn(1000, 37).pin_memory()
+    ids = torch.randint(0, 1000, (517,), device="cuda")
+    rows = zero_copy_rows(table, ids)
+    assert rows is not None and rows.device.type == "cuda"
+    assert torch.equal(rows.cpu(), table.index_select(0, ids.cpu()))
+    labels = torch.randint(0, 47, (1000,)).pin_memory()
+    assert torch.equal(zero_copy_rows(labels, ids).cpu(), labels[ids.cpu()])
