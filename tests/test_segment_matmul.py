@@ -11,7 +11,7 @@ from oracle_check import device_for
 
 import gnnfuse
 from gnnfuse.backend.triton import segment_matmul as sm
-from gnnfuse.ir.ops.typed import typed_matmul
+from gnnfuse.ir.ops.typed import RowGroups, typed_matmul
 from gnnfuse.nn import RGCNConv
 
 DEVICE = device_for("triton")
@@ -26,7 +26,8 @@ def grouped_rows(rows: int, types: int, seed: int = 0) -> tuple[torch.Tensor, li
     kind[kind == 1] = 2
     kind[: sm.BLOCK_M + 3] = 0
     kind = kind[torch.randperm(rows, generator=g)].to(DEVICE)
-    return kind, [torch.nonzero(kind == t).flatten() for t in range(types)]
+    ids = [torch.nonzero(kind == t).flatten() for t in range(types)]
+    return kind, RowGroups(ids, [len(i) for i in ids])
 
 
 def kernels_only(monkeypatch) -> list[str]:
@@ -82,6 +83,7 @@ def test_the_layout_of_cached_groups_is_built_once():
     _, groups = grouped_rows(70, TYPES)
     first = sm._layout(groups, 1, sm.BLOCK_M)
     assert sm._layout(groups, 1, sm.BLOCK_M) is first
+    assert sm._layout(list(groups), 1, sm.BLOCK_M) is not first     # a plain list: laid out per call
     # tiles never straddle two types: each tile's end is its own type's end
     tile_type, start, end = first.tiles.cpu()
     counts = torch.tensor([len(g) for g in groups])

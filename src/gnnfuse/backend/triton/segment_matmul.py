@@ -31,7 +31,6 @@ path worth taking, and the loop is exact.
 from __future__ import annotations
 
 import os
-import weakref
 from typing import Callable, NamedTuple
 
 import numpy as np
@@ -39,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ...ir.ops.typed import typed_matmul, typed_matmul_tn
+from ...ir.ops.typed import RowGroups, typed_matmul, typed_matmul_tn
 from ..reference import GraphContext
 from .launch import launch
 
@@ -129,25 +128,21 @@ class _Layout(NamedTuple):
         return self.tiles.shape[1]
 
 
-# Layouts of cached groups (ctx.groups and the compact pairs live as long as their graph)
-# are built once: keyed by the identity of the first group's tensor, which the cached list
-# holds, and dropped when that tensor dies. (Not a WeakKeyDictionary: it compares keys
-# with ==, which on tensors is elementwise.)
-_LAYOUTS: dict[int, dict] = {}
-
-
 def _layout(groups: list[torch.Tensor], per_row: int, tile: int) -> _Layout:
     """The type-sorted ids of ``groups``' rows, each row standing for ``per_row``
     consecutive kernel rows (a row's middle dimensions flattened), cut into tiles of
-    ``tile`` positions that never straddle two types."""
-    counts = tuple(len(g) for g in groups)
-    anchor = groups[0]
-    cache = _LAYOUTS.get(id(anchor))
-    if cache is None:
-        cache = _LAYOUTS[id(anchor)] = {}
-        weakref.finalize(anchor, _LAYOUTS.pop, id(anchor), None)
-    key = (counts, per_row, tile)
-    if key not in cache:
+    ``tile`` positions that never straddle two types.
+
+    Groups from the graph's caches (`RowGroups`: ctx.groups, the compact pairs) carry
+    their sizes and keep the layout in their memo, so a call reads neither a tensor
+    length nor builds anything, whatever the number of types; a plain list is laid out
+    per call."""
+    if isinstance(groups, RowGroups):
+        counts, memo = groups.counts, groups.memo
+    else:
+        counts, memo = tuple(len(g) for g in groups), {}
+    key = ("segment_layout", per_row, tile)
+    if key not in memo:
         order = torch.cat(groups)
         if per_row > 1:
             order = (order[:, None] * per_row + torch.arange(per_row, device=order.device)).reshape(-1)
@@ -158,8 +153,8 @@ def _layout(groups: list[torch.Tensor], per_row: int, tile: int) -> _Layout:
         first_tile = np.cumsum(per_type) - per_type
         start = ends[tile_type] - sizes[tile_type] + (np.arange(len(tile_type)) - first_tile[tile_type]) * tile
         tiles = torch.from_numpy(np.stack([tile_type, start, ends[tile_type]])).to(order.device)
-        cache[key] = _Layout(order, tiles)
-    return cache[key]
+        memo[key] = _Layout(order, tiles)
+    return memo[key]
 
 
 def kernel_applies(*tensors: torch.Tensor) -> bool:

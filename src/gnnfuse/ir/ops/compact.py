@@ -22,13 +22,16 @@ sources, ``"dst"``: destinations); on a bipartite graph the vertex table is that
 """
 from __future__ import annotations
 
+import weakref
 from typing import NamedTuple
 
 import torch
 
 from ..registry import OpDef, register
 from ..residency import EDGE_ROWED, Movement, Residency
+from ...graph.index_cache import _stamp
 from .indexing import wrap_index
+from .typed import RowGroups, group_rows
 
 SIDES = ("src", "dst")
 
@@ -36,16 +39,13 @@ SIDES = ("src", "dst")
 class RelationPairs(NamedTuple):
     """The (vertex, relation) pairs of one endpoint that have edges."""
     vertex: torch.Tensor               # [P] the pair's vertex
-    groups: list[torch.Tensor]         # per relation, the ids of its pairs
+    groups: RowGroups                  # per relation, the ids of its pairs
     of_edge: torch.Tensor              # [E] each edge's pair
 
 
 def _pairs(endpoint: torch.Tensor, relation: torch.Tensor, count: int) -> RelationPairs:
     unique, of_edge = torch.unique(endpoint * count + relation, return_inverse=True)
-    relation_of_pair = unique % count
-    order = torch.sort(relation_of_pair, stable=True).indices
-    groups = list(torch.split(order, torch.bincount(relation_of_pair, minlength=count).tolist()))
-    return RelationPairs(unique // count, groups, of_edge)
+    return RelationPairs(unique // count, group_rows(unique % count, count), of_edge)
 
 
 def relation_pairs(ctx, side: str) -> RelationPairs:
@@ -56,8 +56,41 @@ def relation_pairs(ctx, side: str) -> RelationPairs:
 
 def data_pairs(ctx, side: str, idx: torch.Tensor, count: int) -> RelationPairs:
     """The pairs of endpoint ``side`` and the per-edge table index ``idx`` (negative
-    entries counted from the end, as torch indexes)."""
-    return _pairs(ctx.index(side), wrap_index(idx.reshape(-1), count), count)
+    entries counted from the end, as torch indexes).
+
+    Building them is a ``unique``, a sort and host reads of the index's range and group
+    sizes -- host synchronisations that, per call of every op and its gradients, made
+    Graphiler's R-GCN UDF several times slower than the same layer reading the graph's
+    edge types. The index is data, but in practice the same tensor every step, so:
+
+    - an index that *is* the graph's edge types (the same memory, read as the same
+      int64 vector, over as many relations: the UDF's ``edges.data['type']`` fed the
+      graph's ``edge_type``) takes the graph's own pairs, `relation_pairs` -- the graph
+      is immutable, so its memory holds those types for as long as it lives;
+    - any other index's pairs are remembered on the graph per endpoint and table size
+      while the index is the same tensor object in the same state (`index_cache`'s
+      stamp: version counter, data pointer, shape, strides; a weak reference, so a new
+      tensor at a freed one's address is not taken for it), and rebuilt otherwise.
+    """
+    if _is_edge_types(ctx, idx, count):
+        return relation_pairs(ctx, side)
+    memo = ctx.graph.cached("data_pairs", lambda graph: {})
+    stamp = _stamp([idx])
+    entry = memo.get((side, count))
+    if entry is not None and stamp is not None and entry[0]() is idx and entry[1] == stamp:
+        return entry[2]
+    pairs = _pairs(ctx.index(side), wrap_index(idx.reshape(-1), count), count)
+    if stamp is not None:
+        memo[(side, count)] = (weakref.ref(idx), stamp, pairs)
+    return pairs
+
+
+def _is_edge_types(ctx, idx: torch.Tensor, count: int) -> bool:
+    """Whether ``idx`` reads the graph's edge-type memory as the same vector of types."""
+    types = ctx.graph.edge_type
+    return (types is not None and count == ctx.graph.num_edge_types and idx.dtype == types.dtype
+            and idx.device == types.device and idx.shape == types.shape and idx.stride() == types.stride()
+            and idx.data_ptr() == types.data_ptr())
 
 
 def _pair_matmul(ctx, x: torch.Tensor, w: torch.Tensor, pairs: RelationPairs) -> torch.Tensor:

@@ -23,6 +23,32 @@ from ..residency import EDGE_ROWED, Movement, Residency, join
 from .movement import BROADCAST_FROM, BROADCAST_TO, REDUCE_TO, TYPE_INDICES
 
 
+class RowGroups(list):
+    """Row ids per type (a list of id tensors, one per type), with the group sizes as host
+    integers and a memo for what kernels derive from them (the segment matmul's tile map,
+    backend/triton/segment_matmul.py).
+
+    The grouping is a sort done once per graph (or per index tensor) and then served from a
+    cache, but every per-type matmul reads its sizes: taken from the tensors (``len`` per
+    group, hundreds of host calls with 90-266 relations) each call, they made a training
+    step's host time grow with the relation count. Here they are read once, when the
+    groups are built (the ``tolist`` that sized the split), and the memo lives exactly as
+    long as the groups."""
+
+    def __init__(self, ids: list[torch.Tensor] | tuple[torch.Tensor, ...], counts: list[int]):
+        super().__init__(ids)
+        self.counts: tuple[int, ...] = tuple(counts)
+        self.memo: dict = {}
+
+
+def group_rows(index: torch.Tensor, count: int) -> RowGroups:
+    """The ids of the rows with each value ``0..count-1`` of ``index``, ascending per group
+    (a stable sort): one sort and one host read of the group sizes."""
+    order = torch.sort(index, stable=True).indices
+    counts = torch.bincount(index, minlength=count).tolist()
+    return RowGroups(torch.split(order, counts), counts)
+
+
 def _check_type_index(by: str) -> None:
     if by not in TYPE_INDICES:
         raise ValueError(f"a per-type matmul looks its weight up by one of {TYPE_INDICES}, got {by!r}")

@@ -36,6 +36,7 @@ torch ops in every backend, like the compact ops.
 """
 from __future__ import annotations
 
+import math
 import os
 from typing import NamedTuple
 
@@ -206,7 +207,7 @@ def _aggregate_shape(inputs, attrs, residency):
             len(inputs) > 2 + int(attrs["scaled"])):
         raise ValueError(f"rows [in] @ one [in, out] matrix per relation, got {list(x.shape)} @ {list(w.shape)}")
     for s in inputs[2:]:
-        if s.shape != ():
+        if math.prod(s.shape) != 1:
             raise ValueError(f"the scale and relation index hold one scalar per edge, got {list(s.shape)}")
     return (matrix[1],), torch.promote_types(x.dtype, w.dtype)
 
