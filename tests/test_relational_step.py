@@ -203,3 +203,34 @@ def test_host_work_per_step_does_not_grow_with_the_relation_count(monkeypatch):
         work.step(nn_step)
         calls[relations] = work.python_calls
     assert calls[40] == calls[4], calls
+
+
+def test_a_per_edge_index_is_served_from_the_cache_while_unchanged_and_rebuilt_once_edited(monkeypatch):
+    """An index that is not the graph's edge-type memory (a copy, here with negative
+    entries counted from the end) is grouped once; an in-place edit is seen."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
+    device = device_for("triton")
+    graph = relational_graph(5, device)
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(graph.num_nodes, 8, generator=gen).to(device)
+    w = torch.randn(5, 8, 3, generator=gen).to(device).requires_grad_()
+    index = graph.edge_type - 5                     # the same relations, counted from the end
+
+    def layer():
+        def message(edges):
+            return {"m": torch.bmm(edges.src["h"].unsqueeze(1), w[edges.data["rel"]]).squeeze(1)}
+
+        def reduce(nodes):
+            return {"h": torch.sum(nodes.mailbox["m"], dim=1)}
+        return gnnfuse.message_passing(graph, message, reduce, ndata={"h": x}, edata={"rel": index})["h"]
+
+    def expected():
+        rows = torch.einsum("ei,eio->eo", x[graph.src].double(), w.detach().double()[index])
+        return torch.zeros(graph.num_nodes, 3, dtype=f64, device=device).index_add(0, graph.dst, rows)
+
+    work = HostWork(monkeypatch)
+    layer().sum().backward()
+    work.step(lambda: layer().sum().backward())
+    assert not work.reads
+    index.copy_(torch.flip(index, [0]))             # an in-place edit: version counter bumped
+    torch.testing.assert_close(layer().double(), expected(), rtol=1e-5, atol=1e-5)
