@@ -98,15 +98,18 @@ def _pair_matmul(ctx, x: torch.Tensor, w: torch.Tensor, pairs: RelationPairs) ->
     return ctx.grouped_matmul(x.index_select(0, pairs.vertex), w, pairs.groups).index_select(0, pairs.of_edge)
 
 
-def _pair_input_grad(ctx, g: torch.Tensor, w_t: torch.Tensor, pairs: RelationPairs, rows: int) -> torch.Tensor:
-    """Per vertex, the sum over its pairs of (the pair's edges' ``g`` summed) @ w_t[relation]."""
-    grad = ctx.grouped_matmul(_pair_sums(g, pairs), w_t, pairs.groups)
+# The two gradients take the pairs' sums (`_pair_sums`), not the per-edge rows: a caller
+# that gathers [E, F] rows only to sum them lets them go before the [P, F] products are
+# made, rather than holding them through the call (the backward's peak).
+def _pair_input_grad(ctx, sums: torch.Tensor, w_t: torch.Tensor, pairs: RelationPairs, rows: int) -> torch.Tensor:
+    """Per vertex, the sum over its pairs of the pair's ``sums`` row @ w_t[relation]."""
+    grad = ctx.grouped_matmul(sums, w_t, pairs.groups)
     return grad.new_zeros((rows,) + tuple(grad.shape[1:])).index_add_(0, pairs.vertex, grad)
 
 
-def _pair_weight_grad(ctx, x: torch.Tensor, g: torch.Tensor, pairs: RelationPairs) -> torch.Tensor:
-    """Per relation, the sum over its pairs of outer(x[vertex], the pair's edges' ``g`` summed)."""
-    return ctx.grouped_matmul_tn(x.index_select(0, pairs.vertex), _pair_sums(g, pairs), pairs.groups)
+def _pair_weight_grad(ctx, x: torch.Tensor, sums: torch.Tensor, pairs: RelationPairs) -> torch.Tensor:
+    """Per relation, the sum over its pairs of outer(x[vertex], the pair's ``sums`` row)."""
+    return ctx.grouped_matmul_tn(x.index_select(0, pairs.vertex), sums, pairs.groups)
 
 
 def _check_side(attrs) -> str:
@@ -165,7 +168,8 @@ def _input_grad_residency(rs, attrs):
 
 
 def _input_grad(ctx, g: torch.Tensor, w_t: torch.Tensor, side: str) -> torch.Tensor:
-    return _pair_input_grad(ctx, g, w_t, relation_pairs(ctx, side), ctx.num_rows(side))
+    pairs = relation_pairs(ctx, side)
+    return _pair_input_grad(ctx, _pair_sums(g, pairs), w_t, pairs, ctx.num_rows(side))
 
 
 register(OpDef("compact_typed_matmul_t", Movement.REDUCE, _input_grad,
@@ -191,7 +195,8 @@ def _weight_grad_shape(inputs, attrs, residency):
 
 
 def _weight_grad(ctx, x: torch.Tensor, g: torch.Tensor, side: str) -> torch.Tensor:
-    return _pair_weight_grad(ctx, x, g, relation_pairs(ctx, side))
+    pairs = relation_pairs(ctx, side)
+    return _pair_weight_grad(ctx, x, _pair_sums(g, pairs), pairs)
 
 
 register(OpDef("compact_typed_matmul_tn", Movement.REDUCE, _weight_grad,
@@ -246,9 +251,13 @@ def _indexed_input_grad_residency(rs, attrs):
     return Residency.NODE
 
 
+def _indexed_input_grad(ctx, g: torch.Tensor, table_t: torch.Tensor, idx: torch.Tensor, side: str) -> torch.Tensor:
+    pairs = data_pairs(ctx, side, idx, table_t.shape[0])
+    return _pair_input_grad(ctx, _pair_sums(g, pairs), table_t, pairs, ctx.num_rows(side))
+
+
 register(OpDef("compact_indexed_matmul_t", Movement.REDUCE,
-               lambda ctx, g, table_t, idx, side: _pair_input_grad(
-                   ctx, g, table_t, data_pairs(ctx, side, idx, table_t.shape[0]), ctx.num_rows(side)),
+               lambda ctx, g, table_t, idx, side: _indexed_input_grad(ctx, g, table_t, idx, side),
                residency=_indexed_input_grad_residency, shape=_indexed_shape, arity=3,
                doc="the input gradient of compact_indexed_matmul, per (vertex, index) pair"))
 
@@ -266,7 +275,13 @@ def _indexed_weight_grad_shape(inputs, attrs, residency):
     return (attrs["count"],) + _weight_grad_shape([x, g], attrs, residency)[0], torch.promote_types(x.dtype, g.dtype)
 
 
+def _indexed_weight_grad(ctx, x: torch.Tensor, g: torch.Tensor, idx: torch.Tensor, side: str,
+                         count: int) -> torch.Tensor:
+    pairs = data_pairs(ctx, side, idx, count)
+    return _pair_weight_grad(ctx, x, _pair_sums(g, pairs), pairs)
+
+
 register(OpDef("compact_indexed_matmul_tn", Movement.REDUCE,
-               lambda ctx, x, g, idx, side, count: _pair_weight_grad(ctx, x, g, data_pairs(ctx, side, idx, count)),
+               lambda ctx, x, g, idx, side, count: _indexed_weight_grad(ctx, x, g, idx, side, count),
                residency=_indexed_weight_grad_residency, shape=_indexed_weight_grad_shape, arity=3,
                doc="the table gradient of compact_indexed_matmul, per (vertex, index) pair"))

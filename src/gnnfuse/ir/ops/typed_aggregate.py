@@ -44,7 +44,7 @@ import torch
 
 from ..registry import OpDef, register
 from ..residency import EDGE_ROWED, Movement, Residency
-from .compact import _pair_input_grad, _pair_matmul, _pair_weight_grad, data_pairs, relation_pairs
+from .compact import _pair_input_grad, _pair_matmul, _pair_sums, _pair_weight_grad, data_pairs, relation_pairs
 from .movement import reduce_rows
 
 ORDERS = ("before", "after")
@@ -148,9 +148,11 @@ def _pairs_of(ctx, side: str, idx: torch.Tensor | None, count: int):
 
 
 def _scaled_rows(table: torch.Tensor, ctx, side: str, s: torch.Tensor | None) -> torch.Tensor:
-    """``table`` gathered onto the edges by ``side``, times each edge's scale."""
+    """``table`` gathered onto the edges by ``side``, times each edge's scale (in place:
+    the gathered rows are this op's own, and a second [E, F] table would be the step's
+    largest transient)."""
     rows = table.index_select(0, ctx.index(side))
-    return rows if s is None else rows * s.reshape(-1, 1).to(rows.dtype)
+    return rows if s is None else rows.mul_(s.reshape(-1, 1).to(rows.dtype))
 
 
 def _decide(ctx, op: str, by: str, idx, count: int, width_in: int, width_out: int, dtype: torch.dtype,
@@ -171,11 +173,11 @@ def _aggregate(ctx, x: torch.Tensor, w: torch.Tensor, *rest: torch.Tensor, by: s
     order, gathered, aggregated = _decide(ctx, "typed_aggregate", by, idx, w.shape[0], w.shape[-2], w.shape[-1],
                                           dtype, rows)
     if order == "before":
-        messages = _pair_matmul(ctx, x, w, gathered)
+        messages = _pair_matmul(ctx, x, w, gathered)     # gathered rows of its own: scaled in place
         if s is not None:
-            messages = messages * s.reshape(-1, 1).to(messages.dtype)
+            messages.mul_(s.reshape(-1, 1).to(messages.dtype))
         return reduce_rows(messages, ctx.index(by), rows, "sum")
-    return _pair_input_grad(ctx, _scaled_rows(x, ctx, gather, s), w, aggregated, rows)
+    return _pair_input_grad(ctx, _pair_sums(_scaled_rows(x, ctx, gather, s), aggregated), w, aggregated, rows)
 
 
 def _check(rs: list[Residency], attrs: dict, what: str) -> None:
@@ -244,8 +246,9 @@ def _weight_grad(ctx, x: torch.Tensor, g: torch.Tensor, *rest: torch.Tensor, by:
     order, gathered, aggregated = _decide(ctx, "typed_aggregate_tn", by, idx, count, x.shape[-1], g.shape[-1],
                                           torch.promote_types(x.dtype, g.dtype), count, weight_grad=True)
     if order == "before":
-        return _pair_weight_grad(ctx, x, _scaled_rows(g, ctx, by, s), gathered)
-    return _pair_weight_grad(ctx, g, _scaled_rows(x, ctx, gather, s), aggregated).transpose(-1, -2)
+        return _pair_weight_grad(ctx, x, _pair_sums(_scaled_rows(g, ctx, by, s), gathered), gathered)
+    return _pair_weight_grad(ctx, g, _pair_sums(_scaled_rows(x, ctx, gather, s), aggregated),
+                             aggregated).transpose(-1, -2)
 
 
 def _weight_grad_residency(rs, attrs):
