@@ -234,3 +234,29 @@ def test_a_per_edge_index_is_served_from_the_cache_while_unchanged_and_rebuilt_o
     assert not work.reads
     index.copy_(torch.flip(index, [0]))             # an in-place edit: version counter bumped
     torch.testing.assert_close(layer().double(), expected(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("order", ["before", "after"])
+def test_no_per_edge_table_is_alive_while_the_pair_products_run(order, monkeypatch):
+    """The typed aggregation gathers [E, F] rows only to sum them per (vertex, relation)
+    pair; they must be gone when the [P, F] products are made (the backward's peak)."""
+    import gc
+
+    from gnnfuse.backend.reference import GraphContext
+    from gnnfuse.ir.ops.typed_aggregate import ORDER_ENV
+    monkeypatch.setenv(ORDER_ENV, order)
+    graph = relational_graph(3)
+    alive: list[tuple] = []
+
+    def watched(matmul):
+        def run(x, w, groups):
+            alive.extend(tuple(t.shape) for t in gc.get_objects()
+                         if isinstance(t, torch.Tensor) and t.dim() == 2 and t.shape[0] == graph.num_edges)
+            return matmul(x, w, groups)
+        return staticmethod(run)
+    monkeypatch.setattr(GraphContext, "grouped_matmul", watched(GraphContext.grouped_matmul))
+    monkeypatch.setattr(GraphContext, "grouped_matmul_tn", watched(GraphContext.grouped_matmul_tn))
+    conv = RGCNConv(8, 16, 3)
+    x = torch.randn(graph.num_nodes, 8, requires_grad=True)
+    conv(x, graph).sum().backward()
+    assert not alive, f"per-edge tables alive during a pair matmul: {alive}"
