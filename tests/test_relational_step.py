@@ -21,6 +21,7 @@ from oracle_check import device_for
 
 import gnnfuse
 from gnnfuse.backend.triton import executor as triton_executor
+from gnnfuse.backend.triton import scatter_rows
 from gnnfuse.backend.triton import segment_matmul as sm
 from gnnfuse.nn import RGCNConv
 
@@ -126,7 +127,7 @@ class HostWork:
         for name in ("tolist", "item", "__int__"):
             monkeypatch.setattr(torch.Tensor, name, self._counted(getattr(torch.Tensor, name), name))
         monkeypatch.setattr(torch, "unique", self._counted(torch.unique, "unique"))
-        for module in (sm, triton_executor):
+        for module in (sm, scatter_rows, triton_executor):
             monkeypatch.setattr(module, "launch", self._launch(module.launch, run_kernels))
 
     def _counted(self, fn, name):
@@ -166,7 +167,9 @@ def test_a_step_after_the_first_reads_nothing_back_from_the_device(layer, monkey
     step()
     work.step(step)
     assert not work.reads, f"host reads of device values in a step after the first: {dict(work.reads)}"
-    assert work.launches == {"_segment_matmul": 4, "_segment_matmul_tn": 2}     # forward and input grads; weight grads
+    # per layer: the forward, input and weight gradients are one segment matmul each (the
+    # first layer's input gradient too: x needs one) and one row scatter each
+    assert work.launches == {"_segment_matmul": 4, "_segment_matmul_tn": 2, "_scatter_scaled_rows": 6}
 
 
 def test_the_udf_step_runs_the_layers_launches_and_torch_ops(monkeypatch):

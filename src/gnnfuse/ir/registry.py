@@ -32,6 +32,9 @@ class ExecContext(Protocol):
 
     def grouped_matmul_tn(self, x: torch.Tensor, g: torch.Tensor, groups: list[torch.Tensor]) -> torch.Tensor: ...
 
+    def scatter_rows(self, table: torch.Tensor, gather: torch.Tensor, scatter: torch.Tensor,
+                     scale: torch.Tensor | None, rows: int) -> torch.Tensor: ...
+
 
 class GradBuilder(Protocol):
     """What a derivative rule may do: read forward values and add backward ops."""

@@ -10,6 +10,7 @@ import torch
 
 from ...graph import Graph
 from ...ir import CompileError, Residency
+from ...ir.ops.compact import scatter_scaled_rows
 from ...ir.ops.pairwise import in_edge_pairs
 from ...ir.ops.typed import RowGroups, group_rows, typed_matmul, typed_matmul_tn
 
@@ -24,6 +25,7 @@ class GraphContext:
     # backend's context runs one segment-matmul kernel for all types instead.
     grouped_matmul = staticmethod(typed_matmul)
     grouped_matmul_tn = staticmethod(typed_matmul_tn)
+    scatter_rows = staticmethod(scatter_scaled_rows)     # the typed aggregation's row moves
 
     def __init__(self, graph: Graph):
         self.graph = graph

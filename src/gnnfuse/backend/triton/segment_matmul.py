@@ -39,7 +39,6 @@ import triton
 import triton.language as tl
 
 from ...ir.ops.typed import RowGroups, typed_matmul, typed_matmul_tn
-from ..reference import GraphContext
 from .launch import launch
 
 KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -221,9 +220,3 @@ def segment_matmul_tn(x: torch.Tensor, g: torch.Tensor, groups: list[torch.Tenso
                         *grads.stride(), *out.stride()),
                {"PRECISION": _precision(x.dtype), "TILE": TN_CHUNK, **fixed})
     return out.to(x.dtype)
-
-
-class SegmentMatmulContext(GraphContext):
-    """The graph context of Triton-backend runs: per-type matmuls go through the kernels."""
-    grouped_matmul = staticmethod(segment_matmul)
-    grouped_matmul_tn = staticmethod(segment_matmul_tn)

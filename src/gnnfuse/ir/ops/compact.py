@@ -124,6 +124,20 @@ def _pair_sums(g: torch.Tensor, pairs: RelationPairs) -> torch.Tensor:
     return out.index_add_(0, pairs.of_edge, g)
 
 
+def scatter_scaled_rows(table: torch.Tensor, gather: torch.Tensor, scatter: torch.Tensor,
+                        scale: torch.Tensor | None, rows: int) -> torch.Tensor:
+    """``out[scatter[e]] += scale[e] * table[gather[e]]`` over the edges ``e`` (``scale``
+    one value per edge, or None; ``out`` has ``rows`` rows): how the typed aggregation
+    moves rows between vertices, (vertex, relation) pairs and edges. The contexts'
+    ``scatter_rows``: this torch form (a gathered [E, F] table, scaled in place, then
+    added) in the reference backend, one Triton kernel writing nothing per edge in the
+    Triton backend (backend/triton/scatter_rows.py)."""
+    picked = table.index_select(0, gather)
+    if scale is not None:
+        picked.mul_(scale.reshape((-1,) + (1,) * (picked.dim() - 1)).to(picked.dtype))
+    return picked.new_zeros((rows,) + tuple(picked.shape[1:])).index_add_(0, scatter, picked)
+
+
 def _matmul_shape(inputs, attrs):
     x, w = inputs
     if len(w.shape) != 2 or not x.shape or x.shape[-1] != w.shape[0]:
