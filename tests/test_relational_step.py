@@ -252,10 +252,10 @@ def test_no_per_edge_table_is_alive_while_the_pair_products_run(order, monkeypat
     alive: list[tuple] = []
 
     def watched(matmul):
-        def run(x, w, groups):
+        def run(x, w, groups, gather=None):
             alive.extend(tuple(t.shape) for t in gc.get_objects()
                          if isinstance(t, torch.Tensor) and t.dim() == 2 and t.shape[0] == graph.num_edges)
-            return matmul(x, w, groups)
+            return matmul(x, w, groups, gather)
         return staticmethod(run)
     monkeypatch.setattr(GraphContext, "grouped_matmul", watched(GraphContext.grouped_matmul))
     monkeypatch.setattr(GraphContext, "grouped_matmul_tn", watched(GraphContext.grouped_matmul_tn))

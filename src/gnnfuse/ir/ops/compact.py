@@ -95,7 +95,7 @@ def _is_edge_types(ctx, idx: torch.Tensor, count: int) -> bool:
 
 def _pair_matmul(ctx, x: torch.Tensor, w: torch.Tensor, pairs: RelationPairs) -> torch.Tensor:
     """Each edge's ``x[vertex] @ w[relation]``, computed per pair."""
-    return ctx.grouped_matmul(x.index_select(0, pairs.vertex), w, pairs.groups).index_select(0, pairs.of_edge)
+    return ctx.grouped_matmul(x, w, pairs.groups, pairs.vertex).index_select(0, pairs.of_edge)
 
 
 # The two gradients take the pairs' sums (`_pair_sums`), not the per-edge rows: a caller
@@ -109,7 +109,7 @@ def _pair_input_grad(ctx, sums: torch.Tensor, w_t: torch.Tensor, pairs: Relation
 
 def _pair_weight_grad(ctx, x: torch.Tensor, sums: torch.Tensor, pairs: RelationPairs) -> torch.Tensor:
     """Per relation, the sum over its pairs of outer(x[vertex], the pair's ``sums`` row)."""
-    return ctx.grouped_matmul_tn(x.index_select(0, pairs.vertex), sums, pairs.groups)
+    return ctx.grouped_matmul_tn(x, sums, pairs.groups, pairs.vertex)
 
 
 def _check_side(attrs) -> str:

@@ -85,8 +85,12 @@ def _typed_matmul_shape(inputs, attrs, residency):
     return x.shape[:-1] + (w.shape[1],), torch.promote_types(x.dtype, w.dtype)
 
 
-def typed_matmul(x: torch.Tensor, w: torch.Tensor, groups: list[torch.Tensor]) -> torch.Tensor:
-    """``out[i] = x[i] @ w[t]`` for every row i in ``groups[t]``."""
+def typed_matmul(x: torch.Tensor, w: torch.Tensor, groups: list[torch.Tensor],
+                 gather: torch.Tensor | None = None) -> torch.Tensor:
+    """``out[i] = x[gather[i]] @ w[t]`` for every row i in ``groups[t]`` (``gather`` None:
+    ``x[i]``; the Triton kernel follows ``gather`` without copying ``x``)."""
+    if gather is not None:
+        x = x.index_select(0, gather)
     out = x.new_empty(tuple(x.shape[:-1]) + (w.shape[-1],), dtype=torch.promote_types(x.dtype, w.dtype))
     for t, rows in enumerate(groups):
         if rows.numel():
@@ -125,8 +129,12 @@ def _typed_matmul_tn_shape(inputs, attrs, residency):
     return (x.shape[-1], g.shape[-1]), torch.promote_types(x.dtype, g.dtype)
 
 
-def typed_matmul_tn(x: torch.Tensor, g: torch.Tensor, groups: list[torch.Tensor]) -> torch.Tensor:
-    """``out[t] = sum over rows i of type t of outer(x[i], g[i])``; types without rows get 0."""
+def typed_matmul_tn(x: torch.Tensor, g: torch.Tensor, groups: list[torch.Tensor],
+                    gather: torch.Tensor | None = None) -> torch.Tensor:
+    """``out[t] = sum over rows i of type t of outer(x[gather[i]], g[i])`` (``gather`` None:
+    ``x[i]``); types without rows get 0."""
+    if gather is not None:
+        x = x.index_select(0, gather)
     dtype = torch.promote_types(x.dtype, g.dtype)
     out = x.new_zeros((len(groups), x.shape[-1], g.shape[-1]), dtype=dtype)
     for t, rows in enumerate(groups):

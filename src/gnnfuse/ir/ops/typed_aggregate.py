@@ -177,7 +177,7 @@ def _aggregate(ctx, x: torch.Tensor, w: torch.Tensor, *rest: torch.Tensor, by: s
     order, gathered, aggregated = _decide(ctx, "typed_aggregate", by, idx, w.shape[0], w.shape[-2], w.shape[-1],
                                           dtype, rows)
     if order == "before":     # one product per gathered pair, each edge's scaled into its vertex
-        products = ctx.grouped_matmul(x.index_select(0, gathered.vertex), w, gathered.groups)
+        products = ctx.grouped_matmul(x, w, gathered.groups, gathered.vertex)
         return ctx.scatter_rows(products, gathered.of_edge, ctx.index(by), s, rows)
     return _pair_input_grad(ctx, _pair_rows(ctx, x, gather, s, aggregated), w, aggregated, rows)
 
