@@ -58,3 +58,12 @@ def test_float64_keeps_the_torch_form(monkeypatch):
     torch.testing.assert_close(scatter_rows.scatter_scaled_rows(table, gather, scatter, scale, 2),
                                oracle(table, gather, scatter, scale, 2), rtol=1e-15, atol=1e-15)
     assert names == []
+
+
+def test_no_edges_give_zero_rows(monkeypatch):
+    """A graph without edges: an empty table of pair products, nothing to launch."""
+    names = launched(monkeypatch)
+    empty = torch.zeros(0, 4, device=DEVICE)
+    index = torch.zeros(0, dtype=torch.long, device=DEVICE)
+    got = scatter_rows.scatter_scaled_rows(empty, index, index, torch.zeros(0, device=DEVICE), 3)
+    assert torch.equal(got, torch.zeros(3, 4, device=DEVICE)) and names == []

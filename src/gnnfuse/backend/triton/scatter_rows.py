@@ -15,6 +15,8 @@ keep the torch form, as the segment matmul does.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -48,10 +50,10 @@ def scatter_scaled_rows(table: torch.Tensor, gather: torch.Tensor, scatter: torc
     None), ``out`` of ``rows`` rows shaped like ``table``'s; one launch, nothing per edge
     written. The torch form where the kernel does not apply."""
     operands = (table,) if scale is None else (table, scale)
-    flat = table.reshape(table.shape[0], -1)
-    width = flat.shape[1]
-    if not kernel_applies(*operands) or gather.numel() == 0 or width == 0:
+    width = math.prod(table.shape[1:])
+    if not kernel_applies(*operands) or gather.numel() == 0 or width == 0:    # (an empty table: no edges)
         return torch_scatter_scaled_rows(table, gather, scatter, scale, rows)
+    flat = table.reshape(table.shape[0], width)
     flat = flat if flat.stride(1) == 1 else flat.contiguous()
     out = torch.zeros((rows, width), dtype=torch.float32, device=table.device)
     block_f = min(MAX_BLOCK_F, triton.next_power_of_2(width))
