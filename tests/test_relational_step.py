@@ -174,24 +174,27 @@ def test_a_step_after_the_first_reads_nothing_back_from_the_device(layer, monkey
 
 def test_the_udf_step_runs_the_layers_launches_and_torch_ops(monkeypatch):
     from torch.utils._python_dispatch import TorchDispatchMode
+
+    class CountOps(TorchDispatchMode):
+        def __init__(self, ops: collections.Counter):
+            super().__init__()
+            self.ops = ops
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops[str(func)] += 1
+            return func(*args, **(kwargs or {}))
     monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
     _, _, _, nn_step, udf_step = two_layers(6, device_for("triton"))
-
-    def ran(step):
-        ops: collections.Counter = collections.Counter()
-
-        class Count(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                ops[str(func)] += 1
-                return func(*args, **(kwargs or {}))
+    work = HostWork(monkeypatch, run_kernels=False)
+    ran = {}
+    for name, step in (("nn", nn_step), ("graphiler-udf", udf_step)):
         step()
-        work = HostWork(monkeypatch, run_kernels=False)
-        with Count():
+        ops: collections.Counter = collections.Counter()
+        with CountOps(ops):
             work.step(step)
-        monkeypatch.undo()
-        monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
-        return work.launches, ops
-    assert ran(udf_step) == ran(nn_step)
+        ran[name] = (dict(work.launches), ops)
+        work.launches.clear()
+    assert ran["graphiler-udf"] == ran["nn"]
 
 
 def test_host_work_per_step_does_not_grow_with_the_relation_count(monkeypatch):

@@ -100,6 +100,8 @@ def _rewrite(program: Program, reduce: Value, matmul: Value, edge_scales: list[V
     for s in edge_scales:
         s = _unreshaped(s)
         scale = s if scale is None else program.add("mul", scale, s, source=source)
+    if scale is not None and len(scale.shape) > 1:     # its gradient is summed to [1] or [] only
+        scale = program.add("reshape", scale, source=source, shape=())
     operands = [x, weight] + ([scale] if scale is not None else []) + index
     out = program.add("typed_aggregate", *operands, source=source, by=by, scaled=scale is not None)
     for s in shared_scales:
