@@ -56,7 +56,7 @@ def scatter_scaled_rows(table: torch.Tensor, gather: torch.Tensor, scatter: torc
     flat = table.reshape(table.shape[0], width)
     flat = flat if flat.stride(1) == 1 else flat.contiguous()
     out = torch.zeros((rows, width), dtype=torch.float32, device=table.device)
-    block_f = min(MAX_BLOCK_F, triton.next_power_of_2(width))
+    block_f = min(MAX_BLOCK_F, max(16, triton.next_power_of_2(width)))     # narrow rows: lanes masked
     edges = gather.numel()
     scale_arg = out if scale is None else scale.reshape(-1)
     launch(_scatter_scaled_rows, lambda meta: (triton.cdiv(edges, BLOCK_E), triton.cdiv(width, block_f)),
