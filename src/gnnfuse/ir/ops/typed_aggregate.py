@@ -42,6 +42,7 @@ the compact ops.
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 from typing import NamedTuple
@@ -123,10 +124,18 @@ def forced_order() -> str | None:
 
 def choose_order(op: str, edges: int, gathered_pairs: int, aggregated_pairs: int, rows_out: int, width_in: int,
                  width_out: int, element_size: int, weight_grad: bool = False) -> OrderChoice:
-    """The order with fewer bytes (then fewer flops; ``before`` on a tie), unless forced."""
+    """The order with fewer bytes (then fewer flops; ``before`` on a tie), unless forced.
+    Every call of a typed aggregation asks, with the same sizes step after step: the
+    answer is remembered (a pure function of its arguments and the forced order)."""
+    return _choose(op, edges, gathered_pairs, aggregated_pairs, rows_out, width_in, width_out, element_size,
+                   weight_grad, forced_order())
+
+
+@functools.lru_cache(maxsize=256)
+def _choose(op: str, edges: int, gathered_pairs: int, aggregated_pairs: int, rows_out: int, width_in: int,
+            width_out: int, element_size: int, weight_grad: bool, forced: str | None) -> OrderChoice:
     costs = order_costs(edges, gathered_pairs, aggregated_pairs, rows_out, width_in, width_out, element_size,
                         weight_grad)
-    forced = forced_order()
     order = forced or min(ORDERS, key=lambda o: (costs[o].bytes, costs[o].flops))
     return OrderChoice(op, order, forced is not None, edges, gathered_pairs, aggregated_pairs, width_in, width_out,
                        costs)
@@ -164,7 +173,7 @@ def _decide(ctx, op: str, by: str, idx, count: int, width_in: int, width_out: in
     gather = OTHER_SIDE[by]
     pairs = {side: _pairs_of(ctx, side, idx, count) for side in (gather, by)}
     choice = choose_order(op, ctx.num_edges, len(pairs[gather].vertex), len(pairs[by].vertex), rows_out,
-                          width_in, width_out, torch.empty((), dtype=dtype).element_size(), weight_grad)
+                          width_in, width_out, dtype.itemsize, weight_grad)
     recorded_choices(ctx.graph)[choice_key(op, by, width_in, width_out)] = choice
     return choice.order, pairs[gather], pairs[by]
 
