@@ -150,9 +150,12 @@ def _layout(groups: list[torch.Tensor], per_row: int, tile: int) -> _Layout:
         counts, memo = tuple(len(g) for g in groups), {}
     key = ("segment_layout", per_row, tile)
     if key not in memo:
-        order = torch.cat(groups)
-        if per_row > 1:
-            order = (order[:, None] * per_row + torch.arange(per_row, device=order.device)).reshape(-1)
+        order = memo.get(("segment_order", per_row))     # shared by the forward's and the gradient's tiles
+        if order is None:
+            order = torch.cat(groups)
+            if per_row > 1:
+                order = (order[:, None] * per_row + torch.arange(per_row, device=order.device)).reshape(-1)
+            memo[("segment_order", per_row)] = order
         sizes = np.asarray(counts, dtype=np.int64) * per_row
         ends = np.cumsum(sizes)
         per_type = -(-sizes // tile)
