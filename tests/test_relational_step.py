@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import collections
+import math
 import sys
 
 import pytest
@@ -266,3 +267,19 @@ def test_no_per_edge_table_is_alive_while_the_pair_products_run(order, monkeypat
     x = torch.randn(graph.num_nodes, 8, requires_grad=True)
     conv(x, graph).sum().backward()
     assert not alive, f"per-edge tables alive during a pair matmul: {alive}"
+
+
+def test_hgt_saves_no_per_edge_rows_for_its_backward():
+    """HGT's relation-transformed keys and values (compact pair products gathered onto
+    the edges, [E, H * D] each) are recomputed from the saved vertex tables in the
+    backward, not kept alive between forward and backward."""
+    from test_nn_hetero import IN_CHANNELS, METADATA, hetero_inputs
+
+    from gnnfuse.nn import HGTConv
+    x, edges = hetero_inputs(0)
+    layer = HGTConv(IN_CHANNELS, 8, METADATA, heads=2).double()
+    report = gnnfuse.explain(lambda: sum(o.sum() for o in layer(x, edges).values()).backward())
+    saved = [(key, v.residency.name, list(v.shape)) for p in report.programs
+             for key, v in p.backward.program.inputs.items()
+             if key.startswith("saved:") and v.residency.is_edge_rowed and math.prod(v.shape) > 2]
+    assert saved == []
