@@ -19,6 +19,18 @@ forward + cross-entropy on the training nodes + backward + Adam; median ms over
 ``--steps``, peak GB = ``torch.cuda.max_memory_allocated`` over the timed steps. OOM,
 time-outs and errors are recorded as the cell's status and the run goes on.
 
+Memory is reported two ways. ``peak_gb`` is the allocator's peak, which holds what every
+framework shares: the data set on the device and the cuBLAS workspaces torch allocates
+through its caching allocator on the first matmul (32 MiB per handle on Hopper), tens of
+MB that dominate the small presets. ``own_peak_gb`` is the peak above what was allocated
+when the cell began (``base_gb``): the framework's parameters, optimizer state, graph
+layouts and activations. Each cell runs on a fresh `Graph` (and the `HeteroGraph` cache is
+cleared), so gnnfuse's cached layouts are counted in its own cell and no other.
+
+``--profile`` adds, per cell, one profiled step: device kernels launched, their summed
+time, host syncs (``torch.cuda.set_sync_debug_mode``) and Python calls per step, logged
+with torch.profiler's table of the heaviest kernels.
+
 Results merge into ``<out>/hetero.json`` (cells keyed data set/model/framework, with the
 device and commit of their run) and ``<out>/hetero.md`` is regenerated after every cell,
 so a run cut off by the device's 10-minute limit keeps what it measured; ``--max-size``
@@ -31,7 +43,10 @@ stops at a preset so one call fits.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import sys
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -41,10 +56,12 @@ import torch.nn.functional as F
 from torch import nn
 
 import gnnfuse
-from gnnfuse.bench import guarded, peak_memory_gb, reset_peak_memory
+from gnnfuse.bench import allocated_gb, guarded, peak_memory_gb, reset_peak_memory, synchronize
 from gnnfuse.bench.measure import REL_ERR_LIMIT, max_rel_err
 from gnnfuse.data.typed import TYPED_PRESETS, typed_graph
+from gnnfuse.graph.hetero_cache import clear_hetero_cache
 
+from bench_attention import kernel_profile
 from bench_training import comma_list
 from common import (device_names, environment, fmt, free_memory, load_results, log, new_run_id, prune_runs,
                     resolve_device, runs_markdown, save_json, summarize, time_calls, warn, write_atomically)
@@ -95,6 +112,17 @@ def load_typed(name: str, device: torch.device) -> TypedData:
     return TypedData(name, graph, x, data.y.to(device), data.train_mask.nonzero().squeeze(1).to(device),
                      torch.stack([graph.src, graph.dst]), norm[:, None], x_dict, edge_index_dict,
                      (preset.node_types, preset.edge_types), preset.labelled_type, preset.num_classes)
+
+
+def with_fresh_graph(data: TypedData) -> TypedData:
+    """``data`` on a new `Graph` of the same tensors, without cached layouts, and the
+    `HeteroGraph` cache cleared: a cell builds (and counts) its own gnnfuse layouts, and
+    the next cell does not hold them."""
+    clear_hetero_cache()
+    g = data.graph
+    graph = gnnfuse.Graph(g.src, g.dst, g.num_nodes, edge_type=g.edge_type, num_edge_types=g.num_edge_types,
+                          node_type=g.node_type, num_node_types=g.num_node_types)
+    return dataclasses.replace(data, graph=graph)
 
 
 # --- models --------------------------------------------------------------------------------
@@ -196,7 +224,7 @@ def check(model: str, data: TypedData, hidden: int, state, device: torch.device)
     def forward(framework: str) -> dict[str, Any]:
         module = instantiate(model, framework, data, hidden, state, device).eval()
         with torch.no_grad():
-            return {"status": "ok", "out": module(data).float()}
+            return {"status": "ok", "out": module(with_fresh_graph(data)).float()}
     reference = guarded(lambda: forward(PYG[model][0]), device)
     if reference["status"] != "ok":
         return {"status": f"{PYG[model][0]}: {reference['status']}"}
@@ -208,7 +236,9 @@ def check(model: str, data: TypedData, hidden: int, state, device: torch.device)
 
 
 def measure(model: str, framework: str, data: TypedData, hidden: int, state, steps: int, warmup: int,
-            device: torch.device) -> dict[str, Any]:
+            device: torch.device, profile: bool = False) -> dict[str, Any]:
+    data = with_fresh_graph(data)
+    base = allocated_gb(device)
     module = instantiate(model, framework, data, hidden, state, device)
     optimizer = torch.optim.Adam(module.parameters(), lr=0.01)
     train_y = data.y[data.train_idx]
@@ -227,7 +257,44 @@ def measure(model: str, framework: str, data: TypedData, hidden: int, state, ste
         step()
     reset_peak_memory(device)
     times = time_calls(step, steps, device)
-    return {"status": "ok", **summarize(times), "peak_gb": peak_memory_gb(device), "first_step_ms": first_ms}
+    peak = peak_memory_gb(device)
+    cell = {"status": "ok", **summarize(times), "peak_gb": peak, "base_gb": base,
+            "own_peak_gb": None if peak is None else peak - base, "first_step_ms": first_ms}
+    if profile:
+        cell["profile"] = step_profile(step, device)
+    return cell
+
+
+def step_profile(step: Callable[[], None], device: torch.device) -> dict[str, Any]:
+    """One more step, counted: device kernels launched and their summed time (ms), host
+    synchronisations (CUDA's sync debug mode warns on each) and Python calls; then one
+    profiled step's table of the heaviest kernels, logged."""
+    calls = 0
+
+    def count(frame, event, arg):
+        nonlocal calls
+        calls += event == "call"
+    synchronize(device)
+    with warnings.catch_warnings(record=True) as syncs:
+        warnings.simplefilter("always")
+        if device.type == "cuda":
+            torch.cuda.set_sync_debug_mode("warn")
+        sys.setprofile(count)
+        try:
+            step()
+        finally:
+            sys.setprofile(None)
+            if device.type == "cuda":
+                torch.cuda.set_sync_debug_mode("default")
+    activities = [torch.profiler.ProfilerActivity.CPU] + (
+        [torch.profiler.ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with torch.profiler.profile(activities=activities) as prof:
+        step()
+        synchronize(device)
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    log(kernel_profile(step, device))
+    return {"kernels": len(kernels), "kernel_ms": sum(e.device_time_total for e in kernels) / 1e3,
+            "host_syncs": sum("synchroniz" in str(w.message) for w in syncs), "python_calls": calls}
 
 
 # --- results ---------------------------------------------------------------------------------
@@ -241,15 +308,20 @@ def ratios(results: dict[str, Any], dataset: str, model: str) -> dict[str, Any]:
         return {"fastest_pyg": None, "speedup": None, "memory_ratio": None, "udf_vs_nn": None}
     theirs = [(fw, cells.get(f"{dataset}/{model}/{fw}")) for fw in PYG[model]]
     ran = [(fw, c) for fw, c in theirs if c and c["status"] == "ok" and len(device_names(results, [ours, c])) == 1]
-    out: dict[str, Any] = {"fastest_pyg": None, "speedup": None, "memory_ratio": None}
+    out: dict[str, Any] = {"fastest_pyg": None, "speedup": None, "memory_ratio": None, "own_memory_ratio": None}
     if ran:
         fw, best = min(ran, key=lambda item: item[1]["median_ms"])
         out = {"fastest_pyg": fw, "speedup": best["median_ms"] / ours["median_ms"],
-               "memory_ratio": ours["peak_gb"] / best["peak_gb"] if ours["peak_gb"] and best["peak_gb"] else None}
+               "memory_ratio": _ratio(ours.get("peak_gb"), best.get("peak_gb")),
+               "own_memory_ratio": _ratio(ours.get("own_peak_gb"), best.get("own_peak_gb"))}
     udf = cells.get(f"{dataset}/{model}/graphiler-udf")
     out["udf_vs_nn"] = (udf["median_ms"] / ours["median_ms"]
                         if udf and udf["status"] == "ok" and len(device_names(results, [ours, udf])) == 1 else None)
     return out
+
+
+def _ratio(ours: float | None, theirs: float | None) -> float | None:
+    return ours / theirs if ours and theirs else None
 
 
 def row_keys(results: dict[str, Any]) -> list[tuple[str, str]]:
@@ -264,15 +336,19 @@ def cell_text(cell: dict[str, Any] | None) -> str:
     if cell["status"] != "ok":
         return cell["status"][:40]
     peak = "" if cell["peak_gb"] is None else f" / {cell['peak_gb']:.3f} GB"
-    return f"{cell['median_ms']:.2f} ms{peak}"
+    own = "" if cell.get("own_peak_gb") is None else f" ({cell['own_peak_gb']:.3f} own)"
+    return f"{cell['median_ms']:.2f} ms{peak}{own}"
 
 
 def render_markdown(results: dict[str, Any]) -> str:
     frameworks = ("gnnfuse", "pyg-rgcn", "pyg-fastrgcn", "pyg-hgt", "graphiler-udf")
-    head = ["dataset", "model", *frameworks, "fastest PyG", "speedup", "mem vs PyG", "UDF / nn", "max rel err"]
+    head = ["dataset", "model", *frameworks, "fastest PyG", "speedup", "mem vs PyG", "own mem vs PyG", "UDF / nn",
+            "max rel err"]
     lines = ["# Relational training step: gnnfuse vs PyG (R-GCN, HGT) and Graphiler's R-GCN UDF", "",
-             "Median ms per step (forward + loss + backward + Adam) / peak GB over the timed steps; "
-             "speedup = fastest PyG variant's time / gnnfuse's; mem = gnnfuse peak / that variant's peak; "
+             "Median ms per step (forward + loss + backward + Adam) / peak GB over the timed steps (own: the "
+             "peak above what was allocated when the cell began -- the data set and the cuBLAS workspaces "
+             "every framework shares are left out); speedup = fastest PyG variant's time / gnnfuse's; "
+             "mem = gnnfuse peak / that variant's peak, own mem the same for the own peaks; "
              "UDF / nn = Graphiler's R-GCN UDF compiled by gnnfuse / gnnfuse.nn.RGCNConv; max rel err = worst "
              f"eval-mode forward difference from PyG over the frameworks (flagged above {REL_ERR_LIMIT:g}). "
              "Data: gnnfuse.data.typed presets. See benchmarks/bench_hetero.py.", "",
@@ -289,7 +365,8 @@ def render_markdown(results: dict[str, Any]) -> str:
         lines.append("| " + " | ".join([dataset, model, *(cell_text(c) if fw in FRAMEWORKS[model] else "n/a"
                                                              for fw, c in zip(frameworks, cells)),
                                           r["fastest_pyg"] or "–", fmt(r["speedup"], ".2f"),
-                                          fmt(r["memory_ratio"], ".2f"), fmt(r["udf_vs_nn"], ".2f"), err]) + " |")
+                                          fmt(r["memory_ratio"], ".2f"), fmt(r.get("own_memory_ratio"), ".2f"),
+                                          fmt(r["udf_vs_nn"], ".2f"), err]) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -319,10 +396,11 @@ def run_dataset(name: str, args: argparse.Namespace, device: torch.device, resul
         for framework in (f for f in FRAMEWORKS[model] if f in args.frameworks):
             begin = time.perf_counter()
             cell = guarded(lambda: measure(model, framework, data, args.hidden, state, args.steps, args.warmup,
-                                           device), device, args.cell_timeout)
+                                           device, args.profile), device, args.cell_timeout)
             results["cells"][f"{name}/{model}/{framework}"] = {**cell, "run": run_id}
             store(results, args.out)
-            log(f"[{name}] {model} {framework}: {cell_text(cell)} [{time.perf_counter() - begin:.1f} s]")
+            log(f"[{name}] {model} {framework}: {cell_text(cell)} [{time.perf_counter() - begin:.1f} s]"
+                + (f" per step: {cell['profile']}" if "profile" in cell else ""))
     del data
     free_memory(device)
 
@@ -339,6 +417,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps after the first (default 3)")
     parser.add_argument("--cell-timeout", type=float, default=None,
                         help="seconds one cell may take; past it the cell is recorded as a time-out")
+    parser.add_argument("--profile", action="store_true",
+                        help="per cell, count one step's kernels, host syncs and Python calls, and log its "
+                             "heaviest kernels")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"),
                         help="folder of hetero.json (merged into) and hetero.md")

@@ -67,3 +67,18 @@ def test_cells_are_checked_timed_and_stored(bench_hetero, tmp_path, monkeypatch)
     assert "| aifb-like | rgcn |" in markdown and "| oom |" in markdown
     ratios = results["ratios"]["aifb-like/rgcn"]
     assert ratios["fastest_pyg"] == "pyg-rgcn" and ratios["speedup"] == pytest.approx(3.0)
+
+
+def test_each_cell_builds_its_own_graph_layouts_and_profile_counts_a_step(bench_hetero, tmp_path, monkeypatch):
+    """A cell runs on a fresh Graph (gnnfuse's layouts cached by an earlier cell or the
+    forward check are not held, so they count in the cell's own peak), and --profile
+    records one step's counts."""
+    tiny_presets(bench_hetero, monkeypatch)
+    data = bench_hetero.load_typed("aifb-like", torch.device("cpu"))
+    fresh = bench_hetero.with_fresh_graph(data)
+    assert fresh.graph is not data.graph and not fresh.graph._cache
+    assert torch.equal(fresh.graph.edge_type, data.graph.edge_type) and fresh.x is data.x
+    state = bench_hetero.reference_state("rgcn", data, 8)
+    cell = bench_hetero.measure("rgcn", "gnnfuse", data, 8, state, 1, 0, torch.device("cpu"), profile=True)
+    assert cell["profile"]["python_calls"] > 0 and cell["profile"]["host_syncs"] == 0
+    assert not data.graph._cache                    # the cell's layouts were built on its own graph

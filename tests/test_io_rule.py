@@ -126,12 +126,12 @@ LAYERS: dict[str, tuple[int, Callable[[torch.Tensor, gnnfuse.Graph], torch.Tenso
 
 
 # Layers whose per-edge work is a matmul of gathered rows: the message is [E, F] x [F, C]
-# per edge (EdgeConv's MLP on (x_i, x_j - x_i); R-GCN's x_j @ W_r with W_r chosen by the
-# edge's relation), which the fused units cannot evaluate in registers (they hold
-# elementwise work and matmuls of the user's edge inputs, not matmuls of gathered rows:
-# an in-kernel tl.dot is not built yet). Strict: fixing one fails here until it is
-# taken off the list.
-MATMUL_ON_EDGES = {"EdgeConv", "RGCNConv", "RGCNConv-bases", "FastRGCNConv"}
+# per edge (EdgeConv's MLP on (x_i, x_j - x_i)), which the fused units cannot evaluate in
+# registers (they hold elementwise work and matmuls of the user's edge inputs, not
+# matmuls of gathered rows: an in-kernel tl.dot is not built yet). Strict: fixing one
+# fails here until it is taken off the list. (R-GCN's x_j @ W_r left the list: it runs
+# as a typed aggregation, whose edge stage is one row scatter writing nothing per edge.)
+MATMUL_ON_EDGES = {"EdgeConv"}
 # Layers whose relation-typed transforms are compacted per (vertex, relation) pair
 # (passes/compact.py): the forward gathers the pair rows inside the kernels, but the
 # backward sums each edge's gradient row into its pair with a torch scatter, which reads

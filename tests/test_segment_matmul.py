@@ -11,7 +11,7 @@ from oracle_check import device_for
 
 import gnnfuse
 from gnnfuse.backend.triton import segment_matmul as sm
-from gnnfuse.ir.ops.typed import typed_matmul
+from gnnfuse.ir.ops.typed import RowGroups, typed_matmul
 from gnnfuse.nn import RGCNConv
 
 DEVICE = device_for("triton")
@@ -26,7 +26,8 @@ def grouped_rows(rows: int, types: int, seed: int = 0) -> tuple[torch.Tensor, li
     kind[kind == 1] = 2
     kind[: sm.BLOCK_M + 3] = 0
     kind = kind[torch.randperm(rows, generator=g)].to(DEVICE)
-    return kind, [torch.nonzero(kind == t).flatten() for t in range(types)]
+    ids = [torch.nonzero(kind == t).flatten() for t in range(types)]
+    return kind, RowGroups(ids, [len(i) for i in ids])
 
 
 def kernels_only(monkeypatch) -> list[str]:
@@ -68,6 +69,26 @@ def test_kernels_match_torch_in_float32(monkeypatch, middle):
     assert torch.equal(got[1], torch.zeros(K, N, device=DEVICE))      # a type without rows
 
 
+def test_kernels_follow_a_row_gather_without_copying(monkeypatch):
+    """``gather``: problem row i reads ``x[gather[i]]`` (the compact pairs' vertices), in
+    the kernels themselves -- no gathered copy of x is made."""
+    kernels_only(monkeypatch)
+    monkeypatch.setattr(torch.Tensor, "index_select", lambda *a: pytest.fail("x was gathered in torch"))
+    kind, groups = grouped_rows(90, TYPES)
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(13, K, generator=g).to(DEVICE)
+    gather = torch.randint(0, 13, (90,), generator=g).to(DEVICE)
+    w = torch.randn(TYPES, K, N, generator=g).to(DEVICE)
+    grad = torch.randn(90, N, generator=g).to(DEVICE)
+    rows = x.double()[gather]
+    torch.testing.assert_close(sm.segment_matmul(x, w, groups, gather).double(),
+                               torch.einsum("rk,rkn->rn", rows, w.double()[kind]), rtol=1e-5, atol=1e-5)
+    expected = torch.zeros(TYPES, K, N, dtype=torch.float64, device=DEVICE).index_add_(
+        0, kind, torch.einsum("rk,rn->rkn", rows, grad.double()))
+    torch.testing.assert_close(sm.segment_matmul_tn(x, grad, groups, gather).double(), expected,
+                               rtol=1e-5, atol=1e-4)
+
+
 def test_float64_keeps_the_exact_torch_loop():
     kind, groups = grouped_rows(100, TYPES)
     x = torch.randn(100, K, dtype=torch.float64, device=DEVICE)
@@ -82,6 +103,7 @@ def test_the_layout_of_cached_groups_is_built_once():
     _, groups = grouped_rows(70, TYPES)
     first = sm._layout(groups, 1, sm.BLOCK_M)
     assert sm._layout(groups, 1, sm.BLOCK_M) is first
+    assert sm._layout(list(groups), 1, sm.BLOCK_M) is not first     # a plain list: laid out per call
     # tiles never straddle two types: each tile's end is its own type's end
     tile_type, start, end = first.tiles.cpu()
     counts = torch.tensor([len(g) for g in groups])

@@ -8,7 +8,7 @@ reduce along the same index, so a source-side broadcast turns into a reduction o
 out-edges, which the Triton backend runs over the reverse CSR.
 
 Per-edge values that are cheap functions of gathered vertex rows (broadcasts, elementwise
-arithmetic, reshapes) are recomputed in the backward program instead of saved, as flash
+arithmetic, reshapes, gathered compact pair products) are recomputed in the backward program instead of saved, as flash
 attention recomputes its scores: saving them would keep |E|-sized tensors alive between
 forward and backward, while recomputing them costs a few gathers and flops inside the
 fused kernels that need them. Only vertex-sized values, parameters and per-edge values
@@ -56,6 +56,12 @@ class _Builder:
         return self.program.add("const", value=float(value), dtype=like.dtype)
 
 
+# Gathers onto the edges: of vertex rows, and of the compact (vertex, relation) pair
+# products (ir/ops/compact.py: redone as P matmuls, P <= E, from the saved vertex table
+# instead of keeping the [E, F] gathered rows -- HGT's transformed keys and values).
+RECOMPUTED_GATHERS = ("broadcast", "reshape", "expand", "compact_typed_matmul", "compact_indexed_matmul")
+
+
 def _recomputable(value: Value) -> bool:
     """Per-edge, deterministic and elementwise, or a gather, reshape, expand or a matmul
     of edge features (passes.fusion.edge_feature_matmul): cheaper to redo in a fused
@@ -66,7 +72,7 @@ def _recomputable(value: Value) -> bool:
     opdef = get_op(value.op)
     if not opdef.pure:
         return False
-    return (opdef.elementwise or value.op in ("broadcast", "reshape", "expand") or edge_feature_matmul(value)
+    return (opdef.elementwise or value.op in RECOMPUTED_GATHERS or edge_feature_matmul(value)
             or _recomputable_sum(value, {}))
 
 

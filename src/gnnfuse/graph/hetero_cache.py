@@ -60,3 +60,9 @@ def _forget(key: Hashable, dead: weakref.ref) -> None:
     entry = _ENTRIES.get(key)
     if entry is not None and any(ref is dead for ref in entry[0]):
         del _ENTRIES[key]
+
+
+def clear_hetero_cache() -> None:
+    """Forget every remembered `HeteroGraph` (and free its layouts): what a benchmark
+    does between frameworks, so each one's graph caches count in its own memory."""
+    _ENTRIES.clear()

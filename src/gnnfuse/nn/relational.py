@@ -24,12 +24,13 @@ def _relational_sum(v):
 
 def _relation_mean_norm(graph: Graph, dtype: torch.dtype) -> torch.Tensor:
     """``1 / |N_r(v)|`` per edge into ``v`` of relation ``r``: each relation's messages are
-    averaged apart, as PyG's ``aggr="mean"`` does. Cached on the graph."""
+    averaged apart, as PyG's ``aggr="mean"`` does. Cached on the graph per dtype (computed
+    in float64, rounded once), so a step neither casts nor keeps a float64 copy."""
     def build(g: Graph) -> torch.Tensor:
         key = g.dst * g.num_edge_types + g.edge_type
         count = torch.bincount(key, minlength=g.num_nodes * g.num_edge_types)
-        return 1.0 / count[key].to(torch.float64)
-    return graph.cached("nn_relation_mean_norm", build).to(dtype)
+        return (1.0 / count[key].to(torch.float64)).to(dtype)
+    return graph.cached(f"nn_relation_mean_norm_{dtype}", build)
 
 
 def _typed_adj_t(adj_t, edge_type: torch.Tensor | None, num_src: int, num_dst: int

@@ -92,12 +92,15 @@ def _rewrite(program: Program, reduce: Value, matmul: Value, edge_scales: list[V
              shared_scales: list[Value]) -> Value:
     source, by = reduce.source, reduce.attrs["by"]
     x, weight, *index = matmul.inputs
-    if x.shape != x.shape[-1:]:
-        x = program.add("reshape", x, source=source, shape=x.shape[-1:])
+    width = x.shape[-1:]               # one row of `in` (`_match`): the op reads it flat
+    x = _unreshaped(x)
+    if x.shape != width:
+        x = program.add("reshape", x, source=source, shape=width)
     scale = None
     for s in edge_scales:
+        s = _unreshaped(s)
         scale = s if scale is None else program.add("mul", scale, s, source=source)
-    if scale is not None and scale.shape != ():
+    if scale is not None and len(scale.shape) > 1:     # its gradient is summed to [1] or [] only
         scale = program.add("reshape", scale, source=source, shape=())
     operands = [x, weight] + ([scale] if scale is not None else []) + index
     out = program.add("typed_aggregate", *operands, source=source, by=by, scaled=scale is not None)
@@ -109,3 +112,13 @@ def _rewrite(program: Program, reduce: Value, matmul: Value, edge_scales: list[V
     if out.shape != reduce.shape:
         out = program.add("reshape", out, source=source, shape=reduce.shape)
     return out
+
+
+def _unreshaped(v: Value) -> Value:
+    """``v`` without the reshapes it was made by: a reshape keeps a row's elements in
+    order, so the op may read the original row (Graphiler's ``unsqueeze(1)`` of the
+    source rows, its ``[E, 1]`` norm column) and the reshapes die, instead of running
+    as copies on every call."""
+    while v.op == "reshape":
+        v = v.inputs[0]
+    return v

@@ -34,8 +34,8 @@ Byte model (an estimate of DRAM traffic, not a measurement; caches are ignored):
 * A relation-typed linear aggregation (``typed_aggregate``, ``typed_aggregate_tn``:
   passes/linear_reorder.py) is counted with the byte model of the order it chose on the
   graph (ir/ops/typed_aggregate.py); its step says which order ran, with both orders'
-  bytes and flops, and the per-edge rows it writes inside itself (``out`` wide before
-  aggregation, ``in`` wide after) are listed with the plan's per-edge tensors.
+  bytes and flops. It writes nothing per edge: its edge stage is one row-scatter kernel
+  (backend/triton/scatter_rows.py).
 * Index entries have the graph's index dtype size.
 
 The report is generic over unit kinds: it uses only a unit's ``root``, ``body``,
@@ -51,7 +51,7 @@ from __future__ import annotations
 import math
 import shutil
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -91,7 +91,6 @@ class Step:
     writes: list[Value]             # values materialized in memory
     traffic: Traffic
     source: str | None = None       # generated Triton kernel, when asked for
-    internal: list[Value] = field(default_factory=list)   # per-edge rows a torch op writes inside itself
 
 
 @dataclass
@@ -244,9 +243,6 @@ def _op_step(v: Value, sizes: _Sizes, names: dict[int, str]) -> Step:
         cost = choice.costs[choice.order]
         label += f"\n    order:  {choice.describe()}"
         traffic = Traffic(cost.reads, index, cost.writes)
-        width = choice.width_out if choice.order == "before" else choice.width_in
-        return Step(v, label, False, [], reads, [v], traffic,
-                    internal=[Value(v.op, v.inputs, v.attrs, Residency.EDGE, (width,), v.dtype, id=v.id)])
     return Step(v, label, False, [], reads, [v], traffic)
 
 
@@ -273,8 +269,7 @@ def _plan(phase: str, program: Program, keep: list[int], sizes: _Sizes, source: 
             step.source = _kernel_source(item, sizes) if source else None
             steps.append(step)
     written = [v for step in steps for v in step.writes]
-    internal = [EdgeTensor(v, False, False) for step in steps for v in step.internal]   # from gathered rows
-    return Plan(phase, program, steps, edge_tensors(written, keep, tainted) + internal, sizes.num_edges)
+    return Plan(phase, program, steps, edge_tensors(written, keep, tainted), sizes.num_edges)
 
 
 def _mb(n: int) -> str:

@@ -10,8 +10,9 @@ import torch
 
 from ...graph import Graph
 from ...ir import CompileError, Residency
+from ...ir.ops.compact import scatter_scaled_rows
 from ...ir.ops.pairwise import in_edge_pairs
-from ...ir.ops.typed import typed_matmul, typed_matmul_tn
+from ...ir.ops.typed import RowGroups, group_rows, typed_matmul, typed_matmul_tn
 
 EDGE_TYPE_INDICES = ("etype",)
 NODE_TYPE_INDICES = ("srctype", "dsttype", "ntype")
@@ -24,6 +25,7 @@ class GraphContext:
     # backend's context runs one segment-matmul kernel for all types instead.
     grouped_matmul = staticmethod(typed_matmul)
     grouped_matmul_tn = staticmethod(typed_matmul_tn)
+    scatter_rows = staticmethod(scatter_scaled_rows)     # the typed aggregation's row moves
 
     def __init__(self, graph: Graph):
         self.graph = graph
@@ -62,17 +64,12 @@ class GraphContext:
         self._node_types()
         return int(self.graph.num_node_types)
 
-    def groups(self, by: str) -> list[torch.Tensor]:
+    def groups(self, by: str) -> RowGroups:
         """Row ids per value of index ``by`` (per type), each ascending; cached per graph.
 
         Per-type ops (typed_matmul) run one dense op per group, so the grouping is a sort
         done once per graph rather than a boolean mask per type per call."""
-        def build(g: Graph) -> list[torch.Tensor]:
-            index = self.index(by)
-            order = torch.sort(index, stable=True).indices
-            counts = torch.bincount(index, minlength=self.num_rows(by)).tolist()
-            return list(torch.split(order, counts))
-        return self.graph.cached(f"groups_by_{by}", build)
+        return self.graph.cached(f"groups_by_{by}", lambda g: group_rows(self.index(by), self.num_rows(by)))
 
     def _edge_types(self) -> torch.Tensor:
         if self.graph.edge_type is None:

@@ -18,9 +18,9 @@ from ..kernel_cache import load_kernel as _load_kernel
 from ..reference.executor import run_plan
 from .codegen import (SHARED_REDUCE_BLOCK_E, SHARED_REDUCE_PROGRAMS, RowSum, generate, generate_coo, generate_edge,
                       generate_shared_reduce, head_block, row_stride, row_sum_split, size_class)
+from .context import TritonGraphContext
 from .launch import launch
 from .schedule import SEGMENT_EDGES, segments
-from .segment_matmul import SegmentMatmulContext
 
 _PLANS: "weakref.WeakKeyDictionary[Program, dict]" = weakref.WeakKeyDictionary()
 _UNIT_KERNELS: "weakref.WeakKeyDictionary[AggregateUnit, dict]" = weakref.WeakKeyDictionary()
@@ -224,4 +224,4 @@ def execute(program: Program, ctx: GraphContext, feeds: Mapping[str, torch.Tenso
     key = (keep, tiled_scores())
     if key not in plans:
         plans[key] = partition(program, keep, tile_feature_sums=key[1])
-    return run_plan(program, plans[key], SegmentMatmulContext(ctx.graph), feeds, keep, run_unit)
+    return run_plan(program, plans[key], TritonGraphContext(ctx.graph), feeds, keep, run_unit)

@@ -30,8 +30,8 @@ path worth taking, and the loop is exact.
 """
 from __future__ import annotations
 
+import math
 import os
-import weakref
 from typing import Callable, NamedTuple
 
 import numpy as np
@@ -39,8 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ...ir.ops.typed import typed_matmul, typed_matmul_tn
-from ..reference import GraphContext
+from ...ir.ops.typed import RowGroups, typed_matmul, typed_matmul_tn
 from .launch import launch
 
 KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -60,9 +59,10 @@ def _configs(tn: bool) -> list[triton.Config]:
 
 
 @triton.jit
-def _segment_matmul(x_ptr, w_ptr, out_ptr, order_ptr, tiles_ptr, num_tiles, K, N,
+def _segment_matmul(x_ptr, w_ptr, out_ptr, order_ptr, tiles_ptr, gather_ptr, num_tiles, K, N,
                     stride_xm, stride_xk, stride_wt, stride_wk, stride_wn, stride_om, stride_on,
-                    PRECISION: tl.constexpr, TILE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                    PRECISION: tl.constexpr, TILE: tl.constexpr, GATHER: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_K: tl.constexpr):
     tile = tl.program_id(0)
     t = tl.load(tiles_ptr + tile)
     start = tl.load(tiles_ptr + num_tiles + tile)
@@ -70,6 +70,9 @@ def _segment_matmul(x_ptr, w_ptr, out_ptr, order_ptr, tiles_ptr, num_tiles, K, N
     pos = start + tl.arange(0, TILE)
     row_ok = pos < end
     rows = tl.load(order_ptr + pos, mask=row_ok, other=0)
+    x_rows = rows
+    if GATHER:
+        x_rows = tl.load(gather_ptr + rows, mask=row_ok, other=0)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
     w_base = w_ptr + t * stride_wt
@@ -77,7 +80,7 @@ def _segment_matmul(x_ptr, w_ptr, out_ptr, order_ptr, tiles_ptr, num_tiles, K, N
     for k0 in range(0, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         k_ok = ks < K
-        a = tl.load(x_ptr + rows[:, None] * stride_xm + ks[None, :] * stride_xk,
+        a = tl.load(x_ptr + x_rows[:, None] * stride_xm + ks[None, :] * stride_xk,
                     mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         b = tl.load(w_base + ks[:, None] * stride_wk + cols[None, :] * stride_wn,
                     mask=k_ok[:, None] & col_ok[None, :], other=0.0)
@@ -87,9 +90,9 @@ def _segment_matmul(x_ptr, w_ptr, out_ptr, order_ptr, tiles_ptr, num_tiles, K, N
 
 
 @triton.jit
-def _segment_matmul_tn(x_ptr, g_ptr, out_ptr, order_ptr, tiles_ptr, num_tiles, K, N,
+def _segment_matmul_tn(x_ptr, g_ptr, out_ptr, order_ptr, tiles_ptr, gather_ptr, num_tiles, K, N,
                        stride_xm, stride_xk, stride_gm, stride_gn, stride_ot, stride_ok, stride_on,
-                       PRECISION: tl.constexpr, TILE: tl.constexpr, BLOCK_M: tl.constexpr,
+                       PRECISION: tl.constexpr, TILE: tl.constexpr, GATHER: tl.constexpr, BLOCK_M: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     tile = tl.program_id(0)
     t = tl.load(tiles_ptr + tile)
@@ -104,7 +107,10 @@ def _segment_matmul_tn(x_ptr, g_ptr, out_ptr, order_ptr, tiles_ptr, num_tiles, K
         pos = start + m0 + tl.arange(0, BLOCK_M)
         row_ok = pos < end
         rows = tl.load(order_ptr + pos, mask=row_ok, other=0)
-        a = tl.load(x_ptr + rows[:, None] * stride_xm + ks[None, :] * stride_xk,
+        x_rows = rows
+        if GATHER:
+            x_rows = tl.load(gather_ptr + rows, mask=row_ok, other=0)
+        a = tl.load(x_ptr + x_rows[:, None] * stride_xm + ks[None, :] * stride_xk,
                     mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         b = tl.load(g_ptr + rows[:, None] * stride_gm + cols[None, :] * stride_gn,
                     mask=row_ok[:, None] & col_ok[None, :], other=0.0)
@@ -129,28 +135,27 @@ class _Layout(NamedTuple):
         return self.tiles.shape[1]
 
 
-# Layouts of cached groups (ctx.groups and the compact pairs live as long as their graph)
-# are built once: keyed by the identity of the first group's tensor, which the cached list
-# holds, and dropped when that tensor dies. (Not a WeakKeyDictionary: it compares keys
-# with ==, which on tensors is elementwise.)
-_LAYOUTS: dict[int, dict] = {}
-
-
 def _layout(groups: list[torch.Tensor], per_row: int, tile: int) -> _Layout:
     """The type-sorted ids of ``groups``' rows, each row standing for ``per_row``
     consecutive kernel rows (a row's middle dimensions flattened), cut into tiles of
-    ``tile`` positions that never straddle two types."""
-    counts = tuple(len(g) for g in groups)
-    anchor = groups[0]
-    cache = _LAYOUTS.get(id(anchor))
-    if cache is None:
-        cache = _LAYOUTS[id(anchor)] = {}
-        weakref.finalize(anchor, _LAYOUTS.pop, id(anchor), None)
-    key = (counts, per_row, tile)
-    if key not in cache:
-        order = torch.cat(groups)
-        if per_row > 1:
-            order = (order[:, None] * per_row + torch.arange(per_row, device=order.device)).reshape(-1)
+    ``tile`` positions that never straddle two types.
+
+    Groups from the graph's caches (`RowGroups`: ctx.groups, the compact pairs) carry
+    their sizes and keep the layout in their memo, so a call reads neither a tensor
+    length nor builds anything, whatever the number of types; a plain list is laid out
+    per call."""
+    if isinstance(groups, RowGroups):
+        counts, memo = groups.counts, groups.memo
+    else:
+        counts, memo = tuple(len(g) for g in groups), {}
+    key = ("segment_layout", per_row, tile)
+    if key not in memo:
+        order = memo.get(("segment_order", per_row))     # shared by the forward's and the gradient's tiles
+        if order is None:
+            order = torch.cat(groups)
+            if per_row > 1:
+                order = (order[:, None] * per_row + torch.arange(per_row, device=order.device)).reshape(-1)
+            memo[("segment_order", per_row)] = order
         sizes = np.asarray(counts, dtype=np.int64) * per_row
         ends = np.cumsum(sizes)
         per_type = -(-sizes // tile)
@@ -158,8 +163,8 @@ def _layout(groups: list[torch.Tensor], per_row: int, tile: int) -> _Layout:
         first_tile = np.cumsum(per_type) - per_type
         start = ends[tile_type] - sizes[tile_type] + (np.arange(len(tile_type)) - first_tile[tile_type]) * tile
         tiles = torch.from_numpy(np.stack([tile_type, start, ends[tile_type]])).to(order.device)
-        cache[key] = _Layout(order, tiles)
-    return cache[key]
+        memo[key] = _Layout(order, tiles)
+    return memo[key]
 
 
 def kernel_applies(*tensors: torch.Tensor) -> bool:
@@ -185,31 +190,47 @@ def _rows(x: torch.Tensor) -> tuple[torch.Tensor, int]:
     return x.reshape(-1, x.shape[-1]), per_row
 
 
-def segment_matmul(x: torch.Tensor, w: torch.Tensor, groups: list[torch.Tensor]) -> torch.Tensor:
-    """``out[i] = x[i] @ w[t]`` for every row i in ``groups[t]`` (`typed_matmul`'s
-    contract), one launch for all types; the torch loop where the kernel does not apply."""
+def _gathered(x: torch.Tensor, gather: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(x, gather)`` as the kernels read them: they follow ``gather`` for one kernel row
+    per table row; rows with middle dimensions are gathered here instead."""
+    if gather is not None and x.dim() > 2:
+        return x.index_select(0, gather), None
+    return x, gather
+
+
+def segment_matmul(x: torch.Tensor, w: torch.Tensor, groups: list[torch.Tensor],
+                   gather: torch.Tensor | None = None) -> torch.Tensor:
+    """``out[i] = x[gather[i]] @ w[t]`` for every row i in ``groups[t]`` (`typed_matmul`'s
+    contract; ``gather`` None reads ``x[i]``), one launch for all types, no gathered copy
+    of ``x``; the torch loop where the kernel does not apply."""
     if not groups or not kernel_applies(x, w) or x.shape[0] == 0 or w.shape[-1] == 0:
-        return typed_matmul(x, w, groups)
+        return typed_matmul(x, w, groups, gather)
+    x, gather = _gathered(x, gather)
     rows, per_row = _rows(x)
     k, n = rows.shape[1], w.shape[-1]
-    out = torch.empty((rows.shape[0], n), dtype=x.dtype, device=x.device)
+    lead = tuple(x.shape[:-1]) if gather is None else (gather.shape[0],)
+    out = torch.empty((math.prod(lead), n), dtype=x.dtype, device=x.device)
     layout = _layout(groups, per_row, BLOCK_M)
     if k == 0 or layout.num_tiles == 0:
-        return out.zero_().reshape(tuple(x.shape[:-1]) + (n,))
+        return out.zero_().reshape(lead + (n,))
     tuned = _autotuning()
     kernel: Callable = _TUNED["forward"] if tuned else _segment_matmul
     fixed = {} if tuned else _FIXED
     launch(kernel, lambda meta: (layout.num_tiles, triton.cdiv(n, meta["BLOCK_N"])), (k, n),
-           (rows, w, out, layout.order, layout.tiles, layout.num_tiles, k, n, *rows.stride(), *w.stride(),
-            *out.stride()), {"PRECISION": _precision(x.dtype), "TILE": BLOCK_M, **fixed})
-    return out.reshape(tuple(x.shape[:-1]) + (n,))
+           (rows, w, out, layout.order, layout.tiles, out if gather is None else gather, layout.num_tiles, k, n,
+            *rows.stride(), *w.stride(), *out.stride()),
+           {"PRECISION": _precision(x.dtype), "TILE": BLOCK_M, "GATHER": gather is not None, **fixed})
+    return out.reshape(lead + (n,))
 
 
-def segment_matmul_tn(x: torch.Tensor, g: torch.Tensor, groups: list[torch.Tensor]) -> torch.Tensor:
-    """``out[t] = sum over rows i in groups[t] of outer(x[i], g[i])`` (`typed_matmul_tn`'s
-    contract: types without rows get zeros), accumulated in float32."""
+def segment_matmul_tn(x: torch.Tensor, g: torch.Tensor, groups: list[torch.Tensor],
+                      gather: torch.Tensor | None = None) -> torch.Tensor:
+    """``out[t] = sum over rows i in groups[t] of outer(x[gather[i]], g[i])``
+    (`typed_matmul_tn`'s contract: types without rows get zeros; ``gather`` None reads
+    ``x[i]``), accumulated in float32."""
     if not groups or not kernel_applies(x, g) or x.shape[0] == 0:
-        return typed_matmul_tn(x, g, groups)
+        return typed_matmul_tn(x, g, groups, gather)
+    x, gather = _gathered(x, gather)
     rows, per_row = _rows(x)
     grads = g.reshape(-1, g.shape[-1])
     k, n = rows.shape[1], grads.shape[1]
@@ -222,13 +243,7 @@ def segment_matmul_tn(x: torch.Tensor, g: torch.Tensor, groups: list[torch.Tenso
         def grid(meta):
             return layout.num_tiles, triton.cdiv(k, meta["BLOCK_K"]), triton.cdiv(n, meta["BLOCK_N"])
         launch(kernel, grid,
-               (k, n), (rows, grads, out, layout.order, layout.tiles, layout.num_tiles, k, n, *rows.stride(),
-                        *grads.stride(), *out.stride()),
-               {"PRECISION": _precision(x.dtype), "TILE": TN_CHUNK, **fixed})
+               (k, n), (rows, grads, out, layout.order, layout.tiles, out if gather is None else gather,
+                        layout.num_tiles, k, n, *rows.stride(), *grads.stride(), *out.stride()),
+               {"PRECISION": _precision(x.dtype), "TILE": TN_CHUNK, "GATHER": gather is not None, **fixed})
     return out.to(x.dtype)
-
-
-class SegmentMatmulContext(GraphContext):
-    """The graph context of Triton-backend runs: per-type matmuls go through the kernels."""
-    grouped_matmul = staticmethod(segment_matmul)
-    grouped_matmul_tn = staticmethod(segment_matmul_tn)

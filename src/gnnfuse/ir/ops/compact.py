@@ -22,13 +22,16 @@ sources, ``"dst"``: destinations); on a bipartite graph the vertex table is that
 """
 from __future__ import annotations
 
+import weakref
 from typing import NamedTuple
 
 import torch
 
 from ..registry import OpDef, register
 from ..residency import EDGE_ROWED, Movement, Residency
+from ...graph.index_cache import _stamp
 from .indexing import wrap_index
+from .typed import RowGroups, group_rows
 
 SIDES = ("src", "dst")
 
@@ -36,16 +39,13 @@ SIDES = ("src", "dst")
 class RelationPairs(NamedTuple):
     """The (vertex, relation) pairs of one endpoint that have edges."""
     vertex: torch.Tensor               # [P] the pair's vertex
-    groups: list[torch.Tensor]         # per relation, the ids of its pairs
+    groups: RowGroups                  # per relation, the ids of its pairs
     of_edge: torch.Tensor              # [E] each edge's pair
 
 
 def _pairs(endpoint: torch.Tensor, relation: torch.Tensor, count: int) -> RelationPairs:
     unique, of_edge = torch.unique(endpoint * count + relation, return_inverse=True)
-    relation_of_pair = unique % count
-    order = torch.sort(relation_of_pair, stable=True).indices
-    groups = list(torch.split(order, torch.bincount(relation_of_pair, minlength=count).tolist()))
-    return RelationPairs(unique // count, groups, of_edge)
+    return RelationPairs(unique // count, group_rows(unique % count, count), of_edge)
 
 
 def relation_pairs(ctx, side: str) -> RelationPairs:
@@ -56,24 +56,60 @@ def relation_pairs(ctx, side: str) -> RelationPairs:
 
 def data_pairs(ctx, side: str, idx: torch.Tensor, count: int) -> RelationPairs:
     """The pairs of endpoint ``side`` and the per-edge table index ``idx`` (negative
-    entries counted from the end, as torch indexes)."""
-    return _pairs(ctx.index(side), wrap_index(idx.reshape(-1), count), count)
+    entries counted from the end, as torch indexes).
+
+    Building them is a ``unique``, a sort and host reads of the index's range and group
+    sizes -- host synchronisations that, per call of every op and its gradients, made
+    Graphiler's R-GCN UDF several times slower than the same layer reading the graph's
+    edge types. The index is data, but in practice the same tensor every step, so:
+
+    - an index that *is* the graph's edge types (the same memory, read as the same
+      int64 vector, over as many relations: the UDF's ``edges.data['type']`` fed the
+      graph's ``edge_type``) takes the graph's own pairs, `relation_pairs` -- the graph
+      is immutable, so its memory holds those types for as long as it lives;
+    - any other index's pairs are remembered on the graph per endpoint and table size
+      while the index is the same tensor object in the same state (`index_cache`'s
+      stamp: version counter, data pointer, shape, strides; a weak reference, so a new
+      tensor at a freed one's address is not taken for it), and rebuilt otherwise.
+    """
+    if _is_edge_types(ctx, idx, count):
+        return relation_pairs(ctx, side)
+    memo = ctx.graph.cached("data_pairs", lambda graph: {})
+    stamp = _stamp([idx])
+    entry = memo.get((side, count))
+    if entry is not None and stamp is not None and entry[0]() is idx and entry[1] == stamp:
+        return entry[2]
+    pairs = _pairs(ctx.index(side), wrap_index(idx.reshape(-1), count), count)
+    if stamp is not None:
+        memo[(side, count)] = (weakref.ref(idx), stamp, pairs)
+    return pairs
+
+
+def _is_edge_types(ctx, idx: torch.Tensor, count: int) -> bool:
+    """Whether ``idx`` reads the graph's edge-type memory as the same vector of types."""
+    types = ctx.graph.edge_type
+    return (types is not None and count == ctx.graph.num_edge_types and idx.dtype == types.dtype
+            and idx.device == types.device and idx.shape == types.shape and idx.stride() == types.stride()
+            and idx.data_ptr() == types.data_ptr())
 
 
 def _pair_matmul(ctx, x: torch.Tensor, w: torch.Tensor, pairs: RelationPairs) -> torch.Tensor:
     """Each edge's ``x[vertex] @ w[relation]``, computed per pair."""
-    return ctx.grouped_matmul(x.index_select(0, pairs.vertex), w, pairs.groups).index_select(0, pairs.of_edge)
+    return ctx.grouped_matmul(x, w, pairs.groups, pairs.vertex).index_select(0, pairs.of_edge)
 
 
-def _pair_input_grad(ctx, g: torch.Tensor, w_t: torch.Tensor, pairs: RelationPairs, rows: int) -> torch.Tensor:
-    """Per vertex, the sum over its pairs of (the pair's edges' ``g`` summed) @ w_t[relation]."""
-    grad = ctx.grouped_matmul(_pair_sums(g, pairs), w_t, pairs.groups)
+# The two gradients take the pairs' sums (`_pair_sums`), not the per-edge rows: a caller
+# that gathers [E, F] rows only to sum them lets them go before the [P, F] products are
+# made, rather than holding them through the call (the backward's peak).
+def _pair_input_grad(ctx, sums: torch.Tensor, w_t: torch.Tensor, pairs: RelationPairs, rows: int) -> torch.Tensor:
+    """Per vertex, the sum over its pairs of the pair's ``sums`` row @ w_t[relation]."""
+    grad = ctx.grouped_matmul(sums, w_t, pairs.groups)
     return grad.new_zeros((rows,) + tuple(grad.shape[1:])).index_add_(0, pairs.vertex, grad)
 
 
-def _pair_weight_grad(ctx, x: torch.Tensor, g: torch.Tensor, pairs: RelationPairs) -> torch.Tensor:
-    """Per relation, the sum over its pairs of outer(x[vertex], the pair's edges' ``g`` summed)."""
-    return ctx.grouped_matmul_tn(x.index_select(0, pairs.vertex), _pair_sums(g, pairs), pairs.groups)
+def _pair_weight_grad(ctx, x: torch.Tensor, sums: torch.Tensor, pairs: RelationPairs) -> torch.Tensor:
+    """Per relation, the sum over its pairs of outer(x[vertex], the pair's ``sums`` row)."""
+    return ctx.grouped_matmul_tn(x, sums, pairs.groups, pairs.vertex)
 
 
 def _check_side(attrs) -> str:
@@ -86,6 +122,20 @@ def _pair_sums(g: torch.Tensor, pairs: RelationPairs) -> torch.Tensor:
     """Each pair's rows of per-edge ``g`` summed."""
     out = g.new_zeros((len(pairs.vertex),) + tuple(g.shape[1:]))
     return out.index_add_(0, pairs.of_edge, g)
+
+
+def scatter_scaled_rows(table: torch.Tensor, gather: torch.Tensor, scatter: torch.Tensor,
+                        scale: torch.Tensor | None, rows: int) -> torch.Tensor:
+    """``out[scatter[e]] += scale[e] * table[gather[e]]`` over the edges ``e`` (``scale``
+    one value per edge, or None; ``out`` has ``rows`` rows): how the typed aggregation
+    moves rows between vertices, (vertex, relation) pairs and edges. The contexts'
+    ``scatter_rows``: this torch form (a gathered [E, F] table, scaled in place, then
+    added) in the reference backend, one Triton kernel writing nothing per edge in the
+    Triton backend (backend/triton/scatter_rows.py)."""
+    picked = table.index_select(0, gather)
+    if scale is not None:
+        picked.mul_(scale.reshape((-1,) + (1,) * (picked.dim() - 1)).to(picked.dtype))
+    return picked.new_zeros((rows,) + tuple(picked.shape[1:])).index_add_(0, scatter, picked)
 
 
 def _matmul_shape(inputs, attrs):
@@ -132,7 +182,8 @@ def _input_grad_residency(rs, attrs):
 
 
 def _input_grad(ctx, g: torch.Tensor, w_t: torch.Tensor, side: str) -> torch.Tensor:
-    return _pair_input_grad(ctx, g, w_t, relation_pairs(ctx, side), ctx.num_rows(side))
+    pairs = relation_pairs(ctx, side)
+    return _pair_input_grad(ctx, _pair_sums(g, pairs), w_t, pairs, ctx.num_rows(side))
 
 
 register(OpDef("compact_typed_matmul_t", Movement.REDUCE, _input_grad,
@@ -158,7 +209,8 @@ def _weight_grad_shape(inputs, attrs, residency):
 
 
 def _weight_grad(ctx, x: torch.Tensor, g: torch.Tensor, side: str) -> torch.Tensor:
-    return _pair_weight_grad(ctx, x, g, relation_pairs(ctx, side))
+    pairs = relation_pairs(ctx, side)
+    return _pair_weight_grad(ctx, x, _pair_sums(g, pairs), pairs)
 
 
 register(OpDef("compact_typed_matmul_tn", Movement.REDUCE, _weight_grad,
@@ -213,9 +265,13 @@ def _indexed_input_grad_residency(rs, attrs):
     return Residency.NODE
 
 
+def _indexed_input_grad(ctx, g: torch.Tensor, table_t: torch.Tensor, idx: torch.Tensor, side: str) -> torch.Tensor:
+    pairs = data_pairs(ctx, side, idx, table_t.shape[0])
+    return _pair_input_grad(ctx, _pair_sums(g, pairs), table_t, pairs, ctx.num_rows(side))
+
+
 register(OpDef("compact_indexed_matmul_t", Movement.REDUCE,
-               lambda ctx, g, table_t, idx, side: _pair_input_grad(
-                   ctx, g, table_t, data_pairs(ctx, side, idx, table_t.shape[0]), ctx.num_rows(side)),
+               lambda ctx, g, table_t, idx, side: _indexed_input_grad(ctx, g, table_t, idx, side),
                residency=_indexed_input_grad_residency, shape=_indexed_shape, arity=3,
                doc="the input gradient of compact_indexed_matmul, per (vertex, index) pair"))
 
@@ -233,7 +289,13 @@ def _indexed_weight_grad_shape(inputs, attrs, residency):
     return (attrs["count"],) + _weight_grad_shape([x, g], attrs, residency)[0], torch.promote_types(x.dtype, g.dtype)
 
 
+def _indexed_weight_grad(ctx, x: torch.Tensor, g: torch.Tensor, idx: torch.Tensor, side: str,
+                         count: int) -> torch.Tensor:
+    pairs = data_pairs(ctx, side, idx, count)
+    return _pair_weight_grad(ctx, x, _pair_sums(g, pairs), pairs)
+
+
 register(OpDef("compact_indexed_matmul_tn", Movement.REDUCE,
-               lambda ctx, x, g, idx, side, count: _pair_weight_grad(ctx, x, g, data_pairs(ctx, side, idx, count)),
+               lambda ctx, x, g, idx, side, count: _indexed_weight_grad(ctx, x, g, idx, side, count),
                residency=_indexed_weight_grad_residency, shape=_indexed_weight_grad_shape, arity=3,
                doc="the table gradient of compact_indexed_matmul, per (vertex, index) pair"))

@@ -16,13 +16,12 @@ import torch
 from ..registry import OpDef, register
 from ..residency import Movement, Residency, join
 from .indexing import wrap_index
+from .typed import RowGroups, group_rows
 
 
-def index_groups(idx: torch.Tensor, count: int) -> list[torch.Tensor]:
+def index_groups(idx: torch.Tensor, count: int) -> RowGroups:
     """Row ids per table entry (see `wrap_index` for negative entries)."""
-    idx = wrap_index(idx, count)
-    order = torch.sort(idx, stable=True).indices
-    return list(torch.split(order, torch.bincount(idx, minlength=count).tolist()))
+    return group_rows(wrap_index(idx, count), count)
 
 
 def _residency(rs, attrs):

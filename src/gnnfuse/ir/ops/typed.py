@@ -23,6 +23,32 @@ from ..residency import EDGE_ROWED, Movement, Residency, join
 from .movement import BROADCAST_FROM, BROADCAST_TO, REDUCE_TO, TYPE_INDICES
 
 
+class RowGroups(list):
+    """Row ids per type (a list of id tensors, one per type), with the group sizes as host
+    integers and a memo for what kernels derive from them (the segment matmul's tile map,
+    backend/triton/segment_matmul.py).
+
+    The grouping is a sort done once per graph (or per index tensor) and then served from a
+    cache, but every per-type matmul reads its sizes: taken from the tensors (``len`` per
+    group, hundreds of host calls with 90-266 relations) each call, they made a training
+    step's host time grow with the relation count. Here they are read once, when the
+    groups are built (the ``tolist`` that sized the split), and the memo lives exactly as
+    long as the groups."""
+
+    def __init__(self, ids: list[torch.Tensor] | tuple[torch.Tensor, ...], counts: list[int]):
+        super().__init__(ids)
+        self.counts: tuple[int, ...] = tuple(counts)
+        self.memo: dict = {}
+
+
+def group_rows(index: torch.Tensor, count: int) -> RowGroups:
+    """The ids of the rows with each value ``0..count-1`` of ``index``, ascending per group
+    (a stable sort): one sort and one host read of the group sizes."""
+    order = torch.sort(index, stable=True).indices
+    counts = torch.bincount(index, minlength=count).tolist()
+    return RowGroups(torch.split(order, counts), counts)
+
+
 def _check_type_index(by: str) -> None:
     if by not in TYPE_INDICES:
         raise ValueError(f"a per-type matmul looks its weight up by one of {TYPE_INDICES}, got {by!r}")
@@ -59,8 +85,12 @@ def _typed_matmul_shape(inputs, attrs, residency):
     return x.shape[:-1] + (w.shape[1],), torch.promote_types(x.dtype, w.dtype)
 
 
-def typed_matmul(x: torch.Tensor, w: torch.Tensor, groups: list[torch.Tensor]) -> torch.Tensor:
-    """``out[i] = x[i] @ w[t]`` for every row i in ``groups[t]``."""
+def typed_matmul(x: torch.Tensor, w: torch.Tensor, groups: list[torch.Tensor],
+                 gather: torch.Tensor | None = None) -> torch.Tensor:
+    """``out[i] = x[gather[i]] @ w[t]`` for every row i in ``groups[t]`` (``gather`` None:
+    ``x[i]``; the Triton kernel follows ``gather`` without copying ``x``)."""
+    if gather is not None:
+        x = x.index_select(0, gather)
     out = x.new_empty(tuple(x.shape[:-1]) + (w.shape[-1],), dtype=torch.promote_types(x.dtype, w.dtype))
     for t, rows in enumerate(groups):
         if rows.numel():
@@ -99,8 +129,12 @@ def _typed_matmul_tn_shape(inputs, attrs, residency):
     return (x.shape[-1], g.shape[-1]), torch.promote_types(x.dtype, g.dtype)
 
 
-def typed_matmul_tn(x: torch.Tensor, g: torch.Tensor, groups: list[torch.Tensor]) -> torch.Tensor:
-    """``out[t] = sum over rows i of type t of outer(x[i], g[i])``; types without rows get 0."""
+def typed_matmul_tn(x: torch.Tensor, g: torch.Tensor, groups: list[torch.Tensor],
+                    gather: torch.Tensor | None = None) -> torch.Tensor:
+    """``out[t] = sum over rows i of type t of outer(x[gather[i]], g[i])`` (``gather`` None:
+    ``x[i]``); types without rows get 0."""
+    if gather is not None:
+        x = x.index_select(0, gather)
     dtype = torch.promote_types(x.dtype, g.dtype)
     out = x.new_zeros((len(groups), x.shape[-1], g.shape[-1]), dtype=dtype)
     for t, rows in enumerate(groups):

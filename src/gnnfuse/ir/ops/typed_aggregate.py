@@ -9,11 +9,16 @@ placement.py):
 
 - ``before`` (transform, then aggregate): one product per (source, relation) pair that has
   edges -- compact materialization, ir/ops/compact.py -- gathered onto the edges, scaled
-  and summed per destination. Per-edge rows are ``out`` wide.
+  and summed per destination. The rows gathered per edge are ``out`` wide.
 - ``after`` (aggregate, then transform): Seastar's hierarchical aggregation (§6.3.5). The
   raw scaled source rows are summed per (destination, relation) pair, each partial is
-  multiplied by its ``W_r`` once, and the partials are summed across relations. Per-edge
-  rows are ``in`` wide.
+  multiplied by its ``W_r`` once, and the partials are summed across relations. The rows
+  gathered per edge are ``in`` wide.
+
+Either way the edge stage -- gather a row per edge, scale it, add it into its vertex or
+pair -- is the context's ``scatter_rows``: one kernel that writes nothing per edge in the
+Triton backend (backend/triton/scatter_rows.py), a gathered [E, F] table in the reference
+backend's torch form.
 
 Programs are compiled once and run on many graphs, and the pair counts the choice depends
 on are properties of the graph (or, for a relation read from edge data, of that data), so
@@ -32,10 +37,13 @@ W_r^T`` over each source's out-edges (``typed_aggregate`` by the other endpoint,
 picks its own order), the weight gradient ``typed_aggregate_tn`` sums ``s_e *
 outer(x[u_e], g[v_e])`` per relation through either endpoint's pairs, and the scale's
 gradient is the per-edge dot of the message and the gathered output gradient. All are
-torch ops in every backend, like the compact ops.
+torch ops calling into the context's kernels (``grouped_matmul``, ``scatter_rows``), like
+the compact ops.
 """
 from __future__ import annotations
 
+import functools
+import math
 import os
 from typing import NamedTuple
 
@@ -43,8 +51,7 @@ import torch
 
 from ..registry import OpDef, register
 from ..residency import EDGE_ROWED, Movement, Residency
-from .compact import _pair_input_grad, _pair_matmul, _pair_weight_grad, data_pairs, relation_pairs
-from .movement import reduce_rows
+from .compact import _pair_input_grad, _pair_weight_grad, data_pairs, relation_pairs
 
 ORDERS = ("before", "after")
 ORDER_ENV = "GNNFUSE_TYPED_ORDER"
@@ -86,22 +93,23 @@ def order_costs(edges: int, gathered_pairs: int, aggregated_pairs: int, rows_out
                 width_out: int, element_size: int, weight_grad: bool = False) -> dict[str, OrderCost]:
     """The byte model of both orders, counting each stage's reads and writes once.
 
-    ``before``: the matmul reads P_g rows of ``in`` and writes P_g of ``out``; the edge
-    stage gathers E pair rows of ``out``, reads E scales and writes E rows of ``out``; the
-    aggregation reads them back and writes the output. ``after``: the edge stage gathers E
-    rows of ``in`` and writes them scaled; the pair sum reads them and writes P_a partials
-    of ``in``; the matmul reads those and writes P_a rows of ``out``; the sum across
-    relations reads them and writes the output. The weight gradient (``weight_grad``)
-    has the same stages with the other operand's rows per edge, and writes one [in, out]
-    matrix per relation (``rows_out`` of them) whichever order runs.
+    The edge stage is one row scatter (the context's ``scatter_rows``: a kernel in the
+    Triton backend) that gathers E rows, reads E scales and adds the scaled rows into
+    their targets, writing nothing per edge. ``before``: the matmul reads P_g rows of
+    ``in`` and writes P_g of ``out``; the edge stage gathers E pair rows of ``out`` into
+    the output. ``after``: the edge stage gathers E rows of ``in`` into P_a partials; the
+    matmul reads those and writes P_a rows of ``out``; the sum across relations reads them
+    and writes the output. The weight gradient (``weight_grad``) has the same stages with
+    the other operand's rows per edge, and writes one [in, out] matrix per relation
+    (``rows_out`` of them) whichever order runs.
     """
     n_out = rows_out * (width_in * width_out if weight_grad else width_out)
     p_g, p_a, e = gathered_pairs, aggregated_pairs, edges
-    before = OrderCost(element_size * (p_g * width_in + 2 * e * width_out + e),
-                       element_size * (p_g * width_out + e * width_out + n_out),
+    before = OrderCost(element_size * (p_g * width_in + e * width_out + e),
+                       element_size * (p_g * width_out + n_out),
                        2 * p_g * width_in * width_out + 2 * e * width_out)
-    after = OrderCost(element_size * (2 * e * width_in + e + p_a * (width_in + width_out)),
-                      element_size * (e * width_in + p_a * (width_in + width_out) + n_out),
+    after = OrderCost(element_size * (e * width_in + e + p_a * (width_in + width_out)),
+                      element_size * (p_a * (width_in + width_out) + n_out),
                       2 * p_a * width_in * width_out + 2 * e * width_in)
     return {"before": before, "after": after}
 
@@ -116,10 +124,18 @@ def forced_order() -> str | None:
 
 def choose_order(op: str, edges: int, gathered_pairs: int, aggregated_pairs: int, rows_out: int, width_in: int,
                  width_out: int, element_size: int, weight_grad: bool = False) -> OrderChoice:
-    """The order with fewer bytes (then fewer flops; ``before`` on a tie), unless forced."""
+    """The order with fewer bytes (then fewer flops; ``before`` on a tie), unless forced.
+    Every call of a typed aggregation asks, with the same sizes step after step: the
+    answer is remembered (a pure function of its arguments and the forced order)."""
+    return _choose(op, edges, gathered_pairs, aggregated_pairs, rows_out, width_in, width_out, element_size,
+                   weight_grad, forced_order())
+
+
+@functools.lru_cache(maxsize=256)
+def _choose(op: str, edges: int, gathered_pairs: int, aggregated_pairs: int, rows_out: int, width_in: int,
+            width_out: int, element_size: int, weight_grad: bool, forced: str | None) -> OrderChoice:
     costs = order_costs(edges, gathered_pairs, aggregated_pairs, rows_out, width_in, width_out, element_size,
                         weight_grad)
-    forced = forced_order()
     order = forced or min(ORDERS, key=lambda o: (costs[o].bytes, costs[o].flops))
     return OrderChoice(op, order, forced is not None, edges, gathered_pairs, aggregated_pairs, width_in, width_out,
                        costs)
@@ -146,10 +162,10 @@ def _pairs_of(ctx, side: str, idx: torch.Tensor | None, count: int):
     return relation_pairs(ctx, side) if idx is None else data_pairs(ctx, side, idx, count)
 
 
-def _scaled_rows(table: torch.Tensor, ctx, side: str, s: torch.Tensor | None) -> torch.Tensor:
-    """``table`` gathered onto the edges by ``side``, times each edge's scale."""
-    rows = table.index_select(0, ctx.index(side))
-    return rows if s is None else rows * s.reshape(-1, 1).to(rows.dtype)
+def _pair_rows(ctx, table: torch.Tensor, side: str, s: torch.Tensor | None, pairs) -> torch.Tensor:
+    """Per pair of ``pairs``, the sum over its edges of ``s_e * table[endpoint side of e]``:
+    the context's row scatter (one kernel in the Triton backend), no [E, F] table kept."""
+    return ctx.scatter_rows(table, ctx.index(side), pairs.of_edge, s, len(pairs.vertex))
 
 
 def _decide(ctx, op: str, by: str, idx, count: int, width_in: int, width_out: int, dtype: torch.dtype,
@@ -157,7 +173,7 @@ def _decide(ctx, op: str, by: str, idx, count: int, width_in: int, width_out: in
     gather = OTHER_SIDE[by]
     pairs = {side: _pairs_of(ctx, side, idx, count) for side in (gather, by)}
     choice = choose_order(op, ctx.num_edges, len(pairs[gather].vertex), len(pairs[by].vertex), rows_out,
-                          width_in, width_out, torch.empty((), dtype=dtype).element_size(), weight_grad)
+                          width_in, width_out, dtype.itemsize, weight_grad)
     recorded_choices(ctx.graph)[choice_key(op, by, width_in, width_out)] = choice
     return choice.order, pairs[gather], pairs[by]
 
@@ -169,12 +185,10 @@ def _aggregate(ctx, x: torch.Tensor, w: torch.Tensor, *rest: torch.Tensor, by: s
     dtype = torch.promote_types(x.dtype, w.dtype)
     order, gathered, aggregated = _decide(ctx, "typed_aggregate", by, idx, w.shape[0], w.shape[-2], w.shape[-1],
                                           dtype, rows)
-    if order == "before":
-        messages = _pair_matmul(ctx, x, w, gathered)
-        if s is not None:
-            messages = messages * s.reshape(-1, 1).to(messages.dtype)
-        return reduce_rows(messages, ctx.index(by), rows, "sum")
-    return _pair_input_grad(ctx, _scaled_rows(x, ctx, gather, s), w, aggregated, rows)
+    if order == "before":     # one product per gathered pair, each edge's scaled into its vertex
+        products = ctx.grouped_matmul(x, w, gathered.groups, gathered.vertex)
+        return ctx.scatter_rows(products, gathered.of_edge, ctx.index(by), s, rows)
+    return _pair_input_grad(ctx, _pair_rows(ctx, x, gather, s, aggregated), w, aggregated, rows)
 
 
 def _check(rs: list[Residency], attrs: dict, what: str) -> None:
@@ -206,7 +220,7 @@ def _aggregate_shape(inputs, attrs, residency):
             len(inputs) > 2 + int(attrs["scaled"])):
         raise ValueError(f"rows [in] @ one [in, out] matrix per relation, got {list(x.shape)} @ {list(w.shape)}")
     for s in inputs[2:]:
-        if s.shape != ():
+        if math.prod(s.shape) != 1:
             raise ValueError(f"the scale and relation index hold one scalar per edge, got {list(s.shape)}")
     return (matrix[1],), torch.promote_types(x.dtype, w.dtype)
 
@@ -243,8 +257,8 @@ def _weight_grad(ctx, x: torch.Tensor, g: torch.Tensor, *rest: torch.Tensor, by:
     order, gathered, aggregated = _decide(ctx, "typed_aggregate_tn", by, idx, count, x.shape[-1], g.shape[-1],
                                           torch.promote_types(x.dtype, g.dtype), count, weight_grad=True)
     if order == "before":
-        return _pair_weight_grad(ctx, x, _scaled_rows(g, ctx, by, s), gathered)
-    return _pair_weight_grad(ctx, g, _scaled_rows(x, ctx, gather, s), aggregated).transpose(-1, -2)
+        return _pair_weight_grad(ctx, x, _pair_rows(ctx, g, by, s, gathered), gathered)
+    return _pair_weight_grad(ctx, g, _pair_rows(ctx, x, gather, s, aggregated), aggregated).transpose(-1, -2)
 
 
 def _weight_grad_residency(rs, attrs):
