@@ -119,27 +119,49 @@ def test_autotuned_blocks_keep_score_tiles_within_registers():
     TILE_VALUES_PER_THREAD values per thread; a [256, 128] tile spilled and took 20 s to
     compile in Triton 3.6. Checked on the sources the GPU gets (tuned=True)."""
     import re
-    from gnnfuse import nn as gnn
     from gnnfuse.backend.triton.codegen import TILE_VALUES_PER_THREAD
+    checked = 0
+    for unit, schedule, source in _gatv2_tuned_sources(heads=4, channels=32):
+        if "tl.arange(0, 128)" not in source:
+            continue
+        checked += 1
+        for block_e, warps in re.findall(r"'BLOCK_E': (\d+).*?num_warps=(\d+)", source):
+            assert int(block_e) * 128 <= TILE_VALUES_PER_THREAD * 32 * int(warps), (schedule, block_e, warps)
+    assert checked >= 2     # the max and sum passes at least (one program holds every head)
+
+
+def test_programs_of_one_head_evaluate_only_their_heads_scores():
+    """A kernel whose feature programs each lie in one head (`head_block`: GATv2 4 x 32's
+    weighted sum and its backward units) evaluates only that head's [BLOCK_E, 32] score
+    tile: no 128-lane tile of all four heads, no per-lane head selection. The whole tile
+    cost each of a row's four programs four heads' gathers and arithmetic."""
+    from gnnfuse.backend.triton.codegen import head_block
+    one_head = [(schedule, source) for unit, schedule, source in _gatv2_tuned_sources(heads=4, channels=32)
+                if head_block(unit) is not None and "tl.sum(" in source]
+    assert len(one_head) >= 4       # forward weighted sum (csr, coo), backward units
+    for schedule, source in one_head:
+        assert "tl.arange(0, 32)" in source and "tl.arange(0, 128)" not in source, schedule
+        assert "tl.arange(0, 4)" not in source, schedule           # the head-column lookup
+
+
+def _gatv2_tuned_sources(heads: int, channels: int):
+    """(unit, schedule, kernel source as the GPU gets it) for every aggregate and
+    shared-reduce unit of GATv2Conv's tiled forward and backward plans."""
+    from gnnfuse import nn as gnn
     from gnnfuse.backend.triton.executor import _GENERATORS
     from gnnfuse.passes.fusion import AggregateUnit, SharedReduceUnit, partition
-    layer = gnn.GATv2Conv(F_IN, 32, heads=4)
+    layer = gnn.GATv2Conv(F_IN, channels, heads=heads)
     x = torch.randn(N, F_IN, requires_grad=True)
     [program] = gnnfuse.explain(lambda xs: layer(xs, torch.stack([SRC, DST])), x).programs
     compiled = program.call.compiled
-    units = [u for p in (compiled.program, compiled.backward_for(program.call.wrt).program)
-             for u in partition(p, tile_feature_sums=True) if isinstance(u, (AggregateUnit, SharedReduceUnit))]
-    checked = 0
-    for unit in units:
-        schedules = ["shared"] if isinstance(unit, SharedReduceUnit) else ["csr", "coo"]
-        for schedule in schedules:
-            if schedule == "coo" and unit.reduce.attrs["op"] not in ("sum", "mean"):
+    for plan in (compiled.program, compiled.backward_for(program.call.wrt).program):
+        for unit in partition(plan, tile_feature_sums=True):
+            if isinstance(unit, SharedReduceUnit):
+                schedules = ["shared"]
+            elif isinstance(unit, AggregateUnit):
+                schedules = ["csr", "coo"] if unit.reduce.attrs["op"] in ("sum", "mean") else ["csr"]
+            else:
                 continue
-            name, generator = _GENERATORS[schedule]
-            source, _ = generator(unit, name, "tl.float32", tuned=True)
-            if "tl.arange(0, 128)" not in source:
-                continue
-            checked += 1
-            for block_e, warps in re.findall(r"'BLOCK_E': (\d+).*?num_warps=(\d+)", source):
-                assert int(block_e) * 128 <= TILE_VALUES_PER_THREAD * 32 * int(warps), (schedule, block_e, warps)
-    assert checked >= 3     # the max, sum and weighted-sum passes at least
+            for schedule in schedules:
+                name, generator = _GENERATORS[schedule]
+                yield unit, schedule, generator(unit, name, "tl.float32", tuned=True)[0]

@@ -135,32 +135,56 @@ class _Emitter:
         return out
 
     def row_sum(self, v: Value, coords: tuple[str, ...]) -> str:
-        """A per-edge feature sum at ``coords``, [BLOCK_E, lanes]: its whole row tile is
-        evaluated on lanes of its own and reduced in registers to [BLOCK_E, heads] (``kept``
-        rounded up to a power of two; as an edge unit's closing sum, see
-        `generate_edge`); `head_columns` then gives each lane
-        its kept element -- the score of its head. partition only puts sums that fit a
-        tile (`row_sum_split`) in a body."""
+        """A per-edge feature sum at ``coords``, [BLOCK_E, lanes] or [BLOCK_E, 1]. In a
+        program whose lanes lie in one head (`head_block`), only that head's row is
+        evaluated, as a [BLOCK_E, padded] tile summed to one score per edge. Otherwise the
+        whole row tile is evaluated on lanes of its own and reduced in registers to
+        [BLOCK_E, heads] (``kept`` rounded up to a power of two; as an edge unit's closing
+        sum, see `generate_edge`); `head_columns` then gives each lane its kept element
+        -- the score of its head. partition only puts sums that fit a tile
+        (`row_sum_split`) in a body.
+
+        Why the own-head tile: with the whole tile, each of GATv2 4 x 32's four feature
+        programs of a row evaluated all four heads' scores (4x the gathered reads and
+        arithmetic of the scores it needs), and picked its head's column with masked
+        sums and selects over [BLOCK_E, 128]."""
         split = row_sum_split(v)
+        head = self.offset(v.shape, coords)
+        if head in self.uniform:
+            key = ("head tile", v.id, head)
+            if key not in self.memo:
+                tile = self.summed_tile(v, split, split.padded, lambda lanes: self.tmp(f"{head} * {split.summed} + {lanes}"))
+                self.memo[key] = self.tmp(f"tl.sum({tile}, axis=1)[:, None]")
+            return self.memo[key]
         key = ("tile", v.id, self.zero)
         if key not in self.memo:
             kept, summed, padded = split
-            self.tile_lanes = max(self.tile_lanes, split.tile)
-            outer = self.zero, self.lanes
-            lanes = self.tmp(f"tl.arange(0, {split.tile})")
-            self.zero, self.lanes = self.tmp(f"{lanes} * 0"), str(split.tile)
-            flat = lanes if padded == summed else self.tmp(f"({lanes} // {padded}) * {summed} + {lanes} % {padded}")
-            in_shape = v.inputs[0].shape
-            tile = self.value(v.inputs[0], tuple("0" if n == 1 else self.tmp(f"({flat} // {st}) % {n}")
-                                                 for st, n in zip(_strides(in_shape), in_shape)))
-            tile = self.tmp(f"{tile} + tl.zeros([BLOCK_E, {split.tile}], ACC)")
-            if padded != summed:
-                tile = self.tmp(f"tl.where(({lanes} % {padded} < {summed})[None, :], {tile}, 0.0)")
-            self.zero, self.lanes = outer
+            tile = self.summed_tile(v, split, split.tile, lambda lanes: lanes if padded == summed else
+                                    self.tmp(f"({lanes} // {padded}) * {summed} + {lanes} % {padded}"))
             self.memo[key] = self.tmp(f"tl.sum(tl.reshape({tile}, [BLOCK_E, {split.heads}, {padded}]), axis=2)")
         if split.kept == 1:
             return self.memo[key]
-        return self.head_columns(self.memo[key], split, self.offset(v.shape, coords))
+        return self.head_columns(self.memo[key], split, head)
+
+    def summed_tile(self, v: Value, split: RowSum, width: int, flat_index) -> str:
+        """The [BLOCK_E, width] tile of the summed operand of ``v``: lane j holds its
+        element at the flat index ``flat_index(lanes)[j]`` (coordinates wrap within the
+        operand's shape, so padding lanes read in-bounds elements) and is zeroed where
+        ``j % padded`` is past ``summed``; evaluated on lanes of its own."""
+        kept, summed, padded = split
+        self.tile_lanes = max(self.tile_lanes, width)
+        outer = self.zero, self.lanes
+        lanes = self.tmp(f"tl.arange(0, {width})")
+        self.zero, self.lanes = self.tmp(f"{lanes} * 0"), str(width)
+        flat = flat_index(lanes)
+        in_shape = v.inputs[0].shape
+        tile = self.value(v.inputs[0], tuple("0" if n == 1 else self.tmp(f"({flat} // {st}) % {n}")
+                                             for st, n in zip(_strides(in_shape), in_shape)))
+        tile = self.tmp(f"{tile} + tl.zeros([BLOCK_E, {width}], ACC)")
+        if padded != summed:
+            tile = self.tmp(f"tl.where(({lanes} % {padded} < {summed})[None, :], {tile}, 0.0)")
+        self.zero, self.lanes = outer
+        return tile
 
     def head_columns(self, scores: str, split: RowSum, head: str) -> str:
         """``scores[e, head[j]]`` for every lane j, [BLOCK_E, lanes], from the reduced
