@@ -114,20 +114,21 @@ def test_tiled_attention_matches_pyg_with_every_gradient(layer, heads, channels,
 
 
 def test_autotuned_blocks_keep_score_tiles_within_registers():
-    """On a GPU the autotuner's edge blocks for a kernel that recomputes a 128-lane score
-    tile (GATv2, 4 heads x 32) are cut so [BLOCK_E, tile] stays within
-    TILE_VALUES_PER_THREAD values per thread; a [256, 128] tile spilled and took 20 s to
-    compile in Triton 3.6. Checked on the sources the GPU gets (tuned=True)."""
+    """On a GPU the autotuner's edge blocks for a kernel that recomputes every head's
+    score (GATv2 4 heads x 32: the max and sum passes, whose lanes are the heads; 128
+    tile values per edge) are cut so [BLOCK_E, 128] stays within TILE_VALUES_PER_THREAD
+    values per thread; a [256, 128] tile spilled and took 20 s to compile in Triton 3.6.
+    Checked on the sources the GPU gets (tuned=True)."""
     import re
-    from gnnfuse.backend.triton.codegen import TILE_VALUES_PER_THREAD
+    from gnnfuse.backend.triton.codegen import TILE_VALUES_PER_THREAD, head_block
     checked = 0
     for unit, schedule, source in _gatv2_tuned_sources(heads=4, channels=32):
-        if "tl.arange(0, 128)" not in source:
+        if head_block(unit) is not None or "tl.arange(0, 32)" not in source:
             continue
         checked += 1
         for block_e, warps in re.findall(r"'BLOCK_E': (\d+).*?num_warps=(\d+)", source):
             assert int(block_e) * 128 <= TILE_VALUES_PER_THREAD * 32 * int(warps), (schedule, block_e, warps)
-    assert checked >= 2     # the max and sum passes at least (one program holds every head)
+    assert checked >= 2     # the max and sum passes at least
 
 
 def test_programs_of_one_head_evaluate_only_their_heads_scores():
@@ -165,3 +166,4 @@ def _gatv2_tuned_sources(heads: int, channels: int):
             for schedule in schedules:
                 name, generator = _GENERATORS[schedule]
                 yield unit, schedule, generator(unit, name, "tl.float32", tuned=True)[0]
+

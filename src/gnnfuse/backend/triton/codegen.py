@@ -135,85 +135,55 @@ class _Emitter:
         return out
 
     def row_sum(self, v: Value, coords: tuple[str, ...]) -> str:
-        """A per-edge feature sum at ``coords``, [BLOCK_E, lanes] or [BLOCK_E, 1]. In a
-        program whose lanes lie in one head (`head_block`), only that head's row is
-        evaluated, as a [BLOCK_E, padded] tile summed to one score per edge. Otherwise the
-        whole row tile is evaluated on lanes of its own and reduced in registers to
-        [BLOCK_E, heads] (``kept`` rounded up to a power of two; as an edge unit's closing
-        sum, see `generate_edge`); `head_columns` then gives each lane its kept element
-        -- the score of its head. partition only puts sums that fit a tile
-        (`row_sum_split`) in a body.
+        """A per-edge feature sum at ``coords`` (an attention score per head), [BLOCK_E, 1]
+        or [BLOCK_E, lanes]. In a program whose lanes lie in one head (`head_block`) only
+        that head's score is evaluated (`head_score`); otherwise every kept head's score
+        is, and each lane picks its head's with a chain of ``tl.where``. partition only
+        puts sums that fit a tile (`row_sum_split`) in a body.
 
-        Why the own-head tile: with the whole tile, each of GATv2 4 x 32's four feature
-        programs of a row evaluated all four heads' scores (4x the gathered reads and
-        arithmetic of the scores it needs), and picked its head's column with masked
-        sums and selects over [BLOCK_E, 128]."""
+        Why per head: the first form evaluated the whole [BLOCK_E, kept x padded] row
+        tile, reduced it through a 3-D reshape and cut each head's column out with a
+        masked sum; in a program of one head (GATv2 4 x 32's weighted sum: four
+        programs per row) that was four heads' gathers and arithmetic for the one score
+        it needs, and the reshape and column sums made Triton 3.6's compile of GATv2
+        8 x 8 the slowest of the tiled kernels. Per-head tiles are 2-D loads and row
+        reductions, the forms every kernel here compiles. Before that, a ``tl.gather`` per
+        lane asserted in TritonGPUOptimizeThreadLocality on an H100 (2 x 3). The selects
+        keep a non-finite score in its own head."""
         split = row_sum_split(v)
         head = self.offset(v.shape, coords)
         if head in self.uniform:
-            key = ("head tile", v.id, head)
-            if key not in self.memo:
-                tile = self.summed_tile(v, split, split.padded, lambda lanes: self.tmp(f"{head} * {split.summed} + {lanes}"))
-                self.memo[key] = self.tmp(f"tl.sum({tile}, axis=1)[:, None]")
-            return self.memo[key]
-        key = ("tile", v.id, self.zero)
-        if key not in self.memo:
-            kept, summed, padded = split
-            tile = self.summed_tile(v, split, split.tile, lambda lanes: lanes if padded == summed else
-                                    self.tmp(f"({lanes} // {padded}) * {summed} + {lanes} % {padded}"))
-            self.memo[key] = self.tmp(f"tl.sum(tl.reshape({tile}, [BLOCK_E, {split.heads}, {padded}]), axis=2)")
-        if split.kept == 1:
-            return self.memo[key]
-        return self.head_columns(self.memo[key], split, head)
+            return self.head_score(v, split, head)
+        self.tile_lanes = max(self.tile_lanes, split.tile)   # all heads' tiles are live in one chunk
+        scores = [self.head_score(v, split, str(h)) for h in range(split.kept)]
+        out = scores[0]
+        for h in range(1, split.kept):
+            out = self.tmp(f"tl.where(({head} == {h})[None, :], {scores[h]}, {out})")
+        return out
 
-    def summed_tile(self, v: Value, split: RowSum, width: int, flat_index) -> str:
-        """The [BLOCK_E, width] tile of the summed operand of ``v``: lane j holds its
-        element at the flat index ``flat_index(lanes)[j]`` (coordinates wrap within the
-        operand's shape, so padding lanes read in-bounds elements) and is zeroed where
-        ``j % padded`` is past ``summed``; evaluated on lanes of its own."""
+    def head_score(self, v: Value, split: RowSum, head: str) -> str:
+        """Head ``head``'s sum, [BLOCK_E, 1]: its [BLOCK_E, padded] tile of the summed
+        operand, evaluated on lanes of its own (lane j at flat index head * summed + j;
+        coordinates wrap within the operand's shape, so padding lanes read in-bounds
+        elements, which are zeroed), summed over the lanes."""
+        key = ("head score", v.id, head)
+        if key in self.memo:
+            return self.memo[key]
         kept, summed, padded = split
-        self.tile_lanes = max(self.tile_lanes, width)
+        self.tile_lanes = max(self.tile_lanes, padded)
         outer = self.zero, self.lanes
-        lanes = self.tmp(f"tl.arange(0, {width})")
-        self.zero, self.lanes = self.tmp(f"{lanes} * 0"), str(width)
-        flat = flat_index(lanes)
+        lanes = self.tmp(f"tl.arange(0, {padded})")
+        self.zero, self.lanes = self.tmp(f"{lanes} * 0"), str(padded)
+        flat = self.tmp(f"{head} * {summed} + {lanes}")
         in_shape = v.inputs[0].shape
         tile = self.value(v.inputs[0], tuple("0" if n == 1 else self.tmp(f"({flat} // {st}) % {n}")
                                              for st, n in zip(_strides(in_shape), in_shape)))
-        tile = self.tmp(f"{tile} + tl.zeros([BLOCK_E, {width}], ACC)")
+        tile = self.tmp(f"{tile} + tl.zeros([BLOCK_E, {padded}], ACC)")
         if padded != summed:
-            tile = self.tmp(f"tl.where(({lanes} % {padded} < {summed})[None, :], {tile}, 0.0)")
+            tile = self.tmp(f"tl.where(({lanes} < {summed})[None, :], {tile}, 0.0)")
         self.zero, self.lanes = outer
-        return tile
-
-    def head_columns(self, scores: str, split: RowSum, head: str) -> str:
-        """``scores[e, head[j]]`` for every lane j, [BLOCK_E, lanes], from the reduced
-        [BLOCK_E, split.heads] tile: each of the ``split.kept`` heads' columns is cut out
-        by a masked sum over the tile's rows, and lanes pick theirs with a chain of
-        ``tl.where`` (rows past ``kept``, padding to a power of two, are never picked).
-
-        Why not ``tl.gather`` (as first written): Triton 3.6 on an H100 gives a gather a
-        warp-local layout of its own in TritonGPUOptimizeThreadLocality, which asserted
-        for 2 heads x 3 channels and took over 40 s to compile at 4 x 32. Nor a
-        reshape of a [BLOCK_E, kept, 1] broadcast to the lanes: the lanes are the
-        kernel's feature block, an arbitrary window of the flat output (BLOCK_F may
-        cover part of a head, and channel counts such as 3 are not powers of two), so
-        their head is a computed index, not a dimension of the tile. The masked sums
-        and selects use only 2-D elementwise ops and row reductions, the forms every
-        kernel here already compiles, on tensors no larger than [BLOCK_E, lanes]; the
-        sum keeps a non-finite score in its own head (the mask zeroes the others, it
-        does not multiply them). The cost, ``kept`` selects per lane (attention layers
-        have a handful of heads; ``row_sum_split`` bounds the tile at 128 elements), is
-        register work in kernels bound by memory."""
-        heads = self.tmp(f"tl.arange(0, {split.heads})")
-        column = [self.tmp(f"tl.sum(tl.where(({heads} == {h})[None, :], {scores}, 0.0), axis=1)[:, None]")
-                  for h in range(split.kept)]
-        # a head uniform over the program (`head_block`) is one scalar test per column
-        lane = "" if head in self.uniform else "[None, :]"
-        out = column[0]
-        for h in range(1, split.kept):
-            out = self.tmp(f"tl.where(({head} == {h}){lane}, {column[h]}, {out})")
-        return out
+        self.memo[key] = self.tmp(f"tl.sum({tile}, axis=1)[:, None]")
+        return self.memo[key]
 
     def load(self, v: Value, coords: tuple[str, ...], kind: str) -> str:
         if kind == "const":
