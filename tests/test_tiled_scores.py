@@ -23,8 +23,9 @@ DST = torch.tensor([1, 2, 3, 4, 5, 1, 3, 5, 1, 1, 1, 0, 0])
 
 @pytest.fixture(autouse=True)
 def tiled_scores(monkeypatch):
-    """The tiled plan is opt-in (GNNFUSE_TILED_SCORES=1; see backend/forced_schedule.py)."""
-    monkeypatch.setenv("GNNFUSE_TILED_SCORES", "1")
+    """The tiled plan is the default (GNNFUSE_TILED_SCORES=0 turns it off; see
+    backend/forced_schedule.py): these tests run without the variable."""
+    monkeypatch.delenv("GNNFUSE_TILED_SCORES", raising=False)
 
 
 def _sums_in_unit_bodies(report: ExplainReport) -> list[str]:
@@ -167,3 +168,31 @@ def _gatv2_tuned_sources(heads: int, channels: int):
                 name, generator = _GENERATORS[schedule]
                 yield unit, schedule, generator(unit, name, "tl.float32", tuned=True)[0]
 
+
+def test_switch_off_writes_the_scores_and_still_matches_pyg(monkeypatch):
+    """``GNNFUSE_TILED_SCORES=0`` brings back the untiled plan: GATv2's [E, H] scores are
+    written once by an edge unit, the layer's output and gradients unchanged (float64,
+    against PyG); any other value is refused rather than read as either."""
+    import torch_geometric.nn as pyg
+    from gnnfuse import nn as gnn
+    monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
+    monkeypatch.setenv("GNNFUSE_TILED_SCORES", "0")
+    device = device_for("triton")
+    torch.manual_seed(0)
+    ours = gnn.GATv2Conv(F_IN, 4, heads=2).double().to(device)
+    ref = pyg.GATv2Conv(F_IN, 4, heads=2).double().to(device)
+    ref.load_state_dict(ours.state_dict())
+    edge_index = torch.stack([SRC, DST]).to(device)
+    x = torch.randn(N, F_IN, dtype=torch.float64, device=device)
+    grads = []
+    for module in (ours, ref):
+        xs = x.clone().requires_grad_()
+        module(xs, edge_index).pow(2).sum().backward()
+        grads.append((xs.grad, module.att.grad))
+    for mine, theirs in zip(*grads):
+        torch.testing.assert_close(mine, theirs, rtol=1e-9, atol=1e-12)
+    [program] = gnnfuse.explain(lambda xs: ours(xs, edge_index), x.clone().requires_grad_()).programs
+    assert [list(t.value.shape) for t in program.forward.edge_tensors] == [[2]]     # the scores, [E, H]
+    monkeypatch.setenv("GNNFUSE_TILED_SCORES", "yes")
+    with pytest.raises(ValueError, match="GNNFUSE_TILED_SCORES"):
+        ours(x, edge_index)
