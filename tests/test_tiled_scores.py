@@ -196,3 +196,16 @@ def test_switch_off_writes_the_scores_and_still_matches_pyg(monkeypatch):
     monkeypatch.setenv("GNNFUSE_TILED_SCORES", "yes")
     with pytest.raises(ValueError, match="GNNFUSE_TILED_SCORES"):
         ours(x, edge_index)
+
+
+@pytest.mark.parametrize("heads,written", [(16, []), (32, [[32]])])
+def test_scores_of_many_heads_are_written_once(heads, written):
+    """Each kept head's score is a tile of its own in the kernel (unrolled), so compile
+    time grows with the head count: up to MAX_TILED_HEADS (16) heads the scores are
+    recomputed in every unit; past it, as with 32 heads x 2 channels, they are written
+    once as an [E, H] tensor (the IO rule allows H per edge)."""
+    from gnnfuse import nn as gnn
+    layer = gnn.GATv2Conv(F_IN, 2, heads=heads)
+    x = torch.randn(N, F_IN, requires_grad=True)
+    [program] = gnnfuse.explain(lambda xs: layer(xs, torch.stack([SRC, DST])), x).programs
+    assert [list(t.value.shape) for t in program.forward.edge_tensors] == written

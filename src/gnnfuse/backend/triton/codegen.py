@@ -139,7 +139,7 @@ class _Emitter:
         or [BLOCK_E, lanes]. In a program whose lanes lie in one head (`head_block`) only
         that head's score is evaluated (`head_score`); otherwise every kept head's score
         is, and each lane picks its head's with a chain of ``tl.where``. partition only
-        puts sums that fit a tile (`row_sum_split`) in a body.
+        puts sums that fit a tile (`passes.fusion.tiles_in_body`) in a body.
 
         Why per head: the first form evaluated the whole [BLOCK_E, kept x padded] row
         tile, reduced it through a 3-D reshape and cut each head's column out with a
