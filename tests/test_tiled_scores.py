@@ -146,7 +146,24 @@ def test_programs_of_one_head_evaluate_only_their_heads_scores():
         assert "tl.arange(0, 4)" not in source, schedule           # the head-column lookup
 
 
-def _gatv2_tuned_sources(heads: int, channels: int):
+def test_float64_score_tiles_count_two_registers_per_value():
+    """A float64 value takes two 32-bit registers, so the edge blocks of a kernel that
+    recomputes its head's [BLOCK_E, 32] score tile in float64 are cut to half the values
+    of float32's: [64, 32] tiles over one warp were GATv2 4 x 32's slowest float64
+    configs to compile (3.5 s each on Triton 3.6, sm_90)."""
+    import re
+    from gnnfuse.backend.triton.codegen import TILE_VALUES_PER_THREAD, head_block
+    checked = 0
+    for unit, schedule, source in _gatv2_tuned_sources(heads=4, channels=32, acc="tl.float64"):
+        if head_block(unit) is None or "tl.arange(0, 32)" not in source:
+            continue
+        checked += 1
+        for block_e, warps in re.findall(r"'BLOCK_E': (\d+).*?num_warps=(\d+)", source):
+            assert int(block_e) * 32 * 2 <= TILE_VALUES_PER_THREAD * 32 * int(warps), (schedule, block_e, warps)
+    assert checked >= 4
+
+
+def _gatv2_tuned_sources(heads: int, channels: int, acc: str = "tl.float32"):
     """(unit, schedule, kernel source as the GPU gets it) for every aggregate and
     shared-reduce unit of GATv2Conv's tiled forward and backward plans."""
     from gnnfuse import nn as gnn
@@ -166,7 +183,7 @@ def _gatv2_tuned_sources(heads: int, channels: int):
                 continue
             for schedule in schedules:
                 name, generator = _GENERATORS[schedule]
-                yield unit, schedule, generator(unit, name, "tl.float32", tuned=True)[0]
+                yield unit, schedule, generator(unit, name, acc, tuned=True)[0]
 
 
 def test_switch_off_writes_the_scores_and_still_matches_pyg(monkeypatch):

@@ -283,20 +283,23 @@ def _decorator(tuned: bool, space: dict[str, tuple[int, ...]], key: str, reset: 
     return f"@triton.autotune(configs=[{configs}], key=['{key}']{extra})\n@triton.jit"
 
 
-# Values of a body's row tiles one thread may hold: the autotuner's edge blocks are cut
-# to what keeps [BLOCK_E, tile] within it (`_fit_tiles`).
+# 32-bit values of a body's row tiles one thread may hold: the autotuner's edge blocks are
+# cut to what keeps [BLOCK_E, tile] within it (`_fit_tiles`).
 TILE_VALUES_PER_THREAD = 64
 
 
-def _fit_tiles(block_e: tuple[int, ...], em: _Emitter, warps: int) -> tuple[int, ...]:
+def _fit_tiles(block_e: tuple[int, ...], em: _Emitter, warps: int, acc_dtype: str) -> tuple[int, ...]:
     """The edge blocks of ``block_e`` at which the row tiles of ``em``'s body (tiled
-    attention scores, `_Emitter.row_sum`) fit `TILE_VALUES_PER_THREAD` values per
-    thread; at least the smallest. A [256, 128] score tile over 128 threads (256 values
-    each) spilled registers and took 20 s of Triton 3.6's compile for one config; the
-    tile is a second [BLOCK_E, 128] live beside the feature block."""
+    attention scores, `_Emitter.row_sum`) fit `TILE_VALUES_PER_THREAD` 32-bit values per
+    thread (a float64 value is two); at least the smallest. A [256, 128] score tile over
+    128 threads (256 values each) spilled registers and took 20 s of Triton 3.6's compile
+    for one config; the tile is a second [BLOCK_E, 128] live beside the feature block.
+    In float64, [64, 32] tiles over one warp were GATv2 4 x 32's slowest configs (3.5 s
+    each, against 1 s in float32)."""
     if not em.tile_lanes:
         return block_e
-    fitting = tuple(b for b in block_e if b * em.tile_lanes <= TILE_VALUES_PER_THREAD * 32 * warps)
+    words = 2 if acc_dtype == "tl.float64" else 1
+    fitting = tuple(b for b in block_e if b * em.tile_lanes * words <= TILE_VALUES_PER_THREAD * 32 * warps)
     return fitting or (min(block_e),)
 
 
@@ -311,7 +314,7 @@ def _edge_parallel_source(name: str, comment: str, acc_dtype: str, em: _Emitter,
 import triton.language as tl
 
 
-{_decorator(tuned, {"BLOCK_E": _fit_tiles(block_e, em, 4)}, "size_class", reset)}
+{_decorator(tuned, {"BLOCK_E": _fit_tiles(block_e, em, 4, acc_dtype)}, "size_class", reset)}
 def {name}(src, dst, num_edges, size_class, out, {params}{leaf_params}BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
     # {comment}
     ACC: tl.constexpr = {acc_dtype}
@@ -397,7 +400,7 @@ def generate(unit: AggregateUnit, name: str, acc_dtype: str, tuned: bool = False
 import triton.language as tl
 
 
-{_decorator(tuned, {"BLOCK_E": _fit_tiles((16, 64), em, 1), "ROWS": (1, 4)}, "size_class", op in ("sum", "mean"),
+{_decorator(tuned, {"BLOCK_E": _fit_tiles((16, 64), em, 1, acc_dtype), "ROWS": (1, 4)}, "size_class", op in ("sum", "mean"),
             warps=(1,))}
 def {name}(rowptr, col, eid, seg_row, seg_start, seg_end, seg_split, num_segments, size_class, out, {leaf_params}BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr, ROWS: tl.constexpr):
     # {unit.describe()}
@@ -493,7 +496,7 @@ def generate_shared_reduce(unit: SharedReduceUnit, name: str, acc_dtype: str,
 import triton.language as tl
 
 
-{_decorator(tuned, {"BLOCK_E": _fit_tiles(SHARED_REDUCE_BLOCK_E, em, 4)}, "size_class", reset=False)}
+{_decorator(tuned, {"BLOCK_E": _fit_tiles(SHARED_REDUCE_BLOCK_E, em, 4, acc_dtype)}, "size_class", reset=False)}
 def {name}(src, dst, num_edges, size_class, out, {leaf_params}BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
     # {unit.describe()}
     ACC: tl.constexpr = {acc_dtype}
