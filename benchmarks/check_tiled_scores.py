@@ -1,9 +1,11 @@
-"""GPU check of tiled attention scores (``GNNFUSE_TILED_SCORES=1``, issue #13).
+"""GPU check of tiled attention scores (the default plan; ``GNNFUSE_TILED_SCORES=0`` is the
+untiled one; issue #13).
 
 The tiled plan recomputes the [E, heads] attention scores inside every kernel that reads
 them, so GATConv and GATv2Conv write nothing per edge. Its first form (a ``tl.gather``
 per lane) did not compile with Triton 3.6 on an H100; this script checks the current one
-on the GPU, for GATConv and GATv2Conv at heads x channels 1x64, 2x3, 4x32, 8x8 and 3x5.
+on the GPU against the untiled plan, for GATConv and GATv2Conv at heads x channels 1x64,
+2x3, 4x32, 8x8 and 3x5.
 
 Each (layer, shape) runs in a child process, so a compile that hangs is stopped and the
 other shapes still run: the child prints ``compiling ...`` before its first tiled call

@@ -16,7 +16,12 @@ Triton version before any GPU time is spent:
    autotuner would try, one child per kernel, so that an MLIR assertion, which aborts
    the process, is reported as that kernel's failure.
 
-One line per kernel configuration (compile seconds, ok or the error), then a summary.
+One line per kernel configuration (compile seconds: CPU time of the compiler and its
+ptxas child, which a loaded machine does not inflate, and wall time; ok or the error),
+then a summary per case -- one layer, shape, dtype and graph (``dense``: CSR kernels,
+``sparse``: COO kernels), i.e. one first forward + backward: how many configurations
+its autotuners compile and their CPU seconds in all. ``--untiled`` compiles the default
+plan's kernels instead, for comparison.
 
     python -m venv /tmp/triton36 && /tmp/triton36/bin/pip install triton==3.6.0
     TRITON_INTERPRET=1 PYTHONPATH=src python benchmarks/compile_tiled_scores.py --python /tmp/triton36/bin/python
@@ -24,6 +29,7 @@ One line per kernel configuration (compile seconds, ok or the error), then a sum
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import subprocess
@@ -32,11 +38,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+# (name, vertices, edges): a dense graph runs the sums over CSR, a sparse one over COO
+GRAPHS = (("dense", 20, 400), ("sparse", 20, 60))
 TYPES = {"torch.float32": "*fp32", "torch.float64": "*fp64", "torch.int64": "*i64", "torch.int32": "*i32",
          "torch.int16": "*i16", "torch.int8": "*i8", "torch.bool": "*i1", "torch.uint8": "*u8"}
 # The child: compile one kernel file in every autotuner configuration, for sm_90.
 COMPILE = r'''
-import importlib.util, json, sys, time
+import importlib.util, json, resource, sys, time
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -50,21 +58,25 @@ for config in tuner.configs:
     values = {"BLOCK_F": kernel["block_f"], **config.kwargs}
     signature = {p: "constexpr" if p in values else kernel["types"][i] for i, p in enumerate(params)}
     constexprs = {(i,): values[p] for i, p in enumerate(params) if p in values}
-    begin = time.perf_counter()
+    begin, cpu = time.perf_counter(), time.process_time() + resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime
     triton.compile(ASTSource(fn=tuner.fn, signature=signature, constexprs=constexprs),
                    target=GPUTarget("cuda", 90, 32), options={"num_warps": config.num_warps})
-    print(f"{values} warps={config.num_warps}: {time.perf_counter() - begin:.1f} s ok", flush=True)
+    cpu = time.process_time() + resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime - cpu
+    print(f"{values} warps={config.num_warps}: {cpu:.1f} s cpu ({time.perf_counter() - begin:.1f} s wall) ok",
+          flush=True)
 '''
 
 
-def collect(layers: list[str], shapes: list[str], folder: Path) -> list[dict[str, Any]]:
-    """Every tiled kernel the layers launch, with what compiling it needs (see step 1)."""
-    os.environ["GNNFUSE_TILED_SCORES"], os.environ["GNNFUSE_BACKEND"] = "1", "triton"
+def collect(layers: list[str], shapes: list[str], folder: Path, dtype: str = "float32",
+            edge_dims: tuple[int | None, ...] = (None,), tiled: bool = True) -> list[dict[str, Any]]:
+    """Every kernel the layers launch, per case (layer, shape, dtype, edge features and
+    graph: one first forward + backward), with what compiling it needs (see step 1)."""
+    os.environ["GNNFUSE_TILED_SCORES"], os.environ["GNNFUSE_BACKEND"] = "1" if tiled else "0", "triton"
     import torch
     import gnnfuse.nn as gnn
     from gnnfuse.backend.triton import executor
-    loaded: dict[int, dict[str, Any]] = {}                # id(kernel) -> its name, GPU source, case
-    kernels: dict[tuple[int, int], dict[str, Any]] = {}   # (id(kernel), BLOCK_F) -> what compiling needs
+    loaded: dict[int, dict[str, Any]] = {}                     # id(kernel) -> its name and GPU source
+    kernels: dict[tuple[int, int, str], dict[str, Any]] = {}   # (id(kernel), BLOCK_F, case) -> what compiling needs
     current: dict[str, Any] = {}
     real_source, real_load, real_launch = executor.kernel_source, executor._load_kernel, executor.launch
 
@@ -75,25 +87,28 @@ def collect(layers: list[str], shapes: list[str], folder: Path) -> list[dict[str
 
     def load_kernel(source, name):
         kernel = real_load(source, name)
-        loaded.setdefault(id(kernel), {"name": name, "source": current["tuned"], "case": current["case"]})
+        loaded.setdefault(id(kernel), {"name": name, "source": current["tuned"]})
         return kernel
 
     def launch(kernel, grid, sizes, args, kwargs):
         types = [TYPES[str(a.dtype)] if isinstance(a, torch.Tensor) else "i32" for a in args]
-        kernels.setdefault((id(kernel), kwargs["BLOCK_F"]),
-                           {**loaded[id(kernel)], "block_f": kwargs["BLOCK_F"], "types": types})
+        kernels.setdefault((id(kernel), kwargs["BLOCK_F"], current["case"]),
+                           {**loaded[id(kernel)], "case": current["case"], "block_f": kwargs["BLOCK_F"],
+                            "types": types})
         return real_launch(kernel, grid, sizes, args, kwargs)
 
     executor.kernel_source, executor._load_kernel, executor.launch = kernel_source, load_kernel, launch
     for layer in layers:
         for shape in shapes:
             heads, channels = (int(n) for n in shape.split("x"))
-            for nodes, edges in ((20, 400), (20, 60)):          # dense: CSR kernels; sparse: COO kernels
-                current["case"] = f"{layer} {shape}"
+            for (graph, nodes, edges), edge_dim in itertools.product(GRAPHS, edge_dims):
+                current["case"] = f"{layer} {shape} {dtype} {graph}" + ("" if edge_dim is None else f" edge_dim {edge_dim}")
                 gen = torch.Generator().manual_seed(0)
-                module = getattr(gnn, layer)(16, channels, heads=heads)
-                x = torch.randn(nodes, 16, generator=gen, requires_grad=True)
-                module(x, torch.randint(0, nodes, (2, edges), generator=gen)).sum().backward()
+                features = {} if edge_dim is None else {"edge_dim": edge_dim}
+                module = getattr(gnn, layer)(16, channels, heads=heads, **features).to(getattr(torch, dtype))
+                x = torch.randn(nodes, 16, generator=gen, requires_grad=True, dtype=getattr(torch, dtype))
+                attr = () if edge_dim is None else (torch.randn(edges, edge_dim, generator=gen, dtype=x.dtype),)
+                module(x, torch.randint(0, nodes, (2, edges), generator=gen), *attr).sum().backward()
     found = []
     for n, entry in enumerate(kernels.values()):
         entry["path"] = str(folder / f"{entry['name']}_{n}.py")
@@ -107,6 +122,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--python", default=sys.executable, help="a Python with the Triton version to check")
     parser.add_argument("--layers", default="GATConv,GATv2Conv")
     parser.add_argument("--shapes", default="1x64,2x3,4x32,8x8,3x5")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "float64"))
+    parser.add_argument("--edge-dim", type=int, help="also run the layers with edge features of this width")
+    parser.add_argument("--untiled", action="store_true", help="compile the default plan's kernels "
+                        "(GNNFUSE_TILED_SCORES=0) instead, for comparison")
     parser.add_argument("--limit", type=float, default=300, help="seconds for one kernel's configurations")
     args = parser.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") != "1":
@@ -117,11 +136,14 @@ def main(argv: list[str] | None = None) -> int:
                              capture_output=True, text=True, env=compiling).stdout.strip()
     print(f"compiling for cuda sm_90 with triton {version or '(not importable)'} ({args.python})", flush=True)
     failures: dict[str, list[str]] = {}
+    configs: dict[str, list[float]] = {}    # case -> compile CPU seconds of each configuration
     with tempfile.TemporaryDirectory() as name:
-        kernels = collect(args.layers.split(","), args.shapes.split(","), Path(name))
-        env = {**compiling, "TRITON_CACHE_DIR": str(Path(name) / "triton-cache")}   # compile for real, no cache hits
-        for kernel in kernels:
+        kernels = collect(args.layers.split(","), args.shapes.split(","), Path(name), args.dtype,
+                          (None,) if args.edge_dim is None else (None, args.edge_dim), not args.untiled)
+        for n, kernel in enumerate(kernels):
             label = f"{kernel['case']}: {kernel['name']} (BLOCK_F {kernel['block_f']})"
+            # compile for real: a cache of its own, so a kernel another case launched too is no cache hit
+            env = {**compiling, "TRITON_CACHE_DIR": str(Path(name) / "triton-cache" / str(n))}
             try:
                 done = subprocess.run([args.python, "-c", COMPILE, json.dumps(kernel)], capture_output=True,
                                       text=True, env=env, timeout=args.limit)
@@ -134,13 +156,17 @@ def main(argv: list[str] | None = None) -> int:
                 error = f"still compiling after {args.limit:g} s"
             for line in lines:
                 print(f"{label} {line}", flush=True)
+                seconds = float(line.split(": ")[-1].split(" s cpu")[0])
+                configs.setdefault(kernel["case"], []).append(seconds)
             if error is not None:
                 print(f"{label} FAILED: {error[:400]}", flush=True)
                 failures.setdefault(kernel["case"], []).append(kernel["name"])
             failures.setdefault(kernel["case"], [])
-    print("\nsummary:")
+    print("\nsummary (per case: the configurations its first forward + backward compiles, their CPU seconds):")
     for case, failed in failures.items():
-        print(f"  {case}: {'ok' if not failed else 'FAILED in ' + ', '.join(failed)}")
+        times = configs.get(case, [0.0])
+        print(f"  {case}: {len(configs.get(case, []))} configs, {sum(times):.1f} s cpu in all, slowest "
+              f"{max(times):.1f} s: {'ok' if not failed else 'FAILED in ' + ', '.join(failed)}")
     return 1 if any(failures.values()) else 0
 
 

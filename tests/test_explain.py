@@ -66,7 +66,8 @@ def test_plain_ops_count_their_inputs_and_output_in_full():
     assert report.programs[0].backward is None and "backward: none" in str(report)
 
 
-def test_gat_layer_units_dot_source_and_render(tmp_path):
+def test_gat_layer_units_dot_source_and_render(tmp_path, monkeypatch):
+    monkeypatch.setenv("GNNFUSE_TILED_SCORES", "0")   # the untiled plan: the scores are an edge unit's root
     graph = _graph()
     conv = GATConv(6, 2, heads=2).double()
     x = torch.randn(5, 6, dtype=torch.float64)

@@ -187,14 +187,15 @@ def test_softmax_keeps_only_per_vertex_statistics_for_the_backward(name):
     assert [v.op for v in saved if v.residency.is_edge_rowed and v.op != "input"] == []   # edge inputs: the user's
 
 
-@pytest.mark.parametrize("name", ["GATConv", "GATConv-edge_dim", "GATv2Conv", "GATv2Conv-no-loops",
-                                  "GATv2Conv-edge_dim", "GATv2Conv-share_weights", "DotGATConv"])
+@pytest.mark.parametrize("name", ["GATConv", "GATConv-edge_dim", "GATConv-mean-heads-no-loops", "GATv2Conv",
+                                  "GATv2Conv-no-loops", "GATv2Conv-edge_dim", "GATv2Conv-share_weights", "DotGATConv",
+                                  "example-gat_vertex", "example-gat_message"])
 def test_attention_scores_never_reach_memory(name, monkeypatch):
     """The [E, H] attention scores are recomputed from gathered rows in every unit that
     reads them (passes.fusion's tiled feature sums): the max pass, the sum pass and the
     weighted aggregation of the forward, and the backward units. Neither program writes
-    anything per edge."""
-    monkeypatch.setenv("GNNFUSE_TILED_SCORES", "1")     # opt-in: see backend/forced_schedule.py
+    anything per edge. That is the default plan (backend/forced_schedule.py)."""
+    monkeypatch.delenv("GNNFUSE_TILED_SCORES", raising=False)
     heads, run = LAYERS[name]
     torch.manual_seed(0)
     [program] = gnnfuse.explain(run, torch.randn(N, F_IN, requires_grad=True), _graph()).programs

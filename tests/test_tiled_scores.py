@@ -23,8 +23,9 @@ DST = torch.tensor([1, 2, 3, 4, 5, 1, 3, 5, 1, 1, 1, 0, 0])
 
 @pytest.fixture(autouse=True)
 def tiled_scores(monkeypatch):
-    """The tiled plan is opt-in (GNNFUSE_TILED_SCORES=1; see backend/forced_schedule.py)."""
-    monkeypatch.setenv("GNNFUSE_TILED_SCORES", "1")
+    """The tiled plan is the default (GNNFUSE_TILED_SCORES=0 turns it off; see
+    backend/forced_schedule.py): these tests run without the variable."""
+    monkeypatch.delenv("GNNFUSE_TILED_SCORES", raising=False)
 
 
 def _sums_in_unit_bodies(report: ExplainReport) -> list[str]:
@@ -114,32 +115,114 @@ def test_tiled_attention_matches_pyg_with_every_gradient(layer, heads, channels,
 
 
 def test_autotuned_blocks_keep_score_tiles_within_registers():
-    """On a GPU the autotuner's edge blocks for a kernel that recomputes a 128-lane score
-    tile (GATv2, 4 heads x 32) are cut so [BLOCK_E, tile] stays within
-    TILE_VALUES_PER_THREAD values per thread; a [256, 128] tile spilled and took 20 s to
-    compile in Triton 3.6. Checked on the sources the GPU gets (tuned=True)."""
+    """On a GPU the autotuner's edge blocks for a kernel that recomputes every head's
+    score (GATv2 4 heads x 32: the max and sum passes, whose lanes are the heads; 128
+    tile values per edge) are cut so [BLOCK_E, 128] stays within TILE_VALUES_PER_THREAD
+    values per thread; a [256, 128] tile spilled and took 20 s to compile in Triton 3.6.
+    Checked on the sources the GPU gets (tuned=True)."""
     import re
+    from gnnfuse.backend.triton.codegen import TILE_VALUES_PER_THREAD, head_block
+    checked = 0
+    for unit, schedule, source in _gatv2_tuned_sources(heads=4, channels=32):
+        if head_block(unit) is not None or "tl.arange(0, 32)" not in source:
+            continue
+        checked += 1
+        for block_e, warps in re.findall(r"'BLOCK_E': (\d+).*?num_warps=(\d+)", source):
+            assert int(block_e) * 128 <= TILE_VALUES_PER_THREAD * 32 * int(warps), (schedule, block_e, warps)
+    assert checked >= 2     # the max and sum passes at least
+
+
+def test_programs_of_one_head_evaluate_only_their_heads_scores():
+    """A kernel whose feature programs each lie in one head (`head_block`: GATv2 4 x 32's
+    weighted sum and its backward units) evaluates only that head's [BLOCK_E, 32] score
+    tile: no 128-lane tile of all four heads, no per-lane head selection. The whole tile
+    cost each of a row's four programs four heads' gathers and arithmetic."""
+    from gnnfuse.backend.triton.codegen import head_block
+    one_head = [(schedule, source) for unit, schedule, source in _gatv2_tuned_sources(heads=4, channels=32)
+                if head_block(unit) is not None and "tl.sum(" in source]
+    assert len(one_head) >= 4       # forward weighted sum (csr, coo), backward units
+    for schedule, source in one_head:
+        assert "tl.arange(0, 32)" in source and "tl.arange(0, 128)" not in source, schedule
+        assert "tl.arange(0, 4)" not in source, schedule           # the head-column lookup
+
+
+def test_float64_score_tiles_count_two_registers_per_value():
+    """A float64 value takes two 32-bit registers, so the edge blocks of a kernel that
+    recomputes its head's [BLOCK_E, 32] score tile in float64 are cut to half the values
+    of float32's: [64, 32] tiles over one warp were GATv2 4 x 32's slowest float64
+    configs to compile (3.5 s each on Triton 3.6, sm_90)."""
+    import re
+    from gnnfuse.backend.triton.codegen import TILE_VALUES_PER_THREAD, head_block
+    checked = 0
+    for unit, schedule, source in _gatv2_tuned_sources(heads=4, channels=32, acc="tl.float64"):
+        if head_block(unit) is None or "tl.arange(0, 32)" not in source:
+            continue
+        checked += 1
+        for block_e, warps in re.findall(r"'BLOCK_E': (\d+).*?num_warps=(\d+)", source):
+            assert int(block_e) * 32 * 2 <= TILE_VALUES_PER_THREAD * 32 * int(warps), (schedule, block_e, warps)
+    assert checked >= 4
+
+
+def _gatv2_tuned_sources(heads: int, channels: int, acc: str = "tl.float32"):
+    """(unit, schedule, kernel source as the GPU gets it) for every aggregate and
+    shared-reduce unit of GATv2Conv's tiled forward and backward plans."""
     from gnnfuse import nn as gnn
-    from gnnfuse.backend.triton.codegen import TILE_VALUES_PER_THREAD
     from gnnfuse.backend.triton.executor import _GENERATORS
     from gnnfuse.passes.fusion import AggregateUnit, SharedReduceUnit, partition
-    layer = gnn.GATv2Conv(F_IN, 32, heads=4)
+    layer = gnn.GATv2Conv(F_IN, channels, heads=heads)
     x = torch.randn(N, F_IN, requires_grad=True)
     [program] = gnnfuse.explain(lambda xs: layer(xs, torch.stack([SRC, DST])), x).programs
     compiled = program.call.compiled
-    units = [u for p in (compiled.program, compiled.backward_for(program.call.wrt).program)
-             for u in partition(p, tile_feature_sums=True) if isinstance(u, (AggregateUnit, SharedReduceUnit))]
-    checked = 0
-    for unit in units:
-        schedules = ["shared"] if isinstance(unit, SharedReduceUnit) else ["csr", "coo"]
-        for schedule in schedules:
-            if schedule == "coo" and unit.reduce.attrs["op"] not in ("sum", "mean"):
+    for plan in (compiled.program, compiled.backward_for(program.call.wrt).program):
+        for unit in partition(plan, tile_feature_sums=True):
+            if isinstance(unit, SharedReduceUnit):
+                schedules = ["shared"]
+            elif isinstance(unit, AggregateUnit):
+                schedules = ["csr", "coo"] if unit.reduce.attrs["op"] in ("sum", "mean") else ["csr"]
+            else:
                 continue
-            name, generator = _GENERATORS[schedule]
-            source, _ = generator(unit, name, "tl.float32", tuned=True)
-            if "tl.arange(0, 128)" not in source:
-                continue
-            checked += 1
-            for block_e, warps in re.findall(r"'BLOCK_E': (\d+).*?num_warps=(\d+)", source):
-                assert int(block_e) * 128 <= TILE_VALUES_PER_THREAD * 32 * int(warps), (schedule, block_e, warps)
-    assert checked >= 3     # the max, sum and weighted-sum passes at least
+            for schedule in schedules:
+                name, generator = _GENERATORS[schedule]
+                yield unit, schedule, generator(unit, name, acc, tuned=True)[0]
+
+
+def test_switch_off_writes_the_scores_and_still_matches_pyg(monkeypatch):
+    """``GNNFUSE_TILED_SCORES=0`` brings back the untiled plan: GATv2's [E, H] scores are
+    written once by an edge unit, the layer's output and gradients unchanged (float64,
+    against PyG); any other value is refused rather than read as either."""
+    import torch_geometric.nn as pyg
+    from gnnfuse import nn as gnn
+    monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
+    monkeypatch.setenv("GNNFUSE_TILED_SCORES", "0")
+    device = device_for("triton")
+    torch.manual_seed(0)
+    ours = gnn.GATv2Conv(F_IN, 4, heads=2).double().to(device)
+    ref = pyg.GATv2Conv(F_IN, 4, heads=2).double().to(device)
+    ref.load_state_dict(ours.state_dict())
+    edge_index = torch.stack([SRC, DST]).to(device)
+    x = torch.randn(N, F_IN, dtype=torch.float64, device=device)
+    grads = []
+    for module in (ours, ref):
+        xs = x.clone().requires_grad_()
+        module(xs, edge_index).pow(2).sum().backward()
+        grads.append((xs.grad, module.att.grad))
+    for mine, theirs in zip(*grads):
+        torch.testing.assert_close(mine, theirs, rtol=1e-9, atol=1e-12)
+    [program] = gnnfuse.explain(lambda xs: ours(xs, edge_index), x.clone().requires_grad_()).programs
+    assert [list(t.value.shape) for t in program.forward.edge_tensors] == [[2]]     # the scores, [E, H]
+    monkeypatch.setenv("GNNFUSE_TILED_SCORES", "yes")
+    with pytest.raises(ValueError, match="GNNFUSE_TILED_SCORES"):
+        ours(x, edge_index)
+
+
+@pytest.mark.parametrize("heads,written", [(16, []), (32, [[32]])])
+def test_scores_of_many_heads_are_written_once(heads, written):
+    """Each kept head's score is a tile of its own in the kernel (unrolled), so compile
+    time grows with the head count: up to MAX_TILED_HEADS (16) heads the scores are
+    recomputed in every unit; past it, as with 32 heads x 2 channels, they are written
+    once as an [E, H] tensor (the IO rule allows H per edge)."""
+    from gnnfuse import nn as gnn
+    layer = gnn.GATv2Conv(F_IN, 2, heads=heads)
+    x = torch.randn(N, F_IN, requires_grad=True)
+    [program] = gnnfuse.explain(lambda xs: layer(xs, torch.stack([SRC, DST])), x).programs
+    assert [list(t.value.shape) for t in program.forward.edge_tensors] == written

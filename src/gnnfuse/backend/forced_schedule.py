@@ -64,10 +64,19 @@ def forcing(schedule: ForcedSchedule | None) -> Iterator[None]:
 def tiled_scores() -> bool:
     """Whether per-edge feature sums (attention scores) are recomputed inside every kernel
     that reads them, as a register tile (``passes.fusion.partition``'s
-    ``tile_feature_sums``), instead of written once as an [E, heads] tensor. Opt-in with
-    ``GNNFUSE_TILED_SCORES=1``: its first form looked each lane's head up with
-    ``tl.gather``, which Triton 3.6 failed to compile on an H100 (an assertion in
-    TritonGPUOptimizeThreadLocality at 2 heads x 3 channels, a 40 s compile at 4 x 32).
-    The lookup is now masked sums and selects (``codegen._Emitter.head_columns``); it
-    stays opt-in until ``benchmarks/check_tiled_scores.py`` has passed on a GPU."""
-    return os.environ.get("GNNFUSE_TILED_SCORES", "0") == "1"
+    ``tile_feature_sums``), instead of written once as an [E, heads] tensor. On by
+    default: GAT, GATv2 and DotGAT then write nothing per edge in forward or backward,
+    which is what keeps GATv2's extra memory on a Reddit2-sized graph near turbo-gnn's
+    (the [E, heads] float32 scores were the difference), and the byte model moves no more
+    bytes than the untiled plan (the units that recompute the scores gather the same
+    vertex rows; the backward runs fewer units). ``GNNFUSE_TILED_SCORES=0`` turns it off.
+
+    It was opt-in while Triton 3.6 could not compile it on an H100: the first form looked
+    each lane's head up with ``tl.gather`` (an assertion in TritonGPUOptimizeThreadLocality
+    at 2 heads x 3 channels, a 40 s compile at 4 x 32), and [256, 128] score tiles
+    spilled registers. ``benchmarks/compile_tiled_scores.py`` compiles every tiled kernel
+    for sm_90 with a given Triton, without a GPU."""
+    value = os.environ.get("GNNFUSE_TILED_SCORES", "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"GNNFUSE_TILED_SCORES must be 0 or 1, got {value!r}")
+    return value == "1"

@@ -183,6 +183,21 @@ def row_sum_split(root: Value) -> RowSum | None:
     return split if kept > 0 and split.tile <= 128 else None
 
 
+# Heads whose scores a unit body may recompute: the Triton emitter evaluates each kept
+# head's score as a tile of its own (codegen's `row_sum`), unrolled, so a kernel's size
+# and compile time grow with the head count (Triton 3.6, sm_90: GATv2 8 heads x 8 at most
+# 1.8 s per autotuner config, 32 x 4 5 s); past this, the scores are written once.
+MAX_TILED_HEADS = 16
+
+
+def tiles_in_body(v: Value) -> bool:
+    """Whether per-edge feature sum ``v`` can be recomputed in the bodies of the units
+    that read it: it fits a row tile (`row_sum_split`) of at most `MAX_TILED_HEADS` kept
+    elements."""
+    split = row_sum_split(v)
+    return split is not None and split.kept <= MAX_TILED_HEADS
+
+
 def summed_operand(v: Value) -> Value | None:
     """The per-edge operand a shared-reduce unit evaluates in registers when ``v`` can be
     its root, else None. Two roots: a row sum into a parameter shape (``sum_to``, the
@@ -242,7 +257,7 @@ def partition(program: Program, keep: Iterable[int] = (), tile_feature_sums: boo
     it is kept or returned; a per-edge one then becomes the root of an edge unit.
 
     ``tile_feature_sums`` (the Triton backend): a per-edge feature sum that fits a row
-    tile (`row_sum_split`) joins the body of every unit that reads it, which evaluates
+    tile (`tiles_in_body`) joins the body of every unit that reads it, which evaluates
     it from its own gathered rows as a [edges, kept, summed] tile reduced in registers.
     An edge softmax's [E, H] scores then never reach memory: its max pass, sum pass and
     weighted aggregation each recompute them (flash-attention style), and so do the
@@ -250,7 +265,7 @@ def partition(program: Program, keep: Iterable[int] = (), tile_feature_sums: boo
 
     A sum multiplied by a per-row scalar joins the sum's unit (`_row_scaled`)."""
     def in_body(x: Value) -> bool:
-        return _fusible_body(x) or (tile_feature_sums and row_sum_split(x) is not None)
+        return _fusible_body(x) or (tile_feature_sums and tiles_in_body(x))
 
     def grow(unit: Unit) -> Unit:
         root = unit.reduce if isinstance(unit, AggregateUnit) else unit.root

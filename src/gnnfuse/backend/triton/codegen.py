@@ -139,61 +139,55 @@ class _Emitter:
         return out
 
     def row_sum(self, v: Value, coords: tuple[str, ...]) -> str:
-        """A per-edge feature sum at ``coords``, [BLOCK_E, lanes]: its whole row tile is
-        evaluated on lanes of its own and reduced in registers to [BLOCK_E, heads] (``kept``
-        rounded up to a power of two; as an edge unit's closing sum, see
-        `generate_edge`); `head_columns` then gives each lane
-        its kept element -- the score of its head. partition only puts sums that fit a
-        tile (`row_sum_split`) in a body."""
+        """A per-edge feature sum at ``coords`` (an attention score per head), [BLOCK_E, 1]
+        or [BLOCK_E, lanes]. In a program whose lanes lie in one head (`head_block`) only
+        that head's score is evaluated (`head_score`); otherwise every kept head's score
+        is, and each lane picks its head's with a chain of ``tl.where``. partition only
+        puts sums that fit a tile (`passes.fusion.tiles_in_body`) in a body.
+
+        Why per head: the first form evaluated the whole [BLOCK_E, kept x padded] row
+        tile, reduced it through a 3-D reshape and cut each head's column out with a
+        masked sum; in a program of one head (GATv2 4 x 32's weighted sum: four
+        programs per row) that was four heads' gathers and arithmetic for the one score
+        it needs, and the reshape and column sums made Triton 3.6's compile of GATv2
+        8 x 8 the slowest of the tiled kernels. Per-head tiles are 2-D loads and row
+        reductions, the forms every kernel here compiles. Before that, a ``tl.gather`` per
+        lane asserted in TritonGPUOptimizeThreadLocality on an H100 (2 x 3). The selects
+        keep a non-finite score in its own head."""
         split = row_sum_split(v)
-        key = ("tile", v.id, self.zero)
-        if key not in self.memo:
-            kept, summed, padded = split
-            self.tile_lanes = max(self.tile_lanes, split.tile)
-            outer = self.zero, self.lanes
-            lanes = self.tmp(f"tl.arange(0, {split.tile})")
-            self.zero, self.lanes = self.tmp(f"{lanes} * 0"), str(split.tile)
-            flat = lanes if padded == summed else self.tmp(f"({lanes} // {padded}) * {summed} + {lanes} % {padded}")
-            in_shape = v.inputs[0].shape
-            tile = self.value(v.inputs[0], tuple("0" if n == 1 else self.tmp(f"({flat} // {st}) % {n}")
-                                                 for st, n in zip(_strides(in_shape), in_shape)))
-            tile = self.tmp(f"{tile} + tl.zeros([BLOCK_E, {split.tile}], ACC)")
-            if padded != summed:
-                tile = self.tmp(f"tl.where(({lanes} % {padded} < {summed})[None, :], {tile}, 0.0)")
-            self.zero, self.lanes = outer
-            self.memo[key] = self.tmp(f"tl.sum(tl.reshape({tile}, [BLOCK_E, {split.heads}, {padded}]), axis=2)")
-        if split.kept == 1:
-            return self.memo[key]
-        return self.head_columns(self.memo[key], split, self.offset(v.shape, coords))
-
-    def head_columns(self, scores: str, split: RowSum, head: str) -> str:
-        """``scores[e, head[j]]`` for every lane j, [BLOCK_E, lanes], from the reduced
-        [BLOCK_E, split.heads] tile: each of the ``split.kept`` heads' columns is cut out
-        by a masked sum over the tile's rows, and lanes pick theirs with a chain of
-        ``tl.where`` (rows past ``kept``, padding to a power of two, are never picked).
-
-        Why not ``tl.gather`` (as first written): Triton 3.6 on an H100 gives a gather a
-        warp-local layout of its own in TritonGPUOptimizeThreadLocality, which asserted
-        for 2 heads x 3 channels and took over 40 s to compile at 4 x 32. Nor a
-        reshape of a [BLOCK_E, kept, 1] broadcast to the lanes: the lanes are the
-        kernel's feature block, an arbitrary window of the flat output (BLOCK_F may
-        cover part of a head, and channel counts such as 3 are not powers of two), so
-        their head is a computed index, not a dimension of the tile. The masked sums
-        and selects use only 2-D elementwise ops and row reductions, the forms every
-        kernel here already compiles, on tensors no larger than [BLOCK_E, lanes]; the
-        sum keeps a non-finite score in its own head (the mask zeroes the others, it
-        does not multiply them). The cost, ``kept`` selects per lane (attention layers
-        have a handful of heads; ``row_sum_split`` bounds the tile at 128 elements), is
-        register work in kernels bound by memory."""
-        heads = self.tmp(f"tl.arange(0, {split.heads})")
-        column = [self.tmp(f"tl.sum(tl.where(({heads} == {h})[None, :], {scores}, 0.0), axis=1)[:, None]")
-                  for h in range(split.kept)]
-        # a head uniform over the program (`head_block`) is one scalar test per column
-        lane = "" if head in self.uniform else "[None, :]"
-        out = column[0]
+        head = self.offset(v.shape, coords)
+        if head in self.uniform:
+            return self.head_score(v, split, head)
+        self.tile_lanes = max(self.tile_lanes, split.tile)   # all heads' tiles are live in one chunk
+        scores = [self.head_score(v, split, str(h)) for h in range(split.kept)]
+        out = scores[0]
         for h in range(1, split.kept):
-            out = self.tmp(f"tl.where(({head} == {h}){lane}, {column[h]}, {out})")
+            out = self.tmp(f"tl.where(({head} == {h})[None, :], {scores[h]}, {out})")
         return out
+
+    def head_score(self, v: Value, split: RowSum, head: str) -> str:
+        """Head ``head``'s sum, [BLOCK_E, 1]: its [BLOCK_E, padded] tile of the summed
+        operand, evaluated on lanes of its own (lane j at flat index head * summed + j;
+        coordinates wrap within the operand's shape, so padding lanes read in-bounds
+        elements, which are zeroed), summed over the lanes."""
+        key = ("head score", v.id, head)
+        if key in self.memo:
+            return self.memo[key]
+        kept, summed, padded = split
+        self.tile_lanes = max(self.tile_lanes, padded)
+        outer = self.zero, self.lanes
+        lanes = self.tmp(f"tl.arange(0, {padded})")
+        self.zero, self.lanes = self.tmp(f"{lanes} * 0"), str(padded)
+        flat = self.tmp(f"{head} * {summed} + {lanes}")
+        in_shape = v.inputs[0].shape
+        tile = self.value(v.inputs[0], tuple("0" if n == 1 else self.tmp(f"({flat} // {st}) % {n}")
+                                             for st, n in zip(_strides(in_shape), in_shape)))
+        tile = self.tmp(f"{tile} + tl.zeros([BLOCK_E, {padded}], ACC)")
+        if padded != summed:
+            tile = self.tmp(f"tl.where(({lanes} < {summed})[None, :], {tile}, 0.0)")
+        self.zero, self.lanes = outer
+        self.memo[key] = self.tmp(f"tl.sum({tile}, axis=1)[:, None]")
+        return self.memo[key]
 
     def load(self, v: Value, coords: tuple[str, ...], kind: str) -> str:
         if kind == "const":
@@ -305,20 +299,23 @@ def _decorator(tuned: bool, space: dict[str, tuple[int, ...]], key: str, reset: 
     return f"@triton.autotune(configs=[{configs}], key=['{key}']{extra})\n@triton.jit"
 
 
-# Values of a body's row tiles one thread may hold: the autotuner's edge blocks are cut
-# to what keeps [BLOCK_E, tile] within it (`_fit_tiles`).
+# 32-bit values of a body's row tiles one thread may hold: the autotuner's edge blocks are
+# cut to what keeps [BLOCK_E, tile] within it (`_fit_tiles`).
 TILE_VALUES_PER_THREAD = 64
 
 
-def _fit_tiles(block_e: tuple[int, ...], em: _Emitter, warps: int) -> tuple[int, ...]:
+def _fit_tiles(block_e: tuple[int, ...], em: _Emitter, warps: int, acc_dtype: str) -> tuple[int, ...]:
     """The edge blocks of ``block_e`` at which the row tiles of ``em``'s body (tiled
-    attention scores, `_Emitter.row_sum`) fit `TILE_VALUES_PER_THREAD` values per
-    thread; at least the smallest. A [256, 128] score tile over 128 threads (256 values
-    each) spilled registers and took 20 s of Triton 3.6's compile for one config; the
-    tile is a second [BLOCK_E, 128] live beside the feature block."""
+    attention scores, `_Emitter.row_sum`) fit `TILE_VALUES_PER_THREAD` 32-bit values per
+    thread (a float64 value is two); at least the smallest. A [256, 128] score tile over
+    128 threads (256 values each) spilled registers and took 20 s of Triton 3.6's compile
+    for one config; the tile is a second [BLOCK_E, 128] live beside the feature block.
+    In float64, [64, 32] tiles over one warp were GATv2 4 x 32's slowest configs (3.5 s
+    each, against 1 s in float32)."""
     if not em.tile_lanes:
         return block_e
-    fitting = tuple(b for b in block_e if b * em.tile_lanes <= TILE_VALUES_PER_THREAD * 32 * warps)
+    words = 2 if acc_dtype == "tl.float64" else 1
+    fitting = tuple(b for b in block_e if b * em.tile_lanes * words <= TILE_VALUES_PER_THREAD * 32 * warps)
     return fitting or (min(block_e),)
 
 
@@ -333,7 +330,7 @@ def _edge_parallel_source(name: str, comment: str, acc_dtype: str, em: _Emitter,
 import triton.language as tl
 
 
-{_decorator(tuned, {"BLOCK_E": _fit_tiles(block_e, em, 4)}, "size_class", reset)}
+{_decorator(tuned, {"BLOCK_E": _fit_tiles(block_e, em, 4, acc_dtype)}, "size_class", reset)}
 def {name}(src, dst, num_edges, size_class, out, {params}{leaf_params}BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
     # {comment}
     ACC: tl.constexpr = {acc_dtype}
@@ -419,7 +416,7 @@ def generate(unit: AggregateUnit, name: str, acc_dtype: str, tuned: bool = False
 import triton.language as tl
 
 
-{_decorator(tuned, {"BLOCK_E": _fit_tiles((16, 64), em, 1), "ROWS": (1, 4)}, "size_class", op in ("sum", "mean"),
+{_decorator(tuned, {"BLOCK_E": _fit_tiles((16, 64), em, 1, acc_dtype), "ROWS": (1, 4)}, "size_class", op in ("sum", "mean"),
             warps=(1,))}
 def {name}(rowptr, col, eid, seg_row, seg_start, seg_end, seg_split, num_segments, size_class, out, {leaf_params}BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr, ROWS: tl.constexpr):
     # {unit.describe()}
@@ -527,7 +524,7 @@ def generate_shared_reduce(unit: SharedReduceUnit, name: str, acc_dtype: str,
 import triton.language as tl
 
 
-{_decorator(tuned, {"BLOCK_E": _fit_tiles(SHARED_REDUCE_BLOCK_E, em, 4)}, "size_class", reset=False)}
+{_decorator(tuned, {"BLOCK_E": _fit_tiles(SHARED_REDUCE_BLOCK_E, em, 4, acc_dtype)}, "size_class", reset=False)}
 def {name}(src, dst, num_edges, size_class, out, {leaf_params}BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
     # {unit.describe()}
     ACC: tl.constexpr = {acc_dtype}
