@@ -91,7 +91,7 @@ def measure(layer_name: str, calls: int, backward: bool, nodes: int, width: int,
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--layer", default="gcn", choices=("gcn", "gat", "sage"))
-    parser.add_argument("--backend", default="reference", choices=("reference", "triton"))
+    parser.add_argument("--backend", default="reference", choices=("reference", "cpu", "triton"))
     parser.add_argument("--calls", type=int, default=1000, help="calls per timed block")
     parser.add_argument("--repeats", type=int, default=5, help="timed blocks; the best is reported")
     parser.add_argument("--nodes", type=int, default=32)
@@ -110,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("triton was imported before TRITON_INTERPRET=1 could be set")
         os.environ["TRITON_INTERPRET"] = "1"
         os.environ["GNNFUSE_BACKEND"] = "triton"
+    elif args.backend == "cpu":
+        os.environ["GNNFUSE_BACKEND"] = "cpu"
     result = measure(args.layer, args.calls, args.backward, args.nodes, args.width, args.profile, args.repeats,
                      args.device)
     result["backend"] = args.backend

@@ -33,6 +33,7 @@ class CompiledProgram:
         self.program = optimize(program) if optimize_program else program
         self._backward: dict[tuple[str, ...], BackwardProgram] = {}
         self._types_read = _types_read(self.program)
+        self._input_keys = tuple(self.program.inputs)
 
     def backward_for(self, wrt: tuple[str, ...]) -> BackwardProgram:
         if wrt not in self._backward:
@@ -45,23 +46,26 @@ class CompiledProgram:
     def checked_inputs(self, graph: Graph, feeds: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
         """The program's inputs from ``feeds``, in program order, after checking each fits
         ``graph`` (types, device, layout)."""
-        keys = tuple(self.program.inputs)
+        keys = self._input_keys
         missing = [k for k in keys if k not in feeds]
         if missing:
             raise KeyError(f"missing inputs {missing}; the program reads {list(keys)}")
-        _check_types(self.program, self._types_read, graph, feeds)
+        if self._types_read:
+            _check_types(self.program, self._types_read, graph, feeds)
         tensors = [feeds[k] for k in keys]
-        _check_devices(graph, keys, tensors)
+        device = graph.device
         for key, tensor in zip(keys, tensors):
+            if tensor.device != device:
+                _device_error(key, tensor, device)
             if tensor.layout is not torch.strided:
                 raise ValueError(f"input {key!r} is a {tensor.layout} tensor; compiled programs take dense "
                                  "tensors (convert with .to_dense(), or apply the dense transform first)")
         return tensors
 
     def __call__(self, graph: Graph, feeds: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        keys = tuple(self.program.inputs)
+        keys = self._input_keys
         tensors = self.checked_inputs(graph, feeds)
-        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        if torch.is_grad_enabled() and any([t.requires_grad for t in tensors]):
             outputs = _ProgramFunction.apply(self, GraphContext(graph), keys, *tensors)
         else:   # inference: no backward program is built and nothing is saved for one
             outputs, _, _ = _run_forward(self, GraphContext(graph), keys, tensors, None)
@@ -82,14 +86,12 @@ def _declare_backward_sides(forward: Program, backward: BackwardProgram) -> None
     declare_sides(backward.program, seeds)
 
 
-def _check_devices(graph: Graph, keys: tuple[str, ...], tensors: list[torch.Tensor]) -> None:
+def _device_error(key: str, tensor: torch.Tensor, device: torch.device) -> None:
     """Fail before running when an input is not on the graph's device: the reference
     backend would stop inside a gather with torch's device message, and a Triton kernel
     given a host index array reads memory it does not own."""
-    for key, tensor in zip(keys, tensors):
-        if tensor.device != graph.device:
-            raise ValueError(f"input {key!r} (shape {list(tensor.shape)}) is on {tensor.device} but the graph "
-                             f"is on {graph.device}; move one of them (tensor.to(device) or graph.to(device))")
+    raise ValueError(f"input {key!r} (shape {list(tensor.shape)}) is on {tensor.device} but the graph "
+                     f"is on {device}; move one of them (tensor.to(device) or graph.to(device))")
 
 
 _TYPE_KINDS = {  # residency -> (what it is per, Graph attribute holding the count)
@@ -135,7 +137,7 @@ def _check_triton_can_read(device: torch.device) -> None:
     the interpreter is whatever ``TRITON_INTERPRET`` says now."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         return
-    if device.type != "cuda":     # the inputs are on the graph's device (_check_devices)
+    if device.type != "cuda":     # the inputs are on the graph's device (checked_inputs)
         raise ValueError(f"the triton backend runs CUDA tensors, but the graph and inputs are on {device}: "
                          "move the tensors and the graph to cuda (tensor.to('cuda'), graph.to('cuda')), "
                          "or unset GNNFUSE_BACKEND, or set TRITON_INTERPRET=1 before triton is first "
@@ -151,17 +153,19 @@ def backend_name(on_cuda: bool) -> str:
     return name
 
 
-def select_backend(tensors, device: torch.device) -> Callable:
-    """The executor for this call on a graph on ``device``: ``GNNFUSE_BACKEND`` if set,
-    else Triton for CUDA tensors and the torch reference for everything else. The Numba
-    CPU backend is opt-in (``cpu``): its first call per kernel compiles for a second or
-    two, which the reference, the oracle, never pays."""
-    name = backend_name(any(t.is_cuda for t in tensors))
+def select_backend(device: torch.device) -> Callable:
+    """The executor for a call on a graph on ``device`` (its inputs are there too:
+    `CompiledProgram.checked_inputs`): ``GNNFUSE_BACKEND`` if set, else Triton for CUDA
+    and the torch reference for everything else. The Numba CPU backend is opt-in
+    (``cpu``): its first call per kernel compiles for a second or two, which the
+    reference, the oracle, never pays."""
+    name = backend_name(device.type == "cuda")
     if name == "triton":
         _check_triton_can_read(device)
-    if name not in _EXECUTORS:      # imported once, not on every call
-        _EXECUTORS[name] = _import_executor(name)
-    return _EXECUTORS[name]
+    execute = _EXECUTORS.get(name)
+    if execute is None:      # imported once, not on every call
+        execute = _EXECUTORS[name] = _import_executor(name)
+    return execute
 
 
 _EXECUTORS: dict[str, Callable] = {}
@@ -214,7 +218,7 @@ def _run_forward(compiled: CompiledProgram, graph_ctx: GraphContext, keys: tuple
     for calls in _RECORDERS:
         calls.append(ProgramCall(compiled, graph_ctx.graph, backward.wrt if backward else (), forced_schedule()))
     keep = [v.id for v in backward.saved] if backward else []
-    execute = select_backend(tensors, graph_ctx.graph.device)
+    execute = select_backend(graph_ctx.graph.device)
     outputs, kept = execute(compiled.program, graph_ctx, dict(zip(keys, tensors)), keep)
     return tuple(outputs.values()), kept, execute
 
@@ -241,8 +245,11 @@ class _ProgramFunction(torch.autograd.Function):
         output_grads = [g if g is not None else torch.zeros(shape, dtype=dtype, device=device)
                         for g, (shape, dtype, device) in zip(output_grads, ctx.output_meta)]
         feeds = backward_feeds(ctx.compiled, ctx.backward, dict(zip(ctx.saved_ids, ctx.saved_tensors)), output_grads)
-        with forcing(ctx.schedule):
+        if ctx.schedule is forced_schedule():   # nothing to force (the usual case): no context manager
             grads, _ = ctx.execute(ctx.backward.program, ctx.graph_ctx, feeds)
+        else:
+            with forcing(ctx.schedule):
+                grads, _ = ctx.execute(ctx.backward.program, ctx.graph_ctx, feeds)
         by_key = {k.removeprefix("grad:"): g for k, g in grads.items()}
         return (None, None, None) + tuple(by_key.get(k) for k in ctx.keys)
 
