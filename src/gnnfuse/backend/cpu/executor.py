@@ -36,6 +36,7 @@ from ...ir import Program, get_op
 from ...passes.fusion import AggregateUnit, EdgeUnit, SharedReduceUnit, Unit, partition, summed_operand
 from .. import tuned_schedule
 from ..forced_schedule import forced_schedule
+from ..launch_cache import CallSettings, LaunchCache
 from ..reference import GraphContext
 from ..reference import execute as reference_execute
 from ..reference.executor import run_plan
@@ -55,7 +56,6 @@ _READABLE = set(_KERNEL_DTYPES) | {torch.int32, torch.int64, torch.bool, torch.u
 _PLANS: "weakref.WeakKeyDictionary[Program, dict]" = weakref.WeakKeyDictionary()
 _UNIT_KERNELS: "weakref.WeakKeyDictionary[Unit, dict]" = weakref.WeakKeyDictionary()
 _PER_EDGE: "weakref.WeakKeyDictionary[SharedReduceUnit, EdgeUnit]" = weakref.WeakKeyDictionary()
-_LAUNCHES: "weakref.WeakKeyDictionary[Unit, weakref.WeakKeyDictionary]" = weakref.WeakKeyDictionary()  # -> {graph: _Launch}
 _WARNED: set[str] = set()
 
 
@@ -117,12 +117,10 @@ def _per_edge_part(unit: SharedReduceUnit) -> EdgeUnit:
 
 
 class _Launch(NamedTuple):
-    """What running a unit on one graph needs besides the call's tensors, under the
-    settings it was planned for (``settings``, see `_settings`): the kernel (None: the
-    unit runs through its ops' torch references), its leaves' ids in argument order,
-    the graph's index arrays it walks, the output's shape and dtype, and its threads,
-    thread chunk and feature tile."""
-    settings: tuple
+    """What running a unit on one graph needs besides the call's tensors, under one
+    `_settings`: the kernel (None: the unit runs through its ops' torch references),
+    its leaves' ids in argument order, the graph's index arrays it walks, the output's
+    shape and dtype, and its threads, thread chunk and feature tile."""
     kernel: Callable | None
     leaf_ids: tuple[int, ...]
     graph_args: tuple
@@ -133,13 +131,22 @@ class _Launch(NamedTuple):
     tile: int
 
 
+def _read_environment() -> tuple:
+    """The feature-tile override and the tuner's stored choices (one object until the
+    file changes): read once per program run (`CallSettings`)."""
+    return os.environ.get(schedule.FEATURE_TILE_ENV), tuned_schedule.entries()
+
+
+_ENVIRONMENT = CallSettings("gnnfuse_cpu_environment", _read_environment)
+_LAUNCHES = LaunchCache()
+
+
 def _settings(tensors: Iterable[torch.Tensor]) -> tuple:
     """Everything a unit's launch on a given graph depends on that can change between
-    calls: a schedule the call forces, the feature-tile override, the tuner's stored
-    choices (the same object until the file changes), torch's thread count, and each
-    leaf's dtype and whether it is on the CPU."""
-    return (forced_schedule(), os.environ.get(schedule.FEATURE_TILE_ENV), tuned_schedule.entries(),
-            torch.get_num_threads(), tuple([(t.dtype, t.is_cpu) for t in tensors]))
+    calls: a schedule the call forces, the environment (`_read_environment`), torch's
+    thread count, and each leaf's dtype and whether it is on the CPU."""
+    return (forced_schedule(), _ENVIRONMENT.current(), torch.get_num_threads(),
+            tuple([(t.dtype, t.is_cpu) for t in tensors]))
 
 
 def run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> torch.Tensor:
@@ -153,12 +160,7 @@ def run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> 
         return get_op(root.op).run(ctx, [env[i.id] for i in root.inputs], [i.residency for i in root.inputs],
                                    root.attrs)
     settings = _settings(leaves.values())
-    per_graph = _LAUNCHES.get(unit)
-    if per_graph is None:
-        per_graph = _LAUNCHES[unit] = weakref.WeakKeyDictionary()
-    launch = per_graph.get(ctx.graph)
-    if launch is None or launch.settings != settings:
-        launch = per_graph[ctx.graph] = _plan(unit, ctx, settings)
+    launch = _LAUNCHES.get(unit, ctx.graph, settings, lambda: _plan(unit, ctx, settings[-1]))
     if launch.kernel is None:
         return _run_reference(unit, ctx, leaves)
     args = [_flat(leaves[i]) for i in launch.leaf_ids]
@@ -179,10 +181,11 @@ def run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> 
     return out
 
 
-def _plan(unit: Unit, ctx: GraphContext, settings: tuple) -> _Launch:
-    """The launch of ``unit`` on ``ctx``'s graph under ``settings`` (see `_Launch`)."""
-    root, metas = unit.root, settings[-1]
-    fallback = _Launch(settings, None, (), (), (), root.dtype, 1, None, 1)
+def _plan(unit: Unit, ctx: GraphContext, metas: tuple[tuple[torch.dtype, bool], ...]) -> _Launch:
+    """The launch of ``unit`` on ``ctx``'s graph for leaves of ``metas`` (dtype, on the
+    CPU), under the settings in force now (see `_Launch`)."""
+    root = unit.root
+    fallback = _Launch(None, (), (), (), root.dtype, 1, None, 1)
     if not all(on_cpu for _, on_cpu in metas) or ctx.src.device.type != "cpu":
         _warn_once("device", "gnnfuse cpu backend: tensors are not on the CPU; fused units run as torch ops "
                              "(use the triton backend for GPU tensors)")
@@ -210,7 +213,7 @@ def _plan(unit: Unit, ctx: GraphContext, settings: tuple) -> _Launch:
         rows = ctx.num_rows(unit.by)
     else:
         graph_args, rows = (ctx.src.numpy(), ctx.dst.numpy()), ctx.num_edges
-    return _Launch(settings, kernel, tuple(v.id for v in leaf_args), graph_args, (rows,) + root.shape, root.dtype,
+    return _Launch(kernel, tuple(v.id for v in leaf_args), graph_args, (rows,) + root.shape, root.dtype,
                    threads, choice.chunk, tile)
 
 
@@ -228,4 +231,4 @@ def execute(program: Program, ctx: GraphContext, feeds: Mapping[str, torch.Tenso
     plans = _PLANS.setdefault(program, {})
     if keep not in plans:
         plans[keep] = partition(program, keep)
-    return run_plan(program, plans[keep], ctx, feeds, keep, run_unit)
+    return _ENVIRONMENT.run(run_plan, program, plans[keep], ctx, feeds, keep, run_unit)
