@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator, Mapping
+from typing import Callable, Iterator, Mapping, NamedTuple, Sequence
 
 import torch
 
@@ -32,8 +32,10 @@ class CompiledProgram:
         self.traced = program.pretty()
         self.program = optimize(program) if optimize_program else program
         self._backward: dict[tuple[str, ...], BackwardProgram] = {}
+        self._backward_inputs: dict[tuple[str, ...], BackwardInputs] = {}
         self._types_read = _types_read(self.program)
         self._input_keys = tuple(self.program.inputs)
+        self._gradient_keys = tuple(f"grad:{key}" for key in self._input_keys)
 
     def backward_for(self, wrt: tuple[str, ...]) -> BackwardProgram:
         if wrt not in self._backward:
@@ -42,6 +44,17 @@ class CompiledProgram:
             _declare_backward_sides(self.program, backward)
             self._backward[wrt] = backward
         return self._backward[wrt]
+
+    def backward_inputs(self, backward: BackwardProgram) -> BackwardInputs:
+        """How ``backward`` (one of `backward_for`'s) is fed, worked out once per program."""
+        found = self._backward_inputs.get(backward.wrt)
+        if found is None or found.backward is not backward:
+            outputs = list(self.program.outputs)
+            found = self._backward_inputs[backward.wrt] = BackwardInputs(
+                backward, tuple(v.id for v in backward.saved), tuple(f"saved:{v.id}" for v in backward.saved),
+                tuple((f"grad:{key}", n) for n, key in enumerate(outputs)
+                      if f"grad:{key}" in backward.program.inputs))
+        return found
 
     def checked_inputs(self, graph: Graph, feeds: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
         """The program's inputs from ``feeds``, in program order, after checking each fits
@@ -70,6 +83,16 @@ class CompiledProgram:
         else:   # inference: no backward program is built and nothing is saved for one
             outputs, _, _ = _run_forward(self, GraphContext(graph), keys, tensors, None)
         return dict(zip(self.program.outputs, outputs))
+
+
+class BackwardInputs(NamedTuple):
+    """A backward program's inputs: the ids of the forward values it reads (saved by the
+    forward run, in ``backward.saved`` order) and their input names, and the input name
+    of each forward output's gradient it reads with that output's position."""
+    backward: BackwardProgram
+    saved_ids: tuple[int, ...]
+    saved_keys: tuple[str, ...]
+    gradients: tuple[tuple[str, int], ...]
 
 
 def _declare_backward_sides(forward: Program, backward: BackwardProgram) -> None:
@@ -217,7 +240,7 @@ def _run_forward(compiled: CompiledProgram, graph_ctx: GraphContext, keys: tuple
     (in output order), the kept values and the executor used."""
     for calls in _RECORDERS:
         calls.append(ProgramCall(compiled, graph_ctx.graph, backward.wrt if backward else (), forced_schedule()))
-    keep = [v.id for v in backward.saved] if backward else []
+    keep = compiled.backward_inputs(backward).saved_ids if backward else ()
     execute = select_backend(graph_ctx.graph.device)
     outputs, kept = execute(compiled.program, graph_ctx, dict(zip(keys, tensors)), keep)
     return tuple(outputs.values()), kept, execute
@@ -227,16 +250,15 @@ class _ProgramFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, compiled: CompiledProgram, graph_ctx: GraphContext, keys: tuple[str, ...],
                 *tensors: torch.Tensor):
-        wrt = tuple(k for k, needs in zip(keys, ctx.needs_input_grad[3:]) if needs)
+        wrt = tuple([k for k, needs in zip(keys, ctx.needs_input_grad[3:]) if needs])
         backward = compiled.backward_for(wrt) if wrt else None
         outputs, kept, execute = _run_forward(compiled, graph_ctx, keys, tensors, backward)
-        ctx.compiled, ctx.graph_ctx, ctx.keys, ctx.backward = compiled, graph_ctx, keys, backward
+        ctx.compiled, ctx.graph_ctx, ctx.backward = compiled, graph_ctx, backward
         ctx.execute, ctx.schedule = execute, forced_schedule()   # backward runs as forward was told to
         # Through save_for_backward, never as plain ctx attributes: a saved value may be an
         # output, and an output held by its own grad_fn's ctx is a cycle through C++ that
         # Python's collector cannot free -- every step's tensors would leak.
-        ctx.saved_ids = [v.id for v in backward.saved] if backward else []
-        ctx.save_for_backward(*(kept[i] for i in ctx.saved_ids))
+        ctx.save_for_backward(*[kept[i] for i in compiled.backward_inputs(backward).saved_ids] if backward else ())
         ctx.output_meta = [(o.shape, o.dtype, o.device) for o in outputs]
         return outputs
 
@@ -244,24 +266,24 @@ class _ProgramFunction(torch.autograd.Function):
     def backward(ctx, *output_grads: torch.Tensor):
         output_grads = [g if g is not None else torch.zeros(shape, dtype=dtype, device=device)
                         for g, (shape, dtype, device) in zip(output_grads, ctx.output_meta)]
-        feeds = backward_feeds(ctx.compiled, ctx.backward, dict(zip(ctx.saved_ids, ctx.saved_tensors)), output_grads)
+        feeds = backward_feeds(ctx.compiled, ctx.backward, ctx.saved_tensors, output_grads)
         if ctx.schedule is forced_schedule():   # nothing to force (the usual case): no context manager
             grads, _ = ctx.execute(ctx.backward.program, ctx.graph_ctx, feeds)
         else:
             with forcing(ctx.schedule):
                 grads, _ = ctx.execute(ctx.backward.program, ctx.graph_ctx, feeds)
-        by_key = {k.removeprefix("grad:"): g for k, g in grads.items()}
-        return (None, None, None) + tuple(by_key.get(k) for k in ctx.keys)
+        return (None, None, None, *[grads.get(key) for key in ctx.compiled._gradient_keys])
 
 
-def backward_feeds(compiled: CompiledProgram, backward: BackwardProgram, kept: Mapping[int, torch.Tensor],
-                   output_grads) -> dict[str, torch.Tensor]:
-    """The backward program's inputs: the forward values it saved (``kept``, by value id)
-    and the gradients of the forward outputs it reads (in output order)."""
-    feeds = {f"saved:{v.id}": kept[v.id] for v in backward.saved}
-    for key, g in zip(compiled.program.outputs, output_grads):
-        if f"grad:{key}" in backward.program.inputs:
-            feeds[f"grad:{key}"] = g
+def backward_feeds(compiled: CompiledProgram, backward: BackwardProgram, saved: Sequence[torch.Tensor],
+                   output_grads: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The backward program's inputs: the forward values it saved (``saved``, in
+    ``backward.saved`` order) and the gradients of the forward outputs it reads (given
+    in output order)."""
+    layout = compiled.backward_inputs(backward)
+    feeds = dict(zip(layout.saved_keys, saved))
+    for key, position in layout.gradients:
+        feeds[key] = output_grads[position]
     return feeds
 
 
