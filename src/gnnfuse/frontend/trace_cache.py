@@ -306,8 +306,13 @@ def program_feeds(tables: tuple[Mapping[str, torch.Tensor], ...],
                   captured: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A traced program's inputs by name: node tensors as given, edge and per-type
     tensors under the prefixes the tracers give them, then the captured parameters."""
-    feeds = {f"{prefix}{key}": t for prefix, table in zip(_PREFIXES, tables) for key, t in table.items()}
-    return {**feeds, **captured}
+    feeds = dict(tables[0])
+    for prefix, table in zip(_PREFIXES[1:], tables[1:]):
+        for key, t in table.items():
+            feeds[prefix + key] = t
+    if captured:
+        feeds.update(captured)
+    return feeds
 
 
 _PREFIXES = ("", "e.", "etype.", "ntype.")   # node, edge, edge-type, node-type tables
