@@ -19,8 +19,7 @@ from ..launch_cache import CallSettings, LaunchCache
 from ..reference.executor import run_plan
 from .codegen import (SHARED_REDUCE_BLOCK_E, SHARED_REDUCE_PROGRAMS, RowSum, generate, generate_coo, generate_edge,
                       generate_shared_reduce, head_block, row_stride, row_sum_split, size_class)
-from .launch import launch as launch_kernel
-from .launch import signature
+from .launch import launch, signature
 from .schedule import SEGMENT_EDGES, segments
 from .segment_matmul import SegmentMatmulContext
 
@@ -137,17 +136,16 @@ def run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> 
     a forced schedule, the environment, the segment length, the leaves' dtypes) and
     reused while they hold; tests/test_host_path.py bounds the Python calls left."""
     settings = (forced_schedule(), _ENVIRONMENT.current(), SEGMENT_EDGES, tuple([t.dtype for t in leaves.values()]))
-    launch = _LAUNCHES.get(unit, ctx.graph, settings, lambda: _plan_tuned(unit, ctx, leaves))
-    out = (torch.zeros if launch.zeros else torch.empty)(launch.out_shape, dtype=launch.out_dtype,
-                                                          device=launch.device)
-    if launch.zero_rows is not None:
-        out.index_fill_(0, launch.zero_rows, 0)
-    if launch.kernel is not None:
-        args = [_laid_out(leaves[leaf], width, stride) for leaf, width, stride in launch.layouts]
-        launch_kernel(launch.kernel, launch.grid, launch.sizes, (*launch.before, out, *launch.after, *args),
-                      launch.kwargs, launch.signature)
-    if launch.summed_to is not None:
-        dtype, shape = launch.summed_to
+    plan = _LAUNCHES.get(unit, ctx.graph, settings, lambda: _plan_tuned(unit, ctx, leaves))
+    out = (torch.zeros if plan.zeros else torch.empty)(plan.out_shape, dtype=plan.out_dtype, device=plan.device)
+    if plan.zero_rows is not None:
+        out.index_fill_(0, plan.zero_rows, 0)
+    if plan.kernel is not None:
+        args = [_laid_out(leaves[leaf], width, stride) for leaf, width, stride in plan.layouts]
+        launch(plan.kernel, plan.grid, plan.sizes, (*plan.before, out, *plan.after, *args), plan.kwargs,
+               plan.signature)
+    if plan.summed_to is not None:
+        dtype, shape = plan.summed_to
         return out.sum(0).to(dtype).reshape(shape)
     return out
 
