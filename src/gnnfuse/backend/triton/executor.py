@@ -98,12 +98,12 @@ def _kernel_for(unit: Unit, acc: str, schedule: str):
 
 
 class _Launch(NamedTuple):
-    """A unit's launch on one graph, under one `_settings`, less the call's tensors:
-    ``out`` is made as ``zeros``/``empty`` of ``out_shape``, then rows ``zero_rows`` of
-    it zeroed (split rows, which accumulate atomically); if ``kernel`` is not None (there
-    is work), it runs on ``(*before, out, *after, *leaves)`` with each leaf laid out as
-    ``layouts`` says (leaf id, row width, row stride); a shared-reduce unit's ``out`` is
-    partial rows summed into ``summed_to`` (dtype, shape)."""
+    """A unit's launch on one graph, under one set of settings (`run_unit`), less the
+    call's tensors: ``out`` is made as ``zeros``/``empty`` of ``out_shape``, then rows
+    ``zero_rows`` of it zeroed (split rows, which accumulate atomically); if ``kernel``
+    is not None (there is work), it runs on ``(*before, out, *after, *leaves)`` with each
+    leaf laid out as ``layouts`` says (leaf id, row width, row stride); a shared-reduce
+    unit's ``out`` is partial rows summed into ``summed_to`` (dtype, shape)."""
     kernel: Any
     layouts: tuple[tuple[int, int, int], ...]
     before: tuple
@@ -161,6 +161,7 @@ def _plan_tuned(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) 
 
 
 def _plan(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> _Launch:
+    """The launch of ``unit`` on ``ctx``'s graph for leaves like ``leaves`` (their dtypes)."""
     tensors = list(leaves.values())
     acc = "tl.float64" if any(t.dtype == torch.float64 for t in tensors) else "tl.float32"
     rows = ctx.num_rows(unit.by) if isinstance(unit, AggregateUnit) else ctx.num_nodes  # what `out` holds
