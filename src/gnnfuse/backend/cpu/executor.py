@@ -144,8 +144,9 @@ _LAUNCHES = LaunchCache()
 def _settings(tensors: Iterable[torch.Tensor]) -> tuple:
     """Everything a unit's launch on a given graph depends on that can change between
     calls: a schedule the call forces, the environment (`_read_environment`), torch's
-    thread count, and each leaf's dtype and whether it is on the CPU."""
-    return (forced_schedule(), _ENVIRONMENT.current(), torch.get_num_threads(),
+    thread count and the work below which one thread runs, and each leaf's dtype and
+    whether it is on the CPU."""
+    return (forced_schedule(), _ENVIRONMENT.current(), torch.get_num_threads(), schedule.PARALLEL_MIN_WORK,
             tuple([(t.dtype, t.is_cpu) for t in tensors]))
 
 
