@@ -167,8 +167,8 @@ def test_the_triton_backend_runs_a_tuned_choice(cache, monkeypatch):
     model, graph, x = tiny()
     model, graph, x = model.to(device), graph.to(device), x.to(device)
     coo = []
-    real = triton_executor._run_coo_unit
-    monkeypatch.setattr(triton_executor, "_run_coo_unit", lambda *a: coo.append(1) or real(*a))
+    real = triton_executor._plan_coo_unit   # planned once per unit, graph and settings (launch_cache.py)
+    monkeypatch.setattr(triton_executor, "_plan_coo_unit", lambda *a: coo.append(1) or real(*a))
     with record_calls() as calls:
         output_and_grads(model, graph, x, "triton", monkeypatch)
     assert len(coo) == 2, "the cost rule no longer picks COO here: pick another tuned choice"

@@ -158,13 +158,17 @@ def _function_state(fn: types.FunctionType, walk: _Walk, path: Path) -> Hashable
     walk.seen.add(id(fn))
     if _impure_name(fn.__code__):
         raise _Uncacheable(f"{fn.__qualname__} calls {_impure_name(fn.__code__)}")
-    env = fn.__globals__
-    globals_ = tuple(_freeze(env[name], walk, path + (("global", name),)) if name in env else _MISSING
-                     for name in _global_names(fn.__code__) if name in env or not hasattr(builtins, name))
-    cells = tuple(_freeze(cell.cell_contents, walk, path + (("cell", k),))
-                  for k, cell in enumerate(fn.__closure__ or ()))
-    defaults = (tuple(_freeze(d, walk, path + (("default", i),)) for i, d in enumerate(fn.__defaults__ or ())),
-                tuple((k, _freeze(d, walk, path + (("kwdefault", k),))) for k, d in (fn.__kwdefaults__ or {}).items()))
+    # List comprehensions, and none over an empty sequence: this walk runs on every call
+    # of a traced function, and a generator per tuple cost a visible share of a cached call.
+    env, closure, positional, keyword = fn.__globals__, fn.__closure__, fn.__defaults__, fn.__kwdefaults__
+    globals_ = tuple([_freeze(env[name], walk, path + (("global", name),)) if name in env else _MISSING
+                      for name in _global_names(fn.__code__) if name in env or not hasattr(builtins, name)])
+    cells = tuple([_freeze(cell.cell_contents, walk, path + (("cell", k),))
+                   for k, cell in enumerate(closure)]) if closure else ()
+    defaults = (tuple([_freeze(d, walk, path + (("default", i),)) for i, d in enumerate(positional)])
+                if positional else (),
+                tuple([(k, _freeze(d, walk, path + (("kwdefault", k),))) for k, d in keyword.items()])
+                if keyword else ())
     return fn.__code__, globals_, cells, defaults
 
 
@@ -175,13 +179,13 @@ def _guards(functions: tuple[Callable | None, ...]) -> tuple[Hashable, list[tupl
     traced with two names for one tensor feeds it once."""
     walk = _Walk()
     try:
-        key = tuple(None if fn is None else _function_state(fn, walk, (("fn", i),))
-                    if isinstance(fn, types.FunctionType) else _freeze(fn, walk, (("fn", i),))
-                    for i, fn in enumerate(functions))
+        key = tuple([None if fn is None else _function_state(fn, walk, (("fn", i),))
+                     if isinstance(fn, types.FunctionType) else _freeze(fn, walk, (("fn", i),))
+                     for i, fn in enumerate(functions)])
     except _Uncacheable:
         return None
     first: dict[int, int] = {}
-    aliases = tuple(first.setdefault(id(t), n) for n, (_, t) in enumerate(walk.tensors))
+    aliases = tuple([first.setdefault(id(t), n) for n, (_, t) in enumerate(walk.tensors)]) if walk.tensors else ()
     return (key, aliases), walk.tensors
 
 
@@ -234,8 +238,9 @@ def signature(tables: tuple[Mapping[str, torch.Tensor], ...]) -> Hashable:
     passed. The row count (dim 0: vertices, edges or types) is left out: the tracer
     sees it only as a symbolic `RowCount`, so a trace never depends on it, and the
     batches of a sampled mini-batch run (a different vertex count each) reuse one trace."""
-    return torch.get_default_dtype(), tuple(
-        tuple((key, t.dim(), tuple(t.shape[1:]), t.dtype) for key, t in table.items()) for table in tables)
+    return torch.get_default_dtype(), tuple([
+        tuple([(key, t.dim(), tuple(t.shape[1:]), t.dtype) for key, t in table.items()]) if table else ()
+        for table in tables])
 
 
 class TraceCache:
@@ -256,7 +261,7 @@ class TraceCache:
         key = None if found is None else (found[0], signature(tables))
         if key in self._entries:
             compiled, params = self._entries[key]
-            return compiled, {name: _fetch(functions, path) for name, path in params}
+            return compiled, {name: _fetch(functions, path) for name, path in params} if params else {}
         reads = _ValueReads()
         with reads:
             tracer = trace()
@@ -288,7 +293,7 @@ def check_tables(**tables: Mapping[str, torch.Tensor] | None) -> None:
     for argument, table in tables.items():
         if table is None:
             continue
-        if not isinstance(table, Mapping):
+        if type(table) is not dict and not isinstance(table, Mapping):   # the ABC check is slow: dicts skip it
             raise TypeError(f"{argument} must be a dict of feature name -> tensor (e.g. {argument}={{'h': x}}), "
                             f"got {type(table).__name__}")
         for key, tensor in table.items():
@@ -301,8 +306,13 @@ def program_feeds(tables: tuple[Mapping[str, torch.Tensor], ...],
                   captured: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A traced program's inputs by name: node tensors as given, edge and per-type
     tensors under the prefixes the tracers give them, then the captured parameters."""
-    feeds = {f"{prefix}{key}": t for prefix, table in zip(_PREFIXES, tables) for key, t in table.items()}
-    return {**feeds, **captured}
+    feeds = dict(tables[0])
+    for prefix, table in zip(_PREFIXES[1:], tables[1:]):
+        for key, t in table.items():
+            feeds[prefix + key] = t
+    if captured:
+        feeds.update(captured)
+    return feeds
 
 
 _PREFIXES = ("", "e.", "etype.", "ntype.")   # node, edge, edge-type, node-type tables

@@ -225,7 +225,8 @@ def _backward_op(program: str, steps: str, num_nodes: int, num_src_nodes: int, e
     backward = compiled.backward_for(tuple(keys[i] for i in wrt))
     graph_ctx = GraphContext(graph)
     _, kept, execute = _run_forward(compiled, graph_ctx, keys, tensors, backward)
-    grads, _ = execute(backward.program, graph_ctx, backward_feeds(compiled, backward, kept, output_grads))
+    saved = [kept[i] for i in compiled.backward_inputs(backward).saved_ids]
+    grads, _ = execute(backward.program, graph_ctx, backward_feeds(compiled, backward, saved, output_grads))
     by_key = {k.removeprefix("grad:"): g for k, g in grads.items()}
     return [by_key[keys[i]] if by_key.get(keys[i]) is not None else torch.zeros_like(tensors[i]) for i in wrt]
 

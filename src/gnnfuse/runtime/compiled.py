@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator, Mapping
+from typing import Callable, Iterator, Mapping, NamedTuple, Sequence
 
 import torch
 
@@ -32,7 +32,10 @@ class CompiledProgram:
         self.traced = program.pretty()
         self.program = optimize(program) if optimize_program else program
         self._backward: dict[tuple[str, ...], BackwardProgram] = {}
+        self._backward_inputs: dict[tuple[str, ...], BackwardInputs] = {}
         self._types_read = _types_read(self.program)
+        self._input_keys = tuple(self.program.inputs)
+        self._gradient_keys = tuple(f"grad:{key}" for key in self._input_keys)
 
     def backward_for(self, wrt: tuple[str, ...]) -> BackwardProgram:
         if wrt not in self._backward:
@@ -43,26 +46,40 @@ class CompiledProgram:
             self._backward[wrt] = backward
         return self._backward[wrt]
 
+    def backward_inputs(self, backward: BackwardProgram) -> BackwardInputs:
+        """How ``backward`` (one of `backward_for`'s) is fed, worked out once per program."""
+        found = self._backward_inputs.get(backward.wrt)
+        if found is None or found.backward is not backward:
+            outputs = list(self.program.outputs)
+            found = self._backward_inputs[backward.wrt] = BackwardInputs(
+                backward, tuple(v.id for v in backward.saved), tuple(f"saved:{v.id}" for v in backward.saved),
+                tuple((f"grad:{key}", n) for n, key in enumerate(outputs)
+                      if f"grad:{key}" in backward.program.inputs))
+        return found
+
     def checked_inputs(self, graph: Graph, feeds: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
         """The program's inputs from ``feeds``, in program order, after checking each fits
         ``graph`` (types, device, layout)."""
-        keys = tuple(self.program.inputs)
+        keys = self._input_keys
         missing = [k for k in keys if k not in feeds]
         if missing:
             raise KeyError(f"missing inputs {missing}; the program reads {list(keys)}")
-        _check_types(self.program, self._types_read, graph, feeds)
+        if self._types_read:
+            _check_types(self.program, self._types_read, graph, feeds)
         tensors = [feeds[k] for k in keys]
-        _check_devices(graph, keys, tensors)
+        device = graph.device
         for key, tensor in zip(keys, tensors):
+            if tensor.device != device:
+                _device_error(key, tensor, device)
             if tensor.layout is not torch.strided:
                 raise ValueError(f"input {key!r} is a {tensor.layout} tensor; compiled programs take dense "
                                  "tensors (convert with .to_dense(), or apply the dense transform first)")
         return tensors
 
     def __call__(self, graph: Graph, feeds: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        keys = tuple(self.program.inputs)
+        keys = self._input_keys
         tensors = self.checked_inputs(graph, feeds)
-        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        if torch.is_grad_enabled() and any([t.requires_grad for t in tensors]):
             outputs = _ProgramFunction.apply(self, GraphContext(graph), keys, *tensors)
         else:   # inference: no backward program is built and nothing is saved for one
             outputs, _, _ = _run_forward(self, GraphContext(graph), keys, tensors, None)
@@ -86,6 +103,16 @@ def _drop_unread_saved(backward: BackwardProgram) -> None:
     backward.saved = [v for v in backward.saved if f"saved:{v.id}" not in unread]
 
 
+class BackwardInputs(NamedTuple):
+    """A backward program's inputs: the ids of the forward values it reads (saved by the
+    forward run, in ``backward.saved`` order) and their input names, and the input name
+    of each forward output's gradient it reads with that output's position."""
+    backward: BackwardProgram
+    saved_ids: tuple[int, ...]
+    saved_keys: tuple[str, ...]
+    gradients: tuple[tuple[str, int], ...]
+
+
 def _declare_backward_sides(forward: Program, backward: BackwardProgram) -> None:
     """A backward program's inputs are forward values (``saved:<id>``) and gradients of
     forward outputs (``grad:<key>``): each is a table of the vertex set its forward value
@@ -100,14 +127,12 @@ def _declare_backward_sides(forward: Program, backward: BackwardProgram) -> None
     declare_sides(backward.program, seeds)
 
 
-def _check_devices(graph: Graph, keys: tuple[str, ...], tensors: list[torch.Tensor]) -> None:
+def _device_error(key: str, tensor: torch.Tensor, device: torch.device) -> None:
     """Fail before running when an input is not on the graph's device: the reference
     backend would stop inside a gather with torch's device message, and a Triton kernel
     given a host index array reads memory it does not own."""
-    for key, tensor in zip(keys, tensors):
-        if tensor.device != graph.device:
-            raise ValueError(f"input {key!r} (shape {list(tensor.shape)}) is on {tensor.device} but the graph "
-                             f"is on {graph.device}; move one of them (tensor.to(device) or graph.to(device))")
+    raise ValueError(f"input {key!r} (shape {list(tensor.shape)}) is on {tensor.device} but the graph "
+                     f"is on {device}; move one of them (tensor.to(device) or graph.to(device))")
 
 
 _TYPE_KINDS = {  # residency -> (what it is per, Graph attribute holding the count)
@@ -153,7 +178,7 @@ def _check_triton_can_read(device: torch.device) -> None:
     the interpreter is whatever ``TRITON_INTERPRET`` says now."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         return
-    if device.type != "cuda":     # the inputs are on the graph's device (_check_devices)
+    if device.type != "cuda":     # the inputs are on the graph's device (checked_inputs)
         raise ValueError(f"the triton backend runs CUDA tensors, but the graph and inputs are on {device}: "
                          "move the tensors and the graph to cuda (tensor.to('cuda'), graph.to('cuda')), "
                          "or unset GNNFUSE_BACKEND, or set TRITON_INTERPRET=1 before triton is first "
@@ -169,17 +194,19 @@ def backend_name(on_cuda: bool) -> str:
     return name
 
 
-def select_backend(tensors, device: torch.device) -> Callable:
-    """The executor for this call on a graph on ``device``: ``GNNFUSE_BACKEND`` if set,
-    else Triton for CUDA tensors and the torch reference for everything else. The Numba
-    CPU backend is opt-in (``cpu``): its first call per kernel compiles for a second or
-    two, which the reference, the oracle, never pays."""
-    name = backend_name(any(t.is_cuda for t in tensors))
+def select_backend(device: torch.device) -> Callable:
+    """The executor for a call on a graph on ``device`` (its inputs are there too:
+    `CompiledProgram.checked_inputs`): ``GNNFUSE_BACKEND`` if set, else Triton for CUDA
+    and the torch reference for everything else. The Numba CPU backend is opt-in
+    (``cpu``): its first call per kernel compiles for a second or two, which the
+    reference, the oracle, never pays."""
+    name = backend_name(device.type == "cuda")
     if name == "triton":
         _check_triton_can_read(device)
-    if name not in _EXECUTORS:      # imported once, not on every call
-        _EXECUTORS[name] = _import_executor(name)
-    return _EXECUTORS[name]
+    execute = _EXECUTORS.get(name)
+    if execute is None:      # imported once, not on every call
+        execute = _EXECUTORS[name] = _import_executor(name)
+    return execute
 
 
 _EXECUTORS: dict[str, Callable] = {}
@@ -231,8 +258,8 @@ def _run_forward(compiled: CompiledProgram, graph_ctx: GraphContext, keys: tuple
     (in output order), the kept values and the executor used."""
     for calls in _RECORDERS:
         calls.append(ProgramCall(compiled, graph_ctx.graph, backward.wrt if backward else (), forced_schedule()))
-    keep = [v.id for v in backward.saved] if backward else []
-    execute = select_backend(tensors, graph_ctx.graph.device)
+    keep = compiled.backward_inputs(backward).saved_ids if backward else ()
+    execute = select_backend(graph_ctx.graph.device)
     outputs, kept = execute(compiled.program, graph_ctx, dict(zip(keys, tensors)), keep)
     return tuple(outputs.values()), kept, execute
 
@@ -241,16 +268,15 @@ class _ProgramFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, compiled: CompiledProgram, graph_ctx: GraphContext, keys: tuple[str, ...],
                 *tensors: torch.Tensor):
-        wrt = tuple(k for k, needs in zip(keys, ctx.needs_input_grad[3:]) if needs)
+        wrt = tuple([k for k, needs in zip(keys, ctx.needs_input_grad[3:]) if needs])
         backward = compiled.backward_for(wrt) if wrt else None
         outputs, kept, execute = _run_forward(compiled, graph_ctx, keys, tensors, backward)
-        ctx.compiled, ctx.graph_ctx, ctx.keys, ctx.backward = compiled, graph_ctx, keys, backward
+        ctx.compiled, ctx.graph_ctx, ctx.backward = compiled, graph_ctx, backward
         ctx.execute, ctx.schedule = execute, forced_schedule()   # backward runs as forward was told to
         # Through save_for_backward, never as plain ctx attributes: a saved value may be an
         # output, and an output held by its own grad_fn's ctx is a cycle through C++ that
         # Python's collector cannot free -- every step's tensors would leak.
-        ctx.saved_ids = [v.id for v in backward.saved] if backward else []
-        ctx.save_for_backward(*(kept[i] for i in ctx.saved_ids))
+        ctx.save_for_backward(*[kept[i] for i in compiled.backward_inputs(backward).saved_ids] if backward else ())
         ctx.output_meta = [(o.shape, o.dtype, o.device) for o in outputs]
         return outputs
 
@@ -258,21 +284,24 @@ class _ProgramFunction(torch.autograd.Function):
     def backward(ctx, *output_grads: torch.Tensor):
         output_grads = [g if g is not None else torch.zeros(shape, dtype=dtype, device=device)
                         for g, (shape, dtype, device) in zip(output_grads, ctx.output_meta)]
-        feeds = backward_feeds(ctx.compiled, ctx.backward, dict(zip(ctx.saved_ids, ctx.saved_tensors)), output_grads)
-        with forcing(ctx.schedule):
+        feeds = backward_feeds(ctx.compiled, ctx.backward, ctx.saved_tensors, output_grads)
+        if ctx.schedule is forced_schedule():   # nothing to force (the usual case): no context manager
             grads, _ = ctx.execute(ctx.backward.program, ctx.graph_ctx, feeds)
-        by_key = {k.removeprefix("grad:"): g for k, g in grads.items()}
-        return (None, None, None) + tuple(by_key.get(k) for k in ctx.keys)
+        else:
+            with forcing(ctx.schedule):
+                grads, _ = ctx.execute(ctx.backward.program, ctx.graph_ctx, feeds)
+        return (None, None, None, *[grads.get(key) for key in ctx.compiled._gradient_keys])
 
 
-def backward_feeds(compiled: CompiledProgram, backward: BackwardProgram, kept: Mapping[int, torch.Tensor],
-                   output_grads) -> dict[str, torch.Tensor]:
-    """The backward program's inputs: the forward values it saved (``kept``, by value id)
-    and the gradients of the forward outputs it reads (in output order)."""
-    feeds = {f"saved:{v.id}": kept[v.id] for v in backward.saved}
-    for key, g in zip(compiled.program.outputs, output_grads):
-        if f"grad:{key}" in backward.program.inputs:
-            feeds[f"grad:{key}"] = g
+def backward_feeds(compiled: CompiledProgram, backward: BackwardProgram, saved: Sequence[torch.Tensor],
+                   output_grads: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The backward program's inputs: the forward values it saved (``saved``, in
+    ``backward.saved`` order) and the gradients of the forward outputs it reads (given
+    in output order)."""
+    layout = compiled.backward_inputs(backward)
+    feeds = dict(zip(layout.saved_keys, saved))
+    for key, position in layout.gradients:
+        feeds[key] = output_grads[position]
     return feeds
 
 

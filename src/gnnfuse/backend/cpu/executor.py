@@ -25,14 +25,18 @@ one warning. Never a silent difference: the fallback computes the same values.
 from __future__ import annotations
 
 import math
+import os
 import warnings
 import weakref
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping, NamedTuple
 
 import torch
 
 from ...ir import Program, get_op
 from ...passes.fusion import AggregateUnit, EdgeUnit, SharedReduceUnit, Unit, partition, summed_operand
+from .. import tuned_schedule
+from ..forced_schedule import forced_schedule
+from ..launch_cache import CallSettings, LaunchCache
 from ..reference import GraphContext
 from ..reference import execute as reference_execute
 from ..reference.executor import run_plan
@@ -86,9 +90,9 @@ def _kernel_for(unit: Unit, acc: str, parallel: bool, partitioned: bool = False)
 
 
 def _flat(tensor: torch.Tensor):
-    """A tensor's elements as a flat numpy array sharing its memory (copied only if
-    the tensor is not contiguous)."""
-    return tensor.detach().contiguous().view(-1).numpy()
+    """A CPU tensor's elements as a flat numpy array sharing its memory (copied only if
+    the tensor is not contiguous, or is a lazily negated view)."""
+    return tensor.numpy(force=True).ravel()
 
 
 def _run_reference(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> torch.Tensor:
@@ -112,54 +116,106 @@ def _per_edge_part(unit: SharedReduceUnit) -> EdgeUnit:
     return _PER_EDGE.setdefault(unit, EdgeUnit(per_edge, [v for v in unit.body if v is not per_edge], unit.leaves))
 
 
+class _Launch(NamedTuple):
+    """What running a unit on one graph needs besides the call's tensors, under one
+    `_settings`: the kernel (None: the unit runs through its ops' torch references),
+    its leaves' ids in argument order, the graph's index arrays it walks, the output's
+    shape and dtype, and its threads, thread chunk and feature tile."""
+    kernel: Callable | None
+    leaf_ids: tuple[int, ...]
+    graph_args: tuple
+    out_shape: tuple[int, ...]
+    out_dtype: torch.dtype
+    threads: int
+    chunk: int | None
+    tile: int
+
+
+def _read_environment() -> tuple:
+    """The feature-tile override and the tuner's stored choices (one object until the
+    file changes): read once per program run (`CallSettings`)."""
+    return os.environ.get(schedule.FEATURE_TILE_ENV), tuned_schedule.entries()
+
+
+_ENVIRONMENT = CallSettings("gnnfuse_cpu_environment", _read_environment)
+_LAUNCHES = LaunchCache()
+
+
+def _settings(tensors: Iterable[torch.Tensor]) -> tuple:
+    """Everything a unit's launch on a given graph depends on that can change between
+    calls: a schedule the call forces, the environment (`_read_environment`), torch's
+    thread count and the work below which one thread runs, and each leaf's dtype and
+    whether it is on the CPU."""
+    return (forced_schedule(), _ENVIRONMENT.current(), torch.get_num_threads(), schedule.PARALLEL_MIN_WORK,
+            tuple([(t.dtype, t.is_cpu) for t in tensors]))
+
+
 def run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> torch.Tensor:
+    """Run ``unit``'s kernel on ``leaves``. The launch is planned once per (unit, graph,
+    `_settings`) and reused while the settings hold: on a small graph, choosing the
+    schedule, threads and kernel and converting the graph's index arrays cost more than
+    the kernel itself (tests/test_host_path.py bounds the Python calls left)."""
     if isinstance(unit, SharedReduceUnit):
         root, part = unit.root, _per_edge_part(unit)
         env = {**leaves, part.root.id: run_unit(part, ctx, leaves)}
         return get_op(root.op).run(ctx, [env[i.id] for i in root.inputs], [i.residency for i in root.inputs],
                                    root.attrs)
-    tensors = list(leaves.values())
+    settings = _settings(leaves.values())
+    launch = _LAUNCHES.get(unit, ctx.graph, settings, lambda: _plan(unit, ctx, settings[-1]))
+    if launch.kernel is None:
+        return _run_reference(unit, ctx, leaves)
+    args = [_flat(leaves[i]) for i in launch.leaf_ids]
+    out = torch.empty(launch.out_shape, dtype=launch.out_dtype)
+    flat_out = out.numpy().ravel()
+    if not isinstance(unit, AggregateUnit):
+        launch.kernel(*launch.graph_args, flat_out, *args)
+        return out
+    if launch.threads > 1:
+        numba.set_num_threads(launch.threads)
+    # Only parallel calls set a chunk size: that starts Numba's pool, which resets OpenMP's
+    # thread count -- torch's too -- to every core (numba.set_num_threads above set ours).
+    if launch.threads > 1 and launch.chunk:
+        with numba.parallel_chunksize(launch.chunk):
+            launch.kernel(*launch.graph_args, flat_out, launch.tile, *args)
+    else:
+        launch.kernel(*launch.graph_args, flat_out, launch.tile, *args)
+    return out
+
+
+def _plan(unit: Unit, ctx: GraphContext, metas: tuple[tuple[torch.dtype, bool], ...]) -> _Launch:
+    """The launch of ``unit`` on ``ctx``'s graph for leaves of ``metas`` (dtype, on the
+    CPU), under the settings in force now (see `_Launch`)."""
     root = unit.root
-    if any(t.device.type != "cpu" for t in tensors) or ctx.src.device.type != "cpu":
+    fallback = _Launch(None, (), (), (), root.dtype, 1, None, 1)
+    if not all(on_cpu for _, on_cpu in metas) or ctx.src.device.type != "cpu":
         _warn_once("device", "gnnfuse cpu backend: tensors are not on the CPU; fused units run as torch ops "
                              "(use the triton backend for GPU tensors)")
-        return _run_reference(unit, ctx, leaves)
-    if root.dtype not in _KERNEL_DTYPES or any(t.dtype not in _READABLE for t in tensors):
+        return fallback
+    if root.dtype not in _KERNEL_DTYPES or any(dtype not in _READABLE for dtype, _ in metas):
         _warn_once(f"dtype:{root.dtype}", f"gnnfuse cpu backend: no kernels for {root.dtype} data; "
                                           "fused units run as torch ops")
-        return _run_reference(unit, ctx, leaves)
-    acc = "float64" if any(t.dtype == torch.float64 for t in tensors) or root.dtype == torch.float64 else "float32"
+        return fallback
+    acc = "float64" if any(dtype == torch.float64 for dtype, _ in metas) or root.dtype == torch.float64 else "float32"
     threads = schedule.threads(ctx.num_edges * math.prod(root.shape), numba.config.NUMBA_NUM_THREADS)
     choice = schedule.chosen(unit, ctx)
-    width = math.prod(root.shape)
-    tile = schedule.feature_tile(width, choice.feature_tile)
+    tile = schedule.feature_tile(math.prod(root.shape), choice.feature_tile)
     ranges = None
     if isinstance(unit, AggregateUnit):
         neighbours = ctx.num_rows("dst" if unit.by == "src" else "src")
         ranges = schedule.range_rows(unit, choice.partition_bytes, tile, neighbours)
     compiled = _kernel_for(unit, acc, threads > 1, ranges is not None)
     if compiled is None:
-        return _run_reference(unit, ctx, leaves)
+        return fallback
     kernel, leaf_args = compiled
-    args = [_flat(leaves[v.id]) for v in leaf_args]
-    if threads > 1:
-        numba.set_num_threads(threads)
     if isinstance(unit, AggregateUnit):
         rowptr, col, eid = ctx.csr(unit.by)
-        out = torch.empty((ctx.num_rows(unit.by),) + root.shape, dtype=root.dtype)
-        graph = (rowptr.numpy(), col.numpy(), eid.numpy()) if ranges is None else \
+        graph_args = (rowptr.numpy(), col.numpy(), eid.numpy()) if ranges is None else \
             _partitioned(rowptr, source_partitions(ctx, unit.by, ranges))
-        # Only parallel calls set a chunk size: that starts Numba's pool, which resets OpenMP's
-        # thread count -- torch's too -- to every core (numba.set_num_threads above set ours).
-        if threads > 1 and choice.chunk:
-            with numba.parallel_chunksize(choice.chunk):
-                kernel(*graph, out.view(-1).numpy(), tile, *args)
-        else:
-            kernel(*graph, out.view(-1).numpy(), tile, *args)
+        rows = ctx.num_rows(unit.by)
     else:
-        out = torch.empty((ctx.num_edges,) + root.shape, dtype=root.dtype)
-        kernel(ctx.src.numpy(), ctx.dst.numpy(), out.view(-1).numpy(), *args)
-    return out
+        graph_args, rows = (ctx.src.numpy(), ctx.dst.numpy()), ctx.num_edges
+    return _Launch(kernel, tuple(v.id for v in leaf_args), graph_args, (rows,) + root.shape, root.dtype,
+                   threads, choice.chunk, tile)
 
 
 def _partitioned(rowptr: torch.Tensor, parts: Partitions) -> tuple:
@@ -176,4 +232,4 @@ def execute(program: Program, ctx: GraphContext, feeds: Mapping[str, torch.Tenso
     plans = _PLANS.setdefault(program, {})
     if keep not in plans:
         plans[keep] = partition(program, keep)
-    return run_plan(program, plans[keep], ctx, feeds, keep, run_unit)
+    return _ENVIRONMENT.run(run_plan, program, plans[keep], ctx, feeds, keep, run_unit)

@@ -12,7 +12,7 @@ from ...ir.sides import BOTH, check_sides, sides_of
 from .context import GraphContext
 
 
-_Schedule = tuple  # ((item, reads, out id, ids freed after it, op, input ids, residencies), ...): `_schedule`
+_Schedule = tuple  # ((item, ids read, out id, ids freed after it, op, input ids, residencies), ...): `_schedule`
 _SCHEDULES: "weakref.WeakKeyDictionary[Program, dict]" = weakref.WeakKeyDictionary()
 _VALUE_PLANS: "weakref.WeakKeyDictionary[Program, list[Value]]" = weakref.WeakKeyDictionary()
 _INPUTS: "weakref.WeakKeyDictionary[Program, weakref.WeakKeyDictionary]" = weakref.WeakKeyDictionary()
@@ -36,8 +36,7 @@ def run_plan(program: Program, plan: Sequence, ctx: GraphContext, feeds: Mapping
     each dies, the inputs' expected shapes on this graph -- is worked out on the first
     call per (program, plan, kept values) and per (program, graph), not on every call:
     on small graphs that bookkeeping was a visible share of a training step."""
-    keep = frozenset(keep) | {v.id for v in program.outputs.values()}
-    steps = _schedule(program, plan, keep)
+    keep, steps = _schedule(program, plan, keep)
     env: dict[int, torch.Tensor] = {}
     for key, value_id, expected, residency in _inputs(program, ctx):
         if key not in feeds:
@@ -50,21 +49,27 @@ def run_plan(program: Program, plan: Sequence, ctx: GraphContext, feeds: Mapping
         if op is not None:
             env[out] = op.run(ctx, [env[i] for i in input_ids], residencies, item.attrs)
         else:
-            env[out] = run_unit(item, ctx, {i.id: env[i.id] for i in reads})
+            env[out] = run_unit(item, ctx, {i: env[i] for i in reads})
         for i in frees:
             del env[i]
     kept = {i: env[i] for i in keep if i in env}
     return {k: env[v.id] for k, v in program.outputs.items()}, kept
 
 
-def _schedule(program: Program, plan: Sequence, keep: frozenset[int]) -> _Schedule:
-    """Each step of ``plan`` with what it reads and the values that die after it (read
-    for the last time and not kept), and for a value its op and operands' ids and
-    residencies; built once per (program, plan, keep)."""
-    cache = _SCHEDULES.setdefault(program, {})
-    entry = cache.get((id(plan), keep))
+def _schedule(program: Program, plan: Sequence, keep: Iterable[int]) -> tuple[frozenset[int], _Schedule]:
+    """The values a run keeps (``keep`` and the outputs), and each step of ``plan`` with
+    what it reads and the values that die after it (read for the last time and not
+    kept), and for a value its op and operands' ids and residencies; built once per
+    (program, plan, keep)."""
+    cache = _SCHEDULES.get(program)
+    if cache is None:
+        cache = _SCHEDULES[program] = {}
+    keep = keep if type(keep) is tuple else tuple(keep)
+    lookup = (id(plan), keep)
+    entry = cache.get(lookup)
     if entry is not None and entry[0] is plan:
-        return entry[1]
+        return entry[1], entry[2]
+    keep = frozenset(keep) | {v.id for v in program.outputs.values()}
     reads = [_reads(item) for item in plan]
     last: dict[int, int] = {}
     for position, values in enumerate(reads):
@@ -74,26 +79,29 @@ def _schedule(program: Program, plan: Sequence, keep: frozenset[int]) -> _Schedu
     for value_id, position in last.items():
         if value_id not in keep:
             frees[position].append(value_id)
-    steps = tuple((item, tuple(r), item.id, tuple(f), get_op(item.op), tuple(i.id for i in item.inputs),
+    steps = tuple((item, tuple(i.id for i in r), item.id, tuple(f), get_op(item.op), tuple(i.id for i in item.inputs),
                    tuple(i.residency for i in item.inputs)) if isinstance(item, Value) else
-                  (item, tuple(r), item.root.id, tuple(f), None, None, None)
+                  (item, tuple(i.id for i in r), item.root.id, tuple(f), None, None, None)
                   for item, r, f in zip(plan, reads, frees))
-    cache[(id(plan), keep)] = (plan, steps)
-    return steps
+    cache[lookup] = (plan, keep, steps)
+    return keep, steps
 
 
 def _inputs(program: Program, ctx: GraphContext) -> list[tuple[str, int, torch.Size, str]]:
     """(key, value id, expected shape, residency name) per program input on ``ctx``'s
     graph; a bipartite graph's sides are checked here, once per (program, graph)."""
-    per_graph = _INPUTS.setdefault(program, weakref.WeakKeyDictionary())
-    if ctx.graph not in per_graph:
+    per_graph = _INPUTS.get(program)
+    if per_graph is None:
+        per_graph = _INPUTS[program] = weakref.WeakKeyDictionary()
+    found = per_graph.get(ctx.graph)
+    if found is None:
         sides: dict[int, str | None] = {}
         if ctx.graph.is_bipartite:
             check_sides(program, ctx.graph.num_src_nodes, ctx.num_nodes)
             sides = sides_of(program)
-        per_graph[ctx.graph] = [(v.attrs["key"], v.id, torch.Size(_expected_shape(v, ctx, sides.get(v.id))),
-                                 v.residency.name) for v in program.inputs.values()]
-    return per_graph[ctx.graph]
+        found = per_graph[ctx.graph] = [(v.attrs["key"], v.id, torch.Size(_expected_shape(v, ctx, sides.get(v.id))),
+                                         v.residency.name) for v in program.inputs.values()]
+    return found
 
 
 def _reads(item) -> list[Value]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 import os
 import weakref
-from typing import Iterable, Mapping
+from typing import Any, Callable, Hashable, Iterable, Mapping, NamedTuple
 
 import torch
 import triton
@@ -15,11 +15,12 @@ from .. import tuned_schedule
 from ..forced_schedule import SCHEDULES, forced_schedule, forcing, tiled_scores
 from ..reference import GraphContext
 from ..kernel_cache import load_kernel as _load_kernel
+from ..launch_cache import CallSettings, LaunchCache
 from ..reference.executor import run_plan
 from .codegen import (SHARED_REDUCE_BLOCK_E, SHARED_REDUCE_PROGRAMS, RowSum, generate, generate_coo, generate_edge,
                       generate_shared_reduce, head_block, row_stride, row_sum_split, size_class)
 from .context import TritonGraphContext
-from .launch import launch
+from .launch import launch, signature
 from .schedule import SEGMENT_EDGES, segments
 
 _PLANS: "weakref.WeakKeyDictionary[Program, dict]" = weakref.WeakKeyDictionary()
@@ -96,30 +97,84 @@ def _kernel_for(unit: Unit, acc: str, schedule: str):
     return per_unit[key]
 
 
+class _Launch(NamedTuple):
+    """A unit's launch on one graph, under one set of settings (`run_unit`), less the
+    call's tensors: ``out`` is made as ``zeros``/``empty`` of ``out_shape``, then rows
+    ``zero_rows`` of it zeroed (split rows, which accumulate atomically); if ``kernel``
+    is not None (there is work), it runs on ``(*before, out, *after, *leaves)`` with each
+    leaf laid out as ``layouts`` says (leaf id, row width, row stride); a shared-reduce
+    unit's ``out`` is partial rows summed into ``summed_to`` (dtype, shape)."""
+    kernel: Any
+    layouts: tuple[tuple[int, int, int], ...]
+    before: tuple
+    after: tuple
+    out_shape: tuple[int, ...]
+    out_dtype: torch.dtype
+    device: torch.device
+    zeros: bool
+    zero_rows: torch.Tensor | None
+    grid: Callable[[dict], tuple] | None
+    sizes: tuple[int, ...]
+    kwargs: dict[str, Any]
+    signature: Hashable
+    summed_to: tuple[torch.dtype, tuple[int, ...]] | None = None
+
+
+def _read_environment() -> tuple:
+    """The schedule override, the tuner's stored choices and whether kernels autotune:
+    read once per program run (`CallSettings`)."""
+    return os.environ.get("GNNFUSE_SCHEDULE"), tuned_schedule.entries(), _autotune()
+
+
+_ENVIRONMENT = CallSettings("gnnfuse_triton_environment", _read_environment)
+_LAUNCHES = LaunchCache()
+
+
 def run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> torch.Tensor:
     """Runs ``unit`` under the tuner's stored choice for it, if any (backend/tuned_schedule.py).
-    Without one -- no stored choice, or the call already forces a schedule -- nothing is
-    re-forced: this runs for every fused unit of every call."""
+    What the launch needs besides the tensors is planned once per (unit, graph, settings:
+    a forced schedule, the environment, the segment length, the leaves' dtypes) and
+    reused while they hold; tests/test_host_path.py bounds the Python calls left."""
+    settings = (forced_schedule(), _ENVIRONMENT.current(), SEGMENT_EDGES, tuple([t.dtype for t in leaves.values()]))
+    plan = _LAUNCHES.get(unit, ctx.graph, settings, lambda: _plan_tuned(unit, ctx, leaves))
+    out = (torch.zeros if plan.zeros else torch.empty)(plan.out_shape, dtype=plan.out_dtype, device=plan.device)
+    if plan.zero_rows is not None:
+        out.index_fill_(0, plan.zero_rows, 0)
+    if plan.kernel is not None:
+        args = [_laid_out(leaves[leaf], width, stride) for leaf, width, stride in plan.layouts]
+        launch(plan.kernel, plan.grid, plan.sizes, (*plan.before, out, *plan.after, *args), plan.kwargs,
+               plan.signature)
+    if plan.summed_to is not None:
+        dtype, shape = plan.summed_to
+        return out.sum(0).to(dtype).reshape(shape)
+    return out
+
+
+def _plan_tuned(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> _Launch:
+    """`_plan` under the tuner's stored choice for ``unit``, if any. Without one -- no
+    stored choice, or the call already forces a schedule -- nothing is re-forced."""
     chosen = tuned_schedule.forced_or_tuned(unit, ctx.graph, "triton")
     if chosen is forced_schedule():
-        return _run_unit(unit, ctx, leaves)
+        return _plan(unit, ctx, leaves)
     with forcing(chosen):
-        return _run_unit(unit, ctx, leaves)
+        return _plan(unit, ctx, leaves)
 
 
-def _run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> torch.Tensor:
+def _plan(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> _Launch:
+    """The launch of ``unit`` on ``ctx``'s graph for leaves like ``leaves`` (their dtypes)."""
     tensors = list(leaves.values())
     acc = "tl.float64" if any(t.dtype == torch.float64 for t in tensors) else "tl.float32"
     rows = ctx.num_rows(unit.by) if isinstance(unit, AggregateUnit) else ctx.num_nodes  # what `out` holds
     schedule = schedule_for(unit, rows, ctx.num_edges)
     kernel, layouts, row_tile = _kernel_for(unit, acc, schedule)
-    args = [_laid_out(leaves[leaf], width, stride) for leaf, width, stride in layouts]
+    leaf_dtypes = tuple(leaves[leaf].dtype for leaf, _, _ in layouts)
+    common = {"layouts": tuple(layouts), "device": ctx.src.device}
     if schedule == "edge":
-        return _run_edge_unit(unit, ctx, kernel, args, row_tile)
+        return _plan_edge_unit(unit, ctx, kernel, row_tile, leaf_dtypes, common)
     if schedule == "shared":
-        return _run_shared_reduce_unit(unit, ctx, kernel, args, acc)
+        return _plan_shared_reduce_unit(unit, ctx, kernel, acc, leaf_dtypes, common)
     if schedule == "coo":
-        return _run_coo_unit(unit, ctx, kernel, args)
+        return _plan_coo_unit(unit, ctx, kernel, leaf_dtypes, common)
     rowptr, col, eid = ctx.csr(unit.by)
     op = unit.reduce.attrs["op"]
     splits = op in ("sum", "mean")
@@ -128,20 +183,31 @@ def _run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) ->
     shape = (rows,) + unit.reduce.shape
     # Every row is covered by a segment, so only split rows, which accumulate
     # atomically, need zeros first: a full memset cost a quarter of the kernel's time.
-    out = torch.empty(shape, dtype=unit.reduce.dtype, device=rowptr.device)
-    if splits and len(segs.split_rows):
-        out.index_fill_(0, segs.split_rows, 0)
-    if len(segs) == 0:
-        return out
+    zero_rows = segs.split_rows if splits and len(segs.split_rows) else None
     block_f = feature_block(unit, 128)
+    count = len(segs)
+
     def grid(meta):
-        return triton.cdiv(len(segs), meta["ROWS"]), triton.cdiv(width, block_f)
+        return triton.cdiv(count, meta["ROWS"]), triton.cdiv(width, block_f)
     # Feature-adaptive default for the interpreter (two rows per program, so the row loop
     # and its bound check run in tests); on a GPU the autotuner picks BLOCK_E and ROWS.
     fixed = {} if _autotune() else {"BLOCK_E": max(16, min(128, 2048 // block_f)), "ROWS": 2}
-    launch(kernel, grid, (size_class(len(segs)), width), (rowptr, col, eid, segs.row, segs.start, segs.end,
-           segs.split, len(segs), size_class(len(segs)), out, *args), {"BLOCK_F": block_f, **fixed})
-    return out
+    before = (rowptr, col, eid, segs.row, segs.start, segs.end, segs.split, count, size_class(count))
+    return _launch_plan(kernel if count else None, grid, (size_class(count), width), before, (),
+                        {"BLOCK_F": block_f, **fixed}, leaf_dtypes, shape, unit.reduce.dtype, False, zero_rows,
+                        **common)
+
+
+def _launch_plan(kernel, grid, sizes: tuple[int, ...], before: tuple, after: tuple, kwargs: dict[str, Any],
+                 leaf_dtypes: tuple, out_shape: tuple[int, ...], out_dtype: torch.dtype, zeros: bool,
+                 zero_rows: torch.Tensor | None, **rest: Any) -> _Launch:
+    """A `_Launch`, with the launch's signature (`launch.signature`) worked out from the
+    dtypes of its tensor arguments: the index arrays, ``out`` and the leaves."""
+    dtypes = (*(a.dtype for a in before if isinstance(a, torch.Tensor)), out_dtype,
+              *(a.dtype for a in after if isinstance(a, torch.Tensor)), *leaf_dtypes)
+    return _Launch(kernel=kernel, before=before, after=after, out_shape=out_shape, out_dtype=out_dtype, zeros=zeros,
+                   zero_rows=zero_rows, grid=grid, sizes=sizes, kwargs=kwargs,
+                   signature=signature(sizes, kwargs, dtypes), **rest)
 
 
 def _feature_tile() -> int | None:
@@ -167,54 +233,58 @@ def _laid_out(tensor: torch.Tensor, width: int, stride: int) -> torch.Tensor:
     return torch.nn.functional.pad(tensor.reshape(tensor.shape[0], width), (0, stride - width))
 
 
-def _run_coo_unit(unit: AggregateUnit, ctx: GraphContext, kernel, args: list[torch.Tensor]) -> torch.Tensor:
-    out = torch.zeros((ctx.num_rows(unit.by),) + unit.reduce.shape, dtype=unit.reduce.dtype, device=ctx.src.device)
-    return _launch_over_edges(kernel, ctx, out, [ctx.degree(unit.by), *args], block_f=feature_block(unit, 64))
+def _plan_coo_unit(unit: AggregateUnit, ctx: GraphContext, kernel, leaf_dtypes: tuple,
+                   common: dict[str, Any]) -> _Launch:
+    shape = (ctx.num_rows(unit.by),) + unit.reduce.shape
+    return _plan_over_edges(kernel, ctx, shape, unit.reduce.dtype, True, (ctx.degree(unit.by),), leaf_dtypes, common,
+                            block_f=feature_block(unit, 64))
 
 
-def _run_edge_unit(unit: EdgeUnit, ctx: GraphContext, kernel, args: list[torch.Tensor],
-                   row_tile: RowSum | None) -> torch.Tensor:
+def _plan_edge_unit(unit: EdgeUnit, ctx: GraphContext, kernel, row_tile: RowSum | None, leaf_dtypes: tuple,
+                    common: dict[str, Any]) -> _Launch:
     root = unit.root
-    out = torch.empty((ctx.num_edges,) + root.shape, dtype=root.dtype, device=ctx.src.device)
-    return _launch_over_edges(kernel, ctx, out, args, row_tile and row_tile.tile)
+    return _plan_over_edges(kernel, ctx, (ctx.num_edges,) + root.shape, root.dtype, False, (), leaf_dtypes, common,
+                            row_tile and row_tile.tile)
 
 
-def _run_shared_reduce_unit(unit: SharedReduceUnit, ctx: GraphContext, kernel, args: list[torch.Tensor],
-                            acc: str) -> torch.Tensor:
+def _plan_shared_reduce_unit(unit: SharedReduceUnit, ctx: GraphContext, kernel, acc: str, leaf_dtypes: tuple,
+                             common: dict[str, Any]) -> _Launch:
     """One partial row per program (see `generate_shared_reduce`), summed in the
     accumulator's precision and then cast to the parameter's dtype."""
     root = unit.root
     width = math.prod(root.shape)
+    summed_to = (root.dtype, root.shape)
+    partial_dtype = torch.float64 if acc == "tl.float64" else torch.float32
     if ctx.num_edges == 0 or width == 0:
-        return torch.zeros(root.shape, dtype=root.dtype, device=ctx.src.device)
+        return _launch_plan(None, None, (), (), (), {}, leaf_dtypes, (1, width), partial_dtype, True, None,
+                            summed_to=summed_to, **common)
     block_f = feature_block(unit, 64)
     fixed = {} if _autotune() else {"BLOCK_E": 16}
     smallest_block = fixed.get("BLOCK_E", min(SHARED_REDUCE_BLOCK_E))
     programs = min(SHARED_REDUCE_PROGRAMS, triton.cdiv(ctx.num_edges, smallest_block))
-    partial_dtype = torch.float64 if acc == "tl.float64" else torch.float32
-    partials = torch.empty((programs, width), dtype=partial_dtype, device=ctx.src.device)
-    launch(kernel, lambda meta: (programs, triton.cdiv(width, block_f)), (size_class(ctx.num_edges), width),
-           (ctx.src, ctx.dst, ctx.num_edges, size_class(ctx.num_edges), partials, *args), {"BLOCK_F": block_f, **fixed})
-    return partials.sum(0).to(root.dtype).reshape(root.shape)
+    return _launch_plan(kernel, lambda meta: (programs, triton.cdiv(width, block_f)),
+                        (size_class(ctx.num_edges), width), (ctx.src, ctx.dst, ctx.num_edges, size_class(ctx.num_edges)),
+                        (), {"BLOCK_F": block_f, **fixed}, leaf_dtypes, (programs, width), partial_dtype, False, None,
+                        summed_to=summed_to, **common)
 
 
-def _launch_over_edges(kernel, ctx: GraphContext, out: torch.Tensor, args: list[torch.Tensor],
-                       whole_row: int | None = None, block_f: int | None = None) -> torch.Tensor:
-    """Run an edge-parallel kernel (edge unit or COO reduction) writing ``out``; a kernel
-    that reduces a whole input row in registers (``whole_row`` elements, see
+def _plan_over_edges(kernel, ctx: GraphContext, out_shape: tuple[int, ...], out_dtype: torch.dtype, zeros: bool,
+                     after: tuple, leaf_dtypes: tuple, common: dict[str, Any], whole_row: int | None = None,
+                     block_f: int | None = None) -> _Launch:
+    """An edge-parallel kernel's launch (edge unit or COO reduction) writing ``out``; a
+    kernel that reduces a whole input row in registers (``whole_row`` elements, see
     `row_sum_split`) gets it as one feature block, a COO reduction its `feature_block`."""
-    width = math.prod(out.shape[1:])
-    if ctx.num_edges == 0 or width == 0:
-        return out
-    block_f = whole_row or block_f or _feature_tile() or min(triton.next_power_of_2(width), 64)
+    width = math.prod(out_shape[1:])
+    block_f = whole_row or block_f or _feature_tile() or min(triton.next_power_of_2(max(width, 1)), 64)
     width = whole_row or width
     fixed = {} if _autotune() else {"BLOCK_E": max(16, 2048 // block_f)}
+    edges = ctx.num_edges
 
     def grid(meta):
-        return triton.cdiv(ctx.num_edges, meta["BLOCK_E"]), triton.cdiv(width, block_f)
-    launch(kernel, grid, (size_class(ctx.num_edges), width),
-           (ctx.src, ctx.dst, ctx.num_edges, size_class(ctx.num_edges), out, *args), {"BLOCK_F": block_f, **fixed})
-    return out
+        return triton.cdiv(edges, meta["BLOCK_E"]), triton.cdiv(width, block_f)
+    return _launch_plan(kernel if edges and math.prod(out_shape[1:]) else None, grid, (size_class(edges), width),
+                        (ctx.src, ctx.dst, edges, size_class(edges)), after, {"BLOCK_F": block_f, **fixed},
+                        leaf_dtypes, out_shape, out_dtype, zeros, None, **common)
 
 
 def execute(program: Program, ctx: GraphContext, feeds: Mapping[str, torch.Tensor],
@@ -224,4 +294,4 @@ def execute(program: Program, ctx: GraphContext, feeds: Mapping[str, torch.Tenso
     key = (keep, tiled_scores())
     if key not in plans:
         plans[key] = partition(program, keep, tile_feature_sums=key[1])
-    return run_plan(program, plans[key], TritonGraphContext(ctx.graph), feeds, keep, run_unit)
+    return _ENVIRONMENT.run(run_plan, program, plans[key], TritonGraphContext(ctx.graph), feeds, keep, run_unit)

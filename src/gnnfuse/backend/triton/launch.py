@@ -13,7 +13,7 @@ autotuner without ``best_config``) keeps going through the autotuner.
 from __future__ import annotations
 
 import weakref
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Hashable, Sequence
 
 import torch
 from triton.runtime.autotuner import Autotuner
@@ -22,20 +22,30 @@ _CHOSEN: "weakref.WeakKeyDictionary[Autotuner, dict]" = weakref.WeakKeyDictionar
 _THROUGH_AUTOTUNER = object()   # a signature whose config cannot be replayed directly
 
 
+def signature(sizes: tuple[int, ...], kwargs: dict[str, Any], dtypes: tuple[torch.dtype, ...]) -> Hashable:
+    """A launch's call signature: the autotuner's key sizes, the keyword arguments and
+    the dtypes of the tensor arguments, in order."""
+    return sizes, tuple(kwargs.items()), dtypes
+
+
 def launch(kernel: Any, grid: Callable[[dict], tuple], sizes: tuple[int, ...], args: Sequence[Any],
-           kwargs: dict[str, Any]) -> None:
+           kwargs: dict[str, Any], known_signature: Hashable | None = None) -> None:
     """``kernel[grid](*args, **kwargs)``, where ``sizes`` are what the autotuner's key
-    depends on (the size class of the rows or edges, the feature width)."""
+    depends on (the size class of the rows or edges, the feature width), and
+    ``known_signature``, if given, the `signature` of this call (the executor works it
+    out once per launch plan)."""
     if not isinstance(kernel, Autotuner):
         kernel[grid](*args, **kwargs)        # a plain JIT function: nothing to skip
         return
-    signature = (sizes, tuple(kwargs.items()), tuple(a.dtype for a in args if isinstance(a, torch.Tensor)))
-    chosen = _CHOSEN.setdefault(kernel, {})
-    entry = chosen.get(signature)
+    key = known_signature or signature(sizes, kwargs, tuple(a.dtype for a in args if isinstance(a, torch.Tensor)))
+    chosen = _CHOSEN.get(kernel)
+    if chosen is None:
+        chosen = _CHOSEN[kernel] = {}
+    entry = chosen.get(key)
     if entry is None or entry is _THROUGH_AUTOTUNER:
         kernel[grid](*args, **kwargs)        # the autotuner chooses (or finds) a config
         if entry is None:
-            chosen[signature] = _direct_launch(kernel, grid, kwargs)
+            chosen[key] = _direct_launch(kernel, grid, kwargs)
         return
     fn, merged = entry
     fn[grid](*args, **merged)     # the grid is this call's: sizes within one size class differ
