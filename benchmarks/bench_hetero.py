@@ -57,7 +57,8 @@ from torch import nn
 
 import gnnfuse
 from gnnfuse.bench import allocated_gb, guarded, peak_memory_gb, reset_peak_memory, synchronize
-from gnnfuse.bench.measure import REL_ERR_LIMIT, max_rel_err
+from gnnfuse.bench.measure import CAPTURE_WARMUP, REL_ERR_LIMIT, max_rel_err
+from gnnfuse.runtime import StepCapture
 from gnnfuse.data.typed import TYPED_PRESETS, typed_graph
 from gnnfuse.graph.hetero_cache import clear_hetero_cache
 
@@ -69,6 +70,7 @@ from common import (device_names, environment, fmt, free_memory, load_results, l
 DATASETS = tuple(TYPED_PRESETS)          # smallest first
 MODELS = ("rgcn", "hgt")
 FRAMEWORKS = {"rgcn": ("gnnfuse", "pyg-rgcn", "pyg-fastrgcn", "graphiler-udf"), "hgt": ("gnnfuse", "pyg-hgt")}
+GNNFUSE_FRAMEWORKS = ("gnnfuse", "graphiler-udf")   # steps compiled by gnnfuse
 PYG = {"rgcn": ("pyg-rgcn", "pyg-fastrgcn"), "hgt": ("pyg-hgt",)}
 
 
@@ -236,30 +238,43 @@ def check(model: str, data: TypedData, hidden: int, state, device: torch.device)
 
 
 def measure(model: str, framework: str, data: TypedData, hidden: int, state, steps: int, warmup: int,
-            device: torch.device, profile: bool = False) -> dict[str, Any]:
+            device: torch.device, profile: bool = False, cuda_graph: str = "auto") -> dict[str, Any]:
+    """gnnfuse's steps (its layers and the Graphiler UDF it compiles) go through
+    `StepCapture` as in bench_training and ``gnnfuse train``: on CUDA, captured in a CUDA
+    graph after warm-up when replayable (``cuda_graph`` in the cell says which ran); PyG's
+    run eagerly, as PyG users run these layers."""
     data = with_fresh_graph(data)
     base = allocated_gb(device)
     module = instantiate(model, framework, data, hidden, state, device)
-    optimizer = torch.optim.Adam(module.parameters(), lr=0.01)
+    ours = framework in GNNFUSE_FRAMEWORKS
+    capturable = ours and device.type == "cuda" and cuda_graph != "off"
+    optimizer = torch.optim.Adam(module.parameters(), lr=0.01, capturable=capturable)
     train_y = data.y[data.train_idx]
 
-    def step() -> None:
+    def train_step() -> torch.Tensor:
         optimizer.zero_grad(set_to_none=True)
         # R-GCN outputs every vertex, HGT its labelled type's (the first type: local ids = global)
-        F.cross_entropy(module(data)[data.train_idx], train_y).backward()
+        loss = F.cross_entropy(module(data)[data.train_idx], train_y)
+        loss.backward()
         optimizer.step()
+        return loss
+    step = StepCapture(train_step, optimizers=[optimizer], modules=[module], mode=cuda_graph if ours else "off",
+                       name=f"{framework} training step")
     begin = time.perf_counter()
     step()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     first_ms = (time.perf_counter() - begin) * 1e3
-    for _ in range(warmup):
+    for _ in range(max(warmup, CAPTURE_WARMUP if ours else 0)):
         step()
     reset_peak_memory(device)
     times = time_calls(step, steps, device)
     peak = peak_memory_gb(device)
+    if peak is not None and ours and step.captured:   # replays allocate nothing: add the graph's pool
+        peak += step.pool_bytes() / 1e9
     cell = {"status": "ok", **summarize(times), "peak_gb": peak, "base_gb": base,
-            "own_peak_gb": None if peak is None else peak - base, "first_step_ms": first_ms}
+            "own_peak_gb": None if peak is None else peak - base, "first_step_ms": first_ms,
+            **({"cuda_graph": step.status} if ours else {})}
     if profile:
         cell["profile"] = step_profile(step, device)
     return cell
@@ -337,7 +352,8 @@ def cell_text(cell: dict[str, Any] | None) -> str:
         return cell["status"][:40]
     peak = "" if cell["peak_gb"] is None else f" / {cell['peak_gb']:.3f} GB"
     own = "" if cell.get("own_peak_gb") is None else f" ({cell['own_peak_gb']:.3f} own)"
-    return f"{cell['median_ms']:.2f} ms{peak}{own}"
+    graph = {"captured": " captured", None: ""}.get(cell.get("cuda_graph"), " eager")
+    return f"{cell['median_ms']:.2f} ms{graph}{peak}{own}"
 
 
 def render_markdown(results: dict[str, Any]) -> str:
@@ -345,7 +361,8 @@ def render_markdown(results: dict[str, Any]) -> str:
     head = ["dataset", "model", *frameworks, "fastest PyG", "speedup", "mem vs PyG", "own mem vs PyG", "UDF / nn",
             "max rel err"]
     lines = ["# Relational training step: gnnfuse vs PyG (R-GCN, HGT) and Graphiler's R-GCN UDF", "",
-             "Median ms per step (forward + loss + backward + Adam) / peak GB over the timed steps (own: the "
+             "Median ms per step (forward + loss + backward + Adam; gnnfuse's steps captured in a CUDA graph where "
+             "marked, PyG's eager) / peak GB over the timed steps (own: the "
              "peak above what was allocated when the cell began -- the data set and the cuBLAS workspaces "
              "every framework shares are left out); speedup = fastest PyG variant's time / gnnfuse's; "
              "mem = gnnfuse peak / that variant's peak, own mem the same for the own peaks; "
@@ -396,7 +413,7 @@ def run_dataset(name: str, args: argparse.Namespace, device: torch.device, resul
         for framework in (f for f in FRAMEWORKS[model] if f in args.frameworks):
             begin = time.perf_counter()
             cell = guarded(lambda: measure(model, framework, data, args.hidden, state, args.steps, args.warmup,
-                                           device, args.profile), device, args.cell_timeout)
+                                           device, args.profile, args.cuda_graph), device, args.cell_timeout)
             results["cells"][f"{name}/{model}/{framework}"] = {**cell, "run": run_id}
             store(results, args.out)
             log(f"[{name}] {model} {framework}: {cell_text(cell)} [{time.perf_counter() - begin:.1f} s]"
@@ -421,6 +438,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="per cell, count one step's kernels, host syncs and Python calls, and log its "
                              "heaviest kernels")
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--cuda-graph", choices=("auto", "off"), default="auto",
+                        help="gnnfuse's steps in a CUDA graph when replayable (auto, the default) or eager")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"),
                         help="folder of hetero.json (merged into) and hetero.md")
     args = parser.parse_args(argv)
