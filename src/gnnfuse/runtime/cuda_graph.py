@@ -150,14 +150,16 @@ class _CudaGraph:
     """torch.cuda.graph behind the two calls `StepCapture` makes, so its bookkeeping can
     be exercised without a GPU by a stand-in with the same interface."""
 
-    def __init__(self, cuda: Any = torch.cuda) -> None:
+    def __init__(self, cuda: Any = torch.cuda, stream: Any = None) -> None:
         self.cuda = cuda          # torch.cuda, or a stand-in for its graph and generator calls
         self.graph = cuda.CUDAGraph()
+        self.stream = stream      # the stream to record on (None: torch's own capture stream)
 
     def capture(self, fn: Callable[[], Any]) -> Any:
         self.cuda.synchronize()
+        on = {} if self.stream is None else {"stream": self.stream}
         try:
-            with self.cuda.graph(self.graph):
+            with self.cuda.graph(self.graph, **on):
                 return fn()
         except BaseException:
             self._release_generator()
@@ -238,6 +240,7 @@ class StepCapture:
         self._static_outputs: Any = None
         self._watched: list[tuple[str, torch.Tensor, int]] = []
         self._training: list[bool] = []
+        self._stream: torch.cuda.Stream | None = None   # warm-up and capture run on it (`_side_stream`)
 
     @property
     def captured(self) -> bool:
@@ -289,7 +292,7 @@ class StepCapture:
         created per-stream state is not tied to the stream the capture records on."""
         if device.type != "cuda" or self._graph_factory is not _CudaGraph:
             return self.step_fn(*inputs)
-        side = torch.cuda.Stream(device)
+        side = self._side_stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
             result = self.step_fn(*inputs)
@@ -307,9 +310,19 @@ class StepCapture:
                         return f"a parameter of {type(opt).__name__} is on {p.device}, the step on {device}"
         return None
 
+    def _side_stream(self, device: torch.device) -> torch.cuda.Stream:
+        """One stream for the warm-up steps and the capture. The first capture in a
+        process recorded on torch's own capture stream, which no step had run on, and
+        failed on an H100 ("operation would make the legacy stream depend on a capturing
+        blocking stream": per-stream state such as a cuBLAS workspace made lazily there),
+        while every later capture on that stream succeeded."""
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(device)
+        return self._stream
+
     def _capture(self, inputs: tuple) -> None:
         self.static_inputs = [t.detach().clone() if isinstance(t, torch.Tensor) else t for t in inputs]
-        graph = self._graph_factory()
+        graph = _CudaGraph(stream=self._stream) if self._graph_factory is _CudaGraph else self._graph_factory()
         try:
             self._static_outputs = graph.capture(lambda: self.step_fn(*self.static_inputs))
         except GeneratorStuckError:
