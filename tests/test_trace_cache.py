@@ -16,6 +16,7 @@ import torch
 import gnnfuse
 from gnnfuse import frontend, nn
 from gnnfuse.frontend import tracer as tracer_module
+from gnnfuse.frontend.trace_cache import clear_trace_caches
 
 SCALE = 2.0
 SETTINGS = {"scale": 2.0}
@@ -23,6 +24,9 @@ SETTINGS = {"scale": 2.0}
 
 @pytest.fixture
 def traces(monkeypatch):
+    """Traces made during the test: the caches start empty, so a trace cached by an
+    earlier test (the same layer in another file) is not counted as a reuse."""
+    clear_trace_caches()
     count = [0]
     init = tracer_module.Tracer.__init__
 
