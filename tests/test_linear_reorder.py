@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch_geometric.nn as pyg_nn
 from oracle_check import assert_matches_oracle
+from test_compact_materialization import typed_graph   # RELATIONS relations, as here
 from test_nn_hetero import IN_CHANNELS, METADATA, assert_same, hetero_inputs, randomized, typed_edges
 
 import gnnfuse
@@ -29,19 +30,6 @@ def order(request, monkeypatch) -> str:
     """Forces each order in turn: both must give the oracle's values."""
     monkeypatch.setenv(ORDER_ENV, request.param)
     return request.param
-
-
-def typed_graph(device: str = "cpu", num_src: int | None = None, seed: int = 0) -> gnnfuse.Graph:
-    """Multi-edges of one (vertex, relation) pair on both endpoints, a relation without
-    edges (its matrix gets a zero gradient) and a vertex without in-edges."""
-    g = torch.Generator().manual_seed(seed)
-    src = torch.randint(0, num_src or 6, (30,), generator=g)
-    dst = torch.randint(0, 5, (30,), generator=g)
-    etype = torch.randint(0, RELATIONS - 1, (30,), generator=g)
-    kw = {"edge_type": etype.to(device), "num_edge_types": RELATIONS}
-    if num_src is not None:
-        return gnnfuse.Graph.bipartite(src.to(device), dst.to(device), num_src, 6, **kw)
-    return gnnfuse.Graph(src.to(device), dst.to(device), 6, **kw)
 
 
 def inputs(graph: gnnfuse.Graph, device: str) -> dict[str, torch.Tensor]:
