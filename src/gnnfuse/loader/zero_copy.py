@@ -15,6 +15,8 @@ the host, so the result is never wrong, only slower.
 """
 from __future__ import annotations
 
+import functools
+import math
 import warnings
 
 import torch
@@ -22,29 +24,26 @@ import torch
 _BLOCK_ROWS = 32
 
 
+@functools.cache
 def _kernel():
     """The Triton gather kernel, defined on first use (the loader runs without Triton on a CPU)."""
-    global _GATHER
-    if _GATHER is None:
-        import triton
-        import triton.language as tl
+    import triton
+    import triton.language as tl
 
-        @triton.jit
-        def gather_rows(table, ids, out, num_ids, width, BLOCK_R: tl.constexpr, BLOCK_F: tl.constexpr):
-            r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-            rmask = r < num_ids
-            row = tl.load(ids + r, mask=rmask, other=0).to(tl.int64)
-            target = r.to(tl.int64)
-            for f0 in range(0, width, BLOCK_F):
-                f = f0 + tl.arange(0, BLOCK_F)
-                mask = rmask[:, None] & (f < width)[None, :]
-                values = tl.load(table + row[:, None] * width + f[None, :], mask=mask)
-                tl.store(out + target[:, None] * width + f[None, :], values, mask=mask)
-        _GATHER = gather_rows
-    return _GATHER
+    @triton.jit
+    def gather_rows(table, ids, out, num_ids, width, BLOCK_R: tl.constexpr, BLOCK_F: tl.constexpr):
+        r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+        rmask = r < num_ids
+        row = tl.load(ids + r, mask=rmask, other=0).to(tl.int64)
+        target = r.to(tl.int64)
+        for f0 in range(0, width, BLOCK_F):
+            f = f0 + tl.arange(0, BLOCK_F)
+            mask = rmask[:, None] & (f < width)[None, :]
+            values = tl.load(table + row[:, None] * width + f[None, :], mask=mask)
+            tl.store(out + target[:, None] * width + f[None, :], values, mask=mask)
+    return gather_rows
 
 
-_GATHER = None
 _REFUSED: set[str] = set()   # devices whose driver would not map pinned pages
 
 
@@ -52,7 +51,7 @@ def gather_rows(table: torch.Tensor, ids: torch.Tensor, out: torch.Tensor) -> to
     """``out[i] = table[ids[i]]`` by the kernel; ``table`` is contiguous, pinned host
     memory or on ``out``'s device (what the tests run under Triton's interpreter)."""
     import triton
-    width = table[0].numel() if table.shape[0] else 0
+    width = math.prod(table.shape[1:])
     if ids.numel() and width:
         _kernel()[(triton.cdiv(ids.numel(), _BLOCK_ROWS),)](
             table, ids, out, ids.numel(), width, BLOCK_R=_BLOCK_ROWS, BLOCK_F=min(triton.next_power_of_2(width), 128))
