@@ -447,22 +447,21 @@ def {name}(rowptr, col, eid, seg_row, seg_start, seg_end, seg_split, num_segment
 {body}
                 tile = tl.where(emask[:, None], {root} + tl.zeros([BLOCK_E, BLOCK_F], ACC), {_IDENTITY[op]})
                 acc = {combine}{nan_count}
-            acc = {finish}{nan_finish}{_row_scale(em, unit, "row", "")}
+            acc = {finish}{nan_finish}{_row_scale(em, unit, "acc", " " * 12, per_edge=False)}
             {store}
 '''
     return source, em.leaf_args
 
 
-def _row_scale(em: _Emitter, unit: AggregateUnit, row: str, mask: str, lanes: str = "", name: str = "acc") -> str:
-    """The line multiplying (or dividing) a finished row (CSR) or each edge's term (COO)
-    by the unit's per-row scale (`passes.fusion._row_scaled`), or nothing without one.
-    A COO term's padding lanes (masked edges) divide by the ``other`` 1.0, never 0."""
+def _row_scale(em: _Emitter, unit: AggregateUnit, value: str, indent: str, per_edge: bool) -> str:
+    """The line multiplying (or dividing) ``value`` -- a finished row (CSR) or each edge's
+    term (COO, ``per_edge``: one scale per edge's row, masked edges divide by 1.0, never
+    0) -- by the unit's per-row scale (`passes.fusion._row_scaled`); nothing without one."""
     if unit.scale is None:
         return ""
-    pointer = f"L{em.leaf_index[unit.scale.id]}"
-    indent = "\n            " if name == "acc" else "\n    "
+    load = f"tl.load(L{em.leaf_index[unit.scale.id]} + row{', mask=emask, other=1.0' if per_edge else ''}).to(ACC)"
     by = "*" if unit.scaled.op == "mul" else "/"
-    return f"{indent}{name} = {name} {by} tl.load({pointer} + {row}{mask}).to(ACC){lanes}"
+    return f"\n{indent}{value} = {value} {by} {load}{'[:, None]' if per_edge else ''}"
 
 
 def generate_coo(unit: AggregateUnit, name: str, acc_dtype: str, tuned: bool = False) -> tuple[str, list[Value]]:
@@ -483,7 +482,7 @@ def generate_coo(unit: AggregateUnit, name: str, acc_dtype: str, tuned: bool = F
     mean = ("\n    val = val / tl.maximum(tl.load(degree + row, mask=emask, other=1), 1).to(ACC)[:, None]"
             if op == "mean" else "")
     tail = (f"    val = {root} + tl.zeros([BLOCK_E, BLOCK_F], ACC)\n"
-            f"    row = {unit.by}_id{mean}{_row_scale(em, unit, 'row', ', mask=emask, other=1.0', '[:, None]', 'val')}\n"
+            f"    row = {unit.by}_id{mean}{_row_scale(em, unit, 'val', ' ' * 4, per_edge=True)}\n"
             f"    tl.atomic_add(out + row[:, None] * {width} + f[None, :], val.to(out.dtype.element_ty),\n"
             f"                  mask=emask[:, None] & fmask[None, :])")
     source = _edge_parallel_source(name, f"{unit.describe()}, edge-parallel", acc_dtype, em, width, "degree, ",
