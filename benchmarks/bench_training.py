@@ -61,7 +61,10 @@ def row_keys(results: dict[str, Any]) -> list[tuple[str, str]]:
 def time_cell(cell: dict[str, Any] | None) -> str:
     if cell is None:
         return "–"
-    return fmt(cell["median_ms"], ".2f") if cell["status"] == "ok" else cell["status"]
+    if cell["status"] == "ok":
+        return fmt(cell["median_ms"], ".2f")
+    held = cell.get("held_gb")   # memory earlier cells left allocated (see gnnfuse.bench.guarded)
+    return f"{cell['status']} ({held:.1f} GB held before)" if held is not None and held >= 1.0 else cell["status"]
 
 
 def render_markdown(results: dict[str, Any]) -> str:

@@ -80,3 +80,22 @@ def test_a_stuck_measurement_becomes_a_timeout_and_the_alarm_is_cleared():
         except Exception as exc:
             raise RuntimeError(f"compile failed: {exc}") from exc
     assert guarded(compiler_wrapping_the_timeout, torch.device("cpu"), time_limit_s=0.2) == {"status": "timeout (0.2 s)"}
+
+
+def test_an_oom_cell_records_what_earlier_cells_left_allocated(monkeypatch, import_script):
+    """An OOM says how much was already allocated when the cell began, and the training
+    table shows it: after a timed-out compiled-PyG cell held ~70 GB, the next framework's
+    OOM was not its own."""
+    import importlib
+    from pathlib import Path
+
+    from gnnfuse.bench import guarded
+    time_cell = import_script(Path(__file__).resolve().parent.parent / "benchmarks", "bench_training").time_cell
+    monkeypatch.setattr(importlib.import_module("gnnfuse.bench.measure"), "allocated_gb", lambda device: 70.2)
+
+    def out_of_memory():
+        raise torch.OutOfMemoryError("CUDA out of memory")
+    cell = guarded(out_of_memory, torch.device("cpu"))
+    assert cell == {"status": "oom", "held_gb": 70.2}
+    assert time_cell(cell) == "oom (70.2 GB held before)"
+    assert time_cell({"status": "oom", "held_gb": 0.4}) == "oom"

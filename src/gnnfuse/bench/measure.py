@@ -158,8 +158,11 @@ def guarded(fn: Callable[[], dict[str, Any]], device: torch.device,
     Memory is released only after the except block has dropped the traceback, which
     would otherwise keep the failed measurement's tensors alive. Errors other than OOM
     and time-outs print their traceback to stderr, since a one-line status rarely says
-    how to fix them.
+    how to fix them. An OOM records the GB already allocated when the cell began
+    (``held_gb``): a compiled-PyG cell that timed out once kept ~70 GB alive, and the
+    next cell's OOM was its, not the next framework's.
     """
+    held = allocated_gb(device)
     try:
         with _time_limit(time_limit_s):
             result = fn()
@@ -170,6 +173,8 @@ def guarded(fn: Callable[[], dict[str, Any]], device: torch.device,
             result = {"status": failure_status(exc)}
             if result["status"] != "oom":
                 traceback.print_exc()
+            elif held is not None:
+                result["held_gb"] = held
     torch._dynamo.reset()
     free_memory(device)
     return result
