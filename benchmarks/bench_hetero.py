@@ -57,8 +57,7 @@ from torch import nn
 
 import gnnfuse
 from gnnfuse.bench import allocated_gb, guarded, peak_memory_gb, reset_peak_memory, synchronize
-from gnnfuse.bench.measure import CAPTURE_WARMUP, REL_ERR_LIMIT, max_rel_err
-from gnnfuse.runtime import StepCapture
+from gnnfuse.bench.measure import CAPTURE_WARMUP, REL_ERR_LIMIT, max_rel_err, training_step
 from gnnfuse.data.typed import TYPED_PRESETS, typed_graph
 from gnnfuse.graph.hetero_cache import clear_hetero_cache
 
@@ -247,19 +246,12 @@ def measure(model: str, framework: str, data: TypedData, hidden: int, state, ste
     base = allocated_gb(device)
     module = instantiate(model, framework, data, hidden, state, device)
     ours = framework in GNNFUSE_FRAMEWORKS
-    capturable = ours and device.type == "cuda" and cuda_graph != "off"
-    optimizer = torch.optim.Adam(module.parameters(), lr=0.01, capturable=capturable)
     train_y = data.y[data.train_idx]
 
-    def train_step() -> torch.Tensor:
-        optimizer.zero_grad(set_to_none=True)
+    def loss() -> torch.Tensor:
         # R-GCN outputs every vertex, HGT its labelled type's (the first type: local ids = global)
-        loss = F.cross_entropy(module(data)[data.train_idx], train_y)
-        loss.backward()
-        optimizer.step()
-        return loss
-    step = StepCapture(train_step, optimizers=[optimizer], modules=[module], mode=cuda_graph if ours else "off",
-                       name=f"{framework} training step")
+        return F.cross_entropy(module(data)[data.train_idx], train_y)
+    step = training_step(module, loss, device, cuda_graph if ours else "off", framework, lr=0.01)
     begin = time.perf_counter()
     step()
     if device.type == "cuda":

@@ -54,21 +54,14 @@ def measure(framework: str, model: str, data: DeviceData, state: dict[str, torch
     module = instantiate(framework, model, data, state, device)
     graph = graph_input(framework, data) if graph is None else graph
     ours = framework == "gnnfuse"
-    capturable = ours and device.type == "cuda" and cuda_graph != "off"
-    optimizer = torch.optim.Adam(module.parameters(), lr=LR, weight_decay=WEIGHT_DECAY, capturable=capturable)
     train_y = data.y[data.train_idx]
 
-    def train_step() -> torch.Tensor:
+    def loss() -> torch.Tensor:
         if framework == "pyg-compile-ro":       # each step is a new generation of its graphs
             torch.compiler.cudagraph_mark_step_begin()
-        optimizer.zero_grad(set_to_none=True)
-        out = module(data.x, graph)
-        loss = F.cross_entropy(out[data.train_idx], train_y)
-        loss.backward()
-        optimizer.step()
-        return loss
-    step = StepCapture(train_step, optimizers=[optimizer], modules=[module], mode=cuda_graph if ours else "off",
-                       name=f"{framework} training step")
+        return F.cross_entropy(module(data.x, graph)[data.train_idx], train_y)
+    step = training_step(module, loss, device, cuda_graph if ours else "off", framework,
+                         lr=LR, weight_decay=WEIGHT_DECAY)
 
     torch.manual_seed(1)                      # same dropout masks for every framework
     begin = time.perf_counter()
@@ -89,6 +82,25 @@ def measure(framework: str, model: str, data: DeviceData, state: dict[str, torch
             "first_step_ms": first_step_ms, "first_loss": first_loss,
             "resident_gb": resident, "peak_gb": peak if peak is None or not pool else peak + pool,
             **({"cuda_graph": step.status, "graph_pool_gb": pool} if ours else {})}
+
+
+def training_step(module: torch.nn.Module, loss: Callable[[], torch.Tensor], device: torch.device,
+                  cuda_graph: str, name: str, **adam: Any) -> StepCapture:
+    """One Adam training step of ``module`` on ``loss()`` (zero the gradients, forward,
+    backward, update; returns the loss) behind `StepCapture` in mode ``cuda_graph``
+    (``"off"`` for the frameworks that run eagerly). Adam keeps its step count on the
+    device when the step may be captured, which a captured step needs."""
+    capturable = device.type == "cuda" and cuda_graph != "off"
+    optimizer = torch.optim.Adam(module.parameters(), capturable=capturable, **adam)
+
+    def train_step() -> torch.Tensor:
+        optimizer.zero_grad(set_to_none=True)
+        value = loss()
+        value.backward()
+        optimizer.step()
+        return value
+    return StepCapture(train_step, optimizers=[optimizer], modules=[module], mode=cuda_graph,
+                       name=f"{name} training step")
 
 
 ISSUE_STEPS = 10     # few enough that their launches fit CUDA's queue without blocking
