@@ -10,7 +10,9 @@ turbo-gnn is copied into this repository: the sdist and the build stay in ``.tur
 
 The build is cached in ``.turbo/build`` (ninja's objects and torch's versioned .so), so
 a second call on the same machine loads in seconds; a first one takes about 3 minutes on
-16 cores for sm_90.
+16 cores for sm_90. The built .so is also copied to ``.turbo/prebuilt/`` under a name
+holding the sdist, torch, CUDA and architecture; a later session that carries that file
+to a fresh machine imports it directly instead of compiling again.
 
     python benchmarks/build_turbo_gnn.py                       # .turbo/turbo_gnn-*.tar.gz
     python benchmarks/build_turbo_gnn.py path/to/turbo_gnn-0.1.0rc4.tar.gz --arch 9.0
@@ -22,6 +24,7 @@ import ast
 import glob
 import importlib
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -178,6 +181,26 @@ def build_extension(root: Path, build_dir: Path, arch: str | None = None, jobs: 
                 extra_ldflags=link_flags(libraries), build_directory=str(build_dir), verbose=verbose)
 
 
+def prebuilt_path(root: Path, arch: str) -> Path:
+    """Where the .so built from `root` for this torch, CUDA and `arch` is kept: the name
+    says everything the binary depends on, so a stale one is never loaded."""
+    import torch
+    tag = f"{root.name}-torch{torch.__version__.replace('+', '_')}-sm{arch.replace('.', '')}"
+    return TURBO_DIR / "prebuilt" / f"{EXTENSION_NAME}-{tag}.so"
+
+
+def load_prebuilt(path: Path) -> types.ModuleType:
+    """Import the extension module from a .so built earlier (its init symbol is
+    ``PyInit_turbo_gnn_C``, so it is loaded under that name)."""
+    from importlib.machinery import ExtensionFileLoader
+    from importlib.util import module_from_spec, spec_from_loader
+    import torch  # noqa: F401 - the extension links against torch's libraries, loaded first
+    loader = ExtensionFileLoader(EXTENSION_NAME, str(path))
+    module = module_from_spec(spec_from_loader(EXTENSION_NAME, loader))
+    loader.exec_module(module)
+    return module
+
+
 def install(sdist: Path | None = None, arch: str | None = None, jobs: int | None = None,
             verbose: bool = False, log: Callable[[str], None] = print) -> types.ModuleType:
     """Unpack, build (cached) and import turbo-gnn; returns the ``turbo_gnn`` package."""
@@ -187,9 +210,16 @@ def install(sdist: Path | None = None, arch: str | None = None, jobs: int | None
     build_root = TURBO_DIR / "build"
     begin = time.perf_counter()
     root = unpack(sdist, build_root)
-    extension = build_extension(root, build_root / f"ext-{root.name}", arch, jobs, verbose, log)
-    log(f"turbo-gnn extension ready in {time.perf_counter() - begin:.0f} s "
-        f"(TORCH_CUDA_ARCH_LIST={os.environ['TORCH_CUDA_ARCH_LIST']}, MAX_JOBS={os.environ['MAX_JOBS']})")
+    arch = arch or os.environ.get("TORCH_CUDA_ARCH_LIST") or default_arch()
+    kept = prebuilt_path(root, arch)
+    if kept.is_file():
+        log(f"turbo-gnn: loading the prebuilt {kept.name}")
+        extension = load_prebuilt(kept)
+    else:
+        extension = build_extension(root, build_root / f"ext-{root.name}", arch, jobs, verbose, log)
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(extension.__file__, kept)
+    log(f"turbo-gnn extension ready in {time.perf_counter() - begin:.0f} s (sm_{arch.replace('.', '')})")
     return import_package(root, extension)
 
 
