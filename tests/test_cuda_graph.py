@@ -231,6 +231,30 @@ def test_a_failed_capture_falls_back_and_drops_unwritten_gradients():
     assert not capture.captured and all(p.grad is None for p in model.parameters())
 
 
+def test_the_audited_call_frees_its_autograd_graph_before_the_capture():
+    """Before: the audited call's loss was held, with its graph and the parameters'
+    AccumulateGrad nodes (made on the default stream), while the capture ran; the
+    captured backward then reached the default stream and failed on an H100."""
+    model, opt, step = _training(3, torch.optim.SGD)
+    seen_at_capture = []
+
+    class Watching(_Rerun):
+        def capture(self, fn):
+            seen_at_capture.append(tensors_with_a_graph())
+            return super().capture(fn)
+
+    def tensors_with_a_graph() -> int:
+        import gc
+        return sum(1 for obj in gc.get_objects()
+                   if type(obj) is torch.Tensor and obj.grad_fn is not None)
+    capture = StepCapture(lambda: {"loss": step()}, optimizers=[opt], modules=[model], warmup=2,
+                          _graph_factory=Watching)
+    capture()                # the first call builds the graph's caches (a boolean mask)
+    audited = capture()
+    assert capture.captured and audited["loss"].grad_fn is None
+    assert seen_at_capture == [0]
+
+
 def test_sage_on_a_graph_with_unread_rows_is_replayable_after_its_first_call():
     """Before: SAGEConv's transform-before-aggregate ran torch.nonzero over the vertices
     without out-edges on every call (a host sync per step, and an unreplayable step)."""

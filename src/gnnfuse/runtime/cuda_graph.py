@@ -119,6 +119,25 @@ def audit_step(fn: Callable[[], Any], device: torch.device) -> tuple[Any, str | 
     return result, audit.reason
 
 
+LEGACY_STREAM_HINT = (". An output of an earlier forward pass that ran outside this step (on the default "
+                      "stream) probably still holds its autograd graph, whose AccumulateGrad nodes make the "
+                      "captured backward reach the default stream: delete such outputs, or compute them "
+                      "under torch.no_grad(), before the step's first call")
+
+
+def _detached(value: Any) -> Any:
+    """``value`` with every tensor in it (nested in tuples, lists and dicts) detached."""
+    if isinstance(value, torch.Tensor):
+        return value.detach()
+    if isinstance(value, tuple) and hasattr(value, "_fields"):     # a namedtuple
+        return type(value)(*(_detached(v) for v in value))
+    if isinstance(value, (tuple, list)):
+        return type(value)(_detached(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _detached(v) for k, v in value.items()}
+    return value
+
+
 def _argument_problem(inputs: tuple) -> str | None:
     """Tensors inside a container argument would be read at capture and never again: the
     replay could not see that the container now holds other tensors."""
@@ -273,11 +292,17 @@ class StepCapture:
         if reason:
             self._fall_back(reason)
             return self.step_fn(*inputs)
-        result, reason = audit_step(lambda: self.step_fn(*inputs), device)
+        result, reason = audit_step(lambda: self._eager_on_side_stream(inputs, device), device)
         if reason:
             self._fall_back(reason)
-        else:
-            self._capture(inputs)
+            return result
+        # The audited call's outputs (a loss) still hold its autograd graph, and with it
+        # the parameters' AccumulateGrad nodes; torch accumulates gradients on the stream
+        # such a node was made on, so while one made outside the capture stream lives, the
+        # captured backward reaches back to that stream and the capture fails. Handing
+        # back detached outputs frees the graph before the capture starts.
+        result = _detached(result)
+        self._capture(inputs)
         return result
 
     # --- capture ---------------------------------------------------------------------
@@ -311,11 +336,9 @@ class StepCapture:
         return None
 
     def _side_stream(self, device: torch.device) -> torch.cuda.Stream:
-        """One stream for the warm-up steps and the capture. The first capture in a
-        process recorded on torch's own capture stream, which no step had run on, and
-        failed on an H100 ("operation would make the legacy stream depend on a capturing
-        blocking stream": per-stream state such as a cuBLAS workspace made lazily there),
-        while every later capture on that stream succeeded."""
+        """One stream for the warm-up steps, the audited step and the capture, so that
+        what a step makes lazily per stream (a cuBLAS workspace, the AccumulateGrad nodes
+        of the parameters) is made on the stream the capture records on."""
         if self._stream is None:
             self._stream = torch.cuda.Stream(device)
         return self._stream
@@ -331,7 +354,8 @@ class StepCapture:
             self._drop_gradients()
             self.static_inputs = []
             first = f"; raised first in the step: {_first_line(exc.__context__)}" if exc.__context__ else ""
-            self._fall_back(f"capture failed ({_first_line(exc)}{first})")
+            hint = (LEGACY_STREAM_HINT if "legacy stream" in f"{exc} {exc.__context__}" else "")
+            self._fall_back(f"capture failed ({_first_line(exc)}{first}){hint}")
             return
         self._graph = graph
         self._watched = [(name, p, p.data_ptr()) for name, p in self._parameters()]
