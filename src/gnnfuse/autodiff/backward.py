@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from ..ir import CompileError, Program, Residency, Value, get_op
 from ..passes.fusion import MAX_UNROLLED_FEATURE_SUM, edge_feature_matmul, feature_sum_terms
+from .softmax_sum import find_softmax_weighted_sums
 
 
 @dataclass
@@ -119,6 +120,8 @@ def build_backward(forward: Program, wrt: list[str] | tuple[str, ...]) -> Backwa
             g = program.input(f"grad:{key}", out.residency, out.shape, out.dtype)
             grads[out.id] = _accumulate(program, grads.get(out.id), g)
     builder = _Builder(program, None)
+    softmax_sums = find_softmax_weighted_sums(forward)      # by the id of their weights
+    sum_grads = {s.total.id: None for s in softmax_sums.values()}   # each one's output gradient
 
     for v in reversed(forward.values):
         if v.op == "input" or v.id not in grads:
@@ -129,8 +132,15 @@ def build_backward(forward: Program, wrt: list[str] | tuple[str, ...]) -> Backwa
         if opdef.derivative is None:
             raise CompileError(f"op {v.op!r} has no derivative rule", v.source)
         builder.source = v.source
+        g = grads.pop(v.id)
+        if v.id in sum_grads:
+            sum_grads[v.id] = g
+        softmax_sum = softmax_sums.get(v.id)
         try:
-            input_grads = opdef.derivative(builder, v, grads.pop(v.id))
+            if softmax_sum is not None and sum_grads[softmax_sum.total.id] is not None:
+                input_grads = softmax_sum.gradient(builder, g, sum_grads[softmax_sum.total.id])
+            else:
+                input_grads = opdef.derivative(builder, v, g)
         except NotImplementedError as exc:
             raise CompileError(f"cannot differentiate {v.op!r}: {exc}", v.source) from exc
         for x, gx in zip(v.inputs, input_grads):
