@@ -214,3 +214,18 @@ def test_a_failing_rank_ends_the_launch_with_status_1_naming_it(capsys):
     from gnnfuse.distributed.launch import run_ranks
     assert run_ranks(2, "cpu", _fails_on_rank_1, []) == 1
     assert "rank 1 of 2 failed" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("env, local_world, threads", [({}, 2, 4), ({}, 16, 1), ({"OMP_NUM_THREADS": "3"}, 2, None),
+                                                       ({}, 1, None)])
+def test_ranks_share_the_cores_unless_omp_num_threads_is_set(monkeypatch, env, local_world, threads):
+    """Before: every rank kept one intra-op thread per core, so two GPU ranks on one
+    machine ran twice the machine's spinning OpenMP workers against each other."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    set_to = []
+    monkeypatch.setattr(torch, "set_num_threads", set_to.append)
+    process_group.share_cores(local_world)
+    assert set_to == ([] if threads is None else [threads])

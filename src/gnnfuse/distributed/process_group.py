@@ -89,8 +89,9 @@ def init_process_group(device_type: str) -> Rank:
                                "with torchrun --nproc-per-node N -m gnnfuse train ..., or gnnfuse train --gpus N "
                                "(--cpu-ranks N on CPU)")
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local_rank = int(os.environ["LOCAL_RANK"])
-    check_backend(device_type, int(os.environ.get("LOCAL_WORLD_SIZE", world_size)))
+    local_rank, local_world = int(os.environ["LOCAL_RANK"]), int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    check_backend(device_type, local_world)
+    share_cores(local_world)
     device = torch.device("cpu")
     if device_type == "cuda":
         device = torch.device("cuda", local_rank)
@@ -102,6 +103,15 @@ def init_process_group(device_type: str) -> Rank:
     if rank != 0:
         sys.stdout = open(os.devnull, "w")       # noqa: SIM115 (held for the process's life)
     return current()
+
+
+def share_cores(local_world: int) -> None:
+    """Give each of the machine's ``local_world`` ranks its share of the CPU cores for
+    torch's intra-op threads, unless OMP_NUM_THREADS says otherwise (torchrun sets it to
+    1). Each rank otherwise starts one thread per core, and the ranks' spinning OpenMP
+    workers compete with every rank's Python thread, which issues the GPU's work."""
+    if "OMP_NUM_THREADS" not in os.environ and local_world > 1:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
 
 
 def current() -> Rank:
