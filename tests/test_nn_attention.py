@@ -132,6 +132,8 @@ LAYERS = {
     "ngcf": lambda: _oracle_pair(gnn.NGCFConv(F_IN, 5), NGCFOracle),
     "gat-dropout-eval": lambda: (gnn.GATConv(F_IN, 4, heads=2, dropout=0.5), pyg.GATConv(F_IN, 4, heads=2,
                                                                                         dropout=0.5)),
+    # in_features > 4 x heads x channels: the logits as (lin(x) * att).sum(-1), not folded into one GEMM
+    "gat-logits-unfolded": lambda: (gnn.GATConv(F_IN, 1), pyg.GATConv(F_IN, 1)),
 }
 
 
@@ -297,3 +299,15 @@ def test_dropout_argument_is_checked():
 def test_unknown_edgeconv_aggregation_is_rejected():
     with pytest.raises(ValueError, match="aggr must be one of"):
         gnn.EdgeConv(_mlp(3), aggr="median")
+
+
+def test_gat_logits_fold_into_one_gemm_only_where_it_moves_fewer_bytes():
+    """Folded (x @ W_att^T) and as written ((lin(x) * att).sum(-1)) are the same sums."""
+    from gnnfuse.nn.conv import _folded_logits, _folds
+    assert _folds(gnn.GATConv(6, 4, heads=2).lin, 2) and not _folds(gnn.GATConv(100, 4, heads=2).lin, 2)
+    layer = gnn.GATConv(6, 4, heads=2).double()
+    nn.init.normal_(layer.att_dst)
+    x = torch.randn(N, 6, dtype=torch.float64)
+    h = layer.lin(x).view(-1, 2, 4)
+    folded = _folded_logits(layer.lin, x, layer.att_src, layer.att_dst)
+    torch.testing.assert_close(folded, [(h * layer.att_src).sum(-1), (h * layer.att_dst).sum(-1)], rtol=1e-12, atol=1e-12)
