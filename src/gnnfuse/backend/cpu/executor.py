@@ -12,7 +12,7 @@ The module is written to the gnnfuse cache folder (as the Triton backend does) b
 Numba's ``cache=True`` keys its on-disk cache by a real source file; a later process
 loads machine code instead of compiling. Measured on the 2-core CI-like machine: a
 serial kernel compiles in 0.3-0.7 s, a ``parallel=True`` one in about 2 s (so small
-work runs serial kernels, `schedule.threads`); from the disk cache a process pays about
+work runs serial kernels, `schedule.parallel`); from the disk cache a process pays about
 1 s of Numba start-up once, then milliseconds per kernel (tests/test_cpu_backend.py: 41
 kernels, 16 s cold, 3 s warm). And the backend is opt-in (``GNNFUSE_BACKEND=cpu``): the
 torch reference stays the default for CPU tensors and the oracle.
@@ -120,7 +120,7 @@ class _Launch(NamedTuple):
     """What running a unit on one graph needs besides the call's tensors, under one
     `_settings`: the kernel (None: the unit runs through its ops' torch references),
     its leaves' ids in argument order, the graph's index arrays it walks, the output's
-    shape and dtype, and its threads, thread chunk and feature tile."""
+    shape and dtype, and its threads (0: a serial kernel), thread chunk and feature tile."""
     kernel: Callable | None
     leaf_ids: tuple[int, ...]
     graph_args: tuple
@@ -170,15 +170,21 @@ def run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> 
     if not isinstance(unit, AggregateUnit):
         launch.kernel(*launch.graph_args, flat_out, *args)
         return out
-    if launch.threads > 1:
-        numba.set_num_threads(launch.threads)
-    # Only parallel calls set a chunk size: that starts Numba's pool, which resets OpenMP's
-    # thread count -- torch's too -- to every core (numba.set_num_threads above set ours).
-    if launch.threads > 1 and launch.chunk:
+    if not launch.threads:
+        launch.kernel(*launch.graph_args, flat_out, launch.tile, *args)
+        return out
+    # Starting Numba's pool (the first parallel call) resets OpenMP's thread count --
+    # torch's too -- to every core; torch's count is the budget both share, so it is put
+    # back (a user's torch.set_num_threads(1) stays 1).
+    torch_threads = torch.get_num_threads()
+    numba.set_num_threads(launch.threads)
+    if launch.chunk and launch.threads > 1:
         with numba.parallel_chunksize(launch.chunk):
             launch.kernel(*launch.graph_args, flat_out, launch.tile, *args)
     else:
         launch.kernel(*launch.graph_args, flat_out, launch.tile, *args)
+    if torch.get_num_threads() != torch_threads:
+        torch.set_num_threads(torch_threads)
     return out
 
 
@@ -196,14 +202,16 @@ def _plan(unit: Unit, ctx: GraphContext, metas: tuple[tuple[torch.dtype, bool], 
                                           "fused units run as torch ops")
         return fallback
     acc = "float64" if any(dtype == torch.float64 for dtype, _ in metas) or root.dtype == torch.float64 else "float32"
-    threads = schedule.threads(ctx.num_edges * math.prod(root.shape), numba.config.NUMBA_NUM_THREADS)
+    work = ctx.num_edges * math.prod(root.shape)
+    threads = schedule.threads(work, numba.config.NUMBA_NUM_THREADS)
     choice = schedule.chosen(unit, ctx)
     tile = schedule.feature_tile(math.prod(root.shape), choice.feature_tile)
     ranges = None
     if isinstance(unit, AggregateUnit):
         neighbours = ctx.num_rows("dst" if unit.by == "src" else "src")
         ranges = schedule.range_rows(unit, choice.partition_bytes, tile, neighbours)
-    compiled = _kernel_for(unit, acc, threads > 1, ranges is not None)
+    parallel = schedule.parallel(work)
+    compiled = _kernel_for(unit, acc, parallel, ranges is not None)
     if compiled is None:
         return fallback
     kernel, leaf_args = compiled
@@ -215,7 +223,7 @@ def _plan(unit: Unit, ctx: GraphContext, metas: tuple[tuple[torch.dtype, bool], 
     else:
         graph_args, rows = (ctx.src.numpy(), ctx.dst.numpy()), ctx.num_edges
     return _Launch(kernel, tuple(v.id for v in leaf_args), graph_args, (rows,) + root.shape, root.dtype,
-                   threads, choice.chunk, tile)
+                   threads if parallel else 0, choice.chunk, tile)
 
 
 def _partitioned(rowptr: torch.Tensor, parts: Partitions) -> tuple:
