@@ -167,11 +167,9 @@ def run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> 
     args = [_flat(leaves[i]) for i in launch.leaf_ids]
     out = torch.empty(launch.out_shape, dtype=launch.out_dtype)
     flat_out = out.numpy().ravel()
-    if not isinstance(unit, AggregateUnit):
-        launch.kernel(*launch.graph_args, flat_out, *args)
-        return out
+    tiled = (launch.tile,) if isinstance(unit, AggregateUnit) else ()     # edge kernels take no tile
     if not launch.threads:
-        launch.kernel(*launch.graph_args, flat_out, launch.tile, *args)
+        launch.kernel(*launch.graph_args, flat_out, *tiled, *args)
         return out
     # Starting Numba's pool (the first parallel call) resets OpenMP's thread count --
     # torch's too -- to every core; torch's count is the budget both share, so it is put
@@ -180,9 +178,9 @@ def run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> 
     numba.set_num_threads(launch.threads)
     if launch.chunk and launch.threads > 1:
         with numba.parallel_chunksize(launch.chunk):
-            launch.kernel(*launch.graph_args, flat_out, launch.tile, *args)
+            launch.kernel(*launch.graph_args, flat_out, *tiled, *args)
     else:
-        launch.kernel(*launch.graph_args, flat_out, launch.tile, *args)
+        launch.kernel(*launch.graph_args, flat_out, *tiled, *args)
     if torch.get_num_threads() != torch_threads:
         torch.set_num_threads(torch_threads)
     return out
