@@ -217,3 +217,12 @@ class TestCpuBackend:
         finally:
             torch.set_num_threads(threads)
         assert used and set(used) == {2}, "the thread count set between the calls did not apply to the next one"
+
+
+def test_the_parallel_build_rule_keeps_multi_head_rows_serial_on_one_thread():
+    """Measured on one core: flat rows ran 4.3x faster as the parallel build, GAT's
+    8 x 8 rows 2x slower."""
+    from gnnfuse.backend.cpu import schedule
+    big = schedule.PARALLEL_MIN_WORK
+    assert schedule.parallel(big, 1, (64,)) and not schedule.parallel(big, 1, (8, 8))
+    assert schedule.parallel(big, 2, (8, 8)) and not schedule.parallel(big - 1, 2, (64,))

@@ -208,7 +208,7 @@ def _plan(unit: Unit, ctx: GraphContext, metas: tuple[tuple[torch.dtype, bool], 
     if isinstance(unit, AggregateUnit):
         neighbours = ctx.num_rows("dst" if unit.by == "src" else "src")
         ranges = schedule.range_rows(unit, choice.partition_bytes, tile, neighbours)
-    parallel = schedule.parallel(work)
+    parallel = schedule.parallel(work, threads, root.shape)
     compiled = _kernel_for(unit, acc, parallel, ranges is not None)
     if compiled is None:
         return fallback

@@ -70,14 +70,17 @@ def range_rows(unit: AggregateUnit, partition_bytes: int | None, tile: int, num_
     return rows if rows < num_neighbours else None
 
 
-def parallel(work: int) -> bool:
-    """Whether a kernel doing ``work`` edge-feature steps is compiled with
-    ``parallel=True``, whatever its thread count: on one thread as well, the parallel
-    build of a neighbour sum ran 4.3x faster than the serial one (arxiv-sized, F=16, one
-    core of an AMD EPYC: 5.4 against 23.5 ms), Numba outlining the ``prange`` body into a
-    function LLVM vectorizes. Small work keeps the serial build, which compiles in a third
+def parallel(work: int, threads: int, row_shape: tuple[int, ...]) -> bool:
+    """Whether a kernel doing ``work`` edge-feature steps on ``threads`` threads, with
+    output rows of ``row_shape``, is compiled with ``parallel=True``. Always for large
+    work on several threads. On one thread too where its rows are flat: there the
+    parallel build of a neighbour sum ran 4.3x faster than the serial one (arxiv-sized,
+    F=16, one core of an AMD EPYC: 5.4 against 23.5 ms), Numba outlining the ``prange``
+    body into a function LLVM vectorizes. Not for multi-head rows (H, D), whose parallel
+    build ran 2x slower on one thread (pubmed GAT, 8 heads x 8: the weighted sums took 64
+    against 32 ms a step). Small work keeps the serial build, which compiles in a third
     of the time (the test suite's graphs)."""
-    return work >= PARALLEL_MIN_WORK
+    return work >= PARALLEL_MIN_WORK and (threads > 1 or len(row_shape) < 2)
 
 
 def threads(work: int, limit: int) -> int:
