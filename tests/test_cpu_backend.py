@@ -303,9 +303,9 @@ def test_source_partitions_match_reference(reducer, monkeypatch):
     partitioned = []
     real_kernel_for = cpu_executor._kernel_for
 
-    def recording(unit, acc, parallel, parts=False):
+    def recording(unit, acc, parallel, parts=False, *kind):
         partitioned.append(parts)
-        return real_kernel_for(unit, acc, parallel, parts)
+        return real_kernel_for(unit, acc, parallel, parts, *kind)
     monkeypatch.setattr(cpu_executor, "_kernel_for", recording)
     graph = small_graph()
     x = torch.randn(graph.num_nodes, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(8))

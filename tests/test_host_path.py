@@ -168,8 +168,8 @@ class TestCpuBackend:
         partitioned = []
         real = cpu_executor._kernel_for
         monkeypatch.setattr(cpu_executor, "_kernel_for",
-                            lambda unit, acc, parallel, parts=False: partitioned.append(parts)
-                            or real(unit, acc, parallel, parts))
+                            lambda unit, acc, parallel, parts=False, *kind: partitioned.append(parts)
+                            or real(unit, acc, parallel, parts, *kind))
         _check(graph, *_inputs(graph))
         assert partitioned and not any(partitioned)
         partitioned.clear()

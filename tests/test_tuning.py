@@ -80,8 +80,8 @@ def test_the_backend_runs_the_tuned_choice_with_unchanged_values(cache, monkeypa
     real_chosen, real_kernel_for = cpu_schedule.chosen, cpu_executor._kernel_for
     monkeypatch.setattr(cpu_schedule, "chosen", lambda *a: chosen.append(real_chosen(*a)) or chosen[-1])
     monkeypatch.setattr(cpu_executor, "_kernel_for",
-                        lambda unit, acc, par, parts=False: partitioned.append(parts) or real_kernel_for(
-                            unit, acc, par, parts))
+                        lambda unit, acc, par, parts=False, *kind: partitioned.append(parts) or real_kernel_for(
+                            unit, acc, par, parts, *kind))
     got = output_and_grads(model, graph, x, "cpu", monkeypatch)
     assert chosen and all(c.feature_tile == 2 and c.partition_bytes == 8 for c in chosen) and any(partitioned)
     expected = output_and_grads(model, graph, x, "reference", monkeypatch)

@@ -48,9 +48,14 @@ class UnsupportedUnit(Exception):
     it with torch ops)."""
 
 
+# Names a constant expression may hold (`_Emitter.inline_constants`).
+_CONSTANT_NAMES = frozenset({"U", "ACC", "np", "inf"})
+
+
 class _Emitter:
-    def __init__(self, unit: Unit):
+    def __init__(self, unit: Unit, inline_constants: bool = False):
         self.unit = unit
+        self.inline_constants = inline_constants
         self.lines: dict[int, list[str]] = {level: [] for level in range(4)}
         self.names: dict[str, str] = {}
         self.level: dict[str, int] = dict(_LOOP_VARS)
@@ -59,7 +64,13 @@ class _Emitter:
         self.leaf_index = {v.id: n for n, v in enumerate(self.leaf_args)}
 
     def tmp(self, expr: str) -> str:
-        """A variable holding ``expr``, defined in the outermost loop whose variables it reads."""
+        """A variable holding ``expr``, defined in the outermost loop whose variables it reads;
+        with ``inline_constants``, an expression of literals alone stays an expression:
+        a kernel-level variable reaches a ``prange`` body as an argument of Numba's
+        outlined function, where LLVM no longer sees the constant (the column offsets
+        of a register-row kernel must be constants for SLP to pack them)."""
+        if self.inline_constants and set(_NAME.findall(expr)) <= _CONSTANT_NAMES:
+            return f"({expr})"
         if expr not in self.names:
             level = max((self.level.get(n, _KERNEL) for n in _NAME.findall(expr)), default=_KERNEL)
             name = f"t{len(self.names)}"
@@ -176,7 +187,7 @@ ROWS_PER_BLOCK = 64   # rows one prange iteration reduces, sharing one accumulat
 
 
 def generate_aggregate(unit: AggregateUnit, name: str, acc: str, parallel: bool,
-                       partitioned: bool = False) -> tuple[str, list[Value]]:
+                       partitioned: bool = False, register_row: bool = False) -> tuple[str, list[Value]]:
     """Kernel source for an aggregate unit and its leaf values in argument order.
 
     ``name(rowptr, col, eid, out, f_tile, L0, ...)``: ``out`` is the flat output of
@@ -192,24 +203,17 @@ def generate_aggregate(unit: AggregateUnit, name: str, acc: str, parallel: bool,
     the end), which keeps LLVM from vectorizing the feature loop. And a row is reduced
     into a local accumulator, written to ``out`` once: accumulating into ``out``
     itself, which LLVM must assume may alias the gathered inputs, stored and reloaded
-    every element of every edge."""
+    every element of every edge.
+
+    With ``register_row`` (see `generate_register_row`) the kernel holds the row in
+    registers instead and takes the whole width in one pass (``f_tile`` is unused)."""
+    if register_row:
+        return generate_register_row(unit, name, acc, parallel)
     width = math.prod(unit.reduce.shape)
     em = _Emitter(unit)
     val = em.value(unit.reduce.inputs[0], em.coords(unit.reduce.shape, "f"))
-    op = unit.reduce.attrs["op"]
-    # NaN wins and stays, as torch's scatter_reduce amax/amin propagate it: the rule
-    # lives once, in scalar.maximum / scalar.minimum.
-    pick = "tl.maximum" if op == "max" else "tl.minimum"
-    combine = "{0} += {1}" if op in ("sum", "mean") else f"{{0}} = {pick}({{1}}, {{0}})"
-    if op == "mean":
-        result = "{0} / ACC(max(end - start, 1))"
-    elif op in ("max", "min"):   # a row with no edges holds 0, as reduce's reference does
-        result = "{0} if end > start else ACC(0.0)"
-    else:
-        result = "{0}"
-    # a per-row scale (passes.fusion._row_scaled, sums only) multiplies or divides the finished row
-    scale = "" if unit.scale is None else \
-        f" {'*' if unit.scaled.op == 'mul' else '/'} ACC(L{em.leaf_index[unit.scale.id]}[row])"
+    op, join, result, scale = _reduction(unit, em)
+    combine = "{0} += {1}" if op in ("sum", "mean") else f"{{0}} = {join}"
     leaves = "".join(f"L{n}, " for n in range(len(em.leaf_args)))
     reduction = f'''{em.block(_ROW, 16)}                for k in range(f_hi - f_lo):
                     acc[k] = {_IDENTITY[op]}
@@ -268,6 +272,71 @@ def {name}(rowptr, {"part_ptr, rows, ptr, " if partitioned else ""}col, eid, out
                     end = ptr[pair + U(1)]
 {_indent(reduction, 4)}                        {combine.format("out[base + U(fi)]", "acc[k]")}
 {finish}''', em.leaf_args
+
+
+def _reduction(unit: AggregateUnit, em: _Emitter) -> tuple[str, str, str, str]:
+    """(reduce op, the accumulator joined with one edge's value, how the accumulator
+    becomes the output, the per-row scale's suffix) as format strings on the
+    accumulator ``{0}`` and the value ``{1}``."""
+    op = unit.reduce.attrs["op"]
+    # NaN wins and stays, as torch's scatter_reduce amax/amin propagate it: the rule
+    # lives once, in scalar.maximum / scalar.minimum.
+    pick = "tl.maximum" if op == "max" else "tl.minimum"
+    join = "{0} + {1}" if op in ("sum", "mean") else f"{pick}({{1}}, {{0}})"
+    if op == "mean":
+        result = "{0} / ACC(max(end - start, 1))"
+    elif op in ("max", "min"):   # a row with no edges holds 0, as reduce's reference does
+        result = "{0} if end > start else ACC(0.0)"
+    else:
+        result = "{0}"
+    # a per-row scale (passes.fusion._row_scaled, sums only) multiplies or divides the finished row
+    scale = "" if unit.scale is None else \
+        f" {'*' if unit.scaled.op == 'mul' else '/'} ACC(L{em.leaf_index[unit.scale.id]}[row])"
+    return op, join, result, scale
+
+
+def generate_register_row(unit: AggregateUnit, name: str, acc: str, parallel: bool) -> tuple[str, list[Value]]:
+    """Kernel source for an aggregate unit of a narrow row (`schedule.register_row`)
+    that keeps the row's accumulator in registers: one scalar per column, the feature
+    loop written out column by column, so each edge is a gather of one row and a few
+    vector adds.
+
+    The loop kernel's feature loop has the width as a run-time bound and accumulates in
+    an array: at 16 columns LLVM's vectorized body (64 floats per step) never ran, and
+    every edge paid alias checks between the accumulator and the gathered row and a
+    scalar remainder loop -- the neighbour sum on pubmed at F=16 ran at 0.8x of torch's
+    CSR matmul (MKL). Written out, the columns are independent scalar chains that LLVM's
+    SLP vectorizer packs into vector registers; the executor compiles these kernels with
+    it on (`executor._SLPVectorized`; Numba leaves it off by default). Each column is
+    still reduced over the edges in CSR order, as in the loop kernel, so the values are
+    the same. The edge loop's index is unsigned, for the reason given in
+    `generate_aggregate`: a signed one costs a wrap-around check per edge."""
+    width = math.prod(unit.reduce.shape)
+    em = _Emitter(unit, inline_constants=True)
+    # each column's value, at the outermost loop it depends on (an edge's, mostly)
+    vals = [em.value(unit.reduce.inputs[0], em.coords(unit.reduce.shape, em.uint(c))) for c in range(width)]
+    op, join, result, scale = _reduction(unit, em)
+    if em.lines[_FEATURE]:   # every coordinate is a constant here, so nothing should vary per feature
+        raise UnsupportedUnit(f"a register-row kernel would drop feature-level code of {unit.describe()}")
+    init = "".join(f"            a{c} = ACC({_IDENTITY[op]})\n" for c in range(width))
+    step = "".join(f"                a{c} = ACC({join.format(f'a{c}', val)})\n" for c, val in enumerate(vals))
+    store = "".join(f"            out[base + U({c})] = {result.format(f'a{c}')}{scale}\n" for c in range(width))
+    source = _header(acc) + f'''{_decorator(parallel)}
+def {name}(rowptr, col, eid, out, f_tile, {"".join(f"L{n}, " for n in range(len(em.leaf_args)))}):
+    # {unit.describe()} (row in registers)
+{em.block(_KERNEL, 4)}    num_rows = rowptr.shape[0] - 1
+    width = U({width})
+    for block in prange((num_rows + {ROWS_PER_BLOCK - 1}) // {ROWS_PER_BLOCK}):
+        for r in range(block * {ROWS_PER_BLOCK}, min(block * {ROWS_PER_BLOCK} + {ROWS_PER_BLOCK}, num_rows)):
+            row = U(r)
+            start = rowptr[row]
+            end = rowptr[row + U(1)]
+{em.block(_ROW, 12)}{init}            for p in range(U(start), U(end)):
+                nbr = U(col[p])
+                edge = U(eid[p])
+{em.block(_EDGE, 16)}{step}            base = row * width
+{store}'''
+    return source, em.leaf_args
 
 
 def _indent(text: str, by: int) -> str:

@@ -70,23 +70,48 @@ def _warn_once(reason: str, message: str) -> None:
         warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
-def _kernel_for(unit: Unit, acc: str, parallel: bool, partitioned: bool = False):
+def _kernel_for(unit: Unit, acc: str, parallel: bool, partitioned: bool = False, register_row: bool = False):
     """(kernel, leaf values in argument order), or None where the unit cannot be
-    generated; decided once per unit, accumulator type, parallelism and partitioning
-    (plans are cached per program, so steady-state training never regenerates source)."""
+    generated; decided once per unit, accumulator type, parallelism, partitioning and
+    kernel kind (plans are cached per program, so steady-state training never
+    regenerates source)."""
     per_unit = _UNIT_KERNELS.setdefault(unit, {})
-    key = acc, parallel, partitioned
+    key = acc, parallel, partitioned, register_row
     if key not in per_unit:
         aggregate = isinstance(unit, AggregateUnit)
         name = "cpu_aggregate" if aggregate else "cpu_edge"
         try:
-            source, leaf_args = (generate_aggregate(unit, name, acc, parallel, partitioned) if aggregate
-                                 else generate_edge(unit, name, acc, parallel))
-            per_unit[key] = (load_kernel(source, name), leaf_args)
+            source, leaf_args = (generate_aggregate(unit, name, acc, parallel, partitioned, register_row)
+                                 if aggregate else generate_edge(unit, name, acc, parallel))
+            kernel = load_kernel(source, name)
+            per_unit[key] = (_SLPVectorized(kernel) if register_row else kernel, leaf_args)
         except UnsupportedUnit as exc:
             _warn_once(f"unit:{exc}", f"gnnfuse cpu backend: {exc}; that unit runs as torch ops")
             per_unit[key] = None
     return per_unit[key]
+
+
+class _SLPVectorized:
+    """A register-row kernel (codegen.generate_register_row), called with LLVM's SLP
+    vectorizer on for whatever compiling the call does: that kernel's columns are
+    separate scalar chains that only SLP packs into vector registers (without it the
+    neighbour sum on pubmed at F=16 ran 2x slower). Numba turned SLP off by default in
+    0.57 after miscompilations in the LLVM of the day (numba PR #8852) and reads the
+    setting per compilation, so this turns it on for these kernels alone; the tests
+    check each of them against the reference. Calls that load machine code from the
+    cache or reuse a compiled signature compile nothing, and a kernel compiled without
+    SLP (another thread restoring the setting mid-way) is slower, never different."""
+
+    def __init__(self, kernel: Callable):
+        self.kernel = kernel
+
+    def __call__(self, *args) -> None:
+        before = numba.config.SLP_VECTORIZE
+        numba.config.SLP_VECTORIZE = 1
+        try:
+            self.kernel(*args)
+        finally:
+            numba.config.SLP_VECTORIZE = before
 
 
 def _flat(tensor: torch.Tensor):
@@ -209,7 +234,9 @@ def _plan(unit: Unit, ctx: GraphContext, metas: tuple[tuple[torch.dtype, bool], 
         neighbours = ctx.num_rows("dst" if unit.by == "src" else "src")
         ranges = schedule.range_rows(unit, choice.partition_bytes, tile, neighbours)
     parallel = schedule.parallel(work, threads, root.shape)
-    compiled = _kernel_for(unit, acc, parallel, ranges is not None)
+    register_row = isinstance(unit, AggregateUnit) and schedule.register_row(math.prod(root.shape), tile,
+                                                                            ranges is not None)
+    compiled = _kernel_for(unit, acc, parallel, ranges is not None, register_row)
     if compiled is None:
         return fallback
     kernel, leaf_args = compiled
