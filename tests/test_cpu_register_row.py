@@ -19,6 +19,7 @@ import gnnfuse  # noqa: E402
 from gnnfuse.backend.cpu import executor as cpu_executor  # noqa: E402
 from gnnfuse.backend.cpu import schedule  # noqa: E402
 from gnnfuse.passes.fusion import AggregateUnit  # noqa: E402
+from test_cpu_backend import assert_same  # noqa: E402  (the CPU backend's oracle comparison)
 
 NUM_NODES = 9
 
@@ -44,21 +45,6 @@ def kinds(monkeypatch):
         return real(unit, acc, parallel, partitioned, register_row)
     monkeypatch.setattr(cpu_executor, "_kernel_for", recording)
     return built
-
-
-def output_and_grads(fn, inputs, backend, monkeypatch):
-    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
-    leaves = [t.detach().clone().requires_grad_() for t in inputs]
-    out = fn(*leaves)
-    weight = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)
-    return [out.detach(), *torch.autograd.grad((out.nan_to_num() * weight).sum(), leaves)]
-
-
-def assert_matches_reference(fn, inputs, monkeypatch, **tol):
-    got = output_and_grads(fn, inputs, "cpu", monkeypatch)
-    expected = output_and_grads(fn, inputs, "reference", monkeypatch)
-    for a, b in zip(got, expected):
-        torch.testing.assert_close(a, b, equal_nan=True, **tol)
 
 
 def reduce_model(reducer: str):
@@ -117,7 +103,7 @@ def test_reductions_with_empty_rows_and_nan(reducer, kinds, monkeypatch):
     h = torch.randn(NUM_NODES, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     if reducer != "mean":
         h[2, 3] = float("nan")    # an in-neighbour of the hub and of vertex 1
-    assert_matches_reference(reduce_model(reducer), [h], monkeypatch, rtol=1e-12, atol=1e-12)
+    assert_same(reduce_model(reducer), [h], monkeypatch, rtol=1e-12, atol=1e-12)
     assert kinds and all(flag for _, flag, _ in kinds)
 
 
@@ -141,9 +127,9 @@ def test_gcn_norm_and_attention_float64_and_float32(kinds, monkeypatch):
     al, ar = torch.randn(NUM_NODES, dtype=torch.float64, generator=gen), torch.randn(NUM_NODES, dtype=torch.float64,
                                                                                      generator=gen)
     for dtype, tol in ((torch.float64, dict(rtol=1e-12, atol=1e-12)), (torch.float32, dict(rtol=1e-5, atol=1e-6))):
-        assert_matches_reference(lambda h, n: gcn(graph, {"h": h, "norm": n}), [h.to(dtype), norm.to(dtype)],
+        assert_same(lambda h, n: gcn(graph, {"h": h, "norm": n}), [h.to(dtype), norm.to(dtype)],
                                  monkeypatch, **tol)
-    assert_matches_reference(lambda h, a, b: gat(graph, {"h": h, "al": a, "ar": b}), [h, al, ar], monkeypatch,
+    assert_same(lambda h, a, b: gat(graph, {"h": h, "al": a, "ar": b}), [h, al, ar], monkeypatch,
                              rtol=1e-12, atol=1e-12)
     assert any(shape == (16,) and flag for shape, flag, _ in kinds)
 
@@ -158,7 +144,7 @@ def test_multi_head_rows(kinds, monkeypatch):
     def model(h, a):
         return gnnfuse.message_passing(graph, lambda e: {"m": torch.sigmoid(e.src["a"] + e.dst["a"]) * e.src["h"]},
                                        lambda n: {"o": n.mailbox["m"].sum(dim=1)}, ndata={"h": h, "a": a})["o"]
-    assert_matches_reference(model, [h, a], monkeypatch, rtol=1e-12, atol=1e-12)
+    assert_same(model, [h, a], monkeypatch, rtol=1e-12, atol=1e-12)
     assert any(shape == (3, 4) and flag for shape, flag, _ in kinds)
 
 
@@ -169,7 +155,7 @@ def test_parallel_build(kinds, monkeypatch):
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        assert_matches_reference(reduce_model("sum"), [h], monkeypatch, rtol=1e-12, atol=1e-12)
+        assert_same(reduce_model("sum"), [h], monkeypatch, rtol=1e-12, atol=1e-12)
     finally:
         torch.set_num_threads(threads)
     assert kinds and all(flag and parallel for _, flag, parallel in kinds)
