@@ -560,12 +560,12 @@ def _gat_attention(slope: float, p: float, training: bool, dst_term: bool) -> fr
     return frontend.UpdateAll(*_gat_udfs(slope, p, training, dst_term, None))
 
 
-def _folds(lin: nn.Linear, heads: int) -> bool:
+def _folds(lin: nn.Linear) -> bool:
     """Whether `_folded_logits` moves fewer bytes than ``(lin(x) * att).sum(-1)``: its
     GEMM reads x's ``in_features`` per vertex, the product and the sum read and write the
     ``heads x channels`` of lin(x) about three times per logit vector (and as much again
     in the backward)."""
-    return lin.bias is None and lin.in_features <= 4 * lin.out_features and lin.out_features % heads == 0
+    return lin.bias is None and lin.in_features <= 4 * lin.out_features
 
 
 def _folded_logits(lin: nn.Linear, x: torch.Tensor, *atts: torch.Tensor) -> list[torch.Tensor]:
@@ -662,7 +662,7 @@ class GATConv(OneLineRepr, nn.Module):
         graph = _with_loops(graph, self.add_self_loops)
         shape = (-1, self.heads, self.out_channels)
         h = (self.lin or self.lin_src)(x).view(shape)
-        if x_dst is x and self.lin is not None and _folds(self.lin, self.heads):
+        if x_dst is x and self.lin is not None and _folds(self.lin):
             alpha_src, alpha_dst = _folded_logits(self.lin, x, self.att_src, self.att_dst)
             ndata = {"h": h, "alpha_src": alpha_src, "alpha_dst": alpha_dst}
         else:

@@ -225,17 +225,17 @@ def _plan(unit: Unit, ctx: GraphContext, metas: tuple[tuple[torch.dtype, bool], 
                                           "fused units run as torch ops")
         return fallback
     acc = "float64" if any(dtype == torch.float64 for dtype, _ in metas) or root.dtype == torch.float64 else "float32"
-    work = ctx.num_edges * math.prod(root.shape)
+    width = math.prod(root.shape)
+    work = ctx.num_edges * width
     threads = schedule.threads(work, numba.config.NUMBA_NUM_THREADS)
     choice = schedule.chosen(unit, ctx)
-    tile = schedule.feature_tile(math.prod(root.shape), choice.feature_tile)
+    tile = schedule.feature_tile(width, choice.feature_tile)
     ranges = None
     if isinstance(unit, AggregateUnit):
         neighbours = ctx.num_rows("dst" if unit.by == "src" else "src")
         ranges = schedule.range_rows(unit, choice.partition_bytes, tile, neighbours)
     parallel = schedule.parallel(work, threads, root.shape)
-    register_row = isinstance(unit, AggregateUnit) and schedule.register_row(math.prod(root.shape), tile,
-                                                                            ranges is not None)
+    register_row = isinstance(unit, AggregateUnit) and schedule.register_row(width, tile, ranges is not None)
     compiled = _kernel_for(unit, acc, parallel, ranges is not None, register_row)
     if compiled is None:
         return fallback
