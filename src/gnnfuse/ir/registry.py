@@ -37,6 +37,8 @@ class ExecContext(Protocol):
     def scatter_rows(self, table: torch.Tensor, gather: torch.Tensor, scatter: torch.Tensor,
                      scale: torch.Tensor | None, rows: int) -> torch.Tensor: ...
 
+    def gather_rows(self, table: torch.Tensor, index: torch.Tensor) -> torch.Tensor: ...
+
 
 class GradBuilder(Protocol):
     """What a derivative rule may do: read forward values and add backward ops."""

@@ -1,10 +1,11 @@
 """The graph context of Triton-backend runs: the ops that run as torch code call back into
-it (ir/registry.py's ``ExecContext``) for per-type matmuls and the typed aggregation's
-row scatters, which here are kernels (segment_matmul.py, scatter_rows.py) instead of the
-reference backend's torch forms."""
+it (ir/registry.py's ``ExecContext``) for per-type matmuls, the typed aggregation's row
+scatters and row gathers, which here are kernels (segment_matmul.py, scatter_rows.py,
+gather_rows.py) instead of the reference backend's torch forms."""
 from __future__ import annotations
 
 from ..reference import GraphContext
+from .gather_rows import gather_rows
 from .scatter_rows import scatter_scaled_rows
 from .segment_matmul import segment_matmul, segment_matmul_tn
 
@@ -13,3 +14,4 @@ class TritonGraphContext(GraphContext):
     grouped_matmul = staticmethod(segment_matmul)
     grouped_matmul_tn = staticmethod(segment_matmul_tn)
     scatter_rows = staticmethod(scatter_scaled_rows)
+    gather_rows = staticmethod(gather_rows)

@@ -95,7 +95,7 @@ def _is_edge_types(ctx, idx: torch.Tensor, count: int) -> bool:
 
 def _pair_matmul(ctx, x: torch.Tensor, w: torch.Tensor, pairs: RelationPairs) -> torch.Tensor:
     """Each edge's ``x[vertex] @ w[relation]``, computed per pair."""
-    return ctx.grouped_matmul(x, w, pairs.groups, pairs.vertex).index_select(0, pairs.of_edge)
+    return ctx.gather_rows(ctx.grouped_matmul(x, w, pairs.groups, pairs.vertex), pairs.of_edge)
 
 
 # The two gradients take the pairs' sums (`_pair_sums`), not the per-edge rows: a caller
