@@ -7,7 +7,7 @@ Variants, each in its own process (compiled programs are cached per process):
   (source, relation) pair (compact materialization) and the products are gathered onto
   the edges, scaled and summed;
 - ``auto``: the pass on, the byte model choosing the order per op and graph;
-- ``before`` / ``after``: the pass on, the order forced (``GNNFUSE_TYPED_ORDER``);
+- ``before`` / ``after`` / ``dense``: the pass on, the order forced (``GNNFUSE_TYPED_ORDER``);
 - ``pyg``: PyG's ``RGCNConv`` from the same weights, for scale.
 
 One step is ``layer(x, graph)``, a weighted sum of the output and ``backward()`` (input
@@ -34,7 +34,7 @@ import time
 
 import torch
 
-VARIANTS = ("compact", "auto", "before", "after", "pyg")
+VARIANTS = ("compact", "auto", "before", "after", "dense", "pyg")
 
 
 def typed_graph(nodes: int, edges: int, relations: int, seed: int = 0):
@@ -50,7 +50,7 @@ def typed_graph(nodes: int, edges: int, relations: int, seed: int = 0):
 
 
 def run_variant(variant: str, args: argparse.Namespace, width_in: int, width_out: int) -> dict:
-    if variant in ("before", "after"):
+    if variant in ("before", "after", "dense"):
         os.environ["GNNFUSE_TYPED_ORDER"] = variant
     if variant == "compact":
         from gnnfuse.passes import pipeline

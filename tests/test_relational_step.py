@@ -25,6 +25,7 @@ from gnnfuse.backend.triton import executor as triton_executor
 from gnnfuse.backend.triton import scatter_rows
 from gnnfuse.backend.triton import segment_matmul as sm
 from gnnfuse.nn import RGCNConv
+from gnnfuse.ir.ops.typed_aggregate import ORDER_ENV, ORDERS
 
 f64 = torch.float64
 
@@ -159,18 +160,26 @@ class HostWork:
             self.active = False
 
 
+# Per layer, the forward, input and weight gradients are one row scatter each (the first
+# layer's input gradient too: x needs one), and in the pair orders one segment matmul each
+# (the weight gradient's a transposed one); the dense order's products are torch GEMMs.
+LAUNCHES = {"before": {"_segment_matmul": 4, "_segment_matmul_tn": 2, "_scatter_scaled_rows": 6},
+            "after": {"_segment_matmul": 4, "_segment_matmul_tn": 2, "_scatter_scaled_rows": 6},
+            "dense": {"_scatter_scaled_rows": 6}}
+
+
+@pytest.mark.parametrize("order", ORDERS)
 @pytest.mark.parametrize("layer", ["nn", "graphiler-udf"])
-def test_a_step_after_the_first_reads_nothing_back_from_the_device(layer, monkeypatch):
+def test_a_step_after_the_first_reads_nothing_back_from_the_device(layer, order, monkeypatch):
     monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
+    monkeypatch.setenv(ORDER_ENV, order)
     _, _, _, nn_step, udf_step = two_layers(6, device_for("triton"))
     step = nn_step if layer == "nn" else udf_step
     work = HostWork(monkeypatch)
     step()
     work.step(step)
     assert not work.reads, f"host reads of device values in a step after the first: {dict(work.reads)}"
-    # per layer: the forward, input and weight gradients are one segment matmul each (the
-    # first layer's input gradient too: x needs one) and one row scatter each
-    assert work.launches == {"_segment_matmul": 4, "_segment_matmul_tn": 2, "_scatter_scaled_rows": 6}
+    assert work.launches == LAUNCHES[order]
 
 
 def test_the_udf_step_runs_the_layers_launches_and_torch_ops(monkeypatch):
@@ -198,10 +207,13 @@ def test_the_udf_step_runs_the_layers_launches_and_torch_ops(monkeypatch):
     assert ran["graphiler-udf"] == ran["nn"]
 
 
-def test_host_work_per_step_does_not_grow_with_the_relation_count(monkeypatch):
+@pytest.mark.parametrize("order", ORDERS)
+def test_host_work_per_step_does_not_grow_with_the_relation_count(order, monkeypatch):
     """Kernels are not run (their cost is the device's); the Python calls around them are
-    counted. With 4 or 40 relations on the same-sized graph, a step makes as many."""
+    counted. With 4 or 40 relations on the same-sized graph, a step makes as many (in
+    each order: the byte model may pick another for each relation count)."""
     monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
+    monkeypatch.setenv(ORDER_ENV, order)
     calls = {}
     for relations in (4, 40):
         _, _, _, nn_step, _ = two_layers(relations, device_for("triton"))

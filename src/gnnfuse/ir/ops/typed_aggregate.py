@@ -14,6 +14,13 @@ placement.py):
   raw scaled source rows are summed per (destination, relation) pair, each partial is
   multiplied by its ``W_r`` once, and the partials are summed across relations. The rows
   gathered per edge are ``in`` wide.
+- ``dense`` (aggregate, then transform, with few relations): the scaled source rows are
+  summed into a dense [destinations, relations x in] table -- a zero block where a
+  destination has no edge of a relation -- and one GEMM with the stacked ``W_r`` gives
+  the output. With a handful of relations (ogbn-mag's 4) and a wide output that skips
+  ``after``'s [pairs, out] products and their atomic sum across relations (R-GCN's
+  16 -> 349 layer on mag-like wrote 2.1 GB of them); with hundreds (AM's 266) the table
+  is larger than the pairs, and the byte model keeps ``after``.
 
 Either way the edge stage -- gather a row per edge, scale it, add it into its vertex or
 pair -- is the context's ``scatter_rows``: one kernel that writes nothing per edge in the
@@ -51,9 +58,10 @@ import torch
 
 from ..registry import OpDef, register
 from ..residency import EDGE_ROWED, Movement, Residency
-from .compact import _pair_input_grad, _pair_weight_grad, data_pairs, relation_pairs
+from .compact import _is_edge_types, _pair_input_grad, _pair_weight_grad, data_pairs, relation_pairs
+from .indexing import wrap_index
 
-ORDERS = ("before", "after")
+ORDERS = ("before", "after", "dense")
 ORDER_ENV = "GNNFUSE_TYPED_ORDER"
 OTHER_SIDE = {"src": "dst", "dst": "src"}
 
@@ -84,13 +92,16 @@ class OrderChoice(NamedTuple):
     def describe(self) -> str:
         how = f"forced by {ORDER_ENV}" if self.forced else "fewer bytes"
         costs = ", ".join(f"{order} {c.bytes:,} B / {c.flops:,} flops" for order, c in self.costs.items())
-        return (f"typed linear order: transform {self.order} aggregation ({how}); in={self.width_in} "
+        what = ("aggregate into a dense (vertex, relation) table, then one GEMM" if self.order == "dense"
+                else f"transform {self.order} aggregation")
+        return (f"typed linear order: {what} ({how}); in={self.width_in} "
                 f"out={self.width_out}, E={self.edges:,}, pairs gathered={self.gathered_pairs:,} "
                 f"aggregated={self.aggregated_pairs:,}; {costs}")
 
 
 def order_costs(edges: int, gathered_pairs: int, aggregated_pairs: int, rows_out: int, width_in: int,
-                width_out: int, element_size: int, weight_grad: bool = False) -> dict[str, OrderCost]:
+                width_out: int, element_size: int, weight_grad: bool = False, rows_by: int | None = None,
+                relations: int | None = None) -> dict[str, OrderCost]:
     """The byte model of both orders, counting each stage's reads and writes once.
 
     The edge stage is one row scatter (the context's ``scatter_rows``: a kernel in the
@@ -101,7 +112,10 @@ def order_costs(edges: int, gathered_pairs: int, aggregated_pairs: int, rows_out
     matmul reads those and writes P_a rows of ``out``; the sum across relations reads them
     and writes the output. The weight gradient (``weight_grad``) has the same stages with
     the other operand's rows per edge, and writes one [in, out] matrix per relation
-    (``rows_out`` of them) whichever order runs.
+    (``rows_out`` of them) whichever order runs. ``dense`` (costed when ``rows_by``, the
+    aggregated side's vertex count, and ``relations`` are given): the edge stage gathers
+    E rows of ``in`` into the [rows_by, relations x in] table; one GEMM reads it (and, for
+    the weight gradient, the rows_by output-gradient rows) and writes the output.
     """
     n_out = rows_out * (width_in * width_out if weight_grad else width_out)
     p_g, p_a, e = gathered_pairs, aggregated_pairs, edges
@@ -111,7 +125,13 @@ def order_costs(edges: int, gathered_pairs: int, aggregated_pairs: int, rows_out
     after = OrderCost(element_size * (e * width_in + e + p_a * (width_in + width_out)),
                       element_size * (p_a * (width_in + width_out) + n_out),
                       2 * p_a * width_in * width_out + 2 * e * width_in)
-    return {"before": before, "after": after}
+    costs = {"before": before, "after": after}
+    if rows_by is not None and relations is not None:
+        table = rows_by * relations * width_in
+        costs["dense"] = OrderCost(element_size * (e * width_in + e + table + (rows_by * width_out if weight_grad else 0)),
+                                   element_size * (table + n_out),
+                                   2 * table * width_out + 2 * e * width_in)
+    return costs
 
 
 def forced_order() -> str | None:
@@ -123,20 +143,25 @@ def forced_order() -> str | None:
 
 
 def choose_order(op: str, edges: int, gathered_pairs: int, aggregated_pairs: int, rows_out: int, width_in: int,
-                 width_out: int, element_size: int, weight_grad: bool = False) -> OrderChoice:
-    """The order with fewer bytes (then fewer flops; ``before`` on a tie), unless forced.
-    Every call of a typed aggregation asks, with the same sizes step after step: the
-    answer is remembered (a pure function of its arguments and the forced order)."""
+                 width_out: int, element_size: int, weight_grad: bool = False, rows_by: int | None = None,
+                 relations: int | None = None) -> OrderChoice:
+    """The order with fewer bytes (then fewer flops; ``before`` on a tie), unless forced;
+    ``dense`` is a candidate when ``rows_by`` and ``relations`` are given. Every call of a
+    typed aggregation asks, with the same sizes step after step: the answer is remembered
+    (a pure function of its arguments and the forced order)."""
     return _choose(op, edges, gathered_pairs, aggregated_pairs, rows_out, width_in, width_out, element_size,
-                   weight_grad, forced_order())
+                   weight_grad, rows_by, relations, forced_order())
 
 
 @functools.lru_cache(maxsize=256)
 def _choose(op: str, edges: int, gathered_pairs: int, aggregated_pairs: int, rows_out: int, width_in: int,
-            width_out: int, element_size: int, weight_grad: bool, forced: str | None) -> OrderChoice:
+            width_out: int, element_size: int, weight_grad: bool, rows_by: int | None, relations: int | None,
+            forced: str | None) -> OrderChoice:
     costs = order_costs(edges, gathered_pairs, aggregated_pairs, rows_out, width_in, width_out, element_size,
-                        weight_grad)
-    order = forced or min(ORDERS, key=lambda o: (costs[o].bytes, costs[o].flops))
+                        weight_grad, rows_by, relations)
+    if forced is not None and forced not in costs:
+        raise ValueError(f"{ORDER_ENV}={forced} needs the aggregated side's vertex count and the relation count")
+    order = forced or min(costs, key=lambda o: (costs[o].bytes, costs[o].flops))
     return OrderChoice(op, order, forced is not None, edges, gathered_pairs, aggregated_pairs, width_in, width_out,
                        costs)
 
@@ -168,12 +193,27 @@ def _pair_rows(ctx, table: torch.Tensor, side: str, s: torch.Tensor | None, pair
     return ctx.scatter_rows(table, ctx.index(side), pairs.of_edge, s, len(pairs.vertex))
 
 
+def _dense_rows(ctx, table: torch.Tensor, side: str, s: torch.Tensor | None, by: str, idx: torch.Tensor | None,
+                count: int) -> torch.Tensor:
+    """[rows of ``by``, count x in]: per vertex of side ``by`` and relation r, the sum over
+    its relation-r edges of ``s_e * table[endpoint side of e]`` in columns r*in..(r+1)*in
+    (the ``dense`` order's table; zeros where a vertex has no edge of r)."""
+    rows = ctx.num_rows(by)
+    if idx is None or _is_edge_types(ctx, idx, count):
+        target = ctx.graph.cached(f"dense_relation_rows_{by}_{count}",
+                                  lambda graph: ctx.index(by) * count + ctx.index("etype"))
+    else:
+        target = ctx.index(by) * count + wrap_index(idx, count).reshape(-1)
+    return ctx.scatter_rows(table, ctx.index(side), target, s, rows * count).reshape(rows, count * table.shape[-1])
+
+
 def _decide(ctx, op: str, by: str, idx, count: int, width_in: int, width_out: int, dtype: torch.dtype,
             rows_out: int, weight_grad: bool = False):
     gather = OTHER_SIDE[by]
     pairs = {side: _pairs_of(ctx, side, idx, count) for side in (gather, by)}
     choice = choose_order(op, ctx.num_edges, len(pairs[gather].vertex), len(pairs[by].vertex), rows_out,
-                          width_in, width_out, dtype.itemsize, weight_grad)
+                          width_in, width_out, dtype.itemsize, weight_grad, rows_by=ctx.num_rows(by),
+                          relations=count)
     recorded_choices(ctx.graph)[choice_key(op, by, width_in, width_out)] = choice
     return choice.order, pairs[gather], pairs[by]
 
@@ -188,6 +228,9 @@ def _aggregate(ctx, x: torch.Tensor, w: torch.Tensor, *rest: torch.Tensor, by: s
     if order == "before":     # one product per gathered pair, each edge's scaled into its vertex
         products = ctx.grouped_matmul(x, w, gathered.groups, gathered.vertex)
         return ctx.scatter_rows(products, gathered.of_edge, ctx.index(by), s, rows)
+    if order == "dense":      # one GEMM: [rows, R x in] @ the relations' matrices stacked
+        table = _dense_rows(ctx, x, gather, s, by, idx, w.shape[0])
+        return table.to(dtype) @ w.reshape(-1, w.shape[-1]).to(dtype)
     return _pair_input_grad(ctx, _pair_rows(ctx, x, gather, s, aggregated), w, aggregated, rows)
 
 
@@ -258,6 +301,10 @@ def _weight_grad(ctx, x: torch.Tensor, g: torch.Tensor, *rest: torch.Tensor, by:
                                           torch.promote_types(x.dtype, g.dtype), count, weight_grad=True)
     if order == "before":
         return _pair_weight_grad(ctx, x, _pair_rows(ctx, g, by, s, gathered), gathered)
+    if order == "dense":      # per relation r, table[:, r]^T @ g: one GEMM over the stacked blocks
+        dtype = torch.promote_types(x.dtype, g.dtype)
+        table = _dense_rows(ctx, x, gather, s, by, idx, count)
+        return (table.to(dtype).t() @ g.to(dtype)).reshape(count, x.shape[-1], g.shape[-1])
     return _pair_weight_grad(ctx, g, _pair_rows(ctx, x, gather, s, aggregated), aggregated).transpose(-1, -2)
 
 
