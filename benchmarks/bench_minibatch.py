@@ -27,6 +27,13 @@ one forward + backward counted. DKP: the fitted model's prediction error per lay
 the three policies (always aggregate-first, always combine-first, DKP) warmed up and
 taking turns on the same batches, timed the same way.
 
+The GPU machine has neither library and no network. torch-sparse (and torch-scatter, which
+it imports) are sdists on PyPI; CPU-only wheels for its Python and torch build here
+(a Python 3.12 venv with torch==2.11.0 installed, then ``FORCE_ONLY_CPU=1 python setup.py
+bdist_wheel`` in each unpacked sdist: torch-sparse 0.6.18, torch-scatter 2.1.2, a few
+minutes each on two cores) and travel in the git-ignored ``.whl/`` folder (the device
+tool's README says how to install them there); the results name the sampler PyG used.
+
     python benchmarks/bench_minibatch.py --device cuda --max-batches 100    # products-like, H100
     python benchmarks/bench_minibatch.py --device cpu --dataset cora --epochs 1
 """
@@ -407,7 +414,16 @@ def pyg_epoch(dataset: Any, train_idx: torch.Tensor, model: nn.Module, args: arg
     synchronize(device)
     wall = time.perf_counter() - begin
     return {"epoch_s": wall, "batches": batches, "batches_per_s": batches / wall,
-            "busy_fraction": clock.seconds() / wall, "workers": workers}
+            "busy_fraction": clock.seconds() / wall, "workers": workers, "sampler": pyg_sampler()}
+
+
+def pyg_sampler() -> str:
+    """The package PyG's NeighborLoader samples with here (pyg-lib when installed, else
+    torch-sparse), with its version: the two differ several-fold in speed."""
+    import torch_geometric.typing as typing
+    name = "pyg_lib" if typing.WITH_PYG_LIB else "torch_sparse"
+    module = __import__(name)
+    return f"{name.replace('_', '-')} {getattr(module, '__version__', '?')}"
 
 
 # --- the run ---------------------------------------------------------------------------
@@ -575,7 +591,8 @@ def markdown(results: dict[str, Any]) -> str:
     elif "skipped" in pyg:
         lines += ["", f"PyG's NeighborLoader epoch: {pyg['skipped']}."]
     elif pyg:
-        lines.append(f"| PyG ({pyg['workers']} workers) | host | {pyg['epoch_s']:.2f} | {pyg['batches_per_s']:.1f} | "
+        sampler = f", {pyg['sampler']} sampler" if "sampler" in pyg else ""
+        lines.append(f"| PyG ({pyg['workers']} workers{sampler}) | host | {pyg['epoch_s']:.2f} | {pyg['batches_per_s']:.1f} | "
                      f"{100 * pyg['busy_fraction']:.0f}% |" + " – |" * (len(STAGES) + 1))
     alone = results.get("loader")
     if alone is not None:
