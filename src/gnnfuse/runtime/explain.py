@@ -33,7 +33,7 @@ Byte model (an estimate of DRAM traffic, not a measurement; caches are ignored):
   rows, at most a thousand, are not counted).
 * A relation-typed linear aggregation (``typed_aggregate``, ``typed_aggregate_tn``:
   passes/linear_reorder.py) is counted with the byte model of the order it chose on the
-  graph (ir/ops/typed_aggregate.py); its step says which order ran, with both orders'
+  graph (ir/ops/typed_aggregate.py); its step says which order ran, with every order's
   bytes and flops. It writes nothing per edge: its edge stage is one row-scatter kernel
   (backend/triton/scatter_rows.py).
 * Index entries have the graph's index dtype size.

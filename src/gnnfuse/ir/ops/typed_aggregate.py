@@ -30,7 +30,7 @@ backend's torch form.
 Programs are compiled once and run on many graphs, and the pair counts the choice depends
 on are properties of the graph (or, for a relation read from edge data, of that data), so
 the op decides at run time with `choose_order`'s byte model and records the choice on the
-graph for `gnnfuse.explain`. ``GNNFUSE_TYPED_ORDER=before|after`` forces one order (the
+graph for `gnnfuse.explain`. ``GNNFUSE_TYPED_ORDER=before|after|dense`` forces one order (the
 result is the same up to rounding; tests compare the two).
 
 ``by`` names the aggregated endpoint (``"dst"``: sum over in-edges); ``x`` is a table of
@@ -102,7 +102,7 @@ class OrderChoice(NamedTuple):
 def order_costs(edges: int, gathered_pairs: int, aggregated_pairs: int, rows_out: int, width_in: int,
                 width_out: int, element_size: int, weight_grad: bool = False, rows_by: int | None = None,
                 relations: int | None = None) -> dict[str, OrderCost]:
-    """The byte model of both orders, counting each stage's reads and writes once.
+    """The byte model of the orders, counting each stage's reads and writes once.
 
     The edge stage is one row scatter (the context's ``scatter_rows``: a kernel in the
     Triton backend) that gathers E rows, reads E scales and adds the scaled rows into
