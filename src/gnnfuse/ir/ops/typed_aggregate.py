@@ -31,7 +31,7 @@ Programs are compiled once and run on many graphs, and the pair counts the choic
 on are properties of the graph (or, for a relation read from edge data, of that data), so
 the op decides at run time with `choose_order`'s byte model and records the choice on the
 graph for `gnnfuse.explain`. ``GNNFUSE_TYPED_ORDER=before|after|dense`` forces one order (the
-result is the same up to rounding; tests compare the two).
+result is the same up to rounding; tests compare them).
 
 ``by`` names the aggregated endpoint (``"dst"``: sum over in-edges); ``x`` is a table of
 the other endpoint. The relation is the graph's edge type when ``W`` is per-edge-type data
