@@ -295,3 +295,33 @@ def test_hgt_saves_no_per_edge_rows_for_its_backward():
              for key, v in p.backward.program.inputs.items()
              if key.startswith("saved:") and v.residency.is_edge_rowed and math.prod(v.shape) > 2]
     assert saved == []
+
+
+def test_the_dense_order_reads_nothing_back_for_a_per_edge_index(monkeypatch):
+    """A relation index that is not the graph's edge types, aggregated into the dense
+    table: after the first step (which builds and checks the index's pairs) no step
+    reads a value back from the device."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
+    monkeypatch.setenv(ORDER_ENV, "dense")
+    device = device_for("triton")
+    graph = relational_graph(5, device)
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(graph.num_nodes, 8, generator=gen).to(device)
+    w = torch.randn(5, 8, 3, generator=gen).to(device).requires_grad_()
+    index = graph.edge_type - 5                     # the same relations, counted from the end
+
+    def layer():
+        def message(edges):
+            return {"m": torch.bmm(edges.src["h"].unsqueeze(1), w[edges.data["rel"]]).squeeze(1)}
+
+        def reduce(nodes):
+            return {"h": torch.sum(nodes.mailbox["m"], dim=1)}
+        return gnnfuse.message_passing(graph, message, reduce, ndata={"h": x}, edata={"rel": index})["h"]
+
+    rows = torch.einsum("ei,eio->eo", x[graph.src].double(), w.detach().double()[index])
+    expected = torch.zeros(graph.num_nodes, 3, dtype=f64, device=device).index_add(0, graph.dst, rows)
+    work = HostWork(monkeypatch)
+    torch.testing.assert_close(layer().double(), expected, rtol=1e-5, atol=1e-5)
+    layer().sum().backward()
+    work.step(lambda: layer().sum().backward())
+    assert not work.reads, dict(work.reads)

@@ -59,7 +59,6 @@ import torch
 from ..registry import OpDef, register
 from ..residency import EDGE_ROWED, Movement, Residency
 from .compact import _is_edge_types, _pair_input_grad, _pair_weight_grad, data_pairs, relation_pairs
-from .indexing import wrap_index
 
 ORDERS = ("before", "after", "dense")
 ORDER_ENV = "GNNFUSE_TYPED_ORDER"
@@ -202,8 +201,9 @@ def _dense_rows(ctx, table: torch.Tensor, side: str, s: torch.Tensor | None, by:
     if idx is None or _is_edge_types(ctx, idx, count):
         target = ctx.graph.cached(f"dense_relation_rows_{by}_{count}",
                                   lambda graph: ctx.index(by) * count + ctx.index("etype"))
-    else:
-        target = ctx.index(by) * count + wrap_index(idx, count).reshape(-1)
+    else:   # `_decide` built this index's pairs first, which range-checked it (`data_pairs`)
+        flat = idx.reshape(-1)
+        target = ctx.index(by) * count + torch.where(flat < 0, flat + count, flat)
     return ctx.scatter_rows(table, ctx.index(side), target, s, rows * count).reshape(rows, count * table.shape[-1])
 
 
