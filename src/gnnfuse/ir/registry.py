@@ -25,6 +25,7 @@ class ExecContext(Protocol):
     num_edges: int
     src: torch.Tensor
     dst: torch.Tensor
+    run_memo: dict      # values the ops of one program run may share
 
     def rows(self, residency: Residency) -> int: ...
 

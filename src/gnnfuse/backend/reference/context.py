@@ -31,6 +31,7 @@ class GraphContext:
 
     def __init__(self, graph: Graph):
         self.graph = graph
+        self.run_memo: dict = {}      # what ops of one program run share (compact._shared_pair_sums)
         self.num_nodes = graph.num_nodes
         self.num_edges = graph.num_edges
         self.src = graph.src

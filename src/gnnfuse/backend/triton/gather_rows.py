@@ -15,13 +15,13 @@ indices (validated when the `Graph` was built) or ids derived from them.
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import triton
 import triton.language as tl
 
 from .launch import launch
+from .segment_matmul import launchable
 
 BLOCK_E = 64
 MAX_BLOCK_F = 256
@@ -43,9 +43,8 @@ def _gather_rows(table_ptr, index_ptr, out_ptr, E, F, stride_t,
 def gather_rows(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """``table.index_select(0, index)``: one launch on a GPU (or under Triton's
     interpreter) for floating tables; ``index_select`` otherwise."""
-    on_kernel = table.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
     width = math.prod(table.shape[1:])
-    if table.dim() == 0 or table.dtype not in DTYPES or not on_kernel or index.numel() == 0 or width == 0:
+    if table.dim() == 0 or table.dtype not in DTYPES or not launchable(table) or index.numel() == 0 or width == 0:
         return table.index_select(0, index)
     flat = table.reshape(table.shape[0], width)
     flat = flat if flat.stride(1) == 1 else flat.contiguous()

@@ -171,8 +171,13 @@ def kernel_applies(*tensors: torch.Tensor) -> bool:
     """Whether the Triton kernels take these operands: one floating dtype they multiply
     natively (not float64), on a CUDA device or under Triton's interpreter."""
     dtype = tensors[0].dtype
-    return (dtype in KERNEL_DTYPES and all(t.dtype == dtype for t in tensors)
-            and all(t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1" for t in tensors))
+    return dtype in KERNEL_DTYPES and all(t.dtype == dtype for t in tensors) and all(map(launchable, tensors))
+
+
+def launchable(tensor: torch.Tensor) -> bool:
+    """Whether a Triton kernel can read ``tensor``: on a CUDA device, or anywhere under
+    Triton's interpreter."""
+    return tensor.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def _precision(dtype: torch.dtype) -> str:

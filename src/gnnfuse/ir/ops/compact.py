@@ -128,15 +128,15 @@ def _shared_pair_sums(ctx, g: torch.Tensor, pairs: RelationPairs) -> torch.Tenso
     """`_pair_sums` of ``g``, computed once per program run for the input and the weight
     gradient of one compact matmul, which both start from it: the [E, F] -> [P, F] sum is
     the largest cost of either (two of 2.8 ms each per HGT key or value on mag-like).
-    Kept on the run's context, weakly keyed on ``g`` (and its version, so an in-place
-    edit recomputes), so it never holds the per-edge rows alive."""
-    memo = ctx.__dict__.setdefault("_pair_sums_memo", {})
-    key = (id(g), g._version, id(pairs))
-    hit = memo.get(key)
-    if hit is not None and hit[0]() is g and hit[1] is pairs:
-        return hit[2]
+    Kept on the run's context, one entry per set of pairs, weakly keyed on ``g`` (and its
+    version, so an in-place edit recomputes): it never holds the per-edge rows alive, and
+    a context that outlives a step keeps one [P, F] table per pairs, not one per step."""
+    key = ("pair_sums", id(pairs))
+    hit = ctx.run_memo.get(key)
+    if hit is not None and hit[0]() is g and hit[1] == g._version and hit[2] is pairs:
+        return hit[3]
     sums = _pair_sums(g, pairs)
-    memo[key] = (weakref.ref(g), pairs, sums)
+    ctx.run_memo[key] = (weakref.ref(g), g._version, pairs, sums)
     return sums
 
 
