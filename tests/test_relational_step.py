@@ -224,16 +224,17 @@ def test_host_work_per_step_does_not_grow_with_the_relation_count(order, monkeyp
     assert calls[40] == calls[4], calls
 
 
-def test_a_per_edge_index_is_served_from_the_cache_while_unchanged_and_rebuilt_once_edited(monkeypatch):
-    """An index that is not the graph's edge-type memory (a copy, here with negative
-    entries counted from the end) is grouped once; an in-place edit is seen."""
-    monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
+def indexed_relation_layer():
+    """(the layer's weight-table index, a call of a Graphiler-style layer reading its
+    relation from that per-edge index, the float64 oracle of that call): the index is a
+    copy of the graph's edge types with negative entries counted from the end, so not
+    the graph's edge-type memory."""
     device = device_for("triton")
     graph = relational_graph(5, device)
     gen = torch.Generator().manual_seed(4)
     x = torch.randn(graph.num_nodes, 8, generator=gen).to(device)
     w = torch.randn(5, 8, 3, generator=gen).to(device).requires_grad_()
-    index = graph.edge_type - 5                     # the same relations, counted from the end
+    index = graph.edge_type - 5
 
     def layer():
         def message(edges):
@@ -246,7 +247,14 @@ def test_a_per_edge_index_is_served_from_the_cache_while_unchanged_and_rebuilt_o
     def expected():
         rows = torch.einsum("ei,eio->eo", x[graph.src].double(), w.detach().double()[index])
         return torch.zeros(graph.num_nodes, 3, dtype=f64, device=device).index_add(0, graph.dst, rows)
+    return index, layer, expected
 
+
+def test_a_per_edge_index_is_served_from_the_cache_while_unchanged_and_rebuilt_once_edited(monkeypatch):
+    """An index that is not the graph's edge-type memory is grouped once; an in-place
+    edit is seen."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
+    index, layer, expected = indexed_relation_layer()
     work = HostWork(monkeypatch)
     layer().sum().backward()
     work.step(lambda: layer().sum().backward())
@@ -303,25 +311,9 @@ def test_the_dense_order_reads_nothing_back_for_a_per_edge_index(monkeypatch):
     reads a value back from the device."""
     monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
     monkeypatch.setenv(ORDER_ENV, "dense")
-    device = device_for("triton")
-    graph = relational_graph(5, device)
-    gen = torch.Generator().manual_seed(4)
-    x = torch.randn(graph.num_nodes, 8, generator=gen).to(device)
-    w = torch.randn(5, 8, 3, generator=gen).to(device).requires_grad_()
-    index = graph.edge_type - 5                     # the same relations, counted from the end
-
-    def layer():
-        def message(edges):
-            return {"m": torch.bmm(edges.src["h"].unsqueeze(1), w[edges.data["rel"]]).squeeze(1)}
-
-        def reduce(nodes):
-            return {"h": torch.sum(nodes.mailbox["m"], dim=1)}
-        return gnnfuse.message_passing(graph, message, reduce, ndata={"h": x}, edata={"rel": index})["h"]
-
-    rows = torch.einsum("ei,eio->eo", x[graph.src].double(), w.detach().double()[index])
-    expected = torch.zeros(graph.num_nodes, 3, dtype=f64, device=device).index_add(0, graph.dst, rows)
+    _, layer, expected = indexed_relation_layer()
     work = HostWork(monkeypatch)
-    torch.testing.assert_close(layer().double(), expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(layer().double(), expected(), rtol=1e-5, atol=1e-5)
     layer().sum().backward()
     work.step(lambda: layer().sum().backward())
     assert not work.reads, dict(work.reads)
