@@ -224,12 +224,11 @@ def test_host_work_per_step_does_not_grow_with_the_relation_count(order, monkeyp
     assert calls[40] == calls[4], calls
 
 
-def indexed_relation_layer():
+def indexed_relation_layer(device: str):
     """(the layer's weight-table index, a call of a Graphiler-style layer reading its
     relation from that per-edge index, the float64 oracle of that call): the index is a
     copy of the graph's edge types with negative entries counted from the end, so not
     the graph's edge-type memory."""
-    device = device_for("triton")
     graph = relational_graph(5, device)
     gen = torch.Generator().manual_seed(4)
     x = torch.randn(graph.num_nodes, 8, generator=gen).to(device)
@@ -254,7 +253,7 @@ def test_a_per_edge_index_is_served_from_the_cache_while_unchanged_and_rebuilt_o
     """An index that is not the graph's edge-type memory is grouped once; an in-place
     edit is seen."""
     monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
-    index, layer, expected = indexed_relation_layer()
+    index, layer, expected = indexed_relation_layer(device_for("triton"))
     work = HostWork(monkeypatch)
     layer().sum().backward()
     work.step(lambda: layer().sum().backward())
@@ -311,7 +310,7 @@ def test_the_dense_order_reads_nothing_back_for_a_per_edge_index(monkeypatch):
     reads a value back from the device."""
     monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
     monkeypatch.setenv(ORDER_ENV, "dense")
-    _, layer, expected = indexed_relation_layer()
+    _, layer, expected = indexed_relation_layer(device_for("triton"))
     work = HostWork(monkeypatch)
     torch.testing.assert_close(layer().double(), expected(), rtol=1e-5, atol=1e-5)
     layer().sum().backward()
