@@ -95,12 +95,13 @@ def _reduce_residency(rs, attrs):
 CONTENDED_ENTRIES_PER_ROW = 4096
 SLOTS = 4096
 SLOTTED_ELEMENTS = 1 << 24        # at most this many partial sums (64 MB in float32)
+SLOTTED_DEVICES = ("cuda",)       # where atomics contend (a CPU index_add_ adds in order)
 
 
 def reduce_rows(x: torch.Tensor, index: torch.Tensor, rows: int, op: str) -> torch.Tensor:
     out = x.new_zeros((rows,) + tuple(x.shape[1:]))
     if op == "sum":
-        if x.is_cuda and index.numel() > CONTENDED_ENTRIES_PER_ROW * rows:
+        if x.device.type in SLOTTED_DEVICES and index.numel() > CONTENDED_ENTRIES_PER_ROW * rows:
             return _slotted_sum(x, index, rows)
         return out.index_add_(0, index, x)
     expanded = index.view((-1,) + (1,) * (x.dim() - 1)).expand_as(x)
