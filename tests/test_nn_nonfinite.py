@@ -71,3 +71,32 @@ def test_per_vertex_rewrites_keep_the_oracles_gradients_for_unread_nan_rows(make
     expected = outputs_and_grads(ref, lambda xs: ref(xs, EDGE_INDEX), x)
     for key in got:
         assert_same_values(got[key], expected["layer." + key if key not in ("out", "x") else key], key)
+
+
+@pytest.mark.parametrize("hops", [1, 2])
+def test_transform_first_linear_has_exact_first_and_second_derivatives(hops):
+    """The Function behind transform-first layers writes its own backward: gradcheck it
+    and its double backward (finite features) on a graph with unread rows, where (as
+    after any propagation) unread rows' outputs get no gradient, and compare its weight
+    gradient with the masked composite it stands for."""
+    from gnnfuse.graph import Graph
+    from gnnfuse.nn.conv import _transform_first, transform_first_rows
+
+    graph = Graph.from_edge_index(EDGE_INDEX, num_nodes=6)
+    read = transform_first_rows(graph, hops)
+    assert read is not None and not bool(read.all())
+    x = torch.randn(6, F_IN, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(3, F_IN, dtype=torch.float64, requires_grad=True)
+    def propagated(a, w):
+        return _transform_first(a, w, graph, hops).masked_fill(~read.unsqueeze(-1), 0.0)
+
+    assert torch.autograd.gradcheck(propagated, (x, weight))
+    assert torch.autograd.gradgradcheck(propagated, (x, weight))
+    probe = torch.randn(6, 3, dtype=torch.float64)
+    nan_x = features(nan_rows=tuple((~read).nonzero().squeeze(1).tolist()))
+    (got,) = torch.autograd.grad((_transform_first(nan_x, weight, graph, hops) * probe.masked_fill(
+        ~read.unsqueeze(-1), 0.0)).sum(), weight)
+    (expected,) = torch.autograd.grad((torch.nn.functional.linear(
+        nan_x.masked_fill(~read.unsqueeze(-1), 0.0), weight) * probe).sum(), weight)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
