@@ -27,7 +27,9 @@
 
 Every cell is guarded (an error or time-out becomes its status); results are rewritten
 after every cell to ``<out>/cuda_graph.json`` and ``<out>/cuda_graph.md``. Cells not
-started within ``--budget`` seconds are marked skipped. Exit status 1 when a
+started within ``--budget`` seconds are marked skipped, unless an earlier run in that
+file measured them: such a cell keeps its earlier measurement, shown with the commit it
+was taken at (every timing cell records its commit), so a short run loses nothing. Exit status 1 when a
 correctness check fails.
 
     PYTHONPATH=src python benchmarks/check_cuda_graph.py --out benchmarks/results
@@ -48,6 +50,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from common import environment
 from gnnfuse import nn as gnn_nn
 from gnnfuse.bench import (REL_ERR_LIMIT, build_model, graph_input, guarded, instantiate, load_data, max_rel_err,
                            measure, reference_state)
@@ -265,9 +268,10 @@ def render(results: dict[str, Any]) -> str:
                      f"{'yes' if cell['passed'] else '**no**'} |")
     frameworks = ["gnnfuse-eager", "gnnfuse-captured"] + results["peers"]
     lines += ["", "## Training step, median ms (host ms to issue one step)", "",
-              "Speedup = PyG compiled median / gnnfuse captured median; target from issue #13.", "",
+              "Speedup = PyG compiled median / gnnfuse captured median; target from issue #13. A row's "
+              "cells may come from different runs: `commits` lists the commits they were measured at.", "",
               "| data set | model | " + " | ".join(frameworks) + " | speedup vs pyg-compile | target | "
-              "capture | graph pool GB |", "|" + "---|" * (len(frameworks) + 6)]
+              "capture | graph pool GB | commits |", "|" + "---|" * (len(frameworks) + 7)]
     for dataset in results["datasets"]:
         for model in MODELS:
             cells = [results["timings"].get(f"{dataset}/{model}/{f}") for f in frameworks]
@@ -284,8 +288,17 @@ def render(results: dict[str, Any]) -> str:
             verdict = "" if speedup is None else (" met" if speedup >= target else " **missed**") if target else ""
             lines.append(f"| {dataset} | {model} | " + " | ".join(shown) + f" | {fmt(speedup, '.2f')}{note} | "
                          f"{f'>= {target}' if target else '–'}{verdict} | {ours.get('cuda_graph', '–') if ours else '–'} | "
-                         f"{fmt(ours.get('graph_pool_gb') if ours else None, '.3f')} |")
+                         f"{fmt(ours.get('graph_pool_gb') if ours else None, '.3f')} | "
+                         f"{', '.join(sorted({c['commit'] for c in cells if c and 'commit' in c})) or '–'} |")
     return "\n".join(lines) + "\n"
+
+
+def measured_timings(path: Path) -> dict[str, dict[str, Any]]:
+    """The timing cells an earlier run wrote to ``path`` that hold a measurement."""
+    if not path.exists():
+        return {}
+    cells = json.loads(path.read_text()).get("timings", {})
+    return {key: cell for key, cell in cells.items() if cell.get("status") == "ok"}
 
 
 def save(results: dict[str, Any], out: Path) -> None:
@@ -324,6 +337,8 @@ def main(argv: list[str] | None = None) -> int:
     def log(message: str) -> None:
         print(f"[{time.perf_counter() - begin:6.1f} s] {message}", flush=True)
 
+    commit = (environment(device)["git_commit"] or "unknown")[:10]
+    earlier = measured_timings(args.out / "cuda_graph.json")
     problem = random_problem(device)
     recovery = guarded(lambda: failed_capture_recovery(problem), device, 120)   # first: a fresh process
     recovery.setdefault("passed", False)
@@ -353,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     for dataset, model, framework in timing_cells(datasets, peers):
         key = f"{dataset}/{model}/{framework}"
         if time.perf_counter() - begin > args.budget:
-            results["timings"][key] = {"status": "skipped (time budget)"}
+            results["timings"][key] = earlier.get(key) or {"status": "skipped (time budget)"}
             continue
         if dataset not in loaded:
             try:
@@ -374,6 +389,7 @@ def main(argv: list[str] | None = None) -> int:
             log(f"forward vs PyG {check_key}: {check['status']} rel err {check.get('max_rel_err')} "
                 f"passed={check['passed']}")
         cell = guarded(lambda: run_timing(dataset, model, framework, data, state, args), device, args.cell_limit)
+        cell["commit"] = commit
         results["timings"][key] = cell
         extra = f" ({cell.get('cuda_graph')})" if "cuda_graph" in cell else ""
         log(f"{key}: " + (f"median {cell['median_ms']:.2f} ms, host {cell['host_ms']:.2f} ms{extra}"
