@@ -78,7 +78,7 @@ def test_gat_layer_units_dot_source_and_render(tmp_path, monkeypatch):
     assert all(s.traffic.total > 0 for s in steps)
     units = [s for s in steps if s.fused]
     assert any(s.item.root.op == "reduce" for s in units) and any(s.item.root.residency.is_edge_rowed for s in units)
-    assert all(s.source and "@triton.jit" in s.source for s in units)
+    assert all(s.source and "@triton.jit" in s.source or s.source == "(the kernel above)" for s in units)
     assert "tl.float64" in units[0].source
     dot = report.to_dot()
     assert dot.startswith("digraph") and dot.rstrip().endswith("}")

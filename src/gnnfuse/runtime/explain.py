@@ -65,6 +65,7 @@ from ..ir.ops.typed_aggregate import recorded_choice
 from ..ir.residency import Movement
 from ..passes.fusion import gathered_leaves, partition
 from ..passes.io_rule import EdgeTensor, backward_reads_gathered_rows, edge_tensors, reads_gathered_rows
+from ..passes.siblings import group_siblings
 from .compiled import ProgramCall, record_calls
 
 
@@ -246,6 +247,12 @@ def _op_step(v: Value, sizes: _Sizes, names: dict[int, str]) -> Step:
     return Step(v, label, False, [], reads, [v], traffic)
 
 
+def _one_kernel(group: Any, sizes: _Sizes) -> bool:
+    """Whether the Triton backend runs sibling ``group`` as one kernel on this graph:
+    every member in the CSR schedule (its other conditions are the executor's)."""
+    return all(_schedule(unit, sizes) == "csr" for unit in group.members)
+
+
 def _kernel_source(unit: Any, sizes: _Sizes) -> str:
     try:
         from ..backend.triton.executor import kernel_source, schedule_for
@@ -253,7 +260,7 @@ def _kernel_source(unit: Any, sizes: _Sizes) -> str:
         raise RuntimeError("explain(source=True) prints generated Triton kernels and needs the 'triton' "
                            "package: pip install 'gnnfuse[gpu]'") from exc
     wide = any(leaf.dtype == torch.float64 for leaf in unit.leaves if leaf.op != "const")
-    schedule = schedule_for(unit, sizes.group_rows(unit), sizes.num_edges)
+    schedule = "siblings" if hasattr(unit, "members") else schedule_for(unit, sizes.group_rows(unit), sizes.num_edges)
     return kernel_source(unit, "tl.float64" if wide else "tl.float32", schedule)[1]
 
 
@@ -261,12 +268,18 @@ def _plan(phase: str, program: Program, keep: list[int], sizes: _Sizes, source: 
           tainted: set[int]) -> Plan:
     names = _names(program)
     steps = []
-    for item in partition(program, keep, tile_feature_sums=tiled_scores()):   # the Triton backend's plan
+    for item in group_siblings(partition(program, keep, tile_feature_sums=tiled_scores())):   # the Triton plan
         if isinstance(item, Value):
             steps.append(_op_step(item, sizes, names))
-        else:
-            step = _unit_step(item, sizes)
-            step.source = _kernel_source(item, sizes) if source else None
+            continue
+        for unit in getattr(item, "members", [item]):
+            step = _unit_step(unit, sizes)
+            if unit is not item:
+                step.label += (f"\n    shares one kernel with the {len(item.members) - 1} other unit(s) walking the "
+                               f"{item.by} CSR beside it, where every member runs in the CSR schedule (passes/siblings.py)")
+            step.source = _kernel_source(unit, sizes) if source else None
+            if source and unit is not item and _one_kernel(item, sizes):
+                step.source = _kernel_source(item, sizes) if unit is item.members[0] else "(the kernel above)"
             steps.append(step)
     written = [v for step in steps for v in step.writes]
     return Plan(phase, program, steps, edge_tensors(written, keep, tainted), sizes.num_edges)

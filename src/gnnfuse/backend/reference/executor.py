@@ -30,7 +30,8 @@ def run_plan(program: Program, plan: Sequence, ctx: GraphContext, feeds: Mapping
              keep: Iterable[int], run_unit: Callable | None
              ) -> tuple[dict[str, torch.Tensor], dict[int, torch.Tensor]]:
     """Run ``plan``: values run through their torch reference; fused units (anything
-    with ``root`` and ``leaves``) run through ``run_unit(unit, ctx, {leaf id: tensor})``.
+    with ``root`` and ``leaves``) run through ``run_unit(unit, ctx, {leaf id: tensor})``,
+    and a step with ``roots`` instead of a ``root`` returns one tensor per root.
 
     What a call does besides running the steps -- which values each step reads, when
     each dies, the inputs' expected shapes on this graph -- is worked out on the first
@@ -48,6 +49,8 @@ def run_plan(program: Program, plan: Sequence, ctx: GraphContext, feeds: Mapping
     for item, reads, out, frees, op, input_ids, residencies in steps:
         if op is not None:
             env[out] = op.run(ctx, [env[i] for i in input_ids], residencies, item.attrs)
+        elif type(out) is tuple:     # a step with several outputs (passes.siblings.SiblingGroup)
+            env.update(zip(out, run_unit(item, ctx, {i: env[i] for i in reads})))
         else:
             env[out] = run_unit(item, ctx, {i: env[i] for i in reads})
         for i in frees:
@@ -81,7 +84,7 @@ def _schedule(program: Program, plan: Sequence, keep: Iterable[int]) -> tuple[fr
             frees[position].append(value_id)
     steps = tuple((item, tuple(i.id for i in r), item.id, tuple(f), get_op(item.op), tuple(i.id for i in item.inputs),
                    tuple(i.residency for i in item.inputs)) if isinstance(item, Value) else
-                  (item, tuple(i.id for i in r), item.root.id, tuple(f), None, None, None)
+                  (item, tuple(i.id for i in r), _outputs(item), tuple(f), None, None, None)
                   for item, r, f in zip(plan, reads, frees))
     cache[lookup] = (plan, keep, steps)
     return keep, steps
@@ -102,6 +105,12 @@ def _inputs(program: Program, ctx: GraphContext) -> list[tuple[str, int, torch.S
         found = per_graph[ctx.graph] = [(v.attrs["key"], v.id, torch.Size(_expected_shape(v, ctx, sides.get(v.id))),
                                          v.residency.name) for v in program.inputs.values()]
     return found
+
+
+def _outputs(item) -> int | tuple[int, ...]:
+    """The value id a fused step writes, or the ids, in order, of a step with several."""
+    roots = getattr(item, "roots", None)
+    return item.root.id if roots is None else tuple(r.id for r in roots)
 
 
 def _reads(item) -> list[Value]:

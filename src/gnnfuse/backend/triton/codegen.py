@@ -2,7 +2,9 @@
 vertex-parallel CSR kernel (`generate`) or an edge-parallel COO one with atomic adds
 (`generate_coo`), an edge unit into an edge-parallel kernel that writes each edge's row
 (`generate_edge`), a shared-reduce unit into an edge-parallel kernel that sums its
-edges into one parameter-shaped partial per program (`generate_shared_reduce`).
+edges into one parameter-shaped partial per program (`generate_shared_reduce`), and a
+group of aggregate units over the same CSR into one walk with an output each
+(`generate_siblings`).
 
 CSR schedule (fuseGNN's GAR, Seastar's locality-centric execution): one program owns one
 segment of a group row's edges (the row is a destination vertex for forward reductions,
@@ -33,6 +35,7 @@ import triton
 from ...ir import Residency, Value, get_op
 from ...passes.fusion import (AggregateUnit, EdgeUnit, RowSum, SharedReduceUnit, Unit, feature_sum_terms,
                               gather_side, leaf_kind, row_sum_split)
+from ...passes.siblings import SiblingGroup
 from ..coords import project as _project, strides as _strides, summed_coords as _summed_coords
 
 _IDENTITY = {"sum": "0.0", "mean": "0.0", "max": "float('-inf')", "min": "float('inf')"}
@@ -41,8 +44,8 @@ _ROW_INDEX = {"neighbour": "nbr", "edge": "edge", "src": "src_id", "dst": "dst_i
 
 
 class _Emitter:
-    def __init__(self, unit: Unit, sides: dict[str, str] | None = None):
-        self.unit = unit
+    def __init__(self, unit: Unit | SiblingGroup, sides: dict[str, str] | None = None):
+        self.unit = unit    # for a sibling group: the member being emitted (`use_lanes`)
         self.sides = sides or {}     # gather side -> the index variable a schedule names it by
         self.lines: list[str] = []
         self.memo: dict[tuple, str] = {}
@@ -51,12 +54,18 @@ class _Emitter:
         self.leaf_index = {v.id: n for n, v in enumerate(self.leaf_args)}
         # the feature lanes values are evaluated on: the kernel's [BLOCK_F] block, or a
         # row tile's lanes while a feature sum in the body is evaluated (`row_sum`)
-        self.zero, self.lanes = "fzero", "BLOCK_F"
+        self.lane, self.zero, self.lanes = "f", "fzero", "BLOCK_F"
         # expressions with one value per program (see `head_block`): loads at them are one
         # per gathered row, and arithmetic on them runs once per edge, not per feature lane
         self.uniform: set[str] = set()
         self.tile_lanes = 0   # the widest row tile a feature sum in the body evaluates (`row_sum`)
         self.row_lanes: tuple[str, ...] | None = None   # the coordinates of a flat output's lanes
+
+    def use_lanes(self, unit: AggregateUnit, lane: str) -> None:
+        """Emit ``unit`` (a sibling group's member) on feature lanes named ``lane``: its
+        values get their own lane coordinates, while row-level values (scalar loads,
+        head score tiles) are shared with the members emitted before."""
+        self.unit, self.lane, self.zero, self.row_lanes = unit, lane, f"{lane}zero", None
 
     def tmp(self, expr: str) -> str:
         if expr not in self.names:
@@ -75,7 +84,8 @@ class _Emitter:
         (its block of BLOCK_F lanes lies inside one row of the last dim), so it is computed
         from the block's first lane as a scalar; a static assert keeps the launch honest."""
         if block is None:
-            coords = tuple("0" if n == 1 else self.tmp(f"(f // {st}) % {n}") for st, n in zip(_strides(shape), shape))
+            coords = tuple("0" if n == 1 else self.tmp(f"({self.lane} // {st}) % {n}")
+                           for st, n in zip(_strides(shape), shape))
             if len(shape) == 1:   # lane f is column f of a flat row: see `padded_lanes`
                 self.row_lanes = coords
             return coords
@@ -222,7 +232,7 @@ class _Emitter:
         at f % width instead, no lane run is provably contiguous (width is odd), every
         load is scalar, and GCN's aggregation at 47 classes ran 1.7x slower than at 64
         on an H100, padding and all."""
-        return self.tmp(f"f % {stride} + {self.zero}")
+        return self.tmp(f"{self.lane} % {stride} + {self.zero}")
 
     def scalar_load(self, ptr: str, kind: str) -> str:
         """A value with one element per row (a GCN norm, a degree) is loaded once per row
@@ -276,13 +286,13 @@ def size_class(count: int) -> int:
     return int(count).bit_length()
 
 
-def _decorator(tuned: bool, space: dict[str, tuple[int, ...]], key: str, reset: bool,
+def _decorator(tuned: bool, space: dict[str, tuple[int, ...]], key: str, reset: bool | tuple[str, ...],
                warps: tuple[int, ...] = (4,)) -> str:
     """``@triton.jit``, behind an autotuner over ``space`` (block sizes and rows per
     program) and ``warps`` when ``tuned``: the best choice depends on degree distribution
     and feature width, which a first timed run measures better than a rule. Every config
     is compiled before it is timed, so the space stays small (a GAT layer has a dozen
-    kernels). Atomic kernels reset ``out`` between trials. The tuning key is the
+    kernels). Atomic kernels reset ``out`` (or the outputs ``reset`` names) between trials. The tuning key is the
     kernel's ``size_class`` argument (`size_class`: the bit length of its edge or
     segment count), not the count itself: mini-batch training gives every batch a new
     count, and keying on it re-tuned every kernel on every batch."""
@@ -293,7 +303,8 @@ def _decorator(tuned: bool, space: dict[str, tuple[int, ...]], key: str, reset: 
         "triton.Config({" + ", ".join(f"'{n}': {v}" for n, v in zip(names, values)) + f"}}, num_warps={w})"
         for values in itertools.product(*space.values()) for w in warps)
     extra = ", warmup=3, rep=10"   # milliseconds per trial: tuning costs well under a second per kernel
-    extra += ", reset_to_zero=['out']" if reset else ""
+    reset = ("out",) if reset is True else reset or ()
+    extra += f", reset_to_zero={list(reset)}" if reset else ""
     if "cache_results" in inspect.signature(triton.autotune).parameters:
         extra += ", cache_results=True"   # the choice persists on disk across processes
     return f"@triton.autotune(configs=[{configs}], key=['{key}']{extra})\n@triton.jit"
@@ -449,6 +460,64 @@ def {name}(rowptr, col, eid, seg_row, seg_start, seg_end, seg_split, num_segment
                 acc = {combine}{nan_count}
             acc = {finish}{nan_finish}{_row_scale(em, unit, "acc", " " * 12, per_edge=False)}
             {store}
+'''
+    return source, em.leaf_args
+
+
+def generate_siblings(group: SiblingGroup, name: str, acc_dtype: str, tuned: bool = False) -> tuple[str, list[Value]]:
+    """Kernel source for a `SiblingGroup`: `generate`'s CSR walk, with every member's
+    per-edge expression evaluated in the same chunk loop on feature lanes of its own
+    (``f0``, ``f1``, ...; each member's whole output row is one block, which the
+    executor checks) and one accumulator per member. The walk, the index loads and the
+    gathered rows are paid once for all members; rows and expressions they share are
+    emitted once. Outputs ``out0``, ``out1``, ... in member order."""
+    em = _Emitter(group)
+    members = []
+    for n, unit in enumerate(group.members):
+        em.use_lanes(unit, f"f{n}")
+        width = math.prod(unit.reduce.shape)
+        root = em.value(unit.reduce.inputs[0], em.feature_coords(unit.reduce.shape, None))
+        members.append((n, unit, width, triton.next_power_of_2(width), root))
+    lanes = "".join(f"    f{n} = tl.arange(0, {block})\n    f{n}mask = f{n} < {width}\n    f{n}zero = f{n} * 0\n"
+                    for n, _, width, block, _ in members)
+    init = "".join(f"            acc{n} = tl.zeros([{block}], ACC)\n" for n, _, _, block, _ in members)
+    adds = "".join(f"                acc{n} += tl.sum(tl.where(emask[:, None], {root} + tl.zeros([BLOCK_E, {block}], ACC), "
+                   "0.0), axis=0)\n" for n, _, _, block, root in members)
+    stores = []
+    for n, unit, width, _, _ in members:
+        finish = (f"\n            acc{n} = acc{n} / tl.maximum(row_end - row_start, 1).to(ACC)"
+                  if unit.reduce.attrs["op"] == "mean" else "")
+        target = f"out{n} + row * {width} + f{n}, acc{n}.to(out{n}.dtype.element_ty), mask=f{n}mask"
+        stores.append(f"{finish}{_row_scale(em, unit, f'acc{n}', ' ' * 12, per_edge=False)}\n"
+                      f"            if split:\n                tl.atomic_add({target})\n"
+                      f"            else:\n                tl.store({target})")
+    outs = tuple(f"out{n}" for n, *_ in members)
+    body = "\n".join(f"                {line}" for line in em.lines)
+    leaf_params = "".join(f"L{n}, " for n in range(len(em.leaf_args)))
+    source = f'''import triton
+import triton.language as tl
+
+
+{_decorator(tuned, {"BLOCK_E": _fit_tiles((16, 64), em, 1, acc_dtype), "ROWS": (1, 4)}, "size_class", outs, warps=(1,))}
+def {name}(rowptr, col, eid, seg_row, seg_start, seg_end, seg_split, num_segments, size_class, {", ".join(outs)}, {leaf_params}BLOCK_E: tl.constexpr, ROWS: tl.constexpr):
+    # {group.describe()}
+    ACC: tl.constexpr = {acc_dtype}
+{lanes}    for r in range(ROWS):
+        seg = tl.program_id(0) * ROWS + r
+        if seg < num_segments:
+            row = tl.load(seg_row + seg).to(tl.int64)
+            start = tl.load(seg_start + seg).to(tl.int64)
+            end = tl.load(seg_end + seg).to(tl.int64)
+            row_start = tl.load(rowptr + row).to(tl.int64)
+            row_end = tl.load(rowptr + row + 1).to(tl.int64)
+            split = tl.load(seg_split + seg) != 0
+{init}            for e0 in range(start, end, BLOCK_E):
+                e = e0 + tl.arange(0, BLOCK_E)
+                emask = e < end
+                nbr = tl.load(col + e, mask=emask, other=0).to(tl.int64)
+                edge = tl.load(eid + e, mask=emask, other=0).to(tl.int64)
+{body}
+{adds}{"".join(stores)}
 '''
     return source, em.leaf_args
 

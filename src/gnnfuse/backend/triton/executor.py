@@ -11,6 +11,7 @@ import triton
 
 from ...ir import Program, Value
 from ...passes.fusion import AggregateUnit, EdgeUnit, SharedReduceUnit, Unit, partition
+from ...passes.siblings import SiblingGroup, group_siblings
 from .. import tuned_schedule
 from ..forced_schedule import SCHEDULES, forced_schedule, forcing, tiled_scores
 from ..reference import GraphContext
@@ -18,7 +19,7 @@ from ..kernel_cache import load_kernel as _load_kernel
 from ..launch_cache import CallSettings, LaunchCache
 from ..reference.executor import run_plan
 from .codegen import (SHARED_REDUCE_BLOCK_E, SHARED_REDUCE_PROGRAMS, RowSum, generate, generate_coo, generate_edge,
-                      generate_shared_reduce, head_block, row_stride, row_sum_split, size_class)
+                      generate_shared_reduce, generate_siblings, head_block, row_stride, row_sum_split, size_class)
 from .context import TritonGraphContext
 from .launch import launch, signature
 from .schedule import SEGMENT_EDGES, segments
@@ -69,7 +70,8 @@ def prefers_coo(average_degree: float, width: int) -> bool:
 
 
 _GENERATORS = {"csr": ("fused_aggregate", generate), "coo": ("fused_aggregate_coo", generate_coo),
-               "edge": ("fused_edge", generate_edge), "shared": ("fused_shared_reduce", generate_shared_reduce)}
+               "edge": ("fused_edge", generate_edge), "shared": ("fused_shared_reduce", generate_shared_reduce),
+               "siblings": ("fused_siblings", generate_siblings)}
 
 
 def kernel_source(unit: Unit, acc: str, schedule: str) -> tuple[str, str, list[Value]]:
@@ -121,9 +123,10 @@ class _Launch(NamedTuple):
 
 
 def _read_environment() -> tuple:
-    """The schedule override, the tuner's stored choices and whether kernels autotune:
-    read once per program run (`CallSettings`)."""
-    return os.environ.get("GNNFUSE_SCHEDULE"), tuned_schedule.entries(), _autotune()
+    """The schedule override, the tuner's stored choices, whether kernels autotune and
+    whether sibling groups run as one kernel: read once per program run (`CallSettings`)."""
+    return (os.environ.get("GNNFUSE_SCHEDULE"), tuned_schedule.entries(), _autotune(),
+            os.environ.get("GNNFUSE_SIBLING_KERNELS", "1") != "0")
 
 
 _ENVIRONMENT = CallSettings("gnnfuse_triton_environment", _read_environment)
@@ -134,7 +137,10 @@ def run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> 
     """Runs ``unit`` under the tuner's stored choice for it, if any (backend/tuned_schedule.py).
     What the launch needs besides the tensors is planned once per (unit, graph, settings:
     a forced schedule, the environment, the segment length, the leaves' dtypes) and
-    reused while they hold; tests/test_host_path.py bounds the Python calls left."""
+    reused while they hold; tests/test_host_path.py bounds the Python calls left. A
+    `SiblingGroup` returns one tensor per member (`_run_siblings`)."""
+    if isinstance(unit, SiblingGroup):
+        return _run_siblings(unit, ctx, leaves)
     settings = (forced_schedule(), _ENVIRONMENT.current(), SEGMENT_EDGES, tuple([t.dtype for t in leaves.values()]))
     plan = _LAUNCHES.get(unit, ctx.graph, settings, lambda: _plan_tuned(unit, ctx, leaves))
     out = (torch.zeros if plan.zeros else torch.empty)(plan.out_shape, dtype=plan.out_dtype, device=plan.device)
@@ -148,6 +154,72 @@ def run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> 
         dtype, shape = plan.summed_to
         return out.sum(0).to(dtype).reshape(shape)
     return out
+
+
+class _SiblingLaunch(NamedTuple):
+    """A sibling group's launch on one graph: `_Launch`'s fields for a kernel with one
+    output per member (``outs``: their shapes and dtypes)."""
+    kernel: Any
+    layouts: tuple[tuple[int, int, int], ...]
+    before: tuple
+    outs: tuple[tuple[tuple[int, ...], torch.dtype], ...]
+    device: torch.device
+    zero_rows: torch.Tensor | None
+    grid: Callable[[dict], tuple]
+    sizes: tuple[int, ...]
+    kwargs: dict[str, Any]
+    signature: Hashable
+
+
+def _run_siblings(group: SiblingGroup, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """The group's members' outputs, from one kernel where `_plan_siblings` finds one on
+    this graph, else from the members run one by one (the plan without the group)."""
+    settings = (forced_schedule(), _ENVIRONMENT.current(), SEGMENT_EDGES, tuple([t.dtype for t in leaves.values()]))
+    plan = _LAUNCHES.get(group, ctx.graph, settings, lambda: _plan_siblings(group, ctx, leaves))
+    if plan is None:
+        return tuple(run_unit(m, ctx, {v.id: leaves[v.id] for v in m.leaves if v.op != "const"})
+                     for m in group.members)
+    outs = tuple(torch.empty(shape, dtype=dtype, device=plan.device) for shape, dtype in plan.outs)
+    if plan.zero_rows is not None:
+        for out in outs:
+            out.index_fill_(0, plan.zero_rows, 0)
+    if plan.kernel is not None:
+        args = [_laid_out(leaves[leaf], width, stride) for leaf, width, stride in plan.layouts]
+        launch(plan.kernel, plan.grid, plan.sizes, (*plan.before, *outs, *args), plan.kwargs, plan.signature)
+    return outs
+
+
+def _plan_siblings(group: SiblingGroup, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> _SiblingLaunch | None:
+    """The group's one-kernel launch on ``ctx``'s graph, or None where its members would
+    not all run in `generate`'s CSR schedule with their whole row in one feature block
+    (a COO or tuned schedule, a forced feature tile, a head-blocked or wider-than-128
+    row), or where ``GNNFUSE_SIBLING_KERNELS=0`` turns groups off."""
+    if not _ENVIRONMENT.current()[3]:
+        return None
+    rows = ctx.num_rows(group.by)
+    for unit in group.members:
+        if tuned_schedule.forced_or_tuned(unit, ctx.graph, "triton") is not forced_schedule():
+            return None
+        width = math.prod(unit.reduce.shape)
+        if schedule_for(unit, rows, ctx.num_edges) != "csr" or feature_block(unit, 128) < triton.next_power_of_2(width):
+            return None
+    acc = "tl.float64" if any(t.dtype == torch.float64 for t in leaves.values()) else "tl.float32"
+    kernel, layouts, _ = _kernel_for(group, acc, "siblings")
+    rowptr, col, eid = ctx.csr(group.by)
+    segs = segments(ctx, group.by, SEGMENT_EDGES)
+    count = len(segs)
+    widths = tuple(math.prod(m.reduce.shape) for m in group.members)
+    fixed = {} if _autotune() else {"BLOCK_E": max(16, min(128, 2048 // triton.next_power_of_2(max(widths)))),
+                                    "ROWS": 2}
+    before = (rowptr, col, eid, segs.row, segs.start, segs.end, segs.split, count, size_class(count))
+    outs = tuple(((rows,) + m.reduce.shape, m.reduce.dtype) for m in group.members)
+    sizes = (size_class(count), *widths)
+    dtypes = (*(a.dtype for a in before if isinstance(a, torch.Tensor)), *(d for _, d in outs),
+              *(leaves[leaf].dtype for leaf, _, _ in layouts))
+    return _SiblingLaunch(kernel if count else None, tuple(layouts), before, outs, ctx.src.device,
+                          segs.split_rows if len(segs.split_rows) else None,
+                          lambda meta: (triton.cdiv(count, meta["ROWS"]),), sizes, fixed,
+                          signature(sizes, fixed, dtypes))
 
 
 def _plan_tuned(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> _Launch:
@@ -293,5 +365,5 @@ def execute(program: Program, ctx: GraphContext, feeds: Mapping[str, torch.Tenso
     plans = _PLANS.setdefault(program, {})
     key = (keep, tiled_scores())
     if key not in plans:
-        plans[key] = partition(program, keep, tile_feature_sums=key[1])
+        plans[key] = group_siblings(partition(program, keep, tile_feature_sums=key[1]))
     return _ENVIRONMENT.run(run_plan, program, plans[key], TritonGraphContext(ctx.graph), feeds, keep, run_unit)

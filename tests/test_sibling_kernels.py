@@ -1,0 +1,155 @@
+"""Sibling groups (passes/siblings.py): independent aggregate units over the same CSR run
+as one Triton kernel. The grouping's placement rules on hand-made plans; the generated
+kernel against the members run one by one and against the reference backend, in
+float64 under the interpreter, on a graph with a split hub row (atomic stores); and the
+fall-back to separate kernels wherever one kernel does not apply."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import gnnfuse
+from gnnfuse import nn as gnn
+from gnnfuse.backend.triton import executor as triton_executor
+from gnnfuse.frontend.trace_cache import clear_trace_caches
+from gnnfuse.ir import Program, Residency
+from gnnfuse.passes.fusion import AggregateUnit, partition
+from gnnfuse.passes.siblings import MAX_SIBLINGS, SiblingGroup, group_siblings
+from gnnfuse.runtime import compiled as compiled_module
+from test_triton_backend import DEVICE, hub_graph
+
+
+def _sums(n_units: int, chained: bool = False, read_between: bool = False):
+    """A program of ``n_units`` sums by dst of ``x_u * x_v`` (with ``chained``, the
+    second reading the first's output instead of ``x_u``), optionally with a torch op
+    reading the first sum before the second runs; and its partition."""
+    p = Program()
+    x = p.input("x", Residency.NODE, (4,), torch.float64)
+    outs = []
+    for k in range(n_units):
+        source = outs[0] if chained and outs else x
+        edge = p.add("mul", p.add("broadcast", source, by="src"), p.add("broadcast", x, by="dst"))
+        outs.append(p.add("reduce", edge, op="sum", by="dst"))
+        if read_between and k == 0:
+            outs[0] = p.add("tanh", outs[0])
+    for k, v in enumerate(outs):
+        p.output(f"y{k}", v)
+    return p, partition(p)
+
+
+def test_independent_sums_over_one_csr_form_a_group_at_the_last_member():
+    _, plan = _sums(3)
+    grouped = group_siblings(plan)
+    (group,) = [item for item in grouped if isinstance(item, SiblingGroup)]
+    units = [item for item in plan if isinstance(item, AggregateUnit)]
+    assert group.members == units and grouped.index(group) == len(grouped) - 1
+    assert {leaf.id for leaf in group.leaves} == {leaf.id for u in units for leaf in u.leaves}
+
+
+def test_a_member_read_before_the_group_would_run_closes_the_group():
+    for kwargs in ({"chained": True}, {"read_between": True}):
+        _, plan = _sums(2, **kwargs)
+        assert not any(isinstance(item, SiblingGroup) for item in group_siblings(plan)), kwargs
+
+
+def test_groups_hold_at_most_max_siblings():
+    _, plan = _sums(MAX_SIBLINGS + 2)
+    sizes = [len(item.members) for item in group_siblings(plan) if isinstance(item, SiblingGroup)]
+    assert sizes == [MAX_SIBLINGS, 2]
+
+
+@gnnfuse.vertex
+def _mean_and_scaled(v):
+    """Two sums by dst that do not read each other: a mean (a row scaled by 1 / degree)
+    and a normalized sum (scaled by a per-row norm), added."""
+    return sum([u.h for u in v.innbs]) / len(v.innbs) + sum([u.h * u.norm for u in v.innbs]) * v.norm
+
+
+def _gat(graph, x):
+    torch.manual_seed(3)
+    layer = gnn.GATConv(x.shape[1], 8, heads=2).double().to(x.device)
+    return layer(x, graph), list(layer.parameters())
+
+
+def _outputs_and_grads(fn, graph, x, extra):
+    xs = x.clone().requires_grad_()
+    out, params = fn(graph, xs, extra)
+    weight = torch.linspace(-1, 1, out.numel(), dtype=out.dtype, device=out.device).view_as(out)
+    grads = torch.autograd.grad((out * weight).sum(), [xs, *params])
+    return [out.detach(), *grads]
+
+
+def _cases():
+    def mean_and_scaled(graph, xs, norm):
+        return _mean_and_scaled(graph, {"h": xs, "norm": norm}), []
+
+    def gat(graph, xs, _):
+        return _gat(graph, xs)
+    return {"mean-and-scaled": mean_and_scaled, "gat-backward": gat}
+
+
+@pytest.mark.parametrize("case", ["mean-and-scaled", "gat-backward"])
+def test_one_kernel_equals_the_members_run_apart_and_the_reference(case, monkeypatch):
+    monkeypatch.setattr(triton_executor, "SEGMENT_EDGES", 64)    # the hub row splits: atomic stores too
+    monkeypatch.setenv("GNNFUSE_SCHEDULE", "csr")
+    graph = hub_graph().to(DEVICE)
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(graph.num_nodes, 6, dtype=torch.float64, generator=gen).to(DEVICE)
+    norm = (torch.rand(graph.num_nodes, 1, dtype=torch.float64, generator=gen) + 0.5).to(DEVICE)
+    fn = _cases()[case]
+    ran: list[SiblingGroup] = []
+    plan_siblings = triton_executor._plan_siblings
+
+    def spy(group, ctx, leaves):
+        plan = plan_siblings(group, ctx, leaves)
+        if plan is not None:
+            ran.append(group)
+        return plan
+    monkeypatch.setattr(triton_executor, "_plan_siblings", spy)
+    results = {}
+    for backend, siblings in (("triton", "1"), ("triton", "0"), ("reference", "1")):
+        monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+        monkeypatch.setenv("GNNFUSE_SIBLING_KERNELS", siblings)
+        compiled_module._BY_STRUCTURE.clear()
+        clear_trace_caches()
+        results[backend, siblings] = _outputs_and_grads(fn, graph, x, norm)
+        if (backend, siblings) == ("triton", "1"):
+            assert ran, "no sibling group ran as one kernel"
+            assert all(len(g.members) >= 2 for g in ran)
+    for got, apart, want in zip(results["triton", "1"], results["triton", "0"], results["reference", "1"]):
+        torch.testing.assert_close(got, apart, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
+
+
+def test_members_run_apart_where_one_kernel_does_not_apply(monkeypatch):
+    """The edge-parallel schedule (here forced) has no group kernel: the members run
+    one by one, and the results still match the reference."""
+    monkeypatch.setenv("GNNFUSE_SCHEDULE", "coo")
+    graph = hub_graph().to(DEVICE)
+    x = torch.randn(graph.num_nodes, 6, dtype=torch.float64).to(DEVICE)
+    norm = torch.rand(graph.num_nodes, 1, dtype=torch.float64).to(DEVICE) + 0.5
+    monkeypatch.setattr(triton_executor, "_plan_siblings",
+                        lambda *a, plan=triton_executor._plan_siblings: pytest.fail("planned")
+                        if plan(*a) is not None else None)
+    results = []
+    for backend in ("triton", "reference"):
+        monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+        compiled_module._BY_STRUCTURE.clear()
+        clear_trace_caches()
+        results.append(_outputs_and_grads(_cases()["mean-and-scaled"], graph, x, norm))
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
+
+
+def test_explain_names_the_shared_kernel_and_prints_its_source(monkeypatch):
+    monkeypatch.setenv("GNNFUSE_SCHEDULE", "csr")
+    graph = hub_graph()
+    x = torch.randn(graph.num_nodes, 6, dtype=torch.float64)
+    norm = torch.rand(graph.num_nodes, 1, dtype=torch.float64) + 0.5
+    report = gnnfuse.explain(_mean_and_scaled, graph, {"h": x, "norm": norm}, source=True)
+    [program] = report.programs
+    members = [s for s in program.forward.steps if s.fused]
+    assert len(members) == 2 and all("shares one kernel with the 1 other unit" in s.label for s in members)
+    assert "def fused_siblings(" in members[0].source and "out1" in members[0].source
+    assert members[1].source == "(the kernel above)"
+    assert "shares one kernel" in str(report)
