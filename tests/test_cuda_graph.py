@@ -124,7 +124,7 @@ def test_const_op_fills_on_the_device_without_a_host_copy():
     """Before: torch.tensor(value, device=...) copied a host scalar to the GPU on every
     call (a synchronisation, which also breaks capture); the audit saw no device op."""
     class Ctx:
-        src = torch.empty(0, device="meta")
+        device = torch.device("meta")
     seen = []
 
     class Watch(torch.utils._python_dispatch.TorchDispatchMode):

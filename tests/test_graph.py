@@ -265,3 +265,51 @@ def test_to_device_and_repr():
 def test_bad_input_raises_value_error(make, message):
     with pytest.raises(ValueError, match=message):
         make()
+
+
+def _eager_loop_free_then_looped(src, dst, n, num_src=None):
+    """What `remove_self_loops().add_self_loops()` means, computed without gnnfuse."""
+    src, dst = torch.tensor(src, dtype=torch.int64), torch.tensor(dst, dtype=torch.int64)
+    keep = src != dst
+    loops = torch.arange(min(n, n if num_src is None else num_src))
+    return torch.cat([src[keep], loops]), torch.cat([dst[keep], loops])
+
+
+@given(edge_lists(), st.booleans())
+@settings(max_examples=60, deadline=None)
+def test_self_looped_graph_builds_layouts_without_keeping_endpoints(edges, bipartite):
+    """GCN and GAT run on ``remove_self_loops().add_self_loops()``; its int64 endpoint
+    arrays (1 GB on a products-sized graph) are not built for the CSR layouts, degrees
+    or the COO pair, and every one of those equals the eagerly built graph's."""
+    src, dst, n = edges
+    num_src = n + 2 if bipartite else None
+    base = Graph(src, dst, n, num_src_nodes=num_src) if bipartite else Graph(src, dst, n)
+    lazy = base.remove_self_loops().add_self_loops()
+    exp_src, exp_dst = _eager_loop_free_then_looped(src, dst, n, num_src)
+    eager = Graph(exp_src, exp_dst, n, num_src_nodes=num_src) if bipartite else Graph(exp_src, exp_dst, n)
+    assert lazy.num_edges == eager.num_edges and lazy.device == eager.device
+    assert lazy.index_dtype == eager.index_dtype
+    for layout in ("csr", "reverse_csr"):
+        for mine, theirs in zip(getattr(lazy, layout)(), getattr(eager, layout)()):
+            assert torch.equal(mine, theirs)
+    for mine, theirs in zip(lazy.coo(), eager.coo()):
+        assert torch.equal(mine, theirs)
+    assert torch.equal(lazy.in_degrees(), eager.in_degrees())
+    assert torch.equal(lazy.out_degrees(), eager.out_degrees())
+    assert lazy._edges is None, "a layout kept the self-looped graph's int64 endpoints"
+    assert torch.equal(lazy.src, exp_src) and torch.equal(lazy.dst, exp_dst)
+    assert lazy._edges is not None                  # read once: kept, not rebuilt per read
+    assert torch.equal(lazy.add_self_loops().dst[-min(n, num_src or n):], torch.arange(min(n, num_src or n)))
+
+
+def test_an_execution_context_builds_looped_endpoints_only_when_an_op_indexes_by_them():
+    """The fused Triton kernels walk the looped graph's CSR layouts; only an op that
+    indexes by src/dst outside them (the reference executor's gathers do) builds them."""
+    torch.manual_seed(0)
+    graph = Graph(torch.randint(0, 40, (200,)), torch.randint(0, 40, (200,)), 40)
+    looped = graph.remove_self_loops().add_self_loops()
+    from gnnfuse.backend.reference.context import GraphContext
+    ctx = GraphContext(looped)
+    assert ctx.num_edges == looped.num_edges and ctx.device == looped.device
+    assert looped._edges is None, "making an execution context built the endpoints"
+    assert torch.equal(ctx.index("src"), looped.src)

@@ -90,7 +90,9 @@ class Graph:
 
     def _init(self, src, dst, num_nodes, edge_type, num_edge_types, node_type, num_node_types,
               num_src_nodes=None) -> None:
-        self._src, self._dst, self._num_nodes = src, dst, num_nodes
+        self._edges: tuple[torch.Tensor, torch.Tensor] | None = (src, dst)
+        self._lazy: tuple | None = None     # how a lazy graph's endpoints are made (see `_lazily`)
+        self._num_nodes = num_nodes
         self._num_src = num_src_nodes   # None: sources and destinations are one vertex set
         self._edge_type, self._num_edge_types = edge_type, num_edge_types
         self._node_type, self._num_node_types = node_type, num_node_types
@@ -105,6 +107,55 @@ class Graph:
                 self._num_edge_types if num_edge_types is None else num_edge_types,
                 self._node_type, self._num_node_types, self._num_src)
         return g
+
+    def _lazily(self, keep: torch.Tensor | None, loops: int) -> Graph:
+        """This untyped graph's edges where `keep` holds (all if None), then `loops` edges
+        ``i -> i`` for i < loops -- with the int64 endpoint arrays only built when
+        something reads `src` or `dst`.
+
+        Layers that run on a self-looped copy (GCN, GAT: `remove_self_loops` then
+        `add_self_loops`) never read those arrays, only the CSR layouts built once from
+        transient endpoints (`_endpoints`); for a 62M-edge graph the copy's arrays were
+        1 GB resident for the whole training run. A lazy graph refers to the endpoint
+        tensors it was derived from (and the mask), which its source graph holds anyway.
+        """
+        if self._edges is None:                      # compose with this graph's own recipe
+            src, dst, mask, kept, own_loops = self._lazy
+            if own_loops == 0 and (keep is None or mask is None):
+                mask = keep if mask is None else mask
+                kept = kept if keep is None else int(keep.sum())
+                return self._lazy_graph((src, dst, mask, kept, loops))
+        kept = self.num_edges if keep is None else int(keep.sum())
+        return self._lazy_graph((self._src, self._dst, keep, kept, loops))
+
+    def _lazy_graph(self, recipe: tuple) -> Graph:
+        g = Graph.__new__(Graph)
+        g._init(None, None, self._num_nodes, None, None, self._node_type, self._num_node_types, self._num_src)
+        g._edges, g._lazy = None, recipe
+        return g
+
+    def _endpoints(self, keep: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """(src, dst) int64 in edge-id order; a lazy graph (`_lazily`) builds them, and
+        keeps them only when `keep` (a layout builder uses them once and lets them go)."""
+        if self._edges is not None:
+            return self._edges
+        src, dst, mask, _, count = self._lazy
+        if mask is not None:
+            src, dst = src[mask], dst[mask]
+        if count:
+            loops = torch.arange(count, device=src.device)
+            src, dst = torch.cat([src, loops]), torch.cat([dst, loops])
+        if keep:
+            self._edges, self._lazy = (src, dst), None
+        return src, dst
+
+    @property
+    def _src(self) -> torch.Tensor:
+        return self._endpoints(keep=True)[0]
+
+    @property
+    def _dst(self) -> torch.Tensor:
+        return self._endpoints(keep=True)[1]
 
     @classmethod
     def _of_valid_ids(cls, src: torch.Tensor, dst: torch.Tensor, num_nodes: int,
@@ -296,11 +347,13 @@ class Graph:
 
     @property
     def num_edges(self) -> int:
-        return self._src.numel()
+        if self._edges is None:
+            return self._lazy[3] + self._lazy[4]
+        return self._edges[0].numel()
 
     @property
     def device(self) -> torch.device:
-        return self._src.device
+        return (self._lazy if self._edges is None else self._edges)[0].device
 
     @property
     def src(self) -> torch.Tensor:
@@ -352,12 +405,12 @@ class Graph:
     def csr(self) -> CSR:
         """In-edges grouped by destination: ``col`` = sources; stable in edge id per row.
         One row per destination (``num_nodes + 1`` row pointers)."""
-        return self.cached("csr", lambda g: g._group_by(g._dst, g._src, g._num_nodes, g._dst_grouped))
+        return self.cached("csr", lambda g: g._group_by(*g._endpoints(keep=False)[::-1], g._num_nodes, g._dst_grouped))
 
     def reverse_csr(self) -> CSR:
         """Out-edges grouped by source: ``col`` = destinations; stable in edge id per row.
         One row per source (``num_src_nodes + 1`` row pointers)."""
-        return self.cached("reverse_csr", lambda g: g._group_by(g._src, g._dst, g.num_src_nodes))
+        return self.cached("reverse_csr", lambda g: g._group_by(*g._endpoints(keep=False), g.num_src_nodes))
 
     def _group_by(self, key: torch.Tensor, other: torch.Tensor, rows: int, presorted: bool = False) -> CSR:
         """Edges grouped by `key`, `other` as ``col``; the sort is stable so ids rise per row.
@@ -378,15 +431,15 @@ class Graph:
 
     def coo(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(src, dst) in `index_dtype`, edge-id order."""
-        return self.cached("coo", lambda g: (g._src.to(g.index_dtype), g._dst.to(g.index_dtype)))
+        return self.cached("coo", lambda g: tuple(t.to(g.index_dtype) for t in g._endpoints(keep=False)))
 
     def in_degrees(self) -> torch.Tensor:
         """int64 [N]: number of edges into each vertex (multi-edges and loops count)."""
-        return self.cached("in_degrees", lambda g: torch.bincount(g._dst, minlength=g._num_nodes))
+        return self.cached("in_degrees", lambda g: torch.bincount(g._endpoints(keep=False)[1], minlength=g._num_nodes))
 
     def out_degrees(self) -> torch.Tensor:
         """int64 [num_src_nodes]: number of edges out of each (source) vertex."""
-        return self.cached("out_degrees", lambda g: torch.bincount(g._src, minlength=g.num_src_nodes))
+        return self.cached("out_degrees", lambda g: torch.bincount(g._endpoints(keep=False)[0], minlength=g.num_src_nodes))
 
     def degree_order(self) -> torch.Tensor:
         """Vertex ids by descending in-degree, ties by ascending id (Seastar §6.3.3).
@@ -419,11 +472,12 @@ class Graph:
         On a bipartite graph, as PyG's attention layers do there, source i gets an edge to
         destination i for every i below both vertex counts.
         """
-        loops = torch.arange(min(self._num_nodes, self.num_src_nodes), device=self.device)
+        count = min(self._num_nodes, self.num_src_nodes)
         if self._edge_type is None:
             if loop_type is not None:
                 raise ValueError("loop_type given but the graph has no edge types")
-            return self._derive(torch.cat([self._src, loops]), torch.cat([self._dst, loops]), None)
+            return self._lazily(None, count)
+        loops = torch.arange(count, device=self.device)
         num_types = self._num_edge_types
         if loop_type is None:
             loop_type, num_types = num_types, num_types + 1
@@ -438,7 +492,9 @@ class Graph:
         return self._select(keep)
 
     def _select(self, keep: torch.Tensor) -> Graph:
-        etype = None if self._edge_type is None else self._edge_type[keep]
+        if self._edge_type is None:
+            return self._lazily(keep, 0)
+        etype = self._edge_type[keep]
         return self._derive(self._src[keep], self._dst[keep], etype)
 
     def reverse(self) -> Graph:

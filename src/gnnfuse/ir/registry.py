@@ -23,6 +23,7 @@ class ExecContext(Protocol):
 
     num_nodes: int
     num_edges: int
+    device: torch.device
     src: torch.Tensor
     dst: torch.Tensor
     run_memo: dict      # values the ops of one program run may share

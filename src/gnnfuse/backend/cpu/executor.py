@@ -216,7 +216,7 @@ def _plan(unit: Unit, ctx: GraphContext, metas: tuple[tuple[torch.dtype, bool], 
     CPU), under the settings in force now (see `_Launch`)."""
     root = unit.root
     fallback = _Launch(None, (), (), (), root.dtype, 1, None, 1)
-    if not all(on_cpu for _, on_cpu in metas) or ctx.src.device.type != "cpu":
+    if not all(on_cpu for _, on_cpu in metas) or ctx.device.type != "cpu":
         _warn_once("device", "gnnfuse cpu backend: tensors are not on the CPU; fused units run as torch ops "
                              "(use the triton backend for GPU tensors)")
         return fallback

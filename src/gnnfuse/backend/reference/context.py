@@ -34,8 +34,18 @@ class GraphContext:
         self.run_memo: dict = {}      # what ops of one program run share (compact._shared_pair_sums)
         self.num_nodes = graph.num_nodes
         self.num_edges = graph.num_edges
-        self.src = graph.src
-        self.dst = graph.dst
+        self.device = graph.device
+
+    @property
+    def src(self) -> torch.Tensor:
+        """Each edge's source, int64. Read on demand: a lazily self-looped graph
+        (`Graph.add_self_loops`) builds its endpoint arrays only for a program that
+        indexes by them outside the fused kernels, which walk the CSR layouts."""
+        return self.graph.src
+
+    @property
+    def dst(self) -> torch.Tensor:
+        return self.graph.dst
 
     def index(self, by: str) -> torch.Tensor:
         """int64 index ``by``: one entry per edge (per vertex for ``ntype``)."""

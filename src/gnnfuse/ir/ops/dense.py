@@ -139,7 +139,7 @@ def _const(ctx, value: float, dtype: torch.dtype) -> torch.Tensor:
     operand, and a kernel cannot read a CPU scalar. Filled there (``torch.full``) rather
     than copied from the host (``torch.tensor``): that copy synchronises the host with the
     GPU on every call and cannot be captured in a CUDA graph."""
-    return torch.full((), value, dtype=dtype, device=None if ctx is None else ctx.src.device)
+    return torch.full((), value, dtype=dtype, device=None if ctx is None else ctx.device)
 
 
 register(OpDef("const", Movement.DENSE, _const,
