@@ -262,8 +262,8 @@ def measure(model: str, framework: str, data: TypedData, hidden: int, state, ste
     reset_peak_memory(device)
     times = time_calls(step, steps, device)
     peak = peak_memory_gb(device)
-    if peak is not None and ours and step.captured:   # replays allocate nothing: add the graph's pool
-        peak += step.pool_bytes() / 1e9
+    if peak is not None and ours and step.captured:   # replays allocate nothing: add the pool's free part
+        peak += step.pool_bytes(free_only=True) / 1e9
     cell = {"status": "ok", **summarize(times), "peak_gb": peak, "base_gb": base,
             "own_peak_gb": None if peak is None else peak - base, "first_step_ms": first_ms,
             **({"cuda_graph": step.status} if ours else {})}

@@ -49,8 +49,9 @@ def measure(framework: str, model: str, data: DeviceData, state: dict[str, torch
     gnnfuse's whole step goes through `StepCapture` (mode ``cuda_graph``): on CUDA it is
     captured in a CUDA graph after warm-up when replayable, so the timed steps are
     replays; ``cuda_graph`` in the result says which ran. A replay allocates nothing, so
-    its peak adds the graph's private pool (an upper bound: the pool also holds the
-    gradients, which the allocator already counts)."""
+    its peak adds the part of the graph's private pool that no live tensor holds (the
+    temporaries the replays reuse; the pool's live blocks, such as the gradients, are in
+    the allocator's peak already)."""
     module = instantiate(framework, model, data, state, device)
     graph = graph_input(framework, data) if graph is None else graph
     ours = framework == "gnnfuse"
@@ -76,11 +77,11 @@ def measure(framework: str, model: str, data: DeviceData, state: dict[str, torch
     resident = allocated_gb(device)
     reset_peak_memory(device)
     times = time_calls(step, steps, device)
-    peak, pool = peak_memory_gb(device), _pool_gb(step)
+    peak, pool, pool_free = peak_memory_gb(device), _pool_gb(step), _pool_gb(step, free_only=True)
     return {"status": "ok", **summarize(times), "steps": steps, "warmup": warmup,
             "host_ms": issue_ms(step, min(steps, ISSUE_STEPS), device),
             "first_step_ms": first_step_ms, "first_loss": first_loss,
-            "resident_gb": resident, "peak_gb": peak if peak is None or not pool else peak + pool,
+            "resident_gb": resident, "peak_gb": peak if peak is None or not pool_free else peak + pool_free,
             **({"cuda_graph": step.status, "graph_pool_gb": pool} if ours else {})}
 
 
@@ -119,10 +120,11 @@ def issue_ms(fn: Callable[[], Any], repeats: int, device: torch.device) -> float
     return issued
 
 
-def _pool_gb(step: StepCapture) -> float | None:
-    """The captured graph's private pool in GB; None when not captured or not readable."""
+def _pool_gb(step: StepCapture, free_only: bool = False) -> float | None:
+    """The captured graph's private pool in GB (`StepCapture.pool_bytes`); None when not
+    captured or not readable."""
     try:
-        return step.pool_bytes() / 1e9 if step.captured else None
+        return step.pool_bytes(free_only) / 1e9 if step.captured else None
     except Exception:  # noqa: BLE001 - a memory snapshot must never fail a measurement
         return None
 
