@@ -19,6 +19,7 @@ from .. import frontend
 from ..graph import Graph
 from ..graph.convert import check_bipartite_adj_t, declared_size
 from ..runtime.compile_op import GRAPH_STEPS, GraphRef
+from .aligned_linear import aligned_linear, rows_read as _rows_read
 from .aggregation import Reduction, aggregate, eager_slots, pyg_aggr_name, resolve_aggregation
 from .arguments import adjacency_weights, edge_weight_column, node_features, node_pair, over_feature_batches
 from .attention_weights import AttentionOutput, attention_weights, check_attention_request
@@ -149,19 +150,6 @@ def _normalized_hop(graph: Graph, edge_weight: torch.Tensor | None, dtype: torch
     return graph, lambda h: _normalized_sum(graph, {"h": h, "norm": norm})
 
 
-def _rows_read(x: torch.Tensor, read: torch.Tensor | None) -> torch.Tensor:
-    """``x`` with the rows of vertices outside ``read`` (boolean [N]; None: all) zeroed.
-
-    Why: a layer that transforms every row before a propagation that reads only some
-    (``(A X) W`` evaluated as ``A (X W)``) gives the same output, but its weight gradient
-    sums every row times that row's share of the output gradient -- 0 for an unread row,
-    yet 0 * NaN = NaN -- where propagating first, as PyG does, never touches the row.
-    Zeroing unread rows changes no output and keeps a NaN or inf in them out of every
-    gradient, as in PyG. Free when every row is read (the usual graph).
-    """
-    return x if read is None else x.masked_fill(~read.unsqueeze(-1), 0.0)
-
-
 def _walk_starts(graph: Graph, hops: int) -> torch.Tensor | None:
     """The vertices some walk of exactly ``hops`` edges leaves (boolean [N], one per
     source vertex), whose features a ``hops``-hop propagation carries to an output; None
@@ -176,43 +164,24 @@ def _walk_starts(graph: Graph, hops: int) -> torch.Tensor | None:
     return graph.cached(f"nn_walk_starts_{hops}", build)
 
 
+def _aligned(lin: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``lin(x)`` laid out for the kernels that aggregate it (`aligned_linear`) when
+    ``lin`` is a plain, unhooked ``nn.Linear``; a replaced or hooked map runs as it is."""
+    if type(lin) is nn.Linear and not lin._forward_hooks and not lin._forward_pre_hooks:
+        return aligned_linear(x, lin.weight, lin.bias)
+    return lin(x)
+
+
 def _transform_first(x: torch.Tensor, weight: torch.Tensor, graph: Graph, hops: int) -> torch.Tensor:
     """``x W^T`` for a layer that moves its linear map before ``hops`` propagations over
     ``graph`` (so they move narrower rows) where PyG applies it after, with PyG's gradients.
 
     Every row is transformed (its value travels the shorter walks it starts and reaches
     what PyG's intermediate hops reach, edge weights' gradients included), but the
-    weight's gradient takes only the rows some ``hops``-walk leaves (`_rows_read`): see
-    `_LinearOfReadRows`, which does this in one GEMM per pass.
+    weight's gradient takes only the rows some ``hops``-walk leaves (`_rows_read`), in
+    one GEMM per pass (`aligned_linear`, which also lays the rows out for the kernels).
     """
-    starts = transform_first_rows(graph, hops)
-    return F.linear(x, weight) if starts is None else _LinearOfReadRows.apply(x, weight, starts)
-
-
-class _LinearOfReadRows(torch.autograd.Function):
-    """``x W^T`` whose weight gradient sums over the rows of ``read`` only.
-
-    Why a Function: the rows outside ``read`` get an output gradient of exactly 0 (no
-    propagation reads them), so they add nothing to the weight's gradient -- unless
-    ``x`` holds a NaN or inf there (0 * inf = NaN), which PyG, propagating first, never
-    touches. Zeroing those rows of ``x`` for the weight's GEMM alone keeps the forward
-    one plain GEMM; the composite it replaces (a masked GEMM, the unread rows recomputed
-    with the weight detached and put back out of place) copied the output and sorted an
-    index in the backward, about a fifth of a small graph's SAGE step on the GPU. The
-    backward is written in differentiable ops, so double backward works.
-    """
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, read: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(x, weight, read)
-        return F.linear(x, weight)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None]:
-        x, weight, read = ctx.saved_tensors
-        grad_x = grad @ weight if ctx.needs_input_grad[0] else None
-        grad_weight = grad.t() @ _rows_read(x, read) if ctx.needs_input_grad[1] else None
-        return grad_x, grad_weight, None
+    return aligned_linear(x, weight, read=transform_first_rows(graph, hops))
 
 
 def transform_first_rows(graph: Graph, hops: int) -> torch.Tensor | None:
@@ -454,7 +423,7 @@ class GCNConv(OneLineRepr, CachedGraph, nn.Module):
                 edge_weight: torch.Tensor | None = None) -> torch.Tensor:
         x, graph, edge_weight = _normalized_layer_inputs(self, "GCNConv", x, edge_index, edge_weight)
         graph = _along_flow(graph, self.flow)
-        h = self.lin(x)
+        h = _aligned(self.lin, x)
         if edge_weight is not None:
             graph, weight = _gcn_edge_norm(graph, edge_weight, x.dtype, self.add_self_loops,
                                            2.0 if self.improved else 1.0, self.normalize)
@@ -689,7 +658,7 @@ class GATConv(OneLineRepr, nn.Module):
         edata = None if rows is None else {"attr": rows} if in_kernel else {"alpha_edge": rows @ w_edge}
         graph = _with_loops(graph, self.add_self_loops)
         shape = (-1, self.heads, self.out_channels)
-        h = (self.lin or self.lin_src)(x).view(shape)
+        h = _aligned(self.lin or self.lin_src, x).view(shape)
         if x_dst is x and self.lin is not None and _folds(self.lin):
             alpha_src, alpha_dst = _folded_logits(self.lin, x, self.att_src, self.att_dst)
             ndata = {"h": h, "alpha_src": alpha_src, "alpha_dst": alpha_dst}

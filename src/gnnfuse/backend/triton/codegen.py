@@ -36,6 +36,7 @@ from ...ir import Residency, Value, get_op
 from ...passes.fusion import (AggregateUnit, EdgeUnit, RowSum, SharedReduceUnit, Unit, feature_sum_terms,
                               gather_side, leaf_kind, row_sum_split)
 from ...passes.siblings import SiblingGroup
+from ..row_layout import aligned_row_width
 from ..coords import project as _project, strides as _strides, summed_coords as _summed_coords
 
 _IDENTITY = {"sum": "0.0", "mean": "0.0", "max": "float('-inf')", "min": "float('inf')"}
@@ -265,19 +266,11 @@ def head_block(unit: Unit) -> int | None:
     return min(last, 128)
 
 
-_VECTOR = 4   # elements per 16-byte float32 vector load
-
-
 def row_stride(v: Value) -> int:
-    """Elements between consecutive rows of leaf ``v`` as the kernel reads it. Vertex
-    rows whose width is not a multiple of four (41 classes, say) are padded to one by
-    the executor: at an odd stride no gathered row is 16-byte aligned, every load is
-    scalar, and a GCN unit at width 41 ran 2x slower than at width 64 on an H100. The
-    copy costs one pass over N rows against E gathered rows."""
+    """Elements between consecutive rows of leaf ``v`` as the kernel reads it: vertex
+    rows at `aligned_row_width` (backend/row_layout.py says why), other rows packed."""
     width = math.prod(v.shape)
-    if v.residency is not Residency.NODE or width <= _VECTOR or width % _VECTOR == 0:
-        return width
-    return -(-width // _VECTOR) * _VECTOR
+    return aligned_row_width(width) if v.residency is Residency.NODE else width
 
 
 def size_class(count: int) -> int:

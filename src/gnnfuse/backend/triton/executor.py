@@ -17,6 +17,7 @@ from ..forced_schedule import SCHEDULES, forced_schedule, forcing, tiled_scores
 from ..reference import GraphContext
 from ..kernel_cache import load_kernel as _load_kernel
 from ..launch_cache import CallSettings, LaunchCache
+from ..row_layout import has_row_stride
 from ..reference.executor import run_plan
 from .codegen import (SHARED_REDUCE_BLOCK_E, SHARED_REDUCE_PROGRAMS, RowSum, generate, generate_coo, generate_edge,
                       generate_shared_reduce, generate_siblings, head_block, row_stride, row_sum_split, size_class)
@@ -216,7 +217,7 @@ def _plan_siblings(group: SiblingGroup, ctx: GraphContext, leaves: dict[int, tor
     sizes = (size_class(count), *widths)
     dtypes = (*(a.dtype for a in before if isinstance(a, torch.Tensor)), *(d for _, d in outs),
               *(leaves[leaf].dtype for leaf, _, _ in layouts))
-    return _SiblingLaunch(kernel if count else None, tuple(layouts), before, outs, ctx.src.device,
+    return _SiblingLaunch(kernel if count else None, tuple(layouts), before, outs, ctx.device,
                           segs.split_rows if len(segs.split_rows) else None,
                           lambda meta: (triton.cdiv(count, meta["ROWS"]),), sizes, fixed,
                           signature(sizes, fixed, dtypes))
@@ -240,7 +241,7 @@ def _plan(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> _La
     schedule = schedule_for(unit, rows, ctx.num_edges)
     kernel, layouts, row_tile = _kernel_for(unit, acc, schedule)
     leaf_dtypes = tuple(leaves[leaf].dtype for leaf, _, _ in layouts)
-    common = {"layouts": tuple(layouts), "device": ctx.src.device}
+    common = {"layouts": tuple(layouts), "device": ctx.device}
     if schedule == "edge":
         return _plan_edge_unit(unit, ctx, kernel, row_tile, leaf_dtypes, common)
     if schedule == "shared":
@@ -299,9 +300,12 @@ def feature_block(unit: Unit, widest: int) -> int:
 
 def _laid_out(tensor: torch.Tensor, width: int, stride: int) -> torch.Tensor:
     """A leaf's tensor (``width`` elements per row) in the row layout its kernel reads:
-    rows ``stride`` elements apart (see `row_stride`)."""
+    rows ``stride`` elements apart (see `row_stride`); a tensor already laid out so (a
+    view into a padded table, backend/row_layout.py) is read in place."""
     if stride == width:
         return tensor.contiguous()
+    if has_row_stride(tensor, width, stride):
+        return tensor
     return torch.nn.functional.pad(tensor.reshape(tensor.shape[0], width), (0, stride - width))
 
 

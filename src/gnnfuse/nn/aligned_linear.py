@@ -1,0 +1,78 @@
+"""Linear maps whose output the fused kernels read as it is.
+
+Two details of a layer's ``x W^T`` matter to the compiled aggregation that reads it:
+
+* **Row layout.** The Triton kernels read a vertex table at `aligned_row_width` (rows a
+  whole number of 16-byte vectors apart, backend/row_layout.py). A 47-class output is
+  then padded to 48 by a copy in every program that reads it, forward and backward --
+  on a products-sized graph 0.46 GB each, live at GAT's memory peak. Written by the GEMM
+  into a zero-padded [N, 48] table and returned as its [N, 47] view, it needs no copy.
+* **Which rows the weight's gradient sums** (`rows_read`, for layers that transform
+  before a propagation that reads only some rows; see `_rows_read`).
+
+One autograd Function does both; its backward works on the unpadded view's gradient
+(no [N, 48] gradient exists) and is written in differentiable ops, so double backward
+works.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ..backend.row_layout import aligned_row_width
+
+
+def rows_read(x: torch.Tensor, read: torch.Tensor | None) -> torch.Tensor:
+    """``x`` with the rows of vertices outside ``read`` (boolean [N]; None: all) zeroed.
+
+    Why: a layer that transforms every row before a propagation that reads only some
+    (``(A X) W`` evaluated as ``A (X W)``) gives the same output, but its weight gradient
+    sums every row times that row's share of the output gradient -- 0 for an unread row,
+    yet 0 * NaN = NaN -- where propagating first, as PyG does, never touches the row.
+    Zeroing unread rows changes no output and keeps a NaN or inf in them out of every
+    gradient, as in PyG. Free when every row is read (the usual graph).
+    """
+    return x if read is None else x.masked_fill(~read.unsqueeze(-1), 0.0)
+
+
+def aligned_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                   read: torch.Tensor | None = None) -> torch.Tensor:
+    """``x W^T + b`` -- on CUDA with its rows at the kernels' stride (a view into a
+    padded table when the width needs it), and with the weight's gradient summed over
+    the rows of ``read`` only (None: all)."""
+    width = weight.shape[0]
+    stride = kernel_row_stride(x, width)
+    if stride == width and read is None:
+        return F.linear(x, weight, bias)
+    return _AlignedLinear.apply(x, weight, bias, read, stride)
+
+
+def kernel_row_stride(x: torch.Tensor, width: int) -> int:
+    """The row stride to give ``x W^T``: the GPU kernels' (`aligned_row_width`) for a 2-D
+    CUDA input; packed elsewhere (the CPU executors read rows at any stride)."""
+    return aligned_row_width(width) if x.is_cuda and x.dim() == 2 else width
+
+
+class _AlignedLinear(torch.autograd.Function):
+    """`aligned_linear` where a padded layout or a read mask applies (see the module doc)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                read: torch.Tensor | None, stride: int) -> torch.Tensor:
+        ctx.save_for_backward(x, weight, read)
+        width = weight.shape[0]
+        if stride == width:
+            return F.linear(x, weight, bias)
+        pad = stride - width
+        out = F.linear(x, F.pad(weight, (0, 0, 0, pad)), None if bias is None else F.pad(bias, (0, pad)))
+        return out[:, :width]
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        x, weight, read = ctx.saved_tensors
+        grad_x = grad @ weight if ctx.needs_input_grad[0] else None
+        grad_weight = grad.t() @ rows_read(x, read) if ctx.needs_input_grad[1] else None
+        grad_bias = grad.sum(0) if ctx.needs_input_grad[2] else None
+        return grad_x, grad_weight, grad_bias, None, None

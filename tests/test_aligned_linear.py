@@ -1,0 +1,125 @@
+"""Linear maps that write their rows at the kernels' stride (nn/aligned_linear.py) and the
+executor reading such views in place (backend/row_layout.py): exact values and
+derivatives, no padded copy, and padding lanes that never reach a result."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import gnnfuse
+import gnnfuse.ops
+from gnnfuse.backend.row_layout import aligned_row_width, has_row_stride
+from gnnfuse.backend.triton import executor as triton_executor
+from gnnfuse.frontend.trace_cache import clear_trace_caches
+from gnnfuse.nn import aligned_linear as aligned_module
+from gnnfuse.nn.aligned_linear import _AlignedLinear, aligned_linear, rows_read
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def test_row_widths_and_layout_checks():
+    assert [aligned_row_width(w) for w in (1, 3, 4, 5, 8, 47, 64)] == [1, 3, 4, 8, 8, 48, 64]
+    table = torch.zeros(6, 48)
+    assert has_row_stride(table[:, :47], 47, 48)
+    assert has_row_stride(table[:, :47].view(6, 1, 47), 47, 48)
+    assert has_row_stride(table[:1, :47], 47, 48)
+    assert not has_row_stride(torch.zeros(6, 47), 47, 48)         # packed: needs the copy
+    assert not has_row_stride(table[:, 1:], 47, 48)               # the last row's padding is past the end
+    assert has_row_stride(torch.zeros(6 * 48 + 1)[1:].view(6, 48)[:, :47], 47, 48)
+    assert not has_row_stride(torch.zeros(47, 6).t(), 47, 48)     # columns, not rows
+    assert not has_row_stride(torch.zeros(6, 96)[:, ::2], 48, 48)
+
+
+@pytest.mark.parametrize("with_bias,with_read", [(False, False), (True, False), (True, True)])
+def test_padded_linear_has_the_layout_and_exact_derivatives(with_bias, with_read):
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(7, 4, dtype=torch.float64, generator=gen, requires_grad=True)
+    w = torch.randn(5, 4, dtype=torch.float64, generator=gen, requires_grad=True)
+    b = torch.randn(5, dtype=torch.float64, generator=gen, requires_grad=True) if with_bias else None
+    read = torch.tensor([True, False, True, True, False, True, True]) if with_read else None
+    out = _AlignedLinear.apply(x, w, b, read, 8)
+    assert out.shape == (7, 5) and out.stride() == (8, 1)
+    torch.testing.assert_close(out, F.linear(x, w, b))
+    if not with_read:
+        inputs = (x, w) + ((b,) if with_bias else ())
+        fn = (lambda x, w, *b: _AlignedLinear.apply(x, w, b[0] if b else None, None, 8))
+        assert torch.autograd.gradcheck(fn, inputs)
+        assert torch.autograd.gradgradcheck(fn, inputs)
+    else:    # by design not x W^T's derivative: the weight's gradient sums the read rows only
+        grad = torch.randn(7, 5, dtype=torch.float64, generator=gen)
+        got = torch.autograd.grad(_AlignedLinear.apply(x, w, b, read, 8), w, grad)[0]
+        torch.testing.assert_close(got, grad.t() @ rows_read(x.detach(), read))
+
+
+def test_only_cuda_tables_are_padded():
+    x, w = torch.randn(3, 4), torch.randn(5, 4)
+    assert aligned_linear(x, w).is_contiguous() == (DEVICE == "cpu" or not x.is_cuda)
+    assert aligned_module.kernel_row_stride(x, 5) == 5
+
+
+def _watch_layouts(monkeypatch) -> tuple[list, list]:
+    """Shapes of the leaves the Triton executor padded by a copy, and of those it read in place."""
+    copied, in_place = [], []
+    real = triton_executor._laid_out
+
+    def watch(tensor, width, stride):
+        out = real(tensor, width, stride)
+        if stride != width:
+            (in_place if out is tensor else copied).append(tuple(tensor.shape))
+        return out
+    monkeypatch.setattr(triton_executor, "_laid_out", watch)
+    return copied, in_place
+
+
+def _graph() -> gnnfuse.Graph:
+    gen = torch.Generator().manual_seed(5)
+    src = torch.cat([torch.randint(1, 9, (120,), generator=gen), torch.tensor([3, 2])])
+    dst = torch.cat([torch.zeros(120, dtype=torch.long), torch.tensor([3, 4])])
+    return gnnfuse.Graph(src, dst, 10).to(DEVICE)
+
+
+@pytest.mark.parametrize("layer_name,width", [("GCNConv", 5), ("GCNConv", 47), ("GATConv", 7)])
+def test_layers_hand_padded_tables_to_the_kernels_without_a_copy(layer_name, width, monkeypatch):
+    """With the kernels' stride forced (as on CUDA), GCN's and GAT's linear map writes a
+    padded table whose view the Triton executor reads in place, forward and backward,
+    and both match the reference backend in float64."""
+    monkeypatch.setattr(aligned_module, "kernel_row_stride", lambda x, w: aligned_row_width(w))
+    copied, in_place = _watch_layouts(monkeypatch)
+    graph = _graph()
+    x = torch.randn(graph.num_nodes, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    layer = getattr(gnnfuse.nn, layer_name)(6, width).double().to(DEVICE)
+    results = []
+    for backend in ("triton", "reference"):
+        monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+        clear_trace_caches()
+        layer.zero_grad()
+        xs = x.clone().requires_grad_()
+        out = layer(xs, graph)
+        (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype, device=out.device).view_as(out)).sum().backward()
+        results.append([out.detach(), xs.grad, layer.lin.weight.grad.clone()])
+    assert in_place, "no kernel read the layer's padded table in place"
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
+
+
+def test_garbage_in_a_views_padding_lanes_never_reaches_a_result(monkeypatch):
+    """The executor reads any view with the kernels' row stride in place -- a user's
+    slice of a wider table too -- so the lanes past the width may hold anything: NaN
+    there must not reach the output or the gradient."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
+    _, in_place = _watch_layouts(monkeypatch)
+    graph = _graph()
+    base = torch.full((graph.num_nodes, 8), float("nan"), dtype=torch.float64, device=DEVICE)
+    base[:, :5] = torch.randn(graph.num_nodes, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(4)).to(DEVICE)
+    view = base[:, :5].requires_grad_()
+    out = gnnfuse.ops.gspmm(graph, lambda xs: xs * 2.0, "sum", src=view)
+    out.sum().backward()
+    packed = base[:, :5].detach().clone().requires_grad_()
+    monkeypatch.setenv("GNNFUSE_BACKEND", "reference")
+    want = gnnfuse.ops.gspmm(graph, lambda xs: xs * 2.0, "sum", src=packed)
+    want.sum().backward()
+    assert in_place, "the view was copied, not read in place"
+    assert torch.isfinite(out).all() and torch.isfinite(view.grad).all()
+    torch.testing.assert_close(out, want, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(view.grad, packed.grad, rtol=1e-12, atol=1e-12)
