@@ -12,7 +12,8 @@ import torch.nn.functional as F
 
 from ..runtime.cuda_graph import DEFAULT_WARMUP as CAPTURE_WARMUP, StepCapture
 from .models import COMPILED, LR, WEIGHT_DECAY, DeviceData, graph_input, instantiate
-from .timing import (allocated_gb, failure_status, free_memory, peak_memory_gb, reset_peak_memory, summarize,
+from .timing import (allocated_gb, failure_status, free_memory, peak_memory_gb, reserved_peak_gb, reset_peak_memory,
+                     summarize,
                      synchronize, time_calls)
 
 COMPILE_EXTRA_WARMUP = 5     # torch.compile compiles (and may recompile once) in its first steps
@@ -48,10 +49,14 @@ def measure(framework: str, model: str, data: DeviceData, state: dict[str, torch
 
     gnnfuse's whole step goes through `StepCapture` (mode ``cuda_graph``): on CUDA it is
     captured in a CUDA graph after warm-up when replayable, so the timed steps are
-    replays; ``cuda_graph`` in the result says which ran. A replay allocates nothing, so
-    its peak adds the part of the graph's private pool that no live tensor holds (the
-    temporaries the replays reuse; the pool's live blocks, such as the gradients, are in
-    the allocator's peak already)."""
+    replays; ``cuda_graph`` in the result says which ran.
+
+    Memory is counted as every framework's is: ``peak_gb`` is the allocator's peak of
+    live tensors (``max_memory_allocated``). A replay allocates nothing, so a captured
+    step's peak is taken while it is recorded (its allocations are those of one step)
+    and over the replays (what stays allocated between them). ``reserved_gb`` is the
+    peak the allocator held from the device over the timed steps (``max_memory_reserved``:
+    fragmentation included, and for a captured step the graph's whole private pool)."""
     module = instantiate(framework, model, data, state, device)
     graph = graph_input(framework, data) if graph is None else graph
     ours = framework == "gnnfuse"
@@ -71,18 +76,28 @@ def measure(framework: str, model: str, data: DeviceData, state: dict[str, torch
     warmup = max(warmup, 1) + (COMPILE_EXTRA_WARMUP if framework in COMPILED else 0)
     if ours:
         warmup = max(warmup, CAPTURE_WARMUP)  # the timed steps are replays when it captures
+    recorded_peak = None
     for _ in range(warmup - 1):
+        capturing = ours and not step.captured
+        if capturing:
+            synchronize(device)
+            reset_peak_memory(device)
         step()
+        if capturing and step.captured:            # this call recorded the graph: one step's allocations
+            synchronize(device)
+            recorded_peak = peak_memory_gb(device)
     synchronize(device)
     resident = allocated_gb(device)
     reset_peak_memory(device)
     times = time_calls(step, steps, device)
-    peak, pool, pool_free = peak_memory_gb(device), _pool_gb(step), _pool_gb(step, free_only=True)
+    peak, reserved = peak_memory_gb(device), reserved_peak_gb(device)
+    if peak is not None and recorded_peak is not None:
+        peak = max(peak, recorded_peak)
     return {"status": "ok", **summarize(times), "steps": steps, "warmup": warmup,
             "host_ms": issue_ms(step, min(steps, ISSUE_STEPS), device),
             "first_step_ms": first_step_ms, "first_loss": first_loss,
-            "resident_gb": resident, "peak_gb": peak if peak is None or not pool_free else peak + pool_free,
-            **({"cuda_graph": step.status, "graph_pool_gb": pool} if ours else {})}
+            "resident_gb": resident, "peak_gb": peak, "reserved_gb": reserved,
+            **({"cuda_graph": step.status, "graph_pool_gb": _pool_gb(step)} if ours else {})}
 
 
 def training_step(module: torch.nn.Module, loss: Callable[[], torch.Tensor], device: torch.device,
@@ -120,11 +135,11 @@ def issue_ms(fn: Callable[[], Any], repeats: int, device: torch.device) -> float
     return issued
 
 
-def _pool_gb(step: StepCapture, free_only: bool = False) -> float | None:
+def _pool_gb(step: StepCapture) -> float | None:
     """The captured graph's private pool in GB (`StepCapture.pool_bytes`); None when not
     captured or not readable."""
     try:
-        return step.pool_bytes(free_only) / 1e9 if step.captured else None
+        return step.pool_bytes() / 1e9 if step.captured else None
     except Exception:  # noqa: BLE001 - a memory snapshot must never fail a measurement
         return None
 

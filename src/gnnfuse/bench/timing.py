@@ -58,6 +58,15 @@ def peak_memory_gb(device: torch.device) -> float | None:
     return torch.cuda.max_memory_allocated(device) / 1e9
 
 
+def reserved_peak_gb(device: torch.device) -> float | None:
+    """Peak bytes torch's CUDA allocator held from the device since the last reset, in
+    GB: live tensors plus cached and fragmented blocks (a CUDA graph's pool included);
+    None on CPU."""
+    if device.type != "cuda":
+        return None
+    return torch.cuda.max_memory_reserved(device) / 1e9
+
+
 def allocated_gb(device: torch.device) -> float | None:
     """Bytes currently allocated, in GB: what is resident before a measurement starts."""
     if device.type != "cuda":
