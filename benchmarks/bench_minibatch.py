@@ -481,20 +481,24 @@ def run(args: argparse.Namespace, save: Callable[[dict[str, Any]], None]) -> dic
         "batch: " + "; ".join(f"{stage} {c['aten_ops']:.0f} ops, {c['host_syncs']:.1f} syncs"
                               for stage, c in cell["per_batch"].items()))
     feature_devices = ["device", "pinned"] if device.type == "cuda" else ["device"]
-    for place in feature_devices:
+    setups = [(place, 0) for place in feature_devices] + [("device", w) for w in args.workers if w > 0]
+    for place, workers in setups:
         torch.manual_seed(args.seed)
         model = build_block_model("sage", dataset.num_features, dataset.num_classes, args.hidden, args.dropout,
                                   len(args.fanout)).to(device)
         x = dataset.x.to(device) if place == "device" else dataset.x.pin_memory()
         loader = NeighborLoader(graph, args.fanout, args.batch_size, input_nodes=train_idx, shuffle=True, x=x,
-                                y=dataset.y.to(device), device=device, feature_device=place, prefetch=args.prefetch)
+                                y=dataset.y.to(device), device=device, feature_device=place, prefetch=args.prefetch,
+                                num_workers=workers)
+        label = place if not workers else f"{place}, {workers} worker process{'es' if workers > 1 else ''}"
         for epoch in range(args.epochs):
             cell = gnnfuse_epoch(loader, model, device, args.warmup if epoch == 0 else 0, args.max_batches)
-            results["gnnfuse"].setdefault(place, []).append(cell)
+            results["gnnfuse"].setdefault(label, []).append(cell)
             save(results)
             split = " ".join(f"{s} {cell['stages_s'][s]:.2f}s" for s in STAGES)
-            log(f"gnnfuse, features on {place}: epoch {cell['epoch_s']:.2f} s, {cell['batches']} batches "
+            log(f"gnnfuse, features on {label}: epoch {cell['epoch_s']:.2f} s, {cell['batches']} batches "
                 f"({cell['batches_per_s']:.1f}/s), busy {100 * cell['busy_fraction']:.0f}% | {split}")
+        loader.close()
         del x, loader
     torch.manual_seed(args.seed)
     ours = build_block_model("sage", dataset.num_features, dataset.num_classes, args.hidden, args.dropout,
@@ -572,7 +576,8 @@ def markdown(results: dict[str, Any]) -> str:
              f"training seeds; {env['device_name']}, torch {env['torch']}, commit "
              f"{(env['git_commit'] or 'unknown')[:12]}{' (dirty)' if env['git_dirty'] else ''}, {env['date']}.", "",
              "Stage seconds are summed over batches; sample/reindex/lookup/transfer run in the loader's "
-             "background thread, overlapped with compute, each timed on a GPU by CUDA events on the stream it "
+             "background thread (or its worker processes, where the features column says so), overlapped with "
+             "compute, each timed on a GPU by CUDA events on the stream it "
              "queues its work on (the loader's; a host-side lookup by the host clock); compute = the training "
              "steps' spans between CUDA events on the compute stream (a span includes gaps where the stream "
              "waited for the host's launches, so busy is an upper bound); wait = time the training loop waited "
@@ -651,6 +656,9 @@ def main(argv: list[str] | None = None) -> None:
                         f"{PRODUCTS_TRAIN_NODES:,} for products-like, else the whole split; 0: the whole split)")
     parser.add_argument("--prefetch", type=int, default=2, help="batches the loader prepares ahead (default 2)")
     parser.add_argument("--pyg-workers", type=int, default=8, help="PyG loader worker processes (default 8)")
+    parser.add_argument("--workers", type=lambda s: [int(k) for k in s.split(",")], default=[1],
+                        help="also time an epoch with features on the device and this many loader worker "
+                             "processes, per comma-separated count (default 1; 0 adds none)")
     parser.add_argument("--no-pyg-loader", dest="pyg_loader", action="store_false",
                         help="skip the epoch with PyG's NeighborLoader")
     parser.add_argument("--dkp-calibration", type=int, default=4, help="batches whose kernel times fit the DKP "

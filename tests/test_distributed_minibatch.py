@@ -101,7 +101,9 @@ def test_two_processes_train_like_one_by_loss_curve_statistics(ranks):
     Sampled batches and dropout differ, so curves are compared by statistics: the final
     loss (mean training loss over the last 4 of 12 epochs) of the 2-process run must lie
     within 4 standard deviations (at least 0.05) of the final losses of 1-process runs
-    from seeds 0..2 -- their spread measures what seed noise alone does -- and both must
+    from seeds 0..4 -- their spread measures what seed noise alone does (three seeds
+    happened to agree within 0.01 where eight spread 0.04, which failed a 2-sigma
+    2-process run once the loader's draws changed) -- and both must
     have fallen by at least 0.2 from the first epoch. Every rank reports the same curve
     (the loss is summed over ranks), and training ran the same epochs on each."""
     two = ranks[0]["training"]["replicated"]["history"]
@@ -111,7 +113,7 @@ def test_two_processes_train_like_one_by_loss_curve_statistics(ranks):
     config = worker.training_config(50)
     data = prepare_data(config, spec)
     final = lambda losses: statistics.fmean(losses[-4:])       # noqa: E731
-    one = [train_minibatch_run(config, spec, data, seed, log_epochs=False).history["loss"] for seed in range(3)]
+    one = [train_minibatch_run(config, spec, data, seed, log_epochs=False).history["loss"] for seed in range(5)]
     finals = [final(losses) for losses in one]
     tolerance = max(4 * statistics.stdev(finals), 0.05)
     assert abs(final(two["loss"]) - statistics.fmean(finals)) <= tolerance, (final(two["loss"]), finals)

@@ -12,7 +12,7 @@ import torch
 import gnnfuse
 from gnnfuse.cli import main
 from gnnfuse.frontend import tracer as tracer_module
-from gnnfuse.loader import NeighborLoader, neighbor_loader
+from gnnfuse.loader import NeighborLoader, batch_maker
 from gnnfuse.nn.block_models import build_block_model
 from gnnfuse.runtime import compiled as compiled_module
 
@@ -75,7 +75,7 @@ def test_prefetch_reraises_a_failure_and_stops_when_abandoned(monkeypatch):
 
     def failing(*args):
         raise RuntimeError("sampling failed")
-    monkeypatch.setattr(neighbor_loader, "sample_slots", failing)
+    monkeypatch.setattr(batch_maker, "sample_slots", failing)
     with pytest.raises(RuntimeError, match="sampling failed"):
         list(loader)
 
@@ -249,7 +249,7 @@ def test_the_loader_times_its_device_stages_by_events_on_its_stream(monkeypatch)
     monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
     monkeypatch.setattr(_FakeEvent, "done", True)
     stream = object()                                  # stands for the loader's CUDA stream
-    monkeypatch.setattr(neighbor_loader, "device_stream", lambda device: stream)
+    monkeypatch.setattr(batch_maker, "device_stream", lambda device: stream)
     graph = gnnfuse.Graph(torch.tensor([0, 1, 2]), torch.tensor([1, 2, 0]), 3)
     loader = NeighborLoader(graph, [2, 2], batch_size=2, x=torch.randn(3, 2), prefetch=0)
     next(iter(loader))

@@ -1,7 +1,8 @@
 """Mini-batch loading for graphs that do not fit (or need not run) whole: neighbour
 sampling into per-layer blocks, with a pipelined prefetch (GraphTensor §V-B)."""
 from .block import Block, block_graph
-from .neighbor_loader import FEATURE_DEVICES, MiniBatch, NeighborLoader
+from .batch_maker import MiniBatch
+from .neighbor_loader import FEATURE_DEVICES, NeighborLoader
 from .sampler import Reindexed, SampledBlock, SampledHop, reindex, sample_block, sample_hop
 from .stages import STAGES, StageTimes
 

@@ -21,8 +21,11 @@ Where each stage runs (GraphTensor §V-B's S, R, K, T):
 - blocks sampled on the host are copied to the device the same way.
 
 With ``prefetch >= 1`` (default 2) a background thread prepares up to that many batches
-ahead of the training loop (`Prefetcher`), on a side CUDA stream on a GPU; the batches
-are the same as without prefetch. Per-stage seconds accumulate in ``loader.stage_times``.
+ahead of the training loop (`Prefetcher`), on a side CUDA stream on a GPU. With
+``num_workers >= 1`` worker processes do (`loader.workers`), up to ``prefetch`` batches
+ahead each, so the loader's Python no longer shares the training loop's interpreter
+lock. The batches are the same either way (each samples from its own generator).
+Per-stage seconds accumulate in ``loader.stage_times``.
 
 Each block comes with what its layers' kernels derive from it (reverse CSR, degrees,
 the Triton backend's edge segments: `loader.layouts`), built in that thread, so a
@@ -31,42 +34,17 @@ training step on the blocks reads nothing back from the device.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
 from typing import Any, Iterator, Sequence, Sized
 
 import torch
 
 from ..graph import Graph
-from .block import Block, block_graph
-from .layouts import prepare_layouts
+from .batch_maker import BatchMaker, MiniBatch, batch_generator
 from .prefetch import Prefetcher
-from .sampler import reindex_slots, sample_slots
-from .stages import StageTimes, device_stream
-from .zero_copy import zero_copy_rows
+from .stages import StageTimes
+from .workers import WorkerPool
 
 FEATURE_DEVICES = ("device", "pinned")
-
-
-@dataclass(frozen=True)
-class MiniBatch:
-    """One batch: the blocks (input layer first), the input features of
-    ``blocks[0]``'s sources, the seeds' labels, and ids.
-
-    ``n_id`` are the global ids of the input vertices (PyG's name; the first
-    ``batch_size`` are the seeds, ``input_id``)."""
-    blocks: list[Block]
-    x: torch.Tensor | None
-    y: torch.Tensor | None
-    n_id: torch.Tensor
-    input_id: torch.Tensor
-
-    @property
-    def batch_size(self) -> int:
-        return self.input_id.numel()
-
-    def tensors(self) -> list[torch.Tensor]:
-        out = [self.n_id, self.input_id] + [t for block in self.blocks for t in block.tensors()]
-        return out + [t for t in (self.x, self.y) if t is not None]
 
 
 def _graph_and_tables(data: Any, x: torch.Tensor | None, y: torch.Tensor | None
@@ -126,8 +104,10 @@ class NeighborLoader:
     (where batches go; default ``sample_device``), ``sample_device`` (where the CSR is
     sampled; default the graph's device), ``feature_device`` (``"device"`` or
     ``"pinned"``; default ``"device"`` when the features are already on ``device`` or
-    ``device`` is the CPU, else ``"pinned"``) and ``prefetch`` (batches prepared ahead;
-    0 prepares each batch when asked).
+    ``device`` is the CPU, else ``"pinned"``), ``prefetch`` (batches prepared ahead;
+    0 prepares each batch when asked) and ``num_workers`` (PyG's name: processes that
+    prepare the batches, started on the first epoch and kept; 0 prepares them in this
+    process; needs ``feature_device="device"``). `close` stops the workers.
 
     Randomness: each epoch's shuffle and samples come from one seed drawn from torch's
     global generator when iteration starts, so ``torch.manual_seed`` fixes them.
@@ -137,7 +117,8 @@ class NeighborLoader:
                  shuffle: bool = False, replace: bool = False, drop_last: bool = False, *,
                  x: torch.Tensor | None = None, y: torch.Tensor | None = None,
                  device: torch.device | str | None = None, sample_device: torch.device | str | None = None,
-                 feature_device: str | None = None, prefetch: int = 2, sampler: Sized | None = None) -> None:
+                 feature_device: str | None = None, prefetch: int = 2, sampler: Sized | None = None,
+                 num_workers: int = 0) -> None:
         graph, features, labels = _graph_and_tables(data, x, y)
         if graph.is_bipartite or graph.edge_type is not None:
             raise ValueError("NeighborLoader samples a homogeneous graph with one vertex set; this graph is "
@@ -152,23 +133,29 @@ class NeighborLoader:
             raise ValueError("sampler is mutually exclusive with shuffle (the sampler orders the seeds)")
         if prefetch < 0:
             raise ValueError(f"prefetch must be >= 0, got {prefetch}")
+        if num_workers < 0:
+            raise ValueError(f"num_workers must be >= 0, got {num_workers}")
         for name, table in (("x", features), ("y", labels)):
             if table is not None and table.shape[0] != graph.num_nodes:
                 raise ValueError(f"{name} has {table.shape[0]} rows but the graph has {graph.num_nodes} nodes")
         self.sample_device = _indexed(sample_device if sample_device is not None else graph.device)
         self.device = _indexed(device) if device is not None else self.sample_device
         csr = graph.to(self.sample_device).csr()
-        self._rowptr, self._col = csr.rowptr.long(), csr.col.long()
         self.num_nodes = graph.num_nodes
         self.feature_device = self._feature_device(feature_device, features)
+        if num_workers and self.feature_device != "device":
+            raise ValueError("num_workers > 0 needs feature_device='device' (a worker process cannot read this "
+                             "process's page-locked tables); use num_workers=0 with pinned features")
         # pinned tables are read in place by a kernel when batches are sampled on the GPU
         self._zero_copy = self.feature_device == "pinned" and self.sample_device.type == "cuda"
-        self._x = self._place(features)
-        self._y = self._place(labels)
+        self._maker = BatchMaker(csr.rowptr.long(), csr.col.long(), self._place(features), self._place(labels),
+                                 tuple(self.num_neighbors), replace, graph.num_nodes, self.device,
+                                 self.sample_device, self.feature_device, self._zero_copy)
         self.seeds = _seed_ids(input_nodes, graph.num_nodes)
         self.batch_size, self.shuffle, self.replace, self.drop_last = batch_size, shuffle, replace, drop_last
-        self.prefetch, self.sampler = prefetch, sampler
+        self.prefetch, self.sampler, self.num_workers = prefetch, sampler, num_workers
         self.stage_times = StageTimes()
+        self._workers: WorkerPool | None = None
 
     def _feature_device(self, requested: str | None, features: torch.Tensor | None) -> str:
         if requested is None:
@@ -200,89 +187,47 @@ class NeighborLoader:
         full, rest = divmod(self.seeds.numel() if self.sampler is None else len(self.sampler), self.batch_size)
         return full + (rest > 0 and not self.drop_last)
 
-    def _seed_batches(self, generator: torch.Generator) -> list[torch.Tensor]:
+    def _seed_batches(self, generator: torch.Generator, device: torch.device) -> list[torch.Tensor]:
         if self.sampler is not None:
             seeds = self.seeds[torch.as_tensor(list(self.sampler), dtype=torch.int64)]
         else:
             seeds = self.seeds[torch.randperm(self.seeds.numel(), generator=generator)] if self.shuffle else self.seeds
-        # on the sampler's device once per epoch, not copied there batch by batch
-        batches = list(seeds.to(self.sample_device).split(self.batch_size))
+        # where they are used, once per epoch, not copied there batch by batch
+        batches = list(seeds.to(device).split(self.batch_size))
         if self.drop_last and batches and batches[-1].numel() < self.batch_size:
             batches.pop()
         return batches
 
     def __iter__(self) -> Iterator[MiniBatch]:
         seed = int(torch.randint(0, 2**62, (1,)))
-        host = torch.Generator().manual_seed(seed)
-        sampling = torch.Generator(self.sample_device).manual_seed(seed)
-        batches = self._seed_batches(host)
-        prepare = lambda seeds: self._prepare(seeds, sampling)   # noqa: E731
-        if self.prefetch == 0:
-            for seeds in batches:
-                yield prepare(seeds)
+        on = torch.device("cpu") if self.num_workers else self.sample_device     # workers get host ids
+        batches = self._seed_batches(torch.Generator().manual_seed(seed), on)
+        if self.num_workers:
+            if self._workers is None:
+                self._workers = WorkerPool(self._maker, self.num_workers, max(self.prefetch, 1))
+            for batch in self._workers.epoch(batches, seed, self.stage_times):
+                yield batch
                 self.stage_times.count_batch()
             return
-        for batch in Prefetcher(batches, prepare, self.prefetch, self.device, MiniBatch.tensors, self.stage_times):
+        prepare = lambda item: self._maker.prepare(      # noqa: E731
+            item[1], batch_generator(self.sample_device, seed, item[0]), self.stage_times)
+        if self.prefetch == 0:
+            for item in enumerate(batches):
+                yield prepare(item)
+                self.stage_times.count_batch()
+            return
+        for batch in Prefetcher(list(enumerate(batches)), prepare, self.prefetch, self.device, MiniBatch.tensors,
+                                self.stage_times):
             yield batch
             self.stage_times.count_batch()
 
-    # -- the stages of one batch ------------------------------------------------------
-    def _prepare(self, seeds: torch.Tensor, generator: torch.Generator) -> MiniBatch:
-        times, on_sampler = self.stage_times, device_stream(self.sample_device)
-        nodes = seeds.to(self.sample_device)
-        hops = []
-        for fanout in self.num_neighbors:
-            with times.timing("sample", stream=on_sampler):
-                slots = sample_slots(self._rowptr, self._col, nodes, fanout, self.replace, generator)
-            with times.timing("reindex", stream=on_sampler):
-                hop = reindex_slots(nodes, slots, self.num_nodes)
-            hops.append(hop)
-            nodes = hop.nodes
-        on_device = device_stream(self.device)
-        in_place = self.feature_device == "device" or (self._zero_copy and nodes.device.type == "cuda")
-        with times.timing("lookup", stream=on_device if in_place else None):
-            x = self._lookup(self._x, nodes)
-            y = self._lookup(self._y, nodes[:seeds.numel()])
-        with times.timing("transfer", stream=on_device):
-            x, y, n_id, input_id = (self._to_device(t) for t in (x, y, nodes, seeds))
-            moved = ("rowptr", "local_src", "dst", "nodes", "out_degrees", "unread_dst")    # not eid: unread
-            hops = [hop._replace(**{name: self._to_device(getattr(hop, name)) for name in moved})
-                    for hop in reversed(hops)]
-        with times.timing("reindex", stream=on_device):       # the blocks' graphs, on the device
-            bounds = [k if k >= 0 else None for k in reversed(self.num_neighbors)]
-            blocks = []
-            for hop, bound in zip(hops, bounds):
-                graph = block_graph(hop.rowptr, hop.local_src, hop.dst, hop.nodes.numel(), sampled=True,
-                                    out_degrees=hop.out_degrees)
-                blocks.append(Block(graph, hop.nodes,
-                                    prepare_layouts(graph, bound, hop.unread_dst, hop.max_out_degree)))
-        return MiniBatch(blocks, x, y, n_id, input_id)
-
-    def _lookup(self, table: torch.Tensor | None, nodes: torch.Tensor) -> torch.Tensor | None:
-        """Rows ``nodes`` of a feature or label table: gathered where the table is, or,
-        from a pinned host table with ``nodes`` on the GPU, read in place by a kernel
-        (`zero_copy_rows`), falling back to a host gather where that cannot run."""
-        if table is None:
-            return None
-        if self._zero_copy and (rows := zero_copy_rows(table, nodes)) is not None:
-            return rows
-        return self._gather(table, nodes.to(table.device))
-
-    def _gather(self, table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """Rows ``ids`` of a table on ``ids``'s device; into page-locked memory when they
-        are headed for the device from the host."""
-        if table.device.type == "cpu" and self.device.type == "cuda":
-            out = torch.empty((ids.numel(),) + table.shape[1:], dtype=table.dtype, pin_memory=True)
-            return torch.index_select(table, 0, ids, out=out)
-        return table.index_select(0, ids)
-
-    def _to_device(self, tensor: torch.Tensor | None) -> torch.Tensor | None:
-        if tensor is None or tensor.device == self.device:
-            return tensor
-        if tensor.device.type == "cpu" and self.device.type == "cuda" and not tensor.is_pinned():
-            tensor = tensor.pin_memory()
-        return tensor.to(self.device, non_blocking=True)
+    def close(self) -> None:
+        """Stop the worker processes, if any (they also stop when the loader is freed)."""
+        if self._workers is not None:
+            self._workers.close()
+            self._workers = None
 
     def __repr__(self) -> str:
+        workers = f", num_workers={self.num_workers}" if self.num_workers else ""
         return (f"NeighborLoader(num_neighbors={self.num_neighbors}, batch_size={self.batch_size}, "
-                f"seeds={self.seeds.numel()}, device={self.device}, feature_device={self.feature_device!r})")
+                f"seeds={self.seeds.numel()}, device={self.device}, feature_device={self.feature_device!r}{workers})")

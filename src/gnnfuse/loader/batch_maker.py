@@ -1,0 +1,125 @@
+"""What turns a batch of seed vertices into a `MiniBatch`: the stages S, R, K, T of
+GraphTensor §V-B, for one batch at a time.
+
+It holds only tensors and settings, so it pickles: the loader's worker processes
+(`loader.workers`) each get one, with the CSR and the feature tables shared rather than
+copied (CUDA tensors through CUDA IPC, host tensors through shared memory).
+
+Randomness: batch ``i`` of an epoch samples from its own generator, seeded from the
+epoch's seed and ``i`` (`batch_generator`), so a batch's draws do not depend on which
+thread or process prepares it, nor on the batches prepared before it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from .block import Block, block_graph
+from .layouts import prepare_layouts
+from .sampler import reindex_slots, sample_slots
+from .stages import StageTimes, device_stream
+from .zero_copy import zero_copy_rows
+
+_GOLDEN = 0x9E3779B97F4A7C15      # Weyl increment: far-apart seeds for consecutive batches
+
+
+def batch_generator(device: torch.device, epoch_seed: int, index: int) -> torch.Generator:
+    """The generator batch ``index`` of the epoch seeded ``epoch_seed`` samples from."""
+    return torch.Generator(device).manual_seed((epoch_seed + (index + 1) * _GOLDEN) % 2**63)
+
+
+@dataclass(frozen=True)
+class MiniBatch:
+    """One batch: the blocks (input layer first), the input features of
+    ``blocks[0]``'s sources, the seeds' labels, and ids.
+
+    ``n_id`` are the global ids of the input vertices (PyG's name; the first
+    ``batch_size`` are the seeds, ``input_id``)."""
+    blocks: list[Block]
+    x: torch.Tensor | None
+    y: torch.Tensor | None
+    n_id: torch.Tensor
+    input_id: torch.Tensor
+
+    @property
+    def batch_size(self) -> int:
+        return self.input_id.numel()
+
+    def tensors(self) -> list[torch.Tensor]:
+        out = [self.n_id, self.input_id] + [t for block in self.blocks for t in block.tensors()]
+        return out + [t for t in (self.x, self.y) if t is not None]
+
+
+@dataclass
+class BatchMaker:
+    """The sampling graph (``rowptr``/``col`` on ``sample_device``), the feature and
+    label tables where their lookups run, and the loader's settings."""
+    rowptr: torch.Tensor
+    col: torch.Tensor
+    x: torch.Tensor | None
+    y: torch.Tensor | None
+    num_neighbors: Sequence[int]
+    replace: bool
+    num_nodes: int
+    device: torch.device
+    sample_device: torch.device
+    feature_device: str
+    zero_copy: bool
+
+    def prepare(self, seeds: torch.Tensor, generator: torch.Generator, times: StageTimes) -> MiniBatch:
+        on_sampler = device_stream(self.sample_device)
+        nodes = seeds.to(self.sample_device)
+        hops = []
+        for fanout in self.num_neighbors:
+            with times.timing("sample", stream=on_sampler):
+                slots = sample_slots(self.rowptr, self.col, nodes, fanout, self.replace, generator)
+            with times.timing("reindex", stream=on_sampler):
+                hop = reindex_slots(nodes, slots, self.num_nodes)
+            hops.append(hop)
+            nodes = hop.nodes
+        on_device = device_stream(self.device)
+        in_place = self.feature_device == "device" or (self.zero_copy and nodes.device.type == "cuda")
+        with times.timing("lookup", stream=on_device if in_place else None):
+            x = self._lookup(self.x, nodes)
+            y = self._lookup(self.y, nodes[:seeds.numel()])
+        with times.timing("transfer", stream=on_device):
+            x, y, n_id, input_id = (self._to_device(t) for t in (x, y, nodes, seeds))
+            moved = ("rowptr", "local_src", "dst", "nodes", "out_degrees", "unread_dst")    # not eid: unread
+            hops = [hop._replace(**{name: self._to_device(getattr(hop, name)) for name in moved})
+                    for hop in reversed(hops)]
+        with times.timing("reindex", stream=on_device):       # the blocks' graphs, on the device
+            bounds = [k if k >= 0 else None for k in reversed(self.num_neighbors)]
+            blocks = []
+            for hop, bound in zip(hops, bounds):
+                graph = block_graph(hop.rowptr, hop.local_src, hop.dst, hop.nodes.numel(), sampled=True,
+                                    out_degrees=hop.out_degrees)
+                blocks.append(Block(graph, hop.nodes,
+                                    prepare_layouts(graph, bound, hop.unread_dst, hop.max_out_degree)))
+        return MiniBatch(blocks, x, y, n_id, input_id)
+
+    def _lookup(self, table: torch.Tensor | None, nodes: torch.Tensor) -> torch.Tensor | None:
+        """Rows ``nodes`` of a feature or label table: gathered where the table is, or,
+        from a pinned host table with ``nodes`` on the GPU, read in place by a kernel
+        (`zero_copy_rows`), falling back to a host gather where that cannot run."""
+        if table is None:
+            return None
+        if self.zero_copy and (rows := zero_copy_rows(table, nodes)) is not None:
+            return rows
+        return self._gather(table, nodes.to(table.device))
+
+    def _gather(self, table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """Rows ``ids`` of a table on ``ids``'s device; into page-locked memory when they
+        are headed for the device from the host."""
+        if table.device.type == "cpu" and self.device.type == "cuda":
+            out = torch.empty((ids.numel(),) + table.shape[1:], dtype=table.dtype, pin_memory=True)
+            return torch.index_select(table, 0, ids, out=out)
+        return table.index_select(0, ids)
+
+    def _to_device(self, tensor: torch.Tensor | None) -> torch.Tensor | None:
+        if tensor is None or tensor.device == self.device:
+            return tensor
+        if tensor.device.type == "cpu" and self.device.type == "cuda" and not tensor.is_pinned():
+            tensor = tensor.pin_memory()
+        return tensor.to(self.device, non_blocking=True)

@@ -1,0 +1,148 @@
+"""Loader worker processes: batches prepared outside the training process.
+
+A prefetch thread (`loader.prefetch`) overlaps the loader's device work with the
+training step's, but not its host work: both threads run Python under one interpreter
+lock, and on a GPU both are host-bound (a products-sized batch costs the loader about
+15 ms of Python and torch dispatch, the step about 10), so an epoch took about the sum
+of the two. Worker processes (PyG's ``num_workers``) each run a `BatchMaker` under their
+own interpreter lock, so the two sides' host work overlaps too.
+
+What crosses between the processes: at start, the `BatchMaker` (its CSR and feature
+tables shared, not copied: CUDA tensors through CUDA IPC, host tensors through shared
+memory); per epoch, each worker's list of (batch index, seeds); per batch, the
+`MiniBatch` with its blocks' graphs and their prepared layouts (shared the same way;
+the receiving stream waits for the worker's kernels through the IPC event torch sends
+with every CUDA tensor) and the worker's stage seconds for it. Worker ``w`` of ``n``
+prepares batches ``w, w + n, ...`` in order, each from its own generator
+(`batch_generator`), so the batches are the same for any number of workers.
+
+Workers are started with ``spawn`` (CUDA cannot be used in a forked child) on the first
+epoch, which therefore waits for their start-up (importing torch and gnnfuse), and kept
+for later epochs; each holds its own CUDA context on a GPU (a few hundred MB).
+"""
+from __future__ import annotations
+
+import queue
+import time
+import traceback
+import weakref
+from typing import Any, Iterator
+
+import torch
+import torch.multiprocessing as mp
+
+from .batch_maker import BatchMaker, MiniBatch, batch_generator
+from .stages import STAGES, StageTimes
+
+_POLL = 0.1              # seconds between checks for a stop while blocked on a queue
+_JOIN_TIMEOUT = 5.0
+
+
+class _Failed:
+    """A worker's exception, as text (an exception object may not pickle)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
+def _work(maker: BatchMaker, jobs: Any, results: Any, stop: Any, abandoned: Any) -> None:
+    """A worker's loop: take an epoch's job list, prepare its batches in order, put each
+    (with its stage seconds) on ``results``; leave an epoch the consumer abandoned."""
+    if maker.device.type == "cuda":
+        torch.cuda.set_device(maker.device)
+    while not stop.is_set():
+        try:
+            epoch, epoch_seed, items = jobs.get(timeout=_POLL)
+        except queue.Empty:
+            continue
+        for index, seeds in items:
+            if stop.is_set() or abandoned.value >= epoch:
+                break
+            times = StageTimes()
+            try:
+                batch = maker.prepare(seeds, batch_generator(maker.sample_device, epoch_seed, index), times)
+                if maker.device.type == "cuda" or maker.sample_device.type == "cuda":
+                    torch.cuda.synchronize()          # its event-timed stages are read below
+                entry: tuple = (epoch, index, batch, times.totals())
+            except BaseException:                    # noqa: BLE001 - reported to the consumer
+                entry = (epoch, index, _Failed(traceback.format_exc()), None)
+            while not (stop.is_set() or abandoned.value >= epoch):
+                try:
+                    results.put(entry, timeout=_POLL)
+                    break
+                except queue.Full:
+                    continue
+
+
+class WorkerPool:
+    """``num_workers`` processes preparing the batches of `epoch` with ``maker``, up to
+    ``depth`` batches ahead each."""
+
+    def __init__(self, maker: BatchMaker, num_workers: int, depth: int) -> None:
+        context = mp.get_context("spawn")
+        self._jobs = [context.Queue() for _ in range(num_workers)]
+        self._results = [context.Queue(maxsize=depth) for _ in range(num_workers)]
+        self._stop = context.Event()
+        self._abandoned = context.Value("q", -1)      # the latest epoch the consumer left early
+        self._processes = [context.Process(target=_work, name=f"gnnfuse-loader-{rank}", daemon=True,
+                                           args=(maker, self._jobs[rank], self._results[rank], self._stop,
+                                                 self._abandoned))
+                           for rank in range(num_workers)]
+        for process in self._processes:
+            process.start()
+        self._epoch = 0
+        self._finalizer = weakref.finalize(self, _shut_down, self._stop, self._processes)
+
+    def epoch(self, batches: list[torch.Tensor], epoch_seed: int, times: StageTimes) -> Iterator[MiniBatch]:
+        """The epoch's batches in order; the workers' stage seconds go into ``times``, the
+        consumer's waits as ``wait``."""
+        self._epoch += 1
+        epoch, workers = self._epoch, len(self._processes)
+        for rank, jobs in enumerate(self._jobs):
+            jobs.put((epoch, epoch_seed, [(i, batches[i]) for i in range(rank, len(batches), workers)]))
+        done = False
+        try:
+            for index in range(len(batches)):
+                start = time.perf_counter()
+                batch, seconds = self._next(index % workers, epoch, index)
+                times.add("wait", time.perf_counter() - start)
+                for stage, value in seconds.items():
+                    if stage in STAGES and value:
+                        times.add(stage, value)
+                yield batch
+            done = True
+        finally:
+            if not done:
+                self._abandoned.value = epoch
+
+    def _next(self, rank: int, epoch: int, index: int) -> tuple[MiniBatch, dict[str, float]]:
+        while True:
+            try:
+                got_epoch, got_index, batch, seconds = self._results[rank].get(timeout=_POLL)
+            except queue.Empty:
+                process = self._processes[rank]
+                if not process.is_alive():
+                    raise RuntimeError(f"gnnfuse NeighborLoader: worker {rank} exited (code {process.exitcode}) "
+                                       f"before batch {index}") from None
+                continue
+            if got_epoch != epoch:              # left over from an epoch the consumer abandoned
+                continue
+            if isinstance(batch, _Failed):
+                raise RuntimeError(f"gnnfuse NeighborLoader: worker {rank} failed on batch {got_index}:\n"
+                                   f"{batch.text}")
+            if got_index != index:
+                raise RuntimeError(f"gnnfuse NeighborLoader: worker {rank} sent batch {got_index}, expected {index}")
+            return batch, seconds
+
+    def close(self) -> None:
+        """Stop the workers (also done when the pool is garbage-collected or at exit)."""
+        self._finalizer()
+
+
+def _shut_down(stop: Any, processes: list) -> None:
+    stop.set()
+    for process in processes:
+        process.join(_JOIN_TIMEOUT)
+        if process.is_alive():
+            process.terminate()
+            process.join(_JOIN_TIMEOUT)

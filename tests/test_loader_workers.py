@@ -1,0 +1,80 @@
+"""NeighborLoader's worker processes (loader/workers.py): the batches of a loader without
+workers, in order, over several epochs; an abandoned epoch leaves nothing behind; a
+worker's failure reaches the training loop with its traceback."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import gnnfuse
+from gnnfuse.loader import NeighborLoader
+
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def _graph_and_features(device: str = "cpu") -> tuple[gnnfuse.Graph, torch.Tensor]:
+    gen = torch.Generator().manual_seed(1)
+    graph = gnnfuse.Graph(torch.randint(0, 50, (300,), generator=gen), torch.randint(0, 50, (300,), generator=gen), 50)
+    return graph.to(device), torch.randn(50, 4, generator=gen).to(device)
+
+
+def _epochs(loader: NeighborLoader, count: int) -> list:
+    torch.manual_seed(11)
+    return [[(b.n_id, b.x, b.y, [(blk.edge_index, blk.graph.reverse_csr()) for blk in b.blocks]) for b in loader]
+            for _ in range(count)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_workers_yield_the_batches_of_a_loader_without_them(device):
+    """On a GPU the batches come through CUDA IPC, on the CPU through shared memory."""
+    graph, x = _graph_and_features(device)
+    y = torch.arange(50, device=device)
+    make = lambda **kw: NeighborLoader(graph, [4, 3], batch_size=7, shuffle=True, x=x, y=y, **kw)  # noqa: E731
+    plain = _epochs(make(prefetch=0), 2)
+    loader = make(num_workers=2)
+    try:
+        with_workers = _epochs(loader, 2)
+        totals = loader.stage_times.totals()
+    finally:
+        loader.close()
+    assert [len(epoch) for epoch in plain] == [8, 8]
+    assert not torch.equal(plain[0][0][0], plain[1][0][0])        # each epoch draws anew
+    for a, b in zip(plain, with_workers, strict=True):
+        for batch_a, batch_b in zip(a, b, strict=True):
+            torch.testing.assert_close(batch_a, batch_b, rtol=0, atol=0)
+    assert loader.stage_times.batches == 16
+    assert totals["sample"] > 0 and totals["reindex"] > 0 and totals["lookup"] > 0
+
+
+def test_an_abandoned_epoch_leaves_nothing_for_the_next_and_failures_carry_the_workers_traceback():
+    graph, x = _graph_and_features()
+    loader = NeighborLoader(graph, [3], batch_size=5, x=x, num_workers=1, prefetch=2)
+    processes = []
+    try:
+        first = next(iter(loader))                # abandoned after one batch, two more already queued
+        processes = loader_processes(loader)
+        full = [b.n_id for b in loader]
+        assert len(full) == 10 and torch.equal(full[0][:5], first.n_id[:5])
+        assert torch.equal(torch.cat([ids[:5] for ids in full]), torch.arange(50))
+    finally:
+        loader.close()
+    assert processes and all(not p.is_alive() for p in processes)
+
+    broken = NeighborLoader(graph, [3], batch_size=5, x=x, num_workers=1)
+    broken._maker.rowptr = broken._maker.rowptr * 100     # sampled edges now read past the column array
+    try:
+        with pytest.raises(RuntimeError, match=r"worker 0 failed on batch 0:\n.*Traceback"):
+            list(broken)
+    finally:
+        broken.close()
+
+
+def loader_processes(loader: NeighborLoader) -> list:
+    return [] if loader._workers is None else loader._workers._processes
+
+
+def test_bad_worker_counts_are_refused():
+    graph, x = _graph_and_features()
+    with pytest.raises(ValueError, match="num_workers must be >= 0"):
+        NeighborLoader(graph, [3], x=x, num_workers=-1)
