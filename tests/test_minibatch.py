@@ -104,13 +104,15 @@ def test_batches_of_different_sizes_reuse_one_trace_and_program(model, monkeypat
     assert len(compiled_module._BY_STRUCTURE) == programs
 
 
-def test_cli_trains_mini_batches_and_plots_the_stages(tmp_path, capsys):
+@pytest.mark.parametrize("workers", [0, 1])
+def test_cli_trains_mini_batches_and_plots_the_stages(workers, tmp_path, capsys):
     path = tmp_path / "curves.png"
     plot = ["--plot", str(path)] if _has_matplotlib() else []
     assert main(["train", "--model", "sage", "--fanout", "5,5", "--batch-size", "64", "--epochs", "2",
-                 "--hidden", "8", *plot]) == 0
+                 "--hidden", "8", "--num-workers", str(workers), *plot]) == 0
     out = capsys.readouterr().out
     assert "mini-batch: fanout 5,5" in out and out.count("batches/s") == 2 and "compute" in out
+    assert ("1 loader worker process(es)" in out) == (workers == 1)
     assert out.strip().splitlines()[-1].startswith("summary: test acc")
     assert not plot or path.stat().st_size > 0
 
@@ -119,7 +121,9 @@ def test_cli_trains_mini_batches_and_plots_the_stages(tmp_path, capsys):
     (["--model", "gcn", "--fanout", "5"], "no mini-batch version"),
     (["--batch-size", "8"], "without a fanout"),
     (["--model", "sage", "--fanout", "5,x"], "comma-separated"),
-    (["--model", "sage", "--fanout", "5,0"], "fanout must be")])
+    (["--model", "sage", "--fanout", "5,0"], "fanout must be"),
+    (["--model", "sage", "--num-workers", "1"], "loader workers prepare sampled mini-batches"),
+    (["--model", "sage", "--fanout", "5", "--num-workers", "-1"], "loader workers must be >= 0")])
 def test_cli_rejects_bad_mini_batch_options(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["train", *argv])

@@ -82,7 +82,8 @@ def train_distributed_minibatch_run(config: TrainConfig, spec: ModelSpec, data: 
     sampler = DistributedSampler(range(train_ids.numel()), num_replicas=me.world_size, rank=me.rank, shuffle=True,
                                  seed=seed, drop_last=True)
     loader = NeighborLoader(data.graph, fanout, config.batch_size, input_nodes=train_ids, sampler=sampler,
-                            x=None if store is not None else x, y=data.y, device=device)
+                            x=None if store is not None else x, y=data.y, device=device,
+                            num_workers=config.loader_workers)
     times = loader.stage_times
     placement = _fit_placement(model, loader) if config.dkp else None
     block = range_block(data.graph, bounds[me.rank], bounds[me.rank + 1])

@@ -32,6 +32,7 @@ class TrainConfig:
     full graph. `features` is where several data-parallel ranks keep the feature table:
     ``replicated`` (each rank all of it) or ``partitioned`` (each rank a contiguous
     share, rows fetched from their owner per batch; `gnnfuse.distributed`).
+    `loader_workers` is the mini-batch loader's worker processes (its ``num_workers``).
     """
     model: str
     dataset: str
@@ -49,17 +50,19 @@ class TrainConfig:
     batch_size: int = 1024
     dkp: bool = False
     features: str = "replicated"
+    loader_workers: int = 0
 
 
 def make_config(model: str, dataset: str = DEFAULT_DATASET, *, runs: int = 1, seed: int = 0,
                 device: str = "cpu", root: str | os.PathLike | None = None,
                 fanout: tuple[int, ...] | None = None, batch_size: int | None = None, dkp: bool = False,
-                features: str = "replicated", **overrides: Any) -> TrainConfig:
+                features: str = "replicated", loader_workers: int = 0, **overrides: Any) -> TrainConfig:
     """`model`'s paper defaults, with every override that is not None applied.
 
     Overrides are hidden, lr, weight_decay, dropout, epochs and patience (0 disables
     early stopping). `fanout` and `batch_size` ask for mini-batch training, `dkp` for
-    dynamic kernel placement fitted on its first batches (`nn.placement`). Raises
+    dynamic kernel placement fitted on its first batches (`nn.placement`),
+    `loader_workers` for loader worker processes. Raises
     `ConfigError` naming the bad value.
     """
     try:
@@ -95,10 +98,14 @@ def make_config(model: str, dataset: str = DEFAULT_DATASET, *, runs: int = 1, se
     checks.append((spec.task != "link" or dataset.lower() in RELATIONAL_DATASETS,
                    f"model {model!r} predicts links of a relational data set "
                    f"({', '.join(sorted(RELATIONAL_DATASETS))}), not {dataset}"))
+    checks.append((loader_workers >= 0, f"loader workers must be >= 0, got {loader_workers}"))
+    checks.append((not loader_workers or fanout is not None,
+                   "loader workers prepare sampled mini-batches: they need a fanout"))
     for ok, message in checks + minibatch_checks(model, fanout, batch_size):
         if not ok:
             raise ConfigError(message)
-    sampling = {} if fanout is None else {"fanout": tuple(fanout), "batch_size": batch_size or 1024, "dkp": dkp}
+    sampling = {} if fanout is None else {"fanout": tuple(fanout), "batch_size": batch_size or 1024, "dkp": dkp,
+                                          "loader_workers": loader_workers}
     return TrainConfig(model=model, dataset=dataset, runs=runs, seed=seed, device=device, features=features,
                        root=None if root is None else str(root), **values, **sampling)
 

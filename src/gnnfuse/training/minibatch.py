@@ -43,7 +43,7 @@ def train_minibatch_run(config: TrainConfig, spec: ModelSpec, data: PreparedData
     x = data.x.to_dense() if data.x.is_sparse else data.x         # batches gather rows
     train_mask, val_mask, _ = data.masks
     loader = NeighborLoader(data.graph, fanout, config.batch_size, input_nodes=train_mask, shuffle=True,
-                            x=x, y=data.y, device=device)
+                            x=x, y=data.y, device=device, num_workers=config.loader_workers)
     times = loader.stage_times
     compute = ComputeTimer(times, device)
     placement = _fit_placement(model, loader) if config.dkp else None
