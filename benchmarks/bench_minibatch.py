@@ -576,7 +576,8 @@ def markdown(results: dict[str, Any]) -> str:
              f"training seeds; {env['device_name']}, torch {env['torch']}, commit "
              f"{(env['git_commit'] or 'unknown')[:12]}{' (dirty)' if env['git_dirty'] else ''}, {env['date']}.", "",
              "Stage seconds are summed over batches; sample/reindex/lookup/transfer run in the loader's "
-             "background thread (or its worker processes, where the features column says so), overlapped with "
+             "background thread (or its worker processes, where the features column says so; there transfer is "
+             "the training process rebuilding each batch from the shared memory), overlapped with "
              "compute, each timed on a GPU by CUDA events on the stream it "
              "queues its work on (the loader's; a host-side lookup by the host clock); compute = the training "
              "steps' spans between CUDA events on the compute stream (a span includes gaps where the stream "

@@ -26,10 +26,11 @@ import queue
 import time
 import traceback
 import weakref
+from multiprocessing.reduction import ForkingPickler
 from typing import Any, Iterator
 
 import torch
-import torch.multiprocessing as mp
+import torch.multiprocessing as mp     # also registers torch's tensor reducers with ForkingPickler
 
 from .batch_maker import BatchMaker, MiniBatch, batch_generator
 from .stages import STAGES, StageTimes
@@ -66,9 +67,11 @@ def _work(maker: BatchMaker, jobs: Any, results: Any, stop: Any, abandoned: Any)
                 entry: tuple = (epoch, index, batch, times.totals())
             except BaseException:                    # noqa: BLE001 - reported to the consumer
                 entry = (epoch, index, _Failed(traceback.format_exc()), None)
+            payload = bytes(ForkingPickler.dumps(entry))     # unpickled by the consumer, timed as transfer
+            del entry
             while not (stop.is_set() or abandoned.value >= epoch):
                 try:
-                    results.put(entry, timeout=_POLL)
+                    results.put(payload, timeout=_POLL)
                     break
                 except queue.Full:
                     continue
@@ -103,9 +106,7 @@ class WorkerPool:
         done = False
         try:
             for index in range(len(batches)):
-                start = time.perf_counter()
-                batch, seconds = self._next(index % workers, epoch, index)
-                times.add("wait", time.perf_counter() - start)
+                batch, seconds = self._next(index % workers, epoch, index, times)
                 for stage, value in seconds.items():
                     if stage in STAGES and value:
                         times.add(stage, value)
@@ -115,11 +116,20 @@ class WorkerPool:
             if not done:
                 self._abandoned.value = epoch
 
-    def _next(self, rank: int, epoch: int, index: int) -> tuple[MiniBatch, dict[str, float]]:
+    def _next(self, rank: int, epoch: int, index: int, times: StageTimes) -> tuple[MiniBatch, dict[str, float]]:
+        """Batch ``index`` from worker ``rank``: the time spent waiting for it counts as
+        ``wait``, rebuilding it here (opening the shared memory, waiting on the worker's
+        CUDA events) as ``transfer``."""
         while True:
             try:
-                got_epoch, got_index, batch, seconds = self._results[rank].get(timeout=_POLL)
+                start = time.perf_counter()
+                payload = self._results[rank].get(timeout=_POLL)
+                received = time.perf_counter()
+                times.add("wait", received - start)
+                got_epoch, got_index, batch, seconds = ForkingPickler.loads(payload)
+                times.add("transfer", time.perf_counter() - received)
             except queue.Empty:
+                times.add("wait", time.perf_counter() - start)
                 process = self._processes[rank]
                 if not process.is_alive():
                     raise RuntimeError(f"gnnfuse NeighborLoader: worker {rank} exited (code {process.exitcode}) "
