@@ -59,16 +59,25 @@ def import_script():
     """Import a module of a script folder (benchmarks/, examples/) whose scripts import
     their siblings by bare name (``from common import ...``). Both folders have a
     ``common``: whatever the import adds to ``sys.modules`` and ``sys.path`` is undone
-    after the test, so the next folder's scripts get their own siblings."""
+    after the test, so the next folder's scripts get their own siblings. Only modules
+    loaded from those folders are forgotten: a library module the script imported
+    first (``multiprocessing.heap``, say) must stay, or a later import makes a second
+    copy whose classes no longer pickle as the first's."""
     saved_path, saved_modules = list(sys.path), dict(sys.modules)
+    folders: list[Path] = []
 
     def load(folder: Path, module: str):
+        folders.append(Path(folder).resolve())
         sys.path.insert(0, str(folder))
         for name in (module, "common"):
             sys.modules.pop(name, None)
         return __import__(module)
+
+    def from_folders(name: str) -> bool:
+        file = getattr(sys.modules[name], "__file__", None)
+        return file is not None and any(Path(file).resolve().is_relative_to(f) for f in folders)
     yield load
     sys.path[:] = saved_path
-    for name in set(sys.modules) - set(saved_modules):
+    for name in [n for n in set(sys.modules) - set(saved_modules) if from_folders(n)]:
         del sys.modules[name]
     sys.modules.update({n: m for n, m in saved_modules.items() if n in ("common",)})
