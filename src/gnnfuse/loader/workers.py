@@ -10,9 +10,10 @@ own interpreter lock, so the two sides' host work overlaps too.
 What crosses between the processes: at start, the `BatchMaker` (its CSR and feature
 tables shared, not copied: CUDA tensors through CUDA IPC, host tensors through shared
 memory); per epoch, each worker's list of (batch index, seeds); per batch, the
-`MiniBatch` with its blocks' graphs and their prepared layouts (shared the same way;
+`MiniBatch` with its blocks' graphs and their prepared layouts, its tensors packed into
+one buffer per device (`loader.packing`: one IPC handle to open instead of some forty;
 the receiving stream waits for the worker's kernels through the IPC event torch sends
-with every CUDA tensor) and the worker's stage seconds for it. Worker ``w`` of ``n``
+with it), and the worker's stage seconds for it. Worker ``w`` of ``n``
 prepares batches ``w, w + n, ...`` in order, each from its own generator
 (`batch_generator`), so the batches are the same for any number of workers.
 
@@ -33,6 +34,7 @@ import torch
 import torch.multiprocessing as mp     # also registers torch's tensor reducers with ForkingPickler
 
 from .batch_maker import BatchMaker, MiniBatch, batch_generator
+from .packing import pack, unpack
 from .stages import STAGES, StageTimes
 
 _POLL = 0.1              # seconds between checks for a stop while blocked on a queue
@@ -64,7 +66,8 @@ def _work(maker: BatchMaker, jobs: Any, results: Any, stop: Any, abandoned: Any)
                 batch = maker.prepare(seeds, batch_generator(maker.sample_device, epoch_seed, index), times)
                 if maker.device.type == "cuda" or maker.sample_device.type == "cuda":
                     torch.cuda.synchronize()          # its event-timed stages are read below
-                entry: tuple = (epoch, index, batch, times.totals())
+                entry: tuple = (epoch, index, pack(batch), times.totals())
+                del batch
             except BaseException:                    # noqa: BLE001 - reported to the consumer
                 entry = (epoch, index, _Failed(traceback.format_exc()), None)
             payload = bytes(ForkingPickler.dumps(entry))     # unpickled by the consumer, timed as transfer
@@ -127,6 +130,8 @@ class WorkerPool:
                 received = time.perf_counter()
                 times.add("wait", received - start)
                 got_epoch, got_index, batch, seconds = ForkingPickler.loads(payload)
+                if not isinstance(batch, _Failed) and got_epoch == epoch:
+                    batch = unpack(*batch)
                 times.add("transfer", time.perf_counter() - received)
             except queue.Empty:
                 times.add("wait", time.perf_counter() - start)
