@@ -79,10 +79,11 @@ def _graph() -> gnnfuse.Graph:
     return gnnfuse.Graph(src, dst, 10).to(DEVICE)
 
 
-@pytest.mark.parametrize("layer_name,width", [("GCNConv", 5), ("GCNConv", 47), ("GATConv", 7)])
+@pytest.mark.parametrize("layer_name,width", [("GCNConv", 5), ("GCNConv", 47), ("GATConv", 7), ("SAGEConv", 5)])
 def test_layers_hand_padded_tables_to_the_kernels_without_a_copy(layer_name, width, monkeypatch):
-    """With the kernels' stride forced (as on CUDA), GCN's and GAT's linear map writes a
-    padded table whose view the Triton executor reads in place, forward and backward,
+    """With the kernels' stride forced (as on CUDA), GCN's, GAT's and (combine-first)
+    SAGE's linear map writes a padded table whose view the Triton executor reads in
+    place, forward and backward,
     and both match the reference backend in float64."""
     monkeypatch.setattr(aligned_module, "kernel_row_stride", lambda x, w: aligned_row_width(w))
     copied, in_place = _watch_layouts(monkeypatch)
@@ -97,7 +98,8 @@ def test_layers_hand_padded_tables_to_the_kernels_without_a_copy(layer_name, wid
         xs = x.clone().requires_grad_()
         out = layer(xs, graph)
         (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype, device=out.device).view_as(out)).sum().backward()
-        results.append([out.detach(), xs.grad, layer.lin.weight.grad.clone()])
+        weights = [layer.lin_l.weight, layer.lin_r.weight, layer.lin_l.bias] if layer_name == "SAGEConv" else [layer.lin.weight]
+        results.append([out.detach(), xs.grad] + [w.grad.clone() for w in weights])
     assert in_place, "no kernel read the layer's padded table in place"
     for got, want in zip(*results):
         torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
