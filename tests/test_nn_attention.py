@@ -311,3 +311,14 @@ def test_gat_logits_fold_into_one_gemm_only_where_it_moves_fewer_bytes():
     h = layer.lin(x).view(-1, 2, 4)
     folded = _folded_logits(layer.lin, x, layer.att_src, layer.att_dst)
     torch.testing.assert_close(folded, [(h * layer.att_src).sum(-1), (h * layer.att_dst).sum(-1)], rtol=1e-12, atol=1e-12)
+
+
+def test_one_head_without_concat_is_the_head_itself_not_a_copy():
+    """PyG averages heads when ``concat=False``; with one head that is the head, taken
+    as a view (a mean would copy the output forward and the gradient backward)."""
+    from gnnfuse.nn.conv import _combine_heads
+    out = torch.randn(5, 1, 3, requires_grad=True)
+    combined = _combine_heads(out, concat=False, bias=None)
+    assert combined.data_ptr() == out.data_ptr() and torch.equal(combined, out.mean(dim=1))
+    several = torch.randn(5, 2, 3)
+    assert torch.equal(_combine_heads(several, concat=False, bias=None), several.mean(dim=1))

@@ -356,8 +356,14 @@ def _check_dropout(dropout: float) -> float:
 def _combine_heads(out: torch.Tensor, concat: bool, bias: torch.Tensor | None,
                    residual: torch.Tensor | None = None) -> torch.Tensor:
     """[N, heads, C] -> [N, heads * C] (concat) or [N, C] (mean over heads), plus PyG's
-    ``residual`` term (``res(x)``, when given) and the bias, in PyG's order."""
-    out = out.flatten(1) if concat else out.mean(dim=1)     # flatten, unlike reshape(N, -1), allows N = 0
+    ``residual`` term (``res(x)``, when given) and the bias, in PyG's order. The mean
+    over one head is that head itself, taken as a view: ``mean`` would copy the output
+    (and its backward the gradient, live at the backward's memory peak: 0.46 GB for 47
+    classes on a products-sized graph)."""
+    if concat:
+        out = out.flatten(1)                  # flatten, unlike reshape(N, -1), allows N = 0
+    else:
+        out = out.select(1, 0) if out.shape[1] == 1 else out.mean(dim=1)
     out = out if residual is None else out + residual
     return out if bias is None else out + bias
 
