@@ -358,8 +358,8 @@ def _combine_heads(out: torch.Tensor, concat: bool, bias: torch.Tensor | None,
     """[N, heads, C] -> [N, heads * C] (concat) or [N, C] (mean over heads), plus PyG's
     ``residual`` term (``res(x)``, when given) and the bias, in PyG's order. The mean
     over one head is that head itself, taken as a view: ``mean`` would copy the output
-    (and its backward the gradient, live at the backward's memory peak: 0.46 GB for 47
-    classes on a products-sized graph)."""
+    forward and the gradient backward (a pass over [N, C] each; the products-sized GAT
+    step's memory peak is elsewhere and did not move)."""
     if concat:
         out = out.flatten(1)                  # flatten, unlike reshape(N, -1), allows N = 0
     else:
