@@ -35,6 +35,17 @@ class CSR(NamedTuple):
     eid: torch.Tensor
 
 
+class _LazyEdges(NamedTuple):
+    """How a lazy graph's endpoints are made (`Graph._lazily`): the ``src``/``dst`` it was
+    derived from, the ``keep`` mask over them (None: all), how many edges that keeps, and
+    the number of ``i -> i`` loops appended."""
+    src: torch.Tensor
+    dst: torch.Tensor
+    keep: torch.Tensor | None
+    kept: int
+    loops: int
+
+
 class Graph:
     """A directed graph on vertices ``0..num_nodes-1``, optionally with edge/vertex types.
 
@@ -91,7 +102,7 @@ class Graph:
     def _init(self, src, dst, num_nodes, edge_type, num_edge_types, node_type, num_node_types,
               num_src_nodes=None) -> None:
         self._edges: tuple[torch.Tensor, torch.Tensor] | None = (src, dst)
-        self._lazy: tuple | None = None     # how a lazy graph's endpoints are made (see `_lazily`)
+        self._lazy: _LazyEdges | None = None
         self._num_nodes = num_nodes
         self._num_src = num_src_nodes   # None: sources and destinations are one vertex set
         self._edge_type, self._num_edge_types = edge_type, num_edge_types
@@ -119,16 +130,14 @@ class Graph:
         1 GB resident for the whole training run. A lazy graph refers to the endpoint
         tensors it was derived from (and the mask), which its source graph holds anyway.
         """
-        if self._edges is None:                      # compose with this graph's own recipe
-            src, dst, mask, kept, own_loops = self._lazy
-            if own_loops == 0 and (keep is None or mask is None):
-                mask = keep if mask is None else mask
-                kept = kept if keep is None else int(keep.sum())
-                return self._lazy_graph((src, dst, mask, kept, loops))
+        own = self._lazy
+        if own is not None and own.loops == 0 and (keep is None or own.keep is None):   # compose the recipes
+            kept = own.kept if keep is None else int(keep.sum())
+            return self._lazy_graph(_LazyEdges(own.src, own.dst, keep if own.keep is None else own.keep, kept, loops))
         kept = self.num_edges if keep is None else int(keep.sum())
-        return self._lazy_graph((self._src, self._dst, keep, kept, loops))
+        return self._lazy_graph(_LazyEdges(self._src, self._dst, keep, kept, loops))
 
-    def _lazy_graph(self, recipe: tuple) -> Graph:
+    def _lazy_graph(self, recipe: _LazyEdges) -> Graph:
         g = Graph.__new__(Graph)
         g._init(None, None, self._num_nodes, None, None, self._node_type, self._num_node_types, self._num_src)
         g._edges, g._lazy = None, recipe
@@ -139,9 +148,9 @@ class Graph:
         keeps them only when `keep` (a layout builder uses them once and lets them go)."""
         if self._edges is not None:
             return self._edges
-        src, dst, mask, _, count = self._lazy
-        if mask is not None:
-            src, dst = src[mask], dst[mask]
+        src, dst, keep_mask, _, count = self._lazy
+        if keep_mask is not None:
+            src, dst = src[keep_mask], dst[keep_mask]
         if count:
             loops = torch.arange(count, device=src.device)
             src, dst = torch.cat([src, loops]), torch.cat([dst, loops])
@@ -348,12 +357,12 @@ class Graph:
     @property
     def num_edges(self) -> int:
         if self._edges is None:
-            return self._lazy[3] + self._lazy[4]
+            return self._lazy.kept + self._lazy.loops
         return self._edges[0].numel()
 
     @property
     def device(self) -> torch.device:
-        return (self._lazy if self._edges is None else self._edges)[0].device
+        return (self._lazy.src if self._edges is None else self._edges[0]).device
 
     @property
     def src(self) -> torch.Tensor:
