@@ -110,7 +110,8 @@ class NeighborLoader:
     process; needs ``feature_device="device"``). `close` stops the workers.
 
     Randomness: each epoch's shuffle and samples come from one seed drawn from torch's
-    global generator when iteration starts, so ``torch.manual_seed`` fixes them.
+    global generator when iteration starts, so ``torch.manual_seed`` fixes them; batch i
+    samples from a generator seeded by that seed and i (`batch_generator`).
     """
 
     def __init__(self, data: Any, num_neighbors: Sequence[int], batch_size: int = 1, input_nodes: Any = None,
