@@ -3,6 +3,9 @@ workers, in order, over several epochs; an abandoned epoch leaves nothing behind
 worker's failure reaches the training loop with its traceback."""
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -78,3 +81,18 @@ def test_bad_worker_counts_are_refused():
     graph, x = _graph_and_features()
     with pytest.raises(ValueError, match="num_workers must be >= 0"):
         NeighborLoader(graph, [3], x=x, num_workers=-1)
+
+
+def test_a_script_without_a_main_guard_starts_its_workers(tmp_path):
+    """Spawned workers do not import the training script: one without ``if __name__ ==
+    "__main__":`` would otherwise run again in every worker and fail there."""
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch, gnnfuse\n"
+        "from gnnfuse.loader import NeighborLoader\n"
+        "g = gnnfuse.Graph(torch.randint(0, 30, (100,)), torch.randint(0, 30, (100,)), 30)\n"
+        "loader = NeighborLoader(g, [3], batch_size=5, x=torch.randn(30, 2), num_workers=1)\n"
+        "print('batches', sum(1 for _ in loader), 'and', sum(1 for _ in loader))\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "batches 6 and 6"

@@ -3,4 +3,5 @@ import sys
 
 from .cli import main
 
-sys.exit(main())
+if __name__ == "__main__":     # not when a spawned process imports this module as its main
+    sys.exit(main())
