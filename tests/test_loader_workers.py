@@ -96,3 +96,19 @@ def test_a_script_without_a_main_guard_starts_its_workers(tmp_path):
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "batches 6 and 6"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="pinned features are read by a CUDA kernel")
+def test_workers_read_pinned_features_from_shared_memory():
+    """With features in host memory the workers share one shared-memory table, each
+    page-locking it for the zero-copy gather: the batches equal device-feature ones."""
+    graph, x = _graph_and_features("cuda")
+    plain = _epochs(NeighborLoader(graph, [4, 3], batch_size=7, shuffle=True, x=x, prefetch=0), 1)
+    loader = NeighborLoader(graph, [4, 3], batch_size=7, shuffle=True, x=x.cpu(), device="cuda",
+                            feature_device="pinned", num_workers=2)
+    try:
+        pinned = _epochs(loader, 1)
+    finally:
+        loader.close()
+    for a, b in zip(plain[0], pinned[0], strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)

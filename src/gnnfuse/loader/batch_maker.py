@@ -11,6 +11,7 @@ thread or process prepares it, nor on the batches prepared before it.
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -20,7 +21,7 @@ from .block import Block, block_graph
 from .layouts import prepare_layouts
 from .sampler import reindex_slots, sample_slots
 from .stages import StageTimes, device_stream
-from .zero_copy import zero_copy_rows
+from .zero_copy import register_host_memory, zero_copy_rows
 
 _GOLDEN = 0x9E3779B97F4A7C15      # Weyl increment: far-apart seeds for consecutive batches
 
@@ -67,6 +68,15 @@ class BatchMaker:
     sample_device: torch.device
     feature_device: str
     zero_copy: bool
+
+    def pin_shared_tables(self) -> None:
+        """In a worker process: page-lock the host tables shared with it (`zero_copy`
+        reads need pinned pages); where the driver refuses, rows are gathered on the host."""
+        for name in ("x", "y"):
+            table = getattr(self, name)
+            if self.zero_copy and table is not None and not register_host_memory(table):
+                warnings.warn(f"gnnfuse NeighborLoader worker: could not page-lock the shared {name} table "
+                              f"{list(table.shape)}; its rows are gathered on the host", RuntimeWarning, stacklevel=2)
 
     def prepare(self, seeds: torch.Tensor, generator: torch.Generator, times: StageTimes) -> MiniBatch:
         on_sampler = device_stream(self.sample_device)

@@ -107,7 +107,8 @@ class NeighborLoader:
     ``device`` is the CPU, else ``"pinned"``), ``prefetch`` (batches prepared ahead;
     0 prepares each batch when asked) and ``num_workers`` (PyG's name: processes that
     prepare the batches, started on the first epoch and kept; 0 prepares them in this
-    process; needs ``feature_device="device"``). `close` stops the workers.
+    process; host tables are then kept in shared memory, which each worker page-locks
+    for its zero-copy reads). `close` stops the workers.
 
     Randomness: each epoch's shuffle and samples come from one seed drawn from torch's
     global generator when iteration starts, so ``torch.manual_seed`` fixes them; batch i
@@ -144,9 +145,7 @@ class NeighborLoader:
         csr = graph.to(self.sample_device).csr()
         self.num_nodes = graph.num_nodes
         self.feature_device = self._feature_device(feature_device, features)
-        if num_workers and self.feature_device != "device":
-            raise ValueError("num_workers > 0 needs feature_device='device' (a worker process cannot read this "
-                             "process's page-locked tables); use num_workers=0 with pinned features")
+        self.num_workers = num_workers
         # pinned tables are read in place by a kernel when batches are sampled on the GPU
         self._zero_copy = self.feature_device == "pinned" and self.sample_device.type == "cuda"
         self._maker = BatchMaker(csr.rowptr.long(), csr.col.long(), self._place(features), self._place(labels),
@@ -154,7 +153,7 @@ class NeighborLoader:
                                  self.sample_device, self.feature_device, self._zero_copy)
         self.seeds = _seed_ids(input_nodes, graph.num_nodes)
         self.batch_size, self.shuffle, self.replace, self.drop_last = batch_size, shuffle, replace, drop_last
-        self.prefetch, self.sampler, self.num_workers = prefetch, sampler, num_workers
+        self.prefetch, self.sampler = prefetch, sampler
         self.stage_times = StageTimes()
         self._workers: WorkerPool | None = None
 
@@ -176,6 +175,8 @@ class NeighborLoader:
         if self.feature_device == "device":
             return table.to(self.device)
         table = table.cpu().contiguous()
+        if self.num_workers:     # shared with the workers, each of which page-locks it in place
+            return (table.clone() if table.is_pinned() else table).share_memory_()
         if self._zero_copy and not table.is_pinned():
             try:    # page-locked once, so kernels read its rows in place (loader.zero_copy)
                 table = table.pin_memory()

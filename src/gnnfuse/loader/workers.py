@@ -55,6 +55,7 @@ def _work(maker: BatchMaker, jobs: Any, results: Any, stop: Any, abandoned: Any)
     (with its stage seconds) on ``results``; leave an epoch the consumer abandoned."""
     if maker.device.type == "cuda":
         torch.cuda.set_device(maker.device)
+    maker.pin_shared_tables()
     while not stop.is_set():
         try:
             epoch, epoch_seed, items = jobs.get(timeout=_POLL)

@@ -72,3 +72,19 @@ def zero_copy_rows(table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor | Non
                       f"({exc}); gathering rows on the host instead, which is slower", RuntimeWarning,
                       stacklevel=3)
         return None
+
+
+def register_host_memory(table: torch.Tensor) -> bool:
+    """Page-lock ``table``'s host storage in place (``cudaHostRegister``), so kernels read
+    it as they read pinned memory; whether that worked. A loader worker process does
+    this to the shared-memory feature table it received: ``pin_memory()`` copies into a
+    new allocation this process alone could see, so a table meant for several processes
+    is put in shared memory first and registered by each process that reads it."""
+    storage = table.untyped_storage()
+    if table.device.type != "cpu" or not storage.nbytes() or table.is_pinned():
+        return table.device.type == "cpu" and table.is_pinned()
+    try:
+        torch.cuda.check_error(torch.cuda.cudart().cudaHostRegister(storage.data_ptr(), storage.nbytes(), 0))
+    except (RuntimeError, torch.cuda.CudaError):
+        return False
+    return table.is_pinned()
