@@ -481,7 +481,8 @@ def run(args: argparse.Namespace, save: Callable[[dict[str, Any]], None]) -> dic
         "batch: " + "; ".join(f"{stage} {c['aten_ops']:.0f} ops, {c['host_syncs']:.1f} syncs"
                               for stage, c in cell["per_batch"].items()))
     feature_devices = ["device", "pinned"] if device.type == "cuda" else ["device"]
-    setups = [(place, 0) for place in feature_devices] + [("device", w) for w in args.workers if w > 0]
+    setups = [(place, 0) for place in feature_devices] + [(place, w) for place in feature_devices
+                                                           for w in args.workers if w > 0]
     for place, workers in setups:
         torch.manual_seed(args.seed)
         model = build_block_model("sage", dataset.num_features, dataset.num_classes, args.hidden, args.dropout,
@@ -658,8 +659,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prefetch", type=int, default=2, help="batches the loader prepares ahead (default 2)")
     parser.add_argument("--pyg-workers", type=int, default=8, help="PyG loader worker processes (default 8)")
     parser.add_argument("--workers", type=lambda s: [int(k) for k in s.split(",")], default=[1],
-                        help="also time an epoch with features on the device and this many loader worker "
-                             "processes, per comma-separated count (default 1; 0 adds none)")
+                        help="also time an epoch with this many loader worker processes, per comma-separated "
+                             "count and feature placement (default 1; 0 adds none)")
     parser.add_argument("--no-pyg-loader", dest="pyg_loader", action="store_false",
                         help="skip the epoch with PyG's NeighborLoader")
     parser.add_argument("--dkp-calibration", type=int, default=4, help="batches whose kernel times fit the DKP "
