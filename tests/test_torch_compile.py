@@ -178,3 +178,19 @@ def test_a_udf_reading_an_outside_tensor_runs_eagerly_and_sees_its_edits():
                            "scaled")
     finally:
         _WEIGHT.fill_(1.0)
+
+
+def test_a_padded_linear_output_compiles_to_one_graph(monkeypatch):
+    """On CUDA GATConv's 6-wide map (2 heads x 3) writes a table padded to 8 and hands
+    on its view (nn/aligned_linear.py); compiled, that is one graph with eager's and
+    PyG's values and gradients. Forced here, where the CPU would not pad."""
+    from gnnfuse.backend.row_layout import aligned_row_width
+    from gnnfuse.nn import aligned_linear
+    padded = []
+
+    def stride(x, width):
+        padded.append(aligned_row_width(width) != width)
+        return aligned_row_width(width)
+    monkeypatch.setattr(aligned_linear, "kernel_row_stride", stride)
+    _assert_compiled_matches("gat", "cpu")
+    assert any(padded), "the layer's map was never padded"
