@@ -63,11 +63,14 @@ class BatchMaker:
     y: torch.Tensor | None
     num_neighbors: Sequence[int]
     replace: bool
-    num_nodes: int
     device: torch.device
     sample_device: torch.device
     feature_device: str
     zero_copy: bool
+
+    @property
+    def num_nodes(self) -> int:
+        return self.rowptr.numel() - 1
 
     def pin_shared_tables(self) -> None:
         """In a worker process: page-lock the host tables shared with it (`zero_copy`

@@ -149,7 +149,7 @@ class NeighborLoader:
         # pinned tables are read in place by a kernel when batches are sampled on the GPU
         self._zero_copy = self.feature_device == "pinned" and self.sample_device.type == "cuda"
         self._maker = BatchMaker(csr.rowptr.long(), csr.col.long(), self._place(features), self._place(labels),
-                                 tuple(self.num_neighbors), replace, graph.num_nodes, self.device,
+                                 tuple(self.num_neighbors), replace, self.device,
                                  self.sample_device, self.feature_device, self._zero_copy)
         self.seeds = _seed_ids(input_nodes, graph.num_nodes)
         self.batch_size, self.shuffle, self.replace, self.drop_last = batch_size, shuffle, replace, drop_last

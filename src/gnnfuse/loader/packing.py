@@ -70,8 +70,7 @@ def pack(obj: Any) -> tuple[bytes, dict[str, torch.Tensor], list[tuple[str, int,
             pieces.append(torch.empty(pad, dtype=torch.uint8, device=tensor.device))
         offsets[device] = offset + nbytes + pad
         where.append((device, offset, tensor.dtype, tuple(tensor.shape)))
-    buffers = {device: torch.cat(pieces) if pieces else torch.empty(0, dtype=torch.uint8)
-               for device, pieces in by_device.items()}
+    buffers = {device: torch.cat(pieces) for device, pieces in by_device.items()}
     return file.getvalue(), buffers, where
 
 

@@ -81,8 +81,10 @@ def register_host_memory(table: torch.Tensor) -> bool:
     new allocation this process alone could see, so a table meant for several processes
     is put in shared memory first and registered by each process that reads it."""
     storage = table.untyped_storage()
-    if table.device.type != "cpu" or not storage.nbytes() or table.is_pinned():
-        return table.device.type == "cpu" and table.is_pinned()
+    if table.device.type != "cpu":
+        return False
+    if table.is_pinned() or not storage.nbytes():      # nothing left to lock
+        return True
     try:
         torch.cuda.check_error(torch.cuda.cudart().cudaHostRegister(storage.data_ptr(), storage.nbytes(), 0))
     except (RuntimeError, torch.cuda.CudaError):

@@ -8,7 +8,7 @@ Two details of a layer's ``x W^T`` matter to the compiled aggregation that reads
   on a products-sized graph 0.46 GB each, live at GAT's memory peak. Written by the GEMM
   into a zero-padded [N, 48] table and returned as its [N, 47] view, it needs no copy.
 * **Which rows the weight's gradient sums** (`rows_read`, for layers that transform
-  before a propagation that reads only some rows; see `_rows_read`).
+  before a propagation that reads only some rows; see `rows_read`).
 
 One autograd Function does both; its backward works on the unpadded view's gradient
 (no [N, 48] gradient exists) and is written in differentiable ops, so double backward

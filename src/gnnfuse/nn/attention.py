@@ -22,11 +22,12 @@ from torch import nn
 
 from .. import frontend
 from ..graph import Graph
+from .aligned_linear import rows_read
 from .arguments import node_features
 from .attention_weights import AttentionOutput, attention_weights, check_attention_request
 from .compiling import compile_path
 from .conv import (GATConv, _as_graph, _bipartite_inputs, _channel_pair, _check_dropout, _combine_heads,
-                   _head_bias, _head_residual, _inv_sqrt_degree, _normalized_sum, _rows_read, _with_loops)
+                   _head_bias, _head_residual, _inv_sqrt_degree, _normalized_sum, _with_loops)
 from .edge_features import FillValue, edge_projection, edge_rows, traced_edge_matmul
 from .pyg_repr import OneLineRepr
 
@@ -331,7 +332,7 @@ class MLPAggConv(nn.Module):
     def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor) -> torch.Tensor:
         x = node_features(x, "MLPAggConv")
         graph = _as_graph(edge_index, x.shape[0])
-        a = F.linear(_rows_read(x, _with_edges(graph, "any")), self.lin.weight)
+        a = F.linear(rows_read(x, _with_edges(graph, "any")), self.lin.weight)
         return _mlp_max(graph, {"a": a, "b": a if self.lin.bias is None else a + self.lin.bias})
 
 
@@ -373,7 +374,7 @@ class NGCFConv(nn.Module):
         x = node_features(x, "NGCFConv")
         graph = _as_graph(edge_index, x.shape[0])
         s = _normalized_sum(graph, {"h": x, "norm": _inv_sqrt_degree(graph, x.dtype)})
-        out = self.lin1(x + s) + self.lin2(_rows_read(x, _with_edges(graph, "in")) * s)
+        out = self.lin1(x + s) + self.lin2(rows_read(x, _with_edges(graph, "in")) * s)
         if self.bias is not None:
             out = out + self.bias
         return F.leaky_relu(out, self.negative_slope)

@@ -19,7 +19,7 @@ from .. import frontend
 from ..graph import Graph
 from ..graph.convert import check_bipartite_adj_t, declared_size
 from ..runtime.compile_op import GRAPH_STEPS, GraphRef
-from .aligned_linear import aligned_linear, rows_read as _rows_read
+from .aligned_linear import aligned_linear
 from .aggregation import Reduction, aggregate, eager_slots, pyg_aggr_name, resolve_aggregation
 from .arguments import adjacency_weights, edge_weight_column, node_features, node_pair, over_feature_batches
 from .attention_weights import AttentionOutput, attention_weights, check_attention_request
@@ -178,7 +178,7 @@ def _transform_first(x: torch.Tensor, weight: torch.Tensor, graph: Graph, hops: 
 
     Every row is transformed (its value travels the shorter walks it starts and reaches
     what PyG's intermediate hops reach, edge weights' gradients included), but the
-    weight's gradient takes only the rows some ``hops``-walk leaves (`_rows_read`), in
+    weight's gradient takes only the rows some ``hops``-walk leaves (`rows_read`), in
     one GEMM per pass (`aligned_linear`, which also lays the rows out for the kernels).
     """
     return aligned_linear(x, weight, read=transform_first_rows(graph, hops))
