@@ -313,3 +313,64 @@ def test_an_execution_context_builds_looped_endpoints_only_when_an_op_indexes_by
     assert ctx.num_edges == looped.num_edges and ctx.device == looped.device
     assert looped._edges is None, "making an execution context built the endpoints"
     assert torch.equal(ctx.index("src"), looped.src)
+
+
+@given(edge_lists(), st.sampled_from(["plain", "dst-grouped", "self-looped"]), st.booleans())
+@settings(max_examples=60, deadline=None)
+def test_layouts_without_edge_ids_are_the_full_layouts(edges, kind, ids_first):
+    """`Graph.grouped` gives the CSR's and reverse CSR's ``rowptr``/``col`` without
+    building ``eid``; asking for the full layout afterwards (or first) gives the same
+    arrays and edge ids that read each position's edge back."""
+    src, dst, n = edges
+    if kind == "dst-grouped":
+        order = sorted(range(len(dst)), key=lambda i: dst[i])
+        src, dst = [src[i] for i in order], [dst[i] for i in order]
+        graph = Graph(src, dst, n)
+        graph._trust_dst_order(True)
+    else:
+        graph = Graph(src, dst, n)
+        if kind == "self-looped":
+            graph = graph.remove_self_loops().add_self_loops()
+    for by, full_key in (("dst", "csr"), ("src", "reverse_csr")):
+        if ids_first:
+            getattr(graph, full_key)()
+        rowptr, col = graph.grouped(by)
+        assert (full_key in graph._cache) == ids_first, "grouped() built the edge ids"
+        layout = getattr(graph, full_key)()
+        assert torch.equal(layout.rowptr, rowptr) and torch.equal(layout.col, col)
+        other, key = (graph.src, graph.dst) if by == "dst" else (graph.dst, graph.src)
+        eid = layout.eid.long()
+        assert torch.equal(torch.sort(eid).values, torch.arange(graph.num_edges))
+        assert torch.equal(other[eid].to(col.dtype), col)
+        rows = torch.repeat_interleave(torch.arange(rowptr.numel() - 1), rowptr.long().diff())
+        assert torch.equal(key[eid], rows)
+        assert bool((eid.diff()[rows[1:] == rows[:-1]] > 0).all()), "ids do not rise within a row"
+
+
+def test_a_step_without_edge_rows_builds_no_edge_ids(monkeypatch):
+    """GCN and GAT steps on the Triton backend (interpreter on this CPU) walk their CSR
+    layouts without the edge ids; a GAT with edge features reads edge rows through them."""
+    import gnnfuse.nn
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
+    torch.manual_seed(0)
+    graph = Graph(torch.randint(0, 30, (120,)), torch.randint(0, 30, (120,)), 30).to(device)
+    x = torch.randn(30, 8, device=device, requires_grad=True)
+    for layer in (gnnfuse.nn.GCNConv(8, 4), gnnfuse.nn.GATConv(8, 4, heads=2)):
+        layer = layer.to(device)
+        layer(x, graph).sum().backward()
+    built = _graphs_in(graph)
+    assert built and all("csr" not in g._cache and "reverse_csr" not in g._cache for g in built)
+    assert any("csr_rows" in g._cache for g in built)
+    edge_attr = torch.randn(120, 3, device=device)
+    gnnfuse.nn.GATConv(8, 4, heads=2, edge_dim=3).to(device)(x, graph, edge_attr).sum().backward()
+    assert any("csr" in g._cache for g in _graphs_in(graph))
+
+
+def _graphs_in(graph: Graph) -> list[Graph]:
+    """``graph`` and the graphs derived from it that its cache holds (self-looped copies)."""
+    found = [graph]
+    for value in graph._cache.values():
+        if isinstance(value, Graph):
+            found.extend(_graphs_in(value))
+    return found

@@ -4,8 +4,11 @@ A graph is stored as its edge list in *input order*: edge i goes ``src[i] -> dst
 edge-feature tensors are indexed by that i. Kernels want other layouts -- in-edges grouped
 by destination (CSR) for the forward pass, out-edges grouped by source (reverse CSR) for
 the backward pass (Seastar §6.1, §6.3.4), vertices in descending degree for load balancing
-(§6.3.3). Each layout permutes the edges, so each carries an ``eid`` array mapping its
-positions back to edge ids; edge features are never permuted.
+(§6.3.3). Each layout permutes the edges, so each has an ``eid`` array mapping its
+positions back to edge ids; edge features are never permuted. Only kernels that read
+edge-rowed tensors need ``eid``, so `Graph.grouped` gives a layout without it and the
+ids are built only when asked for (on a products-sized graph the two id arrays are
+0.51 GB that a GCN, SAGE or GAT step never reads).
 
 All layouts are built lazily, on the graph's device, once per graph, and memoised in one
 cache that layers also use (`Graph.cached`) for their own derived data such as GCN
@@ -414,29 +417,45 @@ class Graph:
     def csr(self) -> CSR:
         """In-edges grouped by destination: ``col`` = sources; stable in edge id per row.
         One row per destination (``num_nodes + 1`` row pointers)."""
-        return self.cached("csr", lambda g: g._group_by(*g._endpoints(keep=False)[::-1], g._num_nodes, g._dst_grouped))
+        return self.cached("csr", lambda g: CSR(*g.grouped("dst"), g._grouping_order("dst")))
 
     def reverse_csr(self) -> CSR:
         """Out-edges grouped by source: ``col`` = destinations; stable in edge id per row.
         One row per source (``num_src_nodes + 1`` row pointers)."""
-        return self.cached("reverse_csr", lambda g: g._group_by(*g._endpoints(keep=False), g.num_src_nodes))
+        return self.cached("reverse_csr", lambda g: CSR(*g.grouped("src"), g._grouping_order("src")))
 
-    def _group_by(self, key: torch.Tensor, other: torch.Tensor, rows: int, presorted: bool = False) -> CSR:
-        """Edges grouped by `key`, `other` as ``col``; the sort is stable so ids rise per row.
+    def grouped(self, by: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(rowptr, col)`` of `csr` (``by="dst"``) or `reverse_csr` (``"src"``) without
+        the edge ids, for kernels that read no edge-rowed tensor: a layout built here
+        never builds its ``eid`` (a full layout already built, or prefilled by a loader,
+        serves as it is)."""
+        full_key = "csr" if by == "dst" else "reverse_csr"
+        if full_key in self._cache:
+            full = self._cache[full_key]
+            return full.rowptr, full.col
+        return self.cached(f"{full_key}_rows", lambda g: g._group_rows(by))
 
-        The permutation itself is kept as ``eid``: after regrouping, a position no longer
-        names its edge, so E-typed tensors must be read through it (Seastar §6.3.4). A
-        `presorted` key (edges already grouped) needs no sort: the permutation is the identity.
-        """
+    def _group_rows(self, by: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """Edges grouped by endpoint ``by``, the other endpoint as ``col``, stably (ids rise
+        per row); the sort's permutation is dropped (`_grouping_order` remakes it)."""
+        src, dst = self._endpoints(keep=False)
+        key, other, rows = (dst, src, self._num_nodes) if by == "dst" else (src, dst, self.num_src_nodes)
         dtype = self.index_dtype
-        if presorted:
-            eid = torch.arange(key.numel(), device=self.device)
-        else:
-            eid = torch.sort(key, stable=True).indices
+        col = other if by == "dst" and self._dst_grouped else other[torch.sort(key, stable=True).indices]
         counts = torch.bincount(key, minlength=rows)
         rowptr = torch.zeros(rows + 1, dtype=torch.int64, device=self.device)
         torch.cumsum(counts, 0, out=rowptr[1:])
-        return CSR(rowptr.to(dtype), other[eid].to(dtype), eid.to(dtype))
+        return rowptr.to(dtype), col.to(dtype).contiguous()
+
+    def _grouping_order(self, by: str) -> torch.Tensor:
+        """The permutation `_group_rows` sorted the edges by, as ``eid``: after regrouping,
+        a position no longer names its edge, so E-typed tensors must be read through it
+        (Seastar §6.3.4). Edges already grouped by destination need no sort (the identity);
+        otherwise the same stable sort gives the same order as the layout's ``col``."""
+        if by == "dst" and self._dst_grouped:
+            return torch.arange(self.num_edges, device=self.device, dtype=self.index_dtype)
+        src, dst = self._endpoints(keep=False)
+        return torch.sort(dst if by == "dst" else src, stable=True).indices.to(self.index_dtype)
 
     def coo(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(src, dst) in `index_dtype`, edge-id order."""

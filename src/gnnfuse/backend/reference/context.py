@@ -120,6 +120,10 @@ class GraphContext:
         csr = self.graph.csr() if by == "dst" else self.graph.reverse_csr()
         return csr.rowptr, csr.col, csr.eid
 
+    def grouped(self, by: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """`csr` less the edge ids, which are then never built (`Graph.grouped`)."""
+        return self.graph.grouped("dst" if by == "dst" else "src")
+
     def order(self, by: str) -> torch.Tensor:
         """Group rows in descending degree, so the heaviest rows start first."""
         if by == "dst":

@@ -10,7 +10,7 @@ import torch
 import triton
 
 from ...ir import Program, Value
-from ...passes.fusion import AggregateUnit, EdgeUnit, SharedReduceUnit, Unit, partition
+from ...passes.fusion import AggregateUnit, EdgeUnit, SharedReduceUnit, Unit, leaf_kind, partition
 from ...passes.siblings import SiblingGroup, group_siblings
 from .. import tuned_schedule
 from ..forced_schedule import SCHEDULES, forced_schedule, forcing, tiled_scores
@@ -85,19 +85,39 @@ def kernel_source(unit: Unit, acc: str, schedule: str) -> tuple[str, str, list[V
     return name, source, leaf_args
 
 
-def _kernel_for(unit: Unit, acc: str, schedule: str):
-    """(kernel, leaf values in argument order with their row layouts, row tile) for a
-    unit, generated and loaded once per accumulator type and schedule; plans are cached
-    per program, so steady-state training never regenerates source. The row tile is an
-    edge unit's `row_sum_split` (None elsewhere), which fixes its launch's feature block."""
+class _Kernel(NamedTuple):
+    """A unit's loaded kernel, its leaves in argument order with their row layouts (leaf
+    id, row width, row stride), its row tile (an edge unit's `row_sum_split`, which fixes
+    its launch's feature block; None elsewhere), and whether it reads edge-rowed leaves
+    (only then does a CSR walk need the layout's edge ids, `csr_arguments`)."""
+    kernel: Any
+    layouts: list[tuple[int, int, int]]
+    row_tile: Any
+    reads_edges: bool
+
+
+def _kernel_for(unit: Unit, acc: str, schedule: str) -> _Kernel:
+    """A unit's `_Kernel`, generated and loaded once per accumulator type and schedule;
+    plans are cached per program, so steady-state training never regenerates source."""
     per_unit = _UNIT_KERNELS.setdefault(unit, {})
     key = (acc, schedule, _autotune())   # an autotuned kernel takes no fixed block sizes
     if key not in per_unit:
         name, source, leaf_args = kernel_source(unit, acc, schedule)
         row_tile = row_sum_split(unit.root) if schedule == "edge" else None
         layouts = [(v.id, math.prod(v.shape), row_stride(v)) for v in leaf_args]
-        per_unit[key] = (_load_kernel(source, name), layouts, row_tile)
+        reads_edges = any(leaf_kind(v) == "edge" for v in leaf_args)
+        per_unit[key] = _Kernel(_load_kernel(source, name), layouts, row_tile, reads_edges)
     return per_unit[key]
+
+
+def csr_arguments(ctx: GraphContext, by: str, reads_edges: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(rowptr, col, eid)`` for a CSR kernel. A kernel that reads no edge-rowed leaf
+    never loads through ``eid`` (its generated body leaves the load unused), so it gets
+    ``col`` in that slot and the graph never builds the edge ids (`Graph.grouped`)."""
+    if reads_edges:
+        return ctx.csr(by)
+    rowptr, col = ctx.grouped(by)
+    return rowptr, col, col
 
 
 class _Launch(NamedTuple):
@@ -205,8 +225,8 @@ def _plan_siblings(group: SiblingGroup, ctx: GraphContext, leaves: dict[int, tor
         if schedule_for(unit, rows, ctx.num_edges) != "csr" or feature_block(unit, 128) < triton.next_power_of_2(width):
             return None
     acc = "tl.float64" if any(t.dtype == torch.float64 for t in leaves.values()) else "tl.float32"
-    kernel, layouts, _ = _kernel_for(group, acc, "siblings")
-    rowptr, col, eid = ctx.csr(group.by)
+    kernel, layouts, _, reads_edges = _kernel_for(group, acc, "siblings")
+    rowptr, col, eid = csr_arguments(ctx, group.by, reads_edges)
     segs = segments(ctx, group.by, SEGMENT_EDGES)
     count = len(segs)
     widths = tuple(math.prod(m.reduce.shape) for m in group.members)
@@ -239,7 +259,7 @@ def _plan(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> _La
     acc = "tl.float64" if any(t.dtype == torch.float64 for t in tensors) else "tl.float32"
     rows = ctx.num_rows(unit.by) if isinstance(unit, AggregateUnit) else ctx.num_nodes  # what `out` holds
     schedule = schedule_for(unit, rows, ctx.num_edges)
-    kernel, layouts, row_tile = _kernel_for(unit, acc, schedule)
+    kernel, layouts, row_tile, reads_edges = _kernel_for(unit, acc, schedule)
     leaf_dtypes = tuple(leaves[leaf].dtype for leaf, _, _ in layouts)
     common = {"layouts": tuple(layouts), "device": ctx.device}
     if schedule == "edge":
@@ -248,7 +268,7 @@ def _plan(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> _La
         return _plan_shared_reduce_unit(unit, ctx, kernel, acc, leaf_dtypes, common)
     if schedule == "coo":
         return _plan_coo_unit(unit, ctx, kernel, leaf_dtypes, common)
-    rowptr, col, eid = ctx.csr(unit.by)
+    rowptr, col, eid = csr_arguments(ctx, unit.by, reads_edges)
     op = unit.reduce.attrs["op"]
     splits = op in ("sum", "mean")
     segs = segments(ctx, unit.by, SEGMENT_EDGES if splits else None)

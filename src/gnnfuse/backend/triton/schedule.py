@@ -36,7 +36,7 @@ def segments(ctx: GraphContext, by: str, max_edges: int | None, max_degree: int 
     fanout), lets rows that cannot split skip counting segments."""
     whole = max_edges is None or (max_degree is not None and max_degree <= max_edges)
     return ctx.graph.cached(f"triton_segments_{by}_{max_edges}",
-                            lambda _: _build(ctx.csr(by)[0], None if whole else max_edges))
+                            lambda _: _build(ctx.grouped(by)[0], None if whole else max_edges))
 
 
 def _build(rowptr: torch.Tensor, max_edges: int | None) -> Segments:
