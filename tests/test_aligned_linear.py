@@ -88,8 +88,9 @@ def test_layers_hand_padded_tables_to_the_kernels_without_a_copy(layer_name, wid
     monkeypatch.setattr(aligned_module, "kernel_row_stride", lambda x, w: aligned_row_width(w))
     copied, in_place = _watch_layouts(monkeypatch)
     graph = _graph()
-    x = torch.randn(graph.num_nodes, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(2)).to(DEVICE)
-    layer = getattr(gnnfuse.nn, layer_name)(6, width).double().to(DEVICE)
+    in_width = max(6, width + 3)     # narrowing, so GCN and SAGE map first (a widening GCN aggregates first)
+    x = torch.randn(graph.num_nodes, in_width, dtype=torch.float64, generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    layer = getattr(gnnfuse.nn, layer_name)(in_width, width).double().to(DEVICE)
     results = []
     for backend in ("triton", "reference"):
         monkeypatch.setenv("GNNFUSE_BACKEND", backend)

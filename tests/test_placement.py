@@ -10,7 +10,9 @@ import torch
 import gnnfuse
 from gnnfuse.loader import NeighborLoader
 from gnnfuse.nn import SAGEConv
+from gnnfuse.nn import conv as conv_module
 from gnnfuse.nn.block_models import build_block_model
+from gnnfuse.nn.conv import combine_first_moves_less
 from gnnfuse.nn.placement import KINDS, FixedPlacement, KernelTime, PlacementModel, calibrate, install
 
 TRUE = {"matmul": (2e-9, 3e-7, 1e-5), "matmul-weight-only": (1e-9, 1e-7, 0.0), "aggregate": (4e-8, 5e-7, 2e-5),
@@ -84,6 +86,45 @@ def test_both_orders_compute_the_same_layer(aggr, backend, device):
     torch.testing.assert_close(gx_a, gx_c, rtol=1e-9, atol=1e-12)
     for a, c in zip(gp_a, gp_c):
         torch.testing.assert_close(a, c, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("width_in, width_out, input_grad, weight_grad, first", [
+    (100, 64, False, True, False),     # products-sized SAGE's first layer: 100 lanes once < 64 twice
+    (100, 64, True, True, True),       # its input needs a gradient too: 64 twice < 100 twice
+    (100, 64, False, False, True),     # inference: 64 < 100
+    (128, 64, False, True, False),     # a tie (128 lanes either way) aggregates first: one pass fewer
+    (128, 63, False, True, True),
+    (64, 100, True, True, False),      # widening never maps first
+    (64, 100, False, False, False),
+])
+def test_static_rule_counts_lanes_moved_over_the_step(width_in, width_out, input_grad, weight_grad, first):
+    assert combine_first_moves_less(width_in, width_out, input_grad, weight_grad) is first
+
+
+@pytest.mark.parametrize("input_grad", [False, True])
+def test_sage_without_placement_takes_the_static_order(input_grad, monkeypatch):
+    """No placement installed: a first layer (input without gradient) narrowing 10 -> 6
+    aggregates first, the same layer with an input gradient maps first; both give eager
+    PyG-style values and weight gradients."""
+    calls = []
+    real = conv_module._transform_first
+    monkeypatch.setattr(conv_module, "_transform_first", lambda *a, **k: calls.append(1) or real(*a, **k))
+    torch.manual_seed(0)
+    graph = gnnfuse.Graph(torch.tensor([0, 3, 4, 4, 1, 2, 2]), torch.tensor([0, 1, 1, 2, 2, 2, 4]), 5)
+    conv = SAGEConv(10, 6).double()
+    x = torch.randn(5, 10, dtype=torch.float64, requires_grad=input_grad)
+    out = conv(x, graph)
+    out.pow(2).sum().backward()
+    assert bool(calls) is input_grad
+    weights = [p.detach().clone().requires_grad_() for p in (conv.lin_l.weight, conv.lin_l.bias, conv.lin_r.weight)]
+    counts = torch.zeros(5, dtype=torch.float64).index_add_(0, graph.dst, torch.ones(7, dtype=torch.float64))
+    mean = torch.zeros(5, 10, dtype=torch.float64).index_add_(0, graph.dst, x.detach()[graph.src])
+    mean = mean / counts.clamp(min=1).unsqueeze(1)
+    expected = mean @ weights[0].t() + weights[1] + x.detach() @ weights[2].t()
+    expected.pow(2).sum().backward()
+    torch.testing.assert_close(out.detach(), expected.detach(), rtol=1e-12, atol=1e-12)
+    for param, ref in zip((conv.lin_l.weight, conv.lin_l.bias, conv.lin_r.weight), weights):
+        torch.testing.assert_close(param.grad, ref.grad, rtol=1e-12, atol=1e-12)
 
 
 def test_calibration_fits_on_blocks_and_installs():

@@ -39,8 +39,8 @@ def tiny():
     dst = torch.tensor([1, 1, 2, 1, 3, 4, 3, 3, 0, 5, 6])
     graph = gnnfuse.Graph(src, dst, 7)
     torch.manual_seed(0)
-    model = gnn.GCNConv(4, 4).double()
-    x = torch.randn(7, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    model = gnn.GCNConv(8, 3).double()     # maps first (3 lanes twice < 8 once), so it aggregates backward too
+    x = torch.randn(7, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     return model, graph, x
 
 

@@ -9,6 +9,7 @@ match PyG, so ``layer.load_state_dict(pyg_layer.state_dict())`` copies a PyG mod
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable
 
 import torch
@@ -26,6 +27,8 @@ from .attention_weights import AttentionOutput, attention_weights, check_attenti
 from .compiling import compile_path, graph_input_problem, propagation_problem
 from .edge_features import FillValue, edge_projection, edge_rows, traced_edge_matmul
 from .pyg_repr import OneLineRepr
+from . import recompute
+from .recompute import Remake, remade_when_saved
 
 
 def _as_graph(graph: Graph | torch.Tensor, num_nodes: int) -> Graph:
@@ -418,6 +421,17 @@ class GCNConv(OneLineRepr, CachedGraph, nn.Module):
             nn.init.zeros_(self.bias)
         self._cached_graph = None
 
+    def _aggregates_first(self, x: torch.Tensor, graph: Graph) -> bool:
+        """PyG maps first; the normalized sum commutes with the map, so aggregate first
+        where that moves fewer feature lanes over the step (`combine_first_moves_less`:
+        a first layer, whose input needs no gradient, narrowing by less than half).
+        Under torch.compile (a GraphRef) the order stays PyG's."""
+        if isinstance(graph, GraphRef):
+            return False
+        grad = torch.is_grad_enabled()
+        return not combine_first_moves_less(self.in_channels, self.out_channels, grad and x.requires_grad,
+                                            grad and self.lin.weight.requires_grad)
+
     def _compile_problem(self, x: Any, edge_index: Any, edge_weight: Any = None) -> str | None:
         if self.improved and self.add_self_loops and edge_weight is None:
             return "improved=True"
@@ -429,6 +443,10 @@ class GCNConv(OneLineRepr, CachedGraph, nn.Module):
                 edge_weight: torch.Tensor | None = None) -> torch.Tensor:
         x, graph, edge_weight = _normalized_layer_inputs(self, "GCNConv", x, edge_index, edge_weight)
         graph = _along_flow(graph, self.flow)
+        if edge_weight is None and self.normalize and not self.improved and self._aggregates_first(x, graph):
+            graph = _with_loops(graph, self.add_self_loops)
+            out = F.linear(_normalized_sum(graph, {"h": x, "norm": _inv_sqrt_degree(graph, x.dtype)}), self.lin.weight)
+            return out if self.bias is None else out + self.bias
         h = _aligned(self.lin, x)
         if edge_weight is not None:
             graph, weight = _gcn_edge_norm(graph, edge_weight, x.dtype, self.add_self_loops,
@@ -445,12 +463,28 @@ class GCNConv(OneLineRepr, CachedGraph, nn.Module):
         return out if self.bias is None else out + self.bias
 
 
+def combine_first_moves_less(width_in: int, width_out: int, input_grad: bool, weight_grad: bool) -> bool:
+    """Whether mapping ``width_in -> width_out`` before a commuting aggregation gathers
+    fewer feature lanes along the edges than mapping after it, counted over a training
+    step. Mapping first aggregates ``width_out`` lanes forward and, when anything needs
+    a gradient, again backward (the weight's gradient needs the aggregated output
+    gradient); aggregating first aggregates ``width_in`` lanes forward and backward only
+    for the input's gradient (the weight's comes from the saved aggregate, at the cost
+    of keeping it). So a first layer, whose input needs no gradient, maps first only
+    when that more than halves the width: products-sized SAGE's 100 -> 64 aggregates
+    first (100 lanes once rather than 64 twice). Ties aggregate first: one pass fewer."""
+    forward_only_combine = not (input_grad or weight_grad)
+    combine_lanes = width_out * (1 if forward_only_combine else 2)
+    aggregate_lanes = width_in * (2 if input_grad else 1)
+    return combine_lanes < aggregate_lanes
+
+
 class SAGEConv(OneLineRepr, nn.Module):
     """GraphSAGE: ``lin_l(aggr_{u in N(v)} x_u) + lin_r(x_v)``.
 
     For mean and sum aggregation the linear map commutes with the aggregation, so when
-    it narrows the features (``out_channels < in_channels``) it runs first and the graph
-    kernel moves the narrower rows -- GraphTensor's combine-first order; max does not
+    that has the graph kernels move fewer feature lanes over the step
+    (`combine_first_moves_less`) it runs first -- GraphTensor's combine-first order; max does not
     commute and always aggregates first. Bipartite input (PyG's): ``in_channels=(a, b)``
     and ``forward((x_src, x_dst), edge_index, size)``.
 
@@ -484,13 +518,17 @@ class SAGEConv(OneLineRepr, nn.Module):
 
     def _combine_first(self, graph: Graph, messages: torch.Tensor) -> bool:
         """Whether the linear map runs before the aggregation (mean/sum only): by the
-        `placement` model when one is installed (GraphTensor's DKP), else when it narrows."""
+        `placement` model when one is installed (GraphTensor's DKP), else by the static
+        rule `combine_first_moves_less`."""
         width = self.lin_l.in_features
         if isinstance(graph, GraphRef):     # torch.compile: aggregating first needs no per-graph row masks
             return False
-        if self.placement is None or not width:     # lazy in_channels: not materialized yet
+        if not width:     # lazy in_channels: not materialized yet
             return self.out_channels < width
         input_grad = torch.is_grad_enabled() and messages.requires_grad
+        if self.placement is None:
+            weight_grad = torch.is_grad_enabled() and self.lin_l.weight.requires_grad
+            return combine_first_moves_less(width, self.out_channels, input_grad, weight_grad)
         return self.placement.combine_first(graph, width, self.out_channels, input_grad)
 
     def _root_takes_bias(self, x_dst: torch.Tensor | None) -> bool:
@@ -647,6 +685,28 @@ class GATConv(OneLineRepr, nn.Module):
             return "attention dropout in training (the backward re-runs the forward and would draw anew)"
         return graph_input_problem(edge_index)
 
+    def _remakes(self, x: torch.Tensor, x_dst: torch.Tensor | None, graph: Graph | GraphRef,
+                 ndata: dict[str, torch.Tensor]) -> list[Remake]:
+        """What the compiled attention may remake in its backward rather than keep
+        (`nn.recompute`): ``h = lin(x)`` and the folded logits, each one GEMM of ``x``,
+        when ``lin``'s own backward keeps ``x`` anyway (its weight needs a gradient) and
+        the tables came from the plain maps this remakes exactly. Not under torch.compile
+        (a GraphRef), which traces saved-tensor hooks as it likes, and not for a table
+        under `recompute.MIN_BYTES`, whose memory is not worth the host work."""
+        lin = self.lin
+        if (lin is None or x_dst is not x or isinstance(graph, GraphRef) or not torch.is_grad_enabled()
+                or not lin.weight.requires_grad or type(lin) is not nn.Linear or lin._forward_hooks
+                or lin._forward_pre_hooks or ndata["h"].numel() * ndata["h"].element_size() < recompute.MIN_BYTES):
+            return []
+        weight, bias, shape = lin.weight, lin.bias, ndata["h"].shape[1:]
+        remakes = [Remake(ndata["h"], lambda: aligned_linear(x, weight, bias).view(-1, *shape),
+                          (x, weight) if bias is None else (x, weight, bias))]
+        if _folds(lin):
+            atts = (self.att_src, self.att_dst)
+            for n, name in enumerate(("alpha_src", "alpha_dst")):
+                remakes.append(Remake(ndata[name], lambda n=n: _folded_logits(lin, x, *atts)[n], (x, weight, *atts)))
+        return remakes
+
     @compile_path(_compile_problem)
     def forward(self, x: torch.Tensor | tuple[torch.Tensor, torch.Tensor | None], edge_index: Graph | torch.Tensor,
                 edge_attr: torch.Tensor | None = None, size: tuple[int, int] | None = None,
@@ -675,12 +735,15 @@ class GATConv(OneLineRepr, nn.Module):
             h_dst = h if x_dst is x and self.lin is not None else (self.lin or self.lin_dst)(x_dst).view(shape)
             ndata["alpha_dst"] = (h_dst * self.att_dst).sum(-1)
         setting = (self.negative_slope, self.dropout, self.training, x_dst is not None)
-        if edata is None:
-            out = _gat_attention(*setting)(graph, ndata=ndata)["out"]
-        else:
-            edge_score = ((lambda edges: edges.data["attr"] @ w_edge) if in_kernel
-                          else (lambda edges: edges.data["alpha_edge"]))
-            out = frontend.message_passing(graph, *_gat_udfs(*setting, edge_score), ndata=ndata, edata=edata)["out"]
+        remakes = self._remakes(x, x_dst, graph, ndata)
+        with remade_when_saved(remakes) if remakes else contextlib.nullcontext():
+            if edata is None:
+                out = _gat_attention(*setting)(graph, ndata=ndata)["out"]
+            else:
+                edge_score = ((lambda edges: edges.data["attr"] @ w_edge) if in_kernel
+                              else (lambda edges: edges.data["alpha_edge"]))
+                out = frontend.message_passing(graph, *_gat_udfs(*setting, edge_score), ndata=ndata,
+                                               edata=edata)["out"]
         residual = None if self.res is None or x_dst is None else self.res(x_dst)   # PyG: res(x_dst)
         out = _combine_heads(out, self.concat, self.bias, residual)
         if not return_attention_weights:

@@ -21,8 +21,9 @@ layer's input needs none: GraphTensor's special case for the first layer's BWP),
 each (kernel, gradient) pair has its own two coefficients.
 
 Only layers whose aggregation commutes with the map take a placement (SAGEConv with
-mean or sum: `SAGEConv.placement`); without one they keep the static rule (map first
-when it narrows the rows).
+mean or sum: `SAGEConv.placement`); without one they keep the static rule
+(`conv.combine_first_moves_less`: map first when the graph kernels then move fewer
+feature lanes forward and backward).
 """
 from __future__ import annotations
 

@@ -1,0 +1,89 @@
+"""Tensors a layer remakes in the backward instead of keeping them from the forward.
+
+A compiled attention layer keeps the vertex tables its backward reads: GAT's ``h = x W^T``
+and its per-vertex logits. Both are one GEMM of ``x``, which the layer's own linear map
+keeps anyway for its weight's gradient. On the products-sized GAT step the layer-1 table
+(0.63 GB) and logits (0.16 GB) were alive at the step's memory peak, in the layer-2
+backward, long before anything read them. Remade from ``x`` when the layer's backward
+starts (a GEMM of well under a millisecond), they cost no memory until then.
+
+`remade_when_saved` does this with autograd's saved-tensor hooks around the layer's
+compiled call: a saved tensor on the storage of a declared table is packed as its recipe
+(the inputs, their versions, and where in the storage the view lay), and unpacked by
+re-running the recipe and taking the same view of the new storage. A recipe whose input
+was modified in place since the forward refuses, as autograd does for its own saved
+tensors, rather than remaking a different table.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Iterator, Sequence
+
+import torch
+
+# Smallest table (bytes) a layer remakes rather than keeps: below it the memory saved is
+# small next to the allocator's own rounding, and the hooks cost host time per call.
+MIN_BYTES = 1 << 24
+
+
+@dataclass(frozen=True)
+class Remake:
+    """How to make one table again: ``make()`` returns a tensor on a storage laid out
+    like the original's; ``inputs`` are what it reads (checked for in-place changes)."""
+    table: torch.Tensor
+    make: Callable[[], torch.Tensor]
+    inputs: tuple[torch.Tensor, ...]
+
+
+@dataclass(frozen=True)
+class _Packed:
+    """A saved table as its recipe: never the table itself, which must be free to go."""
+    make: Callable[[], torch.Tensor]
+    inputs: tuple[torch.Tensor, ...]
+    versions: tuple[int, ...]
+    size: torch.Size
+    stride: tuple[int, ...]
+    offset: int
+    nbytes: int
+
+
+def _unpack(saved: torch.Tensor | _Packed) -> torch.Tensor:
+    if not isinstance(saved, _Packed):
+        return saved
+    for n, (tensor, version) in enumerate(zip(saved.inputs, saved.versions)):
+        if tensor._version != version:
+            raise RuntimeError(
+                f"one of the tensors a gnnfuse layer remakes its saved table from (input {n}, shape "
+                f"{tuple(tensor.shape)}) was modified by an in-place operation after the forward (version "
+                f"{version} -> {tensor._version}); the backward would read a different table")
+    base = saved.make()
+    if base.untyped_storage().nbytes() < saved.nbytes:
+        raise RuntimeError("a remade saved table is laid out differently from the forward's "
+                           f"({base.untyped_storage().nbytes()} < {saved.nbytes} bytes)")
+    return base.as_strided(saved.size, saved.stride, saved.offset)
+
+
+@contextmanager
+def remade_when_saved(remakes: Sequence[Remake]) -> Iterator[None]:
+    """Within the block, autograd saves each of ``remakes``' tables (or any view of its
+    storage) as its recipe instead of the tensor; other saved tensors are untouched.
+    Call only where each recipe's inputs are kept by autograd anyway (so holding them
+    costs nothing) and the recipe reproduces the table's exact layout."""
+    # (make, inputs) only: autograd keeps the pack hook with every tensor it saved, so
+    # the hook must not reference the tables themselves
+    by_storage = {r.table.untyped_storage().data_ptr(): (r.make, r.inputs) for r in remakes if r.table.numel()}
+    if not by_storage:
+        yield
+        return
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor | _Packed:
+        recipe = by_storage.get(tensor.untyped_storage().data_ptr()) if tensor.numel() else None
+        if recipe is None:
+            return tensor
+        make, inputs = recipe
+        return _Packed(make, inputs, tuple(t._version for t in inputs), tensor.size(), tensor.stride(),
+                       tensor.storage_offset(), tensor.untyped_storage().nbytes())
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, _unpack):
+        yield

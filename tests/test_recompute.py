@@ -1,0 +1,114 @@
+"""Tables a layer remakes in its backward instead of keeping (`gnnfuse.nn.recompute`):
+GAT's ``h = lin(x)`` and folded logits are freed after the forward, remade once in the
+backward with the same values and gradients as PyG's layer, and a recipe whose input
+changed in place refuses instead of remaking a different table."""
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+import torch
+
+import gnnfuse
+from gnnfuse.nn import conv as conv_module
+from gnnfuse.nn import recompute
+from gnnfuse.nn.recompute import Remake, remade_when_saved
+
+pyg_nn = pytest.importorskip("torch_geometric.nn")
+
+
+def _graph(device: str) -> gnnfuse.Graph:
+    gen = torch.Generator().manual_seed(3)
+    src, dst = torch.randint(0, 12, (40,), generator=gen), torch.randint(0, 12, (40,), generator=gen)
+    return gnnfuse.Graph(src, dst, 12).to(device)
+
+
+def _watch_linear_outputs(monkeypatch) -> list:
+    """Weak references to every table GAT's `aligned_linear` returns (their count counts
+    the calls); tables of any size are remade."""
+    monkeypatch.setattr(recompute, "MIN_BYTES", 0)
+    made = []
+    real = conv_module.aligned_linear
+
+    def watched(*args, **kwargs):
+        out = real(*args, **kwargs)
+        made.append(weakref.ref(out))
+        return out
+    monkeypatch.setattr(conv_module, "aligned_linear", watched)
+    return made
+
+
+@pytest.mark.parametrize("heads, out_channels, concat", [(3, 4, True), (1, 5, False)])
+def test_gat_keeps_no_linear_output_and_matches_pyg(heads, out_channels, concat, backend, device, monkeypatch):
+    made = _watch_linear_outputs(monkeypatch)
+    graph = _graph(device)
+    torch.manual_seed(0)
+    ours = gnnfuse.nn.GATConv(6, out_channels, heads=heads, concat=concat).double().to(device)
+    theirs = pyg_nn.GATConv(6, out_channels, heads=heads, concat=concat).double().to(device)
+    theirs.load_state_dict(ours.state_dict())
+    x = torch.randn(12, 6, dtype=torch.float64, device=device)
+    x_ours, x_theirs = x.clone().requires_grad_(), x.clone().requires_grad_()
+
+    out = ours(x_ours, graph)
+    gc.collect()
+    assert len(made) == 1 and made[0]() is None, "the linear map's output outlived the forward"
+    weights = torch.randn(out.shape, dtype=torch.float64, device=device)
+    (out * weights).sum().backward()
+    assert len(made) == 2, "the backward did not remake the table exactly once"
+
+    expected = theirs(x_theirs, torch.stack([graph.src, graph.dst]).long())
+    (expected * weights).sum().backward()
+    torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(x_ours.grad, x_theirs.grad, rtol=1e-10, atol=1e-12)
+    for name, param in theirs.named_parameters():
+        torch.testing.assert_close(dict(ours.named_parameters())[name].grad, param.grad, rtol=1e-10, atol=1e-12,
+                                   msg=name)
+
+
+def test_gat_keeps_its_table_when_lin_needs_no_gradient(monkeypatch):
+    """A frozen ``lin`` keeps no ``x`` of its own, so the table is kept as before."""
+    made = _watch_linear_outputs(monkeypatch)
+    layer = gnnfuse.nn.GATConv(6, 4, heads=2).double()
+    layer.lin.weight.requires_grad_(False)
+    out = layer(torch.randn(12, 6, dtype=torch.float64), _graph("cpu"))
+    gc.collect()
+    assert made[0]() is not None
+    out.sum().backward()
+    assert len(made) == 1
+
+
+def test_small_tables_are_kept(monkeypatch):
+    """Under `MIN_BYTES` the table is kept (no hooks on the host path of small graphs)."""
+    made = _watch_linear_outputs(monkeypatch)
+    monkeypatch.setattr(recompute, "MIN_BYTES", 12 * 2 * 4 * 8 + 1)    # one byte more than h's
+    layer = gnnfuse.nn.GATConv(6, 4, heads=2).double()
+    out = layer(torch.randn(12, 6, dtype=torch.float64), _graph("cpu"))
+    gc.collect()
+    assert made[0]() is not None
+    out.sum().backward()
+    assert len(made) == 1
+
+
+def test_an_input_changed_in_place_refuses_the_remake():
+    x = torch.randn(5, 3, dtype=torch.float64)
+    table = (x * 2.0).requires_grad_()
+    with remade_when_saved([Remake(table, lambda: x * 2.0, (x,))]):
+        out = table.exp()          # exp saves its output, another storage: kept as it is
+        product = table * table.detach()   # mul saves the detached view of `table`: packed as its recipe
+    x.add_(1.0)
+    out.sum().backward()           # nothing remade
+    with pytest.raises(RuntimeError, match="modified by an in-place operation"):
+        product.sum().backward()
+
+
+def test_a_remade_view_is_the_saved_view():
+    """A saved view into a wider storage (the padded layout on CUDA) comes back as the
+    same view of the remade storage."""
+    base = torch.randn(6, 8, dtype=torch.float64)
+    weight = torch.randn(3, dtype=torch.float64, requires_grad=True)
+    view = base[:, :7].reshape(6, 1, 7)
+    with remade_when_saved([Remake(view, lambda: base.clone(), (base,))]):
+        out = (view[:, :, :3] * weight).sum()
+    out.backward()
+    torch.testing.assert_close(weight.grad, base[:, :3].sum(0))
