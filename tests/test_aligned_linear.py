@@ -106,6 +106,39 @@ def test_layers_hand_padded_tables_to_the_kernels_without_a_copy(layer_name, wid
         torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.parametrize("heads, width, concat", [(1, 47, False), (1, 7, True), (3, 5, True)])
+def test_gat_gets_its_output_gradient_padded_without_a_copy(heads, width, concat, monkeypatch):
+    """With the kernels' stride forced (as on CUDA), neither GAT's linear output nor the
+    gradient of its compiled output is padded by a copy in the executor (`flat_heads`
+    writes the gradient padded), and the layer matches the reference backend and PyG."""
+    monkeypatch.setattr(aligned_module, "kernel_row_stride", lambda x, w: aligned_row_width(w))
+    copied, in_place = _watch_layouts(monkeypatch)
+    graph = _graph()
+    x = torch.randn(graph.num_nodes, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    layer = gnnfuse.nn.GATConv(6, width, heads=heads, concat=concat).double().to(DEVICE)
+    results = []
+    for backend in ("triton", "reference"):
+        monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+        clear_trace_caches()
+        layer.zero_grad()
+        xs = x.clone().requires_grad_()
+        out = layer(xs, graph)
+        (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype, device=out.device).view_as(out)).sum().backward()
+        results.append([out.detach(), xs.grad] + [p.grad.clone() for p in layer.parameters()])
+    assert in_place and not copied, f"padded by a copy: {copied}"
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
+    pyg_nn = pytest.importorskip("torch_geometric.nn")
+    theirs = pyg_nn.GATConv(6, width, heads=heads, concat=concat).double().to(DEVICE)
+    theirs.load_state_dict(layer.state_dict())
+    xs = x.clone().requires_grad_()
+    expected = theirs(xs, torch.stack([graph.src, graph.dst]).long())
+    (expected * torch.linspace(-1, 1, expected.numel(), dtype=expected.dtype, device=expected.device)
+     .view_as(expected)).sum().backward()
+    torch.testing.assert_close(results[1][0], expected.detach(), rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(results[1][1], xs.grad, rtol=1e-9, atol=1e-12)
+
+
 def test_garbage_in_a_views_padding_lanes_never_reaches_a_result(monkeypatch):
     """The executor reads any view with the kernels' row stride in place -- a user's
     slice of a wider table too -- so the lanes past the width may hold anything: NaN

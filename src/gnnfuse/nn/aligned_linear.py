@@ -13,6 +13,12 @@ Two details of a layer's ``x W^T`` matter to the compiled aggregation that reads
 One autograd Function does both; its backward works on the unpadded view's gradient
 (no [N, 48] gradient exists) and is written in differentiable ops, so double backward
 works.
+
+The same holds the other way round for a compiled program's *output* at such a width:
+the gradient that reaches its backward is a plain [N, 47] tensor, which the executor
+copies to [N, 48] while the plain one is still held -- 0.47 GB each at the products-sized
+GAT step's memory peak. `flat_heads` takes a layer's [N, heads, C] output to [N, heads * C]
+with a backward that writes the gradient padded in the first place.
 """
 from __future__ import annotations
 
@@ -76,3 +82,30 @@ class _AlignedLinear(torch.autograd.Function):
         grad_weight = grad.t() @ rows_read(x, read) if ctx.needs_input_grad[1] else None
         grad_bias = grad.sum(0) if ctx.needs_input_grad[2] else None
         return grad_x, grad_weight, grad_bias, None, None
+
+
+def flat_heads(out: torch.Tensor) -> torch.Tensor:
+    """``out`` ([N, heads, C]) as [N, heads * C], the view ``flatten(1)`` gives -- with,
+    when it will be differentiated and the kernels read its rows padded (CUDA, an
+    unaligned width), a backward that hands the program the gradient in that layout."""
+    flat = out.flatten(1)
+    stride = kernel_row_stride(flat, flat.shape[1])
+    if stride == flat.shape[1] or not (torch.is_grad_enabled() and out.requires_grad):
+        return flat
+    return _PaddedGradient.apply(out, stride)
+
+
+class _PaddedGradient(torch.autograd.Function):
+    """`flat_heads` on CUDA at an unaligned width (see the module doc)."""
+
+    @staticmethod
+    def forward(ctx: Any, out: torch.Tensor, stride: int) -> torch.Tensor:
+        ctx.shape, ctx.stride = out.shape, stride
+        return out.flatten(1)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        rows, width = grad.shape
+        padded = grad.new_empty(rows, ctx.stride)[:, :width]    # the kernels never read the padding lanes
+        padded.copy_(grad)
+        return padded.view(ctx.shape), None
