@@ -40,7 +40,11 @@ def _watch_linear_outputs(monkeypatch) -> list:
 
 
 @pytest.mark.parametrize("heads, out_channels, concat", [(3, 4, True), (1, 5, False)])
-def test_gat_keeps_no_linear_output_and_matches_pyg(heads, out_channels, concat, backend, device, monkeypatch):
+@pytest.mark.parametrize("input_grad", [False, True])
+def test_a_first_gat_layer_keeps_no_linear_output_and_matches_pyg(heads, out_channels, concat, input_grad, backend,
+                                                                  device, monkeypatch):
+    """A layer whose input needs no gradient (a first layer) remakes its table; one whose
+    input does keeps it. Values and every gradient equal PyG's either way."""
     made = _watch_linear_outputs(monkeypatch)
     graph = _graph(device)
     torch.manual_seed(0)
@@ -48,22 +52,30 @@ def test_gat_keeps_no_linear_output_and_matches_pyg(heads, out_channels, concat,
     theirs = pyg_nn.GATConv(6, out_channels, heads=heads, concat=concat).double().to(device)
     theirs.load_state_dict(ours.state_dict())
     x = torch.randn(12, 6, dtype=torch.float64, device=device)
-    x_ours, x_theirs = x.clone().requires_grad_(), x.clone().requires_grad_()
+    x_ours, x_theirs = x.clone().requires_grad_(input_grad), x.clone().requires_grad_(input_grad)
 
     out = ours(x_ours, graph)
     gc.collect()
-    assert len(made) == 1 and made[0]() is None, "the linear map's output outlived the forward"
+    assert len(made) == 1 and (made[0]() is None) is not input_grad, "a first layer's table outlived the forward"
     weights = torch.randn(out.shape, dtype=torch.float64, device=device)
     (out * weights).sum().backward()
-    assert len(made) == 2, "the backward did not remake the table exactly once"
+    assert len(made) == (1 if input_grad else 2), "the table was not remade exactly once (or remade when kept)"
 
     expected = theirs(x_theirs, torch.stack([graph.src, graph.dst]).long())
     (expected * weights).sum().backward()
     torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-12)
-    torch.testing.assert_close(x_ours.grad, x_theirs.grad, rtol=1e-10, atol=1e-12)
+    if input_grad:
+        torch.testing.assert_close(x_ours.grad, x_theirs.grad, rtol=1e-10, atol=1e-12)
     for name, param in theirs.named_parameters():
         torch.testing.assert_close(dict(ours.named_parameters())[name].grad, param.grad, rtol=1e-10, atol=1e-12,
                                    msg=name)
+
+
+def test_results_made_together_are_made_once():
+    calls = []
+    first, second = recompute.made_together(lambda: calls.append(1) or (torch.ones(2), torch.zeros(2)), 2)
+    assert torch.equal(second(), torch.zeros(2)) and torch.equal(first(), torch.ones(2)) and len(calls) == 1
+    assert torch.equal(first(), torch.ones(2)) and len(calls) == 2      # taken already: made again
 
 
 def test_gat_keeps_its_table_when_lin_needs_no_gradient(monkeypatch):
@@ -71,7 +83,7 @@ def test_gat_keeps_its_table_when_lin_needs_no_gradient(monkeypatch):
     made = _watch_linear_outputs(monkeypatch)
     layer = gnnfuse.nn.GATConv(6, 4, heads=2).double()
     layer.lin.weight.requires_grad_(False)
-    out = layer(torch.randn(12, 6, dtype=torch.float64), _graph("cpu"))
+    out = layer(torch.randn(12, 6, dtype=torch.float64), _graph("cpu"))   # no input gradient: a first layer
     gc.collect()
     assert made[0]() is not None
     out.sum().backward()

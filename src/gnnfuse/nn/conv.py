@@ -573,19 +573,8 @@ class SAGEConv(OneLineRepr, nn.Module):
             out = self.lin_l(_AGGREGATORS[kind](graph, {"h": messages}))
         else:
             out = self.lin_l(aggregate("SAGEConv", self.aggr_module, graph, messages))
-        out = out if self.lin_r is None or x_dst is None else _plus_root(out, self.lin_r, x_dst)
+        out = out if self.lin_r is None or x_dst is None else out + self.lin_r(x_dst)
         return F.normalize(out, p=2.0, dim=-1) if self.normalize else out
-
-
-def _plus_root(out: torch.Tensor, lin: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """``out + lin(x)``. For a plain bias-free map of 2-D rows, one ``addmm``: the GEMM
-    adds ``out`` in its epilogue, so no separate pass reads both [N, C] tables and writes
-    a third (about 0.6 ms of the products-sized SAGE step); the gradients are the same."""
-    if (type(lin) is nn.Linear and lin.bias is None and not lin._forward_hooks and not lin._forward_pre_hooks
-            and out.dim() == 2 and x.dim() == 2 and out.shape == (x.shape[0], lin.out_features)
-            and out.dtype == x.dtype == lin.weight.dtype):
-        return torch.addmm(out, x, lin.weight.t())
-    return out + lin(x)
 
 
 def _gat_udfs(slope: float, p: float, training: bool, dst_term: bool,
@@ -699,23 +688,33 @@ class GATConv(OneLineRepr, nn.Module):
     def _remakes(self, x: torch.Tensor, x_dst: torch.Tensor | None, graph: Graph | GraphRef,
                  ndata: dict[str, torch.Tensor]) -> list[Remake]:
         """What the compiled attention may remake in its backward rather than keep
-        (`nn.recompute`): ``h = lin(x)`` and the folded logits, each one GEMM of ``x``,
+        (`nn.recompute`): ``h = lin(x)`` and the folded logits, one GEMM of ``x`` each,
         when ``lin``'s own backward keeps ``x`` anyway (its weight needs a gradient) and
-        the tables came from the plain maps this remakes exactly. Not under torch.compile
-        (a GraphRef), which traces saved-tensor hooks as it likes, and not for a table
-        under `recompute.MIN_BYTES`, whose memory is not worth the host work."""
+        the tables came from the plain maps this remakes exactly.
+
+        Only in a layer whose input needs no gradient -- a model's first layer, whose
+        tables would otherwise be held through every later layer's forward and backward,
+        where a step's memory peaks. A later layer's backward starts sooner after its
+        forward (the last one's at once), so remaking there spends GEMMs for little: on
+        the products-sized GAT step remaking both layers' tables cost 3.9 ms, and the
+        second layer's table was remade at the very peak it was meant to lower.
+        Not under torch.compile (a GraphRef), which traces saved-tensor hooks as it
+        likes, and not for a table under `recompute.MIN_BYTES`, whose memory is not
+        worth the host work."""
         lin = self.lin
-        if (lin is None or x_dst is not x or isinstance(graph, GraphRef) or not torch.is_grad_enabled()
-                or not lin.weight.requires_grad or type(lin) is not nn.Linear or lin._forward_hooks
-                or lin._forward_pre_hooks or ndata["h"].numel() * ndata["h"].element_size() < recompute.MIN_BYTES):
+        if (lin is None or x_dst is not x or x.requires_grad or isinstance(graph, GraphRef)
+                or not torch.is_grad_enabled() or not lin.weight.requires_grad or type(lin) is not nn.Linear
+                or lin._forward_hooks or lin._forward_pre_hooks
+                or ndata["h"].numel() * ndata["h"].element_size() < recompute.MIN_BYTES):
             return []
         weight, bias, shape = lin.weight, lin.bias, ndata["h"].shape[1:]
         remakes = [Remake(ndata["h"], lambda: aligned_linear(x, weight, bias).view(-1, *shape),
                           (x, weight) if bias is None else (x, weight, bias))]
         if _folds(lin):
             atts = (self.att_src, self.att_dst)
-            for n, name in enumerate(("alpha_src", "alpha_dst")):
-                remakes.append(Remake(ndata[name], lambda n=n: _folded_logits(lin, x, *atts)[n], (x, weight, *atts)))
+            makers = recompute.made_together(lambda: _folded_logits(lin, x, *atts), 2)
+            remakes += [Remake(ndata[name], make, (x, weight, *atts))
+                        for name, make in zip(("alpha_src", "alpha_dst"), makers)]
         return remakes
 
     @compile_path(_compile_problem)

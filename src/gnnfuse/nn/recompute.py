@@ -36,6 +36,23 @@ class Remake:
     inputs: tuple[torch.Tensor, ...]
 
 
+def made_together(make: Callable[[], Sequence[torch.Tensor]], count: int) -> list[Callable[[], torch.Tensor]]:
+    """One maker for each of ``make()``'s ``count`` results, with ``make`` run once for
+    all of them (GAT's two folded logits are one GEMM): the first maker called computes
+    every result and keeps the others until their makers take them."""
+    waiting: dict[int, torch.Tensor] = {}
+
+    def maker(n: int) -> Callable[[], torch.Tensor]:
+        def take() -> torch.Tensor:
+            if n in waiting:
+                return waiting.pop(n)
+            results = make()
+            waiting.update((k, t) for k, t in enumerate(results) if k != n)
+            return results[n]
+        return take
+    return [maker(n) for n in range(count)]
+
+
 @dataclass(frozen=True)
 class _Packed:
     """A saved table as its recipe: never the table itself, which must be free to go."""
