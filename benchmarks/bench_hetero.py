@@ -16,7 +16,9 @@ Every framework of a model starts from the same weights (PyG's state dict loaded
 gnnfuse's layers; the UDF reads the same tensors), and before timing the eval-mode
 forward of each is checked against PyG's (max rel err, flagged above 1e-3). A step is
 forward + cross-entropy on the training nodes + backward + Adam; median ms over
-``--steps``, peak GB = ``torch.cuda.max_memory_allocated`` over the timed steps. OOM,
+``--steps``, peak GB = ``torch.cuda.max_memory_allocated`` over the timed steps (a
+captured step's also over its recording, as bench_training counts it: replays allocate
+nothing; runs before 2026-11-24 afternoon added the graph pool's free part instead). OOM,
 time-outs and errors are recorded as the cell's status and the run goes on.
 
 Memory is reported two ways. ``peak_gb`` is the allocator's peak, which holds what every
@@ -57,7 +59,7 @@ from torch import nn
 
 import gnnfuse
 from gnnfuse.bench import allocated_gb, guarded, peak_memory_gb, reset_peak_memory, synchronize
-from gnnfuse.bench.measure import CAPTURE_WARMUP, REL_ERR_LIMIT, max_rel_err, training_step
+from gnnfuse.bench.measure import CAPTURE_WARMUP, REL_ERR_LIMIT, max_rel_err, training_step, warm_up
 from gnnfuse.data.typed import TYPED_PRESETS, typed_graph
 from gnnfuse.graph.hetero_cache import clear_hetero_cache
 
@@ -257,13 +259,13 @@ def measure(model: str, framework: str, data: TypedData, hidden: int, state, ste
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     first_ms = (time.perf_counter() - begin) * 1e3
-    for _ in range(max(warmup, CAPTURE_WARMUP if ours else 0)):
-        step()
+    recorded_peak = warm_up(step, max(warmup, CAPTURE_WARMUP if ours else 0), device)
+    synchronize(device)
     reset_peak_memory(device)
     times = time_calls(step, steps, device)
     peak = peak_memory_gb(device)
-    if peak is not None and ours and step.captured:   # replays allocate nothing: add the pool's free part
-        peak += step.pool_bytes(free_only=True) / 1e9
+    if peak is not None and recorded_peak is not None:   # replays allocate nothing: the recording's peak counts
+        peak = max(peak, recorded_peak)
     cell = {"status": "ok", **summarize(times), "peak_gb": peak, "base_gb": base,
             "own_peak_gb": None if peak is None else peak - base, "first_step_ms": first_ms,
             **({"cuda_graph": step.status} if ours else {})}
@@ -354,7 +356,7 @@ def render_markdown(results: dict[str, Any]) -> str:
             "max rel err"]
     lines = ["# Relational training step: gnnfuse vs PyG (R-GCN, HGT) and Graphiler's R-GCN UDF", "",
              "Median ms per step (forward + loss + backward + Adam; gnnfuse's steps captured in a CUDA graph where "
-             "marked, PyG's eager) / peak GB over the timed steps (own: the "
+             "marked, PyG's eager) / peak GB over the timed steps and, for a captured step, its recording (own: the "
              "peak above what was allocated when the cell began -- the data set and the cuBLAS workspaces "
              "every framework shares are left out); speedup = fastest PyG variant's time / gnnfuse's; "
              "mem = gnnfuse peak / that variant's peak, own mem the same for the own peaks; "

@@ -76,16 +76,7 @@ def measure(framework: str, model: str, data: DeviceData, state: dict[str, torch
     warmup = max(warmup, 1) + (COMPILE_EXTRA_WARMUP if framework in COMPILED else 0)
     if ours:
         warmup = max(warmup, CAPTURE_WARMUP)  # the timed steps are replays when it captures
-    recorded_peak = None
-    for _ in range(warmup - 1):
-        capturing = ours and not step.captured
-        if capturing:
-            synchronize(device)
-            reset_peak_memory(device)
-        step()
-        if capturing and step.captured:            # this call recorded the graph: one step's allocations
-            synchronize(device)
-            recorded_peak = peak_memory_gb(device)
+    recorded_peak = warm_up(step, warmup - 1, device)
     synchronize(device)
     resident = allocated_gb(device)
     reset_peak_memory(device)
@@ -98,6 +89,25 @@ def measure(framework: str, model: str, data: DeviceData, state: dict[str, torch
             "first_step_ms": first_step_ms, "first_loss": first_loss,
             "resident_gb": resident, "peak_gb": peak, "reserved_gb": reserved,
             **({"cuda_graph": step.status, "graph_pool_gb": _pool_gb(step)} if ours else {})}
+
+
+def warm_up(step: Callable[[], Any], calls: int, device: torch.device) -> float | None:
+    """Run ``calls`` untimed steps and return the peak memory (GB) of the one that
+    recorded ``step``'s CUDA graph, if one did (a `StepCapture`): its allocations are
+    one step's, while the replays timed afterwards allocate nothing, so a peak taken
+    over them alone would miss the step's own tensors. Shared by every benchmark, so
+    their peaks are counted alike."""
+    recorded_peak = None
+    for _ in range(calls):
+        capturing = isinstance(step, StepCapture) and not step.captured
+        if capturing:
+            synchronize(device)
+            reset_peak_memory(device)
+        step()
+        if capturing and step.captured:            # this call recorded the graph: one step's allocations
+            synchronize(device)
+            recorded_peak = peak_memory_gb(device)
+    return recorded_peak
 
 
 def training_step(module: torch.nn.Module, loss: Callable[[], torch.Tensor], device: torch.device,

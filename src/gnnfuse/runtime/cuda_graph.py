@@ -212,14 +212,11 @@ class _CudaGraph:
     def replay(self) -> None:
         self.graph.replay()
 
-    def pool_bytes(self, free_only: bool = False) -> int:
-        """Bytes of the segments in the graph's private memory pool; with `free_only`,
-        only the part no live tensor holds: the temporaries its replays reuse, which the
-        allocator's statistics never count again (blocks still held -- gradients, the
-        loss -- stay in its allocated and peak counts)."""
+    def pool_bytes(self) -> int:
+        """Bytes of the segments in the graph's private memory pool: what the captured
+        step holds from the device between replays, fragmentation included."""
         pool = self.graph.pool()
-        return sum(seg["total_size"] - (seg["allocated_size"] if free_only else 0)
-                   for seg in self.cuda.memory_snapshot()
+        return sum(seg["total_size"] for seg in self.cuda.memory_snapshot()
                    if tuple(seg.get("segment_pool_id", ())) == tuple(pool))
 
 
@@ -275,12 +272,9 @@ class StepCapture:
             return "captured"
         return f"eager: {self.reason}" if self.reason else "warming up"
 
-    def pool_bytes(self, free_only: bool = False) -> int:
-        """Memory of the captured graph's private pool (0 when not captured); with
-        `free_only`, the part that holds its temporaries between replays, which
-        ``max_memory_allocated`` does not see: that plus the peak is what a replayed step
-        occupies."""
-        return self._graph.pool_bytes(free_only) if self._graph is not None else 0
+    def pool_bytes(self) -> int:
+        """Memory of the captured graph's private pool (0 when not captured)."""
+        return self._graph.pool_bytes() if self._graph is not None else 0
 
     def __call__(self, *inputs: Any) -> Any:
         if self._graph is not None:
