@@ -79,6 +79,21 @@ def _graph() -> gnnfuse.Graph:
     return gnnfuse.Graph(src, dst, 10).to(DEVICE)
 
 
+def _on_both_backends(layer, x: torch.Tensor, graph: gnnfuse.Graph, monkeypatch) -> list[list[torch.Tensor]]:
+    """[output, input gradient, parameter gradients...] of one weighted-sum backward on the
+    Triton backend, then on the reference backend."""
+    results = []
+    for backend in ("triton", "reference"):
+        monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+        clear_trace_caches()
+        layer.zero_grad()
+        xs = x.clone().requires_grad_()
+        out = layer(xs, graph)
+        (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype, device=out.device).view_as(out)).sum().backward()
+        results.append([out.detach(), xs.grad] + [p.grad.clone() for p in layer.parameters()])
+    return results
+
+
 @pytest.mark.parametrize("layer_name,width", [("GCNConv", 5), ("GCNConv", 47), ("GATConv", 7), ("SAGEConv", 5)])
 def test_layers_hand_padded_tables_to_the_kernels_without_a_copy(layer_name, width, monkeypatch):
     """With the kernels' stride forced (as on CUDA), GCN's, GAT's and (combine-first)
@@ -91,16 +106,7 @@ def test_layers_hand_padded_tables_to_the_kernels_without_a_copy(layer_name, wid
     in_width = max(6, width + 3)     # narrowing, so GCN and SAGE map first (a widening GCN aggregates first)
     x = torch.randn(graph.num_nodes, in_width, dtype=torch.float64, generator=torch.Generator().manual_seed(2)).to(DEVICE)
     layer = getattr(gnnfuse.nn, layer_name)(in_width, width).double().to(DEVICE)
-    results = []
-    for backend in ("triton", "reference"):
-        monkeypatch.setenv("GNNFUSE_BACKEND", backend)
-        clear_trace_caches()
-        layer.zero_grad()
-        xs = x.clone().requires_grad_()
-        out = layer(xs, graph)
-        (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype, device=out.device).view_as(out)).sum().backward()
-        weights = [layer.lin_l.weight, layer.lin_r.weight, layer.lin_l.bias] if layer_name == "SAGEConv" else [layer.lin.weight]
-        results.append([out.detach(), xs.grad] + [w.grad.clone() for w in weights])
+    results = _on_both_backends(layer, x, graph, monkeypatch)
     assert in_place, "no kernel read the layer's padded table in place"
     for got, want in zip(*results):
         torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
@@ -116,15 +122,7 @@ def test_gat_gets_its_output_gradient_padded_without_a_copy(heads, width, concat
     graph = _graph()
     x = torch.randn(graph.num_nodes, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(2)).to(DEVICE)
     layer = gnnfuse.nn.GATConv(6, width, heads=heads, concat=concat).double().to(DEVICE)
-    results = []
-    for backend in ("triton", "reference"):
-        monkeypatch.setenv("GNNFUSE_BACKEND", backend)
-        clear_trace_caches()
-        layer.zero_grad()
-        xs = x.clone().requires_grad_()
-        out = layer(xs, graph)
-        (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype, device=out.device).view_as(out)).sum().backward()
-        results.append([out.detach(), xs.grad] + [p.grad.clone() for p in layer.parameters()])
+    results = _on_both_backends(layer, x, graph, monkeypatch)
     assert in_place and not copied, f"padded by a copy: {copied}"
     for got, want in zip(*results):
         torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)

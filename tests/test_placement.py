@@ -12,7 +12,7 @@ from gnnfuse.loader import NeighborLoader
 from gnnfuse.nn import SAGEConv
 from gnnfuse.nn import conv as conv_module
 from gnnfuse.nn.block_models import build_block_model
-from gnnfuse.nn.conv import combine_first_moves_less
+from gnnfuse.nn.conv import combine_first_moves_less, maps_first
 from gnnfuse.nn.placement import KINDS, FixedPlacement, KernelTime, PlacementModel, calibrate, install
 
 TRUE = {"matmul": (2e-9, 3e-7, 1e-5), "matmul-weight-only": (1e-9, 1e-7, 0.0), "aggregate": (4e-8, 5e-7, 2e-5),
@@ -99,6 +99,16 @@ def test_both_orders_compute_the_same_layer(aggr, backend, device):
 ])
 def test_static_rule_counts_lanes_moved_over_the_step(width_in, width_out, input_grad, weight_grad, first):
     assert combine_first_moves_less(width_in, width_out, input_grad, weight_grad) is first
+
+
+def test_the_numba_backend_maps_first_whenever_the_map_narrows(monkeypatch):
+    """Its kernels keep rows of up to 64 lanes in registers, so lanes moved do not rank
+    the orders there; the other backends count lanes."""
+    x, weight = torch.randn(3, 100), torch.randn(64, 100, requires_grad=True)
+    monkeypatch.setenv("GNNFUSE_BACKEND", "cpu")
+    assert maps_first(100, 64, x, weight) and not maps_first(64, 100, x, weight[:, :64])
+    monkeypatch.setenv("GNNFUSE_BACKEND", "reference")
+    assert not maps_first(100, 64, x, weight)
 
 
 @pytest.mark.parametrize("input_grad", [False, True])

@@ -20,6 +20,7 @@ from .. import frontend
 from ..graph import Graph
 from ..graph.convert import check_bipartite_adj_t, declared_size
 from ..runtime.compile_op import GRAPH_STEPS, GraphRef
+from ..runtime.compiled import backend_name
 from .aligned_linear import aligned_linear, flat_heads
 from .aggregation import Reduction, aggregate, eager_slots, pyg_aggr_name, resolve_aggregation
 from .arguments import adjacency_weights, edge_weight_column, node_features, node_pair, over_feature_batches
@@ -423,14 +424,12 @@ class GCNConv(OneLineRepr, CachedGraph, nn.Module):
 
     def _aggregates_first(self, x: torch.Tensor, graph: Graph) -> bool:
         """PyG maps first; the normalized sum commutes with the map, so aggregate first
-        where that moves fewer feature lanes over the step (`combine_first_moves_less`:
-        a first layer, whose input needs no gradient, narrowing by less than half).
+        where that moves fewer feature lanes over the step (`maps_first`: a first layer,
+        whose input needs no gradient, narrowing by less than half).
         Under torch.compile (a GraphRef) the order stays PyG's."""
         if isinstance(graph, GraphRef):
             return False
-        grad = torch.is_grad_enabled()
-        return not combine_first_moves_less(self.in_channels, self.out_channels, grad and x.requires_grad,
-                                            grad and self.lin.weight.requires_grad)
+        return not maps_first(self.in_channels, self.out_channels, x, self.lin.weight)
 
     def _compile_problem(self, x: Any, edge_index: Any, edge_weight: Any = None) -> str | None:
         if self.improved and self.add_self_loops and edge_weight is None:
@@ -463,6 +462,18 @@ class GCNConv(OneLineRepr, CachedGraph, nn.Module):
         return out if self.bias is None else out + self.bias
 
 
+def maps_first(width_in: int, width_out: int, x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """The static order of a map around a commuting aggregation of ``x``: by feature
+    lanes moved over the step (`combine_first_moves_less`), except on the Numba CPU
+    backend, whose kernels reduce rows of up to 64 lanes in registers and slow down past
+    that, so one pass at 128 lanes costs more than two at 64 (arxiv-sized GCN step, one
+    thread: 1028 against 957 ms); there the map runs first whenever it narrows."""
+    if backend_name(x.is_cuda) == "cpu":
+        return width_out < width_in
+    grad = torch.is_grad_enabled()
+    return combine_first_moves_less(width_in, width_out, grad and x.requires_grad, grad and weight.requires_grad)
+
+
 def combine_first_moves_less(width_in: int, width_out: int, input_grad: bool, weight_grad: bool) -> bool:
     """Whether mapping ``width_in -> width_out`` before a commuting aggregation gathers
     fewer feature lanes along the edges than mapping after it, counted over a training
@@ -484,7 +495,7 @@ class SAGEConv(OneLineRepr, nn.Module):
 
     For mean and sum aggregation the linear map commutes with the aggregation, so when
     that has the graph kernels move fewer feature lanes over the step
-    (`combine_first_moves_less`) it runs first -- GraphTensor's combine-first order; max does not
+    (`maps_first`) it runs first -- GraphTensor's combine-first order; max does not
     commute and always aggregates first. Bipartite input (PyG's): ``in_channels=(a, b)``
     and ``forward((x_src, x_dst), edge_index, size)``.
 
@@ -519,7 +530,7 @@ class SAGEConv(OneLineRepr, nn.Module):
     def _combine_first(self, graph: Graph, messages: torch.Tensor) -> bool:
         """Whether the linear map runs before the aggregation (mean/sum only): by the
         `placement` model when one is installed (GraphTensor's DKP), else by the static
-        rule `combine_first_moves_less`."""
+        rule `maps_first`."""
         width = self.lin_l.in_features
         if isinstance(graph, GraphRef):     # torch.compile: aggregating first needs no per-graph row masks
             return False
@@ -527,8 +538,7 @@ class SAGEConv(OneLineRepr, nn.Module):
             return self.out_channels < width
         input_grad = torch.is_grad_enabled() and messages.requires_grad
         if self.placement is None:
-            weight_grad = torch.is_grad_enabled() and self.lin_l.weight.requires_grad
-            return combine_first_moves_less(width, self.out_channels, input_grad, weight_grad)
+            return maps_first(width, self.out_channels, messages, self.lin_l.weight)
         return self.placement.combine_first(graph, width, self.out_channels, input_grad)
 
     def _root_takes_bias(self, x_dst: torch.Tensor | None) -> bool:

@@ -22,7 +22,7 @@ each (kernel, gradient) pair has its own two coefficients.
 
 Only layers whose aggregation commutes with the map take a placement (SAGEConv with
 mean or sum: `SAGEConv.placement`); without one they keep the static rule
-(`conv.combine_first_moves_less`: map first when the graph kernels then move fewer
+(`conv.maps_first`: map first when the graph kernels then move fewer
 feature lanes forward and backward).
 """
 from __future__ import annotations

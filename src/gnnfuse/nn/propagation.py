@@ -26,7 +26,7 @@ from .compiling import compile_path, graph_input_problem, propagation_problem
 from .pyg_repr import OneLineRepr
 from .conv import (_AGGREGATORS, _WEIGHTED_AGGREGATORS, CachedGraph, _as_graph, _bipartite_inputs, _channel_pair,
                    _gcn_edge_norm, _inv_sqrt_degree, _neighbour_sum, _normalized_hop, _normalized_layer_inputs,
-                   _transform_first, _with_loops, combine_first_moves_less)
+                   _transform_first, _with_loops, maps_first)
 
 
 def _reset(module: Callable) -> None:
@@ -81,7 +81,7 @@ class GraphConv(OneLineRepr, nn.Module):
     ``x'_v = lin_rel(aggr_{u in N(v)} x_u) + lin_root(x_v)``, ``aggr`` in add/sum/mean/max.
 
     As in `SAGEConv`, add and mean commute with ``lin_rel``, so it runs first when the
-    graph kernels then move fewer feature lanes (`combine_first_moves_less`; with a
+    graph kernels then move fewer feature lanes (`maps_first`; with a
     weight that needs a gradient, whenever it narrows the rows). ``edge_weight``
     (PyG's) scales each message ``x_u`` before the aggregation. Bipartite input (PyG's):
     ``in_channels=(a, b)`` and ``forward((x_src, x_dst), edge_index, edge_weight, size)``.
@@ -118,9 +118,7 @@ class GraphConv(OneLineRepr, nn.Module):
         if edge_weight is not None and edge_weight.requires_grad and torch.is_grad_enabled():
             narrows = self.out_channels < self.lin_rel.in_features    # its gradient is an SDDMM of the mapped width
         else:
-            grad = torch.is_grad_enabled()
-            narrows = combine_first_moves_less(self.lin_rel.in_features, self.out_channels,
-                                               grad and x.requires_grad, grad and self.lin_rel.weight.requires_grad)
+            narrows = maps_first(self.lin_rel.in_features, self.out_channels, x, self.lin_rel.weight)
         if self.aggr != "max" and narrows and not isinstance(graph, GraphRef):   # compile: aggregate first
             out = aggregate(graph, {"h": _transform_first(x, self.lin_rel.weight, graph, 1)}, edge_feature)
             if self.lin_rel.bias is not None:
