@@ -33,6 +33,7 @@ training step on the blocks reads nothing back from the device.
 """
 from __future__ import annotations
 
+import contextlib
 import warnings
 from typing import Any, Iterator, Sequence, Sized
 
@@ -218,10 +219,13 @@ class NeighborLoader:
                 yield prepare(item)
                 self.stage_times.count_batch()
             return
-        for batch in Prefetcher(list(enumerate(batches)), prepare, self.prefetch, self.device, MiniBatch.tensors,
-                                self.stage_times):
-            yield batch
-            self.stage_times.count_batch()
+        # closed explicitly: an abandoned epoch (this generator closed) must stop the thread now,
+        # not when the collector reaches the inner generator (Python 3.12 keeps it alive longer)
+        with contextlib.closing(iter(Prefetcher(list(enumerate(batches)), prepare, self.prefetch, self.device,
+                                                MiniBatch.tensors, self.stage_times))) as prefetched:
+            for batch in prefetched:
+                yield batch
+                self.stage_times.count_batch()
 
     def close(self) -> None:
         """Stop the worker processes, if any (they also stop when the loader is freed)."""

@@ -465,9 +465,11 @@ class GCNConv(OneLineRepr, CachedGraph, nn.Module):
 def maps_first(width_in: int, width_out: int, x: torch.Tensor, weight: torch.Tensor) -> bool:
     """The static order of a map around a commuting aggregation of ``x``: by feature
     lanes moved over the step (`combine_first_moves_less`), except on the Numba CPU
-    backend, whose kernels reduce rows of up to 64 lanes in registers and slow down past
-    that, so one pass at 128 lanes costs more than two at 64 (arxiv-sized GCN step, one
-    thread: 1028 against 957 ms); there the map runs first whenever it narrows."""
+    backend, which keeps mapping first whenever the map narrows: its register-row kernels
+    are built for rows of up to 64 lanes, and on a 2-core CPU the lane rule's order was no
+    faster (arxiv-sized GCN step, one thread, steps alternating in one process: 1028 ms
+    aggregating first against 957 ms mapping first; separate runs, noisier, gave 987
+    against 1048)."""
     if backend_name(x.is_cuda) == "cpu":
         return width_out < width_in
     grad = torch.is_grad_enabled()
