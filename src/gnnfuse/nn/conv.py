@@ -29,7 +29,6 @@ from .compiling import compile_path, graph_input_problem, propagation_problem
 from .edge_features import FillValue, edge_projection, edge_rows, traced_edge_matmul
 from .pyg_repr import OneLineRepr
 from . import recompute
-from .recompute import Remake, remade_when_saved
 
 
 def _as_graph(graph: Graph | torch.Tensor, num_nodes: int) -> Graph:
@@ -537,10 +536,10 @@ class SAGEConv(OneLineRepr, nn.Module):
         if isinstance(graph, GraphRef):     # torch.compile: aggregating first needs no per-graph row masks
             return False
         if not width:     # lazy in_channels: not materialized yet
-            return self.out_channels < width
-        input_grad = torch.is_grad_enabled() and messages.requires_grad
+            return False
         if self.placement is None:
             return maps_first(width, self.out_channels, messages, self.lin_l.weight)
+        input_grad = torch.is_grad_enabled() and messages.requires_grad
         return self.placement.combine_first(graph, width, self.out_channels, input_grad)
 
     def _root_takes_bias(self, x_dst: torch.Tensor | None) -> bool:
@@ -698,7 +697,7 @@ class GATConv(OneLineRepr, nn.Module):
         return graph_input_problem(edge_index)
 
     def _remakes(self, x: torch.Tensor, x_dst: torch.Tensor | None, graph: Graph | GraphRef,
-                 ndata: dict[str, torch.Tensor]) -> list[Remake]:
+                 ndata: dict[str, torch.Tensor]) -> list[recompute.Remake]:
         """What the compiled attention may remake in its backward rather than keep
         (`nn.recompute`): ``h = lin(x)`` and the folded logits, one GEMM of ``x`` each,
         when ``lin``'s own backward keeps ``x`` anyway (its weight needs a gradient) and
@@ -717,12 +716,12 @@ class GATConv(OneLineRepr, nn.Module):
                 or ndata["h"].numel() * ndata["h"].element_size() < recompute.MIN_BYTES):
             return []
         weight, bias, shape = lin.weight, lin.bias, ndata["h"].shape[1:]
-        remakes = [Remake(ndata["h"], lambda: aligned_linear(x, weight, bias).view(-1, *shape),
+        remakes = [recompute.Remake(ndata["h"], lambda: aligned_linear(x, weight, bias).view(-1, *shape),
                           (x, weight) if bias is None else (x, weight, bias))]
         if _folds(lin):
             atts = (self.att_src, self.att_dst)
             makers = recompute.made_together(lambda: _folded_logits(lin, x, *atts), 2)
-            remakes += [Remake(ndata[name], make, (x, weight, *atts))
+            remakes += [recompute.Remake(ndata[name], make, (x, weight, *atts))
                         for name, make in zip(("alpha_src", "alpha_dst"), makers)]
         return remakes
 
@@ -755,7 +754,7 @@ class GATConv(OneLineRepr, nn.Module):
             ndata["alpha_dst"] = (h_dst * self.att_dst).sum(-1)
         setting = (self.negative_slope, self.dropout, self.training, x_dst is not None)
         remakes = self._remakes(x, x_dst, graph, ndata)
-        with remade_when_saved(remakes) if remakes else contextlib.nullcontext():
+        with recompute.remade_when_saved(remakes) if remakes else contextlib.nullcontext():
             if edata is None:
                 out = _gat_attention(*setting)(graph, ndata=ndata)["out"]
             else:

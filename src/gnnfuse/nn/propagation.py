@@ -81,8 +81,8 @@ class GraphConv(OneLineRepr, nn.Module):
     ``x'_v = lin_rel(aggr_{u in N(v)} x_u) + lin_root(x_v)``, ``aggr`` in add/sum/mean/max.
 
     As in `SAGEConv`, add and mean commute with ``lin_rel``, so it runs first when the
-    graph kernels then move fewer feature lanes (`maps_first`; with a
-    weight that needs a gradient, whenever it narrows the rows). ``edge_weight``
+    graph kernels then move fewer feature lanes (`maps_first`; with an
+    edge weight that needs a gradient, whenever it narrows the rows). ``edge_weight``
     (PyG's) scales each message ``x_u`` before the aggregation. Bipartite input (PyG's):
     ``in_channels=(a, b)`` and ``forward((x_src, x_dst), edge_index, edge_weight, size)``.
     """
