@@ -17,7 +17,7 @@ from ..autodiff import BackwardProgram, build_backward
 from ..backend.forced_schedule import ForcedSchedule, forced_schedule, forcing
 from ..backend.reference import GraphContext
 from ..graph import Graph
-from ..ir import CompileError, Program, Residency, verify
+from ..ir import CompileError, Program, Residency, Value, verify
 from ..ir.ops.movement import BROADCAST_FROM, TYPE_INDICES
 from ..ir.sides import declare_sides, sides_of
 from ..passes import optimize
@@ -273,6 +273,7 @@ class _ProgramFunction(torch.autograd.Function):
         outputs, kept, execute = _run_forward(compiled, graph_ctx, keys, tensors, backward)
         ctx.compiled, ctx.graph_ctx, ctx.backward = compiled, graph_ctx, backward
         ctx.execute, ctx.schedule = execute, forced_schedule()   # backward runs as forward was told to
+        ctx.backend = backend_name(graph_ctx.graph.device.type == "cuda")
         # Through save_for_backward, never as plain ctx attributes: a saved value may be an
         # output, and an output held by its own grad_fn's ctx is a cycle through C++ that
         # Python's collector cannot free -- every step's tensors would leak.
@@ -282,6 +283,8 @@ class _ProgramFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *output_grads: torch.Tensor):
+        if torch.is_grad_enabled():     # create_graph=True: this backward is differentiated in turn
+            _check_second_derivative(ctx.compiled, ctx.backward, ctx.backend)
         output_grads = [g if g is not None else torch.zeros(shape, dtype=dtype, device=device)
                         for g, (shape, dtype, device) in zip(output_grads, ctx.output_meta)]
         feeds = backward_feeds(ctx.compiled, ctx.backward, ctx.saved_tensors, output_grads)
@@ -291,6 +294,44 @@ class _ProgramFunction(torch.autograd.Function):
             with forcing(ctx.schedule):
                 grads, _ = ctx.execute(ctx.backward.program, ctx.graph_ctx, feeds)
         return (None, None, None, *[grads.get(key) for key in ctx.compiled._gradient_keys])
+
+
+def _check_second_derivative(compiled: CompiledProgram, backward: BackwardProgram, backend: str) -> None:
+    """Refuse a backward that autograd would differentiate wrongly. Its result is exact
+    only where autograd sees every step of it: torch ops (the reference backend, not
+    generated kernels) reading no forward value but the inputs themselves (an
+    intermediate such as a softmax's maximum, sum or output was computed without autograd,
+    so its dependence on the inputs would drop out of the second derivative unnoticed)."""
+    inputs = ", ".join(sorted(compiled.program.inputs))
+    if backend != "reference":
+        reason = (f"its backward runs the {backend} backend's generated kernels, whose work autograd "
+                  "cannot see")
+    else:
+        made = sorted({v.op + (f"[{v.attrs['op']}]" if "op" in v.attrs else "")
+                       for v in backward.saved if v.op != "input" and _reads_an_input(v)})
+        if not made:
+            return
+        reason = (f"its backward reads values the forward computed without autograd ({', '.join(made)}), "
+                  "whose dependence on the inputs would be missing")
+    raise NotImplementedError(
+        f"a second derivative (backward with create_graph=True) through the compiled program on ({inputs}) "
+        f"is not supported: {reason}. Double backward works on GNNFUSE_BACKEND=reference for programs "
+        "linear in their inputs (GCN's, SAGE's sums); for others, compute that term with the layer's "
+        "eager PyG counterpart")
+
+
+def _reads_an_input(value: Value) -> bool:
+    """Whether ``value`` depends on a program input (a graph-only value -- degrees, their
+    clamp -- does not, and is a constant to every derivative)."""
+    seen, stack = set(), [value]
+    while stack:
+        v = stack.pop()
+        if v.op == "input":
+            return True
+        if v.id not in seen:
+            seen.add(v.id)
+            stack.extend(v.inputs)
+    return False
 
 
 def backward_feeds(compiled: CompiledProgram, backward: BackwardProgram, saved: Sequence[torch.Tensor],
