@@ -273,7 +273,6 @@ class _ProgramFunction(torch.autograd.Function):
         outputs, kept, execute = _run_forward(compiled, graph_ctx, keys, tensors, backward)
         ctx.compiled, ctx.graph_ctx, ctx.backward = compiled, graph_ctx, backward
         ctx.execute, ctx.schedule = execute, forced_schedule()   # backward runs as forward was told to
-        ctx.backend = backend_name(graph_ctx.graph.device.type == "cuda")
         # Through save_for_backward, never as plain ctx attributes: a saved value may be an
         # output, and an output held by its own grad_fn's ctx is a cycle through C++ that
         # Python's collector cannot free -- every step's tensors would leak.
@@ -284,7 +283,8 @@ class _ProgramFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *output_grads: torch.Tensor):
         if torch.is_grad_enabled():     # create_graph=True: this backward is differentiated in turn
-            _check_second_derivative(ctx.compiled, ctx.backward, ctx.backend)
+            backend = next(name for name, execute in _EXECUTORS.items() if execute is ctx.execute)
+            _check_second_derivative(ctx.compiled, ctx.backward, backend)
         output_grads = [g if g is not None else torch.zeros(shape, dtype=dtype, device=device)
                         for g, (shape, dtype, device) in zip(output_grads, ctx.output_meta)]
         feeds = backward_feeds(ctx.compiled, ctx.backward, ctx.saved_tensors, output_grads)
