@@ -170,7 +170,7 @@ class GraphilerRGCNLayer(nn.Module):
             return {"h": torch.sum(nodes.mailbox["m"], dim=1)}
         out = gnnfuse.message_passing(data.graph, message, reduce, ndata={"h": x},
                                       edata={"_TYPE": data.graph.edge_type, "norm": data.norm})["h"]
-        return out + x @ self.root + self.bias
+        return out + torch.addmm(self.bias, x, self.root)     # the root term as RGCNConv computes it
 
 
 class TwoHGT(nn.Module):

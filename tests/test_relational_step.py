@@ -63,7 +63,7 @@ class GraphilerRGCN(torch.nn.Module):
             return {"h": torch.sum(nodes.mailbox["m"], dim=1)}
         out = gnnfuse.message_passing(graph, message, reduce, ndata={"h": x},
                                       edata={"_TYPE": graph.edge_type, "norm": norm})["h"]
-        return out + x @ self.root + self.bias
+        return out + torch.addmm(self.bias, x, self.root)     # the root term as RGCNConv computes it
 
 
 def two_layers(relations: int, device: str, dtype: torch.dtype = torch.float32, seed: int = 0):
