@@ -168,9 +168,12 @@ class GraphilerRGCNLayer(nn.Module):
 
         def reduce(nodes):
             return {"h": torch.sum(nodes.mailbox["m"], dim=1)}
-        out = gnnfuse.message_passing(data.graph, message, reduce, ndata={"h": x},
-                                      edata={"_TYPE": data.graph.edge_type, "norm": data.norm})["h"]
-        return out + torch.addmm(self.bias, x, self.root)     # the root term as RGCNConv computes it
+
+        def update(nodes):        # the root term and bias (RGCNConv's) as DGL's apply_node_func
+            return {"h": nodes.data["h"] + nodes.data["x"] @ root + bias}
+        root, bias = self.root, self.bias
+        return gnnfuse.message_passing(data.graph, message, reduce, update, ndata={"h": x, "x": x},
+                                       edata={"_TYPE": data.graph.edge_type, "norm": data.norm})["h"]
 
 
 class TwoHGT(nn.Module):

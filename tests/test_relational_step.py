@@ -61,9 +61,12 @@ class GraphilerRGCN(torch.nn.Module):
 
         def reduce(nodes):
             return {"h": torch.sum(nodes.mailbox["m"], dim=1)}
-        out = gnnfuse.message_passing(graph, message, reduce, ndata={"h": x},
-                                      edata={"_TYPE": graph.edge_type, "norm": norm})["h"]
-        return out + torch.addmm(self.bias, x, self.root)     # the root term as RGCNConv computes it
+
+        def update(nodes):        # the root term and bias (RGCNConv's) as DGL's apply_node_func
+            return {"h": nodes.data["h"] + nodes.data["x"] @ root + bias}
+        root, bias = self.root, self.bias
+        return gnnfuse.message_passing(graph, message, reduce, update, ndata={"h": x, "x": x},
+                                       edata={"_TYPE": graph.edge_type, "norm": norm})["h"]
 
 
 def two_layers(relations: int, device: str, dtype: torch.dtype = torch.float32, seed: int = 0):
@@ -95,12 +98,18 @@ def op_lists(report) -> list[tuple[list[str], list[str]]]:
 
 
 def test_graphiler_rgcn_udf_compiles_to_the_layers_plan():
+    """Both forwards are one op: the relation sum with the root term and the bias folded
+    in (passes/typed_root.py). The backwards differ only where the UDF reads its input
+    under two names (``h`` for the messages, ``x`` for the root term): its gradient is two
+    outputs, the relation sum's and the root's, where the layer's one input folds them
+    into one ``typed_aggregate_rooted``."""
     _, _, _, nn_step, udf_step = two_layers(5, "cpu")
     ours, graphiler = gnnfuse.explain(nn_step), gnnfuse.explain(udf_step)
-    assert op_lists(graphiler) == op_lists(ours)
-    for forward, backward in op_lists(ours):
-        assert forward == ["typed_aggregate"]
-        assert sorted(backward) == ["transpose", "typed_aggregate", "typed_aggregate_tn"]
+    weight_grads = ["matmul_tn", "sum_to", "transpose", "transpose", "typed_aggregate_tn"]
+    for (forward, backward), (udf_forward, udf_backward) in zip(op_lists(ours), op_lists(graphiler), strict=True):
+        assert forward == udf_forward == ["typed_aggregate_rooted"]
+        assert sorted(backward) == sorted(weight_grads + ["typed_aggregate_rooted"])
+        assert sorted(udf_backward) == sorted(weight_grads + ["matmul", "typed_aggregate"])
 
 
 @pytest.mark.parametrize("backend", ["reference", "triton"], indirect=True)
@@ -204,7 +213,14 @@ def test_the_udf_step_runs_the_layers_launches_and_torch_ops(monkeypatch):
             work.step(step)
         ran[name] = (dict(work.launches), ops)
         work.launches.clear()
-    assert ran["graphiler-udf"] == ran["nn"]
+    (udf_launches, udf_ops), (nn_launches, nn_ops) = ran["graphiler-udf"], ran["nn"]
+    assert udf_launches == nn_launches
+    # the input gradients' root terms (see test_graphiler_rgcn_udf_compiles_to_the_layers_plan):
+    # the UDF's separate `mm` and the `add` of its two gradients, per layer, against the
+    # layer's folded form -- the dense order's stacked blocks (two `cat`s) in one layer,
+    # an in-place `addmm` in the other
+    assert udf_ops - nn_ops == collections.Counter({"aten.mm.default": 2, "aten.add.Tensor": 2})
+    assert nn_ops - udf_ops == collections.Counter({"aten.cat.default": 2, "aten.addmm.default": 1})
 
 
 @pytest.mark.parametrize("order", ORDERS)

@@ -220,18 +220,38 @@ def _decide(ctx, op: str, by: str, idx, count: int, width_in: int, width_out: in
 
 # --- typed_aggregate ------------------------------------------------------------------------
 def _aggregate(ctx, x: torch.Tensor, w: torch.Tensor, *rest: torch.Tensor, by: str, scaled: bool) -> torch.Tensor:
+    return _typed_sum(ctx, x, w, rest, by, scaled)
+
+
+def _typed_sum(ctx, x: torch.Tensor, w: torch.Tensor, rest: tuple, by: str, scaled: bool,
+               root: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None) -> torch.Tensor:
+    """typed_aggregate's sum in the order the byte model picks, plus ``root`` =
+    ``(x_root, W_root, bias or None)``'s ``x_root @ W_root + bias`` when given (see
+    ``typed_aggregate_rooted``)."""
     s, idx = _operands(rest, scaled)
     gather, rows = OTHER_SIDE[by], ctx.num_rows(by)
     dtype = torch.promote_types(x.dtype, w.dtype)
     order, gathered, aggregated = _decide(ctx, "typed_aggregate", by, idx, w.shape[0], w.shape[-2], w.shape[-1],
                                           dtype, rows)
+    if order == "dense":      # one GEMM: [rows, R x in] @ the relations' matrices stacked
+        table = _dense_rows(ctx, x, gather, s, by, idx, w.shape[0]).to(dtype)
+        weights = w.reshape(-1, w.shape[-1]).to(dtype)
+        if root is None:
+            return table @ weights
+        x_root, w_root, bias = root    # the root as one more block of the same GEMM, the bias its epilogue
+        table = torch.cat([table, x_root.to(dtype)], 1)
+        weights = torch.cat([weights, w_root.to(dtype)])
+        return table @ weights if bias is None else torch.addmm(bias.to(dtype), table, weights)
     if order == "before":     # one product per gathered pair, each edge's scaled into its vertex
         products = ctx.grouped_matmul(x, w, gathered.groups, gathered.vertex)
-        return ctx.scatter_rows(products, gathered.of_edge, ctx.index(by), s, rows)
-    if order == "dense":      # one GEMM: [rows, R x in] @ the relations' matrices stacked
-        table = _dense_rows(ctx, x, gather, s, by, idx, w.shape[0])
-        return table.to(dtype) @ w.reshape(-1, w.shape[-1]).to(dtype)
-    return _pair_input_grad(ctx, _pair_rows(ctx, x, gather, s, aggregated), w, aggregated, rows)
+        out = ctx.scatter_rows(products, gathered.of_edge, ctx.index(by), s, rows)
+    else:
+        out = _pair_input_grad(ctx, _pair_rows(ctx, x, gather, s, aggregated), w, aggregated, rows)
+    if root is None:
+        return out
+    x_root, w_root, bias = root
+    out = torch.addmm(out.to(dtype), x_root.to(dtype), w_root.to(dtype))
+    return out if bias is None else out.add_(bias)
 
 
 def _check(rs: list[Residency], attrs: dict, what: str) -> None:
@@ -270,7 +290,10 @@ def _aggregate_shape(inputs, attrs, residency):
 
 def _aggregate_derivative(b, v, g):
     x, w, *rest = v.inputs
-    by, scaled = v.attrs["by"], v.attrs["scaled"]
+    return _typed_sum_grads(b, x, w, rest, v.attrs["by"], v.attrs["scaled"], g)
+
+
+def _typed_sum_grads(b, x, w, rest: list, by: str, scaled: bool, g) -> list:
     s, idx = _operands(tuple(rest), scaled)
     extra = [b.fwd(t) for t in rest]
     grad_x = b.add("typed_aggregate", g, b.add("transpose", b.fwd(w)), *extra, by=OTHER_SIDE[by], scaled=scaled)
@@ -289,6 +312,52 @@ register(OpDef("typed_aggregate", Movement.REDUCE, _aggregate, residency=_aggreg
                shape=_aggregate_shape, derivative=_aggregate_derivative,
                doc="per vertex of side by, the sum over its edges of s_e * x[other endpoint] @ W[relation], "
                    "transformed before or after aggregation by the byte model (linear-operator reordering)"))
+
+
+# --- typed_aggregate_rooted: with the root term and the bias -------------------------------------
+def _rooted_parts(operands: tuple, biased: bool) -> tuple[tuple, tuple]:
+    """``((x_root, W_root, bias or None), (x, W, *rest))`` from the op's operands."""
+    k = 3 if biased else 2
+    return (operands[0], operands[1], operands[2] if biased else None), tuple(operands[k:])
+
+
+def _rooted(ctx, *operands: torch.Tensor, by: str, scaled: bool, biased: bool) -> torch.Tensor:
+    root, (x, w, *rest) = _rooted_parts(operands, biased)
+    return _typed_sum(ctx, x, w, tuple(rest), by, scaled, root)
+
+
+def _rooted_residency(rs, attrs):
+    (x_root, w_root, bias), aggregated = _rooted_parts(tuple(rs), attrs["biased"])
+    if x_root is not Residency.NODE or w_root is not Residency.SHARED or bias not in (None, Residency.SHARED):
+        raise ValueError(f"typed_aggregate_rooted's root term is a vertex table times a parameter (plus a "
+                         f"parameter bias), got {[r.name for r in rs]}")
+    return _aggregate_residency(list(aggregated), attrs)
+
+
+def _rooted_shape(inputs, attrs, residency):
+    (x_root, w_root, bias), aggregated = _rooted_parts(tuple(inputs), attrs["biased"])
+    shape, dtype = _aggregate_shape(list(aggregated), attrs, residency)
+    if tuple(w_root.shape) != (x_root.shape[-1],) + shape or len(x_root.shape) != 1 or (
+            bias is not None and tuple(bias.shape) != shape):
+        raise ValueError(f"the root term is rows [in] @ [in, {shape[0]}] (+ a [{shape[0]}] bias), got "
+                         f"{list(x_root.shape)} @ {list(w_root.shape)}"
+                         + (f" + {list(bias.shape)}" if bias is not None else ""))
+    return shape, dtype
+
+
+def _rooted_derivative(b, v, g):
+    (x_root, w_root, bias), (x, w, *rest) = _rooted_parts(tuple(v.inputs), v.attrs["biased"])
+    grads = [b.add("matmul", g, b.add("transpose", b.fwd(w_root))), b.add("matmul_tn", b.fwd(x_root), g)]
+    if bias is not None:
+        grads.append(g)           # summed over the rows to the bias's shape by autodiff
+    return grads + _typed_sum_grads(b, x, w, rest, v.attrs["by"], v.attrs["scaled"], g)
+
+
+register(OpDef("typed_aggregate_rooted", Movement.REDUCE, _rooted, residency=_rooted_residency,
+               shape=_rooted_shape, derivative=_rooted_derivative,
+               doc="typed_aggregate(x, W, ...) + x_root @ W_root (+ bias): R-GCN's self-connection as one more "
+                   "block of the dense order's GEMM, the bias its epilogue (passes/typed_root.py); operands "
+                   "x_root, W_root[, bias], then typed_aggregate's"))
 
 
 # --- typed_aggregate_tn: the weight gradient ----------------------------------------------------
@@ -331,6 +400,10 @@ register(OpDef("typed_aggregate_tn", Movement.REDUCE, _weight_grad, residency=_w
 def recorded_choice(graph, value) -> OrderChoice | None:
     """The order the op behind ``value`` (a ``typed_aggregate`` or ``typed_aggregate_tn``)
     last chose on ``graph``, or None if it has not run there or ``value`` is another op."""
+    if value.op == "typed_aggregate_rooted":     # it decides as the typed_aggregate it folds
+        x = _rooted_parts(tuple(value.inputs), value.attrs["biased"])[1][0]
+        key = choice_key("typed_aggregate", value.attrs["by"], x.shape[-1], value.shape[-1])
+        return recorded_choices(graph).get(key)
     if value.op not in ("typed_aggregate", "typed_aggregate_tn"):
         return None
     width_out = value.shape[-1] if value.op == "typed_aggregate" else value.inputs[1].shape[-1]
