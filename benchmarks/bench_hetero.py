@@ -8,7 +8,8 @@ Models (two layers each, hidden ``--hidden``, the presets' random features):
   (gnnfuse.nn.RGCNConv), ``pyg-rgcn`` (RGCNConv), ``pyg-fastrgcn`` (FastRGCNConv, which
   gathers an [E, in, out] weight per edge) and ``graphiler-udf``: Graphiler's R-GCN
   message, ``bmm(edges.src['h'].unsqueeze(1), W[edges.data['type']]) * norm``, with
-  ``sum`` reduce, run by ``gnnfuse.message_passing`` unchanged (plus the root term).
+  ``sum`` reduce, run by ``gnnfuse.message_passing`` unchanged (plus the root term and
+  bias in its ``update_fn``, DGL's ``apply_node_func``).
 - ``hgt``: HGTConv(heads 2) -> ReLU -> HGTConv -> Linear on the labelled node type.
   Frameworks: ``gnnfuse`` (gnnfuse.nn.HGTConv) and ``pyg-hgt``.
 
@@ -150,7 +151,8 @@ class GraphilerRGCNLayer(nn.Module):
     """Graphiler's R-GCN layer as its authors wrote it for DGL (message: the source row
     times the edge's relation weight by ``torch.bmm``, scaled by the mean norm; reduce:
     sum), run by ``gnnfuse.message_passing``; ``root`` and ``bias`` as RGCNConv's, so
-    the parameters load from one."""
+    the parameters load from one, added in the node update (DGL's ``apply_node_func``)
+    where the compiler folds them into the sum as it does the layer's."""
 
     def __init__(self, in_channels: int, out_channels: int, num_relations: int):
         super().__init__()
