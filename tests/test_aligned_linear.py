@@ -13,7 +13,7 @@ from gnnfuse.backend.row_layout import aligned_row_width, has_row_stride
 from gnnfuse.backend.triton import executor as triton_executor
 from gnnfuse.frontend.trace_cache import clear_trace_caches
 from gnnfuse.nn import aligned_linear as aligned_module
-from gnnfuse.nn.aligned_linear import _AlignedLinear, aligned_linear, rows_read
+from gnnfuse.nn.aligned_linear import RowsRead, _AlignedLinear, aligned_linear, rows_read
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -37,7 +37,7 @@ def test_padded_linear_has_the_layout_and_exact_derivatives(with_bias, with_read
     x = torch.randn(7, 4, dtype=torch.float64, generator=gen, requires_grad=True)
     w = torch.randn(5, 4, dtype=torch.float64, generator=gen, requires_grad=True)
     b = torch.randn(5, dtype=torch.float64, generator=gen, requires_grad=True) if with_bias else None
-    read = torch.tensor([True, False, True, True, False, True, True]) if with_read else None
+    read = RowsRead.of(torch.tensor([True, False, True, True, False, True, True])) if with_read else None
     out = _AlignedLinear.apply(x, w, b, read, 8)
     assert out.shape == (7, 5) and out.stride() == (8, 1)
     torch.testing.assert_close(out, F.linear(x, w, b))
@@ -157,3 +157,43 @@ def test_garbage_in_a_views_padding_lanes_never_reaches_a_result(monkeypatch):
     assert torch.isfinite(out).all() and torch.isfinite(view.grad).all()
     torch.testing.assert_close(out, want, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(view.grad, packed.grad, rtol=1e-12, atol=1e-12)
+
+
+def test_rows_read_zeroes_the_unread_rows_by_index():
+    """The same zeros as a mask over every row, NaN in an unread row kept out, a NaN in a
+    read row kept; the gradient passes the read rows only; all rows read is None."""
+    mask = torch.tensor([True, False, True, False, True])
+    read = RowsRead.of(mask)
+    assert torch.equal(read.unread, torch.tensor([1, 3]))
+    x = torch.randn(5, 3, dtype=torch.float64)
+    x[1, 0], x[2, 1] = float("nan"), float("inf")
+    x.requires_grad_()
+    got = rows_read(x, read)
+    torch.testing.assert_close(got, x.masked_fill(~mask.unsqueeze(-1), 0.0), equal_nan=True)
+    assert not got[1].isnan().any() and got[2, 1] == float("inf")
+    got.sum().backward()
+    assert torch.equal(x.grad, mask.unsqueeze(-1).expand(5, 3).double())
+    assert RowsRead.of(torch.ones(4, dtype=torch.bool)) is None
+
+
+def test_padding_lanes_of_a_copied_leaf_never_reach_a_result(monkeypatch):
+    """The executor's padded copy of an unaligned leaf (here GCN's plain [N, 47] output
+    gradient) leaves its padding lanes unwritten: with NaN there, the layer still matches
+    the reference backend."""
+    monkeypatch.setattr(aligned_module, "kernel_row_stride", lambda x, w: aligned_row_width(w))
+    real, poisoned = triton_executor._laid_out, []
+
+    def poison(tensor, width, stride):
+        out = real(tensor, width, stride)
+        if out is not tensor and stride != width:
+            out.reshape(out.shape[0], stride)[:, width:] = float("nan")
+            poisoned.append(tuple(tensor.shape))
+        return out
+    monkeypatch.setattr(triton_executor, "_laid_out", poison)
+    graph = _graph()
+    x = torch.randn(graph.num_nodes, 50, dtype=torch.float64, generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    layer = gnnfuse.nn.GCNConv(50, 47).double().to(DEVICE)
+    results = _on_both_backends(layer, x, graph, monkeypatch)
+    assert poisoned, "no leaf was padded by a copy"
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)

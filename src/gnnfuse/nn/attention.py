@@ -22,7 +22,7 @@ from torch import nn
 
 from .. import frontend
 from ..graph import Graph
-from .aligned_linear import rows_read
+from .aligned_linear import RowsRead, rows_read
 from .arguments import node_features
 from .attention_weights import AttentionOutput, attention_weights, check_attention_request
 from .compiling import compile_path
@@ -292,12 +292,12 @@ class EdgeConv(OneLineRepr, nn.Module):
         return _run_vertex(fn, graph, {"x_src": x_src, "x_dst": x_dst})
 
 
-def _with_edges(graph: Graph, direction: str) -> torch.Tensor | None:
-    """The vertices with an in-edge (``direction="in"``) or with any edge (``"any"``),
-    boolean [N]; None when that is every vertex. Cached per graph."""
-    def build(g: Graph) -> torch.Tensor | None:
+def _with_edges(graph: Graph, direction: str) -> RowsRead | None:
+    """The vertices with an in-edge (``direction="in"``) or with any edge (``"any"``);
+    None when that is every vertex. Cached per graph."""
+    def build(g: Graph) -> RowsRead | None:
         degree = g.in_degrees() if direction == "in" else g.in_degrees() + g.out_degrees()
-        return None if bool((degree > 0).all()) else degree > 0
+        return RowsRead.of(degree > 0)
     return graph.cached(f"nn_with_edges_{direction}", build)
 
 

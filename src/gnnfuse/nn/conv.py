@@ -21,7 +21,7 @@ from ..graph import Graph
 from ..graph.convert import check_bipartite_adj_t, declared_size
 from ..runtime.compile_op import GRAPH_STEPS, GraphRef
 from ..runtime.compiled import backend_name
-from .aligned_linear import aligned_linear, flat_heads
+from .aligned_linear import RowsRead, aligned_linear, flat_heads
 from .aggregation import Reduction, aggregate, eager_slots, pyg_aggr_name, resolve_aggregation
 from .arguments import adjacency_weights, edge_weight_column, node_features, node_pair, over_feature_batches
 from .attention_weights import AttentionOutput, attention_weights, check_attention_request
@@ -153,17 +153,17 @@ def _normalized_hop(graph: Graph, edge_weight: torch.Tensor | None, dtype: torch
     return graph, lambda h: _normalized_sum(graph, {"h": h, "norm": norm})
 
 
-def _walk_starts(graph: Graph, hops: int) -> torch.Tensor | None:
-    """The vertices some walk of exactly ``hops`` edges leaves (boolean [N], one per
-    source vertex), whose features a ``hops``-hop propagation carries to an output; None
-    when that is every vertex. Cached per graph. On a bipartite graph only ``hops=1``
-    is meaningful (a walk cannot continue from a destination)."""
-    def build(g: Graph) -> torch.Tensor | None:
+def _walk_starts(graph: Graph, hops: int) -> RowsRead | None:
+    """The vertices some walk of exactly ``hops`` edges leaves (one per source vertex),
+    whose features a ``hops``-hop propagation carries to an output; None when that is
+    every vertex. Cached per graph. On a bipartite graph only ``hops=1`` is meaningful (a
+    walk cannot continue from a destination)."""
+    def build(g: Graph) -> RowsRead | None:
         starts = torch.ones(g.num_nodes, dtype=torch.bool, device=g.device)
         for _ in range(hops):
             reached, starts = starts, torch.zeros(g.num_src_nodes, dtype=torch.bool, device=g.device)
             starts[g.src[reached[g.dst]]] = True
-        return None if bool(starts.all()) else starts
+        return RowsRead.of(starts)
     return graph.cached(f"nn_walk_starts_{hops}", build)
 
 
@@ -187,10 +187,10 @@ def _transform_first(x: torch.Tensor, weight: torch.Tensor, graph: Graph, hops: 
     return aligned_linear(x, weight, read=transform_first_rows(graph, hops))
 
 
-def transform_first_rows(graph: Graph, hops: int) -> torch.Tensor | None:
-    """The `_walk_starts` mask `_transform_first` reads on ``graph`` (None: every row),
-    built and cached on first use. Building it reads a flag back from the device (a
-    sync, and a break in graph capture), so a mini-batch loader builds it for each
+def transform_first_rows(graph: Graph, hops: int) -> RowsRead | None:
+    """The `_walk_starts` rows `_transform_first` reads on ``graph`` (None: every row),
+    built and cached on first use. Building them reads counts back from the device (a
+    sync, and a break in graph capture), so a mini-batch loader builds them for each
     block in its own thread rather than leaving it to the training step."""
     return _walk_starts(graph, hops)
 
@@ -200,10 +200,11 @@ def known_transform_first_rows(graph: Graph, unread: torch.Tensor) -> None:
     them: ``unread`` are the ids of the sources no edge leaves (a sampler knows which
     destinations it sampled no edge from, and every other source was sampled).
     `transform_first_rows` then counts nothing on the device."""
-    starts = None
+    read = None
     if unread.numel():
-        starts = torch.ones(graph.num_src_nodes, dtype=torch.bool, device=graph.device).index_fill_(0, unread, False)
-    graph.cached("nn_walk_starts_1", lambda _: starts)
+        mask = torch.ones(graph.num_src_nodes, dtype=torch.bool, device=graph.device).index_fill_(0, unread, False)
+        read = RowsRead(mask, unread)
+    graph.cached("nn_walk_starts_1", lambda _: read)
 
 
 def _layer_graph(layer: nn.Module, x: torch.Tensor, graph: Graph | torch.Tensor, cache: bool) -> Graph:

@@ -321,12 +321,16 @@ def feature_block(unit: Unit, widest: int) -> int:
 def _laid_out(tensor: torch.Tensor, width: int, stride: int) -> torch.Tensor:
     """A leaf's tensor (``width`` elements per row) in the row layout its kernel reads:
     rows ``stride`` elements apart (see `row_stride`); a tensor already laid out so (a
-    view into a padded table, backend/row_layout.py) is read in place."""
+    view into a padded table, backend/row_layout.py) is read in place. The padding lanes
+    are left as they are: no kernel reads them (a padded [N, 48] copy of a products-sized
+    [N, 47] gradient filled them with zeros for 0.14 ms of its 0.64)."""
     if stride == width:
         return tensor.contiguous()
     if has_row_stride(tensor, width, stride):
         return tensor
-    return torch.nn.functional.pad(tensor.reshape(tensor.shape[0], width), (0, stride - width))
+    padded = tensor.new_empty(tensor.shape[0], stride)
+    padded[:, :width] = tensor.reshape(tensor.shape[0], width)
+    return padded
 
 
 def _plan_coo_unit(unit: AggregateUnit, ctx: GraphContext, kernel, leaf_dtypes: tuple,
