@@ -329,6 +329,53 @@ def test_sum_times_row_scalar_is_one_unit_forward_and_backward(schedule, monkeyp
             assert unit.scale is None and any(v.op == "mul" for v in plans[0] if v is not unit)
 
 
+@pytest.mark.parametrize("schedule", ["csr", "coo"])
+@pytest.mark.parametrize("graph_name", GRAPHS)
+def test_a_vertex_table_added_to_a_reduction_joins_its_unit(schedule, graph_name, monkeypatch):
+    """SAGE's ``mean(neighbours) + v.r`` (and a scaled sum, a [2, 3] row at a padded
+    stride): the kernel adds the vertex's row when it stores its own -- once per row, in
+    the split hub row too, and on a graph without edges; the edge-parallel schedule adds
+    it after its atomics -- so no torch ``add`` runs after the unit. A sum also used on
+    its own, or a max whose backward keeps it, keeps the addition apart. Outputs and
+    gradients match the reference in float64."""
+    from gnnfuse.runtime import compiled as compiled_module
+
+    fns = {
+        "mean": (gnnfuse.vertex(lambda v: sum([u.h for u in v.innbs]) / len(v.innbs) + v.r), True),
+        "scaled": (gnnfuse.vertex(lambda v: sum([u.h * u.norm for u in v.innbs]) * v.norm + v.r), True),
+        # max's backward keeps the reduced rows (which edge won): the addition stays apart
+        "max-first": (gnnfuse.vertex(lambda v: v.r + max([u.h for u in v.innbs])), False),
+        "rows": (gnnfuse.vertex(lambda v: sum([u.h.reshape(2, 3) for u in v.innbs]) + v.r.reshape(2, 3)), True),
+        "shared-sum": (gnnfuse.vertex(lambda v: (lambda s: s + v.r + torch.tanh(s))(sum([u.h for u in v.innbs]))),
+                       False),
+    }
+    monkeypatch.setenv("GNNFUSE_SCHEDULE", schedule)
+    monkeypatch.setattr(triton_executor, "SEGMENT_EDGES", 64)   # the hub splits into 5 segments
+    graph = GRAPHS[graph_name]().to(DEVICE)
+    gen = torch.Generator().manual_seed(5)
+    h = torch.randn(graph.num_nodes, 6, dtype=torch.float64, generator=gen).to(DEVICE)
+    r = torch.randn(graph.num_nodes, 6, dtype=torch.float64, generator=gen).to(DEVICE)
+    norm = torch.rand(graph.num_nodes, 1, dtype=torch.float64, generator=gen).to(DEVICE) + 0.5
+    for name, (fn, fused) in fns.items():
+        results = []
+        for backend in ("triton", "reference"):
+            monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+            compiled_module._BY_STRUCTURE.clear()
+            clear_trace_caches()
+            hs, rs = h.clone().requires_grad_(), r.clone().requires_grad_()
+            out = fn(graph, {"h": hs, "r": rs, "norm": norm})
+            (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype, device=out.device).view_as(out)).sum().backward()
+            results.append([out.detach(), hs.grad, rs.grad])
+        for got, want in zip(*results):
+            torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12, msg=lambda m, name=name: f"{name}: {m}")
+        (compiled,) = compiled_module._BY_STRUCTURE.values()
+        (backward,) = compiled._backward.values()
+        plan = partition(compiled.program, [v.id for v in backward.saved], row_addends=True)
+        units = [item for item in plan if isinstance(item, AggregateUnit)]
+        assert any(u.addend is not None for u in units) == fused, name
+        assert any(v.op == "add" for v in plan if not isinstance(v, AggregateUnit)) != fused, name
+
+
 def test_backward_saves_no_forward_value_it_does_not_read():
     """A derivative rule asks for every operand (mul's for both factors); once dead code
     is gone, GCN's backward reads only the norm, so the forward keeps only that and not

@@ -301,6 +301,20 @@ _AGGREGATORS = {"mean": _neighbour_mean, "max": _neighbour_max, "sum": _neighbou
 
 
 @frontend.vertex
+def _neighbour_mean_plus_root(v):
+    return sum([u.h for u in v.innbs]) / len(v.innbs) + v.root
+
+
+@frontend.vertex
+def _neighbour_sum_plus_root(v):
+    return sum([u.h for u in v.innbs]) + v.root
+
+
+_AGGREGATORS_PLUS_ROOT = {"mean": _neighbour_mean_plus_root, "sum": _neighbour_sum_plus_root,
+                          "add": _neighbour_sum_plus_root}
+
+
+@frontend.vertex
 def _weighted_sum(v):
     return sum([e.src.h * e.w for e in v.inedges])
 
@@ -575,10 +589,16 @@ class SAGEConv(OneLineRepr, nn.Module):
         messages = F.relu(self.lin(x)) if self.project else x     # PyG projects the sources only
         kind = self.aggr_module.kind if isinstance(self.aggr_module, Reduction) else None
         if kind in ("sum", "mean") and self._combine_first(graph, messages):
-            out = _AGGREGATORS[kind](graph, {"h": _transform_first(messages, self.lin_l.weight, graph, 1)})
-            if self._root_takes_bias(x_dst):     # one pass over the output fewer than adding it on its own
-                out = out + F.linear(x_dst, self.lin_r.weight, self.lin_l.bias)
+            h = _transform_first(messages, self.lin_l.weight, graph, 1)
+            if self._root_takes_bias(x_dst):
+                # the root term carries lin_l's bias in its GEMM's epilogue, and the
+                # aggregation's kernel adds it to each row it stores (passes.fusion.
+                # _row_added), reading it where the GEMM wrote it (`aligned_linear`):
+                # no pass over the output of its own
+                root = aligned_linear(x_dst, self.lin_r.weight, self.lin_l.bias)
+                out = _AGGREGATORS_PLUS_ROOT[kind](graph, {"h": h, "root": root})
                 return F.normalize(out, p=2.0, dim=-1) if self.normalize else out
+            out = _AGGREGATORS[kind](graph, {"h": h})
             if self.lin_l.bias is not None:
                 out = out + self.lin_l.bias
         elif kind in _AGGREGATORS:

@@ -36,6 +36,8 @@ class AggregateUnit:
     leaves: list[Value] = field(default_factory=list)   # values the kernel reads from memory
     scale: Value | None = None    # a per-row scalar leaf the reduced row is multiplied or divided by
     scaled: Value | None = None   # that product or quotient, the unit's output when there is a scale
+    addend: Value | None = None   # a vertex-table leaf added to the finished row (`_row_added`)
+    added: Value | None = None    # that sum, the unit's output when there is an addend
 
     @property
     def by(self) -> str:
@@ -43,12 +45,15 @@ class AggregateUnit:
 
     @property
     def root(self) -> Value:
+        if self.added is not None:
+            return self.added
         return self.scaled if self.scaled is not None else self.reduce
 
     def describe(self) -> str:
         times = "" if self.scale is None else \
             f" {'times' if self.scaled.op == 'mul' else 'over'} {self.scale.name} per row"
-        return (f"unit reduce[{self.reduce.attrs['op']} by {self.by}]{times} fuses "
+        plus = "" if self.addend is None else f" plus {self.addend.name} per row"
+        return (f"unit reduce[{self.reduce.attrs['op']} by {self.by}]{times}{plus} fuses "
                 f"{[v.op for v in self.body]} reading ({_reads(self.leaves)})")
 
 
@@ -244,7 +249,41 @@ def _row_scaled(v: Value, users: dict[int, int], needed: set[int]) -> tuple[Valu
     return None
 
 
-def partition(program: Program, keep: Iterable[int] = (), tile_feature_sums: bool = False) -> list[Unit | Value]:
+def _row_added(v: Value, users: dict[int, int], needed: set[int]) -> tuple[Value, Value] | None:
+    """(the reduced or row-scaled row, the addend) when ``v`` adds a vertex table of the
+    output's shape to a reduction by ``src`` or ``dst`` (after at most a per-row scale)
+    that feeds nothing else -- SAGE's ``mean(neighbours) + x W_r``, GIN's ``x + sum``:
+    the kernel adds the vertex's row when it stores its own (in a split row's first
+    segment only; an edge-parallel launch starts its output from the addend), where as a
+    separate op the sum read and wrote every row once more (0.45 ms of a products-sized
+    SAGE step at 47 classes). Not when the addend is itself a reduction (or a scaled
+    one): two sums added share one walk as siblings (passes/siblings.py) instead."""
+    if v.op != "add" or len(v.inputs) != 2 or v.residency is not Residency.NODE:
+        return None
+    for inner, addend in (v.inputs, v.inputs[::-1]):
+        reduce = inner
+        if inner.op in ("mul", "div"):
+            scaled = _row_scaled(inner, users, needed)
+            if scaled is None:
+                continue
+            reduce = scaled[0]
+        if (reduce.op == "reduce" and reduce.attrs["by"] in ("src", "dst") and reduce.attrs["op"] in FUSIBLE_REDUCERS
+                and reduce.residency is Residency.NODE and addend.residency is Residency.NODE
+                and addend.op != "const" and addend is not inner and not _reduced(addend)
+                and inner.shape == addend.shape == v.shape
+                and inner.dtype == addend.dtype == v.dtype and users.get(inner.id) == 1
+                and inner.id not in needed):
+            return inner, addend
+    return None
+
+
+def _reduced(v: Value) -> bool:
+    """``v`` is a reduction, or one multiplied or divided by something."""
+    return v.op == "reduce" or (v.op in ("mul", "div") and any(i.op == "reduce" for i in v.inputs))
+
+
+def partition(program: Program, keep: Iterable[int] = (), tile_feature_sums: bool = False,
+              row_addends: bool = False) -> list[Unit | Value]:
     """The program's computing values in order, with fused units replacing what they cover.
 
     ``keep`` holds ids of values that must be materialized (saved for backward). Every
@@ -263,7 +302,9 @@ def partition(program: Program, keep: Iterable[int] = (), tile_feature_sums: boo
     weighted aggregation each recompute them (flash-attention style), and so do the
     backward units, where the gathered rows are mostly read anyway.
 
-    A sum multiplied by a per-row scalar joins the sum's unit (`_row_scaled`)."""
+    A sum multiplied by a per-row scalar joins the sum's unit (`_row_scaled`), and with
+    ``row_addends`` (the Triton backend) a vertex table added to the result does too
+    (`_row_added`)."""
     def in_body(x: Value) -> bool:
         return _fusible_body(x) or (tile_feature_sums and tiles_in_body(x))
 
@@ -277,8 +318,9 @@ def partition(program: Program, keep: Iterable[int] = (), tile_feature_sums: boo
                 reachable.update(i.id for i in x.inputs)
         unit.body = [x for x in program.values if x.id in members]
         unit.leaves = [x for x in program.values if x.id in reachable and x.id not in members]
-        if getattr(unit, "scale", None) is not None and unit.scale not in unit.leaves:
-            unit.leaves.append(unit.scale)     # read from memory once per row, after the loop
+        for per_row in (getattr(unit, "scale", None), getattr(unit, "addend", None)):
+            if per_row is not None and per_row not in unit.leaves:
+                unit.leaves.append(per_row)     # read from memory once per row, after the loop
         return unit
 
     keep = set(keep)
@@ -294,8 +336,13 @@ def partition(program: Program, keep: Iterable[int] = (), tile_feature_sums: boo
     for v in reversed(program.values):
         if v.op == "input" or v.id not in needed:
             continue
-        if (scaled := _row_scaled(v, users, needed)) is not None:
-            item: Unit | Value = grow(AggregateUnit(scaled[0], scale=scaled[1], scaled=v))
+        if row_addends and (added := _row_added(v, users, needed)) is not None:
+            inner, addend = added
+            scaled = _row_scaled(inner, users, needed) if inner.op != "reduce" else None
+            item: Unit | Value = grow(AggregateUnit(scaled[0], scale=scaled[1], scaled=inner, addend=addend, added=v)
+                                      if scaled else AggregateUnit(inner, addend=addend, added=v))
+        elif (scaled := _row_scaled(v, users, needed)) is not None:
+            item = grow(AggregateUnit(scaled[0], scale=scaled[1], scaled=v))
         elif v.op == "reduce" and v.attrs["by"] in ("src", "dst") and v.attrs["op"] in FUSIBLE_REDUCERS:
             item = grow(AggregateUnit(v))
         elif _edge_root(v):

@@ -58,7 +58,7 @@ class SiblingGroup:
 def groupable(item: object) -> bool:
     """A fused sum or mean over the source or destination CSR."""
     return (isinstance(item, AggregateUnit) and item.by in ("src", "dst")
-            and item.reduce.attrs["op"] in GROUPED_REDUCERS)
+            and item.reduce.attrs["op"] in GROUPED_REDUCERS and item.addend is None)
 
 
 def _reads(item: object) -> set[int]:

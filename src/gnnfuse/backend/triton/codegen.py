@@ -451,7 +451,7 @@ def {name}(rowptr, col, eid, seg_row, seg_start, seg_end, seg_split, num_segment
 {body}
                 tile = tl.where(emask[:, None], {root} + tl.zeros([BLOCK_E, BLOCK_F], ACC), {_IDENTITY[op]})
                 acc = {combine}{nan_count}
-            acc = {finish}{nan_finish}{_row_scale(em, unit, "acc", " " * 12, per_edge=False)}
+            acc = {finish}{nan_finish}{_row_scale(em, unit, "acc", " " * 12, per_edge=False)}{_row_addend(em, unit, width)}
             {store}
 '''
     return source, em.leaf_args
@@ -526,12 +526,27 @@ def _row_scale(em: _Emitter, unit: AggregateUnit, value: str, indent: str, per_e
     return f"\n{indent}{value} = {value} {by} {load}{'[:, None]' if per_edge else ''}"
 
 
+def _row_addend(em: _Emitter, unit: AggregateUnit, width: int) -> str:
+    """The lines adding the unit's addend row (`passes.fusion._row_added`) to the
+    finished ``acc`` of a CSR kernel, in the row's first segment only (a split row's
+    later segments add their partial sums to it atomically; every row, empty ones too,
+    has a first segment); nothing without one. Lane ``f`` of the flat output row is
+    element ``f`` of the addend's row, which lies ``row_stride`` elements from the next."""
+    if unit.addend is None:
+        return ""
+    leaf = f"L{em.leaf_index[unit.addend.id]}"
+    return (f"\n            if start == row_start:\n"
+            f"                acc += tl.load({leaf} + row * {row_stride(unit.addend)} + f, mask=fmask, "
+            f"other=0.0).to(ACC)")
+
+
 def generate_coo(unit: AggregateUnit, name: str, acc_dtype: str, tuned: bool = False) -> tuple[str, list[Value]]:
     """Kernel source for a sum or mean ``unit`` in the edge-parallel schedule (fuseGNN's
     GAS): one program per block of edges in edge-id order, gathering both endpoints'
     rows through the COO arrays, evaluating the unit's per-edge expression and adding it
     into its row atomically. No CSR and no degree skew to balance, at the price of one
-    atomic add per edge and feature; a mean divides each term by the row's degree."""
+    atomic add per edge and feature; a mean divides each term by the row's degree. A
+    unit's addend is not read here: the executor starts ``out`` from it (`_plan_coo_unit`)."""
     op = unit.reduce.attrs["op"]
     if op not in ("sum", "mean"):
         raise ValueError(f"the edge-parallel schedule accumulates with atomic adds; {op} needs the CSR one")

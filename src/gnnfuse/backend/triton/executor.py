@@ -126,7 +126,10 @@ class _Launch(NamedTuple):
     ``zero_rows`` of it zeroed (split rows, which accumulate atomically); if ``kernel``
     is not None (there is work), it runs on ``(*before, out, *after, *leaves)`` with each
     leaf laid out as ``layouts`` says (leaf id, row width, row stride); a shared-reduce
-    unit's ``out`` is partial rows summed into ``summed_to`` (dtype, shape)."""
+    unit's ``out`` is partial rows summed into ``summed_to`` (dtype, shape); an
+    edge-parallel unit with an addend adds the leaf ``added_after`` to ``out`` after its
+    kernel (a kernel that atomically adds into ``out`` is autotuned on a zeroed one, which
+    an ``out`` started from the addend would not survive)."""
     kernel: Any
     layouts: tuple[tuple[int, int, int], ...]
     before: tuple
@@ -141,6 +144,7 @@ class _Launch(NamedTuple):
     kwargs: dict[str, Any]
     signature: Hashable
     summed_to: tuple[torch.dtype, tuple[int, ...]] | None = None
+    added_after: int | None = None
 
 
 def _read_environment() -> tuple:
@@ -171,6 +175,8 @@ def run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> 
         args = [_laid_out(leaves[leaf], width, stride) for leaf, width, stride in plan.layouts]
         launch(plan.kernel, plan.grid, plan.sizes, (*plan.before, out, *plan.after, *args), plan.kwargs,
                plan.signature)
+    if plan.added_after is not None:
+        out.add_(leaves[plan.added_after])
     if plan.summed_to is not None:
         dtype, shape = plan.summed_to
         return out.sum(0).to(dtype).reshape(shape)
@@ -336,8 +342,9 @@ def _laid_out(tensor: torch.Tensor, width: int, stride: int) -> torch.Tensor:
 def _plan_coo_unit(unit: AggregateUnit, ctx: GraphContext, kernel, leaf_dtypes: tuple,
                    common: dict[str, Any]) -> _Launch:
     shape = (ctx.num_rows(unit.by),) + unit.reduce.shape
-    return _plan_over_edges(kernel, ctx, shape, unit.reduce.dtype, True, (ctx.degree(unit.by),), leaf_dtypes, common,
+    plan = _plan_over_edges(kernel, ctx, shape, unit.reduce.dtype, True, (ctx.degree(unit.by),), leaf_dtypes, common,
                             block_f=feature_block(unit, 64))
+    return plan if unit.addend is None else plan._replace(added_after=unit.addend.id)
 
 
 def _plan_edge_unit(unit: EdgeUnit, ctx: GraphContext, kernel, row_tile: RowSum | None, leaf_dtypes: tuple,
@@ -393,5 +400,5 @@ def execute(program: Program, ctx: GraphContext, feeds: Mapping[str, torch.Tenso
     plans = _PLANS.setdefault(program, {})
     key = (keep, tiled_scores())
     if key not in plans:
-        plans[key] = group_siblings(partition(program, keep, tile_feature_sums=key[1]))
+        plans[key] = group_siblings(partition(program, keep, tile_feature_sums=key[1], row_addends=True))
     return _ENVIRONMENT.run(run_plan, program, plans[key], TritonGraphContext(ctx.graph), feeds, keep, run_unit)
