@@ -254,10 +254,12 @@ def _row_added(v: Value, users: dict[int, int], needed: set[int]) -> tuple[Value
     output's shape to a reduction by ``src`` or ``dst`` (after at most a per-row scale)
     that feeds nothing else -- SAGE's ``mean(neighbours) + x W_r``, GIN's ``x + sum``:
     the kernel adds the vertex's row when it stores its own (in a split row's first
-    segment only; an edge-parallel launch starts its output from the addend), where as a
-    separate op the sum read and wrote every row once more (0.45 ms of a products-sized
-    SAGE step at 47 classes). Not when the addend is itself a reduction (or a scaled
-    one): two sums added share one walk as siblings (passes/siblings.py) instead."""
+    segment only; an edge-parallel launch adds it after its atomics), where as a separate
+    op the sum read and wrote every row once more. On a products-sized SAGE step (47
+    classes, H100, one process) the add took 0.51 ms and the aggregation's kernel grew
+    by 0.43: 36.44 -> 36.35 ms, and one [N, out] table fewer. Not when the addend is
+    itself a reduction (or a scaled one): two sums added share one walk as siblings
+    (passes/siblings.py) instead."""
     if v.op != "add" or len(v.inputs) != 2 or v.residency is not Residency.NODE:
         return None
     for inner, addend in (v.inputs, v.inputs[::-1]):
