@@ -376,6 +376,36 @@ def test_a_vertex_table_added_to_a_reduction_joins_its_unit(schedule, graph_name
         assert any(v.op == "add" for v in plan if not isinstance(v, AggregateUnit)) != fused, name
 
 
+@pytest.mark.parametrize("layer", ["SAGEConv", "GraphConv"])
+@pytest.mark.parametrize("aggr", ["mean", "add"])
+def test_mapping_first_layers_add_their_root_term_inside_the_aggregation(layer, aggr, monkeypatch):
+    """SAGE and GraphConv mapping first (a narrowing layer): the root term, written with
+    the layer's bias, is the aggregation unit's addend; the forward runs no torch add
+    and matches PyG's layer with the same weights in float64."""
+    from gnnfuse import nn as gnn
+    pyg_nn = pytest.importorskip("torch_geometric.nn")
+    monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
+    graph = hub_graph().to(DEVICE)
+    x = torch.randn(graph.num_nodes, 12, dtype=torch.float64, generator=torch.Generator().manual_seed(6)).to(DEVICE)
+    theirs = getattr(pyg_nn, layer)(12, 5, aggr=aggr).double().to(DEVICE)
+    ours = getattr(gnn, layer)(12, 5, aggr=aggr).double().to(DEVICE)
+    ours.load_state_dict(theirs.state_dict())
+    edge_index = torch.stack([graph.src, graph.dst])
+    xs, xt = x.clone().requires_grad_(), x.clone().requires_grad_()
+    out = ours(xs, graph)
+    torch.testing.assert_close(out, theirs(xt, edge_index), rtol=1e-9, atol=1e-12)
+    out.square().sum().backward()
+    theirs(xt, edge_index).square().sum().backward()
+    torch.testing.assert_close(xs.grad, xt.grad, rtol=1e-9, atol=1e-12)
+    for (name, p), q in zip(ours.named_parameters(), theirs.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-9, atol=1e-12, msg=lambda m, name=name: f"{name}: {m}")
+    (program,) = gnnfuse.explain(lambda: ours(x, graph)).programs
+    steps = program.forward.steps
+    units = [step.item for step in steps if step.fused]
+    assert [u.addend is not None for u in units] == [True], [step.label for step in steps]
+    assert not any(step.item.op == "add" for step in steps if not step.fused)
+
+
 def test_backward_saves_no_forward_value_it_does_not_read():
     """A derivative rule asks for every operand (mul's for both factors); once dead code
     is gone, GCN's backward reads only the norm, so the forward keeps only that and not

@@ -21,12 +21,13 @@ from torch import nn
 from .. import frontend
 from ..graph import Graph
 from ..runtime.compile_op import GraphRef
+from .aligned_linear import aligned_linear
 from .arguments import adjacency_weights, edge_weight_column, node_features, over_feature_batches
 from .compiling import compile_path, graph_input_problem, propagation_problem
 from .pyg_repr import OneLineRepr
-from .conv import (_AGGREGATORS, _WEIGHTED_AGGREGATORS, CachedGraph, _as_graph, _bipartite_inputs, _channel_pair,
-                   _gcn_edge_norm, _inv_sqrt_degree, _neighbour_sum, _normalized_hop, _normalized_layer_inputs,
-                   _transform_first, _with_loops, maps_first)
+from .conv import (_AGGREGATORS, _AGGREGATORS_PLUS_ROOT, _WEIGHTED_AGGREGATORS, CachedGraph, _as_graph,
+                   _bipartite_inputs, _channel_pair, _gcn_edge_norm, _inv_sqrt_degree, _neighbour_sum,
+                   _normalized_hop, _normalized_layer_inputs, _transform_first, _with_loops, maps_first)
 
 
 def _reset(module: Callable) -> None:
@@ -120,7 +121,13 @@ class GraphConv(OneLineRepr, nn.Module):
         else:
             narrows = maps_first(self.lin_rel.in_features, self.out_channels, x, self.lin_rel.weight)
         if self.aggr != "max" and narrows and not isinstance(graph, GraphRef):   # compile: aggregate first
-            out = aggregate(graph, {"h": _transform_first(x, self.lin_rel.weight, graph, 1)}, edge_feature)
+            h = _transform_first(x, self.lin_rel.weight, graph, 1)
+            if edge_feature is None and x_dst is not None:
+                # as in SAGEConv: the root term carries lin_rel's bias and is added by the
+                # aggregation's kernel (passes.fusion._row_added)
+                root = aligned_linear(x_dst, self.lin_root.weight, self.lin_rel.bias)
+                return _AGGREGATORS_PLUS_ROOT[self.aggr](graph, {"h": h, "root": root})
+            out = aggregate(graph, {"h": h}, edge_feature)
             if self.lin_rel.bias is not None:
                 out = out + self.lin_rel.bias
         else:
