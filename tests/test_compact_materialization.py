@@ -139,7 +139,7 @@ def test_the_input_and_weight_gradients_sum_the_edge_rows_per_pair_once(backend_
     device = device_for(backend_name)
     sums = []
     original = compact._pair_sums
-    monkeypatch.setattr(compact, "_pair_sums", lambda g, pairs: sums.append(g.shape) or original(g, pairs))
+    monkeypatch.setattr(compact, "_pair_sums", lambda ctx, g, pairs: sums.append(g.shape) or original(ctx, g, pairs))
     graph = typed_graph(device)
     values = {k: t.requires_grad_() for k, t in inputs(graph, device).items()}
     out = both_endpoints(graph, **values)["out"]

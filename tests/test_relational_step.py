@@ -172,8 +172,10 @@ class HostWork:
 # Per layer, the forward, input and weight gradients are one row scatter each (the first
 # layer's input gradient too: x needs one), and in the pair orders one segment matmul each
 # (the weight gradient's a transposed one); the dense order's products are torch GEMMs.
+# The after order's forward and input gradient sum their (vertex, relation) products
+# across relations with one more row scatter each.
 LAUNCHES = {"before": {"_segment_matmul": 4, "_segment_matmul_tn": 2, "_scatter_scaled_rows": 6},
-            "after": {"_segment_matmul": 4, "_segment_matmul_tn": 2, "_scatter_scaled_rows": 6},
+            "after": {"_segment_matmul": 4, "_segment_matmul_tn": 2, "_scatter_scaled_rows": 10},
             "dense": {"_scatter_scaled_rows": 6}}
 
 

@@ -67,3 +67,22 @@ def test_no_edges_give_zero_rows(monkeypatch):
     index = torch.zeros(0, dtype=torch.long, device=DEVICE)
     got = scatter_rows.scatter_scaled_rows(empty, index, index, torch.zeros(0, device=DEVICE), 3)
     assert torch.equal(got, torch.zeros(3, 4, device=DEVICE)) and names == []
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("scaled", [True, False])
+def test_without_a_gather_each_row_is_its_own(dtype, scaled, monkeypatch):
+    """``gather`` None: edge e reads row e (a per-edge table summed per pair, the compact
+    gradients' pair sums) -- in the kernel, and in the torch form without touching the
+    table it was given."""
+    names = launched(monkeypatch)
+    g = torch.Generator().manual_seed(1)
+    table = torch.randn(70, 2, 3, generator=g).to(DEVICE, dtype)
+    before = table.clone()
+    scatter = torch.randint(0, 6, (70,), generator=g).to(DEVICE)
+    scale = torch.rand(70, generator=g).to(DEVICE, dtype) if scaled else None
+    got = scatter_rows.scatter_scaled_rows(table, None, scatter, scale, 6)
+    expected = oracle(table, torch.arange(70, device=DEVICE), scatter, scale, 6)
+    torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5)
+    assert torch.equal(table, before)
+    assert names == (["_scatter_scaled_rows"] if dtype == torch.float32 else [])

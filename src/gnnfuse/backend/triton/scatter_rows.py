@@ -31,12 +31,14 @@ MAX_BLOCK_F = 128
 
 @triton.jit
 def _scatter_scaled_rows(table_ptr, gather_ptr, scatter_ptr, scale_ptr, out_ptr, E, F, stride_t, stride_o,
-                         SCALED: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
+                         SCALED: tl.constexpr, GATHER: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
     edges = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
     cols = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
     edge_ok = edges < E
     ok = edge_ok[:, None] & (cols < F)[None, :]
-    source = tl.load(gather_ptr + edges, mask=edge_ok, other=0)
+    source = edges.to(tl.int64)
+    if GATHER:
+        source = tl.load(gather_ptr + edges, mask=edge_ok, other=0).to(tl.int64)
     target = tl.load(scatter_ptr + edges, mask=edge_ok, other=0)
     rows = tl.load(table_ptr + source[:, None] * stride_t + cols[None, :], mask=ok, other=0.0).to(tl.float32)
     if SCALED:
@@ -44,23 +46,25 @@ def _scatter_scaled_rows(table_ptr, gather_ptr, scatter_ptr, scale_ptr, out_ptr,
     tl.atomic_add(out_ptr + target[:, None] * stride_o + cols[None, :], rows, mask=ok)
 
 
-def scatter_scaled_rows(table: torch.Tensor, gather: torch.Tensor, scatter: torch.Tensor,
+def scatter_scaled_rows(table: torch.Tensor, gather: torch.Tensor | None, scatter: torch.Tensor,
                         scale: torch.Tensor | None, rows: int) -> torch.Tensor:
     """``out[scatter[e]] += scale[e] * table[gather[e]]`` (``scale`` one value per edge, or
-    None), ``out`` of ``rows`` rows shaped like ``table``'s; one launch, nothing per edge
-    written. The torch form where the kernel does not apply."""
+    None; ``gather`` None reads row ``e``), ``out`` of ``rows`` rows shaped like
+    ``table``'s; one launch, nothing per edge written. The torch form where the kernel
+    does not apply."""
     operands = (table,) if scale is None else (table, scale)
     width = math.prod(table.shape[1:])
-    if not kernel_applies(*operands) or gather.numel() == 0 or width == 0:    # (an empty table: no edges)
+    if not kernel_applies(*operands) or scatter.numel() == 0 or width == 0:    # (an empty table: no edges)
         return torch_scatter_scaled_rows(table, gather, scatter, scale, rows)
     flat = table.reshape(table.shape[0], width)
     flat = flat if flat.stride(1) == 1 else flat.contiguous()
     out = torch.zeros((rows, width), dtype=torch.float32, device=table.device)
     block_f = min(MAX_BLOCK_F, max(16, triton.next_power_of_2(width)))     # narrow rows: lanes masked
-    edges = gather.numel()
+    edges = scatter.numel()
     scale_arg = out if scale is None else scale.reshape(-1)
+    gather_arg = scatter if gather is None else gather.contiguous()    # (not read without GATHER)
     launch(_scatter_scaled_rows, lambda meta: (triton.cdiv(edges, BLOCK_E), triton.cdiv(width, block_f)),
-           (edges, width), (flat, gather.contiguous(), scatter.contiguous(), scale_arg, out, edges, width,
+           (edges, width), (flat, gather_arg, scatter.contiguous(), scale_arg, out, edges, width,
                             flat.stride(0), out.stride(0)),
-           {"SCALED": scale is not None, "BLOCK_E": BLOCK_E, "BLOCK_F": block_f})
+           {"SCALED": scale is not None, "GATHER": gather is not None, "BLOCK_E": BLOCK_E, "BLOCK_F": block_f})
     return out.to(table.dtype).reshape((rows,) + tuple(table.shape[1:]))
