@@ -249,10 +249,12 @@ def _row_scaled(v: Value, users: dict[int, int], needed: set[int]) -> tuple[Valu
     return None
 
 
-def _row_added(v: Value, users: dict[int, int], needed: set[int]) -> tuple[Value, Value] | None:
-    """(the reduced or row-scaled row, the addend) when ``v`` adds a vertex table of the
-    output's shape to a reduction by ``src`` or ``dst`` (after at most a per-row scale)
-    that feeds nothing else -- SAGE's ``mean(neighbours) + x W_r``, GIN's ``x + sum``:
+def _row_added(v: Value, users: dict[int, int], needed: set[int]
+               ) -> tuple[Value, tuple[Value, Value] | None, Value] | None:
+    """(the reduced or row-scaled row, its `_row_scaled` (reduce, scale) or None, the
+    addend) when ``v`` adds a vertex table of the output's shape to a reduction by
+    ``src`` or ``dst`` (after at most a per-row scale) that feeds nothing else -- SAGE's
+    and GraphConv's ``mean(neighbours) + x W_r``:
     the kernel adds the vertex's row when it stores its own (in a split row's first
     segment only; an edge-parallel launch adds it after its atomics), where as a separate
     op the sum read and wrote every row once more. On a products-sized SAGE step (47
@@ -263,7 +265,7 @@ def _row_added(v: Value, users: dict[int, int], needed: set[int]) -> tuple[Value
     if v.op != "add" or len(v.inputs) != 2 or v.residency is not Residency.NODE:
         return None
     for inner, addend in (v.inputs, v.inputs[::-1]):
-        reduce = inner
+        reduce, scaled = inner, None
         if inner.op in ("mul", "div"):
             scaled = _row_scaled(inner, users, needed)
             if scaled is None:
@@ -275,7 +277,7 @@ def _row_added(v: Value, users: dict[int, int], needed: set[int]) -> tuple[Value
                 and inner.shape == addend.shape == v.shape
                 and inner.dtype == addend.dtype == v.dtype and users.get(inner.id) == 1
                 and inner.id not in needed):
-            return inner, addend
+            return inner, scaled, addend
     return None
 
 
@@ -339,8 +341,7 @@ def partition(program: Program, keep: Iterable[int] = (), tile_feature_sums: boo
         if v.op == "input" or v.id not in needed:
             continue
         if row_addends and (added := _row_added(v, users, needed)) is not None:
-            inner, addend = added
-            scaled = _row_scaled(inner, users, needed) if inner.op != "reduce" else None
+            inner, scaled, addend = added
             item: Unit | Value = grow(AggregateUnit(scaled[0], scale=scaled[1], scaled=inner, addend=addend, added=v)
                                       if scaled else AggregateUnit(inner, addend=addend, added=v))
         elif (scaled := _row_scaled(v, users, needed)) is not None:
