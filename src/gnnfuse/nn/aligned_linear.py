@@ -33,8 +33,8 @@ from ..backend.row_layout import aligned_row_width
 class RowsRead(NamedTuple):
     """The rows of a vertex table a propagation reads: ``mask`` (boolean [N]) and
     ``unread``, the ids of the other rows. `rows_read` zeroes those by index: on a
-    products-sized [N, 64] table a masked pass over every row took 0.96 ms, the copy
-    and an index fill of the unread rows 0.42 ms plus the fill."""
+    products-sized [N, 64] table (71 unread rows of 2.45M) a masked pass over every row
+    took 0.96 ms on an H100, the copy with the unread rows filled by index 0.42 ms."""
     mask: torch.Tensor
     unread: torch.Tensor
 
