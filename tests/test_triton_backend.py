@@ -346,6 +346,7 @@ def test_a_vertex_table_added_to_a_reduction_joins_its_unit(schedule, graph_name
         # max's backward keeps the reduced rows (which edge won): the addition stays apart
         "max-first": (gnnfuse.vertex(lambda v: v.r + max([u.h for u in v.innbs])), False),
         "rows": (gnnfuse.vertex(lambda v: sum([u.h.reshape(2, 3) for u in v.innbs]) + v.r.reshape(2, 3)), True),
+        "bias": (gnnfuse.vertex(lambda v: sum([u.h * u.norm for u in v.innbs]) * v.norm + bias), True),
         "shared-sum": (gnnfuse.vertex(lambda v: (lambda s: s + v.r + torch.tanh(s))(sum([u.h for u in v.innbs]))),
                        False),
     }
@@ -356,6 +357,7 @@ def test_a_vertex_table_added_to_a_reduction_joins_its_unit(schedule, graph_name
     h = torch.randn(graph.num_nodes, 6, dtype=torch.float64, generator=gen).to(DEVICE)
     r = torch.randn(graph.num_nodes, 6, dtype=torch.float64, generator=gen).to(DEVICE)
     norm = torch.rand(graph.num_nodes, 1, dtype=torch.float64, generator=gen).to(DEVICE) + 0.5
+    bias = torch.randn(6, dtype=torch.float64, generator=gen).to(DEVICE)      # a parameter row (GCN's bias)
     for name, (fn, fused) in fns.items():
         results = []
         for backend in ("triton", "reference"):
@@ -403,6 +405,33 @@ def test_mapping_first_layers_add_their_root_term_inside_the_aggregation(layer, 
     steps = program.forward.steps
     units = [step.item for step in steps if step.fused]
     assert [u.addend is not None for u in units] == [True], [step.label for step in steps]
+    assert not any(step.item.op == "add" for step in steps if not step.fused)
+
+
+def test_gcn_mapping_first_adds_its_bias_inside_the_aggregation(monkeypatch):
+    """GCN mapping first: its bias is the normalized sum's addend (a parameter row), the
+    forward runs no torch add, and the layer matches PyG's in float64."""
+    from gnnfuse import nn as gnn
+    pyg_nn = pytest.importorskip("torch_geometric.nn")
+    monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
+    graph = hub_graph().to(DEVICE)
+    x = torch.randn(graph.num_nodes, 12, dtype=torch.float64, generator=torch.Generator().manual_seed(8)).to(DEVICE)
+    theirs = pyg_nn.GCNConv(12, 5).double().to(DEVICE)
+    torch.nn.init.normal_(theirs.bias)
+    ours = gnn.GCNConv(12, 5).double().to(DEVICE)
+    ours.load_state_dict(theirs.state_dict())
+    edge_index = torch.stack([graph.src, graph.dst])
+    xs, xt = x.clone().requires_grad_(), x.clone().requires_grad_()
+    out = ours(xs, graph)
+    torch.testing.assert_close(out, theirs(xt, edge_index), rtol=1e-9, atol=1e-12)
+    out.square().sum().backward()
+    theirs(xt, edge_index).square().sum().backward()
+    torch.testing.assert_close(xs.grad, xt.grad, rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(ours.bias.grad, theirs.bias.grad, rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(ours.lin.weight.grad, theirs.lin.weight.grad, rtol=1e-9, atol=1e-12)
+    (program,) = gnnfuse.explain(lambda: ours(x, graph)).programs
+    steps = program.forward.steps
+    assert [step.item.addend is not None for step in steps if step.fused] == [True], [s.label for s in steps]
     assert not any(step.item.op == "add" for step in steps if not step.fused)
 
 

@@ -174,7 +174,7 @@ def test_the_triton_backend_runs_a_tuned_choice(cache, monkeypatch):
     assert len(coo) == 2, "the cost rule no longer picks COO here: pick another tuned choice"
     call = calls[0]
     units = [u for p in (call.compiled.program, call.compiled.backward_for(call.wrt).program)
-             for u in gnnfuse.passes.fusion.partition(p) if hasattr(u, "reduce")]
+             for u in gnnfuse.passes.fusion.partition(p, row_addends=True) if hasattr(u, "reduce")]
     tuned_schedule.store({tuned_schedule.key(u, call.graph, "triton"): {"schedule": {"kind": "csr", "feature_tile": 2}}
                           for u in units})
     got = output_and_grads(model, graph, x, "triton", monkeypatch)

@@ -10,6 +10,7 @@ match PyG, so ``layer.load_state_dict(pyg_layer.state_dict())`` copies a PyG mod
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Any, Callable
 
 import torch
@@ -277,6 +278,12 @@ def _normalized_sum(v):
     return sum([u.h * u.norm for u in v.innbs]) * v.norm
 
 
+def _normalized_sum_plus(bias: torch.Tensor, v):
+    """`_normalized_sum` plus a bias, which the Triton backend adds inside the sum's
+    kernel (passes.fusion._row_added) instead of in a pass over the output of its own."""
+    return sum([u.h * u.norm for u in v.innbs]) * v.norm + bias
+
+
 @frontend.vertex
 def _normalized_sum_with_loops(v):
     return (sum([u.h * u.norm for u in v.innbs]) + v.h * v.norm * v.fill) * v.norm
@@ -458,8 +465,9 @@ class GCNConv(OneLineRepr, CachedGraph, nn.Module):
         graph = _along_flow(graph, self.flow)
         if edge_weight is None and self.normalize and not self.improved and self._aggregates_first(x, graph):
             graph = _with_loops(graph, self.add_self_loops)
-            out = F.linear(_normalized_sum(graph, {"h": x, "norm": _inv_sqrt_degree(graph, x.dtype)}), self.lin.weight)
-            return out if self.bias is None else out + self.bias
+            # the bias in the GEMM's epilogue: one pass over the [N, out] output fewer
+            return F.linear(_normalized_sum(graph, {"h": x, "norm": _inv_sqrt_degree(graph, x.dtype)}),
+                            self.lin.weight, self.bias)
         h = _aligned(self.lin, x)
         if edge_weight is not None:
             graph, weight = _gcn_edge_norm(graph, edge_weight, x.dtype, self.add_self_loops,
@@ -472,7 +480,12 @@ class GCNConv(OneLineRepr, CachedGraph, nn.Module):
             out = _normalized_sum_with_loops(loop_free, {"h": h, "norm": norm, "fill": fill})
         else:
             graph = _with_loops(graph, self.add_self_loops)
-            out = _normalized_sum(graph, {"h": h, "norm": _inv_sqrt_degree(graph, x.dtype)})
+            norm = _inv_sqrt_degree(graph, x.dtype)
+            if self.bias is not None and not torch.compiler.is_compiling():
+                # added by the aggregation's kernel as it stores each row; a program built
+                # per call is not something torch.compile traces, so it keeps the add
+                return frontend.vertex(functools.partial(_normalized_sum_plus, self.bias))(graph, {"h": h, "norm": norm})
+            out = _normalized_sum(graph, {"h": h, "norm": norm})
         return out if self.bias is None else out + self.bias
 
 

@@ -28,6 +28,10 @@ def _relational(aggr: str, root: torch.Tensor | None, bias: torch.Tensor | None,
     return out if bias is None else out + bias
 
 
+# the relation sums alone, built once: what torch.compile traces (root and bias after them)
+_PLAIN = {kind: frontend.vertex(functools.partial(_relational, kind, None, None)) for kind in ("mean", "sum")}
+
+
 def _relation_mean_norm(graph: Graph, dtype: torch.dtype) -> torch.Tensor:
     """``1 / |N_r(v)|`` per edge into ``v`` of relation ``r``: each relation's messages are
     averaged apart, as PyG's ``aggr="mean"`` does. Cached on the graph per dtype (computed
@@ -157,19 +161,19 @@ class RGCNConv(nn.Module):
             if bipartite else x_src
         graph = self._typed_graph(x_src, x_dst, edge_index, edge_type, bipartite)
         feeds = {"W": self.relation_weights()}
-        # the root term reads the destinations' rows: inside the program on one node set,
-        # after it on a bipartite graph (whose destination rows are another table)
-        inside = self.root is not None and not bipartite
-        bias = self.bias if inside or self.root is None else None
-        program = frontend.vertex(functools.partial(_relational, "mean" if self.aggr == "mean" else "sum",
-                                                    self.root if inside else None, bias))
+        # the root term and bias go into the program on one node set; on a bipartite graph
+        # (whose destination rows are another table) and under torch.compile (which traces
+        # no program built per call) the relation sums run alone (`_PLAIN`) and they follow
+        kind = "mean" if self.aggr == "mean" else "sum"
         edges = {"norm": _relation_mean_norm(graph, x_src.dtype)} if self.aggr == "mean" else {}
-        out = program(graph, {"h": x_src}, edges, etype_feature=feeds)
-        if self.root is None or inside:
-            return out
+        if not bipartite and not torch.compiler.is_compiling():
+            program = frontend.vertex(functools.partial(_relational, kind, self.root, self.bias))
+            return program(graph, {"h": x_src}, edges, etype_feature=feeds)
+        out = _PLAIN[kind](graph, {"h": x_src}, edges, etype_feature=feeds)
+        if self.root is None:
+            return out if self.bias is None else out + self.bias
         # the bias rides on the root GEMM's epilogue: one pass over the [N, out] output fewer
-        root = x_dst @ self.root if self.bias is None else torch.addmm(self.bias, x_dst, self.root)
-        return out + root
+        return out + (x_dst @ self.root if self.bias is None else torch.addmm(self.bias, x_dst, self.root))
 
     def _input_features(self, x: torch.Tensor | None, width: int | None) -> torch.Tensor:
         """``x`` as [N, width] features: a float matrix as given; None or integer node

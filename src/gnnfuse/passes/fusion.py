@@ -254,7 +254,7 @@ def _row_added(v: Value, users: dict[int, int], needed: set[int]
     """(the reduced or row-scaled row, its `_row_scaled` (reduce, scale) or None, the
     addend) when ``v`` adds a vertex table of the output's shape to a reduction by
     ``src`` or ``dst`` (after at most a per-row scale) that feeds nothing else -- SAGE's
-    and GraphConv's ``mean(neighbours) + x W_r``:
+    and GraphConv's ``mean(neighbours) + x W_r`` -- or a parameter row (GCN's bias):
     the kernel adds the vertex's row when it stores its own (in a split row's first
     segment only; an edge-parallel launch adds it after its atomics), where as a separate
     op the sum read and wrote every row once more. On a products-sized SAGE step (47
@@ -272,7 +272,7 @@ def _row_added(v: Value, users: dict[int, int], needed: set[int]
                 continue
             reduce = scaled[0]
         if (reduce.op == "reduce" and reduce.attrs["by"] in ("src", "dst") and reduce.attrs["op"] in FUSIBLE_REDUCERS
-                and reduce.residency is Residency.NODE and addend.residency is Residency.NODE
+                and reduce.residency is Residency.NODE and addend.residency in (Residency.NODE, Residency.SHARED)
                 and addend.op != "const" and addend is not inner and not _reduced(addend)
                 and inner.shape == addend.shape == v.shape
                 and inner.dtype == addend.dtype == v.dtype and users.get(inner.id) == 1

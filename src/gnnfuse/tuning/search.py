@@ -103,13 +103,15 @@ def _captured_units(run_model: Callable[[], Any], backend: str, device: torch.de
         program = call.compiled.program
         backward = call.compiled.backward_for(call.wrt) if call.wrt else None
         keep = [v.id for v in backward.saved] if backward else []
+        addends = backend == "triton"     # the units the backend's executor runs (its partition)
         with torch.no_grad(), forcing(call.schedule):
-            outputs, kept = run_plan(program, partition(program, keep), ctx,
+            outputs, kept = run_plan(program, partition(program, keep, row_addends=addends), ctx,
                                      _feeds(program, ctx, device, gen, {}), keep, capture)
             if backward is not None:
                 saved = {f"saved:{i}": t for i, t in kept.items()}
                 bprog = backward.program
-                run_plan(bprog, partition(bprog), ctx, _feeds(bprog, ctx, device, gen, saved), (), capture)
+                run_plan(bprog, partition(bprog, row_addends=addends), ctx, _feeds(bprog, ctx, device, gen, saved),
+                         (), capture)
     return captured
 
 

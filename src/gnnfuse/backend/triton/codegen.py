@@ -531,13 +531,14 @@ def _row_addend(em: _Emitter, unit: AggregateUnit, width: int) -> str:
     finished ``acc`` of a CSR kernel, in the row's first segment only (a split row's
     later segments add their partial sums to it atomically; every row, empty ones too,
     has a first segment); nothing without one. Lane ``f`` of the flat output row is
-    element ``f`` of the addend's row, which lies ``row_stride`` elements from the next."""
+    element ``f`` of the addend's row, which lies ``row_stride`` elements from the next
+    (one row for all: a parameter, ``shared``)."""
     if unit.addend is None:
         return ""
     leaf = f"L{em.leaf_index[unit.addend.id]}"
+    row = "" if leaf_kind(unit.addend) == "shared" else f"row * {row_stride(unit.addend)} + "
     return (f"\n            if start == row_start:\n"
-            f"                acc += tl.load({leaf} + row * {row_stride(unit.addend)} + f, mask=fmask, "
-            f"other=0.0).to(ACC)")
+            f"                acc += tl.load({leaf} + {row}f, mask=fmask, other=0.0).to(ACC)")
 
 
 def generate_coo(unit: AggregateUnit, name: str, acc_dtype: str, tuned: bool = False) -> tuple[str, list[Value]]:
