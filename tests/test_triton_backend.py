@@ -378,19 +378,24 @@ def test_a_vertex_table_added_to_a_reduction_joins_its_unit(schedule, graph_name
         assert any(v.op == "add" for v in plan if not isinstance(v, AggregateUnit)) != fused, name
 
 
-@pytest.mark.parametrize("layer", ["SAGEConv", "GraphConv"])
-@pytest.mark.parametrize("aggr", ["mean", "add"])
-def test_mapping_first_layers_add_their_root_term_inside_the_aggregation(layer, aggr, monkeypatch):
+@pytest.mark.parametrize("layer, kwargs", [("SAGEConv", {"aggr": "mean"}), ("SAGEConv", {"aggr": "add"}),
+                                           ("GraphConv", {"aggr": "mean"}), ("GraphConv", {"aggr": "add"}),
+                                           ("GCNConv", {})])
+def test_mapping_first_layers_add_their_root_term_inside_the_aggregation(layer, kwargs, monkeypatch):
     """SAGE and GraphConv mapping first (a narrowing layer): the root term, written with
-    the layer's bias, is the aggregation unit's addend; the forward runs no torch add
-    and matches PyG's layer with the same weights in float64."""
+    the layer's bias, is the aggregation unit's addend; GCN's bias is its normalized
+    sum's (a parameter row). The forward runs no torch add, and the layer matches PyG's
+    with the same (random) weights in float64, gradients included."""
     from gnnfuse import nn as gnn
     pyg_nn = pytest.importorskip("torch_geometric.nn")
     monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
     graph = hub_graph().to(DEVICE)
     x = torch.randn(graph.num_nodes, 12, dtype=torch.float64, generator=torch.Generator().manual_seed(6)).to(DEVICE)
-    theirs = getattr(pyg_nn, layer)(12, 5, aggr=aggr).double().to(DEVICE)
-    ours = getattr(gnn, layer)(12, 5, aggr=aggr).double().to(DEVICE)
+    theirs = getattr(pyg_nn, layer)(12, 5, **kwargs).double().to(DEVICE)
+    torch.manual_seed(6)
+    for p in theirs.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    ours = getattr(gnn, layer)(12, 5, **kwargs).double().to(DEVICE)
     ours.load_state_dict(theirs.state_dict())
     edge_index = torch.stack([graph.src, graph.dst])
     xs, xt = x.clone().requires_grad_(), x.clone().requires_grad_()
@@ -399,36 +404,10 @@ def test_mapping_first_layers_add_their_root_term_inside_the_aggregation(layer, 
     out.square().sum().backward()
     theirs(xt, edge_index).square().sum().backward()
     torch.testing.assert_close(xs.grad, xt.grad, rtol=1e-9, atol=1e-12)
-    for (name, p), q in zip(ours.named_parameters(), theirs.parameters()):
-        torch.testing.assert_close(p.grad, q.grad, rtol=1e-9, atol=1e-12, msg=lambda m, name=name: f"{name}: {m}")
-    (program,) = gnnfuse.explain(lambda: ours(x, graph)).programs
-    steps = program.forward.steps
-    units = [step.item for step in steps if step.fused]
-    assert [u.addend is not None for u in units] == [True], [step.label for step in steps]
-    assert not any(step.item.op == "add" for step in steps if not step.fused)
-
-
-def test_gcn_mapping_first_adds_its_bias_inside_the_aggregation(monkeypatch):
-    """GCN mapping first: its bias is the normalized sum's addend (a parameter row), the
-    forward runs no torch add, and the layer matches PyG's in float64."""
-    from gnnfuse import nn as gnn
-    pyg_nn = pytest.importorskip("torch_geometric.nn")
-    monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
-    graph = hub_graph().to(DEVICE)
-    x = torch.randn(graph.num_nodes, 12, dtype=torch.float64, generator=torch.Generator().manual_seed(8)).to(DEVICE)
-    theirs = pyg_nn.GCNConv(12, 5).double().to(DEVICE)
-    torch.nn.init.normal_(theirs.bias)
-    ours = gnn.GCNConv(12, 5).double().to(DEVICE)
-    ours.load_state_dict(theirs.state_dict())
-    edge_index = torch.stack([graph.src, graph.dst])
-    xs, xt = x.clone().requires_grad_(), x.clone().requires_grad_()
-    out = ours(xs, graph)
-    torch.testing.assert_close(out, theirs(xt, edge_index), rtol=1e-9, atol=1e-12)
-    out.square().sum().backward()
-    theirs(xt, edge_index).square().sum().backward()
-    torch.testing.assert_close(xs.grad, xt.grad, rtol=1e-9, atol=1e-12)
-    torch.testing.assert_close(ours.bias.grad, theirs.bias.grad, rtol=1e-9, atol=1e-12)
-    torch.testing.assert_close(ours.lin.weight.grad, theirs.lin.weight.grad, rtol=1e-9, atol=1e-12)
+    theirs_grads = dict(theirs.named_parameters())
+    for name, p in ours.named_parameters():
+        torch.testing.assert_close(p.grad, theirs_grads[name].grad, rtol=1e-9, atol=1e-12,
+                                   msg=lambda m, name=name: f"{name}: {m}")
     (program,) = gnnfuse.explain(lambda: ours(x, graph)).programs
     steps = program.forward.steps
     assert [step.item.addend is not None for step in steps if step.fused] == [True], [s.label for s in steps]
