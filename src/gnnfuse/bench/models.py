@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import nn as gnn_nn
+from ..nn.functional import dropout as gnn_dropout
 from ..data import load_node_dataset
 from ..graph import Graph
 from .timing import synchronize
@@ -46,16 +47,21 @@ def require_pyg() -> Any:
 
 class TwoLayer(nn.Module):
     """conv -> activation -> conv, with feature dropout before each conv (as in the GCN
-    and GAT papers); the same module wraps PyG's and gnnfuse's layers."""
+    and GAT papers); the same module wraps PyG's and gnnfuse's layers.
 
-    def __init__(self, conv1: nn.Module, conv2: nn.Module, activation: Callable[[torch.Tensor], torch.Tensor]):
+    `dropout` is each library's user's: ``torch.nn.functional.dropout`` for PyG, and
+    ``gnnfuse.nn.functional.dropout`` for gnnfuse, which on a GPU is torch's and on a
+    CPU draws its masks in one parallel pass (torch's took most of a CPU step)."""
+
+    def __init__(self, conv1: nn.Module, conv2: nn.Module, activation: Callable[[torch.Tensor], torch.Tensor],
+                 dropout: Callable[..., torch.Tensor] = F.dropout):
         super().__init__()
-        self.conv1, self.conv2, self.activation = conv1, conv2, activation
+        self.conv1, self.conv2, self.activation, self.dropout = conv1, conv2, activation, dropout
 
     def forward(self, x: torch.Tensor, graph: Any) -> torch.Tensor:
-        x = F.dropout(x, DROPOUT, self.training)
+        x = self.dropout(x, DROPOUT, self.training)
         x = self.activation(self.conv1(x, graph))
-        x = F.dropout(x, DROPOUT, self.training)
+        x = self.dropout(x, DROPOUT, self.training)
         return self.conv2(x, graph)
 
 
@@ -70,14 +76,15 @@ def build_model(framework: str, model: str, in_dim: int, num_classes: int) -> Tw
     if model not in MODELS:
         raise ValueError(f"unknown model {model!r}; known: {', '.join(MODELS)}")
     lib = gnn_nn if framework == "gnnfuse" else require_pyg()
+    dropout = gnn_dropout if lib is gnn_nn else F.dropout
     if model == "gcn":
         conv = lib.GCNConv if lib is gnn_nn else functools.partial(lib.GCNConv, cached=True)
-        return TwoLayer(conv(in_dim, HIDDEN), conv(HIDDEN, num_classes), F.relu)
+        return TwoLayer(conv(in_dim, HIDDEN), conv(HIDDEN, num_classes), F.relu, dropout)
     if model == "gat":
         return TwoLayer(lib.GATConv(in_dim, GAT_HIDDEN, heads=GAT_HEADS),
-                        lib.GATConv(GAT_HEADS * GAT_HIDDEN, num_classes, heads=1, concat=False), F.elu)
+                        lib.GATConv(GAT_HEADS * GAT_HIDDEN, num_classes, heads=1, concat=False), F.elu, dropout)
     return TwoLayer(lib.SAGEConv(in_dim, HIDDEN, aggr="mean"),
-                    lib.SAGEConv(HIDDEN, num_classes, aggr="mean"), F.relu)
+                    lib.SAGEConv(HIDDEN, num_classes, aggr="mean"), F.relu, dropout)
 
 
 @dataclass

@@ -47,7 +47,7 @@ from ..graph import Graph
 from ..nn.block_models import BlockGNN
 from ..nn.conv import GATConv, GCNConv, SAGEConv, _neighbour_sum
 from ..nn.models import ModelSpec, TwoLayerGNN, build_model
-from ..nn.reference import dropout as sparse_dropout
+from ..nn.functional import dropout as sparse_dropout
 from ..progress import progress_bar
 from ..training.config import TrainConfig
 from ..training.data import PreparedData

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .conv import GATConv, SAGEConv
-from .reference import dropout as sparse_dropout
+from .functional import dropout as sparse_dropout
 
 
 class BlockGNN(nn.Module):

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..graph import Graph
+from .functional import dropout
 
 
 def gcn_norm(graph: Graph) -> tuple[Graph, torch.Tensor]:
@@ -38,33 +39,9 @@ class GCNLayer(nn.Module):
     def forward(self, x: torch.Tensor, graph: Graph) -> torch.Tensor:
         looped, weight = gcn_norm(graph)
         h = x @ self.weight                            # transform first: fewer columns to move
-                                                       # (x may be sparse COO: see `dropout`)
+                                                       # (x may be sparse COO: see `functional.dropout`)
         out = torch.zeros_like(h).index_add_(0, looped.dst, h[looped.src] * weight.unsqueeze(1))
         return out + self.bias
-
-
-def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
-    """Inverted dropout, same distribution as `F.dropout`, drawn by comparing uniforms
-    on the CPU.
-
-    On CPU, `F.dropout`'s `bernoulli_` is 2-3x slower than `rand_like`, which made input
-    dropout on Cora's dense 2708 x 1433 features dominate a training step. On a GPU
-    `F.dropout` is one fused kernel forward and one backward, where the comparison takes
-    four (uniforms, compare, two products) and keeps the uniforms' mask alive, so dense
-    GPU tensors go to it. A sparse COO `x` (bag-of-words features) has only its stored
-    values dropped -- the zeros would stay zero anyway -- so the cost scales with the
-    non-zeros.
-    """
-    if not training or p == 0.0:
-        return x
-    if x.is_sparse:
-        return torch.sparse_coo_tensor(x.indices(), dropout(x.values(), p, training), x.shape,
-                                       is_coalesced=x.is_coalesced(), check_invariants=False)
-    if x.device.type != "cpu":
-        return F.dropout(x, p, training)
-    if p == 1.0:
-        return torch.zeros_like(x)
-    return x * (torch.rand_like(x) >= p) * (1.0 / (1.0 - p))
 
 
 class GCN(nn.Module):

@@ -1,0 +1,179 @@
+"""gnnfuse.nn.functional.dropout: torch's dropout distribution and arguments, a counter-based
+mask on the CPU that the backward regenerates, and torch's own path everywhere else."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import gnnfuse.nn.functional as gF
+from gnnfuse.backend.cpu import random_mask
+
+pytestmark = pytest.mark.skipif(not random_mask.available(), reason="the counter kernel needs numba")
+
+
+@pytest.fixture
+def small_counter(monkeypatch):
+    """Let small tensors take the counter kernel, so gradcheck stays cheap."""
+    monkeypatch.setattr(gF, "COUNTER_MIN_ELEMENTS", 1)
+
+
+def _seeded(fn, seed: int = 0):
+    def call(*args):
+        torch.manual_seed(seed)
+        return fn(*args)
+    return call
+
+
+def _within_binomial(count: int, n: int, prob: float, sigmas: float = 6.0) -> bool:
+    return abs(count - n * prob) <= sigmas * math.sqrt(n * prob * (1 - prob)) + 1
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_keeps_one_minus_p_and_scales_the_kept(p, dtype):
+    x = torch.ones(301, 257, dtype=dtype)                 # odd element count: the last pair is half
+    out = gF.dropout(x, p)
+    kept = out != 0
+    assert _within_binomial(int(kept.sum()), x.numel(), 1 - p)
+    assert torch.equal(out[kept], torch.full_like(out[kept], 1.0) * (1.0 / (1.0 - p)))
+
+
+@pytest.mark.parametrize("p", [0.2, 0.5])
+def test_neighbouring_decisions_are_independent(p):
+    """Elements 2j and 2j+1 share one SplitMix64 output (its high and low halves), and
+    consecutive pairs share consecutive outputs: all three kinds of neighbours must be
+    kept together as often as independent draws would be."""
+    kept = (gF.dropout(torch.ones(1 << 20), p) != 0).view(-1, 4)
+    n, both = kept.shape[0], (1 - p) ** 2
+    for a, b in [(0, 1), (1, 2), (0, 2), (2, 3)]:
+        assert _within_binomial(int((kept[:, a] & kept[:, b]).sum()), n, both), (a, b)
+
+
+def test_the_seed_comes_from_torch_generator():
+    x = torch.randn(512, 256)
+    torch.manual_seed(3)
+    first, second = gF.dropout(x, 0.5), gF.dropout(x, 0.5)
+    torch.manual_seed(3)
+    assert torch.equal(gF.dropout(x, 0.5), first)
+    assert not torch.equal(first, second)
+
+
+def test_backward_regenerates_the_forward_mask():
+    x = torch.randn(700, 130, requires_grad=True)
+    out = gF.dropout(x, 0.4)
+    weight = torch.randn_like(out)
+    (out * weight).sum().backward()
+    expected = torch.where(out != 0, weight / 0.6, torch.zeros_like(weight))
+    torch.testing.assert_close(x.grad, expected)
+
+
+def test_gradcheck_and_gradgradcheck_in_float64(small_counter):
+    x = torch.randn(9, 7, dtype=torch.float64, requires_grad=True)
+    fn = _seeded(lambda t: gF.dropout(t, 0.3))
+    assert torch.autograd.gradcheck(fn, (x,))
+    assert torch.autograd.gradgradcheck(fn, (x,))
+
+
+def test_in_place_writes_the_input(small_counter):
+    leaf = torch.randn(40, 30, requires_grad=True)
+    x = leaf * 2.0
+    torch.manual_seed(1)
+    expected = gF.dropout(x.detach().clone(), 0.5)
+    torch.manual_seed(1)
+    out = gF.dropout(x, 0.5, inplace=True)
+    assert out is x and torch.equal(out, expected)
+    out.sum().backward()
+    torch.testing.assert_close(leaf.grad, torch.where(expected != 0, 4.0, 0.0))
+
+
+def test_strided_input_is_masked_as_its_contiguous_copy(small_counter):
+    x = torch.randn(33, 65).t()
+    torch.manual_seed(2)
+    out = gF.dropout(x, 0.5)
+    torch.manual_seed(2)
+    assert out.shape == x.shape and torch.equal(out, gF.dropout(x.contiguous(), 0.5))
+    assert torch.equal(out[out != 0], (x * 2.0)[out != 0])
+
+
+@settings(max_examples=25, deadline=None)
+@given(shape=st.lists(st.integers(0, 9), min_size=0, max_size=3), p=st.floats(0.0, 1.0),
+       training=st.booleans())
+def test_every_element_is_dropped_or_scaled(shape, p, training):
+    gF_min, gF.COUNTER_MIN_ELEMENTS = gF.COUNTER_MIN_ELEMENTS, 1
+    try:
+        x = torch.rand(shape, dtype=torch.float64) + 0.5          # no zeros: a kept zero would look dropped
+        out = gF.dropout(x, p, training)
+    finally:
+        gF.COUNTER_MIN_ELEMENTS = gF_min
+    assert out.shape == x.shape
+    if not training or p == 0.0:
+        assert out is x
+    elif p == 1.0:
+        assert not out.any()
+    else:
+        kept = out != 0
+        torch.testing.assert_close(out[kept], x[kept] / (1.0 - p))
+
+
+@pytest.mark.parametrize("p", [-0.1, 1.5])
+def test_a_probability_outside_0_1_is_refused(p):
+    with pytest.raises(ValueError, match="between 0 and 1"):
+        gF.dropout(torch.ones(3), p)
+
+
+def test_sparse_features_drop_stored_values_only():
+    dense = torch.zeros(6, 5)
+    dense[0, 1], dense[3, 4], dense[5, 0] = 1.0, 2.0, 3.0
+    out = gF.dropout(dense.to_sparse(), 0.5)
+    assert out.is_sparse and out._nnz() == 3
+    assert torch.equal(out.coalesce().indices(), dense.to_sparse().indices())
+    values = out.coalesce().values()
+    assert all(v in (0.0, 2 * w) for v, w in zip(values.tolist(), (1.0, 2.0, 3.0)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_takes_the_uniform_path(dtype):
+    x = torch.ones(300, 300, dtype=dtype)
+    out = gF.dropout(x, 0.25)
+    assert out.dtype == dtype
+    assert _within_binomial(int((out != 0).sum()), x.numel(), 0.75)
+
+
+def test_without_numba_the_uniform_path_runs(monkeypatch):
+    monkeypatch.setattr(random_mask, "available", lambda: False)
+    calls = []
+    monkeypatch.setattr(gF._CounterDropout, "apply", lambda *a: calls.append(a))
+    out = gF.dropout(torch.ones(512, 256), 0.5)
+    assert not calls and _within_binomial(int((out != 0).sum()), out.numel(), 0.5)
+
+
+def test_torch_compile_traces_torch_dropout():
+    def model(x):
+        return gF.dropout(x, 0.5) + 1.0
+    compiled = torch.compile(model, backend="eager", fullgraph=True)     # a graph break would raise
+    out = compiled(torch.ones(512, 256))
+    assert _within_binomial(int((out != 1.0).sum()), out.numel(), 0.5)
+
+
+def test_torch_thread_count_is_left_as_the_user_set_it():
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        gF.dropout(torch.ones(512, 256), 0.5)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_matches_torch_dropout_in_distribution():
+    """Same mean and second moment as torch's inverted dropout on one input."""
+    torch.manual_seed(0)
+    x = torch.randn(1024, 256)
+    ours, theirs = gF.dropout(x, 0.3), F.dropout(x, 0.3)
+    for stat in (lambda t: t.mean(), lambda t: (t * t).mean()):
+        torch.testing.assert_close(stat(ours), stat(theirs), atol=0.02, rtol=0.02)
