@@ -19,6 +19,11 @@ per-edge values in memory. The feature axis can be cut into tiles of ``f_tile``
 columns, one pass over the graph per tile (FeatGraph's feature-dimension tiling; a
 launch argument, so one compiled kernel serves every tile: `schedule.feature_tile`
 says when it is used).
+
+Both walks gather rows at random (a neighbour's features, an edge's attention row), so
+one core spends most of a large graph's pass waiting on cache misses. Each kernel asks
+for the rows of the edge `PREFETCH_DISTANCE` positions ahead (`scalar.prefetch`, LLVM's
+prefetch, which never faults), so those misses overlap the current edge's work.
 """
 from __future__ import annotations
 
@@ -62,6 +67,8 @@ class _Emitter:
         self.memo: dict[tuple, str] = {}
         self.leaf_args: list[Value] = [v for v in unit.leaves if leaf_kind(v) != "const"]
         self.leaf_index = {v.id: n for n, v in enumerate(self.leaf_args)}
+        # (argument, row index kind) -> (row width, bytes per element) of every row read
+        self.gathered: dict[tuple[str, str], tuple[int, int]] = {}
 
     def tmp(self, expr: str) -> str:
         """A variable holding ``expr``, defined in the outermost loop whose variables it reads;
@@ -156,8 +163,22 @@ class _Emitter:
         if kind == "shared":
             return self.tmp(f"ACC({ptr}[{off}])")
         index = _ROW_INDEX[kind]
+        self.gathered[(ptr, kind)] = (width, v.dtype.itemsize)
         row = index if width == 1 else f"{index} * {self.uint(width)}"
         return self.tmp(f"ACC({ptr}[{row}{'' if off == '0' else ' + ' + off}])")
+
+    def prefetches(self, ahead: dict[str, str], indent: int) -> str:
+        """Lines prefetching every cache line of the rows read through the index kinds in
+        ``ahead`` (kind -> the variable holding that kind's row id a few edges ahead)."""
+        lines = []
+        for (ptr, kind), (width, itemsize) in sorted(self.gathered.items()):
+            if kind not in ahead:
+                continue
+            row = ahead[kind] if width == 1 else f"{ahead[kind]} * U({width})"
+            per_line = max(1, CACHE_LINE_BYTES // itemsize)
+            for off in sorted(set(range(0, width, per_line)) | {width - 1}):
+                lines.append(f"tl.prefetch({ptr}, {row}{f' + U({off})' if off else ''})")
+        return "".join(" " * indent + line + "\n" for line in lines)
 
     def block(self, level: int, indent: int) -> str:
         return "".join(" " * indent + line + "\n" for line in self.lines[level])
@@ -184,6 +205,28 @@ def _decorator(parallel: bool) -> str:
 
 
 ROWS_PER_BLOCK = 64   # rows one prange iteration reduces, sharing one accumulator buffer
+CACHE_LINE_BYTES = 64
+# How many edges ahead a walk prefetches the rows it will gather. A graph walk's row
+# gathers are random, and out of order execution overlaps only the few misses within
+# its window; asking for the rows of later edges first overlapped them. Measured on one
+# core of the 2-core AMD EPYC, a CSR neighbour sum: arxiv-sized at F=64 239 -> 86 ms,
+# pubmed at F=256 30 -> 21 ms; distances 4 to 16 within 5% of each other. 0 turns prefetching off.
+PREFETCH_DISTANCE = 8
+
+
+def _walk_prefetch(em: "_Emitter", position: str, indent: int) -> str:
+    """The lines that prefetch, at CSR position ``position``, the neighbour rows and
+    per-edge rows the walk will read `PREFETCH_DISTANCE` edges later (nothing where
+    the unit gathers none)."""
+    kinds = {kind for _, kind in em.gathered} & {"neighbour", "edge"}
+    if not kinds or not PREFETCH_DISTANCE:
+        return ""
+    pad = " " * indent
+    ahead = {"neighbour": "nbr_ahead", "edge": "edge_ahead"}
+    return (f"{pad}ahead = U({position}) + U({PREFETCH_DISTANCE})\n{pad}if ahead < links:\n"
+            + ("" if "neighbour" not in kinds else f"{pad}    nbr_ahead = U(col[ahead])\n")
+            + ("" if "edge" not in kinds else f"{pad}    edge_ahead = U(eid[ahead])\n")
+            + em.prefetches({k: ahead[k] for k in kinds}, indent + 4))
 
 
 def generate_aggregate(unit: AggregateUnit, name: str, acc: str, parallel: bool,
@@ -220,7 +263,7 @@ def generate_aggregate(unit: AggregateUnit, name: str, acc: str, parallel: bool,
                 for p in range(start, end):
                     nbr = U(col[p])
                     edge = U(eid[p])
-{em.block(_EDGE, 20)}                    for fi in range(f_lo, f_hi):
+{_walk_prefetch(em, "p", 20)}{em.block(_EDGE, 20)}                    for fi in range(f_lo, f_hi):
                         f = U(fi)
                         k = U(fi - f_lo)
 {em.block(_FEATURE, 24)}                        {combine.format("acc[k]", val)}
@@ -234,6 +277,7 @@ def generate_aggregate(unit: AggregateUnit, name: str, acc: str, parallel: bool,
 def {name}(rowptr, {"part_ptr, rows, ptr, " if partitioned else ""}col, eid, out, f_tile, {leaves}):
     # {unit.describe()}
 {em.block(_KERNEL, 4)}    num_rows = rowptr.shape[0] - 1
+    links = U(col.shape[0])
     width = U({width})
     for f_lo in range(0, {width}, f_tile):
         f_hi = min(f_lo + f_tile, {width})
@@ -325,6 +369,7 @@ def generate_register_row(unit: AggregateUnit, name: str, acc: str, parallel: bo
 def {name}(rowptr, col, eid, out, f_tile, {"".join(f"L{n}, " for n in range(len(em.leaf_args)))}):
     # {unit.describe()} (row in registers)
 {em.block(_KERNEL, 4)}    num_rows = rowptr.shape[0] - 1
+    links = U(col.shape[0])
     width = U({width})
     for block in prange((num_rows + {ROWS_PER_BLOCK - 1}) // {ROWS_PER_BLOCK}):
         for r in range(block * {ROWS_PER_BLOCK}, min(block * {ROWS_PER_BLOCK} + {ROWS_PER_BLOCK}, num_rows)):
@@ -334,13 +379,26 @@ def {name}(rowptr, col, eid, out, f_tile, {"".join(f"L{n}, " for n in range(len(
 {em.block(_ROW, 12)}{init}            for p in range(U(start), U(end)):
                 nbr = U(col[p])
                 edge = U(eid[p])
-{em.block(_EDGE, 16)}{step}            base = row * width
+{_walk_prefetch(em, "p", 16)}{em.block(_EDGE, 16)}{step}            base = row * width
 {store}'''
     return source, em.leaf_args
 
 
 def _indent(text: str, by: int) -> str:
     return "".join(" " * by + line if line.strip() else line for line in text.splitlines(keepends=True))
+
+
+def _edge_prefetch(em: "_Emitter", indent: int) -> str:
+    """The lines that prefetch the endpoint rows an edge kernel will read
+    `PREFETCH_DISTANCE` edges later (see `_walk_prefetch`)."""
+    kinds = {kind for _, kind in em.gathered} & {"src", "dst"}
+    if not kinds or not PREFETCH_DISTANCE:
+        return ""
+    pad = " " * indent
+    ahead = {"src": "src_ahead", "dst": "dst_ahead"}
+    return (f"{pad}ahead = edge + U({PREFETCH_DISTANCE})\n{pad}if ahead < links:\n"
+            + "".join(f"{pad}    {ahead[k]} = U({k}[ahead])\n" for k in sorted(kinds))
+            + em.prefetches({k: ahead[k] for k in kinds}, indent + 4))
 
 
 def generate_edge(unit: EdgeUnit, name: str, acc: str, parallel: bool) -> tuple[str, list[Value]]:
@@ -361,12 +419,13 @@ def generate_edge(unit: EdgeUnit, name: str, acc: str, parallel: bool) -> tuple[
 def {name}(src, dst, out, {"".join(f"L{n}, " for n in range(len(em.leaf_args)))}):
     # {unit.describe()}
 {em.block(_KERNEL, 4)}    width = U({width})
+    links = U(src.shape[0])
     for e in prange(src.shape[0]):
         edge = U(e)
         src_id = U(src[edge])
         dst_id = U(dst[edge])
         base = edge * width
-{em.block(_ROW, 8)}{em.block(_EDGE, 8)}        for fi in range({width}):
+{_edge_prefetch(em, 8)}{em.block(_ROW, 8)}{em.block(_EDGE, 8)}        for fi in range({width}):
             f = U(fi)
 {em.block(_FEATURE, 12)}            out[base + f] = {val}
 '''

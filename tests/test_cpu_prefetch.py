@@ -1,0 +1,54 @@
+"""Software prefetch in the CPU backend's kernels (codegen.PREFETCH_DISTANCE): the
+aggregate walks and the edge kernel ask for the rows of the edge `PREFETCH_DISTANCE`
+positions ahead, guarded so no index past the last edge is read, and setting the
+distance to 0 generates kernels without it. Values with prefetching on are checked
+against the reference executor on a graph long enough that the prefetching branch runs
+(most edges have an edge 8 positions later), forward and backward, GAT's units
+gathering neighbour rows, per-edge rows and both endpoints."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("numba")
+
+import gnnfuse  # noqa: E402
+import zoo  # noqa: E402
+from gnnfuse.backend.cpu import codegen  # noqa: E402
+from gnnfuse.passes.fusion import AggregateUnit, EdgeUnit  # noqa: E402
+from test_cpu_backend import assert_same, launched  # noqa: E402,F401  (launched: the fixture)
+
+
+def ring_graph() -> gnnfuse.Graph:
+    """40 vertices, each with in-edges from its next three: 120 edges, so the walks and
+    the edge kernel pass the prefetch guard on all but their last 8 edges."""
+    dst = torch.arange(40).repeat_interleave(3)
+    src = (dst + torch.tensor([1, 2, 3]).repeat(40)) % 40
+    return gnnfuse.Graph(src, dst, 40)
+
+
+def test_gat_kernels_prefetch_and_match_the_reference(launched, monkeypatch):
+    graph = ring_graph()
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(graph.num_nodes, zoo.F_IN, dtype=torch.float64, generator=gen)
+    p = zoo.params("gat", gen)
+
+    def model(x, *values):
+        return zoo.vertex_models(x, graph, dict(zip(p, values)))["gat"]()
+    assert_same(model, [x, *p.values()], monkeypatch, rtol=1e-10, atol=1e-12)
+
+    aggregates = [u for u in launched if isinstance(u, AggregateUnit)]
+    edges = [u for u in launched if isinstance(u, EdgeUnit)]
+    assert aggregates and edges
+    walk = codegen.generate_aggregate(aggregates[0], "k", "float64", False, False, False)[0]
+    distance = codegen.PREFETCH_DISTANCE
+    assert distance > 0 and f"ahead = U(p) + U({distance})" in walk and "tl.prefetch(" in walk
+    assert "if ahead < links:" in walk
+    edge = codegen.generate_edge(edges[0], "k", "float64", False)[0]
+    assert f"ahead = edge + U({distance})" in edge and "tl.prefetch(" in edge
+
+    monkeypatch.setattr(codegen, "PREFETCH_DISTANCE", 0)
+    for unit in aggregates:
+        assert "prefetch" not in codegen.generate_aggregate(unit, "k", "float64", False, False, False)[0]
+    for unit in edges:
+        assert "prefetch" not in codegen.generate_edge(unit, "k", "float64", False)[0]
