@@ -1,5 +1,5 @@
-"""Data-parallel mini-batch training on 1 and 2 GPUs of one machine, in one invocation
-(issue #17): GraphSAGE's epoch time, its scaling, and each rank's stage breakdown.
+"""Data-parallel mini-batch training on 1 to N GPUs of one machine, in one invocation
+(issues #17 and #18): GraphSAGE's epoch time, its scaling, and each rank's stage breakdown.
 
 The default cell is bench_minibatch.py's (products-like, 3 layers of 256 hidden
 channels, fanouts 15,10,5, ogbn-products' 196,615 training seeds) with batches of 1024
@@ -55,7 +55,8 @@ from gnnfuse.training.loop import peak_memory_mib
 from bench_minibatch import PRODUCTS_TRAIN_NODES, StepClock, load_problem, train_step
 from common import REPO_ROOT, environment, log, results_saver, write_atomically
 
-TARGET_SPEEDUP_2 = 1.8        # issue #17: 2 GPUs against 1 on the same machine
+# Speed-up targets, N GPUs against 1 on the same machine: issue #17 (2) and #18 (4, 8)
+TARGET_SPEEDUP = {2: 1.8, 4: 3.5, 8: 6.5}
 
 
 # --- one rank --------------------------------------------------------------------------
@@ -164,11 +165,14 @@ def run(args: argparse.Namespace, save) -> dict[str, Any]:
         log(f"{world} {args.device} rank(s): epoch {cell['epoch_s']:.2f} s over {cell['ranks'][0]['batches']} "
             f"batches per rank, {cell['seeds_per_s']:,.0f} seeds/s, projected full epoch {cell['full_epoch_s']:.2f} s "
             f"(launch and run {time.perf_counter() - begin:.0f} s)")
-    one, two = results["worlds"].get("1"), results["worlds"].get("2")
-    if one and two:
-        results["speedup_2_vs_1"] = two["seeds_per_s"] / one["seeds_per_s"]
+    one = results["worlds"].get("1")
+    if one:
+        results["speedup_vs_1"] = {world: cell["seeds_per_s"] / one["seeds_per_s"]
+                                   for world, cell in results["worlds"].items() if world != "1"}
         save(results)
-        log(f"speed-up 2 vs 1: x{results['speedup_2_vs_1']:.2f} (target x{TARGET_SPEEDUP_2})")
+        for world, speedup in results["speedup_vs_1"].items():
+            target = TARGET_SPEEDUP.get(int(world))
+            log(f"speed-up {world} vs 1: x{speedup:.2f}" + (f" (target x{target})" if target else ""))
     return results
 
 
@@ -196,10 +200,12 @@ def markdown(results: dict[str, Any]) -> str:
             lines.append(f"| {world} | {rank['rank']} | {rank['batches']} | {rank['epoch_s']:.2f} | "
                          f"{cell['full_epoch_s']:.2f} | {cell['seeds_per_s']:,.0f} | "
                          f"{100 * rank['busy_fraction']:.0f}% | {rank['peak_mib']:.0f} | {stages} | {moved} |")
-    if "speedup_2_vs_1" in results:
-        speedup = results["speedup_2_vs_1"]
-        verdict = "met" if speedup >= TARGET_SPEEDUP_2 else "NOT met"
-        lines += ["", f"Speed-up, 2 ranks against 1 (seeds/s): x{speedup:.2f}; target x{TARGET_SPEEDUP_2} {verdict}."]
+    if results.get("speedup_vs_1"):
+        lines += ["", "| ranks | speed-up vs 1 (seeds/s) | target |", "|---|---|---|"]
+        for world, speedup in results["speedup_vs_1"].items():
+            target = TARGET_SPEEDUP.get(int(world))
+            verdict = "–" if target is None else f"x{target} {'met' if speedup >= target else 'NOT met'}"
+            lines.append(f"| {world} | x{speedup:.2f} | {verdict} |")
     return "\n".join(lines) + "\n"
 
 
