@@ -221,7 +221,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--batch-size", type=int, default=1024, help="seeds per batch per rank (default 1024)")
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--dropout", type=float, default=0.5)
-    parser.add_argument("--warmup", type=int, default=3, help="untimed batches first (default 3)")
+    # Each new batch shape can compile a kernel variant or tune a launch; on a machine with
+    # cold caches 3 warm-up batches left them to the timed epoch (H100 x4: 2 ranks 4.00 s
+    # in the first invocation, 1.37 s in the next), so each rank warms on 20.
+    parser.add_argument("--warmup", type=int, default=20, help="untimed batches first, per rank (default 20)")
     parser.add_argument("--max-batches", type=int, help="stop each rank's timed epoch after this many batches")
     parser.add_argument("--train-nodes", type=int, help="training seeds per epoch (default: ogbn-products' "
                         f"{PRODUCTS_TRAIN_NODES:,} for products-like, else the whole split; 0: the whole split)")
