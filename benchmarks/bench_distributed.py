@@ -87,7 +87,8 @@ def rank_main(local_rank: int, world: int, port: int, args: argparse.Namespace, 
     sampler = (DistributedSampler(range(train_idx.numel()), num_replicas=world, rank=local_rank, shuffle=True,
                                   seed=args.seed, drop_last=True) if world > 1 else None)
     loader = NeighborLoader(graph, args.fanout, args.batch_size, input_nodes=train_idx, shuffle=sampler is None,
-                            sampler=sampler, x=x, y=dataset.y.to(device), device=device, prefetch=args.prefetch)
+                            sampler=sampler, x=x, y=dataset.y.to(device), device=device, prefetch=args.prefetch,
+                            num_workers=args.num_workers)
     times = loader.stage_times
 
     def epoch(batches: int | None, clock: StepClock | None) -> int:
@@ -130,6 +131,7 @@ def rank_main(local_rank: int, world: int, port: int, args: argparse.Namespace, 
               "stages_s": times.totals(), "busy_s": busy, "busy_fraction": busy / wall, "load_s": load_s,
               "peak_mib": peak_memory_mib(device),
               "feature_bytes": store.bytes_moved() if store is not None else None}
+    loader.close()
     results = [result]
     if world > 1:
         results = [None] * world
@@ -181,7 +183,7 @@ def markdown(results: dict[str, Any]) -> str:
     lines = ["# Data-parallel mini-batch training (GraphSAGE, DDP)", "",
              f"{config['dataset']}, {len(config['fanout'])} layers hidden {config['hidden']}, fanouts "
              f"{','.join(map(str, config['fanout']))}, batch {config['batch_size']} per rank, features "
-             f"{config['features']}; {env.get('device_name')}, torch {env.get('torch')}, commit "
+             f"{config['features']}, {config.get('num_workers') or 'no'} loader workers per rank; {env.get('device_name')}, torch {env.get('torch')}, commit "
              f"{(env.get('git_commit') or 'unknown')[:12]}{' (dirty)' if env.get('git_dirty') else ''}, "
              f"{env.get('date')}.", "",
              "1 rank is plain single-process training; N ranks are gnnfuse.distributed (DistributedSampler "
@@ -229,6 +231,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--train-nodes", type=int, help="training seeds per epoch (default: ogbn-products' "
                         f"{PRODUCTS_TRAIN_NODES:,} for products-like, else the whole split; 0: the whole split)")
     parser.add_argument("--prefetch", type=int, default=2, help="batches the loader prepares ahead (default 2)")
+    parser.add_argument("--num-workers", type=int, default=0,
+                        help="loader worker processes per rank (PyG's num_workers; default 0: a thread)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", help="write the results here (default benchmarks/results/distributed_<device>.json, "
                                        "with a .md beside it)")
