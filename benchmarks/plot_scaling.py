@@ -4,7 +4,8 @@ line through the one-GPU point, and each world size's epoch time.
 
 Both runs must come from one machine (the benchmark runs one call per machine kind); the
 partitioned run has no one-GPU cell of its own (one GPU holds every row), so its speed-ups
-are taken against the replicated run's.
+are taken against the replicated run's. A repeat of the replicated run from another call
+(``--repeat``) is drawn against its own one-GPU cell, to show the spread between calls.
 
     python benchmarks/plot_scaling.py            # results/scaling_minibatch_*cuda.json -> results/scaling_cuda.png
 """
@@ -30,6 +31,7 @@ def main(argv: list[str] | None = None) -> Path:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--replicated", type=Path, default=RESULTS / "scaling_minibatch_cuda.json")
     parser.add_argument("--partitioned", type=Path, default=RESULTS / "scaling_minibatch_partitioned_cuda.json")
+    parser.add_argument("--repeat", type=Path, default=RESULTS / "scaling_minibatch_repeat_cuda.json")
     parser.add_argument("--out", type=Path, default=RESULTS / "scaling_cuda.png")
     args = parser.parse_args(argv)
 
@@ -45,10 +47,14 @@ def main(argv: list[str] | None = None) -> Path:
     figure, (speed, epoch) = plt.subplots(1, 2, figsize=(10, 4))
     most = max(replicated[0])
     speed.plot([1, most], [1, most], ":", color="grey", label="ideal")
-    runs = [("features replicated", replicated)]
+    runs = [("features replicated", replicated, base)]
     if args.partitioned.exists():
-        runs.append(("features partitioned", curve(args.partitioned)))
-    for label, (sizes, rates, epochs) in runs:
+        runs.append(("features partitioned", curve(args.partitioned), base))
+    if args.repeat.exists():
+        repeat = curve(args.repeat)
+        commit = json.loads(args.repeat.read_text())["environment"].get("git_commit")
+        runs.append((f"replicated, another call ({commit})", repeat, repeat[1][0]))
+    for label, (sizes, rates, epochs), base in runs:
         speed.plot(sizes, [r / base for r in rates], "o-", label=label)
         epoch.plot(sizes, epochs, "o-", label=label)
         for size, rate in zip(sizes, rates):

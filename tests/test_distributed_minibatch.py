@@ -148,6 +148,10 @@ def test_the_distributed_benchmark_runs_1_and_2_cpu_ranks_in_one_invocation(impo
             assert world == "1" or rank["feature_bytes"]["received_rows"] > 0
     table = path.with_suffix(".md").read_text()
     assert "| 2 | 1 | 2 |" in table and "| 2 | x" in table and "x1.8 " in table
+    plot = import_script(Path(__file__).resolve().parent.parent / "benchmarks", "plot_scaling")
+    figure = plot.main(["--replicated", str(path), "--partitioned", str(tmp_path / "none.json"),
+                        "--repeat", str(path), "--out", str(tmp_path / "scaling.png")])
+    assert figure.stat().st_size > 1000
 
 
 def test_several_ranks_run_data_parallel_mini_batches_with_a_fanout_else_the_partitioned_full_graph(monkeypatch):

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import sys
 import time
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -50,6 +51,15 @@ from .process_group import DistributedError, current
 RANK_SEED_STRIDE = 1_000_003     # rank r draws dropout and neighbour samples from seed + r * stride
 
 
+# Measured on 4 H100s (benchmarks/results/scaling_cuda.md): with loader worker processes,
+# each GPU time-slices its rank's context with its workers' (the likely cause), and a training step's
+# kernels (DDP's all-reduce among them) took 26-45 ms instead of 6.7: 2 and 4 GPUs
+# trained 0.62x and 0.76x as fast as one GPU with workers.
+LOADER_WORKERS_WITH_DDP = (
+    "gnnfuse: loader worker processes (--num-workers) with several GPU ranks share each GPU "
+    "between the rank and its workers; measured on 4 H100s, 2 and 4 GPUs then trained slower "
+    "than one (0.62x, 0.76x). Drop --num-workers to prepare batches in a thread (2.7-3.7x on 4 GPUs).")
+
 def train_distributed_minibatch_run(config: TrainConfig, spec: ModelSpec, data: PreparedData, seed: int, *,
                                     label: str = "", log_epochs: bool = True) -> RunResult:
     """`training.minibatch.train_minibatch_run` on every rank of the joined process
@@ -62,6 +72,8 @@ def train_distributed_minibatch_run(config: TrainConfig, spec: ModelSpec, data: 
     if config.features == "partitioned" and config.dkp:
         raise DistributedError("dynamic kernel placement calibrates on batches with their features; with "
                                "--features partitioned use replicated features or drop --dkp")
+    if device.type == "cuda" and config.loader_workers and me.world_size > 1 and me.is_main:
+        warnings.warn(LOADER_WORKERS_WITH_DDP, RuntimeWarning, stacklevel=2)
     torch.manual_seed(seed)                      # the same initial weights on every rank
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
