@@ -139,7 +139,7 @@ def _worker(rank: int, port: int, out: str, world: int) -> None:
         results[("sparse", "dropout")] = _step_case(rank, "gcn", torch.float64, "interleaved", sparse=True,
                                                     dropout=0.5)
         os.environ["GNNFUSE_BACKEND"] = "triton"
-        for name in ("gcn", "sage"):    # GCN's aggregation is partition code; GAT's is the layer's own
+        for name in ("gcn", "sage"):    # GCN's aggregation is partition code; GAT's attention program is the layer's own
             results[("triton", name)] = _step_case(rank, name, torch.float32, "interleaved")
         torch.save(results, os.path.join(out, f"rank{rank}.pt"))
     finally:

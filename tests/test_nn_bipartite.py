@@ -162,3 +162,35 @@ def test_in_channels_pair_with_one_feature_tensor_uses_both_maps(name):
     ours.load_state_dict(ref.state_dict())
     x = torch.randn(NUM_SRC, F_SRC, dtype=torch.float64)
     assert_same_values(ours(x, EDGE_INDEX), ref(x, EDGE_INDEX), "output")
+
+
+@pytest.mark.parametrize("concat", [True, False])
+def test_gat_forward_projected_equals_forward_on_the_inputs(concat):
+    """`GATConv.forward_projected` (partitioned full-graph training maps rows before
+    exchanging them) gives the layer's own bipartite output and gradients, float64; the
+    destinations are a prefix of the sources, as a partition's owned rows are."""
+    torch.manual_seed(0)
+    conv = gnn.GATConv(F_SRC, 3, heads=2, concat=concat).double()
+    torch.nn.init.normal_(conv.bias)
+    graph = Graph.bipartite(EDGE_INDEX[0], EDGE_INDEX[1], NUM_SRC, NUM_DST)
+    x = torch.randn(NUM_SRC, F_SRC, dtype=torch.float64, requires_grad=True)
+    params = list(conv.parameters())
+
+    def grads(out):
+        weight = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)
+        return torch.autograd.grad((out * weight).sum(), [x, *params])
+
+    expected = conv((x, x[:NUM_DST]), graph)
+    h = conv.lin(x)
+    got = conv.forward_projected(h, h[:NUM_DST], graph)
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+    for g, e in zip(grads(got), grads(expected)):
+        torch.testing.assert_close(g, e, rtol=1e-12, atol=1e-12)
+
+
+def test_gat_forward_projected_refuses_layers_that_read_the_inputs():
+    conv = gnn.GATConv(F_SRC, 3, heads=2, residual=True)
+    assert not conv.projects_first()
+    with pytest.raises(ValueError, match="forward_projected needs one shared lin"):
+        conv.forward_projected(torch.zeros(NUM_SRC, 6), torch.zeros(NUM_DST, 6),
+                               Graph.bipartite(EDGE_INDEX[0], EDGE_INDEX[1], NUM_SRC, NUM_DST))

@@ -6,10 +6,12 @@ small) and a full Adam state, but only its own vertices' features, labels and
 activations, and the in-edges of those vertices (`partition.Partition`). Each layer
 first fetches the rows of the remote in-neighbours (`halo.HaloExchange`), then runs the
 layer's own compiled program on the rank's bipartite block -- the same call a sampled
-mini-batch makes (``conv((x_src, x_dst), block)``), so nothing about a layer is
-re-implemented except GCN's normalisation, which must use *global* degrees: a halo
-vertex's in-edges live on its owner, so its degree cannot be counted locally; GCN runs
-as ``lin``, exchange, deg^-1/2 scaling by the whole graph's degrees, sum, scaling, bias.
+mini-batch makes (``conv((x_src, x_dst), block)``). GAT maps its rows first
+(`GATConv.forward_projected`) where that moves fewer bytes, so the exchange carries heads
+x channels per row rather than the input's width. Nothing about a layer is re-implemented except GCN's
+normalisation, which must use *global* degrees: a halo vertex's in-edges live on its
+owner, so its degree cannot be counted locally; GCN runs as ``lin``, exchange, deg^-1/2
+scaling by the whole graph's degrees, sum, scaling, bias.
 
 The loss is the sum over ranks of each rank's summed cross-entropy divided by the
 global number of training vertices, i.e. exactly the one-process mean. Each rank's
@@ -117,7 +119,12 @@ class PartitionedModel:
         last = len(self.convs) - 1
         for i, conv in enumerate(self.convs):
             x = sparse_dropout(x, self.dropout, self.model.training)
-            x = self._gcn_layer(conv, x) if isinstance(conv, GCNConv) else self._bipartite_layer(conv, x)
+            if isinstance(conv, GCNConv):
+                x = self._gcn_layer(conv, x)
+            elif isinstance(conv, GATConv) and _exchange_projected(conv, x):
+                x = self._gat_layer(conv, x)
+            else:
+                x = self._bipartite_layer(conv, x)
             if i < last:
                 x = self.activation(x)
         return x
@@ -127,6 +134,14 @@ class PartitionedModel:
         x = x.to_dense() if x.is_sparse else x
         return conv((self.exchange.sources(x), x), self.block)
 
+    def _gat_layer(self, conv: GATConv, x: torch.Tensor) -> torch.Tensor:
+        """GAT with ``lin`` applied to the owned rows before the exchange: the mapped rows
+        (heads x channels) cross ranks, not the input (on products-like x5 with F=512, 20 GB
+        of halo rows per rank and step), and no rank maps its halo rows again."""
+        x = x.to_dense() if x.is_sparse else x
+        h = conv.lin(x)
+        return conv.forward_projected(self.exchange.sources(h), h, self.block)
+
     def _gcn_layer(self, conv: GCNConv, x: torch.Tensor) -> torch.Tensor:
         """``D^-1/2 (A + I) D^-1/2 X W + b`` with the whole graph's D: the narrower ``X W``
         is what crosses ranks."""
@@ -134,6 +149,19 @@ class PartitionedModel:
         h = self.exchange.sources(conv.lin(x))
         out = _neighbour_sum(looped, {"h": h * src_scale.to(h.dtype)}) * dst_scale.to(h.dtype)
         return out if conv.bias is None else out + conv.bias
+
+
+def _exchange_projected(conv: GATConv, x: torch.Tensor) -> bool:
+    """Whether a GAT layer moves fewer bytes by exchanging ``lin``'s rows than its input's:
+    per halo row, the input crosses once forward, and back as a gradient only where it
+    needs one; the mapped rows cross forward and back (``lin``'s weight wants their
+    gradient). The benchmark's first layer (F=512 -> 8 x 8, an input without gradient):
+    512 against 128 values."""
+    if not conv.projects_first():
+        return False
+    width = conv.heads * conv.out_channels
+    projected = width * (2 if x.requires_grad or conv.lin.weight.requires_grad else 1)
+    return projected < x.shape[1] * (2 if x.requires_grad else 1)
 
 
 def all_reduce_gradients(parameters: Iterable[nn.Parameter], group: Any = None) -> None:
