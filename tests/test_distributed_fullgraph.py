@@ -13,6 +13,7 @@ ownership.
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import warnings
@@ -330,3 +331,15 @@ def test_benchmark_smoke_run_trains_every_method_and_agrees(import_script, tmp_p
     assert sum(r["owned"] for r in ranks) == bench.SMOKE["nodes"]
     assert all(r["halo_mb_per_step"]["forward"] > 0 and r["median_ms"] > 0 for r in ranks)
     assert "| gnnfuse-2 | ok |" in (tmp_path / "smoke.md").read_text()
+
+
+def test_benchmark_features_of_some_rows_are_those_rows_of_the_table(import_script, monkeypatch):
+    """Each rank draws only the feature chunks holding its rows; they must be the rows of
+    the table a one-process method draws, whatever order the rows come in."""
+    bench = import_script(Path(__file__).resolve().parent.parent / "benchmarks", "bench_distributed_fullgraph")
+    monkeypatch.setattr(bench, "FEATURE_CHUNK", 7)
+    args = argparse.Namespace(nodes=30, features=3, seed=2)
+    table = bench.features(args, torch.device("cpu"))
+    assert table.shape == (30, 3)
+    for rows in (torch.tensor([29, 4, 15, 3, 22, 5]), torch.randperm(30, generator=torch.Generator().manual_seed(0))):
+        torch.testing.assert_close(bench.features(args, torch.device("cpu"), rows), table[rows], rtol=0, atol=0)
