@@ -210,7 +210,8 @@ CACHE_LINE_BYTES = 64
 # gathers are random, and out of order execution overlaps only the few misses within
 # its window; asking for the rows of later edges first overlapped them. Measured on one
 # core of the 2-core AMD EPYC, a CSR neighbour sum: arxiv-sized at F=64 239 -> 86 ms,
-# pubmed at F=256 30 -> 21 ms; distances 4 to 16 within 5% of each other. 0 turns prefetching off.
+# pubmed at F=256 30 -> 21 ms; distances 4 to 16 within 5% of each other. 0 generates no
+# prefetching; a launch turns it off for tables that stay in cache (`schedule.prefetch`).
 PREFETCH_DISTANCE = 8
 
 
@@ -233,9 +234,11 @@ def generate_aggregate(unit: AggregateUnit, name: str, acc: str, parallel: bool,
                        partitioned: bool = False, register_row: bool = False) -> tuple[str, list[Value]]:
     """Kernel source for an aggregate unit and its leaf values in argument order.
 
-    ``name(rowptr, col, eid, out, f_tile, L0, ...)``: ``out`` is the flat output of
-    ``num_rows * width`` elements, filled completely (no zeroing needed). With
-    ``partitioned``, ``name(rowptr, part_ptr, rows, ptr, col, eid, out, f_tile, L0, ...)``
+    ``name(rowptr, col, eid, prefetch_end, out, f_tile, L0, ...)``: ``out`` is the flat
+    output of ``num_rows * width`` elements, filled completely (no zeroing needed);
+    rows are prefetched for CSR positions below ``prefetch_end`` (the edge count, or 0
+    for none: `schedule.prefetch`). With ``partitioned``,
+    ``name(rowptr, part_ptr, rows, ptr, col, eid, prefetch_end, out, f_tile, L0, ...)``
     walks the source ranges of `partition.Partitions` one after the other (all threads on
     one range at a time, as FeatGraph does, so the range's rows stay in the shared
     cache), each range's rows reduced in parallel and combined into ``out``.
@@ -274,10 +277,10 @@ def generate_aggregate(unit: AggregateUnit, name: str, acc: str, parallel: bool,
     blocks = f"(num_rows + {ROWS_PER_BLOCK - 1}) // {ROWS_PER_BLOCK}"
     rows_of_block = f"range(block * {ROWS_PER_BLOCK}, min(block * {ROWS_PER_BLOCK} + {ROWS_PER_BLOCK}, num_rows))"
     head = _header(acc) + f'''{_decorator(parallel)}
-def {name}(rowptr, {"part_ptr, rows, ptr, " if partitioned else ""}col, eid, out, f_tile, {leaves}):
+def {name}(rowptr, {"part_ptr, rows, ptr, " if partitioned else ""}col, eid, prefetch_end, out, f_tile, {leaves}):
     # {unit.describe()}
 {em.block(_KERNEL, 4)}    num_rows = rowptr.shape[0] - 1
-    links = U(col.shape[0])
+    links = U(prefetch_end)
     width = U({width})
     for f_lo in range(0, {width}, f_tile):
         f_hi = min(f_lo + f_tile, {width})
@@ -366,10 +369,10 @@ def generate_register_row(unit: AggregateUnit, name: str, acc: str, parallel: bo
     step = "".join(f"                a{c} = ACC({join.format(f'a{c}', val)})\n" for c, val in enumerate(vals))
     store = "".join(f"            out[base + U({c})] = {result.format(f'a{c}')}{scale}\n" for c in range(width))
     source = _header(acc) + f'''{_decorator(parallel)}
-def {name}(rowptr, col, eid, out, f_tile, {"".join(f"L{n}, " for n in range(len(em.leaf_args)))}):
+def {name}(rowptr, col, eid, prefetch_end, out, f_tile, {"".join(f"L{n}, " for n in range(len(em.leaf_args)))}):
     # {unit.describe()} (row in registers)
 {em.block(_KERNEL, 4)}    num_rows = rowptr.shape[0] - 1
-    links = U(col.shape[0])
+    links = U(prefetch_end)
     width = U({width})
     for block in prange((num_rows + {ROWS_PER_BLOCK - 1}) // {ROWS_PER_BLOCK}):
         for r in range(block * {ROWS_PER_BLOCK}, min(block * {ROWS_PER_BLOCK} + {ROWS_PER_BLOCK}, num_rows)):
@@ -416,10 +419,10 @@ def generate_edge(unit: EdgeUnit, name: str, acc: str, parallel: bool) -> tuple[
     else:
         val = em.value(root, coords)
     source = _header(acc) + f'''{_decorator(parallel)}
-def {name}(src, dst, out, {"".join(f"L{n}, " for n in range(len(em.leaf_args)))}):
+def {name}(src, dst, prefetch_end, out, {"".join(f"L{n}, " for n in range(len(em.leaf_args)))}):
     # {unit.describe()}
 {em.block(_KERNEL, 4)}    width = U({width})
-    links = U(src.shape[0])
+    links = U(prefetch_end)
     for e in prange(src.shape[0]):
         edge = U(e)
         src_id = U(src[edge])

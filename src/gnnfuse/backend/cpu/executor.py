@@ -240,6 +240,10 @@ def _plan(unit: Unit, ctx: GraphContext, metas: tuple[tuple[torch.dtype, bool], 
     if compiled is None:
         return fallback
     kernel, leaf_args = compiled
+    # the rows a walk gathers come from tables of about this many bytes (the other side's
+    # vertices, as wide as the output)
+    gathered = (neighbours if isinstance(unit, AggregateUnit) else max(ctx.num_rows("src"), ctx.num_rows("dst")))
+    prefetching = schedule.prefetch(gathered * width * root.dtype.itemsize)
     if isinstance(unit, AggregateUnit):
         rowptr, col, eid = ctx.csr(unit.by)
         graph_args = (rowptr.numpy(), col.numpy(), eid.numpy()) if ranges is None else \
@@ -247,6 +251,8 @@ def _plan(unit: Unit, ctx: GraphContext, metas: tuple[tuple[torch.dtype, bool], 
         rows = ctx.num_rows(unit.by)
     else:
         graph_args, rows = (ctx.src.numpy(), ctx.dst.numpy()), ctx.num_edges
+    walked = graph_args[-2] if isinstance(unit, AggregateUnit) else graph_args[0]    # col, or src
+    graph_args = (*graph_args, walked.shape[0] if prefetching else 0)     # the kernel's prefetch_end
     return _Launch(kernel, tuple(v.id for v in leaf_args), graph_args, (rows,) + root.shape, root.dtype,
                    threads if parallel else 0, choice.chunk, tile)
 
