@@ -215,19 +215,22 @@ CACHE_LINE_BYTES = 64
 PREFETCH_DISTANCE = 8
 
 
-def _walk_prefetch(em: "_Emitter", position: str, indent: int) -> str:
-    """The lines that prefetch, at CSR position ``position``, the neighbour rows and
-    per-edge rows the walk will read `PREFETCH_DISTANCE` edges later (nothing where
-    the unit gathers none)."""
-    kinds = {kind for _, kind in em.gathered} & {"neighbour", "edge"}
+def _prefetch_ahead(em: "_Emitter", position: str, index_arrays: dict[str, str], indent: int) -> str:
+    """The lines that prefetch, at walk position ``position``, the rows the kernel will
+    gather `PREFETCH_DISTANCE` positions later: for each gather kind in ``index_arrays``
+    (kind -> the array holding that kind's row id per position: ``col``/``eid`` in a CSR
+    walk, ``src``/``dst`` in an edge kernel) that the unit reads. Nothing where it reads
+    none; ``links`` (the kernel's ``prefetch_end``) bounds the read-ahead."""
+    kinds = sorted({kind for _, kind in em.gathered} & set(index_arrays))
     if not kinds or not PREFETCH_DISTANCE:
         return ""
     pad = " " * indent
-    ahead = {"neighbour": "nbr_ahead", "edge": "edge_ahead"}
-    return (f"{pad}ahead = U({position}) + U({PREFETCH_DISTANCE})\n{pad}if ahead < links:\n"
-            + ("" if "neighbour" not in kinds else f"{pad}    nbr_ahead = U(col[ahead])\n")
-            + ("" if "edge" not in kinds else f"{pad}    edge_ahead = U(eid[ahead])\n")
-            + em.prefetches({k: ahead[k] for k in kinds}, indent + 4))
+    return (f"{pad}ahead = {position} + U({PREFETCH_DISTANCE})\n{pad}if ahead < links:\n"
+            + "".join(f"{pad}    {kind}_ahead = U({index_arrays[kind]}[ahead])\n" for kind in kinds)
+            + em.prefetches({kind: f"{kind}_ahead" for kind in kinds}, indent + 4))
+
+
+_WALK_INDEXES = {"neighbour": "col", "edge": "eid"}
 
 
 def generate_aggregate(unit: AggregateUnit, name: str, acc: str, parallel: bool,
@@ -266,7 +269,7 @@ def generate_aggregate(unit: AggregateUnit, name: str, acc: str, parallel: bool,
                 for p in range(start, end):
                     nbr = U(col[p])
                     edge = U(eid[p])
-{_walk_prefetch(em, "p", 20)}{em.block(_EDGE, 20)}                    for fi in range(f_lo, f_hi):
+{_prefetch_ahead(em, "U(p)", _WALK_INDEXES, 20)}{em.block(_EDGE, 20)}                    for fi in range(f_lo, f_hi):
                         f = U(fi)
                         k = U(fi - f_lo)
 {em.block(_FEATURE, 24)}                        {combine.format("acc[k]", val)}
@@ -382,7 +385,7 @@ def {name}(rowptr, col, eid, prefetch_end, out, f_tile, {"".join(f"L{n}, " for n
 {em.block(_ROW, 12)}{init}            for p in range(U(start), U(end)):
                 nbr = U(col[p])
                 edge = U(eid[p])
-{_walk_prefetch(em, "p", 16)}{em.block(_EDGE, 16)}{step}            base = row * width
+{_prefetch_ahead(em, "U(p)", _WALK_INDEXES, 16)}{em.block(_EDGE, 16)}{step}            base = row * width
 {store}'''
     return source, em.leaf_args
 
@@ -391,24 +394,11 @@ def _indent(text: str, by: int) -> str:
     return "".join(" " * by + line if line.strip() else line for line in text.splitlines(keepends=True))
 
 
-def _edge_prefetch(em: "_Emitter", indent: int) -> str:
-    """The lines that prefetch the endpoint rows an edge kernel will read
-    `PREFETCH_DISTANCE` edges later (see `_walk_prefetch`)."""
-    kinds = {kind for _, kind in em.gathered} & {"src", "dst"}
-    if not kinds or not PREFETCH_DISTANCE:
-        return ""
-    pad = " " * indent
-    ahead = {"src": "src_ahead", "dst": "dst_ahead"}
-    return (f"{pad}ahead = edge + U({PREFETCH_DISTANCE})\n{pad}if ahead < links:\n"
-            + "".join(f"{pad}    {ahead[k]} = U({k}[ahead])\n" for k in sorted(kinds))
-            + em.prefetches({k: ahead[k] for k in kinds}, indent + 4))
-
-
 def generate_edge(unit: EdgeUnit, name: str, acc: str, parallel: bool) -> tuple[str, list[Value]]:
     """Kernel source for an edge unit: ``prange`` over edges, each gathering its
     endpoints' rows and writing its own output row (FeatGraph's SDDMM template).
 
-    ``name(src, dst, out, L0, ...)``; a per-edge sum over feature dims (attention
+    ``name(src, dst, prefetch_end, out, L0, ...)``; a per-edge sum over feature dims (attention
     logits) is unrolled over its terms, as in the Triton generator."""
     root = unit.root
     width = math.prod(root.shape)
@@ -428,7 +418,7 @@ def {name}(src, dst, prefetch_end, out, {"".join(f"L{n}, " for n in range(len(em
         src_id = U(src[edge])
         dst_id = U(dst[edge])
         base = edge * width
-{_edge_prefetch(em, 8)}{em.block(_ROW, 8)}{em.block(_EDGE, 8)}        for fi in range({width}):
+{_prefetch_ahead(em, "edge", {"src": "src", "dst": "dst"}, 8)}{em.block(_ROW, 8)}{em.block(_EDGE, 8)}        for fi in range({width}):
             f = U(fi)
 {em.block(_FEATURE, 12)}            out[base + f] = {val}
 '''
