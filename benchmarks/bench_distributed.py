@@ -183,7 +183,8 @@ def markdown(results: dict[str, Any]) -> str:
     lines = ["# Data-parallel mini-batch training (GraphSAGE, DDP)", "",
              f"{config['dataset']}, {len(config['fanout'])} layers hidden {config['hidden']}, fanouts "
              f"{','.join(map(str, config['fanout']))}, batch {config['batch_size']} per rank, features "
-             f"{config['features']}, {config.get('num_workers') or 'no'} loader workers per rank; {env.get('device_name')}, torch {env.get('torch')}, commit "
+             f"{config['features']}, {config.get('num_workers') or 'no'} loader workers per rank; "
+             f"{env.get('device_name')}, torch {env.get('torch')}, commit "
              f"{(env.get('git_commit') or 'unknown')[:12]}{' (dirty)' if env.get('git_dirty') else ''}, "
              f"{env.get('date')}.", "",
              "1 rank is plain single-process training; N ranks are gnnfuse.distributed (DistributedSampler "

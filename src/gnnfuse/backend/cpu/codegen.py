@@ -230,7 +230,8 @@ def _prefetch_ahead(em: "_Emitter", position: str, index_arrays: dict[str, str],
             + em.prefetches({kind: f"{kind}_ahead" for kind in kinds}, indent + 4))
 
 
-_WALK_INDEXES = {"neighbour": "col", "edge": "eid"}
+_WALK_INDEXES = {"neighbour": "col", "edge": "eid"}     # row ids per position: a CSR walk's
+_EDGE_INDEXES = {"src": "src", "dst": "dst"}            # and an edge kernel's
 
 
 def generate_aggregate(unit: AggregateUnit, name: str, acc: str, parallel: bool,
@@ -418,7 +419,7 @@ def {name}(src, dst, prefetch_end, out, {"".join(f"L{n}, " for n in range(len(em
         src_id = U(src[edge])
         dst_id = U(dst[edge])
         base = edge * width
-{_prefetch_ahead(em, "edge", {"src": "src", "dst": "dst"}, 8)}{em.block(_ROW, 8)}{em.block(_EDGE, 8)}        for fi in range({width}):
+{_prefetch_ahead(em, "edge", _EDGE_INDEXES, 8)}{em.block(_ROW, 8)}{em.block(_EDGE, 8)}        for fi in range({width}):
             f = U(fi)
 {em.block(_FEATURE, 12)}            out[base + f] = {val}
 '''
