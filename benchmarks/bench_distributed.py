@@ -226,7 +226,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--dropout", type=float, default=0.5)
     # Each new batch shape can compile a kernel variant or tune a launch; on a machine with
     # cold caches 3 warm-up batches left them to the timed epoch (H100 x4: 2 ranks 4.00 s
-    # in the first invocation, 1.37 s in the next), so each rank warms on 20.
+    # as a fresh machine's first invocation, 1.37 s on another fresh machine after an
+    # invocation with partitioned features had run), so each rank warms on 20.
     parser.add_argument("--warmup", type=int, default=20, help="untimed batches first, per rank (default 20)")
     parser.add_argument("--max-batches", type=int, help="stop each rank's timed epoch after this many batches")
     parser.add_argument("--train-nodes", type=int, help="training seeds per epoch (default: ogbn-products' "
