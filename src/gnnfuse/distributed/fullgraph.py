@@ -7,11 +7,11 @@ activations, and the in-edges of those vertices (`partition.Partition`). Each la
 first fetches the rows of the remote in-neighbours (`halo.HaloExchange`), then runs the
 layer's own compiled program on the rank's bipartite block -- the same call a sampled
 mini-batch makes (``conv((x_src, x_dst), block)``). GAT maps its rows first
-(`GATConv.forward_projected`) where that moves fewer bytes, so the exchange carries heads
-x channels per row rather than the input's width. Nothing about a layer is re-implemented except GCN's
-normalisation, which must use *global* degrees: a halo vertex's in-edges live on its
-owner, so its degree cannot be counted locally; GCN runs as ``lin``, exchange, deg^-1/2
-scaling by the whole graph's degrees, sum, scaling, bias.
+(`GATConv.forward_projected`) where that moves fewer bytes, so the exchange carries
+heads x channels per row rather than the input's width. Nothing about a layer is
+re-implemented except GCN's normalisation, which must use *global* degrees: a halo
+vertex's in-edges live on its owner, so its degree cannot be counted locally; GCN runs
+as ``lin``, exchange, deg^-1/2 scaling by the whole graph's degrees, sum, scaling, bias.
 
 The loss is the sum over ranks of each rank's summed cross-entropy divided by the
 global number of training vertices, i.e. exactly the one-process mean. Each rank's

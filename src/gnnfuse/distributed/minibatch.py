@@ -52,13 +52,14 @@ RANK_SEED_STRIDE = 1_000_003     # rank r draws dropout and neighbour samples fr
 
 
 # Measured on 4 H100s (benchmarks/results/scaling_cuda.md): with loader worker processes,
-# each GPU time-slices its rank's context with its workers' (the likely cause), and a training step's
-# kernels (DDP's all-reduce among them) took 26-45 ms instead of 6.7: 2 and 4 GPUs
+# a training step's kernels (DDP's all-reduce among them) took 26-45 ms instead of 6.7,
+# likely because each GPU time-slices its rank's context with its workers': 2 and 4 GPUs
 # trained 0.62x and 0.76x as fast as one GPU with workers.
 LOADER_WORKERS_WITH_DDP = (
     "gnnfuse: loader worker processes (--num-workers) with several GPU ranks share each GPU "
     "between the rank and its workers; measured on 4 H100s, 2 and 4 GPUs then trained slower "
     "than one (0.62x, 0.76x). Drop --num-workers to prepare batches in a thread (2.7-3.7x on 4 GPUs).")
+
 
 def train_distributed_minibatch_run(config: TrainConfig, spec: ModelSpec, data: PreparedData, seed: int, *,
                                     label: str = "", log_epochs: bool = True) -> RunResult:
