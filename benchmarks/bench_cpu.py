@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -97,17 +98,33 @@ def kernel_methods(kernel: str, ops, x: torch.Tensor) -> dict[str, Callable[[], 
 WARMUP_SECONDS = 0.3   # and at least this long: the process's first parallel calls run slow
 
 
-def timed(fn: Callable[[], torch.Tensor], expected: torch.Tensor | None, args) -> dict[str, Any]:
-    """Median of ``args.repeats`` calls after ``args.warmup`` untimed ones lasting at least
-    `WARMUP_SECONDS`: with two warm-up calls, the first kernel timed in a process (the
-    neighbour sum at two threads) read 1.23 ms where the same call later read 0.34 ms."""
+def warm(fn: Callable[[], torch.Tensor], args) -> None:
+    """``args.warmup`` untimed calls lasting at least `WARMUP_SECONDS`: with two warm-up
+    calls, the first kernel timed in a process (the neighbour sum at two threads) read
+    1.23 ms where the same call later read 0.34 ms."""
     begin, calls = time.perf_counter(), 0
     while calls < args.warmup or time.perf_counter() - begin < WARMUP_SECONDS:
         fn()
         calls += 1
-    stats = summarize(time_calls(fn, args.repeats, torch.device("cpu")))
-    return {"status": "ok", **stats, "repeats": args.repeats,
-            "rel_err": None if expected is None else max_rel_err(fn(), expected)}
+
+
+def interleaved(fns: dict[str, Callable[[], torch.Tensor]], args) -> dict[str, list[float]]:
+    """Per method, the median of ``args.repeats`` calls in each of ``args.rounds`` rounds;
+    the methods take turns within a round, each round starting one method later.
+
+    Why rounds: this VM's memory bandwidth and the second core come and go, and timing
+    one method's calls back to back put a slow spell on one method only. Pubmed's
+    F=256 one-thread sum read 15.7 ms in one run and 8.0 ms in the next, and torch's
+    sparse-mm 28.4 ms in a first block against 10.5 ms in the blocks after it. Taking
+    turns gives every method the same spells; the cell is the median over rounds."""
+    names = list(fns)
+    for name in names:
+        warm(fns[name], args)
+    rounds: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(args.rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            rounds[name].append(statistics.median(time_calls(fns[name], args.repeats, torch.device("cpu"))))
+    return rounds
 
 
 def run_kernels(name: str, threads: int, args, results: dict[str, Any], run_id: str) -> None:
@@ -119,9 +136,19 @@ def run_kernels(name: str, threads: int, args, results: dict[str, Any], run_id: 
             if args.tune:   # FeatGraph's grid search for this kernel, graph, width and thread count
                 tune(fns["gnnfuse-cpu"], "cpu", space=args.tune, log=log)
             expected = fns["pyg-scatter"]()
+            errors = {m: guarded(lambda: {"status": "ok", "rel_err": None if m == "pyg-scatter"
+                                          else max_rel_err(fns[m](), expected)}, torch.device("cpu"))
+                      for m in METHODS}
+            runnable = {m: fns[m] for m in METHODS if errors[m]["status"] == "ok"}
+            rounds = guarded(lambda: {"status": "ok", "rounds": interleaved(runnable, args)}, torch.device("cpu"))
             for method in METHODS:
-                cell = guarded(lambda: timed(fns[method], None if method == "pyg-scatter" else expected, args),
-                               torch.device("cpu"))
+                cell = errors[method]
+                if cell["status"] == "ok" and rounds["status"] != "ok":
+                    cell = {k: v for k, v in rounds.items() if k != "rounds"}
+                elif cell["status"] == "ok":
+                    medians = rounds["rounds"][method]
+                    cell = {**cell, **summarize(medians), "round_medians_ms": medians, "rounds": args.rounds,
+                            "repeats": args.repeats}
                 results["kernels"][f"{name}/{kernel}/{features}/{threads}/{method}"] = {**cell, "run": run_id}
                 err = cell.get("rel_err")
                 log(f"[{name}] {kernel} F={features} threads={threads} {method}: "
@@ -156,7 +183,9 @@ def ratio(results: dict[str, Any], section: str, key: str, ours: str, theirs: st
 
 def render_markdown(results: dict[str, Any]) -> str:
     lines = ["# CPU backend (Numba) against PyG and torch", "",
-             "Median milliseconds per call; speedup = their time / gnnfuse-cpu's. Targets (issue 15): "
+             "Milliseconds per call: a kernel cell is the median over rounds in which the three methods "
+             "take turns (`--rounds`) of each round's median call (`--repeats`), a training cell the median "
+             "step; speedup = their time / gnnfuse-cpu's. Targets (issue 15): "
              "kernels >= 3x pyg-scatter and >= 1.5x sparse-mm; training >= 1.5x PyG eager and >= 1.2x "
              "compiled PyG. Timings taken while other work shares the CPU are noise-bound (one call's "
              "time varied up to 20x between cells of the first run here): compare runs on a quiet machine.",
@@ -200,7 +229,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--kernels", type=csv(str), default=list(KERNELS))
     parser.add_argument("--threads", type=csv(int), default=[1, 2])
     parser.add_argument("--models", type=csv(str), default=list(bench.MODELS))
-    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=10, help="timed calls per method and round")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds in which the kernel methods take turns; "
+                        "a kernel cell is the median of its round medians")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--steps", type=int, default=10, help="timed training steps per cell")
     parser.add_argument("--tune", choices=SPACES, help="tune each kernel (gnnfuse.tuning, this schedule space) "
