@@ -7,7 +7,9 @@ copied (CUDA tensors through CUDA IPC, host tensors through shared memory).
 
 Randomness: batch ``i`` of an epoch samples from its own generator, seeded from the
 epoch's seed and ``i`` (`batch_generator`), so a batch's draws do not depend on which
-thread or process prepares it, nor on the batches prepared before it.
+thread or process prepares it, nor on the batches prepared before it. A hop that runs
+as fused kernels (`hop_kernels`: on a GPU, with a fanout, without replacement) draws from
+Triton's Philox stream keyed by that generator's seed and the hop instead.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from typing import Sequence
 import torch
 
 from .block import Block, block_graph
+from .hop_kernels import fused_hops, hop_seed, reindex_slots_fused, sample_slots_fused
 from .layouts import prepare_layouts
 from .sampler import reindex_slots, sample_slots
 from .stages import StageTimes, device_stream
@@ -85,11 +88,13 @@ class BatchMaker:
         on_sampler = device_stream(self.sample_device)
         nodes = seeds.to(self.sample_device)
         hops = []
-        for fanout in self.num_neighbors:
+        for index, fanout in enumerate(self.num_neighbors):
+            fused = fused_hops(self.sample_device, fanout, self.replace)
             with times.timing("sample", stream=on_sampler):
-                slots = sample_slots(self.rowptr, self.col, nodes, fanout, self.replace, generator)
+                slots = (sample_slots_fused(self.rowptr, self.col, nodes, fanout, hop_seed(generator, index))
+                         if fused else sample_slots(self.rowptr, self.col, nodes, fanout, self.replace, generator))
             with times.timing("reindex", stream=on_sampler):
-                hop = reindex_slots(nodes, slots, self.num_nodes)
+                hop = (reindex_slots_fused if fused else reindex_slots)(nodes, slots, self.num_nodes)
             hops.append(hop)
             nodes = hop.nodes
         on_device = device_stream(self.device)

@@ -1,0 +1,125 @@
+"""One hop sampled and reindexed on a GPU by four Triton kernels (`sample_block_fused`).
+
+`loader.sampler` does the same hop in vectorized torch code: about 60 aten ops per hop
+for the sample (Floyd's draws resolved by a sort and pointer doubling) and 100 for the
+reindex (sort-based first-occurrence numbering). On an H100 a products-sized batch then
+took 12.5 ms of host time and 3.3 ms of GPU time, half of it in sorts, and the loader's
+thread, sharing the GIL with the training step, bound the epoch. Here a hop is:
+
+1. ``_sample``: per destination, Floyd's algorithm run sequentially over the fanout in
+   registers (a row of ``k`` slots, ``k`` membership tests of ``k`` lanes each), so a
+   hub costs what a vertex of degree ``k`` costs; the rows' edge counts.
+2. ``_insert``: every destination and sampled source into an open-addressed hash table
+   (compare-and-swap, linear probing), each key's smallest position kept by an atomic
+   minimum: its first occurrence.
+3. ``_first``: each position's first occurrence (a probe without atomics), and whether
+   it is that first occurrence; one cumsum then numbers the first occurrences in
+   position order.
+4. ``_emit``: the block's CSR (sources as local ids, destinations, edge ids), the
+   distinct ids in their new order, and the sources' out-degrees.
+
+The numbering is the one `sampler.reindex_slots` gives (destinations keep ``0..n-1``, new
+sources follow by first appearance in slot order), so for the same slots the two produce
+the same block, which the tests check. Only the draws differ: they come from Triton's
+Philox stream keyed by the batch generator's seed and the hop, not from torch's
+generator; the distribution is the same (uniform ``min(deg, k)``-subsets per row).
+
+Host syncs: one per hop (`sampler._read_back` of the four counts), as in the torch path.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from .sampler import SampledBlock, Slots, _read_back
+
+FUSED_HOPS = "GNNFUSE_FUSED_HOPS"     # "1": these kernels on any device; "0": the torch path everywhere
+
+_ROWS = 64            # destinations per program in `_sample`
+_POSITIONS = 256      # positions per program in the hash-table kernels
+_EMPTY, _SCRATCH = -1, -3       # table keys: a free slot; the spare slot masked-off lanes swap against
+_NO_POSITION = 2**31 - 1
+_GOLDEN = 0x9E3779B97F4A7C15
+
+
+def _kernels():
+    """The four kernels (their module imports Triton, which a CPU-only loader lacks)."""
+    from . import hop_triton
+    return hop_triton.sample, hop_triton.insert, hop_triton.find_first, hop_triton.emit
+
+
+def fused_hops(device: torch.device, fanout: int, replace: bool) -> bool:
+    """Whether a hop on ``device`` runs here: on a GPU for a fanout without
+    replacement, unless `FUSED_HOPS` says otherwise ("1" also on a CPU, which needs
+    Triton's interpreter: what the tests do)."""
+    if fanout < 1 or replace:
+        return False
+    forced = os.environ.get(FUSED_HOPS)
+    return forced == "1" if forced in ("0", "1") else device.type == "cuda"
+
+
+def hop_seed(generator: torch.Generator, hop: int) -> int:
+    """The Philox seed of ``hop`` for a batch whose generator is ``generator``: its
+    initial seed (read on the host, no sync) mixed with the hop's index."""
+    return (generator.initial_seed() + (hop + 1) * _GOLDEN) % 2**62
+
+
+def sample_slots_fused(rowptr: torch.Tensor, col: torch.Tensor, seeds: torch.Tensor, fanout: int,
+                       seed: int) -> Slots:
+    """`sampler.sample_slots` without replacement for ``fanout >= 1``, by `_sample`:
+    ``fanout`` slots per destination, the first ``count`` holding distinct in-edges."""
+    import triton
+    if fanout < 1:
+        raise ValueError(f"sample_slots_fused needs a fanout >= 1, got {fanout}")
+    num_dst, device = seeds.numel(), seeds.device
+    num_nodes = rowptr.numel() - 1
+    src = torch.empty(num_dst * fanout, dtype=torch.int64, device=device)
+    eid = torch.empty_like(src)
+    count = torch.empty(num_dst, dtype=torch.int64, device=device)
+    if num_dst:
+        _kernels()[0][(triton.cdiv(num_dst, _ROWS),)](
+            rowptr, col, seeds, num_dst, seed, src, eid, count, num_nodes,
+            K=fanout, KP=triton.next_power_of_2(fanout), ROWS=_ROWS)
+    rowptr_out = torch.zeros(num_dst + 1, dtype=torch.int64, device=device)
+    torch.cumsum(count, 0, out=rowptr_out[1:])
+    return Slots(src, eid, src != num_nodes, count, rowptr_out, fanout)
+
+
+def reindex_slots_fused(seeds: torch.Tensor, slots: Slots, num_nodes: int) -> SampledBlock:
+    """`sampler.reindex_slots` by the hash-table kernels: the same block for the same
+    ``slots`` (which must have a ``width``: one hop's fixed-width sample)."""
+    import triton
+    _, insert, first, emit = _kernels()
+    if slots.width is None:
+        raise ValueError("reindex_slots_fused needs fixed-width slots (a fanout >= 1)")
+    device, num_dst = seeds.device, seeds.numel()
+    num_all = num_dst + slots.src.numel()
+    size = triton.next_power_of_2(max(2 * num_all, 2))          # load factor <= 1/2: short probes
+    keys = torch.full((size + 1,), _EMPTY, dtype=torch.int64, device=device)
+    keys[size] = _SCRATCH
+    first_of = torch.full((size,), _NO_POSITION, dtype=torch.int32, device=device)
+    first_pos = torch.empty(num_all, dtype=torch.int64, device=device)
+    is_first = torch.empty(num_all, dtype=torch.int64, device=device)
+    grid = (triton.cdiv(num_all, _POSITIONS),)
+    if num_all:
+        insert[grid](seeds, slots.src, num_dst, num_all, num_nodes, keys, first_of, size - 1, POSITIONS=_POSITIONS)
+        first[grid](seeds, slots.src, num_dst, num_all, num_nodes, keys, first_of, first_pos, is_first, size - 1,
+                    POSITIONS=_POSITIONS)
+    numbered = torch.cumsum(is_first, 0)
+    edges_bound = slots.src.numel()
+    local_src = torch.empty(edges_bound, dtype=torch.int64, device=device)
+    dst = torch.empty_like(local_src)
+    eid = torch.empty_like(local_src)
+    nodes = torch.empty(num_all, dtype=seeds.dtype, device=device)
+    out_degrees = torch.zeros(num_all, dtype=torch.int64, device=device)
+    if num_all:
+        emit[grid](seeds, slots.src, slots.eid, num_dst, num_all, num_nodes, first_pos, numbered, slots.count,
+                   slots.rowptr, local_src, dst, eid, nodes, out_degrees, K=slots.width, POSITIONS=_POSITIONS)
+    read = out_degrees[:num_dst] > 0
+    distinct_now = numbered[-1] if num_all else numbered.new_zeros(())
+    edges, distinct, unread, most = _read_back(torch.stack([
+        slots.rowptr[-1], distinct_now, num_dst - read.sum(), out_degrees.max() if num_all else distinct_now]))
+    unread_dst = torch.sort(read.to(torch.uint8), stable=True).indices[:unread]     # the False rows, ascending
+    return SampledBlock(slots.rowptr, local_src[:edges], dst[:edges], eid[:edges], nodes[:distinct],
+                        out_degrees[:distinct], most, unread_dst)

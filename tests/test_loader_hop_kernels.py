@@ -1,0 +1,149 @@
+"""The loader's fused hop kernels (`gnnfuse.loader.hop_kernels`), under Triton's
+interpreter on CPU tensors (on a GPU machine, on the GPU): the sample against the graph
+itself (existing, distinct in-edges; every edge of a short row; uniform subsets), the
+reindex against the torch path's `reindex_slots` on the same slots (the same block, bit
+for bit), and the loader choosing them."""
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+import gnnfuse
+from gnnfuse.loader import NeighborLoader
+from gnnfuse.loader.hop_kernels import (FUSED_HOPS, fused_hops, hop_seed, reindex_slots_fused,
+                                        sample_slots_fused)
+from gnnfuse.loader.sampler import reindex_slots
+from graph_strategies import graphs
+
+pytest.importorskip("triton")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+RUNS = settings(max_examples=12, deadline=None, derandomize=True, database=None)
+
+
+def full_csr(case):
+    csr = gnnfuse.Graph.from_edge_index(case.edge_index, case.num_nodes).csr()
+    return csr.rowptr.long().to(DEVICE), csr.col.long().to(DEVICE)
+
+
+@st.composite
+def hops(draw):
+    case = draw(graphs(max_nodes=9, max_edges=30, hub_degrees=st.sampled_from([0, 12])))
+    seeds = draw(st.lists(st.integers(0, case.num_nodes - 1), min_size=1, max_size=case.num_nodes, unique=True))
+    return case, torch.tensor(seeds, device=DEVICE), draw(st.sampled_from([1, 2, 3, 5])), draw(st.integers(0, 2**40))
+
+
+@RUNS
+@given(hops())
+def test_sampled_slots_hold_distinct_in_edges_and_short_rows_whole(drawn):
+    case, seeds, fanout, seed = drawn
+    rowptr, col = full_csr(case)
+    num_nodes = rowptr.numel() - 1
+    slots = sample_slots_fused(rowptr, col, seeds, fanout, seed)
+    assert slots.width == fanout and torch.equal(slots.rowptr[1:] - slots.rowptr[:-1], slots.count)
+    src, eid = slots.src.view(-1, fanout).cpu(), slots.eid.view(-1, fanout).cpu()
+    for i, v in enumerate(seeds.tolist()):
+        lo, hi = int(rowptr[v]), int(rowptr[v + 1])
+        taken = int(slots.count[i])
+        assert taken == min(hi - lo, fanout)
+        picked = eid[i, :taken].tolist()
+        assert len(set(picked)) == taken and all(lo <= e < hi for e in picked), "not distinct in-edges"
+        if hi - lo <= fanout:
+            assert sorted(picked) == list(range(lo, hi)), "a row within the fanout must keep every in-edge"
+        assert src[i, :taken].tolist() == col.cpu()[picked].tolist()
+        assert (src[i, taken:] == num_nodes).all() and not slots.valid.view(-1, fanout)[i, taken:].any()
+
+
+@RUNS
+@given(hops())
+def test_reindex_is_the_torch_paths_block_for_the_same_slots(drawn):
+    case, seeds, fanout, seed = drawn
+    rowptr, col = full_csr(case)
+    slots = sample_slots_fused(rowptr, col, seeds, fanout, seed)
+    ours = reindex_slots_fused(seeds, slots, rowptr.numel() - 1)
+    theirs = reindex_slots(seeds, slots, rowptr.numel() - 1)
+    for name in ours._fields:
+        a, b = getattr(ours, name), getattr(theirs, name)
+        assert (a == b) if isinstance(a, int) else torch.equal(a, b), name
+
+
+def test_reindex_numbers_by_first_occurrence_across_many_collisions():
+    """A few hundred distinct ids drawn into thousands of slots: long probe runs in the
+    table and many duplicates per key, still the torch path's numbering."""
+    generator = torch.Generator().manual_seed(3)
+    num_nodes, fanout = 5000, 8
+    seeds = torch.randperm(num_nodes, generator=generator)[:300]
+    src = torch.randint(0, 400, (300 * fanout,), generator=generator)
+    count = torch.randint(0, fanout + 1, (300,), generator=generator)
+    valid = (torch.arange(fanout).unsqueeze(0) < count.unsqueeze(1)).flatten()
+    src = torch.where(valid, src, num_nodes)
+    rowptr = torch.cat([torch.zeros(1, dtype=torch.int64), count.cumsum(0)])
+    from gnnfuse.loader.sampler import Slots
+    slots = Slots(src.to(DEVICE), torch.arange(src.numel(), device=DEVICE), valid.to(DEVICE), count.to(DEVICE),
+                  rowptr.to(DEVICE), fanout)
+    ours = reindex_slots_fused(seeds.to(DEVICE), slots, num_nodes)
+    theirs = reindex_slots(seeds.to(DEVICE), slots, num_nodes)
+    for name in ours._fields:
+        a, b = getattr(ours, name), getattr(theirs, name)
+        assert (a == b) if isinstance(a, int) else torch.equal(a, b), name
+
+
+def test_sampling_draws_uniform_subsets():
+    """A row of 6 in-edges sampled 3 at a time, 2,000 times (one destination per
+    draw): each of the 20 subsets about 100 times (chi-square, 19 degrees of freedom,
+    p = 0.001 cut-off 43.8), and another seed draws other subsets."""
+    degree, fanout, rows = 6, 3, 2000
+    rowptr = torch.tensor([0, degree], device=DEVICE)
+    col = torch.arange(degree, device=DEVICE)
+    seeds = torch.zeros(rows, dtype=torch.int64, device=DEVICE)
+    picked = sample_slots_fused(rowptr, col, seeds, fanout, 11).eid.view(rows, fanout).cpu()
+    subsets = list(itertools.combinations(range(degree), fanout))
+    counts = dict.fromkeys(subsets, 0)
+    for row in picked.tolist():
+        counts[tuple(sorted(row))] += 1
+    expected = rows / math.comb(degree, fanout)
+    chi2 = sum((c - expected) ** 2 / expected for c in counts.values())
+    assert chi2 < 43.8, counts
+    again = sample_slots_fused(rowptr, col, seeds, fanout, 12).eid.view(rows, fanout).cpu()
+    assert not torch.equal(picked, again)
+
+
+def test_hop_seeds_differ_by_batch_and_hop_and_repeat():
+    first = torch.Generator().manual_seed(5)
+    seeds = {hop_seed(first, hop) for hop in range(3)} | {hop_seed(torch.Generator().manual_seed(6), 0)}
+    assert len(seeds) == 4 and hop_seed(torch.Generator().manual_seed(5), 1) == hop_seed(first, 1)
+
+
+def test_the_choice_follows_the_device_and_the_switch(monkeypatch):
+    monkeypatch.delenv(FUSED_HOPS, raising=False)
+    assert fused_hops(torch.device("cuda"), 5, False) and not fused_hops(torch.device("cpu"), 5, False)
+    assert not fused_hops(torch.device("cuda"), -1, False) and not fused_hops(torch.device("cuda"), 5, True)
+    monkeypatch.setenv(FUSED_HOPS, "0")
+    assert not fused_hops(torch.device("cuda"), 5, False)
+    monkeypatch.setenv(FUSED_HOPS, "1")
+    assert fused_hops(torch.device("cpu"), 5, False)
+
+
+@pytest.mark.parametrize("fanouts", [[3, 2], [-1, 2]])
+def test_the_loader_on_fused_hops_gives_blocks_that_chain(monkeypatch, fanouts):
+    """Every hop with a fanout through the kernels (forced on this device): the blocks
+    chain (each block's destinations are the next one's sources), their edges are edges
+    of the graph, and the seeds come first."""
+    monkeypatch.setenv(FUSED_HOPS, "1")
+    generator = torch.Generator().manual_seed(0)
+    num_nodes = 40
+    edge_index = torch.randint(0, num_nodes, (2, 200), generator=generator)
+    graph = gnnfuse.Graph.from_edge_index(edge_index, num_nodes)
+    loader = NeighborLoader(graph, fanouts, batch_size=8, shuffle=True, prefetch=0, device=DEVICE)
+    edges = set(zip(edge_index[0].tolist(), edge_index[1].tolist()))
+    for batch in loader:
+        for outer, inner in zip(batch.blocks, batch.blocks[1:]):
+            assert torch.equal(outer.src_nodes[:outer.num_dst], inner.src_nodes)
+        for block in batch.blocks:
+            src, dst = block.edge_index
+            pairs = zip(block.src_nodes[src].tolist(), block.src_nodes[dst].tolist())
+            assert all(pair in edges for pair in pairs)
+        assert torch.equal(batch.blocks[-1].src_nodes[:batch.batch_size], batch.input_id)
