@@ -136,7 +136,7 @@ def test_the_loader_on_fused_hops_gives_blocks_that_chain(monkeypatch, fanouts):
     generator = torch.Generator().manual_seed(0)
     num_nodes = 40
     edge_index = torch.randint(0, num_nodes, (2, 200), generator=generator)
-    graph = gnnfuse.Graph.from_edge_index(edge_index, num_nodes)
+    graph = gnnfuse.Graph.from_edge_index(edge_index, num_nodes).to(DEVICE)
     loader = NeighborLoader(graph, fanouts, batch_size=8, shuffle=True, prefetch=0, device=DEVICE)
     edges = set(zip(edge_index[0].tolist(), edge_index[1].tolist()))
     for batch in loader:

@@ -38,7 +38,8 @@ FUSED_HOPS = "GNNFUSE_FUSED_HOPS"     # "1": these kernels on any device; "0": t
 
 _ROWS = 64            # destinations per program in `_sample`
 _POSITIONS = 256      # positions per program in the hash-table kernels
-_EMPTY, _SCRATCH = -1, -3       # table keys: a free slot; the spare slot masked-off lanes swap against
+_EMPTY, _SCRATCH = -1, -3       # table keys: a free entry; the spare entries masked-off lanes swap against
+_SPARE = 4096                   # spare entries past the table
 _NO_POSITION = 2**31 - 1
 _GOLDEN = 0x9E3779B97F4A7C15
 
@@ -96,14 +97,15 @@ def reindex_slots_fused(seeds: torch.Tensor, slots: Slots, num_nodes: int) -> Sa
     device, num_dst = seeds.device, seeds.numel()
     num_all = num_dst + slots.src.numel()
     size = triton.next_power_of_2(max(2 * num_all, 2))          # load factor <= 1/2: short probes
-    keys = torch.full((size + 1,), _EMPTY, dtype=torch.int64, device=device)
-    keys[size] = _SCRATCH
+    keys = torch.full((size + _SPARE,), _EMPTY, dtype=torch.int64, device=device)
+    keys[size:] = _SCRATCH
     first_of = torch.full((size,), _NO_POSITION, dtype=torch.int32, device=device)
     first_pos = torch.empty(num_all, dtype=torch.int64, device=device)
     is_first = torch.empty(num_all, dtype=torch.int64, device=device)
     grid = (triton.cdiv(num_all, _POSITIONS),)
     if num_all:
-        insert[grid](seeds, slots.src, num_dst, num_all, num_nodes, keys, first_of, size - 1, POSITIONS=_POSITIONS)
+        insert[grid](seeds, slots.src, num_dst, num_all, num_nodes, keys, first_of, size - 1, SPARE=_SPARE,
+                     POSITIONS=_POSITIONS)
         first[grid](seeds, slots.src, num_dst, num_all, num_nodes, keys, first_of, first_pos, is_first, size - 1,
                     POSITIONS=_POSITIONS)
     numbered = torch.cumsum(is_first, 0)

@@ -50,17 +50,25 @@ def position_key(seeds, slot_src, p, pmask, num_dst, num_nodes):
 
 
 @triton.jit
-def insert(seeds, slot_src, num_dst, num_all, num_nodes, keys, first_of, mask, POSITIONS: tl.constexpr):
+def insert(seeds, slot_src, num_dst, num_all, num_nodes, keys, first_of, mask, SPARE: tl.constexpr,
+           POSITIONS: tl.constexpr):
     p = tl.program_id(0).to(tl.int64) * POSITIONS + tl.arange(0, POSITIONS)
     pmask = p < num_all
     key = position_key(seeds, slot_src, p, pmask, num_dst, num_nodes)
     active = pmask & (key != num_nodes)
     h = hash_slot(key, mask)
-    spare = mask + 1
+    # Lanes that need no swap aim theirs at spare entries past the table (atomic_cas has
+    # no mask), spread over SPARE of them: aimed at one, they serialized on it.
+    spare = mask + 1 + (p & (SPARE - 1))
     while tl.max(active.to(tl.int32), axis=0) > 0:
-        prev = tl.atomic_cas(keys + tl.where(active, h, spare), tl.where(active, -1, -2).to(tl.int64), key)
-        placed = active & ((prev == -1) | (prev == key))
-        tl.atomic_min(first_of + h, p.to(tl.int32), mask=placed)
+        # A plain read first: a hub's id fills many slots of a hop, and swapping on its
+        # entry every time serialized them; only an empty entry is swapped for.
+        stored = tl.load(keys + h, mask=active, other=-2)
+        swap = active & (stored == -1)
+        prev = tl.atomic_cas(keys + tl.where(swap, h, spare), tl.where(swap, -1, -2).to(tl.int64), key)
+        placed = active & ((stored == key) | (swap & ((prev == -1) | (prev == key))))
+        earliest = tl.load(first_of + h, mask=placed, other=0)
+        tl.atomic_min(first_of + h, p.to(tl.int32), mask=placed & (p < earliest))
         active = active & ~placed
         h = tl.where(active, (h + 1) & mask, h)
 
