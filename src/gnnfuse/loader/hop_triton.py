@@ -13,7 +13,9 @@ def hash_slot(key, mask):
     return (mixed ^ (mixed >> 29)) & mask
 
 
-@triton.jit
+# Counts and seeds change with every batch: not specialized on (backend/triton/codegen.py's
+# `_decorator` says why), or each batch's combination compiled a variant.
+@triton.jit(do_not_specialize=["num_dst", "seed", "num_nodes"])
 def sample(rowptr, col, seeds, num_dst, seed, slot_src, slot_eid, count, num_nodes,
             K: tl.constexpr, KP: tl.constexpr, ROWS: tl.constexpr):
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
@@ -49,7 +51,7 @@ def position_key(seeds, slot_src, p, pmask, num_dst, num_nodes):
     return tl.where(is_dst, key_dst, tl.where(pmask, key_src, num_nodes))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_dst", "num_all", "num_nodes", "mask"])
 def insert(seeds, slot_src, num_dst, num_all, num_nodes, keys, first_of, mask, SPARE: tl.constexpr,
            POSITIONS: tl.constexpr):
     p = tl.program_id(0).to(tl.int64) * POSITIONS + tl.arange(0, POSITIONS)
@@ -73,7 +75,7 @@ def insert(seeds, slot_src, num_dst, num_all, num_nodes, keys, first_of, mask, S
         h = tl.where(active, (h + 1) & mask, h)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_dst", "num_all", "num_nodes", "mask"])
 def find_first(seeds, slot_src, num_dst, num_all, num_nodes, keys, first_of, first_pos, is_first, mask,
                POSITIONS: tl.constexpr):
     p = tl.program_id(0).to(tl.int64) * POSITIONS + tl.arange(0, POSITIONS)
@@ -92,7 +94,7 @@ def find_first(seeds, slot_src, num_dst, num_all, num_nodes, keys, first_of, fir
     tl.store(is_first + p, (found == p).to(tl.int64), mask=pmask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_dst", "num_all", "num_nodes", "mask"])
 def emit(seeds, slot_src, slot_eid, num_dst, num_all, num_nodes, first_pos, numbered, count, rowptr,
          local_src, dst, eid, nodes, out_degrees, K: tl.constexpr, POSITIONS: tl.constexpr):
     p = tl.program_id(0).to(tl.int64) * POSITIONS + tl.arange(0, POSITIONS)
