@@ -55,6 +55,7 @@ from gnnfuse.bench import synchronize
 from gnnfuse.bench.host_syncs import HostSyncCounter
 from gnnfuse.data import load_node_dataset
 from gnnfuse.loader import STAGES, NeighborLoader
+from gnnfuse.loader.hop_kernels import fused_hops
 from gnnfuse.loader.stages import ComputeTimer
 from gnnfuse.nn.block_models import build_block_model
 
@@ -471,8 +472,9 @@ def run(args: argparse.Namespace, save: Callable[[dict[str, Any]], None]) -> dic
         f"features, {train_idx.numel():,} training seeds; loaded and on {device} in "
         f"{time.perf_counter() - begin:.1f} s")
     widths = [dataset.num_features] + [args.hidden] * (len(args.fanout) - 1) + [dataset.num_classes]
+    hops = "fused Triton kernels" if fused_hops(device, max(args.fanout), False) else "vectorized torch ops"
     results: dict[str, Any] = {"config": {**{k: v for k, v in vars(args).items() if k != "json"},
-                                          "train_seeds": train_idx.numel()},
+                                          "train_seeds": train_idx.numel(), "hops": hops},
                                "environment": environment(device), "gnnfuse": {}}
     cell = loader_alone(graph, dataset.x.to(device), dataset.y.to(device), train_idx, args, device)
     results["loader"] = cell
@@ -575,7 +577,8 @@ def markdown(results: dict[str, Any]) -> str:
              f"{config['dataset']}, {len(config['fanout'])} layers hidden {config['hidden']}, fanouts "
              f"{','.join(map(str, config['fanout']))}, batch {config['batch_size']}, {config['train_seeds']:,} "
              f"training seeds; {env['device_name']}, torch {env['torch']}, commit "
-             f"{(env['git_commit'] or 'unknown')[:12]}{' (dirty)' if env['git_dirty'] else ''}, {env['date']}.", "",
+             f"{(env['git_commit'] or 'unknown')[:12]}{' (dirty)' if env['git_dirty'] else ''}, {env['date']}; "
+             f"hops sampled and reindexed by {config.get('hops', 'vectorized torch ops')} (`loader.hop_kernels`).", "",
              "Stage seconds are summed over batches; sample/reindex/lookup/transfer run in the loader's "
              "background thread (or its worker processes, where the features column says so; there transfer is "
              "the training process rebuilding each batch from the shared memory), overlapped with "
