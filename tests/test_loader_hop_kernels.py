@@ -127,6 +127,19 @@ def test_the_choice_follows_the_device_and_the_switch(monkeypatch):
     assert fused_hops(torch.device("cpu"), 5, False)
 
 
+def test_data_parallel_ranks_keep_the_torch_path_unless_forced(monkeypatch):
+    import torch.distributed as dist
+    monkeypatch.delenv(FUSED_HOPS, raising=False)
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 4)
+    assert not fused_hops(torch.device("cuda"), 5, False)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 1)
+    assert fused_hops(torch.device("cuda"), 5, False)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 4)
+    monkeypatch.setenv(FUSED_HOPS, "1")
+    assert fused_hops(torch.device("cuda"), 5, False)
+
+
 @pytest.mark.parametrize("fanouts", [[3, 2], [-1, 2]])
 def test_the_loader_on_fused_hops_gives_blocks_that_chain(monkeypatch, fanouts):
     """Every hop with a fanout through the kernels (forced on this device): the blocks
