@@ -9,6 +9,7 @@ import triton.language as tl
 
 @triton.jit
 def hash_slot(key, mask):
+    """The table entry (``mask`` = table size - 1) a key's probe starts at."""
     mixed = key * -7046029254386353131          # 0x9E3779B97F4A7C15 as int64: Fibonacci hashing
     return (mixed ^ (mixed >> 29)) & mask
 
@@ -45,20 +46,28 @@ def sample(rowptr, col, seeds, num_dst, seed, slot_src, slot_eid, count, num_nod
 
 @triton.jit
 def position_key(seeds, slot_src, p, pmask, num_dst, num_nodes):
+    """The id at position ``p`` of [destinations, sampled slots]; ``num_nodes`` where the
+    slot is empty or ``p`` is out of range."""
     is_dst = p < num_dst
     key_dst = tl.load(seeds + p, mask=pmask & is_dst, other=0).to(tl.int64)
     key_src = tl.load(slot_src + (p - num_dst), mask=pmask & (p >= num_dst), other=num_nodes).to(tl.int64)
     return tl.where(is_dst, key_dst, tl.where(pmask, key_src, num_nodes))
 
 
-@triton.jit(do_not_specialize=["num_dst", "num_all", "num_nodes", "mask"])
-def insert(seeds, slot_src, num_dst, num_all, num_nodes, keys, first_of, mask, SPARE: tl.constexpr,
-           POSITIONS: tl.constexpr):
+@triton.jit
+def positions(seeds, slot_src, num_dst, num_all, num_nodes, mask, POSITIONS: tl.constexpr):
+    """This program's positions, which are in range, their keys, which hold an id (not
+    an empty slot), and each key's first table entry to probe."""
     p = tl.program_id(0).to(tl.int64) * POSITIONS + tl.arange(0, POSITIONS)
     pmask = p < num_all
     key = position_key(seeds, slot_src, p, pmask, num_dst, num_nodes)
-    active = pmask & (key != num_nodes)
-    h = hash_slot(key, mask)
+    return p, pmask, key, pmask & (key != num_nodes), hash_slot(key, mask)
+
+
+@triton.jit(do_not_specialize=["num_dst", "num_all", "num_nodes", "mask"])
+def insert(seeds, slot_src, num_dst, num_all, num_nodes, keys, first_of, mask, SPARE: tl.constexpr,
+           POSITIONS: tl.constexpr):
+    p, pmask, key, active, h = positions(seeds, slot_src, num_dst, num_all, num_nodes, mask, POSITIONS)
     # Lanes that need no swap aim theirs at spare entries past the table (atomic_cas has
     # no mask), spread over SPARE of them: aimed at one, they serialized on it.
     spare = mask + 1 + (p & (SPARE - 1))
@@ -78,11 +87,7 @@ def insert(seeds, slot_src, num_dst, num_all, num_nodes, keys, first_of, mask, S
 @triton.jit(do_not_specialize=["num_dst", "num_all", "num_nodes", "mask"])
 def find_first(seeds, slot_src, num_dst, num_all, num_nodes, keys, first_of, first_pos, is_first, mask,
                POSITIONS: tl.constexpr):
-    p = tl.program_id(0).to(tl.int64) * POSITIONS + tl.arange(0, POSITIONS)
-    pmask = p < num_all
-    key = position_key(seeds, slot_src, p, pmask, num_dst, num_nodes)
-    active = pmask & (key != num_nodes)
-    h = hash_slot(key, mask)
+    p, pmask, key, active, h = positions(seeds, slot_src, num_dst, num_all, num_nodes, mask, POSITIONS)
     found = tl.full([POSITIONS], -1, tl.int64)
     while tl.max(active.to(tl.int32), axis=0) > 0:
         stored = tl.load(keys + h, mask=active, other=-1)
