@@ -125,6 +125,20 @@ def test_the_choice_follows_the_device_and_the_switch(monkeypatch):
     assert not fused_hops(torch.device("cuda"), 5, False)
     monkeypatch.setenv(FUSED_HOPS, "1")
     assert fused_hops(torch.device("cpu"), 5, False)
+    assert not fused_hops(torch.device("cuda"), 15, False, rows=2**27), "positions past 32 bits"
+
+
+def test_a_graph_without_edges_and_a_hop_without_destinations():
+    rowptr = torch.zeros(5, dtype=torch.int64, device=DEVICE)
+    col = torch.zeros(0, dtype=torch.int64, device=DEVICE)
+    seeds = torch.tensor([3, 0], device=DEVICE)
+    slots = sample_slots_fused(rowptr, col, seeds, 4, 7)
+    block = reindex_slots_fused(seeds, slots, 4)
+    assert slots.count.tolist() == [0, 0] and block.local_src.numel() == 0
+    assert block.nodes.tolist() == [3, 0] and block.unread_dst.tolist() == [0, 1]
+    none = seeds[:0]
+    empty = reindex_slots_fused(none, sample_slots_fused(rowptr, col, none, 4, 7), 4)
+    assert empty.nodes.numel() == 0 and empty.rowptr.tolist() == [0] and empty.max_out_degree == 0
 
 
 def test_data_parallel_ranks_keep_the_torch_path_unless_forced(monkeypatch):

@@ -89,7 +89,7 @@ class BatchMaker:
         nodes = seeds.to(self.sample_device)
         hops = []
         for index, fanout in enumerate(self.num_neighbors):
-            fused = fused_hops(self.sample_device, fanout, self.replace)
+            fused = fused_hops(self.sample_device, fanout, self.replace, nodes.numel())
             with times.timing("sample", stream=on_sampler):
                 slots = (sample_slots_fused(self.rowptr, self.col, nodes, fanout, hop_seed(generator, index))
                          if fused else sample_slots(self.rowptr, self.col, nodes, fanout, self.replace, generator))

@@ -50,7 +50,7 @@ def _kernels():
     return hop_triton.sample, hop_triton.insert, hop_triton.find_first, hop_triton.emit
 
 
-def fused_hops(device: torch.device, fanout: int, replace: bool) -> bool:
+def fused_hops(device: torch.device, fanout: int, replace: bool, rows: int = 0) -> bool:
     """Whether a hop on ``device`` runs here: on a GPU for a fanout without
     replacement, in a process that is not one of several data-parallel ranks, unless
     `FUSED_HOPS` says otherwise ("1" also on a CPU, which needs Triton's interpreter:
@@ -60,8 +60,11 @@ def fused_hops(device: torch.device, fanout: int, replace: bool) -> bool:
     with these kernels than with the torch path (47b97a0, products-sized GraphSAGE, a
     rank's loader in a thread: 1.36 against 0.77 s for 49 batches per rank on 4 GPUs,
     2.20 against 1.41 s for 97 on 2), while one process ran faster (1.08 against 2.02 s
-    for 100 batches). The cause was not found in that session."""
-    if fanout < 1 or replace:
+    for 100 batches). The cause was not found in that session.
+
+    ``rows`` destinations: the kernels number positions and draw Philox offsets in 32
+    bits, so a hop of ``rows * (fanout + 1)`` positions past that stays on the torch path."""
+    if fanout < 1 or replace or rows * (fanout + 1) >= _NO_POSITION:
         return False
     forced = os.environ.get(FUSED_HOPS)
     if forced in ("0", "1"):
