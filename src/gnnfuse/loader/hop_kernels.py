@@ -1,4 +1,5 @@
-"""One hop sampled and reindexed on a GPU by four Triton kernels (`sample_block_fused`).
+"""One hop sampled and reindexed on a GPU by four Triton kernels (`sample_slots_fused`,
+`reindex_slots_fused`; the kernels are in `hop_triton`).
 
 `loader.sampler` does the same hop in vectorized torch code: about 60 aten ops per hop
 for the sample (Floyd's draws resolved by a sort and pointer doubling) and 100 for the
@@ -6,16 +7,16 @@ reindex (sort-based first-occurrence numbering). On an H100 a products-sized bat
 took 12.5 ms of host time and 3.3 ms of GPU time, half of it in sorts, and the loader's
 thread, sharing the GIL with the training step, bound the epoch. Here a hop is:
 
-1. ``_sample``: per destination, Floyd's algorithm run sequentially over the fanout in
+1. ``sample``: per destination, Floyd's algorithm run sequentially over the fanout in
    registers (a row of ``k`` slots, ``k`` membership tests of ``k`` lanes each), so a
    hub costs what a vertex of degree ``k`` costs; the rows' edge counts.
-2. ``_insert``: every destination and sampled source into an open-addressed hash table
+2. ``insert``: every destination and sampled source into an open-addressed hash table
    (compare-and-swap, linear probing), each key's smallest position kept by an atomic
    minimum: its first occurrence.
-3. ``_first``: each position's first occurrence (a probe without atomics), and whether
+3. ``find_first``: each position's first occurrence (a probe without atomics), and whether
    it is that first occurrence; one cumsum then numbers the first occurrences in
    position order.
-4. ``_emit``: the block's CSR (sources as local ids, destinations, edge ids), the
+4. ``emit``: the block's CSR (sources as local ids, destinations, edge ids), the
    distinct ids in their new order, and the sources' out-degrees.
 
 The numbering is the one `sampler.reindex_slots` gives (destinations keep ``0..n-1``, new
@@ -24,7 +25,7 @@ the same block, which the tests check. Only the draws differ: they come from Tri
 Philox stream keyed by the batch generator's seed and the hop, not from torch's
 generator; the distribution is the same (uniform ``min(deg, k)``-subsets per row).
 
-Host syncs: one per hop (`sampler._read_back` of the four counts), as in the torch path.
+Host syncs: one per hop (`sampler.read_hop_counts`), as in the torch path.
 """
 from __future__ import annotations
 
@@ -32,11 +33,11 @@ import os
 
 import torch
 
-from .sampler import SampledBlock, Slots, _read_back
+from .sampler import SampledBlock, Slots, read_hop_counts
 
 FUSED_HOPS = "GNNFUSE_FUSED_HOPS"     # "1": these kernels on any device; "0": the torch path everywhere
 
-_ROWS = 64            # destinations per program in `_sample`
+_ROWS = 64            # destinations per program in `sample`
 _POSITIONS = 256      # positions per program in the hash-table kernels
 _EMPTY, _SCRATCH = -1, -3       # table keys: a free entry; the spare entries masked-off lanes swap against
 _SPARE = 4096                   # spare entries past the table
@@ -86,7 +87,7 @@ def hop_seed(generator: torch.Generator, hop: int) -> int:
 
 def sample_slots_fused(rowptr: torch.Tensor, col: torch.Tensor, seeds: torch.Tensor, fanout: int,
                        seed: int) -> Slots:
-    """`sampler.sample_slots` without replacement for ``fanout >= 1``, by `_sample`:
+    """`sampler.sample_slots` without replacement for ``fanout >= 1``, by ``sample``:
     ``fanout`` slots per destination, the first ``count`` holding distinct in-edges."""
     import triton
     if fanout < 1:
@@ -109,7 +110,7 @@ def reindex_slots_fused(seeds: torch.Tensor, slots: Slots, num_nodes: int) -> Sa
     """`sampler.reindex_slots` by the hash-table kernels: the same block for the same
     ``slots`` (which must have a ``width``: one hop's fixed-width sample)."""
     import triton
-    _, insert, first, emit = _kernels()
+    _, insert, find_first, emit = _kernels()
     if slots.width is None:
         raise ValueError("reindex_slots_fused needs fixed-width slots (a fanout >= 1)")
     device, num_dst = seeds.device, seeds.numel()
@@ -124,8 +125,8 @@ def reindex_slots_fused(seeds: torch.Tensor, slots: Slots, num_nodes: int) -> Sa
     if num_all:
         insert[grid](seeds, slots.src, num_dst, num_all, num_nodes, keys, first_of, size - 1, SPARE=_SPARE,
                      POSITIONS=_POSITIONS)
-        first[grid](seeds, slots.src, num_dst, num_all, num_nodes, keys, first_of, first_pos, is_first, size - 1,
-                    POSITIONS=_POSITIONS)
+        find_first[grid](seeds, slots.src, num_dst, num_all, num_nodes, keys, first_of, first_pos, is_first,
+                         size - 1, POSITIONS=_POSITIONS)
     numbered = torch.cumsum(is_first, 0)
     edges_bound = slots.src.numel()
     local_src = torch.empty(edges_bound, dtype=torch.int64, device=device)
@@ -136,10 +137,7 @@ def reindex_slots_fused(seeds: torch.Tensor, slots: Slots, num_nodes: int) -> Sa
     if num_all:
         emit[grid](seeds, slots.src, slots.eid, num_dst, num_all, num_nodes, first_pos, numbered, slots.count,
                    slots.rowptr, local_src, dst, eid, nodes, out_degrees, K=slots.width, POSITIONS=_POSITIONS)
-    read = out_degrees[:num_dst] > 0
     distinct_now = numbered[-1] if num_all else numbered.new_zeros(())
-    edges, distinct, unread, most = _read_back(torch.stack([
-        slots.rowptr[-1], distinct_now, num_dst - read.sum(), out_degrees.max() if num_all else distinct_now]))
-    unread_dst = torch.sort(read.to(torch.uint8), stable=True).indices[:unread]     # the False rows, ascending
+    edges, distinct, most, unread_dst = read_hop_counts(slots.rowptr, distinct_now, out_degrees, num_dst)
     return SampledBlock(slots.rowptr, local_src[:edges], dst[:edges], eid[:edges], nodes[:distinct],
                         out_degrees[:distinct], most, unread_dst)

@@ -133,13 +133,22 @@ def reindex_slots(seeds: torch.Tensor, slots: Slots, num_nodes: int) -> SampledB
     leaves = local_src if slots.valid is None else torch.where(slots.valid, local_src, everything.numel())
     out_degrees = torch.zeros(everything.numel() + 1, dtype=torch.int64, device=seeds.device).index_add_(
         0, leaves, torch.ones_like(leaves))[:-1]            # empty slots add to the last entry, cut off
-    read = out_degrees[:num_dst] > 0
-    edges, distinct, unread, most = _read_back(torch.stack([slots.rowptr[-1], distinct, num_dst - read.sum(),
-                                                            out_degrees.max()]))
+    edges, distinct, most, unread_dst = read_hop_counts(slots.rowptr, distinct, out_degrees, num_dst)
     row, slot = _edge_slots(slots, edges)
-    unread_dst = torch.sort(read.to(torch.uint8), stable=True).indices[:unread]     # the False rows, ascending
     return SampledBlock(slots.rowptr, local_src[slot], row, slots.eid[slot], nodes[:distinct],
                         out_degrees[:distinct], most, unread_dst)
+
+
+def read_hop_counts(rowptr: torch.Tensor, distinct: torch.Tensor, out_degrees: torch.Tensor, num_dst: int
+                    ) -> tuple[int, int, int, torch.Tensor]:
+    """A reindexed hop's one read back: (its edge count, its distinct ids, the largest
+    out-degree among them), and the destinations (ascending local ids) no edge leaves.
+    ``distinct`` is the count on the device, ``out_degrees`` per id (padded past it with
+    zeros, so its maximum is theirs)."""
+    read = out_degrees[:num_dst] > 0
+    most = out_degrees.max() if out_degrees.numel() else distinct
+    edges, distinct, unread, most = _read_back(torch.stack([rowptr[-1], distinct, num_dst - read.sum(), most]))
+    return edges, distinct, most, torch.sort(read.to(torch.uint8), stable=True).indices[:unread]   # False rows
 
 
 def _read_back(values: torch.Tensor) -> list[int]:
