@@ -279,12 +279,8 @@ def size_class(count: int) -> int:
     return int(count).bit_length()
 
 
-_EDGE_COUNTS = ("num_edges", "size_class")          # see `_decorator`
-_SEGMENT_COUNTS = ("num_segments", "size_class")
-
-
 def _decorator(tuned: bool, space: dict[str, tuple[int, ...]], key: str, reset: bool | tuple[str, ...],
-               warps: tuple[int, ...] = (4,), counts: tuple[str, ...] = ()) -> str:
+               warps: tuple[int, ...] = (4,)) -> str:
     """``@triton.jit``, behind an autotuner over ``space`` (block sizes and rows per
     program) and ``warps`` when ``tuned``: the best choice depends on degree distribution
     and feature width, which a first timed run measures better than a rule. Every config
@@ -292,12 +288,12 @@ def _decorator(tuned: bool, space: dict[str, tuple[int, ...]], key: str, reset: 
     kernels). Atomic kernels reset ``out`` (or the outputs ``reset`` names) between trials. The tuning key is the
     kernel's ``size_class`` argument (`size_class`: the bit length of its edge or
     segment count), not the count itself: mini-batch training gives every batch a new
-    count, and keying on it re-tuned every kernel on every batch. ``counts`` (the edge or
-    segment count and the size class) are not specialized on: Triton compiles a variant
-    per integer argument that is 1 or a multiple of 16, and the counts of sampled blocks
-    land on every combination, so a mini-batch epoch kept compiling variants (every
-    autotuner config of each) long after its first batches."""
-    jit = f"@triton.jit(do_not_specialize={list(counts)})" if counts else "@triton.jit"
+    count, and keying on it re-tuned every kernel on every batch. The kernel never reads
+    ``size_class``, so Triton does not specialize on it (it compiles a variant per integer
+    argument that is 1 or a multiple of 16: a size class of 16 would have made one of
+    every kernel and config). The edge and segment counts stay specialized: their
+    divisibility lets masked loads vectorize, and they make at most a few variants."""
+    jit = '@triton.jit(do_not_specialize=["size_class"])'
     if not tuned:
         return jit
     names = list(space)
@@ -343,7 +339,7 @@ def _edge_parallel_source(name: str, comment: str, acc_dtype: str, em: _Emitter,
 import triton.language as tl
 
 
-{_decorator(tuned, {"BLOCK_E": _fit_tiles(block_e, em, 4, acc_dtype)}, "size_class", reset, counts=_EDGE_COUNTS)}
+{_decorator(tuned, {"BLOCK_E": _fit_tiles(block_e, em, 4, acc_dtype)}, "size_class", reset)}
 def {name}(src, dst, num_edges, size_class, out, {params}{leaf_params}BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
     # {comment}
     ACC: tl.constexpr = {acc_dtype}
@@ -430,7 +426,7 @@ import triton.language as tl
 
 
 {_decorator(tuned, {"BLOCK_E": _fit_tiles((16, 64), em, 1, acc_dtype), "ROWS": (1, 4)}, "size_class", op in ("sum", "mean"),
-            warps=(1,), counts=_SEGMENT_COUNTS)}
+            warps=(1,))}
 def {name}(rowptr, col, eid, seg_row, seg_start, seg_end, seg_split, num_segments, size_class, out, {leaf_params}BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr, ROWS: tl.constexpr):
     # {unit.describe()}
     # Each program reduces ROWS consecutive segments (feature-adaptive grouping, Seastar
@@ -500,8 +496,7 @@ def generate_siblings(group: SiblingGroup, name: str, acc_dtype: str, tuned: boo
 import triton.language as tl
 
 
-{_decorator(tuned, {"BLOCK_E": _fit_tiles((16, 64), em, 1, acc_dtype), "ROWS": (1, 4)}, "size_class", outs, warps=(1,),
-             counts=_SEGMENT_COUNTS)}
+{_decorator(tuned, {"BLOCK_E": _fit_tiles((16, 64), em, 1, acc_dtype), "ROWS": (1, 4)}, "size_class", outs, warps=(1,))}
 def {name}(rowptr, col, eid, seg_row, seg_start, seg_end, seg_split, num_segments, size_class, {", ".join(outs)}, {leaf_params}BLOCK_E: tl.constexpr, ROWS: tl.constexpr):
     # {group.describe()}
     ACC: tl.constexpr = {acc_dtype}
@@ -611,8 +606,7 @@ def generate_shared_reduce(unit: SharedReduceUnit, name: str, acc_dtype: str,
 import triton.language as tl
 
 
-{_decorator(tuned, {"BLOCK_E": _fit_tiles(SHARED_REDUCE_BLOCK_E, em, 4, acc_dtype)}, "size_class", reset=False,
-             counts=_EDGE_COUNTS)}
+{_decorator(tuned, {"BLOCK_E": _fit_tiles(SHARED_REDUCE_BLOCK_E, em, 4, acc_dtype)}, "size_class", reset=False)}
 def {name}(src, dst, num_edges, size_class, out, {leaf_params}BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
     # {unit.describe()}
     ACC: tl.constexpr = {acc_dtype}
