@@ -229,7 +229,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--kernels", type=csv(str), default=list(KERNELS))
     parser.add_argument("--threads", type=csv(int), default=[1, 2])
     parser.add_argument("--models", type=csv(str), default=list(bench.MODELS))
-    parser.add_argument("--repeats", type=int, default=10, help="timed calls per method and round")
+    parser.add_argument("--repeats", type=int, default=50, help="timed calls per method and round (default 50: "
+                        "on this VM a kernel's first ~10 calls after another method's ran up to 2x slow, "
+                        "pubmed's F=16 sum 0.43 ms falling to 0.20, so 10 calls timed mostly that)")
     parser.add_argument("--rounds", type=int, default=5, help="rounds in which the kernel methods take turns; "
                         "a kernel cell is the median of its round medians")
     parser.add_argument("--warmup", type=int, default=2)
