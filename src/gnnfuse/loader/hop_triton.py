@@ -14,11 +14,12 @@ def hash_slot(key, mask):
     return (mixed ^ (mixed >> 29)) & mask
 
 
-# Counts and seeds change with every batch: not specialized on (backend/triton/codegen.py's
-# `_decorator` says why), or each batch's combination compiled a variant.
+# Counts and seeds change with every batch, and Triton compiles a variant per integer
+# argument that is 1 or a multiple of 16: specialized on them, the loader kept compiling
+# variants inside timed epochs (products-sized, 193 batches: 9.85 s, then 1.18 s without).
 @triton.jit(do_not_specialize=["num_dst", "seed", "num_nodes"])
 def sample(rowptr, col, seeds, num_dst, seed, slot_src, slot_eid, count, num_nodes,
-            K: tl.constexpr, KP: tl.constexpr, ROWS: tl.constexpr):
+           K: tl.constexpr, KP: tl.constexpr, ROWS: tl.constexpr):
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     rmask = r < num_dst
     v = tl.load(seeds + r, mask=rmask, other=0).to(tl.int64)
