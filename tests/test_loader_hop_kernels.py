@@ -1,10 +1,11 @@
-"""The loader's fused hop kernels (`gnnfuse.loader.hop_kernels`), under Triton's
-interpreter on CPU tensors (on a GPU machine, on the GPU): the sample against the graph
-itself (existing, distinct in-edges; every edge of a short row; uniform subsets), the
-reindex against the torch path's `reindex_slots` on the same slots (the same block, bit
-for bit), and the loader choosing them."""
+"""The loader's fused hop kernels (`gnnfuse.loader.hop_kernels`), both engines: Triton's
+(under its interpreter on CPU tensors; on a GPU machine, on the GPU) and Numba's (CPU
+tensors): the sample against the graph itself (existing, distinct in-edges; every edge
+of a short row; uniform subsets), the reindex against the torch path's `reindex_slots`
+on the same slots (the same block, bit for bit), and the loader choosing them."""
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import math
 
@@ -22,27 +23,36 @@ from graph_strategies import graphs
 pytest.importorskip("triton")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 RUNS = settings(max_examples=12, deadline=None, derandomize=True, database=None)
+ENGINES = ["triton", pytest.param("numba", marks=pytest.mark.skipif(
+    importlib.util.find_spec("numba") is None, reason="numba is not installed"))]
 
 
-def full_csr(case):
+def on(engine: str) -> str:
+    """Where an engine's tensors live: Numba's on the CPU, Triton's on `DEVICE`."""
+    return "cpu" if engine == "numba" else DEVICE
+
+
+def full_csr(case, engine):
     csr = gnnfuse.Graph.from_edge_index(case.edge_index, case.num_nodes).csr()
-    return csr.rowptr.long().to(DEVICE), csr.col.long().to(DEVICE)
+    return csr.rowptr.long().to(on(engine)), csr.col.long().to(on(engine))
 
 
 @st.composite
 def hops(draw):
     case = draw(graphs(max_nodes=9, max_edges=30, hub_degrees=st.sampled_from([0, 12])))
     seeds = draw(st.lists(st.integers(0, case.num_nodes - 1), min_size=1, max_size=case.num_nodes, unique=True))
-    return case, torch.tensor(seeds, device=DEVICE), draw(st.sampled_from([1, 2, 3, 5])), draw(st.integers(0, 2**40))
+    return case, torch.tensor(seeds), draw(st.sampled_from([1, 2, 3, 5])), draw(st.integers(0, 2**40))
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 @RUNS
-@given(hops())
-def test_sampled_slots_hold_distinct_in_edges_and_short_rows_whole(drawn):
+@given(drawn=hops())
+def test_sampled_slots_hold_distinct_in_edges_and_short_rows_whole(engine, drawn):
     case, seeds, fanout, seed = drawn
-    rowptr, col = full_csr(case)
+    rowptr, col = full_csr(case, engine)
+    seeds = seeds.to(on(engine))
     num_nodes = rowptr.numel() - 1
-    slots = sample_slots_fused(rowptr, col, seeds, fanout, seed)
+    slots = sample_slots_fused(rowptr, col, seeds, fanout, seed, engine)
     assert slots.width == fanout and torch.equal(slots.rowptr[1:] - slots.rowptr[:-1], slots.count)
     src, eid = slots.src.view(-1, fanout).cpu(), slots.eid.view(-1, fanout).cpu()
     for i, v in enumerate(seeds.tolist()):
@@ -57,20 +67,23 @@ def test_sampled_slots_hold_distinct_in_edges_and_short_rows_whole(drawn):
         assert (src[i, taken:] == num_nodes).all() and not slots.valid.view(-1, fanout)[i, taken:].any()
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 @RUNS
-@given(hops())
-def test_reindex_is_the_torch_paths_block_for_the_same_slots(drawn):
+@given(drawn=hops())
+def test_reindex_is_the_torch_paths_block_for_the_same_slots(engine, drawn):
     case, seeds, fanout, seed = drawn
-    rowptr, col = full_csr(case)
-    slots = sample_slots_fused(rowptr, col, seeds, fanout, seed)
-    ours = reindex_slots_fused(seeds, slots, rowptr.numel() - 1)
+    rowptr, col = full_csr(case, engine)
+    seeds = seeds.to(on(engine))
+    slots = sample_slots_fused(rowptr, col, seeds, fanout, seed, engine)
+    ours = reindex_slots_fused(seeds, slots, rowptr.numel() - 1, engine)
     theirs = reindex_slots(seeds, slots, rowptr.numel() - 1)
     for name in ours._fields:
         a, b = getattr(ours, name), getattr(theirs, name)
         assert (a == b) if isinstance(a, int) else torch.equal(a, b), name
 
 
-def test_reindex_numbers_by_first_occurrence_across_many_collisions():
+@pytest.mark.parametrize("engine", ENGINES)
+def test_reindex_numbers_by_first_occurrence_across_many_collisions(engine):
     """A few hundred distinct ids drawn into thousands of slots: long probe runs in the
     table and many duplicates per key, still the torch path's numbering."""
     generator = torch.Generator().manual_seed(3)
@@ -82,24 +95,27 @@ def test_reindex_numbers_by_first_occurrence_across_many_collisions():
     src = torch.where(valid, src, num_nodes)
     rowptr = torch.cat([torch.zeros(1, dtype=torch.int64), count.cumsum(0)])
     from gnnfuse.loader.sampler import Slots
-    slots = Slots(src.to(DEVICE), torch.arange(src.numel(), device=DEVICE), valid.to(DEVICE), count.to(DEVICE),
-                  rowptr.to(DEVICE), fanout)
-    ours = reindex_slots_fused(seeds.to(DEVICE), slots, num_nodes)
-    theirs = reindex_slots(seeds.to(DEVICE), slots, num_nodes)
+    device = on(engine)
+    slots = Slots(src.to(device), torch.arange(src.numel(), device=device), valid.to(device), count.to(device),
+                  rowptr.to(device), fanout)
+    ours = reindex_slots_fused(seeds.to(device), slots, num_nodes, engine)
+    theirs = reindex_slots(seeds.to(device), slots, num_nodes)
     for name in ours._fields:
         a, b = getattr(ours, name), getattr(theirs, name)
         assert (a == b) if isinstance(a, int) else torch.equal(a, b), name
 
 
-def test_sampling_draws_uniform_subsets():
+@pytest.mark.parametrize("engine", ENGINES)
+def test_sampling_draws_uniform_subsets(engine):
     """A row of 6 in-edges sampled 3 at a time, 2,000 times (one destination per
     draw): each of the 20 subsets about 100 times (chi-square, 19 degrees of freedom,
     p = 0.001 cut-off 43.8), and another seed draws other subsets."""
     degree, fanout, rows = 6, 3, 2000
-    rowptr = torch.tensor([0, degree], device=DEVICE)
-    col = torch.arange(degree, device=DEVICE)
-    seeds = torch.zeros(rows, dtype=torch.int64, device=DEVICE)
-    picked = sample_slots_fused(rowptr, col, seeds, fanout, 11).eid.view(rows, fanout).cpu()
+    device = on(engine)
+    rowptr = torch.tensor([0, degree], device=device)
+    col = torch.arange(degree, device=device)
+    seeds = torch.zeros(rows, dtype=torch.int64, device=device)
+    picked = sample_slots_fused(rowptr, col, seeds, fanout, 11, engine).eid.view(rows, fanout).cpu()
     subsets = list(itertools.combinations(range(degree), fanout))
     counts = dict.fromkeys(subsets, 0)
     for row in picked.tolist():
@@ -107,7 +123,7 @@ def test_sampling_draws_uniform_subsets():
     expected = rows / math.comb(degree, fanout)
     chi2 = sum((c - expected) ** 2 / expected for c in counts.values())
     assert chi2 < 43.8, counts
-    again = sample_slots_fused(rowptr, col, seeds, fanout, 12).eid.view(rows, fanout).cpu()
+    again = sample_slots_fused(rowptr, col, seeds, fanout, 12, engine).eid.view(rows, fanout).cpu()
     assert not torch.equal(picked, again)
 
 
@@ -119,7 +135,8 @@ def test_hop_seeds_differ_by_batch_and_hop_and_repeat():
 
 def test_the_choice_follows_the_device_and_the_switch(monkeypatch):
     monkeypatch.delenv(FUSED_HOPS, raising=False)
-    assert fused_hops(torch.device("cuda"), 5, False) and not fused_hops(torch.device("cpu"), 5, False)
+    has_numba = importlib.util.find_spec("numba") is not None
+    assert fused_hops(torch.device("cuda"), 5, False) and fused_hops(torch.device("cpu"), 5, False) == has_numba
     assert not fused_hops(torch.device("cuda"), -1, False) and not fused_hops(torch.device("cuda"), 5, True)
     monkeypatch.setenv(FUSED_HOPS, "0")
     assert not fused_hops(torch.device("cuda"), 5, False)
@@ -128,17 +145,28 @@ def test_the_choice_follows_the_device_and_the_switch(monkeypatch):
     assert not fused_hops(torch.device("cuda"), 15, False, rows=2**27), "positions past 32 bits"
 
 
-def test_a_graph_without_edges_and_a_hop_without_destinations():
-    rowptr = torch.zeros(5, dtype=torch.int64, device=DEVICE)
-    col = torch.zeros(0, dtype=torch.int64, device=DEVICE)
-    seeds = torch.tensor([3, 0], device=DEVICE)
-    slots = sample_slots_fused(rowptr, col, seeds, 4, 7)
-    block = reindex_slots_fused(seeds, slots, 4)
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_graph_without_edges_and_a_hop_without_destinations(engine):
+    device = on(engine)
+    rowptr = torch.zeros(5, dtype=torch.int64, device=device)
+    col = torch.zeros(0, dtype=torch.int64, device=device)
+    seeds = torch.tensor([3, 0], device=device)
+    slots = sample_slots_fused(rowptr, col, seeds, 4, 7, engine)
+    block = reindex_slots_fused(seeds, slots, 4, engine)
     assert slots.count.tolist() == [0, 0] and block.local_src.numel() == 0
     assert block.nodes.tolist() == [3, 0] and block.unread_dst.tolist() == [0, 1]
     none = seeds[:0]
-    empty = reindex_slots_fused(none, sample_slots_fused(rowptr, col, none, 4, 7), 4)
+    empty = reindex_slots_fused(none, sample_slots_fused(rowptr, col, none, 4, 7, engine), 4, engine)
     assert empty.nodes.numel() == 0 and empty.rowptr.tolist() == [0] and empty.max_out_degree == 0
+
+
+def test_an_engine_is_named_and_numba_takes_cpu_tensors_only():
+    rowptr, col, seeds = torch.tensor([0, 1]), torch.tensor([0]), torch.tensor([0])
+    with pytest.raises(ValueError, match="unknown hop engine 'cuda'"):
+        sample_slots_fused(rowptr, col, seeds, 2, 1, engine="cuda")
+    if torch.cuda.is_available():
+        with pytest.raises(ValueError, match="run on CPU tensors"):
+            sample_slots_fused(rowptr.cuda(), col.cuda(), seeds.cuda(), 2, 1, engine="numba")
 
 
 def test_data_parallel_ranks_keep_the_torch_path_unless_forced(monkeypatch):

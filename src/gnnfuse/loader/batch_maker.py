@@ -8,8 +8,9 @@ copied (CUDA tensors through CUDA IPC, host tensors through shared memory).
 Randomness: batch ``i`` of an epoch samples from its own generator, seeded from the
 epoch's seed and ``i`` (`batch_generator`), so a batch's draws do not depend on which
 thread or process prepares it, nor on the batches prepared before it. A hop that runs
-as fused kernels (`hop_kernels`: on a GPU, with a fanout, without replacement) draws from
-Triton's Philox stream keyed by that generator's seed and the hop instead.
+as fused kernels (`hop_kernels`: with a fanout, without replacement, on a GPU or with
+Numba on a CPU) draws from a counter-based stream keyed by that generator's seed and the
+hop instead.
 """
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""One hop sampled and reindexed on a GPU by four Triton kernels (`sample_slots_fused`,
-`reindex_slots_fused`; the kernels are in `hop_triton`).
+"""One hop sampled and reindexed by fused kernels (`sample_slots_fused`,
+`reindex_slots_fused`): on a GPU four Triton kernels (`hop_triton`, described below), on
+a CPU with Numba two Numba kernels (`hop_numba`, which says how they differ).
 
 `loader.sampler` does the same hop in vectorized torch code: about 60 aten ops per hop
 for the sample (Floyd's draws resolved by a sort and pointer doubling) and 100 for the
@@ -21,14 +22,16 @@ thread, sharing the GIL with the training step, bound the epoch. Here a hop is:
 
 The numbering is the one `sampler.reindex_slots` gives (destinations keep ``0..n-1``, new
 sources follow by first appearance in slot order), so for the same slots the two produce
-the same block, which the tests check. Only the draws differ: they come from Triton's
-Philox stream keyed by the batch generator's seed and the hop, not from torch's
-generator; the distribution is the same (uniform ``min(deg, k)``-subsets per row).
+the same block, which the tests check. Only the draws differ: they come from a
+counter-based stream (Triton's Philox, or SplitMix64 on a CPU) keyed by the batch
+generator's seed and the hop, not from torch's generator; the distribution is the same
+(uniform ``min(deg, k)``-subsets per row).
 
-Host syncs: one per hop (`sampler.read_hop_counts`), as in the torch path.
+Host syncs on a GPU: one per hop (`sampler.read_hop_counts`), as in the torch path.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import torch
@@ -52,10 +55,10 @@ def _kernels():
 
 
 def fused_hops(device: torch.device, fanout: int, replace: bool, rows: int = 0) -> bool:
-    """Whether a hop on ``device`` runs here: on a GPU for a fanout without
-    replacement, in a process that is not one of several data-parallel ranks, unless
-    `FUSED_HOPS` says otherwise ("1" also on a CPU, which needs Triton's interpreter:
-    what the tests do).
+    """Whether a hop on ``device`` runs here: for a fanout without replacement, on a GPU
+    or on a CPU with Numba installed, in a process that is not one of several
+    data-parallel ranks, unless `FUSED_HOPS` says otherwise ("1": wherever the fanout
+    allows; a CPU without Numba then runs the Triton kernels in Triton's interpreter).
 
     Why not under data parallelism: on four H100s of one machine the ranks ran slower
     with these kernels than with the torch path (47b97a0, products-sized GraphSAGE, a
@@ -70,7 +73,23 @@ def fused_hops(device: torch.device, fanout: int, replace: bool, rows: int = 0) 
     forced = os.environ.get(FUSED_HOPS)
     if forced in ("0", "1"):
         return forced == "1"
-    return device.type == "cuda" and not _data_parallel()
+    return (device.type == "cuda" or _has_numba()) and not _data_parallel()
+
+
+def _has_numba() -> bool:
+    return importlib.util.find_spec("numba") is not None
+
+
+def _engine(device: torch.device, engine: str | None) -> str:
+    """The kernels a hop on ``device`` runs: ``engine`` when given, else Numba's on a CPU
+    that has it and Triton's elsewhere."""
+    if engine is None:
+        return "numba" if device.type == "cpu" and _has_numba() else "triton"
+    if engine not in ("numba", "triton"):
+        raise ValueError(f"unknown hop engine {engine!r}; choose 'numba' or 'triton'")
+    if engine == "numba" and device.type != "cpu":
+        raise ValueError(f"the Numba hop kernels run on CPU tensors, not {device}")
+    return engine
 
 
 def _data_parallel() -> bool:
@@ -80,16 +99,17 @@ def _data_parallel() -> bool:
 
 
 def hop_seed(generator: torch.Generator, hop: int) -> int:
-    """The Philox seed of ``hop`` for a batch whose generator is ``generator``: its
-    initial seed (read on the host, no sync) mixed with the hop's index."""
+    """The counter seed (Philox on a GPU, SplitMix64 on a CPU) of ``hop`` for a batch
+    whose generator is ``generator``: its initial seed (read on the host, no sync)
+    mixed with the hop's index."""
     return (generator.initial_seed() + (hop + 1) * _GOLDEN) % 2**62
 
 
 def sample_slots_fused(rowptr: torch.Tensor, col: torch.Tensor, seeds: torch.Tensor, fanout: int,
-                       seed: int) -> Slots:
-    """`sampler.sample_slots` without replacement for ``fanout >= 1``, by ``sample``:
-    ``fanout`` slots per destination, the first ``count`` holding distinct in-edges."""
-    import triton
+                       seed: int, engine: str | None = None) -> Slots:
+    """`sampler.sample_slots` without replacement for ``fanout >= 1``, by ``sample``
+    (`hop_triton`'s, or on a CPU `hop_numba`'s; ``engine`` picks one): ``fanout``
+    slots per destination, the first ``count`` holding distinct in-edges."""
     if fanout < 1:
         raise ValueError(f"sample_slots_fused needs a fanout >= 1, got {fanout}")
     num_dst, device = seeds.numel(), seeds.device
@@ -97,7 +117,12 @@ def sample_slots_fused(rowptr: torch.Tensor, col: torch.Tensor, seeds: torch.Ten
     src = torch.empty(num_dst * fanout, dtype=torch.int64, device=device)
     eid = torch.empty_like(src)
     count = torch.empty(num_dst, dtype=torch.int64, device=device)
-    if num_dst:
+    if num_dst and _engine(device, engine) == "numba":
+        from . import hop_numba
+        hop_numba.sample(rowptr.long().numpy(), col.long().numpy(), seeds.long().numpy(), fanout, seed, src.numpy(),
+                         eid.numpy(), count.numpy(), num_nodes)
+    elif num_dst:
+        import triton
         _kernels()[0][(triton.cdiv(num_dst, _ROWS),)](
             rowptr, col, seeds, num_dst, seed, src, eid, count, num_nodes,
             K=fanout, KP=triton.next_power_of_2(fanout), ROWS=_ROWS)
@@ -106,13 +131,17 @@ def sample_slots_fused(rowptr: torch.Tensor, col: torch.Tensor, seeds: torch.Ten
     return Slots(src, eid, src != num_nodes, count, rowptr_out, fanout)
 
 
-def reindex_slots_fused(seeds: torch.Tensor, slots: Slots, num_nodes: int) -> SampledBlock:
-    """`sampler.reindex_slots` by the hash-table kernels: the same block for the same
-    ``slots`` (which must have a ``width``: one hop's fixed-width sample)."""
-    import triton
-    _, insert, find_first, emit = _kernels()
+def reindex_slots_fused(seeds: torch.Tensor, slots: Slots, num_nodes: int, engine: str | None = None
+                        ) -> SampledBlock:
+    """`sampler.reindex_slots` by the hash-table kernels (``engine`` as in
+    `sample_slots_fused`): the same block for the same ``slots`` (which must have a
+    ``width``: one hop's fixed-width sample)."""
     if slots.width is None:
         raise ValueError("reindex_slots_fused needs fixed-width slots (a fanout >= 1)")
+    if _engine(seeds.device, engine) == "numba":
+        return _reindex_numba(seeds, slots, num_nodes)
+    import triton
+    _, insert, find_first, emit = _kernels()
     device, num_dst = seeds.device, seeds.numel()
     num_all = num_dst + slots.src.numel()
     size = triton.next_power_of_2(max(2 * num_all, 2))          # load factor <= 1/2: short probes
@@ -141,3 +170,21 @@ def reindex_slots_fused(seeds: torch.Tensor, slots: Slots, num_nodes: int) -> Sa
     edges, distinct, most, unread_dst = read_hop_counts(slots.rowptr, distinct_now, out_degrees, num_dst)
     return SampledBlock(slots.rowptr, local_src[:edges], dst[:edges], eid[:edges], nodes[:distinct],
                         out_degrees[:distinct], most, unread_dst)
+
+
+def _reindex_numba(seeds: torch.Tensor, slots: Slots, num_nodes: int) -> SampledBlock:
+    """`reindex_slots_fused` by `hop_numba.reindex`: one scan, nothing to read back."""
+    from . import hop_numba
+    num_dst, bound = seeds.numel(), slots.src.numel()
+    edges = int(slots.rowptr[-1])
+    local_src, dst, eid = (torch.empty(edges, dtype=torch.int64) for _ in range(3))
+    nodes = torch.empty(num_dst + bound, dtype=seeds.dtype)
+    out_degrees = torch.zeros(num_dst + bound, dtype=torch.int64)
+    distinct = hop_numba.reindex(seeds.long().numpy(), slots.src.numpy(), slots.eid.numpy(), slots.count.numpy(),
+                                 slots.rowptr.numpy(), slots.width, num_nodes, local_src.numpy(), dst.numpy(),
+                                 eid.numpy(), nodes.numpy(), out_degrees.numpy())
+    out_degrees = out_degrees[:distinct]
+    read = out_degrees[:num_dst] > 0
+    unread_dst = torch.nonzero(~read).squeeze(1)
+    most = int(out_degrees.max()) if distinct else 0
+    return SampledBlock(slots.rowptr, local_src, dst, eid, nodes[:distinct], out_degrees, most, unread_dst)

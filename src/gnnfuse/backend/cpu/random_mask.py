@@ -24,7 +24,7 @@ try:
 except ImportError:     # the optional 'cpu' extra is not installed: callers take torch's dropout
     numba = None
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+GOLDEN = np.uint64(0x9E3779B97F4A7C15)     # SplitMix64's increment between states
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
 _LOW32 = np.uint64(0xFFFFFFFF)
@@ -40,16 +40,12 @@ def apply_mask(source: torch.Tensor, out: torch.Tensor, seed: int, p: float) -> 
     ``seed`` and its flat position) and scaled by ``1 / (1 - p)`` into ``out`` (contiguous
     CPU tensors of one float dtype; ``out`` may be ``source``), and return ``out``.
 
-    Runs on as many threads as torch uses; starting Numba's pool resets OpenMP's thread
-    count, torch's too, so torch's count is put back afterwards."""
+    Runs on as many threads as torch uses (`threads.on_torch_threads`)."""
     threshold = np.uint64(min(round(p * 2.0 ** 32), 2 ** 32))
     scale = np.dtype(str(source.dtype).removeprefix("torch.")).type(1.0 / (1.0 - p))
-    torch_threads = torch.get_num_threads()
-    numba.set_num_threads(max(1, min(torch_threads, numba.config.NUMBA_NUM_THREADS)))
-    _masked_scale(source.detach().numpy().reshape(-1), out.detach().numpy().reshape(-1), np.uint64(seed),
-                  threshold, scale)
-    if torch.get_num_threads() != torch_threads:
-        torch.set_num_threads(torch_threads)
+    from .threads import on_torch_threads
+    on_torch_threads(_masked_scale, source.detach().numpy().reshape(-1), out.detach().numpy().reshape(-1),
+                     np.uint64(seed), threshold, scale)
     return out
 
 
@@ -58,7 +54,8 @@ def _njit(**options):
 
 
 @_njit(inline="always", cache=True)
-def _splitmix64(state):
+def splitmix64(state):
+    """SplitMix64's output for ``state`` (a uint64): its mixing function."""
     z = state
     z = (z ^ (z >> np.uint64(30))) * _MIX1
     z = (z ^ (z >> np.uint64(27))) * _MIX2
@@ -72,7 +69,7 @@ def _masked_scale(source, out, seed, threshold, scale):
     n = source.shape[0]
     pairs = (n + 1) // 2
     for j in numba.prange(pairs):
-        bits = _splitmix64(seed + np.uint64(j + 1) * _GOLDEN)
+        bits = splitmix64(seed + np.uint64(j + 1) * GOLDEN)
         i = 2 * j
         out[i] = source[i] * scale if (bits >> np.uint64(32)) >= threshold else source[i] * 0.0
         if i + 1 < n:
