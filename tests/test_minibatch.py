@@ -76,6 +76,7 @@ def test_prefetch_reraises_a_failure_and_stops_when_abandoned(monkeypatch):
     def failing(*args):
         raise RuntimeError("sampling failed")
     monkeypatch.setattr(batch_maker, "sample_slots", failing)
+    monkeypatch.setattr(batch_maker, "sample_slots_fused", failing)    # the hop kernels' path (Numba on a CPU)
     with pytest.raises(RuntimeError, match="sampling failed"):
         list(loader)
 
