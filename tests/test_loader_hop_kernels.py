@@ -44,15 +44,26 @@ def hops(draw):
     return case, torch.tensor(seeds), draw(st.sampled_from([1, 2, 3, 5])), draw(st.integers(0, 2**40))
 
 
+def sampled(engine, drawn):
+    """A drawn hop's graph, seeds and fanout where ``engine`` runs, and its slots."""
+    case, seeds, fanout, seed = drawn
+    rowptr, col = full_csr(case, engine)
+    seeds = seeds.to(on(engine))
+    return rowptr, col, seeds, fanout, sample_slots_fused(rowptr, col, seeds, fanout, seed, engine)
+
+
+def assert_same_block(ours, theirs):
+    for name in ours._fields:
+        a, b = getattr(ours, name), getattr(theirs, name)
+        assert (a == b) if isinstance(a, int) else torch.equal(a, b), name
+
+
 @pytest.mark.parametrize("engine", ENGINES)
 @RUNS
 @given(drawn=hops())
 def test_sampled_slots_hold_distinct_in_edges_and_short_rows_whole(engine, drawn):
-    case, seeds, fanout, seed = drawn
-    rowptr, col = full_csr(case, engine)
-    seeds = seeds.to(on(engine))
+    rowptr, col, seeds, fanout, slots = sampled(engine, drawn)
     num_nodes = rowptr.numel() - 1
-    slots = sample_slots_fused(rowptr, col, seeds, fanout, seed, engine)
     assert slots.width == fanout and torch.equal(slots.rowptr[1:] - slots.rowptr[:-1], slots.count)
     src, eid = slots.src.view(-1, fanout).cpu(), slots.eid.view(-1, fanout).cpu()
     for i, v in enumerate(seeds.tolist()):
@@ -71,15 +82,9 @@ def test_sampled_slots_hold_distinct_in_edges_and_short_rows_whole(engine, drawn
 @RUNS
 @given(drawn=hops())
 def test_reindex_is_the_torch_paths_block_for_the_same_slots(engine, drawn):
-    case, seeds, fanout, seed = drawn
-    rowptr, col = full_csr(case, engine)
-    seeds = seeds.to(on(engine))
-    slots = sample_slots_fused(rowptr, col, seeds, fanout, seed, engine)
-    ours = reindex_slots_fused(seeds, slots, rowptr.numel() - 1, engine)
-    theirs = reindex_slots(seeds, slots, rowptr.numel() - 1)
-    for name in ours._fields:
-        a, b = getattr(ours, name), getattr(theirs, name)
-        assert (a == b) if isinstance(a, int) else torch.equal(a, b), name
+    rowptr, _, seeds, _, slots = sampled(engine, drawn)
+    assert_same_block(reindex_slots_fused(seeds, slots, rowptr.numel() - 1, engine),
+                      reindex_slots(seeds, slots, rowptr.numel() - 1))
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -98,11 +103,8 @@ def test_reindex_numbers_by_first_occurrence_across_many_collisions(engine):
     device = on(engine)
     slots = Slots(src.to(device), torch.arange(src.numel(), device=device), valid.to(device), count.to(device),
                   rowptr.to(device), fanout)
-    ours = reindex_slots_fused(seeds.to(device), slots, num_nodes, engine)
-    theirs = reindex_slots(seeds.to(device), slots, num_nodes)
-    for name in ours._fields:
-        a, b = getattr(ours, name), getattr(theirs, name)
-        assert (a == b) if isinstance(a, int) else torch.equal(a, b), name
+    assert_same_block(reindex_slots_fused(seeds.to(device), slots, num_nodes, engine),
+                      reindex_slots(seeds.to(device), slots, num_nodes))
 
 
 @pytest.mark.parametrize("engine", ENGINES)
