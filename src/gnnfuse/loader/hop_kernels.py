@@ -31,6 +31,7 @@ Host syncs on a GPU: one per hop (`sampler.read_hop_counts`), as in the torch pa
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 
@@ -76,7 +77,9 @@ def fused_hops(device: torch.device, fanout: int, replace: bool, rows: int = 0) 
     return (device.type == "cuda" or _has_numba()) and not _data_parallel()
 
 
+@functools.cache
 def _has_numba() -> bool:
+    """Whether Numba is installed (asked once per process: every hop asks)."""
     return importlib.util.find_spec("numba") is not None
 
 
