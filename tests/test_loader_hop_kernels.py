@@ -129,6 +129,19 @@ def test_sampling_draws_uniform_subsets(engine):
     assert not torch.equal(picked, again)
 
 
+@pytest.mark.skipif(importlib.util.find_spec("numba") is None, reason="numba is not installed")
+@pytest.mark.parametrize("rowptr, seeds, where", [
+    ([0, 2, 9], [1], r"vertex 1, is not a row .*\(row pointers 2\.\.9\)"),     # past the 3 column entries
+    ([0, 2, 1], [1], r"vertex 1, is not a row"),                                 # a row of negative length
+    ([0, 2, 3], [0, 5], r"destination 1 of the hop, vertex 5, is not a row of the sampling CSR \(2 rows"),
+])
+def test_the_numba_sample_refuses_rows_it_would_read_out_of_bounds(rowptr, seeds, where):
+    """Numba checks no bounds: a bad row would read past the arrays, so the kernel
+    checks every row it reads and the caller names it."""
+    with pytest.raises(IndexError, match=where):
+        sample_slots_fused(torch.tensor(rowptr), torch.tensor([0, 1, 0]), torch.tensor(seeds), 2, 1, "numba")
+
+
 def test_hop_seeds_differ_by_batch_and_hop_and_repeat():
     first = torch.Generator().manual_seed(5)
     seeds = {hop_seed(first, hop) for hop in range(3)} | {hop_seed(torch.Generator().manual_seed(6), 0)}

@@ -122,8 +122,13 @@ def sample_slots_fused(rowptr: torch.Tensor, col: torch.Tensor, seeds: torch.Ten
     count = torch.empty(num_dst, dtype=torch.int64, device=device)
     if num_dst and _engine(device, engine) == "numba":
         from . import hop_numba
-        hop_numba.sample(rowptr.long().numpy(), col.long().numpy(), seeds.long().numpy(), fanout, seed, src.numpy(),
-                         eid.numpy(), count.numpy(), num_nodes)
+        bad = hop_numba.sample(rowptr.long().numpy(), col.long().numpy(), seeds.long().numpy(), fanout, seed,
+                               src.numpy(), eid.numpy(), count.numpy(), num_nodes)
+        if bad >= 0:
+            vertex = int(seeds[bad])
+            row = f" (row pointers {int(rowptr[vertex])}..{int(rowptr[vertex + 1])})" if 0 <= vertex < num_nodes else ""
+            raise IndexError(f"gnnfuse loader: destination {bad} of the hop, vertex {vertex}, is not a row of the "
+                             f"sampling CSR ({num_nodes} rows, {col.numel()} column entries){row}")
     elif num_dst:
         import triton
         _kernels()[0][(triton.cdiv(num_dst, _ROWS),)](

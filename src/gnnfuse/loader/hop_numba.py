@@ -27,12 +27,18 @@ from ..backend.cpu.random_mask import GOLDEN, splitmix64
 @numba.njit(cache=True, nogil=True)
 def sample(rowptr, col, seeds, fanout, seed, slot_src, slot_eid, count, num_nodes):
     """Fill ``fanout`` slots per destination (source id, edge id; ``num_nodes`` and 0 in
-    empty slots) and the destinations' edge counts."""
+    empty slots) and the destinations' edge counts. Returns -1, or the first destination
+    whose id or CSR row is out of range: Numba does not check bounds, and a bad row
+    would read past the arrays (a crash, or worse, garbage)."""
     key = np.uint64(seed)
     for r in range(seeds.shape[0]):
         v = seeds[r]
+        if v < 0 or v >= num_nodes:
+            return r
         start = rowptr[v]
         deg = rowptr[v + 1] - start
+        if start < 0 or deg < 0 or start + deg > col.shape[0]:
+            return r
         base = r * fanout
         taken = min(deg, fanout)
         if deg <= fanout:
@@ -56,6 +62,7 @@ def sample(rowptr, col, seeds, fanout, seed, slot_src, slot_eid, count, num_node
                 slot_src[base + i] = num_nodes
                 slot_eid[base + i] = 0
         count[r] = taken
+    return -1
 
 
 @numba.njit(cache=True, nogil=True)
