@@ -181,7 +181,7 @@ def reindex_slots_fused(seeds: torch.Tensor, slots: Slots, num_nodes: int, engin
 
 
 def _reindex_numba(seeds: torch.Tensor, slots: Slots, num_nodes: int) -> SampledBlock:
-    """`reindex_slots_fused` by `hop_numba.reindex`: one scan, nothing to read back."""
+    """`reindex_slots_fused` by `hop_numba.reindex`: one scan on the host."""
     from . import hop_numba
     num_dst, bound = seeds.numel(), slots.src.numel()
     edges = int(slots.rowptr[-1])
@@ -191,8 +191,5 @@ def _reindex_numba(seeds: torch.Tensor, slots: Slots, num_nodes: int) -> Sampled
     distinct = hop_numba.reindex(seeds.long().numpy(), slots.src.numpy(), slots.eid.numpy(), slots.count.numpy(),
                                  slots.rowptr.numpy(), slots.width, num_nodes, local_src.numpy(), dst.numpy(),
                                  eid.numpy(), nodes.numpy(), out_degrees.numpy())
-    out_degrees = out_degrees[:distinct]
-    read = out_degrees[:num_dst] > 0
-    unread_dst = torch.nonzero(~read).squeeze(1)
-    most = int(out_degrees.max()) if distinct else 0
-    return SampledBlock(slots.rowptr, local_src, dst, eid, nodes[:distinct], out_degrees, most, unread_dst)
+    _, _, most, unread_dst = read_hop_counts(slots.rowptr, torch.tensor(distinct), out_degrees[:distinct], num_dst)
+    return SampledBlock(slots.rowptr, local_src, dst, eid, nodes[:distinct], out_degrees[:distinct], most, unread_dst)

@@ -40,12 +40,16 @@ def apply_mask(source: torch.Tensor, out: torch.Tensor, seed: int, p: float) -> 
     ``seed`` and its flat position) and scaled by ``1 / (1 - p)`` into ``out`` (contiguous
     CPU tensors of one float dtype; ``out`` may be ``source``), and return ``out``.
 
-    Runs on as many threads as torch uses (`threads.on_torch_threads`)."""
+    Runs on as many threads as torch uses; starting Numba's pool resets OpenMP's thread
+    count, torch's too, so torch's count is put back afterwards."""
     threshold = np.uint64(min(round(p * 2.0 ** 32), 2 ** 32))
     scale = np.dtype(str(source.dtype).removeprefix("torch.")).type(1.0 / (1.0 - p))
-    from .threads import on_torch_threads
-    on_torch_threads(_masked_scale, source.detach().numpy().reshape(-1), out.detach().numpy().reshape(-1),
-                     np.uint64(seed), threshold, scale)
+    torch_threads = torch.get_num_threads()
+    numba.set_num_threads(max(1, min(torch_threads, numba.config.NUMBA_NUM_THREADS)))
+    _masked_scale(source.detach().numpy().reshape(-1), out.detach().numpy().reshape(-1), np.uint64(seed),
+                  threshold, scale)
+    if torch.get_num_threads() != torch_threads:
+        torch.set_num_threads(torch_threads)
     return out
 
 
