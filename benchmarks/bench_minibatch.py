@@ -58,6 +58,7 @@ from gnnfuse.loader import STAGES, NeighborLoader
 from gnnfuse.loader.hop_kernels import fused_hops
 from gnnfuse.loader.stages import ComputeTimer
 from gnnfuse.nn.block_models import build_block_model
+from gnnfuse.training.captured_step import BlockStepCapture
 
 from common import REPO_ROOT, environment, log, resolve_device, warn, write_atomically
 
@@ -222,12 +223,18 @@ def warm_up(loader: Any, steps: dict[str, Callable[[Any], None]], batches: int, 
 
 
 def gnnfuse_epoch(loader: NeighborLoader, model: nn.Module, device: torch.device, warmup: int,
-                  max_batches: int | None) -> dict[str, Any]:
-    """One timed epoch of gnnfuse's loader and layers, after `warm_up`."""
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.003)
+                  max_batches: int | None, cuda_graph: bool = False) -> dict[str, Any]:
+    """One timed epoch of gnnfuse's loader and layers, after `warm_up`; with
+    ``cuda_graph`` (a loader with ``static_shapes``) each step is replayed from a CUDA
+    graph where `BlockStepCapture` can (Adam then keeps its step count on the device)."""
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.003, capturable=cuda_graph and device.type == "cuda")
     model.train()
-    warm_up(loader, {"gnnfuse": lambda b: train_step(model, optimizer, b.x, b.blocks, b.y, b.batch_size)},
-            warmup, device)
+
+    def step(b: Any) -> None:
+        train_step(model, optimizer, b.x, b.blocks, b.y, b.batch_size)
+    if cuda_graph:
+        step = BlockStepCapture(step, optimizers=[optimizer], modules=[model], mode="on")
+    warm_up(loader, {"gnnfuse": step}, warmup, device)
     loader.stage_times.reset()
     compute = ComputeTimer(loader.stage_times, device)      # CUDA events on the compute stream
     begin = time.perf_counter()
@@ -235,7 +242,7 @@ def gnnfuse_epoch(loader: NeighborLoader, model: nn.Module, device: torch.device
     for batch in loader:
         step_begin = time.perf_counter()
         with compute.step():
-            train_step(model, optimizer, batch.x, batch.blocks, batch.y, batch.batch_size)
+            step(batch)
         host += time.perf_counter() - step_begin
         batches += 1
         if max_batches is not None and batches >= max_batches:
@@ -245,8 +252,12 @@ def gnnfuse_epoch(loader: NeighborLoader, model: nn.Module, device: torch.device
     compute.flush()
     stages = loader.stage_times.totals()
     busy = stages["compute"]
-    return {"epoch_s": wall, "batches": batches, "batches_per_s": batches / wall, "stages_s": stages,
+    cell = {"epoch_s": wall, "batches": batches, "batches_per_s": batches / wall, "stages_s": stages,
             "busy_fraction": busy / wall, "busy_s": busy, "step_host_s": host}
+    if cuda_graph:
+        cell["cuda_graph"] = {"status": step.status, "replayed": step.replayed, "eager": step.eager,
+                              "capacities": str(loader.capacities)}
+    return cell
 
 
 COUNTED_BATCHES = 5
@@ -482,25 +493,29 @@ def run(args: argparse.Namespace, save: Callable[[dict[str, Any]], None]) -> dic
     log(f"loader alone: {cell['batches']} batches in {cell['seconds']:.2f} s ({cell['batches_per_s']:.1f}/s); per "
         "batch: " + "; ".join(f"{stage} {c['aten_ops']:.0f} ops, {c['host_syncs']:.1f} syncs"
                               for stage, c in cell["per_batch"].items()))
-    feature_devices = ["device", "pinned"] if device.type == "cuda" else ["device"]
-    setups = [(place, 0) for place in feature_devices] + [(place, w) for place in feature_devices
-                                                           for w in args.workers if w > 0]
-    for place, workers in setups:
+    feature_devices = [p for p in args.feature_devices if p == "device" or device.type == "cuda"]
+    setups = [(place, 0) for place in feature_devices if args.loader_thread] + [
+        (place, w) for place in feature_devices for w in args.workers if w > 0]
+    graphs = {"off": [False], "on": [True], "both": [False, True]}[args.cuda_graph]
+    for (place, workers), captured in itertools.product(setups, graphs):
         torch.manual_seed(args.seed)
         model = build_block_model("sage", dataset.num_features, dataset.num_classes, args.hidden, args.dropout,
                                   len(args.fanout)).to(device)
         x = dataset.x.to(device) if place == "device" else dataset.x.pin_memory()
         loader = NeighborLoader(graph, args.fanout, args.batch_size, input_nodes=train_idx, shuffle=True, x=x,
                                 y=dataset.y.to(device), device=device, feature_device=place, prefetch=args.prefetch,
-                                num_workers=workers)
+                                num_workers=workers, static_shapes=captured)
         label = place if not workers else f"{place}, {workers} worker process{'es' if workers > 1 else ''}"
+        label += ", CUDA graph" if captured else ""
         for epoch in range(args.epochs):
-            cell = gnnfuse_epoch(loader, model, device, args.warmup if epoch == 0 else 0, args.max_batches)
+            cell = gnnfuse_epoch(loader, model, device, args.warmup if epoch == 0 else 0, args.max_batches, captured)
             results["gnnfuse"].setdefault(label, []).append(cell)
             save(results)
             split = " ".join(f"{s} {cell['stages_s'][s]:.2f}s" for s in STAGES)
+            graph_note = (f" | CUDA graph: {cell['cuda_graph']['replayed']} replayed, {cell['cuda_graph']['eager']} "
+                          f"eager, {cell['cuda_graph']['status']}" if captured else "")
             log(f"gnnfuse, features on {label}: epoch {cell['epoch_s']:.2f} s, {cell['batches']} batches "
-                f"({cell['batches_per_s']:.1f}/s), busy {100 * cell['busy_fraction']:.0f}% | {split}")
+                f"({cell['batches_per_s']:.1f}/s), busy {100 * cell['busy_fraction']:.0f}% | {split}{graph_note}")
         loader.close()
         del x, loader
     torch.manual_seed(args.seed)
@@ -664,6 +679,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workers", type=lambda s: [int(k) for k in s.split(",")], default=[1],
                         help="also time an epoch with this many loader worker processes, per comma-separated "
                              "count and feature placement (default 1; 0 adds none)")
+    parser.add_argument("--no-loader-thread", dest="loader_thread", action="store_false",
+                        help="skip the epochs whose batches come from the loader's thread (no worker processes)")
+    parser.add_argument("--feature-devices", type=lambda s: s.split(","), default=["device", "pinned"],
+                        help="feature placements to time epochs with (default device,pinned; pinned on a GPU only)")
+    parser.add_argument("--cuda-graph", choices=("off", "on", "both"), default="off",
+                        help="replay the training steps from a CUDA graph (loader with static_shapes, "
+                             "gnnfuse.training.BlockStepCapture): off, on, or both, one epoch after the other")
     parser.add_argument("--no-pyg-loader", dest="pyg_loader", action="store_false",
                         help="skip the epoch with PyG's NeighborLoader")
     parser.add_argument("--dkp-calibration", type=int, default=4, help="batches whose kernel times fit the DKP "

@@ -5,6 +5,7 @@ from .batch_maker import MiniBatch
 from .neighbor_loader import FEATURE_DEVICES, NeighborLoader
 from .sampler import Reindexed, SampledBlock, SampledHop, reindex, sample_block, sample_hop
 from .stages import STAGES, StageTimes
+from .static_shapes import IGNORE_LABEL, Capacities
 
-__all__ = ["Block", "FEATURE_DEVICES", "MiniBatch", "NeighborLoader", "Reindexed", "STAGES", "SampledBlock",
+__all__ = ["Block", "Capacities", "FEATURE_DEVICES", "IGNORE_LABEL", "MiniBatch", "NeighborLoader", "Reindexed", "STAGES", "SampledBlock",
            "SampledHop", "StageTimes", "block_graph", "reindex", "sample_block", "sample_hop"]

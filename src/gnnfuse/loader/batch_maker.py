@@ -23,8 +23,9 @@ import torch
 from .block import Block, block_graph
 from .hop_kernels import fused_hops, hop_seed, reindex_slots_fused, sample_slots_fused
 from .layouts import prepare_layouts
-from .sampler import reindex_slots, sample_slots
+from .sampler import SampledBlock, reindex_slots, sample_slots
 from .stages import StageTimes, device_stream
+from .static_shapes import IGNORE_LABEL, Capacities, batch_sizes, pad_block, pad_rows
 from .zero_copy import register_host_memory, zero_copy_rows
 
 _GOLDEN = 0x9E3779B97F4A7C15      # Weyl increment: far-apart seeds for consecutive batches
@@ -41,12 +42,18 @@ class MiniBatch:
     ``blocks[0]``'s sources, the seeds' labels, and ids.
 
     ``n_id`` are the global ids of the input vertices (PyG's name; the first
-    ``batch_size`` are the seeds, ``input_id``)."""
+    ``batch_size`` are the seeds, ``input_id``). A ``padded`` batch (a loader with
+    ``static_shapes``) has its blocks, ``x``, ``y`` and ``n_id`` padded to the loader's
+    capacities (`loader.static_shapes`): ``n_id`` and the blocks' ``src_nodes`` hold id 0
+    for padded rows (whose features ``x`` then holds), ``y`` holds ``IGNORE_LABEL`` past
+    the seeds, and the model's rows past ``batch_size`` are padding; ``input_id`` and
+    ``batch_size`` stay the real seeds."""
     blocks: list[Block]
     x: torch.Tensor | None
     y: torch.Tensor | None
     n_id: torch.Tensor
     input_id: torch.Tensor
+    padded: bool = False
 
     @property
     def batch_size(self) -> int:
@@ -71,6 +78,7 @@ class BatchMaker:
     sample_device: torch.device
     feature_device: str
     zero_copy: bool
+    capacities: Capacities | None = None     # pad batches that fit to these (`static_shapes`)
 
     @property
     def num_nodes(self) -> int:
@@ -86,37 +94,54 @@ class BatchMaker:
                               f"{list(table.shape)}; its rows are gathered on the host", RuntimeWarning, stacklevel=2)
 
     def prepare(self, seeds: torch.Tensor, generator: torch.Generator, times: StageTimes) -> MiniBatch:
+        hops = self._sample(seeds, generator, times)
+        nodes = hops[-1].nodes
+        caps = self.capacities if self.capacities is not None and self.capacities.fits(seeds.numel(), hops) else None
+        on_device = device_stream(self.device)
+        in_place = self.feature_device == "device" or (self.zero_copy and nodes.device.type == "cuda")
+        with times.timing("lookup", stream=on_device if in_place else None):
+            read = nodes if caps is None else torch.cat([nodes, nodes.new_zeros(caps.nodes[-1] - nodes.numel())])
+            x = self._lookup(self.x, read)
+            y = self._lookup(self.y, nodes[:seeds.numel()])
+            if caps is not None:
+                y = pad_rows(y, caps.nodes[0], IGNORE_LABEL)
+        with times.timing("transfer", stream=on_device):
+            x, y, n_id, input_id = (self._to_device(t) for t in (x, y, read, seeds))
+            moved = ("rowptr", "local_src", "dst", "nodes", "out_degrees", "unread_dst")    # not eid: unread
+            hops = [hop._replace(**{name: self._to_device(getattr(hop, name)) for name in moved})
+                    for hop in reversed(hops)]
+        with times.timing("reindex", stream=on_device):       # the blocks' graphs, on the device
+            if caps is not None:      # hops[i] is hop len - 1 - i: sources at level len - i
+                last = len(hops)
+                hops = [pad_block(hop, caps.nodes[last - i], caps.nodes[last - 1 - i], caps.edges[last - 1 - i])
+                        for i, hop in enumerate(hops)]
+            bounds = [k if k >= 0 else None for k in reversed(self.num_neighbors)]
+            blocks = []
+            for hop, bound in zip(hops, bounds):
+                graph = block_graph(hop.rowptr, hop.local_src, hop.dst, hop.nodes.numel(), sampled=True,
+                                    out_degrees=hop.out_degrees)
+                blocks.append(Block(graph, hop.nodes, prepare_layouts(graph, bound, hop.unread_dst, hop.max_out_degree,
+                                                                      whole_rows=caps is not None)))
+        return MiniBatch(blocks, x, y, n_id, input_id, padded=caps is not None)
+
+    def sizes(self, seeds: torch.Tensor, generator: torch.Generator) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(rows per vertex level, edges per hop) of the batch ``seeds`` would give, sampled
+        and reindexed only (`Capacities.covering` takes these)."""
+        return batch_sizes(seeds.numel(), self._sample(seeds, generator, StageTimes()))
+
+    def _sample(self, seeds: torch.Tensor, generator: torch.Generator, times: StageTimes) -> list[SampledBlock]:
+        """The batch's hops, seeds outward, each sampled and reindexed where the CSR is."""
         on_sampler = device_stream(self.sample_device)
-        nodes = seeds.to(self.sample_device)
-        hops = []
+        nodes, hops = seeds.to(self.sample_device), []
         for index, fanout in enumerate(self.num_neighbors):
             fused = fused_hops(self.sample_device, fanout, self.replace, nodes.numel())
             with times.timing("sample", stream=on_sampler):
                 slots = (sample_slots_fused(self.rowptr, self.col, nodes, fanout, hop_seed(generator, index))
                          if fused else sample_slots(self.rowptr, self.col, nodes, fanout, self.replace, generator))
             with times.timing("reindex", stream=on_sampler):
-                hop = (reindex_slots_fused if fused else reindex_slots)(nodes, slots, self.num_nodes)
-            hops.append(hop)
-            nodes = hop.nodes
-        on_device = device_stream(self.device)
-        in_place = self.feature_device == "device" or (self.zero_copy and nodes.device.type == "cuda")
-        with times.timing("lookup", stream=on_device if in_place else None):
-            x = self._lookup(self.x, nodes)
-            y = self._lookup(self.y, nodes[:seeds.numel()])
-        with times.timing("transfer", stream=on_device):
-            x, y, n_id, input_id = (self._to_device(t) for t in (x, y, nodes, seeds))
-            moved = ("rowptr", "local_src", "dst", "nodes", "out_degrees", "unread_dst")    # not eid: unread
-            hops = [hop._replace(**{name: self._to_device(getattr(hop, name)) for name in moved})
-                    for hop in reversed(hops)]
-        with times.timing("reindex", stream=on_device):       # the blocks' graphs, on the device
-            bounds = [k if k >= 0 else None for k in reversed(self.num_neighbors)]
-            blocks = []
-            for hop, bound in zip(hops, bounds):
-                graph = block_graph(hop.rowptr, hop.local_src, hop.dst, hop.nodes.numel(), sampled=True,
-                                    out_degrees=hop.out_degrees)
-                blocks.append(Block(graph, hop.nodes,
-                                    prepare_layouts(graph, bound, hop.unread_dst, hop.max_out_degree)))
-        return MiniBatch(blocks, x, y, n_id, input_id)
+                hops.append((reindex_slots_fused if fused else reindex_slots)(nodes, slots, self.num_nodes))
+            nodes = hops[-1].nodes
+        return hops
 
     def _lookup(self, table: torch.Tensor | None, nodes: torch.Tensor) -> torch.Tensor | None:
         """Rows ``nodes`` of a feature or label table: gathered where the table is, or,

@@ -32,14 +32,15 @@ from .block import build_reverse_csr
 
 
 def prepare_layouts(graph: Graph, max_in_degree: int | None = None, unread: torch.Tensor | None = None,
-                    max_out_degree: int | None = None) -> tuple[torch.Tensor, ...]:
+                    max_out_degree: int | None = None, whole_rows: bool = False) -> tuple[torch.Tensor, ...]:
     """Build the per-graph layouts the step will read on ``graph`` (see the module
     doc); returns the tensors built, which the consumer's stream must keep alive.
     ``max_in_degree`` and ``max_out_degree`` bound the destinations' sampled in-edges
     (the hop's fanout) and the sources' out-edges (None: unknown), which spares the
     Triton segments of either CSR a count when no row can split; ``unread``, the
     sources no edge leaves when the sampler knows them (`SampledBlock.unread_dst`),
-    spares the rows a combine-first layer reads theirs."""
+    spares the rows a combine-first layer reads theirs. ``whole_rows`` keeps the Triton
+    segments one per row (a padded batch's fixed shapes: `triton.schedule.segments`)."""
     if unread is not None:
         known_transform_first_rows(graph, unread)
     built: list[Any] = [transform_first_rows(graph, 1)]
@@ -51,8 +52,12 @@ def prepare_layouts(graph: Graph, max_in_degree: int | None = None, unread: torc
     if backend == "triton":
         from ..backend.triton.schedule import SEGMENT_EDGES, segments
         context = GraphContext(graph)
-        built += [segments(context, "dst", SEGMENT_EDGES, max_in_degree),
-                  segments(context, "src", SEGMENT_EDGES, max_out_degree)]
+        built += [segments(context, "dst", SEGMENT_EDGES, max_in_degree, whole_rows),
+                  segments(context, "src", SEGMENT_EDGES, max_out_degree, whole_rows)]
+        if whole_rows:     # the whole-row segments max/min reductions ask for are the same ones
+            for by in ("dst", "src"):
+                whole = segments(context, by, SEGMENT_EDGES)
+                graph.cached(f"triton_segments_{by}_None", lambda _, w=whole: w)
     return tuple(_tensors(built))
 
 

@@ -43,9 +43,11 @@ from ..graph import Graph
 from .batch_maker import BatchMaker, MiniBatch, batch_generator
 from .prefetch import Prefetcher
 from .stages import StageTimes
+from .static_shapes import Capacities
 from .workers import WorkerPool
 
 FEATURE_DEVICES = ("device", "pinned")
+PROBED_BATCHES = 8       # batches sampled to set the capacities of ``static_shapes=True``
 
 
 def _graph_and_tables(data: Any, x: torch.Tensor | None, y: torch.Tensor | None
@@ -106,10 +108,14 @@ class NeighborLoader:
     sampled; default the graph's device), ``feature_device`` (``"device"`` or
     ``"pinned"``; default ``"device"`` when the features are already on ``device`` or
     ``device`` is the CPU, else ``"pinned"``), ``prefetch`` (batches prepared ahead;
-    0 prepares each batch when asked) and ``num_workers`` (PyG's name: processes that
+    0 prepares each batch when asked), ``num_workers`` (PyG's name: processes that
     prepare the batches, started on the first epoch and kept; 0 prepares them in this
     process; host tables are then kept in shared memory, which each worker page-locks
-    for its zero-copy reads). `close` stops the workers.
+    for its zero-copy reads) and ``static_shapes`` (True: pad every batch that fits to
+    capacities probed on a few batches now, `capacities`; or given `Capacities`), which
+    lets a CUDA graph replay the training step (`gnnfuse.training.BlockStepCapture`;
+    `loader.static_shapes` says why the padding changes no number). `close` stops the
+    workers.
 
     Randomness: each epoch's shuffle and samples come from one seed drawn from torch's
     global generator when iteration starts, so ``torch.manual_seed`` fixes them; batch i
@@ -121,7 +127,7 @@ class NeighborLoader:
                  x: torch.Tensor | None = None, y: torch.Tensor | None = None,
                  device: torch.device | str | None = None, sample_device: torch.device | str | None = None,
                  feature_device: str | None = None, prefetch: int = 2, sampler: Sized | None = None,
-                 num_workers: int = 0) -> None:
+                 num_workers: int = 0, static_shapes: bool | Capacities = False) -> None:
         graph, features, labels = _graph_and_tables(data, x, y)
         if graph.is_bipartite or graph.edge_type is not None:
             raise ValueError("NeighborLoader samples a homogeneous graph with one vertex set; this graph is "
@@ -157,6 +163,23 @@ class NeighborLoader:
         self.prefetch, self.sampler = prefetch, sampler
         self.stage_times = StageTimes()
         self._workers: WorkerPool | None = None
+        if static_shapes is not False:
+            self._maker.capacities = (static_shapes if isinstance(static_shapes, Capacities)
+                                      else self._probe_capacities())
+
+    @property
+    def capacities(self) -> Capacities | None:
+        """What batches are padded to (``static_shapes``), or None."""
+        return self._maker.capacities
+
+    def _probe_capacities(self, batches: int = PROBED_BATCHES) -> Capacities:
+        """Capacities covering ``batches`` full batches of seeds drawn apart from the
+        epochs' randomness (a fixed generator: torch's global one is left as it was)."""
+        generator = torch.Generator().manual_seed(0)
+        order = self.seeds[torch.randperm(self.seeds.numel(), generator=generator)]
+        seeds = list(order.split(self.batch_size))[:batches]
+        return Capacities.covering([self._maker.sizes(s, batch_generator(self.sample_device, 0, i))
+                                    for i, s in enumerate(seeds)])
 
     def _feature_device(self, requested: str | None, features: torch.Tensor | None) -> str:
         if requested is None:
@@ -235,5 +258,7 @@ class NeighborLoader:
 
     def __repr__(self) -> str:
         workers = f", num_workers={self.num_workers}" if self.num_workers else ""
+        static = f", capacities={self.capacities}" if self.capacities is not None else ""
         return (f"NeighborLoader(num_neighbors={self.num_neighbors}, batch_size={self.batch_size}, "
-                f"seeds={self.seeds.numel()}, device={self.device}, feature_device={self.feature_device!r}{workers})")
+                f"seeds={self.seeds.numel()}, device={self.device}, feature_device={self.feature_device!r}"
+                f"{workers}{static})")

@@ -29,12 +29,16 @@ class Segments:
         return self.row.numel()
 
 
-def segments(ctx: GraphContext, by: str, max_edges: int | None, max_degree: int | None = None) -> Segments:
+def segments(ctx: GraphContext, by: str, max_edges: int | None, max_degree: int | None = None,
+             whole_rows: bool = False) -> Segments:
     """Segments of the CSR grouped by ``by``; ``max_edges=None`` keeps rows whole (for
     reductions with no atomic combine). Cached on the graph per (by, max_edges).
     ``max_degree``, a bound on the rows' lengths the caller knows (a sampled block's
-    fanout), lets rows that cannot split skip counting segments."""
-    whole = max_edges is None or (max_degree is not None and max_degree <= max_edges)
+    fanout), lets rows that cannot split skip counting segments. ``whole_rows`` keeps
+    every row whole under ``max_edges``'s key too, so the segments number exactly the
+    rows (a padded batch's fixed shapes, `loader.static_shapes`): a whole row is a
+    valid segment for every reduction, only a hub's row then runs in one program."""
+    whole = whole_rows or max_edges is None or (max_degree is not None and max_degree <= max_edges)
     return ctx.graph.cached(f"triton_segments_{by}_{max_edges}",
                             lambda _: _build(ctx.grouped(by)[0], None if whole else max_edges))
 
