@@ -5,10 +5,11 @@ For each block model (SAGE, GAT; 3 layers, no dropout) and the same seeds, one r
 trains eagerly on a plain `NeighborLoader`'s batches and one through `BlockStepCapture`
 on a ``static_shapes=True`` loader's padded batches (the first steps eager, then
 replays; the epoch's last, smaller batch eager). Both loaders draw the same batches, so
-per-batch losses and the final weights must agree to float32 summation order (the
-padded blocks' whole-row segments sum a row in another order than split ones):
-max |loss difference| and max relative weight difference are printed with PASS/FAIL
-(tolerance 1e-3), and how many steps were replayed. Then, with dropout 0.5, the losses
+per-batch losses and the final weights (SGD with momentum) must agree to float32
+summation order (the padded blocks' whole-row segments sum a row in another order than
+split ones): max |loss difference| and max relative weight difference are printed with
+PASS/FAIL (tolerance 1e-3), and how many steps were replayed. GAT must be refused
+(its layers cache a self-looped graph per block inside the step) and still agree. Then, with dropout 0.5, the losses
 of two consecutive epochs of replays must differ from batch to batch as an eager run's
 do (fresh masks per replay).
 
@@ -34,7 +35,9 @@ def train(kind: str, data, args, captured: bool, dropout: float = 0.0, epochs: i
     torch.manual_seed(0)
     device = torch.device(args.device)
     model = build_block_model(kind, data.x.shape[1], int(data.y.max()) + 1, args.hidden, dropout, 3).to(device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.01, capturable=captured and device.type == "cuda")
+    # SGD: Adam's normalisation turns summation-order noise in a near-zero gradient into
+    # a visible weight difference (7.7% after 12 steps here), which would hide real errors
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     loader = NeighborLoader(data.graph.to(device), [10, 5, 5], args.batch_size, input_nodes=data.train_mask,
                             shuffle=True, x=data.x.to(device), y=data.y.to(device), device=device,
                             static_shapes=captured)
@@ -67,7 +70,9 @@ def main(argv: list[str] | None = None) -> int:
         loss_error = max(abs(a - b) for a, b in zip(eager, replayed))
         weight_error = max(float((a - b).abs().max() / a.abs().max().clamp_min(1e-12))
                            for a, b in zip(eager_weights, weights))
-        ok = len(eager) == len(replayed) and loss_error < TOLERANCE and weight_error < TOLERANCE and run.replayed > 0
+        # GAT's layers cache a self-looped graph per block in the step: not capturable, and refused
+        expected = run.replayed > 0 if kind == "sage" else "nn_self_looped" in run.status
+        ok = len(eager) == len(replayed) and loss_error < TOLERANCE and weight_error < TOLERANCE and expected
         failed |= not ok
         print(f"{kind}: {len(replayed)} steps, {run.replayed} replayed, {run.eager} eager ({run.status}); "
               f"max |loss diff| {loss_error:.2e}, max rel weight diff {weight_error:.2e}: {'PASS' if ok else 'FAIL'}")

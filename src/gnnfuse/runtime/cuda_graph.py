@@ -33,6 +33,7 @@ step as it is, with the same numbers.
 """
 from __future__ import annotations
 
+import threading
 import warnings
 from typing import Any, Callable, Iterable, Sequence
 
@@ -98,8 +99,21 @@ def audit_step(fn: Callable[[], Any], device: torch.device) -> tuple[Any, str | 
     audit = _Audit(device)
     syncing = device.type == "cuda"
     previous = torch.cuda.get_sync_debug_mode() if syncing else 0
-    with warnings.catch_warnings(record=True) as caught:
+    caught: list[warnings.WarningMessage] = []
+    auditing = threading.get_ident()
+
+    def record(message, category, filename, lineno, file=None, line=None) -> None:
+        # The sync debug mode and the warning filters are process-wide, but another
+        # thread's sync (a loader's prefetch thread reading a count back) is not the
+        # step's: only warnings raised in this thread count; the others are passed on.
+        warning = warnings.WarningMessage(message, category, filename, lineno, file, line)
+        if threading.get_ident() == auditing:
+            caught.append(warning)
+        elif "called a synchronizing" not in str(message):
+            shown(message, category, filename, lineno, file, line)
+    with warnings.catch_warnings():
         warnings.simplefilter("always")
+        shown, warnings.showwarning = warnings.showwarning, record
         if syncing:
             torch.cuda.set_sync_debug_mode("warn")
         try:
