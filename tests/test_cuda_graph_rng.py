@@ -107,7 +107,7 @@ class _FakeCuda:
     def CUDAGraph(self) -> _Graph:  # noqa: N802 - torch's name
         return _Graph(self)
 
-    def graph(self, graph: _Graph) -> _Capturing:
+    def graph(self, graph: _Graph, **_options) -> _Capturing:
         return _Capturing(self, graph)
 
     def dropout(self) -> None:
@@ -185,7 +185,7 @@ def test_a_generator_that_cannot_be_reset_is_an_error_not_a_fallback():
     """If even an empty capture fails, eager random ops would fail later with torch's
     puzzling message: say so at the capture instead of falling back."""
     class Broken(_FakeCuda):
-        def graph(self, graph: _Graph) -> _Capturing:
+        def graph(self, graph: _Graph, **_options) -> _Capturing:
             if graph is not self.first:
                 raise RuntimeError("CUDA error: an illegal memory access was encountered")
             return super().graph(graph)

@@ -192,7 +192,11 @@ class _CudaGraph:
         self.cuda.synchronize()
         on = {} if self.stream is None else {"stream": self.stream}
         try:
-            with self.cuda.graph(self.graph, **on):
+            # thread_local: another thread's CUDA calls (a loader's prefetch thread
+            # allocating or reading a count back on its own stream) are no error of the
+            # capture; the default, global, failed them with "operation not permitted
+            # when stream is capturing"
+            with self.cuda.graph(self.graph, capture_error_mode="thread_local", **on):
                 return fn()
         except BaseException:
             self._release_generator()
