@@ -203,7 +203,8 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--cuda-graph", choices=MODES, default="auto",
                        help="capture the training step in a CUDA graph and replay it: auto (default) does on "
                             "CUDA when the step is replayable, else runs eagerly; on also warns when it cannot; "
-                            "off never captures (full-graph training; sampled batches change shape and run eagerly)")
+                            "off never captures (full-graph training, and with --fanout one process: batches are "
+                            "then padded to fixed shapes, gnnfuse.loader.static_shapes)")
     train.add_argument("--fanout", type=_fanout, metavar="K1,K2,..",
                        help="sampled mini-batch training: in-edges sampled per vertex at each hop from the "
                             "batch (PyG's num_neighbors; -1 takes all), one hop per layer (sage, gat)")

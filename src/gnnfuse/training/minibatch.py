@@ -24,26 +24,39 @@ from ..nn.models import ModelSpec
 from ..nn.placement import PlacementModel, calibrate
 from ..progress import progress_bar
 from .config import TrainConfig
+from .captured_step import BlockStepCapture
 from .data import PreparedData
 from .loop import BestEpoch, EarlyStopping, RunResult, _optimizer, accuracy, peak_memory_mib
 
 
 def train_minibatch_run(config: TrainConfig, spec: ModelSpec, data: PreparedData, seed: int, *,
-                        label: str = "", log_epochs: bool = True) -> RunResult:
+                        label: str = "", log_epochs: bool = True, cuda_graph: str = "auto") -> RunResult:
     """Train one model from `seed` on sampled mini-batches of the training vertices,
-    keeping the weights and test accuracy of the best validation epoch."""
+    keeping the weights and test accuracy of the best validation epoch. On a GPU (unless
+    ``cuda_graph`` is ``"off"``) batches are padded to fixed shapes and the steps replayed
+    from a CUDA graph where `BlockStepCapture` finds that safe (``cuda_graph`` is its mode)."""
     device = torch.device(config.device)
+    captured = device.type == "cuda" and cuda_graph != "off"
     torch.manual_seed(seed)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     fanout = list(config.fanout)
     model = build_block_model(config.model, data.num_features, data.num_classes, config.hidden, config.dropout,
                               len(fanout)).to(device)
-    optimizer = _optimizer(spec, model, config)
+    optimizer = _optimizer(spec, model, config, capturable=captured)
     x = data.x.to_dense() if data.x.is_sparse else data.x         # batches gather rows
     train_mask, val_mask, _ = data.masks
     loader = NeighborLoader(data.graph, fanout, config.batch_size, input_nodes=train_mask, shuffle=True,
-                            x=x, y=data.y, device=device, num_workers=config.loader_workers)
+                            x=x, y=data.y, device=device, num_workers=config.loader_workers, static_shapes=captured)
+
+    def train_step(batch) -> torch.Tensor:
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(batch.x, batch.blocks)[:batch.batch_size], batch.y[:batch.batch_size])
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+    step = BlockStepCapture(train_step, optimizers=[optimizer], modules=[model], mode=cuda_graph) if captured \
+        else train_step
     times = loader.stage_times
     compute = ComputeTimer(times, device)
     placement = _fit_placement(model, loader) if config.dkp else None
@@ -60,11 +73,7 @@ def train_minibatch_run(config: TrainConfig, spec: ModelSpec, data: PreparedData
         loss_sum, seen = torch.zeros((), device=device), 0
         for batch in loader:
             with compute.step():
-                optimizer.zero_grad()
-                loss = F.cross_entropy(model(batch.x, batch.blocks), batch.y)
-                loss.backward()
-                optimizer.step()
-                loss_sum += loss.detach() * batch.batch_size
+                loss_sum += step(batch) * batch.batch_size
             seen += batch.batch_size
             progress.update()
         compute.flush()
@@ -93,7 +102,9 @@ def train_minibatch_run(config: TrainConfig, spec: ModelSpec, data: PreparedData
         tqdm.write(f"{label.strip() + ' | ' if label else ''}{placement.describe()}", file=sys.stdout)
     return RunResult(seed=seed, best_epoch=stopping.best_epoch, best_val_acc=stopping.best_val_acc,
                      test_acc=best.test_acc, epochs_run=len(history["loss"]), seconds=time.perf_counter() - start,
-                     state_dict=best.state_dict, history=history)
+                     state_dict=best.state_dict, history=history,
+                     cuda_graph=f"{step.status} ({step.replayed} steps replayed)" if captured
+                     else RunResult.cuda_graph)
 
 
 DKP_CALIBRATION_BATCHES = 4

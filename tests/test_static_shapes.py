@@ -1,0 +1,231 @@
+"""Batches padded to fixed shapes (`loader.static_shapes`) and mini-batch steps replayed
+from a CUDA graph (`training.captured_step`).
+
+The padding's contract is that it changes no number: properties of `pad_block` on
+random hops, then losses and every gradient of padded against plain batches (float64,
+block models on the reference and CPU backends). The capture's bookkeeping runs on the
+CPU with a stand-in graph that records without running the step and replays by running
+it (as a CUDA graph's kernels rewrite its memory); the GPU check is
+benchmarks/check_captured_minibatch.py."""
+from __future__ import annotations
+
+import copy
+import threading
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings, strategies as st
+
+import gnnfuse
+from gnnfuse.data.synthetic import power_law_graph
+from gnnfuse.loader import IGNORE_LABEL, Capacities, NeighborLoader, sample_block
+from gnnfuse.loader.static_shapes import pad_block
+from gnnfuse.nn.block_models import build_block_model
+from gnnfuse.runtime.cuda_graph import CaptureFallbackWarning, audit_step
+from gnnfuse.training.captured_step import BlockStepCapture, StaticBatch, row_mixing_module
+from graph_strategies import graphs
+
+RUNS = settings(max_examples=20, deadline=None, derandomize=True, database=None)
+
+
+@st.composite
+def padded_hops(draw):
+    case = draw(graphs(max_nodes=9, max_edges=30, hub_degrees=st.sampled_from([0, 12])))
+    seeds = draw(st.lists(st.integers(0, case.num_nodes - 1), min_size=1, max_size=case.num_nodes, unique=True))
+    csr = gnnfuse.Graph.from_edge_index(case.edge_index, case.num_nodes).csr()
+    hop = sample_block(csr.rowptr.long(), csr.col.long(), torch.tensor(seeds), draw(st.sampled_from([1, 3, -1])),
+                       False, torch.Generator().manual_seed(draw(st.integers(0, 99))))
+    spare = draw(st.tuples(st.integers(1, 5), st.integers(1, 5), st.integers(0, 40)))
+    return hop, spare
+
+
+@RUNS
+@given(padded_hops())
+def test_padding_keeps_the_block_and_sends_padded_edges_between_padded_rows(drawn):
+    hop, (spare_src, spare_dst, extra) = drawn
+    real_dst, real_src, real_edges = hop.rowptr.numel() - 1, hop.nodes.numel(), hop.local_src.numel()
+    padded = pad_block(hop, real_src + spare_src, real_dst + spare_dst, real_edges + extra)
+    assert torch.equal(padded.rowptr[:real_dst + 1], hop.rowptr)
+    assert torch.equal(padded.local_src[:real_edges], hop.local_src) and torch.equal(padded.dst[:real_edges], hop.dst)
+    assert padded.rowptr.numel() == real_dst + spare_dst + 1 and int(padded.rowptr[-1]) == real_edges + extra
+    # the CSR and the edge list agree: each edge lies in its destination's row
+    rows = torch.repeat_interleave(torch.arange(real_dst + spare_dst), padded.rowptr.diff())
+    assert torch.equal(rows, padded.dst.long())
+    assert bool((padded.local_src[real_edges:] >= real_src).all()) and bool((padded.dst[real_edges:] >= real_dst).all())
+    counted = torch.bincount(padded.local_src.long(), minlength=real_src + spare_src)
+    assert torch.equal(counted, padded.out_degrees) and padded.max_out_degree >= int(counted.max())
+    assert torch.equal(padded.nodes[:real_src], hop.nodes) and bool((padded.nodes[real_src:] == 0).all())
+    unread = padded.unread_dst
+    assert unread.numel() == real_dst + spare_dst and torch.equal(unread[:hop.unread_dst.numel()], hop.unread_dst)
+    assert bool((unread[hop.unread_dst.numel():] == real_src + spare_src - 1).all())
+
+
+def test_a_block_that_does_not_fit_is_refused():
+    csr = gnnfuse.Graph.from_edge_index(torch.tensor([[0, 1, 2], [1, 2, 0]]), 3).csr()
+    hop = sample_block(csr.rowptr.long(), csr.col.long(), torch.tensor([0, 1]), -1)
+    with pytest.raises(ValueError, match="does not fit"):
+        pad_block(hop, hop.nodes.numel(), 5, 10)          # no padded source row left
+
+
+def test_capacities_cover_the_probed_sizes_and_check_their_shape():
+    caps = Capacities.covering([((10, 100, 900), (120, 1500)), ((10, 130, 800), (150, 1400))])
+    assert caps.nodes[1] > 130 and caps.nodes[2] > 900 and caps.edges == tuple(sorted(caps.edges))
+    with pytest.raises(ValueError, match="one more vertex level"):
+        Capacities((10, 20), (5, 6))
+
+
+@pytest.fixture(scope="module")
+def data():
+    return power_law_graph(2500, 25000, 12, 5, seed=0)
+
+
+def _loader(data, dtype=torch.float64, **kw):
+    return NeighborLoader(data.graph, [4, 3, 3], 48, input_nodes=data.train_mask, x=data.x.to(dtype), y=data.y,
+                          prefetch=0, **kw)
+
+
+@pytest.mark.parametrize("model, backend", [("sage", "reference"), ("gat", "reference"), ("sage", "cpu"),
+                                            ("gat", "cpu")])
+def test_padded_batches_give_the_same_loss_and_gradients(data, model, backend, monkeypatch):
+    pytest.importorskip("numba") if backend == "cpu" else None
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    torch.manual_seed(0)
+    net = build_block_model(model, 12, 5, 16, 0.0, 3).double()
+    torch.manual_seed(3)
+    plain = next(iter(_loader(data)))
+    torch.manual_seed(3)
+    loader = _loader(data, static_shapes=True)
+    padded = next(iter(loader))
+    assert padded.padded and padded.x.shape[0] == loader.capacities.nodes[-1] > plain.x.shape[0]
+    assert bool((padded.y[padded.batch_size:] == IGNORE_LABEL).all())
+    grads = []
+    for batch, rows in ((plain, plain.batch_size), (padded, None)):
+        net.zero_grad()
+        out = net(batch.x, batch.blocks)
+        loss = F.cross_entropy(out[:rows] if rows else out, batch.y)    # padded seeds: ignored labels
+        loss.backward()
+        grads.append([loss.detach()] + [p.grad.clone() for p in net.parameters()])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_a_batch_over_the_capacities_comes_unpadded(data):
+    probed = _loader(data, static_shapes=True).capacities
+    tight = Capacities(probed.nodes[:-1] + (8,), probed.edges)       # no batch has under 8 input rows
+    batch = next(iter(_loader(data, static_shapes=tight)))
+    assert not batch.padded and batch.x.shape[0] == batch.blocks[0].num_src
+
+
+class _Recorder:
+    """Stands in for a CUDA graph: capture records the step without its effects (the
+    model and optimizer are put back, as recording runs no kernel); replay runs it and
+    writes the results into the captured outputs."""
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+
+    def capture(self, fn):
+        saved = copy.deepcopy(self.model.state_dict()), copy.deepcopy(self.optimizer.state_dict())
+        self.fn, self.out = fn, fn()
+        with torch.no_grad():
+            for value, kept in zip(self.model.state_dict().values(), saved[0].values()):
+                value.copy_(kept)
+        self.optimizer.load_state_dict(saved[1])
+        return self.out
+
+    def replay(self):
+        self.out.copy_(self.fn())
+
+
+def _training(data, captured: bool, model: str = "sage", step_extra=None, **kw):
+    torch.manual_seed(0)
+    net = build_block_model(model, 12, 5, 16, 0.0, 3).double()
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+
+    def step(batch):
+        optimizer.zero_grad()
+        loss = F.cross_entropy(net(batch.x, batch.blocks)[:batch.batch_size], batch.y[:batch.batch_size])
+        loss.backward()
+        optimizer.step()
+        if step_extra:
+            step_extra(batch)
+        return loss.detach()
+    recorder = type("R", (_Recorder,), {"model": net, "optimizer": optimizer})
+    run = BlockStepCapture(step, optimizers=[optimizer], modules=[net], _graph_factory=recorder, **kw) \
+        if captured else step
+    torch.manual_seed(7)
+    losses = [float(run(batch)) for batch in _loader(data, shuffle=True, static_shapes=captured)]
+    return losses, list(net.parameters()), run
+
+
+def test_replayed_steps_train_as_eager_steps_on_plain_batches(data):
+    eager, eager_params, _ = _training(data, False)
+    replayed, params, run = _training(data, True)
+    assert run.status == "captured" and run.replayed == len(replayed) - 4 and run.eager == 4   # 3 warm-up + last
+    torch.testing.assert_close(torch.tensor(replayed), torch.tensor(eager), rtol=1e-9, atol=1e-12)
+    for a, b in zip(eager_params, params):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
+
+
+def test_a_step_that_caches_on_a_block_graph_is_not_replayed(data):
+    """Anything cached on the static graphs during warm-up would be replayed stale."""
+    def cache_something(batch):
+        batch.blocks[0].graph.cached("user_norm", lambda g: g.in_degrees().double())
+    eager, _, _ = _training(data, False)
+    with pytest.warns(CaptureFallbackWarning, match="user_norm"):
+        replayed, _, run = _training(data, True, step_extra=cache_something)
+    assert run.replayed == 0 and "user_norm" in run.status
+    torch.testing.assert_close(torch.tensor(replayed), torch.tensor(eager), rtol=1e-9, atol=1e-12)
+
+
+def test_gat_blocks_cache_a_self_looped_graph_and_run_eagerly(data):
+    with pytest.warns(CaptureFallbackWarning, match="nn_self_looped"):
+        _, _, run = _training(data, True, model="gat")
+    assert run.replayed == 0
+
+
+def test_models_that_normalise_over_rows_are_refused():
+    net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+    assert "BatchNorm1d" in row_mixing_module([net])
+    assert row_mixing_module([torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))]) is None
+    with pytest.warns(CaptureFallbackWarning, match="BatchNorm1d"):
+        run = BlockStepCapture(lambda batch: None, modules=[net])
+    assert run.status.startswith("eager")
+
+
+def test_a_static_batch_refuses_a_batch_of_another_shape(data):
+    loader = _loader(data, shuffle=True, static_shapes=True)
+    batches = list(loader)
+    static = StaticBatch(batches[0])
+    assert static.load(batches[1]) is None
+    assert torch.equal(static.batch.x, batches[1].x) and static.batch.x.data_ptr() != batches[1].x.data_ptr()
+    assert "input_id" in static.load(batches[-1])            # the smaller last batch
+    with pytest.raises(ValueError, match="padded batch"):
+        StaticBatch(next(iter(_loader(data))))
+
+
+def test_the_audit_ignores_another_threads_synchronisations():
+    """A loader's prefetch thread reading a count back during the audited step is not the step's."""
+    started, done = threading.Event(), threading.Event()
+
+    def other_thread():
+        started.wait()
+        warnings.warn("called a synchronizing CUDA operation (another thread)", UserWarning)
+        done.set()
+    thread = threading.Thread(target=other_thread)
+    thread.start()
+
+    def step():
+        started.set()
+        done.wait()
+        return torch.ones(2) * 2
+    _, reason = audit_step(step, torch.device("cpu"))
+    thread.join()
+    assert reason is None
+
+    def syncing_step():
+        warnings.warn("called a synchronizing CUDA operation (this thread)", UserWarning)
+        return torch.ones(2)
+    _, reason = audit_step(syncing_step, torch.device("cpu"))
+    assert reason is not None and "this thread" in reason
