@@ -233,7 +233,7 @@ def gnnfuse_epoch(loader: NeighborLoader, model: nn.Module, device: torch.device
     def step(b: Any) -> None:
         train_step(model, optimizer, b.x, b.blocks, b.y, b.batch_size)
     if cuda_graph:
-        step = BlockStepCapture(step, optimizers=[optimizer], modules=[model], mode="on")
+        step = BlockStepCapture(step, optimizers=[optimizer], modules=[model], mode="on", features=loader.features)
     warm_up(loader, {"gnnfuse": step}, warmup, device)
     loader.stage_times.reset()
     compute = ComputeTimer(loader.stage_times, device)      # CUDA events on the compute stream
@@ -256,7 +256,7 @@ def gnnfuse_epoch(loader: NeighborLoader, model: nn.Module, device: torch.device
             "busy_fraction": busy / wall, "busy_s": busy, "step_host_s": host}
     if cuda_graph:
         cell["cuda_graph"] = {"status": step.status, "replayed": step.replayed, "eager": step.eager,
-                              "capacities": str(loader.capacities)}
+                              "capacities": str(loader.capacities), "deferred": loader._maker.deferred}
     return cell
 
 
@@ -504,7 +504,8 @@ def run(args: argparse.Namespace, save: Callable[[dict[str, Any]], None]) -> dic
         x = dataset.x.to(device) if place == "device" else dataset.x.pin_memory()
         loader = NeighborLoader(graph, args.fanout, args.batch_size, input_nodes=train_idx, shuffle=True, x=x,
                                 y=dataset.y.to(device), device=device, feature_device=place, prefetch=args.prefetch,
-                                num_workers=workers, static_shapes=captured)
+                                num_workers=workers, static_shapes=captured,
+                                deferred=captured and place == "device" and args.deferred)
         label = place if not workers else f"{place}, {workers} worker process{'es' if workers > 1 else ''}"
         label += ", CUDA graph" if captured else ""
         for epoch in range(args.epochs):
@@ -686,6 +687,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cuda-graph", choices=("off", "on", "both"), default="off",
                         help="replay the training steps from a CUDA graph (loader with static_shapes, "
                              "gnnfuse.training.BlockStepCapture): off, on, or both, one epoch after the other")
+    parser.add_argument("--no-deferred", dest="deferred", action="store_false",
+                        help="with --cuda-graph: the loader gathers the feature rows and builds the layouts "
+                             "(default with features on the device: the replayed step does, loader.static_shapes)")
     parser.add_argument("--no-pyg-loader", dest="pyg_loader", action="store_false",
                         help="skip the epoch with PyG's NeighborLoader")
     parser.add_argument("--dkp-calibration", type=int, default=4, help="batches whose kernel times fit the DKP "

@@ -8,7 +8,8 @@ replays; the epoch's last, smaller batch eager). Both loaders draw the same batc
 per-batch losses and the final weights (SGD with momentum) must agree to float32
 summation order (the padded blocks' whole-row segments sum a row in another order than
 split ones): max |loss difference| and max relative weight difference are printed with
-PASS/FAIL (tolerance 1e-3), and how many steps were replayed. GAT must be refused
+PASS/FAIL (tolerance 1e-3), and how many steps were replayed; SAGE runs on complete
+padded batches and on deferred ones (rows and layouts built in the replayed step). GAT must be refused
 (its layers cache a self-looped graph per block inside the step) and still agree. Then, with dropout 0.5, the losses
 of two consecutive epochs of replays must differ from batch to batch as an eager run's
 do (fresh masks per replay).
@@ -31,7 +32,7 @@ from gnnfuse.training.captured_step import BlockStepCapture
 TOLERANCE = 1e-3
 
 
-def train(kind: str, data, args, captured: bool, dropout: float = 0.0, epochs: int = 1):
+def train(kind: str, data, args, captured: bool, dropout: float = 0.0, epochs: int = 1, deferred: bool = False):
     torch.manual_seed(0)
     device = torch.device(args.device)
     model = build_block_model(kind, data.x.shape[1], int(data.y.max()) + 1, args.hidden, dropout, 3).to(device)
@@ -40,7 +41,7 @@ def train(kind: str, data, args, captured: bool, dropout: float = 0.0, epochs: i
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     loader = NeighborLoader(data.graph.to(device), [10, 5, 5], args.batch_size, input_nodes=data.train_mask,
                             shuffle=True, x=data.x.to(device), y=data.y.to(device), device=device,
-                            static_shapes=captured)
+                            static_shapes=captured, deferred=deferred)
 
     def step(batch) -> torch.Tensor:
         optimizer.zero_grad()
@@ -48,7 +49,8 @@ def train(kind: str, data, args, captured: bool, dropout: float = 0.0, epochs: i
         loss.backward()
         optimizer.step()
         return loss.detach()
-    run = BlockStepCapture(step, optimizers=[optimizer], modules=[model], mode="on") if captured else step
+    run = BlockStepCapture(step, optimizers=[optimizer], modules=[model], mode="on",
+                           features=loader.features) if captured else step
     torch.manual_seed(1)
     losses = [float(run(batch)) for _ in range(epochs) for batch in loader]
     return losses, [p.detach().clone() for p in model.parameters()], run
@@ -64,9 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     data = power_law_graph(args.nodes, 15 * args.nodes, 64, 10, seed=0)
     data.train_mask[args.nodes // 10:] = False          # a few dozen batches per epoch
     failed = False
-    for kind in ("sage", "gat"):
+    for kind, deferred in (("sage", False), ("sage", True), ("gat", False)):
         eager, eager_weights, _ = train(kind, data, args, False)
-        replayed, weights, run = train(kind, data, args, True)
+        replayed, weights, run = train(kind, data, args, True, deferred=deferred)
         loss_error = max(abs(a - b) for a, b in zip(eager, replayed))
         weight_error = max(float((a - b).abs().max() / a.abs().max().clamp_min(1e-12))
                            for a, b in zip(eager_weights, weights))
@@ -74,9 +76,9 @@ def main(argv: list[str] | None = None) -> int:
         expected = run.replayed > 0 if kind == "sage" else "nn_self_looped" in run.status
         ok = len(eager) == len(replayed) and loss_error < TOLERANCE and weight_error < TOLERANCE and expected
         failed |= not ok
-        print(f"{kind}: {len(replayed)} steps, {run.replayed} replayed, {run.eager} eager ({run.status}); "
+        print(f"{kind}{', deferred' if deferred else ''}: {len(replayed)} steps, {run.replayed} replayed, {run.eager} eager ({run.status}); "
               f"max |loss diff| {loss_error:.2e}, max rel weight diff {weight_error:.2e}: {'PASS' if ok else 'FAIL'}")
-    losses, _, run = train("sage", data, args, True, dropout=0.5, epochs=2)
+    losses, _, run = train("sage", data, args, True, dropout=0.5, epochs=2, deferred=True)
     repeats = sum(a == b for a, b in zip(losses, losses[1:]))
     ok = repeats == 0 and run.replayed > 0
     failed |= not ok

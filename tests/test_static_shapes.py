@@ -10,6 +10,7 @@ benchmarks/check_captured_minibatch.py."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import threading
 import warnings
 
@@ -21,7 +22,8 @@ from hypothesis import given, settings, strategies as st
 import gnnfuse
 from gnnfuse.data.synthetic import power_law_graph
 from gnnfuse.loader import IGNORE_LABEL, Capacities, NeighborLoader, sample_block
-from gnnfuse.loader.static_shapes import pad_block
+from gnnfuse.loader.layouts import tensors_in
+from gnnfuse.loader.static_shapes import DERIVED_KEYS, complete, pad_block
 from gnnfuse.nn.block_models import build_block_model
 from gnnfuse.runtime.cuda_graph import CaptureFallbackWarning, audit_step
 from gnnfuse.training.captured_step import BlockStepCapture, StaticBatch, row_mixing_module
@@ -138,7 +140,7 @@ class _Recorder:
         self.out.copy_(self.fn())
 
 
-def _training(data, captured: bool, model: str = "sage", step_extra=None, **kw):
+def _training(data, captured: bool, model: str = "sage", step_extra=None, deferred: bool = False, **kw):
     torch.manual_seed(0)
     net = build_block_model(model, 12, 5, 16, 0.0, 3).double()
     optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
@@ -152,10 +154,11 @@ def _training(data, captured: bool, model: str = "sage", step_extra=None, **kw):
             step_extra(batch)
         return loss.detach()
     recorder = type("R", (_Recorder,), {"model": net, "optimizer": optimizer})
-    run = BlockStepCapture(step, optimizers=[optimizer], modules=[net], _graph_factory=recorder, **kw) \
-        if captured else step
+    loader = _loader(data, shuffle=True, static_shapes=captured, deferred=deferred)
+    run = BlockStepCapture(step, optimizers=[optimizer], modules=[net], _graph_factory=recorder,
+                           features=loader.features, **kw) if captured else step
     torch.manual_seed(7)
-    losses = [float(run(batch)) for batch in _loader(data, shuffle=True, static_shapes=captured)]
+    losses = [float(run(batch)) for batch in loader]
     return losses, list(net.parameters()), run
 
 
@@ -229,3 +232,43 @@ def test_the_audit_ignores_another_threads_synchronisations():
         return torch.ones(2)
     _, reason = audit_step(syncing_step, torch.device("cpu"))
     assert reason is not None and "this thread" in reason
+
+
+def test_a_deferred_batch_completes_to_the_padded_one(data):
+    """Its feature rows and layouts, built later (in the step), are the loader's own."""
+    torch.manual_seed(3)
+    whole = next(iter(_loader(data, static_shapes=True)))
+    loader = _loader(data, static_shapes=True, deferred=True)
+    torch.manual_seed(3)
+    deferred = next(iter(loader))
+    assert deferred.deferred and deferred.x is None
+    done = complete(deferred, loader.features)
+    assert not done.deferred and torch.equal(done.x, whole.x)
+    for a, b in zip(whole.blocks, done.blocks):
+        keys = set(a.graph._cache)
+        assert keys == set(b.graph._cache) - {DERIVED_KEYS}
+        for key in keys:
+            assert all(torch.equal(s, t) for s, t in zip(tensors_in(a.graph._cache[key]), tensors_in(b.graph._cache[key])))
+    first = [t.data_ptr() for block in done.blocks for key in sorted(block.graph._cache)
+             for t in tensors_in(block.graph._cache[key])]
+    again = complete(dataclasses.replace(done, deferred=True), loader.features)      # rebuilt in place
+    assert first == [t.data_ptr() for block in again.blocks for key in sorted(block.graph._cache)
+                     for t in tensors_in(block.graph._cache[key])]
+
+
+def test_deferred_batches_need_static_shapes_on_the_device(data):
+    with pytest.raises(ValueError, match="static_shapes"):
+        _loader(data, deferred=True)
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+def test_replayed_steps_on_deferred_batches_train_as_eager_steps(data, backend, monkeypatch):
+    if backend == "cpu":
+        pytest.importorskip("numba")
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    eager, eager_params, _ = _training(data, False)
+    replayed, params, run = _training(data, True, deferred=True)
+    assert run.status == "captured" and run.replayed == len(replayed) - 4
+    torch.testing.assert_close(torch.tensor(replayed), torch.tensor(eager), rtol=1e-9, atol=1e-12)
+    for a, b in zip(eager_params, params):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)

@@ -20,6 +20,7 @@ from typing import Sequence
 
 import torch
 
+from ..nn.conv import known_transform_first_rows
 from .block import Block, block_graph
 from .hop_kernels import fused_hops, hop_seed, reindex_slots_fused, sample_slots_fused
 from .layouts import prepare_layouts
@@ -47,13 +48,16 @@ class MiniBatch:
     capacities (`loader.static_shapes`): ``n_id`` and the blocks' ``src_nodes`` hold id 0
     for padded rows (whose features ``x`` then holds), ``y`` holds ``IGNORE_LABEL`` past
     the seeds, and the model's rows past ``batch_size`` are padding; ``input_id`` and
-    ``batch_size`` stay the real seeds."""
+    ``batch_size`` stay the real seeds. A ``deferred`` one (``deferred=True`` too) has
+    no ``x`` and its blocks no kernel layouts yet: `static_shapes.complete` builds them
+    (inside a captured step, `BlockStepCapture`)."""
     blocks: list[Block]
     x: torch.Tensor | None
     y: torch.Tensor | None
     n_id: torch.Tensor
     input_id: torch.Tensor
     padded: bool = False
+    deferred: bool = False
 
     @property
     def batch_size(self) -> int:
@@ -79,6 +83,7 @@ class BatchMaker:
     feature_device: str
     zero_copy: bool
     capacities: Capacities | None = None     # pad batches that fit to these (`static_shapes`)
+    deferred: bool = False                   # padded batches leave x and the layouts to the step
 
     @property
     def num_nodes(self) -> int:
@@ -97,11 +102,12 @@ class BatchMaker:
         hops = self._sample(seeds, generator, times)
         nodes = hops[-1].nodes
         caps = self.capacities if self.capacities is not None and self.capacities.fits(seeds.numel(), hops) else None
+        deferred = caps is not None and self.deferred
         on_device = device_stream(self.device)
         in_place = self.feature_device == "device" or (self.zero_copy and nodes.device.type == "cuda")
         with times.timing("lookup", stream=on_device if in_place else None):
             read = nodes if caps is None else torch.cat([nodes, nodes.new_zeros(caps.nodes[-1] - nodes.numel())])
-            x = self._lookup(self.x, read)
+            x = None if deferred else self._lookup(self.x, read)
             y = self._lookup(self.y, nodes[:seeds.numel()])
             if caps is not None:
                 y = pad_rows(y, caps.nodes[0], IGNORE_LABEL)
@@ -120,9 +126,14 @@ class BatchMaker:
             for hop, bound in zip(hops, bounds):
                 graph = block_graph(hop.rowptr, hop.local_src, hop.dst, hop.nodes.numel(), sampled=True,
                                     out_degrees=hop.out_degrees)
-                blocks.append(Block(graph, hop.nodes, prepare_layouts(graph, bound, hop.unread_dst, hop.max_out_degree,
-                                                                      whole_rows=caps is not None)))
-        return MiniBatch(blocks, x, y, n_id, input_id, padded=caps is not None)
+                if deferred:       # the rows a combine-first layer reads: what only the sampler knows
+                    known_transform_first_rows(graph, hop.unread_dst)
+                    layouts: tuple[torch.Tensor, ...] = ()
+                else:
+                    layouts = prepare_layouts(graph, bound, hop.unread_dst, hop.max_out_degree,
+                                              whole_rows=caps is not None)
+                blocks.append(Block(graph, hop.nodes, layouts))
+        return MiniBatch(blocks, x, y, n_id, input_id, padded=caps is not None, deferred=deferred)
 
     def sizes(self, seeds: torch.Tensor, generator: torch.Generator) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """(rows per vertex level, edges per hop) of the batch ``seeds`` would give, sampled

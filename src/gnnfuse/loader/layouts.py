@@ -58,15 +58,15 @@ def prepare_layouts(graph: Graph, max_in_degree: int | None = None, unread: torc
             for by in ("dst", "src"):
                 whole = segments(context, by, SEGMENT_EDGES)
                 graph.cached(f"triton_segments_{by}_None", lambda _, w=whole: w)
-    return tuple(_tensors(built))
+    return tuple(tensors_in(built))
 
 
-def _tensors(value: Any) -> list[torch.Tensor]:
+def tensors_in(value: Any) -> list[torch.Tensor]:
     """The tensors inside ``value`` (nested tuples, lists and dataclasses; None skipped)."""
     if isinstance(value, torch.Tensor):
         return [value]
     if dataclasses.is_dataclass(value):
         value = [getattr(value, f.name) for f in dataclasses.fields(value)]
     if isinstance(value, (tuple, list)):
-        return [t for item in value for t in _tensors(item)]
+        return [t for item in value for t in tensors_in(item)]
     return []

@@ -114,8 +114,10 @@ class NeighborLoader:
     for its zero-copy reads) and ``static_shapes`` (True: pad every batch that fits to
     capacities probed on a few batches now, `capacities`; or given `Capacities`), which
     lets a CUDA graph replay the training step (`gnnfuse.training.BlockStepCapture`;
-    `loader.static_shapes` says why the padding changes no number). `close` stops the
-    workers.
+    `loader.static_shapes` says why the padding changes no number), and ``deferred``
+    (with ``static_shapes``: padded batches come without their feature rows and kernel
+    layouts, which `BlockStepCapture` builds inside the replayed step from `features`).
+    `close` stops the workers.
 
     Randomness: each epoch's shuffle and samples come from one seed drawn from torch's
     global generator when iteration starts, so ``torch.manual_seed`` fixes them; batch i
@@ -127,7 +129,7 @@ class NeighborLoader:
                  x: torch.Tensor | None = None, y: torch.Tensor | None = None,
                  device: torch.device | str | None = None, sample_device: torch.device | str | None = None,
                  feature_device: str | None = None, prefetch: int = 2, sampler: Sized | None = None,
-                 num_workers: int = 0, static_shapes: bool | Capacities = False) -> None:
+                 num_workers: int = 0, static_shapes: bool | Capacities = False, deferred: bool = False) -> None:
         graph, features, labels = _graph_and_tables(data, x, y)
         if graph.is_bipartite or graph.edge_type is not None:
             raise ValueError("NeighborLoader samples a homogeneous graph with one vertex set; this graph is "
@@ -163,9 +165,18 @@ class NeighborLoader:
         self.prefetch, self.sampler = prefetch, sampler
         self.stage_times = StageTimes()
         self._workers: WorkerPool | None = None
+        if deferred and (static_shapes is False or self.feature_device != "device"):
+            raise ValueError("deferred=True leaves padded batches' feature rows to the step, which gathers them "
+                             "from a table on the device: it needs static_shapes and feature_device='device'")
         if static_shapes is not False:
             self._maker.capacities = (static_shapes if isinstance(static_shapes, Capacities)
                                       else self._probe_capacities())
+            self._maker.deferred = deferred
+
+    @property
+    def features(self) -> torch.Tensor | None:
+        """The feature table the batches' rows come from, where the lookups read it."""
+        return self._maker.x
 
     @property
     def capacities(self) -> Capacities | None:

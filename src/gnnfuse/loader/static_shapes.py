@@ -31,13 +31,20 @@ have rows to go to; a batch that does not fit is handed back unpadded.
 """
 from __future__ import annotations
 
+import copy
+import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
+from ..graph import Graph
+from .layouts import prepare_layouts, tensors_in
 from .sampler import SampledBlock
+
+if TYPE_CHECKING:
+    from .batch_maker import MiniBatch
 
 IGNORE_LABEL = -100        # torch.nn.functional.cross_entropy's default ignore_index
 HEADROOM = 0.08            # capacities above the largest batch probed
@@ -122,3 +129,51 @@ def pad_rows(table: torch.Tensor | None, rows: int, fill: float | int = 0) -> to
     padded = table.new_full((rows,) + tuple(table.shape[1:]), fill)
     padded[:table.shape[0]] = table
     return padded
+
+
+# --- deferred batches: the feature rows and the kernels' layouts built by the step -------
+DERIVED_KEYS = "static_shapes_derived"     # cache entry: the keys `build_layouts` added
+
+
+def complete(batch: "MiniBatch", features: torch.Tensor, x: torch.Tensor | None = None) -> "MiniBatch":
+    """A ``deferred`` batch (``NeighborLoader(static_shapes=True, deferred=True)``) made
+    whole: its feature rows ``features[n_id]`` (written into ``x`` when given) and its
+    blocks' kernel layouts (`build_layouts`). Sync-free and on fixed shapes, so a captured
+    step can do it: `training.BlockStepCapture` runs it inside the CUDA graph, where the
+    gather and the layouts' sorts replay as part of the step instead of running as a
+    few hundred separate kernels in the loader (its worker processes' kernels time-share
+    the GPU with the step)."""
+    if not batch.deferred:
+        return batch
+    if features.device != batch.n_id.device:
+        raise ValueError(f"the feature table is on {features.device} but the batch on {batch.n_id.device}; "
+                         "a deferred batch gathers its rows where its ids are")
+    rows = torch.index_select(features, 0, batch.n_id, out=x) if x is not None else features.index_select(0, batch.n_id)
+    for block in batch.blocks:
+        build_layouts(block.graph)
+    return dataclasses.replace(batch, x=rows, deferred=False)
+
+
+def build_layouts(graph: Graph) -> None:
+    """Build `loader.layouts` for a padded block's graph (whole-row segments), and on a
+    later call rebuild them *into the tensors of the first build*: kernels' launch plans
+    and a captured CUDA graph hold those tensors, so a rebuild that put new ones in the
+    cache would leave them reading the first batch's layouts."""
+    derived = graph._cache.get(DERIVED_KEYS, ())
+    scratch = copy.copy(graph)                    # the same ids and counts, a cache of the base entries
+    scratch._cache = {key: value for key, value in graph._cache.items() if key not in derived and key != DERIVED_KEYS}
+    before = set(scratch._cache)
+    prepare_layouts(scratch, whole_rows=True)
+    for key, value in scratch._cache.items():
+        if key in before:
+            continue
+        if key not in graph._cache:
+            graph._cache[key] = value
+            continue
+        old, new = tensors_in(graph._cache[key]), tensors_in(value)
+        if [(t.shape, t.dtype) for t in old] != [(t.shape, t.dtype) for t in new]:
+            raise RuntimeError(f"the rebuilt layout {key!r} has other shapes than the first build")
+        seen: set[int] = set()
+        pairs = [(o, n) for o, n in zip(old, new) if id(o) not in seen and not seen.add(id(o))]
+        torch._foreach_copy_([o for o, _ in pairs], [n for _, n in pairs])
+    graph._cache[DERIVED_KEYS] = tuple(sorted(set(derived) | (set(scratch._cache) - before)))

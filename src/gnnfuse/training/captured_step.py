@@ -38,6 +38,7 @@ import torch
 
 from ..graph import Graph
 from ..loader import MiniBatch
+from ..loader.static_shapes import DERIVED_KEYS, complete
 from ..runtime.cuda_graph import DEFAULT_WARMUP, CaptureFallbackWarning, StepCapture, check_mode
 
 # Normalisations over all rows of a batch: the padded rows would change their statistics.
@@ -89,17 +90,30 @@ def _structure(batch: MiniBatch) -> tuple[list[torch.Tensor], list]:
 
 
 class StaticBatch:
-    """A padded batch's copy whose tensors stay where they are (`load` overwrites them)."""
+    """A padded batch's copy whose tensors stay where they are (`load` overwrites them).
+    A deferred batch's copy gets a feature buffer ``batch.x`` (rows of ``features``),
+    which `complete` fills in place, as it rebuilds the layouts in place."""
 
-    def __init__(self, batch: MiniBatch) -> None:
+    def __init__(self, batch: MiniBatch, features: torch.Tensor | None = None) -> None:
         if not batch.padded:
             raise ValueError("a static batch is made from a padded batch (NeighborLoader(static_shapes=True))")
-        self.batch = copy.deepcopy(batch)          # one copy per tensor; aliases stay aliases
-        targets, self._layout = _structure(self.batch)
+        copied = copy.deepcopy(batch)          # one copy per tensor; aliases stay aliases
+        targets, self._layout = _structure(copied)
         seen: set[int] = set()
         self._targets = [i for i, t in enumerate(targets) if id(t) not in seen and not seen.add(id(t))]
         self._tensors = targets
+        if batch.deferred:
+            if features is None:
+                raise ValueError("a deferred batch (NeighborLoader(deferred=True)) needs the feature table its rows "
+                                 "come from: BlockStepCapture(..., features=loader.features)")
+            copied = dataclasses.replace(copied, x=features.new_empty((batch.n_id.numel(),) + features.shape[1:]))
+        self.batch, self.features = copied, features
         self._cache_keys = self._keys()
+
+    def complete(self) -> MiniBatch:
+        """The static batch with its feature rows and layouts (re)built in place (a
+        non-deferred one as it is): what the captured step runs on."""
+        return complete(self.batch, self.features, self.batch.x) if self.batch.deferred else self.batch
 
     def _keys(self) -> list[tuple[str, ...]]:
         return [tuple(block.graph._cache) for block in self.batch.blocks]
@@ -116,9 +130,11 @@ class StaticBatch:
         return None
 
     def added_cache_keys(self) -> list[str]:
-        """Keys a step cached on the static graphs since they were made (see module doc)."""
-        return [f"blocks[{i}].graph: {key!r}" for i, (now, then) in enumerate(zip(self._keys(), self._cache_keys))
-                for key in now if key not in then]
+        """Keys a step cached on the static graphs since they were made (see module doc),
+        besides the layouts `complete` rebuilds in place."""
+        return [f"blocks[{i}].graph: {key!r}" for i, (block, then) in enumerate(zip(self.batch.blocks, self._cache_keys))
+                for key in block.graph._cache if key not in then and key != DERIVED_KEYS
+                and key not in block.graph._cache.get(DERIVED_KEYS, ())]
 
 
 class BlockStepCapture:
@@ -128,15 +144,19 @@ class BlockStepCapture:
     gradients, forward over ``batch.blocks``, loss, backward, ``optimizer.step()``)
     returning tensors. Padded batches (a ``NeighborLoader(static_shapes=True)``) are
     captured and replayed as the module doc says; any other batch runs ``step_fn``
-    eagerly. ``mode``, ``warmup`` and the optimizer rules (Adam with ``capturable=True``)
-    are `StepCapture`'s; ``replayed`` and ``eager`` count the steps run each way, and
+    eagerly. Deferred batches (``NeighborLoader(..., deferred=True)``) get their feature
+    rows from ``features`` (``loader.features``) and their layouts built inside the step
+    (`loader.static_shapes.complete`), so the graph replays those too. ``mode``,
+    ``warmup`` and the optimizer rules (Adam with ``capturable=True``) are
+    `StepCapture`'s; ``replayed`` and ``eager`` count the steps run each way, and
     `status` says which and why.
     """
 
     def __init__(self, step_fn: Callable[[MiniBatch], Any], *, optimizers: Sequence[torch.optim.Optimizer] = (),
                  modules: Sequence[torch.nn.Module] = (), mode: str = "auto", warmup: int = DEFAULT_WARMUP,
-                 _graph_factory: Callable[[], Any] | None = None):
+                 features: torch.Tensor | None = None, _graph_factory: Callable[[], Any] | None = None):
         self.step_fn, self.optimizers, self.modules = step_fn, list(optimizers), list(modules)
+        self.features = features
         self.mode, self.warmup, self._graph_factory = check_mode(mode), warmup, _graph_factory
         self.static: StaticBatch | None = None
         self._capture: StepCapture | None = None
@@ -157,9 +177,9 @@ class BlockStepCapture:
     def __call__(self, batch: MiniBatch) -> Any:
         if self.reason is None and batch.padded:
             if self.static is None:
-                self.static = StaticBatch(batch)
+                self.static = StaticBatch(batch, self.features)
                 static = self.static
-                self._capture = StepCapture(lambda: self.step_fn(static.batch), optimizers=self.optimizers,
+                self._capture = StepCapture(lambda: self.step_fn(static.complete()), optimizers=self.optimizers,
                                             modules=self.modules, mode=self.mode, warmup=self.warmup,
                                             name="mini-batch training step", _graph_factory=self._graph_factory)
             problem = self.static.load(batch)
@@ -167,7 +187,10 @@ class BlockStepCapture:
                 return self._run_captured()
             self._note_skip(problem)
         self.eager += 1
-        return self.step_fn(batch)
+        if batch.deferred and self.features is None:
+            raise ValueError("a deferred batch (NeighborLoader(deferred=True)) needs the feature table its rows come "
+                             "from: BlockStepCapture(..., features=loader.features)")
+        return self.step_fn(complete(batch, self.features) if batch.deferred else batch)
 
     def _run_captured(self) -> Any:
         replay = self._capture.captured

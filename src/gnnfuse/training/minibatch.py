@@ -46,8 +46,11 @@ def train_minibatch_run(config: TrainConfig, spec: ModelSpec, data: PreparedData
     optimizer = _optimizer(spec, model, config, capturable=captured)
     x = data.x.to_dense() if data.x.is_sparse else data.x         # batches gather rows
     train_mask, val_mask, _ = data.masks
+    # captured steps gather the batches' rows themselves from a table on the device, if it fits easily
+    deferred = captured and x.element_size() * x.numel() < torch.cuda.mem_get_info(device)[0] // 4
     loader = NeighborLoader(data.graph, fanout, config.batch_size, input_nodes=train_mask, shuffle=True,
-                            x=x, y=data.y, device=device, num_workers=config.loader_workers, static_shapes=captured)
+                            x=x, y=data.y, device=device, num_workers=config.loader_workers, static_shapes=captured,
+                            feature_device="device" if deferred else None, deferred=deferred)
 
     def train_step(batch) -> torch.Tensor:
         optimizer.zero_grad()
@@ -55,8 +58,8 @@ def train_minibatch_run(config: TrainConfig, spec: ModelSpec, data: PreparedData
         loss.backward()
         optimizer.step()
         return loss.detach()
-    step = BlockStepCapture(train_step, optimizers=[optimizer], modules=[model], mode=cuda_graph) if captured \
-        else train_step
+    step = BlockStepCapture(train_step, optimizers=[optimizer], modules=[model], mode=cuda_graph,
+                            features=loader.features) if captured else train_step
     times = loader.stage_times
     compute = ComputeTimer(times, device)
     placement = _fit_placement(model, loader) if config.dkp else None
