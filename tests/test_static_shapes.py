@@ -272,3 +272,15 @@ def test_replayed_steps_on_deferred_batches_train_as_eager_steps(data, backend, 
     torch.testing.assert_close(torch.tensor(replayed), torch.tensor(eager), rtol=1e-9, atol=1e-12)
     for a, b in zip(eager_params, params):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
+
+
+def test_the_audit_keeps_the_steps_warnings_but_not_the_debug_modes_notice():
+    def step():
+        warnings.warn("Synchronization debug mode is a prototype feature and does not yet detect all "
+                      "synchronizing operations", UserWarning)
+        warnings.warn("the step's own warning", UserWarning)
+        return torch.ones(1)
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("always")
+        audit_step(step, torch.device("cpu"))
+    assert [str(w.message) for w in shown] == ["the step's own warning"]

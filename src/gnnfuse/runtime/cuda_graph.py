@@ -126,11 +126,18 @@ def audit_step(fn: Callable[[], Any], device: torch.device) -> tuple[Any, str | 
     # also warns that it "is a prototype feature", which is no synchronisation
     synced = [w for w in caught if "called a synchronizing" in str(w.message)]
     for w in caught:
-        if w not in synced:          # pass on the step's own warnings
+        if w not in synced and not _about_the_debug_mode(w):     # pass on the step's own warnings
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     if audit.reason is None and synced:
         audit.reason = f"the step synchronises with the host ({str(synced[0].message).splitlines()[0]})"
     return result, audit.reason
+
+
+def _about_the_debug_mode(warning: warnings.WarningMessage) -> bool:
+    """torch's notice that the sync debug mode the audit turns on is a prototype: the
+    audit's own doing, not the step's (users saw it on every captured run)."""
+    text = str(warning.message).lower()
+    return "debug mode" in text and "prototype" in text
 
 
 LEGACY_STREAM_HINT = (". An output of an earlier forward pass that ran outside this step (on the default "
