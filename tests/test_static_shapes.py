@@ -261,6 +261,11 @@ def test_deferred_batches_need_static_shapes_on_the_device(data):
         _loader(data, deferred=True)
 
 
+def test_given_capacities_must_have_one_entry_per_hop(data):
+    with pytest.raises(ValueError, match="2 hops but num_neighbors samples 3"):
+        _loader(data, static_shapes=Capacities((64, 512, 2048), (256, 4096)))
+
+
 @pytest.mark.parametrize("backend", ["reference", "cpu"])
 def test_replayed_steps_on_deferred_batches_train_as_eager_steps(data, backend, monkeypatch):
     if backend == "cpu":

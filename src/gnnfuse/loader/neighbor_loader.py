@@ -168,6 +168,9 @@ class NeighborLoader:
         if deferred and (static_shapes is False or self.feature_device != "device"):
             raise ValueError("deferred=True leaves padded batches' feature rows to the step, which gathers them "
                              "from a table on the device: it needs static_shapes and feature_device='device'")
+        if isinstance(static_shapes, Capacities) and len(static_shapes.edges) != len(self.num_neighbors):
+            raise ValueError(f"static_shapes has capacities for {len(static_shapes.edges)} hops but num_neighbors "
+                             f"samples {len(self.num_neighbors)}")
         if static_shapes is not False:
             self._maker.capacities = (static_shapes if isinstance(static_shapes, Capacities)
                                       else self._probe_capacities())
