@@ -289,3 +289,21 @@ def test_the_audit_keeps_the_steps_warnings_but_not_the_debug_modes_notice():
         warnings.simplefilter("always")
         audit_step(step, torch.device("cpu"))
     assert [str(w.message) for w in shown] == ["the step's own warning"]
+
+
+def test_worker_processes_send_the_same_deferred_batches(data):
+    """A deferred batch crosses the process boundary without x and layouts, and completes
+    to what the in-process loader's batch completes to."""
+    batches = {}
+    for workers in (0, 1):
+        loader = _loader(data, static_shapes=True, deferred=True, num_workers=workers, shuffle=True)
+        torch.manual_seed(11)
+        batches[workers] = [complete(b, loader.features) for b in loader][:3]
+        loader.close()
+    for a, b in zip(batches[0], batches[1]):
+        assert torch.equal(a.x, b.x) and torch.equal(a.y, b.y)
+        for block_a, block_b in zip(a.blocks, b.blocks):
+            assert set(block_a.graph._cache) == set(block_b.graph._cache)
+            for key in block_a.graph._cache:
+                assert all(torch.equal(s, t) for s, t in zip(tensors_in(block_a.graph._cache[key]),
+                                                              tensors_in(block_b.graph._cache[key])))

@@ -20,10 +20,10 @@ from typing import Sequence
 
 import torch
 
-from ..nn.conv import known_transform_first_rows
+from ..nn.conv import known_transform_first_rows, transform_first_rows
 from .block import Block, block_graph
 from .hop_kernels import fused_hops, hop_seed, reindex_slots_fused, sample_slots_fused
-from .layouts import prepare_layouts
+from .layouts import prepare_layouts, tensors_in
 from .sampler import SampledBlock, reindex_slots, sample_slots
 from .stages import StageTimes, device_stream
 from .static_shapes import IGNORE_LABEL, Capacities, batch_sizes, pad_block, pad_rows
@@ -128,7 +128,7 @@ class BatchMaker:
                                     out_degrees=hop.out_degrees)
                 if deferred:       # the rows a combine-first layer reads: what only the sampler knows
                     known_transform_first_rows(graph, hop.unread_dst)
-                    layouts: tuple[torch.Tensor, ...] = ()
+                    layouts = tuple(tensors_in(transform_first_rows(graph, 1)))   # tied to the consumer's stream
                 else:
                     layouts = prepare_layouts(graph, bound, hop.unread_dst, hop.max_out_degree,
                                               whole_rows=caps is not None)
