@@ -22,12 +22,12 @@ import argparse
 import sys
 
 import torch
-import torch.nn.functional as F
 
 from gnnfuse.data.synthetic import power_law_graph
 from gnnfuse.loader import NeighborLoader
 from gnnfuse.nn.block_models import build_block_model
 from gnnfuse.training.captured_step import BlockStepCapture
+from gnnfuse.training.minibatch import classification_step
 
 TOLERANCE = 1e-3
 
@@ -42,13 +42,7 @@ def train(kind: str, data, args, captured: bool, dropout: float = 0.0, epochs: i
     loader = NeighborLoader(data.graph.to(device), [10, 5, 5], args.batch_size, input_nodes=data.train_mask,
                             shuffle=True, x=data.x.to(device), y=data.y.to(device), device=device,
                             static_shapes=captured, deferred=deferred)
-
-    def step(batch) -> torch.Tensor:
-        optimizer.zero_grad()
-        loss = F.cross_entropy(model(batch.x, batch.blocks)[:batch.batch_size], batch.y[:batch.batch_size])
-        loss.backward()
-        optimizer.step()
-        return loss.detach()
+    step = classification_step(model, optimizer)
     run = BlockStepCapture(step, optimizers=[optimizer], modules=[model], mode="on",
                            features=loader.features) if captured else step
     torch.manual_seed(1)

@@ -12,19 +12,20 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from ..loader import STAGES, NeighborLoader
+from ..loader import STAGES, MiniBatch, NeighborLoader
 from ..loader.stages import ComputeTimer
 from ..nn.block_models import build_block_model
 from ..nn.models import ModelSpec
 from ..nn.placement import PlacementModel, calibrate
 from ..progress import progress_bar
-from .config import TrainConfig
 from .captured_step import BlockStepCapture
+from .config import TrainConfig
 from .data import PreparedData
 from .loop import BestEpoch, EarlyStopping, RunResult, _optimizer, accuracy, peak_memory_mib
 
@@ -51,13 +52,7 @@ def train_minibatch_run(config: TrainConfig, spec: ModelSpec, data: PreparedData
     loader = NeighborLoader(data.graph, fanout, config.batch_size, input_nodes=train_mask, shuffle=True,
                             x=x, y=data.y, device=device, num_workers=config.loader_workers, static_shapes=captured,
                             feature_device="device" if deferred else None, deferred=deferred)
-
-    def train_step(batch) -> torch.Tensor:
-        optimizer.zero_grad()
-        loss = F.cross_entropy(model(batch.x, batch.blocks)[:batch.batch_size], batch.y[:batch.batch_size])
-        loss.backward()
-        optimizer.step()
-        return loss.detach()
+    train_step = classification_step(model, optimizer)
     step = BlockStepCapture(train_step, optimizers=[optimizer], modules=[model], mode=cuda_graph,
                             features=loader.features) if captured else train_step
     times = loader.stage_times
@@ -108,6 +103,20 @@ def train_minibatch_run(config: TrainConfig, spec: ModelSpec, data: PreparedData
                      state_dict=best.state_dict, history=history,
                      cuda_graph=f"{step.status} ({step.replayed} steps replayed)" if captured
                      else RunResult.cuda_graph)
+
+
+def classification_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer
+                        ) -> Callable[[MiniBatch], torch.Tensor]:
+    """One training step on a batch's seeds: cross-entropy over its first ``batch_size``
+    rows (a padded batch's later rows are padding), backward, optimizer step; returns the
+    loss. The form `BlockStepCapture` captures and replays."""
+    def step(batch: MiniBatch) -> torch.Tensor:
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(batch.x, batch.blocks)[:batch.batch_size], batch.y[:batch.batch_size])
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+    return step
 
 
 DKP_CALIBRATION_BATCHES = 4
