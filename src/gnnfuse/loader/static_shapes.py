@@ -177,7 +177,13 @@ def build_layouts(graph: Graph) -> None:
         old, new = tensors_in(graph._cache[key]), tensors_in(value)
         if [(t.shape, t.dtype) for t in old] != [(t.shape, t.dtype) for t in new]:
             raise RuntimeError(f"the rebuilt layout {key!r} has other shapes than the first build")
-        seen: set[int] = set()
-        pairs = [(o, n) for o, n in zip(old, new) if id(o) not in seen and not seen.add(id(o))]
-        torch._foreach_copy_([o for o, _ in pairs], [n for _, n in pairs])
+        copy_into(old, new)
     graph._cache[DERIVED_KEYS] = tuple(sorted(set(derived) | (set(scratch._cache) - before)))
+
+
+def copy_into(targets: Sequence[torch.Tensor], sources: Sequence[torch.Tensor]) -> None:
+    """``targets[i].copy_(sources[i])`` for each pair, in one foreach call, each target
+    once (a tensor reached twice -- a layout cached under two keys -- is one tensor)."""
+    seen: set[int] = set()
+    pairs = [(t, s) for t, s in zip(targets, sources) if id(t) not in seen and not seen.add(id(t))]
+    torch._foreach_copy_([t for t, _ in pairs], [s for _, s in pairs])

@@ -38,7 +38,7 @@ import torch
 
 from ..graph import Graph
 from ..loader import MiniBatch
-from ..loader.static_shapes import DERIVED_KEYS, complete
+from ..loader.static_shapes import DERIVED_KEYS, complete, copy_into
 from ..runtime.cuda_graph import DEFAULT_WARMUP, CaptureFallbackWarning, StepCapture, check_mode
 
 # Normalisations over all rows of a batch: the padded rows would change their statistics.
@@ -98,10 +98,7 @@ class StaticBatch:
         if not batch.padded:
             raise ValueError("a static batch is made from a padded batch (NeighborLoader(static_shapes=True))")
         copied = copy.deepcopy(batch)          # one copy per tensor; aliases stay aliases
-        targets, self._layout = _structure(copied)
-        seen: set[int] = set()
-        self._targets = [i for i, t in enumerate(targets) if id(t) not in seen and not seen.add(id(t))]
-        self._tensors = targets
+        self._tensors, self._layout = _structure(copied)
         if batch.deferred:
             if features is None:
                 raise ValueError("a deferred batch (NeighborLoader(deferred=True)) needs the feature table its rows "
@@ -126,7 +123,7 @@ class StaticBatch:
         if layout != self._layout:
             differs = next((a[0] for a, b in zip(layout, self._layout) if a != b), "length")
             return f"it differs from the captured batch at {differs}"
-        torch._foreach_copy_([self._tensors[i] for i in self._targets], [sources[i] for i in self._targets])
+        copy_into(self._tensors, sources)
         return None
 
     def added_cache_keys(self) -> list[str]:
