@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import importlib.util
 import threading
 import warnings
 
@@ -62,6 +63,20 @@ def test_padding_keeps_the_block_and_sends_padded_edges_between_padded_rows(draw
     unread = padded.unread_dst
     assert unread.numel() == real_dst + spare_dst and torch.equal(unread[:hop.unread_dst.numel()], hop.unread_dst)
     assert bool((unread[hop.unread_dst.numel():] == real_src + spare_src - 1).all())
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+@RUNS
+@given(padded_hops())
+def test_the_padding_kernel_writes_the_torch_paths_arrays(drawn):
+    """Under Triton's interpreter on a CPU (on the GPU on a GPU machine)."""
+    hop, (spare_src, spare_dst, extra) = drawn
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    hop = type(hop)(*(t.to(device) if isinstance(t, torch.Tensor) else t for t in hop))
+    sizes = (hop.nodes.numel() + spare_src, hop.rowptr.numel() - 1 + spare_dst, hop.local_src.numel() + extra)
+    by_torch, by_kernel = pad_block(hop, *sizes, engine="torch"), pad_block(hop, *sizes, engine="triton")
+    for a, b in zip(by_torch, by_kernel):
+        assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
 
 
 def test_a_block_that_does_not_fit_is_refused():

@@ -100,19 +100,25 @@ def _round_up(count: int) -> int:
     return -(-count // ROUND) * ROUND
 
 
-def pad_block(hop: SampledBlock, num_src: int, num_dst: int, num_edges: int) -> SampledBlock:
+def pad_block(hop: SampledBlock, num_src: int, num_dst: int, num_edges: int, engine: str | None = None
+              ) -> SampledBlock:
     """``hop`` (on its device) padded to ``num_src`` sources, ``num_dst`` destinations and
     ``num_edges`` edges as the module doc describes; host counts only, no sync. ``eid``
     (positions in the sampled graph's CSR, which no block reads) stays unpadded.
     ``unread_dst`` becomes ``num_dst`` long: the real unread destinations, then the last
     padded source repeated (the rows a combine-first layer skips in its weight gradient;
-    a padded row's gradient is zero, so skipping it changes nothing)."""
+    a padded row's gradient is zero, so skipping it changes nothing). ``engine``:
+    ``"triton"`` (the default for CUDA tensors) writes all of it in one kernel
+    (`pad_triton`), ``"torch"`` (elsewhere) in torch ops; the arrays are the same."""
     real_dst, real_edges, real_src = hop.rowptr.numel() - 1, hop.local_src.numel(), hop.nodes.numel()
     if not (real_dst < num_dst and real_src < num_src and real_edges <= num_edges):
         raise ValueError(f"a block of {real_src} sources, {real_dst} destinations and {real_edges} edges does not "
                          f"fit {num_src} / {num_dst} / {num_edges} (each level keeps a padded row)")
     device = hop.rowptr.device
     extra, spare_dst, spare_src = num_edges - real_edges, num_dst - real_dst, num_src - real_src
+    most = max(hop.max_out_degree, -(-extra // spare_src))
+    if (engine or ("triton" if device.type == "cuda" else "torch")) == "triton":
+        return _pad_block_triton(hop, num_src, num_dst, num_edges)._replace(max_out_degree=most)
     k = torch.arange(extra, device=device)
     j = torch.arange(spare_dst + 1, device=device)
     rowptr = torch.cat([hop.rowptr[:-1], real_edges + (j * extra + spare_dst - 1) // spare_dst]).to(hop.rowptr.dtype)
@@ -122,8 +128,22 @@ def pad_block(hop: SampledBlock, num_src: int, num_dst: int, num_edges: int) -> 
     out_degrees = torch.cat([hop.out_degrees, ((extra - m + spare_src - 1) // spare_src).to(hop.out_degrees.dtype)])
     nodes = torch.cat([hop.nodes, hop.nodes.new_zeros(spare_src)])
     unread = torch.cat([hop.unread_dst, hop.unread_dst.new_full((num_dst - hop.unread_dst.numel(),), num_src - 1)])
-    most = max(hop.max_out_degree, -(-extra // spare_src))
     return SampledBlock(rowptr, local_src, dst, hop.eid, nodes, out_degrees, most, unread)
+
+
+def _pad_block_triton(hop: SampledBlock, num_src: int, num_dst: int, num_edges: int) -> SampledBlock:
+    import triton
+
+    from .pad_triton import BLOCK, pad_block as kernel
+    outs = [torch.empty(size, dtype=t.dtype, device=t.device) for size, t in (
+        (num_dst + 1, hop.rowptr), (num_edges, hop.local_src), (num_edges, hop.dst), (num_src, hop.out_degrees),
+        (num_src, hop.nodes), (num_dst, hop.unread_dst))]
+    grid = (triton.cdiv(max(num_edges, num_src, num_dst + 1), BLOCK),)
+    kernel[grid](hop.rowptr, hop.local_src, hop.dst, hop.out_degrees, hop.nodes, hop.unread_dst, *outs,
+                 hop.rowptr.numel() - 1, hop.local_src.numel(), hop.nodes.numel(), hop.unread_dst.numel(),
+                 num_dst, num_edges, num_src, BLOCK=BLOCK)
+    rowptr, local_src, dst, out_degrees, nodes, unread = outs
+    return SampledBlock(rowptr, local_src, dst, hop.eid, nodes, out_degrees, hop.max_out_degree, unread)
 
 
 def pad_rows(table: torch.Tensor | None, rows: int, fill: float | int = 0) -> torch.Tensor | None:
