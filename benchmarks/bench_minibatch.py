@@ -304,8 +304,10 @@ def loader_alone(graph: Any, x: torch.Tensor, y: torch.Tensor, train_idx: torch.
 def compute_only(loader: NeighborLoader, ours: nn.Module, pyg: nn.Module, device: torch.device, warmup: int,
                  max_batches: int | None) -> dict[str, Any]:
     """Training-step times of each model on the same batches of gnnfuse's loader: both
-    warmed up on the first ``warmup`` batches (compilation, autotuning of every size
-    class those batches reach, allocator growth), then each batch stepped by both, the
+    warmed up on a whole epoch's batches, at least ``warmup`` (compilation, autotuning of
+    every size class the epoch reaches, allocator growth: unpadded batches' sizes vary,
+    and 20 batches left a size class to autotune inside the timed loop, 7.4 s for what
+    took 1.4 s after it), then each batch stepped by both, the
     model going first alternating, each step timed from an idle device
     (`IsolatedStepClock`: host, device and wall time apart). Also counts each model's
     host syncs in one forward + backward."""
@@ -315,7 +317,7 @@ def compute_only(loader: NeighborLoader, ours: nn.Module, pyg: nn.Module, device
              for name, model in models.items()}
     for model in models.values():
         model.train()
-    warm_up(loader, steps, warmup, device)
+    warm_up(loader, steps, max(warmup, len(loader) if max_batches is None else min(len(loader), max_batches)), device)
     clocks = {name: IsolatedStepClock(device) for name in models}
     syncs: dict[str, dict[str, int]] = {}
     batches = 0

@@ -80,10 +80,11 @@ def build_reverse_csr(graph: Graph) -> CSR:
     """The block's out-edges grouped by source (what a backward pass reads), built into
     its cache without a host sync: one stable sort of the sources, row pointers by
     binary search (`Graph.reverse_csr` would count rows with ``bincount``)."""
-    src = graph.src
-    by_source = torch.sort(src, stable=True)
-    rowptr = torch.searchsorted(by_source.values, torch.arange(graph.num_src_nodes + 1, device=src.device))
     dtype = graph.index_dtype
+    src = graph.src.to(dtype)       # int32 where the graph fits: half the radix-sort passes of int64
+    by_source = torch.sort(src, stable=True)
+    rowptr = torch.searchsorted(by_source.values, torch.arange(graph.num_src_nodes + 1, device=src.device,
+                                                                 dtype=dtype))
     reverse = CSR(rowptr.to(dtype), graph.dst[by_source.indices].to(dtype), by_source.indices.to(dtype))
     _prefill(graph, reverse_csr=reverse)
     return graph.reverse_csr()

@@ -47,21 +47,21 @@ def _build(rowptr: torch.Tensor, max_edges: int | None) -> Segments:
     """The segments of ``rowptr``'s rows, stored in its own index dtype (int32 where the
     graph fits it: the kernels widen each load to int64): on a products-sized graph the
     int64 arrays were 0.2 GB kept for the graph's lifetime."""
-    dtype = rowptr.dtype
+    # Sort keys stay in the index dtype: a radix sort of int32 takes half the passes of int64.
+    dtype, lengths = rowptr.dtype, rowptr[1:] - rowptr[:-1]
     rowptr = rowptr.to(torch.int64)
     num_rows = rowptr.numel() - 1
     if max_edges is None:      # a segment per row: no count to read back from the device
         row = torch.arange(num_rows, device=rowptr.device)
-        order = torch.sort(rowptr[1:] - rowptr[:-1], descending=True, stable=True).indices
+        order = torch.sort(lengths, descending=True, stable=True).indices
         return Segments(row[order].to(dtype), rowptr[:-1][order].to(dtype), rowptr[1:][order].to(dtype),
                         torch.zeros(num_rows, dtype=torch.int8, device=rowptr.device), row[:0])
-    degree = rowptr[1:] - rowptr[:-1]
-    count = torch.clamp((degree + max_edges - 1) // max_edges, min=1)
+    count = torch.clamp((lengths.to(torch.int64) + max_edges - 1) // max_edges, min=1)
     row = torch.repeat_interleave(torch.arange(num_rows, device=rowptr.device), count)
     first = torch.cumsum(count, 0) - count
     k = torch.arange(row.numel(), device=rowptr.device) - first[row]
     start = rowptr[row] + k * max_edges
     end = torch.minimum(start + max_edges, rowptr[row + 1])
-    order = torch.sort(end - start, descending=True, stable=True).indices
+    order = torch.sort((end - start).to(dtype), descending=True, stable=True).indices
     return Segments(row[order].to(dtype), start[order].to(dtype), end[order].to(dtype),
                     (count[row] > 1).to(torch.int8)[order], torch.nonzero(count > 1).squeeze(1))
