@@ -81,6 +81,27 @@ def test_prefetch_reraises_a_failure_and_stops_when_abandoned(monkeypatch):
         list(loader)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the side stream is a CUDA stream")
+def test_every_epoch_prefetches_on_the_loaders_one_side_stream(monkeypatch):
+    """torch's allocator keeps freed blocks per stream: a new side stream per epoch left
+    each epoch's blocks unusable to the next (0.6 GB more reserved per products-sized epoch)."""
+    from gnnfuse.loader import neighbor_loader
+    streams = []
+
+    def recording(*args, **kwargs):
+        prefetcher = real(*args, **kwargs)
+        streams.append(prefetcher._stream)
+        return prefetcher
+    real = neighbor_loader.Prefetcher
+    monkeypatch.setattr(neighbor_loader, "Prefetcher", recording)
+    graph = gnnfuse.Graph(torch.tensor([0, 1, 2, 3]), torch.tensor([1, 2, 3, 0]), 4)
+    loader = NeighborLoader(graph, [2], batch_size=2, x=torch.randn(4, 3), device="cuda", prefetch=2)
+    for _ in range(3):
+        assert len(list(loader)) == 2
+    assert len(streams) == 3 and all(s is streams[0] for s in streams)
+    assert streams[0] != torch.cuda.current_stream()
+
+
 @pytest.mark.parametrize("model", ["sage", "gat"])
 def test_batches_of_different_sizes_reuse_one_trace_and_program(model, monkeypatch):
     traces = [0]

@@ -41,7 +41,7 @@ import torch
 
 from ..graph import Graph
 from .batch_maker import BatchMaker, MiniBatch, batch_generator
-from .prefetch import Prefetcher
+from .prefetch import Prefetcher, side_stream
 from .stages import StageTimes
 from .static_shapes import Capacities
 from .workers import WorkerPool
@@ -165,6 +165,7 @@ class NeighborLoader:
         self.prefetch, self.sampler = prefetch, sampler
         self.stage_times = StageTimes()
         self._workers: WorkerPool | None = None
+        self._side_stream: torch.cuda.Stream | None = None      # the prefetch thread's, made once
         if deferred and (static_shapes is False or self.feature_device != "device"):
             raise ValueError("deferred=True leaves padded batches' feature rows to the step, which gathers them "
                              "from a table on the device: it needs static_shapes and feature_device='device'")
@@ -258,8 +259,11 @@ class NeighborLoader:
             return
         # closed explicitly: an abandoned epoch (this generator closed) must stop the thread now,
         # not when the collector reaches the inner generator (Python 3.12 keeps it alive longer)
+        if self._side_stream is None and self.device.type == "cuda":
+            self._side_stream = side_stream(self.device)      # one for every epoch (see `side_stream`)
         with contextlib.closing(iter(Prefetcher(list(enumerate(batches)), prepare, self.prefetch, self.device,
-                                                MiniBatch.tensors, self.stage_times))) as prefetched:
+                                                MiniBatch.tensors, self.stage_times,
+                                                self._side_stream))) as prefetched:
             for batch in prefetched:
                 yield batch
                 self.stage_times.count_batch()

@@ -36,16 +36,17 @@ class Prefetcher(Generic[Batch]):
     the consumer's waits are added to ``times`` as ``wait``."""
 
     def __init__(self, items: Iterable[Seed], prepare: Callable[[Seed], Batch], depth: int,
-                 device: torch.device, tensors_of: Callable[[Batch], list[torch.Tensor]], times: StageTimes):
+                 device: torch.device, tensors_of: Callable[[Batch], list[torch.Tensor]], times: StageTimes,
+                 stream: torch.cuda.Stream | None = None):
         if depth < 1:
             raise ValueError(f"prefetch depth must be >= 1, got {depth}")
         self._items, self._prepare, self._tensors_of, self._times = items, prepare, tensors_of, times
         self._device = device
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
-        # High priority: the loader's kernels are small and each read back waits for them, so
-        # they should slip in between the training step's large kernels, not queue behind them.
-        self._stream = torch.cuda.Stream(device, priority=-1) if device.type == "cuda" else None
+        # ``stream``: a caller that prefetches epoch after epoch passes the same one each time
+        # (`side_stream`); see there.
+        self._stream = (stream or side_stream(device)) if device.type == "cuda" else None
         self._thread = threading.Thread(target=self._run, name="gnnfuse-prefetch", daemon=True)
         self._thread.start()
 
@@ -100,3 +101,14 @@ class Prefetcher(Generic[Batch]):
         """Stop the background thread (a consumer that breaks out early ends up here)."""
         self._stop.set()
         self._thread.join()
+
+
+def side_stream(device: torch.device) -> torch.cuda.Stream:
+    """A new high-priority side stream on ``device`` for a prefetching thread: the loader's
+    kernels are small and each read back waits for them, so they should slip in between
+    the training step's large kernels, not queue behind them. Keep it for the loader's
+    lifetime: torch's caching allocator keeps freed blocks per stream, and torch hands out
+    a different pool stream each time, so a new stream per epoch left the last epoch's
+    blocks unusable (products-sized mini-batches: 0.6 GB more reserved per epoch, and
+    epochs 0.86 -> 1.04 s slower from the new allocations)."""
+    return torch.cuda.Stream(device, priority=-1)
