@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 
 import gnnfuse
 from gnnfuse.loader import NeighborLoader, block_graph, reindex, sample_block, sample_hop
-from gnnfuse.loader.block import build_reverse_csr
+from gnnfuse.graph.fixed_shape import build_reverse_csr
 from graph_strategies import graphs
 
 RUNS = settings(max_examples=15, deadline=None, derandomize=True, database=None)

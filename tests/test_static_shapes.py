@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import importlib.util
 import threading
 import warnings
 
@@ -22,10 +21,12 @@ from hypothesis import given, settings, strategies as st
 
 import gnnfuse
 from gnnfuse.data.synthetic import power_law_graph
-from gnnfuse.loader import IGNORE_LABEL, Capacities, NeighborLoader, sample_block
+from gnnfuse.graph.fixed_shape import is_padded, mark_padded
+from gnnfuse.loader import IGNORE_LABEL, Capacities, NeighborLoader, block_graph, sample_block
 from gnnfuse.loader.layouts import tensors_in
 from gnnfuse.loader.static_shapes import DERIVED_KEYS, complete, pad_block
 from gnnfuse.nn.block_models import build_block_model
+from gnnfuse.nn.padded_loops import padded_looped
 from gnnfuse.runtime.cuda_graph import CaptureFallbackWarning, audit_step
 from gnnfuse.training.captured_step import BlockStepCapture, StaticBatch, row_mixing_module
 from graph_strategies import graphs
@@ -63,20 +64,6 @@ def test_padding_keeps_the_block_and_sends_padded_edges_between_padded_rows(draw
     unread = padded.unread_dst
     assert unread.numel() == real_dst + spare_dst and torch.equal(unread[:hop.unread_dst.numel()], hop.unread_dst)
     assert bool((unread[hop.unread_dst.numel():] == real_src + spare_src - 1).all())
-
-
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
-@RUNS
-@given(padded_hops())
-def test_the_padding_kernel_writes_the_torch_paths_arrays(drawn):
-    """Under Triton's interpreter on a CPU (on the GPU on a GPU machine)."""
-    hop, (spare_src, spare_dst, extra) = drawn
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    hop = type(hop)(*(t.to(device) if isinstance(t, torch.Tensor) else t for t in hop))
-    sizes = (hop.nodes.numel() + spare_src, hop.rowptr.numel() - 1 + spare_dst, hop.local_src.numel() + extra)
-    by_torch, by_kernel = pad_block(hop, *sizes, engine="torch"), pad_block(hop, *sizes, engine="triton")
-    for a, b in zip(by_torch, by_kernel):
-        assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
 
 
 def test_a_block_that_does_not_fit_is_refused():
@@ -197,10 +184,39 @@ def test_a_step_that_caches_on_a_block_graph_is_not_replayed(data):
     torch.testing.assert_close(torch.tensor(replayed), torch.tensor(eager), rtol=1e-9, atol=1e-12)
 
 
-def test_gat_blocks_cache_a_self_looped_graph_and_run_eagerly(data):
-    with pytest.warns(CaptureFallbackWarning, match="nn_self_looped"):
-        _, _, run = _training(data, True, model="gat")
-    assert run.replayed == 0
+def test_gat_steps_on_padded_blocks_are_replayed_and_train_as_eager_steps(data):
+    """GAT's self loops on a padded block are built in fixed shapes on every step
+    (`nn.padded_loops`), so nothing is cached on the block's graph and the step replays."""
+    eager, eager_params, _ = _training(data, False, model="gat")
+    replayed, params, run = _training(data, True, model="gat")
+    assert run.status == "captured" and run.replayed == len(replayed) - 4
+    torch.testing.assert_close(torch.tensor(replayed), torch.tensor(eager), rtol=1e-9, atol=1e-12)
+    for a, b in zip(eager_params, params):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
+
+
+@RUNS
+@given(padded_hops())
+def test_fixed_shape_self_loops_give_a_padded_blocks_real_rows_their_eager_in_edges(drawn):
+    hop, (spare_src, spare_dst, extra) = drawn
+    real_dst, real_src, real_edges = hop.rowptr.numel() - 1, hop.nodes.numel(), hop.local_src.numel()
+    num_src, num_dst = real_src + spare_src, real_dst + spare_dst
+    padded = pad_block(hop, num_src, num_dst, real_edges + extra)
+    graph = mark_padded(block_graph(padded.rowptr, padded.local_src, padded.dst, num_src, sampled=True,
+                                    out_degrees=padded.out_degrees))
+    fixed, eager = padded_looped(graph), graph.remove_self_loops().add_self_loops()
+    assert fixed.num_edges == graph.num_edges + min(num_dst, num_src) and is_padded(fixed)
+    ours, theirs = fixed.csr(), eager.csr()
+    for v in range(real_dst):       # each real row: the eager row's sources, in its order (the loop last)
+        mine = ours.col[ours.rowptr[v]:ours.rowptr[v + 1]]
+        assert torch.equal(mine, theirs.col[theirs.rowptr[v]:theirs.rowptr[v + 1]].to(mine.dtype))
+        assert int(mine[-1]) == v and int((mine == v).sum()) == 1
+    # the prefilled layouts are the ones Graph would build from the edge list
+    fresh = gnnfuse.Graph(fixed.src, fixed.dst, num_dst, num_src_nodes=num_src)
+    for built, wanted in ((fixed.csr(), fresh.csr()), (fixed.reverse_csr(), fresh.reverse_csr())):
+        for a, b in zip(built, wanted):
+            assert torch.equal(a.long(), b.long())
+    assert torch.equal(fixed.in_degrees(), fresh.in_degrees()) and torch.equal(fixed.out_degrees(), fresh.out_degrees())
 
 
 def test_models_that_normalise_over_rows_are_refused():

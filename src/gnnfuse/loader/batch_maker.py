@@ -20,6 +20,7 @@ from typing import Sequence
 
 import torch
 
+from ..graph.fixed_shape import mark_padded
 from ..nn.conv import known_transform_first_rows, transform_first_rows
 from .block import Block, block_graph
 from .hop_kernels import fused_hops, hop_seed, reindex_slots_fused, sample_slots_fused
@@ -126,6 +127,8 @@ class BatchMaker:
             for hop, bound in zip(hops, bounds):
                 graph = block_graph(hop.rowptr, hop.local_src, hop.dst, hop.nodes.numel(), sampled=True,
                                     out_degrees=hop.out_degrees)
+                if caps is not None:
+                    mark_padded(graph)       # layers derive fixed-shape graphs from it (graph.fixed_shape)
                 if deferred:       # the rows a combine-first layer reads: what only the sampler knows
                     known_transform_first_rows(graph, hop.unread_dst)
                     layouts = tuple(tensors_in(transform_first_rows(graph, 1)))   # tied to the consumer's stream

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import torch
 
 from ..graph import CSR, Graph
+from ..graph.fixed_shape import prefill
 
 
 @dataclass(frozen=True)
@@ -71,27 +72,6 @@ def block_graph(rowptr: torch.Tensor, local_src: torch.Tensor, local_dst: torch.
     if out_degrees is None:
         out_degrees = torch.zeros(num_src, dtype=torch.int64, device=device).index_add_(
             0, local_src, torch.ones(local_src.numel(), dtype=torch.int64, device=device))
-    _prefill(graph, csr=CSR(rowptr.to(dtype), local_src.to(dtype), edges), in_degrees=rowptr.diff(),
+    prefill(graph, csr=CSR(rowptr.to(dtype), local_src.to(dtype), edges), in_degrees=rowptr.diff(),
              out_degrees=out_degrees)
     return graph
-
-
-def build_reverse_csr(graph: Graph) -> CSR:
-    """The block's out-edges grouped by source (what a backward pass reads), built into
-    its cache without a host sync: one stable sort of the sources, row pointers by
-    binary search (`Graph.reverse_csr` would count rows with ``bincount``)."""
-    dtype = graph.index_dtype
-    src = graph.src.to(dtype)       # int32 where the graph fits: half the radix-sort passes of int64
-    by_source = torch.sort(src, stable=True)
-    rowptr = torch.searchsorted(by_source.values, torch.arange(graph.num_src_nodes + 1, device=src.device,
-                                                                 dtype=dtype))
-    reverse = CSR(rowptr.to(dtype), graph.dst[by_source.indices].to(dtype), by_source.indices.to(dtype))
-    _prefill(graph, reverse_csr=reverse)
-    return graph.reverse_csr()
-
-
-def _prefill(graph: Graph, **layouts: object) -> None:
-    """Store ``layouts`` in the graph's cache under `Graph`'s own keys (a key already
-    built keeps its value: both are the same layout)."""
-    for key, value in layouts.items():
-        graph.cached(key, lambda g, v=value: v)

@@ -14,7 +14,7 @@ Triton and CPU backends key their lookups on, and for every backend the rows a
 combine-first SAGE layer reads (`nn.conv.transform_first_rows`). The CSR and the degree
 vectors come with the block itself (`block.block_graph`); the reverse CSR, which only
 the compiled backends' backward kernels read, is built here for them
-(`block.build_reverse_csr`).
+(`graph.fixed_shape.build_reverse_csr`).
 """
 from __future__ import annotations
 
@@ -26,9 +26,9 @@ import torch
 from ..backend import tuned_schedule
 from ..backend.reference import GraphContext
 from ..graph import Graph
+from ..graph.fixed_shape import build_reverse_csr
 from ..nn.conv import known_transform_first_rows, transform_first_rows
 from ..runtime.compiled import backend_name
-from .block import build_reverse_csr
 
 
 def prepare_layouts(graph: Graph, max_in_degree: int | None = None, unread: torch.Tensor | None = None,
@@ -50,14 +50,13 @@ def prepare_layouts(graph: Graph, max_in_degree: int | None = None, unread: torc
         if tuned_schedule.entries():     # the lookup's key; without stored choices it is never read
             tuned_schedule.shape_class(graph)
     if backend == "triton":
-        from ..backend.triton.schedule import SEGMENT_EDGES, segments
-        context = GraphContext(graph)
-        built += [segments(context, "dst", SEGMENT_EDGES, max_in_degree, whole_rows),
-                  segments(context, "src", SEGMENT_EDGES, max_out_degree, whole_rows)]
-        if whole_rows:     # the whole-row segments max/min reductions ask for are the same ones
-            for by in ("dst", "src"):
-                whole = segments(context, by, SEGMENT_EDGES)
-                graph.cached(f"triton_segments_{by}_None", lambda _, w=whole: w)
+        from ..backend.triton.schedule import SEGMENT_EDGES, segments, whole_row_segments
+        if whole_rows:
+            built += whole_row_segments(graph)
+        else:
+            context = GraphContext(graph)
+            built += [segments(context, "dst", SEGMENT_EDGES, max_in_degree),
+                      segments(context, "src", SEGMENT_EDGES, max_out_degree)]
     return tuple(tensors_in(built))
 
 

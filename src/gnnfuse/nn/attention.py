@@ -102,7 +102,7 @@ class GATv2Conv(OneLineRepr, nn.Module):
             raise ValueError("GATv2Conv: bipartite input needs x_dst (the destination features score "
                              "every edge), as in PyG; got (x_src, None)")
         rows = edge_rows(self, graph, edge_attr, "GATv2Conv")
-        graph = _with_loops(graph, self.add_self_loops)
+        graph = _with_loops(graph, self.add_self_loops, rows is None and not return_attention_weights)
         shape = (-1, self.heads, self.out_channels)
         x_l = self.lin_l(x).view(shape)
         x_r = x_l if self.share_weights and x_dst is x else self.lin_r(x_dst).view(shape)

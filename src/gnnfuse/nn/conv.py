@@ -20,6 +20,7 @@ from torch import nn
 from .. import frontend
 from ..graph import Graph
 from ..graph.convert import check_bipartite_adj_t, declared_size
+from ..graph.fixed_shape import is_padded
 from ..runtime.compile_op import GRAPH_STEPS, GraphRef
 from ..runtime.compiled import backend_name
 from .aligned_linear import RowsRead, aligned_linear, flat_heads
@@ -28,6 +29,7 @@ from .arguments import adjacency_weights, edge_weight_column, node_features, nod
 from .attention_weights import AttentionOutput, attention_weights, check_attention_request
 from .compiling import compile_path, graph_input_problem, propagation_problem
 from .edge_features import FillValue, edge_projection, edge_rows, traced_edge_matmul
+from .padded_loops import padded_looped
 from .pyg_repr import OneLineRepr
 from . import recompute
 
@@ -79,10 +81,18 @@ def _looped(graph: Graph | GraphRef) -> Graph | GraphRef:
     return graph.cached("nn_self_looped", GRAPH_STEPS["looped"])
 
 
-def _with_loops(graph: Graph, add_self_loops: bool) -> Graph:
+def _with_loops(graph: Graph, add_self_loops: bool, vertex_data_only: bool = False) -> Graph:
     """The graph an attention or propagation layer runs on: `_looped` when the layer's
-    ``add_self_loops`` asks for it, else as given."""
-    return _looped(graph) if add_self_loops else graph
+    ``add_self_loops`` asks for it, else as given. ``vertex_data_only``: the caller reads
+    no per-edge tensor of the looped graph (no edge features, no attention weights
+    returned), so on a padded block (`graph.fixed_shape`) the fixed-shape looped graph
+    serves, whose edge ids differ from `_looped`'s (`nn.padded_loops`); it is built on
+    every call, not cached, so a captured step rebuilds it on every replay."""
+    if not add_self_loops:
+        return graph
+    if vertex_data_only and isinstance(graph, Graph) and is_padded(graph):
+        return padded_looped(graph)
+    return _looped(graph)
 
 
 def _inv_sqrt_degree(graph: Graph | GraphRef, dtype: torch.dtype) -> torch.Tensor:
@@ -781,7 +791,7 @@ class GATConv(OneLineRepr, nn.Module):
         ndata = {"h": h, "alpha_src": (h * self.att_src).sum(-1),
                  "alpha_dst": (h_dst.view(shape) * self.att_dst).sum(-1)}
         setting = (self.negative_slope, self.dropout, self.training, True)
-        out = _gat_attention(*setting)(_with_loops(graph, self.add_self_loops), ndata=ndata)["out"]
+        out = _gat_attention(*setting)(_with_loops(graph, self.add_self_loops, True), ndata=ndata)["out"]
         return _combine_heads(out, self.concat, self.bias)
 
     @compile_path(_compile_problem)
@@ -799,7 +809,7 @@ class GATConv(OneLineRepr, nn.Module):
                                             * self.att_edge.view(self.heads, self.out_channels, 1)).sum(1).t()
         in_kernel = traced_edge_matmul(rows)
         edata = None if rows is None else {"attr": rows} if in_kernel else {"alpha_edge": rows @ w_edge}
-        graph = _with_loops(graph, self.add_self_loops)
+        graph = _with_loops(graph, self.add_self_loops, rows is None and not return_attention_weights)
         shape = (-1, self.heads, self.out_channels)
         h = _aligned(self.lin or self.lin_src, x).view(shape)
         if x_dst is x and self.lin is not None and _folds(self.lin):

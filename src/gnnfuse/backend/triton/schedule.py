@@ -43,6 +43,20 @@ def segments(ctx: GraphContext, by: str, max_edges: int | None, max_degree: int 
                             lambda _: _build(ctx.grouped(by)[0], None if whole else max_edges))
 
 
+def whole_row_segments(graph) -> list[Segments]:
+    """Build (into ``graph``'s cache) the segments of both of its CSRs one per row, under
+    the keys of every kernel that asks for them: a padded graph's fixed shapes
+    (`loader.static_shapes`, `graph.fixed_shape`). The whole-row segments max and min
+    reductions ask for (``max_edges=None``) are the same ones. Returns them."""
+    context = GraphContext(graph)
+    built = []
+    for by in ("dst", "src"):
+        whole = segments(context, by, SEGMENT_EDGES, whole_rows=True)
+        graph.cached(f"triton_segments_{by}_None", lambda _, w=whole: w)
+        built.append(whole)
+    return built
+
+
 def _build(rowptr: torch.Tensor, max_edges: int | None) -> Segments:
     """The segments of ``rowptr``'s rows, stored in its own index dtype (int32 where the
     graph fits it: the kernels widen each load to int64): on a products-sized graph the

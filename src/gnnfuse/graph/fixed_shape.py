@@ -1,0 +1,57 @@
+"""Graphs padded to fixed capacities, and layouts built without reading back to the host.
+
+A CUDA graph replays fixed shapes, so a captured mini-batch step runs on blocks padded to
+capacities (`loader.static_shapes`): the real vertices and edges first, then padding,
+with the last source row and the last destination row always padded ones (each level
+keeps at least one padded row). Such a graph is *marked* (`mark_padded`), so a layer
+that would derive a graph of data-dependent size from it -- PyG's self-loop handling
+drops the loops it finds, a count only the device knows -- can derive one of fixed size
+instead (`nn.padded_loops`), which the step then rebuilds inside the graph on every
+replay rather than caching the first batch's.
+
+The builders here read nothing back to the host: a layout `Graph` would build with
+``bincount`` (which reads its input's maximum) or ``nonzero`` is built from a stable
+sort and a binary search, so it can run in a captured step or in a loader thread
+without draining the device's queue.
+"""
+from __future__ import annotations
+
+import torch
+
+from .graph import CSR, Graph
+
+PADDED = "padded_to_capacity"     # graph cache key: the graph is padded (see module doc)
+
+
+def mark_padded(graph: Graph) -> Graph:
+    """Mark ``graph`` as padded to capacities: its last source and last destination rows
+    are padding, which only ever feeds padding (`loader.static_shapes`)."""
+    graph._cache[PADDED] = True
+    return graph
+
+
+def is_padded(graph: Graph) -> bool:
+    return bool(graph._cache.get(PADDED, False))
+
+
+def prefill(graph: Graph, **layouts: object) -> None:
+    """Store ``layouts`` in the graph's cache under `Graph`'s own keys (a key already
+    built keeps its value: both are the same layout)."""
+    for key, value in layouts.items():
+        graph.cached(key, lambda g, v=value: v)
+
+
+def grouped_csr(keys: torch.Tensor, others: torch.Tensor, rows: int, dtype: torch.dtype) -> CSR:
+    """The CSR grouping edges by ``keys`` (their row, one of ``rows``), ``others`` the
+    column per edge: one stable sort of the keys in ``dtype`` (int32 where the graph
+    fits it: half the radix-sort passes of int64), row pointers by binary search."""
+    by_key = torch.sort(keys.to(dtype), stable=True)
+    rowptr = torch.searchsorted(by_key.values, torch.arange(rows + 1, device=keys.device, dtype=dtype))
+    return CSR(rowptr.to(dtype), others[by_key.indices].to(dtype), by_key.indices.to(dtype))
+
+
+def build_reverse_csr(graph: Graph) -> CSR:
+    """The graph's out-edges grouped by source (what a backward pass reads), built into
+    its cache without a host sync (`Graph.reverse_csr` would count rows with ``bincount``)."""
+    prefill(graph, reverse_csr=grouped_csr(graph.src, graph.dst, graph.num_src_nodes, graph.index_dtype))
+    return graph.reverse_csr()
