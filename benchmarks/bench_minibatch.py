@@ -15,6 +15,11 @@ buffers, copied asynchronously) it times one epoch after a warm-up and reports:
 - the GPU busy fraction: the summed CUDA-event time of the training steps over the
   epoch's wall time (on the CPU: compute seconds over wall).
 
+``--model gat`` times the epochs of a GAT of the same width instead (8 heads of
+``hidden / 8`` channels, one averaged output head; eager and, with ``--cuda-graph``,
+replayed steps, whose self loops on padded blocks are built in fixed shapes,
+`nn.padded_loops`); the PyG comparisons below are SAGE's and are skipped for it.
+
 PyG: when ``torch_geometric.loader.NeighborLoader`` can sample (it needs ``pyg-lib`` or
 ``torch-sparse``), a full epoch of PyG's loader (host sampling, ``--pyg-workers``
 worker processes, pinned batches) feeding PyG's SAGEConv model. Always, and the only
@@ -473,6 +478,14 @@ def load_problem(args: argparse.Namespace, device: torch.device):
     return dataset, train_idx, graph
 
 
+def epoch_model(args: argparse.Namespace, dataset: Any) -> nn.Module:
+    """The model the epochs train: GraphSAGE, or GAT with 8 heads of ``hidden / 8``
+    channels (the same hidden width) and one averaged output head."""
+    hidden = args.hidden if args.model == "sage" else args.hidden // 8
+    return build_block_model(args.model, dataset.num_features, dataset.num_classes, hidden, args.dropout,
+                             len(args.fanout))
+
+
 def run(args: argparse.Namespace, save: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
     """Every cell in turn, ``save``-ing the results after each, so a run stopped by the
     device machine's time limit keeps what it measured."""
@@ -501,8 +514,7 @@ def run(args: argparse.Namespace, save: Callable[[dict[str, Any]], None]) -> dic
     graphs = {"off": [False], "on": [True], "both": [False, True]}[args.cuda_graph]
     for (place, workers), captured in itertools.product(setups, graphs):
         torch.manual_seed(args.seed)
-        model = build_block_model("sage", dataset.num_features, dataset.num_classes, args.hidden, args.dropout,
-                                  len(args.fanout)).to(device)
+        model = epoch_model(args, dataset).to(device)
         x = dataset.x.to(device) if place == "device" else dataset.x.pin_memory()
         loader = NeighborLoader(graph, args.fanout, args.batch_size, input_nodes=train_idx, shuffle=True, x=x,
                                 y=dataset.y.to(device), device=device, feature_device=place, prefetch=args.prefetch,
@@ -521,6 +533,9 @@ def run(args: argparse.Namespace, save: Callable[[dict[str, Any]], None]) -> dic
                 f"({cell['batches_per_s']:.1f}/s), busy {100 * cell['busy_fraction']:.0f}% | {split}{graph_note}")
         loader.close()
         del x, loader
+    if args.model != "sage":
+        log("PyG comparisons (compute only, DKP, PyG's loader) are SAGE's; skipped for " + args.model)
+        return results
     torch.manual_seed(args.seed)
     ours = build_block_model("sage", dataset.num_features, dataset.num_classes, args.hidden, args.dropout,
                              len(args.fanout)).to(device)
@@ -591,7 +606,8 @@ def step_times(summary: dict[str, Any]) -> str:
 
 def markdown(results: dict[str, Any]) -> str:
     config, env = results["config"], results["environment"]
-    lines = ["# Mini-batch training epoch (sampled, GraphSAGE)", "",
+    model = {"sage": "GraphSAGE", "gat": "GAT, 8 heads"}[config.get("model", "sage")]
+    lines = [f"# Mini-batch training epoch (sampled, {model})", "",
              f"{config['dataset']}, {len(config['fanout'])} layers hidden {config['hidden']}, fanouts "
              f"{','.join(map(str, config['fanout']))}, batch {config['batch_size']}, {config['train_seeds']:,} "
              f"training seeds; {env['device_name']}, torch {env['torch']}, commit "
@@ -670,6 +686,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--data-root", help="folder of the real data sets (default: $GNNFUSE_DATA, ../shared/data)")
     parser.add_argument("--fanout", type=lambda s: [int(k) for k in s.split(",")], default=[15, 10, 5])
     parser.add_argument("--batch-size", type=int, default=1024)
+    parser.add_argument("--model", choices=("sage", "gat"), default="sage",
+                        help="the epochs' model (gat: 8 heads of hidden/8 channels); PyG comparisons are SAGE's")
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--dropout", type=float, default=0.5)
     parser.add_argument("--epochs", type=int, default=1, help="timed epochs per feature placement (default 1)")

@@ -55,3 +55,16 @@ def test_every_policy_goes_first_against_every_other_on_half_the_batches(import_
             if a != b:
                 assert sum(order.index(a) < order.index(b) for order in orders) == 3, (a, b)
     assert [bench.turn_order(["gnnfuse", "pyg"], i) for i in range(2)] == [["gnnfuse", "pyg"], ["pyg", "gnnfuse"]]
+
+
+def test_bench_minibatch_times_gat_epochs_and_skips_the_sage_comparisons(tmp_path, import_script):
+    bench = import_script(BENCHMARKS, "bench_minibatch")
+    path = tmp_path / "minibatch_gat.json"
+    bench.main(["--device", "cpu", "--dataset", "synthetic", "--model", "gat", "--hidden", "16", "--fanout", "3,2",
+                "--batch-size", "16", "--train-nodes", "64", "--warmup", "1", "--max-batches", "2",
+                "--feature-devices", "device", "--workers", "0", "--json", str(path)])
+    results = json.loads(path.read_text())
+    assert results["config"]["model"] == "gat" and "compute_only" not in results and "dkp" not in results
+    (cells,) = results["gnnfuse"].values()
+    assert cells[0]["batches"] == 2
+    assert "(sampled, GAT, 8 heads)" in path.with_suffix(".md").read_text()
