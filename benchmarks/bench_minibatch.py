@@ -509,18 +509,20 @@ def run(args: argparse.Namespace, save: Callable[[dict[str, Any]], None]) -> dic
         "batch: " + "; ".join(f"{stage} {c['aten_ops']:.0f} ops, {c['host_syncs']:.1f} syncs"
                               for stage, c in cell["per_batch"].items()))
     feature_devices = [p for p in args.feature_devices if p == "device" or device.type == "cuda"]
-    setups = [(place, 0) for place in feature_devices if args.loader_thread] + [
-        (place, w) for place in feature_devices for w in args.workers if w > 0]
+    setups = [(place, -threads) for place in feature_devices if args.loader_thread for threads in args.loader_threads]
+    setups += [(place, w) for place in feature_devices for w in args.workers if w > 0]     # -k: k loader threads
     graphs = {"off": [False], "on": [True], "both": [False, True]}[args.cuda_graph]
-    for (place, workers), captured in itertools.product(setups, graphs):
+    for (place, setup), captured in itertools.product(setups, graphs):
+        workers, threads = max(setup, 0), max(-setup, 1)
         torch.manual_seed(args.seed)
         model = epoch_model(args, dataset).to(device)
         x = dataset.x.to(device) if place == "device" else dataset.x.pin_memory()
         loader = NeighborLoader(graph, args.fanout, args.batch_size, input_nodes=train_idx, shuffle=True, x=x,
                                 y=dataset.y.to(device), device=device, feature_device=place, prefetch=args.prefetch,
-                                num_workers=workers, static_shapes=captured,
+                                num_workers=workers, prefetch_threads=threads, static_shapes=captured,
                                 deferred=captured and place == "device" and args.deferred)
         label = place if not workers else f"{place}, {workers} worker process{'es' if workers > 1 else ''}"
+        label += f", {threads} loader threads" if threads > 1 else ""
         label += ", CUDA graph" if captured else ""
         for epoch in range(args.epochs):
             cell = gnnfuse_epoch(loader, model, device, args.warmup if epoch == 0 else 0, args.max_batches, captured)
@@ -700,6 +702,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workers", type=lambda s: [int(k) for k in s.split(",")], default=[1],
                         help="also time an epoch with this many loader worker processes, per comma-separated "
                              "count and feature placement (default 1; 0 adds none)")
+    parser.add_argument("--loader-threads", type=lambda s: [int(k) for k in s.split(",")], default=[1],
+                        help="prefetch threads of the in-process loader, comma-separated: one setup each (default 1)")
     parser.add_argument("--no-loader-thread", dest="loader_thread", action="store_false",
                         help="skip the epochs whose batches come from the loader's thread (no worker processes)")
     parser.add_argument("--feature-devices", type=lambda s: s.split(","), default=["device", "pinned"],

@@ -46,18 +46,20 @@ def test_blocks_with_whole_neighbourhoods_equal_the_full_graph(model, backend, d
         torch.testing.assert_close(p.grad, expected[name], rtol=1e-9, atol=1e-12, msg=lambda m, n=name: f"{n}: {m}")
 
 
-def test_prefetch_yields_the_batches_of_a_plain_run():
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_prefetch_yields_the_batches_of_a_plain_run(threads):
     graph = gnnfuse.Graph(torch.randint(0, 40, (160,), generator=torch.Generator().manual_seed(1)),
                           torch.randint(0, 40, (160,), generator=torch.Generator().manual_seed(2)), 40)
     x = torch.randn(40, 4)
 
     def epoch(prefetch):
         torch.manual_seed(7)
-        loader = NeighborLoader(graph, [3, 2], batch_size=6, shuffle=True, x=x, prefetch=prefetch)
+        loader = NeighborLoader(graph, [3, 2], batch_size=6, shuffle=True, x=x, prefetch=prefetch,
+                                prefetch_threads=threads)
         return [(b.n_id, b.x, [blk.edge_index for blk in b.blocks]) for b in loader], loader.stage_times
 
     plain, _ = epoch(0)
-    prefetched, times = epoch(3)
+    prefetched, times = epoch(3 if threads == 1 else 1)
     assert len(plain) == 7
     for a, b in zip(plain, prefetched, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
@@ -65,9 +67,10 @@ def test_prefetch_yields_the_batches_of_a_plain_run():
     assert times.batches == 7 and totals["sample"] > 0 and totals["reindex"] > 0 and totals["lookup"] > 0
 
 
-def test_prefetch_reraises_a_failure_and_stops_when_abandoned(monkeypatch):
+@pytest.mark.parametrize("threads", [1, 2])
+def test_prefetch_reraises_a_failure_and_stops_when_abandoned(monkeypatch, threads):
     graph = gnnfuse.Graph(torch.tensor([0, 1]), torch.tensor([1, 2]), 3)
-    loader = NeighborLoader(graph, [1], batch_size=1, prefetch=2)
+    loader = NeighborLoader(graph, [1], batch_size=1, prefetch=2, prefetch_threads=threads)
     epoch = iter(loader)
     assert next(epoch).batch_size == 1
     epoch.close()                                 # abandoned after one batch: the thread is joined
@@ -90,7 +93,7 @@ def test_every_epoch_prefetches_on_the_loaders_one_side_stream(monkeypatch):
 
     def recording(*args, **kwargs):
         prefetcher = real(*args, **kwargs)
-        streams.append(prefetcher._stream)
+        streams.append(prefetcher._streams[0])
         return prefetcher
     real = neighbor_loader.Prefetcher
     monkeypatch.setattr(neighbor_loader, "Prefetcher", recording)
@@ -284,3 +287,24 @@ def test_the_loader_times_its_device_stages_by_events_on_its_stream(monkeypatch)
     assert all(start.recorded_on is stream and end.recorded_on is stream for _, start, end in pending)
     totals = loader.stage_times.totals()
     assert totals["sample"] == pytest.approx(2 * 0.005) and totals["reindex"] == pytest.approx(3 * 0.005)
+
+
+def test_with_several_threads_a_failing_batch_is_raised_in_its_place(monkeypatch):
+    """Batches before the failing one come first, in order; then its error."""
+    graph = gnnfuse.Graph(torch.arange(12), (torch.arange(12) + 1) % 12, 12)
+    loader = NeighborLoader(graph, [1], batch_size=2, prefetch=1, prefetch_threads=3)
+    real = batch_maker.BatchMaker.prepare
+
+    def failing_fifth(self, seeds, generator, times):
+        if int(seeds[0]) == 8:
+            raise RuntimeError("batch 4 failed")
+        return real(self, seeds, generator, times)
+    monkeypatch.setattr(batch_maker.BatchMaker, "prepare", failing_fifth)
+    seen = []
+    with pytest.raises(RuntimeError, match="batch 4 failed"):
+        for batch in loader:
+            seen.append(int(batch.input_id[0]))
+    assert seen == [0, 2, 4, 6]
+    assert not any(t.name == "gnnfuse-prefetch" for t in threading.enumerate())
+    with pytest.raises(ValueError, match="prefetch_threads"):
+        NeighborLoader(graph, [1], batch_size=2, prefetch_threads=0)

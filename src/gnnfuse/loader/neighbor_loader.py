@@ -108,7 +108,9 @@ class NeighborLoader:
     sampled; default the graph's device), ``feature_device`` (``"device"`` or
     ``"pinned"``; default ``"device"`` when the features are already on ``device`` or
     ``device`` is the CPU, else ``"pinned"``), ``prefetch`` (batches prepared ahead;
-    0 prepares each batch when asked), ``num_workers`` (PyG's name: processes that
+    0 prepares each batch when asked), ``prefetch_threads`` (threads preparing batches
+    ahead, default 1: on a GPU a second one runs its batch's Python while the first waits
+    for a hop's count), ``num_workers`` (PyG's name: processes that
     prepare the batches, started on the first epoch and kept; 0 prepares them in this
     process; host tables are then kept in shared memory, which each worker page-locks
     for its zero-copy reads) and ``static_shapes`` (True: pad every batch that fits to
@@ -129,7 +131,8 @@ class NeighborLoader:
                  x: torch.Tensor | None = None, y: torch.Tensor | None = None,
                  device: torch.device | str | None = None, sample_device: torch.device | str | None = None,
                  feature_device: str | None = None, prefetch: int = 2, sampler: Sized | None = None,
-                 num_workers: int = 0, static_shapes: bool | Capacities = False, deferred: bool = False) -> None:
+                 num_workers: int = 0, static_shapes: bool | Capacities = False, deferred: bool = False,
+                 prefetch_threads: int = 1) -> None:
         graph, features, labels = _graph_and_tables(data, x, y)
         if graph.is_bipartite or graph.edge_type is not None:
             raise ValueError("NeighborLoader samples a homogeneous graph with one vertex set; this graph is "
@@ -144,6 +147,8 @@ class NeighborLoader:
             raise ValueError("sampler is mutually exclusive with shuffle (the sampler orders the seeds)")
         if prefetch < 0:
             raise ValueError(f"prefetch must be >= 0, got {prefetch}")
+        if prefetch_threads < 1:
+            raise ValueError(f"prefetch_threads must be >= 1, got {prefetch_threads}")
         if num_workers < 0:
             raise ValueError(f"num_workers must be >= 0, got {num_workers}")
         for name, table in (("x", features), ("y", labels)):
@@ -162,10 +167,10 @@ class NeighborLoader:
                                  self.sample_device, self.feature_device, self._zero_copy)
         self.seeds = _seed_ids(input_nodes, graph.num_nodes)
         self.batch_size, self.shuffle, self.replace, self.drop_last = batch_size, shuffle, replace, drop_last
-        self.prefetch, self.sampler = prefetch, sampler
+        self.prefetch, self.prefetch_threads, self.sampler = prefetch, prefetch_threads, sampler
         self.stage_times = StageTimes()
         self._workers: WorkerPool | None = None
-        self._side_stream: torch.cuda.Stream | None = None      # the prefetch thread's, made once
+        self._side_streams: list[torch.cuda.Stream] | None = None      # the prefetch threads', made once
         if deferred and (static_shapes is False or self.feature_device != "device"):
             raise ValueError("deferred=True leaves padded batches' feature rows to the step, which gathers them "
                              "from a table on the device: it needs static_shapes and feature_device='device'")
@@ -259,11 +264,11 @@ class NeighborLoader:
             return
         # closed explicitly: an abandoned epoch (this generator closed) must stop the thread now,
         # not when the collector reaches the inner generator (Python 3.12 keeps it alive longer)
-        if self._side_stream is None and self.device.type == "cuda":
-            self._side_stream = side_stream(self.device)      # one for every epoch (see `side_stream`)
+        if self._side_streams is None and self.device.type == "cuda":   # the same for every epoch (`side_stream`)
+            self._side_streams = [side_stream(self.device) for _ in range(self.prefetch_threads)]
         with contextlib.closing(iter(Prefetcher(list(enumerate(batches)), prepare, self.prefetch, self.device,
-                                                MiniBatch.tensors, self.stage_times,
-                                                self._side_stream))) as prefetched:
+                                                MiniBatch.tensors, self.stage_times, self._side_streams,
+                                                self.prefetch_threads))) as prefetched:
             for batch in prefetched:
                 yield batch
                 self.stage_times.count_batch()

@@ -1,9 +1,10 @@
-"""A bounded prefetch: batch i+1.. is prepared in a background thread while the caller
+"""A bounded prefetch: batch i+1.. is prepared in background threads while the caller
 computes on batch i (GraphTensor §V-B's overlap of preprocessing with FWP/BWP).
 
-The thread runs the preparation of each batch in order, so the batches (and every
-random draw in them) are exactly those of an unprefetched run. On a GPU the thread
-queues its device work on a side stream of high priority; each batch carries an event
+Each batch is prepared from its own item (its seeds and its own generator), so the
+batches (and every random draw in them) are exactly those of an unprefetched run,
+whichever thread prepares them. On a GPU each thread queues its device work on its own
+side stream of high priority; each batch carries an event
 recorded after its last copy, the consumer's stream waits on it (no host sync), and
 every tensor of the batch is tied to the consumer's stream (``record_stream``) so the
 caching allocator does not hand its memory out again while the consumer may still be
@@ -11,10 +12,11 @@ reading it.
 """
 from __future__ import annotations
 
+import itertools
 import queue
 import threading
 import time
-from typing import Callable, Generic, Iterable, Iterator, TypeVar
+from typing import Callable, Generic, Iterable, Iterator, Sequence, TypeVar
 
 import torch
 
@@ -32,56 +34,72 @@ class _Failure:
 
 class Prefetcher(Generic[Batch]):
     """Iterate ``prepare(item)`` over ``items`` with up to ``depth`` batches prepared
-    ahead. ``tensors_of(batch)`` lists a batch's tensors (for ``record_stream`` on GPU);
-    the consumer's waits are added to ``times`` as ``wait``."""
+    ahead by each of ``threads`` threads (item i by thread i mod ``threads``; yielded in
+    item order). ``tensors_of(batch)`` lists a batch's tensors (for ``record_stream`` on
+    GPU); the consumer's waits are added to ``times`` as ``wait``. ``streams``: one side
+    stream per thread, which a caller prefetching epoch after epoch passes again each
+    time (`side_stream`); made here when not given.
+
+    Why several threads: a batch's preparation on a GPU reads counts back (one sync per
+    hop), and while a thread waits for its stream it holds no interpreter lock, so a
+    second thread can run its batch's Python meanwhile."""
 
     def __init__(self, items: Iterable[Seed], prepare: Callable[[Seed], Batch], depth: int,
                  device: torch.device, tensors_of: Callable[[Batch], list[torch.Tensor]], times: StageTimes,
-                 stream: torch.cuda.Stream | None = None):
+                 streams: Sequence[torch.cuda.Stream] | None = None, threads: int = 1):
         if depth < 1:
             raise ValueError(f"prefetch depth must be >= 1, got {depth}")
-        self._items, self._prepare, self._tensors_of, self._times = items, prepare, tensors_of, times
+        if threads < 1:
+            raise ValueError(f"prefetch threads must be >= 1, got {threads}")
+        self._items, self._prepare, self._tensors_of, self._times = list(items), prepare, tensors_of, times
         self._device = device
-        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._queues = [queue.Queue(maxsize=depth) for _ in range(threads)]
         self._stop = threading.Event()
-        # ``stream``: a caller that prefetches epoch after epoch passes the same one each time
-        # (`side_stream`); see there.
-        self._stream = (stream or side_stream(device)) if device.type == "cuda" else None
-        self._thread = threading.Thread(target=self._run, name="gnnfuse-prefetch", daemon=True)
-        self._thread.start()
+        if device.type != "cuda":
+            self._streams: list[torch.cuda.Stream | None] = [None] * threads
+        else:
+            self._streams = list(streams) if streams is not None else [side_stream(device) for _ in range(threads)]
+            if len(self._streams) != threads:
+                raise ValueError(f"{threads} prefetch threads need as many streams, got {len(self._streams)}")
+        self._threads = [threading.Thread(target=self._run, args=(k,), name="gnnfuse-prefetch", daemon=True)
+                         for k in range(threads)]
+        for thread in self._threads:
+            thread.start()
 
-    def _run(self) -> None:
+    def _run(self, k: int) -> None:
+        stream, out = self._streams[k], self._queues[k]
         try:
-            if self._stream is not None and self._device.index is not None:
+            if stream is not None and self._device.index is not None:
                 torch.cuda.set_device(self._device)          # the thread's current device
-            for item in self._items:
+            for item in self._items[k::len(self._threads)]:
                 if self._stop.is_set():
                     return
-                if self._stream is None:
-                    self._put((self._prepare(item), None))
+                if stream is None:
+                    self._put(out, (self._prepare(item), None))
                     continue
-                with torch.cuda.stream(self._stream):
+                with torch.cuda.stream(stream):
                     batch = self._prepare(item)
                     ready = torch.cuda.Event()
-                    ready.record(self._stream)
-                self._put((batch, ready))
-            self._put(_DONE)
+                    ready.record(stream)
+                self._put(out, (batch, ready))
+            self._put(out, _DONE)
         except BaseException as error:       # re-raised in the consumer's thread
-            self._put(_Failure(error))
+            self._put(out, _Failure(error))
 
-    def _put(self, entry: object) -> None:
+    def _put(self, out: queue.Queue, entry: object) -> None:
         while not self._stop.is_set():
             try:
-                self._queue.put(entry, timeout=0.1)
+                out.put(entry, timeout=0.1)
                 return
             except queue.Full:
                 continue
 
     def __iter__(self) -> Iterator[Batch]:
         try:
-            while True:
+            for index in itertools.count():
                 start = time.perf_counter()
-                entry = self._queue.get()
+                # item i's thread; after the last item, the next thread in turn has run out
+                entry = self._queues[index % len(self._queues)].get()
                 self._times.add("wait", time.perf_counter() - start)
                 if entry is _DONE:
                     return
@@ -98,9 +116,10 @@ class Prefetcher(Generic[Batch]):
             self.close()
 
     def close(self) -> None:
-        """Stop the background thread (a consumer that breaks out early ends up here)."""
+        """Stop the background threads (a consumer that breaks out early ends up here)."""
         self._stop.set()
-        self._thread.join()
+        for thread in self._threads:
+            thread.join()
 
 
 def side_stream(device: torch.device) -> torch.cuda.Stream:
