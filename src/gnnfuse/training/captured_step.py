@@ -19,7 +19,9 @@ What keeps a replay from computing something else than the eager step would:
   during the eager warm-up would be replayed from the first batch. The static graphs'
   cache keys are recorded when the static batch is made (the loader prebuilds what the
   layers read, `loader.layouts`); a key added by a step means the capture is dropped and
-  every step runs eagerly, with a warning naming the key.
+  every step runs eagerly, with a warning naming the key. What a layer must derive per
+  batch instead builds in fixed shapes inside the step, uncached, so each replay
+  rebuilds it (attention layers' self loops on padded blocks, `nn.padded_loops`).
 - **Row-local models.** Padded rows only feed padded rows as long as every op computes a
   row from its own row and in-edges; batch normalisation (and PyG's graph-wide norms)
   would mix the padded rows into the real ones, so models holding one are refused.
