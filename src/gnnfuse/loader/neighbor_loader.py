@@ -109,8 +109,8 @@ class NeighborLoader:
     ``"pinned"``; default ``"device"`` when the features are already on ``device`` or
     ``device`` is the CPU, else ``"pinned"``), ``prefetch`` (batches prepared ahead;
     0 prepares each batch when asked), ``prefetch_threads`` (threads preparing batches
-    ahead, default 1: on a GPU a second one runs its batch's Python while the first waits
-    for a hop's count), ``num_workers`` (PyG's name: processes that
+    ahead without ``num_workers``, default 1: on a GPU a second one runs its batch's
+    Python while the first waits for a hop's count), ``num_workers`` (PyG's name: processes that
     prepare the batches, started on the first epoch and kept; 0 prepares them in this
     process; host tables are then kept in shared memory, which each worker page-locks
     for its zero-copy reads) and ``static_shapes`` (True: pad every batch that fits to

@@ -39,9 +39,10 @@ def padded_looped(graph: Graph) -> Graph:
     out_degrees = torch.zeros(num_src, dtype=torch.int64, device=src.device).index_add_(
         0, src, torch.ones_like(src))
     prefill(looped, csr=csr, in_degrees=csr.rowptr.long().diff(), out_degrees=out_degrees)
-    if backend_name(src.is_cuda) != "reference":     # the compiled backends' backward reads it
+    backend = backend_name(src.is_cuda)
+    if backend != "reference":     # the compiled backends' backward reads it
         build_reverse_csr(looped)
-    if backend_name(src.is_cuda) == "triton":
+    if backend == "triton":
         from ..backend.triton.schedule import whole_row_segments
         whole_row_segments(looped)
     return mark_padded(looped)

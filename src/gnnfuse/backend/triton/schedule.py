@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ...graph import Graph
 from ..reference import GraphContext
 
 SEGMENT_EDGES = 512   # long enough to amortize a program's set-up, short enough to spread hubs
@@ -43,7 +44,7 @@ def segments(ctx: GraphContext, by: str, max_edges: int | None, max_degree: int 
                             lambda _: _build(ctx.grouped(by)[0], None if whole else max_edges))
 
 
-def whole_row_segments(graph) -> list[Segments]:
+def whole_row_segments(graph: Graph) -> list[Segments]:
     """Build (into ``graph``'s cache) the segments of both of its CSRs one per row, under
     the keys of every kernel that asks for them: a padded graph's fixed shapes
     (`loader.static_shapes`, `graph.fixed_shape`). The whole-row segments max and min
