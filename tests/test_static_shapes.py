@@ -115,6 +115,30 @@ def test_padded_batches_give_the_same_loss_and_gradients(data, model, backend, m
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+def test_gatv2_on_padded_blocks_gives_the_plain_batchs_loss_and_gradients(data, backend, monkeypatch):
+    """GATv2Conv builds its self loops on a padded block in fixed shapes too (`nn.padded_loops`)."""
+    pytest.importorskip("numba") if backend == "cpu" else None
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    torch.manual_seed(0)
+    convs = torch.nn.ModuleList([gnnfuse.nn.GATv2Conv(12, 8, heads=2), gnnfuse.nn.GATv2Conv(16, 8, heads=2),
+                                 gnnfuse.nn.GATv2Conv(16, 5, heads=1)]).double()
+    grads = []
+    for static_shapes in (False, True):
+        torch.manual_seed(3)
+        batch = next(iter(_loader(data, static_shapes=static_shapes)))
+        assert batch.padded == static_shapes
+        h = batch.x
+        for conv, block in zip(convs, batch.blocks):
+            h = conv((h, h[:block.num_dst]), block.graph)
+        convs.zero_grad()
+        loss = F.cross_entropy(h[:batch.batch_size], batch.y[:batch.batch_size])
+        loss.backward()
+        grads.append([loss.detach()] + [p.grad.clone() for p in convs.parameters()])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
 def test_a_batch_over_the_capacities_comes_unpadded(data):
     probed = _loader(data, static_shapes=True).capacities
     tight = Capacities(probed.nodes[:-1] + (8,), probed.edges)       # no batch has under 8 input rows
