@@ -9,12 +9,12 @@ Backends that have no such choice (the torch reference) ignore it.
 """
 from __future__ import annotations
 
-import os
 
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Iterator
+from ..environ import getenv
 
 SCHEDULES = ("auto", "csr", "coo")
 
@@ -76,7 +76,7 @@ def tiled_scores() -> bool:
     at 2 heads x 3 channels, a 40 s compile at 4 x 32), and [256, 128] score tiles
     spilled registers. ``benchmarks/compile_tiled_scores.py`` compiles every tiled kernel
     for sm_90 with a given Triton, without a GPU."""
-    value = os.environ.get("GNNFUSE_TILED_SCORES", "1")
+    value = getenv("GNNFUSE_TILED_SCORES", "1")
     if value not in ("0", "1"):
         raise ValueError(f"GNNFUSE_TILED_SCORES must be 0 or 1, got {value!r}")
     return value == "1"

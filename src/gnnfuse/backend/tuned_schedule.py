@@ -39,6 +39,7 @@ import torch
 from ..graph import Graph
 from ..passes.fusion import AggregateUnit, Unit
 from .forced_schedule import SCHEDULES, ForcedSchedule, forced_schedule
+from ..environ import getenv
 
 PATH_ENV = "GNNFUSE_TUNED_SCHEDULES"
 FORMAT = 1
@@ -61,7 +62,7 @@ def cache_path() -> Path:
 
 def _path_settings() -> tuple[str | None, str | None, str | None]:
     """The environment variables `cache_path` depends on."""
-    return os.environ.get(PATH_ENV), os.environ.get("GNNFUSE_CACHE"), os.environ.get("HOME")
+    return getenv(PATH_ENV), getenv("GNNFUSE_CACHE"), getenv("HOME")
 
 
 @functools.lru_cache(maxsize=16)
@@ -206,7 +207,7 @@ def forced_or_tuned(unit: Unit, graph: Graph, backend: str) -> ForcedSchedule | 
     forced, else the tuned choice (unless the backend's `OVERRIDES` variable is set),
     else None."""
     call = forced_schedule()
-    if call is not None or os.environ.get(OVERRIDES[backend], "auto") not in ("", "auto"):
+    if call is not None or getenv(OVERRIDES[backend], "auto") not in ("", "auto"):
         return call
     return lookup(unit, graph, backend)
 

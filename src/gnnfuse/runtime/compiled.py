@@ -6,7 +6,6 @@ inputs), so every other intermediate is freed as soon as the forward is done wit
 """
 from __future__ import annotations
 
-import os
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterator, Mapping, NamedTuple, Sequence
@@ -21,6 +20,7 @@ from ..ir import CompileError, Program, Residency, Value, verify
 from ..ir.ops.movement import BROADCAST_FROM, TYPE_INDICES
 from ..ir.sides import declare_sides, sides_of
 from ..passes import optimize
+from ..environ import getenv
 
 
 class CompiledProgram:
@@ -176,7 +176,7 @@ def _check_triton_can_read(device: torch.device) -> None:
     them on host tensors. Without this check a forced ``GNNFUSE_BACKEND=triton`` on CPU
     tensors stops inside Triton's launcher with a raw pointer error. Read at call time:
     the interpreter is whatever ``TRITON_INTERPRET`` says now."""
-    if os.environ.get("TRITON_INTERPRET") == "1":
+    if getenv("TRITON_INTERPRET") == "1":
         return
     if device.type != "cuda":     # the inputs are on the graph's device (checked_inputs)
         raise ValueError(f"the triton backend runs CUDA tensors, but the graph and inputs are on {device}: "
@@ -188,7 +188,7 @@ def _check_triton_can_read(device: torch.device) -> None:
 def backend_name(on_cuda: bool) -> str:
     """Which backend runs a call whose tensors are (or are not) on a GPU:
     ``GNNFUSE_BACKEND`` if set, else Triton on CUDA and the torch reference elsewhere."""
-    name = os.environ.get("GNNFUSE_BACKEND") or ("triton" if on_cuda else "reference")
+    name = getenv("GNNFUSE_BACKEND") or ("triton" if on_cuda else "reference")
     if name not in BACKENDS:
         raise ValueError(f"GNNFUSE_BACKEND must be one of {BACKENDS}, got {name!r}")
     return name

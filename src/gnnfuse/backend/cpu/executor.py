@@ -25,7 +25,6 @@ one warning. Never a silent difference: the fallback computes the same values.
 from __future__ import annotations
 
 import math
-import os
 import warnings
 import weakref
 from typing import Callable, Iterable, Mapping, NamedTuple
@@ -43,6 +42,7 @@ from ..reference.executor import run_plan
 from ..kernel_cache import load_kernel
 from . import schedule
 from .partition import Partitions, source_partitions
+from ...environ import getenv
 
 try:
     import numba
@@ -159,7 +159,7 @@ class _Launch(NamedTuple):
 def _read_environment() -> tuple:
     """The feature-tile override and the tuner's stored choices (one object until the
     file changes): read once per program run (`CallSettings`)."""
-    return os.environ.get(schedule.FEATURE_TILE_ENV), tuned_schedule.entries()
+    return getenv(schedule.FEATURE_TILE_ENV), tuned_schedule.entries()
 
 
 _ENVIRONMENT = CallSettings("gnnfuse_cpu_environment", _read_environment)

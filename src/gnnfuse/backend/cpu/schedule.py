@@ -23,7 +23,6 @@ evenly between threads.
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 
@@ -31,6 +30,7 @@ from ...passes.fusion import AggregateUnit, Unit, gathered_leaves
 from .. import tuned_schedule
 from ..forced_schedule import ForcedSchedule
 from ..reference import GraphContext
+from ...environ import getenv
 
 FEATURE_TILE_ENV = tuned_schedule.OVERRIDES["cpu"]
 PARALLEL_MIN_WORK = 1 << 16   # edge-features below which one thread beats waking the others
@@ -46,7 +46,7 @@ def feature_tile(width: int, tile: int | None = None) -> int:
     """Columns per feature tile for an aggregate of ``width`` columns: ``tile`` (a chosen
     schedule's), else ``GNNFUSE_CPU_FEATURE_TILE``, else the whole width (see module doc)."""
     if tile is None:
-        forced = os.environ.get(FEATURE_TILE_ENV)
+        forced = getenv(FEATURE_TILE_ENV)
         if not forced:
             return max(width, 1)
         tile = int(forced) if forced.isdigit() else 0

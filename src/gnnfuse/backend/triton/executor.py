@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import math
-import os
 import weakref
 from typing import Any, Callable, Hashable, Iterable, Mapping, NamedTuple
 
@@ -24,6 +23,7 @@ from .codegen import (SHARED_REDUCE_BLOCK_E, SHARED_REDUCE_PROGRAMS, RowSum, gen
 from .context import TritonGraphContext
 from .launch import launch, signature
 from .schedule import SEGMENT_EDGES, segments
+from ...environ import getenv
 
 _PLANS: "weakref.WeakKeyDictionary[Program, dict]" = weakref.WeakKeyDictionary()
 _UNIT_KERNELS: "weakref.WeakKeyDictionary[AggregateUnit, dict]" = weakref.WeakKeyDictionary()
@@ -34,7 +34,7 @@ def _autotune() -> bool:
     ``GNNFUSE_AUTOTUNE=0`` launches the fixed configs the interpreter uses: every
     autotuned kernel compiles and times each of its configs on first use, which made a
     GPU run of the test suite spend most of its time tuning kernels it runs once."""
-    return os.environ.get("TRITON_INTERPRET", "0") != "1" and os.environ.get("GNNFUSE_AUTOTUNE", "1") != "0"
+    return getenv("TRITON_INTERPRET", "0") != "1" and getenv("GNNFUSE_AUTOTUNE", "1") != "0"
 
 
 def schedule_for(unit: Unit, num_nodes: int, num_edges: int) -> str:
@@ -48,7 +48,7 @@ def schedule_for(unit: Unit, num_nodes: int, num_edges: int) -> str:
     if not isinstance(unit, AggregateUnit):
         return "edge"
     call = forced_schedule()
-    forced = call.kind if call and call.kind != "auto" else os.environ.get("GNNFUSE_SCHEDULE", "auto")
+    forced = call.kind if call and call.kind != "auto" else getenv("GNNFUSE_SCHEDULE", "auto")
     if forced not in SCHEDULES:
         raise ValueError(f"GNNFUSE_SCHEDULE must be one of {SCHEDULES}, got {forced!r}")
     if unit.reduce.attrs["op"] not in ("sum", "mean"):
@@ -150,8 +150,8 @@ class _Launch(NamedTuple):
 def _read_environment() -> tuple:
     """The schedule override, the tuner's stored choices, whether kernels autotune and
     whether sibling groups run as one kernel: read once per program run (`CallSettings`)."""
-    return (os.environ.get("GNNFUSE_SCHEDULE"), tuned_schedule.entries(), _autotune(),
-            os.environ.get("GNNFUSE_SIBLING_KERNELS", "1") != "0")
+    return (getenv("GNNFUSE_SCHEDULE"), tuned_schedule.entries(), _autotune(),
+            getenv("GNNFUSE_SIBLING_KERNELS", "1") != "0")
 
 
 _ENVIRONMENT = CallSettings("gnnfuse_triton_environment", _read_environment)

@@ -31,7 +31,6 @@ path worth taking, and the loop is exact.
 from __future__ import annotations
 
 import math
-import os
 from typing import Callable, NamedTuple
 
 import numpy as np
@@ -41,6 +40,7 @@ import triton.language as tl
 
 from ...ir.ops.typed import RowGroups, typed_matmul, typed_matmul_tn
 from .launch import launch
+from ...environ import getenv
 
 KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 BLOCK_M = 64          # forward tile: positions of one type per program
@@ -197,7 +197,7 @@ def kernel_applies(*tensors: torch.Tensor) -> bool:
 def launchable(tensor: torch.Tensor) -> bool:
     """Whether a Triton kernel can read ``tensor``: on a CUDA device, or anywhere under
     Triton's interpreter."""
-    return tensor.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+    return tensor.is_cuda or getenv("TRITON_INTERPRET") == "1"
 
 
 def _precision(dtype: torch.dtype) -> str:

@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 from typing import NamedTuple
 
 import torch
@@ -59,6 +58,7 @@ import torch
 from ..registry import OpDef, register
 from ..residency import EDGE_ROWED, Movement, Residency
 from .compact import _is_edge_types, _pair_input_grad, _pair_weight_grad, data_pairs, relation_pairs
+from ...environ import getenv
 
 ORDERS = ("before", "after", "dense")
 ORDER_ENV = "GNNFUSE_TYPED_ORDER"
@@ -135,7 +135,7 @@ def order_costs(edges: int, gathered_pairs: int, aggregated_pairs: int, rows_out
 
 def forced_order() -> str | None:
     """The order ``GNNFUSE_TYPED_ORDER`` forces, or None (the byte model decides)."""
-    order = os.environ.get(ORDER_ENV) or None
+    order = getenv(ORDER_ENV) or None
     if order is not None and order not in ORDERS:
         raise ValueError(f"{ORDER_ENV} must be one of {ORDERS}, got {order!r}")
     return order
