@@ -69,12 +69,6 @@ _ew("clamp_min", lambda x, min: torch.clamp_min(x, min),
     lambda b, v, g: [b.add("mul", g, _at_least(b, b.fwd(v.inputs[0]), b.const(v.attrs["min"], g)))], 1,
     emit="tl.where({0} < {min}, {min}, {0})")
 
-_ew("nonzero_or_one", lambda x: torch.where(x == 0, torch.ones_like(x), x), lambda b, v, g: [g], 1,
-    doc="x where x != 0, else 1: the divisor of a sum normalized after it is taken "
-        "(passes.softmax.normalize_after_sum), whose empty groups (x = 0) have a zero sum, so 0 / 1 = 0. "
-        "Its derivative is 1: x + [x == 0], the indicator constant wherever it has a derivative",
-    emit="tl.where({0} == 0, 1.0, {0})")
-
 # --- sign-dependent ops whose derivative follows torch's at 0 and at ties ---------------
 _ew("abs", torch.abs, lambda b, v, g: [b.add("mul", g, b.add("sign", b.fwd(v.inputs[0])))], 1,
     emit="tl.abs({0})")
