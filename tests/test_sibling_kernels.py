@@ -153,39 +153,3 @@ def test_explain_names_the_shared_kernel_and_prints_its_source(monkeypatch):
     assert "def fused_siblings(" in members[0].source and "out1" in members[0].source
     assert members[1].source == "(the kernel above)"
     assert "shares one kernel" in str(report)
-
-
-def test_a_member_the_cost_rule_sends_edge_parallel_joins_a_csr_members_walk(monkeypatch):
-    """On a low-degree graph the cost rule runs a GAT layer's narrow source-logit gradient
-    edge-parallel and its 40-lane message gradient over the CSR; the group runs both in
-    the CSR walk, one kernel, and matches the reference."""
-    monkeypatch.delenv("GNNFUSE_SCHEDULE", raising=False)
-    gen = torch.Generator().manual_seed(11)
-    nodes = 60
-    src, dst = torch.randint(0, nodes, (360,), generator=gen), torch.randint(0, nodes, (360,), generator=gen)
-    graph = gnnfuse.Graph(src, dst, nodes).to(DEVICE)
-    x = torch.randn(nodes, 6, dtype=torch.float64, generator=gen).to(DEVICE)
-
-    def gat40(graph, xs, _):
-        torch.manual_seed(3)
-        layer = gnn.GATConv(xs.shape[1], 40, heads=1).double().to(xs.device)
-        return layer(xs, graph), list(layer.parameters())
-    mixed: list[tuple[str, ...]] = []
-    plan_siblings = triton_executor._plan_siblings
-
-    def spy(group, ctx, leaves):
-        plan = plan_siblings(group, ctx, leaves)
-        if plan is not None:
-            mixed.append(tuple(triton_executor.schedule_for(m, ctx.num_rows(group.by), ctx.num_edges)
-                               for m in group.members))
-        return plan
-    monkeypatch.setattr(triton_executor, "_plan_siblings", spy)
-    results = {}
-    for backend in ("triton", "reference"):
-        monkeypatch.setenv("GNNFUSE_BACKEND", backend)
-        compiled_module._BY_STRUCTURE.clear()
-        clear_trace_caches()
-        results[backend] = _outputs_and_grads(gat40, graph, x, None)
-    assert any("coo" in s and "csr" in s for s in mixed), f"no mixed group ran as one kernel: {mixed}"
-    for got, want in zip(results["triton"], results["reference"]):
-        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)

@@ -276,8 +276,7 @@ def _plan(phase: str, program: Program, keep: list[int], sizes: _Sizes, source: 
             step = _unit_step(unit, sizes)
             if unit is not item:
                 step.label += (f"\n    shares one kernel with the {len(item.members) - 1} other unit(s) walking the "
-                               f"{item.by} CSR beside it, on the CSR schedule, where at least one member would walk it alone "
-                               "(passes/siblings.py)")
+                               f"{item.by} CSR beside it, where every member runs in the CSR schedule (passes/siblings.py)")
             step.source = _kernel_source(unit, sizes) if source else None
             if source and unit is not item and _one_kernel(item, sizes):
                 step.source = _kernel_source(item, sizes) if unit is item.members[0] else "(the kernel above)"

@@ -217,32 +217,19 @@ def _run_siblings(group: SiblingGroup, ctx: GraphContext, leaves: dict[int, torc
 
 
 def _plan_siblings(group: SiblingGroup, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> _SiblingLaunch | None:
-    """The group's one-kernel launch on ``ctx``'s graph, or None where a member cannot
-    run in `generate`'s CSR schedule with its whole row in one feature block (a tuned
-    schedule, a forced feature tile, a head-blocked or wider-than-128 row), where no
-    member would walk the CSR on its own (every one edge-parallel: nobody pays for the
-    walk), or where ``GNNFUSE_SIBLING_KERNELS=0`` turns groups off.
-
-    A member the cost rule sends edge-parallel (`prefers_coo`: a narrow row on a
-    low-degree graph) joins a CSR member's walk: alone it pays a whole pass over the
-    edges -- its gathers and one atomic add per edge and lane -- while in the group it
-    adds only its body, reading rows the walk has gathered or holds as the row's own.
-    On arxiv-sized GAT the source-logit gradient (8 lanes) beside the message gradient
-    (64 lanes) is that case. A schedule forced for every unit (``GNNFUSE_SCHEDULE=coo``,
-    a `forcing` call) is obeyed: then no member walks the CSR and there is no group."""
+    """The group's one-kernel launch on ``ctx``'s graph, or None where its members would
+    not all run in `generate`'s CSR schedule with their whole row in one feature block
+    (a COO or tuned schedule, a forced feature tile, a head-blocked or wider-than-128
+    row), or where ``GNNFUSE_SIBLING_KERNELS=0`` turns groups off."""
     if not _ENVIRONMENT.current()[3]:
         return None
     rows = ctx.num_rows(group.by)
-    walks = False
     for unit in group.members:
         if tuned_schedule.forced_or_tuned(unit, ctx.graph, "triton") is not forced_schedule():
             return None
         width = math.prod(unit.reduce.shape)
-        if feature_block(unit, 128) < triton.next_power_of_2(width):
+        if schedule_for(unit, rows, ctx.num_edges) != "csr" or feature_block(unit, 128) < triton.next_power_of_2(width):
             return None
-        walks = walks or schedule_for(unit, rows, ctx.num_edges) == "csr"
-    if not walks:
-        return None
     acc = "tl.float64" if any(t.dtype == torch.float64 for t in leaves.values()) else "tl.float32"
     kernel, layouts, _, reads_edges = _kernel_for(group, acc, "siblings")
     rowptr, col, eid = csr_arguments(ctx, group.by, reads_edges)
