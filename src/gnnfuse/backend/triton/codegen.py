@@ -308,6 +308,17 @@ def _decorator(tuned: bool, space: dict[str, tuple[int, ...]], key: str, reset: 
     return f"@triton.autotune(configs=[{configs}], key=['{key}']{extra})\n{jit}"
 
 
+# The CSR kernels' autotuning space: edges per chunk and segments per program. The small
+# ends are for low-degree graphs: on an arxiv-sized graph (average in-degree 7.9) a
+# 16-edge chunk left half its lanes masked, and four rows per one-warp program left
+# too little independent work to hide the gathers' latency. Adding chunks of 4 and 8
+# edges and 8 or 16 rows per program took the GAT training step from 4.70 to 3.51 ms
+# and the products-sized one from 107 to 85 ms (H200, same call; benchmarks/README.md).
+# The price is compile time on first use: 16 configs per kernel instead of 4
+# (Triton's autotuner keeps its choice on disk, so once per kernel and machine).
+CSR_EDGE_BLOCKS = (4, 8, 16, 64)
+CSR_ROWS = (1, 4, 8, 16)
+
 # 32-bit values of a body's row tiles one thread may hold: the autotuner's edge blocks are
 # cut to what keeps [BLOCK_E, tile] within it (`_fit_tiles`).
 TILE_VALUES_PER_THREAD = 64
@@ -425,7 +436,7 @@ def generate(unit: AggregateUnit, name: str, acc_dtype: str, tuned: bool = False
 import triton.language as tl
 
 
-{_decorator(tuned, {"BLOCK_E": _fit_tiles((16, 64), em, 1, acc_dtype), "ROWS": (1, 4)}, "size_class", op in ("sum", "mean"),
+{_decorator(tuned, {"BLOCK_E": _fit_tiles(CSR_EDGE_BLOCKS, em, 1, acc_dtype), "ROWS": CSR_ROWS}, "size_class", op in ("sum", "mean"),
             warps=(1,))}
 def {name}(rowptr, col, eid, seg_row, seg_start, seg_end, seg_split, num_segments, size_class, out, {leaf_params}BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr, ROWS: tl.constexpr):
     # {unit.describe()}
@@ -496,7 +507,7 @@ def generate_siblings(group: SiblingGroup, name: str, acc_dtype: str, tuned: boo
 import triton.language as tl
 
 
-{_decorator(tuned, {"BLOCK_E": _fit_tiles((16, 64), em, 1, acc_dtype), "ROWS": (1, 4)}, "size_class", outs, warps=(1,))}
+{_decorator(tuned, {"BLOCK_E": _fit_tiles(CSR_EDGE_BLOCKS, em, 1, acc_dtype), "ROWS": CSR_ROWS}, "size_class", outs, warps=(1,))}
 def {name}(rowptr, col, eid, seg_row, seg_start, seg_end, seg_split, num_segments, size_class, {", ".join(outs)}, {leaf_params}BLOCK_E: tl.constexpr, ROWS: tl.constexpr):
     # {group.describe()}
     ACC: tl.constexpr = {acc_dtype}

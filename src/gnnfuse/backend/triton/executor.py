@@ -37,6 +37,14 @@ def _autotune() -> bool:
     return getenv("TRITON_INTERPRET", "0") != "1" and getenv("GNNFUSE_AUTOTUNE", "1") != "0"
 
 
+def fixed_csr_blocks(block_f: int) -> dict[str, int]:
+    """The CSR kernels' edge chunk and segments per program where nothing autotunes (the
+    interpreter, ``GNNFUSE_AUTOTUNE=0``): one config that fits any width. A test swaps it
+    for the smallest blocks of the autotuning space (`codegen.CSR_EDGE_BLOCKS`), which
+    the interpreter would otherwise never run."""
+    return {"BLOCK_E": max(16, min(128, 2048 // block_f)), "ROWS": 2}
+
+
 def schedule_for(unit: Unit, num_nodes: int, num_edges: int) -> str:
     """How a unit runs on a graph of this size: ``csr`` (vertex-parallel, edge-sequential)
     or ``coo`` (edge-parallel with atomic adds; sum and mean only); edge units have one
@@ -236,8 +244,7 @@ def _plan_siblings(group: SiblingGroup, ctx: GraphContext, leaves: dict[int, tor
     segs = segments(ctx, group.by, SEGMENT_EDGES)
     count = len(segs)
     widths = tuple(math.prod(m.reduce.shape) for m in group.members)
-    fixed = {} if _autotune() else {"BLOCK_E": max(16, min(128, 2048 // triton.next_power_of_2(max(widths)))),
-                                    "ROWS": 2}
+    fixed = {} if _autotune() else fixed_csr_blocks(triton.next_power_of_2(max(widths)))
     before = (rowptr, col, eid, segs.row, segs.start, segs.end, segs.split, count, size_class(count))
     outs = tuple(((rows,) + m.reduce.shape, m.reduce.dtype) for m in group.members)
     sizes = (size_class(count), *widths)
@@ -290,7 +297,7 @@ def _plan(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> _La
         return triton.cdiv(count, meta["ROWS"]), triton.cdiv(width, block_f)
     # Feature-adaptive default for the interpreter (two rows per program, so the row loop
     # and its bound check run in tests); on a GPU the autotuner picks BLOCK_E and ROWS.
-    fixed = {} if _autotune() else {"BLOCK_E": max(16, min(128, 2048 // block_f)), "ROWS": 2}
+    fixed = {} if _autotune() else fixed_csr_blocks(block_f)
     before = (rowptr, col, eid, segs.row, segs.start, segs.end, segs.split, count, size_class(count))
     return _launch_plan(kernel if count else None, grid, (size_class(count), width), before, (),
                         {"BLOCK_F": block_f, **fixed}, leaf_dtypes, shape, unit.reduce.dtype, False, zero_rows,
