@@ -90,12 +90,12 @@ def collect(layers: list[str], shapes: list[str], folder: Path, dtype: str = "fl
         loaded.setdefault(id(kernel), {"name": name, "source": current["tuned"]})
         return kernel
 
-    def launch(kernel, grid, sizes, args, kwargs):
+    def launch(kernel, grid, sizes, args, kwargs, known_signature=None):
         types = [TYPES[str(a.dtype)] if isinstance(a, torch.Tensor) else "i32" for a in args]
-        kernels.setdefault((id(kernel), kwargs["BLOCK_F"], current["case"]),
-                           {**loaded[id(kernel)], "case": current["case"], "block_f": kwargs["BLOCK_F"],
+        kernels.setdefault((id(kernel), kwargs.get("BLOCK_F"), current["case"]),
+                           {**loaded[id(kernel)], "case": current["case"], "block_f": kwargs.get("BLOCK_F"),
                             "types": types})
-        return real_launch(kernel, grid, sizes, args, kwargs)
+        return real_launch(kernel, grid, sizes, args, kwargs, known_signature)
 
     executor.kernel_source, executor._load_kernel, executor.launch = kernel_source, load_kernel, launch
     for layer in layers:
