@@ -1,6 +1,6 @@
 """The smallest blocks of the CSR kernels' autotuning space (`codegen.CSR_EDGE_BLOCKS`,
-`codegen.CSR_ROWS`: 4-edge chunks, 16 segments per program), which the autotuner picks
-on low-degree graphs and the interpreter's fixed config never runs: a GAT layer's
+`codegen.CSR_ROWS`: 4-edge chunks, 16 segments per program), which the autotuner may
+pick on low-degree graphs and the interpreter's fixed config never runs: a GAT layer's
 forward and backward (the sibling kernel included) and a mean aggregation, against the
 reference in float64, on a graph whose hub row is split into segments."""
 from __future__ import annotations
