@@ -42,11 +42,20 @@ def profiled(records: list, label, fn):
 
 
 def install(records: list) -> None:
-    """Wrap the Triton executor's unit runner and every op's torch reference."""
+    """Wrap the Triton executor's unit runner and every op's torch reference. A sibling
+    group that runs its members one by one calls the unit runner again for each: only
+    the outermost call is recorded, so no time is counted twice."""
     run_unit, run_op = triton_executor.run_unit, registry.OpDef.run
+    depth = [0]
 
     def unit(u, ctx, leaves):
-        return profiled(records, lambda out: f"unit  {u.describe()}", lambda: run_unit(u, ctx, leaves))
+        if depth[0]:
+            return run_unit(u, ctx, leaves)
+        depth[0] += 1
+        try:
+            return profiled(records, lambda out: f"unit  {u.describe()}", lambda: run_unit(u, ctx, leaves))
+        finally:
+            depth[0] -= 1
 
     def op(self, ctx, tensors, residencies, attrs):
         if ctx is None:          # shape inference on meta tensors
