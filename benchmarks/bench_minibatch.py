@@ -509,11 +509,12 @@ def run(args: argparse.Namespace, save: Callable[[dict[str, Any]], None]) -> dic
         "batch: " + "; ".join(f"{stage} {c['aten_ops']:.0f} ops, {c['host_syncs']:.1f} syncs"
                               for stage, c in cell["per_batch"].items()))
     feature_devices = [p for p in args.feature_devices if p == "device" or device.type == "cuda"]
-    setups = [(place, -threads) for place in feature_devices if args.loader_thread for threads in args.loader_threads]
-    setups += [(place, w) for place in feature_devices for w in args.workers if w > 0]     # -k: k loader threads
+    # (feature placement, worker processes, loader threads): the in-process loader at each
+    # thread count, then each worker-process count
+    setups = [(place, 0, threads) for place in feature_devices if args.loader_thread for threads in args.loader_threads]
+    setups += [(place, w, 1) for place in feature_devices for w in args.workers if w > 0]
     graphs = {"off": [False], "on": [True], "both": [False, True]}[args.cuda_graph]
-    for (place, setup), captured in itertools.product(setups, graphs):
-        workers, threads = max(setup, 0), max(-setup, 1)
+    for (place, workers, threads), captured in itertools.product(setups, graphs):
         torch.manual_seed(args.seed)
         model = epoch_model(args, dataset).to(device)
         x = dataset.x.to(device) if place == "device" else dataset.x.pin_memory()
