@@ -5,7 +5,7 @@ The default cell is bench_minibatch.py's (products-like, 3 layers of 256 hidden
 channels, fanouts 15,10,5, ogbn-products' 196,615 training seeds) with batches of 1024
 seeds *per GPU*. For every world size in ``--world-sizes`` (default 1,2) the script
 starts that many ranks (`gnnfuse.distributed.launch.start_ranks`: spawned on GPUs, forked
-on the CPU), each of which loads the data set itself (the generator is seeded, so every
+from a fork server on the CPU), each of which loads the data set itself (the generator is seeded, so every
 rank holds the same graph), builds the model from the same seed and times one epoch
 after ``--warmup`` untimed batches:
 

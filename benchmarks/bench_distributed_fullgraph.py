@@ -221,7 +221,7 @@ def ranked(rank: int, world: int, port: int, args: argparse.Namespace, graph_pat
 # --- the driver --------------------------------------------------------------------------
 def launch(fn: Any, args_tuple: tuple, nprocs: int, device: str) -> str | None:
     """Run ``fn`` in ``nprocs`` processes (`gnnfuse.distributed.launch.start_ranks`: forked
-    on the CPU, spawned for CUDA); None, or why they failed."""
+    from a fork server on the CPU, spawned for CUDA); None, or why they failed."""
     try:
         start_ranks(fn, args_tuple, nprocs, "cpu" if device == "cpu" else "cuda")
     except Exception as error:          # a crashed or killed worker: keep the other methods' results

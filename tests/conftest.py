@@ -1,9 +1,11 @@
 """Shared fixtures: the read-only real data sets beside the repository, the test folder
 on sys.path so test modules can import the model zoo, Triton's CPU interpreter on
 machines without a GPU (it must be chosen before triton is first imported), one
-torch thread, and the `backend`/`device` pair that runs a test on both backends."""
+torch thread, the `backend`/`device` pair that runs a test on both backends, and a limit
+that stops a hung run."""
 from __future__ import annotations
 
+import faulthandler
 import os
 import sys
 from pathlib import Path
@@ -29,6 +31,24 @@ TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))
 
 from oracle_check import device_for  # noqa: E402  (needs the test folder on sys.path)
+
+
+# A test still running after this long is hung (the slowest takes ~20 s on a cold 2-core
+# machine): the run stops with every thread's traceback instead of waiting for CI's own
+# limit, which ended the run of 0e9f523 after 90 minutes with no sign of where it hung.
+HANG_LIMIT_S = 600
+_REAL_STDERR: list[int] = []
+
+
+def pytest_configure(config) -> None:
+    _REAL_STDERR.append(os.dup(sys.stderr.fileno()))     # not yet captured here, unlike at import
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item):
+    faulthandler.dump_traceback_later(HANG_LIMIT_S, exit=True, file=_REAL_STDERR[0])
+    yield
+    faulthandler.cancel_dump_traceback_later()
 
 
 @pytest.fixture(params=["reference", "triton"])

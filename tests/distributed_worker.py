@@ -7,6 +7,7 @@ processes costs seconds, checks cost milliseconds.
 from __future__ import annotations
 
 import copy
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -124,3 +125,12 @@ def run_rank(rank: int, port: int, out_dir: str) -> None:
                "inference": inference(rank), "training": training(rank)}
     torch.save(results, Path(out_dir) / f"rank{rank}.pt")
     leave_process_group()
+
+
+def parallel_work(rank: int, out_dir: str) -> None:
+    """A rank that runs torch's intra-op threads (a reduction over 4M values) and records
+    the environment and thread count it started with, and prints a line."""
+    total = torch.ones(1 << 22).exp().sum().item()
+    print(f"rank {rank} summed {total:.0f}", flush=True)
+    record = {"threads": torch.get_num_threads(), "probe": os.environ.get("GNNFUSE_LAUNCH_PROBE")}
+    (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(record))

@@ -148,7 +148,7 @@ def _worker(rank: int, port: int, out: str, world: int) -> None:
 
 
 def run_ranks(out, world: int) -> list[dict]:
-    start_ranks(_worker, (free_port(), str(out), world), world, "cpu")   # forked: ranks inherit the imports
+    start_ranks(_worker, (free_port(), str(out), world), world, "cpu")   # forked from the preloaded fork server
     return [torch.load(out / f"rank{r}.pt") for r in range(world)]
 
 

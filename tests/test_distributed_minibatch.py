@@ -1,8 +1,7 @@
 """Data-parallel mini-batch training on 2 CPU processes (gloo), against 1 process.
 
-One 2-rank job (`distributed_worker.run_rank`, forked by `start_ranks`: the children
-start with this process's imports, and tests run torch on one thread, so there is no
-OpenMP team to inherit) records what every test here checks. The launch path itself
+One 2-rank job (`distributed_worker.run_rank`, started by `start_ranks` from its fork
+server) records what every test here checks. The launch path itself
 (``gnnfuse train --cpu-ranks 2``) runs once, end to end.
 """
 from __future__ import annotations

@@ -11,11 +11,20 @@ per launch for a restart policy a single-machine run does not use, while
 torch.multiprocessing already stops every rank when one fails.
 
 GPU ranks are spawned (fresh interpreters: a CUDA context does not survive a fork).
-CPU ranks are forked, so they start with the launcher's imports (gnnfuse, and
-torch._dynamo, which DDP imports: ~3 s of CPU a process otherwise): safe because the
-launcher has done no parallel torch work yet -- it has only parsed its options -- and
-so holds no OpenMP thread team for a child to inherit (a forked child's first parallel
-region would hang on it). `train_run_function` then picks what each rank runs.
+CPU ranks are forked from a fork server: a fresh interpreter, started at the first
+launch of a process with gnnfuse and torch._dynamo imported (DDP imports it: ~3 s of
+CPU a process otherwise), so later ranks start in a tenth of a second. Not from the
+launcher itself: a child of fork() gets only the forking thread, so a lock another
+thread held stays held, and an OpenMP thread team the launcher started (torch's or
+Numba's, after any parallel work: a notebook that trained first, a test suite) is
+inherited as threads that no longer exist -- the child's first parallel region waits
+for them for good (GNU OpenMP is not fork-safe; Numba's OpenMP layer kills such a child
+instead). A launcher always has threads (numpy's OpenBLAS pool starts at import), and
+which of them are safe to fork cannot be told from outside. The server's ranks get what
+a forked one would have inherited -- the launcher's environment, torch thread count,
+stdout and stderr as they are at the launch (`_as_launched`) -- and the function they
+run must be importable by module and name.
+`train_run_function` then picks what each rank runs.
 """
 from __future__ import annotations
 
@@ -23,8 +32,10 @@ import atexit
 import os
 import socket
 import sys
+from multiprocessing import reduction
 from typing import Callable, Sequence
 
+import torch
 import torch.multiprocessing as mp
 
 from .process_group import (DistributedError, check_backend, init_process_group, launched_by_torchrun,
@@ -86,14 +97,57 @@ def run_ranks(ranks: int, device_type: str, entry: Callable[[list[str]], int], a
 
 def start_ranks(function: Callable[..., None], args: tuple, ranks: int, device_type: str) -> None:
     """``function(local_rank, *args)`` in ``ranks`` processes: spawned for CUDA, forked
-    for the CPU (call it before any parallel torch work; see the module docstring).
-    Raises torch.multiprocessing's `ProcessRaisedException` or `ProcessExitedException`
-    when a rank fails."""
-    start_method = "spawn" if device_type == "cuda" else "fork"
-    if start_method == "fork":
-        import torch._dynamo  # noqa: F401  (imported once here, not once per rank)
-    sys.stdout.flush(), sys.stderr.flush()          # a forked rank would print the buffer again
+    from the fork server for the CPU (the module docstring says why). Raises
+    torch.multiprocessing's `ProcessRaisedException` or `ProcessExitedException` when a
+    rank fails."""
+    start_method = rank_start_method(device_type)
+    if start_method == "forkserver":
+        mp.get_context("forkserver").set_forkserver_preload(FORK_SERVER_PRELOAD)
+        streams = (_LauncherFd(1), _LauncherFd(2))
+        function, args = _as_launched, (function, dict(os.environ), torch.get_num_threads(), streams, args)
+    sys.stdout.flush(), sys.stderr.flush()
     mp.start_processes(function, args=args, nprocs=ranks, start_method=start_method)
+
+
+# What the fork server imports before it forks any rank: what every rank imports anyway.
+FORK_SERVER_PRELOAD = ["gnnfuse", "gnnfuse.distributed", "torch._dynamo"]
+
+
+def rank_start_method(device_type: str) -> str:
+    """How `start_ranks` starts ``device_type`` ranks (torch.multiprocessing's name)."""
+    return "spawn" if device_type == "cuda" else "forkserver"
+
+
+def _as_launched(local_rank: int, function: Callable[..., None], environ: dict[str, str], threads: int,
+                 streams: tuple[int, int], args: tuple) -> None:
+    """A fork-server rank: ``function(local_rank, *args)`` with what a forked rank would
+    have inherited from the launcher -- its environment at the launch (``GNNFUSE_*``
+    settings, ``OMP_NUM_THREADS``), not the server's, its torch thread count, and its
+    stdout and stderr as they are now (`_LauncherFd`; the server holds those of its start)."""
+    os.environ.clear()
+    os.environ.update(environ)
+    torch.set_num_threads(threads)
+    sys.stdout.flush(), sys.stderr.flush()
+    for target, fd in zip((1, 2), streams):
+        os.dup2(fd, target)
+        os.close(fd)
+    function(local_rank, *args)
+
+
+class _LauncherFd:
+    """A file descriptor of the launcher, sent to a fork-server rank: pickled while the
+    rank's process is started, it travels beside the pickle (multiprocessing's own
+    descriptor passing) and unpickles as the rank's duplicate of it."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def __reduce__(self):
+        return _detach, (reduction.DupFd(self.fd),)
+
+
+def _detach(duplicate) -> int:
+    return duplicate.detach()
 
 
 def free_port() -> int:
