@@ -8,7 +8,8 @@ oracles of `test_nn_attention`. Non-finite values must sit where the oracle's ar
 where PyG has a number, or a number where PyG has NaN, is a failure. The reference
 backend gets more examples; generated kernels (Triton's interpreter without a GPU) fewer,
 on tiny graphs, under each schedule (``GNNFUSE_SCHEDULE=auto|csr|coo``) and with rows cut
-into several segments. Examples are derandomized so CI is reproducible.
+into several segments; the Numba CPU backend's kernels (``GNNFUSE_BACKEND=cpu``) as
+many, against the reference backend. Examples are derandomized so CI is reproducible.
 """
 from __future__ import annotations
 
@@ -255,3 +256,37 @@ def test_layer_matches_oracle_on_generated_kernels(name, data):
         pair = Pair(pair.ours.to(device), pair.oracle.to(device), pair.prefix,
                     tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in pair.extra))
         assert_layer_matches_oracle(pair, graph.to(device), x.to(device))
+
+
+
+class OnBackend(nn.Module):
+    """``layer`` run with ``GNNFUSE_BACKEND=backend`` (its backward runs where its
+    forward did)."""
+
+    def __init__(self, layer: nn.Module, backend: str):
+        super().__init__()
+        self.layer, self.backend = layer, backend
+
+    def forward(self, *args):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("GNNFUSE_BACKEND", self.backend)
+            return self.layer(*args)
+
+
+@pytest.mark.parametrize("name", LAYERS)
+@GENERATED_KERNEL_RUNS
+@given(data=st.data())
+def test_cpu_kernels_match_the_reference_backend(name, data):
+    """The Numba CPU backend against the torch reference, the same layer on the graphs
+    and features the oracle tests draw (its own tests, tests/test_cpu_backend.py, use
+    fixed graphs): int32 and strided indices, multi-edges, isolated vertices, a hub, NaN
+    and inf. Against the reference, not the oracle: where non-finite inputs meet a
+    reassociated sum, gnnfuse and the oracle may differ in equally valid ways, which the
+    oracle tests above cover; the backends must agree."""
+    graph = data.draw(graphs(hub_degrees=st.sampled_from([0, 20])), label="graph")
+    x = data.draw(features(graph.num_nodes, F_IN), label="x")
+    torch.manual_seed(data.draw(st.integers(0, 2**16), label="parameter seed"))
+    layer = LAYERS[name](data.draw, graph)
+    pair = Pair(OnBackend(layer.ours, "cpu"), OnBackend(copy.deepcopy(layer.ours), "reference"),
+                extra=layer.extra)
+    assert_layer_matches_oracle(pair, graph, x)
