@@ -5,8 +5,10 @@ exist and hangs in its first parallel region; the CI run of 0e9f523 hung for 90 
 in `test_the_distributed_benchmark_runs_1_and_2_cpu_ranks_in_one_invocation` that way.
 `start_ranks` forks CPU ranks from a fresh fork server instead, and hands each what a
 forked child would have had: the launcher's environment, torch thread count, stdout and
-stderr at the launch. The launcher runs in a subprocess, so that a hang fails the test
-after a timeout instead of stopping the suite.
+stderr at the launch. The launcher is a script without an ``if __name__ == "__main__":``
+guard, which the ranks must not run again (they run a function of another module). It
+runs in a subprocess, so that a hang fails the test after a timeout instead of stopping
+the suite.
 """
 from __future__ import annotations
 
@@ -39,9 +41,10 @@ start_ranks(distributed_worker.parallel_work, (out + "/second",), 2, "cpu")
 def test_ranks_of_a_launcher_that_ran_parallel_work_finish_and_see_its_launch_state(tmp_path):
     for run in ("first", "second"):
         (tmp_path / run).mkdir()
-    script = LAUNCHER.format(tests=str(TESTS), out=str(tmp_path))
+    script = tmp_path / "launch.py"
+    script.write_text(LAUNCHER.format(tests=str(TESTS), out=str(tmp_path)))
     try:
-        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180)
+        done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180)
     except subprocess.TimeoutExpired as hung:
         raise AssertionError(f"the ranks did not finish in 180 s (hung): {hung.stdout} {hung.stderr}") from None
     assert done.returncode == 0, done.stderr[-3000:]

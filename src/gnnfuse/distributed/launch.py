@@ -23,12 +23,14 @@ instead). A launcher always has threads (numpy's OpenBLAS pool starts at import)
 which of them are safe to fork cannot be told from outside. The server's ranks get what
 a forked one would have inherited -- the launcher's environment, torch thread count,
 stdout and stderr as they are at the launch (`_as_launched`) -- and the function they
-run must be importable by module and name.
+run must be importable by module and name (one defined in the main script needs the
+script's ``if __name__ == "__main__":`` guard, as with any spawned process).
 `train_run_function` then picks what each rank runs.
 """
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import socket
 import sys
@@ -38,6 +40,7 @@ from typing import Callable, Sequence
 import torch
 import torch.multiprocessing as mp
 
+from ..main_module import main_module_hidden
 from .process_group import (DistributedError, check_backend, init_process_group, launched_by_torchrun,
                             leave_process_group)
 
@@ -101,12 +104,17 @@ def start_ranks(function: Callable[..., None], args: tuple, ranks: int, device_t
     torch.multiprocessing's `ProcessRaisedException` or `ProcessExitedException` when a
     rank fails."""
     start_method = rank_start_method(device_type)
+    # A function of the main script needs the script imported in each rank (which then
+    # needs its ``__main__`` guard); any other is found by module, and the script is not
+    # run again (`main_module_hidden`).
+    in_main = getattr(function, "__module__", None) == "__main__"
     if start_method == "forkserver":
         mp.get_context("forkserver").set_forkserver_preload(FORK_SERVER_PRELOAD)
         streams = (_LauncherFd(1), _LauncherFd(2))
         function, args = _as_launched, (function, dict(os.environ), torch.get_num_threads(), streams, args)
     sys.stdout.flush(), sys.stderr.flush()
-    mp.start_processes(function, args=args, nprocs=ranks, start_method=start_method)
+    with contextlib.nullcontext() if in_main else main_module_hidden():
+        mp.start_processes(function, args=args, nprocs=ranks, start_method=start_method)
 
 
 # What the fork server imports before it forks any rank: what every rank imports anyway.

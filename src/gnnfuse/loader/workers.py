@@ -23,7 +23,6 @@ for later epochs; each holds its own CUDA context on a GPU (a few hundred MB).
 """
 from __future__ import annotations
 
-import contextlib
 import queue
 import sys
 import time
@@ -35,6 +34,7 @@ from typing import Any, Iterator
 import torch
 import torch.multiprocessing as mp     # also registers torch's tensor reducers with ForkingPickler
 
+from ..main_module import main_module_hidden
 from .batch_maker import BatchMaker, MiniBatch, batch_generator
 from .packing import pack, unpack
 from .stages import STAGES, StageTimes
@@ -97,7 +97,7 @@ class WorkerPool:
                                            args=(maker, self._jobs[rank], self._results[rank], self._stop,
                                                  self._abandoned))
                            for rank in range(num_workers)]
-        with _main_module_hidden():
+        with main_module_hidden():
             for process in self._processes:
                 process.start()
         self._epoch = 0
@@ -156,31 +156,6 @@ class WorkerPool:
     def close(self) -> None:
         """Stop the workers (also done when the pool is garbage-collected or at exit)."""
         self._finalizer()
-
-
-@contextlib.contextmanager
-def _main_module_hidden() -> Iterator[None]:
-    """Start processes without their importing the parent's main module.
-
-    A ``spawn`` child first imports the parent's ``__main__`` (by module name or file),
-    so that functions defined there unpickle. A worker needs none of it -- its target and
-    arguments are gnnfuse's own -- but a training script without an ``if __name__ ==
-    "__main__":`` guard would run again inside every worker, start workers of its own and
-    fail in multiprocessing's bootstrapping check, and a guarded one would still repeat
-    its imports in each. multiprocessing decides what to import from ``__main__``'s
-    ``__spec__`` and ``__file__`` when a process starts, so they are hidden for that
-    moment."""
-    main = sys.modules.get("__main__")
-    saved = {name: main.__dict__[name] for name in ("__spec__", "__file__") if main and name in main.__dict__}
-    try:
-        if main is not None:
-            main.__dict__.pop("__file__", None)
-            main.__dict__["__spec__"] = None
-        yield
-    finally:
-        if main is not None:
-            main.__dict__.pop("__spec__", None)
-            main.__dict__.update(saved)
 
 
 def _shut_down(stop: Any, processes: list) -> None:
