@@ -4,6 +4,8 @@ Triton's JIT and Numba's on-disk cache both read a kernel's source from a real f
 generated source is written to the gnnfuse cache folder (``$GNNFUSE_CACHE``, default
 ``~/.cache/gnnfuse``) under a name holding a digest of the source, and imported from
 there: the same source is written and loaded once, whichever unit or program asks.
+A source this process writes has no machine code cached yet, so its first call compiles
+(`first_call_compiles`: the CPU backend reports that time, `backend.first_use`).
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import sys
 from pathlib import Path
 
 _KERNELS: dict[str, object] = {}
+_NEW: set[int] = set()        # ids of loaded kernels whose source this process wrote, not yet called
 
 
 def cache_dir() -> Path:
@@ -27,7 +30,8 @@ def load_kernel(source: str, name: str):
     digest = hashlib.sha1(source.encode()).hexdigest()[:16]
     if digest not in _KERNELS:
         path = cache_dir() / f"{name}_{digest}.py"
-        if not path.exists() or path.read_text() != source:
+        written = not path.exists() or path.read_text() != source
+        if written:
             # written aside and renamed into place: another process (a training rank
             # compiling the same kernel) never imports a half-written file
             tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
@@ -40,4 +44,23 @@ def load_kernel(source: str, name: str):
         sys.modules[spec.name] = module
         spec.loader.exec_module(module)
         _KERNELS[digest] = getattr(module, name)
+        if written:
+            _NEW.add(id(_KERNELS[digest]))
     return _KERNELS[digest]
+
+
+def any_new_kernels() -> bool:
+    """Whether any kernel `first_call_compiles` (a cheap test for the hot path)."""
+    return bool(_NEW)
+
+
+def first_call_compiles(kernel: object) -> bool:
+    """Whether ``kernel`` (from `load_kernel`) is uncalled and its source new to this
+    cache folder, so that its first call compiles it (no earlier process left machine
+    code for it); true once per kernel, as `compiled_by_call` is then told."""
+    return id(kernel) in _NEW
+
+
+def compiled_by_call(kernel: object) -> None:
+    """``kernel`` has had its first call."""
+    _NEW.discard(id(kernel))

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
+from ..backend.first_use import compiled_since, compiled_so_far
 from ..nn.models import ModelSpec, build_model, get_model
 from ..progress import progress_bar
 from ..runtime.cuda_graph import StepCapture
@@ -161,12 +162,13 @@ def train_run(config: TrainConfig, spec: ModelSpec, data: PreparedData, seed: in
     start = time.perf_counter()
     progress = progress_bar(range(1, config.epochs + 1), desc=f"train{label}", unit="epoch")
     for epoch in progress:
-        epoch_start = time.perf_counter()
+        epoch_start, compiled_before = time.perf_counter(), compiled_so_far()
         model.train()
         loss = step()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         epoch_ms = (time.perf_counter() - epoch_start) * 1e3      # the training step only
+        compiling = compiled_since(compiled_before)
         model.eval()
         with torch.no_grad():
             logits = model(data.x, data.graph)
@@ -176,7 +178,7 @@ def train_run(config: TrainConfig, spec: ModelSpec, data: PreparedData, seed: in
         progress.set_postfix(loss=f"{loss.item():.4f}", val=f"{val_acc:.4f}", test=f"{test_acc:.4f}")
         if log_epochs:
             tqdm.write(f"{label.strip() + ' | ' if label else ''}epoch {epoch:4d} | loss {loss.item():.4f} | "
-                       f"train {train_acc:.4f} | val {val_acc:.4f} | test {test_acc:.4f} | {epoch_ms:7.1f} ms | "
+                       f"train {train_acc:.4f} | val {val_acc:.4f} | test {test_acc:.4f} | {epoch_ms:7.1f} ms{compiling} | "
                        f"peak {peak_memory_mib(device):.0f} MiB", file=sys.stdout)
         if stopping.should_stop:
             break

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from ..backend.first_use import compiled_since, compiled_so_far
 from ..loader import STAGES, MiniBatch, NeighborLoader
 from ..loader.stages import ComputeTimer
 from ..nn.block_models import build_block_model
@@ -67,7 +68,7 @@ def train_minibatch_run(config: TrainConfig, spec: ModelSpec, data: PreparedData
     for epoch in range(1, config.epochs + 1):
         model.train()
         times.reset()
-        epoch_start = time.perf_counter()
+        epoch_start, compiled_before = time.perf_counter(), compiled_so_far()
         loss_sum, seen = torch.zeros((), device=device), 0
         for batch in loader:
             with compute.step():
@@ -76,6 +77,7 @@ def train_minibatch_run(config: TrainConfig, spec: ModelSpec, data: PreparedData
             progress.update()
         compute.flush()
         epoch_seconds = time.perf_counter() - epoch_start
+        compiling = compiled_since(compiled_before)
         stages = times.totals()
         model.eval()
         with torch.no_grad():
@@ -91,7 +93,7 @@ def train_minibatch_run(config: TrainConfig, spec: ModelSpec, data: PreparedData
         if log_epochs:
             tqdm.write(f"{label.strip() + ' | ' if label else ''}epoch {epoch:4d} | loss {train_loss:.4f} | "
                        f"train {train_acc:.4f} | val {val_acc:.4f} | test {test_acc:.4f} | "
-                       f"{epoch_seconds * 1e3:7.1f} ms, {rate:.1f} batches/s ({split}) | "
+                       f"{epoch_seconds * 1e3:7.1f} ms{compiling}, {rate:.1f} batches/s ({split}) | "
                        f"peak {peak_memory_mib(device):.0f} MiB", file=sys.stdout)
         if stopping.should_stop:
             break

@@ -24,6 +24,7 @@ one warning. Never a silent difference: the fallback computes the same values.
 """
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 import weakref
@@ -39,7 +40,8 @@ from ..launch_cache import CallSettings, LaunchCache
 from ..reference import GraphContext
 from ..reference import execute as reference_execute
 from ..reference.executor import run_plan
-from ..kernel_cache import load_kernel
+from ..first_use import call_compiling
+from ..kernel_cache import any_new_kernels, first_call_compiles, load_kernel
 from . import schedule
 from .partition import Partitions, source_partitions
 from ...environ import getenv
@@ -112,6 +114,11 @@ class _SLPVectorized:
             self.kernel(*args)
         finally:
             numba.config.SLP_VECTORIZE = before
+
+
+def _compiled(kernel: Callable) -> Callable:
+    """The Numba dispatcher a launch's kernel calls (inside an `_SLPVectorized`)."""
+    return kernel.kernel if type(kernel) is _SLPVectorized else kernel
 
 
 def _flat(tensor: torch.Tensor):
@@ -193,8 +200,11 @@ def run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> 
     out = torch.empty(launch.out_shape, dtype=launch.out_dtype)
     flat_out = out.numpy().ravel()
     tiled = (launch.tile,) if isinstance(unit, AggregateUnit) else ()     # edge kernels take no tile
+    kernel = launch.kernel
+    if any_new_kernels() and first_call_compiles(_compiled(kernel)):
+        kernel = functools.partial(call_compiling, _compiled(kernel), kernel)
     if not launch.threads:
-        launch.kernel(*launch.graph_args, flat_out, *tiled, *args)
+        kernel(*launch.graph_args, flat_out, *tiled, *args)
         return out
     # Starting Numba's pool (the first parallel call) resets OpenMP's thread count --
     # torch's too -- to every core; torch's count is the budget both share, so it is put
@@ -203,9 +213,9 @@ def run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> 
     numba.set_num_threads(launch.threads)
     if launch.chunk and launch.threads > 1:
         with numba.parallel_chunksize(launch.chunk):
-            launch.kernel(*launch.graph_args, flat_out, *tiled, *args)
+            kernel(*launch.graph_args, flat_out, *tiled, *args)
     else:
-        launch.kernel(*launch.graph_args, flat_out, *tiled, *args)
+        kernel(*launch.graph_args, flat_out, *tiled, *args)
     if torch.get_num_threads() != torch_threads:
         torch.set_num_threads(torch_threads)
     return out
