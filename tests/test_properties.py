@@ -260,16 +260,19 @@ def test_layer_matches_oracle_on_generated_kernels(name, data):
 
 
 class OnBackend(nn.Module):
-    """``layer`` run with ``GNNFUSE_BACKEND=backend`` (its backward runs where its
-    forward did)."""
+    """``layer`` run on the Numba CPU backend (``cpu``) or on the torch reference (its
+    backward runs where its forward did)."""
 
-    def __init__(self, layer: nn.Module, backend: str):
+    def __init__(self, layer: nn.Module, cpu: bool):
         super().__init__()
-        self.layer, self.backend = layer, backend
+        self.layer, self.cpu = layer, cpu
 
     def forward(self, *args):
         with pytest.MonkeyPatch.context() as patch:
-            patch.setenv("GNNFUSE_BACKEND", self.backend)
+            if self.cpu:
+                patch.setenv("GNNFUSE_BACKEND", "cpu")
+            else:
+                patch.setenv("GNNFUSE_BACKEND", "reference")
             return self.layer(*args)
 
 
@@ -287,6 +290,6 @@ def test_cpu_kernels_match_the_reference_backend(name, data):
     x = data.draw(features(graph.num_nodes, F_IN), label="x")
     torch.manual_seed(data.draw(st.integers(0, 2**16), label="parameter seed"))
     layer = LAYERS[name](data.draw, graph)
-    pair = Pair(OnBackend(layer.ours, "cpu"), OnBackend(copy.deepcopy(layer.ours), "reference"),
+    pair = Pair(OnBackend(layer.ours, cpu=True), OnBackend(copy.deepcopy(layer.ours), cpu=False),
                 extra=layer.extra)
     assert_layer_matches_oracle(pair, graph, x)

@@ -49,11 +49,6 @@ def load_kernel(source: str, name: str):
     return _KERNELS[digest]
 
 
-def any_new_kernels() -> bool:
-    """Whether any kernel `first_call_compiles` (a cheap test for the hot path)."""
-    return bool(_NEW)
-
-
 def first_call_compiles(kernel: object) -> bool:
     """Whether ``kernel`` (from `load_kernel`) is uncalled and its source new to this
     cache folder, so that its first call compiles it (no earlier process left machine

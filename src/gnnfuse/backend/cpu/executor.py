@@ -41,7 +41,7 @@ from ..reference import GraphContext
 from ..reference import execute as reference_execute
 from ..reference.executor import run_plan
 from ..first_use import call_compiling
-from ..kernel_cache import any_new_kernels, first_call_compiles, load_kernel
+from ..kernel_cache import first_call_compiles, load_kernel
 from . import schedule
 from .partition import Partitions, source_partitions
 from ...environ import getenv
@@ -59,6 +59,9 @@ _PLANS: "weakref.WeakKeyDictionary[Program, dict]" = weakref.WeakKeyDictionary()
 _UNIT_KERNELS: "weakref.WeakKeyDictionary[Unit, dict]" = weakref.WeakKeyDictionary()
 _PER_EDGE: "weakref.WeakKeyDictionary[SharedReduceUnit, EdgeUnit]" = weakref.WeakKeyDictionary()
 _WARNED: set[str] = set()
+# ids of the kernels (as launches call them) whose next call compiles them
+# (`kernel_cache.first_call_compiles`): that call is timed (`backend.first_use`).
+_FIRST_CALLS: set[int] = set()
 
 
 def available() -> bool:
@@ -86,7 +89,10 @@ def _kernel_for(unit: Unit, acc: str, parallel: bool, partitioned: bool = False,
             source, leaf_args = (generate_aggregate(unit, name, acc, parallel, partitioned, register_row)
                                  if aggregate else generate_edge(unit, name, acc, parallel))
             kernel = load_kernel(source, name)
-            per_unit[key] = (_SLPVectorized(kernel) if register_row else kernel, leaf_args)
+            called = _SLPVectorized(kernel) if register_row else kernel
+            if first_call_compiles(kernel):
+                _FIRST_CALLS.add(id(called))
+            per_unit[key] = (called, leaf_args)
         except UnsupportedUnit as exc:
             _warn_once(f"unit:{exc}", f"gnnfuse cpu backend: {exc}; that unit runs as torch ops")
             per_unit[key] = None
@@ -201,7 +207,8 @@ def run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> 
     flat_out = out.numpy().ravel()
     tiled = (launch.tile,) if isinstance(unit, AggregateUnit) else ()     # edge kernels take no tile
     kernel = launch.kernel
-    if any_new_kernels() and first_call_compiles(_compiled(kernel)):
+    if _FIRST_CALLS and id(kernel) in _FIRST_CALLS:       # this call compiles it
+        _FIRST_CALLS.discard(id(kernel))
         kernel = functools.partial(call_compiling, _compiled(kernel), kernel)
     if not launch.threads:
         kernel(*launch.graph_args, flat_out, *tiled, *args)
