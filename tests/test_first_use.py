@@ -57,3 +57,32 @@ def test_the_cpu_backend_counts_the_compile_of_a_kernel_new_to_this_machine(tmp_
     torch.testing.assert_close(out, 3 * torch.zeros(3, 2).index_add_(0, graph.dst, x[graph.src]))
     scaled_sum(graph, {"h": x})
     assert first_use.compiled_so_far() == after                      # compiled once
+
+
+def test_a_slow_first_launch_of_an_autotuned_triton_kernel_is_counted_once(monkeypatch, capsys):
+    """The Triton path: a first launch per signature that takes `COMPILE_SECONDS` or
+    more compiled and tuned (a fast one loaded from Triton's caches and is not counted);
+    later launches replay the chosen config and are never counted."""
+    triton = pytest.importorskip("triton")
+    import triton.language as tl
+    from gnnfuse.backend.triton.launch import launch
+
+    @triton.autotune(configs=[triton.Config({"B": 4})], key=["n"])
+    @triton.jit
+    def add_one(x, n, B: tl.constexpr):
+        offs = tl.arange(0, B)
+        tl.store(x + offs, tl.load(x + offs, mask=offs < n) + 1, mask=offs < n)
+
+    monkeypatch.setattr(first_use, "_ANNOUNCED", [])
+    monkeypatch.setattr(first_use, "stderr_is_terminal", lambda: True)
+    monkeypatch.setattr(first_use, "COMPILE_SECONDS", 0.0)
+    x = torch.zeros(4, device="cuda" if torch.cuda.is_available() else "cpu")
+    before = first_use.compiled_so_far()
+    for _ in range(3):
+        launch(add_one, lambda meta: (1,), (4,), (x, 4), {})
+    assert x.tolist() == [3.0] * 4
+    assert first_use.compiled_so_far()[0] == before[0] + 1
+    assert "compiled and tuned a GPU kernel" in capsys.readouterr().err
+    monkeypatch.setattr(first_use, "COMPILE_SECONDS", 1e9)       # as fast as a load from the caches
+    launch(add_one, lambda meta: (1,), (8,), (x, 4), {})          # another signature: a first launch
+    assert first_use.compiled_so_far()[0] == before[0] + 1

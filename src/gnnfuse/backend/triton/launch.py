@@ -18,6 +18,8 @@ from typing import Any, Callable, Hashable, Sequence
 import torch
 from triton.runtime.autotuner import Autotuner
 
+from ..first_use import first_launch
+
 _CHOSEN: "weakref.WeakKeyDictionary[Autotuner, dict]" = weakref.WeakKeyDictionary()
 _THROUGH_AUTOTUNER = object()   # a signature whose config cannot be replayed directly
 
@@ -42,10 +44,12 @@ def launch(kernel: Any, grid: Callable[[dict], tuple], sizes: tuple[int, ...], a
     if chosen is None:
         chosen = _CHOSEN[kernel] = {}
     entry = chosen.get(key)
-    if entry is None or entry is _THROUGH_AUTOTUNER:
-        kernel[grid](*args, **kwargs)        # the autotuner chooses (or finds) a config
-        if entry is None:
-            chosen[key] = _direct_launch(kernel, grid, kwargs)
+    if entry is None:       # the autotuner compiles and times its configs, or finds them in Triton's caches
+        first_launch(lambda: kernel[grid](*args, **kwargs))
+        chosen[key] = _direct_launch(kernel, grid, kwargs)
+        return
+    if entry is _THROUGH_AUTOTUNER:
+        kernel[grid](*args, **kwargs)
         return
     fn, merged = entry
     fn[grid](*args, **merged)     # the grid is this call's: sizes within one size class differ
