@@ -110,7 +110,7 @@ def start_ranks(function: Callable[..., None], args: tuple, ranks: int, device_t
     in_main = getattr(function, "__module__", None) == "__main__"
     if start_method == "forkserver":
         mp.get_context("forkserver").set_forkserver_preload(FORK_SERVER_PRELOAD)
-        streams = (_LauncherFd(1), _LauncherFd(2))
+        streams = tuple(_LauncherFd(fd) if _is_open(fd) else None for fd in (1, 2))
         function, args = _as_launched, (function, dict(os.environ), torch.get_num_threads(), streams, args)
     sys.stdout.flush(), sys.stderr.flush()
     with contextlib.nullcontext() if in_main else main_module_hidden():
@@ -127,7 +127,7 @@ def rank_start_method(device_type: str) -> str:
 
 
 def _as_launched(local_rank: int, function: Callable[..., None], environ: dict[str, str], threads: int,
-                 streams: tuple[int, int], args: tuple) -> None:
+                 streams: tuple[int | None, int | None], args: tuple) -> None:
     """A fork-server rank: ``function(local_rank, *args)`` with what a forked rank would
     have inherited from the launcher -- its environment at the launch (``GNNFUSE_*``
     settings, ``OMP_NUM_THREADS``), not the server's, its torch thread count, and its
@@ -137,9 +137,18 @@ def _as_launched(local_rank: int, function: Callable[..., None], environ: dict[s
     torch.set_num_threads(threads)
     sys.stdout.flush(), sys.stderr.flush()
     for target, fd in zip((1, 2), streams):
-        os.dup2(fd, target)
-        os.close(fd)
+        if fd is not None:      # None: the launcher had that descriptor closed
+            os.dup2(fd, target)
+            os.close(fd)
     function(local_rank, *args)
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
 
 
 class _LauncherFd:
