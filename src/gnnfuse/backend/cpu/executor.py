@@ -59,9 +59,10 @@ _PLANS: "weakref.WeakKeyDictionary[Program, dict]" = weakref.WeakKeyDictionary()
 _UNIT_KERNELS: "weakref.WeakKeyDictionary[Unit, dict]" = weakref.WeakKeyDictionary()
 _PER_EDGE: "weakref.WeakKeyDictionary[SharedReduceUnit, EdgeUnit]" = weakref.WeakKeyDictionary()
 _WARNED: set[str] = set()
-# ids of the kernels (as launches call them) whose next call compiles them
-# (`kernel_cache.first_call_compiles`): that call is timed (`backend.first_use`).
-_FIRST_CALLS: set[int] = set()
+# The kernels whose next call compiles them (`kernel_cache.first_call_compiles`), by the
+# id of what a launch calls (an `_SLPVectorized` wraps some): that call is timed
+# (`backend.first_use`).
+_FIRST_CALLS: dict[int, Callable] = {}
 
 
 def available() -> bool:
@@ -91,7 +92,7 @@ def _kernel_for(unit: Unit, acc: str, parallel: bool, partitioned: bool = False,
             kernel = load_kernel(source, name)
             called = _SLPVectorized(kernel) if register_row else kernel
             if first_call_compiles(kernel):
-                _FIRST_CALLS.add(id(called))
+                _FIRST_CALLS[id(called)] = kernel
             per_unit[key] = (called, leaf_args)
         except UnsupportedUnit as exc:
             _warn_once(f"unit:{exc}", f"gnnfuse cpu backend: {exc}; that unit runs as torch ops")
@@ -120,11 +121,6 @@ class _SLPVectorized:
             self.kernel(*args)
         finally:
             numba.config.SLP_VECTORIZE = before
-
-
-def _compiled(kernel: Callable) -> Callable:
-    """The Numba dispatcher a launch's kernel calls (inside an `_SLPVectorized`)."""
-    return kernel.kernel if type(kernel) is _SLPVectorized else kernel
 
 
 def _flat(tensor: torch.Tensor):
@@ -208,8 +204,7 @@ def run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> 
     tiled = (launch.tile,) if isinstance(unit, AggregateUnit) else ()     # edge kernels take no tile
     kernel = launch.kernel
     if _FIRST_CALLS and id(kernel) in _FIRST_CALLS:       # this call compiles it
-        _FIRST_CALLS.discard(id(kernel))
-        kernel = functools.partial(call_compiling, _compiled(kernel), kernel)
+        kernel = functools.partial(call_compiling, _FIRST_CALLS.pop(id(kernel)), kernel)
     if not launch.threads:
         kernel(*launch.graph_args, flat_out, *tiled, *args)
         return out
