@@ -135,7 +135,12 @@ def test_gcn_norm_and_attention_float64_and_float32(kinds, monkeypatch):
 
 
 def test_multi_head_rows(kinds, monkeypatch):
-    """Rows of shape (heads, D): per-head attention weights broadcast over D."""
+    """Rows of shape (heads, D): per-head attention weights broadcast over D, written out
+    once per head, not once per column (GAT's 8 x 8 kernels were a thousand lines and
+    took 12.5-14 s each to compile)."""
+    sources = []
+    real = cpu_executor.load_kernel
+    monkeypatch.setattr(cpu_executor, "load_kernel", lambda source, name: sources.append(source) or real(source, name))
     graph = hub_graph()
     gen = torch.Generator().manual_seed(3)
     h = torch.randn(NUM_NODES, 3, 4, dtype=torch.float64, generator=gen)
@@ -146,6 +151,8 @@ def test_multi_head_rows(kinds, monkeypatch):
                                        lambda n: {"o": n.mailbox["m"].sum(dim=1)}, ndata={"h": h, "a": a})["o"]
     assert_same(model, [h, a], monkeypatch, rtol=1e-12, atol=1e-12)
     assert any(shape == (3, 4) and flag for shape, flag, _ in kinds)
+    forward = [src for src in sources if "(row in registers)" in src and "sigmoid" in src]
+    assert forward and all(src.count("sigmoid(") == 3 for src in forward), [src.count("sigmoid(") for src in forward]
 
 
 def test_parallel_build(kinds, monkeypatch):
