@@ -131,16 +131,24 @@ def world_size() -> int:
 def leave_process_group(timeout_s: float = 60.0) -> None:
     """Leave the joined process group (no-op without one), after a barrier.
 
-    Why the barrier: gloo's worker thread drops a finished collective's work object after
-    the caller's wait returns, and dropping one that holds Python tensors (an
-    ``all_gather_object``, DDP's buffers) needs the GIL. Destroying the group joins that
-    thread while the main thread holds the GIL, so a teardown right after such a
-    collective could deadlock (seen in CI: ~ProcessGroupGloo joining a thread that waited
-    in ~AsyncAllgatherWork). The barrier's wait releases the GIL, and the worker runs
-    collectives in order, so once it returns the earlier work objects are gone."""
+    gloo's worker thread drops a finished collective's work object after the caller's
+    wait returns, and dropping one that holds Python tensors (an ``all_gather_object``,
+    DDP's buffers) needs the GIL. A barrier holds the works before it, so its work object
+    is kept (`_FINAL_WORKS`) until the process ends: the last reference to it, and so to
+    them, is then the main thread's. Dropped by the worker as the last one, it waited for
+    the GIL while the main thread, holding it, freed DDP's reducer and with it the group,
+    whose destructor joined that worker: a cold-cache CI run here hung so in
+    test_the_distributed_benchmark_runs_1_and_2_cpu_ranks_in_one_invocation (~Reducer ->
+    ~ProcessGroupGloo -> thread::join, against ~AsyncBarrierWork -> ~AsyncAllgatherWork
+    -> GIL), the test where the project's CI run of 0e9f523 stopped for 90 minutes."""
     if dist.is_available() and dist.is_initialized():
+        work = dist.barrier(async_op=True)
+        _FINAL_WORKS.append(work)
         try:     # bounded, so a rank whose peer died still leaves
-            dist.barrier(async_op=True).wait(timeout=datetime.timedelta(seconds=timeout_s))
+            work.wait(timeout=datetime.timedelta(seconds=timeout_s))
         except RuntimeError:
             pass
         dist.destroy_process_group()
+
+
+_FINAL_WORKS: list = []     # see leave_process_group
