@@ -24,7 +24,6 @@ for later epochs; each holds its own CUDA context on a GPU (a few hundred MB).
 from __future__ import annotations
 
 import queue
-import sys
 import time
 import traceback
 import weakref
