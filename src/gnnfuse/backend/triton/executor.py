@@ -9,7 +9,7 @@ import torch
 import triton
 
 from ...ir import Program, Value
-from ...passes.fusion import AggregateUnit, EdgeUnit, SharedReduceUnit, Unit, leaf_kind, partition
+from ...passes.fusion import AggregateUnit, EdgeUnit, SharedReduceUnit, Unit, gathered_leaves, leaf_kind, partition
 from ...passes.siblings import SiblingGroup, group_siblings
 from .. import tuned_schedule
 from ..forced_schedule import SCHEDULES, forced_schedule, forcing, tiled_scores
@@ -62,8 +62,21 @@ def schedule_for(unit: Unit, num_nodes: int, num_edges: int) -> str:
     if unit.reduce.attrs["op"] not in ("sum", "mean"):
         return "csr"
     if forced == "auto":
-        return "coo" if prefers_coo(num_edges / max(num_nodes, 1), math.prod(unit.reduce.shape)) else "csr"
+        return "coo" if prefers_coo(num_edges / max(num_nodes, 1), edge_lanes(unit)) else "csr"
     return forced
+
+
+def edge_lanes(unit: AggregateUnit) -> int:
+    """The lanes per edge that the COO schedule moves and the CSR one does not: the
+    reduced row (an atomic add per edge against one store per row) and every vertex row
+    gathered along the unit's own index, which CSR reads once per row and COO once per
+    edge. For a neighbour sum that is its width, the case `prefers_coo` was fitted on; a
+    GAT backward unit reduces one lane per head but rereads the 64-lane output gradient
+    of each edge's destination, and as COO took twice the time of CSR on an arxiv-sized
+    graph."""
+    own = sum(math.prod(leaf.shape) for leaf_id, sides in gathered_leaves(unit).items() if unit.by in sides
+              for leaf in unit.leaves if leaf.id == leaf_id)
+    return math.prod(unit.reduce.shape) + own
 
 
 def prefers_coo(average_degree: float, width: int) -> bool:
