@@ -194,8 +194,9 @@ def test_attention_scores_never_reach_memory(name, monkeypatch):
     """The [E, H] attention scores are recomputed from gathered rows in every unit that
     reads them (passes.fusion's tiled feature sums): the max pass, the sum pass and the
     weighted aggregation of the forward, and the backward units. Neither program writes
-    anything per edge. That is the default plan (backend/forced_schedule.py)."""
-    monkeypatch.delenv("GNNFUSE_TILED_SCORES", raising=False)
+    anything per edge. That is the default plan on graphs of millions of edges, forced
+    here (backend/forced_schedule.py)."""
+    monkeypatch.setenv("GNNFUSE_TILED_SCORES", "1")
     heads, run = LAYERS[name]
     torch.manual_seed(0)
     [program] = gnnfuse.explain(run, torch.randn(N, F_IN, requires_grad=True), _graph()).programs

@@ -23,9 +23,10 @@ DST = torch.tensor([1, 2, 3, 4, 5, 1, 3, 5, 1, 1, 1, 0, 0])
 
 @pytest.fixture(autouse=True)
 def tiled_scores(monkeypatch):
-    """The tiled plan is the default (GNNFUSE_TILED_SCORES=0 turns it off; see
-    backend/forced_schedule.py): these tests run without the variable."""
-    monkeypatch.delenv("GNNFUSE_TILED_SCORES", raising=False)
+    """The tiled plan, forced: by default (GNNFUSE_TILED_SCORES=auto, see
+    backend/forced_schedule.py) only graphs of millions of edges get it, and these
+    tests' graphs are small."""
+    monkeypatch.setenv("GNNFUSE_TILED_SCORES", "1")
 
 
 def _sums_in_unit_bodies(report: ExplainReport) -> list[str]:
@@ -226,3 +227,26 @@ def test_scores_of_many_heads_are_written_once(heads, written):
     x = torch.randn(N, F_IN, requires_grad=True)
     [program] = gnnfuse.explain(lambda xs: layer(xs, torch.stack([SRC, DST])), x).programs
     assert [list(t.value.shape) for t in program.forward.edge_tensors] == written
+
+
+def test_default_tiles_the_scores_only_on_large_graphs(monkeypatch):
+    """``GNNFUSE_TILED_SCORES=auto`` (the default) writes GATv2's [E, H] scores once on a
+    graph below `TILED_SCORES_FROM_EDGES` edges, where recomputing them in four kernels
+    cost more than the E x H floats, and tiles them from that many edges on."""
+    from gnnfuse import nn as gnn
+    from gnnfuse.backend import forced_schedule
+    monkeypatch.setenv("GNNFUSE_TILED_SCORES", "auto")
+    torch.manual_seed(0)
+    layer = gnn.GATv2Conv(F_IN, 4, heads=2)
+    edge_index = torch.stack([SRC, DST])
+    x = torch.randn(N, F_IN, requires_grad=True)
+    edges_with_loops = int((SRC != DST).sum()) + N      # GATv2 swaps the given loops for one per vertex
+
+    def written() -> list[list[int]]:
+        [program] = gnnfuse.explain(lambda xs: layer(xs, edge_index), x).programs
+        return [list(t.value.shape) for t in program.forward.edge_tensors]
+    assert written() == [[2]]
+    monkeypatch.setattr(forced_schedule, "TILED_SCORES_FROM_EDGES", edges_with_loops + 1)
+    assert written() == [[2]]
+    monkeypatch.setattr(forced_schedule, "TILED_SCORES_FROM_EDGES", edges_with_loops)
+    assert written() == []

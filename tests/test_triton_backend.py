@@ -217,6 +217,23 @@ def test_cost_rule_picks_coo_only_for_light_rows(monkeypatch):
     assert choose(units["max"], 1000, 2000) == "csr"
 
 
+def test_cost_rule_counts_the_rows_coo_would_regather_per_edge(monkeypatch):
+    """A unit that reduces one lane per edge but reads each edge's destination row
+    (GAT's backward: the output gradient dotted with the source row) moves that row per
+    edge in the COO schedule and once per row in CSR: at degree 6 it runs CSR, where a
+    neighbour sum as narrow as its output runs COO."""
+    graph = hub_graph()
+    ndata = {"h": torch.randn(graph.num_nodes, 64, dtype=torch.float64),
+             "g": torch.randn(graph.num_nodes, 64, dtype=torch.float64)}
+    tracer = trace_message_passing(lambda e: {"m": (e.src["h"] * e.dst["g"]).sum(-1, keepdim=True)},
+                                   lambda n: {"out": torch.sum(n.mailbox["m"], dim=1)}, None, ndata=ndata, edata={})
+    program = CompiledProgram(tracer.program).program
+    (unit,) = [u for u in partition(program, tile_feature_sums=True) if isinstance(u, AggregateUnit)]
+    monkeypatch.delenv("GNNFUSE_SCHEDULE", raising=False)
+    assert unit.reduce.shape == (1,) and triton_executor.edge_lanes(unit) == 1 + 64
+    assert triton_executor.schedule_for(unit, 1000, 6000) == "csr"
+    assert triton_executor.prefers_coo(6, 1)       # what the reduced width alone would have picked
+
 @pytest.mark.parametrize("heads,channels", [(2, 3), (1, 5), (4, 2)])
 def test_attention_gradient_row_sums_match_reference(heads, channels, monkeypatch):
     """GATConv's backward sums ``h_src * grad`` over each head's channels per edge; the

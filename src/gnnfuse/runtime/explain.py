@@ -268,7 +268,8 @@ def _plan(phase: str, program: Program, keep: list[int], sizes: _Sizes, source: 
           tainted: set[int]) -> Plan:
     names = _names(program)
     steps = []
-    for item in group_siblings(partition(program, keep, tile_feature_sums=tiled_scores(), row_addends=True)):
+    tiled = tiled_scores(sizes.num_edges)
+    for item in group_siblings(partition(program, keep, tile_feature_sums=tiled, row_addends=True)):
         if isinstance(item, Value):
             steps.append(_op_step(item, sizes, names))
             continue
