@@ -232,7 +232,8 @@ def test_scores_of_many_heads_are_written_once(heads, written):
 def test_default_tiles_the_scores_only_on_large_graphs(monkeypatch):
     """``GNNFUSE_TILED_SCORES=auto`` (the default) writes GATv2's [E, H] scores once on a
     graph below `TILED_SCORES_FROM_EDGES` edges, where recomputing them in four kernels
-    cost more than the E x H floats, and tiles them from that many edges on."""
+    cost more than the E x H floats, and tiles them from that many edges on; `explain`
+    says which and why."""
     from gnnfuse import nn as gnn
     from gnnfuse.backend import forced_schedule
     monkeypatch.setenv("GNNFUSE_TILED_SCORES", "auto")
@@ -242,11 +243,13 @@ def test_default_tiles_the_scores_only_on_large_graphs(monkeypatch):
     x = torch.randn(N, F_IN, requires_grad=True)
     edges_with_loops = int((SRC != DST).sum()) + N      # GATv2 swaps the given loops for one per vertex
 
-    def written() -> list[list[int]]:
-        [program] = gnnfuse.explain(lambda xs: layer(xs, edge_index), x).programs
-        return [list(t.value.shape) for t in program.forward.edge_tensors]
-    assert written() == [[2]]
+    def written() -> tuple[list[list[int]], str]:
+        report = gnnfuse.explain(lambda xs: layer(xs, edge_index), x)
+        return [list(t.value.shape) for t in report.programs[0].forward.edge_tensors], str(report)
+    shapes, listing = written()
+    assert shapes == [[2]] and "written once, as the graph has under 4,000,000 edges" in listing
     monkeypatch.setattr(forced_schedule, "TILED_SCORES_FROM_EDGES", edges_with_loops + 1)
-    assert written() == [[2]]
+    assert written()[0] == [[2]]
     monkeypatch.setattr(forced_schedule, "TILED_SCORES_FROM_EDGES", edges_with_loops)
-    assert written() == []
+    shapes, listing = written()
+    assert shapes == [] and "written once" not in listing

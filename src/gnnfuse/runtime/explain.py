@@ -58,12 +58,13 @@ from typing import Any, Callable
 import torch
 
 from ..backend import tuned_schedule
-from ..backend.forced_schedule import forcing, tiled_scores
+from ..backend.forced_schedule import TILED_SCORES_FROM_EDGES, forcing, tiled_scores
+from ..environ import getenv
 from ..graph import Graph
 from ..ir import Program, Residency, Value, get_op
 from ..ir.ops.typed_aggregate import recorded_choice
 from ..ir.residency import Movement
-from ..passes.fusion import gathered_leaves, partition
+from ..passes.fusion import gathered_leaves, partition, tiles_in_body
 from ..passes.io_rule import EdgeTensor, backward_reads_gathered_rows, edge_tensors, reads_gathered_rows
 from ..passes.siblings import group_siblings
 from .compiled import ProgramCall, record_calls
@@ -102,6 +103,7 @@ class Plan:
     steps: list[Step]
     edge_tensors: list[EdgeTensor]  # per-edge values the steps write (passes/io_rule.py)
     num_edges: int                  # E of the graph the byte counts are for
+    tiled_scores: bool = True       # whether per-edge feature sums were recomputed in the units reading them
 
     @property
     def traffic(self) -> int:
@@ -283,7 +285,7 @@ def _plan(phase: str, program: Program, keep: list[int], sizes: _Sizes, source: 
                 step.source = _kernel_source(item, sizes) if unit is item.members[0] else "(the kernel above)"
             steps.append(step)
     written = [v for step in steps for v in step.writes]
-    return Plan(phase, program, steps, edge_tensors(written, keep, tainted), sizes.num_edges)
+    return Plan(phase, program, steps, edge_tensors(written, keep, tainted), sizes.num_edges, tiled)
 
 
 def _mb(n: int) -> str:
@@ -351,9 +353,15 @@ class ExplainReport:
         v = largest.value
         marks = "".join([", saved" if largest.saved else "", ", exempt from the IO rule"
                          if largest.exempt else ""])
-        return (f"edge-rowed tensors written: {len(plan.edge_tensors)}, {_mb(plan.edge_tensor_bytes)} in all; "
+        line = (f"edge-rowed tensors written: {len(plan.edge_tensors)}, {_mb(plan.edge_tensor_bytes)} in all; "
                 f"largest {names[v.id]} {v.op} {v.residency.name}{list((plan.num_edges,) + v.shape)} = "
                 f"{_mb(plan.edge_bytes(largest))}{marks}")
+        if not plan.tiled_scores and any(tiles_in_body(t.value) for t in plan.edge_tensors):
+            why = ("GNNFUSE_TILED_SCORES=0" if getenv("GNNFUSE_TILED_SCORES", "auto") == "0"
+                   else f"the graph has under {TILED_SCORES_FROM_EDGES:,} edges")
+            line += (f"\n  (per-edge feature sums such as attention scores are written once, as {why}; "
+                     f"GNNFUSE_TILED_SCORES=1 recomputes them in every unit that reads them)")
+        return line
 
     # -- graphs ---------------------------------------------------------------------
     def _sections(self) -> list[tuple[str, str, Plan]]:
