@@ -234,6 +234,7 @@ def test_cost_rule_counts_the_rows_coo_would_regather_per_edge(monkeypatch):
     assert triton_executor.schedule_for(unit, 1000, 6000) == "csr"
     assert triton_executor.prefers_coo(6, 1)       # what the reduced width alone would have picked
 
+
 @pytest.mark.parametrize("heads,channels", [(2, 3), (1, 5), (4, 2)])
 def test_attention_gradient_row_sums_match_reference(heads, channels, monkeypatch):
     """GATConv's backward sums ``h_src * grad`` over each head's channels per edge; the

@@ -103,7 +103,7 @@ class Plan:
     steps: list[Step]
     edge_tensors: list[EdgeTensor]  # per-edge values the steps write (passes/io_rule.py)
     num_edges: int                  # E of the graph the byte counts are for
-    tiled_scores: bool = True       # whether per-edge feature sums were recomputed in the units reading them
+    tiled_scores: bool              # whether per-edge feature sums were recomputed in the units reading them
 
     @property
     def traffic(self) -> int:
