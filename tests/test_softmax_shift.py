@@ -61,3 +61,25 @@ def test_gradients_match_torch_with_and_without_the_stop(backend, device):
     for fn, leak in ((_softmax_by_hand, False), (_unnormalized_leak, True)):
         assert_matches_oracle(lambda h, fn=fn: {"out": fn(graph, {"h": h})},
                               lambda h, leak=leak: {"out": _oracle(h, src, dst, leak)}, {"h": h})
+
+
+def test_training_and_evaluation_forwards_share_their_units():
+    """The stopped max is the identity in the forward, so the backward saves the max
+    itself: a training forward (which keeps what the backward reads) then fuses the stop
+    into its readers as the evaluation forward does, and the two generate the same
+    kernels. Before, the training forward kept the stop as a plan step, its sum pass read
+    it as a leaf, and a GATConv compiled that pass (and the weighted sum) twice."""
+    from gnnfuse import nn as gnn
+    torch.manual_seed(0)
+    layer = gnn.GATConv(F, 4, heads=2)
+    edge_index = torch.stack([SRC, DST])
+    x = torch.randn(N, F)
+
+    def units(training: bool) -> list[str]:
+        layer.train(training)
+        with torch.set_grad_enabled(training):
+            [program] = gnnfuse.explain(lambda xs: layer(xs, edge_index), x.clone().requires_grad_(training)).programs
+        assert (program.backward is not None) == training
+        return [step.label for step in program.forward.steps if step.fused]
+    assert units(True) == units(False)
+    assert not any("stop_gradient:" in label for label in units(True))

