@@ -101,12 +101,12 @@ def _pair_matmul(ctx, x: torch.Tensor, w: torch.Tensor, pairs: RelationPairs) ->
 # The two gradients take the pairs' sums (`_pair_sums`), not the per-edge rows: a caller
 # that gathers [E, F] rows only to sum them lets them go before the [P, F] products are
 # made, rather than holding them through the call (the backward's peak).
-def _pair_input_grad(ctx, sums: torch.Tensor, w_t: torch.Tensor, pairs: RelationPairs, rows: int) -> torch.Tensor:
+def pair_input_grad(ctx, sums: torch.Tensor, w_t: torch.Tensor, pairs: RelationPairs, rows: int) -> torch.Tensor:
     """Per vertex, the sum over its pairs of the pair's ``sums`` row @ w_t[relation]."""
     return ctx.scatter_rows(ctx.grouped_matmul(sums, w_t, pairs.groups), None, pairs.vertex, None, rows)
 
 
-def _pair_weight_grad(ctx, x: torch.Tensor, sums: torch.Tensor, pairs: RelationPairs) -> torch.Tensor:
+def pair_weight_grad(ctx, x: torch.Tensor, sums: torch.Tensor, pairs: RelationPairs) -> torch.Tensor:
     """Per relation, the sum over its pairs of outer(x[vertex], the pair's ``sums`` row)."""
     return ctx.grouped_matmul_tn(x, sums, pairs.groups, pairs.vertex)
 
@@ -203,7 +203,7 @@ def _input_grad_residency(rs, attrs):
 
 def _input_grad(ctx, g: torch.Tensor, w_t: torch.Tensor, side: str) -> torch.Tensor:
     pairs = relation_pairs(ctx, side)
-    return _pair_input_grad(ctx, _shared_pair_sums(ctx, g, pairs), w_t, pairs, ctx.num_rows(side))
+    return pair_input_grad(ctx, _shared_pair_sums(ctx, g, pairs), w_t, pairs, ctx.num_rows(side))
 
 
 register(OpDef("compact_typed_matmul_t", Movement.REDUCE, _input_grad,
@@ -230,7 +230,7 @@ def _weight_grad_shape(inputs, attrs, residency):
 
 def _weight_grad(ctx, x: torch.Tensor, g: torch.Tensor, side: str) -> torch.Tensor:
     pairs = relation_pairs(ctx, side)
-    return _pair_weight_grad(ctx, x, _shared_pair_sums(ctx, g, pairs), pairs)
+    return pair_weight_grad(ctx, x, _shared_pair_sums(ctx, g, pairs), pairs)
 
 
 register(OpDef("compact_typed_matmul_tn", Movement.REDUCE, _weight_grad,
@@ -287,7 +287,7 @@ def _indexed_input_grad_residency(rs, attrs):
 
 def _indexed_input_grad(ctx, g: torch.Tensor, table_t: torch.Tensor, idx: torch.Tensor, side: str) -> torch.Tensor:
     pairs = data_pairs(ctx, side, idx, table_t.shape[0])
-    return _pair_input_grad(ctx, _shared_pair_sums(ctx, g, pairs), table_t, pairs, ctx.num_rows(side))
+    return pair_input_grad(ctx, _shared_pair_sums(ctx, g, pairs), table_t, pairs, ctx.num_rows(side))
 
 
 register(OpDef("compact_indexed_matmul_t", Movement.REDUCE,
@@ -312,7 +312,7 @@ def _indexed_weight_grad_shape(inputs, attrs, residency):
 def _indexed_weight_grad(ctx, x: torch.Tensor, g: torch.Tensor, idx: torch.Tensor, side: str,
                          count: int) -> torch.Tensor:
     pairs = data_pairs(ctx, side, idx, count)
-    return _pair_weight_grad(ctx, x, _shared_pair_sums(ctx, g, pairs), pairs)
+    return pair_weight_grad(ctx, x, _shared_pair_sums(ctx, g, pairs), pairs)
 
 
 register(OpDef("compact_indexed_matmul_tn", Movement.REDUCE,

@@ -57,7 +57,7 @@ import torch
 
 from ..registry import OpDef, register
 from ..residency import EDGE_ROWED, Movement, Residency
-from .compact import _is_edge_types, _pair_input_grad, _pair_weight_grad, data_pairs, relation_pairs
+from .compact import _is_edge_types, pair_input_grad, pair_weight_grad, data_pairs, relation_pairs
 from ...environ import getenv
 
 ORDERS = ("before", "after", "dense")
@@ -246,7 +246,7 @@ def _typed_sum(ctx, x: torch.Tensor, w: torch.Tensor, rest: tuple, by: str, scal
         products = ctx.grouped_matmul(x, w, gathered.groups, gathered.vertex)
         out = ctx.scatter_rows(products, gathered.of_edge, ctx.index(by), s, rows)
     else:
-        out = _pair_input_grad(ctx, _pair_rows(ctx, x, gather, s, aggregated), w, aggregated, rows)
+        out = pair_input_grad(ctx, _pair_rows(ctx, x, gather, s, aggregated), w, aggregated, rows)
     if root is None:
         return out
     x_root, w_root, bias = root
@@ -369,12 +369,12 @@ def _weight_grad(ctx, x: torch.Tensor, g: torch.Tensor, *rest: torch.Tensor, by:
     order, gathered, aggregated = _decide(ctx, "typed_aggregate_tn", by, idx, count, x.shape[-1], g.shape[-1],
                                           torch.promote_types(x.dtype, g.dtype), count, weight_grad=True)
     if order == "before":
-        return _pair_weight_grad(ctx, x, _pair_rows(ctx, g, by, s, gathered), gathered)
+        return pair_weight_grad(ctx, x, _pair_rows(ctx, g, by, s, gathered), gathered)
     if order == "dense":      # per relation r, table[:, r]^T @ g: one GEMM over the stacked blocks
         dtype = torch.promote_types(x.dtype, g.dtype)
         table = _dense_rows(ctx, x, gather, s, by, idx, count)
         return (table.to(dtype).t() @ g.to(dtype)).reshape(count, x.shape[-1], g.shape[-1])
-    return _pair_weight_grad(ctx, g, _pair_rows(ctx, x, gather, s, aggregated), aggregated).transpose(-1, -2)
+    return pair_weight_grad(ctx, g, _pair_rows(ctx, x, gather, s, aggregated), aggregated).transpose(-1, -2)
 
 
 def _weight_grad_residency(rs, attrs):
