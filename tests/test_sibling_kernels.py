@@ -19,10 +19,11 @@ from gnnfuse.runtime import compiled as compiled_module
 from test_triton_backend import DEVICE, hub_graph
 
 
-def _sums(n_units: int, chained: bool = False, read_between: bool = False):
+def _sums(n_units: int, chained: bool = False, read_between: bool = False, reshape_between: bool = False):
     """A program of ``n_units`` sums by dst of ``x_u * x_v`` (with ``chained``, the
     second reading the first's output instead of ``x_u``), optionally with a torch op
-    reading the first sum before the second runs; and its partition."""
+    (``read_between``: a tanh; ``reshape_between``: a reshape, then a tanh of it at the
+    end) reading the first sum before the second runs; and its partition."""
     p = Program()
     x = p.input("x", Residency.NODE, (4,), torch.float64)
     outs = []
@@ -32,6 +33,10 @@ def _sums(n_units: int, chained: bool = False, read_between: bool = False):
         outs.append(p.add("reduce", edge, op="sum", by="dst"))
         if read_between and k == 0:
             outs[0] = p.add("tanh", outs[0])
+        if reshape_between and k == 0:
+            outs[0] = p.add("reshape", outs[0], shape=(2, 2))
+    if reshape_between:
+        outs[0] = p.add("tanh", outs[0])
     for k, v in enumerate(outs):
         p.output(f"y{k}", v)
     return p, partition(p)
@@ -50,6 +55,17 @@ def test_a_member_read_before_the_group_would_run_closes_the_group():
     for kwargs in ({"chained": True}, {"read_between": True}):
         _, plan = _sums(2, **kwargs)
         assert not any(isinstance(item, SiblingGroup) for item in group_siblings(plan)), kwargs
+
+
+def test_a_reshape_of_a_member_moves_after_the_group():
+    """A view of a member's output (a layer reshaping a gradient for its output) does not
+    split the group: it runs right after it, and what reads the view runs later still."""
+    _, plan = _sums(2, reshape_between=True)
+    grouped = group_siblings(plan)
+    kinds = [type(item).__name__ if not hasattr(item, "op") else item.op for item in grouped]
+    assert kinds == ["SiblingGroup", "reshape", "tanh"], kinds
+    (group,) = [item for item in grouped if isinstance(item, SiblingGroup)]
+    assert grouped[1].inputs[0] is group.members[0].root
 
 
 def test_groups_hold_at_most_max_siblings():
@@ -153,3 +169,29 @@ def test_explain_names_the_shared_kernel_and_prints_its_source(monkeypatch):
     assert "def fused_siblings(" in members[0].source and "out1" in members[0].source
     assert members[1].source == "(the kernel above)"
     assert "shares one kernel" in str(report)
+
+
+def test_hgt_backward_walks_the_source_csr_once(monkeypatch):
+    """HGTConv's key and value gradients are two sums by source of the pair graph with a
+    reshape of the first between them: with the CSR schedule they run as one kernel, and
+    its outputs and gradients match PyG's HGTConv."""
+    import torch_geometric.nn as pyg_nn
+    from test_nn_hetero import IN_CHANNELS, METADATA, assert_same, hetero_inputs, randomized
+    monkeypatch.setenv("GNNFUSE_SCHEDULE", "csr")
+    monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
+    ran: list[SiblingGroup] = []
+    plan_siblings = triton_executor._plan_siblings
+
+    def spy(group, ctx, leaves):
+        plan = plan_siblings(group, ctx, leaves)
+        if plan is not None and group.by == "src":
+            ran.append(group)
+        return plan
+    monkeypatch.setattr(triton_executor, "_plan_siblings", spy)
+    torch.manual_seed(0)
+    pyg = randomized(pyg_nn.HGTConv(IN_CHANNELS, 6, METADATA, heads=2).double().to(DEVICE), 2)
+    ours = gnn.HGTConv(IN_CHANNELS, 6, METADATA, heads=2).double().to(DEVICE)
+    ours.load_state_dict(pyg.state_dict())
+    x, edges = hetero_inputs(2, DEVICE)
+    assert_same(ours, pyg, x, lambda layer, xs: layer(xs, edges))
+    assert ran and all(len(g.members) == 2 for g in ran)

@@ -14,7 +14,12 @@ the members one by one, which is exactly the plan without the group.
 Placement: the group runs where its last member ran. That is sound when no step
 between the first member and the last reads a member's output (then delaying the
 earlier members changes no value any step sees) and no member reads another's;
-`group_siblings` closes a group at the first step that reads one of its outputs.
+`group_siblings` closes a group at the first step that reads one of its outputs --
+except a reshape (a view: no work, and nothing but later steps reads it), which moves
+to just after the group instead. A layer's backward often reshapes one gradient for
+its output right after computing it: HGT's value gradient [N, H, D] -> [N, H x D]
+sat between its two sums by source and kept them two kernels, each walking the
+21.1M-edge graph of an ogbn-mag-sized step.
 """
 from __future__ import annotations
 
@@ -65,17 +70,30 @@ def _reads(item: object) -> set[int]:
     return {v.id for v in (item.inputs if isinstance(item, Value) else item.leaves)}
 
 
+DEFERRABLE = ("reshape",)      # steps that may move to after a group: views, costing nothing
+
+
+def _deferrable(item: object) -> bool:
+    return isinstance(item, Value) and item.op in DEFERRABLE
+
+
 def group_siblings(plan: Sequence) -> list:
     """``plan`` (a `partition` result) with independent groupable units of the same
-    ``by`` merged into `SiblingGroup` steps, each placed at its last member (see the
-    module doc); a group of one stays the plain unit."""
+    ``by`` merged into `SiblingGroup` steps, each placed at its last member, and the
+    reshapes of member outputs read while the group was open placed right after it
+    (see the module doc); a group of one stays the plain unit."""
     groups: list[list[AggregateUnit]] = []
+    moved: dict[int, list[Value]] = {}           # id(group) -> reshapes placed after it
     open_by: dict[str, list[AggregateUnit]] = {}
     for item in plan:
         reads = _reads(item)
-        for by, members in list(open_by.items()):    # a step reading a member's output closes its group
-            if any(m.root.id in reads for m in members):
-                del open_by[by]
+        readers = [by for by, members in open_by.items()
+                   if reads & ({m.root.id for m in members} | {v.id for v in moved.get(id(members), [])})]
+        if len(readers) == 1 and _deferrable(item):
+            moved.setdefault(id(open_by[readers[0]]), []).append(item)
+            continue
+        for by in readers:     # a step reading a member's output closes its group
+            del open_by[by]
         if not groupable(item):
             continue
         members = open_by.get(item.by)
@@ -83,12 +101,15 @@ def group_siblings(plan: Sequence) -> list:
             members = open_by[item.by] = []
             groups.append(members)
         members.append(item)
-    last = {id(g[-1]): g for g in groups if len(g) > 1}
-    grouped = {id(m) for g in last.values() for m in g}
+    placed = {id(g[-1]): g for g in groups if len(g) > 1 or id(g) in moved}
+    grouped = {id(m) for g in placed.values() for m in g}
+    after = {id(v) for steps in moved.values() for v in steps}
     out = []
     for item in plan:
-        if id(item) in last:
-            out.append(SiblingGroup(last[id(item)]))
-        elif id(item) not in grouped:
+        if id(item) in placed:
+            group = placed[id(item)]
+            out.append(SiblingGroup(group) if len(group) > 1 else item)
+            out.extend(moved.get(id(group), []))
+        elif id(item) not in grouped and id(item) not in after:
             out.append(item)
     return out
