@@ -60,9 +60,21 @@ register(OpDef("sum_to", Movement.REDUCE, lambda ctx, x, shape, residency, rows:
                doc="sum broadcast dims away, and the rows too for a SHARED target (parameter gradients)"))
 
 
+def column_sums(x: torch.Tensor) -> torch.Tensor:
+    """``x.sum(0)``: a parameter's gradient summed over the rows (a bias's, an edge
+    weight's). On a GPU, for float32/float64 rows, as ``x^T @ ones``: torch's reduction
+    over the leading dim of an [N, 64] table took 62 us at N = 169K on an H200, the
+    matrix-vector product 28 us. ``mv`` runs cuBLAS's gemv, which has no TF32 path, so
+    the sum keeps float32 precision when TF32 matmuls are allowed."""
+    if not x.is_cuda or x.dtype not in (torch.float32, torch.float64) or x.dim() < 2 or x.shape[0] < 2:
+        return x.sum(0)
+    flat = x.reshape(x.shape[0], -1)
+    return torch.mv(flat.t(), flat.new_ones(x.shape[0])).reshape(x.shape[1:])
+
+
 def _sum_to(x: torch.Tensor, shape, rows: bool, residency: Residency) -> torch.Tensor:
     if rows and residency is Residency.SHARED:
-        x, rows = x.sum(0), False
+        x, rows = column_sums(x), False
     lead = int(rows)
     elem = x.shape[lead:]
     extra = len(elem) - len(shape)
