@@ -18,7 +18,6 @@ import gnnfuse
 from gnnfuse import nn as gnn
 from gnnfuse.frontend import trace_message_passing
 from gnnfuse.ir.ops.typed_aggregate import ORDER_ENV, choose_order, order_costs, recorded_choice
-from gnnfuse.nn import hetero_transformer
 from gnnfuse.passes import pipeline
 from gnnfuse.runtime.compiled import CompiledProgram
 
@@ -180,29 +179,7 @@ def test_relational_layers_match_pyg_in_both_orders(name, order, backend, device
     assert_same(ours, pyg, x, lambda layer, xs: layer(xs["x"], index, types))
 
 
-def edge_transformed_attend(hetero, k, q, v, w_k, w_v, p, heads, dim):
-    """HGT's attention as a user writes it: each edge's key and value multiplied by its
-    relation's matrix inside the vertex program (``e.src.k @ e.type.w_k``), which the
-    compiler compacts per (source, relation) pair -- and, with one head, reorders
-    around the sum. gnnfuse.nn.HGTConv computes the pair tables itself
-    (nn/relation_pairs.py); these tests run its maths through this form instead."""
-    def hgt(vertex):
-        scores = [((e.src.k @ e.type.w_k).view(heads, dim) * vertex.q).sum(-1) * e.type.p for e in vertex.inedges]
-        peak = max(scores)
-        weights = [torch.exp(s - peak) for s in scores]
-        total = sum(weights)
-        return sum([(weights[i] / total).unsqueeze(-1) * (e.src.v @ e.type.w_v).view(heads, dim)
-                    for i, e in enumerate(vertex.inedges)])
-    return gnnfuse.frontend.VertexFunction(hgt)(hetero.graph, {"k": k, "q": q, "v": v}, None,
-                                                etype_feature={"w_k": w_k, "w_v": w_v, "p": p})
-
-
-@pytest.fixture
-def per_edge_hgt(monkeypatch):
-    monkeypatch.setattr(hetero_transformer, "_attend", edge_transformed_attend)
-
-
-def test_hgt_with_one_head_matches_pyg_in_both_orders(order, backend, device, per_edge_hgt):
+def test_hgt_with_one_head_matches_pyg_in_both_orders(order, backend, device):
     """One head: the attention is a scalar per edge, so HGT's message sum is rewritten;
     with more heads it is a per-head weight and is left alone (see below)."""
     torch.manual_seed(0)
@@ -249,12 +226,14 @@ def test_the_pass_leaves_programs_alone_where_the_algebra_forbids(name, monkeypa
     assert with_pass.program.op_count("typed_aggregate") == 0
 
 
-def test_hgt_with_several_heads_is_left_alone(per_edge_hgt):
+def test_hgt_with_several_heads_is_left_alone():
     layer = gnn.HGTConv(IN_CHANNELS, 6, METADATA, heads=2).double()
     x, edges = hetero_inputs(2)
     (program,) = gnnfuse.explain(lambda: layer(x, edges)).programs
     ops = {v.op for v in program.forward.program.values}
-    assert "compact_typed_matmul" in ops and "typed_aggregate" not in ops
+    assert "typed_aggregate" not in ops
+    # its compact products run as tables of the pair graph (passes/pair_sources.py)
+    assert {"pair:k@etype.w_k", "pair:v@etype.w_v"} <= set(program.forward.program.inputs)
 
 
 # --- the byte model and its choice ------------------------------------------------------------

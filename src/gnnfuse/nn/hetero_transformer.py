@@ -24,7 +24,6 @@ from .. import frontend
 from ..graph.hetero import EdgeType, HeteroGraph
 from ..graph.hetero_cache import cached_hetero_graph
 from .conv import _linear
-from .relation_pairs import pair_graph, pair_matmul
 
 
 class TypeLinears(nn.Module):
@@ -167,20 +166,17 @@ def _attend(hetero: HeteroGraph, k: torch.Tensor, q: torch.Tensor, v: torch.Tens
             w_v: torch.Tensor, p: torch.Tensor, heads: int, dim: int) -> torch.Tensor:
     """[N, H, D]: the softmax-weighted sum of relation-transformed values per vertex.
 
-    The transformed keys and values are tables of (source, relation) pairs, and the
-    attention runs on the graph over those pairs (nn/relation_pairs.py): its kernels
-    gather a pair's row per edge and its backward sums gradients per pair, so no
-    [E, H x D] key, value or gradient is written."""
-    over_pairs = pair_graph(hetero.graph).graph
-    keys, values = pair_matmul(hetero.graph, k, w_k), pair_matmul(hetero.graph, v, w_v)
-
+    Written per edge, as the paper writes it. The compiler computes each transformed key
+    and value once per (source, relation) pair (passes/compact.py) and runs the attention
+    on the graph over those pairs (passes/pair_sources.py), so no [E, H x D] key, value
+    or gradient is written."""
     def hgt(vertex):
-        scores = [(e.src.k.view(heads, dim) * vertex.q).sum(-1) * e.type.p for e in vertex.inedges]
+        scores = [((e.src.k @ e.type.w_k).view(heads, dim) * vertex.q).sum(-1) * e.type.p for e in vertex.inedges]
         peak = max(scores)
         weights = [torch.exp(s - peak) for s in scores]
         total = sum(weights)
-        return sum([(weights[i] / total).unsqueeze(-1) * e.src.v.view(heads, dim)
+        return sum([(weights[i] / total).unsqueeze(-1) * (e.src.v @ e.type.w_v).view(heads, dim)
                     for i, e in enumerate(vertex.inedges)])
 
-    return frontend.VertexFunction(hgt)(over_pairs, {"k": keys, "q": q, "v": values}, None,
-                                        etype_feature={"p": p})
+    return frontend.VertexFunction(hgt)(hetero.graph, {"k": k, "q": q, "v": v}, None,
+                                        etype_feature={"w_k": w_k, "w_v": w_v, "p": p})

@@ -20,7 +20,11 @@ from ..ir import CompileError, Program, Residency, Value, verify
 from ..ir.ops.movement import BROADCAST_FROM, TYPE_INDICES
 from ..ir.sides import declare_sides, sides_of
 from ..passes import optimize
+from ..passes.pair_sources import SourcePairRewrite, rewrite_for_source_pairs
 from ..environ import getenv
+from .pair_graph import pair_graph, pair_matmul, pair_rows, reads_edge_types
+
+PAIR_SOURCES_ENV = "GNNFUSE_PAIR_SOURCES"     # "0": programs keep their compact products per edge
 
 
 class CompiledProgram:
@@ -36,6 +40,10 @@ class CompiledProgram:
         self._types_read = _types_read(self.program)
         self._input_keys = tuple(self.program.inputs)
         self._gradient_keys = tuple(f"grad:{key}" for key in self._input_keys)
+        # the program on the graph of (source, relation) pairs (passes/pair_sources.py),
+        # compiled on its first run
+        self._pair_rewrite: SourcePairRewrite | None = rewrite_for_source_pairs(self.program)
+        self._on_pairs: CompiledProgram | None = None
 
     def backward_for(self, wrt: tuple[str, ...]) -> BackwardProgram:
         if wrt not in self._backward:
@@ -79,11 +87,32 @@ class CompiledProgram:
     def __call__(self, graph: Graph, feeds: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         keys = self._input_keys
         tensors = self.checked_inputs(graph, feeds)
+        if (self._pair_rewrite is not None and isinstance(graph, Graph) and graph.edge_type is not None
+                and getenv(PAIR_SOURCES_ENV, "1") != "0"):
+            by_key = dict(zip(keys, tensors))
+            if all(p.index is None or reads_edge_types(graph, by_key[p.index], by_key[p.w].shape[0])
+                   for p in self._pair_rewrite.products):
+                return self._run_on_pairs(graph, by_key)
         if torch.is_grad_enabled() and any([t.requires_grad for t in tensors]):
             outputs = _ProgramFunction.apply(self, GraphContext(graph), keys, *tensors)
         else:   # inference: no backward program is built and nothing is saved for one
             outputs, _, _ = _run_forward(self, GraphContext(graph), keys, tensors, None)
         return dict(zip(self.program.outputs, outputs))
+
+
+    def _run_on_pairs(self, graph: Graph, feeds: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Run the pair-graph form of the program (passes/pair_sources.py): its pair
+        products and lifted source tables computed here, differentiably, then the
+        rewritten program on the pair graph."""
+        rewrite = self._pair_rewrite
+        if self._on_pairs is None:
+            self._on_pairs = CompiledProgram(rewrite.program)
+        pair_feeds = dict(feeds)
+        for product in rewrite.products:
+            pair_feeds[product.key] = pair_matmul(graph, feeds[product.x], feeds[product.w]).view(-1, *product.shape)
+        for key in rewrite.lifted:
+            pair_feeds[key] = pair_rows(graph, feeds[key])
+        return self._on_pairs(pair_graph(graph).graph, pair_feeds)
 
 
 def _drop_unread_saved(backward: BackwardProgram) -> None:

@@ -72,7 +72,7 @@ def data_pairs(ctx, side: str, idx: torch.Tensor, count: int) -> RelationPairs:
       stamp: version counter, data pointer, shape, strides; a weak reference, so a new
       tensor at a freed one's address is not taken for it), and rebuilt otherwise.
     """
-    if _is_edge_types(ctx, idx, count):
+    if is_edge_types(ctx, idx, count):
         return relation_pairs(ctx, side)
     memo = ctx.graph.cached("data_pairs", lambda graph: {})
     stamp = _stamp([idx])
@@ -85,7 +85,7 @@ def data_pairs(ctx, side: str, idx: torch.Tensor, count: int) -> RelationPairs:
     return pairs
 
 
-def _is_edge_types(ctx, idx: torch.Tensor, count: int) -> bool:
+def is_edge_types(ctx, idx: torch.Tensor, count: int) -> bool:
     """Whether ``idx`` reads the graph's edge-type memory as the same vector of types."""
     types = ctx.graph.edge_type
     return (types is not None and count == ctx.graph.num_edge_types and idx.dtype == types.dtype

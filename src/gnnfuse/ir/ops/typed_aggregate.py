@@ -57,7 +57,7 @@ import torch
 
 from ..registry import OpDef, register
 from ..residency import EDGE_ROWED, Movement, Residency
-from .compact import _is_edge_types, pair_input_grad, pair_weight_grad, data_pairs, relation_pairs
+from .compact import is_edge_types, pair_input_grad, pair_weight_grad, data_pairs, relation_pairs
 from ...environ import getenv
 
 ORDERS = ("before", "after", "dense")
@@ -198,7 +198,7 @@ def _dense_rows(ctx, table: torch.Tensor, side: str, s: torch.Tensor | None, by:
     its relation-r edges of ``s_e * table[endpoint side of e]`` in columns r*in..(r+1)*in
     (the ``dense`` order's table; zeros where a vertex has no edge of r)."""
     rows = ctx.num_rows(by)
-    if idx is None or _is_edge_types(ctx, idx, count):
+    if idx is None or is_edge_types(ctx, idx, count):
         target = ctx.graph.cached(f"dense_relation_rows_{by}_{count}",
                                   lambda graph: ctx.index(by) * count + ctx.index("etype"))
     else:   # `_decide` built this index's pairs first, which range-checked it (`data_pairs`)

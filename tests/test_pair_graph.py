@@ -1,7 +1,7 @@
-"""The graph over (source, relation) pairs HGTConv attends on (nn/relation_pairs.py): each
-edge runs from its own pair to its destination, in the typed graph's edge order with its
-type; `pair_matmul` gives each pair its vertex's row times its relation's matrix, with
-gradients checked in float64."""
+"""The graph over (source, relation) pairs (runtime/pair_graph.py) that programs rewritten
+by passes/pair_sources.py run on: each edge runs from its own pair to its destination,
+in the typed graph's edge order with its type; `pair_matmul` gives each pair its
+vertex's row times its relation's matrix, with gradients checked in float64."""
 from __future__ import annotations
 
 import pytest
@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import gnnfuse
-from gnnfuse.nn.relation_pairs import pair_graph, pair_matmul
+from gnnfuse.runtime.pair_graph import pair_graph, pair_matmul
 
 f64 = torch.float64
 

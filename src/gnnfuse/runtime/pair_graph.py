@@ -1,22 +1,15 @@
-"""Per-relation transformed source rows as a vertex table of their own: one row per
-(source vertex, relation) pair, read by the fused kernels through a graph whose sources
-are those pairs.
+"""The graph of (source, relation) pairs, and per-pair products of a vertex table and a
+relation's matrix: what a program rewritten by passes/pair_sources.py runs on and reads.
 
-HGT's keys and values pass through the edge's relation matrix: ``k_u @ W_k[r]``.
-Compact materialization (ir/ops/compact.py) computes that once per (u, r) pair, then
-gathers it onto the edges, so the attention kernels read [E, H x D] rows -- and the
-backward recomputes them and writes [E, H x D] gradients it then sums into pairs. On an
-ogbn-mag-sized graph (21.1M edges, H x D = 64) each such tensor is 5.4 GB, and the
-gathers and sums took 11.3 of the 57 ms HGT step on an H200.
+The pair graph has an edge ``pair(e) -> dst(e)`` for every edge ``e`` of a typed graph
+(same order, same edge types), its sources being the (source vertex, relation) pairs
+that have edges -- the pairs compact materialization computes its products on
+(ir/ops/compact.py). A pair table is then an ordinary source-side table: the fused
+kernels gather its rows per edge, and the backward sums gradients per pair over the
+pair graph's reverse CSR, so nothing per edge is wider than the per-edge scalars.
 
-Here the pairs are a vertex set: the *pair graph* has an edge ``pair(e) -> dst(e)`` for
-every edge ``e`` of the typed graph (same order, same edge types), so a vertex program
-on it reads ``e.src.k`` from the [P, H x D] pair table inside its kernels, as GAT reads
-a source row, and the backward sums each pair's gradient over the pair graph's reverse
-CSR. Nothing per edge is wider than the heads (the IO rule's bound), in either pass.
-
-The pair table itself is `pair_matmul`: one segment matmul over the pairs (the
-context's ``grouped_matmul``: a Triton kernel on the GPU, one torch matmul per relation
+`pair_matmul` computes a pair table: one segment matmul over the pairs (the context's
+``grouped_matmul``: a Triton kernel on the GPU, one torch matmul per relation
 elsewhere), with the gradients compact materialization's backward computes from the
 pairs' summed gradients.
 """
@@ -28,8 +21,7 @@ import torch
 
 from ..backend.reference import GraphContext
 from ..graph import Graph
-from ..ir.ops.compact import RelationPairs, pair_input_grad, pair_weight_grad, relation_pairs
-from ..runtime.compiled import backend_name
+from ..ir.ops.compact import RelationPairs, is_edge_types, pair_input_grad, pair_weight_grad, relation_pairs
 
 
 class PairGraph(NamedTuple):
@@ -54,6 +46,7 @@ def pair_graph(graph: Graph) -> PairGraph:
 
 def _context(graph: Graph, x: torch.Tensor) -> GraphContext:
     """The context whose grouped matmul and row scatter the call's backend runs."""
+    from .compiled import backend_name      # compiled.py imports this module
     if backend_name(x.is_cuda) == "triton":
         from ..backend.triton.context import TritonGraphContext     # imports triton: only when asked for
         return TritonGraphContext(graph)
@@ -87,3 +80,15 @@ def pair_matmul(graph: Graph, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
                          f"and w {list(w.shape)}")
     pairs = pair_graph(graph).pairs
     return _PairMatmul.apply(x.contiguous(), w, pairs, _context(graph, x))
+
+
+def pair_rows(graph: Graph, x: torch.Tensor) -> torch.Tensor:
+    """[P, ...]: each pair's vertex's row of source table ``x`` (differentiable)."""
+    return x.index_select(0, pair_graph(graph).pairs.vertex)
+
+
+def reads_edge_types(graph: Graph, index: torch.Tensor, relations: int) -> bool:
+    """Whether a per-edge table index is ``graph``'s own edge types (the same memory read
+    as the same vector, over as many relations): the relation the pair graph's pairs are
+    made of."""
+    return is_edge_types(GraphContext(graph), index, relations)
