@@ -1,6 +1,6 @@
 """Relational training step: gnnfuse's R-GCN and HGT against PyG's RGCNConv, FastRGCNConv
 and HGTConv on typed graphs sized like AIFB, MUTAG, BGS, AM and ogbn-mag
-(gnnfuse.data.typed), plus Graphiler's R-GCN UDF compiled unchanged.
+(gnnfuse.data.typed), plus Graphiler's R-GCN and HGT UDFs compiled unchanged.
 
 Models (two layers each, hidden ``--hidden``, the presets' random features):
 
@@ -11,7 +11,9 @@ Models (two layers each, hidden ``--hidden``, the presets' random features):
   ``sum`` reduce, run by ``gnnfuse.message_passing`` unchanged (plus the root term and
   bias in its ``update_fn``, DGL's ``apply_node_func``).
 - ``hgt``: HGTConv(heads 2) -> ReLU -> HGTConv -> Linear on the labelled node type.
-  Frameworks: ``gnnfuse`` (gnnfuse.nn.HGTConv) and ``pyg-hgt``.
+  Frameworks: ``gnnfuse`` (gnnfuse.nn.HGTConv), ``pyg-hgt`` and ``graphiler-udf``: HGTConv with
+  its attention written as Graphiler's message/reduce UDF (``bmm`` of the source row and the
+  relation matrix read by ``edges.data['type']``, softmax over the mailbox), compiled unchanged.
 
 Every framework of a model starts from the same weights (PyG's state dict loaded into
 gnnfuse's layers; the UDF reads the same tensors), and before timing the eval-mode
@@ -71,7 +73,8 @@ from common import (device_names, environment, fmt, free_memory, load_results, l
 
 DATASETS = tuple(TYPED_PRESETS)          # smallest first
 MODELS = ("rgcn", "hgt")
-FRAMEWORKS = {"rgcn": ("gnnfuse", "pyg-rgcn", "pyg-fastrgcn", "graphiler-udf"), "hgt": ("gnnfuse", "pyg-hgt")}
+FRAMEWORKS = {"rgcn": ("gnnfuse", "pyg-rgcn", "pyg-fastrgcn", "graphiler-udf"),
+              "hgt": ("gnnfuse", "pyg-hgt", "graphiler-udf")}
 GNNFUSE_FRAMEWORKS = ("gnnfuse", "graphiler-udf")   # steps compiled by gnnfuse
 PYG = {"rgcn": ("pyg-rgcn", "pyg-fastrgcn"), "hgt": ("pyg-hgt",)}
 
@@ -178,6 +181,29 @@ class GraphilerRGCNLayer(nn.Module):
                                        edata={"_TYPE": data.graph.edge_type, "norm": data.norm})["h"]
 
 
+def graphiler_hgt_attention(hetero, k, q, v, w_k, w_v, p, heads: int, dim: int) -> torch.Tensor:
+    """HGT's attention as Graphiler's DGL UDF writes it: the edge's relation matrices read
+    from parameter tables by ``edges.data['type']`` and applied with ``torch.bmm`` per edge,
+    a softmax over the mailbox, and the weighted sum; run by ``gnnfuse.message_passing``."""
+    def message(edges):
+        relation = edges.data["type"]
+        key = torch.bmm(edges.src["k"].unsqueeze(1), w_k[relation]).squeeze(1).view(-1, heads, dim)
+        value = torch.bmm(edges.src["v"].unsqueeze(1), w_v[relation]).squeeze(1).view(-1, heads, dim)
+        return {"s": (key * edges.dst["q"]).sum(-1) * p[relation], "v": value}
+
+    def reduce(nodes):
+        alpha = torch.softmax(nodes.mailbox["s"], dim=1)
+        return {"o": torch.sum(alpha.unsqueeze(-1) * nodes.mailbox["v"], dim=1)}
+    graph = hetero.graph
+    return gnnfuse.message_passing(graph, message, reduce, ndata={"k": k, "q": q, "v": v},
+                                   edata={"type": graph.edge_type})["o"]
+
+
+class GraphilerHGTConv(gnnfuse.nn.HGTConv):
+    """gnnfuse.nn.HGTConv (parameters, projections, gate) with Graphiler's UDF as its attention."""
+    attention = staticmethod(graphiler_hgt_attention)
+
+
 class TwoHGT(nn.Module):
     """HGTConv -> ReLU -> HGTConv -> Linear on the labelled node type's rows."""
 
@@ -205,7 +231,7 @@ def build(model: str, framework: str, data: TypedData, hidden: int) -> nn.Module
             return TwoRelational(*convs, lambda d: (d,))
         cls = _pyg().RGCNConv if framework == "pyg-rgcn" else _pyg().FastRGCNConv
         return TwoRelational(*(cls(i, o, relations) for i, o in sizes), lambda d: (d.edge_index, d.graph.edge_type))
-    cls = gnnfuse.nn.HGTConv if framework == "gnnfuse" else _pyg().HGTConv
+    cls = {"gnnfuse": gnnfuse.nn.HGTConv, "graphiler-udf": GraphilerHGTConv}.get(framework) or _pyg().HGTConv
     node_types, edge_types = data.metadata
     second = {t: hidden if t in {e[-1] for e in edge_types} else width for t in node_types}
     return TwoHGT(cls(width, hidden, data.metadata, heads=2), cls(second, hidden, data.metadata, heads=2),

@@ -86,6 +86,26 @@ def hetero_graph_for(edge_index_dict: Any, x_dict: Mapping[str, torch.Tensor], e
                                node_types=list(x_dict), edge_types=edge_types)
 
 
+def _attend(hetero: HeteroGraph, k: torch.Tensor, q: torch.Tensor, v: torch.Tensor, w_k: torch.Tensor,
+            w_v: torch.Tensor, p: torch.Tensor, heads: int, dim: int) -> torch.Tensor:
+    """[N, H, D]: the softmax-weighted sum of relation-transformed values per vertex.
+
+    Written per edge, as the paper writes it. The compiler computes each transformed key
+    and value once per (source, relation) pair (passes/compact.py) and runs the attention
+    on the graph over those pairs (passes/pair_sources.py), so no [E, H x D] key, value
+    or gradient is written."""
+    def hgt(vertex):
+        scores = [((e.src.k @ e.type.w_k).view(heads, dim) * vertex.q).sum(-1) * e.type.p for e in vertex.inedges]
+        peak = max(scores)
+        weights = [torch.exp(s - peak) for s in scores]
+        total = sum(weights)
+        return sum([(weights[i] / total).unsqueeze(-1) * (e.src.v @ e.type.w_v).view(heads, dim)
+                    for i, e in enumerate(vertex.inedges)])
+
+    return frontend.VertexFunction(hgt)(hetero.graph, {"k": k, "q": q, "v": v}, None,
+                                        etype_feature={"w_k": w_k, "w_v": w_v, "p": p})
+
+
 class HGTConv(nn.Module):
     r"""PyG's ``HGTConv(in_channels, out_channels, metadata, heads=1)``: same arguments,
     parameters (``kqv_lin``, ``out_lin``, ``k_rel``, ``v_rel``, ``skip``, ``p_rel``) and
@@ -139,7 +159,7 @@ class HGTConv(nn.Module):
         k, q, v = _split_kqv(hetero, self.kqv_lin(x_dict))
         p = torch.cat([self.p_rel[_key(t)] for t in self.edge_types]) / math.sqrt(dim)
         w_k, w_v = self.k_rel.per_relation(heads, relations), self.v_rel.per_relation(heads, relations)
-        out = _attend(hetero, k, q.view(-1, heads, dim), v, w_k, w_v, p, heads, dim)
+        out = self.attention(hetero, k, q.view(-1, heads, dim), v, w_k, w_v, p, heads, dim)
         out = hetero.split(out.reshape(-1, self.out_channels),
                            [t for t in hetero.node_types if t in self.dst_node_types])
         mapped = self.out_lin({t: F.gelu(o) for t, o in out.items()})
@@ -154,29 +174,14 @@ class HGTConv(nn.Module):
     def __repr__(self) -> str:
         return f"{type(self).__name__}(-1, {self.out_channels}, heads={self.heads})"
 
+    # ``(hetero, k, q, v, w_k, w_v, p, heads, dim) -> [N, H, D]``: the attention, replaceable
+    # by another formulation of the same maths (benchmarks/bench_hetero.py runs
+    # Graphiler's message/reduce UDF through it)
+    attention = staticmethod(_attend)
+
 
 def _split_kqv(hetero: HeteroGraph, kqv: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
     """Keys, queries and values of every vertex in the global numbering: each type's
     [n, 3F] projection split in three (PyG's ``tensor_split`` order), then concatenated."""
     parts = {t: torch.tensor_split(val, 3, dim=1) for t, val in kqv.items()}
     return tuple(hetero.concat({t: p[i] for t, p in parts.items()}) for i in range(3))
-
-
-def _attend(hetero: HeteroGraph, k: torch.Tensor, q: torch.Tensor, v: torch.Tensor, w_k: torch.Tensor,
-            w_v: torch.Tensor, p: torch.Tensor, heads: int, dim: int) -> torch.Tensor:
-    """[N, H, D]: the softmax-weighted sum of relation-transformed values per vertex.
-
-    Written per edge, as the paper writes it. The compiler computes each transformed key
-    and value once per (source, relation) pair (passes/compact.py) and runs the attention
-    on the graph over those pairs (passes/pair_sources.py), so no [E, H x D] key, value
-    or gradient is written."""
-    def hgt(vertex):
-        scores = [((e.src.k @ e.type.w_k).view(heads, dim) * vertex.q).sum(-1) * e.type.p for e in vertex.inedges]
-        peak = max(scores)
-        weights = [torch.exp(s - peak) for s in scores]
-        total = sum(weights)
-        return sum([(weights[i] / total).unsqueeze(-1) * (e.src.v @ e.type.w_v).view(heads, dim)
-                    for i, e in enumerate(vertex.inedges)])
-
-    return frontend.VertexFunction(hgt)(hetero.graph, {"k": k, "q": q, "v": v}, None,
-                                        etype_feature={"w_k": w_k, "w_v": w_v, "p": p})

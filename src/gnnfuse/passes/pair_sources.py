@@ -22,9 +22,10 @@ same).
 
 It applies only where that is exactly the program's meaning: the products read input
 tables (through unit-dim reshapes at most) and per-relation weights; nothing aggregates
-onto the sources (a reduce, degree or typed aggregation by src) or is output per source; no table is read as both a source
-and a destination table, no node type is read, and no relation-typed product of the
-destinations is taken. Otherwise the program runs as compiled, and `None` says so.
+onto the sources (a reduce, degree or typed aggregation by src) or is output per
+source; no table is read as both a source and a destination table, no node type is
+read, and no relation-typed product of the destinations is taken. Otherwise the
+program runs as compiled, and `None` says so.
 """
 from __future__ import annotations
 
