@@ -20,6 +20,7 @@ import torch
 
 from ..registry import OpDef, register
 from ..residency import Movement, Residency
+from .movement import reduce_rows
 
 
 def _window_slices(window) -> tuple:
@@ -77,12 +78,22 @@ def wrap_index(idx: torch.Tensor, count: int) -> torch.Tensor:
     as torch's indexing does; an entry outside [-count, count) is an IndexError."""
     if idx.numel() and (int(idx.min()) < -count or int(idx.max()) >= count):
         raise IndexError(f"an index is out of range for a table of {count} entries")
+    return _from_the_end(idx, count)
+
+
+def _from_the_end(idx: torch.Tensor, count: int) -> torch.Tensor:
     return torch.where(idx < 0, idx + count, idx)
 
 
 def _index_rows_grad(g: torch.Tensor, idx: torch.Tensor, size) -> torch.Tensor:
-    out = g.new_zeros(tuple(size))
-    return out.index_add_(0, wrap_index(idx, size[0]).reshape(-1), g.reshape((-1,) + tuple(size[1:])))
+    """Every row's ``g`` added into the table entry it read. The forward's ``table[idx]``
+    already refused an index out of range (an IndexError on the CPU, a device-side assert
+    on a GPU), so no range check here: its two host reads made a training step through
+    Graphiler's HGT UDF (``p[edges.data['type']]``) impossible to capture in a CUDA graph.
+    The sum is `reduce_rows`', which spreads a few heavily hit entries -- a per-relation
+    parameter read by every edge -- over partial sums on a GPU."""
+    rows = _from_the_end(idx, size[0]).reshape(-1)
+    return reduce_rows(g.reshape((-1,) + tuple(size[1:])), rows, size[0], "sum")
 
 
 register(OpDef("index_rows", Movement.DENSE, lambda ctx, table, idx: table[idx],
