@@ -62,6 +62,9 @@ def test_pair_graph_form_matches_the_per_edge_form(backend, device, monkeypatch)
     (program,) = report.programs
     assert {"pair:k@etype.wk", "pair:v@etype.wv", "g"} <= set(program.forward.program.inputs)
     assert "compact_typed_matmul" not in {v.op for v in program.forward.program.values}
+    text = str(report)
+    assert "(source, relation) pairs" in text
+    assert "sources and N=9 destinations" in text
     on_pairs = _run(graph, inputs)
     monkeypatch.setenv(PAIR_SOURCES_ENV, "0")
     per_edge = _run(graph, inputs)

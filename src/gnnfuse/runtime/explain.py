@@ -66,6 +66,7 @@ from ..ir.ops.typed_aggregate import recorded_choice
 from ..ir.residency import Movement
 from ..passes.fusion import gathered_leaves, partition, tiles_in_body
 from ..passes.io_rule import EdgeTensor, backward_reads_gathered_rows, edge_tensors, reads_gathered_rows
+from ..passes.pair_sources import PAIR_PREFIX
 from ..passes.siblings import group_siblings
 from .compiled import ProgramCall, record_calls
 
@@ -309,11 +310,18 @@ class ExplainReport:
         for n, rep in enumerate(self.programs, 1):
             g = rep.call.graph
             grads = ", ".join(rep.call.wrt) or "none"
+            vertices = (f"{g.num_src_nodes:,} sources and N={g.num_nodes:,} destinations" if g.is_bipartite
+                        else f"N={g.num_nodes:,} nodes")
             lines += ["", f"=== program {n} of {len(self.programs)}: ran {rep.calls}x on a graph with "
-                      f"N={g.num_nodes:,} nodes, E={g.num_edges:,} edges ({str(g.index_dtype).removeprefix('torch.')}"
+                      f"{vertices}, E={g.num_edges:,} edges ({str(g.index_dtype).removeprefix('torch.')}"
                       f" indices); gradients for: {grads} ===",
                       "--- traced ---", rep.call.compiled.traced,
                       "--- optimized ---", rep.forward.program.pretty(show_source=False)]
+            pairs = [k for k in rep.forward.program.inputs if k.startswith(PAIR_PREFIX)]
+            if pairs:
+                lines.append(f"(run on the graph of the typed graph's (source, relation) pairs, its sources: "
+                             f"{', '.join(pairs)} computed once per pair before the program, "
+                             "passes/pair_sources.py)")
             lines += self._plan_lines(rep.forward)
             if rep.backward is None:
                 lines += ["--- backward: none (no input needed a gradient) ---"]
