@@ -73,16 +73,15 @@ def rewrite_for_source_pairs(program: Program) -> SourcePairRewrite | None:
     new = Program()
     mapped: dict[int, Value] = {}
     for v in program.values:
-        if v.op == "input":
-            if any(u.inputs[0] is v for u in compact) and not _read_elsewhere(program, v, compact):
-                continue      # a table only multiplied per pair: its products are the inputs
+        if v.op == "input":      # one read by nothing else now is dropped when the program is optimized
             mapped[v.id] = new.input(v.attrs["key"], v.residency, v.shape, v.dtype, v.source)
         elif v.op in _PRODUCTS:
             x = _rows_of_input(v.inputs[0]).attrs["key"]
             w, *index = (i.attrs["key"] for i in v.inputs[1:])
             product = products.get((x, w, *index))
             if product is None:
-                product = products[(x, w, *index)] = PairProduct(f"{PAIR_PREFIX}{x}@{w}", x, w, v.shape, *index)
+                key = f"{PAIR_PREFIX}{x}@{w}" + "".join(f"[{i}]" for i in index)
+                product = products[(x, w, *index)] = PairProduct(key, x, w, v.shape, *index)
                 table = new.input(product.key, Residency.NODE, v.shape, v.dtype, v.source)
             else:
                 table = new.inputs[product.key]
@@ -117,8 +116,3 @@ def _refused(v: Value) -> bool:
             or by in _NODE_TYPE_INDICES
             or (v.op in _PRODUCTS and v.attrs.get("side") != "src"))
 
-
-def _read_elsewhere(program: Program, table: Value, compact: list[Value]) -> bool:
-    """Whether ``table`` is read by anything besides the compact products of it."""
-    return (any(table in u.inputs for u in program.values if u not in compact)
-            or any(table in u.inputs[1:] for u in compact) or table in program.outputs.values())
