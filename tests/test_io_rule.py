@@ -136,7 +136,7 @@ MATMUL_ON_EDGES = {"EdgeConv"}
 # (passes/compact.py): the forward gathers the pair rows inside the kernels, but the
 # backward sums each edge's gradient row into its pair with a torch scatter, which reads
 # an [E, H * D] gradient; a fused reduce by pair is not built yet. (HGT's keys and values
-# left the list: they are source tables of the graph over pairs, nn/relation_pairs.py.
+# left the list: they are source tables of the graph over pairs, passes/pair_sources.py.
 # RGAT transforms both endpoints per relation, and that graph has pairs on one side.)
 PAIR_GRADIENT_ON_EDGES = {"RGATConv"}
 

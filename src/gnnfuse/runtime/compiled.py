@@ -99,7 +99,6 @@ class CompiledProgram:
             outputs, _, _ = _run_forward(self, GraphContext(graph), keys, tensors, None)
         return dict(zip(self.program.outputs, outputs))
 
-
     def _run_on_pairs(self, graph: Graph, feeds: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Run the pair-graph form of the program (passes/pair_sources.py): its pair
         products and lifted source tables computed here, differentiably, then the
