@@ -20,23 +20,33 @@ to just after the group instead. A layer's backward often reshapes one gradient 
 its output right after computing it: HGT's value gradient [N, H, D] -> [N, H x D]
 sat between its two sums by source and kept them two kernels, each walking the
 21.1M-edge graph of an ogbn-mag-sized step.
+
+A softmax's max by destination may be a member too, and a sum that reads it only as
+its shift joins the max's group instead of closing it (`passes/online_softmax.py`):
+the kernel keeps a running maximum and rescales, so GAT's and HGT's forward walk their
+graph once instead of three times. A group with a max never splits a row (a running
+maximum cannot be added atomically), as a max unit alone never does.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 from ..ir import Value
 from .fusion import AggregateUnit
+from .online_softmax import shifted_by
 
-GROUPED_REDUCERS = ("sum", "mean")   # split hub rows add partial results: only linear reductions
+GROUPED_REDUCERS = ("sum", "mean", "max")   # a group with a max keeps its rows whole
 MAX_SIBLINGS = 4                     # members per kernel: each holds an accumulator and a body in registers
 
 
 @dataclass(eq=False)
 class SiblingGroup:
-    """Aggregate units over the same CSR run as one step, outputs in member order."""
+    """Aggregate units over the same CSR run as one step, outputs in member order.
+    ``shifts`` maps a member's position to the position of the max member whose
+    maximum it takes online as its softmax shift (`online_softmax.shifted_by`)."""
     members: list[AggregateUnit]
+    shifts: dict[int, int] = field(default_factory=dict)
 
     @property
     def by(self) -> str:
@@ -47,12 +57,20 @@ class SiblingGroup:
         return [m.root for m in self.members]
 
     @property
+    def whole_rows(self) -> bool:
+        """Rows are never split into segments adding atomically (a max is a member)."""
+        return any(m.reduce.attrs["op"] == "max" for m in self.members)
+
+    @property
     def leaves(self) -> list[Value]:
-        """Every member's leaves, each once, in first-read order."""
+        """Every member's leaves, each once, in first-read order; a maximum computed in
+        the group itself (read as a shift) is none."""
+        roots = {m.root.id for m in self.members}
         seen: dict[int, Value] = {}
         for m in self.members:
             for leaf in m.leaves:
-                seen.setdefault(leaf.id, leaf)
+                if leaf.id not in roots:
+                    seen.setdefault(leaf.id, leaf)
         return list(seen.values())
 
     def describe(self) -> str:
@@ -61,7 +79,7 @@ class SiblingGroup:
 
 
 def groupable(item: object) -> bool:
-    """A fused sum or mean over the source or destination CSR."""
+    """A fused sum, mean or max over the source or destination CSR."""
     return (isinstance(item, AggregateUnit) and item.by in ("src", "dst")
             and item.reduce.attrs["op"] in GROUPED_REDUCERS and item.addend is None)
 
@@ -85,10 +103,19 @@ def group_siblings(plan: Sequence) -> list:
     groups: list[list[AggregateUnit]] = []
     moved: dict[int, list[Value]] = {}           # id(group) -> reshapes placed after it
     open_by: dict[str, list[AggregateUnit]] = {}
+    shifts: dict[int, dict[int, int]] = {}        # id(group) -> SiblingGroup.shifts
     for item in plan:
         reads = _reads(item)
         readers = [by for by, members in open_by.items()
                    if reads & ({m.root.id for m in members} | {v.id for v in moved.get(id(members), [])})]
+        if (peak := _online_peak(item, open_by, moved, reads)) is not None:
+            for by in readers:
+                if by != item.by:
+                    del open_by[by]
+            members = open_by[item.by]
+            shifts.setdefault(id(members), {})[len(members)] = members.index(peak)
+            members.append(item)
+            continue
         if len(readers) == 1 and _deferrable(item):
             moved.setdefault(id(open_by[readers[0]]), []).append(item)
             continue
@@ -108,8 +135,21 @@ def group_siblings(plan: Sequence) -> list:
     for item in plan:
         if id(item) in placed:
             group = placed[id(item)]
-            out.append(SiblingGroup(group) if len(group) > 1 else item)
+            out.append(SiblingGroup(group, shifts.get(id(group), {})) if len(group) > 1 else item)
             out.extend(moved.get(id(group), []))
         elif id(item) not in grouped and id(item) not in after:
             out.append(item)
     return out
+
+
+def _online_peak(item: object, open_by: dict[str, list[AggregateUnit]], moved: dict[int, list[Value]],
+                 reads: set[int]) -> AggregateUnit | None:
+    """The max member of ``item``'s open group whose output is the only member output
+    ``item`` reads, as its softmax shift (`online_softmax.shifted_by`); else None."""
+    if not groupable(item) or item.by not in open_by or len(open_by[item.by]) == MAX_SIBLINGS:
+        return None
+    members = open_by[item.by]
+    read = [m for m in members if m.root.id in reads]
+    if len(read) != 1 or reads & {v.id for v in moved.get(id(members), [])}:
+        return None
+    return read[0] if shifted_by(item, read[0]) else None

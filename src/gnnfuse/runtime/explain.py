@@ -276,11 +276,14 @@ def _plan(phase: str, program: Program, keep: list[int], sizes: _Sizes, source: 
         if isinstance(item, Value):
             steps.append(_op_step(item, sizes, names))
             continue
-        for unit in getattr(item, "members", [item]):
+        for n, unit in enumerate(getattr(item, "members", [item])):
             step = _unit_step(unit, sizes)
             if unit is not item:
                 step.label += (f"\n    shares one kernel with the {len(item.members) - 1} other unit(s) walking the "
                                f"{item.by} CSR beside it, where every member runs in the CSR schedule (passes/siblings.py)")
+            if n in getattr(item, "shifts", {}):
+                step.label += ("\n    takes its softmax shift, the max beside it, online: a running maximum and "
+                               "rescaled sums, reading no stored maximum (passes/online_softmax.py)")
             step.source = _kernel_source(unit, sizes) if source else None
             if source and unit is not item and _one_kernel(item, sizes):
                 step.source = _kernel_source(item, sizes) if unit is item.members[0] else "(the kernel above)"

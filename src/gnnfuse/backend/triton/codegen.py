@@ -61,12 +61,37 @@ class _Emitter:
         self.uniform: set[str] = set()
         self.tile_lanes = 0   # the widest row tile a feature sum in the body evaluates (`row_sum`)
         self.row_lanes: tuple[str, ...] | None = None   # the coordinates of a flat output's lanes
+        # while a sibling member taking a maximum online is emitted: (maximum, its scores,
+        # member position, lane block), see `online_shift`
+        self.shift: tuple[Value, Value, int, int] | None = None
+        self.shift_coords: dict[int, tuple[str, ...]] = {}
 
     def use_lanes(self, unit: AggregateUnit, lane: str) -> None:
         """Emit ``unit`` (a sibling group's member) on feature lanes named ``lane``: its
         values get their own lane coordinates, while row-level values (scalar loads,
         head score tiles) are shared with the members emitted before."""
         self.unit, self.lane, self.zero, self.row_lanes = unit, lane, f"{lane}zero", None
+
+    def online_shift(self, peak: Value | None, scores: Value | None = None, member: int = 0, block: int = 0) -> None:
+        """Evaluate the maximum ``peak`` (of ``scores``) as member ``member``'s running
+        maximum from here on (None: stop). `generate_siblings` declares ``run{member}``
+        and accumulates with ``rescale{member}``; `running_peak` defines them."""
+        self.shift = None if peak is None else (peak, scores, member, block)
+
+    def running_peak(self, coords: tuple[str, ...]) -> str:
+        """The running maximum at ``coords`` (of the maximum's shape), [1, lanes]: this
+        chunk's scores raise ``run{n}`` to ``peak{n}``, and ``rescale{n}`` (1 where it
+        did not move) carries what was summed before to the new shift. A maximum still
+        -inf is read as 0, so a chunk of -inf scores adds exp(-inf) = 0, not NaN; the
+        kernel writes NaN for a row that ends so."""
+        peak, scores, n, block = self.shift
+        if self.shift_coords.setdefault(n, coords) != coords:
+            raise AssertionError("a member reads its softmax shift at two coordinates (online_softmax.shifted_by)")
+        tile = self.value(scores, coords)
+        self.lines.append(f"peak{n} = tl.maximum(run{n}, tl.max(tl.where(emask[:, None], {tile} + "
+                          f"tl.zeros([BLOCK_E, {block}], ACC), float('-inf')), axis=0))")
+        self.lines.append(f"rescale{n} = tl.where(run{n} == peak{n}, 1.0, tl.exp(run{n} - peak{n}))")
+        return self.tmp(f"tl.where(peak{n} == float('-inf'), 0.0, peak{n})[None, :]")
 
     def tmp(self, expr: str) -> str:
         if expr not in self.names:
@@ -118,7 +143,9 @@ class _Emitter:
         key = (v.id, coords, side, self.zero)
         if key in self.memo:
             return self.memo[key]
-        if v.id in self.leaf_index or v.op == "const":
+        if self.shift is not None and v is self.shift[0]:
+            out = self.running_peak(coords)
+        elif v.id in self.leaf_index or v.op == "const":
             kind = leaf_kind(v)
             out = self.load(v, coords, side if kind == "node" and side else kind)
         elif feature_sum_terms(v) is not None:   # a per-edge feature sum in the body (scores)
@@ -479,27 +506,59 @@ def generate_siblings(group: SiblingGroup, name: str, acc_dtype: str, tuned: boo
     (``f0``, ``f1``, ...; each member's whole output row is one block, which the
     executor checks) and one accumulator per member. The walk, the index loads and the
     gathered rows are paid once for all members; rows and expressions they share are
-    emitted once. Outputs ``out0``, ``out1``, ... in member order."""
+    emitted once. Outputs ``out0``, ``out1``, ... in member order.
+
+    A max member keeps its row whole (no atomics) and counts NaN as `generate` does. A
+    member that takes a max member's maximum as its softmax shift (``group.shifts``,
+    `passes/online_softmax.py`) reads no stored maximum: on its own lanes it keeps a
+    running maximum ``m`` of the scores, evaluates its expression with ``m`` in place
+    of the maximum, and rescales what it summed by ``exp(m_old - m_new)`` whenever a
+    chunk raises ``m``. A row whose scores are all -inf ends with NaN, as the stored
+    maximum (-inf) would give."""
     em = _Emitter(group)
     members = []
     for n, unit in enumerate(group.members):
         em.use_lanes(unit, f"f{n}")
         width = math.prod(unit.reduce.shape)
+        block = triton.next_power_of_2(width)
+        if n in group.shifts:
+            peak = group.members[group.shifts[n]].reduce
+            em.online_shift(peak, peak.inputs[0], n, block)
         root = em.value(unit.reduce.inputs[0], em.feature_coords(unit.reduce.shape, None))
-        members.append((n, unit, width, triton.next_power_of_2(width), root))
+        em.online_shift(None)
+        members.append((n, unit, width, block, root))
     lanes = "".join(f"    f{n} = tl.arange(0, {block})\n    f{n}mask = f{n} < {width}\n    f{n}zero = f{n} * 0\n"
                     for n, _, width, block, _ in members)
-    init = "".join(f"            acc{n} = tl.zeros([{block}], ACC)\n" for n, _, _, block, _ in members)
-    adds = "".join(f"                acc{n} += tl.sum(tl.where(emask[:, None], {root} + tl.zeros([BLOCK_E, {block}], ACC), "
-                   "0.0), axis=0)\n" for n, _, _, block, root in members)
-    stores = []
-    for n, unit, width, _, _ in members:
-        finish = (f"\n            acc{n} = acc{n} / tl.maximum(row_end - row_start, 1).to(ACC)"
-                  if unit.reduce.attrs["op"] == "mean" else "")
+    init, adds, stores = [], [], []
+    for n, unit, width, block, root in members:
+        op = unit.reduce.attrs["op"]
+        tile = f"{root} + tl.zeros([BLOCK_E, {block}], ACC)"
+        if op == "max":
+            init.append(f"            acc{n} = tl.full([{block}], float('-inf'), ACC)\n"
+                        f"            nans{n} = tl.zeros([{block}], tl.int32)\n")
+            adds.append(f"                acc{n} = tl.maximum(acc{n}, tl.max(tl.where(emask[:, None], {tile}, "
+                        f"float('-inf')), axis=0))\n"
+                        f"                nans{n} += tl.sum((tl.where(emask[:, None], {tile}, 0.0) != "
+                        f"tl.where(emask[:, None], {tile}, 0.0)).to(tl.int32), axis=0)\n")
+            finish = (f"\n            acc{n} = tl.where(end > start, acc{n}, 0.0)"
+                      f"\n            acc{n} = tl.where(nans{n} > 0, float('nan'), acc{n})")
+        else:
+            init.append(f"            acc{n} = tl.zeros([{block}], ACC)\n")
+            summed = f"tl.sum(tl.where(emask[:, None], {tile}, 0.0), axis=0)"
+            if n in group.shifts:
+                init.append(f"            run{n} = tl.full([{block}], float('-inf'), ACC)\n")
+                adds.append(f"                acc{n} = acc{n} * rescale{n} + {summed}\n                run{n} = peak{n}\n")
+                finish = f"\n            acc{n} = tl.where((run{n} == float('-inf')) & (end > start), float('nan'), acc{n})"
+            else:
+                adds.append(f"                acc{n} += {summed}\n")
+                finish = ""
+            if op == "mean":
+                finish += f"\n            acc{n} = acc{n} / tl.maximum(row_end - row_start, 1).to(ACC)"
         target = f"out{n} + row * {width} + f{n}, acc{n}.to(out{n}.dtype.element_ty), mask=f{n}mask"
-        stores.append(f"{finish}{_row_scale(em, unit, f'acc{n}', ' ' * 12, per_edge=False)}\n"
-                      f"            if split:\n                tl.atomic_add({target})\n"
-                      f"            else:\n                tl.store({target})")
+        store = (f"\n            tl.store({target})" if group.whole_rows else
+                 f"\n            if split:\n                tl.atomic_add({target})\n"
+                 f"            else:\n                tl.store({target})")
+        stores.append(f"{finish}{_row_scale(em, unit, f'acc{n}', ' ' * 12, per_edge=False)}{store}")
     outs = tuple(f"out{n}" for n, *_ in members)
     body = "\n".join(f"                {line}" for line in em.lines)
     leaf_params = "".join(f"L{n}, " for n in range(len(em.leaf_args)))
@@ -507,7 +566,8 @@ def generate_siblings(group: SiblingGroup, name: str, acc_dtype: str, tuned: boo
 import triton.language as tl
 
 
-{_decorator(tuned, {"BLOCK_E": _fit_tiles(CSR_EDGE_BLOCKS, em, 1, acc_dtype), "ROWS": CSR_ROWS}, "size_class", outs, warps=(1,))}
+{_decorator(tuned, {"BLOCK_E": _fit_tiles(CSR_EDGE_BLOCKS, em, 1, acc_dtype), "ROWS": CSR_ROWS}, "size_class",
+            () if group.whole_rows else outs, warps=(1,))}
 def {name}(rowptr, col, eid, seg_row, seg_start, seg_end, seg_split, num_segments, size_class, {", ".join(outs)}, {leaf_params}BLOCK_E: tl.constexpr, ROWS: tl.constexpr):
     # {group.describe()}
     ACC: tl.constexpr = {acc_dtype}
@@ -520,13 +580,13 @@ def {name}(rowptr, col, eid, seg_row, seg_start, seg_end, seg_split, num_segment
             row_start = tl.load(rowptr + row).to(tl.int64)
             row_end = tl.load(rowptr + row + 1).to(tl.int64)
             split = tl.load(seg_split + seg) != 0
-{init}            for e0 in range(start, end, BLOCK_E):
+{"".join(init)}            for e0 in range(start, end, BLOCK_E):
                 e = e0 + tl.arange(0, BLOCK_E)
                 emask = e < end
                 nbr = tl.load(col + e, mask=emask, other=0).to(tl.int64)
                 edge = tl.load(eid + e, mask=emask, other=0).to(tl.int64)
 {body}
-{adds}{"".join(stores)}
+{"".join(adds)}{"".join(stores)}
 '''
     return source, em.leaf_args
 

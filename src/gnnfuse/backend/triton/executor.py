@@ -55,8 +55,7 @@ def schedule_for(unit: Unit, num_nodes: int, num_edges: int) -> str:
         return "shared"
     if not isinstance(unit, AggregateUnit):
         return "edge"
-    call = forced_schedule()
-    forced = call.kind if call and call.kind != "auto" else getenv("GNNFUSE_SCHEDULE", "auto")
+    forced = _forced_schedule_kind() or "auto"
     if forced not in SCHEDULES:
         raise ValueError(f"GNNFUSE_SCHEDULE must be one of {SCHEDULES}, got {forced!r}")
     if unit.reduce.attrs["op"] not in ("sum", "mean"):
@@ -64,6 +63,13 @@ def schedule_for(unit: Unit, num_nodes: int, num_edges: int) -> str:
     if forced == "auto":
         return "coo" if prefers_coo(num_edges / max(num_nodes, 1), edge_lanes(unit)) else "csr"
     return forced
+
+
+def _forced_schedule_kind() -> str | None:
+    """The schedule a call or ``GNNFUSE_SCHEDULE`` forces on every unit, or None (auto)."""
+    call = forced_schedule()
+    forced = call.kind if call and call.kind != "auto" else getenv("GNNFUSE_SCHEDULE", "auto")
+    return None if forced == "auto" else forced
 
 
 def edge_lanes(unit: AggregateUnit) -> int:
@@ -224,9 +230,12 @@ def _run_siblings(group: SiblingGroup, ctx: GraphContext, leaves: dict[int, torc
     this graph, else from the members run one by one (the plan without the group)."""
     settings = (forced_schedule(), _ENVIRONMENT.current(), SEGMENT_EDGES, tuple([t.dtype for t in leaves.values()]))
     plan = _LAUNCHES.get(group, ctx.graph, settings, lambda: _plan_siblings(group, ctx, leaves))
-    if plan is None:
-        return tuple(run_unit(m, ctx, {v.id: leaves[v.id] for v in m.leaves if v.op != "const"})
-                     for m in group.members)
+    if plan is None:      # members one by one, a maximum read as a shift from the member before
+        env, outs = dict(leaves), []
+        for m in group.members:
+            outs.append(run_unit(m, ctx, {v.id: env[v.id] for v in m.leaves if v.op != "const"}))
+            env[m.root.id] = outs[-1]
+        return tuple(outs)
     outs = tuple(torch.empty(shape, dtype=dtype, device=plan.device) for shape, dtype in plan.outs)
     if plan.zero_rows is not None:
         for out in outs:
@@ -249,12 +258,15 @@ def _plan_siblings(group: SiblingGroup, ctx: GraphContext, leaves: dict[int, tor
         if tuned_schedule.forced_or_tuned(unit, ctx.graph, "triton") is not forced_schedule():
             return None
         width = math.prod(unit.reduce.shape)
-        if schedule_for(unit, rows, ctx.num_edges) != "csr" or feature_block(unit, 128) < triton.next_power_of_2(width):
+        # a walk that finds a maximum is CSR anyway, so a sum taking it online runs there
+        # too unless a schedule is forced: one walk beats any schedule of two
+        chosen = "csr" if group.shifts and not _forced_schedule_kind() else schedule_for(unit, rows, ctx.num_edges)
+        if chosen != "csr" or feature_block(unit, 128) < triton.next_power_of_2(width):
             return None
     acc = "tl.float64" if any(t.dtype == torch.float64 for t in leaves.values()) else "tl.float32"
     kernel, layouts, _, reads_edges = _kernel_for(group, acc, "siblings")
     rowptr, col, eid = csr_arguments(ctx, group.by, reads_edges)
-    segs = segments(ctx, group.by, SEGMENT_EDGES)
+    segs = segments(ctx, group.by, None if group.whole_rows else SEGMENT_EDGES)
     count = len(segs)
     widths = tuple(math.prod(m.reduce.shape) for m in group.members)
     fixed = {} if _autotune() else fixed_csr_blocks(triton.next_power_of_2(max(widths)))

@@ -1,0 +1,202 @@
+"""A softmax's forward in one walk (passes/softmax.normalize_after_aggregation,
+passes/online_softmax.py, the Triton backend's sibling kernel with a running maximum).
+
+The rewrite on programs, which sums may take the maximum online and which may not, and
+the kernel against the reference backend in float64 under the interpreter: rows longer
+than one chunk (the running maximum rises and earlier chunks are rescaled), rows
+without edges, rows whose scores are all -inf or hold a NaN, GATConv and HGTConv."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import gnnfuse
+from gnnfuse import nn as gnn
+from gnnfuse.backend.triton import executor as triton_executor
+from gnnfuse.frontend.trace_cache import clear_trace_caches
+from gnnfuse.ir import Program, Residency
+from gnnfuse.passes import optimize
+from gnnfuse.passes.fusion import partition
+from gnnfuse.passes.siblings import SiblingGroup, group_siblings
+from gnnfuse.runtime import compiled as compiled_module
+from test_triton_backend import DEVICE, hub_graph
+
+
+@gnnfuse.vertex
+def _softmax_by_hand(v):
+    scores = [(u.h * v.h).sum(-1) + u.s for u in v.innbs]
+    peak = max(scores)
+    weights = [torch.exp(s - peak) for s in scores]
+    return sum([(w / sum(weights)).unsqueeze(-1) * u.h for w, u in zip(weights, v.innbs)])
+
+
+@gnnfuse.vertex
+def _unshifted(v):
+    weights = [torch.exp((u.h * v.h).sum(-1)) for u in v.innbs]
+    return sum([(w / sum(weights)).unsqueeze(-1) * u.h for w, u in zip(weights, v.innbs)])
+
+
+def _program(fn, graph, h, s):
+    [report] = gnnfuse.explain(fn, graph, {"h": h, "s": s}).programs
+    return report
+
+
+def test_the_weighted_sum_is_normalized_after_it_is_summed():
+    """sum((p / T) * h) becomes sum(p * h) / T (T = 0 only on rows without edges, which
+    are divided by 1); the unshifted form, where T may underflow to 0, is left alone."""
+    graph = hub_graph()
+    h, s = torch.randn(graph.num_nodes, 2, 3), torch.randn(graph.num_nodes, 2)
+    ops = [v.op for v in _program(_softmax_by_hand, graph, h, s).call.compiled.program.values]
+    assert ops.count("select") == 1 and ops[-1] == "div"
+    ops = [v.op for v in _program(_unshifted, graph, h, s).call.compiled.program.values]
+    assert "select" not in ops
+
+
+def _scores_program(second_use: str) -> Program:
+    """max, sum p and one more sum of ``p = exp(s - max s)`` by dst: ``linear`` (p * x),
+    ``square`` (p * p), ``other-scores`` (exp(t - max s) for scores t != s) or
+    ``reads-max`` (p + max)."""
+    p = Program()
+    x = p.input("x", Residency.NODE, (2,), torch.float64)
+    scores = p.add("add", p.add("broadcast", x, by="src"), p.add("broadcast", x, by="dst"))
+    peak = p.add("reduce", scores, op="max", by="dst")
+    shift = p.add("broadcast", p.add("stop_gradient", peak), by="dst")
+    weights = p.add("exp", p.add("sub", scores, shift))
+    total = p.add("reduce", weights, op="sum", by="dst")
+    other = {"linear": lambda: p.add("mul", weights, p.add("broadcast", x, by="src")),
+             "square": lambda: p.add("mul", weights, weights),
+             "other-scores": lambda: p.add("exp", p.add("sub", p.add("broadcast", x, by="src"), shift)),
+             "reads-max": lambda: p.add("add", weights, shift)}[second_use]()
+    p.output("peak", peak)
+    p.output("total", total)
+    p.output("other", p.add("reduce", other, op="sum", by="dst"))
+    return p
+
+
+@pytest.mark.parametrize("second_use, shifted", [("linear", {1: 0, 2: 0}), ("square", {1: 0}),
+                                                 ("other-scores", {1: 0}), ("reads-max", {1: 0})])
+def test_only_sums_linear_in_the_shifted_exponential_take_the_max_online(second_use, shifted):
+    (group,) = [item for item in group_siblings(partition(_scores_program(second_use)))
+                if isinstance(item, SiblingGroup)]
+    assert group.shifts == shifted
+    assert group.members[0].reduce.attrs["op"] == "max" and group.whole_rows
+    assert all(leaf.op == "input" for leaf in group.leaves)    # the maximum is computed, not read
+
+
+def _cases():
+    def by_hand(graph, h, extra):
+        return _softmax_by_hand(graph, {"h": h, "s": extra}), []
+
+    def gat(graph, h, _):
+        torch.manual_seed(3)
+        layer = gnn.GATConv(h.shape[1], 4, heads=2, add_self_loops=False).double().to(h.device)
+        return layer(h, torch.stack([graph.src, graph.dst]).long()), list(layer.parameters())
+    return {"by-hand": by_hand, "gat": gat}
+
+
+def _outputs_and_grads(fn, graph, x, extra):
+    xs = x.clone().requires_grad_()
+    out, params = fn(graph, xs, extra)
+    weight = torch.linspace(-1, 1, out.numel(), dtype=out.dtype, device=out.device).view_as(out)
+    grads = torch.autograd.grad((torch.nan_to_num(out) * weight).sum(), [xs, *params])
+    return [out.detach(), *grads]
+
+
+def _run(case, graph, x, extra, monkeypatch, backend):
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    compiled_module._BY_STRUCTURE.clear()
+    clear_trace_caches()
+    return _outputs_and_grads(_cases()[case], graph.to(DEVICE), x.to(DEVICE), extra.to(DEVICE))
+
+
+def _spy_online(monkeypatch) -> list[SiblingGroup]:
+    ran: list[SiblingGroup] = []
+    plan_siblings = triton_executor._plan_siblings
+
+    def spy(group, ctx, leaves):
+        plan = plan_siblings(group, ctx, leaves)
+        if plan is not None and group.shifts:
+            ran.append(group)
+        return plan
+    monkeypatch.setattr(triton_executor, "_plan_siblings", spy)
+    return ran
+
+
+@pytest.mark.parametrize("case", ["by-hand", "gat"])
+@pytest.mark.parametrize("block_e", [4, 128])
+def test_one_walk_equals_the_reference(case, block_e, monkeypatch):
+    """Vertex 0 has 300 in-edges: 75 chunks of 4 edges (or 3 of 128), so its running
+    maximum rises chunk after chunk; vertices 10 and 11 have none."""
+    monkeypatch.setattr(triton_executor, "fixed_csr_blocks", lambda block_f: {"BLOCK_E": block_e, "ROWS": 2})
+    graph = hub_graph().to(DEVICE)
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(graph.num_nodes, 2, 3, dtype=torch.float64, generator=gen)
+    if case == "gat":
+        x = x.flatten(1)
+    extra = (torch.linspace(-3, 3, graph.num_nodes, dtype=torch.float64)[:, None] * torch.ones(2)).to(DEVICE)
+    ran = _spy_online(monkeypatch)
+    got = _run(case, graph, x.to(DEVICE), extra, monkeypatch, "triton")
+    assert ran and all(len(g.members) == 3 and g.shifts == {1: 0, 2: 0} for g in ran)
+    want = _run(case, graph, x.to(DEVICE), extra, monkeypatch, "reference")
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
+
+
+def test_rows_of_minus_infinity_and_nan_scores_match_the_reference(monkeypatch):
+    """Row 0's scores are all -inf (NaN, as the stored maximum -inf makes them), row 4
+    holds one NaN score, row 6 holds a -inf beside finite ones, row 9 has no edges."""
+    monkeypatch.setattr(triton_executor, "fixed_csr_blocks", lambda block_f: {"BLOCK_E": 4, "ROWS": 2})
+    src = torch.tensor([1, 2, 3, 5, 7, 8, 1, 2, 5, 7, 8, 5, 2])
+    dst = torch.tensor([0, 0, 4, 4, 6, 6, 6, 6, 6, 6, 6, 6, 0])
+    graph = gnnfuse.Graph(src, dst, 10).to(DEVICE)
+    h = torch.randn(10, 2, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(1)) * 0.1
+    s = torch.zeros(10, 2, dtype=torch.float64)
+    s[1] = s[2] = -torch.inf
+    s[3, 0] = torch.nan
+    s[7, 1] = 4.0
+    outs = []
+    for backend in ("triton", "reference"):
+        monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+        compiled_module._BY_STRUCTURE.clear()
+        outs.append(_softmax_by_hand(graph, {"h": h.to(DEVICE), "s": s.to(DEVICE)}))
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-9, atol=1e-12, equal_nan=True)
+    assert outs[0][0].isnan().all() and outs[0][4, 0].isnan().all() and not outs[0][4, 1].isnan().any()
+    assert (outs[0][9] == 0).all() and outs[0][6].isfinite().all()
+
+
+def test_a_forced_edge_parallel_schedule_runs_the_members_one_by_one(monkeypatch):
+    """With COO forced there is no group kernel: the max runs first and the sums read it."""
+    monkeypatch.setenv("GNNFUSE_SCHEDULE", "coo")
+    graph = hub_graph().to(DEVICE)
+    x = torch.randn(graph.num_nodes, 2, 3, dtype=torch.float64).to(DEVICE)
+    extra = torch.randn(graph.num_nodes, 2, dtype=torch.float64).to(DEVICE)
+    assert not _spy_online(monkeypatch)
+    got = _run("by-hand", graph, x, extra, monkeypatch, "triton")
+    want = _run("by-hand", graph, x, extra, monkeypatch, "reference")
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
+
+
+def test_explain_says_the_sums_take_the_max_online(monkeypatch):
+    monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
+    graph = hub_graph().to(DEVICE)
+    report = _program(_softmax_by_hand, graph, torch.randn(graph.num_nodes, 2, 3, device=DEVICE),
+                      torch.randn(graph.num_nodes, 2, device=DEVICE))
+    online = [s for s in report.forward.steps if "online" in s.label]
+    assert len(online) == 2 and len([s for s in report.forward.steps if "with the 2 other unit(s)" in s.label]) == 3
+
+
+def test_hgt_forward_walks_the_pair_graph_once(monkeypatch):
+    """HGTConv's attention (max, normalizer and weighted sum over the pair graph) is one
+    kernel, and the layer still matches PyG's HGTConv, outputs and gradients."""
+    import torch_geometric.nn as pyg_nn
+    from test_nn_hetero import IN_CHANNELS, METADATA, assert_same, hetero_inputs, randomized
+    monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
+    ran = _spy_online(monkeypatch)
+    torch.manual_seed(0)
+    pyg = randomized(pyg_nn.HGTConv(IN_CHANNELS, 6, METADATA, heads=2).double().to(DEVICE), 2)
+    ours = gnn.HGTConv(IN_CHANNELS, 6, METADATA, heads=2).double().to(DEVICE)
+    ours.load_state_dict(pyg.state_dict())
+    x, edges = hetero_inputs(2, DEVICE)
+    assert_same(ours, pyg, x, lambda layer, xs: layer(xs, edges))
+    assert ran and all(g.by == "dst" and len(g.shifts) == 2 for g in ran)
