@@ -79,7 +79,7 @@ def test_only_sums_linear_in_the_shifted_exponential_take_the_max_online(second_
     (group,) = [item for item in group_siblings(partition(_scores_program(second_use)))
                 if isinstance(item, SiblingGroup)]
     assert group.shifts == shifted
-    assert group.members[0].reduce.attrs["op"] == "max" and group.whole_rows
+    assert group.members[0].reduce.attrs["op"] == "max" and group.merges
     assert all(leaf.op == "input" for leaf in group.leaves)    # the maximum is computed, not read
 
 
@@ -109,7 +109,9 @@ def _run(case, graph, x, extra, monkeypatch, backend):
     return _outputs_and_grads(_cases()[case], graph.to(DEVICE), x.to(DEVICE), extra.to(DEVICE))
 
 
-def _spy_online(monkeypatch) -> list[SiblingGroup]:
+def _spy_online(monkeypatch, merges: list | None = None) -> list[SiblingGroup]:
+    """The groups taking a maximum online that run as one kernel (and in ``merges``
+    whether each has split rows to merge)."""
     ran: list[SiblingGroup] = []
     plan_siblings = triton_executor._plan_siblings
 
@@ -117,26 +119,32 @@ def _spy_online(monkeypatch) -> list[SiblingGroup]:
         plan = plan_siblings(group, ctx, leaves)
         if plan is not None and group.shifts:
             ran.append(group)
+            if merges is not None:
+                merges.append(plan.merge is not None)
         return plan
     monkeypatch.setattr(triton_executor, "_plan_siblings", spy)
     return ran
 
 
 @pytest.mark.parametrize("case", ["by-hand", "gat"])
-@pytest.mark.parametrize("block_e", [4, 128])
-def test_one_walk_equals_the_reference(case, block_e, monkeypatch):
+@pytest.mark.parametrize("block_e, segment_edges", [(4, 512), (128, 512), (4, 64)])
+def test_one_walk_equals_the_reference(case, block_e, segment_edges, monkeypatch):
     """Vertex 0 has 300 in-edges: 75 chunks of 4 edges (or 3 of 128), so its running
-    maximum rises chunk after chunk; vertices 10 and 11 have none."""
+    maximum rises chunk after chunk; vertices 10 and 11 have none. With segments of 64
+    edges vertex 0 is split in five, whose partial results the merge kernel combines."""
     monkeypatch.setattr(triton_executor, "fixed_csr_blocks", lambda block_f: {"BLOCK_E": block_e, "ROWS": 2})
+    monkeypatch.setattr(triton_executor, "SEGMENT_EDGES", segment_edges)
     graph = hub_graph().to(DEVICE)
     gen = torch.Generator().manual_seed(5)
     x = torch.randn(graph.num_nodes, 2, 3, dtype=torch.float64, generator=gen)
     if case == "gat":
         x = x.flatten(1)
     extra = (torch.linspace(-3, 3, graph.num_nodes, dtype=torch.float64)[:, None] * torch.ones(2)).to(DEVICE)
-    ran = _spy_online(monkeypatch)
+    merges: list[bool] = []
+    ran = _spy_online(monkeypatch, merges)
     got = _run(case, graph, x.to(DEVICE), extra, monkeypatch, "triton")
     assert ran and all(len(g.members) == 3 and g.shifts == {1: 0, 2: 0} for g in ran)
+    assert all(merges) if segment_edges < 300 else not any(merges)
     want = _run(case, graph, x.to(DEVICE), extra, monkeypatch, "reference")
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
@@ -144,8 +152,10 @@ def test_one_walk_equals_the_reference(case, block_e, monkeypatch):
 
 def test_rows_of_minus_infinity_and_nan_scores_match_the_reference(monkeypatch):
     """Row 0's scores are all -inf (NaN, as the stored maximum -inf makes them), row 4
-    holds one NaN score, row 6 holds a -inf beside finite ones, row 9 has no edges."""
+    holds one NaN score, row 6 holds a -inf beside finite ones, row 9 has no edges; with
+    segments of two edges, rows 0 and 6 are split and their partial results merged."""
     monkeypatch.setattr(triton_executor, "fixed_csr_blocks", lambda block_f: {"BLOCK_E": 4, "ROWS": 2})
+    monkeypatch.setattr(triton_executor, "SEGMENT_EDGES", 2)
     src = torch.tensor([1, 2, 3, 5, 7, 8, 1, 2, 5, 7, 8, 5, 2])
     dst = torch.tensor([0, 0, 4, 4, 6, 6, 6, 6, 6, 6, 6, 6, 0])
     graph = gnnfuse.Graph(src, dst, 10).to(DEVICE)
@@ -154,11 +164,14 @@ def test_rows_of_minus_infinity_and_nan_scores_match_the_reference(monkeypatch):
     s[1] = s[2] = -torch.inf
     s[3, 0] = torch.nan
     s[7, 1] = 4.0
+    merges: list[bool] = []
+    _spy_online(monkeypatch, merges)
     outs = []
     for backend in ("triton", "reference"):
         monkeypatch.setenv("GNNFUSE_BACKEND", backend)
         compiled_module._BY_STRUCTURE.clear()
         outs.append(_softmax_by_hand(graph, {"h": h.to(DEVICE), "s": s.to(DEVICE)}))
+    assert merges == [True]
     torch.testing.assert_close(outs[0], outs[1], rtol=1e-9, atol=1e-12, equal_nan=True)
     assert outs[0][0].isnan().all() and outs[0][4, 0].isnan().all() and not outs[0][4, 1].isnan().any()
     assert (outs[0][9] == 0).all() and outs[0][6].isfinite().all()

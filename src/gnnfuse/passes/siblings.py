@@ -24,8 +24,9 @@ sat between its two sums by source and kept them two kernels, each walking the
 A softmax's max by destination may be a member too, and a sum that reads it only as
 its shift joins the max's group instead of closing it (`passes/online_softmax.py`):
 the kernel keeps a running maximum and rescales, so GAT's and HGT's forward walk their
-graph once instead of three times. A group with a max never splits a row (a running
-maximum cannot be added atomically), as a max unit alone never does.
+graph once instead of three times. A group with a max adds no partial results
+atomically (a running maximum cannot be): the segments of a split hub row store theirs
+for a second, small kernel to merge, flash-decoding style.
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ from ..ir import Value
 from .fusion import AggregateUnit
 from .online_softmax import shifted_by
 
-GROUPED_REDUCERS = ("sum", "mean", "max")   # a group with a max keeps its rows whole
+GROUPED_REDUCERS = ("sum", "mean", "max")   # a group with a max merges split rows' partials
 MAX_SIBLINGS = 4                     # members per kernel: each holds an accumulator and a body in registers
 
 
@@ -57,8 +58,9 @@ class SiblingGroup:
         return [m.root for m in self.members]
 
     @property
-    def whole_rows(self) -> bool:
-        """Rows are never split into segments adding atomically (a max is a member)."""
+    def merges(self) -> bool:
+        """A split row's segments store partial results that a second kernel merges,
+        instead of adding them atomically: a max is a member."""
         return any(m.reduce.attrs["op"] == "max" for m in self.members)
 
     @property

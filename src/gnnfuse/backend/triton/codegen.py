@@ -540,35 +540,41 @@ def generate_siblings(group: SiblingGroup, name: str, acc_dtype: str, tuned: boo
                         f"float('-inf')), axis=0))\n"
                         f"                nans{n} += tl.sum((tl.where(emask[:, None], {tile}, 0.0) != "
                         f"tl.where(emask[:, None], {tile}, 0.0)).to(tl.int32), axis=0)\n")
-            finish = (f"\n            acc{n} = tl.where(end > start, acc{n}, 0.0)"
-                      f"\n            acc{n} = tl.where(nans{n} > 0, float('nan'), acc{n})")
+            partial = f"\n                acc{n} = tl.where(nans{n} > 0, float('nan'), acc{n})"
         else:
             init.append(f"            acc{n} = tl.zeros([{block}], ACC)\n")
             summed = f"tl.sum(tl.where(emask[:, None], {tile}, 0.0), axis=0)"
             if n in group.shifts:
                 init.append(f"            run{n} = tl.full([{block}], float('-inf'), ACC)\n")
                 adds.append(f"                acc{n} = acc{n} * rescale{n} + {summed}\n                run{n} = peak{n}\n")
-                finish = f"\n            acc{n} = tl.where((run{n} == float('-inf')) & (end > start), float('nan'), acc{n})"
             else:
                 adds.append(f"                acc{n} += {summed}\n")
-                finish = ""
-            if op == "mean":
-                finish += f"\n            acc{n} = acc{n} / tl.maximum(row_end - row_start, 1).to(ACC)"
+            partial = ""
         target = f"out{n} + row * {width} + f{n}, acc{n}.to(out{n}.dtype.element_ty), mask=f{n}mask"
-        store = (f"\n            tl.store({target})" if group.whole_rows else
-                 f"\n            if split:\n                tl.atomic_add({target})\n"
-                 f"            else:\n                tl.store({target})")
-        stores.append(f"{finish}{_row_scale(em, unit, f'acc{n}', ' ' * 12, per_edge=False)}{store}")
+        finished = f"{_finish(group, n, 12)}{_row_scale(em, unit, f'acc{n}', ' ' * 12, per_edge=False)}"
+        if group.merges:     # a split row's segment leaves its partial result to `generate_sibling_merge`
+            running = (f"\n                tl.store(run{n}_part + slot * {block} + f{n}, run{n})"
+                       if n in group.shifts else "")
+            stores.append(f"\n            if split:{partial}\n                tl.store(acc{n}_part + slot * {block} + f{n}, acc{n})"
+                          f"{running}\n            else:{_indented(finished)}\n                tl.store({target})")
+        else:
+            stores.append(f"{finished}\n            if split:\n                tl.atomic_add({target})\n"
+                          f"            else:\n                tl.store({target})")
     outs = tuple(f"out{n}" for n, *_ in members)
     body = "\n".join(f"                {line}" for line in em.lines)
     leaf_params = "".join(f"L{n}, " for n in range(len(em.leaf_args)))
+    slot_param, slot_load, part_params = "", "", ""
+    if group.merges:
+        slot_param = "seg_slot, "
+        slot_load = "\n            slot = tl.load(seg_slot + seg).to(tl.int64)"
+        part_params = "".join(f"{name}, " for name in partial_names(group))
     source = f'''import triton
 import triton.language as tl
 
 
 {_decorator(tuned, {"BLOCK_E": _fit_tiles(CSR_EDGE_BLOCKS, em, 1, acc_dtype), "ROWS": CSR_ROWS}, "size_class",
-            () if group.whole_rows else outs, warps=(1,))}
-def {name}(rowptr, col, eid, seg_row, seg_start, seg_end, seg_split, num_segments, size_class, {", ".join(outs)}, {leaf_params}BLOCK_E: tl.constexpr, ROWS: tl.constexpr):
+            () if group.merges else outs, warps=(1,))}
+def {name}(rowptr, col, eid, seg_row, seg_start, seg_end, seg_split, {slot_param}num_segments, size_class, {", ".join(outs)}, {part_params}{leaf_params}BLOCK_E: tl.constexpr, ROWS: tl.constexpr):
     # {group.describe()}
     ACC: tl.constexpr = {acc_dtype}
 {lanes}    for r in range(ROWS):
@@ -579,7 +585,7 @@ def {name}(rowptr, col, eid, seg_row, seg_start, seg_end, seg_split, num_segment
             end = tl.load(seg_end + seg).to(tl.int64)
             row_start = tl.load(rowptr + row).to(tl.int64)
             row_end = tl.load(rowptr + row + 1).to(tl.int64)
-            split = tl.load(seg_split + seg) != 0
+            split = tl.load(seg_split + seg) != 0{slot_load}
 {"".join(init)}            for e0 in range(start, end, BLOCK_E):
                 e = e0 + tl.arange(0, BLOCK_E)
                 emask = e < end
@@ -589,6 +595,88 @@ def {name}(rowptr, col, eid, seg_row, seg_start, seg_end, seg_split, num_segment
 {"".join(adds)}{"".join(stores)}
 '''
     return source, em.leaf_args
+
+
+def partial_names(group: SiblingGroup) -> list[str]:
+    """The partial-result buffers of a merging group's kernels, in argument order: each
+    member's accumulator, then the running maximum of each member taking one online."""
+    return [f"acc{n}_part" for n in range(len(group.members))] + [f"run{n}_part" for n in sorted(group.shifts)]
+
+
+def _finish(group: SiblingGroup, n: int, indent: int) -> str:
+    """The lines turning member ``n``'s accumulator ``acc{n}`` over a whole row into its
+    result (before any row scale): an empty row's max is 0 and a NaN seen makes it NaN
+    (``nans{n}``, counted by the walk; a merged row has it folded into ``acc{n}``), a
+    row whose online maximum ``run{n}`` stayed -inf is NaN, a mean divides by the degree."""
+    pad = "\n" + " " * indent
+    op = group.members[n].reduce.attrs["op"]
+    if op == "max":
+        return (f"{pad}acc{n} = tl.where(end > start, acc{n}, 0.0)"
+                f"{pad}acc{n} = tl.where(nans{n} > 0, float('nan'), acc{n})")
+    lines = ""
+    if n in group.shifts:
+        lines += f"{pad}acc{n} = tl.where((run{n} == float('-inf')) & (end > start), float('nan'), acc{n})"
+    if op == "mean":
+        lines += f"{pad}acc{n} = acc{n} / tl.maximum(row_end - row_start, 1).to(ACC)"
+    return lines
+
+
+def _indented(lines: str) -> str:
+    return lines.replace("\n", "\n    ")
+
+
+def generate_sibling_merge(group: SiblingGroup, name: str, acc_dtype: str) -> str:
+    """Kernel source merging the partial results a merging group's segments stored for
+    the rows they split (`generate_siblings`, `schedule.PartialSlots`), one program per
+    split row: a max is the largest partial (NaN where any partial is), a sum the sum
+    of its partials, and a sum taken online the sum of each partial rescaled from its
+    segment's running maximum to the row's, ``exp(m_segment - m_row)``; then each
+    result is finished as a whole row's would be. It takes the group kernel's leaves
+    too, for the members' row scales."""
+    em = _Emitter(group)
+    body = []
+    for n, unit in enumerate(group.members):
+        width = math.prod(unit.reduce.shape)
+        block = triton.next_power_of_2(width)
+        at = f"s * {block} + f{n}"
+        body.append(f"    f{n} = tl.arange(0, {block})\n    f{n}mask = f{n} < {width}")
+        op = unit.reduce.attrs["op"]
+        if op == "max":
+            body.append(f"    acc{n} = tl.full([{block}], float('-inf'), ACC)\n    nans{n} = tl.zeros([{block}], tl.int32)\n"
+                        f"    for s in range(lo, hi):\n        x = tl.load(acc{n}_part + {at})\n"
+                        f"        nans{n} += (x != x).to(tl.int32)\n        acc{n} = tl.maximum(acc{n}, x)")
+        elif n in group.shifts:
+            body.append(f"    run{n} = tl.full([{block}], float('-inf'), ACC)\n"
+                        f"    for s in range(lo, hi):\n        run{n} = tl.maximum(run{n}, tl.load(run{n}_part + {at}))\n"
+                        f"    acc{n} = tl.zeros([{block}], ACC)\n    for s in range(lo, hi):\n"
+                        f"        m = tl.load(run{n}_part + {at})\n"
+                        f"        acc{n} += tl.load(acc{n}_part + {at}) * tl.where(m == run{n}, 1.0, tl.exp(m - run{n}))")
+        else:
+            body.append(f"    acc{n} = tl.zeros([{block}], ACC)\n    for s in range(lo, hi):\n"
+                        f"        acc{n} += tl.load(acc{n}_part + {at})")
+        body.append(f"{_finish(group, n, 4)}{_row_scale(em, unit, f'acc{n}', ' ' * 4, per_edge=False)}\n"
+                    f"    tl.store(out{n} + row * {width} + f{n}, acc{n}.to(out{n}.dtype.element_ty), mask=f{n}mask)")
+    outs = "".join(f"out{n}, " for n in range(len(group.members)))
+    parts = "".join(f"{p}, " for p in partial_names(group))
+    leaves = ", ".join(f"L{n}" for n in range(len(em.leaf_args)))
+    newline = "\n"
+    return f'''import triton
+import triton.language as tl
+
+
+@triton.jit
+def {name}(merge_row, slot_ptr, rowptr, {outs}{parts}{leaves}):
+    # merges the split rows of: {group.describe()}
+    ACC: tl.constexpr = {acc_dtype}
+    i = tl.program_id(0)
+    row = tl.load(merge_row + i).to(tl.int64)
+    lo = tl.load(slot_ptr + i).to(tl.int64)
+    hi = tl.load(slot_ptr + i + 1).to(tl.int64)
+    row_start = tl.load(rowptr + row).to(tl.int64)
+    row_end = tl.load(rowptr + row + 1).to(tl.int64)
+    start, end = row_start, row_end
+{newline.join(body)}
+'''
 
 
 def _row_scale(em: _Emitter, unit: AggregateUnit, value: str, indent: str, per_edge: bool) -> str:

@@ -19,10 +19,11 @@ from ..launch_cache import CallSettings, LaunchCache
 from ..row_layout import has_row_stride
 from ..reference.executor import run_plan
 from .codegen import (SHARED_REDUCE_BLOCK_E, SHARED_REDUCE_PROGRAMS, RowSum, generate, generate_coo, generate_edge,
-                      generate_shared_reduce, generate_siblings, head_block, row_stride, row_sum_split, size_class)
+                      generate_shared_reduce, generate_sibling_merge, generate_siblings, head_block, row_stride,
+                      row_sum_split, size_class)
 from .context import TritonGraphContext
 from .launch import launch, signature
-from .schedule import SEGMENT_EDGES, segments
+from .schedule import SEGMENT_EDGES, partial_slots, segments
 from ...environ import getenv
 
 _PLANS: "weakref.WeakKeyDictionary[Program, dict]" = weakref.WeakKeyDictionary()
@@ -212,11 +213,15 @@ def run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> 
 
 class _SiblingLaunch(NamedTuple):
     """A sibling group's launch on one graph: `_Launch`'s fields for a kernel with one
-    output per member (``outs``: their shapes and dtypes)."""
+    output per member (``outs``: their shapes and dtypes), and for a merging group the
+    partial-result buffers' shapes and dtypes and its merge launch (kernel, programs,
+    leading arguments)."""
     kernel: Any
     layouts: tuple[tuple[int, int, int], ...]
     before: tuple
     outs: tuple[tuple[tuple[int, ...], torch.dtype], ...]
+    partials: tuple[tuple[tuple[int, ...], torch.dtype], ...]
+    merge: tuple[Any, int, tuple] | None
     device: torch.device
     zero_rows: torch.Tensor | None
     grid: Callable[[dict], tuple]
@@ -237,12 +242,16 @@ def _run_siblings(group: SiblingGroup, ctx: GraphContext, leaves: dict[int, torc
             env[m.root.id] = outs[-1]
         return tuple(outs)
     outs = tuple(torch.empty(shape, dtype=dtype, device=plan.device) for shape, dtype in plan.outs)
+    parts = tuple(torch.empty(shape, dtype=dtype, device=plan.device) for shape, dtype in plan.partials)
     if plan.zero_rows is not None:
         for out in outs:
             out.index_fill_(0, plan.zero_rows, 0)
     if plan.kernel is not None:
         args = [_laid_out(leaves[leaf], width, stride) for leaf, width, stride in plan.layouts]
-        launch(plan.kernel, plan.grid, plan.sizes, (*plan.before, *outs, *args), plan.kwargs, plan.signature)
+        launch(plan.kernel, plan.grid, plan.sizes, (*plan.before, *outs, *parts, *args), plan.kwargs, plan.signature)
+        if plan.merge is not None:
+            merge, count, before = plan.merge
+            merge[(count,)](*before, *outs, *parts, *args)
     return outs
 
 
@@ -263,22 +272,41 @@ def _plan_siblings(group: SiblingGroup, ctx: GraphContext, leaves: dict[int, tor
         chosen = "csr" if group.shifts and not _forced_schedule_kind() else schedule_for(unit, rows, ctx.num_edges)
         if chosen != "csr" or feature_block(unit, 128) < triton.next_power_of_2(width):
             return None
-    acc = "tl.float64" if any(t.dtype == torch.float64 for t in leaves.values()) else "tl.float32"
+    wide = any(t.dtype == torch.float64 for t in leaves.values())
+    acc = "tl.float64" if wide else "tl.float32"
     kernel, layouts, _, reads_edges = _kernel_for(group, acc, "siblings")
     rowptr, col, eid = csr_arguments(ctx, group.by, reads_edges)
-    segs = segments(ctx, group.by, None if group.whole_rows else SEGMENT_EDGES)
+    segs = segments(ctx, group.by, SEGMENT_EDGES)
     count = len(segs)
     widths = tuple(math.prod(m.reduce.shape) for m in group.members)
     fixed = {} if _autotune() else fixed_csr_blocks(triton.next_power_of_2(max(widths)))
-    before = (rowptr, col, eid, segs.row, segs.start, segs.end, segs.split, count, size_class(count))
+    before = (rowptr, col, eid, segs.row, segs.start, segs.end, segs.split)
+    partials, merge, zero_rows = (), None, segs.split_rows if len(segs.split_rows) else None
+    if group.merges:     # split rows leave partial results for a merge kernel instead of atomics
+        slots = partial_slots(ctx, group.by, SEGMENT_EDGES)
+        before, zero_rows = before + (slots.slot,), None
+        blocks = [triton.next_power_of_2(w) for w in widths] + [triton.next_power_of_2(widths[n])
+                                                                for n in sorted(group.shifts)]
+        partials = tuple(((slots.count, block), torch.float64 if wide else torch.float32) for block in blocks)
+        if len(slots):
+            merge = (_merge_kernel_for(group, acc), len(slots), (slots.merge_row, slots.slot_ptr, rowptr))
+    before += (count, size_class(count))
     outs = tuple(((rows,) + m.reduce.shape, m.reduce.dtype) for m in group.members)
     sizes = (size_class(count), *widths)
     dtypes = (*(a.dtype for a in before if isinstance(a, torch.Tensor)), *(d for _, d in outs),
-              *(leaves[leaf].dtype for leaf, _, _ in layouts))
-    return _SiblingLaunch(kernel if count else None, tuple(layouts), before, outs, ctx.device,
-                          segs.split_rows if len(segs.split_rows) else None,
-                          lambda meta: (triton.cdiv(count, meta["ROWS"]),), sizes, fixed,
+              *(d for _, d in partials), *(leaves[leaf].dtype for leaf, _, _ in layouts))
+    return _SiblingLaunch(kernel if count else None, tuple(layouts), before, outs, partials, merge, ctx.device,
+                          zero_rows, lambda meta: (triton.cdiv(count, meta["ROWS"]),), sizes, fixed,
                           signature(sizes, fixed, dtypes))
+
+
+def _merge_kernel_for(group: SiblingGroup, acc: str) -> Any:
+    """The group's merge kernel (`codegen.generate_sibling_merge`), loaded once per
+    accumulator type."""
+    per_unit = _UNIT_KERNELS.setdefault(group, {})
+    if (acc, "merge") not in per_unit:
+        per_unit[acc, "merge"] = _load_kernel(generate_sibling_merge(group, "merge_siblings", acc), "merge_siblings")
+    return per_unit[acc, "merge"]
 
 
 def _plan_tuned(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> _Launch:

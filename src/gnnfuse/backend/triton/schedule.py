@@ -80,3 +80,34 @@ def _build(rowptr: torch.Tensor, max_edges: int | None) -> Segments:
     order = torch.sort((end - start).to(dtype), descending=True, stable=True).indices
     return Segments(row[order].to(dtype), start[order].to(dtype), end[order].to(dtype),
                     (count[row] > 1).to(torch.int8)[order], torch.nonzero(count > 1).squeeze(1))
+
+
+@dataclass(frozen=True)
+class PartialSlots:
+    """Where the segments of split rows store partial results for a merge kernel
+    (a sibling group with a max, `passes/siblings.py`): ``slot`` per segment (-1 for a
+    row's only segment), and for each split row, in row order, ``merge_row`` and its
+    slots ``slot_ptr[i]:slot_ptr[i + 1]`` (a row's segments take consecutive slots)."""
+    slot: torch.Tensor
+    merge_row: torch.Tensor
+    slot_ptr: torch.Tensor
+    count: int                # slots in all
+
+    def __len__(self) -> int:
+        return self.merge_row.numel()
+
+
+def partial_slots(ctx: GraphContext, by: str, max_edges: int) -> PartialSlots:
+    """The `PartialSlots` of ``segments(ctx, by, max_edges)``, cached on the graph. A
+    segment's CSR start orders the segments by row and, within a row, by position."""
+    segs = segments(ctx, by, max_edges)
+
+    def build(_) -> PartialSlots:
+        split = torch.nonzero(segs.split).squeeze(1)
+        ordered = split[torch.argsort(segs.start[split])]
+        slot = torch.full((len(segs),), -1, dtype=torch.int32, device=segs.row.device)
+        slot[ordered] = torch.arange(ordered.numel(), dtype=torch.int32, device=slot.device)
+        rows, counts = torch.unique_consecutive(segs.row[ordered], return_counts=True)
+        slot_ptr = torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)]).to(torch.int32)
+        return PartialSlots(slot, rows.to(torch.int32), slot_ptr, ordered.numel())
+    return ctx.graph.cached(f"triton_partial_slots_{by}_{max_edges}", build)
