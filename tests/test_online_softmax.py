@@ -1,7 +1,8 @@
-"""A softmax's forward in one walk (passes/softmax.normalize_after_aggregation,
-passes/online_softmax.py, the Triton backend's sibling kernel with a running maximum).
+"""A softmax's forward in one walk (passes/online_softmax.py, the Triton backend's
+sibling kernel with a running maximum, and its merge kernel for split rows).
 
-The rewrite on programs, which sums may take the maximum online and which may not, and
+Which sums may take the maximum online (and divide by their own normalizer) and which
+may not, and
 the kernel against the reference backend in float64 under the interpreter: rows longer
 than one chunk (the running maximum rises and earlier chunks are rescaled), rows
 without edges, rows whose scores are all -inf or hold a NaN, GATConv and HGTConv."""
@@ -15,7 +16,6 @@ from gnnfuse import nn as gnn
 from gnnfuse.backend.triton import executor as triton_executor
 from gnnfuse.frontend.trace_cache import clear_trace_caches
 from gnnfuse.ir import Program, Residency
-from gnnfuse.passes import optimize
 from gnnfuse.passes.fusion import partition
 from gnnfuse.passes.siblings import SiblingGroup, group_siblings
 from gnnfuse.runtime import compiled as compiled_module
@@ -30,32 +30,15 @@ def _softmax_by_hand(v):
     return sum([(w / sum(weights)).unsqueeze(-1) * u.h for w, u in zip(weights, v.innbs)])
 
 
-@gnnfuse.vertex
-def _unshifted(v):
-    weights = [torch.exp((u.h * v.h).sum(-1)) for u in v.innbs]
-    return sum([(w / sum(weights)).unsqueeze(-1) * u.h for w, u in zip(weights, v.innbs)])
-
-
 def _program(fn, graph, h, s):
     [report] = gnnfuse.explain(fn, graph, {"h": h, "s": s}).programs
     return report
 
 
-def test_the_weighted_sum_is_normalized_after_it_is_summed():
-    """sum((p / T) * h) becomes sum(p * h) / T (T = 0 only on rows without edges, which
-    are divided by 1); the unshifted form, where T may underflow to 0, is left alone."""
-    graph = hub_graph()
-    h, s = torch.randn(graph.num_nodes, 2, 3), torch.randn(graph.num_nodes, 2)
-    ops = [v.op for v in _program(_softmax_by_hand, graph, h, s).call.compiled.program.values]
-    assert ops.count("select") == 1 and ops[-1] == "div"
-    ops = [v.op for v in _program(_unshifted, graph, h, s).call.compiled.program.values]
-    assert "select" not in ops
-
-
 def _scores_program(second_use: str) -> Program:
     """max, sum p and one more sum of ``p = exp(s - max s)`` by dst: ``linear`` (p * x),
-    ``square`` (p * p), ``other-scores`` (exp(t - max s) for scores t != s) or
-    ``reads-max`` (p + max)."""
+    ``normalized`` ((p / sum p) * x), ``square`` (p * p), ``other-scores`` (exp(t - max s)
+    for scores t != s), ``reads-max`` (p + max) or ``reads-total`` (p * sum p)."""
     p = Program()
     x = p.input("x", Residency.NODE, (2,), torch.float64)
     scores = p.add("add", p.add("broadcast", x, by="src"), p.add("broadcast", x, by="dst"))
@@ -66,19 +49,23 @@ def _scores_program(second_use: str) -> Program:
     other = {"linear": lambda: p.add("mul", weights, p.add("broadcast", x, by="src")),
              "square": lambda: p.add("mul", weights, weights),
              "other-scores": lambda: p.add("exp", p.add("sub", p.add("broadcast", x, by="src"), shift)),
-             "reads-max": lambda: p.add("add", weights, shift)}[second_use]()
+             "reads-max": lambda: p.add("add", weights, shift),
+             "normalized": lambda: p.add("mul", p.add("div", weights, p.add("broadcast", total, by="dst")),
+                                         p.add("broadcast", x, by="src")),
+             "reads-total": lambda: p.add("mul", weights, p.add("broadcast", total, by="dst"))}[second_use]()
     p.output("peak", peak)
     p.output("total", total)
     p.output("other", p.add("reduce", other, op="sum", by="dst"))
     return p
 
 
-@pytest.mark.parametrize("second_use, shifted", [("linear", {1: 0, 2: 0}), ("square", {1: 0}),
-                                                 ("other-scores", {1: 0}), ("reads-max", {1: 0})])
-def test_only_sums_linear_in_the_shifted_exponential_take_the_max_online(second_use, shifted):
+@pytest.mark.parametrize("second_use, shifted, normalized", [
+    ("linear", {1: 0, 2: 0}, {}), ("normalized", {1: 0, 2: 0}, {2: 1}), ("square", {1: 0}, {}),
+    ("other-scores", {1: 0}, {}), ("reads-max", {1: 0}, {}), ("reads-total", {1: 0}, {})])
+def test_only_sums_linear_in_the_shifted_exponential_take_the_max_online(second_use, shifted, normalized):
     (group,) = [item for item in group_siblings(partition(_scores_program(second_use)))
                 if isinstance(item, SiblingGroup)]
-    assert group.shifts == shifted
+    assert group.shifts == shifted and group.normalizers == normalized
     assert group.members[0].reduce.attrs["op"] == "max" and group.merges
     assert all(leaf.op == "input" for leaf in group.leaves)    # the maximum is computed, not read
 
@@ -143,7 +130,7 @@ def test_one_walk_equals_the_reference(case, block_e, segment_edges, monkeypatch
     merges: list[bool] = []
     ran = _spy_online(monkeypatch, merges)
     got = _run(case, graph, x.to(DEVICE), extra, monkeypatch, "triton")
-    assert ran and all(len(g.members) == 3 and g.shifts == {1: 0, 2: 0} for g in ran)
+    assert ran and all(len(g.members) == 3 and g.shifts == {1: 0, 2: 0} and g.normalizers == {2: 1} for g in ran)
     assert all(merges) if segment_edges < 300 else not any(merges)
     want = _run(case, graph, x.to(DEVICE), extra, monkeypatch, "reference")
     for a, b in zip(got, want):
@@ -212,4 +199,4 @@ def test_hgt_forward_walks_the_pair_graph_once(monkeypatch):
     ours.load_state_dict(pyg.state_dict())
     x, edges = hetero_inputs(2, DEVICE)
     assert_same(ours, pyg, x, lambda layer, xs: layer(xs, edges))
-    assert ran and all(g.by == "dst" and len(g.shifts) == 2 for g in ran)
+    assert ran and all(g.by == "dst" and len(g.shifts) == 2 and len(g.normalizers) == 1 for g in ran)

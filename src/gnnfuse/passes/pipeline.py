@@ -9,7 +9,7 @@ from .fold import fold_constants
 from .linear_reorder import reorder_typed_linear
 from .pairwise import sort_hinge_pairs
 from .reorder import reorder_broadcasts
-from .softmax import decompose_edge_softmax, normalize_after_aggregation, stop_softmax_shift_gradients
+from .softmax import decompose_edge_softmax, stop_softmax_shift_gradients
 from .typed_root import fold_typed_root
 
 
@@ -21,7 +21,6 @@ def optimize(program: Program, keep_inputs: bool = False) -> Program:
     reorder_broadcasts(program)
     materialize_compactly(program)
     reorder_typed_linear(program)
-    normalize_after_aggregation(program)
     fold_typed_root(program)
     eliminate_common_subexpressions(program)
     eliminate_dead_code(program, keep_inputs=keep_inputs)

@@ -35,7 +35,7 @@ from typing import Sequence
 
 from ..ir import Value
 from .fusion import AggregateUnit
-from .online_softmax import shifted_by
+from .online_softmax import online_terms
 
 GROUPED_REDUCERS = ("sum", "mean", "max")   # a group with a max merges split rows' partials
 MAX_SIBLINGS = 4                     # members per kernel: each holds an accumulator and a body in registers
@@ -45,9 +45,12 @@ MAX_SIBLINGS = 4                     # members per kernel: each holds an accumul
 class SiblingGroup:
     """Aggregate units over the same CSR run as one step, outputs in member order.
     ``shifts`` maps a member's position to the position of the max member whose
-    maximum it takes online as its softmax shift (`online_softmax.shifted_by`)."""
+    maximum it takes online as its softmax shift, and ``normalizers`` one that divides
+    by another member's sum of its exponentials to that member's position
+    (`online_softmax.online_terms`)."""
     members: list[AggregateUnit]
     shifts: dict[int, int] = field(default_factory=dict)
+    normalizers: dict[int, int] = field(default_factory=dict)
 
     @property
     def by(self) -> str:
@@ -106,16 +109,20 @@ def group_siblings(plan: Sequence) -> list:
     moved: dict[int, list[Value]] = {}           # id(group) -> reshapes placed after it
     open_by: dict[str, list[AggregateUnit]] = {}
     shifts: dict[int, dict[int, int]] = {}        # id(group) -> SiblingGroup.shifts
+    normalizers: dict[int, dict[int, int]] = {}   # id(group) -> SiblingGroup.normalizers
     for item in plan:
         reads = _reads(item)
         readers = [by for by, members in open_by.items()
                    if reads & ({m.root.id for m in members} | {v.id for v in moved.get(id(members), [])})]
-        if (peak := _online_peak(item, open_by, moved, reads)) is not None:
+        if (online := _online_join(item, open_by, moved, shifts, reads)) is not None:
             for by in readers:
                 if by != item.by:
                     del open_by[by]
             members = open_by[item.by]
+            peak, total = online
             shifts.setdefault(id(members), {})[len(members)] = members.index(peak)
+            if total is not None:
+                normalizers.setdefault(id(members), {})[len(members)] = members.index(total)
             members.append(item)
             continue
         if len(readers) == 1 and _deferrable(item):
@@ -137,21 +144,29 @@ def group_siblings(plan: Sequence) -> list:
     for item in plan:
         if id(item) in placed:
             group = placed[id(item)]
-            out.append(SiblingGroup(group, shifts.get(id(group), {})) if len(group) > 1 else item)
+            out.append(SiblingGroup(group, shifts.get(id(group), {}), normalizers.get(id(group), {}))
+                       if len(group) > 1 else item)
             out.extend(moved.get(id(group), []))
         elif id(item) not in grouped and id(item) not in after:
             out.append(item)
     return out
 
 
-def _online_peak(item: object, open_by: dict[str, list[AggregateUnit]], moved: dict[int, list[Value]],
-                 reads: set[int]) -> AggregateUnit | None:
-    """The max member of ``item``'s open group whose output is the only member output
-    ``item`` reads, as its softmax shift (`online_softmax.shifted_by`); else None."""
+def _online_join(item: object, open_by: dict[str, list[AggregateUnit]], moved: dict[int, list[Value]],
+                 shifts: dict[int, dict[int, int]], reads: set[int]) -> tuple[AggregateUnit, AggregateUnit | None] | None:
+    """(the max member, the normalizer member or None) of ``item``'s open group when
+    ``item`` reads no member output but that maximum, as its softmax shift, and that
+    member's sum of the exponentials it divides by (`online_softmax.online_terms`); else None."""
     if not groupable(item) or item.by not in open_by or len(open_by[item.by]) == MAX_SIBLINGS:
         return None
     members = open_by[item.by]
     read = [m for m in members if m.root.id in reads]
-    if len(read) != 1 or reads & {v.id for v in moved.get(id(members), [])}:
+    if reads & {v.id for v in moved.get(id(members), [])}:
         return None
-    return read[0] if shifted_by(item, read[0]) else None
+    online = set(shifts.get(id(members), {}))
+    for peak in (m for m in read if m.reduce.attrs["op"] == "max"):
+        totals = [m for n, m in enumerate(members) if n in online and m in read]
+        ok, total = online_terms(item, peak, totals)
+        if ok and set(map(id, read)) == {id(peak)} | ({id(total)} if total is not None else set()):
+            return peak, total
+    return None

@@ -63,7 +63,7 @@ class _Emitter:
         self.row_lanes: tuple[str, ...] | None = None   # the coordinates of a flat output's lanes
         # while a sibling member taking a maximum online is emitted: (maximum, its scores,
         # member position, lane block), see `online_shift`
-        self.shift: tuple[Value, Value, int, int] | None = None
+        self.shift: tuple[Value, Value, int, int, Value | None] | None = None
         self.shift_coords: dict[int, tuple[str, ...]] = {}
 
     def use_lanes(self, unit: AggregateUnit, lane: str) -> None:
@@ -72,11 +72,23 @@ class _Emitter:
         head score tiles) are shared with the members emitted before."""
         self.unit, self.lane, self.zero, self.row_lanes = unit, lane, f"{lane}zero", None
 
-    def online_shift(self, peak: Value | None, scores: Value | None = None, member: int = 0, block: int = 0) -> None:
+    def online_shift(self, peak: Value | None, scores: Value | None = None, member: int = 0, block: int = 0,
+                     total: Value | None = None) -> None:
         """Evaluate the maximum ``peak`` (of ``scores``) as member ``member``'s running
-        maximum from here on (None: stop). `generate_siblings` declares ``run{member}``
-        and accumulates with ``rescale{member}``; `running_peak` defines them."""
-        self.shift = None if peak is None else (peak, scores, member, block)
+        maximum from here on (None: stop), and ``total``, a sum of the exponentials
+        it shifts, as 1 while the member keeps its own copy ``den{member}`` to divide
+        by at the end. `generate_siblings` declares ``run{member}`` and accumulates
+        with ``rescale{member}``; `running_peak` defines them."""
+        self.shift = None if peak is None else (peak, scores, member, block, total)
+
+    def own_total(self, coords: tuple[str, ...]) -> str:
+        """1 in place of the normalizer ``T = sum p`` at ``coords`` (``p / T``'s divisor),
+        adding this chunk's ``p`` there to the member's own running ``den{n}``."""
+        _, _, n, block, total = self.shift
+        p = self.value(total.inputs[0], coords)
+        self.lines.append(f"den{n} = den{n} * rescale{n} + tl.sum(tl.where(emask[:, None], {p} + "
+                          f"tl.zeros([BLOCK_E, {block}], ACC), 0.0), axis=0)")
+        return self.constant(1.0)
 
     def running_peak(self, coords: tuple[str, ...]) -> str:
         """The running maximum at ``coords`` (of the maximum's shape), [1, lanes]: this
@@ -84,9 +96,9 @@ class _Emitter:
         did not move) carries what was summed before to the new shift. A maximum still
         -inf is read as 0, so a chunk of -inf scores adds exp(-inf) = 0, not NaN; the
         kernel writes NaN for a row that ends so."""
-        peak, scores, n, block = self.shift
+        peak, scores, n, block, _ = self.shift
         if self.shift_coords.setdefault(n, coords) != coords:
-            raise AssertionError("a member reads its softmax shift at two coordinates (online_softmax.shifted_by)")
+            raise AssertionError("a member reads its softmax shift at two coordinates (online_softmax.online_terms)")
         tile = self.value(scores, coords)
         self.lines.append(f"peak{n} = tl.maximum(run{n}, tl.max(tl.where(emask[:, None], {tile} + "
                           f"tl.zeros([BLOCK_E, {block}], ACC), float('-inf')), axis=0))")
@@ -145,6 +157,8 @@ class _Emitter:
             return self.memo[key]
         if self.shift is not None and v is self.shift[0]:
             out = self.running_peak(coords)
+        elif self.shift is not None and v is self.shift[4]:
+            out = self.own_total(coords)
         elif v.id in self.leaf_index or v.op == "const":
             kind = leaf_kind(v)
             out = self.load(v, coords, side if kind == "node" and side else kind)
@@ -523,7 +537,8 @@ def generate_siblings(group: SiblingGroup, name: str, acc_dtype: str, tuned: boo
         block = triton.next_power_of_2(width)
         if n in group.shifts:
             peak = group.members[group.shifts[n]].reduce
-            em.online_shift(peak, peak.inputs[0], n, block)
+            total = group.members[group.normalizers[n]].reduce if n in group.normalizers else None
+            em.online_shift(peak, peak.inputs[0], n, block, total)
         root = em.value(unit.reduce.inputs[0], em.feature_coords(unit.reduce.shape, None))
         em.online_shift(None)
         members.append((n, unit, width, block, root))
@@ -546,6 +561,8 @@ def generate_siblings(group: SiblingGroup, name: str, acc_dtype: str, tuned: boo
             summed = f"tl.sum(tl.where(emask[:, None], {tile}, 0.0), axis=0)"
             if n in group.shifts:
                 init.append(f"            run{n} = tl.full([{block}], float('-inf'), ACC)\n")
+                if n in group.normalizers:
+                    init.append(f"            den{n} = tl.zeros([{block}], ACC)\n")
                 adds.append(f"                acc{n} = acc{n} * rescale{n} + {summed}\n                run{n} = peak{n}\n")
             else:
                 adds.append(f"                acc{n} += {summed}\n")
@@ -553,8 +570,8 @@ def generate_siblings(group: SiblingGroup, name: str, acc_dtype: str, tuned: boo
         target = f"out{n} + row * {width} + f{n}, acc{n}.to(out{n}.dtype.element_ty), mask=f{n}mask"
         finished = f"{_finish(group, n, 12)}{_row_scale(em, unit, f'acc{n}', ' ' * 12, per_edge=False)}"
         if group.merges:     # a split row's segment leaves its partial result to `generate_sibling_merge`
-            running = (f"\n                tl.store(run{n}_part + slot * {block} + f{n}, run{n})"
-                       if n in group.shifts else "")
+            running = "".join(f"\n                tl.store({kept}{n}_part + slot * {block} + f{n}, {kept}{n})"
+                              for kept, among in (("run", group.shifts), ("den", group.normalizers)) if n in among)
             stores.append(f"\n            if split:{partial}\n                tl.store(acc{n}_part + slot * {block} + f{n}, acc{n})"
                           f"{running}\n            else:{_indented(finished)}\n                tl.store({target})")
         else:
@@ -599,8 +616,10 @@ def {name}(rowptr, col, eid, seg_row, seg_start, seg_end, seg_split, {slot_param
 
 def partial_names(group: SiblingGroup) -> list[str]:
     """The partial-result buffers of a merging group's kernels, in argument order: each
-    member's accumulator, then the running maximum of each member taking one online."""
-    return [f"acc{n}_part" for n in range(len(group.members))] + [f"run{n}_part" for n in sorted(group.shifts)]
+    member's accumulator, then the running maximum of each member taking one online,
+    then the own normalizer of each member dividing by one."""
+    return ([f"acc{n}_part" for n in range(len(group.members))] + [f"run{n}_part" for n in sorted(group.shifts)]
+            + [f"den{n}_part" for n in sorted(group.normalizers)])
 
 
 def _finish(group: SiblingGroup, n: int, indent: int) -> str:
@@ -614,6 +633,8 @@ def _finish(group: SiblingGroup, n: int, indent: int) -> str:
         return (f"{pad}acc{n} = tl.where(end > start, acc{n}, 0.0)"
                 f"{pad}acc{n} = tl.where(nans{n} > 0, float('nan'), acc{n})")
     lines = ""
+    if n in group.normalizers:     # rows without edges: 0 / 0, keep the 0
+        lines += f"{pad}acc{n} = tl.where(den{n} == 0.0, acc{n}, acc{n} / den{n})"
     if n in group.shifts:
         lines += f"{pad}acc{n} = tl.where((run{n} == float('-inf')) & (end > start), float('nan'), acc{n})"
     if op == "mean":
@@ -650,7 +671,11 @@ def generate_sibling_merge(group: SiblingGroup, name: str, acc_dtype: str) -> st
                         f"    for s in range(lo, hi):\n        run{n} = tl.maximum(run{n}, tl.load(run{n}_part + {at}))\n"
                         f"    acc{n} = tl.zeros([{block}], ACC)\n    for s in range(lo, hi):\n"
                         f"        m = tl.load(run{n}_part + {at})\n"
-                        f"        acc{n} += tl.load(acc{n}_part + {at}) * tl.where(m == run{n}, 1.0, tl.exp(m - run{n}))")
+                        f"        rescale = tl.where(m == run{n}, 1.0, tl.exp(m - run{n}))\n"
+                        f"        acc{n} += tl.load(acc{n}_part + {at}) * rescale")
+            if n in group.normalizers:
+                body[-1] = body[-1].replace(f"    acc{n} = tl.zeros", f"    den{n} = tl.zeros([{block}], ACC)\n    acc{n} = tl.zeros", 1)
+                body[-1] += f"\n        den{n} += tl.load(den{n}_part + {at}) * rescale"
         else:
             body.append(f"    acc{n} = tl.zeros([{block}], ACC)\n    for s in range(lo, hi):\n"
                         f"        acc{n} += tl.load(acc{n}_part + {at})")

@@ -285,8 +285,8 @@ def _plan_siblings(group: SiblingGroup, ctx: GraphContext, leaves: dict[int, tor
     if group.merges:     # split rows leave partial results for a merge kernel instead of atomics
         slots = partial_slots(ctx, group.by, SEGMENT_EDGES)
         before, zero_rows = before + (slots.slot,), None
-        blocks = [triton.next_power_of_2(w) for w in widths] + [triton.next_power_of_2(widths[n])
-                                                                for n in sorted(group.shifts)]
+        blocks = [triton.next_power_of_2(widths[n]) for n in [*range(len(widths)), *sorted(group.shifts),
+                                                               *sorted(group.normalizers)]]
         partials = tuple(((slots.count, block), torch.float64 if wide else torch.float32) for block in blocks)
         if len(slots):
             merge = (_merge_kernel_for(group, acc), len(slots), (slots.merge_row, slots.slot_ptr, rowptr))
