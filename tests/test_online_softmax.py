@@ -183,6 +183,8 @@ def test_explain_says_the_sums_take_the_max_online(monkeypatch):
     report = _program(_softmax_by_hand, graph, torch.randn(graph.num_nodes, 2, 3, device=DEVICE),
                       torch.randn(graph.num_nodes, 2, device=DEVICE))
     online = [s for s in report.forward.steps if "online" in s.label]
+    assert ["normalizer" in s.label for s in online] == [False, True]
+    assert not any(v.op == "reduce" for s in online for v, _ in s.reads)   # the max and sum are not read
     assert len(online) == 2 and len([s for s in report.forward.steps if "with the 2 other unit(s)" in s.label]) == 3
 
 

@@ -171,16 +171,19 @@ def _names(program: Program) -> dict[int, str]:
     return {v.id: f"%{v.attrs['key']}" if v.op == "input" else f"%{n}" for n, v in enumerate(program.values)}
 
 
-def _unit_step(unit: Any, sizes: _Sizes) -> Step:
+def _unit_step(unit: Any, sizes: _Sizes, computed: frozenset[int] = frozenset()) -> Step:
+    """``computed``: leaves the unit's sibling kernel computes instead of reading (a
+    maximum taken online and a normalizer kept alongside, passes/online_softmax.py);
+    such a unit walks the CSR in its group's kernel whatever its own cost rule says."""
     by = getattr(unit, "by", None)
-    schedule = _schedule(unit, sizes)
+    schedule = "csr" if computed else _schedule(unit, sizes)
     grouped = by in ("src", "dst") and schedule != "coo"
     gathers = {leaf: ["center" if grouped and side == by else side for side in sides]
                for leaf, sides in gathered_leaves(unit).items()}   # leaf id -> gather index names
     reads: list[tuple[Value, str]] = []
     read_bytes, index_names = 0, set()
     for leaf in unit.leaves:
-        if leaf.op == "const":
+        if leaf.op == "const" or leaf.id in computed:
             continue
         if leaf.residency is Residency.SHARED:
             reads.append((leaf, "once (shared)"))
@@ -277,13 +280,17 @@ def _plan(phase: str, program: Program, keep: list[int], sizes: _Sizes, source: 
             steps.append(_op_step(item, sizes, names))
             continue
         for n, unit in enumerate(getattr(item, "members", [item])):
-            step = _unit_step(unit, sizes)
+            online = [item.shifts[n], *([item.normalizers[n]] if n in item.normalizers else [])] \
+                if n in getattr(item, "shifts", {}) else []
+            step = _unit_step(unit, sizes, frozenset(item.members[k].root.id for k in online))
             if unit is not item:
                 step.label += (f"\n    shares one kernel with the {len(item.members) - 1} other unit(s) walking the "
                                f"{item.by} CSR beside it, where every member runs in the CSR schedule (passes/siblings.py)")
-            if n in getattr(item, "shifts", {}):
+            if online:
                 step.label += ("\n    takes its softmax shift, the max beside it, online: a running maximum and "
-                               "rescaled sums, reading no stored maximum (passes/online_softmax.py)")
+                               "rescaled sums, reading no stored maximum"
+                               + (", and divides by its own running copy of the normalizer beside it"
+                                  if len(online) == 2 else "") + " (passes/online_softmax.py)")
             step.source = _kernel_source(unit, sizes) if source else None
             if source and unit is not item and _one_kernel(item, sizes):
                 step.source = _kernel_source(item, sizes) if unit is item.members[0] else "(the kernel above)"
