@@ -86,8 +86,9 @@ def _build(rowptr: torch.Tensor, max_edges: int | None) -> Segments:
 class PartialSlots:
     """Where the segments of split rows store partial results for a merge kernel
     (a sibling group with a max, `passes/siblings.py`): ``slot`` per segment (-1 for a
-    row's only segment), and for each split row, in row order, ``merge_row`` and its
-    slots ``slot_ptr[i]:slot_ptr[i + 1]`` (a row's segments take consecutive slots)."""
+    row's only segment, never read: with no split row at all it is any index array),
+    and for each split row, in row order, ``merge_row`` and its slots
+    ``slot_ptr[i]:slot_ptr[i + 1]`` (a row's segments take consecutive slots)."""
     slot: torch.Tensor
     merge_row: torch.Tensor
     slot_ptr: torch.Tensor
@@ -103,6 +104,8 @@ def partial_slots(ctx: GraphContext, by: str, max_edges: int) -> PartialSlots:
     segs = segments(ctx, by, max_edges)
 
     def build(_) -> PartialSlots:
+        if not len(segs.split_rows):    # nothing to merge, and nothing read back (a padded batch's graph)
+            return PartialSlots(segs.row, segs.row[:0], torch.zeros(1, dtype=torch.int32, device=segs.row.device), 0)
         split = torch.nonzero(segs.split).squeeze(1)
         ordered = split[torch.argsort(segs.start[split])]
         slot = torch.full((len(segs),), -1, dtype=torch.int32, device=segs.row.device)
