@@ -2,11 +2,13 @@
 sibling kernel with a running maximum, and its merge kernel for split rows).
 
 Which sums may take the maximum online (and divide by their own normalizer) and which
-may not, and
-the kernel against the reference backend in float64 under the interpreter: rows longer
-than one chunk (the running maximum rises and earlier chunks are rescaled), rows
-without edges, rows whose scores are all -inf or hold a NaN, GATConv and HGTConv."""
-from __future__ import annotations
+may not, and the kernel against the reference backend in float64 under the
+interpreter: rows longer than one chunk (the running maximum rises and earlier chunks
+are rescaled), hub rows split into segments and merged, rows without edges, rows whose
+scores are all -inf or hold a NaN, GATConv. HGTConv's one walk is checked in
+test_sibling_kernels.py, GAT's and the other attention layers' on hypothesis graphs
+with hubs and non-finite features in test_properties.py.
+"""from __future__ import annotations
 
 import pytest
 import torch
@@ -187,18 +189,3 @@ def test_explain_says_the_sums_take_the_max_online(monkeypatch):
     assert not any(v.op == "reduce" for s in online for v, _ in s.reads)   # the max and sum are not read
     assert len(online) == 2 and len([s for s in report.forward.steps if "with the 2 other unit(s)" in s.label]) == 3
 
-
-def test_hgt_forward_walks_the_pair_graph_once(monkeypatch):
-    """HGTConv's attention (max, normalizer and weighted sum over the pair graph) is one
-    kernel, and the layer still matches PyG's HGTConv, outputs and gradients."""
-    import torch_geometric.nn as pyg_nn
-    from test_nn_hetero import IN_CHANNELS, METADATA, assert_same, hetero_inputs, randomized
-    monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
-    ran = _spy_online(monkeypatch)
-    torch.manual_seed(0)
-    pyg = randomized(pyg_nn.HGTConv(IN_CHANNELS, 6, METADATA, heads=2).double().to(DEVICE), 2)
-    ours = gnn.HGTConv(IN_CHANNELS, 6, METADATA, heads=2).double().to(DEVICE)
-    ours.load_state_dict(pyg.state_dict())
-    x, edges = hetero_inputs(2, DEVICE)
-    assert_same(ours, pyg, x, lambda layer, xs: layer(xs, edges))
-    assert ran and all(g.by == "dst" and len(g.shifts) == 2 and len(g.normalizers) == 1 for g in ran)

@@ -171,10 +171,12 @@ def test_explain_names_the_shared_kernel_and_prints_its_source(monkeypatch):
     assert "shares one kernel" in str(report)
 
 
-def test_hgt_backward_walks_the_source_csr_once(monkeypatch):
+def test_hgt_walks_the_source_csr_once_backward_and_the_destination_csr_once_forward(monkeypatch):
     """HGTConv's key and value gradients are two sums by source of the pair graph with a
-    reshape of the first between them: with the CSR schedule they run as one kernel, and
-    its outputs and gradients match PyG's HGTConv."""
+    reshape of the first between them: with the CSR schedule they run as one kernel. Its
+    attention (max, normalizer and weighted sum by destination) is one kernel too, the
+    sums taking the max online (passes/online_softmax.py). Outputs and gradients match
+    PyG's HGTConv."""
     import torch_geometric.nn as pyg_nn
     from test_nn_hetero import IN_CHANNELS, METADATA, assert_same, hetero_inputs, randomized
     monkeypatch.setenv("GNNFUSE_SCHEDULE", "csr")
@@ -184,7 +186,7 @@ def test_hgt_backward_walks_the_source_csr_once(monkeypatch):
 
     def spy(group, ctx, leaves):
         plan = plan_siblings(group, ctx, leaves)
-        if plan is not None and group.by == "src":
+        if plan is not None:
             ran.append(group)
         return plan
     monkeypatch.setattr(triton_executor, "_plan_siblings", spy)
@@ -194,4 +196,7 @@ def test_hgt_backward_walks_the_source_csr_once(monkeypatch):
     ours.load_state_dict(pyg.state_dict())
     x, edges = hetero_inputs(2, DEVICE)
     assert_same(ours, pyg, x, lambda layer, xs: layer(xs, edges))
-    assert ran and all(len(g.members) == 2 for g in ran)
+    backward = [g for g in ran if g.by == "src"]
+    forward = [g for g in ran if g.by == "dst"]
+    assert backward and all(len(g.members) == 2 for g in backward)
+    assert forward and all(g.shifts == {1: 0, 2: 0} and g.normalizers == {2: 1} for g in forward)
