@@ -8,7 +8,8 @@ are rescaled), hub rows split into segments and merged, rows without edges, rows
 scores are all -inf or hold a NaN, GATConv. HGTConv's one walk is checked in
 test_sibling_kernels.py, GAT's and the other attention layers' on hypothesis graphs
 with hubs and non-finite features in test_properties.py.
-"""from __future__ import annotations
+"""
+from __future__ import annotations
 
 import pytest
 import torch
