@@ -22,6 +22,7 @@ from gnnfuse.ir import Program, Residency
 from gnnfuse.passes.fusion import partition
 from gnnfuse.passes.siblings import SiblingGroup, group_siblings
 from gnnfuse.runtime import compiled as compiled_module
+from test_sibling_kernels import planned_groups
 from test_triton_backend import DEVICE, hub_graph
 
 
@@ -99,21 +100,9 @@ def _run(case, graph, x, extra, monkeypatch, backend):
     return _outputs_and_grads(_cases()[case], graph.to(DEVICE), x.to(DEVICE), extra.to(DEVICE))
 
 
-def _spy_online(monkeypatch, merges: list | None = None) -> list[SiblingGroup]:
-    """The groups taking a maximum online that run as one kernel (and in ``merges``
-    whether each has split rows to merge)."""
-    ran: list[SiblingGroup] = []
-    plan_siblings = triton_executor._plan_siblings
-
-    def spy(group, ctx, leaves):
-        plan = plan_siblings(group, ctx, leaves)
-        if plan is not None and group.shifts:
-            ran.append(group)
-            if merges is not None:
-                merges.append(plan.merge is not None)
-        return plan
-    monkeypatch.setattr(triton_executor, "_plan_siblings", spy)
-    return ran
+def _online(planned) -> list[SiblingGroup]:
+    """The planned groups (`planned_groups`) with a member taking a maximum online."""
+    return [group for group, _ in planned if group.shifts]
 
 
 @pytest.mark.parametrize("case", ["by-hand", "gat"])
@@ -130,10 +119,11 @@ def test_one_walk_equals_the_reference(case, block_e, segment_edges, monkeypatch
     if case == "gat":
         x = x.flatten(1)
     extra = (torch.linspace(-3, 3, graph.num_nodes, dtype=torch.float64)[:, None] * torch.ones(2)).to(DEVICE)
-    merges: list[bool] = []
-    ran = _spy_online(monkeypatch, merges)
+    planned = planned_groups(monkeypatch)
     got = _run(case, graph, x.to(DEVICE), extra, monkeypatch, "triton")
+    ran = _online(planned)
     assert ran and all(len(g.members) == 3 and g.shifts == {1: 0, 2: 0} and g.normalizers == {2: 1} for g in ran)
+    merges = [plan.merge is not None for group, plan in planned if group.shifts]
     assert all(merges) if segment_edges < 300 else not any(merges)
     want = _run(case, graph, x.to(DEVICE), extra, monkeypatch, "reference")
     for a, b in zip(got, want):
@@ -154,14 +144,13 @@ def test_rows_of_minus_infinity_and_nan_scores_match_the_reference(monkeypatch):
     s[1] = s[2] = -torch.inf
     s[3, 0] = torch.nan
     s[7, 1] = 4.0
-    merges: list[bool] = []
-    _spy_online(monkeypatch, merges)
+    planned = planned_groups(monkeypatch)
     outs = []
     for backend in ("triton", "reference"):
         monkeypatch.setenv("GNNFUSE_BACKEND", backend)
         compiled_module._BY_STRUCTURE.clear()
         outs.append(_softmax_by_hand(graph, {"h": h.to(DEVICE), "s": s.to(DEVICE)}))
-    assert merges == [True]
+    assert [plan.merge is not None for group, plan in planned if group.shifts] == [True]
     torch.testing.assert_close(outs[0], outs[1], rtol=1e-9, atol=1e-12, equal_nan=True)
     assert outs[0][0].isnan().all() and outs[0][4, 0].isnan().all() and not outs[0][4, 1].isnan().any()
     assert (outs[0][9] == 0).all() and outs[0][6].isfinite().all()
@@ -173,8 +162,9 @@ def test_a_forced_edge_parallel_schedule_runs_the_members_one_by_one(monkeypatch
     graph = hub_graph().to(DEVICE)
     x = torch.randn(graph.num_nodes, 2, 3, dtype=torch.float64).to(DEVICE)
     extra = torch.randn(graph.num_nodes, 2, dtype=torch.float64).to(DEVICE)
-    assert not _spy_online(monkeypatch)
+    planned = planned_groups(monkeypatch)
     got = _run("by-hand", graph, x, extra, monkeypatch, "triton")
+    assert not _online(planned)
     want = _run("by-hand", graph, x, extra, monkeypatch, "reference")
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)

@@ -87,6 +87,21 @@ def _gat(graph, x):
     return layer(x, graph), list(layer.parameters())
 
 
+def planned_groups(monkeypatch) -> list[tuple[SiblingGroup, object]]:
+    """(group, launch plan) of each sibling group the Triton backend plans as one kernel
+    from here on (a group it runs member by member is not listed)."""
+    planned: list[tuple[SiblingGroup, object]] = []
+    plan_siblings = triton_executor._plan_siblings
+
+    def spy(group, ctx, leaves):
+        plan = plan_siblings(group, ctx, leaves)
+        if plan is not None:
+            planned.append((group, plan))
+        return plan
+    monkeypatch.setattr(triton_executor, "_plan_siblings", spy)
+    return planned
+
+
 def _outputs_and_grads(fn, graph, x, extra):
     xs = x.clone().requires_grad_()
     out, params = fn(graph, xs, extra)
@@ -113,15 +128,7 @@ def test_one_kernel_equals_the_members_run_apart_and_the_reference(case, monkeyp
     x = torch.randn(graph.num_nodes, 6, dtype=torch.float64, generator=gen).to(DEVICE)
     norm = (torch.rand(graph.num_nodes, 1, dtype=torch.float64, generator=gen) + 0.5).to(DEVICE)
     fn = _cases()[case]
-    ran: list[SiblingGroup] = []
-    plan_siblings = triton_executor._plan_siblings
-
-    def spy(group, ctx, leaves):
-        plan = plan_siblings(group, ctx, leaves)
-        if plan is not None:
-            ran.append(group)
-        return plan
-    monkeypatch.setattr(triton_executor, "_plan_siblings", spy)
+    planned = planned_groups(monkeypatch)
     results = {}
     for backend, siblings in (("triton", "1"), ("triton", "0"), ("reference", "1")):
         monkeypatch.setenv("GNNFUSE_BACKEND", backend)
@@ -130,8 +137,8 @@ def test_one_kernel_equals_the_members_run_apart_and_the_reference(case, monkeyp
         clear_trace_caches()
         results[backend, siblings] = _outputs_and_grads(fn, graph, x, norm)
         if (backend, siblings) == ("triton", "1"):
-            assert ran, "no sibling group ran as one kernel"
-            assert all(len(g.members) >= 2 for g in ran)
+            assert planned, "no sibling group ran as one kernel"
+            assert all(len(g.members) >= 2 for g, _ in planned)
     for got, apart, want in zip(results["triton", "1"], results["triton", "0"], results["reference", "1"]):
         torch.testing.assert_close(got, apart, rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
@@ -181,22 +188,14 @@ def test_hgt_walks_the_source_csr_once_backward_and_the_destination_csr_once_for
     from test_nn_hetero import IN_CHANNELS, METADATA, assert_same, hetero_inputs, randomized
     monkeypatch.setenv("GNNFUSE_SCHEDULE", "csr")
     monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
-    ran: list[SiblingGroup] = []
-    plan_siblings = triton_executor._plan_siblings
-
-    def spy(group, ctx, leaves):
-        plan = plan_siblings(group, ctx, leaves)
-        if plan is not None:
-            ran.append(group)
-        return plan
-    monkeypatch.setattr(triton_executor, "_plan_siblings", spy)
+    planned = planned_groups(monkeypatch)
     torch.manual_seed(0)
     pyg = randomized(pyg_nn.HGTConv(IN_CHANNELS, 6, METADATA, heads=2).double().to(DEVICE), 2)
     ours = gnn.HGTConv(IN_CHANNELS, 6, METADATA, heads=2).double().to(DEVICE)
     ours.load_state_dict(pyg.state_dict())
     x, edges = hetero_inputs(2, DEVICE)
     assert_same(ours, pyg, x, lambda layer, xs: layer(xs, edges))
-    backward = [g for g in ran if g.by == "src"]
-    forward = [g for g in ran if g.by == "dst"]
+    backward = [g for g, _ in planned if g.by == "src"]
+    forward = [g for g, _ in planned if g.by == "dst"]
     assert backward and all(len(g.members) == 2 for g in backward)
     assert forward and all(g.shifts == {1: 0, 2: 0} and g.normalizers == {2: 1} for g in forward)
