@@ -62,7 +62,7 @@ class _Emitter:
         self.tile_lanes = 0   # the widest row tile a feature sum in the body evaluates (`row_sum`)
         self.row_lanes: tuple[str, ...] | None = None   # the coordinates of a flat output's lanes
         # while a sibling member taking a maximum online is emitted: (maximum, its scores,
-        # member position, lane block), see `online_shift`
+        # member position, lane block, the normalizer it divides by or None), see `online_shift`
         self.shift: tuple[Value, Value, int, int, Value | None] | None = None
         self.shift_coords: dict[int, tuple[str, ...]] = {}
 
@@ -522,13 +522,16 @@ def generate_siblings(group: SiblingGroup, name: str, acc_dtype: str, tuned: boo
     gathered rows are paid once for all members; rows and expressions they share are
     emitted once. Outputs ``out0``, ``out1``, ... in member order.
 
-    A max member keeps its row whole (no atomics) and counts NaN as `generate` does. A
-    member that takes a max member's maximum as its softmax shift (``group.shifts``,
+    A max member counts NaN as `generate` does. In a group with one (``group.merges``)
+    the segments of a split row store partial results for `generate_sibling_merge`
+    instead of adding them atomically. A member that takes a max member's maximum as its softmax shift (``group.shifts``,
     `passes/online_softmax.py`) reads no stored maximum: on its own lanes it keeps a
     running maximum ``m`` of the scores, evaluates its expression with ``m`` in place
     of the maximum, and rescales what it summed by ``exp(m_old - m_new)`` whenever a
     chunk raises ``m``. A row whose scores are all -inf ends with NaN, as the stored
-    maximum (-inf) would give."""
+    maximum (-inf) would give. A member dividing by another's sum of the exponentials
+    (``group.normalizers``) keeps its own copy ``den{n}``, rescaled alike, and divides
+    by it at the end."""
     em = _Emitter(group)
     members = []
     for n, unit in enumerate(group.members):
@@ -584,7 +587,7 @@ def generate_siblings(group: SiblingGroup, name: str, acc_dtype: str, tuned: boo
     if group.merges:
         slot_param = "seg_slot, "
         slot_load = "\n            slot = tl.load(seg_slot + seg).to(tl.int64)"
-        part_params = "".join(f"{name}, " for name in partial_names(group))
+        part_params = "".join(f"{kept}{n}_part, " for kept, n in partial_buffers(group))
     source = f'''import triton
 import triton.language as tl
 
@@ -614,12 +617,13 @@ def {name}(rowptr, col, eid, seg_row, seg_start, seg_end, seg_split, {slot_param
     return source, em.leaf_args
 
 
-def partial_names(group: SiblingGroup) -> list[str]:
-    """The partial-result buffers of a merging group's kernels, in argument order: each
-    member's accumulator, then the running maximum of each member taking one online,
-    then the own normalizer of each member dividing by one."""
-    return ([f"acc{n}_part" for n in range(len(group.members))] + [f"run{n}_part" for n in sorted(group.shifts)]
-            + [f"den{n}_part" for n in sorted(group.normalizers)])
+def partial_buffers(group: SiblingGroup) -> list[tuple[str, int]]:
+    """The partial-result buffers of a merging group's kernels, in argument order, as
+    (what it keeps, member position): each member's accumulator ``acc``, then the
+    running maximum ``run`` of each member taking one online, then the own normalizer
+    ``den`` of each member dividing by one. Each buffer is one slot by the member's lanes."""
+    return ([("acc", n) for n in range(len(group.members))] + [("run", n) for n in sorted(group.shifts)]
+            + [("den", n) for n in sorted(group.normalizers)])
 
 
 def _finish(group: SiblingGroup, n: int, indent: int) -> str:
@@ -667,22 +671,20 @@ def generate_sibling_merge(group: SiblingGroup, name: str, acc_dtype: str) -> st
                         f"    for s in range(lo, hi):\n        x = tl.load(acc{n}_part + {at})\n"
                         f"        nans{n} += (x != x).to(tl.int32)\n        acc{n} = tl.maximum(acc{n}, x)")
         elif n in group.shifts:
+            summed = ("acc", "den") if n in group.normalizers else ("acc",)
             body.append(f"    run{n} = tl.full([{block}], float('-inf'), ACC)\n"
                         f"    for s in range(lo, hi):\n        run{n} = tl.maximum(run{n}, tl.load(run{n}_part + {at}))\n"
-                        f"    acc{n} = tl.zeros([{block}], ACC)\n    for s in range(lo, hi):\n"
-                        f"        m = tl.load(run{n}_part + {at})\n"
-                        f"        rescale = tl.where(m == run{n}, 1.0, tl.exp(m - run{n}))\n"
-                        f"        acc{n} += tl.load(acc{n}_part + {at}) * rescale")
-            if n in group.normalizers:
-                body[-1] = body[-1].replace(f"    acc{n} = tl.zeros", f"    den{n} = tl.zeros([{block}], ACC)\n    acc{n} = tl.zeros", 1)
-                body[-1] += f"\n        den{n} += tl.load(den{n}_part + {at}) * rescale"
+                        + "".join(f"    {k}{n} = tl.zeros([{block}], ACC)\n" for k in summed)
+                        + f"    for s in range(lo, hi):\n        m = tl.load(run{n}_part + {at})\n"
+                        f"        rescale = tl.where(m == run{n}, 1.0, tl.exp(m - run{n}))"
+                        + "".join(f"\n        {k}{n} += tl.load({k}{n}_part + {at}) * rescale" for k in summed))
         else:
             body.append(f"    acc{n} = tl.zeros([{block}], ACC)\n    for s in range(lo, hi):\n"
                         f"        acc{n} += tl.load(acc{n}_part + {at})")
         body.append(f"{_finish(group, n, 4)}{_row_scale(em, unit, f'acc{n}', ' ' * 4, per_edge=False)}\n"
                     f"    tl.store(out{n} + row * {width} + f{n}, acc{n}.to(out{n}.dtype.element_ty), mask=f{n}mask)")
     outs = "".join(f"out{n}, " for n in range(len(group.members)))
-    parts = "".join(f"{p}, " for p in partial_names(group))
+    parts = "".join(f"{kept}{n}_part, " for kept, n in partial_buffers(group))
     leaves = ", ".join(f"L{n}" for n in range(len(em.leaf_args)))
     newline = "\n"
     return f'''import triton

@@ -19,8 +19,8 @@ from ..launch_cache import CallSettings, LaunchCache
 from ..row_layout import has_row_stride
 from ..reference.executor import run_plan
 from .codegen import (SHARED_REDUCE_BLOCK_E, SHARED_REDUCE_PROGRAMS, RowSum, generate, generate_coo, generate_edge,
-                      generate_shared_reduce, generate_sibling_merge, generate_siblings, head_block, row_stride,
-                      row_sum_split, size_class)
+                      generate_shared_reduce, generate_sibling_merge, generate_siblings, head_block, partial_buffers,
+                      row_stride, row_sum_split, size_class)
 from .context import TritonGraphContext
 from .launch import launch, signature
 from .schedule import SEGMENT_EDGES, partial_slots, segments
@@ -285,9 +285,8 @@ def _plan_siblings(group: SiblingGroup, ctx: GraphContext, leaves: dict[int, tor
     if group.merges:     # split rows leave partial results for a merge kernel instead of atomics
         slots = partial_slots(ctx, group.by, SEGMENT_EDGES)
         before, zero_rows = before + (slots.slot,), None
-        blocks = [triton.next_power_of_2(widths[n]) for n in [*range(len(widths)), *sorted(group.shifts),
-                                                               *sorted(group.normalizers)]]
-        partials = tuple(((slots.count, block), torch.float64 if wide else torch.float32) for block in blocks)
+        partials = tuple(((slots.count, triton.next_power_of_2(widths[n])), torch.float64 if wide else torch.float32)
+                         for _, n in partial_buffers(group))
         if len(slots):
             merge = (_merge_kernel_for(group, acc), len(slots), (slots.merge_row, slots.slot_ptr, rowptr))
     before += (count, size_class(count))
