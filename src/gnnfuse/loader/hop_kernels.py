@@ -57,15 +57,18 @@ def _kernels():
 
 def fused_hops(device: torch.device, fanout: int, replace: bool, rows: int = 0) -> bool:
     """Whether a hop on ``device`` runs here: for a fanout without replacement, on a GPU
-    or on a CPU with Numba installed, in a process that is not one of several
-    data-parallel ranks, unless `FUSED_HOPS` says otherwise ("1": wherever the fanout
-    allows; a CPU without Numba then runs the Triton kernels in Triton's interpreter).
+    or on a CPU with Numba installed, unless `FUSED_HOPS` says otherwise ("0": the torch
+    path; "1": wherever the fanout allows, so a CPU without Numba runs the Triton kernels
+    in Triton's interpreter).
 
-    Why not under data parallelism: on four H100s of one machine the ranks ran slower
-    with these kernels than with the torch path (47b97a0, products-sized GraphSAGE, a
-    rank's loader in a thread: 1.36 against 0.77 s for 49 batches per rank on 4 GPUs,
-    2.20 against 1.41 s for 97 on 2), while one process ran faster (1.08 against 2.02 s
-    for 100 batches). The cause was not found in that session.
+    Data-parallel ranks run them too. On four H200s of one machine (f0172a7,
+    products-sized GraphSAGE, 49 batches per rank, a rank's loader in a thread) the
+    torch path took 5.33 s and the kernels 0.87 s; one process 0.96 s for 100 batches.
+    On four H100s (47b97a0) it had gone the other way, 0.77 against 1.36 s, with rank 0
+    the straggler; the H200 run checked that every rank's loader thread launches the
+    kernels in its own GPU's context, and the cause on the H100s was not found. The
+    kernels' time varied less between the machines (1.36 and 0.87 s) than the torch
+    path's (0.77 and 5.33 s).
 
     ``rows`` destinations: the kernels number positions and draw Philox offsets in 32
     bits, so a hop of ``rows * (fanout + 1)`` positions past that stays on the torch path."""
@@ -74,7 +77,7 @@ def fused_hops(device: torch.device, fanout: int, replace: bool, rows: int = 0) 
     forced = os.environ.get(FUSED_HOPS)
     if forced in ("0", "1"):
         return forced == "1"
-    return (device.type == "cuda" or _has_numba()) and not _data_parallel()
+    return device.type == "cuda" or _has_numba()
 
 
 @functools.cache
@@ -93,12 +96,6 @@ def _engine(device: torch.device, engine: str | None) -> str:
     if engine == "numba" and device.type != "cpu":
         raise ValueError(f"the Numba hop kernels run on CPU tensors, not {device}")
     return engine
-
-
-def _data_parallel() -> bool:
-    """Whether this process is one of several ranks of an initialized process group."""
-    import torch.distributed as dist
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 def hop_seed(generator: torch.Generator, hop: int) -> int:
