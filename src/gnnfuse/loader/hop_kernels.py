@@ -61,14 +61,14 @@ def fused_hops(device: torch.device, fanout: int, replace: bool, rows: int = 0) 
     path; "1": wherever the fanout allows, so a CPU without Numba runs the Triton kernels
     in Triton's interpreter).
 
-    Data-parallel ranks run them too. On four H200s of one machine (f0172a7,
-    products-sized GraphSAGE, 49 batches per rank, a rank's loader in a thread) the
-    torch path took 5.33 s and the kernels 0.87 s; one process 0.96 s for 100 batches.
-    On four H100s (47b97a0) it had gone the other way, 0.77 against 1.36 s, with rank 0
-    the straggler; the H200 run checked that every rank's loader thread launches the
-    kernels in its own GPU's context, and the cause on the H100s was not found. The
-    kernels' time varied less between the machines (1.36 and 0.87 s) than the torch
-    path's (0.77 and 5.33 s).
+    Data-parallel ranks run them too: on four H200s of one machine, in a call whose
+    caches were warm (b3735a1, products-sized GraphSAGE, 49 batches per rank, a rank's
+    loader in a thread), four ranks took 0.64 s with the kernels against 0.75 s on the
+    torch path. On four H100s (47b97a0) the kernels had looked slower (1.36 against
+    0.77 s), but that run's training steps were 2-3x their usual time, the state the
+    H200s showed on a fresh machine's first data-parallel invocation whichever path
+    sampled (`results/scaling_cuda.md`); a probe there also showed every rank's loader
+    thread launching the kernels in its own GPU's context.
 
     ``rows`` destinations: the kernels number positions and draw Philox offsets in 32
     bits, so a hop of ``rows * (fanout + 1)`` positions past that stays on the torch path."""
