@@ -128,7 +128,8 @@ def rank_main(local_rank: int, world: int, port: int, args: argparse.Namespace, 
     share = len(sampler) if sampler is not None else train_idx.numel()      # this rank's seeds per epoch
     result = {"rank": local_rank, "epoch_s": wall, "batches": batches, "epoch_seeds": share,
               "seeds": min(batches * args.batch_size, share),
-              "stages_s": times.totals(), "busy_s": busy, "busy_fraction": busy / wall, "load_s": load_s,
+              "stages_s": times.totals(), "busy_s": busy, "busy_fraction": busy / wall, "step_ms": clock.spread_ms(),
+              "load_s": load_s,
               "peak_mib": peak_memory_mib(device),
               "feature_bytes": store.bytes_moved() if store is not None else None}
     loader.close()
@@ -191,18 +192,21 @@ def markdown(results: dict[str, Any]) -> str:
              "shares, DDP). Epoch s: the slowest rank's wall time over the batches run; full epoch s: projected "
              "from seeds/s when --max-batches cut the epoch short. Stage seconds are per rank, summed over its "
              "batches (sample/reindex/lookup/transfer in the loader's thread, overlapped with compute); busy = "
-             "training-step GPU time / wall.", "",
-             "| ranks | rank | batches | epoch s | full epoch s | seeds/s | busy | peak MiB | "
+             "training-step GPU time / wall; step ms = median / 90th percentile / slowest step's GPU span "
+             "(a rank's span includes its wait in DDP's all-reduce for the others).", "",
+             "| ranks | rank | batches | epoch s | full epoch s | seeds/s | busy | step ms | peak MiB | "
              + " | ".join(STAGES) + " | feature MB sent / received |",
-             "|---|---|---|---|---|---|---|---|" + "---|" * len(STAGES) + "---|"]
+             "|---|---|---|---|---|---|---|---|---|" + "---|" * len(STAGES) + "---|"]
     for world, cell in results["worlds"].items():
         for rank in cell["ranks"]:
             stages = " | ".join(f"{rank['stages_s'][s]:.2f}" for s in STAGES)
             moved = rank["feature_bytes"]
             moved = "–" if moved is None else f"{moved['sent'] / 1e6:.1f} / {moved['received'] / 1e6:.1f}"
+            spread = rank.get("step_ms") or {}
+            step = "–" if not spread else f"{spread['median']:.1f} / {spread['p90']:.1f} / {spread['max']:.1f}"
             lines.append(f"| {world} | {rank['rank']} | {rank['batches']} | {rank['epoch_s']:.2f} | "
                          f"{cell['full_epoch_s']:.2f} | {cell['seeds_per_s']:,.0f} | "
-                         f"{100 * rank['busy_fraction']:.0f}% | {rank['peak_mib']:.0f} | {stages} | {moved} |")
+                         f"{100 * rank['busy_fraction']:.0f}% | {step} | {rank['peak_mib']:.0f} | {stages} | {moved} |")
     if results.get("speedup_vs_1"):
         lines += ["", "| ranks | speed-up vs 1 (seeds/s) | target |", "|---|---|---|"]
         for world, speedup in results["speedup_vs_1"].items():

@@ -47,6 +47,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import statistics
 import time
 from pathlib import Path
@@ -105,10 +106,10 @@ def pyg_can_sample() -> bool:
 # --- timing ----------------------------------------------------------------------------
 class StepClock:
     """Times training steps: CUDA events on the compute stream (the GPU's busy time) on
-    a GPU, host seconds on the CPU; summed when asked."""
+    a GPU, host seconds on the CPU; summed, or step by step, when asked."""
 
     def __init__(self, device: torch.device):
-        self.device, self.pairs, self.host = device, [], 0.0
+        self.device, self.pairs, self.host = device, [], []
 
     def run(self, step: Callable[[], None]) -> None:
         if self.device.type == "cuda":
@@ -120,13 +121,27 @@ class StepClock:
         else:
             begin = time.perf_counter()
             step()
-            self.host += time.perf_counter() - begin
+            self.host.append(time.perf_counter() - begin)
 
-    def seconds(self) -> float:
+    def steps(self) -> list[float]:
+        """Each step's seconds, in order."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-            return sum(start.elapsed_time(end) for start, end in self.pairs) / 1e3
-        return self.host
+            return [start.elapsed_time(end) / 1e3 for start, end in self.pairs]
+        return list(self.host)
+
+    def seconds(self) -> float:
+        return sum(self.steps())
+
+    def spread_ms(self) -> dict[str, float]:
+        """Median, 90th percentile and slowest step in ms: whether slow steps are a few
+        outliers (a kernel compiled or tuned inside the timed epoch) or all of them."""
+        steps = sorted(self.steps())
+        if not steps:
+            return {}
+        nearest_rank = math.ceil(0.9 * len(steps)) - 1
+        return {"median": 1e3 * statistics.median(steps), "p90": 1e3 * steps[nearest_rank],
+                "max": 1e3 * steps[-1]}
 
 
 class IsolatedStepClock:

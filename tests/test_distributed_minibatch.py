@@ -143,6 +143,8 @@ def test_the_distributed_benchmark_runs_1_and_2_cpu_ranks_in_one_invocation(impo
         assert [r["rank"] for r in cell["ranks"]] == list(range(int(world)))
         for rank in cell["ranks"]:
             assert rank["batches"] == 2 and set(rank["stages_s"]) == set(STAGES) and rank["stages_s"]["compute"] > 0
+            spread = rank["step_ms"]
+            assert 0 < spread["median"] <= spread["p90"] <= spread["max"]
             assert (rank["feature_bytes"] is None) == (world == "1")
             assert world == "1" or rank["feature_bytes"]["received_rows"] > 0
     table = path.with_suffix(".md").read_text()
