@@ -20,10 +20,11 @@ from ..row_layout import has_row_stride
 from ..reference.executor import run_plan
 from .codegen import (SHARED_REDUCE_BLOCK_E, SHARED_REDUCE_PROGRAMS, RowSum, generate, generate_coo, generate_edge,
                       generate_shared_reduce, generate_sibling_merge, generate_siblings, head_block, partial_buffers,
-                      row_stride, row_sum_split, size_class)
+                      row_stride, row_sum_split)
 from .context import TritonGraphContext
 from .launch import launch, signature
 from .schedule import SEGMENT_EDGES, partial_slots, segments
+from .tuning_class import tuning_class
 from ...environ import getenv
 
 _PLANS: "weakref.WeakKeyDictionary[Program, dict]" = weakref.WeakKeyDictionary()
@@ -289,9 +290,10 @@ def _plan_siblings(group: SiblingGroup, ctx: GraphContext, leaves: dict[int, tor
                          for _, n in partial_buffers(group))
         if len(slots):
             merge = (_merge_kernel_for(group, acc), len(slots), (slots.merge_row, slots.slot_ptr, rowptr))
-    before += (count, size_class(count))
+    tuned_as = tuning_class(kernel, count)
+    before += (count, tuned_as)
     outs = tuple(((rows,) + m.reduce.shape, m.reduce.dtype) for m in group.members)
-    sizes = (size_class(count), *widths)
+    sizes = (tuned_as, *widths)
     dtypes = (*(a.dtype for a in before if isinstance(a, torch.Tensor)), *(d for _, d in outs),
               *(d for _, d in partials), *(leaves[leaf].dtype for leaf, _, _ in layouts))
     return _SiblingLaunch(kernel if count else None, tuple(layouts), before, outs, partials, merge, ctx.device,
@@ -350,8 +352,9 @@ def _plan(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> _La
     # Feature-adaptive default for the interpreter (two rows per program, so the row loop
     # and its bound check run in tests); on a GPU the autotuner picks BLOCK_E and ROWS.
     fixed = {} if _autotune() else fixed_csr_blocks(block_f)
-    before = (rowptr, col, eid, segs.row, segs.start, segs.end, segs.split, count, size_class(count))
-    return _launch_plan(kernel if count else None, grid, (size_class(count), width), before, (),
+    tuned_as = tuning_class(kernel, count)
+    before = (rowptr, col, eid, segs.row, segs.start, segs.end, segs.split, count, tuned_as)
+    return _launch_plan(kernel if count else None, grid, (tuned_as, width), before, (),
                         {"BLOCK_F": block_f, **fixed}, leaf_dtypes, shape, unit.reduce.dtype, False, zero_rows,
                         **common)
 
@@ -428,8 +431,9 @@ def _plan_shared_reduce_unit(unit: SharedReduceUnit, ctx: GraphContext, kernel, 
     fixed = {} if _autotune() else {"BLOCK_E": 16}
     smallest_block = fixed.get("BLOCK_E", min(SHARED_REDUCE_BLOCK_E))
     programs = min(SHARED_REDUCE_PROGRAMS, triton.cdiv(ctx.num_edges, smallest_block))
+    tuned_as = tuning_class(kernel, ctx.num_edges)
     return _launch_plan(kernel, lambda meta: (programs, triton.cdiv(width, block_f)),
-                        (size_class(ctx.num_edges), width), (ctx.src, ctx.dst, ctx.num_edges, size_class(ctx.num_edges)),
+                        (tuned_as, width), (ctx.src, ctx.dst, ctx.num_edges, tuned_as),
                         (), {"BLOCK_F": block_f, **fixed}, leaf_dtypes, (programs, width), partial_dtype, False, None,
                         summed_to=summed_to, **common)
 
@@ -448,8 +452,9 @@ def _plan_over_edges(kernel, ctx: GraphContext, out_shape: tuple[int, ...], out_
 
     def grid(meta):
         return triton.cdiv(edges, meta["BLOCK_E"]), triton.cdiv(width, block_f)
-    return _launch_plan(kernel if edges and math.prod(out_shape[1:]) else None, grid, (size_class(edges), width),
-                        (ctx.src, ctx.dst, edges, size_class(edges)), after, {"BLOCK_F": block_f, **fixed},
+    tuned_as = tuning_class(kernel, edges)
+    return _launch_plan(kernel if edges and math.prod(out_shape[1:]) else None, grid, (tuned_as, width),
+                        (ctx.src, ctx.dst, edges, tuned_as), after, {"BLOCK_F": block_f, **fixed},
                         leaf_dtypes, out_shape, out_dtype, zeros, None, **common)
 
 

@@ -1,0 +1,46 @@
+"""Which tuned configuration a launch asks the autotuner for (its ``size_class``).
+
+The generated kernels are tuned per `codegen.size_class`, the bit length of the edge or
+segment count: counts within a factor of two share a choice. Mini-batch blocks change
+size from batch to batch, so a block whose count crosses a power of two had the
+autotuner compile and time every configuration in the middle of an epoch. On a fresh
+H200 (cold compile caches) that was one step of 4.5 s among steps of 9 ms in a
+products-sized GraphSAGE epoch; with several data-parallel ranks, each rank's stall held
+up every other rank at the next all-reduce, and the first 4-GPU invocation of the
+benchmark on a fresh machine read x0.41 where later ones read x3
+(`benchmarks/results/scaling_cuda.md`).
+
+So a kernel that this process has launched at some class reuses that choice for a new
+class next to it (counts within a factor of four of a tuned one) instead of tuning
+again: the first class of a kernel still tunes, and so does a class further away (a
+graph of another size). The choice only changes speed, never values.
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+from .codegen import size_class
+
+_CLASSES: "weakref.WeakKeyDictionary[Any, set[int]]" = weakref.WeakKeyDictionary()
+
+
+def tuning_class(kernel: Any, count: int) -> int:
+    """The ``size_class`` argument of ``kernel``'s launch over ``count`` edges or
+    segments: ``size_class(count)``, or a neighbouring class this process has launched
+    ``kernel`` at, when it has not launched it at that one (see the module doc)."""
+    exact = size_class(count)
+    if not count:                    # nothing is launched, so nothing is tuned
+        return exact
+    try:
+        launched = _CLASSES.setdefault(kernel, set())
+    except TypeError:                # None (nothing to launch), or not weakly referenceable
+        return exact
+    if exact in launched or not launched:
+        launched.add(exact)
+        return exact
+    for near in (exact - 1, exact + 1):
+        if near in launched:
+            return near
+    launched.add(exact)
+    return exact
