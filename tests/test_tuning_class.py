@@ -33,3 +33,16 @@ def test_kernels_keep_their_own_classes_and_empty_launches_record_nothing():
     assert tuning_class(one, 3000) == 12, "an empty launch did not make 0 the first class"
     assert tuning_class(other, 5000) == 13, "another kernel has launched nothing yet"
     assert tuning_class(None, 5000) == 13, "no kernel: the count's own class"
+
+
+def test_small_launches_reuse_the_nearest_launched_class_whatever_the_distance():
+    """A block's launch over a handful of segments (classes 1 to 9) is microseconds with
+    any configuration; tuning it compiled every configuration mid-epoch (4.75 s)."""
+    kernel = Kernel()
+    assert tuning_class(kernel, 100_000) == 17
+    assert tuning_class(kernel, 2) == 17 and tuning_class(kernel, 300) == 17
+    assert tuning_class(kernel, 3000) == 12, "class 12 is not small and not next to 17: it tunes"
+    assert tuning_class(kernel, 20) == 12, "the nearest launched class serves a small one"
+    first_small = Kernel()
+    assert tuning_class(first_small, 1) == 1, "a kernel's first launch tunes, small or not"
+    assert tuning_class(first_small, 5000) == 13

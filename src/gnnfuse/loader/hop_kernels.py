@@ -65,10 +65,10 @@ def fused_hops(device: torch.device, fanout: int, replace: bool, rows: int = 0) 
     caches were warm (b3735a1, products-sized GraphSAGE, 49 batches per rank, a rank's
     loader in a thread), four ranks took 0.64 s with the kernels against 0.75 s on the
     torch path. On four H100s (47b97a0) the kernels had looked slower (1.36 against
-    0.77 s), but that run's training steps were 2-3x their usual time, the state the
-    H200s showed on a fresh machine's first data-parallel invocation whichever path
-    sampled (`results/scaling_cuda.md`); a probe there also showed every rank's loader
-    thread launching the kernels in its own GPU's context.
+    0.77 s), but that run's training steps were 2-3x their usual time, as on the H200s
+    in a fresh machine's first data-parallel invocation whichever path sampled, where a
+    kernel tuned mid-epoch stalled every rank (`backend.triton.tuning_class`); a probe
+    there also showed every rank's loader thread launching in its own GPU's context.
 
     ``rows`` destinations: the kernels number positions and draw Philox offsets in 32
     bits, so a hop of ``rows * (fanout + 1)`` positions past that stays on the torch path."""
