@@ -1,6 +1,6 @@
-"""A new size class next to one a kernel was already launched at reuses that tuned
-choice (`backend.triton.tuning_class`): a mini-batch block crossing a power of two must
-not stop the epoch to tune every configuration again."""
+"""A small launch of a kernel already launched at another size class reuses that tuned
+choice (`backend.triton.tuning_class`): a mini-batch block with a handful of segments
+must not stop the epoch to compile and time every configuration."""
 from __future__ import annotations
 
 import pytest
@@ -15,16 +15,12 @@ class Kernel:
     """Stands in for a tuned kernel: only its identity matters."""
 
 
-def test_a_kernels_first_class_and_far_classes_tune_and_neighbours_reuse():
+def test_large_classes_tune_their_own_choice():
     kernel = Kernel()
-    first = 3000                                          # class 12
-    assert tuning_class(kernel, first) == size_class(first) == 12
-    assert tuning_class(kernel, 5000) == 12, "class 13 next to 12 reuses 12's choice"
-    assert tuning_class(kernel, 1500) == 12, "class 11 too"
-    assert tuning_class(kernel, 4000) == 12, "its own class stays"
-    assert tuning_class(kernel, 60_000) == 16, "a count 20x larger (another graph) tunes its own"
-    assert tuning_class(kernel, 40_000) == 16, "and class 15 then sits next to 16"
-    assert tuning_class(kernel, 10_000) == 14, "class 14 is next to neither 12 nor 16: it tunes"
+    assert tuning_class(kernel, 3000) == size_class(3000) == 12
+    assert tuning_class(kernel, 5000) == 13, "a graph twice the size gets its own choice"
+    assert tuning_class(kernel, 4000) == 12, "and a class launched before stays its own"
+    assert tuning_class(kernel, 60_000) == 16
 
 
 def test_kernels_keep_their_own_classes_and_empty_launches_record_nothing():
@@ -41,7 +37,7 @@ def test_small_launches_reuse_the_nearest_launched_class_whatever_the_distance()
     kernel = Kernel()
     assert tuning_class(kernel, 100_000) == 17
     assert tuning_class(kernel, 2) == 17 and tuning_class(kernel, 300) == 17
-    assert tuning_class(kernel, 3000) == 12, "class 12 is not small and not next to 17: it tunes"
+    assert tuning_class(kernel, 3000) == 12, "class 12 is not small: it tunes"
     assert tuning_class(kernel, 20) == 12, "the nearest launched class serves a small one"
     first_small = Kernel()
     assert tuning_class(first_small, 1) == 1, "a kernel's first launch tunes, small or not"

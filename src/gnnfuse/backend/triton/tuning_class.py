@@ -10,18 +10,19 @@ up every other rank at the next all-reduce, and the first 4-GPU invocation of th
 benchmark on a fresh machine read x0.41 where later ones read x3
 (`benchmarks/results/scaling_cuda.md`).
 
-Reusing only neighbouring classes did not remove that stall: on a second fresh machine
-(Triton printing its tuning) the launches that tuned inside the timed epoch were tiny
-ones, classes 1, 2, 5, 6 and 9 (1 to 511 segments or edges), while the larger classes
-(11 to 17) had tuned in the warm-up; class 2 took 4.75 s and class 5 5.10 s, compiling
-every configuration for a new specialization of the count.
+A first fix let a new class next to a launched one (counts within a factor of four)
+reuse its choice, and did not remove that stall: on a second fresh machine (Triton
+printing its tuning) the launches that tuned inside the timed epoch were tiny ones,
+classes 1, 2, 5, 6 and 9 (1 to 511 segments or edges), while the larger classes (11 to
+17) had tuned in the warm-up; class 2 took 4.75 s and class 5 5.10 s, compiling every
+configuration for a new specialization of the count.
 
-So a kernel that this process has launched at some class reuses that choice for a new
-class instead of tuning again when the new class is small (below `SMALL_CLASS`: the
-launch takes microseconds whichever configuration runs it; the nearest launched class
-serves) or next to a launched one (counts within a factor of four). The first class of a
-kernel still tunes, and so does a large class further away (a graph of another size).
-The choice only changes speed, never values.
+So a kernel that this process has launched at some class reuses the nearest such class's
+choice for a new class below `SMALL_CLASS`, where the launch takes microseconds whichever
+configuration runs it. Larger classes tune as before (neighbouring ones were not seen to
+stall, and a process that trains on graphs of several sizes wants each one's choice). A
+kernel's first launch tunes, whatever its class. The choice only changes speed, never
+values.
 """
 from __future__ import annotations
 
@@ -37,8 +38,8 @@ _CLASSES: "weakref.WeakKeyDictionary[Any, set[int]]" = weakref.WeakKeyDictionary
 def tuning_class(kernel: Any, count: int) -> int:
     """The ``size_class`` argument of ``kernel``'s launch over ``count`` edges or
     segments: ``size_class(count)``, or a class this process has launched ``kernel`` at,
-    when it has not launched it at that one and the new class is small or next to a
-    launched one (see the module doc)."""
+    when it has not launched it at that one and the new class is small (see the
+    module doc)."""
     exact = size_class(count)
     if not count:                    # nothing is launched, so nothing is tuned
         return exact
@@ -51,8 +52,5 @@ def tuning_class(kernel: Any, count: int) -> int:
         return exact
     if exact < SMALL_CLASS:
         return min(launched, key=lambda tuned: (abs(tuned - exact), tuned))
-    for near in (exact - 1, exact + 1):
-        if near in launched:
-            return near
     launched.add(exact)
     return exact
