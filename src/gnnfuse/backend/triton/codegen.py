@@ -316,7 +316,7 @@ def row_stride(v: Value) -> int:
 
 def size_class(count: int) -> int:
     """The autotuner's key for a launch over ``count`` edges or segments: counts within
-    a factor of two share one tuned configuration (a launch may pass a neighbouring
+    a factor of two share one tuned configuration (a small launch may pass another
     class instead: `tuning_class`)."""
     return int(count).bit_length()
 

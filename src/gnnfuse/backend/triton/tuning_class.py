@@ -1,28 +1,23 @@
 """Which tuned configuration a launch asks the autotuner for (its ``size_class``).
 
 The generated kernels are tuned per `codegen.size_class`, the bit length of the edge or
-segment count: counts within a factor of two share a choice. Mini-batch blocks change
-size from batch to batch, so a block whose count crosses a power of two had the
-autotuner compile and time every configuration in the middle of an epoch. On a fresh
-H200 (cold compile caches) that was one step of 4.5 s among steps of 9 ms in a
-products-sized GraphSAGE epoch; with several data-parallel ranks, each rank's stall held
-up every other rank at the next all-reduce, and the first 4-GPU invocation of the
-benchmark on a fresh machine read x0.41 where later ones read x3
-(`benchmarks/results/scaling_cuda.md`).
-
-A first fix let a new class next to a launched one (counts within a factor of four)
-reuse its choice, and did not remove that stall: on a second fresh machine (Triton
-printing its tuning) the launches that tuned inside the timed epoch were tiny ones,
-classes 1, 2, 5, 6 and 9 (1 to 511 segments or edges), while the larger classes (11 to
-17) had tuned in the warm-up; class 2 took 4.75 s and class 5 5.10 s, compiling every
-configuration for a new specialization of the count.
+segment count, so the first launch of a kernel at a new class compiles and times every
+configuration. Mini-batch blocks bring new classes mid-epoch. On fresh 4-H200 machines
+(cold compile caches, products-sized GraphSAGE) one step of 4-6 s stood among steps of
+7-15 ms, on every data-parallel rank at once: one rank tuned while the others waited at
+the next all-reduce, and the first 4-GPU invocation of the benchmark read x0.4 where
+later ones read x3 (`benchmarks/results/scaling_cuda.md`). Triton's printout showed the
+classes tuned inside the timed epoch were tiny ones, 1 to 9 (1 to 511 segments or
+edges), of kernels whose large classes (11 to 17) had tuned in the warm-up; class 2
+took 4.75 s and class 5 5.10 s, compiling every configuration for a new specialization
+of the count. (Letting a class reuse a launched neighbour's choice, tried first, did not
+remove them.)
 
 So a kernel that this process has launched at some class reuses the nearest such class's
 choice for a new class below `SMALL_CLASS`, where the launch takes microseconds whichever
-configuration runs it. Larger classes tune as before (neighbouring ones were not seen to
-stall, and a process that trains on graphs of several sizes wants each one's choice). A
-kernel's first launch tunes, whatever its class. The choice only changes speed, never
-values.
+configuration runs it. Larger classes tune as before: a process that trains on graphs of
+several sizes wants each one's choice. A kernel's first launch tunes, whatever its class.
+The choice only changes speed, never values.
 """
 from __future__ import annotations
 
