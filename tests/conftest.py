@@ -51,6 +51,16 @@ def pytest_runtest_protocol(item):
     faulthandler.cancel_dump_traceback_later()
 
 
+@pytest.fixture(autouse=True)
+def _loader_blocks_as_at_start():
+    """A layer that asks for a loader block's self-looped graph makes the loader build
+    it for every later block of the process (`nn.conv.looped_blocks_wanted`); each test
+    starts as a fresh process would."""
+    from gnnfuse.nn import conv
+    conv._LOOPED_BLOCKS["wanted"] = False
+    yield
+
+
 @pytest.fixture(params=["reference", "triton"])
 def backend(request, monkeypatch) -> str:
     """Runs a test once per backend, forced through GNNFUSE_BACKEND. Triton needs its

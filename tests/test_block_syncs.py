@@ -7,7 +7,6 @@ of the step, once per layer and batch. The loader builds all of that in its own 
 counted here on the CPU with `HostSyncCounter`, on both backends."""
 from __future__ import annotations
 
-import pytest
 import torch
 import torch.nn.functional as F
 
@@ -17,13 +16,13 @@ from gnnfuse.loader import NeighborLoader
 from gnnfuse.nn.block_models import build_block_model
 
 
-def _graph_and_model(device: str):
+def _graph_and_model(device: str, kind: str = "sage"):
     generator = torch.Generator().manual_seed(0)
     graph = gnnfuse.Graph(torch.randint(0, 50, (400,), generator=generator),
                           torch.randint(0, 50, (400,), generator=generator), 50).to(device)
     torch.manual_seed(0)
-    # 8 -> 8 aggregates first; 8 -> 3 narrows, so it maps first (`_transform_first`'s rows)
-    model = build_block_model("sage", 8, 3, 8, 0.5, 2).to(device)
+    # SAGE: 8 -> 8 aggregates first; 8 -> 3 narrows, so it maps first (`_transform_first`'s rows)
+    model = build_block_model(kind, 8, 3, 8, 0.5 if kind == "sage" else 0.0, 2).to(device)
     return graph, model
 
 
@@ -52,6 +51,28 @@ def test_a_training_step_on_loader_blocks_makes_no_host_sync(backend, device, mo
     counter = _counted_steps(model, batches, backend, monkeypatch)
     assert counter.ops, "the counter saw no op at all"
     assert not counter.syncs, f"host syncs in the step: {dict(counter.syncs)}"
+
+
+def test_gat_on_loader_blocks_makes_no_host_sync_once_the_loader_knows_it_wants_self_loops(backend, device,
+                                                                                          monkeypatch):
+    """GATConv adds self loops: a new graph per block, whose building and layouts read
+    counts back. The first step asks for it (and syncs); blocks the loader makes after
+    that come with it, and their steps issue no syncing op. Blocks made before the
+    first step (the first three here) still sync, which shows the counter would see it."""
+    graph, model = _graph_and_model(device, "gat")
+    loader = NeighborLoader(graph, [4, 3], batch_size=6, shuffle=True, x=torch.randn(50, 8, device=device),
+                            y=torch.randint(0, 3, (50,), device=device), prefetch=0)
+    first, *early = [batch for _, batch in zip(range(3), loader)]
+    F.cross_entropy(model(first.x, first.blocks), first.y).backward()      # traces, compiles, asks for loops
+    assert _counted_steps(model, early, backend, monkeypatch).syncs, "blocks made before the request"
+    later = [batch for _, batch in zip(range(2), loader)]
+    counter = _counted_steps(model, later, backend, monkeypatch)
+    assert counter.ops, "the counter saw no op at all"
+    assert not counter.syncs, f"host syncs in the step: {dict(counter.syncs)}"
+    batch = later[0]          # the loader's looped graph and layouts give what the step's own would
+    bare = [type(block)(gnnfuse.Graph(block.graph.src, block.graph.dst, block.num_dst, num_src_nodes=block.num_src),
+                        block.src_nodes) for block in batch.blocks]
+    assert torch.allclose(model(batch.x, batch.blocks), model(batch.x, bare), atol=1e-6)
 
 
 def test_the_counter_sees_the_syncs_of_a_block_without_prepared_layouts(backend, device, monkeypatch):

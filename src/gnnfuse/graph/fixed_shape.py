@@ -21,6 +21,7 @@ import torch
 from .graph import CSR, Graph
 
 PADDED = "padded_to_capacity"     # graph cache key: the graph is padded (see module doc)
+LOADER_BLOCK = "loader_block"     # graph cache key: a block a loader built, its layouts prepared ahead
 
 
 def mark_padded(graph: Graph) -> Graph:
@@ -32,6 +33,18 @@ def mark_padded(graph: Graph) -> Graph:
 
 def is_padded(graph: Graph) -> bool:
     return bool(graph._cache.get(PADDED, False))
+
+
+def mark_loader_block(graph: Graph) -> Graph:
+    """Mark ``graph`` as a block a loader built, whose layouts the loader prepares in
+    its own thread (`loader.layouts`): a layer deriving another graph from it tells the
+    loader so (`nn.conv.self_looped`), and later blocks come with that graph too."""
+    graph._cache[LOADER_BLOCK] = True
+    return graph
+
+
+def is_loader_block(graph: Graph) -> bool:
+    return bool(graph._cache.get(LOADER_BLOCK, False))
 
 
 def prefill(graph: Graph, **layouts: object) -> None:

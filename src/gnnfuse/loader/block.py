@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import torch
 
 from ..graph import CSR, Graph
-from ..graph.fixed_shape import prefill
+from ..graph.fixed_shape import mark_loader_block, prefill
 
 
 @dataclass(frozen=True)
@@ -74,4 +74,4 @@ def block_graph(rowptr: torch.Tensor, local_src: torch.Tensor, local_dst: torch.
             0, local_src, torch.ones(local_src.numel(), dtype=torch.int64, device=device))
     prefill(graph, csr=CSR(rowptr.to(dtype), local_src.to(dtype), edges), in_degrees=rowptr.diff(),
              out_degrees=out_degrees)
-    return graph
+    return mark_loader_block(graph)

@@ -14,7 +14,9 @@ Triton and CPU backends key their lookups on, and for every backend the rows a
 combine-first SAGE layer reads (`nn.conv.transform_first_rows`). The CSR and the degree
 vectors come with the block itself (`block.block_graph`); the reverse CSR, which only
 the compiled backends' backward kernels read, is built here for them
-(`graph.fixed_shape.build_reverse_csr`).
+(`graph.fixed_shape.build_reverse_csr`). Once a layer has asked for a block's
+self-looped graph (`nn.conv.looped_blocks_wanted`), each block also comes with that
+graph and its layouts.
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ from ..backend import tuned_schedule
 from ..backend.reference import GraphContext
 from ..graph import Graph
 from ..graph.fixed_shape import build_reverse_csr
-from ..nn.conv import known_transform_first_rows, transform_first_rows
+from ..nn.conv import known_transform_first_rows, looped_blocks_wanted, self_looped, transform_first_rows
 from ..runtime.compiled import backend_name
 
 
@@ -44,6 +46,15 @@ def prepare_layouts(graph: Graph, max_in_degree: int | None = None, unread: torc
     if unread is not None:
         known_transform_first_rows(graph, unread)
     built: list[Any] = [transform_first_rows(graph, 1)]
+    if looped_blocks_wanted() and not whole_rows:     # a padded block's layers derive a fixed-shape one
+        built += _looped_layouts(graph, max_in_degree, max_out_degree)
+    return tuple(tensors_in(built + _backend_layouts(graph, max_in_degree, max_out_degree, whole_rows)))
+
+
+def _backend_layouts(graph: Graph, max_in_degree: int | None, max_out_degree: int | None,
+                     whole_rows: bool) -> list[Any]:
+    """What the backend that will run ``graph`` reads of it (see the module doc)."""
+    built: list[Any] = []
     backend = backend_name(graph.device.type == "cuda")
     if backend != "reference":      # the reference backend's backward scatters by edge: no reverse CSR
         built.append(build_reverse_csr(graph))
@@ -57,7 +68,18 @@ def prepare_layouts(graph: Graph, max_in_degree: int | None = None, unread: torc
             context = GraphContext(graph)
             built += [segments(context, "dst", SEGMENT_EDGES, max_in_degree),
                       segments(context, "src", SEGMENT_EDGES, max_out_degree)]
-    return tuple(tensors_in(built))
+    return built
+
+
+def _looped_layouts(graph: Graph, max_in_degree: int | None, max_out_degree: int | None) -> list[Any]:
+    """The block's self-looped graph (`nn.conv.self_looped`: GAT's and GCN's
+    ``add_self_loops``) and what its layers read of it, built here because building
+    them reads counts back from the device. One loop per destination adds one to each
+    bound."""
+    looped = self_looped(graph)
+    built: list[Any] = [looped.src, looped.dst, looped.csr(), looped.in_degrees(), looped.out_degrees()]
+    return built + _backend_layouts(looped, None if max_in_degree is None else max_in_degree + 1,
+                                    None if max_out_degree is None else max_out_degree + 1, False)
 
 
 def tensors_in(value: Any) -> list[torch.Tensor]:

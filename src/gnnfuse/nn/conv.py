@@ -20,7 +20,7 @@ from torch import nn
 from .. import frontend
 from ..graph import Graph
 from ..graph.convert import check_bipartite_adj_t, declared_size
-from ..graph.fixed_shape import is_padded
+from ..graph.fixed_shape import is_loader_block, is_padded
 from ..runtime.compile_op import GRAPH_STEPS, GraphRef
 from ..runtime.compiled import backend_name
 from .aligned_linear import RowsRead, aligned_linear, flat_heads
@@ -74,11 +74,30 @@ def _bipartite_inputs(x, graph: Graph | torch.Tensor, size, layer: str, weighted
     return x_src, x_dst, Graph.coerce(graph, num_nodes=sizes[1], num_src_nodes=sizes[0])
 
 
+_LOOPED_BLOCKS = {"wanted": False}    # set once a layer asked for a loader block's self-looped graph
+
+
 def _looped(graph: Graph | GraphRef) -> Graph | GraphRef:
     """The graph with exactly one self loop per vertex, as PyG's ``add_self_loops`` does."""
     if isinstance(graph, GraphRef):
         return graph.derived("looped")
+    if is_loader_block(graph):
+        _LOOPED_BLOCKS["wanted"] = True
+    return self_looped(graph)
+
+
+def self_looped(graph: Graph) -> Graph:
+    """``graph`` with exactly one self loop per vertex, cached on it. Building it reads
+    counts back from the device (the loops to drop, the new graph's rows), so a layer
+    asking for it on a loader's block would sync in the training step once per layer and
+    batch; the first such request makes the loader build it, and its layouts, for the
+    blocks that follow (`looped_blocks_wanted`, `loader.layouts`)."""
     return graph.cached("nn_self_looped", GRAPH_STEPS["looped"])
+
+
+def looped_blocks_wanted() -> bool:
+    """Whether a layer of this process has asked for a loader block's self-looped graph."""
+    return _LOOPED_BLOCKS["wanted"]
 
 
 def _with_loops(graph: Graph, add_self_loops: bool, vertex_data_only: bool = False) -> Graph:
