@@ -42,3 +42,33 @@ def test_small_launches_reuse_the_nearest_launched_class_whatever_the_distance()
     first_small = Kernel()
     assert tuning_class(first_small, 1) == 1, "a kernel's first launch tunes, small or not"
     assert tuning_class(first_small, 5000) == 13
+
+
+def test_the_executor_launches_with_the_class_tuning_class_gives(monkeypatch):
+    """The Triton backend's launches (a GAT layer's forward and backward: sibling,
+    aggregate and edge kernels) pass the class `tuning_class` gives -- a spy's 99 here
+    -- as their ``size_class`` and key size, so the rule above decides what the
+    autotuner is asked for."""
+    import torch
+    import gnnfuse
+    from gnnfuse.backend.triton import executor
+    asked, launched = [], []
+
+    def spy(kernel, count):
+        asked.append(count)
+        return 99
+
+    def recording_launch(kernel, grid, sizes, args, kwargs, known_signature=None):
+        launched.append((sizes[0], 99 in [a for a in args if isinstance(a, int)]))
+        launch(kernel, grid, sizes, args, kwargs, known_signature)
+    launch = executor.launch
+    monkeypatch.setattr(executor, "tuning_class", spy)
+    monkeypatch.setattr(executor, "launch", recording_launch)
+    monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
+    generator = torch.Generator().manual_seed(0)
+    graph = gnnfuse.Graph(torch.randint(0, 30, (120,), generator=generator),
+                          torch.randint(0, 30, (120,), generator=generator), 30)
+    layer = gnnfuse.nn.GATConv(8, 4, heads=2)
+    layer(torch.randn(30, 8, requires_grad=True), graph).sum().backward()
+    assert asked and all(count > 0 for count in asked)
+    assert launched and all(size == 99 and passed for size, passed in launched), launched
