@@ -7,8 +7,13 @@ import pytest
 
 pytest.importorskip("triton")
 
+import torch  # noqa: E402
+
+import gnnfuse  # noqa: E402
+from gnnfuse.backend.triton import executor  # noqa: E402
 from gnnfuse.backend.triton.codegen import size_class  # noqa: E402
 from gnnfuse.backend.triton.tuning_class import tuning_class  # noqa: E402
+from oracle_check import device_for  # noqa: E402
 
 
 class Kernel:
@@ -49,9 +54,6 @@ def test_the_executor_launches_with_the_class_tuning_class_gives(monkeypatch):
     aggregate and edge kernels) pass the class `tuning_class` gives -- a spy's 99 here
     -- as their ``size_class`` and key size, so the rule above decides what the
     autotuner is asked for."""
-    import torch
-    import gnnfuse
-    from gnnfuse.backend.triton import executor
     asked, launched = [], []
 
     def spy(kernel, count):
@@ -65,10 +67,11 @@ def test_the_executor_launches_with_the_class_tuning_class_gives(monkeypatch):
     monkeypatch.setattr(executor, "tuning_class", spy)
     monkeypatch.setattr(executor, "launch", recording_launch)
     monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
+    device = device_for("triton")
     generator = torch.Generator().manual_seed(0)
     graph = gnnfuse.Graph(torch.randint(0, 30, (120,), generator=generator),
-                          torch.randint(0, 30, (120,), generator=generator), 30)
-    layer = gnnfuse.nn.GATConv(8, 4, heads=2)
-    layer(torch.randn(30, 8, requires_grad=True), graph).sum().backward()
+                          torch.randint(0, 30, (120,), generator=generator), 30).to(device)
+    layer = gnnfuse.nn.GATConv(8, 4, heads=2).to(device)
+    layer(torch.randn(30, 8, device=device, requires_grad=True), graph).sum().backward()
     assert asked and all(count > 0 for count in asked)
     assert launched and all(size == 99 and passed for size, passed in launched), launched
