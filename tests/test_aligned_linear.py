@@ -13,7 +13,7 @@ from gnnfuse.backend.row_layout import aligned_row_width, has_row_stride
 from gnnfuse.backend.triton import executor as triton_executor
 from gnnfuse.frontend.trace_cache import clear_trace_caches
 from gnnfuse.nn import aligned_linear as aligned_module
-from gnnfuse.nn.aligned_linear import RowsRead, _AlignedLinear, aligned_linear, rows_read
+from gnnfuse.nn.aligned_linear import RowsRead, _AlignedLinear, _BiasAdded, aligned_linear, bias_added, rows_read
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -197,3 +197,26 @@ def test_padding_lanes_of_a_copied_leaf_never_reach_a_result(monkeypatch):
     assert poisoned, "no leaf was padded by a copy"
     for got, want in zip(*results):
         torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
+
+
+def test_bias_added_sums_its_gradient_as_column_sums():
+    """`bias_added`'s Function (used on CUDA) has torch's values and derivatives, first and
+    second, in float64; elsewhere, and for a bias that broadcasts otherwise, it is ``out + bias``."""
+    out = torch.randn(7, 3, 4, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(_BiasAdded.apply, (out, bias))
+    assert torch.autograd.gradgradcheck(_BiasAdded.apply, (out, bias))
+    torch.testing.assert_close(bias_added(out, bias), out + bias)
+    column = torch.randn(4, dtype=torch.float64, requires_grad=True)     # [C] over [N, 3, 4]: plain broadcast
+    torch.testing.assert_close(bias_added(out, column), out + column)
+    assert bias_added(out, None) is out
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the Function runs on CUDA tensors")
+def test_bias_added_runs_its_function_on_cuda():
+    out = torch.randn(9, 5, device="cuda", requires_grad=True)
+    bias = torch.randn(5, device="cuda", requires_grad=True)
+    result = bias_added(out, bias)
+    assert type(result.grad_fn).__name__ == "_BiasAddedBackward"
+    result.sum().backward()
+    torch.testing.assert_close(bias.grad, torch.full_like(bias, 9.0))

@@ -22,7 +22,7 @@ from torch import nn
 
 from .. import frontend
 from ..graph import Graph
-from .aligned_linear import RowsRead, rows_read
+from .aligned_linear import RowsRead, bias_added, rows_read
 from .arguments import node_features
 from .attention_weights import AttentionOutput, attention_weights, check_attention_request
 from .compiling import compile_path
@@ -375,6 +375,4 @@ class NGCFConv(nn.Module):
         graph = _as_graph(edge_index, x.shape[0])
         s = _normalized_sum(graph, {"h": x, "norm": _inv_sqrt_degree(graph, x.dtype)})
         out = self.lin1(x + s) + self.lin2(rows_read(x, _with_edges(graph, "in")) * s)
-        if self.bias is not None:
-            out = out + self.bias
-        return F.leaky_relu(out, self.negative_slope)
+        return F.leaky_relu(bias_added(out, self.bias), self.negative_slope)
