@@ -41,6 +41,8 @@ class ExecContext(Protocol):
 
     def gather_rows(self, table: torch.Tensor, index: torch.Tensor) -> torch.Tensor: ...
 
+    def row_dot(self, x: torch.Tensor, y: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor: ...
+
 
 class GradBuilder(Protocol):
     """What a derivative rule may do: read forward values and add backward ops."""

@@ -9,6 +9,7 @@ from .fold import fold_constants
 from .linear_reorder import reorder_typed_linear
 from .pairwise import sort_hinge_pairs
 from .reorder import reorder_broadcasts
+from .row_dot import fuse_row_dots
 from .softmax import decompose_edge_softmax, stop_softmax_shift_gradients
 from .typed_root import fold_typed_root
 
@@ -23,6 +24,7 @@ def optimize(program: Program, keep_inputs: bool = False) -> Program:
     reorder_typed_linear(program)
     fold_typed_root(program)
     eliminate_common_subexpressions(program)
+    fuse_row_dots(program)
     eliminate_dead_code(program, keep_inputs=keep_inputs)
     verify(program)
     return program

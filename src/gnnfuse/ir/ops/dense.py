@@ -96,6 +96,34 @@ def _expand_back(b, v, g):
     return b.add("expand", g, shape=x.shape)
 
 
+def _row_dot_residency(rs, attrs):
+    """Two tables of the same rows: the rewrite (passes/row_dot.py) makes it from a
+    product of two such tables, and a parameter operand would be a broadcast it avoids."""
+    if rs[0] is not rs[1] or rs[0] is Residency.SHARED:
+        raise ResidencyError(f"row_dot takes two tables of the same rows, got {rs[0].name} and {rs[1].name}")
+    return rs[0]
+
+
+def row_dot_reference(x: torch.Tensor, y: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
+    """``(x * y).sum(dims, keepdim=True)``: torch's two kernels, the oracle of the fused one."""
+    return (x * y).sum(dims, keepdim=True)
+
+
+def _row_dot_derivative(b, v, g):
+    x, y = v.inputs
+    return [b.add("mul", g, b.fwd(y)), b.add("mul", g, b.fwd(x))]
+
+
+register(OpDef("row_dot", Movement.DENSE,
+               lambda ctx, x, y, dims: (row_dot_reference if ctx is None else ctx.row_dot)(x, y, tuple(dims)),
+               residency=_row_dot_residency,
+               shape=lambda inputs, a, r: (tuple(1 if i - len(inputs[0].shape) in a["dims"] else n
+                                                 for i, n in enumerate(inputs[0].shape)), inputs[0].dtype),
+               derivative=_row_dot_derivative, arity=2,
+               doc="per-row sums of x * y over the feature dims ``dims`` (kept as size 1): one pass, "
+                   "where the product as its own op writes and rereads a table as wide as x"))
+
+
 _dense("sum_dim", lambda x, dim, keepdim: x.sum(dim, keepdim=keepdim),
        lambda b, v, g: [_expand_back(b, v, g)], arity=1)
 _dense("mean_dim", lambda x, dim, keepdim: x.mean(dim, keepdim=keepdim),
