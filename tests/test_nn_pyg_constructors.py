@@ -42,6 +42,22 @@ def test_sage_project_and_normalize_match_pyg(aggr, normalize, backend, monkeypa
     assert_same_outputs_and_grads(ours, ref, lambda xs: ours(xs, edge_index), lambda xs: ref(xs, edge_index), x)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("aggr", ["mean", "sum", "max"])
+def test_sage_aggregating_first_adds_its_root_in_the_gemm(aggr, backend, monkeypatch):
+    """A layer that aggregates before mapping (here a widening 5 -> 8) computes
+    ``lin_l(aggregated) + lin_r(x)`` as one GEMM adding onto the root term, which carries
+    lin_l's bias: PyG's outputs and every gradient, and the output an addmm's."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    device = device_for(backend)
+    torch.manual_seed(2)
+    ours, ref = copied(gnn.SAGEConv(F_IN, 8, aggr=aggr), pyg.SAGEConv(F_IN, 8, aggr=aggr), device)
+    x, edge_index = torch.randn(N, F_IN, dtype=torch.float64).to(device), EDGE_INDEX.to(device)
+    assert type(ours(x.requires_grad_(), edge_index).grad_fn).__name__ == "AddmmBackward0"
+    assert_same_outputs_and_grads(ours, ref, lambda xs: ours(xs, edge_index), lambda xs: ref(xs, edge_index),
+                                  x.detach())
+
+
 def test_sage_lazy_in_channels_matches_pyg():
     """``in_channels=-1`` reads the width from the first call (torch's LazyLinear);
     after it, PyG's weights load and the layer matches PyG."""
