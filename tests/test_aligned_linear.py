@@ -13,7 +13,8 @@ from gnnfuse.backend.row_layout import aligned_row_width, has_row_stride
 from gnnfuse.backend.triton import executor as triton_executor
 from gnnfuse.frontend.trace_cache import clear_trace_caches
 from gnnfuse.nn import aligned_linear as aligned_module
-from gnnfuse.nn.aligned_linear import RowsRead, _AlignedLinear, _BiasAdded, aligned_linear, bias_added, rows_read
+from gnnfuse.nn.aligned_linear import (RowsRead, _AlignedLinear, _BiasAdded, aligned_linear, bias_added,
+                                       paired_linear, rows_read)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -220,3 +221,28 @@ def test_bias_added_runs_its_function_on_cuda():
     assert type(result.grad_fn).__name__ == "_BiasAddedBackward"
     result.sum().backward()
     torch.testing.assert_close(bias.grad, torch.full_like(bias, 9.0))
+
+
+@pytest.mark.parametrize("wanted", ["both", "first", "second"])
+def test_paired_linear_has_the_two_maps_values_and_derivatives(wanted):
+    """`paired_linear` gives `aligned_linear`'s two maps (the first's weight gradient over
+    the rows read only) with first and second derivatives in float64, also when only one
+    of its outputs reaches the loss."""
+    torch.manual_seed(3)
+    x = torch.randn(6, 4, dtype=torch.float64, requires_grad=True)
+    wa, wb = (torch.randn(w, 4, dtype=torch.float64, requires_grad=True) for w in (3, 5))
+    bias = torch.randn(5, dtype=torch.float64, requires_grad=True)
+    read = RowsRead.of(torch.tensor([True, False, True, True, False, True]))
+    a, b = paired_linear(x, wa, read, wb, bias)
+    torch.testing.assert_close(a, aligned_linear(x, wa, read=read))
+    torch.testing.assert_close(b, aligned_linear(x, wb, bias))
+    pick = {"both": lambda a, b: (a.sum() + (b * b).sum()), "first": lambda a, b: (a * a).sum(),
+            "second": lambda a, b: (b * b).sum()}[wanted]
+    loss = lambda *args: pick(*paired_linear(args[0], args[1], read, args[2], args[3]))
+    expected = lambda *args: pick(aligned_linear(args[0], args[1], read=read), aligned_linear(args[0], args[2], args[3]))
+    got = torch.autograd.grad(loss(x, wa, wb, bias), (x, wa, wb, bias), allow_unused=True, materialize_grads=True)
+    want = torch.autograd.grad(expected(x, wa, wb, bias), (x, wa, wb, bias), allow_unused=True,
+                               materialize_grads=True)
+    torch.testing.assert_close(got, want)
+    assert torch.autograd.gradgradcheck(lambda *args: paired_linear(args[0], args[1], read, args[2], args[3]),
+                                        (x, wa, wb, bias))

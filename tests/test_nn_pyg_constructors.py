@@ -44,14 +44,16 @@ def test_sage_project_and_normalize_match_pyg(aggr, normalize, backend, monkeypa
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("aggr", ["mean", "sum", "max"])
-def test_sage_aggregating_first_adds_its_root_in_the_gemm(aggr, backend, monkeypatch):
-    """A layer that aggregates before mapping (here a widening 5 -> 8) computes
+@pytest.mark.parametrize("width", [8, 7])
+def test_sage_aggregating_first_adds_its_root_in_the_gemm(aggr, width, backend, monkeypatch):
+    """A layer that aggregates before mapping (here a widening 5 -> 8 or 7) computes
     ``lin_l(aggregated) + lin_r(x)`` as one GEMM adding onto the root term, which carries
-    lin_l's bias: PyG's outputs and every gradient, and the output an addmm's."""
+    lin_l's bias: PyG's outputs and every gradient, and the output an addmm's (on a GPU
+    the 7-wide root term is a padded table's view, which the GEMM adds onto out of place)."""
     monkeypatch.setenv("GNNFUSE_BACKEND", backend)
     device = device_for(backend)
     torch.manual_seed(2)
-    ours, ref = copied(gnn.SAGEConv(F_IN, 8, aggr=aggr), pyg.SAGEConv(F_IN, 8, aggr=aggr), device)
+    ours, ref = copied(gnn.SAGEConv(F_IN, width, aggr=aggr), pyg.SAGEConv(F_IN, width, aggr=aggr), device)
     x, edge_index = torch.randn(N, F_IN, dtype=torch.float64).to(device), EDGE_INDEX.to(device)
     assert type(ours(x.requires_grad_(), edge_index).grad_fn).__name__ == "AddmmBackward0"
     assert_same_outputs_and_grads(ours, ref, lambda xs: ours(xs, edge_index), lambda xs: ref(xs, edge_index),

@@ -117,8 +117,8 @@ def test_sage_without_placement_takes_the_static_order(input_grad, monkeypatch):
     aggregates first, the same layer with an input gradient maps first; both give eager
     PyG-style values and weight gradients."""
     calls = []
-    real = conv_module._transform_first
-    monkeypatch.setattr(conv_module, "_transform_first", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = conv_module.transform_first_rows      # what mapping first reads, alone or paired with the root
+    monkeypatch.setattr(conv_module, "transform_first_rows", lambda *a, **k: calls.append(1) or real(*a, **k))
     torch.manual_seed(0)
     graph = gnnfuse.Graph(torch.tensor([0, 3, 4, 4, 1, 2, 2]), torch.tensor([0, 1, 1, 2, 2, 2, 4]), 5)
     conv = SAGEConv(10, 6).double()

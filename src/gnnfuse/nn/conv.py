@@ -23,7 +23,7 @@ from ..graph.convert import check_bipartite_adj_t, declared_size
 from ..graph.fixed_shape import is_loader_block, is_padded
 from ..runtime.compile_op import GRAPH_STEPS, GraphRef
 from ..runtime.compiled import backend_name
-from .aligned_linear import RowsRead, aligned_linear, bias_added, flat_heads
+from .aligned_linear import RowsRead, aligned_linear, bias_added, flat_heads, kernel_row_stride, paired_linear
 from .aggregation import Reduction, aggregate, eager_slots, pyg_aggr_name, resolve_aggregation
 from .arguments import adjacency_weights, edge_weight_column, node_features, node_pair, over_feature_batches
 from .attention_weights import AttentionOutput, attention_weights, check_attention_request
@@ -637,16 +637,21 @@ class SAGEConv(OneLineRepr, nn.Module):
         messages = F.relu(self.lin(x)) if self.project else x     # PyG projects the sources only
         kind = self.aggr_module.kind if isinstance(self.aggr_module, Reduction) else None
         if kind in ("sum", "mean") and self._combine_first(graph, messages):
-            h = _transform_first(messages, self.lin_l.weight, graph, 1)
             if self._root_takes_bias(x_dst):
                 # the root term carries lin_l's bias in its GEMM's epilogue, and the
                 # aggregation's kernel adds it to each row it stores (passes.fusion.
                 # _row_added), reading it where the GEMM wrote it (`aligned_linear`):
-                # no pass over the output of its own
-                root = aligned_linear(x_dst, self.lin_r.weight, self.lin_l.bias)
+                # no pass over the output of its own. Both maps of one input share a
+                # backward that sums their gradients for it inside a GEMM (`paired_linear`).
+                if x_dst is messages:
+                    h, root = paired_linear(messages, self.lin_l.weight, transform_first_rows(graph, 1),
+                                            self.lin_r.weight, self.lin_l.bias)
+                else:
+                    h = _transform_first(messages, self.lin_l.weight, graph, 1)
+                    root = aligned_linear(x_dst, self.lin_r.weight, self.lin_l.bias)
                 out = _AGGREGATORS_PLUS_ROOT[kind](graph, {"h": h, "root": root})
                 return F.normalize(out, p=2.0, dim=-1) if self.normalize else out
-            out = _AGGREGATORS[kind](graph, {"h": h})
+            out = _AGGREGATORS[kind](graph, {"h": _transform_first(messages, self.lin_l.weight, graph, 1)})
             if self.lin_l.bias is not None:
                 out = out + self.lin_l.bias
         else:
@@ -656,9 +661,12 @@ class SAGEConv(OneLineRepr, nn.Module):
                 # lin_l(aggregated) + lin_r(x_dst) as the root term (lin_l's bias in its
                 # epilogue, its gradient a matrix-vector product) plus one GEMM that adds
                 # onto it: no [N, out] addition and no bias reduction over the rows (on
-                # the arxiv-sized SAGE step's first layer an 85 us pair of kernels)
+                # the arxiv-sized SAGE step's first layer an 85 us pair of kernels). In place
+                # unless the root term is a view into a padded table (autograd forbids it)
                 root = aligned_linear(x_dst, self.lin_r.weight, self.lin_l.bias)
-                out = torch.addmm(root, aggregated, self.lin_l.weight.t())
+                padded = kernel_row_stride(x_dst, self.out_channels) != self.out_channels
+                out = (torch.addmm(root, aggregated, self.lin_l.weight.t()) if padded
+                       else root.addmm_(aggregated, self.lin_l.weight.t()))
                 return F.normalize(out, p=2.0, dim=-1) if self.normalize else out
             out = self.lin_l(aggregated)
         out = out if self.lin_r is None or x_dst is None else out + self.lin_r(x_dst)
