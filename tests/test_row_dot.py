@@ -151,3 +151,18 @@ def test_derivative_of_row_dot():
     x, y = (torch.randn(3, 3, 4, dtype=torch.float64, requires_grad=True) for _ in range(2))
     assert torch.autograd.gradcheck(fn, (x, y))
     torch.testing.assert_close(fn(x, y), (x * y).sum(-1, keepdim=True))
+
+
+def test_explain_shows_the_row_dot_and_its_gpu_kernel(monkeypatch):
+    """`gnnfuse.explain` lists GAT's backward <grad_out, out> as one row_dot op, run on
+    CUDA as a kernel of its own, with no product of the two tables before it."""
+    import gnnfuse
+    monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
+    torch.manual_seed(0)
+    graph = Graph.from_edge_index(torch.randint(0, 30, (2, 120)).to(DEVICE), num_nodes=30)
+    conv = GATConv(6, 4, heads=2).to(DEVICE)
+    text = str(gnnfuse.explain(conv, torch.randn(30, 6).to(DEVICE), graph))
+    backward = text[text.index("--- backward program"):]
+    assert "= row_dot(%grad:out" in backward and "on CUDA: one Triton kernel" in backward
+    program = backward.split("--- backward plan")[0]
+    assert not [line for line in program.splitlines() if "sum_to(" in line and "residency=NODE" in line]

@@ -71,6 +71,10 @@ from ..passes.siblings import group_siblings
 from .compiled import ProgramCall, record_calls
 
 
+# Ops outside the fused units that the Triton backend's graph context runs as a kernel of
+# its own rather than as torch code (see backend/triton/context.py).
+GPU_KERNEL_OPS = {"row_dot": "one Triton kernel, both tables read once (backend/triton/row_dot.py)"}
+
 @dataclass(frozen=True)
 class Traffic:
     """Estimated bytes one plan step moves (see the module docstring for the model)."""
@@ -244,6 +248,8 @@ def _op_step(v: Value, sizes: _Sizes, names: dict[int, str]) -> Step:
     index = sizes.num_edges * sizes.index_bytes if moves else 0
     args = ", ".join(names[i.id] for i in v.inputs)
     label = f"torch op {names[v.id]} = {v.op}({args}) -> {v.residency.name}{list(v.shape)}"
+    if v.op in GPU_KERNEL_OPS:
+        label += f"\n    on CUDA: {GPU_KERNEL_OPS[v.op]}"
     traffic = Traffic(read_bytes, index, rows_out * _row_bytes(v))
     choice = recorded_choice(sizes.graph, v)
     if choice is not None:   # a typed linear aggregation: the order it chose here, and why
