@@ -31,19 +31,18 @@ def ring_graph() -> gnnfuse.Graph:
 
 @pytest.fixture
 def prefetch_ends(monkeypatch):
-    """The ``prefetch_end`` argument of every kernel call (its position follows the
-    graph arrays: rowptr, col, eid for a walk, src, dst for an edge kernel)."""
+    """The ``prefetch_end`` argument of every kernel launch planned (the last argument
+    before the output: after the graph arrays, rowptr, col, eid for a walk, src, dst for
+    an edge kernel)."""
     ends = []
-    real = cpu_executor._kernel_for
+    real = cpu_executor._plan
 
-    def recording(unit, *args):
-        compiled = real(unit, *args)
-        if compiled is None:
-            return None
-        kernel, leaf_args = compiled
-        position = 3 if isinstance(unit, AggregateUnit) else 2
-        return (lambda *call: ends.append(call[position]) or kernel(*call)), leaf_args
-    monkeypatch.setattr(cpu_executor, "_kernel_for", recording)
+    def recording(*args):
+        launch = real(*args)
+        if launch.kernel is not None:
+            ends.append(launch.head[-1])
+        return launch
+    monkeypatch.setattr(cpu_executor, "_plan", recording)
     return ends
 
 

@@ -166,3 +166,38 @@ def test_parallel_build(kinds, monkeypatch):
     finally:
         torch.set_num_threads(threads)
     assert kinds and all(flag and parallel for _, flag, parallel in kinds)
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_launches_compile_with_slp_when_planned_and_calls_compile_nothing(parallel, monkeypatch):
+    """A register-row kernel is compiled for its launch's argument types, with LLVM's SLP
+    vectorizer on, when the launch is planned (executor._compile_vectorized): its calls
+    then find that machine code (one signature, no second compile without SLP) and the
+    process's SLP setting is left as it was. Before, every call went through a wrapper
+    turning SLP on and off around it."""
+    import numba
+    monkeypatch.setattr(schedule, "PARALLEL_MIN_WORK", 0 if parallel else schedule.PARALLEL_MIN_WORK)
+    compiled_under = []
+    real_compile = cpu_executor._compile_vectorized
+
+    def recording(kernel, args):
+        real_compile(kernel, args)
+        compiled_under.append(kernel)
+    monkeypatch.setattr(cpu_executor, "_compile_vectorized", recording)
+    graph = hub_graph()
+    h = torch.randn(NUM_NODES, 5, dtype=torch.float32, generator=torch.Generator().manual_seed(5))
+    slp_before = numba.config.SLP_VECTORIZE
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2 if parallel else 1)
+    try:
+        monkeypatch.setenv("GNNFUSE_BACKEND", "cpu")
+        with torch.no_grad():
+            for _ in range(2):
+                reduce_model("sum")(h)
+    finally:
+        torch.set_num_threads(threads)
+    assert numba.config.SLP_VECTORIZE == slp_before
+    assert compiled_under, "no register-row launch was planned"
+    for kernel in compiled_under:
+        assert len(kernel.signatures) == 1, kernel.signatures
+        assert (kernel.signatures[0][0] == numba.int64) == parallel    # a parallel build's thread count

@@ -205,15 +205,20 @@ def _header(acc: str) -> str:
             f"ACC = np.{acc}\nU = np.uint64\n\n\n")
 
 
-def _decorator(parallel: bool, fastmath: frozenset[str] = frozenset()) -> str:
-    """Serial kernels (one thread: the test suite, small graphs) compile in a third of
-    the time of ``parallel=True`` ones (0.7 s against 2.2 s for a neighbour sum), where
-    ``prange`` is a plain ``range``. ``fastmath``: LLVM fast-math flags (see
+def _definition(name: str, params: str, parallel: bool, fastmath: frozenset[str] = frozenset()) -> str:
+    """A kernel's decorator and ``def`` line taking ``params``. Serial kernels (one
+    thread: the test suite, small graphs) compile in a third of the time of
+    ``parallel=True`` ones (0.7 s against 2.2 s for a neighbour sum), where ``prange`` is
+    a plain ``range``. A parallel kernel takes its thread count first and applies it
+    itself (`scalar.use_threads`). ``fastmath``: LLVM fast-math flags (see
     `REGISTER_ROW_FASTMATH`)."""
     # written in sorted order: a set's repr follows string hashing, which changes per
     # process, and the kernel's source names its disk cache entry
     flags = f", fastmath={{{', '.join(repr(f) for f in sorted(fastmath))}}}" if fastmath else ""
-    return f"@numba.njit(parallel={parallel}, cache=True, nogil=True, error_model='numpy'{flags})"
+    decorator = f"@numba.njit(parallel={parallel}, cache=True, nogil=True, error_model='numpy'{flags})"
+    if not parallel:
+        return f"{decorator}\ndef {name}({params}):\n"
+    return f"{decorator}\ndef {name}(threads, {params}):\n    tl.use_threads(threads)\n"
 
 
 # The fast-math flags of register-row kernels: with them, LLVM's SLP vectorizer packs a
@@ -260,7 +265,8 @@ def generate_aggregate(unit: AggregateUnit, name: str, acc: str, parallel: bool,
                        partitioned: bool = False, register_row: bool = False) -> tuple[str, list[Value]]:
     """Kernel source for an aggregate unit and its leaf values in argument order.
 
-    ``name(rowptr, col, eid, prefetch_end, out, f_tile, L0, ...)``: ``out`` is the flat
+    ``name(rowptr, col, eid, prefetch_end, out, f_tile, L0, ...)`` (a parallel build takes
+    its thread count first, `_definition`): ``out`` is the flat
     output of ``num_rows * width`` elements, filled completely (no zeroing needed);
     rows are prefetched for CSR positions below ``prefetch_end`` (the edge count, or 0
     for none: `schedule.prefetch`). With ``partitioned``,
@@ -302,9 +308,8 @@ def generate_aggregate(unit: AggregateUnit, name: str, acc: str, parallel: bool,
 '''
     blocks = f"(num_rows + {ROWS_PER_BLOCK - 1}) // {ROWS_PER_BLOCK}"
     rows_of_block = f"range(block * {ROWS_PER_BLOCK}, min(block * {ROWS_PER_BLOCK} + {ROWS_PER_BLOCK}, num_rows))"
-    head = _header(acc) + f'''{_decorator(parallel)}
-def {name}(rowptr, {"part_ptr, rows, ptr, " if partitioned else ""}col, eid, prefetch_end, out, f_tile, {leaves}):
-    # {unit.describe()}
+    params = f"rowptr, {'part_ptr, rows, ptr, ' if partitioned else ''}col, eid, prefetch_end, out, f_tile, {leaves}"
+    head = _header(acc) + f'''{_definition(name, params, parallel)}    # {unit.describe()}
 {em.block(_KERNEL, 4)}    num_rows = rowptr.shape[0] - 1
     links = U(prefetch_end)
     width = U({width})
@@ -380,7 +385,7 @@ def generate_register_row(unit: AggregateUnit, name: str, acc: str, parallel: bo
     scalar remainder loop -- the neighbour sum on pubmed at F=16 ran at 0.8x of torch's
     CSR matmul (MKL). Written out, the columns are independent scalar chains that LLVM's
     SLP vectorizer packs into vector registers; the executor compiles these kernels with
-    it on (`executor._SLPVectorized`; Numba leaves it off by default) and with the
+    it on (`executor._compile_vectorized`; Numba leaves it off by default) and with the
     fast-math flags `REGISTER_ROW_FASTMATH`, which let it pack a per-edge product too.
     Each column is reduced over the edges in CSR order, as in the loop kernel, unless
     LLVM regroups the additions (``reassoc``): then the values differ in the last bits.
@@ -396,9 +401,8 @@ def generate_register_row(unit: AggregateUnit, name: str, acc: str, parallel: bo
     init = "".join(f"            a{c} = ACC({_IDENTITY[op]})\n" for c in range(width))
     step = "".join(f"                a{c} = ACC({join.format(f'a{c}', val)})\n" for c, val in enumerate(vals))
     store = "".join(f"            out[base + U({c})] = {result.format(f'a{c}')}{scale}\n" for c in range(width))
-    source = _header(acc) + f'''{_decorator(parallel, REGISTER_ROW_FASTMATH)}
-def {name}(rowptr, col, eid, prefetch_end, out, f_tile, {"".join(f"L{n}, " for n in range(len(em.leaf_args)))}):
-    # {unit.describe()} (row in registers)
+    params = f"rowptr, col, eid, prefetch_end, out, f_tile, {''.join(f'L{n}, ' for n in range(len(em.leaf_args)))}"
+    source = _header(acc) + f'''{_definition(name, params, parallel, REGISTER_ROW_FASTMATH)}    # {unit.describe()} (row in registers)
 {em.block(_KERNEL, 4)}    num_rows = rowptr.shape[0] - 1
     links = U(prefetch_end)
     width = U({width})
@@ -423,8 +427,9 @@ def generate_edge(unit: EdgeUnit, name: str, acc: str, parallel: bool) -> tuple[
     """Kernel source for an edge unit: ``prange`` over edges, each gathering its
     endpoints' rows and writing its own output row (FeatGraph's SDDMM template).
 
-    ``name(src, dst, prefetch_end, out, L0, ...)``; a per-edge sum over feature dims (attention
-    logits) is unrolled over its terms, as in the Triton generator."""
+    ``name(src, dst, prefetch_end, out, L0, ...)`` (a parallel build takes its thread count
+    first, `_definition`); a per-edge sum over feature dims (attention logits) is unrolled
+    over its terms, as in the Triton generator."""
     root = unit.root
     width = math.prod(root.shape)
     em = _Emitter(unit)
@@ -433,9 +438,8 @@ def generate_edge(unit: EdgeUnit, name: str, acc: str, parallel: bool) -> tuple[
         val = " + ".join(em.value(root.inputs[0], c) for c in summed_coords(root, coords))
     else:
         val = em.value(root, coords)
-    source = _header(acc) + f'''{_decorator(parallel)}
-def {name}(src, dst, prefetch_end, out, {"".join(f"L{n}, " for n in range(len(em.leaf_args)))}):
-    # {unit.describe()}
+    params = f"src, dst, prefetch_end, out, {''.join(f'L{n}, ' for n in range(len(em.leaf_args)))}"
+    source = _header(acc) + f'''{_definition(name, params, parallel)}    # {unit.describe()}
 {em.block(_KERNEL, 4)}    width = U({width})
     links = U(prefetch_end)
     for e in prange(src.shape[0]):

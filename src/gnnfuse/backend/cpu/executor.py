@@ -59,10 +59,9 @@ _PLANS: "weakref.WeakKeyDictionary[Program, dict]" = weakref.WeakKeyDictionary()
 _UNIT_KERNELS: "weakref.WeakKeyDictionary[Unit, dict]" = weakref.WeakKeyDictionary()
 _PER_EDGE: "weakref.WeakKeyDictionary[SharedReduceUnit, EdgeUnit]" = weakref.WeakKeyDictionary()
 _WARNED: set[str] = set()
-# The kernels whose next call compiles them (`kernel_cache.first_call_compiles`), by the
-# id of what a launch calls (an `_SLPVectorized` wraps some): that call is timed
-# (`backend.first_use`).
-_FIRST_CALLS: dict[int, Callable] = {}
+# The ids of the kernels whose next call compiles them (`kernel_cache.first_call_compiles`):
+# that call is timed (`backend.first_use`).
+_FIRST_CALLS: set[int] = set()
 
 
 def available() -> bool:
@@ -90,37 +89,39 @@ def _kernel_for(unit: Unit, acc: str, parallel: bool, partitioned: bool = False,
             source, leaf_args = (generate_aggregate(unit, name, acc, parallel, partitioned, register_row)
                                  if aggregate else generate_edge(unit, name, acc, parallel))
             kernel = load_kernel(source, name)
-            called = _SLPVectorized(kernel) if register_row else kernel
             if first_call_compiles(kernel):
-                _FIRST_CALLS[id(called)] = kernel
-            per_unit[key] = (called, leaf_args)
+                _FIRST_CALLS.add(id(kernel))
+            per_unit[key] = (kernel, leaf_args)
         except UnsupportedUnit as exc:
             _warn_once(f"unit:{exc}", f"gnnfuse cpu backend: {exc}; that unit runs as torch ops")
             per_unit[key] = None
     return per_unit[key]
 
 
-class _SLPVectorized:
-    """A register-row kernel (codegen.generate_register_row), called with LLVM's SLP
-    vectorizer on for whatever compiling the call does: that kernel's columns are
-    separate scalar chains that only SLP packs into vector registers (without it the
-    neighbour sum on pubmed at F=16 ran 2x slower). Numba turned SLP off by default in
-    0.57 after miscompilations in the LLVM of the day (numba PR #8852) and reads the
-    setting per compilation, so this turns it on for these kernels alone; the tests
-    check each of them against the reference. Calls that load machine code from the
-    cache or reuse a compiled signature compile nothing, and a kernel compiled without
-    SLP (another thread restoring the setting mid-way) is slower, never different."""
-
-    def __init__(self, kernel: Callable):
-        self.kernel = kernel
-
-    def __call__(self, *args) -> None:
-        before = numba.config.SLP_VECTORIZE
-        numba.config.SLP_VECTORIZE = 1
-        try:
-            self.kernel(*args)
-        finally:
-            numba.config.SLP_VECTORIZE = before
+def _compile_vectorized(kernel: Callable, args: tuple) -> None:
+    """Compile a register-row kernel (codegen.generate_register_row) for the types of
+    ``args`` with LLVM's SLP vectorizer on: that kernel's columns are separate scalar
+    chains that only SLP packs into vector registers (without it the neighbour sum on
+    pubmed at F=16 ran 2x slower). Numba turned SLP off by default in 0.57 after
+    miscompilations in the LLVM of the day (numba PR #8852) and reads the setting per
+    compilation, so this turns it on for these kernels alone; the tests check each of
+    them against the reference. Done when the launch is planned, with arguments of the
+    launch's types, so its calls go straight to the compiled kernel: turning SLP on
+    around every call cost about 1 us a call. Machine code already compiled or in the
+    disk cache is loaded, not compiled; a kernel compiled without SLP (a call whose
+    argument types differ after all, or another thread restoring the setting mid-way)
+    is slower, never different."""
+    signature = tuple([numba.typeof(a) for a in args])
+    before = numba.config.SLP_VECTORIZE
+    numba.config.SLP_VECTORIZE = 1
+    try:
+        if id(kernel) in _FIRST_CALLS:      # this compile is the kernel's first
+            _FIRST_CALLS.discard(id(kernel))
+            call_compiling(kernel, _keeping_torch_threads, kernel.compile, signature)
+        else:
+            _keeping_torch_threads(kernel.compile, signature)
+    finally:
+        numba.config.SLP_VECTORIZE = before
 
 
 def _flat(tensor: torch.Tensor):
@@ -153,16 +154,20 @@ def _per_edge_part(unit: SharedReduceUnit) -> EdgeUnit:
 class _Launch(NamedTuple):
     """What running a unit on one graph needs besides the call's tensors, under one
     `_settings`: the kernel (None: the unit runs through its ops' torch references),
-    its leaves' ids in argument order, the graph's index arrays it walks, the output's
-    shape and dtype, and its threads (0: a serial kernel), thread chunk and feature tile."""
+    its leaves' ids in argument order, the arguments it takes before the output (a
+    parallel kernel's thread count, the graph's index arrays it walks and its prefetch
+    end) and between the output and the leaves (an aggregate kernel's feature tile;
+    none for an edge kernel), the output's shape and dtype, and its threads (0: a
+    serial kernel) and thread chunk. The arguments are laid out here, once, so a call
+    only adds its own arrays."""
     kernel: Callable | None
     leaf_ids: tuple[int, ...]
-    graph_args: tuple
+    head: tuple
+    tail: tuple
     out_shape: tuple[int, ...]
     out_dtype: torch.dtype
     threads: int
     chunk: int | None
-    tile: int
 
 
 def _read_environment() -> tuple:
@@ -195,39 +200,49 @@ def run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> 
         return get_op(root.op).run(ctx, [env[i.id] for i in root.inputs], [i.residency for i in root.inputs],
                                    root.attrs)
     settings = _settings(leaves.values())
-    launch = _LAUNCHES.get(unit, ctx.graph, settings, lambda: _plan(unit, ctx, settings[-1]))
-    if launch.kernel is None:
-        return _run_reference(unit, ctx, leaves)
-    args = [_flat(leaves[i]) for i in launch.leaf_ids]
-    out = torch.empty(launch.out_shape, dtype=launch.out_dtype)
-    flat_out = out.numpy().ravel()
-    tiled = (launch.tile,) if isinstance(unit, AggregateUnit) else ()     # edge kernels take no tile
+    launch = _LAUNCHES.get(unit, ctx.graph, settings, lambda: _plan(unit, ctx, leaves))
     kernel = launch.kernel
+    if kernel is None:
+        return _run_reference(unit, ctx, leaves)
+    out = torch.empty(launch.out_shape, dtype=launch.out_dtype)
+    args = (*launch.head, out.numpy().ravel(), *launch.tail, *[_flat(leaves[i]) for i in launch.leaf_ids])
     if _FIRST_CALLS and id(kernel) in _FIRST_CALLS:       # this call compiles it
-        kernel = functools.partial(call_compiling, _FIRST_CALLS.pop(id(kernel)), kernel)
+        _FIRST_CALLS.discard(id(kernel))
+        kernel = functools.partial(call_compiling, kernel, kernel)
     if not launch.threads:
-        kernel(*launch.graph_args, flat_out, *tiled, *args)
-        return out
-    # Starting Numba's pool (the first parallel call) resets OpenMP's thread count --
-    # torch's too -- to every core; torch's count is the budget both share, so it is put
-    # back (a user's torch.set_num_threads(1) stays 1).
-    torch_threads = torch.get_num_threads()
-    numba.set_num_threads(launch.threads)
-    if launch.chunk and launch.threads > 1:
-        with numba.parallel_chunksize(launch.chunk):
-            kernel(*launch.graph_args, flat_out, *tiled, *args)
+        kernel(*args)
+    elif launch.chunk and launch.threads > 1:
+        _keeping_torch_threads(_call_chunked, kernel, launch.chunk, args)
     else:
-        kernel(*launch.graph_args, flat_out, *tiled, *args)
-    if torch.get_num_threads() != torch_threads:
-        torch.set_num_threads(torch_threads)
+        _keeping_torch_threads(kernel, *args)
     return out
 
 
-def _plan(unit: Unit, ctx: GraphContext, metas: tuple[tuple[torch.dtype, bool], ...]) -> _Launch:
-    """The launch of ``unit`` on ``ctx``'s graph for leaves of ``metas`` (dtype, on the
-    CPU), under the settings in force now (see `_Launch`)."""
+def _keeping_torch_threads(call: Callable, *args) -> None:
+    """``call(*args)``, then torch's thread count put back if it changed: starting
+    Numba's pool (the first parallel kernel a process compiles, loads or calls) resets
+    OpenMP's thread count -- torch's too -- to every core; torch's count is the budget
+    both share, so it is restored (a user's torch.set_num_threads(1) stays 1)."""
+    torch_threads = torch.get_num_threads()
+    try:
+        call(*args)
+    finally:
+        if torch.get_num_threads() != torch_threads:
+            torch.set_num_threads(torch_threads)
+
+
+def _call_chunked(kernel: Callable, chunk: int, args: tuple) -> None:
+    """``kernel(*args)`` handing its threads ``chunk`` iterations at a time (a tuned schedule's)."""
+    with numba.parallel_chunksize(chunk):
+        kernel(*args)
+
+
+def _plan(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> _Launch:
+    """The launch of ``unit`` on ``ctx``'s graph for leaves of the dtypes and devices of
+    ``leaves``, under the settings in force now (see `_Launch`)."""
     root = unit.root
-    fallback = _Launch(None, (), (), (), root.dtype, 1, None, 1)
+    metas = [(t.dtype, t.is_cpu) for t in leaves.values()]
+    fallback = _Launch(None, (), (), (), (), root.dtype, 1, None)
     if not all(on_cpu for _, on_cpu in metas) or ctx.device.type != "cpu":
         _warn_once("device", "gnnfuse cpu backend: tensors are not on the CPU; fused units run as torch ops "
                              "(use the triton backend for GPU tensors)")
@@ -264,9 +279,15 @@ def _plan(unit: Unit, ctx: GraphContext, metas: tuple[tuple[torch.dtype, bool], 
     else:
         graph_args, rows = (ctx.src.numpy(), ctx.dst.numpy()), ctx.num_edges
     walked = graph_args[-2] if isinstance(unit, AggregateUnit) else graph_args[0]    # col, or src
-    graph_args = (*graph_args, walked.shape[0] if prefetching else 0)     # the kernel's prefetch_end
-    return _Launch(kernel, tuple(v.id for v in leaf_args), graph_args, (rows,) + root.shape, root.dtype,
-                   threads if parallel else 0, choice.chunk, tile)
+    head = (*graph_args, walked.shape[0] if prefetching else 0)     # the kernel's prefetch_end
+    if parallel:
+        head = (threads, *head)
+    tail = (tile,) if isinstance(unit, AggregateUnit) else ()      # edge kernels take no tile
+    if register_row:
+        example_out = torch.empty(0, dtype=root.dtype).numpy()
+        _compile_vectorized(kernel, (*head, example_out, *tail, *[_flat(leaves[v.id]) for v in leaf_args]))
+    return _Launch(kernel, tuple(v.id for v in leaf_args), head, tail, (rows,) + root.shape, root.dtype,
+                   threads if parallel else 0, choice.chunk)
 
 
 def _partitioned(rowptr: torch.Tensor, parts: Partitions) -> tuple:
@@ -279,8 +300,10 @@ def execute(program: Program, ctx: GraphContext, feeds: Mapping[str, torch.Tenso
         _warn_once("numba", "GNNFUSE_BACKEND=cpu needs numba (pip install 'gnnfuse[cpu]'); running the torch "
                             "reference executor instead")
         return reference_execute(program, ctx, feeds, keep)
-    keep = tuple(sorted(set(keep)))
-    plans = _PLANS.setdefault(program, {})
+    keep = tuple(sorted(set(keep))) if keep else ()
+    plans = _PLANS.get(program)
+    if plans is None:     # not setdefault: a weak dictionary's builds a weak reference per call
+        plans = _PLANS[program] = {}
     if keep not in plans:
         plans[keep] = partition(program, keep)
     return _ENVIRONMENT.run(run_plan, program, plans[keep], ctx, feeds, keep, run_unit)

@@ -20,7 +20,9 @@ import math
 import numba
 from llvmlite import ir
 from numba import types
+from numba.core import cgutils
 from numba.extending import intrinsic
+from numba.np.ufunc.parallel import _launch_threads
 
 
 class PropagateNan(enum.IntEnum):
@@ -83,6 +85,29 @@ def prefetch(typingctx, array, index):
         builder.call(fn, [address, i32(0), i32(3), i32(1)])   # read, keep in every level, data cache
         return context.get_dummy_value()
     return types.void(array, index), codegen
+
+
+@intrinsic
+def use_threads(typingctx, count):
+    """Run this thread's later ``prange`` loops on ``count`` threads of Numba's pool, as
+    ``numba.set_num_threads(count)`` does, from inside a kernel. A parallel kernel calls
+    it first with its launch's count: from Python, ``numba.set_num_threads`` cost about 3
+    us a launch once the kernel had streamed the caches (a lock, checks, a ctypes call),
+    2-3% of a pubmed neighbour sum at F=16 on two threads. Numba's own jitted
+    ``set_num_threads`` reaches the pool through a ctypes pointer, which keeps a kernel
+    out of the disk cache ("uses dynamic globals"); this calls the threading layer's
+    ``set_num_threads`` symbol by name, as Numba's ``prange`` lowering reaches
+    ``get_num_threads``, so the kernel caches. Unchecked: the executor passes 1 to
+    ``NUMBA_NUM_THREADS`` (`schedule.threads`)."""
+    _launch_threads()   # loads the threading layer, which registers the symbol with LLVM
+
+    def codegen(context, builder, signature, args):
+        i32 = ir.IntType(32)
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i32]),
+                                            "set_num_threads")
+        builder.call(fn, [builder.trunc(args[0], i32)])
+        return context.get_dummy_value()
+    return types.void(count), codegen
 
 
 NAMES = frozenset({"exp", "log", "sqrt", "maximum", "minimum", "where", "sigmoid", "abs", "PropagateNan"})
