@@ -184,7 +184,6 @@ def test_launches_compile_with_slp_when_planned_and_calls_compile_nothing(parall
         real_compile(kernel, args)
         compiled_under.append(kernel)
     monkeypatch.setattr(cpu_executor, "_compile_vectorized", recording)
-    graph = hub_graph()
     h = torch.randn(NUM_NODES, 5, dtype=torch.float32, generator=torch.Generator().manual_seed(5))
     slp_before = numba.config.SLP_VECTORIZE
     threads = torch.get_num_threads()
