@@ -358,3 +358,48 @@ def test_sync_debug_mode_notice_is_not_a_synchronisation(monkeypatch):
     assert audit_step(lambda: 1, cuda) == (1, None)
     _, reason = audit_step(lambda: warnings.warn("called a synchronizing CUDA operation"), cuda)
     assert reason is not None and "called a synchronizing" in reason
+
+
+def test_every_capture_on_a_device_shares_one_stream(monkeypatch):
+    """A stream per capture made cuBLAS's and cuBLASLt's workspaces (32 MiB each on
+    Hopper) anew for every captured step; `capture_stream` makes one per device."""
+    from gnnfuse.runtime import cuda_graph
+    made = []
+    monkeypatch.setattr(cuda_graph, "_CAPTURE_STREAMS", {})
+    monkeypatch.setattr(torch.cuda, "Stream", lambda index: made.append(index) or object())
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    first = cuda_graph.capture_stream(torch.device("cuda", 0))
+    assert cuda_graph.capture_stream(0) is first and made == [0]
+    assert cuda_graph.capture_stream(torch.device("cuda")) is not first and made == [0, 1]
+    assert cuda_graph.capture_stream(1) is cuda_graph.capture_stream(torch.device("cuda")) and made == [0, 1]
+    steps = [StepCapture(lambda: None) for _ in range(2)]
+    assert steps[0]._side_stream(torch.device("cuda", 0)) is steps[1]._side_stream(torch.device("cuda", 0)) is first
+
+
+@needs_gpu
+def test_gpu_a_second_capture_makes_no_new_blas_workspace():
+    """The second of two captured steps with matrix products allocates only its own
+    tensors: no second pair of 32 MiB workspaces."""
+    def captured_step():
+        torch.manual_seed(0)
+        lin = torch.nn.Linear(64, 64).cuda()
+        opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+        x = torch.randn(128, 64, device="cuda")
+
+        def step():
+            opt.zero_grad(set_to_none=False)
+            loss = lin(x).square().mean()
+            loss.backward()
+            opt.step()
+            return loss
+        capture = StepCapture(step, optimizers=[opt], modules=[lin], mode="on")
+        for _ in range(5):
+            capture()
+        assert capture.status == "captured"
+        return capture
+    keep = [captured_step()]
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    keep.append(captured_step())
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() - before < 8 * 2**20

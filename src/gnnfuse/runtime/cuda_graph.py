@@ -186,6 +186,29 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:200]}"
 
 
+_CAPTURE_STREAMS: dict[int, Any] = {}
+_CAPTURE_STREAMS_LOCK = threading.Lock()
+
+
+def capture_stream(device: torch.device | int) -> torch.cuda.Stream:
+    """The side stream every `StepCapture` on ``device`` warms up and records on.
+
+    What a step creates lazily per stream is then created once per process: above all
+    the cuBLAS and cuBLASLt workspaces (32 MiB each on Hopper), which a stream of its
+    own per capture held anew for every captured step -- as much as a small graph's
+    whole training step. ``torch.cuda.graph`` shares one default capture stream the
+    same way. Graphs recorded on it share those workspaces, so their replays must not
+    overlap on different streams (replays on the current stream, one after another,
+    as training runs them, do not)."""
+    index = device if isinstance(device, int) else (device.index if device.index is not None
+                                                      else torch.cuda.current_device())
+    with _CAPTURE_STREAMS_LOCK:
+        stream = _CAPTURE_STREAMS.get(index)
+        if stream is None:
+            stream = _CAPTURE_STREAMS[index] = torch.cuda.Stream(index)
+        return stream
+
+
 class _CudaGraph:
     """torch.cuda.graph behind the two calls `StepCapture` makes, so its bookkeeping can
     be exercised without a GPU by a stand-in with the same interface."""
@@ -363,9 +386,10 @@ class StepCapture:
     def _side_stream(self, device: torch.device) -> torch.cuda.Stream:
         """One stream for the warm-up steps, the audited step and the capture, so that
         what a step makes lazily per stream (a cuBLAS workspace, the AccumulateGrad nodes
-        of the parameters) is made on the stream the capture records on."""
+        of the parameters) is made on the stream the capture records on: the device's
+        `capture_stream`, shared by every `StepCapture` of the process."""
         if self._stream is None:
-            self._stream = torch.cuda.Stream(device)
+            self._stream = capture_stream(device)
         return self._stream
 
     def _capture(self, inputs: tuple) -> None:
