@@ -103,6 +103,29 @@ def test_triton_segments_of_rows_that_cannot_split_are_built_without_a_sync():
         hinted = segments(GraphContext(graph), "dst", most, max_degree=most)
     assert not counter.syncs
     counted = segments(GraphContext(gnnfuse.Graph(graph.src, dst, 9, num_src_nodes=12)), "dst", most)   # counts
-    for name in ("row", "start", "end", "split", "split_rows"):
+    # the same segments: the hinted rows are all short, so they keep CSR order (no sort)
+    assert torch.equal(hinted.row, torch.arange(9, dtype=hinted.row.dtype))
+    order = torch.argsort(counted.row)
+    for name in ("row", "start", "end", "split"):
         ours, theirs = getattr(hinted, name), getattr(counted, name)
-        assert ours.dtype == theirs.dtype and torch.equal(ours, theirs), name
+        assert ours.dtype == theirs.dtype and torch.equal(ours, theirs[order]), name
+    assert hinted.split_rows.dtype == counted.split_rows.dtype and not len(hinted.split_rows) and not len(
+        counted.split_rows)
+
+
+def test_triton_segments_keep_longest_first_where_a_row_may_be_long():
+    """Only a bound of at most `SHORT_ROWS` keeps CSR order; a longer bound (a hop's
+    larger out-degree) still sorts, so a hub's row starts first."""
+    from gnnfuse.backend.reference import GraphContext
+    from gnnfuse.backend.triton.schedule import SHORT_ROWS, segments
+    dst = torch.cat([torch.zeros(SHORT_ROWS + 5, dtype=torch.long), torch.arange(1, 6)])
+    graph = gnnfuse.Graph(torch.arange(dst.numel()), dst, 6, num_src_nodes=dst.numel())
+    long_bound = segments(GraphContext(graph), "dst", 512, max_degree=SHORT_ROWS + 5)
+    lengths = long_bound.end - long_bound.start
+    assert int(lengths[0]) == SHORT_ROWS + 5 and int(long_bound.row[0]) == 0
+    assert torch.equal(lengths, torch.sort(lengths, descending=True).values)
+    short = gnnfuse.Graph(torch.arange(5), torch.arange(1, 6), 6, num_src_nodes=5)
+    in_order = segments(GraphContext(short), "dst", 512, max_degree=1)
+    assert torch.equal(in_order.row.long(), torch.arange(6))
+    assert torch.equal(in_order.start.long(), short.csr()[0][:-1].long())
+    assert torch.equal(in_order.end.long(), short.csr()[0][1:].long())

@@ -4,7 +4,8 @@ Power-law graphs put thousands of edges on a few vertices (the arxiv-sized bench
 graph has a vertex of in-degree ~7,000 against an average of 7). One program per row
 would leave that row running serially while the rest of the GPU idles, so rows longer
 than ``SEGMENT_EDGES`` are cut into segments that separate programs reduce and add
-atomically. Segments are ordered longest first so the longest work starts earliest.
+atomically. Segments are ordered longest first so the longest work starts earliest,
+unless every row is known to be short (`SHORT_ROWS`).
 """
 from __future__ import annotations
 
@@ -16,6 +17,12 @@ from ...graph import Graph
 from ..reference import GraphContext
 
 SEGMENT_EDGES = 512   # long enough to amortize a program's set-up, short enough to spread hubs
+# Rows no longer than this (a sampled block's destinations under its fanout, its sources
+# under the out-degree its hop read back) keep their CSR order: with no long row there
+# is no late hub to start first, a program's few rows finish in about the same time
+# either way, and rows in order store their outputs to consecutive addresses. The sort
+# it spares was a radix sort and three gathers per CSR of every mini-batch block.
+SHORT_ROWS = 64
 
 
 @dataclass(frozen=True)
@@ -35,13 +42,15 @@ def segments(ctx: GraphContext, by: str, max_edges: int | None, max_degree: int 
     """Segments of the CSR grouped by ``by``; ``max_edges=None`` keeps rows whole (for
     reductions with no atomic combine). Cached on the graph per (by, max_edges).
     ``max_degree``, a bound on the rows' lengths the caller knows (a sampled block's
-    fanout), lets rows that cannot split skip counting segments. ``whole_rows`` keeps
+    fanout), lets rows that cannot split skip counting segments, and rows that are all
+    short (`SHORT_ROWS`) skip the longest-first sort. ``whole_rows`` keeps
     every row whole under ``max_edges``'s key too, so the segments number exactly the
     rows (a padded batch's fixed shapes, `loader.static_shapes`): a whole row is a
     valid segment for every reduction, only a hub's row then runs in one program."""
     whole = whole_rows or max_edges is None or (max_degree is not None and max_degree <= max_edges)
+    in_order = max_degree is not None and max_degree <= SHORT_ROWS
     return ctx.graph.cached(f"triton_segments_{by}_{max_edges}",
-                            lambda _: _build(ctx.grouped(by)[0], None if whole else max_edges))
+                            lambda _: _build(ctx.grouped(by)[0], None if whole else max_edges, in_order))
 
 
 def whole_row_segments(graph: Graph) -> list[Segments]:
@@ -58,14 +67,20 @@ def whole_row_segments(graph: Graph) -> list[Segments]:
     return built
 
 
-def _build(rowptr: torch.Tensor, max_edges: int | None) -> Segments:
+def _build(rowptr: torch.Tensor, max_edges: int | None, in_order: bool = False) -> Segments:
     """The segments of ``rowptr``'s rows, stored in its own index dtype (int32 where the
     graph fits it: the kernels widen each load to int64): on a products-sized graph the
-    int64 arrays were 0.2 GB kept for the graph's lifetime."""
+    int64 arrays were 0.2 GB kept for the graph's lifetime. ``in_order`` (every row
+    whole and short, `SHORT_ROWS`): one segment per row in row order, nothing sorted."""
+    num_rows = rowptr.numel() - 1
+    if in_order:
+        return Segments(torch.arange(num_rows, dtype=rowptr.dtype, device=rowptr.device), rowptr[:-1],
+                        rowptr[1:].clone(),       # a fresh, aligned buffer, as the sorted path's
+                        torch.zeros(num_rows, dtype=torch.int8, device=rowptr.device),
+                        torch.zeros(0, dtype=torch.int64, device=rowptr.device))
     # Sort keys stay in the index dtype: a radix sort of int32 takes half the passes of int64.
     dtype, lengths = rowptr.dtype, rowptr[1:] - rowptr[:-1]
     rowptr = rowptr.to(torch.int64)
-    num_rows = rowptr.numel() - 1
     if max_edges is None:      # a segment per row: no count to read back from the device
         row = torch.arange(num_rows, device=rowptr.device)
         order = torch.sort(lengths, descending=True, stable=True).indices
