@@ -29,12 +29,14 @@ framework shares: the data set on the device and the cuBLAS workspaces torch all
 through its caching allocator on the first matmul (32 MiB per handle on Hopper), tens of
 MB that dominate the small presets. ``own_peak_gb`` is the peak above what was allocated
 when the cell began (``base_gb``): the framework's parameters, optimizer state, graph
-layouts and activations. The workspaces of the stream gnnfuse's `StepCapture` records on
-(one per process, `gnnfuse.runtime.cuda_graph.capture_stream`) are made before the first
-cell (`gnnfuse.bench.measure.prime_capture_stream`), so they sit in every cell's base
-like the default stream's, and in ``peak_gb``; runs before 2026-11-29 counted them (64
-MiB, each capture then having a stream of its own) in gnnfuse's own peaks. Each cell runs on a fresh `Graph` (and the `HeteroGraph` cache is
-cleared), so gnnfuse's cached layouts are counted in its own cell and no other.
+layouts and activations. The cuBLAS workspaces of the stream gnnfuse's `StepCapture`
+records on (forward and backward; one stream per process,
+`gnnfuse.runtime.cuda_graph.capture_stream`) are made before the first cell
+(`gnnfuse.bench.measure.prime_capture_stream`), so they sit in every cell's base like the
+default stream's, and in ``peak_gb``; runs before 2026-11-29 counted them (64 MiB, each
+capture then having a stream of its own) in gnnfuse's own peaks. Each cell runs on a fresh
+`Graph` (and the `HeteroGraph` cache is cleared), so gnnfuse's cached layouts are counted
+in its own cell and no other.
 
 ``--profile`` adds, per cell, one profiled step: device kernels launched, their summed
 time, host syncs (``torch.cuda.set_sync_debug_mode``) and Python calls per step, logged

@@ -93,19 +93,22 @@ def measure(framework: str, model: str, data: DeviceData, state: dict[str, torch
 
 
 def prime_capture_stream(device: torch.device) -> None:
-    """Make the cuBLAS and cuBLASLt workspaces of the stream `StepCapture` records on
-    (32 MiB each on Hopper, made lazily by the first matrix product on a stream, once
-    per process) before any cell is measured, as the default stream's are by the first
-    framework's first product: a fixed cost of the process, not of the cell whose
-    capture happened to come first. A no-op off CUDA."""
+    """Make the cuBLAS workspaces of the stream `StepCapture` records on before any cell
+    is measured, as the default stream's are by the first framework's first product: a
+    fixed cost of the process, not of the cell whose capture happened to come first.
+
+    torch keeps one workspace (32 MiB on Hopper) per cuBLAS handle and stream, and a
+    handle per thread, so there are two: the forward's, and the one autograd's device
+    thread uses for the backward's products (an H200 showed +32 MiB for the first
+    product on a new stream and +32 MiB for the first backward through one). A no-op
+    off CUDA."""
     if device.type != "cuda":
         return
     stream = capture_stream(device)
     stream.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(stream):
-        a = torch.ones(64, 64, device=device)
-        a @ a                                   # cuBLAS's handle workspace
-        torch.addmm(a[0], a, a)                 # cuBLASLt's (a bias epilogue)
+        a = torch.ones(64, 64, device=device, requires_grad=True)
+        (a @ a).sum().backward()
     torch.cuda.current_stream(device).wait_stream(stream)
     synchronize(device)
 

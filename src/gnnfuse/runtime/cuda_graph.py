@@ -194,9 +194,10 @@ def capture_stream(device: torch.device | int) -> torch.cuda.Stream:
     """The side stream every `StepCapture` on ``device`` warms up and records on.
 
     What a step creates lazily per stream is then created once per process: above all
-    the cuBLAS and cuBLASLt workspaces (32 MiB each on Hopper), which a stream of its
-    own per capture held anew for every captured step -- as much as a small graph's
-    whole training step. ``torch.cuda.graph`` shares one default capture stream the
+    the cuBLAS workspaces (32 MiB per handle and stream on Hopper: the forward's thread
+    and autograd's backward thread each have a handle), which a stream of its own per
+    capture held anew for every captured step -- as much as a small graph's whole
+    training step. ``torch.cuda.graph`` shares one default capture stream the
     same way. Graphs recorded on it share those workspaces, so their replays must not
     overlap on different streams (replays on the current stream, one after another,
     as training runs them, do not)."""
