@@ -133,10 +133,16 @@ class HeteroGraph:
 
     def split(self, out: torch.Tensor, node_types: Iterable[str] | None = None) -> dict[str, torch.Tensor]:
         """A global row table back as ``{node_type: rows}`` views (no copy), for
-        ``node_types`` (default: all)."""
+        ``node_types`` (default: all).
+
+        One ``split``, not a slice per type: its gradient is one concatenation of the
+        parts' gradients (zeros for a part no loss reached), where each slice's was a
+        zero table of all N rows with its part copied in, summed by autograd -- three
+        launches per type, each over the whole table."""
         if out.shape[0] != self.num_nodes:
             raise ValueError(f"expected {self.num_nodes} rows (all node types), got {out.shape[0]}")
-        return {t: out[self.node_slice(t)] for t in (self.node_types if node_types is None else node_types)}
+        parts = dict(zip(self.node_types, out.split([self.counts[t] for t in self.node_types])))
+        return {t: parts[t] for t in (self.node_types if node_types is None else node_types)}
 
     def __repr__(self) -> str:
         return (f"HeteroGraph(node_types={self.node_types}, edge_types={self.edge_types}, "
