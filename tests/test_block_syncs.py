@@ -129,3 +129,46 @@ def test_triton_segments_keep_longest_first_where_a_row_may_be_long():
     assert torch.equal(in_order.row.long(), torch.arange(6))
     assert torch.equal(in_order.start.long(), short.csr()[0][:-1].long())
     assert torch.equal(in_order.end.long(), short.csr()[0][1:].long())
+
+
+def test_source_side_layouts_are_built_only_when_the_step_walks_by_source(backend, device, monkeypatch):
+    """The loader leaves the reverse CSR and the source segments as recipes
+    (`Graph.build_later`): the first block of an aggregate-first SAGE, whose input needs
+    no gradient, never gets them, and the step still syncs nowhere."""
+    graph, model = _graph_and_model(device)
+    loader = NeighborLoader(graph, [4, 3], batch_size=6, shuffle=True, x=torch.randn(50, 8, device=device),
+                            y=torch.randint(0, 3, (50,), device=device), prefetch=0)
+    first, batch = [batch for _, batch in zip(range(2), loader)]
+    F.cross_entropy(model(first.x, first.blocks), first.y).backward()      # traces and compiles
+    assert all("reverse_csr" not in block.graph._cache for block in batch.blocks)
+    counter = _counted_steps(model, [batch], backend, monkeypatch)
+    assert counter.ops and not counter.syncs, f"host syncs in the step: {dict(counter.syncs)}"
+    assert "reverse_csr" not in batch.blocks[0].graph._cache, "the input layer's block was walked by source"
+
+
+def test_a_loader_blocks_deferred_source_layouts_build_without_a_sync_and_equal_the_graphs_own(monkeypatch):
+    """What the Triton backend's backward reads of a block's source side, built from
+    the loader's recipes when first read: no sync, the same reverse CSR as the graph's
+    own, and segments covering every edge once."""
+    from gnnfuse.backend.reference import GraphContext
+    from gnnfuse.backend.triton.schedule import SEGMENT_EDGES, segments
+    from oracle_check import device_for
+    monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
+    device = device_for("triton")
+    graph, _ = _graph_and_model(device)
+    loader = NeighborLoader(graph, [4, 3], batch_size=6, shuffle=True, x=torch.randn(50, 8, device=device),
+                            y=torch.randint(0, 3, (50,), device=device), prefetch=0)
+    batch = next(iter(loader))
+    assert all("reverse_csr" not in block.graph._cache for block in batch.blocks)
+    for block in batch.blocks:
+        counter = HostSyncCounter()
+        with counter:
+            reverse = block.graph.reverse_csr()
+            built = segments(GraphContext(block.graph), "src", SEGMENT_EDGES)
+        assert not counter.syncs, f"host syncs building a block's source side: {dict(counter.syncs)}"
+        fresh = gnnfuse.Graph(block.graph.src, block.graph.dst, block.num_dst, num_src_nodes=block.num_src)
+        for ours, theirs in zip(reverse, fresh.reverse_csr()):
+            assert torch.equal(ours.long(), theirs.long())
+        counted = segments(GraphContext(fresh), "src", SEGMENT_EDGES)
+        assert torch.equal(torch.sort(built.row.long()).values, torch.sort(counted.row.long()).values)
+        assert int((built.end - built.start).sum()) == block.graph.num_edges

@@ -374,3 +374,18 @@ def _graphs_in(graph: Graph) -> list[Graph]:
         if isinstance(value, Graph):
             found.extend(_graphs_in(value))
     return found
+
+
+def test_build_later_recipe_builds_on_first_ask_in_place_of_the_askers_builder():
+    g = Graph(torch.tensor([0, 1, 2]), torch.tensor([1, 2, 0]), 3)
+    calls = []
+    g.build_later("layout", lambda graph: calls.append("recipe") or "from the recipe")
+    assert "layout" not in g._cache and not calls
+    assert g.cached("layout", lambda graph: calls.append("asker") or "from the asker") == "from the recipe"
+    assert g.cached("layout", lambda graph: "again") == "from the recipe" and calls == ["recipe"]
+    g.build_later("layout", lambda graph: "late")              # already built: kept
+    assert g.cached("layout", lambda graph: "asker") == "from the recipe"
+    from gnnfuse.graph.fixed_shape import prefill
+    g.build_later("other", lambda graph: calls.append("unused") or "recipe")
+    prefill(g, other="prefilled")                              # a value in hand beats a recipe
+    assert g.cached("other", lambda graph: "asker") == "prefilled" and "unused" not in calls

@@ -51,6 +51,7 @@ def prefill(graph: Graph, **layouts: object) -> None:
     """Store ``layouts`` in the graph's cache under `Graph`'s own keys (a key already
     built keeps its value: both are the same layout)."""
     for key, value in layouts.items():
+        graph._builders.pop(key, None)      # a recipe `build_later` left for it is moot now
         graph.cached(key, lambda g, v=value: v)
 
 
@@ -66,5 +67,15 @@ def grouped_csr(keys: torch.Tensor, others: torch.Tensor, rows: int, dtype: torc
 def build_reverse_csr(graph: Graph) -> CSR:
     """The graph's out-edges grouped by source (what a backward pass reads), built into
     its cache without a host sync (`Graph.reverse_csr` would count rows with ``bincount``)."""
-    prefill(graph, reverse_csr=grouped_csr(graph.src, graph.dst, graph.num_src_nodes, graph.index_dtype))
+    prefill(graph, reverse_csr=_sync_free_reverse_csr(graph))
     return graph.reverse_csr()
+
+
+def defer_reverse_csr(graph: Graph) -> None:
+    """`build_reverse_csr`'s recipe for ``graph``'s reverse CSR, used only if and when
+    something reads it (`Graph.build_later`)."""
+    graph.build_later("reverse_csr", _sync_free_reverse_csr)
+
+
+def _sync_free_reverse_csr(graph: Graph) -> CSR:
+    return grouped_csr(graph.src, graph.dst, graph.num_src_nodes, graph.index_dtype)

@@ -111,6 +111,7 @@ class Graph:
         self._edge_type, self._num_edge_types = edge_type, num_edge_types
         self._node_type, self._num_node_types = node_type, num_node_types
         self._cache: dict[str, Any] = {}
+        self._builders: dict[str, Callable[[Graph], Any]] = {}   # `build_later`'s recipes
         self._dst_grouped = False   # edges already in destination order: the CSR needs no sort
 
     def _derive(self, src: torch.Tensor, dst: torch.Tensor, edge_type: torch.Tensor | None,
@@ -411,8 +412,19 @@ class Graph:
         (e.g. ``"gcn_norm"``); two users with the same key must compute the same thing.
         """
         if key not in self._cache:
-            self._cache[key] = fn(self)
+            self._cache[key] = self._builders.pop(key, fn)(self)
         return self._cache[key]
+
+    def build_later(self, key: str, fn: Callable[[Graph], Any]) -> None:
+        """Have `cached` build ``key`` with ``fn`` when something first asks for it, in
+        place of the asker's own builder (they must compute the same thing).
+
+        For what one party knows how to build best but cannot tell whether anyone will
+        read: a mini-batch loader knows how to build a block's reverse CSR without a host
+        sync, and a bound on its rows' lengths, but not whether the step will walk the
+        block by source (`loader.layouts`). A key already built keeps its value."""
+        if key not in self._cache:
+            self._builders[key] = fn
 
     def csr(self) -> CSR:
         """In-edges grouped by destination: ``col`` = sources; stable in edge id per row.

@@ -10,6 +10,7 @@ unless every row is known to be short (`SHORT_ROWS`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -47,10 +48,22 @@ def segments(ctx: GraphContext, by: str, max_edges: int | None, max_degree: int 
     every row whole under ``max_edges``'s key too, so the segments number exactly the
     rows (a padded batch's fixed shapes, `loader.static_shapes`): a whole row is a
     valid segment for every reduction, only a hub's row then runs in one program."""
+    return ctx.graph.cached(*_recipe(ctx, by, max_edges, max_degree, whole_rows))
+
+
+def defer_segments(graph: Graph, by: str, max_edges: int, max_degree: int | None) -> None:
+    """`segments`' recipe for ``graph`` under ``max_degree``, used only if and when a
+    kernel asks for those segments (`Graph.build_later`)."""
+    graph.build_later(*_recipe(GraphContext(graph), by, max_edges, max_degree, False))
+
+
+def _recipe(ctx: GraphContext, by: str, max_edges: int | None, max_degree: int | None,
+            whole_rows: bool) -> tuple[str, Callable[[Graph], Segments]]:
+    """The cache key of `segments`' arguments and the builder of its value."""
     whole = whole_rows or max_edges is None or (max_degree is not None and max_degree <= max_edges)
     in_order = max_degree is not None and max_degree <= SHORT_ROWS
-    return ctx.graph.cached(f"triton_segments_{by}_{max_edges}",
-                            lambda _: _build(ctx.grouped(by)[0], None if whole else max_edges, in_order))
+    return (f"triton_segments_{by}_{max_edges}",
+            lambda _: _build(ctx.grouped(by)[0], None if whole else max_edges, in_order))
 
 
 def whole_row_segments(graph: Graph) -> list[Segments]:
