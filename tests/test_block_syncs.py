@@ -172,3 +172,21 @@ def test_a_loader_blocks_deferred_source_layouts_build_without_a_sync_and_equal_
         counted = segments(GraphContext(fresh), "src", SEGMENT_EDGES)
         assert torch.equal(torch.sort(built.row.long()).values, torch.sort(counted.row.long()).values)
         assert int((built.end - built.start).sum()) == block.graph.num_edges
+
+
+def test_a_position_whose_source_side_a_step_read_gets_it_built_ahead(monkeypatch):
+    """`SourceSideDemand`: once a step has built the recipe of one block position, the
+    loader's later blocks at that position come with it built; the others keep recipes."""
+    from oracle_check import device_for
+    monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
+    device = device_for("triton")
+    graph, _ = _graph_and_model(device)
+    loader = NeighborLoader(graph, [4, 3], batch_size=6, shuffle=True, x=torch.randn(50, 8, device=device),
+                            y=torch.randint(0, 3, (50,), device=device), prefetch=0)
+    batches = iter(loader)
+    first = next(batches)
+    assert all("reverse_csr" not in block.graph._cache for block in first.blocks)
+    first.blocks[1].graph.reverse_csr()           # what a step walking the second block by source reads
+    later = next(batches)
+    assert "reverse_csr" in later.blocks[1].graph._cache and not later.blocks[1].graph._builders
+    assert "reverse_csr" not in later.blocks[0].graph._cache and later.blocks[0].graph._builders

@@ -389,3 +389,14 @@ def test_build_later_recipe_builds_on_first_ask_in_place_of_the_askers_builder()
     g.build_later("other", lambda graph: calls.append("unused") or "recipe")
     prefill(g, other="prefilled")                              # a value in hand beats a recipe
     assert g.cached("other", lambda graph: "asker") == "prefilled" and "unused" not in calls
+
+
+def test_a_pickled_graph_takes_its_recipes_built():
+    """A loader worker's batch crosses processes pickled: recipes are closures, so they
+    are built before the graph travels, and arrive as cached layouts."""
+    import pickle
+    g = Graph(torch.tensor([0, 1, 2]), torch.tensor([1, 2, 0]), 3)
+    g.build_later("layout", lambda graph: ("built", graph.num_edges))
+    copy = pickle.loads(pickle.dumps(g))
+    assert copy._cache["layout"] == ("built", 3) and not copy._builders
+    assert copy.cached("layout", lambda graph: "asker") == ("built", 3)

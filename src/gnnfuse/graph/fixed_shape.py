@@ -16,6 +16,8 @@ without draining the device's queue.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from .graph import CSR, Graph
@@ -71,10 +73,14 @@ def build_reverse_csr(graph: Graph) -> CSR:
     return graph.reverse_csr()
 
 
-def defer_reverse_csr(graph: Graph) -> None:
+def defer_reverse_csr(graph: Graph, when_built: Callable[[], None] | None = None) -> None:
     """`build_reverse_csr`'s recipe for ``graph``'s reverse CSR, used only if and when
-    something reads it (`Graph.build_later`)."""
-    graph.build_later("reverse_csr", _sync_free_reverse_csr)
+    something reads it (`Graph.build_later`); ``when_built`` is called then."""
+    def build(g: Graph) -> CSR:
+        if when_built is not None:
+            when_built()
+        return _sync_free_reverse_csr(g)
+    graph.build_later("reverse_csr", build)
 
 
 def _sync_free_reverse_csr(graph: Graph) -> CSR:

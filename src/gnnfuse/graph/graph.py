@@ -415,6 +415,18 @@ class Graph:
             self._cache[key] = self._builders.pop(key, fn)(self)
         return self._cache[key]
 
+    def __getstate__(self) -> dict[str, Any]:
+        """A graph pickled (sent to another process: a loader worker's batch) takes its
+        `build_later` recipes built first: they are closures, which cannot travel, and
+        the receiver would otherwise build those layouts its own way."""
+        for key in list(self._builders):
+            self.cached(key, self._builders[key])
+        return self.__dict__
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.__dict__.setdefault("_builders", {})       # pickled before graphs had recipes
+
     def build_later(self, key: str, fn: Callable[[Graph], Any]) -> None:
         """Have `cached` build ``key`` with ``fn`` when something first asks for it, in
         place of the asker's own builder (they must compute the same thing).

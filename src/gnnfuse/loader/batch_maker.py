@@ -15,7 +15,7 @@ hop instead.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
@@ -24,7 +24,7 @@ from ..graph.fixed_shape import mark_padded
 from ..nn.conv import known_transform_first_rows, transform_first_rows
 from .block import Block, block_graph
 from .hop_kernels import fused_hops, hop_seed, reindex_slots_fused, sample_slots_fused
-from .layouts import prepare_layouts, tensors_in
+from .layouts import SourceSideDemand, prepare_layouts, tensors_in
 from .sampler import SampledBlock, reindex_slots, sample_slots
 from .stages import StageTimes, device_stream
 from .static_shapes import IGNORE_LABEL, Capacities, batch_sizes, pad_block, pad_rows
@@ -85,6 +85,7 @@ class BatchMaker:
     zero_copy: bool
     capacities: Capacities | None = None     # pad batches that fit to these (`static_shapes`)
     deferred: bool = False                   # padded batches leave x and the layouts to the step
+    source_side: SourceSideDemand = field(default_factory=SourceSideDemand)   # what steps walk by source
 
     @property
     def num_nodes(self) -> int:
@@ -124,7 +125,7 @@ class BatchMaker:
                         for i, hop in enumerate(hops)]
             bounds = [k if k >= 0 else None for k in reversed(self.num_neighbors)]
             blocks = []
-            for hop, bound in zip(hops, bounds):
+            for position, (hop, bound) in enumerate(zip(hops, bounds)):
                 graph = block_graph(hop.rowptr, hop.local_src, hop.dst, hop.nodes.numel(), sampled=True,
                                     out_degrees=hop.out_degrees)
                 if caps is not None:
@@ -134,7 +135,8 @@ class BatchMaker:
                     layouts = tuple(tensors_in(transform_first_rows(graph, 1)))   # tied to the consumer's stream
                 else:
                     layouts = prepare_layouts(graph, bound, hop.unread_dst, hop.max_out_degree,
-                                              whole_rows=caps is not None)
+                                              whole_rows=caps is not None,
+                                              source_side_read=self.source_side.recipe_callback(position))
                 blocks.append(Block(graph, hop.nodes, layouts))
         return MiniBatch(blocks, x, y, n_id, input_id, padded=caps is not None, deferred=deferred)
 

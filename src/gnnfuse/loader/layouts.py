@@ -15,20 +15,22 @@ combine-first SAGE layer reads (`nn.conv.transform_first_rows`). The CSR and the
 vectors come with the block itself (`block.block_graph`).
 
 What only a walk by source reads -- the reverse CSR (`graph.fixed_shape`) and the
-Triton segments of its rows -- is not built here but left on the graph as a recipe
-(`Graph.build_later`) with what the loader knows: the sort that needs no host sync and
-the bound on the sources' out-degrees the hop read back. The step builds it, without a
-sync, if its backward walks the block by source at all. A first layer whose input
-needs no gradient (SAGE aggregating the input features first) never does, and its
-block is the batch's largest: on products-sized fanouts (15, 10, 5), 568K of 708K
-edges. A padded batch (fixed shapes) still gets everything built here. Once a layer
+Triton segments of its rows -- is built here only for the block positions a step has
+been seen to walk by source (`SourceSideDemand`). Elsewhere it is left on the graph as
+a recipe (`Graph.build_later`) with what the loader knows: the sort that needs no host
+sync and the bound on the sources' out-degrees the hop read back; a step that does walk
+the block by source builds it, without a sync, and the next blocks at that position
+come with it. A first layer whose input needs no gradient (SAGE aggregating the input
+features first) never walks its block by source, and that block is the batch's
+largest: on products-sized fanouts (15, 10, 5), 568K of 708K edges. A padded batch
+(fixed shapes) gets everything built here. Once a layer
 has asked for a block's self-looped graph (`nn.conv.looped_blocks_wanted`), each block
 also comes with that graph and its layouts.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -41,7 +43,8 @@ from ..runtime.compiled import backend_name
 
 
 def prepare_layouts(graph: Graph, max_in_degree: int | None = None, unread: torch.Tensor | None = None,
-                    max_out_degree: int | None = None, whole_rows: bool = False) -> tuple[torch.Tensor, ...]:
+                    max_out_degree: int | None = None, whole_rows: bool = False,
+                    source_side_read: Callable[[], None] | None = None) -> tuple[torch.Tensor, ...]:
     """Build the per-graph layouts the step will read on ``graph`` (see the module
     doc); returns the tensors built, which the consumer's stream must keep alive.
     ``max_in_degree`` and ``max_out_degree`` bound the destinations' sampled in-edges
@@ -49,25 +52,29 @@ def prepare_layouts(graph: Graph, max_in_degree: int | None = None, unread: torc
     Triton segments of either CSR a count when no row can split; ``unread``, the
     sources no edge leaves when the sampler knows them (`SampledBlock.unread_dst`),
     spares the rows a combine-first layer reads theirs. ``whole_rows`` keeps the Triton
-    segments one per row (a padded batch's fixed shapes: `triton.schedule.segments`)."""
+    segments one per row (a padded batch's fixed shapes: `triton.schedule.segments`).
+    ``source_side_read``, if given, leaves the source side as recipes (see the module
+    doc) and is called when the step builds them."""
     if unread is not None:
         known_transform_first_rows(graph, unread)
     built: list[Any] = [transform_first_rows(graph, 1)]
     if looped_blocks_wanted() and not whole_rows:     # a padded block's layers derive a fixed-shape one
         built += _looped_layouts(graph, max_in_degree, max_out_degree)
-    return tuple(tensors_in(built + _backend_layouts(graph, max_in_degree, max_out_degree, whole_rows)))
+    return tuple(tensors_in(built + _backend_layouts(graph, max_in_degree, max_out_degree, whole_rows,
+                                                     source_side_read)))
 
 
 def _backend_layouts(graph: Graph, max_in_degree: int | None, max_out_degree: int | None,
-                     whole_rows: bool) -> list[Any]:
+                     whole_rows: bool, source_side_read: Callable[[], None] | None = None) -> list[Any]:
     """What the backend that will run ``graph`` reads of it (see the module doc)."""
     built: list[Any] = []
     backend = backend_name(graph.device.type == "cuda")
+    defer = source_side_read is not None and not whole_rows
     if backend != "reference":      # the reference backend's backward scatters by edge: no reverse CSR
-        if whole_rows:
-            built.append(build_reverse_csr(graph))
+        if defer:
+            defer_reverse_csr(graph, source_side_read)
         else:
-            defer_reverse_csr(graph)
+            built.append(build_reverse_csr(graph))
         if tuned_schedule.entries():     # the lookup's key; without stored choices it is never read
             tuned_schedule.shape_class(graph)
     if backend == "triton":
@@ -75,9 +82,31 @@ def _backend_layouts(graph: Graph, max_in_degree: int | None, max_out_degree: in
         if whole_rows:
             built += whole_row_segments(graph)
         else:
-            built.append(segments(GraphContext(graph), "dst", SEGMENT_EDGES, max_in_degree))
-            defer_segments(graph, "src", SEGMENT_EDGES, max_out_degree)
+            context = GraphContext(graph)
+            built.append(segments(context, "dst", SEGMENT_EDGES, max_in_degree))
+            if defer:
+                defer_segments(graph, "src", SEGMENT_EDGES, max_out_degree)
+            else:
+                built.append(segments(context, "src", SEGMENT_EDGES, max_out_degree))
     return built
+
+
+class SourceSideDemand:
+    """Which of a batch's blocks (by position in its list, the input layer's first) the
+    step walks by source,
+    learnt from the recipes it consumed: a block's source side is left as a recipe
+    until a step builds one at its position, and from then on built ahead. Blocks made
+    in worker processes learn nothing (the step runs in another process): they keep
+    recipes."""
+
+    def __init__(self) -> None:
+        self._read: set[int] = set()
+
+    def recipe_callback(self, position: int) -> Callable[[], None] | None:
+        """None (build ahead) for a position a step has read, else what marks it read."""
+        if position in self._read:
+            return None
+        return lambda: self._read.add(position)
 
 
 def _looped_layouts(graph: Graph, max_in_degree: int | None, max_out_degree: int | None) -> list[Any]:
