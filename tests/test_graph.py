@@ -397,6 +397,10 @@ def test_a_pickled_graph_takes_its_recipes_built():
     import pickle
     g = Graph(torch.tensor([0, 1, 2]), torch.tensor([1, 2, 0]), 3)
     g.build_later("layout", lambda graph: ("built", graph.num_edges))
+    g.build_later("stored", lambda graph: "recipe")
+    g._cache["stored"] = "stored directly"          # as a padded batch's fixed shapes store theirs
+    g.build_later("chained", lambda graph: graph.cached("layout", lambda _: "asker") + ("chained",))
     copy = pickle.loads(pickle.dumps(g))
     assert copy._cache["layout"] == ("built", 3) and not copy._builders
     assert copy.cached("layout", lambda graph: "asker") == ("built", 3)
+    assert copy._cache["stored"] == "stored directly" and copy._cache["chained"] == ("built", 3, "chained")

@@ -419,8 +419,10 @@ class Graph:
         """A graph pickled (sent to another process: a loader worker's batch) takes its
         `build_later` recipes built first: they are closures, which cannot travel, and
         the receiver would otherwise build those layouts its own way."""
-        for key in list(self._builders):
-            self.cached(key, self._builders[key])
+        while self._builders:      # a recipe may ask for another (segments: the reverse CSR)
+            key, build = self._builders.popitem()
+            if key not in self._cache:     # a value stored directly since keeps its place
+                self._cache[key] = build(self)
         return self.__dict__
 
     def __setstate__(self, state: dict[str, Any]) -> None:
