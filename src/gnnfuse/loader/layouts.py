@@ -18,14 +18,14 @@ What only a walk by source reads -- the reverse CSR (`graph.fixed_shape`) and th
 Triton segments of its rows -- is built here only for the block positions a step has
 been seen to walk by source (`SourceSideDemand`). Elsewhere it is left on the graph as
 a recipe (`Graph.build_later`) with what the loader knows: the sort that needs no host
-sync and the bound on the sources' out-degrees the hop read back; a step that does walk
-the block by source builds it, without a sync, and the next blocks at that position
-come with it. A first layer whose input needs no gradient (SAGE aggregating the input
-features first) never walks its block by source, and that block is the batch's
-largest: on products-sized fanouts (15, 10, 5), 568K of 708K edges. A padded batch
-(fixed shapes) gets everything built here. Once a layer
-has asked for a block's self-looped graph (`nn.conv.looped_blocks_wanted`), each block
-also comes with that graph and its layouts.
+sync and the bound on the sources' out-degrees the hop read back; a step that does
+walk the block by source builds it, without a sync, and the next blocks at that
+position come with it. A first layer whose input needs no gradient (SAGE aggregating
+the input features first) never walks its block by source, and that block is the
+batch's largest: on products-sized fanouts (15, 10, 5), 568K of 708K edges. A padded
+batch (fixed shapes) gets everything built here. Once a layer has asked for a block's
+self-looped graph (`nn.conv.looped_blocks_wanted`), each block also comes with that
+graph and its layouts.
 """
 from __future__ import annotations
 
@@ -93,11 +93,11 @@ def _backend_layouts(graph: Graph, max_in_degree: int | None, max_out_degree: in
 
 class SourceSideDemand:
     """Which of a batch's blocks (by position in its list, the input layer's first) the
-    step walks by source,
-    learnt from the recipes it consumed: a block's source side is left as a recipe
-    until a step builds one at its position, and from then on built ahead. Blocks made
-    in worker processes learn nothing (the step runs in another process): they keep
-    recipes."""
+    step walks by source, learnt from the recipes it consumed: a block's source side is
+    left as a recipe until a step builds one at its position, and from then on built
+    ahead. In a worker process the recipes are built when the batch is pickled for the
+    consumer (`Graph.__getstate__`), which marks every position: its blocks come with
+    everything built, as before recipes existed."""
 
     def __init__(self) -> None:
         self._read: set[int] = set()
