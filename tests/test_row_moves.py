@@ -91,3 +91,114 @@ def test_a_contended_reduce_takes_the_slotted_sum_in_programs_and_their_gradient
     p = torch.randn(3, 1, dtype=torch.float64, generator=g, requires_grad=True)
     assert torch.autograd.gradcheck(lambda h, p: fn(graph, {"h": h}, etype_feature={"p": p}), (h, p))
     assert 3 in calls        # the gradient of p: 40 edges into 3 relation rows
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("rows, shape", [(1, ()), (3, (2,)), (4, (2,)), (5, (2, 3)), (16, (4,))])
+def test_the_few_rows_kernel_equals_index_add(dtype, rows, shape):
+    """Many entries into a few rows (backend/triton/few_rows_sum.py), against
+    ``index_add`` in float64: entries not a multiple of a program's chunk, a row no
+    entry reaches, int32 and int64 indices, a NaN that reaches only its own row."""
+    from gnnfuse.backend.triton import few_rows_sum as few
+    names = []
+    launch = few.launch
+    few.launch, restore = (lambda kernel, *a: names.append(kernel.__name__) or launch(kernel, *a)), launch
+    try:
+        g = torch.Generator().manual_seed(rows)
+        entries = 3001
+        x = torch.randn((entries,) + shape, generator=g, dtype=torch.float64)
+        index = torch.randint(0, max(rows - 1, 1), (entries,), generator=g)
+        if rows > 2:
+            x[7] = float("nan")
+        expected = torch.zeros((rows,) + shape, dtype=torch.float64).index_add_(0, index, x)
+        for index_dtype in (torch.int64, torch.int32):
+            got = few.few_rows_sum(x.to(DEVICE, dtype), index.to(DEVICE, index_dtype), rows)
+            assert got.shape == (rows,) + shape and got.dtype == dtype
+            tol = {torch.float64: 1e-12, torch.float32: 1e-4, torch.bfloat16: 3e-2}[dtype]
+            scale = x.to(dtype).double().abs().nan_to_num().sum(0).max()
+            torch.testing.assert_close(got.double().cpu(), expected, rtol=0, atol=tol * float(scale), equal_nan=True)
+        assert names == ["_few_rows_sum"] * 2
+    finally:
+        few.launch = restore
+
+
+def test_the_few_rows_kernel_leaves_wide_tables_to_the_slotted_sum(monkeypatch):
+    from gnnfuse.backend.triton import few_rows_sum as few
+    calls = []
+    monkeypatch.setattr(few, "launch", lambda *a: calls.append("kernel"))
+    x = torch.randn(500, 40, dtype=torch.float64, device=DEVICE)        # 4 rows x 64 lanes: past MAX_TILE
+    index = torch.randint(0, 3, (500,), device=DEVICE)
+    expected = torch.zeros(3, 40, dtype=torch.float64, device=DEVICE).index_add_(0, index, x)
+    torch.testing.assert_close(few.few_rows_sum(x, index, 3), expected, rtol=1e-12, atol=1e-12)
+    ints = torch.ones(500, 2, dtype=torch.int64, device=DEVICE)
+    assert torch.equal(few.few_rows_sum(ints, index, 3), torch.zeros(3, 2, dtype=torch.int64,
+                                                                      device=DEVICE).index_add_(0, index, ints))
+    assert calls == []
+
+
+def test_a_contended_reduce_runs_the_few_rows_kernel_on_the_triton_backend(monkeypatch):
+    """The `reduce` op's dispatch on the Triton backend: with the threshold lowered, the
+    relation scalar's gradient (a sum by edge type over every edge) launches the kernel,
+    and outputs and gradients equal the reference backend's."""
+    import gnnfuse
+    from gnnfuse.backend.triton import few_rows_sum as few
+    monkeypatch.setattr(movement, "CONTENDED_ENTRIES_PER_ROW", 2)
+    names = []
+    launch = few.launch
+    monkeypatch.setattr(few, "launch", lambda kernel, *a: names.append(kernel.__name__) or launch(kernel, *a))
+    g = torch.Generator().manual_seed(2)
+    src, dst = torch.randint(0, 6, (40,), generator=g), torch.randint(0, 6, (40,), generator=g)
+    types = torch.randint(0, 3, (40,), generator=g)
+    h0 = torch.randn(6, 2, dtype=torch.float64, generator=g)
+    p0 = torch.randn(3, 1, dtype=torch.float64, generator=g)
+    fn = gnnfuse.vertex(lambda v: sum([e.src.h * e.type.p for e in v.inedges]))
+    results = []
+    for backend in ("triton", "reference"):
+        monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+        device = DEVICE if backend == "triton" else "cpu"
+        graph = gnnfuse.Graph(src, dst, 6, edge_type=types, num_edge_types=3).to(device)
+        h, p = h0.to(device).requires_grad_(), p0.to(device).requires_grad_()
+        out = fn(graph, {"h": h}, etype_feature={"p": p})
+        out.square().sum().backward()
+        results.append([t.detach().cpu() for t in (out, h.grad, p.grad)])
+    assert "_few_rows_sum" in names
+    for ours, theirs in zip(*results):
+        torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
+
+
+def test_explain_names_the_few_rows_kernel_for_a_contended_sum(monkeypatch):
+    import gnnfuse
+    g = torch.Generator().manual_seed(3)
+    src, dst = torch.randint(0, 6, (40,), generator=g), torch.randint(0, 6, (40,), generator=g)
+    graph = gnnfuse.Graph(src, dst, 6, edge_type=torch.randint(0, 3, (40,), generator=g), num_edge_types=3)
+    fn = gnnfuse.vertex(lambda v: sum([e.src.h * e.type.p for e in v.inedges]))
+    h = torch.randn(6, 2, dtype=torch.float64, generator=g, requires_grad=True)
+    p = torch.randn(3, 1, dtype=torch.float64, generator=g, requires_grad=True)
+
+    def step():
+        fn(graph, {"h": h}, etype_feature={"p": p}).sum().backward()
+    assert "few_rows_sum.py" not in str(gnnfuse.explain(step))       # 40 edges into 3 rows: not contended
+    monkeypatch.setattr(movement, "CONTENDED_ENTRIES_PER_ROW", 2)
+    assert "few_rows_sum.py" in str(gnnfuse.explain(step))
+
+
+def test_a_few_rows_kernel_that_fails_to_build_warns_once_and_takes_the_reference_form(monkeypatch):
+    from gnnfuse.backend.triton import few_rows_sum as few
+    monkeypatch.setattr(few, "_BUILT", {})
+    calls = []
+
+    def failing(*args):
+        calls.append(1)
+        raise RuntimeError("PTX assembly failed\\nmore")
+    monkeypatch.setattr(few, "launch", failing)
+    x = torch.randn(300, 2, dtype=torch.float64, device=DEVICE)
+    index = torch.randint(0, 3, (300,), device=DEVICE)
+    expected = torch.zeros(3, 2, dtype=torch.float64, device=DEVICE).index_add_(0, index, x)
+    with pytest.warns(RuntimeWarning, match="few-rows sum kernel failed.*PTX assembly failed"):
+        got = few.few_rows_sum(x, index, 3)
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torch.testing.assert_close(few.few_rows_sum(x, index, 3), expected, rtol=1e-12, atol=1e-12)
+    assert calls == [1]

@@ -43,6 +43,8 @@ class ExecContext(Protocol):
 
     def row_dot(self, x: torch.Tensor, y: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor: ...
 
+    def contended_sum(self, x: torch.Tensor, index: torch.Tensor, rows: int) -> torch.Tensor: ...
+
 
 class GradBuilder(Protocol):
     """What a derivative rule may do: read forward values and add backward ops."""

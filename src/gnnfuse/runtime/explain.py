@@ -233,6 +233,13 @@ def _schedule(unit: Any, sizes: _Sizes) -> str | None:
         return schedule_for(unit, sizes.group_rows(unit), sizes.num_edges)
 
 
+def _contended(v: Value, sizes: _Sizes) -> bool:
+    """Whether reduce ``v`` puts `movement.contended`'s many entries on each of its rows."""
+    from ..ir.ops.movement import CONTENDED_ENTRIES_PER_ROW
+    entries = sizes.rows(v.inputs[0].residency)
+    return entries > CONTENDED_ENTRIES_PER_ROW * max(sizes.rows(v.residency), 1)
+
+
 def _op_step(v: Value, sizes: _Sizes, names: dict[int, str]) -> Step:
     movement = get_op(v.op).movement
     rows_out = sizes.rows(v.residency)
@@ -250,6 +257,9 @@ def _op_step(v: Value, sizes: _Sizes, names: dict[int, str]) -> Step:
     label = f"torch op {names[v.id]} = {v.op}({args}) -> {v.residency.name}{list(v.shape)}"
     if v.op in GPU_KERNEL_OPS:
         label += f"\n    on CUDA: {GPU_KERNEL_OPS[v.op]}"
+    elif v.op == "reduce" and v.attrs.get("op") == "sum" and _contended(v, sizes):
+        label += ("\n    on CUDA: many entries into few rows, one Triton kernel summing in registers "
+                  "(backend/triton/few_rows_sum.py) where rows x width is small")
     traffic = Traffic(read_bytes, index, rows_out * _row_bytes(v))
     choice = recorded_choice(sizes.graph, v)
     if choice is not None:   # a typed linear aggregation: the order it chose here, and why

@@ -12,7 +12,7 @@ from ...graph import Graph
 from ...ir import CompileError, Residency
 from ...ir.ops.compact import scatter_scaled_rows
 from ...ir.ops.dense import row_dot_reference
-from ...ir.ops.movement import gather_rows
+from ...ir.ops.movement import contended_sum_reference, gather_rows
 from ...ir.ops.pairwise import in_edge_pairs
 from ...ir.ops.typed import RowGroups, group_rows, typed_matmul, typed_matmul_tn
 
@@ -30,6 +30,7 @@ class GraphContext:
     scatter_rows = staticmethod(scatter_scaled_rows)     # the typed aggregation's row moves
     gather_rows = staticmethod(gather_rows)               # rows onto edges (broadcast, pair products)
     row_dot = staticmethod(row_dot_reference)             # per-row dot products over feature dims
+    contended_sum = staticmethod(contended_sum_reference)  # many entries into few rows (ir/ops/movement.py)
 
     def __init__(self, graph: Graph):
         self.graph = graph

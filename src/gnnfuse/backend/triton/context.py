@@ -1,10 +1,12 @@
 """The graph context of Triton-backend runs: the ops that run as torch code call back into
 it (ir/registry.py's ``ExecContext``) for per-type matmuls, the typed aggregation's row
-scatters, row gathers and per-row dot products, which here are kernels (segment_matmul.py,
-scatter_rows.py, gather_rows.py, row_dot.py) instead of the reference backend's torch forms."""
+scatters, row gathers, per-row dot products and sums of many rows into a few, which here
+are kernels (segment_matmul.py, scatter_rows.py, gather_rows.py, row_dot.py,
+few_rows_sum.py) instead of the reference backend's torch forms."""
 from __future__ import annotations
 
 from ..reference import GraphContext
+from .few_rows_sum import few_rows_sum
 from .gather_rows import gather_rows
 from .row_dot import row_dot
 from .scatter_rows import scatter_scaled_rows
@@ -17,3 +19,4 @@ class TritonGraphContext(GraphContext):
     scatter_rows = staticmethod(scatter_scaled_rows)
     gather_rows = staticmethod(gather_rows)
     row_dot = staticmethod(row_dot)
+    contended_sum = staticmethod(few_rows_sum)
