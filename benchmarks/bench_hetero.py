@@ -33,7 +33,7 @@ layouts and activations. The cuBLAS workspaces of the stream gnnfuse's `StepCapt
 records on (forward and backward; one stream per process,
 `gnnfuse.runtime.cuda_graph.capture_stream`) are made before the first cell
 (`gnnfuse.bench.measure.prime_capture_stream`), so they sit in every cell's base like the
-default stream's, and in ``peak_gb``; runs before 2026-11-29 counted them (64 MiB, each
+default stream's, and in ``peak_gb``; runs before 20261128T223551Z counted them (64 MiB, each
 capture then having a stream of its own) in gnnfuse's own peaks. Each cell runs on a fresh
 `Graph` (and the `HeteroGraph` cache is cleared), so gnnfuse's cached layouts are counted
 in its own cell and no other.
@@ -396,7 +396,7 @@ def render_markdown(results: dict[str, Any]) -> str:
              "Median ms per step (forward + loss + backward + Adam; gnnfuse's steps captured in a CUDA graph where "
              "marked, PyG's eager) / peak GB over the timed steps and, for a captured step, its recording (own: the "
              "peak above what was allocated when the cell began -- the data set and the cuBLAS workspaces "
-             "every framework shares are left out, since 2026-11-29 also those of gnnfuse's capture stream, "
+             "every framework shares are left out, from run 20261128T223551Z on also those of gnnfuse's capture stream, "
              "made once per process before the first cell); speedup = fastest PyG variant's time / gnnfuse's; "
              "mem = gnnfuse peak / that variant's peak, own mem the same for the own peaks; "
              "UDF / nn = Graphiler's R-GCN UDF compiled by gnnfuse / gnnfuse.nn.RGCNConv; max rel err = worst "
