@@ -71,24 +71,32 @@ def test_the_slotted_sum_equals_index_add(shape, cap, monkeypatch):
     assert torch.equal(got[-1], torch.zeros(shape, dtype=torch.float64))
 
 
+def _relation_scalar(seed: int):
+    """A typed graph of 40 edges over 3 relations and a layer scaling each in-edge's
+    source row by its relation's scalar ``p`` (HGT's relation prior): the gradient of
+    ``p`` sums every edge into 3 rows. Returns (graph, the vertex function, h, p)."""
+    import gnnfuse
+    g = torch.Generator().manual_seed(seed)
+    src, dst = torch.randint(0, 6, (40,), generator=g), torch.randint(0, 6, (40,), generator=g)
+    graph = gnnfuse.Graph(src, dst, 6, edge_type=torch.randint(0, 3, (40,), generator=g), num_edge_types=3)
+    fn = gnnfuse.vertex(lambda v: sum([e.src.h * e.type.p for e in v.inedges]))
+    h = torch.randn(6, 2, dtype=torch.float64, generator=g, requires_grad=True)
+    p = torch.randn(3, 1, dtype=torch.float64, generator=g, requires_grad=True)
+    return graph, fn, h, p
+
+
 def test_a_contended_reduce_takes_the_slotted_sum_in_programs_and_their_gradients(monkeypatch):
     """The dispatch in `reduce_rows`, end to end: with the threshold lowered and the CPU
     admitted, a per-relation scalar's gradient (a reduce by edge type over every edge,
     HGT's ``p``) and the forward's sums run through `_slotted_sum` and still pass
     gradcheck in float64."""
-    import gnnfuse
     monkeypatch.setattr(movement, "SLOTTED_DEVICES", ("cpu", "cuda"))
     monkeypatch.setattr(movement, "CONTENDED_ENTRIES_PER_ROW", 2)
     monkeypatch.setattr(movement, "SLOTS", 3)
     calls = []
     slotted = movement._slotted_sum
     monkeypatch.setattr(movement, "_slotted_sum", lambda *a: calls.append(a[2]) or slotted(*a))
-    g = torch.Generator().manual_seed(2)
-    src, dst = torch.randint(0, 6, (40,), generator=g), torch.randint(0, 6, (40,), generator=g)
-    graph = gnnfuse.Graph(src, dst, 6, edge_type=torch.randint(0, 3, (40,), generator=g), num_edge_types=3)
-    fn = gnnfuse.vertex(lambda v: sum([e.src.h * e.type.p for e in v.inedges]))
-    h = torch.randn(6, 2, dtype=torch.float64, generator=g, requires_grad=True)
-    p = torch.randn(3, 1, dtype=torch.float64, generator=g, requires_grad=True)
+    graph, fn, h, p = _relation_scalar(2)
     assert torch.autograd.gradcheck(lambda h, p: fn(graph, {"h": h}, etype_feature={"p": p}), (h, p))
     assert 3 in calls        # the gradient of p: 40 edges into 3 relation rows
 
@@ -140,24 +148,18 @@ def test_a_contended_reduce_runs_the_few_rows_kernel_on_the_triton_backend(monke
     """The `reduce` op's dispatch on the Triton backend: with the threshold lowered, the
     relation scalar's gradient (a sum by edge type over every edge) launches the kernel,
     and outputs and gradients equal the reference backend's."""
-    import gnnfuse
     from gnnfuse.backend.triton import few_rows_sum as few
     monkeypatch.setattr(movement, "CONTENDED_ENTRIES_PER_ROW", 2)
     names = []
     launch = few.launch
     monkeypatch.setattr(few, "launch", lambda kernel, *a: names.append(kernel.__name__) or launch(kernel, *a))
-    g = torch.Generator().manual_seed(2)
-    src, dst = torch.randint(0, 6, (40,), generator=g), torch.randint(0, 6, (40,), generator=g)
-    types = torch.randint(0, 3, (40,), generator=g)
-    h0 = torch.randn(6, 2, dtype=torch.float64, generator=g)
-    p0 = torch.randn(3, 1, dtype=torch.float64, generator=g)
-    fn = gnnfuse.vertex(lambda v: sum([e.src.h * e.type.p for e in v.inedges]))
+    on_host, fn, h0, p0 = _relation_scalar(2)
     results = []
     for backend in ("triton", "reference"):
         monkeypatch.setenv("GNNFUSE_BACKEND", backend)
         device = DEVICE if backend == "triton" else "cpu"
-        graph = gnnfuse.Graph(src, dst, 6, edge_type=types, num_edge_types=3).to(device)
-        h, p = h0.to(device).requires_grad_(), p0.to(device).requires_grad_()
+        graph = on_host.to(device)
+        h, p = h0.detach().to(device).requires_grad_(), p0.detach().to(device).requires_grad_()
         out = fn(graph, {"h": h}, etype_feature={"p": p})
         out.square().sum().backward()
         results.append([t.detach().cpu() for t in (out, h.grad, p.grad)])
@@ -168,12 +170,7 @@ def test_a_contended_reduce_runs_the_few_rows_kernel_on_the_triton_backend(monke
 
 def test_explain_names_the_few_rows_kernel_for_a_contended_sum(monkeypatch):
     import gnnfuse
-    g = torch.Generator().manual_seed(3)
-    src, dst = torch.randint(0, 6, (40,), generator=g), torch.randint(0, 6, (40,), generator=g)
-    graph = gnnfuse.Graph(src, dst, 6, edge_type=torch.randint(0, 3, (40,), generator=g), num_edge_types=3)
-    fn = gnnfuse.vertex(lambda v: sum([e.src.h * e.type.p for e in v.inedges]))
-    h = torch.randn(6, 2, dtype=torch.float64, generator=g, requires_grad=True)
-    p = torch.randn(3, 1, dtype=torch.float64, generator=g, requires_grad=True)
+    graph, fn, h, p = _relation_scalar(3)
 
     def step():
         fn(graph, {"h": h}, etype_feature={"p": p}).sum().backward()
