@@ -451,7 +451,7 @@ def test_backward_saves_no_forward_value_it_does_not_read():
     assert sorted(k for k in backward.program.inputs) == ["grad:out", f"saved:{backward.saved[0].id}"]
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=8, deadline=None)
 @given(case=graphs(max_nodes=8, max_edges=24, hub_degrees=st.sampled_from([0, 70])))
 def test_segments_kept_in_csr_order_give_the_sorted_segments_results(case):
     """Segments one per row in CSR order (`schedule.SHORT_ROWS`: a loader block whose
