@@ -62,6 +62,7 @@ from ..backend.forced_schedule import TILED_SCORES_FROM_EDGES, forcing, tiled_sc
 from ..environ import getenv
 from ..graph import Graph
 from ..ir import Program, Residency, Value, get_op
+from ..ir.ops.movement import contended
 from ..ir.ops.typed_aggregate import recorded_choice
 from ..ir.residency import Movement
 from ..passes.fusion import gathered_leaves, partition, tiles_in_body
@@ -233,13 +234,6 @@ def _schedule(unit: Any, sizes: _Sizes) -> str | None:
         return schedule_for(unit, sizes.group_rows(unit), sizes.num_edges)
 
 
-def _contended(v: Value, sizes: _Sizes) -> bool:
-    """Whether reduce ``v`` puts `movement.contended`'s many entries on each of its rows."""
-    from ..ir.ops.movement import CONTENDED_ENTRIES_PER_ROW
-    entries = sizes.rows(v.inputs[0].residency)
-    return entries > CONTENDED_ENTRIES_PER_ROW * max(sizes.rows(v.residency), 1)
-
-
 def _op_step(v: Value, sizes: _Sizes, names: dict[int, str]) -> Step:
     movement = get_op(v.op).movement
     rows_out = sizes.rows(v.residency)
@@ -257,7 +251,8 @@ def _op_step(v: Value, sizes: _Sizes, names: dict[int, str]) -> Step:
     label = f"torch op {names[v.id]} = {v.op}({args}) -> {v.residency.name}{list(v.shape)}"
     if v.op in GPU_KERNEL_OPS:
         label += f"\n    on CUDA: {GPU_KERNEL_OPS[v.op]}"
-    elif v.op == "reduce" and v.attrs.get("op") == "sum" and _contended(v, sizes):
+    elif v.op == "reduce" and v.attrs.get("op") == "sum" and contended(sizes.rows(v.inputs[0].residency),
+                                                                        sizes.rows(v.residency)):
         label += ("\n    on CUDA: many entries into few rows, one Triton kernel summing in registers "
                   "(backend/triton/few_rows_sum.py) where rows x width is small")
     traffic = Traffic(read_bytes, index, rows_out * _row_bytes(v))

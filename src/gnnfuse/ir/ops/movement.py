@@ -98,16 +98,16 @@ SLOTTED_ELEMENTS = 1 << 24        # at most this many partial sums (64 MB in flo
 SLOTTED_DEVICES = ("cuda",)       # where atomics contend (a CPU index_add_ adds in order)
 
 
-def contended(index: torch.Tensor, rows: int) -> bool:
-    """Whether a sum of ``index.numel()`` entries into ``rows`` rows puts so many entries
-    on each row that atomic adds straight into them would queue on a GPU."""
-    return index.numel() > CONTENDED_ENTRIES_PER_ROW * rows
+def contended(entries: int, rows: int) -> bool:
+    """Whether a sum of ``entries`` entries into ``rows`` rows puts so many entries on
+    each row that atomic adds straight into them would queue on a GPU."""
+    return entries > CONTENDED_ENTRIES_PER_ROW * rows
 
 
 def reduce_rows(x: torch.Tensor, index: torch.Tensor, rows: int, op: str) -> torch.Tensor:
     out = x.new_zeros((rows,) + tuple(x.shape[1:]))
     if op == "sum":
-        if x.device.type in SLOTTED_DEVICES and contended(index, rows):
+        if x.device.type in SLOTTED_DEVICES and contended(index.numel(), rows):
             return _slotted_sum(x, index, rows)
         return out.index_add_(0, index, x)
     expanded = index.view((-1,) + (1,) * (x.dim() - 1)).expand_as(x)
@@ -146,7 +146,7 @@ def _reduce(ctx, x: torch.Tensor, op: str, by: str) -> torch.Tensor:
     the context's ``contended_sum``, a kernel on the Triton backend
     (backend/triton/few_rows_sum.py), `reduce_rows` on the reference backend."""
     index, rows = ctx.index(by), ctx.num_rows(by)
-    if op == "sum" and contended(index, rows):
+    if op == "sum" and contended(index.numel(), rows):
         return ctx.contended_sum(x, index, rows)
     return reduce_rows(x, index, rows, op)
 
