@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, NamedTuple
 
 from ..ir import Program, Residency, Value, get_op
+from .type_sums import TypeSumUnit, type_summed
 
 FUSIBLE_REDUCERS = ("sum", "mean", "max", "min")
 # A kernel reads their input at remapped coordinates: an ``expand`` (the gradient of a
@@ -287,7 +288,7 @@ def _reduced(v: Value) -> bool:
 
 
 def partition(program: Program, keep: Iterable[int] = (), tile_feature_sums: bool = False,
-              row_addends: bool = False) -> list[Unit | Value]:
+              row_addends: bool = False, type_sums: bool = False) -> list[Unit | TypeSumUnit | Value]:
     """The program's computing values in order, with fused units replacing what they cover.
 
     ``keep`` holds ids of values that must be materialized (saved for backward). Every
@@ -308,7 +309,8 @@ def partition(program: Program, keep: Iterable[int] = (), tile_feature_sums: boo
 
     A sum multiplied by a per-row scalar joins the sum's unit (`_row_scaled`), and with
     ``row_addends`` (the Triton backend) a vertex table added to the result does too
-    (`_row_added`)."""
+    (`_row_added`). With ``type_sums`` (the Triton backend) a sum by edge type of
+    per-edge work is a `TypeSumUnit`, which `passes/siblings.py` lets ride a CSR walk."""
     def in_body(x: Value) -> bool:
         return _fusible_body(x) or (tile_feature_sums and tiles_in_body(x))
 
@@ -348,6 +350,9 @@ def partition(program: Program, keep: Iterable[int] = (), tile_feature_sums: boo
             item = grow(AggregateUnit(scaled[0], scale=scaled[1], scaled=v))
         elif v.op == "reduce" and v.attrs["by"] in ("src", "dst") and v.attrs["op"] in FUSIBLE_REDUCERS:
             item = grow(AggregateUnit(v))
+        elif (type_sums and (operand := type_summed(v, users)) is not None and operand.id not in keep
+              and _edge_root(operand)):
+            item = TypeSumUnit(v, grow(EdgeUnit(operand)))
         elif _edge_root(v):
             item = grow(EdgeUnit(v))
         elif (operand := summed_operand(v)) is not None and operand.id not in keep:
@@ -389,10 +394,14 @@ def leaf_kind(leaf: Value) -> str:
     return "node" if leaf.residency is Residency.NODE else "edge"
 
 
-def gather_side(broadcast: Value, unit: Unit) -> str:
+def gather_side(broadcast: Value, unit: Unit | TypeSumUnit, walk: str | None = None) -> str:
     """In a reduce unit, a fused broadcast along the unit's own index reads the row's
     vertex (``center``) and along the other endpoint gathers the ``neighbour``; an edge
-    unit gathers by the edge's ``src`` or ``dst``."""
-    if not isinstance(unit, AggregateUnit):
-        return broadcast.attrs["by"]
-    return "center" if broadcast.attrs["by"] == unit.by else "neighbour"
+    unit gathers by the edge's ``src`` or ``dst``. ``walk``: the CSR a kernel walks
+    (``src`` or ``dst``) when it is not the unit's own index, as for a sum by edge type
+    riding a sibling group's walk (`passes/type_sums.py`)."""
+    if walk not in ("src", "dst"):
+        if not isinstance(unit, AggregateUnit):
+            return broadcast.attrs["by"]
+        walk = unit.by
+    return "center" if broadcast.attrs["by"] == walk else "neighbour"

@@ -65,10 +65,11 @@ from ..ir import Program, Residency, Value, get_op
 from ..ir.ops.movement import contended
 from ..ir.ops.typed_aggregate import recorded_choice
 from ..ir.residency import Movement
-from ..passes.fusion import gathered_leaves, partition, tiles_in_body
+from ..passes.fusion import gathered_leaves, tiles_in_body
 from ..passes.io_rule import EdgeTensor, backward_reads_gathered_rows, edge_tensors, reads_gathered_rows
 from ..passes.pair_sources import PAIR_PREFIX
-from ..passes.siblings import group_siblings
+from ..passes.siblings import fused_plan
+from ..passes.type_sums import TypeSumUnit, rider_fits
 from .compiled import ProgramCall, record_calls
 
 
@@ -176,12 +177,13 @@ def _names(program: Program) -> dict[int, str]:
     return {v.id: f"%{v.attrs['key']}" if v.op == "input" else f"%{n}" for n, v in enumerate(program.values)}
 
 
-def _unit_step(unit: Any, sizes: _Sizes, computed: frozenset[int] = frozenset()) -> Step:
+def _unit_step(unit: Any, sizes: _Sizes, computed: frozenset[int] = frozenset(), walk: str | None = None) -> Step:
     """``computed``: leaves the unit's sibling kernel computes instead of reading (a
     maximum taken online and a normalizer kept alongside, passes/online_softmax.py);
-    such a unit walks the CSR in its group's kernel whatever its own cost rule says."""
-    by = getattr(unit, "by", None)
-    schedule = "csr" if computed else _schedule(unit, sizes)
+    such a unit walks the CSR in its group's kernel whatever its own cost rule says.
+    ``walk``: the CSR a rider (a sum by edge type, passes/type_sums.py) rides."""
+    by = walk or getattr(unit, "by", None)
+    schedule = "csr" if computed or walk else _schedule(unit, sizes)
     grouped = by in ("src", "dst") and schedule != "coo"
     gathers = {leaf: ["center" if grouped and side == by else side for side in sides]
                for leaf, sides in gathered_leaves(unit).items()}   # leaf id -> gather index names
@@ -286,16 +288,19 @@ def _plan(phase: str, program: Program, keep: list[int], sizes: _Sizes, source: 
     names = _names(program)
     steps = []
     tiled = tiled_scores(sizes.num_edges)
-    for item in group_siblings(partition(program, keep, tile_feature_sums=tiled, row_addends=True)):
+    for item in fused_plan(program, keep, tiled):
         if isinstance(item, Value):
             steps.append(_op_step(item, sizes, names))
+            continue
+        if isinstance(item, TypeSumUnit):
+            steps.extend(_type_sum_alone(item, sizes, names, source))
             continue
         for n, unit in enumerate(getattr(item, "members", [item])):
             online = [item.shifts[n], *([item.normalizers[n]] if n in item.normalizers else [])] \
                 if n in getattr(item, "shifts", {}) else []
             step = _unit_step(unit, sizes, frozenset(item.members[k].root.id for k in online))
             if unit is not item:
-                step.label += (f"\n    shares one kernel with the {len(item.members) - 1} other unit(s) walking the "
+                step.label += (f"\n    shares one kernel with the {len(item.roots) - 1} other unit(s) walking the "
                                f"{item.by} CSR beside it, where every member runs in the CSR schedule (passes/siblings.py)")
             if online:
                 step.label += ("\n    takes its softmax shift, the max beside it, online: a running maximum and "
@@ -306,8 +311,28 @@ def _plan(phase: str, program: Program, keep: list[int], sizes: _Sizes, source: 
             if source and unit is not item and _one_kernel(item, sizes):
                 step.source = _kernel_source(item, sizes) if unit is item.members[0] else "(the kernel above)"
             steps.append(step)
+        for rider in getattr(item, "riders", []):
+            if not (_one_kernel(item, sizes) and rider_fits(rider, sizes.rows(Residency.EDGE_TYPE))):
+                steps.extend(_type_sum_alone(rider, sizes, names, source, f"the {item.by} walk above cannot carry it "
+                                             "here (a member off the CSR schedule, or too many edge types)"))
+                continue
+            step = _unit_step(rider, sizes, walk=item.by)
+            step.label += (f"\n    rides the {item.by} CSR walk of the {len(item.members)} unit(s) above: each segment "
+                           "sums its edges by type in registers, no per-edge tensor (passes/type_sums.py)")
+            if source:
+                step.source = "(the kernel above)" if _one_kernel(item, sizes) else _kernel_source(rider.edge, sizes)
+            steps.append(step)
     written = [v for step in steps for v in step.writes]
     return Plan(phase, program, steps, edge_tensors(written, keep, tainted), sizes.num_edges, tiled)
+
+
+def _type_sum_alone(unit: TypeSumUnit, sizes: _Sizes, names: dict[int, str], source: bool,
+                    why: str = "no walk to ride") -> list[Step]:
+    """A sum by edge type riding no walk, as it runs: its operand's edge unit, then the sum."""
+    edge = _unit_step(unit.edge, sizes)
+    edge.label += f"\n    the operand of a sum by edge type, written per edge: {why} (passes/type_sums.py)"
+    edge.source = _kernel_source(unit.edge, sizes) if source else None
+    return [edge, _op_step(unit.reduce, sizes, names)]
 
 
 def _mb(n: int) -> str:

@@ -36,6 +36,7 @@ from ...ir import Residency, Value, get_op
 from ...passes.fusion import (AggregateUnit, EdgeUnit, RowSum, SharedReduceUnit, Unit, feature_sum_terms,
                               gather_side, leaf_kind, row_sum_split)
 from ...passes.siblings import SiblingGroup
+from ...passes.type_sums import TypeSumUnit
 from ..row_layout import aligned_row_width
 from ..coords import project as _project, strides as _strides, summed_coords as _summed_coords
 
@@ -47,6 +48,7 @@ _ROW_INDEX = {"neighbour": "nbr", "edge": "edge", "src": "src_id", "dst": "dst_i
 class _Emitter:
     def __init__(self, unit: Unit | SiblingGroup, sides: dict[str, str] | None = None):
         self.unit = unit    # for a sibling group: the member being emitted (`use_lanes`)
+        self.walk = getattr(unit, "by", None)   # the CSR a walk groups by (a rider's gathers follow it)
         self.sides = sides or {}     # gather side -> the index variable a schedule names it by
         self.lines: list[str] = []
         self.memo: dict[tuple, str] = {}
@@ -66,8 +68,8 @@ class _Emitter:
         self.shift: tuple[Value, Value, int, int, Value | None] | None = None
         self.shift_coords: dict[int, tuple[str, ...]] = {}
 
-    def use_lanes(self, unit: AggregateUnit, lane: str) -> None:
-        """Emit ``unit`` (a sibling group's member) on feature lanes named ``lane``: its
+    def use_lanes(self, unit: AggregateUnit | TypeSumUnit, lane: str) -> None:
+        """Emit ``unit`` (a sibling group's member or rider) on feature lanes named ``lane``: its
         values get their own lane coordinates, while row-level values (scalar loads,
         head score tiles) are shared with the members emitted before."""
         self.unit, self.lane, self.zero, self.row_lanes = unit, lane, f"{lane}zero", None
@@ -165,7 +167,7 @@ class _Emitter:
         elif feature_sum_terms(v) is not None:   # a per-edge feature sum in the body (scores)
             out = self.row_sum(v, coords)
         elif v.op == "broadcast":
-            side = gather_side(v, self.unit)
+            side = gather_side(v, self.unit, self.walk)
             out = self.value(v.inputs[0], coords, self.sides.get(side, side))
         elif v.op == "reshape":
             flat = self.offset(v.shape, coords)
@@ -546,8 +548,15 @@ def generate_siblings(group: SiblingGroup, name: str, acc_dtype: str, tuned: boo
         root = em.value(unit.reduce.inputs[0], em.feature_coords(unit.reduce.shape, None))
         em.online_shift(None)
         members.append((n, unit, width, block, root))
+    riders = []
+    for n, rider in enumerate(group.riders, start=len(group.members)):
+        em.use_lanes(rider, f"f{n}")
+        block = triton.next_power_of_2(rider.width)
+        riders.append((n, rider.width, block, em.value(rider.operand, em.feature_coords(rider.operand.shape, None))))
     lanes = "".join(f"    f{n} = tl.arange(0, {block})\n    f{n}mask = f{n} < {width}\n    f{n}zero = f{n} * 0\n"
-                    for n, _, width, block, _ in members)
+                    for n, width, block in [(n, w, b) for n, _, w, b, _ in members] + [r[:3] for r in riders])
+    if riders:
+        lanes += "    types = tl.arange(0, TYPES)\n"
     init, adds, stores = [], [], []
     for n, unit, width, block, root in members:
         op = unit.reduce.attrs["op"]
@@ -581,10 +590,20 @@ def generate_siblings(group: SiblingGroup, name: str, acc_dtype: str, tuned: boo
         else:
             stores.append(f"{finished}\n            if split:\n                tl.atomic_add({target})\n"
                           f"            else:\n                tl.store({target})")
-    outs = tuple(f"out{n}" for n, *_ in members)
+    if riders:     # each segment sums its edges by type into a [TYPES, width] tile (passes/type_sums.py)
+        adds.append("                etp = tl.load(etype + edge, mask=emask, other=-1)\n"
+                    "                hit = (etp[:, None] == types[None, :])[:, :, None]\n")
+    for n, width, block, root in riders:
+        init.append(f"            acc{n} = tl.zeros([TYPES, {block}], ACC)\n")
+        adds.append(f"                acc{n} += tl.sum(tl.where(hit, ({root} + tl.zeros([BLOCK_E, {block}], ACC))"
+                    f"[:, None, :], 0.0), axis=0)\n")
+        stores.append(f"\n            tl.store(out{n} + seg.to(tl.int64) * (TYPES * {block}) + types[:, None] * {block}"
+                      f" + f{n}[None, :], acc{n})")
+    outs = tuple(f"out{n}" for n, *_ in (*members, *riders))
     body = "\n".join(f"                {line}" for line in em.lines)
     leaf_params = "".join(f"L{n}, " for n in range(len(em.leaf_args)))
     slot_param, slot_load, part_params = "", "", ""
+    type_param, types = ("etype, ", ", TYPES: tl.constexpr") if riders else ("", "")
     if group.merges:
         slot_param = "seg_slot, "
         slot_load = "\n            slot = tl.load(seg_slot + seg).to(tl.int64)"
@@ -594,8 +613,8 @@ import triton.language as tl
 
 
 {_decorator(tuned, {"BLOCK_E": _fit_tiles(CSR_EDGE_BLOCKS, em, 1, acc_dtype), "ROWS": CSR_ROWS}, "size_class",
-            () if group.merges else outs, warps=(1,))}
-def {name}(rowptr, col, eid, seg_row, seg_start, seg_end, seg_split, {slot_param}num_segments, size_class, {", ".join(outs)}, {part_params}{leaf_params}BLOCK_E: tl.constexpr, ROWS: tl.constexpr):
+            () if group.merges else outs[:len(members)], warps=(1,))}
+def {name}(rowptr, col, eid, seg_row, seg_start, seg_end, seg_split, {slot_param}{type_param}num_segments, size_class, {", ".join(outs)}, {part_params}{leaf_params}BLOCK_E: tl.constexpr, ROWS: tl.constexpr{types}):
     # {group.describe()}
     ACC: tl.constexpr = {acc_dtype}
 {lanes}    for r in range(ROWS):

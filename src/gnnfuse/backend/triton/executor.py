@@ -8,9 +8,10 @@ from typing import Any, Callable, Hashable, Iterable, Mapping, NamedTuple
 import torch
 import triton
 
-from ...ir import Program, Value
-from ...passes.fusion import AggregateUnit, EdgeUnit, SharedReduceUnit, Unit, gathered_leaves, leaf_kind, partition
-from ...passes.siblings import SiblingGroup, group_siblings
+from ...ir import Program, Residency, Value, get_op
+from ...passes.fusion import AggregateUnit, EdgeUnit, SharedReduceUnit, Unit, gathered_leaves, leaf_kind
+from ...passes.siblings import SiblingGroup, fused_plan
+from ...passes.type_sums import TYPE_INDEX, TypeSumUnit, rider_fits
 from .. import tuned_schedule
 from ..forced_schedule import SCHEDULES, forced_schedule, forcing, tiled_scores
 from ..reference import GraphContext
@@ -134,7 +135,8 @@ def _kernel_for(unit: Unit, acc: str, schedule: str) -> _Kernel:
         name, source, leaf_args = kernel_source(unit, acc, schedule)
         row_tile = row_sum_split(unit.root) if schedule == "edge" else None
         layouts = [(v.id, math.prod(v.shape), row_stride(v)) for v in leaf_args]
-        reads_edges = any(leaf_kind(v) == "edge" for v in leaf_args)
+        # a rider (a sum by edge type) reads each edge's type through its edge id
+        reads_edges = any(leaf_kind(v) == "edge" for v in leaf_args) or bool(getattr(unit, "riders", ()))
         per_unit[key] = _Kernel(_load_kernel(source, name), layouts, row_tile, reads_edges)
     return per_unit[key]
 
@@ -195,6 +197,8 @@ def run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> 
     `SiblingGroup` returns one tensor per member (`_run_siblings`)."""
     if isinstance(unit, SiblingGroup):
         return _run_siblings(unit, ctx, leaves)
+    if isinstance(unit, TypeSumUnit):
+        return _run_type_sum(unit, ctx, leaves)
     settings = (forced_schedule(), _ENVIRONMENT.current(), SEGMENT_EDGES, tuple([t.dtype for t in leaves.values()]))
     plan = _LAUNCHES.get(unit, ctx.graph, settings, lambda: _plan_tuned(unit, ctx, leaves))
     out = (torch.zeros if plan.zeros else torch.empty)(plan.out_shape, dtype=plan.out_dtype, device=plan.device)
@@ -212,17 +216,25 @@ def run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> 
     return out
 
 
+def _run_type_sum(unit: TypeSumUnit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> torch.Tensor:
+    """A sum by edge type riding no walk: its operand's edge unit, then the sum."""
+    operand = run_unit(unit.edge, ctx, leaves)
+    return get_op("reduce").run(ctx, [operand], (Residency.EDGE,), unit.reduce.attrs)
+
+
 class _SiblingLaunch(NamedTuple):
     """A sibling group's launch on one graph: `_Launch`'s fields for a kernel with one
     output per member (``outs``: their shapes and dtypes), and for a merging group the
     partial-result buffers' shapes and dtypes and its merge launch (kernel, programs,
-    leading arguments)."""
+    leading arguments), and per rider its partial sums' shape and dtype (one [types,
+    width] tile per segment) with its types and width, to cut the finished sum to."""
     kernel: Any
     layouts: tuple[tuple[int, int, int], ...]
     before: tuple
     outs: tuple[tuple[tuple[int, ...], torch.dtype], ...]
     partials: tuple[tuple[tuple[int, ...], torch.dtype], ...]
     merge: tuple[Any, int, tuple] | None
+    riders: tuple[tuple[tuple[int, ...], torch.dtype, int, int], ...]
     device: torch.device
     zero_rows: torch.Tensor | None
     grid: Callable[[dict], tuple]
@@ -238,11 +250,17 @@ def _run_siblings(group: SiblingGroup, ctx: GraphContext, leaves: dict[int, torc
     plan = _LAUNCHES.get(group, ctx.graph, settings, lambda: _plan_siblings(group, ctx, leaves))
     if plan is None:      # members one by one, a maximum read as a shift from the member before
         env, outs = dict(leaves), []
-        for m in group.members:
+        for m in (*group.members, *group.riders):
             outs.append(run_unit(m, ctx, {v.id: env[v.id] for v in m.leaves if v.op != "const"}))
             env[m.root.id] = outs[-1]
         return tuple(outs)
-    outs = tuple(torch.empty(shape, dtype=dtype, device=plan.device) for shape, dtype in plan.outs)
+    if plan is _WITHOUT_RIDERS:     # too many edge types for a rider's tile: the riders on their own
+        core = group.core
+        outs = run_unit(core, ctx, {v.id: leaves[v.id] for v in core.leaves if v.op != "const"})
+        return (*(outs if isinstance(core, SiblingGroup) else (outs,)),
+                *(run_unit(r, ctx, {v.id: leaves[v.id] for v in r.leaves if v.op != "const"}) for r in group.riders))
+    outs = tuple(torch.empty(shape, dtype=dtype, device=plan.device)
+                 for shape, dtype in (*plan.outs, *((s, d) for s, d, _, _ in plan.riders)))
     parts = tuple(torch.empty(shape, dtype=dtype, device=plan.device) for shape, dtype in plan.partials)
     if plan.zero_rows is not None:
         for out in outs:
@@ -252,17 +270,22 @@ def _run_siblings(group: SiblingGroup, ctx: GraphContext, leaves: dict[int, torc
         launch(plan.kernel, plan.grid, plan.sizes, (*plan.before, *outs, *parts, *args), plan.kwargs, plan.signature)
         if plan.merge is not None:
             merge, count, before = plan.merge
-            merge[(count,)](*before, *outs, *parts, *args)
-    return outs
+            merge[(count,)](*before, *outs[:len(plan.outs)], *parts, *args)
+    members = len(plan.outs)
+    return (*outs[:members], *(tiles.sum(0)[:types, :width].to(r.reduce.dtype).reshape(types, *r.reduce.shape)
+                               for tiles, (_, _, types, width), r in zip(outs[members:], plan.riders, group.riders)))
 
 
 def _plan_siblings(group: SiblingGroup, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> _SiblingLaunch | None:
     """The group's one-kernel launch on ``ctx``'s graph, or None where its members would
     not all run in `generate`'s CSR schedule with their whole row in one feature block
     (a COO or tuned schedule, a forced feature tile, a head-blocked or wider-than-128
-    row), or where ``GNNFUSE_SIBLING_KERNELS=0`` turns groups off."""
+    row), or where ``GNNFUSE_SIBLING_KERNELS=0`` turns groups off; `_WITHOUT_RIDERS`
+    where the graph has too many edge types for a rider's tile (`rider_fits`)."""
     if not _ENVIRONMENT.current()[3]:
         return None
+    if group.riders and not all(rider_fits(r, ctx.num_rows(TYPE_INDEX)) for r in group.riders):
+        return _WITHOUT_RIDERS
     rows = ctx.num_rows(group.by)
     for unit in group.members:
         if tuned_schedule.forced_or_tuned(unit, ctx.graph, "triton") is not forced_schedule():
@@ -290,15 +313,26 @@ def _plan_siblings(group: SiblingGroup, ctx: GraphContext, leaves: dict[int, tor
                          for _, n in partial_buffers(group))
         if len(slots):
             merge = (_merge_kernel_for(group, acc), len(slots), (slots.merge_row, slots.slot_ptr, rowptr))
+    riders = ()
+    if group.riders:     # each segment stores a [types, width] tile per rider (codegen.generate_siblings)
+        types = ctx.num_rows(TYPE_INDEX)
+        before += (ctx.index(TYPE_INDEX),)
+        fixed = {**fixed, "TYPES": triton.next_power_of_2(types)}
+        riders = tuple(((count, fixed["TYPES"], triton.next_power_of_2(r.width)),
+                        torch.float64 if wide else torch.float32, types, r.width) for r in group.riders)
     tuned_as = tuning_class(kernel, count)
     before += (count, tuned_as)
     outs = tuple(((rows,) + m.reduce.shape, m.reduce.dtype) for m in group.members)
     sizes = (tuned_as, *widths)
     dtypes = (*(a.dtype for a in before if isinstance(a, torch.Tensor)), *(d for _, d in outs),
-              *(d for _, d in partials), *(leaves[leaf].dtype for leaf, _, _ in layouts))
-    return _SiblingLaunch(kernel if count else None, tuple(layouts), before, outs, partials, merge, ctx.device,
-                          zero_rows, lambda meta: (triton.cdiv(count, meta["ROWS"]),), sizes, fixed,
+              *(r[1] for r in riders), *(d for _, d in partials), *(leaves[leaf].dtype for leaf, _, _ in layouts))
+    return _SiblingLaunch(kernel if count else None, tuple(layouts), before, outs, partials, merge, riders,
+                          ctx.device, zero_rows, lambda meta: (triton.cdiv(count, meta["ROWS"]),), sizes, fixed,
                           signature(sizes, fixed, dtypes))
+
+
+# `_plan_siblings`' answer for a group whose riders do not fit this graph's edge types
+_WITHOUT_RIDERS = object()
 
 
 def _merge_kernel_for(group: SiblingGroup, acc: str) -> Any:
@@ -464,5 +498,5 @@ def execute(program: Program, ctx: GraphContext, feeds: Mapping[str, torch.Tenso
     plans = _PLANS.setdefault(program, {})
     key = (keep, tiled_scores(ctx.num_edges))
     if key not in plans:
-        plans[key] = group_siblings(partition(program, keep, tile_feature_sums=key[1], row_addends=True))
+        plans[key] = fused_plan(program, keep, key[1])
     return _ENVIRONMENT.run(run_plan, program, plans[key], TritonGraphContext(ctx.graph), feeds, keep, run_unit)
