@@ -116,13 +116,15 @@ def test_a_sum_onto_the_sources_is_left_alone():
     assert rewrite_for_source_pairs(program) is None
 
 
-def _graphiler_hgt(graph, k, q, v, table, types):
+def _graphiler_hgt(graph, k, q, v, table, types, prior=None):
     """Graphiler's HGT message/reduce UDF (per-edge ``bmm`` with the edge's relation
-    matrix read from a parameter table through ``edges.data['type']``)."""
+    matrix read from a parameter table through ``edges.data['type']``, and with
+    ``prior`` the score scaled by the relation's prior read the same way)."""
     def message(edges):
         key = torch.bmm(edges.src["k"].unsqueeze(1), table[edges.data["type"]]).squeeze(1)
         value = torch.bmm(edges.src["v"].unsqueeze(1), table[edges.data["type"]]).squeeze(1)
-        return {"s": (key * edges.dst["q"]).sum(-1), "m": value}
+        score = (key * edges.dst["q"]).sum(-1)
+        return {"s": score if prior is None else score * prior[edges.data["type"]], "m": value}
 
     def reduce(nodes):
         alpha = torch.softmax(nodes.mailbox["s"], dim=1)
@@ -131,22 +133,36 @@ def _graphiler_hgt(graph, k, q, v, table, types):
                                    edata={"type": types})["o"]
 
 
+@pytest.mark.parametrize("with_prior", [False, True])
 @pytest.mark.parametrize("index", ["edge-types", "other-tensor"])
-def test_graphiler_udf_runs_on_pairs_when_it_reads_the_graph_edge_types(index, backend, device, monkeypatch):
+def test_graphiler_udf_runs_on_pairs_when_it_reads_the_graph_edge_types(index, with_prior, backend, device,
+                                                                        monkeypatch):
     """Its index is data: the pair graph serves it when that data is the graph's own edge
-    types; any other tensor (here an equal copy) keeps the per-edge compact form."""
+    types; any other tensor (here an equal copy) keeps the per-edge compact form. On
+    pairs, a prior read through the same index is a lookup by edge type, whose gradient
+    is a sum by type (passes/type_sums.py), not a scatter into the table."""
     graph, inputs = typed_graph(device), _inputs(device)
     types = graph.edge_type if index == "edge-types" else graph.edge_type.clone()
     k, q, v = inputs["v"]["k"], inputs["v"]["q"], inputs["v"]["v"]
     table = inputs["t"]["wk"]
+    prior = torch.randn(RELATIONS, dtype=f64, generator=torch.Generator().manual_seed(2)).to(device)
+    prior = prior.requires_grad_() if with_prior else None
+    wrt = [k, q, v, table] + ([prior] if with_prior else [])
 
     def run():
-        out = _graphiler_hgt(graph, k, q, v, table, types)
+        out = _graphiler_hgt(graph, k, q, v, table, types, prior)
         weight = torch.linspace(-1, 1, out.numel(), dtype=f64, device=out.device).view_as(out)
-        return [out.detach(), *torch.autograd.grad((out * weight).sum(), [k, q, v, table])]
-    (program,) = gnnfuse.explain(lambda: _graphiler_hgt(graph, k, q, v, table, types)).programs
-    on_pairs = any(key.startswith("pair:") for key in program.forward.program.inputs)
+        return [out.detach(), *torch.autograd.grad((out * weight).sum(), wrt)]
+    (program,) = gnnfuse.explain(lambda: _graphiler_hgt(graph, k, q, v, table, types, prior)).programs
+    inputs_read = program.forward.program.inputs
+    on_pairs = any(key.startswith("pair:") for key in inputs_read)
     assert on_pairs == (index == "edge-types")
+    typed = [key for key, value in inputs_read.items() if value.residency is Residency.EDGE_TYPE]
+    assert len(typed) == (on_pairs and with_prior)
+    if typed:
+        backward = program.backward.program
+        assert any(x.op == "reduce" and x.attrs["by"] == "etype" for x in backward.values)
+        assert not any(x.op == "index_rows_grad" for x in backward.values)
     got = run()
     monkeypatch.setenv(PAIR_SOURCES_ENV, "0")
     for a, b in zip(got, run()):

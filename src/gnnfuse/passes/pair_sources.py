@@ -18,7 +18,11 @@ index turns out to be the graph's edge types) becomes ``broadcast(%pair, by=src)
 input, computed before the run by a segment matmul over the pairs
 (``pair_matmul``, differentiable), and every other source-side input is fed its rows
 gathered onto the pairs (a row-wise op commutes with the gather, so the results are the
-same).
+same). A parameter table read per edge through that same index (Graphiler's HGT reads its
+relation prior as ``p[edges.data['type']]``) becomes a lookup by the graph's edge type,
+``broadcast(%table, by=etype)`` of the table fed as per-type data, as ``e.type.p`` is
+written: its gradient is then a sum by edge type, which rides a walk of the backward
+(passes/type_sums.py) instead of a scatter of a per-edge gradient into the table.
 
 It applies only where that is exactly the program's meaning: the products read input
 tables (through unit-dim reshapes at most) and per-relation weights; nothing aggregates
@@ -53,12 +57,23 @@ class PairProduct:
     index: str | None = None
 
 
+@dataclass(frozen=True)
+class TypeLookup:
+    """A new per-edge-type input ``key``: parameter table ``table`` read per edge through
+    input ``index``, fed the table itself (the pair graph is run only where ``index`` is
+    the graph's own edge types over the table's rows)."""
+    key: str
+    table: str
+    index: str
+
+
 @dataclass
 class SourcePairRewrite:
     """The program to run on the pair graph and how to feed it."""
     program: Program
     products: tuple[PairProduct, ...]
     lifted: tuple[str, ...]          # source-side inputs fed their rows gathered onto the pairs
+    lookups: tuple[TypeLookup, ...] = ()
 
 
 def rewrite_for_source_pairs(program: Program) -> SourcePairRewrite | None:
@@ -70,11 +85,19 @@ def rewrite_for_source_pairs(program: Program) -> SourcePairRewrite | None:
     if any(_refused(v) for v in program.values):
         return None
     products: dict[tuple[str, ...], PairProduct] = {}
+    lookups: dict[str, TypeLookup] = {}
+    type_indices = {v.inputs[2].attrs["key"] for v in compact if len(v.inputs) > 2}
     new = Program()
     mapped: dict[int, Value] = {}
     for v in program.values:
         if v.op == "input":      # one read by nothing else now is dropped when the program is optimized
             mapped[v.id] = new.input(v.attrs["key"], v.residency, v.shape, v.dtype, v.source)
+        elif _type_lookup(v, type_indices):
+            table, index = (i.attrs["key"] for i in v.inputs)
+            lookup = lookups.setdefault(table, TypeLookup(f"{table}[{index}]", table, index))
+            typed = new.inputs.get(lookup.key) or new.input(lookup.key, Residency.EDGE_TYPE, v.inputs[0].shape[1:],
+                                                            v.dtype, v.source)
+            mapped[v.id] = new.add("broadcast", typed, source=v.source, by="etype")
         elif v.op in _PRODUCTS:
             x = _rows_of_input(v.inputs[0]).attrs["key"]
             w, *index = (i.attrs["key"] for i in v.inputs[1:])
@@ -95,7 +118,17 @@ def rewrite_for_source_pairs(program: Program) -> SourcePairRewrite | None:
         return None
     lifted = tuple(k for k, v in new.inputs.items()
                    if not k.startswith(PAIR_PREFIX) and sides.get(v.id) == "src")
-    return SourcePairRewrite(new, tuple(products.values()), lifted)
+    return SourcePairRewrite(new, tuple(products.values()), lifted, tuple(lookups.values()))
+
+
+def _type_lookup(v: Value, type_indices: set[str]) -> bool:
+    """``table[index]`` per edge, ``table`` a parameter input and ``index`` an input that
+    some product reads as the edge types (so the pair graph runs only where it is)."""
+    if v.op != "index_rows" or v.residency is not Residency.EDGE:
+        return False
+    table, index = v.inputs
+    return (table.op == "input" and table.residency is Residency.SHARED and len(table.shape) >= 1
+            and index.op == "input" and index.attrs["key"] in type_indices and index.shape == ())
 
 
 def _rows_of_input(x: Value) -> Value | None:

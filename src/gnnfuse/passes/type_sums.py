@@ -28,9 +28,10 @@ if TYPE_CHECKING:
     from .fusion import EdgeUnit
 
 TYPE_INDEX = "etype"
-# Types x width (each padded to a power of two) a walk keeps as one rider's accumulator
-# in registers; a wider sum runs on its own (its edge unit, then the sum).
-MAX_RIDER_TILE = 64
+# Types x width (each padded to a power of two) a walk keeps per edge lane as one rider's
+# accumulator in registers, [BLOCK_E, types, width]; a wider sum runs on its own (its
+# edge unit, then the sum). The walk's edge block is cut to fit it (codegen `_fit_tiles`).
+MAX_RIDER_TILE = 32
 
 
 @dataclass(eq=False)

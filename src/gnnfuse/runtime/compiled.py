@@ -90,8 +90,10 @@ class CompiledProgram:
         if (self._pair_rewrite is not None and isinstance(graph, Graph) and graph.edge_type is not None
                 and getenv(PAIR_SOURCES_ENV, "1") != "0"):
             by_key = dict(zip(keys, tensors))
-            if all(p.index is None or reads_edge_types(graph, by_key[p.index], by_key[p.w].shape[0])
-                   for p in self._pair_rewrite.products):
+            if (all(p.index is None or reads_edge_types(graph, by_key[p.index], by_key[p.w].shape[0])
+                    for p in self._pair_rewrite.products)
+                    and all(reads_edge_types(graph, by_key[t.index], by_key[t.table].shape[0])
+                            for t in self._pair_rewrite.lookups)):
                 return self._run_on_pairs(graph, by_key)
         if torch.is_grad_enabled() and any([t.requires_grad for t in tensors]):
             outputs = _ProgramFunction.apply(self, GraphContext(graph), keys, *tensors)
@@ -111,6 +113,8 @@ class CompiledProgram:
             pair_feeds[product.key] = pair_matmul(graph, feeds[product.x], feeds[product.w]).view(-1, *product.shape)
         for key in rewrite.lifted:
             pair_feeds[key] = pair_rows(graph, feeds[key])
+        for lookup in rewrite.lookups:     # a table read by the graph's edge types is per-type data
+            pair_feeds[lookup.key] = feeds[lookup.table]
         return self._on_pairs(pair_graph(graph).graph, pair_feeds)
 
 

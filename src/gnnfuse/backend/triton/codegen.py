@@ -36,7 +36,7 @@ from ...ir import Residency, Value, get_op
 from ...passes.fusion import (AggregateUnit, EdgeUnit, RowSum, SharedReduceUnit, Unit, feature_sum_terms,
                               gather_side, leaf_kind, row_sum_split)
 from ...passes.siblings import SiblingGroup
-from ...passes.type_sums import TypeSumUnit
+from ...passes.type_sums import MAX_RIDER_TILE, TypeSumUnit
 from ..row_layout import aligned_row_width
 from ..coords import project as _project, strides as _strides, summed_coords as _summed_coords
 
@@ -549,6 +549,8 @@ def generate_siblings(group: SiblingGroup, name: str, acc_dtype: str, tuned: boo
         em.online_shift(None)
         members.append((n, unit, width, block, root))
     riders = []
+    if group.riders:    # each rider's [BLOCK_E, types, width] accumulator lives beside the row tiles
+        em.tile_lanes = max(em.tile_lanes, MAX_RIDER_TILE)
     for n, rider in enumerate(group.riders, start=len(group.members)):
         em.use_lanes(rider, f"f{n}")
         block = triton.next_power_of_2(rider.width)
@@ -590,15 +592,18 @@ def generate_siblings(group: SiblingGroup, name: str, acc_dtype: str, tuned: boo
         else:
             stores.append(f"{finished}\n            if split:\n                tl.atomic_add({target})\n"
                           f"            else:\n                tl.store({target})")
-    if riders:     # each segment sums its edges by type into a [TYPES, width] tile (passes/type_sums.py)
+    # A rider (passes/type_sums.py) adds each edge's value into its type's row of a
+    # [BLOCK_E, TYPES, width] tile: lane by lane, no reduction across the warp per chunk
+    # (summed over edges per chunk, a first form cost the mag-sized HGT step's walk 1.3 ms
+    # on an H200). The program sums the tile once, after its last segment, and stores it.
+    rider_init = "".join(f"    acc{n} = tl.zeros([BLOCK_E, TYPES, {block}], ACC)\n" for n, _, block, _ in riders)
+    rider_store = "".join(f"\n    tl.store(out{n} + tl.program_id(0).to(tl.int64) * (TYPES * {block}) + types[:, None] * "
+                          f"{block} + f{n}[None, :], tl.sum(acc{n}, axis=0))" for n, _, block, _ in riders)
+    if riders:
         adds.append("                etp = tl.load(etype + edge, mask=emask, other=-1)\n"
                     "                hit = (etp[:, None] == types[None, :])[:, :, None]\n")
     for n, width, block, root in riders:
-        init.append(f"            acc{n} = tl.zeros([TYPES, {block}], ACC)\n")
-        adds.append(f"                acc{n} += tl.sum(tl.where(hit, ({root} + tl.zeros([BLOCK_E, {block}], ACC))"
-                    f"[:, None, :], 0.0), axis=0)\n")
-        stores.append(f"\n            tl.store(out{n} + seg.to(tl.int64) * (TYPES * {block}) + types[:, None] * {block}"
-                      f" + f{n}[None, :], acc{n})")
+        adds.append(f"                acc{n} += tl.where(hit, ({root} + tl.zeros([BLOCK_E, {block}], ACC))[:, None, :], 0.0)\n")
     outs = tuple(f"out{n}" for n, *_ in (*members, *riders))
     body = "\n".join(f"                {line}" for line in em.lines)
     leaf_params = "".join(f"L{n}, " for n in range(len(em.leaf_args)))
@@ -613,11 +618,11 @@ import triton.language as tl
 
 
 {_decorator(tuned, {"BLOCK_E": _fit_tiles(CSR_EDGE_BLOCKS, em, 1, acc_dtype), "ROWS": CSR_ROWS}, "size_class",
-            () if group.merges else outs[:len(members)], warps=(1,))}
+            () if group.merges else outs, warps=(1,))}
 def {name}(rowptr, col, eid, seg_row, seg_start, seg_end, seg_split, {slot_param}{type_param}num_segments, size_class, {", ".join(outs)}, {part_params}{leaf_params}BLOCK_E: tl.constexpr, ROWS: tl.constexpr{types}):
     # {group.describe()}
     ACC: tl.constexpr = {acc_dtype}
-{lanes}    for r in range(ROWS):
+{lanes}{rider_init}    for r in range(ROWS):
         seg = tl.program_id(0) * ROWS + r
         if seg < num_segments:
             row = tl.load(seg_row + seg).to(tl.int64)
@@ -632,7 +637,7 @@ def {name}(rowptr, col, eid, seg_row, seg_start, seg_end, seg_split, {slot_param
                 nbr = tl.load(col + e, mask=emask, other=0).to(tl.int64)
                 edge = tl.load(eid + e, mask=emask, other=0).to(tl.int64)
 {body}
-{"".join(adds)}{"".join(stores)}
+{"".join(adds)}{"".join(stores)}{rider_store}
 '''
     return source, em.leaf_args
 

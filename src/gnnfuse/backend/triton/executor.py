@@ -226,8 +226,9 @@ class _SiblingLaunch(NamedTuple):
     """A sibling group's launch on one graph: `_Launch`'s fields for a kernel with one
     output per member (``outs``: their shapes and dtypes), and for a merging group the
     partial-result buffers' shapes and dtypes and its merge launch (kernel, programs,
-    leading arguments), and per rider its partial sums' shape and dtype (one [types,
-    width] tile per segment) with its types and width, to cut the finished sum to."""
+    leading arguments), and per rider its partial sums' shape and dtype (a [types,
+    width] tile per program, as many rows as segments: a program has one at least)
+    with its types and width, to cut the finished sum to."""
     kernel: Any
     layouts: tuple[tuple[int, int, int], ...]
     before: tuple
@@ -259,8 +260,9 @@ def _run_siblings(group: SiblingGroup, ctx: GraphContext, leaves: dict[int, torc
         outs = run_unit(core, ctx, {v.id: leaves[v.id] for v in core.leaves if v.op != "const"})
         return (*(outs if isinstance(core, SiblingGroup) else (outs,)),
                 *(run_unit(r, ctx, {v.id: leaves[v.id] for v in r.leaves if v.op != "const"}) for r in group.riders))
-    outs = tuple(torch.empty(shape, dtype=dtype, device=plan.device)
-                 for shape, dtype in (*plan.outs, *((s, d) for s, d, _, _ in plan.riders)))
+    outs = (*(torch.empty(shape, dtype=dtype, device=plan.device) for shape, dtype in plan.outs),
+            # a rider's tiles: one row per program at most, rows of programs not launched stay 0
+            *(torch.zeros(shape, dtype=dtype, device=plan.device) for shape, dtype, _, _ in plan.riders))
     parts = tuple(torch.empty(shape, dtype=dtype, device=plan.device) for shape, dtype in plan.partials)
     if plan.zero_rows is not None:
         for out in outs:
@@ -314,7 +316,7 @@ def _plan_siblings(group: SiblingGroup, ctx: GraphContext, leaves: dict[int, tor
         if len(slots):
             merge = (_merge_kernel_for(group, acc), len(slots), (slots.merge_row, slots.slot_ptr, rowptr))
     riders = ()
-    if group.riders:     # each segment stores a [types, width] tile per rider (codegen.generate_siblings)
+    if group.riders:     # each program stores a [types, width] tile per rider (codegen.generate_siblings)
         types = ctx.num_rows(TYPE_INDEX)
         before += (ctx.index(TYPE_INDEX),)
         fixed = {**fixed, "TYPES": triton.next_power_of_2(types)}
