@@ -195,6 +195,10 @@ def _unit_step(unit: Any, sizes: _Sizes, computed: frozenset[int] = frozenset(),
         if leaf.residency is Residency.SHARED:
             reads.append((leaf, "once (shared)"))
             read_bytes += _row_bytes(leaf)
+        elif leaf.residency is Residency.EDGE_TYPE:   # a fused broadcast by etype: a few rows, cached
+            reads.append((leaf, "per edge, the row of its type (each edge's type read in order)"))
+            read_bytes += sizes.rows(leaf.residency) * _row_bytes(leaf)
+            index_names.add("etype")
         elif leaf.residency.is_edge_rowed:
             reads.append((leaf, "per edge"))
             read_bytes += sizes.num_edges * _row_bytes(leaf)

@@ -42,7 +42,11 @@ from ..coords import project as _project, strides as _strides, summed_coords as 
 
 _IDENTITY = {"sum": "0.0", "mean": "0.0", "max": "float('-inf')", "min": "float('inf')"}
 # The kernel variable holding the row id of each edge's gathered row, by gather kind.
-_ROW_INDEX = {"neighbour": "nbr", "edge": "edge", "src": "src_id", "dst": "dst_id"}
+_ROW_INDEX = {"neighbour": "nbr", "edge": "edge", "src": "src_id", "dst": "dst_id", "type": "etp"}
+
+
+# The line loading a chunk's edge types: a kernel that has it takes the types argument.
+TYPE_LOAD = "etp = tl.load(etype + e, mask=emask, other=0).to(tl.int64)"
 
 
 class _Emitter:
@@ -67,6 +71,7 @@ class _Emitter:
         # member position, lane block, the normalizer it divides by or None), see `online_shift`
         self.shift: tuple[Value, Value, int, int, Value | None] | None = None
         self.shift_coords: dict[int, tuple[str, ...]] = {}
+        self.typed = False    # whether the chunk's edge types ``etp`` are loaded (`edge_types`)
 
     def use_lanes(self, unit: AggregateUnit | TypeSumUnit, lane: str) -> None:
         """Emit ``unit`` (a sibling group's member or rider) on feature lanes named ``lane``: its
@@ -243,9 +248,26 @@ class _Emitter:
         self.memo[key] = self.tmp(f"tl.sum({tile}, axis=1)[:, None]")
         return self.memo[key]
 
+    def params(self) -> str:
+        """The kernel's leaf pointer parameters, then ``etype`` where it loads each edge's
+        type (`edge_types`): the types, one per position ``e`` it walks."""
+        return "".join(f"L{n}, " for n in range(len(self.leaf_args))) + ("etype, " if self.typed else "")
+
+    def edge_types(self) -> str:
+        """``etp``, the types of the chunk's edges (loaded once per chunk): position ``e``
+        of the array the executor passes, in CSR order for a walk and edge order
+        otherwise (`executor.types_at`), so they are read in order, not gathered
+        through the edge ids."""
+        if not self.typed:
+            self.lines.append(TYPE_LOAD)
+            self.typed = True
+        return "etp"
+
     def load(self, v: Value, coords: tuple[str, ...], kind: str) -> str:
         if kind == "const":
             return self.constant(v.attrs["value"])
+        if kind == "type":
+            self.edge_types()
         ptr, width = f"L{self.leaf_index[v.id]}", math.prod(v.shape)
         if width == 1:
             return self.scalar_load(ptr, kind)
@@ -389,7 +411,7 @@ def _edge_parallel_source(name: str, comment: str, acc_dtype: str, em: _Emitter,
     the COO endpoints are loaded, the emitted per-edge expression evaluated, and
     ``tail`` writes the result. Edge units store it; edge-parallel reductions add it."""
     body = "\n".join(f"    {line}" for line in em.lines)
-    leaf_params = "".join(f"L{n}, " for n in range(len(em.leaf_args)))
+    leaf_params = em.params()
     return f'''import triton
 import triton.language as tl
 
@@ -475,7 +497,7 @@ def generate(unit: AggregateUnit, name: str, acc_dtype: str, tuned: bool = False
                  f"                tl.atomic_add(out + row * {width} + f, acc.to(out.dtype.element_ty), mask=fmask)\n"
                  f"            else:\n                {store}")
     body = "\n".join(f"                {line}" for line in em.lines)
-    leaf_params = "".join(f"L{n}, " for n in range(len(em.leaf_args)))
+    leaf_params = em.params()
     source = f'''import triton
 import triton.language as tl
 
@@ -600,15 +622,14 @@ def generate_siblings(group: SiblingGroup, name: str, acc_dtype: str, tuned: boo
     rider_store = "".join(f"\n    tl.store(out{n} + tl.program_id(0).to(tl.int64) * (TYPES * {block}) + types[:, None] * "
                           f"{block} + f{n}[None, :], tl.sum(acc{n}, axis=0))" for n, _, block, _ in riders)
     if riders:
-        adds.append("                etp = tl.load(etype + edge, mask=emask, other=-1)\n"
-                    "                hit = (etp[:, None] == types[None, :])[:, :, None]\n")
+        adds.append(f"                hit = (({em.edge_types()}[:, None] == types[None, :]) & emask[:, None])[:, :, None]\n")
     for n, width, block, root in riders:
         adds.append(f"                acc{n} += tl.where(hit, ({root} + tl.zeros([BLOCK_E, {block}], ACC))[:, None, :], 0.0)\n")
     outs = tuple(f"out{n}" for n, *_ in (*members, *riders))
     body = "\n".join(f"                {line}" for line in em.lines)
-    leaf_params = "".join(f"L{n}, " for n in range(len(em.leaf_args)))
+    leaf_params = em.params()
     slot_param, slot_load, part_params = "", "", ""
-    type_param, types = ("etype, ", ", TYPES: tl.constexpr") if riders else ("", "")
+    types = ", TYPES: tl.constexpr" if riders else ""
     if group.merges:
         slot_param = "seg_slot, "
         slot_load = "\n            slot = tl.load(seg_slot + seg).to(tl.int64)"
@@ -619,7 +640,7 @@ import triton.language as tl
 
 {_decorator(tuned, {"BLOCK_E": _fit_tiles(CSR_EDGE_BLOCKS, em, 1, acc_dtype), "ROWS": CSR_ROWS}, "size_class",
             () if group.merges else outs, warps=(1,))}
-def {name}(rowptr, col, eid, seg_row, seg_start, seg_end, seg_split, {slot_param}{type_param}num_segments, size_class, {", ".join(outs)}, {part_params}{leaf_params}BLOCK_E: tl.constexpr, ROWS: tl.constexpr{types}):
+def {name}(rowptr, col, eid, seg_row, seg_start, seg_end, seg_split, {slot_param}num_segments, size_class, {", ".join(outs)}, {part_params}{leaf_params}BLOCK_E: tl.constexpr, ROWS: tl.constexpr{types}):
     # {group.describe()}
     ACC: tl.constexpr = {acc_dtype}
 {lanes}{rider_init}    for r in range(ROWS):
@@ -812,7 +833,7 @@ def generate_shared_reduce(unit: SharedReduceUnit, name: str, acc_dtype: str,
     else:
         terms = " + ".join(em.value(root.inputs[0], c) for c in _summed_coords(root, coords))
     body = "\n".join(f"        {line}" for line in em.lines)
-    leaf_params = "".join(f"L{n}, " for n in range(len(em.leaf_args)))
+    leaf_params = em.params()
     source = f'''import triton
 import triton.language as tl
 

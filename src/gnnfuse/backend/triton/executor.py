@@ -19,7 +19,7 @@ from ..kernel_cache import load_kernel as _load_kernel
 from ..launch_cache import CallSettings, LaunchCache
 from ..row_layout import has_row_stride
 from ..reference.executor import run_plan
-from .codegen import (SHARED_REDUCE_BLOCK_E, SHARED_REDUCE_PROGRAMS, RowSum, generate, generate_coo, generate_edge,
+from .codegen import (SHARED_REDUCE_BLOCK_E, SHARED_REDUCE_PROGRAMS, TYPE_LOAD, RowSum, generate, generate_coo, generate_edge,
                       generate_shared_reduce, generate_sibling_merge, generate_siblings, head_block, partial_buffers,
                       row_stride, row_sum_split)
 from .context import TritonGraphContext
@@ -118,12 +118,14 @@ def kernel_source(unit: Unit, acc: str, schedule: str) -> tuple[str, str, list[V
 class _Kernel(NamedTuple):
     """A unit's loaded kernel, its leaves in argument order with their row layouts (leaf
     id, row width, row stride), its row tile (an edge unit's `row_sum_split`, which fixes
-    its launch's feature block; None elsewhere), and whether it reads edge-rowed leaves
-    (only then does a CSR walk need the layout's edge ids, `csr_arguments`)."""
+    its launch's feature block; None elsewhere), whether it reads edge-rowed leaves
+    (only then does a CSR walk need the layout's edge ids, `csr_arguments`) and whether
+    it loads each edge's type (it then takes `types_at` last)."""
     kernel: Any
     layouts: list[tuple[int, int, int]]
     row_tile: Any
     reads_edges: bool
+    reads_types: bool
 
 
 def _kernel_for(unit: Unit, acc: str, schedule: str) -> _Kernel:
@@ -135,10 +137,21 @@ def _kernel_for(unit: Unit, acc: str, schedule: str) -> _Kernel:
         name, source, leaf_args = kernel_source(unit, acc, schedule)
         row_tile = row_sum_split(unit.root) if schedule == "edge" else None
         layouts = [(v.id, math.prod(v.shape), row_stride(v)) for v in leaf_args]
-        # a rider (a sum by edge type) reads each edge's type through its edge id
-        reads_edges = any(leaf_kind(v) == "edge" for v in leaf_args) or bool(getattr(unit, "riders", ()))
-        per_unit[key] = _Kernel(_load_kernel(source, name), layouts, row_tile, reads_edges)
+        reads_edges = any(leaf_kind(v) == "edge" for v in leaf_args)
+        per_unit[key] = _Kernel(_load_kernel(source, name), layouts, row_tile, reads_edges, TYPE_LOAD in source)
     return per_unit[key]
+
+
+def types_at(ctx: GraphContext, by: str | None) -> torch.Tensor:
+    """Each edge's type at the positions a kernel reads them by (`codegen._Emitter.edge_types`):
+    in the order of the CSR by ``by`` for a walk, in edge order for ``None``; int8 where the
+    types fit. Built once per graph: a walk then reads its types in order, one byte each,
+    where through its edge ids it would gather eight."""
+    def build(graph) -> torch.Tensor:
+        types = ctx.index(TYPE_INDEX)
+        ordered = types if by is None else types[ctx.csr(by)[2]]
+        return ordered.to(torch.int8 if graph.num_edge_types <= 127 else torch.int32)
+    return ctx.graph.cached(f"edge_types_in_{by or 'edge'}_order", build)
 
 
 def csr_arguments(ctx: GraphContext, by: str, reads_edges: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -176,6 +189,7 @@ class _Launch(NamedTuple):
     signature: Hashable
     summed_to: tuple[torch.dtype, tuple[int, ...]] | None = None
     added_after: int | None = None
+    types: tuple = ()       # the edge types the kernel takes last (`types_at`), if it reads them
 
 
 def _read_environment() -> tuple:
@@ -206,7 +220,7 @@ def run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> 
         out.index_fill_(0, plan.zero_rows, 0)
     if plan.kernel is not None:
         args = [_laid_out(leaves[leaf], width, stride) for leaf, width, stride in plan.layouts]
-        launch(plan.kernel, plan.grid, plan.sizes, (*plan.before, out, *plan.after, *args), plan.kwargs,
+        launch(plan.kernel, plan.grid, plan.sizes, (*plan.before, out, *plan.after, *args, *plan.types), plan.kwargs,
                plan.signature)
     if plan.added_after is not None:
         out.add_(leaves[plan.added_after])
@@ -236,6 +250,7 @@ class _SiblingLaunch(NamedTuple):
     partials: tuple[tuple[tuple[int, ...], torch.dtype], ...]
     merge: tuple[Any, int, tuple] | None
     riders: tuple[tuple[tuple[int, ...], torch.dtype, int, int], ...]
+    types: tuple
     device: torch.device
     zero_rows: torch.Tensor | None
     grid: Callable[[dict], tuple]
@@ -269,7 +284,8 @@ def _run_siblings(group: SiblingGroup, ctx: GraphContext, leaves: dict[int, torc
             out.index_fill_(0, plan.zero_rows, 0)
     if plan.kernel is not None:
         args = [_laid_out(leaves[leaf], width, stride) for leaf, width, stride in plan.layouts]
-        launch(plan.kernel, plan.grid, plan.sizes, (*plan.before, *outs, *parts, *args), plan.kwargs, plan.signature)
+        launch(plan.kernel, plan.grid, plan.sizes, (*plan.before, *outs, *parts, *args, *plan.types), plan.kwargs,
+               plan.signature)
         if plan.merge is not None:
             merge, count, before = plan.merge
             merge[(count,)](*before, *outs[:len(plan.outs)], *parts, *args)
@@ -300,7 +316,7 @@ def _plan_siblings(group: SiblingGroup, ctx: GraphContext, leaves: dict[int, tor
             return None
     wide = any(t.dtype == torch.float64 for t in leaves.values())
     acc = "tl.float64" if wide else "tl.float32"
-    kernel, layouts, _, reads_edges = _kernel_for(group, acc, "siblings")
+    kernel, layouts, _, reads_edges, reads_types = _kernel_for(group, acc, "siblings")
     rowptr, col, eid = csr_arguments(ctx, group.by, reads_edges)
     segs = segments(ctx, group.by, SEGMENT_EDGES)
     count = len(segs)
@@ -318,7 +334,6 @@ def _plan_siblings(group: SiblingGroup, ctx: GraphContext, leaves: dict[int, tor
     riders = ()
     if group.riders:     # each program stores a [types, width] tile per rider (codegen.generate_siblings)
         types = ctx.num_rows(TYPE_INDEX)
-        before += (ctx.index(TYPE_INDEX),)
         fixed = {**fixed, "TYPES": triton.next_power_of_2(types)}
         riders = tuple(((count, fixed["TYPES"], triton.next_power_of_2(r.width)),
                         torch.float64 if wide else torch.float32, types, r.width) for r in group.riders)
@@ -326,11 +341,13 @@ def _plan_siblings(group: SiblingGroup, ctx: GraphContext, leaves: dict[int, tor
     before += (count, tuned_as)
     outs = tuple(((rows,) + m.reduce.shape, m.reduce.dtype) for m in group.members)
     sizes = (tuned_as, *widths)
+    edge_types = (types_at(ctx, group.by),) if reads_types else ()
     dtypes = (*(a.dtype for a in before if isinstance(a, torch.Tensor)), *(d for _, d in outs),
-              *(r[1] for r in riders), *(d for _, d in partials), *(leaves[leaf].dtype for leaf, _, _ in layouts))
+              *(r[1] for r in riders), *(d for _, d in partials), *(leaves[leaf].dtype for leaf, _, _ in layouts),
+              *(t.dtype for t in edge_types))
     return _SiblingLaunch(kernel if count else None, tuple(layouts), before, outs, partials, merge, riders,
-                          ctx.device, zero_rows, lambda meta: (triton.cdiv(count, meta["ROWS"]),), sizes, fixed,
-                          signature(sizes, fixed, dtypes))
+                          edge_types, ctx.device, zero_rows, lambda meta: (triton.cdiv(count, meta["ROWS"]),), sizes,
+                          fixed, signature(sizes, fixed, dtypes))
 
 
 # `_plan_siblings`' answer for a group whose riders do not fit this graph's edge types
@@ -357,12 +374,23 @@ def _plan_tuned(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) 
 
 
 def _plan(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> _Launch:
-    """The launch of ``unit`` on ``ctx``'s graph for leaves like ``leaves`` (their dtypes)."""
-    tensors = list(leaves.values())
-    acc = "tl.float64" if any(t.dtype == torch.float64 for t in tensors) else "tl.float32"
+    """The launch of ``unit`` on ``ctx``'s graph for leaves like ``leaves`` (their dtypes),
+    with the edge types in the order it reads them where it does (`types_at`)."""
+    acc = "tl.float64" if any(t.dtype == torch.float64 for t in leaves.values()) else "tl.float32"
     rows = ctx.num_rows(unit.by) if isinstance(unit, AggregateUnit) else ctx.num_nodes  # what `out` holds
     schedule = schedule_for(unit, rows, ctx.num_edges)
-    kernel, layouts, row_tile, reads_edges = _kernel_for(unit, acc, schedule)
+    kernel = _kernel_for(unit, acc, schedule)
+    plan = _plan_schedule(unit, ctx, leaves, kernel, acc, rows, schedule)
+    if not kernel.reads_types:
+        return plan
+    types = types_at(ctx, unit.by if schedule == "csr" else None)
+    return plan._replace(types=(types,), signature=(plan.signature, types.dtype))
+
+
+def _plan_schedule(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor], loaded: _Kernel, acc: str,
+                   rows: int, schedule: str) -> _Launch:
+    """`_plan`'s launch in ``schedule``, less the edge types."""
+    kernel, layouts, row_tile, reads_edges, _ = loaded
     leaf_dtypes = tuple(leaves[leaf].dtype for leaf, _, _ in layouts)
     common = {"layouts": tuple(layouts), "device": ctx.device}
     if schedule == "edge":
