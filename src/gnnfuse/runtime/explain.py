@@ -273,7 +273,7 @@ def _op_step(v: Value, sizes: _Sizes, names: dict[int, str]) -> Step:
 def _one_kernel(group: Any, sizes: _Sizes) -> bool:
     """Whether the Triton backend runs sibling ``group`` as one kernel on this graph:
     every member in the CSR schedule (its other conditions are the executor's)."""
-    return all(_schedule(unit, sizes) == "csr" for unit in group.members)
+    return all(_schedule(unit, sizes) in ("csr", "rows") for unit in group.members)
 
 
 def _kernel_source(unit: Any, sizes: _Sizes) -> str:

@@ -20,8 +20,8 @@ from ..launch_cache import CallSettings, LaunchCache
 from ..row_layout import has_row_stride
 from ..reference.executor import run_plan
 from .codegen import (SHARED_REDUCE_BLOCK_E, SHARED_REDUCE_PROGRAMS, TYPE_LOAD, RowSum, generate, generate_coo, generate_edge,
-                      generate_shared_reduce, generate_sibling_merge, generate_siblings, head_block, partial_buffers,
-                      row_stride, row_sum_split)
+                      generate_rows, generate_shared_reduce, generate_sibling_merge, generate_siblings, head_block,
+                      one_lane, partial_buffers, row_stride, row_sum_split)
 from .context import TritonGraphContext
 from .launch import launch, signature
 from .schedule import SEGMENT_EDGES, partial_slots, segments
@@ -50,7 +50,8 @@ def fixed_csr_blocks(block_f: int) -> dict[str, int]:
 
 def schedule_for(unit: Unit, num_nodes: int, num_edges: int) -> str:
     """How a unit runs on a graph of this size: ``csr`` (vertex-parallel, edge-sequential)
-    or ``coo`` (edge-parallel with atomic adds; sum and mean only); edge units have one
+    or ``coo`` (edge-parallel with atomic adds; sum and mean only), and under ``auto`` a
+    sum or mean of one lane per row ``rows`` (`codegen.generate_rows`); edge units have one
     schedule, ``edge``, and shared-reduce units one, ``shared``. ``GNNFUSE_SCHEDULE=csr|coo``
     forces one for every unit; the default ``auto`` applies `prefers_coo`; a per-call
     `forced_schedule` wins over both."""
@@ -64,6 +65,8 @@ def schedule_for(unit: Unit, num_nodes: int, num_edges: int) -> str:
     if unit.reduce.attrs["op"] not in ("sum", "mean"):
         return "csr"
     if forced == "auto":
+        if one_lane(unit) and edge_lanes(unit) <= 2:    # rows re-read per edge: a scalar at most
+            return "rows"
         return "coo" if prefers_coo(num_edges / max(num_nodes, 1), edge_lanes(unit)) else "csr"
     return forced
 
@@ -102,7 +105,7 @@ def prefers_coo(average_degree: float, width: int) -> bool:
 
 _GENERATORS = {"csr": ("fused_aggregate", generate), "coo": ("fused_aggregate_coo", generate_coo),
                "edge": ("fused_edge", generate_edge), "shared": ("fused_shared_reduce", generate_shared_reduce),
-               "siblings": ("fused_siblings", generate_siblings)}
+               "siblings": ("fused_siblings", generate_siblings), "rows": ("fused_aggregate_rows", generate_rows)}
 
 
 def kernel_source(unit: Unit, acc: str, schedule: str) -> tuple[str, str, list[Value]]:
@@ -312,7 +315,7 @@ def _plan_siblings(group: SiblingGroup, ctx: GraphContext, leaves: dict[int, tor
         # a walk that finds a maximum is CSR anyway, so a sum taking it online runs there
         # too unless a schedule is forced: one walk beats any schedule of two
         chosen = "csr" if group.shifts and not _forced_schedule_kind() else schedule_for(unit, rows, ctx.num_edges)
-        if chosen != "csr" or feature_block(unit, 128) < triton.next_power_of_2(width):
+        if chosen not in ("csr", "rows") or feature_block(unit, 128) < triton.next_power_of_2(width):
             return None
     wide = any(t.dtype == torch.float64 for t in leaves.values())
     acc = "tl.float64" if wide else "tl.float32"
@@ -383,7 +386,7 @@ def _plan(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> _La
     plan = _plan_schedule(unit, ctx, leaves, kernel, acc, rows, schedule)
     if not kernel.reads_types:
         return plan
-    types = types_at(ctx, unit.by if schedule == "csr" else None)
+    types = types_at(ctx, unit.by if schedule in ("csr", "rows") else None)
     return plan._replace(types=(types,), signature=(plan.signature, types.dtype))
 
 
@@ -400,6 +403,8 @@ def _plan_schedule(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor
     if schedule == "coo":
         return _plan_coo_unit(unit, ctx, kernel, leaf_dtypes, common)
     rowptr, col, eid = csr_arguments(ctx, unit.by, reads_edges)
+    if schedule == "rows":
+        return _plan_rows_unit(unit, ctx, kernel, (rowptr, col, eid), rows, leaf_dtypes, common)
     op = unit.reduce.attrs["op"]
     splits = op in ("sum", "mean")
     segs = segments(ctx, unit.by, SEGMENT_EDGES if splits else None)
@@ -421,6 +426,21 @@ def _plan_schedule(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor
     return _launch_plan(kernel if count else None, grid, (tuned_as, width), before, (),
                         {"BLOCK_F": block_f, **fixed}, leaf_dtypes, shape, unit.reduce.dtype, False, zero_rows,
                         **common)
+
+
+def _plan_rows_unit(unit: AggregateUnit, ctx: GraphContext, kernel, csr: tuple, rows: int, leaf_dtypes: tuple,
+                    common: dict[str, Any]) -> _Launch:
+    """`generate_rows`' launch: the unit's segments, BLOCK_R per program; split rows,
+    which add atomically, zeroed first."""
+    segs = segments(ctx, unit.by, SEGMENT_EDGES)
+    count = len(segs)
+    zero_rows = segs.split_rows if len(segs.split_rows) else None
+    fixed = {} if _autotune() else {"BLOCK_R": 4, "K": 4}
+    tuned_as = tuning_class(kernel, count)
+    before = (*csr, segs.row, segs.start, segs.end, segs.split, count, tuned_as)
+    return _launch_plan(kernel if count else None, lambda meta: (triton.cdiv(count, meta["BLOCK_R"]),),
+                        (tuned_as, 1), before, (), fixed, leaf_dtypes, (rows,) + unit.reduce.shape,
+                        unit.reduce.dtype, False, zero_rows, **common)
 
 
 def _launch_plan(kernel, grid, sizes: tuple[int, ...], before: tuple, after: tuple, kwargs: dict[str, Any],
