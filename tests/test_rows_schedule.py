@@ -72,6 +72,7 @@ def launched(monkeypatch) -> list[str]:
 @pytest.mark.parametrize("layer", list(LAYERS))
 def test_one_lane_sums_run_side_by_side_and_equal_the_reference(layer, width, monkeypatch):
     monkeypatch.setattr(triton_executor, "SEGMENT_EDGES", 16)    # the hubs split into 6 and 4 segments
+    assert not triton_executor.prefers_coo(154 / 12, 2)           # average degree 12.8: a walk
     schedules = launched(monkeypatch)
     graph = hub_graph()
     ours, theirs = run(layer, graph, width, "triton", monkeypatch), run(layer, graph, width, "reference", monkeypatch)
@@ -118,10 +119,11 @@ def test_a_wide_row_read_at_the_own_vertex_keeps_the_walk(monkeypatch):
                      {"h": torch.randn(12, 64, dtype=f64), "g": torch.randn(12, 64, dtype=f64)})
     narrow = _one_unit(lambda e: {"m": e.src["h"]}, {"h": torch.randn(12, 1, dtype=f64)})
     monkeypatch.delenv("GNNFUSE_SCHEDULE", raising=False)
-    assert triton_executor.schedule_for(wide, 1000, 6000) == "csr"
-    assert triton_executor.schedule_for(narrow, 1000, 6000) == "rows"
+    assert triton_executor.schedule_for(wide, 1000, 20_000) == "csr"
+    assert triton_executor.schedule_for(narrow, 1000, 20_000) == "rows"
+    assert triton_executor.schedule_for(narrow, 1000, 6000) == "coo"      # low degree: COO's cost rule
     monkeypatch.setenv("GNNFUSE_SCHEDULE", "csr")
-    assert triton_executor.schedule_for(narrow, 1000, 6000) == "csr"
+    assert triton_executor.schedule_for(narrow, 1000, 20_000) == "csr"
 
 
 @settings(max_examples=8, deadline=None)
@@ -129,10 +131,10 @@ def test_a_wide_row_read_at_the_own_vertex_keeps_the_walk(monkeypatch):
 def test_rows_schedule_on_the_graphs_users_have(case):
     """Loops, multi-edges, isolated vertices, no edges at all, int32 or strided indices:
     the one-lane neighbour sum equals index_add, forward and backward."""
-    import os
-    previous = os.environ.get("GNNFUSE_BACKEND")
-    os.environ["GNNFUSE_BACKEND"] = "triton"
-    try:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("GNNFUSE_BACKEND", "triton")
+        patch.setattr(triton_executor, "prefers_coo", lambda *a: False)   # small graphs: rows, not COO
+        schedules = launched(patch)
         case = case.to(DEVICE)
         graph = gnnfuse.Graph(case.given[0], case.given[1], case.num_nodes)
         h = torch.randn(case.num_nodes, 1, dtype=f64, device=DEVICE, requires_grad=True)
@@ -143,8 +145,4 @@ def test_rows_schedule_on_the_graphs_users_have(case):
         (grad,) = torch.autograd.grad(out.sum(), [h])
         torch.testing.assert_close(grad, torch.zeros_like(grad).index_add_(0, src, torch.ones_like(h)[dst]),
                                    rtol=1e-12, atol=1e-12)
-    finally:
-        if previous is None:
-            del os.environ["GNNFUSE_BACKEND"]
-        else:
-            os.environ["GNNFUSE_BACKEND"] = previous
+        assert set(schedules) == {"rows"}

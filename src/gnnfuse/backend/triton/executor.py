@@ -51,7 +51,8 @@ def fixed_csr_blocks(block_f: int) -> dict[str, int]:
 def schedule_for(unit: Unit, num_nodes: int, num_edges: int) -> str:
     """How a unit runs on a graph of this size: ``csr`` (vertex-parallel, edge-sequential)
     or ``coo`` (edge-parallel with atomic adds; sum and mean only), and under ``auto`` a
-    sum or mean of one lane per row ``rows`` (`codegen.generate_rows`); edge units have one
+    sum or mean of one lane per row that `prefers_coo` leaves to a walk ``rows``
+    (`codegen.generate_rows`); edge units have one
     schedule, ``edge``, and shared-reduce units one, ``shared``. ``GNNFUSE_SCHEDULE=csr|coo``
     forces one for every unit; the default ``auto`` applies `prefers_coo`; a per-call
     `forced_schedule` wins over both."""
@@ -65,9 +66,10 @@ def schedule_for(unit: Unit, num_nodes: int, num_edges: int) -> str:
     if unit.reduce.attrs["op"] not in ("sum", "mean"):
         return "csr"
     if forced == "auto":
-        if one_lane(unit) and edge_lanes(unit) <= 2:    # rows re-read per edge: a scalar at most
-            return "rows"
-        return "coo" if prefers_coo(num_edges / max(num_nodes, 1), edge_lanes(unit)) else "csr"
+        if prefers_coo(num_edges / max(num_nodes, 1), edge_lanes(unit)):
+            return "coo"
+        # one lane per row, the own vertex's rows re-read per edge only if a scalar
+        return "rows" if one_lane(unit) and edge_lanes(unit) <= 2 else "csr"
     return forced
 
 
