@@ -284,8 +284,9 @@ def _run_siblings(group: SiblingGroup, ctx: GraphContext, leaves: dict[int, torc
             # a rider's tiles: one row per program at most, rows of programs not launched stay 0
             *(torch.zeros(shape, dtype=dtype, device=plan.device) for shape, dtype, _, _ in plan.riders))
     parts = tuple(torch.empty(shape, dtype=dtype, device=plan.device) for shape, dtype in plan.partials)
-    if plan.zero_rows is not None:
-        for out in outs:
+    members = len(plan.outs)
+    if plan.zero_rows is not None:     # the members' split rows (riders' tiles start at 0)
+        for out in outs[:members]:
             out.index_fill_(0, plan.zero_rows, 0)
     if plan.kernel is not None:
         args = [_laid_out(leaves[leaf], width, stride) for leaf, width, stride in plan.layouts]
@@ -293,8 +294,7 @@ def _run_siblings(group: SiblingGroup, ctx: GraphContext, leaves: dict[int, torc
                plan.signature)
         if plan.merge is not None:
             merge, count, before = plan.merge
-            merge[(count,)](*before, *outs[:len(plan.outs)], *parts, *args)
-    members = len(plan.outs)
+            merge[(count,)](*before, *outs[:members], *parts, *args)
     return (*outs[:members], *(tiles.sum(0)[:types, :width].to(r.reduce.dtype).reshape(types, *r.reduce.shape)
                                for tiles, (_, _, types, width), r in zip(outs[members:], plan.riders, group.riders)))
 
