@@ -207,6 +207,23 @@ def test_attention_scores_never_reach_memory(name, monkeypatch):
     assert written == []
 
 
+def test_hgt_writes_nothing_per_edge(monkeypatch):
+    """HGT with its scores tiled and its walks over the CSR (the plan of graphs of
+    millions of edges; this 12-edge graph would take the edge-parallel schedule): keys and
+    values are pair tables (passes/pair_sources.py), the relation prior is read by each
+    edge's type inside the kernels (`fusion.type_gather`) and its gradient rides the
+    backward's walk (passes/type_sums.py), so neither program writes a per-edge tensor,
+    exempt or not."""
+    monkeypatch.setenv("GNNFUSE_TILED_SCORES", "1")
+    monkeypatch.setenv("GNNFUSE_SCHEDULE", "csr")
+    heads, run = LAYERS["HGTConv"]
+    torch.manual_seed(0)
+    [program] = gnnfuse.explain(run, torch.randn(N, F_IN, requires_grad=True), _graph()).programs
+    written = [f"{plan.phase}: {t.value.op}{list(t.value.shape)}" for plan in (program.forward, program.backward)
+               for t in plan.edge_tensors]
+    assert program.backward is not None and written == []
+
+
 def test_report_gives_largest_edge_tensor_and_total_bytes():
     """C-GAT's pairwise edge weights (one per edge and head) are written, so report them."""
     graph = _graph()
