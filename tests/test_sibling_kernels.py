@@ -178,6 +178,19 @@ def test_explain_names_the_shared_kernel_and_prints_its_source(monkeypatch):
     assert "shares one kernel" in str(report)
 
 
+def test_explain_says_when_a_group_runs_member_by_member(monkeypatch):
+    """Off the CSR schedule (forced COO here) a group's members run one by one, and
+    explain says so instead of naming a shared kernel."""
+    monkeypatch.setenv("GNNFUSE_SCHEDULE", "coo")
+    graph = hub_graph()
+    x = torch.randn(graph.num_nodes, 6, dtype=torch.float64)
+    norm = torch.rand(graph.num_nodes, 1, dtype=torch.float64) + 0.5
+    [program] = gnnfuse.explain(_mean_and_scaled, graph, {"h": x, "norm": norm}).programs
+    members = [s for s in program.forward.steps if s.fused]
+    assert len(members) == 2 and all("runs on its own here" in s.label for s in members)
+    assert "shares one kernel" not in "".join(s.label for s in members)
+
+
 def test_hgt_walks_the_source_csr_once_backward_and_the_destination_csr_once_forward(monkeypatch):
     """HGTConv's key and value gradients are two sums by source of the pair graph with a
     reshape of the first between them: with the CSR schedule they run as one kernel. Its

@@ -303,9 +303,13 @@ def _plan(phase: str, program: Program, keep: list[int], sizes: _Sizes, source: 
             online = [item.shifts[n], *([item.normalizers[n]] if n in item.normalizers else [])] \
                 if n in getattr(item, "shifts", {}) else []
             step = _unit_step(unit, sizes, frozenset(item.members[k].root.id for k in online))
-            if unit is not item:
+            if unit is not item and _one_kernel(item, sizes):
                 step.label += (f"\n    shares one kernel with the {len(item.roots) - 1} other unit(s) walking the "
-                               f"{item.by} CSR beside it, where every member runs in the CSR schedule (passes/siblings.py)")
+                               f"{item.by} CSR beside it (passes/siblings.py)")
+            elif unit is not item:
+                step.label += (f"\n    grouped with the {len(item.roots) - 1} other unit(s) walking the {item.by} CSR "
+                               "beside it, but runs on its own here: a member is off the CSR schedule on this graph "
+                               "(passes/siblings.py)")
             if online:
                 step.label += ("\n    takes its softmax shift, the max beside it, online: a running maximum and "
                                "rescaled sums, reading no stored maximum"
