@@ -11,9 +11,9 @@ scores as the backward's aggregations walking the graph beside it.
 A `TypeSumUnit` is that sum with its per-edge work (the body of an `EdgeUnit` for its
 operand, which is also how it runs on its own). `passes/siblings.py` lets it ride a
 group walking the source or destination CSR: the walk visits every edge exactly once,
-so each segment sums its edges' values into a [types, width] tile in registers (an
+so each program adds its edges' values into a [types, width] tile in registers (an
 edge reaches its type's row by comparison with every type id, as
-`backend/triton/few_rows_sum.py` does) and stores that tile; a sum over segments
+`backend/triton/few_rows_sum.py` does) and stores that tile; a sum over programs
 finishes. No per-edge tensor and no atomics.
 """
 from __future__ import annotations

@@ -299,11 +299,12 @@ def _plan(phase: str, program: Program, keep: list[int], sizes: _Sizes, source: 
         if isinstance(item, TypeSumUnit):
             steps.extend(_type_sum_alone(item, sizes, names, source))
             continue
+        one_kernel = hasattr(item, "members") and _one_kernel(item, sizes)
         for n, unit in enumerate(getattr(item, "members", [item])):
             online = [item.shifts[n], *([item.normalizers[n]] if n in item.normalizers else [])] \
                 if n in getattr(item, "shifts", {}) else []
             step = _unit_step(unit, sizes, frozenset(item.members[k].root.id for k in online))
-            if unit is not item and _one_kernel(item, sizes):
+            if unit is not item and one_kernel:
                 step.label += (f"\n    shares one kernel with the {len(item.roots) - 1} other unit(s) walking the "
                                f"{item.by} CSR beside it (passes/siblings.py)")
             elif unit is not item:
@@ -316,19 +317,19 @@ def _plan(phase: str, program: Program, keep: list[int], sizes: _Sizes, source: 
                                + (", and divides by its own running copy of the normalizer beside it"
                                   if len(online) == 2 else "") + " (passes/online_softmax.py)")
             step.source = _kernel_source(unit, sizes) if source else None
-            if source and unit is not item and _one_kernel(item, sizes):
+            if source and unit is not item and one_kernel:
                 step.source = _kernel_source(item, sizes) if unit is item.members[0] else "(the kernel above)"
             steps.append(step)
         for rider in getattr(item, "riders", []):
-            if not (_one_kernel(item, sizes) and rider_fits(rider, sizes.rows(Residency.EDGE_TYPE))):
+            if not (one_kernel and rider_fits(rider, sizes.rows(Residency.EDGE_TYPE))):
                 steps.extend(_type_sum_alone(rider, sizes, names, source, f"the {item.by} walk above cannot carry it "
                                              "here (a member off the CSR schedule, or too many edge types)"))
                 continue
             step = _unit_step(rider, sizes, walk=item.by)
-            step.label += (f"\n    rides the {item.by} CSR walk of the {len(item.members)} unit(s) above: each segment "
+            step.label += (f"\n    rides the {item.by} CSR walk of the {len(item.members)} unit(s) above: each program "
                            "sums its edges by type in registers, no per-edge tensor (passes/type_sums.py)")
             if source:
-                step.source = "(the kernel above)" if _one_kernel(item, sizes) else _kernel_source(rider.edge, sizes)
+                step.source = "(the kernel above)"
             steps.append(step)
     written = [v for step in steps for v in step.writes]
     return Plan(phase, program, steps, edge_tensors(written, keep, tainted), sizes.num_edges, tiled)
