@@ -14,6 +14,10 @@ Models (two layers each, hidden ``--hidden``, the presets' random features):
   Frameworks: ``gnnfuse`` (gnnfuse.nn.HGTConv), ``pyg-hgt`` and ``graphiler-udf``: HGTConv with
   its attention written as Graphiler's message/reduce UDF (``bmm`` of the source row and the
   relation matrix read by ``edges.data['type']``, softmax over the mailbox), compiled unchanged.
+  gnnfuse's two take the Linear and the loss together through
+  `gnnfuse.nn.functional.linear_cross_entropy` (the same weights and loss, no [papers, 349]
+  logits); ``gnnfuse-linear-head`` is gnnfuse.nn.HGTConv under PyG's head (``nn.Linear``
+  then ``F.cross_entropy``), so the layers' share of the memory stays visible.
 
 Every framework of a model starts from the same weights (PyG's state dict loaded into
 gnnfuse's layers; the UDF reads the same tensors), and before timing the eval-mode
@@ -72,6 +76,7 @@ from gnnfuse.bench.measure import (CAPTURE_WARMUP, REL_ERR_LIMIT, max_rel_err, p
                                    training_step, warm_up)
 from gnnfuse.data.typed import TYPED_PRESETS, typed_graph
 from gnnfuse.graph.hetero_cache import clear_hetero_cache
+from gnnfuse.nn.functional import linear_cross_entropy
 
 from bench_attention import kernel_profile
 from bench_training import comma_list
@@ -81,8 +86,9 @@ from common import (device_names, environment, fmt, free_memory, load_results, l
 DATASETS = tuple(TYPED_PRESETS)          # smallest first
 MODELS = ("rgcn", "hgt")
 FRAMEWORKS = {"rgcn": ("gnnfuse", "pyg-rgcn", "pyg-fastrgcn", "graphiler-udf"),
-              "hgt": ("gnnfuse", "pyg-hgt", "graphiler-udf")}
-GNNFUSE_FRAMEWORKS = ("gnnfuse", "graphiler-udf")   # steps compiled by gnnfuse
+              "hgt": ("gnnfuse", "gnnfuse-linear-head", "pyg-hgt", "graphiler-udf")}
+GNNFUSE_FRAMEWORKS = ("gnnfuse", "gnnfuse-linear-head", "graphiler-udf")   # steps compiled by gnnfuse
+FUSED_HEAD = ("gnnfuse", "graphiler-udf")            # HGT's classifier and loss by linear_cross_entropy
 PYG = {"rgcn": ("pyg-rgcn", "pyg-fastrgcn"), "hgt": ("pyg-hgt",)}
 
 
@@ -220,10 +226,14 @@ class TwoHGT(nn.Module):
         self.lin = nn.Linear(hidden, num_classes)
 
     def forward(self, data: TypedData) -> torch.Tensor:
+        return self.lin(self.embed(data))
+
+    def embed(self, data: TypedData) -> torch.Tensor:
+        """The labelled type's rows before the classifier."""
         # node types no relation ends at (mag-like's authors) get no output: their input
         # features go on to the second layer, whose in_channels say so
         h = {**data.x_dict, **{t: F.relu(v) for t, v in self.conv1(data.x_dict, data.edge_index_dict).items()}}
-        return self.lin(self.conv2(h, data.edge_index_dict)[self.labelled])
+        return self.conv2(h, data.edge_index_dict)[self.labelled]
 
 
 def build(model: str, framework: str, data: TypedData, hidden: int) -> nn.Module:
@@ -238,7 +248,8 @@ def build(model: str, framework: str, data: TypedData, hidden: int) -> nn.Module
             return TwoRelational(*convs, lambda d: (d,))
         cls = _pyg().RGCNConv if framework == "pyg-rgcn" else _pyg().FastRGCNConv
         return TwoRelational(*(cls(i, o, relations) for i, o in sizes), lambda d: (d.edge_index, d.graph.edge_type))
-    cls = {"gnnfuse": gnnfuse.nn.HGTConv, "graphiler-udf": GraphilerHGTConv}.get(framework) or _pyg().HGTConv
+    cls = {"gnnfuse": gnnfuse.nn.HGTConv, "gnnfuse-linear-head": gnnfuse.nn.HGTConv,
+           "graphiler-udf": GraphilerHGTConv}.get(framework) or _pyg().HGTConv
     node_types, edge_types = data.metadata
     second = {t: hidden if t in {e[-1] for e in edge_types} else width for t in node_types}
     return TwoHGT(cls(width, hidden, data.metadata, heads=2), cls(second, hidden, data.metadata, heads=2),
@@ -290,6 +301,9 @@ def measure(model: str, framework: str, data: TypedData, hidden: int, state, ste
 
     def loss() -> torch.Tensor:
         # R-GCN outputs every vertex, HGT its labelled type's (the first type: local ids = global)
+        if model == "hgt" and framework in FUSED_HEAD:
+            return linear_cross_entropy(module.embed(data)[data.train_idx], module.lin.weight, module.lin.bias,
+                                        train_y)
         return F.cross_entropy(module(data)[data.train_idx], train_y)
     step = training_step(module, loss, device, cuda_graph if ours else "off", framework, lr=0.01)
     begin = time.perf_counter()
@@ -306,7 +320,8 @@ def measure(model: str, framework: str, data: TypedData, hidden: int, state, ste
         peak = max(peak, recorded_peak)
     cell = {"status": "ok", **summarize(times), "peak_gb": peak, "base_gb": base,
             "own_peak_gb": None if peak is None else peak - base, "first_step_ms": first_ms,
-            **({"cuda_graph": step.status} if ours else {})}
+            **({"cuda_graph": step.status} if ours else {}),
+            **({"head": "linear_cross_entropy" if framework in FUSED_HEAD else "nn.Linear"} if model == "hgt" else {})}
     if profile:
         cell["profile"] = step_profile(step, device)
     return cell
@@ -361,6 +376,9 @@ def ratios(results: dict[str, Any], dataset: str, model: str) -> dict[str, Any]:
         out = {"fastest_pyg": fw, "speedup": best["median_ms"] / ours["median_ms"],
                "memory_ratio": _ratio(ours.get("peak_gb"), best.get("peak_gb")),
                "own_memory_ratio": _ratio(ours.get("own_peak_gb"), best.get("own_peak_gb"))}
+        plain = cells.get(f"{dataset}/{model}/gnnfuse-linear-head")
+        if plain and plain["status"] == "ok" and len(device_names(results, [plain, best])) == 1:
+            out["linear_head_own_memory_ratio"] = _ratio(plain.get("own_peak_gb"), best.get("own_peak_gb"))
     udf = cells.get(f"{dataset}/{model}/graphiler-udf")
     out["udf_vs_nn"] = (udf["median_ms"] / ours["median_ms"]
                         if udf and udf["status"] == "ok" and len(device_names(results, [ours, udf])) == 1 else None)
@@ -389,9 +407,9 @@ def cell_text(cell: dict[str, Any] | None) -> str:
 
 
 def render_markdown(results: dict[str, Any]) -> str:
-    frameworks = ("gnnfuse", "pyg-rgcn", "pyg-fastrgcn", "pyg-hgt", "graphiler-udf")
-    head = ["dataset", "model", *frameworks, "fastest PyG", "speedup", "mem vs PyG", "own mem vs PyG", "UDF / nn",
-            "max rel err"]
+    frameworks = ("gnnfuse", "gnnfuse-linear-head", "pyg-rgcn", "pyg-fastrgcn", "pyg-hgt", "graphiler-udf")
+    head = ["dataset", "model", *frameworks, "fastest PyG", "speedup", "mem vs PyG", "own mem vs PyG",
+            "own mem vs PyG, Linear head", "UDF / nn", "max rel err"]
     lines = ["# Relational training step: gnnfuse vs PyG (R-GCN, HGT) and Graphiler's R-GCN UDF", "",
              "Median ms per step (forward + loss + backward + Adam; gnnfuse's steps captured in a CUDA graph where "
              "marked, PyG's eager) / peak GB over the timed steps and, for a captured step, its recording (own: the "
@@ -399,6 +417,9 @@ def render_markdown(results: dict[str, Any]) -> str:
              "every framework shares are left out, from run 20261128T223551Z on also those of gnnfuse's capture stream, "
              "made once per process before the first cell); speedup = fastest PyG variant's time / gnnfuse's; "
              "mem = gnnfuse peak / that variant's peak, own mem the same for the own peaks; "
+             "own mem vs PyG, Linear head = the same for gnnfuse-linear-head (HGT under PyG's classifier head, "
+             "nn.Linear then F.cross_entropy; gnnfuse and the UDF take head and loss through "
+             "gnnfuse.nn.functional.linear_cross_entropy from run 20261129 on, earlier runs through PyG's head); "
              "UDF / nn = Graphiler's R-GCN UDF compiled by gnnfuse / gnnfuse.nn.RGCNConv; max rel err = worst "
              f"eval-mode forward difference from PyG over the frameworks (flagged above {REL_ERR_LIMIT:g}). "
              "Data: gnnfuse.data.typed presets. See benchmarks/bench_hetero.py.", "",
@@ -416,6 +437,7 @@ def render_markdown(results: dict[str, Any]) -> str:
                                                              for fw, c in zip(frameworks, cells)),
                                           r["fastest_pyg"] or "–", fmt(r["speedup"], ".2f"),
                                           fmt(r["memory_ratio"], ".2f"), fmt(r.get("own_memory_ratio"), ".2f"),
+                                          fmt(r.get("linear_head_own_memory_ratio"), ".2f"),
                                           fmt(r["udf_vs_nn"], ".2f"), err]) + " |")
     return "\n".join(lines) + "\n"
 

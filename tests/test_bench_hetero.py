@@ -101,3 +101,40 @@ def test_graphiler_hgt_udf_step_reads_nothing_back_to_the_host(bench_hetero, mon
     with HostSyncCounter() as counter:
         step()
     assert not counter.syncs, dict(counter.syncs)
+
+
+def test_hgt_heads_agree_and_both_are_reported(bench_hetero, tmp_path, monkeypatch):
+    """gnnfuse's HGT cell takes its classifier and loss through linear_cross_entropy, the
+    gnnfuse-linear-head cell through nn.Linear and F.cross_entropy: the same loss and
+    gradients, and the table keeps the linear head's memory ratio beside the fused one's."""
+    tiny_presets(bench_hetero, monkeypatch)
+    data = bench_hetero.with_fresh_graph(bench_hetero.load_typed("mutag-like", torch.device("cpu")))
+    state = bench_hetero.reference_state("hgt", data, 8)
+    module = bench_hetero.instantiate("hgt", "gnnfuse", data, 8, state, torch.device("cpu"))
+    y = data.y[data.train_idx]
+    losses, grads = [], []
+    for fused in (True, False):
+        module.zero_grad()
+        loss = (bench_hetero.linear_cross_entropy(module.embed(data)[data.train_idx], module.lin.weight,
+                                                  module.lin.bias, y, chunk_rows=7) if fused
+                else torch.nn.functional.cross_entropy(module(data)[data.train_idx], y))
+        loss.backward()
+        losses.append(loss.detach())
+        grads.append([None if p.grad is None else p.grad.clone() for p in module.parameters()])
+    torch.testing.assert_close(losses[0], losses[1])
+    assert sum(g is not None for g in grads[0]) > 10
+    for a, b in zip(*grads):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(a, b)
+    bench_hetero.main(["--datasets", "mutag-like", "--models", "hgt", "--device", "cpu", "--frameworks",
+                       "gnnfuse,gnnfuse-linear-head", "--steps", "1", "--warmup", "0", "--out", str(tmp_path)])
+    results = json.loads((tmp_path / "hetero.json").read_text())
+    cells = results["cells"]
+    assert cells["mutag-like/hgt/gnnfuse"]["head"] == "linear_cross_entropy"
+    assert cells["mutag-like/hgt/gnnfuse-linear-head"]["head"] == "nn.Linear"
+    cells["mutag-like/hgt/pyg-hgt"] = {**cells["mutag-like/hgt/gnnfuse"], "own_peak_gb": 4.0, "median_ms": 9.0}
+    cells["mutag-like/hgt/gnnfuse-linear-head"]["own_peak_gb"] = 2.0
+    bench_hetero.store(results, tmp_path)
+    assert results["ratios"]["mutag-like/hgt"]["linear_head_own_memory_ratio"] == pytest.approx(0.5)
+    assert "own mem vs PyG, Linear head" in (tmp_path / "hetero.md").read_text()

@@ -5,11 +5,19 @@ Twister draw per element on one thread, then two more passes) was most of a smal
 graph's training step -- 73 of 124 ms for a GCN step on pubmed's 19.7K x 500 input on two
 cores -- so the GNN kernels could not show. Swap ``F.dropout`` for
 ``gnnfuse.nn.functional.dropout`` and the rest of the model stays as it is.
+
+`linear_cross_entropy` (its own module) has no torch counterpart: it is
+``F.cross_entropy(F.linear(h, w, b), y)`` without the [rows, classes] logits, for
+classifiers with many classes on many rows.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from .linear_cross_entropy import linear_cross_entropy
+
+__all__ = ["dropout", "linear_cross_entropy"]
 
 # Below this many elements torch's dropout costs well under a millisecond, and the
 # counter kernel's first use would cost a Numba import (about a second per process).

@@ -1,0 +1,127 @@
+"""gnnfuse.nn.functional.linear_cross_entropy against torch's linear + cross_entropy:
+loss and all three gradients, chunked or not, with ignored rows, and gradcheck."""
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings, strategies as st
+
+from gnnfuse.nn.functional import linear_cross_entropy
+
+
+def _operands(rows, features, classes, dtype=torch.float32, seed=0, ignored=()):
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(rows, features, generator=g, dtype=dtype, requires_grad=True)
+    w = torch.randn(classes, features, generator=g, dtype=dtype, requires_grad=True)
+    b = torch.randn(classes, generator=g, dtype=dtype, requires_grad=True)
+    y = torch.randint(0, classes, (rows,), generator=g)
+    y[list(ignored)] = -100
+    return h, w, b, y
+
+
+def _loss_and_grads(fn, h, w, b, y, **kw):
+    for t in (h, w, b):
+        t.grad = None
+    loss = fn(h, w, b, y, **kw)
+    loss.backward(torch.tensor(1.7, dtype=loss.dtype))        # a non-unit incoming gradient
+    return loss.detach(), h.grad.clone(), w.grad.clone(), b.grad.clone()
+
+
+def _torch(h, w, b, y, reduction="mean", **_):
+    return F.cross_entropy(F.linear(h, w, b), y, reduction=reduction)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("chunk_rows", [None, 1, 7, 64])
+def test_matches_torch(reduction, chunk_rows):
+    h, w, b, y = _operands(50, 6, 11, ignored=(3, 17, 49))
+    ours = _loss_and_grads(linear_cross_entropy, h, w, b, y, reduction=reduction, chunk_rows=chunk_rows)
+    theirs = _loss_and_grads(_torch, h, w, b, y, reduction=reduction)
+    for a, e in zip(ours, theirs):
+        torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6)
+
+
+def test_no_bias_and_frozen_weight():
+    h, w, _, y = _operands(20, 4, 5)
+    w.requires_grad_(False)
+    loss = linear_cross_entropy(h, w, None, y, chunk_rows=6)
+    loss.backward()
+    h2 = h.detach().clone().requires_grad_(True)
+    F.cross_entropy(F.linear(h2, w), y).backward()
+    torch.testing.assert_close(loss, F.cross_entropy(F.linear(h, w), y))
+    torch.testing.assert_close(h.grad, h2.grad)
+    assert w.grad is None
+
+
+def test_no_grad_forward_equals_torch():
+    h, w, b, y = _operands(30, 3, 9)
+    with torch.no_grad():
+        torch.testing.assert_close(linear_cross_entropy(h, w, b, y, chunk_rows=4), _torch(h, w, b, y))
+
+
+def test_every_row_ignored_gives_nan_like_torch():
+    h, w, b, y = _operands(5, 3, 4, ignored=range(5))
+    assert torch.isnan(linear_cross_entropy(h, w, b, y)) and torch.isnan(_torch(h, w, b, y))
+
+
+def test_gradcheck_float64():
+    h, w, b, y = _operands(9, 3, 5, dtype=torch.float64, ignored=(2,))
+    assert torch.autograd.gradcheck(lambda h, w, b: linear_cross_entropy(h, w, b, y, chunk_rows=4), (h, w, b))
+    assert torch.autograd.gradcheck(
+        lambda h, w, b: linear_cross_entropy(h, w, b, y, reduction="sum", chunk_rows=2), (h, w, b))
+
+
+@settings(max_examples=25, deadline=None)
+@given(rows=st.integers(1, 40), features=st.integers(1, 6), classes=st.integers(1, 12),
+       chunk_rows=st.integers(1, 50), seed=st.integers(0, 2**16))
+def test_drawn_shapes_match_torch(rows, features, classes, chunk_rows, seed):
+    h, w, b, y = _operands(rows, features, classes, dtype=torch.float64, seed=seed)
+    ours = _loss_and_grads(linear_cross_entropy, h, w, b, y, chunk_rows=chunk_rows)
+    theirs = _loss_and_grads(_torch, h, w, b, y)
+    for a, e in zip(ours, theirs):
+        torch.testing.assert_close(a, e)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(reduction="none"), "reduction must be one of"),
+    (dict(chunk_rows=0), "chunk_rows must be at least 1"),
+])
+def test_refuses_bad_arguments(kwargs, message):
+    h, w, b, y = _operands(4, 3, 5)
+    with pytest.raises(ValueError, match=message):
+        linear_cross_entropy(h, w, b, y, **kwargs)
+
+
+def test_refuses_mismatched_shapes_and_float_targets():
+    h, w, b, y = _operands(4, 3, 5)
+    with pytest.raises(ValueError, match="input .* and weight"):
+        linear_cross_entropy(h[:, :2], w, b, y)
+    with pytest.raises(ValueError, match="bias"):
+        linear_cross_entropy(h, w, b[:3], y)
+    with pytest.raises(ValueError, match="one class index per input row"):
+        linear_cross_entropy(h, w, b, y[:3])
+    with pytest.raises(TypeError, match="integer tensor"):
+        linear_cross_entropy(h, w, b, y.float())
+
+
+def test_out_of_range_class_is_an_error_not_a_loss():
+    h, w, b, y = _operands(4, 3, 5)
+    y[1] = 5
+    with pytest.raises(RuntimeError):
+        linear_cross_entropy(h, w, b, y)
+    y[1] = -3                                    # negative but not ignore_index
+    with pytest.raises(RuntimeError):
+        linear_cross_entropy(h, w, b, y)
+
+
+def test_keeps_nothing_logit_sized_for_the_backward():
+    """What autograd holds between forward and backward is the inputs' gradients, not
+    the [rows, classes] logits or their softmax (torch's chain keeps the log-softmax)."""
+    h, w, b, y = _operands(64, 3, 40)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
+        linear_cross_entropy(h, w, b, y, chunk_rows=16)
+    assert saved and max(saved) < 64 * 40
+    saved.clear()
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
+        _torch(h, w, b, y)
+    assert max(saved) >= 64 * 40                   # the check can fail: torch's chain does keep them
