@@ -419,7 +419,7 @@ def render_markdown(results: dict[str, Any]) -> str:
              "mem = gnnfuse peak / that variant's peak, own mem the same for the own peaks; "
              "own mem vs PyG, Linear head = the same for gnnfuse-linear-head (HGT under PyG's classifier head, "
              "nn.Linear then F.cross_entropy; gnnfuse and the UDF take head and loss through "
-             "gnnfuse.nn.functional.linear_cross_entropy from run 20261129 on, earlier runs through PyG's head); "
+             "gnnfuse.nn.functional.linear_cross_entropy from run 20261129T022028Z on, earlier runs through PyG's head); "
              "UDF / nn = Graphiler's R-GCN UDF compiled by gnnfuse / gnnfuse.nn.RGCNConv; max rel err = worst "
              f"eval-mode forward difference from PyG over the frameworks (flagged above {REL_ERR_LIMIT:g}). "
              "Data: gnnfuse.data.typed presets. See benchmarks/bench_hetero.py.", "",
