@@ -184,7 +184,7 @@ def _unit_step(unit: Any, sizes: _Sizes, computed: frozenset[int] = frozenset(),
     ``walk``: the CSR a rider (a sum by edge type, passes/type_sums.py) rides."""
     by = walk or getattr(unit, "by", None)
     schedule = "csr" if computed or walk else _schedule(unit, sizes)
-    grouped = by in ("src", "dst") and schedule != "coo"
+    grouped = by in ("src", "dst") and schedule not in ("coo", "scan")   # a scan gathers even its own rows per edge
     gathers = {leaf: ["center" if grouped and side == by else side for side in sides]
                for leaf, sides in gathered_leaves(unit).items()}   # leaf id -> gather index names
     reads: list[tuple[Value, str]] = []
@@ -221,6 +221,10 @@ def _unit_step(unit: Any, sizes: _Sizes, computed: frozenset[int] = frozenset(),
     if schedule == "coo":   # both endpoint ids, one atomic read-modify-write per edge
         index = 2 * sizes.num_edges
         writes = 2 * sizes.num_edges * _row_bytes(root)
+    elif schedule == "scan":   # CSR-ordered columns and rows (and edge ids); a zeroed row, then its atomic adds
+        reads_edges = any(leaf.residency.is_edge_rowed for leaf in unit.leaves if leaf.op != "const")
+        index = (2 + reads_edges) * sizes.num_edges
+        writes = 2 * sizes.group_rows(unit) * _row_bytes(root)
     else:
         writes = (sizes.group_rows(unit) if root.residency is Residency.NODE else sizes.rows(root.residency)) \
             * _row_bytes(root)

@@ -20,7 +20,7 @@ from ..launch_cache import CallSettings, LaunchCache
 from ..row_layout import has_row_stride
 from ..reference.executor import run_plan
 from .codegen import (SHARED_REDUCE_BLOCK_E, SHARED_REDUCE_PROGRAMS, TYPE_LOAD, RowSum, generate, generate_coo, generate_edge,
-                      generate_rows, generate_shared_reduce, generate_sibling_merge, generate_siblings, head_block,
+                      generate_rows, generate_scan, generate_shared_reduce, generate_sibling_merge, generate_siblings, head_block,
                       one_lane, partial_buffers, row_stride, row_sum_split)
 from .context import TritonGraphContext
 from .launch import launch, signature
@@ -51,8 +51,9 @@ def fixed_csr_blocks(block_f: int) -> dict[str, int]:
 def schedule_for(unit: Unit, num_nodes: int, num_edges: int) -> str:
     """How a unit runs on a graph of this size: ``csr`` (vertex-parallel, edge-sequential)
     or ``coo`` (edge-parallel with atomic adds; sum and mean only), and under ``auto`` a
-    sum or mean of one lane per row that `prefers_coo` leaves to a walk ``rows``
-    (`codegen.generate_rows`); edge units have one
+    sum or mean of one lane per row ``rows`` (`codegen.generate_rows`) where `prefers_coo`
+    leaves it to a walk and ``scan`` (`codegen.generate_scan`) where it would be COO;
+    edge units have one
     schedule, ``edge``, and shared-reduce units one, ``shared``. ``GNNFUSE_SCHEDULE=csr|coo``
     forces one for every unit; the default ``auto`` applies `prefers_coo`; a per-call
     `forced_schedule` wins over both."""
@@ -66,10 +67,11 @@ def schedule_for(unit: Unit, num_nodes: int, num_edges: int) -> str:
     if unit.reduce.attrs["op"] not in ("sum", "mean"):
         return "csr"
     if forced == "auto":
-        if prefers_coo(num_edges / max(num_nodes, 1), edge_lanes(unit)):
-            return "coo"
         # one lane per row, the own vertex's rows re-read per edge only if a scalar
-        return "rows" if one_lane(unit) and edge_lanes(unit) <= 2 else "csr"
+        narrow = one_lane(unit) and edge_lanes(unit) <= 2
+        if prefers_coo(num_edges / max(num_nodes, 1), edge_lanes(unit)):
+            return "scan" if narrow else "coo"
+        return "rows" if narrow else "csr"
     return forced
 
 
@@ -107,7 +109,8 @@ def prefers_coo(average_degree: float, width: int) -> bool:
 
 _GENERATORS = {"csr": ("fused_aggregate", generate), "coo": ("fused_aggregate_coo", generate_coo),
                "edge": ("fused_edge", generate_edge), "shared": ("fused_shared_reduce", generate_shared_reduce),
-               "siblings": ("fused_siblings", generate_siblings), "rows": ("fused_aggregate_rows", generate_rows)}
+               "siblings": ("fused_siblings", generate_siblings), "rows": ("fused_aggregate_rows", generate_rows),
+               "scan": ("fused_aggregate_scan", generate_scan)}
 
 
 def kernel_source(unit: Unit, acc: str, schedule: str) -> tuple[str, str, list[Value]]:
@@ -388,7 +391,7 @@ def _plan(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> _La
     plan = _plan_schedule(unit, ctx, leaves, kernel, acc, rows, schedule)
     if not kernel.reads_types:
         return plan
-    types = types_at(ctx, unit.by if schedule in ("csr", "rows") else None)
+    types = types_at(ctx, unit.by if schedule in ("csr", "rows", "scan") else None)
     return plan._replace(types=(types,), signature=(plan.signature, types.dtype))
 
 
@@ -407,6 +410,8 @@ def _plan_schedule(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor
     rowptr, col, eid = csr_arguments(ctx, unit.by, reads_edges)
     if schedule == "rows":
         return _plan_rows_unit(unit, ctx, kernel, (rowptr, col, eid), rows, leaf_dtypes, common)
+    if schedule == "scan":
+        return _plan_scan_unit(unit, ctx, kernel, (rowptr, col, eid), rows, leaf_dtypes, common)
     op = unit.reduce.attrs["op"]
     splits = op in ("sum", "mean")
     segs = segments(ctx, unit.by, SEGMENT_EDGES if splits else None)
@@ -443,6 +448,33 @@ def _plan_rows_unit(unit: AggregateUnit, ctx: GraphContext, kernel, csr: tuple, 
     return _launch_plan(kernel if count else None, lambda meta: (triton.cdiv(count, meta["BLOCK_R"]),),
                         (tuned_as, 1), before, (), fixed, leaf_dtypes, (rows,) + unit.reduce.shape,
                         unit.reduce.dtype, False, zero_rows, **common)
+
+
+def _plan_scan_unit(unit: AggregateUnit, ctx: GraphContext, kernel, csr: tuple, rows: int, leaf_dtypes: tuple,
+                    common: dict[str, Any]) -> _Launch:
+    """`generate_scan`'s launch: BLOCK_E edges of the CSR order per program, adding into
+    a zeroed ``out``."""
+    _, col, eid = csr
+    count = ctx.num_edges
+    fixed = {} if _autotune() else {"BLOCK_E": 16}
+    tuned_as = tuning_class(kernel, count)
+    before = (col, rows_in_csr_order(ctx, unit.by), eid, count, tuned_as)
+    return _launch_plan(kernel if count else None, lambda meta: (triton.cdiv(count, meta["BLOCK_E"]),),
+                        (tuned_as, 1), before, (ctx.degree(unit.by),), fixed, leaf_dtypes,
+                        (rows,) + unit.reduce.shape, unit.reduce.dtype, True, None, **common)
+
+
+def rows_in_csr_order(ctx: GraphContext, by: str) -> torch.Tensor:
+    """The row (vertex by ``by``) of each position of the CSR by ``by``, int32 where the
+    rows fit: what a scan kernel segments its block of edges by. Built once per graph,
+    from the row pointer, without a host read (``output_size`` is the edge count)."""
+    def build(graph) -> torch.Tensor:
+        rowptr = ctx.grouped(by)[0]
+        count = rowptr.numel() - 1
+        dtype = torch.int32 if count < 2**31 else torch.int64
+        return torch.repeat_interleave(torch.arange(count, dtype=dtype, device=rowptr.device), rowptr.diff(),
+                                       output_size=ctx.num_edges)
+    return ctx.graph.cached(f"rows_in_{by}_csr_order", build)
 
 
 def _launch_plan(kernel, grid, sizes: tuple[int, ...], before: tuple, after: tuple, kwargs: dict[str, Any],

@@ -1,8 +1,11 @@
-"""The rows schedule (`codegen.generate_rows`): a sum or mean of one lane per row, many
-segments side by side per program, against the reference backend (under Triton's
+"""The schedules of a sum or mean of one lane per row: ``rows`` (`codegen.generate_rows`,
+many segments side by side per program, where the cost rule leaves the unit to a walk)
+and ``scan`` (`codegen.generate_scan`, blocks of CSR-ordered edges summed per row by a
+segmented scan, where it would be COO), against the reference backend (under Triton's
 interpreter, or on the GPU) on the graphs that break such kernels: a hub split into
-segments (its partial sums added atomically), isolated vertices, self loops, multi-edges,
-no edges; with edge data, per-type data and a scalar read at the row's own vertex."""
+segments or spanning many blocks (its partial sums added atomically), isolated vertices,
+self loops, multi-edges, no edges; with edge data, per-type data and a scalar read at
+the row's own vertex."""
 from __future__ import annotations
 
 import pytest
@@ -68,23 +71,33 @@ def launched(monkeypatch) -> list[str]:
     return names
 
 
+def low_degree(monkeypatch, schedule: str) -> None:
+    """Make the cost rule see the test graphs as COO's (``scan``) or a walk's (``rows``)."""
+    monkeypatch.setattr(triton_executor, "prefers_coo", lambda *a: schedule == "scan")
+
+
+@pytest.mark.parametrize("schedule", ["rows", "scan"])
 @pytest.mark.parametrize("width", [(1,), ()])
 @pytest.mark.parametrize("layer", list(LAYERS))
-def test_one_lane_sums_run_side_by_side_and_equal_the_reference(layer, width, monkeypatch):
-    monkeypatch.setattr(triton_executor, "SEGMENT_EDGES", 16)    # the hubs split into 6 and 4 segments
-    assert not triton_executor.prefers_coo(154 / 12, 2)           # average degree 12.8: a walk
+def test_one_lane_sums_equal_the_reference(layer, width, schedule, monkeypatch):
+    monkeypatch.setattr(triton_executor, "SEGMENT_EDGES", 16)    # the walk's hubs split into 6 and 4 segments
+    low_degree(monkeypatch, schedule)
     schedules = launched(monkeypatch)
     graph = hub_graph()
     ours, theirs = run(layer, graph, width, "triton", monkeypatch), run(layer, graph, width, "reference", monkeypatch)
-    # the forward's sum by dst and the backward's by src (with p's gradient riding it: one walk)
-    assert schedules.count("rows") >= (1 if layer == "typed" else 2)
-    assert ("siblings" in schedules) == (layer == "typed")
+    # the forward's sum by dst and the backward's by src; in a walk p's gradient rides the
+    # backward's (one kernel), a scan's group runs member by member and p's gradient alone.
+    # The interpreter's 16-edge scan blocks cut the 90- and 60-edge hubs across 6 and 4 of them
+    assert schedules.count(schedule) >= (1 if layer == "typed" and schedule == "rows" else 2)
+    assert ("siblings" in schedules) == (layer == "typed" and schedule == "rows")
     for a, b in zip(ours, theirs):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
 
 
-def test_a_mean_of_one_lane_divides_by_the_degree(monkeypatch):
+@pytest.mark.parametrize("schedule", ["rows", "scan"])
+def test_a_mean_of_one_lane_divides_by_the_degree(schedule, monkeypatch):
     monkeypatch.setattr(triton_executor, "SEGMENT_EDGES", 16)
+    low_degree(monkeypatch, schedule)
     schedules = launched(monkeypatch)
     graph = hub_graph()
     h = torch.randn(graph.num_nodes, 1, dtype=f64)
@@ -95,7 +108,7 @@ def test_a_mean_of_one_lane_divides_by_the_degree(monkeypatch):
         out = gnnfuse.message_passing(graph.to(x.device), lambda e: {"m": e.src["h"]},
                                       lambda n: {"o": torch.mean(n.mailbox["m"], dim=1)}, ndata={"h": x})["o"]
         results.append([t.detach().cpu() for t in (out, *torch.autograd.grad(out.square().sum(), [x]))])
-    assert "rows" in schedules
+    assert schedule in schedules
     for a, b in zip(*results):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
 
@@ -113,27 +126,32 @@ def _one_unit(message, ndata):
 
 def test_a_wide_row_read_at_the_own_vertex_keeps_the_walk(monkeypatch):
     """One lane reduced, but a 64-wide row of the row's own vertex read per edge (GAT's
-    backward): the rows schedule would re-read it per edge, so the CSR walk runs; and a
-    forced schedule wins over rows."""
+    backward): rows or a scan would re-read it per edge, so the CSR walk (or COO) runs; a
+    narrow one takes rows where the cost rule says walk and a scan where it says COO; a
+    forced schedule wins over both."""
     wide = _one_unit(lambda e: {"m": (e.src["h"] * e.dst["g"]).sum(-1, keepdim=True)},
                      {"h": torch.randn(12, 64, dtype=f64), "g": torch.randn(12, 64, dtype=f64)})
     narrow = _one_unit(lambda e: {"m": e.src["h"]}, {"h": torch.randn(12, 1, dtype=f64)})
     monkeypatch.delenv("GNNFUSE_SCHEDULE", raising=False)
     assert triton_executor.schedule_for(wide, 1000, 20_000) == "csr"
+    assert triton_executor.schedule_for(wide, 1000, 2000) == "coo"
     assert triton_executor.schedule_for(narrow, 1000, 20_000) == "rows"
-    assert triton_executor.schedule_for(narrow, 1000, 6000) == "coo"      # low degree: COO's cost rule
+    assert triton_executor.schedule_for(narrow, 1000, 6000) == "scan"     # low degree: where COO was
     monkeypatch.setenv("GNNFUSE_SCHEDULE", "csr")
     assert triton_executor.schedule_for(narrow, 1000, 20_000) == "csr"
+    monkeypatch.setenv("GNNFUSE_SCHEDULE", "coo")
+    assert triton_executor.schedule_for(narrow, 1000, 20_000) == "coo"
 
 
+@pytest.mark.parametrize("schedule", ["rows", "scan"])
 @settings(max_examples=8, deadline=None)
-@given(graphs(max_nodes=12, max_edges=60))
-def test_rows_schedule_on_the_graphs_users_have(case):
+@given(case=graphs(max_nodes=12, max_edges=60))
+def test_one_lane_schedules_on_the_graphs_users_have(schedule, case):
     """Loops, multi-edges, isolated vertices, no edges at all, int32 or strided indices:
     the one-lane neighbour sum equals index_add, forward and backward."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("GNNFUSE_BACKEND", "triton")
-        patch.setattr(triton_executor, "prefers_coo", lambda *a: False)   # small graphs: rows, not COO
+        low_degree(patch, schedule)
         schedules = launched(patch)
         case = case.to(DEVICE)
         graph = gnnfuse.Graph(case.given[0], case.given[1], case.num_nodes)
@@ -145,4 +163,4 @@ def test_rows_schedule_on_the_graphs_users_have(case):
         (grad,) = torch.autograd.grad(out.sum(), [h])
         torch.testing.assert_close(grad, torch.zeros_like(grad).index_add_(0, src, torch.ones_like(h)[dst]),
                                    rtol=1e-12, atol=1e-12)
-        assert set(schedules) == {"rows"}
+        assert set(schedules) == {schedule}
