@@ -44,3 +44,15 @@ def test_a_plain_jit_kernel_is_launched_as_is():
     out = torch.empty_like(x)
     launch(_scale.fn, _grid(6), (6,), (x, out, 6, 2.0), {"BLOCK": 8})
     torch.testing.assert_close(out, x * 2)
+
+
+def test_replayed_launches_read_each_calls_arguments():
+    """After the first launch of a signature, later ones skip the autotuner (and, on a GPU,
+    Triton's binder: `direct_launch`): each must still read its own tensors and scalars,
+    and a view off a 16-byte boundary (another specialization) must still be right."""
+    device = device_for("triton")
+    base = torch.arange(11, dtype=torch.float32, device=device)
+    for x, factor in [(base[:10], 3.0), (base[:10] + 1, 5.0), (base[1:], -2.0), (base[:10] * 2, 0.5), (base[1:], 4.0)]:
+        out = torch.empty_like(x)
+        launch(_scale, _grid(10), (10,), (x, out, 10, factor), {})
+        torch.testing.assert_close(out, x * factor)

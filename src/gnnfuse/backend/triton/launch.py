@@ -8,7 +8,9 @@ choice never changes once made, so `launch` remembers it per call signature (the
 autotuner's key argument, the feature block and the tensors' dtypes: what the
 autotuner's own key is made of) and launches the JIT function underneath directly with
 that config (the grid is computed per call: the key holds size classes, not sizes). Anything unusual (a config with a pre-hook, an
-autotuner without ``best_config``) keeps going through the autotuner.
+autotuner without ``best_config``) keeps going through the autotuner. Below the
+autotuner, `direct_launch.Replays` skips Triton's binder and cache lookup too, once a
+specialization has been launched through them.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import torch
 from triton.runtime.autotuner import Autotuner
 
 from ..first_use import first_launch
+from .direct_launch import Replays
 
 _CHOSEN: "weakref.WeakKeyDictionary[Autotuner, dict]" = weakref.WeakKeyDictionary()
 _THROUGH_AUTOTUNER = object()   # a signature whose config cannot be replayed directly
@@ -51,16 +54,14 @@ def launch(kernel: Any, grid: Callable[[dict], tuple], sizes: tuple[int, ...], a
     if entry is _THROUGH_AUTOTUNER:
         kernel[grid](*args, **kwargs)
         return
-    fn, merged = entry
-    fn[grid](*args, **merged)     # the grid is this call's: sizes within one size class differ
+    entry(grid, args)     # the grid is this call's: sizes within one size class differ
 
 
 def _direct_launch(kernel: Autotuner, grid: Callable[[dict], tuple], kwargs: dict[str, Any]) -> Any:
-    """(JIT function, keyword arguments) replaying the autotuner's last launch,
+    """`Replays` of the autotuner's last launch's JIT function and keyword arguments,
     or a marker to keep going through the autotuner when the config has a pre-hook."""
     config = getattr(kernel, "best_config", None)
     if (config is None or getattr(config, "pre_hook", None) is not None or not hasattr(config, "all_kwargs")
             or not hasattr(kernel, "fn")):
         return _THROUGH_AUTOTUNER
-    merged = {**kwargs, **config.all_kwargs()}
-    return kernel.fn, merged
+    return Replays(kernel.fn, {**kwargs, **config.all_kwargs()})

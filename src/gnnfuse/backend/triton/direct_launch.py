@@ -1,0 +1,108 @@
+"""Launching a compiled kernel again without going through ``JITFunction.run``.
+
+Every ``fn[grid](*args)`` call makes Triton bind the arguments to the parameters,
+compute each one's specialization (dtype and 16-byte alignment of a tensor, the range,
+divisibility by 16 and equality to 1 of an integer), hash that into a cache key, look
+the compiled kernel up, and only then call its launcher. On the H200's host that was
+about 40 us of a launched neighbour sum's 150 (cProfile, this module's first
+measurement), for a choice that does not change between calls of the same launch plan.
+
+`Replays` remembers, per specialization of the arguments (`fingerprint`, computed by the
+same rules), the compiled kernel a first launch through Triton returned; later calls with
+that fingerprint call the kernel's launcher directly, with the current device's current
+stream (a CUDA graph capture's, under `StepCapture`) and Triton's launch hooks, as
+``JITFunction.run`` does. Whatever this cannot vouch for goes through Triton: a kernel
+whose launch returned no compiled kernel (the interpreter), a Triton without the
+``knobs`` module (before 3.4) or without the launcher protocol.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Hashable, Sequence
+
+import torch
+
+try:
+    from triton import knobs
+    from triton.runtime.driver import driver
+except ImportError:   # a Triton before 3.4: every launch goes through JITFunction.run
+    knobs = driver = None
+
+# Fingerprints kept per launch plan: mini-batch blocks vary only in integers' divisibility
+_MOST_FINGERPRINTS = 8
+_I32 = (-2**31, 2**31 - 1)
+
+
+def fingerprint(args: Sequence[Any], specialized: Sequence[bool]) -> Hashable:
+    """What Triton's specialization of ``args`` depends on: a tensor's dtype and whether
+    its address is a multiple of 16, an integer's width and (unless its parameter is in
+    ``do_not_specialize``) whether it is 1 or a multiple of 16, any other value itself."""
+    out = []
+    for value, special in zip(args, specialized):
+        if isinstance(value, torch.Tensor):
+            out.append((value.dtype, value.data_ptr() % 16 == 0))
+        elif isinstance(value, bool) or not isinstance(value, int):
+            out.append((type(value), value if value is None or isinstance(value, bool) else None))
+        else:
+            wide = not _I32[0] <= value <= _I32[1]
+            out.append((wide, value == 1, value % 16 == 0) if special else wide)
+    return tuple(out)
+
+
+class DirectLaunch:
+    """One compiled kernel and the constant tail of its arguments (the parameters after
+    the positional ones: block sizes and other constexprs, in parameter order)."""
+
+    def __init__(self, compiled: Any, tail: tuple, meta: dict[str, Any], device: int) -> None:
+        self.compiled, self.tail, self.meta, self.device = compiled, tail, meta, device
+
+    def __call__(self, grid: Callable[[dict], tuple] | tuple, args: Sequence[Any]) -> None:
+        compiled = self.compiled
+        values = (*args, *self.tail)
+        shape = grid(self.meta) if callable(grid) else grid   # grids read only constexprs
+        stream = driver.active.get_current_stream(self.device)
+        compiled.run(shape[0], shape[1] if len(shape) > 1 else 1, shape[2] if len(shape) > 2 else 1, stream,
+                     compiled.function, compiled.packed_metadata, compiled.launch_metadata(shape, stream, *values),
+                     knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *values)
+
+
+class Replays:
+    """A JIT function's launches under one set of keyword arguments (the autotuner's
+    chosen config), launched directly once Triton has launched the same specialization."""
+
+    def __init__(self, fn: Any, kwargs: dict[str, Any]) -> None:
+        self.fn, self.kwargs = fn, kwargs
+        params = getattr(fn, "params", None)
+        self.usable = knobs is not None and params is not None and hasattr(fn, "run")
+        self.params = params or []
+        self.specialized = [not getattr(p, "do_not_specialize", False) for p in self.params]
+        self.launches: dict[Hashable, DirectLaunch | None] = {}
+
+    def __call__(self, grid: Callable[[dict], tuple], args: Sequence[Any]) -> None:
+        if not self.usable:
+            self.fn[grid](*args, **self.kwargs)
+            return
+        key = (driver.active.get_current_device(), fingerprint(args, self.specialized))
+        direct = self.launches.get(key)
+        if direct is not None:
+            direct(grid, args)
+            return
+        compiled = self.fn[grid](*args, **self.kwargs)
+        if key not in self.launches and len(self.launches) < _MOST_FINGERPRINTS:
+            self.launches[key] = self._record(compiled, args, key[0])
+
+    def _record(self, compiled: Any, args: Sequence[Any], device: int) -> DirectLaunch | None:
+        """The direct launch of ``compiled``, or None where it cannot be replayed (no
+        compiled kernel came back, or it lacks the launcher protocol)."""
+        if compiled is None or not all(hasattr(compiled, a) for a in ("run", "function", "packed_metadata",
+                                                                       "launch_metadata")):
+            return None
+        tail = []
+        for param in self.params[len(args):]:
+            if param.name in self.kwargs:
+                tail.append(self.kwargs[param.name])
+            elif getattr(param, "has_default", False):
+                tail.append(param.default)
+            else:
+                return None
+        names = [p.name for p in self.params]
+        return DirectLaunch(compiled, tuple(tail), dict(zip(names, (*args, *tail))), device)
