@@ -117,3 +117,12 @@ def test_fingerprint_follows_tritons_specialization():
     assert fingerprint((x, 32, 5), spec) != fingerprint((x.double(), 32, 5), spec)
     assert fingerprint((x, 32, 5), spec) != fingerprint((x, 2**31, 5), spec)       # a 64-bit integer
     assert fingerprint((x, 32, 5), spec) != fingerprint((x, 32, 2**40), spec)      # width counts even unspecialized
+
+
+def test_pre_run_hooks_send_every_call_through_triton(fake_triton):
+    fn = JitFunction()
+    fn.pre_run_hooks = [lambda *a, **k: None]
+    replays = Replays(fn, {"BLOCK": 16})
+    for _ in range(2):
+        replays(grid, (torch.zeros(16), torch.zeros(16), 16, 1))
+    assert len(fn.through) == 2

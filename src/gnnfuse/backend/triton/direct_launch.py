@@ -13,7 +13,9 @@ that fingerprint call the kernel's launcher directly, with the current device's 
 stream (a CUDA graph capture's, under `StepCapture`) and Triton's launch hooks, as
 ``JITFunction.run`` does. Whatever this cannot vouch for goes through Triton: a kernel
 whose launch returned no compiled kernel (the interpreter), a Triton without the
-``knobs`` module (before 3.4) or without the launcher protocol.
+``knobs`` module (before 3.4) or without the launcher protocol, and any call while the
+JIT function has pre-run hooks or Triton is asked to inspect compilation stages (both
+change what ``run`` does before the launch).
 """
 from __future__ import annotations
 
@@ -78,7 +80,8 @@ class Replays:
         self.launches: dict[Hashable, DirectLaunch | None] = {}
 
     def __call__(self, grid: Callable[[dict], tuple], args: Sequence[Any]) -> None:
-        if not self.usable:
+        if not self.usable or getattr(self.fn, "pre_run_hooks", None) or \
+                getattr(knobs.runtime, "add_stages_inspection_hook", None) is not None:
             self.fn[grid](*args, **self.kwargs)
             return
         key = (driver.active.get_current_device(), fingerprint(args, self.specialized))
