@@ -77,6 +77,8 @@ def test_a_launched_specialization_is_replayed_directly(fake_triton):
     shape, stream, args = compiled.runs[0]
     assert shape == (4, 1, 1) and stream == 777
     assert args[0] is y and args[1:] == (out, 64, 9, 16, 2)   # positional, then BLOCK, then SCALE's default
+    replays(grid, (y, out, 48, 9))              # the grid reads this call's n (same specialization)
+    assert len(fn.through) == 1 and compiled.runs[1][0] == (3, 1, 1)
 
 
 def test_another_specialization_goes_through_triton_once(fake_triton):
@@ -126,3 +128,21 @@ def test_pre_run_hooks_send_every_call_through_triton(fake_triton):
     for _ in range(2):
         replays(grid, (torch.zeros(16), torch.zeros(16), 16, 1))
     assert len(fn.through) == 2
+
+
+def test_a_recorded_launch_keeps_none_of_its_calls_tensors(fake_triton):
+    """The recording call's tensors (a step's outputs and inputs) must die with the call:
+    a replay keeps only the kernel and the constant arguments."""
+    import gc
+    import weakref
+    fn = JitFunction()
+    replays = Replays(fn, {"BLOCK": 16})
+    x, out = torch.zeros(64), torch.zeros(64)
+    refs = [weakref.ref(x), weakref.ref(out)]
+    replays(grid, (x, out, 64, 7))
+    fn.through.clear()                       # the stand-in's own record of the call
+    del x, out
+    gc.collect()
+    assert all(r() is None for r in refs)
+    replays(grid, (torch.ones(64), torch.ones(64), 64, 7))
+    assert not fn.through                    # still replayed directly

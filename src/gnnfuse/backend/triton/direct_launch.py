@@ -52,15 +52,19 @@ def fingerprint(args: Sequence[Any], specialized: Sequence[bool]) -> Hashable:
 
 class DirectLaunch:
     """One compiled kernel and the constant tail of its arguments (the parameters after
-    the positional ones: block sizes and other constexprs, in parameter order)."""
+    the positional ones: block sizes and other constexprs, in parameter order). It keeps
+    nothing of the recording call: its tensors would live as long as the kernel (2 GB of
+    a mag-sized step's outputs and inputs, counted in the next benchmark cell's memory,
+    when the first version kept them for the grid function)."""
 
-    def __init__(self, compiled: Any, tail: tuple, meta: dict[str, Any], device: int) -> None:
-        self.compiled, self.tail, self.meta, self.device = compiled, tail, meta, device
+    def __init__(self, compiled: Any, names: list[str], tail: tuple, device: int) -> None:
+        self.compiled, self.tail, self.device = compiled, tail, device
+        self.positions = {name: n for n, name in enumerate(names)}
 
     def __call__(self, grid: Callable[[dict], tuple] | tuple, args: Sequence[Any]) -> None:
         compiled = self.compiled
         values = (*args, *self.tail)
-        shape = grid(self.meta) if callable(grid) else grid   # grids read only constexprs
+        shape = grid(_Arguments(self.positions, values)) if callable(grid) else grid
         stream = driver.active.get_current_stream(self.device)
         compiled.run(shape[0], shape[1] if len(shape) > 1 else 1, shape[2] if len(shape) > 2 else 1, stream,
                      compiled.function, compiled.packed_metadata, compiled.launch_metadata(shape, stream, *values),
@@ -107,5 +111,16 @@ class Replays:
                 tail.append(param.default)
             else:
                 return None
-        names = [p.name for p in self.params]
-        return DirectLaunch(compiled, tuple(tail), dict(zip(names, (*args, *tail))), device)
+        return DirectLaunch(compiled, [p.name for p in self.params], tuple(tail), device)
+
+
+class _Arguments:
+    """This call's arguments by parameter name, as a grid function reads them (Triton
+    passes it the bound arguments)."""
+    __slots__ = ("positions", "values")
+
+    def __init__(self, positions: dict[str, int], values: tuple) -> None:
+        self.positions, self.values = positions, values
+
+    def __getitem__(self, name: str) -> Any:
+        return self.values[self.positions[name]]
