@@ -195,8 +195,9 @@ def test_schedule_is_checked(monkeypatch):
 
 def test_cost_rule_picks_coo_only_for_light_rows(monkeypatch):
     """The default schedule: edge-parallel where rows hold little work (low average
-    degree, narrow features), CSR otherwise, and always CSR for max/min, which have no
-    atomic combine here; GNNFUSE_SCHEDULE overrides the rule."""
+    degree, narrow features) unless a plain sum takes the rows schedule there, CSR
+    otherwise, and always CSR for max/min, which have no atomic combine here;
+    GNNFUSE_SCHEDULE overrides the rule."""
     graph = hub_graph()
     units = {}
     for op in ("sum", "max"):
@@ -208,7 +209,9 @@ def test_cost_rule_picks_coo_only_for_light_rows(monkeypatch):
         (units[op],) = [u for u in partition(CompiledProgram(tracer.program).program) if isinstance(u, AggregateUnit)]
     monkeypatch.delenv("GNNFUSE_SCHEDULE", raising=False)
     choose = triton_executor.schedule_for
-    assert choose(units["sum"], 1000, 2000) == "coo"        # degree 2, width 8
+    assert choose(units["sum"], 1000, 2000) == "rows"       # degree 2, width 8: a plain sum by destination
+    monkeypatch.setattr(triton_executor, "prefers_rows", lambda degree, width: False)
+    assert choose(units["sum"], 1000, 2000) == "coo"
     assert choose(units["sum"], 1000, 50_000) == "csr"      # degree 50
     assert choose(units["max"], 1000, 2000) == "csr"
     assert triton_executor.prefers_coo(2, 64) and not triton_executor.prefers_coo(2, 256)

@@ -346,12 +346,13 @@ def size_class(count: int) -> int:
 
 
 def _decorator(tuned: bool, space: dict[str, tuple[int, ...]], key: str, reset: bool | tuple[str, ...],
-               warps: tuple[int, ...] = (4,)) -> str:
+               warps: tuple[int, ...] = (4,), pruned: list[tuple[tuple[int, ...], int]] | None = None) -> str:
     """``@triton.jit``, behind an autotuner over ``space`` (block sizes and rows per
     program) and ``warps`` when ``tuned``: the best choice depends on degree distribution
     and feature width, which a first timed run measures better than a rule. Every config
     is compiled before it is timed, so the space stays small (a GAT layer has a dozen
-    kernels). Atomic kernels reset ``out`` (or the outputs ``reset`` names) between trials. The tuning key is the
+    kernels). Atomic kernels reset ``out`` (or the outputs ``reset`` names) between trials. ``pruned``, if given,
+    lists the configs (values of ``space``'s names, warps) instead of all of ``space`` x ``warps``. The tuning key is the
     kernel's ``size_class`` argument (`size_class`: the bit length of its edge or
     segment count), not the count itself: mini-batch training gives every batch a new
     count, and keying on it re-tuned every kernel on every batch. The kernel never reads
@@ -363,9 +364,11 @@ def _decorator(tuned: bool, space: dict[str, tuple[int, ...]], key: str, reset: 
     if not tuned:
         return jit
     names = list(space)
+    chosen = pruned if pruned is not None else [(values, w) for values in itertools.product(*space.values())
+                                                for w in warps]
     configs = ", ".join(
         "triton.Config({" + ", ".join(f"'{n}': {v}" for n, v in zip(names, values)) + f"}}, num_warps={w})"
-        for values in itertools.product(*space.values()) for w in warps)
+        for values, w in chosen)
     extra = ", warmup=3, rep=10"   # milliseconds per trial: tuning costs well under a second per kernel
     reset = ("out",) if reset is True else reset or ()
     extra += f", reset_to_zero={list(reset)}" if reset else ""
@@ -807,49 +810,81 @@ def generate_coo(unit: AggregateUnit, name: str, acc_dtype: str, tuned: bool = F
 
 def one_lane(unit: AggregateUnit) -> bool:
     """A sum or mean of one value per row (a scalar per vertex: F = 1) with nothing added
-    or scaled per row: what `generate_rows` and `generate_scan` reduce."""
-    return (unit.reduce.attrs["op"] in ("sum", "mean") and math.prod(unit.reduce.shape) == 1
-            and unit.scale is None and unit.addend is None)
+    or scaled per row: what `generate_scan` reduces, and `generate_rows` by default."""
+    return plain_sum(unit) and math.prod(unit.reduce.shape) == 1 and unit.scale is None
+
+
+def plain_sum(unit: AggregateUnit) -> bool:
+    """A sum or mean with no addend row (`passes.fusion._row_added`) and no head-blocked
+    lanes (`head_block`): what `generate_rows` reduces at any width; a per-row scale (a
+    GCN's destination norm) it applies to the finished rows."""
+    return (unit.reduce.attrs["op"] in ("sum", "mean") and unit.addend is None and head_block(unit) is None)
 
 
 # The rows kernel's autotuning space: segments side by side per program, edges per
-# segment and step (their product is one step's edge lanes), warps.
+# segment and step (their product is one step's edge lanes), warps. A one-lane unit
+# takes the first; a wider one segments x edges x feature lanes within `ROWS_TILE`.
 ROWS_BLOCKS = (32, 64, 128)
 ROWS_EDGES = (4, 8, 16)
+ROWS_WIDE_BLOCKS = (4, 8, 16, 32)
+ROWS_WIDEST = 64            # feature lanes per program (BLOCK_F) of a wide unit
+ROWS_TILE = 4096            # a step's values, BLOCK_R x K x BLOCK_F, over four warps: 32 a thread
+
+
+def rows_space(width: int) -> list[tuple[int, int, int]]:
+    """(BLOCK_R, K, warps) configs of `generate_rows` for rows of ``width`` lanes (a
+    feature block of at most `ROWS_WIDEST`); one warp only where the step's tile is at
+    most a quarter of `ROWS_TILE`."""
+    if width == 1:
+        return [(r, k, w) for r in ROWS_BLOCKS for k in ROWS_EDGES for w in (1, 4)]
+    block_f = min(1 << max(width - 1, 0).bit_length(), ROWS_WIDEST)
+    return [(r, k, w) for r in ROWS_WIDE_BLOCKS for k in ROWS_EDGES for w in (1, 4)
+            if r * k * block_f <= ROWS_TILE * w // 4]
 
 
 def generate_rows(unit: AggregateUnit, name: str, acc_dtype: str, tuned: bool = False) -> tuple[str, list[Value]]:
-    """Kernel source for a `one_lane` unit: a program reduces BLOCK_R segments side by
-    side, K edges of each per step, evaluated as BLOCK_R x K edge lanes (gathers by the
-    edges' own endpoint ids, as in `generate_coo`) and summed per segment.
+    """Kernel source for a `plain_sum` unit: a program reduces BLOCK_R segments side by
+    side, K edges of each per step, evaluated as a [BLOCK_R x K, BLOCK_F] tile of edge
+    and feature lanes (gathers by the edges' own endpoint ids, as in `generate_coo`) and
+    summed per segment.
 
-    Why: with one feature per row, `generate`'s one-segment-at-a-time walk is a chain of
-    dependent loads per row (segment bounds, column ids, the gathered value) in one warp.
-    Here every load of a step is issued for BLOCK_R rows at once. A split row's segments
-    add atomically, as in `generate`. Measured on an H200 (neighbour sum, F = 1, replayed
-    from a CUDA graph, `results/aggregate.md`): on the Reddit2-sized graph (average degree
-    100) 0.165 ms against the CSR walk's 0.177 (cuSPARSE 0.162); on the arxiv-sized one
-    (average degree 7) 0.038 ms against the COO schedule's 0.029, so where `prefers_coo`
-    picks COO a one-lane unit takes `generate_scan` instead, and this kernel replaces only
-    the walk."""
+    Why: `generate`'s one-segment-at-a-time walk is a chain of dependent loads per row
+    (segment bounds, column ids, the gathered rows) in one warp, and on a graph of low
+    average degree each row is a few edges: the chain, not the bytes, sets its time.
+    Here every load of a step is issued for BLOCK_R rows at once. A split row's
+    segments add atomically, as in `generate`. Measured on an H200 (neighbour sum, F = 1,
+    replayed from a CUDA graph, `results/aggregate.md`): on the Reddit2-sized graph
+    (average degree 100) 0.165 ms against the CSR walk's 0.177 (cuSPARSE 0.162); on the
+    arxiv-sized one (average degree 7) 0.038 ms against the COO schedule's 0.029, so
+    where `prefers_coo` picks COO a one-lane unit takes `generate_scan` instead. Wider
+    rows on low-degree graphs gain the most: arxiv-sized F = 16 0.037 ms against COO's
+    0.056 and cuSPARSE's 0.107; where they do not, `executor.prefers_rows` keeps the
+    walk."""
     op = unit.reduce.attrs["op"]
+    width = math.prod(unit.reduce.shape)
     other = "src" if unit.by == "dst" else "dst"
     em = _Emitter(unit, {"center": unit.by, "neighbour": other})
     root = em.value(unit.reduce.inputs[0], em.feature_coords(unit.reduce.shape, None))
     body = "\n".join(f"        {line}" for line in em.lines)
-    finish = "\n    acc = acc / tl.maximum(tl.load(rowptr + row + 1, mask=smask, other=1).to(tl.int64) - " \
-             "tl.load(rowptr + row, mask=smask, other=0).to(tl.int64), 1).to(ACC)" if op == "mean" else ""
+    finish = ("\n    acc = acc / tl.maximum(tl.load(rowptr + row + 1, mask=smask, other=1).to(tl.int64) - "
+              "tl.load(rowptr + row, mask=smask, other=0).to(tl.int64), 1).to(ACC)[:, None]" if op == "mean" else "")
+    if unit.scale is not None:
+        by = "*" if unit.scaled.op == "mul" else "/"
+        finish += (f"\n    acc = acc {by} tl.load(L{em.leaf_index[unit.scale.id]} + row, mask=smask, "
+                   "other=1.0).to(ACC)[:, None]")
+    decorator = _decorator(tuned, {"BLOCK_R": (), "K": ()}, "size_class", True,
+                           pruned=[((r, k), w) for r, k, w in rows_space(width)])
     source = f'''import triton
 import triton.language as tl
 
 
-{_decorator(tuned, {"BLOCK_R": ROWS_BLOCKS, "K": ROWS_EDGES}, "size_class", True, warps=(1, 4))}
-def {name}(rowptr, col, eid, seg_row, seg_start, seg_end, seg_split, num_segments, size_class, out, {em.params()}BLOCK_R: tl.constexpr, K: tl.constexpr):
+{decorator}
+def {name}(rowptr, col, eid, seg_row, seg_start, seg_end, seg_split, num_segments, size_class, out, {em.params()}BLOCK_R: tl.constexpr, K: tl.constexpr, BLOCK_F: tl.constexpr):
     # {unit.describe()}, BLOCK_R segments side by side
     ACC: tl.constexpr = {acc_dtype}
     BLOCK_E: tl.constexpr = BLOCK_R * K     # a step's edge lanes, the name the body's tiles use
-    f = tl.arange(0, 1)
-    fmask = f < 1
+    f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
+    fmask = f < {width}
     fzero = f * 0
     s = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     smask = s < num_segments
@@ -858,7 +893,7 @@ def {name}(rowptr, col, eid, seg_row, seg_start, seg_end, seg_split, num_segment
     end = tl.load(seg_end + s, mask=smask, other=0).to(tl.int64)
     split = tl.load(seg_split + s, mask=smask, other=0) != 0
     {unit.by}_rows = tl.reshape(row[:, None] + tl.zeros([BLOCK_R, K], tl.int64), [BLOCK_E])
-    acc = tl.zeros([BLOCK_R], ACC)
+    acc = tl.zeros([BLOCK_R, BLOCK_F], ACC)
     for k0 in range(0, tl.max(end - start, axis=0), K):
         at = start[:, None] + k0 + tl.arange(0, K)[None, :]
         e = tl.reshape(at, [BLOCK_E])
@@ -868,11 +903,12 @@ def {name}(rowptr, col, eid, seg_row, seg_start, seg_end, seg_split, num_segment
         {unit.by}_id = {unit.by}_rows
         {other}_id = nbr
 {body}
-        tile = tl.where(emask[:, None], {root} + tl.zeros([BLOCK_E, 1], ACC), 0.0)
-        acc += tl.sum(tl.reshape(tile, [BLOCK_R, K]), axis=1){finish}
+        tile = tl.where(emask[:, None] & fmask[None, :], {root} + tl.zeros([BLOCK_E, BLOCK_F], ACC), 0.0)
+        acc += tl.sum(tl.reshape(tile, [BLOCK_R, K, BLOCK_F]), axis=1){finish}
     value = acc.to(out.dtype.element_ty)
-    tl.store(out + row, value, mask=smask & (split == 0))
-    tl.atomic_add(out + row, value, mask=smask & (split != 0))
+    at = out + row[:, None] * {width} + f[None, :]
+    tl.store(at, value, mask=(smask & (split == 0))[:, None] & fmask[None, :])
+    tl.atomic_add(at, value, mask=(smask & (split != 0))[:, None] & fmask[None, :])
 '''
     return source, em.leaf_args
 

@@ -21,7 +21,7 @@ from ..row_layout import has_row_stride
 from ..reference.executor import run_plan
 from .codegen import (SHARED_REDUCE_BLOCK_E, SHARED_REDUCE_PROGRAMS, TYPE_LOAD, RowSum, generate, generate_coo, generate_edge,
                       generate_rows, generate_scan, generate_shared_reduce, generate_sibling_merge, generate_siblings, head_block,
-                      one_lane, partial_buffers, row_stride, row_sum_split)
+                      one_lane, partial_buffers, plain_sum, ROWS_WIDEST, row_stride, row_sum_split)
 from .context import TritonGraphContext
 from .launch import launch, signature
 from .schedule import SEGMENT_EDGES, partial_slots, segments
@@ -52,8 +52,8 @@ def schedule_for(unit: Unit, num_nodes: int, num_edges: int) -> str:
     """How a unit runs on a graph of this size: ``csr`` (vertex-parallel, edge-sequential)
     or ``coo`` (edge-parallel with atomic adds; sum and mean only), and under ``auto`` a
     sum or mean of one lane per row ``rows`` (`codegen.generate_rows`) where `prefers_coo`
-    leaves it to a walk and ``scan`` (`codegen.generate_scan`) where it would be COO;
-    edge units have one
+    leaves it to a walk and ``scan`` (`codegen.generate_scan`) where it would be COO, a
+    wider `plain_sum` ``rows`` wherever `prefers_rows` says so; edge units have one
     schedule, ``edge``, and shared-reduce units one, ``shared``. ``GNNFUSE_SCHEDULE=csr|coo``
     forces one for every unit; the default ``auto`` applies `prefers_coo`; a per-call
     `forced_schedule` wins over both."""
@@ -68,11 +68,34 @@ def schedule_for(unit: Unit, num_nodes: int, num_edges: int) -> str:
         return "csr"
     if forced == "auto":
         # one lane per row, the own vertex's rows re-read per edge only if a scalar
-        narrow = one_lane(unit) and edge_lanes(unit) <= 2
-        if prefers_coo(num_edges / max(num_nodes, 1), edge_lanes(unit)):
-            return "scan" if narrow else "coo"
-        return "rows" if narrow else "csr"
+        lanes, degree = edge_lanes(unit), num_edges / max(num_nodes, 1)
+        narrow = one_lane(unit) and lanes <= 2
+        width = math.prod(unit.reduce.shape)
+        rows = plain_sum(unit) and lanes <= width + 2 and prefers_rows(degree, width)
+        if prefers_coo(degree, lanes):
+            # COO needs no CSR; rows takes its place only by destination, whose CSR the
+            # forward walks anyway (a mini-batch block's CSR by source is a host sync)
+            return "scan" if narrow else "rows" if rows and unit.by == "dst" else "coo"
+        return "rows" if narrow or rows else "csr"
     return forced
+
+
+def prefers_rows(average_degree: float, width: int) -> bool:
+    """Whether a `plain_sum` unit wider than one lane takes `codegen.generate_rows`
+    (several rows side by side per program) instead of the walk or COO: where rows are
+    narrow and short, so a walk's per-row chain of dependent loads, not its bytes, sets
+    its time. Fitted on an H200 (neighbour sum replayed from a CUDA graph, forced
+    schedules in one process, 8a0c1d2's exploration; ms, rows against the better of the
+    walk and COO): arxiv-sized (degree 6.9) F = 2 0.022 / 0.029, 8 0.034 / 0.037, 16 0.037 /
+    0.056, 32 0.078 / 0.102, but 64 0.173 / 0.117 and 128 0.275 / 0.138; products-sized
+    (25) F = 8 1.05 / 1.35, 16 1.42 / 1.62, 32 2.04 / 1.84; Reddit2-sized (100) F = 2
+    0.172 / 0.178, 8 0.232 / 0.188, 16 and 32 slower still."""
+    return width <= ROWS_WIDEST // 2 and average_degree * width <= ROWS_DEGREE_LANES
+
+
+# `prefers_rows`' bound on a row's edge lanes (degree x width): between products-sized
+# F = 16 (404, rows 1.14x faster) and Reddit2-sized F = 8 (797, rows 1.23x slower)
+ROWS_DEGREE_LANES = 448
 
 
 def _forced_schedule_kind() -> str | None:
@@ -443,11 +466,14 @@ def _plan_rows_unit(unit: AggregateUnit, ctx: GraphContext, kernel, csr: tuple, 
     count = len(segs)
     zero_rows = segs.split_rows if len(segs.split_rows) else None
     fixed = {} if _autotune() else {"BLOCK_R": 4, "K": 4}
+    width = math.prod(unit.reduce.shape)
+    block_f = feature_block(unit, ROWS_WIDEST)
     tuned_as = tuning_class(kernel, count)
     before = (*csr, segs.row, segs.start, segs.end, segs.split, count, tuned_as)
-    return _launch_plan(kernel if count else None, lambda meta: (triton.cdiv(count, meta["BLOCK_R"]),),
-                        (tuned_as, 1), before, (), fixed, leaf_dtypes, (rows,) + unit.reduce.shape,
-                        unit.reduce.dtype, False, zero_rows, **common)
+    return _launch_plan(kernel if count and width else None,
+                        lambda meta: (triton.cdiv(count, meta["BLOCK_R"]), triton.cdiv(width, block_f)),
+                        (tuned_as, width), before, (), {"BLOCK_F": block_f, **fixed}, leaf_dtypes,
+                        (rows,) + unit.reduce.shape, unit.reduce.dtype, False, zero_rows, **common)
 
 
 def _plan_scan_unit(unit: AggregateUnit, ctx: GraphContext, kernel, csr: tuple, rows: int, leaf_dtypes: tuple,
