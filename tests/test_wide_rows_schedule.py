@@ -119,6 +119,7 @@ def test_the_rule_gives_rows_only_to_plain_sums(monkeypatch):
 def test_the_autotuning_space_keeps_each_step_within_the_tile():
     """Every config's step tile (BLOCK_R x K x BLOCK_F values) fits `ROWS_TILE` over four
     warps, a quarter of it over one; each width has configs of both."""
+    assert {w for _, _, w in rows_space(1)} == {1, 4, 8}
     for width in (2, 7, 16, 40, 64, 256):
         block_f = min(triton_next_power_of_2(width), ROWS_WIDEST)
         space = rows_space(width)

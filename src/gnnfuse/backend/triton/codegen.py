@@ -826,17 +826,23 @@ def plain_sum(unit: AggregateUnit) -> bool:
 # takes the first; a wider one segments x edges x feature lanes within `ROWS_TILE`.
 ROWS_BLOCKS = (32, 64, 128)
 ROWS_EDGES = (4, 8, 16)
+# Long one-lane rows (Reddit2-sized, average degree 100): 32 edges of a row per step, up
+# to eight warps. On an H200 (F = 1, replayed) the autotuner picked 16 x 32 over eight
+# warps from a 51-config space and took 0.165 ms against this space without them 0.170
+# (cuSPARSE 0.166-0.167 in the same processes); these four keep that choice's neighbours.
+ROWS_LONG = ((16, 32, 4), (16, 32, 8), (32, 32, 8), (64, 32, 8))
 ROWS_WIDE_BLOCKS = (4, 8, 16, 32)
 ROWS_WIDEST = 64            # feature lanes per program (BLOCK_F) of a wide unit
 ROWS_TILE = 4096            # a step's values, BLOCK_R x K x BLOCK_F, over four warps: 32 a thread
 
 
 def rows_space(width: int) -> list[tuple[int, int, int]]:
-    """(BLOCK_R, K, warps) configs of `generate_rows` for rows of ``width`` lanes (a
-    feature block of at most `ROWS_WIDEST`); one warp only where the step's tile is at
-    most a quarter of `ROWS_TILE`."""
+    """(BLOCK_R, K, warps) configs of `generate_rows` for rows of ``width`` lanes: for one
+    lane `ROWS_BLOCKS` x `ROWS_EDGES` and `ROWS_LONG`; wider, a feature block of at most
+    `ROWS_WIDEST` and one warp only where the step's tile is at most a quarter of
+    `ROWS_TILE`."""
     if width == 1:
-        return [(r, k, w) for r in ROWS_BLOCKS for k in ROWS_EDGES for w in (1, 4)]
+        return [(r, k, w) for r in ROWS_BLOCKS for k in ROWS_EDGES for w in (1, 4)] + list(ROWS_LONG)
     block_f = min(1 << max(width - 1, 0).bit_length(), ROWS_WIDEST)
     return [(r, k, w) for r in ROWS_WIDE_BLOCKS for k in ROWS_EDGES for w in (1, 4)
             if r * k * block_f <= ROWS_TILE * w // 4]
