@@ -139,3 +139,54 @@ def test_the_rule_at_its_fitted_points(degree, width, rows):
     """`prefers_rows` on the measurements in its docstring: where rows won and where the
     walk or COO did (arxiv-, products- and Reddit2-sized average degrees)."""
     assert triton_executor.prefers_rows(degree, width) is rows
+
+
+def test_a_forced_rows_schedule_applies_to_plain_sums_and_walks_the_rest(monkeypatch):
+    """``GNNFUSE_SCHEDULE=rows`` (or a call's ``schedule="rows"``) runs every plain sum in
+    rows, whatever the rule (one re-reading its own vertex's rows too: forced, not
+    chosen); a max, and a sum with a fused addend row (SAGE's ``+ x W_r``), walk as csr."""
+    from gnnfuse.frontend import trace_message_passing
+    from gnnfuse.passes.fusion import AggregateUnit, partition
+    from gnnfuse.runtime import CompiledProgram
+    from gnnfuse.runtime.compiled import record_calls
+    tracer = trace_message_passing(lambda e: {"m": e.src["h"]}, lambda n: {"out": torch.max(n.mailbox["m"], dim=1)[0]},
+                                   None, ndata={"h": torch.randn(12, 8, dtype=f64)}, edata={})
+    (peak,) = [u for u in partition(CompiledProgram(tracer.program).program) if isinstance(u, AggregateUnit)]
+    wide = _one_unit(lambda e: {"m": e.src["h"]}, {"h": torch.randn(12, 128, dtype=f64)})
+    own = _one_unit(lambda e: {"m": e.src["h"] * e.dst["g"]},
+                    {"h": torch.randn(12, 32, dtype=f64), "g": torch.randn(12, 32, dtype=f64)})
+    with record_calls() as calls:
+        gnnfuse.vertex(lambda v: sum([u.h for u in v.innbs]) + v.h)(hub_graph(), {"h": torch.randn(12, 8, dtype=f64)})
+    (added,) = [u for u in partition(calls[0].compiled.program, row_addends=True) if isinstance(u, AggregateUnit)]
+    assert added.addend is not None and not plain_sum(added)
+    monkeypatch.setenv("GNNFUSE_SCHEDULE", "rows")
+    assert triton_executor.schedule_for(wide, 1000, 200_000) == "rows"     # degree 200, width 128: a walk by rule
+    assert plain_sum(own) and triton_executor.schedule_for(own, 1000, 200_000) == "rows"
+    assert triton_executor.schedule_for(peak, 1000, 2000) == "csr"
+    assert triton_executor.schedule_for(added, 1000, 2000) == "csr"
+    monkeypatch.delenv("GNNFUSE_SCHEDULE")
+    with forcing(ForcedSchedule(kind="rows")):
+        assert triton_executor.schedule_for(wide, 1000, 200_000) == "rows"
+
+
+def test_gspmm_runs_the_rows_schedule_it_is_given(monkeypatch):
+    """`gnnfuse.ops.gspmm(schedule="rows")` on a width-128 sum (above the rule's 32 lanes,
+    with a forced 256-lane tile cut to the kernel's 64): forward and backward equal the
+    reference; a max refuses it by name."""
+    from gnnfuse.ops import gspmm
+    monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
+    monkeypatch.setattr(triton_executor, "SEGMENT_EDGES", 16)
+    schedules = launched(monkeypatch)
+    graph = hub_graph().to(DEVICE)
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(graph.num_nodes, 128, dtype=f64, generator=gen).to(DEVICE).requires_grad_()
+    out = gspmm(graph, None, "sum", src=x, schedule=gnnfuse.ops.Schedule(kind="rows", feature_tile=256))
+    src, dst = graph.src, graph.dst
+    expected = torch.zeros_like(out).index_add_(0, dst, x.detach()[src])
+    torch.testing.assert_close(out.detach(), expected, rtol=1e-12, atol=1e-12)
+    (grad,) = torch.autograd.grad(out.square().sum(), [x])
+    torch.testing.assert_close(grad, torch.zeros_like(grad).index_add_(0, src, 2 * expected[dst]),
+                               rtol=1e-12, atol=1e-12)
+    assert schedules and set(schedules) == {"rows"}
+    with pytest.raises(ValueError, match="schedule='rows'.*supports reduce 'sum' and 'mean' only"):
+        gspmm(graph, None, "max", src=x, schedule="rows")

@@ -16,13 +16,15 @@ from dataclasses import dataclass
 from typing import Iterator
 from ..environ import getenv
 
-SCHEDULES = ("auto", "csr", "coo")
+SCHEDULES = ("auto", "csr", "coo", "rows")
 
 
 @dataclass(frozen=True)
 class ForcedSchedule:
     """``kind``: ``csr`` (vertex-parallel over destinations, edges in sequence), ``coo``
-    (edge-parallel with atomic adds; sum and mean only) or ``auto`` (the cost rule).
+    (edge-parallel with atomic adds; sum and mean only), ``rows`` (many destinations side
+    by side per program; a sum or mean without a fused addend or head-blocked lanes,
+    others walk as ``csr``) or ``auto`` (the cost rule).
     ``feature_tile``: features one program handles (a power of two), None for the
     backend's width-adaptive default.
 

@@ -17,7 +17,9 @@ operand given (plain SpMM / gather).
 
 ``schedule=`` is FeatGraph's feature-dimension schedule for one call: ``"csr"``
 (vertex-parallel, each destination's in-edges in sequence), ``"coo"`` (edge-parallel
-with atomic adds; sum and mean only) or ``"auto"`` (the cost rule), or a `Schedule` that
+with atomic adds; sum and mean only), ``"rows"`` (many destinations side by side per
+program, each step a tile of their edges x features; sum and mean only) or ``"auto"``
+(the cost rule), or a `Schedule` that
 also fixes the feature tile. It overrides ``GNNFUSE_SCHEDULE`` and the cost rule for that
 call's forward and backward kernels on the Triton backend; the torch reference backend
 has a single schedule and ignores it.
@@ -124,8 +126,9 @@ def _schedule(schedule: str | ForcedSchedule | None, reduce: str) -> ForcedSched
                         f"got {type(schedule).__name__}")
     if schedule.kind not in SCHEDULES:
         raise ValueError(f"gspmm: schedule= must be one of {SCHEDULES}, got {schedule.kind!r}")
-    if schedule.kind == "coo" and reduce not in ("sum", "mean"):
-        raise ValueError(f"gspmm: schedule='coo' (edge-parallel, atomic adds) supports reduce 'sum' and "
+    if schedule.kind in ("coo", "rows") and reduce not in ("sum", "mean"):
+        what = "edge-parallel, atomic adds" if schedule.kind == "coo" else "rows side by side"
+        raise ValueError(f"gspmm: schedule={schedule.kind!r} ({what}) supports reduce 'sum' and "
                          f"'mean' only, got reduce={reduce!r}; use 'csr'")
     tile = schedule.feature_tile
     if tile is not None and (isinstance(tile, bool) or not isinstance(tile, int) or not 1 <= tile <= _MAX_TILE

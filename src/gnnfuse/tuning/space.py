@@ -6,7 +6,7 @@ CPU (the Numba backend): feature tile x source-partition cache budget x thread c
 Tiles narrower than the unit's width; partition budgets around the L2 cache (FeatGraph
 sizes ranges so that a range's feature rows fit in cache), only for units that gather
 neighbour rows; chunks only when the kernel runs on several threads. Edge units have no
-CPU schedule options. Triton: the CSR and (sum/mean only) COO schedules x feature block.
+CPU schedule options. Triton: the CSR and (sum/mean only) COO and rows schedules x feature block.
 
 ``small`` is a space of a handful of points, for tests and quick checks.
 """
@@ -53,7 +53,7 @@ def candidates(unit: Unit, backend: str, threads: int, space: str = "full") -> l
                                  (None, *budgets) if _gathers_neighbours(unit) else (None,),
                                  (None, *chunks))
         return [ForcedSchedule(feature_tile=t, partition_bytes=b, chunk=c) for t, b, c in grid]
-    kinds = ("csr", "coo") if aggregate and unit.reduce.attrs["op"] in ("sum", "mean") else ("auto",)
+    kinds = ("csr", "coo", "rows") if aggregate and unit.reduce.attrs["op"] in ("sum", "mean") else ("auto",)
     tiles = (16,) if space == "small" else TRITON_TILES
     return [ForcedSchedule()] + [ForcedSchedule(kind=k, feature_tile=t)
                                  for k, t in itertools.product(kinds, (None, *tiles))

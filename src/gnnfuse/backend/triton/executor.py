@@ -54,8 +54,8 @@ def schedule_for(unit: Unit, num_nodes: int, num_edges: int) -> str:
     sum or mean of one lane per row ``rows`` (`codegen.generate_rows`) where `prefers_coo`
     leaves it to a walk and ``scan`` (`codegen.generate_scan`) where it would be COO, a
     wider `plain_sum` ``rows`` wherever `prefers_rows` says so; edge units have one
-    schedule, ``edge``, and shared-reduce units one, ``shared``. ``GNNFUSE_SCHEDULE=csr|coo``
-    forces one for every unit; the default ``auto`` applies `prefers_coo`; a per-call
+    schedule, ``edge``, and shared-reduce units one, ``shared``. ``GNNFUSE_SCHEDULE=csr|coo|rows``
+    forces one for every unit (``rows`` only a `plain_sum`: any other walks as ``csr``); the default ``auto`` applies `prefers_coo`; a per-call
     `forced_schedule` wins over both."""
     if isinstance(unit, SharedReduceUnit):
         return "shared"
@@ -77,6 +77,8 @@ def schedule_for(unit: Unit, num_nodes: int, num_edges: int) -> str:
             # forward walks anyway (a mini-batch block's CSR by source is a host sync)
             return "scan" if narrow else "rows" if rows and unit.by == "dst" else "coo"
         return "rows" if narrow or rows else "csr"
+    if forced == "rows" and not plain_sum(unit):
+        return "csr"    # the walk: rows has no addend or head-blocked lanes to fuse
     return forced
 
 
@@ -467,7 +469,7 @@ def _plan_rows_unit(unit: AggregateUnit, ctx: GraphContext, kernel, csr: tuple, 
     zero_rows = segs.split_rows if len(segs.split_rows) else None
     fixed = {} if _autotune() else {"BLOCK_R": 4, "K": 4}
     width = math.prod(unit.reduce.shape)
-    block_f = feature_block(unit, ROWS_WIDEST)
+    block_f = min(feature_block(unit, ROWS_WIDEST), ROWS_WIDEST)   # a forced tile, within the configs' tiles
     tuned_as = tuning_class(kernel, count)
     before = (*csr, segs.row, segs.start, segs.end, segs.split, count, tuned_as)
     return _launch_plan(kernel if count and width else None,
