@@ -4,7 +4,7 @@ feature lanes. Checked against the reference backend (Triton's interpreter here,
 GPU) where such a kernel breaks: widths that are not a power of two, several feature
 blocks per row (a forced tile), a hub cut into segments that add atomically, isolated
 vertices, a mean, a destination-side scale folded into the unit (GCN's ``* v.norm``),
-edge data, and the graphs users have (hypothesis); the cost rule's choice of it; and a
+edge data, per-type data, and the graphs users have (hypothesis); the cost rule's choice of it; and a
 unit it must not take (a sum re-reading a wide row of its own vertex per edge)."""
 from __future__ import annotations
 
@@ -29,6 +29,8 @@ LAYERS = {
         g, {"h": d["h"], "norm": d["norm"]}),
     "weighted": lambda g, d: gnnfuse.vertex(lambda v: sum([e.src.h * e.w for e in v.inedges]))(
         g, {"h": d["h"]}, {"w": d["w"]}),
+    "typed": lambda g, d: gnnfuse.vertex(lambda v: sum([e.src.h * e.type.p for e in v.inedges]))(
+        g, {"h": d["h"]}, etype_feature={"p": d["p"]}),
     "mean": lambda g, d: gnnfuse.message_passing(g, lambda e: {"m": e.src["h"]},
                                                  lambda n: {"o": torch.mean(n.mailbox["m"], dim=1)},
                                                  ndata={"h": d["h"]})["o"],
@@ -47,7 +49,8 @@ def data(graph: gnnfuse.Graph, width: tuple[int, ...], device: str) -> dict[str,
 
     def r(*shape):
         return torch.randn(*shape, dtype=f64, generator=g).to(device).requires_grad_()
-    return {"h": r(graph.num_nodes, *width), "norm": r(graph.num_nodes, 1), "w": r(graph.num_edges, 1)}
+    return {"h": r(graph.num_nodes, *width), "norm": r(graph.num_nodes, 1), "w": r(graph.num_edges, 1),
+            "p": r(graph.num_edge_types, *width)}
 
 
 def run(layer: str, graph: gnnfuse.Graph, width: tuple[int, ...], backend: str, monkeypatch,
@@ -58,7 +61,7 @@ def run(layer: str, graph: gnnfuse.Graph, width: tuple[int, ...], backend: str, 
     with forcing(ForcedSchedule(feature_tile=tile) if tile else None):
         out = LAYERS[layer](graph, feeds)
         weight = torch.linspace(-1, 1, out.numel(), dtype=f64, device=out.device).view_as(out)
-        wrt = [feeds["h"]] + ([feeds["norm"]] if layer == "gcn" else [feeds["w"]] if layer == "weighted" else [])
+        wrt = [feeds["h"]] + {"gcn": [feeds["norm"]], "weighted": [feeds["w"]], "typed": [feeds["p"]]}.get(layer, [])
         grads = torch.autograd.grad((out * weight).sum(), wrt)
     return [t.detach().cpu() for t in (out, *grads)]
 
