@@ -153,14 +153,20 @@ def test_one_lane_schedules_on_the_graphs_users_have(schedule, case):
         patch.setenv("GNNFUSE_BACKEND", "triton")
         low_degree(patch, schedule)
         schedules = launched(patch)
-        case = case.to(DEVICE)
-        graph = gnnfuse.Graph(case.given[0], case.given[1], case.num_nodes)
-        h = torch.randn(case.num_nodes, 1, dtype=f64, device=DEVICE, requires_grad=True)
-        out = LAYERS["sum"](graph, {"h": h})
-        src, dst = case.edge_index
-        expected = torch.zeros_like(out).index_add_(0, dst, h.detach()[src])
-        torch.testing.assert_close(out.detach(), expected, rtol=1e-12, atol=1e-12)
-        (grad,) = torch.autograd.grad(out.sum(), [h])
-        torch.testing.assert_close(grad, torch.zeros_like(grad).index_add_(0, src, torch.ones_like(h)[dst]),
-                                   rtol=1e-12, atol=1e-12)
+        check_neighbour_sum(case, 1)
         assert set(schedules) == {schedule}
+
+
+def check_neighbour_sum(case, width: int) -> None:
+    """The neighbour sum of a drawn graph (`graph_strategies.graphs`) at ``width`` equals
+    index_add, forward and backward, on the Triton backend's device."""
+    case = case.to(DEVICE)
+    graph = gnnfuse.Graph(case.given[0], case.given[1], case.num_nodes)
+    h = torch.randn(case.num_nodes, width, dtype=f64, device=DEVICE, requires_grad=True)
+    out = LAYERS["sum"](graph, {"h": h})
+    src, dst = case.edge_index
+    expected = torch.zeros_like(out).index_add_(0, dst, h.detach()[src])
+    torch.testing.assert_close(out.detach(), expected, rtol=1e-12, atol=1e-12)
+    (grad,) = torch.autograd.grad(out.sum(), [h])
+    torch.testing.assert_close(grad, torch.zeros_like(grad).index_add_(0, src, torch.ones_like(h)[dst]),
+                               rtol=1e-12, atol=1e-12)

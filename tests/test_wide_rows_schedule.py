@@ -18,7 +18,7 @@ from gnnfuse.backend.forced_schedule import ForcedSchedule, forcing
 from gnnfuse.backend.triton import executor as triton_executor
 from gnnfuse.backend.triton.codegen import ROWS_TILE, ROWS_WIDEST, plain_sum, rows_space
 from graph_strategies import graphs
-from test_one_lane_schedules import _one_unit, hub_graph, launched
+from test_one_lane_schedules import _one_unit, check_neighbour_sum, hub_graph, launched
 
 DEVICE = device_for("triton")
 f64 = torch.float64
@@ -87,16 +87,7 @@ def test_wide_rows_on_the_graphs_users_have(case):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("GNNFUSE_BACKEND", "triton")
         schedules = rows_everywhere(patch)
-        case = case.to(DEVICE)
-        graph = gnnfuse.Graph(case.given[0], case.given[1], case.num_nodes)
-        h = torch.randn(case.num_nodes, 5, dtype=f64, device=DEVICE, requires_grad=True)
-        out = LAYERS["sum"](graph, {"h": h})
-        src, dst = case.edge_index
-        torch.testing.assert_close(out.detach(), torch.zeros_like(out).index_add_(0, dst, h.detach()[src]),
-                                   rtol=1e-12, atol=1e-12)
-        (grad,) = torch.autograd.grad(out.sum(), [h])
-        torch.testing.assert_close(grad, torch.zeros_like(grad).index_add_(0, src, torch.ones_like(h)[dst]),
-                                   rtol=1e-12, atol=1e-12)
+        check_neighbour_sum(case, 5)
         assert set(schedules) <= {"rows"}
 
 
