@@ -351,11 +351,12 @@ def _decorator(tuned: bool, space: dict[str, tuple[int, ...]], key: str, reset: 
     program) and ``warps`` when ``tuned``: the best choice depends on degree distribution
     and feature width, which a first timed run measures better than a rule. Every config
     is compiled before it is timed, so the space stays small (a GAT layer has a dozen
-    kernels). Atomic kernels reset ``out`` (or the outputs ``reset`` names) between trials. ``pruned``, if given,
-    lists the configs (values of ``space``'s names, warps) instead of all of ``space`` x ``warps``. The tuning key is the
-    kernel's ``size_class`` argument (`size_class`: the bit length of its edge or
-    segment count), not the count itself: mini-batch training gives every batch a new
-    count, and keying on it re-tuned every kernel on every batch. The kernel never reads
+    kernels). Atomic kernels reset ``out`` (or the outputs ``reset`` names) between trials.
+    ``pruned``, if given, lists the configs (values of ``space``'s names, warps) instead of
+    all of ``space`` x ``warps``. The tuning key is the kernel's ``size_class`` argument
+    (`size_class`: the bit length of its edge or segment count), not the count itself:
+    mini-batch training gives every batch a new count, and keying on it re-tuned every
+    kernel on every batch. The kernel never reads
     ``size_class``, so Triton does not specialize on it (it compiles a variant per integer
     argument that is 1 or a multiple of 16: a size class of 16 would have made one of
     every kernel and config). The edge and segment counts stay specialized: their
@@ -843,7 +844,7 @@ def rows_space(width: int) -> list[tuple[int, int, int]]:
     `ROWS_TILE`."""
     if width == 1:
         return [(r, k, w) for r in ROWS_BLOCKS for k in ROWS_EDGES for w in (1, 4)] + list(ROWS_LONG)
-    block_f = min(1 << max(width - 1, 0).bit_length(), ROWS_WIDEST)
+    block_f = min(triton.next_power_of_2(width), ROWS_WIDEST)
     return [(r, k, w) for r in ROWS_WIDE_BLOCKS for k in ROWS_EDGES for w in (1, 4)
             if r * k * block_f <= ROWS_TILE * w // 4]
 

@@ -54,9 +54,10 @@ def schedule_for(unit: Unit, num_nodes: int, num_edges: int) -> str:
     sum or mean of one lane per row ``rows`` (`codegen.generate_rows`) where `prefers_coo`
     leaves it to a walk and ``scan`` (`codegen.generate_scan`) where it would be COO, a
     wider `plain_sum` ``rows`` wherever `prefers_rows` says so; edge units have one
-    schedule, ``edge``, and shared-reduce units one, ``shared``. ``GNNFUSE_SCHEDULE=csr|coo|rows``
-    forces one for every unit (``rows`` only a `plain_sum`: any other walks as ``csr``); the default ``auto`` applies `prefers_coo`; a per-call
-    `forced_schedule` wins over both."""
+    schedule, ``edge``, and shared-reduce units one, ``shared``.
+    ``GNNFUSE_SCHEDULE=csr|coo|rows`` forces one for every unit (``rows`` only on a
+    `plain_sum`: any other walks as ``csr``); the default ``auto`` applies the rules; a
+    per-call `forced_schedule` wins over both."""
     if isinstance(unit, SharedReduceUnit):
         return "shared"
     if not isinstance(unit, AggregateUnit):
@@ -87,8 +88,8 @@ def prefers_rows(average_degree: float, width: int) -> bool:
     (several rows side by side per program) instead of the walk or COO: where rows are
     narrow and short, so a walk's per-row chain of dependent loads, not its bytes, sets
     its time. Fitted on an H200 (neighbour sum replayed from a CUDA graph, forced
-    schedules in one process, 8a0c1d2's exploration; ms, rows against the better of the
-    walk and COO): arxiv-sized (degree 6.9) F = 2 0.022 / 0.029, 8 0.034 / 0.037, 16 0.037 /
+    schedules in one process, an exploration of the kernel committed in 9ca4dc9; ms, rows
+    against the better of the walk and COO): arxiv-sized (degree 6.9) F = 2 0.022 / 0.029, 8 0.034 / 0.037, 16 0.037 /
     0.056, 32 0.078 / 0.102, but 64 0.173 / 0.117 and 128 0.275 / 0.138; products-sized
     (25) F = 8 1.05 / 1.35, 16 1.42 / 1.62, 32 2.04 / 1.84; Reddit2-sized (100) F = 2
     0.172 / 0.178, 8 0.232 / 0.188, 16 and 32 slower still."""
