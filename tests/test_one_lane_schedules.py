@@ -153,14 +153,13 @@ def test_one_lane_schedules_on_the_graphs_users_have(schedule, case):
         patch.setenv("GNNFUSE_BACKEND", "triton")
         low_degree(patch, schedule)
         schedules = launched(patch)
-        check_neighbour_sum(case, 1)
+        check_neighbour_sum(case.to(DEVICE), 1)
         assert set(schedules) == {schedule}
 
 
 def check_neighbour_sum(case, width: int) -> None:
-    """The neighbour sum of a drawn graph (`graph_strategies.graphs`) at ``width`` equals
-    index_add, forward and backward, on the Triton backend's device."""
-    case = case.to(DEVICE)
+    """The neighbour sum of a drawn graph (`graph_strategies.graphs`, on the Triton
+    backend's device) at ``width`` equals index_add, forward and backward."""
     graph = gnnfuse.Graph(case.given[0], case.given[1], case.num_nodes)
     h = torch.randn(case.num_nodes, width, dtype=f64, device=DEVICE, requires_grad=True)
     out = LAYERS["sum"](graph, {"h": h})

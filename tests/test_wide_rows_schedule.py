@@ -87,7 +87,7 @@ def test_wide_rows_on_the_graphs_users_have(case):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("GNNFUSE_BACKEND", "triton")
         schedules = rows_everywhere(patch)
-        check_neighbour_sum(case, 5)
+        check_neighbour_sum(case.to(DEVICE), 5)
         assert set(schedules) <= {"rows"}
 
 
