@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
 from hypothesis import given, settings
 from oracle_check import device_for
 
@@ -115,15 +116,11 @@ def test_the_autotuning_space_keeps_each_step_within_the_tile():
     warps, a quarter of it over one; each width has configs of both."""
     assert {w for _, _, w in rows_space(1)} == {1, 4, 8}
     for width in (2, 7, 16, 40, 64, 256):
-        block_f = min(triton_next_power_of_2(width), ROWS_WIDEST)
+        block_f = min(triton.next_power_of_2(width), ROWS_WIDEST)
         space = rows_space(width)
         assert {w for _, _, w in space} == {1, 4}
         for r, k, w in space:
             assert r * k * block_f <= ROWS_TILE * w // 4
-
-
-def triton_next_power_of_2(n: int) -> int:
-    return 1 << (n - 1).bit_length()
 
 
 @pytest.mark.parametrize("degree,width,rows", [(6.9, 16, True), (6.9, 32, True), (6.9, 64, False),
