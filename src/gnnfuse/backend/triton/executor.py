@@ -25,6 +25,7 @@ from .codegen import (SHARED_REDUCE_BLOCK_E, SHARED_REDUCE_PROGRAMS, TYPE_LOAD, 
 from .context import TritonGraphContext
 from .launch import launch, signature
 from .schedule import SEGMENT_EDGES, partial_slots, segments
+from .sorted_sources import sorted_sources, sorts_sources
 from .tuning_class import tuning_class
 from ...environ import getenv
 
@@ -434,6 +435,8 @@ def _plan_schedule(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor
     if schedule == "coo":
         return _plan_coo_unit(unit, ctx, kernel, leaf_dtypes, common)
     rowptr, col, eid = csr_arguments(ctx, unit.by, reads_edges)
+    if schedule in ("rows", "scan") and not reads_edges and sorts_sources(ctx, unit.by):
+        col = eid = sorted_sources(ctx, unit.by)    # a sum follows the index only: any order within rows
     if schedule == "rows":
         return _plan_rows_unit(unit, ctx, kernel, (rowptr, col, eid), rows, leaf_dtypes, common)
     if schedule == "scan":
