@@ -146,3 +146,96 @@ def test_a_recorded_launch_keeps_none_of_its_calls_tensors(fake_triton):
     assert all(r() is None for r in refs)
     replays(grid, (torch.ones(64), torch.ones(64), 64, 7))
     assert not fn.through                    # still replayed directly
+
+
+# --- a launch plan's bound launch (`BoundLaunch`) -----------------------------------------
+
+def test_a_bound_launch_checks_only_the_varying_tensors(fake_triton):
+    fn = JitFunction()
+    replays = Replays(fn, {"BLOCK": 16})
+    index, x, out = torch.zeros(64, dtype=torch.int32), torch.zeros(64), torch.zeros(64)
+    args = (index, out, 64, x, 7)
+    fn.params.insert(3, Param("extra"))          # the shape of a plan's call: fixed, out, fixed, leaf, fixed
+    assert replays.bind(grid, args, (1, 3)) is None      # nothing recorded yet: Triton launches first
+    replays(grid, args)
+    bound = replays.bind(grid, args, (1, 3))
+    (compiled,) = fn.compiled.values()
+    y, out2 = torch.ones(64), torch.ones(64)
+    assert bound((out2, y)) and len(fn.through) == 1
+    shape, stream, sent = compiled.runs[-1]
+    assert shape == (4, 1, 1) and stream == 777
+    assert sent[0] is index and sent[1] is out2 and sent[2] == 64 and sent[3] is y and sent[4:] == (7, 16, 2)
+    assert not bound((out2, torch.ones(65)[1:]))      # 4 bytes off: another specialization
+    assert not bound((out2, y.double()))
+    assert len(compiled.runs) == 1 and len(fn.through) == 1      # neither launched anything
+
+
+def test_a_bound_launch_defers_to_triton_when_its_state_asks(fake_triton, monkeypatch):
+    fn = JitFunction()
+    replays = Replays(fn, {"BLOCK": 16})
+    args = (torch.zeros(16), torch.zeros(16), 16, 1)
+    replays(grid, args)
+    bound = replays.bind(grid, args, (0, 1))
+    fn.pre_run_hooks = [lambda *a, **k: None]
+    assert not bound(args[:2])
+    fn.pre_run_hooks = []
+    assert bound(args[:2])
+    monkeypatch.setattr(direct_launch.driver.active, "get_current_device", lambda: 1)
+    assert not bound(args[:2])
+    fn.pre_run_hooks = [lambda *a, **k: None]
+    assert replays.bind(grid, args, (0, 1)) is None
+
+
+def test_a_bound_launch_keeps_none_of_the_calls_tensors(fake_triton):
+    import gc
+    import weakref
+    fn = JitFunction()
+    replays = Replays(fn, {"BLOCK": 16})
+    x, out = torch.zeros(64), torch.zeros(64)
+    replays(grid, (x, out, 64, 7))
+    bound = replays.bind(grid, (x, out, 64, 7), (0, 1))
+    refs = [weakref.ref(x), weakref.ref(out)]
+    fn.through.clear()
+    del x, out
+    gc.collect()
+    assert all(r() is None for r in refs) and bound((torch.ones(64), torch.ones(64)))
+
+
+def test_a_launch_plan_binds_after_tritons_first_launches(fake_triton, monkeypatch):
+    """`executor._launch_bound` on a plan of an autotuned kernel: the autotuner's launch,
+    then Triton's of the specialization, then the plan holds a bound launch whose
+    varying positions are ``out`` and the leaves -- not the index arrays, counts or
+    edge types around them."""
+    from triton.runtime.autotuner import Autotuner
+
+    from gnnfuse.backend.triton import executor, launch
+
+    fn = JitFunction()
+    fn.params = [Param("rowptr"), Param("count"), Param("out"), Param("scale"), Param("x"), Param("y"),
+                 Param("types"), Param("BLOCK", constexpr=True)]
+
+    class Tuner(Autotuner):
+        def __init__(self):       # what `launch` reads of an autotuner, nothing more
+            self.fn, self.best_config = fn, SimpleNamespace(pre_hook=None, all_kwargs=lambda: {"BLOCK": 16})
+
+        def __getitem__(self, grid_):
+            return lambda *args, **kwargs: fn[grid_](*args, BLOCK=16)
+    rowptr, types = torch.zeros(8, dtype=torch.int32), torch.zeros(8, dtype=torch.int8)
+    plan = executor._Launch(kernel=Tuner(), layouts=(), before=(rowptr, 40), after=(2,), out_shape=(40,),
+                            out_dtype=torch.float32, device=torch.device("cpu"), zeros=False, zero_rows=None,
+                            grid=lambda meta: (-(-40 // meta["BLOCK"]),), sizes=(1, 1), kwargs={}, signature="sig",
+                            types=(types,), bound=[None, 0])
+    monkeypatch.setattr(launch, "first_launch", lambda call: call())
+    for _ in range(3):
+        executor._launch_bound(plan, (rowptr, 40, torch.zeros(40), 2, torch.zeros(40), torch.zeros(40), types))
+        if plan.bound[0] is not None:
+            break
+    bound = plan.bound[0]
+    assert bound is not None and bound.varying == (2, 4, 5)
+    out, x, y = torch.ones(40), torch.ones(40), torch.ones(40)
+    assert bound((out, x, y))
+    (compiled,) = fn.compiled.values()
+    shape, _, sent = compiled.runs[-1]
+    assert shape == (3, 1, 1)
+    assert sent[0] is rowptr and sent[1] == 40 and sent[2] is out and sent[3] == 2 and sent[4] is x
+    assert sent[5] is y and sent[6] is types and sent[7] == 16

@@ -62,12 +62,20 @@ class DirectLaunch:
         self.positions = {name: n for n, name in enumerate(names)}
 
     def __call__(self, grid: Callable[[dict], tuple] | tuple, args: Sequence[Any]) -> None:
+        self.launch(self.shape(grid, args), (*args, *self.tail))
+
+    def shape(self, grid: Callable[[dict], tuple] | tuple, args: Sequence[Any]) -> tuple[int, int, int]:
+        """The launch grid for ``args`` (the positional arguments), as three sizes."""
+        shape = grid(_Arguments(self.positions, (*args, *self.tail))) if callable(grid) else grid
+        return shape[0], shape[1] if len(shape) > 1 else 1, shape[2] if len(shape) > 2 else 1
+
+    def launch(self, shape: tuple[int, int, int], values: Sequence[Any]) -> None:
+        """The compiled kernel on ``values`` (positional arguments and the tail) over
+        ``shape``, on the current stream, with Triton's launch hooks."""
         compiled = self.compiled
-        values = (*args, *self.tail)
-        shape = grid(_Arguments(self.positions, values)) if callable(grid) else grid
         stream = driver.active.get_current_stream(self.device)
-        compiled.run(shape[0], shape[1] if len(shape) > 1 else 1, shape[2] if len(shape) > 2 else 1, stream,
-                     compiled.function, compiled.packed_metadata, compiled.launch_metadata(shape, stream, *values),
+        compiled.run(*shape, stream, compiled.function, compiled.packed_metadata,
+                     compiled.launch_metadata(shape, stream, *values),
                      knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *values)
 
 
@@ -83,9 +91,14 @@ class Replays:
         self.specialized = [not getattr(p, "do_not_specialize", False) for p in self.params]
         self.launches: dict[Hashable, DirectLaunch | None] = {}
 
+    def replayable(self) -> bool:
+        """Whether Triton's state lets a call skip ``JITFunction.run``: the launcher
+        protocol is there, and no pre-run hook or stages-inspection hook asks for it."""
+        return self.usable and not getattr(self.fn, "pre_run_hooks", None) and \
+            getattr(knobs.runtime, "add_stages_inspection_hook", None) is None
+
     def __call__(self, grid: Callable[[dict], tuple], args: Sequence[Any]) -> None:
-        if not self.usable or getattr(self.fn, "pre_run_hooks", None) or \
-                getattr(knobs.runtime, "add_stages_inspection_hook", None) is not None:
+        if not self.replayable():
             self.fn[grid](*args, **self.kwargs)
             return
         key = (driver.active.get_current_device(), fingerprint(args, self.specialized))
@@ -112,6 +125,52 @@ class Replays:
             else:
                 return None
         return DirectLaunch(compiled, [p.name for p in self.params], tuple(tail), device)
+
+
+    def bind(self, grid: Callable[[dict], tuple], args: Sequence[Any], varying: Sequence[int]) -> BoundLaunch | None:
+        """``args``' launch with everything but the positions ``varying`` fixed (see
+        `BoundLaunch`), once a launch of their specialization has been recorded; None
+        before that, or where Triton's state sends calls through ``run``."""
+        if not self.replayable():
+            return None
+        device = driver.active.get_current_device()
+        direct = self.launches.get((device, fingerprint(args, self.specialized)))
+        if direct is None:
+            return None
+        return BoundLaunch(self, direct, device, direct.shape(grid, args), args, varying)
+
+
+class BoundLaunch:
+    """One launch plan's direct launch: the kernel, the grid and every argument that does
+    not change between the plan's calls (index arrays, counts, block sizes) in place,
+    and for the tensors that do (the output and the inputs) the dtype and 16-byte
+    alignment they were specialized on. A call checks only those tensors -- the rest of
+    `Replays`' fingerprint, and the grid, are the plan's own constants -- so it costs a
+    few attribute reads before the launcher instead of a walk over every argument. A
+    call it cannot vouch for (another specialization of a varying tensor, another
+    device, a hook Triton must run) launches nothing and returns False, and the caller
+    goes the general way. It keeps no varying tensor: they belong to the call."""
+    __slots__ = ("replays", "direct", "device", "shape", "fixed", "varying", "expected")
+
+    def __init__(self, replays: Replays, direct: DirectLaunch, device: int, shape: tuple[int, int, int],
+                 args: Sequence[Any], varying: Sequence[int]) -> None:
+        self.replays, self.direct, self.device, self.shape = replays, direct, device, shape
+        self.varying = tuple(varying)
+        self.fixed = [None if n in self.varying else a for n, a in enumerate(args)] + list(direct.tail)
+        self.expected = tuple((args[n].dtype, args[n].data_ptr() % 16 == 0) for n in self.varying)
+
+    def __call__(self, tensors: Sequence[torch.Tensor]) -> bool:
+        """Launch with ``tensors`` in the varying positions, in order; False (nothing
+        launched) where the call needs Triton's general path."""
+        if not self.replays.replayable() or driver.active.get_current_device() != self.device:
+            return False
+        values = self.fixed.copy()
+        for position, tensor, (dtype, aligned) in zip(self.varying, tensors, self.expected):
+            if tensor.dtype != dtype or (tensor.data_ptr() % 16 == 0) != aligned:
+                return False
+            values[position] = tensor
+        self.direct.launch(self.shape, values)
+        return True
 
 
 class _Arguments:

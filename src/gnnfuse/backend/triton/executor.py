@@ -23,7 +23,7 @@ from .codegen import (SHARED_REDUCE_BLOCK_E, SHARED_REDUCE_PROGRAMS, TYPE_LOAD, 
                       generate_rows, generate_scan, generate_shared_reduce, generate_sibling_merge, generate_siblings, head_block,
                       one_lane, partial_buffers, plain_sum, ROWS_WIDEST, row_stride, row_sum_split)
 from .context import TritonGraphContext
-from .launch import launch, signature
+from .launch import bind, launch, signature
 from .schedule import SEGMENT_EDGES, partial_slots, segments
 from .sorted_sources import sorted_sources, sorts_sources
 from .tuning_class import tuning_class
@@ -225,6 +225,8 @@ class _Launch(NamedTuple):
     summed_to: tuple[torch.dtype, tuple[int, ...]] | None = None
     added_after: int | None = None
     types: tuple = ()       # the edge types the kernel takes last (`types_at`), if it reads them
+    # [the plan's `BoundLaunch` or None, launches made without one]: see `_launch_bound`
+    bound: list | None = None
 
 
 def _read_environment() -> tuple:
@@ -255,14 +257,34 @@ def run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> 
         out.index_fill_(0, plan.zero_rows, 0)
     if plan.kernel is not None:
         args = [_laid_out(leaves[leaf], width, stride) for leaf, width, stride in plan.layouts]
-        launch(plan.kernel, plan.grid, plan.sizes, (*plan.before, out, *plan.after, *args, *plan.types), plan.kwargs,
-               plan.signature)
+        bound = plan.bound[0]
+        if bound is None or not bound((out, *args)):
+            _launch_bound(plan, (*plan.before, out, *plan.after, *args, *plan.types))
     if plan.added_after is not None:
         out.add_(leaves[plan.added_after])
     if plan.summed_to is not None:
         dtype, shape = plan.summed_to
         return out.sum(0).to(dtype).reshape(shape)
     return out
+
+
+# Launches a plan makes through `launch` before it stops trying to bind one: Triton's
+# first launch of a specialization (the autotuner's, then the JIT function's) comes first.
+_BIND_ATTEMPTS = 4
+
+
+def _launch_bound(plan: _Launch, args: tuple) -> None:
+    """``plan``'s launch on ``args`` through `launch`, then, while the plan has none and
+    within `_BIND_ATTEMPTS`, its `BoundLaunch`: the kernel with the plan's constant
+    arguments and grid in place, which later calls launch after checking only ``out``'s
+    and the leaves' specialization (`run_unit`)."""
+    launch(plan.kernel, plan.grid, plan.sizes, args, plan.kwargs, plan.signature)
+    slot = plan.bound
+    if slot[0] is None and slot[1] < _BIND_ATTEMPTS:
+        slot[1] += 1
+        first = len(plan.before)
+        varying = (first, *range(first + 1 + len(plan.after), len(args) - len(plan.types)))
+        slot[0] = bind(plan.kernel, plan.grid, args, plan.signature, varying)
 
 
 def _run_type_sum(unit: TypeSumUnit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> torch.Tensor:
@@ -518,7 +540,7 @@ def _launch_plan(kernel, grid, sizes: tuple[int, ...], before: tuple, after: tup
               *(a.dtype for a in after if isinstance(a, torch.Tensor)), *leaf_dtypes)
     return _Launch(kernel=kernel, before=before, after=after, out_shape=out_shape, out_dtype=out_dtype, zeros=zeros,
                    zero_rows=zero_rows, grid=grid, sizes=sizes, kwargs=kwargs,
-                   signature=signature(sizes, kwargs, dtypes), **rest)
+                   signature=signature(sizes, kwargs, dtypes), bound=[None, 0], **rest)
 
 
 def _feature_tile() -> int | None:

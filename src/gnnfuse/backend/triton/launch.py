@@ -21,7 +21,7 @@ import torch
 from triton.runtime.autotuner import Autotuner
 
 from ..first_use import first_launch
-from .direct_launch import Replays
+from .direct_launch import BoundLaunch, Replays
 
 _CHOSEN: "weakref.WeakKeyDictionary[Autotuner, dict]" = weakref.WeakKeyDictionary()
 _THROUGH_AUTOTUNER = object()   # a signature whose config cannot be replayed directly
@@ -55,6 +55,17 @@ def launch(kernel: Any, grid: Callable[[dict], tuple], sizes: tuple[int, ...], a
         kernel[grid](*args, **kwargs)
         return
     entry(grid, args)     # the grid is this call's: sizes within one size class differ
+
+
+def bind(kernel: Any, grid: Callable[[dict], tuple], args: Sequence[Any], known_signature: Hashable,
+         varying: Sequence[int]) -> BoundLaunch | None:
+    """The launch `launch` made last with ``args`` under ``known_signature``, bound with
+    all but the positions ``varying`` fixed (`direct_launch.BoundLaunch`), for a caller
+    whose other arguments never change (a launch plan's); None where there is none yet
+    (the autotuner's first launches, Triton's own first launch of this specialization)
+    or none can be (a plain JIT function, a config with a pre-hook, the interpreter)."""
+    entry = _CHOSEN.get(kernel, {}).get(known_signature) if isinstance(kernel, Autotuner) else None
+    return entry.bind(grid, args, varying) if isinstance(entry, Replays) else None
 
 
 def _direct_launch(kernel: Autotuner, grid: Callable[[dict], tuple], kwargs: dict[str, Any]) -> Any:
