@@ -201,36 +201,48 @@ def test_a_bound_launch_keeps_none_of_the_calls_tensors(fake_triton):
     assert all(r() is None for r in refs) and bound((torch.ones(64), torch.ones(64)))
 
 
+class _Tuner:
+    """An autotuner over a stand-in JIT function: what `launch` reads of one, nothing more."""
+
+    def __new__(cls, fn):
+        from triton.runtime.autotuner import Autotuner
+
+        class Tuner(Autotuner):
+            def __init__(self):
+                self.fn, self.best_config = fn, SimpleNamespace(pre_hook=None, all_kwargs=lambda: {"BLOCK": 16})
+
+            def __getitem__(self, grid_):
+                return lambda *args, **kwargs: fn[grid_](*args, BLOCK=16)
+        return Tuner()
+
+
+def _bind_plan(plan, args, monkeypatch):
+    """Launch ``plan`` through `executor._launch_bound` until it holds a bound launch."""
+    from gnnfuse.backend.triton import executor, launch
+    monkeypatch.setattr(launch, "first_launch", lambda call: call())
+    for _ in range(3):
+        executor._launch_bound(plan, args)
+        if plan.bound[0] is not None:
+            break
+    return plan.bound[0]
+
+
 def test_a_launch_plan_binds_after_tritons_first_launches(fake_triton, monkeypatch):
     """`executor._launch_bound` on a plan of an autotuned kernel: the autotuner's launch,
     then Triton's of the specialization, then the plan holds a bound launch whose
     varying positions are ``out`` and the leaves -- not the index arrays, counts or
     edge types around them."""
-    from triton.runtime.autotuner import Autotuner
-
-    from gnnfuse.backend.triton import executor, launch
+    from gnnfuse.backend.triton import executor
 
     fn = JitFunction()
     fn.params = [Param("rowptr"), Param("count"), Param("out"), Param("scale"), Param("x"), Param("y"),
                  Param("types"), Param("BLOCK", constexpr=True)]
-
-    class Tuner(Autotuner):
-        def __init__(self):       # what `launch` reads of an autotuner, nothing more
-            self.fn, self.best_config = fn, SimpleNamespace(pre_hook=None, all_kwargs=lambda: {"BLOCK": 16})
-
-        def __getitem__(self, grid_):
-            return lambda *args, **kwargs: fn[grid_](*args, BLOCK=16)
     rowptr, types = torch.zeros(8, dtype=torch.int32), torch.zeros(8, dtype=torch.int8)
-    plan = executor._Launch(kernel=Tuner(), layouts=(), before=(rowptr, 40), after=(2,), out_shape=(40,),
+    plan = executor._Launch(kernel=_Tuner(fn), layouts=(), before=(rowptr, 40), after=(2,), out_shape=(40,),
                             out_dtype=torch.float32, device=torch.device("cpu"), zeros=False, zero_rows=None,
                             grid=lambda meta: (-(-40 // meta["BLOCK"]),), sizes=(1, 1), kwargs={}, signature="sig",
                             types=(types,), bound=[None, 0])
-    monkeypatch.setattr(launch, "first_launch", lambda call: call())
-    for _ in range(3):
-        executor._launch_bound(plan, (rowptr, 40, torch.zeros(40), 2, torch.zeros(40), torch.zeros(40), types))
-        if plan.bound[0] is not None:
-            break
-    bound = plan.bound[0]
+    bound = _bind_plan(plan, (rowptr, 40, torch.zeros(40), 2, torch.zeros(40), torch.zeros(40), types), monkeypatch)
     assert bound is not None and bound.varying == (2, 4, 5)
     out, x, y = torch.ones(40), torch.ones(40), torch.ones(40)
     assert bound((out, x, y))
@@ -239,3 +251,22 @@ def test_a_launch_plan_binds_after_tritons_first_launches(fake_triton, monkeypat
     assert shape == (3, 1, 1)
     assert sent[0] is rowptr and sent[1] == 40 and sent[2] is out and sent[3] == 2 and sent[4] is x
     assert sent[5] is y and sent[6] is types and sent[7] == 16
+
+
+def test_a_sibling_groups_plan_binds_its_outputs_partials_and_leaves(fake_triton, monkeypatch):
+    from gnnfuse.backend.triton import executor
+
+    fn = JitFunction()
+    fn.params = [Param("rowptr"), Param("count"), Param("a"), Param("b"), Param("part"), Param("x"),
+                 Param("types"), Param("BLOCK", constexpr=True)]
+    rowptr, types = torch.zeros(8, dtype=torch.int32), torch.zeros(8, dtype=torch.int8)
+    plan = executor._SiblingLaunch(_Tuner(fn), (), (rowptr, 40), (), (), None, (), (types,), torch.device("cpu"),
+                                   None, lambda meta: (-(-40 // meta["BLOCK"]),), (1,), {}, "sig", [None, 0])
+    bound = _bind_plan(plan, (rowptr, 40, *[torch.zeros(40) for _ in range(4)], types), monkeypatch)
+    assert bound is not None and bound.varying == (2, 3, 4, 5)
+    fresh = [torch.ones(40) for _ in range(4)]
+    assert bound(fresh)
+    (compiled,) = fn.compiled.values()
+    _, _, sent = compiled.runs[-1]
+    assert sent[0] is rowptr and sent[1] == 40 and all(a is b for a, b in zip(sent[2:6], fresh))
+    assert sent[6] is types and sent[7] == 16

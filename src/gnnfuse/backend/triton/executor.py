@@ -273,17 +273,20 @@ def run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> 
 _BIND_ATTEMPTS = 4
 
 
-def _launch_bound(plan: _Launch, args: tuple) -> None:
+def _launch_bound(plan: _Launch | _SiblingLaunch, args: tuple) -> None:
     """``plan``'s launch on ``args`` through `launch`, then, while the plan has none and
     within `_BIND_ATTEMPTS`, its `BoundLaunch`: the kernel with the plan's constant
-    arguments and grid in place, which later calls launch after checking only ``out``'s
-    and the leaves' specialization (`run_unit`)."""
+    arguments and grid in place, which later calls launch after checking only the
+    specialization of the call's own tensors (`run_unit`, `_run_siblings`). Those sit
+    between the plan's leading arguments and its edge types: the output (a unit's one,
+    followed by its constant ``after`` arguments) or outputs and partial results (a
+    sibling group's), then the leaves."""
     launch(plan.kernel, plan.grid, plan.sizes, args, plan.kwargs, plan.signature)
     slot = plan.bound
     if slot[0] is None and slot[1] < _BIND_ATTEMPTS:
         slot[1] += 1
-        first = len(plan.before)
-        varying = (first, *range(first + 1 + len(plan.after), len(args) - len(plan.types)))
+        first, end, after = len(plan.before), len(args) - len(plan.types), getattr(plan, "after", ())
+        varying = (first, *range(first + 1 + len(after), end)) if after else tuple(range(first, end))
         slot[0] = bind(plan.kernel, plan.grid, args, plan.signature, varying)
 
 
@@ -314,6 +317,7 @@ class _SiblingLaunch(NamedTuple):
     sizes: tuple[int, ...]
     kwargs: dict[str, Any]
     signature: Hashable
+    bound: list     # as `_Launch.bound`
 
 
 def _run_siblings(group: SiblingGroup, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> tuple[torch.Tensor, ...]:
@@ -342,8 +346,9 @@ def _run_siblings(group: SiblingGroup, ctx: GraphContext, leaves: dict[int, torc
             out.index_fill_(0, plan.zero_rows, 0)
     if plan.kernel is not None:
         args = [_laid_out(leaves[leaf], width, stride) for leaf, width, stride in plan.layouts]
-        launch(plan.kernel, plan.grid, plan.sizes, (*plan.before, *outs, *parts, *args, *plan.types), plan.kwargs,
-               plan.signature)
+        bound = plan.bound[0]
+        if bound is None or not bound((*outs, *parts, *args)):
+            _launch_bound(plan, (*plan.before, *outs, *parts, *args, *plan.types))
         if plan.merge is not None:
             merge, count, before = plan.merge
             merge[(count,)](*before, *outs[:members], *parts, *args)
@@ -404,7 +409,7 @@ def _plan_siblings(group: SiblingGroup, ctx: GraphContext, leaves: dict[int, tor
               *(t.dtype for t in edge_types))
     return _SiblingLaunch(kernel if count else None, tuple(layouts), before, outs, partials, merge, riders,
                           edge_types, ctx.device, zero_rows, lambda meta: (triton.cdiv(count, meta["ROWS"]),), sizes,
-                          fixed, signature(sizes, fixed, dtypes))
+                          fixed, signature(sizes, fixed, dtypes), [None, 0])
 
 
 # `_plan_siblings`' answer for a group whose riders do not fit this graph's edge types
