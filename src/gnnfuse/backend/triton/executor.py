@@ -23,6 +23,7 @@ from .codegen import (SHARED_REDUCE_BLOCK_E, SHARED_REDUCE_PROGRAMS, TYPE_LOAD, 
                       generate_rows, generate_scan, generate_shared_reduce, generate_sibling_merge, generate_siblings, head_block,
                       one_lane, partial_buffers, plain_sum, ROWS_WIDEST, row_stride, row_sum_split)
 from .context import TritonGraphContext
+from .direct_launch import Replays
 from .launch import bind, launch, signature
 from .schedule import SEGMENT_EDGES, partial_slots, segments
 from .sorted_sources import sorted_sources, sorts_sources
@@ -299,7 +300,7 @@ def _run_type_sum(unit: TypeSumUnit, ctx: GraphContext, leaves: dict[int, torch.
 class _SiblingLaunch(NamedTuple):
     """A sibling group's launch on one graph: `_Launch`'s fields for a kernel with one
     output per member (``outs``: their shapes and dtypes), and for a merging group the
-    partial-result buffers' shapes and dtypes and its merge launch (kernel, programs,
+    partial-result buffers' shapes and dtypes and its merge launch (the kernel's `Replays`, programs,
     leading arguments), and per rider its partial sums' shape and dtype (a [types,
     width] tile per program, as many rows as segments: a program has one at least)
     with its types and width, to cut the finished sum to."""
@@ -351,7 +352,7 @@ def _run_siblings(group: SiblingGroup, ctx: GraphContext, leaves: dict[int, torc
             _launch_bound(plan, (*plan.before, *outs, *parts, *args, *plan.types))
         if plan.merge is not None:
             merge, count, before = plan.merge
-            merge[(count,)](*before, *outs[:members], *parts, *args)
+            merge((count,), (*before, *outs[:members], *parts, *args))
     return (*outs[:members], *(tiles.sum(0)[:types, :width].to(r.reduce.dtype).reshape(types, *r.reduce.shape)
                                for tiles, (_, _, types, width), r in zip(outs[members:], plan.riders, group.riders)))
 
@@ -392,7 +393,8 @@ def _plan_siblings(group: SiblingGroup, ctx: GraphContext, leaves: dict[int, tor
         partials = tuple(((slots.count, triton.next_power_of_2(widths[n])), torch.float64 if wide else torch.float32)
                          for _, n in partial_buffers(group))
         if len(slots):
-            merge = (_merge_kernel_for(group, acc), len(slots), (slots.merge_row, slots.slot_ptr, rowptr))
+            # through `Replays`: a plain JIT function's every launch would bind its arguments anew
+            merge = (Replays(_merge_kernel_for(group, acc), {}), len(slots), (slots.merge_row, slots.slot_ptr, rowptr))
     riders = ()
     if group.riders:     # each program stores a [types, width] tile per rider (codegen.generate_siblings)
         types = ctx.num_rows(TYPE_INDEX)
