@@ -126,7 +126,6 @@ class Replays:
                 return None
         return DirectLaunch(compiled, [p.name for p in self.params], tuple(tail), device)
 
-
     def bind(self, grid: Callable[[dict], tuple], args: Sequence[Any], varying: Sequence[int]) -> BoundLaunch | None:
         """``args``' launch with everything but the positions ``varying`` fixed (see
         `BoundLaunch`), once a launch of their specialization has been recorded; None
