@@ -16,6 +16,12 @@ whose launch returned no compiled kernel (the interpreter), a Triton without the
 ``knobs`` module (before 3.4) or without the launcher protocol, and any call while the
 JIT function has pre-run hooks or Triton is asked to inspect compilation stages (both
 change what ``run`` does before the launch).
+
+A caller whose other arguments never change between calls -- an executor's launch plan,
+holding a graph's index arrays and counts -- takes one step more with `BoundLaunch`
+(`Replays.bind`): the grid and those arguments fixed, only the call's own tensors'
+specialization checked. On the H200's host that took a launched neighbour sum's host
+time from 68-120 to 59-65 us per call (39b343f).
 """
 from __future__ import annotations
 
