@@ -21,7 +21,7 @@ A caller whose other arguments never change between calls -- an executor's launc
 holding a graph's index arrays and counts -- takes one step more with `BoundLaunch`
 (`Replays.bind`): the grid and those arguments fixed, only the call's own tensors'
 specialization checked. On the H200's host that took a launched neighbour sum's host
-time from 68-120 to 59-65 us per call (39b343f).
+time from 68-120 to 59-84 us per call (39b343f; 59-65 in five of six measurements).
 """
 from __future__ import annotations
 
