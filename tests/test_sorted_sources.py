@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 from hypothesis import given, settings
+from hypothesis import strategies as st
 from oracle_check import device_for
 
 import gnnfuse
@@ -107,3 +108,17 @@ def test_sums_through_the_sorted_copy_on_the_graphs_users_have(case):
         patch.setattr(sorting, "SORTED_SOURCES_MIN_DEGREE", 0.0)
         low_degree(patch, "rows")
         check_neighbour_sum(case.to(DEVICE), 1)
+
+
+@pytest.mark.parametrize("by", ["dst", "src"])
+@settings(max_examples=15, deadline=None)
+@given(case=graphs(max_nodes=12, max_edges=60, hub_degrees=st.integers(0, 30)), chunk=st.integers(1, 20))
+def test_the_copy_built_in_chunks_of_rows_equals_one_sort(by, case, chunk):
+    """A large graph's copy is sorted a chunk of whole rows at a time (a hub longer than
+    a chunk is one of its own): the same array as one sort of every edge."""
+    graph = gnnfuse.Graph(case.given[0], case.given[1], case.num_nodes)
+    whole = sorting.sorted_sources(GraphContext(graph), by)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sorting, "SORT_CHUNK_EDGES", chunk)
+        again = gnnfuse.Graph(case.given[0], case.given[1], case.num_nodes)
+        assert torch.equal(sorting.sorted_sources(GraphContext(again), by), whole)

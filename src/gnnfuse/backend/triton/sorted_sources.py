@@ -40,14 +40,34 @@ def sorts_sources(ctx: GraphContext, by: str) -> bool:
     return rows > 0 and ctx.num_edges / rows >= SORTED_SOURCES_MIN_DEGREE
 
 
+# Edges sorted at once while the copy is built: the sort's int64 keys, values and indices
+# take 24 bytes an edge, 0.4 GB at this size, however large the graph.
+SORT_CHUNK_EDGES = 1 << 24
+
+
 def sorted_sources(ctx: GraphContext, by: str) -> torch.Tensor:
     """The CSR-by-``by`` column array (each edge's other endpoint), sorted ascending
-    within each row, in the column array's dtype; built once per graph."""
+    within each row, in the column array's dtype; built once per graph, in chunks of
+    whole rows of about `SORT_CHUNK_EDGES` edges (a row longer than that is a chunk of
+    its own)."""
     def build(graph) -> torch.Tensor:
         rowptr, col = ctx.grouped(by)
-        others = ctx.num_rows("src" if by == "dst" else "dst")
-        key = torch.repeat_interleave(torch.arange(rowptr.numel() - 1, device=col.device), rowptr.diff().long(),
-                                      output_size=ctx.num_edges)
-        key = key * others + col.long()     # row-major (col < others), so sorting keeps every row in place
-        return torch.sort(key).values.remainder_(others).to(col.dtype)
+        others = max(ctx.num_rows("src" if by == "dst" else "dst"), 1)
+        out = torch.empty_like(col)
+        rows = rowptr.numel() - 1
+        bounds, starts = [0, rows], [0, ctx.num_edges]     # rows and their first edges (CSR: 0 and E)
+        if ctx.num_edges > SORT_CHUNK_EDGES:    # chunks of whole rows: two host reads, once per graph
+            targets = torch.arange(SORT_CHUNK_EDGES, ctx.num_edges, SORT_CHUNK_EDGES, device=rowptr.device)
+            firsts = torch.searchsorted(rowptr.long(), targets, right=True) - 1
+            bounds = sorted({0, rows, *firsts.tolist()})
+            starts = rowptr[bounds].tolist()
+        for first, last, begin, end in zip(bounds, bounds[1:], starts, starts[1:]):
+            if begin == end:
+                continue
+            key = torch.repeat_interleave(torch.arange(last - first, device=col.device),
+                                          rowptr[first + 1:last + 1].long() - rowptr[first:last].long(),
+                                          output_size=end - begin)
+            key = key * others + col[begin:end].long()    # row-major (col < others): rows stay in place
+            out[begin:end] = torch.sort(key).values.remainder_(others)
+        return out
     return ctx.graph.cached(f"sources_sorted_in_{by}_csr", build)
