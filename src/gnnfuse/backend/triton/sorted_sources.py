@@ -65,8 +65,7 @@ def sorted_sources(ctx: GraphContext, by: str) -> torch.Tensor:
             if begin == end:
                 continue
             key = torch.repeat_interleave(torch.arange(last - first, device=col.device),
-                                          rowptr[first + 1:last + 1].long() - rowptr[first:last].long(),
-                                          output_size=end - begin)
+                                          rowptr[first:last + 1].diff().long(), output_size=end - begin)
             key = key * others + col[begin:end].long()    # row-major (col < others): rows stay in place
             out[begin:end] = torch.sort(key).values.remainder_(others)
         return out
