@@ -40,6 +40,12 @@ class LaunchCache:
             entry = per_graph[graph] = (settings, plan())
         return entry[1]
 
+    def peek(self, unit: Any, graph: Any, settings: Hashable) -> Any:
+        """The plan for ``unit`` on ``graph`` if one was made under ``settings``, else None."""
+        per_graph = self._plans.get(unit)
+        entry = None if per_graph is None else per_graph.get(graph)
+        return entry[1] if entry is not None and entry[0] == settings else None
+
 
 class CallSettings:
     """Settings read by ``read()`` (environment variables, the tuned-schedule table),
@@ -56,7 +62,11 @@ class CallSettings:
         return self._read() if found is None else found
 
     def run(self, fn: Callable[..., T], *args: Any) -> T:
-        token = self._current.set(self._read())
+        return self.run_with(self._read(), fn, *args)
+
+    def run_with(self, settings: Hashable, fn: Callable[..., T], *args: Any) -> T:
+        """`run` with ``settings`` already read (by the caller, who compared them)."""
+        token = self._current.set(settings)
         try:
             return fn(*args)
         finally:

@@ -12,7 +12,7 @@ from ...ir.sides import BOTH, check_sides, sides_of
 from .context import GraphContext
 
 
-_Schedule = tuple  # ((item, ids read, out id, ids freed after it, op, input ids, residencies), ...): `_schedule`
+_Schedule = tuple  # ((item, ids read, out id, ids freed after it, op, input ids, residencies), ...): `schedule_steps`
 _SCHEDULES: "weakref.WeakKeyDictionary[Program, dict]" = weakref.WeakKeyDictionary()
 _VALUE_PLANS: "weakref.WeakKeyDictionary[Program, list[Value]]" = weakref.WeakKeyDictionary()
 _INPUTS: "weakref.WeakKeyDictionary[Program, weakref.WeakKeyDictionary]" = weakref.WeakKeyDictionary()
@@ -37,15 +37,22 @@ def run_plan(program: Program, plan: Sequence, ctx: GraphContext, feeds: Mapping
     each dies, the inputs' expected shapes on this graph -- is worked out on the first
     call per (program, plan, kept values) and per (program, graph), not on every call:
     on small graphs that bookkeeping was a visible share of a training step."""
-    keep, steps = _schedule(program, plan, keep)
+    keep, steps = schedule_steps(program, plan, keep)
     env: dict[int, torch.Tensor] = {}
-    for key, value_id, expected, residency in _inputs(program, ctx):
+    for key, value_id, expected, residency in input_shapes(program, ctx):
         if key not in feeds:
             raise CompileError(f"no tensor was given for program input {key!r}")
         t = feeds[key]
         if t.shape != expected:
             raise ValueError(f"input {key!r} ({residency}) should have shape {list(expected)}, got {list(t.shape)}")
         env[value_id] = t
+    return run_steps(program, steps, ctx, env, keep, run_unit)
+
+
+def run_steps(program: Program, steps: _Schedule, ctx: GraphContext, env: dict[int, torch.Tensor],
+              keep: frozenset[int], run_unit: Callable | None
+              ) -> tuple[dict[str, torch.Tensor], dict[int, torch.Tensor]]:
+    """`run_plan`'s steps (from `schedule_steps`) on ``env``, its inputs by value id, checked."""
     for item, reads, out, frees, op, input_ids, residencies in steps:
         if op is not None:
             env[out] = op.run(ctx, [env[i] for i in input_ids], residencies, item.attrs)
@@ -59,7 +66,7 @@ def run_plan(program: Program, plan: Sequence, ctx: GraphContext, feeds: Mapping
     return {k: env[v.id] for k, v in program.outputs.items()}, kept
 
 
-def _schedule(program: Program, plan: Sequence, keep: Iterable[int]) -> tuple[frozenset[int], _Schedule]:
+def schedule_steps(program: Program, plan: Sequence, keep: Iterable[int]) -> tuple[frozenset[int], _Schedule]:
     """The values a run keeps (``keep`` and the outputs), and each step of ``plan`` with
     what it reads and the values that die after it (read for the last time and not
     kept), and for a value its op and operands' ids and residencies; built once per
@@ -90,7 +97,7 @@ def _schedule(program: Program, plan: Sequence, keep: Iterable[int]) -> tuple[fr
     return keep, steps
 
 
-def _inputs(program: Program, ctx: GraphContext) -> list[tuple[str, int, torch.Size, str]]:
+def input_shapes(program: Program, ctx: GraphContext) -> list[tuple[str, int, torch.Size, str]]:
     """(key, value id, expected shape, residency name) per program input on ``ctx``'s
     graph; a bipartite graph's sides are checked here, once per (program, graph)."""
     per_graph = _INPUTS.get(program)

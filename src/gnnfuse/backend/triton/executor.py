@@ -253,6 +253,20 @@ def run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> 
         return _run_type_sum(unit, ctx, leaves)
     settings = (forced_schedule(), _ENVIRONMENT.current(), SEGMENT_EDGES, tuple([t.dtype for t in leaves.values()]))
     plan = _LAUNCHES.get(unit, ctx.graph, settings, lambda: _plan_tuned(unit, ctx, leaves))
+    return run_launch(plan, leaves)
+
+
+def planned_launch(unit: Unit, graph: Any, leaves: dict[int, torch.Tensor]) -> _Launch | None:
+    """The launch plan `run_unit` keeps for ``unit`` on ``graph`` under the settings now
+    (and ``leaves``' dtypes), if it has made one; None for a sibling group, a sum by type
+    or a unit not run under these settings yet."""
+    settings = (forced_schedule(), _ENVIRONMENT.current(), SEGMENT_EDGES, tuple([t.dtype for t in leaves.values()]))
+    plan = _LAUNCHES.peek(unit, graph, settings)     # as `run_unit` keys it
+    return plan if isinstance(plan, _Launch) else None
+
+
+def run_launch(plan: _Launch, leaves: dict[int, torch.Tensor]) -> torch.Tensor:
+    """A unit's output from its launch plan and the call's leaves."""
     out = (torch.zeros if plan.zeros else torch.empty)(plan.out_shape, dtype=plan.out_dtype, device=plan.device)
     if plan.zero_rows is not None:
         out.index_fill_(0, plan.zero_rows, 0)
@@ -640,8 +654,27 @@ def _plan_over_edges(kernel, ctx: GraphContext, out_shape: tuple[int, ...], out_
 def execute(program: Program, ctx: GraphContext, feeds: Mapping[str, torch.Tensor],
             keep: Iterable[int] = ()) -> tuple[dict[str, torch.Tensor], dict[int, torch.Tensor]]:
     keep = tuple(sorted(set(keep)))
+    return _ENVIRONMENT.run(run_plan, program, program_plan(program, keep, tiled_scores(ctx.num_edges)),
+                            TritonGraphContext(ctx.graph), feeds, keep, run_unit)
+
+
+def program_plan(program: Program, keep: tuple[int, ...], tiled: bool) -> list:
+    """``program``'s fused plan keeping the values ``keep`` (sorted ids), with per-edge
+    feature sums tiled or not (`tiled_scores`): made once per (program, keep, tiled)."""
     plans = _PLANS.setdefault(program, {})
-    key = (keep, tiled_scores(ctx.num_edges))
+    key = (keep, tiled)
     if key not in plans:
-        plans[key] = fused_plan(program, keep, key[1])
-    return _ENVIRONMENT.run(run_plan, program, plans[key], TritonGraphContext(ctx.graph), feeds, keep, run_unit)
+        plans[key] = fused_plan(program, keep, tiled)
+    return plans[key]
+
+
+def run_settings(num_edges: int) -> Hashable:
+    """Everything besides the program, the graph and the tensors that decides how
+    `execute` runs on a graph of ``num_edges`` edges: the forced schedule, the
+    environment (`_read_environment`), the segment length and whether scores are tiled."""
+    return forced_schedule(), _ENVIRONMENT.current(), SEGMENT_EDGES, tiled_scores(num_edges)
+
+
+def run_with_environment(environment: Hashable, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` with ``environment`` (read by `run_settings`) as the run's settings."""
+    return _ENVIRONMENT.run_with(environment, fn, *args)

@@ -1,0 +1,73 @@
+"""A program's runs on one graph with the per-call choosing done once.
+
+`execute` works out, on every call, which fused plan the program runs (from the values
+kept and whether scores are tiled), the settings it runs under, and for every fused unit
+its launch plan (a lookup keyed by the unit, the graph, those settings and the leaves'
+dtypes). Each is cached, but the lookups and the settings tuples are Python work that a
+neighbour sum on a small graph pays as often as it launches its one kernel.
+
+A `PreparedRun` holds the fused plan of one (program, graph, kept values) and, per unit, the
+launch plan it last ran with; a run reads the settings once (`run_settings`), and
+compares them with those it was prepared under. Equal settings are exactly what the
+cached plans were made under, so the run launches each unit from its held plan after
+comparing only its leaves' dtypes; anything else (other settings, dtypes, a sibling
+group or a sum by type, which keep plans of another kind) goes through `run_unit` as
+`execute` would. Other settings make `run` return None: the caller runs `execute`.
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Hashable, Mapping
+
+import torch
+
+from ...graph import Graph
+from ...ir import Program
+from ..reference.executor import input_shapes, run_steps, schedule_steps
+from .context import TritonGraphContext
+from .executor import program_plan, planned_launch, run_launch, run_settings, run_unit, run_with_environment
+
+
+class PreparedRun:
+    """`execute(program, ..., keep)` on graphs whose runs are made under the settings read
+    when it was prepared (see the module docstring)."""
+
+    def __init__(self, program: Program, graph: Graph, keep: tuple[int, ...] = ()) -> None:
+        self.settings: Hashable = run_settings(graph.num_edges)
+        self._graph = weakref.ref(graph)      # the launch plans held are this graph's
+        self._program = program
+        plan = program_plan(program, tuple(sorted(set(keep))), self.settings[-1])
+        self._keep, self._steps = schedule_steps(program, plan, keep)
+        self._inputs = tuple([(key, value_id, shape) for key, value_id, shape, _ in
+                              input_shapes(program, TritonGraphContext(graph))])
+        # id(unit) -> (the leaves' dtypes, the unit's launch plan under self.settings)
+        self._launches: dict[int, tuple[tuple[torch.dtype, ...], object]] = {}
+
+    def run(self, graph: Graph, feeds: Mapping[str, torch.Tensor]
+            ) -> tuple[dict[str, torch.Tensor], dict[int, torch.Tensor]] | None:
+        """`execute`'s result on ``graph``, or None when that is not the graph it was
+        prepared for, an input is missing or not of the shape `execute` checks for, or
+        the settings now are not those it was prepared under."""
+        if self._graph() is not graph:
+            return None
+        settings = run_settings(graph.num_edges)
+        if settings != self.settings:
+            return None
+        env: dict[int, torch.Tensor] = {}
+        for key, value_id, shape in self._inputs:
+            t = feeds.get(key)
+            if t is None or t.shape != shape:
+                return None
+            env[value_id] = t
+        return run_with_environment(settings[1], run_steps, self._program, self._steps, TritonGraphContext(graph),
+                                    env, self._keep, self._run_unit)
+
+    def _run_unit(self, unit: object, ctx: TritonGraphContext, leaves: dict[int, torch.Tensor]):
+        held = self._launches.get(id(unit))
+        if held is not None and held[0] == tuple([t.dtype for t in leaves.values()]):
+            return run_launch(held[1], leaves)
+        out = run_unit(unit, ctx, leaves)
+        plan = planned_launch(unit, ctx.graph, leaves)
+        if plan is not None:      # the units of self._plan live as long as self: their ids stay theirs
+            self._launches[id(unit)] = (tuple([t.dtype for t in leaves.values()]), plan)
+        return out

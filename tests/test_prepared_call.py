@@ -1,0 +1,216 @@
+"""Inference calls kept as a `PreparedCall` compute what the full call path computes.
+
+A program called twice in a row without gradients on one graph keeps a prepared call
+(runtime/prepared_call.py) that skips the per-call choosing. Each test changes one thing
+the full path would decide on between calls -- the graph, an input's shape, dtype or
+layout, gradients, the backend, the schedule, the tiling, the segment length, an open
+`record_calls` -- and checks that the next call takes the full path again and matches
+the oracle; a hypothesis test draws sequences of such calls.
+"""
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import gnnfuse
+from gnnfuse.backend.forced_schedule import ForcedSchedule, forcing
+from gnnfuse.backend.triton import executor as triton_executor
+from gnnfuse.runtime import compiled as runtime_compiled
+from gnnfuse.runtime.compiled import record_calls
+from oracle_check import device_for
+
+
+@gnnfuse.vertex
+def _neighbour_sum(v):
+    return sum([u.h for u in v.innbs])
+
+
+DEVICE = device_for("triton")
+
+
+def _graph(seed: int = 0, nodes: int = 12, edges: int = 60, hub: bool = True, device: str = DEVICE) -> gnnfuse.Graph:
+    gen = torch.Generator().manual_seed(seed)
+    src, dst = torch.randint(0, nodes, (edges,), generator=gen), torch.randint(0, nodes, (edges,), generator=gen)
+    if hub:     # a long row, split into segments at SEGMENT_EDGES = 4 below
+        dst[: edges // 2] = 0
+    return gnnfuse.Graph(src, dst, nodes).to(device)
+
+
+def _oracle(graph: gnnfuse.Graph, h: torch.Tensor) -> torch.Tensor:
+    return torch.zeros_like(h).index_add_(0, graph.dst, h[graph.src])
+
+
+@pytest.fixture
+def full_path(monkeypatch):
+    """The list of programs run through the full path (`_run_forward`), appended per call."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
+    runs = []
+    real = runtime_compiled._run_forward
+
+    def counted(compiled, graph_ctx, keys, tensors, backward):
+        runs.append(compiled)
+        return real(compiled, graph_ctx, keys, tensors, backward)
+    monkeypatch.setattr(runtime_compiled, "_run_forward", counted)
+    return runs
+
+
+def _call(graph: gnnfuse.Graph, h: torch.Tensor, runs: list, full: bool) -> None:
+    before = len(runs)
+    out = _neighbour_sum(graph, {"h": h})
+    torch.testing.assert_close(out, _oracle(graph, h), rtol=1e-12 if h.dtype == torch.float64 else 1e-5, atol=1e-6)
+    took = "the full path" if len(runs) > before else "the prepared call"
+    assert (len(runs) > before) == full, f"the call took {took}"
+
+
+def _inputs(graph: gnnfuse.Graph, width: int = 3, dtype=torch.float64, seed: int = 1) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(graph.num_nodes, width, dtype=dtype, generator=gen).to(graph.device)
+
+
+def _prepared_on(graph: gnnfuse.Graph, h: torch.Tensor, runs: list) -> None:
+    """Two full calls (the second keeps a prepared call), then one through it."""
+    _call(graph, h, runs, full=True)
+    _call(graph, h, runs, full=True)
+    _call(graph, h, runs, full=False)
+
+
+def test_the_third_inference_call_on_a_graph_runs_prepared_and_matches(full_path):
+    graph = _graph(device=DEVICE)
+    _prepared_on(graph, _inputs(graph), full_path)
+    for seed in range(2, 5):      # new values, same metadata: still prepared
+        _call(graph, _inputs(graph, seed=seed), full_path, full=False)
+
+
+def test_another_graph_or_input_metadata_takes_the_full_path(full_path):
+    graph, other = _graph(0, device=DEVICE), _graph(1, device=DEVICE)
+    _prepared_on(graph, _inputs(graph), full_path)
+    _call(other, _inputs(other), full_path, full=True)                    # another graph of the same size
+    _call(graph, _inputs(graph, width=5), full_path, full=True)           # another row width
+    _call(graph, _inputs(graph, dtype=torch.float32), full_path, full=True)
+    _call(graph, _inputs(graph).t().contiguous().t(), full_path, full=False)   # strides are the run's own
+
+
+def test_a_compiled_program_called_with_another_dtype_takes_the_full_path(full_path):
+    """Front ends trace a float32 call to a program of its own; a program called
+    directly (as `gnnfuse.ops` and the compile path do) can meet one anyway."""
+    graph = _graph(device=DEVICE)
+    h = _inputs(graph)
+    _prepared_on(graph, h, full_path)
+    compiled, _ = _neighbour_sum.compiled(({"h": h}, {}, {}, {}))
+    before = len(full_path)
+    out = compiled(graph, {"h": h.float()})["out"]
+    assert len(full_path) == before + 1
+    torch.testing.assert_close(out.float(), _oracle(graph, h.float()), rtol=1e-5, atol=1e-5)
+
+
+def test_an_input_needing_a_gradient_takes_the_autograd_path(full_path):
+    graph = _graph(device=DEVICE)
+    _prepared_on(graph, _inputs(graph), full_path)
+    h = _inputs(graph).requires_grad_()
+    _call(graph, h, full_path, full=True)
+    grad, = torch.autograd.grad(_neighbour_sum(graph, {"h": h}).square().sum(), h)
+    expected, = torch.autograd.grad(_oracle(graph, h).square().sum(), h)
+    torch.testing.assert_close(grad, expected, rtol=1e-12, atol=1e-12)
+    with torch.no_grad():           # no gradient recorded: the prepared call serves it
+        _call(graph, h, full_path, full=False)
+
+
+@pytest.mark.parametrize("change", ["backend", "schedule", "forced", "tiled", "segment", "autotune", "siblings"])
+def test_a_setting_changed_between_calls_takes_the_full_path(full_path, monkeypatch, change):
+    graph = _graph(device=DEVICE)
+    h = _inputs(graph)
+    monkeypatch.setattr(triton_executor, "SEGMENT_EDGES", 4)
+    _prepared_on(graph, h, full_path)
+    if change == "backend":
+        monkeypatch.setenv("GNNFUSE_BACKEND", "reference")
+    elif change == "schedule":
+        monkeypatch.setenv("GNNFUSE_SCHEDULE", "coo")
+    elif change == "tiled":
+        monkeypatch.setenv("GNNFUSE_TILED_SCORES", "1")
+    elif change == "segment":
+        monkeypatch.setattr(triton_executor, "SEGMENT_EDGES", 8)
+    elif change == "autotune":
+        monkeypatch.setenv("GNNFUSE_AUTOTUNE", "0" if triton_executor._autotune() else "1")
+    elif change == "siblings":
+        monkeypatch.setenv("GNNFUSE_SIBLING_KERNELS", "0")
+    if change == "forced":
+        with forcing(ForcedSchedule("coo")):
+            _call(graph, h, full_path, full=True)
+    elif change == "autotune" and DEVICE == "cpu":
+        # the interpreter never autotunes, whatever GNNFUSE_AUTOTUNE says: nothing changed
+        _call(graph, h, full_path, full=False)
+    else:
+        _call(graph, h, full_path, full=True)
+
+
+def test_a_changed_backend_runs_that_backend(full_path, monkeypatch):
+    graph = _graph(device=DEVICE)
+    h = _inputs(graph)
+    _prepared_on(graph, h, full_path)
+    ran = []
+    real = runtime_compiled.select_backend
+    monkeypatch.setattr(runtime_compiled, "select_backend", lambda device: ran.append(device) or real(device))
+    monkeypatch.setenv("GNNFUSE_BACKEND", "reference")
+    _call(graph, h, full_path, full=True)
+    assert ran and real(graph.device).__module__.endswith("reference.executor")
+
+
+def test_a_record_calls_block_sees_every_call(full_path):
+    graph = _graph(device=DEVICE)
+    h = _inputs(graph)
+    _prepared_on(graph, h, full_path)
+    with record_calls() as calls:
+        _call(graph, h, full_path, full=True)
+    assert len(calls) == 1 and calls[0].graph is graph
+
+
+def test_bad_inputs_get_the_full_paths_errors(full_path):
+    graph = _graph(device=DEVICE)
+    h = _inputs(graph)
+    _prepared_on(graph, h, full_path)
+    with pytest.raises(ValueError, match="should have shape"):
+        _neighbour_sum(graph, {"h": torch.zeros(graph.num_nodes + 1, 3, dtype=h.dtype, device=h.device)})
+    with pytest.raises(ValueError, match="sparse_coo"):
+        _neighbour_sum(graph, {"h": h.to_sparse()})
+    with pytest.raises(TypeError, match="must map str names to tensors"):
+        _neighbour_sum(graph, {"h": h.tolist()})
+    _call(graph, h, full_path, full=False)
+
+
+def test_a_prepared_call_keeps_its_graph_only_weakly(full_path):
+    graph = _graph(device=DEVICE)
+    h = _inputs(graph)
+    _prepared_on(graph, h, full_path)
+    compiled, _ = _neighbour_sum.compiled(({"h": h}, {}, {}, {}))
+    assert compiled._prepared is not None
+    dead = []
+    import weakref
+    weakref.finalize(graph, dead.append, True)
+    del graph
+    gc.collect()
+    assert dead == [True], "a prepared call kept its graph (and the graph's layouts) alive"
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([0, 1]), st.sampled_from([1, 3]), st.sampled_from(["64", "32"]),
+                          st.sampled_from(["auto", "coo", "csr"])), min_size=1, max_size=8))
+def test_any_sequence_of_calls_matches_the_oracle(calls):
+    """Calls alternating graphs, widths, dtypes and schedules, each checked against the
+    oracle whichever path it took."""
+    graphs = [_graph(0, device=DEVICE), _graph(3, nodes=9, edges=40, device=DEVICE)]
+    mp = pytest.MonkeyPatch()
+    try:
+        mp.setenv("GNNFUSE_BACKEND", "triton")
+        for which, width, bits, schedule in calls:
+            mp.setenv("GNNFUSE_SCHEDULE", schedule)
+            graph = graphs[which]
+            h = _inputs(graph, width=width, dtype=torch.float64 if bits == "64" else torch.float32, seed=width)
+            for _ in range(2):
+                out = _neighbour_sum(graph, {"h": h})
+                torch.testing.assert_close(out, _oracle(graph, h), rtol=1e-5, atol=1e-5)
+    finally:
+        mp.undo()
