@@ -29,6 +29,11 @@ def _neighbour_sum(v):
     return sum([u.h for u in v.innbs])
 
 
+@gnnfuse.vertex
+def _scaled_sum(v):
+    return sum([u.h * u.w for u in v.innbs]) * v.w
+
+
 DEVICE = device_for("triton")
 
 
@@ -193,6 +198,26 @@ def test_a_prepared_call_keeps_its_graph_only_weakly(full_path):
     del graph
     gc.collect()
     assert dead == [True], "a prepared call kept its graph (and the graph's layouts) alive"
+
+
+def test_a_two_input_program_with_split_rows_matches_through_the_prepared_call(full_path, monkeypatch):
+    """A scaled sum (two inputs, a fused epilogue) on a hub row split into segments, on
+    a fresh graph per rule (plans are per graph): the whole output zeroed up front
+    (`WHOLE_ZERO_BYTES`), or only its split rows index-filled."""
+    monkeypatch.setattr(triton_executor, "SEGMENT_EDGES", 4)
+    fills = []
+    real = torch.Tensor.index_fill_
+    monkeypatch.setattr(torch.Tensor, "index_fill_", lambda t, *args: fills.append(args) or real(t, *args))
+    for whole in (1 << 30, 0):
+        monkeypatch.setattr(triton_executor, "WHOLE_ZERO_BYTES", whole)
+        graph = _graph(device=DEVICE)
+        fills.clear()
+        for seed in range(4):
+            h, w = _inputs(graph, seed=seed), _inputs(graph, width=1, seed=seed + 10)
+            out = _scaled_sum(graph, {"h": h, "w": w})
+            expected = torch.zeros_like(h).index_add_(0, graph.dst, h[graph.src] * w[graph.src]) * w
+            torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
+        assert len(fills) == (0 if whole else 4), "the size rule did not pick the zeroing expected"
 
 
 @settings(max_examples=25, deadline=None)

@@ -237,6 +237,12 @@ def _read_environment() -> tuple:
             getenv("GNNFUSE_SIBLING_KERNELS", "1") != "0")
 
 
+# An output up to this size whose split rows must start at zero is made whole by
+# ``torch.zeros`` rather than ``torch.empty`` and ``index_fill_`` of those rows: on an
+# H200's host ``index_fill_`` took about 13 us of Python-side launch work against a few
+# for the fill, while writing 16 MB of zeros takes the GPU about 5 us.
+WHOLE_ZERO_BYTES = 16 << 20
+
 _ENVIRONMENT = CallSettings("gnnfuse_triton_environment", _read_environment)
 _LAUNCHES = LaunchCache()
 
@@ -559,6 +565,8 @@ def _launch_plan(kernel, grid, sizes: tuple[int, ...], before: tuple, after: tup
     dtypes of its tensor arguments: the index arrays, ``out`` and the leaves."""
     dtypes = (*(a.dtype for a in before if isinstance(a, torch.Tensor)), out_dtype,
               *(a.dtype for a in after if isinstance(a, torch.Tensor)), *leaf_dtypes)
+    if zero_rows is not None and math.prod(out_shape) * out_dtype.itemsize <= WHOLE_ZERO_BYTES:
+        zeros, zero_rows = True, None
     return _Launch(kernel=kernel, before=before, after=after, out_shape=out_shape, out_dtype=out_dtype, zeros=zeros,
                    zero_rows=zero_rows, grid=grid, sizes=sizes, kwargs=kwargs,
                    signature=signature(sizes, kwargs, dtypes), bound=[None, 0], **rest)
