@@ -305,7 +305,11 @@ def check_tables(**tables: Mapping[str, torch.Tensor] | None) -> None:
 def program_feeds(tables: tuple[Mapping[str, torch.Tensor], ...],
                   captured: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A traced program's inputs by name: node tensors as given, edge and per-type
-    tensors under the prefixes the tracers give them, then the captured parameters."""
+    tensors under the prefixes the tracers give them, then the captured parameters.
+    A call passing node tensors only (the usual one) gets its node table itself: the
+    programs read their feeds, never change them."""
+    if not captured and not any(tables[1:]):
+        return tables[0]
     feeds = dict(tables[0])
     for prefix, table in zip(_PREFIXES[1:], tables[1:]):
         for key, t in table.items():
