@@ -10,9 +10,9 @@ the same shapes, dtypes and devices, it keeps a `PreparedCall`: those inputs'
 metadata, the environment variables that chose the backend, and the backend's
 `PreparedRun` (only the Triton backend has one). A later call is run by it only when
 every one of those compares equal -- the same graph object (graphs are immutable),
-each input's shape, dtype, device and layout, no input needing a gradient while
-gradients are enabled, no `record_calls` block open, the backend's variables, and
-then the backend's own settings (`PreparedRun.run`) -- so it computes what the full
+each input's dtype, device and layout, no input needing a gradient while gradients are
+enabled, no `record_calls` block open, the backend's variables, and then the backend's
+own checks (`PreparedRun.run`: the inputs' shapes and its settings) -- so it computes what the full
 path would; otherwise the call takes the full path, which reports any error.
 """
 from __future__ import annotations
@@ -36,21 +36,21 @@ class PreparedCall:
                  run: Any, recorders: list) -> None:
         self._graph = weakref.ref(graph)
         self._keys = keys
-        self._metas = tuple([(t.shape, t.dtype, t.device) for t in tensors])
+        self._metas = tuple([(t.dtype, t.device) for t in tensors])     # shapes: the backend's run checks them
         self._variables = tuple([getenv(name) for name in BACKEND_VARIABLES])
         self._run = run
         self._recorders = recorders
 
     def __call__(self, graph: Graph, feeds: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
         """The program's outputs on ``graph`` and ``feeds``, or None where any check differs."""
-        if self._graph() is not graph or self._recorders or (
-                getenv("GNNFUSE_BACKEND"), getenv("TRITON_INTERPRET")) != self._variables:
+        if self._graph() is not graph or self._recorders or tuple([
+                getenv(name) for name in BACKEND_VARIABLES]) != self._variables:
             return None
         grad = torch.is_grad_enabled()
-        for key, (shape, dtype, device) in zip(self._keys, self._metas):
+        for key, (dtype, device) in zip(self._keys, self._metas):
             t = feeds.get(key)
-            if (t is None or t.shape != shape or t.dtype != dtype or t.device != device
-                    or t.layout is not torch.strided or (grad and t.requires_grad)):
+            if (t is None or t.dtype != dtype or t.device != device or t.layout is not torch.strided
+                    or (grad and t.requires_grad)):
                 return None
         result = self._run(graph, feeds)
         return None if result is None else result[0]

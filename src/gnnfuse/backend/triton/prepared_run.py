@@ -36,8 +36,8 @@ class PreparedRun:
         self.settings: Hashable = run_settings(graph.num_edges)
         self._graph = weakref.ref(graph)      # the launch plans held are this graph's
         self._program = program
-        plan = program_plan(program, tuple(sorted(set(keep))), self.settings[-1])
-        self._keep, self._steps = schedule_steps(program, plan, keep)
+        keep = tuple(sorted(set(keep)))      # as `execute` orders it
+        self._keep, self._steps = schedule_steps(program, program_plan(program, keep, self.settings[-1]), keep)
         self._inputs = tuple([(key, value_id, shape) for key, value_id, shape, _ in
                               input_shapes(program, TritonGraphContext(graph))])
         # id(unit) -> (the leaves' dtypes, the unit's launch plan under self.settings)
