@@ -239,3 +239,55 @@ def test_any_sequence_of_calls_matches_the_oracle(calls):
                 torch.testing.assert_close(out, _oracle(graph, h), rtol=1e-5, atol=1e-5)
     finally:
         mp.undo()
+
+
+def _weighted(graph: gnnfuse.Graph, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return (_inputs(graph, seed=seed).requires_grad_(), _inputs(graph, width=1, seed=seed + 10).requires_grad_())
+
+
+def _train_check(graph: gnnfuse.Graph, h: torch.Tensor, w: torch.Tensor) -> None:
+    """A forward and backward of the scaled sum against the oracle's, gradients included."""
+    out = _scaled_sum(graph, {"h": h, "w": w})
+    expected = torch.zeros_like(h).index_add_(0, graph.dst, h[graph.src] * w[graph.src]) * w
+    torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
+    grads = torch.autograd.grad(out.square().sum(), (h, w))
+    torch.testing.assert_close(grads, torch.autograd.grad(expected.square().sum(), (h, w)), rtol=1e-12, atol=1e-12)
+
+
+@pytest.fixture
+def prepared_runs(monkeypatch):
+    """How many runs the Triton backend's `execute` served through a `PreparedRun`."""
+    from gnnfuse.backend.triton import prepared_run
+    monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
+    served = []
+    real = prepared_run.PreparedRun.run
+
+    def counted(self, graph, feeds):
+        result = real(self, graph, feeds)
+        served.append(result is not None)
+        return result
+    monkeypatch.setattr(prepared_run.PreparedRun, "run", counted)
+    return served
+
+
+def test_training_steps_on_one_graph_run_their_programs_prepared(prepared_runs, monkeypatch):
+    """Forward and backward programs, from their second run on a graph, run through a
+    `PreparedRun`; a schedule set between steps is declined and prepared afresh."""
+    monkeypatch.setattr(triton_executor, "SEGMENT_EDGES", 4)
+    graph = _graph(device=DEVICE)
+    for seed in range(3):
+        _train_check(graph, *_weighted(graph, seed))
+    assert prepared_runs and all(prepared_runs), "the third step's programs did not run prepared"
+    prepared_runs.clear()
+    monkeypatch.setenv("GNNFUSE_SCHEDULE", "coo")
+    for seed in range(3, 6):
+        _train_check(graph, *_weighted(graph, seed))
+    assert prepared_runs[:2] == [False, False] and all(prepared_runs[2:]), prepared_runs
+
+
+def test_training_steps_alternating_graphs_never_prepare(prepared_runs):
+    graphs = [_graph(0, device=DEVICE), _graph(1, nodes=9, edges=30, device=DEVICE)]
+    for step in range(6):
+        graph = graphs[step % 2]
+        _train_check(graph, *_weighted(graph, step))
+    assert prepared_runs == [], "a run on a graph other than the last one's was prepared"

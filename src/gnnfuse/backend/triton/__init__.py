@@ -1,5 +1,4 @@
 """Generated Triton kernels for fused aggregation units (see codegen.py)."""
-from .executor import execute
-from .prepared_run import PreparedRun
+from .prepared_run import PreparedRun, execute
 
 __all__ = ["PreparedRun", "execute"]

@@ -23,9 +23,11 @@ import torch
 
 from ...graph import Graph
 from ...ir import Program
+from ..reference import GraphContext
 from ..reference.executor import input_shapes, run_steps, schedule_steps
 from .context import TritonGraphContext
-from .executor import program_plan, planned_launch, run_launch, run_settings, run_unit, run_with_environment
+from .executor import (execute as execute_unprepared, program_plan, planned_launch, run_launch, run_settings, run_unit,
+                       run_with_environment)
 
 
 class PreparedRun:
@@ -40,8 +42,8 @@ class PreparedRun:
         self._keep, self._steps = schedule_steps(program, program_plan(program, keep, self.settings[-1]), keep)
         self._inputs = tuple([(key, value_id, shape) for key, value_id, shape, _ in
                               input_shapes(program, TritonGraphContext(graph))])
-        # id(unit) -> (the leaves' dtypes, the unit's launch plan under self.settings)
-        self._launches: dict[int, tuple[tuple[torch.dtype, ...], object]] = {}
+        # id(unit) -> (the leaves' dtypes, the unit's launch plan under self.settings), or _OTHER_KIND
+        self._launches: dict[int, object] = {}
 
     def run(self, graph: Graph, feeds: Mapping[str, torch.Tensor]
             ) -> tuple[dict[str, torch.Tensor], dict[int, torch.Tensor]] | None:
@@ -64,10 +66,47 @@ class PreparedRun:
 
     def _run_unit(self, unit: object, ctx: TritonGraphContext, leaves: dict[int, torch.Tensor]):
         held = self._launches.get(id(unit))
+        if held is _OTHER_KIND:
+            return run_unit(unit, ctx, leaves)
         if held is not None and held[0] == tuple([t.dtype for t in leaves.values()]):
             return run_launch(held[1], leaves)
         out = run_unit(unit, ctx, leaves)
         plan = planned_launch(unit, ctx.graph, leaves)
-        if plan is not None:      # the units of self._plan live as long as self: their ids stay theirs
-            self._launches[id(unit)] = (tuple([t.dtype for t in leaves.values()]), plan)
+        # the units of self._plan live as long as self: their ids stay theirs
+        self._launches[id(unit)] = _OTHER_KIND if plan is None else (tuple([t.dtype for t in leaves.values()]), plan)
         return out
+
+
+# A unit whose plan is not a single launch (a sibling group, a sum by type): always `run_unit`.
+_OTHER_KIND = object()
+
+
+# program -> {kept ids: (weak reference to the graph of its last run, its PreparedRun or None)}
+_HELD: "weakref.WeakKeyDictionary[Program, dict]" = weakref.WeakKeyDictionary()
+
+
+def execute(program: Program, ctx: GraphContext, feeds: Mapping[str, torch.Tensor],
+            keep: tuple[int, ...] = ()) -> tuple[dict[str, torch.Tensor], dict[int, torch.Tensor]]:
+    """The Triton backend's `execute`, through a `PreparedRun` of (program, kept values)
+    from its second run in a row on one graph: a training step's forward and backward
+    programs run on the same graph every step, while a mini-batch loop (a new graph per
+    call) never pays to prepare one. A run the prepared one declines (other settings or
+    shapes) runs `execute` unprepared, and the next run on that graph prepares afresh."""
+    keep = tuple(sorted(set(keep)))
+    held = _HELD.get(program)
+    if held is None:
+        held = _HELD[program] = {}
+    graph = ctx.graph
+    entry = held.get(keep)
+    if entry is not None and entry[0]() is graph:
+        run = entry[1]
+        if run is None:
+            run = PreparedRun(program, graph, keep)
+            held[keep] = (entry[0], run)
+        result = run.run(graph, feeds)
+        if result is not None:
+            return result
+        held[keep] = (entry[0], None)
+    else:
+        held[keep] = (weakref.ref(graph), None)
+    return execute_unprepared(program, ctx, feeds, keep)
