@@ -291,3 +291,25 @@ def test_training_steps_alternating_graphs_never_prepare(prepared_runs):
         graph = graphs[step % 2]
         _train_check(graph, *_weighted(graph, step))
     assert prepared_runs == [], "a run on a graph other than the last one's was prepared"
+
+
+def test_held_plans_free_the_graphs_index_arrays_with_the_graph(prepared_runs):
+    """Programs outlive graphs (compiled once per structure), and so do the prepared runs
+    they keep; the launch plans those hold, and the index arrays in them, go with the graph."""
+    import weakref
+    graph = _graph(device=DEVICE)
+    for seed in range(3):
+        _train_check(graph, *_weighted(graph, seed))
+    with torch.no_grad():
+        for _ in range(3):
+            _neighbour_sum(graph, {"h": _inputs(graph)})
+    assert prepared_runs and all(prepared_runs)
+    arrays = []
+    for per_graph in list(triton_executor._LAUNCHES._plans.values()):
+        entry = per_graph.get(graph)
+        if entry is not None:
+            arrays += [weakref.ref(a) for a in getattr(entry[1], "before", ()) if isinstance(a, torch.Tensor)]
+    assert arrays, "no launch plan held an index array to watch"
+    del graph, entry
+    gc.collect()
+    assert all(ref() is None for ref in arrays), "a prepared run kept a dead graph's index arrays"

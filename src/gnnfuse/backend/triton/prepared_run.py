@@ -13,6 +13,10 @@ cached plans were made under, so the run launches each unit from its held plan a
 comparing only its leaves' dtypes; anything else (other settings, dtypes, a sibling
 group or a sum by type, which keep plans of another kind) goes through `run_unit` as
 `execute` would. Other settings make `run` return None: the caller runs `execute`.
+
+The backend's `execute` (this module's) keeps one per (program, kept values) from a
+program's second run in a row on one graph, and the runtime keeps one per prepared
+inference call (runtime/prepared_call.py).
 """
 from __future__ import annotations
 
@@ -42,8 +46,11 @@ class PreparedRun:
         self._keep, self._steps = schedule_steps(program, program_plan(program, keep, self.settings[-1]), keep)
         self._inputs = tuple([(key, value_id, shape) for key, value_id, shape, _ in
                               input_shapes(program, TritonGraphContext(graph))])
-        # id(unit) -> (the leaves' dtypes, the unit's launch plan under self.settings), or _OTHER_KIND
+        # id(unit) -> (the leaves' dtypes, the unit's launch plan under self.settings), or _OTHER_KIND.
+        # A plan holds the graph's index arrays: they go when the graph does, not with self
+        # (which a program keeps until its next run on another graph).
         self._launches: dict[int, object] = {}
+        weakref.finalize(graph, self._launches.clear)
 
     def run(self, graph: Graph, feeds: Mapping[str, torch.Tensor]
             ) -> tuple[dict[str, torch.Tensor], dict[int, torch.Tensor]] | None:
