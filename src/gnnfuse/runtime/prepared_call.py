@@ -57,8 +57,9 @@ class PreparedCall:
 
 
 def preparer(backend: str) -> Callable[..., Any] | None:
-    """The backend's `PreparedRun` class, if it has one."""
+    """The backend's ``(program, graph) -> PreparedRun`` (the one its `execute` keeps), if
+    it has prepared runs."""
     if backend != "triton":
         return None
-    from ..backend.triton import PreparedRun
-    return PreparedRun
+    from ..backend.triton import held_run
+    return held_run

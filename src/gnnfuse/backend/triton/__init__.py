@@ -1,4 +1,4 @@
 """Generated Triton kernels for fused aggregation units (see codegen.py)."""
-from .prepared_run import PreparedRun, execute
+from .prepared_run import execute, held_run
 
-__all__ = ["PreparedRun", "execute"]
+__all__ = ["execute", "held_run"]

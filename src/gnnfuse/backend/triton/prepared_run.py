@@ -15,8 +15,8 @@ group or a sum by type, which keep plans of another kind) goes through `run_unit
 `execute` would. Other settings make `run` return None: the caller runs `execute`.
 
 The backend's `execute` (this module's) keeps one per (program, kept values) from a
-program's second run in a row on one graph, and the runtime keeps one per prepared
-inference call (runtime/prepared_call.py).
+program's second run in a row on one graph; a prepared inference call
+(runtime/prepared_call.py) shares that one (`held_run`).
 """
 from __future__ import annotations
 
@@ -92,6 +92,20 @@ _OTHER_KIND = object()
 _HELD: "weakref.WeakKeyDictionary[Program, dict]" = weakref.WeakKeyDictionary()
 
 
+def held_run(program: Program, graph: Graph, keep: tuple[int, ...] = ()) -> PreparedRun:
+    """The `PreparedRun` `execute` keeps for (``program``, ``keep``) on ``graph``, made
+    now if it keeps none there: a prepared inference call (runtime/prepared_call.py)
+    shares it rather than planning a second one."""
+    keep = tuple(sorted(set(keep)))
+    held = _HELD.get(program)
+    if held is None:
+        held = _HELD[program] = {}
+    entry = held.get(keep)
+    if entry is None or entry[0]() is not graph or entry[1] is None:
+        entry = held[keep] = (weakref.ref(graph), PreparedRun(program, graph, keep))
+    return entry[1]
+
+
 def execute(program: Program, ctx: GraphContext, feeds: Mapping[str, torch.Tensor],
             keep: tuple[int, ...] = ()) -> tuple[dict[str, torch.Tensor], dict[int, torch.Tensor]]:
     """The Triton backend's `execute`, through a `PreparedRun` of (program, kept values)
@@ -106,11 +120,7 @@ def execute(program: Program, ctx: GraphContext, feeds: Mapping[str, torch.Tenso
     graph = ctx.graph
     entry = held.get(keep)
     if entry is not None and entry[0]() is graph:
-        run = entry[1]
-        if run is None:
-            run = PreparedRun(program, graph, keep)
-            held[keep] = (entry[0], run)
-        result = run.run(graph, feeds)
+        result = held_run(program, graph, keep).run(graph, feeds)
         if result is not None:
             return result
         held[keep] = (entry[0], None)
