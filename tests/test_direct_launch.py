@@ -30,6 +30,7 @@ class Compiled:
 
     def run(self, g0, g1, g2, stream, function, packed, metadata, enter, exit_, *args):
         self.runs.append(((g0, g1, g2), stream, args))
+        self.hooks = (metadata, enter, exit_)
 
 
 class JitFunction:
@@ -164,7 +165,9 @@ def test_a_bound_launch_checks_only_the_varying_tensors(fake_triton):
     assert bound((out2, y)) and len(fn.through) == 1
     shape, stream, sent = compiled.runs[-1]
     assert shape == (4, 1, 1) and stream == 777
-    assert sent[0] is index and sent[1] is out2 and sent[2] == 64 and sent[3] is y and sent[4:] == (7, 16, 2)
+    # fixed tensors go as their addresses (Triton's launcher takes those unchecked), the call's as tensors
+    assert sent[0] == index.data_ptr() and sent[1] is out2 and sent[2] == 64 and sent[3] is y
+    assert sent[4:] == (7, 16, 2)
     assert not bound((out2, torch.ones(65)[1:]))      # 4 bytes off: another specialization
     assert not bound((out2, y.double()))
     assert len(compiled.runs) == 1 and len(fn.through) == 1      # neither launched anything
@@ -199,6 +202,44 @@ def test_a_bound_launch_keeps_none_of_the_calls_tensors(fake_triton):
     del x, out
     gc.collect()
     assert all(r() is None for r in refs) and bound((torch.ones(64), torch.ones(64)))
+
+
+def test_a_bound_launch_holds_the_fixed_tensors_whose_addresses_it_passes(fake_triton):
+    import gc
+    import weakref
+    fn = JitFunction()
+    replays = Replays(fn, {"BLOCK": 16})
+    index, out = torch.arange(64, dtype=torch.int32), torch.zeros(64)
+    replays(grid, (index, out, 64, 7))
+    bound = replays.bind(grid, (index, out, 64, 7), (1,))
+    address, ref = index.data_ptr(), weakref.ref(index)
+    fn.through.clear()                       # the stand-in's own record of the first call
+    del index
+    gc.collect()
+    assert ref() is not None                  # its address is in every launch: it must stay allocated
+    assert bound((torch.ones(64),))
+    (compiled,) = fn.compiled.values()
+    assert compiled.runs[-1][2][0] == address
+    del bound
+    gc.collect()
+    assert ref() is None
+
+
+def test_launch_metadata_is_built_only_for_an_enter_hook(fake_triton):
+    fn = JitFunction()
+    replays = Replays(fn, {"BLOCK": 16})
+    args = (torch.zeros(64), torch.zeros(64), 64, 7)
+    replays(grid, args)
+    (compiled,) = fn.compiled.values()
+    asked = []
+    compiled.launch_metadata = lambda grid_, stream, *values: asked.append(values) or "meta"
+    replays(grid, args)
+    assert not asked and compiled.hooks == (None, None, None)
+    hooked = []
+    direct_launch.knobs.runtime.launch_enter_hook = hooked.append
+    replays(grid, args)
+    assert len(asked) == 1 and asked[0][:4] == args
+    assert compiled.hooks == ("meta", hooked.append, None) and compiled.runs[-1][2][:4] == args
 
 
 class _Tuner:
@@ -249,8 +290,8 @@ def test_a_launch_plan_binds_after_tritons_first_launches(fake_triton, monkeypat
     (compiled,) = fn.compiled.values()
     shape, _, sent = compiled.runs[-1]
     assert shape == (3, 1, 1)
-    assert sent[0] is rowptr and sent[1] == 40 and sent[2] is out and sent[3] == 2 and sent[4] is x
-    assert sent[5] is y and sent[6] is types and sent[7] == 16
+    assert sent[0] == rowptr.data_ptr() and sent[1] == 40 and sent[2] is out and sent[3] == 2 and sent[4] is x
+    assert sent[5] is y and sent[6] == types.data_ptr() and sent[7] == 16
 
 
 def test_a_sibling_groups_plan_binds_its_outputs_partials_and_leaves(fake_triton, monkeypatch):
@@ -268,5 +309,5 @@ def test_a_sibling_groups_plan_binds_its_outputs_partials_and_leaves(fake_triton
     assert bound(fresh)
     (compiled,) = fn.compiled.values()
     _, _, sent = compiled.runs[-1]
-    assert sent[0] is rowptr and sent[1] == 40 and all(a is b for a, b in zip(sent[2:6], fresh))
-    assert sent[6] is types and sent[7] == 16
+    assert sent[0] == rowptr.data_ptr() and sent[1] == 40 and all(a is b for a, b in zip(sent[2:6], fresh))
+    assert sent[6] == types.data_ptr() and sent[7] == 16
