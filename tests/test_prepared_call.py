@@ -313,3 +313,50 @@ def test_held_plans_free_the_graphs_index_arrays_with_the_graph(prepared_runs):
     del graph, entry
     gc.collect()
     assert all(ref() is None for ref in arrays), "a prepared run kept a dead graph's index arrays"
+
+
+@gnnfuse.vertex
+def _product_sum(v):
+    return sum([u.h * u.w for u in v.innbs])
+
+
+def test_a_one_unit_program_runs_from_its_held_plan_as_run_steps_would(prepared_runs, monkeypatch):
+    """A prepared run of a program of one fused unit launches it from its held plan
+    without `run_steps`; its outputs and kept values (this forward keeps its inputs for
+    the backward) are those `run_steps` gives on the same inputs."""
+    from gnnfuse.backend.triton import prepared_run
+    monkeypatch.setattr(triton_executor, "SEGMENT_EDGES", 4)
+    graph = _graph(device=DEVICE)
+
+    def step(seed: int) -> None:
+        h, w = _weighted(graph, seed)
+        out = _product_sum(graph, {"h": h, "w": w})
+        torch.testing.assert_close(out, torch.zeros_like(h).index_add_(0, graph.dst, h[graph.src] * w[graph.src]),
+                                   rtol=1e-12, atol=1e-12)
+        out.square().sum().backward()
+    for seed in range(2):
+        step(seed)
+    stepped = []
+    real = prepared_run.run_steps
+    monkeypatch.setattr(prepared_run, "run_steps", lambda *args: stepped.append(args[1]) or real(*args))
+    step(2)
+    runs = [entry[1] for held in prepared_run._HELD.values() for entry in held.values()
+            if entry[0]() is graph and entry[1] is not None]
+    single = [run for run in runs if run._single is not None]
+    assert single, "no prepared run of one unit to check"
+    assert not any(steps is run._steps for run in single for steps in stepped), "a one-unit program stepped"
+    kept = 0
+    for run in single:
+        gen = torch.Generator().manual_seed(7)
+        feeds = {key: torch.randn(shape, dtype=torch.float64, generator=gen).to(DEVICE)
+                 for key, _, shape in run._inputs}
+        fast = run.run(graph, feeds)
+        one_unit, run._single = run._single, None
+        through_steps = run.run(graph, feeds)
+        run._single = one_unit
+        for got, expected in zip(fast, through_steps):
+            assert got.keys() == expected.keys()
+            for key in got:
+                torch.testing.assert_close(got[key], expected[key], rtol=1e-12, atol=1e-12)
+        kept += len(fast[1])
+    assert kept, "no one-unit program kept values to compare"

@@ -46,6 +46,11 @@ class PreparedRun:
         self._keep, self._steps = schedule_steps(program, program_plan(program, keep, self.settings[-1]), keep)
         self._inputs = tuple([(key, value_id, shape) for key, value_id, shape, _ in
                               input_shapes(program, TritonGraphContext(graph))])
+        # A program of one fused unit (a neighbour sum, GCN's aggregation) runs it straight
+        # from its held plan: `run_steps` would only look the one step up and hand it over.
+        (item, reads, out, _, op, _, _), = self._steps if len(self._steps) == 1 else ((None,) * 7,)
+        self._single = (item, reads, out) if item is not None and op is None and type(out) is not tuple else None
+        self._outputs = tuple([(key, value.id) for key, value in program.outputs.items()])
         # id(unit) -> (the leaves' dtypes, the unit's launch plan under self.settings), or _OTHER_KIND.
         # A plan holds the graph's index arrays: they go when the graph does, not with self
         # (which a program keeps until its next run on another graph).
@@ -68,6 +73,16 @@ class PreparedRun:
             if t is None or t.shape != shape:
                 return None
             env[value_id] = t
+        if self._single is not None:
+            item, reads, out = self._single
+            held = self._launches.get(id(item))
+            if held is not None and held is not _OTHER_KIND:
+                leaves = {i: env[i] for i in reads}
+                if held[0] == tuple([t.dtype for t in leaves.values()]):
+                    # what `run_steps` returns for this one step: nothing else reads the settings
+                    env[out] = run_launch(held[1], leaves)
+                    return ({key: env[value_id] for key, value_id in self._outputs},
+                            {i: env[i] for i in self._keep if i in env})
         return run_with_environment(settings[1], run_steps, self._program, self._steps, TritonGraphContext(graph),
                                     env, self._keep, self._run_unit)
 
