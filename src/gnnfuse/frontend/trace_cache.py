@@ -259,8 +259,9 @@ class TraceCache:
         no reusable trace is cached."""
         found = _guards(functions)
         key = None if found is None else (found[0], signature(tables))
-        if key in self._entries:
-            compiled, params = self._entries[key]
+        entry = self._entries.get(key)      # one hash of the nested key, not two
+        if entry is not None:
+            compiled, params = entry
             return compiled, {name: _fetch(functions, path) for name, path in params} if params else {}
         reads = _ValueReads()
         with reads:
