@@ -12,8 +12,9 @@ a source vertex for backward ones over the reverse CSR) and one block of output
 features; it walks the segment in chunks of BLOCK_E, gathers what the unit reads,
 evaluates the unit's per-edge expression in registers and accumulates. A row short
 enough to be one segment -- almost every row -- is written once with no atomics; a
-high-degree row is split into several segments that add into it atomically, so one hub
-cannot serialize the launch (FeatGraph's hybrid partitioning). Segments are visited
+high-degree row is split into several segments, so one hub cannot serialize the launch
+(FeatGraph's hybrid partitioning), which add their partial sums into a workspace, and
+the last to arrive stores the row (`_split_row_fixup`). Segments are visited
 longest first (Seastar §6.3.3's degree sorting).
 
 Values are evaluated at *coordinates*: each output feature index f maps to coordinates
@@ -493,12 +494,14 @@ def generate(unit: AggregateUnit, name: str, acc_dtype: str, tuned: bool = False
         nan_init = "\n            nans = tl.zeros([BLOCK_F], tl.int32)"
         nan_count = "\n                nans += tl.sum((tile != tile).to(tl.int32), axis=0)"
         nan_finish = "\n            acc = tl.where(nans > 0, float('nan'), acc)"
-    # Segments of a split row add their partial results atomically (sum and mean only:
-    # the executor never splits max/min rows); an unsplit row is written once.
+    # The segments of a split row meet in a workspace and the last stores the row (sum
+    # and mean only: the executor never splits max/min rows); an unsplit row is written once.
     store = f"tl.store(out + row * {width} + f, acc.to(out.dtype.element_ty), mask=fmask)"
+    split_params = "seg_split, "
     if op in ("sum", "mean"):
-        store = (f"if tl.load(seg_split + seg) != 0:\n"
-                 f"                tl.atomic_add(out + row * {width} + f, acc.to(out.dtype.element_ty), mask=fmask)\n"
+        split_params = "seg_slot, slot_segments, "
+        store = (f"slot = tl.load(seg_slot + seg)\n"
+                 f"            if slot >= 0:{_split_row_fixup(width)}\n"
                  f"            else:\n                {store}")
     body = "\n".join(f"                {line}" for line in em.lines)
     leaf_params = em.params()
@@ -506,9 +509,9 @@ def generate(unit: AggregateUnit, name: str, acc_dtype: str, tuned: bool = False
 import triton.language as tl
 
 
-{_decorator(tuned, {"BLOCK_E": _fit_tiles(CSR_EDGE_BLOCKS, em, 1, acc_dtype), "ROWS": CSR_ROWS}, "size_class", op in ("sum", "mean"),
+{_decorator(tuned, {"BLOCK_E": _fit_tiles(CSR_EDGE_BLOCKS, em, 1, acc_dtype), "ROWS": CSR_ROWS}, "size_class", False,
             warps=(1,))}
-def {name}(rowptr, col, eid, seg_row, seg_start, seg_end, seg_split, num_segments, size_class, out, {leaf_params}BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr, ROWS: tl.constexpr):
+def {name}(rowptr, col, eid, seg_row, seg_start, seg_end, {split_params}num_segments, size_class, out, {"work, arrived, " if op in ("sum", "mean") else ""}{leaf_params}BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr, ROWS: tl.constexpr):
     # {unit.describe()}
     # Each program reduces ROWS consecutive segments (feature-adaptive grouping, Seastar
     # §6.3.1): segments are sorted by length, so neighbours cost alike, and on a graph
@@ -541,6 +544,37 @@ def {name}(rowptr, col, eid, seg_row, seg_start, seg_end, seg_split, num_segment
             {store}
 '''
     return source, em.leaf_args
+
+
+def _split_row_fixup(width: int) -> str:
+    """`generate`'s lines for a segment of a split row (scalar ``row`` and ``slot``, a
+    finished ``acc`` of BLOCK_F lanes): add ``acc`` into the row's slot of the workspace
+    ``work`` ([split rows, width], ACC), count the segment in ``arrived`` (one counter per
+    split row and feature program), and if it is the row's last to arrive, take the sum
+    out of the workspace, leaving zeros, store it, and set the counter back to zero.
+
+    Why: with segments adding into ``out`` atomically, ``out``'s split rows had to be
+    zeroed by a launch before the kernel's (``torch.zeros``, or ``index_fill_`` of those
+    rows): 7-20 us of host time per call on the H200's host, and a memset on the GPU.
+    The workspace starts at zero once, when it is made, and every run leaves it so.
+
+    Ordering: each segment's workspace adds are acq_rel atomics (Triton's default), and
+    the barrier orders the program's adds before its counter increment (an acq_rel
+    atomic at GPU scope, cumulative over what the barrier ordered), so the segment that
+    sees the count complete sees every add. It reads the sum by an atomic add of zero,
+    at the L2 where the adds were made (Triton's interpreter has no float exchange),
+    then zeroes the slot with plain stores: no segment of the row touches it again in
+    this run, and the next run is ordered after this one on the stream."""
+    return f"""
+                part = work + slot.to(tl.int64) * {width} + f
+                tl.atomic_add(part, acc, mask=fmask)
+                tl.debug_barrier()
+                counter = arrived + slot.to(tl.int64) * tl.num_programs(1) + tl.program_id(1)
+                if tl.atomic_add(counter, 1) == tl.load(slot_segments + slot) - 1:
+                    total = tl.atomic_add(part, tl.zeros([BLOCK_F], ACC), mask=fmask)
+                    tl.store(out + row * {width} + f, total.to(out.dtype.element_ty), mask=fmask)
+                    tl.store(part, tl.zeros([BLOCK_F], ACC), mask=fmask)
+                    tl.atomic_xchg(counter, 0)"""
 
 
 def generate_siblings(group: SiblingGroup, name: str, acc_dtype: str, tuned: bool = False) -> tuple[str, list[Value]]:
@@ -859,7 +893,7 @@ def generate_rows(unit: AggregateUnit, name: str, acc_dtype: str, tuned: bool = 
     (segment bounds, column ids, the gathered rows) in one warp, and on a graph of low
     average degree each row is a few edges: the chain, not the bytes, sets its time.
     Here every load of a step is issued for BLOCK_R rows at once. A split row's
-    segments add atomically, as in `generate`. Measured on an H200 (neighbour sum, F = 1,
+    segments meet in a workspace, as in `generate`. Measured on an H200 (neighbour sum, F = 1,
     replayed from a CUDA graph, `results/aggregate.md`): on the Reddit2-sized graph
     (average degree 100) 0.165 ms against the CSR walk's 0.177 (cuSPARSE 0.162); on the
     arxiv-sized one (average degree 7) 0.038 ms against the COO schedule's 0.029, so
@@ -879,14 +913,14 @@ def generate_rows(unit: AggregateUnit, name: str, acc_dtype: str, tuned: bool = 
         by = "*" if unit.scaled.op == "mul" else "/"
         finish += (f"\n    acc = acc {by} tl.load(L{em.leaf_index[unit.scale.id]} + row, mask=smask, "
                    "other=1.0).to(ACC)[:, None]")
-    decorator = _decorator(tuned, {"BLOCK_R": (), "K": ()}, "size_class", True,
+    decorator = _decorator(tuned, {"BLOCK_R": (), "K": ()}, "size_class", False,
                            pruned=[((r, k), w) for r, k, w in rows_space(width)])
     source = f'''import triton
 import triton.language as tl
 
 
 {decorator}
-def {name}(rowptr, col, eid, seg_row, seg_start, seg_end, seg_split, num_segments, size_class, out, {em.params()}BLOCK_R: tl.constexpr, K: tl.constexpr, BLOCK_F: tl.constexpr):
+def {name}(rowptr, col, eid, seg_row, seg_start, seg_end, seg_slot, slot_segments, num_segments, size_class, out, work, arrived, {em.params()}BLOCK_R: tl.constexpr, K: tl.constexpr, BLOCK_F: tl.constexpr):
     # {unit.describe()}, BLOCK_R segments side by side
     ACC: tl.constexpr = {acc_dtype}
     BLOCK_E: tl.constexpr = BLOCK_R * K     # a step's edge lanes, the name the body's tiles use
@@ -898,7 +932,8 @@ def {name}(rowptr, col, eid, seg_row, seg_start, seg_end, seg_split, num_segment
     row = tl.load(seg_row + s, mask=smask, other=0).to(tl.int64)
     start = tl.load(seg_start + s, mask=smask, other=0).to(tl.int64)
     end = tl.load(seg_end + s, mask=smask, other=0).to(tl.int64)
-    split = tl.load(seg_split + s, mask=smask, other=0) != 0
+    slot = tl.load(seg_slot + s, mask=smask, other=-1)
+    split = smask & (slot >= 0)
     {unit.by}_rows = tl.reshape(row[:, None] + tl.zeros([BLOCK_R, K], tl.int64), [BLOCK_E])
     acc = tl.zeros([BLOCK_R, BLOCK_F], ACC)
     for k0 in range(0, tl.max(end - start, axis=0), K):
@@ -912,10 +947,23 @@ def {name}(rowptr, col, eid, seg_row, seg_start, seg_end, seg_split, num_segment
 {body}
         tile = tl.where(emask[:, None] & fmask[None, :], {root} + tl.zeros([BLOCK_E, BLOCK_F], ACC), 0.0)
         acc += tl.sum(tl.reshape(tile, [BLOCK_R, K, BLOCK_F]), axis=1){finish}
-    value = acc.to(out.dtype.element_ty)
     at = out + row[:, None] * {width} + f[None, :]
-    tl.store(at, value, mask=(smask & (split == 0))[:, None] & fmask[None, :])
-    tl.atomic_add(at, value, mask=(smask & (split != 0))[:, None] & fmask[None, :])
+    tl.store(at, acc.to(out.dtype.element_ty), mask=(smask & (slot < 0))[:, None] & fmask[None, :])
+    if tl.max(split.to(tl.int32), axis=0) > 0:
+        # split rows meet in the workspace, and each row's last segment stores it (`_split_row_fixup`,
+        # here for BLOCK_R segments at once: two of one row in this program count twice)
+        at_slot = tl.maximum(slot, 0).to(tl.int64)
+        part = work + at_slot[:, None] * {width} + f[None, :]
+        tl.atomic_add(part, acc, mask=split[:, None] & fmask[None, :])
+        tl.debug_barrier()
+        counter = arrived + at_slot * tl.num_programs(1) + tl.program_id(1)
+        seen = tl.atomic_add(counter, tl.full([BLOCK_R], 1, tl.int32), mask=split)
+        last = split & (seen == tl.load(slot_segments + at_slot, mask=split, other=0) - 1)
+        finished = last[:, None] & fmask[None, :]
+        total = tl.atomic_add(part, tl.zeros([BLOCK_R, BLOCK_F], ACC), mask=finished)
+        tl.store(at, total.to(out.dtype.element_ty), mask=finished)
+        tl.store(part, tl.zeros([BLOCK_R, BLOCK_F], ACC), mask=finished)
+        tl.atomic_xchg(counter, tl.zeros([BLOCK_R], tl.int32), mask=last)
 '''
     return source, em.leaf_args
 

@@ -40,6 +40,14 @@ _MOST_FINGERPRINTS = 8
 _I32 = (-2**31, 2**31 - 1)
 
 
+def current_stream(device: torch.device) -> int:
+    """The handle of the current stream on the CUDA ``device``: Triton's driver's
+    (``torch._C._cuda_getCurrentRawStream``, what its launches use), else torch's."""
+    index = torch.cuda.current_device() if device.index is None else device.index
+    get = getattr(driver.active, "get_current_stream", None) if driver is not None else None
+    return get(index) if get is not None else torch.cuda.current_stream(index).cuda_stream
+
+
 def fingerprint(args: Sequence[Any], specialized: Sequence[bool]) -> Hashable:
     """What Triton's specialization of ``args`` depends on: a tensor's dtype and whether
     its address is a multiple of 16, an integer's width and (unless its parameter is in

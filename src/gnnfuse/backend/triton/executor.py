@@ -23,9 +23,9 @@ from .codegen import (SHARED_REDUCE_BLOCK_E, SHARED_REDUCE_PROGRAMS, TYPE_LOAD, 
                       generate_rows, generate_scan, generate_shared_reduce, generate_sibling_merge, generate_siblings, head_block,
                       one_lane, partial_buffers, plain_sum, ROWS_WIDEST, row_stride, row_sum_split)
 from .context import TritonGraphContext
-from .direct_launch import Replays
+from .direct_launch import Replays, current_stream
 from .launch import bind, launch, signature
-from .schedule import SEGMENT_EDGES, partial_slots, segments
+from .schedule import SEGMENT_EDGES, partial_slots, segments, split_slots
 from .sorted_sources import sorted_sources, sorts_sources
 from .tuning_class import tuning_class
 from ...environ import getenv
@@ -228,6 +228,11 @@ class _Launch(NamedTuple):
     types: tuple = ()       # the edge types the kernel takes last (`types_at`), if it reads them
     # [the plan's `BoundLaunch` or None, launches made without one]: see `_launch_bound`
     bound: list | None = None
+    # (split rows, width, dtype, feature programs) of the workspace where split rows'
+    # segments meet (`codegen._split_row_fixup`), if the kernel takes one after ``out``,
+    # and the workspaces made, one per stream (`_workspace`)
+    workspace: tuple | None = None
+    workspaces: dict | None = None
 
 
 def _read_environment() -> tuple:
@@ -280,15 +285,37 @@ def run_launch(plan: _Launch, leaves: dict[int, torch.Tensor]) -> torch.Tensor:
         out.index_fill_(0, plan.zero_rows, 0)
     if plan.kernel is not None:
         args = [_laid_out(leaves[leaf], width, stride) for leaf, width, stride in plan.layouts]
+        outs = (out,) if plan.workspace is None else (out, *_workspace(plan))
         bound = plan.bound[0]
-        if bound is None or not bound((out, *args)):
-            _launch_bound(plan, (*plan.before, out, *plan.after, *args, *plan.types))
+        if bound is None or not bound((*outs, *args)):
+            _launch_bound(plan, (*plan.before, *outs, *plan.after, *args, *plan.types))
     if plan.added_after is not None:
         out.add_(leaves[plan.added_after])
     if plan.summed_to is not None:
         dtype, shape = plan.summed_to
         return out.sum(0).to(dtype).reshape(shape)
     return out
+
+
+# Streams a plan keeps a workspace for; a further stream's drops the oldest. Each is
+# made on (and so belongs to) its stream, so dropping one while its kernel runs is safe.
+_MOST_WORKSPACES = 8
+
+
+def _workspace(plan: _Launch) -> tuple[torch.Tensor, torch.Tensor]:
+    """The workspace and arrival counters of ``plan``'s split rows for the current stream,
+    made zeroed on first use; every run of the kernel leaves them zero again. One per
+    stream: two streams running the plan at once must not meet in one workspace."""
+    device = plan.device
+    key = current_stream(device) if device.type == "cuda" else 0
+    found = plan.workspaces.get(key)
+    if found is None:
+        if len(plan.workspaces) >= _MOST_WORKSPACES:
+            del plan.workspaces[next(iter(plan.workspaces))]
+        rows, width, dtype, programs = plan.workspace
+        found = plan.workspaces[key] = (torch.zeros((rows, width), dtype=dtype, device=device),
+                                        torch.zeros(rows * programs, dtype=torch.int32, device=device))
+    return found
 
 
 # Launches a plan makes through `launch` before it stops trying to bind one: Triton's
@@ -309,7 +336,9 @@ def _launch_bound(plan: _Launch | _SiblingLaunch, args: tuple) -> None:
     if slot[0] is None and slot[1] < _BIND_ATTEMPTS:
         slot[1] += 1
         first, end, after = len(plan.before), len(args) - len(plan.types), getattr(plan, "after", ())
-        varying = (first, *range(first + 1 + len(after), end)) if after else tuple(range(first, end))
+        outs = 1 if getattr(plan, "workspace", None) is None else 3     # ``out``, and its workspace
+        varying = (*range(first, first + outs), *range(first + outs + len(after), end)) if after else \
+            tuple(range(first, end))
         slot[0] = bind(plan.kernel, plan.grid, args, plan.signature, varying)
 
 
@@ -489,7 +518,7 @@ def _plan_schedule(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor
     if schedule in ("rows", "scan") and not reads_edges and sorts_sources(ctx, unit.by):
         col = eid = sorted_sources(ctx, unit.by)    # a sum follows the index only: any order within rows
     if schedule == "rows":
-        return _plan_rows_unit(unit, ctx, kernel, (rowptr, col, eid), rows, leaf_dtypes, common)
+        return _plan_rows_unit(unit, ctx, kernel, (rowptr, col, eid), rows, acc, leaf_dtypes, common)
     if schedule == "scan":
         return _plan_scan_unit(unit, ctx, kernel, (rowptr, col, eid), rows, leaf_dtypes, common)
     op = unit.reduce.attrs["op"]
@@ -497,9 +526,8 @@ def _plan_schedule(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor
     segs = segments(ctx, unit.by, SEGMENT_EDGES if splits else None)
     width = math.prod(unit.reduce.shape)
     shape = (rows,) + unit.reduce.shape
-    # Every row is covered by a segment, so only split rows, which accumulate
-    # atomically, need zeros first: a full memset cost a quarter of the kernel's time.
-    zero_rows = segs.split_rows if splits and len(segs.split_rows) else None
+    # Every row is covered by a segment, and split rows meet in a workspace whose last
+    # segment stores them, so ``out`` needs no zeros first.
     block_f = feature_block(unit, 128)
     count = len(segs)
 
@@ -509,28 +537,46 @@ def _plan_schedule(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor
     # and its bound check run in tests); on a GPU the autotuner picks BLOCK_E and ROWS.
     fixed = {} if _autotune() else fixed_csr_blocks(block_f)
     tuned_as = tuning_class(kernel, count)
-    before = (rowptr, col, eid, segs.row, segs.start, segs.end, segs.split, count, tuned_as)
-    return _launch_plan(kernel if count else None, grid, (tuned_as, width), before, (),
-                        {"BLOCK_F": block_f, **fixed}, leaf_dtypes, shape, unit.reduce.dtype, False, zero_rows,
-                        **common)
+    if not splits:
+        before, workspace, after = (rowptr, col, eid, segs.row, segs.start, segs.end, segs.split, count, tuned_as), None, ()
+    else:
+        slots = split_slots(ctx, unit.by, SEGMENT_EDGES)
+        before = (rowptr, col, eid, segs.row, segs.start, segs.end, slots.slot, slots.segments, count, tuned_as)
+        workspace, after = _split_workspace(slots, width, acc, triton.cdiv(width, block_f), ctx.device)
+    return _launch_plan(kernel if count else None, grid, (tuned_as, width), before, after,
+                        {"BLOCK_F": block_f, **fixed}, leaf_dtypes, shape, unit.reduce.dtype, False, None,
+                        workspace=workspace, **common)
 
 
-def _plan_rows_unit(unit: AggregateUnit, ctx: GraphContext, kernel, csr: tuple, rows: int, leaf_dtypes: tuple,
-                    common: dict[str, Any]) -> _Launch:
-    """`generate_rows`' launch: the unit's segments, BLOCK_R per program; split rows,
-    which add atomically, zeroed first."""
+def _split_workspace(slots, width: int, acc: str, programs: int, device: torch.device) -> tuple[tuple | None, tuple]:
+    """A plan's ``workspace`` field for kernels whose split rows meet in one
+    (`codegen._split_row_fixup`), and its ``after`` arguments: with no split row the
+    kernel never touches a workspace, and takes a one-element stand-in for both arrays
+    as constant arguments; else none, and the workspace comes per stream (`_workspace`)."""
+    dtype = torch.float64 if acc == "tl.float64" else torch.float32     # the kernel's ACC
+    if not len(slots):
+        stand_in = torch.zeros(1, dtype=torch.int32, device=device)
+        return None, (stand_in, stand_in)
+    return (len(slots), width, dtype, programs), ()
+
+
+def _plan_rows_unit(unit: AggregateUnit, ctx: GraphContext, kernel, csr: tuple, rows: int, acc: str,
+                    leaf_dtypes: tuple, common: dict[str, Any]) -> _Launch:
+    """`generate_rows`' launch: the unit's segments, BLOCK_R per program; split rows meet
+    in a workspace (`_split_workspace`)."""
     segs = segments(ctx, unit.by, SEGMENT_EDGES)
+    slots = split_slots(ctx, unit.by, SEGMENT_EDGES)
     count = len(segs)
-    zero_rows = segs.split_rows if len(segs.split_rows) else None
     fixed = {} if _autotune() else {"BLOCK_R": 4, "K": 4}
     width = math.prod(unit.reduce.shape)
     block_f = min(feature_block(unit, ROWS_WIDEST), ROWS_WIDEST)   # a forced tile, within the configs' tiles
     tuned_as = tuning_class(kernel, count)
-    before = (*csr, segs.row, segs.start, segs.end, segs.split, count, tuned_as)
+    before = (*csr, segs.row, segs.start, segs.end, slots.slot, slots.segments, count, tuned_as)
+    workspace, after = _split_workspace(slots, width, acc, triton.cdiv(width, block_f) if width else 1, ctx.device)
     return _launch_plan(kernel if count and width else None,
                         lambda meta: (triton.cdiv(count, meta["BLOCK_R"]), triton.cdiv(width, block_f)),
-                        (tuned_as, width), before, (), {"BLOCK_F": block_f, **fixed}, leaf_dtypes,
-                        (rows,) + unit.reduce.shape, unit.reduce.dtype, False, zero_rows, **common)
+                        (tuned_as, width), before, after, {"BLOCK_F": block_f, **fixed}, leaf_dtypes,
+                        (rows,) + unit.reduce.shape, unit.reduce.dtype, False, None, workspace=workspace, **common)
 
 
 def _plan_scan_unit(unit: AggregateUnit, ctx: GraphContext, kernel, csr: tuple, rows: int, leaf_dtypes: tuple,
@@ -565,10 +611,14 @@ def _launch_plan(kernel, grid, sizes: tuple[int, ...], before: tuple, after: tup
                  zero_rows: torch.Tensor | None, **rest: Any) -> _Launch:
     """A `_Launch`, with the launch's signature (`launch.signature`) worked out from the
     dtypes of its tensor arguments: the index arrays, ``out`` and the leaves."""
-    dtypes = (*(a.dtype for a in before if isinstance(a, torch.Tensor)), out_dtype,
-              *(a.dtype for a in after if isinstance(a, torch.Tensor)), *leaf_dtypes)
+    before_dtypes = tuple(a.dtype for a in before if isinstance(a, torch.Tensor))
+    dtypes = (*before_dtypes, out_dtype, *(a.dtype for a in after if isinstance(a, torch.Tensor)), *leaf_dtypes)
     if zero_rows is not None and math.prod(out_shape) * out_dtype.itemsize <= WHOLE_ZERO_BYTES:
         zeros, zero_rows = True, None
+    if rest.get("workspace") is not None:       # the workspace and counters follow ``out``
+        rest["workspaces"] = {}
+        dtypes = (*dtypes[:len(before_dtypes)], out_dtype, rest["workspace"][2], torch.int32,
+                  *dtypes[len(before_dtypes) + 1:])
     return _Launch(kernel=kernel, before=before, after=after, out_shape=out_shape, out_dtype=out_dtype, zeros=zeros,
                    zero_rows=zero_rows, grid=grid, sizes=sizes, kwargs=kwargs,
                    signature=signature(sizes, kwargs, dtypes), bound=[None, 0], **rest)

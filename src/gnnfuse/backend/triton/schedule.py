@@ -3,8 +3,9 @@
 Power-law graphs put thousands of edges on a few vertices (the arxiv-sized benchmark
 graph has a vertex of in-degree ~7,000 against an average of 7). One program per row
 would leave that row running serially while the rest of the GPU idles, so rows longer
-than ``SEGMENT_EDGES`` are cut into segments that separate programs reduce and add
-atomically. Segments are ordered longest first so the longest work starts earliest,
+than ``SEGMENT_EDGES`` are cut into segments that separate programs reduce and combine
+(atomically into a workspace, `SplitSlots`, or as partial results a merge kernel reads,
+`PartialSlots`). Segments are ordered longest first so the longest work starts earliest,
 unless every row is known to be short (`SHORT_ROWS`).
 """
 from __future__ import annotations
@@ -31,8 +32,8 @@ class Segments:
     row: torch.Tensor     # the row each segment belongs to
     start: torch.Tensor   # first CSR position of the segment
     end: torch.Tensor     # one past its last CSR position
-    split: torch.Tensor   # int8: 1 where the row has several segments (atomic accumulation)
-    split_rows: torch.Tensor   # the rows cut into several segments, each once
+    split: torch.Tensor   # int8: 1 where the row has several segments
+    split_rows: torch.Tensor   # the rows cut into several segments, each once, ascending
 
     def __len__(self) -> int:
         return self.row.numel()
@@ -108,6 +109,39 @@ def _build(rowptr: torch.Tensor, max_edges: int | None, in_order: bool = False) 
     order = torch.sort((end - start).to(dtype), descending=True, stable=True).indices
     return Segments(row[order].to(dtype), start[order].to(dtype), end[order].to(dtype),
                     (count[row] > 1).to(torch.int8)[order], torch.nonzero(count > 1).squeeze(1))
+
+
+@dataclass(frozen=True)
+class SplitSlots:
+    """How the segments of split rows find each other without a zeroed output: ``slot``
+    per segment, its row's index among ``split_rows`` (-1 for a row's only segment), and
+    ``segments`` per split row, how many segments it was cut into. A kernel adds a split
+    row's partial sums into that row's slot of a workspace, counts the segments that
+    have arrived, and the last one stores the row (`codegen.split_row_fixup`)."""
+    slot: torch.Tensor
+    segments: torch.Tensor
+
+    def __len__(self) -> int:
+        return self.segments.numel()
+
+
+def split_slots(ctx: GraphContext, by: str, max_edges: int) -> SplitSlots:
+    """The `SplitSlots` of ``segments(ctx, by, max_edges)``, cached on the graph; built
+    without a host read (``split_rows``' length is already on the host)."""
+    segs = segments(ctx, by, max_edges)
+
+    def build(_) -> SplitSlots:
+        device = segs.row.device
+        rows = segs.split_rows
+        if not len(rows):
+            return SplitSlots(torch.full((len(segs),), -1, dtype=torch.int32, device=device),
+                              torch.zeros(0, dtype=torch.int32, device=device))
+        found = torch.searchsorted(rows, segs.row.to(rows.dtype)).clamp_(max=len(rows) - 1)
+        slot = torch.where(segs.split != 0, found, -1)
+        counts = torch.zeros(len(rows) + 1, dtype=torch.int32, device=device)
+        counts.index_add_(0, slot + 1, torch.ones_like(slot, dtype=torch.int32))     # [0] counts unsplit rows
+        return SplitSlots(slot.to(torch.int32), counts[1:].clone())
+    return ctx.graph.cached(f"triton_split_slots_{by}_{max_edges}", build)
 
 
 @dataclass(frozen=True)
