@@ -88,6 +88,18 @@ def test_split_rows_meet_in_a_workspace_left_zero_after_every_call(layer, schedu
     assert not fills
 
 
+def test_split_slots_number_each_split_rows_segments_and_put_them_first():
+    from gnnfuse.backend.reference import GraphContext
+    from gnnfuse.backend.triton.schedule import segments, split_slots
+    graph = hub_graph()
+    segs, slots = segments(GraphContext(graph), "dst", 16), split_slots(GraphContext(graph), "dst", 16)
+    assert segs.split_rows.tolist() == [0] and slots.segments.tolist() == [6]       # 90 edges, 16 a segment
+    assert slots.split_segments == 6 and slots.slot[:6].tolist() == [0] * 6 and (slots.slot[6:] == -1).all()
+    segs, slots = segments(GraphContext(graph), "src", 16), split_slots(GraphContext(graph), "src", 16)
+    pieces = -(-int((graph.src == 1).sum()) // 16)
+    assert segs.split_rows.tolist() == [1] and slots.segments.tolist() == [pieces] and slots.split_segments == pieces
+
+
 def test_float32_outputs_sum_their_split_rows_in_the_accumulators_dtype(monkeypatch):
     monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
     monkeypatch.setattr(triton_executor, "SEGMENT_EDGES", 16)

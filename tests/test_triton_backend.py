@@ -128,8 +128,11 @@ def test_segments_cover_every_edge_once_longest_first():
     assert set(segs.row.tolist()) == set(range(graph.num_nodes))        # isolated rows still written
     assert segs.row[segs.split.bool()].unique().tolist() == [0]          # only the hub is split
     assert segs.split_rows.tolist() == [0]                               # the one with a workspace slot
-    lengths = segs.end - segs.start
-    assert (lengths[:-1] >= lengths[1:]).all()
+    lengths, split = segs.end - segs.start, segs.split.bool()
+    first = int(split.sum())
+    assert split[:first].all() and not split[first:].any()       # split rows' segments come first
+    for part in (lengths[:first], lengths[first:]):                # each part longest first
+        assert (part[:-1] >= part[1:]).all()
 
 
 def test_gat_forward_writes_no_edge_sized_tensor_and_saves_only_vertex_data():

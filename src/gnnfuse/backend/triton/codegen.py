@@ -920,7 +920,7 @@ import triton.language as tl
 
 
 {decorator}
-def {name}(rowptr, col, eid, seg_row, seg_start, seg_end, seg_slot, slot_segments, num_segments, size_class, out, work, arrived, {em.params()}BLOCK_R: tl.constexpr, K: tl.constexpr, BLOCK_F: tl.constexpr):
+def {name}(rowptr, col, eid, seg_row, seg_start, seg_end, seg_slot, slot_segments, split_segments, num_segments, size_class, out, work, arrived, {em.params()}BLOCK_R: tl.constexpr, K: tl.constexpr, BLOCK_F: tl.constexpr):
     # {unit.describe()}, BLOCK_R segments side by side
     ACC: tl.constexpr = {acc_dtype}
     BLOCK_E: tl.constexpr = BLOCK_R * K     # a step's edge lanes, the name the body's tiles use
@@ -949,7 +949,7 @@ def {name}(rowptr, col, eid, seg_row, seg_start, seg_end, seg_slot, slot_segment
         acc += tl.sum(tl.reshape(tile, [BLOCK_R, K, BLOCK_F]), axis=1){finish}
     at = out + row[:, None] * {width} + f[None, :]
     tl.store(at, acc.to(out.dtype.element_ty), mask=(smask & (slot < 0))[:, None] & fmask[None, :])
-    if tl.max(split.to(tl.int32), axis=0) > 0:
+    if tl.program_id(0) * BLOCK_R < split_segments:     # split rows' segments come first (`schedule._build`)
         # split rows meet in the workspace, and each row's last segment stores it (`_split_row_fixup`,
         # here for BLOCK_R segments at once: two of one row in this program count twice)
         at_slot = tl.maximum(slot, 0).to(tl.int64)

@@ -571,7 +571,7 @@ def _plan_rows_unit(unit: AggregateUnit, ctx: GraphContext, kernel, csr: tuple, 
     width = math.prod(unit.reduce.shape)
     block_f = min(feature_block(unit, ROWS_WIDEST), ROWS_WIDEST)   # a forced tile, within the configs' tiles
     tuned_as = tuning_class(kernel, count)
-    before = (*csr, segs.row, segs.start, segs.end, slots.slot, slots.segments, count, tuned_as)
+    before = (*csr, segs.row, segs.start, segs.end, slots.slot, slots.segments, slots.split_segments, count, tuned_as)
     workspace, after = _split_workspace(slots, width, acc, triton.cdiv(width, block_f) if width else 1, ctx.device)
     return _launch_plan(kernel if count and width else None,
                         lambda meta: (triton.cdiv(count, meta["BLOCK_R"]), triton.cdiv(width, block_f)),

@@ -106,28 +106,36 @@ def _build(rowptr: torch.Tensor, max_edges: int | None, in_order: bool = False) 
     k = torch.arange(row.numel(), device=rowptr.device) - first[row]
     start = rowptr[row] + k * max_edges
     end = torch.minimum(start + max_edges, rowptr[row + 1])
-    order = torch.sort((end - start).to(dtype), descending=True, stable=True).indices
+    # Longest first, with every segment of a split row ahead of the rest: a kernel whose
+    # program covers only segments past them knows from its index that it has no
+    # workspace to meet in (`SplitSlots.split_segments`), without a reduction to find out.
+    split = count[row] > 1
+    order = torch.sort((end - start + split * (max_edges + 1)).to(dtype), descending=True, stable=True).indices
     return Segments(row[order].to(dtype), start[order].to(dtype), end[order].to(dtype),
-                    (count[row] > 1).to(torch.int8)[order], torch.nonzero(count > 1).squeeze(1))
+                    split.to(torch.int8)[order], torch.nonzero(count > 1).squeeze(1))
 
 
 @dataclass(frozen=True)
 class SplitSlots:
     """How the segments of split rows find each other without a zeroed output: ``slot``
     per segment, its row's index among ``split_rows`` (-1 for a row's only segment), and
-    ``segments`` per split row, how many segments it was cut into. A kernel adds a split
-    row's partial sums into that row's slot of a workspace, counts the segments that
-    have arrived, and the last one stores the row (`codegen.split_row_fixup`)."""
+    ``segments`` per split row, how many segments it was cut into, and
+    ``split_segments``, how many segments split rows have in all (they come first,
+    `_build`). A kernel adds a split row's partial sums into that row's slot of a
+    workspace, counts the segments that have arrived, and the last one stores the row
+    (`codegen._split_row_fixup`)."""
     slot: torch.Tensor
     segments: torch.Tensor
+    split_segments: int
 
     def __len__(self) -> int:
         return self.segments.numel()
 
 
 def split_slots(ctx: GraphContext, by: str, max_edges: int) -> SplitSlots:
-    """The `SplitSlots` of ``segments(ctx, by, max_edges)``, cached on the graph; built
-    without a host read (``split_rows``' length is already on the host)."""
+    """The `SplitSlots` of ``segments(ctx, by, max_edges)``, cached on the graph. With no
+    split row (a sampled block's rows under its fanout) it reads nothing from the device;
+    else it reads how many segments they have, once."""
     segs = segments(ctx, by, max_edges)
 
     def build(_) -> SplitSlots:
@@ -135,12 +143,12 @@ def split_slots(ctx: GraphContext, by: str, max_edges: int) -> SplitSlots:
         rows = segs.split_rows
         if not len(rows):
             return SplitSlots(torch.full((len(segs),), -1, dtype=torch.int32, device=device),
-                              torch.zeros(0, dtype=torch.int32, device=device))
+                              torch.zeros(0, dtype=torch.int32, device=device), 0)
         found = torch.searchsorted(rows, segs.row.to(rows.dtype)).clamp_(max=len(rows) - 1)
         slot = torch.where(segs.split != 0, found, -1)
         counts = torch.zeros(len(rows) + 1, dtype=torch.int32, device=device)
         counts.index_add_(0, slot + 1, torch.ones_like(slot, dtype=torch.int32))     # [0] counts unsplit rows
-        return SplitSlots(slot.to(torch.int32), counts[1:].clone())
+        return SplitSlots(slot.to(torch.int32), counts[1:].clone(), int(counts[1:].sum()))
     return ctx.graph.cached(f"triton_split_slots_{by}_{max_edges}", build)
 
 
