@@ -174,3 +174,20 @@ def test_each_stream_gets_its_own_workspace(monkeypatch):
     assert len(plan.workspaces) == triton_executor._MOST_WORKSPACES        # the oldest dropped
     assert streams[-1].cuda_stream in plan.workspaces and streams[0].cuda_stream not in plan.workspaces
     assert len({id(w) for w, _ in plan.workspaces.values()}) == len(plan.workspaces)
+
+
+def test_stand_ins_for_an_unsplit_graph_have_the_workspaces_dtypes(monkeypatch):
+    """A graph with no split row passes one-element stand-ins where the workspace and its
+    counters go, of their dtypes: the kernel is specialized on its arguments' types, and
+    the same kernel then serves graphs with and without split rows."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
+    monkeypatch.setenv("GNNFUSE_SCHEDULE", "csr")
+    for segment, graph in ((512, hub_graph().to(DEVICE)), (16, hub_graph().to(DEVICE))):
+        monkeypatch.setattr(triton_executor, "SEGMENT_EDGES", segment)
+        _call("sum", graph, _feeds(graph, 3, 0))
+        (plan,) = _plans(graph)
+        if plan.workspace is None:
+            assert [(t.dtype, t.numel()) for t in plan.after] == [(f64, 1), (torch.int32, 1)]
+            unsplit = plan.signature
+        else:
+            assert plan.after == () and plan.signature == unsplit

@@ -551,12 +551,12 @@ def _plan_schedule(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor
 def _split_workspace(slots, width: int, acc: str, programs: int, device: torch.device) -> tuple[tuple | None, tuple]:
     """A plan's ``workspace`` field for kernels whose split rows meet in one
     (`codegen._split_row_fixup`), and its ``after`` arguments: with no split row the
-    kernel never touches a workspace, and takes a one-element stand-in for both arrays
+    kernel never touches a workspace, and takes one-element stand-ins of the workspace's
+    and counters' dtypes (the kernel is compiled for the same argument types either way)
     as constant arguments; else none, and the workspace comes per stream (`_workspace`)."""
     dtype = torch.float64 if acc == "tl.float64" else torch.float32     # the kernel's ACC
     if not len(slots):
-        stand_in = torch.zeros(1, dtype=torch.int32, device=device)
-        return None, (stand_in, stand_in)
+        return None, (torch.zeros(1, dtype=dtype, device=device), torch.zeros(1, dtype=torch.int32, device=device))
     return (len(slots), width, dtype, programs), ()
 
 
