@@ -61,11 +61,9 @@ def _call(layer: str, graph: gnnfuse.Graph, feeds: dict[str, torch.Tensor]) -> N
 
 @pytest.mark.parametrize("tile", [None, 16])
 @pytest.mark.parametrize("width", [3, 40])
-@pytest.mark.parametrize("schedule", ["csr", "rows"])
-@pytest.mark.parametrize("layer", list(LAYERS))
+@pytest.mark.parametrize("layer,schedule", [(layer, schedule) for layer in LAYERS for schedule in ("csr", "rows")
+                                            if (layer, schedule) != ("addend", "rows")])   # rows: plain sums only
 def test_split_rows_meet_in_a_workspace_left_zero_after_every_call(layer, schedule, width, tile, monkeypatch):
-    if schedule == "rows" and layer == "addend":
-        pytest.skip("a fused addend keeps its sum on the CSR walk (rows takes plain sums only)")
     monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
     monkeypatch.setenv("GNNFUSE_SCHEDULE", schedule)
     monkeypatch.setattr(triton_executor, "SEGMENT_EDGES", 16)     # vertex 0's 90 in-edges: 6 segments
