@@ -336,9 +336,8 @@ def _launch_bound(plan: _Launch | _SiblingLaunch, args: tuple) -> None:
     if slot[0] is None and slot[1] < _BIND_ATTEMPTS:
         slot[1] += 1
         first, end, after = len(plan.before), len(args) - len(plan.types), getattr(plan, "after", ())
-        outs = 1 if getattr(plan, "workspace", None) is None else 3     # ``out``, and its workspace
-        varying = (*range(first, first + outs), *range(first + outs + len(after), end)) if after else \
-            tuple(range(first, end))
+        # a plan with a workspace has no ``after``: its ``out``, workspace and counters vary together
+        varying = (first, *range(first + 1 + len(after), end)) if after else tuple(range(first, end))
         slot[0] = bind(plan.kernel, plan.grid, args, plan.signature, varying)
 
 
@@ -611,14 +610,14 @@ def _launch_plan(kernel, grid, sizes: tuple[int, ...], before: tuple, after: tup
                  zero_rows: torch.Tensor | None, **rest: Any) -> _Launch:
     """A `_Launch`, with the launch's signature (`launch.signature`) worked out from the
     dtypes of its tensor arguments: the index arrays, ``out`` and the leaves."""
-    before_dtypes = tuple(a.dtype for a in before if isinstance(a, torch.Tensor))
-    dtypes = (*before_dtypes, out_dtype, *(a.dtype for a in after if isinstance(a, torch.Tensor)), *leaf_dtypes)
+    workspace = rest.get("workspace")
+    if workspace is not None:       # the workspace and counters follow ``out``, one pair per stream
+        rest["workspaces"] = {}
+    outs = (out_dtype,) if workspace is None else (out_dtype, workspace[2], torch.int32)
+    dtypes = (*(a.dtype for a in before if isinstance(a, torch.Tensor)), *outs,
+              *(a.dtype for a in after if isinstance(a, torch.Tensor)), *leaf_dtypes)
     if zero_rows is not None and math.prod(out_shape) * out_dtype.itemsize <= WHOLE_ZERO_BYTES:
         zeros, zero_rows = True, None
-    if rest.get("workspace") is not None:       # the workspace and counters follow ``out``
-        rest["workspaces"] = {}
-        dtypes = (*dtypes[:len(before_dtypes)], out_dtype, rest["workspace"][2], torch.int32,
-                  *dtypes[len(before_dtypes) + 1:])
     return _Launch(kernel=kernel, before=before, after=after, out_shape=out_shape, out_dtype=out_dtype, zeros=zeros,
                    zero_rows=zero_rows, grid=grid, sizes=sizes, kwargs=kwargs,
                    signature=signature(sizes, kwargs, dtypes), bound=[None, 0], **rest)
