@@ -250,6 +250,8 @@ class TraceCache:
     def __init__(self) -> None:
         # key -> (program, [(parameter name, path of the tensor fed to it)])
         self._entries: dict[Hashable, tuple[CompiledProgram, list[tuple[str, Path]]]] = {}
+        # counts the clears: a `repeat_call.RepeatCall` made before one is not reused after it
+        self.generation = 0
         _ALL.add(self)
 
     def compiled(self, functions: tuple[Callable | None, ...], tables: tuple[Mapping[str, torch.Tensor], ...],
@@ -286,6 +288,7 @@ def clear_trace_caches() -> None:
     trace is reused across graphs of any size."""
     for cache in list(_ALL):
         cache._entries.clear()
+        cache.generation += 1
 
 
 def check_tables(**tables: Mapping[str, torch.Tensor] | None) -> None:

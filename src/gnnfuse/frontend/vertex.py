@@ -66,6 +66,7 @@ from ..ir import CompileError, Residency
 from ..runtime import CompiledProgram
 from .compiled_call import call_compiled, register_udf
 from .counting import check_counting
+from .repeat_call import RepeatCall
 from .trace_cache import TraceCache, check_tables, program_feeds
 from .tracer import EDGE_ROWED, SymTensor, Tracer, float_dtype, is_library
 from .udf import unwrap
@@ -296,6 +297,7 @@ class VertexFunction:
         functools.update_wrapper(self, fn, updated=())   # a Module's __dict__ is its state, not a wrapper's
         self.fn = fn
         self.udf_key = register_udf(self)
+        self._repeat: RepeatCall | None = None     # the last prepared call, for the next (repeat_call.py)
 
     def trace(self, v_feature: Mapping[str, torch.Tensor],
               e_feature: Mapping[str, torch.Tensor] | None = None,
@@ -331,6 +333,11 @@ class VertexFunction:
                  e_feature: Mapping[str, torch.Tensor] | None = None, *,
                  etype_feature: Mapping[str, torch.Tensor] | None = None,
                  ntype_feature: Mapping[str, torch.Tensor] | None = None):
+        repeat = self._repeat
+        if repeat is not None and e_feature is None and etype_feature is None and ntype_feature is None:
+            outputs = repeat(graph, v_feature)
+            if outputs is not None:
+                return outputs["out"] if len(outputs) == 1 and "out" in outputs else outputs
         tables = (v_feature, e_feature or {}, etype_feature or {}, ntype_feature or {})
         if torch.compiler.is_compiling():
             outputs = call_compiled(self.udf_key, graph, tables, lambda: self._run(graph, tables))
@@ -344,7 +351,10 @@ class VertexFunction:
         check_tables(v_feature=v_feature, e_feature=e_feature, etype_feature=etype_feature,
                      ntype_feature=ntype_feature)
         compiled, captured = self.compiled(tables)
-        return compiled(graph, program_feeds(tables, captured))
+        outputs = compiled(graph, program_feeds(tables, captured))
+        if not any(tables[1:]):
+            self._repeat = RepeatCall.after(_TRACES, (self.fn,), graph, v_feature, compiled, captured)
+        return outputs
 
     def compiled(self, tables: tuple[Mapping[str, torch.Tensor], ...]
                  ) -> tuple[CompiledProgram, dict[str, torch.Tensor]]:

@@ -90,6 +90,21 @@ class CompiledProgram:
                                  "tensors (convert with .to_dense(), or apply the dense transform first)")
         return tensors
 
+    @property
+    def input_keys(self) -> tuple[str, ...]:
+        """The names of the program's inputs, in program order."""
+        return self._input_keys
+
+    def has_prepared_call(self, graph: Graph) -> bool:
+        """Whether an inference call on ``graph`` may be run by a kept `PreparedCall`."""
+        return self._prepared is not None and self._prepared.graph is graph
+
+    def run_prepared(self, graph: Graph, feeds: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
+        """The outputs of a call on ``graph`` and ``feeds`` by the kept `PreparedCall`, or
+        None where there is none or any of its checks differs (then `__call__` runs it)."""
+        prepared = self._prepared
+        return None if prepared is None else prepared(graph, feeds)
+
     def __call__(self, graph: Graph, feeds: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         prepared = self._prepared
         if prepared is not None:

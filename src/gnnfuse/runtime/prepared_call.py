@@ -10,7 +10,8 @@ the same shapes, dtypes and devices, it keeps a `PreparedCall`: those inputs'
 metadata, the environment variables that chose the backend, and the backend's
 `PreparedRun` (only the Triton backend has one). A later call is run by it only when
 every one of those compares equal -- the same graph object (graphs are immutable),
-each input's dtype, device and layout, no input needing a gradient while gradients are
+each input a tensor of the dtype, device and layout it ran with (a front end's repeat
+call, frontend/repeat_call.py, hands over tables it has not type-checked), no input needing a gradient while gradients are
 enabled, no `record_calls` block open, the backend's variables, and then the backend's
 own checks (`PreparedRun.run`: the inputs' shapes and its settings) -- so it computes what the full
 path would; otherwise the call takes the full path, which reports any error.
@@ -41,6 +42,11 @@ class PreparedCall:
         self._run = run
         self._recorders = recorders
 
+    @property
+    def graph(self) -> Graph | None:
+        """The graph it runs on (None once that graph is gone)."""
+        return self._graph()
+
     def __call__(self, graph: Graph, feeds: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
         """The program's outputs on ``graph`` and ``feeds``, or None where any check differs."""
         if self._graph() is not graph or self._recorders or tuple([
@@ -49,7 +55,7 @@ class PreparedCall:
         grad = torch.is_grad_enabled()
         for key, (dtype, device) in zip(self._keys, self._metas):
             t = feeds.get(key)
-            if (t is None or t.dtype != dtype or t.device != device or t.layout is not torch.strided
+            if (not isinstance(t, torch.Tensor) or t.dtype != dtype or t.device != device or t.layout is not torch.strided
                     or (grad and t.requires_grad)):
                 return None
         result = self._run(graph, feeds)

@@ -46,11 +46,8 @@ class PreparedRun:
         self._keep, self._steps = schedule_steps(program, program_plan(program, keep, self.settings[-1]), keep)
         self._inputs = tuple([(key, value_id, shape) for key, value_id, shape, _ in
                               input_shapes(program, TritonGraphContext(graph))])
-        # A program of one fused unit (a neighbour sum, GCN's aggregation) runs it straight
-        # from its held plan: `run_steps` would only look the one step up and hand it over.
-        (item, reads, out, _, op, _, _), = self._steps if len(self._steps) == 1 else ((None,) * 7,)
-        self._single = (item, reads, out) if item is not None and op is None and type(out) is not tuple else None
         self._outputs = tuple([(key, value.id) for key, value in program.outputs.items()])
+        self._single = self._single_route()
         # id(unit) -> (the leaves' dtypes, the unit's launch plan under self.settings), or _OTHER_KIND.
         # A plan holds the graph's index arrays: they go when the graph does, not with self
         # (which a program keeps until its next run on another graph).
@@ -67,24 +64,37 @@ class PreparedRun:
         settings = run_settings(graph.num_edges)
         if settings != self.settings:
             return None
+        single = self._single
+        if single is not None:
+            held = self._launches.get(id(single[0]))
+            if held is not None and held is not _OTHER_KIND:
+                result = _run_single(single, held, feeds)
+                if result is not None:
+                    return result
         env: dict[int, torch.Tensor] = {}
         for key, value_id, shape in self._inputs:
             t = feeds.get(key)
             if t is None or t.shape != shape:
                 return None
             env[value_id] = t
-        if self._single is not None:
-            item, reads, out = self._single
-            held = self._launches.get(id(item))
-            if held is not None and held is not _OTHER_KIND:
-                leaves = {i: env[i] for i in reads}
-                if held[0] == tuple([t.dtype for t in leaves.values()]):
-                    # what `run_steps` returns for this one step: nothing else reads the settings
-                    env[out] = run_launch(held[1], leaves)
-                    return ({key: env[value_id] for key, value_id in self._outputs},
-                            {i: env[i] for i in self._keep if i in env})
         return run_with_environment(settings[1], run_steps, self._program, self._steps, TritonGraphContext(graph),
                                     env, self._keep, self._run_unit)
+
+    def _single_route(self) -> tuple | None:
+        """How a program of one fused unit (a neighbour sum, GCN's aggregation) runs straight
+        from the unit's held plan: `run_steps` would only look the one step up and hand it
+        over. (the unit, its inputs as (key, value id, shape) in the order the unit reads
+        them, the output's key and value id, the kept values' ids), or None for any other
+        program, or one whose unit reads other than exactly the inputs."""
+        if len(self._steps) != 1:
+            return None
+        (item, reads, out, _, op, _, _), = self._steps
+        by_id = {value_id: (key, value_id, shape) for key, value_id, shape in self._inputs}
+        if (item is None or op is not None or type(out) is tuple or len(self._outputs) != 1
+                or self._outputs[0][1] != out or sorted(reads) != sorted(by_id)):
+            return None
+        return (item, tuple([by_id[i] for i in reads]), self._outputs[0][0], out,
+                tuple([i for i in self._keep if i in by_id or i == out]))
 
     def _run_unit(self, unit: object, ctx: TritonGraphContext, leaves: dict[int, torch.Tensor]):
         held = self._launches.get(id(unit))
@@ -97,6 +107,23 @@ class PreparedRun:
         # the units of self._plan live as long as self: their ids stay theirs
         self._launches[id(unit)] = _OTHER_KIND if plan is None else (tuple([t.dtype for t in leaves.values()]), plan)
         return out
+
+
+def _run_single(single: tuple, held: tuple, feeds: Mapping[str, torch.Tensor]
+                ) -> tuple[dict[str, torch.Tensor], dict[int, torch.Tensor]] | None:
+    """`run_steps`' result for a one-unit program (`PreparedRun._single_route`) launched from
+    its held (leaves' dtypes, launch plan), or None where an input is missing or not of
+    the shape and dtype that plan was made for. Nothing else reads the settings."""
+    _, inputs, out_key, out_id, kept_ids = single
+    dtypes, plan = held
+    leaves: dict[int, torch.Tensor] = {}
+    for (key, value_id, shape), dtype in zip(inputs, dtypes):
+        t = feeds.get(key)
+        if t is None or t.shape != shape or t.dtype != dtype:
+            return None
+        leaves[value_id] = t
+    out = run_launch(plan, leaves)
+    return {out_key: out}, ({i: out if i == out_id else leaves[i] for i in kept_ids} if kept_ids else {})
 
 
 # A unit whose plan is not a single launch (a sibling group, a sum by type): always `run_unit`.

@@ -1,0 +1,71 @@
+"""A compiled function called again the way it was just called: one check, then its run.
+
+A cached call of a vertex function coerces the graph, checks that each feature table is
+a dict of str to tensors, walks the function's guarded state and builds and hashes the
+trace cache's key (`trace_cache`), and only then reaches the compiled program, whose
+`PreparedCall` checks every input against the graph and whose backend's prepared run
+checks shapes and settings. On an arxiv-sized neighbour sum (a 10-70 us kernel) that
+front-end work was a third of the Python before the launch, and the launched call lost
+to ``torch.sparse.mm`` on Python alone (benchmarks/results/launch_floor.md).
+
+`RepeatCall` remembers, after a call on a graph where the compiled program keeps a
+prepared call, the node table's keys (all of them inputs of the program), the default
+dtype, the guard key and the trace cache's generation. A later call with only a node
+table (a dict of as many keys), under the same default dtype and trace-cache
+generation, and whose guard walk gives an equal key, is handed straight to the
+program's prepared call. Its checks (the graph object it was kept for, each input a
+tensor of the dtype, device, layout and shape it ran with, not needing a gradient while
+gradients are on, no `record_calls` block, the backend's variables and settings) make
+the call's trace-cache key the one that found this program, so it computes what the
+full path would. Anything else --
+another graph, more tables, a rebound global, a captured tensor, the prepared call
+declining -- takes the full path, which reports any error.
+"""
+from __future__ import annotations
+
+from typing import Callable, Mapping
+
+import torch
+
+from ..graph import Graph
+from ..runtime import CompiledProgram
+from .trace_cache import TraceCache, guard_key
+
+
+class RepeatCall:
+    """A repeat of the last call of ``functions`` that a prepared call ran (see the module docstring)."""
+
+    def __init__(self, cache: TraceCache, functions: tuple[Callable | None, ...], guard: object,
+                 keys: frozenset[str], compiled: CompiledProgram) -> None:
+        self._cache, self._generation = cache, cache.generation
+        self._functions, self._guard = functions, guard
+        self._keys, self._count = keys, len(keys)
+        self._dtype = torch.get_default_dtype()
+        self._compiled = compiled
+
+    @classmethod
+    def after(cls, cache: TraceCache, functions: tuple[Callable | None, ...], graph: Graph,
+              table: Mapping[str, torch.Tensor], compiled: CompiledProgram,
+              captured: Mapping[str, torch.Tensor]) -> "RepeatCall | None":
+        """A `RepeatCall` for the call just made on ``graph`` with node table ``table``, or
+        None where a repeat could not skip the front end safely: the program has no
+        prepared call (it ran with gradients, or once only, or on another backend), its
+        trace captured tensors (fetched afresh on every call), the table holds keys the
+        program does not read (the full path type-checks them), or the functions reach
+        state the trace cache cannot guard."""
+        if captured or not compiled.has_prepared_call(graph) or type(table) is not dict:
+            return None
+        keys = frozenset(table)
+        if keys != set(compiled.input_keys):
+            return None
+        guard = guard_key(functions)
+        return None if guard is None else cls(cache, functions, guard, keys, compiled)
+
+    def __call__(self, graph: object, table: object) -> dict[str, torch.Tensor] | None:
+        """The program's outputs for a call on ``graph`` with node table ``table`` alone,
+        or None where the full path must run it."""
+        if (type(table) is not dict or len(table) != self._count
+                or self._cache.generation != self._generation or torch.get_default_dtype() is not self._dtype
+                or torch.compiler.is_compiling() or guard_key(self._functions) != self._guard):
+            return None
+        return self._compiled.run_prepared(graph, table)

@@ -1,0 +1,202 @@
+"""A vertex function called again as it was just called skips the front end, and only then.
+
+`frontend/repeat_call.py`: after a call that a prepared call ran, the next call on the same
+graph object with only a node table goes from the guard check straight to that prepared
+call, without the table checks or the trace cache's lookup. Each test changes one thing
+the front end decides on -- a global or default the function reads, its code, the
+default dtype, the graph, the tables, a cleared trace cache, gradients -- and checks
+that the call is not served by the repeat (the trace cache is asked again, or the full
+path runs) and that it computes what eager code would.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import gnnfuse
+from gnnfuse.frontend import trace_cache
+from gnnfuse.frontend.trace_cache import clear_trace_caches
+from gnnfuse.frontend.vertex import VertexFunction
+from gnnfuse.runtime.compiled import record_calls
+from oracle_check import device_for
+
+DEVICE = device_for("triton")
+SCALE = 2.0
+
+
+@gnnfuse.vertex
+def _neighbour_sum(v):
+    return sum([u.h for u in v.innbs])
+
+
+def _scaled(v):
+    return sum([u.h for u in v.innbs]) * SCALE
+
+
+def _graph(seed: int = 0, nodes: int = 12, edges: int = 50, device: str = DEVICE) -> gnnfuse.Graph:
+    gen = torch.Generator().manual_seed(seed)
+    src, dst = torch.randint(0, nodes, (edges,), generator=gen), torch.randint(0, nodes, (edges,), generator=gen)
+    dst[: edges // 2] = 0       # a hub row, split into segments below
+    return gnnfuse.Graph(src, dst, nodes).to(device)
+
+
+def _features(graph: gnnfuse.Graph, width: int = 3, dtype=torch.float64, seed: int = 1) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(graph.num_nodes, width, dtype=dtype, generator=gen).to(graph.device)
+
+
+def _oracle(graph: gnnfuse.Graph, h: torch.Tensor) -> torch.Tensor:
+    return torch.zeros_like(h).index_add_(0, graph.dst, h[graph.src])
+
+
+@pytest.fixture
+def lookups(monkeypatch):
+    """Triton backend, segments of 4 edges; the list of trace-cache lookups, one per call
+    the front end handled in full."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
+    monkeypatch.setattr("gnnfuse.backend.triton.schedule.SEGMENT_EDGES", 4)
+    found = []
+    real = trace_cache.TraceCache.compiled
+
+    def counted(self, functions, tables, trace):
+        found.append(functions)
+        return real(self, functions, tables, trace)
+    monkeypatch.setattr(trace_cache.TraceCache, "compiled", counted)
+    return found
+
+
+def _check(fn, graph, table, expected, lookups: list, repeat: bool, **kwargs):
+    before = len(lookups)
+    out = fn(graph, table, **kwargs)
+    torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
+    served = len(lookups) == before
+    assert served == repeat, "the call was " + ("served by the repeat" if served else "handled in full")
+    return out
+
+
+def _warm(fn, graph, table, expected, lookups):
+    """Full calls until a prepared call is kept, then one served by the repeat."""
+    for _ in range(3):
+        fn(graph, table)
+    assert fn._repeat is not None
+    _check(fn, graph, table, expected, lookups, repeat=True)
+
+
+def test_a_repeated_inference_call_skips_the_front_end(lookups):
+    graph = _graph()
+    h = _features(graph)
+    _warm(_neighbour_sum, graph, {"h": h}, _oracle(graph, h), lookups)
+    h2 = _features(graph, seed=5)       # new values, same metadata: still the repeat
+    _check(_neighbour_sum, graph, {"h": h2}, _oracle(graph, h2), lookups, repeat=True)
+
+
+def test_a_rebound_global_is_seen(lookups, monkeypatch):
+    fn = gnnfuse.vertex(_scaled)
+    graph = _graph()
+    h = _features(graph)
+    _warm(fn, graph, {"h": h}, _oracle(graph, h) * SCALE, lookups)
+    monkeypatch.setitem(globals(), "SCALE", 3.0)
+    _check(fn, graph, {"h": h}, _oracle(graph, h) * 3.0, lookups, repeat=False)
+
+
+def _doubled(v):
+    return sum([u.h for u in v.innbs]) * abs(-2)
+
+
+def test_a_builtin_shadowed_by_a_new_global_is_seen(lookups, monkeypatch):
+    graph = _graph()
+    h = _features(graph)
+    fn = gnnfuse.vertex(_doubled)
+    _warm(fn, graph, {"h": h}, _oracle(graph, h) * 2, lookups)
+    # `abs` was the builtin when traced; a module-level `abs` now shadows it
+    monkeypatch.setitem(globals(), "abs", lambda x: 3)
+    _check(fn, graph, {"h": h}, _oracle(graph, h) * 3, lookups, repeat=False)
+
+
+def test_new_code_is_seen(lookups):
+    def body(v):
+        return sum([u.h for u in v.innbs])
+    fn = gnnfuse.vertex(body)
+    graph = _graph()
+    h = _features(graph)
+    _warm(fn, graph, {"h": h}, _oracle(graph, h), lookups)
+    body.__code__ = (lambda v: sum([u.h * 2 for u in v.innbs])).__code__
+    _check(fn, graph, {"h": h}, _oracle(graph, h) * 2, lookups, repeat=False)
+
+
+def test_another_graph_dtype_or_table_takes_the_front_end(lookups):
+    graph = _graph()
+    h = _features(graph)
+    _warm(_neighbour_sum, graph, {"h": h}, _oracle(graph, h), lookups)
+    other = _graph(seed=3)
+    _check(_neighbour_sum, other, {"h": h}, _oracle(other, h), lookups, repeat=False)
+    _warm(_neighbour_sum, graph, {"h": h}, _oracle(graph, h), lookups)
+    h32 = h.float()
+    out = _neighbour_sum(graph, {"h": h32})
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, _oracle(graph, h32), rtol=1e-5, atol=1e-5)
+    _warm(_neighbour_sum, graph, {"h": h}, _oracle(graph, h), lookups)
+    wide = _features(graph, width=5)
+    _check(_neighbour_sum, graph, {"h": wide}, _oracle(graph, wide), lookups, repeat=False)
+    _warm(_neighbour_sum, graph, {"h": wide}, _oracle(graph, wide), lookups)
+    # an extra key: the full path checks it (and rejects a non-tensor)
+    _check(_neighbour_sum, graph, {"h": wide, "g": wide}, _oracle(graph, wide), lookups, repeat=False)
+    with pytest.raises(TypeError, match=r"v_feature\['g'\]"):
+        _neighbour_sum(graph, {"h": wide, "g": [1.0]})
+    with pytest.raises(TypeError, match=r"v_feature\['h'\]"):
+        _neighbour_sum(graph, {"h": [1.0]})
+    with pytest.raises(TypeError, match="v_feature must be a dict"):
+        _neighbour_sum(graph, [wide])
+
+
+def test_the_default_dtype_is_part_of_the_key(lookups):
+    graph = _graph()
+    h = _features(graph)
+    _warm(_neighbour_sum, graph, {"h": h}, _oracle(graph, h), lookups)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        _check(_neighbour_sum, graph, {"h": h}, _oracle(graph, h), lookups, repeat=False)
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def test_a_cleared_trace_cache_traces_again(lookups, monkeypatch):
+    graph = _graph()
+    h = _features(graph)
+    _warm(_neighbour_sum, graph, {"h": h}, _oracle(graph, h), lookups)
+    traced = []
+    real = VertexFunction.trace
+    monkeypatch.setattr(VertexFunction, "trace", lambda self, *a: traced.append(1) or real(self, *a))
+    clear_trace_caches()
+    _check(_neighbour_sum, graph, {"h": h}, _oracle(graph, h), lookups, repeat=False)
+    assert traced == [1]
+
+
+def test_gradients_and_recorded_calls_take_the_full_path(lookups):
+    graph = _graph()
+    h = _features(graph)
+    _warm(_neighbour_sum, graph, {"h": h}, _oracle(graph, h), lookups)
+    leaf = h.clone().requires_grad_()
+    out = _neighbour_sum(graph, {"h": leaf})
+    out.sum().backward()
+    torch.testing.assert_close(leaf.grad, torch.bincount(graph.src, minlength=graph.num_nodes)
+                               .to(h.dtype)[:, None].expand_as(h))
+    _warm(_neighbour_sum, graph, {"h": h}, _oracle(graph, h), lookups)
+    with record_calls() as calls:
+        _neighbour_sum(graph, {"h": h})
+    assert len(calls) == 1
+
+
+def test_edge_tables_take_the_full_path(lookups):
+    @gnnfuse.vertex
+    def weighted(v):
+        return sum([u.h * e.w for u, e in zip(v.innbs, v.inedges)])
+    graph = _graph()
+    h = _features(graph)
+    w = torch.rand(graph.num_edges, 1, dtype=h.dtype, generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    expected = torch.zeros_like(h).index_add_(0, graph.dst, h[graph.src] * w)
+    for _ in range(4):
+        before = len(lookups)
+        torch.testing.assert_close(weighted(graph, {"h": h}, {"w": w}), expected, rtol=1e-12, atol=1e-12)
+        assert len(lookups) == before + 1
