@@ -200,3 +200,78 @@ def test_edge_tables_take_the_full_path(lookups):
         before = len(lookups)
         torch.testing.assert_close(weighted(graph, {"h": h}, {"w": w}), expected, rtol=1e-12, atol=1e-12)
         assert len(lookups) == before + 1
+
+
+OFFSET = 1.0
+
+
+def _helper(x):
+    return x * OFFSET
+
+
+def _through_helper(v):
+    return _helper(sum([u.h for u in v.innbs]))
+
+
+def test_a_global_a_helper_reads_is_seen(lookups, monkeypatch):
+    fn = gnnfuse.vertex(_through_helper)
+    graph = _graph()
+    h = _features(graph)
+    _warm(fn, graph, {"h": h}, _oracle(graph, h), lookups)
+    assert fn._repeat._reads is None      # a helper: the repeat walks the guards
+    monkeypatch.setitem(globals(), "OFFSET", 4.0)
+    _check(fn, graph, {"h": h}, _oracle(graph, h) * 4.0, lookups, repeat=False)
+
+
+def _closure_pair():
+    factor = 2.0
+
+    def body(v):
+        return sum([u.h for u in v.innbs]) * factor
+
+    def rebind(value):
+        nonlocal factor
+        factor = value
+    return body, rebind
+
+
+def test_shallow_reads_imply_an_equal_guard_key(monkeypatch):
+    """`same_reads` may say no where the key is equal (an equal value, a new object) but
+    never yes where it differs; and each change below makes it say no."""
+    body, rebind = _closure_pair()
+    functions = (_scaled, body, None)
+    reads = trace_cache.shallow_reads(functions)
+    key = trace_cache.guard_key(functions)
+    assert reads is not None and trace_cache.same_reads(functions, reads)
+
+    def rebound_global():
+        monkeypatch.setitem(globals(), "SCALE", 5.0)
+
+    def shadowed_builtin():
+        monkeypatch.setitem(globals(), "sum", max)
+
+    def new_defaults():
+        monkeypatch.setattr(_scaled, "__defaults__", (1,))
+
+    def new_code():
+        monkeypatch.setattr(_scaled, "__code__", _doubled.__code__)
+    for change in (rebound_global, shadowed_builtin, new_defaults, new_code, lambda: rebind(7.0)):
+        change()
+        assert not trace_cache.same_reads(functions, reads), change
+        assert trace_cache.guard_key(functions) != key
+        monkeypatch.undo()
+        rebind(2.0)
+        assert trace_cache.guard_key(functions) == key
+    monkeypatch.setitem(globals(), "SCALE", float("2.0"))      # an equal float
+    assert trace_cache.guard_key(functions) == key
+
+
+def test_state_the_identities_cannot_vouch_for_keeps_the_walk():
+    weight = torch.ones(3)
+
+    def reads_tensor(v):
+        return sum([u.h for u in v.innbs]) * weight
+    assert trace_cache.shallow_reads((reads_tensor,)) is None
+    assert trace_cache.shallow_reads((_through_helper,)) is None
+    assert trace_cache.shallow_reads((_neighbour_sum,)) is None       # not a plain function
+    assert trace_cache.shallow_reads((_neighbour_sum.fn,)) is not None

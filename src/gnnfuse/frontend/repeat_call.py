@@ -29,7 +29,7 @@ import torch
 
 from ..graph import Graph
 from ..runtime import CompiledProgram
-from .trace_cache import TraceCache, guard_key
+from .trace_cache import TraceCache, guard_key, same_reads, shallow_reads
 
 
 class RepeatCall:
@@ -39,6 +39,8 @@ class RepeatCall:
                  keys: frozenset[str], compiled: CompiledProgram) -> None:
         self._cache, self._generation = cache, cache.generation
         self._functions, self._guard = functions, guard
+        # the walk's inputs by identity, where comparing them decides the guard key
+        self._reads = shallow_reads(functions)
         self._keys, self._count = keys, len(keys)
         self._dtype = torch.get_default_dtype()
         self._compiled = compiled
@@ -66,6 +68,13 @@ class RepeatCall:
         or None where the full path must run it."""
         if (type(table) is not dict or len(table) != self._count
                 or self._cache.generation != self._generation or torch.get_default_dtype() is not self._dtype
-                or torch.compiler.is_compiling() or guard_key(self._functions) != self._guard):
+                or torch.compiler.is_compiling() or not self._guard_holds()):
             return None
         return self._compiled.run_prepared(graph, table)
+
+    def _guard_holds(self) -> bool:
+        """Whether the functions' guard key is still the one their program was found by."""
+        reads = self._reads
+        if reads is not None and same_reads(self._functions, reads):
+            return True
+        return guard_key(self._functions) == self._guard

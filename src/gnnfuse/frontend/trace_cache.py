@@ -102,12 +102,14 @@ Path = tuple[tuple[Any, ...], ...]
 
 
 class _Walk:
-    """State of one guard walk: the functions already entered (recursion) and every
-    tensor met, with the path it was found at."""
+    """State of one guard walk: the functions already entered (recursion), every
+    tensor met, with the path it was found at, and whether it walked into a function
+    the traced ones call (`shallow_reads`)."""
 
     def __init__(self) -> None:
         self.seen: set[int] = set()
         self.tensors: list[tuple[Path, torch.Tensor]] = []
+        self.nested = False
 
 
 def _freeze(value: Any, walk: _Walk, path: Path) -> Hashable:
@@ -143,6 +145,7 @@ def _freeze(value: Any, walk: _Walk, path: Path) -> Hashable:
             return value
         # by code and state, not identity: a helper defined inside a layer's forward is a
         # new object on every call, with the same code and (guarded) closure
+        walk.nested = True
         return _function_state(value, walk, path)
     raise _Uncacheable(type(value).__name__)
 
@@ -193,6 +196,63 @@ def guard_key(functions: tuple[Callable | None, ...]) -> Hashable | None:
     """The guard part of the key for tracing ``functions`` (see `_guards`), or None."""
     found = _guards(functions)
     return None if found is None else found[0]
+
+
+def shallow_reads(functions: tuple[Callable | None, ...]) -> tuple | None:
+    """What ``functions`` read besides their arguments, by identity, where that decides
+    their guard key: each one's code, defaults, closure cells' contents and the value
+    (or absence) of each global name its code loads. None unless every one is a plain
+    function whose guard walk met no tensor and entered no other user function: then
+    each value it reached is immutable or trusted by identity (a scalar, a library
+    function, module or class), so `same_reads` of these objects means an equal guard
+    key, for a few identity comparisons instead of the walk.
+
+    A global that was missing (a builtin's name) and is now defined differs; so does a
+    rebound global, a new ``__code__`` or ``__defaults__``, a rebound closure variable.
+    A changed value inside a tensor or a helper would not show here, which is why
+    functions reaching either get None and keep the walk."""
+    if not all(fn is None or type(fn) is types.FunctionType for fn in functions):
+        return None
+    walk = _Walk()
+    try:
+        for i, fn in enumerate(functions):
+            if fn is not None:
+                _function_state(fn, walk, (("fn", i),))
+    except _Uncacheable:
+        return None
+    if walk.tensors or walk.nested:
+        return None
+    return tuple([_identity_reads(fn) for fn in functions])
+
+
+def _identity_reads(fn: types.FunctionType | None) -> tuple:
+    if fn is None:
+        return ()
+    env, cells, names = fn.__globals__, fn.__closure__, _global_names(fn.__code__)
+    return (fn.__code__, fn.__defaults__, fn.__kwdefaults__,
+            tuple([cell.cell_contents for cell in cells]) if cells else (),
+            names, tuple([env.get(name, _MISSING) for name in names]))
+
+
+def same_reads(functions: tuple[Callable | None, ...], reads: tuple) -> bool:
+    """Whether every object in ``reads`` (`shallow_reads` of ``functions``) is still the
+    one ``functions`` read."""
+    for fn, before in zip(functions, reads):
+        if fn is None:
+            continue
+        code, defaults, kwdefaults, cells, names, values = before
+        if fn.__code__ is not code or fn.__defaults__ is not defaults or fn.__kwdefaults__ is not kwdefaults:
+            return False
+        closure = fn.__closure__
+        try:
+            if closure and any([cell.cell_contents is not was for cell, was in zip(closure, cells)]):
+                return False
+        except ValueError:      # a closure variable deleted since
+            return False
+        env = fn.__globals__
+        if any([env.get(name, _MISSING) is not was for name, was in zip(names, values)]):
+            return False
+    return True
 
 
 def _fetch(functions: tuple[Callable | None, ...], path: Path) -> Any:

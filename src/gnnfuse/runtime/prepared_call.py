@@ -38,7 +38,7 @@ class PreparedCall:
         self._graph = weakref.ref(graph)
         self._keys = keys
         self._metas = tuple([(t.dtype, t.device) for t in tensors])     # shapes: the backend's run checks them
-        self._variables = tuple([getenv(name) for name in BACKEND_VARIABLES])
+        self._variables = tuple([(name, getenv(name)) for name in BACKEND_VARIABLES])
         self._run = run
         self._recorders = recorders
 
@@ -49,9 +49,11 @@ class PreparedCall:
 
     def __call__(self, graph: Graph, feeds: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
         """The program's outputs on ``graph`` and ``feeds``, or None where any check differs."""
-        if self._graph() is not graph or self._recorders or tuple([
-                getenv(name) for name in BACKEND_VARIABLES]) != self._variables:
+        if self._graph() is not graph or self._recorders:
             return None
+        for name, value in self._variables:
+            if getenv(name) != value:
+                return None
         grad = torch.is_grad_enabled()
         for key, (dtype, device) in zip(self._keys, self._metas):
             t = feeds.get(key)
