@@ -33,7 +33,7 @@ def _scaled(v):
     return sum([u.h for u in v.innbs]) * SCALE
 
 
-def _graph(seed: int = 0, nodes: int = 12, edges: int = 50, device: str = DEVICE) -> gnnfuse.Graph:
+def _graph(device: str, seed: int = 0, nodes: int = 12, edges: int = 50) -> gnnfuse.Graph:
     gen = torch.Generator().manual_seed(seed)
     src, dst = torch.randint(0, nodes, (edges,), generator=gen), torch.randint(0, nodes, (edges,), generator=gen)
     dst[: edges // 2] = 0       # a hub row, split into segments below
@@ -83,7 +83,7 @@ def _warm(fn, graph, table, expected, lookups):
 
 
 def test_a_repeated_inference_call_skips_the_front_end(lookups):
-    graph = _graph()
+    graph = _graph(device=DEVICE)
     h = _features(graph)
     _warm(_neighbour_sum, graph, {"h": h}, _oracle(graph, h), lookups)
     h2 = _features(graph, seed=5)       # new values, same metadata: still the repeat
@@ -92,7 +92,7 @@ def test_a_repeated_inference_call_skips_the_front_end(lookups):
 
 def test_a_rebound_global_is_seen(lookups, monkeypatch):
     fn = gnnfuse.vertex(_scaled)
-    graph = _graph()
+    graph = _graph(device=DEVICE)
     h = _features(graph)
     _warm(fn, graph, {"h": h}, _oracle(graph, h) * SCALE, lookups)
     monkeypatch.setitem(globals(), "SCALE", 3.0)
@@ -104,7 +104,7 @@ def _doubled(v):
 
 
 def test_a_builtin_shadowed_by_a_new_global_is_seen(lookups, monkeypatch):
-    graph = _graph()
+    graph = _graph(device=DEVICE)
     h = _features(graph)
     fn = gnnfuse.vertex(_doubled)
     _warm(fn, graph, {"h": h}, _oracle(graph, h) * 2, lookups)
@@ -117,7 +117,7 @@ def test_new_code_is_seen(lookups):
     def body(v):
         return sum([u.h for u in v.innbs])
     fn = gnnfuse.vertex(body)
-    graph = _graph()
+    graph = _graph(device=DEVICE)
     h = _features(graph)
     _warm(fn, graph, {"h": h}, _oracle(graph, h), lookups)
     body.__code__ = (lambda v: sum([u.h * 2 for u in v.innbs])).__code__
@@ -125,10 +125,10 @@ def test_new_code_is_seen(lookups):
 
 
 def test_another_graph_dtype_or_table_takes_the_front_end(lookups):
-    graph = _graph()
+    graph = _graph(device=DEVICE)
     h = _features(graph)
     _warm(_neighbour_sum, graph, {"h": h}, _oracle(graph, h), lookups)
-    other = _graph(seed=3)
+    other = _graph(seed=3, device=DEVICE)
     _check(_neighbour_sum, other, {"h": h}, _oracle(other, h), lookups, repeat=False)
     _warm(_neighbour_sum, graph, {"h": h}, _oracle(graph, h), lookups)
     h32 = h.float()
@@ -150,7 +150,7 @@ def test_another_graph_dtype_or_table_takes_the_front_end(lookups):
 
 
 def test_the_default_dtype_is_part_of_the_key(lookups):
-    graph = _graph()
+    graph = _graph(device=DEVICE)
     h = _features(graph)
     _warm(_neighbour_sum, graph, {"h": h}, _oracle(graph, h), lookups)
     previous = torch.get_default_dtype()
@@ -162,7 +162,7 @@ def test_the_default_dtype_is_part_of_the_key(lookups):
 
 
 def test_a_cleared_trace_cache_traces_again(lookups, monkeypatch):
-    graph = _graph()
+    graph = _graph(device=DEVICE)
     h = _features(graph)
     _warm(_neighbour_sum, graph, {"h": h}, _oracle(graph, h), lookups)
     traced = []
@@ -174,7 +174,7 @@ def test_a_cleared_trace_cache_traces_again(lookups, monkeypatch):
 
 
 def test_gradients_and_recorded_calls_take_the_full_path(lookups):
-    graph = _graph()
+    graph = _graph(device=DEVICE)
     h = _features(graph)
     _warm(_neighbour_sum, graph, {"h": h}, _oracle(graph, h), lookups)
     leaf = h.clone().requires_grad_()
@@ -192,7 +192,7 @@ def test_edge_tables_take_the_full_path(lookups):
     @gnnfuse.vertex
     def weighted(v):
         return sum([u.h * e.w for u, e in zip(v.innbs, v.inedges)])
-    graph = _graph()
+    graph = _graph(device=DEVICE)
     h = _features(graph)
     w = torch.rand(graph.num_edges, 1, dtype=h.dtype, generator=torch.Generator().manual_seed(2)).to(DEVICE)
     expected = torch.zeros_like(h).index_add_(0, graph.dst, h[graph.src] * w)
@@ -215,7 +215,7 @@ def _through_helper(v):
 
 def test_a_global_a_helper_reads_is_seen(lookups, monkeypatch):
     fn = gnnfuse.vertex(_through_helper)
-    graph = _graph()
+    graph = _graph(device=DEVICE)
     h = _features(graph)
     _warm(fn, graph, {"h": h}, _oracle(graph, h), lookups)
     assert fn._repeat._reads is None      # a helper: the repeat walks the guards
@@ -275,3 +275,32 @@ def test_state_the_identities_cannot_vouch_for_keeps_the_walk():
     assert trace_cache.shallow_reads((_through_helper,)) is None
     assert trace_cache.shallow_reads((_neighbour_sum,)) is None       # not a plain function
     assert trace_cache.shallow_reads((_neighbour_sum.fn,)) is not None
+
+
+def _message(edges):
+    return {"m": edges.src["h"] * SCALE}
+
+
+def _reduce(nodes):
+    return {"out": torch.sum(nodes.mailbox["m"], dim=1)}
+
+
+def test_bound_message_and_reduce_functions_repeat_too(lookups, monkeypatch):
+    update = gnnfuse.frontend.UpdateAll(_message, _reduce)
+    graph = _graph(device=DEVICE)
+    h = _features(graph)
+
+    def call(**tables):
+        return update(graph, ndata={"h": h}, **tables)["out"]
+    for _ in range(3):
+        call()
+    assert update._repeat is not None and update._repeat._reads is not None
+    before = len(lookups)
+    torch.testing.assert_close(call(), _oracle(graph, h) * SCALE, rtol=1e-12, atol=1e-12)
+    assert len(lookups) == before, "the repeat did not serve the call"
+    monkeypatch.setitem(globals(), "SCALE", 0.5)
+    torch.testing.assert_close(call(), _oracle(graph, h) * 0.5, rtol=1e-12, atol=1e-12)
+    assert len(lookups) == before + 1
+    torch.testing.assert_close(call(edata={"w": torch.ones(graph.num_edges, 1, dtype=h.dtype, device=DEVICE)}),
+                               _oracle(graph, h) * 0.5, rtol=1e-12, atol=1e-12)
+    assert len(lookups) == before + 2

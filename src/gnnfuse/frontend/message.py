@@ -60,6 +60,7 @@ from ..ir import Residency, Value
 from ..runtime import CompiledProgram
 from . import pairwise
 from .compiled_call import call_compiled, register_udf
+from .repeat_call import RepeatCall
 from .trace_cache import TraceCache, check_tables, program_feeds
 from .tracer import EDGE_ROWED, SymTensor, Tracer, float_dtype
 
@@ -276,17 +277,26 @@ def message_passing(graph: Graph | object, message_fn: Callable, reduce_fn: Call
     ``ntype_data`` hold per-edge-type / per-node-type tensors (see the module docstring).
     With ``return_edata=True`` it returns ``(node data, edge data)``, the edge data being
     what ``message_fn`` wrote to ``edges.data`` ([E, ...] in edge-id order)."""
+    outputs, compiled, _ = _run(graph, (message_fn, reduce_fn, update_fn), ndata, edata, etype_data, ntype_data,
+                                return_edata)
+    if not return_edata:
+        return outputs
+    return _split_edge_outputs(compiled, outputs)
+
+
+def _run(graph: Graph | object, functions: tuple[Callable, Callable, Callable | None],
+         ndata: Mapping[str, torch.Tensor], edata: Mapping[str, torch.Tensor] | None,
+         etype_data: Mapping[str, torch.Tensor] | None, ntype_data: Mapping[str, torch.Tensor] | None,
+         return_edata: bool) -> tuple[dict[str, torch.Tensor], CompiledProgram, dict[str, torch.Tensor]]:
+    """`message_passing`'s run: its raw outputs, the compiled program and what its trace captured."""
     graph = Graph.coerce(graph)
     check_tables(ndata=ndata, edata=edata, etype_data=etype_data, ntype_data=ntype_data)
     edata, etype_data, ntype_data = dict(edata or {}), dict(etype_data or {}), dict(ntype_data or {})
     tables = (ndata, edata, etype_data, ntype_data)
     traces = _TRACES_WITH_EDATA if return_edata else _TRACES
-    compiled, captured = traces.compiled((message_fn, reduce_fn, update_fn), tables, lambda: trace_message_passing(
-        message_fn, reduce_fn, update_fn, *tables, return_edata=return_edata))
-    outputs = compiled(graph, program_feeds(tables, captured))
-    if not return_edata:
-        return outputs
-    return _split_edge_outputs(compiled, outputs)
+    compiled, captured = traces.compiled(functions, tables, lambda: trace_message_passing(
+        *functions, *tables, return_edata=return_edata))
+    return compiled(graph, program_feeds(tables, captured)), compiled, captured
 
 
 class UpdateAll:
@@ -298,6 +308,7 @@ class UpdateAll:
     def __init__(self, message_fn: Callable, reduce_fn: Callable, update_fn: Callable | None = None):
         self.functions = (message_fn, reduce_fn, update_fn)
         self.udf_key = register_udf(self)
+        self._repeat: RepeatCall | None = None     # the last prepared call, for the next (repeat_call.py)
 
     def compiled(self, tables: tuple[Mapping[str, torch.Tensor], ...]
                  ) -> tuple[CompiledProgram, dict[str, torch.Tensor]]:
@@ -310,7 +321,15 @@ class UpdateAll:
             return message_passing(graph, *self.functions, ndata=ndata, edata=edata)
         if torch.compiler.is_compiling():
             return call_compiled(self.udf_key, graph, (ndata, edata or {}, {}, {}), run)
-        return run()
+        repeat = self._repeat
+        if repeat is not None and edata is None:
+            outputs = repeat(graph, ndata)
+            if outputs is not None:
+                return outputs
+        outputs, compiled, captured = _run(graph, self.functions, ndata, edata, None, None, False)
+        if not edata:
+            self._repeat = RepeatCall.after(_TRACES, self.functions, graph, ndata, compiled, captured)
+        return outputs
 
 
 # UDFs are often closures defined anew on every call (a layer's forward defines them),

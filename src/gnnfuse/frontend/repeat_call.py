@@ -1,6 +1,7 @@
 """A compiled function called again the way it was just called: one check, then its run.
 
-A cached call of a vertex function coerces the graph, checks that each feature table is
+Used by vertex functions (`vertex.VertexFunction`) and bound message/reduce functions
+(`message.UpdateAll`): objects that live across calls. A cached call coerces the graph, checks that each feature table is
 a dict of str to tensors, walks the function's guarded state and builds and hashes the
 trace cache's key (`trace_cache`), and only then reaches the compiled program, whose
 `PreparedCall` checks every input against the graph and whose backend's prepared run
