@@ -10,7 +10,8 @@ Each time is also given as effective bandwidth under one fixed byte model (see
 ``<out>/aggregate.json`` (keyed by data set/width/method) and ``<out>/aggregate.md``.
 
 Timed call by call, a small graph measures the host (Python, launches) as much as the
-kernel. ``--cuda-graph`` also times every method through a CUDA graph holding
+kernel; those launched calls are timed in ``--blocks`` rounds with the methods taking
+turns (see `measure`). ``--cuda-graph`` also times every method through a CUDA graph holding
 ``--graph-calls`` calls (`gnnfuse.runtime.cuda_graph.StepCapture`), replayed and divided
 by the call count: kernel against kernel. Those cells are keyed ``.../<method>@graph``
 and get their own tables.
@@ -125,16 +126,40 @@ def copy_bandwidth(megabytes: int, repeats: int, device: torch.device) -> float:
     return 2 * buffer.numel() * 4 / (median * 1e-3) / 1e9
 
 
-def measure(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, expected: torch.Tensor | None,
-            args: argparse.Namespace, device: torch.device, num_edges: int) -> dict[str, Any]:
-    """Warm up (gnnfuse compiles and autotunes on its first calls), time, then check."""
-    for _ in range(args.warmup):
-        fn(x)
-    stats = summarize(time_calls(lambda: fn(x), args.repeats, device))
+def measure(fns: dict[str, Callable[[torch.Tensor], torch.Tensor]], x: torch.Tensor,
+            expected: dict[str, torch.Tensor | None], args: argparse.Namespace, device: torch.device,
+            num_edges: int) -> dict[str, dict[str, Any]]:
+    """Launched cells of every method in ``fns``: warm up each (gnnfuse compiles and
+    autotunes on its first calls), then ``args.blocks`` rounds of ``args.repeats`` calls
+    per method, the methods taking turns, then check each output.
+
+    Why in turns: a launched call of a small sum is mostly host time, and the GPU
+    machine's host ran 2-2.5x slower or faster within one process (torch.empty took 3.6
+    to 9.5 us between cells of one run). Timed one method after another, a slow spell
+    landed on one method and flipped cells near 1.0x between runs; in turns, each
+    method meets the same spells. A method that fails keeps its failure as its status."""
+    cells: dict[str, dict[str, Any]] = {}
+    times: dict[str, list[float]] = {}
+    for method, fn in fns.items():
+        cells[method] = guarded(lambda: [fn(x) for _ in range(args.warmup)] and {"status": "ok"}, device)
+    for _ in range(args.blocks):
+        for method, fn in fns.items():
+            if cells[method]["status"] == "ok":
+                block = guarded(lambda: {"status": "ok", "times": time_calls(lambda: fn(x), args.repeats, device)},
+                                device)
+                if block["status"] == "ok":
+                    times.setdefault(method, []).extend(block["times"])
+                else:
+                    cells[method] = block
     moved = bytes_moved(x.shape[0], num_edges, x.shape[1])
-    return {"status": "ok", **stats, "repeats": args.repeats, "bytes": moved,
-            "gb_per_s": moved / (stats["median_ms"] * 1e-3) / 1e9,
-            "rel_err": None if expected is None else max_rel_err(fn(x), expected)}
+    for method, fn in fns.items():
+        if cells[method]["status"] == "ok":
+            stats = summarize(times[method])
+            check = expected[method]
+            cells[method] = {"status": "ok", **stats, "repeats": len(times[method]), "blocks": args.blocks,
+                             "bytes": moved, "gb_per_s": moved / (stats["median_ms"] * 1e-3) / 1e9,
+                             "rel_err": None if check is None else max_rel_err(fn(x), check)}
+    return cells
 
 
 def measure_captured(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, expected: torch.Tensor | None,
@@ -171,17 +196,21 @@ def run_width(name: str, ops: Operands, features: int, args: argparse.Namespace,
     except Exception as exc:  # noqa: BLE001 - timings are still worth having unchecked
         log(f"[{name}] F={features}: reference {REFERENCE} failed ({failure_status(exc)}); outputs unchecked")
         expected = None
-    timings = [("", measure)] + ([(GRAPH, measure_captured)] if args.cuda_graph else [])
-    for suffix, timing in timings:
-        for method in args.methods:
-            check = None if method == REFERENCE and not suffix else expected
-            cell = guarded(lambda: timing(fns[method], x, check, args, device, ops.graph.num_edges), device)
-            results["cells"][f"{name}/{features}/{method}{suffix}"] = {**cell, "run": run_id}
-            log(f"[{name}] F={features:4d} {method + suffix:18s} {describe(cell)}")
-            err = cell.get("rel_err")
-            if err is not None and err > REL_ERR_LIMIT:
-                warn(f"{name} F={features} {method}{suffix}: output differs from {REFERENCE} by {err:.2e} "
-                     f"(> {REL_ERR_LIMIT:g})")
+    launched = measure({method: fns[method] for method in args.methods}, x,
+                       {method: None if method == REFERENCE else expected for method in args.methods},
+                       args, device, ops.graph.num_edges)
+    cells = [(method, "", launched[method]) for method in args.methods]
+    if args.cuda_graph:
+        cells += [(method, GRAPH, guarded(lambda: measure_captured(fns[method], x, expected, args, device,
+                                                                   ops.graph.num_edges), device))
+                  for method in args.methods]
+    for method, suffix, cell in cells:
+        results["cells"][f"{name}/{features}/{method}{suffix}"] = {**cell, "run": run_id}
+        log(f"[{name}] F={features:4d} {method + suffix:18s} {describe(cell)}")
+        err = cell.get("rel_err")
+        if err is not None and err > REL_ERR_LIMIT:
+            warn(f"{name} F={features} {method}{suffix}: output differs from {REFERENCE} by {err:.2e} "
+                 f"(> {REL_ERR_LIMIT:g})")
     del x, expected
     store(results, args.out)
 
@@ -291,7 +320,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="comma list of feature widths (default 1,2,...,512)")
     parser.add_argument("--methods", type=name_list, default=list(METHODS),
                         help=f"comma list of {', '.join(METHODS)}")
-    parser.add_argument("--repeats", type=int, default=20, help="timed calls per cell (default 20)")
+    parser.add_argument("--repeats", type=int, default=20,
+                        help="timed calls per cell, per block for launched cells (default 20)")
+    parser.add_argument("--blocks", type=int, default=5,
+                        help="rounds of launched calls, the methods taking turns (default 5)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed calls first (default 5)")
     parser.add_argument("--cuda-graph", action="store_true",
                         help="also time every method through a CUDA graph of --graph-calls calls")

@@ -1,0 +1,37 @@
+"""benchmarks/bench_aggregate.py times launched calls with the methods taking turns (CPU)."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+import torch
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+@pytest.fixture
+def bench_aggregate(import_script):
+    return import_script(BENCHMARKS, "bench_aggregate")
+
+
+def test_launched_calls_take_turns_and_a_failure_stays_its_methods(bench_aggregate):
+    order = []
+    x = torch.ones(4, 2)
+
+    def method(name, fail_at=None):
+        def call(t):
+            order.append(name)
+            if fail_at is not None and order.count(name) == fail_at:
+                raise RuntimeError("boom")
+            return t * 2
+        return call
+    args = argparse.Namespace(warmup=1, repeats=3, blocks=2)
+    fns = {"a": method("a"), "b": method("b"), "c": method("c", fail_at=3)}
+    cells = bench_aggregate.measure(fns, x, {"a": x * 2, "b": None, "c": x}, args, torch.device("cpu"), 8)
+    timed = order[3:]       # after one warm-up call each
+    # block 1: a, b, then c, whose second timed call fails; block 2: a and b only
+    assert timed == ["a"] * 3 + ["b"] * 3 + ["c"] * 2 + ["a"] * 3 + ["b"] * 3
+    assert cells["a"]["repeats"] == 6 and cells["a"]["blocks"] == 2 and cells["a"]["rel_err"] == 0
+    assert cells["b"]["rel_err"] is None and cells["b"]["median_ms"] >= 0
+    assert cells["c"]["status"] != "ok" and "median_ms" not in cells["c"]
