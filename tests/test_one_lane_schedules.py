@@ -169,3 +169,43 @@ def check_neighbour_sum(case, width: int) -> None:
     (grad,) = torch.autograd.grad(out.sum(), [h])
     torch.testing.assert_close(grad, torch.zeros_like(grad).index_add_(0, src, torch.ones_like(h)[dst]),
                                rtol=1e-12, atol=1e-12)
+
+
+def _poisoned_empty(monkeypatch) -> None:
+    """``torch.empty`` hands out float tensors full of NaN: an output a kernel must write
+    whole, and does not, shows it."""
+    real = torch.empty
+
+    def empty(*args, **kwargs):
+        t = real(*args, **kwargs)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+    monkeypatch.setattr(torch, "empty", empty)
+
+
+@pytest.mark.parametrize("rows_per_program", [4096, 8])
+def test_a_scan_writes_its_whole_output_without_zeros_first(rows_per_program, monkeypatch):
+    """The scan's output is made empty: rows within a block are stored, rows across
+    blocks meet in the workspace (left zero after every call), and the programs store
+    the zeros of rows without edges, each in its share of the rows -- here also a graph
+    whose edges all go into its last rows, and more programs than blocks of edges."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
+    monkeypatch.setattr(triton_executor, "SCAN_ROWS_PER_PROGRAM", rows_per_program)
+    low_degree(monkeypatch, "scan")
+    plans = []
+    real_run = triton_executor.run_launch
+    monkeypatch.setattr(triton_executor, "run_launch", lambda plan, leaves: plans.append(plan) or real_run(plan, leaves))
+    _poisoned_empty(monkeypatch)
+    g = torch.Generator().manual_seed(5)
+    late = gnnfuse.Graph(torch.randint(0, 300, (40,), generator=g), torch.randint(250, 300, (40,), generator=g), 300)
+    for graph in (hub_graph(), late):
+        graph = graph.to(DEVICE)
+        for _ in range(2):
+            h = torch.randn(graph.num_nodes, 1, dtype=f64, generator=g).to(DEVICE)
+            out = LAYERS["sum"](graph, {"h": h})
+            expected = torch.zeros(graph.num_nodes, 1, dtype=f64, device=DEVICE).index_add_(0, graph.dst, h[graph.src])
+            torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
+    scans = [p for p in plans if p.workspace is not None and p.out_shape[1:] == (1,)]
+    assert scans and not any(p.zeros for p in scans)
+    for plan in scans:
+        for work, arrived in plan.workspaces.values():
+            assert not work.any() and not arrived.any()

@@ -191,7 +191,7 @@ def test_a_prepared_call_keeps_its_graph_only_weakly(full_path):
     h = _inputs(graph)
     _prepared_on(graph, h, full_path)
     compiled, _ = _neighbour_sum.compiled(({"h": h}, {}, {}, {}))
-    assert compiled._prepared is not None
+    assert compiled.prepared is not None
     dead = []
     import weakref
     weakref.finalize(graph, dead.append, True)

@@ -327,7 +327,7 @@ class UpdateAll:
             if outputs is not None:
                 return outputs
         outputs, compiled, captured = _run(graph, self.functions, ndata, edata, None, None, False)
-        if not edata:
+        if compiled.prepared is not None and not edata:     # else there is nothing to repeat
             self._repeat = RepeatCall.after(_TRACES, self.functions, graph, ndata, compiled, captured)
         return outputs
 

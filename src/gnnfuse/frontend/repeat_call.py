@@ -56,7 +56,8 @@ class RepeatCall:
         trace captured tensors (fetched afresh on every call), the table holds keys the
         program does not read (the full path type-checks them), or the functions reach
         state the trace cache cannot guard."""
-        if captured or not compiled.has_prepared_call(graph) or type(table) is not dict:
+        prepared = compiled.prepared
+        if captured or prepared is None or prepared.graph is not graph or type(table) is not dict:
             return None
         keys = frozenset(table)
         if keys != set(compiled.input_keys):

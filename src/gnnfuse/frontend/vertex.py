@@ -352,7 +352,7 @@ class VertexFunction:
                      ntype_feature=ntype_feature)
         compiled, captured = self.compiled(tables)
         outputs = compiled(graph, program_feeds(tables, captured))
-        if not any(tables[1:]):
+        if compiled.prepared is not None and not any(tables[1:]):     # else there is nothing to repeat
             self._repeat = RepeatCall.after(_TRACES, (self.fn,), graph, v_feature, compiled, captured)
         return outputs
 

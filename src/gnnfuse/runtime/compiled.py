@@ -46,9 +46,10 @@ class CompiledProgram:
         # compiled on its first run
         self._pair_rewrite: SourcePairRewrite | None = rewrite_for_source_pairs(self.program)
         self._on_pairs: CompiledProgram | None = None
-        # inference on one graph (runtime/prepared_call.py): the call kept, and the last
-        # full-path inference call's (graph, input metadata) that decides when to keep one
-        self._prepared: PreparedCall | None = None
+        # inference on one graph (runtime/prepared_call.py): the call kept (public: a front
+        # end's repeat call, frontend/repeat_call.py, runs it), and the last full-path
+        # inference call's (graph, input metadata) that decides when to keep one
+        self.prepared: PreparedCall | None = None
         self._last_inference: tuple | None = None
 
     def backward_for(self, wrt: tuple[str, ...]) -> BackwardProgram:
@@ -95,18 +96,14 @@ class CompiledProgram:
         """The names of the program's inputs, in program order."""
         return self._input_keys
 
-    def has_prepared_call(self, graph: Graph) -> bool:
-        """Whether an inference call on ``graph`` may be run by a kept `PreparedCall`."""
-        return self._prepared is not None and self._prepared.graph is graph
-
     def run_prepared(self, graph: Graph, feeds: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
         """The outputs of a call on ``graph`` and ``feeds`` by the kept `PreparedCall`, or
         None where there is none or any of its checks differs (then `__call__` runs it)."""
-        prepared = self._prepared
+        prepared = self.prepared
         return None if prepared is None else prepared(graph, feeds)
 
     def __call__(self, graph: Graph, feeds: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        prepared = self._prepared
+        prepared = self.prepared
         if prepared is not None:
             outputs = prepared(graph, feeds)
             if outputs is not None:
@@ -140,7 +137,7 @@ class CompiledProgram:
             return      # whether it runs on the pair graph depends on more than the prepared call checks
         run = preparer(backend_name(graph.device.type == "cuda"))
         if run is not None:
-            self._prepared = PreparedCall(graph, self._input_keys, tensors, run(self.program, graph).run, _RECORDERS)
+            self.prepared = PreparedCall(graph, self._input_keys, tensors, run(self.program, graph).run, _RECORDERS)
 
     def _run_on_pairs(self, graph: Graph, feeds: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Run the pair-graph form of the program (passes/pair_sources.py): its pair
