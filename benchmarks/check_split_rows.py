@@ -5,7 +5,7 @@ to arrive stores the row (`backend/triton/codegen._split_row_fixup`). CI runs Tr
 interpreter, which runs one program at a time, so the ordering that makes this correct
 (the adds before the count, the count seen complete before the read) is only exercised
 here, with thousands of programs in flight. For each preset graph, schedule (the CSR
-walk and ``rows``; ``auto`` picks the scan kernel at width 1 on the arxiv-sized graph) and width, this runs the neighbour sum many times launched, replayed
+walk and ``rows`` by default, ``--schedules``) and width, this runs the neighbour sum many times launched, replayed
 from a CUDA graph, and on two streams at once, checks every output against
 ``torch.sparse.mm`` and checks the workspaces are all zero afterwards.
 
@@ -90,8 +90,7 @@ def main() -> None:
     parser.add_argument("--widths", default="1,3,32,64,300")
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--schedules", default="csr,rows",
-                        help="GNNFUSE_SCHEDULE values to check; auto at width 1 on a low-degree graph runs the "
-                             "scan kernel, whose rows across blocks meet in a workspace too")
+                        help="GNNFUSE_SCHEDULE values to check (auto: what the cost rule picks)")
     args = parser.parse_args()
     device = torch.device("cuda")
     failed = False

@@ -976,7 +976,9 @@ SCAN_BLOCKS = (64, 128, 256)
 def generate_scan(unit: AggregateUnit, name: str, acc_dtype: str, tuned: bool = False) -> tuple[str, list[Value]]:
     """Kernel source for a `one_lane` unit: one program per block of edges in the order
     of the CSR by the unit's index (so a row's edges are adjacent), each edge's value
-    evaluated as in `generate_coo` and the block summed per row by a segmented scan. Every program the same
+    evaluated as in `generate_coo` and the block summed per row by a segmented scan; the
+    last edge of each row in the block adds the row's total atomically into a zeroed
+    ``out``. One atomic per (row, block) instead of one per edge, every program the same
     size whatever the degrees, and no per-row loop of dependent loads.
 
     Why: it replaces the COO schedule for one-lane units, which pays an atomic per edge.
@@ -987,17 +989,7 @@ def generate_scan(unit: AggregateUnit, name: str, acc_dtype: str, tuned: bool = 
     there is bound by the gathers -- so walks keep `generate_rows`, which needs no
     per-edge row array (`executor.rows_in_csr_order`, 4 bytes an edge: 0.25 GB on a
     products-sized graph, whose GAT step must stay under 8 GB). A mean divides each
-    edge's term by its row's degree.
-
-    ``out`` is written whole, with no zeros before the kernel: the last edge of each row
-    in a block stores the row's total where the row begins and ends in the block; a row
-    crossing a block boundary meets in ``work`` at the slot of the block it begins in
-    (one row at most begins its crossing in each block), counted in ``arrived``, and the
-    last of its blocks to arrive stores it (`_split_row_fixup`'s protocol, per lane);
-    and each program stores the zeros of the rows without edges in its share of the
-    rows (``num_rows`` over the programs). Why: an output made by ``torch.zeros`` cost
-    the launched arxiv-sized F = 1 sum 6-12 us of host time on the H200's host
-    (`results/launch_floor.md`), against cuSPARSE's whole call of 40-45 us."""
+    edge's term by its row's degree."""
     op = unit.reduce.attrs["op"]
     other = "src" if unit.by == "dst" else "dst"
     em = _Emitter(unit, {"center": unit.by, "neighbour": other})
@@ -1015,8 +1007,8 @@ def _segment_add(total_a, start_a, total_b, start_b):
     return tl.where(start_b != 0, total_b, total_a + total_b), start_a | start_b
 
 
-{_decorator(tuned, {"BLOCK_E": _fit_tiles(SCAN_BLOCKS, em, 4, acc_dtype)}, "size_class", False, warps=(4, 8))}
-def {name}(rowptr, col, rows, eid, num_edges, num_rows, size_class, out, work, arrived, degree, {em.params()}BLOCK_E: tl.constexpr):
+{_decorator(tuned, {"BLOCK_E": _fit_tiles(SCAN_BLOCKS, em, 4, acc_dtype)}, "size_class", True, warps=(4, 8))}
+def {name}(col, rows, eid, num_edges, size_class, out, degree, {em.params()}BLOCK_E: tl.constexpr):
     # {unit.describe()}, a segmented scan over CSR-ordered edges
     ACC: tl.constexpr = {acc_dtype}
     lane = tl.arange(0, BLOCK_E)
@@ -1035,32 +1027,8 @@ def {name}(rowptr, col, rows, eid, num_edges, num_rows, size_class, out, work, a
     tile = tl.where(emask[:, None], {root} + tl.zeros([BLOCK_E, 1], ACC), 0.0)
     val = tl.sum(tile, axis=1){mean}
     total, _ = tl.associative_scan((val, (row != before).to(tl.int32)), 0, _segment_add)
-    last = emask & ((row != after) | (lane == BLOCK_E - 1))
-    # the blocks a row's edges begin and end in: a row within this block is stored here
-    first_block = tl.load(rowptr + row, mask=last, other=0).to(tl.int64) // BLOCK_E
-    last_block = (tl.load(rowptr + row + 1, mask=last, other=1).to(tl.int64) - 1) // BLOCK_E
-    split = last & (last_block > first_block)
-    tl.store(out + row, total.to(out.dtype.element_ty), mask=last & (last_block == first_block))
-    if tl.max(split.to(tl.int32), axis=0) > 0:
-        part = work + first_block
-        tl.atomic_add(part, total, mask=split)
-        tl.debug_barrier()
-        counter = arrived + first_block
-        seen = tl.atomic_add(counter, tl.full([BLOCK_E], 1, tl.int32), mask=split)
-        done = split & (seen == last_block - first_block)
-        whole = tl.atomic_add(part, tl.zeros([BLOCK_E], ACC), mask=done)
-        tl.store(out + row, whole.to(out.dtype.element_ty), mask=done)
-        tl.store(part, tl.zeros([BLOCK_E], ACC), mask=done)
-        tl.atomic_xchg(counter, tl.zeros([BLOCK_E], tl.int32), mask=done)
-    # rows without edges, in this program's share of the rows
-    share = tl.cdiv(num_rows, tl.num_programs(0))
-    low = tl.program_id(0).to(tl.int64) * share
-    high = tl.minimum(low + share, num_rows)
-    for r0 in range(low, high, BLOCK_E):
-        r = r0 + lane
-        rmask = r < high
-        empty = tl.load(rowptr + r + 1, mask=rmask, other=0) == tl.load(rowptr + r, mask=rmask, other=0)
-        tl.store(out + r, tl.zeros([BLOCK_E], ACC).to(out.dtype.element_ty), mask=rmask & empty)
+    last = (row != after) | (lane == BLOCK_E - 1)
+    tl.atomic_add(out + row, total.to(out.dtype.element_ty), mask=emask & last, sem="relaxed")
 '''
     return source, em.leaf_args
 

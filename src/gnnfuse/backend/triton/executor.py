@@ -19,9 +19,8 @@ from ..kernel_cache import load_kernel as _load_kernel
 from ..launch_cache import CallSettings, LaunchCache
 from ..row_layout import has_row_stride
 from ..reference.executor import run_plan
-from .codegen import (SCAN_BLOCKS, SHARED_REDUCE_BLOCK_E, SHARED_REDUCE_PROGRAMS, TYPE_LOAD, RowSum, generate,
-                      generate_coo, generate_edge, generate_rows, generate_scan, generate_shared_reduce,
-                      generate_sibling_merge, generate_siblings, head_block,
+from .codegen import (SHARED_REDUCE_BLOCK_E, SHARED_REDUCE_PROGRAMS, TYPE_LOAD, RowSum, generate, generate_coo, generate_edge,
+                      generate_rows, generate_scan, generate_shared_reduce, generate_sibling_merge, generate_siblings, head_block,
                       one_lane, partial_buffers, plain_sum, ROWS_WIDEST, row_stride, row_sum_split)
 from .context import TritonGraphContext
 from .direct_launch import Replays, current_stream
@@ -337,8 +336,8 @@ def _launch_bound(plan: _Launch | _SiblingLaunch, args: tuple) -> None:
     if slot[0] is None and slot[1] < _BIND_ATTEMPTS:
         slot[1] += 1
         first, end, after = len(plan.before), len(args) - len(plan.types), getattr(plan, "after", ())
-        outs = 3 if getattr(plan, "workspace", None) is not None else 1     # ``out``, and a workspace's two
-        varying = (*range(first, first + outs), *range(first + outs + len(after), end))
+        # a plan with a workspace has no ``after``: its ``out``, workspace and counters vary together
+        varying = (first, *range(first + 1 + len(after), end)) if after else tuple(range(first, end))
         slot[0] = bind(plan.kernel, plan.grid, args, plan.signature, varying)
 
 
@@ -520,7 +519,7 @@ def _plan_schedule(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor
     if schedule == "rows":
         return _plan_rows_unit(unit, ctx, kernel, (rowptr, col, eid), rows, acc, leaf_dtypes, common)
     if schedule == "scan":
-        return _plan_scan_unit(unit, ctx, kernel, (rowptr, col, eid), rows, acc, leaf_dtypes, common)
+        return _plan_scan_unit(unit, ctx, kernel, (rowptr, col, eid), rows, leaf_dtypes, common)
     op = unit.reduce.attrs["op"]
     splits = op in ("sum", "mean")
     segs = segments(ctx, unit.by, SEGMENT_EDGES if splits else None)
@@ -542,24 +541,22 @@ def _plan_schedule(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor
     else:
         slots = split_slots(ctx, unit.by, SEGMENT_EDGES)
         before = (rowptr, col, eid, segs.row, segs.start, segs.end, slots.slot, slots.segments, count, tuned_as)
-        workspace, after = _split_workspace(len(slots), width, acc, triton.cdiv(width, block_f), ctx.device)
+        workspace, after = _split_workspace(slots, width, acc, triton.cdiv(width, block_f), ctx.device)
     return _launch_plan(kernel if count else None, grid, (tuned_as, width), before, after,
                         {"BLOCK_F": block_f, **fixed}, leaf_dtypes, shape, unit.reduce.dtype, False, None,
                         workspace=workspace, **common)
 
 
-def _split_workspace(slots: int, width: int, acc: str, programs: int, device: torch.device
-                     ) -> tuple[tuple | None, tuple]:
+def _split_workspace(slots, width: int, acc: str, programs: int, device: torch.device) -> tuple[tuple | None, tuple]:
     """A plan's ``workspace`` field for kernels whose split rows meet in one
-    (`codegen._split_row_fixup`), ``slots`` rows of ``width``, and its ``after``
-    arguments: with no slot the kernel never touches a workspace, and takes one-element
-    stand-ins of the workspace's and counters' dtypes (the kernel is compiled for the
-    same argument types either way) as constant arguments; else none, and the workspace
-    comes per stream (`_workspace`)."""
+    (`codegen._split_row_fixup`), and its ``after`` arguments: with no split row the
+    kernel never touches a workspace, and takes one-element stand-ins of the workspace's
+    and counters' dtypes (the kernel is compiled for the same argument types either way)
+    as constant arguments; else none, and the workspace comes per stream (`_workspace`)."""
     dtype = torch.float64 if acc == "tl.float64" else torch.float32     # the kernel's ACC
-    if not slots:
+    if not len(slots):
         return None, (torch.zeros(1, dtype=dtype, device=device), torch.zeros(1, dtype=torch.int32, device=device))
-    return (slots, width, dtype, programs), ()
+    return (len(slots), width, dtype, programs), ()
 
 
 def _plan_rows_unit(unit: AggregateUnit, ctx: GraphContext, kernel, csr: tuple, rows: int, acc: str,
@@ -574,39 +571,25 @@ def _plan_rows_unit(unit: AggregateUnit, ctx: GraphContext, kernel, csr: tuple, 
     block_f = min(feature_block(unit, ROWS_WIDEST), ROWS_WIDEST)   # a forced tile, within the configs' tiles
     tuned_as = tuning_class(kernel, count)
     before = (*csr, segs.row, segs.start, segs.end, slots.slot, slots.segments, slots.split_segments, count, tuned_as)
-    workspace, after = _split_workspace(len(slots), width, acc, triton.cdiv(width, block_f) if width else 1,
-                                        ctx.device)
+    workspace, after = _split_workspace(slots, width, acc, triton.cdiv(width, block_f) if width else 1, ctx.device)
     return _launch_plan(kernel if count and width else None,
                         lambda meta: (triton.cdiv(count, meta["BLOCK_R"]), triton.cdiv(width, block_f)),
                         (tuned_as, width), before, after, {"BLOCK_F": block_f, **fixed}, leaf_dtypes,
                         (rows,) + unit.reduce.shape, unit.reduce.dtype, False, None, workspace=workspace, **common)
 
 
-def _plan_scan_unit(unit: AggregateUnit, ctx: GraphContext, kernel, csr: tuple, rows: int, acc: str,
-                    leaf_dtypes: tuple, common: dict[str, Any]) -> _Launch:
-    """`generate_scan`'s launch: BLOCK_E edges of the CSR order per program, and at least
-    one program per `SCAN_ROWS_PER_PROGRAM` rows, which write the zeros of rows without
-    edges. Rows crossing a block boundary meet in a workspace with a slot per block of
-    the smallest BLOCK_E the kernel may run with; an empty graph's output is zeros."""
-    rowptr, col, eid = csr
+def _plan_scan_unit(unit: AggregateUnit, ctx: GraphContext, kernel, csr: tuple, rows: int, leaf_dtypes: tuple,
+                    common: dict[str, Any]) -> _Launch:
+    """`generate_scan`'s launch: BLOCK_E edges of the CSR order per program, adding into
+    a zeroed ``out``."""
+    _, col, eid = csr
     count = ctx.num_edges
     fixed = {} if _autotune() else {"BLOCK_E": 16}
-    smallest = fixed.get("BLOCK_E", min(SCAN_BLOCKS))
     tuned_as = tuning_class(kernel, count)
-    before = (rowptr, col, rows_in_csr_order(ctx, unit.by), eid, count, rows, tuned_as)
-    workspace, after = _split_workspace(triton.cdiv(count, smallest), 1, acc, 1, ctx.device)
-    programs_for_rows = triton.cdiv(rows, SCAN_ROWS_PER_PROGRAM)
-    return _launch_plan(kernel if count else None,
-                        lambda meta: (max(triton.cdiv(count, meta["BLOCK_E"]), programs_for_rows),),
-                        (tuned_as, 1), before, (*after, ctx.degree(unit.by)), fixed, leaf_dtypes,
-                        (rows,) + unit.reduce.shape, unit.reduce.dtype, not count, None,
-                        workspace=workspace, **common)
-
-
-# Rows a scan program checks for having no edges, at most: a graph of few edges and many
-# rows (a relation's edges into one node type of a typed graph) gets more programs than
-# blocks of edges, rather than a few programs walking every row.
-SCAN_ROWS_PER_PROGRAM = 4096
+    before = (col, rows_in_csr_order(ctx, unit.by), eid, count, tuned_as)
+    return _launch_plan(kernel if count else None, lambda meta: (triton.cdiv(count, meta["BLOCK_E"]),),
+                        (tuned_as, 1), before, (ctx.degree(unit.by),), fixed, leaf_dtypes,
+                        (rows,) + unit.reduce.shape, unit.reduce.dtype, True, None, **common)
 
 
 def rows_in_csr_order(ctx: GraphContext, by: str) -> torch.Tensor:
