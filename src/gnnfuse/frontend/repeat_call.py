@@ -1,26 +1,29 @@
 """A compiled function called again the way it was just called: one check, then its run.
 
 Used by vertex functions (`vertex.VertexFunction`) and bound message/reduce functions
-(`message.UpdateAll`): objects that live across calls. A cached call coerces the graph, checks that each feature table is
-a dict of str to tensors, walks the function's guarded state and builds and hashes the
-trace cache's key (`trace_cache`), and only then reaches the compiled program, whose
-`PreparedCall` checks every input against the graph and whose backend's prepared run
-checks shapes and settings. On an arxiv-sized neighbour sum (a 10-70 us kernel) that
-front-end work was a third of the Python before the launch, and the launched call lost
-to ``torch.sparse.mm`` on Python alone (benchmarks/results/launch_floor.md).
+(`message.UpdateAll`), objects that live across calls. A cached call coerces the graph,
+checks that each feature table is a dict of str to tensors, walks the function's
+guarded state and builds and hashes the trace cache's key (`trace_cache`), and only
+then reaches the compiled program, whose `PreparedCall` checks every input against the
+graph and whose backend's prepared run checks shapes and settings. On an arxiv-sized
+neighbour sum (a 10-70 us kernel) that front-end work was a third of the Python before
+the launch, and the launched call lost to ``torch.sparse.mm`` on Python alone
+(benchmarks/results/launch_floor.md).
 
 `RepeatCall` remembers, after a call on a graph where the compiled program keeps a
-prepared call, the node table's keys (all of them inputs of the program), the default
-dtype, the guard key and the trace cache's generation. A later call with only a node
-table (a dict of as many keys), under the same default dtype and trace-cache
-generation, and whose guard walk gives an equal key, is handed straight to the
-program's prepared call. Its checks (the graph object it was kept for, each input a
-tensor of the dtype, device, layout and shape it ran with, not needing a gradient while
+prepared call, how many keys the node table had (all of them inputs of the program),
+the default dtype, the guard key and the trace cache's generation. A later call with
+only a node table (a dict of as many keys), under the same default dtype and
+trace-cache generation, and whose guard key is still the same, is handed straight to
+the program's prepared call. The guard key is re-checked by the identities of what the
+functions read (`trace_cache.shallow_reads`) where those decide it, else by the walk.
+The prepared call's checks (the graph object it was kept for, each input a tensor of
+the dtype, device, layout and shape it ran with, not needing a gradient while
 gradients are on, no `record_calls` block, the backend's variables and settings) make
 the call's trace-cache key the one that found this program, so it computes what the
-full path would. Anything else --
-another graph, more tables, a rebound global, a captured tensor, the prepared call
-declining -- takes the full path, which reports any error.
+full path would. Anything else -- another graph, more tables, a rebound global, a
+captured tensor, the prepared call declining -- takes the full path, which reports any
+error.
 """
 from __future__ import annotations
 
@@ -37,12 +40,12 @@ class RepeatCall:
     """A repeat of the last call of ``functions`` that a prepared call ran (see the module docstring)."""
 
     def __init__(self, cache: TraceCache, functions: tuple[Callable | None, ...], guard: object,
-                 keys: frozenset[str], compiled: CompiledProgram) -> None:
+                 count: int, compiled: CompiledProgram) -> None:
         self._cache, self._generation = cache, cache.generation
         self._functions, self._guard = functions, guard
         # the walk's inputs by identity, where comparing them decides the guard key
         self._reads = shallow_reads(functions)
-        self._keys, self._count = keys, len(keys)
+        self._count = count     # the node table's keys: the program's inputs, which its prepared call checks
         self._dtype = torch.get_default_dtype()
         self._compiled = compiled
 
@@ -59,11 +62,10 @@ class RepeatCall:
         prepared = compiled.prepared
         if captured or prepared is None or prepared.graph is not graph or type(table) is not dict:
             return None
-        keys = frozenset(table)
-        if keys != set(compiled.input_keys):
+        if set(table) != set(compiled.input_keys):
             return None
         guard = guard_key(functions)
-        return None if guard is None else cls(cache, functions, guard, keys, compiled)
+        return None if guard is None else cls(cache, functions, guard, len(table), compiled)
 
     def __call__(self, graph: object, table: object) -> dict[str, torch.Tensor] | None:
         """The program's outputs for a call on ``graph`` with node table ``table`` alone,

@@ -337,13 +337,13 @@ class VertexFunction:
         if repeat is not None and e_feature is None and etype_feature is None and ntype_feature is None:
             outputs = repeat(graph, v_feature)
             if outputs is not None:
-                return outputs["out"] if len(outputs) == 1 and "out" in outputs else outputs
+                return _unwrapped(outputs)
         tables = (v_feature, e_feature or {}, etype_feature or {}, ntype_feature or {})
         if torch.compiler.is_compiling():
             outputs = call_compiled(self.udf_key, graph, tables, lambda: self._run(graph, tables))
         else:
             outputs = self._run(graph, tables)
-        return outputs["out"] if list(outputs) == ["out"] else outputs
+        return _unwrapped(outputs)
 
     def _run(self, graph: Graph | Any, tables: tuple[Mapping[str, torch.Tensor], ...]) -> dict[str, torch.Tensor]:
         graph = Graph.coerce(graph)
@@ -360,6 +360,11 @@ class VertexFunction:
                  ) -> tuple[CompiledProgram, dict[str, torch.Tensor]]:
         """The compiled program for a call on ``tables`` and the tensors its trace captured."""
         return _TRACES.compiled((self.fn,), tables, lambda: self.trace(*tables)[0])
+
+
+def _unwrapped(outputs: dict[str, torch.Tensor]) -> torch.Tensor | dict[str, torch.Tensor]:
+    """A vertex function's result: its one output where it returned a value, else the dict."""
+    return outputs["out"] if len(outputs) == 1 and "out" in outputs else outputs
 
 
 # Keyed by the function's code and guarded state, not by the decorated object, so a
