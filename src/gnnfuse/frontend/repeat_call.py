@@ -74,7 +74,8 @@ class RepeatCall:
                 or self._cache.generation != self._generation or torch.get_default_dtype() is not self._dtype
                 or torch.compiler.is_compiling() or not self._guard_holds()):
             return None
-        return self._compiled.run_prepared(graph, table)
+        prepared = self._compiled.prepared     # the program's current one: it checks the graph
+        return None if prepared is None else prepared(graph, table)
 
     def _guard_holds(self) -> bool:
         """Whether the functions' guard key is still the one their program was found by."""

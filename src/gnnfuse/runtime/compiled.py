@@ -96,12 +96,6 @@ class CompiledProgram:
         """The names of the program's inputs, in program order."""
         return self._input_keys
 
-    def run_prepared(self, graph: Graph, feeds: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
-        """The outputs of a call on ``graph`` and ``feeds`` by the kept `PreparedCall`, or
-        None where there is none or any of its checks differs (then `__call__` runs it)."""
-        prepared = self.prepared
-        return None if prepared is None else prepared(graph, feeds)
-
     def __call__(self, graph: Graph, feeds: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         prepared = self.prepared
         if prepared is not None:

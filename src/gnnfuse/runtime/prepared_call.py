@@ -11,10 +11,11 @@ metadata, the environment variables that chose the backend, and the backend's
 `PreparedRun` (only the Triton backend has one). A later call is run by it only when
 every one of those compares equal -- the same graph object (graphs are immutable),
 each input a tensor of the dtype, device and layout it ran with (a front end's repeat
-call, frontend/repeat_call.py, hands over tables it has not type-checked), no input needing a gradient while gradients are
-enabled, no `record_calls` block open, the backend's variables, and then the backend's
-own checks (`PreparedRun.run`: the inputs' shapes and its settings) -- so it computes what the full
-path would; otherwise the call takes the full path, which reports any error.
+call, frontend/repeat_call.py, hands over tables it has not type-checked), no input
+needing a gradient while gradients are enabled, no `record_calls` block open, the
+backend's variables, and then the backend's own checks (`PreparedRun.run`: the inputs'
+shapes and its settings) -- so it computes what the full path would; otherwise the call
+takes the full path, which reports any error.
 """
 from __future__ import annotations
 
@@ -57,8 +58,8 @@ class PreparedCall:
         grad = torch.is_grad_enabled()
         for key, (dtype, device) in zip(self._keys, self._metas):
             t = feeds.get(key)
-            if (not isinstance(t, torch.Tensor) or t.dtype != dtype or t.device != device or t.layout is not torch.strided
-                    or (grad and t.requires_grad)):
+            if (not isinstance(t, torch.Tensor) or t.dtype != dtype or t.device != device
+                    or t.layout is not torch.strided or (grad and t.requires_grad)):
                 return None
         result = self._run(graph, feeds)
         return None if result is None else result[0]
