@@ -246,3 +246,48 @@ def test_paired_linear_has_the_two_maps_values_and_derivatives(wanted):
     torch.testing.assert_close(got, want)
     assert torch.autograd.gradgradcheck(lambda *args: paired_linear(args[0], args[1], read, args[2], args[3]),
                                         (x, wa, wb, bias))
+
+
+def _unread_rows_case(device):
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(9, 6, dtype=torch.float64, generator=gen)
+    mask = torch.tensor([True, False, True, True, False, True, True, False, True])
+    x[1, 2], x[4, 0], x[7] = float("nan"), float("inf"), float("-inf")   # non-finite, in unread rows only
+    grad = torch.randn(9, 5, dtype=torch.float64, generator=gen) * mask.unsqueeze(1)
+    return x.to(device), grad.to(device), RowsRead.of(mask.to(device))
+
+
+def test_product_with_rows_zeroed_in_place_restores_x_and_its_version():
+    x, grad, read = _unread_rows_case("cpu")
+    base = x.clone().requires_grad_()
+    held = base * base          # saves base: autograd checks its version in the backward
+    table = base.detach()       # shares base's storage and version counter
+    before, version = table.clone(), table._version
+    with torch.no_grad():
+        got = aligned_module.product_with_rows_zeroed(grad, table, read)
+    expected = grad.t() @ rows_read(before, read)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    assert torch.equal(table.view(torch.int64), before.view(torch.int64))    # bit for bit, NaN included
+    assert table._version == version
+    held.sum().backward()       # would raise had the in-place zeroing shown in the version
+    torch.testing.assert_close(base.grad, 2 * before, equal_nan=True)
+
+
+def test_weight_gradient_on_the_device_keeps_nonfinite_unread_rows_out():
+    """On CUDA the unread rows are zeroed in the saved input itself (the product path);
+    elsewhere, or when the backward itself is differentiated, in a copy. Either way the
+    weight's gradient is finite and the input is as it was."""
+    x, grad, read = _unread_rows_case(DEVICE)
+    before = x.clone()
+    for create_graph in (False, True):
+        x_in = x.clone().requires_grad_()
+        w = torch.randn(5, 6, dtype=torch.float64, device=DEVICE, requires_grad=True)
+        out = _AlignedLinear.apply(x_in, w, None, read, 5)
+        got = torch.autograd.grad(out, w, grad, create_graph=create_graph)[0]
+        torch.testing.assert_close(got, grad.t() @ rows_read(before, read), rtol=0, atol=0)
+        assert torch.equal(x_in.detach().view(torch.int64), before.view(torch.int64))
+    with torch.no_grad():
+        plain = aligned_module.weight_gradient(grad, x, None)
+        assert torch.isnan(plain).any()        # what the read rows guard against
+        assert torch.isfinite(aligned_module.weight_gradient(grad, x, read)).all()

@@ -62,6 +62,35 @@ def rows_read(x: torch.Tensor, read: RowsRead | None) -> torch.Tensor:
     return x if read is None else x.index_fill(0, read.unread, 0.0)
 
 
+def weight_gradient(grad: torch.Tensor, x: torch.Tensor, read: RowsRead | None) -> torch.Tensor:
+    """``grad^T rows_read(x, read)``: a linear map's weight gradient summed over the rows
+    of ``read`` only (None: all) -- in a backward, where ``grad`` is 0 on the unread rows.
+
+    `rows_read`'s zeroed copy of ``x`` is a whole pass over it: 0.30 ms for a
+    products-sized [2.45M, 64] input on an H200 (24 us at arxiv's size), to zero 71 rows.
+    So on CUDA, outside a double backward and for a contiguous ``x``, the unread rows are
+    zeroed in ``x`` itself for the product and put back right after it, on the same stream:
+    every kernel queued before or after sees ``x`` as it was, and its version counter is
+    kept, since to autograd nothing changed. That costs three kernels over the unread rows.
+    """
+    if read is None:
+        return grad.t() @ x
+    if not (x.is_cuda and x.is_contiguous() and not torch.is_grad_enabled()):
+        return grad.t() @ rows_read(x, read)     # a CPU tensor may be a read-only memory map
+    return product_with_rows_zeroed(grad, x, read)
+
+
+def product_with_rows_zeroed(grad: torch.Tensor, x: torch.Tensor, read: RowsRead) -> torch.Tensor:
+    """``grad^T x`` with ``x``'s unread rows zeroed in place for the product and restored
+    after it, ``x``'s version counter kept (`weight_gradient` says when this is safe)."""
+    kept = x.index_select(0, read.unread)
+    with torch.autograd._unsafe_preserve_version_counter(x):
+        x.index_fill_(0, read.unread, 0.0)
+        product = grad.t() @ x
+        x.index_copy_(0, read.unread, kept)
+    return product
+
+
 def aligned_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                    read: RowsRead | None = None) -> torch.Tensor:
     """``x W^T + b`` -- on CUDA with its rows at the kernels' stride (a view into a
@@ -118,7 +147,7 @@ class _PairedLinear(torch.autograd.Function):
         grad_a = x.new_zeros(x.shape[0], weight_a.shape[0]) if grad_a is None else grad_a
         grad_b = x.new_zeros(x.shape[0], weight_b.shape[0]) if grad_b is None else grad_b
         grad_x = (grad_a @ weight_a).addmm_(grad_b, weight_b) if ctx.needs_input_grad[0] else None
-        grad_wa = grad_a.t() @ rows_read(x, ctx.read_a) if ctx.needs_input_grad[1] else None
+        grad_wa = weight_gradient(grad_a, x, ctx.read_a) if ctx.needs_input_grad[1] else None
         grad_wb = grad_b.t() @ x if ctx.needs_input_grad[3] else None
         grad_bias = column_sums(grad_b) if ctx.needs_input_grad[4] else None
         return grad_x, grad_wa, None, grad_wb, grad_bias
@@ -138,7 +167,7 @@ class _AlignedLinear(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         x, weight = ctx.saved_tensors
         grad_x = grad @ weight if ctx.needs_input_grad[0] else None
-        grad_weight = grad.t() @ rows_read(x, ctx.read) if ctx.needs_input_grad[1] else None
+        grad_weight = weight_gradient(grad, x, ctx.read) if ctx.needs_input_grad[1] else None
         grad_bias = column_sums(grad) if ctx.needs_input_grad[2] else None
         return grad_x, grad_weight, grad_bias, None, None
 
