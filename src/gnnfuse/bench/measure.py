@@ -69,8 +69,8 @@ def measure(framework: str, model: str, data: DeviceData, state: dict[str, torch
     step = training_step(module, loss, device, cuda_graph if ours else "off", framework,
                          lr=LR, weight_decay=WEIGHT_DECAY)
 
-    torch.manual_seed(1)                      # same dropout masks for every framework on a GPU (on a CPU
-                                              # gnnfuse draws its own: `TwoLayer`)
+    torch.manual_seed(1)                      # each framework's masks repeat from run to run (gnnfuse
+                                              # draws its own from a counter: `TwoLayer`)
     begin = time.perf_counter()
     first_loss = step().item()
     first_step_ms = (time.perf_counter() - begin) * 1e3

@@ -50,8 +50,9 @@ class TwoLayer(nn.Module):
     and GAT papers); the same module wraps PyG's and gnnfuse's layers.
 
     `dropout` is each library's user's: ``torch.nn.functional.dropout`` for PyG, and
-    ``gnnfuse.nn.functional.dropout`` for gnnfuse, which on a GPU is torch's and on a
-    CPU draws its masks in one parallel pass (torch's took most of a CPU step)."""
+    ``gnnfuse.nn.functional.dropout`` for gnnfuse, which draws its masks from a counter
+    (on a CPU in one parallel pass, where torch's took most of a step; on a GPU without
+    the keep mask torch's writes for its backward) and torch's for small tensors."""
 
     def __init__(self, conv1: nn.Module, conv2: nn.Module, activation: Callable[[torch.Tensor], torch.Tensor],
                  dropout: Callable[..., torch.Tensor] = F.dropout):

@@ -3,8 +3,9 @@
 `dropout` is the one so far: on the CPU, torch's dropout (`bernoulli_`, one Mersenne
 Twister draw per element on one thread, then two more passes) was most of a small
 graph's training step -- 73 of 124 ms for a GCN step on pubmed's 19.7K x 500 input on two
-cores -- so the GNN kernels could not show. Swap ``F.dropout`` for
-``gnnfuse.nn.functional.dropout`` and the rest of the model stays as it is.
+cores -- so the GNN kernels could not show. On a GPU torch's is one fused kernel, but it
+writes a keep mask the backward reads back; gnnfuse's writes none. Swap ``F.dropout``
+for ``gnnfuse.nn.functional.dropout`` and the rest of the model stays as it is.
 
 `linear_cross_entropy` (its own module) has no torch counterpart: it is
 ``F.cross_entropy(F.linear(h, w, b), y)`` without the [rows, classes] logits, for
@@ -22,6 +23,8 @@ __all__ = ["dropout", "linear_cross_entropy"]
 # Below this many elements torch's dropout costs well under a millisecond, and the
 # counter kernel's first use would cost a Numba import (about a second per process).
 COUNTER_MIN_ELEMENTS = 1 << 16
+# On a GPU, below this many elements a launch's host time is more than the mask saves.
+DEVICE_COUNTER_MIN_ELEMENTS = 1 << 22
 _COUNTER_DTYPES = (torch.float32, torch.float64)
 _SEED_BOUND = 1 << 62
 
@@ -40,9 +43,14 @@ def dropout(input: torch.Tensor, p: float = 0.5, training: bool = True, inplace:
       mask kept between them (the backward regenerates it from the seed);
     - another CPU tensor: uniforms compared with ``p`` (`torch.rand_like`, 2-3x faster
       than torch's `bernoulli_`);
+    - a dense float32/float64 CUDA tensor of at least `DEVICE_COUNTER_MIN_ELEMENTS`
+      elements, outside `torch.compile`: the same in Triton (`backend.triton.random_mask`;
+      Philox numbers, its seed drawn on the device, so a step captured in a CUDA graph
+      drops other elements in every replay). torch's fused kernel also writes a one-byte
+      mask that its backward reads back;
     - a sparse COO tensor (bag-of-words features): only its stored values are dropped,
       since the zeros stay zero anyway, so the cost scales with the non-zeros;
-    - anything else (a GPU tensor: torch's dropout is one fused kernel there): torch's.
+    - anything else (a small, half-precision or other-device tensor): torch's.
     """
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
@@ -51,15 +59,26 @@ def dropout(input: torch.Tensor, p: float = 0.5, training: bool = True, inplace:
     if input.is_sparse:
         return torch.sparse_coo_tensor(input.indices(), dropout(input.values(), p, training), input.shape,
                                        is_coalesced=input.is_coalesced(), check_invariants=False)
-    if input.device.type != "cpu" or torch.compiler.is_compiling():
+    if torch.compiler.is_compiling():
+        return F.dropout(input, p, training, inplace)
+    if input.is_cuda and p < 1.0 and _device_counter_applies(input):
+        from ..backend.triton import random_mask
+        return _CounterDropout.apply(input, random_mask.new_seed(input.device), p, inplace, random_mask)
+    if input.device.type != "cpu":
         return F.dropout(input, p, training, inplace)
     if p == 1.0:
         return input.mul_(0.0) if inplace else input * 0.0
     if _counter_applies(input):
+        from ..backend.cpu import random_mask
         seed = int(torch.randint(_SEED_BOUND, ()).item())     # torch's generator: manual_seed repeats it
-        return _CounterDropout.apply(input, seed, p, inplace)
+        return _CounterDropout.apply(input, seed, p, inplace, random_mask)
     keep = torch.rand_like(input) >= p
     return input.mul_(keep).mul_(1.0 / (1.0 - p)) if inplace else input * keep * (1.0 / (1.0 - p))
+
+
+def _device_counter_applies(input: torch.Tensor) -> bool:
+    return (input.dtype in _COUNTER_DTYPES and input.numel() >= DEVICE_COUNTER_MIN_ELEMENTS
+            and input.layout == torch.strided)
 
 
 def _counter_applies(input: torch.Tensor) -> bool:
@@ -70,18 +89,19 @@ def _counter_applies(input: torch.Tensor) -> bool:
 
 
 class _CounterDropout(torch.autograd.Function):
-    """``input * mask * scale`` with the mask a function of ``seed``; its backward is
-    the same map on the gradient (so it is itself differentiable, to any order)."""
+    """``input * mask * scale`` with the mask a function of ``seed``, drawn by ``masks``
+    (the CPU's or the GPU's `random_mask` module: ``apply_mask(source, out, seed, p)``);
+    its backward is the same map on the gradient (so it is itself differentiable, to
+    any order)."""
 
     @staticmethod
-    def forward(ctx, input: torch.Tensor, seed: int, p: float, inplace: bool) -> torch.Tensor:
-        from ..backend.cpu import random_mask
-        ctx.seed, ctx.p = seed, p
+    def forward(ctx, input: torch.Tensor, seed, p: float, inplace: bool, masks) -> torch.Tensor:
+        ctx.seed, ctx.p, ctx.masks = seed, p, masks
         if inplace and input.is_contiguous():
             ctx.mark_dirty(input)
-            return random_mask.apply_mask(input, input, seed, p)
+            return masks.apply_mask(input, input, seed, p)
         source = input.contiguous()
-        out = random_mask.apply_mask(source, torch.empty_like(source), seed, p)
+        out = masks.apply_mask(source, torch.empty_like(source), seed, p)
         if inplace:
             ctx.mark_dirty(input)
             return input.copy_(out)
@@ -89,4 +109,4 @@ class _CounterDropout(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        return _CounterDropout.apply(grad, ctx.seed, ctx.p, False), None, None, None
+        return _CounterDropout.apply(grad, ctx.seed, ctx.p, False, ctx.masks), None, None, None, None
