@@ -18,6 +18,8 @@ An element is kept when its uniform number in [0, 1) is at least ``p``, and scal
 """
 from __future__ import annotations
 
+import struct
+
 import torch
 import triton
 import triton.language as tl
@@ -29,15 +31,19 @@ BLOCK = 2048          # elements per program: 512 Philox draws
 _SEED_BOUND = 1 << 62
 
 
-@triton.jit
-def _masked(src_ptr, out_ptr, seed_ptr, n, p, scale, BLOCK: tl.constexpr):
+@triton.jit(do_not_specialize=["scale_bits"])
+def _masked(src_ptr, out_ptr, seed_ptr, n, p, scale_bits, BLOCK: tl.constexpr):
+    # a [groups, 4] tile: element 4g + m reads draw m of group g; each thread holds whole
+    # groups, so picking the draw per column moves nothing between threads
     groups = tl.program_id(0).to(tl.int64) * (BLOCK // 4) + tl.arange(0, BLOCK // 4)
     u0, u1, u2, u3 = tl.rand4x(tl.load(seed_ptr), groups)
-    # [groups, 4] with column m holding u_m: element 4g + m reads draw m of group g
-    uniform = tl.reshape(tl.join(tl.join(u0, u2), tl.join(u1, u3)), (BLOCK,))
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    column = tl.arange(0, 4)[None, :]
+    uniform = tl.where(column == 0, u0[:, None], tl.where(column == 1, u1[:, None],
+                                                          tl.where(column == 2, u2[:, None], u3[:, None])))
+    offs = groups[:, None] * 4 + column
     inside = offs < n
     x = tl.load(src_ptr + offs, mask=inside, other=0.0)
+    scale = scale_bits.to(tl.float64, bitcast=True).to(x.dtype)     # exact in float64: no float32 argument
     kept = tl.where(uniform >= p, x * scale, 0.0)
     tl.store(out_ptr + offs, kept.to(out_ptr.dtype.element_ty), mask=inside)
 
@@ -60,6 +66,7 @@ def apply_mask(source: torch.Tensor, out: torch.Tensor, seed: torch.Tensor, p: f
         raise ValueError(f"apply_mask needs 0 <= p < 1, got {p}")
     count = source.numel()
     if count:
+        scale_bits = struct.unpack("<q", struct.pack("<d", 1.0 / (1.0 - p)))[0]    # a positive int64
         launch(_masked, lambda meta: (triton.cdiv(count, BLOCK),), (count,),
-               (source, out, seed, count, p, 1.0 / (1.0 - p)), {"BLOCK": BLOCK})
+               (source, out, seed, count, p, scale_bits), {"BLOCK": BLOCK})
     return out
