@@ -188,6 +188,31 @@ def test_gradients_and_recorded_calls_take_the_full_path(lookups):
     assert len(calls) == 1
 
 
+def test_training_calls_after_inference_neither_check_nor_build_a_repeat(lookups, monkeypatch):
+    """An evaluation call leaves a repeat; the training calls after it (gradients wanted)
+    skip its guard check and build none, and still compute what eager code would; the next
+    evaluation call builds one again."""
+    from gnnfuse.frontend import repeat_call
+    graph = _graph(device=DEVICE)
+    h = _features(graph)
+    _warm(_neighbour_sum, graph, {"h": h}, _oracle(graph, h), lookups)
+    walks = []
+    real_guard_key = repeat_call.guard_key
+    monkeypatch.setattr(repeat_call, "guard_key", lambda fns: walks.append(fns) or real_guard_key(fns))
+    monkeypatch.setattr(repeat_call, "same_reads", lambda fns, reads: walks.append(fns) or False)
+    degree = torch.bincount(graph.src, minlength=graph.num_nodes).to(h.dtype)[:, None].expand_as(h)
+    for _ in range(3):
+        leaf = h.clone().requires_grad_()
+        out = _neighbour_sum(graph, {"h": leaf})
+        torch.testing.assert_close(out, _oracle(graph, h), rtol=1e-12, atol=1e-12)
+        out.sum().backward()
+        torch.testing.assert_close(leaf.grad, degree)
+    assert walks == [] and _neighbour_sum._repeat is None
+    with torch.no_grad():       # gradients off: an input that wants one is still served
+        _neighbour_sum(graph, {"h": h.clone().requires_grad_()})
+    assert _neighbour_sum._repeat is not None
+
+
 def test_edge_tables_take_the_full_path(lookups):
     @gnnfuse.vertex
     def weighted(v):
