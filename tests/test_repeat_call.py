@@ -78,7 +78,7 @@ def _warm(fn, graph, table, expected, lookups):
     """Full calls until a prepared call is kept, then one served by the repeat."""
     for _ in range(3):
         fn(graph, table)
-    assert fn._repeat is not None
+    assert len(fn._repeats)
     _check(fn, graph, table, expected, lookups, repeat=True)
 
 
@@ -190,16 +190,19 @@ def test_gradients_and_recorded_calls_take_the_full_path(lookups):
 
 def test_training_calls_after_inference_neither_check_nor_build_a_repeat(lookups, monkeypatch):
     """An evaluation call leaves a repeat; the training calls after it (gradients wanted)
-    skip its guard check and build none, and still compute what eager code would; the next
-    evaluation call builds one again."""
+    skip its guard check, build no other and compute what eager code would; the next
+    evaluation call is served by the repeat again."""
     from gnnfuse.frontend import repeat_call
     graph = _graph(device=DEVICE)
     h = _features(graph)
     _warm(_neighbour_sum, graph, {"h": h}, _oracle(graph, h), lookups)
-    walks = []
-    real_guard_key = repeat_call.guard_key
+    held = _neighbour_sum._repeats.latest()
+    walks, built = [], []
+    real_guard_key, real_after = repeat_call.guard_key, repeat_call.RepeatCall.after.__func__
     monkeypatch.setattr(repeat_call, "guard_key", lambda fns: walks.append(fns) or real_guard_key(fns))
     monkeypatch.setattr(repeat_call, "same_reads", lambda fns, reads: walks.append(fns) or False)
+    monkeypatch.setattr(repeat_call.RepeatCall, "after",
+                        classmethod(lambda cls, *args: built.append(real_after(cls, *args)) or built[-1]))
     degree = torch.bincount(graph.src, minlength=graph.num_nodes).to(h.dtype)[:, None].expand_as(h)
     for _ in range(3):
         leaf = h.clone().requires_grad_()
@@ -207,10 +210,33 @@ def test_training_calls_after_inference_neither_check_nor_build_a_repeat(lookups
         torch.testing.assert_close(out, _oracle(graph, h), rtol=1e-12, atol=1e-12)
         out.sum().backward()
         torch.testing.assert_close(leaf.grad, degree)
-    assert walks == [] and _neighbour_sum._repeat is None
+    assert walks == [] and built == [None, None, None] and _neighbour_sum._repeats.latest() is held
     with torch.no_grad():       # gradients off: an input that wants one is still served
-        _neighbour_sum(graph, {"h": h.clone().requires_grad_()})
-    assert _neighbour_sum._repeat is not None
+        _check(_neighbour_sum, graph, {"h": h.clone().requires_grad_()}, _oracle(graph, h), lookups, repeat=True)
+    assert walks
+
+
+def test_calls_at_several_widths_each_keep_a_repeat(lookups):
+    """One function called in turn at two widths (a two-layer model's aggregation) keeps a
+    repeat for each, so both are served; at most `RepeatCalls.MOST` are kept, the oldest
+    dropped first, and a new one for the same shapes replaces the old."""
+    from gnnfuse.frontend.repeat_call import RepeatCalls
+    graph = _graph(device=DEVICE)
+    wide, narrow = _features(graph, width=5), _features(graph, width=2, seed=3)
+    _warm(_neighbour_sum, graph, {"h": wide}, _oracle(graph, wide), lookups)
+    _warm(_neighbour_sum, graph, {"h": narrow}, _oracle(graph, narrow), lookups)
+    for _ in range(2):
+        for h in (wide, narrow):
+            _check(_neighbour_sum, graph, {"h": h}, _oracle(graph, h), lookups, repeat=True)
+    widths = range(6, 6 + RepeatCalls.MOST)
+    for width in widths:
+        h = _features(graph, width=width)
+        _warm(_neighbour_sum, graph, {"h": h}, _oracle(graph, h), lookups)
+    assert [c.shapes[0][1] for c in _neighbour_sum._repeats._calls] == list(reversed(widths))
+    _check(_neighbour_sum, graph, {"h": wide}, _oracle(graph, wide), lookups, repeat=False)   # dropped
+    latest = _neighbour_sum._repeats.latest()
+    _neighbour_sum._repeats.keep(latest)
+    assert len(_neighbour_sum._repeats) == RepeatCalls.MOST and _neighbour_sum._repeats._calls.count(latest) == 1
 
 
 def test_edge_tables_take_the_full_path(lookups):
@@ -243,7 +269,7 @@ def test_a_global_a_helper_reads_is_seen(lookups, monkeypatch):
     graph = _graph(device=DEVICE)
     h = _features(graph)
     _warm(fn, graph, {"h": h}, _oracle(graph, h), lookups)
-    assert fn._repeat._reads is None      # a helper: the repeat walks the guards
+    assert fn._repeats.latest()._reads is None      # a helper: the repeat walks the guards
     monkeypatch.setitem(globals(), "OFFSET", 4.0)
     _check(fn, graph, {"h": h}, _oracle(graph, h) * 4.0, lookups, repeat=False)
 
@@ -319,7 +345,7 @@ def test_bound_message_and_reduce_functions_repeat_too(lookups, monkeypatch):
         return update(graph, ndata={"h": h}, **tables)["out"]
     for _ in range(3):
         call()
-    assert update._repeat is not None and update._repeat._reads is not None
+    assert update._repeats.latest() is not None and update._repeats.latest()._reads is not None
     before = len(lookups)
     torch.testing.assert_close(call(), _oracle(graph, h) * SCALE, rtol=1e-12, atol=1e-12)
     assert len(lookups) == before, "the repeat did not serve the call"

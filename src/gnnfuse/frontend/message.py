@@ -60,7 +60,7 @@ from ..ir import Residency, Value
 from ..runtime import CompiledProgram
 from . import pairwise
 from .compiled_call import call_compiled, register_udf
-from .repeat_call import RepeatCall
+from .repeat_call import RepeatCall, RepeatCalls
 from .trace_cache import TraceCache, check_tables, program_feeds
 from .tracer import EDGE_ROWED, SymTensor, Tracer, float_dtype
 
@@ -308,7 +308,7 @@ class UpdateAll:
     def __init__(self, message_fn: Callable, reduce_fn: Callable, update_fn: Callable | None = None):
         self.functions = (message_fn, reduce_fn, update_fn)
         self.udf_key = register_udf(self)
-        self._repeat: RepeatCall | None = None     # the last prepared call, for the next (repeat_call.py)
+        self._repeats = RepeatCalls()     # the last prepared calls, for the next (repeat_call.py)
 
     def compiled(self, tables: tuple[Mapping[str, torch.Tensor], ...]
                  ) -> tuple[CompiledProgram, dict[str, torch.Tensor]]:
@@ -321,14 +321,15 @@ class UpdateAll:
             return message_passing(graph, *self.functions, ndata=ndata, edata=edata)
         if torch.compiler.is_compiling():
             return call_compiled(self.udf_key, graph, (ndata, edata or {}, {}, {}), run)
-        repeat = self._repeat
-        if repeat is not None and edata is None:
-            outputs = repeat(graph, ndata)
+        if edata is None:
+            outputs = self._repeats(graph, ndata)
             if outputs is not None:
                 return outputs
         outputs, compiled, captured = _run(graph, self.functions, ndata, edata, None, None, False)
         if compiled.prepared is not None and not edata:     # else there is nothing to repeat
-            self._repeat = RepeatCall.after(_TRACES, self.functions, graph, ndata, compiled, captured)
+            repeat = RepeatCall.after(_TRACES, self.functions, graph, ndata, compiled, captured)
+            if repeat is not None:
+                self._repeats.keep(repeat)
         return outputs
 
 

@@ -11,7 +11,7 @@ the launch, and the launched call lost to ``torch.sparse.mm`` on Python alone
 (benchmarks/results/launch_floor.md).
 
 `RepeatCall` remembers, after a call on a graph where the compiled program keeps a
-prepared call, how many keys the node table had (all of them inputs of the program),
+prepared call, the shapes of the node table's tensors, how many keys the node table had (all of them inputs of the program),
 the default dtype, the guard key and the trace cache's generation. A later call with
 only a node table (a dict of as many keys), under the same default dtype and
 trace-cache generation, and whose guard key is still the same, is handed straight to
@@ -24,9 +24,18 @@ the call's trace-cache key the one that found this program, so it computes what 
 full path would. Anything else -- another graph, more tables, a rebound global, a
 captured tensor, the prepared call declining -- takes the full path, which reports any
 error.
+
+One function object often serves several calls in turn: a two-layer model's layers call
+the same aggregation at two widths, and GAT's layers one attention `UpdateAll`. Keeping
+only the last call, each call found the other's repeat, checked its guard, took the full
+path and built a new one (a two-layer GAT inference call entered 402 gnnfuse functions,
+a one-layer call 100). So each function object keeps its last few repeats
+(`RepeatCalls`), told apart by their tables' shapes: a call checks the guard of the one
+repeat whose shapes it has, if any, and the prepared call checks the rest as before.
 """
 from __future__ import annotations
 
+import operator
 from typing import Callable, Mapping
 
 import torch
@@ -40,8 +49,9 @@ class RepeatCall:
     """A repeat of the last call of ``functions`` that a prepared call ran (see the module docstring)."""
 
     def __init__(self, cache: TraceCache, functions: tuple[Callable | None, ...], guard: object,
-                 count: int, compiled: CompiledProgram) -> None:
+                 count: int, compiled: CompiledProgram, shapes: tuple) -> None:
         self._cache, self._generation = cache, cache.generation
+        self.shapes = shapes    # `table_shapes` of the call: which of a function's repeats a call may be
         self._functions, self._guard = functions, guard
         # the walk's inputs by identity, where comparing them decides the guard key
         self._reads = shallow_reads(functions)
@@ -67,14 +77,14 @@ class RepeatCall:
         if set(table) != set(compiled.input_keys):
             return None
         guard = guard_key(functions)
-        return None if guard is None else cls(cache, functions, guard, len(table), compiled)
+        return None if guard is None else cls(cache, functions, guard, len(table), compiled, table_shapes(table))
 
     def __call__(self, graph: object, table: object) -> dict[str, torch.Tensor] | None:
         """The program's outputs for a call on ``graph`` with node table ``table`` alone,
         or None where the full path must run it."""
         if (type(table) is not dict or len(table) != self._count
                 or self._cache.generation != self._generation or torch.get_default_dtype() is not self._dtype
-                or torch.compiler.is_compiling() or wants_gradient(table) or not self._guard_holds()):
+                or torch.compiler.is_compiling() or not self._guard_holds()):
             return None
         prepared = self._compiled.prepared     # the program's current one: it checks the graph
         return None if prepared is None else prepared(graph, table)
@@ -87,10 +97,61 @@ class RepeatCall:
         return guard_key(self._functions) == self._guard
 
 
+class RepeatCalls:
+    """The last `MOST` repeats of one function object's calls, one per node-table shape
+    (see the module docstring), the latest first."""
+
+    MOST = 4
+
+    def __init__(self) -> None:
+        self._calls: list[RepeatCall] = []
+
+    def __call__(self, graph: object, table: object) -> dict[str, torch.Tensor] | None:
+        """The outputs of the repeat whose tables had ``table``'s shapes, or None where
+        there is none, it declines, or the call wants gradients (then the full path runs
+        the call)."""
+        if not self._calls or type(table) is not dict or wants_gradient(table):
+            return None
+        try:
+            shapes = tuple(map(_SHAPE, table.values()))
+        except AttributeError:      # a value that is no tensor: the full path reports it
+            return None
+        for call in self._calls:
+            if call.shapes == shapes:
+                return call(graph, table)
+        return None
+
+    def keep(self, call: RepeatCall) -> None:
+        """Hold ``call`` in place of any repeat of its shapes."""
+        self._calls = [call, *[c for c in self._calls if c.shapes != call.shapes][:self.MOST - 1]]
+
+    def __len__(self) -> int:
+        return len(self._calls)
+
+    def latest(self) -> RepeatCall | None:
+        return self._calls[0] if self._calls else None
+
+
+_SHAPE = operator.attrgetter("shape")
+
+
+def table_shapes(table: Mapping[str, object]) -> tuple:
+    """The shapes of ``table``'s values in order (None for a value without one)."""
+    return tuple([getattr(t, "shape", None) for t in table.values()])
+
+
 def wants_gradient(table: Mapping[str, object]) -> bool:
     """Whether a call on ``table`` records a backward (gradients on, an input needing one):
     a prepared call declines it, so neither the repeat's guard check nor a new repeat
     is worth making for it. A training step after an evaluation call found the last
     evaluation's repeat, checked its guard by the walk and built a new one on every step:
     a cached GAT forward + backward entered 289 gnnfuse functions instead of 224."""
-    return torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in table.values())
+    if not torch.is_grad_enabled():
+        return False
+    try:
+        return any(map(_REQUIRES_GRAD, table.values()))
+    except AttributeError:      # a value that is no tensor: the full path reports it
+        return False
+
+
+_REQUIRES_GRAD = operator.attrgetter("requires_grad")

@@ -66,7 +66,7 @@ from ..ir import CompileError, Residency
 from ..runtime import CompiledProgram
 from .compiled_call import call_compiled, register_udf
 from .counting import check_counting
-from .repeat_call import RepeatCall
+from .repeat_call import RepeatCall, RepeatCalls
 from .trace_cache import TraceCache, check_tables, program_feeds
 from .tracer import EDGE_ROWED, SymTensor, Tracer, float_dtype, is_library
 from .udf import unwrap
@@ -297,7 +297,7 @@ class VertexFunction:
         functools.update_wrapper(self, fn, updated=())   # a Module's __dict__ is its state, not a wrapper's
         self.fn = fn
         self.udf_key = register_udf(self)
-        self._repeat: RepeatCall | None = None     # the last prepared call, for the next (repeat_call.py)
+        self._repeats = RepeatCalls()     # the last prepared calls, for the next (repeat_call.py)
 
     def trace(self, v_feature: Mapping[str, torch.Tensor],
               e_feature: Mapping[str, torch.Tensor] | None = None,
@@ -333,9 +333,8 @@ class VertexFunction:
                  e_feature: Mapping[str, torch.Tensor] | None = None, *,
                  etype_feature: Mapping[str, torch.Tensor] | None = None,
                  ntype_feature: Mapping[str, torch.Tensor] | None = None):
-        repeat = self._repeat
-        if repeat is not None and e_feature is None and etype_feature is None and ntype_feature is None:
-            outputs = repeat(graph, v_feature)
+        if e_feature is None and etype_feature is None and ntype_feature is None:
+            outputs = self._repeats(graph, v_feature)
             if outputs is not None:
                 return _unwrapped(outputs)
         tables = (v_feature, e_feature or {}, etype_feature or {}, ntype_feature or {})
@@ -353,7 +352,9 @@ class VertexFunction:
         compiled, captured = self.compiled(tables)
         outputs = compiled(graph, program_feeds(tables, captured))
         if compiled.prepared is not None and not any(tables[1:]):     # else there is nothing to repeat
-            self._repeat = RepeatCall.after(_TRACES, (self.fn,), graph, v_feature, compiled, captured)
+            repeat = RepeatCall.after(_TRACES, (self.fn,), graph, v_feature, compiled, captured)
+            if repeat is not None:
+                self._repeats.keep(repeat)
         return outputs
 
     def compiled(self, tables: tuple[Mapping[str, torch.Tensor], ...]
