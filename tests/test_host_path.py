@@ -104,8 +104,8 @@ PAIRS = {"gcn": lambda: (gnn.GCNConv(8, 16), gnn.GCNConv(16, 4)),
 @pytest.mark.parametrize("backend", ["cpu", "triton"])
 def test_a_two_layer_inference_call_costs_what_its_layers_cost_alone(backend, name, monkeypatch):
     """Two layers of one kind share their aggregation functions at two widths. Each call
-    once found the other layer's repeat call, checked it and rebuilt its own (a two-layer
-    GAT call on the Triton backend entered 402 gnnfuse functions, its layers alone 200):
+    once found the other layer's repeat call, checked it and rebuilt its own (this GAT
+    pair's call on the Triton backend entered 340 gnnfuse functions, now 174):
     now each width keeps its repeat (frontend/repeat_call.py's `RepeatCalls`)."""
     if backend == "cpu":
         pytest.importorskip("numba")

@@ -11,8 +11,9 @@ the launch, and the launched call lost to ``torch.sparse.mm`` on Python alone
 (benchmarks/results/launch_floor.md).
 
 `RepeatCall` remembers, after a call on a graph where the compiled program keeps a
-prepared call, the shapes of the node table's tensors, how many keys the node table had (all of them inputs of the program),
-the default dtype, the guard key and the trace cache's generation. A later call with
+prepared call, the shapes of the node table's tensors, how many keys the table had (all
+of them inputs of the program), the default dtype, the guard key and the trace cache's
+generation. A later call with
 only a node table (a dict of as many keys), under the same default dtype and
 trace-cache generation, and whose guard key is still the same, is handed straight to
 the program's prepared call. The guard key is re-checked by the identities of what the
@@ -28,8 +29,8 @@ error.
 One function object often serves several calls in turn: a two-layer model's layers call
 the same aggregation at two widths, and GAT's layers one attention `UpdateAll`. Keeping
 only the last call, each call found the other's repeat, checked its guard, took the full
-path and built a new one (a two-layer GAT inference call entered 402 gnnfuse functions,
-a one-layer call 100). So each function object keeps its last few repeats
+path and built a new one: a two-layer GAT inference call entered 340 gnnfuse functions,
+174 with a repeat per width. So each function object keeps its last few repeats
 (`RepeatCalls`), told apart by their tables' shapes: a call checks the guard of the one
 repeat whose shapes it has, if any, and the prepared call checks the rest as before.
 """
@@ -51,7 +52,7 @@ class RepeatCall:
     def __init__(self, cache: TraceCache, functions: tuple[Callable | None, ...], guard: object,
                  count: int, compiled: CompiledProgram, shapes: tuple) -> None:
         self._cache, self._generation = cache, cache.generation
-        self.shapes = shapes    # `table_shapes` of the call: which of a function's repeats a call may be
+        self.shapes = shapes    # of the table's tensors: which of a function's repeats a call may be
         self._functions, self._guard = functions, guard
         # the walk's inputs by identity, where comparing them decides the guard key
         self._reads = shallow_reads(functions)
@@ -77,14 +78,15 @@ class RepeatCall:
         if set(table) != set(compiled.input_keys):
             return None
         guard = guard_key(functions)
-        return None if guard is None else cls(cache, functions, guard, len(table), compiled, table_shapes(table))
+        return None if guard is None else cls(cache, functions, guard, len(table), compiled,
+                                              tuple(map(_SHAPE, table.values())))
 
-    def __call__(self, graph: object, table: object) -> dict[str, torch.Tensor] | None:
-        """The program's outputs for a call on ``graph`` with node table ``table`` alone,
-        or None where the full path must run it."""
-        if (type(table) is not dict or len(table) != self._count
-                or self._cache.generation != self._generation or torch.get_default_dtype() is not self._dtype
-                or torch.compiler.is_compiling() or not self._guard_holds()):
+    def __call__(self, graph: object, table: dict) -> dict[str, torch.Tensor] | None:
+        """The program's outputs for a call on ``graph`` with node table ``table`` alone
+        (a dict: `RepeatCalls` checks), or None where the full path must run it."""
+        if (len(table) != self._count or self._cache.generation != self._generation
+                or torch.get_default_dtype() is not self._dtype or torch.compiler.is_compiling()
+                or not self._guard_holds()):
             return None
         prepared = self._compiled.prepared     # the program's current one: it checks the graph
         return None if prepared is None else prepared(graph, table)
@@ -133,11 +135,6 @@ class RepeatCalls:
 
 
 _SHAPE = operator.attrgetter("shape")
-
-
-def table_shapes(table: Mapping[str, object]) -> tuple:
-    """The shapes of ``table``'s values in order (None for a value without one)."""
-    return tuple([getattr(t, "shape", None) for t in table.values()])
 
 
 def wants_gradient(table: Mapping[str, object]) -> bool:
