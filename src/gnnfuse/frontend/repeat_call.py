@@ -85,8 +85,7 @@ class RepeatCall:
         """The program's outputs for a call on ``graph`` with node table ``table`` alone
         (a dict: `RepeatCalls` checks), or None where the full path must run it."""
         if (len(table) != self._count or self._cache.generation != self._generation
-                or torch.get_default_dtype() is not self._dtype or torch.compiler.is_compiling()
-                or not self._guard_holds()):
+                or torch.get_default_dtype() is not self._dtype or not self._guard_holds()):
             return None
         prepared = self._compiled.prepared     # the program's current one: it checks the graph
         return None if prepared is None else prepared(graph, table)
@@ -111,7 +110,7 @@ class RepeatCalls:
     def __call__(self, graph: object, table: object) -> dict[str, torch.Tensor] | None:
         """The outputs of the repeat whose tables had ``table``'s shapes, or None where
         there is none, it declines, or the call wants gradients (then the full path runs
-        the call)."""
+        the call). Not for a call under ``torch.compile``, which its callers route apart."""
         if not self._calls or type(table) is not dict or wants_gradient(table):
             return None
         try:
