@@ -62,6 +62,27 @@ def _own_calls(fn) -> int:
     return count
 
 
+def _counting(backend: str, monkeypatch):
+    """Set ``backend`` up for a test (the tiny graph and features on its device) and return
+    them with a function counting gnnfuse's calls in ``fn()`` -- gnnfuse's work up to the
+    launch, not Triton's launch, which it stubs for the counted call."""
+    if backend == "cpu":
+        pytest.importorskip("numba")
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    device = device_for(backend)
+    torch.manual_seed(0)
+    graph, x = _tiny(device)
+    real_launch = triton_executor.launch
+
+    def counted(fn) -> int:
+        monkeypatch.setattr(triton_executor, "launch", lambda *args: None)
+        try:
+            return _own_calls(fn)
+        finally:
+            monkeypatch.setattr(triton_executor, "launch", real_launch)
+    return device, graph, x, counted
+
+
 @pytest.mark.parametrize("after_inference", [False, True], ids=["training", "after-inference"])
 @pytest.mark.parametrize("name", LAYERS)
 @pytest.mark.parametrize("backend", ["cpu", "triton"])
@@ -69,12 +90,7 @@ def test_a_cached_layer_call_makes_few_python_calls(backend, name, after_inferen
     """The bound holds for training steps alone and for training steps after evaluation
     calls (gradients off), whose repeat calls (frontend/repeat_call.py) a training step
     once checked and rebuilt on every step: 289 calls for GAT on the Triton backend."""
-    if backend == "cpu":
-        pytest.importorskip("numba")
-    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
-    device = device_for(backend)
-    torch.manual_seed(0)
-    graph, x = _tiny(device)
+    device, graph, x, counted = _counting(backend, monkeypatch)
     layer = LAYERS[name]().to(device)
     x.requires_grad_()
 
@@ -87,9 +103,7 @@ def test_a_cached_layer_call_makes_few_python_calls(backend, name, after_inferen
             for _ in range(3):   # the third is prepared and leaves a repeat call
                 layer(x, graph)
         step()
-    if backend == "triton":   # count gnnfuse's work up to the launch, not Triton's launch
-        monkeypatch.setattr(triton_executor, "launch", lambda *args: None)
-    calls = _own_calls(step)
+    calls = counted(step)
     assert calls <= BOUNDS[backend][name], (
         f"a cached {name} forward + backward on the {backend} backend entered {calls} gnnfuse functions "
         f"(bound {BOUNDS[backend][name]}): per-call work came back onto the host path")
@@ -107,28 +121,19 @@ def test_a_two_layer_inference_call_costs_what_its_layers_cost_alone(backend, na
     once found the other layer's repeat call, checked it and rebuilt its own (this GAT
     pair's call on the Triton backend entered 340 gnnfuse functions, now 174):
     now each width keeps its repeat (frontend/repeat_call.py's `RepeatCalls`)."""
-    if backend == "cpu":
-        pytest.importorskip("numba")
-    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
-    device = device_for(backend)
-    torch.manual_seed(0)
-    graph, x = _tiny(device)
+    device, graph, x, counted = _counting(backend, monkeypatch)
     first, second = (layer.to(device) for layer in PAIRS[name]())
 
     def both():
         return second(first(x, graph).relu(), graph)
     hidden = first(x, graph).relu().detach()
-    real_launch = triton_executor.launch
     calls = {}
     with torch.no_grad():
         for key, fn in (("both", both), ("first", lambda: first(x, graph)), ("second", lambda: second(hidden, graph)),
                         ("both again", both)):
             for _ in range(4):       # traces, compiles, prepares, keeps the repeat calls
                 fn()
-            if backend == "triton":
-                monkeypatch.setattr(triton_executor, "launch", lambda *args: None)
-            calls[key] = _own_calls(fn)
-            monkeypatch.setattr(triton_executor, "launch", real_launch)
+            calls[key] = counted(fn)
     alone = calls["first"] + calls["second"]
     assert max(calls["both"], calls["both again"]) <= alone + 4, (
         f"a two-layer {name} call entered {calls} gnnfuse functions against {alone} for its layers alone")

@@ -13,10 +13,9 @@ the launch, and the launched call lost to ``torch.sparse.mm`` on Python alone
 `RepeatCall` remembers, after a call on a graph where the compiled program keeps a
 prepared call, the shapes of the node table's tensors, how many keys the table had (all
 of them inputs of the program), the default dtype, the guard key and the trace cache's
-generation. A later call with
-only a node table (a dict of as many keys), under the same default dtype and
-trace-cache generation, and whose guard key is still the same, is handed straight to
-the program's prepared call. The guard key is re-checked by the identities of what the
+generation. A later call with only a node table (a dict of as many keys), under the same
+default dtype and trace-cache generation, and whose guard key is still the same, is
+handed straight to the program's prepared call. The guard key is re-checked by the identities of what the
 functions read (`trace_cache.shallow_reads`) where those decide it, else by the walk.
 The prepared call's checks (the graph object it was kept for, each input a tensor of
 the dtype, device, layout and shape it ran with, not needing a gradient while
