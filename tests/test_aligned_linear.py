@@ -274,19 +274,26 @@ def test_product_with_rows_zeroed_in_place_restores_x_and_its_version():
     torch.testing.assert_close(base.grad, 2 * before, equal_nan=True)
 
 
-def test_weight_gradient_on_the_device_keeps_nonfinite_unread_rows_out():
-    """On CUDA the unread rows are zeroed in the saved input itself (the product path);
-    elsewhere, or when the backward itself is differentiated, in a copy. Either way the
-    weight's gradient is finite and the input is as it was."""
+@pytest.mark.parametrize("made_by_autograd", [False, True], ids=["user-table", "hidden-input"])
+def test_weight_gradient_on_the_device_keeps_nonfinite_unread_rows_out(made_by_autograd, monkeypatch):
+    """On CUDA the unread rows of an input autograd made (a hidden layer's) are zeroed in
+    the saved input itself (the product path); a user's table, a host tensor, or a backward
+    that is itself differentiated get a copy. Either way the weight's gradient is finite and
+    the input is as it was."""
     x, grad, read = _unread_rows_case(DEVICE)
     before = x.clone()
+    in_place = []
+    real = aligned_module.product_with_rows_zeroed
+    monkeypatch.setattr(aligned_module, "product_with_rows_zeroed", lambda *a: in_place.append(1) or real(*a))
     for create_graph in (False, True):
-        x_in = x.clone().requires_grad_()
+        leaf = x.clone().requires_grad_(made_by_autograd)
+        x_in = leaf * 1.0 if made_by_autograd else leaf
         w = torch.randn(5, 6, dtype=torch.float64, device=DEVICE, requires_grad=True)
         out = _AlignedLinear.apply(x_in, w, None, read, 5)
         got = torch.autograd.grad(out, w, grad, create_graph=create_graph)[0]
         torch.testing.assert_close(got, grad.t() @ rows_read(before, read), rtol=0, atol=0)
         assert torch.equal(x_in.detach().view(torch.int64), before.view(torch.int64))
+    assert in_place == ([1] if made_by_autograd and x.is_cuda else [])
     with torch.no_grad():
         plain = aligned_module.weight_gradient(grad, x, None)
         assert torch.isnan(plain).any()        # what the read rows guard against

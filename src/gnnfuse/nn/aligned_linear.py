@@ -68,14 +68,16 @@ def weight_gradient(grad: torch.Tensor, x: torch.Tensor, read: RowsRead | None) 
 
     `rows_read`'s zeroed copy of ``x`` is a whole pass over it: 0.30 ms for a
     products-sized [2.45M, 64] input on an H200 (24 us at arxiv's size), to zero 71 rows.
-    So on CUDA, outside a double backward and for a contiguous ``x``, the unread rows are
-    zeroed in ``x`` itself for the product and put back right after it, on the same stream:
-    every kernel queued before or after sees ``x`` as it was, and its version counter is
-    kept, since to autograd nothing changed. That costs three kernels over the unread rows.
+    So on CUDA, outside a double backward, for a contiguous ``x`` that autograd made in
+    this forward (it has a ``grad_fn``: a layer's hidden input, not a user's feature table,
+    which another stream or thread may be reading), the unread rows are zeroed in ``x``
+    itself for the product and put back right after it, on the same stream: every kernel
+    queued before or after sees ``x`` as it was, and its version counter is kept, since to
+    autograd nothing changed. That costs three kernels over the unread rows.
     """
     if read is None:
         return grad.t() @ x
-    if not (x.is_cuda and x.is_contiguous() and not torch.is_grad_enabled()):
+    if not (x.is_cuda and x.grad_fn is not None and x.is_contiguous() and not torch.is_grad_enabled()):
         return grad.t() @ rows_read(x, read)     # a CPU tensor may be a read-only memory map
     return product_with_rows_zeroed(grad, x, read)
 
