@@ -11,12 +11,13 @@ the launch, and the launched call lost to ``torch.sparse.mm`` on Python alone
 (benchmarks/results/launch_floor.md).
 
 `RepeatCall` remembers, after a call on a graph where the compiled program keeps a
-prepared call, the shapes of the node table's tensors, how many keys the table had (all
-of them inputs of the program), the default dtype, the guard key and the trace cache's
-generation. A later call with only a node table (a dict of as many keys), under the same
+prepared call, the shapes of the node table's tensors (one per key, all of them inputs of
+the program), the default dtype, the guard key and the trace cache's generation. A later
+call with only a node table (a dict of as many tensors of those shapes), under the same
 default dtype and trace-cache generation, and whose guard key is still the same, is
-handed straight to the program's prepared call. The guard key is re-checked by the identities of what the
-functions read (`trace_cache.shallow_reads`) where those decide it, else by the walk.
+handed straight to the program's prepared call. The guard key is re-checked by the
+identities of what the functions read (`trace_cache.shallow_reads`) where those decide
+it, else by the walk.
 The prepared call's checks (the graph object it was kept for, each input a tensor of
 the dtype, device, layout and shape it ran with, not needing a gradient while
 gradients are on, no `record_calls` block, the backend's variables and settings) make
@@ -46,16 +47,17 @@ from .trace_cache import TraceCache, guard_key, same_reads, shallow_reads
 
 
 class RepeatCall:
-    """A repeat of the last call of ``functions`` that a prepared call ran (see the module docstring)."""
+    """A repeat of a call of ``functions`` that a prepared call ran (see the module docstring)."""
 
     def __init__(self, cache: TraceCache, functions: tuple[Callable | None, ...], guard: object,
-                 count: int, compiled: CompiledProgram, shapes: tuple) -> None:
+                 compiled: CompiledProgram, shapes: tuple) -> None:
         self._cache, self._generation = cache, cache.generation
-        self.shapes = shapes    # of the table's tensors: which of a function's repeats a call may be
+        # of the table's tensors, one per key (the program's inputs, which its prepared call
+        # checks): which of a function's repeats a call may be, `RepeatCalls` compares them
+        self.shapes = shapes
         self._functions, self._guard = functions, guard
         # the walk's inputs by identity, where comparing them decides the guard key
         self._reads = shallow_reads(functions)
-        self._count = count     # the node table's keys: the program's inputs, which its prepared call checks
         self._dtype = torch.get_default_dtype()
         self._compiled = compiled
 
@@ -77,14 +79,14 @@ class RepeatCall:
         if set(table) != set(compiled.input_keys):
             return None
         guard = guard_key(functions)
-        return None if guard is None else cls(cache, functions, guard, len(table), compiled,
-                                              tuple(map(_SHAPE, table.values())))
+        return None if guard is None else cls(cache, functions, guard, compiled, tuple(map(_SHAPE, table.values())))
 
     def __call__(self, graph: object, table: dict) -> dict[str, torch.Tensor] | None:
         """The program's outputs for a call on ``graph`` with node table ``table`` alone
-        (a dict: `RepeatCalls` checks), or None where the full path must run it."""
-        if (len(table) != self._count or self._cache.generation != self._generation
-                or torch.get_default_dtype() is not self._dtype or not self._guard_holds()):
+        (a dict of tensors of its shapes: `RepeatCalls` checks), or None where the full path
+        must run it."""
+        if (self._cache.generation != self._generation or torch.get_default_dtype() is not self._dtype
+                or not self._guard_holds()):
             return None
         prepared = self._compiled.prepared     # the program's current one: it checks the graph
         return None if prepared is None else prepared(graph, table)
