@@ -40,16 +40,18 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler
 
 from gnnfuse.bench import synchronize
-from gnnfuse.distributed import PartitionedFeatures, init_process_group
+from gnnfuse.distributed import PartitionedFeatures, average_gradients, broadcast_parameters, init_process_group
 from gnnfuse.distributed.launch import free_port, start_ranks
 from gnnfuse.distributed.process_group import check_backend, leave_process_group
 from gnnfuse.loader import STAGES, NeighborLoader
 from gnnfuse.loader.stages import stream_sync
 from gnnfuse.nn.block_models import build_block_model
+from gnnfuse.training.captured_step import BlockStepCapture
 from gnnfuse.training.loop import peak_memory_mib
 
 from bench_minibatch import PRODUCTS_TRAIN_NODES, StepClock, load_problem, train_step
@@ -81,15 +83,32 @@ def rank_main(local_rank: int, world: int, port: int, args: argparse.Namespace, 
     torch.manual_seed(args.seed)
     model = build_block_model("sage", dataset.num_features, dataset.num_classes, args.hidden, args.dropout,
                               len(args.fanout)).to(device)
-    step_model = DistributedDataParallel(model) if world > 1 else model
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.003)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.003, capturable=args.cuda_graph and device.type == "cuda")
     torch.manual_seed(args.seed + local_rank)
     sampler = (DistributedSampler(range(train_idx.numel()), num_replicas=world, rank=local_rank, shuffle=True,
                                   seed=args.seed, drop_last=True) if world > 1 else None)
     loader = NeighborLoader(graph, args.fanout, args.batch_size, input_nodes=train_idx, shuffle=sampler is None,
                             sampler=sampler, x=x, y=dataset.y.to(device), device=device, prefetch=args.prefetch,
-                            num_workers=args.num_workers)
+                            num_workers=args.num_workers, static_shapes=args.cuda_graph,
+                            deferred=args.cuda_graph and args.deferred)
     times = loader.stage_times
+    captured = None
+    if args.cuda_graph:
+        # DDP's hooks are not replayable (gnnfuse.distributed.gradients): ranks start from
+        # rank 0's weights and the step averages its gradients in one all-reduce
+        if world > 1:
+            broadcast_parameters(model)
+
+        def averaged_step(batch: Any) -> None:
+            optimizer.zero_grad()
+            rows = batch.batch_size
+            F.cross_entropy(model(batch.x, batch.blocks)[:rows], batch.y[:rows]).backward()
+            if world > 1:
+                average_gradients(model.parameters())
+            optimizer.step()
+        captured = BlockStepCapture(averaged_step, optimizers=[optimizer], modules=[model], mode="on",
+                                    features=loader.features)
+    step_model = DistributedDataParallel(model) if world > 1 and captured is None else model
 
     def epoch(batches: int | None, clock: StepClock | None) -> int:
         count = 0
@@ -99,7 +118,10 @@ def rank_main(local_rank: int, world: int, port: int, args: argparse.Namespace, 
                 with times.timing("lookup", stream_sync(device)):
                     features = store.gather(batch.n_id)
             step_begin = time.perf_counter()
-            step = lambda: train_step(step_model, optimizer, features, batch.blocks, batch.y, batch.batch_size)  # noqa: E731
+            if captured is not None:
+                step = lambda: captured(batch)  # noqa: E731
+            else:
+                step = lambda: train_step(step_model, optimizer, features, batch.blocks, batch.y, batch.batch_size)  # noqa: E731
             clock.run(step) if clock is not None else step()
             times.add("compute", time.perf_counter() - step_begin)
             count += 1
@@ -131,7 +153,10 @@ def rank_main(local_rank: int, world: int, port: int, args: argparse.Namespace, 
               "stages_s": times.totals(), "busy_s": busy, "busy_fraction": busy / wall, "step_ms": clock.spread_ms(),
               "load_s": load_s,
               "peak_mib": peak_memory_mib(device),
-              "feature_bytes": store.bytes_moved() if store is not None else None}
+              "feature_bytes": store.bytes_moved() if store is not None else None,
+              "weights_off_rank_0": weights_off_rank_0(model, world)}
+    if captured is not None:
+        result["cuda_graph"] = {"status": captured.status, "replayed": captured.replayed, "eager": captured.eager}
     loader.close()
     results = [result]
     if world > 1:
@@ -141,6 +166,18 @@ def rank_main(local_rank: int, world: int, port: int, args: argparse.Namespace, 
         write_atomically(Path(out), json.dumps({"ranks": results, "environment": environment(device)}, default=str))
     if world > 1:
         leave_process_group()
+
+
+def weights_off_rank_0(model: torch.nn.Module, world: int) -> float:
+    """The largest difference between this rank's weights and rank 0's after the epoch:
+    data-parallel ranks that averaged their gradients correctly hold the same weights
+    (NCCL's and gloo's all-reduce give every rank the same sum), so anything but 0 is a bug."""
+    mine = torch.cat([p.detach().flatten() for p in model.parameters()])
+    if world == 1:
+        return 0.0
+    first = mine.clone()
+    dist.broadcast(first, src=0)
+    return (mine - first).abs().max().item()
 
 
 # --- the run ---------------------------------------------------------------------------
@@ -179,12 +216,21 @@ def run(args: argparse.Namespace, save) -> dict[str, Any]:
     return results
 
 
+def replays(rank: dict[str, Any]) -> str:
+    graph = rank.get("cuda_graph")
+    if not graph:
+        return "–"
+    counts = f"{graph['replayed']} / {graph['eager']}"
+    return counts if graph["status"] == "captured" else f"{counts} ({graph['status']})"
+
+
 def markdown(results: dict[str, Any]) -> str:
     config, env = results["config"], results.get("environment", {})
     lines = ["# Data-parallel mini-batch training (GraphSAGE, DDP)", "",
              f"{config['dataset']}, {len(config['fanout'])} layers hidden {config['hidden']}, fanouts "
              f"{','.join(map(str, config['fanout']))}, batch {config['batch_size']} per rank, features "
-             f"{config['features']}, {config.get('num_workers') or 'no'} loader workers per rank; "
+             f"{config['features']}, {config.get('num_workers') or 'no'} loader workers per rank"
+             f"{', steps replayed from CUDA graphs (gradients averaged in them)' if config.get('cuda_graph') else ''}; "
              f"{env.get('device_name')}, torch {env.get('torch')}, commit "
              f"{(env.get('git_commit') or 'unknown')[:12]}{' (dirty)' if env.get('git_dirty') else ''}, "
              f"{env.get('date')}.", "",
@@ -193,10 +239,12 @@ def markdown(results: dict[str, Any]) -> str:
              "from seeds/s when --max-batches cut the epoch short. Stage seconds are per rank, summed over its "
              "batches (sample/reindex/lookup/transfer in the loader's thread, overlapped with compute); busy = "
              "training-step GPU time / wall; step ms = median / 90th percentile / slowest step's GPU span "
-             "(a rank's span includes its wait in DDP's all-reduce for the others).", "",
+             "(a rank's span includes its wait in DDP's all-reduce for the others); steps replayed / eager with "
+             "--cuda-graph; weights diff = largest difference of the rank's weights from rank 0's after the epoch "
+             "(0 when gradients were averaged right).", "",
              "| ranks | rank | batches | epoch s | full epoch s | seeds/s | busy | step ms | peak MiB | "
-             + " | ".join(STAGES) + " | feature MB sent / received |",
-             "|---|---|---|---|---|---|---|---|---|" + "---|" * len(STAGES) + "---|"]
+             + " | ".join(STAGES) + " | feature MB sent / received | replayed / eager | weights diff |",
+             "|---|---|---|---|---|---|---|---|---|" + "---|" * len(STAGES) + "---|---|---|"]
     for world, cell in results["worlds"].items():
         for rank in cell["ranks"]:
             stages = " | ".join(f"{rank['stages_s'][s]:.2f}" for s in STAGES)
@@ -206,7 +254,8 @@ def markdown(results: dict[str, Any]) -> str:
             step = "–" if not spread else f"{spread['median']:.1f} / {spread['p90']:.1f} / {spread['max']:.1f}"
             lines.append(f"| {world} | {rank['rank']} | {rank['batches']} | {rank['epoch_s']:.2f} | "
                          f"{cell['full_epoch_s']:.2f} | {cell['seeds_per_s']:,.0f} | "
-                         f"{100 * rank['busy_fraction']:.0f}% | {step} | {rank['peak_mib']:.0f} | {stages} | {moved} |")
+                         f"{100 * rank['busy_fraction']:.0f}% | {step} | {rank['peak_mib']:.0f} | {stages} | {moved} | "
+                         f"{replays(rank)} | {rank.get('weights_off_rank_0', float('nan')):.1g} |")
     if results.get("speedup_vs_1"):
         lines += ["", "| ranks | speed-up vs 1 (seeds/s) | target |", "|---|---|---|"]
         for world, speedup in results["speedup_vs_1"].items():
@@ -239,10 +288,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--prefetch", type=int, default=2, help="batches the loader prepares ahead (default 2)")
     parser.add_argument("--num-workers", type=int, default=0,
                         help="loader worker processes per rank (PyG's num_workers; default 0: a thread)")
+    parser.add_argument("--cuda-graph", action="store_true",
+                        help="replay each rank's training steps from a CUDA graph (a loader with static_shapes, "
+                             "BlockStepCapture; gradients averaged by gnnfuse.distributed.average_gradients in the "
+                             "graph instead of DDP's hooks); replicated features only")
+    parser.add_argument("--no-deferred", dest="deferred", action="store_false",
+                        help="with --cuda-graph: the loader gathers the feature rows and builds the layouts "
+                             "(default: the replayed step does, loader.static_shapes)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", help="write the results here (default benchmarks/results/distributed_<device>.json, "
                                        "with a .md beside it)")
     args = parser.parse_args(argv)
+    if args.cuda_graph and args.features == "partitioned":
+        parser.error("--cuda-graph replays steps on replicated features: a partitioned fetch is an all-to-all "
+                     "with host-side sizes, outside any graph")
     device_type = torch.device(args.device).type
     if device_type == "cuda":
         check_backend("cuda", max(args.world_sizes))     # before any rank starts: a clear refusal

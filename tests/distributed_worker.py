@@ -20,12 +20,14 @@ from torch.utils.data import DistributedSampler
 
 import gnnfuse
 from gnnfuse.distributed import PartitionedFeatures, init_process_group, row_ranges
+from gnnfuse.distributed.gradients import average_gradients, broadcast_parameters
 from gnnfuse.distributed.inference import layerwise_logits, range_block, summed_accuracies
 from gnnfuse.distributed.minibatch import train_distributed_minibatch_run
 from gnnfuse.distributed.process_group import leave_process_group
 from gnnfuse.loader import NeighborLoader
 from gnnfuse.nn.block_models import build_block_model
 from gnnfuse.nn.models import get_model
+from gnnfuse.runtime.cuda_graph import StepCapture
 from gnnfuse.training import accuracy, make_config, prepare_data
 
 WORLD = 2
@@ -82,7 +84,26 @@ def ddp_gradients(rank: int) -> dict[str, Any]:
     flat = lambda m: torch.cat([p.grad.flatten() for p in m.parameters()])   # noqa: E731
     every = [torch.empty_like(flat(alone)) for _ in range(WORLD)]
     dist.all_gather(every, flat(alone))
-    return {"ddp": flat(model), "per_rank": every}
+    # the explicit average a captured step uses instead of DDP's hooks, on a model that
+    # also holds a float32 parameter only rank 0's loss reaches
+    explicit = copy.deepcopy(alone)
+    explicit.zero_grad()
+    explicit.reached_on_rank_0 = torch.nn.Parameter(torch.ones(3))
+    loss = F.cross_entropy(explicit(batch.x, batch.blocks), batch.y)
+    (loss + 2 * explicit.reached_on_rank_0.sum() if rank == 0 else loss).backward()
+    average_gradients(explicit.parameters())
+    # DDP inside a step StepCapture is asked to capture: refused, with the way out named
+    refused = StepCapture(lambda: F.cross_entropy(ddp(batch.x, batch.blocks), batch.y), modules=[ddp], warmup=1,
+                          _graph_factory=lambda: None)
+    refused()
+    # differing starting weights: rank 0's reach every rank
+    torch.manual_seed(100 + rank)
+    differing = build_block_model("sage", 4, 3, 5, 0.0, 2)
+    broadcast_parameters(differing)
+    shared = [p.grad.flatten() for name, p in explicit.named_parameters() if name != "reached_on_rank_0"]
+    return {"ddp": flat(model), "per_rank": every, "explicit": torch.cat(shared),
+            "unreached": explicit.reached_on_rank_0.grad, "refused": refused.reason,
+            "broadcast": torch.cat([p.detach().flatten() for p in differing.parameters()])}
 
 
 def inference(rank: int) -> dict[str, Any]:

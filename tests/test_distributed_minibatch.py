@@ -23,6 +23,7 @@ from gnnfuse.distributed.launch import free_port, start_ranks
 from gnnfuse.distributed.fullgraph import train_full_graph_run
 from gnnfuse.distributed.minibatch import train_distributed_minibatch_run
 from gnnfuse.loader import STAGES, NeighborLoader
+from gnnfuse.nn.block_models import build_block_model
 from gnnfuse.nn.models import get_model
 from gnnfuse.training import load_checkpoint, make_config, prepare_data
 from gnnfuse.training.minibatch import train_minibatch_run
@@ -74,6 +75,28 @@ def test_ddp_gradients_are_the_average_of_each_ranks_own(ranks):
     assert not torch.allclose(own[0], own[1])                # the ranks' batches differ
     for result in ranks:
         torch.testing.assert_close(result["grads"]["ddp"], (own[0] + own[1]) / 2, rtol=1e-12, atol=1e-14)
+
+
+def test_explicit_gradient_averaging_equals_ddps_and_includes_parameters_a_rank_did_not_reach(ranks):
+    own = ranks[0]["grads"]["per_rank"]
+    for result in ranks:
+        torch.testing.assert_close(result["grads"]["explicit"], (own[0] + own[1]) / 2, rtol=1e-12, atol=1e-14)
+        # rank 0's loss gave the parameter gradient 2, rank 1's none (zeros take part)
+        torch.testing.assert_close(result["grads"]["unreached"], torch.ones(3))
+        assert result["grads"]["unreached"].dtype == torch.float32
+
+
+def test_a_step_through_ddp_is_not_captured_and_the_reason_names_the_replacement(ranks):
+    for result in ranks:
+        reason = result["grads"]["refused"]
+        assert "DistributedDataParallel" in reason and "average_gradients" in reason
+
+
+def test_broadcast_parameters_gives_every_rank_rank_0s_weights(ranks):
+    torch.testing.assert_close(ranks[1]["grads"]["broadcast"], ranks[0]["grads"]["broadcast"], rtol=0, atol=0)
+    torch.manual_seed(100)
+    mine = torch.cat([p.detach().flatten() for p in build_block_model("sage", 4, 3, 5, 0.0, 2).parameters()])
+    torch.testing.assert_close(ranks[0]["grads"]["broadcast"], mine, rtol=0, atol=0)
 
 
 def test_layerwise_inference_across_ranks_equals_the_whole_graph_forward(ranks):

@@ -269,6 +269,20 @@ class _CudaGraph:
                    if tuple(seg.get("segment_pool_id", ())) == tuple(pool))
 
 
+def _gradient_hook_problem(modules: Sequence[torch.nn.Module]) -> str | None:
+    """DistributedDataParallel averages gradients from backward hooks whose Python-side
+    bookkeeping a replay skips (`gnnfuse.distributed.gradients` says why): such a step
+    would replay whatever the hooks did at capture, so it is not captured."""
+    for top in modules:
+        for name, module in top.named_modules():
+            if isinstance(module, torch.nn.parallel.DistributedDataParallel):
+                where = f" ({name})" if name else ""
+                return (f"DistributedDataParallel{where} averages gradients in backward hooks a CUDA graph does not "
+                        "replay; pass the bare module and call gnnfuse.distributed.average_gradients("
+                        "model.parameters()) between backward() and optimizer.step()")
+    return None
+
+
 class StepCapture:
     """``step = StepCapture(step_fn, optimizers=[opt], modules=[model]); loss = step()``.
 
@@ -337,7 +351,7 @@ class StepCapture:
             return self.step_fn(*inputs)
         if self._calls < self.warmup:
             return self._eager_on_side_stream(inputs, device)
-        reason = self._optimizer_problem(device) or _argument_problem(inputs)
+        reason = self._optimizer_problem(device) or _gradient_hook_problem(self.modules) or _argument_problem(inputs)
         if reason:
             self._fall_back(reason)
             return self.step_fn(*inputs)
