@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import itertools
 import threading
 import warnings
 
@@ -166,9 +167,10 @@ class _Recorder:
         self.out.copy_(self.fn())
 
 
-def _training(data, captured: bool, model: str = "sage", step_extra=None, deferred: bool = False, **kw):
+def _training(data, captured: bool, model: str = "sage", step_extra=None, deferred: bool = False,
+              batches: int | None = None, device: str = "cpu", **kw):
     torch.manual_seed(0)
-    net = build_block_model(model, 12, 5, 16, 0.0, 3).double()
+    net = build_block_model(model, 12, 5, 16, 0.0, 3).double().to(device)
     optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
 
     def step(batch):
@@ -180,11 +182,11 @@ def _training(data, captured: bool, model: str = "sage", step_extra=None, deferr
             step_extra(batch)
         return loss.detach()
     recorder = type("R", (_Recorder,), {"model": net, "optimizer": optimizer})
-    loader = _loader(data, shuffle=True, static_shapes=captured, deferred=deferred)
+    loader = _loader(data, shuffle=True, static_shapes=captured, deferred=deferred, device=device)
     run = BlockStepCapture(step, optimizers=[optimizer], modules=[net], _graph_factory=recorder,
                            features=loader.features, **kw) if captured else step
     torch.manual_seed(7)
-    losses = [float(run(batch)) for batch in loader]
+    losses = [float(run(batch)) for batch in itertools.islice(loader, batches)]
     return losses, list(net.parameters()), run
 
 

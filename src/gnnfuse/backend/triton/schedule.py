@@ -11,7 +11,7 @@ unless every row is known to be short (`SHORT_ROWS`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -67,17 +67,20 @@ def _recipe(ctx: GraphContext, by: str, max_edges: int | None, max_degree: int |
             lambda _: _build(ctx.grouped(by)[0], None if whole else max_edges, in_order))
 
 
-def whole_row_segments(graph: Graph) -> list[Segments]:
+def whole_row_segments(graph: Graph) -> list[Any]:
     """Build (into ``graph``'s cache) the segments of both of its CSRs one per row, under
     the keys of every kernel that asks for them: a padded graph's fixed shapes
     (`loader.static_shapes`, `graph.fixed_shape`). The whole-row segments max and min
-    reductions ask for (``max_edges=None``) are the same ones. Returns them."""
+    reductions ask for (``max_edges=None``) are the same ones, and so are their split-row
+    tables (`split_slots`, `partial_slots`: no row is split, so they read nothing back):
+    a captured step that built one itself would replay the first batch's
+    (`training.captured_step`). Returns them."""
     context = GraphContext(graph)
-    built = []
+    built: list[Any] = []
     for by in ("dst", "src"):
         whole = segments(context, by, SEGMENT_EDGES, whole_rows=True)
         graph.cached(f"triton_segments_{by}_None", lambda _, w=whole: w)
-        built.append(whole)
+        built += [whole, split_slots(context, by, SEGMENT_EDGES), partial_slots(context, by, SEGMENT_EDGES)]
     return built
 
 
