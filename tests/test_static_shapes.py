@@ -182,7 +182,9 @@ def _training(data, captured: bool, model: str = "sage", step_extra=None, deferr
             step_extra(batch)
         return loss.detach()
     recorder = type("R", (_Recorder,), {"model": net, "optimizer": optimizer})
-    loader = _loader(data, shuffle=True, static_shapes=captured, deferred=deferred, device=device)
+    # a deferred batch's step gathers its rows from the table on the batches' device
+    loader = _loader(data, shuffle=True, static_shapes=captured, deferred=deferred, device=device,
+                     feature_device="device" if deferred else None)
     run = BlockStepCapture(step, optimizers=[optimizer], modules=[net], _graph_factory=recorder,
                            features=loader.features, **kw) if captured else step
     torch.manual_seed(7)
