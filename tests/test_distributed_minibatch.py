@@ -10,6 +10,7 @@ import json
 import os
 import re
 import statistics
+import warnings
 from pathlib import Path
 
 import pytest
@@ -18,13 +19,14 @@ import torch
 import distributed_worker as worker
 from gnnfuse.cli import main
 from gnnfuse.distributed import DistributedError, init_process_group, launch_or_join
-from gnnfuse.distributed import dispatch, process_group
+from gnnfuse.distributed import dispatch, minibatch, process_group
 from gnnfuse.distributed.launch import free_port, start_ranks
 from gnnfuse.distributed.fullgraph import train_full_graph_run
 from gnnfuse.distributed.minibatch import train_distributed_minibatch_run
 from gnnfuse.loader import STAGES, NeighborLoader
 from gnnfuse.nn.block_models import build_block_model
 from gnnfuse.nn.models import get_model
+from gnnfuse.runtime.cuda_graph import CaptureFallbackWarning
 from gnnfuse.training import load_checkpoint, make_config, prepare_data
 from gnnfuse.training.minibatch import train_minibatch_run
 
@@ -259,3 +261,20 @@ def test_ranks_share_the_cores_unless_omp_num_threads_is_set(monkeypatch, env, l
     monkeypatch.setattr(torch, "set_num_threads", set_to.append)
     process_group.share_cores(local_world)
     assert set_to == ([] if threads is None else [threads])
+
+
+@pytest.mark.parametrize("mode, device, features, expected, warned", [
+    ("off", "cuda", "replicated", False, None),
+    ("auto", "cuda", "replicated", minibatch.CAPTURE_RANKS_ON_AUTO, None),
+    ("on", "cuda", "replicated", True, None),
+    ("on", "cpu", "replicated", False, "need GPU ranks"),
+    ("on", "cuda", "partitioned", False, "all-to-all"),
+    ("auto", "cpu", "replicated", False, None)])
+def test_which_data_parallel_ranks_replay_their_steps(mode, device, features, expected, warned):
+    config = worker.training_config(25, features)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert minibatch._captures(mode, torch.device(device), config, tell=True) is expected
+        assert minibatch._captures(mode, torch.device(device), config, tell=False) is expected
+    messages = [str(w.message) for w in caught if issubclass(w.category, CaptureFallbackWarning)]
+    assert (messages == []) if warned is None else (len(messages) == 1 and warned in messages[0])

@@ -18,6 +18,14 @@ the loader gathers each batch's rows in its prefetch thread, as on one GPU;
 are fetched from their owners by all-to-all (`PartitionedFeatures`) in the training
 thread, between steps, with the bytes moved logged per rank.
 
+Steps replayed from CUDA graphs (``cuda_graph="on"``, GPU ranks, replicated features):
+each rank pads its batches to fixed shapes and replays its step as one process does
+(`training.BlockStepCapture`); DDP's hooks cannot be replayed, so the ranks start from
+rank 0's weights and the step averages its gradients in one all-reduce the graph holds
+(`gradients.average_gradients`). A rank whose batch does not fit the fixed shapes runs
+that step eagerly, with the same all-reduce, so ranks stay in step. ``"auto"`` keeps
+DDP's eager steps on ranks (`CAPTURE_RANKS_ON_AUTO`).
+
 Only rank 0 logs and draws the progress bar; accuracies are summed over ranks
 (`inference`), so all ranks agree on the best epoch and on when to stop.
 """
@@ -34,21 +42,28 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler
 from tqdm import tqdm
 
-from ..bench.timing import synchronize
 from ..loader import STAGES, NeighborLoader
-from ..loader.stages import stream_sync
+from ..loader.stages import ComputeTimer, stream_sync
 from ..nn.block_models import build_block_model
 from ..nn.models import ModelSpec
 from ..progress import progress_bar
 from ..training.config import TrainConfig
 from ..training.data import PreparedData
 from ..training.loop import BestEpoch, EarlyStopping, RunResult, _optimizer, peak_memory_mib
-from ..training.minibatch import _fit_placement, stage_split
+from ..runtime.cuda_graph import CaptureFallbackWarning
+from ..training.captured_step import BlockStepCapture
+from ..training.minibatch import _fit_placement, classification_step, stage_split
 from .features import PartitionedFeatures, row_ranges
+from .gradients import average_gradients, broadcast_parameters
 from .inference import layerwise_logits, range_block, summed_accuracies
 from .process_group import DistributedError, current
 
 RANK_SEED_STRIDE = 1_000_003     # rank r draws dropout and neighbour samples from seed + r * stride
+
+# Whether ``cuda_graph="auto"`` captures data-parallel steps. Not yet: a replayed NCCL
+# all-reduce has run in `benchmarks/bench_distributed.py --cuda-graph` only (results in
+# benchmarks/results/scaling_cuda.md), not under `gnnfuse train` on several GPUs.
+CAPTURE_RANKS_ON_AUTO = False
 
 
 # Measured on 4 H100s (benchmarks/results/scaling_cuda.md): with loader worker processes,
@@ -62,9 +77,10 @@ LOADER_WORKERS_WITH_DDP = (
 
 
 def train_distributed_minibatch_run(config: TrainConfig, spec: ModelSpec, data: PreparedData, seed: int, *,
-                                    label: str = "", log_epochs: bool = True) -> RunResult:
+                                    label: str = "", log_epochs: bool = True, cuda_graph: str = "auto") -> RunResult:
     """`training.minibatch.train_minibatch_run` on every rank of the joined process
-    group, gradients averaged by DDP; returns the same `RunResult` on every rank."""
+    group, gradients averaged by DDP, or inside replayed steps (``cuda_graph``, see the
+    module doc); returns the same `RunResult` on every rank."""
     me = current()
     device = me.device
     if device.type != config.device:
@@ -75,16 +91,19 @@ def train_distributed_minibatch_run(config: TrainConfig, spec: ModelSpec, data: 
                                "--features partitioned use replicated features or drop --dkp")
     if device.type == "cuda" and config.loader_workers and me.world_size > 1 and me.is_main:
         warnings.warn(LOADER_WORKERS_WITH_DDP, RuntimeWarning, stacklevel=2)
+    captured = _captures(cuda_graph, device, config, me.is_main)
     torch.manual_seed(seed)                      # the same initial weights on every rank
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     fanout = list(config.fanout)
     model = build_block_model(config.model, data.num_features, data.num_classes, config.hidden, config.dropout,
                               len(fanout)).to(device)
+    if captured:
+        broadcast_parameters(model)
     # The loader already puts every batch on this rank's device (device_ids=None: DDP
     # moves no inputs, and a list of blocks is nothing its input mover knows).
-    ddp = DistributedDataParallel(model)
-    optimizer = _optimizer(spec, model, config)
+    ddp = DistributedDataParallel(model) if not captured else None
+    optimizer = _optimizer(spec, model, config, capturable=captured)
     torch.manual_seed(seed + RANK_SEED_STRIDE * me.rank)
     x = data.x.to_dense() if data.x.is_sparse else data.x
     bounds = row_ranges(data.graph.num_nodes, me.world_size)
@@ -94,10 +113,16 @@ def train_distributed_minibatch_run(config: TrainConfig, spec: ModelSpec, data: 
     train_ids = train_mask.nonzero().flatten().cpu()
     sampler = DistributedSampler(range(train_ids.numel()), num_replicas=me.world_size, rank=me.rank, shuffle=True,
                                  seed=seed, drop_last=True)
+    # captured steps gather their rows from a table on the device, if it fits easily (as one process)
+    deferred = captured and x.element_size() * x.numel() < torch.cuda.mem_get_info(device)[0] // 4
     loader = NeighborLoader(data.graph, fanout, config.batch_size, input_nodes=train_ids, sampler=sampler,
                             x=None if store is not None else x, y=data.y, device=device,
-                            num_workers=config.loader_workers)
+                            num_workers=config.loader_workers, static_shapes=captured,
+                            feature_device="device" if deferred else None, deferred=deferred)
+    step = (BlockStepCapture(classification_step(model, optimizer, average_gradients), optimizers=[optimizer],
+                             modules=[model], mode=cuda_graph, features=loader.features) if captured else None)
     times = loader.stage_times
+    compute = ComputeTimer(times, device)
     placement = _fit_placement(model, loader) if config.dkp else None
     block = range_block(data.graph, bounds[me.rank], bounds[me.rank + 1])
     owned = slice(bounds[me.rank], bounds[me.rank + 1])
@@ -114,7 +139,7 @@ def train_distributed_minibatch_run(config: TrainConfig, spec: ModelSpec, data: 
     prefix = f"{label.strip() + ' | ' if label else ''}"
     for epoch in range(1, config.epochs + 1):
         sampler.set_epoch(epoch)
-        ddp.train()
+        model.train()
         times.reset()
         epoch_start = time.perf_counter()
         loss_sum = torch.zeros(2, dtype=torch.float64, device=device)        # loss * seeds, seeds
@@ -123,21 +148,23 @@ def train_distributed_minibatch_run(config: TrainConfig, spec: ModelSpec, data: 
             if store is not None:
                 with times.timing("lookup", stream_sync(device)):
                     x_batch = store.gather(batch.n_id)
-            step_start = time.perf_counter()
-            optimizer.zero_grad()
-            loss = F.cross_entropy(ddp(x_batch, batch.blocks), batch.y)
-            loss.backward()
-            optimizer.step()
+            with compute.step():
+                if step is not None:
+                    loss = step(batch)
+                else:
+                    optimizer.zero_grad()
+                    loss = F.cross_entropy(ddp(x_batch, batch.blocks), batch.y)
+                    loss.backward()
+                    optimizer.step()
             loss_sum += torch.stack([loss.detach().double() * batch.batch_size,
                                      torch.tensor(float(batch.batch_size), dtype=torch.float64, device=device)])
-            synchronize(device)
-            times.add("compute", time.perf_counter() - step_start)
             progress.update()
+        compute.flush()
         epoch_seconds = time.perf_counter() - epoch_start
         stages = times.totals()
         dist.all_reduce(loss_sum)
         train_loss = (loss_sum[0] / loss_sum[1].clamp_min(1)).item()
-        ddp.eval()
+        model.eval()
         logits = layerwise_logits(model, block, read_input, bounds, me.rank)
         local_masks = tuple(m[owned] for m in data.masks)
         (train_acc, val_acc, test_acc), val_loss = summed_accuracies(logits, data.y[owned], local_masks,
@@ -159,7 +186,23 @@ def train_distributed_minibatch_run(config: TrainConfig, spec: ModelSpec, data: 
         tqdm.write(f"{prefix}rank 0: {placement.describe()}", file=sys.stdout)
     return RunResult(seed=seed, best_epoch=stopping.best_epoch, best_val_acc=stopping.best_val_acc,
                      test_acc=best.test_acc, epochs_run=len(history["loss"]), seconds=time.perf_counter() - start,
-                     state_dict=best.state_dict, history=history)
+                     state_dict=best.state_dict, history=history,
+                     cuda_graph=(f"{step.status} ({step.replayed} steps replayed)" if step is not None
+                                 else RunResult.cuda_graph))
+
+
+def _captures(cuda_graph: str, device: torch.device, config: TrainConfig, tell: bool) -> bool:
+    """Whether this rank replays its steps from a CUDA graph (module doc); says why not
+    when ``cuda_graph="on"`` asked for it (on rank 0 only: ``tell``)."""
+    if cuda_graph == "off" or (cuda_graph == "auto" and not CAPTURE_RANKS_ON_AUTO):
+        return False
+    reason = ("CUDA graphs need GPU ranks" if device.type != "cuda" else
+              "partitioned features are fetched by an all-to-all with host-side sizes, outside any graph"
+              if config.features == "partitioned" else None)
+    if reason and cuda_graph == "on" and tell:
+        warnings.warn(f"gnnfuse: data-parallel steps are not captured in a CUDA graph and run eagerly: {reason}",
+                      CaptureFallbackWarning, stacklevel=3)
+    return reason is None
 
 
 def _bytes_per_rank(store: PartitionedFeatures, device: torch.device) -> str:

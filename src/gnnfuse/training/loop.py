@@ -195,7 +195,6 @@ def train_runs(config: TrainConfig, *, log_epochs: bool = True,
     `on_run(index, result)` is called after each (for progress lines); ``cuda_graph`` is
     the training step's capture mode (`StepCapture`)."""
     spec = get_model(config.model)
-    one_process = False
     if spec.task == "link":
         from .link_prediction import prepare_link_data, train_link_run as run_one     # imports this module
         data = prepare_link_data(config)
@@ -205,15 +204,15 @@ def train_runs(config: TrainConfig, *, log_epochs: bool = True,
         summary = TrainSummary(config, data.name, data.num_features, data.num_classes, [])
         from ..distributed import train_run_function              # imports this module
         run_one = train_run_function(config)                      # several ranks: theirs; one process: None
-        one_process = run_one is None
         if run_one is None and config.fanout is None:
             run_one = train_run
         elif run_one is None:
             from .minibatch import train_minibatch_run as run_one     # imports this module
     for index in range(config.runs):
         label = f" run {index + 1}/{config.runs}" if config.runs > 1 else ""
-        # one process captures its steps (full-graph; mini-batch on padded batches); data-parallel ranks do not
-        extra = {"cuda_graph": cuda_graph} if one_process else {}
+        # one process captures its steps (full-graph; mini-batch on padded batches); data-parallel ranks
+        # where asked (distributed.minibatch); link prediction does not
+        extra = {"cuda_graph": cuda_graph} if spec.task != "link" else {}
         result = run_one(config, spec, data, config.seed + index, label=label, log_epochs=log_epochs, **extra)
         summary.runs.append(result)
         if on_run is not None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Callable
+from typing import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -107,15 +107,20 @@ def train_minibatch_run(config: TrainConfig, spec: ModelSpec, data: PreparedData
                      else RunResult.cuda_graph)
 
 
-def classification_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer
+def classification_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                        average: Callable[[Iterable[torch.Tensor]], None] | None = None
                         ) -> Callable[[MiniBatch], torch.Tensor]:
     """One training step on a batch's seeds: cross-entropy over its first ``batch_size``
     rows (a padded batch's later rows are padding), backward, optimizer step; returns the
-    loss. The form `BlockStepCapture` captures and replays."""
+    loss. The form `BlockStepCapture` captures and replays. ``average`` (data-parallel
+    ranks: `distributed.average_gradients`) runs on the parameters between backward and
+    the optimizer step."""
     def step(batch: MiniBatch) -> torch.Tensor:
         optimizer.zero_grad()
         loss = F.cross_entropy(model(batch.x, batch.blocks)[:batch.batch_size], batch.y[:batch.batch_size])
         loss.backward()
+        if average is not None:
+            average(model.parameters())
         optimizer.step()
         return loss.detach()
     return step
