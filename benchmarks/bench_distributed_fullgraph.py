@@ -45,7 +45,8 @@ from torch import nn
 from gnnfuse.bench import failure_status, summarize, time_calls
 from gnnfuse.data.registry import POWER_LAW_PRESETS
 from gnnfuse.data.synthetic import power_law_graph
-from gnnfuse.distributed.fullgraph import PartitionedModel, agreed_owners, all_reduce_gradients
+from gnnfuse.distributed.fullgraph import PartitionedModel, agreed_owners
+from gnnfuse.distributed.gradients import all_reduce_gradients
 from gnnfuse.distributed.halo import HaloExchange
 from gnnfuse.distributed.launch import free_port, start_ranks
 from gnnfuse.distributed.process_group import leave_process_group

@@ -24,7 +24,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from gnnfuse.distributed.fullgraph import (PartitionedModel, all_reduce_gradients, shard_data,
+from gnnfuse.distributed.gradients import all_reduce_gradients
+from gnnfuse.distributed.fullgraph import (PartitionedModel, shard_data,
                                            train_full_graph_run)
 from gnnfuse.distributed.halo import HaloExchange
 from gnnfuse.distributed.launch import free_port, start_ranks

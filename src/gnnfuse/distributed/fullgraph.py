@@ -37,7 +37,7 @@ import sys
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -54,6 +54,7 @@ from ..progress import progress_bar
 from ..training.config import TrainConfig
 from ..training.data import PreparedData
 from ..training.loop import BestEpoch, EarlyStopping, RunResult, _optimizer, peak_memory_mib
+from .gradients import all_reduce_gradients, broadcast_parameters
 from .halo import HaloExchange
 from .partition import Partition, contiguous_owners, greedy_owners, partition_graph
 
@@ -162,33 +163,6 @@ def _exchange_projected(conv: GATConv, x: torch.Tensor) -> bool:
     width = conv.heads * conv.out_channels
     projected = width * (2 if x.requires_grad or conv.lin.weight.requires_grad else 1)
     return projected < x.shape[1] * (2 if x.requires_grad else 1)
-
-
-def all_reduce_gradients(parameters: Iterable[nn.Parameter], group: Any = None) -> None:
-    """Sum every parameter's gradient over the ranks, with one ``all_reduce`` per dtype.
-
-    A parameter no rank computed a gradient for keeps ``grad = None`` (Adam skips it, as
-    on one process); one that some rank did not reach counts zeros from that rank."""
-    by_dtype: dict[torch.dtype, list[nn.Parameter]] = {}
-    for p in parameters:
-        if p.requires_grad:
-            by_dtype.setdefault(p.dtype, []).append(p)
-    for params in by_dtype.values():
-        grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in params]
-        reached = torch.tensor([p.grad is not None for p in params], dtype=params[0].dtype, device=params[0].device)
-        flat = torch.cat([g.reshape(-1) for g in grads] + [reached])
-        dist.all_reduce(flat, group=group)
-        offset = 0
-        for p, g, got in zip(params, grads, flat[-len(params):].tolist()):
-            p.grad = flat[offset:offset + g.numel()].view_as(p) if got else None
-            offset += g.numel()
-
-
-def broadcast_parameters(model: nn.Module, group: Any = None) -> None:
-    """Rank 0's weights on every rank (the same seed already gives the same weights; this
-    makes it so whatever the initialisation path)."""
-    for tensor in model.state_dict().values():
-        dist.broadcast(tensor, src=0, group=group)
 
 
 def rank_device(device: str) -> torch.device:

@@ -21,6 +21,11 @@ that does not fit the static shapes runs eagerly on one rank while the others re
 every rank issues the same collectives of the same sizes in the same order each step.
 What the call cannot know is whether a peer skipped a step; that stays the caller's
 contract, as with DDP (equal batch counts: `DistributedSampler(drop_last=True)`).
+
+`all_reduce_gradients` is the partitioned full-graph step's: a sum (its loss is already
+divided by the global count) that leaves ``grad = None`` where no rank reached a
+parameter, which takes a read of those flags back to the host -- fine for a step that is
+never captured (its halo exchanges have host-side sizes), not for one that is.
 """
 from __future__ import annotations
 
@@ -61,9 +66,29 @@ def average_gradients(parameters: Iterable[torch.Tensor], group: dist.ProcessGro
                                                                            grads)])
 
 
-def broadcast_parameters(module: torch.nn.Module, src: int = 0, group: dist.ProcessGroup | None = None) -> None:
-    """Give every rank ``src``'s parameters and buffers, as DDP does when it wraps a
-    module: ranks that average gradients must also start from the same weights."""
-    for tensor in [*module.parameters(), *module.buffers()]:
-        with torch.no_grad():
-            dist.broadcast(tensor, src=src, group=group)
+def all_reduce_gradients(parameters: Iterable[torch.nn.Parameter], group: dist.ProcessGroup | None = None) -> None:
+    """Sum every parameter's gradient over the ranks, with one ``all_reduce`` per dtype.
+
+    A parameter no rank computed a gradient for keeps ``grad = None`` (Adam skips it, as
+    on one process); one that some rank did not reach counts zeros from that rank."""
+    by_dtype: dict[torch.dtype, list[torch.nn.Parameter]] = {}
+    for p in parameters:
+        if p.requires_grad:
+            by_dtype.setdefault(p.dtype, []).append(p)
+    for params in by_dtype.values():
+        grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in params]
+        reached = torch.tensor([p.grad is not None for p in params], dtype=params[0].dtype, device=params[0].device)
+        flat = torch.cat([g.reshape(-1) for g in grads] + [reached])
+        dist.all_reduce(flat, group=group)
+        offset = 0
+        for p, g, got in zip(params, grads, flat[-len(params):].tolist()):
+            p.grad = flat[offset:offset + g.numel()].view_as(p) if got else None
+            offset += g.numel()
+
+
+def broadcast_parameters(model: torch.nn.Module, group: dist.ProcessGroup | None = None) -> None:
+    """Rank 0's weights and buffers on every rank, as DDP gives them when it wraps a
+    module: ranks that average their gradients must also start from the same weights
+    (the same seed already gives them; this makes it so whatever the initialisation path)."""
+    for tensor in model.state_dict().values():
+        dist.broadcast(tensor, src=0, group=group)

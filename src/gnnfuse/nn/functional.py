@@ -7,6 +7,11 @@ cores -- so the GNN kernels could not show. On a GPU torch's is one fused kernel
 writes a keep mask the backward reads back; gnnfuse's writes none. Swap ``F.dropout``
 for ``gnnfuse.nn.functional.dropout`` and the rest of the model stays as it is.
 
+`cross_entropy` (its own module) is torch's, plus ``rows=``: the loss over selected rows of
+the logits (``F.cross_entropy(out[idx], y[idx])`` as ``cross_entropy(out, y[idx],
+rows=idx)``), on a GPU in one kernel each way instead of a gather, a log-softmax and
+single-block NLL kernels.
+
 `linear_cross_entropy` (its own module) has no torch counterpart: it is
 ``F.cross_entropy(F.linear(h, w, b), y)`` without the [rows, classes] logits, for
 classifiers with many classes on many rows.
@@ -16,9 +21,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .cross_entropy import cross_entropy
 from .linear_cross_entropy import linear_cross_entropy
 
-__all__ = ["dropout", "linear_cross_entropy"]
+__all__ = ["cross_entropy", "dropout", "linear_cross_entropy"]
 
 # Below this many elements torch's dropout costs well under a millisecond, and the
 # counter kernel's first use would cost a Numba import (about a second per process).

@@ -1,0 +1,86 @@
+"""`cross_entropy` with torch's arguments, plus ``rows``: the loss over selected rows of
+the logits without gathering them first.
+
+``gnnfuse.nn.functional.cross_entropy(out, y[train_idx], rows=train_idx)`` is
+``F.cross_entropy(out[train_idx], y[train_idx])``; without ``rows`` it is
+``F.cross_entropy(out, target)``. On a GPU, for a float32/float64 [rows, classes]
+matrix with torch's default weighting (no class weights, no label smoothing) and a
+``mean`` or ``sum`` reduction, it runs `backend.triton.cross_entropy`'s two kernels in
+place of torch's gather, log-softmax, single-block NLL loss and their backwards (why:
+that module's doc). Anything else runs torch's, with the same result.
+
+Differences from torch's loss, both on the kernel path only: an out-of-range target or
+row makes the loss NaN where torch stops with a device-side assert (the kernels never
+read back from the device, so a step using them can be captured in a CUDA graph); and
+the loss cannot be differentiated twice (the backward is a kernel; a backward with
+``create_graph=True`` through it raises rather than leave a term out).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+_REDUCTIONS = ("mean", "sum")
+
+
+def cross_entropy(input: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None = None,
+                  size_average: bool | None = None, ignore_index: int = -100, reduce: bool | None = None,
+                  reduction: str = "mean", label_smoothing: float = 0.0, *,
+                  rows: torch.Tensor | None = None) -> torch.Tensor:
+    """`torch.nn.functional.cross_entropy` over ``input[rows]`` (all rows when ``rows`` is
+    None); ``rows`` holds row indices (negative ones count from the end) or a boolean
+    mask over the rows, and ``target`` one class per selected row."""
+    if rows is not None and rows.dtype == torch.bool:
+        if rows.shape != input.shape[:1]:
+            raise ValueError(f"a boolean rows mask needs one entry per row of input ({input.shape[0]}), "
+                             f"got shape {tuple(rows.shape)}")
+        rows = rows.nonzero().squeeze(1)          # as input[mask] does: one read back from the device
+    if rows is not None and (rows.dim() != 1 or rows.dtype not in (torch.int64, torch.int32)):
+        raise ValueError(f"rows must be a 1-D tensor of row indices (int64/int32) or a boolean mask, got "
+                         f"{tuple(rows.shape)} {rows.dtype}")
+    if rows is not None and rows.numel() != target.shape[0]:
+        raise ValueError(f"rows selects {rows.numel()} rows of input but target has {target.shape[0]} entries: "
+                         "give one target per selected row")
+    if _kernels_apply(input, target, weight, size_average, reduce, reduction, label_smoothing):
+        return _SelectedCrossEntropy.apply(input, target, rows.contiguous() if rows is not None else None,
+                                           ignore_index, reduction)
+    selected = input if rows is None else input[rows]
+    return F.cross_entropy(selected, target, weight, size_average, ignore_index, reduce, reduction,
+                           label_smoothing)
+
+
+def _kernels_apply(input: torch.Tensor, target: torch.Tensor, weight, size_average, reduce, reduction: str,
+                   label_smoothing: float) -> bool:
+    from ..backend.triton.cross_entropy import DTYPES, MAX_CLASSES
+    return (input.is_cuda and input.dim() == 2 and input.dtype in DTYPES and 0 < input.shape[1] <= MAX_CLASSES
+            and input.stride(1) == 1 and target.dim() == 1 and target.dtype == torch.int64     # torch's rule
+            and target.device == input.device and weight is None and size_average is None and reduce is None
+            and reduction in _REDUCTIONS and label_smoothing == 0.0 and not torch.compiler.is_compiling())
+
+
+class _SelectedCrossEntropy(torch.autograd.Function):
+    """The kernel path of `cross_entropy`: ``(input, target, rows, ignore_index,
+    reduction) -> loss``, any device the Triton kernels run on (a GPU, or host tensors
+    under Triton's interpreter, as the tests do)."""
+
+    @staticmethod
+    def forward(ctx, input: torch.Tensor, target: torch.Tensor, rows: torch.Tensor | None, ignore_index: int,
+                reduction: str) -> torch.Tensor:
+        from ..backend.triton import cross_entropy as kernels
+        lse, partial, kept = kernels.forward(input, target, rows, ignore_index)
+        total = partial.sum(0)                      # (loss sum, counted rows)
+        ctx.save_for_backward(input if kept is None else None, kept, target, rows, lse, total[1:])
+        ctx.ignore_index, ctx.reduction, ctx.shape = ignore_index, reduction, input.shape
+        return total[0] / total[1] if reduction == "mean" else total[0].clone()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        if torch.is_grad_enabled():     # create_graph=True: a derivative of this gradient would be missing
+            raise RuntimeError("gnnfuse.nn.functional.cross_entropy's GPU kernels have no second derivative "
+                               "(a backward with create_graph=True through the loss): use "
+                               "torch.nn.functional.cross_entropy for that step")
+        from ..backend.triton import cross_entropy as kernels
+        input, kept, target, rows, lse, count = ctx.saved_tensors
+        scale = (grad / count if ctx.reduction == "mean" else grad).reshape(1).to(lse.dtype)
+        grad_input = kernels.backward(input, kept, target, rows, lse, scale, ctx.ignore_index, ctx.shape)
+        return grad_input, None, None, None, None
