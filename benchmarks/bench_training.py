@@ -79,7 +79,10 @@ def render_markdown(results: dict[str, Any]) -> str:
              "over the timed steps (cached and fragmented blocks, and a captured step's whole graph pool, "
              "included; – where not measured); speedup = PyG time / gnnfuse "
              "time; mem = gnnfuse peak / PyG peak; max rel err = max|gnnfuse - PyG| / max|PyG| of the "
-             f"eval-mode forward (flagged above {REL_ERR_LIMIT:g}). See benchmarks/README.md.", "",
+             f"eval-mode forward (flagged above {REL_ERR_LIMIT:g}). Loss: PyG's steps use torch's "
+             "`F.cross_entropy(out[train_idx], y[train_idx])`; gnnfuse's, in cells measured from commit ce793c6 "
+             "on, `gnnfuse.nn.functional.cross_entropy(out, y[train_idx], rows=train_idx)` (the loss "
+             "`gnnfuse train` uses; earlier cells used torch's). See benchmarks/README.md.", "",
              *runs_markdown(results), "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for dataset, model in row_keys(results):

@@ -10,6 +10,7 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.nn.functional as F
 
+from ..nn.functional import cross_entropy
 from ..runtime.cuda_graph import DEFAULT_WARMUP as CAPTURE_WARMUP, StepCapture, capture_stream
 from .models import COMPILED, LR, WEIGHT_DECAY, DeviceData, graph_input, instantiate
 from .timing import (allocated_gb, failure_status, free_memory, peak_memory_gb, reserved_peak_gb, reset_peak_memory,
@@ -49,7 +50,10 @@ def measure(framework: str, model: str, data: DeviceData, state: dict[str, torch
 
     gnnfuse's whole step goes through `StepCapture` (mode ``cuda_graph``): on CUDA it is
     captured in a CUDA graph after warm-up when replayable, so the timed steps are
-    replays; ``cuda_graph`` in the result says which ran.
+    replays; ``cuda_graph`` in the result says which ran. Its loss is
+    `gnnfuse.nn.functional.cross_entropy` over the training rows (the library's, which
+    `gnnfuse train` uses); the other frameworks' is torch's ``F.cross_entropy`` on the
+    gathered rows, the loss their users write.
 
     Memory is counted as every framework's is: ``peak_gb`` is the allocator's peak of
     live tensors (``max_memory_allocated``). A replay allocates nothing, so a captured
@@ -65,6 +69,8 @@ def measure(framework: str, model: str, data: DeviceData, state: dict[str, torch
     def loss() -> torch.Tensor:
         if framework == "pyg-compile-ro":       # each step is a new generation of its graphs
             torch.compiler.cudagraph_mark_step_begin()
+        if ours:        # gnnfuse's loss over the training rows, as `gnnfuse train` computes it
+            return cross_entropy(module(data.x, graph), train_y, rows=data.train_idx)
         return F.cross_entropy(module(data.x, graph)[data.train_idx], train_y)
     step = training_step(module, loss, device, cuda_graph if ours else "off", framework,
                          lr=LR, weight_decay=WEIGHT_DECAY)

@@ -49,7 +49,7 @@ from ..graph import Graph
 from ..nn.block_models import BlockGNN
 from ..nn.conv import GATConv, GCNConv, SAGEConv, _neighbour_sum
 from ..nn.models import ModelSpec, TwoLayerGNN, build_model
-from ..nn.functional import dropout as sparse_dropout
+from ..nn.functional import cross_entropy, dropout as sparse_dropout
 from ..progress import progress_bar
 from ..training.config import TrainConfig
 from ..training.data import PreparedData
@@ -283,7 +283,7 @@ def train_full_graph_run(config: TrainConfig, spec: ModelSpec, data: PreparedDat
         epoch_start = time.perf_counter()
         model.train()
         optimizer.zero_grad(set_to_none=True)
-        loss_sum = F.cross_entropy(net(shard.x)[train_index], train_y, reduction="sum")
+        loss_sum = cross_entropy(net(shard.x), train_y, reduction="sum", rows=train_index)
         (loss_sum / global_train).backward()
         all_reduce_gradients(model.parameters())
         optimizer.step()

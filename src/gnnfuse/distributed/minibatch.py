@@ -37,7 +37,6 @@ import warnings
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler
 from tqdm import tqdm
@@ -45,6 +44,7 @@ from tqdm import tqdm
 from ..loader import STAGES, NeighborLoader
 from ..loader.stages import ComputeTimer, stream_sync
 from ..nn.block_models import build_block_model
+from ..nn.functional import cross_entropy
 from ..nn.models import ModelSpec
 from ..progress import progress_bar
 from ..training.config import TrainConfig
@@ -153,7 +153,7 @@ def train_distributed_minibatch_run(config: TrainConfig, spec: ModelSpec, data: 
                     loss = step(batch)
                 else:
                     optimizer.zero_grad()
-                    loss = F.cross_entropy(ddp(x_batch, batch.blocks), batch.y)
+                    loss = cross_entropy(ddp(x_batch, batch.blocks), batch.y)
                     loss.backward()
                     optimizer.step()
             loss_sum += torch.stack([loss.detach().double() * batch.batch_size,

@@ -20,6 +20,7 @@ from torch import nn
 from tqdm import tqdm
 
 from ..backend.first_use import compiled_since, compiled_so_far
+from ..nn.functional import cross_entropy
 from ..nn.models import ModelSpec, build_model, get_model
 from ..progress import progress_bar
 from ..runtime.cuda_graph import StepCapture
@@ -151,7 +152,7 @@ def train_run(config: TrainConfig, spec: ModelSpec, data: PreparedData, seed: in
 
     def train_step() -> torch.Tensor:
         optimizer.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(data.x, data.graph)[train_index], train_y)
+        loss = cross_entropy(model(data.x, data.graph), train_y, rows=train_index)
         loss.backward()
         optimizer.step()
         return loss

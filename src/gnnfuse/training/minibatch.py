@@ -22,6 +22,7 @@ from ..backend.first_use import compiled_since, compiled_so_far
 from ..loader import STAGES, MiniBatch, NeighborLoader
 from ..loader.stages import ComputeTimer
 from ..nn.block_models import build_block_model
+from ..nn.functional import cross_entropy
 from ..nn.models import ModelSpec
 from ..nn.placement import PlacementModel, calibrate
 from ..progress import progress_bar
@@ -117,7 +118,7 @@ def classification_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer
     the optimizer step."""
     def step(batch: MiniBatch) -> torch.Tensor:
         optimizer.zero_grad()
-        loss = F.cross_entropy(model(batch.x, batch.blocks)[:batch.batch_size], batch.y[:batch.batch_size])
+        loss = cross_entropy(model(batch.x, batch.blocks)[:batch.batch_size], batch.y[:batch.batch_size])
         loss.backward()
         if average is not None:
             average(model.parameters())
