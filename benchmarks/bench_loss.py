@@ -1,0 +1,129 @@
+"""A node classifier's loss on the GPU, forward and backward: torch's
+``F.cross_entropy(out[idx], y[idx])`` against ``gnnfuse.nn.functional.cross_entropy(out,
+y[idx], rows=idx)`` (`backend.triton.cross_entropy`), at the sizes of the training
+benchmark's graphs (all rows' logits, the training rows selected).
+
+Each call is one loss and its gradient with respect to the whole logit matrix
+(``torch.autograd.grad``), timed two ways, median of ``--repeats``: launched from Python
+(`time_calls`: host time included, as an uncaptured training step pays it) and replayed
+from a CUDA graph of ``--graph-calls`` calls (`StepCapture`; kernel time only, as in the
+training benchmark's captured steps). Each cell also records the two losses' and
+gradients' largest relative difference.
+
+    PYTHONPATH=src:benchmarks python benchmarks/bench_loss.py --out benchmarks/results
+"""
+from __future__ import annotations
+
+import argparse
+import warnings
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from common import environment, load_results, new_run_id, results_saver, runs_markdown
+from gnnfuse.bench import summarize, time_calls
+from gnnfuse.nn.functional import cross_entropy
+from gnnfuse.runtime.cuda_graph import CaptureFallbackWarning, StepCapture
+
+# name: (rows, classes, training rows) -- ogbn-arxiv's, Reddit2's and ogbn-products' sizes
+SIZES = {"arxiv-like": (169_343, 40, 90_941), "reddit2-like": (232_965, 41, 153_932),
+         "products-like": (2_449_029, 47, 196_615)}
+METHODS: dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "torch": lambda out, y, idx: F.cross_entropy(out[idx], y),
+    "gnnfuse": lambda out, y, idx: cross_entropy(out, y, rows=idx),
+}
+
+
+def loss_and_gradient(method: str, out: torch.Tensor, y: torch.Tensor, idx: torch.Tensor):
+    def call() -> tuple[torch.Tensor, torch.Tensor]:
+        loss = METHODS[method](out, y, idx)
+        return loss, torch.autograd.grad(loss, out)[0]
+    return call
+
+
+def replayed_ms(call: Callable[[], Any], graph_calls: int, repeats: int, device: torch.device) -> float | str:
+    def calls() -> Any:
+        for _ in range(graph_calls - 1):
+            call()
+        return call()
+    step = StepCapture(calls, mode="on", copy_outputs=False, warmup=2, name="loss")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CaptureFallbackWarning)
+        for _ in range(2):
+            step()
+    if not step.captured:
+        return f"not captured: {step.reason}"[:200]
+    return summarize(time_calls(step, repeats, device))["median_ms"] / graph_calls
+
+
+def run_size(name: str, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    rows, classes, selected = SIZES[name]
+    g = torch.Generator(device=device).manual_seed(0)
+    out = (2 * torch.randn(rows, classes, device=device, generator=g)).requires_grad_()
+    idx = torch.randperm(rows, device=device, generator=g)[:selected]
+    y = torch.randint(0, classes, (selected,), device=device, generator=g)
+    cell: dict[str, Any] = {"rows": rows, "classes": classes, "selected": selected}
+    answers = {}
+    for method in METHODS:
+        call = loss_and_gradient(method, out, y, idx)
+        answers[method] = call()
+        for _ in range(3):
+            call()
+        cell[method] = {"launched_ms": summarize(time_calls(call, args.repeats, device))["median_ms"],
+                        "replayed_ms": replayed_ms(call, args.graph_calls, args.repeats, device)}
+    (a, ga), (b, gb) = answers["gnnfuse"], answers["torch"]
+    cell["loss_rel_diff"] = ((a - b).abs() / b.abs()).item()
+    cell["grad_rel_diff"] = ((ga - gb).abs().max() / gb.abs().max()).item()
+    for kind in ("launched_ms", "replayed_ms"):
+        ours, theirs = cell["gnnfuse"][kind], cell["torch"][kind]
+        cell[f"speedup_{kind[:-3]}"] = theirs / ours if isinstance(ours, float) and isinstance(theirs, float) else None
+    return cell
+
+
+def markdown(results: dict[str, Any]) -> str:
+    lines = ["# Node-classification loss, forward + backward (GPU)", "",
+             "torch: `F.cross_entropy(out[idx], y)`; gnnfuse: `gnnfuse.nn.functional.cross_entropy(out, y, "
+             "rows=idx)`; one call = the loss and its gradient for the whole [rows, classes] logits. launched: "
+             "median of calls from Python (host time included); replayed: from a CUDA graph of several calls "
+             "(kernel time). speed-up = torch / gnnfuse.", "", *runs_markdown(results), "",
+             "| size | rows x classes, selected | torch launched ms | gnnfuse launched ms | speed-up | torch replayed "
+             "ms | gnnfuse replayed ms | speed-up | loss / grad rel diff |", "|---|---|---|---|---|---|---|---|---|"]
+
+    def ms(value: Any) -> str:
+        return f"{value:.4f}" if isinstance(value, float) else str(value)
+
+    def ratio(value: Any) -> str:
+        return f"{value:.2f}x" if value else "–"
+    for name, cell in results["cells"].items():
+        lines.append(f"| {name} | {cell['rows']:,} x {cell['classes']}, {cell['selected']:,} | "
+                     f"{ms(cell['torch']['launched_ms'])} | {ms(cell['gnnfuse']['launched_ms'])} | "
+                     f"{ratio(cell['speedup_launched'])} | {ms(cell['torch']['replayed_ms'])} | "
+                     f"{ms(cell['gnnfuse']['replayed_ms'])} | {ratio(cell['speedup_replayed'])} | "
+                     f"{cell['loss_rel_diff']:.1e} / {cell['grad_rel_diff']:.1e} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", type=lambda s: s.split(","), default=list(SIZES))
+    parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--graph-calls", type=int, default=10)
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    args = parser.parse_args(argv)
+    device = torch.device("cuda")
+    path = args.out / "loss.json"
+    results = load_results(path)
+    run_id = new_run_id()
+    results["runs"][run_id] = environment(device)
+    save = results_saver(path, markdown)
+    for name in args.sizes:
+        results["cells"][name] = {**run_size(name, args, device), "run": run_id}
+        save(results)
+        print(name, results["cells"][name], flush=True)
+    return results
+
+
+if __name__ == "__main__":
+    main()
