@@ -34,6 +34,7 @@ from .launch import launch
 DTYPES = (torch.float32, torch.float64)
 MAX_CLASSES = 4096            # one row in one tile
 TILE_ELEMENTS = 4096          # rows x padded classes per program
+NUM_WARPS = 4
 
 
 @triton.jit
@@ -145,7 +146,8 @@ def forward(input: torch.Tensor, target: torch.Tensor, rows: torch.Tensor | None
         launch(_forward, lambda meta: (programs,), (classes,),
                (input, rows if rows is not None else target, target, lse, kept if kept is not None else lse, partial,
                 selected, n_rows, classes, input.stride(0), ignore_index),
-               {"HAS_ROWS": rows is not None, "KEEP": kept is not None, "BLOCK_R": block_r, "BLOCK_C": block_c})
+               {"HAS_ROWS": rows is not None, "KEEP": kept is not None, "BLOCK_R": block_r, "BLOCK_C": block_c,
+                "num_warps": NUM_WARPS})
     return lse, partial, kept
 
 
@@ -166,5 +168,6 @@ def backward(input: torch.Tensor | None, kept: torch.Tensor | None, target: torc
         launch(_backward, lambda meta: (triton.cdiv(selected, block_r),), (classes,),
                (source, rows if rows is not None else target, target, lse, scale, grad, selected, n_rows, classes,
                 source.stride(0), ignore_index),
-               {"HAS_ROWS": rows is not None, "KEPT": kept is not None, "BLOCK_R": block_r, "BLOCK_C": block_c})
+               {"HAS_ROWS": rows is not None, "KEPT": kept is not None, "BLOCK_R": block_r, "BLOCK_C": block_c,
+                "num_warps": NUM_WARPS})
     return grad
