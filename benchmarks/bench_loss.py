@@ -1,7 +1,9 @@
 """A node classifier's loss on the GPU, forward and backward: torch's
-``F.cross_entropy(out[idx], y[idx])`` against ``gnnfuse.nn.functional.cross_entropy(out,
-y[idx], rows=idx)`` (`backend.triton.cross_entropy`), at the sizes of the training
-benchmark's graphs (all rows' logits, the training rows selected).
+``F.cross_entropy(out[idx], y[idx])`` against the kernels that
+``gnnfuse.nn.functional.cross_entropy(out, y[idx], rows=idx)`` records in a captured step
+(`backend.triton.cross_entropy`, called here through its autograd function in both
+timings), at the sizes of the training benchmark's graphs (all rows' logits, the
+training rows selected).
 
 Each call is one loss and its gradient with respect to the whole logit matrix
 (``torch.autograd.grad``), timed two ways, median of ``--repeats``: launched from Python
@@ -24,7 +26,7 @@ import torch.nn.functional as F
 
 from common import environment, load_results, new_run_id, results_saver, runs_markdown
 from gnnfuse.bench import summarize, time_calls
-from gnnfuse.nn.functional import cross_entropy
+from gnnfuse.nn.cross_entropy import _SelectedCrossEntropy
 from gnnfuse.runtime.cuda_graph import CaptureFallbackWarning, StepCapture
 
 # name: (rows, classes, training rows) -- ogbn-arxiv's, Reddit2's and ogbn-products' sizes
@@ -32,7 +34,7 @@ SIZES = {"arxiv-like": (169_343, 40, 90_941), "reddit2-like": (232_965, 41, 153_
          "products-like": (2_449_029, 47, 196_615)}
 METHODS: dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]] = {
     "torch": lambda out, y, idx: F.cross_entropy(out[idx], y),
-    "gnnfuse": lambda out, y, idx: cross_entropy(out, y, rows=idx),
+    "gnnfuse": lambda out, y, idx: _SelectedCrossEntropy.apply(out, y, idx, -100, "mean"),
 }
 
 
@@ -84,8 +86,9 @@ def run_size(name: str, args: argparse.Namespace, device: torch.device) -> dict[
 
 def markdown(results: dict[str, Any]) -> str:
     lines = ["# Node-classification loss, forward + backward (GPU)", "",
-             "torch: `F.cross_entropy(out[idx], y)`; gnnfuse: `gnnfuse.nn.functional.cross_entropy(out, y, "
-             "rows=idx)`; one call = the loss and its gradient for the whole [rows, classes] logits. launched: "
+             "torch: `F.cross_entropy(out[idx], y)`; gnnfuse: the kernels `gnnfuse.nn.functional.cross_entropy(out, "
+             "y, rows=idx)` runs in captured steps (it runs torch's when launched from Python); one call = the "
+             "loss and its gradient for the whole [rows, classes] logits. launched: "
              "median of calls from Python (host time included); replayed: from a CUDA graph of several calls "
              "(kernel time). speed-up = torch / gnnfuse.", "", *runs_markdown(results), "",
              "| size | rows x classes, selected | torch launched ms | gnnfuse launched ms | speed-up | torch replayed "

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 import gnnfuse.nn.functional as gF
 from gnnfuse.nn.cross_entropy import _SelectedCrossEntropy
+from gnnfuse.runtime.cuda_graph import StepCapture
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -145,15 +146,26 @@ def test_bad_rows_are_refused_naming_the_problem(rows, message):
 
 
 @needs_gpu
-def test_on_the_gpu_cross_entropy_takes_the_kernels_and_matches_torch():
+def test_on_the_gpu_the_kernels_run_in_a_captured_step_and_torchs_loss_in_a_launched_one(monkeypatch):
+    from gnnfuse.backend.triton import cross_entropy as kernels
+    calls = []
+    forward = kernels.forward
+    monkeypatch.setattr(kernels, "forward", lambda *args: calls.append(1) or forward(*args))
     x = torch.randn(2000, 47, device="cuda", requires_grad=True)
     rows = torch.randperm(2000, device="cuda")[:700]
     target = torch.randint(0, 47, (700,), device="cuda")
-    loss = gF.cross_entropy(x, target, rows=rows)
-    assert type(loss.grad_fn).__name__ == "_SelectedCrossEntropyBackward"
-    (grad,) = torch.autograd.grad(loss, x)
-    y = x.detach().clone().requires_grad_()
-    expected = F.cross_entropy(y[rows], target)
-    expected.backward()
+    expected = F.cross_entropy(x[rows], target)
+    (expected_grad,) = torch.autograd.grad(expected, x)
+
+    def step():
+        loss = gF.cross_entropy(x, target, rows=rows)
+        return loss.detach(), torch.autograd.grad(loss, x)[0]
+    launched = step()
+    assert calls == []
+    torch.testing.assert_close(launched[0], expected)
+    capture = StepCapture(step, mode="on", copy_outputs=False, warmup=2)
+    for _ in range(3):
+        loss, grad = capture()
+    assert capture.captured and calls == [1]
     torch.testing.assert_close(loss, expected)
-    torch.testing.assert_close(grad, y.grad)
+    torch.testing.assert_close(grad, expected_grad)

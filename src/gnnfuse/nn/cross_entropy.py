@@ -3,13 +3,21 @@ the logits without gathering them first.
 
 ``gnnfuse.nn.functional.cross_entropy(out, y[train_idx], rows=train_idx)`` is
 ``F.cross_entropy(out[train_idx], y[train_idx])``; without ``rows`` it is
-``F.cross_entropy(out, target)``. On a GPU, for a float32/float64 [rows, classes]
+``F.cross_entropy(out, target)``. Inside a step being captured in a CUDA graph (as
+`StepCapture` captures gnnfuse's training steps), for a float32/float64 [rows, classes]
 matrix with torch's default weighting (no class weights, no label smoothing) and a
-``mean`` or ``sum`` reduction, it runs `backend.triton.cross_entropy`'s two kernels in
+``mean`` or ``sum`` reduction, it records `backend.triton.cross_entropy`'s two kernels in
 place of torch's gather, log-softmax, single-block NLL loss and their backwards (why:
 that module's doc). Anything else runs torch's, with the same result.
 
-Differences from torch's loss, both on the kernel path only: an out-of-range target or
+Why only under capture (`benchmarks/results/loss.md`, an H200): replayed, the kernels
+took 0.126 ms for a loss and its gradient where torch's took 0.475 (Reddit2-sized
+logits, 3.8x) and 0.259 against 0.716 (products-sized, 2.8x), and an arxiv-sized
+training step lost 0.24-0.30 ms; launched from Python they cost more host time than
+their kernels save at the smaller sizes (0.59 against 0.53 ms at Reddit2's size), so an
+eager step keeps torch's.
+
+Differences from torch's loss, both on the kernel path only (a captured step): an out-of-range target or
 row makes the loss NaN where torch stops with a device-side assert (the kernels never
 read back from the device, so a step using them can be captured in a CUDA graph); and
 the loss cannot be differentiated twice (the backward is a kernel; a backward with
@@ -55,7 +63,8 @@ def _kernels_apply(input: torch.Tensor, target: torch.Tensor, weight, size_avera
     return (input.is_cuda and input.dim() == 2 and input.dtype in DTYPES and 0 < input.shape[1] <= MAX_CLASSES
             and input.stride(1) == 1 and target.dim() == 1 and target.dtype == torch.int64     # torch's rule
             and target.device == input.device and weight is None and size_average is None and reduce is None
-            and reduction in _REDUCTIONS and label_smoothing == 0.0 and not torch.compiler.is_compiling())
+            and reduction in _REDUCTIONS and label_smoothing == 0.0 and not torch.compiler.is_compiling()
+            and torch.cuda.is_current_stream_capturing())
 
 
 class _SelectedCrossEntropy(torch.autograd.Function):

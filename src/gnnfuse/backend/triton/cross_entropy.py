@@ -15,7 +15,9 @@ compact [R, classes] buffer for the backward -- the same memory torch's log-soft
 keeps -- rather than keeping the whole [N, classes] matrix alive. The backward writes
 ``(softmax - one_hot(target)) * scale`` for each selected row straight into the input's
 gradient: stored when rows are not given, added atomically (a row selected twice gets
-both terms) into a zero-filled gradient otherwise.
+both terms) into a zero-filled gradient otherwise. `nn.functional.cross_entropy` runs
+them in steps captured in a CUDA graph, where they measured 2.8-3.8x faster than torch's
+(its module doc says why not elsewhere).
 
 Bad indices give NaN, not an assert and not a wrong number: a target outside
 ``[0, classes)`` other than ``ignore_index``, or a row outside ``[-N, N)`` (negative rows
