@@ -60,9 +60,10 @@ from .process_group import DistributedError, current
 
 RANK_SEED_STRIDE = 1_000_003     # rank r draws dropout and neighbour samples from seed + r * stride
 
-# Whether ``cuda_graph="auto"`` captures data-parallel steps. Not yet: a replayed NCCL
-# all-reduce has run in `benchmarks/bench_distributed.py --cuda-graph` only (results in
-# benchmarks/results/scaling_cuda.md), not under `gnnfuse train` on several GPUs.
+# Whether ``cuda_graph="auto"`` captures data-parallel steps. Not yet: no replayed NCCL
+# all-reduce has run on GPUs (the one multi-GPU run of `benchmarks/bench_distributed.py
+# --cuda-graph` fell back to eager steps, for a reason ec1d0d4 fixed afterwards;
+# benchmarks/results/scaling_cuda.md), so the ranks keep DDP unless asked.
 CAPTURE_RANKS_ON_AUTO = False
 
 
