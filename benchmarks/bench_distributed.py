@@ -40,7 +40,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler
 
@@ -53,6 +52,7 @@ from gnnfuse.loader.stages import stream_sync
 from gnnfuse.nn.block_models import build_block_model
 from gnnfuse.training.captured_step import BlockStepCapture
 from gnnfuse.training.loop import peak_memory_mib
+from gnnfuse.training.minibatch import classification_step
 
 from bench_minibatch import PRODUCTS_TRAIN_NODES, StepClock, load_problem, train_step
 from common import REPO_ROOT, environment, log, results_saver, write_atomically
@@ -95,18 +95,12 @@ def rank_main(local_rank: int, world: int, port: int, args: argparse.Namespace, 
     captured = None
     if args.cuda_graph:
         # DDP's hooks are not replayable (gnnfuse.distributed.gradients): ranks start from
-        # rank 0's weights and the step averages its gradients in one all-reduce
+        # rank 0's weights and the step averages its gradients in one all-reduce -- the
+        # step `gnnfuse train --cuda-graph on` replays on each rank
         if world > 1:
             broadcast_parameters(model)
-
-        def averaged_step(batch: Any) -> None:
-            optimizer.zero_grad()
-            rows = batch.batch_size
-            F.cross_entropy(model(batch.x, batch.blocks)[:rows], batch.y[:rows]).backward()
-            if world > 1:
-                average_gradients(model.parameters())
-            optimizer.step()
-        captured = BlockStepCapture(averaged_step, optimizers=[optimizer], modules=[model], mode="on",
+        step_fn = classification_step(model, optimizer, average_gradients if world > 1 else None)
+        captured = BlockStepCapture(step_fn, optimizers=[optimizer], modules=[model], mode="on",
                                     features=loader.features)
     step_model = DistributedDataParallel(model) if world > 1 and captured is None else model
 

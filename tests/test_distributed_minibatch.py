@@ -180,6 +180,21 @@ def test_the_distributed_benchmark_runs_1_and_2_cpu_ranks_in_one_invocation(impo
     assert figure.stat().st_size > 1000
 
 
+def test_the_benchmarks_replayable_steps_average_gradients_so_ranks_end_with_equal_weights(import_script, tmp_path):
+    """``--cuda-graph`` on CPU ranks: the steps run eagerly (the reason recorded), through
+    the same averaging step a GPU would replay, and both ranks end with rank 0's weights."""
+    bench = import_script(Path(__file__).resolve().parent.parent / "benchmarks", "bench_distributed")
+    path = tmp_path / "distributed_cpu.json"
+    bench.main(["--device", "cpu", "--dataset", "synthetic", "--fanout", "3,3", "--batch-size", "16", "--hidden", "8",
+                "--max-batches", "3", "--warmup", "2", "--world-sizes", "2", "--cuda-graph", "--json", str(path)])
+    ranks = json.loads(path.read_text())["worlds"]["2"]["ranks"]
+    for rank in ranks:
+        assert rank["weights_off_rank_0"] == 0.0
+        assert rank["cuda_graph"]["replayed"] == 0 and rank["cuda_graph"]["eager"] == 5
+        assert "CUDA graphs need a CUDA device" in rank["cuda_graph"]["status"]
+    assert "0 / 5 (eager: CUDA graphs need" in path.with_suffix(".md").read_text()
+
+
 def test_several_ranks_run_data_parallel_mini_batches_with_a_fanout_else_the_partitioned_full_graph(monkeypatch):
     config = worker.training_config(25)
     assert dispatch.train_run_function(config) is None                  # one process: the plain loops
