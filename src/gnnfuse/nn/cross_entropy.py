@@ -17,11 +17,11 @@ training step lost 0.24-0.30 ms; launched from Python they cost more host time t
 their kernels save at the smaller sizes (0.59 against 0.53 ms at Reddit2's size), so an
 eager step keeps torch's.
 
-Differences from torch's loss, both on the kernel path only (a captured step): an out-of-range target or
-row makes the loss NaN where torch stops with a device-side assert (the kernels never
-read back from the device, so a step using them can be captured in a CUDA graph); and
-the loss cannot be differentiated twice (the backward is a kernel; a backward with
-``create_graph=True`` through it raises rather than leave a term out).
+Differences from torch's loss, both on the kernel path only (a captured step): an
+out-of-range target or row makes the loss NaN where torch stops with a device-side
+assert (the kernels never read back from the device); and the loss cannot be
+differentiated twice (the backward is a kernel; a backward with ``create_graph=True``
+through it raises rather than leave a term out).
 """
 from __future__ import annotations
 
