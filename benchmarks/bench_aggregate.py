@@ -34,11 +34,10 @@ from torch_geometric.utils import scatter
 
 import gnnfuse
 from gnnfuse.data import load_dataset
-from gnnfuse.runtime.cuda_graph import CaptureFallbackWarning, StepCapture
 
 from common import (add_device_arguments, check_methods, environment, failure_status, fmt, free_memory, guarded,
-                    load_results, log, new_run_id, prune_runs, resolve_device, runs_markdown, save_json, summarize,
-                    synchronize, time_calls, warn, write_atomically)
+                    load_results, log, new_run_id, prune_runs, replayed_calls, resolve_device, runs_markdown,
+                    save_json, summarize, synchronize, time_calls, warn, write_atomically)
 
 FEATURES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 METHODS = ("gnnfuse", "sparse-mm", "pyg-scatter")
@@ -166,23 +165,13 @@ def measure_captured(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor
                      args: argparse.Namespace, device: torch.device, num_edges: int) -> dict[str, Any]:
     """`measure`, with ``args.graph_calls`` calls captured in one CUDA graph per replay;
     times are per call. A method the capture refuses gets that reason as its status."""
-    def calls() -> torch.Tensor:
-        for _ in range(args.graph_calls - 1):
-            fn(x)
-        return fn(x)
-    step = StepCapture(calls, mode="on", copy_outputs=False, warmup=max(args.warmup, 2), name="aggregation")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", CaptureFallbackWarning)     # the reason becomes the status
-        for _ in range(max(args.warmup, 2)):
-            step()
-    if not step.captured:
-        return {"status": f"not captured: {step.reason}"[:200]}
-    replays = summarize(time_calls(step, args.repeats, device))
-    stats = {key: value / args.graph_calls for key, value in replays.items()}
+    stats, out, reason = replayed_calls(lambda: fn(x), args.graph_calls, max(args.warmup, 2), args.repeats, device)
+    if stats is None:
+        return {"status": f"not captured: {reason}"[:200]}
     moved = bytes_moved(x.shape[0], num_edges, x.shape[1])
     return {"status": "ok", **stats, "repeats": args.repeats, "graph_calls": args.graph_calls, "bytes": moved,
             "gb_per_s": moved / (stats["median_ms"] * 1e-3) / 1e9,
-            "rel_err": None if expected is None else max_rel_err(step(), expected)}
+            "rel_err": None if expected is None else max_rel_err(out, expected)}
 
 
 def run_width(name: str, ops: Operands, features: int, args: argparse.Namespace, device: torch.device,

@@ -17,17 +17,15 @@ gradients' largest relative difference.
 from __future__ import annotations
 
 import argparse
-import warnings
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 
-from common import environment, load_results, new_run_id, results_saver, runs_markdown
+from common import environment, load_results, new_run_id, replayed_calls, results_saver, runs_markdown
 from gnnfuse.bench import summarize, time_calls
 from gnnfuse.nn.cross_entropy import _SelectedCrossEntropy
-from gnnfuse.runtime.cuda_graph import CaptureFallbackWarning, StepCapture
 
 # name: (rows, classes, training rows) -- ogbn-arxiv's, Reddit2's and ogbn-products' sizes
 SIZES = {"arxiv-like": (169_343, 40, 90_941), "reddit2-like": (232_965, 41, 153_932),
@@ -46,18 +44,8 @@ def loss_and_gradient(method: str, out: torch.Tensor, y: torch.Tensor, idx: torc
 
 
 def replayed_ms(call: Callable[[], Any], graph_calls: int, repeats: int, device: torch.device) -> float | str:
-    def calls() -> Any:
-        for _ in range(graph_calls - 1):
-            call()
-        return call()
-    step = StepCapture(calls, mode="on", copy_outputs=False, warmup=2, name="loss")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", CaptureFallbackWarning)
-        for _ in range(2):
-            step()
-    if not step.captured:
-        return f"not captured: {step.reason}"[:200]
-    return summarize(time_calls(step, repeats, device))["median_ms"] / graph_calls
+    stats, _, reason = replayed_calls(call, graph_calls, 2, repeats, device)
+    return stats["median_ms"] if stats is not None else f"not captured: {reason}"[:200]
 
 
 def run_size(name: str, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:

@@ -13,6 +13,7 @@ import os
 import platform
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
@@ -218,3 +219,27 @@ def load_data_or_exit(name: str, data_root: str | None, device: torch.device) ->
         return load_data(name, data_root, device, log)
     except ValueError as error:
         raise SystemExit(str(error)) from error
+
+
+def replayed_calls(call: Callable[[], Any], graph_calls: int, warmup: int, repeats: int,
+                   device: torch.device) -> tuple[dict[str, float] | None, Any, str | None]:
+    """``call`` timed replayed from a CUDA graph holding ``graph_calls`` calls of it
+    (`StepCapture`, after ``warmup`` eager calls), ``repeats`` replays: the per-call
+    `summarize` statistics, the graph's last output, and None -- or (None, None, the
+    reason) when the capture was refused. Kernel time only: no host work per call."""
+    from gnnfuse.runtime.cuda_graph import CaptureFallbackWarning, StepCapture
+
+    def calls() -> Any:
+        for _ in range(graph_calls - 1):
+            call()
+        return call()
+    step = StepCapture(calls, mode="on", copy_outputs=False, warmup=warmup, name="replayed calls")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CaptureFallbackWarning)     # the reason is returned
+        for _ in range(warmup):
+            step()
+    if not step.captured:
+        return None, None, step.reason
+    replays = summarize(time_calls(step, repeats, device))
+    return {key: value / graph_calls for key, value in replays.items()}, step(), None
+
