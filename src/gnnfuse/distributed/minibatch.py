@@ -52,7 +52,7 @@ from ..training.data import PreparedData
 from ..training.loop import BestEpoch, EarlyStopping, RunResult, _optimizer, peak_memory_mib
 from ..runtime.cuda_graph import CaptureFallbackWarning
 from ..training.captured_step import BlockStepCapture
-from ..training.minibatch import _fit_placement, classification_step, stage_split
+from ..training.minibatch import _fit_placement, classification_step, stage_split, table_fits_on_device
 from .features import PartitionedFeatures, row_ranges
 from .gradients import average_gradients, broadcast_parameters
 from .inference import layerwise_logits, range_block, summed_accuracies
@@ -114,8 +114,7 @@ def train_distributed_minibatch_run(config: TrainConfig, spec: ModelSpec, data: 
     train_ids = train_mask.nonzero().flatten().cpu()
     sampler = DistributedSampler(range(train_ids.numel()), num_replicas=me.world_size, rank=me.rank, shuffle=True,
                                  seed=seed, drop_last=True)
-    # captured steps gather their rows from a table on the device, if it fits easily (as one process)
-    deferred = captured and x.element_size() * x.numel() < torch.cuda.mem_get_info(device)[0] // 4
+    deferred = captured and table_fits_on_device(x, device)
     loader = NeighborLoader(data.graph, fanout, config.batch_size, input_nodes=train_ids, sampler=sampler,
                             x=None if store is not None else x, y=data.y, device=device,
                             num_workers=config.loader_workers, static_shapes=captured,

@@ -49,8 +49,7 @@ def train_minibatch_run(config: TrainConfig, spec: ModelSpec, data: PreparedData
     optimizer = _optimizer(spec, model, config, capturable=captured)
     x = data.x.to_dense() if data.x.is_sparse else data.x         # batches gather rows
     train_mask, val_mask, _ = data.masks
-    # captured steps gather the batches' rows themselves from a table on the device, if it fits easily
-    deferred = captured and x.element_size() * x.numel() < torch.cuda.mem_get_info(device)[0] // 4
+    deferred = captured and table_fits_on_device(x, device)
     loader = NeighborLoader(data.graph, fanout, config.batch_size, input_nodes=train_mask, shuffle=True,
                             x=x, y=data.y, device=device, num_workers=config.loader_workers, static_shapes=captured,
                             feature_device="device" if deferred else None, deferred=deferred)
@@ -106,6 +105,13 @@ def train_minibatch_run(config: TrainConfig, spec: ModelSpec, data: PreparedData
                      state_dict=best.state_dict, history=history,
                      cuda_graph=f"{step.status} ({step.replayed} steps replayed)" if captured
                      else RunResult.cuda_graph)
+
+
+def table_fits_on_device(x: torch.Tensor, device: torch.device) -> bool:
+    """Whether captured steps should gather their batches' rows themselves from a copy of
+    ``x`` on ``device`` (a deferred loader, `loader.static_shapes`): when it takes under a
+    quarter of the device's free memory."""
+    return x.element_size() * x.numel() < torch.cuda.mem_get_info(device)[0] // 4
 
 
 def classification_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
