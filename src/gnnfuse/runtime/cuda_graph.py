@@ -13,11 +13,13 @@ the same memory. `StepCapture` makes that safe rather than assumed:
   trace and layout caches, lazily built optimizer state and lazily initialised
   parameters all exist before anything is recorded.
 - **An audited step.** The last warm-up call runs under `audit_step`, which sees every
-  torch op: a host synchronisation (``.item()``, ``nonzero``, boolean-mask indexing,
-  ``if tensor:``) or a tensor on another device (a CPU tensor would be read once at
-  capture and then frozen) means the step cannot be replayed, and it runs eagerly from
-  then on with one warning saying which op did it. An optimizer that keeps its step
-  count on the host (``torch.optim.Adam`` without ``capturable=True``) is refused too.
+  torch call the step makes from Python: a host synchronisation (``.item()``,
+  ``nonzero``, boolean-mask indexing, ``if tensor:``) or a tensor on another device (a
+  CPU tensor would be read once at capture and then frozen) means the step cannot be
+  replayed, and it runs eagerly from then on with one warning saying which call did it.
+  On CUDA, torch's sync debug mode also reports any synchronisation, the backward's
+  included. An optimizer that keeps its step count on the host (``torch.optim.Adam``
+  without ``capturable=True``) is refused too.
 - **Guarded replays.** Tensor arguments are copied into static buffers when they are
   not those buffers; a different shape, dtype or stride, a parameter replaced
   (``param.data = ...``) or a module switched between ``train()`` and ``eval()`` since
@@ -39,17 +41,17 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.overrides import TorchFunctionMode
 
 MODES = ("auto", "on", "off")
 DEFAULT_WARMUP = 3   # eager calls before capture; the last one is audited
 
-# Ops whose result the host reads (a device-to-host synchronisation): a capture cannot
-# record them and the host value would be frozen at capture time.
-_SYNCING_OPS = frozenset({"_local_scalar_dense", "item", "nonzero", "nonzero_static", "is_nonzero", "equal",
-                          "masked_select", "_unique", "_unique2", "unique_dim", "unique_consecutive", "allclose",
-                          "tolist"})
-_MASK_INDEXING_OPS = frozenset({"index", "index_put", "index_put_", "_index_put_impl_"})
+# Torch calls whose result the host reads (a device-to-host synchronisation): a capture
+# cannot record them and the host value would be frozen at capture time.
+_SYNCING_CALLS = frozenset({"item", "tolist", "__bool__", "__float__", "__int__", "__index__", "__complex__",
+                            "nonzero", "argwhere", "is_nonzero", "equal", "allclose", "masked_select", "unique",
+                            "unique_consecutive"})
+_MASK_INDEXING_CALLS = frozenset({"__getitem__", "__setitem__", "index_put", "index_put_"})
 
 
 class CaptureFallbackWarning(UserWarning):
@@ -62,15 +64,25 @@ def check_mode(mode: str) -> str:
     return mode
 
 
-class _Audit(TorchDispatchMode):
-    """Records the first op that a CUDA graph could not replay faithfully."""
+class _Audit(TorchFunctionMode):
+    """Records the first torch call that a CUDA graph could not replay faithfully.
+
+    A torch *function* mode, not a dispatch mode: while any Python dispatch mode is
+    active, torch's backward formulas take their out-of-place variants (`index`'s
+    backward makes a zeroed [N, C] gradient and then a second one by ``index_put``
+    where it would add in place), so an audited step under a dispatch mode needed more
+    memory than the step itself -- on an ogbn-mag-sized R-GCN 2.7 GB more, the peak of
+    the whole run. A function mode leaves every op as it is. It sees the torch calls
+    made from Python (the forward, the loss, the optimizer); the backward runs inside
+    ``Tensor.backward``'s own call, unseen, and on CUDA torch's sync debug mode reports
+    its synchronisations (`audit_step`)."""
 
     def __init__(self, device: torch.device):
         super().__init__()
         self.device = device
         self.reason: str | None = None
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         if self.reason is None:
@@ -78,16 +90,32 @@ class _Audit(TorchDispatchMode):
         return out
 
 
+def _call_name(func) -> str:
+    """``Tensor.item``, ``torch.nonzero``, ``torch.nn.functional.cross_entropy``: how a
+    user would write the call an audit names."""
+    name = getattr(func, "__name__", repr(func))
+    owner = getattr(func, "__qualname__", name).rpartition(".")[0]
+    if owner in ("TensorBase", "Tensor"):
+        return f"Tensor.{name}"
+    if owner == "_VariableFunctionsClass" or not owner and getattr(func, "__module__", None) in (None, "torch"):
+        return f"torch.{name}"
+    module = getattr(func, "__module__", None)
+    return f"{module}.{name}" if module else name
+
+
 def _unreplayable(func, args, kwargs, out, device: torch.device) -> str | None:
-    name = func.overloadpacket.__name__
-    if name in _SYNCING_OPS:
-        return f"aten.{name} reads a device value on the host (.item(), nonzero, `if tensor:`, ...)"
+    name = getattr(func, "__name__", "")
+    if name in _SYNCING_CALLS:
+        return f"{_call_name(func)} reads a device value on the host (.item(), nonzero, `if tensor:`, ...)"
     inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
-    if name in _MASK_INDEXING_OPS and any(t.dtype in (torch.bool, torch.uint8) for t in inputs[1:]):
-        return f"aten.{name} with a boolean mask counts the mask's entries on the host (index with an int index)"
-    for tensor in inputs + [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]:
+    if name in _MASK_INDEXING_CALLS and any(t.dtype in (torch.bool, torch.uint8) for t in inputs[1:]):
+        return f"{_call_name(func)} with a boolean mask counts the mask's entries on the host (index with an int index)"
+    made = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+    if not made:        # reads metadata only (.shape, .numel(), .device): nothing of the value is frozen
+        return None
+    for tensor in inputs + made:
         if tensor.device.type != device.type:
-            return (f"aten.{name} works on a {tensor.device.type} tensor {list(tensor.shape)}: a capture "
+            return (f"{_call_name(func)} works on a {tensor.device.type} tensor {list(tensor.shape)}: a capture "
                     f"records only {device.type} work and would freeze that value")
     return None
 
