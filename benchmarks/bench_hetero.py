@@ -19,6 +19,11 @@ Models (two layers each, hidden ``--hidden``, the presets' random features):
   logits); ``gnnfuse-linear-head`` is gnnfuse.nn.HGTConv under PyG's head (``nn.Linear``
   then ``F.cross_entropy``), so the layers' share of the memory stays visible.
 
+gnnfuse's R-GCN steps (its layer and the UDF) take their loss as ``gnnfuse train`` and
+bench_training do, `gnnfuse.nn.functional.cross_entropy(out, y[train], rows=train)`
+(cells recording ``"loss": "rows"``; PyG's ``F.cross_entropy(out[train], y[train])``
+before): the same loss, computed in a captured step by two kernels over the training rows.
+
 Every framework of a model starts from the same weights (PyG's state dict loaded into
 gnnfuse's layers; the UDF reads the same tensors), and before timing the eval-mode
 forward of each is checked against PyG's (max rel err, flagged above 1e-3). A step is
@@ -76,7 +81,7 @@ from gnnfuse.bench.measure import (CAPTURE_WARMUP, REL_ERR_LIMIT, max_rel_err, p
                                    training_step, warm_up)
 from gnnfuse.data.typed import TYPED_PRESETS, typed_graph
 from gnnfuse.graph.hetero_cache import clear_hetero_cache
-from gnnfuse.nn.functional import linear_cross_entropy
+from gnnfuse.nn.functional import cross_entropy, linear_cross_entropy
 
 from bench_attention import kernel_profile
 from bench_training import comma_list
@@ -304,6 +309,8 @@ def measure(model: str, framework: str, data: TypedData, hidden: int, state, ste
         if model == "hgt" and framework in FUSED_HEAD:
             return linear_cross_entropy(module.embed(data)[data.train_idx], module.lin.weight, module.lin.bias,
                                         train_y)
+        if model == "rgcn" and ours:     # the loss over the training rows, without the gather
+            return cross_entropy(module(data), train_y, rows=data.train_idx)
         return F.cross_entropy(module(data)[data.train_idx], train_y)
     step = training_step(module, loss, device, cuda_graph if ours else "off", framework, lr=0.01)
     begin = time.perf_counter()
@@ -321,7 +328,8 @@ def measure(model: str, framework: str, data: TypedData, hidden: int, state, ste
     cell = {"status": "ok", **summarize(times), "peak_gb": peak, "base_gb": base,
             "own_peak_gb": None if peak is None else peak - base, "first_step_ms": first_ms,
             **({"cuda_graph": step.status} if ours else {}),
-            **({"head": "linear_cross_entropy" if framework in FUSED_HEAD else "nn.Linear"} if model == "hgt" else {})}
+            **({"head": "linear_cross_entropy" if framework in FUSED_HEAD else "nn.Linear"} if model == "hgt" else {}),
+            **({"loss": "rows"} if model == "rgcn" and ours else {})}
     if profile:
         cell["profile"] = step_profile(step, device)
     return cell
@@ -419,7 +427,9 @@ def render_markdown(results: dict[str, Any]) -> str:
              "mem = gnnfuse peak / that variant's peak, own mem the same for the own peaks; "
              "own mem vs PyG, Linear head = the same for gnnfuse-linear-head (HGT under PyG's classifier head, "
              "nn.Linear then F.cross_entropy; gnnfuse and the UDF take head and loss through "
-             "gnnfuse.nn.functional.linear_cross_entropy from run 20261129T022028Z on, earlier runs through PyG's head); "
+             "gnnfuse.nn.functional.linear_cross_entropy from run 20261129T022028Z on, earlier runs through PyG's head; "
+             "gnnfuse's R-GCN steps take gnnfuse.nn.functional.cross_entropy(out, y[train], rows=train) in runs after "
+             "20261129T042437Z, F.cross_entropy(out[train], y[train]) before); "
              "UDF / nn = Graphiler's R-GCN UDF compiled by gnnfuse / gnnfuse.nn.RGCNConv; max rel err = worst "
              f"eval-mode forward difference from PyG over the frameworks (flagged above {REL_ERR_LIMIT:g}). "
              "Data: gnnfuse.data.typed presets. See benchmarks/bench_hetero.py.", "",

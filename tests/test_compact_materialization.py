@@ -11,7 +11,7 @@ from oracle_check import assert_matches_oracle, device_for
 
 import gnnfuse
 from gnnfuse.backend.reference import GraphContext
-from gnnfuse.ir.ops.compact import relation_pairs
+from gnnfuse.ir.ops.compact import narrow_index, relation_pairs
 
 f64 = torch.float64
 RELATIONS, F_IN, F_OUT = 3, 4, 2
@@ -79,6 +79,7 @@ def test_pairs_are_the_distinct_vertex_relation_pairs():
     for r, rows in enumerate(pairs.groups):
         relation_of_pair[rows] = r
     assert torch.equal(relation_of_pair[pairs.of_edge], graph.edge_type)
+    assert pairs.of_edge.dtype == torch.int32       # kept for the graph's lifetime: half of int64's bytes
 
 
 @pytest.mark.parametrize("num_src", [None, 8], ids=["graph", "bipartite"])
@@ -152,3 +153,9 @@ def test_the_input_and_weight_gradients_sum_the_edge_rows_per_pair_once(backend_
     reference = oracle(graph, values["h_src"].detach(), x, values["w"].detach(), v)["out"].sum()
     for got, want in zip(grads, torch.autograd.grad(reference, [x, v])):
         torch.testing.assert_close(got, want)
+
+
+def test_narrowed_indices_keep_int64_where_int32_cannot_hold_the_bound():
+    index = torch.tensor([0, 5, 2])
+    assert narrow_index(index, 6).dtype == torch.int32 and torch.equal(narrow_index(index, 6).long(), index)
+    assert narrow_index(index, 2**31).dtype == torch.int64

@@ -234,10 +234,10 @@ def test_the_udf_step_runs_the_layers_launches_and_torch_ops(monkeypatch):
     assert udf_launches == nn_launches
     # the input gradients' root terms (see test_graphiler_rgcn_udf_compiles_to_the_layers_plan):
     # the UDF's separate `mm` and the `add` of its two gradients, per layer, against the
-    # layer's folded form -- the dense order's stacked blocks (two `cat`s) in one layer,
-    # an in-place `addmm` in the other
+    # layer's folded form -- the root's product added in place (`addmm_`) after the dense
+    # order's GEMM in one layer, an `addmm` in the other
     assert udf_ops - nn_ops == collections.Counter({"aten.mm.default": 2, "aten.add.Tensor": 2})
-    assert nn_ops - udf_ops == collections.Counter({"aten.cat.default": 2, "aten.addmm.default": 1})
+    assert nn_ops - udf_ops == collections.Counter({"aten.addmm_.default": 1, "aten.addmm.default": 1})
 
 
 @pytest.mark.parametrize("order", ORDERS)

@@ -57,7 +57,7 @@ import torch
 
 from ..registry import OpDef, register
 from ..residency import EDGE_ROWED, Movement, Residency
-from .compact import is_edge_types, pair_input_grad, pair_weight_grad, data_pairs, relation_pairs
+from .compact import data_pairs, is_edge_types, narrow_index, pair_input_grad, pair_weight_grad, relation_pairs
 from ...environ import getenv
 
 ORDERS = ("before", "after", "dense")
@@ -200,7 +200,7 @@ def _dense_rows(ctx, table: torch.Tensor, side: str, s: torch.Tensor | None, by:
     rows = ctx.num_rows(by)
     if idx is None or is_edge_types(ctx, idx, count):
         target = ctx.graph.cached(f"dense_relation_rows_{by}_{count}",
-                                  lambda graph: ctx.index(by) * count + ctx.index("etype"))
+                                  lambda graph: narrow_index(ctx.index(by) * count + ctx.index("etype"), rows * count))
     else:   # `_decide` built this index's pairs first, which range-checked it (`data_pairs`)
         flat = idx.reshape(-1)
         target = ctx.index(by) * count + torch.where(flat < 0, flat + count, flat)
@@ -238,10 +238,13 @@ def _typed_sum(ctx, x: torch.Tensor, w: torch.Tensor, rest: tuple, by: str, scal
         weights = w.reshape(-1, w.shape[-1]).to(dtype)
         if root is None:
             return table @ weights
-        x_root, w_root, bias = root    # the root as one more block of the same GEMM, the bias its epilogue
-        table = torch.cat([table, x_root.to(dtype)], 1)
-        weights = torch.cat([weights, w_root.to(dtype)])
-        return table @ weights if bias is None else torch.addmm(bias.to(dtype), table, weights)
+        # the root's product added into the output in place (the bias the first GEMM's
+        # epilogue): a [rows, R x in + in] copy of the table with the root's columns
+        # appended was the forward's largest temporary after the output
+        x_root, w_root, bias = root
+        out = table @ weights if bias is None else torch.addmm(bias.to(dtype), table, weights)
+        del table
+        return out.addmm_(x_root.to(dtype), w_root.to(dtype))
     if order == "before":     # one product per gathered pair, each edge's scaled into its vertex
         products = ctx.grouped_matmul(x, w, gathered.groups, gathered.vertex)
         out = ctx.scatter_rows(products, gathered.of_edge, ctx.index(by), s, rows)
