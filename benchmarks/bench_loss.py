@@ -24,12 +24,13 @@ import torch
 import torch.nn.functional as F
 
 from common import environment, load_results, new_run_id, replayed_calls, results_saver, runs_markdown
-from gnnfuse.bench import summarize, time_calls
+from gnnfuse.bench import allocated_gb, peak_memory_gb, reset_peak_memory, summarize, synchronize, time_calls
 from gnnfuse.nn.cross_entropy import _SelectedCrossEntropy
 
-# name: (rows, classes, training rows) -- ogbn-arxiv's, Reddit2's and ogbn-products' sizes
+# name: (rows, classes, training rows) -- ogbn-arxiv's, Reddit2's, ogbn-products' and
+# ogbn-mag's sizes (mag: an R-GCN's output for every vertex, the training papers selected)
 SIZES = {"arxiv-like": (169_343, 40, 90_941), "reddit2-like": (232_965, 41, 153_932),
-         "products-like": (2_449_029, 47, 196_615)}
+         "products-like": (2_449_029, 47, 196_615), "mag-like": (1_939_743, 349, 441_833)}
 METHODS: dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]] = {
     "torch": lambda out, y, idx: F.cross_entropy(out[idx], y),
     "gnnfuse": lambda out, y, idx: _SelectedCrossEntropy.apply(out, y, idx, -100, "mean"),
@@ -48,6 +49,18 @@ def replayed_ms(call: Callable[[], Any], graph_calls: int, repeats: int, device:
     return stats["median_ms"] if stats is not None else f"not captured: {reason}"[:200]
 
 
+def call_peak_gb(call: Callable[[], Any], device: torch.device) -> float:
+    """GB allocated at the peak of one launched call above what was allocated before it
+    (the gradient it returns, [rows, classes], included)."""
+    synchronize(device)
+    before = allocated_gb(device)
+    reset_peak_memory(device)
+    result = call()
+    synchronize(device)
+    del result
+    return peak_memory_gb(device) - before
+
+
 def run_size(name: str, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     rows, classes, selected = SIZES[name]
     g = torch.Generator(device=device).manual_seed(0)
@@ -62,7 +75,8 @@ def run_size(name: str, args: argparse.Namespace, device: torch.device) -> dict[
         for _ in range(3):
             call()
         cell[method] = {"launched_ms": summarize(time_calls(call, args.repeats, device))["median_ms"],
-                        "replayed_ms": replayed_ms(call, args.graph_calls, args.repeats, device)}
+                        "replayed_ms": replayed_ms(call, args.graph_calls, args.repeats, device),
+                        "peak_gb": call_peak_gb(call, device)}
     (a, ga), (b, gb) = answers["gnnfuse"], answers["torch"]
     cell["loss_rel_diff"] = ((a - b).abs() / b.abs()).item()
     cell["grad_rel_diff"] = ((ga - gb).abs().max() / gb.abs().max()).item()
@@ -75,23 +89,31 @@ def run_size(name: str, args: argparse.Namespace, device: torch.device) -> dict[
 def markdown(results: dict[str, Any]) -> str:
     lines = ["# Node-classification loss, forward + backward (GPU)", "",
              "torch: `F.cross_entropy(out[idx], y)`; gnnfuse: the kernels `gnnfuse.nn.functional.cross_entropy(out, "
-             "y, rows=idx)` runs in captured steps (it runs torch's when launched from Python); one call = the "
+             "y, rows=idx)` runs in captured steps, and launched from Python for selections of at least "
+             "gnnfuse.nn.cross_entropy.LAUNCHED_ELEMENTS logits (torch's below); one call = the "
              "loss and its gradient for the whole [rows, classes] logits. launched: "
              "median of calls from Python (host time included); replayed: from a CUDA graph of several calls "
-             "(kernel time). speed-up = torch / gnnfuse.", "", *runs_markdown(results), "",
+             "(kernel time). speed-up = torch / gnnfuse. peak GB: one launched call's allocations above what was "
+             "allocated before it, its [rows, classes] gradient included (– in runs before it was recorded).", "",
+             *runs_markdown(results), "",
              "| size | rows x classes, selected | torch launched ms | gnnfuse launched ms | speed-up | torch replayed "
-             "ms | gnnfuse replayed ms | speed-up | loss / grad rel diff |", "|---|---|---|---|---|---|---|---|---|"]
+             "ms | gnnfuse replayed ms | speed-up | peak GB torch / gnnfuse | loss / grad rel diff |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
 
     def ms(value: Any) -> str:
         return f"{value:.4f}" if isinstance(value, float) else str(value)
 
     def ratio(value: Any) -> str:
         return f"{value:.2f}x" if value else "–"
+
+    def gb(value: Any) -> str:
+        return f"{value:.3f}" if isinstance(value, float) else "–"
     for name, cell in results["cells"].items():
         lines.append(f"| {name} | {cell['rows']:,} x {cell['classes']}, {cell['selected']:,} | "
                      f"{ms(cell['torch']['launched_ms'])} | {ms(cell['gnnfuse']['launched_ms'])} | "
                      f"{ratio(cell['speedup_launched'])} | {ms(cell['torch']['replayed_ms'])} | "
                      f"{ms(cell['gnnfuse']['replayed_ms'])} | {ratio(cell['speedup_replayed'])} | "
+                     f"{gb(cell['torch'].get('peak_gb'))} / {gb(cell['gnnfuse'].get('peak_gb'))} | "
                      f"{cell['loss_rel_diff']:.1e} / {cell['grad_rel_diff']:.1e} |")
     return "\n".join(lines) + "\n"
 

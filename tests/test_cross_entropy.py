@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import gnnfuse.nn.functional as gF
-from gnnfuse.nn.cross_entropy import _SelectedCrossEntropy
+from gnnfuse.nn.cross_entropy import _SelectedCrossEntropy, assert_in_range
 from gnnfuse.runtime.cuda_graph import StepCapture
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -143,6 +143,42 @@ def test_cross_entropy_takes_torchs_arguments_off_the_kernel_path():
 def test_bad_rows_are_refused_naming_the_problem(rows, message):
     with pytest.raises(ValueError, match=message):
         gF.cross_entropy(torch.randn(5, 3), torch.tensor([0, 1, 2]), rows=rows)
+
+
+@pytest.mark.parametrize("target, rows, message", [(torch.tensor([0, 3]), None, "outside the 3 classes"),
+                                                    (torch.tensor([-1, 0]), None, "outside the 3 classes"),
+                                                    (torch.tensor([0, 1]), torch.tensor([0, 5]), "outside input's 5 rows"),
+                                                    (torch.tensor([0, 1]), torch.tensor([-6, 0]), "outside input's 5 rows")])
+def test_a_launched_kernel_call_asserts_its_ranges_as_torchs_loss_does(target, rows, message):
+    """On the GPU these are device-side asserts (no read back); on host tensors they raise here."""
+    with pytest.raises(RuntimeError, match=message):
+        assert_in_range(torch.randn(5, 3), target, rows, -100)
+
+
+def test_in_range_targets_ignored_ones_and_negative_rows_pass_the_asserts():
+    assert_in_range(torch.randn(5, 3), torch.tensor([0, 2, -100]), torch.tensor([-5, 4, 0]), -100)
+    assert_in_range(torch.randn(5, 3), torch.tensor([0, 7]), None, 7)
+
+
+@needs_gpu
+def test_on_the_gpu_a_large_launched_selection_takes_the_kernels(monkeypatch):
+    from gnnfuse.backend.triton import cross_entropy as kernels
+    from gnnfuse.nn import cross_entropy as module
+    calls = []
+    forward = kernels.forward
+    monkeypatch.setattr(kernels, "forward", lambda *args: calls.append(1) or forward(*args))
+    x = torch.randn(2000, 47, device="cuda", requires_grad=True)
+    rows = torch.randperm(2000, device="cuda")[:700]
+    target = torch.randint(0, 47, (700,), device="cuda")
+    monkeypatch.setattr(module, "LAUNCHED_ELEMENTS", 700 * 47)
+    loss = gF.cross_entropy(x, target, rows=rows)
+    assert calls == [1]
+    expected = F.cross_entropy(x[rows], target)
+    torch.testing.assert_close(loss, expected)
+    torch.testing.assert_close(torch.autograd.grad(loss, x)[0], torch.autograd.grad(expected, x)[0])
+    monkeypatch.setattr(module, "LAUNCHED_ELEMENTS", 700 * 47 + 1)
+    gF.cross_entropy(x, target, rows=rows)
+    assert calls == [1]
 
 
 @needs_gpu

@@ -10,18 +10,23 @@ matrix with torch's default weighting (no class weights, no label smoothing) and
 place of torch's gather, log-softmax, single-block NLL loss and their backwards (why:
 that module's doc). Anything else runs torch's, with the same result.
 
-Why only under capture (`benchmarks/results/loss.md`, an H200): replayed, the kernels
-took 0.126 ms for a loss and its gradient where torch's took 0.475 (Reddit2-sized
+Launched from Python (an eager step) the kernels run only for selections of at least
+`LAUNCHED_ELEMENTS` logits. Why (`benchmarks/results/loss.md`, an H200): replayed, the
+kernels took 0.126 ms for a loss and its gradient where torch's took 0.475 (Reddit2-sized
 logits, 3.8x) and 0.259 against 0.716 (products-sized, 2.8x), and an arxiv-sized
-training step lost 0.24-0.30 ms; launched from Python they cost more host time than
-their kernels save at the smaller sizes (0.59 against 0.53 ms at Reddit2's size), so an
-eager step keeps torch's.
+training step lost 0.24-0.30 ms; launched, they cost more host time than their kernels
+save at the smaller sizes (0.59 against 0.53 ms at Reddit2's size, 6.3M logits
+selected) and less at products' (0.70 against 0.79 ms, 9.2M). At large selections they
+also hold less: torch's gathered copy and its log-softmax are two [selected, classes]
+tensors, alive with the whole logit matrix, where the kernels keep one copy and a
+log-sum-exp per row -- 0.62 GB less at ogbn-mag's size (442K rows x 349 classes).
 
-Differences from torch's loss, both on the kernel path only (a captured step): an
-out-of-range target or row makes the loss NaN where torch stops with a device-side
-assert (the kernels never read back from the device); and the loss cannot be
-differentiated twice (the backward is a kernel; a backward with ``create_graph=True``
-through it raises rather than leave a term out).
+Differences from torch's loss on the kernel path: in a captured step an out-of-range
+target or row makes the loss NaN where torch stops with a device-side assert (the
+kernels never read back from the device; launched, the same ranges are asserted on the
+device first, as torch's kernels do); and the loss cannot be differentiated twice (the
+backward is a kernel; a backward with ``create_graph=True`` through it raises rather
+than leave a term out).
 """
 from __future__ import annotations
 
@@ -29,6 +34,9 @@ import torch
 import torch.nn.functional as F
 
 _REDUCTIONS = ("mean", "sum")
+# Selected logits (rows x classes) from which a launched call takes the kernels: between
+# Reddit2-sized (6.3M; launched kernels 0.89x torch's time) and products-sized (9.2M, 1.13x)
+LAUNCHED_ELEMENTS = 8_000_000
 
 
 def cross_entropy(input: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None = None,
@@ -49,7 +57,9 @@ def cross_entropy(input: torch.Tensor, target: torch.Tensor, weight: torch.Tenso
     if rows is not None and rows.numel() != target.shape[0]:
         raise ValueError(f"rows selects {rows.numel()} rows of input but target has {target.shape[0]} entries: "
                          "give one target per selected row")
-    if _kernels_apply(input, target, weight, size_average, reduce, reduction, label_smoothing):
+    if _kernels_apply(input, target, weight, size_average, reduce, reduction, label_smoothing, rows):
+        if not torch.cuda.is_current_stream_capturing():
+            assert_in_range(input, target, rows, ignore_index)
         return _SelectedCrossEntropy.apply(input, target, rows.contiguous() if rows is not None else None,
                                            ignore_index, reduction)
     selected = input if rows is None else input[rows]
@@ -58,13 +68,26 @@ def cross_entropy(input: torch.Tensor, target: torch.Tensor, weight: torch.Tenso
 
 
 def _kernels_apply(input: torch.Tensor, target: torch.Tensor, weight, size_average, reduce, reduction: str,
-                   label_smoothing: float) -> bool:
+                   label_smoothing: float, rows: torch.Tensor | None) -> bool:
     from ..backend.triton.cross_entropy import DTYPES, MAX_CLASSES
     return (input.is_cuda and input.dim() == 2 and input.dtype in DTYPES and 0 < input.shape[1] <= MAX_CLASSES
             and input.stride(1) == 1 and target.dim() == 1 and target.dtype == torch.int64     # torch's rule
             and target.device == input.device and weight is None and size_average is None and reduce is None
             and reduction in _REDUCTIONS and label_smoothing == 0.0 and not torch.compiler.is_compiling()
-            and torch.cuda.is_current_stream_capturing())
+            and (torch.cuda.is_current_stream_capturing()
+                 or (input.shape[0] if rows is None else rows.numel()) * input.shape[1] >= LAUNCHED_ELEMENTS))
+
+
+def assert_in_range(input: torch.Tensor, target: torch.Tensor, rows: torch.Tensor | None, ignore_index: int) -> None:
+    """Device-side asserts, as torch's loss kernels make, that every target is a class of
+    ``input`` (or ``ignore_index``) and every row one of its rows: without reading back
+    from the device, a launched kernel call fails where torch's would, not with a NaN."""
+    classes, count = input.shape[1], input.shape[0]
+    torch._assert_async(((target >= 0) & (target < classes) | (target == ignore_index)).all(),
+                        f"cross_entropy: a target is outside the {classes} classes (and not ignore_index)")
+    if rows is not None:
+        torch._assert_async(((rows >= -count) & (rows < count)).all(),
+                            f"cross_entropy: a row index is outside input's {count} rows")
 
 
 class _SelectedCrossEntropy(torch.autograd.Function):
