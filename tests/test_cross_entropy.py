@@ -145,10 +145,11 @@ def test_bad_rows_are_refused_naming_the_problem(rows, message):
         gF.cross_entropy(torch.randn(5, 3), torch.tensor([0, 1, 2]), rows=rows)
 
 
-@pytest.mark.parametrize("target, rows, message", [(torch.tensor([0, 3]), None, "outside the 3 classes"),
-                                                    (torch.tensor([-1, 0]), None, "outside the 3 classes"),
-                                                    (torch.tensor([0, 1]), torch.tensor([0, 5]), "outside input's 5 rows"),
-                                                    (torch.tensor([0, 1]), torch.tensor([-6, 0]), "outside input's 5 rows")])
+@pytest.mark.parametrize("target, rows, message", [
+    (torch.tensor([0, 3]), None, "outside the 3 classes"),
+    (torch.tensor([-1, 0]), None, "outside the 3 classes"),
+    (torch.tensor([0, 1]), torch.tensor([0, 5]), "outside input's 5 rows"),
+    (torch.tensor([0, 1]), torch.tensor([-6, 0]), "outside input's 5 rows")])
 def test_a_launched_kernel_call_asserts_its_ranges_as_torchs_loss_does(target, rows, message):
     """On the GPU these are device-side asserts (no read back); on host tensors they raise here."""
     with pytest.raises(RuntimeError, match=message):
