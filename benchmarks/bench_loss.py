@@ -71,7 +71,8 @@ def run_size(name: str, args: argparse.Namespace, device: torch.device) -> dict[
     answers = {}
     for method in METHODS:
         call = loss_and_gradient(method, out, y, idx)
-        answers[method] = call()
+        loss, grad = call()
+        answers[method] = loss.detach(), grad      # no graph through ``out`` kept past the call
         for _ in range(3):
             call()
         cell[method] = {"launched_ms": summarize(time_calls(call, args.repeats, device))["median_ms"],

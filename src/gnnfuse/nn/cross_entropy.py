@@ -15,8 +15,9 @@ Launched from Python (an eager step) the kernels run only for selections of at l
 kernels took 0.126 ms for a loss and its gradient where torch's took 0.475 (Reddit2-sized
 logits, 3.8x) and 0.259 against 0.716 (products-sized, 2.8x), and an arxiv-sized
 training step lost 0.24-0.30 ms; launched, they cost more host time than their kernels
-save at the smaller sizes (0.59 against 0.53 ms at Reddit2's size, 6.3M logits
-selected) and less at products' (0.70 against 0.79 ms, 9.2M). At large selections they
+save at the smaller sizes (0.78 against 0.56 ms at Reddit2's size, 6.3M logits
+selected; 0.70-0.88 against 0.79-0.80 ms at products', 9.2M) and much less at
+ogbn-mag's (1.97 against 3.96 ms, 154M). At large selections they
 also hold less: torch's gathered copy and its log-softmax are two [selected, classes]
 tensors, alive with the whole logit matrix, where the kernels keep one copy and a
 log-sum-exp per row -- 0.62 GB less at ogbn-mag's size (442K rows x 349 classes).
@@ -34,9 +35,10 @@ import torch
 import torch.nn.functional as F
 
 _REDUCTIONS = ("mean", "sum")
-# Selected logits (rows x classes) from which a launched call takes the kernels: between
-# Reddit2-sized (6.3M; launched kernels 0.89x torch's time) and products-sized (9.2M, 1.13x)
-LAUNCHED_ELEMENTS = 8_000_000
+# Selected logits (rows x classes) from which a launched call takes the kernels. Launched
+# kernels against torch's time, H200: Reddit2-sized (6.3M) 0.73-0.89x, products-sized
+# (9.2M) 0.91-1.13x over two runs, ogbn-mag-sized (154M) 2.0x.
+LAUNCHED_ELEMENTS = 32_000_000
 
 
 def cross_entropy(input: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None = None,
