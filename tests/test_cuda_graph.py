@@ -176,6 +176,19 @@ def _captured(step, **kwargs) -> StepCapture:
     return StepCapture(step, warmup=1, _graph_factory=_Rerun, **kwargs)
 
 
+def test_a_released_capture_drops_its_graph_and_runs_eagerly():
+    """A data-parallel step's graph holds NCCL work and must go before the process group."""
+    calls = []
+    capture = _captured(lambda x: calls.append("step") or x * 2)
+    capture(torch.ones(3))
+    assert capture.captured
+    capture.release()
+    assert not capture.captured and capture.static_inputs == [] and "released" in capture.status
+    calls.clear()
+    assert torch.equal(capture(torch.full((2,), 3.0)), torch.full((2,), 6.0))    # any shape: eager now
+    assert calls == ["step"]
+
+
 def test_replay_copies_new_input_data_into_the_static_buffer():
     capture = _captured(lambda x: x * 2)
     first = torch.ones(3)

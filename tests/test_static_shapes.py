@@ -201,6 +201,16 @@ def test_replayed_steps_train_as_eager_steps_on_plain_batches(data):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
 
 
+def test_a_released_block_capture_trains_on_eagerly(data):
+    """``release`` (before a data-parallel process group goes) leaves a working step."""
+    _, _, run = _training(data, True)
+    run.release()
+    assert run._capture is None and run.status.startswith("eager: released")
+    batch = next(iter(_loader(data, static_shapes=True)))
+    replayed = run.replayed
+    assert torch.isfinite(run(batch)) and run.replayed == replayed
+
+
 def test_a_step_that_caches_on_a_block_graph_is_not_replayed(data):
     """Anything cached on the static graphs during warm-up would be replayed stale."""
     def cache_something(batch):

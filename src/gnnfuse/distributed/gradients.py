@@ -21,6 +21,9 @@ that does not fit the static shapes runs eagerly on one rank while the others re
 every rank issues the same collectives of the same sizes in the same order each step.
 What the call cannot know is whether a peer skipped a step; that stays the caller's
 contract, as with DDP (equal batch counts: `DistributedSampler(drop_last=True)`).
+A captured step's graph holds its all-reduce: call its ``release()`` (`StepCapture`,
+`BlockStepCapture`) before ``dist.destroy_process_group()``; on two H200 ranks a graph
+left alive hung both in the destroy, after their last epoch.
 
 `all_reduce_gradients` is the partitioned full-graph step's: a sum (its loss is already
 divided by the global count) that leaves ``grad = None`` where no rank reached a

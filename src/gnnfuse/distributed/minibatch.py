@@ -184,11 +184,12 @@ def train_distributed_minibatch_run(config: TrainConfig, spec: ModelSpec, data: 
     progress.close()
     if placement is not None and log_epochs and me.is_main:
         tqdm.write(f"{prefix}rank 0: {placement.describe()}", file=sys.stdout)
+    graph_status = f"{step.status} ({step.replayed} steps replayed)" if step is not None else RunResult.cuda_graph
+    if step is not None:
+        step.release()       # its all-reduce's graph goes before the process group (StepCapture.release)
     return RunResult(seed=seed, best_epoch=stopping.best_epoch, best_val_acc=stopping.best_val_acc,
                      test_acc=best.test_acc, epochs_run=len(history["loss"]), seconds=time.perf_counter() - start,
-                     state_dict=best.state_dict, history=history,
-                     cuda_graph=(f"{step.status} ({step.replayed} steps replayed)" if step is not None
-                                 else RunResult.cuda_graph))
+                     state_dict=best.state_dict, history=history, cuda_graph=graph_status)
 
 
 def _captures(cuda_graph: str, device: torch.device, config: TrainConfig, tell: bool) -> bool:

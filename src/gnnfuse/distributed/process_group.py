@@ -13,6 +13,7 @@ multicast off) is left exactly as the launcher set it.
 from __future__ import annotations
 
 import datetime
+import gc
 import os
 import sys
 from dataclasses import dataclass
@@ -142,6 +143,7 @@ def leave_process_group(timeout_s: float = 60.0) -> None:
     ~ProcessGroupGloo -> thread::join, against ~AsyncBarrierWork -> ~AsyncAllgatherWork
     -> GIL), the test where the project's CI run of 0e9f523 stopped for 90 minutes."""
     if dist.is_available() and dist.is_initialized():
+        gc.collect()     # a captured step no longer referenced takes its NCCL work with it (StepCapture.release)
         work = dist.barrier(async_op=True)
         _FINAL_WORKS.append(work)
         try:     # bounded, so a rank whose peer died still leaves

@@ -367,6 +367,18 @@ class StepCapture:
         """Memory of the captured graph's private pool (0 when not captured)."""
         return self._graph.pool_bytes() if self._graph is not None else 0
 
+    def release(self) -> None:
+        """Drop the captured graph, its static buffers and its memory pool; later calls
+        run the step eagerly. A graph that recorded NCCL collectives (a data-parallel
+        step, `gnnfuse.distributed.average_gradients`) must go before its process group
+        is destroyed: with the graph alive, two H200 ranks that had finished their epochs
+        hung in ``destroy_process_group`` and never exited."""
+        if self._graph is not None and self._graph_factory is _CudaGraph:
+            torch.cuda.synchronize()         # no replay still running on the graph's memory
+        self._graph, self._static_outputs, self.static_inputs = None, None, []
+        if self.reason is None:
+            self.reason = "released (StepCapture.release)"
+
     def __call__(self, *inputs: Any) -> Any:
         if self._graph is not None:
             return self._replay(inputs)

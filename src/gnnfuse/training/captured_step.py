@@ -173,6 +173,15 @@ class BlockStepCapture:
             return f"eager: {self.reason}"
         return self._capture.status if self._capture is not None else "warming up"
 
+    def release(self) -> None:
+        """Drop the captured graph (`StepCapture.release`: before the process group of a
+        step that all-reduces in it); later batches run eagerly."""
+        if self._capture is not None:
+            self._capture.release()
+            self._capture = None
+        if self.reason is None:
+            self.reason = "released (BlockStepCapture.release)"
+
     def __call__(self, batch: MiniBatch) -> Any:
         if self.reason is None and batch.padded:
             if self.static is None:
