@@ -205,8 +205,8 @@ def _parser() -> argparse.ArgumentParser:
                             "CUDA when the step is replayable, else runs eagerly; on also warns when it cannot; "
                             "off never captures (full-graph training, and with --fanout one process: batches are "
                             "then padded to fixed shapes, gnnfuse.loader.static_shapes; with --fanout on several "
-                            "GPUs only 'on' captures the ranks' steps, averaging gradients inside the graph "
-                            "instead of through DDP)")
+                            "GPUs the ranks' steps, averaging gradients inside the graph instead of through DDP, "
+                            "replicated features only)")
     train.add_argument("--fanout", type=_fanout, metavar="K1,K2,..",
                        help="sampled mini-batch training: in-edges sampled per vertex at each hop from the "
                             "batch (PyG's num_neighbors; -1 takes all), one hop per layer (sage, gat)")
