@@ -371,8 +371,8 @@ class StepCapture:
         """Drop the captured graph, its static buffers and its memory pool; later calls
         run the step eagerly. A graph that recorded NCCL collectives (a data-parallel
         step, `gnnfuse.distributed.average_gradients`) must go before its process group
-        is destroyed: with the graph alive, two H200 ranks that had finished their epochs
-        hung in ``destroy_process_group`` and never exited."""
+        is destroyed: with the graphs alive, two H200 ranks that had finished their epochs
+        hung leaving the process group and never exited; released first, they exit."""
         if self._graph is not None and self._graph_factory is _CudaGraph:
             torch.cuda.synchronize()         # no replay still running on the graph's memory
         self._graph, self._static_outputs, self.static_inputs = None, None, []
