@@ -161,16 +161,22 @@ def test_in_range_targets_ignored_ones_and_negative_rows_pass_the_asserts():
     assert_in_range(torch.randn(5, 3), torch.tensor([0, 7]), None, 7)
 
 
-@needs_gpu
-def test_on_the_gpu_a_large_launched_selection_takes_the_kernels(monkeypatch):
+def _gpu_kernel_calls(monkeypatch) -> tuple[list, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A list the loss kernels' forward appends to when it runs, and a products-shaped
+    problem on the GPU: logits, 700 selected rows and their targets."""
     from gnnfuse.backend.triton import cross_entropy as kernels
-    from gnnfuse.nn import cross_entropy as module
     calls = []
     forward = kernels.forward
     monkeypatch.setattr(kernels, "forward", lambda *args: calls.append(1) or forward(*args))
     x = torch.randn(2000, 47, device="cuda", requires_grad=True)
     rows = torch.randperm(2000, device="cuda")[:700]
-    target = torch.randint(0, 47, (700,), device="cuda")
+    return calls, x, rows, torch.randint(0, 47, (700,), device="cuda")
+
+
+@needs_gpu
+def test_on_the_gpu_a_large_launched_selection_takes_the_kernels(monkeypatch):
+    from gnnfuse.nn import cross_entropy as module
+    calls, x, rows, target = _gpu_kernel_calls(monkeypatch)
     monkeypatch.setattr(module, "LAUNCHED_ELEMENTS", 700 * 47)
     loss = gF.cross_entropy(x, target, rows=rows)
     assert calls == [1]
@@ -184,13 +190,7 @@ def test_on_the_gpu_a_large_launched_selection_takes_the_kernels(monkeypatch):
 
 @needs_gpu
 def test_on_the_gpu_the_kernels_run_in_a_captured_step_and_torchs_loss_in_a_launched_one(monkeypatch):
-    from gnnfuse.backend.triton import cross_entropy as kernels
-    calls = []
-    forward = kernels.forward
-    monkeypatch.setattr(kernels, "forward", lambda *args: calls.append(1) or forward(*args))
-    x = torch.randn(2000, 47, device="cuda", requires_grad=True)
-    rows = torch.randperm(2000, device="cuda")[:700]
-    target = torch.randint(0, 47, (700,), device="cuda")
+    calls, x, rows, target = _gpu_kernel_calls(monkeypatch)
     # the oracle on its own leaf: a graph through x built outside the step keeps x's
     # AccumulateGrad node on the default stream, and the captured backward would reach it
     oracle = x.detach().clone().requires_grad_()
