@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 
 import gnnfuse
-from gnnfuse.bench import allocated_gb, max_rel_err, peak_memory_gb, reset_peak_memory
+from gnnfuse.bench import extra_peak_gb, max_rel_err
 from gnnfuse.data import load_dataset
 
 from common import (add_device_arguments, check_methods, environment, failure_status, free_memory, guarded,
@@ -161,14 +161,8 @@ def measure(method: str, problem: Problem, inputs: Inputs, turbo: Any, reference
     first_call_ms = (time.perf_counter() - begin) * 1e3
     for _ in range(args.warmup - 1):
         forward_backward(forward, inputs)
-    synchronize(device)
-    before = allocated_gb(device)
-    reset_peak_memory(device)
-    result = forward_backward(forward, inputs)
-    synchronize(device)
-    peak = peak_memory_gb(device)
-    cell = {"status": "ok", "first_call_ms": first_call_ms,
-            "extra_peak_gb": None if peak is None else peak - before, "resident_gb": before}
+    result, extra, before = extra_peak_gb(lambda: forward_backward(forward, inputs), device)
+    cell = {"status": "ok", "first_call_ms": first_call_ms, "extra_peak_gb": extra, "resident_gb": before}
     if reference is None:
         cell["rel_err"], cell["checked_against"] = None, None
         oracle = {"method": method, "tensors": tuple(t.cpu() for t in result)}

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from common import environment, load_results, new_run_id, replayed_calls, results_saver, runs_markdown
-from gnnfuse.bench import allocated_gb, peak_memory_gb, reset_peak_memory, summarize, synchronize, time_calls
+from gnnfuse.bench import extra_peak_gb, summarize, time_calls
 from gnnfuse.nn.cross_entropy import _SelectedCrossEntropy
 
 # name: (rows, classes, training rows) -- ogbn-arxiv's, Reddit2's, ogbn-products' and
@@ -49,18 +49,6 @@ def replayed_ms(call: Callable[[], Any], graph_calls: int, repeats: int, device:
     return stats["median_ms"] if stats is not None else f"not captured: {reason}"[:200]
 
 
-def call_peak_gb(call: Callable[[], Any], device: torch.device) -> float:
-    """GB allocated at the peak of one launched call above what was allocated before it
-    (the gradient it returns, [rows, classes], included)."""
-    synchronize(device)
-    before = allocated_gb(device)
-    reset_peak_memory(device)
-    result = call()
-    synchronize(device)
-    del result
-    return peak_memory_gb(device) - before
-
-
 def run_size(name: str, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     rows, classes, selected = SIZES[name]
     g = torch.Generator(device=device).manual_seed(0)
@@ -77,7 +65,7 @@ def run_size(name: str, args: argparse.Namespace, device: torch.device) -> dict[
             call()
         cell[method] = {"launched_ms": summarize(time_calls(call, args.repeats, device))["median_ms"],
                         "replayed_ms": replayed_ms(call, args.graph_calls, args.repeats, device),
-                        "peak_gb": call_peak_gb(call, device)}
+                        "peak_gb": extra_peak_gb(call, device)[1]}
     (a, ga), (b, gb) = answers["gnnfuse"], answers["torch"]
     cell["loss_rel_diff"] = ((a - b).abs() / b.abs()).item()
     cell["grad_rel_diff"] = ((ga - gb).abs().max() / gb.abs().max()).item()

@@ -16,12 +16,12 @@ from .measure import COMPILE_EXTRA_WARMUP, REL_ERR_LIMIT, CellTimeout, check_for
 from .models import (DROPOUT, FRAMEWORKS, GAT_HEADS, GAT_HIDDEN, HIDDEN, KNOWN_FRAMEWORKS, LR, MODELS, WEIGHT_DECAY,
                      DeviceData, MissingDependency, TwoLayer, build_model, graph_input, instantiate, load_data, reference_state,
                      require_pyg)
-from .timing import (allocated_gb, failure_status, free_memory, peak_memory_gb, reset_peak_memory, summarize,
-                     synchronize, time_calls)
+from .timing import (allocated_gb, extra_peak_gb, failure_status, free_memory, peak_memory_gb, reset_peak_memory,
+                     summarize, synchronize, time_calls)
 
 __all__ = ["COMPILE_EXTRA_WARMUP", "DROPOUT", "FRAMEWORKS", "GAT_HEADS", "GAT_HIDDEN", "HIDDEN", "KNOWN_FRAMEWORKS",
            "LR", "MODELS", "REL_ERR_LIMIT", "WEIGHT_DECAY", "CellTimeout", "DeviceData", "MissingDependency", "TwoLayer",
-           "add_arguments", "allocated_gb", "build_model", "check_forward", "failure_status", "format_table",
+           "add_arguments", "allocated_gb", "build_model", "check_forward", "extra_peak_gb", "failure_status", "format_table",
            "free_memory", "graph_input", "guarded", "instantiate", "load_data", "max_rel_err", "measure",
            "peak_memory_gb", "plot", "ratios", "reference_state", "require_pyg", "reset_peak_memory", "run_bench",
            "run_command", "summarize", "synchronize", "time_calls"]

@@ -74,6 +74,19 @@ def allocated_gb(device: torch.device) -> float | None:
     return torch.cuda.memory_allocated(device) / 1e9
 
 
+def extra_peak_gb(call: Callable[[], Any], device: torch.device) -> tuple[Any, float | None, float | None]:
+    """``call()`` once: (its result, GB allocated at its peak above what was allocated
+    before it, that baseline in GB). Both None off CUDA. What a call needs beyond what is
+    resident, its result included (a gradient it returns counts)."""
+    synchronize(device)
+    before = allocated_gb(device)
+    reset_peak_memory(device)
+    result = call()
+    synchronize(device)
+    peak = peak_memory_gb(device)
+    return result, None if peak is None else peak - before, before
+
+
 def free_memory(device: torch.device) -> None:
     """Return cached blocks to the driver after the caller dropped its references, so
     the next measurement starts from the same baseline and a failure does not cascade."""
