@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from gnnfuse import nn as gnn_nn
 from gnnfuse.graph import Graph
 from gnnfuse.ir import get_op
-from gnnfuse.runtime.cuda_graph import CaptureFallbackWarning, StepCapture, audit_step
+from gnnfuse.runtime.cuda_graph import CaptureFallbackWarning, StepCapture, audit_step, release_captures
 
 
 class _Rerun:
@@ -187,6 +187,20 @@ def test_a_released_capture_drops_its_graph_and_runs_eagerly():
     calls.clear()
     assert torch.equal(capture(torch.full((2,), 3.0)), torch.full((2,), 6.0))    # any shape: eager now
     assert calls == ["step"]
+
+
+def test_release_captures_releases_every_graph_still_held():
+    """What leave_process_group runs first: a step still referenced anywhere (a user's
+    variable, an exception's traceback) lets its graph go before the process group."""
+    release_captures()
+    held = [_captured(lambda x: x + 1), _captured(lambda x: x * 3)]
+    for capture in held:
+        capture(torch.ones(2))
+    never = _captured(lambda x: x - 1)                 # warming up: no graph to release
+    assert all(c.captured for c in held)
+    assert release_captures() == 2
+    assert not any(c.captured for c in held) and never.reason is None
+    assert release_captures() == 0
 
 
 def test_replay_copies_new_input_data_into_the_static_buffer():

@@ -293,3 +293,23 @@ def test_which_data_parallel_ranks_replay_their_steps(mode, device, features, ex
         assert minibatch._captures(mode, torch.device(device), config, tell=False) is expected
     messages = [str(w.message) for w in caught if issubclass(w.category, CaptureFallbackWarning)]
     assert (messages == []) if warned is None else (len(messages) == 1 and warned in messages[0])
+
+
+def test_leaving_the_process_group_releases_the_graphs_first():
+    """A captured step's graph holds its NCCL work: two H200 ranks whose graphs were still
+    alive hung leaving the group after their last epoch."""
+    import torch.distributed as dist
+    from gnnfuse.runtime.cuda_graph import StepCapture
+
+    class Rerun:
+        def capture(self, fn):
+            return fn()
+
+        def replay(self):
+            pass
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    step = StepCapture(lambda x: x * 2, warmup=1, _graph_factory=Rerun)
+    step(torch.ones(2))
+    assert step.captured
+    process_group.leave_process_group()
+    assert not dist.is_initialized() and not step.captured and "released" in step.status

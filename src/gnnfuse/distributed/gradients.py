@@ -22,8 +22,10 @@ every rank issues the same collectives of the same sizes in the same order each 
 What the call cannot know is whether a peer skipped a step; that stays the caller's
 contract, as with DDP (equal batch counts: `DistributedSampler(drop_last=True)`).
 A captured step's graph holds its all-reduce: call its ``release()`` (`StepCapture`,
-`BlockStepCapture`) before ``dist.destroy_process_group()``; on two H200 ranks graphs
-left alive hung both on leaving the process group, after their last epoch.
+`BlockStepCapture`), or `gnnfuse.runtime.release_captures()` for every graph of the
+process, before ``dist.destroy_process_group()`` (`leave_process_group` does the
+latter); on two H200 ranks graphs left alive hung both on leaving the process group,
+after their last epoch.
 
 `all_reduce_gradients` is the partitioned full-graph step's: a sum (its loss is already
 divided by the global count) that leaves ``grad = None`` where no rank reached a

@@ -13,7 +13,6 @@ multicast off) is left exactly as the launcher set it.
 from __future__ import annotations
 
 import datetime
-import gc
 import os
 import sys
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from ..runtime.cuda_graph import release_captures
 from ..training.config import ConfigError
 
 LAUNCH_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -143,7 +143,7 @@ def leave_process_group(timeout_s: float = 60.0) -> None:
     ~ProcessGroupGloo -> thread::join, against ~AsyncBarrierWork -> ~AsyncAllgatherWork
     -> GIL), the test where the project's CI run of 0e9f523 stopped for 90 minutes."""
     if dist.is_available() and dist.is_initialized():
-        gc.collect()     # a captured step no longer referenced takes its NCCL work with it (StepCapture.release)
+        release_captures()      # a captured step's graph holds NCCL work past the group (StepCapture.release)
         work = dist.barrier(async_op=True)
         _FINAL_WORKS.append(work)
         try:     # bounded, so a rank whose peer died still leaves

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import threading
 import warnings
+import weakref
 from typing import Any, Callable, Iterable, Sequence
 
 import torch
@@ -52,6 +53,22 @@ _SYNCING_CALLS = frozenset({"item", "tolist", "__bool__", "__float__", "__int__"
                             "nonzero", "argwhere", "is_nonzero", "equal", "allclose", "masked_select", "unique",
                             "unique_consecutive"})
 _MASK_INDEXING_CALLS = frozenset({"__getitem__", "__setitem__", "index_put", "index_put_"})
+
+
+# Every StepCapture holding a captured graph, so a process group can have them released
+# before it goes (`release_captures`), whatever still references them.
+_HOLDING: "weakref.WeakSet[StepCapture]" = weakref.WeakSet()
+
+
+def release_captures() -> int:
+    """Release every captured graph still alive in this process (`StepCapture.release`)
+    and return how many: what `gnnfuse.distributed.leave_process_group` does before
+    destroying the group, so a step left referenced (by an exception's traceback, a
+    user's variable) cannot hold NCCL work past it."""
+    held = list(_HOLDING)
+    for capture in held:
+        capture.release()
+    return len(held)
 
 
 class CaptureFallbackWarning(UserWarning):
@@ -376,6 +393,7 @@ class StepCapture:
         if self._graph is not None and self._graph_factory is _CudaGraph:
             torch.cuda.synchronize()         # no replay still running on the graph's memory
         self._graph, self._static_outputs, self.static_inputs = None, None, []
+        _HOLDING.discard(self)
         if self.reason is None:
             self.reason = "released (StepCapture.release)"
 
@@ -462,6 +480,7 @@ class StepCapture:
             self._fall_back(f"capture failed ({_first_line(exc)}{first}){hint}")
             return
         self._graph = graph
+        _HOLDING.add(self)
         self._watched = [(name, p, p.data_ptr()) for name, p in self._parameters()]
         self._training = [m.training for top in self.modules for m in top.modules()]
 
