@@ -151,7 +151,6 @@ def rank_main(local_rank: int, world: int, port: int, args: argparse.Namespace, 
               "weights_off_rank_0": weights_off_rank_0(model, world)}
     if captured is not None:
         result["cuda_graph"] = {"status": captured.status, "replayed": captured.replayed, "eager": captured.eager}
-        captured.release()      # before the process group: a graph holding NCCL work hung the ranks' exit
     loader.close()
     results = [result]
     if world > 1:

@@ -24,8 +24,9 @@ each rank pads its batches to fixed shapes and replays its step as one process d
 rank 0's weights and the step averages its gradients in one all-reduce the graph holds
 (`gradients.average_gradients`). A rank whose batch does not fit the fixed shapes runs
 that step eagerly, with the same all-reduce, so ranks stay in step. ``"auto"`` does the
-same (`CAPTURE_RANKS_ON_AUTO`); ``"off"`` keeps DDP's eager steps. The run releases its
-graph before the process group goes (`BlockStepCapture.release`).
+same (`CAPTURE_RANKS_ON_AUTO`); ``"off"`` keeps DDP's eager steps. Each run releases its
+graph when it ends (`BlockStepCapture.release`), and leaving the process group releases
+any left (`leave_process_group`): a graph holding NCCL work past the group hung the ranks.
 
 Only rank 0 logs and draws the progress bar; accuracies are summed over ranks
 (`inference`), so all ranks agree on the best epoch and on when to stop.
@@ -187,7 +188,7 @@ def train_distributed_minibatch_run(config: TrainConfig, spec: ModelSpec, data: 
         tqdm.write(f"{prefix}rank 0: {placement.describe()}", file=sys.stdout)
     graph_status = f"{step.status} ({step.replayed} steps replayed)" if step is not None else RunResult.cuda_graph
     if step is not None:
-        step.release()       # its all-reduce's graph goes before the process group (StepCapture.release)
+        step.release()       # its graph and pool go now, not at the process's last run (leave_process_group)
     return RunResult(seed=seed, best_epoch=stopping.best_epoch, best_val_acc=stopping.best_val_acc,
                      test_acc=best.test_acc, epochs_run=len(history["loss"]), seconds=time.perf_counter() - start,
                      state_dict=best.state_dict, history=history, cuda_graph=graph_status)
