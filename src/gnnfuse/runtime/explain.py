@@ -221,10 +221,10 @@ def _unit_step(unit: Any, sizes: _Sizes, computed: frozenset[int] = frozenset(),
     if schedule == "coo":   # both endpoint ids, one atomic read-modify-write per edge
         index = 2 * sizes.num_edges
         writes = 2 * sizes.num_edges * _row_bytes(root)
-    elif schedule == "scan":   # CSR-ordered columns and rows (and edge ids), the row pointer; each row stored once
+    elif schedule == "scan":   # CSR-ordered columns and rows (and edge ids); a zeroed row, then its atomic adds
         reads_edges = any(leaf.residency.is_edge_rowed for leaf in unit.leaves if leaf.op != "const")
-        index = (2 + reads_edges) * sizes.num_edges + sizes.group_rows(unit) + 1
-        writes = sizes.group_rows(unit) * _row_bytes(root)
+        index = (2 + reads_edges) * sizes.num_edges
+        writes = 2 * sizes.group_rows(unit) * _row_bytes(root)
     else:
         writes = (sizes.group_rows(unit) if root.residency is Residency.NODE else sizes.rows(root.residency)) \
             * _row_bytes(root)

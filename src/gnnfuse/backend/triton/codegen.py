@@ -976,15 +976,10 @@ SCAN_BLOCKS = (64, 128, 256)
 def generate_scan(unit: AggregateUnit, name: str, acc_dtype: str, tuned: bool = False) -> tuple[str, list[Value]]:
     """Kernel source for a `one_lane` unit: one program per block of edges in the order
     of the CSR by the unit's index (so a row's edges are adjacent), each edge's value
-    evaluated as in `generate_coo` and the block summed per row by a segmented scan.
-    The last edge of each row in the block stores the row's total where the block holds
-    all of the row's edges; a row that crosses blocks (at most the first and last of a
-    block) adds its partial sums in a workspace row, and the block that arrives last
-    (its counter against the number of blocks the row spans, from the row pointer)
-    stores the total and zeroes the workspace row and counter again, as
-    `generate_rows`' split rows do. Programs after the edge blocks store the zero rows
-    of vertices without edges. So ``out`` needs no zeros first: every row is written
-    once, by a plain store.
+    evaluated as in `generate_coo` and the block summed per row by a segmented scan; the
+    last edge of each row in the block adds the row's total atomically into a zeroed
+    ``out``. One atomic per (row, block) instead of one per edge, every program the same
+    size whatever the degrees, and no per-row loop of dependent loads.
 
     Why: it replaces the COO schedule for one-lane units, which pays an atomic per edge.
     Measured on an H200 (neighbour sum, F = 1, replayed from a CUDA graph, 256 edges and
@@ -993,17 +988,14 @@ def generate_scan(unit: AggregateUnit, name: str, acc_dtype: str, tuned: bool = 
     took 161.9 us against `generate_rows`' 168.7 and cuSPARSE's 165.0 -- every method
     there is bound by the gathers -- so walks keep `generate_rows`, which needs no
     per-edge row array (`executor.rows_in_csr_order`, 4 bytes an edge: 0.25 GB on a
-    products-sized graph, whose GAT step must stay under 8 GB). Launched from Python, the
-    arxiv-sized sum's zeroed output was a third of its latency's margin: ``torch.zeros``
-    cost 6 us of host time more than ``torch.empty`` and a memset ahead of the kernel
-    (`results/launch_floor.md`), which the stored rows and the workspace replace. A mean
-    divides each edge's term by its row's degree."""
+    products-sized graph, whose GAT step must stay under 8 GB). A mean divides each
+    edge's term by its row's degree."""
     op = unit.reduce.attrs["op"]
     other = "src" if unit.by == "dst" else "dst"
     em = _Emitter(unit, {"center": unit.by, "neighbour": other})
     root = em.value(unit.reduce.inputs[0], em.feature_coords(unit.reduce.shape, None))
-    body = "\n".join(f"        {line}" for line in em.lines)
-    mean = ("\n        val = val / tl.maximum(tl.load(degree + row, mask=emask, other=1), 1).to(ACC)"
+    body = "\n".join(f"    {line}" for line in em.lines)
+    mean = ("\n    val = val / tl.maximum(tl.load(degree + row, mask=emask, other=1), 1).to(ACC)"
             if op == "mean" else "")
     source = f'''import triton
 import triton.language as tl
@@ -1015,53 +1007,28 @@ def _segment_add(total_a, start_a, total_b, start_b):
     return tl.where(start_b != 0, total_b, total_a + total_b), start_a | start_b
 
 
-{_decorator(tuned, {"BLOCK_E": _fit_tiles(SCAN_BLOCKS, em, 4, acc_dtype)}, "size_class", False, warps=(4, 8))}
-def {name}(rowptr, col, rows, eid, degree, num_edges, num_rows, size_class, out, work, arrived, {em.params()}BLOCK_E: tl.constexpr):
+{_decorator(tuned, {"BLOCK_E": _fit_tiles(SCAN_BLOCKS, em, 4, acc_dtype)}, "size_class", True, warps=(4, 8))}
+def {name}(col, rows, eid, num_edges, size_class, out, degree, {em.params()}BLOCK_E: tl.constexpr):
     # {unit.describe()}, a segmented scan over CSR-ordered edges
     ACC: tl.constexpr = {acc_dtype}
     lane = tl.arange(0, BLOCK_E)
-    edge_blocks = tl.cdiv(num_edges, BLOCK_E)
-    if tl.program_id(0) < edge_blocks:
-        first = tl.program_id(0).to(tl.int64) * BLOCK_E
-        e = first + lane
-        emask = e < num_edges
-        f = tl.arange(0, 1)
-        fmask = f < 1
-        fzero = f * 0
-        row = tl.load(rows + e, mask=emask, other=0).to(tl.int64)
-        before = tl.load(rows + e - 1, mask=emask & (e > 0), other=-1).to(tl.int64)
-        after = tl.load(rows + e + 1, mask=e + 1 < num_edges, other=-1).to(tl.int64)
-        {unit.by}_id = row
-        {other}_id = tl.load(col + e, mask=emask, other=0).to(tl.int64)
-        edge = tl.load(eid + e, mask=emask, other=0).to(tl.int64)
+    e = tl.program_id(0).to(tl.int64) * BLOCK_E + lane
+    emask = e < num_edges
+    f = tl.arange(0, 1)
+    fmask = f < 1
+    fzero = f * 0
+    row = tl.load(rows + e, mask=emask, other=0).to(tl.int64)
+    before = tl.load(rows + e - 1, mask=emask & (e > 0), other=-1).to(tl.int64)
+    after = tl.load(rows + e + 1, mask=e + 1 < num_edges, other=-1).to(tl.int64)
+    {unit.by}_id = row
+    {other}_id = tl.load(col + e, mask=emask, other=0).to(tl.int64)
+    edge = tl.load(eid + e, mask=emask, other=0).to(tl.int64)
 {body}
-        tile = tl.where(emask[:, None], {root} + tl.zeros([BLOCK_E, 1], ACC), 0.0)
-        val = tl.sum(tile, axis=1){mean}
-        total, _ = tl.associative_scan((val, (row != before).to(tl.int32)), 0, _segment_add)
-        ends = emask & ((row != after) | (lane == BLOCK_E - 1))   # a row's last edge in this block
-        # the block's first row began in an earlier block; its last row goes on in a later one
-        opened = tl.load(rows + first - 1, mask=first > 0, other=-1).to(tl.int64)
-        crosses = ends & (((row == tl.load(rows + first).to(tl.int64)) & (row == opened)) |
-                          ((lane == BLOCK_E - 1) & (after == row)))
-        tl.store(out + row, total.to(out.dtype.element_ty), mask=ends & ~crosses)
-        # a crossing row meets in the workspace; the last of the blocks it spans stores it
-        part = work + row
-        tl.atomic_add(part, total, mask=crosses)
-        tl.debug_barrier()
-        low = tl.load(rowptr + row, mask=crosses, other=0).to(tl.int64)
-        high = tl.load(rowptr + row + 1, mask=crosses, other=1).to(tl.int64)
-        seen = tl.atomic_add(arrived + row, tl.full([BLOCK_E], 1, tl.int32), mask=crosses)
-        last = crosses & (seen == ((high - 1) // BLOCK_E - low // BLOCK_E).to(tl.int32))
-        whole = tl.atomic_add(part, tl.zeros([BLOCK_E], ACC), mask=last)
-        tl.store(out + row, whole.to(out.dtype.element_ty), mask=last)
-        tl.store(part, tl.zeros([BLOCK_E], ACC), mask=last)
-        tl.atomic_xchg(arrived + row, tl.zeros([BLOCK_E], tl.int32), mask=last)
-    else:
-        # vertices without edges: no block holds their rows
-        r = (tl.program_id(0) - edge_blocks).to(tl.int64) * BLOCK_E + lane
-        rmask = r < num_rows
-        empty = tl.load(rowptr + r, mask=rmask, other=0) == tl.load(rowptr + r + 1, mask=rmask, other=0)
-        tl.store(out + r, tl.zeros([BLOCK_E], ACC).to(out.dtype.element_ty), mask=rmask & empty)
+    tile = tl.where(emask[:, None], {root} + tl.zeros([BLOCK_E, 1], ACC), 0.0)
+    val = tl.sum(tile, axis=1){mean}
+    total, _ = tl.associative_scan((val, (row != before).to(tl.int32)), 0, _segment_add)
+    last = (row != after) | (lane == BLOCK_E - 1)
+    tl.atomic_add(out + row, total.to(out.dtype.element_ty), mask=emask & last, sem="relaxed")
 '''
     return source, em.leaf_args
 

@@ -519,7 +519,7 @@ def _plan_schedule(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor
     if schedule == "rows":
         return _plan_rows_unit(unit, ctx, kernel, (rowptr, col, eid), rows, acc, leaf_dtypes, common)
     if schedule == "scan":
-        return _plan_scan_unit(unit, ctx, kernel, (rowptr, col, eid), rows, acc, leaf_dtypes, common)
+        return _plan_scan_unit(unit, ctx, kernel, (rowptr, col, eid), rows, leaf_dtypes, common)
     op = unit.reduce.attrs["op"]
     splits = op in ("sum", "mean")
     segs = segments(ctx, unit.by, SEGMENT_EDGES if splits else None)
@@ -578,22 +578,18 @@ def _plan_rows_unit(unit: AggregateUnit, ctx: GraphContext, kernel, csr: tuple, 
                         (rows,) + unit.reduce.shape, unit.reduce.dtype, False, None, workspace=workspace, **common)
 
 
-def _plan_scan_unit(unit: AggregateUnit, ctx: GraphContext, kernel, csr: tuple, rows: int, acc: str,
-                    leaf_dtypes: tuple, common: dict[str, Any]) -> _Launch:
-    """`generate_scan`'s launch: BLOCK_E edges of the CSR order per program, then as
-    many programs again per BLOCK_E rows for the rows without edges; ``out`` is made
-    empty (every row is stored), and rows crossing blocks meet in a workspace of one
-    row per vertex (`_workspace`, which the kernel leaves zeroed)."""
-    rowptr, col, eid = csr
+def _plan_scan_unit(unit: AggregateUnit, ctx: GraphContext, kernel, csr: tuple, rows: int, leaf_dtypes: tuple,
+                    common: dict[str, Any]) -> _Launch:
+    """`generate_scan`'s launch: BLOCK_E edges of the CSR order per program, adding into
+    a zeroed ``out``."""
+    _, col, eid = csr
     count = ctx.num_edges
     fixed = {} if _autotune() else {"BLOCK_E": 16}
     tuned_as = tuning_class(kernel, count)
-    before = (rowptr, col, rows_in_csr_order(ctx, unit.by), eid, ctx.degree(unit.by), count, rows, tuned_as)
-    work = torch.float64 if acc == "tl.float64" else torch.float32     # the kernel's ACC
-    return _launch_plan(kernel if count else None,
-                        lambda meta: (triton.cdiv(count, meta["BLOCK_E"]) + triton.cdiv(rows, meta["BLOCK_E"]),),
-                        (tuned_as, 1), before, (), fixed, leaf_dtypes, (rows,) + unit.reduce.shape,
-                        unit.reduce.dtype, not count, None, workspace=(rows, 1, work, 1), **common)
+    before = (col, rows_in_csr_order(ctx, unit.by), eid, count, tuned_as)
+    return _launch_plan(kernel if count else None, lambda meta: (triton.cdiv(count, meta["BLOCK_E"]),),
+                        (tuned_as, 1), before, (ctx.degree(unit.by),), fixed, leaf_dtypes,
+                        (rows,) + unit.reduce.shape, unit.reduce.dtype, True, None, **common)
 
 
 def rows_in_csr_order(ctx: GraphContext, by: str) -> torch.Tensor:
