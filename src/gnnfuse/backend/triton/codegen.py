@@ -989,7 +989,16 @@ def generate_scan(unit: AggregateUnit, name: str, acc_dtype: str, tuned: bool = 
     there is bound by the gathers -- so walks keep `generate_rows`, which needs no
     per-edge row array (`executor.rows_in_csr_order`, 4 bytes an edge: 0.25 GB on a
     products-sized graph, whose GAT step must stay under 8 GB). A mean divides each
-    edge's term by its row's degree."""
+    edge's term by its row's degree.
+
+    Why into a zeroed ``out``: a kernel that writes every row itself would spare a
+    launched call ``torch.zeros``' 8 us of host time over ``torch.empty``, but each
+    block's rows that cross into a neighbouring block then need finishing, and that
+    doubled the kernel (H200, arxiv-sized, F = 1, replayed; 9eadc6a, reverted): 19.4 us
+    with crossing rows meeting in a workspace whose last block stores them (a counter
+    per row, as `generate_rows`' split rows), 18.5-25 us with the block that starts a
+    row walking its rest, against 10.0 us for the same kernel leaving crossing rows
+    out and 10.5 us for this one, memset included."""
     op = unit.reduce.attrs["op"]
     other = "src" if unit.by == "dst" else "dst"
     em = _Emitter(unit, {"center": unit.by, "neighbour": other})
