@@ -59,8 +59,10 @@ def run_size(name: str, args: argparse.Namespace, device: torch.device) -> dict[
     answers = {}
     for method in METHODS:
         call = loss_and_gradient(method, out, y, idx)
-        loss, grad = call()
-        answers[method] = loss.detach(), grad      # no graph through ``out`` kept past the call
+        # no graph through ``out`` outlives the call (not even in a local): it would keep
+        # ``out``'s gradient accumulator, made on the default stream, and the replay's
+        # capture would then make that stream wait on the capturing one, which CUDA refuses
+        answers[method] = tuple([t.detach() for t in call()])
         for _ in range(3):
             call()
         cell[method] = {"launched_ms": summarize(time_calls(call, args.repeats, device))["median_ms"],
