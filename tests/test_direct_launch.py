@@ -311,3 +311,34 @@ def test_a_sibling_groups_plan_binds_its_outputs_partials_and_leaves(fake_triton
     _, _, sent = compiled.runs[-1]
     assert sent[0] == rowptr.data_ptr() and sent[1] == 40 and all(a is b for a, b in zip(sent[2:6], fresh))
     assert sent[6] == types.data_ptr() and sent[7] == 16
+
+
+def test_a_constant_passed_by_position_makes_its_own_launch(fake_triton):
+    """BLOCK given positionally: 16 and 32 have one fingerprint (both multiples of 16) but
+    are two kernels, so the second value goes through Triton rather than replaying the
+    first's."""
+    fn = JitFunction()
+    replays = Replays(fn, {})
+    x, out = torch.zeros(64), torch.zeros(64)
+    replays(grid, (x, out, 64, 7, 16))
+    replays(grid, (x, out, 64, 7, 32))
+    assert [call[1][4] for call in fn.through] == [16, 32]
+    replays(grid, (x, out, 64, 7, 32))          # now recorded: replayed
+    assert len(fn.through) == 2
+
+
+def test_launch_replays_a_plain_jit_function(fake_triton):
+    """`launch.launch` of a JIT function without an autotuner: Triton's first launch per
+    specialization and keyword arguments, direct launches after; keyword values that do
+    not hash keep going through Triton."""
+    from gnnfuse.backend.triton.launch import launch
+    fn = JitFunction()
+    x, out = torch.zeros(64), torch.zeros(64)
+    for _ in range(3):
+        launch(fn, grid, (64,), (x, out, 64, 7), {"BLOCK": 16})
+    launch(fn, grid, (64,), (x, out, 64, 7), {"BLOCK": 32})
+    assert [call[2] for call in fn.through] == [{"BLOCK": 16}, {"BLOCK": 32}]
+    assert sum(len(c.runs) for c in fn.compiled.values()) == 2
+    for _ in range(2):
+        launch(fn, grid, (64,), (x, out, 64, 7), {"BLOCK": 16, "extra": [1]})
+    assert len(fn.through) == 4

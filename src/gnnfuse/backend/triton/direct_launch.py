@@ -108,7 +108,16 @@ class Replays:
         self.usable = knobs is not None and params is not None and hasattr(fn, "run")
         self.params = params or []
         self.specialized = [not getattr(p, "do_not_specialize", False) for p in self.params]
+        # a compile-time constant passed by position makes a kernel per value, which the
+        # fingerprint's integer rules would not tell apart (16 and 32 alike)
+        self.constants = tuple([n for n, p in enumerate(self.params) if getattr(p, "is_constexpr", False)])
         self.launches: dict[Hashable, DirectLaunch | None] = {}
+
+    def key(self, args: Sequence[Any]) -> Hashable:
+        """What a launch of ``args`` is compiled for: the current device, the arguments'
+        `fingerprint` and the values of the compile-time constants among them."""
+        constants = tuple([args[n] for n in self.constants if n < len(args)])
+        return driver.active.get_current_device(), fingerprint(args, self.specialized), constants
 
     def replayable(self) -> bool:
         """Whether Triton's state lets a call skip ``JITFunction.run``: the launcher
@@ -120,7 +129,7 @@ class Replays:
         if not self.replayable():
             self.fn[grid](*args, **self.kwargs)
             return
-        key = (driver.active.get_current_device(), fingerprint(args, self.specialized))
+        key = self.key(args)
         direct = self.launches.get(key)
         if direct is not None:
             direct(grid, args)
@@ -151,11 +160,11 @@ class Replays:
         before that, or where Triton's state sends calls through ``run``."""
         if not self.replayable():
             return None
-        device = driver.active.get_current_device()
-        direct = self.launches.get((device, fingerprint(args, self.specialized)))
+        key = self.key(args)
+        direct = self.launches.get(key)
         if direct is None:
             return None
-        return BoundLaunch(self, direct, device, direct.shape(grid, args), args, varying)
+        return BoundLaunch(self, direct, key[0], direct.shape(grid, args), args, varying)
 
 
 class BoundLaunch:

@@ -9,8 +9,8 @@ autotuner's key argument, the feature block and the tensors' dtypes: what the
 autotuner's own key is made of) and launches the JIT function underneath directly with
 that config (the grid is computed per call: the key holds size classes, not sizes). Anything unusual (a config with a pre-hook, an
 autotuner without ``best_config``) keeps going through the autotuner. Below the
-autotuner, `direct_launch.Replays` skips Triton's binder and cache lookup too, once a
-specialization has been launched through them.
+autotuner, and for a plain JIT function, `direct_launch.Replays` skips Triton's binder
+and cache lookup too, once a specialization has been launched through them.
 """
 from __future__ import annotations
 
@@ -40,7 +40,11 @@ def launch(kernel: Any, grid: Callable[[dict], tuple], sizes: tuple[int, ...], a
     ``known_signature``, if given, the `signature` of this call (the executor works it
     out once per launch plan)."""
     if not isinstance(kernel, Autotuner):
-        kernel[grid](*args, **kwargs)        # a plain JIT function: nothing to skip
+        replays = _plain_replays(kernel, kwargs)
+        if replays is None:
+            kernel[grid](*args, **kwargs)
+        else:
+            replays(grid, args)
         return
     key = known_signature or signature(sizes, kwargs, tuple(a.dtype for a in args if isinstance(a, torch.Tensor)))
     chosen = _CHOSEN.get(kernel)
@@ -66,6 +70,28 @@ def bind(kernel: Any, grid: Callable[[dict], tuple], args: Sequence[Any], known_
     or none can be (a plain JIT function, a config with a pre-hook, the interpreter)."""
     entry = _CHOSEN.get(kernel, {}).get(known_signature) if isinstance(kernel, Autotuner) else None
     return entry.bind(grid, args, varying) if isinstance(entry, Replays) else None
+
+
+def _plain_replays(kernel: Any, kwargs: dict[str, Any]) -> Replays | None:
+    """The `Replays` of a plain JIT function under ``kwargs``, made on first use and kept
+    on the function itself (a table keyed by the function would keep every generated
+    kernel alive through its `Replays`); None where it cannot be kept (keyword values
+    that do not hash, an object that takes no attributes). Why: ``kernel[grid](...)``
+    binds and specializes every argument on every call, the host work `direct_launch`
+    exists to skip, and the loss, dropout, row-gather and typed-matmul kernels are plain
+    JIT functions launched once or more per uncaptured training step."""
+    try:
+        per_kwargs = kernel.__dict__.setdefault(_PLAIN, {})
+        key = tuple(kwargs.items())
+        found = per_kwargs.get(key)
+        if found is None:
+            found = per_kwargs[key] = Replays(kernel, dict(kwargs))
+    except (AttributeError, TypeError):
+        return None
+    return found
+
+
+_PLAIN = "_gnnfuse_replays"     # a plain JIT function's attribute: {its keyword arguments' items: Replays}
 
 
 def _direct_launch(kernel: Autotuner, grid: Callable[[dict], tuple], kwargs: dict[str, Any]) -> Any:
