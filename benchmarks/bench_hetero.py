@@ -23,6 +23,8 @@ gnnfuse's R-GCN steps (its layer and the UDF) take their loss as ``gnnfuse train
 bench_training do, `gnnfuse.nn.functional.cross_entropy(out, y[train], rows=train)`
 (cells recording ``"loss": "rows"``; PyG's ``F.cross_entropy(out[train], y[train])``
 before): the same loss, computed in a captured step by two kernels over the training rows.
+``gnnfuse-train-rows`` is gnnfuse's R-GCN with its second layer computed for the training
+vertices only (`TrainRows`): the same loss and gradients without the [N, classes] output.
 
 Every framework of a model starts from the same weights (PyG's state dict loaded into
 gnnfuse's layers; the UDF reads the same tensors), and before timing the eval-mode
@@ -90,9 +92,11 @@ from common import (device_names, environment, fmt, free_memory, load_results, l
 
 DATASETS = tuple(TYPED_PRESETS)          # smallest first
 MODELS = ("rgcn", "hgt")
-FRAMEWORKS = {"rgcn": ("gnnfuse", "pyg-rgcn", "pyg-fastrgcn", "graphiler-udf"),
+FRAMEWORKS = {"rgcn": ("gnnfuse", "gnnfuse-train-rows", "pyg-rgcn", "pyg-fastrgcn", "graphiler-udf"),
               "hgt": ("gnnfuse", "gnnfuse-linear-head", "pyg-hgt", "graphiler-udf")}
-GNNFUSE_FRAMEWORKS = ("gnnfuse", "gnnfuse-linear-head", "graphiler-udf")   # steps compiled by gnnfuse
+GNNFUSE_FRAMEWORKS = ("gnnfuse", "gnnfuse-linear-head", "gnnfuse-train-rows", "graphiler-udf")   # compiled by gnnfuse
+# R-GCN whose second layer computes only the rows the loss reads (`TrainRows`)
+TRAIN_ROWS = "gnnfuse-train-rows"
 FUSED_HEAD = ("gnnfuse", "graphiler-udf")            # HGT's classifier and loss by linear_cross_entropy
 PYG = {"rgcn": ("pyg-rgcn", "pyg-fastrgcn"), "hgt": ("pyg-hgt",)}
 
@@ -222,6 +226,43 @@ class GraphilerHGTConv(gnnfuse.nn.HGTConv):
     attention = staticmethod(graphiler_hgt_attention)
 
 
+class TrainRows(nn.Module):
+    """`TwoRelational`'s R-GCN (same parameters), its second layer computed only for the
+    training vertices: a bipartite layer over their in-edges (`train_block`) from every
+    vertex's hidden row, so its output is [training vertices, classes] in ``train_idx``
+    order -- ``out[train_idx]`` of the whole model, the same loss and gradients, without
+    the [N, classes] output and its gradient that no loss term reads (at mag's size 2.7
+    GB each). Why a separate cell: PyG's R-GCN step, and gnnfuse's own, compute every
+    row; this is what a user who knows that can write with gnnfuse's layers."""
+
+    def __init__(self, conv1: nn.Module, conv2: nn.Module):
+        super().__init__()
+        self.conv1, self.conv2 = conv1, conv2
+        self.block: gnnfuse.Graph | None = None
+
+    def prepare(self, data: TypedData) -> None:
+        """The training vertices' in-edges as a graph from every vertex to them, built once
+        per cell (it reads a mask's size back, which a captured step must not)."""
+        self.block = train_block(data)
+
+    def forward(self, data: TypedData) -> torch.Tensor:
+        if self.block is None:
+            self.prepare(data)
+        h = F.relu(self.conv1(data.x, data.graph))
+        return self.conv2((h, h[data.train_idx]), self.block)
+
+
+def train_block(data: TypedData) -> gnnfuse.Graph:
+    """The edges ending at a training vertex, destinations renumbered by their position in
+    ``train_idx``, as a bipartite typed graph from all ``num_nodes`` vertices."""
+    g = data.graph
+    position = torch.full((g.num_nodes,), -1, dtype=torch.long, device=g.dst.device)
+    position[data.train_idx] = torch.arange(data.train_idx.numel(), device=g.dst.device)
+    keep = position[g.dst] >= 0
+    return gnnfuse.Graph(g.src[keep], position[g.dst[keep]], data.train_idx.numel(), num_src_nodes=g.num_nodes,
+                         edge_type=g.edge_type[keep], num_edge_types=g.num_edge_types)
+
+
 class TwoHGT(nn.Module):
     """HGTConv -> ReLU -> HGTConv -> Linear on the labelled node type's rows."""
 
@@ -245,9 +286,9 @@ def build(model: str, framework: str, data: TypedData, hidden: int) -> nn.Module
     relations, width = data.graph.num_edge_types, data.x.shape[1]
     if model == "rgcn":
         sizes = ((width, hidden), (hidden, data.num_classes))
-        if framework == "gnnfuse":
+        if framework in ("gnnfuse", TRAIN_ROWS):
             convs = [gnnfuse.nn.RGCNConv(i, o, relations) for i, o in sizes]
-            return TwoRelational(*convs, lambda d: (d.graph,))
+            return TrainRows(*convs) if framework == TRAIN_ROWS else TwoRelational(*convs, lambda d: (d.graph,))
         if framework == "graphiler-udf":
             convs = [GraphilerRGCNLayer(i, o, relations) for i, o in sizes]
             return TwoRelational(*convs, lambda d: (d,))
@@ -288,7 +329,8 @@ def check(model: str, data: TypedData, hidden: int, state, device: torch.device)
     errors: dict[str, float | str] = {}
     for framework in (f for f in FRAMEWORKS[model] if f != PYG[model][0]):
         got = guarded(lambda: forward(framework), device)
-        errors[framework] = max_rel_err(got["out"], reference["out"]) if got["status"] == "ok" else got["status"]
+        expected = reference["out"][data.train_idx] if framework == TRAIN_ROWS else reference["out"]
+        errors[framework] = max_rel_err(got["out"], expected) if got["status"] == "ok" else got["status"]
     return {"status": "ok", "max_rel_err": errors}
 
 
@@ -301,6 +343,8 @@ def measure(model: str, framework: str, data: TypedData, hidden: int, state, ste
     data = with_fresh_graph(data)
     base = allocated_gb(device)
     module = instantiate(model, framework, data, hidden, state, device)
+    if framework == TRAIN_ROWS:
+        module.prepare(data)
     ours = framework in GNNFUSE_FRAMEWORKS
     train_y = data.y[data.train_idx]
 
@@ -309,6 +353,8 @@ def measure(model: str, framework: str, data: TypedData, hidden: int, state, ste
         if model == "hgt" and framework in FUSED_HEAD:
             return linear_cross_entropy(module.embed(data)[data.train_idx], module.lin.weight, module.lin.bias,
                                         train_y)
+        if framework == TRAIN_ROWS:      # its output holds the training rows only
+            return cross_entropy(module(data), train_y)
         if model == "rgcn" and ours:     # the loss over the training rows, without the gather
             return cross_entropy(module(data), train_y, rows=data.train_idx)
         return F.cross_entropy(module(data)[data.train_idx], train_y)
@@ -329,7 +375,7 @@ def measure(model: str, framework: str, data: TypedData, hidden: int, state, ste
             "own_peak_gb": None if peak is None else peak - base, "first_step_ms": first_ms,
             **({"cuda_graph": step.status} if ours else {}),
             **({"head": "linear_cross_entropy" if framework in FUSED_HEAD else "nn.Linear"} if model == "hgt" else {}),
-            **({"loss": "rows"} if model == "rgcn" and ours else {})}
+            **({"loss": "rows"} if model == "rgcn" and ours and framework != TRAIN_ROWS else {})}
     if profile:
         cell["profile"] = step_profile(step, device)
     return cell
@@ -387,6 +433,10 @@ def ratios(results: dict[str, Any], dataset: str, model: str) -> dict[str, Any]:
         plain = cells.get(f"{dataset}/{model}/gnnfuse-linear-head")
         if plain and plain["status"] == "ok" and len(device_names(results, [plain, best])) == 1:
             out["linear_head_own_memory_ratio"] = _ratio(plain.get("own_peak_gb"), best.get("own_peak_gb"))
+        rows = cells.get(f"{dataset}/{model}/{TRAIN_ROWS}")
+        if rows and rows["status"] == "ok" and len(device_names(results, [rows, best])) == 1:
+            out["train_rows_speedup"] = best["median_ms"] / rows["median_ms"]
+            out["train_rows_own_memory_ratio"] = _ratio(rows.get("own_peak_gb"), best.get("own_peak_gb"))
     udf = cells.get(f"{dataset}/{model}/graphiler-udf")
     out["udf_vs_nn"] = (udf["median_ms"] / ours["median_ms"]
                         if udf and udf["status"] == "ok" and len(device_names(results, [ours, udf])) == 1 else None)
@@ -415,9 +465,10 @@ def cell_text(cell: dict[str, Any] | None) -> str:
 
 
 def render_markdown(results: dict[str, Any]) -> str:
-    frameworks = ("gnnfuse", "gnnfuse-linear-head", "pyg-rgcn", "pyg-fastrgcn", "pyg-hgt", "graphiler-udf")
+    frameworks = ("gnnfuse", "gnnfuse-linear-head", TRAIN_ROWS, "pyg-rgcn", "pyg-fastrgcn", "pyg-hgt",
+                  "graphiler-udf")
     head = ["dataset", "model", *frameworks, "fastest PyG", "speedup", "mem vs PyG", "own mem vs PyG",
-            "own mem vs PyG, Linear head", "UDF / nn", "max rel err"]
+            "own mem vs PyG, Linear head", "train rows: speedup / own mem vs PyG", "UDF / nn", "max rel err"]
     lines = ["# Relational training step: gnnfuse vs PyG (R-GCN, HGT) and Graphiler's R-GCN UDF", "",
              "Median ms per step (forward + loss + backward + Adam; gnnfuse's steps captured in a CUDA graph where "
              "marked, PyG's eager) / peak GB over the timed steps and, for a captured step, its recording (own: the "
@@ -430,6 +481,9 @@ def render_markdown(results: dict[str, Any]) -> str:
              "gnnfuse.nn.functional.linear_cross_entropy from run 20261129T022028Z on, earlier runs through PyG's head; "
              "gnnfuse's R-GCN steps take gnnfuse.nn.functional.cross_entropy(out, y[train], rows=train) in runs after "
              "20261129T042437Z, F.cross_entropy(out[train], y[train]) before); "
+             f"{TRAIN_ROWS} = gnnfuse's R-GCN with its second layer computed for the training vertices only "
+             "(a bipartite layer over their in-edges, output [train, classes]: the same loss and gradients, "
+             "bench_hetero.TrainRows), from run 20261129T19 on; "
              "UDF / nn = Graphiler's R-GCN UDF compiled by gnnfuse / gnnfuse.nn.RGCNConv; max rel err = worst "
              f"eval-mode forward difference from PyG over the frameworks (flagged above {REL_ERR_LIMIT:g}). "
              "Data: gnnfuse.data.typed presets. See benchmarks/bench_hetero.py.", "",
@@ -448,8 +502,13 @@ def render_markdown(results: dict[str, Any]) -> str:
                                           r["fastest_pyg"] or "–", fmt(r["speedup"], ".2f"),
                                           fmt(r["memory_ratio"], ".2f"), fmt(r.get("own_memory_ratio"), ".2f"),
                                           fmt(r.get("linear_head_own_memory_ratio"), ".2f"),
+                                          _pair(r.get("train_rows_speedup"), r.get("train_rows_own_memory_ratio")),
                                           fmt(r["udf_vs_nn"], ".2f"), err]) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _pair(speedup: float | None, memory: float | None) -> str:
+    return "–" if speedup is None else f"{speedup:.2f} / {fmt(memory, '.2f')}"
 
 
 def _numbers(errors: dict[str, Any]) -> list[float]:
