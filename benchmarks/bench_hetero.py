@@ -83,6 +83,7 @@ from gnnfuse.bench.measure import (CAPTURE_WARMUP, REL_ERR_LIMIT, max_rel_err, p
                                    training_step, warm_up)
 from gnnfuse.data.typed import TYPED_PRESETS, typed_graph
 from gnnfuse.graph.hetero_cache import clear_hetero_cache
+from gnnfuse.graph.in_edges import in_edges_block
 from gnnfuse.nn.functional import cross_entropy, linear_cross_entropy
 
 from bench_attention import kernel_profile
@@ -228,8 +229,8 @@ class GraphilerHGTConv(gnnfuse.nn.HGTConv):
 
 class TrainRows(nn.Module):
     """`TwoRelational`'s R-GCN (same parameters), its second layer computed only for the
-    training vertices: a bipartite layer over their in-edges (`train_block`) from every
-    vertex's hidden row, so its output is [training vertices, classes] in ``train_idx``
+    training vertices: a bipartite layer over their in-edges
+    (`gnnfuse.graph.in_edges_block`) from every vertex's hidden row, so its output is [training vertices, classes] in ``train_idx``
     order -- ``out[train_idx]`` of the whole model, the same loss and gradients, without
     the [N, classes] output and its gradient that no loss term reads (at mag's size 2.7
     GB each). Why a separate cell: PyG's R-GCN step, and gnnfuse's own, compute every
@@ -243,24 +244,13 @@ class TrainRows(nn.Module):
     def prepare(self, data: TypedData) -> None:
         """The training vertices' in-edges as a graph from every vertex to them, built once
         per cell (it reads a mask's size back, which a captured step must not)."""
-        self.block = train_block(data)
+        self.block = in_edges_block(data.graph, data.train_idx)
 
     def forward(self, data: TypedData) -> torch.Tensor:
         if self.block is None:
             self.prepare(data)
         h = F.relu(self.conv1(data.x, data.graph))
         return self.conv2((h, h[data.train_idx]), self.block)
-
-
-def train_block(data: TypedData) -> gnnfuse.Graph:
-    """The edges ending at a training vertex, destinations renumbered by their position in
-    ``train_idx``, as a bipartite typed graph from all ``num_nodes`` vertices."""
-    g = data.graph
-    position = torch.full((g.num_nodes,), -1, dtype=torch.long, device=g.dst.device)
-    position[data.train_idx] = torch.arange(data.train_idx.numel(), device=g.dst.device)
-    keep = position[g.dst] >= 0
-    return gnnfuse.Graph(g.src[keep], position[g.dst[keep]], data.train_idx.numel(), num_src_nodes=g.num_nodes,
-                         edge_type=g.edge_type[keep], num_edge_types=g.num_edge_types)
 
 
 class TwoHGT(nn.Module):

@@ -1,0 +1,76 @@
+"""`graph.in_edges_block`: the in-edges of chosen rows as a bipartite graph, checked
+against the full graph's edges and against a layer computed for every row."""
+from __future__ import annotations
+
+import pytest
+import torch
+from graph_strategies import NUM_RELATIONS, graphs
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import gnnfuse
+from gnnfuse.graph import in_edges_block
+
+f64 = torch.float64
+
+
+@settings(max_examples=40, deadline=None)
+@given(case=graphs(max_nodes=8, max_edges=30), picks=st.lists(st.integers(0, 9), max_size=12))
+def test_the_block_holds_each_chosen_rows_in_edges(case, picks):
+    """Loops, multi-edges, isolated rows, rows chosen twice, no rows: destination i of the
+    block has exactly the in-edges of rows[i] (sources, types and ids), in edge order."""
+    rows = torch.tensor([p % case.num_nodes for p in picks], dtype=torch.long)
+    graph = gnnfuse.Graph(case.given[0], case.given[1], case.num_nodes, edge_type=case.edge_type,
+                          num_edge_types=NUM_RELATIONS)
+    block, edges = in_edges_block(graph, rows, return_edge_ids=True)
+    src, dst = case.edge_index
+    assert (block.num_nodes, block.num_src_nodes) == (rows.numel(), case.num_nodes)
+    for i, row in enumerate(rows.tolist()):
+        mine = (block.dst == i).nonzero().squeeze(1)
+        expected = (dst == row).nonzero().squeeze(1)
+        assert edges[mine].tolist() == expected.tolist()
+        assert block.src[mine].tolist() == src[expected].tolist()
+        assert block.edge_type[mine].tolist() == case.edge_type[expected].tolist()
+
+
+@pytest.mark.parametrize("aggr", ["mean", "add"])
+def test_a_bipartite_layer_on_the_block_gives_the_full_layers_rows(aggr):
+    """RGCNConv((h, h[rows]), block) equals RGCNConv(h, graph)[rows], forward and every
+    gradient, with a row chosen twice and a row without in-edges."""
+    g = torch.Generator().manual_seed(0)
+    n, e, relations = 30, 160, 3
+    src, dst = torch.randint(0, n, (e,), generator=g), torch.randint(0, n - 1, (e,), generator=g)
+    graph = gnnfuse.Graph(src, dst, n, edge_type=torch.randint(0, relations, (e,), generator=g),
+                          num_edge_types=relations)
+    rows = torch.tensor([4, n - 1, 17, 4, 0])                 # n - 1 has no in-edges; 4 twice
+    conv = gnnfuse.nn.RGCNConv(5, 4, relations, aggr=aggr).double()
+    x = torch.randn(n, 5, dtype=f64, generator=g, requires_grad=True)
+    weight = torch.randn(rows.numel(), 4, dtype=f64, generator=g)
+    results = []
+    for out in (lambda: conv(x, graph)[rows], lambda: conv((x, x[rows]), in_edges_block(graph, rows))):
+        value = out()
+        results.append([value.detach(), *torch.autograd.grad((value * weight).sum(), [x, *conv.parameters()])])
+    for ours, full in zip(results[1], results[0]):
+        torch.testing.assert_close(ours, full, rtol=1e-12, atol=1e-12)
+
+
+def test_a_mask_chooses_the_rows_it_marks():
+    graph = gnnfuse.Graph(torch.tensor([0, 1, 2, 3]), torch.tensor([1, 2, 3, 1]), 4)
+    mask = torch.tensor([False, True, False, True])
+    by_mask, by_ids = in_edges_block(graph, mask), in_edges_block(graph, torch.tensor([1, 3]))
+    assert by_mask.src.tolist() == by_ids.src.tolist() == [0, 3, 2]
+    assert by_mask.dst.tolist() == by_ids.dst.tolist() == [0, 0, 1]
+
+
+@pytest.mark.parametrize("rows, error, words", [
+    (torch.tensor([1, 7]), ValueError, "rows has id 7 at position 1"),
+    (torch.tensor([-1]), ValueError, "rows has a negative id -1"),
+    (torch.tensor([1.0]), ValueError, "integer destination ids"),
+    (torch.tensor([[1]]), ValueError, "1-D"),
+    (torch.tensor([True, False]), ValueError, "one entry per destination (4)"),
+    ([1, 2], TypeError, "a tensor"),
+])
+def test_bad_rows_are_refused_with_what_was_wrong(rows, error, words):
+    graph = gnnfuse.Graph(torch.tensor([0, 1, 2, 3]), torch.tensor([1, 2, 3, 1]), 4)
+    with pytest.raises(error, match=words.replace("(", r"\(").replace(")", r"\)")):
+        in_edges_block(graph, rows)
