@@ -55,7 +55,8 @@ def test_cells_are_checked_timed_and_stored(bench_hetero, tmp_path, monkeypatch)
     bench_hetero.main(["--datasets", "mutag-like", "--models", "hgt", *common])    # merged into the same file
     results = json.loads((tmp_path / "hetero.json").read_text())
     errors = results["checks"]["aifb-like/rgcn"]["max_rel_err"]
-    assert set(errors) == {"gnnfuse", "pyg-fastrgcn", "graphiler-udf"} and max(errors.values()) < 1e-5
+    assert set(errors) == {"gnnfuse", "gnnfuse-train-rows", "pyg-fastrgcn", "graphiler-udf"}
+    assert max(errors.values()) < 1e-5          # the train-rows model against PyG's rows of its output
     assert results["checks"]["mutag-like/hgt"]["max_rel_err"]["gnnfuse"] < 1e-5
     assert {key: cell["status"] for key, cell in results["cells"].items()} == {
         "aifb-like/rgcn/gnnfuse": "ok", "mutag-like/hgt/gnnfuse": "ok"}
@@ -138,3 +139,40 @@ def test_hgt_heads_agree_and_both_are_reported(bench_hetero, tmp_path, monkeypat
     bench_hetero.store(results, tmp_path)
     assert results["ratios"]["mutag-like/hgt"]["linear_head_own_memory_ratio"] == pytest.approx(0.5)
     assert "own mem vs PyG, Linear head" in (tmp_path / "hetero.md").read_text()
+
+
+def test_the_train_rows_cell_gives_the_whole_models_loss_and_gradients(bench_hetero, tmp_path, monkeypatch):
+    """gnnfuse-train-rows computes R-GCN's second layer on the training vertices' in-edges
+    only: its loss and every parameter gradient equal the all-rows model's, a step takes
+    no host read back once its block is built, and its cell is reported with its own
+    speedup and memory share."""
+    tiny_presets(bench_hetero, monkeypatch)
+    data = bench_hetero.with_fresh_graph(bench_hetero.load_typed("aifb-like", torch.device("cpu")))
+    state = bench_hetero.reference_state("rgcn", data, 8)
+    full = bench_hetero.instantiate("rgcn", "gnnfuse", data, 8, state, torch.device("cpu"))
+    rows = bench_hetero.instantiate("rgcn", bench_hetero.TRAIN_ROWS, data, 8, state, torch.device("cpu"))
+    rows.prepare(data)
+    y = data.y[data.train_idx]
+    grads = []
+    for loss in (torch.nn.functional.cross_entropy(full(data)[data.train_idx], y),
+                 torch.nn.functional.cross_entropy(rows(data), y)):
+        model = full if len(grads) == 0 else rows
+        grads.append([loss.detach(), *torch.autograd.grad(loss, list(model.parameters()))])
+    for ours, theirs in zip(grads[1], grads[0]):
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+    with HostSyncCounter() as counter:
+        torch.nn.functional.cross_entropy(rows(data), y).backward()
+    assert not counter.syncs, dict(counter.syncs)
+    common = ["--device", "cpu", "--steps", "1", "--warmup", "0", "--out", str(tmp_path)]
+    bench_hetero.main(["--datasets", "aifb-like", "--models", "rgcn", "--frameworks", "gnnfuse-train-rows,pyg-rgcn",
+                       *common])
+    bench_hetero.main(["--datasets", "aifb-like", "--models", "rgcn", "--frameworks", "gnnfuse", *common])
+    results = json.loads((tmp_path / "hetero.json").read_text())
+    assert results["cells"]["aifb-like/rgcn/gnnfuse-train-rows"]["status"] == "ok"
+    assert "loss" not in results["cells"]["aifb-like/rgcn/gnnfuse-train-rows"]    # no rows= for its own loss
+    ratios = results["ratios"]["aifb-like/rgcn"]
+    cells = results["cells"]
+    assert ratios["train_rows_speedup"] == pytest.approx(
+        cells["aifb-like/rgcn/pyg-rgcn"]["median_ms"] / cells["aifb-like/rgcn/gnnfuse-train-rows"]["median_ms"])
+    assert "train_rows_own_memory_ratio" in ratios            # None on the CPU: no allocator peaks there
+    assert f"| {ratios['train_rows_speedup']:.2f} / – |" in (tmp_path / "hetero.md").read_text()

@@ -79,7 +79,10 @@ def _plain_replays(kernel: Any, kwargs: dict[str, Any]) -> Replays | None:
     that do not hash, an object that takes no attributes). Why: ``kernel[grid](...)``
     binds and specializes every argument on every call, the host work `direct_launch`
     exists to skip, and the loss, dropout, row-gather and typed-matmul kernels are plain
-    JIT functions launched once or more per uncaptured training step."""
+    JIT functions launched once or more per uncaptured training step. On an H200's host
+    (the two ways interleaved in one process, 88555aa) a Reddit2-sized loss and its
+    gradient, two launches, took 696-715 us of host time against 851; dropout's one
+    launch 26.7-29.3 against 29.5, within the host's noise."""
     try:
         per_kwargs = kernel.__dict__.setdefault(_PLAIN, {})
         key = tuple(kwargs.items())
