@@ -93,11 +93,10 @@ from common import (device_names, environment, fmt, free_memory, load_results, l
 
 DATASETS = tuple(TYPED_PRESETS)          # smallest first
 MODELS = ("rgcn", "hgt")
-FRAMEWORKS = {"rgcn": ("gnnfuse", "gnnfuse-train-rows", "pyg-rgcn", "pyg-fastrgcn", "graphiler-udf"),
+TRAIN_ROWS = "gnnfuse-train-rows"      # R-GCN's second layer on the rows its loss reads (`TrainRows`)
+FRAMEWORKS = {"rgcn": ("gnnfuse", TRAIN_ROWS, "pyg-rgcn", "pyg-fastrgcn", "graphiler-udf"),
               "hgt": ("gnnfuse", "gnnfuse-linear-head", "pyg-hgt", "graphiler-udf")}
-GNNFUSE_FRAMEWORKS = ("gnnfuse", "gnnfuse-linear-head", "gnnfuse-train-rows", "graphiler-udf")   # compiled by gnnfuse
-# R-GCN whose second layer computes only the rows the loss reads (`TrainRows`)
-TRAIN_ROWS = "gnnfuse-train-rows"
+GNNFUSE_FRAMEWORKS = ("gnnfuse", "gnnfuse-linear-head", TRAIN_ROWS, "graphiler-udf")   # steps compiled by gnnfuse
 FUSED_HEAD = ("gnnfuse", "graphiler-udf")            # HGT's classifier and loss by linear_cross_entropy
 PYG = {"rgcn": ("pyg-rgcn", "pyg-fastrgcn"), "hgt": ("pyg-hgt",)}
 
@@ -229,9 +228,9 @@ class GraphilerHGTConv(gnnfuse.nn.HGTConv):
 
 class TrainRows(nn.Module):
     """`TwoRelational`'s R-GCN (same parameters), its second layer computed only for the
-    training vertices: a bipartite layer over their in-edges
-    (`gnnfuse.graph.in_edges_block`) from every vertex's hidden row, so its output is [training vertices, classes] in ``train_idx``
-    order -- ``out[train_idx]`` of the whole model, the same loss and gradients, without
+    training vertices: a bipartite layer over their in-edges (`gnnfuse.graph.in_edges_block`)
+    from every vertex's hidden row, so its output is [training vertices, classes] in
+    ``train_idx`` order -- ``out[train_idx]`` of the whole model, the same loss and gradients, without
     the [N, classes] output and its gradient that no loss term reads (at mag's size 2.7
     GB each). Why a separate cell: PyG's R-GCN step, and gnnfuse's own, compute every
     row; this is what a user who knows that can write with gnnfuse's layers."""
@@ -243,7 +242,7 @@ class TrainRows(nn.Module):
 
     def prepare(self, data: TypedData) -> None:
         """The training vertices' in-edges as a graph from every vertex to them, built once
-        per cell (it reads a mask's size back, which a captured step must not)."""
+        per cell (it reads the edge count back, which a captured step must not)."""
         self.block = in_edges_block(data.graph, data.train_idx)
 
     def forward(self, data: TypedData) -> torch.Tensor:
@@ -473,7 +472,7 @@ def render_markdown(results: dict[str, Any]) -> str:
              "20261129T042437Z, F.cross_entropy(out[train], y[train]) before); "
              f"{TRAIN_ROWS} = gnnfuse's R-GCN with its second layer computed for the training vertices only "
              "(a bipartite layer over their in-edges, output [train, classes]: the same loss and gradients, "
-             "bench_hetero.TrainRows), from run 20261129T19 on; "
+             "bench_hetero.TrainRows), from run 20261129T182259Z on; "
              "UDF / nn = Graphiler's R-GCN UDF compiled by gnnfuse / gnnfuse.nn.RGCNConv; max rel err = worst "
              f"eval-mode forward difference from PyG over the frameworks (flagged above {REL_ERR_LIMIT:g}). "
              "Data: gnnfuse.data.typed presets. See benchmarks/bench_hetero.py.", "",
