@@ -29,7 +29,7 @@ def in_edges_block(graph: Graph, rows: torch.Tensor, *, return_edge_ids: bool = 
     twice gets its in-edges twice. Edge types come along; the edges are grouped by
     destination, each row's in their original order. With ``return_edge_ids`` also the
     original id of each edge, to select edge features with. Built once per set of rows:
-    it reads the edge count back from the device."""
+    it reads the edge count back from the device, and caches nothing on ``graph``."""
     if not isinstance(rows, torch.Tensor):
         raise TypeError(f"rows must be a tensor of destination ids or a boolean mask, got {type(rows).__name__}")
     rows = rows.to(graph.device)
@@ -43,15 +43,19 @@ def in_edges_block(graph: Graph, rows: torch.Tensor, *, return_edge_ids: bool = 
                          f"{tuple(rows.shape)} {rows.dtype}")
     rows = rows.long()
     check_ids("rows", rows, graph.num_nodes, "num_nodes")
-    rowptr, _, eid = graph.csr()
-    start = rowptr[rows].long()
-    counts = rowptr[rows + 1].long() - start
+    # the destination grouping made here and let go: `Graph.csr` would keep its edge ids
+    # on ``graph`` for good (84 MB on a mag-sized graph) for a block built once
+    src, dst = graph._endpoints(keep=False)
+    eid = torch.sort(dst, stable=True).indices
+    rowptr = torch.zeros(graph.num_nodes + 1, dtype=torch.long, device=dst.device)
+    torch.cumsum(torch.bincount(dst, minlength=graph.num_nodes), 0, out=rowptr[1:])
+    start = rowptr[rows]
+    counts = rowptr[rows + 1] - start
     total = int(counts.sum())
     position = torch.repeat_interleave(torch.arange(rows.numel(), device=rows.device), counts, output_size=total)
     first = torch.cumsum(counts, 0) - counts             # each chosen row's first slot in the block
     slot = torch.arange(total, device=rows.device) - first[position] + start[position]
-    edges = eid[slot].long()
-    src, _ = graph.coo()
+    edges = eid[slot]
     edge_type = graph.edge_type
     block = Graph(src[edges], position, rows.numel(), num_src_nodes=graph.num_src_nodes,
                   edge_type=None if edge_type is None else edge_type[edges], num_edge_types=graph.num_edge_types)
