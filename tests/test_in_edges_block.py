@@ -74,3 +74,28 @@ def test_bad_rows_are_refused_with_what_was_wrong(rows, error, words):
     graph = gnnfuse.Graph(torch.tensor([0, 1, 2, 3]), torch.tensor([1, 2, 3, 1]), 4)
     with pytest.raises(error, match=words.replace("(", r"\(").replace(")", r"\)")):
         in_edges_block(graph, rows)
+
+
+def test_layers_on_the_block_give_the_full_layers_rows_and_self_loops_are_refused():
+    """SAGEConv reads its own-vertex term from the destination features it is given, so it
+    runs on a block as it is; GATConv adds self loops, which a block refuses (its
+    destination i is vertex rows[i], not source i) with the way round: loops added to
+    the graph first and ``add_self_loops=False``, which then equals the full layer."""
+    g = torch.Generator().manual_seed(1)
+    n, e = 24, 120
+    graph = gnnfuse.Graph(torch.randint(0, n, (e,), generator=g), torch.randint(0, n, (e,), generator=g), n)
+    rows = torch.tensor([3, 11, 3, 20])
+    x = torch.randn(n, 6, dtype=f64, generator=g)
+    sage = gnnfuse.nn.SAGEConv(6, 5).double()
+    torch.testing.assert_close(sage((x, x[rows]), in_edges_block(graph, rows)), sage(x, graph)[rows])
+    gat = gnnfuse.nn.GATConv(6, 4, heads=2).double()
+    block = in_edges_block(graph, rows)
+    for moved in (block, block.remove_self_loops(), block.to("cpu")):
+        with pytest.raises(ValueError, match="in_edges_block: its destination i is vertex rows"):
+            gat((x, x[rows]), moved)
+    looped = in_edges_block(graph.remove_self_loops().add_self_loops(), rows)
+    gat.add_self_loops = False
+    ours = gat((x, x[rows]), looped)
+    gat.add_self_loops = True
+    torch.testing.assert_close(ours, gat(x, graph)[rows])
+    assert block.reverse().add_self_loops().num_edges == block.num_edges + min(n, rows.numel())

@@ -113,6 +113,8 @@ class Graph:
         self._cache: dict[str, Any] = {}
         self._builders: dict[str, Callable[[Graph], Any]] = {}   # `build_later`'s recipes
         self._dst_grouped = False   # edges already in destination order: the CSR needs no sort
+        # an `in_edges_block`'s chosen rows: destination i is vertex rows[i], not source i
+        self._dst_rows: torch.Tensor | None = None
 
     def _derive(self, src: torch.Tensor, dst: torch.Tensor, edge_type: torch.Tensor | None,
                 num_edge_types: int | None = None) -> Graph:
@@ -121,6 +123,7 @@ class Graph:
         g._init(src, dst, self._num_nodes, edge_type,
                 self._num_edge_types if num_edge_types is None else num_edge_types,
                 self._node_type, self._num_node_types, self._num_src)
+        g._dst_rows = self._dst_rows
         return g
 
     def _lazily(self, keep: torch.Tensor | None, loops: int) -> Graph:
@@ -144,7 +147,7 @@ class Graph:
     def _lazy_graph(self, recipe: _LazyEdges) -> Graph:
         g = Graph.__new__(Graph)
         g._init(None, None, self._num_nodes, None, None, self._node_type, self._num_node_types, self._num_src)
-        g._edges, g._lazy = None, recipe
+        g._edges, g._lazy, g._dst_rows = None, recipe, self._dst_rows
         return g
 
     def _endpoints(self, keep: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -428,6 +431,7 @@ class Graph:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self.__dict__.setdefault("_builders", {})       # pickled before graphs had recipes
+        self.__dict__.setdefault("_dst_rows", None)     # pickled before in_edges_block marked its blocks
 
     def build_later(self, key: str, fn: Callable[[Graph], Any]) -> None:
         """Have `cached` build ``key`` with ``fn`` when something first asks for it, in
@@ -515,6 +519,7 @@ class Graph:
         g = Graph.__new__(Graph)
         g._init(move(self._src), move(self._dst), self._num_nodes, move(self._edge_type),
                 self._num_edge_types, move(self._node_type), self._num_node_types, self._num_src)
+        g._dst_rows = move(self._dst_rows)
         return g
 
     def add_self_loops(self, loop_type: int | None = None) -> Graph:
@@ -526,6 +531,11 @@ class Graph:
         On a bipartite graph, as PyG's attention layers do there, source i gets an edge to
         destination i for every i below both vertex counts.
         """
+        if self._dst_rows is not None:
+            raise ValueError("add_self_loops on a graph from in_edges_block: its destination i is vertex rows[i], "
+                             "not source i, so a loop i -> i would join the wrong vertices. Add the loops to the whole "
+                             "graph first (in_edges_block(graph.add_self_loops(), rows)) and pass "
+                             "add_self_loops=False to the layer")
         count = min(self._num_nodes, self.num_src_nodes)
         if self._edge_type is None:
             if loop_type is not None:
@@ -555,6 +565,7 @@ class Graph:
         """Every edge flipped; edge ids (and types) unchanged. A bipartite graph's
         vertex sets swap roles."""
         g = self._derive(self._dst, self._src, self._edge_type)
+        g._dst_rows = None          # its destinations are the sources, which keep their ids
         if self.is_bipartite:
             g._num_nodes, g._num_src = self._num_src, self._num_nodes
         return g

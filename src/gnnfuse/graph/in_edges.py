@@ -29,7 +29,14 @@ def in_edges_block(graph: Graph, rows: torch.Tensor, *, return_edge_ids: bool = 
     twice gets its in-edges twice. Edge types come along; the edges are grouped by
     destination, each row's in their original order. With ``return_edge_ids`` also the
     original id of each edge, to select edge features with. Built once per set of rows:
-    it reads the edge count back from the device, and caches nothing on ``graph``."""
+    it reads the edge count back from the device, and caches nothing on ``graph``.
+
+    A layer on the block equals the whole graph's layer at ``rows`` where its own-vertex
+    term reads the destination features it is given (RGCNConv's root, SAGEConv's
+    ``lin_r``) and it normalizes by destination degrees only (mean, softmax over in-edges).
+    Self loops cannot be added to a block (PyG's bipartite loops join source ``i`` to
+    destination ``i``, here vertex ``rows[i]``): add them to the graph before the block is
+    made and pass ``add_self_loops=False``, as the error says."""
     if not isinstance(rows, torch.Tensor):
         raise TypeError(f"rows must be a tensor of destination ids or a boolean mask, got {type(rows).__name__}")
     rows = rows.to(graph.device)
@@ -59,4 +66,5 @@ def in_edges_block(graph: Graph, rows: torch.Tensor, *, return_edge_ids: bool = 
     edge_type = graph.edge_type
     block = Graph(src[edges], position, rows.numel(), num_src_nodes=graph.num_src_nodes,
                   edge_type=None if edge_type is None else edge_type[edges], num_edge_types=graph.num_edge_types)
+    block._dst_rows = rows     # `Graph.add_self_loops` refuses it: loops i -> i would join the wrong vertices
     return (block, edges) if return_edge_ids else block
