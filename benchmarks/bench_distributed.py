@@ -89,11 +89,12 @@ def rank_main(local_rank: int, world: int, port: int, args: argparse.Namespace, 
                                   seed=args.seed, drop_last=True) if world > 1 else None)
     loader = NeighborLoader(graph, args.fanout, args.batch_size, input_nodes=train_idx, shuffle=sampler is None,
                             sampler=sampler, x=x, y=dataset.y.to(device), device=device, prefetch=args.prefetch,
-                            num_workers=args.num_workers, static_shapes=args.cuda_graph,
+                            prefetch_threads=args.prefetch_threads, num_workers=args.num_workers,
+                            static_shapes=args.cuda_graph,
                             deferred=args.cuda_graph and args.deferred)
     times = loader.stage_times
     captured = None
-    if args.cuda_graph:
+    if args.cuda_graph and not args.loader_alone:
         # DDP's hooks are not replayable (gnnfuse.distributed.gradients): ranks start from
         # rank 0's weights and the step averages its gradients in one all-reduce -- the
         # step `gnnfuse train --cuda-graph on` replays on each rank
@@ -111,13 +112,14 @@ def rank_main(local_rank: int, world: int, port: int, args: argparse.Namespace, 
             if store is not None:
                 with times.timing("lookup", stream_sync(device)):
                     features = store.gather(batch.n_id)
-            step_begin = time.perf_counter()
-            if captured is not None:
-                step = lambda: captured(batch)  # noqa: E731
-            else:
-                step = lambda: train_step(step_model, optimizer, features, batch.blocks, batch.y, batch.batch_size)  # noqa: E731
-            clock.run(step) if clock is not None else step()
-            times.add("compute", time.perf_counter() - step_begin)
+            if not args.loader_alone:
+                step_begin = time.perf_counter()
+                if captured is not None:
+                    step = lambda: captured(batch)  # noqa: E731
+                else:
+                    step = lambda: train_step(step_model, optimizer, features, batch.blocks, batch.y, batch.batch_size)  # noqa: E731
+                clock.run(step) if clock is not None else step()
+                times.add("compute", time.perf_counter() - step_begin)
             count += 1
             if batches is not None and count >= batches:
                 break
@@ -220,10 +222,14 @@ def replays(rank: dict[str, Any]) -> str:
 
 def markdown(results: dict[str, Any]) -> str:
     config, env = results["config"], results.get("environment", {})
+    threads = config.get("prefetch_threads", 1)
+    threads = f", {threads} loader threads per rank" if threads > 1 else ""
     lines = ["# Data-parallel mini-batch training (GraphSAGE, DDP)", "",
              f"{config['dataset']}, {len(config['fanout'])} layers hidden {config['hidden']}, fanouts "
              f"{','.join(map(str, config['fanout']))}, batch {config['batch_size']} per rank, features "
              f"{config['features']}, {config.get('num_workers') or 'no'} loader workers per rank"
+             f"{threads}"
+             f"{', the loaders alone (no training step)' if config.get('loader_alone') else ''}"
              f"{', steps replayed from CUDA graphs (gradients averaged in them)' if config.get('cuda_graph') else ''}; "
              f"{env.get('device_name')}, torch {env.get('torch')}, commit "
              f"{(env.get('git_commit') or 'unknown')[:12]}{' (dirty)' if env.get('git_dirty') else ''}, "
@@ -280,6 +286,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--train-nodes", type=int, help="training seeds per epoch (default: ogbn-products' "
                         f"{PRODUCTS_TRAIN_NODES:,} for products-like, else the whole split; 0: the whole split)")
     parser.add_argument("--prefetch", type=int, default=2, help="batches the loader prepares ahead (default 2)")
+    parser.add_argument("--prefetch-threads", type=int, default=1,
+                        help="threads of each rank's loader preparing batches (default 1)")
+    parser.add_argument("--loader-alone", action="store_true",
+                        help="iterate each rank's loader without training: whether N ranks' loaders slow each "
+                             "other when no step shares the GPU or the host with them")
     parser.add_argument("--num-workers", type=int, default=0,
                         help="loader worker processes per rank (PyG's num_workers; default 0: a thread)")
     parser.add_argument("--cuda-graph", action="store_true",

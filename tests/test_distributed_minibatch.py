@@ -195,6 +195,23 @@ def test_the_benchmarks_replayable_steps_average_gradients_so_ranks_end_with_equ
     assert "0 / 5 (eager: CUDA graphs need" in path.with_suffix(".md").read_text()
 
 
+def test_the_benchmark_times_the_ranks_loaders_alone_with_several_threads(import_script, tmp_path):
+    """``--loader-alone``: each rank iterates its loader (here with two prefetch threads)
+    and never trains, so whether N ranks' loaders slow each other can be read apart from
+    the step; the table says so."""
+    bench = import_script(Path(__file__).resolve().parent.parent / "benchmarks", "bench_distributed")
+    path = tmp_path / "distributed_cpu.json"
+    bench.main(["--device", "cpu", "--dataset", "synthetic", "--fanout", "3,3", "--batch-size", "16", "--hidden", "8",
+                "--max-batches", "3", "--warmup", "1", "--world-sizes", "1", "--loader-alone",
+                "--prefetch-threads", "2", "--json", str(path)])
+    results = json.loads(path.read_text())
+    assert results["config"]["prefetch_threads"] == 2
+    rank, = results["worlds"]["1"]["ranks"]
+    assert rank["batches"] == 3 and rank["stages_s"]["sample"] > 0 and "cuda_graph" not in rank
+    assert rank["stages_s"]["compute"] == 0 and rank["busy_s"] == 0 and rank["step_ms"] == {}     # no step ran
+    assert "2 loader threads per rank, the loaders alone (no training step)" in path.with_suffix(".md").read_text()
+
+
 def test_several_ranks_run_data_parallel_mini_batches_with_a_fanout_else_the_partitioned_full_graph(monkeypatch):
     config = worker.training_config(25)
     assert dispatch.train_run_function(config) is None                  # one process: the plain loops
