@@ -214,3 +214,19 @@ def test_the_loader_on_fused_hops_gives_blocks_that_chain(monkeypatch, fanouts):
             pairs = zip(block.src_nodes[src].tolist(), block.src_nodes[dst].tolist())
             assert all(pair in edges for pair in pairs)
         assert torch.equal(batch.blocks[-1].src_nodes[:batch.batch_size], batch.input_id)
+
+
+def test_a_hops_four_kernels_go_through_gnnfuses_launch(monkeypatch):
+    """The hop kernels launch through `backend.triton.launch.launch`, which replays a
+    specialization without Triton's binder once launched (the loader's thread issues
+    four per hop and batch; the same block either way)."""
+    import gnnfuse.backend.triton.launch as launch_module
+    real, launched = launch_module.launch, []
+    monkeypatch.setattr(launch_module, "launch",
+                        lambda kernel, *args, **kwargs: launched.append(kernel.__name__) or real(kernel, *args, **kwargs))
+    rowptr, col = torch.tensor([0, 2, 3, 5]).to(DEVICE), torch.tensor([1, 2, 0, 0, 1]).to(DEVICE)
+    seeds = torch.tensor([0, 2]).to(DEVICE)
+    slots = sample_slots_fused(rowptr, col, seeds, 2, 7, "triton")
+    block = reindex_slots_fused(seeds, slots, 3, "triton")
+    assert launched == ["sample", "insert", "find_first", "emit"]
+    assert_same_block(block, reindex_slots(seeds, slots, 3))

@@ -128,9 +128,11 @@ def sample_slots_fused(rowptr: torch.Tensor, col: torch.Tensor, seeds: torch.Ten
                              f"sampling CSR ({num_nodes} rows, {col.numel()} column entries){row}")
     elif num_dst:
         import triton
-        _kernels()[0][(triton.cdiv(num_dst, _ROWS),)](
-            rowptr, col, seeds, num_dst, seed, src, eid, count, num_nodes,
-            K=fanout, KP=triton.next_power_of_2(fanout), ROWS=_ROWS)
+
+        from ..backend.triton.launch import launch
+        launch(_kernels()[0], (triton.cdiv(num_dst, _ROWS),), (),
+               (rowptr, col, seeds, num_dst, seed, src, eid, count, num_nodes),
+               {"K": fanout, "KP": triton.next_power_of_2(fanout), "ROWS": _ROWS})
     rowptr_out = torch.zeros(num_dst + 1, dtype=torch.int64, device=device)
     torch.cumsum(count, 0, out=rowptr_out[1:])
     return Slots(src, eid, src != num_nodes, count, rowptr_out, fanout)
@@ -146,6 +148,8 @@ def reindex_slots_fused(seeds: torch.Tensor, slots: Slots, num_nodes: int, engin
     if _engine(seeds.device, engine) == "numba":
         return _reindex_numba(seeds, slots, num_nodes)
     import triton
+
+    from ..backend.triton.launch import launch
     _, insert, find_first, emit = _kernels()
     device, num_dst = seeds.device, seeds.numel()
     num_all = num_dst + slots.src.numel()
@@ -157,10 +161,10 @@ def reindex_slots_fused(seeds: torch.Tensor, slots: Slots, num_nodes: int, engin
     is_first = torch.empty(num_all, dtype=torch.int64, device=device)
     grid = (triton.cdiv(num_all, _POSITIONS),)
     if num_all:
-        insert[grid](seeds, slots.src, num_dst, num_all, num_nodes, keys, first_of, size - 1, SPARE=_SPARE,
-                     POSITIONS=_POSITIONS)
-        find_first[grid](seeds, slots.src, num_dst, num_all, num_nodes, keys, first_of, first_pos, is_first,
-                         size - 1, POSITIONS=_POSITIONS)
+        launch(insert, grid, (), (seeds, slots.src, num_dst, num_all, num_nodes, keys, first_of, size - 1),
+               {"SPARE": _SPARE, "POSITIONS": _POSITIONS})
+        launch(find_first, grid, (), (seeds, slots.src, num_dst, num_all, num_nodes, keys, first_of, first_pos,
+                                      is_first, size - 1), {"POSITIONS": _POSITIONS})
     numbered = torch.cumsum(is_first, 0)
     edges_bound = slots.src.numel()
     local_src = torch.empty(edges_bound, dtype=torch.int64, device=device)
@@ -169,8 +173,9 @@ def reindex_slots_fused(seeds: torch.Tensor, slots: Slots, num_nodes: int, engin
     nodes = torch.empty(num_all, dtype=seeds.dtype, device=device)
     out_degrees = torch.zeros(num_all, dtype=torch.int64, device=device)
     if num_all:
-        emit[grid](seeds, slots.src, slots.eid, num_dst, num_all, num_nodes, first_pos, numbered, slots.count,
-                   slots.rowptr, local_src, dst, eid, nodes, out_degrees, K=slots.width, POSITIONS=_POSITIONS)
+        launch(emit, grid, (), (seeds, slots.src, slots.eid, num_dst, num_all, num_nodes, first_pos, numbered,
+                                slots.count, slots.rowptr, local_src, dst, eid, nodes, out_degrees),
+               {"K": slots.width, "POSITIONS": _POSITIONS})
     distinct_now = numbered[-1] if num_all else numbered.new_zeros(())
     edges, distinct, most, unread_dst = read_hop_counts(slots.rowptr, distinct_now, out_degrees, num_dst)
     return SampledBlock(slots.rowptr, local_src[:edges], dst[:edges], eid[:edges], nodes[:distinct],

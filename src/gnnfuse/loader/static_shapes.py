@@ -134,14 +134,15 @@ def pad_block(hop: SampledBlock, num_src: int, num_dst: int, num_edges: int, eng
 def _pad_block_triton(hop: SampledBlock, num_src: int, num_dst: int, num_edges: int) -> SampledBlock:
     import triton
 
+    from ..backend.triton.launch import launch
     from .pad_triton import BLOCK, pad_block as kernel
     outs = [torch.empty(size, dtype=t.dtype, device=t.device) for size, t in (
         (num_dst + 1, hop.rowptr), (num_edges, hop.local_src), (num_edges, hop.dst), (num_src, hop.out_degrees),
         (num_src, hop.nodes), (num_dst, hop.unread_dst))]
     grid = (triton.cdiv(max(num_edges, num_src, num_dst + 1), BLOCK),)
-    kernel[grid](hop.rowptr, hop.local_src, hop.dst, hop.out_degrees, hop.nodes, hop.unread_dst, *outs,
-                 hop.rowptr.numel() - 1, hop.local_src.numel(), hop.nodes.numel(), hop.unread_dst.numel(),
-                 num_dst, num_edges, num_src, BLOCK=BLOCK)
+    launch(kernel, grid, (), (hop.rowptr, hop.local_src, hop.dst, hop.out_degrees, hop.nodes, hop.unread_dst, *outs,
+                              hop.rowptr.numel() - 1, hop.local_src.numel(), hop.nodes.numel(),
+                              hop.unread_dst.numel(), num_dst, num_edges, num_src), {"BLOCK": BLOCK})
     rowptr, local_src, dst, out_degrees, nodes, unread = outs
     return SampledBlock(rowptr, local_src, dst, hop.eid, nodes, out_degrees, hop.max_out_degree, unread)
 

@@ -51,10 +51,12 @@ def gather_rows(table: torch.Tensor, ids: torch.Tensor, out: torch.Tensor) -> to
     """``out[i] = table[ids[i]]`` by the kernel; ``table`` is contiguous, pinned host
     memory or on ``out``'s device (what the tests run under Triton's interpreter)."""
     import triton
+
+    from ..backend.triton.launch import launch
     width = math.prod(table.shape[1:])
     if ids.numel() and width:
-        _kernel()[(triton.cdiv(ids.numel(), _BLOCK_ROWS),)](
-            table, ids, out, ids.numel(), width, BLOCK_R=_BLOCK_ROWS, BLOCK_F=min(triton.next_power_of_2(width), 128))
+        launch(_kernel(), (triton.cdiv(ids.numel(), _BLOCK_ROWS),), (), (table, ids, out, ids.numel(), width),
+               {"BLOCK_R": _BLOCK_ROWS, "BLOCK_F": min(triton.next_power_of_2(width), 128)})
     return out
 
 
