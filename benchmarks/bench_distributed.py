@@ -102,7 +102,7 @@ def rank_main(local_rank: int, world: int, port: int, args: argparse.Namespace, 
             broadcast_parameters(model)
         step_fn = classification_step(model, optimizer, average_gradients if world > 1 else None)
         captured = BlockStepCapture(step_fn, optimizers=[optimizer], modules=[model], mode="on",
-                                    features=loader.features)
+                                    features=loader.features, short_batches="replay")
     step_model = DistributedDataParallel(model) if world > 1 and captured is None else model
 
     def epoch(batches: int | None, clock: StepClock | None) -> int:

@@ -253,7 +253,8 @@ def gnnfuse_epoch(loader: NeighborLoader, model: nn.Module, device: torch.device
     def step(b: Any) -> None:
         train_step(model, optimizer, b.x, b.blocks, b.y, b.batch_size)
     if cuda_graph:
-        step = BlockStepCapture(step, optimizers=[optimizer], modules=[model], mode="on", features=loader.features)
+        step = BlockStepCapture(step, optimizers=[optimizer], modules=[model], mode="on", features=loader.features,
+                                short_batches="replay")
     warm_up(loader, {"gnnfuse": step}, warmup, device)
     loader.stage_times.reset()
     compute = ComputeTimer(loader.stage_times, device)      # CUDA events on the compute stream

@@ -4,7 +4,7 @@ same training as eager steps on unpadded batches.
 For each block model (SAGE, GAT; 3 layers, no dropout) and the same seeds, one run
 trains eagerly on a plain `NeighborLoader`'s batches and one through `BlockStepCapture`
 on a ``static_shapes=True`` loader's padded batches (the first steps eager, then
-replays; the epoch's last, smaller batch eager). Both loaders draw the same batches, so
+replays; the epoch's last, smaller batch replayed too, ``short_batches="replay"``). Both loaders draw the same batches, so
 per-batch losses and the final weights (SGD with momentum) must agree to float32
 summation order (the padded blocks' whole-row segments sum a row in another order than
 split ones): max |loss difference| and max relative weight difference are printed with
@@ -45,7 +45,7 @@ def train(kind: str, data, args, captured: bool, dropout: float = 0.0, epochs: i
                             static_shapes=captured, deferred=deferred)
     step = classification_step(model, optimizer)
     run = BlockStepCapture(step, optimizers=[optimizer], modules=[model], mode="on",
-                           features=loader.features) if captured else step
+                           features=loader.features, short_batches="replay") if captured else step
     torch.manual_seed(1)
     losses = [float(run(batch)) for _ in range(epochs) for batch in loader]
     return losses, [p.detach().clone() for p in model.parameters()], run

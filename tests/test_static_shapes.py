@@ -201,6 +201,36 @@ def test_replayed_steps_train_as_eager_steps_on_plain_batches(data):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
 
 
+def test_the_epochs_short_last_batch_replays_when_the_step_says_its_loss_ignores_padded_seeds(data):
+    """``short_batches="replay"``: the last, smaller batch is copied into the static
+    batch (its labels past its seeds are IGNORE_LABEL) and replayed, with the eager
+    step's losses and weights; only the warm-up runs eagerly."""
+    eager, eager_params, _ = _training(data, False)
+    replayed, params, run = _training(data, True, short_batches="replay")
+    assert run.status == "captured" and run.replayed == len(replayed) - 3 and run.eager == 3
+    torch.testing.assert_close(torch.tensor(replayed), torch.tensor(eager), rtol=1e-9, atol=1e-12)
+    for a, b in zip(eager_params, params):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
+
+
+def test_a_short_batch_is_loaded_only_where_nothing_but_its_seed_count_differs(data):
+    batches = list(_loader(data, shuffle=True, static_shapes=True))
+    last = batches[-1]
+    assert last.batch_size < batches[0].batch_size
+    static = StaticBatch(batches[0])
+    assert "input_id" in static.load(last)                                 # the default: eager
+    assert static.load(last, short=True) is None
+    assert static.batch.batch_size == batches[0].batch_size               # the captured step's rows
+    assert torch.equal(static.batch.input_id[:last.batch_size], last.input_id)
+    assert torch.equal(static.batch.y, last.y) and bool((last.y[last.batch_size:] == IGNORE_LABEL).all())
+    other = dataclasses.replace(last, y=last.y[:-1])                     # another difference as well
+    assert "y" in str(static.load(other, short=True))
+    # captured on a short batch, a fuller one would have its later seeds cut off: refused
+    assert "input_id" in str(StaticBatch(last).load(batches[0], short=True))
+    with pytest.raises(ValueError, match="short_batches must be one of 'eager', 'replay'"):
+        BlockStepCapture(lambda batch: None, short_batches="pad")
+
+
 def test_a_released_block_capture_trains_on_eagerly(data):
     """``release`` (before a data-parallel process group goes) leaves a working step."""
     _, _, run = _training(data, True)

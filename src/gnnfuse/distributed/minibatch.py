@@ -122,7 +122,8 @@ def train_distributed_minibatch_run(config: TrainConfig, spec: ModelSpec, data: 
                             num_workers=config.loader_workers, static_shapes=captured,
                             feature_device="device" if deferred else None, deferred=deferred)
     step = (BlockStepCapture(classification_step(model, optimizer, average_gradients), optimizers=[optimizer],
-                             modules=[model], mode=cuda_graph, features=loader.features) if captured else None)
+                             modules=[model], mode=cuda_graph, features=loader.features, short_batches="replay")
+            if captured else None)
     times = loader.stage_times
     compute = ComputeTimer(times, device)
     placement = _fit_placement(model, loader) if config.dkp else None

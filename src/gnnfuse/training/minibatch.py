@@ -55,7 +55,7 @@ def train_minibatch_run(config: TrainConfig, spec: ModelSpec, data: PreparedData
                             feature_device="device" if deferred else None, deferred=deferred)
     train_step = classification_step(model, optimizer)
     step = BlockStepCapture(train_step, optimizers=[optimizer], modules=[model], mode=cuda_graph,
-                            features=loader.features) if captured else train_step
+                            features=loader.features, short_batches="replay") if captured else train_step
     times = loader.stage_times
     compute = ComputeTimer(times, device)
     placement = _fit_placement(model, loader) if config.dkp else None
