@@ -4,16 +4,16 @@ same training as eager steps on unpadded batches.
 For each block model (SAGE, GAT; 3 layers, no dropout) and the same seeds, one run
 trains eagerly on a plain `NeighborLoader`'s batches and one through `BlockStepCapture`
 on a ``static_shapes=True`` loader's padded batches (the first steps eager, then
-replays; the epoch's last, smaller batch replayed too, ``short_batches="replay"``). Both loaders draw the same batches, so
-per-batch losses and the final weights (SGD with momentum) must agree to float32
-summation order (the padded blocks' whole-row segments sum a row in another order than
-split ones): max |loss difference| and max relative weight difference are printed with
-PASS/FAIL (tolerance 1e-3), and how many steps were replayed; SAGE runs on complete
-padded batches and on deferred ones (rows and layouts built in the replayed step), GAT
-on both too (its self loops on a padded block are built in fixed shapes inside the
-step, `nn.padded_loops`, and replayed). Then, with dropout 0.5, the losses
-of two consecutive epochs of replays must differ from batch to batch as an eager run's
-do (fresh masks per replay).
+replays; the epoch's last, smaller batch replayed too, ``short_batches="replay"``). Both
+loaders draw the same batches, so per-batch losses and the final weights (SGD with
+momentum) must agree to float32 summation order (the padded blocks' whole-row segments
+sum a row in another order than split ones): max |loss difference| and max relative
+weight difference are printed with PASS/FAIL (tolerance 1e-3), and how many steps were
+replayed; SAGE runs on complete padded batches and on deferred ones (rows and layouts
+built in the replayed step), GAT on both too (its self loops on a padded block are built
+in fixed shapes inside the step, `nn.padded_loops`, and replayed). Then, with dropout
+0.5, the losses of two consecutive epochs of replays must differ from batch to batch as
+an eager run's do (fresh masks per replay).
 
     python benchmarks/check_captured_minibatch.py            # power-law graph, 200k nodes, on cuda
 """

@@ -222,8 +222,11 @@ def test_a_hops_four_kernels_go_through_gnnfuses_launch(monkeypatch):
     four per hop and batch; the same block either way)."""
     import gnnfuse.backend.triton.launch as launch_module
     real, launched = launch_module.launch, []
-    monkeypatch.setattr(launch_module, "launch",
-                        lambda kernel, *args, **kwargs: launched.append(kernel.__name__) or real(kernel, *args, **kwargs))
+
+    def counted(kernel, *args, **kwargs):
+        launched.append(kernel.__name__)
+        return real(kernel, *args, **kwargs)
+    monkeypatch.setattr(launch_module, "launch", counted)
     rowptr, col = torch.tensor([0, 2, 3, 5]).to(DEVICE), torch.tensor([1, 2, 0, 0, 1]).to(DEVICE)
     seeds = torch.tensor([0, 2]).to(DEVICE)
     slots = sample_slots_fused(rowptr, col, seeds, 2, 7, "triton")
