@@ -472,10 +472,7 @@ class Graph:
         key, other, rows = (dst, src, self._num_nodes) if by == "dst" else (src, dst, self.num_src_nodes)
         dtype = self.index_dtype
         col = other if by == "dst" and self._dst_grouped else other[torch.sort(key, stable=True).indices]
-        counts = torch.bincount(key, minlength=rows)
-        rowptr = torch.zeros(rows + 1, dtype=torch.int64, device=self.device)
-        torch.cumsum(counts, 0, out=rowptr[1:])
-        return rowptr.to(dtype), col.to(dtype).contiguous()
+        return row_pointers(key, rows).to(dtype), col.to(dtype).contiguous()
 
     def _grouping_order(self, by: str) -> torch.Tensor:
         """The permutation `_group_rows` sorted the edges by, as ``eid``: after regrouping,
@@ -604,6 +601,14 @@ class Graph:
         if self._node_type is not None:
             typed += f", num_node_types={self._num_node_types}"
         return f"Graph(num_nodes={self._num_nodes}, num_edges={self.num_edges}{typed}, device={self.device})"
+
+
+def row_pointers(key: torch.Tensor, rows: int) -> torch.Tensor:
+    """int64 row pointers (``rows + 1``) of edges grouped by ``key``, their row ids: row
+    ``r``'s edges are positions ``rowptr[r]:rowptr[r + 1]`` of the grouping."""
+    rowptr = torch.zeros(rows + 1, dtype=torch.int64, device=key.device)
+    torch.cumsum(torch.bincount(key, minlength=rows), 0, out=rowptr[1:])
+    return rowptr
 
 
 def _types(kind: str, values: Any, count: int | None, length: int, unit: str,

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from .graph import Graph
+from .graph import Graph, row_pointers
 from .validate import check_ids
 
 
@@ -54,8 +54,7 @@ def in_edges_block(graph: Graph, rows: torch.Tensor, *, return_edge_ids: bool = 
     # on ``graph`` for good (84 MB on a mag-sized graph) for a block built once
     src, dst = graph._endpoints(keep=False)
     eid = graph._grouping_order("dst").long()       # no sort where the edges come grouped
-    rowptr = torch.zeros(graph.num_nodes + 1, dtype=torch.long, device=dst.device)
-    torch.cumsum(torch.bincount(dst, minlength=graph.num_nodes), 0, out=rowptr[1:])
+    rowptr = row_pointers(dst, graph.num_nodes)
     start = rowptr[rows]
     counts = rowptr[rows + 1] - start
     total = int(counts.sum())
