@@ -10,6 +10,7 @@ from hypothesis import given, settings, strategies as st
 import gnnfuse
 from gnnfuse.loader import NeighborLoader, block_graph, reindex, sample_block, sample_hop
 from gnnfuse.graph.fixed_shape import build_reverse_csr
+from gnnfuse.loader.batch_maker import rows_of
 from graph_strategies import graphs
 
 RUNS = settings(max_examples=15, deadline=None, derandomize=True, database=None)
@@ -106,6 +107,16 @@ def test_loader_blocks_chain_and_carry_the_batch(case, batch_size, seed):
             assert set(zip(src.tolist(), dst.tolist())) <= edges
         seen += batch.input_id.tolist()
     assert sorted(seen) == list(range(case.num_nodes)) and len(loader) == -(-case.num_nodes // batch_size)
+
+
+@pytest.mark.parametrize("table", [torch.arange(50) * 7, torch.arange(100)[::2], torch.randn(50, 3)],
+                         ids=["labels", "strided labels", "feature rows"])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_rows_of_a_table_are_index_selects(table, dtype):
+    """`rows_of` takes a label table's rows by ``torch.take`` (why: its docstring): the
+    same values as ``index_select`` for every table and id type the loader reads."""
+    ids = torch.tensor([3, 0, 49, 3, 17], dtype=dtype)
+    assert torch.equal(rows_of(table, ids), table.index_select(0, ids))
 
 
 def test_loader_reads_a_pyg_data_and_input_mask():
