@@ -9,6 +9,12 @@ output and the bound launch, which leaves split rows unzeroed: timing only), the
 the output zeroed, the whole gnnfuse call and ``torch.sparse.mm``; then each one's
 latency measured as `bench_aggregate` does, and the kernels' GPU times (torch.profiler).
 
+Host time and latency are measured with the pieces taking turns (`ROUNDS` rounds of a
+few calls each), as `bench_aggregate` times its methods: the GPU machine's host runs
+2-2.5x faster or slower within a process, and timed one piece after another (this
+script's first version) a slow spell landed on one piece. That version put gnnfuse's own
+host time at an arxiv-sized F = 1 at 8 us; in turns it reads 21-31 us.
+
     PYTHONPATH=src:benchmarks python benchmarks/launch_floor.py --out benchmarks/results
 """
 from __future__ import annotations
@@ -23,23 +29,38 @@ import torch
 
 import gnnfuse.backend.triton.prepared_run as prepared_run
 from bench_aggregate import build_operands, neighbour_sum
-from gnnfuse.bench.timing import summarize, time_calls
+from common import environment
+from gnnfuse.bench.timing import time_calls
 from gnnfuse.data import load_dataset
 
 
-def host_us(fn, calls: int = 1500) -> float:
-    """Median host time of ``fn`` in microseconds, each call after a synchronize."""
+ROUNDS = 40      # rounds in which every piece takes its turn
+
+
+def host_times(fn, calls: int) -> list[float]:
+    """Host time of each of ``calls`` calls of ``fn`` in microseconds, each after a synchronize."""
     times = []
     for _ in range(calls):
         torch.cuda.synchronize()
         begin = time.perf_counter()
         fn()
         times.append((time.perf_counter() - begin) * 1e6)
-    return round(statistics.median(times), 1)
+    return times
 
 
-def latency_us(fn, device: torch.device, calls: int = 400) -> float:
-    return round(summarize(time_calls(fn, calls, device))["median_ms"] * 1e3, 1)
+def in_turns(pieces: dict, measure, calls: int) -> dict[str, float]:
+    """Median of ``measure(fn, calls_per_round)`` (a list of microseconds) per piece, over
+    `ROUNDS` rounds in which the pieces take turns."""
+    times: dict[str, list[float]] = {name: [] for name in pieces}
+    per_round = max(1, calls // ROUNDS)
+    for _ in range(ROUNDS):
+        for name, fn in pieces.items():
+            times[name] += measure(fn, per_round)
+    return {name: round(statistics.median(t), 1) for name, t in times.items()}
+
+
+def latency_times(device: torch.device):
+    return lambda fn, calls: [ms * 1e3 for ms in time_calls(fn, calls, device)]
 
 
 def kernel_us(fn, calls: int = 50) -> dict[str, float]:
@@ -92,9 +113,9 @@ def measure(name: str, width: int, device: torch.device) -> dict:
               "bound_launch": lambda: bound((ready, *extra, x)),
               "floor_empty": floor_empty, "floor_zeros": floor_zeros, "gnnfuse": ours, "sparse_mm": sparse}
     return {"graph": name, "features": width, "output_zeroed": bool(plan.zeros), "workspace": extra != (),
-            "host_us": {k: host_us(fn) for k, fn in pieces.items()},
-            "latency_us": {k: latency_us(pieces[k], device) for k in ("floor_empty", "floor_zeros", "gnnfuse",
-                                                                       "sparse_mm")},
+            "host_us": in_turns(pieces, host_times, 1600),
+            "latency_us": in_turns({k: pieces[k] for k in ("floor_empty", "floor_zeros", "gnnfuse", "sparse_mm")},
+                                   latency_times(device), 400),
             "kernels_us": {"gnnfuse": kernel_us(ours), "sparse_mm": kernel_us(sparse)}}
 
 
@@ -109,6 +130,7 @@ def main() -> None:
         print(json.dumps(row), flush=True)
     if args.out is not None:
         (args.out / "launch_floor.json").write_text(json.dumps({"device": torch.cuda.get_device_name(),
+                                                                "environment": environment(device),
                                                                 "rows": rows}, indent=1))
 
 
