@@ -242,6 +242,32 @@ def test_launch_metadata_is_built_only_for_an_enter_hook(fake_triton):
     assert compiled.hooks == ("meta", hooked.append, None) and compiled.runs[-1][2][:4] == args
 
 
+def test_empty_hook_chains_are_passed_as_no_hooks(fake_triton, monkeypatch):
+    """Triton 3.6 keeps each launch hook as a ``HookChain``, never None: an empty chain
+    goes to the launcher as None, with no metadata built; a chain with a hook (a
+    profiler's) goes as it is, with the metadata, and the hook sees the launch."""
+    chain = pytest.importorskip("triton.knobs").HookChain
+    monkeypatch.setattr(direct_launch, "_HOOK_CHAIN", chain)
+    enter, leave = chain(), chain(reversed=True)
+    direct_launch.knobs.runtime.launch_enter_hook = enter
+    direct_launch.knobs.runtime.launch_exit_hook = leave
+    fn = JitFunction()
+    replays = Replays(fn, {"BLOCK": 16})
+    args = (torch.zeros(64), torch.zeros(64), 64, 7)
+    replays(grid, args)
+    (compiled,) = fn.compiled.values()
+    asked = []
+    compiled.launch_metadata = lambda grid_, stream, *values: asked.append(values) or "meta"
+    replays(grid, args)
+    assert not asked and compiled.hooks == (None, None, None)
+    seen = []
+    enter.add(seen.append)
+    replays(grid, args)
+    assert len(asked) == 1 and compiled.hooks == ("meta", enter, None)
+    compiled.hooks[1](compiled.hooks[0])        # what the launcher does with them
+    assert seen == ["meta"]
+
+
 class _Tuner:
     """An autotuner over a stand-in JIT function: what `launch` reads of one, nothing more."""
 

@@ -200,6 +200,40 @@ def test_a_prepared_call_keeps_its_graph_only_weakly(full_path):
     assert dead == [True], "a prepared call kept its graph (and the graph's layouts) alive"
 
 
+def test_a_one_input_call_launches_its_held_plan_and_declines_as_the_general_run_would(full_path, monkeypatch):
+    """A prepared call of a one-input, one-unit program (the neighbour sum) is served by
+    the backend's `run_one`, never reaching the general `run`; a two-input program is
+    served by `run`. Where the one-input call meets a plan held for float32 leaves
+    (another program's run on the graph made it), `run_one` declines and `run` decides."""
+    from gnnfuse.backend.triton import prepared_run
+    general = []
+    real = prepared_run.PreparedRun.run
+    monkeypatch.setattr(prepared_run.PreparedRun, "run",
+                        lambda self, graph, feeds: general.append(tuple(feeds)) or real(self, graph, feeds))
+    graph = _graph(device=DEVICE)
+    for _ in range(2):      # the second full call's backend run is a prepared one: `run`
+        _call(graph, _inputs(graph), full_path, full=True)
+    general.clear()
+    for seed in range(2, 5):
+        _call(graph, _inputs(graph, seed=seed), full_path, full=False)
+    assert not general, "a one-input prepared call went through the general run"
+    h, w = _inputs(graph), _inputs(graph, width=1, seed=9)
+    for _ in range(3):
+        out = _scaled_sum(graph, {"h": h, "w": w})
+    torch.testing.assert_close(out, torch.zeros_like(h).index_add_(0, graph.dst, h[graph.src] * w[graph.src]) * w,
+                               rtol=1e-12, atol=1e-12)
+    assert general, "the two-input program's prepared call did not run"
+    prepared = _neighbour_sum.compiled(({"h": h}, {}, {}, {}))[0].prepared
+    run = prepared._run_one.__self__
+    unit = run._lone[0]
+    dtypes, plan = run._launches[id(unit)]
+    run._launches[id(unit)] = ((torch.float32,), plan)
+    assert run.run_one(graph, h) is None
+    general.clear()
+    _call(graph, h, full_path, full=False)
+    assert general == [("h",)]
+
+
 def test_a_two_input_program_with_split_rows_matches_through_the_prepared_call(full_path, monkeypatch):
     """A scaled sum (two inputs, a fused epilogue) on a hub row split into segments,
     called until it runs prepared: its split rows meet in the plan's workspace, so no

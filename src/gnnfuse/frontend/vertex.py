@@ -333,13 +333,15 @@ class VertexFunction:
                  e_feature: Mapping[str, torch.Tensor] | None = None, *,
                  etype_feature: Mapping[str, torch.Tensor] | None = None,
                  ntype_feature: Mapping[str, torch.Tensor] | None = None):
-        tables = (v_feature, e_feature or {}, etype_feature or {}, ntype_feature or {})
-        if torch.compiler.is_compiling():
-            return _unwrapped(call_compiled(self.udf_key, graph, tables, lambda: self._run(graph, tables)))
-        if e_feature is None and etype_feature is None and ntype_feature is None:
+        compiling = torch.compiler.is_compiling()
+        if e_feature is None and etype_feature is None and ntype_feature is None and not compiling:
+            # a repeat first, before building the tables it does not read
             outputs = self._repeats(graph, v_feature)
             if outputs is not None:
                 return _unwrapped(outputs)
+        tables = (v_feature, e_feature or {}, etype_feature or {}, ntype_feature or {})
+        if compiling:
+            return _unwrapped(call_compiled(self.udf_key, graph, tables, lambda: self._run(graph, tables)))
         return _unwrapped(self._run(graph, tables))
 
     def _run(self, graph: Graph | Any, tables: tuple[Mapping[str, torch.Tensor], ...]) -> dict[str, torch.Tensor]:

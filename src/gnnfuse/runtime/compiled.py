@@ -131,7 +131,7 @@ class CompiledProgram:
             return      # whether it runs on the pair graph depends on more than the prepared call checks
         run = preparer(backend_name(graph.device.type == "cuda"))
         if run is not None:
-            self.prepared = PreparedCall(graph, self._input_keys, tensors, run(self.program, graph).run, _RECORDERS)
+            self.prepared = PreparedCall(graph, self._input_keys, tensors, run(self.program, graph), _RECORDERS)
 
     def _run_on_pairs(self, graph: Graph, feeds: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Run the pair-graph form of the program (passes/pair_sources.py): its pair

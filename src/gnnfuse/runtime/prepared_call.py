@@ -36,11 +36,14 @@ class PreparedCall:
 
     def __init__(self, graph: Graph, keys: tuple[str, ...], tensors: list[torch.Tensor],
                  run: Any, recorders: list) -> None:
+        """``run``: the backend's prepared run for ``graph`` (`preparer`'s), with ``run(graph,
+        feeds)`` and, for a program of one input, ``run_one(graph, tensor)``."""
         self._graph = weakref.ref(graph)
         self._keys = keys
         self._metas = tuple([(t.dtype, t.device) for t in tensors])     # shapes: the backend's run checks them
         self._variables = tuple([(name, getenv(name)) for name in BACKEND_VARIABLES])
-        self._run = run
+        self._run = run.run
+        self._run_one = run.run_one if len(keys) == 1 else None
         self._recorders = recorders
 
     @property
@@ -61,6 +64,10 @@ class PreparedCall:
             if (not isinstance(t, torch.Tensor) or t.dtype != dtype or t.device != device
                     or t.layout is not torch.strided or (grad and t.requires_grad)):
                 return None
+        if self._run_one is not None:       # one input: ``t``, checked
+            outputs = self._run_one(graph, t)
+            if outputs is not None:
+                return outputs
         result = self._run(graph, feeds)
         return None if result is None else result[0]
 

@@ -48,6 +48,10 @@ class PreparedRun:
                               input_shapes(program, TritonGraphContext(graph))])
         self._outputs = tuple([(key, value.id) for key, value in program.outputs.items()])
         self._single = self._single_route()
+        self._num_edges = graph.num_edges
+        # (the unit, its one input's value id and shape, the output's key) where `run_one` serves
+        self._lone = None if self._single is None or len(self._single[1]) != 1 else \
+            (self._single[0], self._single[1][0][1], self._single[1][0][2], self._single[2])
         # id(unit) -> (the leaves' dtypes, the unit's launch plan under self.settings), or _OTHER_KIND.
         # A plan holds the graph's index arrays: they go when the graph does, not with self
         # (which a program keeps until its next run on another graph).
@@ -61,7 +65,7 @@ class PreparedRun:
         the settings now are not those it was prepared under."""
         if self._graph() is not graph:
             return None
-        settings = run_settings(graph.num_edges)
+        settings = run_settings(self._num_edges)
         if settings != self.settings:
             return None
         single = self._single
@@ -79,6 +83,25 @@ class PreparedRun:
             env[value_id] = t
         return run_with_environment(settings[1], run_steps, self._program, self._steps, TritonGraphContext(graph),
                                     env, self._keep, self._run_unit)
+
+    def run_one(self, graph: Graph, tensor: torch.Tensor) -> dict[str, torch.Tensor] | None:
+        """`run`'s outputs (not the kept values: an inference call keeps nothing for a
+        backward) for a program of one input that launches one held plan (an inference
+        call of a neighbour sum), fed ``tensor`` (checked by the caller to be a dense
+        tensor on the plan's device), or None where `run` must decide (another program, no
+        plan held yet, another graph, shape, dtype or settings). The same checks as `run`
+        and `_run_single`, without their feeds dict, kept values or pair of result dicts:
+        on the H200's host the prepared run was 12.6 us of a launched arxiv-sized
+        neighbour sum's 65."""
+        lone = self._lone
+        if lone is None or self._graph() is not graph:
+            return None
+        unit, value_id, shape, out_key = lone
+        held = self._launches.get(id(unit))
+        if (held is None or held is _OTHER_KIND or tensor.dtype != held[0][0] or tensor.shape != shape
+                or run_settings(self._num_edges) != self.settings):
+            return None
+        return {out_key: run_launch(held[1], {value_id: tensor})}
 
     def _single_route(self) -> tuple | None:
         """How a program of one fused unit (a neighbour sum, GCN's aggregation) runs straight
