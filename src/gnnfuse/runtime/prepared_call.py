@@ -15,7 +15,9 @@ call, frontend/repeat_call.py, hands over tables it has not type-checked), no in
 needing a gradient while gradients are enabled, no `record_calls` block open, the
 backend's variables, and then the backend's own checks (`PreparedRun.run`: the inputs'
 shapes and its settings) -- so it computes what the full path would; otherwise the call
-takes the full path, which reports any error.
+takes the full path, which reports any error. A program of one input goes to the
+backend's `run_one` first, which makes the same checks on that one tensor and launches
+the plan it holds without `run`'s dicts, and to `run` where that declines.
 """
 from __future__ import annotations
 
