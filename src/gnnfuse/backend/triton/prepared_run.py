@@ -91,8 +91,9 @@ class PreparedRun:
         tensor on the plan's device), or None where `run` must decide (another program, no
         plan held yet, another graph, shape, dtype or settings). The same checks as `run`
         and `_run_single`, without their feeds dict, kept values or pair of result dicts:
-        on the H200's host the prepared run was 12.6 us of a launched arxiv-sized
-        neighbour sum's 65."""
+        on the H200's host (a launched arxiv-sized neighbour sum, its pieces timed in
+        turns) `run` took 4.9 us besides its launch and `run_one` 3.7, of which reading
+        the settings is 2.1."""
         lone = self._lone
         if lone is None or self._graph() is not graph:
             return None
