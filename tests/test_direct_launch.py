@@ -225,14 +225,21 @@ def test_a_bound_launch_holds_the_fixed_tensors_whose_addresses_it_passes(fake_t
     assert ref() is None
 
 
-def test_launch_metadata_is_built_only_for_an_enter_hook(fake_triton):
+def _launched_once(asked: list):
+    """(Replays after Triton's first launch of one specialization, its arguments, the
+    compiled kernel), the kernel's launch metadata requests appended to ``asked``."""
     fn = JitFunction()
     replays = Replays(fn, {"BLOCK": 16})
     args = (torch.zeros(64), torch.zeros(64), 64, 7)
     replays(grid, args)
     (compiled,) = fn.compiled.values()
-    asked = []
     compiled.launch_metadata = lambda grid_, stream, *values: asked.append(values) or "meta"
+    return replays, args, compiled
+
+
+def test_launch_metadata_is_built_only_for_an_enter_hook(fake_triton):
+    asked = []
+    replays, args, compiled = _launched_once(asked)
     replays(grid, args)
     assert not asked and compiled.hooks == (None, None, None)
     hooked = []
@@ -251,13 +258,8 @@ def test_empty_hook_chains_are_passed_as_no_hooks(fake_triton, monkeypatch):
     enter, leave = chain(), chain(reversed=True)
     direct_launch.knobs.runtime.launch_enter_hook = enter
     direct_launch.knobs.runtime.launch_exit_hook = leave
-    fn = JitFunction()
-    replays = Replays(fn, {"BLOCK": 16})
-    args = (torch.zeros(64), torch.zeros(64), 64, 7)
-    replays(grid, args)
-    (compiled,) = fn.compiled.values()
     asked = []
-    compiled.launch_metadata = lambda grid_, stream, *values: asked.append(values) or "meta"
+    replays, args, compiled = _launched_once(asked)
     replays(grid, args)
     assert not asked and compiled.hooks == (None, None, None)
     seen = []
