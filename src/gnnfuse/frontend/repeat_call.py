@@ -112,17 +112,13 @@ class RepeatCalls:
         """The outputs of the repeat whose tables had ``table``'s shapes, or None where
         there is none, it declines, or the call wants gradients (then the full path runs
         the call). Not for a call under ``torch.compile``, which its callers route apart."""
-        calls = self._calls
-        if not calls or type(table) is not dict:
+        if not self._calls or type(table) is not dict or wants_gradient(table):
             return None
-        values = table.values()
-        try:        # `wants_gradient`, inline: this runs before every repeat
-            if torch.is_grad_enabled() and any(map(_REQUIRES_GRAD, values)):
-                return None
-            shapes = tuple(map(_SHAPE, values))
+        try:
+            shapes = tuple(map(_SHAPE, table.values()))
         except AttributeError:      # a value that is no tensor: the full path reports it
             return None
-        for call in calls:
+        for call in self._calls:
             if call.shapes == shapes:
                 return call(graph, table)
         return None
