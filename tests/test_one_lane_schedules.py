@@ -169,3 +169,78 @@ def check_neighbour_sum(case, width: int) -> None:
     (grad,) = torch.autograd.grad(out.sum(), [h])
     torch.testing.assert_close(grad, torch.zeros_like(grad).index_add_(0, src, torch.ones_like(h)[dst]),
                                rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("nodes", [12, 1000])
+def test_a_scan_adds_into_the_output_its_last_run_zeroed(nodes, monkeypatch):
+    """A scan's output is the one its previous run's kernel zeroed (`executor._carried_outputs`):
+    the next output is handed over filled with NaN here, so a kernel that did not zero
+    all of it (1000 rows: each program zeroes a share of many blocks) would put NaN in
+    the next call's sums. Forward (a repeated inference call) and backward, the caller
+    writing into its results in between."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
+    low_degree(monkeypatch, "scan")
+    pairs = []
+    carried = triton_executor._carried_outputs
+
+    def spy(plan):
+        out, following = carried(plan)
+        pairs.append((out, following.fill_(float("nan"))))
+        return out, following
+    monkeypatch.setattr(triton_executor, "_carried_outputs", spy)
+    hub = hub_graph()
+    graph = gnnfuse.Graph(hub.src, hub.dst, nodes).to(DEVICE)
+    g = torch.Generator().manual_seed(5)
+    for grad in (False, False, False, True, True):
+        h = torch.randn(nodes, 1, dtype=f64, generator=g).to(DEVICE).requires_grad_(grad)
+        with torch.set_grad_enabled(grad):
+            out = LAYERS["sum"](graph, {"h": h})
+        expected = torch.zeros_like(h).index_add_(0, graph.dst, h.detach()[graph.src])
+        torch.testing.assert_close(out.detach(), expected, rtol=1e-12, atol=1e-12)
+        if grad:
+            (grad_h,) = torch.autograd.grad(out, [h], torch.ones_like(out))
+            torch.testing.assert_close(grad_h, torch.zeros_like(h).index_add_(0, graph.src, torch.ones_like(h)[graph.dst]),
+                                       rtol=1e-12, atol=1e-12)
+        out.detach().fill_(7.0)
+    # the three inference calls: each one's output is the one the last handed over
+    assert len(pairs) >= 7 and pairs[1][0] is pairs[0][1] and pairs[2][0] is pairs[1][1]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs and streams need a GPU")
+def test_gpu_a_scan_captured_or_on_two_streams_adds_into_zeros(monkeypatch):
+    """Under a CUDA graph capture a scan takes no carried output (the graph would add into
+    the same memory on every replay); on two streams each keeps its own (a stream orders
+    the zeroing kernel before the one adding into its output). Replays and alternating
+    streams give index_add's sums every time."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
+    low_degree(monkeypatch, "scan")
+    schedules = launched(monkeypatch)
+    hub = hub_graph()
+    graph = gnnfuse.Graph(hub.src, hub.dst, 1000).to("cuda")
+    g = torch.Generator().manual_seed(7)
+
+    def expected(h):
+        return torch.zeros_like(h).index_add_(0, graph.dst, h[graph.src])
+    static = torch.randn(1000, 1, dtype=f64, generator=g).cuda()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            LAYERS["sum"](graph, {"h": static})
+    torch.cuda.current_stream().wait_stream(side)
+    captured = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(captured):
+        out = LAYERS["sum"](graph, {"h": static})
+    for _ in range(3):
+        static.copy_(torch.randn(1000, 1, dtype=f64, generator=g))
+        captured.replay()
+        torch.testing.assert_close(out, expected(static), rtol=1e-12, atol=1e-12)
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    for n in range(6):
+        h = torch.randn(1000, 1, dtype=f64, generator=g).cuda()
+        streams[n % 2].wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(streams[n % 2]):
+            result = LAYERS["sum"](graph, {"h": h})
+        torch.cuda.synchronize()
+        torch.testing.assert_close(result, expected(h), rtol=1e-12, atol=1e-12)
+    assert "scan" in schedules

@@ -998,7 +998,13 @@ def generate_scan(unit: AggregateUnit, name: str, acc_dtype: str, tuned: bool = 
     with crossing rows meeting in a workspace whose last block stores them (a counter
     per row, as `generate_rows`' split rows), 18.5-25 us with the block that starts a
     row walking its rest, against 10.0 us for the same kernel leaving crossing rows
-    out and 10.5 us for this one, memset included."""
+    out and 10.5 us for this one, memset included.
+
+    So the zeros come from the kernel before: each run also zeroes ``next_out`` (its
+    programs share its ``out_numel`` elements), which the executor hands to the next
+    call on the same stream as that call's ``out`` (`executor._carried_outputs`). The
+    call then makes its output with ``torch.empty``, and no memset runs between the
+    launches; the extra stores are the output's bytes, which the memset wrote anyway."""
     op = unit.reduce.attrs["op"]
     other = "src" if unit.by == "dst" else "dst"
     em = _Emitter(unit, {"center": unit.by, "neighbour": other})
@@ -1017,11 +1023,18 @@ def _segment_add(total_a, start_a, total_b, start_b):
 
 
 {_decorator(tuned, {"BLOCK_E": _fit_tiles(SCAN_BLOCKS, em, 4, acc_dtype)}, "size_class", True, warps=(4, 8))}
-def {name}(col, rows, eid, num_edges, size_class, out, degree, {em.params()}BLOCK_E: tl.constexpr):
+def {name}(col, rows, eid, degree, num_edges, size_class, out_numel, out, next_out, {em.params()}BLOCK_E: tl.constexpr):
     # {unit.describe()}, a segmented scan over CSR-ordered edges
     ACC: tl.constexpr = {acc_dtype}
     lane = tl.arange(0, BLOCK_E)
-    e = tl.program_id(0).to(tl.int64) * BLOCK_E + lane
+    program = tl.program_id(0).to(tl.int64)
+    # this program's share of the next call's output, zeroed (see the docstring)
+    share = tl.cdiv(out_numel, tl.num_programs(0))
+    first = program * share
+    end = tl.minimum(first + share, out_numel)
+    for start in range(first, end, BLOCK_E):
+        tl.store(next_out + start + lane, tl.zeros([BLOCK_E], next_out.dtype.element_ty), mask=start + lane < end)
+    e = program * BLOCK_E + lane
     emask = e < num_edges
     f = tl.arange(0, 1)
     fmask = f < 1

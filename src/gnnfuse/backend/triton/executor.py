@@ -233,6 +233,9 @@ class _Launch(NamedTuple):
     # and the workspaces made, one per stream (`_workspace`)
     workspace: tuple | None = None
     workspaces: dict | None = None
+    # per stream, an output the last run's kernel zeroed, for the next run to add into,
+    # where the kernel takes the next output after ``out`` (`_carried_outputs`)
+    carried: dict | None = None
 
 
 def _read_environment() -> tuple:
@@ -280,12 +283,16 @@ def planned_launch(unit: Unit, graph: Any, leaves: dict[int, torch.Tensor]) -> _
 
 def run_launch(plan: _Launch, leaves: dict[int, torch.Tensor]) -> torch.Tensor:
     """A unit's output from its launch plan and the call's leaves."""
-    out = (torch.zeros if plan.zeros else torch.empty)(plan.out_shape, dtype=plan.out_dtype, device=plan.device)
+    if plan.carried is not None and plan.kernel is not None:
+        outs = _carried_outputs(plan)
+        out = outs[0]
+    else:
+        out = (torch.zeros if plan.zeros else torch.empty)(plan.out_shape, dtype=plan.out_dtype, device=plan.device)
+        outs = (out,) if plan.workspace is None else (out, *_workspace(plan))
     if plan.zero_rows is not None:
         out.index_fill_(0, plan.zero_rows, 0)
     if plan.kernel is not None:
         args = [_laid_out(leaves[leaf], width, stride) for leaf, width, stride in plan.layouts]
-        outs = (out,) if plan.workspace is None else (out, *_workspace(plan))
         bound = plan.bound[0]
         if bound is None or not bound((*outs, *args)):
             _launch_bound(plan, (*plan.before, *outs, *plan.after, *args, *plan.types))
@@ -316,6 +323,40 @@ def _workspace(plan: _Launch) -> tuple[torch.Tensor, torch.Tensor]:
         found = plan.workspaces[key] = (torch.zeros((rows, width), dtype=dtype, device=device),
                                         torch.zeros(rows * programs, dtype=torch.int32, device=device))
     return found
+
+
+def _carried_outputs(plan: _Launch) -> tuple[torch.Tensor, torch.Tensor]:
+    """(``out``, the next output) for a kernel that adds into a zeroed ``out`` and zeroes
+    the next output (`codegen.generate_scan`): ``out`` is the one the last run on the
+    current stream zeroed, the next one is made with ``torch.empty`` and kept for the
+    next run on this stream. Why: ``torch.zeros`` is a memset launched before the kernel,
+    and on a small graph the call is host-bound: on the H200's host ``torch.zeros`` took
+    6-7 us of latency more than ``torch.empty`` in a launched arxiv-sized neighbour sum
+    of 41-64 us (benchmarks/results/launch_floor.md).
+
+    Kept per stream, as `_workspace`'s are: the stream orders the zeroing kernel before
+    the kernel that adds into its output, which another stream would not. The kept one
+    is taken out of the plan before use, so two threads never share one. A CUDA graph
+    capture takes none and keeps none: its kernel would add into the same held memory
+    on every replay with nothing zeroing it in between, so it captures ``torch.zeros``
+    and zeroes a next output of its own that nothing reads. So does the first run on a
+    stream."""
+    device = plan.device
+    shape, dtype = plan.out_shape, plan.out_dtype
+    if device.type == "cuda":
+        if torch.cuda.is_current_stream_capturing():
+            return torch.zeros(shape, dtype=dtype, device=device), torch.empty(shape, dtype=dtype, device=device)
+        key = current_stream(device)
+    else:
+        key = 0
+    carried = plan.carried
+    out = carried.pop(key, None)
+    if out is None:
+        out = torch.zeros(shape, dtype=dtype, device=device)
+        if len(carried) >= _MOST_WORKSPACES:
+            carried.pop(next(iter(carried)), None)
+    following = carried[key] = torch.empty(shape, dtype=dtype, device=device)
+    return out, following
 
 
 # Launches a plan makes through `launch` before it stops trying to bind one: Triton's
@@ -581,15 +622,16 @@ def _plan_rows_unit(unit: AggregateUnit, ctx: GraphContext, kernel, csr: tuple, 
 def _plan_scan_unit(unit: AggregateUnit, ctx: GraphContext, kernel, csr: tuple, rows: int, leaf_dtypes: tuple,
                     common: dict[str, Any]) -> _Launch:
     """`generate_scan`'s launch: BLOCK_E edges of the CSR order per program, adding into
-    a zeroed ``out``."""
+    a zeroed ``out`` and zeroing the next call's (`_carried_outputs`)."""
     _, col, eid = csr
     count = ctx.num_edges
     fixed = {} if _autotune() else {"BLOCK_E": 16}
     tuned_as = tuning_class(kernel, count)
-    before = (col, rows_in_csr_order(ctx, unit.by), eid, count, tuned_as)
+    shape = (rows,) + unit.reduce.shape
+    before = (col, rows_in_csr_order(ctx, unit.by), eid, ctx.degree(unit.by), count, tuned_as, math.prod(shape))
     return _launch_plan(kernel if count else None, lambda meta: (triton.cdiv(count, meta["BLOCK_E"]),),
-                        (tuned_as, 1), before, (ctx.degree(unit.by),), fixed, leaf_dtypes,
-                        (rows,) + unit.reduce.shape, unit.reduce.dtype, True, None, **common)
+                        (tuned_as, 1), before, (), fixed, leaf_dtypes, shape, unit.reduce.dtype, True, None,
+                        carried={}, **common)
 
 
 def rows_in_csr_order(ctx: GraphContext, by: str) -> torch.Tensor:
@@ -614,6 +656,8 @@ def _launch_plan(kernel, grid, sizes: tuple[int, ...], before: tuple, after: tup
     if workspace is not None:       # the workspace and counters follow ``out``, one pair per stream
         rest["workspaces"] = {}
     outs = (out_dtype,) if workspace is None else (out_dtype, workspace[2], torch.int32)
+    if rest.get("carried") is not None:     # the next call's output follows ``out``
+        outs = (out_dtype, out_dtype)
     dtypes = (*(a.dtype for a in before if isinstance(a, torch.Tensor)), *outs,
               *(a.dtype for a in after if isinstance(a, torch.Tensor)), *leaf_dtypes)
     if zero_rows is not None and math.prod(out_shape) * out_dtype.itemsize <= WHOLE_ZERO_BYTES:
