@@ -59,6 +59,7 @@ def fake_triton(monkeypatch):
         get_current_device=lambda: 0, get_current_stream=lambda device: 777)))
     monkeypatch.setattr(direct_launch, "knobs", SimpleNamespace(runtime=SimpleNamespace(
         launch_enter_hook=None, launch_exit_hook=None)))
+    monkeypatch.setattr(direct_launch, "_current_device", lambda: 0)
 
 
 def grid(meta):
@@ -173,6 +174,45 @@ def test_a_bound_launch_checks_only_the_varying_tensors(fake_triton):
     assert len(compiled.runs) == 1 and len(fn.through) == 1      # neither launched anything
 
 
+class _OnGpu(torch.Tensor):
+    """A host tensor that says it is on CUDA device ``device``, as a bound launch asks."""
+    device_index = 0
+
+    @property
+    def is_cuda(self):
+        return True
+
+    def get_device(self):
+        return self.device_index
+
+
+def _on_gpu(tensor: torch.Tensor, device: int = 0) -> torch.Tensor:
+    t = tensor.as_subclass(_OnGpu)
+    t.device_index = device
+    return t
+
+
+def test_a_bound_launch_passes_cuda_tensors_on_its_device_as_addresses(fake_triton):
+    """A varying tensor on the CUDA device of the one the plan was bound with goes to the
+    launcher as its address (no query there); one on another device, or not on CUDA,
+    goes as the tensor, for Triton's launcher to check as it would."""
+    fn = JitFunction()
+    replays = Replays(fn, {"BLOCK": 16})
+    index = torch.zeros(64, dtype=torch.int32)
+    args = (index, _on_gpu(torch.zeros(64)), 64, _on_gpu(torch.zeros(64)), 7)
+    fn.params.insert(3, Param("extra"))
+    replays(grid, args)
+    bound = replays.bind(grid, args, (1, 3))
+    (compiled,) = fn.compiled.values()
+    out, y = _on_gpu(torch.ones(64)), _on_gpu(torch.ones(64))
+    assert bound((out, y))
+    sent = compiled.runs[-1][2]
+    assert sent[1] == out.data_ptr() and sent[3] == y.data_ptr() and type(sent[3]) is int
+    elsewhere, host = _on_gpu(torch.ones(64), device=1), torch.ones(64)
+    assert bound((out, elsewhere)) and compiled.runs[-1][2][3] is elsewhere
+    assert bound((host, y)) and compiled.runs[-1][2][1] is host
+
+
 def test_a_bound_launch_defers_to_triton_when_its_state_asks(fake_triton, monkeypatch):
     fn = JitFunction()
     replays = Replays(fn, {"BLOCK": 16})
@@ -183,7 +223,7 @@ def test_a_bound_launch_defers_to_triton_when_its_state_asks(fake_triton, monkey
     assert not bound(args[:2])
     fn.pre_run_hooks = []
     assert bound(args[:2])
-    monkeypatch.setattr(direct_launch.driver.active, "get_current_device", lambda: 1)
+    monkeypatch.setattr(direct_launch, "_current_device", lambda: 1)
     assert not bound(args[:2])
     fn.pre_run_hooks = [lambda *a, **k: None]
     assert replays.bind(grid, args, (0, 1)) is None

@@ -46,3 +46,64 @@ def test_backend_settings_follow_setenv(monkeypatch, variable):
     assert getenv(variable) == "cpu"
     monkeypatch.delenv(variable)
     assert getenv(variable) is None
+
+
+def test_the_triton_backends_settings_name_every_variable_they_read(monkeypatch):
+    """`executor._read_environment` keeps its last read while the raw values of
+    `ENVIRONMENT_VARIABLES` are unchanged: a variable it read that the list left out
+    would go unseen when changed."""
+    from gnnfuse import environ
+    from gnnfuse.backend import tuned_schedule
+    from gnnfuse.backend.triton import executor
+    read = set()
+
+    class Recording(dict):
+        def get(self, key, default=None):
+            read.add(key)
+            return super().get(key, default)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")       # else `_autotune` stops before its own variable
+    monkeypatch.setattr(environ, "_DATA", Recording(environ._DATA))
+    monkeypatch.setattr(executor, "_LAST_READ", (None, None, None))
+    monkeypatch.setitem(tuned_schedule._loaded, "path", None)     # its file's variables are read afresh
+    executor._read_environment()
+    names = {os.fsdecode(key) for key in read}
+    assert "GNNFUSE_SCHEDULE" in names and names <= set(executor.ENVIRONMENT_VARIABLES.names)
+
+
+def test_the_triton_backends_settings_follow_every_change(monkeypatch):
+    from gnnfuse.backend import tuned_schedule
+    from gnnfuse.backend.triton import executor
+    monkeypatch.setenv("GNNFUSE_SCHEDULE", "csr")
+    assert executor._read_environment()[0] == "csr"
+    monkeypatch.setenv("GNNFUSE_SCHEDULE", "coo")
+    first = executor._read_environment()
+    assert first[0] == "coo" and executor._read_environment() is first     # kept while nothing changed
+    monkeypatch.setenv("TRITON_INTERPRET", "0")      # read, not acted on: Triton is imported already
+    monkeypatch.setenv("GNNFUSE_AUTOTUNE", "1")
+    assert executor._read_environment()[2] is True
+    monkeypatch.setenv("GNNFUSE_AUTOTUNE", "0")
+    assert executor._read_environment()[2] is False
+    monkeypatch.setenv("GNNFUSE_SIBLING_KERNELS", "0")
+    assert executor._read_environment()[3] is False
+    kept = executor._read_environment()
+    monkeypatch.setitem(tuned_schedule._loaded, "checked", 0.0)    # the tuner's file is due a look
+    assert executor._read_environment() is not kept
+
+
+def test_variables_read_raw_change_exactly_when_a_variable_does(monkeypatch):
+    from gnnfuse.environ import Variables
+    watched = Variables((NAME, "GNNFUSE_TEST_OTHER"))
+    monkeypatch.delenv(NAME, raising=False)
+    monkeypatch.delenv("GNNFUSE_TEST_OTHER", raising=False)
+    unset = watched.raw()
+    monkeypatch.setenv(NAME, "a")
+    first = watched.raw()
+    assert first != unset and watched.raw() == first
+    monkeypatch.setenv(NAME, "b")
+    assert watched.raw() != first
+    monkeypatch.setenv(NAME, "a")
+    assert watched.raw() == first
+    monkeypatch.setenv("GNNFUSE_TEST_OTHER", "")
+    assert watched.raw() != first
+    monkeypatch.setattr(os, "environ", {NAME: "a"})      # a replaced environ is read through its own get
+    assert watched.raw() == ("a", None)

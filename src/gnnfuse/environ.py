@@ -41,3 +41,22 @@ def getenv(name: str, default: str | None = None) -> str | None:
             _VALUES.clear()
         value = _VALUES[raw] = _ENVIRON.decodevalue(raw)
     return value
+
+
+
+class Variables:
+    """Several variables whose raw values are read in one lookup (`raw`): two reads give
+    equal tuples exactly when none of them was set, unset or changed in between. Why: a
+    caller that derives settings from several variables (the Triton backend reads seven
+    per program run) can keep what it derived and derive again only when they differ.
+    The values are not decoded; compare them, do not read them."""
+    __slots__ = ("names", "_keys")
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self.names = names
+        self._keys = tuple([_ENVIRON.encodekey(name) for name in names]) if _FAST else ()
+
+    def raw(self) -> tuple:
+        if _FAST and os.environ is _ENVIRON:
+            return tuple(map(_DATA.get, self._keys))
+        return tuple([os.environ.get(name) for name in self.names])

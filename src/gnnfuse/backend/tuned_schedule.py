@@ -60,9 +60,26 @@ def cache_path() -> Path:
     return _cache_path(*_path_settings())
 
 
+PATH_VARIABLES = (PATH_ENV, "GNNFUSE_CACHE", "HOME")     # what `cache_path` depends on
+
+
 def _path_settings() -> tuple[str | None, str | None, str | None]:
     """The environment variables `cache_path` depends on."""
     return getenv(PATH_ENV), getenv("GNNFUSE_CACHE"), getenv("HOME")
+
+
+def path_settings() -> tuple[str | None, str | None, str | None]:
+    """The values of `PATH_VARIABLES` now, as `entries` compares them."""
+    return _path_settings()
+
+
+def still_current(table: dict[str, ForcedSchedule], where: tuple) -> bool:
+    """Whether `entries()` would return ``table`` itself now without looking at the file,
+    ``where`` being `path_settings()` now: `entries`' own test, for a caller that knows
+    ``where`` without reading the variables again (`environ.Variables` told it they
+    have not changed)."""
+    return (_loaded["entries"] is table and _loaded["path"] is not None and _loaded["where"] == where
+            and time.monotonic() - _loaded["checked"] < RECHECK_SECONDS)
 
 
 @functools.lru_cache(maxsize=16)

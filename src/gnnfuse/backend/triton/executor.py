@@ -23,12 +23,12 @@ from .codegen import (SHARED_REDUCE_BLOCK_E, SHARED_REDUCE_PROGRAMS, TYPE_LOAD, 
                       generate_rows, generate_scan, generate_shared_reduce, generate_sibling_merge, generate_siblings, head_block,
                       one_lane, partial_buffers, plain_sum, ROWS_WIDEST, row_stride, row_sum_split)
 from .context import TritonGraphContext
-from .direct_launch import Replays, current_stream
+from .direct_launch import Replays, current_stream, uncaptured_stream
 from .launch import bind, launch, signature
 from .schedule import SEGMENT_EDGES, partial_slots, segments, split_slots
 from .sorted_sources import sorted_sources, sorts_sources
 from .tuning_class import tuning_class
-from ...environ import getenv
+from ...environ import Variables, getenv
 
 _PLANS: "weakref.WeakKeyDictionary[Program, dict]" = weakref.WeakKeyDictionary()
 _UNIT_KERNELS: "weakref.WeakKeyDictionary[AggregateUnit, dict]" = weakref.WeakKeyDictionary()
@@ -240,9 +240,30 @@ class _Launch(NamedTuple):
 
 def _read_environment() -> tuple:
     """The schedule override, the tuner's stored choices, whether kernels autotune and
-    whether sibling groups run as one kernel: read once per program run (`CallSettings`)."""
-    return (getenv("GNNFUSE_SCHEDULE"), tuned_schedule.entries(), _autotune(),
-            getenv("GNNFUSE_SIBLING_KERNELS", "1") != "0")
+    whether sibling groups run as one kernel: read once per program run (`CallSettings`).
+    The last read is kept with the raw values of every variable it depends on
+    (`ENVIRONMENT_VARIABLES`) and returned again while they are unchanged and the
+    tuner's table is the one `tuned_schedule.entries` would return: seven variables
+    read one by one were about 2 us of a launched neighbour sum's Python on the H200's
+    host, and they change between calls only when a user or test changes them."""
+    global _LAST_READ
+    raw = ENVIRONMENT_VARIABLES.raw()
+    last_raw, where, settings = _LAST_READ
+    if raw == last_raw and tuned_schedule.still_current(settings[1], where):
+        return settings
+    where = tuned_schedule.path_settings()
+    settings = (getenv("GNNFUSE_SCHEDULE"), tuned_schedule.entries(), _autotune(),
+                getenv("GNNFUSE_SIBLING_KERNELS", "1") != "0")
+    if ENVIRONMENT_VARIABLES.raw() == raw:     # kept only if nothing changed while it was read
+        _LAST_READ = (raw, where, settings)
+    return settings
+
+
+# Every variable `_read_environment` reads, itself or through `tuned_schedule.entries` and
+# `_autotune` (tests/test_environ.py checks this against what it reads)
+ENVIRONMENT_VARIABLES = Variables(("GNNFUSE_SCHEDULE", "GNNFUSE_SIBLING_KERNELS", "TRITON_INTERPRET",
+                                   "GNNFUSE_AUTOTUNE", *tuned_schedule.PATH_VARIABLES))
+_LAST_READ: tuple = (None, None, None)      # (raw values, path variables, settings) of the last read
 
 
 # An output up to this size whose split rows must start at zero is made whole by
@@ -334,8 +355,9 @@ def _carried_outputs(plan: _Launch) -> tuple[torch.Tensor, torch.Tensor]:
     6-7 us of latency more than ``torch.empty`` in a launched arxiv-sized neighbour sum
     of 41-64 us (benchmarks/results/launch_floor.md).
 
-    Kept per stream, as `_workspace`'s are: the stream orders the zeroing kernel before
-    the kernel that adds into its output, which another stream would not. The kept one
+    Kept per stream (the current device's current one, where the kernel launches), as
+    `_workspace`'s are: the stream orders the zeroing kernel before the kernel that
+    adds into its output, which another stream would not. The kept one
     is taken out of the plan before use, so two threads never share one. A CUDA graph
     capture takes none and keeps none: its kernel would add into the same held memory
     on every replay with nothing zeroing it in between, so it captures ``torch.zeros``
@@ -343,12 +365,9 @@ def _carried_outputs(plan: _Launch) -> tuple[torch.Tensor, torch.Tensor]:
     stream."""
     device = plan.device
     shape, dtype = plan.out_shape, plan.out_dtype
-    if device.type == "cuda":
-        if torch.cuda.is_current_stream_capturing():
-            return torch.zeros(shape, dtype=dtype, device=device), torch.empty(shape, dtype=dtype, device=device)
-        key = current_stream(device)
-    else:
-        key = 0
+    key = uncaptured_stream() if device.type == "cuda" else 0
+    if key is None:
+        return torch.zeros(shape, dtype=dtype, device=device), torch.empty(shape, dtype=dtype, device=device)
     carried = plan.carried
     out = carried.pop(key, None)
     if out is None:
