@@ -85,18 +85,14 @@ class RepeatCall:
         """The program's outputs for a call on ``graph`` with node table ``table`` alone
         (a dict of tensors of its shapes: `RepeatCalls` checks), or None where the full path
         must run it."""
-        if (self._cache.generation != self._generation or torch.get_default_dtype() is not self._dtype
-                or not self._guard_holds()):
+        if self._cache.generation != self._generation or torch.get_default_dtype() is not self._dtype:
+            return None
+        # the guard key still the one the program was found by: by identities where they decide it
+        reads = self._reads
+        if (reads is None or not same_reads(self._functions, reads)) and guard_key(self._functions) != self._guard:
             return None
         prepared = self._compiled.prepared     # the program's current one: it checks the graph
         return None if prepared is None else prepared(graph, table)
-
-    def _guard_holds(self) -> bool:
-        """Whether the functions' guard key is still the one their program was found by."""
-        reads = self._reads
-        if reads is not None and same_reads(self._functions, reads):
-            return True
-        return guard_key(self._functions) == self._guard
 
 
 class RepeatCalls:

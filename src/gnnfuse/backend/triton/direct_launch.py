@@ -44,6 +44,7 @@ _I32 = (-2**31, 2**31 - 1)
 # ``torch.cuda.is_current_stream_capturing`` return, without their Python wrappers'
 # lazy-initialisation checks: on the H200's host, in a launched call, 0.85 and 0.83 us
 # against about 0.1. Used only where a CUDA launch has been made (so CUDA is set up).
+# The raw stream is what Triton's driver's ``get_current_stream`` is, less its lookup.
 _current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
 _capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None) or torch.cuda.is_current_stream_capturing
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
@@ -103,30 +104,29 @@ class DirectLaunch:
 
     def launch(self, shape: tuple[int, int, int], values: Sequence[Any]) -> None:
         """The compiled kernel on ``values`` (positional arguments and the tail) over
-        ``shape``, on the current stream, with Triton's launch hooks (`active_hook`).
-        The hooks' metadata is built only where an enter hook will read it: Triton's own
-        ``launch_metadata`` returns None without one, after 1.4 us of Python on the
-        H200's host."""
+        ``shape``, on the current stream, with Triton's launch hooks. An empty hook
+        chain goes to the launcher as None: Triton 3.6 keeps each launch hook as a
+        ``HookChain``, never None (a profiler adds its hooks to the chain), so a launch
+        handed an empty chain built the hooks' metadata and its launcher called both
+        empty chains (3000 launched neighbour sums on the H200's host called
+        ``launch_metadata`` 3000 times and a chain 6000), and a launcher given None calls
+        no hook, which is what an empty chain does. The hooks' metadata is built only
+        where an enter hook will read it: Triton's own ``launch_metadata`` returns None
+        without one, after 1.4 us of Python on the H200's host."""
         compiled = self.compiled
-        stream = driver.active.get_current_stream(self.device)
+        stream = _raw_stream(self.device) if _raw_stream is not None else driver.active.get_current_stream(self.device)
         runtime = knobs.runtime
-        enter, leave = active_hook(runtime.launch_enter_hook), active_hook(runtime.launch_exit_hook)
+        enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook
+        if enter is not None and type(enter) is _HOOK_CHAIN and not enter.calls:
+            enter = None
+        if leave is not None and type(leave) is _HOOK_CHAIN and not leave.calls:
+            leave = None
         compiled.run(*shape, stream, compiled.function, compiled.packed_metadata,
                      None if enter is None else compiled.launch_metadata(shape, stream, *values),
                      enter, leave, *values)
 
 
 _HOOK_CHAIN = getattr(knobs, "HookChain", None)
-
-
-def active_hook(hook: Any) -> Any:
-    """``hook``, or None where calling it would call nothing. Triton 3.6 keeps each
-    launch hook as a ``HookChain``, never None (a profiler adds its hooks to the chain),
-    so a launch handed an empty chain built the hooks' metadata and its launcher called
-    both empty chains: 3000 launched neighbour sums on the H200's host called
-    ``launch_metadata`` 3000 times and a chain 6000. A launcher given None calls no hook,
-    which is what an empty chain does."""
-    return None if hook is None or (type(hook) is _HOOK_CHAIN and not hook.calls) else hook
 
 
 class Replays:
