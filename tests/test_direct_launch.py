@@ -410,3 +410,38 @@ def test_launch_replays_a_plain_jit_function(fake_triton):
     for _ in range(2):
         launch(fn, grid, (64,), (x, out, 64, 7), {"BLOCK": 16, "extra": [1]})
     assert len(fn.through) == 4
+
+
+class _Launcher36:
+    """A launcher object shaped as Triton 3.6's: ``__call__`` passes its arguments on to
+    ``launch`` (the C function) with its flags and no scratch."""
+    global_scratch_size = profile_scratch_size = 0
+    launch_cooperative_grid, launch_pdl = False, True
+
+    def __init__(self):
+        self.calls, self.through_call = [], 0
+        self.launch = lambda *args: self.calls.append(args)
+
+    def __call__(self, gridX, gridY, gridZ, stream, function, *args):
+        self.through_call += 1
+        self.launch(gridX, gridY, gridZ, stream, function, self.launch_cooperative_grid, self.launch_pdl,
+                    None, None, *args)
+
+
+@pytest.mark.parametrize("version, scratch, bare", [("3.6.0", 0, True), ("3.6.0", 64, False), ("3.9.0", 0, False)])
+def test_a_direct_launch_calls_triton_36s_c_launcher_as_its_launcher_would(fake_triton, monkeypatch,
+                                                                          version, scratch, bare):
+    """Under Triton 3.6, a kernel without scratch is launched by the C function beneath its
+    launcher object, with the arguments that object's ``__call__`` would pass; with
+    scratch, or under another Triton (whose launcher passes other arguments), through
+    the object."""
+    monkeypatch.setattr(direct_launch, "_TRITON_VERSION", version)
+    compiled = Compiled()
+    compiled.run = _Launcher36()
+    compiled.run.global_scratch_size = scratch
+    launch = direct_launch.DirectLaunch(compiled, ["x", "out"], (16,), 0)
+    x, out = torch.zeros(4), torch.zeros(4)
+    launch((2, 1, 1), (x, out))
+    compiled.run(2, 1, 1, 777, "fn-handle", "packed", None, None, None, x, out, 16)     # the object's own way
+    direct, expected = compiled.run.calls
+    assert direct == expected and compiled.run.through_call == (1 if bare else 2)

@@ -25,6 +25,7 @@ time from 68-120 to 59-84 us per call (39b343f; 59-65 in five of six measurement
 """
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable, Hashable, Sequence
 
 import torch
@@ -34,6 +35,10 @@ try:
     from triton.runtime.driver import driver
 except ImportError:   # a Triton before 3.4: every launch goes through JITFunction.run
     knobs = driver = None
+try:
+    from triton import __version__ as _TRITON_VERSION
+except ImportError:
+    _TRITON_VERSION = ""
 
 # Fingerprints kept per launch plan: mini-batch blocks vary only in integers' divisibility
 _MOST_FINGERPRINTS = 8
@@ -93,6 +98,7 @@ class DirectLaunch:
     def __init__(self, compiled: Any, names: list[str], tail: tuple, device: int) -> None:
         self.compiled, self.tail, self.device = compiled, tail, device
         self.positions = {name: n for n, name in enumerate(names)}
+        self.bare = bare_launcher(getattr(compiled, "run", None))
 
     def __call__(self, grid: Callable[[dict], tuple] | tuple, args: Sequence[Any]) -> None:
         self.launch(self.shape(grid, args), (*args, *self.tail))
@@ -121,9 +127,35 @@ class DirectLaunch:
             enter = None
         if leave is not None and type(leave) is _HOOK_CHAIN and not leave.calls:
             leave = None
-        compiled.run(*shape, stream, compiled.function, compiled.packed_metadata,
-                     None if enter is None else compiled.launch_metadata(shape, stream, *values),
-                     enter, leave, *values)
+        metadata = None if enter is None else compiled.launch_metadata(shape, stream, *values)
+        bare = self.bare
+        if bare is not None:
+            bare[0](*shape, stream, compiled.function, bare[1], bare[2], None, None, compiled.packed_metadata,
+                    metadata, enter, leave, *values)
+        else:
+            compiled.run(*shape, stream, compiled.function, compiled.packed_metadata, metadata, enter, leave, *values)
+
+
+def bare_launcher(run: Any) -> tuple[Callable, bool, bool] | None:
+    """(the C launch function, the cooperative-grid and PDL flags) beneath Triton 3.6's
+    launcher object ``run``, where calling it is what the launcher's ``__call__`` does:
+    a kernel without global or profile scratch, for which that ``__call__`` passes
+    ``(grid, stream, function, cooperative, pdl, None, None, *args)`` to it. None for
+    any other Triton (the launcher's arguments have changed since: 3.9's takes the
+    kernel's argument annotations), another launcher or a kernel with scratch.
+    Why: the ``__call__`` builds a closure and calls it twice per launch, about 1 us of
+    Python on the H200's host in a launched neighbour sum whose whole call took 38 us."""
+    if not _TRITON_VERSION.startswith("3.6.") or run is None:
+        return None
+    code = getattr(getattr(type(run), "__call__", None), "__code__", None)
+    if (code is None or code.co_argcount != 6 or not code.co_flags & inspect.CO_VARARGS
+            or code.co_varnames[:6] != ("self", "gridX", "gridY", "gridZ", "stream", "function")):
+        return None
+    launch = getattr(run, "launch", None)
+    if (not callable(launch) or getattr(run, "global_scratch_size", None) != 0
+            or getattr(run, "profile_scratch_size", None) != 0):
+        return None
+    return launch, bool(run.launch_cooperative_grid), bool(run.launch_pdl)
 
 
 _HOOK_CHAIN = getattr(knobs, "HookChain", None)
