@@ -60,6 +60,7 @@ def fake_triton(monkeypatch):
     monkeypatch.setattr(direct_launch, "knobs", SimpleNamespace(runtime=SimpleNamespace(
         launch_enter_hook=None, launch_exit_hook=None)))
     monkeypatch.setattr(direct_launch, "_current_device", lambda: 0)
+    monkeypatch.setattr(direct_launch, "_raw_stream", lambda device: 777)     # torch's, on a CUDA build
 
 
 def grid(meta):
