@@ -55,12 +55,10 @@ class JitFunction:
 
 @pytest.fixture
 def fake_triton(monkeypatch):
-    monkeypatch.setattr(direct_launch, "driver", SimpleNamespace(active=SimpleNamespace(
-        get_current_device=lambda: 0, get_current_stream=lambda device: 777)))
     monkeypatch.setattr(direct_launch, "knobs", SimpleNamespace(runtime=SimpleNamespace(
         launch_enter_hook=None, launch_exit_hook=None)))
     monkeypatch.setattr(direct_launch, "_current_device", lambda: 0)
-    monkeypatch.setattr(direct_launch, "_raw_stream", lambda device: 777)     # torch's, on a CUDA build
+    monkeypatch.setattr(direct_launch, "_raw_stream", lambda device: 777)
 
 
 def grid(meta):

@@ -43,7 +43,6 @@ def getenv(name: str, default: str | None = None) -> str | None:
     return value
 
 
-
 class Variables:
     """Several variables whose raw values are read in one lookup (`raw`): two reads give
     equal tuples exactly when none of them was set, unset or changed in between. Why: a

@@ -57,29 +57,29 @@ def cache_path() -> Path:
     """Where the stored choices live. Every fused unit's launch asks (through `entries`),
     so the path is worked out once per setting of the variables it depends on:
     ``Path.home()`` and the Path arithmetic took ~0.2 ms a launch on an H100 host."""
-    return _cache_path(*_path_settings())
+    return _cache_path(*path_settings())
 
 
 PATH_VARIABLES = (PATH_ENV, "GNNFUSE_CACHE", "HOME")     # what `cache_path` depends on
 
 
-def _path_settings() -> tuple[str | None, str | None, str | None]:
-    """The environment variables `cache_path` depends on."""
-    return getenv(PATH_ENV), getenv("GNNFUSE_CACHE"), getenv("HOME")
+def path_settings() -> tuple[str | None, ...]:
+    """The values of `PATH_VARIABLES` now, as `entries` compares them between looks."""
+    return tuple(map(getenv, PATH_VARIABLES))
 
 
-def path_settings() -> tuple[str | None, str | None, str | None]:
-    """The values of `PATH_VARIABLES` now, as `entries` compares them."""
-    return _path_settings()
+def _fresh(where: tuple) -> bool:
+    """`entries`' test for returning its table without looking at the file: one was
+    read for the path variables ``where`` less than `RECHECK_SECONDS` ago."""
+    return (_loaded["path"] is not None and _loaded["where"] == where
+            and time.monotonic() - _loaded["checked"] < RECHECK_SECONDS)
 
 
 def still_current(table: dict[str, ForcedSchedule], where: tuple) -> bool:
     """Whether `entries()` would return ``table`` itself now without looking at the file,
-    ``where`` being `path_settings()` now: `entries`' own test, for a caller that knows
-    ``where`` without reading the variables again (`environ.Variables` told it they
-    have not changed)."""
-    return (_loaded["entries"] is table and _loaded["path"] is not None and _loaded["where"] == where
-            and time.monotonic() - _loaded["checked"] < RECHECK_SECONDS)
+    ``where`` being `path_settings()` now: for a caller that knows ``where`` without
+    reading the variables again (`environ.Variables` told it they have not changed)."""
+    return _loaded["entries"] is table and _fresh(where)
 
 
 @functools.lru_cache(maxsize=16)
@@ -192,8 +192,8 @@ def entries() -> dict[str, ForcedSchedule]:
     a GPU step is a few hundred microseconds of launches); `store` re-reads at once.
     Between looks only the variables `cache_path` reads are compared: building the path
     cost more Python calls than the rest of a unit's launch."""
-    where, now = _path_settings(), time.monotonic()
-    if _loaded["path"] is not None and _loaded["where"] == where and now - _loaded["checked"] < RECHECK_SECONDS:
+    where = path_settings()
+    if _fresh(where):
         return _loaded["entries"]
     path = cache_path()
     _loaded["where"] = where
@@ -204,7 +204,7 @@ def entries() -> dict[str, ForcedSchedule]:
         version = None
     if (_loaded["path"], _loaded["version"]) != (path, version):
         _loaded.update(path=path, version=version, entries=_read(path) if version is not None else {})
-    _loaded["checked"] = now
+    _loaded["checked"] = time.monotonic()
     return _loaded["entries"]
 
 

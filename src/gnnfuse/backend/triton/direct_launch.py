@@ -32,9 +32,8 @@ import torch
 
 try:
     from triton import knobs
-    from triton.runtime.driver import driver
 except ImportError:   # a Triton before 3.4: every launch goes through JITFunction.run
-    knobs = driver = None
+    knobs = None
 try:
     from triton import __version__ as _TRITON_VERSION
 except ImportError:
@@ -49,10 +48,12 @@ _I32 = (-2**31, 2**31 - 1)
 # ``torch.cuda.is_current_stream_capturing`` return, without their Python wrappers'
 # lazy-initialisation checks, which took 0.85 and 0.83 us on the H200's host (one call
 # after a synchronize). Used only where a CUDA launch has been made (so CUDA is set up).
-# The raw stream is what Triton's driver's ``get_current_stream`` is, less its lookup.
+# The raw stream of a device index is what Triton's driver's ``get_current_stream`` is
+# (what its launches use), less its lookup; torch's stream object where torch lacks it.
 _current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
 _capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None) or torch.cuda.is_current_stream_capturing
-_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or \
+    (lambda index: torch.cuda.current_stream(index).cuda_stream)
 
 
 def uncaptured_stream() -> tuple[int, int] | None:
@@ -61,15 +62,12 @@ def uncaptured_stream() -> tuple[int, int] | None:
     if _capturing():
         return None
     device = _current_device()
-    return device, _raw_stream(device) if _raw_stream is not None else torch.cuda.current_stream(device).cuda_stream
+    return device, _raw_stream(device)
 
 
 def current_stream(device: torch.device) -> int:
-    """The handle of the current stream on the CUDA ``device``: Triton's driver's
-    (``torch._C._cuda_getCurrentRawStream``, what its launches use), else torch's."""
-    index = torch.cuda.current_device() if device.index is None else device.index
-    get = getattr(driver.active, "get_current_stream", None) if driver is not None else None
-    return get(index) if get is not None else torch.cuda.current_stream(index).cuda_stream
+    """The handle of the current stream on the CUDA ``device``."""
+    return _raw_stream(_current_device() if device.index is None else device.index)
 
 
 def fingerprint(args: Sequence[Any], specialized: Sequence[bool]) -> Hashable:
@@ -120,7 +118,7 @@ class DirectLaunch:
         where an enter hook will read it: Triton's own ``launch_metadata`` returns None
         without one, after 1.4 us of Python on the H200's host."""
         compiled = self.compiled
-        stream = _raw_stream(self.device) if _raw_stream is not None else driver.active.get_current_stream(self.device)
+        stream = _raw_stream(self.device)
         runtime = knobs.runtime
         enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook
         if enter is not None and type(enter) is _HOOK_CHAIN and not enter.calls:
