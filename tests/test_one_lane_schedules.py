@@ -206,6 +206,42 @@ def test_a_scan_adds_into_the_output_its_last_run_zeroed(nodes, monkeypatch):
     assert len(pairs) >= 7 and pairs[1][0] is pairs[0][1] and pairs[2][0] is pairs[1][1]
 
 
+def test_a_scan_whose_launch_raised_keeps_no_output(monkeypatch):
+    """A scan's next output is kept only once its kernel (which zeroes it) has been
+    launched (`executor._keep_carried`): after a launch that raised, the next call makes
+    zeros, not an output nothing zeroed. Each next output is handed over filled with NaN,
+    so one kept after the failed launch would put NaN in the following sums."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
+    low_degree(monkeypatch, "scan")
+    carried, launch = triton_executor._carried_outputs, triton_executor._launch_bound
+    failing = [False]
+
+    def spy(plan):
+        out, following = carried(plan)
+        return out, following.fill_(float("nan"))
+
+    def flaky(plan, args):
+        if failing[0]:
+            raise RuntimeError("launch failed")
+        return launch(plan, args)
+    monkeypatch.setattr(triton_executor, "_carried_outputs", spy)
+    monkeypatch.setattr(triton_executor, "_launch_bound", flaky)
+    monkeypatch.setattr(triton_executor, "_BIND_ATTEMPTS", 0)      # every launch through `_launch_bound`
+    hub = hub_graph()
+    graph = gnnfuse.Graph(hub.src, hub.dst, 40).to(DEVICE)
+    g = torch.Generator().manual_seed(11)
+    for call in range(6):
+        h = torch.randn(40, 1, dtype=f64, generator=g).to(DEVICE)
+        failing[0] = call == 3
+        if call == 3:
+            with pytest.raises(RuntimeError, match="launch failed"):
+                LAYERS["sum"](graph, {"h": h})
+            continue
+        out = LAYERS["sum"](graph, {"h": h})
+        expected = torch.zeros_like(h).index_add_(0, graph.dst, h[graph.src])
+        torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs and streams need a GPU")
 def test_gpu_a_scan_captured_or_on_two_streams_adds_into_zeros(monkeypatch):
     """Under a CUDA graph capture a scan takes no carried output (the graph would add into

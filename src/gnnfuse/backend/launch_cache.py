@@ -61,6 +61,11 @@ class CallSettings:
         found = self._current.get()
         return self._read() if found is None else found
 
+    def enclosing(self) -> Hashable | None:
+        """The settings of the `run` the caller is inside, or None outside one (where
+        `current` reads afresh)."""
+        return self._current.get()
+
     def run(self, fn: Callable[..., T], *args: Any) -> T:
         return self.run_with(self._read(), fn, *args)
 

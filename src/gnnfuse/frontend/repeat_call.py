@@ -43,6 +43,7 @@ import torch
 
 from ..graph import Graph
 from ..runtime import CompiledProgram
+from ..runtime.prepared_call import PreparedCall
 from .trace_cache import TraceCache, guard_key, same_reads, shallow_reads
 
 
@@ -85,14 +86,25 @@ class RepeatCall:
         """The program's outputs for a call on ``graph`` with node table ``table`` alone
         (a dict of tensors of its shapes: `RepeatCalls` checks), or None where the full path
         must run it."""
+        prepared = self._prepared()
+        return None if prepared is None else prepared(graph, table)
+
+    def one(self, graph: object, tensor: torch.Tensor) -> dict[str, torch.Tensor] | None:
+        """`__call__` for a node table of one tensor, ``tensor`` (of its shape: `RepeatCalls`
+        checks): the prepared call takes it without a dict to look it up in."""
+        prepared = self._prepared()
+        return None if prepared is None else prepared.call_one(graph, tensor)
+
+    def _prepared(self) -> PreparedCall | None:
+        """The program's prepared call (its current one: it checks the graph) while the
+        program is still the one a full call would find, else None."""
         if self._cache.generation != self._generation or torch.get_default_dtype() is not self._dtype:
             return None
         # the guard key still the one the program was found by: by identities where they decide it
         reads = self._reads
         if (reads is None or not same_reads(self._functions, reads)) and guard_key(self._functions) != self._guard:
             return None
-        prepared = self._compiled.prepared     # the program's current one: it checks the graph
-        return None if prepared is None else prepared(graph, table)
+        return self._compiled.prepared
 
 
 class RepeatCalls:
@@ -108,7 +120,21 @@ class RepeatCalls:
         """The outputs of the repeat whose tables had ``table``'s shapes, or None where
         there is none, it declines, or the call wants gradients (then the full path runs
         the call). Not for a call under ``torch.compile``, which its callers route apart."""
-        if not self._calls or type(table) is not dict or wants_gradient(table):
+        if not self._calls or type(table) is not dict:
+            return None
+        if len(table) == 1:     # a neighbour sum's, a GCN aggregation's: no dict walked
+            (tensor,) = table.values()
+            try:
+                shapes = (tensor.shape,)
+                if tensor.requires_grad and torch.is_grad_enabled():
+                    return None
+            except AttributeError:      # a value that is no tensor: the full path reports it
+                return None
+            for call in self._calls:
+                if call.shapes == shapes:
+                    return call.one(graph, tensor)
+            return None
+        if wants_gradient(table):
             return None
         try:
             shapes = tuple(map(_SHAPE, table.values()))

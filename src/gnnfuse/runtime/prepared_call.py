@@ -26,11 +26,12 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from ..environ import getenv
+from ..environ import Variables
 from ..graph import Graph
 
 # The variables `compiled.select_backend` reads.
 BACKEND_VARIABLES = ("GNNFUSE_BACKEND", "TRITON_INTERPRET")
+_BACKEND = Variables(BACKEND_VARIABLES)
 
 
 class PreparedCall:
@@ -43,7 +44,7 @@ class PreparedCall:
         self._graph = weakref.ref(graph)
         self._keys = keys
         self._metas = tuple([(t.dtype, t.device) for t in tensors])     # shapes: the backend's run checks them
-        self._variables = tuple([(name, getenv(name)) for name in BACKEND_VARIABLES])
+        self._variables = _BACKEND.raw()
         self._run = run.run
         self._run_one = run.run_one if len(keys) == 1 else None
         self._recorders = recorders
@@ -55,11 +56,8 @@ class PreparedCall:
 
     def __call__(self, graph: Graph, feeds: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
         """The program's outputs on ``graph`` and ``feeds``, or None where any check differs."""
-        if self._graph() is not graph or self._recorders:
+        if self._graph() is not graph or self._recorders or _BACKEND.raw() != self._variables:
             return None
-        for name, value in self._variables:
-            if getenv(name) != value:
-                return None
         grad = torch.is_grad_enabled()
         for key, (dtype, device) in zip(self._keys, self._metas):
             t = feeds.get(key)
@@ -71,6 +69,22 @@ class PreparedCall:
             if outputs is not None:
                 return outputs
         result = self._run(graph, feeds)
+        return None if result is None else result[0]
+
+    def call_one(self, graph: Graph, tensor: torch.Tensor) -> dict[str, torch.Tensor] | None:
+        """``self(graph, {key: tensor})`` for a program of one input: the same checks on
+        ``tensor`` without a feeds dict to walk (a repeated neighbour sum's call)."""
+        if (self._graph() is not graph or self._recorders or self._run_one is None
+                or _BACKEND.raw() != self._variables):
+            return None
+        dtype, device = self._metas[0]
+        if (not isinstance(tensor, torch.Tensor) or tensor.dtype != dtype or tensor.device != device
+                or tensor.layout is not torch.strided or (tensor.requires_grad and torch.is_grad_enabled())):
+            return None
+        outputs = self._run_one(graph, tensor)
+        if outputs is not None:
+            return outputs
+        result = self._run(graph, {self._keys[0]: tensor})
         return None if result is None else result[0]
 
 

@@ -12,8 +12,8 @@ from ...ir import Program, Residency, Value, get_op
 from ...passes.fusion import AggregateUnit, EdgeUnit, SharedReduceUnit, Unit, gathered_leaves, leaf_kind
 from ...passes.siblings import SiblingGroup, fused_plan
 from ...passes.type_sums import TYPE_INDEX, TypeSumUnit, rider_fits
-from .. import tuned_schedule
-from ..forced_schedule import SCHEDULES, forced_schedule, forcing, tiled_scores
+from .. import forced_schedule as overrides, tuned_schedule
+from ..forced_schedule import SCHEDULES, TILED_SCORES_ENV, forced_schedule, forcing, tiled_scores
 from ..reference import GraphContext
 from ..kernel_cache import load_kernel as _load_kernel
 from ..launch_cache import CallSettings, LaunchCache
@@ -306,7 +306,8 @@ def planned_launch(unit: Unit, graph: Any, leaves: dict[int, torch.Tensor]) -> _
 
 def run_launch(plan: _Launch, leaves: dict[int, torch.Tensor]) -> torch.Tensor:
     """A unit's output from its launch plan and the call's leaves."""
-    if plan.carried is not None and plan.kernel is not None:
+    carries = plan.carried is not None and plan.kernel is not None
+    if carries:
         outs = _carried_outputs(plan)
         out = outs[0]
     else:
@@ -321,6 +322,8 @@ def run_launch(plan: _Launch, leaves: dict[int, torch.Tensor]) -> torch.Tensor:
         bound = plan.bound[0]
         if bound is None or not bound((*outs, *args)):
             _launch_bound(plan, (*plan.before, *outs, *plan.after, *args, *plan.types))
+        if carries:
+            _keep_carried(plan, outs[1])
     if plan.added_after is not None:
         out.add_(leaves[plan.added_after])
     if plan.summed_to is not None:
@@ -353,33 +356,44 @@ def _workspace(plan: _Launch) -> tuple[torch.Tensor, torch.Tensor]:
 def _carried_outputs(plan: _Launch) -> tuple[torch.Tensor, torch.Tensor]:
     """(``out``, the next output) for a kernel that adds into a zeroed ``out`` and zeroes
     the next output (`codegen.generate_scan`): ``out`` is the one the last run on the
-    current stream zeroed, the next one is made with ``torch.empty`` and kept for the
-    next run on this stream. Why: ``torch.zeros`` is a memset launched before the kernel,
-    and on a small graph the call is host-bound: on the H200's host ``torch.zeros`` took
-    6-7 us of latency more than ``torch.empty`` in a launched arxiv-sized neighbour sum
-    of 41-64 us (benchmarks/results/launch_floor.md).
+    current stream zeroed, and the next one was made after that run's launch
+    (`_keep_carried`): the kernel zeroes it for the next run on this stream. Why:
+    ``torch.zeros`` is a memset launched before the kernel, and on a small graph the call
+    is host-bound: on the H200's host ``torch.zeros`` took 6-7 us of latency more than
+    ``torch.empty`` in a launched arxiv-sized neighbour sum of 41-64 us, and
+    ``torch.empty`` itself 3.3-3.5 us of the 37-38 us (benchmarks/results/launch_floor.md);
+    made after the launch, it overlaps the kernel.
 
     Kept per stream (the current device's current one, where the kernel launches), as
     `_workspace`'s are: the stream orders the zeroing kernel before the kernel that
-    adds into its output, which another stream would not. The kept one
-    is taken out of the plan before use, so two threads never share one. A CUDA graph
-    capture takes none and keeps none: its kernel would add into the same held memory
-    on every replay with nothing zeroing it in between, so it captures ``torch.zeros``
-    and zeroes a next output of its own that nothing reads. So does the first run on a
-    stream."""
+    adds into its output, which another stream would not. What is kept is taken out of
+    the plan before use and kept again only once the launch is made (a launch that
+    raised zeroed nothing), so two threads never share one: a thread that finds none
+    makes zeros. A CUDA graph capture takes none and keeps none: its kernel would add
+    into the same held memory on every replay with nothing zeroing it in between, so it
+    captures ``torch.zeros`` and zeroes a next output of its own that nothing reads. So
+    does the first run on a stream."""
     device = plan.device
     shape, dtype = plan.out_shape, plan.out_dtype
     key = uncaptured_stream() if device.type == "cuda" else 0
-    if key is None:
+    kept = None if key is None else plan.carried.pop(key, None)
+    if kept is None:
         return torch.zeros(shape, dtype=dtype, device=device), torch.empty(shape, dtype=dtype, device=device)
+    return kept
+
+
+def _keep_carried(plan: _Launch, following: torch.Tensor) -> None:
+    """After a carried run's launch: keep ``following``, which its kernel zeroes, as the
+    next run's output on this stream, and make the output that run will zero, now,
+    while the kernel runs (`_carried_outputs`). Nothing under a capture."""
+    device = plan.device
+    key = uncaptured_stream() if device.type == "cuda" else 0
+    if key is None:
+        return
     carried = plan.carried
-    out = carried.pop(key, None)
-    if out is None:
-        out = torch.zeros(shape, dtype=dtype, device=device)
-        if len(carried) >= _MOST_WORKSPACES:
-            carried.pop(next(iter(carried)), None)
-    following = carried[key] = torch.empty(shape, dtype=dtype, device=device)
-    return out, following
+    if key not in carried and len(carried) >= _MOST_WORKSPACES:
+        carried.pop(next(iter(carried)), None)
+    carried[key] = (following, torch.empty(plan.out_shape, dtype=plan.out_dtype, device=device))
 
 
 # Launches a plan makes through `launch` before it stops trying to bind one: Triton's
@@ -799,8 +813,33 @@ def program_plan(program: Program, keep: tuple[int, ...], tiled: bool) -> list:
 def run_settings(num_edges: int) -> Hashable:
     """Everything besides the program, the graph and the tensors that decides how
     `execute` runs on a graph of ``num_edges`` edges: the forced schedule, the
-    environment (`_read_environment`), the segment length and whether scores are tiled."""
-    return forced_schedule(), _ENVIRONMENT.current(), SEGMENT_EDGES, tiled_scores(num_edges)
+    environment (`_read_environment`), the segment length and whether scores are tiled.
+
+    A prepared run compares them on every call, so the last answer is kept and returned
+    again while all it was made from is unchanged: the raw values of `SETTINGS_VARIABLES`,
+    the forced schedule (the same object), the edge count, the segment length and the
+    tiling threshold (module constants a test may patch), the tuner's table (the one
+    `tuned_schedule.entries` would return), and no enclosing run's settings. Made afresh,
+    on this CPU it took 2.6-3.0 us of a prepared neighbour sum's 8-9 us of Python."""
+    global _LAST_SETTINGS
+    raw = SETTINGS_VARIABLES.raw()
+    forced = forced_schedule()
+    last_raw, last_forced, edges, segment, threshold, where, settings = _LAST_SETTINGS
+    if (raw == last_raw and forced is last_forced and num_edges == edges and segment == SEGMENT_EDGES
+            and threshold == overrides.TILED_SCORES_FROM_EDGES and _ENVIRONMENT.enclosing() is None
+            and tuned_schedule.still_current(settings[1][1], where)):
+        return settings
+    settings = forced, _ENVIRONMENT.current(), SEGMENT_EDGES, tiled_scores(num_edges)
+    read = _LAST_READ
+    if _ENVIRONMENT.enclosing() is None and read[2] is settings[1] and SETTINGS_VARIABLES.raw() == raw:
+        _LAST_SETTINGS = (raw, forced, num_edges, SEGMENT_EDGES, overrides.TILED_SCORES_FROM_EDGES, read[1], settings)
+    return settings
+
+
+# What `run_settings` reads from the environment: `_read_environment`'s variables and the tiling switch.
+SETTINGS_VARIABLES = Variables((*ENVIRONMENT_VARIABLES.names, TILED_SCORES_ENV))
+# (raw values, forced schedule, edges, segment length, tiling threshold, path variables, settings) of its last answer
+_LAST_SETTINGS: tuple = (None,) * 7
 
 
 def run_with_environment(environment: Hashable, fn: Callable[..., Any], *args: Any) -> Any:
