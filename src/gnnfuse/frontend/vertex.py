@@ -337,8 +337,8 @@ class VertexFunction:
         if e_feature is None and etype_feature is None and ntype_feature is None and not compiling:
             # a repeat first, before building the tables it does not read
             outputs = self._repeats(graph, v_feature)
-            if outputs is not None:
-                return _unwrapped(outputs)
+            if outputs is not None:     # `_unwrapped`, inline: every repeated call returns here
+                return outputs["out"] if len(outputs) == 1 and "out" in outputs else outputs
         tables = (v_feature, e_feature or {}, etype_feature or {}, ntype_feature or {})
         if compiling:
             return _unwrapped(call_compiled(self.udf_key, graph, tables, lambda: self._run(graph, tables)))
