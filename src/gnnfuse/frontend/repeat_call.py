@@ -91,9 +91,14 @@ class RepeatCall:
 
     def one(self, graph: object, tensor: torch.Tensor) -> dict[str, torch.Tensor] | None:
         """`__call__` for a node table of one tensor, ``tensor`` (of its shape: `RepeatCalls`
-        checks): the prepared call takes it without a dict to look it up in."""
-        prepared = self._prepared()
-        return None if prepared is None else prepared.call_one(graph, tensor)
+        checks): the prepared call takes it without a dict to look it up in, and launches
+        its kernel before this repeat's checks, which follow while it runs
+        (`launched_first`): a call they send the full way drops what it launched."""
+        prepared = self._compiled.prepared
+        if prepared is None:
+            return None
+        outputs = prepared.call_one(graph, tensor)
+        return None if outputs is None or self._prepared() is None else outputs
 
     def _prepared(self) -> PreparedCall | None:
         """The program's prepared call (its current one: it checks the graph) while the

@@ -72,20 +72,26 @@ class PreparedCall:
         return None if result is None else result[0]
 
     def call_one(self, graph: Graph, tensor: torch.Tensor) -> dict[str, torch.Tensor] | None:
-        """``self(graph, {key: tensor})`` for a program of one input: the same checks on
-        ``tensor`` without a feeds dict to walk (a repeated neighbour sum's call)."""
-        if (self._graph() is not graph or self._recorders or self._run_one is None
-                or _BACKEND.raw() != self._variables):
-            return None
-        dtype, device = self._metas[0]
-        if (not isinstance(tensor, torch.Tensor) or tensor.dtype != dtype or tensor.device != device
-                or tensor.layout is not torch.strided or (tensor.requires_grad and torch.is_grad_enabled())):
+        """``self(graph, {key: tensor})`` for a program of one input, launched first: the
+        backend's ``run_one`` checks what makes its launch safe (`launched_first`) and
+        launches, and this call's checks follow while the kernel runs."""
+        if self._graph() is not graph or self._run_one is None:
             return None
         outputs = self._run_one(graph, tensor)
-        if outputs is not None:
-            return outputs
-        result = self._run(graph, {self._keys[0]: tensor})
-        return None if result is None else result[0]
+        if outputs is None:     # nothing launched, or dropped: the checks first, then ``run``
+            if not self._takes(tensor):
+                return None
+            result = self._run(graph, {self._keys[0]: tensor})
+            return None if result is None else result[0]
+        return outputs if self._takes(tensor) else None
+
+    def _takes(self, tensor: object) -> bool:
+        """`__call__`'s checks but the graph's, for a program of one input fed ``tensor``."""
+        if self._recorders or _BACKEND.raw() != self._variables:
+            return False
+        dtype, device = self._metas[0]
+        return (isinstance(tensor, torch.Tensor) and tensor.dtype == dtype and tensor.device == device
+                and tensor.layout is torch.strided and not (tensor.requires_grad and torch.is_grad_enabled()))
 
 
 def preparer(backend: str) -> Callable[..., Any] | None:

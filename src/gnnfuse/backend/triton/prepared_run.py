@@ -87,22 +87,28 @@ class PreparedRun:
     def run_one(self, graph: Graph, tensor: torch.Tensor) -> dict[str, torch.Tensor] | None:
         """`run`'s outputs (not the kept values: an inference call keeps nothing for a
         backward) for a program of one input that launches one held plan (an inference
-        call of a neighbour sum), fed ``tensor`` (checked by the caller to be a dense
-        tensor on the plan's device), or None where `run` must decide (another program, no
-        plan held yet, another graph, shape, dtype or settings). The same checks as `run`
-        and `_run_single`, without their feeds dict, kept values or pair of result dicts:
-        on the H200's host (a launched arxiv-sized neighbour sum, its pieces timed in
-        turns) `run` took 4.9 us besides its launch and `run_one` 3.7, of which reading
-        the settings is 2.1."""
+        call of a neighbour sum), fed ``tensor``, or None where `run` must decide (another
+        program, no plan held yet, another graph, or ``tensor`` not a dense tensor of the
+        plan's device, dtype and shape) or the settings now are not those it was
+        prepared under.
+
+        It launches before it reads the settings (`launched_first`): what it checks
+        first is what makes the launch safe (the plan was made for this graph, and
+        ``tensor`` is what its kernel reads), and a launch under other settings only
+        writes outputs it made, which a None return drops."""
         lone = self._lone
         if lone is None or self._graph() is not graph:
             return None
         unit, value_id, shape, out_key = lone
         held = self._launches.get(id(unit))
-        if (held is None or held is _OTHER_KIND or tensor.dtype != held[0][0] or tensor.shape != shape
-                or run_settings(self._num_edges) != self.settings):
+        if held is None or held is _OTHER_KIND:
             return None
-        return {out_key: run_launch(held[1], {value_id: tensor})}
+        plan = held[1]
+        if (not isinstance(tensor, torch.Tensor) or tensor.dtype != held[0][0] or tensor.shape != shape
+                or tensor.device != plan.device or tensor.layout is not torch.strided):
+            return None
+        out = run_launch(plan, {value_id: tensor})
+        return None if run_settings(self._num_edges) != self.settings else {out_key: out}
 
     def _single_route(self) -> tuple | None:
         """How a program of one fused unit (a neighbour sum, GCN's aggregation) runs straight
