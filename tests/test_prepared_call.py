@@ -234,6 +234,31 @@ def test_a_one_input_call_launches_its_held_plan_and_declines_as_the_general_run
     assert general == [("h",)]
 
 
+def test_a_one_input_call_launches_only_what_its_kernel_can_read(full_path, monkeypatch):
+    """`run_one` launches before the settings and the callers' checks (`launched_first`),
+    so what it checks first must make the launch safe: a tensor of another dtype or
+    shape, a sparse one or no tensor at all launches nothing there (the full path then
+    answers or reports it), while a strided view of the right shape is laid out and
+    launched."""
+    from gnnfuse.backend.triton import prepared_run
+    launched = []
+    real = prepared_run.run_launch
+    monkeypatch.setattr(prepared_run, "run_launch", lambda plan, leaves: launched.append(plan) or real(plan, leaves))
+    graph = _graph(device=DEVICE)
+    h = _inputs(graph)
+    _prepared_on(graph, h, full_path)
+    run = _neighbour_sum.compiled(({"h": h}, {}, {}, {}))[0].prepared._run_one.__self__
+    for bad in (h.float(), torch.zeros(graph.num_nodes + 1, 3, dtype=h.dtype, device=h.device), h.to_sparse(),
+                h[:, :2], h.tolist()):
+        launched.clear()
+        assert run.run_one(graph, bad) is None and not launched
+    _call(graph, h.float(), full_path, full=True)
+    view = _inputs(graph, seed=3).t().contiguous().t()      # [N, 3], rows 1 apart
+    launched.clear()
+    _call(graph, view, full_path, full=False)
+    assert launched
+
+
 def test_a_two_input_program_with_split_rows_matches_through_the_prepared_call(full_path, monkeypatch):
     """A scaled sum (two inputs, a fused epilogue) on a hub row split into segments,
     called until it runs prepared: its split rows meet in the plan's workspace, so no
