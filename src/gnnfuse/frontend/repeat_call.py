@@ -93,7 +93,8 @@ class RepeatCall:
         """`__call__` for a node table of one tensor, ``tensor`` (of its shape: `RepeatCalls`
         checks): the prepared call takes it without a dict to look it up in, and launches
         its kernel before this repeat's checks, which follow while it runs
-        (`launched_first`): a call they send the full way drops what it launched."""
+        (runtime/prepared_call.py, "Launched first"): a call they send the full way
+        drops what it launched."""
         prepared = self._compiled.prepared
         if prepared is None:
             return None

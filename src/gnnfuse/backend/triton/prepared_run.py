@@ -92,10 +92,10 @@ class PreparedRun:
         plan's device, dtype and shape) or the settings now are not those it was
         prepared under.
 
-        It launches before it reads the settings (`launched_first`): what it checks
-        first is what makes the launch safe (the plan was made for this graph, and
-        ``tensor`` is what its kernel reads), and a launch under other settings only
-        writes outputs it made, which a None return drops."""
+        It launches before it reads the settings (runtime/prepared_call.py, "Launched
+        first"): what it checks first is what makes the launch safe (the plan was made
+        for this graph, and ``tensor`` is what its kernel reads), and a launch under
+        other settings only writes outputs it made, which a None return drops."""
         lone = self._lone
         if lone is None or self._graph() is not graph:
             return None
