@@ -212,6 +212,32 @@ def test_a_bound_launch_passes_cuda_tensors_on_its_device_as_addresses(fake_trit
     assert bound((host, y)) and compiled.runs[-1][2][1] is host
 
 
+def test_a_bound_launch_takes_the_callers_own_tensors_unchecked_where_they_were_on_its_device(fake_triton):
+    """The first ``made`` varying tensors (an executor's outputs, made for every call with
+    the plan's dtype on its device) go as addresses without their checks where, as
+    bound, each was an aligned CUDA tensor on the launch's device; the rest are checked
+    as before. Bound on host tensors or on another device, every one is checked."""
+    fn = JitFunction()
+    replays = Replays(fn, {"BLOCK": 16})
+    index = torch.zeros(64, dtype=torch.int32)
+    args = (index, _on_gpu(torch.zeros(64)), _on_gpu(torch.zeros(64)), _on_gpu(torch.zeros(64)), 7)
+    replays(grid, args)
+    bound = replays.bind(grid, args, (1, 2, 3), made=2)
+    assert bound.made == (1, 2) and bound.checked == (3,)
+    (compiled,) = fn.compiled.values()
+    out, following, y = _on_gpu(torch.ones(64)), _on_gpu(torch.ones(64)), _on_gpu(torch.ones(64))
+    assert bound((out, following, y))
+    sent = compiled.runs[-1][2]
+    assert sent[1] == out.data_ptr() and sent[2] == following.data_ptr() and sent[3] == y.data_ptr()
+    assert not bound((out, following, y.double()))      # the leaf is still checked
+    on_host = (index, torch.zeros(64), torch.zeros(64), torch.zeros(64), 7)
+    replays(grid, on_host)
+    checked = replays.bind(grid, on_host, (1, 2, 3), made=2)
+    assert checked.made == () and checked.checked == (1, 2, 3)
+    elsewhere = (index, _on_gpu(torch.zeros(64), device=1), _on_gpu(torch.zeros(64)), _on_gpu(torch.zeros(64)), 7)
+    assert replays.bind(grid, elsewhere, (1, 2, 3), made=2).made == ()
+
+
 def test_a_bound_launch_defers_to_triton_when_its_state_asks(fake_triton, monkeypatch):
     fn = JitFunction()
     replays = Replays(fn, {"BLOCK": 16})
@@ -351,7 +377,7 @@ def test_a_launch_plan_binds_after_tritons_first_launches(fake_triton, monkeypat
                             grid=lambda meta: (-(-40 // meta["BLOCK"]),), sizes=(1, 1), kwargs={}, signature="sig",
                             types=(types,), bound=[None, 0])
     bound = _bind_plan(plan, (rowptr, 40, torch.zeros(40), 2, torch.zeros(40), torch.zeros(40), types), monkeypatch)
-    assert bound is not None and bound.varying == (2, 4, 5)
+    assert bound is not None and (*bound.made, *bound.checked) == (2, 4, 5)
     out, x, y = torch.ones(40), torch.ones(40), torch.ones(40)
     assert bound((out, x, y))
     (compiled,) = fn.compiled.values()
@@ -371,7 +397,7 @@ def test_a_sibling_groups_plan_binds_its_outputs_partials_and_leaves(fake_triton
     plan = executor._SiblingLaunch(_Tuner(fn), (), (rowptr, 40), (), (), None, (), (types,), torch.device("cpu"),
                                    None, lambda meta: (-(-40 // meta["BLOCK"]),), (1,), {}, "sig", [None, 0])
     bound = _bind_plan(plan, (rowptr, 40, *[torch.zeros(40) for _ in range(4)], types), monkeypatch)
-    assert bound is not None and bound.varying == (2, 3, 4, 5)
+    assert bound is not None and (*bound.made, *bound.checked) == (2, 3, 4, 5)
     fresh = [torch.ones(40) for _ in range(4)]
     assert bound(fresh)
     (compiled,) = fn.compiled.values()

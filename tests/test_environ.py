@@ -107,3 +107,16 @@ def test_variables_read_raw_change_exactly_when_a_variable_does(monkeypatch):
     assert watched.raw() != first
     monkeypatch.setattr(os, "environ", {NAME: "a"})      # a replaced environ is read through its own get
     assert watched.raw() == ("a", None)
+
+
+def test_a_prepared_runs_settings_hold_the_variables_that_chose_its_backend(monkeypatch):
+    """A prepared call reads no backend variable itself: it relies on the backend's
+    prepared run declining once they change (`prepared_call.preparer`), which holds
+    because the Triton backend's run settings carry their values."""
+    from gnnfuse.backend.triton import executor
+    from gnnfuse.runtime.prepared_call import BACKEND_VARIABLES
+    assert set(BACKEND_VARIABLES) == set(executor.SELECTION_VARIABLES)
+    assert set(BACKEND_VARIABLES) <= set(executor.SETTINGS_VARIABLES.names)
+    before = executor.run_settings(100)
+    monkeypatch.setenv("GNNFUSE_BACKEND", "reference")
+    assert executor.run_settings(100) != before

@@ -183,8 +183,8 @@ def test_a_scan_adds_into_the_output_its_last_run_zeroed(nodes, monkeypatch):
     pairs = []
     carried = triton_executor._carried_outputs
 
-    def spy(plan):
-        out, following = carried(plan)
+    def spy(plan, stream):
+        out, following = carried(plan, stream)
         pairs.append((out, following.fill_(float("nan"))))
         return out, following
     monkeypatch.setattr(triton_executor, "_carried_outputs", spy)
@@ -216,14 +216,14 @@ def test_a_scan_whose_launch_raised_keeps_no_output(monkeypatch):
     carried, launch = triton_executor._carried_outputs, triton_executor._launch_bound
     failing = [False]
 
-    def spy(plan):
-        out, following = carried(plan)
+    def spy(plan, stream):
+        out, following = carried(plan, stream)
         return out, following.fill_(float("nan"))
 
-    def flaky(plan, args):
+    def flaky(plan, args, *made):
         if failing[0]:
             raise RuntimeError("launch failed")
-        return launch(plan, args)
+        return launch(plan, args, *made)
     monkeypatch.setattr(triton_executor, "_carried_outputs", spy)
     monkeypatch.setattr(triton_executor, "_launch_bound", flaky)
     monkeypatch.setattr(triton_executor, "_BIND_ATTEMPTS", 0)      # every launch through `_launch_bound`

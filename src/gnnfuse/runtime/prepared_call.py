@@ -7,31 +7,31 @@ a neighbour sum's kernel takes about 10 us and that Python took several times as
 
 When a program is called twice in a row without gradients on one graph with inputs of
 the same shapes, dtypes and devices, it keeps a `PreparedCall`: those inputs'
-metadata, the environment variables that chose the backend, and the backend's
-`PreparedRun` (only the Triton backend has one). A later call is run by it only when
+metadata and the backend's `PreparedRun` (only the Triton backend has one). A later call is run by it only when
 every one of those compares equal -- the same graph object (graphs are immutable),
 each input a tensor of the dtype, device and layout it ran with (a front end's repeat
 call, frontend/repeat_call.py, hands over tables it has not type-checked), no input
-needing a gradient while gradients are enabled, no `record_calls` block open, the
-backend's variables, and then the backend's own checks (`PreparedRun.run`: the inputs'
-shapes and its settings) -- so it computes what the full path would; otherwise the call
-takes the full path, which reports any error. A program of one input goes to the
+needing a gradient while gradients are enabled, no `record_calls` block open, and then
+the backend's own checks (`PreparedRun.run`: the inputs' shapes and its settings,
+which include the variables that chose the backend: `preparer`) -- so it computes what
+the full path would; otherwise the call takes the full path, which reports any error. A program of one input goes to the
 backend's `run_one` first, which launches the plan it holds without `run`'s dicts, and
 to `run` where that declines.
 
 Launched first. That one-input call (a repeated neighbour sum's, a GCN aggregation's)
 makes its checks after the launch, not before. The backend's `run_one` checks what makes
 its launch safe -- the plan was made for this graph, the input is a dense tensor of the
-plan's device, dtype and shape -- launches, and only then compares its settings; this
-call's checks (no `record_calls` block, the backend's variables, the input's metadata
-and gradient) and the front end's (frontend/repeat_call.py: the same program, by the
+plan's device, dtype and shape (so of the inputs this call ran with) -- launches, and
+only then compares its settings; this call's checks (no `record_calls` block, no
+gradient wanted) and the front end's (frontend/repeat_call.py: the same program, by the
 trace cache and the guard) follow while the kernel runs. Where one fails the call
 returns None and the caller runs the full path: the kernel launched wrote only into the
 outputs the backend made for it (and a scan's next output, which it zeroes as every run
-does), which nobody sees. Why: on a small graph the call is host-bound, and a launched
-call's latency is the Python before its launch plus the kernel (about 10 us for an
-arxiv-sized sum); on the 2-core CI machine the Python before a repeated neighbour sum's
-launch went from 7.4-8.5 us to 2.4 us, the checks after it overlapping the kernel.
+does), which nobody sees. Why: a launched call's latency is the host's work before its
+launch plus the kernel, where the kernel outlasts the work after it (the checks, the
+result); on the 2-core CI machine the Python before a repeated neighbour sum's launch
+went from 7.4-8.5 us to 2.4 us. A kernel shorter than the checks after it (an
+arxiv-sized F = 1 sum, 10 us) still waits for all of them.
 """
 from __future__ import annotations
 
@@ -40,12 +40,11 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from ..environ import Variables
 from ..graph import Graph
 
-# The variables `compiled.select_backend` reads.
+# The variables `compiled.select_backend` reads: a prepared run declines once they change
+# (`preparer`), which spares a prepared call reading them itself.
 BACKEND_VARIABLES = ("GNNFUSE_BACKEND", "TRITON_INTERPRET")
-_BACKEND = Variables(BACKEND_VARIABLES)
 
 
 class PreparedCall:
@@ -58,7 +57,6 @@ class PreparedCall:
         self._graph = weakref.ref(graph)
         self._keys = keys
         self._metas = tuple([(t.dtype, t.device) for t in tensors])     # shapes: the backend's run checks them
-        self._variables = _BACKEND.raw()
         self._run = run.run
         self._run_one = run.run_one if len(keys) == 1 else None
         self._recorders = recorders
@@ -70,7 +68,7 @@ class PreparedCall:
 
     def __call__(self, graph: Graph, feeds: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
         """The program's outputs on ``graph`` and ``feeds``, or None where any check differs."""
-        if self._graph() is not graph or self._recorders or _BACKEND.raw() != self._variables:
+        if self._graph() is not graph or self._recorders:
             return None
         grad = torch.is_grad_enabled()
         for key, (dtype, device) in zip(self._keys, self._metas):
@@ -92,16 +90,16 @@ class PreparedCall:
         if self._graph() is not graph or self._run_one is None:
             return None
         outputs = self._run_one(graph, tensor)
-        if outputs is None:     # nothing launched, or dropped: the checks first, then ``run``
-            if not self._takes(tensor):
-                return None
-            result = self._run(graph, {self._keys[0]: tensor})
-            return None if result is None else result[0]
-        return outputs if self._takes(tensor) else None
+        if outputs is not None:     # ``tensor`` is of the plan's device and dtype: those of the inputs it ran with
+            return None if self._recorders or (tensor.requires_grad and torch.is_grad_enabled()) else outputs
+        if not self._takes(tensor):     # nothing launched, or dropped: the checks first, then ``run``
+            return None
+        result = self._run(graph, {self._keys[0]: tensor})
+        return None if result is None else result[0]
 
     def _takes(self, tensor: object) -> bool:
         """`__call__`'s checks but the graph's, for a program of one input fed ``tensor``."""
-        if self._recorders or _BACKEND.raw() != self._variables:
+        if self._recorders:
             return False
         dtype, device = self._metas[0]
         return (isinstance(tensor, torch.Tensor) and tensor.dtype == dtype and tensor.device == device
@@ -110,7 +108,10 @@ class PreparedCall:
 
 def preparer(backend: str) -> Callable[..., Any] | None:
     """The backend's ``(program, graph) -> PreparedRun`` (the one its `execute` keeps), if
-    it has prepared runs."""
+    it has prepared runs. Its ``run`` and ``run_one`` return None once any of
+    `BACKEND_VARIABLES` differs from when it was made (the Triton backend's settings
+    hold their values: `executor.SELECTION_VARIABLES`): it was made while they chose
+    this backend, so while they are unchanged they choose it still."""
     if backend != "triton":
         return None
     from ..backend.triton import held_run

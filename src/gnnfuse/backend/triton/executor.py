@@ -236,6 +236,12 @@ class _Launch(NamedTuple):
     # per stream, an output the last run's kernel zeroed, for the next run to add into,
     # where the kernel takes the next output after ``out`` (`_carried_outputs`)
     carried: dict | None = None
+    # one element of the output's dtype on its device, expanded to its shape: ``out`` is
+    # ``torch.empty_like`` (or ``zeros_like``) of it, a contiguous tensor of that shape.
+    # Why: ``torch.empty(shape, dtype=..., device=...)`` parses its keywords on every call;
+    # on the 2-core CI machine it took 2.3 us against ``empty_like``'s 1.2, and on the
+    # H200's host ``torch.empty`` was 3.3-6.5 us of a 24-53 us launched neighbour sum
+    template: torch.Tensor | None = None
 
 
 def _read_environment() -> tuple:
@@ -308,10 +314,11 @@ def run_launch(plan: _Launch, leaves: dict[int, torch.Tensor]) -> torch.Tensor:
     """A unit's output from its launch plan and the call's leaves."""
     carries = plan.carried is not None and plan.kernel is not None
     if carries:
-        outs = _carried_outputs(plan)
+        stream = uncaptured_stream() if plan.device.type == "cuda" else 0
+        outs = _carried_outputs(plan, stream)
         out = outs[0]
     else:
-        out = (torch.zeros if plan.zeros else torch.empty)(plan.out_shape, dtype=plan.out_dtype, device=plan.device)
+        out = (torch.zeros_like if plan.zeros else torch.empty_like)(plan.template)
         outs = (out,) if plan.workspace is None else (out, *_workspace(plan))
     if plan.zero_rows is not None:
         out.index_fill_(0, plan.zero_rows, 0)
@@ -321,9 +328,9 @@ def run_launch(plan: _Launch, leaves: dict[int, torch.Tensor]) -> torch.Tensor:
             args.append(_laid_out(leaves[leaf], width, stride))
         bound = plan.bound[0]
         if bound is None or not bound((*outs, *args)):
-            _launch_bound(plan, (*plan.before, *outs, *plan.after, *args, *plan.types))
+            _launch_bound(plan, (*plan.before, *outs, *plan.after, *args, *plan.types), len(outs))
         if carries:
-            _keep_carried(plan, outs[1])
+            _keep_carried(plan, outs[1], stream)
     if plan.added_after is not None:
         out.add_(leaves[plan.added_after])
     if plan.summed_to is not None:
@@ -353,16 +360,15 @@ def _workspace(plan: _Launch) -> tuple[torch.Tensor, torch.Tensor]:
     return found
 
 
-def _carried_outputs(plan: _Launch) -> tuple[torch.Tensor, torch.Tensor]:
+def _carried_outputs(plan: _Launch, stream: tuple | int | None) -> tuple[torch.Tensor, torch.Tensor]:
     """(``out``, the next output) for a kernel that adds into a zeroed ``out`` and zeroes
-    the next output (`codegen.generate_scan`): ``out`` is the one the last run on the
-    current stream zeroed, and the next one was made after that run's launch
-    (`_keep_carried`): the kernel zeroes it for the next run on this stream. Why:
-    ``torch.zeros`` is a memset launched before the kernel, and on a small graph the call
-    is host-bound: on the H200's host ``torch.zeros`` took 6-7 us of latency more than
-    ``torch.empty`` in a launched arxiv-sized neighbour sum of 41-64 us, and
-    ``torch.empty`` itself 3.3-3.5 us of the 37-38 us (benchmarks/results/launch_floor.md);
-    made after the launch, it overlaps the kernel.
+    the next output (`codegen.generate_scan`), launched on ``stream`` (`uncaptured_stream`;
+    0 off CUDA): ``out`` is the one the last run on that stream zeroed, and the next one
+    was made after that run's launch (`_keep_carried`); the kernel zeroes it for the next
+    run on this stream. Why: ``torch.zeros`` is a memset launched before the kernel, and
+    on a small graph the call is host-bound: on the H200's host ``torch.zeros`` took 6-7
+    us of latency more than ``torch.empty`` in a launched arxiv-sized neighbour sum of
+    41-64 us (benchmarks/results/launch_floor.md).
 
     Kept per stream (the current device's current one, where the kernel launches), as
     `_workspace`'s are: the stream orders the zeroing kernel before the kernel that
@@ -373,27 +379,22 @@ def _carried_outputs(plan: _Launch) -> tuple[torch.Tensor, torch.Tensor]:
     into the same held memory on every replay with nothing zeroing it in between, so it
     captures ``torch.zeros`` and zeroes a next output of its own that nothing reads. So
     does the first run on a stream."""
-    device = plan.device
-    shape, dtype = plan.out_shape, plan.out_dtype
-    key = uncaptured_stream() if device.type == "cuda" else 0
-    kept = None if key is None else plan.carried.pop(key, None)
+    kept = None if stream is None else plan.carried.pop(stream, None)
     if kept is None:
-        return torch.zeros(shape, dtype=dtype, device=device), torch.empty(shape, dtype=dtype, device=device)
+        return torch.zeros_like(plan.template), torch.empty_like(plan.template)
     return kept
 
 
-def _keep_carried(plan: _Launch, following: torch.Tensor) -> None:
-    """After a carried run's launch: keep ``following``, which its kernel zeroes, as the
-    next run's output on this stream, and make the output that run will zero, now,
-    while the kernel runs (`_carried_outputs`). Nothing under a capture."""
-    device = plan.device
-    key = uncaptured_stream() if device.type == "cuda" else 0
-    if key is None:
+def _keep_carried(plan: _Launch, following: torch.Tensor, stream: tuple | int | None) -> None:
+    """After a carried run's launch on ``stream``: keep ``following``, which its kernel
+    zeroes, as the next run's output there, and make the output that run will zero,
+    now, while the kernel runs (`_carried_outputs`). Nothing under a capture (None)."""
+    if stream is None:
         return
     carried = plan.carried
-    if key not in carried and len(carried) >= _MOST_WORKSPACES:
+    if stream not in carried and len(carried) >= _MOST_WORKSPACES:
         carried.pop(next(iter(carried)), None)
-    carried[key] = (following, torch.empty(plan.out_shape, dtype=plan.out_dtype, device=device))
+    carried[stream] = (following, torch.empty_like(following))
 
 
 # Launches a plan makes through `launch` before it stops trying to bind one: Triton's
@@ -401,14 +402,16 @@ def _keep_carried(plan: _Launch, following: torch.Tensor) -> None:
 _BIND_ATTEMPTS = 4
 
 
-def _launch_bound(plan: _Launch | _SiblingLaunch, args: tuple) -> None:
+def _launch_bound(plan: _Launch | _SiblingLaunch, args: tuple, made: int = 0) -> None:
     """``plan``'s launch on ``args`` through `launch`, then, while the plan has none and
     within `_BIND_ATTEMPTS`, its `BoundLaunch`: the kernel with the plan's constant
     arguments and grid in place, which later calls launch after checking only the
     specialization of the call's own tensors (`run_unit`, `_run_siblings`). Those sit
     between the plan's leading arguments and its edge types: the output (a unit's one,
     followed by its constant ``after`` arguments) or outputs and partial results (a
-    sibling group's), then the leaves."""
+    sibling group's), then the leaves. The first ``made`` of them are tensors the caller
+    makes itself for every launch, of the plan's dtypes on its device (`run_launch`'s
+    outputs, workspace and next output), which the bound launch need not check."""
     launch(plan.kernel, plan.grid, plan.sizes, args, plan.kwargs, plan.signature)
     slot = plan.bound
     if slot[0] is None and slot[1] < _BIND_ATTEMPTS:
@@ -416,7 +419,7 @@ def _launch_bound(plan: _Launch | _SiblingLaunch, args: tuple) -> None:
         first, end, after = len(plan.before), len(args) - len(plan.types), getattr(plan, "after", ())
         # a plan with a workspace has no ``after``: its ``out``, workspace and counters vary together
         varying = (first, *range(first + 1 + len(after), end)) if after else tuple(range(first, end))
-        slot[0] = bind(plan.kernel, plan.grid, args, plan.signature, varying)
+        slot[0] = bind(plan.kernel, plan.grid, args, plan.signature, varying, min(made, 1) if after else made)
 
 
 def _run_type_sum(unit: TypeSumUnit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> torch.Tensor:
@@ -701,9 +704,10 @@ def _launch_plan(kernel, grid, sizes: tuple[int, ...], before: tuple, after: tup
               *(a.dtype for a in after if isinstance(a, torch.Tensor)), *leaf_dtypes)
     if zero_rows is not None and math.prod(out_shape) * out_dtype.itemsize <= WHOLE_ZERO_BYTES:
         zeros, zero_rows = True, None
+    template = torch.empty((), dtype=out_dtype, device=rest["device"]).expand(out_shape)
     return _Launch(kernel=kernel, before=before, after=after, out_shape=out_shape, out_dtype=out_dtype, zeros=zeros,
                    zero_rows=zero_rows, grid=grid, sizes=sizes, kwargs=kwargs,
-                   signature=signature(sizes, kwargs, dtypes), bound=[None, 0], **rest)
+                   signature=signature(sizes, kwargs, dtypes), bound=[None, 0], template=template, **rest)
 
 
 def _feature_tile() -> int | None:
@@ -813,7 +817,9 @@ def program_plan(program: Program, keep: tuple[int, ...], tiled: bool) -> list:
 def run_settings(num_edges: int) -> Hashable:
     """Everything besides the program, the graph and the tensors that decides how
     `execute` runs on a graph of ``num_edges`` edges: the forced schedule, the
-    environment (`_read_environment`), the segment length and whether scores are tiled.
+    environment (`_read_environment`), the segment length, whether scores are tiled, and
+    the values of the variables that chose this backend (`SELECTION_VARIABLES`), so that
+    a prepared run, which compares them, declines once another backend would run.
 
     A prepared run compares them on every call, so the last answer is kept and returned
     again while all it was made from is unchanged: the raw values of `SETTINGS_VARIABLES`,
@@ -829,15 +835,21 @@ def run_settings(num_edges: int) -> Hashable:
             and threshold == overrides.TILED_SCORES_FROM_EDGES and _ENVIRONMENT.enclosing() is None
             and tuned_schedule.still_current(settings[1][1], where)):
         return settings
-    settings = forced, _ENVIRONMENT.current(), SEGMENT_EDGES, tiled_scores(num_edges)
+    settings = (forced, _ENVIRONMENT.current(), SEGMENT_EDGES, tiled_scores(num_edges),
+                tuple(map(getenv, SELECTION_VARIABLES)))
     read = _LAST_READ
     if _ENVIRONMENT.enclosing() is None and read[2] is settings[1] and SETTINGS_VARIABLES.raw() == raw:
         _LAST_SETTINGS = (raw, forced, num_edges, SEGMENT_EDGES, overrides.TILED_SCORES_FROM_EDGES, read[1], settings)
     return settings
 
 
-# What `run_settings` reads from the environment: `_read_environment`'s variables and the tiling switch.
-SETTINGS_VARIABLES = Variables((*ENVIRONMENT_VARIABLES.names, TILED_SCORES_ENV))
+# The variables that choose the backend (`runtime.compiled.select_backend`; the runtime's
+# prepared call relies on a prepared run declining once they change: runtime/prepared_call.py)
+SELECTION_VARIABLES = ("GNNFUSE_BACKEND", "TRITON_INTERPRET")
+# What `run_settings` reads from the environment: `_read_environment`'s variables, the
+# tiling switch and the backend's choosers
+SETTINGS_VARIABLES = Variables(tuple(dict.fromkeys((*ENVIRONMENT_VARIABLES.names, TILED_SCORES_ENV,
+                                                    *SELECTION_VARIABLES))))
 # (raw values, forced schedule, edges, segment length, tiling threshold, path variables, settings) of its last answer
 _LAST_SETTINGS: tuple = (None,) * 7
 

@@ -62,14 +62,15 @@ def launch(kernel: Any, grid: Callable[[dict], tuple], sizes: tuple[int, ...], a
 
 
 def bind(kernel: Any, grid: Callable[[dict], tuple], args: Sequence[Any], known_signature: Hashable,
-         varying: Sequence[int]) -> BoundLaunch | None:
+         varying: Sequence[int], made: int = 0) -> BoundLaunch | None:
     """The launch `launch` made last with ``args`` under ``known_signature``, bound with
-    all but the positions ``varying`` fixed (`direct_launch.BoundLaunch`), for a caller
-    whose other arguments never change (a launch plan's); None where there is none yet
-    (the autotuner's first launches, Triton's own first launch of this specialization)
-    or none can be (a plain JIT function, a config with a pre-hook, the interpreter)."""
+    all but the positions ``varying`` fixed (`direct_launch.BoundLaunch`; the first
+    ``made`` of them the caller's own tensors), for a caller whose other arguments never
+    change (a launch plan's); None where there is none yet (the autotuner's first
+    launches, Triton's own first launch of this specialization) or none can be (a plain
+    JIT function, a config with a pre-hook, the interpreter)."""
     entry = _CHOSEN.get(kernel, {}).get(known_signature) if isinstance(kernel, Autotuner) else None
-    return entry.bind(grid, args, varying) if isinstance(entry, Replays) else None
+    return entry.bind(grid, args, varying, made) if isinstance(entry, Replays) else None
 
 
 def _plain_replays(kernel: Any, kwargs: dict[str, Any]) -> Replays | None:

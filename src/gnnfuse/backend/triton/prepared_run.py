@@ -43,7 +43,7 @@ class PreparedRun:
         self._graph = weakref.ref(graph)      # the launch plans held are this graph's
         self._program = program
         keep = tuple(sorted(set(keep)))      # as `execute` orders it
-        self._keep, self._steps = schedule_steps(program, program_plan(program, keep, self.settings[-1]), keep)
+        self._keep, self._steps = schedule_steps(program, program_plan(program, keep, self.settings[3]), keep)
         self._inputs = tuple([(key, value_id, shape) for key, value_id, shape, _ in
                               input_shapes(program, TritonGraphContext(graph))])
         self._outputs = tuple([(key, value.id) for key, value in program.outputs.items()])
