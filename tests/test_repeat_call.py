@@ -149,6 +149,18 @@ def test_another_graph_dtype_or_table_takes_the_front_end(lookups):
         _neighbour_sum(graph, [wide])
 
 
+def test_a_table_of_one_tensor_under_another_name_takes_the_front_end(lookups):
+    """A call of one tensor is matched to a repeat by its shape and its key: the prepared
+    call takes the tensor alone, so a same-shaped tensor named otherwise must reach the
+    full path and its error, not be summed as the repeat's input."""
+    graph = _graph(device=DEVICE)
+    h = _features(graph)
+    _warm(_neighbour_sum, graph, {"h": h}, _oracle(graph, h), lookups)
+    with pytest.raises(gnnfuse.CompileError, match="vertex feature 'h' does not exist"):
+        _neighbour_sum(graph, {"x": h})
+    _check(_neighbour_sum, graph, {"h": h}, _oracle(graph, h), lookups, repeat=True)
+
+
 def test_the_default_dtype_is_part_of_the_key(lookups):
     graph = _graph(device=DEVICE)
     h = _features(graph)

@@ -51,11 +51,12 @@ class RepeatCall:
     """A repeat of a call of ``functions`` that a prepared call ran (see the module docstring)."""
 
     def __init__(self, cache: TraceCache, functions: tuple[Callable | None, ...], guard: object,
-                 compiled: CompiledProgram, shapes: tuple) -> None:
+                 compiled: CompiledProgram, shapes: tuple, keys: tuple[str, ...]) -> None:
         self._cache, self._generation = cache, cache.generation
         # of the table's tensors, one per key (the program's inputs, which its prepared call
         # checks): which of a function's repeats a call may be, `RepeatCalls` compares them
         self.shapes = shapes
+        self.keys = keys        # the table's, in its order: a call of one tensor is taken by name too
         self._functions, self._guard = functions, guard
         # the walk's inputs by identity, where comparing them decides the guard key
         self._reads = shallow_reads(functions)
@@ -80,7 +81,8 @@ class RepeatCall:
         if set(table) != set(compiled.input_keys):
             return None
         guard = guard_key(functions)
-        return None if guard is None else cls(cache, functions, guard, compiled, tuple(map(_SHAPE, table.values())))
+        return None if guard is None else cls(cache, functions, guard, compiled, tuple(map(_SHAPE, table.values())),
+                                              tuple(table))
 
     def __call__(self, graph: object, table: dict) -> dict[str, torch.Tensor] | None:
         """The program's outputs for a call on ``graph`` with node table ``table`` alone
@@ -129,7 +131,7 @@ class RepeatCalls:
         if not self._calls or type(table) is not dict:
             return None
         if len(table) == 1:     # a neighbour sum's, a GCN aggregation's: no dict walked
-            (tensor,) = table.values()
+            ((key, tensor),) = table.items()
             try:
                 shapes = (tensor.shape,)
                 if tensor.requires_grad and torch.is_grad_enabled():
@@ -137,8 +139,8 @@ class RepeatCalls:
             except AttributeError:      # a value that is no tensor: the full path reports it
                 return None
             for call in self._calls:
-                if call.shapes == shapes:
-                    return call.one(graph, tensor)
+                if call.shapes == shapes:      # and the same name: the prepared call takes the tensor alone
+                    return call.one(graph, tensor) if call.keys == (key,) else None
             return None
         if wants_gradient(table):
             return None
