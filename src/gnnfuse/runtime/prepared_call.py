@@ -6,17 +6,17 @@ the environment, and hands over to the backend, which picks its plans. On a smal
 a neighbour sum's kernel takes about 10 us and that Python took several times as long.
 
 When a program is called twice in a row without gradients on one graph with inputs of
-the same shapes, dtypes and devices, it keeps a `PreparedCall`: those inputs'
-metadata and the backend's `PreparedRun` (only the Triton backend has one). A later call is run by it only when
-every one of those compares equal -- the same graph object (graphs are immutable),
-each input a tensor of the dtype, device and layout it ran with (a front end's repeat
-call, frontend/repeat_call.py, hands over tables it has not type-checked), no input
-needing a gradient while gradients are enabled, no `record_calls` block open, and then
-the backend's own checks (`PreparedRun.run`: the inputs' shapes and its settings,
-which include the variables that chose the backend: `preparer`) -- so it computes what
-the full path would; otherwise the call takes the full path, which reports any error. A program of one input goes to the
-backend's `run_one` first, which launches the plan it holds without `run`'s dicts, and
-to `run` where that declines.
+the same shapes, dtypes and devices, it keeps a `PreparedCall`: those inputs' metadata
+and the backend's `PreparedRun` (only the Triton backend has one). A later call is run
+by it only when every one of those compares equal -- the same graph object (graphs are
+immutable), each input a tensor of the dtype, device and layout it ran with (a front
+end's repeat call, frontend/repeat_call.py, hands over tables it has not type-checked),
+no input needing a gradient while gradients are enabled, no `record_calls` block open,
+and then the backend's own checks (`PreparedRun.run`: the inputs' shapes and its
+settings, which include the variables that chose the backend: `preparer`) -- so it
+computes what the full path would; otherwise the call takes the full path, which
+reports any error. A program of one input goes to the backend's `run_one` first, which
+launches the plan it holds without `run`'s dicts, and to `run` where that declines.
 
 Launched first. That one-input call (a repeated neighbour sum's, a GCN aggregation's)
 makes its checks after the launch, not before. The backend's `run_one` checks what makes
