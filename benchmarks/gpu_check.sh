@@ -11,7 +11,8 @@ mkdir -p "$out"
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
 status=0
 step() { echo "== $*"; "$@" || { echo "!! failed: $*"; status=1; }; }
-step python -m pytest -q -x -p no:cacheprovider tests/test_triton_backend.py tests/test_nn.py
+# addopts cleared: its -n needs pytest-xdist, which the device may lack, and these tests share one GPU
+step python -m pytest -q -x -p no:cacheprovider -o addopts="" tests/test_triton_backend.py tests/test_nn.py
 step python benchmarks/check_bf16.py
 step python -m gnnfuse train --model gat --dataset cora --device cuda --epochs 30
 step python -m gnnfuse bench --model gat --dataset cora --device cuda --steps 5 --json "$out/bench_gat_cora.json"
