@@ -11,7 +11,7 @@ mkdir -p "$out"
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
 status=0
 step() { echo "== $*"; "$@" || { echo "!! failed: $*"; status=1; }; }
-# addopts cleared: its -n needs pytest-xdist, which the device may lack, and these tests share one GPU
+# addopts cleared (its -n auto would start a worker per core): one process, the tests share one GPU
 step python -m pytest -q -x -p no:cacheprovider -o addopts="" tests/test_triton_backend.py tests/test_nn.py
 step python benchmarks/check_bf16.py
 step python -m gnnfuse train --model gat --dataset cora --device cuda --epochs 30
