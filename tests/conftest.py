@@ -33,9 +33,10 @@ sys.path.insert(0, str(TESTS))
 from oracle_check import device_for  # noqa: E402  (needs the test folder on sys.path)
 
 
-# A test still running after this long is hung (the slowest takes ~20 s on a cold 2-core
-# machine): the run stops with every thread's traceback instead of waiting for CI's own
-# limit, which ended the run of 0e9f523 after 90 minutes with no sign of where it hung.
+# A test still running after this long is hung (the slowest takes ~50 s on a cold 2-core
+# machine): its process stops with every thread's traceback (under pytest-xdist the test
+# fails as its worker's crash and the run goes on) instead of waiting for CI's own limit,
+# which ended the run of 0e9f523 after 90 minutes with no sign of where it hung.
 HANG_LIMIT_S = 600
 _REAL_STDERR: list[int] = []
 
