@@ -73,8 +73,7 @@ class PreparedCall:
         grad = torch.is_grad_enabled()
         for key, (dtype, device) in zip(self._keys, self._metas):
             t = feeds.get(key)
-            if (not isinstance(t, torch.Tensor) or t.dtype != dtype or t.device != device
-                    or t.layout is not torch.strided or (grad and t.requires_grad)):
+            if not _fits(t, dtype, device, grad):
                 return None
         if self._run_one is not None:       # one input: ``t``, checked
             outputs = self._run_one(graph, t)
@@ -99,11 +98,15 @@ class PreparedCall:
 
     def _takes(self, tensor: object) -> bool:
         """`__call__`'s checks but the graph's, for a program of one input fed ``tensor``."""
-        if self._recorders:
-            return False
-        dtype, device = self._metas[0]
-        return (isinstance(tensor, torch.Tensor) and tensor.dtype == dtype and tensor.device == device
-                and tensor.layout is torch.strided and not (tensor.requires_grad and torch.is_grad_enabled()))
+        return not self._recorders and _fits(tensor, *self._metas[0], torch.is_grad_enabled())
+
+
+def _fits(t: object, dtype: torch.dtype, device: torch.device, grad: bool) -> bool:
+    """Whether ``t`` is an input a prepared call takes where the inputs it ran with were of
+    ``dtype`` on ``device``: a dense tensor of them, not needing a gradient while gradients
+    are on (``grad``)."""
+    return (isinstance(t, torch.Tensor) and t.dtype == dtype and t.device == device
+            and t.layout is torch.strided and not (grad and t.requires_grad))
 
 
 def preparer(backend: str) -> Callable[..., Any] | None:
