@@ -1,6 +1,7 @@
 """Each rewrite pass on a small program: the rewritten listing and its op count."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from gnnfuse.ir import Program, Residency, verify
@@ -112,3 +113,34 @@ def test_edge_softmax_decomposes_into_reductions_with_a_gradient_free_shift():
     backward = build_backward(p, ["s"])
     assert not any(v.op == "reduce" and v.attrs["op"] == "max" for v in backward.program)
     assert "eq" not in ops(backward.program)     # the max's tie-splitting derivative never runs
+
+
+def _max_of(score: str) -> Program:
+    """``max`` over in-edges of a per-edge value made from gathered rows: a feature sum
+    (``(u.h * v.q).sum(-1, keepdim=True)``), elementwise work (``relu(u.h + v.q)``) or the
+    gathered row itself."""
+    p = Program()
+    h, q = p.input("h", R.NODE, (2, 3), f64), p.input("q", R.NODE, (2, 3), f64)
+    hu, qv = p.add("broadcast", h, by="src"), p.add("broadcast", q, by="dst")
+    value = {"feature sum": lambda: p.add("sum_dim", p.add("mul", hu, qv), dim=(-1,), keepdim=True),
+             "elementwise": lambda: p.add("relu", p.add("add", hu, qv)),
+             "gather": lambda: hu}[score]()
+    p.output("out", p.add("reduce", value, op="max", by="dst"))
+    verify(p)
+    return p
+
+
+@pytest.mark.parametrize("score,saved", [("feature sum", True), ("elementwise", False), ("gather", False)])
+def test_a_max_derivative_compares_the_forwards_own_values(score, saved):
+    """The backward of a max finds its arg-max edges by equality with the saved maximum,
+    in two kernels (the hits and their count). A per-edge feature sum recomputed there is
+    added in each kernel's own order, so it is saved and the forward's maximum is taken
+    over those saved values; elementwise work and gathers redo the same bits anywhere and
+    stay recomputed (no [E, F] tensor kept)."""
+    from gnnfuse.autodiff import build_backward
+    p = _max_of(score)
+    backward = build_backward(p, ["h", "q"])
+    edge_saved = [v.op for v in backward.saved if v.residency is R.EDGE]
+    assert edge_saved == (["sum_dim"] if saved else [])
+    eq = next(v for v in backward.program if v.op == "eq")
+    assert (eq.inputs[0].op == "input") == saved      # a saved value is an input of the backward

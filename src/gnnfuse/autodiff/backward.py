@@ -54,6 +54,26 @@ class _Builder:
                 self.recomputed[value.id] = self.program.add(
                     value.op, *(self.fwd(i) for i in value.inputs), source=value.source, **value.attrs)
             return self.recomputed[value.id]
+        return self._save(value)
+
+    def fwd_exact(self, value: Value) -> Value:
+        """`fwd`, for a value the backward compares for equality with a result the forward
+        computed from it (the arg-extreme edges of a max or min): recomputed only where
+        that gives the forward's very bits (`recomputed_exactly`), saved otherwise. Why:
+        attention-like scores recomputed in two backward kernels, summed over features in
+        the orders of their two autotuned tile shapes, came out a bit off their row's
+        maximum in one and equal to it in the other: no edge counted as a tie, one got
+        the gradient, and its vertex's gradient was infinite (an H200, float64; the
+        interpreter, one tile shape for all, never showed it). Saved, the forward's
+        maximum is taken over the very values the backward compares (a kept value is
+        never recomputed in a unit body: passes.fusion.partition)."""
+        while value.op == "stop_gradient":
+            value = value.inputs[0]
+        if recomputed_exactly(value):
+            return self.fwd(value)
+        return self._save(value)
+
+    def _save(self, value: Value) -> Value:
         if value.id not in self.saved:
             placeholder = self.program.input(f"saved:{value.id}", value.residency, value.shape, value.dtype)
             self.saved[value.id] = (value, placeholder)
@@ -70,6 +90,19 @@ class _Builder:
 # products (ir/ops/compact.py: redone as P matmuls, P <= E, from the saved vertex table
 # instead of keeping the [E, F] gathered rows -- HGT's transformed keys and values).
 RECOMPUTED_GATHERS = ("broadcast", "reshape", "expand", "compact_typed_matmul", "compact_indexed_matmul")
+
+
+def recomputed_exactly(value: Value) -> bool:
+    """Whether the backward has ``value`` bit for bit as the forward computed it: it is
+    not recomputed (an input, or saved: anything not per-edge), or it is recomputed by
+    elementwise ops, gathers, reshapes and expands alone from such values. Elementwise
+    arithmetic is the same instructions on the same bits in every kernel; a sum over
+    feature dims is not (a tiled one adds in the order its kernel's autotuned tile shape
+    sets), nor is a matmul of edge features or of compact pairs."""
+    if value.op == "input" or not _recomputable(value):
+        return True
+    return ((get_op(value.op).elementwise or value.op in ("broadcast", "reshape", "expand"))
+            and all(recomputed_exactly(i) for i in value.inputs))
 
 
 def _recomputable(value: Value) -> bool:

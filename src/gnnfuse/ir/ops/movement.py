@@ -134,8 +134,9 @@ def _reduce_derivative(b, v, g):
     # max / min: the gradient goes to the arg-extreme edges, split evenly among ties. A
     # NaN result equals no input, so its row has 0 ties and every in-edge gets g / 0 * 0
     # = NaN, as torch's scatter_reduce("amax") backward (PyG's max) gives. Rows without
-    # edges also divide by 0, but no edge reads their quotient.
-    x = b.fwd(v.inputs[0])
+    # edges also divide by 0, but no edge reads their quotient. The edges' values are the
+    # forward's own bits (`fwd_exact`): the hits and their count are compared in two kernels.
+    x = b.fwd_exact(v.inputs[0])
     hit = b.add("eq", x, b.add("broadcast", b.fwd(v), by=by))
     ties = b.add("reduce", hit, op="sum", by=by)
     return [b.add("mul", b.add("broadcast", b.add("div", g, ties), by=by), hit)]

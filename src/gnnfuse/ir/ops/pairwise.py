@@ -86,8 +86,9 @@ def _pair_reduce_derivative(b, v, g):
     if op == "mean":   # every edge owns deg(dst) pairs, at least one: its own (e, e)
         count = b.add("broadcast", b.add("degree", by="dst", dtype=g.dtype), by="dst")
         return [b.add("pair_broadcast", b.add("div", g, count), by=by)]
-    # max / min: to the arg-extreme pairs, split evenly among ties (as torch.amax does).
-    hit = b.add("eq", b.fwd(v.inputs[0]), b.add("pair_broadcast", b.fwd(v), by=by))
+    # max / min: to the arg-extreme pairs, split evenly among ties (as torch.amax does),
+    # compared with the pairs' values as the forward computed them (`fwd_exact`, as reduce's).
+    hit = b.add("eq", b.fwd_exact(v.inputs[0]), b.add("pair_broadcast", b.fwd(v), by=by))
     ties = b.add("pair_reduce", hit, op="sum", by=by)
     return [b.add("mul", b.add("pair_broadcast", b.add("div", g, ties), by=by), hit)]
 
