@@ -72,7 +72,14 @@ def edge_weights(draw, graph: GraphCase) -> tuple:
     if not draw(st.booleans()):
         return ()
     gen = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
-    return (0.5 + torch.rand(graph.edge_index.shape[1], dtype=torch.float64, generator=gen),)
+    weight = 0.5 + torch.rand(graph.edge_index.shape[1], dtype=torch.float64, generator=gen)
+    # A vertex's self loops share one weight: where a layer adds the remaining self loops,
+    # PyG (and gnnfuse, as it) keeps one of several loops' weights by index_put, which
+    # picks an unspecified one on CUDA (PyG's result moved between calls on an H200).
+    src, dst = graph.edge_index
+    loops = src == dst
+    weight[loops] = (0.5 + torch.rand(graph.num_nodes, dtype=torch.float64, generator=gen))[src[loops]]
+    return (weight,)
 
 
 def mlp(in_channels: int) -> nn.Module:
