@@ -12,7 +12,9 @@ arithmetic, reshapes, gathered compact pair products) are recomputed in the back
 attention recomputes its scores: saving them would keep |E|-sized tensors alive between
 forward and backward, while recomputing them costs a few gathers and flops inside the
 fused kernels that need them. Only vertex-sized values, parameters and per-edge values
-that cannot be recomputed (matmuls on edges, random masks) are saved.
+that cannot be recomputed (matmuls on edges, random masks) are saved -- and the per-edge
+values a max's or min's backward compares with the saved extreme, where recomputing them
+would redo more than elementwise work (`_Builder.fwd_exact`).
 """
 from __future__ import annotations
 
