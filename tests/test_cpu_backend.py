@@ -101,6 +101,26 @@ def test_max_and_min_propagate_nan_like_scatter_reduce(reducer, launched, monkey
     assert launched
 
 
+@gnnfuse.vertex
+def _max_of_three_terms(v):
+    return max([u.a + v.b + v.c for u in v.innbs])
+
+
+def test_max_of_a_regrouped_sum_sends_its_gradient_to_the_arg_max(launched, monkeypatch):
+    """``u.a + v.b + v.c`` in a register-row kernel, whose fast-math flags let LLVM add
+    ``v.b + v.c`` once per vertex: recomputed by another kernel the edge values need not
+    round the same, and the max's backward compares them with the saved maximum. They
+    lost their gradient on 207 of 1200 source entries before the compared values were
+    saved (autodiff `recomputed_exactly`); every gradient now matches the reference."""
+    gen = torch.Generator().manual_seed(0)
+    src, dst = torch.randint(0, 300, (3000,), generator=gen), torch.randint(0, 300, (3000,), generator=gen)
+    graph = gnnfuse.Graph(src, dst, 300)
+    a, b, c = (torch.randn(300, 4, dtype=torch.float64, generator=gen) for _ in range(3))
+    assert_same(lambda a, b, c: _max_of_three_terms(graph, {"a": a, "b": b, "c": c}), [a, b, c], monkeypatch,
+                rtol=1e-12, atol=1e-12)
+    assert launched
+
+
 def test_float32_matches_reference(launched, monkeypatch):
     graph = small_graph()
     gen = torch.Generator().manual_seed(2)

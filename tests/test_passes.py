@@ -117,12 +117,13 @@ def test_edge_softmax_decomposes_into_reductions_with_a_gradient_free_shift():
 
 def _max_of(score: str) -> Program:
     """``max`` over in-edges of a per-edge value made from gathered rows: a feature sum
-    (``(u.h * v.q).sum(-1, keepdim=True)``), elementwise work (``relu(u.h + v.q)``) or the
-    gathered row itself."""
+    (``(u.h * v.q).sum(-1, keepdim=True)``), a chain of additions (``u.h + v.q + v.q``),
+    one addition under a relu (``relu(u.h + v.q)``) or the gathered row itself."""
     p = Program()
     h, q = p.input("h", R.NODE, (2, 3), f64), p.input("q", R.NODE, (2, 3), f64)
     hu, qv = p.add("broadcast", h, by="src"), p.add("broadcast", q, by="dst")
     value = {"feature sum": lambda: p.add("sum_dim", p.add("mul", hu, qv), dim=(-1,), keepdim=True),
+             "chained sum": lambda: p.add("add", p.add("add", hu, qv), qv),
              "elementwise": lambda: p.add("relu", p.add("add", hu, qv)),
              "gather": lambda: hu}[score]()
     p.output("out", p.add("reduce", value, op="max", by="dst"))
@@ -130,17 +131,19 @@ def _max_of(score: str) -> Program:
     return p
 
 
-@pytest.mark.parametrize("score,saved", [("feature sum", True), ("elementwise", False), ("gather", False)])
+@pytest.mark.parametrize("score,saved", [("feature sum", True), ("chained sum", True), ("elementwise", False),
+                                         ("gather", False)])
 def test_a_max_derivative_compares_the_forwards_own_values(score, saved):
     """The backward of a max finds its arg-max edges by equality with the saved maximum,
     in two kernels (the hits and their count). A per-edge feature sum recomputed there is
-    added in each kernel's own order, so it is saved and the forward's maximum is taken
-    over those saved values; elementwise work and gathers redo the same bits anywhere and
-    stay recomputed (no [E, F] tensor kept)."""
+    added in each kernel's own order, and a chain of additions may be regrouped, so they
+    are saved and the forward's maximum is taken over those saved values; one op on
+    gathered rows, and gathers, redo the same bits anywhere and stay recomputed (no
+    [E, F] tensor kept)."""
     from gnnfuse.autodiff import build_backward
     p = _max_of(score)
     backward = build_backward(p, ["h", "q"])
     edge_saved = [v.op for v in backward.saved if v.residency is R.EDGE]
-    assert edge_saved == (["sum_dim"] if saved else [])
+    assert edge_saved == ([p.outputs["out"].inputs[0].op] if saved else [])
     eq = next(v for v in backward.program if v.op == "eq")
     assert (eq.inputs[0].op == "input") == saved      # a saved value is an input of the backward

@@ -94,17 +94,39 @@ class _Builder:
 RECOMPUTED_GATHERS = ("broadcast", "reshape", "expand", "compact_typed_matmul", "compact_indexed_matmul")
 
 
+# Elementwise arithmetic a compiler may regroup with an adjacent op of the same kind:
+# reassociated under fast-math (the CPU backend's register-row kernels: ``reassoc``), or
+# a multiply and an add fused into one instruction (Triton's default).
+REGROUPED = ("add", "sub", "mul", "div")
+MOVEMENT = ("broadcast", "reshape", "expand")
+
+
 def recomputed_exactly(value: Value) -> bool:
     """Whether the backward has ``value`` bit for bit as the forward computed it: it is
     not recomputed (an input, or saved: anything not per-edge), or it is recomputed by
-    elementwise ops, gathers, reshapes and expands alone from such values. Elementwise
-    arithmetic is the same instructions on the same bits in every kernel; a sum over
-    feature dims is not (a tiled one adds in the order its kernel's autotuned tile shape
-    sets), nor is a matmul of edge features or of compact pairs."""
+    gathers, reshapes, expands and elementwise ops from such values, where no add, sub,
+    mul or div reads another (through movement alone). Each kernel compiles the work that
+    recomputes a value on its own: a sum over feature dims is added in the order of that
+    kernel's tile shape, and a chain of arithmetic may be regrouped where a kernel hoists
+    a loop's invariant part -- ``max(u.a + v.b + v.c)`` on the CPU backend, whose
+    forward kernel added ``v.b + v.c`` once per vertex, sent 207 of 1200 source entries
+    a wrong gradient (tests/test_cpu_backend.py). One op on the values it reads rounds
+    the same everywhere."""
     if value.op == "input" or not _recomputable(value):
         return True
-    return ((get_op(value.op).elementwise or value.op in ("broadcast", "reshape", "expand"))
-            and all(recomputed_exactly(i) for i in value.inputs))
+    if value.op not in MOVEMENT:
+        if not get_op(value.op).elementwise:
+            return False
+        if value.op in REGROUPED and any(_recomputed_arithmetic(i) for i in value.inputs):
+            return False
+    return all(recomputed_exactly(i) for i in value.inputs)
+
+
+def _recomputed_arithmetic(value: Value) -> bool:
+    """Whether ``value``, seen through movement ops, is recomputed `REGROUPED` arithmetic."""
+    while value.op in MOVEMENT and _recomputable(value):
+        value = value.inputs[0]
+    return value.op in REGROUPED and _recomputable(value)
 
 
 def _recomputable(value: Value) -> bool:
