@@ -142,7 +142,8 @@ def _worker(rank: int, port: int, out: str, world: int) -> None:
                                                     dropout=0.5)
         if not torch.cuda.is_available():       # Triton runs these CPU ranks' tensors in its interpreter only
             os.environ["GNNFUSE_BACKEND"] = "triton"
-            for name in ("gcn", "sage"):    # GCN's aggregation is partition code; GAT's attention program is the layer's own
+            # GCN's aggregation is partition code; GAT's attention program is the layer's own
+            for name in ("gcn", "sage"):
                 results[("triton", name)] = _step_case(rank, name, torch.float32, "interleaved")
         torch.save(results, os.path.join(out, f"rank{rank}.pt"))
     finally:

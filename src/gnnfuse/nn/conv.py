@@ -150,8 +150,9 @@ def _gcn_edge_norm(graph: Graph, edge_weight: torch.Tensor, dtype: torch.dtype, 
     With ``add_self_loops`` every vertex ends with exactly one loop (`_looped`'s edge
     order), weighted by the weight of its existing loop or else ``fill`` -- PyG's
     ``add_remaining_self_loops``, also where a vertex has several loops: one of their
-    weights by ``index_put``, the last on CPU and an unspecified one on CUDA, as PyG's. With ``normalize`` each weight is scaled by deg^-1/2 of
-    both ends, a vertex's degree summing the weights of its in-edges (0 where that is 0).
+    weights by ``index_put``, the last on CPU and an unspecified one on CUDA, as PyG's.
+    With ``normalize`` each weight is scaled by deg^-1/2 of both ends, a vertex's degree
+    summing the weights of its in-edges (0 where that is 0).
     Computed in torch on every call: the weights may change between calls and carry
     gradients, which flow through this normalisation as they do in PyG.
     """
