@@ -55,7 +55,7 @@ def reduce_model(reducer: str):
                                              lambda n: {"o": pick(n.mailbox["m"], dim=1)}, ndata={"h": h})["o"]
 
 
-def test_narrow_kernel_is_written_out_column_by_column(monkeypatch):
+def test_narrow_kernel_is_written_out_column_by_column(monkeypatch, fresh_compile):
     """The source of a 16-wide neighbour sum has no feature loop and one accumulator per
     column. Before: the loop kernel, its 16 columns a run-time loop that never reached
     LLVM's vectorized body (0.8x torch's CSR matmul on pubmed)."""
@@ -134,7 +134,7 @@ def test_gcn_norm_and_attention_float64_and_float32(kinds, monkeypatch):
     assert any(shape == (16,) and flag for shape, flag, _ in kinds)
 
 
-def test_multi_head_rows(kinds, monkeypatch):
+def test_multi_head_rows(kinds, monkeypatch, fresh_compile):
     """Rows of shape (heads, D): per-head attention weights broadcast over D, written out
     once per head, not once per column (GAT's 8 x 8 kernels were a thousand lines and
     took 12.5-14 s each to compile)."""

@@ -246,18 +246,12 @@ def test_cost_rule_counts_the_rows_coo_would_regather_per_edge(monkeypatch):
 
 
 @pytest.mark.parametrize("heads,channels", [(2, 3), (1, 5), (4, 2)])
-def test_attention_gradient_row_sums_match_reference(heads, channels, monkeypatch):
+def test_attention_gradient_row_sums_match_reference(heads, channels, monkeypatch, fresh_compile):
     """GATConv's backward sums ``h_src * grad`` over each head's channels per edge; the
     kernel reduces a padded [edges, heads, next_pow2(channels)] tile with the lanes past
     ``channels`` masked, and node rows of odd width are read from a padded copy."""
     from gnnfuse.backend.triton import codegen
     from gnnfuse.nn import GATConv
-    from gnnfuse.runtime import compiled as compiled_module
-    # a fresh compile, so the kernels are generated here: an earlier test in this process
-    # that compiled the same structure leaves its kernels to be found (a flaky failure
-    # under xdist, whose work stealing orders tests differently each run)
-    monkeypatch.setattr(compiled_module, "_BY_STRUCTURE", {})
-    clear_trace_caches()
     sums = []
     real = codegen.row_sum_split
     monkeypatch.setattr(codegen, "row_sum_split", lambda root: sums.append(real(root)) or real(root))

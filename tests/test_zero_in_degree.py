@@ -82,7 +82,7 @@ def run_udfs(g, with_update):
 
 
 @pytest.mark.parametrize("with_update", [False, True], ids=["reduce", "reduce+update"])
-def test_gated_gcn_reduce_is_zero_filled_without_in_edges(backend, device, with_update, monkeypatch):
+def test_gated_gcn_reduce_is_zero_filled_without_in_edges(backend, device, with_update, monkeypatch, fresh_compile):
     from gnnfuse.backend.triton import executor as triton_executor
     sources = []
     real = triton_executor.kernel_source
