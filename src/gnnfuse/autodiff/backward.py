@@ -88,17 +88,17 @@ class _Builder:
         return self.program.add("const", value=float(value), dtype=like.dtype)
 
 
+# Ops that move data and do no arithmetic: recomputed, they give the forward's very bits.
+MOVEMENT = ("broadcast", "reshape", "expand")
 # Gathers onto the edges: of vertex rows, and of the compact (vertex, relation) pair
 # products (ir/ops/compact.py: redone as P matmuls, P <= E, from the saved vertex table
 # instead of keeping the [E, F] gathered rows -- HGT's transformed keys and values).
-RECOMPUTED_GATHERS = ("broadcast", "reshape", "expand", "compact_typed_matmul", "compact_indexed_matmul")
-
+RECOMPUTED_GATHERS = MOVEMENT + ("compact_typed_matmul", "compact_indexed_matmul")
 
 # Elementwise arithmetic a compiler may regroup with an adjacent op of the same kind:
 # reassociated under fast-math (the CPU backend's register-row kernels: ``reassoc``), or
 # a multiply and an add fused into one instruction (Triton's default).
 REGROUPED = ("add", "sub", "mul", "div")
-MOVEMENT = ("broadcast", "reshape", "expand")
 
 
 def recomputed_exactly(value: Value) -> bool:
