@@ -32,6 +32,8 @@ sys.path.insert(0, str(TESTS))
 
 from oracle_check import device_for  # noqa: E402  (needs the test folder on sys.path)
 
+from gnnfuse.data.paths import DATA_ENV  # noqa: E402  (after the interpreter is chosen above)
+
 
 # A test still running after this long is hung (the slowest takes ~50 s on a cold 2-core
 # machine): its process stops with every thread's traceback (under pytest-xdist the test
@@ -92,9 +94,14 @@ def fresh_compile(monkeypatch) -> None:
 
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
-    path = TESTS.parent.parent / "shared" / "data"
+    """The real data sets: $GNNFUSE_DATA when set (as the loaders read it; the GPU machine
+    gets a copy carried in a git-ignored folder, since ``../shared`` does not travel
+    there), else the ../shared/data folder beside the repository."""
+    configured = os.environ.get(DATA_ENV)
+    path = Path(configured) if configured else TESTS.parent.parent / "shared" / "data"
     if not path.is_dir():
-        pytest.skip(f"real data sets not found at {path} (the ../shared/data folder beside the repository)")
+        where = f"${DATA_ENV}" if configured else "the ../shared/data folder beside the repository"
+        pytest.skip(f"real data sets not found at {path} ({where})")
     return path
 
 
