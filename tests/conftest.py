@@ -92,6 +92,14 @@ def fresh_compile(monkeypatch) -> None:
     clear_trace_caches()
 
 
+@pytest.fixture(autouse=True)
+def _no_data_root_from_the_environment(monkeypatch):
+    """Tests see no $GNNFUSE_DATA unless they set it: the loaders search it beside any
+    explicit root, so a user's (or the GPU run's) setting would hand data to the tests of
+    missing-data errors and downloads. `shared_data` reads it once, before this runs."""
+    monkeypatch.delenv(DATA_ENV, raising=False)
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     """The real data sets: $GNNFUSE_DATA when set (as the loaders read it; the GPU machine
