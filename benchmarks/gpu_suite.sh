@@ -7,6 +7,10 @@
 #
 #   bash benchmarks/gpu_suite.sh OUT 1/2      then, in the next call,      bash benchmarks/gpu_suite.sh OUT 2/2
 #
+# The real-data tests (Cora models, the CLI, downloads) need ../shared/data, which does not
+# travel to the GPU machine: copy it into a git-ignored folder of the checkout, carry that
+# folder, and set GNNFUSE_DATA to it for this script (tests/conftest.py's `shared_data`).
+#
 # 14 workers share the GPU (addopts' -n auto would start one per core). Stopped with SIGINT
 # at LIMIT seconds, pytest still prints what failed so far and which tests ran (-v).
 set -uo pipefail
