@@ -46,6 +46,18 @@ def test_kernel_reads_rows_of_a_padded_table(monkeypatch):
     torch.testing.assert_close(rd.row_dot(x, y, (-1,)), (x * y).sum(-1, keepdim=True), rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("rows", [1, 2])
+def test_a_broadcast_row_is_read_as_broadcast(rows):
+    """A one-vertex graph's backward hands row_dot a stride-0 ``expand`` of its one
+    gradient row; the one-row case once skipped the packed-row check and the kernel read
+    past the row (Triton gradients 3.5 against 6.0 in the fuzzed case)."""
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(rows, 3, dtype=torch.float64, generator=g).to(DEVICE)
+    y = torch.randn(rows, 1, dtype=torch.float64, generator=g).to(DEVICE).expand(rows, 3)
+    torch.testing.assert_close(rd.row_dot(x, y, (-1,)), (x * y).sum(-1, keepdim=True), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(rd.row_dot(y, x, (-1,)), (x * y).sum(-1, keepdim=True), rtol=1e-12, atol=1e-12)
+
+
 def test_kernel_half_accumulates_in_float32():
     x = torch.full((4, 2, 64), 0.1, dtype=torch.float16).to(DEVICE)
     got = rd.row_dot(x, x, (-1,))

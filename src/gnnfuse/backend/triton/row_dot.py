@@ -72,5 +72,7 @@ def row_dot(x: torch.Tensor, y: torch.Tensor, dims: tuple[int, ...]) -> torch.Te
 
 def _packed_rows(t: torch.Tensor) -> bool:
     """Whether each row of ``t`` is packed (its rows may be any stride apart, as the
-    views of padded tables the kernels hand each other are)."""
-    return t.shape[0] <= 1 or t[0].is_contiguous()
+    views of padded tables the kernels hand each other are). A single row is checked
+    too: a one-vertex graph's backward hands over a stride-0 ``expand`` of one row,
+    which the kernel, reading the row as packed, got wrong gradients from."""
+    return t.shape[0] == 0 or t[0].is_contiguous()
