@@ -209,3 +209,52 @@ def test_softmax_dtype_other_than_the_data_is_rejected(softmax):
         return {"o": torch.sum(softmax(nodes.mailbox["m"]) * nodes.mailbox["m"], dim=1)}
     with pytest.raises(CompileError, match=r"softmax\(..., dtype=torch.float32\) on torch.float64 data"):
         gnnfuse.message_passing(graph(), lambda e: {"m": e.src["h"]}, reduce, ndata={"h": features()})
+
+
+# --- torch's broadcasting where the UDF sees graph axes -----------------------------------
+def test_graph_values_of_different_ranks_are_rejected_at_their_line():
+    """DGL runs these UDFs on [N, ...] tensors, so torch pairs a [N] value's row axis with
+    a [N, 1] value's last axis ([N, N]); per-row broadcasting gave [N, 1] silently, and a
+    [N, 2] + [N] that torch refuses gave [N, 2] (found by differential fuzzing)."""
+    h, b, w = features(width=1), torch.randn(5, dtype=DOUBLE), torch.randn(6, dtype=DOUBLE)
+
+    def copy(edges):
+        return {"m": edges.src["h"]}
+
+    def summed(nodes):
+        return {"r": torch.sum(nodes.mailbox["m"], dim=1)}
+
+    def update(nodes):
+        return {"o": nodes.data["r"] + nodes.data["b"]}
+
+    def reduce(nodes):
+        return {"o": torch.sum(nodes.mailbox["m"], dim=1) * nodes.data["b"]}
+
+    def message(edges):
+        return {"m": edges.src["h"] - edges.data["w"]}
+
+    for udfs, where, text, match in (((copy, summed, update), update, '+ nodes.data["b"]', r"\[N, 1\] and a \[N\]"),
+                                     ((copy, reduce), reduce, '* nodes.data["b"]', r"\[N, 1\] and a \[N\]"),
+                                     ((message, summed), message, '- edges.data["w"]', r"\[E, 1\] and a \[E\]")):
+        with pytest.raises(CompileError, match=match) as info:
+            gnnfuse.message_passing(graph(), *udfs, ndata={"h": h, "b": b}, edata={"w": w})
+        assert line_of(where, text) in str(info.value)
+
+
+def test_a_captured_tensor_broadcasts_over_the_feature_dims_as_torch_does():
+    """A captured [1, F] tensor times [E, F] messages is [E, F] in torch; per-row
+    broadcasting made [E, 1, F]. A captured [N, F] one would meet the row axis: refused."""
+    g, h = graph(), features()
+    scale = torch.tensor([[2.0, -1.0, 0.5]], dtype=DOUBLE)
+    out = gnnfuse.message_passing(g, lambda e: {"m": e.src["h"] * scale},
+                                  lambda n: {"o": torch.sum(n.mailbox["m"], dim=1)}, ndata={"h": h})["o"]
+    degree = torch.tensor([1, 3, 1, 0, 1], dtype=DOUBLE)[:, None]
+    check_against(out, lambda x: neighbour_mean(g, x) * degree * scale, h)
+
+    per_row = torch.randn(5, 3, dtype=DOUBLE)
+
+    def message(edges):
+        return {"m": edges.src["h"] * per_row}
+    with pytest.raises(CompileError, match=r"a captured \[5, 3\] tensor next to a 2-dim graph value") as info:
+        gnnfuse.message_passing(g, message, lambda n: {"o": torch.sum(n.mailbox["m"], dim=1)}, ndata={"h": h})
+    assert line_of(message, "* per_row") in str(info.value)

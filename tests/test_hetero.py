@@ -114,7 +114,7 @@ def rgcn_message(graph, x, weight, root, bias):
     def update(nodes):   # DGL runs it on every vertex; reduce outputs are 0 without in-edges
         return {"h": nodes.data["agg"] + nodes.data["h"] @ root + bias}
     return gnnfuse.message_passing(graph, message, reduce, update, ndata={"h": x},
-                                   edata={"norm": relation_mean_norm(graph)},
+                                   edata={"norm": relation_mean_norm(graph).unsqueeze(-1)},   # DGL's [E, 1]
                                    etype_data={"W": weight})["h"]
 
 

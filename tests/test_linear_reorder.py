@@ -59,12 +59,13 @@ def typed_bmm(reduce_name: str):
     return run
 
 
-def graphiler_rgcn(graph, h, w, s):
+def graphiler_rgcn(graph, h, w, s, squeeze=lambda t: t.squeeze()):
     """Graphiler's R-GCN UDF as published (relation weights read through edge data, DGL's
-    [E, 1] norm), compiled unchanged."""
+    [E, 1] norm), compiled unchanged; ``squeeze`` is how the bmm's [E, 1, out] becomes
+    [E, out] (the published ``squeeze()``)."""
     def message(edges):
         relation_weight = w[edges.data["_TYPE"]]
-        msg = torch.bmm(edges.src["h"].unsqueeze(1), relation_weight).squeeze()
+        msg = squeeze(torch.bmm(edges.src["h"].unsqueeze(1), relation_weight))
         msg = msg * edges.data["norm"]
         return {"m": msg}
 
@@ -95,14 +96,21 @@ def test_flat_typed_programs_match_the_oracle_in_both_orders(case, order, backen
 
 
 def test_graphiler_rgcn_with_one_output_feature(order):
-    """``squeeze()`` drops the one feature: the message and DGL's [E, 1] norm are both one
-    value per edge, and the norm is the one that is not the transformed row."""
+    """With one output feature, ``squeeze()`` drops it too: an [E] message times DGL's
+    [E, 1] norm is [E, E] in torch, as DGL would run it, so the UDF is refused at that
+    line (it used to compile to the per-edge product, silently unlike DGL); squeezing
+    the bmm's axis alone, ``squeeze(1)``, compiles to one typed aggregate."""
     graph = typed_graph()
     values = inputs(graph, "cpu")
     values["w"] = values["w"][..., :1].contiguous()
-    (program,) = gnnfuse.explain(lambda: graphiler_rgcn(graph, **values)).programs
+    with pytest.raises(gnnfuse.CompileError, match=r"a \[E\] and a \[E, 1\] graph value") as info:
+        graphiler_rgcn(graph, **values)
+    assert 'msg = msg * edges.data["norm"]' in str(info.value)
+    squeeze_one = {"squeeze": lambda t: t.squeeze(1)}
+    (program,) = gnnfuse.explain(lambda: graphiler_rgcn(graph, **values, **squeeze_one)).programs
     assert program.forward.program.op_count("typed_aggregate") == 1
-    assert_matches_oracle(lambda **kw: graphiler_rgcn(graph, **kw), lambda **kw: oracle(graph, **kw), values)
+    assert_matches_oracle(lambda **kw: graphiler_rgcn(graph, **kw, **squeeze_one), lambda **kw: oracle(graph, **kw),
+                          values)
 
 
 def test_bipartite_graph_matches_the_oracle_in_both_orders(order, backend, device):

@@ -92,7 +92,7 @@ def test_optimize_pipeline_on_a_traced_gcn():
         return {"m": (edges.src["h"] @ w) * edges.src["n"]}
 
     tracer = trace_message_passing(message, lambda n: {"out": torch.sum(n.mailbox["m"], dim=1)},
-                                           None, {"h": x, "n": torch.ones(5, dtype=f64)}, {})
+                                           None, {"h": x, "n": torch.ones(5, 1, dtype=f64)}, {})
     before = tracer.program.op_count()
     optimize(tracer.program)
     assert ops(tracer.program) == ["matmul", "mul", "broadcast", "reduce"]

@@ -178,7 +178,7 @@ def test_graph_data_read_outside_the_arguments_falls_back():
     with warnings.catch_warnings(record=True) as caught, record_calls() as calls:
         warnings.simplefilter("always")
         result = run(ours, data)
-    assert not calls and "not passed to propagate()" in fallback_warnings(caught)[0]
+    assert not calls and "to propagate() as a keyword argument" in fallback_warnings(caught)[0]
     assert_same(result, run(theirs, data))
 
 

@@ -109,7 +109,7 @@ def _att(h, W, a):
 # --- message / reduce -----------------------------------------------------------------
 def message_models(x, graph, p):
     """name -> output, each computed by DGL-style message/reduce UDFs."""
-    norm = gcn_norm(graph)
+    norm = gcn_norm(graph).unsqueeze(-1)    # [N, 1], as DGL code broadcasts it over [E, F] messages
     mp = gnnfuse.message_passing
     out = {}
 

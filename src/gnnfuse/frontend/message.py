@@ -56,13 +56,13 @@ from typing import Callable, Mapping
 import torch
 
 from ..graph import Graph
-from ..ir import Residency, Value
+from ..ir import Residency
 from ..runtime import CompiledProgram
 from . import pairwise
 from .compiled_call import call_compiled, register_udf
 from .repeat_call import RepeatCall, RepeatCalls
 from .trace_cache import TraceCache, check_tables, program_feeds
-from .tracer import EDGE_ROWED, SymTensor, Tracer, float_dtype
+from .tracer import EDGE_ROWED, SymTensor, Tracer, counts_in_edges, float_dtype
 
 
 
@@ -105,7 +105,7 @@ class _MessageTracer(Tracer):
         a keepdim reduction) is read onto each in-edge of its vertex; a per-vertex scalar
         of the in-degree (``mailbox.shape[1]``) scales every entry, as DGL's Python int
         does; anything else would broadcast the vertex axis against the neighbour axis."""
-        if x.value.residency is not Residency.NODE or x.prefix != 1 or _counts_in_edges(x.value):
+        if x.value.residency is not Residency.NODE or x.prefix != 1 or counts_in_edges(x.value):
             return x
         if x.dim() != rank or x.value.shape[:1] != (1,):
             raise self.error(f"a per-vertex {list(x.shape)} value next to a {rank}-dim mailbox value "
@@ -165,16 +165,6 @@ class _EdgeData(_Lookup):
             raise self._tracer.error(f"edges.data[{key!r}] must be assigned a per-edge value computed from "
                                      f"edges.src/dst/data, got {what}")
         self.written[key] = value
-
-
-def _counts_in_edges(value: Value) -> bool:
-    """Whether ``value`` is a per-vertex scalar computed from the in-degree and constants
-    alone (``1 / nodes.mailbox['m'].shape[1]``): no per-vertex data, so no vertex axis."""
-    if value.op in ("degree", "const"):
-        return True
-    if value.op == "input" or value.shape != () or not value.inputs:
-        return False
-    return all(i.residency is Residency.SHARED or _counts_in_edges(i) for i in value.inputs)
 
 
 def _gather(tracer: Tracer, key: str, residency: Residency, tensor: torch.Tensor, by: str) -> SymTensor:

@@ -18,7 +18,7 @@ from typing import Any, Callable, Mapping
 import torch
 import torch.nn.functional as F
 
-from ..ir import CompileError, Program, Residency
+from ..ir import CompileError, Program, Residency, Value
 from ..ir.ops.movement import TYPE_INDICES
 from .udf import unwrap
 
@@ -237,6 +237,62 @@ def _flatten(args, kwargs):
 
 
 # --- handlers: torch callables -> ops ---------------------------------------------------
+def counts_in_edges(value: Value) -> bool:
+    """Whether ``value`` is a per-vertex scalar computed from the in-degree and constants
+    alone (``1 / nodes.mailbox['m'].shape[1]``): no per-vertex data, so no vertex axis --
+    it acts as DGL's Python int does."""
+    if value.op in ("degree", "const"):
+        return True
+    if value.op == "input" or value.shape != () or not value.inputs:
+        return False
+    return all(i.residency is Residency.SHARED or counts_in_edges(i) for i in value.inputs)
+
+
+def torch_broadcast(tracer: Tracer, a, b) -> tuple[SymTensor, SymTensor]:
+    """``a`` and ``b`` lined up as torch broadcasts them where the UDF sees graph axes
+    ([E, ...], [N, ...], a mailbox's [N, D, ...]), as DGL and PyG run these UDFs.
+
+    The IR broadcasts per row, right-aligned within the feature dims. That is torch's
+    rule only when both graph values show the same number of dims: torch would pair
+    the row axis of a [N] value with the last axis of a [N, 1] one (giving [N, N]), and
+    a captured [N, F] or [1, F] tensor's first axis with the rows. So graph values of
+    different ranks are refused (torch gives another shape, or raises), and a captured
+    tensor reaching into the graph axes has those size-1 axes dropped, or is refused.
+    Vertex-centric code (no graph axes) broadcasts per vertex, as written."""
+    a, b = tracer.lift(a), tracer.lift(b)
+    graph = [x for x in (a, b) if x.prefix and not counts_in_edges(x.value)]
+    if not graph or any(x.prefix > 2 for x in graph):    # pairwise terms: pairwise.line_up's rules
+        return a, b
+    if len(graph) == 2 and a.dim() != b.dim():
+        raise tracer.error(
+            f"a {_shown(a)} and a {_shown(b)} graph value: torch (as DGL and PyG run this function) aligns "
+            "their last axes, pairing one's row axis with the other's feature axis (a [N, 1] and a [N] make "
+            "[N, N]); give both the same number of dims (unsqueeze(-1) or squeeze(-1) one of them)")
+    rank, axes = graph[0].dim(), max(x.prefix for x in graph)
+    return tuple(_captured_in_feature_dims(tracer, x, rank, axes) for x in (a, b))
+
+
+def _captured_in_feature_dims(tracer: Tracer, x: SymTensor, rank: int, axes: int) -> SymTensor:
+    """A captured tensor next to a graph value of ``rank`` dims, ``axes`` of them graph
+    axes: its dims that torch aligns with graph axes must be 1 (dropped here)."""
+    if x.prefix or len(x.value.shape) <= rank - axes:
+        return x
+    reach = len(x.value.shape) - (rank - axes)
+    if any(n != 1 for n in x.value.shape[:reach]):
+        raise tracer.error(
+            f"a captured {list(x.value.shape)} tensor next to a {rank}-dim graph value: torch lines its "
+            f"leading dim(s) {list(x.value.shape[:reach])} up with the graph's row axes (or puts them before "
+            "them), which a captured tensor cannot hold: pass per-row data in as node or edge data (in a "
+            "MessagePassing class, to propagate() as a keyword argument), or keep the captured tensor to the "
+            "feature dims")
+    return tracer.apply("reshape", x, shape=tuple(x.value.shape[reach:]))
+
+
+def _shown(x: SymTensor) -> str:
+    names = ["E" if x.value.residency in EDGE_ROWED else "N", "D", "D"][:x.prefix]
+    return "[" + ", ".join(names + [str(n) for n in x.value.shape]) + "]"
+
+
 def _binary(op: str, reverse: bool = False):
     def handler(tracer: Tracer, a, b, *, alpha=None, out=None):
         if alpha is not None and alpha != 1:
@@ -244,7 +300,7 @@ def _binary(op: str, reverse: bool = False):
         a, b = (b, a) if reverse else (a, b)
         if op == "div" and isinstance(b, Degree):
             return tracer.apply("div", a, b.clamped())
-        return tracer.apply(op, a, b)
+        return tracer.apply(op, *torch_broadcast(tracer, a, b))
     return handler
 
 
@@ -469,7 +525,7 @@ def _binary_or(reduction: Callable, op: str):
     def handler(tracer: Tracer, x, *args, **kwargs):
         other = args[0] if args else kwargs.get("other")
         if isinstance(other, (SymTensor, torch.Tensor)):
-            return tracer.apply(op, x, other)
+            return tracer.apply(op, *torch_broadcast(tracer, x, other))
         return reduction(tracer, x, *args, **kwargs)
     return handler
 

@@ -57,7 +57,8 @@ def typed_input_graph(rows: int, graph: Graph | torch.Tensor, edge_type: torch.T
         raise ValueError(f"{layer}: x has {rows} rows but the graph has {graph.num_nodes} nodes")
     if graph.edge_type is None or graph.num_edge_types != num_relations:
         raise ValueError(f"{layer}: the graph has {graph.num_edge_types} edge types but the layer was built for "
-                         f"num_relations={num_relations}")
+                         f"num_relations={num_relations}; a Graph counts the types its edges hold unless told: "
+                         f"build it with num_edge_types={num_relations}")
     return graph
 
 

@@ -216,7 +216,8 @@ class RGCNConv(nn.Module):
                              f"{graph.num_src_nodes} source and {graph.num_nodes} destination nodes")
         if graph.num_edge_types != self.num_relations:
             raise ValueError(f"the graph has {graph.num_edge_types} edge types but the layer was built for "
-                             f"num_relations={self.num_relations}")
+                             f"num_relations={self.num_relations}; a Graph counts the types its edges hold "
+                             f"unless told: build it with num_edge_types={self.num_relations}")
         return graph
 
     def __repr__(self) -> str:
