@@ -360,6 +360,31 @@ def test_sum_times_row_scalar_is_one_unit_forward_and_backward(schedule, monkeyp
 
 
 @pytest.mark.parametrize("schedule", ["csr", "coo", None])
+@pytest.mark.parametrize("width", [3, 64])
+def test_a_row_scale_computed_in_the_udf_keeps_eager_nans(schedule, width, monkeypatch, fresh_compile):
+    """``sum(w * h) / sum(w)`` on vertices without in-edges is 0 / 0, NaN in eager code.
+    Scaled per edge (the edge-parallel schedule) or per part of a split row, the empty
+    rows stayed 0: a scale computed in the UDF now stays an op after the sum, so every
+    schedule gives the reference's NaN rows (found by differential fuzzing)."""
+    @gnnfuse.vertex
+    def weighted_mean(v):
+        return sum([e.src.h * e.w for e in v.inedges]) / sum([e.w for e in v.inedges])
+
+    if schedule is not None:
+        monkeypatch.setenv("GNNFUSE_SCHEDULE", schedule)
+    graph = gnnfuse.Graph(torch.tensor([0, 1, 1]), torch.tensor([1, 0, 0]), 4).to(DEVICE)   # 2, 3: no in-edges
+    gen = torch.Generator().manual_seed(5)
+    h = torch.randn(4, width, dtype=torch.float64, generator=gen).to(DEVICE)
+    w = (torch.rand(3, 1, dtype=torch.float64, generator=gen) + 0.1).to(DEVICE)
+    results = []
+    for backend in ("triton", "reference"):
+        monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+        results.append(weighted_mean(graph, {"h": h}, {"w": w}))
+    torch.testing.assert_close(results[0], results[1], rtol=1e-12, atol=1e-12, equal_nan=True)
+    assert results[0][2:].isnan().all() and results[0][:2].isfinite().all()
+
+
+@pytest.mark.parametrize("schedule", ["csr", "coo", None])
 def test_one_vertex_graph_gradients_match_reference(schedule, monkeypatch, fresh_compile):
     """A graph of one vertex and its self loop: every table has one row. The norm's
     gradient is a row dot of the summed rows with a broadcast (stride-0) gradient row,

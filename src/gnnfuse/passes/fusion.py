@@ -243,11 +243,28 @@ def _row_scaled(v: Value, users: dict[int, int], needed: set[int]) -> tuple[Valu
     for reduce, scale in (v.inputs, v.inputs[::-1]) if v.op == "mul" else (v.inputs,):
         if (reduce.op == "reduce" and reduce.attrs["op"] == "sum" and reduce.attrs["by"] in ("src", "dst")
                 and reduce.residency is Residency.NODE and scale.residency is Residency.NODE
-                and math.prod(scale.shape) == 1 and scale.op != "const" and reduce.shape == v.shape
+                and math.prod(scale.shape) == 1 and _finite_scale(scale, v.op) and reduce.shape == v.shape
                 and reduce.dtype == v.dtype == scale.dtype and users.get(reduce.id) == 1
                 and reduce.id not in needed):
             return reduce, scale
     return None
+
+
+def _finite_scale(scale: Value, op: str) -> bool:
+    """Whether ``scale`` is a per-row table the UDF was given (GCN's norm, a saved
+    forward value) or the in-degree clamped to at least one (a mean's divisor).
+
+    Scaling each edge's term (edge-parallel schedule) or each part of a split row
+    equals scaling the finished sum only for a finite, nonzero-divisor scale: where
+    eager code divides a row's empty sum by an empty sum (``sum(w * h) / sum(w)``, a
+    hand-written softmax's normaliser) or multiplies it by ``len(v.innbs) ** -0.5``,
+    the row is NaN, and the per-term form left it 0 (found by differential fuzzing).
+    Scales computed in the UDF therefore stay a separate op after the sum. A given
+    table holding inf or NaN is not caught here (README, "Non-finite values")."""
+    if scale.op == "input":
+        return True
+    return (scale.op == "clamp_min" and scale.attrs["min"] >= 1.0 and scale.inputs[0].op == "degree") or (
+        op == "mul" and scale.op == "degree")
 
 
 def _row_added(v: Value, users: dict[int, int], needed: set[int]
