@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch_geometric.nn import RGCNConv
 from torch_geometric.utils import softmax as pyg_softmax
 
