@@ -266,7 +266,7 @@ def torch_broadcast(tracer: Tracer, a, b) -> tuple[SymTensor, SymTensor]:
     if len(graph) == 2 and a.dim() != b.dim():
         raise tracer.error(
             f"a {_shown(a)} and a {_shown(b)} graph value: torch (as DGL and PyG run this function) aligns "
-            "their last axes, pairing one's row axis with the other's feature axis (a [N, 1] and a [N] make "
+            "their last axes, pairing a graph axis of one with a feature axis of the other (a [N, 1] and a [N] make "
             "[N, N]); give both the same number of dims (unsqueeze(-1) or squeeze(-1) one of them)")
     rank, axes = graph[0].dim(), max(x.prefix for x in graph)
     return tuple(_captured_in_feature_dims(tracer, x, rank, axes) for x in (a, b))
@@ -289,7 +289,8 @@ def _captured_in_feature_dims(tracer: Tracer, x: SymTensor, rank: int, axes: int
 
 
 def _shown(x: SymTensor) -> str:
-    names = ["E" if x.value.residency in EDGE_ROWED else "N", "D", "D"][:x.prefix]
+    """The shape the UDF sees: [E, ...] per edge, [N, ...] per vertex, [N, D, ...] a mailbox."""
+    names = ["N", "D"] if x.prefix == 2 else ["E" if x.value.residency in EDGE_ROWED else "N"]
     return "[" + ", ".join(names + [str(n) for n in x.value.shape]) + "]"
 
 
