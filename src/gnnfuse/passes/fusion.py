@@ -252,7 +252,8 @@ def _row_scaled(v: Value, users: dict[int, int], needed: set[int]) -> tuple[Valu
 
 def _finite_scale(scale: Value, op: str) -> bool:
     """Whether ``scale`` is a per-row table the UDF was given (GCN's norm, a saved
-    forward value) or the in-degree clamped to at least one (a mean's divisor).
+    forward value), the in-degree clamped to at least one (a mean's divisor) or, as a
+    multiplier, the in-degree itself.
 
     Scaling each edge's term (edge-parallel schedule) or each part of a split row
     equals scaling the finished sum only for a finite, nonzero-divisor scale: where
