@@ -74,6 +74,11 @@ class OpDef:
     derivative: Derivative | None = None
     elementwise: bool = False
     pure: bool = True            # False: must never be merged or folded (random masks)
+    # True: the derivative is finite wherever the operands are finite, so an exact zero
+    # gradient row gives exact zeros. Broadcast reordering (passes/reorder.py) runs an op
+    # on vertex rows no edge reads too; an op left False (sqrt, log, pow, div, exp) reads
+    # those rows as 1s there, or sqrt'(0) * 0 = NaN would reach a vertex eager code skips.
+    bounded_derivative: bool = False
     row_aware: bool = False      # reference takes rows=(operand has a row dim, ...) as a keyword
     arity: int | None = None     # None: variadic
     emit: Any = None             # Triton emitter, filled in by the code generator's table

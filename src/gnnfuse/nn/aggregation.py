@@ -235,19 +235,33 @@ def _softmax_weighted_sum(v):
 def _softmax(graph: Graph, messages: torch.Tensor, module: nn.Module) -> torch.Tensor:
     """PyG's softmax aggregation, ``sum_u softmax_u(t * x_u) * x_u`` per feature channel
     (PyG's ``t``: a number, or a learnt [channels] parameter, one per channel group). The
-    scaling runs in torch on the source rows, so ``t``'s gradient flows through it."""
+    scaling runs in torch on the source rows, so ``t``'s gradient flows through it. PyG
+    scales gathered rows, so a row no edge reads (a NaN feature there) never meets ``t``:
+    such rows are scaled as 1s, or ``t``'s gradient would be ``0 * NaN``."""
     t = module.t
     if isinstance(t, torch.Tensor) and module.channels != 1:
         t = t.view(-1, module.channels)
-    scaled = messages * t if isinstance(t, torch.Tensor) or t != 1 else messages
+    scaled = _unread_rows_as_ones(graph, messages) * t if isinstance(t, torch.Tensor) or t != 1 else messages
     return _softmax_weighted_sum(graph, {"h": messages, "scaled": scaled})
+
+
+def _unread_rows_as_ones(graph: Graph, messages: torch.Tensor) -> torch.Tensor:
+    """``messages`` with 1s on the source rows no edge reads: their gradient is then an
+    exact 0, where work done on every row (not on gathered rows, as PyG does) would give a
+    NaN feature's row ``0 * NaN``."""
+    read = (graph.out_degrees() > 0).view(-1, *(1,) * (messages.dim() - 1))
+    return torch.where(read, messages, 1.0)
 
 
 def _fused(graph: Graph, messages: torch.Tensor, kinds: tuple[str, ...]) -> dict[str, torch.Tensor]:
     """Each fused kind's result: the moments it needs from one compiled program, then the
     per-vertex arithmetic of var (E[x^2] - E[x]^2) and std (PyG's: sqrt of var clamped at
-    1e-5, 0 where that clamp decided) in torch."""
+    1e-5, 0 where that clamp decided) in torch. The squares are computed once per source
+    row, and a NaN on a row no edge reads would meet its zero gradient there (PyG squares
+    gathered rows only), so those rows are read as 1s."""
     moments = tuple(sorted({m for kind in kinds for m in _MOMENTS[kind]}))
+    if "square_mean" in moments:
+        messages = _unread_rows_as_ones(graph, messages)
     result = _reductions(moments)(graph, {"h": messages})
     result = result if isinstance(result, dict) else {moments[0]: result}
     out = {}

@@ -2,7 +2,19 @@
 ``broadcast(f(x))`` when ``f`` is a dense op, so ``edges.src['h'] @ W`` costs |V| rows
 of matmul instead of |E|. The same holds for a per-node-type matmul on an endpoint's
 data: ``edges.src['h'] @ edges.srctype['W']`` depends only on the source vertex, so it
-is computed per vertex with the vertex's type (HGT's per-type projections)."""
+is computed per vertex with the vertex's type (HGT's per-type projections).
+
+A moved op runs on every vertex row, also on rows no edge reads, and its backward runs
+there on an exact zero gradient. Eager code never touches those rows, so they must get
+exact zeros, and ``sqrt'(0) * 0`` or ``exp(800)' * 0`` would be NaN: an op whose
+derivative can be infinite at finite operands (`OpDef.bounded_derivative` False) reads
+its floating-point rowed operands with the unread rows set to 1 (``select`` by the
+broadcast's degree), a point where each such op is finite with a finite derivative; the
+select's own derivative gives those rows exact zeros whatever the op computed there.
+Bounded ops (products, matmuls, activations: GCN's ``u.h * u.norm``) move unmasked, at no
+cost: with finite features their unread rows' gradients are exact zeros already. A NaN
+*feature* on such a row can still meet a zero gradient in a partner operand's (a weight's)
+gradient, as in PyG's own transform-first layers; the README says so."""
 from __future__ import annotations
 
 from ..ir import Movement, Program, Residency, get_op
@@ -29,12 +41,26 @@ def reorder_broadcasts(program: Program) -> Program:
             by = {i.attrs["by"] for i in rowed}
             if len(by) != 1:
                 continue
+            by = by.pop()
             inner = [i.inputs[0] if i.op == "broadcast" else i for i in v.inputs]
+            opdef = get_op(v.op)
+            if opdef.derivative is not None and not opdef.bounded_derivative:
+                inner = [_read_rows_only(program, i, by, v.source)
+                         if i.residency is not Residency.SHARED and i.dtype.is_floating_point else i
+                         for i in inner]
             moved = program.add(v.op, *inner, source=v.source, **v.attrs)
-            gathered = program.add("broadcast", moved, source=v.source, by=by.pop())
+            gathered = program.add("broadcast", moved, source=v.source, by=by)
             program.replace_uses(v, gathered)
             changed = True
     return program
+
+
+def _read_rows_only(program: Program, x, by: str, source: str | None):
+    """``x`` with the rows the broadcast by ``by`` never reads set to 1 (see the module
+    docstring): ``select(degree, x, 1)``."""
+    read = program.add("degree", source=source, by=by, dtype=x.dtype)
+    one = program.add("const", source=source, value=1.0, dtype=x.dtype)
+    return program.add("select", read, x, one, source=source)
 
 
 _ENDPOINT_TYPE = {"srctype": "src", "dsttype": "dst"}

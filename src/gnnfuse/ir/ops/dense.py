@@ -38,9 +38,9 @@ def _matmul_residency(rs, attrs):
     return join(rs)
 
 
-_dense("matmul", torch.matmul, _matmul_derivative, arity=2, residency=_matmul_residency,
+_dense("matmul", torch.matmul, _matmul_derivative, bounded_derivative=True, arity=2, residency=_matmul_residency,
        doc="x @ W with W a parameter (the usual linear transform)")
-_dense("transpose", lambda x: x.transpose(-1, -2), lambda b, v, g: [b.add("transpose", g)], arity=1)
+_dense("transpose", lambda x: x.transpose(-1, -2), lambda b, v, g: [b.add("transpose", g)], bounded_derivative=True, arity=1)
 
 
 def _matmul_tn_shape(inputs, attrs, residency):
@@ -119,17 +119,17 @@ register(OpDef("row_dot", Movement.DENSE,
                residency=_row_dot_residency,
                shape=lambda inputs, a, r: (tuple(1 if i - len(inputs[0].shape) in a["dims"] else n
                                                  for i, n in enumerate(inputs[0].shape)), inputs[0].dtype),
-               derivative=_row_dot_derivative, arity=2,
+               derivative=_row_dot_derivative, bounded_derivative=True, arity=2,
                doc="per-row sums of x * y over the feature dims ``dims`` (kept as size 1): one pass, "
                    "where the product as its own op writes and rereads a table as wide as x"))
 
 
 _dense("sum_dim", lambda x, dim, keepdim: x.sum(dim, keepdim=keepdim),
-       lambda b, v, g: [_expand_back(b, v, g)], arity=1)
+       lambda b, v, g: [_expand_back(b, v, g)], bounded_derivative=True, arity=1)
 _dense("mean_dim", lambda x, dim, keepdim: x.mean(dim, keepdim=keepdim),
        lambda b, v, g: [b.add("mul", _expand_back(b, v, g),
                               b.const(1.0 / math.prod(v.inputs[0].shape[d] for d in v.attrs["dim"]), g))],
-       arity=1)
+       bounded_derivative=True, arity=1)
 
 # --- shape changes --------------------------------------------------------------------
 def _reshape(x: torch.Tensor, shape, rows) -> torch.Tensor:
@@ -140,7 +140,7 @@ def _expand(x: torch.Tensor, shape, rows) -> torch.Tensor:
     return x.expand(((x.shape[0],) if rows[0] else ()) + tuple(shape))
 
 
-_dense("reshape", _reshape, lambda b, v, g: [b.add("reshape", g, shape=v.inputs[0].shape)],
+_dense("reshape", _reshape, lambda b, v, g: [b.add("reshape", g, shape=v.inputs[0].shape)], bounded_derivative=True,
        arity=1, row_aware=True)
 _dense("expand", _expand, None, arity=1, row_aware=True,
        doc="broadcast per-element dims to shape; its gradient is summed back by autodiff")
@@ -155,13 +155,13 @@ def _concat_derivative(b, v, g):
     return grads
 
 
-_dense("concat", lambda *xs, dim: torch.cat(xs, dim), _concat_derivative, elementwise=True)
+_dense("concat", lambda *xs, dim: torch.cat(xs, dim), _concat_derivative, bounded_derivative=True, elementwise=True)
 _dense("narrow", lambda x, dim, start, length: x.narrow(dim, start, length),
        lambda b, v, g: [b.add("unnarrow", g, dim=v.attrs["dim"], start=v.attrs["start"],
-                              size=v.inputs[0].shape[v.attrs["dim"]])], arity=1)
+                              size=v.inputs[0].shape[v.attrs["dim"]])], bounded_derivative=True, arity=1)
 _dense("unnarrow", lambda g, dim, start, size: _unnarrow(g, dim, start, size),
        lambda b, v, g: [b.add("narrow", g, dim=v.attrs["dim"], start=v.attrs["start"],
-                              length=v.inputs[0].shape[v.attrs["dim"]])], arity=1,
+                              length=v.inputs[0].shape[v.attrs["dim"]])], bounded_derivative=True, arity=1,
        doc="place g at [start, start+len) of a zero tensor of length size along dim")
 
 
@@ -188,6 +188,6 @@ register(OpDef("const", Movement.DENSE, _const,
 register(OpDef("dropout_mask", Movement.DENSE,
                lambda ctx, x, p: torch.bernoulli(torch.full_like(x, 1.0 - p)) / (1.0 - p),
                shape=lambda inputs, a, r: (inputs[0].shape, inputs[0].dtype),
-               arity=1, pure=False, derivative=lambda b, v, g: [None],
+               bounded_derivative=True, arity=1, pure=False, derivative=lambda b, v, g: [None],
                doc="a fresh keep-mask scaled by 1/(1-p), shaped like x; dropout is x * mask; the mask "
                    "is a constant of the step (backward reuses the saved one), so no gradient flows to x"))

@@ -8,17 +8,20 @@ from ..registry import OpDef, register
 from ..residency import Movement
 
 
-def _ew(name: str, fn, derivative=None, arity: int | None = None, doc: str = "", emit: str | None = None) -> OpDef:
-    """``emit`` is the op's Triton expression: ``{0}``, ``{1}`` are operands, ``{attr}`` attrs."""
+def _ew(name: str, fn, derivative=None, arity: int | None = None, doc: str = "", emit: str | None = None,
+        bounded: bool = False) -> OpDef:
+    """``emit`` is the op's Triton expression: ``{0}``, ``{1}`` are operands, ``{attr}`` attrs;
+    ``bounded``: the derivative is finite wherever the operands are (`OpDef.bounded_derivative`)."""
     return register(OpDef(name, Movement.DENSE, lambda ctx, *xs, **a: fn(*xs, **a),
-                          derivative=derivative, elementwise=True, arity=arity, doc=doc, emit=emit))
+                          derivative=derivative, elementwise=True, arity=arity, doc=doc, emit=emit,
+                          bounded_derivative=bounded))
 
 
 # --- binary -------------------------------------------------------------------------
-_ew("add", torch.add, lambda b, v, g: [g, g], 2, emit="({0} + {1})")
-_ew("sub", torch.sub, lambda b, v, g: [g, b.add("neg", g)], 2, emit="({0} - {1})")
+_ew("add", torch.add, lambda b, v, g: [g, g], 2, emit="({0} + {1})", bounded=True)
+_ew("sub", torch.sub, lambda b, v, g: [g, b.add("neg", g)], 2, emit="({0} - {1})", bounded=True)
 _ew("mul", torch.mul, lambda b, v, g: [b.add("mul", g, b.fwd(v.inputs[1])),
-                                        b.add("mul", g, b.fwd(v.inputs[0]))], 2, emit="({0} * {1})")
+                                        b.add("mul", g, b.fwd(v.inputs[0]))], 2, emit="({0} * {1})", bounded=True)
 _ew("div", torch.div, lambda b, v, g: [
     b.add("div", g, b.fwd(v.inputs[1])),
     b.add("neg", b.add("div", b.add("mul", g, b.fwd(v)), b.fwd(v.inputs[1]))),
@@ -27,7 +30,7 @@ _ew("eq", lambda x, y: (x == y).to(torch.promote_types(x.dtype, y.dtype)), None,
     doc="1 where equal else 0; not differentiable (used by max/min derivatives)", emit="tl.where({0} == {1}, 1.0, 0.0)")
 
 # --- unary --------------------------------------------------------------------------
-_ew("neg", torch.neg, lambda b, v, g: [b.add("neg", g)], 1, emit="(-{0})")
+_ew("neg", torch.neg, lambda b, v, g: [b.add("neg", g)], 1, emit="(-{0})", bounded=True)
 _ew("exp", torch.exp, lambda b, v, g: [b.add("mul", g, b.fwd(v))], 1, emit="tl.exp({0})")
 _ew("log", torch.log, lambda b, v, g: [b.add("div", g, b.fwd(v.inputs[0]))], 1, emit="tl.log({0})")
 _ew("sqrt", torch.sqrt, lambda b, v, g: [
@@ -38,27 +41,27 @@ _ew("pow", lambda x, exponent: torch.pow(x, exponent), lambda b, v, g: [
 # NaN follows torch in both directions: the forward keeps it (tl.maximum would drop it),
 # and each slope takes the branch torch's backward kernel takes for NaN.
 _ew("relu", torch.relu, lambda b, v, g: [b.add("mul", g, b.add("relu_slope", b.fwd(v.inputs[0])))], 1,
-    emit="tl.where({0} <= 0, 0.0, {0})")
+    emit="tl.where({0} <= 0, 0.0, {0})", bounded=True)
 _ew("relu_slope", lambda x: torch.where(x <= 0, torch.zeros_like(x), torch.ones_like(x)), None, 1,
     doc="derivative multiplier of relu: 0 where x <= 0, else 1 (NaN included, as torch)",
     emit="tl.where({0} <= 0, 0.0, 1.0)")
 _ew("step", lambda x: (x > 0).to(x.dtype), None, 1, doc="1 where x > 0 else 0", emit="tl.where({0} > 0, 1.0, 0.0)")
 _ew("leaky_relu", lambda x, negative_slope: F.leaky_relu(x, negative_slope),
     lambda b, v, g: [b.add("mul", g, b.add("leaky_relu_slope", b.fwd(v.inputs[0]),
-                                           negative_slope=v.attrs["negative_slope"]))], 1, emit="tl.where({0} > 0, {0}, {0} * {negative_slope})")
+                                           negative_slope=v.attrs["negative_slope"]))], 1, emit="tl.where({0} > 0, {0}, {0} * {negative_slope})", bounded=True)
 _ew("leaky_relu_slope", lambda x, negative_slope: torch.where(x > 0, torch.ones_like(x), torch.full_like(x, negative_slope)),
     None, 1, doc="derivative multiplier of leaky_relu", emit="tl.where({0} > 0, 1.0, {negative_slope})")
 _ew("elu", lambda x, alpha: F.elu(x, alpha),
-    lambda b, v, g: [b.add("mul", g, b.add("elu_slope", b.fwd(v.inputs[0]), alpha=v.attrs["alpha"]))], 1, emit="tl.where({0} > 0, {0}, {alpha} * (tl.exp({0}) - 1.0))")
+    lambda b, v, g: [b.add("mul", g, b.add("elu_slope", b.fwd(v.inputs[0]), alpha=v.attrs["alpha"]))], 1, emit="tl.where({0} > 0, {0}, {alpha} * (tl.exp({0}) - 1.0))", bounded=True)
 _ew("elu_slope", lambda x, alpha: torch.where(x <= 0, alpha * torch.exp(x), torch.ones_like(x)),
     None, 1, doc="derivative multiplier of elu", emit="tl.where({0} <= 0, {alpha} * tl.exp({0}), 1.0)")
 _ew("sigmoid", torch.sigmoid, lambda b, v, g: [
-    b.add("mul", g, b.add("mul", b.fwd(v), b.add("sub", b.const(1.0, g), b.fwd(v))))], 1, emit="tl.sigmoid({0})")
+    b.add("mul", g, b.add("mul", b.fwd(v), b.add("sub", b.const(1.0, g), b.fwd(v))))], 1, emit="tl.sigmoid({0})", bounded=True)
 _ew("tanh", torch.tanh, lambda b, v, g: [
-    b.add("mul", g, b.add("sub", b.const(1.0, g), b.add("mul", b.fwd(v), b.fwd(v))))], 1, emit="(2.0 * tl.sigmoid(2.0 * {0}) - 1.0)")
+    b.add("mul", g, b.add("sub", b.const(1.0, g), b.add("mul", b.fwd(v), b.fwd(v))))], 1, emit="(2.0 * tl.sigmoid(2.0 * {0}) - 1.0)", bounded=True)
 _ew("stop_gradient", lambda x: x, lambda b, v, g: [None], 1, emit="{0}",
     doc="identity whose gradient is zero: marks a value the result does not really depend on, such as "
-        "the shift a softmax subtracts for stability, so autodiff spends no work on it")
+        "the shift a softmax subtracts for stability, so autodiff spends no work on it", bounded=True)
 def _at_least(b, x, bound):
     """1 where x >= bound, else 0 (NaN too): where torch's clamp passes its gradient,
     the bound included (relu's step excludes 0)."""
@@ -67,11 +70,11 @@ def _at_least(b, x, bound):
 
 _ew("clamp_min", lambda x, min: torch.clamp_min(x, min),
     lambda b, v, g: [b.add("mul", g, _at_least(b, b.fwd(v.inputs[0]), b.const(v.attrs["min"], g)))], 1,
-    emit="tl.where({0} < {min}, {min}, {0})")
+    emit="tl.where({0} < {min}, {min}, {0})", bounded=True)
 
 # --- sign-dependent ops whose derivative follows torch's at 0 and at ties ---------------
 _ew("abs", torch.abs, lambda b, v, g: [b.add("mul", g, b.add("sign", b.fwd(v.inputs[0])))], 1,
-    emit="tl.abs({0})")
+    emit="tl.abs({0})", bounded=True)
 _ew("sign", torch.sign, None, 1, doc="-1, 0 or 1, and 0 at NaN as torch.sign: the derivative multiplier "
     "of abs, 0 at 0 as in torch", emit="tl.where({0} > 0, 1.0, tl.where({0} < 0, -1.0, 0.0))")
 _ew("tie_share", lambda x, y: torch.where(x == y, 0.5, torch.where(x < y, 0.0, 1.0)).to(
@@ -82,8 +85,8 @@ _ew("tie_share", lambda x, y: torch.where(x == y, 0.5, torch.where(x < y, 0.0, 1
 _ew("maximum", torch.maximum, lambda b, v, g: [
     b.add("mul", g, b.add("tie_share", b.fwd(v.inputs[0]), b.fwd(v.inputs[1]))),
     b.add("mul", g, b.add("tie_share", b.fwd(v.inputs[1]), b.fwd(v.inputs[0])))], 2,
-    doc="elementwise max; NaN propagates", emit="tl.maximum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)")
+    doc="elementwise max; NaN propagates", emit="tl.maximum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)", bounded=True)
 _ew("minimum", torch.minimum, lambda b, v, g: [
     b.add("mul", g, b.add("tie_share", b.fwd(v.inputs[1]), b.fwd(v.inputs[0]))),
     b.add("mul", g, b.add("tie_share", b.fwd(v.inputs[0]), b.fwd(v.inputs[1])))], 2,
-    doc="elementwise min; NaN propagates", emit="tl.minimum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)")
+    doc="elementwise min; NaN propagates", emit="tl.minimum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)", bounded=True)

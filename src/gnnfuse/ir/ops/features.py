@@ -24,7 +24,7 @@ def _norm_derivative(b, v, g):
 
 register(OpDef("norm_dim", Movement.DENSE,
                lambda ctx, x, dim, keepdim: torch.linalg.vector_norm(x, 2, dim, keepdim),
-               derivative=_norm_derivative, arity=1,
+               derivative=_norm_derivative, bounded_derivative=True, arity=1,
                doc="Euclidean norm over feature dims (negative ``dim``); gradient 0 at a zero norm"))
 register(OpDef("amax_dim", Movement.DENSE, lambda ctx, x, dim, keepdim: x.amax(dim, keepdim), arity=1,
                doc="max over feature dims; no derivative: a softmax reads it through stop_gradient"))

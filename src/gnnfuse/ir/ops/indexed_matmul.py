@@ -51,7 +51,7 @@ def _derivative(b, v, g):
 
 register(OpDef("indexed_matmul", Movement.DENSE,
                lambda ctx, x, table, idx: ctx.grouped_matmul(x, table, index_groups(idx, table.shape[0])),
-               residency=_residency, shape=_shape, arity=3, derivative=_derivative,
+               residency=_residency, shape=_shape, bounded_derivative=True, arity=3, derivative=_derivative,
                doc="x @ table[idx] per row, one dense matmul per table entry; nothing |E|*in*out sized"))
 
 

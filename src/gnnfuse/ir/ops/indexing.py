@@ -46,12 +46,12 @@ def _unslice(g: torch.Tensor, window, size) -> torch.Tensor:
     return out
 
 
-register(OpDef("slice_features", Movement.DENSE, lambda ctx, x, window: x[_window_slices(window)],
+register(OpDef("slice_features", Movement.DENSE, lambda ctx, x, window: x[_window_slices(window)], bounded_derivative=True,
                shape=_slice_shape, arity=1,
                derivative=lambda b, v, g: [b.add("unslice_features", g, window=v.attrs["window"],
                                                  size=v.inputs[0].shape)],
                doc="x[..., start:start+step*count:step, ...] per feature dim (window of (start, step, count))"))
-register(OpDef("unslice_features", Movement.DENSE, lambda ctx, g, window, size: _unslice(g, window, size),
+register(OpDef("unslice_features", Movement.DENSE, lambda ctx, g, window, size: _unslice(g, window, size), bounded_derivative=True,
                shape=lambda inputs, a, r: (tuple(a["size"]), inputs[0].dtype), arity=1,
                derivative=lambda b, v, g: [b.add("slice_features", g, window=v.attrs["window"])],
                doc="g placed at a slice window of a zero tensor of per-element shape size"))
@@ -96,7 +96,7 @@ def _index_rows_grad(g: torch.Tensor, idx: torch.Tensor, size) -> torch.Tensor:
     return reduce_rows(g.reshape((-1,) + tuple(size[1:])), rows, size[0], "sum")
 
 
-register(OpDef("index_rows", Movement.DENSE, lambda ctx, table, idx: table[idx],
+register(OpDef("index_rows", Movement.DENSE, lambda ctx, table, idx: table[idx], bounded_derivative=True,
                residency=_index_rows_residency, shape=_index_rows_shape, arity=2,
                derivative=lambda b, v, g: [b.add("index_rows_grad", g, b.fwd(v.inputs[1]),
                                                  size=v.inputs[0].shape), None],
@@ -108,7 +108,7 @@ register(OpDef("index_rows_grad", Movement.REDUCE, lambda ctx, g, idx, size: _in
 
 
 # --- cast to an integer type: indices computed from data ----------------------------------
-register(OpDef("cast", Movement.DENSE, lambda ctx, x, dtype: x.to(dtype),
+register(OpDef("cast", Movement.DENSE, lambda ctx, x, dtype: x.to(dtype), bounded_derivative=True,
                shape=lambda inputs, a, r: (inputs[0].shape, a["dtype"]), arity=1,
                derivative=lambda b, v, g: [None],
                doc="x.to(an integer dtype) (idx.long(), idx.int()): integer data carries no gradient"))

@@ -44,7 +44,7 @@ def _row_matmul_residency(rs, attrs):
     return join(rs)
 
 
-register(OpDef("row_matmul", Movement.DENSE, lambda ctx, x, w, rows: _row_matmul(x, w, rows),
+register(OpDef("row_matmul", Movement.DENSE, lambda ctx, x, w, rows: _row_matmul(x, w, rows), bounded_derivative=True,
                residency=_row_matmul_residency, shape=_row_matmul_shape, arity=2, row_aware=True,
                derivative=_row_matmul_derivative,
                doc="x @ W row by row, W holding one matrix per row (bmm against per-edge matrices)"))

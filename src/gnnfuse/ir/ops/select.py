@@ -19,7 +19,7 @@ def _select_derivative(b, v, g):
     return [None, b.add("select", mask, g, zero), b.add("select", mask, zero, g)]
 
 
-register(OpDef("select", Movement.DENSE, lambda ctx, mask, a, other: torch.where(mask != 0, a, other),
+register(OpDef("select", Movement.DENSE, lambda ctx, mask, a, other: torch.where(mask != 0, a, other), bounded_derivative=True,
                derivative=_select_derivative, elementwise=True, arity=3,
                emit="tl.where({0} != 0, {1}, {2})",
                doc="a where mask != 0 else b, elementwise, without arithmetic on the branch not taken"))
