@@ -71,6 +71,19 @@ def test_an_edited_edge_index_is_never_served_stale():
         before = fresh
 
 
+def test_an_edge_index_written_through_either_handle_is_never_served_stale():
+    """A write through PyG's ``EdgeIndex`` moves its own version counter, not the plain
+    tensor's inside it; the cache once stamped only the latter and kept the old graph."""
+    ei, (conv, ref) = edge_index(), gcn()
+    wrapped = EdgeIndex(ei.clone(), sparse_size=(N, N))
+    x = torch.randn(N, 4, dtype=torch.float64)
+    conv(x, wrapped)
+    for edit in (lambda: wrapped.__setitem__((1, slice(0, 5)), 0),
+                 lambda: wrapped.as_tensor()[0, :3].fill_(8)):
+        edit()
+        torch.testing.assert_close(conv(x, wrapped), ref(x, wrapped.as_tensor().clone()), rtol=1e-12, atol=1e-12)
+
+
 def test_new_tensors_are_never_mistaken_for_freed_ones():
     """Each temporary below gets the id of the one freed before it, and int32 input is
     copied into the graph, so the freed tensor's memory (and version 0) may come back

@@ -61,9 +61,11 @@ def is_pyg_edge_index(obj: Any) -> bool:
 
 def index_tensors(obj: Any) -> list[torch.Tensor]:
     """The plain tensors holding the indices (and values) of a torch-side graph input:
-    what changes when its contents change (see `index_cache`)."""
+    what changes when its contents change (see `index_cache`). An ``EdgeIndex`` counts
+    twice: a write through it (``ei[1, :5] = 0``) moves its own version counter, not the
+    plain tensor's it holds, and a write to that tensor moves only the latter's."""
     if is_pyg_edge_index(obj):
-        return [obj.as_tensor()]
+        return [obj.as_tensor(), obj]
     if not is_sparse_adjacency(obj):
         return [obj]
     if not isinstance(obj, torch.Tensor):             # torch_sparse.SparseTensor

@@ -371,6 +371,15 @@ class Graph:
     def device(self) -> torch.device:
         return (self._lazy.src if self._edges is None else self._edges[0]).device
 
+    def edge_tensors(self) -> tuple[torch.Tensor, ...]:
+        """The tensors this graph's edges are read from -- a caller's own ``edge_index``
+        rows where they were kept without a copy (`Graph`'s doc), a lazy graph's recipe's,
+        and the edge and vertex types -- without building a lazy graph's endpoints. Their
+        version counters say whether an in-place write changed the graph: a layout built
+        after that write (a backward's reverse CSR) would not be the forward's graph."""
+        edges = self._edges if self._edges is not None else (self._lazy.src, self._lazy.dst, self._lazy.keep)
+        return tuple(t for t in (*edges, self._edge_type, self._node_type, self._dst_rows) if t is not None)
+
     @property
     def src(self) -> torch.Tensor:
         """Source of each edge, int64, in edge-id order."""
