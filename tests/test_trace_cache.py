@@ -149,6 +149,34 @@ def test_a_tensor_value_read_at_trace_time_retraces(graph, traces):
     assert traces[0] == 2
 
 
+ONES = torch.ones(3)
+VALUE_BRANCHES = {
+    "torch.equal": lambda flag: 2.0 if torch.equal(flag, ONES) else 1.0,
+    "allclose": lambda flag: 2.0 if flag.allclose(ONES) else 1.0,
+    "in": lambda flag: 2.0 if 0.0 not in flag else 1.0,
+    "is_nonzero": lambda flag: 2.0 if torch.is_nonzero(flag.min()) else 1.0,
+    "len(nonzero)": lambda flag: float(len(flag.nonzero())) - 1.0,
+    "boolean mask": lambda flag: float(flag[flag > 0].shape[0]) - 1.0,
+    "unique": lambda flag: float(flag.unique().numel() == 1) + 1.0,
+}
+
+
+@pytest.mark.parametrize("read", VALUE_BRANCHES)
+def test_values_read_through_comparisons_or_value_dependent_shapes_retrace(graph, traces, read):
+    """These hand the captured tensor's values to Python too (found by fuzzing: the
+    program of the first call was reused after the flag changed)."""
+    h = torch.randn(4, 3, dtype=torch.float64)
+    flag = torch.ones(3)
+    branch = VALUE_BRANCHES[read]
+
+    @gnnfuse.vertex
+    def f(v):
+        return sum([u.h for u in v.innbs]) * branch(flag)
+    torch.testing.assert_close(f(graph, {"h": h}), 2.0 * neighbour_sum(graph, h))
+    flag[0] = 0.0
+    torch.testing.assert_close(f(graph, {"h": h}), 1.0 * neighbour_sum(graph, h))
+
+
 def test_closure_tensors_that_were_one_object_and_no_longer_are(graph, traces):
     """Traced with ``a is b`` the program has one parameter for both; once they are two
     tensors it must not feed one of them twice."""

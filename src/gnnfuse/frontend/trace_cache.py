@@ -279,10 +279,17 @@ def _fetch(functions: tuple[Callable | None, ...], path: Path) -> Any:
     return obj
 
 
-# Tensor methods that hand a tensor's values to Python, where a trace would bake them in.
-_VALUE_READS = frozenset(getattr(torch.Tensor, name) for name in (
-    "item", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__", "__complex__", "__array__",
-    "__format__", "__repr__", "__str__") if hasattr(torch.Tensor, name))
+# Functions that hand a tensor's values to Python, where a trace would bake them in:
+# directly (a number, a bool, a list), or as a shape that depends on them (the rows
+# ``nonzero`` or a boolean mask picks), which a later ``len()`` or loop reads.
+_VALUE_READS = frozenset(getattr(owner, name) for owner, names in (
+    (torch.Tensor, ("item", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__", "__complex__",
+                    "__array__", "__format__", "__repr__", "__str__", "__contains__", "equal", "allclose",
+                    "is_nonzero", "nonzero", "argwhere", "unique", "unique_consecutive", "masked_select",
+                    "bincount", "repeat_interleave", "nonzero_static")),
+    (torch, ("equal", "allclose", "is_nonzero", "nonzero", "argwhere", "unique", "unique_consecutive",
+             "masked_select", "bincount", "repeat_interleave"))) for name in names if hasattr(owner, name))
+_GETITEM = torch.Tensor.__getitem__
 
 
 class _ValueReads(torch.overrides.TorchFunctionMode):
@@ -293,9 +300,16 @@ class _ValueReads(torch.overrides.TorchFunctionMode):
         self.seen = False
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if func in _VALUE_READS and args and isinstance(args[0], torch.Tensor):
+        if args and isinstance(args[0], torch.Tensor) and (
+                func in _VALUE_READS or (func is _GETITEM and len(args) > 1 and _masks(args[1]))):
             self.seen = True
         return func(*args, **(kwargs or {}))
+
+
+def _masks(index: Any) -> bool:
+    """Whether a ``t[index]`` picks rows by a boolean mask (a value-dependent shape)."""
+    parts = index if isinstance(index, tuple) else (index,)
+    return any(isinstance(p, torch.Tensor) and p.dtype in (torch.bool, torch.uint8) for p in parts)
 
 
 def signature(tables: tuple[Mapping[str, torch.Tensor], ...]) -> Hashable:
