@@ -59,8 +59,28 @@ def test_no_grad_forward_equals_torch():
 
 
 def test_every_row_ignored_gives_nan_like_torch():
+    """A batch with no labelled row: torch's mean loss is NaN but its gradients are
+    zeros, so a step changes nothing; ours were 0 * (1 / 0) = NaN and poisoned the weights."""
     h, w, b, y = _operands(5, 3, 4, ignored=range(5))
-    assert torch.isnan(linear_cross_entropy(h, w, b, y)) and torch.isnan(_torch(h, w, b, y))
+    ours = _loss_and_grads(linear_cross_entropy, h, w, b, y)
+    theirs = _loss_and_grads(_torch, h, w, b, y)
+    assert torch.isnan(ours[0]) and torch.isnan(theirs[0])
+    for a, e in zip(ours[1:], theirs[1:]):
+        assert torch.equal(a, e) and not a.any()
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_an_ignored_rows_nan_stays_out_of_the_loss_as_in_torch(reduction):
+    """torch skips an ignored row's loss term; a product with the keep mask made it
+    0 * NaN. Its gradients are NaN in both (softmax's backward multiplies it by 0)."""
+    h, w, b, y = _operands(6, 3, 4, dtype=torch.float64, ignored=(2,))
+    with torch.no_grad():
+        h[2, 1] = float("nan")
+    ours = _loss_and_grads(linear_cross_entropy, h, w, b, y, reduction=reduction, chunk_rows=4)
+    theirs = _loss_and_grads(_torch, h, w, b, y, reduction=reduction)
+    assert torch.isfinite(ours[0])
+    for a, e in zip(ours, theirs):
+        torch.testing.assert_close(a, e, rtol=1e-12, atol=1e-12, equal_nan=True)
 
 
 def test_gradcheck_float64():

@@ -81,7 +81,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
             # given, so an out-of-range class fails in `gather` as in cross_entropy
             classes = torch.where(keep, target[rows], 0).unsqueeze(1)
             lse = torch.logsumexp(logits, dim=1)
-            total += ((lse - logits.gather(1, classes).squeeze(1)) * keep).sum()
+            # where, not a product with the mask: an ignored row's NaN stays out of the loss
+            total += torch.where(keep, lse - logits.gather(1, classes).squeeze(1), 0.0).sum()
             if not any(wants):
                 continue
             grad = logits.sub_(lse.unsqueeze(1)).exp_()                  # softmax, in place of the logits
@@ -102,7 +103,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_output):
         grad_input, grad_weight, grad_bias, count = ctx.saved_tensors
-        scale = grad_output if count is None else grad_output / count
+        # No kept row: torch's mean loss is 0 / 0 = NaN, but its gradients are zeros (as
+        # every row's are), not 0 / 0.
+        scale = grad_output if count is None else grad_output / count.clamp(min=1)
         grads = [None if g is None else (g * scale).to(dtype)
                  for g, dtype in zip((grad_input, grad_weight, grad_bias), ctx.dtypes)]
         return (*grads, None, None, None, None)
