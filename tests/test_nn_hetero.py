@@ -10,6 +10,7 @@ import sys
 import pytest
 import torch
 import torch_geometric.nn as pyg_nn
+from torch_geometric import EdgeIndex
 from torch_geometric.data import HeteroData
 
 import gnnfuse
@@ -196,6 +197,32 @@ def test_hgt_ignores_features_of_node_types_outside_its_metadata():
     assert_same(ours, pyg, x, lambda layer, xs: layer(xs, edges))
 
 
+def test_hgt_takes_dotted_relation_names_and_edge_index_objects_as_pyg_does(backend, device):
+    """torch's containers refuse '.' in a key and PyG's ParameterDict stores it as '#';
+    PyG's EdgeIndex is a tensor subclass whose storage a Triton kernel could not address."""
+    metadata = (METADATA[0], [(s, f"{r}.v2", d) for s, r, d in METADATA[1]])
+    torch.manual_seed(0)
+    pyg = randomized(pyg_nn.HGTConv(IN_CHANNELS, 6, metadata, heads=2).double().to(device), 7)
+    ours = gnn.HGTConv(IN_CHANNELS, 6, metadata, heads=2).double().to(device)
+    ours.load_state_dict(pyg.state_dict())
+    x, edges = hetero_inputs(7, device)
+    edges = {(s, f"{r}.v2", d): e for (s, r, d), e in edges.items()}
+    wrapped = {t: EdgeIndex(e) for t, e in edges.items()}
+    grads = assert_same(ours, pyg, x, lambda layer, xs: layer(xs, wrapped), lambda layer, xs: layer(xs, edges))
+    assert "p_rel.a__r#v2__b" in grads
+
+
+@pytest.mark.parametrize("index, message", [
+    (torch.tensor([[0.0, 1.0], [1.0, 0.0]]), "integer ids, got torch.float32"),
+    (torch.tensor([[True, False], [False, True]]), "integer ids, got torch.bool"),
+    (torch.sparse_coo_tensor(torch.tensor([[0, 1], [1, 0]]), torch.ones(2), (2, 2)), "torch.sparse_coo tensor"),
+])
+def test_hetero_graph_refuses_float_bool_and_sparse_edge_indices(index, message):
+    """Floats were truncated to ids, silently; a [2, N] sparse tensor got an aten error."""
+    with pytest.raises((ValueError, TypeError), match=message):
+        HeteroGraph({("a", "r", "b"): index}, {"a": 2, "b": 2})
+
+
 def test_hgt_gradcheck():
     """The inputs and the relation parameters the compiled attention reads (the per-type
     linear maps are torch's own, compared with PyG above)."""
@@ -287,6 +314,8 @@ def test_rgat_gradcheck_within_relation():
      "no edge_dim"),
     (lambda: gnn.RGATConv(4, 2, 5), lambda layer, x, i, t: layer(x, gnnfuse.Graph(
         i[0], i[1], 8, edge_type=t, num_edge_types=3)), ValueError, "num_relations=5"),
+    (lambda: gnn.RGATConv(4, 2, 3), lambda layer, x, i, t: layer(x, gnnfuse.Graph.bipartite(
+        i[0], i[1] % 5, 8, 5, edge_type=t, num_edge_types=3)), ValueError, "needs one vertex set"),
 ])
 def test_rgat_errors_say_what_is_wrong(build, call, error, message):
     index, types = typed_edges(7)

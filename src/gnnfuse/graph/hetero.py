@@ -82,12 +82,17 @@ class HeteroGraph:
                 if t not in self.counts:
                     raise ValueError(f"edge type {edge_type} names node type {t!r}, which has no vertex count")
             index = edge_index_dict[edge_type]
-            if not isinstance(index, torch.Tensor) or index.dim() != 2 or index.shape[0] != 2:
+            if isinstance(index, torch.Tensor) and hasattr(index, "as_tensor"):
+                index = index.as_tensor()                 # PyG's EdgeIndex: its plain tensor
+            if (not isinstance(index, torch.Tensor) or index.layout is not torch.strided or index.dim() != 2
+                    or index.shape[0] != 2):
                 raise TypeError(f"edge type {edge_type}: expected a [2, E] edge_index tensor, got "
                                 f"{_describe(index)} (sparse adjacencies are not supported here)")
             device = index.device if device is None else device
             if index.device != device:
                 raise ValueError(f"edge type {edge_type} is on {index.device}, the others on {device}")
+            if index.dtype.is_floating_point or index.dtype.is_complex or index.dtype == torch.bool:
+                raise ValueError(f"edge type {edge_type}: the edge_index must hold integer ids, got {index.dtype}")
             index = index.long()
             for row, t, side in ((index[0], src_type, "source"), (index[1], dst_type, "destination")):
                 if row.numel() and (int(row.min()) < 0 or int(row.max()) >= self.counts[t]):
@@ -150,4 +155,7 @@ class HeteroGraph:
 
 
 def _describe(value: Any) -> str:
-    return f"a tensor of shape {list(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
+    if not isinstance(value, torch.Tensor):
+        return type(value).__name__
+    layout = "" if value.layout is torch.strided else f"{value.layout} "
+    return f"a {layout}tensor of shape {list(value.shape)}"

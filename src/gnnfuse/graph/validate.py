@@ -25,7 +25,9 @@ def as_index_tensor(name: str, value: Any, device: torch.device | None = None) -
     Non-tensor input is placed on `device` (the device of the tensor it travels with).
     """
     if isinstance(value, torch.Tensor):
-        tensor = value
+        # PyG's Index and EdgeIndex are tensor subclasses whose storage a kernel cannot
+        # address: keep the plain tensor they hold
+        tensor = value.as_tensor() if hasattr(value, "as_tensor") else value
     else:
         array = np.asarray(value)
         if array.size == 0 and array.dtype.kind == "f" and not isinstance(value, np.ndarray):

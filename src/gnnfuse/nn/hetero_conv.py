@@ -20,12 +20,13 @@ from ..graph.hetero import EdgeType
 _GROUPINGS = ("sum", "mean", "min", "max", "cat", None)
 
 
-def module_key(key: str | EdgeType) -> str:
-    """PyG's ``ModuleDict`` key of a node or edge type: an edge type as ``<src___rel___dst>``,
-    a name torch's ``ModuleDict`` reserves wrapped in ``<>``, and dots as ``#``."""
+def module_key(key: str | EdgeType, container: type = nn.ModuleDict) -> str:
+    """PyG's ``ModuleDict`` (or, with ``container=nn.ParameterDict``, ``ParameterDict``)
+    key of a node or edge type: an edge type as ``<src___rel___dst>``, a name the torch
+    container reserves wrapped in ``<>``, and dots as ``#`` (torch refuses them)."""
     if isinstance(key, tuple):
         key = f"<{'___'.join(key)}>"
-    if key in dir(nn.ModuleDict):
+    if key in dir(container):
         key = f"<{key}>"
     return key.replace(".", "#")
 

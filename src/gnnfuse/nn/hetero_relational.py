@@ -53,6 +53,9 @@ def typed_input_graph(rows: int, graph: Graph | torch.Tensor, edge_type: torch.T
             raise NotImplementedError(f"{layer}: a sparse adjacency (adj_t) is not supported by gnnfuse here; pass "
                                       "edge_index and edge_type, or a typed Graph")
         graph = Graph.from_edge_index(graph, rows, edge_type=edge_type, num_edge_types=num_relations)
+    if graph.num_src_nodes != graph.num_nodes:
+        raise ValueError(f"{layer} needs one vertex set, but the graph is bipartite ({graph.num_src_nodes} "
+                         f"sources, {graph.num_nodes} destinations); pass x and a graph on the same vertices")
     if graph.num_nodes != rows:
         raise ValueError(f"{layer}: x has {rows} rows but the graph has {graph.num_nodes} nodes")
     if graph.edge_type is None or graph.num_edge_types != num_relations:

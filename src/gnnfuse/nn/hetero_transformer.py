@@ -24,6 +24,7 @@ from .. import frontend
 from ..graph.hetero import EdgeType, HeteroGraph
 from ..graph.hetero_cache import cached_hetero_graph
 from .conv import _linear
+from .hetero_conv import module_key
 
 
 class TypeLinears(nn.Module):
@@ -32,10 +33,11 @@ class TypeLinears(nn.Module):
 
     def __init__(self, in_channels: Mapping[str, int], out_channels: int, bias: bool = True):
         super().__init__()
-        self.lins = nn.ModuleDict({t: _linear(c, out_channels, bias) for t, c in in_channels.items()})
+        self.types = list(in_channels)
+        self.lins = nn.ModuleDict({module_key(t): _linear(c, out_channels, bias) for t, c in in_channels.items()})
 
     def forward(self, x_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return {t: lin(x_dict[t]) for t, lin in self.lins.items() if t in x_dict}
+        return {t: self.lins[module_key(t)](x_dict[t]) for t in self.types if t in x_dict}
 
 
 class RelationHeadWeight(nn.Module):
@@ -65,7 +67,12 @@ class RelationHeadWeight(nn.Module):
 
 def _key(edge_type: EdgeType) -> str:
     """PyG's ``p_rel`` key of an edge type."""
-    return "__".join(edge_type)
+    return _parameter_key("__".join(edge_type))
+
+
+def _parameter_key(key: str) -> str:
+    """PyG's ``ParameterDict`` key (dots, which torch refuses, as ``#``)."""
+    return module_key(key, nn.ParameterDict)
 
 
 def hetero_graph_for(edge_index_dict: Any, x_dict: Mapping[str, torch.Tensor], edge_types: list[EdgeType],
@@ -140,7 +147,7 @@ class HGTConv(nn.Module):
         self.out_lin = TypeLinears({t: out_channels for t in node_types}, out_channels)
         self.k_rel = RelationHeadWeight(heads * len(edge_types), dim, dim)
         self.v_rel = RelationHeadWeight(heads * len(edge_types), dim, dim)
-        self.skip = nn.ParameterDict({t: nn.Parameter(torch.ones(1)) for t in node_types})
+        self.skip = nn.ParameterDict({_parameter_key(t): nn.Parameter(torch.ones(1)) for t in node_types})
         self.p_rel = nn.ParameterDict({_key(t): nn.Parameter(torch.ones(1, heads)) for t in edge_types})
 
     def reset_parameters(self) -> None:
@@ -150,7 +157,7 @@ class HGTConv(nn.Module):
             nn.init.ones_(p)
 
     def forward(self, x_dict: Mapping[str, torch.Tensor], edge_index_dict: Any) -> dict[str, torch.Tensor]:
-        x_dict = {t: x for t, x in x_dict.items() if t in self.kqv_lin.lins}    # PyG skips unknown types
+        x_dict = {t: x for t, x in x_dict.items() if t in self.kqv_lin.types}    # PyG skips unknown types
         hetero = hetero_graph_for(edge_index_dict, x_dict, self.edge_types, "HGTConv")
         heads, relations = self.heads, len(self.edge_types)
         if not relations:                                  # no edge type: no node type has an output
@@ -166,7 +173,7 @@ class HGTConv(nn.Module):
         result = {}
         for t, o in mapped.items():
             if o.shape[-1] == x_dict[t].shape[-1]:
-                gate = self.skip[t].sigmoid()
+                gate = self.skip[_parameter_key(t)].sigmoid()
                 o = gate * o + (1 - gate) * x_dict[t]
             result[t] = o
         return result
