@@ -34,7 +34,13 @@ _MODES = ("additive-self-attention", "multiplicative-self-attention")
 class FastRGCNConv(RGCNConv):
     """PyG's ``FastRGCNConv``: the same arguments, parameters and result as `RGCNConv`
     (PyG's variant gathers one relation matrix per edge where ``RGCNConv`` loops over
-    relations; here both run the same compiled program, which never gathers per edge)."""
+    relations; here both run the same compiled program, which never gathers per edge).
+
+    One known difference: with an integer ``x`` (node indices, the featureless input)
+    other than ``arange(N)``, PyG's ``FastRGCNConv`` picks each edge's weight row by the
+    source's *position* and ignores the values of ``x``, while PyG's ``RGCNConv`` picks it
+    by ``x[source]``. This layer follows ``RGCNConv``, which reads the input it is given;
+    with ``x=None`` or ``x=arange(N)`` all four agree."""
 
 
 def typed_input_graph(rows: int, graph: Graph | torch.Tensor, edge_type: torch.Tensor | None, num_relations: int,
