@@ -116,6 +116,31 @@ def test_padded_batches_give_the_same_loss_and_gradients(data, model, backend, m
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
 
+def test_padding_reads_no_vertexs_features():
+    """Padded rows once held vertex 0's features: an inf there made a padded batch's
+    weight gradients NaN (the padded rows' zero gradients times inf) where the same
+    batch unpadded, which never reaches vertex 0 (isolated here), is finite."""
+    g = torch.Generator().manual_seed(0)
+    graph = gnnfuse.Graph(torch.randint(1, 30, (90,), generator=g), torch.randint(1, 30, (90,), generator=g), 30)
+    x = torch.randn(30, 12, dtype=torch.float64, generator=g)
+    x[0] = float("inf")
+    y = torch.randint(0, 5, (30,), generator=g)
+    torch.manual_seed(0)
+    net = build_block_model("sage", 12, 5, 16, 0.0, 2).double()
+    grads = []
+    for static in (False, True):
+        torch.manual_seed(3)
+        batch = next(iter(NeighborLoader(graph, [3, 2], 8, input_nodes=torch.arange(1, 17), x=x, y=y, prefetch=0,
+                                         static_shapes=static)))
+        assert batch.padded == static and (static or 0 not in batch.n_id.tolist())
+        net.zero_grad()
+        F.cross_entropy(net(batch.x, batch.blocks)[:batch.batch_size], batch.y[:batch.batch_size]).backward()
+        grads.append([p.grad.clone() for p in net.parameters()])
+    for a, b in zip(*grads):
+        assert torch.isfinite(b).all()
+        torch.testing.assert_close(b, a, rtol=1e-10, atol=1e-12)
+
+
 @pytest.mark.parametrize("backend", ["reference", "cpu"])
 def test_gatv2_on_padded_blocks_gives_the_plain_batchs_loss_and_gradients(data, backend, monkeypatch):
     """GATv2Conv builds its self loops on a padded block in fixed shapes too (`nn.padded_loops`)."""
@@ -342,7 +367,11 @@ def test_a_deferred_batch_completes_to_the_padded_one(data):
     deferred = next(iter(loader))
     assert deferred.deferred and deferred.x is None
     done = complete(deferred, loader.features)
-    assert not done.deferred and torch.equal(done.x, whole.x)
+    assert not done.deferred and torch.equal(done.x, loader.features[deferred.n_id])
+    torch.manual_seed(3)
+    real = next(iter(_loader(data))).n_id.numel()
+    assert torch.equal(done.x[:real], whole.x[:real]) and not whole.x[real:].any()
+    assert bool((deferred.n_id[real:] == deferred.n_id[0]).all())    # padded rows: the first seed's
     for a, b in zip(whole.blocks, done.blocks):
         keys = set(a.graph._cache)
         assert keys == set(b.graph._cache) - {DERIVED_KEYS}

@@ -46,8 +46,11 @@ class MiniBatch:
     ``n_id`` are the global ids of the input vertices (PyG's name; the first
     ``batch_size`` are the seeds, ``input_id``). A ``padded`` batch (a loader with
     ``static_shapes``) has its blocks, ``x``, ``y`` and ``n_id`` padded to the loader's
-    capacities (`loader.static_shapes`): ``n_id`` and the blocks' ``src_nodes`` hold id 0
-    for padded rows (whose features ``x`` then holds), ``y`` holds ``IGNORE_LABEL`` past
+    capacities (`loader.static_shapes`): ``n_id`` holds the first seed's id for padded
+    rows and the blocks' ``src_nodes`` hold id 0, ``x`` holds zeros there -- not a
+    vertex's features, whose inf or NaN would reach the weights' gradients through the
+    padded rows' zero gradients (a deferred batch's step gathers the first seed's row,
+    which the loss reads anyway) --, ``y`` holds ``IGNORE_LABEL`` past
     the seeds, and the model's rows past ``batch_size`` are padding; ``input_id`` and
     ``batch_size`` stay the real seeds. A ``deferred`` one (``deferred=True`` too) has
     no ``x`` and its blocks no kernel layouts yet: `static_shapes.complete` builds them
@@ -108,8 +111,12 @@ class BatchMaker:
         on_device = device_stream(self.device)
         in_place = self.feature_device == "device" or (self.zero_copy and nodes.device.type == "cuda")
         with times.timing("lookup", stream=on_device if in_place else None):
-            read = nodes if caps is None else torch.cat([nodes, nodes.new_zeros(caps.nodes[-1] - nodes.numel())])
+            # padded rows read the first seed's id: a deferred batch's step gathers them
+            # (`static_shapes.complete`); a whole batch's padded features are zeros
+            read = nodes if caps is None else torch.cat([nodes, nodes[:1].expand(caps.nodes[-1] - nodes.numel())])
             x = None if deferred else self._lookup(self.x, read)
+            if caps is not None and x is not None:
+                x[nodes.numel():] = 0
             y = self._lookup(self.y, nodes[:seeds.numel()])
             if caps is not None:
                 y = pad_rows(y, caps.nodes[0], IGNORE_LABEL)
