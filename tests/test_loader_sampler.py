@@ -129,6 +129,16 @@ def test_loader_reads_a_pyg_data_and_input_mask():
     assert torch.equal(batches[0].x, data.x[[1, 3, 0, 2]])
 
 
+@pytest.mark.parametrize("extra", [{}, {"prefetch": 2}, {"num_workers": 1}], ids=["plain", "prefetch", "worker"])
+def test_no_seeds_is_no_batch(extra):
+    """An all-False mask (or a sampler's empty share): ``len`` said 0 but one batch of 0
+    seeds came out, whose mean loss is NaN (splitting an empty tensor gives one chunk)."""
+    graph = gnnfuse.Graph(torch.tensor([0, 1, 2]), torch.tensor([1, 2, 0]), 4)
+    loader = NeighborLoader(graph, [2], batch_size=2, input_nodes=torch.zeros(4, dtype=torch.bool),
+                            x=torch.randn(4, 3), y=torch.arange(4), **{"prefetch": 0, **extra})
+    assert len(loader) == 0 and list(loader) == []
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"num_neighbors": []}, "num_neighbors"), ({"num_neighbors": [0]}, "num_neighbors"),
     ({"batch_size": 0}, "batch_size"), ({"input_nodes": torch.tensor([0, 0])}, "repeated"),

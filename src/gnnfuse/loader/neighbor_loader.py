@@ -238,8 +238,9 @@ class NeighborLoader:
             seeds = self.seeds[torch.as_tensor(list(self.sampler), dtype=torch.int64)]
         else:
             seeds = self.seeds[torch.randperm(self.seeds.numel(), generator=generator)] if self.shuffle else self.seeds
-        # where they are used, once per epoch, not copied there batch by batch
-        batches = list(seeds.to(device).split(self.batch_size))
+        # where they are used, once per epoch, not copied there batch by batch; no seeds
+        # (an empty mask, a sampler's empty share) is no batch, not one empty batch
+        batches = list(seeds.to(device).split(self.batch_size)) if seeds.numel() else []
         if self.drop_last and batches and batches[-1].numel() < self.batch_size:
             batches.pop()
         return batches
