@@ -60,6 +60,11 @@ def _graph_and_tables(data: Any, x: torch.Tensor | None, y: torch.Tensor | None
         graph = data.graph
     elif getattr(data, "edge_index", None) is not None:       # PyG Data
         graph = Graph.from_data(data)
+        carried = [name for name in ("edge_attr", "edge_weight") if getattr(data, name, None) is not None]
+        if carried:
+            warnings.warn(f"NeighborLoader: the Data's {' and '.join(carried)} are not carried into the sampled "
+                          "blocks (their edges are a sample, and a block holds no edge ids); layers on "
+                          "these batches see unweighted edges without attributes", UserWarning, stacklevel=3)
     else:
         raise TypeError(f"NeighborLoader takes a gnnfuse Graph, a gnnfuse NodeDataset or a PyG Data with an "
                         f"edge_index, got {type(data).__name__}")
