@@ -197,6 +197,25 @@ def test_traces_are_reused_across_calls(monkeypatch):
     assert len(traced) == 2, "the second call with the same closure value must reuse the trace"
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_templates_run_on_bipartite_blocks(backend, monkeypatch):
+    """A loader block has more sources than destinations: src= has a row per source
+    (both templates once asked for one per destination, and so refused every block)."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    device = device_for(backend)
+    src, dst = torch.tensor([0, 3, 4, 4, 1]), torch.tensor([0, 1, 1, 0, 1])
+    graph = gnnfuse.Graph(src, dst, 2, num_src_nodes=5).to(device)
+    x = torch.randn(5, 3, dtype=torch.float64, device=device)
+    y = torch.randn(2, 3, dtype=torch.float64, device=device)
+    src, dst = src.to(device), dst.to(device)
+    assert_matches_oracle(
+        lambda x, y: {"sum": gspmm(graph, lambda xs, yd: xs * yd, "sum", src=x, dst=y),
+                      "edge": gsddmm(graph, lambda xs, yd: (xs * yd).sum(-1), src=x, dst=y)},
+        lambda x, y: {"sum": torch.zeros(2, 3, dtype=x.dtype, device=device).index_add(0, dst, x[src] * y[dst]),
+                      "edge": (x[src] * y[dst]).sum(-1)},
+        {"x": x, "y": y})
+
+
 # --- errors --------------------------------------------------------------------------------
 def graph_and_x():
     return gnnfuse.Graph(SRC, DST, N), inputs("cpu", x=(N, F))["x"]
@@ -207,6 +226,8 @@ def graph_and_x():
     (lambda g, x: gspmm(g, None, max, src=x), TypeError, "reduce must be one of"),
     (lambda g, x: gspmm(g, None, "sum", src=x[:4]), ValueError, r"src= must have one row per graph node \(6"),
     (lambda g, x: gsddmm(g, None, edge=x), ValueError, r"edge= must have one row per graph edge \(9"),
+    (lambda g, x: gspmm(gnnfuse.Graph(g.src % 4, g.dst, 6, num_src_nodes=4), None, "sum", src=x), ValueError,
+     r"src= must have one row per graph source node \(4"),
     (lambda g, x: gspmm(g, None, "sum", dst=x.tolist()), TypeError, "dst= must be a tensor"),
     (lambda g, x: gspmm(g, None, "sum"), ValueError, "at least one operand"),
     (lambda g, x: gsddmm(g, None, src=x, dst=x), ValueError, "edge_fn=None copies a single operand"),

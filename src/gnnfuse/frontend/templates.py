@@ -60,7 +60,7 @@ def operand_graph(graph: Graph | object, src, dst) -> Graph:
 
 def _operands(template: str, graph: Graph, given: dict[str, torch.Tensor | None]) -> dict[str, torch.Tensor]:
     """The operands passed, in the UDF's order, each checked against the graph's sizes."""
-    rows = {"src": graph.num_nodes, "dst": graph.num_nodes, "edge": graph.num_edges}
+    rows = {"src": graph.num_src_nodes, "dst": graph.num_nodes, "edge": graph.num_edges}
     operands = {}
     for name in OPERANDS:
         tensor = given[name]
@@ -68,7 +68,8 @@ def _operands(template: str, graph: Graph, given: dict[str, torch.Tensor | None]
             continue
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"{template}: {name}= must be a tensor, got {type(tensor).__name__}")
-        what = "edges" if name == "edge" else "nodes"
+        what = ("edges" if name == "edge" else "nodes" if graph.num_src_nodes == graph.num_nodes
+                else "source nodes" if name == "src" else "destination nodes")
         if tensor.dim() == 0 or tensor.shape[0] != rows[name]:
             raise ValueError(f"{template}: {name}= must have one row per graph {what[:-1]} "
                              f"({rows[name]} {what}), got shape {list(tensor.shape)}")
