@@ -74,6 +74,16 @@ def test_sage_lazy_in_channels_matches_pyg():
         gnn.SAGEConv(-1, 3, project=True)
 
 
+@pytest.mark.parametrize("make", [lambda: gnn.GCNConv(-1, 3), lambda: gnn.GATConv(-1, 3), lambda: gnn.GATv2Conv(-1, 3),
+                                  lambda: gnn.GraphConv(-1, 3), lambda: gnn.SGConv(-1, 3), lambda: gnn.ChebConv(-1, 3, 2),
+                                  lambda: gnn.TAGConv(-1, 3)],
+                         ids=["gcn", "gat", "gatv2", "graphconv", "sg", "cheb", "tag"])
+def test_lazy_in_channels_is_refused_by_name_where_unsupported(make):
+    """torch's "negative dimension -1" did not say that PyG's -1 means lazy."""
+    with pytest.raises(NotImplementedError, match="in_channels=-1 .*lazy"):
+        make()
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_gcn_target_to_source_flow_matches_pyg(backend, monkeypatch):
     """``flow="target_to_source"`` sends along edge_index[1] -> edge_index[0]; setting the

@@ -6,7 +6,7 @@ code generator knows it, its Triton emitter. Adding an op means adding one entry
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 import torch

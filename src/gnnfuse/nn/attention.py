@@ -26,7 +26,7 @@ from .aligned_linear import RowsRead, bias_added, rows_read
 from .arguments import node_features
 from .attention_weights import AttentionOutput, attention_weights, check_attention_request
 from .compiling import compile_path
-from .conv import (GATConv, _as_graph, _bipartite_inputs, _channel_pair, _check_dropout, _combine_heads,
+from .conv import (_sized_linear, GATConv, _as_graph, _bipartite_inputs, _channel_pair, _check_dropout, _combine_heads,
                    _head_bias, _head_residual, _inv_sqrt_degree, _normalized_sum, _with_loops)
 from .edge_features import FillValue, edge_projection, edge_rows, traced_edge_matmul
 from .pyg_repr import OneLineRepr
@@ -69,8 +69,8 @@ class GATv2Conv(OneLineRepr, nn.Module):
         self.edge_dim, self.fill_value, self.residual = edge_dim, fill_value, residual
         self.share_weights = share_weights
         in_src, in_dst = _channel_pair(in_channels)
-        self.lin_l = nn.Linear(in_src, heads * out_channels, bias=bias)
-        self.lin_r = self.lin_l if share_weights else nn.Linear(in_dst, heads * out_channels, bias=bias)
+        self.lin_l = _sized_linear(in_src, heads * out_channels, bias=bias)
+        self.lin_r = self.lin_l if share_weights else _sized_linear(in_dst, heads * out_channels, bias=bias)
         self.att = nn.Parameter(torch.empty(1, heads, out_channels))
         self.lin_edge = edge_projection(edge_dim, heads * out_channels)
         self.res = _head_residual(residual, in_channels, heads, out_channels, concat)
@@ -221,7 +221,7 @@ class DotGATConv(nn.Module):
         super().__init__()
         self.in_channels, self.out_channels, self.heads = in_channels, out_channels, heads
         self.concat, self.add_self_loops = concat, add_self_loops
-        self.lin = nn.Linear(in_channels, heads * out_channels, bias=False)
+        self.lin = _sized_linear(in_channels, heads * out_channels, bias=False)
         self.bias = _head_bias(heads, out_channels, concat, bias)
         self.reset_parameters()
 
@@ -323,7 +323,7 @@ class MLPAggConv(nn.Module):
     def __init__(self, in_channels: int, out_channels: int, bias: bool = True):
         super().__init__()
         self.in_channels, self.out_channels = in_channels, out_channels
-        self.lin = nn.Linear(in_channels, out_channels, bias=bias)
+        self.lin = _sized_linear(in_channels, out_channels, bias=bias)
 
     def reset_parameters(self) -> None:
         self.lin.reset_parameters()
@@ -358,8 +358,8 @@ class NGCFConv(nn.Module):
     def __init__(self, in_channels: int, out_channels: int, negative_slope: float = 0.2, bias: bool = True):
         super().__init__()
         self.in_channels, self.out_channels, self.negative_slope = in_channels, out_channels, negative_slope
-        self.lin1 = nn.Linear(in_channels, out_channels, bias=False)
-        self.lin2 = nn.Linear(in_channels, out_channels, bias=False)
+        self.lin1 = _sized_linear(in_channels, out_channels, bias=False)
+        self.lin2 = _sized_linear(in_channels, out_channels, bias=False)
         self.bias = nn.Parameter(torch.zeros(out_channels)) if bias else None
         self.reset_parameters()
 

@@ -404,6 +404,17 @@ def _linear(in_channels: int, out_channels: int, bias: bool) -> nn.Module:
     return nn.Linear(in_channels, out_channels, bias=bias)
 
 
+def _sized_linear(in_channels: int, out_channels: int, bias: bool = True) -> nn.Linear:
+    """``nn.Linear`` for a layer whose forward reads its weight before calling it (a
+    folded attention, a transform moved across the propagation), which a lazy
+    ``LazyLinear`` could not serve: PyG's ``in_channels=-1`` is refused by name here
+    instead of as torch's "negative dimension"."""
+    if isinstance(in_channels, int) and in_channels <= 0:
+        raise NotImplementedError(f"in_channels={in_channels} (PyG's lazy initialisation) is not supported by "
+                                  "this gnnfuse layer: give the input width (SAGEConv takes -1)")
+    return nn.Linear(in_channels, out_channels, bias=bias)
+
+
 def _channel_pair(in_channels: int | tuple[int, int]) -> tuple[int, int]:
     """PyG's ``in_channels``: one width for both vertex sets, or ``(source, destination)``."""
     return (in_channels, in_channels) if isinstance(in_channels, int) else tuple(in_channels)
@@ -439,7 +450,7 @@ def _head_residual(residual: bool, in_channels: int, heads: int, out_channels: i
     width ``in_channels[1]``) mapped to the output width without bias, added to the
     combined heads before the bias."""
     width = heads * out_channels if concat else out_channels
-    return nn.Linear(_channel_pair(in_channels)[1], width, bias=False) if residual else None
+    return _sized_linear(_channel_pair(in_channels)[1], width, bias=False) if residual else None
 
 
 class GCNConv(OneLineRepr, CachedGraph, nn.Module):
@@ -470,7 +481,7 @@ class GCNConv(OneLineRepr, CachedGraph, nn.Module):
         self.improved, self.cached, self.flow = improved, cached, flow
         self.add_self_loops, self.normalize = add_self_loops, normalize
         self._cached_graph: Graph | None = None
-        self.lin = nn.Linear(in_channels, out_channels, bias=False)
+        self.lin = _sized_linear(in_channels, out_channels, bias=False)
         self.bias = nn.Parameter(torch.zeros(out_channels)) if bias else None
         self.reset_parameters()
 
@@ -583,7 +594,7 @@ class SAGEConv(OneLineRepr, nn.Module):
             raise ValueError("'SAGEConv' does not support lazy initialization with `project=True`")
         self.in_channels, self.out_channels, self.aggr = in_channels, out_channels, pyg_aggr_name(aggr)
         self.normalize, self.project = normalize, project
-        self.lin = nn.Linear(in_src, in_src, bias=True) if project else None   # PyG: the sources' width
+        self.lin = _sized_linear(in_src, in_src, bias=True) if project else None   # PyG: the sources' width
         is_multi = type(self.aggr_module).__name__ == "MultiAggregation"    # ours, or PyG's passed as a module
         self.lin_l = _linear(self.aggr_module.get_out_channels(in_src) if is_multi else in_src, out_channels, bias)
         self.lin_r = _linear(in_dst, out_channels, False) if root_weight else None
@@ -749,10 +760,10 @@ class GATConv(OneLineRepr, nn.Module):
         self.edge_dim, self.fill_value, self.residual = edge_dim, fill_value, residual
         self.lin = self.lin_src = self.lin_dst = None
         if isinstance(in_channels, int):
-            self.lin = nn.Linear(in_channels, heads * out_channels, bias=False)
+            self.lin = _sized_linear(in_channels, heads * out_channels, bias=False)
         else:
-            self.lin_src = nn.Linear(in_channels[0], heads * out_channels, bias=False)
-            self.lin_dst = nn.Linear(in_channels[1], heads * out_channels, bias=False)
+            self.lin_src = _sized_linear(in_channels[0], heads * out_channels, bias=False)
+            self.lin_dst = _sized_linear(in_channels[1], heads * out_channels, bias=False)
         self.att_src = nn.Parameter(torch.empty(1, heads, out_channels))
         self.att_dst = nn.Parameter(torch.empty(1, heads, out_channels))
         self.lin_edge = edge_projection(edge_dim, heads * out_channels)

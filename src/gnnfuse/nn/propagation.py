@@ -25,7 +25,7 @@ from .aligned_linear import aligned_linear
 from .arguments import adjacency_weights, edge_weight_column, node_features, over_feature_batches
 from .compiling import compile_path, graph_input_problem, propagation_problem
 from .pyg_repr import OneLineRepr
-from .conv import (_AGGREGATORS, _AGGREGATORS_PLUS_ROOT, _WEIGHTED_AGGREGATORS, CachedGraph, _as_graph,
+from .conv import (_sized_linear, _AGGREGATORS, _AGGREGATORS_PLUS_ROOT, _WEIGHTED_AGGREGATORS, CachedGraph, _as_graph,
                    _bipartite_inputs, _channel_pair, _gcn_edge_norm, _inv_sqrt_degree, _neighbour_sum,
                    _normalized_hop, _normalized_layer_inputs, _transform_first, _with_loops, maps_first)
 
@@ -95,8 +95,8 @@ class GraphConv(OneLineRepr, nn.Module):
             raise ValueError(f"aggr must be one of {sorted(_AGGREGATORS)}, got {aggr!r}")
         self.in_channels, self.out_channels, self.aggr = in_channels, out_channels, aggr
         in_src, in_dst = _channel_pair(in_channels)
-        self.lin_rel = nn.Linear(in_src, out_channels, bias=bias)
-        self.lin_root = nn.Linear(in_dst, out_channels, bias=False)
+        self.lin_rel = _sized_linear(in_src, out_channels, bias=bias)
+        self.lin_root = _sized_linear(in_dst, out_channels, bias=False)
 
     def reset_parameters(self) -> None:
         self.lin_rel.reset_parameters()
@@ -244,7 +244,7 @@ class SGConv(OneLineRepr, nn.Module):
         self.in_channels, self.out_channels, self.K = in_channels, out_channels, K
         self.cached, self.add_self_loops = cached, add_self_loops
         self._cached_x: torch.Tensor | None = None
-        self.lin = nn.Linear(in_channels, out_channels, bias=bias)
+        self.lin = _sized_linear(in_channels, out_channels, bias=bias)
 
     def reset_parameters(self) -> None:
         self.lin.reset_parameters()
@@ -298,7 +298,7 @@ class TAGConv(OneLineRepr, nn.Module):
                  normalize: bool = True):
         super().__init__()
         self.in_channels, self.out_channels, self.K, self.normalize = in_channels, out_channels, K, normalize
-        self.lins = nn.ModuleList([nn.Linear(in_channels, out_channels, bias=False) for _ in range(K + 1)])
+        self.lins = nn.ModuleList([_sized_linear(in_channels, out_channels, bias=False) for _ in range(K + 1)])
         self.bias = nn.Parameter(torch.zeros(out_channels)) if bias else None
 
     def reset_parameters(self) -> None:
@@ -445,7 +445,7 @@ class ChebConv(OneLineRepr, nn.Module):
         if normalization not in _LAPLACIANS:
             raise ValueError(f"normalization must be 'sym', 'rw' or None, got {normalization!r}")
         self.in_channels, self.out_channels, self.normalization = in_channels, out_channels, normalization
-        self.lins = nn.ModuleList([nn.Linear(in_channels, out_channels, bias=False) for _ in range(K)])
+        self.lins = nn.ModuleList([_sized_linear(in_channels, out_channels, bias=False) for _ in range(K)])
         self.bias = nn.Parameter(torch.zeros(out_channels)) if bias else None
         self.reset_parameters()
 
