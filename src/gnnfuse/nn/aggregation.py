@@ -248,7 +248,11 @@ def _softmax(graph: Graph, messages: torch.Tensor, module: nn.Module) -> torch.T
 def _unread_rows_as_ones(graph: Graph, messages: torch.Tensor) -> torch.Tensor:
     """``messages`` with 1s on the source rows no edge reads: their gradient is then an
     exact 0, where work done on every row (not on gathered rows, as PyG does) would give a
-    NaN feature's row ``0 * NaN``."""
+    NaN feature's row ``0 * NaN``. Under ``torch.compile`` the graph is a reference
+    (`runtime.compile_op.GraphRef`) whose degrees the traced model cannot count: the rows
+    stay as they are there."""
+    if not isinstance(graph, Graph):
+        return messages
     read = (graph.out_degrees() > 0).view(-1, *(1,) * (messages.dim() - 1))
     return torch.where(read, messages, 1.0)
 

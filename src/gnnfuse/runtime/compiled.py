@@ -342,12 +342,17 @@ class _ProgramFunction(torch.autograd.Function):
         # Python's collector cannot free -- every step's tensors would leak.
         ctx.save_for_backward(*[kept[i] for i in compiled.backward_inputs(backward).saved_ids] if backward else ())
         ctx.output_meta = [(o.shape, o.dtype, o.device) for o in outputs]
-        ctx.graph_versions = _graph_versions(graph_ctx.graph)
+        # the graph's index tensors and their version counters, checked by the backward
+        # (inline: this runs on every training call's host path)
+        graph = graph_ctx.graph
+        ctx.graph_versions = [(t, t._version) for t in graph.edge_tensors()] if type(graph) is Graph else ()
         return outputs
 
     @staticmethod
     def backward(ctx, *output_grads: torch.Tensor):
-        _check_graph_unchanged(ctx.compiled, ctx.graph_ctx.graph, ctx.graph_versions)
+        for tensor, version in ctx.graph_versions:
+            if tensor._version != version:
+                _graph_changed(ctx.compiled, tensor, version)
         if torch.is_grad_enabled():     # create_graph=True: this backward is differentiated in turn
             backend = next(name for name, execute in _EXECUTORS.items() if execute is ctx.execute)
             _check_second_derivative(ctx.compiled, ctx.backward, backend)
@@ -362,28 +367,16 @@ class _ProgramFunction(torch.autograd.Function):
         return (None, None, None, *[grads.get(key) for key in ctx.compiled._gradient_keys])
 
 
-def _graph_versions(graph: object) -> tuple[tuple[torch.Tensor, int], ...]:
-    """Each tensor the graph's edges are read from, with its version counter now."""
-    if not isinstance(graph, Graph):
-        return ()
-    return tuple((t, t._version) for t in graph.edge_tensors())
-
-
-def _check_graph_unchanged(compiled: CompiledProgram, graph: object,
-                           versions: tuple[tuple[torch.Tensor, int], ...]) -> None:
+def _graph_changed(compiled: CompiledProgram, tensor: torch.Tensor, version: int) -> None:
     """Refuse a backward whose graph was written in place after its forward ran (an
     ``edge_index`` buffer refilled for the next batch before ``loss.backward()``): the
     layouts the backward builds then would describe another graph, and its gradients
     would silently mix the two. torch refuses the same for a tensor saved for backward."""
-    changed = [(t, version) for t, version in versions if t._version != version]
-    if changed:
-        tensor, version = changed[0]
-        raise RuntimeError(
-            f"the graph of a gnnfuse program (inputs {sorted(compiled.program.inputs)}) was modified by an "
-            f"in-place operation after its forward ran: an index tensor of shape {tuple(tensor.shape)} is at "
-            f"version {tensor._version}, not {version}. "
-            "The backward would run on another graph. Write a new edge_index (or clone it) instead of "
-            "modifying the one the forward used before calling backward().")
+    raise RuntimeError(
+        f"the graph of a gnnfuse program (inputs {sorted(compiled.program.inputs)}) was modified by an "
+        f"in-place operation after its forward ran: an index tensor of shape {tuple(tensor.shape)} is at "
+        f"version {tensor._version}, not {version}. The backward would run on another graph. Write a new "
+        "edge_index (or clone it) instead of modifying the one the forward used before calling backward().")
 
 
 def _check_second_derivative(compiled: CompiledProgram, backward: BackwardProgram, backend: str) -> None:
