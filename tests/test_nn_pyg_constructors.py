@@ -84,6 +84,16 @@ def test_lazy_in_channels_is_refused_by_name_where_unsupported(make):
         make()
 
 
+def test_sage_root_weight_reads_as_pygs_and_is_not_silently_changed():
+    """PyG reads ``conv.root_weight`` in its forward; ours was no attribute, so setting
+    it to False did nothing and the root term stayed."""
+    assert gnn.SAGEConv(F_IN, 3).root_weight and not gnn.SAGEConv(F_IN, 3, root_weight=False).root_weight
+    conv = gnn.SAGEConv(F_IN, 3)
+    conv.root_weight = True
+    with pytest.raises(AttributeError, match="root_weight=False"):
+        conv.root_weight = False
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_gcn_target_to_source_flow_matches_pyg(backend, monkeypatch):
     """``flow="target_to_source"`` sends along edge_index[1] -> edge_index[0]; setting the

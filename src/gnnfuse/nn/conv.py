@@ -599,6 +599,17 @@ class SAGEConv(OneLineRepr, nn.Module):
         self.lin_l = _linear(self.aggr_module.get_out_channels(in_src) if is_multi else in_src, out_channels, bias)
         self.lin_r = _linear(in_dst, out_channels, False) if root_weight else None
 
+    @property
+    def root_weight(self) -> bool:
+        """PyG's attribute: whether the root term ``lin_r(x_v)`` is added (``lin_r`` exists)."""
+        return self.lin_r is not None
+
+    @root_weight.setter
+    def root_weight(self, value: bool) -> None:
+        if bool(value) != self.root_weight:
+            raise AttributeError(f"SAGEConv: root_weight is fixed at construction ({self.root_weight}); build the "
+                                 f"layer with root_weight={bool(value)} instead of setting it afterwards")
+
     def extra_repr(self) -> str:
         return f"{self.in_channels}, {self.out_channels}, aggr={self.aggr}"
 
