@@ -13,10 +13,10 @@ Padding must not change the step's numbers. A padded block (`pad_block`) keeps t
 vertices and edges where they were and adds:
 
 - padded sources after the real ones, whose features are zeros (a deferred batch's
-  step gathers the first seed's row for them, which the loss reads anyway): "a real
-  vertex's row", as id 0 once gave them, can hold inf or NaN, which the padded rows'
-  zero gradients turned into NaN weight gradients (``0 * inf`` in ``x^T g``) for a
-  batch that never reached that vertex; and padded destinations after the real ones;
+  step gathers the first seed's row for them, which the loss reads anyway), not some
+  vertex's row: vertex 0's, which they once held, can be inf or NaN, and met the padded
+  rows' zero gradients in the weight gradients (``0 * inf`` in ``x^T g``) even in
+  batches that never reach vertex 0; and padded destinations after the real ones;
 - padded edges, each from a padded source to a padded destination, spread over them
   (a destination holds about ``edges / destinations`` of them, so no row outgrows the
   rest), and kept in destination order, so the CSR, the reverse CSR and the edge list
