@@ -11,6 +11,7 @@ from gnnfuse.cli import main
 from gnnfuse.data import load_dataset
 from gnnfuse.nn import models
 from gnnfuse.training import EarlyStopping, load_checkpoint, make_config, train_runs
+from gnnfuse.training.loop import BestEpoch
 
 FAST = ["--epochs", "3"]
 
@@ -67,6 +68,21 @@ def test_patience_counts_epochs_where_neither_val_accuracy_nor_loss_improved():
     for epoch, values in enumerate(trace[:6], start=1):
         stopping.step(epoch, *values)
     assert stopping.should_stop and stopping.epoch == 6
+
+
+def test_a_diverged_run_stops_and_never_reports_a_nan_models_accuracy():
+    """An epoch whose loss is not finite: its accuracies are argmax over NaN logits
+    (class 0 everywhere), which once became the run's best epoch and result."""
+    stopping = EarlyStopping(patience=None)
+    history = {"loss": [], "val_loss": [], "train_acc": [], "val_acc": [], "test_acc": []}
+    best = BestEpoch(history, stopping)
+    model = torch.nn.Linear(2, 2)
+    best.record(1, (1.0, 0.9, 0.4, 0.5, 0.45), model, 0.5, 0.9, 0.45)
+    with pytest.warns(RuntimeWarning, match="diverged at epoch 2.*epoch 1"):
+        best.record(2, (float("nan"), float("nan"), 0.2, 0.9, 0.9), model, 0.9, float("nan"), 0.9)
+    assert stopping.should_stop and (stopping.best_epoch, best.test_acc) == (1, 0.45)
+    with pytest.raises(SystemExit):      # an infinite learning rate is a usage error
+        main(["train", "--dataset", "synthetic", "--epochs", "1", "--lr", "inf"])
 
 
 def test_test_accuracy_is_taken_at_the_best_validation_epoch():

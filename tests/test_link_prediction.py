@@ -3,6 +3,8 @@ against a brute-force oracle, negatives, a tiny knowledge graph learnt by R-GCN 
 with DistMult, and the model/data-set pairing errors of `gnnfuse train`."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -10,7 +12,8 @@ from gnnfuse.cli import main
 from gnnfuse.graph import Graph
 from gnnfuse.nn.models import get_model, model_names
 from gnnfuse.training import ConfigError, make_config
-from gnnfuse.training.link_prediction import LinkData, corrupt, filtered_ranks, ranking_metrics, train_link_run
+from gnnfuse.training.link_prediction import (EVAL_EVERY, LinkData, corrupt, filtered_ranks, ranking_metrics,
+                                              train_link_run)
 from gnnfuse.nn.link_models import with_inverse_relations
 
 
@@ -50,6 +53,42 @@ def test_scoring_everything_alike_ranks_in_the_middle_not_first():
     ranks = filtered_ranks(lambda a, r: torch.zeros(len(a), 11), known, known, 1)
     mrr, hits = ranking_metrics(ranks)
     assert bool((ranks == 1 + 0.5 * 10).all()) and mrr == pytest.approx(1 / 6) and hits == 1.0
+
+
+def test_nan_scores_have_no_rank_not_the_first():
+    """NaN compares false with everything, so a diverged model's queries all ranked
+    first: MRR 1.0 and Hits@10 1.0, kept as the best epoch."""
+    known = torch.tensor([[0, 0, 1], [2, 0, 3]])
+    nan_row = lambda a, r: torch.where(a[:, None] == 0, float("nan"), torch.arange(11.0).expand(len(a), 11))  # noqa: E731
+    ranks = filtered_ranks(nan_row, known, known, 1)
+    assert bool(ranks.isnan().any()) and not bool(ranks[~ranks.isnan()].eq(1).all())
+    assert math.isnan(ranking_metrics(ranks)[0])
+
+
+def _tiny_link_data():
+    g = torch.Generator().manual_seed(0)
+    entities, relations = 24, 3
+    train = torch.unique(torch.stack([torch.randint(0, entities, (60,), generator=g),
+                                      torch.randint(0, relations, (60,), generator=g),
+                                      torch.randint(0, entities, (60,), generator=g)], 1), dim=0)
+    graph = Graph(train[:, 0], train[:, 2], entities, edge_type=train[:, 1], num_edge_types=relations)
+    return LinkData("tiny", with_inverse_relations(graph), train, train[:20], train[20:40], train, entities, relations)
+
+
+def test_a_diverged_link_run_stops_and_reports_nan_not_a_perfect_mrr():
+    config = make_config("rgcn", "wn18rr", epochs=10, hidden=8, lr=1e13, dropout=0.0, patience=None)
+    with pytest.warns(RuntimeWarning, match="training diverged at epoch"):
+        result = train_link_run(config, get_model("rgcn"), _tiny_link_data(), seed=0, log_epochs=False)
+    assert math.isnan(result.best_val_acc) and math.isnan(result.test_acc)
+    assert result.epochs_run < 10
+
+
+def test_link_patience_is_judged_at_validated_epochs_only():
+    """Validation runs every few epochs: patience 2 once stopped two epochs after the
+    first validation, without validating again."""
+    config = make_config("rgcn", "wn18rr", epochs=12, hidden=8, lr=0.0, dropout=0.0, patience=2)
+    result = train_link_run(config, get_model("rgcn"), _tiny_link_data(), seed=0, log_epochs=False)
+    assert len(result.history["val_mrr"]) >= 2 and result.epochs_run % EVAL_EVERY == 0
 
 
 def test_negatives_replace_exactly_one_endpoint():

@@ -3,6 +3,7 @@ defaults by `make_config`, and `ConfigError` for a request that cannot run as gi
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -83,8 +84,9 @@ def make_config(model: str, dataset: str = DEFAULT_DATASET, *, runs: int = 1, se
               (values["patience"] is None or values["patience"] >= 1,
                f"patience must be >= 0, got {values['patience']}"),
               (values["hidden"] is None or values["hidden"] >= 1, f"hidden must be >= 1, got {values['hidden']}"),
-              (values["lr"] >= 0, f"lr must be >= 0, got {values['lr']}"),
-              (values["weight_decay"] >= 0, f"weight decay must be >= 0, got {values['weight_decay']}"),
+              (0 <= values["lr"] < math.inf, f"lr must be finite and >= 0, got {values['lr']}"),
+              (0 <= values["weight_decay"] < math.inf,
+               f"weight decay must be finite and >= 0, got {values['weight_decay']}"),
               (0 <= values["dropout"] < 1, f"dropout must be in [0, 1), got {values['dropout']}"),
               (device in ("cpu", "cuda"), f"device must be cpu or cuda, got {device!r}")]
     checks.append((features in FEATURE_PLACEMENTS,

@@ -21,8 +21,10 @@ training step); the best validation MRR's weights are kept and tested once at th
 """
 from __future__ import annotations
 
+import math
 import sys
 import time
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -101,7 +103,10 @@ def filtered_ranks(scores_of, queries: torch.Tensor, known: torch.Tensor, num_re
             scores[rows, known[relevant][cols, target_col]] = float("-inf")
             above = (scores > true_score).sum(1)
             ties = (scores == true_score).sum(1)
-            ranks.append(1 + above + 0.5 * ties)
+            # a NaN score compares false with everything: it would rank first, and a
+            # diverged model would report a perfect MRR; its rank is NaN instead
+            unranked = torch.isnan(scores).any(1) | torch.isnan(true_score[:, 0])
+            ranks.append(torch.where(unranked, float("nan"), 1 + above + 0.5 * ties))
     return torch.cat(ranks).double()
 
 
@@ -147,9 +152,15 @@ def train_link_run(config: TrainConfig, spec: ModelSpec, data: LinkData, seed: i
         optimizer.step()
         epoch_ms = (time.perf_counter() - epoch_start) * 1e3
         history["loss"].append(loss.item())
+        if not math.isfinite(history["loss"][-1]):
+            warnings.warn(f"training diverged at epoch {epoch} (loss {history['loss'][-1]}): the run stops; its "
+                          f"results are its best finite validation's ({f'epoch {best[1]}' if best[0] >= 0 else 'none'})"
+                          ". A lower learning rate may help.", RuntimeWarning, stacklevel=2)
+            break
         line = (f"epoch {epoch:4d} | loss {loss.item():.4f} | {epoch_ms:7.1f} ms | "
                 f"peak {peak_memory_mib(device):.0f} MiB")
-        if epoch % EVAL_EVERY == 0 or epoch == config.epochs:
+        validated = epoch % EVAL_EVERY == 0 or epoch == config.epochs
+        if validated:
             mrr, hits = evaluate(model, data, data.valid)
             history["val_mrr"].append(mrr)
             history["val_hits10"].append(hits)
@@ -159,12 +170,16 @@ def train_link_run(config: TrainConfig, spec: ModelSpec, data: LinkData, seed: i
             progress.set_postfix(loss=f"{loss.item():.4f}", val_mrr=f"{mrr:.4f}")
         if log_epochs:
             tqdm.write(f"{label.strip() + ' | ' if label else ''}{line}", file=sys.stdout)
-        if config.patience is not None and epoch - best[1] >= config.patience and best[0] >= 0:
+        # patience counts epochs, but only a validated epoch can say nothing improved
+        if validated and config.patience is not None and epoch - best[1] >= config.patience and best[0] >= 0:
             break
     progress.close()
     best_mrr, best_epoch, state = best
-    model.load_state_dict(state)
-    test_mrr, test_hits = evaluate(model, data, data.test)
+    if state:
+        model.load_state_dict(state)
+        test_mrr, test_hits = evaluate(model, data, data.test)
+    else:               # no validation gave a finite MRR: there are no weights to test
+        best_mrr, test_mrr, test_hits = float("nan"), float("nan"), float("nan")
     history["test_hits10"] = [test_hits]
     if log_epochs:
         tqdm.write(f"{label.strip() + ' | ' if label else ''}test (filtered, epoch {best_epoch}'s weights): "

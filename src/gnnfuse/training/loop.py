@@ -7,10 +7,12 @@ runs differ only in the seed of initialisation and dropout, never in the split.
 """
 from __future__ import annotations
 
+import math
 import resource
 import statistics
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
@@ -98,6 +100,7 @@ class EarlyStopping:
         self.patience = patience
         self.best_epoch, self.best_val_acc, self.best_val_loss = 0, -1.0, float("inf")
         self.lowest_val_loss, self.last_progress, self.epoch = float("inf"), 0, 0
+        self.diverged_at: int | None = None
 
     def step(self, epoch: int, val_acc: float, val_loss: float) -> bool:
         """Record one epoch; True when it is the new best epoch."""
@@ -110,9 +113,15 @@ class EarlyStopping:
         self.lowest_val_loss = min(self.lowest_val_loss, val_loss)
         return improved
 
+    def diverge(self, epoch: int) -> None:
+        """Record an epoch whose losses are not finite: never a best epoch, and the end of
+        the run (the weights are not finite either, so no later epoch recovers)."""
+        self.epoch, self.diverged_at = epoch, epoch
+
     @property
     def should_stop(self) -> bool:
-        return self.patience is not None and self.epoch - self.last_progress >= self.patience
+        return self.diverged_at is not None or (self.patience is not None
+                                                and self.epoch - self.last_progress >= self.patience)
 
 
 class BestEpoch:
@@ -126,9 +135,18 @@ class BestEpoch:
 
     def record(self, epoch: int, values: Iterable[float], model: nn.Module, val_acc: float, val_loss: float,
                test_acc: float) -> None:
+        values = list(values)
         for key, value in zip(self.history, values):
             self.history[key].append(value)
-        if self.stopping.step(epoch, val_acc, val_loss):
+        if not (math.isfinite(values[0]) and math.isfinite(val_loss)):
+            # a NaN model's accuracies are argmax over NaN logits (class 0 everywhere):
+            # numbers that look like results, so the epoch is never the best one
+            self.stopping.diverge(epoch)
+            best = self.stopping.best_epoch
+            warnings.warn(f"training diverged at epoch {epoch} (loss {values[0]}, val loss {val_loss}): the run "
+                          f"stops; its results are its best finite epoch's ({f'epoch {best}' if best else 'none'}). "
+                          "A lower learning rate may help.", RuntimeWarning, stacklevel=2)
+        elif self.stopping.step(epoch, val_acc, val_loss):
             self.test_acc = test_acc
             self.state_dict = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
 
@@ -184,7 +202,7 @@ def train_run(config: TrainConfig, spec: ModelSpec, data: PreparedData, seed: in
         if stopping.should_stop:
             break
     progress.close()
-    return RunResult(seed=seed, best_epoch=stopping.best_epoch, best_val_acc=stopping.best_val_acc,
+    return RunResult(seed=seed, best_epoch=stopping.best_epoch, best_val_acc=stopping.best_val_acc if stopping.best_epoch else float("nan"),
                      test_acc=best.test_acc,
                      epochs_run=len(history["loss"]), seconds=time.perf_counter() - start,
                      state_dict=best.state_dict, history=history, cuda_graph=step.status)
