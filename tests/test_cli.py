@@ -263,3 +263,14 @@ def test_explain_says_why_its_edge_count_differs_from_info(capsys):
     assert f"{edges:,} edges (as `gnnfuse info` counts them)" in out
     assert f"GCNConv adds a self loop to every node (add_self_loops=True, as in PyG), so the programs below " \
            f"run on {looped:,} edges" in out and f"E={looped:,} edges" in out
+
+
+@pytest.mark.parametrize("argv", [["train", "--save"], ["train", "--plot"], ["bench", "--json"],
+                                  ["explain", "--dot"]], ids=lambda a: " ".join(a))
+def test_an_output_in_a_missing_folder_is_a_usage_error_before_any_work(argv, tmp_path, capsys):
+    """The write came after the training or timing, which a typo then cost in full."""
+    target = tmp_path / "missing" / "out.file"
+    with pytest.raises(SystemExit) as stopped:
+        main([*argv, str(target)])
+    assert stopped.value.code == 2 and "does not exist" in capsys.readouterr().err
+    assert not target.parent.exists()

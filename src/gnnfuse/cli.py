@@ -15,6 +15,7 @@ from .distributed import DistributedError, current, launch_or_join
 from .graph import Graph
 from .nn.models import get_model, model_names
 from .runtime.cuda_graph import MODES
+from .output_paths import missing_folder
 from .threads import THREADS_ENV, configure_threads
 from .tuning import command as tuning_command
 from .training import ConfigError, RunResult, TrainSummary, make_config, save_checkpoint, train_runs
@@ -89,6 +90,9 @@ def train(args: argparse.Namespace) -> TrainSummary:
     Options left unset take the model's paper defaults. Bad options raise `UsageError`
     before any training, including a missing matplotlib when `--plot` is given.
     """
+    problem = missing_folder({"--save": args.save, "--plot": args.plot})
+    if problem:
+        raise UsageError(problem)
     if args.plot:
         from .curves import require_matplotlib
         try:

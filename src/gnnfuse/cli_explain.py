@@ -14,6 +14,7 @@ import torch
 from .bench import MODELS, build_model
 from .data import DATASET_NAMES, LOAD_ERRORS, load_node_dataset
 from .graph import Graph
+from .output_paths import missing_folder
 from .runtime import explain
 
 
@@ -44,6 +45,9 @@ def edge_count_note(name: str, graph: Graph, model: torch.nn.Module) -> str:
 
 
 def run_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    problem = missing_folder({"--dot": args.dot})
+    if problem:
+        parser.error(problem)
     try:
         dataset = load_node_dataset(args.dataset, args.root)
     except LOAD_ERRORS as error:
