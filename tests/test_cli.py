@@ -274,3 +274,16 @@ def test_an_output_in_a_missing_folder_is_a_usage_error_before_any_work(argv, tm
         main([*argv, str(target)])
     assert stopped.value.code == 2 and "does not exist" in capsys.readouterr().err
     assert not target.parent.exists()
+
+
+def test_a_checkpoint_is_written_after_every_run(tmp_path):
+    """It was written once all runs had finished: Ctrl-C in run 5 of 10 lost runs 1-4."""
+    path = tmp_path / "runs.pt"
+    seen = []
+
+    def after(index, run):
+        seen.append(len(torch.load(path, weights_only=True)["runs"]))
+    train_runs(make_config("gcn", runs=2, epochs=2), on_run=after, save_to=str(path), log_epochs=False)
+    assert seen == [1, 2] and not (tmp_path / "runs.pt.partial").exists()
+    model, checkpoint = load_checkpoint(path, run=1)
+    assert checkpoint["runs"][1]["seed"] == 1

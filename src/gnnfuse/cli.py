@@ -18,7 +18,7 @@ from .runtime.cuda_graph import MODES
 from .output_paths import missing_folder
 from .threads import THREADS_ENV, configure_threads
 from .tuning import command as tuning_command
-from .training import ConfigError, RunResult, TrainSummary, make_config, save_checkpoint, train_runs
+from .training import ConfigError, RunResult, TrainSummary, make_config, train_runs
 from .training.config import FEATURE_PLACEMENTS
 
 
@@ -125,7 +125,7 @@ def train(args: argparse.Namespace) -> TrainSummary:
               f"{run.seconds:.2f} s{graph}")
 
     try:
-        return train_runs(config, on_run=report, cuda_graph=args.cuda_graph)
+        return train_runs(config, on_run=report, cuda_graph=args.cuda_graph, save_to=args.save)
     except ConfigError as error:           # data set kind or files, unavailable device
         raise UsageError(str(error)) from None
 
@@ -146,8 +146,7 @@ def run_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error(str(error))                      # prints usage, exits with status 2
     if not rank.is_main:                              # files are written once, by rank 0
         return 0
-    if args.save:
-        save_checkpoint(summary, args.save)
+    if args.save:                                     # written after every run (`train_runs`)
         print(f"saved best-val weights of {len(summary.runs)} run(s) and the config to {args.save}")
     if args.plot:
         from .curves import plot_curves

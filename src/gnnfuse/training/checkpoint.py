@@ -16,12 +16,18 @@ CHECKPOINT_FORMAT = "gnnfuse-train/1"
 
 
 def save_checkpoint(summary: TrainSummary, path: str | os.PathLike) -> None:
-    """Write every run's best-validation state dict with the config that rebuilds the model."""
+    """Write every run's best-validation state dict with the config that rebuilds the model.
+
+    Into a temporary file beside ``path``, then renamed over it: `train_runs` saves after
+    every run, and a write stopped halfway (Ctrl-C, a full disk) must leave the previous
+    checkpoint whole, not a truncated file."""
+    partial = f"{os.fspath(path)}.partial"
     torch.save({"format": CHECKPOINT_FORMAT, "config": dataclasses.asdict(summary.config),
                 "dataset": summary.dataset_name, "in_channels": summary.in_channels,
                 "out_channels": summary.out_channels,
                 "runs": [{"seed": r.seed, "best_epoch": r.best_epoch, "best_val_acc": r.best_val_acc,
-                          "test_acc": r.test_acc, "state_dict": r.state_dict} for r in summary.runs]}, path)
+                          "test_acc": r.test_acc, "state_dict": r.state_dict} for r in summary.runs]}, partial)
+    os.replace(partial, path)
 
 
 def load_checkpoint(path: str | os.PathLike, run: int = 0) -> tuple[nn.Module, dict[str, Any]]:

@@ -209,10 +209,13 @@ def train_run(config: TrainConfig, spec: ModelSpec, data: PreparedData, seed: in
 
 
 def train_runs(config: TrainConfig, *, log_epochs: bool = True,
-               on_run: Callable[[int, RunResult], None] | None = None, cuda_graph: str = "auto") -> TrainSummary:
+               on_run: Callable[[int, RunResult], None] | None = None, cuda_graph: str = "auto",
+               save_to: str | None = None) -> TrainSummary:
     """`config.runs` runs with seeds ``config.seed, config.seed + 1, ...`` on one split;
     `on_run(index, result)` is called after each (for progress lines); ``cuda_graph`` is
-    the training step's capture mode (`StepCapture`)."""
+    the training step's capture mode (`StepCapture`). With ``save_to`` the checkpoint of
+    the runs so far is written after each run (by the main rank), so stopping a long
+    ``--runs`` loses at most the run in progress."""
     spec = get_model(config.model)
     if spec.task == "link":
         from .link_prediction import prepare_link_data, train_link_run as run_one     # imports this module
@@ -234,6 +237,11 @@ def train_runs(config: TrainConfig, *, log_epochs: bool = True,
         extra = {"cuda_graph": cuda_graph} if spec.task != "link" else {}
         result = run_one(config, spec, data, config.seed + index, label=label, log_epochs=log_epochs, **extra)
         summary.runs.append(result)
+        if save_to is not None:
+            from ..distributed import current                         # imports this module
+            if current().is_main:
+                from .checkpoint import save_checkpoint               # imports this module
+                save_checkpoint(summary, save_to)
         if on_run is not None:
             on_run(index, result)
     return summary
