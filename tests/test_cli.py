@@ -265,6 +265,13 @@ def test_explain_says_why_its_edge_count_differs_from_info(capsys):
            f"run on {looped:,} edges" in out and f"E={looped:,} edges" in out
 
 
+def test_plot_with_a_link_model_is_a_usage_error_before_training(tmp_path, capsys):
+    """Its history has no node-classification curves: the plot failed after training."""
+    with pytest.raises(SystemExit) as stopped:
+        main(["train", "--model", "rgcn", "--plot", str(tmp_path / "curves.png")])
+    assert stopped.value.code == 2 and "link-prediction model" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv", [["train", "--save"], ["train", "--plot"], ["bench", "--json"],
                                   ["explain", "--dot"]], ids=lambda a: " ".join(a))
 def test_an_output_in_a_missing_folder_is_a_usage_error_before_any_work(argv, tmp_path, capsys):

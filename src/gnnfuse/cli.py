@@ -84,6 +84,14 @@ def _model_epilog() -> str:
     return "\n".join(lines)
 
 
+def _task(model: str) -> str | None:
+    """The task of a model name (None for an unknown name, which `make_config` reports)."""
+    try:
+        return get_model(model).task
+    except (KeyError, ValueError):
+        return None
+
+
 def train(args: argparse.Namespace) -> TrainSummary:
     """Train `args.model` on `args.dataset` for `args.runs` seeds, logging every epoch.
 
@@ -93,6 +101,8 @@ def train(args: argparse.Namespace) -> TrainSummary:
     problem = missing_folder({"--save": args.save, "--plot": args.plot})
     if problem:
         raise UsageError(problem)
+    if args.plot and args.model and _task(args.model) == "link":
+        raise UsageError(f"--plot draws node-classification curves; {args.model} is a link-prediction model")
     if args.plot:
         from .curves import require_matplotlib
         try:
@@ -212,7 +222,8 @@ def _parser() -> argparse.ArgumentParser:
                             "replicated features only)")
     train.add_argument("--fanout", type=_fanout, metavar="K1,K2,..",
                        help="sampled mini-batch training: in-edges sampled per vertex at each hop from the "
-                            "batch (PyG's num_neighbors; -1 takes all), one hop per layer (sage, gat)")
+                            "batch (PyG's num_neighbors; -1 takes all: --fanout=-1,-1), one hop per layer (sage, "
+                            "gat)")
     train.add_argument("--batch-size", type=int, metavar="B", help="seed vertices per mini-batch (default 1024; "
                        "needs --fanout)")
     train.add_argument("--num-workers", type=int, default=0, metavar="N",
