@@ -6,7 +6,6 @@ import pytest
 import torch
 import torch_geometric.nn as pyg
 
-from gnnfuse import nn as gnn
 from gnnfuse.cli import main
 from gnnfuse.data import load_dataset
 from gnnfuse.nn import models
