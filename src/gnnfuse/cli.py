@@ -14,8 +14,8 @@ from .data import DATASET_NAMES, DEFAULT_DATASET, LOAD_ERRORS, NodeDataset, Rela
 from .distributed import DistributedError, current, launch_or_join
 from .graph import Graph
 from .nn.models import get_model, model_names
-from .runtime.cuda_graph import MODES
 from .output_paths import missing_folder
+from .runtime.cuda_graph import MODES
 from .threads import THREADS_ENV, configure_threads
 from .tuning import command as tuning_command
 from .training import ConfigError, RunResult, TrainSummary, make_config, train_runs
