@@ -37,9 +37,7 @@ def brute_force_ranks(scores: torch.Tensor, queries: torch.Tensor, known: torch.
 def test_filtered_ranks_match_a_brute_force_oracle():
     g = torch.Generator().manual_seed(0)
     entities, relations = 9, 2
-    known = torch.unique(torch.stack([torch.randint(0, entities, (25,), generator=g),
-                                      torch.randint(0, relations, (25,), generator=g),
-                                      torch.randint(0, entities, (25,), generator=g)], 1), dim=0)
+    known = _random_triples(entities, relations, 25, g)
     queries = known[::3]
     # symmetric per-relation scores (as DistMult's are), rounded so that ties occur
     scores = torch.randint(0, 4, (entities, relations, entities), generator=g).double()
@@ -65,12 +63,17 @@ def test_nan_scores_have_no_rank_not_the_first():
     assert math.isnan(ranking_metrics(ranks)[0])
 
 
-def _tiny_link_data():
-    g = torch.Generator().manual_seed(0)
+def _random_triples(entities: int, relations: int, count: int, g: torch.Generator) -> torch.Tensor:
+    """Distinct (head, relation, tail) rows drawn from ``g``."""
+    return torch.unique(torch.stack([torch.randint(0, entities, (count,), generator=g),
+                                     torch.randint(0, relations, (count,), generator=g),
+                                     torch.randint(0, entities, (count,), generator=g)], 1), dim=0)
+
+
+def _tiny_link_data() -> LinkData:
+    """24 entities, 3 relations; valid and test are training triples."""
     entities, relations = 24, 3
-    train = torch.unique(torch.stack([torch.randint(0, entities, (60,), generator=g),
-                                      torch.randint(0, relations, (60,), generator=g),
-                                      torch.randint(0, entities, (60,), generator=g)], 1), dim=0)
+    train = _random_triples(entities, relations, 60, torch.Generator().manual_seed(0))
     graph = Graph(train[:, 0], train[:, 2], entities, edge_type=train[:, 1], num_edge_types=relations)
     return LinkData("tiny", with_inverse_relations(graph), train, train[:20], train[20:40], train, entities, relations)
 
@@ -103,13 +106,7 @@ def test_negatives_replace_exactly_one_endpoint():
 def test_a_tiny_knowledge_graph_is_learnt(model):
     """Valid and test are training triples: a working encoder + decoder learns them, far
     above the random MRR (~0.16 with 24 entities: the mean of 1/rank over ranks 1..23)."""
-    g = torch.Generator().manual_seed(0)
-    entities, relations = 24, 3
-    train = torch.unique(torch.stack([torch.randint(0, entities, (60,), generator=g),
-                                      torch.randint(0, relations, (60,), generator=g),
-                                      torch.randint(0, entities, (60,), generator=g)], 1), dim=0)
-    graph = Graph(train[:, 0], train[:, 2], entities, edge_type=train[:, 1], num_edge_types=relations)
-    data = LinkData("tiny", with_inverse_relations(graph), train, train[:20], train[20:40], train, entities, relations)
+    data = _tiny_link_data()
     config = make_config(model, "wn18rr", epochs=40, hidden=16, lr=0.05, dropout=0.0, patience=0)
     result = train_link_run(config, get_model(model), data, seed=0, log_epochs=False)
     assert result.metric == "MRR" and result.best_val_acc > 0.4 and result.test_acc > 0.4
