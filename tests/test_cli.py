@@ -180,6 +180,8 @@ def test_appnp_and_sgc_train_with_their_paper_recipes():
         assert summary.runs[0].history["loss"][-1] < summary.runs[0].history["loss"][0]
     with pytest.raises(ValueError, match="no hidden layer"):
         make_config("sgc", hidden=32)
+    with pytest.raises(ValueError, match="dropout does not apply"):      # it was accepted and ignored
+        make_config("sgc", dropout=0.5)
 
 
 def test_gcn_learns_the_default_synthetic_data_set():

@@ -76,6 +76,9 @@ def make_config(model: str, dataset: str = DEFAULT_DATASET, *, runs: int = 1, se
     given = {key: value for key, value in overrides.items() if value is not None}
     if "hidden" in given and spec.defaults.hidden is None:
         raise ConfigError(f"model {model!r} has no hidden layer, so hidden does not apply")
+    if given.get("dropout") and spec.defaults.hidden is None:     # sgc: one linear map, nothing to drop
+        raise ConfigError(f"model {model!r} has no hidden layer and no dropout, so dropout does not apply "
+                          "(it was accepted and ignored)")
     if given.get("patience") == 0:
         given["patience"] = None
     values = {**dataclasses.asdict(spec.defaults), **given}
