@@ -305,7 +305,7 @@ def train_full_graph_run(config: TrainConfig, spec: ModelSpec, data: PreparedDat
         if stopping.should_stop:
             break
     progress.close()
-    return RunResult(seed=seed, best_epoch=stopping.best_epoch, best_val_acc=stopping.best_val_acc,
+    return RunResult(seed=seed, best_epoch=stopping.best_epoch, best_val_acc=stopping.reported_val_acc,
                      test_acc=best.test_acc, epochs_run=len(history["loss"]), seconds=time.perf_counter() - start,
                      state_dict=best.state_dict, history=history,
                      cuda_graph=f"eager: partitioned full-graph training on {world_size} ranks (collectives per step)")

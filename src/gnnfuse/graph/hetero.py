@@ -26,6 +26,7 @@ from typing import Any, Iterable, Mapping
 import torch
 
 from .graph import Graph
+from .validate import integer_ids
 
 EdgeType = tuple[str, str, str]
 
@@ -82,8 +83,6 @@ class HeteroGraph:
                 if t not in self.counts:
                     raise ValueError(f"edge type {edge_type} names node type {t!r}, which has no vertex count")
             index = edge_index_dict[edge_type]
-            if isinstance(index, torch.Tensor) and hasattr(index, "as_tensor"):
-                index = index.as_tensor()                 # PyG's EdgeIndex: its plain tensor
             if (not isinstance(index, torch.Tensor) or index.layout is not torch.strided or index.dim() != 2
                     or index.shape[0] != 2):
                 raise TypeError(f"edge type {edge_type}: expected a [2, E] edge_index tensor, got "
@@ -91,9 +90,7 @@ class HeteroGraph:
             device = index.device if device is None else device
             if index.device != device:
                 raise ValueError(f"edge type {edge_type} is on {index.device}, the others on {device}")
-            if index.dtype.is_floating_point or index.dtype.is_complex or index.dtype == torch.bool:
-                raise ValueError(f"edge type {edge_type}: the edge_index must hold integer ids, got {index.dtype}")
-            index = index.long()
+            index = integer_ids(f"edge type {edge_type}: the edge_index", index).long()
             for row, t, side in ((index[0], src_type, "source"), (index[1], dst_type, "destination")):
                 if row.numel() and (int(row.min()) < 0 or int(row.max()) >= self.counts[t]):
                     raise ValueError(f"edge type {edge_type}: a {side} id is outside 0..{self.counts[t] - 1} "

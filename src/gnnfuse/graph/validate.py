@@ -14,6 +14,17 @@ import torch
 _INT64_MAX = np.iinfo(np.int64).max
 
 
+def integer_ids(name: str, tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` as a plain tensor of integer ids: PyG's ``Index`` and ``EdgeIndex`` are
+    tensor subclasses whose storage a kernel cannot address, so the plain tensor they hold
+    is kept; float, complex or bool ids are refused (truncating them would be a silent
+    wrong graph)."""
+    tensor = tensor.as_tensor() if hasattr(tensor, "as_tensor") else tensor
+    if tensor.dtype.is_floating_point or tensor.dtype.is_complex or tensor.dtype == torch.bool:
+        raise ValueError(f"{name} must hold integer ids, got {tensor.dtype}")
+    return tensor
+
+
 def as_index_tensor(name: str, value: Any, device: torch.device | None = None) -> torch.Tensor:
     """`value` as a contiguous 1-D int64 tensor; rejects float/bool ids and non-1-D input.
 
@@ -25,9 +36,7 @@ def as_index_tensor(name: str, value: Any, device: torch.device | None = None) -
     Non-tensor input is placed on `device` (the device of the tensor it travels with).
     """
     if isinstance(value, torch.Tensor):
-        # PyG's Index and EdgeIndex are tensor subclasses whose storage a kernel cannot
-        # address: keep the plain tensor they hold
-        tensor = value.as_tensor() if hasattr(value, "as_tensor") else value
+        tensor = integer_ids(name, value)
     else:
         array = np.asarray(value)
         if array.size == 0 and array.dtype.kind == "f" and not isinstance(value, np.ndarray):
@@ -39,8 +48,6 @@ def as_index_tensor(name: str, value: Any, device: torch.device | None = None) -
         tensor = torch.from_numpy(np.ascontiguousarray(array, dtype=np.int64))
         if device is not None:
             tensor = tensor.to(device)
-    if tensor.dtype.is_floating_point or tensor.dtype.is_complex or tensor.dtype == torch.bool:
-        raise ValueError(f"{name} must hold integer ids, got {tensor.dtype}")
     if tensor.dim() != 1:
         raise ValueError(f"{name} must be 1-D, got shape {tuple(tensor.shape)}")
     return tensor.to(torch.int64).contiguous()

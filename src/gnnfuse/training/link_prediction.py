@@ -24,7 +24,6 @@ from __future__ import annotations
 import math
 import sys
 import time
-import warnings
 from dataclasses import dataclass
 
 import torch
@@ -37,7 +36,7 @@ from ..nn.link_models import with_inverse_relations
 from ..nn.models import ModelSpec, build_model
 from ..progress import progress_bar
 from .config import ConfigError, TrainConfig
-from .loop import RunResult, _optimizer, peak_memory_mib
+from .loop import RunResult, _optimizer, peak_memory_mib, warn_diverged
 
 EVAL_EVERY = 5
 REGULARIZATION = 0.01
@@ -153,9 +152,7 @@ def train_link_run(config: TrainConfig, spec: ModelSpec, data: LinkData, seed: i
         epoch_ms = (time.perf_counter() - epoch_start) * 1e3
         history["loss"].append(loss.item())
         if not math.isfinite(history["loss"][-1]):
-            warnings.warn(f"training diverged at epoch {epoch} (loss {history['loss'][-1]}): the run stops; its "
-                          f"results are its best finite validation's ({f'epoch {best[1]}' if best[0] >= 0 else 'none'})"
-                          ". A lower learning rate may help.", RuntimeWarning, stacklevel=2)
+            warn_diverged(epoch, f"loss {history['loss'][-1]}", best[1])
             break
         line = (f"epoch {epoch:4d} | loss {loss.item():.4f} | {epoch_ms:7.1f} ms | "
                 f"peak {peak_memory_mib(device):.0f} MiB")

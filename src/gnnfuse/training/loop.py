@@ -113,6 +113,12 @@ class EarlyStopping:
         self.lowest_val_loss = min(self.lowest_val_loss, val_loss)
         return improved
 
+    @property
+    def reported_val_acc(self) -> float:
+        """The best epoch's validation accuracy for a run's result: NaN when no epoch was
+        best (every one diverged), not the -1 that starts the comparison."""
+        return self.best_val_acc if self.best_epoch else float("nan")
+
     def diverge(self, epoch: int) -> None:
         """Record an epoch whose losses are not finite: never a best epoch, and the end of
         the run (the weights are not finite either, so no later epoch recovers)."""
@@ -122,6 +128,14 @@ class EarlyStopping:
     def should_stop(self) -> bool:
         return self.diverged_at is not None or (self.patience is not None
                                                 and self.epoch - self.last_progress >= self.patience)
+
+
+def warn_diverged(epoch: int, losses: str, best_epoch: int) -> None:
+    """Say that a run stopped at ``epoch`` because its ``losses`` are not finite, and which
+    epoch's results it reports (0: none)."""
+    warnings.warn(f"training diverged at epoch {epoch} ({losses}): the run stops; its results are its best "
+                  f"finite epoch's ({f'epoch {best_epoch}' if best_epoch else 'none'}). A lower learning rate "
+                  "may help.", RuntimeWarning, stacklevel=3)
 
 
 class BestEpoch:
@@ -142,10 +156,7 @@ class BestEpoch:
             # a NaN model's accuracies are argmax over NaN logits (class 0 everywhere):
             # numbers that look like results, so the epoch is never the best one
             self.stopping.diverge(epoch)
-            best = self.stopping.best_epoch
-            warnings.warn(f"training diverged at epoch {epoch} (loss {values[0]}, val loss {val_loss}): the run "
-                          f"stops; its results are its best finite epoch's ({f'epoch {best}' if best else 'none'}). "
-                          "A lower learning rate may help.", RuntimeWarning, stacklevel=2)
+            warn_diverged(epoch, f"loss {values[0]}, val loss {val_loss}", self.stopping.best_epoch)
         elif self.stopping.step(epoch, val_acc, val_loss):
             self.test_acc = test_acc
             self.state_dict = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
@@ -202,7 +213,7 @@ def train_run(config: TrainConfig, spec: ModelSpec, data: PreparedData, seed: in
         if stopping.should_stop:
             break
     progress.close()
-    return RunResult(seed=seed, best_epoch=stopping.best_epoch, best_val_acc=stopping.best_val_acc if stopping.best_epoch else float("nan"),
+    return RunResult(seed=seed, best_epoch=stopping.best_epoch, best_val_acc=stopping.reported_val_acc,
                      test_acc=best.test_acc,
                      epochs_run=len(history["loss"]), seconds=time.perf_counter() - start,
                      state_dict=best.state_dict, history=history, cuda_graph=step.status)

@@ -100,7 +100,7 @@ def train_minibatch_run(config: TrainConfig, spec: ModelSpec, data: PreparedData
     progress.close()
     if placement is not None and log_epochs:       # the fitted model and the decisions it took
         tqdm.write(f"{label.strip() + ' | ' if label else ''}{placement.describe()}", file=sys.stdout)
-    return RunResult(seed=seed, best_epoch=stopping.best_epoch, best_val_acc=stopping.best_val_acc if stopping.best_epoch else float("nan"),
+    return RunResult(seed=seed, best_epoch=stopping.best_epoch, best_val_acc=stopping.reported_val_acc,
                      test_acc=best.test_acc, epochs_run=len(history["loss"]), seconds=time.perf_counter() - start,
                      state_dict=best.state_dict, history=history,
                      cuda_graph=f"{step.status} ({step.replayed} steps replayed)" if captured
