@@ -129,16 +129,6 @@ def test_loader_reads_a_pyg_data_and_input_mask():
     assert torch.equal(batches[0].x, data.x[[1, 3, 0, 2]])
 
 
-def test_a_datas_edge_attributes_are_named_as_not_carried():
-    """Batches hold no edge ids, so a Data's edge_attr/edge_weight cannot follow the
-    sampled edges: say so rather than train silently on unweighted edges."""
-    from torch_geometric.data import Data
-    data = Data(x=torch.randn(5, 2), edge_index=torch.tensor([[0, 1, 2, 3], [1, 2, 3, 4]]),
-                edge_attr=torch.randn(4, 3))
-    with pytest.warns(UserWarning, match="edge_attr are not carried"):
-        NeighborLoader(data, [-1], batch_size=2)
-
-
 @pytest.mark.parametrize("extra", [{}, {"prefetch": 2}, {"num_workers": 1}], ids=["plain", "prefetch", "worker"])
 def test_no_seeds_is_no_batch(extra):
     """An all-False mask (or a sampler's empty share): ``len`` said 0 but one batch of 0

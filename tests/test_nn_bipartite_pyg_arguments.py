@@ -5,7 +5,8 @@ PyG 2.8 with copied weights: outputs and the gradients of x_src, x_dst and every
 parameter in float64, on both backends. PyG projects only the source features, maps
 ``x_dst`` through ``res`` (width ``in_channels[1]``) and gives self loops, which join
 source i to destination i below both counts, the ``fill_value`` features. The
-combinations whose PyG result is not checked here are refused by name."""
+combinations whose PyG result is not checked here are refused by name (an aggregated
+``fill_value`` with more destinations than sources, where PyG's scatter fails)."""
 from __future__ import annotations
 
 import pytest
@@ -41,6 +42,8 @@ CASES = [
      lambda: ((F_SRC, F_DST), 3, 2, True, 0.2, 0.0, True, EDGE_DIM, 0.5, True, True), {"edge_attr": EDGE_ATTR}, True),
     ("gat-edge-attr-fill-tensor", "GATConv", lambda: ((F_SRC, F_DST), 3, 2, True, 0.2, 0.0, True, EDGE_DIM,
                                                       LOOP_FEATURE), {"edge_attr": EDGE_ATTR}, True),
+    ("gat-edge-attr-fill-mean", "GATConv", lambda: ((F_SRC, F_DST), 3, 2, True, 0.2, 0.0, True, EDGE_DIM, "mean",
+                                                    True, True), {"edge_attr": EDGE_ATTR}, True),
     ("gatv2-residual", "GATv2Conv",
      lambda: ((F_SRC, F_DST), 3, 2, True, 0.2, 0.0, True, None, "mean", True, False, True), {}, True),
     ("gatv2-edge-attr-no-loops", "GATv2Conv", lambda: ((F_SRC, F_DST), 3, 2, True, 0.2, 0.0, False, EDGE_DIM),
@@ -48,9 +51,13 @@ CASES = [
     ("gatv2-edge-attr-fill-number", "GATv2Conv",
      lambda: ((F_SRC, F_DST), 3, 2, True, 0.2, 0.0, True, EDGE_DIM, -0.25, True, False, True),
      {"edge_attr": EDGE_ATTR}, True),
+    ("gatv2-edge-attr-fill-max", "GATv2Conv",
+     lambda: ((F_SRC, F_DST), 3, 2, True, 0.2, 0.0, True, EDGE_DIM, "max", True, False, True),
+     {"edge_attr": EDGE_ATTR}, True),
 ]
 
-TRITON_CASES = ("sage-project-narrowing", "gat-edge-attr-fill-number", "gatv2-edge-attr-fill-number")
+TRITON_CASES = ("sage-project-narrowing", "gat-edge-attr-fill-number", "gatv2-edge-attr-fill-number",
+                "gat-edge-attr-fill-mean")
 PARAMS = [pytest.param(case, backend, id=f"{backend}-{case[0]}") for backend in ("reference", "triton")
           for case in CASES if backend == "reference" or case[0] in TRITON_CASES]
 
@@ -106,10 +113,13 @@ def test_attention_weights_of_bipartite_input_are_refused_by_name(name):
 
 
 @pytest.mark.parametrize("name", ["GATConv", "GATv2Conv"])
-def test_aggregated_loop_features_of_bipartite_input_are_refused_by_name(name):
+def test_aggregated_loop_features_with_more_destinations_than_sources_are_refused_by_name(name):
+    """Loops join i to i below both counts; a ``fill_value`` aggregation over a
+    destination past them has no loop to go to (PyG's scatter fails on such an edge)."""
     layer = getattr(gnn, name)((F_SRC, F_DST), 3, edge_dim=EDGE_DIM, fill_value="mean")
-    with pytest.raises(NotImplementedError, match=rf"{name}\(fill_value='mean'\) with add_self_loops on bipartite"):
-        layer((torch.randn(NUM_SRC, F_SRC), torch.randn(NUM_DST, F_DST)), EDGE_INDEX, EDGE_ATTR.float())
+    with pytest.raises(ValueError, match=rf"{name}\(fill_value='mean'\) with add_self_loops on bipartite input "
+                                         r"with more destinations \(6\) than sources \(4\)"):
+        layer((torch.randn(NUM_DST, F_SRC), torch.randn(NUM_SRC, F_DST)), EDGE_INDEX.flip(0), EDGE_ATTR.float())
 
 
 @pytest.mark.parametrize("name", ["SAGEConv", "GraphConv", "GATConv"])

@@ -89,6 +89,12 @@ class BatchMaker:
     capacities: Capacities | None = None     # pad batches that fit to these (`static_shapes`)
     deferred: bool = False                   # padded batches leave x and the layouts to the step
     source_side: SourceSideDemand = field(default_factory=SourceSideDemand)   # what steps walk by source
+    # edge tables, rows in the sampling CSR's order (a hop's ``eid`` indexes them), where
+    # their lookups run; ``edge_ids`` (on ``sample_device``) maps a CSR position to its
+    # edge's id. All None when the loader was given no edge table (`Block`).
+    edge_attr: torch.Tensor | None = None
+    edge_weight: torch.Tensor | None = None
+    edge_ids: torch.Tensor | None = None
 
     @property
     def num_nodes(self) -> int:
@@ -97,7 +103,7 @@ class BatchMaker:
     def pin_shared_tables(self) -> None:
         """In a worker process: page-lock the host tables shared with it (`zero_copy`
         reads need pinned pages); where the driver refuses, rows are gathered on the host."""
-        for name in ("x", "y"):
+        for name in ("x", "y", "edge_attr", "edge_weight"):
             table = getattr(self, name)
             if self.zero_copy and table is not None and not register_host_memory(table):
                 warnings.warn(f"gnnfuse NeighborLoader worker: could not page-lock the shared {name} table "
@@ -120,9 +126,11 @@ class BatchMaker:
             y = self._lookup(self.y, nodes[:seeds.numel()])
             if caps is not None:
                 y = pad_rows(y, caps.nodes[0], IGNORE_LABEL)
+            edges = [self._edge_rows(hop.eid) for hop in reversed(hops)]     # per block, input layer first
         with times.timing("transfer", stream=on_device):
             x, y, n_id, input_id = (self._to_device(t) for t in (x, y, read, seeds))
-            moved = ("rowptr", "local_src", "dst", "nodes", "out_degrees", "unread_dst")    # not eid: unread
+            edges = [tuple(self._to_device(t) for t in tables) for tables in edges]
+            moved = ("rowptr", "local_src", "dst", "nodes", "out_degrees", "unread_dst")    # eid: read above
             hops = [hop._replace(**{name: self._to_device(getattr(hop, name)) for name in moved})
                     for hop in reversed(hops)]
         with times.timing("reindex", stream=on_device):       # the blocks' graphs, on the device
@@ -130,9 +138,10 @@ class BatchMaker:
                 last = len(hops)
                 hops = [pad_block(hop, caps.nodes[last - i], caps.nodes[last - 1 - i], caps.edges[last - 1 - i])
                         for i, hop in enumerate(hops)]
+                edges = [tuple(pad_rows(t, caps.edges[last - 1 - i]) for t in tables) for i, tables in enumerate(edges)]
             bounds = [k if k >= 0 else None for k in reversed(self.num_neighbors)]
             blocks = []
-            for position, (hop, bound) in enumerate(zip(hops, bounds)):
+            for position, (hop, bound, tables) in enumerate(zip(hops, bounds, edges)):
                 graph = block_graph(hop.rowptr, hop.local_src, hop.dst, hop.nodes.numel(), sampled=True,
                                     out_degrees=hop.out_degrees)
                 if caps is not None:
@@ -144,7 +153,7 @@ class BatchMaker:
                     layouts = prepare_layouts(graph, bound, hop.unread_dst, hop.max_out_degree,
                                               whole_rows=caps is not None,
                                               source_side_read=self.source_side.recipe_callback(position))
-                blocks.append(Block(graph, hop.nodes, layouts))
+                blocks.append(Block(graph, hop.nodes, layouts, *tables))
         return MiniBatch(blocks, x, y, n_id, input_id, padded=caps is not None, deferred=deferred)
 
     def sizes(self, seeds: torch.Tensor, generator: torch.Generator) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -165,6 +174,13 @@ class BatchMaker:
                 hops.append((reindex_slots_fused if fused else reindex_slots)(nodes, slots, self.num_nodes))
             nodes = hops[-1].nodes
         return hops
+
+    def _edge_rows(self, eid: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        """A hop's (``e_id``, ``edge_attr``, ``edge_weight``) for its sampled edges at CSR
+        positions ``eid`` (`Block`); all None when the loader carries no edge table."""
+        if self.edge_ids is None:
+            return (None, None, None)
+        return (rows_of(self.edge_ids, eid), self._lookup(self.edge_attr, eid), self._lookup(self.edge_weight, eid))
 
     def _lookup(self, table: torch.Tensor | None, nodes: torch.Tensor) -> torch.Tensor | None:
         """Rows ``nodes`` of a feature or label table: gathered where the table is, or,

@@ -20,10 +20,22 @@ class Block:
     ids of the sources (so ``src_nodes[:num_dst]`` those of the destinations).
     ``layouts`` are the tensors the loader built ahead for the layers' kernels
     (`loader.layouts`), listed so their memory is tied to the consumer's stream.
+
+    When the loader was given edge tables (a PyG ``Data``'s ``edge_attr`` or
+    ``edge_weight``), ``e_id`` holds each block edge's id in the full graph's
+    ``edge_index`` (PyG's name) and ``edge_attr``/``edge_weight`` its rows of those
+    tables, in the block's edge order (``edge_index``'s columns), so a layer takes them
+    as it takes a full graph's: ``conv((x, x[:block.num_dst]), block.graph,
+    block.edge_attr)``. Otherwise they are None: a block holds no edge ids by default,
+    which would cost a gather and a copy per hop that nothing reads. A padded block's
+    padding edges (between padded vertices only) have id 0 and zero rows.
     """
     graph: Graph
     src_nodes: torch.Tensor
     layouts: tuple[torch.Tensor, ...] = ()
+    e_id: torch.Tensor | None = None
+    edge_attr: torch.Tensor | None = None
+    edge_weight: torch.Tensor | None = None
 
     @property
     def num_src(self) -> int:
@@ -41,8 +53,9 @@ class Block:
     def tensors(self) -> list[torch.Tensor]:
         """Every tensor the block holds (to tie their memory to a consumer's CUDA stream)."""
         graph = self.graph
+        edge_tables = [t for t in (self.e_id, self.edge_attr, self.edge_weight) if t is not None]
         return [graph.src, graph.dst, *graph.csr(), graph.in_degrees(), graph.out_degrees(), self.src_nodes,
-                *self.layouts]
+                *self.layouts, *edge_tables]
 
 
 def block_graph(rowptr: torch.Tensor, local_src: torch.Tensor, local_dst: torch.Tensor, num_src: int, *,

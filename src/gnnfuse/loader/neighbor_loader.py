@@ -50,25 +50,26 @@ FEATURE_DEVICES = ("device", "pinned")
 PROBED_BATCHES = 8       # batches sampled to set the capacities of ``static_shapes=True``
 
 
+EDGE_TABLES = ("edge_attr", "edge_weight")     # a PyG Data's edge-level tensors a block carries
+
+
 def _graph_and_tables(data: Any, x: torch.Tensor | None, y: torch.Tensor | None
-                      ) -> tuple[Graph, torch.Tensor | None, torch.Tensor | None]:
-    """(graph, features, labels) of a gnnfuse `Graph` (features by keyword), a gnnfuse
-    `NodeDataset`, or a PyG ``Data`` (read by attribute name, torch_geometric not imported)."""
+                      ) -> tuple[Graph, torch.Tensor | None, torch.Tensor | None, dict[str, torch.Tensor]]:
+    """(graph, features, labels, edge tables) of a gnnfuse `Graph` (tables by keyword), a
+    gnnfuse `NodeDataset`, or a PyG ``Data`` (read by attribute name, torch_geometric not
+    imported; its ``edge_attr`` and ``edge_weight`` are the edge tables)."""
+    edge_tables: dict[str, torch.Tensor] = {}
     if isinstance(data, Graph):
-        return data, x, y
+        return data, x, y, edge_tables
     if isinstance(getattr(data, "graph", None), Graph):       # gnnfuse NodeDataset
         graph = data.graph
     elif getattr(data, "edge_index", None) is not None:       # PyG Data
         graph = Graph.from_data(data)
-        carried = [name for name in ("edge_attr", "edge_weight") if getattr(data, name, None) is not None]
-        if carried:
-            warnings.warn(f"NeighborLoader: the Data's {' and '.join(carried)} are not carried into the sampled "
-                          "blocks (their edges are a sample, and a block holds no edge ids); layers on "
-                          "these batches see unweighted edges without attributes", UserWarning, stacklevel=3)
+        edge_tables = {name: getattr(data, name) for name in EDGE_TABLES if getattr(data, name, None) is not None}
     else:
         raise TypeError(f"NeighborLoader takes a gnnfuse Graph, a gnnfuse NodeDataset or a PyG Data with an "
                         f"edge_index, got {type(data).__name__}")
-    return graph, getattr(data, "x", None) if x is None else x, getattr(data, "y", None) if y is None else y
+    return graph, getattr(data, "x", None) if x is None else x, getattr(data, "y", None) if y is None else y, edge_tables
 
 
 def _indexed(device: torch.device | str) -> torch.device:
@@ -108,7 +109,9 @@ class NeighborLoader:
     ``replace``, ``drop_last``, and torch ``DataLoader``'s ``sampler`` (an iterable of
     positions in ``input_nodes`` giving each epoch's seed order, with ``len``; call its
     ``set_epoch`` per epoch, as for ``torch.utils.data.DistributedSampler``, which is how
-    data-parallel ranks each take their share; exclusive with ``shuffle``). gnnfuse's: ``x``/``y`` for a bare `Graph`; ``device``
+    data-parallel ranks each take their share; exclusive with ``shuffle``). gnnfuse's: ``x``/``y`` (and ``edge_attr``/``edge_weight``, a row
+    per edge of ``edge_index``, which a PyG ``Data`` brings as attributes) for a bare
+    `Graph`, each block then carrying its edges' ids and rows (`Block`); ``device``
     (where batches go; default ``sample_device``), ``sample_device`` (where the CSR is
     sampled; default the graph's device), ``feature_device`` (``"device"`` or
     ``"pinned"``; default ``"device"`` when the features are already on ``device`` or
@@ -137,8 +140,12 @@ class NeighborLoader:
                  device: torch.device | str | None = None, sample_device: torch.device | str | None = None,
                  feature_device: str | None = None, prefetch: int = 2, sampler: Sized | None = None,
                  num_workers: int = 0, static_shapes: bool | Capacities = False, deferred: bool = False,
-                 prefetch_threads: int = 1) -> None:
-        graph, features, labels = _graph_and_tables(data, x, y)
+                 prefetch_threads: int = 1, edge_attr: torch.Tensor | None = None,
+                 edge_weight: torch.Tensor | None = None) -> None:
+        graph, features, labels, edge_tables = _graph_and_tables(data, x, y)
+        for name, table in (("edge_attr", edge_attr), ("edge_weight", edge_weight)):
+            if table is not None:
+                edge_tables[name] = table
         if graph.is_bipartite or graph.edge_type is not None:
             raise ValueError("NeighborLoader samples a homogeneous graph with one vertex set; this graph is "
                              f"{'bipartite' if graph.is_bipartite else 'typed'}")
@@ -159,6 +166,13 @@ class NeighborLoader:
         for name, table in (("x", features), ("y", labels)):
             if table is not None and table.shape[0] != graph.num_nodes:
                 raise ValueError(f"{name} has {table.shape[0]} rows but the graph has {graph.num_nodes} nodes")
+        for name, table in edge_tables.items():
+            if not isinstance(table, torch.Tensor) or table.dim() == 0 or table.shape[0] != graph.num_edges:
+                shape = list(table.shape) if isinstance(table, torch.Tensor) else type(table).__name__
+                raise ValueError(f"{name} must have a row per edge ({graph.num_edges}), got {shape}")
+        if deferred and edge_tables:
+            raise ValueError(f"deferred=True leaves a padded batch's lookups to the step, which gathers feature "
+                             f"rows only; the {' and '.join(edge_tables)} would not reach the blocks")
         self.sample_device = _indexed(sample_device if sample_device is not None else graph.device)
         self.device = _indexed(device) if device is not None else self.sample_device
         csr = graph.to(self.sample_device).csr()
@@ -170,6 +184,10 @@ class NeighborLoader:
         self._maker = BatchMaker(csr.rowptr.long(), csr.col.long(), self._place(features), self._place(labels),
                                  tuple(self.num_neighbors), replace, self.device,
                                  self.sample_device, self.feature_device, self._zero_copy)
+        if edge_tables:     # rows put in the CSR's order once, so a hop's CSR positions index them
+            self._maker.edge_ids = csr.eid.long()
+            for name, table in edge_tables.items():
+                setattr(self._maker, name, self._place(table.index_select(0, csr.eid.to(table.device).long())))
         self.seeds = _seed_ids(input_nodes, graph.num_nodes)
         self.batch_size, self.shuffle, self.replace, self.drop_last = batch_size, shuffle, replace, drop_last
         self.prefetch, self.prefetch_threads, self.sampler = prefetch, prefetch_threads, sampler

@@ -50,10 +50,12 @@ def loop_features(graph: Graph, rows: torch.Tensor, fill_value: FillValue, layer
     if fill_value not in _FILL_REDUCTIONS:
         raise NotImplementedError(f"{layer}(fill_value={fill_value!r}) is not supported by gnnfuse; use a number, "
                                   f"a tensor or one of {sorted(_FILL_REDUCTIONS)}")
-    if graph.is_bipartite:
-        raise NotImplementedError(f"{layer}(fill_value={fill_value!r}) with add_self_loops on bipartite input "
-                                  "(x_src, x_dst) and edge_attr is not supported by gnnfuse; give fill_value as a "
-                                  "number or a tensor, or build the layer with add_self_loops=False")
+    if graph.num_nodes > graph.num_src_nodes:     # PyG's scatter then reads past its loops' rows
+        raise ValueError(f"{layer}(fill_value={fill_value!r}) with add_self_loops on bipartite input with more "
+                         f"destinations ({graph.num_nodes}) than sources ({graph.num_src_nodes}): the loops' "
+                         "features would aggregate the in-edges of destinations that get no loop (PyG fails "
+                         "when one has any); give fill_value as a number or a tensor, or build the layer with "
+                         "add_self_loops=False")
     index = graph.dst.to(torch.long).view(-1, 1).expand_as(rows)
     return rows.new_zeros(num_nodes, *width).scatter_reduce(0, index, rows, _FILL_REDUCTIONS[fill_value],
                                                             include_self=False)
