@@ -31,8 +31,15 @@ LAYERS = {
 }
 
 
+def _wrapped(ei: torch.Tensor):
+    """PyG's ``EdgeIndex`` around ``ei``: a write through it moves its own version counter only."""
+    from torch_geometric import EdgeIndex
+    return EdgeIndex(ei, sparse_size=(N, N))
+
+
+@pytest.mark.parametrize("wrap", [False, True], ids=["tensor", "EdgeIndex"])
 @pytest.mark.parametrize("name", LAYERS)
-def test_an_edit_before_backward_is_refused_or_harmless(name, backend, device):
+def test_an_edit_before_backward_is_refused_or_harmless(name, wrap, backend, device):
     """Each layer raises, or (where its backward reads only layouts built in the
     forward, on a copy such as GCN's self-looped graph) returns the forward graph's
     gradient; never a gradient of some other graph."""
@@ -44,6 +51,7 @@ def test_an_edit_before_backward_is_refused_or_harmless(name, backend, device):
     def grad(edit: bool):
         nonlocal probe
         ei = _graph().to(device)
+        ei = _wrapped(ei) if wrap else ei
         x = x0.clone().requires_grad_()
         out = layer(x, ei)
         probe = torch.randn(out.shape, dtype=out.dtype, generator=torch.Generator().manual_seed(1)).to(device)

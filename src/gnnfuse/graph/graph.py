@@ -17,6 +17,7 @@ mutating methods: transformations return new graphs with empty caches.
 """
 from __future__ import annotations
 
+import weakref
 from typing import Any, Callable, NamedTuple
 
 import numpy as np
@@ -72,6 +73,10 @@ class Graph:
     Non-tensor inputs go to the device of the tensor inputs (CPU if there are none).
     """
 
+    # a PyG ``EdgeIndex`` this graph's edges were read from (weakly: the index cache lets
+    # a graph go with its input); a write through it moves its own version counter only
+    _wrapper: weakref.ref | None = None
+
     def __init__(self, src: Any, dst: Any, num_nodes: int | None = None, *,
                  edge_type: Any = None, num_edge_types: int | None = None,
                  node_type: Any = None, num_node_types: int | None = None,
@@ -123,7 +128,7 @@ class Graph:
         g._init(src, dst, self._num_nodes, edge_type,
                 self._num_edge_types if num_edge_types is None else num_edge_types,
                 self._node_type, self._num_node_types, self._num_src)
-        g._dst_rows = self._dst_rows
+        g._dst_rows, g._wrapper = self._dst_rows, self._wrapper
         return g
 
     def _lazily(self, keep: torch.Tensor | None, loops: int) -> Graph:
@@ -147,7 +152,7 @@ class Graph:
     def _lazy_graph(self, recipe: _LazyEdges) -> Graph:
         g = Graph.__new__(Graph)
         g._init(None, None, self._num_nodes, None, None, self._node_type, self._num_node_types, self._num_src)
-        g._edges, g._lazy, g._dst_rows = None, recipe, self._dst_rows
+        g._edges, g._lazy, g._dst_rows, g._wrapper = None, recipe, self._dst_rows, self._wrapper
         return g
 
     def _endpoints(self, keep: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -327,6 +332,7 @@ class Graph:
             num_nodes = rows                              # isolated trailing vertices count
         graph = cls.from_edge_index(obj.as_tensor(), num_nodes, **bipartite)
         graph._trust_dst_order(obj.is_sorted_by_col)
+        graph._wrapper = weakref.ref(obj)
         return graph
 
     def _trust_dst_order(self, claimed: bool) -> None:
@@ -376,9 +382,11 @@ class Graph:
         rows where they were kept without a copy (`Graph`'s doc), a lazy graph's recipe's,
         and the edge and vertex types -- without building a lazy graph's endpoints. Their
         version counters say whether an in-place write changed the graph: a layout built
-        after that write (a backward's reverse CSR) would not be the forward's graph."""
+        after that write (a backward's reverse CSR) would not be the forward's graph. A
+        PyG ``EdgeIndex`` the edges were read from counts too, while it lives."""
         edges = self._edges if self._edges is not None else (self._lazy.src, self._lazy.dst, self._lazy.keep)
-        return tuple(t for t in (*edges, self._edge_type, self._node_type, self._dst_rows) if t is not None)
+        wrapper = self._wrapper() if self._wrapper is not None else None
+        return tuple(t for t in (*edges, self._edge_type, self._node_type, self._dst_rows, wrapper) if t is not None)
 
     @property
     def src(self) -> torch.Tensor:
@@ -435,7 +443,7 @@ class Graph:
             key, build = self._builders.popitem()
             if key not in self._cache:     # a value stored directly since keeps its place
                 self._cache[key] = build(self)
-        return self.__dict__
+        return {key: value for key, value in self.__dict__.items() if key != "_wrapper"}   # a weakref
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
