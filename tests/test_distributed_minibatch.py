@@ -252,6 +252,10 @@ def test_a_rank_without_torchrun_environment_names_the_missing_variables(monkeyp
     (["--cpu-ranks", "2", "--device", "cuda"], "for GPU ranks use --gpus N"),
     (["--gpus", "2"], "sees no GPU|NCCL|visible"),
     (["--features", "partitioned"], "partitioned features .* need a fanout"),
+    # refused before the ranks start (each rank failed alike after loading the data)
+    (["--cpu-ranks", "2", "--model", "sgc"], "model 'sgc' has no version of .* give a fanout"),
+    (["--cpu-ranks", "2", "--model", "nope"], "unknown model 'nope'"),
+    (["--gpus", "2", "--model", "rgcn", "--dataset", "wn18rr"], "--gpus 2: link-prediction models"),
 ])
 def test_bad_launch_options_are_usage_errors(argv, message, capsys, monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)

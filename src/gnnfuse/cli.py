@@ -3,6 +3,7 @@ what the compiler makes of a model (`explain`) or time it against PyG (`bench`).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Sequence
 
@@ -12,13 +13,15 @@ import torch
 from . import bench, cli_explain
 from .data import DATASET_NAMES, DEFAULT_DATASET, LOAD_ERRORS, NodeDataset, RelationalDataset, load_dataset
 from .distributed import DistributedError, current, launch_or_join
+from .distributed.fullgraph import PARTITIONED_MODELS
+from .distributed.process_group import launched_by_torchrun
 from .graph import Graph
 from .nn.models import get_model, model_names
 from .output_paths import missing_folder
 from .runtime.cuda_graph import MODES
 from .threads import THREADS_ENV, configure_threads
 from .tuning import command as tuning_command
-from .training import ConfigError, RunResult, TrainSummary, make_config, train_runs
+from .training import ConfigError, RunResult, TrainConfig, TrainSummary, make_config, train_runs
 from .training.config import FEATURE_PLACEMENTS
 
 
@@ -92,12 +95,11 @@ def _task(model: str) -> str | None:
         return None
 
 
-def train(args: argparse.Namespace) -> TrainSummary:
-    """Train `args.model` on `args.dataset` for `args.runs` seeds, logging every epoch.
-
-    Options left unset take the model's paper defaults. Bad options raise `UsageError`
-    before any training, including a missing matplotlib when `--plot` is given.
-    """
+def checked_config(args: argparse.Namespace) -> TrainConfig:
+    """The run's `TrainConfig`, or a `UsageError` naming the bad option: checked before
+    any data is read, and, with several ranks asked for, before they start (each rank
+    would otherwise fail alike after loading the data, or -- a link model -- train the
+    same run once per rank)."""
     problem = missing_folder({"--save": args.save, "--plot": args.plot})
     if problem:
         raise UsageError(problem)
@@ -117,6 +119,30 @@ def train(args: argparse.Namespace) -> TrainSummary:
                              loader_workers=args.num_workers)
     except ConfigError as error:
         raise UsageError(str(error)) from None
+    ranks, flag = next(((count, f"{name} {count}") for name, count in (("--gpus", args.gpus),
+                                                                      ("--cpu-ranks", args.cpu_ranks))
+                        if count is not None), (None, ""))
+    if ranks is None and launched_by_torchrun():
+        ranks = int(os.environ["WORLD_SIZE"])
+        flag = f"{ranks} ranks (WORLD_SIZE)"
+    if ranks is not None and ranks > 1:
+        if _task(config.model) == "link":
+            raise UsageError(f"{flag}: link-prediction models ({config.model}) train in one process; every rank "
+                             "would train the same run")
+        if config.fanout is None and config.model not in PARTITIONED_MODELS:
+            raise UsageError(f"{flag} without --fanout trains on a partitioned full graph, which model "
+                             f"{config.model!r} has no version of (partitioned models: "
+                             f"{', '.join(PARTITIONED_MODELS)}); give a fanout for data-parallel mini-batches")
+    return config
+
+
+def train(args: argparse.Namespace) -> TrainSummary:
+    """Train `args.model` on `args.dataset` for `args.runs` seeds, logging every epoch.
+
+    Options left unset take the model's paper defaults. Bad options raise `UsageError`
+    before any training, including a missing matplotlib when `--plot` is given.
+    """
+    config = checked_config(args)
     patience = "none" if config.patience is None else config.patience
     print(f"training {config.model} on {config.dataset} on {config.device} ({torch.get_num_threads()} CPU "
           f"thread(s)): {config.runs} run(s), "
@@ -141,6 +167,11 @@ def train(args: argparse.Namespace) -> TrainSummary:
 
 
 def run_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    if args.gpus is not None or args.cpu_ranks is not None:
+        try:
+            checked_config(args)          # in this process, before the ranks start
+        except UsageError as error:
+            parser.error(str(error))
     try:
         status, args.device = launch_or_join(args.gpus, args.cpu_ranks, args.device, main, args.argv)
     except DistributedError as error:
