@@ -297,8 +297,10 @@ def test_dropout_argument_is_checked():
 
 
 def test_unknown_edgeconv_aggregation_is_rejected():
-    with pytest.raises(ValueError, match="aggr must be one of"):
+    with pytest.raises(ValueError, match="EdgeConv: aggr must be one of"):
         gnn.EdgeConv(_mlp(3), aggr="median")
+    with pytest.raises(ValueError, match="EdgeConv: aggr must be one of"):
+        gnn.EdgeConv(_mlp(3), aggr=["max", "mean"])
 
 
 def test_gat_logits_fold_into_one_gemm_only_where_it_moves_fewer_bytes():

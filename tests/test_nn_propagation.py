@@ -200,6 +200,8 @@ def test_bad_arguments_are_rejected():
         gnn.ChebConv(4, 4, K=0)
     with pytest.raises(ValueError, match="aggr must be one of"):
         gnn.GraphConv(4, 4, aggr="median")
+    with pytest.raises(ValueError, match=r"GraphConv: aggr must be one of .* got \['sum', 'max'\]"):
+        gnn.GraphConv(4, 4, aggr=["sum", "max"])     # was "unhashable type: 'list'"
     with pytest.raises(ValueError, match="does not support adding self-loops"):
         gnn.GCNConv(4, 4, add_self_loops=True, normalize=False)
     with pytest.raises(ValueError, match="dropout must be in"):

@@ -258,8 +258,9 @@ class EdgeConv(OneLineRepr, nn.Module):
 
     def __init__(self, nn: Callable, aggr: str = "max"):
         super().__init__()
-        if aggr not in _EDGE_AGGREGATIONS:
-            raise ValueError(f"aggr must be one of {list(_EDGE_AGGREGATIONS)}, got {aggr!r}")
+        if not isinstance(aggr, str) or aggr not in _EDGE_AGGREGATIONS:    # a list or module: PyG's other forms
+            raise ValueError(f"EdgeConv: aggr must be one of {list(_EDGE_AGGREGATIONS)} (the reductions gnnfuse "
+                             f"fuses for it), got {aggr!r}")
         self.nn, self.aggr = nn, aggr
 
     def extra_repr(self) -> str:

@@ -91,8 +91,9 @@ class GraphConv(OneLineRepr, nn.Module):
     def __init__(self, in_channels: int | tuple[int, int], out_channels: int, aggr: str = "add",
                  bias: bool = True):
         super().__init__()
-        if aggr not in _AGGREGATORS:
-            raise ValueError(f"aggr must be one of {sorted(_AGGREGATORS)}, got {aggr!r}")
+        if not isinstance(aggr, str) or aggr not in _AGGREGATORS:    # a list or module: PyG's other forms
+            raise ValueError(f"GraphConv: aggr must be one of {sorted(_AGGREGATORS)} (the reductions gnnfuse "
+                             f"fuses for it; SAGEConv takes PyG's other forms), got {aggr!r}")
         self.in_channels, self.out_channels, self.aggr = in_channels, out_channels, aggr
         in_src, in_dst = _channel_pair(in_channels)
         self.lin_rel = _sized_linear(in_src, out_channels, bias=bias)
