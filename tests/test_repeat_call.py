@@ -99,6 +99,49 @@ def test_a_rebound_global_is_seen(lookups, monkeypatch):
     _check(fn, graph, {"h": h}, _oracle(graph, h) * 3.0, lookups, repeat=False)
 
 
+TEMPERATURE = torch.tensor(2.0)
+USE_MEAN = torch.tensor(True)
+
+
+def _by_value(v):
+    return sum([u.h for u in v.innbs]) * TEMPERATURE.item()
+
+
+def _source_rows(edges):
+    return {"m": edges.src["h"]}
+
+
+def _reduce_by_flag(nodes):
+    if USE_MEAN:
+        return {"h": nodes.mailbox["m"].mean(1)}
+    return {"h": nodes.mailbox["m"].sum(1)}
+
+
+def test_a_function_reading_a_tensors_value_is_never_repeated(lookups):
+    """``.item()`` or ``if t:`` on a reachable tensor: the trace cache traces such a
+    function every call, and the repeat reused the first call's program, the value
+    baked in (the result kept 2x after the tensor said 4x; a mean after the flag said sum)."""
+    graph = _graph(device=DEVICE)
+    h = _features(graph)
+    fn = gnnfuse.vertex(_by_value)
+    for _ in range(3):
+        _check(fn, graph, {"h": h}, _oracle(graph, h) * 2.0, lookups, repeat=False)
+    TEMPERATURE.fill_(4.0)
+    try:
+        _check(fn, graph, {"h": h}, _oracle(graph, h) * 4.0, lookups, repeat=False)
+    finally:
+        TEMPERATURE.fill_(2.0)
+    layer = gnnfuse.frontend.message.UpdateAll(_source_rows, _reduce_by_flag)
+    degree = torch.bincount(graph.dst, minlength=graph.num_nodes).clamp(min=1).unsqueeze(1).to(h)
+    for _ in range(3):
+        torch.testing.assert_close(layer(graph, ndata={"h": h})["h"], _oracle(graph, h) / degree)
+    USE_MEAN.fill_(False)
+    try:
+        torch.testing.assert_close(layer(graph, ndata={"h": h})["h"], _oracle(graph, h))
+    finally:
+        USE_MEAN.fill_(True)
+
+
 def _doubled(v):
     return sum([u.h for u in v.innbs]) * abs(-2)
 

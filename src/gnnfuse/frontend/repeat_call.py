@@ -70,11 +70,14 @@ class RepeatCall:
         """A `RepeatCall` for the call just made on ``graph`` with node table ``table``, or
         None where a repeat could not skip the front end safely: the program has no
         prepared call (it ran with gradients, or once only, or on another backend), its
-        trace captured tensors (fetched afresh on every call), the table holds keys the
-        program does not read (the full path type-checks them), or the functions reach
-        state the trace cache cannot guard."""
+        trace captured tensors (fetched afresh on every call) or read a tensor's value
+        (``.item()``, ``if t:``: the trace cache traces such functions every call), the
+        table holds keys the program does not read (the full path type-checks them), or
+        the functions reach state the trace cache cannot guard."""
         prepared = compiled.prepared
         if captured or prepared is None or prepared.graph is not graph or type(table) is not dict:
+            return None
+        if compiled in cache.value_read:
             return None
         if wants_gradient(table):     # its prepared call would decline every such call
             return None

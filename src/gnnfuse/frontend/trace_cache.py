@@ -331,6 +331,9 @@ class TraceCache:
         self._entries: dict[Hashable, tuple[CompiledProgram, list[tuple[str, Path]]]] = {}
         # counts the clears: a `repeat_call.RepeatCall` made before one is not reused after it
         self.generation = 0
+        # programs of traces that read a reachable tensor's value: kept by no entry, so traced
+        # again every call, and a `repeat_call.RepeatCall` must not reuse them either
+        self.value_read: "weakref.WeakSet[CompiledProgram]" = weakref.WeakSet()
         _ALL.add(self)
 
     def compiled(self, functions: tuple[Callable | None, ...], tables: tuple[Mapping[str, torch.Tensor], ...],
@@ -348,7 +351,9 @@ class TraceCache:
         with reads:
             tracer = trace()
         compiled, captured = compiled_for(tracer.program), dict(tracer.captured.values())
-        if key is not None and not (found[1] and reads.seen):
+        if key is not None and found[1] and reads.seen:
+            self.value_read.add(compiled)
+        elif key is not None:
             where = {id(t): path for path, t in reversed(found[1])}     # the first place each was met
             params = [(name, where.get(id(t))) for name, t in captured.items()]
             if all(path is not None for _, path in params):
