@@ -68,7 +68,9 @@ def test_shape_mismatch_names_op_and_line():
 def test_vertex_function_must_aggregate():
     @gnnfuse.vertex
     def f(v):
-        return [u.h for u in v.innbs][0]
+        for u in v.innbs:
+            h = u.h
+        return h
     with pytest.raises(CompileError, match="must return per-vertex values.*SRC"):
         f(graph(), {"h": torch.randn(3, 2)})
 

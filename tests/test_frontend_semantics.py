@@ -9,6 +9,7 @@ compiled to that meaning or rejected at the user's line -- never a silent consta
 from __future__ import annotations
 
 import inspect
+import itertools
 
 import pytest
 import torch
@@ -85,6 +86,97 @@ def test_counting_in_a_python_loop_is_rejected_at_its_line():
         with pytest.raises(CompileError, match="counting in a Python loop over v.innbs") as info:
             fn(graph(), {"h": features()})
         assert line_of(fn.fn, text) + text in str(info.value)
+
+
+ONE = torch.ones(1)
+
+
+def _by_position(v):
+    return sum([u.h * (i + 1) for i, u in enumerate(v.innbs)])
+
+
+def _pairs(v):
+    return sum([u.h * w.h for u in v.innbs for w in v.innbs])
+
+
+def _pairs_in_a_loop(v):
+    acc = 0
+    for u in v.innbs:
+        acc = acc + sum([u.h * w.h for w in v.innbs])
+    return acc
+
+
+def _prefix(v):
+    return sum([u.h for u in v.innbs][:2])
+
+
+def _first_only(v):
+    acc = []
+    for u in v.innbs:
+        acc.append(u.h)
+        break
+    return sum(acc)
+
+
+def _islice(v):
+    return sum([u.h for u in itertools.islice(v.innbs, 2)])
+
+
+def _count_with_a_tensor(v):
+    n = torch.zeros(1)
+    for u in v.innbs:
+        n = n + ONE
+    return sum([u.h for u in v.innbs]) * n
+
+
+def _count_with_map(v):
+    return sum([u.h for u in v.innbs]) * sum(map(lambda u: 1.0, v.innbs))
+
+
+def _zip_with_positions(v):
+    return sum([u.h * k for u, k in zip(v.innbs, range(1, 100))])
+
+
+def _if_any_neighbour(v):
+    nb = [u.h for u in v.innbs]
+    return sum(nb) if nb else v.h + 100.0
+
+
+@pytest.mark.parametrize("fn, text, message", [
+    (_by_position, "sum([u.h * (i + 1)", "enumerate"),
+    (_pairs, "sum([u.h * w.h for u", "pairs each traced neighbour with itself"),
+    (_pairs_in_a_loop, "acc = acc + sum", "pairs each traced neighbour with itself"),
+    (_prefix, "sum([u.h for u in v.innbs][:2])", "slicing a list built from v.innbs"),
+    (_first_only, "break", "break or return in a loop over v.innbs"),
+    (_islice, "itertools.islice", "islice"),
+    (_count_with_a_tensor, "n = n + ONE", "counting in a Python loop"),
+    (_count_with_map, "map(lambda", "map"),
+    (_zip_with_positions, "zip(v.innbs, range", "zip"),
+    (_if_any_neighbour, "sum(nb) if nb else", "the truth of a list built from v.innbs"),
+], ids=lambda p: p.__name__ if callable(p) else "")
+def test_python_that_depends_on_the_neighbour_count_or_order_is_rejected_at_its_line(fn, text, message):
+    """The traced loop runs once: positions, pairs, prefixes, early exits, counts of
+    constants and the list's truth would all see one neighbour and compute something
+    else for every vertex, silently (vertex 3 of a 3-in-edge graph: enumerate's 14
+    became 6, pairs' 36 became 14, a 2-prefix's 3 became 6)."""
+    with pytest.raises(CompileError, match=message) as info:
+        gnnfuse.vertex(fn)(graph(), {"h": features()})
+    assert line_of(fn, text) in str(info.value) and text in str(info.value)
+
+
+def _aligned_by_position(v):
+    e = [torch.exp(u.h) for u in v.innbs]
+    return sum([e[i] * u.h for i, u in enumerate(v.innbs)]) + sum([a * u.h for a, u in zip(e, v.innbs)])
+
+
+def test_positions_that_only_line_up_lists_of_the_same_neighbours_are_traced():
+    """``a[i]`` with ``i`` from ``enumerate(v.innbs)`` or ``range(len(v.innbs))``, and
+    ``zip`` of lists built from the same neighbours, pick the same neighbour's item."""
+    g, h = graph(), features()
+
+    def expected(x):
+        return 2 * torch.zeros_like(x).index_add(0, g.dst, torch.exp(x[g.src]) * x[g.src])
+    check_against(gnnfuse.vertex(_aligned_by_position)(g, {"h": h}), expected, h)
 
 
 def test_a_list_of_constants_built_from_the_neighbours_is_rejected():

@@ -1,11 +1,14 @@
-"""Reject neighbour counting that tracing cannot see.
+"""Reject Python over neighbour lists that tracing cannot see.
 
 The tracer runs a loop over ``v.innbs`` once, for one symbolic neighbour. Values built
-from that neighbour stay symbolic, but Python numbers do not: ``n += 1`` in the loop,
-or a list of constants built from it (``len([1 for u in v.innbs])``, ``sum(1 for u in
-v.innbs)``), ends up as 1 for every vertex -- a mean silently becomes a sum. Nothing at
-run time distinguishes that 1 from a real one, so the function's syntax is checked
-before it is traced; ``len(v.innbs)`` is the symbolic spelling.
+from that neighbour stay symbolic, but Python's own bookkeeping does not: ``n += 1`` in
+the loop, or a list of constants built from it (``len([1 for u in v.innbs])``, ``sum(1
+for u in v.innbs)``), ends up as 1 for every vertex -- a mean silently becomes a sum.
+So do a position (``enumerate``), a pair of neighbours (two loops over ``v.innbs``), a
+prefix (slicing the list, ``break``, ``islice``) and the list's truth (``if nb:`` is true
+at trace time for a vertex with no neighbour). Nothing at run time distinguishes that 1,
+0 or one-element list from a real one, so the function's syntax is checked before it is
+traced; ``len(v.innbs)`` is the symbolic count.
 """
 from __future__ import annotations
 
@@ -38,35 +41,183 @@ def _counting_lines(code: types.CodeType) -> tuple[tuple[int, str], ...]:
     except (OSError, TypeError, SyntaxError):   # no source (exec'd code) or a lambda inside an expression
         return ()
     found = []
+    lists = _names_of_neighbour_lists(tree)
+    parents = {child: parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)}
     for node in ast.walk(tree):
         if isinstance(node, ast.For) and _walks_neighbours(node.iter):
-            found += [(n.lineno, _LOOP) for stmt in node.body for n in ast.walk(stmt) if _increments(n)]
-        elif isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp)) and isinstance(node.elt, ast.Constant) \
-                and any(_walks_neighbours(g.iter) for g in node.generators):
-            found.append((node.lineno, _CONSTANTS))
-    return tuple(sorted((line + first - 1, message) for line, message in found))
+            loop_names = _names(node.target)
+            found += [(n.lineno, _LOOP) for stmt in node.body for n in ast.walk(stmt) if _accumulates(n, loop_names)]
+            found += [(n.lineno, _STOPS) for n in _statements(node.body) if isinstance(n, (ast.Break, ast.Return))]
+            found += [(n.lineno, _PAIRS) for stmt in node.body for n in ast.walk(stmt) if _iterates_neighbours(n)]
+        elif _is_comprehension(node) and any(_walks_neighbours(g.iter) for g in node.generators):
+            if isinstance(getattr(node, "elt", None), ast.Constant):
+                found.append((node.lineno, _CONSTANTS))
+            inner = [n for part in _comprehension_body(node) for n in ast.walk(part) if _iterates_neighbours(n)]
+            if sum(_walks_neighbours(g.iter) for g in node.generators) > 1 or inner:
+                found.append((node.lineno, _PAIRS))
+        elif isinstance(node, ast.Call) and any(_is_neighbour_list(a) for a in node.args):
+            name = _called_name(node.func)
+            if name == "enumerate" and _positions_only_index(node, parents):
+                pass        # i only picks the same neighbour's item of another list: traced per neighbour
+            elif name in _ONE_PASS_CALLS:
+                found.append((node.lineno, _ONE_PASS_CALLS[name]))
+            elif name == "zip" and any(_numbers_positions(a) for a in node.args):
+                found.append((node.lineno, _ZIP))
+        elif (isinstance(node, ast.Subscript) and _fixed_position(node.slice) and not _is_neighbour_list(node.value)
+              and _built_from_neighbours(node.value, lists)):
+            found.append((node.lineno, _SLICED))
+        for test in _truth_tests(node):
+            if _built_from_neighbours(test, lists):
+                found.append((test.lineno, _TRUTH))
+    return tuple(sorted(set((line + first - 1, message) for line, message in found)))
 
 
 def _walks_neighbours(expr: ast.expr) -> bool:
     return any(isinstance(n, ast.Attribute) and n.attr in NEIGHBOUR_LISTS for n in ast.walk(expr))
 
 
-def _increments(node: ast.AST) -> bool:
-    """``n += c`` or ``n = n + c`` with a number ``c``."""
+def _is_neighbour_list(expr: ast.expr) -> bool:
+    """``v.innbs`` / ``v.inedges`` itself."""
+    return isinstance(expr, ast.Attribute) and expr.attr in NEIGHBOUR_LISTS
+
+
+def _is_comprehension(node: ast.AST) -> bool:
+    return isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp))
+
+
+def _comprehension_body(node: ast.AST) -> list[ast.AST]:
+    """What a comprehension computes per element: its element (key and value) and conditions."""
+    parts = [node.key, node.value] if isinstance(node, ast.DictComp) else [node.elt]
+    return parts + [cond for g in node.generators for cond in g.ifs]
+
+
+def _iterates_neighbours(node: ast.AST) -> bool:
+    """A loop or comprehension over a neighbour list."""
+    if isinstance(node, (ast.For, ast.AsyncFor)):
+        return _walks_neighbours(node.iter)
+    return _is_comprehension(node) and any(_walks_neighbours(g.iter) for g in node.generators)
+
+
+def _statements(body: list[ast.stmt]):
+    """The statements of a loop body, into its ifs, withs and trys but not into nested
+    loops (whose ``break`` is theirs) or function definitions."""
+    for stmt in body:
+        yield stmt
+        if isinstance(stmt, (ast.For, ast.AsyncFor, ast.While, ast.FunctionDef, ast.AsyncFunctionDef,
+                             ast.ClassDef, ast.Lambda)):
+            continue
+        for field in ("body", "orelse", "finalbody", "handlers"):
+            inner = getattr(stmt, field, None)
+            if isinstance(inner, list):
+                yield from _statements([s for s in inner if isinstance(s, ast.stmt)] +
+                                       [s for h in inner if isinstance(h, ast.ExceptHandler) for s in h.body])
+
+
+def _names(target: ast.expr) -> set[str]:
+    return {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+
+
+def _accumulates(node: ast.AST, loop_names: set[str]) -> bool:
+    """``n += c`` or ``n = n + c`` where ``c`` does not depend on the loop's neighbour:
+    per neighbour in eager code, once at trace time."""
     if isinstance(node, ast.AugAssign):
-        return isinstance(node.target, ast.Name) and _is_number(node.value)
+        return isinstance(node.target, ast.Name) and not (_names(node.value) & loop_names)
     if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
         value = node.value
         return (isinstance(value, ast.BinOp) and isinstance(value.left, ast.Name)
-                and value.left.id == node.targets[0].id and _is_number(value.right))
+                and value.left.id == node.targets[0].id and not (_names(value.right) & loop_names))
     return False
 
 
-def _is_number(expr: ast.expr) -> bool:
-    return isinstance(expr, ast.Constant) and isinstance(expr.value, (int, float)) and not isinstance(expr.value, bool)
+def _called_name(func: ast.expr) -> str | None:
+    if isinstance(func, ast.Name):
+        return func.id
+    return func.attr if isinstance(func, ast.Attribute) else None
 
 
-_LOOP = ("counting in a Python loop over v.innbs / v.inedges gives 1 at trace time (the traced loop "
-         "runs once, for one symbolic neighbour); use len(v.innbs), the per-vertex in-degree")
+def _names_of_neighbour_lists(tree: ast.AST) -> set[str]:
+    """Names assigned a list built from a neighbour list (``nb = [u.h for u in v.innbs]``)."""
+    return {target.id for node in ast.walk(tree) if isinstance(node, ast.Assign)
+            and _built_from_neighbours(node.value, set())
+            for target in node.targets if isinstance(target, ast.Name)}
+
+
+def _built_from_neighbours(expr: ast.expr, names: set[str]) -> bool:
+    """A neighbour list, a list made from one (a comprehension over it, ``list(v.innbs)``)
+    or a name holding such a list."""
+    if _is_neighbour_list(expr) or (isinstance(expr, ast.Name) and expr.id in names):
+        return True
+    if _is_comprehension(expr) and not isinstance(expr, ast.GeneratorExp):
+        return any(_walks_neighbours(g.iter) for g in expr.generators)
+    return (isinstance(expr, ast.Call) and _called_name(expr.func) in ("list", "tuple")
+            and len(expr.args) == 1 and _built_from_neighbours(expr.args[0], names))
+
+
+def _positions_only_index(call: ast.Call, parents: dict[ast.AST, ast.AST]) -> bool:
+    """``for i, u in enumerate(v.innbs)`` (a loop or comprehension) whose ``i`` is used
+    only as a subscript, ``a[i]``: it lines up a list built from the same neighbours
+    (its one traced item at trace time). Arithmetic on ``i`` needs real positions."""
+    owner = parents.get(call)
+    if not isinstance(owner, (ast.For, ast.comprehension)) or owner.iter is not call:
+        return False
+    target = owner.target
+    if not (isinstance(target, ast.Tuple) and target.elts and isinstance(target.elts[0], ast.Name)):
+        return False
+    index = target.elts[0].id
+    scope = parents.get(owner) if isinstance(owner, ast.comprehension) else owner
+    uses = [n for n in ast.walk(scope) if isinstance(n, ast.Name) and n.id == index and isinstance(n.ctx, ast.Load)]
+    return all(isinstance(parents.get(n), ast.Subscript) and parents[n].slice is n for n in uses)
+
+
+def _numbers_positions(expr: ast.expr) -> bool:
+    """Something zipped with a neighbour list that numbers or lists positions, not
+    neighbours: ``range(...)``, ``itertools.count()``, a literal list or tuple. (A list
+    built from the same neighbours, a helper's result included, lines up with them.)"""
+    return isinstance(expr, (ast.List, ast.Tuple, ast.Constant)) or (
+        isinstance(expr, ast.Call) and _called_name(expr.func) in ("range", "count", "repeat", "cycle"))
+
+
+def _fixed_position(index: ast.expr) -> bool:
+    """A slice or a constant position (``[:2]``, ``[0]``, ``[-1]``): not the ``i`` of a loop
+    over ``range(len(v.innbs))``, which lines up lists built from the same neighbours
+    (Seastar's GAT: ``a[i] * hu[i]``) and is traced per neighbour."""
+    if isinstance(index, ast.UnaryOp):
+        index = index.operand
+    return isinstance(index, (ast.Slice, ast.Constant))
+
+
+def _truth_tests(node: ast.AST) -> list[ast.expr]:
+    """The expressions Python takes the truth of at ``node``."""
+    if isinstance(node, (ast.If, ast.IfExp, ast.While, ast.Assert)):
+        return [node.test]
+    if isinstance(node, ast.BoolOp):
+        return list(node.values)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        return [node.operand]
+    return []
+
+
+_LOOP = ("counting in a Python loop over v.innbs / v.inedges (adding or multiplying in something that does "
+         "not come from the neighbour) happens once at trace time (the traced loop runs once, for one "
+         "symbolic neighbour); use len(v.innbs), the per-vertex in-degree")
+_STOPS = ("break or return in a loop over v.innbs / v.inedges: the traced loop runs once, for one symbolic "
+          "neighbour, so what it stops after is not known; aggregate every neighbour (sum, max, min)")
+_PAIRS = ("a loop over v.innbs / v.inedges inside another pairs each traced neighbour with itself only (the "
+          "traced loop runs once); pairs of neighbours are not supported -- aggregate each list on its own")
+_ZIP = ("zip() of v.innbs / v.inedges with positions (range, count, a literal list) pairs the one traced "
+        "neighbour with the first; zip lists of the same neighbours only (zip(v.innbs, v.inedges))")
+_SLICED = ("indexing or slicing a list built from v.innbs / v.inedges: at trace time it holds one symbolic "
+           "neighbour, so a prefix or a position is not known; aggregate every neighbour (sum, max, min)")
+_TRUTH = ("the truth of a list built from v.innbs / v.inedges (if nb:, nb and ...) is True at trace time for "
+          "every vertex, even one without neighbours; test len(v.innbs) in torch.where instead")
+_ONE_PASS_CALLS = {
+    name: f"{name}() over v.innbs / v.inedges sees one traced neighbour; {advice}"
+    for names, advice in (
+        (("enumerate",), "a neighbour's position is not known (every vertex's neighbours would be numbered 0)"),
+        (("map", "filter"), "write a comprehension ([f(u) for u in v.innbs]), which gnnfuse traces per neighbour"),
+        (("islice", "takewhile", "dropwhile", "next", "iter", "reversed", "sorted", "combinations",
+          "permutations", "product", "pairwise", "accumulate"),
+         "an order, a prefix or a pairing of neighbours is not known; aggregate every neighbour (sum, max, min)"))
+    for name in names}
 _CONSTANTS = ("a list of constants built from v.innbs / v.inedges has one element at trace time, so "
               "its len() or sum() is 1; use len(v.innbs), the per-vertex in-degree")
