@@ -217,3 +217,21 @@ def test_bad_arguments_are_rejected():
     layer(torch.randn(3, 4), edge_index)
     with pytest.raises(ValueError, match="x has 5 rows but the cached graph has 3 nodes"):
         layer(torch.randn(5, 4), torch.tensor([[0, 4], [4, 0]]))
+
+
+@pytest.mark.parametrize("make", [lambda: gnn.APPNP(K=3, alpha=0.1), lambda: gnn.SGConv(4, 3, K=2),
+                                  lambda: gnn.TAGConv(4, 3, K=2), lambda: gnn.ChebConv(4, 3, K=2),
+                                  lambda: gnn.GCNConv(4, 3)], ids=["APPNP", "SGConv", "TAGConv", "ChebConv", "GCNConv"])
+@pytest.mark.parametrize("weighted", [False, True], ids=["", "edge_weight"])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool])
+def test_normalising_layers_refuse_non_floating_x(make, weighted, dtype, backend):
+    """Their deg^-1/2 and Laplacian factors are built in x's dtype: integer x truncated them
+    to 0, and APPNP returned wrong values (x times alpha's powers) without an error."""
+    layer = make()
+    name = type(layer).__name__
+    edge_index = torch.tensor([[0, 1, 2, 2, 3], [1, 2, 0, 3, 1]])
+    weight = (torch.rand(5) + 0.1,) if weighted else ()
+    x = torch.randint(0, 3, (4, 4)).to(dtype)
+    with pytest.raises(TypeError, match=rf"{name}: x must be a floating-point tensor, got dtype {dtype}"):
+        layer(x, edge_index, *weight)
+    layer(x.float(), edge_index, *weight)     # the conversion the message asks for runs

@@ -34,6 +34,20 @@ def node_features(x: Any, layer: str) -> torch.Tensor:
     return x
 
 
+def floating_node_features(x: Any, layer: str) -> torch.Tensor:
+    """`node_features`, refusing a tensor that is not floating-point. The normalising
+    layers (GCN, APPNP, SGC, TAG, Cheb) build their coefficients (``deg^-1/2``, Laplacian
+    factors) in ``x``'s dtype, where an integer or bool dtype truncates them to 0: APPNP
+    returned wrong values without an error. PyG either raises or promotes, depending on
+    the layer and on ``edge_weight``; converting is the caller's choice of precision."""
+    x = node_features(x, layer)
+    if not x.is_floating_point():
+        raise TypeError(f"{layer}: x must be a floating-point tensor, got dtype {x.dtype} (its normalisation "
+                        "coefficients would be built in that dtype and truncated); convert it first, e.g. "
+                        "x.float()")
+    return x
+
+
 def over_feature_batches(forward: Callable) -> Callable:
     """A layer ``forward`` that also takes PyG's static-graph input: node features
     ``[B, N, F]``, B feature matrices on one N-vertex graph, giving ``[B, N, F']``.

@@ -25,7 +25,8 @@ from ..runtime.compile_op import GRAPH_STEPS, GraphRef
 from ..runtime.compiled import backend_name
 from .aligned_linear import RowsRead, aligned_linear, bias_added, flat_heads, kernel_row_stride, paired_linear
 from .aggregation import Reduction, aggregate, eager_slots, pyg_aggr_name, resolve_aggregation
-from .arguments import adjacency_weights, edge_weight_column, node_features, node_pair, over_feature_batches
+from .arguments import (adjacency_weights, edge_weight_column, floating_node_features, node_pair,
+                        over_feature_batches)
 from .attention_weights import AttentionOutput, attention_weights, check_attention_request
 from .compiling import compile_path, graph_input_problem, propagation_problem
 from .edge_features import FillValue, edge_projection, edge_rows, traced_edge_matmul
@@ -270,7 +271,7 @@ def _normalized_layer_inputs(layer: nn.Module, name: str, x: torch.Tensor, edge_
     APPNP): a weighted sparse ``adj_t`` becomes ``edge_weight``, and caching keeps the graph
     -- the normalisation lives in its cache -- so weights, which that normalisation ignores,
     are refused with it rather than silently reusing a normalisation computed without them."""
-    x = node_features(x, name)
+    x = floating_node_features(x, name)
     edge_index, edge_weight = adjacency_weights(edge_index, edge_weight, name)
     caching = layer.cached and layer.normalize
     if caching and edge_weight is not None:

@@ -22,7 +22,7 @@ from .. import frontend
 from ..graph import Graph
 from ..runtime.compile_op import GraphRef
 from .aligned_linear import aligned_linear
-from .arguments import adjacency_weights, edge_weight_column, node_features, over_feature_batches
+from .arguments import adjacency_weights, edge_weight_column, floating_node_features, over_feature_batches
 from .compiling import compile_path, graph_input_problem, propagation_problem
 from .pyg_repr import OneLineRepr
 from .conv import (_sized_linear, _AGGREGATORS, _AGGREGATORS_PLUS_ROOT, _WEIGHTED_AGGREGATORS, CachedGraph, _as_graph,
@@ -258,7 +258,7 @@ class SGConv(OneLineRepr, nn.Module):
     @compile_path(_compile_problem)
     def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor,
                 edge_weight: torch.Tensor | None = None) -> torch.Tensor:
-        x = node_features(x, "SGConv")
+        x = floating_node_features(x, "SGConv")
         edge_index, edge_weight = adjacency_weights(edge_index, edge_weight, "SGConv")
         if self._cached_x is not None:
             return self.lin(self._cached_x.detach())
@@ -315,7 +315,7 @@ class TAGConv(OneLineRepr, nn.Module):
     @compile_path(_compile_problem)
     def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor,
                 edge_weight: torch.Tensor | None = None) -> torch.Tensor:
-        x = node_features(x, "TAGConv")
+        x = floating_node_features(x, "TAGConv")
         edge_index, edge_weight = adjacency_weights(edge_index, edge_weight, "TAGConv")
         graph, hop = _normalized_hop(_as_graph(edge_index, x.shape[0]), edge_weight, x.dtype, False, self.normalize)
         if self.out_channels < self.in_channels and not isinstance(graph, GraphRef):   # not under torch.compile
@@ -459,7 +459,7 @@ class ChebConv(OneLineRepr, nn.Module):
     @compile_path()
     def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor, edge_weight: torch.Tensor | None = None,
                 batch: torch.Tensor | None = None, lambda_max: float | torch.Tensor | None = None) -> torch.Tensor:
-        x = node_features(x, "ChebConv")
+        x = floating_node_features(x, "ChebConv")
         edge_index, edge_weight = adjacency_weights(edge_index, edge_weight, "ChebConv")
         graph = _as_graph(edge_index, x.shape[0])
         if edge_weight is None:
