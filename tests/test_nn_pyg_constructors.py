@@ -60,6 +60,30 @@ def test_sage_aggregating_first_adds_its_root_in_the_gemm(aggr, width, backend, 
                                   x.detach())
 
 
+
+@pytest.mark.parametrize("aggr", ["mean", "sum", "max"])
+@pytest.mark.parametrize("bipartite", [False, True])
+def test_sage_under_autocast_matches_pyg(aggr, bipartite):
+    """Under CPU bf16 autocast the aggregate-first path's root term comes back in bf16
+    while the weight and the aggregation stay float32: its in-place addmm_, which autocast
+    does not cast, failed with "self and mat2 must have the same dtype" where PyG runs.
+    Outputs and gradients are PyG's autocast ones within bf16 rounding."""
+    torch.manual_seed(2)
+    ours, ref = gnn.SAGEConv(F_IN, 8, aggr=aggr), pyg.SAGEConv(F_IN, 8, aggr=aggr)    # widening: aggregates first
+    ours.load_state_dict(ref.state_dict())
+    x = torch.randn(N, F_IN)
+    results = []
+    for layer in (ours, ref):
+        xs = x.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = layer((xs, xs[:4]) if bipartite else xs, EDGE_INDEX[:, EDGE_INDEX[1] < 4] if bipartite else EDGE_INDEX)
+        out.float().square().sum().backward()
+        results.append((out, xs.grad, layer.lin_l.weight.grad))
+    (out, grad_x, grad_w), (ref_out, ref_grad_x, ref_grad_w) = results
+    assert out.dtype == ref_out.dtype == torch.bfloat16
+    for a, b in [(out, ref_out), (grad_x, ref_grad_x), (grad_w, ref_grad_w)]:
+        torch.testing.assert_close(a.float(), b.float(), rtol=3e-2, atol=3e-2 * b.abs().max().item())
+
 def test_sage_lazy_in_channels_matches_pyg():
     """``in_channels=-1`` reads the width from the first call (torch's LazyLinear);
     after it, PyG's weights load and the layer matches PyG."""

@@ -687,11 +687,17 @@ class SAGEConv(OneLineRepr, nn.Module):
                 # epilogue, its gradient a matrix-vector product) plus one GEMM that adds
                 # onto it: no [N, out] addition and no bias reduction over the rows (on
                 # the arxiv-sized SAGE step's first layer an 85 us pair of kernels). In place
-                # unless the root term is a view into a padded table (autograd forbids it)
+                # unless the root term is a view into a padded table (autograd forbids it) or
+                # the operands' dtypes differ: under torch.autocast the root term comes back
+                # in the autocast dtype while the weight and the aggregation stay float32, and
+                # the in-place addmm_ is not cast by autocast ("self and mat2 must have the
+                # same dtype"); the out-of-place addmm is, giving PyG's autocast result.
                 root = aligned_linear(x_dst, self.lin_r.weight, self.lin_l.bias)
-                padded = kernel_row_stride(x_dst, self.out_channels) != self.out_channels
-                out = (torch.addmm(root, aggregated, self.lin_l.weight.t()) if padded
-                       else root.addmm_(aggregated, self.lin_l.weight.t()))
+                weight = self.lin_l.weight
+                in_place = (kernel_row_stride(x_dst, self.out_channels) == self.out_channels
+                            and root.dtype == aggregated.dtype == weight.dtype)
+                out = (root.addmm_(aggregated, weight.t()) if in_place
+                       else torch.addmm(root, aggregated, weight.t()))
                 return F.normalize(out, p=2.0, dim=-1) if self.normalize else out
             out = self.lin_l(aggregated)
         out = out if self.lin_r is None or x_dst is None else out + self.lin_r(x_dst)
