@@ -25,7 +25,7 @@ import torch
 
 from .convert import (adj_t_edges, check_bipartite_adj_t, index_tensors, is_pyg_edge_index, is_sparse_adjacency,
                       networkx_edges, scipy_edges)
-from .index_cache import cached_graph
+from .index_cache import cached_graph, functorch_interpreter
 from .validate import as_index_tensor, check_ids, choose_index_dtype, infer_count
 
 
@@ -430,8 +430,12 @@ class Graph:
 
         Keys are shared by every user of the graph, so pick descriptive ones
         (e.g. ``"gcn_norm"``); two users with the same key must compute the same thing.
+        A value built inside a ``torch.func`` transform is returned but not kept: its
+        tensors are the transform's wrappers, unusable after it (`index_cache`).
         """
         if key not in self._cache:
+            if functorch_interpreter() is not None:
+                return self._builders.get(key, fn)(self)
             self._cache[key] = self._builders.pop(key, fn)(self)
         return self._cache[key]
 

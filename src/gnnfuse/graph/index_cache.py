@@ -20,6 +20,13 @@ layouts are dropped too (builders must not keep the input object alive, only its
 memory: see `Graph._from_torch`), so a loop that makes a new ``edge_index`` per epoch
 does not pile up graphs on the GPU. The cache is also small (`CAPACITY` entries, least
 recently used evicted first): a training loop needs one entry per graph.
+
+Nothing built inside a ``torch.func`` transform (grad, vmap, jacrev, ...) is kept: every
+tensor made there, the layouts built from a plain ``edge_index`` included, is the
+transform's wrapper, which outlives it unusable (the Triton kernels cannot read its
+storage). A failed ``torch.func.grad`` call kept such a graph for its ``edge_index``, and
+every later plain call on that ``edge_index`` failed with "Cannot access storage of
+TensorWrapper".
 """
 from __future__ import annotations
 
@@ -30,6 +37,10 @@ from typing import Any, Callable, Hashable
 import torch
 
 CAPACITY = 8
+
+# The innermost torch.func transform's interpreter, None outside every transform: one C
+# call, cheap enough for a check on every program call (runtime/compiled.py).
+functorch_interpreter: Callable[[], Any] = torch._C._functorch.peek_interpreter_stack
 
 _ENTRIES: OrderedDict[tuple[int, Hashable], tuple[weakref.ref, tuple, Any]] = OrderedDict()
 
@@ -48,6 +59,8 @@ def cached_graph(obj: Any, parts: list[torch.Tensor], key: Hashable, build: Call
         _ENTRIES.move_to_end(slot)
         return entry[2]
     graph = build()
+    if functorch_interpreter() is not None:     # its tensors are the transform's: see the module docstring
+        return graph
     try:
         ref = weakref.ref(obj, lambda dead: _forget(slot, dead))
     except TypeError:      # an object without weak references: not cached

@@ -15,6 +15,10 @@ one opaque node. Calls the compile path does not cover (an argument the layer's
 ``why_not`` names, or a layer not covered at all) run the layer's eager ``forward`` through
 ``torch.compiler.disable``: one graph break, the eager result, and a warning once per
 layer class and reason -- never a silently different answer.
+
+Inside a ``torch.func`` transform (grad, vmap, jacrev, ...) a layer runs only on the
+reference backend, and fails naming the transform where a step of it is one the
+transform cannot follow (`_under_functorch`).
 """
 from __future__ import annotations
 
@@ -23,7 +27,9 @@ from typing import Any, Callable
 
 import torch
 
+from ..graph.index_cache import functorch_interpreter
 from ..runtime.compile_op import graph_input_problem, run_eagerly
+from ..runtime.compiled import FunctorchTransformError, backend_name, functorch_backend_reason
 
 __all__ = ["compile_path", "graph_input_problem", "propagation_problem"]
 
@@ -39,9 +45,43 @@ def compile_path(why_not: Callable[..., str | None] | None = None) -> Callable[[
                 reason = "it has no torch.compile path yet" if why_not is None else why_not(self, *args, **kwargs)
                 if reason is not None:
                     return run_eagerly(f"{type(self).__name__}: {reason}", forward, self, *args, **kwargs)
+            elif functorch_interpreter() is not None:     # one C call outside a transform
+                return _under_functorch(forward, self, args, kwargs)
             return forward(self, *args, **kwargs)
         return run
     return wrap
+
+
+# torch's message for an autograd.Function without setup_context inside a transform
+_FUNCTORCH_FUNCTION = "autograd.Function with functorch transforms"
+
+
+def _under_functorch(forward: Callable, layer: Any, args: tuple, kwargs: dict) -> Any:
+    """A layer's ``forward`` inside a ``torch.func`` transform, refused by name where the
+    transform cannot follow it: the Triton and CPU backends' kernels read raw memory,
+    which a transform's tensors do not have (they failed with "Cannot access storage of
+    TensorWrapper"), so only the reference backend runs; there a fused program or linear
+    map whose inputs the transform differentiates is an autograd.Function it cannot
+    enter, refused by the program (`runtime.compiled`) or by torch, whose message is
+    replaced by one naming the layer. What runs is the reference's torch ops, which the
+    transform follows (grad of a SAGE or GIN layer's weights, say)."""
+    name = type(layer).__name__
+    x = args[0] if args else next(iter(kwargs.values()), None)
+    x = x[0] if isinstance(x, (tuple, list)) and x else x
+    backend = backend_name(isinstance(x, torch.Tensor) and x.is_cuda)
+    if backend != "reference":
+        raise FunctorchTransformError(functorch_backend_reason(backend), name)
+    try:
+        return forward(layer, *args, **kwargs)
+    except FunctorchTransformError as error:
+        if error.layer is not None:     # an inner layer's (a model's submodule): it named itself
+            raise
+        raise FunctorchTransformError(error.reason, name) from None
+    except RuntimeError as error:
+        if _FUNCTORCH_FUNCTION not in str(error):
+            raise
+        raise FunctorchTransformError("a step of it is an autograd.Function whose inputs the transform "
+                                      "differentiates, which only torch.autograd can run", name) from error
 
 
 def propagation_problem(edge_index: Any, edge_weight: Any, cached: bool = False) -> str | None:

@@ -17,6 +17,7 @@ from ..autodiff import BackwardProgram, build_backward
 from ..backend.forced_schedule import ForcedSchedule, forced_schedule, forcing
 from ..backend.reference import GraphContext
 from ..graph import Graph
+from ..graph.index_cache import functorch_interpreter
 from ..ir import CompileError, Program, Residency, Value, verify
 from ..ir.ops.movement import BROADCAST_FROM, TYPE_INDICES
 from ..ir.sides import declare_sides, sides_of
@@ -104,6 +105,8 @@ class CompiledProgram:
                 return outputs
         keys = self._input_keys
         tensors = self.checked_inputs(graph, feeds)
+        if functorch_interpreter() is not None:     # inside torch.func.grad/vmap/...: one C call otherwise
+            _check_functorch_transform(graph, keys, tensors)
         if (self._pair_rewrite is not None and isinstance(graph, Graph) and graph.edge_type is not None
                 and getenv(PAIR_SOURCES_ENV, "1") != "0"):
             by_key = dict(zip(keys, tensors))
@@ -233,6 +236,49 @@ def _check_types(program: Program, kinds: set[Residency], graph: Graph,
 
 
 BACKENDS = ("reference", "triton", "cpu")
+
+
+def _check_functorch_transform(graph: Graph, keys: tuple[str, ...], tensors: list[torch.Tensor]) -> None:
+    """Refuse a program call inside a ``torch.func`` transform (grad, vmap, jacrev, ...)
+    that would not compute what the transform asks for. A compiled program is a
+    ``torch.autograd.Function`` without functorch's ``setup_context`` and a backend
+    reading raw memory: an input of the transform (a wrapped or batched tensor) failed
+    with torch's "must override the setup_context staticmethod", and the Triton and CPU
+    kernels with "Cannot access storage of TensorWrapper" (they cannot read the
+    transform's tensors, the graph's layouts built inside it among them). What remains is
+    a constant of the transform: plain inputs needing no gradient, on the reference
+    backend, whose torch ops a transform follows (grad of a SAGE layer's weights, say)."""
+    wrapped = [key for key, t in zip(keys, tensors) if torch._C._functorch.is_functorch_wrapped_tensor(t)]
+    if wrapped:
+        reason = f"input(s) {wrapped} of the compiled program are tensors of the transform"
+    elif torch.is_grad_enabled() and any([t.requires_grad for t in tensors]):
+        reason = ("an input of the compiled program needs a gradient, which its autograd.Function gives "
+                  "torch.autograd only")
+    else:
+        backend = backend_name(graph.device.type == "cuda")
+        if backend == "reference":
+            return
+        reason = functorch_backend_reason(backend)
+    raise FunctorchTransformError(reason)
+
+
+def functorch_backend_reason(backend: str) -> str:
+    """Why a ``torch.func`` transform cannot run the ``backend`` backend's kernels."""
+    return (f"the {backend} backend's kernels cannot read the transform's tensors "
+            "(GNNFUSE_BACKEND=reference runs a layer whose graph kernels the transform does not reach)")
+
+
+class FunctorchTransformError(NotImplementedError):
+    """A call refused inside a ``torch.func`` transform: ``reason`` says why, ``layer``
+    names the layer (None where a program call is refused; the layer around it, if any,
+    names itself: nn.compiling)."""
+
+    def __init__(self, reason: str, layer: str | None = None) -> None:
+        self.reason, self.layer = reason, layer
+        where = f"{layer}: " if layer else ""
+        super().__init__(f"{where}gnnfuse layers do not support torch.func transforms (grad/vmap/jacrev/...): "
+                         f"{reason}. Use torch.autograd instead (loss.backward(), torch.autograd.grad, or one "
+                         "call per batch element in place of vmap)")
 
 
 def _check_triton_can_read(device: torch.device) -> None:

@@ -41,6 +41,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from ..graph import Graph
+from ..graph.index_cache import functorch_interpreter
 
 # The variables `compiled.select_backend` reads: a prepared run declines once they change
 # (`preparer`), which spares a prepared call reading them itself.
@@ -67,8 +68,9 @@ class PreparedCall:
         return self._graph()
 
     def __call__(self, graph: Graph, feeds: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
-        """The program's outputs on ``graph`` and ``feeds``, or None where any check differs."""
-        if self._graph() is not graph or self._recorders:
+        """The program's outputs on ``graph`` and ``feeds``, or None where any check differs
+        (or inside a ``torch.func`` transform, which the full path checks)."""
+        if self._graph() is not graph or self._recorders or functorch_interpreter() is not None:
             return None
         grad = torch.is_grad_enabled()
         for key, (dtype, device) in zip(self._keys, self._metas):
@@ -86,7 +88,7 @@ class PreparedCall:
         """``self(graph, {key: tensor})`` for a program of one input, launched first (see
         the module docstring): the backend's ``run_one`` checks what makes its launch
         safe and launches, and this call's checks follow while the kernel runs."""
-        if self._graph() is not graph or self._run_one is None:
+        if self._graph() is not graph or self._run_one is None or functorch_interpreter() is not None:
             return None
         outputs = self._run_one(graph, tensor)
         if outputs is not None:     # ``tensor`` is of the plan's device and dtype: those of the inputs it ran with

@@ -1,0 +1,88 @@
+"""torch.func transforms (grad, vmap, ...) over gnnfuse layers: refused by name where they
+cannot be followed, and never leaving behind a graph or layout built from the
+transform's tensors. A failed torch.func.grad call on the Triton backend used to keep
+the graph it built for its edge_index, and every later plain call on that edge_index
+failed with "Cannot access storage of TensorWrapper"."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.func import functional_call, grad, vmap
+
+import gnnfuse
+from gnnfuse import nn as gnn
+from gnnfuse.graph import index_cache
+
+REFUSED = r"gnnfuse layers do not support torch.func transforms"
+
+
+def _inputs():
+    gen = torch.Generator().manual_seed(0)
+    return torch.randint(0, 12, (2, 40), generator=gen), torch.randn(12, 6, generator=gen)
+
+
+def _wrapped(graph: gnnfuse.Graph) -> bool:
+    return any(torch._C._functorch.is_functorch_wrapped_tensor(t) for t in (graph.src, graph.dst))
+
+
+@pytest.mark.parametrize("backend", ["triton", "cpu"])
+def test_grad_is_refused_by_name_and_leaves_the_edge_index_usable(backend, monkeypatch):
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    torch.manual_seed(0)
+    edge_index, x = _inputs()
+    sage = gnn.SAGEConv(6, 5)
+    params = {k: v.detach() for k, v in sage.named_parameters()}
+    with pytest.raises(NotImplementedError, match=rf"SAGEConv: {REFUSED}.*: the {backend} backend's kernels"):
+        grad(lambda p: functional_call(sage, p, (x, edge_index)).sum())(params)
+    gin = gnn.GINConv(torch.nn.Linear(6, 5))
+    torch.testing.assert_close(gin(x, edge_index), gin(x, edge_index.clone()))     # failed: a wrapper kept
+    torch.testing.assert_close(sage(x, edge_index), sage(x, edge_index.clone()))
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_vmap_over_features_is_refused_by_name(backend, monkeypatch):
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    edge_index, x = _inputs()
+    conv = gnn.GCNConv(6, 5)
+    with pytest.raises(NotImplementedError, match=f"GCNConv: {REFUSED}"):
+        vmap(lambda xs: conv(xs, edge_index))(torch.randn(3, 12, 6))
+    assert not _wrapped(gnnfuse.Graph.coerce(edge_index, num_nodes=12))
+    torch.testing.assert_close(conv(x, edge_index), conv(x, edge_index.clone()))
+
+
+def test_reference_backend_grad_of_the_weights_is_autograds(monkeypatch):
+    """What the reference backend runs -- torch ops on features the transform does not
+    reach -- is followed by the transform: PyG-equivalent weight gradients, and no graph
+    built inside it is kept."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", "reference")
+    torch.manual_seed(0)
+    edge_index, x = _inputs()
+    x = x.double()      # outside the transform: a tensor made inside it is the transform's
+    index_cache.clear_index_cache()
+    for layer in (gnn.SAGEConv(6, 8), gnn.GINConv(torch.nn.Linear(6, 5))):
+        layer = layer.double()
+        params = {k: v.detach() for k, v in layer.named_parameters()}
+        got = grad(lambda p: functional_call(layer, p, (x, edge_index)).square().sum())(params)
+        assert not _wrapped(gnnfuse.Graph.coerce(edge_index, num_nodes=12))
+        layer(x, edge_index).square().sum().backward()
+        for k, p in layer.named_parameters():
+            torch.testing.assert_close(got[k], p.grad)
+
+
+def test_grad_through_a_fused_program_is_refused_by_name(monkeypatch):
+    """Differentiating the features runs the fused program's autograd.Function, which
+    the transform cannot enter: torch's message about setup_context became one naming
+    the layer."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", "reference")
+    edge_index, x = _inputs()
+    for layer in (gnn.SAGEConv(6, 8), gnn.SAGEConv(6, 2), gnn.GCNConv(6, 5)):
+        with pytest.raises(NotImplementedError, match=f"{type(layer).__name__}: {REFUSED}"):
+            grad(lambda xs: layer(xs, edge_index).sum())(x)
+        assert not _wrapped(gnnfuse.Graph.coerce(edge_index, num_nodes=12))
+    layer = gnn.GCNConv(6, 5)
+    graph = gnnfuse.Graph.from_edge_index(edge_index, num_nodes=12)
+    with pytest.raises(NotImplementedError, match=f"GCNConv: {REFUSED}"):
+        grad(lambda xs: layer(xs, graph).sum())(x)
+    assert not any(torch._C._functorch.is_functorch_wrapped_tensor(v) for v in graph._cache.values()
+                   if isinstance(v, torch.Tensor))      # a layout built inside the transform is not kept
+    layer(x, graph)
