@@ -156,8 +156,18 @@ def contended_sum_reference(x: torch.Tensor, index: torch.Tensor, rows: int) -> 
     return reduce_rows(x, index, rows, "sum")
 
 
+def _reduce_shape(inputs, attrs, residency):
+    """The input's shape and dtype; a sum or mean of booleans is refused: torch counts
+    them (int64), a dtype-keeping reduction would give their "any" (index_add on bool),
+    and the Triton kernels have no boolean atomics."""
+    if inputs[0].dtype == torch.bool and attrs["op"] in ("sum", "mean"):
+        raise ValueError(f"a {attrs['op']} of boolean values is not compiled (torch counts them as int64); "
+                         "convert them first, e.g. flag.long()")
+    return _same_shape(inputs, attrs, residency)
+
+
 register(OpDef("reduce", Movement.REDUCE, _reduce,
-               residency=_reduce_residency, shape=_same_shape, arity=1,
+               residency=_reduce_residency, shape=_reduce_shape, arity=1,
                derivative=_reduce_derivative,
                doc="aggregate edge rows into vertex (or type) rows with sum, mean, max or min"))
 
