@@ -99,6 +99,19 @@ def test_float64_keeps_the_exact_torch_loop():
     torch.testing.assert_close(got, torch.einsum("rk,rkn->rn", x, w[kind]), rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.skipif(DEVICE != "cpu", reason="CPU tensors under Triton's interpreter (CI's case)")
+def test_bfloat16_off_the_gpu_keeps_the_torch_loop():
+    """Triton's interpreter has no bfloat16 (numpy): its tl.dot read the bits as another
+    type, and an R-GCN step gave values near 5e9 for -0.8, silently. Off a GPU bf16 runs
+    the torch loop, which agrees with a float32 run to bf16's precision."""
+    kind, groups = grouped_rows(100, TYPES)
+    x = torch.randn(100, K).bfloat16()
+    w = torch.randn(TYPES, K, N).bfloat16()
+    assert not sm.kernel_applies(x, w)
+    expected = torch.einsum("rk,rkn->rn", x.float(), w.float()[kind])
+    torch.testing.assert_close(sm.segment_matmul(x, w, groups).float(), expected, rtol=2e-2, atol=5e-2)
+
+
 def test_the_layout_of_cached_groups_is_built_once():
     _, groups = grouped_rows(70, TYPES)
     first = sm._layout(groups, 1, sm.BLOCK_M)

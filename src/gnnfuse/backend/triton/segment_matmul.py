@@ -189,8 +189,12 @@ def _layout(groups: list[torch.Tensor], per_row: int, tile: int) -> _Layout:
 
 def kernel_applies(*tensors: torch.Tensor) -> bool:
     """Whether the Triton kernels take these operands: one floating dtype they multiply
-    natively (not float64), on a CUDA device or under Triton's interpreter."""
+    natively (not float64), on a CUDA device or under Triton's interpreter -- there not
+    bfloat16, which the interpreter's numpy has no type for: its tl.dot read the bits
+    as another type and returned values near 5e9 for an R-GCN's -0.8, silently."""
     dtype = tensors[0].dtype
+    if dtype == torch.bfloat16 and not all(t.is_cuda for t in tensors):
+        return False
     return dtype in KERNEL_DTYPES and all(t.dtype == dtype for t in tensors) and all(map(launchable, tensors))
 
 
