@@ -350,3 +350,116 @@ def test_a_captured_tensor_broadcasts_over_the_feature_dims_as_torch_does():
     with pytest.raises(CompileError, match=r"a captured \[5, 3\] tensor next to a 2-dim graph value") as info:
         gnnfuse.message_passing(g, message, lambda n: {"o": torch.sum(n.mailbox["m"], dim=1)}, ndata={"h": h})
     assert line_of(message, "* per_row") in str(info.value)
+
+
+# --- Python semantics inside a traced function --------------------------------------------
+def _message_under_no_grad(edges):
+    with torch.no_grad():
+        gate = torch.sigmoid(edges.src["h"])
+    return {"m": gate * edges.src["h"]}
+
+
+def _message_catching_an_error(edges):
+    try:
+        m = torch.where(edges.src["h"] > 0, edges.src["h"], torch.zeros_like(edges.src["h"]))
+    except Exception:
+        m = edges.src["h"] * 100.0
+    return {"m": m}
+
+
+def _sum_mailbox(nodes):
+    return {"o": nodes.mailbox["m"].sum(1)}
+
+
+@pytest.mark.parametrize("fn, message, text", [
+    (_message_under_no_grad, r"torch.no_grad\(\) / torch.enable_grad\(\) inside a traced function",
+     "gate = torch.sigmoid"),
+    (_message_catching_an_error, "the traced function caught this error", "m = torch.where"),
+])
+def test_python_the_trace_would_silently_change_is_refused_at_its_line(fn, message, text):
+    """``torch.no_grad()`` inside the function was ignored (the gate got a gradient);
+    a ``try/except`` around an op gnnfuse refuses compiled the except branch, which the
+    eager run never takes."""
+    with pytest.raises(CompileError, match=message) as info:
+        gnnfuse.message_passing(graph(), fn, _sum_mailbox, ndata={"h": features()})
+    assert line_of(fn, text) in str(info.value)
+
+
+def test_a_call_made_under_no_grad_still_traces():
+    """The whole call under ``torch.no_grad()`` (inference) is one mode throughout: fine."""
+    g, h = graph(), features().detach()
+    with torch.no_grad():
+        out = gnnfuse.message_passing(g, lambda e: {"m": e.src["h"] * 2.0}, _sum_mailbox, ndata={"h": h})["o"]
+    torch.testing.assert_close(out, 2 * torch.zeros_like(h).index_add(0, g.dst, h[g.src]))
+
+
+def _aliased_in_place(edges):
+    a = edges.src["h"] * 2.0
+    b = a
+    a += edges.dst["h"]
+    r = torch.relu(edges.src["h"] - 0.5)
+    torch.nn.functional.relu(r, inplace=True)
+    return {"m": b + r}
+
+
+def test_in_place_writes_reach_every_name_bound_to_the_value():
+    """``b = a; a += x`` and ``F.relu(r, inplace=True)``: torch writes the one tensor
+    both names hold; the trace rebound ``a`` only (``b`` gave ``2 src`` for ``2 src + dst``)."""
+    g, h = graph(), features()
+
+    def expected(x):
+        src, dst = x[g.src], x[g.dst]
+        return torch.zeros_like(x).index_add(0, g.dst, 2 * src + dst + torch.relu(src - 0.5))
+    out = gnnfuse.message_passing(g, _aliased_in_place, _sum_mailbox, ndata={"h": h})["o"]
+    check_against(out, expected, h)
+
+
+def test_clamping_an_integer_graph_value_is_refused():
+    """Its bounds are traced as floats: an id of 2**24 + 1 came back as 2**24, a float."""
+    g = graph()
+    ids = torch.arange(5) + 2**24
+
+    @gnnfuse.vertex
+    def clamped(v):
+        return sum([u.id.clamp(min=5) for u in v.innbs])
+    with pytest.raises(CompileError, match=r"clamp of an integer graph value \(torch.int64\)"):
+        clamped(g, {"id": ids})
+
+
+def test_a_sum_of_boolean_features_is_refused_and_counts_once_converted():
+    """torch counts booleans (int64); the reduction kept bool and returned their "any"
+    (True for 2 flagged neighbours), and the Triton kernel had no boolean atomics."""
+    g = graph()
+    flag = torch.tensor([True, True, False, True, False])
+
+    @gnnfuse.vertex
+    def flagged(v):
+        return sum([u.flag for u in v.innbs])
+
+    @gnnfuse.vertex
+    def counted(v):
+        return sum([u.flag.long() for u in v.innbs])
+    with pytest.raises(CompileError, match="a sum of boolean values is not compiled"):
+        flagged(g, {"flag": flag})
+    expected = torch.zeros(5, dtype=torch.int64).index_add(0, g.dst, flag[g.src].long())
+    assert torch.equal(counted(g, {"flag": flag}), expected)
+
+
+def test_mailbox_conveniences_and_unsupported_operators():
+    """``edges.data.get`` works as on DGL's frames; ``%``, ``//``, ``2 ** x`` and the
+    indices of ``torch.max(m, 1)`` are refused at their line (a bare TypeError or an
+    AttributeError on None before)."""
+    g, h = graph(), features()
+    out = gnnfuse.message_passing(g, lambda e: {"m": e.src["h"] * e.data.get("w", 2.0)}, _sum_mailbox,
+                                  ndata={"h": h})["o"]
+    check_against(out, lambda x: 2 * torch.zeros_like(x).index_add(0, g.dst, x[g.src]), h)
+
+    def with_indices(nodes):
+        values, indices = torch.max(nodes.mailbox["m"], 1)
+        return {"o": values + indices}
+    for message, reduce, match in ((lambda e: {"m": e.src["h"] % 2}, _sum_mailbox, "operator %"),
+                                   (lambda e: {"m": e.src["h"] // 2}, _sum_mailbox, "operator //"),
+                                   (lambda e: {"m": 2 ** e.src["h"]}, _sum_mailbox, r"operator \*\*"),
+                                   (lambda e: {"m": e.src["h"]}, with_indices, "indices of torch.max/min")):
+        with pytest.raises(CompileError, match=match):
+            gnnfuse.message_passing(g, message, reduce, ndata={"h": h})

@@ -215,9 +215,11 @@ def test_is_a_pyg_message_passing_module():
     assert "GINLike" in repr(layer)
 
 
-def softmax_by_module(base, size=None):
+def softmax_by_module(base, size=None, full_path=False):
     """Attention written with ``torch_geometric.utils.softmax`` reached through the module
-    (a closure variable here), propagating with an explicit ``size``."""
+    (a closure variable here) or the package (``full_path``), propagating with an
+    explicit ``size``."""
+    import torch_geometric
     import torch_geometric.utils as pyg_utils
 
     class ModuleSoftmax(base):
@@ -228,17 +230,22 @@ def softmax_by_module(base, size=None):
             return self.propagate(edge_index, x=x, score=score, size=size)
 
         def message(self, x_j, score, index, size_i):
+            if full_path:
+                return x_j * torch_geometric.utils.softmax(score, index, num_nodes=size_i)
             return x_j * pyg_utils.softmax(score, index, num_nodes=size_i)
     return ModuleSoftmax()
 
 
-@pytest.mark.parametrize("form", ["tensor", "size", "edge_index_class", "no_edges"])
+@pytest.mark.parametrize("form", ["tensor", "size", "edge_index_class", "no_edges", "full_path"])
 def test_pyg_input_forms_compile(form):
-    """``utils.softmax`` through the module, ``size=(N, N)``, PyG's ``EdgeIndex`` and a
-    graph without edges all run compiled and match PyG."""
+    """``utils.softmax`` through the module or the package (which fell back to eager with
+    a warning about a ``.detach()`` the user never wrote), ``size=(N, N)``, PyG's
+    ``EdgeIndex`` and a graph without edges all run compiled and match PyG."""
     from torch_geometric import EdgeIndex
     size = (NUM_NODES, NUM_NODES) if form == "size" else None
-    ours, theirs = softmax_by_module(gnnfuse.nn.MessagePassing, size), softmax_by_module(pyg_nn.MessagePassing, size)
+    full = form == "full_path"
+    ours = softmax_by_module(gnnfuse.nn.MessagePassing, size, full)
+    theirs = softmax_by_module(pyg_nn.MessagePassing, size, full)
     edge_index = EDGES[:, :0] if form == "no_edges" else EDGES
     x, score = torch.randn(NUM_NODES, 3, dtype=torch.float64), torch.randn(edge_index.shape[1], 1, dtype=torch.float64)
     if form == "edge_index_class":
@@ -325,3 +332,48 @@ def test_a_parameter_read_in_message_reuses_the_trace_and_its_current_value(monk
     ours.scale = torch.nn.Parameter(torch.randn(3, dtype=torch.float64))
     same()
     assert len(traced) == 1
+
+
+def in_place_residual(Base: type, variant: str) -> type:
+    """A message that writes a value in place and reads it again through another name:
+    PyG's eager run sees the write everywhere (``h + act(h)`` is ``2 relu(h)``)."""
+    class InPlaceResidual(Base):
+        def __init__(self):
+            super().__init__(aggr="add")
+            self.lin = torch.nn.Linear(3, 3)
+            self.act = torch.nn.ReLU(inplace=True)
+
+        def forward(self, x, edge_index):
+            return self.propagate(edge_index, x=x)
+
+        def message(self, x_i, x_j):
+            h = self.lin(x_j - x_i)
+            if variant == "module":
+                return h + self.act(h)
+            if variant == "positional":
+                return torch.nn.functional.leaky_relu(h, 0.2, True) + h
+            m = h
+            m += x_i
+            return m + h
+    InPlaceResidual.__name__ = InPlaceResidual.__qualname__ = f"InPlaceResidual_{variant}_{Base.__module__.split('.')[0]}"
+    return InPlaceResidual
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+@pytest.mark.parametrize("variant", ["module", "positional", "iadd"])
+def test_in_place_ops_in_message_write_every_name_bound_to_the_value(variant, backend, monkeypatch):
+    """``ReLU(inplace=True)``, ``leaky_relu(h, 0.2, True)`` and ``m += ...`` were traced
+    as out-of-place ops: the other name kept the old value, and the compiled layer gave
+    ``h + relu(h)`` where PyG gives ``2 relu(h)`` (up to 1.3 off, gradients too), silently."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    device = device_for(backend)
+    torch.manual_seed(0)
+    ours = in_place_residual(gnnfuse.nn.MessagePassing, variant)().double().to(device)
+    theirs = in_place_residual(pyg_nn.MessagePassing, variant)().double().to(device)
+    theirs.load_state_dict(ours.state_dict())
+    data = (torch.randn(NUM_NODES, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(1)).to(device),)
+    with warnings.catch_warnings(record=True) as caught, record_calls() as calls:
+        warnings.simplefilter("always")
+        result = run(ours, data, EDGES.to(device))
+    assert calls and not fallback_warnings(caught)
+    assert_same(result, run(theirs, data, EDGES.to(device)))

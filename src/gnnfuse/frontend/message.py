@@ -135,6 +135,13 @@ class _Lookup:
     def __contains__(self, key: str) -> bool:
         return key in self._keys
 
+    def get(self, key: str, default=None):
+        """``edges.data.get("w", 1.0)``: as on DGL's frames (a dict's ``get``)."""
+        return self[key] if key in self else default
+
+    def keys(self):
+        return list(self._keys)
+
     def __setitem__(self, key: str, value) -> None:
         raise self._tracer.error(f"{self._what} is read-only: only edges.data can be written in a UDF; "
                                  f"return {key!r} in the UDF's result dict instead")
@@ -156,6 +163,9 @@ class _EdgeData(_Lookup):
 
     def __contains__(self, key: str) -> bool:
         return key in self.written or super().__contains__(key)
+
+    def keys(self):
+        return list(dict.fromkeys([*self._keys, *self.written]))
 
     def __setitem__(self, key: str, value: SymTensor) -> None:
         if not isinstance(key, str):

@@ -126,11 +126,24 @@ def _filled(cell: types.CellType) -> types.CellType:
         return types.CellType(_EMPTY)
 
 
+class _PackageView(types.SimpleNamespace):
+    """``torch_geometric`` with ``utils`` replaced (for ``torch_geometric.utils.softmax(...)``)."""
+
+    def __init__(self, utils: _UtilsView):
+        super().__init__(utils=utils)
+
+    def __getattr__(self, name: str):
+        return getattr(torch_geometric, name)
+
+
 def _with_softmax(fn: types.FunctionType, tracer: Tracer) -> types.FunctionType:
     """``fn`` reading the traced softmax wherever its globals or closure hold PyG's
-    ``softmax`` or the ``torch_geometric.utils`` module."""
+    ``softmax``, the ``torch_geometric.utils`` module or ``torch_geometric`` itself (the
+    full path: PyG's own softmax ran on the traced values, and the layer fell back to
+    eager with a warning about a ``.detach()`` the user never wrote)."""
     softmax = _softmax(tracer)
-    swaps = {id(_PYG_SOFTMAX): softmax, id(torch_geometric.utils): _UtilsView(softmax)}
+    utils = _UtilsView(softmax)
+    swaps = {id(_PYG_SOFTMAX): softmax, id(torch_geometric.utils): utils, id(torch_geometric): _PackageView(utils)}
     return _rebuilt(fn, lambda value: swaps.get(id(value), value), dict(fn.__globals__))
 
 

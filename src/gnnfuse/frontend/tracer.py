@@ -45,6 +45,12 @@ class Tracer:
         self.dtype = dtype
         self.captured: dict[int, tuple[str, torch.Tensor]] = {}
         self._calls: list[types.FrameType] = []
+        # the gradient mode the UDF is called in: an op traced in another (torch.no_grad()
+        # inside the UDF) would be differentiated anyway, the program having one backward
+        self._grad_enabled = torch.is_grad_enabled()
+        # every error raised at the user's code: one its own try/except caught would leave a
+        # program of the other branch, silently unlike the eager run (`call` re-raises it)
+        self._raised: list[CompileError] = []
         self.rebind(fn, mode)
 
     def rebind(self, fn: Callable, mode: str) -> None:
@@ -58,10 +64,17 @@ class Tracer:
         """Run user code: errors raised while it runs name the innermost line of user code
         below this call, in the UDF or in a helper it calls."""
         self._calls.append(sys._getframe())
+        raised = len(self._raised)
         try:
-            return fn(*args)
+            result = fn(*args)
         finally:
             self._calls.pop()
+        if len(self._raised) > raised:     # caught by the user's code (try/except): not compiled as written
+            first = self._raised[raised]
+            raise CompileError(f"{first.message} (the traced function caught this error and went on: a "
+                               "compiled function cannot take an except branch eager PyTorch would not "
+                               "take)", first.source)
+        return result
 
     # -- locations ------------------------------------------------------------------
     def source(self) -> str | None:
@@ -77,10 +90,16 @@ class Tracer:
             frame = frame.f_back
         return None
 
-    def error(self, message: str) -> CompileError:
+    def error(self, message: str, *, probe: bool = False) -> CompileError:
         """An error at the user's line; outside a running UDF (checking what it returned),
-        at the first line of the UDF's definition."""
-        return CompileError(message, self.source() or self._definition())
+        at the first line of the UDF's definition. ``probe``: raised by a protocol method
+        that torch and Python call to probe an object (``len``, ``iter``), whose callers
+        catch the error and go on by design; `call` re-raises every other one the user's
+        code caught."""
+        error = CompileError(message, self.source() or self._definition())
+        if not probe:
+            self._raised.append(error)
+        return error
 
     def _definition(self) -> str:
         line = self._code.co_firstlineno
@@ -110,6 +129,8 @@ class Tracer:
                                                     source=self.source()), 0)
         if isinstance(obj, RowCount):
             raise obj.error()
+        if isinstance(obj, _Indices):
+            obj._refuse()
         raise self.error(f"cannot use a {type(obj).__name__} as a tensor operand in a traced function")
 
     def in_degree(self, kind: type["Degree"] | None = None, prefix: int = 0) -> "Degree":
@@ -121,12 +142,20 @@ class Tracer:
         return self.in_degree(NeighbourCount, 1)
 
     def apply(self, op: str, *operands: Any, **attrs: Any) -> "SymTensor":
+        if torch.is_grad_enabled() is not self._grad_enabled:
+            raise self.error("torch.no_grad() / torch.enable_grad() inside a traced function: its program has "
+                             "one backward, which would differentiate these ops anyway; compute the value "
+                             "outside the function and pass it in (a feature or a captured tensor)")
         syms = [self.lift(o) for o in operands]
         residencies = {s.value.residency for s in syms}
         if Residency.NODE in residencies and residencies & set(EDGE_ROWED):
             # Vertex data next to edge data is the destination's (v in v.innbs, nodes.data).
             syms = [s.broadcast_dst() if s.value.residency is Residency.NODE else s for s in syms]
-        value = self.program.add(op, *(s.value for s in syms), source=self.source(), **attrs)
+        try:
+            value = self.program.add(op, *(s.value for s in syms), source=self.source(), **attrs)
+        except CompileError as error:      # a shape or operand rule's: seen by `call` if the UDF catches it
+            self._raised.append(error)
+            raise
         return SymTensor(self, value, max(s.prefix for s in syms))
 
 
@@ -193,17 +222,18 @@ class SymTensor:
                                 "decision outside the traced function")
 
     def _compare(self, other):
-        raise self.tracer.error("comparing symbolic graph values feeds Python control flow, which cannot "
-                                "be compiled; express the choice arithmetically (relu, max, ...)")
+        raise self.tracer.error("comparing graph values (<, >, ==, ...) cannot be compiled: neither Python "
+                                "control flow on the result nor a mask from it (torch.where, x[x > 0], "
+                                "(x > 0) * x); express the choice arithmetically (relu, clamp, maximum, ...)")
 
     __lt__ = __le__ = __gt__ = __ge__ = __eq__ = __ne__ = _compare
     __hash__ = object.__hash__
 
     def __iter__(self):
-        raise self.tracer.error("iterating over a symbolic graph value cannot be compiled")
+        raise self.tracer.error("iterating over a symbolic graph value cannot be compiled", probe=True)
 
     def __len__(self):
-        raise self.tracer.error("len() of a symbolic feature value cannot be compiled")
+        raise self.tracer.error("len() of a symbolic feature value cannot be compiled", probe=True)
 
     def __repr__(self) -> str:
         return (f"SymTensor({self.value.residency.name}, {self.prefix} graph dims, "
@@ -305,13 +335,31 @@ def _binary(op: str, reverse: bool = False):
     return handler
 
 
+def _in_place(x: Any, result: "SymTensor") -> "SymTensor":
+    """``result`` written into ``x``, as an in-place torch op writes its input: every name
+    bound to ``x`` sees it (``F.relu(h, inplace=True); h + ...``, ``b = a; a += c``).
+    A `SymTensor` holds its traced value, not data, so this rebinds that value. Without
+    it the in-place op acted as an out-of-place one and the other names kept the old
+    value, silently (PyG's ``h + self.act(h)`` with ``ReLU(inplace=True)``)."""
+    if type(x) is not SymTensor:         # a number, a degree: rebound by Python, as before
+        return result
+    if result.value.shape != x.value.shape or result.value.dtype != x.value.dtype:
+        raise x.tracer.error(f"an in-place op cannot change a value's feature shape or dtype ({list(x.value.shape)} "
+                             f"{x.value.dtype} -> {list(result.value.shape)} {result.value.dtype}), as in torch")
+    x.value, x.prefix = result.value, result.prefix
+    return x
+
+
 def _unary(op: str, **defaults):
     def handler(tracer: Tracer, x, *args, inplace=False, **kwargs):
         attrs = dict(defaults)
         for (name, _), val in zip(defaults.items(), args):
             attrs[name] = val
+        if len(args) > len(defaults):       # F.relu(x, True), F.leaky_relu(x, 0.2, True): inplace, positionally
+            inplace = args[len(defaults)]
         attrs.update({k: v for k, v in kwargs.items() if k in defaults})
-        return tracer.apply(op, x, **{k: float(v) for k, v in attrs.items()})
+        result = tracer.apply(op, x, **{k: float(v) for k, v in attrs.items()})
+        return _in_place(x, result) if inplace else result
     return handler
 
 
@@ -322,6 +370,34 @@ def _dims(x: SymTensor, dim) -> tuple[list[int], bool]:
     if graph_axes and len(mapped) > 1:
         raise x.tracer.error("reduce over the neighbour axis and feature axes in separate calls")
     return mapped, bool(graph_axes)
+
+
+class _Indices:
+    """The indices half of ``torch.max(x, dim)`` on a graph value (``vals, idx =
+    torch.max(m, 1)`` unpacks it): any use of it is refused at its line."""
+
+    def __init__(self, tracer: Tracer):
+        self._tracer = tracer
+
+    def _refuse(self, *args, **kwargs):
+        raise self._tracer.error("the indices of torch.max/min over a graph value (argmax/argmin) cannot be "
+                                 "compiled; use the values (torch.max(x, dim)[0] or .values)")
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        self._refuse()
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        next(a for a in _flatten(args, kwargs or {}) if isinstance(a, _Indices))._refuse()
+
+
+for _name in ("add", "radd", "sub", "rsub", "mul", "rmul", "truediv", "rtruediv", "floordiv", "rfloordiv", "mod",
+              "rmod", "pow", "rpow", "matmul", "rmatmul", "neg", "abs", "getitem", "index", "int", "float", "bool",
+              "lt", "le", "gt", "ge", "eq", "ne", "len", "iter"):
+    setattr(_Indices, f"__{_name}__", _Indices._refuse)
+_Indices.__hash__ = object.__hash__
 
 
 class _ReduceResult(tuple):
@@ -378,7 +454,7 @@ def _reduction(feature_op: str | None, graph_op: str, name: str | None = None, p
             result = tracer.apply(feature_op, x, dim=tuple(dims), keepdim=bool(keepdim))
         if not pair:
             return result
-        values_and_indices = _ReduceResult((result, None))
+        values_and_indices = _ReduceResult((result, _Indices(tracer)))
         values_and_indices.tracer = tracer
         return values_and_indices
     return handler
@@ -390,6 +466,17 @@ def _matmul(tracer: Tracer, a, b, *, out=None):
         return _typed_matmul(tracer, tracer.lift(a), b)
     if b.value.residency is not Residency.SHARED:
         return _row_matmul(tracer, tracer.lift(a), b)
+    a = tracer.lift(a)
+    if len(b.value.shape) > 2:      # torch would batch a's feature dims against W's leading ones
+        raise tracer.error(f"x @ W with a {len(b.value.shape)}-D parameter W {list(b.value.shape)} (a batched "
+                           "matmul per head) cannot be compiled; reshape to one 2-D W, or use torch.bmm with "
+                           "W looked up per row")
+    if len(b.value.shape) == 1:     # x @ v: torch's matrix-vector product, a [F] -> [F, 1] matmul and back
+        if not a.value.shape:
+            raise tracer.error("x @ v needs x to have a feature dim, as in torch")
+        column = tracer.apply("reshape", b, shape=b.value.shape + (1,))
+        product = tracer.apply("matmul", a, column)
+        return tracer.apply("reshape", product, shape=product.value.shape[:-1])
     return tracer.apply("matmul", a, b)
 
 
@@ -487,8 +574,9 @@ def _dropout(tracer: Tracer, x, p=0.5, training=True, inplace=False):
         return tracer.lift(x)
     if p >= 1:
         raise tracer.error("dropout with p >= 1 zeroes everything; use p < 1")
-    x = tracer.lift(x)
-    return tracer.apply("mul", x, tracer.apply("dropout_mask", x, p=float(p)))
+    lifted = tracer.lift(x)
+    result = tracer.apply("mul", lifted, tracer.apply("dropout_mask", lifted, p=float(p)))
+    return _in_place(x, result) if inplace else result
 
 
 def _softmax(tracer: Tracer, x, dim=None, *args, **kwargs):
@@ -506,6 +594,9 @@ def _clamp(tracer: Tracer, x, min=None, max=None, *, out=None):
         raise tracer.error("only constant bounds can be compiled in clamp(min=..., max=...)")
     if min is None and max is None:
         raise tracer.error("clamp needs a min or a max bound")
+    if not tracer.lift(x).dtype.is_floating_point:    # the bounds are traced as floats: 2**24 + 1 would round
+        raise tracer.error(f"clamp of an integer graph value ({tracer.lift(x).dtype}) cannot be compiled; "
+                           "clamp it before passing it in")
     if min is not None:
         x = tracer.apply("clamp_min", x, min=float(min))
     if max is not None:
@@ -829,6 +920,17 @@ for _name in ("add", "radd", "sub", "rsub", "mul", "rmul", "truediv", "rtruediv"
     setattr(SymTensor, f"__{_name}__",
             (lambda m: lambda self, *a: TORCH_HANDLERS[m](self.tracer, self, *a))(_method))
 SymTensor.__rmatmul__ = lambda self, other: _matmul(self.tracer, other, self)
+# Python operators with no gnnfuse op: refused by name at their line (Python raised a bare TypeError)
+for _name, _symbol in (("mod", "%"), ("rmod", "%"), ("floordiv", "//"), ("rfloordiv", "//"), ("rpow", "**"),
+                       ("and", "&"), ("rand", "&"), ("or", "|"), ("ror", "|"), ("xor", "^"), ("rxor", "^"),
+                       ("invert", "~"), ("lshift", "<<"), ("rlshift", "<<"), ("rshift", ">>"), ("rrshift", ">>")):
+    setattr(SymTensor, f"__{_name}__", (lambda symbol: lambda self, *other: (_ for _ in ()).throw(
+        self.tracer.error(f"the operator {symbol} on a graph value has no gnnfuse op")))(_symbol))
+# ``a += b`` writes ``a`` as torch does, so a second name bound to it sees the sum (`_in_place`)
+for _name in ("add", "sub", "mul", "truediv"):
+    _method = getattr(T, f"__{_name}__")
+    setattr(SymTensor, f"__i{_name}__",
+            (lambda m: lambda self, other: _in_place(self, TORCH_HANDLERS[m](self.tracer, self, other)))(_method))
 
 
 class Degree(SymTensor):

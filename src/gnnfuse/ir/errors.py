@@ -7,5 +7,5 @@ class CompileError(Exception):
     error arose while tracing a user function, the file and line that used it."""
 
     def __init__(self, message: str, source: str | None = None):
-        self.source = source
+        self.message, self.source = message, source
         super().__init__(f"{message}\n  at {source}" if source else message)
