@@ -463,3 +463,25 @@ def test_mailbox_conveniences_and_unsupported_operators():
                                    (lambda e: {"m": e.src["h"]}, with_indices, "indices of torch.max/min")):
         with pytest.raises(CompileError, match=match):
             gnnfuse.message_passing(g, message, reduce, ndata={"h": h})
+
+
+def test_a_matrix_vector_product_with_a_parameter_compiles_and_a_3d_one_is_refused():
+    """``x @ a`` with a 1-D parameter (a common attention score) failed once a gradient was
+    needed (its derivative transposed a vector); a 3-D parameter (a per-head batched
+    matmul) failed in the backward with a reshape error naming nothing."""
+    g, h = graph(), features()
+    a = torch.linspace(-1, 1, 3, dtype=DOUBLE, requires_grad=True)
+    out = gnnfuse.message_passing(g, lambda e: {"m": torch.sigmoid(e.src["h"] @ a).unsqueeze(-1) * e.src["h"]},
+                                  _sum_mailbox, ndata={"h": h})["o"]
+
+    def expected(x, a):
+        return torch.zeros_like(x).index_add(0, g.dst, torch.sigmoid(x[g.src] @ a).unsqueeze(-1) * x[g.src])
+    (grad_h, grad_a), ref = torch.autograd.grad(out.sum(), (h, a)), expected(h.detach(), a.detach())
+    h2, a2 = h.detach().clone().requires_grad_(), a.detach().clone().requires_grad_()
+    torch.testing.assert_close(out, ref)
+    for got, want in zip((grad_h, grad_a), torch.autograd.grad(expected(h2, a2).sum(), (h2, a2))):
+        torch.testing.assert_close(got, want)
+    w = torch.randn(3, 3, 2, dtype=DOUBLE, requires_grad=True)
+    with pytest.raises(CompileError, match="3-D parameter W"):
+        gnnfuse.message_passing(g, lambda e: {"m": (e.src["h"].view(-1, 3, 1, 1) @ w).view(-1, 6)},
+                                _sum_mailbox, ndata={"h": h})
