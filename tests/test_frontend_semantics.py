@@ -485,3 +485,16 @@ def test_a_matrix_vector_product_with_a_parameter_compiles_and_a_3d_one_is_refus
     with pytest.raises(CompileError, match="3-D parameter W"):
         gnnfuse.message_passing(g, lambda e: {"m": (e.src["h"].view(-1, 3, 1, 1) @ w).view(-1, 6)},
                                 _sum_mailbox, ndata={"h": h})
+
+
+def test_a_neighbour_sum_with_a_start_value_adds_it():
+    """``sum(list, start)`` with a tensor start: a multi-element captured tensor raised
+    "Boolean value of Tensor ... is ambiguous" (no line), ``v.h`` a misleading comparison error."""
+    g, h = graph(), features()
+    start = torch.linspace(0, 1, 3, dtype=DOUBLE)
+
+    @gnnfuse.vertex
+    def with_start(v):
+        return sum([u.h for u in v.innbs], start) + sum([u.h for u in v.innbs], v.h)
+    check_against(with_start(g, {"h": h}),
+                  lambda x: 2 * torch.zeros_like(x).index_add(0, g.dst, x[g.src]) + start + x, h)

@@ -215,7 +215,8 @@ def _aggregate(tracer: Tracer, builtin: Callable, op: str):
             raise tracer.error(f"{op}() over a neighbour list takes no extra arguments")
         result = SymTensor(tracer, tracer.program.add("reduce", items[0].value, op=op, by="dst",
                                                       source=tracer.source()), 0)
-        return tracer.apply("add", result, args[0]) if args and args[0] != 0 else result
+        start = args[0] if args else 0      # sum(list, start): a tensor start is added (`!= 0` on it was ambiguous)
+        return result if isinstance(start, (int, float)) and start == 0 else tracer.apply("add", result, start)
 
     return aggregate
 
