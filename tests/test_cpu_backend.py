@@ -135,6 +135,24 @@ def test_float32_matches_reference(launched, monkeypatch):
     assert launched
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("layer", ["SAGEConv", "GCNConv"])
+def test_half_precision_runs_the_units_as_torch_ops(layer, dtype, monkeypatch):
+    """No kernel takes fp16/bf16, so the units run through their ops' torch references;
+    an aggregate unit's reduction (not in its body) was missed there: a KeyError for a
+    bf16 SAGE or GCN on the CPU backend. The result is the reference backend's."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", "cpu")
+    torch.manual_seed(0)
+    x, edge_index = torch.randn(12, 6).to(dtype), torch.randint(0, 12, (2, 40))
+    conv = getattr(gnn, layer)(6, 5).to(dtype)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "gnnfuse cpu backend: no kernels for", RuntimeWarning)   # once a process
+        out = conv(x, edge_index)
+    monkeypatch.setenv("GNNFUSE_BACKEND", "reference")
+    assert out.dtype == dtype
+    torch.testing.assert_close(out, conv(x, edge_index), rtol=1e-2, atol=1e-2)     # the order of a half sum
+
+
 def test_gradcheck_through_cpu_kernels(launched, monkeypatch):
     monkeypatch.setenv("GNNFUSE_BACKEND", "cpu")
     graph = small_graph()

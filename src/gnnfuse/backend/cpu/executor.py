@@ -131,12 +131,15 @@ def _flat(tensor: torch.Tensor):
 
 
 def _run_reference(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> torch.Tensor:
-    """The unit's values evaluated one op at a time through their torch references."""
+    """The unit's values evaluated one op at a time through their torch references. An
+    aggregate unit's reduction, and its row scale and addend, are not in its body: a
+    bf16/fp16 neighbour mean or sum (no kernel takes them) failed with a KeyError."""
     env = dict(leaves)
     for v in unit.leaves:
         if v.op == "const":
             env[v.id] = get_op("const").run(ctx, [], [], v.attrs)
-    for v in (*unit.body, unit.root):
+    tail = [unit.reduce, unit.scaled, unit.added] if isinstance(unit, AggregateUnit) else [unit.root]
+    for v in (*unit.body, *[t for t in tail if t is not None]):
         env[v.id] = get_op(v.op).run(ctx, [env[i.id] for i in v.inputs], [i.residency for i in v.inputs], v.attrs)
     return env[unit.root.id]
 
