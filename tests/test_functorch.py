@@ -12,13 +12,14 @@ from torch.func import functional_call, grad, vmap
 import gnnfuse
 from gnnfuse import nn as gnn
 from gnnfuse.graph import index_cache
+from oracle_check import device_for
 
 REFUSED = r"gnnfuse layers do not support torch.func transforms"
 
 
-def _inputs():
+def _inputs(device: str = "cpu"):
     gen = torch.Generator().manual_seed(0)
-    return torch.randint(0, 12, (2, 40), generator=gen), torch.randn(12, 6, generator=gen)
+    return torch.randint(0, 12, (2, 40), generator=gen).to(device), torch.randn(12, 6, generator=gen).to(device)
 
 
 def _wrapped(graph: gnnfuse.Graph) -> bool:
@@ -29,12 +30,13 @@ def _wrapped(graph: gnnfuse.Graph) -> bool:
 def test_grad_is_refused_by_name_and_leaves_the_edge_index_usable(backend, monkeypatch):
     monkeypatch.setenv("GNNFUSE_BACKEND", backend)
     torch.manual_seed(0)
-    edge_index, x = _inputs()
-    sage = gnn.SAGEConv(6, 5)
+    device = device_for(backend)
+    edge_index, x = _inputs(device)
+    sage = gnn.SAGEConv(6, 5).to(device)
     params = {k: v.detach() for k, v in sage.named_parameters()}
     with pytest.raises(NotImplementedError, match=rf"SAGEConv: {REFUSED}.*: the {backend} backend's kernels"):
         grad(lambda p: functional_call(sage, p, (x, edge_index)).sum())(params)
-    gin = gnn.GINConv(torch.nn.Linear(6, 5))
+    gin = gnn.GINConv(torch.nn.Linear(6, 5)).to(device)
     torch.testing.assert_close(gin(x, edge_index), gin(x, edge_index.clone()))     # failed: a wrapper kept
     torch.testing.assert_close(sage(x, edge_index), sage(x, edge_index.clone()))
 
@@ -42,10 +44,11 @@ def test_grad_is_refused_by_name_and_leaves_the_edge_index_usable(backend, monke
 @pytest.mark.parametrize("backend", ["reference", "triton"])
 def test_vmap_over_features_is_refused_by_name(backend, monkeypatch):
     monkeypatch.setenv("GNNFUSE_BACKEND", backend)
-    edge_index, x = _inputs()
-    conv = gnn.GCNConv(6, 5)
+    device = device_for(backend)
+    edge_index, x = _inputs(device)
+    conv = gnn.GCNConv(6, 5).to(device)
     with pytest.raises(NotImplementedError, match=f"GCNConv: {REFUSED}"):
-        vmap(lambda xs: conv(xs, edge_index))(torch.randn(3, 12, 6))
+        vmap(lambda xs: conv(xs, edge_index))(torch.randn(3, 12, 6, device=device))
     assert not _wrapped(gnnfuse.Graph.coerce(edge_index, num_nodes=12))
     torch.testing.assert_close(conv(x, edge_index), conv(x, edge_index.clone()))
 

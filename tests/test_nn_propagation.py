@@ -227,11 +227,12 @@ def test_bad_arguments_are_rejected():
 def test_normalising_layers_refuse_non_floating_x(make, weighted, dtype, backend):
     """Their deg^-1/2 and Laplacian factors are built in x's dtype: integer x truncated them
     to 0, and APPNP returned wrong values (x times alpha's powers) without an error."""
-    layer = make()
+    device = device_for(backend)
+    layer = make().to(device)
     name = type(layer).__name__
-    edge_index = torch.tensor([[0, 1, 2, 2, 3], [1, 2, 0, 3, 1]])
-    weight = (torch.rand(5) + 0.1,) if weighted else ()
-    x = torch.randint(0, 3, (4, 4)).to(dtype)
+    edge_index = torch.tensor([[0, 1, 2, 2, 3], [1, 2, 0, 3, 1]], device=device)
+    weight = ((torch.rand(5) + 0.1).to(device),) if weighted else ()
+    x = torch.randint(0, 3, (4, 4)).to(device, dtype)
     with pytest.raises(TypeError, match=rf"{name}: x must be a floating-point tensor, got dtype {dtype}"):
         layer(x, edge_index, *weight)
     layer(x.float(), edge_index, *weight)     # the conversion the message asks for runs
