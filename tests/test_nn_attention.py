@@ -324,3 +324,28 @@ def test_one_head_without_concat_is_the_head_itself_not_a_copy():
     assert combined.data_ptr() == out.data_ptr() and torch.equal(combined, out.mean(dim=1))
     several = torch.randn(5, 2, 3)
     assert torch.equal(_combine_heads(several, concat=False, bias=None), several.mean(dim=1))
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_edgeconv_max_in_half_precision_gives_pyg_gradients(backend, monkeypatch):
+    """A max over a computed per-edge value (EdgeConv's MLP) in float16: the Triton kernels
+    compute it in float32 and store the maximum rounded, so the backward's recomputed values
+    equalled no edge's and every gradient was 0 / 0 = NaN (an H200 and the interpreter).
+    It now compares the values as float16 stores them, as torch's per-edge tensor holds them."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    device = device_for(backend)
+    torch.manual_seed(0)
+    mlp = nn.Linear(4, 3).half().to(device)
+    ours, theirs = gnn.EdgeConv(mlp, aggr="max"), pyg.EdgeConv(mlp, aggr="max")
+    x = torch.randn(6, 2).half().to(device)
+    edge_index = torch.tensor([[1, 2, 3, 0, 4, 5, 5], [0, 0, 1, 2, 3, 3, 0]], device=device)
+    grads = []
+    for layer in (ours, theirs):
+        leaf = x.clone().requires_grad_()
+        out = layer(leaf, edge_index)
+        (out.float() * torch.linspace(-1, 1, out.numel(), device=device).view_as(out)).sum().backward()
+        grads.append((out.detach(), leaf.grad, mlp.weight.grad.clone()))
+        mlp.weight.grad = None
+    for got, want in zip(*grads):
+        assert got.isfinite().all()
+        torch.testing.assert_close(got.float(), want.float(), rtol=1e-2, atol=1e-2)

@@ -29,6 +29,12 @@ _ew("div", torch.div, lambda b, v, g: [
 _ew("eq", lambda x, y: (x == y).to(torch.promote_types(x.dtype, y.dtype)), None, 2,
     doc="1 where equal else 0; not differentiable (used by max/min derivatives)", emit="tl.where({0} == {1}, 1.0, 0.0)")
 
+for _name, _tl in (("stored_float16", "tl.float16"), ("stored_bfloat16", "tl.bfloat16")):
+    _ew(_name, lambda x: x, None, 1,
+        doc="x as its dtype stores it: a kernel computes float16/bfloat16 values in float32 (ACC), and a "
+            "max's stored result is the rounded one; torch holds them rounded already",
+        emit="{0}.to(%s).to(ACC)" % _tl)
+
 # --- unary --------------------------------------------------------------------------
 _ew("neg", torch.neg, lambda b, v, g: [b.add("neg", g)], 1, emit="(-{0})", bounded=True)
 _ew("exp", torch.exp, lambda b, v, g: [b.add("mul", g, b.fwd(v))], 1, emit="tl.exp({0})")

@@ -124,6 +124,12 @@ def _slotted_sum(x: torch.Tensor, index: torch.Tensor, rows: int) -> torch.Tenso
     return partial.view((rows, slots) + tuple(x.shape[1:])).sum(1)
 
 
+# Half-precision values a kernel computes in float32: recomputed in the backward they are
+# not yet the rounded bits the forward's maximum was stored as, so no edge equalled it and
+# every gradient was 0 / 0 = NaN (an EdgeConv or MLP message under max, fp16, on the GPU).
+_STORED_AS = {torch.float16: "stored_float16", torch.bfloat16: "stored_bfloat16"}
+
+
 def _reduce_derivative(b, v, g):
     by, op = v.attrs["by"], v.attrs["op"]
     if op == "sum":
@@ -137,6 +143,8 @@ def _reduce_derivative(b, v, g):
     # edges also divide by 0, but no edge reads their quotient. The edges' values are the
     # forward's own bits (`fwd_exact`): the hits and their count are compared in two kernels.
     x = b.fwd_exact(v.inputs[0])
+    if x.dtype in _STORED_AS:       # the forward stored its maximum rounded; compare rounded values
+        x = b.add(_STORED_AS[x.dtype], x)
     hit = b.add("eq", x, b.add("broadcast", b.fwd(v), by=by))
     ties = b.add("reduce", hit, op="sum", by=by)
     return [b.add("mul", b.add("broadcast", b.add("div", g, ties), by=by), hit)]
