@@ -164,6 +164,61 @@ def test_python_that_depends_on_the_neighbour_count_or_order_is_rejected_at_its_
     assert line_of(fn, text) in str(info.value) and text in str(info.value)
 
 
+def _softmax_inline(v):
+    return sum([torch.exp(u.s) / sum([torch.exp(w.s) for w in v.innbs]) * u.h for u in v.innbs])
+
+
+def _per_message_bias(v):
+    msgs = []
+    for u in v.innbs:
+        m = u.h * 2.0
+        m = m + v.h
+        m += 1.0
+        msgs.append(m)
+    return sum(msgs)
+
+
+def _name_reused(v):
+    h = [u.h for u in v.innbs]
+    h = sum(h)
+    return h[:2].sum(-1) + h[1:].sum(-1)
+
+
+def test_inner_aggregates_per_message_updates_and_reused_names_are_traced():
+    """An inner neighbour sum that does not read the outer neighbour is a per-vertex
+    aggregate; ``m = m + b`` after ``m = ...`` in the loop is per message, not a count; a
+    name rebound to the aggregate is not a list (all three were refused by the first
+    version of the neighbour-list checks)."""
+    g, h = graph(), features()
+    s = torch.linspace(-1, 1, 5, dtype=DOUBLE)
+    total = lambda x: torch.zeros_like(x).index_add(0, g.dst, x[g.src])    # noqa: E731
+    degree = torch.bincount(g.dst, minlength=5).to(DOUBLE).unsqueeze(1)
+
+    def softmax_inline(x):
+        e = torch.exp(s)
+        return total(e.unsqueeze(1) * x) / total(e.unsqueeze(1).expand_as(x)).clamp(min=1e-300)
+    check_against(gnnfuse.vertex(_softmax_inline)(g, {"h": h, "s": s}), softmax_inline, h)
+    check_against(gnnfuse.vertex(_per_message_bias)(g, {"h": h}),
+                  lambda x: 2 * total(x) + degree * (x + 1.0), h)
+    check_against(gnnfuse.vertex(_name_reused)(g, {"h": h}),
+                  lambda x: total(x)[:, :2].sum(1) + total(x)[:, 1:].sum(1), h)
+
+
+def _position_as_a_number(v):
+    hs = [u.h for u in v.innbs]
+    return sum([hs[i] * (i + 1) for i in range(len(v.innbs))])
+
+
+def _first_neighbour(v):
+    return v.innbs[0].h + sum([u.h for u in v.innbs])
+
+
+def test_a_range_position_used_as_a_number_and_the_first_neighbour_are_refused():
+    for fn, message in ((_position_as_a_number, "a position from range"), (_first_neighbour, "indexing or slicing")):
+        with pytest.raises(CompileError, match=message):
+            gnnfuse.vertex(fn)(graph(), {"h": features()})
+
+
 def _aligned_by_position(v):
     e = [torch.exp(u.h) for u in v.innbs]
     return sum([e[i] * u.h for i, u in enumerate(v.innbs)]) + sum([a * u.h for a, u in zip(e, v.innbs)])
@@ -498,3 +553,17 @@ def test_a_neighbour_sum_with_a_start_value_adds_it():
         return sum([u.h for u in v.innbs], start) + sum([u.h for u in v.innbs], v.h)
     check_against(with_start(g, {"h": h}),
                   lambda x: 2 * torch.zeros_like(x).index_add(0, g.dst, x[g.src]) + start + x, h)
+
+
+def _sum_under_no_grad(v):
+    with torch.no_grad():
+        s = sum([u.h for u in v.innbs])
+    return s * v.h
+
+
+def test_no_grad_around_a_neighbour_sum_is_refused():
+    """The grad-mode check ran only for ops through Tracer.apply; a neighbour sum (and
+    a neighbour read) add their values directly, and the sum got a gradient (2.8 off)."""
+    with pytest.raises(CompileError, match=r"torch.no_grad\(\)") as info:
+        gnnfuse.vertex(_sum_under_no_grad)(graph(), {"h": features()})
+    assert line_of(_sum_under_no_grad, "s = sum(") in str(info.value)

@@ -45,14 +45,18 @@ def _counting_lines(code: types.CodeType) -> tuple[tuple[int, str], ...]:
     parents = {child: parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)}
     for node in ast.walk(tree):
         if isinstance(node, ast.For) and _walks_neighbours(node.iter):
-            loop_names = _names(node.target)
-            found += [(n.lineno, _LOOP) for stmt in node.body for n in ast.walk(stmt) if _accumulates(n, loop_names)]
+            derived, rebound = _per_neighbour_names(node)
+            found += [(n.lineno, _LOOP) for stmt in node.body for n in ast.walk(stmt)
+                      if _accumulates(n, derived, rebound)]
             found += [(n.lineno, _STOPS) for n in _statements(node.body) if isinstance(n, (ast.Break, ast.Return))]
-            found += [(n.lineno, _PAIRS) for stmt in node.body for n in ast.walk(stmt) if _iterates_neighbours(n)]
+            found += [(n.lineno, _PAIRS) for stmt in node.body for n in ast.walk(stmt)
+                      if _iterates_neighbours(n) and _reads(n, derived)]
         elif _is_comprehension(node) and any(_walks_neighbours(g.iter) for g in node.generators):
             if isinstance(getattr(node, "elt", None), ast.Constant):
                 found.append((node.lineno, _CONSTANTS))
-            inner = [n for part in _comprehension_body(node) for n in ast.walk(part) if _iterates_neighbours(n)]
+            outer = set().union(*(_names(g.target) for g in node.generators))
+            inner = [n for part in _comprehension_body(node) for n in ast.walk(part)
+                     if _iterates_neighbours(n) and _reads(n, outer)]
             if sum(_walks_neighbours(g.iter) for g in node.generators) > 1 or inner:
                 found.append((node.lineno, _PAIRS))
         elif isinstance(node, ast.Call) and any(_is_neighbour_list(a) for a in node.args):
@@ -63,9 +67,11 @@ def _counting_lines(code: types.CodeType) -> tuple[tuple[int, str], ...]:
                 found.append((node.lineno, _ONE_PASS_CALLS[name]))
             elif name == "zip" and any(_numbers_positions(a) for a in node.args):
                 found.append((node.lineno, _ZIP))
-        elif (isinstance(node, ast.Subscript) and _fixed_position(node.slice) and not _is_neighbour_list(node.value)
-              and _built_from_neighbours(node.value, lists)):
-            found.append((node.lineno, _SLICED))
+        elif isinstance(node, ast.Subscript) and _fixed_position(node.slice) and _built_from_neighbours(node.value, lists):
+            found.append((node.lineno, _SLICED))       # v.innbs[0] included: the first neighbour, not traced
+        elif (isinstance(node, (ast.For, ast.comprehension)) and _over_degree_range(node.iter)
+              and not _positions_only_index(node.iter, parents, whole_target=True)):
+            found.append((getattr(node, "lineno", node.iter.lineno), _POSITIONS))
         for test in _truth_tests(node):
             if _built_from_neighbours(test, lists):
                 found.append((test.lineno, _TRUTH))
@@ -117,15 +123,38 @@ def _names(target: ast.expr) -> set[str]:
     return {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
 
 
-def _accumulates(node: ast.AST, loop_names: set[str]) -> bool:
-    """``n += c`` or ``n = n + c`` where ``c`` does not depend on the loop's neighbour:
-    per neighbour in eager code, once at trace time."""
+def _reads(node: ast.AST, names: set[str]) -> bool:
+    """Whether ``node`` reads one of ``names`` (an inner loop that pairs with the outer
+    neighbour; one that does not, ``sum([exp(w.s) for w in v.innbs])`` inside a loop over
+    ``u``, is a per-vertex aggregate, traced once, as eager code computes it per ``u``)."""
+    return any(isinstance(n, ast.Name) and n.id in names for n in ast.walk(node))
+
+
+def _per_neighbour_names(loop: ast.For) -> tuple[set[str], set[str]]:
+    """(names holding per-neighbour values in the loop's body: its targets and what is
+    assigned from them, in order; names the body assigns afresh, ``m = u.h @ W``)."""
+    derived, rebound = _names(loop.target), set()
+    for stmt in _statements(loop.body):
+        if isinstance(stmt, ast.Assign):
+            targets = set().union(*(_names(t) for t in stmt.targets))
+            if _reads(stmt.value, derived):
+                derived |= targets
+            if not (isinstance(stmt.value, ast.BinOp) and _reads(stmt.value.left, targets)):
+                rebound |= targets
+    return derived, rebound
+
+
+def _accumulates(node: ast.AST, derived: set[str], rebound: set[str]) -> bool:
+    """``n += c`` or ``n = n + c`` on a name carried across iterations, where ``c`` holds
+    nothing per neighbour: per neighbour in eager code, once at trace time. A name the
+    body assigns afresh first (``m = u.h @ W; m = m + b``) carries nothing across."""
     if isinstance(node, ast.AugAssign):
-        return isinstance(node.target, ast.Name) and not (_names(node.value) & loop_names)
+        target = node.target
+        return isinstance(target, ast.Name) and target.id not in rebound and not _reads(node.value, derived)
     if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-        value = node.value
-        return (isinstance(value, ast.BinOp) and isinstance(value.left, ast.Name)
-                and value.left.id == node.targets[0].id and not (_names(value.right) & loop_names))
+        value, name = node.value, node.targets[0].id
+        return (isinstance(value, ast.BinOp) and isinstance(value.left, ast.Name) and value.left.id == name
+                and name not in rebound and not _reads(value.right, derived))
     return False
 
 
@@ -136,10 +165,16 @@ def _called_name(func: ast.expr) -> str | None:
 
 
 def _names_of_neighbour_lists(tree: ast.AST) -> set[str]:
-    """Names assigned a list built from a neighbour list (``nb = [u.h for u in v.innbs]``)."""
-    return {target.id for node in ast.walk(tree) if isinstance(node, ast.Assign)
-            and _built_from_neighbours(node.value, set())
-            for target in node.targets if isinstance(target, ast.Name)}
+    """Names only ever assigned a list built from a neighbour list (``nb = [u.h for u in
+    v.innbs]``); a name also bound to something else (``h = sum(h)``) is not followed."""
+    assigned: dict[str, bool] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            listed = isinstance(node, ast.Assign) and _built_from_neighbours(node.value, set())
+            for name in set().union(*(_names(t) for t in targets)):
+                assigned[name] = assigned.get(name, True) and listed
+    return {name for name, listed in assigned.items() if listed}
 
 
 def _built_from_neighbours(expr: ast.expr, names: set[str]) -> bool:
@@ -153,17 +188,30 @@ def _built_from_neighbours(expr: ast.expr, names: set[str]) -> bool:
             and len(expr.args) == 1 and _built_from_neighbours(expr.args[0], names))
 
 
-def _positions_only_index(call: ast.Call, parents: dict[ast.AST, ast.AST]) -> bool:
-    """``for i, u in enumerate(v.innbs)`` (a loop or comprehension) whose ``i`` is used
-    only as a subscript, ``a[i]``: it lines up a list built from the same neighbours
-    (its one traced item at trace time). Arithmetic on ``i`` needs real positions."""
+def _over_degree_range(expr: ast.expr) -> bool:
+    """``range(len(v.innbs))``."""
+    return (isinstance(expr, ast.Call) and _called_name(expr.func) == "range" and len(expr.args) == 1
+            and isinstance(expr.args[0], ast.Call) and _called_name(expr.args[0].func) == "len"
+            and len(expr.args[0].args) == 1 and _is_neighbour_list(expr.args[0].args[0]))
+
+
+def _positions_only_index(call: ast.Call, parents: dict[ast.AST, ast.AST], whole_target: bool = False) -> bool:
+    """``for i, u in enumerate(v.innbs)`` or ``for i in range(len(v.innbs))`` (a loop or
+    comprehension; ``whole_target``: the target is ``i`` itself) whose ``i`` is used only
+    as a subscript, ``a[i]``: it lines up lists built from the same neighbours (their one
+    traced item at trace time). Arithmetic on ``i`` needs real positions."""
     owner = parents.get(call)
     if not isinstance(owner, (ast.For, ast.comprehension)) or owner.iter is not call:
         return False
     target = owner.target
-    if not (isinstance(target, ast.Tuple) and target.elts and isinstance(target.elts[0], ast.Name)):
+    if whole_target:
+        if not isinstance(target, ast.Name):
+            return False
+        index = target.id
+    elif not (isinstance(target, ast.Tuple) and target.elts and isinstance(target.elts[0], ast.Name)):
         return False
-    index = target.elts[0].id
+    else:
+        index = target.elts[0].id
     scope = parents.get(owner) if isinstance(owner, ast.comprehension) else owner
     uses = [n for n in ast.walk(scope) if isinstance(n, ast.Name) and n.id == index and isinstance(n.ctx, ast.Load)]
     return all(isinstance(parents.get(n), ast.Subscript) and parents[n].slice is n for n in uses)
@@ -204,6 +252,8 @@ _STOPS = ("break or return in a loop over v.innbs / v.inedges: the traced loop r
           "neighbour, so what it stops after is not known; aggregate every neighbour (sum, max, min)")
 _PAIRS = ("a loop over v.innbs / v.inedges inside another pairs each traced neighbour with itself only (the "
           "traced loop runs once); pairs of neighbours are not supported -- aggregate each list on its own")
+_POSITIONS = ("a position from range(len(v.innbs)) used other than to index lists of the same neighbours "
+              "(a[i]) is 0 at trace time for every neighbour; aggregate every neighbour (sum, max, min)")
 _ZIP = ("zip() of v.innbs / v.inedges with positions (range, count, a literal list) pairs the one traced "
         "neighbour with the first; zip lists of the same neighbours only (zip(v.innbs, v.inedges))")
 _SLICED = ("indexing or slicing a list built from v.innbs / v.inedges: at trace time it holds one symbolic "

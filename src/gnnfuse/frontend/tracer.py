@@ -80,8 +80,18 @@ class Tracer:
     def source(self) -> str | None:
         """``file:line: text`` of the innermost frame of user code: the traced UDF's own
         code, or any code outside gnnfuse and torch (a helper the UDF calls), found
-        between here and the `call` that runs the UDF."""
-        frame, entry = sys._getframe(1), self._calls[-1] if self._calls else None
+        between here and the `call` that runs the UDF. Every value traced asks for it, so
+        it also refuses a value traced in another gradient mode than the call's
+        (``torch.no_grad()`` inside the function: its program has one backward, which
+        would differentiate that value anyway)."""
+        if self._calls and torch.is_grad_enabled() is not self._grad_enabled:
+            raise self.error("torch.no_grad() / torch.enable_grad() inside a traced function: its program has "
+                             "one backward, which would differentiate these ops anyway; compute the value "
+                             "outside the function and pass it in (a feature or a captured tensor)")
+        return self._location()
+
+    def _location(self) -> str | None:
+        frame, entry = sys._getframe(2), self._calls[-1] if self._calls else None
         while frame is not None and frame is not entry:
             code = frame.f_code
             if code is self._code or (entry is not None and not is_library(code.co_filename)):
@@ -96,7 +106,7 @@ class Tracer:
         that torch and Python call to probe an object (``len``, ``iter``), whose callers
         catch the error and go on by design; `call` re-raises every other one the user's
         code caught."""
-        error = CompileError(message, self.source() or self._definition())
+        error = CompileError(message, self._location() or self._definition())
         if not probe:
             self._raised.append(error)
         return error
@@ -142,10 +152,6 @@ class Tracer:
         return self.in_degree(NeighbourCount, 1)
 
     def apply(self, op: str, *operands: Any, **attrs: Any) -> "SymTensor":
-        if torch.is_grad_enabled() is not self._grad_enabled:
-            raise self.error("torch.no_grad() / torch.enable_grad() inside a traced function: its program has "
-                             "one backward, which would differentiate these ops anyway; compute the value "
-                             "outside the function and pass it in (a feature or a captured tensor)")
         syms = [self.lift(o) for o in operands]
         residencies = {s.value.residency for s in syms}
         if Residency.NODE in residencies and residencies & set(EDGE_ROWED):
