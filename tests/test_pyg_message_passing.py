@@ -377,3 +377,45 @@ def test_in_place_ops_in_message_write_every_name_bound_to_the_value(variant, ba
         result = run(ours, data, EDGES.to(device))
     assert calls and not fallback_warnings(caught)
     assert_same(result, run(theirs, data, EDGES.to(device)))
+
+
+def stop_gradient_attention(Base: type) -> type:
+    """``softmax`` under ``torch.no_grad()`` in message (a stop-gradient attention), and a
+    ``try/except`` around an op gnnfuse refuses: PyG's eager semantics are the answer."""
+    from torch_geometric.utils import softmax
+
+    class StopGradientAttention(Base):
+        def __init__(self):
+            super().__init__(aggr="add", node_dim=0)
+
+        def forward(self, x, edge_index, a):
+            return self.propagate(edge_index, x=x, a=a)
+
+        def message(self, x_j, a_j, index, ptr, size_i):
+            with torch.no_grad():
+                alpha = softmax(a_j, index, ptr, size_i)
+            try:
+                gate = torch.where(x_j > 0, 1.0, 0.5)
+            except Exception:
+                gate = 1.0
+            return x_j * alpha.view(-1, 1) * gate
+    StopGradientAttention.__name__ = StopGradientAttention.__qualname__ = \
+        f"StopGradientAttention_{Base.__module__.split('.')[0]}"
+    return StopGradientAttention
+
+
+def test_no_grad_and_caught_errors_in_message_run_pyg_semantics():
+    """Both were compiled as the trace saw them: the softmax got a gradient (0.09 where
+    PyG has none), and the except branch ran where PyG's torch.where does not fail."""
+    x = torch.randn(NUM_NODES, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(2)).requires_grad_()
+    results = []
+    for Base in (gnnfuse.nn.MessagePassing, pyg_nn.MessagePassing):
+        a = torch.linspace(-1, 1, NUM_NODES, dtype=torch.float64).requires_grad_()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = stop_gradient_attention(Base)()(x, EDGES, a)
+        results.append((out, torch.autograd.grad(out.sum(), a, allow_unused=True)[0], fallback_warnings(caught)))
+    (ours, our_grad, warned), (theirs, their_grad, _) = results
+    assert warned and "torch.no_grad()" in warned[0]
+    torch.testing.assert_close(ours, theirs)
+    assert our_grad is None and their_grad is None

@@ -330,7 +330,11 @@ def trace_message(layer: PyGMessagePassing, args: _Arguments, op: str, num_nodes
                   edge_index=_Marker("edge_index"), adj_t=None, ptr=None, size=list(size), size_i=size_i,
                   size_j=size[1 - i] if size[1 - i] is not None else size[i], dim_size=size_i)
     call = layer.inspector.collect_param_data("message", values)
-    out = _with_softmax(message, tracer)(layer, **call)
+    traced = _with_softmax(message, tracer)
+    # through Tracer.call, as the other front ends run user code: an error message() itself
+    # catches, and a value traced under torch.no_grad() inside it, are refused (then PyG's
+    # eager run takes over, with a warning) rather than compiled as the trace saw them
+    out = tracer.call(lambda: traced(layer, **call))
     if not isinstance(out, SymTensor) or out.value.residency not in EDGE_ROWED:
         what = out.value.residency.name if isinstance(out, SymTensor) else type(out).__name__
         raise tracer.error(f"message() must return one tensor with a row per edge, got {what}")
