@@ -236,3 +236,29 @@ def test_normalising_layers_refuse_non_floating_x(make, weighted, dtype, backend
     with pytest.raises(TypeError, match=rf"{name}: x must be a floating-point tensor, got dtype {dtype}"):
         layer(x, edge_index, *weight)
     layer(x.float(), edge_index, *weight)     # the conversion the message asks for runs
+
+
+def test_sgconv_with_no_hops_caches_nothing_as_pyg():
+    """``SGConv(K=0, cached=True)`` returned the first call's x on every later call;
+    PyG caches inside its hop loop, so with K = 0 it never caches."""
+    import torch_geometric.nn as pyg
+    torch.manual_seed(0)
+    ours, theirs = gnn.SGConv(4, 3, K=0, cached=True), pyg.SGConv(4, 3, K=0, cached=True)
+    theirs.load_state_dict(ours.state_dict())
+    edge_index = torch.tensor([[0, 1, 2], [1, 2, 0]])
+    for _ in range(2):
+        x = torch.randn(3, 4)
+        torch.testing.assert_close(ours(x, edge_index), theirs(x, edge_index))
+
+
+@pytest.mark.parametrize("make", [lambda: gnn.SAGEConv(3, 2), lambda: gnn.GraphConv(3, 2),
+                                  lambda: gnn.GATConv(3, 2), lambda: gnn.GINConv(torch.nn.Linear(3, 2)),
+                                  lambda: gnn.APPNP(2, 0.1), lambda: gnn.EdgeConv(torch.nn.Linear(6, 2))],
+                         ids=["SAGEConv", "GraphConv", "GATConv", "GINConv", "APPNP", "EdgeConv"])
+def test_setting_flow_on_a_layer_that_does_not_follow_it_raises(make):
+    """PyG reads ``self.flow`` on every call; these layers send source -> target only, and
+    an assigned ``flow = 'target_to_source'`` was silently ignored (up to 1.1 off PyG)."""
+    layer = make()
+    layer.flow = "source_to_target"
+    with pytest.raises(AttributeError, match=rf"{type(layer).__name__} sends messages source -> target only"):
+        layer.flow = "target_to_source"

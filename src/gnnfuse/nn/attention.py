@@ -29,6 +29,7 @@ from .compiling import compile_path
 from .conv import (_sized_linear, GATConv, _as_graph, _bipartite_inputs, _channel_pair, _check_dropout, _combine_heads,
                    _head_bias, _head_residual, _inv_sqrt_degree, _normalized_sum, _with_loops)
 from .edge_features import FillValue, edge_projection, edge_rows, traced_edge_matmul
+from .fixed_flow import FixedFlow
 from .pyg_repr import OneLineRepr
 
 
@@ -41,7 +42,7 @@ def _run_vertex(fn: Callable, graph: Graph, v_feature: Mapping[str, torch.Tensor
 
 
 # --- GATv2 --------------------------------------------------------------------------------
-class GATv2Conv(OneLineRepr, nn.Module):
+class GATv2Conv(FixedFlow, OneLineRepr, nn.Module):
     r"""GATv2 (Brody et al., "How attentive are graph attention networks?"), PyG's layout.
 
     .. math::
@@ -243,7 +244,7 @@ class DotGATConv(nn.Module):
 _EDGE_AGGREGATIONS = ("max", "mean", "add", "sum")
 
 
-class EdgeConv(OneLineRepr, nn.Module):
+class EdgeConv(FixedFlow, OneLineRepr, nn.Module):
     r"""EdgeConv (Wang et al., DGCNN) with PyG's arguments.
 
     .. math::

@@ -31,6 +31,7 @@ from .attention_weights import AttentionOutput, attention_weights, check_attenti
 from .compiling import compile_path, graph_input_problem, propagation_problem
 from .edge_features import FillValue, edge_projection, edge_rows, traced_edge_matmul
 from .padded_loops import padded_looped
+from .fixed_flow import FixedFlow
 from .pyg_repr import OneLineRepr
 from . import recompute
 
@@ -568,7 +569,7 @@ def combine_first_moves_less(width_in: int, width_out: int, input_grad: bool, we
     return combine_lanes < aggregate_lanes
 
 
-class SAGEConv(OneLineRepr, nn.Module):
+class SAGEConv(FixedFlow, OneLineRepr, nn.Module):
     """GraphSAGE: ``lin_l(aggr_{u in N(v)} x_u) + lin_r(x_v)``.
 
     For mean and sum aggregation the linear map commutes with the aggregation, so when
@@ -750,7 +751,7 @@ def _folded_logits(lin: nn.Linear, x: torch.Tensor, *atts: torch.Tensor) -> list
     return [alpha.contiguous() for alpha in logits.unbind(-1)]
 
 
-class GATConv(OneLineRepr, nn.Module):
+class GATConv(FixedFlow, OneLineRepr, nn.Module):
     """Graph attention (Veličković et al.), multi-head, with PyG's parameter layout.
 
     Per-vertex attention logits ``<h_u, a_src>`` and ``<h_v, a_dst>`` are computed densely;

@@ -24,6 +24,7 @@ from ..runtime.compile_op import GraphRef
 from .aligned_linear import aligned_linear
 from .arguments import adjacency_weights, edge_weight_column, floating_node_features, over_feature_batches
 from .compiling import compile_path, graph_input_problem, propagation_problem
+from .fixed_flow import FixedFlow
 from .pyg_repr import OneLineRepr
 from .conv import (_sized_linear, _AGGREGATORS, _AGGREGATORS_PLUS_ROOT, _WEIGHTED_AGGREGATORS, CachedGraph, _as_graph,
                    _bipartite_inputs, _channel_pair, _gcn_edge_norm, _inv_sqrt_degree, _neighbour_sum,
@@ -40,7 +41,7 @@ def _reset(module: Callable) -> None:
             _reset(child)
 
 
-class GINConv(OneLineRepr, nn.Module):
+class GINConv(FixedFlow, OneLineRepr, nn.Module):
     """Graph isomorphism network layer (Xu et al.):
     ``x'_v = nn((1 + eps) * x_v + sum_{u in N(v)} x_u)``.
 
@@ -77,7 +78,7 @@ class GINConv(OneLineRepr, nn.Module):
         return self.nn(out if x_dst is None else out + (1 + self.eps) * x_dst)
 
 
-class GraphConv(OneLineRepr, nn.Module):
+class GraphConv(FixedFlow, OneLineRepr, nn.Module):
     """Morris et al.'s higher-order GNN layer:
     ``x'_v = lin_rel(aggr_{u in N(v)} x_u) + lin_root(x_v)``, ``aggr`` in add/sum/mean/max.
 
@@ -166,7 +167,7 @@ def _edge_weights(graph: Graph, dtype: torch.dtype) -> torch.Tensor:
     return graph.cached("nn_gcn_edge_weight", build).to(dtype)
 
 
-class APPNP(OneLineRepr, CachedGraph, nn.Module):
+class APPNP(FixedFlow, OneLineRepr, CachedGraph, nn.Module):
     """Approximate personalised propagation of neural predictions (Klicpera et al.):
     ``X^0 = X``, ``X^{k+1} = (1 - alpha) Â X^k + alpha X`` for K hops, where
     ``Â = D^-1/2 (A + I) D^-1/2`` (``A`` with ``add_self_loops=False``, plain ``A`` with
@@ -230,7 +231,7 @@ class APPNP(OneLineRepr, CachedGraph, nn.Module):
         return f"K={self.K}, alpha={self.alpha}"
 
 
-class SGConv(OneLineRepr, nn.Module):
+class SGConv(FixedFlow, OneLineRepr, nn.Module):
     """Simplified graph convolution (Wu et al.): ``lin(Â^K X)``,
     ``Â = D^-1/2 (A + I) D^-1/2``.
 
@@ -270,7 +271,7 @@ class SGConv(OneLineRepr, nn.Module):
             h = hop(h)
         if transform_first:
             return h if self.lin.bias is None else h + self.lin.bias
-        if self.cached:
+        if self.cached and self.K > 0:     # as PyG, which caches inside its hop loop: K = 0 caches nothing
             self._cached_x = h
         return self.lin(h)
 
@@ -283,7 +284,7 @@ def _tag_step(v):
     return sum([u.h * u.norm for u in v.innbs]) * v.norm + v.skip
 
 
-class TAGConv(OneLineRepr, nn.Module):
+class TAGConv(FixedFlow, OneLineRepr, nn.Module):
     """Topology adaptive graph convolution (Du et al.):
     ``sum_{k=0..K} Â^k X W_k + b``, ``Â = D^-1/2 A D^-1/2`` (no self loops; plain ``A``
     with ``normalize=False``).
@@ -426,7 +427,7 @@ def _weighted_chebyshev_next(v):
     return 2 * (v.h * v.diag + sum([e.src.h * e.off for e in v.inedges])) - v.prev
 
 
-class ChebConv(OneLineRepr, nn.Module):
+class ChebConv(FixedFlow, OneLineRepr, nn.Module):
     """Chebyshev spectral graph convolution (Defferrard et al.):
     ``sum_{k<K} T_k(L̂) X W_k + b`` with ``L̂ = 2 L / lambda_max - I``, ``T_0 = I``,
     ``T_1 = L̂``, ``T_k = 2 L̂ T_{k-1} - T_{k-2}``.
