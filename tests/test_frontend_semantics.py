@@ -567,3 +567,26 @@ def test_no_grad_around_a_neighbour_sum_is_refused():
     with pytest.raises(CompileError, match=r"torch.no_grad\(\)") as info:
         gnnfuse.vertex(_sum_under_no_grad)(graph(), {"h": features()})
     assert line_of(_sum_under_no_grad, "s = sum(") in str(info.value)
+
+
+def _view_written_in_place(edges):
+    h = edges.src["h"].view(-1, 3)
+    h += 1.0
+    return {"m": edges.src["h"] * 0 + h}
+
+
+def _power_in_place(edges):
+    a = edges.src["h"] * 1.0
+    b = a
+    a **= 2
+    return {"m": b}
+
+
+def test_in_place_writes_through_views_are_refused_and_pow_writes_every_name():
+    """torch writes a view's base too (``h = x.view(...); h += 1`` changes x); the trace
+    cannot follow that, so it is refused; ``a **= 2`` was an out-of-place power."""
+    g, h = graph(), features()
+    with pytest.raises(CompileError, match="an in-place op on a view"):
+        gnnfuse.message_passing(g, _view_written_in_place, _sum_mailbox, ndata={"h": h})
+    out = gnnfuse.message_passing(g, _power_in_place, _sum_mailbox, ndata={"h": h})["o"]
+    check_against(out, lambda x: torch.zeros_like(x).index_add(0, g.dst, x[g.src] ** 2), h)

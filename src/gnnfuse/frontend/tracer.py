@@ -349,6 +349,10 @@ def _in_place(x: Any, result: "SymTensor") -> "SymTensor":
     value, silently (PyG's ``h + self.act(h)`` with ``ReLU(inplace=True)``)."""
     if type(x) is not SymTensor:         # a number, a degree: rebound by Python, as before
         return result
+    if x.__dict__.get("_view") or x.__dict__.get("_viewed"):     # not getattr: SymTensor's refuses unknown names
+        raise x.tracer.error("an in-place op on a view of a graph value, or on a value a view was taken of "
+                             "(x.view(...), x[:, :2], x.unsqueeze(...)), would write both in torch; it "
+                             "cannot be compiled, so write it out of place (h = h + ...)")
     if result.value.shape != x.value.shape or result.value.dtype != x.value.dtype:
         raise x.tracer.error(f"an in-place op cannot change a value's feature shape or dtype ({list(x.value.shape)} "
                              f"{x.value.dtype} -> {list(result.value.shape)} {result.value.dtype}), as in torch")
@@ -867,6 +871,19 @@ def _scalar_conversion(self: SymTensor, *args):
                             "use the torch function (torch.exp, ...) on it instead")
 
 
+def _viewing(handler: Callable) -> Callable:
+    """A handler of an op whose torch result is a view of its input: both are marked,
+    so an in-place write to either is refused (`_in_place`), as it would write both."""
+    def handle(tracer: Tracer, x, *args, **kwargs):
+        result = handler(tracer, x, *args, **kwargs)
+        if isinstance(x, SymTensor):
+            x._viewed = True
+        if isinstance(result, SymTensor) and result is not x:
+            result._view = True
+        return result
+    return handle
+
+
 T = torch.Tensor
 TORCH_HANDLERS: dict[Any, Callable] = {}
 for _fns, _h in [
@@ -891,8 +908,8 @@ for _fns, _h in [
     ((torch.min, T.min), _reduction(None, "min", pair=True)),
     ((torch.amax, T.amax), _reduction(None, "max", "amax")), ((torch.amin, T.amin), _reduction(None, "min", "amin")),
     ((torch.cat, torch.concat), _cat),
-    ((torch.reshape, T.reshape, T.view), _reshape),
-    ((torch.unsqueeze, T.unsqueeze), _unsqueeze),
+    ((torch.reshape, T.reshape, T.view), _viewing(_reshape)),
+    ((torch.unsqueeze, T.unsqueeze), _viewing(_unsqueeze)),
     ((F.dropout,), _dropout),
     ((torch.softmax, F.softmax, T.softmax), _softmax),
     ((torch.pow, T.pow, T.__pow__), _pow),
@@ -903,9 +920,9 @@ for _fns, _h in [
     ((torch.log_softmax, F.log_softmax, T.log_softmax), _log_softmax),
     ((F.normalize,), _normalize),
     ((torch.norm, T.norm), _norm), ((torch.linalg.vector_norm,), _linalg_vector_norm),
-    ((torch.squeeze, T.squeeze), _squeeze),
+    ((torch.squeeze, T.squeeze), _viewing(_squeeze)),
     ((torch.bmm, T.bmm), _bmm),
-    ((T.__getitem__,), _getitem), ((torch.index_select, T.index_select), _index_select),
+    ((T.__getitem__,), _viewing(_getitem)), ((torch.index_select, T.index_select), _index_select),
     ((F.embedding,), _embedding),
     ((T.long,), _to_integer(torch.int64)), ((T.int,), _to_integer(torch.int32)),
 ]:
@@ -917,7 +934,7 @@ for _fns, _op in (((torch.max, T.max), "maximum"), ((torch.min, T.min), "minimum
     for _f in _fns:
         TORCH_HANDLERS[_f] = _binary_or(TORCH_HANDLERS[_f], _op)
 SymTensor.__abs__ = lambda self: TORCH_HANDLERS[T.__abs__](self.tracer, self)
-SymTensor.__getitem__ = lambda self, index: _getitem(self.tracer, self, index)
+SymTensor.__getitem__ = lambda self, index: TORCH_HANDLERS[T.__getitem__](self.tracer, self, index)
 SymTensor.__float__ = SymTensor.__int__ = SymTensor.__complex__ = _scalar_conversion
 
 # Python operators on SymTensor route through the same handlers.
@@ -933,7 +950,7 @@ for _name, _symbol in (("mod", "%"), ("rmod", "%"), ("floordiv", "//"), ("rfloor
     setattr(SymTensor, f"__{_name}__", (lambda symbol: lambda self, *other: (_ for _ in ()).throw(
         self.tracer.error(f"the operator {symbol} on a graph value has no gnnfuse op")))(_symbol))
 # ``a += b`` writes ``a`` as torch does, so a second name bound to it sees the sum (`_in_place`)
-for _name in ("add", "sub", "mul", "truediv"):
+for _name in ("add", "sub", "mul", "truediv", "pow"):
     _method = getattr(T, f"__{_name}__")
     setattr(SymTensor, f"__i{_name}__",
             (lambda m: lambda self, other: _in_place(self, TORCH_HANDLERS[m](self.tracer, self, other)))(_method))
