@@ -142,7 +142,23 @@ def _if_any_neighbour(v):
     return sum(nb) if nb else v.h + 100.0
 
 
+def _count_with_a_named_constant(v):
+    return sum([u.h for u in v.innbs]) / len([ONE for u in v.innbs])
+
+
+def _centre_repeated(v):
+    return sum([v.h for u in v.innbs])
+
+
+def _compared_with_empty(v):
+    nb = [u.h for u in v.innbs]
+    return sum(nb) if nb != [] else v.h
+
+
 @pytest.mark.parametrize("fn, text, message", [
+    (_count_with_a_named_constant, "len([ONE for u", "do not come from the neighbour"),
+    (_centre_repeated, "sum([v.h for u", "do not come from the neighbour"),
+    (_compared_with_empty, "nb != []", "the truth of a list built from v.innbs"),
     (_by_position, "sum([u.h * (i + 1)", "enumerate"),
     (_pairs, "sum([u.h * w.h for u", "pairs each traced neighbour with itself"),
     (_pairs_in_a_loop, "acc = acc + sum", "pairs each traced neighbour with itself"),
@@ -243,7 +259,7 @@ def test_a_list_of_constants_built_from_the_neighbours_is_rejected():
     def mean_len(v):
         return sum([u.h for u in v.innbs]) / len([1.0 for u in v.innbs])
     for fn, text in ((mean, "sum(1 for u"), (mean_len, "len([1.0 for")):
-        with pytest.raises(CompileError, match="a list of constants built from v.innbs") as info:
+        with pytest.raises(CompileError, match="a list of values that do not come from the neighbour") as info:
             fn(graph(), {"h": features()})
         assert line_of(fn.fn, text) in str(info.value)
 

@@ -52,9 +52,9 @@ def _counting_lines(code: types.CodeType) -> tuple[tuple[int, str], ...]:
             found += [(n.lineno, _PAIRS) for stmt in node.body for n in ast.walk(stmt)
                       if _iterates_neighbours(n) and _reads(n, derived)]
         elif _is_comprehension(node) and any(_walks_neighbours(g.iter) for g in node.generators):
-            if isinstance(getattr(node, "elt", None), ast.Constant):
-                found.append((node.lineno, _CONSTANTS))
             outer = set().union(*(_names(g.target) for g in node.generators))
+            if hasattr(node, "elt") and not _reads(node.elt, outer):      # 1, ONE, -1, v.h: one per neighbour
+                found.append((node.lineno, _CONSTANTS))
             inner = [n for part in _comprehension_body(node) for n in ast.walk(part)
                      if _iterates_neighbours(n) and _reads(n, outer)]
             if sum(_walks_neighbours(g.iter) for g in node.generators) > 1 or inner:
@@ -242,6 +242,11 @@ def _truth_tests(node: ast.AST) -> list[ast.expr]:
         return list(node.values)
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
         return [node.operand]
+    if isinstance(node, ast.Call) and _called_name(node.func) == "bool" and len(node.args) == 1:
+        return [node.args[0]]
+    if isinstance(node, ast.Compare) and any(isinstance(side, (ast.List, ast.Tuple)) and not side.elts
+                                             for side in (node.left, *node.comparators)):
+        return [side for side in (node.left, *node.comparators)]       # nb == [], nb != []
     return []
 
 
@@ -269,5 +274,6 @@ _ONE_PASS_CALLS = {
           "permutations", "product", "pairwise", "accumulate"),
          "an order, a prefix or a pairing of neighbours is not known; aggregate every neighbour (sum, max, min)"))
     for name in names}
-_CONSTANTS = ("a list of constants built from v.innbs / v.inedges has one element at trace time, so "
-              "its len() or sum() is 1; use len(v.innbs), the per-vertex in-degree")
+_CONSTANTS = ("a list of values that do not come from the neighbour (constants, v.h) built from v.innbs / "
+              "v.inedges has one element at trace time, so its len() or sum() counts 1; use len(v.innbs), the "
+              "per-vertex in-degree")
