@@ -107,7 +107,7 @@ def test_bfloat16_off_the_gpu_keeps_the_torch_loop():
     kind, groups = grouped_rows(100, TYPES)
     x = torch.randn(100, K).bfloat16()
     w = torch.randn(TYPES, K, N).bfloat16()
-    assert not sm.kernel_applies(x, w)
+    assert not sm.dot_applies(x, w)
     expected = torch.einsum("rk,rkn->rn", x.float(), w.float()[kind])
     torch.testing.assert_close(sm.segment_matmul(x, w, groups).float(), expected, rtol=2e-2, atol=5e-2)
 

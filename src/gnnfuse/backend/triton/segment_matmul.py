@@ -189,13 +189,18 @@ def _layout(groups: list[torch.Tensor], per_row: int, tile: int) -> _Layout:
 
 def kernel_applies(*tensors: torch.Tensor) -> bool:
     """Whether the Triton kernels take these operands: one floating dtype they multiply
-    natively (not float64), on a CUDA device or under Triton's interpreter -- there not
-    bfloat16, which the interpreter's numpy has no type for: its tl.dot read the bits
-    as another type and returned values near 5e9 for an R-GCN's -0.8, silently."""
+    natively (not float64), on a CUDA device or under Triton's interpreter."""
     dtype = tensors[0].dtype
-    if dtype == torch.bfloat16 and not all(t.is_cuda for t in tensors):
-        return False
     return dtype in KERNEL_DTYPES and all(t.dtype == dtype for t in tensors) and all(map(launchable, tensors))
+
+
+def dot_applies(*tensors: torch.Tensor) -> bool:
+    """`kernel_applies` for the kernels that multiply with ``tl.dot``: not bfloat16 off a
+    GPU, which the interpreter's numpy has no type for -- its tl.dot read the bits as
+    another type and returned values near 5e9 for an R-GCN's -0.8, silently."""
+    if tensors[0].dtype == torch.bfloat16 and not all(t.is_cuda for t in tensors):
+        return False
+    return kernel_applies(*tensors)
 
 
 def launchable(tensor: torch.Tensor) -> bool:
@@ -232,7 +237,7 @@ def segment_matmul(x: torch.Tensor, w: torch.Tensor, groups: list[torch.Tensor],
     """``out[i] = x[gather[i]] @ w[t]`` for every row i in ``groups[t]`` (`typed_matmul`'s
     contract; ``gather`` None reads ``x[i]``), one launch for all types, no gathered copy
     of ``x``; the torch loop where the kernel does not apply."""
-    if not groups or not kernel_applies(x, w) or x.shape[0] == 0 or w.shape[-1] == 0:
+    if not groups or not dot_applies(x, w) or x.shape[0] == 0 or w.shape[-1] == 0:
         return typed_matmul(x, w, groups, gather)
     x, gather = _gathered(x, gather)
     rows, per_row = _rows(x)
@@ -257,7 +262,7 @@ def segment_matmul_tn(x: torch.Tensor, g: torch.Tensor, groups: list[torch.Tenso
     """``out[t] = sum over rows i in groups[t] of outer(x[gather[i]], g[i])``
     (`typed_matmul_tn`'s contract: types without rows get zeros; ``gather`` None reads
     ``x[i]``), accumulated in float32."""
-    if not groups or not kernel_applies(x, g) or x.shape[0] == 0:
+    if not groups or not dot_applies(x, g) or x.shape[0] == 0:
         return typed_matmul_tn(x, g, groups, gather)
     x, gather = _gathered(x, gather)
     rows, per_row = _rows(x)
