@@ -139,9 +139,6 @@ class _Lookup:
         """``edges.data.get("w", 1.0)``: as on DGL's frames (a dict's ``get``)."""
         return self[key] if key in self else default
 
-    def keys(self):
-        return list(self._keys)
-
     def __setitem__(self, key: str, value) -> None:
         raise self._tracer.error(f"{self._what} is read-only: only edges.data can be written in a UDF; "
                                  f"return {key!r} in the UDF's result dict instead")
@@ -163,9 +160,6 @@ class _EdgeData(_Lookup):
 
     def __contains__(self, key: str) -> bool:
         return key in self.written or super().__contains__(key)
-
-    def keys(self):
-        return list(dict.fromkeys([*self._keys, *self.written]))
 
     def __setitem__(self, key: str, value: SymTensor) -> None:
         if not isinstance(key, str):

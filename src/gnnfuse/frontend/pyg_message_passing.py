@@ -92,14 +92,16 @@ def _softmax(tracer: Tracer) -> Callable:
     return softmax
 
 
-class _UtilsView(types.SimpleNamespace):
-    """``torch_geometric.utils`` with ``softmax`` replaced (for ``utils.softmax(...)``)."""
+class _ModuleView(types.SimpleNamespace):
+    """A module with some attributes replaced: ``torch_geometric.utils`` with the traced
+    ``softmax`` (for ``utils.softmax(...)``), ``torch_geometric`` with that view as
+    ``utils`` (for ``torch_geometric.utils.softmax(...)``); every other name is the module's."""
 
-    def __init__(self, softmax: Callable):
-        super().__init__(softmax=softmax)
+    def __init__(self, module: types.ModuleType, **replaced: Any):
+        super().__init__(_module=module, **replaced)
 
     def __getattr__(self, name: str):
-        return getattr(torch_geometric.utils, name)
+        return getattr(self._module, name)
 
 
 def _rebuilt(fn: types.FunctionType, swap: Callable[[Any], Any], env: dict[str, Any]) -> types.FunctionType:
@@ -126,24 +128,15 @@ def _filled(cell: types.CellType) -> types.CellType:
         return types.CellType(_EMPTY)
 
 
-class _PackageView(types.SimpleNamespace):
-    """``torch_geometric`` with ``utils`` replaced (for ``torch_geometric.utils.softmax(...)``)."""
-
-    def __init__(self, utils: _UtilsView):
-        super().__init__(utils=utils)
-
-    def __getattr__(self, name: str):
-        return getattr(torch_geometric, name)
-
-
 def _with_softmax(fn: types.FunctionType, tracer: Tracer) -> types.FunctionType:
     """``fn`` reading the traced softmax wherever its globals or closure hold PyG's
     ``softmax``, the ``torch_geometric.utils`` module or ``torch_geometric`` itself (the
     full path: PyG's own softmax ran on the traced values, and the layer fell back to
     eager with a warning about a ``.detach()`` the user never wrote)."""
     softmax = _softmax(tracer)
-    utils = _UtilsView(softmax)
-    swaps = {id(_PYG_SOFTMAX): softmax, id(torch_geometric.utils): utils, id(torch_geometric): _PackageView(utils)}
+    utils = _ModuleView(torch_geometric.utils, softmax=softmax)
+    swaps = {id(_PYG_SOFTMAX): softmax, id(torch_geometric.utils): utils,
+             id(torch_geometric): _ModuleView(torch_geometric, utils=utils)}
     return _rebuilt(fn, lambda value: swaps.get(id(value), value), dict(fn.__globals__))
 
 

@@ -169,6 +169,10 @@ class SymTensor:
     """One row of a graph tensor while tracing. ``prefix`` counts the leading graph dims
     the user's code sees (0 in vertex-centric code, 1 for edges/nodes, 2 for a mailbox)."""
 
+    # set by `_viewing`: this value is a view of another, or another is a view of it (an
+    # in-place write to either would write both in torch: `_in_place` refuses it)
+    _view = _viewed = False
+
     def __init__(self, tracer: Tracer, value, prefix: int):
         self.tracer = tracer
         self.value = value
@@ -349,7 +353,7 @@ def _in_place(x: Any, result: "SymTensor") -> "SymTensor":
     value, silently (PyG's ``h + self.act(h)`` with ``ReLU(inplace=True)``)."""
     if type(x) is not SymTensor:         # a number, a degree: rebound by Python, as before
         return result
-    if x.__dict__.get("_view") or x.__dict__.get("_viewed"):     # not getattr: SymTensor's refuses unknown names
+    if x._view or x._viewed:
         raise x.tracer.error("an in-place op on a view of a graph value, or on a value a view was taken of "
                              "(x.view(...), x[:, :2], x.unsqueeze(...)), would write both in torch; it "
                              "cannot be compiled, so write it out of place (h = h + ...)")
@@ -604,8 +608,9 @@ def _clamp(tracer: Tracer, x, min=None, max=None, *, out=None):
         raise tracer.error("only constant bounds can be compiled in clamp(min=..., max=...)")
     if min is None and max is None:
         raise tracer.error("clamp needs a min or a max bound")
-    if not tracer.lift(x).dtype.is_floating_point:    # the bounds are traced as floats: 2**24 + 1 would round
-        raise tracer.error(f"clamp of an integer graph value ({tracer.lift(x).dtype}) cannot be compiled; "
+    x = tracer.lift(x)
+    if not x.dtype.is_floating_point:    # the bounds are traced as floats: 2**24 + 1 would round
+        raise tracer.error(f"clamp of an integer graph value ({x.dtype}) cannot be compiled; "
                            "clamp it before passing it in")
     if min is not None:
         x = tracer.apply("clamp_min", x, min=float(min))
@@ -871,6 +876,12 @@ def _scalar_conversion(self: SymTensor, *args):
                             "use the torch function (torch.exp, ...) on it instead")
 
 
+def _refused_operator(symbol: str) -> Callable:
+    def refuse(self: SymTensor, *other: Any) -> None:
+        raise self.tracer.error(f"the operator {symbol} on a graph value has no gnnfuse op")
+    return refuse
+
+
 def _viewing(handler: Callable) -> Callable:
     """A handler of an op whose torch result is a view of its input: both are marked,
     so an in-place write to either is refused (`_in_place`), as it would write both."""
@@ -947,8 +958,7 @@ SymTensor.__rmatmul__ = lambda self, other: _matmul(self.tracer, other, self)
 for _name, _symbol in (("mod", "%"), ("rmod", "%"), ("floordiv", "//"), ("rfloordiv", "//"), ("rpow", "**"),
                        ("and", "&"), ("rand", "&"), ("or", "|"), ("ror", "|"), ("xor", "^"), ("rxor", "^"),
                        ("invert", "~"), ("lshift", "<<"), ("rlshift", "<<"), ("rshift", ">>"), ("rrshift", ">>")):
-    setattr(SymTensor, f"__{_name}__", (lambda symbol: lambda self, *other: (_ for _ in ()).throw(
-        self.tracer.error(f"the operator {symbol} on a graph value has no gnnfuse op")))(_symbol))
+    setattr(SymTensor, f"__{_name}__", _refused_operator(_symbol))
 # ``a += b`` writes ``a`` as torch does, so a second name bound to it sees the sum (`_in_place`)
 for _name in ("add", "sub", "mul", "truediv", "pow"):
     _method = getattr(T, f"__{_name}__")

@@ -30,8 +30,8 @@ from .arguments import (adjacency_weights, edge_weight_column, floating_node_fea
 from .attention_weights import AttentionOutput, attention_weights, check_attention_request
 from .compiling import compile_path, graph_input_problem, propagation_problem
 from .edge_features import FillValue, edge_projection, edge_rows, traced_edge_matmul
-from .padded_loops import padded_looped
 from .fixed_flow import FixedFlow
+from .padded_loops import padded_looped
 from .pyg_repr import OneLineRepr
 from . import recompute
 
