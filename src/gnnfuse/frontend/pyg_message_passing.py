@@ -30,12 +30,13 @@ every call, which costs Python time but can never serve a stale program.
 """
 from __future__ import annotations
 
+import contextlib
 import dis
 import functools
 import inspect
 import traceback
 import types
-from typing import Any, Callable, Hashable, Mapping
+from typing import Any, Callable, Hashable, Iterator, Mapping
 
 import torch
 import torch_geometric.utils
@@ -327,7 +328,8 @@ def trace_message(layer: PyGMessagePassing, args: _Arguments, op: str, num_nodes
     # through Tracer.call, as the other front ends run user code: an error message() itself
     # catches, and a value traced under torch.no_grad() inside it, are refused (then PyG's
     # eager run takes over, with a warning) rather than compiled as the trace saw them
-    out = tracer.call(lambda: traced(layer, **call))
+    with _attribute_writes_checked(layer):
+        out = tracer.call(lambda: traced(layer, **call))
     if not isinstance(out, SymTensor) or out.value.residency not in EDGE_ROWED:
         what = out.value.residency.name if isinstance(out, SymTensor) else type(out).__name__
         raise tracer.error(f"message() must return one tensor with a row per edge, got {what}")
@@ -344,6 +346,31 @@ def trace_message(layer: PyGMessagePassing, args: _Arguments, op: str, num_nodes
     reduce = "sum" if op == "softmax" else op
     tracer.program.output("out", tracer.program.add("reduce", out.value, op=reduce, by="dst"))
     return tracer
+
+
+@contextlib.contextmanager
+def _attribute_writes_checked(layer: PyGMessagePassing) -> Iterator[None]:
+    """Refuse a ``message`` that stores anything on the layer (PyG's TransformerConv keeps
+    its attention weights in ``self._alpha`` for ``forward`` to return): a compiled call runs
+    ``message`` once, symbolically, when it traces, so the attribute would hold a traced
+    value and never follow later calls. The layer's attributes are restored either way.
+    A class may name attributes its ``message`` writes as scratch that ``forward`` does not
+    read on a compiled call (``_gnnfuse_scratch_attributes``); they are restored silently."""
+    tables = (vars(layer), layer._parameters, layer._buffers, layer._modules)
+    before = [dict(table) for table in tables]
+    try:
+        yield
+    finally:
+        written = []
+        for table, old in zip(tables, before):
+            written += [name for name in table if name not in old or table[name] is not old[name]]
+            written += [name for name in old if name not in table]
+            table.clear()
+            table.update(old)
+    unexpected = sorted(set(written) - set(getattr(type(layer), "_gnnfuse_scratch_attributes", ())))
+    if unexpected:
+        raise NotCompilable(f"message() sets {', '.join('self.' + name for name in unexpected)}; a compiled "
+                            "call runs message() once, when it traces, so the attribute would not follow later calls")
 
 
 def _softmax_aggregate(tracer: Tracer, aggr: SoftmaxAggregation, x: SymTensor) -> SymTensor:

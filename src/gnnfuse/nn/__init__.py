@@ -3,7 +3,8 @@ GAT; `propagation`: GIN, GraphConv, APPNP, SGC, TAG, Chebyshev; `attention`: GAT
 constrained GAT, dot-product GAT, EdgeConv, MLP aggregation, NGCF; `relational`:
 R-GCN; `hetero_relational`: RGAT, FastRGCN; `hetero_transformer`: HGT; `hetero_conv`: PyG's
 HeteroConv wrapper; `edge_features` and `attention_weights`: GAT/GATv2's PyG ``edge_attr`` and
-``return_attention_weights``; `pyg_repr`: PyG's printed form), plain-PyTorch
+``return_attention_weights``; `pyg_repr`: PyG's printed form; `pyg_layers`: PyG's own
+TransformerConv, GINEConv, GENConv and more with ``propagate`` compiled), plain-PyTorch
 baselines (`reference`) that the compiled layers are measured against, and a registry of
 standard node-classification models built from them (`models`)."""
 from .attention import CGATConv, DotGATConv, EdgeConv, GATv2Conv, MLPAggConv, NGCFConv
@@ -22,9 +23,15 @@ __all__ = ["APPNP", "CGATConv", "ChebConv", "DotGATConv", "EdgeConv", "FastRGCNC
 
 
 def __getattr__(name: str):
-    # PyG's base class is needed only by MessagePassing, so PyG stays optional: importing
-    # it is deferred to first use (an ImportError then says what to install).
+    # PyG's base class is needed only by MessagePassing and the PyG layers compiled through
+    # it, so PyG stays optional: importing it is deferred to first use (an ImportError then
+    # says what to install).
     if name == "MessagePassing":
         from .message_passing import MessagePassing
         return MessagePassing
+    from .pyg_layers import COMPILED_PYG_LAYERS, compiled_class, layer_class
+    if name == "compiled_class":
+        return compiled_class
+    if name in COMPILED_PYG_LAYERS:
+        return layer_class(name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -49,10 +49,11 @@ class MessagePassing(PyGMessagePassing):
     one-time warning per class, where it cannot)."""
 
     def propagate(self, edge_index: Any, size: Any = None, **kwargs: Any) -> Any:
-        try:
-            return compiled_propagate(self, edge_index, size, kwargs)
-        except NotCompilable as reason:
-            _warn_once(type(self), str(reason))
+        if not vars(self).get("_gnnfuse_eager"):    # set by a call that must run eagerly
+            try:
+                return compiled_propagate(self, edge_index, size, kwargs)
+            except NotCompilable as reason:
+                _warn_once(type(self), str(reason))
         return _EAGER_PROPAGATE(self, edge_index, size, **kwargs)
 
     def _set_jittable_templates(self, raise_on_error: bool = False) -> None:

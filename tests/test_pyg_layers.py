@@ -1,0 +1,165 @@
+"""PyG's own layers compiled through `gnnfuse.nn.MessagePassing` (`gnnfuse.nn.pyg_layers`):
+each name in `COMPILED_PYG_LAYERS`, with PyG's weights copied, must give PyG's outputs and
+gradients in float64 on the reference backend and the Triton interpreter, and must really
+run compiled (a compiled program ran, PyG's eager propagate did not)."""
+from __future__ import annotations
+
+import io
+import warnings
+
+import pytest
+import torch
+import torch_geometric.nn as pyg_nn
+
+import gnnfuse.nn
+from gnnfuse.nn import message_passing, pyg_layers
+from gnnfuse.runtime import record_calls
+from oracle_check import device_for
+
+# 9 vertices (8 isolated: no in-edges), a self loop (3 -> 3), a repeated edge (1 -> 2 twice)
+EDGES = torch.tensor([[0, 1, 2, 3, 4, 5, 1, 2, 2, 3, 0, 5, 1, 6, 7, 4],
+                      [1, 2, 3, 4, 5, 0, 0, 0, 4, 3, 2, 1, 2, 0, 2, 6]])
+NUM_NODES, F, OUT, EDGE_DIM = 9, 6, 4, 3
+LINEAR = torch.nn.Linear
+
+# name -> (constructor, whether forward takes edge_attr); non-default arguments where the
+# layer has them, so their code paths are compared too
+CONFIGS = {
+    "ClusterGCNConv": (lambda c: c(F, OUT, diag_lambda=0.3), False),
+    "FeaStConv": (lambda c: c(F, OUT, heads=2), False),
+    "FiLMConv": (lambda c: c(F, OUT, num_relations=1), False),
+    "GENConv": (lambda c: c(F, OUT, aggr="softmax", learn_t=True, edge_dim=EDGE_DIM, num_layers=2), True),
+    "GINEConv": (lambda c: c(LINEAR(F, OUT), edge_dim=EDGE_DIM, train_eps=True), True),
+    "GMMConv": (lambda c: c(F, OUT, dim=EDGE_DIM, kernel_size=2), True),
+    "GatedGraphConv": (lambda c: c(F, 2, aggr="mean"), False),
+    "GeneralConv": (lambda c: c(F, OUT, in_edge_channels=EDGE_DIM, attention=True, heads=2), True),
+    "LEConv": (lambda c: c(F, OUT), False),
+    "LGConv": (lambda c: c(), False),
+    "MFConv": (lambda c: c(F, OUT, max_degree=3), False),
+    "MixHopConv": (lambda c: c(F, OUT, powers=[0, 1, 2]), False),
+    "NNConv": (lambda c: c(F, OUT, LINEAR(EDGE_DIM, F * OUT), aggr="mean"), True),
+    "PDNConv": (lambda c: c(F, OUT, edge_dim=EDGE_DIM, hidden_channels=5), True),
+    "ResGatedGraphConv": (lambda c: c(F, OUT, edge_dim=EDGE_DIM), True),
+    "SSGConv": (lambda c: c(F, OUT, alpha=0.2, K=2), False),
+    "SimpleConv": (lambda c: c(aggr="max", combine_root="sum"), False),
+    "TransformerConv": (lambda c: c(F, OUT, heads=2, edge_dim=EDGE_DIM, beta=True, concat=False), True),
+    "WLConvContinuous": (lambda c: c(), False),
+}
+
+
+def test_every_listed_layer_is_checked():
+    assert sorted(CONFIGS) == sorted(pyg_layers.COMPILED_PYG_LAYERS)
+
+
+def twins(name: str, device: torch.device | str = "cpu") -> tuple[torch.nn.Module, torch.nn.Module]:
+    """gnnfuse's layer and PyG's with the same float64 weights (and eval mode: no dropout)."""
+    make, _ = CONFIGS[name]
+    torch.manual_seed(0)
+    ours = make(getattr(gnnfuse.nn, name)).double().to(device).eval()
+    theirs = make(getattr(pyg_nn, name)).double().to(device).eval()
+    theirs.load_state_dict(ours.state_dict())
+    return ours, theirs
+
+
+def run(layer: torch.nn.Module, data: list[torch.Tensor], edge_index: torch.Tensor, **kwargs):
+    """Output and the gradients of a fixed projection of it w.r.t. inputs and parameters."""
+    data = [t.clone().requires_grad_() for t in data]
+    out = layer(data[0], edge_index, *data[1:], **kwargs)
+    weight = torch.linspace(-1, 1, out.numel(), dtype=out.dtype, device=out.device).view_as(out)
+    grads = torch.autograd.grad((out * weight).sum(), data + list(layer.parameters()), allow_unused=True)
+    return out.detach(), grads
+
+
+def inputs(name: str, device: torch.device | str) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(NUM_NODES, F, dtype=torch.float64, generator=gen)
+    edge_attr = torch.rand(EDGES.shape[1], EDGE_DIM, dtype=torch.float64, generator=gen)
+    return [t.to(device) for t in ([x, edge_attr] if CONFIGS[name][1] else [x])]
+
+
+def _eager_is_an_error(*args, **kwargs):
+    raise AssertionError("PyG's eager propagate ran: the layer did not compile")
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_layer_compiles_and_matches_pyg(name, backend, monkeypatch):
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    device = device_for(backend)     # the Triton backend runs CUDA tensors on a GPU machine
+    ours, theirs = twins(name, device)
+    data, edge_index = inputs(name, device), EDGES.to(device)
+    expected = run(theirs, data, edge_index)
+    monkeypatch.setattr(message_passing, "_EAGER_PROPAGATE", _eager_is_an_error)
+    with record_calls() as calls:
+        out, grads = run(ours, data, edge_index)
+    assert calls, "no compiled program ran"
+    torch.testing.assert_close(out, expected[0], rtol=1e-9, atol=1e-10)
+    for got, want in zip(grads, expected[1], strict=True):
+        assert (got is None) == (want is None)
+        if want is not None:
+            torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-10)
+
+
+def test_is_the_pyg_class_and_pickles():
+    conv = gnnfuse.nn.TransformerConv(F, OUT, heads=2)
+    assert isinstance(conv, pyg_nn.TransformerConv) and isinstance(conv, gnnfuse.nn.MessagePassing)
+    assert repr(conv) == repr(pyg_nn.TransformerConv(F, OUT, heads=2)) == "TransformerConv(6, 4, heads=2)"
+    buffer = io.BytesIO()
+    torch.save(conv, buffer)
+    buffer.seek(0)
+    assert type(torch.load(buffer, weights_only=False)) is gnnfuse.nn.TransformerConv
+    with pytest.raises(AttributeError):
+        gnnfuse.nn.NotALayer
+
+
+def test_compiled_class_takes_other_message_passing_classes():
+    assert gnnfuse.nn.compiled_class(pyg_nn.GINEConv) is gnnfuse.nn.GINEConv
+    assert gnnfuse.nn.compiled_class(gnnfuse.nn.GINEConv) is gnnfuse.nn.GINEConv
+    with pytest.raises(TypeError, match="subclass of torch_geometric.nn.MessagePassing"):
+        gnnfuse.nn.compiled_class(torch.nn.Linear)
+
+
+@pytest.mark.parametrize("flag", [True, False])
+def test_transformer_attention_weights_are_pyg_s(flag):
+    """message() keeps the weights in self._alpha; a call asking for them (True or False,
+    as PyG reads the flag) runs eagerly and returns PyG's, the others compile."""
+    ours, theirs = twins("TransformerConv")
+    x, edge_attr = inputs("TransformerConv", "cpu")
+    with record_calls() as calls:
+        out, (edge_index, alpha) = ours(x, EDGES, edge_attr, return_attention_weights=flag)
+    assert not calls
+    ref, (ref_index, ref_alpha) = theirs(x, EDGES, edge_attr, return_attention_weights=flag)
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(alpha, ref_alpha)
+    assert torch.equal(edge_index, ref_index)
+    with record_calls() as calls:
+        torch.testing.assert_close(ours(x, EDGES, edge_attr), theirs(x, EDGES, edge_attr))
+    assert calls and ours._alpha is None
+
+
+class _KeepsMessages(gnnfuse.nn.MessagePassing):
+    """Stores its messages on the layer, as PyG's attention layers store their weights."""
+
+    def __init__(self):
+        super().__init__(aggr="add")
+
+    def forward(self, x, edge_index):
+        return self.propagate(edge_index, x=x), self.last
+
+    def message(self, x_j):
+        self.last = x_j * 2
+        return self.last
+
+
+def test_message_storing_on_the_layer_runs_pyg_semantics():
+    """A compiled call traces message() once, so what it stores on the layer would be a
+    traced value (it was, and the caller received it); it runs eagerly with a warning."""
+    layer = _KeepsMessages()
+    x = torch.randn(NUM_NODES, 2)
+    message_passing._WARNED.discard(_KeepsMessages)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out, last = layer(x, EDGES)
+    assert any("message() sets self.last" in str(w.message) for w in caught)
+    torch.testing.assert_close(last, x[EDGES[0]] * 2)
+    torch.testing.assert_close(out, torch.zeros_like(x).index_add_(0, EDGES[1], x[EDGES[0]] * 2))
