@@ -1,0 +1,167 @@
+"""PyG's own layers compiled by gnnfuse (`gnnfuse.nn.pyg_layers`) against the same PyG layers.
+
+A user who changes ``from torch_geometric.nn import TransformerConv`` to ``from gnnfuse.nn
+import TransformerConv`` gets PyG's class with ``propagate`` compiled. This times one layer's
+forward and backward (the layer alone, as in a training step, gradient of a fixed random
+projection) on each data set for both, from the same weights, first checking the
+eval-mode forward agrees; peak memory is what the call needs beyond what was resident.
+Results merge into ``--json`` keyed by data set/layer; ``--md`` is rewritten after every cell.
+
+    python benchmarks/bench_pyg_layers.py --device cuda --json benchmarks/results/pyg_layers.json
+    python benchmarks/bench_pyg_layers.py --device cpu --datasets cora --layers LEConv --steps 2 --warmup 1 ...
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch_geometric.nn as pyg_nn
+
+import gnnfuse.nn
+from gnnfuse.bench import REL_ERR_LIMIT, max_rel_err
+from gnnfuse.bench.timing import extra_peak_gb, failure_status, free_memory, summarize, time_calls
+from gnnfuse.nn.pyg_layers import COMPILED_PYG_LAYERS
+
+from bench_training import comma_list
+from common import (add_step_arguments, device_names, environment, fmt, load_data_or_exit, load_results, log,
+                    new_run_id, parse_step_arguments, prune_runs, resolve_device, results_saver, runs_markdown)
+
+HIDDEN, EDGE_DIM = 64, 8
+# constructor per layer, given (in_channels, out_channels); True where forward takes edge_attr
+CONFIGS: dict[str, tuple[Callable[[type, int, int], torch.nn.Module], bool]] = {
+    "TransformerConv": (lambda c, i, o: c(i, o // 4, heads=4), False),
+    "GINEConv": (lambda c, i, o: c(torch.nn.Sequential(torch.nn.Linear(i, o), torch.nn.ReLU(), torch.nn.Linear(o, o)),
+                                   edge_dim=EDGE_DIM), True),
+    "GENConv": (lambda c, i, o: c(i, o, aggr="softmax", learn_t=True), False),
+    "ResGatedGraphConv": (lambda c, i, o: c(i, o), False),
+    "GeneralConv": (lambda c, i, o: c(i, o, attention=True, heads=4), False),
+    "LEConv": (lambda c, i, o: c(i, o), False),
+    "ClusterGCNConv": (lambda c, i, o: c(i, o), False),
+    "FeaStConv": (lambda c, i, o: c(i, o, heads=2), False),
+    "PDNConv": (lambda c, i, o: c(i, o, edge_dim=EDGE_DIM, hidden_channels=16), True),
+    "MFConv": (lambda c, i, o: c(i, o), False),
+    "GatedGraphConv": (lambda c, i, o: c(o, 2), False),
+    "SSGConv": (lambda c, i, o: c(i, o, alpha=0.1, K=2), False),
+}
+DATASETS = ("arxiv-like", "reddit2-like")
+
+
+def twins(name: str, channels: int, device: torch.device) -> tuple[torch.nn.Module, torch.nn.Module]:
+    make, _ = CONFIGS[name]
+    torch.manual_seed(0)
+    ours = make(getattr(gnnfuse.nn, name), channels, HIDDEN).to(device)
+    theirs = make(getattr(pyg_nn, name), channels, HIDDEN).to(device)
+    theirs.load_state_dict(ours.state_dict())
+    return ours, theirs
+
+
+def measure_layer(layer: torch.nn.Module, inputs: list[Any], steps: int, warmup: int,
+                  device: torch.device) -> dict[str, Any]:
+    """Forward and backward of a fixed projection: median ms and extra peak GB."""
+    x = inputs[0].detach().requires_grad_()
+    torch.manual_seed(1)
+
+    def step() -> None:
+        out = layer(x, *inputs[1:])
+        out.backward(torch.ones_like(out))
+    begin = time.perf_counter()
+    for _ in range(warmup):
+        step()
+    warm_s = time.perf_counter() - begin
+    _, peak, _ = extra_peak_gb(step, device)
+    return {"warmup_s": round(warm_s, 2), "peak_gb": peak, **summarize(time_calls(step, steps, device))}
+
+
+def run_cell(name: str, data: Any, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    ours, theirs = twins(name, data.x.shape[1] if name != "GatedGraphConv" else HIDDEN, device)
+    x = data.x if name != "GatedGraphConv" else data.x[:, :HIDDEN].contiguous()
+    inputs: list[Any] = [x, data.edge_index]
+    if CONFIGS[name][1]:
+        inputs.append(torch.rand(data.edge_index.shape[1], EDGE_DIM, device=device,
+                                 generator=torch.Generator(device).manual_seed(2)))
+    cell: dict[str, Any] = {}
+    with torch.no_grad():
+        ours.eval()
+        theirs.eval()
+        try:
+            cell["rel_err"] = max_rel_err(ours(*inputs), theirs(*inputs))
+        except Exception as exc:     # recorded, not fatal: the next cell still runs
+            cell["status"] = failure_status(exc)
+            return cell
+    ours.train()
+    theirs.train()
+    for framework, layer in (("gnnfuse", ours), ("pyg", theirs)):
+        free_memory(device)
+        try:
+            cell[framework] = measure_layer(layer, inputs, args.steps, args.warmup, device)
+        except Exception as exc:
+            cell[framework] = {"status": failure_status(exc)}
+    return cell
+
+
+def markdown(results: dict[str, Any]) -> str:
+    lines = ["# PyG's own layers compiled by gnnfuse (`gnnfuse.nn.<Layer>`) against PyG's",
+             "", f"One layer, forward + backward, {HIDDEN} output channels; median ms (extra peak GB); "
+             "speed-up = PyG / gnnfuse. `rel_err`: eval-mode forward, max |diff| / max |PyG|.", "",
+             "| data set | layer | gnnfuse ms (GB) | PyG ms (GB) | speed-up | memory ratio | rel_err |",
+             "|---|---|---|---|---|---|---|"]
+    cells = results["cells"]
+    for key in sorted(cells):
+        cell = cells[key]
+        dataset, layer = key.split("/")
+        if "status" in cell:
+            lines.append(f"| {dataset} | {layer} | {cell['status']} | | | | |")
+            continue
+        ours, theirs = cell.get("gnnfuse", {}), cell.get("pyg", {})
+
+        def shown(m: dict[str, Any]) -> str:
+            return m.get("status") or f"{fmt(m.get('median_ms'), '.2f')} ({fmt(m.get('peak_gb'), '.2f')})"
+        speed = (f"{theirs['median_ms'] / ours['median_ms']:.2f}x"
+                 if "median_ms" in ours and "median_ms" in theirs else "–")
+        memory = (f"{ours['peak_gb'] / theirs['peak_gb']:.2f}"
+                  if ours.get("peak_gb") and theirs.get("peak_gb") else "–")
+        lines.append(f"| {dataset} | {layer} | {shown(ours)} | {shown(theirs)} | {speed} | {memory} | "
+                     f"{cell['rel_err']:.1e} |")
+    lines += ["", f"Devices: {', '.join(device_names(results, list(cells.values())))}", ""]
+    return "\n".join(lines + runs_markdown(results)) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--datasets", type=comma_list(DATASETS + ("cora", "pubmed")), default=list(DATASETS))
+    parser.add_argument("--layers", type=comma_list(tuple(CONFIGS)), default=list(CONFIGS))
+    parser.add_argument("--json", type=Path, default=Path("benchmarks/results/pyg_layers.json"))
+    parser.add_argument("--budget-s", type=float, default=None, help="stop starting new cells after this")
+    add_step_arguments(parser)
+    args = parse_step_arguments(parser, argv)
+    assert set(CONFIGS) <= set(COMPILED_PYG_LAYERS)
+    device = resolve_device(args.device)
+    results = load_results(args.json)
+    run_id = new_run_id()
+    results.setdefault("runs", {})[run_id] = environment(device)
+    results.setdefault("cells", {})
+    save = results_saver(args.json, markdown)
+    begin = time.perf_counter()
+    for dataset in args.datasets:
+        data = load_data_or_exit(dataset, args.data_root, device)
+        for name in args.layers:
+            if args.budget_s is not None and time.perf_counter() - begin > args.budget_s:
+                log(f"budget reached; {dataset}/{name} and later cells not run")
+                break
+            log(f"{dataset} {name}")
+            cell = run_cell(name, data, args, device)
+            if cell.get("rel_err", 0) > REL_ERR_LIMIT:
+                cell["status"] = f"forward differs from PyG (rel_err {cell['rel_err']:.1e})"
+            results["cells"][f"{dataset}/{name}"] = {"run": run_id, **cell}
+            prune_runs(results)
+            save(results)
+            log(f"  {cell}")
+        del data
+        free_memory(device)
+
+
+if __name__ == "__main__":
+    main()
