@@ -35,7 +35,8 @@ def linear_cross_entropy(input: torch.Tensor, weight: torch.Tensor, bias: torch.
     target is ``ignore_index`` left out of the loss and the mean's count. ``chunk_rows``
     bounds the rows whose logits exist at once (default: `CHUNK_ELEMENTS` / classes).
     The gradients are computed in the forward when any input needs one, so the result
-    cannot be differentiated twice.
+    cannot be differentiated twice: a backward with ``create_graph=True`` through it (a
+    gradient penalty) raises rather than give gradients without the second-order term.
     """
     _check(input, weight, bias, target, reduction, chunk_rows)
     rows = chunk_rows or max(1, CHUNK_ELEMENTS // max(1, weight.shape[0]))
@@ -100,8 +101,14 @@ class _LinearCrossEntropy(torch.autograd.Function):
         return (total if count is None else total / count).to(input.dtype)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_output):
+        # create_graph=True: the saved gradients are constants, so a penalty on them would
+        # silently contribute nothing (once_differentiable raises only when the incoming
+        # gradient itself needs one, which a loss's seldom does)
+        if torch.is_grad_enabled():
+            raise RuntimeError("gnnfuse.nn.functional.linear_cross_entropy has no second derivative (a backward "
+                               "with create_graph=True through the loss, as a gradient penalty makes): use "
+                               "torch.nn.functional.cross_entropy(F.linear(...)) for that step")
         grad_input, grad_weight, grad_bias, count = ctx.saved_tensors
         # No kept row: torch's mean loss is 0 / 0 = NaN, but its gradients are zeros (as
         # every row's are), not 0 / 0.
