@@ -51,6 +51,7 @@ FUSED = [
     ("mean-and-learnt-softmax", lambda: ["mean", "softmax"], {"aggrs_kwargs": [{}, {"learn": True, "t": 0.5}]}),
     ("softmax-per-channel", lambda: pyg.SoftmaxAggregation(learn=True, channels=F_IN), None),
     ("softmax-fixed-t", lambda: pyg.SoftmaxAggregation(t=2.0), None),
+    ("var-by-name-full-gradient", lambda: "var", {"semi_grad": False}),
     ("pyg-multi-module", lambda: pyg.MultiAggregation(["sum", "min", "std"], mode="proj",
                                                       mode_kwargs={"in_channels": F_IN, "out_channels": 2}), None),
 ]
@@ -60,6 +61,9 @@ EAGER = [
     ("semi-grad-softmax", lambda: pyg.SoftmaxAggregation(t=2.0, semi_grad=True), None, "SoftmaxAggregation"),
     ("median", lambda: "median", None, "MedianAggregation"),
     ("semi-grad-std", lambda: pyg.StdAggregation(semi_grad=True), None, "StdAggregation"),
+    ("semi-grad-std-by-name", lambda: "std", {"semi_grad": True}, "StdAggregation"),
+    ("semi-grad-var-in-a-list", lambda: ["mean", "var"], {"aggrs_kwargs": [{}, {"semi_grad": True}]},
+     "VarAggregation"),
 ]
 TRITON_FUSED = ("cat", "proj-moments", "softmax-per-channel")
 
@@ -163,6 +167,7 @@ def test_pyg_is_imported_only_inside_the_fallback():
 
 @pytest.mark.parametrize("aggr, kwargs, error, match", [
     ("mean", {"learn": True}, TypeError, r"SAGEConv\(aggr='mean'\) takes no aggr_kwargs"),
+    ("std", {"semi_grad": True, "learn": True}, TypeError, r"SAGEConv\(aggr='std'\) takes \['semi_grad'\] aggr_kwargs"),
     (["mean", "max"], {"mode": "nosuch"}, ValueError, "mode='nosuch' is not one of PyG's combine modes"),
     (["mean", "max"], {"mode": "proj"}, ValueError, "'proj' needs in_channels and out_channels"),
     (["mean"], {"mode": "attn", "mode_kwargs": {"in_channels": 4, "out_channels": 4}}, ValueError,

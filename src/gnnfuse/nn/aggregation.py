@@ -37,6 +37,8 @@ _FUSED_DESCRIPTION = f"gnnfuse fuses only {sorted(set(_FUSED_NAMES))} and PyG's 
 # The per-vertex reductions the compiled program computes for each kind.
 _MOMENTS = {"sum": ("sum",), "mean": ("mean",), "max": ("max",), "min": ("min",),
             "var": ("mean", "square_mean"), "std": ("mean", "square_mean")}
+# What PyG's VarAggregation and StdAggregation take (their only argument).
+_MOMENT_KWARGS = {"semi_grad"}
 _DENSE_MODES = ("sum", "mean", "max", "min", "logsumexp", "std", "var")
 _MODES = ("cat", "proj", "attn") + _DENSE_MODES
 # Why an aggregation PyG offers is not fused; others get the generic reason.
@@ -162,9 +164,14 @@ def resolve_aggregation(layer: str, aggr: Any, aggr_kwargs: dict | None = None) 
     if isinstance(aggr, (list, tuple)):
         return MultiAggregation(layer, list(aggr), **aggr_kwargs)
     if isinstance(aggr, str) and aggr.lower() in _FUSED_NAMES:
-        if aggr_kwargs:
-            raise TypeError(f"{layer}(aggr={aggr!r}) takes no aggr_kwargs, got {sorted(aggr_kwargs)}")
-        return Reduction(_FUSED_NAMES[aggr.lower()])
+        kind = _FUSED_NAMES[aggr.lower()]
+        taken = _MOMENT_KWARGS if kind in ("var", "std") else set()
+        if set(aggr_kwargs) - taken:
+            raise TypeError(f"{layer}(aggr={aggr!r}) takes {sorted(taken) or 'no'} aggr_kwargs, "
+                            f"got {sorted(aggr_kwargs)}")
+        if not aggr_kwargs.get("semi_grad"):
+            return Reduction(kind)
+        # semi_grad=True: PyG's module, run eagerly below like the module form
     if isinstance(aggr, nn.Module):
         if aggr_kwargs:
             raise TypeError(f"{layer}: aggr_kwargs configure an aggregation given by name, not the module {aggr}")
