@@ -124,3 +124,33 @@ def test_a_remade_view_is_the_saved_view():
         out = (view[:, :, :3] * weight).sum()
     out.backward()
     torch.testing.assert_close(weight.grad, base[:, :3].sum(0))
+
+
+def _autocast_gat_gradients(monkeypatch, min_bytes: int) -> list[torch.Tensor]:
+    monkeypatch.setenv("GNNFUSE_BACKEND", "reference")
+    monkeypatch.setattr(recompute, "MIN_BYTES", min_bytes)
+    torch.manual_seed(0)
+    layer = gnnfuse.nn.GATConv(6, 4, heads=2)
+    x = torch.randn(12, 6, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = layer(x, _graph("cpu"))
+    out.float().pow(2).sum().backward()     # outside the autocast block, as a training step's backward runs
+    return [x.grad, *(p.grad for p in layer.parameters())]
+
+
+def test_a_table_made_under_autocast_is_remade_under_it(monkeypatch):
+    """The forward's table is bfloat16; remade outside the autocast block it came back
+    float32, and the input's gradient was 20.289 where the kept table gives 20.338."""
+    kept = _autocast_gat_gradients(monkeypatch, 1 << 40)
+    remade = _autocast_gat_gradients(monkeypatch, 0)
+    for a, b in zip(remade, kept):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_a_remade_table_of_another_dtype_is_refused():
+    x = torch.randn(5, 3)
+    table = x.double().requires_grad_()
+    with remade_when_saved([Remake(table, lambda: x.clone(), (x,))]):
+        product = table * table.detach()
+    with pytest.raises(RuntimeError, match="torch.float32 where the forward's was torch.float64"):
+        product.sum().backward()

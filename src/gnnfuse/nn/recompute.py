@@ -13,7 +13,11 @@ compiled call: a saved tensor on the storage of a declared table is packed as it
 (the inputs, their versions, and where in the storage the view lay), and unpacked by
 re-running the recipe and taking the same view of the new storage. A recipe whose input
 was modified in place since the forward refuses, as autograd does for its own saved
-tensors, rather than remaking a different table.
+tensors, rather than remaking a different table. The recipe re-runs under the autocast
+state the forward saved the table in (as `torch.utils.checkpoint` does): the backward
+usually runs outside the forward's ``torch.autocast`` block, where the GEMM would make a
+float32 table in place of the forward's bfloat16 one and the gradients would belong to
+another forward.
 """
 from __future__ import annotations
 
@@ -66,6 +70,14 @@ class _Packed:
     stride: tuple[int, ...]
     offset: int
     nbytes: int
+    dtype: torch.dtype
+    autocast: tuple[str, bool, torch.dtype]     # device type, enabled, dtype: the forward's
+
+
+def _autocast_state(device_type: str) -> tuple[str, bool, torch.dtype]:
+    """The autocast setting in force for ``device_type``'s tensors, to make a table again
+    in the precision the forward made it."""
+    return device_type, torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type)
 
 
 def _unpack(saved: torch.Tensor | _Packed) -> torch.Tensor:
@@ -77,7 +89,11 @@ def _unpack(saved: torch.Tensor | _Packed) -> torch.Tensor:
                 f"one of the tensors a gnnfuse layer remakes its saved table from (input {n}, shape "
                 f"{tuple(tensor.shape)}) was modified by an in-place operation after the forward (version "
                 f"{version} -> {tensor._version}); the backward would read a different table")
-    base = saved.make()
+    device_type, enabled, dtype = saved.autocast
+    with torch.autocast(device_type, dtype=dtype, enabled=enabled):
+        base = saved.make()
+    if base.dtype != saved.dtype:
+        raise RuntimeError(f"a remade saved table is {base.dtype} where the forward's was {saved.dtype}")
     if base.untyped_storage().nbytes() < saved.nbytes:
         raise RuntimeError("a remade saved table is laid out differently from the forward's "
                            f"({base.untyped_storage().nbytes()} < {saved.nbytes} bytes)")
@@ -103,7 +119,8 @@ def remade_when_saved(remakes: Sequence[Remake]) -> Iterator[None]:
             return tensor
         make, inputs = recipe
         return _Packed(make, inputs, tuple(t._version for t in inputs), tensor.size(), tensor.stride(),
-                       tensor.storage_offset(), tensor.untyped_storage().nbytes())
+                       tensor.storage_offset(), tensor.untyped_storage().nbytes(), tensor.dtype,
+                       _autocast_state(tensor.device.type))
 
     with torch.autograd.graph.saved_tensors_hooks(pack, _unpack):
         yield
