@@ -145,6 +145,18 @@ def test_bad_rows_are_refused_naming_the_problem(rows, message):
         gF.cross_entropy(torch.randn(5, 3), torch.tensor([0, 1, 2]), rows=rows)
 
 
+def test_rows_as_a_list_and_a_scalar_target_are_taken_as_indexing_takes_them():
+    """``rows`` given as a list (as ``input[rows]`` takes it) was an AttributeError
+    ('list' object has no attribute 'dtype'); a 0-d target with rows an IndexError."""
+    x = torch.randn(5, 3, dtype=torch.float64)
+    target = torch.tensor([2, 0])
+    torch.testing.assert_close(gF.cross_entropy(x, target, rows=[4, 1]), F.cross_entropy(x[[4, 1]], target))
+    mask = [True, False, False, True, False]
+    torch.testing.assert_close(gF.cross_entropy(x, target, rows=mask), F.cross_entropy(x[torch.tensor(mask)], target))
+    with pytest.raises(ValueError, match=r"rows selects 2 rows of input but target has shape \(\)"):
+        gF.cross_entropy(x, torch.tensor(1), rows=[4, 1])
+
+
 @pytest.mark.parametrize("target, rows, message", [
     (torch.tensor([0, 3]), None, "outside the 3 classes"),
     (torch.tensor([-1, 0]), None, "outside the 3 classes"),

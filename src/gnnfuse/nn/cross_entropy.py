@@ -47,7 +47,10 @@ def cross_entropy(input: torch.Tensor, target: torch.Tensor, weight: torch.Tenso
                   rows: torch.Tensor | None = None) -> torch.Tensor:
     """`torch.nn.functional.cross_entropy` over ``input[rows]`` (all rows when ``rows`` is
     None); ``rows`` holds row indices (negative ones count from the end) or a boolean
-    mask over the rows, and ``target`` one class per selected row."""
+    mask over the rows (a tensor, or a list as ``input[rows]`` takes), and ``target`` one
+    class per selected row."""
+    if rows is not None and not isinstance(rows, torch.Tensor):
+        rows = torch.as_tensor(rows, device=input.device)
     if rows is not None and rows.dtype == torch.bool:
         if rows.shape != input.shape[:1]:
             raise ValueError(f"a boolean rows mask needs one entry per row of input ({input.shape[0]}), "
@@ -56,8 +59,8 @@ def cross_entropy(input: torch.Tensor, target: torch.Tensor, weight: torch.Tenso
     if rows is not None and (rows.dim() != 1 or rows.dtype not in (torch.int64, torch.int32)):
         raise ValueError(f"rows must be a 1-D tensor of row indices (int64/int32) or a boolean mask, got "
                          f"{tuple(rows.shape)} {rows.dtype}")
-    if rows is not None and rows.numel() != target.shape[0]:
-        raise ValueError(f"rows selects {rows.numel()} rows of input but target has {target.shape[0]} entries: "
+    if rows is not None and (target.dim() == 0 or rows.numel() != target.shape[0]):
+        raise ValueError(f"rows selects {rows.numel()} rows of input but target has shape {tuple(target.shape)}: "
                          "give one target per selected row")
     if _kernels_apply(input, target, weight, size_average, reduce, reduction, label_smoothing, rows):
         if not torch.cuda.is_current_stream_capturing():
