@@ -136,6 +136,22 @@ def test_sparse_features_drop_stored_values_only():
     assert all(v in (0.0, 2 * w) for v, w in zip(values.tolist(), (1.0, 2.0, 3.0)))
 
 
+def test_uncoalesced_sparse_features_drop_each_element_whole():
+    """torch.sparse_coo_tensor's tensors come uncoalesced: that failed with 'Cannot get
+    indices on an uncoalesced tensor'. An element stored twice (1 + 2 here) is one value,
+    kept (as 6) or dropped whole, and its gradient is the same decision's."""
+    indices = torch.tensor([[0, 2, 0], [1, 3, 1]])
+    for seed in range(4):
+        sparse = torch.sparse_coo_tensor(indices, torch.tensor([1.0, 5.0, 2.0]), (3, 4)).requires_grad_()
+        torch.manual_seed(seed)
+        out = gF.dropout(sparse, 0.5)
+        out.to_dense().sum().backward()
+        values, grads = out.to_dense()[[0, 2], [1, 3]], sparse.grad.to_dense()[[0, 2], [1, 3]]
+        assert out.is_sparse and out._nnz() == 2
+        assert values[0].item() in (0.0, 6.0) and values[1].item() in (0.0, 10.0)
+        assert torch.equal(grads, 2.0 * (values != 0))
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_precision_takes_the_uniform_path(dtype):
     x = torch.ones(300, 300, dtype=dtype)

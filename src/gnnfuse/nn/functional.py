@@ -56,8 +56,9 @@ def dropout(input: torch.Tensor, p: float = 0.5, training: bool = True, inplace:
       Philox numbers, its seed drawn on the device, so a step captured in a CUDA graph
       drops other elements in every replay). torch's fused kernel also writes a one-byte
       mask that its backward reads back;
-    - a sparse COO tensor (bag-of-words features): only its stored values are dropped,
-      since the zeros stay zero anyway, so the cost scales with the non-zeros;
+    - a sparse COO tensor (bag-of-words features): only its stored values are dropped
+      (after coalescing), since the zeros stay zero anyway, so the cost scales with the
+      non-zeros;
     - anything else (a small, half-precision or other-device tensor): torch's.
     """
     if not 0.0 <= p <= 1.0:
@@ -65,8 +66,11 @@ def dropout(input: torch.Tensor, p: float = 0.5, training: bool = True, inplace:
     if not training or p == 0.0:
         return input
     if input.is_sparse:
+        # coalesced first: an element stored as several entries is one value to drop
+        # (as a dense tensor's), and an uncoalesced tensor has no indices() to read
+        input = input.coalesce()
         return torch.sparse_coo_tensor(input.indices(), dropout(input.values(), p, training), input.shape,
-                                       is_coalesced=input.is_coalesced(), check_invariants=False)
+                                       is_coalesced=True, check_invariants=False)
     if torch.compiler.is_compiling():
         return F.dropout(input, p, training, inplace)
     if input.is_cuda and p < 1.0 and _device_counter_applies(input):
