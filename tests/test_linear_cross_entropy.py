@@ -58,6 +58,18 @@ def test_no_grad_forward_equals_torch():
         torch.testing.assert_close(linear_cross_entropy(h, w, b, y, chunk_rows=4), _torch(h, w, b, y))
 
 
+def test_no_grad_makes_no_gradients(monkeypatch):
+    """Under torch.no_grad (a validation loss) autograd still marks the parameters as
+    needing gradients: the forward made an input-sized gradient and the weight's anyway."""
+    h, w, b, y = _operands(20, 3, 5)
+    made = []
+    real = torch.empty_like
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: made.append(a[0].shape) or real(*a, **k))
+    with torch.no_grad():
+        torch.testing.assert_close(linear_cross_entropy(h, w, b, y, chunk_rows=4), _torch(h, w, b, y))
+    assert made == []
+
+
 def test_every_row_ignored_gives_nan_like_torch():
     """A batch with no labelled row: torch's mean loss is NaN but its gradients are
     zeros, so a step changes nothing; ours were 0 * (1 / 0) = NaN and poisoned the weights."""

@@ -40,7 +40,10 @@ def linear_cross_entropy(input: torch.Tensor, weight: torch.Tensor, bias: torch.
     """
     _check(input, weight, bias, target, reduction, chunk_rows)
     rows = chunk_rows or max(1, CHUNK_ELEMENTS // max(1, weight.shape[0]))
-    return _LinearCrossEntropy.apply(input, weight, bias, target, reduction, ignore_index, rows)
+    # autograd.Function marks inputs needing a gradient under no_grad too, and inside
+    # forward the grad mode is always off: whether a backward can come is read here
+    return _LinearCrossEntropy.apply(input, weight, bias, target, reduction, ignore_index, rows,
+                                     torch.is_grad_enabled())
 
 
 def _check(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, target: torch.Tensor,
@@ -65,8 +68,8 @@ def _check(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
 
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, input, weight, bias, target, reduction, ignore_index, chunk_rows):
-        wants = ctx.needs_input_grad[:3]
+    def forward(ctx, input, weight, bias, target, reduction, ignore_index, chunk_rows, graded):
+        wants = ctx.needs_input_grad[:3] if graded else (False,) * 3
         accumulate = torch.promote_types(input.dtype, torch.float32)
         kept = target != ignore_index
         total = torch.zeros((), dtype=accumulate, device=input.device)
@@ -115,4 +118,4 @@ class _LinearCrossEntropy(torch.autograd.Function):
         scale = grad_output if count is None else grad_output / count.clamp(min=1)
         grads = [None if g is None else (g * scale).to(dtype)
                  for g, dtype in zip((grad_input, grad_weight, grad_bias), ctx.dtypes)]
-        return (*grads, None, None, None, None)
+        return (*grads, None, None, None, None, None)
