@@ -93,6 +93,23 @@ def test_layer_compiles_on_the_triton_backend(name, monkeypatch):
     _assert_compiled_matches(name, device_for("triton"))
 
 
+def test_a_nan_on_a_row_no_edge_reads_stays_out_of_the_compiled_gradients():
+    """Vertex 4 is no edge's source: PyG never gathers its NaN, so its x gradient is 0
+    and t's is finite. Compiled, std's squares and softmax's scaling ran on that row
+    as read: x's gradient there and t's were NaN."""
+    torch.manual_seed(0)
+    kwargs = {"aggr": ["std", "softmax"], "aggr_kwargs": {"aggrs_kwargs": [{}, {"learn": True}]}}
+    layer, oracle = ours.SAGEConv(8, 4, **kwargs).double(), pyg.SAGEConv(8, 4, **kwargs).double()
+    layer.load_state_dict(oracle.state_dict())
+    x, edge_index = _inputs("cpu")
+    x[4, 3] = float("nan")
+    compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)
+    got = outputs_and_grads(layer, lambda h: compiled(h, edge_index), x)
+    expected = outputs_and_grads(oracle, lambda h: oracle(h, edge_index), x)
+    for key in got:
+        assert_same_values(got[key], expected[key], f"{key} (compiled vs PyG)")
+
+
 def test_explain_finds_no_graph_break_in_a_list_aggregation():
     """PyG's own check, in our words: dynamo's explanation of a SAGE layer with a list of
     aggregations (std included) counts no graph break, and its graph calls our operator."""

@@ -27,6 +27,7 @@ from torch import nn
 
 from .. import frontend
 from ..graph import Graph
+from ..runtime.compile_op import GraphRef
 
 # gnnfuse's fused reductions by PyG's name, and PyG's class of each.
 _FUSED_NAMES = {"sum": "sum", "add": "sum", "mean": "mean", "max": "max", "min": "min", "var": "var", "std": "std"}
@@ -252,15 +253,17 @@ def _softmax(graph: Graph, messages: torch.Tensor, module: nn.Module) -> torch.T
     return _softmax_weighted_sum(graph, {"h": messages, "scaled": scaled})
 
 
-def _unread_rows_as_ones(graph: Graph, messages: torch.Tensor) -> torch.Tensor:
+def _unread_rows_as_ones(graph: Graph | GraphRef, messages: torch.Tensor) -> torch.Tensor:
     """``messages`` with 1s on the source rows no edge reads: their gradient is then an
     exact 0, where work done on every row (not on gathered rows, as PyG does) would give a
     NaN feature's row ``0 * NaN``. Under ``torch.compile`` the graph is a reference
-    (`runtime.compile_op.GraphRef`) whose degrees the traced model cannot count: the rows
-    stay as they are there."""
-    if not isinstance(graph, Graph):
-        return messages
-    read = (graph.out_degrees() > 0).view(-1, *(1,) * (messages.dim() - 1))
+    (`runtime.compile_op.GraphRef`): its out-degrees are counted in the traced graph, as
+    the in-degrees of its reverse."""
+    if isinstance(graph, GraphRef):
+        out_degrees = graph.derived("reversed").in_degrees(messages.dtype)
+    else:
+        out_degrees = graph.out_degrees()
+    read = (out_degrees > 0).view(-1, *(1,) * (messages.dim() - 1))
     return torch.where(read, messages, 1.0)
 
 
