@@ -77,7 +77,8 @@ def _kernels_apply(input: torch.Tensor, target: torch.Tensor, weight, size_avera
     from ..backend.triton.cross_entropy import DTYPES, MAX_CLASSES
     return (input.is_cuda and input.dim() == 2 and input.dtype in DTYPES and 0 < input.shape[1] <= MAX_CLASSES
             and input.stride(1) == 1 and target.dim() == 1 and target.dtype == torch.int64     # torch's rule
-            and target.device == input.device and weight is None and size_average is None and reduce is None
+            and target.device == input.device and (rows is None or rows.device == input.device)
+            and weight is None and size_average is None and reduce is None
             and reduction in _REDUCTIONS and label_smoothing == 0.0 and not torch.compiler.is_compiling()
             and (torch.cuda.is_current_stream_capturing()
                  or (input.shape[0] if rows is None else rows.numel()) * input.shape[1] >= LAUNCHED_ELEMENTS))
