@@ -68,11 +68,21 @@ def test_shape_mismatch_names_op_and_line():
 def test_vertex_function_must_aggregate():
     @gnnfuse.vertex
     def f(v):
+        return v.innbs.__getitem__(0).h
+    with pytest.raises(CompileError, match="must return per-vertex values.*SRC"):
+        f(graph(), {"h": torch.randn(3, 2)})
+
+
+def test_a_neighbour_value_read_after_its_loop_is_refused():
+    """Eager code reads the last neighbour's ``h`` after the loop; the trace held a per-edge value."""
+    @gnnfuse.vertex
+    def f(v):
         for u in v.innbs:
             h = u.h
         return h
-    with pytest.raises(CompileError, match="must return per-vertex values.*SRC"):
+    with pytest.raises(CompileError, match="read after it") as info:
         f(graph(), {"h": torch.randn(3, 2)})
+    assert f":{line_of(f.fn, 'return h')}:" in str(info.value)
 
 
 def test_reduce_fn_must_reduce_the_mailbox():

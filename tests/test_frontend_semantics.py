@@ -8,8 +8,10 @@ compiled to that meaning or rejected at the user's line -- never a silent consta
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import itertools
+import operator
 
 import pytest
 import torch
@@ -262,6 +264,250 @@ def test_a_list_of_constants_built_from_the_neighbours_is_rejected():
         with pytest.raises(CompileError, match="a list of values that do not come from the neighbour") as info:
             fn(graph(), {"h": features()})
         assert line_of(fn.fn, text) in str(info.value)
+
+
+WEIGHTS = [1.0, 2.0, 3.0]
+
+
+def _first_two(xs):
+    return sum(xs[:2])
+
+
+def _count(xs):
+    n = 0
+    for _ in xs:
+        n += 1
+    return n
+
+
+def _alias_counted(v):
+    nbs = v.innbs
+    n = 0
+    for u in nbs:
+        n += 1
+    return sum([u.h for u in nbs]) / n
+
+
+def _alias_sliced(v):
+    nbs = v.innbs
+    hs = [u.h for u in nbs]
+    return sum(hs[:2])
+
+
+def _helper_slices(v):
+    return _first_two([u.h for u in v.innbs])
+
+
+def _helper_counts(v):
+    return sum([u.h for u in v.innbs]) / _count([u.h for u in v.innbs])
+
+
+def _zip_with_a_named_list(v):
+    ks = [1.0, 2.0, 3.0]
+    return sum([u.h * k for u, k in zip(v.innbs, ks)])
+
+
+def _zip_with_a_global_list(v):
+    return sum([u.h * k for u, k in zip(v.innbs, WEIGHTS)])
+
+
+def _appended_constants(v):
+    ones = []
+    for u in v.innbs:
+        ones.append(1.0)
+    return sum([u.h for u in v.innbs]) / len(ones)
+
+
+def _extended(v):
+    hs = []
+    for u in v.innbs:
+        hs.extend([u.h, u.h])
+    return sum([u.h for u in v.innbs]) * len(hs)
+
+
+def _star_unpacked(v):
+    first, *rest = [u.h for u in v.innbs]
+    return sum([first * u.h for u in v.innbs])
+
+
+def _len_of_a_set(v):
+    return sum([u.h for u in v.innbs]) / len({u for u in v.innbs})
+
+
+def _len_of_a_joined_list(v):
+    return sum([u.h for u in v.innbs]) / len([u.h for u in v.innbs] + [v.h])
+
+
+def _inner_python_sum(v):
+    return sum([sum([u.h * k for k in (2.0,)]) * u.h for u in v.innbs])
+
+
+def _walrus_counted(v):
+    n = 0
+    hs = [(n := n + 1) * u.h for u in v.innbs]
+    return sum(hs) / n
+
+
+def _read_after_the_loop(v):
+    for u in v.innbs:
+        m = u.h * 2.0
+    return sum([m * u.h for u in v.innbs])
+
+
+def _reduced(v):
+    total = functools.reduce(operator.add, [u.h for u in v.innbs])
+    return sum([total * u.h for u in v.innbs])
+
+
+def _reversed_list(v):
+    hs = [u.h for u in v.innbs]
+    return sum([a * b for a, b in zip(hs, reversed(hs))])
+
+
+def _position_in_a_loop(v):
+    hs = [u.h for u in v.innbs]
+    acc = []
+    for i in range(len(v.innbs)):
+        acc.append(hs[i] * (i + 1))
+    return sum(acc)
+
+
+def _messages(v):
+    return [u.h for u in v.innbs]
+
+
+def _helper_result_sliced(v):
+    hs = _messages(v)
+    return sum(hs[:2])
+
+
+def _reversed_in_place(v):
+    hs = [u.h for u in v.innbs]
+    hs.reverse()
+    return sum([a * u.h for a, u in zip(hs, v.innbs)])
+
+
+def _item_replaced(v):
+    hs = [u.h for u in v.innbs]
+    hs[0] = v.h
+    return sum(hs)
+
+
+def _enumerated_from_one(v):
+    e = [torch.exp(u.h) for u in v.innbs]
+    return sum([e[i] * u.h for i, u in enumerate(v.innbs, 1)])
+
+
+def _range_short_of_the_degree(v):
+    hs = [u.h for u in v.innbs]
+    return sum([hs[i] for i in range(1, len(v.innbs))]) + v.h
+
+
+def _list_repeated_by_the_degree(v):
+    return sum([v.h] * len(v.innbs))
+
+
+@pytest.mark.parametrize("fn, text, message", [
+    (_helper_result_sliced, "sum(hs[:2])", "slicing a list built from v.innbs"),
+    (_reversed_in_place, "hs.reverse()", "pop, remove, reverse"),
+    (_item_replaced, "hs[0] = v.h", "slicing a list built from v.innbs"),
+    (_enumerated_from_one, "enumerate(v.innbs, 1)", "enumerate"),
+    (_range_short_of_the_degree, "range(1, len(v.innbs))", "taken as a Python int"),
+    (_list_repeated_by_the_degree, "[v.h] * len(v.innbs)", "taken as a Python int"),
+    (_alias_counted, "n += 1", "counting in a Python loop"),
+    (_alias_sliced, "sum(hs[:2])", "slicing a list built from v.innbs"),
+    (_helper_slices, "return sum(xs[:2])", "slicing a list built from v.innbs"),
+    (_helper_counts, "n += 1", "counting in a Python loop"),
+    (_zip_with_a_named_list, "zip(v.innbs, ks)", "zip"),
+    (_zip_with_a_global_list, "zip(v.innbs, WEIGHTS)", "zip"),
+    (_appended_constants, "ones.append(1.0)", "counting in a Python loop"),
+    (_extended, "hs.extend", "extend"),
+    (_star_unpacked, "first, *rest", "slicing a list built from v.innbs"),
+    (_len_of_a_set, "len({u for u", "len\\(\\) of a container"),
+    (_len_of_a_joined_list, "+ [v.h]", "len\\(\\) of a container"),
+    (_inner_python_sum, "sum([sum([u.h * k", "sum/max/min of a list of one neighbour's values"),
+    (_walrus_counted, "(n := n + 1)", "counting in a Python loop"),
+    (_read_after_the_loop, "sum([m * u.h", "read after it"),
+    (_reduced, "functools.reduce", "reduce"),
+    (_reversed_list, "reversed(hs)", "reversed"),
+    (_position_in_a_loop, "for i in range", "a position from range"),
+], ids=lambda p: p.__name__ if callable(p) else "")
+def test_python_over_aliases_helpers_and_other_containers_is_rejected_at_its_line(fn, text, message):
+    """The same one-pass limits through an alias of v.innbs, a helper given the list,
+    a named or global list zipped with it, a list filled in the loop, unpacking, a set or
+    joined list, a Python sum inside the per-neighbour part, a walrus, a name read after
+    its loop: each compiled silently before (vertex 1, in-degree 3: a mean through an
+    alias or a helper's count was the sum, 3x; zip with [1, 2, 3] weighted every
+    neighbour 1; a 2-prefix in a helper summed all three)."""
+    with pytest.raises(CompileError, match=message) as info:
+        gnnfuse.vertex(fn)(graph(), {"h": features()})
+    target = _first_two if fn is _helper_slices else _count if fn is _helper_counts else fn
+    assert line_of(target, text) in str(info.value) and text in str(info.value)
+
+
+def _caught_len(v):
+    try:
+        width = len(v.h)
+    except Exception:
+        width = 2
+    return v.h * width
+
+
+def test_an_error_the_function_catches_around_len_of_a_graph_value_is_refused():
+    """``len(v.h)`` is the feature width (3) in eager code; the trace's refusal, caught,
+    took the except branch and scaled by 2, silently."""
+    with pytest.raises(CompileError, match="caught this error"):
+        gnnfuse.vertex(_caught_len)(graph(), {"h": features()})
+
+
+def _alias_mean(v):
+    nbs = v.innbs
+    return sum([u.h for u in nbs]) / len(nbs)
+
+
+def _filled_mean(v):
+    msgs = []
+    for u in list(v.innbs):
+        msgs.append(u.h)
+    return sum(msgs) / len(msgs)
+
+
+def _aligned_in_a_loop(v):
+    e = [torch.exp(u.h) for u in v.innbs]
+    hs = [u.h for u in v.innbs]
+    acc = []
+    for i in range(len(e)):
+        acc.append(e[i] * hs[i])
+    return sum(acc) / len(acc)
+
+
+def _dict_values(v):
+    by_neighbour = {u: u.h for u in v.innbs}
+    return sum(by_neighbour.values())
+
+
+def _two_loops_one_name(v):
+    a, b = [], []
+    for u in v.innbs:
+        m = u.h * 2.0
+        a.append(m)
+    for e in v.inedges:
+        m = e.src.h
+        b.append(m)
+    m = sum(a) + sum(b)
+    return m
+
+
+def test_aliases_filled_lists_and_aligned_loops_are_traced():
+    """What the wider checks must keep compiling, against plain torch."""
+    g, h = graph(), features()
+    total = lambda x: torch.zeros_like(x).index_add(0, g.dst, x[g.src])    # noqa: E731
+    check_against(gnnfuse.vertex(_alias_mean)(g, {"h": h}), lambda x: neighbour_mean(g, x), h)
+    check_against(gnnfuse.vertex(_filled_mean)(g, {"h": h}), lambda x: neighbour_mean(g, x), h)
+    check_against(gnnfuse.vertex(_aligned_in_a_loop)(g, {"h": h}),
+                  lambda x: neighbour_mean(g, torch.exp(x) * x), h)
+    check_against(gnnfuse.vertex(_dict_values)(g, {"h": h}), total, h)
+    check_against(gnnfuse.vertex(_two_loops_one_name)(g, {"h": h}), lambda x: 3 * total(x), h)
 
 
 def mailbox_mean(nodes):

@@ -8,7 +8,11 @@ So do a position (``enumerate``), a pair of neighbours (two loops over ``v.innbs
 prefix (slicing the list, ``break``, ``islice``) and the list's truth (``if nb:`` is true
 at trace time for a vertex with no neighbour). Nothing at run time distinguishes that 1,
 0 or one-element list from a real one, so the function's syntax is checked before it is
-traced; ``len(v.innbs)`` is the symbolic count.
+traced; ``len(v.innbs)`` is the symbolic count. Names bound to such a list (an alias
+``nbs = v.innbs``, a list a loop over it fills) are followed, and so are the helpers the
+function calls by name, with the parameters it hands a list to. What syntax cannot see
+-- ``zip`` with a list of values held anywhere, ``len`` of a set of neighbours -- the
+builtins that `vertex` swaps in refuse while tracing.
 """
 from __future__ import annotations
 
@@ -20,66 +24,169 @@ import textwrap
 import types
 
 from ..ir import CompileError
+from .tracer import is_library
 
 NEIGHBOUR_LISTS = ("innbs", "inedges")
 
 
 def check_counting(fn: types.FunctionType) -> None:
-    """Raise a CompileError at the first line of ``fn`` that counts neighbours in Python."""
-    found = _counting_lines(fn.__code__)
+    """Raise a CompileError at the first line of ``fn``, or of a helper it calls by name,
+    that counts neighbours in Python."""
+    found, _ = _found_in(fn, frozenset(), {})
     if found:
-        line, message = found[0]
-        text = linecache.getline(fn.__code__.co_filename, line).strip()
-        raise CompileError(message, f"{fn.__code__.co_filename}:{line}: {text}")
+        filename, line, message = found[0]
+        text = linecache.getline(filename, line).strip()
+        raise CompileError(message, f"{filename}:{line}: {text}")
+
+
+def _found_in(fn: types.FunctionType, given: frozenset[str], done: dict
+              ) -> tuple[list[tuple[str, int, str]], bool]:
+    """(the lines of ``fn`` -- its parameters ``given`` holding neighbour lists -- and of
+    the helpers it calls by a global or closure name that count neighbours; whether ``fn``
+    returns a neighbour list). A helper is checked with the parameters the call passes a
+    neighbour list to: ``def first_two(xs): return sum(xs[:2])`` slices the one-neighbour
+    list it gets as surely as inline code; and a name bound to what a helper returns
+    (``hs = messages(v)``) is a neighbour list when the helper returns one."""
+    key = (fn.__code__, given)
+    if key in done:
+        return done[key]
+    done[key] = ([], False)         # a recursive call finds nothing more
+    listing: frozenset[str] = frozenset()
+    while True:
+        lines, calls, returns = _analysis(fn.__code__, given, listing)
+        found, giving = [(fn.__code__.co_filename, line, message) for line, message in lines], set()
+        for name, positions, keywords in calls:
+            helper = _resolve(fn, name)
+            if helper is None or is_library(helper.__code__.co_filename):     # torch's and gnnfuse's own
+                continue
+            inner, gives = _found_in(helper, _listed_parameters(helper.__code__, positions, keywords), done)
+            found += inner
+            if gives:
+                giving.add(name)
+        if giving <= listing:
+            done[key] = (found, returns)
+            return done[key]
+        listing |= giving
+
+
+def _resolve(fn: types.FunctionType, name: str) -> types.FunctionType | None:
+    """The plain function ``name`` refers to in ``fn`` (a closure cell or a global), if any."""
+    code = fn.__code__
+    if name in code.co_freevars:
+        try:
+            value = fn.__closure__[code.co_freevars.index(name)].cell_contents
+        except ValueError:      # an empty cell: not bound yet
+            return None
+    else:
+        value = fn.__globals__.get(name)
+    return value if isinstance(value, types.FunctionType) else None
+
+
+def _listed_parameters(code: types.CodeType, positions: tuple[int, ...], keywords: tuple[str, ...]) -> frozenset[str]:
+    names = code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
+    return frozenset([names[i] for i in positions if i < code.co_argcount] + [k for k in keywords if k in names])
 
 
 @functools.lru_cache(maxsize=1024)
-def _counting_lines(code: types.CodeType) -> tuple[tuple[int, str], ...]:
+def _analysis(code: types.CodeType, given: frozenset[str], listing: frozenset[str]
+              ) -> tuple[tuple[tuple[int, str], ...], tuple[tuple[str, tuple[int, ...], tuple[str, ...]], ...], bool]:
+    """(the lines of ``code`` that count neighbours, with their messages; the calls it
+    makes by name, with the positions and keywords given a neighbour list; whether it
+    returns one). ``listing``: the functions it calls that return a neighbour list."""
     try:
         lines, first = inspect.getsourcelines(code)
         tree = ast.parse(textwrap.dedent("".join(lines)))
     except (OSError, TypeError, SyntaxError):   # no source (exec'd code) or a lambda inside an expression
-        return ()
+        return (), (), False
+    lists = _names_of_neighbour_lists(tree, given, listing)
+    found = _counting_lines(tree, lists)
+    calls = tuple((node.func.id, _listed_positions(node, lists),
+                   tuple(k.arg for k in node.keywords if k.arg and _passes_neighbours(k.value, lists)))
+                  for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name))
+    returns = any(isinstance(node, ast.Return) and node.value is not None and _built_from_neighbours(node.value, lists)
+                  for node in ast.walk(tree))
+    return tuple(sorted(set((line + first - 1, message) for line, message in found))), calls, returns
+
+
+def _listed_positions(call: ast.Call, lists: set[str]) -> tuple[int, ...]:
+    positions = []
+    for i, arg in enumerate(call.args):
+        if isinstance(arg, ast.Starred):        # later positions are not known
+            break
+        if _passes_neighbours(arg, lists):
+            positions.append(i)
+    return tuple(positions)
+
+
+def _passes_neighbours(expr: ast.expr, lists: set[str]) -> bool:
+    """An argument that hands a helper a neighbour list (a generator over one included)."""
+    return _built_from_neighbours(expr, lists) or (
+        isinstance(expr, ast.GeneratorExp) and any(_walks_neighbours(g.iter, lists) for g in expr.generators))
+
+
+def _counting_lines(tree: ast.AST, lists: set[str]) -> list[tuple[int, str]]:
     found = []
-    lists = _names_of_neighbour_lists(tree)
     parents = {child: parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)}
     for node in ast.walk(tree):
-        if isinstance(node, ast.For) and _walks_neighbours(node.iter):
+        if isinstance(node, ast.For) and _walks_neighbours(node.iter, lists):
             derived, rebound = _per_neighbour_names(node)
             found += [(n.lineno, _LOOP) for stmt in node.body for n in ast.walk(stmt)
                       if _accumulates(n, derived, rebound)]
             found += [(n.lineno, _STOPS) for n in _statements(node.body) if isinstance(n, (ast.Break, ast.Return))]
             found += [(n.lineno, _PAIRS) for stmt in node.body for n in ast.walk(stmt)
-                      if _iterates_neighbours(n) and _reads(n, derived)]
-        elif _is_comprehension(node) and any(_walks_neighbours(g.iter) for g in node.generators):
+                      if _iterates_neighbours(n, lists) and _reads(n, derived)]
+            found += [(n.lineno, message) for stmt in node.body for n in ast.walk(stmt)
+                      for message in _fills(n, derived)]
+            found += [(n.lineno, _INNER) for stmt in node.body for n in ast.walk(stmt) if _inner_reduction(n, derived, lists)]
+            found += [(line, _LAST) for line in _read_after(node, derived, tree)]
+        elif _is_comprehension(node) and any(_walks_neighbours(g.iter, lists) for g in node.generators):
             outer = set().union(*(_names(g.target) for g in node.generators))
             if hasattr(node, "elt") and not _reads(node.elt, outer):      # 1, ONE, -1, v.h: one per neighbour
                 found.append((node.lineno, _CONSTANTS))
             inner = [n for part in _comprehension_body(node) for n in ast.walk(part)
-                     if _iterates_neighbours(n) and _reads(n, outer)]
-            if sum(_walks_neighbours(g.iter) for g in node.generators) > 1 or inner:
+                     if _iterates_neighbours(n, lists) and _reads(n, outer)]
+            if sum(_walks_neighbours(g.iter, lists) for g in node.generators) > 1 or inner:
                 found.append((node.lineno, _PAIRS))
-        elif isinstance(node, ast.Call) and any(_is_neighbour_list(a) for a in node.args):
+            found += [(n.lineno, _LOOP) for part in _comprehension_body(node) for n in ast.walk(part)
+                      if isinstance(n, ast.NamedExpr) and _accumulates(n, outer, set())]
+            found += [(n.lineno, _INNER) for part in _comprehension_body(node) for n in ast.walk(part)
+                      if _inner_reduction(n, outer, lists)]
+            walrus = {n.target.id for part in _comprehension_body(node) for n in ast.walk(part)
+                      if isinstance(n, ast.NamedExpr) and _reads(n.value, outer)}
+            found += [(line, _LAST) for line in _read_after(node, walrus, tree)]
+        elif isinstance(node, ast.Call) and any(_passes_neighbours(a, lists) for a in node.args):
             name = _called_name(node.func)
             if name == "enumerate" and _positions_only_index(node, parents):
                 pass        # i only picks the same neighbour's item of another list: traced per neighbour
             elif name in _ONE_PASS_CALLS:
                 found.append((node.lineno, _ONE_PASS_CALLS[name]))
-            elif name == "zip" and any(_numbers_positions(a) for a in node.args):
-                found.append((node.lineno, _ZIP))
         elif isinstance(node, ast.Subscript) and _fixed_position(node.slice) and _built_from_neighbours(node.value, lists):
             found.append((node.lineno, _SLICED))       # v.innbs[0] included: the first neighbour, not traced
-        elif (isinstance(node, (ast.For, ast.comprehension)) and _over_degree_range(node.iter)
-              and not _positions_only_index(node.iter, parents, whole_target=True)):
+        elif isinstance(node, ast.Assign) and any(isinstance(t, (ast.Tuple, ast.List)) for t in node.targets) \
+                and _built_from_neighbours(node.value, lists):
+            found.append((node.lineno, _SLICED))       # first, *rest = nb: a position
+        elif isinstance(node, ast.Starred) and _built_from_neighbours(node.value, lists):
+            found.append((node.lineno, _SPREAD))
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _REORDERING
+                and _built_from_neighbours(node.func.value, lists)):
+            found.append((node.lineno, _REORDERS))
+        if _degree_as_a_number(node, lists, parents):
+            found.append((node.lineno, _DEGREE_NUMBER))
+        if (isinstance(node, (ast.For, ast.comprehension)) and _over_degree_range(node.iter, lists)
+                and not _positions_only_index(node.iter, parents, whole_target=True)):
             found.append((getattr(node, "lineno", node.iter.lineno), _POSITIONS))
         for test in _truth_tests(node):
             if _built_from_neighbours(test, lists):
                 found.append((test.lineno, _TRUTH))
-    return tuple(sorted(set((line + first - 1, message) for line, message in found)))
+    return found
 
 
-def _walks_neighbours(expr: ast.expr) -> bool:
-    return any(isinstance(n, ast.Attribute) and n.attr in NEIGHBOUR_LISTS for n in ast.walk(expr))
+def _walks_neighbours(expr: ast.expr, lists: set[str]) -> bool:
+    """Whether iterating ``expr`` walks a neighbour list: it names ``v.innbs`` /
+    ``v.inedges`` or a name holding a list built from one (``for x in hs``,
+    ``zip(a, v.innbs)``, ``range(len(v.innbs))``)."""
+    return any((isinstance(n, ast.Attribute) and n.attr in NEIGHBOUR_LISTS) or (isinstance(n, ast.Name) and n.id in lists)
+               for n in ast.walk(expr))
 
 
 def _is_neighbour_list(expr: ast.expr) -> bool:
@@ -97,11 +204,11 @@ def _comprehension_body(node: ast.AST) -> list[ast.AST]:
     return parts + [cond for g in node.generators for cond in g.ifs]
 
 
-def _iterates_neighbours(node: ast.AST) -> bool:
+def _iterates_neighbours(node: ast.AST, lists: set[str]) -> bool:
     """A loop or comprehension over a neighbour list."""
     if isinstance(node, (ast.For, ast.AsyncFor)):
-        return _walks_neighbours(node.iter)
-    return _is_comprehension(node) and any(_walks_neighbours(g.iter) for g in node.generators)
+        return _walks_neighbours(node.iter, lists)
+    return _is_comprehension(node) and any(_walks_neighbours(g.iter, lists) for g in node.generators)
 
 
 def _statements(body: list[ast.stmt]):
@@ -145,9 +252,14 @@ def _per_neighbour_names(loop: ast.For) -> tuple[set[str], set[str]]:
 
 
 def _accumulates(node: ast.AST, derived: set[str], rebound: set[str]) -> bool:
-    """``n += c`` or ``n = n + c`` on a name carried across iterations, where ``c`` holds
-    nothing per neighbour: per neighbour in eager code, once at trace time. A name the
-    body assigns afresh first (``m = u.h @ W; m = m + b``) carries nothing across."""
+    """``n += c``, ``n = n + c`` or ``(n := n + c)`` on a name carried across iterations,
+    where ``c`` holds nothing per neighbour: per neighbour in eager code, once at trace
+    time. A name the body assigns afresh first (``m = u.h @ W; m = m + b``) carries
+    nothing across."""
+    if isinstance(node, ast.NamedExpr):
+        value, name = node.value, node.target.id
+        return (isinstance(value, ast.BinOp) and isinstance(value.left, ast.Name) and value.left.id == name
+                and not _reads(value.right, derived))
     if isinstance(node, ast.AugAssign):
         target = node.target
         return isinstance(target, ast.Name) and target.id not in rebound and not _reads(node.value, derived)
@@ -164,35 +276,103 @@ def _called_name(func: ast.expr) -> str | None:
     return func.attr if isinstance(func, ast.Attribute) else None
 
 
-def _names_of_neighbour_lists(tree: ast.AST) -> set[str]:
-    """Names only ever assigned a list built from a neighbour list (``nb = [u.h for u in
-    v.innbs]``); a name also bound to something else (``h = sum(h)``) is not followed."""
-    assigned: dict[str, bool] = {}
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            listed = isinstance(node, ast.Assign) and _built_from_neighbours(node.value, set())
-            for name in set().union(*(_names(t) for t in targets)):
-                assigned[name] = assigned.get(name, True) and listed
-    return {name for name, listed in assigned.items() if listed}
+def _names_of_neighbour_lists(tree: ast.AST, given: frozenset[str], listing: frozenset[str]) -> set[str]:
+    """Names holding a list built from a neighbour list: ``given`` (a helper's parameters
+    passed one), and names only ever assigned one (``nb = [u.h for u in v.innbs]``, ``nbs
+    = v.innbs``, ``hs = [f(x) for x in nbs]``) or an empty list that a loop over one fills
+    (``msgs = []``, then ``msgs.append(m)`` in the loop); a name also bound to something
+    else (``h = sum(h)``) is not followed. Aliases chain, so this runs to a fixed point.
+    ``listing`` names the helpers that return such a list, as `_built_from_neighbours`
+    reads a call of one."""
+    lists = set(given) | listing
+    while True:
+        assigned, filled = {name: True for name in given}, set()
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.NamedExpr)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                if isinstance(node, ast.Assign) and isinstance(node.value, ast.List) and not node.value.elts:
+                    continue        # msgs = []: a list only what fills it makes
+                listed = isinstance(node, (ast.Assign, ast.NamedExpr)) and _built_from_neighbours(node.value, lists)
+                for target in targets:      # first, *rest = nb binds items, not the list; nb[0] = x binds none
+                    for name in _bound_names(target):
+                        assigned[name] = assigned.get(name, True) and listed and isinstance(target, ast.Name)
+            elif isinstance(node, ast.For) and _walks_neighbours(node.iter, lists):
+                filled |= {n.func.value.id for stmt in node.body for n in ast.walk(stmt) if _fill_call(n)}
+        found = {name for name, listed in assigned.items() if listed} | {n for n in filled if assigned.get(n, True)}
+        if found <= lists:
+            return lists
+        lists |= found
+
+
+def _bound_names(target: ast.expr) -> set[str]:
+    """The names an assignment to ``target`` binds (``a``, ``a, *b``; not ``a[0]`` or ``a.x``)."""
+    if isinstance(target, ast.Name):
+        return {target.id}
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return set().union(*(_bound_names(t) for t in target.elts))
+    return _bound_names(target.value) if isinstance(target, ast.Starred) else set()
+
+
+def _fill_call(node: ast.AST) -> bool:
+    """``name.append(x)``, ``name.extend(xs)`` or ``name.insert(i, x)``."""
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("append", "extend", "insert") and isinstance(node.func.value, ast.Name))
+
+
+def _fills(node: ast.AST, derived: set[str]) -> list[str]:
+    """What is wrong with filling a list in a loop over a neighbour list: appending
+    something that does not come from the neighbour counts (one item at trace time, one
+    per neighbour in eager code); ``extend`` adds an unknown number per neighbour and
+    ``insert`` puts them in another order than the neighbours'."""
+    if not _fill_call(node):
+        return []
+    if node.func.attr != "append":
+        return [_FILLS]
+    return [] if node.args and _reads(node.args[0], derived) else [_LOOP]
+
+
+def _read_after(scope: ast.AST, names: set[str], tree: ast.AST) -> list[int]:
+    """Lines reading, after ``scope`` (a loop or comprehension over the neighbours), a name
+    it bound to a per-neighbour value (``u``, ``m = u.h @ W``, ``(y := u.h)``): eager code
+    reads the last neighbour's, the trace its one symbolic neighbour. A name bound again
+    after the scope (another loop's ``u``) is not followed."""
+    end = (scope.end_lineno, scope.end_col_offset)
+    after = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and (n.lineno, n.col_offset) > end]
+    again = {n.id for n in after if not isinstance(n.ctx, ast.Load)}
+    return [n.lineno for n in after if isinstance(n.ctx, ast.Load) and n.id in names - again]
+
+
+def _inner_reduction(node: ast.AST, derived: set[str], lists: set[str]) -> bool:
+    """``sum([u.h * k for k in ks])`` or ``max([a, b])`` in the per-neighbour part of a
+    loop or comprehension over the neighbours: a Python reduction of each neighbour's own
+    values, over a list that is not the neighbour list. Traced, a one-item list of them
+    cannot be told from the neighbour list and would be aggregated over the neighbours."""
+    if not (isinstance(node, ast.Call) and _called_name(node.func) in ("sum", "max", "min") and node.args):
+        return False
+    items = node.args[0]
+    per_neighbour = isinstance(items, (ast.List, ast.Tuple, ast.Set)) or (
+        _is_comprehension(items) and not any(_walks_neighbours(g.iter, lists) for g in items.generators))
+    return per_neighbour and _reads(items, derived)
 
 
 def _built_from_neighbours(expr: ast.expr, names: set[str]) -> bool:
-    """A neighbour list, a list made from one (a comprehension over it, ``list(v.innbs)``)
-    or a name holding such a list."""
+    """A neighbour list, a list made from one (a comprehension over it, ``list(v.innbs)``),
+    a name holding such a list or a call of a helper in ``names`` that returns one."""
     if _is_neighbour_list(expr) or (isinstance(expr, ast.Name) and expr.id in names):
         return True
+    if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and expr.func.id in names:
+        return True
     if _is_comprehension(expr) and not isinstance(expr, ast.GeneratorExp):
-        return any(_walks_neighbours(g.iter) for g in expr.generators)
+        return any(_walks_neighbours(g.iter, names) for g in expr.generators)
     return (isinstance(expr, ast.Call) and _called_name(expr.func) in ("list", "tuple")
             and len(expr.args) == 1 and _built_from_neighbours(expr.args[0], names))
 
 
-def _over_degree_range(expr: ast.expr) -> bool:
-    """``range(len(v.innbs))``."""
+def _over_degree_range(expr: ast.expr, lists: set[str]) -> bool:
+    """``range(len(v.innbs))``, or of a list built from it."""
     return (isinstance(expr, ast.Call) and _called_name(expr.func) == "range" and len(expr.args) == 1
             and isinstance(expr.args[0], ast.Call) and _called_name(expr.args[0].func) == "len"
-            and len(expr.args[0].args) == 1 and _is_neighbour_list(expr.args[0].args[0]))
+            and len(expr.args[0].args) == 1 and _built_from_neighbours(expr.args[0].args[0], lists))
 
 
 def _positions_only_index(call: ast.Call, parents: dict[ast.AST, ast.AST], whole_target: bool = False) -> bool:
@@ -202,6 +382,8 @@ def _positions_only_index(call: ast.Call, parents: dict[ast.AST, ast.AST], whole
     traced item at trace time). Arithmetic on ``i`` needs real positions."""
     owner = parents.get(call)
     if not isinstance(owner, (ast.For, ast.comprehension)) or owner.iter is not call:
+        return False
+    if not whole_target and (len(call.args) != 1 or call.keywords):     # enumerate(nb, 1): shifted positions
         return False
     target = owner.target
     if whole_target:
@@ -217,12 +399,25 @@ def _positions_only_index(call: ast.Call, parents: dict[ast.AST, ast.AST], whole
     return all(isinstance(parents.get(n), ast.Subscript) and parents[n].slice is n for n in uses)
 
 
-def _numbers_positions(expr: ast.expr) -> bool:
-    """Something zipped with a neighbour list that numbers or lists positions, not
-    neighbours: ``range(...)``, ``itertools.count()``, a literal list or tuple. (A list
-    built from the same neighbours, a helper's result included, lines up with them.)"""
-    return isinstance(expr, (ast.List, ast.Tuple, ast.Constant)) or (
-        isinstance(expr, ast.Call) and _called_name(expr.func) in ("range", "count", "repeat", "cycle"))
+def _degree_as_a_number(node: ast.AST, lists: set[str], parents: dict[ast.AST, ast.AST]) -> bool:
+    """``len(v.innbs)`` where Python takes it as an int other than ``range(len(v.innbs))``
+    (which lines up lists of the same neighbours): a range from or to another bound, a
+    list repeated, an index. The traced count is 1 there; arithmetic on it (``len(nb) -
+    1``) is a graph value, which ``range`` cannot take either."""
+    if not (isinstance(node, ast.Call) and _called_name(node.func) == "len" and len(node.args) == 1
+            and _built_from_neighbours(node.args[0], lists)):
+        return False
+    user, inside = parents.get(node), node
+    while isinstance(user, (ast.BinOp, ast.UnaryOp)):      # len(nb) - 1: still a count
+        inside, user = user, parents.get(user)
+    if isinstance(user, ast.Call) and _called_name(user.func) == "range":
+        return user.args != [node]
+    if isinstance(user, ast.Subscript) and user.slice is inside:
+        return True
+    parent = parents.get(node)
+    return (isinstance(parent, ast.BinOp) and isinstance(parent.op, ast.Mult)
+            and any(isinstance(side, (ast.List, ast.Tuple, ast.ListComp)) or _built_from_neighbours(side, lists)
+                    for side in (parent.left, parent.right)))
 
 
 def _fixed_position(index: ast.expr) -> bool:
@@ -259,20 +454,38 @@ _PAIRS = ("a loop over v.innbs / v.inedges inside another pairs each traced neig
           "traced loop runs once); pairs of neighbours are not supported -- aggregate each list on its own")
 _POSITIONS = ("a position from range(len(v.innbs)) used other than to index lists of the same neighbours "
               "(a[i]) is 0 at trace time for every neighbour; aggregate every neighbour (sum, max, min)")
-_ZIP = ("zip() of v.innbs / v.inedges with positions (range, count, a literal list) pairs the one traced "
-        "neighbour with the first; zip lists of the same neighbours only (zip(v.innbs, v.inedges))")
 _SLICED = ("indexing or slicing a list built from v.innbs / v.inedges: at trace time it holds one symbolic "
            "neighbour, so a prefix or a position is not known; aggregate every neighbour (sum, max, min)")
+_SPREAD = ("*list of a list built from v.innbs / v.inedges spreads the one traced neighbour as one argument or "
+           "item; aggregate every neighbour (sum, max, min) instead")
+_FILLS = ("extend() or insert() on a list in a loop over v.innbs / v.inedges: the traced loop runs once, so how "
+          "many items it adds or in what order is not known; append() one per-neighbour value, or use a "
+          "comprehension")
+_INNER = ("sum/max/min of a list of one neighbour's values (not the neighbour list) inside a loop or comprehension "
+          "over v.innbs / v.inedges cannot be told from an aggregate over the neighbours at trace time; write it "
+          "out (a + b, torch.maximum(a, b))")
+_LAST = ("a name bound in a loop or comprehension over v.innbs / v.inedges to a per-neighbour value (the loop "
+         "variable, m = u.h @ W, acc = acc + u.h), read after it: the traced loop runs once, so it holds one "
+         "symbolic neighbour's value where eager code has the last neighbour's or a running total; aggregate "
+         "every neighbour with sum/max/min over a list built from v.innbs")
+_REORDERS = ("pop, remove, reverse, sort, insert, index or count on a list built from v.innbs / v.inedges: at "
+             "trace time it holds one symbolic neighbour, so a position or an order is not known; aggregate "
+             "every neighbour (sum, max, min)")
+_DEGREE_NUMBER = ("len(v.innbs) taken as a Python int other than in range(len(v.innbs)) (another range, a "
+                  "repeated list, an index) is 1 at trace time; use it in tensor arithmetic")
 _TRUTH = ("the truth of a list built from v.innbs / v.inedges (if nb:, nb and ...) is True at trace time for "
           "every vertex, even one without neighbours; test len(v.innbs) in torch.where instead")
+_REORDERING = ("pop", "remove", "reverse", "sort", "insert", "index", "count")
 _ONE_PASS_CALLS = {
     name: f"{name}() over v.innbs / v.inedges sees one traced neighbour; {advice}"
     for names, advice in (
         (("enumerate",), "a neighbour's position is not known (every vertex's neighbours would be numbered 0)"),
         (("map", "filter"), "write a comprehension ([f(u) for u in v.innbs]), which gnnfuse traces per neighbour"),
         (("islice", "takewhile", "dropwhile", "next", "iter", "reversed", "sorted", "combinations",
-          "permutations", "product", "pairwise", "accumulate"),
-         "an order, a prefix or a pairing of neighbours is not known; aggregate every neighbour (sum, max, min)"))
+          "permutations", "product", "pairwise", "accumulate", "reduce"),
+         "an order, a prefix or a pairing of neighbours is not known; aggregate every neighbour (sum, max, min)"),
+        (("cat", "concat", "concatenate", "stack", "hstack", "vstack", "tensor", "as_tensor"),
+         "it would stack one traced neighbour, not every neighbour; aggregate every neighbour (sum, max, min)"))
     for name in names}
 _CONSTANTS = ("a list of values that do not come from the neighbour (constants, v.h) built from v.innbs / "
               "v.inedges has one element at trace time, so its len() or sum() counts 1; use len(v.innbs), the "

@@ -223,34 +223,57 @@ def _aggregate(tracer: Tracer, builtin: Callable, op: str):
 
 def _length(tracer: Tracer):
     """``len`` that counts a neighbour list symbolically: ``len(v.innbs)``, and the one
-    element of a list built from it (``len([u for u in v.innbs])``, ``len(list(v.innbs))``)."""
+    element of a list built from it (``len([u for u in v.innbs])``, ``len(list(v.innbs))``).
+    Any other container holding traced neighbours -- a set or dict of them, a list with
+    more (``hs + [v.h]``, ``hs * 2``) -- holds one per neighbour, plus or times something,
+    in eager code; Python's count of the traced one would be a constant."""
     def length(obj):
+        if isinstance(obj, SymTensor):      # not a probe: the user's code asked, and may catch the error
+            raise tracer.error("len() of a symbolic feature value cannot be compiled")
         if isinstance(obj, _Neighbours) or (isinstance(obj, (list, tuple)) and _BUILTINS["len"](obj) == 1
                                             and _from_neighbour(obj[0])):
             return tracer.in_degree()
+        if _holds_neighbours(obj):
+            raise tracer.error("len() of a container holding v.innbs / v.inedges items that is not a list built "
+                               "from them one per neighbour (a set or dict of them, a list joined or repeated) "
+                               "counts the one traced neighbour; use len(v.innbs), the per-vertex in-degree")
         return _BUILTINS["len"](obj)
     return length
 
 
-_BUILTINS = {name: getattr(builtins, name) for name in ("sum", "max", "min", "len")}
+def _zip(tracer: Tracer):
+    """``zip`` that lines up neighbour lists only with lists of the same neighbours: the
+    traced list holds one neighbour, so zipped with positions or values (``range``, a list
+    of weights, ``itertools.count()``) it would pair every neighbour with the first."""
+    def zipped(*iterables, **kwargs):
+        if any(_neighbour_list(x) for x in iterables) and not all(_neighbour_list(x) for x in iterables):
+            raise tracer.error("zip() of v.innbs / v.inedges with something not built from the same neighbours "
+                               "(range, count, a list of values) pairs the one traced neighbour with its first "
+                               "item; zip lists of the same neighbours only (zip(v.innbs, v.inedges))")
+        return _BUILTINS["zip"](*iterables, **kwargs)
+    return zipped
+
+
+_BUILTINS = {name: getattr(builtins, name) for name in ("sum", "max", "min", "len", "zip")}
 _BUILTINS_SWAP = threading.RLock()   # re-entrant: a UDF may call another vertex function
 
 
 def _counting_builtins(tracer: Tracer) -> dict[str, Callable]:
-    """``sum``, ``max``, ``min`` and ``len`` that aggregate or count a traced neighbour list."""
+    """``sum``, ``max``, ``min`` and ``len`` that aggregate or count a traced neighbour
+    list, and ``zip`` that lines it up only with lists of the same neighbours."""
     return {"sum": _aggregate(tracer, _BUILTINS["sum"], "sum"), "max": _aggregate(tracer, _BUILTINS["max"], "max"),
-            "min": _aggregate(tracer, _BUILTINS["min"], "min"), "len": _length(tracer)}
+            "min": _aggregate(tracer, _BUILTINS["min"], "min"), "len": _length(tracer), "zip": _zip(tracer)}
 
 
 @contextlib.contextmanager
 def _in_helpers(counting: Mapping[str, Callable]):
-    """While the function runs, ``sum``/``max``/``min``/``len`` called from user code
+    """While the function runs, ``sum``/``max``/``min``/``len``/``zip`` called from user code
     outside it (a helper taking the neighbour list: ``def mean(xs): return sum(xs) /
     len(xs)``) aggregate and count too: a helper's globals cannot be patched, and there
     the list built from ``v.innbs`` holds one traced neighbour, so the builtin ``len``
     would count 1. The builtins are replaced for the trace only; a call reaches the
     counting version only from code outside gnnfuse and torch and on a neighbour list
-    (``v.innbs`` or a list built from it), every other call the original builtin."""
+    (``v.innbs`` or a container holding its items), every other call the original builtin."""
     def user_only(name: str) -> Callable:
         original, patched = builtins.__dict__[name], counting[name]
 
@@ -259,7 +282,7 @@ def _in_helpers(counting: Mapping[str, Callable]):
                 return original(*args, **kwargs)
             if name != "len" and isinstance(args[0], types.GeneratorType):
                 args = (list(args[0]),) + args[1:]
-            counted = _neighbour_list(args[0]) or any(isinstance(x, SymTensor) for x in args)
+            counted = any(_holds_neighbours(x) or isinstance(x, SymTensor) for x in args)
             return (patched if counted else original)(*args, **kwargs)
         return call
     import torch._dynamo  # noqa: F401  (see below)
@@ -280,6 +303,15 @@ def _in_helpers(counting: Mapping[str, Callable]):
 def _neighbour_list(obj) -> bool:
     """``v.innbs`` / ``v.inedges``, or a list or tuple built from its traced neighbour."""
     return isinstance(obj, _Neighbours) or (isinstance(obj, (list, tuple)) and any(_from_neighbour(x) for x in obj))
+
+
+def _holds_neighbours(obj) -> bool:
+    """A neighbour list, or a set, dict (keys or values) or dict view holding its items."""
+    if isinstance(obj, dict):
+        return _neighbour_list(list(obj)) or _neighbour_list(list(obj.values()))
+    if isinstance(obj, (set, frozenset, type({}.keys()), type({}.values()), type({}.items()))):
+        return _neighbour_list(list(obj))
+    return _neighbour_list(obj)
 
 
 def _from_neighbour(item) -> bool:
