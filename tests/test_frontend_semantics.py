@@ -407,7 +407,26 @@ def _list_repeated_by_the_degree(v):
     return sum([v.h] * len(v.innbs))
 
 
+def _numbered_pairs(v):
+    return sum([u.h * (i + 1) for i, (u, e) in enumerate(zip(v.innbs, v.inedges))])
+
+
+def _first_pair(v):
+    pairs = list(zip(v.innbs, v.inedges))
+    u0, e0 = pairs[0]
+    return sum([u0.h * u.h for u in v.innbs])
+
+
+def _local_helper_slices(v):
+    def first(xs):
+        return sum(xs[:1])
+    return first([u.h for u in v.innbs])
+
+
 @pytest.mark.parametrize("fn, text, message", [
+    (_numbered_pairs, "enumerate(zip(", "enumerate"),
+    (_first_pair, "pairs[0]", "slicing a list built from v.innbs"),
+    (_local_helper_slices, "sum(xs[:1])", "slicing a list built from v.innbs"),
     (_helper_result_sliced, "sum(hs[:2])", "slicing a list built from v.innbs"),
     (_reversed_in_place, "hs.reverse()", "pop, remove, reverse"),
     (_item_replaced, "hs[0] = v.h", "slicing a list built from v.innbs"),

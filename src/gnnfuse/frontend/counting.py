@@ -283,10 +283,12 @@ def _names_of_neighbour_lists(tree: ast.AST, given: frozenset[str], listing: fro
     (``msgs = []``, then ``msgs.append(m)`` in the loop); a name also bound to something
     else (``h = sum(h)``) is not followed. Aliases chain, so this runs to a fixed point.
     ``listing`` names the helpers that return such a list, as `_built_from_neighbours`
-    reads a call of one."""
+    reads a call of one; a function defined inside the checked one is followed the same
+    way, its parameters given a list and its name if it returns one."""
     lists = set(given) | listing
+    local = {n.name: n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
     while True:
-        assigned, filled = {name: True for name in given}, set()
+        assigned, filled = {name: True for name in given}, set(_local_lists(tree, local, lists))
         for node in ast.walk(tree):
             if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.NamedExpr)):
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
@@ -302,6 +304,21 @@ def _names_of_neighbour_lists(tree: ast.AST, given: frozenset[str], listing: fro
         if found <= lists:
             return lists
         lists |= found
+
+
+def _local_lists(tree: ast.AST, local: dict[str, ast.FunctionDef], lists: set[str]):
+    """The parameters of functions defined in ``tree`` that a call of theirs hands a
+    neighbour list, and the names of those that return one."""
+    for name, definition in local.items():
+        if any(isinstance(n, ast.Return) and n.value is not None and _built_from_neighbours(n.value, lists)
+               for n in ast.walk(definition)):
+            yield name
+    for call in ast.walk(tree):
+        if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id in local:
+            arguments = local[call.func.id].args
+            params = [a.arg for a in arguments.posonlyargs + arguments.args]
+            yield from (params[i] for i in _listed_positions(call, lists) if i < len(params))
+            yield from (k.arg for k in call.keywords if k.arg and _passes_neighbours(k.value, lists))
 
 
 def _bound_names(target: ast.expr) -> set[str]:
@@ -364,6 +381,8 @@ def _built_from_neighbours(expr: ast.expr, names: set[str]) -> bool:
         return True
     if _is_comprehension(expr) and not isinstance(expr, ast.GeneratorExp):
         return any(_walks_neighbours(g.iter, names) for g in expr.generators)
+    if isinstance(expr, ast.Call) and _called_name(expr.func) == "zip":      # zip(v.innbs, v.inedges)
+        return any(_built_from_neighbours(a, names) for a in expr.args)
     return (isinstance(expr, ast.Call) and _called_name(expr.func) in ("list", "tuple")
             and len(expr.args) == 1 and _built_from_neighbours(expr.args[0], names))
 
