@@ -113,6 +113,23 @@ def test_edge_tables_of_the_wrong_length_or_with_deferred_batches_are_refused():
         NeighborLoader(graph, [2], x=data.x, edge_weight=data.edge_weight, static_shapes=True, deferred=True)
 
 
+def test_an_in_place_change_to_an_edge_table_reaches_the_next_batch_as_one_to_x_does():
+    """The loader kept a copy of each edge table reordered when it was made: after
+    ``data.edge_attr.mul_(10)`` a block still held the old rows (0.0, 1.0, ... where
+    PyG's batch, reading the table per batch, holds 0.0, 10.0, ...) while ``batch.x``
+    held the new ones."""
+    data = pyg_data(_power_law(20, 60))
+    loader = NeighborLoader(data, [3], batch_size=8, prefetch=0)
+    data.edge_attr.mul_(10)
+    data.edge_weight.add_(1)
+    data.x.mul_(10)
+    batch = next(iter(loader))
+    block = batch.blocks[0]
+    assert torch.equal(batch.x, data.x[batch.n_id])
+    assert torch.equal(block.edge_attr, data.edge_attr[block.e_id])
+    assert torch.equal(block.edge_weight, data.edge_weight[block.e_id])
+
+
 def test_a_bare_graphs_loader_carries_no_edge_ids():
     """Nothing asked for edge rows: the blocks hold none (no gather or copy per hop)."""
     data = pyg_data(_power_law(20, 60))

@@ -89,9 +89,11 @@ class BatchMaker:
     capacities: Capacities | None = None     # pad batches that fit to these (`static_shapes`)
     deferred: bool = False                   # padded batches leave x and the layouts to the step
     source_side: SourceSideDemand = field(default_factory=SourceSideDemand)   # what steps walk by source
-    # edge tables, rows in the sampling CSR's order (a hop's ``eid`` indexes them), where
-    # their lookups run; ``edge_ids`` (on ``sample_device``) maps a CSR position to its
-    # edge's id. All None when the loader was given no edge table (`Block`).
+    # edge tables where their lookups run, a row per edge of ``edge_index`` in its order
+    # (the caller's tensors when already there, so an in-place change reaches the next
+    # batch, as for ``x`` and in PyG); ``edge_ids`` (on ``sample_device``) maps a CSR
+    # position to its edge's id, which indexes them. All None when the loader was given
+    # no edge table (`Block`).
     edge_attr: torch.Tensor | None = None
     edge_weight: torch.Tensor | None = None
     edge_ids: torch.Tensor | None = None
@@ -180,7 +182,8 @@ class BatchMaker:
         positions ``eid`` (`Block`); all None when the loader carries no edge table."""
         if self.edge_ids is None:
             return (None, None, None)
-        return (rows_of(self.edge_ids, eid), self._lookup(self.edge_attr, eid), self._lookup(self.edge_weight, eid))
+        e_id = rows_of(self.edge_ids, eid)
+        return (e_id, self._lookup(self.edge_attr, e_id), self._lookup(self.edge_weight, e_id))
 
     def _lookup(self, table: torch.Tensor | None, nodes: torch.Tensor) -> torch.Tensor | None:
         """Rows ``nodes`` of a feature or label table: gathered where the table is, or,

@@ -184,10 +184,10 @@ class NeighborLoader:
         self._maker = BatchMaker(csr.rowptr.long(), csr.col.long(), self._place(features), self._place(labels),
                                  tuple(self.num_neighbors), replace, self.device,
                                  self.sample_device, self.feature_device, self._zero_copy)
-        if edge_tables:     # rows put in the CSR's order once, so a hop's CSR positions index them
+        if edge_tables:     # read by edge id per batch, as PyG does: not a reordered copy made now
             self._maker.edge_ids = csr.eid.long()
             for name, table in edge_tables.items():
-                setattr(self._maker, name, self._place(table.index_select(0, csr.eid.to(table.device).long())))
+                setattr(self._maker, name, self._place(table))
         self.seeds = _seed_ids(input_nodes, graph.num_nodes)
         self.batch_size, self.shuffle, self.replace, self.drop_last = batch_size, shuffle, replace, drop_last
         self.prefetch, self.prefetch_threads, self.sampler = prefetch, prefetch_threads, sampler
