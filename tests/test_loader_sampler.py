@@ -151,6 +151,29 @@ def test_loader_rejects_bad_arguments(kwargs, message):
         NeighborLoader(graph, **arguments)
 
 
+@pytest.mark.parametrize("kwargs, error, message", [
+    ({"num_neighbors": [2.5]}, TypeError, r"whole numbers .* got \[2.5\]"),
+    ({"num_neighbors": {("v", "to", "v"): [2]}}, TypeError, "heterogeneous"),
+    ({"num_neighbors": 2}, TypeError, "a list of fanouts"),
+    ({"batch_size": 2.5}, ValueError, "batch_size must be a whole number")])
+def test_fanouts_and_batch_sizes_that_are_not_whole_numbers_are_refused_by_name(kwargs, error, message):
+    """A fanout of 2.5 sampled 2 in-edges per vertex without a word (``int(2.5)``); a
+    per-edge-type dict failed on ``int()`` of a key, a bare int on "not iterable", and a
+    batch size of 2.5 only at the first batch, in ``split``."""
+    graph = gnnfuse.Graph(torch.tensor([0, 1]), torch.tensor([1, 2]), 3)
+    with pytest.raises(error, match=message):
+        NeighborLoader(graph, **{"num_neighbors": [2], **kwargs})
+
+
+def test_whole_fanouts_come_as_any_integer_sequence_and_an_empty_seed_list_is_no_batch():
+    import numpy as np
+    graph = gnnfuse.Graph(torch.tensor([0, 1]), torch.tensor([1, 2]), 3)
+    for fanouts in ([2, -1], (2, -1), np.array([2, -1]), torch.tensor([2, -1])):
+        assert NeighborLoader(graph, fanouts, batch_size=np.int64(2)).num_neighbors == [2, -1]
+    loader = NeighborLoader(graph, [2], input_nodes=[], prefetch=0)     # was "got torch.float32 of shape [0]"
+    assert len(loader) == 0 and list(loader) == []
+
+
 def test_an_unindexed_cuda_device_means_the_current_one(monkeypatch):
     # tensors report cuda:0, and torch.device("cuda") != torch.device("cuda:0"): features already
     # on the GPU were taken for host features and moved back to the host

@@ -34,6 +34,7 @@ training step on the blocks reads nothing back from the device.
 from __future__ import annotations
 
 import contextlib
+import operator
 import warnings
 from typing import Any, Iterator, Sequence, Sized
 
@@ -81,11 +82,32 @@ def _indexed(device: torch.device | str) -> torch.device:
     return device
 
 
+def _fanouts(num_neighbors: Any) -> list[int]:
+    """``num_neighbors`` as a list of whole fanouts: ``int()`` had turned a fanout of 2.5
+    into 2 without a word, a PyG per-edge-type dict failed on ``int('author')``, and a
+    bare int on "'int' object is not iterable"."""
+    if isinstance(num_neighbors, dict):
+        raise TypeError("num_neighbors as a dict (a fanout list per edge type) is for PyG's heterogeneous "
+                        "graphs; NeighborLoader samples a homogeneous graph: give one list of fanouts")
+    if isinstance(num_neighbors, (str, bytes)) or not hasattr(num_neighbors, "__iter__"):
+        raise TypeError(f"num_neighbors must be a list of fanouts, one per hop, got {num_neighbors!r}")
+    try:
+        fanouts = [operator.index(k) for k in num_neighbors]
+    except TypeError:
+        raise TypeError(f"num_neighbors must hold whole numbers (a fanout per hop, -1 for all), got "
+                        f"{list(num_neighbors)}") from None
+    if not fanouts or any(k < -1 or k == 0 for k in fanouts):
+        raise ValueError(f"num_neighbors must be a non-empty list of fanouts >= 1 (or -1 for all), got {fanouts}")
+    return fanouts
+
+
 def _seed_ids(input_nodes: Any, num_nodes: int) -> torch.Tensor:
     """The seed vertices as int64 ids on the host: all vertices, a boolean mask, or ids."""
     if input_nodes is None:
         return torch.arange(num_nodes)
     ids = torch.as_tensor(input_nodes).cpu()
+    if ids.dim() == 1 and ids.numel() == 0:       # an empty list is a float tensor: no seeds, not a bad type
+        return ids.long()
     if ids.dtype == torch.bool:
         if ids.numel() != num_nodes:
             raise ValueError(f"input_nodes mask has {ids.numel()} entries but the graph has {num_nodes} nodes")
@@ -149,12 +171,10 @@ class NeighborLoader:
         if graph.is_bipartite or graph.edge_type is not None:
             raise ValueError("NeighborLoader samples a homogeneous graph with one vertex set; this graph is "
                              f"{'bipartite' if graph.is_bipartite else 'typed'}")
-        self.num_neighbors = [int(k) for k in num_neighbors]
-        if not self.num_neighbors or any(k < -1 or k == 0 for k in self.num_neighbors):
-            raise ValueError(f"num_neighbors must be a non-empty list of fanouts >= 1 (or -1 for all), got "
-                             f"{list(num_neighbors)}")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.num_neighbors = _fanouts(num_neighbors)
+        if not hasattr(type(batch_size), "__index__") or operator.index(batch_size) < 1:    # 2.5 failed in split
+            raise ValueError(f"batch_size must be a whole number >= 1, got {batch_size!r}")
+        batch_size = operator.index(batch_size)
         if sampler is not None and shuffle:
             raise ValueError("sampler is mutually exclusive with shuffle (the sampler orders the seeds)")
         if prefetch < 0:
