@@ -174,6 +174,23 @@ def test_whole_fanouts_come_as_any_integer_sequence_and_an_empty_seed_list_is_no
     assert len(loader) == 0 and list(loader) == []
 
 
+def test_a_learnable_feature_table_is_read_fresh_on_demand_or_refused():
+    """``x`` an ``nn.Parameter`` (a learnable embedding): with the default prefetch a
+    batch's rows were read before the optimizer stepped on the batches before it (after
+    ``x.mul_(2)`` per batch the next batch held rows 2x or 4x too small, by the thread's
+    timing), and a worker failed with "a loader batch holds only plain dense tensors"."""
+    graph = gnnfuse.Graph(torch.tensor([0, 1, 2, 3]), torch.tensor([1, 2, 3, 0]), 4)
+    x = torch.nn.Parameter(torch.arange(4.0).unsqueeze(1))
+    with pytest.raises(ValueError, match="x requires grad .* prefetch=2 would read its rows for batches ahead"):
+        NeighborLoader(graph, [1], x=x)
+    with pytest.raises(ValueError, match="num_workers=1 processes would send its rows without their gradient"):
+        NeighborLoader(graph, [1], x=x, num_workers=1)
+    for batch in NeighborLoader(graph, [1], batch_size=1, x=x, prefetch=0):
+        assert torch.equal(batch.x, x[batch.n_id]) and batch.x.requires_grad
+        with torch.no_grad():
+            x.mul_(2)
+
+
 def test_an_unindexed_cuda_device_means_the_current_one(monkeypatch):
     # tensors report cuda:0, and torch.device("cuda") != torch.device("cuda:0"): features already
     # on the GPU were taken for host features and moved back to the host

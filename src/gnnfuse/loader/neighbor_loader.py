@@ -123,6 +123,25 @@ def _seed_ids(input_nodes: Any, num_nodes: int) -> torch.Tensor:
     return ids
 
 
+def _check_learnable(name: str, table: torch.Tensor, placed: torch.Tensor, prefetch: int, num_workers: int) -> None:
+    """Refuse a table that requires grad (a learnable embedding as ``x``) where its batches
+    would not read it as the optimizer left it: a batch prepared ahead (``prefetch``) reads
+    rows the optimizer has not updated yet (how many steps stale depends on the thread's
+    timing), a worker process sends rows without their gradient, and a copy made here
+    (another device, pinned memory) never sees an update. Read on demand from the table
+    itself, its rows are PyG's (``data.x[n_id]``) with their gradient."""
+    if placed is not table:
+        why = f"the loader would copy it to {'pinned memory' if placed.is_pinned() else placed.device} once"
+    elif num_workers:
+        why = f"num_workers={num_workers} processes would send its rows without their gradient"
+    elif prefetch:
+        why = f"prefetch={prefetch} would read its rows for batches ahead, before the optimizer updates them"
+    else:
+        return
+    raise ValueError(f"{name} requires grad (a learnable table) and {why}: pass prefetch=0 and num_workers=0, "
+                     f"with the table where the batches go")
+
+
 class NeighborLoader:
     """Mini-batches of sampled neighbourhoods (see the module docstring).
 
@@ -208,6 +227,9 @@ class NeighborLoader:
             self._maker.edge_ids = csr.eid.long()
             for name, table in edge_tables.items():
                 setattr(self._maker, name, self._place(table))
+        for name, table in (("x", features), ("y", labels), *edge_tables.items()):
+            if table is not None and table.requires_grad:
+                _check_learnable(name, table, getattr(self._maker, name), prefetch, num_workers)
         self.seeds = _seed_ids(input_nodes, graph.num_nodes)
         self.batch_size, self.shuffle, self.replace, self.drop_last = batch_size, shuffle, replace, drop_last
         self.prefetch, self.prefetch_threads, self.sampler = prefetch, prefetch_threads, sampler
