@@ -155,11 +155,13 @@ def test_loader_rejects_bad_arguments(kwargs, message):
     ({"num_neighbors": [2.5]}, TypeError, r"whole numbers .* got \[2.5\]"),
     ({"num_neighbors": {("v", "to", "v"): [2]}}, TypeError, "heterogeneous"),
     ({"num_neighbors": 2}, TypeError, "a list of fanouts"),
-    ({"batch_size": 2.5}, ValueError, "batch_size must be a whole number")])
+    ({"batch_size": 2.5}, ValueError, "batch_size must be a whole number"),
+    ({"batch_size": torch.tensor([1])}, ValueError, "PyG's third positional argument is input_nodes")])
 def test_fanouts_and_batch_sizes_that_are_not_whole_numbers_are_refused_by_name(kwargs, error, message):
     """A fanout of 2.5 sampled 2 in-edges per vertex without a word (``int(2.5)``); a
-    per-edge-type dict failed on ``int()`` of a key, a bare int on "not iterable", and a
-    batch size of 2.5 only at the first batch, in ``split``."""
+    per-edge-type dict failed on ``int()`` of a key, a bare int on "not iterable", a
+    batch size of 2.5 only at the first batch, in ``split``; and PyG's third positional
+    argument, ``input_nodes``, as ``tensor([1])`` was taken for a batch size of 1."""
     graph = gnnfuse.Graph(torch.tensor([0, 1]), torch.tensor([1, 2]), 3)
     with pytest.raises(error, match=message):
         NeighborLoader(graph, **{"num_neighbors": [2], **kwargs})

@@ -34,6 +34,7 @@ training step on the blocks reads nothing back from the device.
 from __future__ import annotations
 
 import contextlib
+import numbers
 import operator
 import warnings
 from typing import Any, Iterator, Sequence, Sized
@@ -99,6 +100,18 @@ def _fanouts(num_neighbors: Any) -> list[int]:
     if not fanouts or any(k < -1 or k == 0 for k in fanouts):
         raise ValueError(f"num_neighbors must be a non-empty list of fanouts >= 1 (or -1 for all), got {fanouts}")
     return fanouts
+
+
+def _check_batch_size(batch_size: Any) -> None:
+    """Refuse a batch size that is not a whole number >= 1: 2.5 failed only at the first
+    batch, inside ``split``; and PyG's third positional argument is ``input_nodes``, so
+    ``NeighborLoader(data, [10], torch.tensor([7]))`` ported from PyG (seed 7 there) took
+    7 as the batch size and every vertex as a seed."""
+    if isinstance(batch_size, numbers.Integral) and batch_size >= 1:
+        return
+    hint = (" (PyG's third positional argument is input_nodes; here it is batch_size: pass input_nodes=...)"
+            if isinstance(batch_size, torch.Tensor) or hasattr(batch_size, "__len__") else "")
+    raise ValueError(f"batch_size must be a whole number >= 1, got {batch_size!r}{hint}")
 
 
 def _seed_ids(input_nodes: Any, num_nodes: int) -> torch.Tensor:
@@ -191,9 +204,8 @@ class NeighborLoader:
             raise ValueError("NeighborLoader samples a homogeneous graph with one vertex set; this graph is "
                              f"{'bipartite' if graph.is_bipartite else 'typed'}")
         self.num_neighbors = _fanouts(num_neighbors)
-        if not hasattr(type(batch_size), "__index__") or operator.index(batch_size) < 1:    # 2.5 failed in split
-            raise ValueError(f"batch_size must be a whole number >= 1, got {batch_size!r}")
-        batch_size = operator.index(batch_size)
+        _check_batch_size(batch_size)
+        batch_size = int(batch_size)
         if sampler is not None and shuffle:
             raise ValueError("sampler is mutually exclusive with shuffle (the sampler orders the seeds)")
         if prefetch < 0:
