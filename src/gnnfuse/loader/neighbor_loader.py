@@ -155,13 +155,28 @@ def _check_learnable(name: str, table: torch.Tensor, placed: torch.Tensor, prefe
                      f"with the table where the batches go")
 
 
+def _sampled_positions(sampler: Sized, num_seeds: int) -> torch.Tensor:
+    """An epoch's positions in ``input_nodes`` from ``sampler``, each once: a seed
+    repeated in a batch (a ``WeightedRandomSampler`` drawing with replacement, say) got
+    one destination row for both, so the batch's rows past it were other vertices' (seeds
+    0, 1, 0 gave ``blocks[-1].src_nodes[:3]`` = 0, 1, 3: the third row had vertex 3's
+    features and vertex 0's in-edges), and a negative position wrapped around."""
+    positions = torch.as_tensor(list(sampler), dtype=torch.int64)
+    if positions.numel() and (int(positions.min()) < 0 or int(positions.max()) >= num_seeds):
+        raise ValueError(f"sampler gave positions outside 0..{num_seeds - 1} (it indexes input_nodes)")
+    if torch.unique(positions).numel() != positions.numel():
+        raise ValueError("sampler gave a position twice in one epoch; a seed must appear once per epoch (a "
+                         "sampler drawing with replacement is not supported)")
+    return positions
+
+
 class NeighborLoader:
     """Mini-batches of sampled neighbourhoods (see the module docstring).
 
     PyG's arguments: ``num_neighbors`` (a fanout per hop, ``-1`` for all in-edges),
     ``batch_size``, ``input_nodes`` (ids or a mask; default all vertices), ``shuffle``,
     ``replace``, ``drop_last``, and torch ``DataLoader``'s ``sampler`` (an iterable of
-    positions in ``input_nodes`` giving each epoch's seed order, with ``len``; call its
+    positions in ``input_nodes`` giving each epoch's seed order, each once, with ``len``; call its
     ``set_epoch`` per epoch, as for ``torch.utils.data.DistributedSampler``, which is how
     data-parallel ranks each take their share; exclusive with ``shuffle``). gnnfuse's: ``x``/``y`` (and ``edge_attr``/``edge_weight``, a row
     per edge of ``edge_index``, which a PyG ``Data`` brings as attributes) for a bare
@@ -312,7 +327,7 @@ class NeighborLoader:
 
     def _seed_batches(self, generator: torch.Generator, device: torch.device) -> list[torch.Tensor]:
         if self.sampler is not None:
-            seeds = self.seeds[torch.as_tensor(list(self.sampler), dtype=torch.int64)]
+            seeds = self.seeds[_sampled_positions(self.sampler, self.seeds.numel())]
         else:
             seeds = self.seeds[torch.randperm(self.seeds.numel(), generator=generator)] if self.shuffle else self.seeds
         # where they are used, once per epoch, not copied there batch by batch; no seeds
