@@ -284,6 +284,26 @@ def test_an_output_in_a_missing_folder_is_a_usage_error_before_any_work(argv, tm
     assert not target.parent.exists()
 
 
+@pytest.mark.parametrize("argv", [["train", "--save"], ["train", "--plot"], ["bench", "--json"],
+                                  ["explain", "--dot"]], ids=lambda a: " ".join(a))
+def test_an_output_that_is_a_folder_is_a_usage_error_before_any_work(argv, tmp_path, capsys):
+    """``--save DIR`` trained, then died in IsADirectoryError renaming ``DIR.partial``
+    (written beside the folder) onto it: the run was lost."""
+    with pytest.raises(SystemExit) as stopped:
+        main([*argv, str(tmp_path)])
+    assert stopped.value.code == 2 and "is a folder" in capsys.readouterr().err
+    assert list(tmp_path.parent.glob(f"{tmp_path.name}.partial")) == []
+
+
+def test_two_outputs_on_one_file_are_a_usage_error_before_any_work(tmp_path, capsys):
+    """``--save out --plot out`` saved the checkpoint, then drew the curves over it."""
+    target = str(tmp_path / "out")
+    with pytest.raises(SystemExit) as stopped:
+        main(["train", "--save", target, "--plot", target])
+    assert stopped.value.code == 2 and "same file" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_checkpoint_is_written_after_every_run(tmp_path):
     """It was written once all runs had finished: Ctrl-C in run 5 of 10 lost runs 1-4."""
     path = tmp_path / "runs.pt"

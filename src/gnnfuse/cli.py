@@ -17,7 +17,7 @@ from .distributed.fullgraph import PARTITIONED_MODELS
 from .distributed.process_group import launched_by_torchrun
 from .graph import Graph
 from .nn.models import get_model, model_names
-from .output_paths import missing_folder
+from .output_paths import unwritable_output
 from .runtime.cuda_graph import MODES
 from .threads import THREADS_ENV, configure_threads
 from .tuning import command as tuning_command
@@ -100,7 +100,7 @@ def checked_config(args: argparse.Namespace) -> TrainConfig:
     any data is read, and, with several ranks asked for, before they start (each rank
     would otherwise fail alike after loading the data, or -- a link model -- train the
     same run once per rank)."""
-    problem = missing_folder({"--save": args.save, "--plot": args.plot})
+    problem = unwritable_output({"--save": args.save, "--plot": args.plot})
     if problem:
         raise UsageError(problem)
     if args.plot and args.model and _task(args.model) == "link":

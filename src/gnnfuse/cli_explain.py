@@ -14,7 +14,7 @@ import torch
 from .bench import MODELS, build_model
 from .data import DATASET_NAMES, LOAD_ERRORS, load_node_dataset
 from .graph import Graph
-from .output_paths import missing_folder
+from .output_paths import unwritable_output
 from .runtime import explain
 
 
@@ -45,7 +45,7 @@ def edge_count_note(name: str, graph: Graph, model: torch.nn.Module) -> str:
 
 
 def run_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    problem = missing_folder({"--dot": args.dot})
+    problem = unwritable_output({"--dot": args.dot})
     if problem:
         parser.error(problem)
     try:

@@ -4,11 +4,22 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def missing_folder(outputs: dict[str, str | Path | None]) -> str | None:
-    """A usage error for the first output (``{"--save": path, ...}``) whose folder does
-    not exist, or None. Why up front: the write comes after the training or timing, so a
-    mistyped folder cost the whole run and then ended in a traceback."""
+def unwritable_output(outputs: dict[str, str | Path | None]) -> str | None:
+    """A usage error for the first output (``{"--save": path, ...}``) that cannot be
+    written as a file -- its folder does not exist, the path is a folder, or another
+    output names the same file -- or None. Why up front: the write comes after the
+    training or timing, so a mistyped path cost the whole run and then ended in a
+    traceback, or (two flags on one path) the second write replaced the first."""
+    seen: dict[Path, str] = {}
     for flag, path in outputs.items():
-        if path is not None and not Path(path).resolve().parent.is_dir():
-            return f"{flag} {path}: the folder {Path(path).resolve().parent} does not exist"
+        if path is None:
+            continue
+        resolved = Path(path).resolve()
+        if not resolved.parent.is_dir():
+            return f"{flag} {path}: the folder {resolved.parent} does not exist"
+        if resolved.is_dir():
+            return f"{flag} {path}: that is a folder; give a file name in it"
+        if resolved in seen:
+            return f"{flag} {path}: {seen[resolved]} writes the same file; give each output its own"
+        seen[resolved] = flag
     return None
