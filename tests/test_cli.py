@@ -122,6 +122,9 @@ def test_plot_writes_a_png(tmp_path, capsys):
     (["--dataset", "nope"], "unknown data set 'nope'"),
     (["--dataset", "cora-npz", "--root", "/nonexistent-gnnfuse-root"], "data file 'cora.npz' not found"),
     (["--hidden", "0"], "hidden must be >= 1"),
+    # trained on synthetic; split a data set without a split (cora-npz) and numpy's
+    # default_rng raised ValueError: expected non-negative integer, a traceback
+    (["--seed", "-1"], "seed must be >= 0"),
 ])
 def test_bad_options_are_usage_errors(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:

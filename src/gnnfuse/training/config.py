@@ -83,6 +83,8 @@ def make_config(model: str, dataset: str = DEFAULT_DATASET, *, runs: int = 1, se
         given["patience"] = None
     values = {**dataclasses.asdict(spec.defaults), **given}
     checks = [(runs >= 1, f"runs must be >= 1, got {runs}"),
+              # numpy's generators (the split of a data set without one) take no negative seed
+              (seed >= 0, f"seed must be >= 0, got {seed}"),
               (values["epochs"] >= 1, f"epochs must be >= 1, got {values['epochs']}"),
               (values["patience"] is None or values["patience"] >= 1,
                f"patience must be >= 0, got {values['patience']}"),
