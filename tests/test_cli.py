@@ -10,7 +10,8 @@ from gnnfuse.cli import main
 from gnnfuse.data import load_dataset
 from gnnfuse.nn import models
 from gnnfuse.training import EarlyStopping, load_checkpoint, make_config, train_runs
-from gnnfuse.training.loop import BestEpoch
+from gnnfuse.training.checkpoint import save_checkpoint
+from gnnfuse.training.loop import BestEpoch, RunResult, TrainSummary
 
 FAST = ["--epochs", "3"]
 
@@ -318,3 +319,14 @@ def test_a_checkpoint_is_written_after_every_run(tmp_path):
     assert seen == [1, 2] and not (tmp_path / "runs.pt.partial").exists()
     model, checkpoint = load_checkpoint(path, run=1)
     assert checkpoint["runs"][1]["seed"] == 1
+
+
+def test_loading_a_run_that_kept_no_weights_names_why(tmp_path):
+    """A run that diverged at its first epoch is saved with an empty state dict; loading
+    it failed in load_state_dict's 'Missing key(s)' RuntimeError."""
+    config = make_config("gcn", epochs=1)
+    diverged = RunResult(seed=0, best_epoch=0, best_val_acc=float("nan"), test_acc=float("nan"), epochs_run=1,
+                         seconds=0.0, state_dict={})
+    save_checkpoint(TrainSummary(config, "synthetic", 64, 5, [diverged]), tmp_path / "runs.pt")
+    with pytest.raises(ValueError, match=r"run 0 \(seed 0\) has no weights: it diverged"):
+        load_checkpoint(tmp_path / "runs.pt")

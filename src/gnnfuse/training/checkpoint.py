@@ -38,6 +38,10 @@ def load_checkpoint(path: str | os.PathLike, run: int = 0) -> tuple[nn.Module, d
         raise ValueError(f"{path} is not a gnnfuse train checkpoint (format {CHECKPOINT_FORMAT})")
     if not 0 <= run < len(checkpoint["runs"]):
         raise ValueError(f"{path} holds {len(checkpoint['runs'])} run(s); run {run} does not exist")
+    saved = checkpoint["runs"][run]
+    if not saved["state_dict"]:      # a run that diverged before any finite epoch kept no weights
+        raise ValueError(f"{path}: run {run} (seed {saved['seed']}) has no weights: it diverged before its "
+                         "first finite epoch, so it has no best epoch to rebuild")
     config = checkpoint["config"]
     if config.get("fanout"):       # a mini-batch run: one layer per sampled hop
         model = build_block_model(config["model"], checkpoint["in_channels"], checkpoint["out_channels"],
@@ -45,5 +49,5 @@ def load_checkpoint(path: str | os.PathLike, run: int = 0) -> tuple[nn.Module, d
     else:
         model = build_model(config["model"], checkpoint["in_channels"], checkpoint["out_channels"],
                             config["hidden"], config["dropout"])
-    model.load_state_dict(checkpoint["runs"][run]["state_dict"])
+    model.load_state_dict(saved["state_dict"])
     return model.eval(), checkpoint
