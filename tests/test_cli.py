@@ -278,7 +278,7 @@ def test_plot_with_a_link_model_is_a_usage_error_before_training(tmp_path, capsy
 
 
 @pytest.mark.parametrize("argv", [["train", "--save"], ["train", "--plot"], ["bench", "--json"],
-                                  ["explain", "--dot"]], ids=lambda a: " ".join(a))
+                                  ["explain", "--dot"], ["explain", "--graph"]], ids=lambda a: " ".join(a))
 def test_an_output_in_a_missing_folder_is_a_usage_error_before_any_work(argv, tmp_path, capsys):
     """The write came after the training or timing, which a typo then cost in full."""
     target = tmp_path / "missing" / "out.file"
@@ -289,7 +289,7 @@ def test_an_output_in_a_missing_folder_is_a_usage_error_before_any_work(argv, tm
 
 
 @pytest.mark.parametrize("argv", [["train", "--save"], ["train", "--plot"], ["bench", "--json"],
-                                  ["explain", "--dot"]], ids=lambda a: " ".join(a))
+                                  ["explain", "--dot"], ["explain", "--graph"]], ids=lambda a: " ".join(a))
 def test_an_output_that_is_a_folder_is_a_usage_error_before_any_work(argv, tmp_path, capsys):
     """``--save DIR`` trained, then died in IsADirectoryError renaming ``DIR.partial``
     (written beside the folder) onto it: the run was lost."""

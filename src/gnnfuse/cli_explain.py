@@ -45,7 +45,7 @@ def edge_count_note(name: str, graph: Graph, model: torch.nn.Module) -> str:
 
 
 def run_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    problem = unwritable_output({"--dot": args.dot})
+    problem = unwritable_output({"--dot": args.dot, "--graph": args.graph})
     if problem:
         parser.error(problem)
     try:
