@@ -299,6 +299,19 @@ def test_an_output_that_is_a_folder_is_a_usage_error_before_any_work(argv, tmp_p
     assert list(tmp_path.parent.glob(f"{tmp_path.name}.partial")) == []
 
 
+@pytest.mark.parametrize("argv", [["train", *FAST], ["bench", "--frameworks", "gnnfuse", "--steps", "1"]],
+                         ids=lambda a: a[0])
+@pytest.mark.parametrize("name", ["curves.xyz", "curves"])
+def test_a_plot_name_without_an_image_type_is_a_usage_error_before_any_work(argv, name, tmp_path, capsys):
+    """``curves.xyz``: matplotlib's ValueError 'Format 'xyz' is not supported' after the
+    whole run; ``curves``: saved as curves.png while the command said it wrote curves."""
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed (pip install 'gnnfuse[plot]')")
+    with pytest.raises(SystemExit) as stopped:
+        main([*argv, "--dataset", "synthetic", "--plot", str(tmp_path / name)])
+    assert stopped.value.code == 2 and "must be one of" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_two_outputs_on_one_file_are_a_usage_error_before_any_work(tmp_path, capsys):
     """``--save out --plot out`` saved the checkpoint, then drew the curves over it."""
     target = str(tmp_path / "out")

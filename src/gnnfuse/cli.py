@@ -17,7 +17,7 @@ from .distributed.fullgraph import PARTITIONED_MODELS
 from .distributed.process_group import launched_by_torchrun
 from .graph import Graph
 from .nn.models import get_model, model_names
-from .output_paths import unwritable_output
+from .output_paths import unwritable_image, unwritable_output
 from .runtime.cuda_graph import MODES
 from .threads import THREADS_ENV, configure_threads
 from .tuning import command as tuning_command
@@ -111,6 +111,9 @@ def checked_config(args: argparse.Namespace) -> TrainConfig:
             require_matplotlib()
         except ImportError as error:
             raise UsageError(f"--plot: {error}") from None
+        problem = unwritable_image({"--plot": args.plot})
+        if problem:
+            raise UsageError(problem)
     try:
         config = make_config(args.model, args.dataset, runs=args.runs, seed=args.seed, device=args.device,
                              root=args.root, hidden=args.hidden, lr=args.lr, weight_decay=args.weight_decay,

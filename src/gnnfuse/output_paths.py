@@ -23,3 +23,21 @@ def unwritable_output(outputs: dict[str, str | Path | None]) -> str | None:
             return f"{flag} {path}: {seen[resolved]} writes the same file; give each output its own"
         seen[resolved] = flag
     return None
+
+
+def unwritable_image(outputs: dict[str, str | Path | None]) -> str | None:
+    """A usage error for the first image output (``{"--plot": path}``) whose suffix names
+    no file type matplotlib writes, or None -- also when matplotlib is missing, which the
+    command reports itself. Up front for `unwritable_output`'s reason: the drawing comes
+    last, and matplotlib raised ValueError for ``curves.xyz`` after the whole run, and
+    saved ``curves`` (no suffix) as ``curves.png`` where the command said it wrote ``curves``."""
+    try:
+        from matplotlib.backend_bases import FigureCanvasBase
+    except ImportError:
+        return None
+    supported = sorted(FigureCanvasBase.get_supported_filetypes())
+    for flag, path in outputs.items():
+        if path is not None and Path(path).suffix.lstrip(".").lower() not in supported:
+            return (f"{flag} {path}: the file type is taken from the name's ending, which must be one of "
+                    f".{', .'.join(supported)}")
+    return None

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..data import DATASET_NAMES
 from .compare import format_table, plot, run_bench
-from ..output_paths import unwritable_output
+from ..output_paths import unwritable_image, unwritable_output
 from ..runtime.cuda_graph import MODES
 from .models import FRAMEWORKS, KNOWN_FRAMEWORKS, MODELS, MissingDependency
 
@@ -34,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """``gnnfuse bench``: exit status 0, or 1 when the forward outputs disagree or gnnfuse failed."""
     frameworks = tuple(f.strip() for f in args.frameworks.split(",") if f.strip())
-    problem = unwritable_output({"--json": args.json, "--plot": args.plot})
+    problem = unwritable_output({"--json": args.json, "--plot": args.plot}) or unwritable_image({"--plot": args.plot})
     if problem:
         parser.error(problem)
     try:
