@@ -51,6 +51,10 @@ def test_bad_options_are_usage_errors(capsys):
         with pytest.raises(SystemExit):
             main(["bench", "--dataset", "synthetic", "--device", "cuda"])
         assert "CUDA is not available" in capsys.readouterr().err
+    # --warmup -1 ran with no warm-up, as 0 would, saying nothing
+    with pytest.raises(SystemExit):
+        main(["bench", "--dataset", "synthetic", "--frameworks", "gnnfuse", "--steps", "1", "--warmup", "-1"])
+    assert "warmup must be at least 0, got -1" in capsys.readouterr().err
 
 
 def test_missing_torch_geometric_is_reported(monkeypatch):

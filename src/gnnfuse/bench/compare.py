@@ -26,6 +26,8 @@ def run_bench(model: str = "gcn", dataset: str = "cora", device: str | torch.dev
         raise ValueError(f"frameworks must be a non-empty subset of {KNOWN_FRAMEWORKS}, got {list(frameworks)}")
     if steps < 1:
         raise ValueError(f"steps must be at least 1, got {steps}")
+    if warmup < 0:
+        raise ValueError(f"warmup must be at least 0, got {warmup}")
     require_pyg()
     data = load_data(dataset, root, device, log)
     state = reference_state(model, data)
