@@ -84,3 +84,33 @@ def test_rgcn_errors_say_what_is_wrong(build, call, message):
     with pytest.raises((ValueError, NotImplementedError), match=message):
         layer = build()
         call(layer, typed_graph(2))
+
+
+@pytest.mark.parametrize("backend, dtype", [("reference", torch.float64), ("triton", torch.float32)])
+@pytest.mark.parametrize("order", [None, "dense"], ids=["picked", "dense"])
+@pytest.mark.parametrize("in_channels, out_channels, options", [
+    (0, 3, {}), (3, 0, {}), (3, 0, {"root_weight": False}),
+], ids=["in0", "out0", "out0-no-root"])
+def test_rgcn_zero_width_features_match_pyg(in_channels, out_channels, options, dtype, order, backend, monkeypatch):
+    """Zero-width features: every weight-gradient GEMM (the root's, each relation's, the
+    dense order's stacked weights, the float32 segment-matmul kernel's rows) flattened its
+    operand with reshape(-1, 0), which cannot infer the rows of an empty tensor -- a
+    RuntimeError where PyG gives the bias and zero gradients."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    if order is not None:
+        monkeypatch.setenv("GNNFUSE_TYPED_ORDER", order)
+    device = device_for(backend)
+    graph = typed_graph(3, n=6, num_edges=14).to(device)
+    torch.manual_seed(0)
+    pyg = PygRGCNConv(in_channels, out_channels, RELATIONS, **options).to(dtype)
+    if pyg.bias is not None:
+        torch.nn.init.normal_(pyg.bias)
+    ours = RGCNConv(in_channels, out_channels, RELATIONS, **options).to(dtype)
+    ours.load_state_dict(pyg.state_dict())
+    pyg, ours = pyg.to(device), ours.to(device)
+    x = torch.randn(graph.num_nodes, in_channels, dtype=dtype).to(device)
+    out, grads = outputs_and_grads(ours, x, lambda layer, xs: layer(xs, graph))
+    ref, ref_grads = outputs_and_grads(pyg, x, lambda layer, xs: layer(xs, graph.edge_index, graph.edge_type))
+    torch.testing.assert_close(out, ref)
+    for name in ref_grads:
+        torch.testing.assert_close(grads[name], ref_grads[name], msg=name)

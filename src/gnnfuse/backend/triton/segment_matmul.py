@@ -38,6 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ...ir.ops.dense import row_matrix
 from ...ir.ops.typed import RowGroups, typed_matmul, typed_matmul_tn
 from .launch import launch
 from ...environ import getenv
@@ -221,7 +222,7 @@ def _autotuning() -> bool:
 def _rows(x: torch.Tensor) -> tuple[torch.Tensor, int]:
     """``x`` [R, *mid, K] as [R * prod(mid), K] kernel rows, and prod(mid)."""
     per_row = int(np.prod(x.shape[1:-1], dtype=np.int64))
-    return x.reshape(-1, x.shape[-1]), per_row
+    return row_matrix(x), per_row
 
 
 def _gathered(x: torch.Tensor, gather: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -266,7 +267,7 @@ def segment_matmul_tn(x: torch.Tensor, g: torch.Tensor, groups: list[torch.Tenso
         return typed_matmul_tn(x, g, groups, gather)
     x, gather = _gathered(x, gather)
     rows, per_row = _rows(x)
-    grads = g.reshape(-1, g.shape[-1])
+    grads = row_matrix(g)
     k, n = rows.shape[1], grads.shape[1]
     out = torch.zeros((len(groups), k, n), dtype=torch.float32, device=x.device)
     layout = _layout(groups, per_row, TN_CHUNK)

@@ -43,12 +43,18 @@ _dense("matmul", torch.matmul, _matmul_derivative, bounded_derivative=True, arit
 _dense("transpose", lambda x: x.transpose(-1, -2), lambda b, v, g: [b.add("transpose", g)], bounded_derivative=True, arity=1)
 
 
+def row_matrix(x: torch.Tensor) -> torch.Tensor:
+    """``x`` [..., K] as a [rows, K] matrix. ``reshape(-1, K)`` cannot infer the row count
+    of an empty tensor, which zero-width features (K = 0) make, so the rows are counted."""
+    return x.reshape(math.prod(x.shape[:-1]), x.shape[-1])
+
+
 def _matmul_tn_shape(inputs, attrs, residency):
     x, g = inputs
     return (x.shape[-1], g.shape[-1]), x.dtype
 
 
-_dense("matmul_tn", lambda x, g: x.reshape(-1, x.shape[-1]).transpose(0, 1) @ g.reshape(-1, g.shape[-1]),
+_dense("matmul_tn", lambda x, g: row_matrix(x).transpose(0, 1) @ row_matrix(g),
        None, arity=2, shape=_matmul_tn_shape,
        residency=lambda rs, a: Residency.SHARED,
        doc="sum over rows of outer(x_row, g_row): the weight gradient of x @ W")

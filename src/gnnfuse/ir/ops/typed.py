@@ -20,6 +20,7 @@ import torch
 
 from ..registry import OpDef, register
 from ..residency import EDGE_ROWED, Movement, Residency, join
+from .dense import row_matrix
 from .movement import BROADCAST_FROM, BROADCAST_TO, REDUCE_TO, TYPE_INDICES
 
 
@@ -139,8 +140,7 @@ def typed_matmul_tn(x: torch.Tensor, g: torch.Tensor, groups: list[torch.Tensor]
     out = x.new_zeros((len(groups), x.shape[-1], g.shape[-1]), dtype=dtype)
     for t, rows in enumerate(groups):
         if rows.numel():
-            out[t] = (x[rows].reshape(-1, x.shape[-1]).transpose(0, 1).to(dtype)
-                      @ g[rows].reshape(-1, g.shape[-1]).to(dtype))
+            out[t] = row_matrix(x[rows]).transpose(0, 1).to(dtype) @ row_matrix(g[rows]).to(dtype)
     return out
 
 

@@ -58,6 +58,7 @@ import torch
 from ..registry import OpDef, register
 from ..residency import EDGE_ROWED, Movement, Residency
 from .compact import data_pairs, is_edge_types, narrow_index, pair_input_grad, pair_weight_grad, relation_pairs
+from .dense import row_matrix
 from ...environ import getenv
 
 ORDERS = ("before", "after", "dense")
@@ -235,7 +236,7 @@ def _typed_sum(ctx, x: torch.Tensor, w: torch.Tensor, rest: tuple, by: str, scal
                                           dtype, rows)
     if order == "dense":      # one GEMM: [rows, R x in] @ the relations' matrices stacked
         table = _dense_rows(ctx, x, gather, s, by, idx, w.shape[0]).to(dtype)
-        weights = w.reshape(-1, w.shape[-1]).to(dtype)
+        weights = row_matrix(w).to(dtype)
         if root is None:
             return table @ weights
         # the root's product added into the output in place (the bias the first GEMM's
