@@ -114,3 +114,21 @@ def test_rgcn_zero_width_features_match_pyg(in_channels, out_channels, options, 
     torch.testing.assert_close(out, ref)
     for name in ref_grads:
         torch.testing.assert_close(grads[name], ref_grads[name], msg=name)
+
+
+@pytest.mark.parametrize("x_src", [None, torch.zeros(0, dtype=torch.long)], ids=["None", "no-indices"])
+def test_rgcn_featureless_input_without_source_nodes_matches_pyg(x_src):
+    """in_channels=(0, b) with node-index input: no source has an embedding row, and
+    one_hot(x, 0) of the empty index raised torch's 'Can not infer total number of classes'
+    where PyG gives each destination its root row plus the bias."""
+    torch.manual_seed(0)
+    pyg = PygRGCNConv((0, 5), 3, RELATIONS).double()
+    torch.nn.init.normal_(pyg.bias)
+    ours = RGCNConv((0, 5), 3, RELATIONS).double()
+    ours.load_state_dict(pyg.state_dict())
+    x_dst = torch.tensor([4, 0, 2])
+    edge_index, edge_type = torch.zeros(2, 0, dtype=torch.long), torch.zeros(0, dtype=torch.long)
+    out = ours((x_src, x_dst), edge_index, edge_type)
+    torch.testing.assert_close(out, pyg((x_src, x_dst), edge_index, edge_type), rtol=1e-12, atol=1e-12)
+    out.sum().backward()
+    assert torch.equal(ours.root.grad.sum(-1), torch.tensor([1.0, 0, 1, 0, 1], dtype=torch.float64) * 3)

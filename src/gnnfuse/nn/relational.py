@@ -190,8 +190,8 @@ class RGCNConv(nn.Module):
             x = torch.arange(width, device=self.weight.device)
         if x.dim() != 1:
             raise ValueError(f"RGCNConv: integer x must be a vector of node indices, got shape {list(x.shape)}")
-        if width is None:
-            return x.new_empty((x.shape[0], 0), dtype=self.weight.dtype)
+        if width is None or x.numel() == 0:     # one_hot cannot size an empty input's classes
+            return x.new_zeros((x.shape[0], width or 0), dtype=self.weight.dtype)
         return torch.nn.functional.one_hot(x, width).to(self.weight.dtype)
 
     def _typed_graph(self, x_src: torch.Tensor, x_dst: torch.Tensor, graph: Graph | torch.Tensor,
