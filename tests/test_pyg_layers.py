@@ -25,6 +25,7 @@ LINEAR = torch.nn.Linear
 # name -> (constructor, whether forward takes edge_attr); non-default arguments where the
 # layer has them, so their code paths are compared too
 CONFIGS = {
+    "CGConv": (lambda c: c(F, dim=EDGE_DIM, aggr="mean", batch_norm=True), True),
     "ClusterGCNConv": (lambda c: c(F, OUT, diag_lambda=0.3), False),
     "FeaStConv": (lambda c: c(F, OUT, heads=2), False),
     "FiLMConv": (lambda c: c(F, OUT, num_relations=1), False),

@@ -80,6 +80,8 @@ EDGE_OPS = {
     "softmax": lambda a, b: torch.softmax(a * b, dim=-1) + F.softmax(a, dim=-1) * F.log_softmax(b, dim=-1),
     "slices": lambda a, b: torch.cat([a[..., 1:] * b[..., :-1], a[..., ::2]], dim=-1) * b[..., 0:1],
     "integer_index": lambda a, b: a[..., 2] * b[..., -1],
+    "softplus_silu": lambda a, b: F.softplus(a * b, 2.0, 1.5) + F.silu(a - b) + F.softplus(a, threshold=1.0)
+    + F.softplus(3 * a),
 }
 
 

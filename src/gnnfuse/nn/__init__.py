@@ -4,7 +4,7 @@ constrained GAT, dot-product GAT, EdgeConv, MLP aggregation, NGCF; `relational`:
 R-GCN; `hetero_relational`: RGAT, FastRGCN; `hetero_transformer`: HGT; `hetero_conv`: PyG's
 HeteroConv wrapper; `edge_features` and `attention_weights`: GAT/GATv2's PyG ``edge_attr`` and
 ``return_attention_weights``; `pyg_repr`: PyG's printed form; `pyg_layers`: PyG's own
-TransformerConv, GINEConv, GENConv and more with ``propagate`` compiled), plain-PyTorch
+TransformerConv, GINEConv, GENConv, CGConv and more with ``propagate`` compiled), plain-PyTorch
 baselines (`reference`) that the compiled layers are measured against, and a registry of
 standard node-classification models built from them (`models`)."""
 from .attention import CGATConv, DotGATConv, EdgeConv, GATv2Conv, MLPAggConv, NGCFConv

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from .message_passing import MessagePassing
 
 COMPILED_PYG_LAYERS = (
-    "ClusterGCNConv", "FeaStConv", "FiLMConv", "GENConv", "GINEConv", "GMMConv", "GatedGraphConv",
+    "CGConv", "ClusterGCNConv", "FeaStConv", "FiLMConv", "GENConv", "GINEConv", "GMMConv", "GatedGraphConv",
     "GeneralConv", "LEConv", "LGConv", "MFConv", "MixHopConv", "NNConv", "PDNConv",
     "ResGatedGraphConv", "SSGConv", "SimpleConv", "TransformerConv", "WLConvContinuous")
 

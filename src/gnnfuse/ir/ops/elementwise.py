@@ -61,6 +61,15 @@ _ew("elu", lambda x, alpha: F.elu(x, alpha),
     lambda b, v, g: [b.add("mul", g, b.add("elu_slope", b.fwd(v.inputs[0]), alpha=v.attrs["alpha"]))], 1, emit="tl.where({0} > 0, {0}, {alpha} * (tl.exp({0}) - 1.0))", bounded=True)
 _ew("elu_slope", lambda x, alpha: torch.where(x <= 0, alpha * torch.exp(x), torch.ones_like(x)),
     None, 1, doc="derivative multiplier of elu", emit="tl.where({0} <= 0, {alpha} * tl.exp({0}), 1.0)")
+# softplus as torch computes it: linear above the threshold, log(1 + exp) below (its
+# slope there is sigmoid(beta x), which the backward reads without re-taking the log)
+_ew("softplus", lambda x, beta, threshold: F.softplus(x, beta, threshold),
+    lambda b, v, g: [b.add("mul", g, b.add("softplus_slope", b.fwd(v.inputs[0]), beta=v.attrs["beta"],
+                                          threshold=v.attrs["threshold"]))], 1,
+    emit="tl.where({beta} * {0} > {threshold}, {0}, tl.log(1.0 + tl.exp({beta} * {0})) / {beta})", bounded=True)
+_ew("softplus_slope", lambda x, beta, threshold: torch.where(x * beta > threshold, torch.ones_like(x),
+                                                              torch.sigmoid(x * beta)),
+    None, 1, doc="derivative multiplier of softplus", emit="tl.where({beta} * {0} > {threshold}, 1.0, tl.sigmoid({beta} * {0}))")
 _ew("sigmoid", torch.sigmoid, lambda b, v, g: [
     b.add("mul", g, b.add("mul", b.fwd(v), b.add("sub", b.const(1.0, g), b.fwd(v))))], 1, emit="tl.sigmoid({0})", bounded=True)
 _ew("tanh", torch.tanh, lambda b, v, g: [
