@@ -117,6 +117,25 @@ def test_graphs_without_edges_and_edge_index_input(backend, monkeypatch):
                                aggregate(x[SRC.to(device)], DST.to(device), "sum"))
 
 
+@pytest.mark.parametrize("backend", BACKENDS + ["cpu"])
+def test_zero_width_features(backend, monkeypatch):
+    """[N, 0] rows: the weight's gradient sums no terms per edge (0) and so does a dot
+    product over no features. The Numba edge kernel for those sums was a SyntaxError and
+    the Triton kernel read the empty table (a segmentation fault in the interpreter)."""
+    if backend == "cpu":
+        pytest.importorskip("numba")
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    device = device_for(backend)
+    g = gnnfuse.Graph(SRC, DST, N).to(device)
+    s, d = SRC.to(device), DST.to(device)
+    assert_matches_oracle(
+        lambda x, w: {"sum": gspmm(g, lambda xs, w: w * xs, "sum", src=x, edge=w),
+                      "dot": gsddmm(g, lambda xs, xd, w: (xs * xd).sum(-1, keepdim=True) + w,
+                                     src=x, dst=x, edge=w)},
+        lambda x, w: {"sum": aggregate(w * x[s], d, "sum"), "dot": (x[s] * x[d]).sum(-1, keepdim=True) + w},
+        inputs(device, x=(N, 0), w=(E, 1)))
+
+
 # --- schedule= -------------------------------------------------------------------------
 def chosen_schedules(monkeypatch) -> list[str]:
     """Every schedule the Triton executor picks from now on, in order."""

@@ -348,6 +348,8 @@ def partition(program: Program, keep: Iterable[int] = (), tile_feature_sums: boo
                 unit.leaves.append(per_row)     # read from memory once per row, after the loop
         return unit
 
+    if has_empty_rows(program):
+        return [v for v in program.values if v.op != "input"]
     keep = set(keep)
     needed = keep | {v.id for v in program.outputs.values()}
     users: dict[int, int] = {}
@@ -382,6 +384,16 @@ def partition(program: Program, keep: Iterable[int] = (), tile_feature_sums: boo
         reads = item.inputs if isinstance(item, Value) else item.leaves
         needed.update(i.id for i in reads)
     return [chosen[v.id] for v in program.values if v.id in chosen]
+
+
+def has_empty_rows(program: Program) -> bool:
+    """Whether some value of ``program`` has a feature dim of size 0 (``x`` of shape
+    [N, 0]). The kernel generators assume every row holds an element: a Triton kernel
+    loaded from the empty table with only the edge mask (the interpreter crashed with a
+    segmentation fault; on a GPU an out-of-bounds read), and a Numba edge kernel summing
+    no terms wrote ``out[...] =`` with nothing after it (a SyntaxError). Such a program
+    has nothing to gather, so every op runs through its torch reference."""
+    return any(0 in v.shape for v in program.values)
 
 
 def gathered_leaves(unit: Unit) -> dict[int, list[str]]:
