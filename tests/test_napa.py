@@ -131,3 +131,37 @@ def test_apply_is_a_dense_layer():
 def test_bad_modes_raise_value_errors(call, match):
     with pytest.raises(ValueError, match=match):
         call(gnnfuse.Graph(SRC, DST, N), randn(N, F_IN))
+
+
+@pytest.mark.parametrize("mode", ["gcn", "mean"])
+def test_degree_weights_refuse_an_integer_embed(mode):
+    """The weights take embed's dtype: an int64 embed truncated 1/sqrt(3) to 0 and 1/1 to
+    1 (GCN weights [0, 0, 0, 0, 0, 1, 1] here), silently."""
+    graph = gnnfuse.Graph(SRC, DST, N)
+    with pytest.raises(TypeError, match=f"mode '{mode}'.*must be floating, got torch.int64"):
+        NeighborApply(graph, torch.arange(N).unsqueeze(-1), mode)
+
+
+@pytest.mark.parametrize("call", [
+    lambda g, x: NeighborApply(g, x, "gcn"),
+    lambda g, x: NeighborApply(g, x, "dot"),
+    lambda g, x: NeighborApply(g, x, lambda xu, xv: xu * xv),
+    lambda g, x: Pull(g, x, None, lambda xu, xv: xu * xv),
+], ids=["gcn", "dot", "weight-function", "pull-function"])
+def test_modes_reading_both_ends_from_one_table_refuse_a_bipartite_graph(call):
+    """Sources and destinations are separate sets of 3, so one table cannot hold both
+    ends' rows: 'gcn' read source 0's in-degree from destination 0 (weights [1.0, 0.71,
+    0.5], silently), and the others read destinations' rows from the sources' table."""
+    graph = gnnfuse.Graph(torch.tensor([0, 0, 1]), torch.tensor([0, 1, 1]), 3, num_src_nodes=3)
+    with pytest.raises(ValueError, match=r"one table, but this graph is bipartite \(3 sources, 3 destinations\)"):
+        call(graph, randn(3, F_IN))
+
+
+def test_modes_reading_one_end_run_on_a_bipartite_graph():
+    src, dst = torch.tensor([0, 3, 4, 4, 1]), torch.tensor([0, 1, 1, 0, 1])
+    graph = gnnfuse.Graph(src, dst, 2, num_src_nodes=5)
+    x = randn(5, F_IN)
+    weights = NeighborApply(graph, x, "mean")
+    torch.testing.assert_close(weights, 1.0 / torch.bincount(dst)[dst].unsqueeze(-1).to(x.dtype))
+    torch.testing.assert_close(Pull(graph, x, weights, "mul", "sum"),
+                               torch.zeros(2, F_IN, dtype=x.dtype).index_add(0, dst, weights * x[src]))

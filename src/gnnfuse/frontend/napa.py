@@ -35,6 +35,29 @@ def _in_degree_power(graph: Graph, exponent: float, dtype: torch.dtype) -> torch
     return graph.cached(f"napa_in_degree_pow_{exponent}", build).to(dtype)
 
 
+def _one_vertex_set(primitive: str, graph: Graph, what: str) -> None:
+    """Refuse a bipartite graph where ``what`` reads both ends of an edge from one table:
+    there a source and a destination with the same id are different vertices (the
+    source's row of a [num_dst, 1] in-degree table, or the destination's row of the
+    sources' embeddings, is another vertex's), so the weights would be silently wrong
+    whenever the two sets have the same size."""
+    if graph.is_bipartite:
+        raise ValueError(f"{primitive}: {what} reads both ends of each edge from one table, but this graph is "
+                         f"bipartite ({graph.num_src_nodes} sources, {graph.num_nodes} destinations); call "
+                         "gnnfuse.ops.gsddmm / gspmm with src= and dst= tables instead")
+
+
+def _weight_dtype(mode: str, embed: torch.Tensor | None) -> torch.dtype:
+    """The dtype of ``mode``'s degree weights: ``embed``'s, which must be floating (an
+    integer dtype would truncate 1/sqrt(2) to 0)."""
+    if not isinstance(embed, torch.Tensor):
+        return torch.get_default_dtype()
+    if not embed.is_floating_point():
+        raise TypeError(f"NeighborApply: mode {mode!r} gives its weights in embed's dtype, which must be "
+                        f"floating, got {embed.dtype} (pass embed=None for the default dtype)")
+    return embed.dtype
+
+
 def _dot(s, d):
     return (s * d).sum(-1, keepdim=True)
 
@@ -63,13 +86,16 @@ def NeighborApply(graph: Graph | object, embed: torch.Tensor | None = None, mode
     """
     graph = operand_graph(graph, embed, None)
     if callable(mode):
+        _one_vertex_set("NeighborApply", graph, "a function mode")
         return gsddmm(graph, mode, src=embed, dst=embed, edge=edge)
     if mode not in WEIGHTINGS:
         raise ValueError(f"NeighborApply: mode must be one of {WEIGHTINGS} or a function, got {mode!r}")
     if edge is not None:
         raise ValueError(f"NeighborApply: mode {mode!r} reads no edge= tensor; pass a function to use one")
+    if mode != "mean":
+        _one_vertex_set("NeighborApply", graph, f"mode {mode!r}")
     if mode in ("gcn", "mean"):
-        dtype = embed.dtype if isinstance(embed, torch.Tensor) else torch.get_default_dtype()
+        dtype = _weight_dtype(mode, embed)
         if mode == "mean":
             return gsddmm(graph, None, dst=_in_degree_power(graph, -1.0, dtype))
         norm = _in_degree_power(graph, -0.5, dtype)
@@ -90,6 +116,8 @@ def Pull(graph: Graph | object, embed: torch.Tensor, edge: torch.Tensor | None =
     or min. ``schedule`` is `gspmm`'s (FeatGraph's per-call schedule).
     """
     if callable(mode_g):
+        graph = operand_graph(graph, embed, None)
+        _one_vertex_set("Pull", graph, "a function mode_g")
         return gspmm(graph, mode_g, mode_h, src=embed, dst=embed, edge=edge, schedule=schedule)
     if mode_g not in MESSAGES:
         raise ValueError(f"Pull: mode_g must be one of {MESSAGES} or a function, got {mode_g!r}")
