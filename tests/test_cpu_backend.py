@@ -121,6 +121,21 @@ def test_max_of_a_regrouped_sum_sends_its_gradient_to_the_arg_max(launched, monk
     assert launched
 
 
+@pytest.mark.parametrize("op", [torch.tanh, torch.sigmoid])
+def test_float32_max_of_an_op_with_literals_keeps_its_gradient(op, launched, monkeypatch):
+    """``tanh(u.x * v.y)``'s kernel expression, ``2.0 * sigmoid(2.0 * t) - 1.0``, mixes
+    float64 literals into float32 values, which Numba evaluates in float64: the forward
+    kernel kept the maximum rounded to float32 and the backward compared it with the
+    recomputed, unrounded float64 value, so no edge matched it and every entry of both
+    gradients was NaN (the reference's are finite)."""
+    graph = small_graph()
+    gen = torch.Generator().manual_seed(5)
+    x, y = torch.randn(graph.num_nodes, 2, generator=gen) * 3, torch.randn(graph.num_nodes, 2, generator=gen)
+    assert_same(lambda x, y: gnnfuse.ops.gspmm(graph, lambda xs, yd: op(xs * yd), "max", src=x, dst=y), [x, y],
+                monkeypatch, rtol=1e-5, atol=1e-6)
+    assert launched
+
+
 def test_float32_matches_reference(launched, monkeypatch):
     graph = small_graph()
     gen = torch.Generator().manual_seed(2)

@@ -151,7 +151,12 @@ class _Emitter:
             missing = set(_TL_CALL.findall(expr)) - scalar.NAMES
             if missing:
                 raise UnsupportedUnit(f"op {v.op!r} calls tl.{sorted(missing)[0]}, which the CPU backend lacks")
-            out = self.tmp(expr)
+            # Rounded to the accumulator type: an emit's float literals (tanh's ``2.0 *
+            # tl.sigmoid(2.0 * x) - 1.0``) are float64 to Numba, so a float32 kernel would
+            # carry the op's value in float64 -- while the forward stores it (a max) in
+            # float32, and a backward kernel comparing the recomputed value with that max
+            # found no edge equal to it (NaN gradients).
+            out = self.tmp(f"ACC({expr})")
         self.memo[key] = out
         return out
 
