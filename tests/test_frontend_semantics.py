@@ -12,6 +12,7 @@ import functools
 import inspect
 import itertools
 import operator
+import types
 
 import pytest
 import torch
@@ -463,6 +464,111 @@ def test_python_over_aliases_helpers_and_other_containers_is_rejected_at_its_lin
     target = _first_two if fn is _helper_slices else _count if fn is _helper_counts else fn
     assert line_of(target, text) in str(info.value) and text in str(info.value)
 
+
+
+def _slice(xs, k):
+    return sum(xs[:k])
+
+
+_first_k = functools.partial(_slice, k=2)
+_HELPERS = types.SimpleNamespace(first_two=_first_two)
+
+
+def _partial_slices(v):
+    return _first_k([u.h for u in v.innbs])
+
+
+def _module_attribute_slices(v):
+    return _HELPERS.first_two([u.h for u in v.innbs])
+
+
+def _alias_of_a_helper_slices(v):
+    first = _HELPERS.first_two
+    return first([u.h for u in v.innbs])
+
+
+class _FirstTwo(torch.nn.Module):
+    def forward(self, xs):
+        return sum(xs[:2])
+
+
+class _Methods(torch.nn.Module):
+    """Helpers reached through ``self``: each slices the one-neighbour list it is handed."""
+
+    def __init__(self):
+        super().__init__()
+        self.W = torch.nn.Parameter(torch.linspace(-1, 1, 9, dtype=DOUBLE).view(3, 3))
+        self.first_two_module = _FirstTwo()
+
+    def first_two(self, xs):
+        return sum(xs[:2])
+
+    @staticmethod
+    def first_two_static(xs):
+        return sum(xs[:2])
+
+    @classmethod
+    def first_two_class(cls, xs):
+        return sum(xs[:2])
+
+    def messages(self, v):
+        return [u.h for u in v.innbs]
+
+    def message(self, u):
+        return u.h @ self.W
+
+    def method(self, v):
+        return self.first_two([u.h for u in v.innbs])
+
+    def static(self, v):
+        return self.first_two_static([u.h for u in v.innbs])
+
+    def class_method(self, v):
+        return self.first_two_class([u.h for u in v.innbs])
+
+    def submodule(self, v):
+        return self.first_two_module([u.h for u in v.innbs])
+
+    def returned(self, v):
+        hs = self.messages(v)
+        return sum(hs[:2])
+
+    def forward(self, v):
+        return sum([self.message(u) for u in v.innbs])
+
+
+@pytest.mark.parametrize("udf, target, text", [
+    (_partial_slices, _slice, "return sum(xs[:k])"),
+    (_module_attribute_slices, _first_two, "return sum(xs[:2])"),
+    (_alias_of_a_helper_slices, _first_two, "return sum(xs[:2])"),
+    (_Methods().method, _Methods.first_two, "return sum(xs[:2])"),
+    (_Methods().static, _Methods.first_two_static, "return sum(xs[:2])"),
+    (_Methods().class_method, _Methods.first_two_class, "return sum(xs[:2])"),
+    (_Methods().submodule, _FirstTwo.forward, "return sum(xs[:2])"),
+    (_Methods().returned, _Methods.returned, "return sum(hs[:2])"),
+], ids=["partial", "module attribute", "alias", "method", "staticmethod", "classmethod", "submodule", "returned"])
+def test_helpers_reached_through_an_object_or_a_partial_are_checked(udf, target, text):
+    """A helper reached as ``self.first_two``, a staticmethod or classmethod, a submodule,
+    an attribute of a global object, a local alias of one or a ``functools.partial`` bound
+    to a global was not followed: its slice of the one-neighbour list compiled silently
+    (vertex 1, in-degree 3: the sum of all three where eager code sums the first two)."""
+    with pytest.raises(CompileError, match="slicing a list built from v.innbs") as info:
+        gnnfuse.vertex(udf)(graph(), {"h": features()})
+    assert line_of(target, text) in str(info.value)
+
+
+def test_a_method_helper_doing_per_neighbour_maths_still_compiles(device):
+    """``self.message(u)`` returning ``u.h @ self.W`` is followed too, and finds nothing."""
+    module = _Methods().to(device)
+    g, h = graph(device), features(device)
+    out = gnnfuse.vertex(module)(g, {"h": h})
+    weight = torch.linspace(-1, 1, out.numel(), dtype=DOUBLE, device=device).view_as(out)
+    grads = torch.autograd.grad((out * weight).sum(), (h, module.W))
+    expected = torch.zeros_like(h).index_add(0, g.dst, h[g.src] @ module.W)
+    expected_grads = torch.autograd.grad((expected * weight).sum(), (h, module.W))
+    torch.testing.assert_close(out, expected)
+    for grad, expected_grad in zip(grads, expected_grads):
+        torch.testing.assert_close(grad, expected_grad)
 
 def _caught_len(v):
     try:

@@ -10,8 +10,9 @@ at trace time for a vertex with no neighbour). Nothing at run time distinguishes
 0 or one-element list from a real one, so the function's syntax is checked before it is
 traced; ``len(v.innbs)`` is the symbolic count. Names bound to such a list (an alias
 ``nbs = v.innbs``, a list a loop over it fills) are followed, and so are the helpers the
-function calls by name, with the parameters it hands a list to. What syntax cannot see
--- ``zip`` with a list of values held anywhere, ``len`` of a set of neighbours -- the
+function calls by a name or its attributes (``first_two``, ``self.first_two``, a partial,
+a staticmethod, ``module.helper``), with the parameters it hands a list to. What syntax
+cannot see -- ``zip`` with a list of values held anywhere, ``len`` of a set of neighbours -- the
 builtins that `vertex` swaps in refuse while tracing.
 """
 from __future__ import annotations
@@ -22,32 +23,43 @@ import inspect
 import linecache
 import textwrap
 import types
+from typing import Any, Mapping
 
 from ..ir import CompileError
 from .tracer import is_library
+from .udf import unwrap
 
 NEIGHBOUR_LISTS = ("innbs", "inedges")
 
 
-def check_counting(fn: types.FunctionType) -> None:
-    """Raise a CompileError at the first line of ``fn``, or of a helper it calls by name,
-    that counts neighbours in Python."""
-    found, _ = _found_in(fn, frozenset(), {})
+def check_counting(fn: types.FunctionType, args: tuple[Any, ...] = (), keywords: Mapping[str, Any] | None = None
+                   ) -> None:
+    """Raise a CompileError at the first line of ``fn``, or of a helper it calls, that
+    counts neighbours in Python. ``args`` and ``keywords`` are bound before the vertex, as
+    `udf.unwrap` returns them (a method's ``self``, a partial's arguments): through them a
+    call of ``self.first_two(...)`` is followed to the method it reaches."""
+    found, _ = _found_in(fn, frozenset(), _known(fn.__code__, args, keywords or {}), {})
     if found:
         filename, line, message = found[0]
         text = linecache.getline(filename, line).strip()
         raise CompileError(message, f"{filename}:{line}: {text}")
 
 
-def _found_in(fn: types.FunctionType, given: frozenset[str], done: dict
+def _known(code: types.CodeType, args: tuple[Any, ...], keywords: Mapping[str, Any]) -> dict[str, Any]:
+    """The parameters of ``code`` bound to ``args`` (leading) and ``keywords``, by name."""
+    names = code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
+    return {**dict(zip(names[:code.co_argcount], args)), **{k: v for k, v in keywords.items() if k in names}}
+
+
+def _found_in(fn: types.FunctionType, given: frozenset[str], known: dict[str, Any], done: dict
               ) -> tuple[list[tuple[str, int, str]], bool]:
-    """(the lines of ``fn`` -- its parameters ``given`` holding neighbour lists -- and of
-    the helpers it calls by a global or closure name that count neighbours; whether ``fn``
-    returns a neighbour list). A helper is checked with the parameters the call passes a
-    neighbour list to: ``def first_two(xs): return sum(xs[:2])`` slices the one-neighbour
-    list it gets as surely as inline code; and a name bound to what a helper returns
-    (``hs = messages(v)``) is a neighbour list when the helper returns one."""
-    key = (fn.__code__, given)
+    """(the lines of ``fn`` -- its parameters ``given`` holding neighbour lists, those in
+    ``known`` bound to these objects -- and of the helpers it calls that count neighbours;
+    whether ``fn`` returns a neighbour list). A helper is checked with the parameters the
+    call passes a neighbour list to: ``def first_two(xs): return sum(xs[:2])`` slices the
+    one-neighbour list it gets as surely as inline code; and a name bound to what a helper
+    returns (``hs = messages(v)``) is a neighbour list when the helper returns one."""
+    key = (fn.__code__, given, tuple(sorted((name, id(value)) for name, value in known.items())))
     if key in done:
         return done[key]
     done[key] = ([], False)         # a recursive call finds nothing more
@@ -55,44 +67,68 @@ def _found_in(fn: types.FunctionType, given: frozenset[str], done: dict
     while True:
         lines, calls, returns = _analysis(fn.__code__, given, listing)
         found, giving = [(fn.__code__.co_filename, line, message) for line, message in lines], set()
-        for name, positions, keywords in calls:
-            helper = _resolve(fn, name)
-            if helper is None or is_library(helper.__code__.co_filename):     # torch's and gnnfuse's own
+        for written, path, positions, keywords in calls:
+            resolved = _resolve(fn, path, known)
+            if resolved is None:
                 continue
-            inner, gives = _found_in(helper, _listed_parameters(helper.__code__, positions, keywords), done)
+            helper, leading, bound = resolved
+            if is_library(helper.__code__.co_filename):     # torch's and gnnfuse's own
+                continue
+            given_to = _listed_parameters(helper.__code__, tuple(i + len(leading) for i in positions), keywords)
+            inner, gives = _found_in(helper, given_to, _known(helper.__code__, leading, bound), done)
             found += inner
             if gives:
-                giving.add(name)
+                giving.add(".".join(written))
         if giving <= listing:
             done[key] = (found, returns)
             return done[key]
         listing |= giving
 
 
-def _resolve(fn: types.FunctionType, name: str) -> types.FunctionType | None:
-    """The plain function ``name`` refers to in ``fn`` (a closure cell or a global), if any."""
-    code = fn.__code__
-    if name in code.co_freevars:
+def _resolve(fn: types.FunctionType, path: tuple[str, ...], known: dict[str, Any]
+             ) -> tuple[types.FunctionType, tuple[Any, ...], dict[str, Any]] | None:
+    """What a call of ``path`` (``helper``, ``self.first_two``, ``module.helper``) in
+    ``fn`` runs, as `udf.unwrap` gives it: the function, the arguments bound before the
+    call's (a method's object, a partial's) and the keywords bound; None where it is not
+    known. The first name is a parameter in ``known``, a closure cell or a global (another
+    local is not known); the attributes are looked up as the call will, so a method, a
+    staticmethod or classmethod, a partial, a module's function or a callable object
+    (an ``nn.Module`` runs its ``forward``) is followed like a plain helper."""
+    code, (name, *attributes) = fn.__code__, path
+    if name in known:
+        value = known[name]
+    elif name in code.co_freevars:
         try:
             value = fn.__closure__[code.co_freevars.index(name)].cell_contents
         except ValueError:      # an empty cell: not bound yet
             return None
+    elif name in code.co_varnames or name in code.co_cellvars or name not in fn.__globals__:
+        return None
     else:
-        value = fn.__globals__.get(name)
-    return value if isinstance(value, types.FunctionType) else None
-
-
+        value = fn.__globals__[name]
+    try:
+        for attribute in attributes:
+            value = getattr(value, attribute)
+        return unwrap(value)
+    except Exception:       # no such attribute, or not Python code: the call itself will tell
+        return None
 def _listed_parameters(code: types.CodeType, positions: tuple[int, ...], keywords: tuple[str, ...]) -> frozenset[str]:
     names = code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
     return frozenset([names[i] for i in positions if i < code.co_argcount] + [k for k in keywords if k in names])
 
 
+_Call = tuple[tuple[str, ...], tuple[str, ...], tuple[int, ...], tuple[str, ...]]
+"""A call: its callee as written and as resolved, the positions and the keywords given a neighbour list."""
+
+
 @functools.lru_cache(maxsize=1024)
 def _analysis(code: types.CodeType, given: frozenset[str], listing: frozenset[str]
-              ) -> tuple[tuple[tuple[int, str], ...], tuple[tuple[str, tuple[int, ...], tuple[str, ...]], ...], bool]:
+              ) -> tuple[tuple[tuple[int, str], ...], tuple[_Call, ...], bool]:
     """(the lines of ``code`` that count neighbours, with their messages; the calls it
-    makes by name, with the positions and keywords given a neighbour list; whether it
-    returns one). ``listing``: the functions it calls that return a neighbour list."""
+    makes by a name or its attributes (`_dotted`), as written and as resolved through a
+    local alias (`_aliases`), with the positions and keywords given a neighbour list;
+    whether it returns one). ``listing``: the functions it calls that return a neighbour list, dotted
+    as called (``messages``, ``self.messages``)."""
     try:
         lines, first = inspect.getsourcelines(code)
         tree = ast.parse(textwrap.dedent("".join(lines)))
@@ -100,12 +136,35 @@ def _analysis(code: types.CodeType, given: frozenset[str], listing: frozenset[st
         return (), (), False
     lists = _names_of_neighbour_lists(tree, given, listing)
     found = _counting_lines(tree, lists)
-    calls = tuple((node.func.id, _listed_positions(node, lists),
+    aliases = _aliases(tree)
+    calls = tuple((written, aliases.get(written[0], written[:1]) + written[1:], _listed_positions(node, lists),
                    tuple(k.arg for k in node.keywords if k.arg and _passes_neighbours(k.value, lists)))
-                  for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name))
+                  for node in ast.walk(tree) if isinstance(node, ast.Call) and (written := _dotted(node.func)))
     returns = any(isinstance(node, ast.Return) and node.value is not None and _built_from_neighbours(node.value, lists)
                   for node in ast.walk(tree))
     return tuple(sorted(set((line + first - 1, message) for line, message in found))), calls, returns
+
+
+def _dotted(func: ast.expr) -> tuple[str, ...]:
+    """``("self", "first_two")`` for ``self.first_two``, ``("helper",)`` for ``helper``;
+    empty for a callee that is not a name or a chain of attributes of one."""
+    attributes = []
+    while isinstance(func, ast.Attribute):
+        attributes.append(func.attr)
+        func = func.value
+    return (func.id, *reversed(attributes)) if isinstance(func, ast.Name) else ()
+
+
+def _aliases(tree: ast.AST) -> dict[str, tuple[str, ...]]:
+    """Local names bound once, to a name or its attributes (``f = self.first_two``): a
+    call of ``f`` runs what that path names, so it is followed as that path."""
+    stores: dict[str, list[ast.AST]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            stores.setdefault(node.id, []).append(node)
+    return {node.targets[0].id: path for node in ast.walk(tree)
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+            and len(stores[node.targets[0].id]) == 1 and (path := _dotted(node.value))}
 
 
 def _listed_positions(call: ast.Call, lists: set[str]) -> tuple[int, ...]:
@@ -377,7 +436,7 @@ def _built_from_neighbours(expr: ast.expr, names: set[str]) -> bool:
     a name holding such a list or a call of a helper in ``names`` that returns one."""
     if _is_neighbour_list(expr) or (isinstance(expr, ast.Name) and expr.id in names):
         return True
-    if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and expr.func.id in names:
+    if isinstance(expr, ast.Call) and ".".join(_dotted(expr.func)) in names:      # hs = self.messages(v)
         return True
     if _is_comprehension(expr) and not isinstance(expr, ast.GeneratorExp):
         return any(_walks_neighbours(g.iter, names) for g in expr.generators)

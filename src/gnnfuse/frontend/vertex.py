@@ -344,7 +344,7 @@ class VertexFunction:
         feats["updated"] = {}   # vertex features set by v.update_allnode, by key
         tracer = Tracer(self.fn, "vertex", dtype)
         plain, args, keywords = unwrap(self.fn)
-        check_counting(plain)
+        check_counting(plain, args, keywords)
         counting = _counting_builtins(tracer)
         fn = types.FunctionType(plain.__code__, dict(plain.__globals__, **counting), plain.__name__,
                                 plain.__defaults__, plain.__closure__)
