@@ -537,6 +537,40 @@ class _Methods(torch.nn.Module):
         return sum([self.message(u) for u in v.innbs])
 
 
+def _passed_through(helper):
+    @functools.wraps(helper)
+    def wrapper(*args, **kwargs):
+        return helper(*args, **kwargs)
+    return wrapper
+
+
+_wrapped_first_two = _passed_through(_first_two)
+_HELPER_LIST = [_first_two]
+
+
+def _decorated_slices(v):
+    return _wrapped_first_two([u.h for u in v.innbs])
+
+
+def _list_item_slices(v):
+    return _HELPER_LIST[0]([u.h for u in v.innbs])
+
+
+def _default_slices(v, first=_first_two):
+    return first([u.h for u in v.innbs])
+
+
+class _Derived(_Methods):
+    def through_super(self, v):
+        return super().first_two([u.h for u in v.innbs])
+
+    def through_getattr(self, v):
+        return getattr(self, "first_two")([u.h for u in v.innbs])
+
+    def through_type(self, v):
+        return type(self).first_two(self, [u.h for u in v.innbs])
+
+
 @pytest.mark.parametrize("udf, target, text", [
     (_partial_slices, _slice, "return sum(xs[:k])"),
     (_module_attribute_slices, _first_two, "return sum(xs[:2])"),
@@ -546,11 +580,19 @@ class _Methods(torch.nn.Module):
     (_Methods().class_method, _Methods.first_two_class, "return sum(xs[:2])"),
     (_Methods().submodule, _FirstTwo.forward, "return sum(xs[:2])"),
     (_Methods().returned, _Methods.returned, "return sum(hs[:2])"),
-], ids=["partial", "module attribute", "alias", "method", "staticmethod", "classmethod", "submodule", "returned"])
+    (_decorated_slices, _first_two, "return sum(xs[:2])"),
+    (_list_item_slices, _first_two, "return sum(xs[:2])"),
+    (_default_slices, _first_two, "return sum(xs[:2])"),
+    (_Derived().through_super, _Methods.first_two, "return sum(xs[:2])"),
+    (_Derived().through_getattr, _Methods.first_two, "return sum(xs[:2])"),
+    (_Derived().through_type, _Methods.first_two, "return sum(xs[:2])"),
+], ids=["partial", "module attribute", "alias", "method", "staticmethod", "classmethod", "submodule", "returned",
+        "decorated", "list item", "default", "super", "getattr", "type"])
 def test_helpers_reached_through_an_object_or_a_partial_are_checked(udf, target, text):
     """A helper reached as ``self.first_two``, a staticmethod or classmethod, a submodule,
-    an attribute of a global object, a local alias of one or a ``functools.partial`` bound
-    to a global was not followed: its slice of the one-neighbour list compiled silently
+    an attribute or item of a global object, a local alias of one, a ``functools.partial``
+    bound to a global, a decorator's wrapper, a parameter's default, ``super()``,
+    ``getattr(self, name)`` or ``type(self)`` was not followed: its slice of the one-neighbour list compiled silently
     (vertex 1, in-degree 3: the sum of all three where eager code sums the first two)."""
     with pytest.raises(CompileError, match="slicing a list built from v.innbs") as info:
         gnnfuse.vertex(udf)(graph(), {"h": features()})

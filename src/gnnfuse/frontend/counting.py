@@ -38,17 +38,32 @@ def check_counting(fn: types.FunctionType, args: tuple[Any, ...] = (), keywords:
     counts neighbours in Python. ``args`` and ``keywords`` are bound before the vertex, as
     `udf.unwrap` returns them (a method's ``self``, a partial's arguments): through them a
     call of ``self.first_two(...)`` is followed to the method it reaches."""
-    found, _ = _found_in(fn, frozenset(), _known(fn.__code__, args, keywords or {}), {})
+    keywords = keywords or {}
+    known = _known(fn, args, keywords, (len(args) + 1, tuple(keywords)))
+    found, _ = _found_in(fn, frozenset(), known, {})
     if found:
         filename, line, message = found[0]
         text = linecache.getline(filename, line).strip()
         raise CompileError(message, f"{filename}:{line}: {text}")
 
 
-def _known(code: types.CodeType, args: tuple[Any, ...], keywords: Mapping[str, Any]) -> dict[str, Any]:
-    """The parameters of ``code`` bound to ``args`` (leading) and ``keywords``, by name."""
+def _known(fn: types.FunctionType, args: tuple[Any, ...], keywords: Mapping[str, Any],
+           passed: tuple[int, tuple[str, ...]] | None) -> dict[str, Any]:
+    """The parameters of ``fn`` bound to ``args`` (leading) and ``keywords``, by name, and
+    to their defaults where the call (``passed``: how many positional arguments it gives
+    and which keywords; None where a ``*``/``**`` hides that) leaves them out: ``def f(v,
+    first=first_two)`` calls ``first_two``."""
+    code = fn.__code__
     names = code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
-    return {**dict(zip(names[:code.co_argcount], args)), **{k: v for k, v in keywords.items() if k in names}}
+    known = {**dict(zip(names[:code.co_argcount], args)), **{k: v for k, v in keywords.items() if k in names}}
+    if passed is not None:
+        count, named = passed
+        defaults = fn.__defaults__ or ()
+        left_out = dict(zip(names[code.co_argcount - len(defaults):code.co_argcount], defaults))
+        left_out.update(fn.__kwdefaults__ or {})
+        known.update({name: value for name, value in left_out.items()
+                      if name not in known and name not in named and names.index(name) >= min(count, code.co_argcount)})
+    return known
 
 
 def _found_in(fn: types.FunctionType, given: frozenset[str], known: dict[str, Any], done: dict
@@ -67,58 +82,94 @@ def _found_in(fn: types.FunctionType, given: frozenset[str], known: dict[str, An
     while True:
         lines, calls, returns = _analysis(fn.__code__, given, listing)
         found, giving = [(fn.__code__.co_filename, line, message) for line, message in lines], set()
-        for written, path, positions, keywords in calls:
-            resolved = _resolve(fn, path, known)
-            if resolved is None:
-                continue
-            helper, leading, bound = resolved
-            if is_library(helper.__code__.co_filename):     # torch's and gnnfuse's own
-                continue
-            given_to = _listed_parameters(helper.__code__, tuple(i + len(leading) for i in positions), keywords)
-            inner, gives = _found_in(helper, given_to, _known(helper.__code__, leading, bound), done)
-            found += inner
-            if gives:
-                giving.add(".".join(written))
+        for written, path, positions, keywords, passed in calls:
+            for helper, leading, bound in _resolve(fn, path, known):
+                if is_library(helper.__code__.co_filename):     # torch's and gnnfuse's own
+                    continue
+                shifted = tuple(i + len(leading) for i in positions)
+                given_to = _listed_parameters(helper.__code__, shifted, keywords)
+                call = None if passed is None else (passed[0] + len(leading), (*passed[1], *bound))
+                inner, gives = _found_in(helper, given_to, _known(helper, leading, bound, call), done)
+                found += inner
+                if gives:
+                    giving.add(_spelled(written))
         if giving <= listing:
             done[key] = (found, returns)
             return done[key]
         listing |= giving
 
 
-def _resolve(fn: types.FunctionType, path: tuple[str, ...], known: dict[str, Any]
-             ) -> tuple[types.FunctionType, tuple[Any, ...], dict[str, Any]] | None:
-    """What a call of ``path`` (``helper``, ``self.first_two``, ``module.helper``) in
-    ``fn`` runs, as `udf.unwrap` gives it: the function, the arguments bound before the
-    call's (a method's object, a partial's) and the keywords bound; None where it is not
-    known. The first name is a parameter in ``known``, a closure cell or a global (another
-    local is not known); the attributes are looked up as the call will, so a method, a
-    staticmethod or classmethod, a partial, a module's function or a callable object
-    (an ``nn.Module`` runs its ``forward``) is followed like a plain helper."""
-    code, (name, *attributes) = fn.__code__, path
-    if name in known:
-        value = known[name]
-    elif name in code.co_freevars:
-        try:
-            value = fn.__closure__[code.co_freevars.index(name)].cell_contents
-        except ValueError:      # an empty cell: not bound yet
-            return None
-    elif name in code.co_varnames or name in code.co_cellvars or name not in fn.__globals__:
-        return None
-    else:
-        value = fn.__globals__[name]
+def _resolve(fn: types.FunctionType, path: tuple, known: dict[str, Any]
+             ) -> list[tuple[types.FunctionType, tuple[Any, ...], dict[str, Any]]]:
+    """What a call of ``path`` (`_dotted`: ``helper``, ``self.first_two``,
+    ``module.helper``, ``HELPERS["f"]``, ``super().f``) in ``fn`` runs, as `udf.unwrap`
+    gives it: the function, the arguments bound before the call's (a method's object, a
+    partial's) and the keywords bound; and what a decorator's wrapper calls
+    (``__wrapped__``), with the same arguments. Empty where it is not known. The first
+    name is a parameter in ``known``, a closure cell or a global (another local is not
+    known); the attributes and items are looked up as the call will, so a method, a
+    staticmethod or classmethod, a partial, a module's function or a callable object (an
+    ``nn.Module`` runs its ``forward``) is followed like a plain helper."""
+    root, *steps = path
+    if isinstance(root, str):
+        value = _value_of(fn, root, known)
+    elif root[0] == "type":
+        value = _value_of(fn, root[1], known)
+        value = _MISSING if value is _MISSING else type(value)
+    else:       # super(): the method's class cell and its first argument
+        owner = _value_of(fn, "__class__", known)
+        first = fn.__code__.co_varnames[0] if fn.__code__.co_argcount else None
+        value = _MISSING if owner is _MISSING or first not in known else super(owner, known[first])
+    if value is _MISSING:
+        return []
     try:
-        for attribute in attributes:
-            value = getattr(value, attribute)
-        return unwrap(value)
-    except Exception:       # no such attribute, or not Python code: the call itself will tell
-        return None
+        for step in steps:
+            value = getattr(value, step) if isinstance(step, str) else value[step[1]]
+    except Exception:       # no such attribute or item: the call itself will tell
+        return []
+    return _targets(value)
+
+
+def _targets(value: Any) -> list[tuple[types.FunctionType, tuple[Any, ...], dict[str, Any]]]:
+    """`udf.unwrap` of ``value``, and of each function a decorator wrapped in it."""
+    try:
+        found = [unwrap(value)]
+    except TypeError:       # not Python code (a builtin, an lru_cache wrapper)
+        found = []
+    wrapped = getattr(found[0][0] if found else value, "__wrapped__", None)
+    if wrapped is None:
+        return found
+    leading, bound = (found[0][1], found[0][2]) if found else ((), {})
+    return found + [(inner, (*args, *leading), {**keywords, **bound}) for inner, args, keywords in _targets(wrapped)]
+
+
+_MISSING = object()
+
+
+def _value_of(fn: types.FunctionType, name: str, known: dict[str, Any]) -> Any:
+    """The value ``name`` has in ``fn``: a known parameter's, a closure cell's or a
+    global's; `_MISSING` for another local or an empty cell."""
+    code = fn.__code__
+    if name in known:
+        return known[name]
+    if name in code.co_freevars:
+        try:
+            return fn.__closure__[code.co_freevars.index(name)].cell_contents
+        except ValueError:      # an empty cell: not bound yet
+            return _MISSING
+    if name in code.co_varnames or name in code.co_cellvars:
+        return _MISSING
+    return fn.__globals__.get(name, _MISSING)
+
+
 def _listed_parameters(code: types.CodeType, positions: tuple[int, ...], keywords: tuple[str, ...]) -> frozenset[str]:
     names = code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
     return frozenset([names[i] for i in positions if i < code.co_argcount] + [k for k in keywords if k in names])
 
 
-_Call = tuple[tuple[str, ...], tuple[str, ...], tuple[int, ...], tuple[str, ...]]
-"""A call: its callee as written and as resolved, the positions and the keywords given a neighbour list."""
+_Call = tuple[tuple, tuple, tuple[int, ...], tuple[str, ...], "tuple[int, tuple[str, ...]] | None"]
+"""A call: its callee as written and as resolved (`_dotted`), the positions and the keywords
+given a neighbour list, and what it passes (`_passed`)."""
 
 
 @functools.lru_cache(maxsize=1024)
@@ -128,7 +179,7 @@ def _analysis(code: types.CodeType, given: frozenset[str], listing: frozenset[st
     makes by a name or its attributes (`_dotted`), as written and as resolved through a
     local alias (`_aliases`), with the positions and keywords given a neighbour list;
     whether it returns one). ``listing``: the functions it calls that return a neighbour list, dotted
-    as called (``messages``, ``self.messages``)."""
+    as called (`_spelled`)."""
     try:
         lines, first = inspect.getsourcelines(code)
         tree = ast.parse(textwrap.dedent("".join(lines)))
@@ -138,21 +189,55 @@ def _analysis(code: types.CodeType, given: frozenset[str], listing: frozenset[st
     found = _counting_lines(tree, lists)
     aliases = _aliases(tree)
     calls = tuple((written, aliases.get(written[0], written[:1]) + written[1:], _listed_positions(node, lists),
-                   tuple(k.arg for k in node.keywords if k.arg and _passes_neighbours(k.value, lists)))
+                   tuple(k.arg for k in node.keywords if k.arg and _passes_neighbours(k.value, lists)), _passed(node))
                   for node in ast.walk(tree) if isinstance(node, ast.Call) and (written := _dotted(node.func)))
     returns = any(isinstance(node, ast.Return) and node.value is not None and _built_from_neighbours(node.value, lists)
                   for node in ast.walk(tree))
     return tuple(sorted(set((line + first - 1, message) for line, message in found))), calls, returns
 
 
-def _dotted(func: ast.expr) -> tuple[str, ...]:
-    """``("self", "first_two")`` for ``self.first_two``, ``("helper",)`` for ``helper``;
-    empty for a callee that is not a name or a chain of attributes of one."""
-    attributes = []
-    while isinstance(func, ast.Attribute):
-        attributes.append(func.attr)
-        func = func.value
-    return (func.id, *reversed(attributes)) if isinstance(func, ast.Name) else ()
+def _dotted(func: ast.expr) -> tuple:
+    """The callee ``func`` as a path `_resolve` looks up: a root -- a name, ``("super",)``
+    for ``super()``, ``("type", name)`` for ``type(name)`` -- then attributes (``.f``,
+    ``getattr(x, "f")``) and constant items (``("item", "f")`` for ``["f"]``). Empty for
+    another callee."""
+    steps: list = []
+    while True:
+        if isinstance(func, ast.Attribute):
+            steps.append(func.attr)
+            func = func.value
+        elif isinstance(func, ast.Subscript) and isinstance(func.slice, ast.Constant):
+            steps.append(("item", func.slice.value))
+            func = func.value
+        elif _called_name(getattr(func, "func", None)) == "getattr" and len(func.args) == 2 and not func.keywords \
+                and isinstance(func.args[1], ast.Constant) and isinstance(func.args[1].value, str):
+            steps.append(func.args[1].value)
+            func = func.args[0]
+        else:
+            break
+    if isinstance(func, ast.Name):
+        root = func.id
+    elif isinstance(func, ast.Call) and _called_name(func.func) == "super" and not func.args:
+        root = ("super",)
+    elif (isinstance(func, ast.Call) and _called_name(func.func) == "type" and len(func.args) == 1
+          and isinstance(func.args[0], ast.Name)):
+        root = ("type", func.args[0].id)
+    else:
+        return ()
+    return (root, *reversed(steps))
+
+
+def _spelled(path: tuple) -> str:
+    """``path`` as a key of the names holding neighbour lists, never an identifier."""
+    return repr(path)
+
+
+def _passed(call: ast.Call) -> tuple[int, tuple[str, ...]] | None:
+    """How many positional arguments ``call`` gives and which keywords; None where
+    ``*args`` or ``**kwargs`` hides that."""
+    if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
+        return None
+    return len(call.args), tuple(k.arg for k in call.keywords)
 
 
 def _aliases(tree: ast.AST) -> dict[str, tuple[str, ...]]:
@@ -436,7 +521,8 @@ def _built_from_neighbours(expr: ast.expr, names: set[str]) -> bool:
     a name holding such a list or a call of a helper in ``names`` that returns one."""
     if _is_neighbour_list(expr) or (isinstance(expr, ast.Name) and expr.id in names):
         return True
-    if isinstance(expr, ast.Call) and ".".join(_dotted(expr.func)) in names:      # hs = self.messages(v)
+    if isinstance(expr, ast.Call) and (_spelled(_dotted(expr.func)) in names or (      # hs = self.messages(v)
+            isinstance(expr.func, ast.Name) and expr.func.id in names)):
         return True
     if _is_comprehension(expr) and not isinstance(expr, ast.GeneratorExp):
         return any(_walks_neighbours(g.iter, names) for g in expr.generators)
