@@ -612,6 +612,39 @@ def test_a_method_helper_doing_per_neighbour_maths_still_compiles(device):
     for grad, expected_grad in zip(grads, expected_grads):
         torch.testing.assert_close(grad, expected_grad)
 
+
+_LAMBDAS = {"first_two": lambda xs: sum(xs[:2]),
+            "same": lambda xs: xs}
+
+
+def _local_lambda_slices(v):
+    first = lambda xs: sum(xs[:2])  # noqa: E731
+    return first([u.h for u in v.innbs])
+
+
+def _lambda_called_where_written(v):
+    return (lambda xs: sum(xs[:2]))([u.h for u in v.innbs])
+
+
+def _lambda_result_sliced(v):
+    hs = _LAMBDAS["same"]([u.h for u in v.innbs])
+    return sum(hs[:2])
+
+
+@pytest.mark.parametrize("udf, text", [
+    (_local_lambda_slices, "first = lambda xs: sum(xs[:2])"),
+    (_lambda_called_where_written, "(lambda xs: sum(xs[:2]))"),
+    (_lambda_result_sliced, "return sum(hs[:2])"),
+], ids=["local", "called where written", "returns the list"])
+def test_lambda_helpers_are_checked(udf, text):
+    """A lambda bound to a local name or called where it is written was not followed, nor
+    was a global lambda's returned list, whose lines (the second of a dict display) did
+    not parse alone: each sliced the one-neighbour list silently (the sum of all three
+    neighbours of vertex 1 where eager code sums two)."""
+    with pytest.raises(CompileError, match="slicing a list built from v.innbs") as info:
+        gnnfuse.vertex(udf)(graph(), {"h": features()})
+    assert line_of(udf, text) in str(info.value)
+
 def _caught_len(v):
     try:
         width = len(v.h)

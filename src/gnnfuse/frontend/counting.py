@@ -181,9 +181,8 @@ def _analysis(code: types.CodeType, given: frozenset[str], listing: frozenset[st
     whether it returns one). ``listing``: the functions it calls that return a neighbour list, dotted
     as called (`_spelled`)."""
     try:
-        lines, first = inspect.getsourcelines(code)
-        tree = ast.parse(textwrap.dedent("".join(lines)))
-    except (OSError, TypeError, SyntaxError):   # no source (exec'd code) or a lambda inside an expression
+        tree, first = _source(code)
+    except (OSError, TypeError, SyntaxError):   # no source (exec'd code)
         return (), (), False
     lists = _names_of_neighbour_lists(tree, given, listing)
     found = _counting_lines(tree, lists)
@@ -192,8 +191,29 @@ def _analysis(code: types.CodeType, given: frozenset[str], listing: frozenset[st
                    tuple(k.arg for k in node.keywords if k.arg and _passes_neighbours(k.value, lists)), _passed(node))
                   for node in ast.walk(tree) if isinstance(node, ast.Call) and (written := _dotted(node.func)))
     returns = any(isinstance(node, ast.Return) and node.value is not None and _built_from_neighbours(node.value, lists)
-                  for node in ast.walk(tree))
+                  for node in ast.walk(tree)) or (
+        code.co_name == "<lambda>" and any(_built_from_neighbours(node.value.body, lists) for node in tree.body))
     return tuple(sorted(set((line + first - 1, message) for line, message in found))), calls, returns
+
+
+def _source(code: types.CodeType) -> tuple[ast.Module, int]:
+    """The syntax of ``code`` and the file line its first line is. A lambda's is the
+    lambda alone, found in its file by line and parameters: the lines `inspect` gives for
+    one may be part of an expression (``HELPERS = {...,`` then ``"g": lambda xs: xs}``)
+    that does not parse, or hold other code."""
+    if code.co_name != "<lambda>":
+        lines, first = inspect.getsourcelines(code)
+        return ast.parse(textwrap.dedent("".join(lines))), first
+    module = ast.parse("".join(linecache.getlines(code.co_filename)))
+    params = list(code.co_varnames[:code.co_argcount + code.co_kwonlyargcount])
+    return ast.Module(body=[ast.Expr(n) for n in ast.walk(module) if isinstance(n, ast.Lambda)
+                            and n.lineno == code.co_firstlineno and _parameters(n) == params], type_ignores=[]), 1
+
+
+def _parameters(definition: ast.FunctionDef | ast.Lambda) -> list[str]:
+    """The names of a definition's parameters, positional first, then keyword-only."""
+    arguments = definition.args
+    return [a.arg for a in arguments.posonlyargs + arguments.args + arguments.kwonlyargs]
 
 
 def _dotted(func: ast.expr) -> tuple:
@@ -431,6 +451,8 @@ def _names_of_neighbour_lists(tree: ast.AST, given: frozenset[str], listing: fro
     way, its parameters given a list and its name if it returns one."""
     lists = set(given) | listing
     local = {n.name: n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    local.update({n.targets[0].id: n.value for n in ast.walk(tree) if isinstance(n, ast.Assign) and len(n.targets) == 1
+                  and isinstance(n.targets[0], ast.Name) and isinstance(n.value, ast.Lambda)})
     while True:
         assigned, filled = {name: True for name in given}, set(_local_lists(tree, local, lists))
         for node in ast.walk(tree):
@@ -450,19 +472,30 @@ def _names_of_neighbour_lists(tree: ast.AST, given: frozenset[str], listing: fro
         lists |= found
 
 
-def _local_lists(tree: ast.AST, local: dict[str, ast.FunctionDef], lists: set[str]):
-    """The parameters of functions defined in ``tree`` that a call of theirs hands a
-    neighbour list, and the names of those that return one."""
+def _local_lists(tree: ast.AST, local: dict[str, ast.FunctionDef | ast.Lambda], lists: set[str]):
+    """The parameters of functions defined in ``tree`` (a ``def``, a lambda bound to a
+    name or called where it is written) that a call of theirs hands a neighbour list, and
+    the names of those that return one."""
     for name, definition in local.items():
-        if any(isinstance(n, ast.Return) and n.value is not None and _built_from_neighbours(n.value, lists)
-               for n in ast.walk(definition)):
+        if isinstance(definition, ast.Lambda):
+            if _built_from_neighbours(definition.body, lists):
+                yield name
+        elif any(isinstance(n, ast.Return) and n.value is not None and _built_from_neighbours(n.value, lists)
+                 for n in ast.walk(definition)):
             yield name
     for call in ast.walk(tree):
-        if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id in local:
-            arguments = local[call.func.id].args
-            params = [a.arg for a in arguments.posonlyargs + arguments.args]
-            yield from (params[i] for i in _listed_positions(call, lists) if i < len(params))
-            yield from (k.arg for k in call.keywords if k.arg and _passes_neighbours(k.value, lists))
+        if not isinstance(call, ast.Call):
+            continue
+        if isinstance(call.func, ast.Lambda):
+            definition = call.func
+        elif isinstance(call.func, ast.Name) and call.func.id in local:
+            definition = local[call.func.id]
+        else:
+            continue
+        arguments = definition.args
+        params = [a.arg for a in arguments.posonlyargs + arguments.args]
+        yield from (params[i] for i in _listed_positions(call, lists) if i < len(params))
+        yield from (k.arg for k in call.keywords if k.arg and _passes_neighbours(k.value, lists))
 
 
 def _bound_names(target: ast.expr) -> set[str]:
