@@ -645,6 +645,34 @@ def test_lambda_helpers_are_checked(udf, text):
         gnnfuse.vertex(udf)(graph(), {"h": features()})
     assert line_of(udf, text) in str(info.value)
 
+
+def _first_two_packed(*xs):
+    return sum(xs[0][:2])
+
+
+def _first_two_by_keyword(**kwargs):
+    return sum(kwargs["xs"][:2])
+
+
+def _packed_positionally(v):
+    return _first_two_packed([u.h for u in v.innbs])
+
+
+def _packed_by_keyword(v):
+    return _first_two_by_keyword(xs=[u.h for u in v.innbs])
+
+
+@pytest.mark.parametrize("udf, text", [
+    (_packed_positionally, "return _first_two_packed("),
+    (_packed_by_keyword, "return _first_two_by_keyword("),
+], ids=["*args", "**kwargs"])
+def test_a_neighbour_list_handed_to_args_or_kwargs_is_refused_at_the_call(udf, text):
+    """A list handed to ``*xs`` or ``**kwargs`` was not followed into the helper, whose
+    ``xs[0][:2]`` summed all three neighbours of vertex 1 where eager code sums two."""
+    with pytest.raises(CompileError, match="\\*args or \\*\\*kwargs") as info:
+        gnnfuse.vertex(udf)(graph(), {"h": features()})
+    assert line_of(udf, text) in str(info.value)
+
 def _caught_len(v):
     try:
         width = len(v.h)

@@ -73,7 +73,10 @@ def _found_in(fn: types.FunctionType, given: frozenset[str], known: dict[str, An
     whether ``fn`` returns a neighbour list). A helper is checked with the parameters the
     call passes a neighbour list to: ``def first_two(xs): return sum(xs[:2])`` slices the
     one-neighbour list it gets as surely as inline code; and a name bound to what a helper
-    returns (``hs = messages(v)``) is a neighbour list when the helper returns one."""
+    returns (``hs = messages(v)``) is a neighbour list when the helper returns one. A list
+    handed to a helper's ``*args`` or ``**kwargs`` is refused at the call: what the helper
+    does with the packed list is not followed (a decorator's wrapper is, through
+    ``__wrapped__``)."""
     key = (fn.__code__, given, tuple(sorted((name, id(value)) for name, value in known.items())))
     if key in done:
         return done[key]
@@ -82,12 +85,14 @@ def _found_in(fn: types.FunctionType, given: frozenset[str], known: dict[str, An
     while True:
         lines, calls, returns = _analysis(fn.__code__, given, listing)
         found, giving = [(fn.__code__.co_filename, line, message) for line, message in lines], set()
-        for written, path, positions, keywords, passed in calls:
+        for line, written, path, positions, keywords, passed in calls:
             for helper, leading, bound in _resolve(fn, path, known):
                 if is_library(helper.__code__.co_filename):     # torch's and gnnfuse's own
                     continue
                 shifted = tuple(i + len(leading) for i in positions)
                 given_to = _listed_parameters(helper.__code__, shifted, keywords)
+                if len(given_to) < len(shifted) + len(keywords) and not hasattr(helper, "__wrapped__"):
+                    found.append((fn.__code__.co_filename, line, _PACKED))      # into *args / **kwargs
                 call = None if passed is None else (passed[0] + len(leading), (*passed[1], *bound))
                 inner, gives = _found_in(helper, given_to, _known(helper, leading, bound, call), done)
                 found += inner
@@ -167,19 +172,17 @@ def _listed_parameters(code: types.CodeType, positions: tuple[int, ...], keyword
     return frozenset([names[i] for i in positions if i < code.co_argcount] + [k for k in keywords if k in names])
 
 
-_Call = tuple[tuple, tuple, tuple[int, ...], tuple[str, ...], "tuple[int, tuple[str, ...]] | None"]
-"""A call: its callee as written and as resolved (`_dotted`), the positions and the keywords
-given a neighbour list, and what it passes (`_passed`)."""
+_Call = tuple[int, tuple, tuple, tuple[int, ...], tuple[str, ...], "tuple[int, tuple[str, ...]] | None"]
+"""A call: its line, its callee as written and as resolved (`_dotted`), the positions and
+the keywords given a neighbour list, and what it passes (`_passed`)."""
 
 
 @functools.lru_cache(maxsize=1024)
 def _analysis(code: types.CodeType, given: frozenset[str], listing: frozenset[str]
               ) -> tuple[tuple[tuple[int, str], ...], tuple[_Call, ...], bool]:
     """(the lines of ``code`` that count neighbours, with their messages; the calls it
-    makes by a name or its attributes (`_dotted`), as written and as resolved through a
-    local alias (`_aliases`), with the positions and keywords given a neighbour list;
-    whether it returns one). ``listing``: the functions it calls that return a neighbour list, dotted
-    as called (`_spelled`)."""
+    makes by a name or its attributes (`_Call`); whether it returns a neighbour list).
+    ``listing``: the functions it calls that return one, as called (`_spelled`)."""
     try:
         tree, first = _source(code)
     except (OSError, TypeError, SyntaxError):   # no source (exec'd code)
@@ -187,7 +190,8 @@ def _analysis(code: types.CodeType, given: frozenset[str], listing: frozenset[st
     lists = _names_of_neighbour_lists(tree, given, listing)
     found = _counting_lines(tree, lists)
     aliases = _aliases(tree)
-    calls = tuple((written, aliases.get(written[0], written[:1]) + written[1:], _listed_positions(node, lists),
+    calls = tuple((node.lineno + first - 1, written, aliases.get(written[0], written[:1]) + written[1:],
+                   _listed_positions(node, lists),
                    tuple(k.arg for k in node.keywords if k.arg and _passes_neighbours(k.value, lists)), _passed(node))
                   for node in ast.walk(tree) if isinstance(node, ast.Call) and (written := _dotted(node.func)))
     returns = any(isinstance(node, ast.Return) and node.value is not None and _built_from_neighbours(node.value, lists)
@@ -653,6 +657,9 @@ _POSITIONS = ("a position from range(len(v.innbs)) used other than to index list
               "(a[i]) is 0 at trace time for every neighbour; aggregate every neighbour (sum, max, min)")
 _SLICED = ("indexing or slicing a list built from v.innbs / v.inedges: at trace time it holds one symbolic "
            "neighbour, so a prefix or a position is not known; aggregate every neighbour (sum, max, min)")
+_PACKED = ("a list built from v.innbs / v.inedges handed to a helper's *args or **kwargs is not followed into the "
+           "helper, which may slice or count it (it holds one symbolic neighbour at trace time); pass it to a "
+           "named parameter")
 _SPREAD = ("*list of a list built from v.innbs / v.inedges spreads the one traced neighbour as one argument or "
            "item; aggregate every neighbour (sum, max, min) instead")
 _FILLS = ("extend() or insert() on a list in a loop over v.innbs / v.inedges: the traced loop runs once, so how "
