@@ -673,6 +673,28 @@ def test_a_neighbour_list_handed_to_args_or_kwargs_is_refused_at_the_call(udf, t
         gnnfuse.vertex(udf)(graph(), {"h": features()})
     assert line_of(udf, text) in str(info.value)
 
+
+def _unpacked_with_a_bound(v):
+    hs, k = [u.h for u in v.innbs], 2
+    return sum(hs[:k])
+
+
+def _unpacked_with_a_scale(v):
+    hs, k = [u.h for u in v.innbs], 2.0
+    return sum([x * k for x in hs])
+
+
+def test_a_neighbour_list_bound_by_tuple_unpacking_is_followed():
+    """``hs, k = [u.h for u in v.innbs], 2`` bound ``hs`` to the list unseen: ``hs[:k]``
+    summed all three neighbours of vertex 1 where eager code sums two. A list unpacked
+    so and used whole still compiles."""
+    with pytest.raises(CompileError, match="slicing a list built from v.innbs") as info:
+        gnnfuse.vertex(_unpacked_with_a_bound)(graph(), {"h": features()})
+    assert line_of(_unpacked_with_a_bound, "sum(hs[:k])") in str(info.value)
+    g, h = graph(), features()
+    expected = lambda x: 2.0 * torch.zeros_like(x).index_add(0, g.dst, x[g.src])  # noqa: E731
+    check_against(gnnfuse.vertex(_unpacked_with_a_scale)(g, {"h": h}), expected, h)
+
 def _caught_len(v):
     try:
         width = len(v.h)

@@ -466,8 +466,10 @@ def _names_of_neighbour_lists(tree: ast.AST, given: frozenset[str], listing: fro
                     continue        # msgs = []: a list only what fills it makes
                 listed = isinstance(node, (ast.Assign, ast.NamedExpr)) and _built_from_neighbours(node.value, lists)
                 for target in targets:      # first, *rest = nb binds items, not the list; nb[0] = x binds none
-                    for name in _bound_names(target):
-                        assigned[name] = assigned.get(name, True) and listed and isinstance(target, ast.Name)
+                    for name, item in _bound_items(target, node.value):
+                        listed_here = listed if item is None else _built_from_neighbours(item, lists)
+                        assigned[name] = assigned.get(name, True) and listed_here and (
+                            isinstance(target, ast.Name) or item is not None)
             elif isinstance(node, ast.For) and _walks_neighbours(node.iter, lists):
                 filled |= {n.func.value.id for stmt in node.body for n in ast.walk(stmt) if _fill_call(n)}
         found = {name for name, listed in assigned.items() if listed} | {n for n in filled if assigned.get(n, True)}
@@ -500,6 +502,20 @@ def _local_lists(tree: ast.AST, local: dict[str, ast.FunctionDef | ast.Lambda], 
         params = [a.arg for a in arguments.posonlyargs + arguments.args]
         yield from (params[i] for i in _listed_positions(call, lists) if i < len(params))
         yield from (k.arg for k in call.keywords if k.arg and _passes_neighbours(k.value, lists))
+
+
+def _bound_items(target: ast.expr, value: ast.expr | None, inner: bool = False
+                 ) -> list[tuple[str, ast.expr | None]]:
+    """The names an assignment of ``value`` to ``target`` binds, each with the item of a
+    tuple or list display it takes (``hs, k = [u.h for u in v.innbs], 2`` binds ``hs`` to
+    the list), or None where that is not written out."""
+    if (isinstance(target, (ast.Tuple, ast.List)) and isinstance(value, (ast.Tuple, ast.List))
+            and len(target.elts) == len(value.elts)
+            and not any(isinstance(x, ast.Starred) for x in (*target.elts, *value.elts))):
+        return [pair for t, item in zip(target.elts, value.elts) for pair in _bound_items(t, item, True)]
+    if inner and isinstance(target, ast.Name):
+        return [(target.id, value)]
+    return [(name, None) for name in _bound_names(target)]
 
 
 def _bound_names(target: ast.expr) -> set[str]:
