@@ -695,6 +695,42 @@ def test_a_neighbour_list_bound_by_tuple_unpacking_is_followed():
     expected = lambda x: 2.0 * torch.zeros_like(x).index_add(0, g.dst, x[g.src])  # noqa: E731
     check_against(gnnfuse.vertex(_unpacked_with_a_scale)(g, {"h": h}), expected, h)
 
+
+def _first_of_pair(pair):
+    xs, k = pair
+    return sum(xs[:k])
+
+
+def _list_in_a_tuple_argument(v):
+    return _first_of_pair(([u.h for u in v.innbs], 2))
+
+
+def _list_in_a_named_tuple(v):
+    pair = ([u.h for u in v.innbs], 2)
+    return sum(pair[0][:2])
+
+
+def _messages_and_bound(v):
+    return [u.h for u in v.innbs], 2
+
+
+def _list_from_a_returned_tuple(v):
+    hs, k = _messages_and_bound(v)
+    return sum(hs[:k])
+
+
+@pytest.mark.parametrize("udf, target, text", [
+    (_list_in_a_tuple_argument, _list_in_a_tuple_argument, "_first_of_pair(([u.h"),
+    (_list_in_a_named_tuple, _list_in_a_named_tuple, "pair = ([u.h"),
+    (_list_from_a_returned_tuple, _messages_and_bound, "return [u.h for u in v.innbs], 2"),
+], ids=["argument", "named", "returned"])
+def test_a_neighbour_list_put_in_a_container_is_refused(udf, target, text):
+    """A list inside a tuple -- handed to a helper, bound to a name, returned -- was not
+    followed: its slice summed all three neighbours of vertex 1 where eager code sums two."""
+    with pytest.raises(CompileError, match="put in a tuple, list, set or dict") as info:
+        gnnfuse.vertex(udf)(graph(), {"h": features()})
+    assert line_of(target, text) in str(info.value)
+
 def _caught_len(v):
     try:
         width = len(v.h)

@@ -335,6 +335,8 @@ def _counting_lines(tree: ast.AST, lists: set[str]) -> list[tuple[int, str]]:
             found.append((node.lineno, _SLICED))       # first, *rest = nb: a position
         elif isinstance(node, ast.Starred) and _built_from_neighbours(node.value, lists):
             found.append((node.lineno, _SPREAD))
+        elif _packs_neighbours(node, lists, parents):
+            found.append((node.lineno, _CONTAINED))
         if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _REORDERING
                 and _built_from_neighbours(node.func.value, lists)):
             found.append((node.lineno, _REORDERS))
@@ -347,6 +349,24 @@ def _counting_lines(tree: ast.AST, lists: set[str]) -> list[tuple[int, str]]:
             if _built_from_neighbours(test, lists):
                 found.append((test.lineno, _TRUTH))
     return found
+
+
+def _packs_neighbours(node: ast.AST, lists: set[str], parents: dict[ast.AST, ast.AST]) -> bool:
+    """A tuple, list, set or dict display holding a neighbour list as an item (``pair =
+    (hs, 2)``, ``helper((hs, 2))``, ``return hs, 2``): what is done with the list inside
+    is not followed (``pair[0][:2]`` slices it), so it is refused; a display unpacked
+    where it is written (``hs, k = [...], 2``) binds the list to a name, which is."""
+    if isinstance(node, ast.Dict):
+        items = [*node.keys, *node.values]
+    elif isinstance(node, (ast.Tuple, ast.List, ast.Set)) and not isinstance(getattr(node, "ctx", None), ast.Store):
+        items = node.elts
+    else:
+        return False
+    owner = parents.get(node)
+    if isinstance(owner, ast.Assign) and owner.value is node and all(
+            all(item is not None for _, item in _bound_items(t, node)) for t in owner.targets):
+        return False
+    return any(item is not None and _built_from_neighbours(item, lists) for item in items)
 
 
 def _walks_neighbours(expr: ast.expr, lists: set[str]) -> bool:
@@ -676,6 +696,9 @@ _SLICED = ("indexing or slicing a list built from v.innbs / v.inedges: at trace 
 _PACKED = ("a list built from v.innbs / v.inedges handed to a helper's *args or **kwargs is not followed into the "
            "helper, which may slice or count it (it holds one symbolic neighbour at trace time); pass it to a "
            "named parameter")
+_CONTAINED = ("a list built from v.innbs / v.inedges put in a tuple, list, set or dict is not followed there (at trace "
+              "time it holds one symbolic neighbour, so slicing or counting it later is not caught); keep it in a name "
+              "of its own, or aggregate it (sum, max, min) first")
 _SPREAD = ("*list of a list built from v.innbs / v.inedges spreads the one traced neighbour as one argument or "
            "item; aggregate every neighbour (sum, max, min) instead")
 _FILLS = ("extend() or insert() on a list in a loop over v.innbs / v.inedges: the traced loop runs once, so how "
