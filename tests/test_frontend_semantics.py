@@ -560,6 +560,20 @@ def _default_slices(v, first=_first_two):
     return first([u.h for u in v.innbs])
 
 
+class _Plain:
+    def first_two(self, xs):
+        return sum(xs[:2])
+
+
+def _new_instance_slices(v):
+    return _Plain().first_two([u.h for u in v.innbs])
+
+
+def _local_instance_slices(v):
+    helper = _Plain()
+    return helper.first_two([u.h for u in v.innbs])
+
+
 class _Derived(_Methods):
     def through_super(self, v):
         return super().first_two([u.h for u in v.innbs])
@@ -586,13 +600,16 @@ class _Derived(_Methods):
     (_Derived().through_super, _Methods.first_two, "return sum(xs[:2])"),
     (_Derived().through_getattr, _Methods.first_two, "return sum(xs[:2])"),
     (_Derived().through_type, _Methods.first_two, "return sum(xs[:2])"),
+    (_new_instance_slices, _Plain.first_two, "return sum(xs[:2])"),
+    (_local_instance_slices, _Plain.first_two, "return sum(xs[:2])"),
 ], ids=["partial", "module attribute", "alias", "method", "staticmethod", "classmethod", "submodule", "returned",
-        "decorated", "list item", "default", "super", "getattr", "type"])
+        "decorated", "list item", "default", "super", "getattr", "type", "new instance", "local instance"])
 def test_helpers_reached_through_an_object_or_a_partial_are_checked(udf, target, text):
     """A helper reached as ``self.first_two``, a staticmethod or classmethod, a submodule,
     an attribute or item of a global object, a local alias of one, a ``functools.partial``
     bound to a global, a decorator's wrapper, a parameter's default, ``super()``,
-    ``getattr(self, name)`` or ``type(self)`` was not followed: its slice of the one-neighbour list compiled silently
+    ``getattr(self, name)``, ``type(self)`` or a new instance (``Helper().first_two``,
+    ``h = Helper()``) was not followed: its slice of the one-neighbour list compiled silently
     (vertex 1, in-degree 3: the sum of all three where eager code sums the first two)."""
     with pytest.raises(CompileError, match="slicing a list built from v.innbs") as info:
         gnnfuse.vertex(udf)(graph(), {"h": features()})

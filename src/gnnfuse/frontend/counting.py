@@ -112,12 +112,13 @@ def _resolve(fn: types.FunctionType, path: tuple, known: dict[str, Any]
     partial's) and the keywords bound; and what a decorator's wrapper calls
     (``__wrapped__``), with the same arguments. Empty where it is not known. The first
     name is a parameter in ``known``, a closure cell or a global (another local is not
-    known); the attributes and items are looked up as the call will, so a method, a
+    known; a method of a new instance, ``Helper().f``, is the class's function, its
+    instance unknown); the attributes and items are looked up as the call will, so a method, a
     staticmethod or classmethod, a partial, a module's function or a callable object (an
     ``nn.Module`` runs its ``forward``) is followed like a plain helper."""
     root, *steps = path
-    if isinstance(root, str):
-        value = _value_of(fn, root, known)
+    if isinstance(root, str) or root[0] == "new":
+        value = _value_of(fn, root if isinstance(root, str) else root[1], known)
     elif root[0] == "type":
         value = _value_of(fn, root[1], known)
         value = _MISSING if value is _MISSING else type(value)
@@ -127,6 +128,12 @@ def _resolve(fn: types.FunctionType, path: tuple, known: dict[str, Any]
         value = _MISSING if owner is _MISSING or first not in known else super(owner, known[first])
     if value is _MISSING:
         return []
+    if not isinstance(root, str) and root[0] == "new":     # Helper().first_two: a method of a new instance
+        name = steps[0] if steps else "__call__"       # h = Helper(); h(xs) calls its __call__
+        if len(steps) > 1 or not (isinstance(value, type) and isinstance(name, str)
+                                  and isinstance(inspect.getattr_static(value, name, None), types.FunctionType)):
+            return []
+        return [(getattr(value, name), (_MISSING,), {})]
     try:
         for step in steps:
             value = getattr(value, step) if isinstance(step, str) else value[step[1]]
@@ -222,7 +229,8 @@ def _parameters(definition: ast.FunctionDef | ast.Lambda) -> list[str]:
 
 def _dotted(func: ast.expr) -> tuple:
     """The callee ``func`` as a path `_resolve` looks up: a root -- a name, ``("super",)``
-    for ``super()``, ``("type", name)`` for ``type(name)`` -- then attributes (``.f``,
+    for ``super()``, ``("type", name)`` for ``type(name)``, ``("new", name)`` for a call
+    of ``name`` whose result's attribute is called (``Helper().f``) -- then attributes (``.f``,
     ``getattr(x, "f")``) and constant items (``("item", "f")`` for ``["f"]``). Empty for
     another callee."""
     steps: list = []
@@ -246,6 +254,8 @@ def _dotted(func: ast.expr) -> tuple:
     elif (isinstance(func, ast.Call) and _called_name(func.func) == "type" and len(func.args) == 1
           and isinstance(func.args[0], ast.Name)):
         root = ("type", func.args[0].id)
+    elif isinstance(func, ast.Call) and isinstance(func.func, ast.Name) and steps:
+        root = ("new", func.func.id)
     else:
         return ()
     return (root, *reversed(steps))
@@ -265,15 +275,22 @@ def _passed(call: ast.Call) -> tuple[int, tuple[str, ...]] | None:
 
 
 def _aliases(tree: ast.AST) -> dict[str, tuple[str, ...]]:
-    """Local names bound once, to a name or its attributes (``f = self.first_two``): a
-    call of ``f`` runs what that path names, so it is followed as that path."""
+    """Local names bound once, to a name or its attributes (``f = self.first_two``) or a
+    new instance (`_instance`): a call of ``f`` runs what that path names, so it is
+    followed as that path."""
     stores: dict[str, list[ast.AST]] = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
             stores.setdefault(node.id, []).append(node)
     return {node.targets[0].id: path for node in ast.walk(tree)
             if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
-            and len(stores[node.targets[0].id]) == 1 and (path := _dotted(node.value))}
+            and len(stores[node.targets[0].id]) == 1 and (path := _dotted(node.value) or _instance(node.value))}
+
+
+def _instance(value: ast.expr) -> tuple:
+    """``(("new", "Helper"),)`` for ``Helper(...)``: a local bound to a new instance
+    (``h = Helper()``), whose methods `_resolve` finds on the class."""
+    return (("new", value.func.id),) if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) else ()
 
 
 def _listed_positions(call: ast.Call, lists: set[str]) -> tuple[int, ...]:
