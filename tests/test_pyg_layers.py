@@ -90,7 +90,7 @@ def test_layer_compiles_and_matches_pyg(name, backend, monkeypatch):
     ours, theirs = twins(name, device)
     data, edge_index = inputs(name, device), EDGES.to(device)
     expected = run(theirs, data, edge_index)
-    monkeypatch.setattr(message_passing, "_EAGER_PROPAGATE", _eager_is_an_error)
+    monkeypatch.setattr(message_passing, "_eager_propagate", _eager_is_an_error)
     with record_calls() as calls:
         out, grads = run(ours, data, edge_index)
     assert calls, "no compiled program ran"
@@ -164,3 +164,19 @@ def test_message_storing_on_the_layer_runs_pyg_semantics():
     assert any("message() sets self.last" in str(w.message) for w in caught)
     torch.testing.assert_close(last, x[EDGES[0]] * 2)
     torch.testing.assert_close(out, torch.zeros_like(x).index_add_(0, EDGES[1], x[EDGES[0]] * 2))
+
+
+@pytest.mark.parametrize("sources", [3, 4])
+def test_pair_input_with_reversed_flow_is_pyg_s(sources):
+    """PyG's layers run a template-generated collect that reads an (x[0], x[1]) pair as
+    (source rows, target rows) under flow='target_to_source' too; the compiled call (3 and 3
+    rows) read x_j from x[1] and gave [20, 30, 0] where PyG gives [2, 3, 0], and the eager
+    fallback (4 and 3 rows: bipartite) ran PyG's generic propagate, which did the same."""
+    edge_index = torch.tensor([[0, 1], [1, 2]])
+    pair = (torch.arange(1.0, sources + 1).view(-1, 1), torch.tensor([[10.0], [20.0], [30.0]]))
+    ours = gnnfuse.nn.SimpleConv(flow="target_to_source")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = ours(pair, edge_index)
+    torch.testing.assert_close(got, pyg_nn.SimpleConv(flow="target_to_source")(pair, edge_index))
+    torch.testing.assert_close(got[:3], torch.tensor([[2.0], [3.0], [0.0]]))

@@ -255,15 +255,18 @@ def _collect(layer: PyGMessagePassing, params: list[str], kwargs: Mapping[str, A
         base, side = param[:-2], (j if param[-2:] == "_j" else i)
         if base not in kwargs:
             continue
-        data, key = kwargs[base], base
+        data, key, slot = kwargs[base], base, side
         if isinstance(data, (tuple, list)):
+            # PyG's template-generated collect (what its layers run) reads a pair as
+            # (source rows, target rows) whatever the flow: x_j from data[0], x_i from data[1]
             if len(data) != 2:
                 raise NotCompilable(f"`{base}` is a sequence of {len(data)}; PyG takes a (source, target) pair")
-            if isinstance(data[1 - side], torch.Tensor):
-                _set_size(layer, size, 1 - side, base, data[1 - side])
-            key, data = f"{base}/{side}", data[side]
+            slot = 0 if param[-2:] == "_j" else 1
+            if isinstance(data[1 - slot], torch.Tensor):
+                _set_size(layer, size, 1 - slot, base, data[1 - slot])
+            key, data = f"{base}/{slot}", data[slot]
         if isinstance(data, torch.Tensor):
-            _set_size(layer, size, side, base, data)
+            _set_size(layer, size, slot, base, data)
             args.nodes[key] = data
             args.gathers[param] = (key, "src" if side == j else "dst")
         else:

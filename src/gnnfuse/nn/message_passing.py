@@ -26,6 +26,7 @@ required by this class only; the rest of gnnfuse does not need it. TorchScript
 """
 from __future__ import annotations
 
+import inspect
 import warnings
 from typing import Any
 
@@ -39,6 +40,8 @@ from ..frontend.pyg_message_passing import NotCompilable, compiled_propagate
 
 # PyG's generic propagate. PyG replaces a concrete class's ``propagate`` by one generated
 # from a template (``_orig_propagate`` keeps the original); the base class's is generic.
+# PyG runs the generic one only in explain mode or with ``decomposed_layers`` (see
+# `_eager_propagate`).
 _EAGER_PROPAGATE = PyGMessagePassing.__dict__.get("_orig_propagate", PyGMessagePassing.propagate)
 _WARNED: set[type] = set()
 
@@ -54,7 +57,7 @@ class MessagePassing(PyGMessagePassing):
                 return compiled_propagate(self, edge_index, size, kwargs)
             except NotCompilable as reason:
                 _warn_once(type(self), str(reason))
-        return _EAGER_PROPAGATE(self, edge_index, size, **kwargs)
+        return _eager_propagate(self, edge_index, size, kwargs)
 
     def _set_jittable_templates(self, raise_on_error: bool = False) -> None:
         """PyG installs a template-generated ``propagate`` on each concrete class (and
@@ -64,9 +67,29 @@ class MessagePassing(PyGMessagePassing):
         if cls.__dict__.get("_gnnfuse_propagate_set"):
             return
         propagate = cls.propagate
+        source_class = cls.__dict__.get("_gnnfuse_source_class")
+        if source_class is not None:
+            # PyG reads the propagate call from the class's source, which a class built by
+            # `compiled_class` lacks (its template then failed silently); its forward is
+            # the PyG class's, so that class's source stands in (the cache is by name)
+            self.inspector._source_dict.setdefault(cls.__name__, inspect.getsource(source_class))
         super()._set_jittable_templates(raise_on_error)
+        template = cls.__dict__.get("_jinja_propagate")
+        cls._gnnfuse_template_propagate = None if template is None or template is propagate else template
         cls.propagate = cls._orig_propagate = cls._jinja_propagate = propagate
         cls._gnnfuse_propagate_set = True
+
+
+def _eager_propagate(layer: MessagePassing, edge_index: Any, size: Any, kwargs: dict[str, Any]) -> Any:
+    """The ``propagate`` PyG itself runs for this call: the template-generated one PyG
+    installed on the class, except in explain mode or with ``decomposed_layers`` (where PyG
+    switches to the generic one). The two differ: with ``flow='target_to_source'`` the
+    template reads ``x_j`` from ``x[0]`` of an ``(x[0], x[1])`` pair, the generic one from
+    ``x[1]``, so always running the generic one gave other numbers than PyG."""
+    template = type(layer).__dict__.get("_gnnfuse_template_propagate")
+    if template is None or layer.explain or layer.decomposed_layers != 1:
+        return _EAGER_PROPAGATE(layer, edge_index, size, **kwargs)
+    return template(layer, edge_index, size=size, **kwargs)
 
 
 def _warn_once(cls: type, reason: str) -> None:

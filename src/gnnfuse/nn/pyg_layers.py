@@ -40,7 +40,7 @@ def compiled_class(pyg_class: type) -> type:
     if issubclass(pyg_class, MessagePassing):
         return pyg_class
     namespace: dict[str, Any] = {"__module__": "gnnfuse.nn", "__qualname__": pyg_class.__name__,
-                                 "__doc__": pyg_class.__doc__}
+                                 "__doc__": pyg_class.__doc__, "_gnnfuse_source_class": pyg_class}
     if "return_attention_weights" in inspect.signature(pyg_class.forward).parameters:
         namespace.update(forward=_weights_eager(pyg_class.forward),
                          _gnnfuse_scratch_attributes=_WEIGHT_ATTRIBUTES.get(pyg_class.__name__, ()))
