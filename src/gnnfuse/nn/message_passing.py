@@ -26,6 +26,7 @@ required by this class only; the rest of gnnfuse does not need it. TorchScript
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import warnings
 from typing import Any
@@ -71,8 +72,10 @@ class MessagePassing(PyGMessagePassing):
         if source_class is not None:
             # PyG reads the propagate call from the class's source, which a class built by
             # `compiled_class` lacks (its template then failed silently); its forward is
-            # the PyG class's, so that class's source stands in (the cache is by name)
-            self.inspector._source_dict.setdefault(cls.__name__, inspect.getsource(source_class))
+            # the PyG class's, so that class's source stands in (the cache is by name).
+            # Without that source PyG runs its generic propagate, and so does the fallback.
+            with contextlib.suppress(OSError, TypeError):
+                self.inspector._source_dict.setdefault(cls.__name__, inspect.getsource(source_class))
         super()._set_jittable_templates(raise_on_error)
         template = cls.__dict__.get("_jinja_propagate")
         cls._gnnfuse_template_propagate = None if template is None or template is propagate else template
