@@ -31,7 +31,9 @@ COMPILED_PYG_LAYERS = (
 @functools.cache
 def compiled_class(pyg_class: type) -> type:
     """``pyg_class`` (a subclass of PyG's ``MessagePassing``) with gnnfuse's compiling
-    ``propagate``; one class per ``pyg_class``, so pickled models load again."""
+    ``propagate``; one class per ``pyg_class``. The class is named ``gnnfuse.nn.<name>``,
+    so a pickled model holding a layer of `COMPILED_PYG_LAYERS` loads again; for any
+    other class save the ``state_dict``."""
     from torch_geometric.nn import MessagePassing as PyGMessagePassing
 
     from .message_passing import MessagePassing
