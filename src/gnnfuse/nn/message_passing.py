@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import warnings
-from typing import Any
+from typing import Any, Iterator
 
 try:
     from torch_geometric.nn import MessagePassing as PyGMessagePassing
@@ -45,6 +45,7 @@ from ..frontend.pyg_message_passing import NotCompilable, compiled_propagate
 # `_eager_propagate`).
 _EAGER_PROPAGATE = PyGMessagePassing.__dict__.get("_orig_propagate", PyGMessagePassing.propagate)
 _WARNED: set[type] = set()
+_EAGER_FLAG = "_gnnfuse_eager"      # an instance attribute: set by `eagerly`, read by `propagate`
 
 
 class MessagePassing(PyGMessagePassing):
@@ -53,7 +54,7 @@ class MessagePassing(PyGMessagePassing):
     one-time warning per class, where it cannot)."""
 
     def propagate(self, edge_index: Any, size: Any = None, **kwargs: Any) -> Any:
-        if not vars(self).get("_gnnfuse_eager"):    # set by a call that must run eagerly
+        if not vars(self).get(_EAGER_FLAG):    # inside `eagerly(self)`
             try:
                 return compiled_propagate(self, edge_index, size, kwargs)
             except NotCompilable as reason:
@@ -81,6 +82,17 @@ class MessagePassing(PyGMessagePassing):
         cls._gnnfuse_template_propagate = None if template is None or template is propagate else template
         cls.propagate = cls._orig_propagate = cls._jinja_propagate = propagate
         cls._gnnfuse_propagate_set = True
+
+
+@contextlib.contextmanager
+def eagerly(layer: MessagePassing) -> Iterator[None]:
+    """``layer``'s ``propagate`` runs PyG's eager one while inside: for a call that needs
+    what only eager code computes (the attention weights ``message`` keeps on the layer)."""
+    setattr(layer, _EAGER_FLAG, True)
+    try:
+        yield
+    finally:
+        delattr(layer, _EAGER_FLAG)
 
 
 def _eager_propagate(layer: MessagePassing, edge_index: Any, size: Any, kwargs: dict[str, Any]) -> Any:

@@ -14,10 +14,9 @@ for any other ``MessagePassing`` subclass (one from another library, say).
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
     from .message_passing import MessagePassing
@@ -58,24 +57,16 @@ _WEIGHT_ATTRIBUTES = {"TransformerConv": ("_alpha",)}
 def _weights_eager(forward: Callable[..., Any]) -> Callable[..., Any]:
     """PyG's ``forward``, with ``propagate`` run eagerly when ``return_attention_weights``
     is given (PyG returns the weights for True and False alike): only that computes them."""
+    from .message_passing import eagerly       # needs PyG: imported when a class is built, as in compiled_class
     signature = inspect.signature(forward)
 
     @functools.wraps(forward)
     def weights_eager_forward(self: MessagePassing, *args: Any, **kwargs: Any) -> Any:
         if signature.bind(self, *args, **kwargs).arguments.get("return_attention_weights") is None:
             return forward(self, *args, **kwargs)
-        with _eager(self):
+        with eagerly(self):
             return forward(self, *args, **kwargs)
     return weights_eager_forward
-
-
-@contextlib.contextmanager
-def _eager(layer: MessagePassing) -> Iterator[None]:
-    layer._gnnfuse_eager = True
-    try:
-        yield
-    finally:
-        del layer._gnnfuse_eager
 
 
 def layer_class(name: str) -> type:
