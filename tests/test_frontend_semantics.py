@@ -57,6 +57,14 @@ def line_of(fn, text: str) -> str:
     return f":{start + next(i for i, line in enumerate(lines) if text in line)}: "
 
 
+def assert_refused_at(udf, match: str, at, text: str) -> None:
+    """``udf`` is refused with a CompileError matching ``match`` that quotes the line of
+    ``at`` (the UDF or a helper it reaches) holding ``text``."""
+    with pytest.raises(CompileError, match=match) as info:
+        gnnfuse.vertex(udf)(graph(), {"h": features()})
+    assert line_of(at, text) in str(info.value) and text in str(info.value)
+
+
 # --- §1.3: counting the neighbour list ------------------------------------------------------
 def test_len_of_a_list_built_from_the_neighbours_is_the_in_degree(device):
     @gnnfuse.vertex
@@ -178,9 +186,7 @@ def test_python_that_depends_on_the_neighbour_count_or_order_is_rejected_at_its_
     constants and the list's truth would all see one neighbour and compute something
     else for every vertex, silently (vertex 3 of a 3-in-edge graph: enumerate's 14
     became 6, pairs' 36 became 14, a 2-prefix's 3 became 6)."""
-    with pytest.raises(CompileError, match=message) as info:
-        gnnfuse.vertex(fn)(graph(), {"h": features()})
-    assert line_of(fn, text) in str(info.value) and text in str(info.value)
+    assert_refused_at(fn, message, fn, text)
 
 
 def _softmax_inline(v):
@@ -459,10 +465,8 @@ def test_python_over_aliases_helpers_and_other_containers_is_rejected_at_its_lin
     its loop: each compiled silently before (vertex 1, in-degree 3: a mean through an
     alias or a helper's count was the sum, 3x; zip with [1, 2, 3] weighted every
     neighbour 1; a 2-prefix in a helper summed all three)."""
-    with pytest.raises(CompileError, match=message) as info:
-        gnnfuse.vertex(fn)(graph(), {"h": features()})
     target = _first_two if fn is _helper_slices else _count if fn is _helper_counts else fn
-    assert line_of(target, text) in str(info.value) and text in str(info.value)
+    assert_refused_at(fn, message, target, text)
 
 
 
@@ -611,9 +615,7 @@ def test_helpers_reached_through_an_object_or_a_partial_are_checked(udf, target,
     ``getattr(self, name)``, ``type(self)`` or a new instance (``Helper().first_two``,
     ``h = Helper()``) was not followed: its slice of the one-neighbour list compiled silently
     (vertex 1, in-degree 3: the sum of all three where eager code sums the first two)."""
-    with pytest.raises(CompileError, match="slicing a list built from v.innbs") as info:
-        gnnfuse.vertex(udf)(graph(), {"h": features()})
-    assert line_of(target, text) in str(info.value)
+    assert_refused_at(udf, "slicing a list built from v.innbs", target, text)
 
 
 def test_a_method_helper_doing_per_neighbour_maths_still_compiles(device):
@@ -658,9 +660,7 @@ def test_lambda_helpers_are_checked(udf, text):
     was a global lambda's returned list, whose lines (the second of a dict display) did
     not parse alone: each sliced the one-neighbour list silently (the sum of all three
     neighbours of vertex 1 where eager code sums two)."""
-    with pytest.raises(CompileError, match="slicing a list built from v.innbs") as info:
-        gnnfuse.vertex(udf)(graph(), {"h": features()})
-    assert line_of(udf, text) in str(info.value)
+    assert_refused_at(udf, "slicing a list built from v.innbs", udf, text)
 
 
 def _first_two_packed(*xs):
@@ -686,9 +686,7 @@ def _packed_by_keyword(v):
 def test_a_neighbour_list_handed_to_args_or_kwargs_is_refused_at_the_call(udf, text):
     """A list handed to ``*xs`` or ``**kwargs`` was not followed into the helper, whose
     ``xs[0][:2]`` summed all three neighbours of vertex 1 where eager code sums two."""
-    with pytest.raises(CompileError, match="\\*args or \\*\\*kwargs") as info:
-        gnnfuse.vertex(udf)(graph(), {"h": features()})
-    assert line_of(udf, text) in str(info.value)
+    assert_refused_at(udf, "\\*args or \\*\\*kwargs", udf, text)
 
 
 def _unpacked_with_a_bound(v):
@@ -705,9 +703,8 @@ def test_a_neighbour_list_bound_by_tuple_unpacking_is_followed():
     """``hs, k = [u.h for u in v.innbs], 2`` bound ``hs`` to the list unseen: ``hs[:k]``
     summed all three neighbours of vertex 1 where eager code sums two. A list unpacked
     so and used whole still compiles."""
-    with pytest.raises(CompileError, match="slicing a list built from v.innbs") as info:
-        gnnfuse.vertex(_unpacked_with_a_bound)(graph(), {"h": features()})
-    assert line_of(_unpacked_with_a_bound, "sum(hs[:k])") in str(info.value)
+    assert_refused_at(_unpacked_with_a_bound, "slicing a list built from v.innbs", _unpacked_with_a_bound,
+                      "sum(hs[:k])")
     g, h = graph(), features()
     expected = lambda x: 2.0 * torch.zeros_like(x).index_add(0, g.dst, x[g.src])  # noqa: E731
     check_against(gnnfuse.vertex(_unpacked_with_a_scale)(g, {"h": h}), expected, h)
@@ -744,9 +741,7 @@ def _list_from_a_returned_tuple(v):
 def test_a_neighbour_list_put_in_a_container_is_refused(udf, target, text):
     """A list inside a tuple -- handed to a helper, bound to a name, returned -- was not
     followed: its slice summed all three neighbours of vertex 1 where eager code sums two."""
-    with pytest.raises(CompileError, match="put in a tuple, list, set or dict") as info:
-        gnnfuse.vertex(udf)(graph(), {"h": features()})
-    assert line_of(target, text) in str(info.value)
+    assert_refused_at(udf, "put in a tuple, list, set or dict", target, text)
 
 def _caught_len(v):
     try:
