@@ -76,8 +76,9 @@ def measure_layer(layer: torch.nn.Module, inputs: list[Any], steps: int, warmup:
 
 
 def run_cell(name: str, data: Any, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
-    ours, theirs = twins(name, data.x.shape[1] if name != "GatedGraphConv" else HIDDEN, device)
-    x = data.x if name != "GatedGraphConv" else data.x[:, :HIDDEN].contiguous()
+    # GatedGraphConv takes no more input channels than it gives out
+    x = data.x[:, :HIDDEN].contiguous() if name == "GatedGraphConv" else data.x
+    ours, theirs = twins(name, x.shape[1], device)
     inputs: list[Any] = [x, data.edge_index]
     if CONFIGS[name][1]:
         inputs.append(torch.rand(data.edge_index.shape[1], EDGE_DIM, device=device,
