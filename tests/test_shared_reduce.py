@@ -107,3 +107,35 @@ def test_shared_reduce_on_a_graph_without_edges_is_zero(any_backend):
     out = _edge_weighted(w, b)(graph, {"h": h}, {"a": torch.zeros(0, EDGE_DIM, dtype=torch.float64, device=device)})
     out.sum().backward()
     assert torch.equal(w.grad, torch.zeros_like(w)) and torch.equal(b.grad, torch.zeros_like(b))
+
+
+@pytest.mark.parametrize("edge_dim", [3, 20])
+def test_float32_edge_weight_gradient_runs_as_a_tile_product(edge_dim, monkeypatch):
+    """In float32 the weight gradient ``matmul_tn(edge_attr, g)`` runs as one ``tl.dot``
+    per block of edges (`codegen.shared_dot_rows`); its rows are padded to 16 or 32 and
+    its 8 lanes to 16, and edges span several blocks and programs: all of that must add
+    nothing. Compared with torch's float32 gradients."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
+    from gnnfuse.backend.triton.codegen import shared_dot_rows
+    device = device_for("triton")
+    gen = torch.Generator().manual_seed(4)
+    src, dst = torch.randint(0, N, (2, 300), generator=gen)
+    graph = _graph(device, src, dst)
+    h = torch.randn(N, HEADS, CHANNELS, generator=gen).to(device).requires_grad_()
+    a = torch.randn(graph.num_edges, edge_dim, generator=gen).to(device)
+    w = torch.randn(edge_dim, HEADS * CHANNELS, generator=gen).to(device).requires_grad_()
+    b = torch.randn(CHANNELS, generator=gen).to(device).requires_grad_()
+    layer = _edge_weighted(w, b)
+    report = gnnfuse.explain(layer, graph, {"h": h}, {"a": a})
+    [program] = report.programs
+    [unit] = [u for u in _shared_units(program.call.compiled, program.call.wrt) if u.root.op == "matmul_tn"]
+    assert shared_dot_rows(unit, "tl.float32") == max(16, 1 << (edge_dim - 1).bit_length())
+    assert shared_dot_rows(unit, "tl.float64") is None
+    out = layer(graph, {"h": h}, {"a": a})
+    expected = _edge_weighted_oracle(h, a, w, b, graph.src.long(), graph.dst.long())
+    proj = torch.randn(out.shape, generator=gen).to(device)
+    ours = torch.autograd.grad((out * proj).sum(), (h, w, b))
+    theirs = torch.autograd.grad((expected * proj).sum(), (h, w, b))
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-4)
+    for got, want in zip(ours, theirs):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-3)
