@@ -251,3 +251,53 @@ def test_front_ends_take_the_same_inputs():
         torch.testing.assert_close(neighbour_sum(graph, {"h": x}), expected)
     padded = torch.cat([x, x[:2]])             # EdgeIndex's size counts isolated trailing vertices
     assert neighbour_sum(EdgeIndex(ei, sparse_size=(N + 2, N + 2)), {"h": padded}).shape == (N + 2, 2)
+
+
+def test_a_new_edge_index_per_call_with_the_same_contents_reuses_one_graph():
+    """PyG's ClusterGCNConv and PDNConv make a fresh self-looped edge_index on every call:
+    from the third such call on, the graph (and its CSR) of the second is served."""
+    built = [Graph.coerce(edge_index(), N) for _ in range(4)]
+    assert built[0] is not built[1] and built[1] is built[2] is built[3]
+    assert Graph.coerce(edge_index(), N + 1) is not built[1]        # another vertex count
+    assert Graph.coerce(edge_index().to(torch.int32), N) is not built[1]
+
+
+def test_a_new_edge_index_with_other_contents_is_never_served_a_held_graph(monkeypatch):
+    """Equal shapes, different contents: each gets its own graph, and once a comparison
+    has failed that shape is not compared again (a loader's fixed-shape batches would
+    otherwise pay a read-back per batch)."""
+    base = edge_index()
+    Graph.coerce(base.clone(), N)
+    Graph.coerce(base.clone(), N)                    # held
+    changed = base.clone()
+    changed[0, 0] = (changed[0, 0] + 1) % N
+    graph = Graph.coerce(changed, N)
+    assert torch.equal(graph.src.long(), changed[0]) and torch.equal(graph.dst.long(), changed[1])
+    compared = []
+    monkeypatch.setattr(torch, "equal", lambda a, b: compared.append(1) or True)
+    for _ in range(3):
+        Graph.coerce(base.clone(), N)
+    assert compared == []
+
+
+def test_a_held_edge_index_edited_in_place_is_not_matched():
+    ei = edge_index()
+    Graph.coerce(ei.clone(), N)
+    held = ei.clone()
+    graph = Graph.coerce(held, N)                    # held for comparison
+    held[0, 0] = (held[0, 0] + 1) % N                # its graph no longer describes it
+    assert Graph.coerce(held.clone(), N) is not graph
+
+
+def test_pyg_layers_deriving_an_edge_index_per_call_stay_right_when_it_changes():
+    """gnnfuse's ClusterGCNConv (PyG's forward, which self-loops its input on every call)
+    against PyG's over calls with the same edges, then other edges of the same count."""
+    torch.manual_seed(0)
+    ours, ref = gnn.ClusterGCNConv(4, 3).double(), pyg.ClusterGCNConv(4, 3).double()
+    ours.load_state_dict(ref.state_dict())
+    x = torch.randn(N, 4, dtype=torch.float64)
+    ei = edge_index()
+    other = ei.clone()
+    other[1] = (other[1] + 3) % N
+    for edges in (ei, ei, ei.clone(), ei.clone(), other, other.clone(), ei.clone()):
+        torch.testing.assert_close(ours(x, edges), ref(x, edges))
