@@ -30,27 +30,42 @@ from common import (add_step_arguments, device_names, environment, fmt, load_dat
                     new_run_id, parse_step_arguments, prune_runs, resolve_device, results_saver, runs_markdown)
 
 HIDDEN, EDGE_DIM = 64, 8
-# constructor per layer, given (in_channels, out_channels); True where forward takes edge_attr
-CONFIGS: dict[str, tuple[Callable[[type, int, int], torch.nn.Module], bool]] = {
-    "TransformerConv": (lambda c, i, o: c(i, o // 4, heads=4), False),
-    "GINEConv": (lambda c, i, o: c(torch.nn.Sequential(torch.nn.Linear(i, o), torch.nn.ReLU(), torch.nn.Linear(o, o)),
-                                   edge_dim=EDGE_DIM), True),
-    "GENConv": (lambda c, i, o: c(i, o, aggr="softmax", learn_t=True), False),
-    "ResGatedGraphConv": (lambda c, i, o: c(i, o), False),
-    "GeneralConv": (lambda c, i, o: c(i, o, attention=True, heads=4), False),
-    "LEConv": (lambda c, i, o: c(i, o), False),
-    "ClusterGCNConv": (lambda c, i, o: c(i, o), False),
-    "FeaStConv": (lambda c, i, o: c(i, o, heads=2), False),
-    "PDNConv": (lambda c, i, o: c(i, o, edge_dim=EDGE_DIM, hidden_channels=16), True),
-    "MFConv": (lambda c, i, o: c(i, o), False),
-    "GatedGraphConv": (lambda c, i, o: c(o, 2), False),
-    "SSGConv": (lambda c, i, o: c(i, o, alpha=0.1, K=2), False),
+
+
+def _mlp(i: int, hidden: int, o: int) -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Linear(i, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, o))
+
+
+# constructor per layer, given (in_channels, out_channels); whether forward takes edge_attr;
+# the input width it is given where not the data set's (None): GatedGraphConv takes no more
+# input channels than it gives out, and NNConv's per-edge [in, out] weights are E x in x out
+CONFIGS: dict[str, tuple[Callable[[type, int, int], torch.nn.Module], bool, int | None]] = {
+    "TransformerConv": (lambda c, i, o: c(i, o // 4, heads=4), False, None),
+    "GINEConv": (lambda c, i, o: c(_mlp(i, o, o), edge_dim=EDGE_DIM), True, None),
+    "GENConv": (lambda c, i, o: c(i, o, aggr="softmax", learn_t=True), False, None),
+    "ResGatedGraphConv": (lambda c, i, o: c(i, o), False, None),
+    "GeneralConv": (lambda c, i, o: c(i, o, attention=True, heads=4), False, None),
+    "LEConv": (lambda c, i, o: c(i, o), False, None),
+    "ClusterGCNConv": (lambda c, i, o: c(i, o), False, None),
+    "FeaStConv": (lambda c, i, o: c(i, o, heads=2), False, None),
+    "PDNConv": (lambda c, i, o: c(i, o, edge_dim=EDGE_DIM, hidden_channels=16), True, None),
+    "MFConv": (lambda c, i, o: c(i, o), False, None),
+    "GatedGraphConv": (lambda c, i, o: c(o, 2), False, HIDDEN),
+    "SSGConv": (lambda c, i, o: c(i, o, alpha=0.1, K=2), False, None),
+    "CGConv": (lambda c, i, o: c(i, dim=EDGE_DIM), True, None),
+    "NNConv": (lambda c, i, o: c(i, o, _mlp(EDGE_DIM, 32, i * o)), True, 16),
+    "GMMConv": (lambda c, i, o: c(i, o, dim=EDGE_DIM, kernel_size=4), True, None),
+    "FiLMConv": (lambda c, i, o: c(i, o), False, None),
+    "LGConv": (lambda c, i, o: c(), False, None),
+    "MixHopConv": (lambda c, i, o: c(i, o, powers=[0, 1, 2]), False, None),
+    "SimpleConv": (lambda c, i, o: c(), False, None),
+    "WLConvContinuous": (lambda c, i, o: c(), False, None),
 }
 DATASETS = ("arxiv-like", "reddit2-like")
 
 
 def twins(name: str, channels: int, device: torch.device) -> tuple[torch.nn.Module, torch.nn.Module]:
-    make, _ = CONFIGS[name]
+    make = CONFIGS[name][0]
     torch.manual_seed(0)
     ours = make(getattr(gnnfuse.nn, name), channels, HIDDEN).to(device)
     theirs = make(getattr(pyg_nn, name), channels, HIDDEN).to(device)
@@ -76,8 +91,8 @@ def measure_layer(layer: torch.nn.Module, inputs: list[Any], steps: int, warmup:
 
 
 def run_cell(name: str, data: Any, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
-    # GatedGraphConv takes no more input channels than it gives out
-    x = data.x[:, :HIDDEN].contiguous() if name == "GatedGraphConv" else data.x
+    width = CONFIGS[name][2]
+    x = data.x if width is None else data.x[:, :width].contiguous()
     ours, theirs = twins(name, x.shape[1], device)
     inputs: list[Any] = [x, data.edge_index]
     if CONFIGS[name][1]:
@@ -105,7 +120,7 @@ def run_cell(name: str, data: Any, args: argparse.Namespace, device: torch.devic
 
 def markdown(results: dict[str, Any]) -> str:
     lines = ["# PyG's own layers compiled by gnnfuse (`gnnfuse.nn.<Layer>`) against PyG's",
-             "", f"One layer, forward + backward, {HIDDEN} output channels; median ms (extra peak GB); "
+             "", f"One layer, forward + backward, {HIDDEN} output channels (CGConv, LGConv, SimpleConv and WLConvContinuous keep their input's 128, MixHopConv gives 3 x {HIDDEN}); median ms (extra peak GB); "
              "speed-up = PyG / gnnfuse. `rel_err`: eval-mode forward, max |diff| / max |PyG|.", "",
              "| data set | layer | gnnfuse ms (GB) | PyG ms (GB) | speed-up | memory ratio | rel_err |",
              "|---|---|---|---|---|---|---|"]
