@@ -147,9 +147,15 @@ class _Emitter:
         return self.tmp(f"tl.full([1], {float(value)!r}, ACC)")
 
     def offset(self, shape: tuple[int, ...], coords: tuple[str, ...]) -> str:
+        """The flat offset of ``coords`` in ``shape``: uniform (one per program, `uniform`)
+        when every coordinate is, a literal included. A literal is what an unrolled
+        per-edge matmul reads its operand at (``edge_attr[e, k] * W[k, f]`` for each k):
+        as a lane vector each k was BLOCK_E x BLOCK_F loads of one address per row, and
+        GINEConv's forward kernel (eight k) took Triton 3.6 129 s to autotune on an H200;
+        uniform, it is one load per row."""
         terms = [f"{c} * {s}" if s != 1 else c for c, s in zip(coords, _strides(shape)) if c != "0"]
-        if terms and all(c in self.uniform for c in coords if c != "0"):
-            return self.uniform_tmp(" + ".join(terms))
+        if all(c in self.uniform or c.isdigit() for c in coords):
+            return self.uniform_tmp(" + ".join(terms) or "0")
         return self.tmp(" + ".join(terms) + f" + {self.zero}" if terms else self.zero)
 
     def derived(self, expr: str, *parts: str) -> str:
