@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from ..ir import Program, verify
 from .compact import materialize_compactly
-from .concat_matmul import split_concat_matmuls
 from .cse import eliminate_common_subexpressions
 from .dce import eliminate_dead_code
 from .fold import fold_constants
@@ -20,7 +19,6 @@ def optimize(program: Program, keep_inputs: bool = False) -> Program:
     stop_softmax_shift_gradients(program)
     sort_hinge_pairs(program)
     fold_constants(program)
-    split_concat_matmuls(program)
     reorder_broadcasts(program)
     materialize_compactly(program)
     reorder_typed_linear(program)
