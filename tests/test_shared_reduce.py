@@ -109,14 +109,15 @@ def test_shared_reduce_on_a_graph_without_edges_is_zero(any_backend):
     assert torch.equal(w.grad, torch.zeros_like(w)) and torch.equal(b.grad, torch.zeros_like(b))
 
 
-@pytest.mark.parametrize("edge_dim", [3, 20])
+@pytest.mark.parametrize("edge_dim", [3, 20, 150])
 def test_float32_edge_weight_gradient_runs_as_a_tile_product(edge_dim, monkeypatch):
     """In float32 the weight gradient ``matmul_tn(edge_attr, g)`` runs as one ``tl.dot``
-    per block of edges (`codegen.shared_dot_rows`); its rows are padded to 16 or 32 and
-    its 8 lanes to 16, and edges span several blocks and programs: all of that must add
-    nothing. Compared with torch's float32 gradients."""
+    per block of edges (`codegen.shared_dot_rows`); its rows are padded to 16, 32 or cut
+    into two tiles of 128 (`shared_dot_tiles`), its 8 lanes padded to 16, and edges span
+    several blocks and programs: all of that must add nothing. Compared with torch's
+    float32 gradients."""
     monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
-    from gnnfuse.backend.triton.codegen import shared_dot_rows
+    from gnnfuse.backend.triton.codegen import shared_dot_rows, shared_dot_tiles
     device = device_for("triton")
     gen = torch.Generator().manual_seed(4)
     src, dst = torch.randint(0, N, (2, 300), generator=gen)
@@ -129,7 +130,8 @@ def test_float32_edge_weight_gradient_runs_as_a_tile_product(edge_dim, monkeypat
     report = gnnfuse.explain(layer, graph, {"h": h}, {"a": a})
     [program] = report.programs
     [unit] = [u for u in _shared_units(program.call.compiled, program.call.wrt) if u.root.op == "matmul_tn"]
-    assert shared_dot_rows(unit, "tl.float32") == max(16, 1 << (edge_dim - 1).bit_length())
+    assert shared_dot_rows(unit, "tl.float32") == min(128, max(16, 1 << (edge_dim - 1).bit_length()))
+    assert shared_dot_tiles(unit, "tl.float32") == (2 if edge_dim > 128 else 1)
     assert shared_dot_rows(unit, "tl.float64") is None
     out = layer(graph, {"h": h}, {"a": a})
     expected = _edge_weighted_oracle(h, a, w, b, graph.src.long(), graph.dst.long())

@@ -1067,22 +1067,31 @@ SHARED_REDUCE_PROGRAMS = 1024   # programs of a shared-reduce kernel: a few per 
 SHARED_REDUCE_BLOCK_E = (32, 128)
 
 
-# The widest left operand (padded) a weight gradient's tile product takes (`shared_dot_rows`):
-# its [rows, BLOCK_F] accumulator stays within 64 float32 registers per thread at 128 lanes.
+# The most rows of a weight gradient's tile product one program accumulates
+# (`shared_dot_rows`): its [rows, BLOCK_F] accumulator stays within 64 float32 registers
+# per thread at 128 lanes. A wider left operand is cut into tiles of rows, one per
+# program along the launch grid's third dimension (`shared_dot_tiles`).
 SHARED_DOT_ROWS = 128
 
 
 def shared_dot_rows(unit: SharedReduceUnit, acc_dtype: str) -> int | None:
-    """The padded row count of the tile product `_generate_shared_dot` accumulates for a
-    weight gradient ``matmul_tn(x, g)`` over edges, or None where the unit keeps the
-    per-element form: float64 (``tl.dot`` has no float64 tensor-core form; the torch
-    loop and the element form keep its precision) and left operands wider than
-    `SHARED_DOT_ROWS`. At least 16, ``tl.dot``'s smallest dimension."""
+    """The padded rows per program of the tile product `_generate_shared_dot`
+    accumulates for a weight gradient ``matmul_tn(x, g)`` over edges, or None where the
+    unit keeps the per-element form: float64 (``tl.dot`` has no float64 tensor-core
+    form; the element form keeps its precision). At least 16, ``tl.dot``'s smallest
+    dimension, at most `SHARED_DOT_ROWS`."""
     root = unit.root
     if root.op != "matmul_tn" or acc_dtype == "tl.float64":
         return None
-    rows = max(16, triton.next_power_of_2(root.shape[0]))
-    return rows if rows <= SHARED_DOT_ROWS else None
+    return min(SHARED_DOT_ROWS, max(16, triton.next_power_of_2(root.shape[0])))
+
+
+def shared_dot_tiles(unit: SharedReduceUnit, acc_dtype: str) -> int:
+    """How many tiles of `shared_dot_rows` rows a tile product's left operand is cut into
+    (1 for the element form): each evaluates ``g`` once per edge, so CGConv's 264-lane
+    concatenation costs three evaluations where the element form made 264."""
+    rows = shared_dot_rows(unit, acc_dtype)
+    return 1 if rows is None else triton.cdiv(unit.root.shape[0], rows)
 
 
 def shared_reduce_lanes(unit: SharedReduceUnit, acc_dtype: str) -> int:
@@ -1097,7 +1106,8 @@ def shared_reduce_lanes(unit: SharedReduceUnit, acc_dtype: str) -> int:
 def _generate_shared_dot(unit: SharedReduceUnit, name: str, acc_dtype: str, tuned: bool) -> tuple[str, list[Value]]:
     """`generate_shared_reduce` for a weight gradient ``out[k, j] = sum_e x[e, k] g[e, j]``
     as a tile product: each block of edges evaluates ``g`` once on the program's lanes of
-    j and ``x`` once on lanes of its own (all k), and adds ``x^T g`` with ``tl.dot``.
+    j and ``x`` once on lanes of its own (the program's tile of k, `shared_dot_tiles`),
+    and adds ``x^T g`` with ``tl.dot``.
 
     Why: the element form spreads the flattened [K, J] output over lanes, so every
     program evaluates g's whole per-edge chain for its one k; GINEConv's ``lin(edge_attr)``
@@ -1126,7 +1136,7 @@ def {name}(src, dst, num_edges, size_class, out, {em.params()}BLOCK_E: tl.conste
     f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
     fmask = f < {width}
     fzero = f * 0
-    kk = tl.arange(0, {rows})
+    kk = tl.program_id(2) * {rows} + tl.arange(0, {rows})
     kzero = kk * 0
     acc = tl.zeros([{rows}, BLOCK_F], tl.float32)
     for e0 in range(tl.program_id(0).to(tl.int64) * BLOCK_E, num_edges, tl.num_programs(0) * BLOCK_E):

@@ -22,7 +22,7 @@ from ..reference.executor import run_plan
 from .codegen import (SHARED_REDUCE_BLOCK_E, SHARED_REDUCE_PROGRAMS, TYPE_LOAD, RowSum, generate, generate_coo, generate_edge,
                       generate_rows, generate_scan, generate_shared_reduce, generate_sibling_merge, generate_siblings, head_block,
                       one_lane, partial_buffers, plain_sum, ROWS_WIDEST, row_stride, row_sum_split, shared_dot_rows,
-                      shared_reduce_lanes)
+                      shared_dot_tiles, shared_reduce_lanes)
 from .context import TritonGraphContext
 from .direct_launch import Replays, current_stream, uncaptured_stream
 from .launch import bind, launch, signature
@@ -775,7 +775,8 @@ def _plan_shared_reduce_unit(unit: SharedReduceUnit, ctx: GraphContext, kernel, 
     smallest_block = fixed.get("BLOCK_E", min(SHARED_REDUCE_BLOCK_E))
     programs = min(SHARED_REDUCE_PROGRAMS, triton.cdiv(ctx.num_edges, smallest_block))
     tuned_as = tuning_class(kernel, ctx.num_edges)
-    return _launch_plan(kernel, lambda meta: (programs, triton.cdiv(lanes, block_f)),
+    tiles = shared_dot_tiles(unit, acc)
+    return _launch_plan(kernel, lambda meta: (programs, triton.cdiv(lanes, block_f), tiles),
                         (tuned_as, width), (ctx.src, ctx.dst, ctx.num_edges, tuned_as),
                         (), {"BLOCK_F": block_f, **fixed}, leaf_dtypes, (programs, width), partial_dtype, False, None,
                         summed_to=summed_to, **common)
