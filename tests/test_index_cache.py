@@ -301,3 +301,12 @@ def test_pyg_layers_deriving_an_edge_index_per_call_stay_right_when_it_changes()
     other[1] = (other[1] + 3) % N
     for edges in (ei, ei, ei.clone(), ei.clone(), other, other.clone(), ei.clone()):
         torch.testing.assert_close(ours(x, edges), ref(x, edges))
+
+
+def test_a_sparse_adjacency_of_another_size_is_never_served_a_held_graph():
+    """A sparse adj_t's index and value tensors do not hold its size: two with equal
+    indices and different sizes are different graphs (the bigger has an isolated vertex)."""
+    rows = edge_index()
+    for size in (N, N, N + 1):
+        adj = torch.sparse_coo_tensor(rows.flip(0), torch.ones(rows.shape[1]), (size, size))
+        assert Graph.coerce(adj).num_nodes == size

@@ -106,11 +106,11 @@ def clear_index_cache() -> None:
 
 def _shape_key(obj: Any, parts: list[torch.Tensor], key: Hashable) -> Hashable | None:
     """What an input must share with a held one to be compared with it, or None where
-    inputs are not matched by contents: anything but plain dense index tensors (an
-    ``EdgeIndex``'s or a sparse tensor's graph also reads their flags), and any call
-    while a CUDA graph is being captured (a comparison reads back, which capture forbids)."""
-    if type(obj) is not torch.Tensor or not all(type(t) is torch.Tensor and t.layout is torch.strided
-                                                 for t in parts):
+    inputs are not matched by contents: anything but a plain dense index tensor (an
+    ``EdgeIndex``'s graph also reads its flags; a sparse adjacency's, its size, which its
+    index and value tensors do not hold), and any call while a CUDA graph is being
+    captured (a comparison reads back, which capture forbids)."""
+    if type(obj) is not torch.Tensor or obj.layout is not torch.strided:
         return None
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         return None
