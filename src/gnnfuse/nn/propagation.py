@@ -236,8 +236,9 @@ class SGConv(FixedFlow, OneLineRepr, nn.Module):
     ``Â = D^-1/2 (A + I) D^-1/2``.
 
     ``cached=True`` keeps ``Â^K X`` from the first call and reuses it (detached) on every
-    later one, as PyG does -- only sound when X and the graph never change. Without it,
-    a narrowing ``lin`` runs first (``Â^K (X W) + b``), so the K hops move narrower rows.
+    later one, as PyG does -- only sound when X and the graph never change. Features
+    ``[B, N, F]`` are cached whole, as PyG caches them. Without it, a narrowing ``lin``
+    runs first (``Â^K (X W) + b``), so the K hops move narrower rows.
     """
 
     def __init__(self, in_channels: int, out_channels: int, K: int = 1, cached: bool = False,
@@ -255,25 +256,32 @@ class SGConv(FixedFlow, OneLineRepr, nn.Module):
     def _compile_problem(self, x: Any, edge_index: Any, edge_weight: Any = None) -> str | None:
         return propagation_problem(edge_index, edge_weight, self.cached)
 
-    @over_feature_batches
     @compile_path(_compile_problem)
     def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor,
                 edge_weight: torch.Tensor | None = None) -> torch.Tensor:
-        x = floating_node_features(x, "SGConv")
-        edge_index, edge_weight = adjacency_weights(edge_index, edge_weight, "SGConv")
         if self._cached_x is not None:
             return self.lin(self._cached_x.detach())
-        graph, hop = _normalized_hop(_as_graph(edge_index, x.shape[0]), edge_weight, x.dtype, self.add_self_loops)
-        transform_first = (not self.cached and self.out_channels < self.in_channels   # not under torch.compile
-                           and not isinstance(graph, GraphRef))
-        h = _transform_first(x, self.lin.weight, graph, self.K) if transform_first else x
-        for _ in range(self.K):
-            h = hop(h)
-        if transform_first:
-            return h if self.lin.bias is None else h + self.lin.bias
+        if not self.cached and self.out_channels < self.in_channels and not torch.compiler.is_compiling():
+            return self._propagated(x, edge_index, edge_weight, mapped_first=True)
+        h = self._propagated(x, edge_index, edge_weight)
         if self.cached and self.K > 0:     # as PyG, which caches inside its hop loop: K = 0 caches nothing
             self._cached_x = h
         return self.lin(h)
+
+    @over_feature_batches
+    def _propagated(self, x: torch.Tensor, edge_index: Graph | torch.Tensor, edge_weight: torch.Tensor | None,
+                    mapped_first: bool = False) -> torch.Tensor:
+        """``Â^K X`` for one feature matrix (each of a [B, N, F] batch in turn), or with
+        ``mapped_first`` ``Â^K (X W) + b``, the map moved before the hops (under
+        torch.compile it stays after them, as in PyG). `forward` keeps the cache for the
+        whole batch: kept here, per matrix, every matrix after the first got the first's."""
+        x = floating_node_features(x, "SGConv")
+        edge_index, edge_weight = adjacency_weights(edge_index, edge_weight, "SGConv")
+        graph, hop = _normalized_hop(_as_graph(edge_index, x.shape[0]), edge_weight, x.dtype, self.add_self_loops)
+        h = _transform_first(x, self.lin.weight, graph, self.K) if mapped_first else x
+        for _ in range(self.K):
+            h = hop(h)
+        return h if not mapped_first or self.lin.bias is None else h + self.lin.bias
 
     def extra_repr(self) -> str:
         return f"{self.in_channels}, {self.out_channels}, K={self.K}"
