@@ -185,6 +185,13 @@ def test_batched_features_are_refused_where_pyg_refuses_them(make):
         make()(torch.randn(3, N, F_IN), EDGE_INDEX)
 
 
+@pytest.mark.parametrize("name", STATIC)
+def test_an_empty_batch_of_features_is_refused_by_name(name):
+    """[0, N, F] failed in torch.stack with "stack expects a non-empty TensorList"."""
+    with pytest.raises(ValueError, match=r"node features of shape \[0, 6, 5\] are a batch of no feature matrices"):
+        STATIC[name]()[0](torch.randn(0, N, F_IN), EDGE_INDEX)
+
+
 EDGE_TYPE = torch.tensor([0, 1, 1, 0, 2, 2, 1, 0])
 RGCN_CONFS = [dict(), dict(num_bases=2), dict(num_blocks=1), dict(num_blocks=2)]   # widths 4 -> 6
 

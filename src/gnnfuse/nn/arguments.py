@@ -54,11 +54,16 @@ def over_feature_batches(forward: Callable) -> Callable:
 
     Each matrix runs through the layer on its own and the outputs are stacked -- exactly
     the per-matrix result, whatever the layer computes. Only for layers whose PyG
-    counterpart accepts such input; the others refuse it in `node_features`.
+    counterpart accepts such input; the others refuse it in `node_features`. An empty
+    batch (B = 0) is refused by name: there is no matrix to run, so no output width
+    (torch's "stack expects a non-empty TensorList" said nothing of the input).
     """
     @functools.wraps(forward)
     def run(self: Any, x: Any, *args: Any, **kwargs: Any) -> Any:
         if isinstance(x, torch.Tensor) and x.dim() == 3:
+            if not x.shape[0]:
+                raise ValueError(f"{type(self).__name__}: node features of shape {list(x.shape)} are a batch of no "
+                                 "feature matrices (B = 0); pass at least one [N, F] matrix")
             return torch.stack([forward(self, features, *args, **kwargs) for features in x.unbind(0)])
         return forward(self, x, *args, **kwargs)
     return run
