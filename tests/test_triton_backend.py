@@ -546,3 +546,25 @@ def test_segments_kept_in_csr_order_give_the_sorted_segments_results(case):
             results.append([o.detach() for o in outs] + [xs.grad] + [t.grad for p in ps.values() for t in p.values()])
         for a, b in zip(*results):
             torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_integer_aggregations_run_exactly(monkeypatch):
+    """A sum or max of integer messages (type ids, counts) ran as a kernel, which
+    accumulates in its float ACC: the sum of 2**24 + 1 and 2 gave 2**24 + 2 (float32),
+    of 2**53 + 1 and 2 gave 2**53 (float64 tables beside). Integer reductions now stay
+    torch ops, as integer per-edge work already did."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
+    graph = gnnfuse.Graph(torch.tensor([0, 2, 1]), torch.tensor([1, 1, 0]), 3).to(DEVICE)
+
+    @gnnfuse.vertex
+    def neighbour_sum(v):
+        return sum([u.i for u in v.innbs])
+
+    for big, tables in ((2**24 + 1, {}), (2**53 + 1, {"h": torch.zeros(3, 1, dtype=torch.float64)})):
+        ids = torch.tensor([big, 5, 2], device=DEVICE)
+        ndata = {"i": ids, **{k: t.to(DEVICE) for k, t in tables.items()}}
+        out = gnnfuse.message_passing(graph, lambda e: {"m": e.src["i"]},
+                                      lambda n: {"sum": n.mailbox["m"].sum(1), "max": n.mailbox["m"].max(1)[0]},
+                                      ndata=ndata)
+        assert out["sum"].tolist() == [5, big + 2, 0] and out["max"].tolist() == [5, big, 0]
+        assert neighbour_sum(graph, ndata).tolist() == [5, big + 2, 0]

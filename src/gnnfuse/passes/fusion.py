@@ -241,8 +241,8 @@ def _row_scaled(v: Value, users: dict[int, int], needed: set[int]) -> tuple[Valu
     if v.op not in ("mul", "div") or len(v.inputs) != 2:
         return None
     for reduce, scale in (v.inputs, v.inputs[::-1]) if v.op == "mul" else (v.inputs,):
-        if (reduce.op == "reduce" and reduce.attrs["op"] == "sum" and reduce.attrs["by"] in ("src", "dst")
-                and reduce.residency is Residency.NODE and scale.residency is Residency.NODE
+        if (_kernel_reduce(reduce) and reduce.attrs["op"] == "sum" and reduce.residency is Residency.NODE
+                and scale.residency is Residency.NODE
                 and math.prod(scale.shape) == 1 and _finite_scale(scale, v.op) and reduce.shape == v.shape
                 and reduce.dtype == v.dtype == scale.dtype and users.get(reduce.id) == 1
                 and reduce.id not in needed):
@@ -290,14 +290,23 @@ def _row_added(v: Value, users: dict[int, int], needed: set[int]
             if scaled is None:
                 continue
             reduce = scaled[0]
-        if (reduce.op == "reduce" and reduce.attrs["by"] in ("src", "dst") and reduce.attrs["op"] in FUSIBLE_REDUCERS
-                and reduce.residency is Residency.NODE and addend.residency in (Residency.NODE, Residency.SHARED)
+        if (_kernel_reduce(reduce) and reduce.residency is Residency.NODE
+                and addend.residency in (Residency.NODE, Residency.SHARED)
                 and addend.op != "const" and addend is not inner and not _reduced(addend)
                 and inner.shape == addend.shape == v.shape
                 and inner.dtype == addend.dtype == v.dtype and users.get(inner.id) == 1
                 and inner.id not in needed):
             return inner, scaled, addend
     return None
+
+
+def _kernel_reduce(v: Value) -> bool:
+    """``v`` is a reduction by ``src`` or ``dst`` a kernel can run: of float values.
+    An integer one (a sum or max of integer messages, DGL's ``mailbox[k].sum(1)`` of
+    type ids) stays a torch op, as integer bodies do (`_fusible_body`): a kernel
+    accumulates in its float ACC, so a sum of 2**24 + 1 and 2 gave 2**24 + 2."""
+    return (v.op == "reduce" and v.attrs["by"] in ("src", "dst") and v.attrs["op"] in FUSIBLE_REDUCERS
+            and v.dtype.is_floating_point)
 
 
 def _reduced(v: Value) -> bool:
@@ -369,7 +378,7 @@ def partition(program: Program, keep: Iterable[int] = (), tile_feature_sums: boo
                                       if scaled else AggregateUnit(inner, addend=addend, added=v))
         elif (scaled := _row_scaled(v, users, needed)) is not None:
             item = grow(AggregateUnit(scaled[0], scale=scaled[1], scaled=v))
-        elif v.op == "reduce" and v.attrs["by"] in ("src", "dst") and v.attrs["op"] in FUSIBLE_REDUCERS:
+        elif _kernel_reduce(v):
             item = grow(AggregateUnit(v))
         elif (type_sums and (operand := type_summed(v, users)) is not None and operand.id not in keep
               and _edge_root(operand)):
