@@ -126,3 +126,19 @@ def test_gradcheck_through_the_zero_fill():
         return run_udfs(g, True)(dict(zip(names, xs)))["out"]
     assert torch.autograd.gradcheck(fn, tuple(v.clone().requires_grad_() for v in t.values()))
 
+
+
+def test_integer_outputs_keep_their_dtype_and_value(device):
+    """The zero fill's 0.0 promoted an integer reduce_fn output to a float: each vertex's
+    first message id ``m[:, 0]`` came back float64, and with integer tables alone
+    ``m.max(1)[0] + 1`` was float32, 2**53 + 2 reading 9007199254740992."""
+    g = graph(device)
+    ids = torch.tensor([2**53 + 1, 5, 7, -3, 0, 2**40], device=device)
+
+    def reduce(nodes):
+        return {"first": nodes.mailbox["m"][:, 0], "top": nodes.mailbox["m"].max(1)[0] + 1}
+
+    out = gnnfuse.message_passing(g, lambda e: {"m": e.src["id"]}, reduce, ndata={"id": ids})
+    assert out["first"].dtype == out["top"].dtype == torch.int64
+    assert out["first"].tolist() == [7, 2**53 + 1, 0, 5, 0, 2**40]
+    assert out["top"].tolist() == [8, 2**53 + 2, 0, 6, 0, 2**40 + 1]

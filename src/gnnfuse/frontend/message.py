@@ -221,10 +221,13 @@ def _returned(tracer: Tracer, result, stage: str) -> dict[str, SymTensor]:
 def _zero_without_in_edges(tracer: Tracer, out: SymTensor) -> SymTensor:
     """DGL does not run reduce_fn on a vertex with no in-edges and zero-fills its outputs
     there; a traced reduce_fn runs on every vertex, so its result is selected away on
-    those vertices. A bare mailbox reduction is already 0 on an empty mailbox."""
+    those vertices. A bare mailbox reduction is already 0 on an empty mailbox. The zero
+    takes the output's kind: a float 0.0 would promote an integer output (``m[:, 0]``,
+    ``m.max(1)[0] + 1``) to a float, rounding integers above 2**24 or 2**53."""
     if out.value.op == "reduce":
         return out
-    return tracer.apply("select", tracer.in_degree(prefix=1), out, 0.0)
+    zero = 0.0 if out.dtype.is_floating_point else 0
+    return tracer.apply("select", tracer.in_degree(prefix=1), out, zero)
 
 
 def trace_message_passing(message_fn: Callable, reduce_fn: Callable, update_fn: Callable | None,
