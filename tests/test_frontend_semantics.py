@@ -1060,6 +1060,28 @@ def test_a_sum_of_boolean_features_is_refused_and_counts_once_converted():
     assert torch.equal(counted(g, {"flag": flag}), expected)
 
 
+
+def test_a_mean_or_softmax_of_integer_messages_is_refused_at_its_line():
+    """torch.mean and torch.softmax reject integer tensors; the mean kept the dtype and
+    truncated (the mean of ids 1, 2 and 4 gave 2, and PyG's mean gives 2.3333), and the
+    softmax failed on an internal dtype check."""
+    g = gnnfuse.Graph(torch.tensor([0, 1, 2]), torch.tensor([1, 1, 1]), 3)
+    ids = torch.tensor([1, 2, 4])
+
+    def mean(nodes):
+        return {"o": nodes.mailbox["m"].mean(1)}
+
+    def softmax(nodes):
+        return {"o": torch.softmax(nodes.mailbox["m"], dim=1).sum(1)}
+
+    for reduce, match, text in ((mean, "a mean of torch.int64 values", "mean(1)"),
+                                (softmax, "a softmax of torch.int64 values", "torch.softmax(")):
+        with pytest.raises(CompileError, match=match) as info:
+            gnnfuse.message_passing(g, lambda e: {"m": e.src["id"]}, reduce, ndata={"id": ids})
+        assert line_of(reduce, text) in str(info.value)
+    out = gnnfuse.message_passing(g, lambda e: {"m": e.src["id"]}, mean, ndata={"id": ids.to(DOUBLE)})["o"]
+    torch.testing.assert_close(out, torch.tensor([0.0, 7 / 3, 0.0], dtype=DOUBLE))
+
 def test_mailbox_conveniences_and_unsupported_operators():
     """``edges.data.get`` works as on DGL's frames; ``%``, ``//``, ``2 ** x`` and the
     indices of ``torch.max(m, 1)`` are refused at their line (a bare TypeError or an

@@ -167,10 +167,15 @@ def contended_sum_reference(x: torch.Tensor, index: torch.Tensor, rows: int) -> 
 def _reduce_shape(inputs, attrs, residency):
     """The input's shape and dtype; a sum or mean of booleans is refused: torch counts
     them (int64), a dtype-keeping reduction would give their "any" (index_add on bool),
-    and the Triton kernels have no boolean atomics."""
+    and the Triton kernels have no boolean atomics. A mean of integers is refused too:
+    torch.mean rejects them and PyG's mean divides in floating point, where a
+    dtype-keeping mean truncated (2 for the mean of 1, 2 and 4)."""
     if inputs[0].dtype == torch.bool and attrs["op"] in ("sum", "mean"):
         raise ValueError(f"a {attrs['op']} of boolean values is not compiled (torch counts them as int64); "
                          "convert them first, e.g. flag.long()")
+    if attrs["op"] == "mean" and not inputs[0].dtype.is_floating_point:
+        raise ValueError(f"a mean of {inputs[0].dtype} values is not compiled (torch.mean rejects integer "
+                         "tensors, and PyG's mean divides in floating point); convert them first, e.g. x.float()")
     return _same_shape(inputs, attrs, residency)
 
 
@@ -202,9 +207,18 @@ def _softmax_derivative(b, v, g):
     return [b.add("sub", gy, b.add("mul", y, total))]
 
 
+def _softmax_shape(inputs, attrs, residency):
+    """The input's shape and dtype, which must be floating: torch.softmax rejects
+    integer tensors (and the traced program claimed an integer result)."""
+    if not inputs[0].dtype.is_floating_point:
+        raise ValueError(f"a softmax of {inputs[0].dtype} values is not compiled (torch.softmax rejects them); "
+                         "convert them first, e.g. x.float()")
+    return _same_shape(inputs, attrs, residency)
+
+
 register(OpDef("edge_softmax", Movement.NORM,
                lambda ctx, x, by: edge_softmax(x, ctx.index(by), ctx.num_rows(by)),
-               residency=_softmax_residency, shape=_same_shape, arity=1,
+               residency=_softmax_residency, shape=_softmax_shape, arity=1,
                derivative=_softmax_derivative,
                doc="softmax over each destination's in-edges (by='dst')"))
 
