@@ -1061,6 +1061,23 @@ def test_a_sum_of_boolean_features_is_refused_and_counts_once_converted():
 
 
 
+
+def test_an_integer_power_of_integer_data_stays_an_exact_integer():
+    """``x ** 2`` of int64 data is int64 in torch; the pow op took the exponent as a float
+    and computed in float32: 4097 ** 2 gave 16785408.0 for 16785409. ``x ** -1`` is an
+    error in torch, and refused at its line."""
+    g = gnnfuse.Graph(torch.tensor([0, 1]), torch.tensor([1, 0]), 2)
+    ids = torch.tensor([4097, -3])
+    for k in (0, 1, 2, 3, 5):
+        out = gnnfuse.apply_edges(g, lambda e: {"p": e.src["id"] ** k}, ndata={"id": ids})["p"]
+        assert out.dtype == torch.int64 and out.tolist() == (ids ** k).tolist()
+
+    def inverse(edges):
+        return {"p": edges.src["id"] ** -1}
+    with pytest.raises(CompileError, match="negative integer power") as info:
+        gnnfuse.apply_edges(g, inverse, ndata={"id": ids})
+    assert line_of(inverse, "** -1") in str(info.value)
+
 def test_a_mean_or_softmax_of_integer_messages_is_refused_at_its_line():
     """torch.mean and torch.softmax reject integer tensors; the mean kept the dtype and
     truncated (the mean of ids 1, 2 and 4 gave 2, and PyG's mean gives 2.3333), and the

@@ -628,7 +628,26 @@ def _clamp(tracer: Tracer, x, min=None, max=None, *, out=None):
 def _pow(tracer: Tracer, x, exponent):
     if not isinstance(exponent, (int, float)):
         raise tracer.error("only a constant exponent can be compiled in x ** c")
+    x = tracer.lift(x)
+    if isinstance(exponent, int) and not isinstance(exponent, bool) and not x.dtype.is_floating_point:
+        return _integer_power(tracer, x, exponent)
     return tracer.apply("pow", x, exponent=float(exponent))
+
+
+def _integer_power(tracer: Tracer, x: SymTensor, exponent: int) -> SymTensor:
+    """``x ** n`` of integer data, an integer as in torch, by repeated squaring: the
+    ``pow`` op takes a float exponent, which made ``4097 ** 2`` a float32 16785408."""
+    if exponent < 0:
+        raise tracer.error("an integer graph value to a negative integer power: torch does not allow it; "
+                           "convert it first, e.g. x.float() ** -1")
+    result, square = None, x
+    while exponent:
+        if exponent & 1:
+            result = square if result is None else tracer.apply("mul", result, square)
+        exponent >>= 1
+        if exponent:
+            square = tracer.apply("mul", square, square)
+    return tracer.apply("add", tracer.apply("mul", x, 0), 1) if result is None else result
 
 
 # --- handlers for the tensor ops real UDFs use (issue #11 §2) ---------------------------
