@@ -639,7 +639,7 @@ def _integer_power(tracer: Tracer, x: SymTensor, exponent: int) -> SymTensor:
     ``pow`` op takes a float exponent, which made ``4097 ** 2`` a float32 16785408."""
     if exponent < 0:
         raise tracer.error("an integer graph value to a negative integer power: torch does not allow it; "
-                           "convert it first, e.g. x.float() ** -1")
+                           "pass it in as floats, or write (x * 1.0) ** -1")
     result, square = None, x
     while exponent:
         if exponent & 1:

@@ -175,7 +175,7 @@ def _reduce_shape(inputs, attrs, residency):
                          "convert them first, e.g. flag.long()")
     if attrs["op"] == "mean" and not inputs[0].dtype.is_floating_point:
         raise ValueError(f"a mean of {inputs[0].dtype} values is not compiled (torch.mean rejects integer "
-                         "tensors, and PyG's mean divides in floating point); convert them first, e.g. x.float()")
+                         "tensors, and PyG's mean divides in floating point); pass them in as floats, or use x * 1.0")
     return _same_shape(inputs, attrs, residency)
 
 
@@ -212,7 +212,7 @@ def _softmax_shape(inputs, attrs, residency):
     integer tensors (and the traced program claimed an integer result)."""
     if not inputs[0].dtype.is_floating_point:
         raise ValueError(f"a softmax of {inputs[0].dtype} values is not compiled (torch.softmax rejects them); "
-                         "convert them first, e.g. x.float()")
+                         "pass them in as floats, or use x * 1.0")
     return _same_shape(inputs, attrs, residency)
 
 
