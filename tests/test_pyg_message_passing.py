@@ -419,3 +419,29 @@ def test_no_grad_and_caught_errors_in_message_run_pyg_semantics():
     assert warned and "torch.no_grad()" in warned[0]
     torch.testing.assert_close(ours, theirs)
     assert our_grad is None and their_grad is None
+
+
+def integer_messages(Base: type) -> type:
+    class IntegerMessages(Base):
+        def forward(self, x, edge_index):
+            return self.propagate(edge_index, x=x)
+
+        def message(self, x_j):
+            return x_j.long()
+    return IntegerMessages
+
+
+@pytest.mark.parametrize("aggr", ["mean", "add", "max"])
+def test_integer_messages_aggregate_as_pyg_does(aggr):
+    """PyG's mean of integer messages is their float mean; the compiled Reduce kept the
+    dtype and rounded down (2 where PyG gives 2.5, -2 for -1.6667), silently."""
+    x = torch.tensor([[1.0], [4.0], [-2.0], [-3.0]], dtype=torch.float64)
+    edge_index = torch.tensor([[0, 1, 2, 3, 3], [2, 2, 0, 0, 0]])
+    with warnings.catch_warnings(record=True) as caught, record_calls() as calls:
+        warnings.simplefilter("always")
+        ours = integer_messages(gnnfuse.nn.MessagePassing)(aggr=aggr)(x, edge_index)
+    theirs = integer_messages(pyg_nn.MessagePassing)(aggr=aggr)(x, edge_index)
+    assert ours.dtype == theirs.dtype
+    torch.testing.assert_close(ours, theirs)
+    assert bool(calls) == (aggr != "mean")
+    assert any("over torch.int64 messages" in w for w in fallback_warnings(caught)) == (aggr == "mean")

@@ -336,6 +336,10 @@ def trace_message(layer: PyGMessagePassing, args: _Arguments, op: str, num_nodes
     if not isinstance(out, SymTensor) or out.value.residency not in EDGE_ROWED:
         what = out.value.residency.name if isinstance(out, SymTensor) else type(out).__name__
         raise tracer.error(f"message() must return one tensor with a row per edge, got {what}")
+    if op == "mean" and not out.value.dtype.is_floating_point:
+        # PyG divides the integer sum by the count (true division: a float mean); the
+        # graph Reduce keeps the messages' dtype and would round every mean down
+        raise NotCompilable(f"aggr='mean' over {out.value.dtype} messages (PyG's mean of integers is a float)")
     if op == "softmax":
         out = _softmax_aggregate(tracer, layer.aggr_module, out)
     for name, tensor in tracer.captured.values():
