@@ -445,3 +445,28 @@ def test_integer_messages_aggregate_as_pyg_does(aggr):
     torch.testing.assert_close(ours, theirs)
     assert bool(calls) == (aggr != "mean")
     assert any("over torch.int64 messages" in w for w in fallback_warnings(caught)) == (aggr == "mean")
+
+
+def grad_mode_branch(Base: type) -> type:
+    class GradModeBranch(Base):
+        def forward(self, x, edge_index):
+            return self.propagate(edge_index, x=x)
+
+        def message(self, x_j):
+            return x_j * 2 if torch.is_grad_enabled() else x_j
+    return GradModeBranch
+
+
+def test_trace_from_a_training_call_is_not_served_under_no_grad(monkeypatch):
+    """The trace cache's key left out the gradient mode: the training call's trace (x_j * 2)
+    was served under torch.no_grad(), giving twice PyG's output (its eager message takes
+    the other branch)."""
+    count_traces(monkeypatch)
+    ours, theirs = grad_mode_branch(gnnfuse.nn.MessagePassing)(), grad_mode_branch(pyg_nn.MessagePassing)()
+    x = inputs("untraceable")[0]
+    with record_calls() as calls:
+        torch.testing.assert_close(ours(x, EDGES), theirs(x, EDGES))
+        with torch.no_grad():
+            torch.testing.assert_close(ours(x, EDGES), theirs(x, EDGES))
+        torch.testing.assert_close(ours(x, EDGES), theirs(x, EDGES))
+    assert len(calls) == 3

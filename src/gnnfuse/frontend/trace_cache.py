@@ -342,7 +342,9 @@ class TraceCache:
         its trace captured (program inputs beside the tables); ``trace`` runs only when
         no reusable trace is cached."""
         found = _guards(functions)
-        key = None if found is None else (found[0], signature(tables))
+        # with the gradient mode: code may branch on ``torch.is_grad_enabled()``, and a trace
+        # from a training call served under ``torch.no_grad()`` ran the other branch
+        key = None if found is None else (found[0], signature(tables), torch.is_grad_enabled())
         entry = self._entries.get(key)      # one hash of the nested key, not two
         if entry is not None:
             compiled, params = entry
