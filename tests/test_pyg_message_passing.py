@@ -431,12 +431,17 @@ def integer_messages(Base: type) -> type:
     return IntegerMessages
 
 
+@pytest.mark.parametrize("backend", ["reference", "triton"])
 @pytest.mark.parametrize("aggr", ["mean", "add", "max"])
-def test_integer_messages_aggregate_as_pyg_does(aggr):
+def test_integer_messages_aggregate_as_pyg_does(aggr, backend, monkeypatch):
     """PyG's mean of integer messages is their float mean; the compiled Reduce kept the
-    dtype and rounded down (2 where PyG gives 2.5, -2 for -1.6667), silently."""
-    x = torch.tensor([[1.0], [4.0], [-2.0], [-3.0]], dtype=torch.float64)
-    edge_index = torch.tensor([[0, 1, 2, 3, 3], [2, 2, 0, 0, 0]])
+    dtype and rounded down (2 where PyG gives 2.5, -2 for -1.6667), silently. And an
+    ``x`` that requires grad made every compiled form raise "program has no outputs"
+    (a backward built for integer outputs), where PyG returns the integer aggregate."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    device = device_for(backend)
+    x = torch.tensor([[1.0], [4.0], [-2.0], [-3.0]], dtype=torch.float64, device=device).requires_grad_()
+    edge_index = torch.tensor([[0, 1, 2, 3, 3], [2, 2, 0, 0, 0]], device=device)
     with warnings.catch_warnings(record=True) as caught, record_calls() as calls:
         warnings.simplefilter("always")
         ours = integer_messages(gnnfuse.nn.MessagePassing)(aggr=aggr)(x, edge_index)

@@ -42,6 +42,10 @@ class CompiledProgram:
         self._backward_inputs: dict[tuple[str, ...], BackwardInputs] = {}
         self._types_read = _types_read(self.program)
         self._input_keys = tuple(self.program.inputs)
+        # a program whose every output is integer or boolean has no gradient to give: its
+        # backward would be a program without outputs (and torch never calls it)
+        self.differentiable = any(v.dtype.is_floating_point or v.dtype.is_complex
+                                  for v in self.program.outputs.values())
         self._gradient_keys = tuple(f"grad:{key}" for key in self._input_keys)
         # the program on the graph of (source, relation) pairs (passes/pair_sources.py),
         # compiled on its first run
@@ -379,7 +383,7 @@ class _ProgramFunction(torch.autograd.Function):
     def forward(ctx, compiled: CompiledProgram, graph_ctx: GraphContext, keys: tuple[str, ...],
                 *tensors: torch.Tensor):
         wrt = tuple([k for k, needs in zip(keys, ctx.needs_input_grad[3:]) if needs])
-        backward = compiled.backward_for(wrt) if wrt else None
+        backward = compiled.backward_for(wrt) if wrt and compiled.differentiable else None
         outputs, kept, execute = _run_forward(compiled, graph_ctx, keys, tensors, backward)
         ctx.compiled, ctx.graph_ctx, ctx.backward = compiled, graph_ctx, backward
         ctx.execute, ctx.schedule = execute, forced_schedule()   # backward runs as forward was told to
