@@ -16,8 +16,8 @@ on the aggregated rows with the arguments PyG would give it.
 
 `compiled_propagate` raises `NotCompilable` for anything it cannot reproduce exactly (the
 caller then runs PyG's own ``propagate``): sparse adjacency inputs, bipartite sizes,
-``node_dim`` other than the row axis, a custom ``aggregate`` or aggregation module, hooks,
-``explain`` and ``decomposed_layers``, a tensor with one row per edge or node that
+``torch.autocast``, ``node_dim`` other than the row axis, a custom ``aggregate`` or
+aggregation module, hooks, ``explain`` and ``decomposed_layers``, a tensor with one row per edge or node that
 ``message`` reads from outside its arguments (graph data the tracer would take for one
 shared value), and any failure while tracing ``message`` (a `CompileError` names the
 construct and the line).
@@ -297,6 +297,10 @@ def _check_layer(layer: PyGMessagePassing, edge_index: Any) -> None:
     if not isinstance(edge_index, torch.Tensor) or edge_index.layout is not torch.strided:
         raise NotCompilable(f"edge_index given as {type(edge_index).__name__} "
                             f"({getattr(edge_index, 'layout', 'sparse')}); pass a [2, E] tensor to compile")
+    if torch.is_autocast_enabled(edge_index.device.type):
+        # message's matmuls would be traced in the inputs' dtype: PyG's autocast run gives
+        # other numbers, in another dtype (a Linear in message: float32 where PyG has bfloat16)
+        raise NotCompilable(f"torch.autocast is enabled on {edge_index.device.type}")
 
 
 def _graph(layer: PyGMessagePassing, edge_index: torch.Tensor, num_nodes: int) -> Graph:
