@@ -211,3 +211,51 @@ def test_a_padded_linear_output_compiles_to_one_graph(monkeypatch):
     monkeypatch.setattr(aligned_linear, "kernel_row_stride", stride)
     _assert_compiled_matches("gat", "cpu")
     assert any(padded), "the layer's map was never padded"
+
+
+_SCALE = 2.0
+_SETTINGS = {"scale": 2.0}
+
+
+@vertex
+def _scaled_neighbour_sum(v):
+    return sum([u.h * _SCALE for u in v.innbs])     # a global scalar, which the trace bakes in
+
+
+@vertex
+def _configured_neighbour_sum(v):
+    return sum([u.h * _SETTINGS["scale"] for u in v.innbs])     # a dict, which no guard can snapshot
+
+
+def test_a_global_a_compiled_udf_read_is_rebound_raises_until_recompiled(monkeypatch):
+    """Dynamo puts no guard on what a UDF reads (it sees the traced program as a constant):
+    a compiled graph kept running the program traced with _SCALE = 2.0 after _SCALE was
+    rebound to 3.0, 2x the sum where eager code gives 3x. Now the run raises, and a
+    recompile traces the new value."""
+    x, edge_index = torch.randn(NUM_NODES, 3, dtype=torch.float64), Graph.from_edge_index(EDGE_INDEX, NUM_NODES)
+    plain = _neighbour_sum(x)
+    compiled = torch.compile(lambda h, e: _scaled_neighbour_sum(e, {"h": h}), backend="eager", fullgraph=True)
+    assert_same_values(compiled(x, edge_index), 2.0 * plain, "as traced")
+    monkeypatch.setattr(sys.modules[__name__], "_SCALE", 3.0)
+    with pytest.raises(RuntimeError, match="_scaled_neighbour_sum now read"):
+        compiled(x, edge_index)
+    torch.compiler.reset()
+    assert_same_values(compiled(x, edge_index), 3.0 * plain, "recompiled")
+
+
+def test_a_udf_reaching_unguardable_state_runs_eagerly_and_sees_its_changes(monkeypatch):
+    """A UDF reading a dict is traced on every eager call; compiled, it was traced once and
+    kept the dict's first value. It runs eagerly behind a graph break, with a warning."""
+    x, edge_index = torch.randn(NUM_NODES, 3, dtype=torch.float64), Graph.from_edge_index(EDGE_INDEX, NUM_NODES)
+    compiled = torch.compile(lambda h, e: _configured_neighbour_sum(e, {"h": h}), backend="eager")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert_same_values(compiled(x, edge_index), 2.0 * _neighbour_sum(x), "first")
+    monkeypatch.setitem(_SETTINGS, "scale", 5.0)
+    assert_same_values(compiled(x, edge_index), 5.0 * _neighbour_sum(x), "after the change")
+    assert any("cannot be guarded" in str(w.message) for w in caught)
+
+
+def _neighbour_sum(x: torch.Tensor) -> torch.Tensor:
+    src, dst = torch.tensor(EDGE_INDEX)
+    return torch.zeros_like(x).index_add_(0, dst, x[src])

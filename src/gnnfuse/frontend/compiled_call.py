@@ -16,7 +16,16 @@ so only UDF objects that exist outside the traced code qualify: module-level
 `VertexFunction` s and the objects `udf_factory` factories return. A call that
 cannot run so -- a UDF whose trace captures tensors from outside its arguments (they
 would be frozen into the compiled graph), a typed graph, a program drawing random
-numbers -- runs eagerly behind a graph break, with a warning.
+numbers, a UDF reaching state the trace cache cannot guard (a dict, a list, a random
+draw: traced anew on every eager call) -- runs eagerly behind a graph break, with a
+warning.
+
+Dynamo never sees what the UDF's code reads (it calls step 1 as a constant), so it puts
+no guard on a global or closure value the trace depended on. The operator's name carries
+the trace cache's guard instead (`_unchanged`): each run checks that the UDF still reads
+what it read when traced, and raises where a global was rebound since (a compiled graph
+would otherwise keep running the old program: a scale of 2.0 rebound to 3.0 still gave
+2.0 x the sum).
 """
 from __future__ import annotations
 
@@ -30,14 +39,15 @@ import torch
 from ..graph import Graph
 from ..ir import CompileError
 from ..runtime.compile_op import GraphRef, graph_input_problem, register_program, run_eagerly, run_program
-from .trace_cache import program_feeds, signature
+from .trace_cache import guard_key, program_feeds, same_reads, shallow_reads, signature
 
 _UDFS: "weakref.WeakValueDictionary[str, Any]" = weakref.WeakValueDictionary()
 _KEYS = itertools.count()
 
 
 def register_udf(udf: Any) -> str:
-    """A key naming ``udf`` (an object with ``compiled(tables)``) to `program_at_compile_time`."""
+    """A key naming ``udf`` (an object with ``compiled(tables)`` and the tuple of user
+    functions it traces, ``functions``) to `program_at_compile_time`."""
     key = f"{type(udf).__name__}-{next(_KEYS)}"
     _UDFS[key] = udf
     return key
@@ -85,17 +95,42 @@ def program_at_compile_time(udf_key: str, table_signature: Hashable
     UDF registered under ``udf_key`` called on tables of ``table_signature``; or, when it
     cannot run as the operator, why not."""
     default_dtype, tables = table_signature
+    udf = _UDFS[udf_key]
+    guard = guard_key(udf.functions)
+    if guard is None:
+        return ("a UDF reaches state that cannot be guarded (a mutable object, a random draw, globals()), "
+                "which a compiled graph would read once")
     stand_ins = tuple({key: torch.empty((1, *rest) if dim else (), dtype=dtype, device="meta")
                        for key, dim, rest, dtype in table} for table in tables)
-    compiled, captured = _UDFS[udf_key].compiled(stand_ins)
+    compiled, captured = udf.compiled(stand_ins)
     if captured:
         return (f"a UDF reads tensors {sorted(captured)} from outside its arguments (pass them as node or edge "
                 "features to trace it)")
     try:
-        name = register_program(compiled)
+        name = register_program(compiled, _unchanged(udf_key, udf.functions, guard))
     except CompileError as exc:
         return str(exc)
     return name, tuple(compiled.program.inputs), tuple(compiled.program.outputs)
+
+
+def _unchanged(udf_key: str, functions: tuple[Callable | None, ...], guard: Hashable) -> Callable[[], None]:
+    """A check, run before each run of the operator, that ``functions`` still have the
+    guard key ``guard`` they were traced with (by identities where those decide it, as a
+    repeated eager call checks: `repeat_call.RepeatCall`); it raises where they do not."""
+    udf, reads = weakref.ref(_UDFS[udf_key]), shallow_reads(functions)
+    del functions       # read through the UDF: a compiled graph outliving it keeps nothing alive
+
+    def check() -> None:
+        live = udf()
+        if live is None:
+            return
+        if (reads is None or not same_reads(live.functions, reads)) and guard_key(live.functions) != guard:
+            names = ", ".join(fn.__qualname__ for fn in live.functions if fn is not None)
+            raise RuntimeError(f"gnnfuse: {names} now read(s) a global or closure value other than when "
+                               "torch.compile traced the call, and the compiled graph still runs the program "
+                               "traced then (torch.compile does not watch what a gnnfuse UDF reads): call "
+                               "torch.compiler.reset() to trace again, or pass the value as a feature")
+    return check
 
 
 def call_compiled(udf_key: str, graph: Any, tables: tuple[Mapping[str, torch.Tensor], ...],

@@ -329,6 +329,7 @@ class VertexFunction:
     def __init__(self, fn: Callable):
         functools.update_wrapper(self, fn, updated=())   # a Module's __dict__ is its state, not a wrapper's
         self.fn = fn
+        self.functions = (fn,)      # what the trace cache guards (`compiled_call.register_udf`)
         self.udf_key = register_udf(self)
         self._repeats = RepeatCalls()     # the last prepared calls, for the next (repeat_call.py)
 
@@ -385,7 +386,7 @@ class VertexFunction:
         compiled, captured = self.compiled(tables)
         outputs = compiled(graph, program_feeds(tables, captured))
         if compiled.prepared is not None and not any(tables[1:]):     # else there is nothing to repeat
-            repeat = RepeatCall.after(_TRACES, (self.fn,), graph, v_feature, compiled, captured)
+            repeat = RepeatCall.after(_TRACES, self.functions, graph, v_feature, compiled, captured)
             if repeat is not None:
                 self._repeats.keep(repeat)
         return outputs
@@ -393,7 +394,7 @@ class VertexFunction:
     def compiled(self, tables: tuple[Mapping[str, torch.Tensor], ...]
                  ) -> tuple[CompiledProgram, dict[str, torch.Tensor]]:
         """The compiled program for a call on ``tables`` and the tensors its trace captured."""
-        return _TRACES.compiled((self.fn,), tables, lambda: self.trace(*tables)[0])
+        return _TRACES.compiled(self.functions, tables, lambda: self.trace(*tables)[0])
 
 
 def _unwrapped(outputs: dict[str, torch.Tensor]) -> torch.Tensor | dict[str, torch.Tensor]:

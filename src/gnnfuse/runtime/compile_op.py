@@ -130,12 +130,15 @@ def _warned_call(reason: str, fn: Callable, *args: Any, **kwargs: Any) -> Any:
 
 _PROGRAMS: dict[str, CompiledProgram] = {}
 _IDS: dict[int, str] = {}
+_CHECKS: dict[str, Callable[[], None]] = {}     # name with a check -> the check (`register_program`)
 _COUNTER = itertools.count()
 
 
-def register_program(compiled: CompiledProgram) -> str:
+def register_program(compiled: CompiledProgram, check: Callable[[], None] | None = None) -> str:
     """The operator's name for ``compiled`` (registered once; programs live as long as
-    `compiled_for`'s table keeps them: the process)."""
+    `compiled_for`'s table keeps them: the process). With ``check``, a name of its own
+    (``p<n>.<m>``) under which every forward run calls ``check()`` first: it raises where
+    the program is no longer what the traced call would run (frontend/compiled_call.py)."""
     if id(compiled) not in _IDS:
         random = sorted({v.op for v in compiled.program.values if v.op in _RANDOM_OPS})
         if random:
@@ -143,7 +146,16 @@ def register_program(compiled: CompiledProgram) -> str:
                                "its backward re-runs the forward and would draw anew: use eval mode or p=0")
         name = f"p{next(_COUNTER)}"
         _IDS[id(compiled)], _PROGRAMS[name] = name, compiled
-    return _IDS[id(compiled)]
+    if check is None:
+        return _IDS[id(compiled)]
+    name = f"{_IDS[id(compiled)]}.{next(_COUNTER)}"
+    _CHECKS[name] = check
+    return name
+
+
+def _program(name: str) -> CompiledProgram:
+    """The program registered under ``name`` (see `register_program`)."""
+    return _PROGRAMS[name.partition(".")[0]]
 
 
 def run_program(program: str, graph: GraphRef, feeds: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -178,7 +190,10 @@ def _program_inputs(compiled: CompiledProgram, graph: Graph, feeds: list[torch.T
 @torch.library.custom_op("gnnfuse::run_program", mutates_args=())
 def _run_op(program: str, steps: str, num_nodes: int, num_src_nodes: int, edges: list[torch.Tensor],
             feeds: list[torch.Tensor]) -> list[torch.Tensor]:
-    compiled = _PROGRAMS[program]
+    check = _CHECKS.get(program)
+    if check is not None:
+        check()
+    compiled = _program(program)
     graph = _built_graph(edges, num_nodes, num_src_nodes, steps)
     keys, tensors = _program_inputs(compiled, graph, feeds)
     outputs, _, _ = _run_forward(compiled, GraphContext(graph), keys, tensors, None)
@@ -202,7 +217,7 @@ def _unaliased(outputs, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
 def _run_fake(program, steps, num_nodes, num_src_nodes, edges, feeds):
     device = feeds[0].device if feeds else edges[0].device
     return [torch.empty(_rows(value.residency, num_nodes, key) + tuple(value.shape), dtype=value.dtype, device=device)
-            for key, value in _PROGRAMS[program].program.outputs.items()]
+            for key, value in _program(program).program.outputs.items()]
 
 
 def _rows(residency: Residency, num_nodes: int, key: str) -> tuple[int, ...]:
@@ -219,7 +234,7 @@ def _backward_op(program: str, steps: str, num_nodes: int, num_src_nodes: int, e
                  feeds: list[torch.Tensor], wrt: list[int], output_grads: list[torch.Tensor]) -> list[torch.Tensor]:
     """Gradients of the inputs at positions ``wrt``, the forward re-run to recover what
     the backward program reads."""
-    compiled = _PROGRAMS[program]
+    compiled = _program(program)
     graph = _built_graph(edges, num_nodes, num_src_nodes, steps)
     keys, tensors = _program_inputs(compiled, graph, feeds)
     backward = compiled.backward_for(tuple(keys[i] for i in wrt))
