@@ -289,6 +289,26 @@ def test_a_held_edge_index_edited_in_place_is_not_matched():
     assert Graph.coerce(held.clone(), N) is not graph
 
 
+def test_an_edge_index_served_a_held_graph_is_not_served_it_after_the_holder_is_edited():
+    """A graph taken by contents reads the memory of the input it was built from: once that
+    input is edited in place, the borrower rebuilds. A SAGEConv on the borrower, whose
+    first gradient call builds a layout from the graph's (edited) endpoints, gave outputs
+    0.56 and gradients 1.19 off PyG's."""
+    torch.manual_seed(0)
+    ours, ref = gnn.SAGEConv(4, 3).double(), pyg.SAGEConv(4, 3).double()
+    ours.load_state_dict(ref.state_dict())
+    x = torch.randn(N, 4, dtype=torch.float64)
+    ei = edge_index()
+    with torch.no_grad():
+        ours(x, ei.clone())
+        lender, borrower = ei.clone(), ei.clone()
+        ours(x, lender)                           # held for comparison
+        ours(x, borrower)                         # served the lender's graph
+    lender[0, :10] = 0
+    for edges in (borrower, lender):
+        assert_same_outputs_and_grads(ours, ref, lambda h: ours(h, edges), lambda h: ref(h, edges), x)
+
+
 def test_pyg_layers_deriving_an_edge_index_per_call_stay_right_when_it_changes():
     """gnnfuse's ClusterGCNConv (PyG's forward, which self-loops its input on every call)
     against PyG's over calls with the same edges, then other edges of the same count."""

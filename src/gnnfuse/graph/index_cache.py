@@ -39,7 +39,11 @@ whose shape (with dtype, device and ``key``) missed recently too is held with it
 ``torch.equal`` (exact; one host sync) and takes the graph if they are equal. A
 comparison that fails marks the shape as one whose inputs change (a loader's
 fixed-shape batches) and it is not compared again. Nothing is compared while a CUDA
-graph is being captured or inside a ``torch.func`` transform.
+graph is being captured or inside a ``torch.func`` transform. A graph taken so still
+reads the memory of the input it was built from (its lender), whose later in-place edit
+would change the graph's endpoints under layouts built before (a SAGEConv forward then
+gave 0.56 off PyG's): the entry of the input that borrowed it holds the lender's stamp
+too, and is served only while both are unchanged.
 """
 from __future__ import annotations
 
@@ -55,7 +59,9 @@ CAPACITY = 8
 # call, cheap enough for a check on every program call (runtime/compiled.py).
 functorch_interpreter: Callable[[], Any] = torch._C._functorch.peek_interpreter_stack
 
-_ENTRIES: OrderedDict[tuple[int, Hashable], tuple[weakref.ref, tuple, Any]] = OrderedDict()
+# slot -> (weak reference to the input, its stamp, its graph, the lender's (tensors, stamp)
+# where the graph was taken from a held input of equal contents, else None)
+_ENTRIES: OrderedDict[tuple[int, Hashable], tuple[weakref.ref, tuple, Any, tuple | None]] = OrderedDict()
 
 # Matching by contents (see the module docstring), keyed by `_shape_key`: the shapes that
 # missed lately, the inputs held with their stamps and graphs, and the shapes whose
@@ -76,22 +82,25 @@ def cached_graph(obj: Any, parts: list[torch.Tensor], key: Hashable, build: Call
         return build()
     slot = (id(obj), key)
     entry = _ENTRIES.get(slot)
-    if entry is not None and entry[0]() is obj and entry[1] == stamp:
+    if (entry is not None and entry[0]() is obj and entry[1] == stamp
+            and (entry[3] is None or _stamp(entry[3][0]) == entry[3][1])):
         _ENTRIES.move_to_end(slot)
         return entry[2]
     if functorch_interpreter() is not None:     # its tensors are the transform's: see the module docstring
         return build()
     shape = _shape_key(obj, parts, key)
-    graph = _equal_contents(shape, parts) if shape is not None else None
-    if graph is None:
+    lender = _equal_contents(shape, parts) if shape is not None else None
+    if lender is None:
         graph = build()
         if shape is not None:
             _held_for_contents(shape, parts, stamp, graph)
+    else:
+        *lender, graph = lender
     try:
         ref = weakref.ref(obj, lambda dead: _forget(slot, dead))
     except TypeError:      # an object without weak references: not cached
         return graph
-    _ENTRIES[slot] = (ref, stamp, graph)
+    _ENTRIES[slot] = (ref, stamp, graph, None if lender is None else tuple(lender))
     _ENTRIES.move_to_end(slot)
     while len(_ENTRIES) > CAPACITY:
         _ENTRIES.popitem(last=False)
@@ -117,16 +126,17 @@ def _shape_key(obj: Any, parts: list[torch.Tensor], key: Hashable) -> Hashable |
     return key, tuple((tuple(t.shape), t.dtype, t.device) for t in parts)
 
 
-def _equal_contents(shape: Hashable, parts: list[torch.Tensor]) -> Any:
-    """The graph held for an input of ``shape`` whose contents equal ``parts``', else None.
-    A held input edited in place since (its stamp moved) no longer describes its graph."""
+def _equal_contents(shape: Hashable, parts: list[torch.Tensor]) -> tuple[list[torch.Tensor], tuple, Any] | None:
+    """(tensors, stamp, graph) held for an input of ``shape`` whose contents equal
+    ``parts``', else None. A held input edited in place since (its stamp moved) no
+    longer describes its graph."""
     held = _HELD.get(shape)
     if held is None:
         return None
     tensors, stamp, graph = held
     if _stamp(tensors) == stamp and all(torch.equal(a, b) for a, b in zip(parts, tensors)):
         _HELD.move_to_end(shape)
-        return graph
+        return held
     del _HELD[shape]
     _remember(_CHANGING, shape)
     return None
