@@ -5,6 +5,8 @@ a stale graph."""
 from __future__ import annotations
 
 import gc
+import sys
+import threading
 import types
 import weakref
 
@@ -330,3 +332,36 @@ def test_a_sparse_adjacency_of_another_size_is_never_served_a_held_graph():
     for size in (N, N, N + 1):
         adj = torch.sparse_coo_tensor(rows.flip(0), torch.ones(rows.shape[1]), (size, size))
         assert Graph.coerce(adj).num_nodes == size
+
+
+def test_threads_coercing_their_own_edge_indexes_never_fail():
+    """Eight threads, three edge_index tensors each (more than `CAPACITY` in all), the
+    interpreter switching threads as often as it can: another thread's eviction between
+    a hit's lookup and its move_to_end raised KeyError out of Graph.coerce (in 3 of 4
+    such rounds before the cache took a lock). A race: the test can miss it, never
+    report one falsely."""
+    errors = []
+    inputs = [[torch.randint(0, N, (2, 30), generator=torch.Generator().manual_seed(8 * k + j)) for j in range(3)]
+              for k in range(8)]
+
+    def work(mine: list[torch.Tensor]) -> None:
+        try:
+            for step in range(1500):
+                t = mine[step % 3]
+                assert Graph.coerce(t, N).num_edges == 30
+                if step % 50 == 0:
+                    Graph.coerce(t.clone(), N)
+        except Exception as exc:        # noqa: BLE001 -- reported below
+            errors.append(repr(exc))
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for _ in range(4):
+            threads = [threading.Thread(target=work, args=(mine,)) for mine in inputs]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert errors == []

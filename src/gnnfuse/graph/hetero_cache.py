@@ -19,7 +19,7 @@ from typing import Any, Hashable, Iterable, Mapping
 import torch
 
 from .hetero import EdgeType, HeteroGraph
-from .index_cache import CAPACITY, _stamp
+from .index_cache import _LOCK, CAPACITY, _stamp
 
 _ENTRIES: OrderedDict[Hashable, tuple[list[weakref.ref], tuple, HeteroGraph]] = OrderedDict()
 
@@ -42,27 +42,31 @@ def cached_hetero_graph(edge_index_dict: Mapping[EdgeType, Any], num_nodes_dict:
         return build()
     counts = tuple((t, int(num_nodes_dict[t])) if t in num_nodes_dict else (t, None) for t in node_types)
     key = (tuple((tuple(edge_type), id(index)) for edge_type, index in items), counts, tuple(edge_types))
-    entry = _ENTRIES.get(key)
-    if entry is not None and entry[1] == stamp and all(ref() is t for ref, t in zip(entry[0], tensors)):
-        _ENTRIES.move_to_end(key)
-        return entry[2]
+    with _LOCK:     # index_cache's, for the same reason: threads evicting each other's entries
+        entry = _ENTRIES.get(key)
+        if entry is not None and entry[1] == stamp and all(ref() is t for ref, t in zip(entry[0], tensors)):
+            _ENTRIES.move_to_end(key)
+            return entry[2]
     hetero = build()
     refs = [weakref.ref(t, lambda dead, key=key: _forget(key, dead)) for t in tensors]
-    _ENTRIES[key] = (refs, stamp, hetero)
-    _ENTRIES.move_to_end(key)
-    while len(_ENTRIES) > CAPACITY:
-        _ENTRIES.popitem(last=False)
+    with _LOCK:
+        _ENTRIES[key] = (refs, stamp, hetero)
+        _ENTRIES.move_to_end(key)
+        while len(_ENTRIES) > CAPACITY:
+            _ENTRIES.popitem(last=False)
     return hetero
 
 
 def _forget(key: Hashable, dead: weakref.ref) -> None:
     """Drop the entry one of whose tensors was just freed (unless the key was reused)."""
-    entry = _ENTRIES.get(key)
-    if entry is not None and any(ref is dead for ref in entry[0]):
-        del _ENTRIES[key]
+    with _LOCK:
+        entry = _ENTRIES.get(key)
+        if entry is not None and any(ref is dead for ref in entry[0]):
+            del _ENTRIES[key]
 
 
 def clear_hetero_cache() -> None:
     """Forget every remembered `HeteroGraph` (and free its layouts): what a benchmark
     does between frameworks, so each one's graph caches count in its own memory."""
-    _ENTRIES.clear()
+    with _LOCK:
+        _ENTRIES.clear()

@@ -47,6 +47,7 @@ too, and is served only while both are unchanged.
 """
 from __future__ import annotations
 
+import threading
 import weakref
 from collections import OrderedDict
 from typing import Any, Callable, Hashable
@@ -70,6 +71,11 @@ CONTENT_CAPACITY = 4
 _RECENT_MISSES: OrderedDict[Hashable, None] = OrderedDict()
 _HELD: OrderedDict[Hashable, tuple[list[torch.Tensor], tuple, Any]] = OrderedDict()
 _CHANGING: OrderedDict[Hashable, None] = OrderedDict()
+# One thread at a time reads or changes the tables (never around a build): two threads
+# coercing their own edge_index tensors evicted each other's entries between a lookup
+# and its move_to_end, a KeyError out of Graph.coerce. Re-entrant: a weak reference's
+# callback (`_forget`) may run inside a locked section when the collector frees an input.
+_LOCK = threading.RLock()
 
 
 def cached_graph(obj: Any, parts: list[torch.Tensor], key: Hashable, build: Callable[[], Any]) -> Any:
@@ -81,36 +87,41 @@ def cached_graph(obj: Any, parts: list[torch.Tensor], key: Hashable, build: Call
     if stamp is None:
         return build()
     slot = (id(obj), key)
-    entry = _ENTRIES.get(slot)
-    if (entry is not None and entry[0]() is obj and entry[1] == stamp
-            and (entry[3] is None or _stamp(entry[3][0]) == entry[3][1])):
-        _ENTRIES.move_to_end(slot)
-        return entry[2]
+    with _LOCK:
+        entry = _ENTRIES.get(slot)
+        if (entry is not None and entry[0]() is obj and entry[1] == stamp
+                and (entry[3] is None or _stamp(entry[3][0]) == entry[3][1])):
+            _ENTRIES.move_to_end(slot)
+            return entry[2]
     if functorch_interpreter() is not None:     # its tensors are the transform's: see the module docstring
         return build()
     shape = _shape_key(obj, parts, key)
-    lender = _equal_contents(shape, parts) if shape is not None else None
+    with _LOCK:
+        lender = _equal_contents(shape, parts) if shape is not None else None
     if lender is None:
         graph = build()
-        if shape is not None:
-            _held_for_contents(shape, parts, stamp, graph)
     else:
         *lender, graph = lender
     try:
         ref = weakref.ref(obj, lambda dead: _forget(slot, dead))
     except TypeError:      # an object without weak references: not cached
-        return graph
-    _ENTRIES[slot] = (ref, stamp, graph, None if lender is None else tuple(lender))
-    _ENTRIES.move_to_end(slot)
-    while len(_ENTRIES) > CAPACITY:
-        _ENTRIES.popitem(last=False)
+        ref = None
+    with _LOCK:
+        if lender is None and shape is not None:
+            _held_for_contents(shape, parts, stamp, graph)
+        if ref is not None:
+            _ENTRIES[slot] = (ref, stamp, graph, None if lender is None else tuple(lender))
+            _ENTRIES.move_to_end(slot)
+            while len(_ENTRIES) > CAPACITY:
+                _ENTRIES.popitem(last=False)
     return graph
 
 
 def clear_index_cache() -> None:
     """Forget every remembered graph (and free its layouts)."""
-    for table in (_ENTRIES, _RECENT_MISSES, _HELD, _CHANGING):
-        table.clear()
+    with _LOCK:
+        for table in (_ENTRIES, _RECENT_MISSES, _HELD, _CHANGING):
+            table.clear()
 
 
 def _shape_key(obj: Any, parts: list[torch.Tensor], key: Hashable) -> Hashable | None:
@@ -165,9 +176,10 @@ def _remember(table: OrderedDict, shape: Hashable) -> None:
 
 def _forget(slot: tuple[int, Hashable], dead: weakref.ref) -> None:
     """Drop the entry of an input that was just freed (unless the slot was reused)."""
-    entry = _ENTRIES.get(slot)
-    if entry is not None and entry[0] is dead:
-        del _ENTRIES[slot]
+    with _LOCK:
+        entry = _ENTRIES.get(slot)
+        if entry is not None and entry[0] is dead:
+            del _ENTRIES[slot]
 
 
 def _stamp(parts: list[torch.Tensor]) -> tuple | None:
