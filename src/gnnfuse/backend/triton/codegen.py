@@ -1148,7 +1148,7 @@ def {name}(src, dst, num_edges, size_class, out, {em.params()}BLOCK_E: tl.conste
 {body}
         right = tl.where(emask[:, None] & fmask[None, :], {g_tile} + tl.zeros([BLOCK_E, BLOCK_F], ACC), 0.0)
         left = tl.where(emask[:, None] & (kk < {count})[None, :], {x_tile} + tl.zeros([BLOCK_E, {rows}], ACC), 0.0)
-        acc = tl.dot(tl.trans(left.to(tl.float32)), right.to(tl.float32), acc, input_precision="ieee")
+        acc = tl.dot(tl.trans(left), right, acc, input_precision="ieee")
     tl.store(out + tl.program_id(0) * {count * width} + kk[:, None] * {width} + f[None, :],
              acc.to(out.dtype.element_ty), mask=(kk < {count})[:, None] & fmask[None, :])
 '''
