@@ -1067,6 +1067,17 @@ SHARED_REDUCE_PROGRAMS = 1024   # programs of a shared-reduce kernel: a few per 
 SHARED_REDUCE_BLOCK_E = (32, 128)
 
 
+# The edge loop of both shared-reduce kernels: the programs take blocks of edges in turn,
+# in edge-id order, with each edge's endpoints.
+_SHARED_EDGE_LOOP = """    for e0 in range(tl.program_id(0).to(tl.int64) * BLOCK_E, num_edges, tl.num_programs(0) * BLOCK_E):
+        e = e0 + tl.arange(0, BLOCK_E).to(tl.int64)
+        emask = e < num_edges
+        edge = e
+        src_id = tl.load(src + e, mask=emask, other=0).to(tl.int64)
+        dst_id = tl.load(dst + e, mask=emask, other=0).to(tl.int64)
+"""
+
+
 # The most rows of a weight gradient's tile product one program accumulates
 # (`shared_dot_rows`): its [rows, BLOCK_F] accumulator stays within 64 float32 registers
 # per thread at 128 lanes. A wider left operand is cut into tiles of rows, one per
@@ -1139,13 +1150,7 @@ def {name}(src, dst, num_edges, size_class, out, {em.params()}BLOCK_E: tl.conste
     kk = tl.program_id(2) * {rows} + tl.arange(0, {rows})
     kzero = kk * 0
     acc = tl.zeros([{rows}, BLOCK_F], tl.float32)
-    for e0 in range(tl.program_id(0).to(tl.int64) * BLOCK_E, num_edges, tl.num_programs(0) * BLOCK_E):
-        e = e0 + tl.arange(0, BLOCK_E).to(tl.int64)
-        emask = e < num_edges
-        edge = e
-        src_id = tl.load(src + e, mask=emask, other=0).to(tl.int64)
-        dst_id = tl.load(dst + e, mask=emask, other=0).to(tl.int64)
-{body}
+{_SHARED_EDGE_LOOP}{body}
         right = tl.where(emask[:, None] & fmask[None, :], {g_tile} + tl.zeros([BLOCK_E, BLOCK_F], ACC), 0.0)
         left = tl.where(emask[:, None] & (kk < {count})[None, :], {x_tile} + tl.zeros([BLOCK_E, {rows}], ACC), 0.0)
         acc = tl.dot(tl.trans(left), right, acc, input_precision="ieee")
@@ -1192,13 +1197,7 @@ def {name}(src, dst, num_edges, size_class, out, {leaf_params}BLOCK_E: tl.conste
     fmask = f < {width}
     fzero = f * 0
     acc = tl.zeros([BLOCK_E, BLOCK_F], ACC)
-    for e0 in range(tl.program_id(0).to(tl.int64) * BLOCK_E, num_edges, tl.num_programs(0) * BLOCK_E):
-        e = e0 + tl.arange(0, BLOCK_E).to(tl.int64)
-        emask = e < num_edges
-        edge = e
-        src_id = tl.load(src + e, mask=emask, other=0).to(tl.int64)
-        dst_id = tl.load(dst + e, mask=emask, other=0).to(tl.int64)
-{body}
+{_SHARED_EDGE_LOOP}{body}
         acc += tl.where(emask[:, None], {terms} + tl.zeros([BLOCK_E, BLOCK_F], ACC), 0.0)
     partial = tl.sum(acc, axis=0)
     tl.store(out + tl.program_id(0) * {width} + f, partial.to(out.dtype.element_ty), mask=fmask)
