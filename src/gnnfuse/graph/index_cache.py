@@ -19,7 +19,10 @@ An entry lives while its input does: when the user drops the input, its graph an
 layouts are dropped too (builders must not keep the input object alive, only its
 memory: see `Graph._from_torch`), so a loop that makes a new ``edge_index`` per epoch
 does not pile up graphs on the GPU. The cache is also small (`CAPACITY` entries, least
-recently used evicted first): a training loop needs one entry per graph.
+recently used evicted first): a training loop needs one entry per graph. The exception
+is an input held for matching by contents (below): it and its graph stay until another
+input of its shape differs from it, `CONTENT_CAPACITY` other shapes are held after it,
+or `clear_index_cache` runs.
 
 Nothing built inside a ``torch.func`` transform (grad, vmap, jacrev, ...) is kept: every
 tensor made there, the layouts built from a plain ``edge_index`` included, is the
