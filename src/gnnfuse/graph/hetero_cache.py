@@ -19,7 +19,7 @@ from typing import Any, Hashable, Iterable, Mapping
 import torch
 
 from .hetero import EdgeType, HeteroGraph
-from .index_cache import _LOCK, CAPACITY, _stamp
+from .index_cache import _LOCK, CAPACITY, _stamp, put_recent
 
 _ENTRIES: OrderedDict[Hashable, tuple[list[weakref.ref], tuple, HeteroGraph]] = OrderedDict()
 
@@ -50,10 +50,7 @@ def cached_hetero_graph(edge_index_dict: Mapping[EdgeType, Any], num_nodes_dict:
     hetero = build()
     refs = [weakref.ref(t, lambda dead, key=key: _forget(key, dead)) for t in tensors]
     with _LOCK:
-        _ENTRIES[key] = (refs, stamp, hetero)
-        _ENTRIES.move_to_end(key)
-        while len(_ENTRIES) > CAPACITY:
-            _ENTRIES.popitem(last=False)
+        put_recent(_ENTRIES, key, (refs, stamp, hetero), CAPACITY)
     return hetero
 
 

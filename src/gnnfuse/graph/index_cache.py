@@ -113,10 +113,7 @@ def cached_graph(obj: Any, parts: list[torch.Tensor], key: Hashable, build: Call
         if lender is None and shape is not None:
             _held_for_contents(shape, parts, stamp, graph)
         if ref is not None:
-            _ENTRIES[slot] = (ref, stamp, graph, None if lender is None else tuple(lender))
-            _ENTRIES.move_to_end(slot)
-            while len(_ENTRIES) > CAPACITY:
-                _ENTRIES.popitem(last=False)
+            put_recent(_ENTRIES, slot, (ref, stamp, graph, None if lender is None else tuple(lender)), CAPACITY)
     return graph
 
 
@@ -152,7 +149,7 @@ def _equal_contents(shape: Hashable, parts: list[torch.Tensor]) -> tuple[list[to
         _HELD.move_to_end(shape)
         return held
     del _HELD[shape]
-    _remember(_CHANGING, shape)
+    put_recent(_CHANGING, shape, None, 16 * CONTENT_CAPACITY)
     return None
 
 
@@ -163,17 +160,16 @@ def _held_for_contents(shape: Hashable, parts: list[torch.Tensor], stamp: tuple,
     if shape in _CHANGING:
         return
     if shape in _RECENT_MISSES:
-        _HELD[shape] = (list(parts), stamp, graph)
-        _HELD.move_to_end(shape)
-        while len(_HELD) > CONTENT_CAPACITY:
-            _HELD.popitem(last=False)
-    _remember(_RECENT_MISSES, shape)
+        put_recent(_HELD, shape, (list(parts), stamp, graph), CONTENT_CAPACITY)
+    put_recent(_RECENT_MISSES, shape, None, 16 * CONTENT_CAPACITY)
 
 
-def _remember(table: OrderedDict, shape: Hashable) -> None:
-    table[shape] = None
-    table.move_to_end(shape)
-    while len(table) > 16 * CONTENT_CAPACITY:
+def put_recent(table: OrderedDict, key: Hashable, value: Any, capacity: int) -> None:
+    """``table[key] = value`` as the most recent entry, the least recent ones evicted
+    beyond ``capacity``: every table of this module and `hetero_cache` is bounded so."""
+    table[key] = value
+    table.move_to_end(key)
+    while len(table) > capacity:
         table.popitem(last=False)
 
 
