@@ -1105,15 +1105,6 @@ def shared_dot_tiles(unit: SharedReduceUnit, acc_dtype: str) -> int:
     return 1 if rows is None else triton.cdiv(unit.root.shape[0], rows)
 
 
-def shared_reduce_lanes(unit: SharedReduceUnit, acc_dtype: str) -> int:
-    """The feature lanes a shared-reduce kernel's programs split among them (the launch
-    grid's second dimension covers these in blocks of BLOCK_F): a tile product's right
-    operand row (each program accumulates every output row at once), else the whole
-    flattened output."""
-    root = unit.root
-    return math.prod(root.shape[1:]) if shared_dot_rows(unit, acc_dtype) else math.prod(root.shape)
-
-
 def _generate_shared_dot(unit: SharedReduceUnit, name: str, acc_dtype: str, tuned: bool) -> tuple[str, list[Value]]:
     """`generate_shared_reduce` for a weight gradient ``out[k, j] = sum_e x[e, k] g[e, j]``
     as a tile product: each block of edges evaluates ``g`` once on the program's lanes of

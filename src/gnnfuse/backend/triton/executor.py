@@ -22,7 +22,7 @@ from ..reference.executor import run_plan
 from .codegen import (SHARED_REDUCE_BLOCK_E, SHARED_REDUCE_PROGRAMS, TYPE_LOAD, RowSum, generate, generate_coo, generate_edge,
                       generate_rows, generate_scan, generate_shared_reduce, generate_sibling_merge, generate_siblings, head_block,
                       one_lane, partial_buffers, plain_sum, ROWS_WIDEST, row_stride, row_sum_split, shared_dot_rows,
-                      shared_dot_tiles, shared_reduce_lanes)
+                      shared_dot_tiles)
 from .context import TritonGraphContext
 from .direct_launch import Replays, current_stream, uncaptured_stream
 from .launch import bind, launch, signature
@@ -767,10 +767,11 @@ def _plan_shared_reduce_unit(unit: SharedReduceUnit, ctx: GraphContext, kernel, 
     if ctx.num_edges == 0 or width == 0:
         return _launch_plan(None, None, (), (), (), {}, leaf_dtypes, (1, width), partial_dtype, True, None,
                             summed_to=summed_to, **common)
-    lanes = shared_reduce_lanes(unit, acc)
-    # a tile product's lanes are tl.dot's right operand: 16 to 64 wide, whatever the forced tile
-    block_f = (max(16, min(triton.next_power_of_2(lanes), 64)) if shared_dot_rows(unit, acc)
-               else feature_block(unit, 64))
+    # a tile product's lanes are its right operand's row, tl.dot's: 16 to 64 wide, whatever
+    # the forced tile; the element form's are the whole flattened output
+    dot = shared_dot_rows(unit, acc) is not None
+    lanes = math.prod(root.shape[1:]) if dot else width
+    block_f = max(16, min(triton.next_power_of_2(lanes), 64)) if dot else feature_block(unit, 64)
     fixed = {} if _autotune() else {"BLOCK_E": 16}
     smallest_block = fixed.get("BLOCK_E", min(SHARED_REDUCE_BLOCK_E))
     programs = min(SHARED_REDUCE_PROGRAMS, triton.cdiv(ctx.num_edges, smallest_block))
