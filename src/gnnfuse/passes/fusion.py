@@ -367,6 +367,7 @@ def partition(program: Program, keep: Iterable[int] = (), tile_feature_sums: boo
             users[i.id] = users.get(i.id, 0) + 1
     for v in program.outputs.values():
         users[v.id] = users.get(v.id, 0) + 1
+    returned = {v.id for v in program.outputs.values()}
     chosen: dict[int, Unit | Value] = {}
     # Reverse topological order decides every user of a value before the value itself.
     for v in reversed(program.values):
@@ -383,7 +384,7 @@ def partition(program: Program, keep: Iterable[int] = (), tile_feature_sums: boo
         elif (type_sums and (operand := type_summed(v, users)) is not None and operand.id not in keep
               and _edge_root(operand)):
             item = TypeSumUnit(v, grow(EdgeUnit(operand)))
-        elif _edge_root(v):
+        elif _edge_root(v) and not (v.id not in returned and _view_of_table(v, keep, in_body)):
             item = grow(EdgeUnit(v))
         elif (operand := summed_operand(v)) is not None and operand.id not in keep:
             item = grow(SharedReduceUnit(v))
@@ -393,6 +394,16 @@ def partition(program: Program, keep: Iterable[int] = (), tile_feature_sums: boo
         reads = item.inputs if isinstance(item, Value) else item.leaves
         needed.update(i.id for i in reads)
     return [chosen[v.id] for v in program.values if v.id in chosen]
+
+
+def _view_of_table(v: Value, keep: set[int], in_body) -> bool:
+    """``v`` reshapes a value that reaches memory anyway (an input, a kept value, a torch
+    op's result): torch's reshape is then a view of it, where an edge unit copied every
+    row -- in NNConv's backward, a second [E, in x out] table (4.8 GB on the arxiv-sized
+    graph) holding the per-edge weight gradient again. Not for a returned value: a view
+    of a table the backward may save would let an in-place edit of the output reach it."""
+    x = v.inputs[0] if v.op == "reshape" else None
+    return x is not None and (x.id in keep or not in_body(x))
 
 
 def has_empty_rows(program: Program) -> bool:

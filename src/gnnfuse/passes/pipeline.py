@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from ..ir import Program, verify
+from .addmm import fold_product_adds
 from .compact import materialize_compactly
 from .cse import eliminate_common_subexpressions
 from .dce import eliminate_dead_code
@@ -25,6 +26,7 @@ def optimize(program: Program, keep_inputs: bool = False) -> Program:
     fold_typed_root(program)
     eliminate_common_subexpressions(program)
     fuse_row_dots(program)
+    fold_product_adds(program)
     eliminate_dead_code(program, keep_inputs=keep_inputs)
     verify(program)
     return program

@@ -12,7 +12,9 @@ Byte model (an estimate of DRAM traffic, not a measurement; caches are ignored):
 * A value of residency NODE has N rows, SRC/DST/EDGE values have E rows (N and E of the
   graph the program ran on), SHARED values (parameters, constants) one; a row is the
   product of the value's per-element shape times its dtype's size.
-* A plain torch op reads each input in full once and writes its output in full. A
+* A plain torch op reads each input in full once and writes its output in full, except
+  a reshape, transpose or narrow, counted as a view of its input (no bytes; torch copies only a
+  reshape of a non-contiguous table). A
   broadcast reads one input row per *edge* (a gather), and every op that moves data along
   the graph (broadcast, reduce, edge softmax, degree) also reads one index entry per edge.
 * A fused unit reads each leaf once per row it is needed for: an edge-rowed leaf once
@@ -244,7 +246,16 @@ def _schedule(unit: Any, sizes: _Sizes) -> str | None:
         return schedule_for(unit, sizes.group_rows(unit), sizes.num_edges)
 
 
+# Torch ops that return a view of their input (a reshape of a contiguous table, a
+# transpose, a narrow): they move nothing and write no new table.
+VIEW_OPS = ("reshape", "transpose", "narrow")
+
+
 def _op_step(v: Value, sizes: _Sizes, names: dict[int, str]) -> Step:
+    if v.op in VIEW_OPS:
+        args = names[v.inputs[0].id]
+        label = f"torch op {names[v.id]} = {v.op}({args}) -> {v.residency.name}{list(v.shape)}, a view (no copy)"
+        return Step(v, label, False, [], [(v.inputs[0], "as a view")], [], Traffic(0, 0, 0))
     movement = get_op(v.op).movement
     rows_out = sizes.rows(v.residency)
     reads, read_bytes = [], 0

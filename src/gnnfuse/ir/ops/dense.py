@@ -40,6 +40,29 @@ def _matmul_residency(rs, attrs):
 
 _dense("matmul", torch.matmul, _matmul_derivative, bounded_derivative=True, arity=2, residency=_matmul_residency,
        doc="x @ W with W a parameter (the usual linear transform)")
+
+
+def _addmm(x: torch.Tensor, w: torch.Tensor, addend: torch.Tensor) -> torch.Tensor:
+    shape = (*x.shape[:-1], w.shape[-1])
+    addend = addend if addend.dim() <= 1 else addend.reshape(math.prod(shape[:-1]), shape[-1])
+    return torch.addmm(addend, row_matrix(x), w).reshape(shape)
+
+
+def _addmm_derivative(b, v, g):
+    x, w, _ = v.inputs
+    return [b.add("matmul", g, b.add("transpose", b.fwd(w))), b.add("matmul_tn", b.fwd(x), g), g]
+
+
+def _addmm_residency(rs, attrs):
+    if rs[1] is not Residency.SHARED:
+        raise ResidencyError(f"addmm takes a parameter weight (SHARED), got {rs[1].name}")
+    return join(rs)
+
+
+_dense("addmm", _addmm, _addmm_derivative, bounded_derivative=True, arity=3, residency=_addmm_residency,
+       doc="x @ W + c with W a parameter and c a bias row or a table of the product's shape, as one GEMM "
+           "whose epilogue adds c (passes/addmm.py): the product and the sum as two ops wrote and reread "
+           "an output-sized table")
 _dense("transpose", lambda x: x.transpose(-1, -2), lambda b, v, g: [b.add("transpose", g)], bounded_derivative=True, arity=1)
 
 
