@@ -8,6 +8,7 @@ from .cse import eliminate_common_subexpressions
 from .dce import eliminate_dead_code
 from .fold import fold_constants
 from .linear_reorder import reorder_typed_linear
+from .narrow_products import narrow_products
 from .pairwise import sort_hinge_pairs
 from .reorder import reorder_broadcasts
 from .row_dot import fuse_row_dots
@@ -26,6 +27,7 @@ def optimize(program: Program, keep_inputs: bool = False) -> Program:
     fold_typed_root(program)
     eliminate_common_subexpressions(program)
     fuse_row_dots(program)
+    narrow_products(program)
     fold_product_adds(program)
     eliminate_dead_code(program, keep_inputs=keep_inputs)
     verify(program)
