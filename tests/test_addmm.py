@@ -99,9 +99,14 @@ def test_rewrite_accumulates_a_second_product():
 
 
 @pytest.mark.parametrize("why", ["bias not one row", "table of other rows", "product used again", "parameter rows",
-                                 "edge features"])
+                                 "edge features", "vector weight"])
 def test_rewrite_leaves_what_it_may_not_fold(why):
-    if why == "bias not one row":
+    if why == "vector weight":     # [4, 4] @ [4] + [4]: the shapes line up, but there is no GEMM column to add onto
+        p = Program()
+        h = p.add("relu", p.input("h", Residency.EDGE, (OUT, OUT), torch.float64))
+        w = p.input("w", Residency.SHARED, (OUT,), torch.float64)
+        p.outputs["out"] = p.add("add", p.add("matmul", h, w), p.input("b", Residency.SHARED, (OUT,), torch.float64))
+    elif why == "bias not one row":
         p = _program(bias_shape=(1, OUT))
     elif why == "table of other rows":       # a vertex table added to edge rows: a broadcast, not an addend
         p = Program()

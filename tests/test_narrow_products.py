@@ -47,6 +47,16 @@ def test_rewrite_slices_the_weights():
     assert all(v.inputs[0].residency is Residency.SHARED for v in p.values if v.op == "narrow")
 
 
+def test_rewrite_leaves_a_product_by_a_vector():
+    """[4, 4] @ [4] is [4]: its last dim is the rows of ``x``, not columns of the weight."""
+    p = Program()
+    h = p.add("relu", p.input("h", Residency.EDGE, (F, F), torch.float64))
+    product = p.add("matmul", h, p.input("w", Residency.SHARED, (F,), torch.float64))
+    p.outputs["out"] = p.add("narrow", product, dim=-1, start=1, length=2)
+    before = p.pretty()
+    assert narrow_products(p).pretty() == before
+
+
 @pytest.mark.parametrize("extra_use", ["sum returned", "product read whole"])
 def test_rewrite_leaves_a_product_read_whole(extra_use):
     p = narrow_products(_program(extra_use))

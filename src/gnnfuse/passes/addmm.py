@@ -12,8 +12,9 @@ concatenation's two ``Linear``s, CGConv's backward): the second GEMM accumulates
 the first's result, and the sum's third [E, 264] table is never written.
 
 The rewrite takes ``add(matmul(x, W), c)`` where ``x`` has rows, ``W`` is a parameter
-(SHARED), ``c`` is a parameter row of the product's width or a table of the product's
-rows and shape, all of one floating dtype, and the product feeds nothing else.
+matrix (SHARED, two dims: a vector's product has no column to add onto), ``c`` is a
+parameter row of the product's width or a table of the product's rows and shape, all of
+one floating dtype, and the product feeds nothing else.
 """
 from __future__ import annotations
 
@@ -48,7 +49,8 @@ def _product_add(v: Value) -> tuple[Value, Value] | None:
         x, w = product.inputs
         bias_row = addend.residency is Residency.SHARED and addend.shape == (w.shape[-1],)
         like_table = addend.residency is product.residency and addend.shape == product.shape
-        if (x.residency is not Residency.SHARED and w.residency is Residency.SHARED and addend.op != "const"
+        if (x.residency is not Residency.SHARED and w.residency is Residency.SHARED and len(w.shape) == 2
+                and addend.op != "const"
                 and (bias_row or like_table) and product.shape == v.shape
                 and x.dtype == w.dtype == addend.dtype == v.dtype and v.dtype.is_floating_point):
             return product, addend

@@ -9,7 +9,8 @@ sum, and the edge features' part was computed for a gradient nobody asked for.
 each part its own packed [E, 128] product and leaves the unread part to dead-code
 elimination.
 
-The rewrite takes ``narrow`` along the last dim of a ``matmul`` by a parameter (SHARED)
+The rewrite takes ``narrow`` along the last dim of a ``matmul`` by a parameter matrix
+(SHARED, two dims: the product of a vector has no columns to slice)
 or of an ``add`` of two like-shaped tables, when every use of that product or sum is
 such a slice and it is not returned: nothing then computes a column twice.
 """
@@ -38,12 +39,12 @@ def _next_rewrite(program: Program) -> tuple[Value, Value] | None:
     users = _live_users(program)
     returned = {v.id for v in program.outputs.values()}
     for v in program.values:
-        if v.id not in users or v.op != "narrow" or v.attrs["dim"] not in (-1, len(v.shape) - 1):
+        if v.id not in users or not _last_dim_slice(v):
             continue
         source = v.inputs[0]
         if source.id in returned or not all(_last_dim_slice(u) for u in users[source.id]):
             continue
-        if source.op == "matmul" and source.inputs[1].residency is Residency.SHARED:
+        if source.op == "matmul" and _weight_matrix(source.inputs[1]):
             return v, source
         if (source.op == "add" and len(source.inputs) == 2
                 and all(i.shape == source.shape and i.residency is source.residency for i in source.inputs)):
@@ -67,5 +68,9 @@ def _live_users(program: Program) -> dict[int, list[Value]]:
     return users
 
 
+def _weight_matrix(w: Value) -> bool:
+    return w.residency is Residency.SHARED and len(w.shape) == 2
+
+
 def _last_dim_slice(v: Value) -> bool:
-    return v.op == "narrow" and v.attrs["dim"] in (-1, len(v.shape) - 1)
+    return v.op == "narrow" and v.attrs["dim"] == -1
