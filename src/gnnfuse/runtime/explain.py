@@ -13,8 +13,9 @@ Byte model (an estimate of DRAM traffic, not a measurement; caches are ignored):
   graph the program ran on), SHARED values (parameters, constants) one; a row is the
   product of the value's per-element shape times its dtype's size.
 * A plain torch op reads each input in full once and writes its output in full, except
-  a reshape, transpose or narrow, counted as a view of its input (no bytes; torch copies only a
-  reshape of a non-contiguous table). A
+  a reshape, transpose or narrow, counted as a view of its input (no bytes: torch copies
+  only a reshape of a non-contiguous table, and a kernel reading a strided view as a
+  leaf copies it packed first, neither counted). A
   broadcast reads one input row per *edge* (a gather), and every op that moves data along
   the graph (broadcast, reduce, edge softmax, degree) also reads one index entry per edge.
 * A fused unit reads each leaf once per row it is needed for: an edge-rowed leaf once
