@@ -30,6 +30,7 @@ class GraphContext:
     scatter_rows = staticmethod(scatter_scaled_rows)     # the typed aggregation's row moves
     gather_rows = staticmethod(gather_rows)               # rows onto edges (broadcast, pair products)
     row_dot = staticmethod(row_dot_reference)             # per-row dot products over feature dims
+    row_matmul = staticmethod(torch.matmul)               # per-row matrix products, rows aligned
     contended_sum = staticmethod(contended_sum_reference)  # many entries into few rows (ir/ops/movement.py)
 
     def __init__(self, graph: Graph):

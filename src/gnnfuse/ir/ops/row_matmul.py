@@ -26,10 +26,11 @@ def _row_matmul_shape(inputs, attrs, residency):
     return tuple(batch) + (x.shape[-2], w.shape[-1]), torch.promote_types(x.dtype, w.dtype)
 
 
-def _row_matmul(x: torch.Tensor, w: torch.Tensor, rows) -> torch.Tensor:
-    """Rows line up with rows: per-row ranks are aligned before torch.matmul batches them."""
+def _row_matmul(ctx, x: torch.Tensor, w: torch.Tensor, rows) -> torch.Tensor:
+    """Rows line up with rows: per-row ranks are aligned before the product batches them
+    (torch.matmul, or the backend's kernel: ``ExecContext.row_matmul``)."""
     x, w = align_rows([x, w], [Residency.EDGE if r else Residency.SHARED for r in rows])
-    return torch.matmul(x, w)
+    return (torch.matmul if ctx is None else ctx.row_matmul)(x, w)
 
 
 def _row_matmul_derivative(b, v, g):
@@ -44,7 +45,7 @@ def _row_matmul_residency(rs, attrs):
     return join(rs)
 
 
-register(OpDef("row_matmul", Movement.DENSE, lambda ctx, x, w, rows: _row_matmul(x, w, rows), bounded_derivative=True,
+register(OpDef("row_matmul", Movement.DENSE, _row_matmul, bounded_derivative=True,
                residency=_row_matmul_residency, shape=_row_matmul_shape, arity=2, row_aware=True,
                derivative=_row_matmul_derivative,
                doc="x @ W row by row, W holding one matrix per row (bmm against per-edge matrices)"))
