@@ -15,7 +15,7 @@ DEVICE = device_for("triton")
 
 
 @pytest.mark.parametrize("rows, inner, k, m", [(37, 1, 16, 64), (37, 16, 1, 64), (33, 1, 64, 16), (3, 2, 3, 130),
-                                               (1, 1, 1, 1)])
+                                               (1, 1, 1, 1), (5, 3, 64, 128)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_kernel_matches_torch(rows, inner, k, m, dtype, monkeypatch):
     g = torch.Generator().manual_seed(0)
@@ -50,7 +50,7 @@ def test_kernel_half_accumulates_in_float32():
     torch.testing.assert_close(got.float(), torch.full((4, 1, 8), 2.56).to(DEVICE), rtol=2e-3, atol=2e-3)
 
 
-@pytest.mark.parametrize("case", ["batch dims", "mixed dtypes", "no rows", "integers"])
+@pytest.mark.parametrize("case", ["batch dims", "mixed dtypes", "no rows", "integers", "large matrices"])
 def test_kernel_falls_back_to_torch(case):
     g = torch.Generator().manual_seed(2)
     x = torch.randn(5, 1, 3, dtype=torch.float64, generator=g).to(DEVICE)
@@ -61,8 +61,11 @@ def test_kernel_falls_back_to_torch(case):
         w = w.float()
     elif case == "no rows":
         x, w = x[:0], w[:0]
+    elif case == "integers":
+        x, w = (x * 10).long().cpu(), (w * 10).long().cpu()      # (CUDA's matmul takes no integers)
     else:
-        x, w = (x * 10).long(), (w * 10).long()
+        x = torch.randn(2, 1, 128, dtype=torch.float64, generator=g).to(DEVICE)
+        w = torch.randn(2, 128, 128, dtype=torch.float64, generator=g).to(DEVICE)
     if case == "mixed dtypes":
         with pytest.raises(RuntimeError):       # torch's own error, not a kernel's guess
             rm.row_matmul(x, w)
