@@ -493,3 +493,59 @@ def test_autocast_runs_pyg_semantics():
     assert out.dtype == expected.dtype
     torch.testing.assert_close(out, expected)
     assert not calls and "torch.autocast" in fallback_warnings(caught)[0]
+
+
+def in_place_update(Base: type, aggr: str) -> type:
+    """An ``update`` adding the root features in place (``aggr_out += x``) after a softmax:
+    PyG's ``aggr="softmax"``, or PyG's ``softmax`` inside ``message`` under a sum."""
+    from torch_geometric.utils import softmax
+
+    class InPlaceUpdate(Base):
+        def __init__(self):
+            super().__init__(aggr=aggr, aggr_kwargs={"learn": True} if aggr == "softmax" else None)
+            self.lin = torch.nn.Linear(3, 3)
+
+        def forward(self, x, edge_index):
+            return self.propagate(edge_index, x=x)
+
+        def message(self, x_j, x_i, index, ptr, size_i):
+            h = self.lin(x_j)
+            if aggr == "softmax":
+                return h
+            return h * softmax((h * x_i).sum(-1, keepdim=True), index, ptr, size_i)
+
+        def update(self, aggr_out, x):
+            aggr_out += x
+            return aggr_out
+    return InPlaceUpdate
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+@pytest.mark.parametrize("aggr", ["softmax", "add"])
+def test_update_writing_a_softmax_aggregate_in_place_matches_pyg(aggr, backend, monkeypatch):
+    """The softmax-weighted sum's backward reads the aggregate back
+    (autodiff/softmax_sum.py), so ``aggr_out += x`` in update() made it raise torch's
+    "modified by an inplace operation ... output 0 of _ProgramFunction" at backward, where
+    PyG's layer computes the gradient."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    device = device_for(backend)
+    torch.manual_seed(0)
+    ours = in_place_update(gnnfuse.nn.MessagePassing, aggr)().double().to(device)
+    theirs = in_place_update(pyg_nn.MessagePassing, aggr)().double().to(device)
+    theirs.load_state_dict(ours.state_dict())
+    data = (inputs("untraceable")[0].to(device),)
+    with warnings.catch_warnings(record=True) as caught, record_calls() as calls:
+        warnings.simplefilter("always")
+        result = run(ours, data, EDGES.to(device))
+    assert calls and not fallback_warnings(caught)
+    assert_same(result, run(theirs, data, EDGES.to(device)))
+
+
+def test_softmax_aggregate_written_in_place_after_the_call_names_the_cause():
+    """Written in place outside update() (in forward, after propagate), the aggregate the
+    backward reads back is gone: the error says so and how to write it instead."""
+    layer, _ = twins("softmax_learnt")
+    out = layer(inputs("softmax_learnt")[0].requires_grad_(), EDGES)
+    out.mul_(2.0)
+    with pytest.raises(RuntimeError, match=r"modified in place after the call.*out = out \+ x"):
+        out.sum().backward()

@@ -47,6 +47,7 @@ from torch_geometric.nn.aggr import (MaxAggregation, MeanAggregation, MinAggrega
 
 from ..graph import Graph
 from ..ir import CompileError, Residency
+from ..runtime.compiled import read_back_by_backward
 from .trace_cache import _SCALARS, TraceCache, _global_names, program_feeds
 from .tracer import EDGE_ROWED, SymTensor, Tracer, float_dtype
 
@@ -456,7 +457,12 @@ def compiled_propagate(layer: PyGMessagePassing, edge_index: Any, size: Any, kwa
     except Exception as exc:     # the eager run will raise the user's own error, if it is one
         raise _trace_failure(layer, exc) from exc
     graph = _graph(layer, edge_index, num_nodes)
-    out = compiled(graph, program_feeds((args.nodes, args.edges), captured))["out"][:rows]
+    out = compiled(graph, program_feeds((args.nodes, args.edges), captured))["out"]
+    if type(layer).update is not PyGMessagePassing.update and read_back_by_backward(out):
+        # the backward reads the aggregate back (a softmax aggregation's does), and an
+        # update() may write it in place (``aggr_out += x``), which PyG's backward survives
+        out = out.clone()
+    out = out[:rows]
     update_args = set(layer.inspector.get_param_names("update"))
     collected = layer._collect(update_args - PyGMessagePassing.special_args, edge_index, mutable_size, kwargs)
     return layer.update(out, **layer.inspector.collect_param_data("update", collected))

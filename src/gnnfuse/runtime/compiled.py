@@ -408,13 +408,42 @@ class _ProgramFunction(torch.autograd.Function):
             _check_second_derivative(ctx.compiled, ctx.backward, backend)
         output_grads = [g if g is not None else torch.zeros(shape, dtype=dtype, device=device)
                         for g, (shape, dtype, device) in zip(output_grads, ctx.output_meta)]
-        feeds = backward_feeds(ctx.compiled, ctx.backward, ctx.saved_tensors, output_grads)
+        feeds = backward_feeds(ctx.compiled, ctx.backward, _saved_tensors(ctx), output_grads)
         if ctx.schedule is forced_schedule():   # nothing to force (the usual case): no context manager
             grads, _ = ctx.execute(ctx.backward.program, ctx.graph_ctx, feeds)
         else:
             with forcing(ctx.schedule):
                 grads, _ = ctx.execute(ctx.backward.program, ctx.graph_ctx, feeds)
         return (None, None, None, *[grads.get(key) for key in ctx.compiled._gradient_keys])
+
+
+def _saved_tensors(ctx) -> tuple[torch.Tensor, ...]:
+    """``ctx.saved_tensors``, with torch's in-place error explained where a saved value is
+    one of the program's own outputs (a softmax-weighted sum keeps its result for the
+    backward, autodiff/softmax_sum.py; a max or min does too): written in place after the
+    call (``out += x``), it no longer holds what the backward needs, and torch's message
+    names only "output 0 of _ProgramFunction"."""
+    try:
+        return ctx.saved_tensors
+    except RuntimeError as exc:
+        if "modified by an inplace operation" not in str(exc):
+            raise
+        raise RuntimeError(
+            f"an output of the gnnfuse program on ({', '.join(sorted(ctx.compiled.program.inputs))}) was "
+            "modified in place after the call (e.g. `out += x`, `out.add_(...)`), but its backward reads that "
+            "output back (a softmax-weighted sum or a max/min aggregation keeps its result). Write it out of "
+            "place instead (`out = out + x`)") from exc
+
+
+def read_back_by_backward(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor``, an output of a compiled program, is saved for that program's
+    backward (`_saved_tensors`): an in-place write to it would make the backward fail,
+    where eager code's does not read its aggregate back."""
+    node = tensor.grad_fn
+    if not isinstance(node, _ProgramFunction._backward_cls):
+        return False
+    storage = tensor.untyped_storage().data_ptr()
+    return any(saved.untyped_storage().data_ptr() == storage for saved in node.saved_tensors)
 
 
 def _graph_changed(compiled: CompiledProgram, tensor: torch.Tensor, version: int) -> None:
