@@ -142,3 +142,30 @@ def test_integer_outputs_keep_their_dtype_and_value(device):
     assert out["first"].dtype == out["top"].dtype == torch.int64
     assert out["first"].tolist() == [7, 2**53 + 1, 0, 5, 0, 2**40]
     assert out["top"].tolist() == [8, 2**53 + 2, 0, 6, 0, 2**40 + 1]
+
+
+def test_a_graph_without_edges_zero_fills_existing_and_new_fields(device):
+    """No edges at all: every vertex is one without in-edges, so every reduce_fn output
+    is 0 -- one that overwrites a field the call was given (``h``) as well as a new one
+    (``z``), a mailbox reduction as well as one adding node data -- and update_fn sees
+    those zeros beside the untouched input fields. This is the rule DGL documents for
+    ``update_all`` ("fill their aggregated messages with zero"); DGL 2.x's code writes
+    nothing for a UDF reduce on a graph without edges, keeping an old ``h``."""
+    empty = torch.zeros(0, dtype=torch.long)
+    g = gnnfuse.Graph(empty, empty, num_nodes=3).to(device)
+    h = torch.arange(1.0, 7.0, dtype=DOUBLE, device=device).view(3, 2).requires_grad_()
+
+    def reduce(nodes):
+        return {"h": nodes.data["h"] + torch.sum(nodes.mailbox["m"], dim=1), "z": nodes.mailbox["m"].max(1)[0]}
+
+    def update(nodes):
+        return {"o": nodes.data["h"] + nodes.data["z"] + 2 * nodes.data["x"]}
+
+    ndata = {"h": h, "x": h * 10}
+    out = gnnfuse.message_passing(g, lambda e: {"m": e.src["h"]}, reduce, ndata=ndata)
+    assert out.keys() == {"h", "z"}
+    assert not out["h"].any() and not out["z"].any()
+    updated = gnnfuse.message_passing(g, lambda e: {"m": e.src["h"]}, reduce, update, ndata=ndata)["o"]
+    torch.testing.assert_close(updated, 20 * h.detach())
+    (grad,) = torch.autograd.grad(updated.sum(), h)
+    torch.testing.assert_close(grad, torch.full_like(h, 20.0))
