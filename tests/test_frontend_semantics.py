@@ -1189,3 +1189,57 @@ def test_in_place_writes_through_views_are_refused_and_pow_writes_every_name():
         gnnfuse.message_passing(g, _view_written_in_place, _sum_mailbox, ndata={"h": h})
     out = gnnfuse.message_passing(g, _power_in_place, _sum_mailbox, ndata={"h": h})["o"]
     check_against(out, lambda x: torch.zeros_like(x).index_add(0, g.dst, x[g.src] ** 2), h)
+
+
+def _source_bumped_then_read(edges):
+    x = edges.src["h"]
+    x += 1.0
+    return {"m": edges.src["h"] * 2.0}
+
+
+def _mailbox_scaled_then_read(nodes):
+    m = nodes.mailbox["m"]
+    m *= 3.0
+    d = nodes.data["h"]
+    d += 1.0
+    return {"o": nodes.mailbox["m"].sum(1) + nodes.data["h"]}
+
+
+def test_a_udf_table_read_again_sees_an_in_place_write_to_an_earlier_read():
+    """DGL hands a UDF the same tensor on every ``edges.src["h"]``, ``nodes.mailbox["m"]``
+    and ``nodes.data["h"]`` (a column gathers once and keeps its rows), so a write through
+    one read reaches the next; every read was a fresh traced value, and the compiled call
+    gave ``2 src`` for ``2 (src + 1)`` and ``m`` for ``3 m``, silently."""
+    g, h = graph(), features()
+    out = gnnfuse.message_passing(g, _source_bumped_then_read, _sum_mailbox, ndata={"h": h})["o"]
+    check_against(out, lambda x: torch.zeros_like(x).index_add(0, g.dst, 2 * (x[g.src] + 1)), h)
+
+    def expected(x):
+        has_in_edges = (torch.bincount(g.dst, minlength=5) > 0).unsqueeze(-1)
+        return torch.where(has_in_edges, torch.zeros_like(x).index_add(0, g.dst, 3 * x[g.src]) + x + 1, 0.0)
+    out = gnnfuse.message_passing(g, lambda e: {"m": e.src["h"]}, _mailbox_scaled_then_read, ndata={"h": h})["o"]
+    check_against(out, expected, h)
+
+
+def _edge_data_bumped(edges):
+    e = edges.data["w"]
+    e += 1.0
+    return {"m": edges.src["h"] * e}
+
+
+def _node_data_bumped_in_update(nodes):
+    h = nodes.data["h"]
+    h += nodes.data["o"]
+    return {"out": h}
+
+
+def test_an_in_place_write_to_the_callers_table_is_refused():
+    """``edges.data`` in a message UDF and ``nodes.data`` in the update UDF are the
+    caller's own tensors in DGL, which an in-place op writes; a compiled call cannot."""
+    g, h = graph(), features()
+    w = torch.rand(6, 1, dtype=DOUBLE)
+    with pytest.raises(CompileError, match=r"in-place op on edges.data\['w'\] would write the caller's tensor"):
+        gnnfuse.message_passing(g, _edge_data_bumped, _sum_mailbox, ndata={"h": h}, edata={"w": w})
+    with pytest.raises(CompileError, match=r"in-place op on nodes.data\['h'\] would write the caller's tensor"):
+        gnnfuse.message_passing(g, lambda e: {"m": e.src["h"]}, _sum_mailbox, _node_data_bumped_in_update,
+                                ndata={"h": h})

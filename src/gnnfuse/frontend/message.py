@@ -124,13 +124,22 @@ class _MessageTracer(Tracer):
 
 
 class _Lookup:
+    """``edges.src``, ``nodes.mailbox``, ...: each key reads one `SymTensor`, the same on
+    every access, as DGL's frames hand a UDF the same tensor each time (a column gathers
+    its rows once and keeps them; the mailbox is a dict). An in-place op on one read
+    (``m = nodes.mailbox["m"]; m *= 3``) is then seen by the next; a fresh read per access
+    gave the unwritten value, silently."""
+
     def __init__(self, tracer: Tracer, what: str, get: Callable[[str], SymTensor], keys):
         self._tracer, self._what, self._get, self._keys = tracer, what, get, keys
+        self._read: dict[str, SymTensor] = {}
 
     def __getitem__(self, key: str) -> SymTensor:
         if key not in self._keys:
             raise self._tracer.error(f"{self._what}[{key!r}] does not exist; available: {sorted(self._keys)}")
-        return self._get(key)
+        if key not in self._read:
+            self._read[key] = self._get(key)
+        return self._read[key]
 
     def __contains__(self, key: str) -> bool:
         return key in self._keys
@@ -152,7 +161,8 @@ class _EdgeData(_Lookup):
 
     def __init__(self, tracer: Tracer, edata: Mapping[str, torch.Tensor]):
         super().__init__(tracer, "edges.data",
-                         lambda k: tracer.input(f"e.{k}", Residency.EDGE, edata[k], 1), edata)
+                         lambda k: _callers(tracer.input(f"e.{k}", Residency.EDGE, edata[k], 1),
+                                            f"edges.data[{k!r}]"), edata)
         self.written: dict[str, SymTensor] = {}
 
     def __getitem__(self, key: str) -> SymTensor:
@@ -193,12 +203,22 @@ class _Edges:
         self.dsttype = _Lookup(tracer, "edges.dsttype (ntype_data)", ntype("dsttype"), ntype_data)
 
 
+def _callers(x: SymTensor, name: str) -> SymTensor:
+    """``x``, read from a table DGL hands the UDF whole -- ``g.edata`` in a message or edge
+    UDF, ``g.ndata`` in the apply UDF -- marked so that an in-place op on it is refused:
+    in DGL it writes the caller's tensor, which a compiled call cannot (the other reads,
+    gathers or reduce-stage node data, are copies in DGL too)."""
+    x.caller_table = name
+    return x
+
+
 class _Nodes:
     def __init__(self, tracer: Tracer, ndata, ntype_data, mailbox: Mapping[str, SymTensor], computed):
         def data(key):
             if key in computed:
                 return computed[key]
-            return tracer.input(key, Residency.NODE, ndata[key], 1)
+            read = tracer.input(key, Residency.NODE, ndata[key], 1)
+            return _callers(read, f"nodes.data[{key!r}]") if tracer.mode == "update" else read
         self.data = _Lookup(tracer, "nodes.data", data, {*ndata, *computed})
         self.type = _Lookup(tracer, "nodes.type (ntype_data)", lambda k: _gather(
             tracer, f"ntype.{k}", Residency.NODE_TYPE, ntype_data[k], "ntype"), ntype_data)
