@@ -91,6 +91,16 @@ def test_reduce_fn_must_reduce_the_mailbox():
                                 ndata={"h": torch.randn(3, 2)})
 
 
+def test_a_udf_returning_an_empty_dict_is_named():
+    """A reduce_fn (or update_fn) returning ``{}`` failed verification as "program has
+    no outputs", naming neither the function nor its line."""
+    def reduce(nodes):
+        return {}
+    with pytest.raises(CompileError, match="reduce_fn returned an empty dict") as info:
+        gnnfuse.message_passing(graph(), lambda e: {"m": e.src["h"]}, reduce, ndata={"h": torch.ones(3, 2)})
+    assert str(line_of(reduce, "def reduce")) in str(info.value)
+
+
 def test_reduction_over_the_edge_rows_in_message_fn():
     with pytest.raises(CompileError, match=r"dim 0 is the row axis \(one row per edge\)"):
         gnnfuse.message_passing(graph(), lambda e: {"m": torch.sum(e.src["h"], dim=0)},

@@ -275,6 +275,9 @@ def trace_message_passing(message_fn: Callable, reduce_fn: Callable, update_fn: 
             result = {key: _zero_without_in_edges(tracer, out) for key, out in result.items()}
         computed = {**computed, **result} if mode == "update" else dict(result)
         outputs = result
+    if not outputs and not (return_edata and edges.data.written):
+        # DGL then writes nothing; a program without outputs failed verification, naming no UDF
+        raise tracer.error(f"{name} returned an empty dict: the call computes nothing")
     for key, out in outputs.items():
         tracer.program.output(key, out.value)
     if return_edata:
