@@ -344,6 +344,22 @@ def test_integer_index_arithmetic_is_exact_on_every_backend(device):
     torch.testing.assert_close(out, aggregate(embed[SRC]))
 
 
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int16, torch.uint8, torch.bool])
+def test_torch_sum_of_narrow_integers_and_booleans_is_int64_as_in_torch(dtype, device):
+    """torch.sum of bool or of integers narrower than int64 returns int64; the mailbox and
+    feature sums kept the dtype: three int32 2**30 summed to -2**30 (torch: 3 * 2**30),
+    uint8 200s to 88 (torch: 600), and a sum of booleans was refused."""
+    big = {torch.int32: 2**30, torch.int16: 20000, torch.uint8: 200, torch.bool: True}[dtype]
+    table = torch.full((N, 2), big, dtype=dtype, device=device)
+    out = gnnfuse.message_passing(graph(device), lambda e: {"m": e.src["x"], "r": e.src["x"].sum(-1)},
+                                  lambda n: {"o": n.mailbox["m"].sum(1), "p": torch.sum(n.mailbox["r"], dim=1)},
+                                  ndata={"x": table})
+    wide = table.long()
+    assert out["o"].dtype == out["p"].dtype == torch.int64
+    assert torch.equal(out["o"], aggregate(wide[SRC]))
+    assert torch.equal(out["p"], aggregate(wide[SRC].sum(-1)))
+
+
 NTYPE = torch.tensor([0, 1, 1, 0, 1, 0])
 
 

@@ -454,6 +454,13 @@ def _check_dtype(tracer: Tracer, x: SymTensor, dtype: torch.dtype | None, name: 
                            "conversion op; pass features of the dtype you want to compute in")
 
 
+def _summed_as_int64(dtype: torch.dtype) -> bool:
+    """torch.sum of bool or of integers narrower than int64 returns int64 (without
+    ``dtype=``); a dtype-keeping sum wrapped around: three int32 2**30 in a mailbox summed
+    to -2**30 where DGL's torch.sum gives 3 * 2**30."""
+    return dtype == torch.bool or (not dtype.is_floating_point and not dtype.is_complex and dtype != torch.int64)
+
+
 def _reduction(feature_op: str | None, graph_op: str, name: str | None = None, pair: bool = False):
     """torch.``name`` (default ``graph_op``): ``graph_op`` over the neighbour axis,
     ``feature_op`` over feature dims; with ``pair`` it returns (values, indices) as
@@ -468,6 +475,8 @@ def _reduction(feature_op: str | None, graph_op: str, name: str | None = None, p
             raise tracer.error(f"torch.{name} over all dims of a graph value cannot be compiled; pass dim=")
         if out is not None:
             raise tracer.error(f"torch.{name}(..., out=) writes into an existing tensor, which cannot be compiled")
+        if graph_op == "sum" and dtype is None and _summed_as_int64(x.dtype):
+            x = tracer.apply("cast", x, dtype=torch.int64)
         _check_dtype(tracer, x, dtype, name)
         dims, graph_axis = _dims(x, dim)
         if graph_axis:
