@@ -549,3 +549,34 @@ def test_softmax_aggregate_written_in_place_after_the_call_names_the_cause():
     out.mul_(2.0)
     with pytest.raises(RuntimeError, match=r"modified in place after the call.*out = out \+ x"):
         out.sum().backward()
+
+
+def edge_attr_written_in_place(Base: type) -> type:
+    class EdgeAttrWritten(Base):
+        def forward(self, x, edge_index, edge_attr):
+            return self.propagate(edge_index, x=x, edge_attr=edge_attr)
+
+        def message(self, x_j, edge_attr):
+            edge_attr += 1.0
+            return x_j * edge_attr
+    return EdgeAttrWritten
+
+
+def test_message_writing_its_edge_argument_in_place_runs_pyg_semantics():
+    """PyG hands message() the very edge_attr given to propagate(), so ``edge_attr += 1``
+    writes the caller's tensor and a second call reads 3 where the first read 2; the
+    compiled call wrote only its traced copy (2 both times, edge_attr untouched)."""
+    x = torch.ones(NUM_NODES, 1, dtype=torch.float64)
+    results = []
+    for Base in (gnnfuse.nn.MessagePassing, pyg_nn.MessagePassing):
+        edge_attr = torch.ones(EDGES.shape[1], 1, dtype=torch.float64)
+        layer = edge_attr_written_in_place(Base)()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            outs = [layer(x, EDGES, edge_attr) for _ in range(2)]
+        results.append((outs, edge_attr, fallback_warnings(caught)))
+    (ours, our_attr, warned), (theirs, their_attr, _) = results
+    for out, expected in zip(ours, theirs):
+        torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(our_attr, their_attr)
+    assert "in-place op on message()'s argument 'edge_attr'" in warned[0]

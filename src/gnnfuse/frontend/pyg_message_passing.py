@@ -326,6 +326,9 @@ def trace_message(layer: PyGMessagePassing, args: _Arguments, op: str, num_nodes
         values[param] = SymTensor(tracer, tracer.program.add("broadcast", x.value, by=by), 1)
     for param, key in args.edge_params.items():
         values[param] = tracer.input(f"e.{key}", Residency.EDGE, args.edges[key], 1)
+        # PyG passes message() the tensor given to propagate(), which an in-place op
+        # writes (the x_i/x_j gathers are copies): refused, so PyG's eager run does it
+        values[param].caller_table = f"message()'s argument {param!r}"
     i = 1 if layer.flow == "source_to_target" else 0
     size_i = size[i] if size[i] is not None else size[1 - i]
     values.update(index=TARGET_INDEX, edge_index_i=TARGET_INDEX, edge_index_j=_Marker("edge_index_j"),

@@ -172,8 +172,8 @@ class SymTensor:
     # set by `_viewing`: this value is a view of another, or another is a view of it (an
     # in-place write to either would write both in torch: `_in_place` refuses it)
     _view = _viewed = False
-    # set by a front end on a value that is the caller's own table in eager code (DGL's
-    # ``edges.data``): an in-place write to it would write the caller's tensor
+    # set by a front end on a value that is the caller's own tensor in eager code (DGL's
+    # ``edges.data``, a PyG message's ``edge_attr``): an in-place write would write it
     caller_table: str | None = None
 
     def __init__(self, tracer: Tracer, value, prefix: int):
@@ -357,9 +357,9 @@ def _in_place(x: Any, result: "SymTensor") -> "SymTensor":
     if type(x) is not SymTensor:         # a number, a degree: rebound by Python, as before
         return result
     if x.caller_table is not None:
-        raise x.tracer.error(f"an in-place op on {x.caller_table} would write the caller's tensor, as DGL hands "
-                             "the UDF the stored table; a compiled call cannot, so write it out of place "
-                             "(h = h + ...), or assign edges.data[key] = ... to return a new edge value")
+        raise x.tracer.error(f"an in-place op on {x.caller_table} would write the caller's tensor, which eager "
+                             "code hands the function as it is; a compiled call cannot, so write it out of place "
+                             "(h = h + ..., or edges.data[key] = ... for a new edge value)")
     if x._view or x._viewed:
         raise x.tracer.error("an in-place op on a view of a graph value, or on a value a view was taken of "
                              "(x.view(...), x[:, :2], x.unsqueeze(...)), would write both in torch; it "
