@@ -62,7 +62,7 @@ from . import pairwise
 from .compiled_call import call_compiled, register_udf
 from .repeat_call import RepeatCall, RepeatCalls
 from .trace_cache import TraceCache, check_tables, program_feeds
-from .tracer import EDGE_ROWED, SymTensor, Tracer, counts_in_edges, float_dtype
+from .tracer import EDGE_ROWED, SymTensor, Tracer, counts_in_edges
 
 
 
@@ -258,7 +258,7 @@ def trace_message_passing(message_fn: Callable, reduce_fn: Callable, update_fn: 
     """Capture the three UDFs into one program whose outputs are the final node data, and
     with ``return_edata`` the edge data ``message_fn`` wrote (keys ``EDGE_OUTPUT + key``)."""
     etype_data, ntype_data = dict(etype_data or {}), dict(ntype_data or {})
-    tracer = _MessageTracer(message_fn, "message", float_dtype(ndata, edata, etype_data, ntype_data))
+    tracer = _MessageTracer(message_fn, "message")
     edges = _Edges(tracer, ndata, edata, etype_data, ntype_data)
     messages = _per_edge(tracer, _returned(tracer, tracer.call(message_fn, edges), "message_fn"), "message")
     stages = [(reduce_fn, "reduce", "reduce_fn")] + ([(update_fn, "update", "update_fn")] if update_fn else [])
@@ -366,7 +366,7 @@ def trace_apply_edges(edge_fn: Callable, ndata: Mapping[str, torch.Tensor], edat
                       ) -> _MessageTracer:
     """Capture ``edge_fn`` into a program whose outputs are the per-edge values it returns
     and the ``edges.data`` it writes (a returned key wins over a written one)."""
-    tracer = _MessageTracer(edge_fn, "message", float_dtype(ndata, edata, etype_data, ntype_data))
+    tracer = _MessageTracer(edge_fn, "message")
     edges = _Edges(tracer, ndata, edata, etype_data, ntype_data)
     returned = _per_edge(tracer, _returned(tracer, tracer.call(edge_fn, edges), "edge_fn"), "edge_fn output")
     outputs = {**edges.data.written, **returned}

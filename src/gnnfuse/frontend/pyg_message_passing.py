@@ -49,7 +49,7 @@ from ..graph import Graph
 from ..ir import CompileError, Residency
 from ..runtime.compiled import read_back_by_backward
 from .trace_cache import _SCALARS, TraceCache, _global_names, program_feeds
-from .tracer import EDGE_ROWED, SymTensor, Tracer, float_dtype
+from .tracer import EDGE_ROWED, SymTensor, Tracer
 
 # The aggregation modules PyG's ``aggr`` strings resolve to that the IR computes exactly
 # (empty neighbourhoods give 0 in both): a graph Reduce, or for 'softmax' the sum of the
@@ -318,8 +318,7 @@ def trace_message(layer: PyGMessagePassing, args: _Arguments, op: str, num_nodes
     """Trace ``layer.message`` on symbolic rows into a program whose output ``out`` is the
     messages reduced with ``op`` into each target vertex."""
     message = _function(type(layer).message)
-    tables = (args.nodes, args.edges)
-    tracer = Tracer(message, "message", float_dtype(*tables))
+    tracer = Tracer(message, "message")
     values: dict[str, Any] = dict(args.other)
     for param, (key, by) in args.gathers.items():
         x = tracer.input(key, Residency.NODE, args.nodes[key], 1)

@@ -37,7 +37,7 @@ from ..ir import Residency
 from ..ir.ops.movement import REDUCERS
 from .message import _gather
 from .trace_cache import TraceCache, program_feeds
-from .tracer import EDGE_ROWED, SymTensor, Tracer, float_dtype
+from .tracer import EDGE_ROWED, SymTensor, Tracer
 
 Schedule = ForcedSchedule
 _MAX_TILE = 1024
@@ -101,7 +101,7 @@ def _user_function(template: str, fn: Callable | None, operands: dict[str, torch
 def trace_template(fn: Callable, operands: dict[str, torch.Tensor], reduce: str | None) -> Tracer:
     """Capture ``fn`` over the gathered operand rows into a program with one output,
     ``out``: the per-edge value, or its ``reduce`` over each destination's in-edges."""
-    tracer = Tracer(fn, "message", float_dtype(operands))
+    tracer = Tracer(fn, "message")
     rows = [tracer.input("e.edge", Residency.EDGE, tensor, 1) if name == "edge"
             else _gather(tracer, name, Residency.NODE, tensor, name) for name, tensor in operands.items()]
     result = tracer.call(fn, *rows)

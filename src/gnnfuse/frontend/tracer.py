@@ -13,13 +13,14 @@ import operator
 import os
 import sys
 import types
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 
 from ..ir import CompileError, Program, Residency, Value
 from ..ir.ops.movement import TYPE_INDICES
+from .numbers import as_eager, is_number
 from .udf import unwrap
 
 EDGE_ROWED = (Residency.SRC, Residency.DST, Residency.EDGE)
@@ -31,18 +32,11 @@ def is_library(filename: str) -> bool:
     return filename.startswith(_LIBRARY_DIRS)
 
 
-def float_dtype(*tables: Mapping[str, torch.Tensor]) -> torch.dtype:
-    """The dtype constants are traced in: the first floating-point input's."""
-    return next((t.dtype for table in tables for t in table.values() if t.is_floating_point()),
-                torch.get_default_dtype())
-
-
 class Tracer:
     """Holds the program being built and knows where the user's code is."""
 
-    def __init__(self, fn: Callable, mode: str, dtype: torch.dtype):
+    def __init__(self, fn: Callable, mode: str):
         self.program = Program()
-        self.dtype = dtype
         self.captured: dict[int, tuple[str, torch.Tensor]] = {}
         self._calls: list[types.FrameType] = []
         # the gradient mode the UDF is called in: an op traced in another (torch.no_grad()
@@ -133,8 +127,10 @@ class Tracer:
                 self.captured[id(obj)] = entry
             return self.input(entry[0], Residency.SHARED, obj, 0)
         if isinstance(obj, (int, float)) and not isinstance(obj, bool):
-            # An int stays an int, as in torch: ``edges.data['type'] * 4`` is an index.
-            dtype = torch.int64 if isinstance(obj, int) else self.dtype
+            # The dtype torch gives a Python number on its own (an int stays an int:
+            # ``edges.data['type'] * 4`` is an index); `numbers.as_eager` retypes it where it
+            # meets a tensor.
+            dtype = torch.int64 if isinstance(obj, int) else torch.get_default_dtype()
             return SymTensor(self, self.program.add("const", value=float(obj), dtype=dtype,
                                                     source=self.source()), 0)
         if isinstance(obj, RowCount):
@@ -144,8 +140,9 @@ class Tracer:
         raise self.error(f"cannot use a {type(obj).__name__} as a tensor operand in a traced function")
 
     def in_degree(self, kind: type["Degree"] | None = None, prefix: int = 0) -> "Degree":
-        """Each vertex's in-degree as a traced value (``len(v.innbs)``, ``mailbox.shape[1]``)."""
-        value = self.program.add("degree", by="dst", dtype=self.dtype, source=self.source())
+        """Each vertex's in-degree as a traced value (``len(v.innbs)``, ``mailbox.shape[1]``):
+        an integer, as eager code's Python int (see `numbers`)."""
+        value = self.program.add("degree", by="dst", dtype=torch.int64, source=self.source())
         return (kind or Degree)(self, value, prefix)
 
     def neighbour_count(self) -> "NeighbourCount":
@@ -343,9 +340,16 @@ def _binary(op: str, reverse: bool = False):
             b = _binary("mul")(tracer, b, alpha)
         a, b = (b, a) if reverse else (a, b)
         if op == "div" and isinstance(b, Degree):
-            return tracer.apply("div", a, b.clamped())
-        return tracer.apply(op, *torch_broadcast(tracer, a, b))
+            return _elementwise(tracer, "div", tracer.lift(a), b.clamped())
+        return _elementwise(tracer, op, *torch_broadcast(tracer, a, b))
     return handler
+
+
+def _elementwise(tracer: Tracer, op: str, a: SymTensor, b: SymTensor) -> SymTensor:
+    """``op(a, b)`` in the dtype eager torch gives it, a Python number among the operands
+    (a constant, the in-degree) promoted as torch promotes one (`numbers.as_eager`)."""
+    a_value, b_value = as_eager(tracer.program, a.value, b.value)
+    return tracer.apply(op, SymTensor(tracer, a_value, a.prefix), SymTensor(tracer, b_value, b.prefix))
 
 
 def _in_place(x: Any, result: "SymTensor") -> "SymTensor":
@@ -645,7 +649,8 @@ def _pow(tracer: Tracer, x, exponent):
     if not isinstance(exponent, (int, float)):
         raise tracer.error("only a constant exponent can be compiled in x ** c")
     x = tracer.lift(x)
-    if isinstance(exponent, int) and not isinstance(exponent, bool) and not x.dtype.is_floating_point:
+    if isinstance(exponent, int) and not isinstance(exponent, bool) and not x.dtype.is_floating_point and (
+            exponent >= 0 or not is_number(x.value)):   # a Python int to a negative power is a float
         return _integer_power(tracer, x, exponent)
     return tracer.apply("pow", x, exponent=float(exponent))
 
@@ -673,7 +678,7 @@ def _binary_or(reduction: Callable, op: str):
     def handler(tracer: Tracer, x, *args, **kwargs):
         other = args[0] if args else kwargs.get("other")
         if isinstance(other, (SymTensor, torch.Tensor)):
-            return tracer.apply(op, *torch_broadcast(tracer, x, other))
+            return _elementwise(tracer, op, *torch_broadcast(tracer, x, other))
         return reduction(tracer, x, *args, **kwargs)
     return handler
 

@@ -68,7 +68,7 @@ from .compiled_call import call_compiled, register_udf
 from .counting import check_counting
 from .repeat_call import RepeatCall, RepeatCalls
 from .trace_cache import TraceCache, check_tables, program_feeds
-from .tracer import EDGE_ROWED, SymTensor, Tracer, float_dtype, is_library
+from .tracer import EDGE_ROWED, SymTensor, Tracer, is_library
 from .udf import unwrap
 
 
@@ -341,9 +341,8 @@ class VertexFunction:
         """Trace the function into a program; returns the tracer and the captured tensors."""
         feats = {"nodes": dict(v_feature), "edges": dict(e_feature or {}),
                  "etype": dict(etype_feature or {}), "ntype": dict(ntype_feature or {})}
-        dtype = float_dtype(*feats.values())
         feats["updated"] = {}   # vertex features set by v.update_allnode, by key
-        tracer = Tracer(self.fn, "vertex", dtype)
+        tracer = Tracer(self.fn, "vertex")
         plain, args, keywords = unwrap(self.fn)
         check_counting(plain, args, keywords)
         counting = _counting_builtins(tracer)

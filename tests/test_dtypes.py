@@ -1,0 +1,103 @@
+"""Dtypes in compiled UDFs, on every backend.
+
+Result dtypes are eager torch's: a Python number -- a constant, or the in-degree
+(``len(v.innbs)``, ``nodes.mailbox[k].shape[1]``), a Python int in eager code -- never
+widens the tensor it meets, and only its kind counts (an integer tensor times ``0.5`` is
+the default float dtype). The oracle runs each expression eagerly, one vertex at a time, with the in-degree
+as the Python int it is there.
+"""
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+import gnnfuse
+
+# in-degrees 1, 2, 3, 1: every vertex has in-edges (an empty neighbour sum divided by
+# len(v.innbs) is the clamped 0 gnnfuse documents, not eager's NaN)
+SRC, DST = [1, 0, 2, 0, 1, 3, 2], [0, 1, 1, 2, 2, 2, 3]
+
+
+def tables(device: str) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    drawn = {"h": torch.randn(4, 3, generator=gen), "d": torch.randn(4, 3, dtype=torch.float64, generator=gen),
+             "q": torch.randn(4, 3, generator=gen).half(), "i": torch.randint(-9, 9, (4, 3), generator=gen),
+             "j": torch.randint(-9, 9, (4, 3), generator=gen, dtype=torch.int32)}
+    return {k: t.to(device).requires_grad_(t.is_floating_point()) for k, t in drawn.items()}
+
+
+def expressions(v, n, total):
+    """The same per-vertex expressions, traced (``v`` a vertex, ``n = len(v.innbs)``) and
+    eager (``v`` a row of each table, ``n`` a Python int); ``total`` is the neighbour sum of h."""
+    return {"mean": total / n, "scaled": v.h * n, "inverse": v.h * (1 / n), "root": v.d * n ** -0.5,
+            "reciprocal": v.d * n ** -1, "count": v.i * n, "count32": v.j * n, "float_of_int": v.i * 0.5,
+            "int_minus_float": v.j - 2.5, "half": v.q * 0.1, "half_count": v.q / n, "int_of_int": v.j * 3}
+
+
+@gnnfuse.vertex
+def compiled(v):
+    return expressions(v, len(v.innbs), sum([u.h for u in v.innbs]))
+
+
+def eager(t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    rows = []
+    for vertex in range(4):
+        row = type("Row", (), {k: x[vertex] for k, x in t.items()})
+        sources = [s for s, d in zip(SRC, DST) if d == vertex]
+        rows.append(expressions(row, len(sources), sum(t["h"][s] for s in sources)))
+    return {k: torch.stack([r[k] for r in rows]) for k in rows[0]}
+
+
+def test_python_numbers_take_eager_dtypes_values_and_gradients(backend, device):
+    graph = gnnfuse.Graph(torch.tensor(SRC), torch.tensor(DST), 4).to(device)
+    t = tables(device)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")      # the cpu backend's warning for float16
+        got = compiled(graph, t)
+    expected = eager(t)
+    assert {k: x.dtype for k, x in got.items()} == {k: x.dtype for k, x in expected.items()}
+    torch.testing.assert_close(got, expected, rtol=1e-3, atol=1e-3)
+    floats = [k for k, x in expected.items() if x.is_floating_point()]
+    leaves = [t["h"], t["d"], t["q"]]
+    weights = {k: torch.linspace(-1, 1, expected[k].numel(), device=device).view_as(expected[k]) for k in floats}
+    grads = torch.autograd.grad(sum((got[k] * weights[k]).sum() for k in floats), leaves)
+    expected_grads = torch.autograd.grad(sum((expected[k] * weights[k]).sum() for k in floats), leaves)
+    for g, e in zip(grads, expected_grads):
+        assert g.dtype == e.dtype
+        torch.testing.assert_close(g, e, rtol=1e-3, atol=1e-3)
+
+
+def test_a_float64_degree_scale_keeps_double_precision(backend, device):
+    """``len(v.innbs) ** -0.5`` is a Python double in eager code: next to float64 data it
+    is computed in float64, not in the default float32."""
+    graph = gnnfuse.Graph(torch.tensor(SRC), torch.tensor(DST), 4).to(device)
+    d = tables(device)["d"]
+    got = compiled(graph, {**tables(device), "d": d})["root"]
+    degree = torch.bincount(torch.tensor(DST), minlength=4).to(device)
+    torch.testing.assert_close(got, d * degree.double().pow(-0.5)[:, None], rtol=1e-12, atol=0)
+
+
+def message(edges):
+    return {"m": edges.src["h"], "k": edges.src["i"]}
+
+
+def reduce(nodes):
+    """DGL code: the mailbox's shape[1] is a Python int there."""
+    n = nodes.mailbox["m"].shape[1]
+    return {"mean": nodes.mailbox["m"].sum(1) / n, "count": nodes.mailbox["k"].sum(1) * n,
+            "half": nodes.mailbox["k"].sum(1) * 0.5}
+
+
+def test_mailbox_width_and_constants_take_eager_dtypes_in_message_passing(backend, device):
+    graph = gnnfuse.Graph(torch.tensor(SRC), torch.tensor(DST), 4).to(device)
+    t = tables(device)
+    got = gnnfuse.message_passing(graph, message, reduce, ndata={"d": t["d"], "h": t["h"], "i": t["i"]})
+    degree = torch.bincount(torch.tensor(DST), minlength=4).to(device)
+    total_h = torch.zeros_like(t["h"]).index_add(0, graph.dst, t["h"][graph.src])
+    total_i = torch.zeros_like(t["i"]).index_add(0, graph.dst, t["i"][graph.src])
+    expected = {"mean": total_h / degree[:, None].float(), "count": total_i * degree[:, None],
+                "half": total_i * 0.5}
+    assert {k: x.dtype for k, x in got.items()} == {k: x.dtype for k, x in expected.items()}
+    torch.testing.assert_close(got, expected)
+
