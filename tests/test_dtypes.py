@@ -3,16 +3,22 @@
 Result dtypes are eager torch's: a Python number -- a constant, or the in-degree
 (``len(v.innbs)``, ``nodes.mailbox[k].shape[1]``), a Python int in eager code -- never
 widens the tensor it meets, and only its kind counts (an integer tensor times ``0.5`` is
-the default float dtype). The oracle runs each expression eagerly, one vertex at a time, with the in-degree
-as the Python int it is there.
+the default float dtype). The oracle runs each expression eagerly, one vertex at a time,
+with the in-degree as the Python int it is there.
+
+bfloat16 runs on the Triton backend: Triton's CPU interpreter has none (numpy lacks it), so
+there the program runs on the torch reference backend, with a warning.
 """
 from __future__ import annotations
 
+import os
 import warnings
 
 import torch
 
 import gnnfuse
+from gnnfuse.runtime import interpreter
+from oracle_check import device_for
 
 # in-degrees 1, 2, 3, 1: every vertex has in-edges (an empty neighbour sum divided by
 # len(v.innbs) is the clamped 0 gnnfuse documents, not eager's NaN)
@@ -101,3 +107,30 @@ def test_mailbox_width_and_constants_take_eager_dtypes_in_message_passing(backen
     assert {k: x.dtype for k, x in got.items()} == {k: x.dtype for k, x in expected.items()}
     torch.testing.assert_close(got, expected)
 
+
+@gnnfuse.vertex
+def scaled_sum(v):
+    return sum([u.h * 2 for u in v.innbs]) / len(v.innbs)
+
+
+def test_bfloat16_on_the_triton_backend_runs_or_falls_back_with_a_warning(monkeypatch):
+    """The interpreter stopped inside Triton with "InterpreterError: ValueError('Unsupported
+    data type')"; compiled kernels on a GPU read bfloat16, so only the interpreter warns."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
+    monkeypatch.setattr(interpreter, "_WARNED", [])
+    device = device_for("triton")
+    graph = gnnfuse.Graph(torch.tensor(SRC), torch.tensor(DST), 4).to(device)
+    h = torch.randn(4, 3, generator=torch.Generator().manual_seed(0)).to(device, torch.bfloat16).requires_grad_()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = scaled_sum(graph, {"h": h})
+        (grad,) = torch.autograd.grad(out.float().sum(), h)
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+    assert any("no bfloat16" in str(w.message) for w in caught) == interpreted
+    h_ref = h.detach().requires_grad_()
+    degree = torch.bincount(graph.dst, minlength=4)[:, None]
+    expected = torch.zeros_like(h_ref).index_add(0, graph.dst, (h_ref * 2)[graph.src]) / degree
+    (expected_grad,) = torch.autograd.grad(expected.float().sum(), h_ref)
+    assert out.dtype == grad.dtype == torch.bfloat16
+    torch.testing.assert_close(out, expected, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(grad, expected_grad, rtol=2e-2, atol=2e-2)

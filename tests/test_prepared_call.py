@@ -158,7 +158,8 @@ def test_a_changed_backend_runs_that_backend(full_path, monkeypatch):
     _prepared_on(graph, h, full_path)
     ran = []
     real = runtime_compiled.select_backend
-    monkeypatch.setattr(runtime_compiled, "select_backend", lambda device: ran.append(device) or real(device))
+    monkeypatch.setattr(runtime_compiled, "select_backend",
+                        lambda device, *rest: ran.append(device) or real(device, *rest))
     monkeypatch.setenv("GNNFUSE_BACKEND", "reference")
     _call(graph, h, full_path, full=True)
     assert ran and real(graph.device).__module__.endswith("reference.executor")

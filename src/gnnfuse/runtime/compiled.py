@@ -24,6 +24,7 @@ from ..ir.sides import declare_sides, sides_of
 from ..passes import optimize
 from ..passes.pair_sources import SourcePairRewrite, rewrite_for_source_pairs
 from ..environ import getenv
+from .interpreter import interpreter_lacks_bfloat16
 from .pair_graph import pair_graph, pair_matmul, pair_rows, reads_edge_types
 from .prepared_call import PreparedCall, preparer
 
@@ -41,6 +42,7 @@ class CompiledProgram:
         self._backward: dict[tuple[str, ...], BackwardProgram] = {}
         self._backward_inputs: dict[tuple[str, ...], BackwardInputs] = {}
         self._types_read = _types_read(self.program)
+        self._bfloat16 = any(v.dtype == torch.bfloat16 for v in self.program.values)   # `program_backend`
         self._input_keys = tuple(self.program.inputs)
         # a program whose every output is integer or boolean has no gradient to give: its
         # backward would be a program without outputs (and torch never calls it)
@@ -136,7 +138,7 @@ class CompiledProgram:
             return
         if self._pair_rewrite is not None and graph.edge_type is not None:
             return      # whether it runs on the pair graph depends on more than the prepared call checks
-        run = preparer(backend_name(graph.device.type == "cuda"))
+        run = preparer(program_backend(graph.device, self._bfloat16))
         if run is not None:
             self.prepared = PreparedCall(graph, self._input_keys, tensors, run(self.program, graph), _RECORDERS)
 
@@ -308,15 +310,26 @@ def backend_name(on_cuda: bool) -> str:
     return name
 
 
-def select_backend(device: torch.device) -> Callable:
+def program_backend(device: torch.device, bfloat16: bool) -> str:
+    """The backend that runs a program on a graph on ``device``: `backend_name`'s, except
+    that a program with ``bfloat16`` values runs on the torch reference where Triton's CPU
+    interpreter would run it (`interpreter_lacks_bfloat16`)."""
+    name = backend_name(device.type == "cuda")
+    if name == "triton" and bfloat16 and interpreter_lacks_bfloat16():
+        return "reference"
+    return name
+
+
+def select_backend(device: torch.device, bfloat16: bool = False) -> Callable:
     """The executor for a call on a graph on ``device`` (its inputs are there too:
-    `CompiledProgram.checked_inputs`): ``GNNFUSE_BACKEND`` if set, else Triton for CUDA
-    and the torch reference for everything else. The Numba CPU backend is opt-in
+    `CompiledProgram.checked_inputs`) of a program with (``bfloat16``) or without
+    bfloat16 values: ``GNNFUSE_BACKEND`` if set, else Triton for CUDA and the torch
+    reference for everything else (`program_backend`). The Numba CPU backend is opt-in
     (``cpu``): its first call per kernel compiles for a second or two, which the
     reference, the oracle, never pays."""
-    name = backend_name(device.type == "cuda")
-    if name == "triton":
+    if backend_name(device.type == "cuda") == "triton":
         _check_triton_can_read(device)
+    name = program_backend(device, bfloat16)
     execute = _EXECUTORS.get(name)
     if execute is None:      # imported once, not on every call
         execute = _EXECUTORS[name] = _import_executor(name)
@@ -373,7 +386,7 @@ def _run_forward(compiled: CompiledProgram, graph_ctx: GraphContext, keys: tuple
     for calls in _RECORDERS:
         calls.append(ProgramCall(compiled, graph_ctx.graph, backward.wrt if backward else (), forced_schedule()))
     keep = compiled.backward_inputs(backward).saved_ids if backward else ()
-    execute = select_backend(graph_ctx.graph.device)
+    execute = select_backend(graph_ctx.graph.device, compiled._bfloat16)
     outputs, kept = execute(compiled.program, graph_ctx, dict(zip(keys, tensors)), keep)
     return tuple(outputs.values()), kept, execute
 
