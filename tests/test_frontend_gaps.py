@@ -12,6 +12,8 @@ outputs and gradients in float64, on the reference backend and the Triton kernel
 4. ``keepdims=`` is ``keepdim=``; torch.amax/amin return a tensor.
 5. Python's ``max(a, b)`` on traced values is an error suggesting torch.maximum.
 6. ``nodes.mailbox[k][:, i]`` is each vertex's i-th message; slices of that axis are errors.
+7. On a raw edge_index the vertex count is the node table's row count, as under
+   ``torch.compile``: a last vertex without edges is kept, not a shape error.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ import torch
 
 import gnnfuse
 from gnnfuse import CompileError
+from gnnfuse.frontend import UpdateAll
 
 DOUBLE = torch.float64
 SRC = torch.tensor([0, 2, 2, 4, 1, 0, 3])
@@ -305,3 +308,23 @@ def test_concurrent_traces_leave_the_builtins_as_they_were():
     for t in threads:
         t.join()
     assert all(getattr(builtins, name) is fn for name, fn in original.items())
+
+
+@gnnfuse.vertex
+def neighbour_sum_plus_self(v):
+    return sum([u.h for u in v.innbs]) + v.h
+
+
+def test_a_raw_edge_index_counts_the_node_table_rows_as_a_compiled_call_does():
+    """7. Vertex 3 has no edges, so the largest id gives 3 vertices; the eager call raised
+    "input 'h' should have shape [3, 2]" where the torch.compile path (call_compiled) ran
+    on the table's 4 rows. Every front end now reads the count from the node table."""
+    def reduce(nodes):
+        return {"out": torch.sum(nodes.mailbox["m"], dim=1)}
+    edge_index, h = torch.tensor([[0, 1, 2], [1, 2, 0]]), torch.randn(4, 2, dtype=DOUBLE)
+    g = gnnfuse.Graph(edge_index[0], edge_index[1], 4)
+    torch.testing.assert_close(neighbour_sum_plus_self(edge_index, {"h": h}), neighbour_sum_plus_self(g, {"h": h}))
+    for call in (lambda graph: gnnfuse.message_passing(graph, copy_src, reduce, ndata={"h": h}),
+                 lambda graph: UpdateAll(copy_src, reduce)(graph, ndata={"h": h}),
+                 lambda graph: gnnfuse.apply_edges(graph, copy_src, ndata={"h": h})):
+        torch.testing.assert_close(call(edge_index), call(g))

@@ -60,6 +60,7 @@ from ..ir import Residency
 from ..runtime import CompiledProgram
 from . import pairwise
 from .compiled_call import call_compiled, register_udf
+from .graph_input import call_graph
 from .repeat_call import RepeatCall, RepeatCalls
 from .trace_cache import TraceCache, check_tables, program_feeds
 from .tracer import EDGE_ROWED, SymTensor, Tracer, counts_in_edges
@@ -309,8 +310,8 @@ def _run(graph: Graph | object, functions: tuple[Callable, Callable, Callable | 
          etype_data: Mapping[str, torch.Tensor] | None, ntype_data: Mapping[str, torch.Tensor] | None,
          return_edata: bool) -> tuple[dict[str, torch.Tensor], CompiledProgram, dict[str, torch.Tensor]]:
     """`message_passing`'s run: its raw outputs, the compiled program and what its trace captured."""
-    graph = Graph.coerce(graph)
     check_tables(ndata=ndata, edata=edata, etype_data=etype_data, ntype_data=ntype_data)
+    graph = call_graph(graph, (ndata or {}).values())
     edata, etype_data, ntype_data = dict(edata or {}), dict(etype_data or {}), dict(ntype_data or {})
     tables = (ndata, edata, etype_data, ntype_data)
     traces = _TRACES_WITH_EDATA if return_edata else _TRACES
@@ -384,8 +385,8 @@ def apply_edges(graph: Graph | object, edge_fn: Callable, *, ndata: Mapping[str,
     """DGL's ``apply_edges(edge_fn)``, compiled: ``edge_fn(edges)`` returns a dict of
     per-edge values; the result maps each returned key, and each key ``edge_fn`` wrote to
     ``edges.data``, to an [E, ...] tensor in edge-id order, differentiable."""
-    graph = Graph.coerce(graph)
     check_tables(ndata=ndata, edata=edata, etype_data=etype_data, ntype_data=ntype_data)
+    graph = call_graph(graph, (ndata or {}).values())
     tables = tuple(dict(table or {}) for table in (ndata, edata, etype_data, ntype_data))
     compiled, captured = _EDGE_TRACES.compiled((edge_fn,), tables, lambda: trace_apply_edges(edge_fn, *tables))
     return compiled(graph, program_feeds(tables, captured))

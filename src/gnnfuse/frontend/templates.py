@@ -35,6 +35,7 @@ from ..backend.forced_schedule import SCHEDULES, ForcedSchedule, forcing
 from ..graph import Graph
 from ..ir import Residency
 from ..ir.ops.movement import REDUCERS
+from .graph_input import call_graph
 from .message import _gather
 from .trace_cache import TraceCache, program_feeds
 from .tracer import EDGE_ROWED, SymTensor, Tracer
@@ -51,11 +52,8 @@ def _copy(operand):
 
 def operand_graph(graph: Graph | object, src, dst) -> Graph:
     """The graph as a `Graph`; an edge_index gets its node count from the vertex operands,
-    so trailing vertices without edges are not lost."""
-    if isinstance(graph, Graph):
-        return graph
-    rows = next((t.shape[0] for t in (src, dst) if isinstance(t, torch.Tensor) and t.dim()), None)
-    return Graph.coerce(graph, rows)
+    so trailing vertices without edges are not lost (`graph_input.call_graph`)."""
+    return call_graph(graph, (src, dst))
 
 
 def _operands(template: str, graph: Graph, given: dict[str, torch.Tensor | None]) -> dict[str, torch.Tensor]:

@@ -66,6 +66,7 @@ from ..ir import CompileError, Residency
 from ..runtime import CompiledProgram
 from .compiled_call import call_compiled, register_udf
 from .counting import check_counting
+from .graph_input import call_graph
 from .repeat_call import RepeatCall, RepeatCalls
 from .trace_cache import TraceCache, check_tables, program_feeds
 from .tracer import EDGE_ROWED, SymTensor, Tracer, is_library
@@ -378,10 +379,10 @@ class VertexFunction:
         return _unwrapped(self._run(graph, tables))
 
     def _run(self, graph: Graph | Any, tables: tuple[Mapping[str, torch.Tensor], ...]) -> dict[str, torch.Tensor]:
-        graph = Graph.coerce(graph)
         v_feature, e_feature, etype_feature, ntype_feature = tables
         check_tables(v_feature=v_feature, e_feature=e_feature, etype_feature=etype_feature,
                      ntype_feature=ntype_feature)
+        graph = call_graph(graph, (v_feature or {}).values())
         compiled, captured = self.compiled(tables)
         outputs = compiled(graph, program_feeds(tables, captured))
         if compiled.prepared is not None and not any(tables[1:]):     # else there is nothing to repeat
