@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import warnings
 
+import pytest
 import torch
 
 import gnnfuse
@@ -134,3 +135,14 @@ def test_bfloat16_on_the_triton_backend_runs_or_falls_back_with_a_warning(monkey
     assert out.dtype == grad.dtype == torch.bfloat16
     torch.testing.assert_close(out, expected, rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(grad, expected_grad, rtol=2e-2, atol=2e-2)
+
+
+def test_a_captured_size_one_tensor_that_would_widen_edge_data_is_refused():
+    """Its [1] axis lines up with the edge axis, so it was held as a 0-dim tensor: float32
+    edge data times a [1] float64 tensor gave float32 where torch gives float64."""
+    graph = gnnfuse.Graph(torch.tensor(SRC), torch.tensor(DST), 4)
+    w, wide, same = torch.rand(len(SRC)), torch.tensor([2.0], dtype=torch.float64), torch.tensor([2.0])
+    with pytest.raises(gnnfuse.CompileError, match="torch gives torch.float64"):
+        gnnfuse.apply_edges(graph, lambda edges: {"o": edges.data["w"] * wide}, edata={"w": w})
+    torch.testing.assert_close(gnnfuse.apply_edges(graph, lambda edges: {"o": edges.data["w"] * same},
+                                                   edata={"w": w})["o"], w * same)

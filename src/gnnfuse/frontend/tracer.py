@@ -308,13 +308,17 @@ def torch_broadcast(tracer: Tracer, a, b) -> tuple[SymTensor, SymTensor]:
             f"a {_shown(a)} and a {_shown(b)} graph value: torch (as DGL and PyG run this function) aligns "
             "their last axes, pairing a graph axis of one with a feature axis of the other (a [N, 1] and a [N] make "
             "[N, N]); give both the same number of dims (unsqueeze(-1) or squeeze(-1) one of them)")
-    rank, axes = graph[0].dim(), max(x.prefix for x in graph)
-    return tuple(_captured_in_feature_dims(tracer, x, rank, axes) for x in (a, b))
+    axes = max(x.prefix for x in graph)
+    return tuple(_captured_in_feature_dims(tracer, x, graph[0], axes) for x in (a, b))
 
 
-def _captured_in_feature_dims(tracer: Tracer, x: SymTensor, rank: int, axes: int) -> SymTensor:
-    """A captured tensor next to a graph value of ``rank`` dims, ``axes`` of them graph
-    axes: its dims that torch aligns with graph axes must be 1 (dropped here)."""
+def _captured_in_feature_dims(tracer: Tracer, x: SymTensor, beside: SymTensor, axes: int) -> SymTensor:
+    """A captured tensor next to the graph value ``beside``, ``axes`` of whose dims are
+    graph axes: its dims that torch aligns with graph axes must be 1 (dropped here). One
+    left with no dims must not change the result's dtype: as a 0-dim tensor it would not
+    widen the graph value (a [1] float64 weight times float32 edge data is float64 in
+    torch), so that case is refused."""
+    rank = beside.dim()
     if x.prefix or len(x.value.shape) <= rank - axes:
         return x
     reach = len(x.value.shape) - (rank - axes)
@@ -325,7 +329,20 @@ def _captured_in_feature_dims(tracer: Tracer, x: SymTensor, rank: int, axes: int
             "them), which a captured tensor cannot hold: pass per-row data in as node or edge data (in a "
             "MessagePassing class, to propagate() as a keyword argument), or keep the captured tensor to the "
             "feature dims")
+    eager, held = torch.promote_types(x.dtype, beside.dtype), _scalar_dtype(x.dtype, beside.dtype)
+    if reach == len(x.value.shape) and held != eager:
+        raise tracer.error(
+            f"a captured {list(x.value.shape)} {x.dtype} tensor next to a {_shown(beside)} {beside.dtype} graph "
+            f"value: torch gives {eager}, which a compiled function cannot (it holds the tensor as a 0-dim one, "
+            f"which gives {held}); pass the graph data as {eager}, or the tensor as a 0-dim one (t.reshape(())) "
+            f"for {held}")
     return tracer.apply("reshape", x, shape=tuple(x.value.shape[reach:]))
+
+
+def _scalar_dtype(scalar: torch.dtype, tensor: torch.dtype) -> torch.dtype:
+    """torch's result dtype for a 0-dim tensor of dtype ``scalar`` and a tensor with dims."""
+    return torch.result_type(torch.empty((1,), dtype=tensor, device="meta"),
+                             torch.empty((), dtype=scalar, device="meta"))
 
 
 def _shown(x: SymTensor) -> str:
