@@ -146,3 +146,25 @@ def test_a_captured_size_one_tensor_that_would_widen_edge_data_is_refused():
         gnnfuse.apply_edges(graph, lambda edges: {"o": edges.data["w"] * wide}, edata={"w": w})
     torch.testing.assert_close(gnnfuse.apply_edges(graph, lambda edges: {"o": edges.data["w"] * same},
                                                    edata={"w": w})["o"], w * same)
+
+
+def test_a_pyg_message_of_integer_data_times_a_float_takes_the_default_dtype():
+    """The PyG front end traces with the same tracer: ``k_j * 0.5`` of integer data was
+    float64 beside a float64 x (the first float table) where PyG gives float32."""
+    from torch_geometric.nn import MessagePassing as PyGMessagePassing
+
+    from gnnfuse.nn import MessagePassing
+
+    def layer(base: type):
+        class Halved(base):
+            def forward(self, x, edge_index, k):
+                return self.propagate(edge_index, x=x, k=k)
+
+            def message(self, x_j, k_j):
+                return k_j * 0.5
+        return Halved(aggr="mean")
+    edge_index, k = torch.tensor([SRC, DST]), torch.randint(0, 9, (4, 3))
+    x = torch.randn(4, 3, dtype=torch.float64)
+    got, expected = layer(MessagePassing)(x, edge_index, k), layer(PyGMessagePassing)(x, edge_index, k)
+    assert got.dtype == expected.dtype == torch.float32
+    torch.testing.assert_close(got, expected)
