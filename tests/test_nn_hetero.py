@@ -140,6 +140,19 @@ def test_hetero_graph_refuses_an_edge_type_outside_the_numbering():
         HeteroGraph({("a", "r", "b"): torch.tensor([[0], [0]])}, {"a": 1, "b": 1}, edge_types=[("b", "s", "a")])
 
 
+
+def test_hetero_graph_refuses_a_type_listed_twice():
+    """An edge type listed twice laid its edges on twice: HGTConv with metadata
+    [("a", "r", "b"), ("a", "r", "b"), ("b", "s", "b")] gave -0.0960 where PyG gives -0.0714."""
+    edges = {("a", "r", "b"): torch.tensor([[0, 1], [0, 0]]), ("b", "s", "b"): torch.tensor([[1], [0]])}
+    with pytest.raises(ValueError, match=r"edge type\(s\) \[\('a', 'r', 'b'\)\] are listed more than once"):
+        HeteroGraph(edges, {"a": 2, "b": 2}, edge_types=[("a", "r", "b"), ("a", "r", "b"), ("b", "s", "b")])
+    with pytest.raises(ValueError, match=r"node type\(s\) \['a'\] are listed more than once"):
+        HeteroGraph(edges, {"a": 2, "b": 2}, node_types=["a", "b", "a"])
+    layer = gnn.HGTConv(4, 4, (["a", "b"], [("a", "r", "b"), ("a", "r", "b"), ("b", "s", "b")]))
+    with pytest.raises(ValueError, match="listed more than once"):
+        layer({"a": torch.randn(2, 4), "b": torch.randn(2, 4)}, edges)
+
 def test_hetero_graph_is_reused_while_the_edge_tensors_are_unchanged():
     x, edges = hetero_inputs(2)
     counts = {t: v.shape[0] for t, v in x.items()}

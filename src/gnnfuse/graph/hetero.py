@@ -41,12 +41,19 @@ class HeteroGraph:
     the dicts' order); every edge type of the dict must be in ``edge_types``, which may
     list more (relations without edges here). Each index is checked against its own
     type's count: an id past it would otherwise land silently on the next type's vertex.
+    A type listed twice is refused: its edges would be laid on twice (each vertex of a
+    repeated node type numbered twice), silently changing every sum and softmax there.
     """
 
     def __init__(self, edge_index_dict: Mapping[EdgeType, Any], num_nodes_dict: Mapping[str, int], *,
                  node_types: Iterable[str] | None = None, edge_types: Iterable[EdgeType] | None = None) -> None:
         self.node_types: list[str] = list(num_nodes_dict if node_types is None else node_types)
         self.edge_types: list[EdgeType] = [tuple(t) for t in (edge_index_dict if edge_types is None else edge_types)]
+        for kind, types in (("node", self.node_types), ("edge", self.edge_types)):
+            repeated = sorted({t for t in types if types.count(t) > 1}, key=types.index)
+            if repeated:
+                raise ValueError(f"{kind} type(s) {repeated} are listed more than once in {kind}_types {types} "
+                                 f"(a layer's metadata[{int(kind == 'edge')}]): list each {kind} type once")
         missing = [t for t in self.node_types if t not in num_nodes_dict]
         if missing:
             raise ValueError(f"no vertex count for node type(s) {missing}")
