@@ -410,3 +410,15 @@ def test_bound_message_and_reduce_functions_repeat_too(lookups, monkeypatch):
     torch.testing.assert_close(call(edata={"w": torch.ones(graph.num_edges, 1, dtype=h.dtype, device=DEVICE)}),
                                _oracle(graph, h) * 0.5, rtol=1e-12, atol=1e-12)
     assert len(lookups) == before + 2
+
+
+def test_a_function_traced_like_one_that_read_a_value_still_repeats(lookups):
+    """Programs are shared by structure (`compiled_for`): ``_by_value``, reading
+    TEMPERATURE (2.0), traces to the program of ``_scaled`` (times SCALE, 2.0). The
+    program was marked as one never to repeat, so ``_scaled`` called after ``_by_value``
+    kept no repeat ever (test_trace_cache.py's value-read tests, then this file, failed so)."""
+    graph = _graph(device=DEVICE)
+    h = _features(graph)
+    torch.testing.assert_close(gnnfuse.vertex(_by_value)(graph, {"h": h}), _oracle(graph, h) * 2.0)
+    _warm(gnnfuse.vertex(_scaled), graph, {"h": h}, _oracle(graph, h) * SCALE, lookups)
+

@@ -70,22 +70,22 @@ class RepeatCall:
         """A `RepeatCall` for the call just made on ``graph`` with node table ``table``, or
         None where a repeat could not skip the front end safely: the program has no
         prepared call (it ran with gradients, or once only, or on another backend), its
-        trace captured tensors (fetched afresh on every call) or read a tensor's value
-        (``.item()``, ``if t:``: the trace cache traces such functions every call), the
-        table holds keys the program does not read (the full path type-checks them), or
-        the functions reach state the trace cache cannot guard."""
+        trace captured tensors (fetched afresh on every call), the table holds keys the
+        program does not read (the full path type-checks them), or the trace cache would
+        not hand this program to the next such call: the functions reach state it cannot
+        guard, or their trace read a tensor's value (``.item()``, ``if t:``), so it
+        traces them every call."""
         prepared = compiled.prepared
         if captured or prepared is None or prepared.graph is not graph or type(table) is not dict:
-            return None
-        if compiled in cache.value_read:
             return None
         if wants_gradient(table):     # its prepared call would decline every such call
             return None
         if set(table) != set(compiled.input_keys):
             return None
         guard = guard_key(functions)
-        return None if guard is None else cls(cache, functions, guard, compiled, tuple(map(_SHAPE, table.values())),
-                                              tuple(table))
+        if guard is None or not cache.holds(guard, (table, {}, {}, {}), compiled):     # a node table alone
+            return None
+        return cls(cache, functions, guard, compiled, tuple(map(_SHAPE, table.values())), tuple(table))
 
     def __call__(self, graph: object, table: dict) -> dict[str, torch.Tensor] | None:
         """The program's outputs for a call on ``graph`` with node table ``table`` alone

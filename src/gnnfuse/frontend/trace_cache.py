@@ -331,9 +331,6 @@ class TraceCache:
         self._entries: dict[Hashable, tuple[CompiledProgram, list[tuple[str, Path]]]] = {}
         # counts the clears: a `repeat_call.RepeatCall` made before one is not reused after it
         self.generation = 0
-        # programs of traces that read a reachable tensor's value: kept by no entry, so traced
-        # again every call, and a `repeat_call.RepeatCall` must not reuse them either
-        self.value_read: "weakref.WeakSet[CompiledProgram]" = weakref.WeakSet()
         _ALL.add(self)
 
     def compiled(self, functions: tuple[Callable | None, ...], tables: tuple[Mapping[str, torch.Tensor], ...],
@@ -353,9 +350,7 @@ class TraceCache:
         with reads:
             tracer = trace()
         compiled, captured = compiled_for(tracer.program), dict(tracer.captured.values())
-        if key is not None and found[1] and reads.seen:
-            self.value_read.add(compiled)
-        elif key is not None:
+        if key is not None and not (found[1] and reads.seen):      # a value read: traced every call
             where = {id(t): path for path, t in reversed(found[1])}     # the first place each was met
             params = [(name, where.get(id(t))) for name, t in captured.items()]
             if all(path is not None for _, path in params):
@@ -363,6 +358,17 @@ class TraceCache:
                     del self._entries[next(iter(self._entries))]
                 self._entries[key] = (compiled, params)
         return compiled, captured
+
+    def holds(self, guard: Hashable, tables: tuple[Mapping[str, torch.Tensor], ...],
+              compiled: CompiledProgram) -> bool:
+        """Whether a call on ``tables`` of functions with guard key ``guard`` (`guard_key`)
+        finds ``compiled`` here, so the next such call would run it untraced. Asked of
+        the call's own key, not of the program: programs are shared by structure
+        (`compiled_for`), and one traced after a value read (kept by no entry) is also
+        the program of every function that computes the same with a constant -- marking
+        the program kept those functions from their repeats (`repeat_call`) for good."""
+        entry = self._entries.get((guard, signature(tables), torch.is_grad_enabled()))
+        return entry is not None and entry[0] is compiled
 
 
 _ALL: "weakref.WeakSet[TraceCache]" = weakref.WeakSet()
