@@ -12,12 +12,12 @@ the launch, and the launched call lost to ``torch.sparse.mm`` on Python alone
 
 `RepeatCall` remembers, after a call on a graph where the compiled program keeps a
 prepared call, the shapes of the node table's tensors (one per key, all of them inputs of
-the program), the default dtype, the guard key and the trace cache's generation. A later
-call with only a node table (a dict of as many tensors of those shapes), under the same
-default dtype and trace-cache generation, and whose guard key is still the same, is
-handed straight to the program's prepared call. The guard key is re-checked by the
-identities of what the functions read (`trace_cache.shallow_reads`) where those decide
-it, else by the walk.
+the program), the default dtype, the gradient mode, the guard key and the trace cache's
+generation. A later call with only a node table (a dict of as many tensors of those shapes),
+under the same default dtype, gradient mode and trace-cache generation, and whose guard key
+is still the same, is handed straight to the program's prepared call. The guard key is
+re-checked by the identities of what the functions read (`trace_cache.shallow_reads`)
+where those decide it, else by the walk.
 The prepared call's checks (the graph object it was kept for, each input a tensor of
 the dtype, device, layout and shape it ran with, not needing a gradient while
 gradients are on, no `record_calls` block, the backend's variables and settings) make
@@ -61,6 +61,9 @@ class RepeatCall:
         # the walk's inputs by identity, where comparing them decides the guard key
         self._reads = shallow_reads(functions)
         self._dtype = torch.get_default_dtype()
+        # part of the trace cache's key: code may branch on ``torch.is_grad_enabled()``, and a
+        # repeat kept under ``torch.no_grad()`` served a call with gradients on (3x for 2x)
+        self._grad = torch.is_grad_enabled()
         self._compiled = compiled
 
     @classmethod
@@ -109,7 +112,8 @@ class RepeatCall:
     def _prepared(self) -> PreparedCall | None:
         """The program's prepared call (its current one: it checks the graph) while the
         program is still the one a full call would find, else None."""
-        if self._cache.generation != self._generation or torch.get_default_dtype() is not self._dtype:
+        if (self._cache.generation != self._generation or torch.get_default_dtype() is not self._dtype
+                or torch.is_grad_enabled() is not self._grad):
             return None
         # the guard key still the one the program was found by: by identities where they decide it
         reads = self._reads
