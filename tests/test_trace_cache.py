@@ -100,6 +100,22 @@ def test_closure_constant_is_part_of_the_key(graph, traces):
     assert traces[0] == 2
 
 
+def test_a_zero_and_a_negative_zero_are_told_apart(graph, traces):
+    """-0.0 == 0.0 and they hash alike, but h / -0.0 is -inf: the trace cache's key took
+    one for the other, and so did the compiled programs' key (their structure), so the
+    second call gave inf where torch gives -inf."""
+    h = torch.rand(4, 3, dtype=torch.float64) + 1.0
+
+    def run(zero):
+        @gnnfuse.vertex
+        def f(v):
+            return sum([u.h for u in v.innbs]) / zero
+        return f(graph, {"h": h})
+    for zero in (0.0, -0.0, 0.0):
+        torch.testing.assert_close(run(zero), neighbour_sum(graph, h) / zero)
+    assert traces[0] == 2
+
+
 def test_mutable_global_is_never_cached(graph, traces):
     @gnnfuse.vertex
     def f(v):

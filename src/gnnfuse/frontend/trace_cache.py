@@ -43,6 +43,7 @@ import builtins
 import dis
 import enum
 import functools
+import math
 import types
 import weakref
 from typing import Any, Callable, Hashable, Mapping
@@ -114,6 +115,8 @@ class _Walk:
 
 def _freeze(value: Any, walk: _Walk, path: Path) -> Hashable:
     if isinstance(value, (*_SCALARS, enum.Enum)):
+        if type(value) is float and value == 0.0:     # -0.0 == 0.0, but 1 / -0.0 is -inf
+            return float, value, math.copysign(1.0, value)
         return type(value), value
     if isinstance(value, torch.Tensor):
         walk.tensors.append((path, value))

@@ -9,6 +9,7 @@ built rather than when it runs.
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
@@ -53,6 +54,9 @@ def _freeze(obj: Any) -> Any:
         return tuple(sorted((k, _freeze(v)) for k, v in obj.items()))
     if isinstance(obj, (list, tuple)):
         return tuple(_freeze(v) for v in obj)
+    if type(obj) is float and obj == 0.0:
+        # -0.0 == 0.0 and hashes alike, yet x / -0.0 is -inf: one program must not get the other's kernels
+        return float, math.copysign(1.0, obj)
     return obj
 
 
