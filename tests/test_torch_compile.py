@@ -256,6 +256,31 @@ def test_a_udf_reaching_unguardable_state_runs_eagerly_and_sees_its_changes(monk
     assert any("cannot be guarded" in str(w.message) for w in caught)
 
 
+_TEMPERATURE = torch.tensor(2.0)
+
+
+@vertex
+def _valued_neighbour_sum(v):
+    return sum([u.h for u in v.innbs]) * _TEMPERATURE.item()     # a tensor's value, which the trace bakes in
+
+
+def test_a_udf_reading_a_tensors_value_runs_eagerly_and_sees_its_edits():
+    """``.item()`` of a reachable tensor: traced on every eager call, but compiled it was
+    traced once and the guard (the tensor's metadata) saw no change, so the graph kept
+    2x the sum after the tensor said 4x. It runs eagerly behind a graph break, with a warning."""
+    x, edge_index = torch.randn(NUM_NODES, 3, dtype=torch.float64), Graph.from_edge_index(EDGE_INDEX, NUM_NODES)
+    compiled = torch.compile(lambda h, e: _valued_neighbour_sum(e, {"h": h}), backend="eager")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert_same_values(compiled(x, edge_index), 2.0 * _neighbour_sum(x), "first")
+    assert any("a tensor's value" in str(w.message) for w in caught)
+    _TEMPERATURE.fill_(4.0)
+    try:
+        assert_same_values(compiled(x, edge_index), 4.0 * _neighbour_sum(x), "after the edit")
+    finally:
+        _TEMPERATURE.fill_(2.0)
+
+
 def _neighbour_sum(x: torch.Tensor) -> torch.Tensor:
     src, dst = torch.tensor(EDGE_INDEX)
     return torch.zeros_like(x).index_add_(0, dst, x[src])

@@ -17,8 +17,8 @@ so only UDF objects that exist outside the traced code qualify: module-level
 cannot run so -- a UDF whose trace captures tensors from outside its arguments (they
 would be frozen into the compiled graph), a typed graph, a program drawing random
 numbers, a UDF reaching state the trace cache cannot guard (a dict, a list, a random
-draw: traced anew on every eager call) -- runs eagerly behind a graph break, with a
-warning.
+draw) or reading a tensor's value in Python (``.item()``; both traced anew on every
+eager call) -- runs eagerly behind a graph break, with a warning.
 
 Dynamo never sees what the UDF's code reads (it calls step 1 as a constant), so it puts
 no guard on a global or closure value the trace depended on. The operator's name carries
@@ -46,8 +46,9 @@ _KEYS = itertools.count()
 
 
 def register_udf(udf: Any) -> str:
-    """A key naming ``udf`` (an object with ``compiled(tables)`` and the tuple of user
-    functions it traces, ``functions``) to `program_at_compile_time`."""
+    """A key naming ``udf`` (an object with ``compiled(tables)``, the tuple of user
+    functions it traces, ``functions``, and the `TraceCache` ``compiled`` asks,
+    ``traces``) to `program_at_compile_time`."""
     key = f"{type(udf).__name__}-{next(_KEYS)}"
     _UDFS[key] = udf
     return key
@@ -106,6 +107,11 @@ def program_at_compile_time(udf_key: str, table_signature: Hashable
     if captured:
         return (f"a UDF reads tensors {sorted(captured)} from outside its arguments (pass them as node or edge "
                 "features to trace it)")
+    if not udf.traces.holds(guard, stand_ins, compiled):
+        # traced every eager call, as its trace baked a tensor's value in: a compiled graph kept
+        # the first value (2x the sum after the tensor said 4x), and the guard sees no change
+        return ("a UDF reads a tensor's value in Python (.item(), float(t), if t:), which a compiled graph "
+                "would read once")
     try:
         name = register_program(compiled, _unchanged(udf_key, udf.functions, guard))
     except CompileError as exc:

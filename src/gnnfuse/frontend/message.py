@@ -328,13 +328,14 @@ class UpdateAll:
 
     def __init__(self, message_fn: Callable, reduce_fn: Callable, update_fn: Callable | None = None):
         self.functions = (message_fn, reduce_fn, update_fn)
+        self.traces = _TRACES       # the cache `compiled` asks
         self.udf_key = register_udf(self)
         self._repeats = RepeatCalls()     # the last prepared calls, for the next (repeat_call.py)
 
     def compiled(self, tables: tuple[Mapping[str, torch.Tensor], ...]
                  ) -> tuple[CompiledProgram, dict[str, torch.Tensor]]:
         """The compiled program for a call on ``tables`` and the tensors its trace captured."""
-        return _TRACES.compiled(self.functions, tables, lambda: trace_message_passing(*self.functions, *tables))
+        return self.traces.compiled(self.functions, tables, lambda: trace_message_passing(*self.functions, *tables))
 
     def __call__(self, graph: Graph | object, *, ndata: Mapping[str, torch.Tensor],
                  edata: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:

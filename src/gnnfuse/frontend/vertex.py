@@ -331,6 +331,7 @@ class VertexFunction:
         functools.update_wrapper(self, fn, updated=())   # a Module's __dict__ is its state, not a wrapper's
         self.fn = fn
         self.functions = (fn,)      # what the trace cache guards (`compiled_call.register_udf`)
+        self.traces = _TRACES       # the cache `compiled` asks
         self.udf_key = register_udf(self)
         self._repeats = RepeatCalls()     # the last prepared calls, for the next (repeat_call.py)
 
@@ -394,7 +395,7 @@ class VertexFunction:
     def compiled(self, tables: tuple[Mapping[str, torch.Tensor], ...]
                  ) -> tuple[CompiledProgram, dict[str, torch.Tensor]]:
         """The compiled program for a call on ``tables`` and the tensors its trace captured."""
-        return _TRACES.compiled(self.functions, tables, lambda: self.trace(*tables)[0])
+        return self.traces.compiled(self.functions, tables, lambda: self.trace(*tables)[0])
 
 
 def _unwrapped(outputs: dict[str, torch.Tensor]) -> torch.Tensor | dict[str, torch.Tensor]:
