@@ -167,6 +167,21 @@ def test_new_code_is_seen(lookups):
     _check(fn, graph, {"h": h}, _oracle(graph, h) * 2, lookups, repeat=False)
 
 
+def _keyword_scaled(v, *, scale=2.0):
+    return sum([u.h for u in v.innbs]) * scale
+
+
+def test_a_keyword_default_set_in_place_is_seen(lookups, monkeypatch):
+    """``__kwdefaults__`` is a dict, the same object after ``[k] = 3.0``: the repeat's
+    identity check passed and the call kept 2x the sum where eager code gives 3x."""
+    fn = gnnfuse.vertex(_keyword_scaled)
+    graph = _graph(device=DEVICE)
+    h = _features(graph)
+    _warm(fn, graph, {"h": h}, _oracle(graph, h) * 2.0, lookups)
+    monkeypatch.setitem(_keyword_scaled.__kwdefaults__, "scale", 3.0)
+    _check(fn, graph, {"h": h}, _oracle(graph, h) * 3.0, lookups, repeat=False)
+
+
 def test_another_graph_dtype_or_table_takes_the_front_end(lookups):
     graph = _graph(device=DEVICE)
     h = _features(graph)

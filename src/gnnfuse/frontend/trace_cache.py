@@ -211,7 +211,9 @@ def shallow_reads(functions: tuple[Callable | None, ...]) -> tuple | None:
     key, for a few identity comparisons instead of the walk.
 
     A global that was missing (a builtin's name) and is now defined differs; so does a
-    rebound global, a new ``__code__`` or ``__defaults__``, a rebound closure variable.
+    rebound global, a new ``__code__`` or ``__defaults__``, a rebound closure variable,
+    and a keyword-only default set in place (``__kwdefaults__`` is a dict: its values
+    are kept too).
     A changed value inside a tensor or a helper would not show here, which is why
     functions reaching either get None and keep the walk."""
     if not all(fn is None or type(fn) is types.FunctionType for fn in functions):
@@ -231,8 +233,8 @@ def shallow_reads(functions: tuple[Callable | None, ...]) -> tuple | None:
 def _identity_reads(fn: types.FunctionType | None) -> tuple:
     if fn is None:
         return ()
-    env, cells, names = fn.__globals__, fn.__closure__, _global_names(fn.__code__)
-    return (fn.__code__, fn.__defaults__, fn.__kwdefaults__,
+    env, cells, names, keyword = fn.__globals__, fn.__closure__, _global_names(fn.__code__), fn.__kwdefaults__
+    return (fn.__code__, fn.__defaults__, keyword, tuple(keyword.items()) if keyword else (),
             tuple([cell.cell_contents for cell in cells]) if cells else (),
             names, tuple([env.get(name, _MISSING) for name in names]))
 
@@ -245,9 +247,15 @@ def same_reads(functions: tuple[Callable | None, ...], reads: tuple) -> bool:
     for fn, before in zip(functions, reads):
         if fn is None:
             continue
-        code, defaults, kwdefaults, cells, names, values = before
+        code, defaults, kwdefaults, keywords, cells, names, values = before
         if fn.__code__ is not code or fn.__defaults__ is not defaults or fn.__kwdefaults__ is not kwdefaults:
             return False
+        if keywords:        # a dict, which ``fn.__kwdefaults__["k"] = 3.0`` changes in place
+            if len(kwdefaults) != len(keywords):
+                return False
+            for name, was in keywords:
+                if kwdefaults.get(name, _MISSING) is not was:
+                    return False
         closure = fn.__closure__
         if closure:
             try:
