@@ -10,6 +10,8 @@ path runs) and that it computes what eager code would.
 """
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -180,6 +182,25 @@ def test_a_keyword_default_set_in_place_is_seen(lookups, monkeypatch):
     _warm(fn, graph, {"h": h}, _oracle(graph, h) * 2.0, lookups)
     monkeypatch.setitem(_keyword_scaled.__kwdefaults__, "scale", 3.0)
     _check(fn, graph, {"h": h}, _oracle(graph, h) * 3.0, lookups, repeat=False)
+
+
+CLAMP = functools.partial(torch.clamp, max=2.0)
+
+
+def _clamped(v):
+    return CLAMP(sum([u.h for u in v.innbs]))
+
+
+def test_a_partials_keyword_set_in_place_is_seen(lookups, monkeypatch):
+    """A global ``functools.partial`` is the same object after ``.keywords["max"] = 3.0``:
+    the repeat's identity check passed and the call kept clamping at 2 where eager code
+    clamps at 3."""
+    fn = gnnfuse.vertex(_clamped)
+    graph = _graph(device=DEVICE)
+    h = _features(graph) * 4.0
+    _warm(fn, graph, {"h": h}, _oracle(graph, h).clamp(max=2.0), lookups)
+    monkeypatch.setitem(CLAMP.keywords, "max", 3.0)
+    _check(fn, graph, {"h": h}, _oracle(graph, h).clamp(max=3.0), lookups, repeat=False)
 
 
 def test_another_graph_dtype_or_table_takes_the_front_end(lookups):

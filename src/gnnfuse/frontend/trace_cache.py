@@ -104,13 +104,14 @@ Path = tuple[tuple[Any, ...], ...]
 
 class _Walk:
     """State of one guard walk: the functions already entered (recursion), every
-    tensor met, with the path it was found at, and whether it walked into a function
-    the traced ones call (`shallow_reads`)."""
+    tensor met, with the path it was found at, and whether it met state that the
+    identity of what holds it does not vouch for (`shallow_reads`): a user function the
+    traced ones call, or a ``functools.partial``, whose keywords are a dict."""
 
     def __init__(self) -> None:
         self.seen: set[int] = set()
         self.tensors: list[tuple[Path, torch.Tensor]] = []
-        self.nested = False
+        self.deep = False
 
 
 def _freeze(value: Any, walk: _Walk, path: Path) -> Hashable:
@@ -134,6 +135,7 @@ def _freeze(value: Any, walk: _Walk, path: Path) -> Hashable:
             raise _Uncacheable(f"builtin {value.__name__}")
         return value
     if isinstance(value, functools.partial):
+        walk.deep = True        # ``p.keywords["k"] = 3.0`` changes it in place
         return (functools.partial, _freeze(value.func, walk, path + (("func",),)),
                 tuple(_freeze(a, walk, path + (("arg", i),)) for i, a in enumerate(value.args)),
                 tuple((k, _freeze(a, walk, path + (("keyword", k),))) for k, a in value.keywords.items()))
@@ -148,7 +150,7 @@ def _freeze(value: Any, walk: _Walk, path: Path) -> Hashable:
             return value
         # by code and state, not identity: a helper defined inside a layer's forward is a
         # new object on every call, with the same code and (guarded) closure
-        walk.nested = True
+        walk.deep = True
         return _function_state(value, walk, path)
     raise _Uncacheable(type(value).__name__)
 
@@ -205,7 +207,8 @@ def shallow_reads(functions: tuple[Callable | None, ...]) -> tuple | None:
     """What ``functions`` read besides their arguments, by identity, where that decides
     their guard key: each one's code, defaults, closure cells' contents and the value
     (or absence) of each global name its code loads. None unless every one is a plain
-    function whose guard walk met no tensor and entered no other user function: then
+    function whose guard walk met no tensor, no ``functools.partial`` and entered no
+    other user function: then
     each value it reached is immutable or trusted by identity (a scalar, a library
     function, module or class), so `same_reads` of these objects means an equal guard
     key, for a few identity comparisons instead of the walk.
@@ -214,8 +217,8 @@ def shallow_reads(functions: tuple[Callable | None, ...]) -> tuple | None:
     rebound global, a new ``__code__`` or ``__defaults__``, a rebound closure variable,
     and a keyword-only default set in place (``__kwdefaults__`` is a dict: its values
     are kept too).
-    A changed value inside a tensor or a helper would not show here, which is why
-    functions reaching either get None and keep the walk."""
+    A changed value inside a tensor, a helper or a partial's keywords would not show
+    here, which is why functions reaching one get None and keep the walk."""
     if not all(fn is None or type(fn) is types.FunctionType for fn in functions):
         return None
     walk = _Walk()
@@ -225,7 +228,7 @@ def shallow_reads(functions: tuple[Callable | None, ...]) -> tuple | None:
                 _function_state(fn, walk, (("fn", i),))
     except _Uncacheable:
         return None
-    if walk.tensors or walk.nested:
+    if walk.tensors or walk.deep:
         return None
     return tuple([_identity_reads(fn) for fn in functions])
 
