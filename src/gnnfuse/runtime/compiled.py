@@ -327,9 +327,11 @@ def select_backend(device: torch.device, bfloat16: bool = False) -> Callable:
     reference for everything else (`program_backend`). The Numba CPU backend is opt-in
     (``cpu``): its first call per kernel compiles for a second or two, which the
     reference, the oracle, never pays."""
-    if backend_name(device.type == "cuda") == "triton":
+    name = backend_name(device.type == "cuda")
+    if name == "triton":
         _check_triton_can_read(device)
-    name = program_backend(device, bfloat16)
+        if bfloat16:        # (asked only then: this runs on every call, test_host_path counts it)
+            name = program_backend(device, bfloat16)
     execute = _EXECUTORS.get(name)
     if execute is None:      # imported once, not on every call
         execute = _EXECUTORS[name] = _import_executor(name)
@@ -421,7 +423,14 @@ class _ProgramFunction(torch.autograd.Function):
             _check_second_derivative(ctx.compiled, ctx.backward, backend)
         output_grads = [g if g is not None else torch.zeros(shape, dtype=dtype, device=device)
                         for g, (shape, dtype, device) in zip(output_grads, ctx.output_meta)]
-        feeds = backward_feeds(ctx.compiled, ctx.backward, _saved_tensors(ctx), output_grads)
+        try:
+            saved = ctx.saved_tensors
+        except RuntimeError as exc:
+            explained = _explained_inplace_error(ctx, exc)
+            if explained is None:
+                raise
+            raise explained from exc
+        feeds = backward_feeds(ctx.compiled, ctx.backward, saved, output_grads)
         if ctx.schedule is forced_schedule():   # nothing to force (the usual case): no context manager
             grads, _ = ctx.execute(ctx.backward.program, ctx.graph_ctx, feeds)
         else:
@@ -430,27 +439,25 @@ class _ProgramFunction(torch.autograd.Function):
         return (None, None, None, *[grads.get(key) for key in ctx.compiled._gradient_keys])
 
 
-def _saved_tensors(ctx) -> tuple[torch.Tensor, ...]:
-    """``ctx.saved_tensors``, with torch's in-place error explained where a saved value is
-    one of the program's own outputs (a softmax-weighted sum keeps its result for the
-    backward, autodiff/softmax_sum.py; a max or min does too): written in place after the
-    call (``out += x``), it no longer holds what the backward needs, and torch's message
-    names only "output 0 of _ProgramFunction"."""
-    try:
-        return ctx.saved_tensors
-    except RuntimeError as exc:
-        if "modified by an inplace operation" not in str(exc):
-            raise
-        raise RuntimeError(
-            f"an output of the gnnfuse program on ({', '.join(sorted(ctx.compiled.program.inputs))}) was "
-            "modified in place after the call (e.g. `out += x`, `out.add_(...)`), but its backward reads that "
-            "output back (a softmax-weighted sum or a max/min aggregation keeps its result). Write it out of "
-            "place instead (`out = out + x`)") from exc
+def _explained_inplace_error(ctx, exc: RuntimeError) -> RuntimeError | None:
+    """Torch's error reading ``ctx.saved_tensors``, explained where a saved value is one of
+    the program's own outputs (a softmax-weighted sum keeps its result for the backward,
+    autodiff/softmax_sum.py; a max or min does too): written in place after the call
+    (``out += x``), it no longer holds what the backward needs, and torch's message names
+    only "output 0 of _ProgramFunction". (Called on the error path only: the backward's
+    usual path stays one attribute read, test_host_path counts its calls.)"""
+    if "modified by an inplace operation" not in str(exc):
+        return None
+    return RuntimeError(
+        f"an output of the gnnfuse program on ({', '.join(sorted(ctx.compiled.program.inputs))}) was "
+        "modified in place after the call (e.g. `out += x`, `out.add_(...)`), but its backward reads that "
+        "output back (a softmax-weighted sum or a max/min aggregation keeps its result). Write it out of "
+        "place instead (`out = out + x`)")
 
 
 def read_back_by_backward(tensor: torch.Tensor) -> bool:
     """Whether ``tensor``, an output of a compiled program, is saved for that program's
-    backward (`_saved_tensors`): an in-place write to it would make the backward fail,
+    backward (`_explained_inplace_error`): an in-place write to it would make the backward fail,
     where eager code's does not read its aggregate back."""
     node = tensor.grad_fn
     if not isinstance(node, _ProgramFunction._backward_cls):
