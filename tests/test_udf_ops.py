@@ -128,6 +128,19 @@ def test_nan_features_propagate_like_torch(device):
         assert_matches(lambda: front_end(op, h), lambda: aggregate(op(h[SRC], h[DST])), [h])
 
 
+@pytest.mark.parametrize("backend", ["reference", "triton", "cpu"], indirect=True)
+def test_cut_off_elements_get_exact_zero_gradients_like_torch(backend, device):
+    """relu, clamp and maximum/minimum pass no gradient to the elements they cut off, by
+    torch's ``where``: an infinite gradient from ``sqrt`` at 0 stays out of them. As a
+    product with a 0/1 slope it made ``inf * 0`` = NaN where torch gives 0."""
+    h = features(device, N, FEAT, integer=False)
+    op = lambda a, b: (torch.sqrt(torch.relu(a - b)) + torch.sqrt((b - a).clamp(min=0.0))   # noqa: E731
+                       + torch.sqrt(torch.maximum(a - b, 0 * a)) - torch.sqrt(-torch.minimum(a - b, 0 * b))
+                       + torch.sqrt(1.0 - (a - b).clamp(-1.0, 1.0)))
+    for front_end in (run_vertex, run_message):
+        assert_matches(lambda: front_end(op, h), lambda: aggregate(op(h[SRC], h[DST])), [h])
+
+
 def test_feature_softmax_and_normalize_in_node_apply(device):
     """A node-apply step (DGL's update_fn; after the aggregate in vertex code) over features."""
     h = features(device, N, FEAT, integer=False)

@@ -35,6 +35,14 @@ for _name, _tl in (("stored_float16", "tl.float16"), ("stored_bfloat16", "tl.bfl
             "max's stored result is the rounded one; torch holds them rounded already",
         emit="{0}.to(%s).to(ACC)" % _tl)
 
+def _passed(b, g, share):
+    """``g * share`` where ``share`` is nonzero and an exact 0 elsewhere, as torch's
+    backward for relu, clamp and maximum/minimum does with ``where``/``masked_fill``: a
+    plain product would turn an infinite or NaN gradient into NaN on the elements the op
+    cut off (``sqrt(relu(x))`` at ``x < 0`` gets ``inf * 0``; torch gives 0 there)."""
+    return b.add("select", share, b.add("mul", g, share), b.const(0.0, g))
+
+
 # --- unary --------------------------------------------------------------------------
 _ew("neg", torch.neg, lambda b, v, g: [b.add("neg", g)], 1, emit="(-{0})", bounded=True)
 _ew("exp", torch.exp, lambda b, v, g: [b.add("mul", g, b.fwd(v))], 1, emit="tl.exp({0})")
@@ -46,7 +54,7 @@ _ew("pow", lambda x, exponent: torch.pow(x, exponent), lambda b, v, g: [
                           b.const(v.attrs["exponent"], g)))], 1)
 # NaN follows torch in both directions: the forward keeps it (tl.maximum would drop it),
 # and each slope takes the branch torch's backward kernel takes for NaN.
-_ew("relu", torch.relu, lambda b, v, g: [b.add("mul", g, b.add("relu_slope", b.fwd(v.inputs[0])))], 1,
+_ew("relu", torch.relu, lambda b, v, g: [_passed(b, g, b.add("relu_slope", b.fwd(v.inputs[0])))], 1,
     emit="tl.where({0} <= 0, 0.0, {0})", bounded=True)
 _ew("relu_slope", lambda x: torch.where(x <= 0, torch.zeros_like(x), torch.ones_like(x)), None, 1,
     doc="derivative multiplier of relu: 0 where x <= 0, else 1 (NaN included, as torch)",
@@ -84,7 +92,7 @@ def _at_least(b, x, bound):
 
 
 _ew("clamp_min", lambda x, min: torch.clamp_min(x, min),
-    lambda b, v, g: [b.add("mul", g, _at_least(b, b.fwd(v.inputs[0]), b.const(v.attrs["min"], g)))], 1,
+    lambda b, v, g: [_passed(b, g, _at_least(b, b.fwd(v.inputs[0]), b.const(v.attrs["min"], g)))], 1,
     emit="tl.where({0} < {min}, {min}, {0})", bounded=True)
 
 # --- sign-dependent ops whose derivative follows torch's at 0 and at ties ---------------
@@ -98,10 +106,10 @@ _ew("tie_share", lambda x, y: torch.where(x == y, 0.5, torch.where(x < y, 0.0, 1
         "maximum(x, y) (and y's of minimum(y, x)); torch splits a tie evenly between the operands",
     emit="tl.where({0} == {1}, 0.5, tl.where({0} < {1}, 0.0, 1.0))")
 _ew("maximum", torch.maximum, lambda b, v, g: [
-    b.add("mul", g, b.add("tie_share", b.fwd(v.inputs[0]), b.fwd(v.inputs[1]))),
-    b.add("mul", g, b.add("tie_share", b.fwd(v.inputs[1]), b.fwd(v.inputs[0])))], 2,
+    _passed(b, g, b.add("tie_share", b.fwd(v.inputs[0]), b.fwd(v.inputs[1]))),
+    _passed(b, g, b.add("tie_share", b.fwd(v.inputs[1]), b.fwd(v.inputs[0])))], 2,
     doc="elementwise max; NaN propagates", emit="tl.maximum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)", bounded=True)
 _ew("minimum", torch.minimum, lambda b, v, g: [
-    b.add("mul", g, b.add("tie_share", b.fwd(v.inputs[1]), b.fwd(v.inputs[0]))),
-    b.add("mul", g, b.add("tie_share", b.fwd(v.inputs[0]), b.fwd(v.inputs[1])))], 2,
+    _passed(b, g, b.add("tie_share", b.fwd(v.inputs[1]), b.fwd(v.inputs[0]))),
+    _passed(b, g, b.add("tie_share", b.fwd(v.inputs[0]), b.fwd(v.inputs[1])))], 2,
     doc="elementwise min; NaN propagates", emit="tl.minimum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)", bounded=True)
