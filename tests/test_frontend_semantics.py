@@ -1243,3 +1243,46 @@ def test_an_in_place_write_to_the_callers_table_is_refused():
     with pytest.raises(CompileError, match=r"in-place op on nodes.data\['h'\] would write the caller's tensor"):
         gnnfuse.message_passing(g, lambda e: {"m": e.src["h"]}, _sum_mailbox, _node_data_bumped_in_update,
                                 ndata={"h": h})
+
+
+def _center_bumped_then_read(v):
+    x = v.h
+    x += 1
+    return v.h * 2
+
+
+def _tripled(x):
+    x *= 3
+    return x
+
+
+def _neighbour_bumped(v):
+    return sum([_tripled(u.h) for u in v.innbs])
+
+
+def _edge_bumped(v):
+    return sum([e.src.h * _tripled(e.w) for e in v.inedges])
+
+
+def _own_value_bumped(v):
+    x = v.h * 1
+    x += 1
+    return sum([u.h for u in v.innbs]) + x
+
+
+@pytest.mark.parametrize("fn, name", [(_center_bumped_then_read, "v.h"), (_neighbour_bumped, "u.h"),
+                                      (_edge_bumped, "e.w")])
+def test_vertex_function_refuses_in_place_ops_on_the_callers_rows(fn, name):
+    """In eager code ``v.h``, ``u.h`` and ``e.w`` are the caller's rows: ``x = v.h; x += 1``
+    writes the table and a later ``v.h`` sees it. Each traced read gave the unwritten value
+    (``v.h * 2`` read 2.0 where the write makes it 4.0, silently); now refused at the line."""
+    g, h = graph(), features()
+    vertex_fn = gnnfuse.vertex(fn)
+    with pytest.raises(CompileError, match=rf"in-place op on {name} would write the caller's tensor"):
+        vertex_fn(g, {"h": h}, {"w": torch.ones(g.num_edges, 1, dtype=h.dtype)})
+
+
+def test_vertex_function_may_write_its_own_values_in_place():
+    g, h = graph(), features()
+    out = gnnfuse.vertex(_own_value_bumped)(g, {"h": h})
+    check_against(out, lambda x: torch.zeros_like(x).index_add(0, g.dst, x[g.src]) + x + 1, h)

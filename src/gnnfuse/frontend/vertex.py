@@ -146,12 +146,16 @@ class _Vertex:
         nodes, updated = self._features["nodes"], self._features["updated"]
         if key not in nodes and key not in updated:
             raise self._tracer.error(f"vertex feature {key!r} does not exist; v_feature has {sorted(nodes)}")
-        x = updated[key] if key in updated else self._tracer.input(key, Residency.NODE, nodes[key], 0)
+        if key in updated:
+            x = updated[key]
+        else:
+            x = _callers(self._tracer.input(key, Residency.NODE, nodes[key], 0), f"v.{key}")
         if self._side == "center":
             return x
         by = "src" if self._side == "src" else "dst"
-        return SymTensor(self._tracer, self._tracer.program.add("broadcast", x.value, by=by,
-                                                                source=self._tracer.source()), 0)
+        row = SymTensor(self._tracer, self._tracer.program.add("broadcast", x.value, by=by,
+                                                               source=self._tracer.source()), 0)
+        return row if key in updated else _callers(row, f"u.{key}")
 
 
 class _TypeData:
@@ -171,8 +175,9 @@ class _TypeData:
             raise self._tracer.error(f"per-type feature {key!r} does not exist; "
                                      f"{self._ARGUMENT[self._table]} has {sorted(tables)}")
         x = self._tracer.input(f"{self._table}.{key}", self._RESIDENCY[self._table], tables[key], 0)
-        return SymTensor(self._tracer, self._tracer.program.add("broadcast", x.value, by=self._by,
-                                                                source=self._tracer.source()), 0)
+        return _callers(SymTensor(self._tracer, self._tracer.program.add("broadcast", x.value, by=self._by,
+                                                                         source=self._tracer.source()), 0),
+                        f"{self._table[0]}.type.{key}")
 
 
 class _Edge:
@@ -192,7 +197,17 @@ class _Edge:
         edges = self._features["edges"]
         if key not in edges:
             raise self._tracer.error(f"edge feature {key!r} does not exist; e_feature has {sorted(edges)}")
-        return self._tracer.input(f"e.{key}", Residency.EDGE, edges[key], 0)
+        return _callers(self._tracer.input(f"e.{key}", Residency.EDGE, edges[key], 0), f"e.{key}")
+
+
+def _callers(x: SymTensor, name: str) -> SymTensor:
+    """``x``, a read of the caller's table (``v.h``, ``u.h``, ``e.w``, ``e.type.W``),
+    marked so that an in-place op on it is refused at its line: in eager code the read is
+    the caller's row, so ``x = v.h; x += 1`` writes the table and a later ``v.h`` sees it,
+    where each traced read gave the unwritten value (``v.h * 2`` read 2.0 for 4.0,
+    silently). Values set by ``update_allnode`` are the function's own, not marked."""
+    x.caller_table = name
+    return x
 
 
 def _aggregate(tracer: Tracer, builtin: Callable, op: str):
