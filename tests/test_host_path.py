@@ -280,8 +280,8 @@ class TestCpuBackend:
         graph, _ = _tiny("cpu")
         threads = torch.get_num_threads()
         try:
+            numba.set_num_threads(2)     # first, as it may start Numba's pool, which resets torch's count
             torch.set_num_threads(1)
-            numba.set_num_threads(2)
             _check(graph, *_inputs(graph))
             assert numba.get_num_threads() == 1, "the call's kernels did not run on torch's one thread"
             assert torch.get_num_threads() == 1, "starting Numba's pool changed torch's thread count"
