@@ -99,23 +99,39 @@ def run_cell(name: str, data: Any, args: argparse.Namespace, device: torch.devic
         inputs.append(torch.rand(data.edge_index.shape[1], EDGE_DIM, device=device,
                                  generator=torch.Generator(device).manual_seed(2)))
     cell: dict[str, Any] = {}
-    with torch.no_grad():
-        ours.eval()
-        theirs.eval()
-        try:
-            cell["rel_err"] = max_rel_err(ours(*inputs), theirs(*inputs))
-        except Exception as exc:     # recorded, not fatal: the next cell still runs
-            cell["status"] = failure_status(exc)
-            return cell
-    ours.train()
-    theirs.train()
-    for framework, layer in (("gnnfuse", ours), ("pyg", theirs)):
+    layers = {"gnnfuse": ours, "pyg": theirs}
+    outputs = eval_outputs(layers, inputs, cell, device)
+    if len(outputs) == 2:
+        cell["rel_err"] = max_rel_err(outputs["gnnfuse"], outputs["pyg"])
+    elif "gnnfuse" not in outputs:
+        return cell              # gnnfuse failed: its status is the cell's result
+    del outputs
+    for framework in [f for f in layers if f not in cell]:
         free_memory(device)
+        layers[framework].train()
         try:
-            cell[framework] = measure_layer(layer, inputs, args.steps, args.warmup, device)
+            cell[framework] = measure_layer(layers[framework], inputs, args.steps, args.warmup, device)
         except Exception as exc:
             cell[framework] = {"status": failure_status(exc)}
     return cell
+
+
+def eval_outputs(layers: dict[str, torch.nn.Module], inputs: list[Any], cell: dict[str, Any],
+                 device: torch.device) -> dict[str, torch.Tensor]:
+    """Each framework's eval-mode forward, one at a time on the CPU between them (both
+    outputs at once can exhaust a large graph's memory); a framework that fails gets its
+    status in ``cell`` -- the one that fails is named, and the other one is still timed
+    (gnnfuse training where PyG runs out of memory is a result)."""
+    outputs = {}
+    with torch.no_grad():
+        for framework, layer in layers.items():
+            free_memory(device)
+            layer.eval()
+            try:
+                outputs[framework] = layer(*inputs).cpu()
+            except Exception as exc:     # recorded, not fatal: the next cell still runs
+                cell[framework] = {"status": failure_status(exc)}
+    return outputs
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -140,7 +156,7 @@ def markdown(results: dict[str, Any]) -> str:
         memory = (f"{ours['peak_gb'] / theirs['peak_gb']:.2f}"
                   if ours.get("peak_gb") and theirs.get("peak_gb") else "–")
         lines.append(f"| {dataset} | {layer} | {shown(ours)} | {shown(theirs)} | {speed} | {memory} | "
-                     f"{cell['rel_err']:.1e} |")
+                     f"{fmt(cell.get('rel_err'), '.1e')} |")
     lines += ["", f"Devices: {', '.join(device_names(results, list(cells.values())))}", ""]
     return "\n".join(lines + runs_markdown(results)) + "\n"
 
