@@ -136,6 +136,19 @@ def test_float32_max_of_an_op_with_literals_keeps_its_gradient(op, launched, mon
     assert launched
 
 
+def test_register_row_keeps_a_subtraction_in_order(launched, monkeypatch):
+    """log_softmax of float32 logits near 90 in a register-row kernel: under the kernel's
+    fast-math flags LLVM regrouped ``(x - max) - log(total)`` as ``x - (max +
+    log(total))``, rounding the sum to the spacing of 90 -- -0.4076080 for -0.4076059, 2e-6
+    off on every entry. Only bodies of products and moves now take the flags."""
+    graph = small_graph()
+    x = 88.0 + (torch.arange(graph.num_nodes * 3, dtype=torch.float32).view(-1, 3) % 4)
+    ones = torch.ones(graph.num_edges, 1)
+    assert_same(lambda x: gnnfuse.ops.gspmm(graph, lambda xs, w: torch.log_softmax(xs * w, -1), "sum",
+                                            src=x, edge=ones), [x], monkeypatch, rtol=5e-7, atol=1e-7)
+    assert launched
+
+
 def test_float32_matches_reference(launched, monkeypatch):
     graph = small_graph()
     gen = torch.Generator().manual_seed(2)

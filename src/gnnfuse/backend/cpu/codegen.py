@@ -231,9 +231,22 @@ def _definition(name: str, params: str, parallel: bool, fastmath: frozenset[str]
 # multiplies; without, it multiplied the 16 columns one by one and shuffled them in
 # (pubmed, F=16, one core of the AMD EPYC: 0.168 against 0.124 ms, the sum alone 0.11).
 # Neither flag alone did it. ``reassoc`` lets LLVM regroup additions and ``nsz`` ignore
-# the sign of a zero: values may differ from the torch reference in the last bits, as a
-# different summation order does; no NaN or infinity is assumed away.
+# the sign of a zero; no NaN or infinity is assumed away. They apply to the whole
+# kernel, so a unit takes them only when its body is products and moves
+# (`register_row_fastmath`).
 REGISTER_ROW_FASTMATH = frozenset({"reassoc", "nsz"})
+# Body ops under which regrouping changes values in the last bits only, as a different
+# summation order of the row does.
+_REGROUPABLE = frozenset({"mul", "neg", "broadcast", "reshape", "expand", "slice_features"})
+
+
+def register_row_fastmath(unit: AggregateUnit) -> frozenset[str]:
+    """`REGISTER_ROW_FASTMATH` for a unit whose per-edge body is products and moves,
+    none for any other. Regrouping is not harmless across a subtraction or inside an
+    op's kernel expression: LLVM turned log_softmax's ``(x - max) - log(total)`` into
+    ``x - (max + log(total))``, which rounds ``max + log(total)`` to the spacing of
+    ``max`` -- -0.4076080 for torch's -0.4076059 at logits [88, 89, 90] in float32."""
+    return REGISTER_ROW_FASTMATH if all(v.op in _REGROUPABLE for v in unit.body) else frozenset()
 
 
 ROWS_PER_BLOCK = 64   # rows one prange iteration reduces, sharing one accumulator buffer
@@ -391,9 +404,10 @@ def generate_register_row(unit: AggregateUnit, name: str, acc: str, parallel: bo
     CSR matmul (MKL). Written out, the columns are independent scalar chains that LLVM's
     SLP vectorizer packs into vector registers; the executor compiles these kernels with
     it on (`executor._compile_vectorized`; Numba leaves it off by default) and with the
-    fast-math flags `REGISTER_ROW_FASTMATH`, which let it pack a per-edge product too.
-    Each column is reduced over the edges in CSR order, as in the loop kernel, unless
-    LLVM regroups the additions (``reassoc``): then the values differ in the last bits.
+    fast-math flags `REGISTER_ROW_FASTMATH` where they are safe (`register_row_fastmath`),
+    which let it pack a per-edge product too. Each column is reduced over the edges in
+    CSR order, as in the loop kernel, unless LLVM regroups the additions (``reassoc``):
+    then the values differ in the last bits.
     The edge loop's index is unsigned, for the reason given in `generate_aggregate`: a
     signed one costs a wrap-around check per edge."""
     width = math.prod(unit.reduce.shape)
@@ -407,7 +421,7 @@ def generate_register_row(unit: AggregateUnit, name: str, acc: str, parallel: bo
     step = "".join(f"                a{c} = ACC({join.format(f'a{c}', val)})\n" for c, val in enumerate(vals))
     store = "".join(f"            out[base + U({c})] = {result.format(f'a{c}')}{scale}\n" for c in range(width))
     params = f"rowptr, col, eid, prefetch_end, out, f_tile, {''.join(f'L{n}, ' for n in range(len(em.leaf_args)))}"
-    source = _header(acc) + f'''{_definition(name, params, parallel, REGISTER_ROW_FASTMATH)}    # {unit.describe()} (row in registers)
+    source = _header(acc) + f'''{_definition(name, params, parallel, register_row_fastmath(unit))}    # {unit.describe()} (row in registers)
 {em.block(_KERNEL, 4)}    num_rows = rowptr.shape[0] - 1
     links = U(prefetch_end)
     width = U({width})
