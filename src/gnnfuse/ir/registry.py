@@ -83,8 +83,18 @@ class OpDef:
     bounded_derivative: bool = False
     row_aware: bool = False      # reference takes rows=(operand has a row dim, ...) as a keyword
     arity: int | None = None     # None: variadic
-    emit: Any = None             # Triton emitter, filled in by the code generator's table
+    emit: Any = None             # kernel expression (`emit_steps`), or None: the op runs as a torch op
     doc: str = ""
+
+    def emit_steps(self) -> tuple[str, ...]:
+        """The op's kernel expression, written against Triton's ``tl`` (the CPU backend
+        evaluates the same text): ``{0}``, ``{1}`` are the operands, ``{attr}`` the attrs.
+        ``emit`` is one expression, or a tuple of steps where a step names the values of
+        the steps before it as ``{s0}``, ``{s1}``, ...; the op's value is the last step's.
+        Each step becomes one temporary in every backend, so an op that needs a
+        subresult several times (tanh's ``exp(2|x|)`` and its correction) computes it
+        once and reads as a short recipe rather than one expression copied into itself."""
+        return (self.emit,) if isinstance(self.emit, str) else tuple(self.emit)
 
     def infer_residency(self, inputs: list[Residency], attrs: dict) -> Residency:
         if self.arity is not None and len(inputs) != self.arity:

@@ -141,22 +141,23 @@ class _Emitter:
             out = self.value(v.inputs[0], tuple(self.sliced(c, start, step)
                                                 for c, (start, step, _) in zip(coords, v.attrs["window"])), side)
         else:
-            emit = get_op(v.op).emit
-            if not isinstance(emit, str):
+            opdef = get_op(v.op)
+            if not isinstance(opdef.emit, (str, tuple)):
                 raise UnsupportedUnit(f"op {v.op!r} has no expression the CPU generator can use")
             args = [self.value(i, project(coords, v.shape, i.shape), side) for i in v.inputs]
             attrs = {k: self.tmp(f"ACC({float(a)!r})") for k, a in v.attrs.items()
                      if isinstance(a, (int, float)) and not isinstance(a, bool)}
-            expr = emit.format(*args, **attrs)
-            missing = set(_TL_CALL.findall(expr)) - scalar.NAMES
-            if missing:
-                raise UnsupportedUnit(f"op {v.op!r} calls tl.{sorted(missing)[0]}, which the CPU backend lacks")
-            # Rounded to the accumulator type: an emit's float literals (tanh's ``2.0 *
-            # tl.sigmoid(2.0 * x) - 1.0``) are float64 to Numba, so a float32 kernel would
-            # carry the op's value in float64 -- while the forward stores it (a max) in
-            # float32, and a backward kernel comparing the recomputed value with that max
-            # found no edge equal to it (NaN gradients).
-            out = self.tmp(f"ACC({expr})")
+            for n, step in enumerate(opdef.emit_steps()):
+                expr = step.format(*args, **attrs)
+                missing = set(_TL_CALL.findall(expr)) - scalar.NAMES
+                if missing:
+                    raise UnsupportedUnit(f"op {v.op!r} calls tl.{sorted(missing)[0]}, which the CPU backend lacks")
+                # Rounded to the accumulator type: an emit's float literals (``1.0 +
+                # tl.exp(x)``) are float64 to Numba, so a float32 kernel would carry the
+                # op's value in float64 -- while the forward stores it (a max) in
+                # float32, and a backward kernel comparing the recomputed value with
+                # that max found no edge equal to it (NaN gradients).
+                out = attrs[f"s{n}"] = self.tmp(f"ACC({expr})")
         self.memo[key] = out
         return out
 
@@ -245,7 +246,8 @@ def register_row_fastmath(unit: AggregateUnit) -> frozenset[str]:
     none for any other. Regrouping is not harmless across a subtraction or inside an
     op's kernel expression: LLVM turned log_softmax's ``(x - max) - log(total)`` into
     ``x - (max + log(total))``, which rounds ``max + log(total)`` to the spacing of
-    ``max`` -- -0.4076080 for torch's -0.4076059 at logits [88, 89, 90] in float32."""
+    ``max`` -- -0.4076080 for torch's -0.4076059 at logits [88, 89, 90] in float32 --
+    and undid the corrections that expressions such as tanh's expm1 are written for."""
     return REGISTER_ROW_FASTMATH if all(v.op in _REGROUPABLE for v in unit.body) else frozenset()
 
 
