@@ -84,8 +84,11 @@ _ew("leaky_relu", lambda x, negative_slope: F.leaky_relu(x, negative_slope),
                                            negative_slope=v.attrs["negative_slope"]))], 1, emit="tl.where({0} > 0, {0}, {0} * {negative_slope})", bounded=True)
 _ew("leaky_relu_slope", lambda x, negative_slope: torch.where(x > 0, torch.ones_like(x), torch.full_like(x, negative_slope)),
     None, 1, doc="derivative multiplier of leaky_relu", emit="tl.where({0} > 0, 1.0, {negative_slope})")
+# elu's negative side is alpha * expm1(x), as torch computes it: ``exp(x) - 1`` gave
+# -5.96e-8 for elu(-1e-7) in float32 and 0 for elu(-1e-30)
 _ew("elu", lambda x, alpha: F.elu(x, alpha),
-    lambda b, v, g: [b.add("mul", g, b.add("elu_slope", b.fwd(v.inputs[0]), alpha=v.attrs["alpha"]))], 1, emit="tl.where({0} > 0, {0}, {alpha} * (tl.exp({0}) - 1.0))", bounded=True)
+    lambda b, v, g: [b.add("mul", g, b.add("elu_slope", b.fwd(v.inputs[0]), alpha=v.attrs["alpha"]))], 1,
+    emit=("tl.exp({0})", _expm1("{s0}", "{0}"), "tl.where({0} > 0, {0}, {alpha} * {s1})"), bounded=True)
 _ew("elu_slope", lambda x, alpha: torch.where(x <= 0, alpha * torch.exp(x), torch.ones_like(x)),
     None, 1, doc="derivative multiplier of elu", emit="tl.where({0} <= 0, {alpha} * tl.exp({0}), 1.0)")
 # softplus as torch computes it: linear above the threshold, log(1 + exp) below (its
