@@ -178,7 +178,8 @@ def test_softmax_of_large_logits_is_stable(device):
 # 1e-30), the flat ends of the curves, and the non-finite values.
 NEAR_EDGES = [0.0, 1e-30, -1e-7, 1e-7, -1e-4, 3e-3, -0.1, 0.3, -0.55, 1.0, -2.0, 5.0, -9.0, 15.0, 30.0, -100.0,
               float("inf"), float("-inf"), float("nan")]
-PRECISE_OPS = {"tanh": torch.tanh, "elu": F.elu, "elu_alpha": lambda t: F.elu(t, 0.5)}
+PRECISE_OPS = {"tanh": torch.tanh, "elu": F.elu, "elu_alpha": lambda t: F.elu(t, 0.5), "softplus": F.softplus,
+               "softplus_beta": lambda t: F.softplus(t, 0.5, 4.0)}
 ULPS = 4   # Triton's interpreter takes float32 exp and log from numpy, which are not exact themselves
 
 
@@ -189,7 +190,8 @@ def test_unary_op_is_within_a_few_ulps_of_torch(name, backend, device, dtype):
     """Each value goes through the op inside a kernel (times an edge weight of 1, so it is
     not evaluated per vertex first) along its vertex's one in-edge. Triton's ``2 *
     sigmoid(2x) - 1`` gave tanh(1e-7) = 1.19e-7 in float32 (19% off) and tanh(1e-30) = 0;
-    elu's ``exp(x) - 1`` gave elu(-1e-7) = -5.96e-8.
+    elu's ``exp(x) - 1`` gave elu(-1e-7) = -5.96e-8, softplus's ``log(1 + exp(x))``
+    softplus(-30) = 0 where torch gives 9.36e-14.
     Gradients may differ by an ulp of 1 more, where torch's own formula (1 - tanh^2)
     cancels."""
     op, n = PRECISE_OPS[name], len(NEAR_EDGES)
