@@ -141,6 +141,22 @@ def test_cut_off_elements_get_exact_zero_gradients_like_torch(backend, device):
         assert_matches(lambda: front_end(op, h), lambda: aggregate(op(h[SRC], h[DST])), [h])
 
 
+def test_power_zero_has_a_zero_gradient_like_torch(backend, device):
+    """``x ** 0`` is 1 and torch's backward gives it a zero gradient everywhere; the
+    general rule ``g * 0 * x ** -1`` gave NaN at x = 0 and at NaN."""
+    h = torch.tensor([[0.0, -0.0], [2.0, float("nan")], [-3.0, 0.5]], dtype=torch.float64, device=device)
+    ring = gnnfuse.Graph(torch.tensor([0, 1, 2]), torch.tensor([1, 2, 0]), 3).to(device)
+    op = lambda a, b: a ** 0 + b * (a ** 0.0)   # noqa: E731
+    leaf = h.clone().requires_grad_()
+    out = gnnfuse.message_passing(ring, lambda e: {"m": op(e.src["h"], e.dst["h"])},
+                                  lambda n: {"o": torch.sum(n.mailbox["m"], dim=1)}, ndata={"h": leaf})["o"]
+    out.sum().backward()
+    expected = h.clone().requires_grad_()
+    torch.zeros_like(h).index_add(0, ring.dst, op(expected[ring.src], expected[ring.dst])).sum().backward()
+    torch.testing.assert_close(leaf.grad, expected.grad, equal_nan=True)
+    assert not leaf.grad.isnan().any()
+
+
 def test_feature_softmax_and_normalize_in_node_apply(device):
     """A node-apply step (DGL's update_fn; after the aggregate in vertex code) over features."""
     h = features(device, N, FEAT, integer=False)

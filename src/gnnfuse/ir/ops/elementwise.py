@@ -68,9 +68,17 @@ _ew("exp", torch.exp, lambda b, v, g: [b.add("mul", g, b.fwd(v))], 1, emit="tl.e
 _ew("log", torch.log, lambda b, v, g: [b.add("div", g, b.fwd(v.inputs[0]))], 1, emit="tl.log({0})")
 _ew("sqrt", torch.sqrt, lambda b, v, g: [
     b.add("div", g, b.add("mul", b.fwd(v), b.const(2.0, g)))], 1, emit="tl.sqrt({0})")
-_ew("pow", lambda x, exponent: torch.pow(x, exponent), lambda b, v, g: [
-    b.add("mul", g, b.add("mul", b.add("pow", b.fwd(v.inputs[0]), exponent=v.attrs["exponent"] - 1.0),
-                          b.const(v.attrs["exponent"], g)))], 1)
+def _pow_derivative(b, v, g):
+    """``g * (c * x ** (c - 1))``, and none for ``x ** 0``, as torch's backward gives
+    zeros there: the product made ``0 * 0 ** -1`` = NaN at x = 0 (and at NaN)."""
+    exponent = v.attrs["exponent"]
+    if exponent == 0:
+        return [None]
+    return [b.add("mul", g, b.add("mul", b.add("pow", b.fwd(v.inputs[0]), exponent=exponent - 1.0),
+                                  b.const(exponent, g)))]
+
+
+_ew("pow", lambda x, exponent: torch.pow(x, exponent), _pow_derivative, 1)
 # NaN follows torch in both directions: the forward keeps it (tl.maximum would drop it),
 # and each slope takes the branch torch's backward kernel takes for NaN.
 _ew("relu", torch.relu, lambda b, v, g: [_passed(b, g, b.add("relu_slope", b.fwd(v.inputs[0])))], 1,
