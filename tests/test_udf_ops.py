@@ -535,6 +535,8 @@ def test_indexing_a_graph_axis_is_a_compile_error():
     ('F.embedding(edges.data["type"], W[:, :, 0], padding_idx=0)', "padding_idx"),
     ('F.softmax(edges.src["h"], dim=-1, dtype=torch.float32)', "dtype"),
     ('torch.log_softmax(edges.src["h"], -1, torch.float32)', "dtype"),
+    ('torch.div(edges.src["h"], 2, rounding_mode="floor")', "rounding_mode='floor'"),
+    ('edges.src["h"].div(2, rounding_mode="trunc")', "rounding_mode='trunc'"),
 ])
 def test_message_op_misuse_is_a_compile_error(expr, match):
     namespace = {"torch": torch, "F": F, "W": torch.randn(R, FEAT, 3), "W3": torch.randn(len(SRC), FEAT, 3)}

@@ -352,7 +352,10 @@ def _shown(x: SymTensor) -> str:
 
 
 def _binary(op: str, reverse: bool = False):
-    def handler(tracer: Tracer, a, b, *, alpha=None, out=None):
+    def handler(tracer: Tracer, a, b, *, alpha=None, out=None, rounding_mode=None):
+        if rounding_mode is not None:   # it reached Python as a bare TypeError about the handler
+            raise tracer.error(f"torch.div with rounding_mode={rounding_mode!r} (floor or truncating division) "
+                               "has no gnnfuse op; compute it outside the compiled function")
         if alpha is not None and alpha != 1:
             b = _binary("mul")(tracer, b, alpha)
         a, b = (b, a) if reverse else (a, b)
