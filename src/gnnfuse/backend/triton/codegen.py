@@ -320,6 +320,14 @@ class _Emitter:
         return self.tmp(f"tl.load({ptr} + {_ROW_INDEX[kind]}, mask=emask, other=0.0).to(ACC)[:, None]")
 
 
+def _tile(expr: str, shape: str) -> str:
+    """``expr`` broadcast to a tile of ``shape`` in ACC, by adding -0.0: the identity of
+    addition for every value. Adding ``tl.zeros`` (+0.0) made a -0.0 +0.0, which a
+    stored edge value or a max keeps: ``1 / s`` of an edge value ``-h`` at h = 0 then
+    gave inf where torch gives -inf."""
+    return f"{expr} + tl.full({shape}, -0.0, ACC)"
+
+
 def head_block(unit: Unit) -> int | None:
     """The largest feature block (BLOCK_F) whose lanes share every coordinate but the
     last, for a unit with a multi-head output (H, D) that also reads or computes narrower
@@ -475,7 +483,7 @@ def generate_edge(unit: EdgeUnit, name: str, acc_dtype: str, tuned: bool = False
         result = " + ".join(terms)
     else:
         result = em.value(root, coords)
-    tail = (f"    val = {result} + tl.zeros([BLOCK_E, BLOCK_F], ACC)\n"
+    tail = (f"    val = {_tile(result, '[BLOCK_E, BLOCK_F]')}\n"
             f"    tl.store(out + e[:, None] * {width} + f[None, :], val.to(out.dtype.element_ty),\n"
             f"             mask=emask[:, None] & fmask[None, :])")
     source = _edge_parallel_source(name, unit.describe(), acc_dtype, em, width, "", tail, tuned, reset=False)
@@ -545,7 +553,7 @@ def {name}(rowptr, col, eid, seg_row, seg_start, seg_end, {split_params}num_segm
                 nbr = tl.load(col + e, mask=emask, other=0).to(tl.int64)
                 edge = tl.load(eid + e, mask=emask, other=0).to(tl.int64)
 {body}
-                tile = tl.where(emask[:, None], {root} + tl.zeros([BLOCK_E, BLOCK_F], ACC), {_IDENTITY[op]})
+                tile = tl.where(emask[:, None], {_tile(root, "[BLOCK_E, BLOCK_F]")}, {_IDENTITY[op]})
                 acc = {combine}{nan_count}
             acc = {finish}{nan_finish}{_row_scale(em, unit, "acc", " " * 12, per_edge=False)}{_row_addend(em, unit, width)}
             {store}
@@ -629,7 +637,7 @@ def generate_siblings(group: SiblingGroup, name: str, acc_dtype: str, tuned: boo
     init, adds, stores = [], [], []
     for n, unit, width, block, root in members:
         op = unit.reduce.attrs["op"]
-        tile = f"{root} + tl.zeros([BLOCK_E, {block}], ACC)"
+        tile = _tile(root, f"[BLOCK_E, {block}]")
         if op == "max":
             init.append(f"            acc{n} = tl.full([{block}], float('-inf'), ACC)\n"
                         f"            nans{n} = tl.zeros([{block}], tl.int32)\n")
