@@ -225,16 +225,18 @@ def test_unary_op_is_within_a_few_ulps_of_torch(name, backend, device, dtype):
 def test_negative_zero_keeps_its_sign_in_edge_values_and_max(backend, device):
     """-0.0 equals 0, but ``1 / -0.0`` is -inf: the Triton kernels broadcast a value to
     its tile by adding +0.0, which made a stored edge value ``-h`` at h = 0, and a max
-    over it, +0.0."""
+    over it, +0.0; both kernels' relu gave 0.0 for -0.0."""
     ring = gnnfuse.Graph(torch.tensor([0, 1, 2]), torch.tensor([1, 2, 0]), 3).to(device)
     h = torch.tensor([[0.0, 1.0], [-0.0, 2.0], [3.0, 0.0]], device=device)
     ones = torch.ones(3, 1, device=device)
     stored = gnnfuse.apply_edges(ring, lambda e: {"s": -e.src["h"] * e.data["w"]}, ndata={"h": h},
                                  edata={"w": ones})["s"]
     largest = gnnfuse.ops.gspmm(ring, lambda xs, w: -xs * w, "max", src=h, edge=ones)[ring.dst]
+    cut = gnnfuse.ops.gspmm(ring, lambda xs, w: torch.relu(-xs * w), "max", src=h, edge=ones)[ring.dst]
     expected = -h[ring.src]
     assert torch.equal(torch.signbit(stored), torch.signbit(expected))
     assert torch.equal(torch.signbit(largest), torch.signbit(expected))
+    assert torch.equal(torch.signbit(cut), torch.signbit(torch.relu(expected)))   # relu(-0.0) is -0.0
 
 
 def test_slicing_a_graph_value_in_message_and_vertex_code(device):

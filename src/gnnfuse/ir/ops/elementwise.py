@@ -82,7 +82,7 @@ _ew("pow", lambda x, exponent: torch.pow(x, exponent), _pow_derivative, 1)
 # NaN follows torch in both directions: the forward keeps it (tl.maximum would drop it),
 # and each slope takes the branch torch's backward kernel takes for NaN.
 _ew("relu", torch.relu, lambda b, v, g: [_passed(b, g, b.add("relu_slope", b.fwd(v.inputs[0])))], 1,
-    emit="tl.where({0} <= 0, 0.0, {0})", bounded=True)
+    emit="tl.where({0} < 0, 0.0, {0})", bounded=True)   # x itself at 0: torch's relu(-0.0) is -0.0
 _ew("relu_slope", lambda x: torch.where(x <= 0, torch.zeros_like(x), torch.ones_like(x)), None, 1,
     doc="derivative multiplier of relu: 0 where x <= 0, else 1 (NaN included, as torch)",
     emit="tl.where({0} <= 0, 0.0, 1.0)")
