@@ -239,6 +239,19 @@ def test_negative_zero_keeps_its_sign_in_edge_values_and_max(backend, device):
     assert torch.equal(torch.signbit(cut), torch.signbit(torch.relu(expected)))   # relu(-0.0) is -0.0
 
 
+@pytest.mark.parametrize("backend", ["triton", "cpu"], indirect=True)
+def test_non_finite_constants_compile(backend, device):
+    """An infinite or NaN constant or attribute (an open clamp bound, a softplus that is
+    never linear, a NaN) was written into the kernel as a bare ``inf`` or ``nan``: a
+    NameError from both code generators."""
+    inf = float("inf")
+    op = lambda a, b: ((b - a).clamp(-inf, inf) + (a + float("nan")) * 0.0   # noqa: E731
+                       + F.softplus(a - b, threshold=inf) + a.clamp(min=0.5) * (b + inf))
+    h = features(device, N, FEAT, integer=False)
+    for front_end in (run_vertex, run_message):
+        assert_matches(lambda: front_end(op, h), lambda: aggregate(op(h[SRC], h[DST])), [h])
+
+
 def test_slicing_a_graph_value_in_message_and_vertex_code(device):
     """``u.h[0:1]`` in vertex code is the row's first feature; ``[:, 0:1]`` in a message."""
     h = features(device, N, FEAT)

@@ -54,7 +54,15 @@ class UnsupportedUnit(Exception):
 
 
 # Names a constant expression may hold (`_Emitter.inline_constants`).
-_CONSTANT_NAMES = frozenset({"U", "ACC", "np", "inf"})
+_CONSTANT_NAMES = frozenset({"U", "ACC", "np", "inf", "nan"})
+
+
+def _literal(value: float) -> str:
+    """A float as kernel source: ``repr`` writes inf and NaN as the bare names ``inf`` and
+    ``nan``, which no kernel defines (``x * float('inf')`` or ``clamp(max=float('inf'))``
+    failed to compile with a NameError)."""
+    value = float(value)
+    return repr(value) if math.isfinite(value) else f"{'-' if value < 0 else ''}np.{'nan' if value != value else 'inf'}"
 
 
 class _Emitter:
@@ -145,7 +153,7 @@ class _Emitter:
             if not isinstance(opdef.emit, (str, tuple)):
                 raise UnsupportedUnit(f"op {v.op!r} has no expression the CPU generator can use")
             args = [self.value(i, project(coords, v.shape, i.shape), side) for i in v.inputs]
-            attrs = {k: self.tmp(f"ACC({float(a)!r})") for k, a in v.attrs.items()
+            attrs = {k: self.tmp(f"ACC({_literal(a)})") for k, a in v.attrs.items()
                      if isinstance(a, (int, float)) and not isinstance(a, bool)}
             for n, step in enumerate(opdef.emit_steps()):
                 expr = step.format(*args, **attrs)
@@ -171,7 +179,7 @@ class _Emitter:
 
     def load(self, v: Value, coords: tuple[str, ...], kind: str) -> str:
         if kind == "const":
-            return self.tmp(f"ACC({float(v.attrs['value'])!r})")
+            return self.tmp(f"ACC({_literal(v.attrs['value'])})")
         ptr, width = f"L{self.leaf_index[v.id]}", math.prod(v.shape)
         off = self.offset(v.shape, coords)
         if kind == "shared":

@@ -144,7 +144,7 @@ class _Emitter:
     def constant(self, value: float) -> str:
         """A constant in the accumulator type: a bare literal would be float32 in Triton
         and round, e.g., a 0.2 slope by 1.5e-8 in a float64 kernel."""
-        return self.tmp(f"tl.full([1], {float(value)!r}, ACC)")
+        return self.tmp(f"tl.full([1], {_literal(value)}, ACC)")
 
     def offset(self, shape: tuple[int, ...], coords: tuple[str, ...]) -> str:
         """The flat offset of ``coords`` in ``shape``: uniform (one per program, `uniform`)
@@ -318,6 +318,14 @@ class _Emitter:
         if kind == "center":
             return self.tmp(f"tl.load({ptr} + row).to(ACC)")
         return self.tmp(f"tl.load({ptr} + {_ROW_INDEX[kind]}, mask=emask, other=0.0).to(ACC)[:, None]")
+
+
+def _literal(value: float) -> str:
+    """A float as kernel source: ``repr`` writes inf and NaN as the bare names ``inf`` and
+    ``nan``, which no kernel defines (``x * float('inf')`` or ``clamp(max=float('inf'))``
+    failed to compile with a NameError)."""
+    value = float(value)
+    return repr(value) if math.isfinite(value) else f"float('{value}')"
 
 
 def _tile(expr: str, shape: str) -> str:
