@@ -568,6 +568,8 @@ def test_indexing_a_graph_axis_is_a_compile_error():
     ('torch.log_softmax(edges.src["h"], -1, torch.float32)', "dtype"),
     ('torch.div(edges.src["h"], 2, rounding_mode="floor")', "rounding_mode='floor'"),
     ('edges.src["h"].div(2, rounding_mode="trunc")', "rounding_mode='trunc'"),
+    ('edges.src["h"].clamp(min=float("nan"))', "NaN bound"),
+    ('torch.clamp(edges.src["h"], 0.0, float("nan"))', "NaN bound"),
 ])
 def test_message_op_misuse_is_a_compile_error(expr, match):
     namespace = {"torch": torch, "F": F, "W": torch.randn(R, FEAT, 3), "W3": torch.randn(len(SRC), FEAT, 3)}

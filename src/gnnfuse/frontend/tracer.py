@@ -654,6 +654,8 @@ def _clamp(tracer: Tracer, x, min=None, max=None, *, out=None):
         raise tracer.error("only constant bounds can be compiled in clamp(min=..., max=...)")
     if min is None and max is None:
         raise tracer.error("clamp needs a min or a max bound")
+    if any(bound is not None and bound != bound for bound in (min, max)):   # the kernels' compare skips NaN
+        raise tracer.error("clamp with a NaN bound (torch makes every element NaN) cannot be compiled")
     x = tracer.lift(x)
     if not x.dtype.is_floating_point:    # the bounds are traced as floats: 2**24 + 1 would round
         raise tracer.error(f"clamp of an integer graph value ({x.dtype}) cannot be compiled; "
