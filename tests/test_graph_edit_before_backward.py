@@ -12,7 +12,10 @@ import pytest
 import torch
 import torch_geometric.nn as pyg
 
-from gnnfuse import nn as gnn
+import gnnfuse
+from gnnfuse import Graph, nn as gnn
+from gnnfuse.graph import GraphModifiedError
+from gnnfuse.loader import NeighborLoader
 
 N, F = 10, 4
 
@@ -80,3 +83,89 @@ def test_sage_refuses_as_pyg_does():
         ei[0, 0] = (ei[0, 0] + 1) % N
         with pytest.raises(RuntimeError, match="modified by an in-?place operation"):
             loss.backward()
+
+
+# --- an edit between calls ---------------------------------------------------------------
+@gnnfuse.vertex
+def _neighbour_sum(v):
+    return sum([u.h for u in v.innbs])
+
+
+def _edited_graphs(device: str):
+    """(what, graph, its in-place edit, the tensor the refusal names) for each kind of
+    graph that keeps a caller's index tensors: the edit leaves every id in range."""
+    def ei():
+        return torch.tensor([[0, 1, 2, 3, 4, 0, 2], [1, 2, 3, 4, 0, 2, 4]], device=device)
+    plain = ei()
+    src, dst = ei().unbind(0)
+    src, dst = src.clone(), dst.clone()
+    bsrc, bdst = torch.tensor([0, 1, 2, 3, 4, 5], device=device), torch.tensor([0, 0, 1, 1, 2, 2], device=device)
+    etype, ntype, looped = torch.tensor([0, 1, 0, 1, 0, 1, 0], device=device), torch.zeros(5, dtype=torch.long,
+                                                                                           device=device), ei()
+    blocks = NeighborLoader(Graph.from_edge_index(ei().cpu(), 5).to(device), [3], batch_size=2, prefetch=0)
+    block = next(iter(blocks)).blocks[0].graph
+
+    def setter(tensor, value):
+        return lambda: tensor.__setitem__(0, value)
+    return [
+        ("edge_index", Graph.from_edge_index(plain, 5), lambda: plain.__setitem__((1, slice(0, 4)), 0), "edge_index"),
+        ("src", Graph(src, dst, 5), setter(src, 3), "src"),
+        ("bipartite", Graph.bipartite(bsrc, bdst, 6, 3), setter(bdst, 2), "dst"),
+        ("edge_type", Graph(*ei().unbind(0), 5, edge_type=etype), setter(etype, 1), "edge_type"),
+        ("node_type", Graph(*ei().unbind(0), 5, node_type=ntype, num_node_types=2), setter(ntype, 1), "node_type"),
+        ("self-looped", Graph.from_edge_index(looped, 5).remove_self_loops().add_self_loops(),
+         lambda: looped.__setitem__((0, 0), 3), "edge_index"),
+        ("loader block", block, setter(block.src, int(block.src[-1])), "src"),
+    ]
+
+
+@pytest.mark.parametrize("kind", range(7), ids=["edge_index", "src", "bipartite", "edge_type", "node_type",
+                                                "self-looped", "loader-block"])
+@pytest.mark.parametrize("other_backend", [None, "cpu"], ids=["", "cpu"])
+def test_a_graph_edited_in_place_is_refused_at_its_next_use(kind, other_backend, backend, device, monkeypatch):
+    """A `Graph` keeps a contiguous int64 index tensor without copying. Written in place
+    between two calls, the CPU and Triton backends ran on the CSR built for the old edges
+    (a SAGE sum gave 0.91 off a fresh graph's), while the reference saw the new ones: now
+    every backend refuses the graph, naming the tensor, and so does a layout read."""
+    if other_backend is not None:
+        if backend != "reference":
+            pytest.skip("one run per backend")
+        pytest.importorskip("numba")
+        monkeypatch.setenv("GNNFUSE_BACKEND", other_backend)
+    what, graph, edit, name = _edited_graphs(device)[kind]
+    h = torch.randn(graph.num_src_nodes, 3, dtype=torch.float64, device=device)
+    _neighbour_sum(graph, {"h": h})
+    edit()
+    with pytest.raises(GraphModifiedError, match=f"the graph's {name} tensor .* modified|graph's {name} tensor"):
+        _neighbour_sum(graph, {"h": h})
+    with pytest.raises(GraphModifiedError):
+        graph.csr()
+
+
+def test_copies_of_an_unedited_graph_run_and_an_edited_one_is_not_copied():
+    """Pickling (a loader worker's batch), deep copies and `Graph.to` give graphs sealed
+    on their own tensors; an edited graph is refused there too rather than carried on."""
+    import copy
+    import pickle
+    ei = torch.tensor([[0, 1, 2, 3], [1, 2, 3, 0]])
+    graph = Graph.from_edge_index(ei, 4)
+    h = torch.randn(4, 2, dtype=torch.float64)
+    want = _neighbour_sum(graph, {"h": h})
+    for twin in (pickle.loads(pickle.dumps(graph)), copy.deepcopy(graph), copy.copy(graph)):
+        torch.testing.assert_close(_neighbour_sum(twin, {"h": h}), want)
+    ei[0, 0] = 2
+    for use in (lambda: pickle.dumps(graph), lambda: copy.copy(graph), lambda: graph.to("meta"),
+                lambda: graph.remove_self_loops()):
+        with pytest.raises(GraphModifiedError, match="edge_index"):
+            use()
+
+
+def test_a_write_through_an_edge_index_wrapper_is_refused_between_calls():
+    """PyG's ``EdgeIndex`` moves its own version counter only: the graph watches it too."""
+    ei = _wrapped(_graph())
+    graph = Graph.coerce(ei)
+    h = torch.randn(N, 2, dtype=torch.float64)
+    _neighbour_sum(graph, {"h": h})
+    ei[1, :8] = torch.arange(8) + 1
+    with pytest.raises(GraphModifiedError, match="EdgeIndex"):
+        _neighbour_sum(graph, {"h": h})

@@ -44,3 +44,17 @@ def test_a_loader_batch_round_trips_with_its_graph_caches():
 def test_a_tensor_that_needs_grad_is_refused():
     with pytest.raises(TypeError, match="plain dense tensors"):
         pack({"w": torch.zeros(2, requires_grad=True)})
+
+
+def test_unpacked_tensors_have_their_own_version_counters():
+    """Views of the one received buffer shared its version counter: ``batch.x``
+    normalised in place read as an edit of every block graph's index tensors, which the
+    graph then refused (`Graph.check_unchanged`)."""
+    gen = torch.Generator().manual_seed(3)
+    graph = gnnfuse.Graph(torch.randint(0, 30, (150,), generator=gen), torch.randint(0, 30, (150,), generator=gen), 30)
+    loader = NeighborLoader(graph, [4, 2], batch_size=8, x=torch.randn(30, 3, generator=gen), prefetch=0)
+    batch = unpack(*pack(next(iter(loader))))
+    batch.x.mul_(2)
+    for block in batch.blocks:
+        block.graph.check_unchanged()
+        assert block.graph.csr() is not None

@@ -14,6 +14,14 @@ All layouts are built lazily, on the graph's device, once per graph, and memoise
 cache that layers also use (`Graph.cached`) for their own derived data such as GCN
 normalisation. Because the cache assumes the graph never changes, a `Graph` has no
 mutating methods: transformations return new graphs with empty caches.
+
+The index tensors a graph keeps without copying can still be written in place by their
+owner (``edge_index[1, :4] = 0``). The layouts built before would then describe the old
+edges while a torch gather reads the new ones -- the CPU and Triton backends silently
+ran on the old CSR where the reference (and PyG) saw the edit. So a graph *seals* its
+index tensors when it is built (their version counters, which every in-place torch op
+moves, views included) and `check_unchanged` refuses a graph whose seal is broken; the
+runtime calls it on every program call, and `cached` on every layout read.
 """
 from __future__ import annotations
 
@@ -76,6 +84,7 @@ class Graph:
     # a PyG ``EdgeIndex`` this graph's edges were read from (weakly: the index cache lets
     # a graph go with its input); a write through it moves its own version counter only
     _wrapper: weakref.ref | None = None
+    _wrapper_version: int = 0      # its version counter when the graph was built
 
     def __init__(self, src: Any, dst: Any, num_nodes: int | None = None, *,
                  edge_type: Any = None, num_edge_types: int | None = None,
@@ -120,15 +129,19 @@ class Graph:
         self._dst_grouped = False   # edges already in destination order: the CSR needs no sort
         # an `in_edges_block`'s chosen rows: destination i is vertex rows[i], not source i
         self._dst_rows: torch.Tensor | None = None
+        if src is not None:     # a lazy graph (`_lazy_graph`) is sealed once it has its recipe
+            self._seal()
 
     def _derive(self, src: torch.Tensor, dst: torch.Tensor, edge_type: torch.Tensor | None,
                 num_edge_types: int | None = None) -> Graph:
-        """A graph from already-valid tensors, skipping validation; keeps vertex types."""
+        """A graph from already-valid tensors, skipping validation; keeps vertex types.
+        Its caller read them from this graph, so this graph must be unchanged (`_seal`)."""
+        self.check_unchanged()
         g = Graph.__new__(Graph)
         g._init(src, dst, self._num_nodes, edge_type,
                 self._num_edge_types if num_edge_types is None else num_edge_types,
                 self._node_type, self._num_node_types, self._num_src)
-        g._dst_rows, g._wrapper = self._dst_rows, self._wrapper
+        g._dst_rows, g._wrapper, g._wrapper_version = self._dst_rows, self._wrapper, self._wrapper_version
         return g
 
     def _lazily(self, keep: torch.Tensor | None, loops: int) -> Graph:
@@ -142,6 +155,7 @@ class Graph:
         1 GB resident for the whole training run. A lazy graph refers to the endpoint
         tensors it was derived from (and the mask), which its source graph holds anyway.
         """
+        self.check_unchanged()      # the recipe reads this graph's tensors: they must be its edges
         own = self._lazy
         if own is not None and own.loops == 0 and (keep is None or own.keep is None):   # compose the recipes
             kept = own.kept if keep is None else int(keep.sum())
@@ -153,6 +167,8 @@ class Graph:
         g = Graph.__new__(Graph)
         g._init(None, None, self._num_nodes, None, None, self._node_type, self._num_node_types, self._num_src)
         g._edges, g._lazy, g._dst_rows, g._wrapper = None, recipe, self._dst_rows, self._wrapper
+        g._wrapper_version = self._wrapper_version
+        g._seal()
         return g
 
     def _endpoints(self, keep: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -160,6 +176,7 @@ class Graph:
         keeps them only when `keep` (a layout builder uses them once and lets them go)."""
         if self._edges is not None:
             return self._edges
+        self.check_unchanged()     # built from the recipe's tensors: they must still hold its edges
         src, dst, keep_mask, _, count = self._lazy
         if keep_mask is not None:
             src, dst = src[keep_mask], dst[keep_mask]
@@ -167,7 +184,11 @@ class Graph:
             loops = torch.arange(count, device=src.device)
             src, dst = torch.cat([src, loops]), torch.cat([dst, loops])
         if keep:
-            self._edges, self._lazy = (src, dst), None
+            recipe, self._edges, self._lazy = self._sealed, (src, dst), None
+            # the arrays it reads from now on, and still those it was derived from: its
+            # layouts may be theirs, so an edit there refuses it on every backend alike
+            self._seal()
+            self._sealed += recipe
         return src, dst
 
     @property
@@ -332,7 +353,7 @@ class Graph:
             num_nodes = rows                              # isolated trailing vertices count
         graph = cls.from_edge_index(obj.as_tensor(), num_nodes, **bipartite)
         graph._trust_dst_order(obj.is_sorted_by_col)
-        graph._wrapper = weakref.ref(obj)
+        graph._wrapper, graph._wrapper_version = weakref.ref(obj), obj._version
         return graph
 
     def _trust_dst_order(self, claimed: bool) -> None:
@@ -377,16 +398,48 @@ class Graph:
     def device(self) -> torch.device:
         return (self._lazy.src if self._edges is None else self._edges[0]).device
 
-    def edge_tensors(self) -> tuple[torch.Tensor, ...]:
-        """The tensors this graph's edges are read from -- a caller's own ``edge_index``
-        rows where they were kept without a copy (`Graph`'s doc), a lazy graph's recipe's,
-        and the edge and vertex types -- without building a lazy graph's endpoints. Their
-        version counters say whether an in-place write changed the graph: a layout built
-        after that write (a backward's reverse CSR) would not be the forward's graph. A
-        PyG ``EdgeIndex`` the edges were read from counts too, while it lives."""
-        edges = self._edges if self._edges is not None else (self._lazy.src, self._lazy.dst, self._lazy.keep)
-        wrapper = self._wrapper() if self._wrapper is not None else None
-        return tuple(t for t in (*edges, self._edge_type, self._node_type, self._dst_rows, wrapper) if t is not None)
+    def _sealed_tensors(self) -> list[tuple[str, torch.Tensor]]:
+        """(name, tensor) for each tensor this graph's edges are read from -- a caller's
+        own ``edge_index`` rows where they were kept without a copy (`Graph`'s doc), a
+        lazy graph's recipe's, and the edge and vertex types -- without building a lazy
+        graph's endpoints. (An `in_edges_block`'s ``rows`` only mark it: nothing is
+        computed from them.) Inference tensors have no version counter and are left out:
+        torch refuses their in-place edits outside inference mode."""
+        src, dst = self._edges if self._edges is not None else self._lazy[:2]
+        base = src._base
+        # the rows of one [2, E] edge_index share its version counter: name the one edited
+        edges = [("edge_index", base)] if base is not None and base is dst._base else [("src", src), ("dst", dst)]
+        if self._edges is None:
+            edges.append(("self-loop mask", self._lazy.keep))
+        named = edges + [("edge_type", self._edge_type), ("node_type", self._node_type)]
+        return [(name, t) for name, t in named if t is not None and not t.is_inference()]
+
+    def _seal(self) -> None:
+        """Record the version counters of the tensors the graph is read from (see the
+        module doc); `check_unchanged` compares them. Called when a graph is built."""
+        self._sealed = tuple((name, t, t._version) for name, t in self._sealed_tensors())
+
+    def check_unchanged(self) -> None:
+        """Refuse this graph if a tensor it reads was written in place since it was built
+        (see the module doc): its cached layouts (CSR, degrees, norms, launch plans) would
+        describe other edges than its ``src``/``dst``, and ids written there were never
+        range-checked. Cheap: one version read per tensor, inline on every program call.
+        A PyG ``EdgeIndex`` the edges were read from counts too, while it lives."""
+        for name, tensor, version in self._sealed:
+            if tensor._version != version:
+                raise _edited(f"{name} tensor", tensor, version)
+        if self._wrapper is not None:
+            wrapper = self._wrapper()
+            if wrapper is not None and wrapper._version != self._wrapper_version:
+                raise _edited("edge_index (a PyG EdgeIndex)", wrapper, self._wrapper_version)
+
+    def _reseal(self) -> None:
+        """Accept the graph's current tensors as its edges: only for a caller that rewrote
+        them *and every cached layout* in place together (a captured step's static batch,
+        `training.captured_step`), so the two still agree."""
+        self._seal()
+        if self._wrapper is not None and (wrapper := self._wrapper()) is not None:
+            self._wrapper_version = wrapper._version
 
     @property
     def src(self) -> torch.Tensor:
@@ -433,6 +486,7 @@ class Graph:
         A value built inside a ``torch.func`` transform is returned but not kept: its
         tensors are the transform's wrappers, unusable after it (`index_cache`).
         """
+        self.check_unchanged()
         if key not in self._cache:
             if functorch_interpreter() is not None:
                 return self._builders.get(key, fn)(self)
@@ -443,16 +497,19 @@ class Graph:
         """A graph pickled (sent to another process: a loader worker's batch) takes its
         `build_later` recipes built first: they are closures, which cannot travel, and
         the receiver would otherwise build those layouts its own way."""
+        self.check_unchanged()       # the receiver would seal edges its layouts do not describe
         while self._builders:      # a recipe may ask for another (segments: the reverse CSR)
             key, build = self._builders.popitem()
             if key not in self._cache:     # a value stored directly since keeps its place
                 self._cache[key] = build(self)
-        return {key: value for key, value in self.__dict__.items() if key != "_wrapper"}   # a weakref
+        # not a weakref, nor the versions of tensors the receiver gets anew (it seals its own)
+        return {key: value for key, value in self.__dict__.items() if key not in _UNPICKLED}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self.__dict__.setdefault("_builders", {})       # pickled before graphs had recipes
         self.__dict__.setdefault("_dst_rows", None)     # pickled before in_edges_block marked its blocks
+        self._seal()
 
     def build_later(self, key: str, fn: Callable[[Graph], Any]) -> None:
         """Have `cached` build ``key`` with ``fn`` when something first asks for it, in
@@ -532,6 +589,8 @@ class Graph:
         device = torch.device(device)
         if device == self.device:
             return self
+        self.check_unchanged()
+
         def move(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else t.to(device)
         g = Graph.__new__(Graph)
@@ -622,6 +681,31 @@ class Graph:
         if self._node_type is not None:
             typed += f", num_node_types={self._num_node_types}"
         return f"Graph(num_nodes={self._num_nodes}, num_edges={self.num_edges}{typed}, device={self.device})"
+
+
+_UNPICKLED = ("_wrapper", "_wrapper_version", "_sealed")
+
+
+class GraphModifiedError(RuntimeError):
+    """A `Graph` used after one of its index tensors was written in place (see the
+    module doc). ``what`` names the tensor and its versions."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        super().__init__(
+            f"a Graph was used after an in-place operation modified it: {what}, the version it had when the "
+            "Graph was built. A Graph keeps its index tensors without copying and caches layouts built from them "
+            "(CSR, degrees, norms), which describe the old edges. Build a new Graph from the edited tensors "
+            "(e.g. Graph.from_edge_index(edge_index)), or edit a clone (edge_index = edge_index.clone()) "
+            "so the graph keeps its own")
+
+    def __reduce__(self) -> tuple:
+        return type(self), (self.what,)
+
+
+def _edited(name: str, tensor: torch.Tensor, sealed: int) -> GraphModifiedError:
+    return GraphModifiedError(f"the graph's {name} (shape {list(tensor.shape)}) is at version {tensor._version}, "
+                              f"not {sealed}")
 
 
 def row_pointers(key: torch.Tensor, rows: int) -> torch.Tensor:

@@ -39,6 +39,7 @@ def in_edges_block(graph: Graph, rows: torch.Tensor, *, return_edge_ids: bool = 
     made and pass ``add_self_loops=False``, as the error says."""
     if not isinstance(rows, torch.Tensor):
         raise TypeError(f"rows must be a tensor of destination ids or a boolean mask, got {type(rows).__name__}")
+    graph.check_unchanged()     # its edges are read below, its destination order (`_dst_grouped`) trusted
     rows = rows.to(graph.device)
     if rows.dtype == torch.bool:
         if rows.shape != (graph.num_nodes,):

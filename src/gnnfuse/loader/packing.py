@@ -76,15 +76,27 @@ def pack(obj: Any) -> tuple[bytes, dict[str, torch.Tensor], list[tuple[str, int,
 
 def unpack(data: bytes, buffers: dict[str, torch.Tensor],
            where: list[tuple[str, int, torch.dtype, tuple[int, ...]]]) -> Any:
-    """What `pack` packed, its tensors views of ``buffers``."""
+    """What `pack` packed, its tensors in the memory of ``buffers``.
+
+    Each is a tensor of its own over the buffer's storage, not a view of the buffer:
+    views share their base's version counter, so an in-place write to one (``batch.x``
+    normalised in place) would read as a write to every other, a block graph's index
+    tensors among them, which a `Graph` then refuses as edited (`Graph.check_unchanged`)."""
     tensors = []
     for device, offset, dtype, shape in where:
-        count = 1
-        for size in shape:
-            count *= size
-        nbytes = count * torch.empty((), dtype=dtype).element_size()
-        tensors.append(buffers[device][offset:offset + nbytes].view(dtype).view(shape))
+        storage = buffers[device].untyped_storage()
+        size = torch.empty((), dtype=dtype).element_size()
+        tensors.append(torch.empty(0, dtype=dtype, device=storage.device).set_(
+            storage, offset // size, shape, _contiguous_strides(shape)))
     return _Unpacker(io.BytesIO(data), tensors).load()
+
+
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
 
 
 def _bytes_of(tensor: torch.Tensor) -> torch.Tensor:

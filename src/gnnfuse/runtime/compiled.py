@@ -16,7 +16,7 @@ import torch
 from ..autodiff import BackwardProgram, build_backward
 from ..backend.forced_schedule import ForcedSchedule, forced_schedule, forcing
 from ..backend.reference import GraphContext
-from ..graph import Graph
+from ..graph import Graph, GraphModifiedError
 from ..graph.index_cache import functorch_interpreter
 from ..ir import CompileError, Program, Residency, Value, verify
 from ..ir.ops.movement import BROADCAST_FROM, TYPE_INDICES
@@ -109,6 +109,8 @@ class CompiledProgram:
             outputs = prepared(graph, feeds)
             if outputs is not None:
                 return outputs
+        if isinstance(graph, Graph):
+            graph.check_unchanged()     # its layouts (and the backends' plans) describe the edges it was built with
         keys = self._input_keys
         tensors = self.checked_inputs(graph, feeds)
         if functorch_interpreter() is not None:     # inside torch.func.grad/vmap/...: one C call otherwise
@@ -407,17 +409,16 @@ class _ProgramFunction(torch.autograd.Function):
         # Python's collector cannot free -- every step's tensors would leak.
         ctx.save_for_backward(*[kept[i] for i in compiled.backward_inputs(backward).saved_ids] if backward else ())
         ctx.output_meta = [(o.shape, o.dtype, o.device) for o in outputs]
-        # the graph's index tensors and their version counters, checked by the backward
-        # (inline: this runs on every training call's host path)
-        graph = graph_ctx.graph
-        ctx.graph_versions = [(t, t._version) for t in graph.edge_tensors()] if type(graph) is Graph else ()
         return outputs
 
     @staticmethod
     def backward(ctx, *output_grads: torch.Tensor):
-        for tensor, version in ctx.graph_versions:
-            if tensor._version != version:
-                _graph_changed(ctx.compiled, tensor, version)
+        graph = ctx.graph_ctx.graph
+        if isinstance(graph, Graph):    # unchanged at the forward's call (`__call__`), so since it
+            try:
+                graph.check_unchanged()
+            except GraphModifiedError as edit:
+                raise _graph_changed(ctx.compiled, edit) from edit
         if torch.is_grad_enabled():     # create_graph=True: this backward is differentiated in turn
             backend = next(name for name, execute in _EXECUTORS.items() if execute is ctx.execute)
             _check_second_derivative(ctx.compiled, ctx.backward, backend)
@@ -466,16 +467,16 @@ def read_back_by_backward(tensor: torch.Tensor) -> bool:
     return any(saved.untyped_storage().data_ptr() == storage for saved in node.saved_tensors)
 
 
-def _graph_changed(compiled: CompiledProgram, tensor: torch.Tensor, version: int) -> None:
-    """Refuse a backward whose graph was written in place after its forward ran (an
-    ``edge_index`` buffer refilled for the next batch before ``loss.backward()``): the
-    layouts the backward builds then would describe another graph, and its gradients
+def _graph_changed(compiled: CompiledProgram, edit: GraphModifiedError) -> RuntimeError:
+    """The refusal of a backward whose graph was written in place after its forward ran
+    (an ``edge_index`` buffer refilled for the next batch before ``loss.backward()``):
+    the layouts the backward builds then would describe another graph, and its gradients
     would silently mix the two. torch refuses the same for a tensor saved for backward."""
-    raise RuntimeError(
+    return RuntimeError(
         f"the graph of a gnnfuse program (inputs {sorted(compiled.program.inputs)}) was modified by an "
-        f"in-place operation after its forward ran: an index tensor of shape {tuple(tensor.shape)} is at "
-        f"version {tensor._version}, not {version}. The backward would run on another graph. Write a new "
-        "edge_index (or clone it) instead of modifying the one the forward used before calling backward().")
+        f"in-place operation after its forward ran: {edit.what}. The backward would run on another graph. "
+        "Write a new edge_index (or clone it) instead of modifying the one the forward used before calling "
+        "backward().")
 
 
 def _check_second_derivative(compiled: CompiledProgram, backward: BackwardProgram, backend: str) -> None:

@@ -9,7 +9,7 @@ When a program is called twice in a row without gradients on one graph with inpu
 the same shapes, dtypes and devices, it keeps a `PreparedCall`: those inputs' metadata
 and the backend's `PreparedRun` (only the Triton backend has one). A later call is run
 by it only when every one of those compares equal -- the same graph object (graphs are
-immutable), each input a tensor of the dtype, device and layout it ran with (a front
+immutable; one written in place is refused, `Graph.check_unchanged`), each input a tensor of the dtype, device and layout it ran with (a front
 end's repeat call, frontend/repeat_call.py, hands over tables it has not type-checked),
 no input needing a gradient while gradients are enabled, no `record_calls` block open,
 and then the backend's own checks (`PreparedRun.run`: the inputs' shapes and its
@@ -72,6 +72,7 @@ class PreparedCall:
         (or inside a ``torch.func`` transform, which the full path checks)."""
         if self._graph() is not graph or self._recorders or functorch_interpreter() is not None:
             return None
+        graph.check_unchanged()     # the run's plans hold the layouts of the edges it was built with
         grad = torch.is_grad_enabled()
         for key, (dtype, device) in zip(self._keys, self._metas):
             t = feeds.get(key)
@@ -90,6 +91,7 @@ class PreparedCall:
         safe and launches, and this call's checks follow while the kernel runs."""
         if self._graph() is not graph or self._run_one is None or functorch_interpreter() is not None:
             return None
+        graph.check_unchanged()     # before the launch: ids written in place since were never range-checked
         outputs = self._run_one(graph, tensor)
         if outputs is not None:     # ``tensor`` is of the plan's device and dtype: those of the inputs it ran with
             return None if self._recorders or (tensor.requires_grad and torch.is_grad_enabled()) else outputs

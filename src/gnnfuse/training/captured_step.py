@@ -66,6 +66,11 @@ def row_mixing_module(modules: Sequence[torch.nn.Module]) -> str | None:
     return None
 
 
+# A graph's seal (`Graph.check_unchanged`): the version counters of its index tensors,
+# which differ from batch to batch and are no part of its structure.
+_SEAL = ("_sealed", "_wrapper_version")
+
+
 def _flatten(value: Any, path: tuple, tensors: list[torch.Tensor], layout: list) -> None:
     """Every tensor reachable from a batch, in a fixed order, and the batch's structure
     with each tensor's (shape, dtype, stride, device) and every other value in its place."""
@@ -74,7 +79,8 @@ def _flatten(value: Any, path: tuple, tensors: list[torch.Tensor], layout: list)
         layout.append((path, tuple(value.shape), value.dtype, value.stride(), value.device))
     elif isinstance(value, Graph):
         for key, item in sorted(vars(value).items()):
-            _flatten(item, path + (key,), tensors, layout)
+            if key not in _SEAL:
+                _flatten(item, path + (key,), tensors, layout)
     elif isinstance(value, dict):
         layout.append((path, "dict", tuple(sorted(value))))
         for key in sorted(value):
@@ -99,6 +105,20 @@ def _structure(batch: MiniBatch) -> tuple[list[torch.Tensor], list]:
     return tensors, layout
 
 
+def _graphs(value: Any) -> list[Graph]:
+    """Every `Graph` reachable from a batch (its blocks' graphs and the graphs in their
+    caches, a self-looped copy's), as `_flatten` walks it."""
+    if isinstance(value, Graph):
+        return [value, *(g for key, item in vars(value).items() if key not in _SEAL for g in _graphs(item))]
+    if isinstance(value, dict):
+        return [g for item in value.values() for g in _graphs(item)]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return [g for field in dataclasses.fields(value) for g in _graphs(getattr(value, field.name))]
+    if isinstance(value, (tuple, list)):
+        return [g for item in value for g in _graphs(item)]
+    return []
+
+
 class StaticBatch:
     """A padded batch's copy whose tensors stay where they are (`load` overwrites them).
     A deferred batch's copy gets a feature buffer ``batch.x`` (rows of ``features``),
@@ -109,6 +129,7 @@ class StaticBatch:
             raise ValueError("a static batch is made from a padded batch (NeighborLoader(static_shapes=True))")
         copied = copy.deepcopy(batch)          # one copy per tensor; aliases stay aliases
         self._tensors, self._layout = _structure(copied)
+        self._graphs = _graphs(copied)
         if batch.deferred:
             if features is None:
                 raise ValueError("a deferred batch (NeighborLoader(deferred=True)) needs the feature table its rows "
@@ -141,6 +162,8 @@ class StaticBatch:
             sources = [torch.cat([s, t[s.numel():]]) if s is batch.input_id else s
                        for s, t in zip(sources, self._tensors)]
         copy_into(self._tensors, sources)
+        for graph in self._graphs:      # edges and every cached layout rewritten together: they agree
+            graph._reseal()
         return None
 
     def _only_fewer_seeds(self, layout: list) -> bool:
