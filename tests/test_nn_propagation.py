@@ -134,6 +134,30 @@ def test_cached_layers_reuse_their_first_graph_like_pyg(name):
     assert rel_err(ours(x2, second), fresh(x2, second)) < 1e-12   # reset drops the cache
 
 
+@pytest.mark.parametrize("name", ["gcn", "appnp", "sgc"])
+def test_cached_layers_ignore_an_edit_of_their_first_edge_index_like_pyg(name, backend, device):
+    """cached=True with the first ``edge_index`` then written in place: PyG keeps a
+    normalised copy and propagates over the first graph. The layer kept the graph sharing
+    the edited memory, which is refused once edited (the second GCN call raised
+    GraphModifiedError where PyG returns the first graph's result); it keeps a copy now."""
+    torch.manual_seed(3)
+    ours, ref = {
+        "gcn": lambda: (gnn.GCNConv(F_IN, 6, cached=True), pyg.GCNConv(F_IN, 6, cached=True)),
+        "appnp": lambda: (gnn.APPNP(2, 0.1, cached=True), pyg.APPNP(2, 0.1, cached=True)),
+        "sgc": lambda: (gnn.SGConv(F_IN, 6, K=2, cached=True), pyg.SGConv(F_IN, 6, K=2, cached=True)),
+    }[name]()
+    ours, ref = ours.double().to(device), ref.double().to(device)
+    ours.load_state_dict(ref.state_dict())
+    x = torch.randn(N, F_IN, dtype=torch.float64, device=device)
+    outputs = []
+    for layer in (ours, ref):
+        edge_index = graph_edges().to(device)
+        layer(x, edge_index)
+        edge_index[1, :8] = 0
+        outputs.append(layer(x, edge_index))
+    assert rel_err(*outputs) < 1e-9
+
+
 @pytest.mark.parametrize("normalize", [True, False])
 @pytest.mark.parametrize("backend", ["reference", "triton"])
 def test_appnp_edge_dropout_matches_pyg(normalize, backend, monkeypatch):

@@ -589,14 +589,23 @@ class Graph:
         device = torch.device(device)
         if device == self.device:
             return self
+        return self._copied(lambda t: t.to(device))
+
+    def clone(self) -> Graph:
+        """This graph with index tensors of its own (caches rebuilt lazily): an in-place
+        edit of the tensors it was built from no longer reaches it. What a layer with
+        PyG's ``cached=True`` keeps, as PyG keeps its own normalised copy."""
+        return self._copied(torch.Tensor.clone)
+
+    def _copied(self, copy: Callable[[torch.Tensor], torch.Tensor]) -> Graph:
         self.check_unchanged()
 
-        def move(t: torch.Tensor | None) -> torch.Tensor | None:
-            return None if t is None else t.to(device)
+        def each(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else copy(t)
         g = Graph.__new__(Graph)
-        g._init(move(self._src), move(self._dst), self._num_nodes, move(self._edge_type),
-                self._num_edge_types, move(self._node_type), self._num_node_types, self._num_src)
-        g._dst_rows = move(self._dst_rows)
+        g._init(each(self._src), each(self._dst), self._num_nodes, each(self._edge_type),
+                self._num_edge_types, each(self._node_type), self._num_node_types, self._num_src)
+        g._dst_rows = each(self._dst_rows)
         return g
 
     def add_self_loops(self, loop_type: int | None = None) -> Graph:

@@ -252,7 +252,11 @@ def _layer_graph(layer: nn.Module, x: torch.Tensor, graph: Graph | torch.Tensor,
 
     With ``cache`` the first graph is kept on the layer and reused on every later call,
     whatever graph is passed then -- PyG's transductive-only ``cached=True`` contract. The
-    normalisation lives in that graph's own cache, so it is computed once.
+    normalisation lives in that graph's own cache, so it is computed once. What is kept
+    is a copy with index tensors of its own (`Graph.clone`, one per graph, shared by the
+    layers caching it): PyG keeps a normalised copy, so an ``edge_index`` edited in place
+    after the first call leaves its result unchanged, where a graph sharing the edited
+    memory is refused (`Graph.check_unchanged`).
     """
     kept = layer._cached_graph
     if kept is not None:
@@ -262,7 +266,7 @@ def _layer_graph(layer: nn.Module, x: torch.Tensor, graph: Graph | torch.Tensor,
         return kept
     graph = _as_graph(graph, x.shape[0])
     if cache:
-        layer._cached_graph = graph
+        graph = layer._cached_graph = graph.cached("cached_layer_graph", Graph.clone)
     return graph
 
 
