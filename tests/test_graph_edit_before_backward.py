@@ -134,7 +134,8 @@ def test_a_graph_edited_in_place_is_refused_at_its_next_use(kind, other_backend,
         monkeypatch.setenv("GNNFUSE_BACKEND", other_backend)
     what, graph, edit, name = _edited_graphs(device)[kind]
     h = torch.randn(graph.num_src_nodes, 3, dtype=torch.float64, device=device)
-    _neighbour_sum(graph, {"h": h})
+    for _ in range(3):      # the third inference call on one graph runs a prepared call (triton)
+        _neighbour_sum(graph, {"h": h})
     edit()
     with pytest.raises(GraphModifiedError, match=f"the graph's {name} tensor .* modified|graph's {name} tensor"):
         _neighbour_sum(graph, {"h": h})
