@@ -123,6 +123,10 @@ def adj_t_edges(adj_t: Any) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]
         else:
             (row, col), value = index_tensors(adj_t)
             grouped = adj_t.is_coalesced()
+            # copied: the indices share the sparse tensor's version counter, which PyG's
+            # own layers move (``adj_t._coalesced_(True)`` in ``to_edge_index``) without
+            # changing an edge; a graph on them would then be refused as edited
+            row, col = row.clone(), col.clone()
     else:                                             # torch_sparse.SparseTensor, always row-major
         row, col, value = adj_t.coo()
         rows, cols = adj_t.sparse_sizes()
