@@ -404,3 +404,22 @@ def test_a_pickled_graph_takes_its_recipes_built():
     assert copy._cache["layout"] == ("built", 3) and not copy._builders
     assert copy.cached("layout", lambda graph: "asker") == ("built", 3)
     assert copy._cache["stored"] == "stored directly" and copy._cache["chained"] == ("built", 3, "chained")
+
+
+@pytest.mark.parametrize("write", [lambda g: g.in_degrees().clamp_(min=1), lambda g: g.csr().col.zero_(),
+                                   lambda g: g.edge_index[0].fill_(0)], ids=["in_degrees", "csr", "edge_index"])
+def test_a_layout_written_in_place_by_its_caller_is_refused(write):
+    """``graph.in_degrees()`` (``csr()``, ``edge_index``, ...) is the cached tensor every
+    layer reads: ``deg = g.in_degrees(); deg[deg == 0] = 1`` made a GCN without self loops
+    1.04 off PyG's, silently. The graph is refused at its next use, naming the layout."""
+    from gnnfuse import nn as gnn
+    from gnnfuse.graph import GraphModifiedError
+    graph = Graph.from_edge_index(torch.tensor([[0, 1, 2, 3, 0], [1, 2, 3, 3, 2]]), 6)
+    layer = gnn.GCNConv(3, 2, add_self_loops=False)
+    x = torch.randn(6, 3)
+    layer(x, graph)
+    write(graph)
+    with pytest.raises(GraphModifiedError, match="cached .* layout .* clone it before writing"):
+        layer(x, graph)
+    with pytest.raises(GraphModifiedError):
+        graph.in_degrees()

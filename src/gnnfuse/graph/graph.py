@@ -21,7 +21,9 @@ edges while a torch gather reads the new ones -- the CPU and Triton backends sil
 ran on the old CSR where the reference (and PyG) saw the edit. So a graph *seals* its
 index tensors when it is built (their version counters, which every in-place torch op
 moves, views included) and `check_unchanged` refuses a graph whose seal is broken; the
-runtime calls it on every program call, and `cached` on every layout read.
+runtime calls it on every program call, and `cached` on every layout read. The layouts
+the public methods hand out (``in_degrees()``, ``csr()``, ...) are sealed the same way:
+they are the very tensors the layers read.
 """
 from __future__ import annotations
 
@@ -416,8 +418,18 @@ class Graph:
 
     def _seal(self) -> None:
         """Record the version counters of the tensors the graph is read from (see the
-        module doc); `check_unchanged` compares them. Called when a graph is built."""
+        module doc), and of the layouts it has handed out (`_seal_layout`);
+        `check_unchanged` compares them. Called when a graph is built."""
         self._sealed = tuple((name, t, t._version) for name, t in self._sealed_tensors())
+        self._sealed_layouts = tuple(entry for key in _HANDED_OUT if key in self._cache
+                                     for entry in _layout_versions(key, self._cache[key]))
+
+    def _seal_layout(self, key: str) -> None:
+        """Seal a layout the public methods hand out (``in_degrees()``, ``csr()``, ...):
+        it is the very tensor every layer reads, so a caller's in-place write to it
+        (``deg[deg == 0] = 1``) silently changed their results (a GCN without self loops
+        1.04 off PyG's)."""
+        self._sealed_layouts += _layout_versions(key, self._cache[key])
 
     def check_unchanged(self) -> None:
         """Refuse this graph if a tensor it reads was written in place since it was built
@@ -427,15 +439,19 @@ class Graph:
         A PyG ``EdgeIndex`` the edges were read from counts too, while it lives."""
         for name, tensor, version in self._sealed:
             if tensor._version != version:
-                raise _edited(f"{name} tensor", tensor, version)
+                raise _edited(f"{name} tensor", tensor, version, "the Graph was built", _REBUILD)
         if self._wrapper is not None:
             wrapper = self._wrapper()
             if wrapper is not None and wrapper._version != self._wrapper_version:
-                raise _edited("edge_index (a PyG EdgeIndex)", wrapper, self._wrapper_version)
+                raise _edited("edge_index (a PyG EdgeIndex)", wrapper, self._wrapper_version, "the Graph was built",
+                              _REBUILD)
+        for key, tensor, version in self._sealed_layouts:
+            if tensor._version != version:
+                raise _edited(f"cached {key} layout", tensor, version, "it was built", _CLONE.format(key=key))
 
     def _reseal(self) -> None:
-        """Accept the graph's current tensors as its edges: only for a caller that rewrote
-        them *and every cached layout* in place together (a captured step's static batch,
+        """Accept the graph's current tensors as its edges and layouts: only for a caller
+        that rewrote them *and every cached layout* in place together (a captured step's static batch,
         `training.captured_step`), so the two still agree."""
         self._seal()
         if self._wrapper is not None and (wrapper := self._wrapper()) is not None:
@@ -491,6 +507,8 @@ class Graph:
             if functorch_interpreter() is not None:
                 return self._builders.get(key, fn)(self)
             self._cache[key] = self._builders.pop(key, fn)(self)
+            if key in _HANDED_OUT:
+                self._seal_layout(key)
         return self._cache[key]
 
     def __getstate__(self) -> dict[str, Any]:
@@ -692,29 +710,39 @@ class Graph:
         return f"Graph(num_nodes={self._num_nodes}, num_edges={self.num_edges}{typed}, device={self.device})"
 
 
-_UNPICKLED = ("_wrapper", "_wrapper_version", "_sealed")
+_UNPICKLED = ("_wrapper", "_wrapper_version", "_sealed", "_sealed_layouts")
+# the cache keys of the layouts `Graph`'s public methods return (`_seal_layout`)
+_HANDED_OUT = ("csr", "reverse_csr", "csr_rows", "reverse_csr_rows", "coo", "in_degrees", "out_degrees",
+               "degree_order", "edge_index")
+_REBUILD = ("A Graph keeps its index tensors without copying and caches layouts built from them (CSR, degrees, "
+            "norms), which describe the old edges. Build a new Graph from the edited tensors (e.g. "
+            "Graph.from_edge_index(edge_index)), or edit a clone (edge_index = edge_index.clone()) so the graph "
+            "keeps its own")
+_CLONE = ("The tensor Graph.{key} returns is the graph's cached layout, which every layer on the graph reads: "
+          "clone it before writing to it (e.g. deg = graph.in_degrees().clone()), and build a new Graph")
 
 
 class GraphModifiedError(RuntimeError):
-    """A `Graph` used after one of its index tensors was written in place (see the
-    module doc). ``what`` names the tensor and its versions."""
+    """A `Graph` used after one of its index tensors, or a layout it handed out, was
+    written in place (see the module doc). ``what`` names the tensor and its versions."""
 
-    def __init__(self, what: str) -> None:
-        self.what = what
-        super().__init__(
-            f"a Graph was used after an in-place operation modified it: {what}, the version it had when the "
-            "Graph was built. A Graph keeps its index tensors without copying and caches layouts built from them "
-            "(CSR, degrees, norms), which describe the old edges. Build a new Graph from the edited tensors "
-            "(e.g. Graph.from_edge_index(edge_index)), or edit a clone (edge_index = edge_index.clone()) "
-            "so the graph keeps its own")
+    def __init__(self, what: str, advice: str) -> None:
+        self.what, self.advice = what, advice
+        super().__init__(f"a Graph was used after an in-place operation modified it: {what}. {advice}")
 
     def __reduce__(self) -> tuple:
-        return type(self), (self.what,)
+        return type(self), (self.what, self.advice)
 
 
-def _edited(name: str, tensor: torch.Tensor, sealed: int) -> GraphModifiedError:
+def _edited(name: str, tensor: torch.Tensor, sealed: int, when: str, advice: str) -> GraphModifiedError:
     return GraphModifiedError(f"the graph's {name} (shape {list(tensor.shape)}) is at version {tensor._version}, "
-                              f"not {sealed}")
+                              f"not {sealed} as when {when}", advice)
+
+
+def _layout_versions(key: str, value: Any) -> tuple[tuple[str, torch.Tensor, int], ...]:
+    """(key, tensor, version) for each tensor of a layout (a tensor or a tuple of them)."""
+    tensors = value if isinstance(value, tuple) else (value,)
+    return tuple((key, t, t._version) for t in tensors if isinstance(t, torch.Tensor) and not t.is_inference())
 
 
 def row_pointers(key: torch.Tensor, rows: int) -> torch.Tensor:

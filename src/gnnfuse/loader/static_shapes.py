@@ -203,6 +203,7 @@ def build_layouts(graph: Graph) -> None:
             raise RuntimeError(f"the rebuilt layout {key!r} has other shapes than the first build")
         copy_into(old, new)
     graph._cache[DERIVED_KEYS] = tuple(sorted(set(derived) | (set(scratch._cache) - before)))
+    graph._reseal()      # the layouts it hands out, rewritten in place with the rest
 
 
 def copy_into(targets: Sequence[torch.Tensor], sources: Sequence[torch.Tensor]) -> None:

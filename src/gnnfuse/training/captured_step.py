@@ -68,7 +68,7 @@ def row_mixing_module(modules: Sequence[torch.nn.Module]) -> str | None:
 
 # A graph's seal (`Graph.check_unchanged`): the version counters of its index tensors,
 # which differ from batch to batch and are no part of its structure.
-_SEAL = ("_sealed", "_wrapper_version")
+_SEAL = ("_sealed", "_sealed_layouts", "_wrapper_version")
 
 
 def _flatten(value: Any, path: tuple, tensors: list[torch.Tensor], layout: list) -> None:
