@@ -43,6 +43,10 @@ class HeteroGraph:
     type's count: an id past it would otherwise land silently on the next type's vertex.
     A type listed twice is refused: its edges would be laid on twice (each vertex of a
     repeated node type numbered twice), silently changing every sum and softmax there.
+    The index arrays are built anew (shifted by the offsets), so an in-place edit of the
+    dict's tensors afterwards does not reach a built `HeteroGraph` (a layer given the dict
+    itself builds a new one: `hetero_cache`); an edit of ``graph``'s own tensors is
+    refused at its next use (`Graph.check_unchanged`).
     """
 
     def __init__(self, edge_index_dict: Mapping[EdgeType, Any], num_nodes_dict: Mapping[str, int], *,
