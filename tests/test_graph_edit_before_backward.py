@@ -170,3 +170,16 @@ def test_a_write_through_an_edge_index_wrapper_is_refused_between_calls():
     ei[1, :8] = torch.arange(8) + 1
     with pytest.raises(GraphModifiedError, match="EdgeIndex"):
         _neighbour_sum(graph, {"h": h})
+
+
+def test_a_graph_of_inference_tensors_trains():
+    """Inference tensors have no version counter: a graph built inside
+    ``torch.inference_mode()`` failed every training call ("Inference tensors do not
+    track version counter") when the forward recorded its index tensors' versions. They
+    are left out of the seal (torch refuses their in-place edits outside that mode)."""
+    with torch.inference_mode():
+        graph = Graph.from_edge_index(_graph(), N)
+    layer = gnn.SAGEConv(F, 3).double()
+    x = torch.randn(N, F, dtype=torch.float64, requires_grad=True)
+    layer(x, graph).sum().backward()
+    assert x.grad is not None
