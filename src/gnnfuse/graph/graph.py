@@ -451,8 +451,8 @@ class Graph:
 
     def _reseal(self) -> None:
         """Accept the graph's current tensors as its edges and layouts: only for a caller
-        that rewrote them *and every cached layout* in place together (a captured step's static batch,
-        `training.captured_step`), so the two still agree."""
+        that rewrote them *and every cached layout* in place together (a captured step's
+        static batch, `training.captured_step`), so the two still agree."""
         self._seal()
         if self._wrapper is not None and (wrapper := self._wrapper()) is not None:
             self._wrapper_version = wrapper._version
