@@ -1286,3 +1286,26 @@ def test_vertex_function_may_write_its_own_values_in_place():
     g, h = graph(), features()
     out = gnnfuse.vertex(_own_value_bumped)(g, {"h": h})
     check_against(out, lambda x: torch.zeros_like(x).index_add(0, g.dst, x[g.src]) + x + 1, h)
+
+
+def _scaled_into_out(edges):
+    h = edges.src["h"] * 2.0
+    torch.mul(h, 3.0, out=h)
+    return {"m": h}
+
+
+def test_an_out_argument_is_written_and_one_outside_the_trace_is_refused():
+    """``torch.mul(h, 3.0, out=h)`` writes ``h`` in torch; the handlers ignored ``out=``
+    and the compiled call gave ``2 src`` for ``6 src`` (1.94 where eager gives 5.83).
+    An ``out`` the function does not compute (a captured buffer) is refused at its line."""
+    g, h = graph(), features().detach()
+    out = gnnfuse.message_passing(g, _scaled_into_out, _sum_mailbox, ndata={"h": h})["o"]
+    torch.testing.assert_close(out, torch.zeros_like(h).index_add(0, g.dst, 6 * h[g.src]))
+    buffer = torch.zeros(g.num_edges, 3, dtype=DOUBLE)
+
+    def into_buffer(edges):
+        torch.add(edges.src["h"], 1.0, out=buffer)
+        return {"m": edges.src["h"]}
+    with pytest.raises(CompileError, match=r"torch.add\(..., out=\) writes into a tensor") as info:
+        gnnfuse.message_passing(g, into_buffer, _sum_mailbox, ndata={"h": h})
+    assert line_of(into_buffer, "out=buffer") in str(info.value)

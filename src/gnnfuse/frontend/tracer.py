@@ -254,10 +254,12 @@ class SymTensor:
         kwargs = kwargs or {}
         handler = TORCH_HANDLERS.get(func)
         tracer = next(a.tracer for a in _flatten(args, kwargs) if isinstance(a, SymTensor))
+        name = getattr(func, "__name__", None) or repr(func)
         if handler is None:
-            name = getattr(func, "__name__", None) or repr(func)
             raise tracer.error(f"torch function {name} has no gnnfuse op (no registry entry)")
-        return handler(tracer, *args, **kwargs)
+        out = kwargs.pop("out", None)
+        result = handler(tracer, *args, **kwargs)
+        return result if out is None else _written_out(tracer, name, out, result)
 
     def __getattr__(self, name: str):
         if name.startswith("__"):
@@ -352,7 +354,7 @@ def _shown(x: SymTensor) -> str:
 
 
 def _binary(op: str, reverse: bool = False):
-    def handler(tracer: Tracer, a, b, *, alpha=None, out=None, rounding_mode=None):
+    def handler(tracer: Tracer, a, b, *, alpha=None, rounding_mode=None):
         if rounding_mode is not None:   # it reached Python as a bare TypeError about the handler
             raise tracer.error(f"torch.div with rounding_mode={rounding_mode!r} (floor or truncating division) "
                                "has no gnnfuse op; compute it outside the compiled function")
@@ -393,6 +395,24 @@ def _in_place(x: Any, result: "SymTensor") -> "SymTensor":
                              f"{x.value.dtype} -> {list(result.value.shape)} {result.value.dtype}), as in torch")
     x.value, x.prefix = result.value, result.prefix
     return x
+
+
+def _written_out(tracer: Tracer, name: str, out: Any, result: Any) -> "SymTensor":
+    """``torch.<name>(..., out=out)``: ``result`` written into ``out``, which torch returns.
+    Handlers took ``out=`` and ignored it, so ``torch.mul(h, 3.0, out=h)`` left ``h`` as it
+    was (2.0 where eager code gives 6.0), silently. A traced ``out`` is written as an
+    in-place op writes (`_in_place`: every name bound to it sees the value, and the
+    caller's tables and views are refused); any other ``out`` (a real tensor, a tuple) is
+    memory outside the trace, refused, and so is a result without ``out``'s rows (a
+    captured tensor's, a vertex's written into an edge's), which torch would resize."""
+    if type(out) is not SymTensor or not isinstance(result, SymTensor):
+        raise tracer.error(f"torch.{name}(..., out=) writes into a tensor the traced function does not compute "
+                           "(a captured tensor, or several outputs), which cannot be compiled; use the result")
+    rows = {out.value.residency, result.value.residency}
+    if out.prefix != result.prefix or not (len(rows) == 1 or rows <= set(EDGE_ROWED)):
+        raise tracer.error(f"torch.{name}(..., out=) writes a {result.value.residency.name} value into a "
+                           f"{out.value.residency.name} one, which cannot be compiled; use the result")
+    return _in_place(out, result)
 
 
 def _unary(op: str, **defaults):
@@ -492,13 +512,11 @@ def _reduction(feature_op: str | None, graph_op: str, name: str | None = None, p
     is the numpy spelling of ``keepdim`` that torch accepts too."""
     name = name or graph_op
 
-    def handler(tracer: Tracer, x, dim=None, keepdim=False, *, dtype=None, out=None, keepdims=None):
+    def handler(tracer: Tracer, x, dim=None, keepdim=False, *, dtype=None, keepdims=None):
         x = tracer.lift(x)
         keepdim = keepdim if keepdims is None else keepdims
         if dim is None:
             raise tracer.error(f"torch.{name} over all dims of a graph value cannot be compiled; pass dim=")
-        if out is not None:
-            raise tracer.error(f"torch.{name}(..., out=) writes into an existing tensor, which cannot be compiled")
         if graph_op == "sum" and dtype is None and _summed_as_int64(x.dtype):
             x = tracer.apply("cast", x, dtype=torch.int64)
         _check_dtype(tracer, x, dtype, name)
@@ -520,7 +538,7 @@ def _reduction(feature_op: str | None, graph_op: str, name: str | None = None, p
     return handler
 
 
-def _matmul(tracer: Tracer, a, b, *, out=None):
+def _matmul(tracer: Tracer, a, b):
     b = tracer.lift(b)
     if b.value.op == "broadcast" and b.value.attrs["by"] in TYPE_INDICES:
         return _typed_matmul(tracer, tracer.lift(a), b)
@@ -585,7 +603,7 @@ def _linear(tracer: Tracer, x, weight, bias=None):
     return y if bias is None else tracer.apply("add", y, bias)
 
 
-def _cat(tracer: Tracer, tensors, dim=0, *, out=None):
+def _cat(tracer: Tracer, tensors, dim=0):
     syms = [tracer.lift(t) for t in tensors]
     d = syms[0].feature_dim(dim)
     if d is None:
@@ -647,7 +665,7 @@ def _softmax(tracer: Tracer, x, dim=None, *args, **kwargs):
     return tracer.softmax(x)
 
 
-def _clamp(tracer: Tracer, x, min=None, max=None, *, out=None):
+def _clamp(tracer: Tracer, x, min=None, max=None):
     """``x.clamp(min=a, max=b)`` with constant bounds: ``clamp_min``, and for ``max``
     the same on ``-x`` (``min(x, b) = -max(-x, -b)``)."""
     if any(bound is not None and not isinstance(bound, (int, float)) for bound in (min, max)):
@@ -763,17 +781,17 @@ def _vector_norm(tracer: Tracer, x: SymTensor, p, dim, keepdim: bool, what: str)
     raise tracer.error(f"{what} with p={p!r} has no gnnfuse op; p=1 and p=2 are supported")
 
 
-def _norm(tracer: Tracer, x, p="fro", dim=None, keepdim=False, out=None, dtype=None):
+def _norm(tracer: Tracer, x, p="fro", dim=None, keepdim=False, dtype=None):
     x = tracer.lift(x)
     _no_dtype_change(tracer, x, dtype, "norm")
     return _vector_norm(tracer, x, p, dim, keepdim, "norm")
 
 
-def _linalg_vector_norm(tracer: Tracer, x, ord=2, dim=None, keepdim=False, *, dtype=None, out=None):
+def _linalg_vector_norm(tracer: Tracer, x, ord=2, dim=None, keepdim=False, *, dtype=None):
     return _norm(tracer, x, ord, dim, keepdim, dtype=dtype)
 
 
-def _normalize(tracer: Tracer, x, p=2.0, dim=1, eps=1e-12, out=None):
+def _normalize(tracer: Tracer, x, p=2.0, dim=1, eps=1e-12):
     """F.normalize: x / max(||x||_p, eps) over a feature dim, as torch composes it."""
     x = tracer.lift(x)
     norm = _vector_norm(tracer, x, p, dim, True, "F.normalize")
@@ -798,7 +816,7 @@ def _squeeze(tracer: Tracer, x, dim=None):
     return tracer.apply("reshape", x, shape=tuple(n for d, n in enumerate(shape) if d not in drop))
 
 
-def _bmm(tracer: Tracer, a, b, *, out=None):
+def _bmm(tracer: Tracer, a, b):
     """``torch.bmm``: in message code the batch dim is the edge (or node) axis, so
     ``bmm(edges.src['h'].unsqueeze(1), W_e)`` multiplies each row by its own matrix."""
     a, b = tracer.lift(a), tracer.lift(b)
