@@ -1309,3 +1309,36 @@ def test_an_out_argument_is_written_and_one_outside_the_trace_is_refused():
     with pytest.raises(CompileError, match=r"torch.add\(..., out=\) writes into a tensor") as info:
         gnnfuse.message_passing(g, into_buffer, _sum_mailbox, ndata={"h": h})
     assert line_of(into_buffer, "out=buffer") in str(info.value)
+
+
+def _written_by_in_place_methods(edges):
+    h = edges.src["h"] * 2.0
+    alias = h
+    h.add_(edges.dst["h"], alpha=0.5).clamp_(min=-1.0)
+    torch.relu_(h)
+    copy = edges.src["h"].clone()
+    copy.mul_(3.0)
+    return {"m": alias + copy}
+
+
+def _item_assigned(edges):
+    h = edges.src["h"] * 2.0
+    h[:, 0] = 0.0
+    return {"m": h}
+
+
+def test_in_place_methods_and_a_clone_compile_and_item_assignment_is_refused_at_its_line():
+    """``h.add_(...)``, ``h.clamp_(...)``, ``torch.relu_(h)`` on the function's own values
+    and ``edges.src["h"].clone()`` written in place are correct code that was refused
+    ("tensor method .add_() has no gnnfuse op"); they write every name bound to the value,
+    as ``h += ...`` does. ``h[:, 0] = 0.0`` raised a bare TypeError naming no line."""
+    g, h = graph(), features()
+
+    def expected(x):
+        src, dst = x[g.src], x[g.dst]
+        return torch.zeros_like(x).index_add(0, g.dst, torch.relu((2 * src + 0.5 * dst).clamp(min=-1.0)) + 3 * src)
+    out = gnnfuse.message_passing(g, _written_by_in_place_methods, _sum_mailbox, ndata={"h": h})["o"]
+    check_against(out, expected, h)
+    with pytest.raises(CompileError, match=r"x\[...\] = value writes part of a graph value") as info:
+        gnnfuse.message_passing(g, _item_assigned, _sum_mailbox, ndata={"h": h})
+    assert line_of(_item_assigned, "h[:, 0] = 0.0") in str(info.value)

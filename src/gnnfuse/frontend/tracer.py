@@ -415,6 +415,26 @@ def _written_out(tracer: Tracer, name: str, out: Any, result: Any) -> "SymTensor
     return _in_place(out, result)
 
 
+def _in_place_variant(handler: Callable) -> Callable:
+    """``x.add_(y)``, ``x.clamp_(min=0)``, ``torch.relu_(x)``: ``handler``'s op, its result
+    written into ``x`` as ``x += y`` writes it (`_in_place`). They had no handler, so code
+    writing a fresh value in place (``h = v.h * 2; h.add_(1)``) was refused. An ``x`` the
+    trace does not compute (a captured tensor written with a graph value) is refused."""
+    def handle(tracer: Tracer, x, *args, **kwargs):
+        if type(x) is not SymTensor:
+            raise tracer.error("an in-place op on a tensor the traced function does not compute (a captured "
+                               "tensor, a number) cannot be compiled; use the op's result")
+        return _in_place(x, handler(tracer, x, *args, **kwargs))
+    return handle
+
+
+def _clone(tracer: Tracer, x, *, memory_format=None):
+    """``x.clone()``: a copy, so an in-place op on it writes neither ``x`` nor the caller's
+    table ``x`` may be a read of (``h = v.h.clone(); h += 1`` is the function's own value)."""
+    x = tracer.lift(x)
+    return SymTensor(tracer, x.value, x.prefix)
+
+
 def _unary(op: str, **defaults):
     def handler(tracer: Tracer, x, *args, inplace=False, **kwargs):
         attrs = dict(defaults)
@@ -1028,6 +1048,16 @@ for _fns, _h in [
     for _f in _fns:
         TORCH_HANDLERS[_f] = _h
 
+TORCH_HANDLERS[torch.clone] = TORCH_HANDLERS[T.clone] = _clone
+# in-place variants of elementwise handlers, as methods (x.mul_(2)) and torch functions (torch.relu_)
+for _name in ("add", "sub", "mul", "div", "neg", "exp", "log", "sqrt", "relu", "sigmoid", "tanh", "clamp", "clip",
+              "abs", "pow"):
+    for _owner in (T, torch):
+        if hasattr(_owner, _name + "_"):
+            TORCH_HANDLERS[getattr(_owner, _name + "_")] = _in_place_variant(TORCH_HANDLERS[getattr(_owner, _name)])
+TORCH_HANDLERS[F.leaky_relu_] = _in_place_variant(TORCH_HANDLERS[F.leaky_relu])
+TORCH_HANDLERS[F.elu_] = _in_place_variant(TORCH_HANDLERS[F.elu])
+
 # torch.max / torch.min with a tensor as second operand are elementwise (see _binary_or).
 for _fns, _op in (((torch.max, T.max), "maximum"), ((torch.min, T.min), "minimum")):
     for _f in _fns:
@@ -1035,6 +1065,14 @@ for _fns, _op in (((torch.max, T.max), "maximum"), ((torch.min, T.min), "minimum
 SymTensor.__abs__ = lambda self: TORCH_HANDLERS[T.__abs__](self.tracer, self)
 SymTensor.__getitem__ = lambda self, index: TORCH_HANDLERS[T.__getitem__](self.tracer, self, index)
 SymTensor.__float__ = SymTensor.__int__ = SymTensor.__complex__ = _scalar_conversion
+
+
+def _item_assignment(self: SymTensor, index: Any, value: Any) -> None:
+    raise self.tracer.error("x[...] = value writes part of a graph value in place, which cannot be compiled; "
+                            "build the value out of place (torch.cat of its pieces, or arithmetic)")
+
+
+SymTensor.__setitem__ = _item_assignment
 
 # Python operators on SymTensor route through the same handlers.
 for _name in ("add", "radd", "sub", "rsub", "mul", "rmul", "truediv", "rtruediv", "matmul", "neg", "pow"):
