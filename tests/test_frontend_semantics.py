@@ -1342,3 +1342,33 @@ def test_in_place_methods_and_a_clone_compile_and_item_assignment_is_refused_at_
     with pytest.raises(CompileError, match=r"x\[...\] = value writes part of a graph value") as info:
         gnnfuse.message_passing(g, _item_assigned, _sum_mailbox, ndata={"h": h})
     assert line_of(_item_assigned, "h[:, 0] = 0.0") in str(info.value)
+
+
+def _degree_aliased_then_bumped(v):
+    s = len(v.innbs) * 1.0
+    t = s
+    s += 1
+    return v.h * t + s
+
+
+def _count_aliased_then_bumped(nodes):
+    d = nodes.mailbox["m"].shape[1] * 1.0
+    e = d
+    d *= 3
+    return {"o": nodes.mailbox["m"].sum(1) * e + d}
+
+
+def test_an_augmented_assignment_to_a_number_leaves_its_aliases():
+    """``s = len(v.innbs) * 1.0`` is a Python float in eager code: ``t = s; s += 1``
+    leaves ``t`` the degree. The trace wrote the value in place, as for a tensor, and
+    ``v.h * t`` read the degree plus one (3 h where eager code gives 2 h), silently."""
+    g, h = graph(), features()
+    degree = torch.bincount(g.dst, minlength=5).to(DOUBLE).unsqueeze(-1)
+    check_against(gnnfuse.vertex(_degree_aliased_then_bumped)(g, {"h": h}), lambda x: x * degree + degree + 1, h)
+
+    def expected(x):
+        has_in_edges = degree > 0
+        total = torch.zeros_like(x).index_add(0, g.dst, x[g.src]) * degree + 3 * degree
+        return torch.where(has_in_edges, total, 0.0)
+    out = gnnfuse.message_passing(g, lambda e: {"m": e.src["h"]}, _count_aliased_then_bumped, ndata={"h": h})["o"]
+    check_against(out, expected, h)

@@ -379,8 +379,13 @@ def _in_place(x: Any, result: "SymTensor") -> "SymTensor":
     bound to ``x`` sees it (``F.relu(h, inplace=True); h + ...``, ``b = a; a += c``).
     A `SymTensor` holds its traced value, not data, so this rebinds that value. Without
     it the in-place op acted as an out-of-place one and the other names kept the old
-    value, silently (PyG's ``h + self.act(h)`` with ``ReLU(inplace=True)``)."""
-    if type(x) is not SymTensor:         # a number, a degree: rebound by Python, as before
+    value, silently (PyG's ``h + self.act(h)`` with ``ReLU(inplace=True)``).
+
+    A value eager code holds as a Python number (``s = len(v.innbs) * 1.0``, `is_number`)
+    is immutable there: ``t = s; s += 1`` rebinds ``s`` and leaves ``t`` the degree. Such
+    a value is rebound by Python here too; written in place, ``t`` read the degree plus
+    one (3.0 where eager code gives 2.0), silently."""
+    if type(x) is not SymTensor or is_number(x.value):     # a number, a degree: rebound by Python
         return result
     if x.caller_table is not None:
         raise x.tracer.error(f"an in-place op on {x.caller_table} would write the caller's tensor, which eager "
@@ -405,7 +410,7 @@ def _written_out(tracer: Tracer, name: str, out: Any, result: Any) -> "SymTensor
     caller's tables and views are refused); any other ``out`` (a real tensor, a tuple) is
     memory outside the trace, refused, and so is a result without ``out``'s rows (a
     captured tensor's, a vertex's written into an edge's), which torch would resize."""
-    if type(out) is not SymTensor or not isinstance(result, SymTensor):
+    if type(out) is not SymTensor or is_number(out.value) or not isinstance(result, SymTensor):
         raise tracer.error(f"torch.{name}(..., out=) writes into a tensor the traced function does not compute "
                            "(a captured tensor, or several outputs), which cannot be compiled; use the result")
     rows = {out.value.residency, result.value.residency}
@@ -421,9 +426,11 @@ def _in_place_variant(handler: Callable) -> Callable:
     writing a fresh value in place (``h = v.h * 2; h.add_(1)``) was refused. An ``x`` the
     trace does not compute (a captured tensor written with a graph value) is refused."""
     def handle(tracer: Tracer, x, *args, **kwargs):
-        if type(x) is not SymTensor:
+        if type(x) is not SymTensor or is_number(x.value):
             raise tracer.error("an in-place op on a tensor the traced function does not compute (a captured "
-                               "tensor, a number) cannot be compiled; use the op's result")
+                               "tensor) or on a number (len(v.innbs), mailbox.shape[1] and values computed "
+                               "from them alone, Python numbers in eager code) cannot be compiled; use the "
+                               "op's result")
         return _in_place(x, handler(tracer, x, *args, **kwargs))
     return handle
 
