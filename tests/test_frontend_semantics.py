@@ -1372,3 +1372,13 @@ def test_an_augmented_assignment_to_a_number_leaves_its_aliases():
         return torch.where(has_in_edges, total, 0.0)
     out = gnnfuse.message_passing(g, lambda e: {"m": e.src["h"]}, _count_aliased_then_bumped, ndata={"h": h})["o"]
     check_against(out, expected, h)
+
+
+def test_a_boolean_to_an_integer_power_is_int64_as_in_torch():
+    """torch promotes a bool tensor beside a Python int to int64; the repeated products
+    of ``flag ** 2`` stayed bool (True where torch gives 1, of dtype int64)."""
+    g = gnnfuse.Graph(torch.tensor([0, 1, 2]), torch.tensor([1, 2, 0]), 3)
+    flag = torch.tensor([True, False, True])
+    for k in (0, 1, 2, 3):
+        out = gnnfuse.apply_edges(g, lambda e: {"p": e.src["flag"] ** k}, ndata={"flag": flag})["p"]
+        assert out.dtype == torch.int64 and torch.equal(out, flag[g.src] ** k)

@@ -724,10 +724,14 @@ def _pow(tracer: Tracer, x, exponent):
 
 def _integer_power(tracer: Tracer, x: SymTensor, exponent: int) -> SymTensor:
     """``x ** n`` of integer data, an integer as in torch, by repeated squaring: the
-    ``pow`` op takes a float exponent, which made ``4097 ** 2`` a float32 16785408."""
+    ``pow`` op takes a float exponent, which made ``4097 ** 2`` a float32 16785408.
+    Booleans are counted as int64 first, as torch promotes them beside a Python int: their
+    products stayed bool, so ``flag ** 2`` was bool where torch gives int64."""
     if exponent < 0:
         raise tracer.error("an integer graph value to a negative integer power: torch does not allow it; "
                            "pass it in as floats, or write (x * 1.0) ** -1")
+    if x.dtype == torch.bool:
+        x = tracer.apply("cast", x, dtype=torch.int64)
     result, square = None, x
     while exponent:
         if exponent & 1:
