@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import warnings
 
+import numpy as np
 import pytest
 import torch
 
@@ -39,7 +40,10 @@ def expressions(v, n, total):
     eager (``v`` a row of each table, ``n`` a Python int); ``total`` is the neighbour sum of h."""
     return {"mean": total / n, "scaled": v.h * n, "inverse": v.h * (1 / n), "root": v.d * n ** -0.5,
             "reciprocal": v.d * n ** -1, "count": v.i * n, "count32": v.j * n, "float_of_int": v.i * 0.5,
-            "int_minus_float": v.j - 2.5, "half": v.q * 0.1, "half_count": v.q / n, "int_of_int": v.j * 3}
+            "int_minus_float": v.j - 2.5, "half": v.q * 0.1, "half_count": v.q / n, "int_of_int": v.j * 3,
+            # numpy scalars are the Python numbers they hold to torch (they were refused)
+            "numpy_half": v.q * np.float32(0.1), "numpy_float_of_int": v.i * np.float32(0.5),
+            "numpy_int_of_int": v.j * np.int64(3)}
 
 
 @gnnfuse.vertex

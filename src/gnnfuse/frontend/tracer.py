@@ -15,6 +15,7 @@ import sys
 import types
 from typing import Any, Callable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -126,6 +127,10 @@ class Tracer:
                 entry = (f"param{len(self.captured)}", obj)
                 self.captured[id(obj)] = entry
             return self.input(entry[0], Residency.SHARED, obj, 0)
+        if isinstance(obj, (np.integer, np.floating)):
+            # torch takes a numpy scalar as the Python number it holds (``x * np.float32(0.5)``
+            # of float16 data is float16); it was refused as "a float32 as a tensor operand"
+            obj = obj.item()
         if isinstance(obj, (int, float)) and not isinstance(obj, bool):
             # The dtype torch gives a Python number on its own (an int stays an int:
             # ``edges.data['type'] * 4`` is an index); `numbers.as_eager` retypes it where it
