@@ -21,7 +21,7 @@ from pyg_user_layers import make_layers
 
 OURS, THEIRS = make_layers(gnnfuse.nn.MessagePassing), make_layers(pyg_nn.MessagePassing)
 # 7 vertices (6 isolated), 13 edges with a self loop (3 -> 3) and a multi-edge (1 -> 2
-# twice); weight shapes avoid 7 and 13 rows, which the tracer takes for graph data.
+# twice).
 EDGES = torch.tensor([[0, 1, 2, 3, 4, 5, 1, 2, 2, 3, 0, 5, 1],
                       [1, 2, 3, 4, 5, 0, 0, 0, 4, 3, 2, 1, 2]])
 NUM_NODES = 7
@@ -580,3 +580,33 @@ def test_message_writing_its_edge_argument_in_place_runs_pyg_semantics():
         torch.testing.assert_close(out, expected)
     torch.testing.assert_close(our_attr, their_attr)
     assert "in-place op on message()'s argument 'edge_attr'" in warned[0]
+
+
+def test_a_weight_with_a_row_per_edge_or_node_compiles():
+    """A captured tensor with one row per edge or node is taken for graph data read off
+    the module (PyG's propagate runs it), but a parameter is a weight: TransformerConv's
+    edge projection, [heads * out, edge_dim], on a graph of heads * out edges ran PyG's
+    propagate with a warning. Here the weights have 13 and 7 rows (EDGES' and NUM_NODES)."""
+    def build(base):
+        class Projected(base):
+            def __init__(self):
+                super().__init__(aggr="add")
+                self.down = torch.nn.Linear(3, EDGES.shape[1])
+                self.up = torch.nn.Parameter(torch.randn(EDGES.shape[1], NUM_NODES))
+
+            def forward(self, x, edge_index):
+                return self.propagate(edge_index, x=x)
+
+            def message(self, x_j):
+                return self.down(x_j) @ self.up
+        return Projected()
+    torch.manual_seed(0)
+    ours = build(gnnfuse.nn.MessagePassing).double()
+    theirs = build(pyg_nn.MessagePassing).double()
+    theirs.load_state_dict(ours.state_dict())
+    data = inputs("untraceable")
+    with warnings.catch_warnings(record=True) as caught, record_calls() as calls:
+        warnings.simplefilter("always")
+        result = run(ours, data)
+    assert calls and not fallback_warnings(caught)
+    assert_same(result, run(theirs, data))

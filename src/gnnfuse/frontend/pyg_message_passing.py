@@ -350,7 +350,9 @@ def trace_message(layer: PyGMessagePassing, args: _Arguments, op: str, num_nodes
     if op == "softmax":
         out = _softmax_aggregate(tracer, layer.aggr_module, out)
     for name, tensor in tracer.captured.values():
-        if tensor.dim() and tensor.shape[0] in (num_edges, num_nodes):
+        # a parameter is a weight, whatever its row count: TransformerConv's lin_edge weight
+        # [heads * out, edge_dim] on a graph of heads * out edges ran PyG's propagate
+        if tensor.dim() and tensor.shape[0] in (num_edges, num_nodes) and not isinstance(tensor, torch.nn.Parameter):
             raise NotCompilable(f"message() reads a tensor of shape {list(tensor.shape)} that was not passed "
                                 "to propagate(); with one row per edge or node it may be graph data, which "
                                 "compiles only when passed to propagate() as a keyword argument")
