@@ -1382,3 +1382,19 @@ def test_a_boolean_to_an_integer_power_is_int64_as_in_torch():
     for k in (0, 1, 2, 3):
         out = gnnfuse.apply_edges(g, lambda e: {"p": e.src["flag"] ** k}, ndata={"flag": flag})["p"]
         assert out.dtype == torch.int64 and torch.equal(out, flag[g.src] ** k)
+
+
+def test_a_row_looked_up_in_a_captured_table_may_be_written_in_place():
+    """``w = W[edges.data["type"]]`` is a copy in torch (advanced indexing), so ``w *= 2``
+    writes neither ``W`` nor any graph value; it was refused as a write to a view."""
+    g, h = graph(), features()
+    table = torch.linspace(-1, 1, 9, dtype=DOUBLE).view(3, 3)
+    kind = torch.tensor([0, 1, 2, 0, 1, 2])
+
+    def message(edges):
+        w = table[edges.data["kind"]]
+        w *= 2.0
+        return {"m": edges.src["h"] * w}
+    out = gnnfuse.message_passing(g, message, _sum_mailbox, ndata={"h": h}, edata={"kind": kind})["o"]
+    check_against(out, lambda x: torch.zeros_like(x).index_add(0, g.dst, x[g.src] * 2 * table[kind]), h)
+    assert torch.equal(table, torch.linspace(-1, 1, 9, dtype=DOUBLE).view(3, 3))

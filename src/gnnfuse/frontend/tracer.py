@@ -1006,13 +1006,15 @@ def _refused_operator(symbol: str) -> Callable:
 
 def _viewing(handler: Callable) -> Callable:
     """A handler of an op whose torch result is a view of its input: both are marked,
-    so an in-place write to either is refused (`_in_place`), as it would write both."""
+    so an in-place write to either is refused (`_in_place`), as it would write both. Only
+    a graph value's view is one: ``W[e.data["type"]]`` of a captured ``W`` is a row lookup,
+    a copy in torch too, and ``w = W[idx]; w *= 2`` was refused as a write to a view."""
     def handle(tracer: Tracer, x, *args, **kwargs):
         result = handler(tracer, x, *args, **kwargs)
         if isinstance(x, SymTensor):
             x._viewed = True
-        if isinstance(result, SymTensor) and result is not x:
-            result._view = True
+            if isinstance(result, SymTensor) and result is not x:
+                result._view = True
         return result
     return handle
 
