@@ -280,3 +280,23 @@ def test_untraceable_functions_raise_compile_errors_naming_their_line():
         return 1.0
     with pytest.raises(gnnfuse.CompileError, match=r"(?s)one per-edge tensor.*got a float.*test_templates.py:\d+"):
         gsddmm(g, returns_a_number, src=x)
+
+
+def test_an_in_place_op_on_the_edge_operand_is_refused_and_on_gathered_rows_is_not():
+    """The edge operand is the caller's tensor in eager code (``fn(x[src], w)``), so
+    ``w *= 2`` there doubles the caller's ``w``; the compiled call left it as it was,
+    silently. The gathered src/dst rows are copies, which the function may write."""
+    g, x = graph_and_x()
+    w = torch.rand(E, 1, dtype=x.dtype)
+
+    def doubled_weight(xs, e):
+        e *= 2.0
+        return xs * e
+
+    def doubled_rows(xs, e):
+        xs *= 2.0
+        return xs * e
+    with pytest.raises(gnnfuse.CompileError, match=r"in-place op on the edge operand") as info:
+        gspmm(g, doubled_weight, "sum", src=x, edge=w)
+    assert "e *= 2.0" in str(info.value)
+    torch.testing.assert_close(gsddmm(g, doubled_rows, src=x, edge=w), 2 * x[SRC] * w)

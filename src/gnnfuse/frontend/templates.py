@@ -36,7 +36,7 @@ from ..graph import Graph
 from ..ir import Residency
 from ..ir.ops.movement import REDUCERS
 from .graph_input import call_graph
-from .message import _gather
+from .message import _callers, _gather
 from .trace_cache import TraceCache, program_feeds
 from .tracer import EDGE_ROWED, SymTensor, Tracer
 
@@ -100,7 +100,9 @@ def trace_template(fn: Callable, operands: dict[str, torch.Tensor], reduce: str 
     """Capture ``fn`` over the gathered operand rows into a program with one output,
     ``out``: the per-edge value, or its ``reduce`` over each destination's in-edges."""
     tracer = Tracer(fn, "message")
-    rows = [tracer.input("e.edge", Residency.EDGE, tensor, 1) if name == "edge"
+    # the edge operand is handed over whole, the caller's tensor in eager code, which an
+    # in-place op would write (``e *= 2`` doubled it there, and left it as it was here)
+    rows = [_callers(tracer.input("e.edge", Residency.EDGE, tensor, 1), "the edge operand") if name == "edge"
             else _gather(tracer, name, Residency.NODE, tensor, name) for name, tensor in operands.items()]
     result = tracer.call(fn, *rows)
     if not isinstance(result, SymTensor) or result.value.residency not in EDGE_ROWED:
