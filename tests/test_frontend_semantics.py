@@ -1398,3 +1398,13 @@ def test_a_row_looked_up_in_a_captured_table_may_be_written_in_place():
     out = gnnfuse.message_passing(g, message, _sum_mailbox, ndata={"h": h}, edata={"kind": kind})["o"]
     check_against(out, lambda x: torch.zeros_like(x).index_add(0, g.dst, x[g.src] * 2 * table[kind]), h)
     assert torch.equal(table, torch.linspace(-1, 1, 9, dtype=DOUBLE).view(3, 3))
+
+
+def test_an_integer_constant_beyond_two_to_the_53_stays_exact():
+    """A Python int constant was held as a float: ``ids + (2**53 + 1)`` gave 2**53 + 1 + id
+    minus one, and ``- (2**60 + 3)`` was 3 off (hashing ids by large odd multipliers)."""
+    g = gnnfuse.Graph(torch.tensor([0, 1, 2]), torch.tensor([1, 2, 0]), 3)
+    ids = torch.tensor([[1], [2], [3]])
+    for c in (2**53 + 1, -(2**60) - 3):
+        out = gnnfuse.apply_edges(g, lambda e: {"m": e.src["id"] * 3 + c}, ndata={"id": ids})["m"]
+        assert torch.equal(out, ids[g.src] * 3 + c)

@@ -135,9 +135,10 @@ class Tracer:
             # The dtype torch gives a Python number on its own (an int stays an int:
             # ``edges.data['type'] * 4`` is an index); `numbers.as_eager` retypes it where it
             # meets a tensor.
+            # An int is kept exact: as a float, 2**53 + 1 became 2**53 (``ids + c`` was off by 1).
             dtype = torch.int64 if isinstance(obj, int) else torch.get_default_dtype()
-            return SymTensor(self, self.program.add("const", value=float(obj), dtype=dtype,
-                                                    source=self.source()), 0)
+            return SymTensor(self, self.program.add("const", value=obj if isinstance(obj, int) else float(obj),
+                                                    dtype=dtype, source=self.source()), 0)
         if isinstance(obj, RowCount):
             raise obj.error()
         if isinstance(obj, _Indices):
