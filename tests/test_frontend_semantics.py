@@ -1408,3 +1408,28 @@ def test_an_integer_constant_beyond_two_to_the_53_stays_exact():
     for c in (2**53 + 1, -(2**60) - 3):
         out = gnnfuse.apply_edges(g, lambda e: {"m": e.src["id"] * 3 + c}, ndata={"id": ids})["m"]
         assert torch.equal(out, ids[g.src] * 3 + c)
+
+
+def _gated_by_a_detached_gate(edges):
+    gate = torch.sigmoid(edges.dst["h"]).detach()
+    return {"m": edges.src["h"] * gate + edges.src["h"].detach() * edges.dst["h"]}
+
+
+def test_detach_stops_the_gradient_and_is_a_view():
+    """``x.detach()`` (a stop-gradient) was refused as a method with no gnnfuse op; it
+    compiles to the same values with no gradient through it. It shares its input's
+    storage in torch, so an in-place write to it is refused as one to a view."""
+    g, h = graph(), features()
+
+    def expected(x):
+        src, dst = x[g.src], x[g.dst]
+        return torch.zeros_like(x).index_add(0, g.dst, src * torch.sigmoid(dst).detach() + src.detach() * dst)
+    out = gnnfuse.message_passing(g, _gated_by_a_detached_gate, _sum_mailbox, ndata={"h": h})["o"]
+    check_against(out, expected, h)
+
+    def written(edges):
+        d = edges.src["h"].detach()
+        d += 1.0
+        return {"m": edges.src["h"]}
+    with pytest.raises(CompileError, match="an in-place op on a view"):
+        gnnfuse.message_passing(g, written, _sum_mailbox, ndata={"h": h})

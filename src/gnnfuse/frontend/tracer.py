@@ -448,6 +448,13 @@ def _clone(tracer: Tracer, x, *, memory_format=None):
     return SymTensor(tracer, x.value, x.prefix)
 
 
+def _detach(tracer: Tracer, x):
+    """``x.detach()``: the same values, through which no gradient flows (``stop_gradient``).
+    It was refused ("no gnnfuse op"). torch's result shares ``x``'s storage, so the
+    handler is registered as a view (`_viewing`): an in-place write to either is refused."""
+    return tracer.apply("stop_gradient", x)
+
+
 def _unary(op: str, **defaults):
     def handler(tracer: Tracer, x, *args, inplace=False, **kwargs):
         attrs = dict(defaults)
@@ -1068,6 +1075,7 @@ for _fns, _h in [
         TORCH_HANDLERS[_f] = _h
 
 TORCH_HANDLERS[torch.clone] = TORCH_HANDLERS[T.clone] = _clone
+TORCH_HANDLERS[torch.detach] = TORCH_HANDLERS[T.detach] = _viewing(_detach)
 # in-place variants of elementwise handlers, as methods (x.mul_(2)) and torch functions (torch.relu_)
 for _name in ("add", "sub", "mul", "div", "neg", "exp", "log", "sqrt", "relu", "sigmoid", "tanh", "clamp", "clip",
               "abs", "pow"):
