@@ -450,6 +450,11 @@ def test_torch_sum_of_narrow_integers_and_booleans_is_int64_as_in_torch(dtype, d
     assert out["o"].dtype == out["p"].dtype == torch.int64
     assert torch.equal(out["o"], aggregate(wide[SRC]))
     assert torch.equal(out["p"], aggregate(wide[SRC].sum(-1)))
+    # dtype=torch.int64 asks for the same widening (it was refused as a dtype conversion)
+    asked = gnnfuse.message_passing(graph(device), lambda e: {"m": e.src["x"].sum(-1, dtype=torch.int64)},
+                                    lambda n: {"o": torch.sum(n.mailbox["m"], 1, dtype=torch.long)},
+                                    ndata={"x": table})["o"]
+    assert asked.dtype == torch.int64 and torch.equal(asked, aggregate(wide[SRC].sum(-1)))
 
 
 NTYPE = torch.tensor([0, 1, 1, 0, 1, 0])

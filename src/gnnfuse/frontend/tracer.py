@@ -540,8 +540,9 @@ def _check_dtype(tracer: Tracer, x: SymTensor, dtype: torch.dtype | None, name: 
 
 def _summed_as_int64(dtype: torch.dtype) -> bool:
     """torch.sum of bool or of integers narrower than int64 returns int64 (without
-    ``dtype=``); a dtype-keeping sum wrapped around: three int32 2**30 in a mailbox summed
-    to -2**30 where DGL's torch.sum gives 3 * 2**30."""
+    ``dtype=``, and with ``dtype=torch.int64``, which was refused as a conversion); a
+    dtype-keeping sum wrapped around: three int32 2**30 in a mailbox summed to -2**30
+    where DGL's torch.sum gives 3 * 2**30."""
     return dtype == torch.bool or (not dtype.is_floating_point and not dtype.is_complex and dtype != torch.int64)
 
 
@@ -557,7 +558,7 @@ def _reduction(feature_op: str | None, graph_op: str, name: str | None = None, p
         keepdim = keepdim if keepdims is None else keepdims
         if dim is None:
             raise tracer.error(f"torch.{name} over all dims of a graph value cannot be compiled; pass dim=")
-        if graph_op == "sum" and dtype is None and _summed_as_int64(x.dtype):
+        if graph_op == "sum" and dtype in (None, torch.int64) and _summed_as_int64(x.dtype):
             x = tracer.apply("cast", x, dtype=torch.int64)
         _check_dtype(tracer, x, dtype, name)
         dims, graph_axis = _dims(x, dim)
