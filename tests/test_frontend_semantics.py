@@ -1270,8 +1270,12 @@ def _own_value_bumped(v):
     return sum([u.h for u in v.innbs]) + x
 
 
+def _destination_bumped(v):
+    return sum([e.src.h * _tripled(e.dst.h) for e in v.inedges])
+
+
 @pytest.mark.parametrize("fn, name", [(_center_bumped_then_read, "v.h"), (_neighbour_bumped, "u.h"),
-                                      (_edge_bumped, "e.w")])
+                                      (_edge_bumped, "e.w"), (_destination_bumped, "e.dst.h")])
 def test_vertex_function_refuses_in_place_ops_on_the_callers_rows(fn, name):
     """In eager code ``v.h``, ``u.h`` and ``e.w`` are the caller's rows: ``x = v.h; x += 1``
     writes the table and a later ``v.h`` sees it. Each traced read gave the unwritten value

@@ -155,7 +155,7 @@ class _Vertex:
         by = "src" if self._side == "src" else "dst"
         row = SymTensor(self._tracer, self._tracer.program.add("broadcast", x.value, by=by,
                                                                source=self._tracer.source()), 0)
-        return row if key in updated else _callers(row, f"u.{key}")
+        return row if key in updated else _callers(row, f"{'u' if self._side == 'src' else 'e.dst'}.{key}")
 
 
 class _TypeData:
