@@ -197,6 +197,10 @@ NEAR_EDGES = [0.0, 1e-30, -1e-7, 1e-7, -1e-4, 3e-3, -0.1, 0.3, -0.55, 1.0, -2.0,
 PRECISE_OPS = {"tanh": torch.tanh, "elu": F.elu, "elu_alpha": lambda t: F.elu(t, 0.5), "softplus": F.softplus,
                "softplus_beta": lambda t: F.softplus(t, 0.5, 4.0)}
 ULPS = 4   # Triton's interpreter takes float32 exp and log from numpy, which are not exact themselves
+# On a GPU, Triton's float32 exp is the approximate instruction, whose error grows with
+# |x| (softplus(-100, beta=0.5) was 9 ulps off on the H200), and it flushes subnormal
+# results to zero (softplus(-100) = 3.8e-44 read 0): both bounded here, not exactness.
+GPU_ULPS = 16
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -216,9 +220,10 @@ def test_unary_op_is_within_a_few_ulps_of_torch(name, backend, device, dtype):
     ones = torch.ones(n, 1, dtype=dtype, device=device)
     out = gnnfuse.ops.gspmm(ring, lambda xs, w: op(xs * w), "sum", src=x, edge=ones)[ring.dst]
     expected, eps = op(x), torch.finfo(dtype).eps
-    torch.testing.assert_close(out, expected, rtol=ULPS * eps, atol=0.0, equal_nan=True)
+    ulps, subnormal = (GPU_ULPS, torch.finfo(dtype).tiny) if x.is_cuda else (ULPS, 0.0)
+    torch.testing.assert_close(out, expected, rtol=ulps * eps, atol=subnormal, equal_nan=True)
     (grad,), (want,) = torch.autograd.grad(out.sum(), x), torch.autograd.grad(expected.sum(), x)
-    torch.testing.assert_close(grad, want, rtol=ULPS * eps, atol=eps, equal_nan=True)
+    torch.testing.assert_close(grad, want, rtol=ulps * eps, atol=eps, equal_nan=True)
 
 
 @pytest.mark.parametrize("backend", ["triton", "cpu"], indirect=True)
