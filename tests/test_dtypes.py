@@ -172,3 +172,31 @@ def test_a_pyg_message_of_integer_data_times_a_float_takes_the_default_dtype():
     got, expected = layer(MessagePassing)(x, edge_index, k), layer(PyGMessagePassing)(x, edge_index, k)
     assert got.dtype == expected.dtype == torch.float32
     torch.testing.assert_close(got, expected)
+
+
+
+def test_a_gradient_takes_its_inputs_dtype(backend, device):
+    """A float32 product plus a float64 bias (float64 out, as in torch): the bias's
+    float64 gradient reached the product's derivative as it was, and ``g @ W^T`` raised
+    "expected m1 and m2 to have the same dtype" at backward, where torch's autograd casts
+    each gradient to its input's dtype."""
+    graph = gnnfuse.Graph(torch.tensor(SRC), torch.tensor(DST), 4).to(device)
+    gen = torch.Generator().manual_seed(0)
+    h = torch.randn(4, 3, generator=gen).to(device).requires_grad_()
+    w = torch.randn(3, 4, generator=gen).to(device).requires_grad_()
+    b = torch.randn(len(SRC), 4, dtype=torch.float64, generator=gen).to(device).requires_grad_()
+
+    def widened_linear(edges):
+        return {"m": (edges.src["h"] * edges.dst["h"]) @ w + edges.data["b"]}
+
+    got = gnnfuse.message_passing(graph, widened_linear, lambda nodes: {"m": nodes.mailbox["m"].sum(1)},
+                                  ndata={"h": h}, edata={"b": b})["m"]
+    eager = torch.zeros(4, 4, dtype=torch.float64, device=device).index_add(
+        0, graph.dst, (h[graph.src] * h[graph.dst]) @ w + b)
+    assert got.dtype == torch.float64
+    torch.testing.assert_close(got, eager)
+    weight = torch.linspace(-1, 1, 16, dtype=torch.float64, device=device).view(4, 4)
+    grads = torch.autograd.grad((got * weight).sum(), [h, w, b])
+    for g, e in zip(grads, torch.autograd.grad((eager * weight).sum(), [h, w, b])):
+        assert g.dtype == e.dtype
+        torch.testing.assert_close(g, e)

@@ -222,11 +222,16 @@ def build_backward(forward: Program, wrt: list[str] | tuple[str, ...]) -> Backwa
 
 
 def _fit(program: Program, g: Value, x: Value) -> Value:
-    """Sum a gradient over the dims (and rows) that broadcasting spread ``x`` across."""
+    """Sum a gradient over the dims (and rows) that broadcasting spread ``x`` across, and
+    give it ``x``'s dtype, as torch's autograd does for every input: a float32 product
+    plus a float64 bias has a float64 gradient, which the product's own derivative
+    (``g @ W^T`` with W float32) cannot take."""
     to_shared = x.residency is Residency.SHARED and g.residency is not Residency.SHARED
     if to_shared or g.shape != x.shape:
         target = Residency.SHARED if x.residency is Residency.SHARED else g.residency
         g = program.add("sum_to", g, shape=x.shape, residency=target)
+    if g.dtype != x.dtype and x.dtype.is_floating_point:
+        g = program.add("cast", g, dtype=x.dtype)
     return g
 
 

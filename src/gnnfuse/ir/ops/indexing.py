@@ -107,8 +107,10 @@ register(OpDef("index_rows_grad", Movement.REDUCE, lambda ctx, g, idx, size: _in
                doc="the table gradient of index_rows: every row's g added into the entry it read"))
 
 
-# --- cast to an integer type: indices computed from data ----------------------------------
+# --- casts: indices computed from data, gradients to their inputs' dtypes ------------------
 register(OpDef("cast", Movement.DENSE, lambda ctx, x, dtype: x.to(dtype), bounded_derivative=True,
                shape=lambda inputs, a, r: (inputs[0].shape, a["dtype"]), arity=1,
                derivative=lambda b, v, g: [None],
-               doc="x.to(an integer dtype) (idx.long(), idx.int()): integer data carries no gradient"))
+               doc="x.to(dtype): a front end's cast to an integer dtype (idx.long(), idx.int()), whose data "
+                   "carries no gradient, or autodiff's cast of a gradient to its input's float dtype (in a "
+                   "backward program, which autodiff does not differentiate again)"))
