@@ -197,3 +197,18 @@ def test_error_inside_a_helper_names_the_helpers_line():
     with pytest.raises(CompileError, match="torch function sin") as info:
         gnnfuse.message_passing(graph(), lambda e: {"m": e.src["h"]}, reduce, ndata={"h": torch.randn(3, 2)})
     assert f":{line_of(_helper_that_fails, 'torch.sin')}:" in error_line(info)
+
+
+def test_an_input_edited_before_backward_is_named_as_an_input():
+    """The backward recomputes ``relu(w)`` from the saved input ``w``; an edit of ``w``
+    between forward and backward (an optimizer step) raised "an output of the gnnfuse
+    program was modified in place", naming an edit the user never made."""
+    x = torch.randn(3, 4, requires_grad=True)
+    w = torch.randn(4, 4, requires_grad=True)
+    out = gnnfuse.message_passing(graph(), lambda edges: {"m": torch.relu(edges.data["w"]) * edges.src["x"]},
+                                  lambda nodes: {"h": nodes.mailbox["m"].sum(1)}, ndata={"x": x}, edata={"w": w})
+    with torch.no_grad():
+        w.add_(1.0)
+    with pytest.raises(RuntimeError, match=r"modified in place after the call: one of its inputs") as caught:
+        out["h"].sum().backward()
+    assert "an output of" not in str(caught.value)

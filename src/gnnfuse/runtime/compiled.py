@@ -441,19 +441,31 @@ class _ProgramFunction(torch.autograd.Function):
 
 
 def _explained_inplace_error(ctx, exc: RuntimeError) -> RuntimeError | None:
-    """Torch's error reading ``ctx.saved_tensors``, explained where a saved value is one of
+    """Torch's error reading ``ctx.saved_tensors``, explained. A saved value may be one of
     the program's own outputs (a softmax-weighted sum keeps its result for the backward,
     autodiff/softmax_sum.py; a max or min does too): written in place after the call
     (``out += x``), it no longer holds what the backward needs, and torch's message names
-    only "output 0 of _ProgramFunction". (Called on the error path only: the backward's
-    usual path stays one attribute read, test_host_path counts its calls.)"""
-    if "modified by an inplace operation" not in str(exc):
-        return None
-    return RuntimeError(
-        f"an output of the gnnfuse program on ({', '.join(sorted(ctx.compiled.program.inputs))}) was "
-        "modified in place after the call (e.g. `out += x`, `out.add_(...)`), but its backward reads that "
-        "output back (a softmax-weighted sum or a max/min aggregation keeps its result). Write it out of "
-        "place instead (`out = out + x`)")
+    only "output 0 of _ProgramFunction". Or it is an input, or a view of one or of an
+    output that the forward kept (a reshape): the backward recomputes per-edge values
+    from the inputs where eager code may have kept the values, so an input edited before
+    ``backward()`` (an optimizer step, ``x += 1``) fails here where eager code may not;
+    saying "an output" then sent the user to look for an edit they never made. (Called on
+    the error path only: the backward's usual path stays one attribute read,
+    test_host_path counts its calls.)"""
+    message = str(exc)
+    inputs = ", ".join(sorted(ctx.compiled.program.inputs))
+    if "modified by an inplace operation" in message and "of _ProgramFunction" in message:
+        return RuntimeError(
+            f"an output of the gnnfuse program on ({inputs}) was modified in place after the call (e.g. "
+            "`out += x`, `out.add_(...)`), but its backward reads that output back (a softmax-weighted sum or "
+            "a max/min aggregation keeps its result). Write it out of place instead (`out = out + x`)")
+    if "modified by an inplace operation" in message or "A view was created in no_grad mode" in message:
+        return RuntimeError(
+            f"a tensor that the backward of the gnnfuse program on ({inputs}) reads was modified in place after "
+            "the call: one of its inputs (e.g. `x += 1` or an optimizer step before `backward()`; the compiled "
+            "backward recomputes per-edge values from the inputs, where eager code may keep those values), or an "
+            "output the forward kept a reshape of. Modify a copy instead (`x = x + 1`), or call backward() first")
+    return None
 
 
 def read_back_by_backward(tensor: torch.Tensor) -> bool:
