@@ -135,3 +135,27 @@ def test_nnconv_gradcheck(backend, monkeypatch):
     layer = _nnconv(gnnfuse.nn.NNConv).to(device)
     x, edge_index, edge_attr = _inputs(device)
     assert torch.autograd.gradcheck(lambda x, e: layer(x, edge_index, e), (x, edge_attr))
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu", "triton"])
+def test_an_addmm_output_can_be_written_in_place(backend, monkeypatch):
+    """``addmm``'s result is a reshape of the GEMM's rows, a view: autograd refused an
+    in-place edit of it ("Output 0 of _ProgramFunction is a view and is being modified
+    inplace") where eager code, and the same product without the bias, run."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    device = device_for(backend)
+    src, dst = EDGES.to(device)
+    gen = torch.Generator().manual_seed(0)
+    h = torch.randn(N, IN, dtype=torch.float64, generator=gen).to(device).requires_grad_()
+    w = torch.randn(IN, OUT, dtype=torch.float64, generator=gen).to(device).requires_grad_()
+    b = torch.randn(OUT, dtype=torch.float64, generator=gen).to(device).requires_grad_()
+    scores = gnnfuse.apply_edges(gnnfuse.Graph(src, dst, N), lambda edges: {"s": (edges.src["h"] * edges.dst["h"]) @ w + b},
+                                 ndata={"h": h})["s"]
+    eager = (h[src] * h[dst]) @ w + b
+    for s in (scores, eager):
+        s *= 2.0
+    torch.testing.assert_close(scores, eager)
+    weight = torch.linspace(-1, 1, eager.numel(), dtype=eager.dtype, device=device).view_as(eager)
+    for got, want in zip(torch.autograd.grad((scores * weight).sum(), [h, w, b]),
+                         torch.autograd.grad((eager * weight).sum(), [h, w, b])):
+        torch.testing.assert_close(got, want)

@@ -402,6 +402,10 @@ class _ProgramFunction(torch.autograd.Function):
         wrt = tuple([k for k, needs in zip(keys, ctx.needs_input_grad[3:]) if needs])
         backward = compiled.backward_for(wrt) if wrt and compiled.differentiable else None
         outputs, kept, execute = _run_forward(compiled, graph_ctx, keys, tensors, backward)
+        for out in outputs:     # inline: the usual output is no view, and this path is counted
+            if out._base is not None:
+                outputs = _unviewed(outputs, tensors)
+                break
         ctx.compiled, ctx.graph_ctx, ctx.backward = compiled, graph_ctx, backward
         ctx.execute, ctx.schedule = execute, forced_schedule()   # backward runs as forward was told to
         # Through save_for_backward, never as plain ctx attributes: a saved value may be an
@@ -438,6 +442,21 @@ class _ProgramFunction(torch.autograd.Function):
             with forcing(ctx.schedule):
                 grads, _ = ctx.execute(ctx.backward.program, ctx.graph_ctx, feeds)
         return (None, None, None, *[grads.get(key) for key in ctx.compiled._gradient_keys])
+
+
+def _unviewed(outputs: tuple[torch.Tensor, ...], inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """``outputs`` with each view of a tensor that nothing else here shares (an op's own
+    result that an op reshaped: ``addmm``'s ``reshape`` of the GEMM's rows, a returned
+    ``reshape`` on the reference backend) detached from that base. Autograd refuses an
+    in-place edit of a view a custom Function returns ("Output 0 of _ProgramFunction is
+    a view and is being modified inplace"), so ``s += 1`` on ``apply_edges``'s ``x @ W +
+    b`` raised where eager code, and the same layer without the bias, run. ``detach``
+    keeps the storage and its version counter, so a saved value edited this way still
+    fails the backward's check. A view sharing its base with an input or another output
+    stays one: detached, an edit through it would change that tensor behind autograd."""
+    roots = [id(t if t._base is None else t._base) for t in (*outputs, *inputs) if isinstance(t, torch.Tensor)]
+    return tuple(out.detach() if out._base is not None and roots.count(id(out._base)) == 1 else out
+                 for out in outputs)
 
 
 def _explained_inplace_error(ctx, exc: RuntimeError) -> RuntimeError | None:
