@@ -118,11 +118,18 @@ def _step_case(rank: int, name: str, dtype: torch.dtype, kind: str, sparse: bool
             "grads": {k: p.grad for k, p in net_model.named_parameters()}}
 
 
-def _run_case(name: str) -> dict:
+def without_training_vertices() -> PreparedData:
+    prepared = data()
+    train, val, test = prepared.masks
+    return dataclasses.replace(prepared, masks=(torch.zeros_like(train), val, test))
+
+
+def _run_case(name: str, prepared: PreparedData | None = None) -> dict:
     config = make_config(name, "tiny", dropout=0.0, epochs=STEPS, hidden=4, patience=0)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        result = train_full_graph_run(config, get_model(name), data(), seed=3, log_epochs=False, cuda_graph="on")
+        result = train_full_graph_run(config, get_model(name), prepared or data(), seed=3, log_epochs=False,
+                                      cuda_graph="on")
     return {"history": result.history, "state": result.state_dict,
             "warned": any("not captured" in str(w.message) for w in caught)}
 
@@ -141,6 +148,7 @@ def _worker(rank: int, port: int, out: str, world: int) -> None:
             results[("step", name, torch.float32, "contiguous")] = _step_case(rank, name, torch.float32, "contiguous")
             results[("sparse", name)] = _step_case(rank, name, torch.float64, "interleaved", sparse=True)
             results[("run", name)] = _run_case(name)
+        results[("run", "no training vertex")] = _run_case("sage", without_training_vertices())
         results[("sparse", "dropout")] = _step_case(rank, "gcn", torch.float64, "interleaved", sparse=True,
                                                     dropout=0.5)
         if TRITON_ON_CPU_RANKS:
@@ -306,6 +314,19 @@ def test_two_process_run_follows_the_one_process_loss_curve(ranks, name):
         for param, value in expected.state_dict.items():
             torch.testing.assert_close(result[("run", name)]["state"][param], value, rtol=1e-5, atol=1e-6)
     assert [r[("run", name)]["warned"] for r in ranks] == [True, False]     # cuda_graph="on": said once
+
+
+def test_a_run_without_training_vertices_diverges_as_on_one_process(ranks):
+    """The one-process mean over no vertex is NaN and stops the run at epoch 1; the ranks
+    reported a loss of 0.0 for every epoch instead, stepping on weight decay alone."""
+    config = make_config("sage", "tiny", dropout=0.0, epochs=STEPS, hidden=4, patience=0)
+    with pytest.warns(RuntimeWarning, match="diverged"):
+        expected = train_run(config, get_model("sage"), without_training_vertices(), seed=3, log_epochs=False)
+    for result in ranks:
+        history = result[("run", "no training vertex")]["history"]
+        assert len(history["loss"]) == len(expected.history["loss"]) == 1
+        assert all(value != value for value in history["loss"])       # NaN
+        assert history["val_loss"] == pytest.approx(expected.history["val_loss"], rel=1e-6)
 
 
 def test_full_graph_run_needs_a_process_group_and_a_partitioned_model():

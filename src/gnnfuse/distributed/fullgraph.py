@@ -217,7 +217,9 @@ def shard_data(data: PreparedData, rank: int, world_size: int, device: torch.dev
 
 
 class _EpochStats:
-    """Global training loss, accuracies and validation loss from one float64 all_reduce."""
+    """Global training loss, accuracies and validation loss from one float64 all_reduce;
+    NaN for an empty split, as the one-process means give (an empty training set then
+    stops the run as diverged on every rank, not a loss of 0 that trains on weight decay)."""
 
     def __init__(self, shard: Shard):
         self.shard = shard
@@ -231,10 +233,9 @@ class _EpochStats:
             parts.append((logits[mask].argmax(dim=1) == y[mask]).sum().double().reshape(1))
         totals = torch.cat(parts)
         dist.all_reduce(totals)
-        train_loss, val_loss, *correct = totals.tolist()
         n_train, n_val, _ = self.shard.split_sizes
-        accs = [c / n if n else float("nan") for c, n in zip(correct, self.shard.split_sizes)]
-        return (train_loss / max(n_train, 1), val_loss / n_val if n_val else float("nan"), *accs)
+        counts = (n_train, n_val, *self.shard.split_sizes)
+        return tuple(total / n if n else float("nan") for total, n in zip(totals.tolist(), counts))
 
 
 def train_full_graph_run(config: TrainConfig, spec: ModelSpec, data: PreparedData, seed: int, *,
@@ -270,7 +271,9 @@ def train_full_graph_run(config: TrainConfig, spec: ModelSpec, data: PreparedDat
     net = PartitionedModel(model, data.graph, exchange)
     train_index = shard.masks[0].nonzero().squeeze(1)
     train_y = shard.y[train_index]
-    global_train = max(shard.split_sizes[0], 1)
+    # Not clamped to 1: with no training vertex the one-process mean is NaN (an empty
+    # mean), which stops the run as diverged; 0 / 0 here gives that NaN on every rank.
+    global_train = shard.split_sizes[0]
     stats = _EpochStats(shard)
 
     history: dict[str, list[float]] = {key: [] for key in ("loss", "val_loss", "train_acc", "val_acc", "test_acc")}
