@@ -19,7 +19,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler
 
 import gnnfuse
-from gnnfuse.distributed import PartitionedFeatures, init_process_group, row_ranges
+from gnnfuse.distributed import DistributedError, PartitionedFeatures, init_process_group, row_ranges
 from gnnfuse.distributed.gradients import average_gradients, broadcast_parameters
 from gnnfuse.distributed.inference import layerwise_logits, range_block, summed_accuracies
 from gnnfuse.distributed.minibatch import train_distributed_minibatch_run
@@ -28,7 +28,7 @@ from gnnfuse.loader import NeighborLoader
 from gnnfuse.nn.block_models import build_block_model
 from gnnfuse.nn.models import get_model
 from gnnfuse.runtime.cuda_graph import StepCapture
-from gnnfuse.training import accuracy, make_config, prepare_data
+from gnnfuse.training import PreparedData, accuracy, make_config, prepare_data
 
 WORLD = 2
 SAMPLER_SEEDS = torch.arange(3, 26)          # 23 seeds: 11 per rank, one sits out each epoch
@@ -137,13 +137,33 @@ def training(rank: int) -> dict[str, Any]:
     return out
 
 
+def small_split(train: list[int], val: list[int]) -> PreparedData:
+    """A 12-vertex data set with the given training and validation vertices (the rest test)."""
+    x = torch.randn(12, 4, generator=torch.Generator().manual_seed(11))
+    y = torch.randint(0, 3, (12,), generator=torch.Generator().manual_seed(12))
+    masks = [torch.zeros(12, dtype=torch.bool) for _ in range(3)]
+    masks[0][train], masks[1][val] = True, True
+    masks[2] = ~(masks[0] | masks[1])
+    return PreparedData("small", random_graph(12, 30, 3), x, y, tuple(masks), 4, 3)
+
+
+def fewer_seeds_than_ranks(rank: int) -> str | None:
+    """The refusal of a run with one training vertex for two ranks (None: it ran)."""
+    try:
+        train_distributed_minibatch_run(training_config(4, epochs=2), get_model("sage"), small_split([3], [4, 5]), 0,
+                                        log_epochs=False)
+    except DistributedError as error:
+        return str(error)
+    return None
+
+
 def run_rank(rank: int, port: int, out_dir: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(WORLD),
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(WORLD))
     torch.set_num_threads(1)
     init_process_group("cpu")
     results = {"sampler": sampler_epochs(rank), "features": feature_fetch(rank), "grads": ddp_gradients(rank),
-               "inference": inference(rank), "training": training(rank)}
+               "inference": inference(rank), "training": training(rank), "fewer_seeds": fewer_seeds_than_ranks(rank)}
     torch.save(results, Path(out_dir) / f"rank{rank}.pt")
     leave_process_group()
 

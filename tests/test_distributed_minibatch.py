@@ -53,6 +53,13 @@ def test_sampler_shares_are_disjoint_equal_and_reshuffled_every_epoch(ranks):
     assert orders[0] != orders[1]                                        # a new shuffle per epoch
 
 
+def test_fewer_training_vertices_than_ranks_is_refused(ranks):
+    """1 seed for 2 ranks: drop_last left every rank an empty share, and the run reported
+    a training loss of 0.0 each epoch for weights no step moved."""
+    for result in ranks:
+        assert "1 training vertices for 2 data-parallel ranks" in result["fewer_seeds"]
+
+
 def test_partitioned_fetch_equals_the_replicated_gather_and_counts_its_bytes(ranks):
     for rank, result in enumerate(ranks):
         table = result["features"]["table"]

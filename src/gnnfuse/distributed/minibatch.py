@@ -94,6 +94,7 @@ def train_distributed_minibatch_run(config: TrainConfig, spec: ModelSpec, data: 
                                "--features partitioned use replicated features or drop --dkp")
     if device.type == "cuda" and config.loader_workers and me.world_size > 1 and me.is_main:
         warnings.warn(LOADER_WORKERS_WITH_DDP, RuntimeWarning, stacklevel=2)
+    _check_seeds_per_rank(int(data.masks[0].sum()), me.world_size)
     captured = _captures(cuda_graph, device, config, me.is_main)
     torch.manual_seed(seed)                      # the same initial weights on every rank
     if device.type == "cuda":
@@ -193,6 +194,17 @@ def train_distributed_minibatch_run(config: TrainConfig, spec: ModelSpec, data: 
     return RunResult(seed=seed, best_epoch=stopping.best_epoch, best_val_acc=stopping.best_val_acc,
                      test_acc=best.test_acc, epochs_run=len(history["loss"]), seconds=time.perf_counter() - start,
                      state_dict=best.state_dict, history=history, cuda_graph=graph_status)
+
+
+def _check_seeds_per_rank(num_seeds: int, world_size: int) -> None:
+    """Refuse a run in which no rank would take a step: ``drop_last`` gives each rank
+    ``num_seeds // world_size`` seeds an epoch, none when there are fewer seeds than ranks,
+    and an epoch of no batch would report a training loss of 0 for weights that never
+    moved, where one process trains on those seeds."""
+    if num_seeds < world_size:
+        raise DistributedError(f"{num_seeds} training vertices for {world_size} data-parallel ranks: each rank's "
+                               "share (DistributedSampler, drop_last) holds none, so no rank would take a step; "
+                               "use fewer ranks than training vertices")
 
 
 def _captures(cuda_graph: str, device: torch.device, config: TrainConfig, tell: bool) -> bool:
