@@ -157,13 +157,21 @@ def fewer_seeds_than_ranks(rank: int) -> str | None:
     return None
 
 
+def without_validation(rank: int) -> float:
+    """The best validation accuracy a run reports when no epoch can be best (no
+    validation vertex: its loss is NaN, and the run stops as diverged)."""
+    return train_distributed_minibatch_run(training_config(4, epochs=2), get_model("sage"),
+                                           small_split(list(range(8)), []), 0, log_epochs=False).best_val_acc
+
+
 def run_rank(rank: int, port: int, out_dir: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(WORLD),
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(WORLD))
     torch.set_num_threads(1)
     init_process_group("cpu")
     results = {"sampler": sampler_epochs(rank), "features": feature_fetch(rank), "grads": ddp_gradients(rank),
-               "inference": inference(rank), "training": training(rank), "fewer_seeds": fewer_seeds_than_ranks(rank)}
+               "inference": inference(rank), "training": training(rank), "fewer_seeds": fewer_seeds_than_ranks(rank),
+               "without_validation": without_validation(rank)}
     torch.save(results, Path(out_dir) / f"rank{rank}.pt")
     leave_process_group()
 

@@ -60,6 +60,17 @@ def test_fewer_training_vertices_than_ranks_is_refused(ranks):
         assert "1 training vertices for 2 data-parallel ranks" in result["fewer_seeds"]
 
 
+def test_a_run_with_no_best_epoch_reports_nan_validation_accuracy_as_one_process_does(ranks):
+    """Both stop at epoch 1 (NaN validation loss); the ranks reported -1.0, the sentinel
+    that starts EarlyStopping's comparison, as the best validation accuracy."""
+    config = worker.training_config(4, epochs=2)
+    with pytest.warns(RuntimeWarning, match="diverged"):
+        alone = train_minibatch_run(config, get_model("sage"), worker.small_split(list(range(8)), []), 0,
+                                    log_epochs=False)
+    assert alone.best_val_acc != alone.best_val_acc
+    assert all(r["without_validation"] != r["without_validation"] for r in ranks)     # NaN, not -1.0
+
+
 def test_partitioned_fetch_equals_the_replicated_gather_and_counts_its_bytes(ranks):
     for rank, result in enumerate(ranks):
         table = result["features"]["table"]

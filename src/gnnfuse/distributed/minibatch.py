@@ -191,7 +191,7 @@ def train_distributed_minibatch_run(config: TrainConfig, spec: ModelSpec, data: 
     graph_status = f"{step.status} ({step.replayed} steps replayed)" if step is not None else RunResult.cuda_graph
     if step is not None:
         step.release()       # its graph and pool go now, not at the process's last run (leave_process_group)
-    return RunResult(seed=seed, best_epoch=stopping.best_epoch, best_val_acc=stopping.best_val_acc,
+    return RunResult(seed=seed, best_epoch=stopping.best_epoch, best_val_acc=stopping.reported_val_acc,
                      test_acc=best.test_acc, epochs_run=len(history["loss"]), seconds=time.perf_counter() - start,
                      state_dict=best.state_dict, history=history, cuda_graph=graph_status)
 
