@@ -175,6 +175,20 @@ def test_cpu_ranks_train_end_to_end_from_the_command_line(tmp_path, capfd):
     assert len(checkpoint["runs"]) == 1 and tuple(checkpoint["config"]["fanout"]) == (3, 3)
 
 
+def test_cpu_ranks_train_a_partitioned_full_graph_from_the_command_line_and_say_so(tmp_path, capfd):
+    """Without --fanout the ranks partition the graph; the banner said "data-parallel over
+    2 ranks (gloo), features replicated", neither of which such a run does."""
+    path = tmp_path / "full.pt"
+    status = main(["train", "--cpu-ranks", "2", "--model", "gcn", "--dataset", "synthetic", "--epochs", "2",
+                   "--hidden", "8", "--save", str(path)])
+    out = capfd.readouterr().out
+    assert status == 0
+    assert out.count("full graph partitioned over 2 ranks (gloo)") == 1 and "data-parallel" not in out
+    assert out.count("epoch    2 |") == 1 and out.count("saved best-val weights") == 1
+    model, checkpoint = load_checkpoint(path)
+    assert len(checkpoint["runs"]) == 1 and checkpoint["config"]["fanout"] is None
+
+
 def test_the_distributed_benchmark_runs_1_and_2_cpu_ranks_in_one_invocation(import_script, tmp_path):
     bench = import_script(Path(__file__).resolve().parent.parent / "benchmarks", "bench_distributed")
     path = tmp_path / "distributed_cpu.json"

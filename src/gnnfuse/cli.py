@@ -12,7 +12,7 @@ import torch
 
 from . import bench, cli_explain
 from .data import DATASET_NAMES, DEFAULT_DATASET, LOAD_ERRORS, NodeDataset, RelationalDataset, load_dataset
-from .distributed import DistributedError, current, launch_or_join
+from .distributed import DistributedError, Rank, current, launch_or_join
 from .distributed.fullgraph import PARTITIONED_MODELS
 from .distributed.process_group import launched_by_torchrun
 from .graph import Graph
@@ -183,7 +183,7 @@ def run_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return status
     rank = current()
     if rank.world_size > 1:                           # only rank 0 writes to stdout
-        print(f"data-parallel over {rank.world_size} ranks ({rank.backend}), features {args.features}")
+        print(_ranks_banner(rank, args))
     try:
         summary = train(args)
     except UsageError as error:
@@ -203,6 +203,15 @@ def run_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     print(f"summary: test {metric} {test:.4f} ± {test_std:.4f} over {len(summary.runs)} run(s) "
           f"(at the best val epoch; best val {metric} {val:.4f} ± {val_std:.4f}), total time {total:.2f} s")
     return 0
+
+
+def _ranks_banner(rank: Rank, args: argparse.Namespace) -> str:
+    """How the ranks split the work: data-parallel mini-batches with a fanout, else the
+    partitioned full graph (where every rank keeps its own vertices' features, so
+    ``--features`` does not apply)."""
+    if args.fanout is not None:
+        return f"data-parallel over {rank.world_size} ranks ({rank.backend}), features {args.features}"
+    return f"full graph partitioned over {rank.world_size} ranks ({rank.backend}), each holding its vertices' features"
 
 
 def _fanout(text: str) -> tuple[int, ...]:
