@@ -49,3 +49,22 @@ def test_graph_size_must_match_features():
     graph = gnnfuse.Graph(torch.tensor([0]), torch.tensor([1]), 5)
     with pytest.raises(ValueError, match="x has 3 rows but the graph has 5 nodes"):
         gnn.GCNConv(4, 4)(torch.randn(3, 4), graph)
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+def test_gcn_on_sparse_features_that_widen_equals_the_dense_call(backend, monkeypatch):
+    """A widening GCNConv aggregates first, which the compiled aggregation cannot do on a
+    sparse COO input ("input 'h' is a torch.sparse_coo tensor"); the registry's gcn takes
+    bag-of-words features sparse, so a data set with few of them failed to train."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    graph = gnnfuse.Graph(torch.tensor([0, 1, 2, 2]), torch.tensor([1, 2, 0, 2]), 3)
+    x = torch.tensor([[1.0, 0.0, 0.0], [0.0, 2.0, 0.0], [0.0, 0.0, 3.0]], dtype=torch.float64)
+    torch.manual_seed(0)
+    conv = gnn.GCNConv(3, 4).double()
+    grads = []
+    for features in (x.to_sparse(), x):
+        conv.zero_grad()
+        out = conv(features, graph)
+        out.square().sum().backward()
+        grads.append((out.detach(), conv.lin.weight.grad.clone()))
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-12, atol=1e-12)

@@ -501,8 +501,9 @@ class GCNConv(OneLineRepr, CachedGraph, nn.Module):
         """PyG maps first; the normalized sum commutes with the map, so aggregate first
         where that moves fewer feature lanes over the step (`maps_first`: a first layer,
         whose input needs no gradient, narrowing by less than half).
-        Under torch.compile (a GraphRef) the order stays PyG's."""
-        if isinstance(graph, GraphRef):
+        Under torch.compile (a GraphRef) the order stays PyG's, and so it does for sparse
+        COO features (bag-of-words), which the compiled aggregation cannot read."""
+        if isinstance(graph, GraphRef) or x.is_sparse:
             return False
         return not maps_first(self.in_channels, self.out_channels, x, self.lin.weight)
 
