@@ -18,7 +18,7 @@ import torch
 
 import distributed_worker as worker
 from gnnfuse.cli import main
-from gnnfuse.distributed import DistributedError, init_process_group, launch_or_join
+from gnnfuse.distributed import DistributedError, PartitionedFeatures, init_process_group, launch_or_join, row_ranges
 from gnnfuse.distributed import dispatch, minibatch, process_group
 from gnnfuse.distributed.launch import free_port, start_ranks
 from gnnfuse.distributed.fullgraph import train_full_graph_run
@@ -88,6 +88,16 @@ def test_partitioned_fetch_equals_the_replicated_gather_and_counts_its_bytes(ran
         "sent": counts + 1 * 8 + 2 * 12, "received": counts + 2 * 8 + 1 * 12,
         "sent_counts": counts, "sent_ids": 1 * 8, "sent_rows": 2 * 12,
         "received_counts": counts, "received_ids": 2 * 8, "received_rows": 1 * 12}
+
+
+@pytest.mark.parametrize("ids", [[3, 11], [-1, 2]])
+def test_partitioned_fetch_refuses_ids_outside_the_table_before_any_collective(ids):
+    """An id past the last row failed inside the all-to-all ("Number of tensor splits not
+    equal to group size"), a negative one in bincount; refused here without a process group."""
+    table = torch.arange(11 * 3, dtype=torch.float32).reshape(11, 3)
+    store = PartitionedFeatures(table[:5], row_ranges(11, 2), 0)
+    with pytest.raises(ValueError, match=r"row ids must lie in \[0, 11\)"):
+        store.gather(torch.tensor(ids))
 
 
 def test_ddp_gradients_are_the_average_of_each_ranks_own(ranks):

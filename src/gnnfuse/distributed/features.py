@@ -63,6 +63,7 @@ class PartitionedFeatures:
     def gather(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows ``ids`` (global, on this rank's device) of the whole table, in order."""
         ids = ids.to(self.local.device, torch.int64)
+        self._check_ids(ids)
         owners = self.owner(ids)
         order = torch.argsort(owners, stable=True)
         wanted = ids[order]                                   # grouped by owner
@@ -79,6 +80,14 @@ class PartitionedFeatures:
         out = torch.empty_like(rows)
         out[order] = rows
         return out
+
+    def _check_ids(self, ids: torch.Tensor) -> None:
+        """Refuse ids outside the table before any collective: an id past the last row
+        has owner ``world_size`` and failed inside the all-to-all ("Number of tensor
+        splits not equal to group size"), a negative one in ``bincount``, naming neither."""
+        if ids.numel() and not bool(((ids >= 0) & (ids < self.bounds[-1])).all()):
+            raise ValueError(f"row ids must lie in [0, {self.num_rows}) (the table's rows); got ids from "
+                             f"{int(ids.min())} to {int(ids.max())}")
 
     def _count(self, send: list[int], recv: list[int]) -> None:
         """Bytes that crossed to or from other ranks in one `gather`."""
