@@ -423,3 +423,27 @@ def test_a_layout_written_in_place_by_its_caller_is_refused(write):
         layer(x, graph)
     with pytest.raises(GraphModifiedError):
         graph.in_degrees()
+
+
+def test_an_edit_inside_inference_mode_is_refused_or_does_not_reach_the_graph():
+    """Inference tensors have no version counter, but inside ``torch.inference_mode()``
+    they can be written in place: a graph built there kept its CSR while an edit of its
+    ``edge_index`` reached the gathers (a SAGEConv 1.02 off PyG's), and an edit of
+    ``in_degrees()`` changed a GCN's norms (0.78 off), both silently. The graph now copies
+    inference index tensors and builds the layouts it hands out as normal tensors."""
+    from gnnfuse import nn as gnn
+    from gnnfuse.graph import GraphModifiedError
+    torch.manual_seed(0)
+    x = torch.randn(6, 3)
+    sage, gcn = gnn.SAGEConv(3, 2), gnn.GCNConv(3, 2, add_self_loops=False)
+    with torch.inference_mode():
+        edge_index = torch.tensor([[0, 1, 2, 3, 0, 5], [1, 2, 3, 3, 2, 4]])
+        graph = Graph.from_edge_index(edge_index, 6)
+        before = sage(x, graph)
+        edge_index[1, :3] = 5
+        assert torch.equal(sage(x, graph), before)          # the graph's edges are its own
+        assert not torch.allclose(sage(x, edge_index), before)   # the edited tensor is a new graph
+        deg = graph.in_degrees()
+        deg[deg == 0] = 1
+        with pytest.raises(GraphModifiedError, match="cached in_degrees layout"):
+            gcn(x, graph)
