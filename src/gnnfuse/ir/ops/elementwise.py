@@ -63,9 +63,7 @@ _TANH = ("tl.abs({0})",
          _expm1("{s2}", "{s1}"),
          "{s3} / ({s3} + 2.0)",
          "tl.where({0} < 0, -{s4}, tl.where({0} > 0, {s4}, {0}))")
-# ``-1 * x``, not ``-x``: Triton 3.6 lowers a float's unary minus to ``0 - x``, which
-# gives +0.0 for x = 0 where torch gives -0.0 (the H200 run of the sign-of-zero test)
-_ew("neg", torch.neg, lambda b, v, g: [b.add("neg", g)], 1, emit="(-1 * {0})", bounded=True)
+_ew("neg", torch.neg, lambda b, v, g: [b.add("neg", g)], 1, emit="(-{0})", bounded=True)
 _ew("exp", torch.exp, lambda b, v, g: [b.add("mul", g, b.fwd(v))], 1, emit="tl.exp({0})")
 _ew("log", torch.log, lambda b, v, g: [b.add("div", g, b.fwd(v.inputs[0]))], 1, emit="tl.log({0})")
 _ew("sqrt", torch.sqrt, lambda b, v, g: [
