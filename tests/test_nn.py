@@ -10,6 +10,7 @@ import torch_geometric.nn as pyg
 import gnnfuse
 from gnnfuse import nn as gnn
 from layer_check import assert_same_outputs_and_grads
+from oracle_check import device_for
 
 LAYERS = {
     "gcn": lambda: (gnn.GCNConv(12, 6), pyg.GCNConv(12, 6)),
@@ -57,10 +58,11 @@ def test_gcn_on_sparse_features_that_widen_equals_the_dense_call(backend, monkey
     sparse COO input ("input 'h' is a torch.sparse_coo tensor"); the registry's gcn takes
     bag-of-words features sparse, so a data set with few of them failed to train."""
     monkeypatch.setenv("GNNFUSE_BACKEND", backend)
-    graph = gnnfuse.Graph(torch.tensor([0, 1, 2, 2]), torch.tensor([1, 2, 0, 2]), 3)
-    x = torch.tensor([[1.0, 0.0, 0.0], [0.0, 2.0, 0.0], [0.0, 0.0, 3.0]], dtype=torch.float64)
+    device = device_for(backend)
+    graph = gnnfuse.Graph(torch.tensor([0, 1, 2, 2]), torch.tensor([1, 2, 0, 2]), 3).to(device)
+    x = torch.tensor([[1.0, 0.0, 0.0], [0.0, 2.0, 0.0], [0.0, 0.0, 3.0]], dtype=torch.float64, device=device)
     torch.manual_seed(0)
-    conv = gnn.GCNConv(3, 4).double()
+    conv = gnn.GCNConv(3, 4).double().to(device)
     grads = []
     for features in (x.to_sparse(), x):
         conv.zero_grad()
