@@ -105,16 +105,21 @@ def test_chebyshev_with_explicit_lambda_max(normalization):
                                   lambda xs: ref(xs, edge_index, lambda_max=lam), x)
 
 
+def _cached_twins(name: str) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """gnnfuse's and PyG's ``cached=True`` layer of one kind."""
+    return {
+        "gcn": lambda: (gnn.GCNConv(F_IN, 6, cached=True), pyg.GCNConv(F_IN, 6, cached=True)),
+        "appnp": lambda: (gnn.APPNP(2, 0.1, cached=True), pyg.APPNP(2, 0.1, cached=True)),
+        "sgc": lambda: (gnn.SGConv(F_IN, 6, K=2, cached=True), pyg.SGConv(F_IN, 6, K=2, cached=True)),
+    }[name]()
+
+
 @pytest.mark.parametrize("name", ["gcn", "appnp", "sgc"])
 def test_cached_layers_reuse_their_first_graph_like_pyg(name):
     """cached=True: the second call, given another graph (and for SGC other features),
     still propagates over what the first call saw -- PyG's transductive contract."""
     torch.manual_seed(2)
-    ours, ref = {
-        "gcn": lambda: (gnn.GCNConv(F_IN, 6, cached=True), pyg.GCNConv(F_IN, 6, cached=True)),
-        "appnp": lambda: (gnn.APPNP(2, 0.1, cached=True), pyg.APPNP(2, 0.1, cached=True)),
-        "sgc": lambda: (gnn.SGConv(F_IN, 6, K=2, cached=True), pyg.SGConv(F_IN, 6, K=2, cached=True)),
-    }[name]()
+    ours, ref = _cached_twins(name)
     ours, ref = ours.double(), ref.double()
     ours.load_state_dict(ref.state_dict())
     first, second = graph_edges(), torch.randint(0, N, (2, 30))
@@ -141,11 +146,7 @@ def test_cached_layers_ignore_an_edit_of_their_first_edge_index_like_pyg(name, b
     the edited memory, which is refused once edited (the second GCN call raised
     GraphModifiedError where PyG returns the first graph's result); it keeps a copy now."""
     torch.manual_seed(3)
-    ours, ref = {
-        "gcn": lambda: (gnn.GCNConv(F_IN, 6, cached=True), pyg.GCNConv(F_IN, 6, cached=True)),
-        "appnp": lambda: (gnn.APPNP(2, 0.1, cached=True), pyg.APPNP(2, 0.1, cached=True)),
-        "sgc": lambda: (gnn.SGConv(F_IN, 6, K=2, cached=True), pyg.SGConv(F_IN, 6, K=2, cached=True)),
-    }[name]()
+    ours, ref = _cached_twins(name)
     ours, ref = ours.double().to(device), ref.double().to(device)
     ours.load_state_dict(ref.state_dict())
     x = torch.randn(N, F_IN, dtype=torch.float64, device=device)
