@@ -20,6 +20,7 @@ import gnnfuse.nn
 from gnnfuse.ir import Program, Residency
 from gnnfuse.passes.addmm import fold_product_adds
 from gnnfuse.passes.dce import eliminate_dead_code
+from gnnfuse.passes.reorder import reorder_broadcasts
 from gnnfuse.runtime import record_calls
 
 IN, OUT, EDGE_DIM, HIDDEN, N = 3, 4, 2, 5, 7
@@ -96,6 +97,19 @@ def test_rewrite_accumulates_a_second_product():
     p.outputs["out"] = p.add("add", p.add("matmul", x, w1), p.add("matmul", y, w2))
     p = eliminate_dead_code(fold_product_adds(p))
     assert p.op_count("addmm") == 1 and p.op_count("matmul") == 1 and p.op_count("add") == 0
+
+
+def test_rewrite_folds_a_product_moved_above_its_gather():
+    """``relu(x_src) @ W + b`` runs per vertex after `reorder_broadcasts`, which leaves
+    the product's first gather dead but in the program: counted as a second user, it kept
+    the product and the add apart (found by a helper's fuzzing)."""
+    p = Program()
+    x = p.add("broadcast", p.input("x", Residency.NODE, (HIDDEN,), torch.float64), by="src")
+    w = p.input("w", Residency.SHARED, (HIDDEN, OUT), torch.float64)
+    b = p.input("b", Residency.SHARED, (OUT,), torch.float64)
+    p.outputs["out"] = p.add("add", p.add("matmul", p.add("relu", x), w), b)
+    p = eliminate_dead_code(fold_product_adds(reorder_broadcasts(p)))
+    assert p.op_count("addmm") == 1 and p.op_count("matmul") == 0 and p.op_count("add") == 0
 
 
 @pytest.mark.parametrize("why", ["bias not one row", "table of other rows", "product used again", "parameter rows",

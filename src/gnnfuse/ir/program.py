@@ -109,6 +109,21 @@ class Program:
                 users[i.id].append(v)
         return users
 
+    def live_users(self) -> dict[int, list[Value]]:
+        """`users` of the values an output depends on, counting only such users: a pass
+        that runs before dead-code elimination sees a value whose other uses it already
+        rewrote (left dead) as used once."""
+        live = {v.id for v in self.outputs.values()}
+        for v in reversed(self.values):
+            if v.id in live:
+                live.update(i.id for i in v.inputs)
+        users: dict[int, list[Value]] = {i: [] for i in live}
+        for v in self.values:
+            if v.id in live:
+                for i in v.inputs:
+                    users[i.id].append(v)
+        return users
+
     def op_count(self, op: str | None = None) -> int:
         """Number of computing values (inputs excluded), or of one op."""
         return sum(1 for v in self.values if v.op != "input" and (op is None or v.op == op))

@@ -24,14 +24,14 @@ from .fusion import edge_feature_matmul
 
 def fold_product_adds(program: Program) -> Program:
     """Rewrite each ``matmul(x, W) + c`` that `_product_add` accepts into ``addmm``."""
-    users = program.users()
+    users = program.live_users()     # a gather moved above (`reorder_broadcasts`) leaves a dead user
     outputs = {v.id for v in program.outputs.values()}
     for v in list(program.values):
         parts = _product_add(v)
         if parts is None:
             continue
         product, addend = parts
-        if len(users[product.id]) != 1 or product.id in outputs:
+        if len(users.get(product.id, ())) != 1 or product.id in outputs:
             continue
         fused = program.add("addmm", *product.inputs, addend, source=v.source)
         program.replace_uses(v, fused)

@@ -36,7 +36,7 @@ def narrow_products(program: Program) -> Program:
 
 
 def _next_rewrite(program: Program) -> tuple[Value, Value] | None:
-    users = _live_users(program)
+    users = program.live_users()
     returned = {v.id for v in program.outputs.values()}
     for v in program.values:
         if v.id not in users or not _last_dim_slice(v):
@@ -44,7 +44,7 @@ def _next_rewrite(program: Program) -> tuple[Value, Value] | None:
         source = v.inputs[0]
         if source.id in returned or not all(_last_dim_slice(u) for u in users[source.id]):
             continue
-        if source.op == "matmul" and _weight_matrix(source.inputs[1]):
+        if source.op == "matmul" and weight_matrix(source.inputs[1]):
             return v, source
         if (source.op == "add" and len(source.inputs) == 2
                 and all(i.shape == source.shape and i.residency is source.residency for i in source.inputs)):
@@ -52,23 +52,8 @@ def _next_rewrite(program: Program) -> tuple[Value, Value] | None:
     return None
 
 
-def _live_users(program: Program) -> dict[int, list[Value]]:
-    """Users of each value that an output depends on, so a product whose slices were all
-    rewritten no longer blocks its own operands' rewrite (dead-code elimination runs
-    after this pass)."""
-    live = {v.id for v in program.outputs.values()}
-    for v in reversed(program.values):
-        if v.id in live:
-            live.update(i.id for i in v.inputs)
-    users: dict[int, list[Value]] = {i: [] for i in live}
-    for v in program.values:
-        if v.id in live:
-            for i in v.inputs:
-                users[i.id].append(v)
-    return users
-
-
-def _weight_matrix(w: Value) -> bool:
+def weight_matrix(w: Value) -> bool:
+    """A parameter matrix (SHARED, two dims): the product of a vector has no columns."""
     return w.residency is Residency.SHARED and len(w.shape) == 2
 
 
