@@ -6,6 +6,7 @@ from .addmm import fold_product_adds
 from .compact import materialize_compactly
 from .cse import eliminate_common_subexpressions
 from .dce import eliminate_dead_code
+from .distribute_products import distribute_products
 from .fold import fold_constants
 from .linear_reorder import reorder_typed_linear
 from .narrow_products import narrow_products
@@ -21,6 +22,7 @@ def optimize(program: Program, keep_inputs: bool = False) -> Program:
     stop_softmax_shift_gradients(program)
     sort_hinge_pairs(program)
     fold_constants(program)
+    distribute_products(program)
     reorder_broadcasts(program)
     materialize_compactly(program)
     reorder_typed_linear(program)
