@@ -6,6 +6,8 @@ from typing import Callable
 
 import torch
 
+from gnnfuse.runtime import record_calls
+
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm()).item()
@@ -86,3 +88,17 @@ def assert_gatv2_matches_pyg(device: str, in_channels: int, channels: int, heads
     assert_same_outputs_and_grads(ours, ref, lambda xs: ours(xs, edge_index, attr),
                                   lambda xs: ref(xs, edge_index, attr), x)
     return (lambda xs: ours(xs, edge_index, attr)), x
+
+
+def assert_compiled_matches(ours: torch.nn.Module, theirs: torch.nn.Module,
+                            run: Callable[[torch.nn.Module], tuple[torch.Tensor, tuple[torch.Tensor, ...]]]) -> None:
+    """``run(layer)`` gives a layer's output and its gradients: gnnfuse's layer must run
+    a compiled program (not PyG's fallback) and agree with its twin to 1e-10 relative
+    (float64) on the output and every gradient."""
+    with record_calls() as calls:
+        out, grads = run(ours)
+    assert calls, "no compiled program ran"
+    want_out, want_grads = run(theirs)
+    torch.testing.assert_close(out, want_out, rtol=1e-10, atol=1e-12)
+    for got, want in zip(grads, want_grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)

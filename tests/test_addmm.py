@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch_geometric.nn as pyg_nn
+from layer_check import assert_compiled_matches
 from oracle_check import device_for
 
 import gnnfuse
@@ -21,7 +22,6 @@ from gnnfuse.ir import Program, Residency
 from gnnfuse.passes.addmm import fold_product_adds
 from gnnfuse.passes.dce import eliminate_dead_code
 from gnnfuse.passes.reorder import reorder_broadcasts
-from gnnfuse.runtime import record_calls
 
 IN, OUT, EDGE_DIM, HIDDEN, N = 3, 4, 2, 5, 7
 EDGES = torch.tensor([[0, 1, 2, 3, 4, 5, 6, 1, 2, 2, 6], [1, 2, 3, 4, 5, 6, 0, 0, 4, 4, 6]])
@@ -52,13 +52,7 @@ def test_nnconv_edge_network_matches_pyg(backend, monkeypatch):
     device = device_for(backend)
     ours, theirs = _nnconv(gnnfuse.nn.NNConv).to(device), _nnconv(pyg_nn.NNConv).to(device)
     theirs.load_state_dict(ours.state_dict())
-    with record_calls() as calls:
-        out, grads = _out_and_grads(ours, *_inputs(device))
-    assert calls, "no compiled program ran"
-    want_out, want_grads = _out_and_grads(theirs, *_inputs(device))
-    torch.testing.assert_close(out, want_out, rtol=1e-10, atol=1e-12)
-    for got, want in zip(grads, want_grads, strict=True):
-        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    assert_compiled_matches(ours, theirs, lambda layer: _out_and_grads(layer, *_inputs(device)))
 
 
 def test_nnconv_writes_its_per_edge_weights_once():

@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch_geometric.nn as pyg_nn
+from layer_check import assert_compiled_matches
 from oracle_check import device_for
 
 import gnnfuse
@@ -20,7 +21,6 @@ from gnnfuse.ir import Program, Residency
 from gnnfuse.passes.dce import eliminate_dead_code
 from gnnfuse.passes.distribute_products import distribute_products
 from gnnfuse.passes.reorder import reorder_broadcasts
-from gnnfuse.runtime import record_calls
 
 F, HEADS, N = 5, 3, 7
 # duplicate edges (1 -> 2 twice), self loops (2 -> 2, 5 -> 5), vertex 6 isolated
@@ -81,13 +81,7 @@ def test_feastconv_matches_pyg(backend, monkeypatch):
         weight = torch.linspace(-1, 1, out.numel(), dtype=out.dtype, device=device).view_as(out)
         return out, torch.autograd.grad((out * weight).sum(), [x, *layer.parameters()])
 
-    with record_calls() as calls:
-        out, grads = run(ours)
-    assert calls, "no compiled program ran"
-    want_out, want_grads = run(theirs)
-    torch.testing.assert_close(out, want_out, rtol=1e-10, atol=1e-12)
-    for got, want in zip(grads, want_grads, strict=True):
-        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    assert_compiled_matches(ours, theirs, run)
 
 
 def test_feastconv_writes_no_feature_wide_edge_table():

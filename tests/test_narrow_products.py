@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch_geometric.nn as pyg_nn
+from layer_check import assert_compiled_matches
 from oracle_check import device_for
 
 import gnnfuse
@@ -18,7 +19,6 @@ import gnnfuse.nn
 from gnnfuse.ir import Program, Residency
 from gnnfuse.passes.dce import eliminate_dead_code
 from gnnfuse.passes.narrow_products import narrow_products
-from gnnfuse.runtime import record_calls
 
 F, EDGE_DIM, N = 4, 2, 6
 EDGES = torch.tensor([[0, 1, 2, 3, 4, 5, 1, 2, 2, 5], [1, 2, 3, 4, 5, 0, 0, 4, 4, 5]])
@@ -87,13 +87,7 @@ def test_cgconv_matches_pyg(backend, edge_grad, monkeypatch):
         weight = torch.linspace(-1, 1, out.numel(), dtype=out.dtype, device=device).view_as(out)
         return out, torch.autograd.grad((out * weight).sum(), wanted)
 
-    with record_calls() as calls:
-        out, grads = run(ours)
-    assert calls, "no compiled program ran"
-    want_out, want_grads = run(theirs)
-    torch.testing.assert_close(out, want_out, rtol=1e-10, atol=1e-12)
-    for got, want in zip(grads, want_grads, strict=True):
-        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    assert_compiled_matches(ours, theirs, run)
 
 
 def test_cgconv_backward_writes_no_concatenation_wide_product():
