@@ -85,18 +85,9 @@ def unpack(data: bytes, buffers: dict[str, torch.Tensor],
     tensors = []
     for device, offset, dtype, shape in where:
         storage = buffers[device].untyped_storage()
-        size = torch.empty((), dtype=dtype).element_size()
-        tensors.append(torch.empty(0, dtype=dtype, device=storage.device).set_(
-            storage, offset // size, shape, _contiguous_strides(shape)))
+        tensors.append(torch.empty(0, dtype=dtype, device=storage.device).set_(storage, offset // dtype.itemsize,
+                                                                                shape))
     return _Unpacker(io.BytesIO(data), tensors).load()
-
-
-def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides, step = [], 1
-    for size in reversed(shape):
-        strides.append(step)
-        step *= max(size, 1)
-    return tuple(reversed(strides))
 
 
 def _bytes_of(tensor: torch.Tensor) -> torch.Tensor:
