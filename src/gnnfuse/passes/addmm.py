@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from ..ir import Program, Residency, Value
 from .fusion import edge_feature_matmul
+from .narrow_products import weight_matrix
 
 
 def fold_product_adds(program: Program) -> Program:
@@ -49,7 +50,7 @@ def _product_add(v: Value) -> tuple[Value, Value] | None:
         x, w = product.inputs
         bias_row = addend.residency is Residency.SHARED and addend.shape == (w.shape[-1],)
         like_table = addend.residency is product.residency and addend.shape == product.shape
-        if (x.residency is not Residency.SHARED and w.residency is Residency.SHARED and len(w.shape) == 2
+        if (x.residency is not Residency.SHARED and weight_matrix(w)
                 and addend.op != "const"
                 and (bias_row or like_table) and product.shape == v.shape
                 and x.dtype == w.dtype == addend.dtype == v.dtype and v.dtype.is_floating_point):
