@@ -46,10 +46,7 @@ def _out_and_grads(layer, x, edge_index, edge_attr):
     return out, torch.autograd.grad((out * weight).sum(), [x, edge_attr, *layer.parameters()])
 
 
-@pytest.mark.parametrize("backend", ["reference", "triton"])
-def test_nnconv_edge_network_matches_pyg(backend, monkeypatch):
-    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
-    device = device_for(backend)
+def test_nnconv_edge_network_matches_pyg(device):
     ours, theirs = _nnconv(gnnfuse.nn.NNConv).to(device), _nnconv(pyg_nn.NNConv).to(device)
     theirs.load_state_dict(ours.state_dict())
     assert_compiled_matches(ours, theirs, lambda layer: _out_and_grads(layer, *_inputs(device)))
