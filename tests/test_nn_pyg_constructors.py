@@ -1,6 +1,6 @@
 """PyG's constructor arguments and input forms on gnnfuse's layers, each checked against
 PyG's own layer with the same weights (outputs, input and every parameter gradient, float64,
-both backends): SAGE's ``project``/``normalize`` and lazy ``in_channels=-1``, GCN's ``flow``,
+both backends): SAGE's ``project``/``normalize``, lazy ``in_channels=-1`` (SAGE, GAT, GATv2, GraphConv), GCN's ``flow``,
 APPNP's ``dropout=1``, static graphs (node features ``[B, N, F]``), R-GCN's PyG
 initialisation, ``num_blocks`` and featureless input, and PyG's one-line ``repr``.
 What is still unsupported fails by name."""
@@ -84,24 +84,49 @@ def test_sage_under_autocast_matches_pyg(aggr, bipartite):
     for a, b in [(out, ref_out), (grad_x, ref_grad_x), (grad_w, ref_grad_w)]:
         torch.testing.assert_close(a.float(), b.float(), rtol=3e-2, atol=3e-2 * b.abs().max().item())
 
-def test_sage_lazy_in_channels_matches_pyg():
-    """``in_channels=-1`` reads the width from the first call (torch's LazyLinear);
-    after it, PyG's weights load and the layer matches PyG."""
+LAZY_LAYERS = {"SAGEConv": {}, "GATConv": {"heads": 2}, "GATv2Conv": {"heads": 2}, "GraphConv": {}}
+
+
+@pytest.mark.parametrize("bipartite", [False, True])
+@pytest.mark.parametrize("name", sorted(LAZY_LAYERS))
+def test_lazy_in_channels_matches_pyg(name, bipartite):
+    """``in_channels=-1`` (or ``(-1, -1)``) reads the width from the first call; after it,
+    PyG's weights load and the layer matches PyG. GAT and GATv2 read their map's weight
+    before calling it, so they fix the width on entry (`nn.lazy_width`)."""
     torch.manual_seed(1)
     x = torch.randn(N, F_IN, dtype=torch.float64)
-    ours, ref = gnn.SAGEConv(-1, 3).double(), pyg.SAGEConv(-1, 3).double()
-    assert str(ours) == str(ref) == "SAGEConv(-1, 3, aggr=mean)"
-    ours(x, EDGE_INDEX), ref(x, EDGE_INDEX)
+    inputs = (x, torch.randn(N, F_IN + 2, dtype=torch.float64)) if bipartite else x
+    in_channels = (-1, -1) if bipartite else -1
+    ours = getattr(gnn, name)(in_channels, 3, **LAZY_LAYERS[name]).double()
+    ref = getattr(pyg, name)(in_channels, 3, **LAZY_LAYERS[name]).double()
+    assert str(ours) == str(ref)
+    ours(inputs, EDGE_INDEX), ref(inputs, EDGE_INDEX)
     ours.load_state_dict(ref.state_dict())
-    assert_same_outputs_and_grads(ours, ref, lambda xs: ours(xs, EDGE_INDEX), lambda xs: ref(xs, EDGE_INDEX), x)
+    def call(layer):     # x_src differentiated; x_dst's gradient is SAGE's own test's
+        return lambda xs: layer((xs, inputs[1]) if bipartite else xs, EDGE_INDEX)
+    assert_same_outputs_and_grads(ours, ref, call(ours), call(ref), x)
+
+
+def test_lazy_attention_maps_are_initialised_as_pygs():
+    """PyG initialises a lazy map when it learns its width, with the layer's initializer:
+    glorot for GAT (bound sqrt(6 / (5 + 6)) = 0.74 here), not torch's LazyLinear default
+    (bound 1 / sqrt(5) = 0.45)."""
+    torch.manual_seed(0)
+    layer = gnn.GATConv(-1, 3, heads=2)
+    layer(torch.randn(N, F_IN), EDGE_INDEX)
+    weight = layer.lin.weight.detach()
+    assert weight.shape == (6, F_IN)
+    assert 0.45 < weight.abs().max() <= (6 / (F_IN + 6)) ** 0.5
+
+
+def test_sage_project_is_refused_lazily_as_pyg_does():
     with pytest.raises(ValueError, match="does not support lazy"):
         gnn.SAGEConv(-1, 3, project=True)
 
 
-@pytest.mark.parametrize("make", [lambda: gnn.GCNConv(-1, 3), lambda: gnn.GATConv(-1, 3), lambda: gnn.GATv2Conv(-1, 3),
-                                  lambda: gnn.GraphConv(-1, 3), lambda: gnn.SGConv(-1, 3), lambda: gnn.ChebConv(-1, 3, 2),
+@pytest.mark.parametrize("make", [lambda: gnn.GCNConv(-1, 3), lambda: gnn.SGConv(-1, 3), lambda: gnn.ChebConv(-1, 3, 2),
                                   lambda: gnn.TAGConv(-1, 3)],
-                         ids=["gcn", "gat", "gatv2", "graphconv", "sg", "cheb", "tag"])
+                         ids=["gcn", "sg", "cheb", "tag"])
 def test_lazy_in_channels_is_refused_by_name_where_unsupported(make):
     """torch's "negative dimension -1" did not say that PyG's -1 means lazy."""
     with pytest.raises(NotImplementedError, match="in_channels=-1 .*lazy"):

@@ -25,6 +25,7 @@ from ..graph import Graph
 from .aligned_linear import RowsRead, bias_added, rows_read
 from .arguments import node_features
 from .attention_weights import AttentionOutput, attention_weights, check_attention_request
+from . import lazy_width
 from .compiling import compile_path
 from .conv import (_sized_linear, GATConv, _as_graph, _bipartite_inputs, _channel_pair, _check_dropout, _combine_heads,
                    _head_bias, _head_residual, _inv_sqrt_degree, _normalized_sum, _with_loops)
@@ -42,6 +43,12 @@ def _run_vertex(fn: Callable, graph: Graph, v_feature: Mapping[str, torch.Tensor
 
 
 # --- GATv2 --------------------------------------------------------------------------------
+def _glorot_zero_bias(lin: nn.Linear) -> None:
+    nn.init.xavier_uniform_(lin.weight)   # PyG's glorot
+    if lin.bias is not None:
+        nn.init.zeros_(lin.bias)
+
+
 class GATv2Conv(FixedFlow, OneLineRepr, nn.Module):
     r"""GATv2 (Brody et al., "How attentive are graph attention networks?"), PyG's layout.
 
@@ -70,8 +77,8 @@ class GATv2Conv(FixedFlow, OneLineRepr, nn.Module):
         self.edge_dim, self.fill_value, self.residual = edge_dim, fill_value, residual
         self.share_weights = share_weights
         in_src, in_dst = _channel_pair(in_channels)
-        self.lin_l = _sized_linear(in_src, heads * out_channels, bias=bias)
-        self.lin_r = self.lin_l if share_weights else _sized_linear(in_dst, heads * out_channels, bias=bias)
+        self.lin_l = lazy_width.linear(in_src, heads * out_channels, bias=bias)
+        self.lin_r = self.lin_l if share_weights else lazy_width.linear(in_dst, heads * out_channels, bias=bias)
         self.att = nn.Parameter(torch.empty(1, heads, out_channels))
         self.lin_edge = edge_projection(edge_dim, heads * out_channels)
         self.res = _head_residual(residual, in_channels, heads, out_channels, concat)
@@ -83,9 +90,7 @@ class GATv2Conv(FixedFlow, OneLineRepr, nn.Module):
 
     def reset_parameters(self) -> None:
         for lin in (self.lin_l, self.lin_r):
-            nn.init.xavier_uniform_(lin.weight)   # PyG's glorot
-            if lin.bias is not None:
-                nn.init.zeros_(lin.bias)
+            lazy_width.reset(lin, _glorot_zero_bias)
         nn.init.xavier_uniform_(self.att)
         for lin in (self.lin_edge, self.res):
             if lin is not None:
@@ -102,6 +107,7 @@ class GATv2Conv(FixedFlow, OneLineRepr, nn.Module):
         if x_dst is None:
             raise ValueError("GATv2Conv: bipartite input needs x_dst (the destination features score "
                              "every edge), as in PyG; got (x_src, None)")
+        lazy_width.materialize([(self.lin_l, x), (self.lin_r, x_dst)], _glorot_zero_bias)
         rows = edge_rows(self, graph, edge_attr, "GATv2Conv")
         graph = _with_loops(graph, self.add_self_loops, rows is None and not return_attention_weights)
         shape = (-1, self.heads, self.out_channels)

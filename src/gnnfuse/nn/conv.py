@@ -33,7 +33,7 @@ from .edge_features import FillValue, edge_projection, edge_rows, traced_edge_ma
 from .fixed_flow import FixedFlow
 from .padded_loops import padded_looped
 from .pyg_repr import OneLineRepr
-from . import recompute
+from . import lazy_width, recompute
 
 
 def _as_graph(graph: Graph | torch.Tensor, num_nodes: int) -> Graph:
@@ -417,8 +417,13 @@ def _sized_linear(in_channels: int, out_channels: int, bias: bool = True) -> nn.
     instead of as torch's "negative dimension"."""
     if isinstance(in_channels, int) and in_channels <= 0:
         raise NotImplementedError(f"in_channels={in_channels} (PyG's lazy initialisation) is not supported by "
-                                  "this gnnfuse layer: give the input width (SAGEConv takes -1)")
+                                  "this gnnfuse layer: give the input width (SAGEConv, GATConv, GATv2Conv and "
+                                  "GraphConv take -1)")
     return nn.Linear(in_channels, out_channels, bias=bias)
+
+
+def _glorot_weight(lin: nn.Linear) -> None:
+    nn.init.xavier_uniform_(lin.weight)   # PyG's glorot
 
 
 def _channel_pair(in_channels: int | tuple[int, int]) -> tuple[int, int]:
@@ -784,10 +789,10 @@ class GATConv(FixedFlow, OneLineRepr, nn.Module):
         self.edge_dim, self.fill_value, self.residual = edge_dim, fill_value, residual
         self.lin = self.lin_src = self.lin_dst = None
         if isinstance(in_channels, int):
-            self.lin = _sized_linear(in_channels, heads * out_channels, bias=False)
+            self.lin = lazy_width.linear(in_channels, heads * out_channels, bias=False)
         else:
-            self.lin_src = _sized_linear(in_channels[0], heads * out_channels, bias=False)
-            self.lin_dst = _sized_linear(in_channels[1], heads * out_channels, bias=False)
+            self.lin_src = lazy_width.linear(in_channels[0], heads * out_channels, bias=False)
+            self.lin_dst = lazy_width.linear(in_channels[1], heads * out_channels, bias=False)
         self.att_src = nn.Parameter(torch.empty(1, heads, out_channels))
         self.att_dst = nn.Parameter(torch.empty(1, heads, out_channels))
         self.lin_edge = edge_projection(edge_dim, heads * out_channels)
@@ -801,8 +806,7 @@ class GATConv(FixedFlow, OneLineRepr, nn.Module):
 
     def reset_parameters(self) -> None:
         for lin in (self.lin, self.lin_src, self.lin_dst):
-            if lin is not None:
-                nn.init.xavier_uniform_(lin.weight)
+            lazy_width.reset(lin, _glorot_weight)
         nn.init.xavier_uniform_(self.att_src)
         nn.init.xavier_uniform_(self.att_dst)
         for p in (self.lin_edge, self.att_edge, self.res):
@@ -882,6 +886,7 @@ class GATConv(FixedFlow, OneLineRepr, nn.Module):
         if return_attention_weights:                               # False: just the output, as in PyG
             check_attention_request(self, x, edge_index, "GATConv")
         x, x_dst, graph = _bipartite_inputs(x, edge_index, size, "GATConv")
+        lazy_width.materialize([(self.lin, x), (self.lin_src, x), (self.lin_dst, x_dst)], _glorot_weight)
         rows = edge_rows(self, graph, edge_attr, "GATConv")
         # the edge logit <lin_edge(a), att_edge> per head is a @ w_edge, w_edge [edge_dim, heads] folded from
         # both parameters, so no [E, heads x channels] product exists; traced in (edge_dim <= the compiler's

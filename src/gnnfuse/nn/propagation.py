@@ -24,6 +24,7 @@ from ..runtime.compile_op import GraphRef
 from .aligned_linear import aligned_linear
 from .arguments import adjacency_weights, edge_weight_column, floating_node_features, over_feature_batches
 from .compiling import compile_path, graph_input_problem, propagation_problem
+from . import lazy_width
 from .fixed_flow import FixedFlow
 from .pyg_repr import OneLineRepr
 from .conv import (_sized_linear, _AGGREGATORS, _AGGREGATORS_PLUS_ROOT, _WEIGHTED_AGGREGATORS, CachedGraph, _as_graph,
@@ -97,8 +98,8 @@ class GraphConv(FixedFlow, OneLineRepr, nn.Module):
                              f"fuses for it; SAGEConv takes PyG's other forms), got {aggr!r}")
         self.in_channels, self.out_channels, self.aggr = in_channels, out_channels, aggr
         in_src, in_dst = _channel_pair(in_channels)
-        self.lin_rel = _sized_linear(in_src, out_channels, bias=bias)
-        self.lin_root = _sized_linear(in_dst, out_channels, bias=False)
+        self.lin_rel = lazy_width.linear(in_src, out_channels, bias=bias)
+        self.lin_root = lazy_width.linear(in_dst, out_channels, bias=False)
 
     def reset_parameters(self) -> None:
         self.lin_rel.reset_parameters()
@@ -113,6 +114,7 @@ class GraphConv(FixedFlow, OneLineRepr, nn.Module):
                 edge_weight: torch.Tensor | None = None, size: tuple[int, int] | None = None) -> torch.Tensor:
         graph_input, edge_weight = adjacency_weights(edge_index, edge_weight, "GraphConv")
         x, x_dst, graph = _bipartite_inputs(x, graph_input, size, "GraphConv", weighted_adj_t=edge_index)
+        lazy_width.materialize([(self.lin_rel, x), (self.lin_root, x_dst)])
         if edge_weight is None:
             aggregate, edge_feature = _AGGREGATORS[self.aggr], None
         else:
