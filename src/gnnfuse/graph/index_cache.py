@@ -18,8 +18,9 @@ counter, so they are never cached.
 An entry lives while its input does: when the user drops the input, its graph and
 layouts are dropped too (builders must not keep the input object alive, only its
 memory: see `Graph._from_torch`), so a loop that makes a new ``edge_index`` per epoch
-does not pile up graphs on the GPU. The cache is also small (`CAPACITY` entries, least
-recently used evicted first): a training loop needs one entry per graph. The exception
+does not pile up graphs on the GPU. The cache is also bounded (`CAPACITY` entries, least
+recently used evicted first): a training loop needs one entry per graph (per edge type
+for ``to_hetero``). The exception
 is an input held for matching by contents (below): it and its graph stay until another
 input of its shape differs from it, `CONTENT_CAPACITY` other shapes are held after it,
 or `clear_index_cache` runs.
@@ -57,7 +58,13 @@ from typing import Any, Callable, Hashable
 
 import torch
 
-CAPACITY = 8
+# One entry per graph a step uses: one for a homogeneous model, one per edge type for a
+# model made heterogeneous by ``to_hetero`` (each relation's layer gets its own
+# ``edge_index``). At 8, a model with 12 edge types missed on every layer call -- 24 graph
+# builds, two CSR sorts each, per forward -- as a cyclic access evicts each entry before
+# its reuse. Entries die with their inputs, so the bound only limits the layouts of inputs
+# the user still holds.
+CAPACITY = 64
 
 # The innermost torch.func transform's interpreter, None outside every transform: one C
 # call, cheap enough for a check on every program call (runtime/compiled.py).

@@ -2,7 +2,7 @@
 GAT; `propagation`: GIN, GraphConv, APPNP, SGC, TAG, Chebyshev; `attention`: GATv2,
 constrained GAT, dot-product GAT, EdgeConv, MLP aggregation, NGCF; `relational`:
 R-GCN; `hetero_relational`: RGAT, FastRGCN; `hetero_transformer`: HGT; `hetero_conv`: PyG's
-HeteroConv wrapper; `edge_features` and `attention_weights`: GAT/GATv2's PyG ``edge_attr`` and
+HeteroConv wrapper; `hetero_transform`: PyG's ``to_hetero`` for gnnfuse layers; `edge_features` and `attention_weights`: GAT/GATv2's PyG ``edge_attr`` and
 ``return_attention_weights``; `pyg_repr`: PyG's printed form; `pyg_layers`: PyG's own
 TransformerConv, GINEConv, GENConv, CGConv and more with ``propagate`` compiled), plain-PyTorch
 baselines (`reference`) that the compiled layers are measured against, and a registry of
@@ -14,12 +14,13 @@ from .relational import RGCNConv
 from .hetero_conv import HeteroConv
 from .hetero_relational import FastRGCNConv, RGATConv
 from .hetero_transformer import HGTConv
+from .hetero_transform import to_hetero
 from .reference import GCN, gcn_norm
 from .models import Hyperparameters, ModelSpec, build_model, get_model, model_names
 
 __all__ = ["APPNP", "CGATConv", "ChebConv", "DotGATConv", "EdgeConv", "FastRGCNConv", "GATConv", "GATv2Conv", "GCNConv", "GCN",
            "GINConv", "GraphConv", "HGTConv", "HeteroConv", "Hyperparameters", "MLPAggConv", "ModelSpec", "NGCFConv", "RGATConv", "RGCNConv", "SAGEConv", "SGConv",
-           "TAGConv", "build_model", "gcn_norm", "get_model", "model_names"]
+           "TAGConv", "build_model", "gcn_norm", "get_model", "model_names", "to_hetero"]
 
 
 def __getattr__(name: str):

@@ -1,0 +1,117 @@
+"""`to_hetero`: PyG's ``to_hetero`` for models built from gnnfuse layers.
+
+PyG's ``torch_geometric.nn.to_hetero`` copies each message-passing layer once per edge type
+and sums the copies' outputs per destination type, but it recognises a layer as message
+passing only when it is a ``torch_geometric.nn.MessagePassing``. gnnfuse's layers are not
+(PyG stays optional), so PyG's transformer treats them as plain per-edge-type functions:
+the outputs stay keyed by edge type and the next layer reads the wrong node type's rows.
+This function is PyG's, called with each gnnfuse layer standing in a thin PyG
+``MessagePassing`` shell while PyG rewrites the model; the shells are removed afterwards,
+so the result holds the gnnfuse layers themselves, under the same names and parameter
+layout as PyG's result (``conv1.author__writes__paper.lin_l.weight``), and a PyG
+state dict loads into it. Switching is changing one import::
+
+    from gnnfuse.nn import SAGEConv, to_hetero   # was: from torch_geometric.nn import ...
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+from torch import nn
+
+_SLOT_ATTRIBUTE = "layer"
+
+
+def to_hetero(module: nn.Module, metadata: tuple[list[str], list[tuple[str, str, str]]],
+              aggr: str = "sum", input_map: dict[str, str] | None = None,
+              debug: bool = False) -> torch.fx.GraphModule:
+    """Convert a homogeneous model into its heterogeneous equivalent, as
+    ``torch_geometric.nn.to_hetero`` does, with gnnfuse's layers treated as the message-passing
+    layers they are. Arguments and result are PyG's; PyG must be installed."""
+    try:
+        from torch_geometric.nn import to_hetero as pyg_to_hetero
+    except ImportError as exc:    # pragma: no cover - exercised only without PyG installed
+        raise ImportError("gnnfuse.nn.to_hetero rewrites the model with PyG's to_hetero and needs "
+                          "torch_geometric: pip install torch_geometric") from exc
+    shells = _shell_layers(module)
+    try:
+        converted = pyg_to_hetero(module, metadata, aggr=aggr, input_map=input_map, debug=debug)
+    finally:
+        for parent, name, layer in shells:
+            setattr(parent, name, layer)
+    _unshell(converted)
+    return converted
+
+
+def _layer_classes() -> tuple[type, ...]:
+    """gnnfuse.nn's message-passing layers: those whose ``forward`` takes ``edge_index``
+    (the layers PyG's ``to_hetero`` copies per edge type; the dict-taking HGTConv and
+    HeteroConv are heterogeneous already)."""
+    from .. import nn as gnnfuse_nn
+    classes = []
+    for name in gnnfuse_nn.__all__:
+        layer = getattr(gnnfuse_nn, name)
+        if (isinstance(layer, type) and issubclass(layer, nn.Module)
+                and "edge_index" in inspect.signature(layer.forward).parameters):
+            classes.append(layer)
+    return tuple(classes)
+
+
+def _shell_layers(module: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
+    """Put every gnnfuse layer that PyG's tracer will see as one call (a child of the model,
+    or inside nested ``Sequential``s, as PyG traces only those) into a shell; return where
+    each was, to put it back."""
+    classes, shell = _layer_classes(), _shell_class()
+    placed: list[tuple[nn.Module, str, nn.Module]] = []
+
+    def visit(parent: nn.Module) -> None:
+        for name, child in list(parent.named_children()):
+            if isinstance(child, classes):
+                setattr(parent, name, shell(child))
+                placed.append((parent, name, child))
+            elif isinstance(child, nn.Sequential):
+                visit(child)
+    visit(module)
+    return placed
+
+
+def _unshell(converted: nn.Module) -> None:
+    """Replace each shell in the converted model (PyG put one copy per edge type in a
+    ``ModuleDict``) by the layer it holds."""
+    shell = _shell_class()
+    for parent in list(converted.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, shell):
+                setattr(parent, name, getattr(child, _SLOT_ATTRIBUTE))
+
+
+_SHELL: type | None = None
+
+
+def _shell_class() -> type:
+    """The shell: a PyG ``MessagePassing`` (so PyG's transformer copies it per edge type)
+    whose call and ``reset_parameters`` are the gnnfuse layer's, and which reports the
+    layer's ``add_self_loops`` (PyG refuses self-loops on bipartite edge types)."""
+    global _SHELL
+    if _SHELL is None:
+        from torch_geometric.nn import MessagePassing
+
+        class GnnfuseLayerShell(MessagePassing):
+            def __init__(self, layer: nn.Module) -> None:
+                super().__init__()
+                setattr(self, _SLOT_ATTRIBUTE, layer)
+                self.add_self_loops = bool(getattr(layer, "add_self_loops", False))
+
+            def forward(self, *args: Any, **kwargs: Any) -> Any:
+                return getattr(self, _SLOT_ATTRIBUTE)(*args, **kwargs)
+
+            def reset_parameters(self) -> None:
+                getattr(self, _SLOT_ATTRIBUTE).reset_parameters()
+
+            def __repr__(self) -> str:
+                return repr(getattr(self, _SLOT_ATTRIBUTE))
+
+        _SHELL = GnnfuseLayerShell
+    return _SHELL

@@ -1,0 +1,143 @@
+"""`gnnfuse.nn.to_hetero`: a homogeneous model of gnnfuse layers made heterogeneous by PyG's
+transformer, checked against PyG's ``to_hetero`` of the same model built from PyG's layers,
+with PyG's state dict loaded -- outputs and every gradient in float64, on both backends."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch_geometric.nn as pyg_nn
+
+from gnnfuse import nn as gnn
+
+f64 = torch.float64
+METADATA = (["paper", "author"],
+            [("author", "writes", "paper"), ("paper", "rev_writes", "author"), ("paper", "cites", "paper")])
+COUNTS = {"paper": 7, "author": 5}
+
+
+def hetero_inputs(device: str, seed: int = 0):
+    """Features of two widths and three edge types; a paper and an author with no in-edge."""
+    g = torch.Generator().manual_seed(seed)
+    x = {"paper": torch.randn(COUNTS["paper"], 4, dtype=f64, generator=g),
+         "author": torch.randn(COUNTS["author"], 3, dtype=f64, generator=g)}
+    edges = {}
+    for src, rel, dst in METADATA[1]:
+        edges[(src, rel, dst)] = torch.stack([torch.randint(0, COUNTS[src], (11,), generator=g),
+                                              torch.randint(0, COUNTS[dst] - 1, (11,), generator=g)])
+    return ({k: v.to(device).requires_grad_() for k, v in x.items()},
+            {k: v.to(device) for k, v in edges.items()})
+
+
+def two_layer_model(lib, conv: str, **kwargs) -> torch.nn.Module:
+    """The model of PyG's to_hetero example, with either library's layers."""
+    Conv = getattr(lib, conv)
+
+    class GNN(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv1 = Conv((-1, -1), 8, **kwargs)
+            self.conv2 = Conv((-1, -1), 6, **kwargs)
+
+        def forward(self, x, edge_index):
+            return self.conv2(self.conv1(x, edge_index).relu(), edge_index)
+    return GNN()
+
+
+def converted_pair(conv: str, hetero_aggr: str, device: str, kwargs: dict):
+    """PyG's to_hetero of PyG's layers, and ours of gnnfuse's with PyG's state dict loaded
+    (lazy shapes are set by one call of each first)."""
+    x, edges = hetero_inputs(device)
+    theirs = pyg_nn.to_hetero(two_layer_model(pyg_nn, conv, **kwargs), METADATA, aggr=hetero_aggr).to(device, f64)
+    ours = gnn.to_hetero(two_layer_model(gnn, conv, **kwargs), METADATA, aggr=hetero_aggr).to(device, f64)
+    theirs(x, edges), ours(x, edges)
+    assert set(ours.state_dict()) == set(theirs.state_dict())
+    ours.load_state_dict(theirs.state_dict())
+    return ours, theirs
+
+
+@pytest.mark.parametrize("conv, hetero_aggr, kwargs", [
+    ("SAGEConv", "sum", {}),
+    ("SAGEConv", "mean", {"aggr": "max"}),
+    ("GraphConv", "max", {}),
+    ("GATConv", "sum", {"add_self_loops": False, "heads": 2, "concat": False}),
+    ("GATv2Conv", "sum", {"add_self_loops": False, "heads": 2}),
+])
+def test_matches_pyg_to_hetero(device, conv, hetero_aggr, kwargs):
+    ours, theirs = converted_pair(conv, hetero_aggr, device, kwargs)
+    x, edges = hetero_inputs(device, seed=1)
+    out, ref = ours(x, edges), theirs(x, edges)
+    assert set(out) == set(ref) == set(METADATA[0])
+    loss = sum((o * torch.linspace(-1, 1, o.numel(), dtype=f64, device=device).view_as(o)).sum() for o in out.values())
+    loss_ref = sum((o * torch.linspace(-1, 1, o.numel(), dtype=f64, device=device).view_as(o)).sum() for o in ref.values())
+    inputs = list(x.values())
+    grads = torch.autograd.grad(loss, inputs + list(ours.parameters()))
+    grads_ref = torch.autograd.grad(loss_ref, inputs + list(theirs.parameters()))
+    for t in METADATA[0]:
+        torch.testing.assert_close(out[t], ref[t], rtol=1e-10, atol=1e-10)
+    for g, g_ref in zip(grads, grads_ref):
+        torch.testing.assert_close(g, g_ref, rtol=1e-10, atol=1e-10)
+
+
+def test_holds_gnnfuse_layers_and_leaves_the_model_alone():
+    model = two_layer_model(gnn, "SAGEConv")
+    converted = gnn.to_hetero(model, METADATA)
+    assert type(model.conv1) is gnn.SAGEConv and type(model.conv2) is gnn.SAGEConv
+    per_edge_type = converted.conv1
+    assert sorted(per_edge_type.keys()) == sorted("__".join(k) for k in METADATA[1])
+    assert all(type(layer) is gnn.SAGEConv for layer in per_edge_type.values())
+    assert len({id(layer) for layer in per_edge_type.values()} | {id(model.conv1)}) == 4
+
+
+def test_layers_inside_sequential():
+    def model(lib):
+        class GNN(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.convs = torch.nn.Sequential(lib.SAGEConv((-1, -1), 5))
+
+            def forward(self, x, edge_index):
+                return self.convs[0](x, edge_index)
+        return GNN()
+    x, edges = hetero_inputs("cpu")
+    theirs = pyg_nn.to_hetero(model(pyg_nn), METADATA).double()
+    ours = gnn.to_hetero(model(gnn), METADATA).double()
+    theirs(x, edges), ours(x, edges)
+    ours.load_state_dict(theirs.state_dict())
+    out, ref = ours(x, edges), theirs(x, edges)
+    for t in METADATA[0]:
+        torch.testing.assert_close(out[t], ref[t])
+
+
+def test_self_loops_on_bipartite_edge_types_are_refused_as_pyg_does():
+    class GNN(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = gnn.GATConv((-1, -1), 4)     # add_self_loops=True by default
+
+        def forward(self, x, edge_index):
+            return self.conv(x, edge_index)
+    with pytest.raises(ValueError, match="add_self_loops"):
+        gnn.to_hetero(GNN(), METADATA)
+
+
+def test_twelve_edge_types_reuse_their_graphs(monkeypatch):
+    """Each relation's layer gets its own ``edge_index``; with the index cache holding 8
+    entries, a 12-relation model rebuilt all 24 layer graphs (CSR sorts) on every call."""
+    from gnnfuse.graph import graph as graph_module
+    types = ["t0", "t1", "t2", "t3"]
+    relations = [(a, f"r{i}", b) for i, (a, b) in enumerate((a, b) for a in types for b in types)][:12]
+    g = torch.Generator().manual_seed(0)
+    x = {t: torch.randn(9, 4, generator=g) for t in types}
+    edges = {k: torch.randint(0, 9, (2, 20), generator=g) for k in relations}
+    model = gnn.to_hetero(two_layer_model(gnn, "SAGEConv"), (types, relations))
+    build = graph_module.Graph._from_torch.__func__
+    builds = []
+
+    def counted(cls, *args, **kwargs):
+        builds.append(args)
+        return build(cls, *args, **kwargs)
+    monkeypatch.setattr(graph_module.Graph, "_from_torch", classmethod(counted))
+    model(x, edges)
+    assert len(builds) == len(relations)
+    model(x, edges)
+    assert len(builds) == len(relations)
