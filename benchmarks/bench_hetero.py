@@ -1,6 +1,7 @@
 """Relational training step: gnnfuse's R-GCN and HGT against PyG's RGCNConv, FastRGCNConv
 and HGTConv on typed graphs sized like AIFB, MUTAG, BGS, AM and ogbn-mag
-(gnnfuse.data.typed), plus Graphiler's R-GCN and HGT UDFs compiled unchanged.
+(gnnfuse.data.typed), plus Graphiler's R-GCN and HGT UDFs compiled unchanged, and PyG's
+``to_hetero`` of GraphSAGE with either library's layers.
 
 Models (two layers each, hidden ``--hidden``, the presets' random features):
 
@@ -18,6 +19,12 @@ Models (two layers each, hidden ``--hidden``, the presets' random features):
   `gnnfuse.nn.functional.linear_cross_entropy` (the same weights and loss, no [papers, 349]
   logits); ``gnnfuse-linear-head`` is gnnfuse.nn.HGTConv under PyG's head (``nn.Linear``
   then ``F.cross_entropy``), so the layers' share of the memory stays visible.
+- ``sage``: PyG's heterogeneous tutorial model, SAGEConv(mean) -> ReLU -> SAGEConv made
+  heterogeneous by ``to_hetero(model, metadata, aggr="sum")`` on the graph with each
+  relation's reverse added (PyG's ``ToUndirected``), the labelled type's rows out.
+  Frameworks: ``gnnfuse`` (gnnfuse.nn.SAGEConv through gnnfuse.nn.to_hetero) and
+  ``pyg-sage`` (PyG's, through PyG's to_hetero). Only on presets with several node types
+  (mag-like); cells from 2026-12-01 on record their ``hidden``.
 
 gnnfuse's R-GCN steps (its layer and the UDF) take their loss as ``gnnfuse train`` and
 bench_training do, `gnnfuse.nn.functional.cross_entropy(out, y[train], rows=train)`
@@ -92,13 +99,14 @@ from common import (device_names, environment, fmt, free_memory, load_results, l
                     resolve_device, runs_markdown, save_json, summarize, time_calls, warn, write_atomically)
 
 DATASETS = tuple(TYPED_PRESETS)          # smallest first
-MODELS = ("rgcn", "hgt")
+MODELS = ("rgcn", "hgt", "sage")
 TRAIN_ROWS = "gnnfuse-train-rows"      # R-GCN's second layer on the rows its loss reads (`TrainRows`)
 FRAMEWORKS = {"rgcn": ("gnnfuse", TRAIN_ROWS, "pyg-rgcn", "pyg-fastrgcn", "graphiler-udf"),
-              "hgt": ("gnnfuse", "gnnfuse-linear-head", "pyg-hgt", "graphiler-udf")}
+              "hgt": ("gnnfuse", "gnnfuse-linear-head", "pyg-hgt", "graphiler-udf"),
+              "sage": ("gnnfuse", "pyg-sage")}
 GNNFUSE_FRAMEWORKS = ("gnnfuse", "gnnfuse-linear-head", TRAIN_ROWS, "graphiler-udf")   # steps compiled by gnnfuse
 FUSED_HEAD = ("gnnfuse", "graphiler-udf")            # HGT's classifier and loss by linear_cross_entropy
-PYG = {"rgcn": ("pyg-rgcn", "pyg-fastrgcn"), "hgt": ("pyg-hgt",)}
+PYG = {"rgcn": ("pyg-rgcn", "pyg-fastrgcn"), "hgt": ("pyg-hgt",), "sage": ("pyg-sage",)}
 
 
 # --- data --------------------------------------------------------------------------------
@@ -271,8 +279,50 @@ class TwoHGT(nn.Module):
         return self.conv2(h, data.edge_index_dict)[self.labelled]
 
 
+class SAGE(nn.Module):
+    """PyG's heterogeneous tutorial model before ``to_hetero``: SAGEConv -> ReLU -> SAGEConv."""
+
+    def __init__(self, lib: Any, width: int, hidden: int, num_classes: int):
+        super().__init__()
+        self.conv1, self.conv2 = lib.SAGEConv(width, hidden), lib.SAGEConv(hidden, num_classes)
+
+    def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
+        return self.conv2(self.conv1(x, edge_index).relu(), edge_index)
+
+
+class HeteroSAGE(nn.Module):
+    """`SAGE` made heterogeneous by ``to_hetero`` (gnnfuse.nn's for gnnfuse's layers, PyG's
+    for PyG's) on the graph with each relation's reverse added (PyG's ``ToUndirected``,
+    so every node type receives messages), the labelled type's rows out."""
+
+    def __init__(self, lib: Any, data: TypedData, hidden: int):
+        super().__init__()
+        self.labelled = data.labelled
+        model = SAGE(lib, data.x.shape[1], hidden, data.num_classes)
+        self.model = lib.to_hetero(model, undirected(data)[0], aggr="sum")
+
+    def forward(self, data: TypedData) -> torch.Tensor:
+        return self.model(data.x_dict, undirected(data)[1])[self.labelled]
+
+
+_UNDIRECTED: list[tuple[dict, tuple]] = []      # the last (edge_index_dict, its undirected form)
+
+
+def undirected(data: TypedData) -> tuple[tuple[list[str], list[tuple[str, str, str]]], dict]:
+    """``(metadata, edge_index_dict)`` with ``(dst, rev_<relation>, src)`` added for every
+    relation, made once per data set (the per-step dict holds the same tensors)."""
+    if not _UNDIRECTED or _UNDIRECTED[0][0] is not data.edge_index_dict:
+        edges = dict(data.edge_index_dict)
+        for (src, relation, dst), edge_index in data.edge_index_dict.items():
+            edges[(dst, f"rev_{relation}", src)] = edge_index.flip(0)
+        _UNDIRECTED[:] = [(data.edge_index_dict, ((data.metadata[0], list(edges)), edges))]
+    return _UNDIRECTED[0][1]
+
+
 def build(model: str, framework: str, data: TypedData, hidden: int) -> nn.Module:
     relations, width = data.graph.num_edge_types, data.x.shape[1]
+    if model == "sage":
+        return HeteroSAGE(gnnfuse.nn if framework == "gnnfuse" else _pyg(), data, hidden)
     if model == "rgcn":
         sizes = ((width, hidden), (hidden, data.num_classes))
         if framework in ("gnnfuse", TRAIN_ROWS):
@@ -364,7 +414,8 @@ def measure(model: str, framework: str, data: TypedData, hidden: int, state, ste
             "own_peak_gb": None if peak is None else peak - base, "first_step_ms": first_ms,
             **({"cuda_graph": step.status} if ours else {}),
             **({"head": "linear_cross_entropy" if framework in FUSED_HEAD else "nn.Linear"} if model == "hgt" else {}),
-            **({"loss": "rows"} if model == "rgcn" and ours and framework != TRAIN_ROWS else {})}
+            **({"loss": "rows"} if model == "rgcn" and ours and framework != TRAIN_ROWS else {}),
+            "hidden": hidden}
     if profile:
         cell["profile"] = step_profile(step, device)
     return cell
@@ -455,10 +506,10 @@ def cell_text(cell: dict[str, Any] | None) -> str:
 
 def render_markdown(results: dict[str, Any]) -> str:
     frameworks = ("gnnfuse", "gnnfuse-linear-head", TRAIN_ROWS, "pyg-rgcn", "pyg-fastrgcn", "pyg-hgt",
-                  "graphiler-udf")
+                  "pyg-sage", "graphiler-udf")
     head = ["dataset", "model", *frameworks, "fastest PyG", "speedup", "mem vs PyG", "own mem vs PyG",
             "own mem vs PyG, Linear head", "train rows: speedup / own mem vs PyG", "UDF / nn", "max rel err"]
-    lines = ["# Relational training step: gnnfuse vs PyG (R-GCN, HGT) and Graphiler's R-GCN UDF", "",
+    lines = ["# Relational training step: gnnfuse vs PyG (R-GCN, HGT, to_hetero(SAGE)) and Graphiler's R-GCN UDF", "",
              "Median ms per step (forward + loss + backward + Adam; gnnfuse's steps captured in a CUDA graph where "
              "marked, PyG's eager) / peak GB over the timed steps and, for a captured step, its recording (own: the "
              "peak above what was allocated when the cell began -- the data set and the cuBLAS workspaces "
@@ -516,6 +567,8 @@ def run_dataset(name: str, args: argparse.Namespace, device: torch.device, resul
                 run_id: str) -> None:
     data = load_typed(name, device)
     for model in args.models:
+        if model == "sage" and len(data.metadata[0]) == 1:     # to_hetero of a one-node-type KG: R-GCN's job
+            continue
         state = reference_state(model, data, args.hidden)
         checked = guarded(lambda: check(model, data, args.hidden, state, device), device, args.cell_timeout)
         results["checks"][f"{name}/{model}"] = {**checked, "run": run_id}

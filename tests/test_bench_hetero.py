@@ -58,8 +58,12 @@ def test_cells_are_checked_timed_and_stored(bench_hetero, tmp_path, monkeypatch)
     assert set(errors) == {"gnnfuse", "gnnfuse-train-rows", "pyg-fastrgcn", "graphiler-udf"}
     assert max(errors.values()) < 1e-5          # the train-rows model against PyG's rows of its output
     assert results["checks"]["mutag-like/hgt"]["max_rel_err"]["gnnfuse"] < 1e-5
+    bench_hetero.main(["--datasets", "aifb-like,mutag-like", "--models", "sage", *common])
+    results = json.loads((tmp_path / "hetero.json").read_text())
+    assert "aifb-like/sage" not in results["checks"]       # one node type: no to_hetero cell
+    assert results["checks"]["mutag-like/sage"]["max_rel_err"]["gnnfuse"] < 1e-5
     assert {key: cell["status"] for key, cell in results["cells"].items()} == {
-        "aifb-like/rgcn/gnnfuse": "ok", "mutag-like/hgt/gnnfuse": "ok"}
+        "aifb-like/rgcn/gnnfuse": "ok", "mutag-like/hgt/gnnfuse": "ok", "mutag-like/sage/gnnfuse": "ok"}
     # PyG's cells, one out of memory: the ratio is against the fastest that ran
     ours = results["cells"]["aifb-like/rgcn/gnnfuse"]
     results["cells"]["aifb-like/rgcn/pyg-fastrgcn"] = {"status": "oom", "run": ours["run"]}
