@@ -141,3 +141,25 @@ def test_twelve_edge_types_reuse_their_graphs(monkeypatch):
     assert len(builds) == len(relations)
     model(x, edges)
     assert len(builds) == len(relations)
+
+
+def test_each_type_is_combined_as_soon_as_its_relations_have_run():
+    """PyG's transformer calls every relation's layer before any per-type sum, so all
+    relations' outputs were alive at once; now a sum follows its operands."""
+    metadata = (METADATA[0], [METADATA[1][i] for i in (0, 2, 1)])   # paper's two relations, then author's
+    model = gnn.to_hetero(two_layer_model(gnn, "SAGEConv"), metadata, aggr="mean")
+    nodes = list(model.graph.nodes)
+    position = {node: i for i, node in enumerate(nodes)}
+    combining = [n for n in nodes if n.op == "call_function" and n.target in (torch.add, torch.div)]
+    assert combining
+    for node in combining:
+        last_operand = max(position[a] for a in node.args if isinstance(a, torch.fx.Node))
+        assert position[node] == last_operand + 1, node.name
+    x, edges = hetero_inputs("cpu")
+    reference = pyg_nn.to_hetero(two_layer_model(pyg_nn, "SAGEConv"), metadata, aggr="mean").double()
+    model = model.double()
+    model(x, edges), reference(x, edges)
+    model.load_state_dict(reference.state_dict())
+    out, expected = model(x, edges), reference(x, edges)
+    for t in METADATA[0]:
+        torch.testing.assert_close(out[t], expected[t])
