@@ -14,6 +14,7 @@ times (a CSR both in a graph's cache and in a block's layout list) stay one tens
 from __future__ import annotations
 
 import io
+import math
 import pickle
 from typing import Any
 
@@ -78,15 +79,29 @@ def unpack(data: bytes, buffers: dict[str, torch.Tensor],
            where: list[tuple[str, int, torch.dtype, tuple[int, ...]]]) -> Any:
     """What `pack` packed, its tensors in the memory of ``buffers``.
 
-    Each is a tensor of its own over the buffer's storage, not a view of the buffer:
-    views share their base's version counter, so an in-place write to one (``batch.x``
-    normalised in place) would read as a write to every other, a block graph's index
-    tensors among them, which a `Graph` then refuses as edited (`Graph.check_unchanged`)."""
+    Each is a tensor of its own, not a view of the buffer: views share their base's
+    version counter, so an in-place write to one (``batch.x`` normalised in place) would
+    read as a write to every other, a block graph's index tensors among them, which a
+    `Graph` then refuses as edited (`Graph.check_unchanged`).
+
+    Each also has a storage of its own, a slice of the buffer's that holds the buffer
+    alive: on the buffer's one storage, ``torch.save`` refused the batch (tensors of
+    several dtypes over the same memory: "Cannot save multiple tensors or storages that
+    view the same data as different types"), and ``pickle`` wrote the whole buffer once
+    per tensor (750 kB for a batch that pickles to 43 kB), each loaded tensor then
+    holding its own copy of all of it.
+
+    An empty tensor gets no slice: its slice would start where the next tensor's does,
+    which ``torch.save`` would read as one memory seen as two dtypes."""
     tensors = []
     for device, offset, dtype, shape in where:
         storage = buffers[device].untyped_storage()
-        tensors.append(torch.empty(0, dtype=dtype, device=storage.device).set_(storage, offset // dtype.itemsize,
-                                                                                shape))
+        nbytes = math.prod(shape) * dtype.itemsize
+        if nbytes:
+            tensors.append(torch.empty(0, dtype=dtype, device=storage.device).set_(
+                storage[offset:offset + nbytes], 0, shape))
+        else:
+            tensors.append(torch.empty(shape, dtype=dtype, device=storage.device))
     return _Unpacker(io.BytesIO(data), tensors).load()
 
 
