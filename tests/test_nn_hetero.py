@@ -225,6 +225,26 @@ def test_hgt_takes_dotted_relation_names_and_edge_index_objects_as_pyg_does(back
     assert "p_rel.a__r#v2__b" in grads
 
 
+def test_hgt_refuses_an_edge_index_dict_with_no_edge_type_of_its_metadata():
+    """An empty dict returned outputs for every destination type, computed without a
+    single edge, where PyG's HGTConv raises (torch.cat of an empty list); a dict of types
+    outside the metadata is refused too (PyG: a KeyError). Left-out types have no edges,
+    as in PyG."""
+    layer = randomized(gnn.HGTConv(IN_CHANNELS, 6, METADATA, heads=2).double(), 9)
+    x, edges = hetero_inputs(9)
+    with pytest.raises(ValueError, match=r"HGTConv: edge_index_dict holds no edge type.*\('a', 'r', 'b'\)"):
+        layer(x, {})
+    with pytest.raises(ValueError, match=r"\('a', 'q', 'b'\)\] are not among the edge types"):
+        layer(x, {("a", "q", "b"): edges[("a", "r", "b")]})
+    empty = {t: torch.empty(2, 0, dtype=torch.long) for t in METADATA[1]}
+    one = {("a", "r", "b"): edges[("a", "r", "b")]}
+    for given, spelled_out in ((one, empty | one), ({("a", "r", "b"): empty[("a", "r", "b")]}, empty)):
+        got, want = layer(x, given), layer(x, spelled_out)
+        assert got.keys() == want.keys() == {"a", "b"}
+        for t in got:
+            torch.testing.assert_close(got[t], want[t], rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("index, message", [
     (torch.tensor([[0.0, 1.0], [1.0, 0.0]]), "integer ids, got torch.float32"),
     (torch.tensor([[True, False], [False, True]]), "integer ids, got torch.bool"),

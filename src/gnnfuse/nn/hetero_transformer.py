@@ -80,7 +80,11 @@ def hetero_graph_for(edge_index_dict: Any, x_dict: Mapping[str, torch.Tensor], e
     """The `HeteroGraph` a hetero layer runs on: given, or made from ``edge_index_dict``
     with the node types in ``x_dict``'s order and relations numbered as the layer's
     metadata lists them (so relation r reads the layer's r-th weights) -- built once
-    for as long as the dict's tensors are unchanged (`cached_hetero_graph`)."""
+    for as long as the dict's tensors are unchanged (`cached_hetero_graph`).
+
+    An empty dict is refused: the layer would return every destination type's output
+    computed without a single edge (each type's gated ``out_lin(gelu(0))``), where PyG's
+    layer raises (on an obscure ``torch.cat`` of an empty list)."""
     if isinstance(edge_index_dict, HeteroGraph):
         if edge_index_dict.edge_types != edge_types:
             raise ValueError(f"{layer}: the HeteroGraph numbers its edge types {edge_index_dict.edge_types}, but "
@@ -89,6 +93,10 @@ def hetero_graph_for(edge_index_dict: Any, x_dict: Mapping[str, torch.Tensor], e
     if not isinstance(edge_index_dict, Mapping):
         raise TypeError(f"{layer}: expected edge_index_dict {{(src, rel, dst): edge_index}} or a HeteroGraph, got "
                         f"{type(edge_index_dict).__name__}")
+    if not edge_index_dict:
+        raise ValueError(f"{layer}: edge_index_dict holds no edge type, but the layer's metadata lists {edge_types}; "
+                         "give the edge_index of at least one of them (an edge type without edges as a [2, 0] "
+                         "tensor). An empty dict is most often the wrong dict: PyG's layer refuses it too")
     return cached_hetero_graph(edge_index_dict, {t: x.shape[0] for t, x in x_dict.items()},
                                node_types=list(x_dict), edge_types=edge_types)
 
@@ -121,7 +129,8 @@ class HGTConv(nn.Module):
     ``forward(x_dict, edge_index_dict)`` takes ``{node_type: x}`` and ``{(src, rel, dst):
     edge_index}`` (whose `HeteroGraph` is kept while its tensors are unchanged), or a
     `HeteroGraph` built with ``edge_types=metadata[1]``, and returns ``{node_type: out}``
-    for the node types some edge type of the metadata ends at. ``in_channels`` may be a
+    for the node types some edge type of the metadata ends at (an edge type the dict
+    leaves out has no edges; an empty dict is refused). ``in_channels`` may be a
     dict per node type, or -1 (lazy), as in PyG. The relation matrices of all heads are
     applied as one block-diagonal matrix per relation (`RelationHeadWeight.per_relation`),
     once per (source vertex, relation) pair (passes/compact.py).
