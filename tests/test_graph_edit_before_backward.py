@@ -161,6 +161,21 @@ def test_copies_of_an_unedited_graph_run_and_an_edited_one_is_not_copied():
             use()
 
 
+@pytest.mark.parametrize("write", [lambda ei: ei.detach()[1, 0].fill_(3), lambda ei: ei.view(-1)[4].fill_(3),
+                                   lambda ei: ei[1].copy_(torch.tensor([3, 2, 3, 0]))],
+                         ids=["detach", "view", "row-copy"])
+def test_writes_through_aliases_that_share_the_version_counter_are_refused(write):
+    """The README's line between what the seal sees and what it cannot (``.data``,
+    ``.numpy()``, DLPack: aliases with no shared version counter): a ``detach()`` or a
+    view shares the tensor's counter, so a write through it is refused."""
+    ei = torch.tensor([[0, 1, 2, 3], [1, 2, 3, 0]])
+    graph = Graph.from_edge_index(ei, 4)
+    graph.csr()
+    write(ei)
+    with pytest.raises(GraphModifiedError, match="edge_index"):
+        graph.csr()
+
+
 def test_a_write_through_an_edge_index_wrapper_is_refused_between_calls():
     """PyG's ``EdgeIndex`` moves its own version counter only: the graph watches it too."""
     ei = _wrapped(_graph())

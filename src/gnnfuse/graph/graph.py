@@ -24,6 +24,12 @@ moves, views included) and `check_unchanged` refuses a graph whose seal is broke
 runtime calls it on every program call, and `cached` on every layout read. The layouts
 the public methods hand out (``in_degrees()``, ``csr()``, ...) are sealed the same way:
 they are the very tensors the layers read.
+
+Writes that move no version counter are not seen: through ``.data`` (an alias with a
+counter of its own), ``.numpy()``, DLPack, a tensor ``set_`` on the same storage, or a
+kernel of one's own. Torch offers nothing cheap to detect them, and comparing the edges
+on every call would be a pass over them per call; the README says so where it describes
+the seal.
 """
 from __future__ import annotations
 
