@@ -417,8 +417,7 @@ def _sized_linear(in_channels: int, out_channels: int, bias: bool = True) -> nn.
     instead of as torch's "negative dimension"."""
     if isinstance(in_channels, int) and in_channels <= 0:
         raise NotImplementedError(f"in_channels={in_channels} (PyG's lazy initialisation) is not supported by "
-                                  "this gnnfuse layer: give the input width (SAGEConv, GATConv, GATv2Conv and "
-                                  "GraphConv take -1)")
+                                  "this gnnfuse layer: give the input width")
     return nn.Linear(in_channels, out_channels, bias=bias)
 
 
@@ -492,12 +491,12 @@ class GCNConv(OneLineRepr, CachedGraph, nn.Module):
         self.improved, self.cached, self.flow = improved, cached, flow
         self.add_self_loops, self.normalize = add_self_loops, normalize
         self._cached_graph: Graph | None = None
-        self.lin = _sized_linear(in_channels, out_channels, bias=False)
+        self.lin = lazy_width.linear(in_channels, out_channels, bias=False)
         self.bias = nn.Parameter(torch.zeros(out_channels)) if bias else None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        nn.init.xavier_uniform_(self.lin.weight)   # PyG's glorot
+        lazy_width.reset(self.lin, _glorot_weight)
         if self.bias is not None:
             nn.init.zeros_(self.bias)
         self._cached_graph = None
@@ -510,7 +509,7 @@ class GCNConv(OneLineRepr, CachedGraph, nn.Module):
         COO features (bag-of-words), which the compiled aggregation cannot read."""
         if isinstance(graph, GraphRef) or x.is_sparse:
             return False
-        return not maps_first(self.in_channels, self.out_channels, x, self.lin.weight)
+        return not maps_first(self.lin.in_features, self.out_channels, x, self.lin.weight)
 
     def _compile_problem(self, x: Any, edge_index: Any, edge_weight: Any = None) -> str | None:
         if self.improved and self.add_self_loops and edge_weight is None:
@@ -522,6 +521,7 @@ class GCNConv(OneLineRepr, CachedGraph, nn.Module):
     def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor,
                 edge_weight: torch.Tensor | None = None) -> torch.Tensor:
         x, graph, edge_weight = _normalized_layer_inputs(self, "GCNConv", x, edge_index, edge_weight)
+        lazy_width.materialize([(self.lin, x)], _glorot_weight)
         graph = _along_flow(graph, self.flow)
         if edge_weight is None and self.normalize and not self.improved and self._aggregates_first(x, graph):
             graph = _with_loops(graph, self.add_self_loops)

@@ -41,7 +41,7 @@ def materialize(pairs: Iterable[tuple[nn.Module | None, torch.Tensor | None]],
     (None: torch's default, which is PyG's ``Linear`` default too)."""
     for lin, rows in pairs:
         if rows is not None and is_lazy(lin):
-            with torch.no_grad():
-                lin(rows.narrow(0, 0, 0))
+            with torch.no_grad():     # no rows, in the map's own dtype (sparse or integer rows too)
+                lin(torch.empty((0, rows.shape[-1]), dtype=lin.weight.dtype, device=lin.weight.device))
                 if init is not None:
                     init(lin)

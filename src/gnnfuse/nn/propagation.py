@@ -27,7 +27,7 @@ from .compiling import compile_path, graph_input_problem, propagation_problem
 from . import lazy_width
 from .fixed_flow import FixedFlow
 from .pyg_repr import OneLineRepr
-from .conv import (_sized_linear, _AGGREGATORS, _AGGREGATORS_PLUS_ROOT, _WEIGHTED_AGGREGATORS, CachedGraph, _as_graph,
+from .conv import (_glorot_weight, _AGGREGATORS, _AGGREGATORS_PLUS_ROOT, _WEIGHTED_AGGREGATORS, CachedGraph, _as_graph,
                    _bipartite_inputs, _channel_pair, _gcn_edge_norm, _inv_sqrt_degree, _neighbour_sum,
                    _normalized_hop, _normalized_layer_inputs, _transform_first, _with_loops, maps_first)
 
@@ -249,7 +249,7 @@ class SGConv(FixedFlow, OneLineRepr, nn.Module):
         self.in_channels, self.out_channels, self.K = in_channels, out_channels, K
         self.cached, self.add_self_loops = cached, add_self_loops
         self._cached_x: torch.Tensor | None = None
-        self.lin = _sized_linear(in_channels, out_channels, bias=bias)
+        self.lin = lazy_width.linear(in_channels, out_channels, bias=bias)
 
     def reset_parameters(self) -> None:
         self.lin.reset_parameters()
@@ -263,7 +263,8 @@ class SGConv(FixedFlow, OneLineRepr, nn.Module):
                 edge_weight: torch.Tensor | None = None) -> torch.Tensor:
         if self._cached_x is not None:
             return self.lin(self._cached_x.detach())
-        if not self.cached and self.out_channels < self.in_channels and not torch.compiler.is_compiling():
+        lazy_width.materialize([(self.lin, x)])
+        if not self.cached and self.out_channels < self.lin.in_features and not torch.compiler.is_compiling():
             return self._propagated(x, edge_index, edge_weight, mapped_first=True)
         h = self._propagated(x, edge_index, edge_weight)
         if self.cached and self.K > 0:     # as PyG, which caches inside its hop loop: K = 0 caches nothing
@@ -310,7 +311,7 @@ class TAGConv(FixedFlow, OneLineRepr, nn.Module):
                  normalize: bool = True):
         super().__init__()
         self.in_channels, self.out_channels, self.K, self.normalize = in_channels, out_channels, K, normalize
-        self.lins = nn.ModuleList([_sized_linear(in_channels, out_channels, bias=False) for _ in range(K + 1)])
+        self.lins = nn.ModuleList([lazy_width.linear(in_channels, out_channels, bias=False) for _ in range(K + 1)])
         self.bias = nn.Parameter(torch.zeros(out_channels)) if bias else None
 
     def reset_parameters(self) -> None:
@@ -329,7 +330,8 @@ class TAGConv(FixedFlow, OneLineRepr, nn.Module):
         x = floating_node_features(x, "TAGConv")
         edge_index, edge_weight = adjacency_weights(edge_index, edge_weight, "TAGConv")
         graph, hop = _normalized_hop(_as_graph(edge_index, x.shape[0]), edge_weight, x.dtype, False, self.normalize)
-        if self.out_channels < self.in_channels and not isinstance(graph, GraphRef):   # not under torch.compile
+        lazy_width.materialize([(lin, x) for lin in self.lins])
+        if self.out_channels < self.lins[0].in_features and not isinstance(graph, GraphRef):   # not under torch.compile
             skips = [_transform_first(x, lin.weight, graph, k) if k else lin(x) for k, lin in enumerate(self.lins)]
             norm = _inv_sqrt_degree(graph, x.dtype) if self.normalize else x.new_ones(graph.num_nodes, 1)
             out = skips[-1]
@@ -457,13 +459,13 @@ class ChebConv(FixedFlow, OneLineRepr, nn.Module):
         if normalization not in _LAPLACIANS:
             raise ValueError(f"normalization must be 'sym', 'rw' or None, got {normalization!r}")
         self.in_channels, self.out_channels, self.normalization = in_channels, out_channels, normalization
-        self.lins = nn.ModuleList([_sized_linear(in_channels, out_channels, bias=False) for _ in range(K)])
+        self.lins = nn.ModuleList([lazy_width.linear(in_channels, out_channels, bias=False) for _ in range(K)])
         self.bias = nn.Parameter(torch.zeros(out_channels)) if bias else None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         for lin in self.lins:
-            nn.init.xavier_uniform_(lin.weight)   # PyG's glorot
+            lazy_width.reset(lin, _glorot_weight)
         if self.bias is not None:
             nn.init.zeros_(self.bias)
 
@@ -471,6 +473,7 @@ class ChebConv(FixedFlow, OneLineRepr, nn.Module):
     def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor, edge_weight: torch.Tensor | None = None,
                 batch: torch.Tensor | None = None, lambda_max: float | torch.Tensor | None = None) -> torch.Tensor:
         x = floating_node_features(x, "ChebConv")
+        lazy_width.materialize([(lin, x) for lin in self.lins], _glorot_weight)
         edge_index, edge_weight = adjacency_weights(edge_index, edge_weight, "ChebConv")
         graph = _as_graph(edge_index, x.shape[0])
         if edge_weight is None:
