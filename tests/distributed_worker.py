@@ -56,7 +56,7 @@ def sampler_epochs(rank: int) -> dict[str, Any]:
     epochs = []
     for epoch in range(2):
         sampler.set_epoch(epoch)
-        epochs.append([batch.input_id.tolist() for batch in loader])
+        epochs.append([batch.n_id[:batch.batch_size].tolist() for batch in loader])
     return {"epochs": epochs, "len": len(loader)}
 
 

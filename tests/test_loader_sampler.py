@@ -129,6 +129,35 @@ def test_loader_reads_a_pyg_data_and_input_mask():
     assert torch.equal(batches[0].x, data.x[[1, 3, 0, 2]])
 
 
+@pytest.mark.parametrize("input_nodes, extra", [
+    (None, {}), (torch.tensor([False, True, False, True, True, True, False]), {}), (torch.tensor([5, 1, 3, 6]), {}),
+    (torch.tensor([5, 1, 3, 6]), {"prefetch": 2}), (torch.tensor([5, 1, 3, 6]), {"num_workers": 1})],
+    ids=["all", "mask", "ids", "ids-prefetch", "ids-worker"])
+def test_input_id_is_pygs_for_every_kind_of_input_nodes(input_nodes, extra):
+    """``input_id`` as PyG's loader gives it (its own ``get_input_nodes`` and
+    ``NodeSamplerInput`` are the oracle: PyG's sampler itself needs pyg-lib): for seeds
+    given as ids, each seed's position in ``input_nodes``; for a mask or all vertices,
+    its vertex id. gnnfuse gave vertex ids for ids too: ``input_nodes=[5, 1, 3, 6]`` in
+    batches of 2 gave ``input_id`` [5, 1], [3, 6] where PyG gives [0, 1], [2, 3], so
+    ``predictions[batch.input_id] = out`` wrote rows of another seed (or past the end)."""
+    from torch_geometric.data import Data
+    from torch_geometric.loader.utils import get_input_nodes
+    from torch_geometric.sampler import NodeSamplerInput
+    data = Data(x=torch.randn(7, 2), edge_index=torch.tensor([[0, 1, 2, 3, 4], [1, 2, 3, 4, 5]]), num_nodes=7)
+    _, nodes, input_id = get_input_nodes(data, input_nodes)
+    pyg = NodeSamplerInput(input_id, nodes)
+    torch.manual_seed(0)
+    loader = NeighborLoader(data, [1], batch_size=2, input_nodes=input_nodes, shuffle=True, **{"prefetch": 0, **extra})
+    seen = 0
+    for batch in loader:
+        seeds = batch.n_id[:batch.batch_size]
+        positions = torch.tensor([int((nodes == seed).nonzero()) for seed in seeds])
+        assert batch.input_id.tolist() == pyg[positions].input_id.tolist()
+        seen += batch.batch_size
+    loader.close()
+    assert seen == nodes.numel()
+
+
 @pytest.mark.parametrize("extra", [{}, {"prefetch": 2}, {"num_workers": 1}], ids=["plain", "prefetch", "worker"])
 def test_no_seeds_is_no_batch(extra):
     """An all-False mask (or a sampler's empty share): ``len`` said 0 but one batch of 0

@@ -295,10 +295,10 @@ def test_with_several_threads_a_failing_batch_is_raised_in_its_place(monkeypatch
     loader = NeighborLoader(graph, [1], batch_size=2, prefetch=1, prefetch_threads=3)
     real = batch_maker.BatchMaker.prepare
 
-    def failing_fifth(self, seeds, generator, times):
+    def failing_fifth(self, seeds, *rest):
         if int(seeds[0]) == 8:
             raise RuntimeError("batch 4 failed")
-        return real(self, seeds, generator, times)
+        return real(self, seeds, *rest)
     monkeypatch.setattr(batch_maker.BatchMaker, "prepare", failing_fifth)
     seen = []
     with pytest.raises(RuntimeError, match="batch 4 failed"):

@@ -44,7 +44,9 @@ class MiniBatch:
     ``blocks[0]``'s sources, the seeds' labels, and ids.
 
     ``n_id`` are the global ids of the input vertices (PyG's name; the first
-    ``batch_size`` are the seeds, ``input_id``). A ``padded`` batch (a loader with
+    ``batch_size`` are the seeds). ``input_id`` is PyG's too: each seed's position in the
+    loader's ``input_nodes`` when those were ids, its vertex id when they were a mask or
+    all vertices (as PyG's loader gives it). A ``padded`` batch (a loader with
     ``static_shapes``) has its blocks, ``x``, ``y`` and ``n_id`` padded to the loader's
     capacities (`loader.static_shapes`): ``n_id`` holds the first seed's id for padded
     rows and the blocks' ``src_nodes`` hold id 0, ``x`` holds zeros there -- not a
@@ -111,7 +113,10 @@ class BatchMaker:
                 warnings.warn(f"gnnfuse NeighborLoader worker: could not page-lock the shared {name} table "
                               f"{list(table.shape)}; its rows are gathered on the host", RuntimeWarning, stacklevel=2)
 
-    def prepare(self, seeds: torch.Tensor, generator: torch.Generator, times: StageTimes) -> MiniBatch:
+    def prepare(self, seeds: torch.Tensor, generator: torch.Generator, times: StageTimes,
+                input_id: torch.Tensor | None = None) -> MiniBatch:
+        """The batch of ``seeds`` (vertex ids); ``input_id`` is the batch's `MiniBatch.input_id`
+        (default the seeds themselves)."""
         hops = self._sample(seeds, generator, times)
         nodes = hops[-1].nodes
         caps = self.capacities if self.capacities is not None and self.capacities.fits(seeds.numel(), hops) else None
@@ -130,7 +135,7 @@ class BatchMaker:
                 y = pad_rows(y, caps.nodes[0], IGNORE_LABEL)
             edges = [self._edge_rows(hop.eid) for hop in reversed(hops)]     # per block, input layer first
         with times.timing("transfer", stream=on_device):
-            x, y, n_id, input_id = (self._to_device(t) for t in (x, y, read, seeds))
+            x, y, n_id, input_id = (self._to_device(t) for t in (x, y, read, seeds if input_id is None else input_id))
             edges = [tuple(self._to_device(t) for t in tables) for tables in edges]
             moved = ("rowptr", "local_src", "dst", "nodes", "out_degrees", "unread_dst")    # eid: read above
             hops = [hop._replace(**{name: self._to_device(getattr(hop, name)) for name in moved})

@@ -114,17 +114,20 @@ def _check_batch_size(batch_size: Any) -> None:
     raise ValueError(f"batch_size must be a whole number >= 1, got {batch_size!r}{hint}")
 
 
-def _seed_ids(input_nodes: Any, num_nodes: int) -> torch.Tensor:
-    """The seed vertices as int64 ids on the host: all vertices, a boolean mask, or ids."""
+def _seed_ids(input_nodes: Any, num_nodes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The seed vertices as int64 ids on the host (all vertices, a boolean mask, or ids),
+    and PyG's ``input_id`` of each: its vertex id for all vertices or a mask, its position
+    in ``input_nodes`` for ids (PyG's ``get_input_nodes`` and ``NodeSamplerInput``)."""
     if input_nodes is None:
-        return torch.arange(num_nodes)
+        return torch.arange(num_nodes), torch.arange(num_nodes)
     ids = torch.as_tensor(input_nodes).cpu()
     if ids.dim() == 1 and ids.numel() == 0:       # an empty list is a float tensor: no seeds, not a bad type
-        return ids.long()
+        return ids.long(), ids.long()
     if ids.dtype == torch.bool:
         if ids.numel() != num_nodes:
             raise ValueError(f"input_nodes mask has {ids.numel()} entries but the graph has {num_nodes} nodes")
-        return ids.nonzero().flatten()
+        seeds = ids.nonzero().flatten()
+        return seeds, seeds
     if ids.dtype.is_floating_point or ids.dim() != 1:
         raise ValueError(f"input_nodes must be a 1-D tensor of node ids or a boolean mask, got {ids.dtype} "
                          f"of shape {list(ids.shape)}")
@@ -133,7 +136,7 @@ def _seed_ids(input_nodes: Any, num_nodes: int) -> torch.Tensor:
         raise ValueError(f"input_nodes holds ids outside 0..{num_nodes - 1}")
     if torch.unique(ids).numel() != ids.numel():
         raise ValueError("input_nodes holds repeated ids; a seed must appear once per epoch")
-    return ids
+    return ids, torch.arange(ids.numel())
 
 
 def _check_learnable(name: str, table: torch.Tensor, placed: torch.Tensor, prefetch: int, num_workers: int) -> None:
@@ -257,7 +260,7 @@ class NeighborLoader:
         for name, table in (("x", features), ("y", labels), *edge_tables.items()):
             if table is not None and table.requires_grad:
                 _check_learnable(name, table, getattr(self._maker, name), prefetch, num_workers)
-        self.seeds = _seed_ids(input_nodes, graph.num_nodes)
+        self.seeds, self._input_ids = _seed_ids(input_nodes, graph.num_nodes)
         self.batch_size, self.shuffle, self.replace, self.drop_last = batch_size, shuffle, replace, drop_last
         self.prefetch, self.prefetch_threads, self.sampler = prefetch, prefetch_threads, sampler
         self.stage_times = StageTimes()
@@ -325,15 +328,21 @@ class NeighborLoader:
         full, rest = divmod(self.seeds.numel() if self.sampler is None else len(self.sampler), self.batch_size)
         return full + (rest > 0 and not self.drop_last)
 
-    def _seed_batches(self, generator: torch.Generator, device: torch.device) -> list[torch.Tensor]:
+    def _seed_batches(self, generator: torch.Generator, device: torch.device
+                      ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The epoch's (seeds, ``input_id``) per batch, on ``device``."""
         if self.sampler is not None:
-            seeds = self.seeds[_sampled_positions(self.sampler, self.seeds.numel())]
+            positions = _sampled_positions(self.sampler, self.seeds.numel())
+        elif self.shuffle:
+            positions = torch.randperm(self.seeds.numel(), generator=generator)
         else:
-            seeds = self.seeds[torch.randperm(self.seeds.numel(), generator=generator)] if self.shuffle else self.seeds
+            positions = torch.arange(self.seeds.numel())
         # where they are used, once per epoch, not copied there batch by batch; no seeds
         # (an empty mask, a sampler's empty share) is no batch, not one empty batch
-        batches = list(seeds.to(device).split(self.batch_size)) if seeds.numel() else []
-        if self.drop_last and batches and batches[-1].numel() < self.batch_size:
+        seeds, input_ids = (table[positions].to(device).split(self.batch_size) if positions.numel() else []
+                            for table in (self.seeds, self._input_ids))
+        batches = list(zip(seeds, input_ids))
+        if self.drop_last and batches and batches[-1][0].numel() < self.batch_size:
             batches.pop()
         return batches
 
@@ -349,7 +358,7 @@ class NeighborLoader:
                 self.stage_times.count_batch()
             return
         prepare = lambda item: self._maker.prepare(      # noqa: E731
-            item[1], batch_generator(self.sample_device, seed, item[0]), self.stage_times)
+            item[1][0], batch_generator(self.sample_device, seed, item[0]), self.stage_times, item[1][1])
         if self.prefetch == 0:
             for item in enumerate(batches):
                 yield prepare(item)

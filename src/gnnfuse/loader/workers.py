@@ -9,7 +9,7 @@ own interpreter lock, so the two sides' host work overlaps too.
 
 What crosses between the processes: at start, the `BatchMaker` (its CSR and feature
 tables shared, not copied: CUDA tensors through CUDA IPC, host tensors through shared
-memory); per epoch, each worker's list of (batch index, seeds); per batch, the
+memory); per epoch, each worker's list of (batch index, seeds, input ids); per batch, the
 `MiniBatch` with its blocks' graphs and their prepared layouts, its tensors packed into
 one buffer per device (`loader.packing`: one IPC handle to open instead of some forty;
 the receiving stream waits for the worker's kernels through the IPC event torch sends
@@ -60,12 +60,12 @@ def _work(maker: BatchMaker, jobs: Any, results: Any, stop: Any, abandoned: Any)
             epoch, epoch_seed, items = jobs.get(timeout=_POLL)
         except queue.Empty:
             continue
-        for index, seeds in items:
+        for index, seeds, input_id in items:
             if stop.is_set() or abandoned.value >= epoch:
                 break
             times = StageTimes()
             try:
-                batch = maker.prepare(seeds, batch_generator(maker.sample_device, epoch_seed, index), times)
+                batch = maker.prepare(seeds, batch_generator(maker.sample_device, epoch_seed, index), times, input_id)
                 if maker.device.type == "cuda" or maker.sample_device.type == "cuda":
                     torch.cuda.synchronize()          # its event-timed stages are read below
                 entry: tuple = (epoch, index, pack(batch), times.totals())
@@ -102,13 +102,14 @@ class WorkerPool:
         self._epoch = 0
         self._finalizer = weakref.finalize(self, _shut_down, self._stop, self._processes)
 
-    def epoch(self, batches: list[torch.Tensor], epoch_seed: int, times: StageTimes) -> Iterator[MiniBatch]:
-        """The epoch's batches in order; the workers' stage seconds go into ``times``, the
-        consumer's waits as ``wait``."""
+    def epoch(self, batches: list[tuple[torch.Tensor, torch.Tensor]], epoch_seed: int, times: StageTimes
+              ) -> Iterator[MiniBatch]:
+        """The epoch's batches, given as (seeds, ``input_id``), in order; the workers'
+        stage seconds go into ``times``, the consumer's waits as ``wait``."""
         self._epoch += 1
         epoch, workers = self._epoch, len(self._processes)
         for rank, jobs in enumerate(self._jobs):
-            jobs.put((epoch, epoch_seed, [(i, batches[i]) for i in range(rank, len(batches), workers)]))
+            jobs.put((epoch, epoch_seed, [(i, *batches[i]) for i in range(rank, len(batches), workers)]))
         done = False
         try:
             for index in range(len(batches)):
