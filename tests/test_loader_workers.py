@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
@@ -71,6 +72,38 @@ def test_an_abandoned_epoch_leaves_nothing_for_the_next_and_failures_carry_the_w
             list(broken)
     finally:
         broken.close()
+
+
+def test_an_epoch_started_while_another_is_iterated_supersedes_it_and_the_first_says_so():
+    """With workers, a second iteration started while the first was live (a peek,
+    ``next(iter(loader))``, in the middle of an epoch) left the first waiting forever:
+    the peek's abandonment told the workers to skip every epoch up to its own, and the
+    first then waited for a batch no worker would make. Now the new epoch supersedes the
+    old one, whose next batch raises, saying why (run in a thread: the hang is caught)."""
+    graph, x = _graph_and_features()
+    loader = NeighborLoader(graph, [3], batch_size=5, x=x, num_workers=1)
+    first = iter(loader)
+    outcome: dict[str, str] = {}
+
+    def resume_first() -> None:
+        try:
+            next(first)
+            outcome["got"] = "a batch"
+        except RuntimeError as exc:
+            outcome["got"] = str(exc)
+    try:
+        assert torch.equal(next(first).n_id[:5], torch.arange(5))
+        assert torch.equal(next(iter(loader)).n_id[:5], torch.arange(5))      # the peek
+        thread = threading.Thread(target=resume_first, daemon=True)
+        thread.start()
+        thread.join(30)
+        hung = thread.is_alive()
+        if not hung:
+            assert len(list(loader)) == 10            # whole epochs still come after
+    finally:
+        loader.close()
+    assert not hung, "the first epoch waited forever for its second batch"
+    assert "superseded" in outcome["got"]
 
 
 def loader_processes(loader: NeighborLoader) -> list:

@@ -108,11 +108,18 @@ class WorkerPool:
         stage seconds go into ``times``, the consumer's waits as ``wait``."""
         self._epoch += 1
         epoch, workers = self._epoch, len(self._processes)
+        # the workers serve one epoch at a time: one still iterated is superseded, its
+        # remaining batches skipped (it raises if resumed, rather than wait for them)
+        self._abandon(epoch - 1)
         for rank, jobs in enumerate(self._jobs):
             jobs.put((epoch, epoch_seed, [(i, *batches[i]) for i in range(rank, len(batches), workers)]))
         done = False
         try:
             for index in range(len(batches)):
+                if self._epoch != epoch:
+                    raise RuntimeError("gnnfuse NeighborLoader: this epoch was superseded by a later iteration "
+                                       "of the same loader (its num_workers processes serve one epoch at a time); "
+                                       "finish or close an epoch's iterator before starting another")
                 batch, seconds = self._next(index % workers, epoch, index, times)
                 for stage, value in seconds.items():
                     if stage in STAGES and value:
@@ -121,7 +128,14 @@ class WorkerPool:
             done = True
         finally:
             if not done:
-                self._abandoned.value = epoch
+                self._abandon(epoch)
+
+    def _abandon(self, epoch: int) -> None:
+        """Tell the workers to skip what is left of the epochs up to ``epoch``: they
+        compare their epoch with this watermark, so it never moves back (an old epoch's
+        iterator closed after a later epoch was abandoned would otherwise have the
+        workers prepare that later epoch's batches for nobody)."""
+        self._abandoned.value = max(self._abandoned.value, epoch)
 
     def _next(self, rank: int, epoch: int, index: int, times: StageTimes) -> tuple[MiniBatch, dict[str, float]]:
         """Batch ``index`` from worker ``rank``: the time spent waiting for it counts as
