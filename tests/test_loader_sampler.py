@@ -196,6 +196,16 @@ def test_fanouts_and_batch_sizes_that_are_not_whole_numbers_are_refused_by_name(
         NeighborLoader(graph, **{"num_neighbors": [2], **kwargs})
 
 
+@pytest.mark.parametrize("input_nodes", ["paper", ("paper", torch.tensor([0, 1])), ("paper", None), {"paper": 1}])
+def test_input_nodes_that_are_not_ids_or_a_mask_are_refused_by_name(input_nodes):
+    """PyG's heterogeneous forms (a node type, or a node type with its ids) failed inside
+    ``torch.as_tensor`` with "too many dimensions 'str'" or "invalid data type 'str'",
+    naming neither ``input_nodes`` nor what it may hold."""
+    graph = gnnfuse.Graph(torch.tensor([0, 1]), torch.tensor([1, 2]), 3)
+    with pytest.raises(TypeError, match="input_nodes must be"):
+        NeighborLoader(graph, [2], input_nodes=input_nodes)
+
+
 def test_whole_fanouts_come_as_any_integer_sequence_and_an_empty_seed_list_is_no_batch():
     import numpy as np
     graph = gnnfuse.Graph(torch.tensor([0, 1]), torch.tensor([1, 2]), 3)

@@ -120,7 +120,15 @@ def _seed_ids(input_nodes: Any, num_nodes: int) -> tuple[torch.Tensor, torch.Ten
     in ``input_nodes`` for ids (PyG's ``get_input_nodes`` and ``NodeSamplerInput``)."""
     if input_nodes is None:
         return torch.arange(num_nodes), torch.arange(num_nodes)
-    ids = torch.as_tensor(input_nodes).cpu()
+    try:
+        ids = torch.as_tensor(input_nodes).cpu()
+    except (TypeError, ValueError, RuntimeError):
+        hetero = isinstance(input_nodes, str) or (isinstance(input_nodes, tuple) and len(input_nodes) > 0
+                                                  and isinstance(input_nodes[0], str))
+        why = (" (a node type, or a node type with its ids, is PyG's form for heterogeneous graphs; "
+               "NeighborLoader samples a homogeneous graph)" if hetero else "")
+        raise TypeError(f"input_nodes must be node ids or a boolean mask, got {type(input_nodes).__name__} "
+                        f"{input_nodes!r:.80}{why}") from None
     if ids.dim() == 1 and ids.numel() == 0:       # an empty list is a float tensor: no seeds, not a bad type
         return ids.long(), ids.long()
     if ids.dtype == torch.bool:
