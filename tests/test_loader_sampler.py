@@ -232,11 +232,15 @@ def test_a_learnable_feature_table_is_read_fresh_on_demand_or_refused():
             x.mul_(2)
 
 
-@pytest.mark.parametrize("positions, message", [([0, 1, 0], "a position twice"), ([0, -1], "outside 0..3")])
+@pytest.mark.parametrize("positions, message", [
+    ([0, 1, 0], "a position twice"), ([0, -1], "outside 0..3"),
+    ([[0, 1], [2, 3]], "one whole-number position at a time"), ([0.5, 2.0], "one whole-number position at a time")])
 def test_a_sampler_that_repeats_a_seed_or_leaves_input_nodes_is_refused(positions, message):
     """A sampler's seeds 0, 1, 0 in one batch made a block whose destinations were
     vertices 0, 1, 3 (one row for both 0s), so the third output row had vertex 3's
-    features and vertex 0's in-edges; a position of -1 took the last seed."""
+    features and vertex 0's in-edges; a position of -1 took the last seed. Positions
+    0.5 and 2.0 were truncated to seeds 0 and 2 without a word, and a ``BatchSampler``'s
+    lists of positions failed inside the sampler's kernels (a Numba typing error)."""
     graph = gnnfuse.Graph(torch.tensor([0, 1, 2, 3]), torch.tensor([1, 2, 3, 0]), 4)
     loader = NeighborLoader(graph, [1], batch_size=3, sampler=positions, prefetch=0)
     with pytest.raises(ValueError, match=message):

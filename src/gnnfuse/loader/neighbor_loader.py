@@ -172,7 +172,15 @@ def _sampled_positions(sampler: Sized, num_seeds: int) -> torch.Tensor:
     one destination row for both, so the batch's rows past it were other vertices' (seeds
     0, 1, 0 gave ``blocks[-1].src_nodes[:3]`` = 0, 1, 3: the third row had vertex 3's
     features and vertex 0's in-edges), and a negative position wrapped around."""
-    positions = torch.as_tensor(list(sampler), dtype=torch.int64)
+    drawn = list(sampler)
+    positions = torch.as_tensor(drawn) if drawn else torch.empty(0, dtype=torch.int64)
+    if positions.dim() != 1 or positions.dtype.is_floating_point or positions.dtype.is_complex \
+            or positions.dtype == torch.bool:
+        # as_tensor(..., dtype=int64) had truncated 0.5 to 0; a BatchSampler gives lists
+        raise ValueError(f"sampler must give one whole-number position at a time (it indexes input_nodes), got "
+                         f"{positions.dtype} of shape {list(positions.shape)}: pass a BatchSampler's own sampler, "
+                         f"with batch_size")
+    positions = positions.long()
     if positions.numel() and (int(positions.min()) < 0 or int(positions.max()) >= num_seeds):
         raise ValueError(f"sampler gave positions outside 0..{num_seeds - 1} (it indexes input_nodes)")
     if torch.unique(positions).numel() != positions.numel():
