@@ -148,6 +148,28 @@ def test_hop_seeds_differ_by_batch_and_hop_and_repeat():
     assert len(seeds) == 4 and hop_seed(torch.Generator().manual_seed(5), 1) == hop_seed(first, 1)
 
 
+def test_neighbouring_batches_draw_independent_samples(monkeypatch):
+    """`hop_seed` added the hop to the batch's seed, and consecutive batches' seeds are
+    one Weyl step apart (`batch_generator`), so batch i's second hop and batch i+1's
+    first had one counter key: each batch's seed took, within its row, the very offsets
+    the previous batch's seed had taken at its second hop (39 of 39 pairs here; a
+    3-subset of 30 repeats by chance once in 4060)."""
+    monkeypatch.setenv(FUSED_HOPS, "1")
+    n, deg = 40, 30
+    dst = torch.arange(n).repeat_interleave(deg)
+    graph = gnnfuse.Graph((dst + torch.arange(1, deg + 1).repeat(n)) % n, dst, n)    # v's sources v+1..v+deg
+
+    def offsets(block) -> list[int]:
+        """The first destination's sampled sources, as offsets from it."""
+        src, dst = block.edge_index
+        ids = block.src_nodes
+        return sorted(((ids[src[dst == 0]] - ids[0]) % n).tolist())
+    torch.manual_seed(0)
+    batches = list(NeighborLoader(graph, [3, 3], batch_size=1, prefetch=0))
+    repeats = sum(offsets(a.blocks[0]) == offsets(b.blocks[-1]) for a, b in zip(batches, batches[1:]))
+    assert repeats <= 2, f"{repeats} of {len(batches) - 1} batches repeat the previous batch's second-hop draws"
+
+
 def test_the_choice_follows_the_device_and_the_switch(monkeypatch):
     monkeypatch.delenv(FUSED_HOPS, raising=False)
     has_numba = importlib.util.find_spec("numba") is not None

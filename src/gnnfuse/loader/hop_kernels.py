@@ -47,6 +47,7 @@ _EMPTY, _SCRATCH = -1, -3       # table keys: a free entry; the spare entries ma
 _SPARE = 4096                   # spare entries past the table
 _NO_POSITION = 2**31 - 1
 _GOLDEN = 0x9E3779B97F4A7C15
+_MASK64 = 2**64 - 1
 
 
 def _kernels():
@@ -101,8 +102,20 @@ def _engine(device: torch.device, engine: str | None) -> str:
 def hop_seed(generator: torch.Generator, hop: int) -> int:
     """The counter seed (Philox on a GPU, SplitMix64 on a CPU) of ``hop`` for a batch
     whose generator is ``generator``: its initial seed (read on the host, no sync)
-    mixed with the hop's index."""
-    return (generator.initial_seed() + (hop + 1) * _GOLDEN) % 2**62
+    scrambled, then stepped by the hop's index. Scrambled first because consecutive
+    batches' seeds are themselves one Weyl step apart (`batch_maker.batch_generator`):
+    stepped by the hop alone, batch i's hop h + 1 had batch i + 1's hop h's key, and
+    drew the same offsets for the same rows."""
+    return (_mix64(generator.initial_seed()) + (hop + 1) * _GOLDEN) % 2**62
+
+
+def _mix64(value: int) -> int:
+    """SplitMix64's mixing function on a Python int (`backend.cpu.random_mask.splitmix64`
+    is the Numba one): a bijection of 64-bit values that scatters neighbouring inputs."""
+    z = value & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
 
 
 def sample_slots_fused(rowptr: torch.Tensor, col: torch.Tensor, seeds: torch.Tensor, fanout: int,
