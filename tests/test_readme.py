@@ -12,7 +12,8 @@ import sys
 import types
 from pathlib import Path
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 
 
@@ -36,3 +37,15 @@ def test_readme_python_blocks_run_in_sequence(monkeypatch):
 def test_block_extraction_keeps_line_numbers():
     text = "intro\n```python\na = 1\n```\n\n```\nshell\n```\n```python\nb = a + 1\n```\n"
     assert python_blocks(text) == [(3, "a = 1\n"), (10, "b = a + 1\n")]
+
+
+def test_every_environment_variable_read_is_documented():
+    """A ``GNNFUSE_*`` variable the library reads changes what it does, so a user must be
+    able to find it in the README; one the README names must still be read."""
+    variable = re.compile(r"\bGNNFUSE_[A-Z0-9_]+\b")
+    read = set()
+    for source in (ROOT / "src" / "gnnfuse").rglob("*.py"):
+        read |= set(variable.findall(source.read_text()))
+    documented = set(variable.findall(README.read_text()))
+    assert read - documented == set(), "read by src/gnnfuse but not in README.md"
+    assert documented - read == set(), "named in README.md but read nowhere in src/gnnfuse"
