@@ -425,3 +425,17 @@ def test_cached_graph_is_cleared_by_pygs_idiom(make):
     torch.testing.assert_close(layer(x, other), fresh)
     with pytest.raises(ValueError, match="can only be set to None"):
         layer._cached_edge_index = EDGE_INDEX
+
+
+@pytest.mark.parametrize("name", ["GCN", "gcn_norm"])
+def test_pyg_names_with_other_arguments_are_refused_by_name(name):
+    """``gnnfuse.nn.GCN(16, 64, 2)`` built the plain-PyTorch baseline 16 -> 64 -> 2 where
+    PyG's ``GCN(16, 64, 2)`` is two layers 16 -> 64 -> 64: a changed import gave another
+    model without an error. Both names now refuse and point at `gnnfuse.nn.reference`."""
+    assert hasattr(pyg, "GCN")
+    namespace: dict = {}
+    with pytest.raises(ImportError, match=rf"gnnfuse.nn has no '{name}'.*gnnfuse.nn.reference.{name}"):
+        exec(f"from gnnfuse.nn import {name}", namespace)
+    assert name not in gnn.__all__
+    from gnnfuse.nn import reference
+    assert callable(getattr(reference, name))

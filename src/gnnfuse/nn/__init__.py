@@ -15,18 +15,35 @@ from .hetero_conv import HeteroConv
 from .hetero_relational import FastRGCNConv, RGATConv
 from .hetero_transformer import HGTConv
 from .hetero_transform import to_hetero
-from .reference import GCN, gcn_norm
 from .models import Hyperparameters, ModelSpec, build_model, get_model, model_names
 
-__all__ = ["APPNP", "CGATConv", "ChebConv", "DotGATConv", "EdgeConv", "FastRGCNConv", "GATConv", "GATv2Conv", "GCNConv", "GCN",
+__all__ = ["APPNP", "CGATConv", "ChebConv", "DotGATConv", "EdgeConv", "FastRGCNConv", "GATConv", "GATv2Conv", "GCNConv",
            "GINConv", "GraphConv", "HGTConv", "HeteroConv", "Hyperparameters", "MLPAggConv", "ModelSpec", "NGCFConv", "RGATConv", "RGCNConv", "SAGEConv", "SGConv",
-           "TAGConv", "build_model", "gcn_norm", "get_model", "model_names", "to_hetero"]
+           "TAGConv", "build_model", "get_model", "model_names", "to_hetero"]
+
+# PyG names whose gnnfuse namesakes take other arguments: exported here, ``GCN(16, 64, 2)``
+# would build the plain-PyTorch baseline 16 -> 64 -> 2 where PyG's builds two layers
+# 16 -> 64 -> 64, a different model without an error. They stay in `reference`.
+_NOT_PYG = {
+    "GCN": "torch_geometric.nn.GCN (in_channels, hidden_channels, num_layers, out_channels, ...) "
+           "has no gnnfuse counterpart; build the model from gnnfuse.nn.GCNConv layers, or use "
+           "gnnfuse.nn.reference.GCN(in_dim, hidden, out_dim, dropout), a plain-PyTorch two-layer "
+           "baseline with other arguments",
+    "gcn_norm": "torch_geometric's gcn_norm(edge_index, edge_weight, num_nodes, ...) has no gnnfuse "
+                "counterpart (gnnfuse.nn.GCNConv normalises inside its kernel); "
+                "gnnfuse.nn.reference.gcn_norm(graph) is the plain-PyTorch baseline's helper, "
+                "taking a gnnfuse.Graph",
+}
 
 
 def __getattr__(name: str):
     # PyG's base class is needed only by MessagePassing and the PyG layers compiled through
     # it, so PyG stays optional: importing it is deferred to first use (an ImportError then
     # says what to install).
+    if name in _NOT_PYG:
+        # ImportError, not AttributeError: ``from gnnfuse.nn import GCN`` would replace an
+        # AttributeError by a bare "cannot import name" and drop the advice
+        raise ImportError(f"gnnfuse.nn has no {name!r}: {_NOT_PYG[name]}", name=__name__)
     if name == "MessagePassing":
         from .message_passing import MessagePassing
         return MessagePassing
