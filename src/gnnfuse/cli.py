@@ -1,5 +1,6 @@
 """The ``gnnfuse`` command: inspect a data set (`info`), train a model on it (`train`), show
-what the compiler makes of a model (`explain`) or time it against PyG (`bench`)."""
+what the compiler makes of a model (`explain`), time it against PyG (`bench`) or find the
+fastest schedule of each of its fused units (`tune`)."""
 from __future__ import annotations
 
 import argparse
@@ -11,7 +12,7 @@ import numpy as np
 import torch
 
 from . import bench, cli_explain
-from .data import DATASET_NAMES, DEFAULT_DATASET, LOAD_ERRORS, NodeDataset, RelationalDataset, load_dataset
+from .data import DATASET_NAMES, DEFAULT_DATASET, LOAD_ERRORS, ROOT_HELP, NodeDataset, RelationalDataset, load_dataset
 from .distributed import DistributedError, Rank, current, launch_or_join
 from .distributed.fullgraph import PARTITIONED_MODELS
 from .distributed.process_group import launched_by_torchrun
@@ -226,7 +227,6 @@ def _fanout(text: str) -> tuple[int, ...]:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gnnfuse", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-    root_help = "data folder (default: $GNNFUSE_DATA, then ../shared/data, then the download cache)"
     threads = argparse.ArgumentParser(add_help=False)
     threads.add_argument("--threads", type=int, metavar="N",
                          help=f"torch CPU threads (default: ${THREADS_ENV}, else $OMP_NUM_THREADS, else half "
@@ -234,7 +234,7 @@ def _parser() -> argparse.ArgumentParser:
 
     info = commands.add_parser("info", help="print size, split and degree statistics of a data set")
     info.add_argument("dataset", help=f"one of: {', '.join(DATASET_NAMES)}")
-    info.add_argument("--root", help=root_help)
+    info.add_argument("--root", help=ROOT_HELP)
     info.set_defaults(run=run_info, command_parser=info)
 
     train = commands.add_parser(
@@ -243,7 +243,8 @@ def _parser() -> argparse.ArgumentParser:
                     "test accuracy at the best validation epoch, mean ± std over --runs seeds.",
         epilog=_model_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter, parents=[threads])
     train.add_argument("--model", default="gcn", help=f"one of: {', '.join(model_names(task=None))} (default gcn)")
-    train.add_argument("--dataset", default=DEFAULT_DATASET, help=f"one of: {', '.join(DATASET_NAMES)}")
+    train.add_argument("--dataset", default=DEFAULT_DATASET,
+                       help=f"one of: {', '.join(DATASET_NAMES)} (default {DEFAULT_DATASET})")
     train.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     train.add_argument("--runs", type=int, default=1, help="seeds --seed, --seed+1, ... (default 1)")
     train.add_argument("--seed", type=int, default=0, help="first seed; also seeds the split of "
@@ -289,7 +290,7 @@ def _parser() -> argparse.ArgumentParser:
                        "also the per-epoch stage breakdown")
     train.add_argument("--save", metavar="PT", help="save each run's best-val state dict and the config "
                        "(torch.save; reload with gnnfuse.training.load_checkpoint)")
-    train.add_argument("--root", help=root_help)
+    train.add_argument("--root", help=ROOT_HELP)
     train.set_defaults(run=run_train, command_parser=train)
 
     explain = commands.add_parser("explain", help="show fused units, memory traffic and kernels of a model",

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from .bench import MODELS, build_model
-from .data import DATASET_NAMES, LOAD_ERRORS, load_node_dataset
+from .data import DATASET_NAMES, LOAD_ERRORS, ROOT_HELP, load_node_dataset
 from .graph import Graph
 from .output_paths import unwritable_output
 from .runtime import explain
@@ -21,12 +21,11 @@ from .runtime import explain
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``gnnfuse explain`` options."""
     parser.add_argument("--model", default="gcn", choices=MODELS)
-    parser.add_argument("--dataset", default="synthetic", help=f"one of: {', '.join(DATASET_NAMES)}")
+    parser.add_argument("--dataset", default="synthetic", help=f"one of: {', '.join(DATASET_NAMES)} (default synthetic)")
     parser.add_argument("--source", action="store_true", help="also print each fused unit's Triton kernel")
     parser.add_argument("--graph", type=Path, metavar="OUT.png", help="draw the dataflow graph to this file")
     parser.add_argument("--dot", type=Path, metavar="OUT.dot", help="write the dataflow graph as Graphviz DOT")
-    parser.add_argument("--root", help="data folder (default: $GNNFUSE_DATA, then ../shared/data, then the "
-                        "download cache)")
+    parser.add_argument("--root", help=ROOT_HELP)
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                         help="where the forward runs (cuda: the generated kernels, autotuned)")
 

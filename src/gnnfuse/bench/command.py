@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 
-from ..data import DATASET_NAMES
+from ..data import DATASET_NAMES, ROOT_HELP
 from .compare import format_table, plot, run_bench
 from ..output_paths import unwritable_image, unwritable_output
 from ..runtime.cuda_graph import MODES
@@ -16,7 +16,7 @@ from .models import FRAMEWORKS, KNOWN_FRAMEWORKS, MODELS, MissingDependency
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``gnnfuse bench`` options."""
     parser.add_argument("--model", default="gcn", choices=MODELS)
-    parser.add_argument("--dataset", default="cora", help=f"one of: {', '.join(DATASET_NAMES)}")
+    parser.add_argument("--dataset", default="cora", help=f"one of: {', '.join(DATASET_NAMES)} (default cora)")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--frameworks", default=",".join(FRAMEWORKS),
                         help=f"comma list of {', '.join(KNOWN_FRAMEWORKS)} (default: {','.join(FRAMEWORKS)}; "
@@ -28,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps first (default 5)")
     parser.add_argument("--json", type=Path, help="also write the result as JSON here")
     parser.add_argument("--plot", type=Path, help="also draw a bar chart (PNG) here")
-    parser.add_argument("--root", help="data folder (default: $GNNFUSE_DATA, then ../shared/data)")
+    parser.add_argument("--root", help=ROOT_HELP)
 
 
 def run_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

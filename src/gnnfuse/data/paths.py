@@ -12,6 +12,9 @@ import sys
 from pathlib import Path
 
 DATA_ENV = "GNNFUSE_DATA"
+# Every command's ``--root`` help: they all load through `candidate_roots`, so one text
+# cannot leave a place out for some of them
+ROOT_HELP = f"data folder (default: ${DATA_ENV}, then ../shared/data, then the download cache)"
 
 
 def user_cache_dir() -> Path:

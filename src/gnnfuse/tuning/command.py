@@ -8,7 +8,7 @@ import torch
 
 from ..backend.tuned_schedule import cache_path, describe
 from ..bench.models import MODELS, instantiate, load_data, reference_state
-from ..data import DATASET_NAMES, LOAD_ERRORS
+from ..data import DATASET_NAMES, LOAD_ERRORS, ROOT_HELP
 from .search import tune
 from .space import SPACES
 
@@ -23,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="full: every schedule (default); small: a few, for a quick check")
     parser.add_argument("--repeats", type=int, default=5, help="timed calls per unit and schedule (default 5)")
     parser.add_argument("--retune", action="store_true", help="time units that already have a stored choice")
-    parser.add_argument("--root", help="data folder (default: $GNNFUSE_DATA, then ../shared/data)")
+    parser.add_argument("--root", help=ROOT_HELP)
 
 
 def run_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
