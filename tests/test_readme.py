@@ -49,3 +49,24 @@ def test_every_environment_variable_read_is_documented():
     documented = set(variable.findall(README.read_text()))
     assert read - documented == set(), "read by src/gnnfuse but not in README.md"
     assert documented - read == set(), "named in README.md but read nowhere in src/gnnfuse"
+
+
+def test_every_public_name_is_documented():
+    """What ``gnnfuse`` and ``gnnfuse.nn`` export (their ``__all__``, and the PyG layers
+    ``gnnfuse.nn`` compiles on first access) is importable and named in the README, so a
+    user can find each; `gnnfuse.compile` and the model registry's `get_model` were not."""
+    import gnnfuse
+    import gnnfuse.nn
+    from gnnfuse.nn.pyg_layers import COMPILED_PYG_LAYERS
+    text = README.read_text()
+    names = {("gnnfuse", name) for name in gnnfuse.__all__ if name != "__version__"}
+    names |= {("gnnfuse.nn", name) for name in (*gnnfuse.nn.__all__, *COMPILED_PYG_LAYERS, "MessagePassing",
+                                                "compiled_class")}
+    for module, name in sorted(names):
+        assert getattr(sys.modules[module], name) is not None
+    # a top-level name by its qualified spelling (``torch.compile`` is not ``gnnfuse.compile``);
+    # a layer by its class name, as the README lists them
+    spelled = {"gnnfuse": r"\bgnnfuse\.{}\b", "gnnfuse.nn": r"\b{}\b"}
+    undocumented = sorted(f"{module}.{name}" for module, name in names
+                          if not re.search(rf"`[^`]*{spelled[module].format(re.escape(name))}[^`]*`", text))
+    assert undocumented == []
