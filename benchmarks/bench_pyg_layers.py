@@ -5,7 +5,8 @@ import TransformerConv`` gets PyG's class with ``propagate`` compiled. This time
 forward and backward (the layer alone, as in a training step, gradient of a fixed random
 projection) on each data set for both, from the same weights, first checking the
 eval-mode forward agrees; peak memory is what the call needs beyond what was resident.
-Results merge into ``--json`` keyed by data set/layer; ``--md`` is rewritten after every cell.
+Results merge into ``--json`` keyed by data set/layer; the Markdown table beside it (``.md``)
+is rewritten after every cell.
 
     python benchmarks/bench_pyg_layers.py --device cuda --json benchmarks/results/pyg_layers.json
     python benchmarks/bench_pyg_layers.py --device cpu --datasets cora --layers LEConv --steps 2 --warmup 1 ...

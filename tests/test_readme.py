@@ -70,3 +70,13 @@ def test_every_public_name_is_documented():
     undocumented = sorted(f"{module}.{name}" for module, name in names
                           if not re.search(rf"`[^`]*{spelled[module].format(re.escape(name))}[^`]*`", text))
     assert undocumented == []
+
+
+def test_every_benchmark_script_has_a_row_in_the_benchmarks_table():
+    """benchmarks/README.md's table is where a script's purpose is found; four scripts
+    (bench_pyg_layers, bench_loader, check_split_rows, launch_floor) had none."""
+    folder = ROOT / "benchmarks"
+    rows = set(re.findall(r"^\| `([^`]+)` \|", (folder / "README.md").read_text(), re.M))
+    scripts = {path.name for path in (*folder.glob("*.py"), *folder.glob("*.sh"))} - {"common.py"}
+    assert scripts - rows == set(), "benchmark scripts without a row in benchmarks/README.md"
+    assert rows - scripts == set(), "rows of benchmarks/README.md naming no script"
