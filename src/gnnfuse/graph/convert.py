@@ -30,6 +30,19 @@ def scipy_edges(matrix: Any) -> tuple[np.ndarray, np.ndarray, int]:
     return coo.row.astype(np.int64), coo.col.astype(np.int64), rows
 
 
+def scipy_weights(matrix: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(``[2, E]`` edge_index, ``[E]`` weights) of a scipy sparse matrix (row = source)
+    whose stored values are not all 1, one edge per stored entry as `scipy_edges` makes
+    them; None when every value is 1. Why: given to a layer, a matrix's values are its
+    edge weights, as a torch sparse ``adj_t``'s are (`adj_t_edges`), and reading only
+    its pattern would drop them without a word."""
+    coo = matrix.tocoo()
+    if not coo.nnz or bool((coo.data == 1).all()):
+        return None
+    edge_index = torch.from_numpy(np.stack([coo.row.astype(np.int64), coo.col.astype(np.int64)]))
+    return edge_index, torch.from_numpy(np.asarray(coo.data))
+
+
 def networkx_edges(g: Any) -> tuple[np.ndarray, np.ndarray, int]:
     """(src, dst, num_nodes) of a networkx graph.
 

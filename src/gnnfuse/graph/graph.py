@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from .convert import (adj_t_edges, check_bipartite_adj_t, index_tensors, is_pyg_edge_index, is_sparse_adjacency,
-                      networkx_edges, scipy_edges)
+                      networkx_edges, scipy_edges, scipy_weights)
 from .index_cache import cached_graph, functorch_interpreter
 from .validate import as_index_tensor, check_ids, choose_index_dtype, infer_count
 
@@ -336,6 +336,12 @@ class Graph:
             return cls.from_edge_index(obj, num_nodes)
         import scipy.sparse as sp
         if sp.issparse(obj):
+            if scipy_weights(obj) is not None:
+                raise ValueError("the scipy sparse matrix holds values other than 1, which would be edge "
+                                 "weights; this graph input reads only its pattern: pass the layout as "
+                                 "Graph.from_scipy(matrix) to drop them, or the weights as edge_weight to a "
+                                 "layer that takes them (GCNConv, GraphConv, SGConv, TAGConv, APPNP, "
+                                 "ChebConv take the matrix itself)")
             graph = cls.from_scipy(obj)
         elif type(obj).__module__.startswith("networkx"):
             graph = cls.from_networkx(obj)

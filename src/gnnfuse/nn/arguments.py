@@ -11,9 +11,10 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
+import scipy.sparse as sp
 import torch
 
-from ..graph.convert import is_sparse_adjacency
+from ..graph.convert import is_sparse_adjacency, scipy_weights
 
 
 def node_features(x: Any, layer: str) -> torch.Tensor:
@@ -122,7 +123,16 @@ def adjacency_weights(edge_index: Any, edge_weight: torch.Tensor | None, layer: 
     its entry, so the entries become ``edge_weight`` of a ``[2, E]`` edge_index (row =
     target, column = source). Any other input passes through unchanged. (The index made
     here is new on every call, so such a graph's layout is rebuilt per call; a pattern-only
-    ``adj_t`` or a plain edge_index keeps the cached layout.)"""
+    ``adj_t`` or a plain edge_index keeps the cached layout.) A scipy sparse matrix (row =
+    source) with values other than 1 gives its entries as ``edge_weight`` the same way."""
+    if sp.issparse(edge_index):
+        weighted = scipy_weights(edge_index)
+        if weighted is None:
+            return edge_index, edge_weight
+        if edge_weight is not None:
+            raise ValueError(f"{layer}: the scipy sparse matrix holds edge weights (values other than 1) and "
+                             "edge_weight was given too; pass the weights one way")
+        return weighted
     if not is_sparse_adjacency(edge_index):
         return edge_index, edge_weight
     if isinstance(edge_index, torch.Tensor):
