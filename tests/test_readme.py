@@ -80,3 +80,17 @@ def test_every_benchmark_script_has_a_row_in_the_benchmarks_table():
     scripts = {path.name for path in (*folder.glob("*.py"), *folder.glob("*.sh"))} - {"common.py"}
     assert scripts - rows == set(), "benchmark scripts without a row in benchmarks/README.md"
     assert rows - scripts == set(), "rows of benchmarks/README.md naming no script"
+
+
+def test_every_command_line_option_is_documented():
+    """Each ``--option`` of every ``gnnfuse`` command is named in the README (``bench
+    --frameworks/--steps/--warmup`` and ``tune --repeats`` were not)."""
+    import argparse
+
+    from gnnfuse.cli import _parser
+    text = README.read_text()
+    commands = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction))
+    missing = [f"{name} {option}" for name, parser in commands.choices.items() for action in parser._actions
+               for option in action.option_strings
+               if option.startswith("--") and option != "--help" and not re.search(rf"{option}\b", text)]
+    assert missing == []
