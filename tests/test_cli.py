@@ -357,3 +357,23 @@ def test_every_commands_help_names_where_data_is_looked_for_and_the_top_help_nam
     with pytest.raises(SystemExit):
         main(["--help"])
     assert f"(`{command}`)" in " ".join(capsys.readouterr().out.split())
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback():
+    """``gnnfuse info synthetic | head -3`` printed a BrokenPipeError traceback once head
+    had left; the command now stops quietly (exit status 1), as shell tools do."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    src = Path(__file__).resolve().parent.parent / "src"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")])}
+    read, write = os.pipe()
+    os.close(read)                  # the reader is gone before the command prints anything
+    try:
+        done = subprocess.run([sys.executable, "-m", "gnnfuse", "info", "synthetic"], stdout=write,
+                              stderr=subprocess.PIPE, text=True, env=env, timeout=120)
+    finally:
+        os.close(write)
+    assert "Traceback" not in done.stderr and "BrokenPipeError" not in done.stderr, done.stderr
+    assert done.returncode == 1

@@ -317,4 +317,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         configure_threads(getattr(args, "threads", None))
     except ValueError as error:
         args.command_parser.error(str(error))
-    return args.run(args, args.command_parser)      # usage errors show the sub-command's usage
+    try:
+        status = args.run(args, args.command_parser)    # usage errors show the sub-command's usage
+        sys.stdout.flush()          # a reader that left is met here, not in the interpreter's exit
+        return status
+    except BrokenPipeError:
+        # The reader left (``gnnfuse info cora | head -3``): stop quietly, as shell tools do,
+        # with stdout pointed at devnull so the interpreter's last flush does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
