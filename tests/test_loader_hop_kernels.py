@@ -182,6 +182,17 @@ def test_the_choice_follows_the_device_and_the_switch(monkeypatch):
     assert not fused_hops(torch.device("cuda"), 15, False, rows=2**27), "positions past 32 bits"
 
 
+@pytest.mark.parametrize("value", ["false", "off", "no", "2"])
+def test_a_switch_value_other_than_0_1_or_auto_is_refused(monkeypatch, value):
+    """``GNNFUSE_FUSED_HOPS=false`` meant auto (the kernels on a GPU or with Numba), whose
+    draws differ from the torch path's the user asked for, without a word."""
+    monkeypatch.setenv(FUSED_HOPS, value)
+    with pytest.raises(ValueError, match=rf"GNNFUSE_FUSED_HOPS must be 0 .*, got '{value}'"):
+        fused_hops(torch.device("cpu"), 5, True)
+    monkeypatch.setenv(FUSED_HOPS, "auto")
+    assert fused_hops(torch.device("cuda"), 5, False)
+
+
 @pytest.mark.parametrize("engine", ENGINES)
 def test_a_graph_without_edges_and_a_hop_without_destinations(engine):
     device = on(engine)

@@ -73,10 +73,12 @@ def fused_hops(device: torch.device, fanout: int, replace: bool, rows: int = 0) 
 
     ``rows`` destinations: the kernels number positions and draw Philox offsets in 32
     bits, so a hop of ``rows * (fanout + 1)`` positions past that stays on the torch path."""
+    forced = os.environ.get(FUSED_HOPS) or "auto"
+    if forced not in ("0", "1", "auto"):     # "false" or "off" would otherwise mean auto
+        raise ValueError(f"{FUSED_HOPS} must be 0 (the torch path), 1 (the kernels) or auto, got {forced!r}")
     if fanout < 1 or replace or rows * (fanout + 1) >= _NO_POSITION:
         return False
-    forced = os.environ.get(FUSED_HOPS)
-    if forced in ("0", "1"):
+    if forced != "auto":
         return forced == "1"
     return device.type == "cuda" or _has_numba()
 
