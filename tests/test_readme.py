@@ -94,3 +94,12 @@ def test_every_command_line_option_is_documented():
                for option in action.option_strings
                if option.startswith("--") and option != "--help" and not re.search(rf"{option}\b", text)]
     assert missing == []
+
+
+def test_every_data_set_and_model_the_cli_accepts_is_named():
+    """``--dataset`` and ``--model`` take these names; the README's lists must keep up."""
+    from gnnfuse.data import DATASET_NAMES
+    from gnnfuse.nn import model_names
+    text = README.read_text()
+    missing = [name for name in (*DATASET_NAMES, *model_names(task=None)) if f"`{name}`" not in text]
+    assert missing == []
