@@ -87,8 +87,9 @@ def get_model(name: str) -> ModelSpec:
 
 def build_model(name: str, in_channels: int, out_channels: int, hidden: int | None = None,
                 dropout: float | None = None) -> nn.Module:
-    """Model `name` for `in_channels` features and `out_channels` classes; `hidden` and
-    `dropout` default to the paper's values."""
+    """Model `name` for `in_channels` features and `out_channels` classes -- for a link
+    model (``task="link"``: rgcn, rgat) the counts are its entities and relations, as
+    `ModelSpec.build` takes them; `hidden` and `dropout` default to the paper's values."""
     spec = get_model(name)
     if hidden is not None and spec.defaults.hidden is None:
         raise ValueError(f"model {name!r} has no hidden layer, so hidden={hidden} cannot apply")
