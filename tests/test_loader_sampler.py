@@ -196,6 +196,23 @@ def test_fanouts_and_batch_sizes_that_are_not_whole_numbers_are_refused_by_name(
         NeighborLoader(graph, **{"num_neighbors": [2], **kwargs})
 
 
+@pytest.mark.parametrize("option, value", [("disjoint", True), ("time_attr", "time"), ("subgraph_type", "induced"),
+                                           ("directed", False), ("transform", abs)])
+def test_pygs_other_sampling_options_are_refused_by_name(option, value):
+    """PyG's NeighborLoader options gnnfuse has no counterpart for failed as Python's bare
+    "unexpected keyword argument"; asked for PyG's own default they are accepted, since
+    gnnfuse samples so."""
+    graph = gnnfuse.Graph(torch.tensor([0, 1]), torch.tensor([1, 2]), 3)
+    with pytest.raises(NotImplementedError, match=f"PyG's {option}=.*not supported"):
+        NeighborLoader(graph, [2], **{option: value})
+    from torch_geometric.sampler.base import SubgraphType
+    loader = NeighborLoader(graph, [2], disjoint=False, subgraph_type=SubgraphType.directional, directed=True,
+                            time_attr=None, is_sorted=True, persistent_workers=True)
+    assert sum(batch.batch_size for batch in loader) == 3
+    with pytest.raises(TypeError, match="unexpected keyword argument 'fanout'"):
+        NeighborLoader(graph, [2], fanout=3)
+
+
 @pytest.mark.parametrize("input_nodes", ["paper", ("paper", torch.tensor([0, 1])), ("paper", None), {"paper": 1}])
 def test_input_nodes_that_are_not_ids_or_a_mask_are_refused_by_name(input_nodes):
     """PyG's heterogeneous forms (a node type, or a node type with its ids) failed inside

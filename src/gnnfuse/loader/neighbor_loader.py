@@ -189,6 +189,33 @@ def _sampled_positions(sampler: Sized, num_seeds: int) -> torch.Tensor:
     return positions
 
 
+# PyG's NeighborLoader (and DataLoader) arguments gnnfuse's loader has no parameter for,
+# each with the values under which PyG samples as gnnfuse does; `...` accepts any value
+# (a hint or a performance setting that changes no batch: PyG's ``is_sorted``, and
+# ``persistent_workers``, gnnfuse's workers being kept anyway).
+_PYG_OPTIONS: dict[str, Any] = {
+    "input_time": None, "time_attr": None, "temporal_strategy": "uniform", "subgraph_type": "directional",
+    "directed": True, "disjoint": False, "weight_attr": None, "transform": None,
+    "transform_sampler_output": None, "neighbor_sampler": None, "collate_fn": None,
+    "is_sorted": ..., "filter_per_worker": ..., "persistent_workers": ..., "pin_memory": ...,
+}
+
+
+def _check_pyg_options(options: dict[str, Any]) -> None:
+    """Accept PyG's arguments where their value asks for what gnnfuse does; refuse the
+    rest by name. Before, each failed as Python's bare "unexpected keyword argument"."""
+    for name, value in options.items():
+        if name not in _PYG_OPTIONS:
+            raise TypeError(f"NeighborLoader got an unexpected keyword argument {name!r}")
+        accepted = _PYG_OPTIONS[name]
+        if accepted is ... or value is accepted or (accepted is not None and getattr(value, "value", value) == accepted):
+            continue
+        raise NotImplementedError(
+            f"NeighborLoader: PyG's {name}={value!r} is not supported by gnnfuse's loader, which samples "
+            f"without time, per-edge weights, transforms or disjoint subgraphs (its blocks are PyG's "
+            f"{name}={accepted!r}); leave it out")
+
+
 class NeighborLoader:
     """Mini-batches of sampled neighbourhoods (see the module docstring).
 
@@ -215,7 +242,9 @@ class NeighborLoader:
     `loader.static_shapes` says why the padding changes no number), and ``deferred``
     (with ``static_shapes``: padded batches come without their feature rows and kernel
     layouts, which `BlockStepCapture` builds inside the replayed step from `features`).
-    `close` stops the workers.
+    `close` stops the workers. PyG's arguments with no counterpart here (``disjoint``,
+    ``time_attr``, ``subgraph_type``, ``transform``, ...: `_PYG_OPTIONS`) are accepted at
+    the value under which PyG samples as this loader does, and refused by name otherwise.
 
     Randomness: each epoch's shuffle and samples come from one seed drawn from torch's
     global generator when iteration starts, so ``torch.manual_seed`` fixes them; batch i
@@ -229,7 +258,8 @@ class NeighborLoader:
                  feature_device: str | None = None, prefetch: int = 2, sampler: Sized | None = None,
                  num_workers: int = 0, static_shapes: bool | Capacities = False, deferred: bool = False,
                  prefetch_threads: int = 1, edge_attr: torch.Tensor | None = None,
-                 edge_weight: torch.Tensor | None = None) -> None:
+                 edge_weight: torch.Tensor | None = None, **pyg_options: Any) -> None:
+        _check_pyg_options(pyg_options)
         graph, features, labels, edge_tables = _graph_and_tables(data, x, y)
         for name, table in (("edge_attr", edge_attr), ("edge_weight", edge_weight)):
             if table is not None:
