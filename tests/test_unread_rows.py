@@ -112,3 +112,35 @@ def test_only_ops_with_unbounded_derivatives_read_masked_rows():
     select = moved["sqrt"].inputs[0]
     assert select.op == "select" and select.inputs[1] is h
     assert select.inputs[0].op == "degree" and select.inputs[0].attrs["by"] == "src"
+
+
+NEG_INF = float("-inf")
+
+
+@gnnfuse.vertex
+def times_minus_inf(v):
+    return sum([u.h * NEG_INF for u in v.innbs])
+
+
+@gnnfuse.vertex
+def over_zero(v):
+    return sum([u.h / 0.0 for u in v.innbs])
+
+
+@pytest.mark.parametrize("udf, eager", [(times_minus_inf, lambda h: h * NEG_INF), (over_zero, lambda h: h / 0.0)],
+                         ids=["times_minus_inf", "over_zero"])
+def test_an_infinite_constant_factor_stays_per_edge(udf, eager, backend, device):
+    """``u.h * -inf`` moved before the gather made the backward ``-inf * sum(g)`` over a
+    vertex's out-edges where eager code sums ``-inf * g`` per edge: +inf instead of NaN
+    for vertex 0, whose two out-edges' gradients (1 and -2) differ in sign, and NaN
+    (``-inf * 0``) instead of 0 for vertices 3 and 4, which send no edge."""
+    graph = gnnfuse.Graph(SRC, DST, N).to(device)
+    h = _features(device)
+    seed = torch.tensor([1.0, 0.5, -2.0, 0.0, 0.0], dtype=torch.float64, device=device).unsqueeze(1)
+    ha, hb = h.clone().requires_grad_(), h.clone().requires_grad_()
+    out, expected = udf(graph, {"h": ha}), _eager(lambda x, w: eager(x), hb, None)
+    torch.testing.assert_close(out, expected, equal_nan=True)
+    (out * seed).sum().backward()
+    (expected * seed).sum().backward()
+    assert hb.grad[0].isnan().all() and (hb.grad[3:] == 0).all()
+    torch.testing.assert_close(ha.grad, hb.grad, equal_nan=True)

@@ -17,6 +17,8 @@ cost: with finite features their unread rows' gradients are exact zeros already.
 gradient, as in PyG's own transform-first layers; the README says so."""
 from __future__ import annotations
 
+import math
+
 from ..ir import Movement, Program, Residency, get_op
 
 
@@ -34,6 +36,8 @@ def reorder_broadcasts(program: Program) -> Program:
                 changed = True
                 continue
             if v.op == "input" or v.movement is not Movement.DENSE or not get_op(v.op).pure:
+                continue
+            if not _constants_commute(v):
                 continue
             rowed = [i for i in v.inputs if i.residency is not Residency.SHARED]
             if not rowed or any(i.op != "broadcast" for i in rowed):
@@ -53,6 +57,23 @@ def reorder_broadcasts(program: Program) -> Program:
             program.replace_uses(v, gathered)
             changed = True
     return program
+
+
+def _constants_commute(v) -> bool:
+    """Whether ``v``'s constant operands let it move: each is finite, and a divisor is
+    nonzero. Moved, the backward of ``x * c`` scales the sum of a vertex's out-edge
+    gradients once, ``c * sum(g)``, where eager code sums ``c * g`` per edge. That is the
+    same number for a finite ``c``; for ``c = -inf`` a vertex whose out-edges' gradients
+    differ in sign got +inf where eager code gets NaN (inf - inf), and a vertex sending
+    no edge got ``-inf * 0 = NaN`` where eager code gets 0. ``x / 0.0`` is the same
+    product with ``1 / c`` infinite. Such an op stays per edge."""
+    for n, x in enumerate(v.inputs):
+        if x.op != "const":
+            continue
+        value = x.attrs["value"]
+        if not math.isfinite(value) or (v.op == "div" and n == 1 and value == 0):
+            return False
+    return True
 
 
 def _read_rows_only(program: Program, x, by: str, source: str | None):
