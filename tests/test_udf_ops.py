@@ -226,6 +226,32 @@ def test_unary_op_is_within_a_few_ulps_of_torch(name, backend, device, dtype):
     torch.testing.assert_close(grad, want, rtol=ulps * eps, atol=eps, equal_nan=True)
 
 
+# Far into softplus's flat tail its slope exp(beta x) / (1 + exp(beta x)) is subnormal
+# (float32 below beta x = -87.3, float64 below -708.4) or 0; with an open threshold, exp
+# overflows at the other end and torch's gradient is NaN (inf / inf).
+SOFTPLUS_TAILS = [-100.0, -90.0, -60.0, -720.0, -740.0, -800.0, 30.0, 50.0, 400.0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("backend", ["reference", "triton", "cpu"], indirect=True)
+@pytest.mark.parametrize("beta, threshold", [(1.0, 20.0), (0.5, 1000.0)])
+def test_softplus_gradient_in_its_tails_is_torchs(beta, threshold, backend, device, dtype):
+    """The slope was ``sigmoid(beta x)`` = ``1 / (1 + exp(-beta x))``, whose exp overflows
+    first: the gradient at x = -100 was 0 on every backend where torch's is 3.78e-44
+    (float32), and 0 at x = -720 in float64 where torch's is 2.9e-313. Torch computes
+    ``g * z / (z + 1)`` with ``z = exp(beta x)``, and so do the kernels now."""
+    n = len(SOFTPLUS_TAILS)
+    ring = gnnfuse.Graph(torch.arange(n), (torch.arange(n) + 1) % n, n).to(device)
+    x = torch.tensor(SOFTPLUS_TAILS, dtype=dtype, device=device).view(-1, 1).requires_grad_()
+    ones = torch.ones(n, 1, dtype=dtype, device=device)
+    out = gnnfuse.ops.gspmm(ring, lambda xs, w: F.softplus(xs * w, beta, threshold), "sum", src=x, edge=ones)
+    (grad,) = torch.autograd.grad(out[ring.dst].sum(), x)
+    (want,) = torch.autograd.grad(F.softplus(x, beta, threshold).sum(), x)
+    assert want[0].item() > 0   # the tail is representable: a 0 here is an underflow
+    subnormal = torch.finfo(dtype).tiny if x.is_cuda else 0.0     # a GPU flushes subnormals (README)
+    torch.testing.assert_close(grad, want, rtol=ULPS * torch.finfo(dtype).eps, atol=subnormal, equal_nan=True)
+
+
 @pytest.mark.parametrize("backend", ["triton", "cpu"], indirect=True)
 def test_negative_zero_keeps_its_sign_in_edge_values_and_max(backend, device):
     """-0.0 equals 0, but ``1 / -0.0`` is -inf: the Triton kernels broadcast a value to

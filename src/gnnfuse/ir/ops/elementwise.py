@@ -107,18 +107,21 @@ def _log1p(w: str, z: str) -> str:
             f"tl.log({w}) * ({z} / ({w} - 1.0))))")
 
 
-# softplus as torch computes it: linear above the threshold, log1p(exp) below (its
-# slope there is sigmoid(beta x), which the backward reads without re-taking the log).
+# softplus as torch computes it: linear above the threshold, log1p(exp) below.
 # ``log(1 + exp(x))`` lost exp(x) below 1e-8 (softplus(-30) = 0 in float32, 9.36e-14 in
 # torch) and was 2e-4 off at -9.
 _ew("softplus", lambda x, beta, threshold: F.softplus(x, beta, threshold),
-    lambda b, v, g: [b.add("mul", g, b.add("softplus_slope", b.fwd(v.inputs[0]), beta=v.attrs["beta"],
-                                          threshold=v.attrs["threshold"]))], 1,
+    lambda b, v, g: [b.add("softplus_backward", g, b.fwd(v.inputs[0]), beta=v.attrs["beta"],
+                           threshold=v.attrs["threshold"])], 1,
     emit=("{beta} * {0}", "tl.exp({s0})", "1.0 + {s1}", _log1p("{s2}", "{s1}"),
           "tl.where({s0} > {threshold}, {0}, {s3} / {beta})"), bounded=True)
-_ew("softplus_slope", lambda x, beta, threshold: torch.where(x * beta > threshold, torch.ones_like(x),
-                                                              torch.sigmoid(x * beta)),
-    None, 1, doc="derivative multiplier of softplus", emit="tl.where({beta} * {0} > {threshold}, 1.0, tl.sigmoid({beta} * {0}))")
+# Its backward is torch's formula, ``g * z / (z + 1)`` with ``z = exp(beta x)``, one
+# rounding per step: the slope written as ``sigmoid(beta x)`` is ``1 / (1 + exp(-beta
+# x))``, whose exp overflows below beta x = -88.7 in float32 (-709.8 in float64), so the
+# gradient was 0 at x = -100 where torch's is 3.78e-44 (a float32 subnormal).
+_ew("softplus_backward", lambda g, x, beta, threshold: torch.ops.aten.softplus_backward(g, x, beta, threshold),
+    None, 2, doc="the gradient g of softplus's output times its derivative at x, as torch computes it",
+    emit=("{beta} * {1}", "tl.exp({s0})", "{0} * {s1}", "{s1} + 1.0", "tl.where({s0} > {threshold}, {0}, {s2} / {s3})"))
 _ew("sigmoid", torch.sigmoid, lambda b, v, g: [
     b.add("mul", g, b.add("mul", b.fwd(v), b.add("sub", b.const(1.0, g), b.fwd(v))))], 1, emit="tl.sigmoid({0})", bounded=True)
 _ew("tanh", torch.tanh, lambda b, v, g: [
