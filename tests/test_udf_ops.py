@@ -252,6 +252,29 @@ def test_softplus_gradient_in_its_tails_is_torchs(beta, threshold, backend, devi
     torch.testing.assert_close(grad, want, rtol=ULPS * torch.finfo(dtype).eps, atol=subnormal, equal_nan=True)
 
 
+@pytest.mark.parametrize("reduce", ["sum", "max"])
+@pytest.mark.parametrize("backend", ["reference", "triton", "cpu"], indirect=True)
+def test_divisor_gradient_rounds_and_overflows_as_torchs(reduce, backend, device):
+    """The divisor's gradient was ``-(g * (x / y)) / y``; torch's is ``-g * ((x / y) /
+    y)``. At y = 1e-20 (float32, x = 1) ``(x / y) / y`` overflows: with g = 1e-10 torch
+    gives -inf and the kernels gave -1e30, and on an edge a max did not pick (g = 0)
+    torch gives NaN (0 * inf) and the kernels gave 0."""
+    ring = gnnfuse.Graph(torch.tensor([0, 2, 1]), torch.tensor([1, 1, 2]), 3).to(device)
+    x = torch.tensor([[1.0], [-3.0], [2.0]], device=device)
+    y = torch.tensor([[1.0], [1e-20], [0.5]], device=device, requires_grad=True)
+    seed = torch.tensor([[1.0], [1e-10], [-1.0]], device=device)
+    out = gnnfuse.ops.gspmm(ring, lambda xs, yd: xs / yd, reduce, src=x, dst=y)
+    (grad,) = torch.autograd.grad((out * seed).sum(), y)
+    yd = y.detach().clone().requires_grad_()
+    terms = x[ring.src] / yd[ring.dst]
+    index = ring.dst.view(-1, 1)
+    expected = torch.zeros_like(yd).scatter_reduce(0, index, terms, {"sum": "sum", "max": "amax"}[reduce],
+                                                   include_self=False)
+    (want,) = torch.autograd.grad((expected * seed).sum(), yd)
+    assert not torch.isfinite(want[1]).any()
+    torch.testing.assert_close(grad, want, equal_nan=True)
+
+
 @pytest.mark.parametrize("backend", ["triton", "cpu"], indirect=True)
 def test_negative_zero_keeps_its_sign_in_edge_values_and_max(backend, device):
     """-0.0 equals 0, but ``1 / -0.0`` is -inf: the Triton kernels broadcast a value to

@@ -22,9 +22,12 @@ _ew("add", torch.add, lambda b, v, g: [g, g], 2, emit="({0} + {1})", bounded=Tru
 _ew("sub", torch.sub, lambda b, v, g: [g, b.add("neg", g)], 2, emit="({0} - {1})", bounded=True)
 _ew("mul", torch.mul, lambda b, v, g: [b.add("mul", g, b.fwd(v.inputs[1])),
                                         b.add("mul", g, b.fwd(v.inputs[0]))], 2, emit="({0} * {1})", bounded=True)
+# The divisor's gradient is torch's ``-g * ((x / y) / y)``: ``-(g * (x / y)) / y`` rounds
+# and overflows elsewhere -- at y = 1e-20 (float32, x = 1, g = 1e-10) it gave -1e30 where
+# torch gives -inf, and where g is 0 (an edge a max did not pick) 0 where torch gives NaN.
 _ew("div", torch.div, lambda b, v, g: [
     b.add("div", g, b.fwd(v.inputs[1])),
-    b.add("neg", b.add("div", b.add("mul", g, b.fwd(v)), b.fwd(v.inputs[1]))),
+    b.add("neg", b.add("mul", g, b.add("div", b.fwd(v), b.fwd(v.inputs[1])))),
 ], 2, emit="({0} / {1})")
 _ew("eq", lambda x, y: (x == y).to(torch.promote_types(x.dtype, y.dtype)), None, 2,
     doc="1 where equal else 0; not differentiable (used by max/min derivatives)", emit="tl.where({0} == {1}, 1.0, 0.0)")
