@@ -252,6 +252,26 @@ def test_softplus_gradient_in_its_tails_is_torchs(beta, threshold, backend, devi
     torch.testing.assert_close(grad, want, rtol=ULPS * torch.finfo(dtype).eps, atol=subnormal, equal_nan=True)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("backend", ["reference", "triton", "cpu"], indirect=True)
+def test_silu_gradient_of_huge_negative_values_is_torchs(backend, device, dtype):
+    """silu was traced as ``x * sigmoid(x)``, whose product rule computes ``g * x``: at x
+    = -3e38 (float32; -1.7e308 in float64) with g = -1.5 that overflowed, and ``inf *
+    sigmoid'(x)`` = inf * 0 made the gradient NaN where torch's is 0."""
+    huge = torch.finfo(dtype).max * 0.9
+    values = [-huge, -1e30, -100.0, -1.0, 0.0, 2.5, 1e30, huge]
+    n = len(values)
+    ring = gnnfuse.Graph(torch.arange(n), (torch.arange(n) + 1) % n, n).to(device)
+    x = torch.tensor(values, dtype=dtype, device=device).view(-1, 1).requires_grad_()
+    ones = torch.ones(n, 1, dtype=dtype, device=device)
+    out = gnnfuse.ops.gspmm(ring, lambda xs, w: F.silu(xs * w), "sum", src=x, edge=ones)[ring.dst]
+    (grad,) = torch.autograd.grad((out * -1.5).sum(), x)
+    (want,) = torch.autograd.grad((F.silu(x) * -1.5).sum(), x)
+    assert torch.isfinite(want).all()
+    torch.testing.assert_close(out, F.silu(x), rtol=ULPS * torch.finfo(dtype).eps, atol=0.0)
+    torch.testing.assert_close(grad, want, rtol=ULPS * torch.finfo(dtype).eps, atol=0.0)
+
+
 @pytest.mark.parametrize("reduce", ["sum", "max"])
 @pytest.mark.parametrize("backend", ["reference", "triton", "cpu"], indirect=True)
 def test_divisor_gradient_rounds_and_overflows_as_torchs(reduce, backend, device):

@@ -468,12 +468,6 @@ def _unary(op: str, **defaults):
     return handler
 
 
-def _silu(tracer: Tracer, x, inplace=False):
-    """``x * sigmoid(x)``, from the two ops it is (their derivatives compose to silu's)."""
-    result = tracer.apply("mul", x, tracer.apply("sigmoid", x))
-    return _in_place(x, result) if inplace else result
-
-
 def _dims(x: SymTensor, dim) -> tuple[list[int], bool]:
     dims = [dim] if isinstance(dim, int) else list(dim)
     mapped = [x.feature_dim(d) for d in dims]
@@ -1045,7 +1039,7 @@ for _fns, _h in [
     ((F.leaky_relu,), _unary("leaky_relu", negative_slope=0.01)),
     ((F.elu,), _unary("elu", alpha=1.0)),
     ((F.softplus,), _unary("softplus", beta=1.0, threshold=20.0)),
-    ((F.silu,), _silu),
+    ((F.silu,), _unary("silu")),
     ((torch.mm, torch.matmul, T.mm, T.matmul, T.__matmul__), _matmul),
     ((F.linear,), _linear),
     ((torch.sum, T.sum), _reduction("sum_dim", "sum")),

@@ -125,6 +125,16 @@ _ew("softplus", lambda x, beta, threshold: F.softplus(x, beta, threshold),
 _ew("softplus_backward", lambda g, x, beta, threshold: torch.ops.aten.softplus_backward(g, x, beta, threshold),
     None, 2, doc="the gradient g of softplus's output times its derivative at x, as torch computes it",
     emit=("{beta} * {1}", "tl.exp({s0})", "{0} * {s1}", "{s1} + 1.0", "tl.where({s0} > {threshold}, {0}, {s2} / {s3})"))
+# silu and its gradient as torch computes them, ``x / (1 + exp(-x))`` and ``g * s * (1 +
+# x * (1 - s))`` with ``s = 1 / (1 + exp(-x))``: traced as ``x * sigmoid(x)``, the product
+# rule's ``(g * x) * (s * (1 - s))`` overflowed to inf * 0 = NaN at x = -3e38 (float32, g
+# = -1.5) where torch's gradient is 0.
+_ew("silu", F.silu, lambda b, v, g: [b.add("silu_backward", g, b.fwd(v.inputs[0]))], 1,
+    emit=("tl.exp(-{0})", "1.0 + {s0}", "{0} / {s1}"), bounded=True)
+_ew("silu_backward", lambda g, x: torch.ops.aten.silu_backward(g, x), None, 2,
+    doc="the gradient g of silu's output times its derivative at x, as torch computes it",
+    emit=("tl.exp(-{1})", "1.0 + {s0}", "1.0 / {s1}", "1.0 - {s2}", "{1} * {s3}", "1.0 + {s4}", "{0} * {s2}",
+          "{s6} * {s5}"))
 _ew("sigmoid", torch.sigmoid, lambda b, v, g: [
     b.add("mul", g, b.add("mul", b.fwd(v), b.add("sub", b.const(1.0, g), b.fwd(v))))], 1, emit="tl.sigmoid({0})", bounded=True)
 _ew("tanh", torch.tanh, lambda b, v, g: [
