@@ -157,6 +157,19 @@ def test_power_zero_has_a_zero_gradient_like_torch(backend, device):
     assert not leaf.grad.isnan().any()
 
 
+def test_power_zero_alone_compiles_with_a_zero_gradient(device):
+    """With nothing else reading ``x``, no gradient reaches it: the backward program had
+    no outputs and the call raised ``CompileError: program has no outputs`` where torch
+    gives the in-degree and a zero gradient."""
+    ring = gnnfuse.Graph(torch.tensor([0, 1, 1]), torch.tensor([1, 2, 0]), 3).to(device)
+    x = torch.tensor([[2.0, float("inf")], [0.0, -1.0], [float("nan"), 3.0]], device=device, requires_grad=True)
+    out = gnnfuse.ops.gspmm(ring, lambda xs: xs ** 0, "sum", src=x)
+    (grad,) = torch.autograd.grad(out.sum(), x)
+    expected = torch.zeros_like(x).index_add(0, ring.dst, x.detach()[ring.src] ** 0)
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(grad, torch.zeros_like(x))
+
+
 def test_feature_softmax_and_normalize_in_node_apply(device):
     """A node-apply step (DGL's update_fn; after the aggregate in vertex code) over features."""
     h = features(device, N, FEAT, integer=False)

@@ -238,6 +238,8 @@ def _backward_op(program: str, steps: str, num_nodes: int, num_src_nodes: int, e
     graph = _built_graph(edges, num_nodes, num_src_nodes, steps)
     keys, tensors = _program_inputs(compiled, graph, feeds)
     backward = compiled.backward_for(tuple(keys[i] for i in wrt))
+    if not backward.wrt:     # no gradient reaches these inputs (`CompiledProgram.backward_for`)
+        return [torch.zeros_like(tensors[i]) for i in wrt]
     graph_ctx = GraphContext(graph)
     _, kept, execute = _run_forward(compiled, graph_ctx, keys, tensors, backward)
     saved = [kept[i] for i in compiled.backward_inputs(backward).saved_ids]

@@ -60,11 +60,17 @@ class CompiledProgram:
         self._last_inference: tuple | None = None
 
     def backward_for(self, wrt: tuple[str, ...]) -> BackwardProgram:
+        """The backward program giving the gradients of the inputs ``wrt``. Its ``wrt`` is
+        empty where no such input reaches an output through a differentiable op (``x **
+        0``, whose derivative is zero, as torch's): then it has no outputs and is not
+        optimized (the verifier refuses an output-less program), and callers give the
+        inputs zero gradients without running it."""
         if wrt not in self._backward:
             backward = build_backward(self.program, wrt)
-            backward.program = optimize(backward.program, keep_inputs=True)
-            _drop_unread_saved(backward)
-            _declare_backward_sides(self.program, backward)
+            if backward.wrt:
+                backward.program = optimize(backward.program, keep_inputs=True)
+                _drop_unread_saved(backward)
+                _declare_backward_sides(self.program, backward)
             self._backward[wrt] = backward
         return self._backward[wrt]
 
@@ -401,6 +407,9 @@ class _ProgramFunction(torch.autograd.Function):
                 *tensors: torch.Tensor):
         wrt = tuple([k for k, needs in zip(keys, ctx.needs_input_grad[3:]) if needs])
         backward = compiled.backward_for(wrt) if wrt and compiled.differentiable else None
+        ctx.input_meta = None
+        if backward is not None and not backward.wrt:    # no gradient reaches an input (x ** 0)
+            backward, ctx.input_meta = None, [(t.shape, t.dtype, t.device) for t in tensors]
         outputs, kept, execute = _run_forward(compiled, graph_ctx, keys, tensors, backward)
         for out in outputs:     # inline: the usual output is no view, and this path is counted
             if out._base is not None:
@@ -417,6 +426,10 @@ class _ProgramFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *output_grads: torch.Tensor):
+        if ctx.input_meta is not None:     # zeros, as torch's backward of ``x ** 0`` gives
+            return (None, None, None, *[torch.zeros(shape, dtype=dtype, device=device) if needs else None
+                                        for (shape, dtype, device), needs in zip(ctx.input_meta,
+                                                                                 ctx.needs_input_grad[3:])])
         graph = ctx.graph_ctx.graph
         if isinstance(graph, Graph):    # unchanged at the forward's call (`__call__`), so since it
             try:
