@@ -113,17 +113,28 @@ def check_bipartite_adj_t(adj_t: Any, num_nodes: int, num_src_nodes: int) -> Non
                          f"{[num_nodes, num_src_nodes]})")
 
 
-def adj_t_edges(adj_t: Any) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int], bool]:
-    """(src, dst, (num_dst, num_src), grouped by dst) of PyG's transposed adjacency
+def coalesced(adj_t: Any) -> Any:
+    """A torch COO ``adj_t`` with the entries it stores twice at one position summed into
+    one, as the matrix it stands for holds them; other inputs unchanged. PyG's layers that
+    aggregate through a sparse matmul (``spmm``) read a COO adj_t so (the conversion to
+    CSR coalesces): there two stored 1s are one neighbour of weight 2, which a mean or max
+    counts once, not two edges. Its layers that read the edges one by one (GAT) keep the
+    stored entries, as `adj_t_edges` does."""
+    if isinstance(adj_t, torch.Tensor) and adj_t.layout is torch.sparse_coo and not adj_t.is_coalesced():
+        return adj_t.coalesce()
+    return adj_t
+
+
+def adj_t_edges(adj_t: Any) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int], bool, torch.Tensor | None]:
+    """(src, dst, (num_dst, num_src), grouped by dst, stored values) of PyG's transposed adjacency
     ``adj_t``: a stored entry at (i, j) is the edge j -> i, as PyG's layers read a sparse
     ``adj_t``. Its shape is (rows, columns) = (destinations, sources); a bipartite
     graph's is rectangular.
 
     One edge per stored entry, in storage order (duplicates of an uncoalesced COO tensor
     stay separate edges). "Grouped" says storage is row-major (CSR, SparseTensor or a
-    coalesced COO tensor), so the edges already come grouped by destination. Every
-    stored value must be 1: PyG would use other values as edge weights, and silently
-    dropping them would change the result.
+    coalesced COO tensor), so the edges already come grouped by destination. The values
+    are for `check_unit_values`, once the caller has checked the shape.
     """
     if isinstance(adj_t, torch.Tensor):
         if adj_t.dim() != 2 or adj_t.dense_dim() != 0:
@@ -144,8 +155,13 @@ def adj_t_edges(adj_t: Any) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]
         row, col, value = adj_t.coo()
         rows, cols = adj_t.sparse_sizes()
         grouped = True
+    return col, row, (rows, cols), grouped, value
+
+
+def check_unit_values(value: torch.Tensor | None) -> None:
+    """Every stored value of a pattern-only ``adj_t`` must be 1: PyG would use other values
+    as edge weights, and silently dropping them would change the result."""
     if value is not None and value.numel() and not bool((value == 1).all()):
-        raise ValueError("the sparse adj_t holds values other than 1, which PyG would use as edge weights; "
-                         "gnnfuse reads only its pattern: pass the edges as edge_index and the weights as "
-                         "edge_weight to a layer that takes them")
-    return col, row, (rows, cols), grouped
+        raise ValueError("the sparse adj_t holds values other than 1, which PyG would use as edge weights (a "
+                         "COO entry stored twice counts as 2); gnnfuse reads only its pattern: pass the edges "
+                         "as edge_index and the weights as edge_weight to a layer that takes them")

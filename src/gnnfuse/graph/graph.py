@@ -39,8 +39,8 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 import torch
 
-from .convert import (adj_t_edges, check_bipartite_adj_t, index_tensors, is_pyg_edge_index, is_sparse_adjacency,
-                      networkx_edges, scipy_edges, scipy_weights)
+from .convert import (adj_t_edges, check_bipartite_adj_t, check_unit_values, index_tensors, is_pyg_edge_index,
+                      is_sparse_adjacency, networkx_edges, scipy_edges, scipy_weights)
 from .index_cache import cached_graph, functorch_interpreter
 from .validate import as_index_tensor, check_ids, choose_index_dtype, infer_count
 
@@ -272,7 +272,7 @@ class Graph:
         would use other values as edge weights). A row-major input (CSR, SparseTensor,
         coalesced COO) is already grouped by destination, so `csr` is built without a sort.
         """
-        src, dst, (rows, cols), grouped = adj_t_edges(adj_t)
+        src, dst, (rows, cols), grouped, value = adj_t_edges(adj_t)
         if num_src_nodes is None:
             if rows != cols:
                 raise ValueError(f"a sparse adj_t must be square (row = target, column = source), got shape "
@@ -284,6 +284,7 @@ class Graph:
         else:
             check_bipartite_adj_t(adj_t, rows if num_nodes is None else num_nodes, num_src_nodes)
             graph = cls(src, dst, rows, num_src_nodes=cols)
+        check_unit_values(value)
         graph._trust_dst_order(grouped)
         return graph
 

@@ -14,7 +14,7 @@ from typing import Any, Callable
 import scipy.sparse as sp
 import torch
 
-from ..graph.convert import is_sparse_adjacency, scipy_weights
+from ..graph.convert import coalesced, is_sparse_adjacency, scipy_weights
 
 
 def node_features(x: Any, layer: str) -> torch.Tensor:
@@ -121,10 +121,13 @@ def adjacency_weights(edge_index: Any, edge_weight: torch.Tensor | None, layer: 
     """``(edge_index, edge_weight)`` for a layer that takes edge weights, given PyG's
     sparse ``adj_t`` whose stored values are not all 1: PyG multiplies each message by
     its entry, so the entries become ``edge_weight`` of a ``[2, E]`` edge_index (row =
-    target, column = source). Any other input passes through unchanged. (The index made
-    here is new on every call, so such a graph's layout is rebuilt per call; a pattern-only
-    ``adj_t`` or a plain edge_index keeps the cached layout.) A scipy sparse matrix (row =
-    source) with values other than 1 gives its entries as ``edge_weight`` the same way."""
+    target, column = source), one per entry of the `coalesced` matrix (a position stored
+    twice is one edge weighing their sum, as PyG's ``spmm`` reads it: a weighted mean or
+    max differs from two edges'). Any other input passes through unchanged.
+    (The index made here is new on every call, so such a graph's layout is rebuilt per
+    call; a pattern-only ``adj_t`` or a plain edge_index keeps the cached layout.) A scipy
+    sparse matrix (row = source) with values other than 1 gives its entries as
+    ``edge_weight`` the same way."""
     if sp.issparse(edge_index):
         weighted = scipy_weights(edge_index)
         if weighted is None:
@@ -136,6 +139,7 @@ def adjacency_weights(edge_index: Any, edge_weight: torch.Tensor | None, layer: 
     if not is_sparse_adjacency(edge_index):
         return edge_index, edge_weight
     if isinstance(edge_index, torch.Tensor):
+        edge_index = coalesced(edge_index)
         coo = edge_index if edge_index.layout is torch.sparse_coo else edge_index.to_sparse_coo()
         (row, col), value = coo._indices(), coo._values()
     else:                                             # torch_sparse.SparseTensor

@@ -19,7 +19,7 @@ from torch import nn
 
 from .. import frontend
 from ..graph import Graph
-from ..graph.convert import check_bipartite_adj_t, declared_size
+from ..graph.convert import check_bipartite_adj_t, coalesced, declared_size
 from ..graph.fixed_shape import is_loader_block, is_padded
 from ..runtime.compile_op import GRAPH_STEPS, GraphRef
 from ..runtime.compiled import backend_name
@@ -669,9 +669,14 @@ class SAGEConv(FixedFlow, OneLineRepr, nn.Module):
     @compile_path(_compile_problem)
     def forward(self, x: torch.Tensor | tuple[torch.Tensor, torch.Tensor | None], edge_index: Graph | torch.Tensor,
                 size: tuple[int, int] | None = None) -> torch.Tensor:
+        kind = self.aggr_module.kind if isinstance(self.aggr_module, Reduction) else None
+        if kind != "sum":
+            # PyG aggregates a sparse adj_t by spmm, which sums a COO tensor's repeated
+            # entries into one neighbour (then refused as a weight): a mean or max over
+            # the stored entries would count it twice
+            edge_index = coalesced(edge_index)
         x, x_dst, graph = _bipartite_inputs(x, edge_index, size, "SAGEConv")
         messages = F.relu(self.lin(x)) if self.project else x     # PyG projects the sources only
-        kind = self.aggr_module.kind if isinstance(self.aggr_module, Reduction) else None
         if kind in ("sum", "mean") and self._combine_first(graph, messages):
             if self._root_takes_bias(x_dst):
                 # the root term carries lin_l's bias in its GEMM's epilogue, and the
