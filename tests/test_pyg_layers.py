@@ -180,3 +180,22 @@ def test_pair_input_with_reversed_flow_is_pyg_s(sources):
         got = ours(pair, edge_index)
     torch.testing.assert_close(got, pyg_nn.SimpleConv(flow="target_to_source")(pair, edge_index))
     torch.testing.assert_close(got[:3], torch.tensor([[2.0], [3.0], [0.0]]))
+
+
+def test_eager_fallback_on_an_int32_edge_index_has_int64_gradients():
+    """PyG's eager propagate scatters messages with the edge index broadcast over the
+    feature axis; torch 2.13's scatter_add backward reads such an expanded int32 index
+    wrongly, so GENConv(aggr='powermean'), which runs eagerly, gave an input gradient 0.59
+    off (absolute) on an int32 edge_index. The fallback takes the index as int64."""
+    torch.manual_seed(0)
+    layer = gnnfuse.nn.GENConv(4, 4, aggr="powermean", learn_p=True).double()
+    edge_index = torch.tensor([[0, 1, 2, 3, 4, 4, 1], [1, 2, 0, 0, 1, 3, 1]])
+    x = torch.randn(5, 4, dtype=torch.float64)
+    grads = []
+    for index in (edge_index, edge_index.int()):
+        xs = x.clone().requires_grad_()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            layer(xs, index).square().sum().backward()
+        grads.append(xs.grad)
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-12, atol=1e-12)
