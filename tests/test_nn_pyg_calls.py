@@ -12,6 +12,7 @@ import inspect
 import pytest
 import torch
 import torch_geometric.nn as pyg
+from torch_geometric import EdgeIndex
 
 import gnnfuse
 from gnnfuse import nn as gnn
@@ -253,3 +254,16 @@ def test_sage_refuses_an_uncoalesced_adj_t_with_a_repeated_entry(aggr):
         layer(x, adj_t)
     unique = torch.sparse_coo_tensor(edge_index[:, 1:].flip(0), torch.ones(4, dtype=torch.float64), (4, 4))
     torch.testing.assert_close(layer(x, unique), layer(x, edge_index[:, 1:]), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("sparse_size", [(N + 2, N + 2), (N, N + 2), (N + 2, None)])
+@pytest.mark.parametrize("make", [lambda: gnn.GCNConv(F_IN, 3), lambda: gnn.SAGEConv(F_IN, 3), lambda: gnn.GATConv(F_IN, 3)])
+def test_edge_index_declaring_other_node_counts_than_x_is_refused(make, sparse_size):
+    """An EdgeIndex whose sparse_size says 11 vertices, given features of 9, ran on 9 (its
+    declared size silently dropped) where PyG raises, and where gnnfuse itself refuses a
+    sparse adj_t of the wrong size."""
+    edge_index, _ = weighted_graph()
+    wrapped = EdgeIndex(edge_index, sparse_size=sparse_size)
+    with pytest.raises(ValueError, match=r"EdgeIndex has sparse_size=.* but the node features have 9 rows"):
+        make()(torch.randn(N, F_IN), wrapped)
+    make()(torch.randn(N, F_IN), EdgeIndex(edge_index, sparse_size=(N, N)))

@@ -367,6 +367,11 @@ class Graph:
                                           or (num_nodes is not None and cols not in (None, num_nodes))):
             raise ValueError(f"the EdgeIndex has sparse_size=({rows}, {cols}) (sources, destinations) but the "
                              f"bipartite graph has {num_src_nodes} source and {num_nodes} destination nodes")
+        if num_src_nodes is None and num_nodes is not None and (rows not in (None, num_nodes)
+                                                                or cols not in (None, num_nodes)):
+            # PyG refuses it too; running on num_nodes would drop the declared vertices
+            raise ValueError(f"the EdgeIndex has sparse_size=({rows}, {cols}) but the node features have "
+                             f"{num_nodes} rows (one vertex set: both sizes must be {num_nodes} or None)")
         if num_nodes is None and rows is not None and rows == cols:
             num_nodes = rows                              # isolated trailing vertices count
         graph = cls.from_edge_index(obj.as_tensor(), num_nodes, **bipartite)
