@@ -267,3 +267,36 @@ def test_edge_index_declaring_other_node_counts_than_x_is_refused(make, sparse_s
     with pytest.raises(ValueError, match=r"EdgeIndex has sparse_size=.* but the node features have 9 rows"):
         make()(torch.randn(N, F_IN), wrapped)
     make()(torch.randn(N, F_IN), EdgeIndex(edge_index, sparse_size=(N, N)))
+
+
+@pytest.mark.parametrize("name", ["GATConv", "GATv2Conv"])
+def test_attention_refuses_an_uncoalesced_adj_t_with_a_repeated_entry(name):
+    """PyG's GAT and GATv2 read an uncoalesced COO adj_t as its coalesced matrix: adding
+    self loops coalesces it, so a position stored twice is one edge (without loops PyG
+    refuses it). gnnfuse scored two edges, 0.146 (GAT) and 0.149 (GATv2) off PyG's output
+    on the same input; the repeat is now the value 2, which the pattern-only layer refuses."""
+    edge_index, adj_t = uncoalesced_adj_t()
+    layer, x = getattr(gnn, name)(F_IN, 3).double(), torch.randn(4, F_IN, dtype=torch.float64)
+    with pytest.raises(ValueError, match="edge weights .a COO entry stored twice counts as 2"):
+        layer(x, adj_t)
+    unique = torch.sparse_coo_tensor(edge_index[:, 1:].flip(0), torch.ones(4, dtype=torch.float64), (4, 4))
+    ref = getattr(pyg, name)(F_IN, 3).double()
+    ref.load_state_dict(layer.state_dict())
+    torch.testing.assert_close(layer(x, unique), ref(x, unique), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["GATConv", "GATv2Conv"])
+def test_attention_refuses_edge_attr_with_an_uncoalesced_adj_t(name):
+    """edge_attr's rows follow an uncoalesced adj_t's stored entries, which reading it as
+    its coalesced matrix reorders: GAT paired the rows with other edges (0.336 off the
+    same call on edge_index). PyG refuses the pair too (it cannot index an uncoalesced
+    tensor, or asserts no edge_attr when adding loops); coalesced, it runs."""
+    edge_index = torch.tensor([[3, 0, 2, 1, 3], [0, 1, 0, 2, 2]])      # stored out of row order
+    adj_t = torch.sparse_coo_tensor(edge_index.flip(0), torch.ones(5, dtype=torch.float64), (4, 4))
+    edge_attr = torch.randn(5, 2, dtype=torch.float64)
+    layer, x = getattr(gnn, name)(F_IN, 3, edge_dim=2).double(), torch.randn(4, F_IN, dtype=torch.float64)
+    with pytest.raises(ValueError, match=rf"{name}: edge_attr with an uncoalesced COO adj_t"):
+        layer(x, adj_t, edge_attr)
+    order = (edge_index[1] * 4 + edge_index[0]).argsort()             # the coalesced (row-major) order
+    torch.testing.assert_close(layer(x, adj_t.coalesce(), edge_attr[order]), layer(x, edge_index, edge_attr),
+                               rtol=1e-12, atol=1e-12)

@@ -118,8 +118,10 @@ def coalesced(adj_t: Any) -> Any:
     one, as the matrix it stands for holds them; other inputs unchanged. PyG's layers that
     aggregate through a sparse matmul (``spmm``) read a COO adj_t so (the conversion to
     CSR coalesces): there two stored 1s are one neighbour of weight 2, which a mean or max
-    counts once, not two edges. Its layers that read the edges one by one (GAT) keep the
-    stored entries, as `adj_t_edges` does."""
+    counts once, not two edges. PyG's GAT and GATv2 read it so too (adding self loops
+    coalesces it; without them PyG refuses it), one edge where gnnfuse's pattern-only
+    layers see the value 2 and refuse it. GIN's sum, which is the same either way, keeps
+    the stored entries, as `adj_t_edges` does."""
     if isinstance(adj_t, torch.Tensor) and adj_t.layout is torch.sparse_coo and not adj_t.is_coalesced():
         return adj_t.coalesce()
     return adj_t

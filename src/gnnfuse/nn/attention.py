@@ -27,8 +27,9 @@ from .arguments import node_features
 from .attention_weights import AttentionOutput, attention_weights, check_attention_request
 from . import lazy_width
 from .compiling import compile_path
-from .conv import (_sized_linear, GATConv, _as_graph, _bipartite_inputs, _channel_pair, _check_dropout, _combine_heads,
-                   _head_bias, _head_residual, _inv_sqrt_degree, _normalized_sum, _with_loops)
+from .conv import (_sized_linear, GATConv, _as_graph, attention_adjacency, _bipartite_inputs, _channel_pair,
+                   _check_dropout, _combine_heads, _head_bias, _head_residual, _inv_sqrt_degree, _normalized_sum,
+                   _with_loops)
 from .edge_features import FillValue, edge_projection, edge_rows, traced_edge_matmul
 from .fixed_flow import FixedFlow
 from .pyg_repr import OneLineRepr
@@ -101,6 +102,7 @@ class GATv2Conv(FixedFlow, OneLineRepr, nn.Module):
     @compile_path()
     def forward(self, x: torch.Tensor | tuple[torch.Tensor, torch.Tensor], edge_index: Graph | torch.Tensor,
                 edge_attr: torch.Tensor | None = None, return_attention_weights: bool | None = None) -> AttentionOutput:
+        edge_index = attention_adjacency(edge_index, edge_attr, "GATv2Conv")
         if return_attention_weights:                               # False: just the output, as in PyG
             check_attention_request(self, x, edge_index, "GATv2Conv")
         x, x_dst, graph = _bipartite_inputs(x, edge_index, None, "GATv2Conv")

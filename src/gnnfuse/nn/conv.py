@@ -76,6 +76,19 @@ def _bipartite_inputs(x, graph: Graph | torch.Tensor, size, layer: str, weighted
     return x_src, x_dst, Graph.coerce(graph, num_nodes=sizes[1], num_src_nodes=sizes[0])
 
 
+def attention_adjacency(edge_index: Any, edge_attr: torch.Tensor | None, layer: str) -> Any:
+    """GAT's and GATv2's graph argument: an uncoalesced COO adj_t as its `coalesced`
+    matrix, which is how PyG's layers read it (adding self loops coalesces it). With
+    ``edge_attr`` that is refused: its rows follow the stored entries, which coalescing
+    reorders, so they would meet other edges (PyG refuses the pair as well)."""
+    merged = coalesced(edge_index)
+    if merged is not edge_index and edge_attr is not None:
+        raise ValueError(f"{layer}: edge_attr with an uncoalesced COO adj_t: its rows follow the stored "
+                         "entries, which the coalesced matrix orders otherwise; pass adj_t.coalesce() with "
+                         "edge_attr in that order, or an edge_index")
+    return merged
+
+
 _LOOPED_BLOCKS = {"wanted": False}    # set once a layer asked for a loader block's self-looped graph
 
 
@@ -888,6 +901,7 @@ class GATConv(FixedFlow, OneLineRepr, nn.Module):
     def forward(self, x: torch.Tensor | tuple[torch.Tensor, torch.Tensor | None], edge_index: Graph | torch.Tensor,
                 edge_attr: torch.Tensor | None = None, size: tuple[int, int] | None = None,
                 return_attention_weights: bool | None = None) -> AttentionOutput:
+        edge_index = attention_adjacency(edge_index, edge_attr, "GATConv")
         if return_attention_weights:                               # False: just the output, as in PyG
             check_attention_request(self, x, edge_index, "GATConv")
         x, x_dst, graph = _bipartite_inputs(x, edge_index, size, "GATConv")
