@@ -127,7 +127,10 @@ def adjacency_weights(edge_index: Any, edge_weight: torch.Tensor | None, layer: 
     (The index made here is new on every call, so such a graph's layout is rebuilt per
     call; a pattern-only ``adj_t`` or a plain edge_index keeps the cached layout.) A scipy
     sparse matrix (row = source) with values other than 1 gives its entries as
-    ``edge_weight`` the same way."""
+    ``edge_weight`` the same way.
+
+    An ``edge_weight`` beside a sparse adj_t is refused: PyG ignores it (the weights are
+    the adj_t's values), and its rows would have no defined edge order to follow."""
     if sp.issparse(edge_index):
         weighted = scipy_weights(edge_index)
         if weighted is None:
@@ -138,6 +141,10 @@ def adjacency_weights(edge_index: Any, edge_weight: torch.Tensor | None, layer: 
         return weighted
     if not is_sparse_adjacency(edge_index):
         return edge_index, edge_weight
+    if edge_weight is not None:
+        raise ValueError(f"{layer}: edge_weight beside a sparse adj_t, which PyG ignores (it weighs the "
+                         "edges by the adj_t's values): put the weights in the adj_t's values, or pass an "
+                         "edge_index with edge_weight")
     if isinstance(edge_index, torch.Tensor):
         edge_index = coalesced(edge_index)
         coo = edge_index if edge_index.layout is torch.sparse_coo else edge_index.to_sparse_coo()
@@ -145,8 +152,5 @@ def adjacency_weights(edge_index: Any, edge_weight: torch.Tensor | None, layer: 
     else:                                             # torch_sparse.SparseTensor
         row, col, value = edge_index.coo()
     if value is None or not value.numel() or bool((value == 1).all()):
-        return edge_index, edge_weight
-    if edge_weight is not None:
-        raise ValueError(f"{layer}: the sparse adj_t holds edge weights (values other than 1) and edge_weight "
-                         "was given too; pass the weights one way")
+        return edge_index, None
     return torch.stack([col, row]), value
