@@ -95,7 +95,11 @@ def program_at_compile_time(udf_key: str, table_signature: Hashable
     """(operator name of the compiled program, its input names, its output names) for the
     UDF registered under ``udf_key`` called on tables of ``table_signature``; or, when it
     cannot run as the operator, why not."""
-    default_dtype, tables = table_signature
+    default_dtype, autocast, tables = table_signature
+    if autocast is not None:
+        # traced on stand-ins on the meta device, which has no autocast to read the casts from
+        return (f"torch.autocast is on for {autocast[0]} ({autocast[1]}), whose casts a UDF's compiled graph "
+                "operator does not trace")
     udf = _UDFS[udf_key]
     guard = guard_key(udf.functions)
     if guard is None:

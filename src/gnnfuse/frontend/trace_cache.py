@@ -51,6 +51,7 @@ from typing import Any, Callable, Hashable, Mapping
 import torch
 
 from ..runtime import CompiledProgram, compiled_for
+from ..runtime.autocast import outside_autocast
 from .tracer import Tracer
 
 _MISSING = object()
@@ -327,11 +328,20 @@ def _masks(index: Any) -> bool:
 
 
 def signature(tables: tuple[Mapping[str, torch.Tensor], ...]) -> Hashable:
-    """The argument part of the key: keys, dtypes and per-row shapes of every tensor
-    passed. The row count (dim 0: vertices, edges or types) is left out: the tracer
-    sees it only as a symbolic `RowCount`, so a trace never depends on it, and the
-    batches of a sampled mini-batch run (a different vertex count each) reuse one trace."""
-    return torch.get_default_dtype(), tuple([
+    """The argument part of the key: the default dtype, the torch.autocast state of the
+    tables' device (its casts are traced: a trace made outside autocast served a call
+    inside it), and the keys, dtypes and per-row shapes of every tensor passed. The row
+    count (dim 0: vertices, edges or types) is left out: the tracer sees it only as a
+    symbolic `RowCount`, so a trace never depends on it, and the batches of a sampled
+    mini-batch run (a different vertex count each) reuse one trace."""
+    autocast = None     # (device type, dtype), inline: every cached call asks (test_host_path counts calls)
+    for table in tables:
+        if table:
+            kind = next(iter(table.values())).device.type
+            if torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind):
+                autocast = kind, torch.get_autocast_dtype(kind)
+            break
+    return torch.get_default_dtype(), autocast, tuple([
         tuple([(key, t.dim(), tuple(t.shape[1:]), t.dtype) for key, t in table.items()]) if table else ()
         for table in tables])
 
@@ -363,7 +373,9 @@ class TraceCache:
         reads = _ValueReads()
         with reads:
             tracer = trace()
-        compiled, captured = compiled_for(tracer.program), dict(tracer.captured.values())
+        with outside_autocast(tracer.autocast):     # the passes' torch ops compute in the program's dtypes
+            compiled = compiled_for(tracer.program)
+        captured = dict(tracer.captured.values())
         if key is not None and not (found[1] and reads.seen):      # a value read: traced every call
             where = {id(t): path for path, t in reversed(found[1])}     # the first place each was met
             params = [(name, where.get(id(t))) for name, t in captured.items()]

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from ..ir import CompileError, Program, Residency, Value
 from ..ir.ops.movement import TYPE_INDICES
+from .autocast import applies, autocast_handler, autocast_state
 from .numbers import as_eager, is_number
 from .udf import unwrap
 
@@ -46,6 +47,9 @@ class Tracer:
         # every error raised at the user's code: one its own try/except caught would leave a
         # program of the other branch, silently unlike the eager run (`call` re-raises it)
         self._raised: list[CompileError] = []
+        # (device type, dtype) of the torch.autocast in force for the tables' device, set at
+        # the first input read: the casts autocast makes are traced as ops (`autocast`)
+        self.autocast: tuple[str, torch.dtype] | None = None
         self.rebind(fn, mode)
 
     def rebind(self, fn: Callable, mode: str) -> None:
@@ -114,6 +118,9 @@ class Tracer:
     def input(self, key: str, residency: Residency, tensor: torch.Tensor, prefix: int) -> "SymTensor":
         if key in self.program.inputs:
             return SymTensor(self, self.program.inputs[key], prefix)
+        if not self.program.inputs:
+            dtype = autocast_state(tensor.device.type)
+            self.autocast = None if dtype is None else (tensor.device.type, dtype)
         rows = 0 if residency is Residency.SHARED else 1
         value = self.program.input(key, residency, tuple(tensor.shape[rows:]), tensor.dtype, self.source())
         return SymTensor(self, value, prefix)
@@ -1069,6 +1076,7 @@ for _fns, _h in [
     for _f in _fns:
         TORCH_HANDLERS[_f] = _h
 
+TORCH_HANDLERS[T.__rmatmul__] = lambda tracer, x, other: _matmul(tracer, other, x)
 TORCH_HANDLERS[torch.clone] = TORCH_HANDLERS[T.clone] = _clone
 TORCH_HANDLERS[torch.detach] = TORCH_HANDLERS[T.detach] = _viewing(_detach)
 # in-place variants of elementwise handlers, as methods (x.mul_(2)) and torch functions (torch.relu_)
@@ -1084,6 +1092,11 @@ TORCH_HANDLERS[F.elu_] = _in_place_variant(TORCH_HANDLERS[F.elu])
 for _fns, _op in (((torch.max, T.max), "maximum"), ((torch.min, T.min), "minimum")):
     for _f in _fns:
         TORCH_HANDLERS[_f] = _binary_or(TORCH_HANDLERS[_f], _op)
+# the casts torch.autocast makes before these ops (frontend/autocast.py); in-place ops,
+# which autocast leaves alone (the variants made above, ``a **= b``), keep the plain handlers
+_PLAIN_HANDLERS = dict(TORCH_HANDLERS)
+for _f in [f for f in TORCH_HANDLERS if applies(f)]:
+    TORCH_HANDLERS[_f] = autocast_handler(_f, TORCH_HANDLERS[_f])
 SymTensor.__abs__ = lambda self: TORCH_HANDLERS[T.__abs__](self.tracer, self)
 SymTensor.__getitem__ = lambda self, index: TORCH_HANDLERS[T.__getitem__](self.tracer, self, index)
 SymTensor.__float__ = SymTensor.__int__ = SymTensor.__complex__ = _scalar_conversion
@@ -1101,7 +1114,7 @@ for _name in ("add", "radd", "sub", "rsub", "mul", "rmul", "truediv", "rtruediv"
     _method = getattr(T, f"__{_name}__")
     setattr(SymTensor, f"__{_name}__",
             (lambda m: lambda self, *a: TORCH_HANDLERS[m](self.tracer, self, *a))(_method))
-SymTensor.__rmatmul__ = lambda self, other: _matmul(self.tracer, other, self)
+SymTensor.__rmatmul__ = lambda self, other: TORCH_HANDLERS[T.__rmatmul__](self.tracer, self, other)
 # Python operators with no gnnfuse op: refused by name at their line (Python raised a bare TypeError)
 for _name, _symbol in (("mod", "%"), ("rmod", "%"), ("floordiv", "//"), ("rfloordiv", "//"), ("rpow", "**"),
                        ("and", "&"), ("rand", "&"), ("or", "|"), ("ror", "|"), ("xor", "^"), ("rxor", "^"),
@@ -1111,7 +1124,7 @@ for _name, _symbol in (("mod", "%"), ("rmod", "%"), ("floordiv", "//"), ("rfloor
 for _name in ("add", "sub", "mul", "truediv", "pow"):
     _method = getattr(T, f"__{_name}__")
     setattr(SymTensor, f"__i{_name}__",
-            (lambda m: lambda self, other: _in_place(self, TORCH_HANDLERS[m](self.tracer, self, other)))(_method))
+            (lambda m: lambda self, other: _in_place(self, _PLAIN_HANDLERS[m](self.tracer, self, other)))(_method))
 
 
 class Degree(SymTensor):

@@ -36,6 +36,7 @@ from ..backend.reference import GraphContext
 from ..graph import Graph
 from ..graph.index_cache import cached_graph
 from ..ir import CompileError, Residency
+from .autocast import autocast_off
 from .compiled import CompiledProgram, backward_feeds, _run_forward
 
 # Graph transforms a `GraphRef` can name; the operator applies them to the built graph.
@@ -243,7 +244,8 @@ def _backward_op(program: str, steps: str, num_nodes: int, num_src_nodes: int, e
     graph_ctx = GraphContext(graph)
     _, kept, execute = _run_forward(compiled, graph_ctx, keys, tensors, backward)
     saved = [kept[i] for i in compiled.backward_inputs(backward).saved_ids]
-    grads, _ = execute(backward.program, graph_ctx, backward_feeds(compiled, backward, saved, output_grads))
+    with autocast_off(graph.device):
+        grads, _ = execute(backward.program, graph_ctx, backward_feeds(compiled, backward, saved, output_grads))
     by_key = {k.removeprefix("grad:"): g for k, g in grads.items()}
     return [by_key[keys[i]] if by_key.get(keys[i]) is not None else torch.zeros_like(tensors[i]) for i in wrt]
 

@@ -108,9 +108,15 @@ register(OpDef("index_rows_grad", Movement.REDUCE, lambda ctx, g, idx, size: _in
 
 
 # --- casts: indices computed from data, gradients to their inputs' dtypes ------------------
+def _cast_derivative(b, v, g):
+    """A float-to-float cast passes its gradient back (autodiff's `_fit` gives it the
+    input's dtype, as torch's ``x.to(dtype)`` does); a cast to or from integers carries none."""
+    return [g if v.dtype.is_floating_point and v.inputs[0].dtype.is_floating_point else None]
+
+
 register(OpDef("cast", Movement.DENSE, lambda ctx, x, dtype: x.to(dtype), bounded_derivative=True,
                shape=lambda inputs, a, r: (inputs[0].shape, a["dtype"]), arity=1,
-               derivative=lambda b, v, g: [None],
+               derivative=_cast_derivative,
                doc="x.to(dtype): a front end's cast to an integer dtype (idx.long(), idx.int()), whose data "
-                   "carries no gradient, or autodiff's cast of a gradient to its input's float dtype (in a "
-                   "backward program, which autodiff does not differentiate again)"))
+                   "carries no gradient; torch.autocast's cast of an op's operands (frontend/autocast.py); or "
+                   "autodiff's cast of a gradient to its input's float dtype"))

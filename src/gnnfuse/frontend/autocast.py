@@ -1,0 +1,111 @@
+"""``torch.autocast`` in traced functions: the casts eager torch makes, as program ops.
+
+Under autocast, torch casts the operands of some ops before running them: matrix
+products to the autocast dtype on every device (``x @ W`` of float32 data is bfloat16
+under ``torch.autocast("cpu", dtype=torch.bfloat16)``), and on CUDA the operands of a
+list of precision-sensitive ops (``exp``, ``log``, ``pow``, ``softplus``, ``sum``,
+``softmax``, norms) from float16/bfloat16 to float32. Every other op then promotes as
+usual. A traced function was traced in its inputs' dtypes with none of these casts, so
+its compiled program gave float32 where eager evaluation of the same function gave
+bfloat16 (on the Triton backend; the reference backend's torch ops were cast by autocast
+behind the program's back, and its backward then failed on mismatched dtypes).
+
+Here the traced handlers of those torch functions cast their operands as autocast would
+(`autocast_handler`), each cast an op of the program, so the program states every dtype
+and runs with autocast off (`runtime.autocast`); the cast's derivative gives each input
+its gradient in its own dtype, as torch's does. Which device type's autocast applies is
+the tables' (`Tracer.input`), and its state is part of the trace cache's key
+(`trace_cache.signature`). Only CPU's and CUDA's op lists are known here: a traced op on either
+list under autocast on another device type is refused by name rather than guessed.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from ..ir import Residency
+
+T = torch.Tensor
+# Cast to the autocast dtype, on every device type autocast runs on (torch's
+# "lower_precision_fp" list, the ops of it a traced function can call).
+_MATMULS = (torch.mm, torch.matmul, T.mm, T.matmul, T.__matmul__, T.__rmatmul__, F.linear, torch.bmm, T.bmm)
+# CUDA only: float16/bfloat16 operands cast to float32 ("fp32"); for the reductions,
+# only the first operand and only without a ``dtype=`` ("fp32_set_opt_dtype" /
+# "fp32_append_dtype"). CPU's float32 list holds none of the ops a traced function can call.
+_CUDA_FP32 = (torch.exp, T.exp, torch.log, T.log, torch.pow, T.pow, T.__pow__, F.softplus)
+_CUDA_FP32_FIRST = (torch.sum, T.sum, torch.softmax, F.softmax, T.softmax, torch.log_softmax, F.log_softmax,
+                    T.log_softmax, torch.norm, T.norm, torch.linalg.vector_norm, F.normalize)
+_LOWER = frozenset(_MATMULS)
+_FP32 = frozenset(_CUDA_FP32)
+_FP32_FIRST = frozenset(_CUDA_FP32_FIRST)
+_KNOWN_DEVICES = ("cpu", "cuda")
+_ELIGIBLE = (torch.float32, torch.float16, torch.bfloat16)     # torch never casts float64 or integers
+
+
+def autocast_state(device_type: str) -> torch.dtype | None:
+    """The autocast dtype in force for ``device_type``'s tensors, or None when autocast
+    is off there (or the device type has no autocast, as "meta" has not)."""
+    if not torch.amp.is_autocast_available(device_type) or not torch.is_autocast_enabled(device_type):
+        return None
+    return torch.get_autocast_dtype(device_type)
+
+
+def applies(func: Any) -> bool:
+    """Whether autocast may cast the operands of the torch callable ``func``."""
+    return func in _LOWER or func in _FP32 or func in _FP32_FIRST
+
+
+def autocast_handler(func: Any, handler: Callable) -> Callable:
+    """``handler`` (a traced torch function's) with its operands first cast as autocast
+    casts ``func``'s, when the trace runs under autocast (`Tracer.autocast`)."""
+    def handle(tracer, *args, **kwargs):
+        state = tracer.autocast
+        if state is None:
+            return handler(tracer, *args, **kwargs)
+        device_type, dtype = state
+        name = getattr(func, "__name__", repr(func))
+        if device_type not in _KNOWN_DEVICES:
+            raise tracer.error(f"torch.{name} under torch.autocast on {device_type!r}: gnnfuse knows autocast's "
+                               "casts on CPU and CUDA only; run this function outside torch.autocast "
+                               f"(torch.autocast({device_type!r}, enabled=False))")
+        if func in _LOWER:
+            return handler(tracer, *[_cast(tracer, a, dtype) for a in args],
+                           **{k: _cast(tracer, a, dtype) for k, a in kwargs.items()})
+        if device_type != "cuda":
+            return handler(tracer, *args, **kwargs)
+        if func in _FP32:
+            return handler(tracer, *[_cast(tracer, a, torch.float32, lower_only=True) for a in args], **kwargs)
+        if args and kwargs.get("dtype") is None and not any(isinstance(a, torch.dtype) for a in args[1:]):
+            args = (_cast(tracer, args[0], torch.float32, lower_only=True), *args[1:])
+        return handler(tracer, *args, **kwargs)
+    return handle
+
+
+def _cast(tracer, x: Any, dtype: torch.dtype, lower_only: bool = False) -> Any:
+    """``x`` as autocast hands it to the op: a floating tensor of a castable dtype (with
+    ``lower_only``, float16 or bfloat16 alone) in ``dtype``; anything else as it is.
+    A broadcast or table lookup is cast before it (its per-vertex or per-type rows, not
+    every edge's copy), which also keeps it recognisable to the matmul handler as a
+    per-type or indexed matrix (`tracer._typed_matmul`, `tracer._row_matmul`)."""
+    from .tracer import SymTensor
+    if isinstance(x, torch.Tensor) and not isinstance(x, SymTensor):
+        if x.dtype not in _ELIGIBLE or x.dtype == dtype or (lower_only and x.dtype == torch.float32):
+            return x
+        x = tracer.lift(x)
+    if not isinstance(x, SymTensor):
+        return x
+    if x.dtype not in _ELIGIBLE or x.dtype == dtype or (lower_only and x.dtype == torch.float32):
+        return x
+    return SymTensor(tracer, _cast_value(tracer, x.value, dtype), x.prefix)
+
+
+def _cast_value(tracer, value, dtype: torch.dtype):
+    program, source = tracer.program, tracer.source()
+    if value.op == "broadcast":
+        return program.add("broadcast", _cast_value(tracer, value.inputs[0], dtype), source=source, **value.attrs)
+    if value.op == "index_rows" and value.inputs[0].residency is Residency.SHARED:
+        table, index = value.inputs
+        return program.add("index_rows", _cast_value(tracer, table, dtype), index, source=source)
+    return program.add("cast", value, dtype=dtype, source=source)

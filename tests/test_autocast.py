@@ -1,0 +1,182 @@
+"""Compiled UDFs under ``torch.autocast`` give what eager evaluation of the same UDF gives.
+
+The oracle runs each UDF eagerly under the same autocast block: a vertex function one
+vertex at a time (its neighbours as rows), a message/reduce pair one vertex's mailbox at
+a time. Dtypes must be equal exactly, values within float16/bfloat16 rounding (eager
+rounds after every op, a fused kernel where it stores), and gradients come back in the
+inputs' own dtypes. On a GPU machine the block is CUDA's autocast, whose lists differ
+(``exp`` runs in float32 there): the oracle, run on the same device, says which.
+"""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import gnnfuse
+from oracle_check import device_for
+
+# every vertex has in-edges (an empty Python sum is the int 0 in eager code)
+SRC, DST = [1, 0, 2, 0, 1, 3, 2, 3], [0, 1, 1, 2, 2, 2, 3, 0]
+LOW = (torch.bfloat16, torch.float16)
+
+
+@pytest.fixture(params=["reference", "triton", "cpu"])
+def device(request, monkeypatch) -> str:
+    """Where a test on GNNFUSE_BACKEND ``request.param`` places its graph and tensors."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", request.param)
+    return device_for(request.param)
+
+
+def _tables(device: str) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    drawn = {"h": torch.randn(4, 8, generator=gen), "w": torch.rand(len(SRC), 1, generator=gen),
+             "W": torch.randn(8, 5, generator=gen) / 3, "W2": torch.randn(5, 8, generator=gen) / 3,
+             "b": torch.randn(5, generator=gen)}
+    return {k: t.to(device).requires_grad_() for k, t in drawn.items()}
+
+
+def _vertex_outputs(v, W, W2, b):
+    """The same per-vertex maths, traced (``v`` a vertex) and eager (``v`` a row)."""
+    lin = sum([u.h @ W for u in v.innbs])
+    return {"lin": lin,                                                  # a product: the autocast dtype
+            "edge": sum([F.linear(e.src.h, W2, b) * e.w for e in v.inedges]),   # times float32: promoted
+            "root": v.h @ W + sum([u.h[:5] for u in v.innbs]),          # autocast dtype + float32
+            "act": torch.exp(torch.tanh(lin)) * 2.0,                      # float32 on CUDA (exp), else low
+            "rmatmul": sum([W2 @ u.h for u in v.innbs])}                 # W @ x, through __rmatmul__
+
+
+def _vertex_udf(W, W2, b):
+    @gnnfuse.vertex
+    def layer(v):
+        return _vertex_outputs(v, W, W2, b)
+    return layer
+
+
+class _Row:
+    def __init__(self, **features):
+        self.__dict__.update(features)
+
+
+def _vertex_eager(t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    rows = []
+    for vertex in range(4):
+        ins = [i for i, d in enumerate(DST) if d == vertex]
+        v = _Row(h=t["h"][vertex], innbs=[_Row(h=t["h"][SRC[i]]) for i in ins],
+                 inedges=[_Row(src=_Row(h=t["h"][SRC[i]]), w=t["w"][i]) for i in ins])
+        rows.append(_vertex_outputs(v, t["W"], t["W2"], t["b"]))
+    return {k: torch.stack([r[k] for r in rows]) for k in rows[0]}
+
+
+def _check(got: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], leaves: list[torch.Tensor]) -> None:
+    assert {k: x.dtype for k, x in got.items()} == {k: x.dtype for k, x in expected.items()}
+    for k in expected:
+        torch.testing.assert_close(got[k].float(), expected[k].float(), rtol=3e-2, atol=3e-2, msg=k)
+    weights = {k: torch.linspace(-1, 1, x.numel(), device=x.device).view_as(x) for k, x in expected.items()}
+    grads = torch.autograd.grad(sum((got[k].float() * weights[k]).sum() for k in got), leaves)
+    wanted = torch.autograd.grad(sum((expected[k].float() * weights[k]).sum() for k in expected), leaves)
+    for leaf, g, e in zip(leaves, grads, wanted):
+        assert g.dtype == e.dtype == leaf.dtype
+        torch.testing.assert_close(g, e, rtol=5e-2, atol=5e-2)
+
+
+@pytest.mark.parametrize("dtype", LOW)
+def test_vertex_function_follows_autocast(device, dtype):
+    """``u.h @ W`` of float32 data is float16/bfloat16 under autocast in eager code; the
+    compiled function gave float32 (Triton), or bfloat16 forward and a failing backward
+    (reference: its torch ops were cast behind the program's back)."""
+    t = _tables(device)
+    graph = gnnfuse.Graph(torch.tensor(SRC), torch.tensor(DST), 4).to(device)
+    layer = _vertex_udf(t["W"], t["W2"], t["b"])
+    kind = torch.device(device).type
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")      # the interpreter's and the cpu backend's notes on low precision
+        with torch.autocast(kind, dtype=dtype):
+            got = layer(graph, {"h": t["h"]}, {"w": t["w"]})
+            expected = _vertex_eager(t)
+        _check(got, expected, [t[k] for k in ("h", "w", "W", "W2", "b")])
+
+
+def _udfs(W: torch.Tensor, V: torch.Tensor):
+    """A DGL message/reduce pair with products, sums and the mailbox reductions."""
+    def message(edges):
+        return {"m": edges.src["h"] @ W, "s": (edges.src["h"] * edges.data["w"]).sum(-1, keepdim=True)}
+
+    def reduce(nodes):
+        m = nodes.mailbox["m"]
+        return {"sum": torch.sum(m, dim=1), "mean": m.mean(1), "max": m.max(1).values,
+                "lin": F.linear(torch.sum(nodes.mailbox["s"], 1) * nodes.data["h"], V)}
+    return message, reduce
+
+
+def _message_eager(t: dict[str, torch.Tensor], message, reduce) -> dict[str, torch.Tensor]:
+    rows = []
+    for vertex in range(4):
+        ins = [i for i, d in enumerate(DST) if d == vertex]
+        edges = _Row(src={"h": t["h"][[SRC[i] for i in ins]]}, data={"w": t["w"][ins]})
+        mailbox = {k: x.unsqueeze(0) for k, x in message(edges).items()}
+        rows.append(reduce(_Row(mailbox=mailbox, data={"h": t["h"][vertex:vertex + 1]})))
+    return {k: torch.cat([r[k] for r in rows]) for k in rows[0]}
+
+
+@pytest.mark.parametrize("dtype", LOW)
+def test_message_and_reduce_follow_autocast(device, dtype):
+    """DGL-style UDFs: the message's product and the reduce's F.linear in the autocast
+    dtype, the mailbox reductions of it as torch's (``torch.sum`` is float32 on CUDA)."""
+    t = _tables(device)
+    message, reduce = _udfs(t["W"], t["W2"][:2])
+    graph = gnnfuse.Graph(torch.tensor(SRC), torch.tensor(DST), 4).to(device)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with torch.autocast(torch.device(device).type, dtype=dtype):
+            got = gnnfuse.message_passing(graph, message, reduce, ndata={"h": t["h"]}, edata={"w": t["w"]})
+            expected = _message_eager(t, message, reduce)
+        _check(got, expected, [t["h"], t["w"], t["W"], t["W2"]])
+
+
+def test_each_autocast_state_gets_its_own_trace(device):
+    """The trace cache and the repeat of a prepared call (two inference calls keep one)
+    key on the autocast state: a trace or a prepared call made outside autocast served
+    calls inside it (float32 for bfloat16), and the other way round."""
+    gen = torch.Generator().manual_seed(1)
+    table = {"h": torch.randn(4, 1, 8, generator=gen).to(device), "M": torch.randn(4, 8, 5, generator=gen).to(device)}
+    graph = gnnfuse.Graph(torch.tensor(SRC), torch.tensor(DST), 4).to(device)
+
+    @gnnfuse.vertex
+    def lin(v):     # per-vertex matrices, nothing captured: a repeat call can take it
+        return sum([u.h @ u.M for u in v.innbs])
+
+    kind = torch.device(device).type
+    plain = torch.zeros(4, 1, 5, device=device).index_add(0, graph.dst, table["h"][graph.src] @ table["M"][graph.src])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        seen = [lin(graph, table).dtype for _ in range(3)]
+        with torch.autocast(kind, dtype=torch.bfloat16):
+            seen += [lin(graph, table).dtype for _ in range(3)]
+            with torch.autocast(kind, enabled=False):
+                seen.append(lin(graph, table).dtype)
+            with torch.autocast(kind, dtype=torch.float16):
+                seen += [lin(graph, table).dtype for _ in range(3)]
+        last = lin(graph, table)
+    f32, bf16, f16 = torch.float32, torch.bfloat16, torch.float16
+    assert seen == [f32, f32, f32, bf16, bf16, bf16, f32, f16, f16, f16]
+    torch.testing.assert_close(last, plain)
+
+
+def test_a_backward_called_inside_the_autocast_block(device):
+    """The backward, run inside the block (autograd then runs it under autocast on the
+    CPU), computes in the program's dtypes too."""
+    t = _tables(device)
+    graph = gnnfuse.Graph(torch.tensor(SRC), torch.tensor(DST), 4).to(device)
+    layer = _vertex_udf(t["W"], t["W2"], t["b"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
+            got = layer(graph, {"h": t["h"]}, {"w": t["w"]})["lin"]
+            (grad,) = torch.autograd.grad(got.float().sum(), t["W"])
+            expected = _vertex_eager(t)["lin"]
+            (wanted,) = torch.autograd.grad(expected.float().sum(), t["W"])
+    assert grad.dtype == torch.float32
+    torch.testing.assert_close(grad, wanted, rtol=5e-2, atol=5e-2)
