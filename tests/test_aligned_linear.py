@@ -298,3 +298,38 @@ def test_weight_gradient_on_the_device_keeps_nonfinite_unread_rows_out(made_by_a
         plain = aligned_module.weight_gradient(grad, x, None)
         assert torch.isnan(plain).any()        # what the read rows guard against
         assert torch.isfinite(aligned_module.weight_gradient(grad, x, read)).all()
+
+
+@pytest.mark.parametrize("paired", [False, True])
+def test_maps_made_under_autocast_differentiate_outside_it(paired):
+    """Under torch.autocast the forward's F.linear multiplies in bfloat16 but saves the
+    float32 operands; the backward, run after the block as training runs it, multiplied
+    the bfloat16 gradient by the float32 weight ("expected m1 and m2 to have the same
+    dtype": SAGEConv(6, 3) under autocast could not train). Gradients are eager
+    autocast's, in the inputs' dtypes."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(7, 6, generator=gen, device=DEVICE)
+    w, v, b = (torch.randn(*shape, generator=gen).to(DEVICE) for shape in ((3, 6), (3, 6), (3,)))
+    mask = torch.tensor([True] * 5 + [False] * 2, device=DEVICE)
+    read = RowsRead.of(mask)      # as a propagation reads them: no gradient reaches the unread rows
+
+    def grads(linear):
+        leaves = [t.clone().requires_grad_() for t in (x, w, v, b)]
+        with torch.autocast(torch.device(DEVICE).type, dtype=torch.bfloat16):
+            outs = linear(*leaves)
+        assert all(o.dtype == torch.bfloat16 for o in outs)
+        projections = [torch.linspace(-1, 1, o.numel(), device=DEVICE).view_as(o) * mask[:, None] for o in outs]
+        sum((o.float() * p).sum() for o, p in zip(outs, projections)).backward()
+        return [t.grad for t in leaves]
+
+    if paired:
+        ours = grads(lambda x, w, v, b: paired_linear(x, w, read, v, b))
+        eager = grads(lambda x, w, v, b: (F.linear(x, w), F.linear(x, v, b)))
+    else:
+        ours = grads(lambda x, w, v, b: (aligned_linear(x, w, b, read=read),))
+        eager = grads(lambda x, w, v, b: (F.linear(x, w, b),))
+    for got, want in zip(ours, eager):
+        assert (got is None) == (want is None)
+        if want is not None:
+            assert got.dtype == want.dtype == torch.float32
+            torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)

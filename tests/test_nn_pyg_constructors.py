@@ -64,13 +64,16 @@ def test_sage_aggregating_first_adds_its_root_in_the_gemm(aggr, width, backend, 
 
 @pytest.mark.parametrize("aggr", ["mean", "sum", "max"])
 @pytest.mark.parametrize("bipartite", [False, True])
-def test_sage_under_autocast_matches_pyg(aggr, bipartite):
+@pytest.mark.parametrize("width", [8, 2])
+def test_sage_under_autocast_matches_pyg(aggr, bipartite, width):
     """Under CPU bf16 autocast the aggregate-first path's root term comes back in bf16
     while the weight and the aggregation stay float32: its in-place addmm_, which autocast
     does not cast, failed with "self and mat2 must have the same dtype" where PyG runs.
-    Outputs and gradients are PyG's autocast ones within bf16 rounding."""
+    Narrowing (width 2), mean and sum map first, through `paired_linear`, whose backward
+    multiplied the bf16 gradient by the saved float32 weight ("expected m1 and m2 to have
+    the same dtype"). Outputs and gradients are PyG's autocast ones within bf16 rounding."""
     torch.manual_seed(2)
-    ours, ref = gnn.SAGEConv(F_IN, 8, aggr=aggr), pyg.SAGEConv(F_IN, 8, aggr=aggr)    # widening: aggregates first
+    ours, ref = gnn.SAGEConv(F_IN, width, aggr=aggr), pyg.SAGEConv(F_IN, width, aggr=aggr)
     ours.load_state_dict(ref.state_dict())
     x = torch.randn(N, F_IN)
     results = []

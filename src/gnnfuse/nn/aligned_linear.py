@@ -131,6 +131,30 @@ def _mapped(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, st
     return out[:, :width]
 
 
+def autocast_dtype(x: torch.Tensor) -> torch.dtype | None:
+    """The dtype torch.autocast casts ``x``'s products to where it is on for ``x``'s
+    device (None where it is off), read by a forward so its backward can compute in it."""
+    kind = x.device.type
+    if torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind):
+        return torch.get_autocast_dtype(kind)
+    return None
+
+
+def as_computed(dtype: torch.dtype | None, *tensors: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+    """``tensors`` as a forward under autocast multiplied them (``dtype``, from
+    `autocast_dtype`; None: as they are): the F.linear of a forward under autocast ran
+    in the autocast dtype on its cast operands, but saved the uncast ones, and a backward
+    run outside the block (as training runs it) multiplied the bfloat16 output gradient by
+    the float32 weight: "expected m1 and m2 to have the same dtype". Autograd casts the
+    gradients returned in ``dtype`` to each input's dtype, as autocast's own casts do."""
+    if dtype is None:
+        return tensors
+    return tuple(t.to(dtype) if t is not None and t.dtype in _CASTABLE else t for t in tensors)
+
+
+_CASTABLE = (torch.float32, torch.float16, torch.bfloat16)     # autocast leaves float64 as it is
+
+
 class _PairedLinear(torch.autograd.Function):
     """`paired_linear`. The backward is written in differentiable ops (the in-place
     accumulation writes a product nothing saved), so double backward works."""
@@ -139,13 +163,14 @@ class _PairedLinear(torch.autograd.Function):
     def forward(ctx: Any, x: torch.Tensor, weight_a: torch.Tensor, read_a: RowsRead | None,
                 weight_b: torch.Tensor, bias_b: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         ctx.save_for_backward(x, weight_a, weight_b)
-        ctx.read_a = read_a
+        ctx.read_a, ctx.autocast = read_a, autocast_dtype(x)
         return (_mapped(x, weight_a, None, kernel_row_stride(x, weight_a.shape[0])),
                 _mapped(x, weight_b, bias_b, kernel_row_stride(x, weight_b.shape[0])))
 
     @staticmethod
     def backward(ctx: Any, grad_a: torch.Tensor | None, grad_b: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
-        x, weight_a, weight_b = ctx.saved_tensors
+        x, weight_a, weight_b = as_computed(ctx.autocast, *ctx.saved_tensors)
+        grad_a, grad_b = as_computed(ctx.autocast, grad_a, grad_b)
         grad_a = x.new_zeros(x.shape[0], weight_a.shape[0]) if grad_a is None else grad_a
         grad_b = x.new_zeros(x.shape[0], weight_b.shape[0]) if grad_b is None else grad_b
         grad_x = (grad_a @ weight_a).addmm_(grad_b, weight_b) if ctx.needs_input_grad[0] else None
@@ -162,12 +187,12 @@ class _AlignedLinear(torch.autograd.Function):
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                 read: RowsRead | None, stride: int) -> torch.Tensor:
         ctx.save_for_backward(x, weight)
-        ctx.read = read
+        ctx.read, ctx.autocast = read, autocast_dtype(x)
         return _mapped(x, weight, bias, stride)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        x, weight = ctx.saved_tensors
+        x, weight, grad = as_computed(ctx.autocast, *ctx.saved_tensors, grad)
         grad_x = grad @ weight if ctx.needs_input_grad[0] else None
         grad_weight = weight_gradient(grad, x, ctx.read) if ctx.needs_input_grad[1] else None
         grad_bias = column_sums(grad) if ctx.needs_input_grad[2] else None
