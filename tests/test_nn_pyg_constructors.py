@@ -88,6 +88,30 @@ def test_sage_under_autocast_matches_pyg(aggr, bipartite, width):
     for a, b in [(out, ref_out), (grad_x, ref_grad_x), (grad_w, ref_grad_w)]:
         torch.testing.assert_close(a.float(), b.float(), rtol=3e-2, atol=3e-2 * b.abs().max().item())
 
+@pytest.mark.parametrize("name,width,weighted", [("GCNConv", 8, False), ("GraphConv", 2, True)])
+def test_reordered_layers_under_autocast_match_pyg(name, width, weighted):
+    """A map moved across a normalised or weighted sum changes the dtype under autocast:
+    PyG's GCNConv maps (bf16) and then sums with float32 coefficients (float32), where
+    gnnfuse's aggregate-first order (a widening first layer) gave bf16; PyG's GraphConv
+    sums with float32 weights and then maps (bf16), where mapping first (narrowing) gave
+    float32. Under autocast these layers keep PyG's order: its dtype and values."""
+    torch.manual_seed(3)
+    ours, ref = getattr(gnn, name)(F_IN, width), getattr(pyg, name)(F_IN, width)
+    ours.load_state_dict(ref.state_dict())
+    x, weight = torch.randn(N, F_IN), torch.rand(EDGE_INDEX.shape[1]) if weighted else None
+    results = []
+    for layer in (ours, ref):
+        xs = x.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = layer(xs, EDGE_INDEX, weight)
+        out.float().square().sum().backward()
+        results.append((out, xs.grad))
+    (out, grad), (ref_out, ref_grad) = results
+    assert out.dtype == ref_out.dtype
+    for a, b in [(out, ref_out), (grad, ref_grad)]:
+        torch.testing.assert_close(a.float(), b.float(), rtol=3e-2, atol=3e-2 * b.abs().max().item())
+
+
 LAZY_LAYERS = {"SAGEConv": {}, "GATConv": {"heads": 2}, "GATv2Conv": {"heads": 2}, "GraphConv": {},
                "GCNConv": {}, "SGConv": {"K": 2}, "TAGConv": {"K": 2}, "ChebConv": {"K": 3}}
 BIPARTITE = ("SAGEConv", "GATConv", "GATv2Conv", "GraphConv")

@@ -23,7 +23,8 @@ from ..graph.convert import check_bipartite_adj_t, coalesced, declared_size
 from ..graph.fixed_shape import is_loader_block, is_padded
 from ..runtime.compile_op import GRAPH_STEPS, GraphRef
 from ..runtime.compiled import backend_name
-from .aligned_linear import RowsRead, aligned_linear, bias_added, flat_heads, kernel_row_stride, paired_linear
+from .aligned_linear import (RowsRead, aligned_linear, autocast_dtype, bias_added, flat_heads, kernel_row_stride,
+                             paired_linear)
 from .aggregation import Reduction, aggregate, eager_slots, pyg_aggr_name, resolve_aggregation
 from .arguments import (adjacency_weights, edge_weight_column, floating_node_features, node_pair,
                         over_feature_batches)
@@ -519,8 +520,10 @@ class GCNConv(OneLineRepr, CachedGraph, nn.Module):
         where that moves fewer feature lanes over the step (`maps_first`: a first layer,
         whose input needs no gradient, narrowing by less than half).
         Under torch.compile (a GraphRef) the order stays PyG's, and so it does for sparse
-        COO features (bag-of-words), which the compiled aggregation cannot read."""
-        if isinstance(graph, GraphRef) or x.is_sparse:
+        COO features (bag-of-words), which the compiled aggregation cannot read, and under
+        torch.autocast: PyG's map gives the autocast dtype and its float32 normalisation
+        then promotes the sum to float32, where the map after the sum gave bfloat16."""
+        if isinstance(graph, GraphRef) or x.is_sparse or autocast_dtype(x) is not None:
             return False
         return not maps_first(self.lin.in_features, self.out_channels, x, self.lin.weight)
 
