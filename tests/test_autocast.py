@@ -180,3 +180,54 @@ def test_a_backward_called_inside_the_autocast_block(device):
             (wanted,) = torch.autograd.grad(expected.float().sum(), t["W"])
     assert grad.dtype == torch.float32
     torch.testing.assert_close(grad, wanted, rtol=5e-2, atol=5e-2)
+
+
+def test_per_type_and_indexed_matrices_follow_autocast(device):
+    """``x @ e.type.W`` and ``bmm(x, T[idx])`` are cast as the tables they read (not
+    edge by edge), and stay the per-type and grouped products they compile to."""
+    gen = torch.Generator().manual_seed(2)
+    h, W, T = (torch.randn(*s, generator=gen).to(device).requires_grad_() for s in ((4, 8), (3, 8, 5), (3, 8, 5)))
+    types = torch.tensor([0, 1, 2, 0, 1, 2, 0, 1], device=device)
+    graph = gnnfuse.Graph(torch.tensor(SRC), torch.tensor(DST), 4, edge_type=types.cpu()).to(device)
+
+    @gnnfuse.vertex
+    def typed(v):
+        return sum([e.src.h @ e.type.W for e in v.inedges])
+
+    def message(edges):
+        return {"m": torch.bmm(edges.src["h"].unsqueeze(1), T[edges.data["t"]]).squeeze(1)}
+
+    def reduce(nodes):
+        return {"o": nodes.mailbox["m"].sum(1)}
+
+    src, dst = graph.src, graph.dst     # in edge-id order, as the edge types
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
+            got = {"typed": typed(graph, {"h": h}, etype_feature={"W": W}),
+                   "indexed": gnnfuse.message_passing(graph, message, reduce, ndata={"h": h},
+                                                      edata={"t": types})["o"]}
+            expected = {}
+            for key, table in (("typed", W), ("indexed", T)):
+                m = torch.bmm(h[src].unsqueeze(1), table[types]).squeeze(1)
+                expected[key] = torch.zeros(4, 5, dtype=m.dtype, device=device).index_add(0, dst, m)
+        _check(got, expected, [h, W, T])
+
+
+def test_torch_compile_runs_a_udf_under_autocast_eagerly():
+    """Under torch.compile a UDF call is traced once on meta stand-ins, which have no
+    autocast: the compiled operator would have run the plain program (float32 for
+    bfloat16). The compile-time lookup names autocast instead (the call then runs
+    eagerly behind a graph break, with a warning)."""
+    from gnnfuse.frontend.compiled_call import program_at_compile_time
+    from gnnfuse.frontend.trace_cache import signature
+
+    @gnnfuse.vertex
+    def rows(v):
+        return sum([u.h @ u.M for u in v.innbs])
+
+    table = {"h": torch.randn(4, 1, 8), "M": torch.randn(4, 8, 5)}
+    assert not isinstance(program_at_compile_time(rows.udf_key, signature((table, {}, {}, {}))), str)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        found = program_at_compile_time(rows.udf_key, signature((table, {}, {}, {})))
+    assert isinstance(found, str) and "torch.autocast" in found
