@@ -231,3 +231,37 @@ def test_torch_compile_runs_a_udf_under_autocast_eagerly():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         found = program_at_compile_time(rows.udf_key, signature((table, {}, {}, {})))
     assert isinstance(found, str) and "torch.autocast" in found
+
+
+@pytest.mark.parametrize("name", ["RGCNConv", "FastRGCNConv", "RGATConv", "EdgeConv"])
+def test_traced_layers_under_autocast_match_pyg(device, name):
+    """gnnfuse.nn layers whose aggregation traces products: before the UDF casts were
+    traced, RGCNConv and RGATConv failed under CPU bf16 autocast ("Index put requires the
+    source and destination dtypes match"), EdgeConv ("expected m1 and m2 to have the same
+    dtype") and FastRGCNConv returned bfloat16 on the Triton backend where PyG's is float32."""
+    pyg = pytest.importorskip("torch_geometric.nn")
+    from gnnfuse import nn as gnn
+    make = {"RGCNConv": lambda m: m.RGCNConv(6, 4, 3), "FastRGCNConv": lambda m: m.FastRGCNConv(6, 4, 3),
+            "RGATConv": lambda m: m.RGATConv(6, 4, 3),
+            "EdgeConv": lambda m: m.EdgeConv(torch.nn.Linear(12, 4))}[name]
+    torch.manual_seed(1)
+    ref = make(pyg).to(device)
+    ours = make(gnn).to(device)
+    ours.load_state_dict(ref.state_dict())
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(10, 6, generator=gen).to(device)
+    edge_index = torch.randint(0, 10, (2, 30), generator=gen).to(device)
+    edge_type = torch.randint(0, 3, (30,), generator=gen).to(device)
+    results = []
+    for layer in (ours, ref):
+        xs = x.clone().requires_grad_()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
+                out = layer(xs, edge_index) if name == "EdgeConv" else layer(xs, edge_index, edge_type)
+            out.float().square().sum().backward()
+        results.append((out, xs.grad))
+    (out, grad), (ref_out, ref_grad) = results
+    assert out.dtype == ref_out.dtype
+    for a, b in [(out, ref_out), (grad, ref_grad)]:
+        torch.testing.assert_close(a.float(), b.float(), rtol=3e-2, atol=3e-2 * b.abs().max().item())
