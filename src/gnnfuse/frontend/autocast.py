@@ -90,14 +90,10 @@ def _cast(tracer, x: Any, dtype: torch.dtype, lower_only: bool = False) -> Any:
     every edge's copy), which also keeps it recognisable to the matmul handler as a
     per-type or indexed matrix (`tracer._typed_matmul`, `tracer._row_matmul`)."""
     from .tracer import SymTensor
-    if isinstance(x, torch.Tensor) and not isinstance(x, SymTensor):
-        if x.dtype not in _ELIGIBLE or x.dtype == dtype or (lower_only and x.dtype == torch.float32):
-            return x
-        x = tracer.lift(x)
-    if not isinstance(x, SymTensor):
+    if not isinstance(x, (SymTensor, torch.Tensor)) or x.dtype not in _ELIGIBLE or x.dtype == dtype or (
+            lower_only and x.dtype == torch.float32):
         return x
-    if x.dtype not in _ELIGIBLE or x.dtype == dtype or (lower_only and x.dtype == torch.float32):
-        return x
+    x = tracer.lift(x)      # a captured tensor: a program input, cast in the program
     return SymTensor(tracer, _cast_value(tracer, x.value, dtype), x.prefix)
 
 
