@@ -265,3 +265,28 @@ def test_traced_layers_under_autocast_match_pyg(device, name):
     assert out.dtype == ref_out.dtype
     for a, b in [(out, ref_out), (grad, ref_grad)]:
         torch.testing.assert_close(a.float(), b.float(), rtol=3e-2, atol=3e-2 * b.abs().max().item())
+
+
+def test_gat_logits_under_autocast_are_pyg_float32(device):
+    """GATConv folds its attention vectors into one skinny GEMM for the logits, which
+    autocast runs in bfloat16: PyG's ``(lin(x) * att).sum(-1)`` (bfloat16 times a float32
+    parameter) is float32, so the attention weights returned were bfloat16 where PyG's
+    are float32, and every logit carried bfloat16 rounding. Under autocast it multiplies
+    as PyG does."""
+    pyg = pytest.importorskip("torch_geometric.nn")
+    from gnnfuse import nn as gnn
+    torch.manual_seed(1)
+    ref = pyg.GATConv(6, 4, heads=2).to(device)
+    ours = gnn.GATConv(6, 4, heads=2).to(device)
+    ours.load_state_dict(ref.state_dict())
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(10, 6, generator=gen).to(device)
+    edge_index = torch.randint(0, 10, (2, 30), generator=gen).to(device)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
+            out, (_, alpha) = ours(x, edge_index, return_attention_weights=True)
+            ref_out, (_, ref_alpha) = ref(x, edge_index, return_attention_weights=True)
+    assert (out.dtype, alpha.dtype) == (ref_out.dtype, ref_alpha.dtype) == (torch.float32, torch.float32)
+    torch.testing.assert_close(alpha, ref_alpha, rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(out, ref_out, rtol=1e-2, atol=1e-2)

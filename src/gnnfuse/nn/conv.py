@@ -760,12 +760,14 @@ def _gat_attention(slope: float, p: float, training: bool, dst_term: bool) -> fr
     return frontend.UpdateAll(*_gat_udfs(slope, p, training, dst_term, None))
 
 
-def _folds(lin: nn.Linear) -> bool:
+def _folds(lin: nn.Linear, x: torch.Tensor) -> bool:
     """Whether `_folded_logits` moves fewer bytes than ``(lin(x) * att).sum(-1)``: its
     GEMM reads x's ``in_features`` per vertex, the product and the sum read and write the
     ``heads x channels`` of lin(x) about three times per logit vector (and as much again
-    in the backward)."""
-    return lin.bias is None and lin.in_features <= 4 * lin.out_features
+    in the backward). Never under torch.autocast: the folded GEMM gives the logits in the
+    autocast dtype, where PyG's product of bfloat16 lin(x) and the float32 attention
+    vector gives float32 (and the attention weights returned with them were bfloat16)."""
+    return lin.bias is None and lin.in_features <= 4 * lin.out_features and autocast_dtype(x) is None
 
 
 def _folded_logits(lin: nn.Linear, x: torch.Tensor, *atts: torch.Tensor) -> list[torch.Tensor]:
@@ -868,7 +870,7 @@ class GATConv(FixedFlow, OneLineRepr, nn.Module):
         weight, bias, shape = lin.weight, lin.bias, ndata["h"].shape[1:]
         remakes = [recompute.Remake(ndata["h"], lambda: aligned_linear(x, weight, bias).view(-1, *shape),
                           (x, weight) if bias is None else (x, weight, bias))]
-        if _folds(lin):
+        if _folds(lin, x):
             atts = (self.att_src, self.att_dst)
             makers = recompute.made_together(lambda: _folded_logits(lin, x, *atts), 2)
             remakes += [recompute.Remake(ndata[name], make, (x, weight, *atts))
@@ -920,7 +922,7 @@ class GATConv(FixedFlow, OneLineRepr, nn.Module):
         graph = _with_loops(graph, self.add_self_loops, rows is None and not return_attention_weights)
         shape = (-1, self.heads, self.out_channels)
         h = _aligned(self.lin or self.lin_src, x).view(shape)
-        if x_dst is x and self.lin is not None and _folds(self.lin):
+        if x_dst is x and self.lin is not None and _folds(self.lin, x):
             alpha_src, alpha_dst = _folded_logits(self.lin, x, self.att_src, self.att_dst)
             ndata = {"h": h, "alpha_src": alpha_src, "alpha_dst": alpha_dst}
         else:
