@@ -214,23 +214,23 @@ def test_per_type_and_indexed_matrices_follow_autocast(device):
         _check(got, expected, [h, W, T])
 
 
-def test_torch_compile_runs_a_udf_under_autocast_eagerly():
+def test_torch_compile_traces_a_udf_under_autocast():
     """Under torch.compile a UDF call is traced once on meta stand-ins, which have no
-    autocast: the compiled operator would have run the plain program (float32 for
-    bfloat16). The compile-time lookup names autocast instead (the call then runs
-    eagerly behind a graph break, with a warning)."""
-    from gnnfuse.frontend.compiled_call import program_at_compile_time
-    from gnnfuse.frontend.trace_cache import signature
-
+    autocast: the compiled operator ran the plain program (float32 where eager autocast
+    gives bfloat16). The stand-ins are traced under the call's autocast state, and the
+    call stays one graph with no break."""
     @gnnfuse.vertex
     def rows(v):
         return sum([u.h @ u.M for u in v.innbs])
 
+    graph = gnnfuse.Graph(torch.tensor(SRC), torch.tensor(DST), 4)
     table = {"h": torch.randn(4, 1, 8), "M": torch.randn(4, 8, 5)}
-    assert not isinstance(program_at_compile_time(rows.udf_key, signature((table, {}, {}, {}))), str)
+    compiled = torch.compile(lambda h, M: rows(graph, {"h": h, "M": M}), backend="aot_eager", fullgraph=True)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        found = program_at_compile_time(rows.udf_key, signature((table, {}, {}, {})))
-    assert isinstance(found, str) and "torch.autocast" in found
+        got, eager = compiled(table["h"], table["M"]), rows(graph, table)
+    plain = compiled(table["h"], table["M"])
+    assert (got.dtype, eager.dtype, plain.dtype) == (torch.bfloat16, torch.bfloat16, torch.float32)
+    torch.testing.assert_close(got, eager)
 
 
 @pytest.mark.parametrize("name", ["RGCNConv", "FastRGCNConv", "RGATConv", "EdgeConv"])

@@ -20,7 +20,9 @@ list under autocast on another device type is refused by name rather than guesse
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+import contextlib
+import contextvars
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -44,12 +46,30 @@ _KNOWN_DEVICES = ("cpu", "cuda")
 _ELIGIBLE = (torch.float32, torch.float16, torch.bfloat16)     # torch never casts float64 or integers
 
 
-def autocast_state(device_type: str) -> torch.dtype | None:
-    """The autocast dtype in force for ``device_type``'s tensors, or None when autocast
-    is off there (or the device type has no autocast, as "meta" has not)."""
+def autocast_state(device_type: str) -> tuple[str, torch.dtype] | None:
+    """(device type, dtype) of the autocast in force for ``device_type``'s tensors, or
+    None when it is off there. Tensors on the meta device -- the stand-ins a call under
+    torch.compile is traced on (`compiled_call.program_at_compile_time`) -- take the
+    state of the call they stand in for (`stand_ins_under`)."""
+    if device_type == "meta":
+        return _STAND_INS.get()
     if not torch.amp.is_autocast_available(device_type) or not torch.is_autocast_enabled(device_type):
         return None
-    return torch.get_autocast_dtype(device_type)
+    return device_type, torch.get_autocast_dtype(device_type)
+
+
+_STAND_INS: contextvars.ContextVar[tuple[str, torch.dtype] | None] = contextvars.ContextVar("stand_ins", default=None)
+
+
+@contextlib.contextmanager
+def stand_ins_under(state: tuple[str, torch.dtype] | None) -> Iterator[None]:
+    """Trace on meta stand-ins as a call under the autocast ``state`` (from
+    `autocast_state` of the real tensors' device) would trace, and key the trace so."""
+    token = _STAND_INS.set(state)
+    try:
+        yield
+    finally:
+        _STAND_INS.reset(token)
 
 
 def applies(func: Any) -> bool:

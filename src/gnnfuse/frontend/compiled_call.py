@@ -39,6 +39,7 @@ import torch
 from ..graph import Graph
 from ..ir import CompileError
 from ..runtime.compile_op import GraphRef, graph_input_problem, register_program, run_eagerly, run_program
+from .autocast import stand_ins_under
 from .trace_cache import guard_key, program_feeds, same_reads, shallow_reads, signature
 
 _UDFS: "weakref.WeakValueDictionary[str, Any]" = weakref.WeakValueDictionary()
@@ -96,10 +97,12 @@ def program_at_compile_time(udf_key: str, table_signature: Hashable
     UDF registered under ``udf_key`` called on tables of ``table_signature``; or, when it
     cannot run as the operator, why not."""
     default_dtype, autocast, tables = table_signature
-    if autocast is not None:
-        # traced on stand-ins on the meta device, which has no autocast to read the casts from
-        return (f"torch.autocast is on for {autocast[0]} ({autocast[1]}), whose casts a UDF's compiled graph "
-                "operator does not trace")
+    with stand_ins_under(autocast):     # the meta device has no autocast: traced under the call's
+        return _program_for(udf_key, tables)
+
+
+def _program_for(udf_key: str, tables: Hashable) -> tuple[str, tuple[str, ...], tuple[str, ...]] | str:
+    """`program_at_compile_time` for the tables' keys, per-row shapes and dtypes."""
     udf = _UDFS[udf_key]
     guard = guard_key(udf.functions)
     if guard is None:

@@ -52,6 +52,7 @@ import torch
 
 from ..runtime import CompiledProgram, compiled_for
 from ..runtime.autocast import outside_autocast
+from .autocast import autocast_state
 from .tracer import Tracer
 
 _MISSING = object()
@@ -338,7 +339,9 @@ def signature(tables: tuple[Mapping[str, torch.Tensor], ...]) -> Hashable:
     for table in tables:
         if table:
             kind = next(iter(table.values())).device.type
-            if torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind):
+            if kind == "meta":      # stand-ins under torch.compile: the state they stand in for
+                autocast = autocast_state(kind)
+            elif torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind):
                 autocast = kind, torch.get_autocast_dtype(kind)
             break
     return torch.get_default_dtype(), autocast, tuple([

@@ -119,8 +119,7 @@ class Tracer:
         if key in self.program.inputs:
             return SymTensor(self, self.program.inputs[key], prefix)
         if not self.program.inputs:
-            dtype = autocast_state(tensor.device.type)
-            self.autocast = None if dtype is None else (tensor.device.type, dtype)
+            self.autocast = autocast_state(tensor.device.type)
         rows = 0 if residency is Residency.SHARED else 1
         value = self.program.input(key, residency, tuple(tensor.shape[rows:]), tensor.dtype, self.source())
         return SymTensor(self, value, prefix)
