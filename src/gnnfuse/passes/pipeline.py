@@ -12,7 +12,6 @@ from .linear_reorder import reorder_typed_linear
 from .narrow_products import narrow_products
 from .pairwise import sort_hinge_pairs
 from .reorder import reorder_broadcasts
-from .split_concat_products import split_concat_products
 from .row_dot import fuse_row_dots
 from .softmax import decompose_edge_softmax, stop_softmax_shift_gradients
 from .typed_root import fold_typed_root
@@ -23,7 +22,6 @@ def optimize(program: Program, keep_inputs: bool = False) -> Program:
     stop_softmax_shift_gradients(program)
     sort_hinge_pairs(program)
     fold_constants(program)
-    split_concat_products(program)
     distribute_products(program)
     reorder_broadcasts(program)
     materialize_compactly(program)
