@@ -296,6 +296,34 @@ def test_dtype_without_kernels_runs_as_torch_ops_with_a_warning(monkeypatch):
     torch.testing.assert_close(out, expected, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("case", ["float64_edge_operand", "float64_scalar_constant"])
+def test_units_mixing_float_dtypes_compute_float32_values_in_float32(case, monkeypatch):
+    """torch computes each op in its result dtype: the float32 part of
+    ``(((a - b) + 1e8) - 1e8) * w`` rounds to float32's spacing of 8 before a float64
+    ``w`` widens it, and a 0-dim float64 tensor does not widen float32 data at all. The
+    kernels computed a whole unit in float64 once any leaf was float64, so the float32
+    values came out unrounded: the sum was 6.04 off the reference backend's with float64
+    edge weights and 7.62 off with the float64 constant. Such a unit runs as torch ops."""
+    monkeypatch.setattr(cpu_executor, "_WARNED", set())
+    graph = small_graph()
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(graph.num_nodes, 3, generator=gen)
+    if case == "float64_edge_operand":
+        w = torch.rand(graph.num_edges, 1, dtype=torch.float64, generator=gen) + 0.5
+
+        def model(x, w):
+            return gnnfuse.ops.gspmm(graph, lambda a, b, e: (((a - b) + 1e8) - 1e8) * e, "sum", src=x, dst=x, edge=w)
+        inputs = [x, w]
+    else:
+        big = torch.tensor(1e8, dtype=torch.float64)
+
+        def model(x):
+            return gnnfuse.ops.gspmm(graph, lambda a, b: ((a - b) + big) - big, "sum", src=x, dst=x)
+        inputs = [x]
+    with pytest.warns(RuntimeWarning, match="mixes torch.float32 and torch.float64"):
+        assert_same(model, inputs, monkeypatch, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("value", ["0", "-4", "wide"])
 def test_feature_tile_setting_is_checked(value, monkeypatch):
     monkeypatch.setenv("GNNFUSE_CPU_FEATURE_TILE", value)

@@ -17,10 +17,11 @@ work runs serial kernels, `schedule.parallel`); from the disk cache a process pa
 kernels, 16 s cold, 3 s warm). And the backend is opt-in (``GNNFUSE_BACKEND=cpu``): the
 torch reference stays the default for CPU tensors and the oracle.
 
-A unit the generator cannot express, a dtype Numba cannot read (bfloat16, float16) or
-a tensor off the CPU runs through its ops' torch references instead, with a warning
-once per reason; without Numba the whole program runs on the reference executor, with
-one warning. Never a silent difference: the fallback computes the same values.
+A unit the generator cannot express, a dtype Numba cannot read (bfloat16, float16), a
+unit mixing float32 and float64 values (`_float_dtypes`) or a tensor off the CPU runs
+through its ops' torch references instead, with a warning once per reason; without
+Numba the whole program runs on the reference executor, with one warning. Never a
+silent difference: the fallback computes the same values.
 """
 from __future__ import annotations
 
@@ -254,7 +255,13 @@ def _plan(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> _La
         _warn_once(f"dtype:{root.dtype}", f"gnnfuse cpu backend: no kernels for {root.dtype} data; "
                                           "fused units run as torch ops")
         return fallback
-    acc = "float64" if any(dtype == torch.float64 for dtype, _ in metas) or root.dtype == torch.float64 else "float32"
+    floats = _float_dtypes(unit, leaves)
+    if len(floats) > 1:
+        names = " and ".join(sorted(map(str, floats)))
+        _warn_once(f"mixed:{names}", f"gnnfuse cpu backend: a fused unit mixes {names} values; it runs as torch "
+                                     "ops (a kernel computes in one dtype, which rounds them unlike torch)")
+        return fallback
+    acc = _KERNEL_DTYPES[root.dtype]
     width = math.prod(root.shape)
     work = ctx.num_edges * width
     threads = schedule.threads(work, numba.config.NUMBA_NUM_THREADS)
@@ -291,6 +298,18 @@ def _plan(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> _La
         _compile_vectorized(kernel, (*head, example_out, *tail, *[_flat(leaves[v.id]) for v in leaf_args]))
     return _Launch(kernel, tuple(v.id for v in leaf_args), head, tail, (rows,) + root.shape, root.dtype,
                    threads if parallel else 0, choice.chunk)
+
+
+def _float_dtypes(unit: Unit, leaves: dict[int, torch.Tensor]) -> set[torch.dtype]:
+    """The floating dtypes of the values ``unit`` reads and computes. A kernel computes in
+    one of them; torch computes each op in its own result dtype, so a float32 value next
+    to a float64 leaf (float32 features times float64 edge weights, a 0-dim float64
+    tensor, which does not widen float32 data) would come out unrounded, not torch's."""
+    values = [*unit.body, unit.root, *[v for v in unit.leaves if v.op != "const"]]
+    if isinstance(unit, AggregateUnit):
+        values.append(unit.reduce)
+    return {v.dtype for v in values if v.dtype.is_floating_point} | \
+        {t.dtype for t in leaves.values() if t.dtype.is_floating_point}
 
 
 def _partitioned(rowptr: torch.Tensor, parts: Partitions) -> tuple:
