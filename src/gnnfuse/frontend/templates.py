@@ -21,8 +21,10 @@ with atomic adds; sum and mean only), ``"rows"`` (many destinations side by side
 program, each step a tile of their edges x features; sum and mean only) or ``"auto"``
 (the cost rule), or a `Schedule` that
 also fixes the feature tile. It overrides ``GNNFUSE_SCHEDULE`` and the cost rule for that
-call's forward and backward kernels on the Triton backend; the torch reference backend
-has a single schedule and ignores it.
+call's forward and backward kernels on the Triton backend. The CPU backend reads a
+`Schedule`'s ``feature_tile``, ``partition_bytes`` and ``chunk`` (FeatGraph's CPU schedule,
+over its tuned choice and cost rule) and walks every kind as CSR; the torch reference
+backend has a single schedule and ignores it.
 """
 from __future__ import annotations
 
