@@ -102,3 +102,22 @@ def assert_compiled_matches(ours: torch.nn.Module, theirs: torch.nn.Module,
     torch.testing.assert_close(out, want_out, rtol=1e-10, atol=1e-12)
     for got, want in zip(grads, want_grads, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+def assert_same_under_autocast(ours: torch.nn.Module, ref: torch.nn.Module,
+                               call: Callable[[torch.nn.Module, torch.Tensor], torch.Tensor], x: torch.Tensor,
+                               device_type: str = "cpu") -> None:
+    """``call(layer, x)`` under bfloat16 autocast for both layers: the same output dtype,
+    and output and input gradient (of ``sum(out ** 2)``) within bfloat16's tolerance, 3e-2
+    of the largest magnitude (fused kernels round at each store, eager code after each op)."""
+    results = []
+    for layer in (ours, ref):
+        xs = x.clone().requires_grad_()
+        with torch.autocast(device_type, dtype=torch.bfloat16):
+            out = call(layer, xs)
+        out.float().square().sum().backward()
+        results.append((out, xs.grad))
+    (out, grad), (ref_out, ref_grad) = results
+    assert out.dtype == ref_out.dtype
+    for a, b in [(out, ref_out), (grad, ref_grad)]:
+        torch.testing.assert_close(a.float(), b.float(), rtol=3e-2, atol=3e-2 * b.abs().max().item())
