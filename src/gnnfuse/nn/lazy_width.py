@@ -17,6 +17,9 @@ import torch
 from torch import nn
 
 
+_LAZY = nn.modules.lazy.LazyModuleMixin
+
+
 def linear(in_channels: int, out_channels: int, bias: bool = True) -> nn.Linear:
     """``nn.Linear``, or ``nn.LazyLinear`` for PyG's lazy ``in_channels <= 0``."""
     if isinstance(in_channels, int) and in_channels <= 0:
@@ -26,7 +29,7 @@ def linear(in_channels: int, out_channels: int, bias: bool = True) -> nn.Linear:
 
 def is_lazy(lin: nn.Module | None) -> bool:
     """Whether ``lin`` has not learnt its input width yet."""
-    return isinstance(lin, nn.modules.lazy.LazyModuleMixin) and lin.has_uninitialized_params()
+    return isinstance(lin, _LAZY) and lin.has_uninitialized_params()
 
 
 def reset(lin: nn.Module | None, init: Callable[[nn.Linear], object]) -> None:
@@ -39,8 +42,8 @@ def materialize(pairs: Iterable[tuple[nn.Module | None, torch.Tensor | None]],
                 init: Callable[[nn.Linear], object] | None = None) -> None:
     """Give each lazy map of ``pairs`` the width of the rows it maps, then ``init`` it
     (None: torch's default, which is PyG's ``Linear`` default too)."""
-    for lin, rows in pairs:
-        if rows is not None and is_lazy(lin):
+    for lin, rows in pairs:     # `is_lazy` inline: this runs on every call of the layers using it
+        if rows is not None and isinstance(lin, _LAZY) and lin.has_uninitialized_params():
             with torch.no_grad():     # no rows, in the map's own dtype (sparse or integer rows too)
                 lin(torch.empty((0, rows.shape[-1]), dtype=lin.weight.dtype, device=lin.weight.device))
                 if init is not None:
