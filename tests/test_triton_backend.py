@@ -568,3 +568,43 @@ def test_integer_aggregations_run_exactly(monkeypatch):
                                       ndata=ndata)
         assert out["sum"].tolist() == [5, big + 2, 0] and out["max"].tolist() == [5, big, 0]
         assert neighbour_sum(graph, ndata).tolist() == [5, big + 2, 0]
+
+
+@pytest.mark.parametrize("case", ["float64_edge_operand", "float64_scalar_constant"])
+def test_units_mixing_float_dtypes_run_as_torch_ops(case, monkeypatch):
+    """A kernel computes a unit in one dtype, float64 once any leaf was; torch rounds the
+    float32 part of ``(((a - b) + 1e8) - 1e8) * w`` to float32's spacing of 8 before the
+    float64 ``w`` widens it, and a 0-dim float64 tensor does not widen float32 data at all.
+    The sums were 6.04 and 7.62 off the reference backend's; such a unit now runs as torch
+    ops, with a warning (as on the cpu backend)."""
+    monkeypatch.setattr(triton_executor, "_MIXED_WARNED", set())
+    graph = hub_graph().to(DEVICE)
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(graph.num_nodes, 3, generator=gen).to(DEVICE)
+    if case == "float64_edge_operand":
+        w = (torch.rand(graph.num_edges, 1, dtype=torch.float64, generator=gen) + 0.5).to(DEVICE)
+
+        def model(x, w):
+            return gnnfuse.ops.gspmm(graph, lambda a, b, e: (((a - b) + 1e8) - 1e8) * e, "sum", src=x, dst=x, edge=w)
+        inputs = [x, w]
+    else:
+        big = torch.tensor(1e8, dtype=torch.float64)
+
+        def model(x):
+            return gnnfuse.ops.gspmm(graph, lambda a, b: ((a - b) + big) - big, "sum", src=x, dst=x)
+        inputs = [x]
+    results = {}
+    for backend in ("reference", "triton"):
+        monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+        leaves = [t.clone().requires_grad_() for t in inputs]
+        if backend == "triton":
+            with pytest.warns(RuntimeWarning, match="mixes torch.float32 and torch.float64"):
+                out = model(*leaves)
+        else:
+            out = model(*leaves)
+        out.sum().backward()
+        results[backend] = (out.detach(), [t.grad for t in leaves])
+    (out, grads), (expected, expected_grads) = results["triton"], results["reference"]
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    for g, e in zip(grads, expected_grads):
+        torch.testing.assert_close(g, e)

@@ -18,7 +18,7 @@ kernels, 16 s cold, 3 s warm). And the backend is opt-in (``GNNFUSE_BACKEND=cpu`
 torch reference stays the default for CPU tensors and the oracle.
 
 A unit the generator cannot express, a dtype Numba cannot read (bfloat16, float16), a
-unit mixing float32 and float64 values (`_float_dtypes`) or a tensor off the CPU runs
+unit mixing float32 and float64 values (`unit_ops.mixed_floats`) or a tensor off the CPU runs
 through its ops' torch references instead, with a warning once per reason; without
 Numba the whole program runs on the reference executor, with one warning. Never a
 silent difference: the fallback computes the same values.
@@ -42,6 +42,7 @@ from ..reference import GraphContext
 from ..reference import execute as reference_execute
 from ..reference.executor import run_plan
 from ..first_use import call_compiling
+from ..unit_ops import mixed_floats, run_by_ops
 from ..kernel_cache import first_call_compiles, load_kernel
 from . import schedule
 from .partition import Partitions, source_partitions
@@ -131,20 +132,6 @@ def _flat(tensor: torch.Tensor):
     return tensor.numpy(force=True).ravel()
 
 
-def _run_reference(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> torch.Tensor:
-    """The unit's values evaluated one op at a time through their torch references. An
-    aggregate unit's reduction, and its row scale and addend, are not in its body: a
-    bf16/fp16 neighbour mean or sum (no kernel takes them) failed with a KeyError."""
-    env = dict(leaves)
-    for v in unit.leaves:
-        if v.op == "const":
-            env[v.id] = get_op("const").run(ctx, [], [], v.attrs)
-    tail = [unit.reduce, unit.scaled, unit.added] if isinstance(unit, AggregateUnit) else [unit.root]
-    for v in (*unit.body, *[t for t in tail if t is not None]):
-        env[v.id] = get_op(v.op).run(ctx, [env[i.id] for i in v.inputs], [i.residency for i in v.inputs], v.attrs)
-    return env[unit.root.id]
-
-
 def _per_edge_part(unit: SharedReduceUnit) -> EdgeUnit:
     """The edge unit computing the per-edge operand a shared-reduce unit sums, for the
     CPU, which has no shared-reduce kernel: it runs the plan it ran before that unit
@@ -207,7 +194,7 @@ def run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> 
     launch = _LAUNCHES.get(unit, ctx.graph, settings, lambda: _plan(unit, ctx, leaves))
     kernel = launch.kernel
     if kernel is None:
-        return _run_reference(unit, ctx, leaves)
+        return run_by_ops(unit, ctx, leaves)
     out = torch.empty(launch.out_shape, dtype=launch.out_dtype)
     args = (*launch.head, out.numpy().ravel(), *launch.tail, *[_flat(leaves[i]) for i in launch.leaf_ids])
     if _FIRST_CALLS and id(kernel) in _FIRST_CALLS:       # this call compiles it
@@ -255,9 +242,9 @@ def _plan(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> _La
         _warn_once(f"dtype:{root.dtype}", f"gnnfuse cpu backend: no kernels for {root.dtype} data; "
                                           "fused units run as torch ops")
         return fallback
-    floats = _float_dtypes(unit, leaves)
-    if len(floats) > 1:
-        names = " and ".join(sorted(map(str, floats)))
+    floats = mixed_floats(unit, leaves)
+    if floats:
+        names = " and ".join(map(str, floats))
         _warn_once(f"mixed:{names}", f"gnnfuse cpu backend: a fused unit mixes {names} values; it runs as torch "
                                      "ops (a kernel computes in one dtype, which rounds them unlike torch)")
         return fallback
@@ -298,18 +285,6 @@ def _plan(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> _La
         _compile_vectorized(kernel, (*head, example_out, *tail, *[_flat(leaves[v.id]) for v in leaf_args]))
     return _Launch(kernel, tuple(v.id for v in leaf_args), head, tail, (rows,) + root.shape, root.dtype,
                    threads if parallel else 0, choice.chunk)
-
-
-def _float_dtypes(unit: Unit, leaves: dict[int, torch.Tensor]) -> set[torch.dtype]:
-    """The floating dtypes of the values ``unit`` reads and computes. A kernel computes in
-    one of them; torch computes each op in its own result dtype, so a float32 value next
-    to a float64 leaf (float32 features times float64 edge weights, a 0-dim float64
-    tensor, which does not widen float32 data) would come out unrounded, not torch's."""
-    values = [*unit.body, unit.root, *[v for v in unit.leaves if v.op != "const"]]
-    if isinstance(unit, AggregateUnit):
-        values.append(unit.reduce)
-    return {v.dtype for v in values if v.dtype.is_floating_point} | \
-        {t.dtype for t in leaves.values() if t.dtype.is_floating_point}
 
 
 def _partitioned(rowptr: torch.Tensor, parts: Partitions) -> tuple:

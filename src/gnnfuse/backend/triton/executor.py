@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 import weakref
 from typing import Any, Callable, Hashable, Iterable, Mapping, NamedTuple
 
@@ -18,6 +19,7 @@ from ..reference import GraphContext
 from ..kernel_cache import load_kernel as _load_kernel
 from ..launch_cache import CallSettings, LaunchCache
 from ..row_layout import has_row_stride
+from ..unit_ops import mixed_floats, run_by_ops
 from ..reference.executor import run_plan
 from .codegen import (SHARED_REDUCE_BLOCK_E, SHARED_REDUCE_PROGRAMS, TYPE_LOAD, RowSum, generate, generate_coo, generate_edge,
                       generate_rows, generate_scan, generate_shared_reduce, generate_sibling_merge, generate_siblings, head_block,
@@ -299,6 +301,8 @@ def run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> 
         return _run_type_sum(unit, ctx, leaves)
     settings = (forced_schedule(), _ENVIRONMENT.current(), SEGMENT_EDGES, tuple([t.dtype for t in leaves.values()]))
     plan = _LAUNCHES.get(unit, ctx.graph, settings, lambda: _plan_tuned(unit, ctx, leaves))
+    if plan is BY_OPS:
+        return run_by_ops(unit, ctx, leaves)
     return run_launch(plan, leaves)
 
 
@@ -561,7 +565,12 @@ def _merge_kernel_for(group: SiblingGroup, acc: str) -> Any:
     return per_unit[acc, "merge"]
 
 
-def _plan_tuned(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> _Launch:
+# `_plan`'s answer for a unit that runs through its ops' torch references (`run_by_ops`)
+BY_OPS = object()
+_MIXED_WARNED: set[str] = set()
+
+
+def _plan_tuned(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> _Launch | object:
     """`_plan` under the tuner's stored choice for ``unit``, if any. Without one -- no
     stored choice, or the call already forces a schedule -- nothing is re-forced."""
     chosen = tuned_schedule.forced_or_tuned(unit, ctx.graph, "triton")
@@ -571,9 +580,19 @@ def _plan_tuned(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) 
         return _plan(unit, ctx, leaves)
 
 
-def _plan(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> _Launch:
+def _plan(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> _Launch | object:
     """The launch of ``unit`` on ``ctx``'s graph for leaves like ``leaves`` (their dtypes),
-    with the edge types in the order it reads them where it does (`types_at`)."""
+    with the edge types in the order it reads them where it does (`types_at`); `BY_OPS`
+    for a unit mixing float32 and float64 values, which a kernel's one accumulator dtype
+    would round unlike torch (`unit_ops`)."""
+    floats = mixed_floats(unit, leaves, computed=False)
+    if floats:
+        names = " and ".join(map(str, floats))
+        if names not in _MIXED_WARNED:
+            _MIXED_WARNED.add(names)
+            warnings.warn(f"gnnfuse triton backend: a fused unit mixes {names} values; it runs as torch ops (a "
+                          "kernel computes in one dtype, which rounds them unlike torch)", RuntimeWarning, stacklevel=2)
+        return BY_OPS
     acc = "tl.float64" if any(t.dtype == torch.float64 for t in leaves.values()) else "tl.float32"
     rows = ctx.num_rows(unit.by) if isinstance(unit, AggregateUnit) else ctx.num_nodes  # what `out` holds
     schedule = schedule_for(unit, rows, ctx.num_edges)

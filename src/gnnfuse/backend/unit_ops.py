@@ -1,0 +1,46 @@
+"""A fused unit evaluated one op at a time through the ops' torch references, and the test
+that sends a unit there because a kernel could not reproduce torch's rounding.
+
+A generated kernel (Numba or Triton) computes a whole unit in one accumulator dtype; torch
+computes each op in its own result dtype. A unit that mixes float32 and float64 values --
+float32 features times float64 edge weights, a 0-dim float64 constant, which does not
+widen float32 data -- would keep its float32 values unrounded in a float64 kernel:
+``(((a - b) + 1e8) - 1e8) * e`` summed was 6.04 off torch on both backends. Such a unit
+runs op by op instead (`mixed_floats`, `run_by_ops`): the same values as torch's.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..ir import get_op
+from ..passes.fusion import AggregateUnit, Unit
+from .reference import GraphContext
+
+
+def mixed_floats(unit: Unit, leaves: dict[int, torch.Tensor], computed: bool = True) -> list[torch.dtype]:
+    """The floating dtypes ``unit`` reads (and, with ``computed``, the dtypes of the values
+    it computes), sorted by name, when there is more than one of them (a kernel would
+    compute them all in one); else an empty list. The Triton backend passes
+    ``computed=False``: its kernels and its launch cache take their accumulator from the
+    leaves' dtypes alone, so mixed leaves are what it cannot reproduce."""
+    floats = {t.dtype for t in leaves.values() if t.dtype.is_floating_point}
+    if computed:
+        values = [*unit.body, unit.root, *[v for v in unit.leaves if v.op != "const"]]
+        if isinstance(unit, AggregateUnit):
+            values.append(unit.reduce)
+        floats |= {v.dtype for v in values if v.dtype.is_floating_point}
+    return sorted(floats, key=str) if len(floats) > 1 else []
+
+
+def run_by_ops(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> torch.Tensor:
+    """The unit's values evaluated one op at a time through their torch references. An
+    aggregate unit's reduction, and its row scale and addend, are not in its body (a
+    bf16/fp16 neighbour mean or sum failed with a KeyError when they were left out)."""
+    env = dict(leaves)
+    for v in unit.leaves:
+        if v.op == "const":
+            env[v.id] = get_op("const").run(ctx, [], [], v.attrs)
+    tail = [unit.reduce, unit.scaled, unit.added] if isinstance(unit, AggregateUnit) else [unit.root]
+    for v in (*unit.body, *[t for t in tail if t is not None]):
+        env[v.id] = get_op(v.op).run(ctx, [env[i.id] for i in v.inputs], [i.residency for i in v.inputs], v.attrs)
+    return env[unit.root.id]
