@@ -165,7 +165,8 @@ def test_schedule_overrides_the_cost_rule_and_the_environment_in_forward_and_bac
     assert set(aggregations) == {forced}
     assert forced_schedule() is None, "the override leaked out of the call"
     chosen.clear()
-    gspmm(g, lambda xs, w: w * xs, "sum", src=inputs(device, x=(N, F))["x"], edge=torch.ones(E, 1).to(device))
+    gspmm(g, lambda xs, w: w * xs, "sum", src=inputs(device, x=(N, F))["x"],
+          edge=torch.ones(E, 1, dtype=torch.float64).to(device))     # one dtype: a kernel, not torch ops
     # the rule's own choice: a plain sum by destination, 3 lanes at degree 1.5 (`prefers_rows`)
     assert chosen == [env if env != "auto" else "rows"], "without schedule= the usual choice applies"
 
