@@ -19,8 +19,8 @@ from .reference import GraphContext
 
 def mixed_floats(unit: Unit, leaves: dict[int, torch.Tensor], computed: bool = True) -> list[torch.dtype]:
     """The floating dtypes ``unit`` reads (and, with ``computed``, the dtypes of the values
-    it computes), sorted by name, when there is more than one of them (a kernel would
-    compute them all in one); else an empty list. The Triton backend passes
+    it computes), sorted by name, when float64 is among them beside another (a kernel
+    would compute them all in float64); else an empty list. The Triton backend passes
     ``computed=False``: its kernels and its launch cache take their accumulator from the
     leaves' dtypes alone, so mixed leaves are what it cannot reproduce."""
     floats = {t.dtype for t in leaves.values() if t.dtype.is_floating_point}
@@ -29,7 +29,10 @@ def mixed_floats(unit: Unit, leaves: dict[int, torch.Tensor], computed: bool = T
         if isinstance(unit, AggregateUnit):
             values.append(unit.reduce)
         floats |= {v.dtype for v in values if v.dtype.is_floating_point}
-    return sorted(floats, key=str) if len(floats) > 1 else []
+    # float64 beside a narrower float: the kernel's float64 accumulator keeps the narrower
+    # values unrounded. Without float64 the accumulator is float32, and bfloat16/float16
+    # values rounded at each store are those kernels' documented tolerance (README), not this.
+    return sorted(floats, key=str) if torch.float64 in floats and len(floats) > 1 else []
 
 
 def run_by_ops(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> torch.Tensor:
