@@ -19,6 +19,7 @@ pytest.importorskip("numba")
 
 import gnnfuse  # noqa: E402
 import zoo  # noqa: E402
+from mixed_floats import CASES as MIXED_CASES, mixed_float_model  # noqa: E402
 from gnnfuse import nn as gnn  # noqa: E402
 from gnnfuse.backend.cpu import executor as cpu_executor  # noqa: E402
 from gnnfuse.backend.forced_schedule import ForcedSchedule, forcing  # noqa: E402
@@ -296,7 +297,7 @@ def test_dtype_without_kernels_runs_as_torch_ops_with_a_warning(monkeypatch):
     torch.testing.assert_close(out, expected, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("case", ["float64_edge_operand", "float64_scalar_constant"])
+@pytest.mark.parametrize("case", MIXED_CASES)
 def test_units_mixing_float_dtypes_compute_float32_values_in_float32(case, monkeypatch):
     """torch computes each op in its result dtype: the float32 part of
     ``(((a - b) + 1e8) - 1e8) * w`` rounds to float32's spacing of 8 before a float64
@@ -305,21 +306,7 @@ def test_units_mixing_float_dtypes_compute_float32_values_in_float32(case, monke
     values came out unrounded: the sum was 6.04 off the reference backend's with float64
     edge weights and 7.62 off with the float64 constant. Such a unit runs as torch ops."""
     monkeypatch.setattr(cpu_executor, "_WARNED", set())
-    graph = small_graph()
-    gen = torch.Generator().manual_seed(4)
-    x = torch.randn(graph.num_nodes, 3, generator=gen)
-    if case == "float64_edge_operand":
-        w = torch.rand(graph.num_edges, 1, dtype=torch.float64, generator=gen) + 0.5
-
-        def model(x, w):
-            return gnnfuse.ops.gspmm(graph, lambda a, b, e: (((a - b) + 1e8) - 1e8) * e, "sum", src=x, dst=x, edge=w)
-        inputs = [x, w]
-    else:
-        big = torch.tensor(1e8, dtype=torch.float64)
-
-        def model(x):
-            return gnnfuse.ops.gspmm(graph, lambda a, b: ((a - b) + big) - big, "sum", src=x, dst=x)
-        inputs = [x]
+    model, inputs = mixed_float_model(small_graph(), case)
     with pytest.warns(RuntimeWarning, match="mixes torch.float32 and torch.float64"):
         assert_same(model, inputs, monkeypatch, rtol=0, atol=0)
 

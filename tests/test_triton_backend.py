@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 import gnnfuse
 import zoo
 from graph_strategies import graphs
+from mixed_floats import CASES as MIXED_CASES, mixed_float_model
 from gnnfuse.backend.triton import executor as triton_executor
 from gnnfuse.backend.triton.codegen import generate
 from gnnfuse.frontend import trace_message_passing
@@ -570,7 +571,7 @@ def test_integer_aggregations_run_exactly(monkeypatch):
         assert neighbour_sum(graph, ndata).tolist() == [5, big + 2, 0]
 
 
-@pytest.mark.parametrize("case", ["float64_edge_operand", "float64_scalar_constant"])
+@pytest.mark.parametrize("case", MIXED_CASES)
 def test_units_mixing_float_dtypes_run_as_torch_ops(case, monkeypatch):
     """A kernel computes a unit in one dtype, float64 once any leaf was; torch rounds the
     float32 part of ``(((a - b) + 1e8) - 1e8) * w`` to float32's spacing of 8 before the
@@ -578,21 +579,7 @@ def test_units_mixing_float_dtypes_run_as_torch_ops(case, monkeypatch):
     The sums were 6.04 and 7.62 off the reference backend's; such a unit now runs as torch
     ops, with a warning (as on the cpu backend)."""
     monkeypatch.setattr(triton_executor, "_MIXED_WARNED", set())
-    graph = hub_graph().to(DEVICE)
-    gen = torch.Generator().manual_seed(4)
-    x = torch.randn(graph.num_nodes, 3, generator=gen).to(DEVICE)
-    if case == "float64_edge_operand":
-        w = (torch.rand(graph.num_edges, 1, dtype=torch.float64, generator=gen) + 0.5).to(DEVICE)
-
-        def model(x, w):
-            return gnnfuse.ops.gspmm(graph, lambda a, b, e: (((a - b) + 1e8) - 1e8) * e, "sum", src=x, dst=x, edge=w)
-        inputs = [x, w]
-    else:
-        big = torch.tensor(1e8, dtype=torch.float64)
-
-        def model(x):
-            return gnnfuse.ops.gspmm(graph, lambda a, b: ((a - b) + big) - big, "sum", src=x, dst=x)
-        inputs = [x]
+    model, inputs = mixed_float_model(hub_graph().to(DEVICE), case, DEVICE)
     results = {}
     for backend in ("reference", "triton"):
         monkeypatch.setenv("GNNFUSE_BACKEND", backend)
