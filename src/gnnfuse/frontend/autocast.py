@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from ..ir import Residency
+from ..runtime.autocast import autocast_dtype
 
 T = torch.Tensor
 # Cast to the autocast dtype, on every device type autocast runs on (torch's
@@ -53,9 +54,8 @@ def autocast_state(device_type: str) -> tuple[str, torch.dtype] | None:
     state of the call they stand in for (`stand_ins_under`)."""
     if device_type == "meta":
         return _STAND_INS.get()
-    if not torch.amp.is_autocast_available(device_type) or not torch.is_autocast_enabled(device_type):
-        return None
-    return device_type, torch.get_autocast_dtype(device_type)
+    dtype = autocast_dtype(device_type)
+    return None if dtype is None else (device_type, dtype)
 
 
 _STAND_INS: contextvars.ContextVar[tuple[str, torch.dtype] | None] = contextvars.ContextVar("stand_ins", default=None)

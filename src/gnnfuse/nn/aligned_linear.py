@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from ..backend.row_layout import aligned_row_width
+from ..runtime.autocast import autocast_dtype
 from ..ir.ops.dense import column_sums
 
 
@@ -131,18 +132,9 @@ def _mapped(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, st
     return out[:, :width]
 
 
-def autocast_dtype(x: torch.Tensor) -> torch.dtype | None:
-    """The dtype torch.autocast casts ``x``'s products to where it is on for ``x``'s
-    device (None where it is off), read by a forward so its backward can compute in it."""
-    kind = x.device.type
-    if torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind):
-        return torch.get_autocast_dtype(kind)
-    return None
-
-
 def as_computed(dtype: torch.dtype | None, *tensors: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
     """``tensors`` as a forward under autocast multiplied them (``dtype``, from
-    `autocast_dtype`; None: as they are): the F.linear of a forward under autocast ran
+    `runtime.autocast.autocast_dtype`; None: as they are): the F.linear of a forward under autocast ran
     in the autocast dtype on its cast operands, but saved the uncast ones, and a backward
     run outside the block (as training runs it) multiplied the bfloat16 output gradient by
     the float32 weight: "expected m1 and m2 to have the same dtype". Autograd casts the
@@ -163,7 +155,7 @@ class _PairedLinear(torch.autograd.Function):
     def forward(ctx: Any, x: torch.Tensor, weight_a: torch.Tensor, read_a: RowsRead | None,
                 weight_b: torch.Tensor, bias_b: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         ctx.save_for_backward(x, weight_a, weight_b)
-        ctx.read_a, ctx.autocast = read_a, autocast_dtype(x)
+        ctx.read_a, ctx.autocast = read_a, autocast_dtype(x.device.type)
         return (_mapped(x, weight_a, None, kernel_row_stride(x, weight_a.shape[0])),
                 _mapped(x, weight_b, bias_b, kernel_row_stride(x, weight_b.shape[0])))
 
@@ -187,7 +179,7 @@ class _AlignedLinear(torch.autograd.Function):
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                 read: RowsRead | None, stride: int) -> torch.Tensor:
         ctx.save_for_backward(x, weight)
-        ctx.read, ctx.autocast = read, autocast_dtype(x)
+        ctx.read, ctx.autocast = read, autocast_dtype(x.device.type)
         return _mapped(x, weight, bias, stride)
 
     @staticmethod

@@ -23,8 +23,8 @@ from ..graph.convert import check_bipartite_adj_t, coalesced, declared_size
 from ..graph.fixed_shape import is_loader_block, is_padded
 from ..runtime.compile_op import GRAPH_STEPS, GraphRef
 from ..runtime.compiled import backend_name
-from .aligned_linear import (RowsRead, aligned_linear, autocast_dtype, bias_added, flat_heads, kernel_row_stride,
-                             paired_linear)
+from ..runtime.autocast import autocast_dtype
+from .aligned_linear import RowsRead, aligned_linear, bias_added, flat_heads, kernel_row_stride, paired_linear
 from .aggregation import Reduction, aggregate, eager_slots, pyg_aggr_name, resolve_aggregation
 from .arguments import (adjacency_weights, edge_weight_column, floating_node_features, node_pair,
                         over_feature_batches)
@@ -416,14 +416,6 @@ def _along_flow(graph: Graph, flow: str) -> Graph:
     return graph.derived("reversed") if isinstance(graph, GraphRef) else graph.cached("reversed", Graph.reverse)
 
 
-def _linear(in_channels: int, out_channels: int, bias: bool) -> nn.Module:
-    """PyG's ``Linear``: ``in_channels <= 0`` (PyG writes -1) means lazy, the input width
-    being read from the first call (``torch.nn.LazyLinear``)."""
-    if isinstance(in_channels, int) and in_channels <= 0:
-        return nn.LazyLinear(out_channels, bias=bias)
-    return nn.Linear(in_channels, out_channels, bias=bias)
-
-
 def _sized_linear(in_channels: int, out_channels: int, bias: bool = True) -> nn.Linear:
     """``nn.Linear`` for a layer whose forward reads its weight before calling it (a
     folded attention, a transform moved across the propagation), which a lazy
@@ -523,7 +515,7 @@ class GCNConv(OneLineRepr, CachedGraph, nn.Module):
         COO features (bag-of-words), which the compiled aggregation cannot read, and under
         torch.autocast: PyG's map gives the autocast dtype and its float32 normalisation
         then promotes the sum to float32, where the map after the sum gave bfloat16."""
-        if isinstance(graph, GraphRef) or x.is_sparse or autocast_dtype(x) is not None:
+        if isinstance(graph, GraphRef) or x.is_sparse or autocast_dtype(x.device.type) is not None:
             return False
         return not maps_first(self.lin.in_features, self.out_channels, x, self.lin.weight)
 
@@ -624,8 +616,9 @@ class SAGEConv(FixedFlow, OneLineRepr, nn.Module):
         self.normalize, self.project = normalize, project
         self.lin = _sized_linear(in_src, in_src, bias=True) if project else None   # PyG: the sources' width
         is_multi = type(self.aggr_module).__name__ == "MultiAggregation"    # ours, or PyG's passed as a module
-        self.lin_l = _linear(self.aggr_module.get_out_channels(in_src) if is_multi else in_src, out_channels, bias)
-        self.lin_r = _linear(in_dst, out_channels, False) if root_weight else None
+        width = self.aggr_module.get_out_channels(in_src) if is_multi else in_src
+        self.lin_l = lazy_width.linear(width, out_channels, bias)
+        self.lin_r = lazy_width.linear(in_dst, out_channels, False) if root_weight else None
 
     @property
     def root_weight(self) -> bool:
@@ -767,7 +760,7 @@ def _folds(lin: nn.Linear, x: torch.Tensor) -> bool:
     in the backward). Never under torch.autocast: the folded GEMM gives the logits in the
     autocast dtype, where PyG's product of bfloat16 lin(x) and the float32 attention
     vector gives float32 (and the attention weights returned with them were bfloat16)."""
-    return lin.bias is None and lin.in_features <= 4 * lin.out_features and autocast_dtype(x) is None
+    return lin.bias is None and lin.in_features <= 4 * lin.out_features and autocast_dtype(x.device.type) is None
 
 
 def _folded_logits(lin: nn.Linear, x: torch.Tensor, *atts: torch.Tensor) -> list[torch.Tensor]:

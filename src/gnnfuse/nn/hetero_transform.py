@@ -15,14 +15,12 @@ state dict loads into it. Switching is changing one import::
 """
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Any
 
 import torch
 from torch import nn
-
-_SLOT_ATTRIBUTE = "layer"
-
 
 def to_hetero(module: nn.Module, metadata: tuple[list[str], list[tuple[str, str, str]]],
               aggr: str = "sum", input_map: dict[str, str] | None = None,
@@ -84,7 +82,7 @@ def _unshell(converted: nn.Module) -> set[str]:
     for prefix, parent in list(converted.named_modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, shell):
-                setattr(parent, name, getattr(child, _SLOT_ATTRIBUTE))
+                setattr(parent, name, child.layer)
                 names.add(f"{prefix}.{name}" if prefix else name)
     return names
 
@@ -102,9 +100,10 @@ def _combine_early(converted: torch.fx.GraphModule, layer_names: set[str]) -> No
     graph (eight relations with reverses, 349 classes) some 7.4 GB of [N, 349] rows at the
     forward's peak. Summed as soon as both operands exist, only a type's running sum and
     the newest output are: PyG's tutorial model (bench_hetero's ``sage``) trained there in
-    10.55 GB of its own instead of 13.17 (H200; PyG's to_hetero 14.05). The moved nodes are the pure combining
-    functions applied to layer outputs and earlier combinations only, so the result is
-    the same; nothing else moves (a random op moved would draw in another order)."""
+    10.55 GB of its own instead of 13.17 (H200; PyG's to_hetero 14.05). The moved nodes
+    are the pure combining functions applied to layer outputs and earlier combinations
+    only, so the result is the same; nothing else moves (a random op moved would draw in
+    another order)."""
     graph = converted.graph
     combined: set[torch.fx.Node] = set()
     for node in list(graph.nodes):
@@ -120,31 +119,27 @@ def _combine_early(converted: torch.fx.GraphModule, layer_names: set[str]) -> No
     converted.recompile()
 
 
-_SHELL: type | None = None
-
-
+@functools.cache
 def _shell_class() -> type:
     """The shell: a PyG ``MessagePassing`` (so PyG's transformer copies it per edge type)
     whose call and ``reset_parameters`` are the gnnfuse layer's, and which reports the
-    layer's ``add_self_loops`` (PyG refuses self-loops on bipartite edge types)."""
-    global _SHELL
-    if _SHELL is None:
-        from torch_geometric.nn import MessagePassing
+    layer's ``add_self_loops`` (PyG refuses self-loops on bipartite edge types). Made on
+    first use, PyG being optional."""
+    from torch_geometric.nn import MessagePassing
 
-        class GnnfuseLayerShell(MessagePassing):
-            def __init__(self, layer: nn.Module) -> None:
-                super().__init__()
-                setattr(self, _SLOT_ATTRIBUTE, layer)
-                self.add_self_loops = bool(getattr(layer, "add_self_loops", False))
+    class GnnfuseLayerShell(MessagePassing):
+        def __init__(self, layer: nn.Module) -> None:
+            super().__init__()
+            self.layer = layer
+            self.add_self_loops = bool(getattr(layer, "add_self_loops", False))
 
-            def forward(self, *args: Any, **kwargs: Any) -> Any:
-                return getattr(self, _SLOT_ATTRIBUTE)(*args, **kwargs)
+        def forward(self, *args: Any, **kwargs: Any) -> Any:
+            return self.layer(*args, **kwargs)
 
-            def reset_parameters(self) -> None:
-                getattr(self, _SLOT_ATTRIBUTE).reset_parameters()
+        def reset_parameters(self) -> None:
+            self.layer.reset_parameters()
 
-            def __repr__(self) -> str:
-                return repr(getattr(self, _SLOT_ATTRIBUTE))
+        def __repr__(self) -> str:
+            return repr(self.layer)
 
-        _SHELL = GnnfuseLayerShell
-    return _SHELL
+    return GnnfuseLayerShell

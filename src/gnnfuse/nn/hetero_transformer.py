@@ -23,7 +23,7 @@ from torch import nn
 from .. import frontend
 from ..graph.hetero import EdgeType, HeteroGraph
 from ..graph.hetero_cache import cached_hetero_graph
-from .conv import _linear
+from . import lazy_width
 from .hetero_conv import module_key
 
 
@@ -34,7 +34,7 @@ class TypeLinears(nn.Module):
     def __init__(self, in_channels: Mapping[str, int], out_channels: int, bias: bool = True):
         super().__init__()
         self.types = list(in_channels)
-        self.lins = nn.ModuleDict({module_key(t): _linear(c, out_channels, bias) for t, c in in_channels.items()})
+        self.lins = nn.ModuleDict({module_key(t): lazy_width.linear(c, out_channels, bias) for t, c in in_channels.items()})
 
     def forward(self, x_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {t: self.lins[module_key(t)](x_dict[t]) for t in self.types if t in x_dict}

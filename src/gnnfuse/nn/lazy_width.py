@@ -21,7 +21,8 @@ _LAZY = nn.modules.lazy.LazyModuleMixin
 
 
 def linear(in_channels: int, out_channels: int, bias: bool = True) -> nn.Linear:
-    """``nn.Linear``, or ``nn.LazyLinear`` for PyG's lazy ``in_channels <= 0``."""
+    """PyG's ``Linear``: ``nn.Linear``, or for PyG's lazy ``in_channels <= 0`` (PyG writes
+    -1) ``nn.LazyLinear``, the input width being read from the first call."""
     if isinstance(in_channels, int) and in_channels <= 0:
         return nn.LazyLinear(out_channels, bias=bias)
     return nn.Linear(in_channels, out_channels, bias=bias)

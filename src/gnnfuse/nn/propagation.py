@@ -21,7 +21,8 @@ from torch import nn
 from .. import frontend
 from ..graph import Graph
 from ..runtime.compile_op import GraphRef
-from .aligned_linear import aligned_linear, autocast_dtype
+from ..runtime.autocast import autocast_dtype
+from .aligned_linear import aligned_linear
 from .arguments import adjacency_weights, edge_weight_column, floating_node_features, over_feature_batches
 from .compiling import compile_path, graph_input_problem, propagation_problem
 from . import lazy_width
@@ -127,7 +128,7 @@ class GraphConv(FixedFlow, OneLineRepr, nn.Module):
         # under torch.compile aggregate first, and under torch.autocast, as PyG: its weighted sum
         # of float32 data is float32 and the map after it bfloat16, where the map first made the
         # sum of its bfloat16 rows by float32 weights float32
-        if self.aggr != "max" and narrows and not isinstance(graph, GraphRef) and autocast_dtype(x) is None:
+        if self.aggr != "max" and narrows and not isinstance(graph, GraphRef) and autocast_dtype(x.device.type) is None:
             h = _transform_first(x, self.lin_rel.weight, graph, 1)
             if edge_feature is None and x_dst is not None:
                 # as in SAGEConv: the root term carries lin_rel's bias and is added by the

@@ -21,9 +21,16 @@ def outside_autocast(state: tuple[str, torch.dtype] | None) -> ContextManager:
     return contextlib.nullcontext() if state is None else torch.autocast(state[0], enabled=False)
 
 
+def autocast_dtype(device_type: str) -> torch.dtype | None:
+    """The dtype torch.autocast casts products to on ``device_type`` where it is on there,
+    else None. (The program calls on the hot path test the same inline, each check counted
+    by tests/test_host_path.py.)"""
+    if torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return None
+
+
 def autocast_off(device: torch.device) -> ContextManager:
     """A block with autocast off for ``device``'s type where it is on, else no block."""
-    kind = device.type
-    if torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind):
-        return torch.autocast(kind, enabled=False)
-    return contextlib.nullcontext()
+    return contextlib.nullcontext() if autocast_dtype(device.type) is None else torch.autocast(device.type,
+                                                                                                enabled=False)

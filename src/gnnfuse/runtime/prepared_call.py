@@ -42,6 +42,7 @@ import torch
 
 from ..graph import Graph
 from ..graph.index_cache import functorch_interpreter
+from .autocast import autocast_dtype
 
 # The variables `compiled.select_backend` reads: a prepared run declines once they change
 # (`preparer`), which spares a prepared call reading them itself.
@@ -70,7 +71,8 @@ class PreparedCall:
     def __call__(self, graph: Graph, feeds: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
         """The program's outputs on ``graph`` and ``feeds``, or None where any check differs
         (or inside a ``torch.func`` transform, which the full path checks)."""
-        if self._graph() is not graph or self._recorders or functorch_interpreter() is not None or _autocast(graph):
+        if (self._graph() is not graph or self._recorders or functorch_interpreter() is not None
+                or autocast_dtype(graph.device.type) is not None):    # the full path turns autocast off
             return None
         graph.check_unchanged()     # the run's plans hold the layouts of the edges it was built with
         grad = torch.is_grad_enabled()
@@ -90,7 +92,7 @@ class PreparedCall:
         the module docstring): the backend's ``run_one`` checks what makes its launch
         safe and launches, and this call's checks follow while the kernel runs."""
         if (self._graph() is not graph or self._run_one is None or functorch_interpreter() is not None
-                or _autocast(graph)):
+                or autocast_dtype(graph.device.type) is not None):
             return None
         graph.check_unchanged()     # before the launch: ids written in place since were never range-checked
         outputs = self._run_one(graph, tensor)
@@ -104,14 +106,6 @@ class PreparedCall:
     def _takes(self, tensor: object) -> bool:
         """`__call__`'s checks but the graph's, for a program of one input fed ``tensor``."""
         return not self._recorders and _fits(tensor, *self._metas[0], torch.is_grad_enabled())
-
-
-def _autocast(graph: Graph) -> bool:
-    """Whether torch.autocast is on for ``graph``'s device: a prepared run would run its
-    torch ops under it, so the full path, which turns it off (runtime/autocast.py), runs
-    the call instead."""
-    kind = graph.device.type
-    return torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind)
 
 
 def _fits(t: object, dtype: torch.dtype, device: torch.device, grad: bool) -> bool:
