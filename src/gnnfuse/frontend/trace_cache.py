@@ -51,7 +51,7 @@ from typing import Any, Callable, Hashable, Mapping
 import torch
 
 from ..runtime import CompiledProgram, compiled_for
-from ..runtime.autocast import outside_autocast
+from ..runtime.autocast import AUTOCAST_DEVICE_TYPES, outside_autocast
 from .autocast import autocast_state
 from .tracer import Tracer
 
@@ -341,7 +341,7 @@ def signature(tables: tuple[Mapping[str, torch.Tensor], ...]) -> Hashable:
             kind = next(iter(table.values())).device.type
             if kind == "meta":      # stand-ins under torch.compile: the state they stand in for
                 autocast = autocast_state(kind)
-            elif torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind):
+            elif kind in AUTOCAST_DEVICE_TYPES and torch.is_autocast_enabled(kind):
                 autocast = kind, torch.get_autocast_dtype(kind)
             break
     return torch.get_default_dtype(), autocast, tuple([

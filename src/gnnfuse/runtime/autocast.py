@@ -15,6 +15,17 @@ from typing import ContextManager
 import torch
 
 
+# The device types torch.autocast serves, asked once at import: the hot-path checks test
+# ``kind in AUTOCAST_DEVICE_TYPES and torch.is_autocast_enabled(kind)`` inline, because
+# torch.compile (torch 2.11's dynamo) cannot trace ``torch.amp.is_autocast_available``
+# and a layer called under torch.compile(fullgraph=True) then failed on that call, while
+# ``torch.is_autocast_enabled`` is constant-folded. ("meta", torch.compile's stand-in
+# device, is not one: its state is the tracer's, frontend/autocast.py.)
+AUTOCAST_DEVICE_TYPES: tuple[str, ...] = tuple(
+    kind for kind in ("cpu", "cuda", "xpu", "mps", "hpu", "mtia", "xla", "ipu", torch._C._get_privateuse1_backend_name())
+    if torch.amp.is_autocast_available(kind))
+
+
 def outside_autocast(state: tuple[str, torch.dtype] | None) -> ContextManager:
     """A block with autocast off for the device type of ``state`` (a tracer's
     ``(device type, dtype)``, or None where autocast was off: no block)."""
@@ -25,7 +36,7 @@ def autocast_dtype(device_type: str) -> torch.dtype | None:
     """The dtype torch.autocast casts products to on ``device_type`` where it is on there,
     else None. (The program calls on the hot path test the same inline, each check counted
     by tests/test_host_path.py.)"""
-    if torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type):
+    if device_type in AUTOCAST_DEVICE_TYPES and torch.is_autocast_enabled(device_type):
         return torch.get_autocast_dtype(device_type)
     return None
 

@@ -24,6 +24,7 @@ from ..ir.sides import declare_sides, sides_of
 from ..passes import optimize
 from ..passes.pair_sources import SourcePairRewrite, rewrite_for_source_pairs
 from ..environ import getenv
+from .autocast import AUTOCAST_DEVICE_TYPES
 from .interpreter import interpreter_lacks_bfloat16
 from .pair_graph import pair_graph, pair_matmul, pair_rows, reads_edge_types
 from .prepared_call import PreparedCall, preparer
@@ -144,7 +145,7 @@ class CompiledProgram:
         last, self._last_inference = self._last_inference, seen
         if last is None or last[0]() is not graph or last[1] != seen[1] or _RECORDERS:
             return
-        if torch.amp.is_autocast_available(graph.device.type) and torch.is_autocast_enabled(graph.device.type):
+        if graph.device.type in AUTOCAST_DEVICE_TYPES and torch.is_autocast_enabled(graph.device.type):
             return      # a prepared call declines every call under autocast (`PreparedCall.__call__`)
         if self._pair_rewrite is not None and graph.edge_type is not None:
             return      # whether it runs on the pair graph depends on more than the prepared call checks
@@ -400,7 +401,7 @@ def _run_forward(compiled: CompiledProgram, graph_ctx: GraphContext, keys: tuple
     keep = compiled.backward_inputs(backward).saved_ids if backward else ()
     device = graph_ctx.graph.device
     execute = select_backend(device, compiled._bfloat16)
-    if torch.amp.is_autocast_available(device.type) and torch.is_autocast_enabled(device.type):
+    if device.type in AUTOCAST_DEVICE_TYPES and torch.is_autocast_enabled(device.type):
         with torch.autocast(device.type, enabled=False):      # the program states its dtypes (runtime/autocast.py)
             outputs, kept = execute(compiled.program, graph_ctx, dict(zip(keys, tensors)), keep)
     else:
@@ -457,7 +458,7 @@ class _ProgramFunction(torch.autograd.Function):
             raise explained from exc
         feeds = backward_feeds(ctx.compiled, ctx.backward, saved, output_grads)
         kind = graph.device.type
-        if torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind):   # inside an autocast block
+        if kind in AUTOCAST_DEVICE_TYPES and torch.is_autocast_enabled(kind):   # inside an autocast block
             with torch.autocast(kind, enabled=False), forcing(ctx.schedule):
                 grads, _ = ctx.execute(ctx.backward.program, ctx.graph_ctx, feeds)
         elif ctx.schedule is forced_schedule():   # nothing to force (the usual case): no context manager
