@@ -308,7 +308,7 @@ def test_maps_made_under_autocast_differentiate_outside_it(paired):
     dtype": SAGEConv(6, 3) under autocast could not train). Gradients are eager
     autocast's, in the inputs' dtypes."""
     gen = torch.Generator().manual_seed(0)
-    x = torch.randn(7, 6, generator=gen, device=DEVICE)
+    x = torch.randn(7, 6, generator=gen).to(DEVICE)      # a CPU generator draws on the CPU
     w, v, b = (torch.randn(*shape, generator=gen).to(DEVICE) for shape in ((3, 6), (3, 6), (3,)))
     mask = torch.tensor([True] * 5 + [False] * 2, device=DEVICE)
     read = RowsRead.of(mask)      # as a propagation reads them: no gradient reaches the unread rows

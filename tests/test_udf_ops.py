@@ -261,8 +261,17 @@ def test_softplus_gradient_in_its_tails_is_torchs(beta, threshold, backend, devi
     (grad,) = torch.autograd.grad(out[ring.dst].sum(), x)
     (want,) = torch.autograd.grad(F.softplus(x, beta, threshold).sum(), x)
     assert want[0].item() > 0   # the tail is representable: a 0 here is an underflow
-    subnormal = torch.finfo(dtype).tiny if x.is_cuda else 0.0     # a GPU flushes subnormals (README)
-    torch.testing.assert_close(grad, want, rtol=ULPS * torch.finfo(dtype).eps, atol=subnormal, equal_nan=True)
+    if x.is_cuda and dtype == torch.float32:
+        # Triton's float32 exp is exp2(x log2 e) with an approximate exp2: the rounding of
+        # the product is amplified |beta x| times (26 ulps at beta x = -45 on the H200),
+        # and subnormal results flush to zero (README); torch's expf is exact to an ulp.
+        bound = (GPU_ULPS + (beta * x.detach()).abs()) * torch.finfo(dtype).eps * want.abs() + torch.finfo(dtype).tiny
+        finite = want.isfinite()
+        assert ((grad - want).abs()[finite] <= bound[finite]).all(), (grad, want)
+        assert torch.equal(grad.isnan(), want.isnan()) and torch.equal(grad[~finite & ~want.isnan()], want[~finite & ~want.isnan()])
+    else:
+        subnormal = torch.finfo(dtype).tiny if x.is_cuda else 0.0
+        torch.testing.assert_close(grad, want, rtol=ULPS * torch.finfo(dtype).eps, atol=subnormal, equal_nan=True)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

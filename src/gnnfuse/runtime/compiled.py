@@ -97,9 +97,14 @@ class CompiledProgram:
             _check_types(self.program, self._types_read, graph, feeds)
         tensors = [feeds[k] for k in keys]
         device = graph.device
-        for key, tensor in zip(keys, tensors):
+        for n, (key, tensor) in enumerate(zip(keys, tensors)):
             if tensor.device != device:
-                _device_error(key, tensor, device)
+                if tensor.dim() == 0 and tensor.device.type == "cpu":
+                    # torch lets a 0-dim CPU tensor meet any device's, as a number: a UDF
+                    # capturing ``torch.tensor(1e8)`` runs eagerly on CUDA data
+                    tensors[n] = tensor.to(device)
+                else:
+                    _device_error(key, tensor, device)
             if tensor.layout is not torch.strided:
                 raise ValueError(f"input {key!r} is a {tensor.layout} tensor; compiled programs take dense "
                                  "tensors (convert with .to_dense(), or apply the dense transform first)")
