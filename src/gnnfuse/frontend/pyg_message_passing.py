@@ -433,6 +433,9 @@ _TRACES = TraceCache()
 def compiled_propagate(layer: PyGMessagePassing, edge_index: Any, size: Any, kwargs: Mapping[str, Any]) -> Any:
     """``layer.propagate(edge_index, size, **kwargs)`` with ``message`` and the aggregation
     compiled; raises `NotCompilable` when it must run eagerly instead."""
+    if torch._C._get_tracing_state() is not None:
+        raise NotCompilable("called under torch.jit.trace, which records only torch ops (gnnfuse's kernels run "
+                            "outside it); PyG's eager propagate is what a traced replay can run")
     _check_layer(layer, edge_index)
     op = _aggregation(layer)
     mutable_size = layer._check_input(edge_index, size)

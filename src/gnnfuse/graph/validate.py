@@ -11,6 +11,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from .jit_tracing import refuse_jit_trace
+
 _INT64_MAX = np.iinfo(np.int64).max
 
 
@@ -71,6 +73,8 @@ def check_ids(name: str, ids: torch.Tensor, bound: int, bound_name: str) -> None
 def infer_count(explicit: int | None, name: str, *tensors: torch.Tensor) -> int:
     """`explicit` if given (checked to be a non-negative int), else largest id + 1 (0 if empty)."""
     if explicit is not None:
+        if isinstance(explicit, torch.Tensor):      # a size read under torch.jit.trace is a tensor
+            refuse_jit_trace(f"a gnnfuse graph's {name}")
         if isinstance(explicit, bool) or not isinstance(explicit, (int, np.integer)):
             raise ValueError(f"{name} must be an int, got {type(explicit).__name__}")
         if explicit < 0:

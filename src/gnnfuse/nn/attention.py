@@ -33,6 +33,7 @@ from .conv import (_sized_linear, GATConv, _as_graph, attention_adjacency, _bipa
 from .edge_features import FillValue, edge_projection, edge_rows, traced_edge_matmul
 from .fixed_flow import FixedFlow
 from .pyg_repr import OneLineRepr
+from .torchscript import NotScriptable
 
 
 def _run_vertex(fn: Callable, graph: Graph, v_feature: Mapping[str, torch.Tensor],
@@ -50,7 +51,7 @@ def _glorot_zero_bias(lin: nn.Linear) -> None:
         nn.init.zeros_(lin.bias)
 
 
-class GATv2Conv(FixedFlow, OneLineRepr, nn.Module):
+class GATv2Conv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
     r"""GATv2 (Brody et al., "How attentive are graph attention networks?"), PyG's layout.
 
     .. math::
@@ -211,7 +212,7 @@ def _dot_attention(v):
     return sum([(weights[i] / sum(weights)).unsqueeze(-1) * u.z for i, u in enumerate(v.innbs)])
 
 
-class DotGATConv(nn.Module):
+class DotGATConv(NotScriptable, nn.Module):
     r"""Dot-product attention (DGL's ``DotGatConv``; FeatGraph's "dot-product attention").
 
     .. math::
@@ -252,7 +253,7 @@ class DotGATConv(nn.Module):
 _EDGE_AGGREGATIONS = ("max", "mean", "add", "sum")
 
 
-class EdgeConv(FixedFlow, OneLineRepr, nn.Module):
+class EdgeConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
     r"""EdgeConv (Wang et al., DGCNN) with PyG's arguments.
 
     .. math::
@@ -316,7 +317,7 @@ def _mlp_max(v):
     return max([torch.relu(u.a + v.b) for u in v.innbs])
 
 
-class MLPAggConv(nn.Module):
+class MLPAggConv(NotScriptable, nn.Module):
     r"""FeatGraph's MLP aggregation (FeatGraph Figure 2(b)): a one-layer MLP on the sum
     of the two endpoints' features, max-aggregated.
 
@@ -346,7 +347,7 @@ class MLPAggConv(nn.Module):
         return _mlp_max(graph, {"a": a, "b": a if self.lin.bias is None else a + self.lin.bias})
 
 
-class NGCFConv(nn.Module):
+class NGCFConv(NotScriptable, nn.Module):
     r"""One NGCF propagation layer (Wang et al. 2019, eq. 3-7), as GraphTensor runs it
     (mean-style aggregation f, element-wise-product edge weighting g, sum h).
 

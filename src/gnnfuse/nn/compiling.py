@@ -28,6 +28,7 @@ from typing import Any, Callable
 import torch
 
 from ..graph.index_cache import functorch_interpreter
+from ..graph.jit_tracing import refuse_jit_trace
 from ..runtime.compile_op import graph_input_problem, run_eagerly
 from ..runtime.compiled import FunctorchTransformError, backend_name, functorch_backend_reason
 
@@ -47,6 +48,8 @@ def compile_path(why_not: Callable[..., str | None] | None = None) -> Callable[[
                     return run_eagerly(f"{type(self).__name__}: {reason}", forward, self, *args, **kwargs)
             elif functorch_interpreter() is not None:     # one C call outside a transform
                 return _under_functorch(forward, self, args, kwargs)
+            elif torch._C._get_tracing_state() is not None:    # before its custom autograd Functions
+                refuse_jit_trace(f"gnnfuse's {type(self).__name__} called")
             return forward(self, *args, **kwargs)
         return run
     return wrap

@@ -35,6 +35,7 @@ from .fixed_flow import FixedFlow
 from .padded_loops import padded_looped
 from .pyg_repr import OneLineRepr
 from . import lazy_width, recompute
+from .torchscript import NotScriptable
 
 
 def _as_graph(graph: Graph | torch.Tensor, num_nodes: int) -> Graph:
@@ -469,7 +470,7 @@ def _head_residual(residual: bool, in_channels: int, heads: int, out_channels: i
     return _sized_linear(_channel_pair(in_channels)[1], width, bias=False) if residual else None
 
 
-class GCNConv(OneLineRepr, CachedGraph, nn.Module):
+class GCNConv(OneLineRepr, CachedGraph, NotScriptable, nn.Module):
     """Kipf & Welling's graph convolution, ``D^-1/2 (A + I) D^-1/2 X W + b``.
 
     ``improved=True`` uses ``A + 2I`` (a vertex that already has a self loop keeps it at
@@ -587,7 +588,7 @@ def combine_first_moves_less(width_in: int, width_out: int, input_grad: bool, we
     return combine_lanes < aggregate_lanes
 
 
-class SAGEConv(FixedFlow, OneLineRepr, nn.Module):
+class SAGEConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
     """GraphSAGE: ``lin_l(aggr_{u in N(v)} x_u) + lin_r(x_v)``.
 
     For mean and sum aggregation the linear map commutes with the aggregation, so when
@@ -777,7 +778,7 @@ def _folded_logits(lin: nn.Linear, x: torch.Tensor, *atts: torch.Tensor) -> list
     return [alpha.contiguous() for alpha in logits.unbind(-1)]
 
 
-class GATConv(FixedFlow, OneLineRepr, nn.Module):
+class GATConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
     """Graph attention (Veličković et al.), multi-head, with PyG's parameter layout.
 
     Per-vertex attention logits ``<h_u, a_src>`` and ``<h_v, a_dst>`` are computed densely;

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from ..graph.hetero import EdgeType
+from .torchscript import NotScriptable
 
 _GROUPINGS = ("sum", "mean", "min", "max", "cat", None)
 
@@ -44,7 +45,7 @@ def group(outputs: list[torch.Tensor], aggr: str | None) -> torch.Tensor:
     return out[0] if isinstance(out, tuple) else out
 
 
-class HeteroConv(nn.Module):
+class HeteroConv(NotScriptable, nn.Module):
     """``HeteroConv({(src, rel, dst): layer}, aggr="sum")`` with PyG's semantics.
 
     ``forward(x_dict, edge_index_dict, *more_dicts, **name_dicts)``: for every edge type

@@ -26,6 +26,7 @@ from ..graph.convert import is_sparse_adjacency
 from .arguments import node_features
 from .conv import _check_dropout, _neighbour_sum
 from .relational import RGCNConv, _glorot
+from .torchscript import NotScriptable
 
 _MECHANISMS = ("across-relation", "within-relation")
 _MODES = ("additive-self-attention", "multiplicative-self-attention")
@@ -71,7 +72,7 @@ def typed_input_graph(rows: int, graph: Graph | torch.Tensor, edge_type: torch.T
     return graph
 
 
-class RGATConv(nn.Module):
+class RGATConv(NotScriptable, nn.Module):
     r"""PyG's ``RGATConv``: same arguments and parameters (``weight`` or ``basis``/``att``,
     ``q``, ``k``, ``e``/``lin_edge``, ``bias``, and the unused ``w``, ``l1``, ``b1``,
     ``l2``, ``b2`` PyG keeps for its ``mod`` variants), so ``load_state_dict`` copies a

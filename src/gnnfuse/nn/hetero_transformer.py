@@ -25,6 +25,7 @@ from ..graph.hetero import EdgeType, HeteroGraph
 from ..graph.hetero_cache import cached_hetero_graph
 from . import lazy_width
 from .hetero_conv import module_key
+from .torchscript import NotScriptable
 
 
 class TypeLinears(nn.Module):
@@ -121,7 +122,7 @@ def _attend(hetero: HeteroGraph, k: torch.Tensor, q: torch.Tensor, v: torch.Tens
                                         etype_feature={"w_k": w_k, "w_v": w_v, "p": p})
 
 
-class HGTConv(nn.Module):
+class HGTConv(NotScriptable, nn.Module):
     r"""PyG's ``HGTConv(in_channels, out_channels, metadata, heads=1)``: same arguments,
     parameters (``kqv_lin``, ``out_lin``, ``k_rel``, ``v_rel``, ``skip``, ``p_rel``) and
     maths, so ``load_state_dict(pyg_layer.state_dict())`` copies a PyG layer.

@@ -40,6 +40,7 @@ except ImportError as exc:   # pragma: no cover - exercised only without PyG ins
                       "pip install torch_geometric (gnnfuse's other layers do not need it)") from exc
 
 from ..frontend.pyg_message_passing import NotCompilable, compiled_propagate
+from .torchscript import NotScriptable
 
 # PyG's generic propagate. PyG replaces a concrete class's ``propagate`` by one generated
 # from a template (``_orig_propagate`` keeps the original); the base class's is generic.
@@ -50,7 +51,7 @@ _WARNED: set[type] = set()
 _EAGER_FLAG = "_gnnfuse_eager"      # an instance attribute: set by `eagerly`, read by `propagate`
 
 
-class MessagePassing(PyGMessagePassing):
+class MessagePassing(NotScriptable, PyGMessagePassing):
     """``torch_geometric.nn.MessagePassing`` whose ``propagate`` compiles ``message`` and
     the aggregation into one program (falling back to PyG's eager ``propagate``, with a
     one-time warning per class, where it cannot)."""

@@ -31,6 +31,7 @@ from .pyg_repr import OneLineRepr
 from .conv import (_glorot_weight, _AGGREGATORS, _AGGREGATORS_PLUS_ROOT, _WEIGHTED_AGGREGATORS, CachedGraph, _as_graph,
                    _bipartite_inputs, _channel_pair, _gcn_edge_norm, _inv_sqrt_degree, _neighbour_sum,
                    _normalized_hop, _normalized_layer_inputs, _transform_first, _with_loops, maps_first)
+from .torchscript import NotScriptable
 
 
 def _reset(module: Callable) -> None:
@@ -43,7 +44,7 @@ def _reset(module: Callable) -> None:
             _reset(child)
 
 
-class GINConv(FixedFlow, OneLineRepr, nn.Module):
+class GINConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
     """Graph isomorphism network layer (Xu et al.):
     ``x'_v = nn((1 + eps) * x_v + sum_{u in N(v)} x_u)``.
 
@@ -80,7 +81,7 @@ class GINConv(FixedFlow, OneLineRepr, nn.Module):
         return self.nn(out if x_dst is None else out + (1 + self.eps) * x_dst)
 
 
-class GraphConv(FixedFlow, OneLineRepr, nn.Module):
+class GraphConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
     """Morris et al.'s higher-order GNN layer:
     ``x'_v = lin_rel(aggr_{u in N(v)} x_u) + lin_root(x_v)``, ``aggr`` in add/sum/mean/max.
 
@@ -173,7 +174,7 @@ def _edge_weights(graph: Graph, dtype: torch.dtype) -> torch.Tensor:
     return graph.cached("nn_gcn_edge_weight", build).to(dtype)
 
 
-class APPNP(FixedFlow, OneLineRepr, CachedGraph, nn.Module):
+class APPNP(FixedFlow, OneLineRepr, CachedGraph, NotScriptable, nn.Module):
     """Approximate personalised propagation of neural predictions (Klicpera et al.):
     ``X^0 = X``, ``X^{k+1} = (1 - alpha) Â X^k + alpha X`` for K hops, where
     ``Â = D^-1/2 (A + I) D^-1/2`` (``A`` with ``add_self_loops=False``, plain ``A`` with
@@ -237,7 +238,7 @@ class APPNP(FixedFlow, OneLineRepr, CachedGraph, nn.Module):
         return f"K={self.K}, alpha={self.alpha}"
 
 
-class SGConv(FixedFlow, OneLineRepr, nn.Module):
+class SGConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
     """Simplified graph convolution (Wu et al.): ``lin(Â^K X)``,
     ``Â = D^-1/2 (A + I) D^-1/2``.
 
@@ -299,7 +300,7 @@ def _tag_step(v):
     return sum([u.h * u.norm for u in v.innbs]) * v.norm + v.skip
 
 
-class TAGConv(FixedFlow, OneLineRepr, nn.Module):
+class TAGConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
     """Topology adaptive graph convolution (Du et al.):
     ``sum_{k=0..K} Â^k X W_k + b``, ``Â = D^-1/2 A D^-1/2`` (no self loops; plain ``A``
     with ``normalize=False``).
@@ -443,7 +444,7 @@ def _weighted_chebyshev_next(v):
     return 2 * (v.h * v.diag + sum([e.src.h * e.off for e in v.inedges])) - v.prev
 
 
-class ChebConv(FixedFlow, OneLineRepr, nn.Module):
+class ChebConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
     """Chebyshev spectral graph convolution (Defferrard et al.):
     ``sum_{k<K} T_k(L̂) X W_k + b`` with ``L̂ = 2 L / lambda_max - I``, ``T_0 = I``,
     ``T_1 = L̂``, ``T_k = 2 L̂ T_{k-1} - T_{k-2}``.

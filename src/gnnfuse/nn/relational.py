@@ -12,6 +12,7 @@ from .. import frontend
 from ..graph import Graph
 from ..graph.convert import check_bipartite_adj_t, is_sparse_adjacency
 from .arguments import node_features
+from .torchscript import NotScriptable
 
 
 def _relational(aggr: str, root: torch.Tensor | None, bias: torch.Tensor | None, v):
@@ -74,7 +75,7 @@ def _glorot(weight: torch.Tensor) -> None:
         weight.uniform_(-bound, bound)
 
 
-class RGCNConv(nn.Module):
+class RGCNConv(NotScriptable, nn.Module):
     """``x'_v = x_v Θ_root + Σ_r agg_{u ∈ N_r(v)} x_u Θ_r + b`` with ``agg`` the mean per
     relation (``aggr="mean"``, PyG's default) or the sum (``aggr="add"``/``"sum"``).
 

@@ -18,6 +18,7 @@ from ..backend.forced_schedule import ForcedSchedule, forced_schedule, forcing
 from ..backend.reference import GraphContext
 from ..graph import Graph, GraphModifiedError
 from ..graph.index_cache import functorch_interpreter
+from ..graph.jit_tracing import refuse_jit_trace
 from ..ir import CompileError, Program, Residency, Value, verify
 from ..ir.ops.movement import BROADCAST_FROM, TYPE_INDICES
 from ..ir.sides import declare_sides, sides_of
@@ -123,6 +124,8 @@ class CompiledProgram:
                 return outputs
         if isinstance(graph, Graph):
             graph.check_unchanged()     # its layouts (and the backends' plans) describe the edges it was built with
+        if torch._C._get_tracing_state() is not None:
+            refuse_jit_trace("a compiled gnnfuse program called")
         keys = self._input_keys
         tensors = self.checked_inputs(graph, feeds)
         if functorch_interpreter() is not None:     # inside torch.func.grad/vmap/...: one C call otherwise

@@ -72,7 +72,8 @@ class PreparedCall:
         """The program's outputs on ``graph`` and ``feeds``, or None where any check differs
         (or inside a ``torch.func`` transform, which the full path checks)."""
         if (self._graph() is not graph or self._recorders or functorch_interpreter() is not None
-                or autocast_dtype(graph.device.type) is not None):    # the full path turns autocast off
+                or autocast_dtype(graph.device.type) is not None     # the full path turns autocast off
+                or torch._C._get_tracing_state() is not None):       # the full path refuses torch.jit.trace
             return None
         graph.check_unchanged()     # the run's plans hold the layouts of the edges it was built with
         grad = torch.is_grad_enabled()
@@ -92,7 +93,7 @@ class PreparedCall:
         the module docstring): the backend's ``run_one`` checks what makes its launch
         safe and launches, and this call's checks follow while the kernel runs."""
         if (self._graph() is not graph or self._run_one is None or functorch_interpreter() is not None
-                or autocast_dtype(graph.device.type) is not None):
+                or autocast_dtype(graph.device.type) is not None or torch._C._get_tracing_state() is not None):
             return None
         graph.check_unchanged()     # before the launch: ids written in place since were never range-checked
         outputs = self._run_one(graph, tensor)
