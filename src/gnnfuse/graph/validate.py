@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .jit_tracing import refuse_jit_trace
+from .jit_tracing import refuse_export, refuse_jit_trace
 
 _INT64_MAX = np.iinfo(np.int64).max
 
@@ -57,6 +57,7 @@ def as_index_tensor(name: str, value: Any, device: torch.device | None = None) -
 
 def check_ids(name: str, ids: torch.Tensor, bound: int, bound_name: str) -> None:
     """Raise unless every id is in [0, bound); name the first offending position."""
+    refuse_export(f"a gnnfuse graph checking its {name}")
     if ids.numel() == 0:
         return
     if int(ids.min()) < 0:
@@ -80,6 +81,7 @@ def infer_count(explicit: int | None, name: str, *tensors: torch.Tensor) -> int:
         if explicit < 0:
             raise ValueError(f"{name} must be >= 0, got {explicit}")
         return int(explicit)
+    refuse_export(f"a gnnfuse graph inferring its {name}")
     return max((int(t.max()) + 1 for t in tensors if t.numel()), default=0)
 
 

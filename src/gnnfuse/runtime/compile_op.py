@@ -31,6 +31,7 @@ import warnings
 from typing import Any, Callable, NamedTuple
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 from ..backend.reference import GraphContext
 from ..graph import Graph
@@ -107,7 +108,8 @@ def graph_input_problem(graph: object) -> str | None:
     if isinstance(graph, Graph):
         return "a Graph with edge or node types" if graph.edge_type is not None or graph.node_type is not None \
             else None
-    if type(graph) is torch.Tensor and graph.layout is torch.strided and graph.dim() == 2:
+    # torch.export's non-strict tracing runs this code on FakeTensors (dynamo on plain ones)
+    if (type(graph) is torch.Tensor or type(graph) is FakeTensor) and graph.layout is torch.strided and graph.dim() == 2:
         return None
     return f"a graph given as {type(graph).__name__}"
 

@@ -1,0 +1,79 @@
+"""torch.export captures the layers torch.compile captures, and names what it cannot.
+
+Export ran gnnfuse's code on FakeTensors, which the compile path did not take for an
+``edge_index`` ("under torch.compile a graph given as FakeTensor cannot be traced"); a
+call with no compile path ended in "'GraphRef' object has no attribute 'num_edges'", and a
+Graph built in the exported code in "Could not extract specialized integer from
+data-dependent expression u0"."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import gnnfuse
+import gnnfuse.nn as ours
+from gnnfuse.ir import CompileError
+from layer_check import assert_same_values
+
+EDGE_INDEX = torch.tensor([[0, 1, 2, 3, 4, 5, 1], [1, 2, 3, 4, 5, 0, 3]])
+OTHER_EDGES = torch.tensor([[5, 5, 2, 0, 4, 1, 1], [1, 2, 2, 4, 3, 0, 0]])     # same shape, other graph
+LAYERS = {"gcn": lambda: ours.GCNConv(4, 3), "gat": lambda: ours.GATConv(4, 3, heads=2),
+          "sage_list": lambda: ours.SAGEConv(4, 3, aggr=["mean", "max"]), "tag": lambda: ours.TAGConv(4, 3)}
+
+
+@pytest.fixture(autouse=True)
+def _quiet():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"], indirect=True)
+@pytest.mark.parametrize("name", sorted(LAYERS))
+def test_an_exported_layer_runs_on_another_edge_index(name, backend, device):
+    torch.manual_seed(0)
+    layer = LAYERS[name]().to(device, torch.float64)
+    x, other_x = (torch.randn(6, 4, dtype=torch.float64, device=device) for _ in range(2))
+    exported = torch.export.export(layer, (x, EDGE_INDEX.to(device)))
+    other_edges = OTHER_EDGES.to(device)
+    assert_same_values(exported.module()(other_x, other_edges), layer(other_x, other_edges), f"exported {name}")
+
+
+def test_strict_export_and_a_udf_on_a_graph_built_outside():
+    graph = gnnfuse.Graph.from_edge_index(EDGE_INDEX, 6)
+
+    @gnnfuse.vertex
+    def neighbour_sum(v):
+        return sum([u.h for u in v.innbs])
+
+    class OnGraph(torch.nn.Module):
+        def forward(self, x):
+            return neighbour_sum(graph, {"h": x})
+
+    x = torch.randn(6, 4, dtype=torch.float64)
+    exported = torch.export.export(OnGraph(), (x,), strict=True)
+    assert_same_values(exported.module()(x * 2), OnGraph()(x * 2), "strictly exported UDF")
+
+
+def test_a_call_without_a_compile_path_is_refused_by_name():
+    class Weighted(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = ours.GCNConv(4, 3)
+
+        def forward(self, x, edge_index, edge_weight):
+            return self.conv(x, edge_index, edge_weight)
+
+    with pytest.raises(CompileError, match="torch.export cannot capture this GCNConv call: edge_weight"):
+        torch.export.export(Weighted(), (torch.randn(6, 4), EDGE_INDEX, torch.rand(7)))
+
+
+def test_a_graph_built_in_exported_code_is_refused_by_name():
+    class Builds(torch.nn.Module):
+        def forward(self, x, edge_index):
+            return ours.RGCNConv(4, 3, 2)(x, edge_index, torch.zeros(7, dtype=torch.long))
+
+    with pytest.raises(NotImplementedError, match="under torch.export: a gnnfuse Graph reads its ids' values"):
+        torch.export.export(Builds(), (torch.randn(6, 4), EDGE_INDEX))
