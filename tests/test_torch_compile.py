@@ -298,3 +298,22 @@ def test_layers_compile_where_dynamo_cannot_trace_the_autocast_availability_chec
     assert_same_values(compiled(x, edge_index), oracle(x, edge_index), "GCN")
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert compiled(x, edge_index).dtype == layer(x, edge_index).dtype
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"], indirect=True)
+@pytest.mark.parametrize("name", ["TransformerConv", "LEConv"])
+def test_a_compiled_pyg_layer_trains_under_torch_compile(name, backend, device):
+    """Dynamo traced into the compiled propagate's autograd.Function, which it cannot
+    follow: a training step failed naming torch.func transforms (on Triton, inference
+    failed too). The propagate runs behind a graph break, with the eager gradients."""
+    torch.manual_seed(0)
+    layer = getattr(ours, name)(4, 3).to(device, torch.float64)
+    x, edge_index = torch.randn(6, 4, dtype=torch.float64, device=device), torch.tensor(
+        [[5, 5, 2, 0, 4, 1, 1], [1, 2, 2, 4, 3, 0, 0]], device=device)
+    compiled = torch.compile(layer, backend="aot_eager")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = outputs_and_grads(layer, lambda x: compiled(x, edge_index), x)
+    expected = outputs_and_grads(layer, lambda x: layer(x, edge_index), x)
+    for key in expected:
+        assert_same_values(got[key], expected[key], f"compiled {name} {key}")
