@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import warnings
+from typing import Callable, NamedTuple
 
 import pytest
 import torch
@@ -22,29 +23,80 @@ EDGES = torch.tensor([[0, 1, 2, 3, 4, 5, 1, 2, 2, 3, 0, 5, 1, 6, 7, 4],
 NUM_NODES, F, OUT, EDGE_DIM = 9, 6, 4, 3
 LINEAR = torch.nn.Linear
 
-# name -> (constructor, whether forward takes edge_attr); non-default arguments where the
-# layer has them, so their code paths are compared too
+
+def _mlp(width: int, out: int) -> torch.nn.Module:
+    return torch.nn.Sequential(LINEAR(width, out), torch.nn.Tanh())
+
+
+# forward(layer, tensors, edge_index): how each kind of layer is called on `inputs`
+def PLAIN(layer, t, ei):
+    return layer(t["x"], ei)
+
+
+def EDGE_ATTR(layer, t, ei):
+    return layer(t["x"], ei, t["edge_attr"])
+
+
+def POINTS(layer, t, ei):
+    return layer(t["x"], t["pos"], ei)
+
+
+HAN_METADATA = (["a", "b"], [("a", "to", "b"), ("b", "to", "a"), ("a", "self", "a")])
+
+
+def _hetero(layer, t, ei):
+    """HANConv on two vertex types of NUM_NODES rows each (feature widths 6 and 3)."""
+    out = layer({"a": t["x"], "b": t["x_0"][:, :3]},
+                {("a", "to", "b"): ei, ("b", "to", "a"): ei.flip(0), ("a", "self", "a"): ei[:, ::2]})
+    return torch.cat([out["a"], out["b"]], dim=-1)
+
+
+def _types(ei: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """HEATConv's vertex types (two) and edge types (three)."""
+    return (torch.arange(NUM_NODES, device=ei.device) % 2, torch.arange(ei.shape[1], device=ei.device) % 3)
+
+
+class Case(NamedTuple):
+    make: Callable[[type], torch.nn.Module]
+    forward: Callable[..., torch.Tensor] = PLAIN
+
+
+# name -> how to build and call it; non-default arguments where the layer has them, so
+# their code paths are compared too
 CONFIGS = {
-    "CGConv": (lambda c: c(F, dim=EDGE_DIM, aggr="mean", batch_norm=True), True),
-    "ClusterGCNConv": (lambda c: c(F, OUT, diag_lambda=0.3), False),
-    "FeaStConv": (lambda c: c(F, OUT, heads=2), False),
-    "FiLMConv": (lambda c: c(F, OUT, num_relations=1), False),
-    "GENConv": (lambda c: c(F, OUT, aggr="softmax", learn_t=True, edge_dim=EDGE_DIM, num_layers=2), True),
-    "GINEConv": (lambda c: c(LINEAR(F, OUT), edge_dim=EDGE_DIM, train_eps=True), True),
-    "GMMConv": (lambda c: c(F, OUT, dim=EDGE_DIM, kernel_size=2), True),
-    "GatedGraphConv": (lambda c: c(F, 2, aggr="mean"), False),
-    "GeneralConv": (lambda c: c(F, OUT, in_edge_channels=EDGE_DIM, attention=True, heads=2), True),
-    "LEConv": (lambda c: c(F, OUT), False),
-    "LGConv": (lambda c: c(), False),
-    "MFConv": (lambda c: c(F, OUT, max_degree=3), False),
-    "MixHopConv": (lambda c: c(F, OUT, powers=[0, 1, 2]), False),
-    "NNConv": (lambda c: c(F, OUT, LINEAR(EDGE_DIM, F * OUT), aggr="mean"), True),
-    "PDNConv": (lambda c: c(F, OUT, edge_dim=EDGE_DIM, hidden_channels=5), True),
-    "ResGatedGraphConv": (lambda c: c(F, OUT, edge_dim=EDGE_DIM), True),
-    "SSGConv": (lambda c: c(F, OUT, alpha=0.2, K=2), False),
-    "SimpleConv": (lambda c: c(aggr="max", combine_root="sum"), False),
-    "TransformerConv": (lambda c: c(F, OUT, heads=2, edge_dim=EDGE_DIM, beta=True, concat=False), True),
-    "WLConvContinuous": (lambda c: c(), False),
+    "AGNNConv": Case(lambda c: c(requires_grad=True)),
+    "CGConv": Case(lambda c: c(F, dim=EDGE_DIM, aggr="mean", batch_norm=True), EDGE_ATTR),
+    "ClusterGCNConv": Case(lambda c: c(F, OUT, diag_lambda=0.3)),
+    "FeaStConv": Case(lambda c: c(F, OUT, heads=2)),
+    "FiLMConv": Case(lambda c: c(F, OUT, num_relations=1)),
+    "GCN2Conv": Case(lambda c: c(F, alpha=0.2, theta=0.5, layer=2, shared_weights=False),
+                     lambda layer, t, ei: layer(t["x"], t["x_0"], ei, t["edge_weight"])),
+    "GENConv": Case(lambda c: c(F, OUT, aggr="softmax", learn_t=True, edge_dim=EDGE_DIM, num_layers=2), EDGE_ATTR),
+    "GINEConv": Case(lambda c: c(LINEAR(F, OUT), edge_dim=EDGE_DIM, train_eps=True), EDGE_ATTR),
+    "GMMConv": Case(lambda c: c(F, OUT, dim=EDGE_DIM, kernel_size=2), EDGE_ATTR),
+    "GatedGraphConv": Case(lambda c: c(F, 2, aggr="mean")),
+    "GeneralConv": Case(lambda c: c(F, OUT, in_edge_channels=EDGE_DIM, attention=True, heads=2), EDGE_ATTR),
+    "HANConv": Case(lambda c: c({"a": F, "b": 3}, OUT, HAN_METADATA, heads=2), _hetero),
+    "HEATConv": Case(lambda c: c(F, OUT, num_node_types=2, num_edge_types=3, edge_type_emb_dim=2,
+                                 edge_dim=EDGE_DIM, edge_attr_emb_dim=2, heads=2),
+                     lambda layer, t, ei: layer(t["x"], ei, *_types(ei), t["edge_attr"])),
+    "LEConv": Case(lambda c: c(F, OUT)),
+    "LGConv": Case(lambda c: c()),
+    "MFConv": Case(lambda c: c(F, OUT, max_degree=3)),
+    "MixHopConv": Case(lambda c: c(F, OUT, powers=[0, 1, 2])),
+    "NNConv": Case(lambda c: c(F, OUT, LINEAR(EDGE_DIM, F * OUT), aggr="mean"), EDGE_ATTR),
+    "PDNConv": Case(lambda c: c(F, OUT, edge_dim=EDGE_DIM, hidden_channels=5), EDGE_ATTR),
+    "PointGNNConv": Case(lambda c: c(_mlp(F, 3), _mlp(F + 3, OUT), _mlp(OUT, F)), POINTS),
+    "PointNetConv": Case(lambda c: c(_mlp(F + 3, OUT), _mlp(OUT, OUT)), POINTS),
+    "PointTransformerConv": Case(lambda c: c(F, OUT), POINTS),
+    "ResGatedGraphConv": Case(lambda c: c(F, OUT, edge_dim=EDGE_DIM), EDGE_ATTR),
+    "SSGConv": Case(lambda c: c(F, OUT, alpha=0.2, K=2)),
+    # the second layer's form: four propagations over halves of x, on positive and negative edges
+    "SignedConv": Case(lambda c: c(F // 2, OUT, first_aggr=False),
+                       lambda layer, t, ei: layer(t["x"], ei, ei[:, 1::3].flip(0))),
+    "SimpleConv": Case(lambda c: c(aggr="max", combine_root="sum")),
+    "TransformerConv": Case(lambda c: c(F, OUT, heads=2, edge_dim=EDGE_DIM, beta=True, concat=False), EDGE_ATTR),
+    "WLConvContinuous": Case(lambda c: c()),
 }
 
 
@@ -54,7 +106,7 @@ def test_every_listed_layer_is_checked():
 
 def twins(name: str, device: torch.device | str = "cpu") -> tuple[torch.nn.Module, torch.nn.Module]:
     """gnnfuse's layer and PyG's with the same float64 weights (and eval mode: no dropout)."""
-    make, _ = CONFIGS[name]
+    make = CONFIGS[name].make
     torch.manual_seed(0)
     ours = make(getattr(gnnfuse.nn, name)).double().to(device).eval()
     theirs = make(getattr(pyg_nn, name)).double().to(device).eval()
@@ -62,20 +114,35 @@ def twins(name: str, device: torch.device | str = "cpu") -> tuple[torch.nn.Modul
     return ours, theirs
 
 
-def run(layer: torch.nn.Module, data: list[torch.Tensor], edge_index: torch.Tensor, **kwargs):
-    """Output and the gradients of a fixed projection of it w.r.t. inputs and parameters."""
-    data = [t.clone().requires_grad_() for t in data]
-    out = layer(data[0], edge_index, *data[1:], **kwargs)
+def run(layer: torch.nn.Module, forward: Callable[..., torch.Tensor], tensors: dict[str, torch.Tensor],
+        edge_index: torch.Tensor):
+    """Output and the gradients of a fixed projection of it w.r.t. every input tensor (None
+    for those the layer does not read) and parameter."""
+    tensors = {name: t.clone().requires_grad_() for name, t in tensors.items()}
+    out = forward(layer, tensors, edge_index)
     weight = torch.linspace(-1, 1, out.numel(), dtype=out.dtype, device=out.device).view_as(out)
-    grads = torch.autograd.grad((out * weight).sum(), data + list(layer.parameters()), allow_unused=True)
+    grads = torch.autograd.grad((out * weight).sum(), [*tensors.values(), *layer.parameters()], allow_unused=True)
     return out.detach(), grads
 
 
-def inputs(name: str, device: torch.device | str) -> list[torch.Tensor]:
+def inputs(device: torch.device | str) -> dict[str, torch.Tensor]:
+    """Every float tensor a layer's forward may take (vertex features, a second feature
+    table, positions, edge features, positive edge weights), in float64."""
     gen = torch.Generator().manual_seed(1)
-    x = torch.randn(NUM_NODES, F, dtype=torch.float64, generator=gen)
-    edge_attr = torch.rand(EDGES.shape[1], EDGE_DIM, dtype=torch.float64, generator=gen)
-    return [t.to(device) for t in ([x, edge_attr] if CONFIGS[name][1] else [x])]
+    tensors = {"x": torch.randn(NUM_NODES, F, dtype=torch.float64, generator=gen),
+               "x_0": torch.randn(NUM_NODES, F, dtype=torch.float64, generator=gen),
+               "pos": torch.randn(NUM_NODES, 3, dtype=torch.float64, generator=gen),
+               "edge_attr": torch.rand(EDGES.shape[1], EDGE_DIM, dtype=torch.float64, generator=gen),
+               "edge_weight": torch.rand(EDGES.shape[1], dtype=torch.float64, generator=gen) + 0.1}
+    return {name: t.to(device) for name, t in tensors.items()}
+
+
+def _assert_same(got, expected) -> None:
+    torch.testing.assert_close(got[0], expected[0], rtol=1e-9, atol=1e-10)
+    for grad, want in zip(got[1], expected[1], strict=True):
+        assert (grad is None) == (want is None)
+        if want is not None:
+            torch.testing.assert_close(grad, want, rtol=1e-9, atol=1e-10)
 
 
 def _eager_is_an_error(*args, **kwargs):
@@ -88,17 +155,13 @@ def test_layer_compiles_and_matches_pyg(name, backend, monkeypatch):
     monkeypatch.setenv("GNNFUSE_BACKEND", backend)
     device = device_for(backend)     # the Triton backend runs CUDA tensors on a GPU machine
     ours, theirs = twins(name, device)
-    data, edge_index = inputs(name, device), EDGES.to(device)
-    expected = run(theirs, data, edge_index)
+    tensors, edge_index, forward = inputs(device), EDGES.to(device), CONFIGS[name].forward
+    expected = run(theirs, forward, tensors, edge_index)
     monkeypatch.setattr(message_passing, "_eager_propagate", _eager_is_an_error)
     with record_calls() as calls:
-        out, grads = run(ours, data, edge_index)
+        got = run(ours, forward, tensors, edge_index)
     assert calls, "no compiled program ran"
-    torch.testing.assert_close(out, expected[0], rtol=1e-9, atol=1e-10)
-    for got, want in zip(grads, expected[1], strict=True):
-        assert (got is None) == (want is None)
-        if want is not None:
-            torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-10)
+    _assert_same(got, expected)
 
 
 def test_is_the_pyg_class_and_pickles():
@@ -125,7 +188,7 @@ def test_transformer_attention_weights_are_pyg_s(flag):
     """message() keeps the weights in self._alpha; a call asking for them (True or False,
     as PyG reads the flag) runs eagerly and returns PyG's, the others compile."""
     ours, theirs = twins("TransformerConv")
-    x, edge_attr = inputs("TransformerConv", "cpu")
+    x, edge_attr = inputs("cpu")["x"], inputs("cpu")["edge_attr"]
     with record_calls() as calls:
         out, (edge_index, alpha) = ours(x, EDGES, edge_attr, return_attention_weights=flag)
     assert not calls

@@ -22,9 +22,10 @@ if TYPE_CHECKING:
     from .message_passing import MessagePassing
 
 COMPILED_PYG_LAYERS = (
-    "CGConv", "ClusterGCNConv", "FeaStConv", "FiLMConv", "GENConv", "GINEConv", "GMMConv", "GatedGraphConv",
-    "GeneralConv", "LEConv", "LGConv", "MFConv", "MixHopConv", "NNConv", "PDNConv",
-    "ResGatedGraphConv", "SSGConv", "SimpleConv", "TransformerConv", "WLConvContinuous")
+    "AGNNConv", "CGConv", "ClusterGCNConv", "FeaStConv", "FiLMConv", "GCN2Conv", "GENConv", "GINEConv", "GMMConv",
+    "GatedGraphConv", "GeneralConv", "HANConv", "HEATConv", "LEConv", "LGConv", "MFConv", "MixHopConv", "NNConv",
+    "PDNConv", "PointGNNConv", "PointNetConv", "PointTransformerConv", "ResGatedGraphConv", "SSGConv",
+    "SignedConv", "SimpleConv", "TransformerConv", "WLConvContinuous")
 
 
 @functools.cache
