@@ -4,6 +4,7 @@ gradients in float64 on the reference backend and the Triton interpreter, and mu
 run compiled (a compiled program ran, PyG's eager propagate did not)."""
 from __future__ import annotations
 
+import functools
 import io
 import warnings
 from typing import Callable, NamedTuple
@@ -41,6 +42,10 @@ def POINTS(layer, t, ei):
     return layer(t["x"], t["pos"], ei)
 
 
+def WITH_X0(layer, t, ei):
+    return layer(t["x"], t["x_0"], ei)
+
+
 HAN_METADATA = (["a", "b"], [("a", "to", "b"), ("b", "to", "a"), ("a", "self", "a")])
 
 
@@ -67,6 +72,8 @@ CONFIGS = {
     "AGNNConv": Case(lambda c: c(requires_grad=True)),
     "CGConv": Case(lambda c: c(F, dim=EDGE_DIM, aggr="mean", batch_norm=True), EDGE_ATTR),
     "ClusterGCNConv": Case(lambda c: c(F, OUT, diag_lambda=0.3)),
+    # message() keeps its attention weights in self._alpha for forward() to return
+    "FAConv": Case(lambda c: c(F, eps=0.2), WITH_X0),
     "FeaStConv": Case(lambda c: c(F, OUT, heads=2)),
     "FiLMConv": Case(lambda c: c(F, OUT, num_relations=1)),
     "GCN2Conv": Case(lambda c: c(F, alpha=0.2, theta=0.5, layer=2, shared_weights=False),
@@ -184,20 +191,24 @@ def test_compiled_class_takes_other_message_passing_classes():
 
 
 @pytest.mark.parametrize("flag", [True, False])
-def test_transformer_attention_weights_are_pyg_s(flag):
+@pytest.mark.parametrize("name", ["FAConv", "TransformerConv"])
+def test_attention_weights_are_pyg_s(name, flag):
     """message() keeps the weights in self._alpha; a call asking for them (True or False,
     as PyG reads the flag) runs eagerly and returns PyG's, the others compile."""
-    ours, theirs = twins("TransformerConv")
-    x, edge_attr = inputs("cpu")["x"], inputs("cpu")["edge_attr"]
+    ours, theirs = twins(name)
+    tensors, forward = inputs("cpu"), CONFIGS[name].forward
+
+    def asking(layer, t, ei):
+        return forward(functools.partial(layer, return_attention_weights=flag), t, ei)
     with record_calls() as calls:
-        out, (edge_index, alpha) = ours(x, EDGES, edge_attr, return_attention_weights=flag)
+        out, (edge_index, alpha) = asking(ours, tensors, EDGES)
     assert not calls
-    ref, (ref_index, ref_alpha) = theirs(x, EDGES, edge_attr, return_attention_weights=flag)
+    ref, (ref_index, ref_alpha) = asking(theirs, tensors, EDGES)
     torch.testing.assert_close(out, ref)
     torch.testing.assert_close(alpha, ref_alpha)
     assert torch.equal(edge_index, ref_index)
     with record_calls() as calls:
-        torch.testing.assert_close(ours(x, EDGES, edge_attr), theirs(x, EDGES, edge_attr))
+        torch.testing.assert_close(forward(ours, tensors, EDGES), forward(theirs, tensors, EDGES))
     assert calls and ours._alpha is None
 
 

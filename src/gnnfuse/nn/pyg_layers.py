@@ -22,9 +22,9 @@ if TYPE_CHECKING:
     from .message_passing import MessagePassing
 
 COMPILED_PYG_LAYERS = (
-    "AGNNConv", "CGConv", "ClusterGCNConv", "FeaStConv", "FiLMConv", "GCN2Conv", "GENConv", "GINEConv", "GMMConv",
-    "GatedGraphConv", "GeneralConv", "HANConv", "HEATConv", "LEConv", "LGConv", "MFConv", "MixHopConv", "NNConv",
-    "PDNConv", "PointGNNConv", "PointNetConv", "PointTransformerConv", "ResGatedGraphConv", "SSGConv",
+    "AGNNConv", "CGConv", "ClusterGCNConv", "FAConv", "FeaStConv", "FiLMConv", "GCN2Conv", "GENConv", "GINEConv",
+    "GMMConv", "GatedGraphConv", "GeneralConv", "HANConv", "HEATConv", "LEConv", "LGConv", "MFConv", "MixHopConv",
+    "NNConv", "PDNConv", "PointGNNConv", "PointNetConv", "PointTransformerConv", "ResGatedGraphConv", "SSGConv",
     "SignedConv", "SimpleConv", "TransformerConv", "WLConvContinuous")
 
 
@@ -52,7 +52,7 @@ def compiled_class(pyg_class: type) -> type:
 # message() of these keeps its per-edge attention weights on the layer for forward() to
 # return; the compiled kernel never materialises them, so a call that asks for them runs
 # eagerly and the others restore the attribute after tracing
-_WEIGHT_ATTRIBUTES = {"TransformerConv": ("_alpha",)}
+_WEIGHT_ATTRIBUTES = {"FAConv": ("_alpha",), "TransformerConv": ("_alpha",)}
 
 
 def _weights_eager(forward: Callable[..., Any]) -> Callable[..., Any]:
