@@ -61,9 +61,23 @@ def _types(ei: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (torch.arange(NUM_NODES, device=ei.device) % 2, torch.arange(ei.shape[1], device=ei.device) % 3)
 
 
+def _hypergraph(layer, t, ei):
+    """Four hyperedges over the 9 vertices (vertex 8 in none), with attention features."""
+    hyperedges = torch.tensor([[0, 1, 2, 3, 4, 5, 6, 7, 1, 1], [0, 0, 1, 1, 2, 2, 3, 3, 3, 0]], device=ei.device)
+    return layer(t["x"], hyperedges, hyperedge_attr=t["x_0"][:4])
+
+
+def _mesh_edges(ei: torch.Tensor) -> torch.Tensor:
+    """MeshCNN's edge adjacency: row i of x (a mesh edge) has four neighbouring edges."""
+    rows = torch.arange(NUM_NODES, device=ei.device).repeat_interleave(4)
+    return torch.stack([rows, (rows + torch.arange(1, 5, device=ei.device).repeat(NUM_NODES)) % NUM_NODES])
+
+
 class Case(NamedTuple):
     make: Callable[[type], torch.nn.Module]
     forward: Callable[..., torch.Tensor] = PLAIN
+    # for a layer of EAGER_PYG_LAYERS: part of the warning that says why it runs eagerly
+    eager_because: str | None = None
 
 
 # name -> how to build and call it; non-default arguments where the layer has them, so
@@ -104,11 +118,30 @@ CONFIGS = {
     "SimpleConv": Case(lambda c: c(aggr="max", combine_root="sum")),
     "TransformerConv": Case(lambda c: c(F, OUT, heads=2, edge_dim=EDGE_DIM, beta=True, concat=False), EDGE_ATTR),
     "WLConvContinuous": Case(lambda c: c()),
+    # exported, but every call runs PyG's eager propagate (with the warning naming why)
+    "ARMAConv": Case(lambda c: c(F, OUT, num_stacks=2, num_layers=2),
+                     lambda layer, t, ei: layer(t["x"], ei, t["edge_weight"]), "node_dim=-2 selects a non-leading axis"),
+    "DNAConv": Case(lambda c: c(2, heads=2, groups=2),
+                    lambda layer, t, ei: layer(t["x"].view(NUM_NODES, 3, 2), ei), ".transpose() has no gnnfuse op"),
+    "EGConv": Case(lambda c: c(F, OUT, aggregators=["sum", "max"], num_heads=2, num_bases=2),
+                   eager_because="EGConv overrides aggregate()"),
+    "HypergraphConv": Case(lambda c: c(F, OUT, use_attention=True, heads=2), _hypergraph, "bipartite message passing"),
+    "MeshCNNConv": Case(lambda c: c(F, OUT), lambda layer, t, ei: layer(t["x"], _mesh_edges(ei)), "indexing dim 0"),
+    "PNAConv": Case(lambda c: c(F, OUT, ["mean", "max", "std"], ["identity", "amplification"],
+                                deg=torch.tensor([1, 2, 3, 1]), edge_dim=EDGE_DIM), EDGE_ATTR,
+                    "DegreeScalerAggregation"),
+    "PPFConv": Case(lambda c: c(_mlp(F + 4, OUT), _mlp(OUT, OUT)),
+                    lambda layer, t, ei: layer(t["x"], t["pos"], torch.nn.functional.normalize(t["x_0"][:, :3]), ei),
+                    "function cross has no gnnfuse op"),
+    "SuperGATConv": Case(lambda c: c(F, OUT, heads=2, attention_type="MX"), eager_because=".is_cuda() has no gnnfuse op"),
 }
+COMPILED = sorted(name for name, case in CONFIGS.items() if case.eager_because is None)
+EAGER = sorted(set(CONFIGS) - set(COMPILED))
 
 
 def test_every_listed_layer_is_checked():
-    assert sorted(CONFIGS) == sorted(pyg_layers.COMPILED_PYG_LAYERS)
+    assert COMPILED == sorted(pyg_layers.COMPILED_PYG_LAYERS)
+    assert EAGER == sorted(pyg_layers.EAGER_PYG_LAYERS)
 
 
 def twins(name: str, device: torch.device | str = "cpu") -> tuple[torch.nn.Module, torch.nn.Module]:
@@ -157,7 +190,7 @@ def _eager_is_an_error(*args, **kwargs):
 
 
 @pytest.mark.parametrize("backend", ["reference", "triton"])
-@pytest.mark.parametrize("name", sorted(CONFIGS))
+@pytest.mark.parametrize("name", COMPILED)
 def test_layer_compiles_and_matches_pyg(name, backend, monkeypatch):
     monkeypatch.setenv("GNNFUSE_BACKEND", backend)
     device = device_for(backend)     # the Triton backend runs CUDA tensors on a GPU machine
@@ -168,6 +201,43 @@ def test_layer_compiles_and_matches_pyg(name, backend, monkeypatch):
     with record_calls() as calls:
         got = run(ours, forward, tensors, edge_index)
     assert calls, "no compiled program ran"
+    _assert_same(got, expected)
+
+
+@pytest.mark.parametrize("name", EAGER)
+def test_layer_runs_pyg_s_propagate_with_a_warning(name):
+    """A layer of EAGER_PYG_LAYERS warns once, naming why, and gives PyG's numbers."""
+    ours, theirs = twins(name)
+    tensors, forward = inputs("cpu"), CONFIGS[name].forward
+    expected = run(theirs, forward, tensors, EDGES)
+    message_passing._WARNED.discard(type(ours))
+    with warnings.catch_warnings(record=True) as caught, record_calls() as calls:
+        warnings.simplefilter("always")
+        got = run(ours, forward, tensors, EDGES)
+    reasons = [str(w.message) for w in caught if "eager message passing" in str(w.message)]
+    assert len(reasons) == 1 and reasons[0].startswith(f"{name}.propagate runs PyG's eager")
+    assert CONFIGS[name].eager_because in reasons[0]
+    assert not calls
+    _assert_same(got, expected)
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_hypergraph_conv_compiles_with_as_many_hyperedges_as_vertices(backend, monkeypatch):
+    """HypergraphConv's two propagations (vertices to hyperedges, and back with PyG's flow
+    reversed) are square when the counts agree: then they compile, and give PyG's numbers."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    device = device_for(backend)
+    ours, theirs = twins("HypergraphConv", device)
+    hyperedges = torch.stack([EDGES[0], (EDGES[1] + 2) % NUM_NODES]).to(device)   # 9 hyperedges, 0 and 1 empty
+
+    def forward(layer, t, ei):
+        return layer(t["x"], ei, hyperedge_attr=t["x_0"])
+    tensors = inputs(device)
+    expected = run(theirs, forward, tensors, hyperedges)
+    monkeypatch.setattr(message_passing, "_eager_propagate", _eager_is_an_error)
+    with record_calls() as calls:
+        got = run(ours, forward, tensors, hyperedges)
+    assert len(calls) == 2
     _assert_same(got, expected)
 
 

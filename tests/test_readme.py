@@ -57,11 +57,11 @@ def test_every_public_name_is_documented():
     user can find each; `gnnfuse.compile` and the model registry's `get_model` were not."""
     import gnnfuse
     import gnnfuse.nn
-    from gnnfuse.nn.pyg_layers import COMPILED_PYG_LAYERS
+    from gnnfuse.nn.pyg_layers import COMPILED_PYG_LAYERS, EAGER_PYG_LAYERS
     text = README.read_text()
     names = {("gnnfuse", name) for name in gnnfuse.__all__ if name != "__version__"}
-    names |= {("gnnfuse.nn", name) for name in (*gnnfuse.nn.__all__, *COMPILED_PYG_LAYERS, "MessagePassing",
-                                                "compiled_class")}
+    names |= {("gnnfuse.nn", name) for name in (*gnnfuse.nn.__all__, *COMPILED_PYG_LAYERS, *EAGER_PYG_LAYERS,
+                                                "MessagePassing", "compiled_class")}
     for module, name in sorted(names):
         assert getattr(sys.modules[module], name) is not None
     # a top-level name by its qualified spelling (``torch.compile`` is not ``gnnfuse.compile``);

@@ -9,8 +9,10 @@ rewritten here. The class *is* the PyG class (``isinstance`` holds, constructor,
 ``state_dict`` names and printed form are PyG's); a call that cannot compile (sparse
 ``adj_t``, bipartite sizes, an aggregation without a fused form) runs PyG's eager
 ``propagate`` with a one-time warning naming why. `COMPILED_PYG_LAYERS` lists the layers
-whose outputs and gradients the tests compare with PyG's; `compiled_class` builds the same
-for any other ``MessagePassing`` subclass (one from another library, say).
+whose outputs and gradients the tests compare with PyG's; `EAGER_PYG_LAYERS` those exported
+the same way whose every call runs PyG's ``propagate`` (the tests check the warning and
+PyG's numbers), so a model using them switches import all the same; `compiled_class` builds
+the same for any other ``MessagePassing`` subclass (one from another library, say).
 """
 from __future__ import annotations
 
@@ -26,6 +28,14 @@ COMPILED_PYG_LAYERS = (
     "GMMConv", "GatedGraphConv", "GeneralConv", "HANConv", "HEATConv", "LEConv", "LGConv", "MFConv", "MixHopConv",
     "NNConv", "PDNConv", "PointGNNConv", "PointNetConv", "PointTransformerConv", "ResGatedGraphConv", "SSGConv",
     "SignedConv", "SimpleConv", "TransformerConv", "WLConvContinuous")
+
+# Why each runs eagerly (the warning says it too): ARMAConv propagates [stacks, N, F] tables
+# (node_dim=-2); DNAConv's attention transposes its [E, layers, F] messages; EGConv overrides
+# aggregate(); HypergraphConv's propagations are bipartite (vertices to hyperedges); MeshCNNConv's
+# message slices the edge axis; PNAConv's aggregation is a DegreeScalerAggregation; PPFConv's
+# point-pair features need torch.cross; SuperGATConv calls PyG's softmax from a helper method.
+EAGER_PYG_LAYERS = (
+    "ARMAConv", "DNAConv", "EGConv", "HypergraphConv", "MeshCNNConv", "PNAConv", "PPFConv", "SuperGATConv")
 
 
 @functools.cache
@@ -71,6 +81,6 @@ def _weights_eager(forward: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def layer_class(name: str) -> type:
-    """``gnnfuse.nn.<name>`` for a name in `COMPILED_PYG_LAYERS`."""
+    """``gnnfuse.nn.<name>`` for a name in `COMPILED_PYG_LAYERS` or `EAGER_PYG_LAYERS`."""
     import torch_geometric.nn
     return compiled_class(getattr(torch_geometric.nn, name))
