@@ -241,6 +241,35 @@ def test_hypergraph_conv_compiles_with_as_many_hyperedges_as_vertices(backend, m
     _assert_same(got, expected)
 
 
+def test_every_other_pyg_convolution_names_its_alternative():
+    """``from gnnfuse.nn import AGNNConv`` was a bare "cannot import name"; a PyG layer
+    gnnfuse.nn does not export says why, and what to use."""
+    exported = {*gnnfuse.nn.__all__, *pyg_layers.COMPILED_PYG_LAYERS, *pyg_layers.EAGER_PYG_LAYERS, "MessagePassing"}
+    missing = sorted(set(pyg_nn.conv.__all__) - exported)
+    assert missing == sorted(pyg_layers.NOT_EXPORTED)
+    for name in missing:
+        with pytest.raises(ImportError, match=rf"gnnfuse.nn has no '{name}': .*torch_geometric.nn.{name}\b"):
+            exec(f"from gnnfuse.nn import {name}", {})
+
+
+@pytest.mark.parametrize("name", ["AntiSymmetricConv", "DirGNNConv", "GPSConv"])
+def test_pyg_wrappers_around_gnnfuse_layers_compile_and_match(name):
+    """What the ImportError of PyG's wrapper layers advises: the PyG wrapper around a
+    gnnfuse.nn layer runs compiled and gives PyG's numbers."""
+    wraps = {"AntiSymmetricConv": lambda m: pyg_nn.AntiSymmetricConv(F, phi=m.GCNConv(F, F, bias=False), num_iters=2),
+             "DirGNNConv": lambda m: pyg_nn.DirGNNConv(m.GCNConv(F, OUT), alpha=0.3),
+             "GPSConv": lambda m: pyg_nn.GPSConv(F, m.GCNConv(F, F), heads=2)}[name]
+    torch.manual_seed(0)
+    ours, theirs = wraps(gnnfuse.nn).double().eval(), wraps(pyg_nn).double().eval()
+    theirs.load_state_dict(ours.state_dict())
+    tensors = inputs("cpu")
+    expected = run(theirs, PLAIN, tensors, EDGES)
+    with record_calls() as calls:
+        got = run(ours, PLAIN, tensors, EDGES)
+    assert calls
+    _assert_same(got, expected)
+
+
 def test_is_the_pyg_class_and_pickles():
     conv = gnnfuse.nn.TransformerConv(F, OUT, heads=2)
     assert isinstance(conv, pyg_nn.TransformerConv) and isinstance(conv, gnnfuse.nn.MessagePassing)

@@ -47,9 +47,12 @@ def __getattr__(name: str):
     if name == "MessagePassing":
         from .message_passing import MessagePassing
         return MessagePassing
-    from .pyg_layers import COMPILED_PYG_LAYERS, EAGER_PYG_LAYERS, compiled_class, layer_class
+    from .pyg_layers import COMPILED_PYG_LAYERS, EAGER_PYG_LAYERS, NOT_EXPORTED, compiled_class, layer_class
     if name == "compiled_class":
         return compiled_class
     if name in COMPILED_PYG_LAYERS or name in EAGER_PYG_LAYERS:
         return layer_class(name)
+    if name in NOT_EXPORTED:
+        raise ImportError(f"gnnfuse.nn has no {name!r}: torch_geometric.nn.{name} {NOT_EXPORTED[name]}",
+                          name=__name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -38,6 +38,35 @@ EAGER_PYG_LAYERS = (
     "ARMAConv", "DNAConv", "EGConv", "HypergraphConv", "MeshCNNConv", "PNAConv", "PPFConv", "SuperGATConv")
 
 
+_WRAPPER = ("is PyG's wrapper around another convolution, not a MessagePassing layer of its own: use "
+            "torch_geometric.nn.{name} around a gnnfuse.nn layer, e.g. {example}; that layer's propagation "
+            "then compiles")
+_NEEDS_PYG_LIB = ("needs pyg-lib's {ops}, without which gnnfuse's tests cannot compare it with PyG's: use "
+                  "torch_geometric.nn.{name}")
+_CUGRAPH = "runs cugraph-ops kernels, not a MessagePassing propagate: use torch_geometric.nn.{name}"
+
+# PyG's other convolutions: why gnnfuse.nn does not export each, and what to use instead
+# (``from gnnfuse.nn import X`` raises an ImportError saying so)
+NOT_EXPORTED = {
+    "AntiSymmetricConv": _WRAPPER.format(name="AntiSymmetricConv",
+                                         example="AntiSymmetricConv(64, phi=gnnfuse.nn.GCNConv(64, 64, bias=False))"),
+    "DirGNNConv": _WRAPPER.format(name="DirGNNConv", example="DirGNNConv(gnnfuse.nn.GCNConv(64, 64))"),
+    "GPSConv": _WRAPPER.format(name="GPSConv", example="GPSConv(64, gnnfuse.nn.GCNConv(64, 64))"),
+    "WLConv": "is not a MessagePassing layer (it relabels discrete colours by hashing, without gradients): "
+              "use torch_geometric.nn.WLConv",
+    "XConv": "is not a MessagePassing layer (and needs pyg-lib's knn): use torch_geometric.nn.XConv",
+    "PANConv": "propagates over a torch_sparse SparseTensor it builds itself, which gnnfuse cannot compile (its "
+               "propagate would run PyG's every call): use torch_geometric.nn.PANConv",
+    "SplineConv": _NEEDS_PYG_LIB.format(ops="spline_basis and spline_weighting", name="SplineConv"),
+    "DynamicEdgeConv": _NEEDS_PYG_LIB.format(ops="knn", name="DynamicEdgeConv")
+                       + ", or gnnfuse.nn.EdgeConv (the same message) on a k-NN edge_index you build",
+    "GravNetConv": _NEEDS_PYG_LIB.format(ops="knn", name="GravNetConv"),
+    "FusedGATConv": "runs DGL's fused kernels on CSR/CSC inputs: use torch_geometric.nn.FusedGATConv, or "
+                    "gnnfuse.nn.GATConv with PyG's GATConv arguments (its forward takes edge_index)",
+    **{name: _CUGRAPH.format(name=name) for name in ("CuGraphGATConv", "CuGraphRGCNConv", "CuGraphSAGEConv")},
+}
+
+
 @functools.cache
 def compiled_class(pyg_class: type) -> type:
     """``pyg_class`` (a subclass of PyG's ``MessagePassing``) with gnnfuse's compiling
