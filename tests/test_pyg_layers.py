@@ -311,6 +311,60 @@ def test_attention_weights_are_pyg_s(name, flag):
     assert calls and ours._alpha is None
 
 
+class _Doubling(pyg_nn.MessagePassing):
+    """A layer of another library whose own propagate post-processes PyG's."""
+
+    def __init__(self):
+        super().__init__(aggr="add")
+
+    def forward(self, x, edge_index):
+        return self.propagate(edge_index, x=x)
+
+    def propagate(self, edge_index, size=None, **kwargs):
+        return 2 * super().propagate(edge_index, size=size, **kwargs)
+
+    def message(self, x_j):
+        return x_j
+
+
+class _DoublingCompiled(gnnfuse.nn.MessagePassing):
+    def __init__(self):
+        super().__init__(aggr="add")
+
+    forward, message = _Doubling.forward, _Doubling.message
+
+    def propagate(self, edge_index, size=None, **kwargs):
+        return 2 * super().propagate(edge_index, size=size, **kwargs)
+
+
+class _Plain(pyg_nn.MessagePassing):
+    def __init__(self):
+        super().__init__(aggr="add")
+
+    def forward(self, x, edge_index):
+        return self.propagate(edge_index, x=x)
+
+    def message(self, x_j):
+        return x_j * 3
+
+
+def test_compiled_class_refuses_a_class_with_its_own_propagate():
+    """compiled_class puts gnnfuse's propagate first among the bases, so a class's own
+    propagate never ran: compiled _Doubling gave [2, 0, 1] where PyG gives [4, 0, 2]. A
+    propagate PyG generated on the class (after a PyG instance was built) is PyG's own."""
+    edge_index, x = torch.tensor([[0, 1, 2], [1, 2, 0]]), torch.arange(3.0).view(-1, 1)
+    assert _Doubling()(x, edge_index).flatten().tolist() == [4.0, 0.0, 2.0]
+    with pytest.raises(TypeError, match=r"_Doubling overrides propagate\(\) .*subclass gnnfuse.nn.MessagePassing"):
+        gnnfuse.nn.compiled_class(_Doubling)
+    with record_calls() as calls:     # what the error advises
+        assert _DoublingCompiled()(x, edge_index).flatten().tolist() == [4.0, 0.0, 2.0]
+    assert calls
+    expected = _Plain()(x, edge_index)    # PyG installs its template propagate on _Plain
+    with record_calls() as calls:
+        torch.testing.assert_close(gnnfuse.nn.compiled_class(_Plain)()(x, edge_index), expected)
+    assert calls
+
+
 class _KeepsMessages(gnnfuse.nn.MessagePassing):
     """Stores its messages on the layer, as PyG's attention layers store their weights."""
 

@@ -16,6 +16,7 @@ the same for any other ``MessagePassing`` subclass (one from another library, sa
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 from typing import TYPE_CHECKING, Any, Callable
@@ -80,12 +81,30 @@ def compiled_class(pyg_class: type) -> type:
         raise TypeError(f"compiled_class takes a subclass of torch_geometric.nn.MessagePassing, got {pyg_class!r}")
     if issubclass(pyg_class, MessagePassing):
         return pyg_class
+    _refuse_own_propagate(pyg_class, PyGMessagePassing)
     namespace: dict[str, Any] = {"__module__": "gnnfuse.nn", "__qualname__": pyg_class.__name__,
                                  "__doc__": pyg_class.__doc__, "_gnnfuse_source_class": pyg_class}
     if "return_attention_weights" in inspect.signature(pyg_class.forward).parameters:
         namespace.update(forward=_weights_eager(pyg_class.forward),
                          _gnnfuse_scratch_attributes=_WEIGHT_ATTRIBUTES.get(pyg_class.__name__, ()))
     return type(pyg_class.__name__, (MessagePassing, pyg_class), namespace)
+
+
+def _refuse_own_propagate(pyg_class: type, base: type) -> None:
+    """gnnfuse's ``propagate`` comes first among the compiled class's bases, so a
+    ``propagate`` the class (or a class between it and PyG's base) defines would never run;
+    such a class is refused. The ``propagate`` PyG generates from its template and installs
+    on a class when it builds an instance is PyG's own (its module is named after the class)."""
+    for klass in pyg_class.__mro__[:pyg_class.__mro__.index(base)]:
+        own = klass.__dict__.get("propagate")
+        if own is None or getattr(own, "__module__", "").startswith(f"{klass.__module__}_{klass.__name__}"):
+            continue
+        where = ""
+        with contextlib.suppress(OSError, TypeError):
+            where = f" (line {inspect.getsourcelines(own)[1]} of {inspect.getsourcefile(own)})"
+        raise TypeError(f"{klass.__name__} overrides propagate(){where}, which compiled_class would bypass "
+                        f"(gnnfuse's propagate comes first among its bases): subclass gnnfuse.nn.MessagePassing "
+                        f"instead of PyG's, so that its propagate's super().propagate() compiles")
 
 
 # message() of these keeps its per-edge attention weights on the layer for forward() to
