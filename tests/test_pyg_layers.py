@@ -287,6 +287,9 @@ def test_compiled_class_takes_other_message_passing_classes():
     assert gnnfuse.nn.compiled_class(gnnfuse.nn.GINEConv) is gnnfuse.nn.GINEConv
     with pytest.raises(TypeError, match="subclass of torch_geometric.nn.MessagePassing"):
         gnnfuse.nn.compiled_class(torch.nn.Linear)
+    # PyG's wrappers are not MessagePassing layers: the error says how to compile what they wrap
+    with pytest.raises(TypeError, match=r"got .*DirGNNConv.*: .*DirGNNConv\(gnnfuse.nn.GCNConv\(64, 64\)\)"):
+        gnnfuse.nn.compiled_class(pyg_nn.DirGNNConv)
 
 
 @pytest.mark.parametrize("flag", [True, False])

@@ -74,11 +74,16 @@ def compiled_class(pyg_class: type) -> type:
     ``propagate``; one class per ``pyg_class``. The class is named ``gnnfuse.nn.<name>``,
     so a pickled model holding a layer of `COMPILED_PYG_LAYERS` loads again; for any
     other class save the ``state_dict``."""
+    import torch_geometric.nn
     from torch_geometric.nn import MessagePassing as PyGMessagePassing
 
     from .message_passing import MessagePassing
     if not (isinstance(pyg_class, type) and issubclass(pyg_class, PyGMessagePassing)):
-        raise TypeError(f"compiled_class takes a subclass of torch_geometric.nn.MessagePassing, got {pyg_class!r}")
+        name = getattr(pyg_class, "__name__", None)
+        pyg_s = name in NOT_EXPORTED and getattr(torch_geometric.nn, name, None) is pyg_class
+        advice = f": torch_geometric.nn.{name} {NOT_EXPORTED[name]}" if pyg_s else ""
+        raise TypeError(f"compiled_class takes a subclass of torch_geometric.nn.MessagePassing, got {pyg_class!r}"
+                        + advice)
     if issubclass(pyg_class, MessagePassing):
         return pyg_class
     _refuse_own_propagate(pyg_class, PyGMessagePassing)
