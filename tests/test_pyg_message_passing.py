@@ -610,3 +610,50 @@ def test_a_weight_with_a_row_per_edge_or_node_compiles():
         result = run(ours, data)
     assert calls and not fallback_warnings(caught)
     assert_same(result, run(theirs, data))
+
+
+def _scaled_layers(base: type) -> tuple[type, type]:
+    """Layers whose message is a classmethod reading a class attribute that an instance
+    attribute of the same name shadows, and a staticmethod."""
+    class ClassScaled(base):
+        scale = 2.0                   # what message reads, through cls
+
+        def __init__(self):
+            super().__init__(aggr="add")
+            self.scale = 7.0          # the instance's, which message does not read
+
+        def forward(self, x, edge_index):
+            return self.propagate(edge_index, x=x)
+
+        @classmethod
+        def message(cls, x_j):
+            return cls.scale * x_j
+
+    class StaticScaled(ClassScaled):
+        @staticmethod
+        def message(x_j):
+            return 3.0 * x_j
+    return ClassScaled, StaticScaled
+
+
+def test_class_and_static_message_methods_compile_as_pyg_calls_them(monkeypatch):
+    """PyG calls self.message(...), which binds a classmethod to the class and a
+    staticmethod to nothing; the trace called message(layer, ...) for both: the
+    classmethod read the instance's scale (7) where PyG reads the class's (2), giving
+    [14, 0, 7] for [4, 0, 2], and the staticmethod failed and ran eagerly. The class
+    attribute, not the instance's, guards the cached trace."""
+    traced = count_traces(monkeypatch)
+    edge_index, x = torch.tensor([[0, 1, 2], [1, 2, 0]]), torch.arange(3.0).view(-1, 1)
+    for ours, theirs in zip(_scaled_layers(gnnfuse.nn.MessagePassing), _scaled_layers(pyg_nn.MessagePassing)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")       # no fallback
+            with record_calls() as calls:
+                torch.testing.assert_close(ours()(x, edge_index), theirs()(x, edge_index))
+        assert calls
+    assert len(traced) == 2
+    class_scaled = _scaled_layers(gnnfuse.nn.MessagePassing)[0]
+    torch.testing.assert_close(class_scaled()(x, edge_index), 2 * x[[2, 0, 1]])
+    assert len(traced) == 2                   # the same message code and class scale: reused
+    class_scaled.scale = 5.0
+    torch.testing.assert_close(class_scaled()(x, edge_index), 5 * x[[2, 0, 1]])
+    assert len(traced) == 3

@@ -194,12 +194,15 @@ def _frozen(value: Any) -> Hashable:
     return _Unguardable()
 
 
-def _layer_state(layer: PyGMessagePassing, message: types.FunctionType) -> Hashable:
-    """The values of the ``self.<attr>`` scalars ``message`` reads (part of the key)."""
+def _layer_state(bound: tuple[Any, ...], message: types.FunctionType) -> Hashable:
+    """The values of the ``self.<attr>`` (``cls.<attr>`` for a classmethod) scalars
+    ``message`` reads (part of the key); nothing for a staticmethod."""
+    if not bound:
+        return ()
     names = _self_attributes(message.__code__)
     if names is None:
         return _Unguardable()
-    return tuple((name, _frozen(getattr(layer, name, None))) for name in names)
+    return tuple((name, _frozen(getattr(bound[0], name, None))) for name in names)
 
 
 # --- argument collection (PyG's ``_collect``, symbolically) ------------------------------
@@ -317,7 +320,7 @@ def trace_message(layer: PyGMessagePassing, args: _Arguments, op: str, num_nodes
                   num_edges: int, size: list[int | None]) -> Tracer:
     """Trace ``layer.message`` on symbolic rows into a program whose output ``out`` is the
     messages reduced with ``op`` into each target vertex."""
-    message = _function(type(layer).message)
+    message, bound = _message(layer)
     tracer = Tracer(message, "message")
     values: dict[str, Any] = dict(args.other)
     for param, (key, by) in args.gathers.items():
@@ -339,7 +342,7 @@ def trace_message(layer: PyGMessagePassing, args: _Arguments, op: str, num_nodes
     # catches, and a value traced under torch.no_grad() inside it, are refused (then PyG's
     # eager run takes over, with a warning) rather than compiled as the trace saw them
     with _attribute_writes_checked(layer):
-        out = tracer.call(lambda: traced(layer, **call))
+        out = tracer.call(lambda: traced(*bound, **call))
     if not isinstance(out, SymTensor) or out.value.residency not in EDGE_ROWED:
         what = out.value.residency.name if isinstance(out, SymTensor) else type(out).__name__
         raise tracer.error(f"message() must return one tensor with a row per edge, got {what}")
@@ -417,6 +420,18 @@ def _function(method: Any) -> types.FunctionType:
     return fn
 
 
+def _message(layer: PyGMessagePassing) -> tuple[types.FunctionType, tuple[Any, ...]]:
+    """``message``'s function and what ``layer.message(...)`` (PyG's call) binds before
+    the arguments: the layer, its class for a classmethod (``cls.scale`` is the class's
+    attribute, not an instance's of the same name), nothing for a staticmethod."""
+    raw = inspect.getattr_static(type(layer), "message")
+    if isinstance(raw, staticmethod):
+        return _function(raw.__func__), ()
+    if isinstance(raw, classmethod):
+        return _function(raw.__func__), (type(layer),)
+    return _function(type(layer).message), (layer,)
+
+
 def _trace_failure(layer: PyGMessagePassing, exc: Exception) -> NotCompilable:
     """Why tracing failed, naming the line of ``message`` where it did."""
     if isinstance(exc, CompileError):
@@ -440,7 +455,7 @@ def compiled_propagate(layer: PyGMessagePassing, edge_index: Any, size: Any, kwa
     op = _aggregation(layer)
     mutable_size = layer._check_input(edge_index, size)
     num_edges = edge_index.shape[1]
-    message = _function(type(layer).message)
+    message, bound = _message(layer)
     params = layer.inspector.get_param_names("message")
     args = _collect(layer, params, kwargs, mutable_size, num_edges)
     known = [s for s in mutable_size if s is not None]
@@ -453,7 +468,7 @@ def compiled_propagate(layer: PyGMessagePassing, edge_index: Any, size: Any, kwa
     rows = known[0] if known else (int(edge_index[i].max()) + 1 if num_edges else 0)
     other = tuple((k, _frozen(v) if not isinstance(v, torch.Tensor) else _Unguardable())
                   for k, v in args.other.items())
-    guards = (_library_view(message), _layer_state(layer, message), other, op, _aggregation_state(layer),
+    guards = (_library_view(message), _layer_state(bound, message), other, op, _aggregation_state(layer),
               layer.flow, layer.node_dim,
               tuple(args.gathers.items()), num_nodes)
     try:
