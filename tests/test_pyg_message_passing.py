@@ -6,6 +6,7 @@ interpreter, and must really run compiled (a compiled program ran, no fallback w
 from __future__ import annotations
 
 import sys
+import types
 import warnings
 
 import pytest
@@ -657,3 +658,31 @@ def test_class_and_static_message_methods_compile_as_pyg_calls_them(monkeypatch)
     class_scaled.scale = 5.0
     torch.testing.assert_close(class_scaled()(x, edge_index), 5 * x[[2, 0, 1]])
     assert len(traced) == 3
+
+
+def test_a_message_set_on_the_instance_is_the_one_traced():
+    """PyG's propagate calls self.message, so a message set on the instance (a bound
+    method, or a plain function) replaces the class's; the trace read the class's: with
+    the class's x_j and the instance's 10 * x_j, compiled gave [2, 0, 1] where PyG gives
+    [20, 0, 10]."""
+    edge_index, x = torch.tensor([[0, 1, 2], [1, 2, 0]]), torch.arange(3.0).view(-1, 1)
+    layers = {}
+    for base in (gnnfuse.nn.MessagePassing, pyg_nn.MessagePassing):
+        class Identity(base):
+            def __init__(self):
+                super().__init__(aggr="add")
+
+            def forward(self, x, edge_index):
+                return self.propagate(edge_index, x=x)
+
+            def message(self, x_j):
+                return x_j
+        bound, plain = Identity(), Identity()
+        bound.message = types.MethodType(lambda self, x_j: 10 * x_j, bound)
+        plain.message = lambda x_j: 5 * x_j
+        layers[base] = bound, plain
+    for ours, theirs in zip(layers[gnnfuse.nn.MessagePassing], layers[pyg_nn.MessagePassing]):
+        with record_calls() as calls:
+            torch.testing.assert_close(ours(x, edge_index), theirs(x, edge_index))
+        assert calls
+    torch.testing.assert_close(layers[pyg_nn.MessagePassing][0](x, edge_index), 10 * x[[2, 0, 1]])

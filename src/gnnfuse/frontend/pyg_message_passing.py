@@ -423,7 +423,14 @@ def _function(method: Any) -> types.FunctionType:
 def _message(layer: PyGMessagePassing) -> tuple[types.FunctionType, tuple[Any, ...]]:
     """``message``'s function and what ``layer.message(...)`` (PyG's call) binds before
     the arguments: the layer, its class for a classmethod (``cls.scale`` is the class's
-    attribute, not an instance's of the same name), nothing for a staticmethod."""
+    attribute, not an instance's of the same name), nothing for a staticmethod. A
+    ``message`` set on the instance is the one PyG calls: a bound method binds its own
+    object, a plain function nothing."""
+    own = vars(layer).get("message")
+    if isinstance(own, types.MethodType):
+        return _function(own.__func__), (own.__self__,)
+    if own is not None:
+        return _function(own), ()
     raw = inspect.getattr_static(type(layer), "message")
     if isinstance(raw, staticmethod):
         return _function(raw.__func__), ()
@@ -436,7 +443,7 @@ def _trace_failure(layer: PyGMessagePassing, exc: Exception) -> NotCompilable:
     """Why tracing failed, naming the line of ``message`` where it did."""
     if isinstance(exc, CompileError):
         return NotCompilable(str(exc))
-    code = _function(type(layer).message).__code__
+    code = _message(layer)[0].__code__
     lines = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == code.co_filename]
     where = f" at {lines[-1].filename}:{lines[-1].lineno}: {lines[-1].line}" if lines else ""
     return NotCompilable(f"tracing message() raised {type(exc).__name__}: {exc}{where}")
