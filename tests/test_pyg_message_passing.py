@@ -686,3 +686,30 @@ def test_a_message_set_on_the_instance_is_the_one_traced():
             torch.testing.assert_close(ours(x, edge_index), theirs(x, edge_index))
         assert calls
     torch.testing.assert_close(layers[pyg_nn.MessagePassing][0](x, edge_index), 10 * x[[2, 0, 1]])
+
+
+def test_an_aggregate_set_on_the_instance_runs_pyg_semantics():
+    """An aggregate() assigned to the instance is the one PyG's propagate calls; only the
+    class's was checked, so the compiled sum ran instead of it: [2, 0, 1] where PyG gives
+    [6, 0, 3] for three times the sum. It runs eagerly, warning why."""
+    edge_index, x = torch.tensor([[0, 1, 2], [1, 2, 0]]), torch.arange(3.0).view(-1, 1)
+    outs, caught = [], []
+    for base in (gnnfuse.nn.MessagePassing, pyg_nn.MessagePassing):
+        class Sum(base):
+            def __init__(self):
+                super().__init__(aggr="add")
+
+            def forward(self, x, edge_index):
+                return self.propagate(edge_index, x=x)
+
+            def message(self, x_j):
+                return x_j
+        layer = Sum()
+        summed = layer.aggregate
+        layer.aggregate = lambda inputs, index, ptr=None, dim_size=None: 3 * summed(inputs, index, ptr, dim_size)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            outs.append(layer(x, edge_index))
+        caught += [str(w.message) for w in seen]
+    torch.testing.assert_close(outs[0], outs[1])
+    assert any("aggregate() is set on the instance" in message for message in caught)

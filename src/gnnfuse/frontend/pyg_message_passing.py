@@ -279,6 +279,8 @@ def _collect(layer: PyGMessagePassing, params: list[str], kwargs: Mapping[str, A
 
 
 def _aggregation(layer: PyGMessagePassing) -> str:
+    if "aggregate" in vars(layer):     # PyG's propagate calls self.aggregate: the instance's
+        raise NotCompilable(f"aggregate() is set on the instance ({vars(layer)['aggregate']!r})")
     if type(layer).aggregate is not PyGMessagePassing.aggregate:
         raise NotCompilable(f"{type(layer).__name__} overrides aggregate() (line "
                             f"{inspect.getsourcelines(type(layer).aggregate)[1]} of "
