@@ -713,3 +713,21 @@ def test_an_aggregate_set_on_the_instance_runs_pyg_semantics():
         caught += [str(w.message) for w in seen]
     torch.testing.assert_close(outs[0], outs[1])
     assert any("aggregate() is set on the instance" in message for message in caught)
+
+
+def test_update_set_on_the_instance_writing_a_softmax_aggregate_in_place_matches_pyg():
+    """The clone that lets update() write the aggregate in place was taken only for an
+    update() defined on the class; one assigned to the instance (which PyG's propagate
+    calls) made backward raise torch's "modified by an inplace operation" where PyG's layer
+    computes the gradient."""
+    def add_root_in_place(aggr_out, x):
+        aggr_out += x
+        return aggr_out
+    results = []
+    for base in (gnnfuse.nn.MessagePassing, pyg_nn.MessagePassing):
+        torch.manual_seed(0)
+        layer = in_place_update(base, "softmax")().double()
+        del type(layer).update           # the class's update is the base's: the instance's writes in place
+        layer.update = add_root_in_place
+        results.append(run(layer, inputs("untraceable"), EDGES))
+    assert_same(*results)

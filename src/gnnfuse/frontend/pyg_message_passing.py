@@ -489,9 +489,11 @@ def compiled_propagate(layer: PyGMessagePassing, edge_index: Any, size: Any, kwa
         raise _trace_failure(layer, exc) from exc
     graph = _graph(layer, edge_index, num_nodes)
     out = compiled(graph, program_feeds((args.nodes, args.edges), captured))["out"]
-    if type(layer).update is not PyGMessagePassing.update and read_back_by_backward(out):
+    own_update = type(layer).update is not PyGMessagePassing.update or "update" in vars(layer)
+    if own_update and read_back_by_backward(out):
         # the backward reads the aggregate back (a softmax aggregation's does), and an
-        # update() may write it in place (``aggr_out += x``), which PyG's backward survives
+        # update() (the class's, or one set on the instance, which PyG calls) may write it
+        # in place (``aggr_out += x``), which PyG's backward survives
         out = out.clone()
     out = out[:rows]
     update_args = set(layer.inspector.get_param_names("update"))
