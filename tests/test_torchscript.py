@@ -15,13 +15,13 @@ import torch
 import gnnfuse
 import gnnfuse.nn as ours
 from gnnfuse.nn import message_passing
-from gnnfuse.nn.pyg_layers import COMPILED_PYG_LAYERS
+from gnnfuse.nn.pyg_layers import COMPILED_PYG_LAYERS, EAGER_PYG_LAYERS
 
 EDGE_INDEX = torch.tensor([[0, 1, 2, 3, 4, 5, 1], [1, 2, 3, 4, 5, 0, 3]])
 
 
 def _public_modules() -> list[type]:
-    names = [*ours.__all__, *COMPILED_PYG_LAYERS, "MessagePassing"]
+    names = [*ours.__all__, *COMPILED_PYG_LAYERS, *EAGER_PYG_LAYERS, "MessagePassing"]
     return sorted({getattr(ours, n) for n in names
                    if isinstance(getattr(ours, n), type) and issubclass(getattr(ours, n), torch.nn.Module)},
                   key=lambda c: c.__name__)
