@@ -37,30 +37,36 @@ def _mlp(i: int, hidden: int, o: int) -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(i, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, o))
 
 
-# constructor per layer, given (in_channels, out_channels); whether forward takes edge_attr;
-# the input width it is given where not the data set's (None): GatedGraphConv takes no more
-# input channels than it gives out, and NNConv's per-edge [in, out] weights are E x in x out
-CONFIGS: dict[str, tuple[Callable[[type, int, int], torch.nn.Module], bool, int | None]] = {
-    "TransformerConv": (lambda c, i, o: c(i, o // 4, heads=4), False, None),
-    "GINEConv": (lambda c, i, o: c(_mlp(i, o, o), edge_dim=EDGE_DIM), True, None),
-    "GENConv": (lambda c, i, o: c(i, o, aggr="softmax", learn_t=True), False, None),
-    "ResGatedGraphConv": (lambda c, i, o: c(i, o), False, None),
-    "GeneralConv": (lambda c, i, o: c(i, o, attention=True, heads=4), False, None),
-    "LEConv": (lambda c, i, o: c(i, o), False, None),
-    "ClusterGCNConv": (lambda c, i, o: c(i, o), False, None),
-    "FeaStConv": (lambda c, i, o: c(i, o, heads=2), False, None),
-    "PDNConv": (lambda c, i, o: c(i, o, edge_dim=EDGE_DIM, hidden_channels=16), True, None),
-    "MFConv": (lambda c, i, o: c(i, o), False, None),
-    "GatedGraphConv": (lambda c, i, o: c(o, 2), False, HIDDEN),
-    "SSGConv": (lambda c, i, o: c(i, o, alpha=0.1, K=2), False, None),
-    "CGConv": (lambda c, i, o: c(i, dim=EDGE_DIM), True, None),
-    "NNConv": (lambda c, i, o: c(i, o, _mlp(EDGE_DIM, 32, i * o)), True, 16),
-    "GMMConv": (lambda c, i, o: c(i, o, dim=EDGE_DIM, kernel_size=4), True, None),
-    "FiLMConv": (lambda c, i, o: c(i, o), False, None),
-    "LGConv": (lambda c, i, o: c(), False, None),
-    "MixHopConv": (lambda c, i, o: c(i, o, powers=[0, 1, 2]), False, None),
-    "SimpleConv": (lambda c, i, o: c(), False, None),
-    "WLConvContinuous": (lambda c, i, o: c(), False, None),
+# constructor per layer, given (in_channels, out_channels); what forward takes besides x and
+# edge_index ("edge_attr": per-edge features after them; "x0": the initial features x_0,
+# "pos": 3-D positions, both before them); the input width it is given where not the data
+# set's (None): GatedGraphConv takes no more input channels than it gives out, FAConv and
+# GCN2Conv give out their input width, and NNConv's per-edge [in, out] weights are E x in x out
+CONFIGS: dict[str, tuple[Callable[[type, int, int], torch.nn.Module], str, int | None]] = {
+    "TransformerConv": (lambda c, i, o: c(i, o // 4, heads=4), "plain", None),
+    "GINEConv": (lambda c, i, o: c(_mlp(i, o, o), edge_dim=EDGE_DIM), "edge_attr", None),
+    "GENConv": (lambda c, i, o: c(i, o, aggr="softmax", learn_t=True), "plain", None),
+    "ResGatedGraphConv": (lambda c, i, o: c(i, o), "plain", None),
+    "GeneralConv": (lambda c, i, o: c(i, o, attention=True, heads=4), "plain", None),
+    "LEConv": (lambda c, i, o: c(i, o), "plain", None),
+    "ClusterGCNConv": (lambda c, i, o: c(i, o), "plain", None),
+    "FeaStConv": (lambda c, i, o: c(i, o, heads=2), "plain", None),
+    "PDNConv": (lambda c, i, o: c(i, o, edge_dim=EDGE_DIM, hidden_channels=16), "edge_attr", None),
+    "MFConv": (lambda c, i, o: c(i, o), "plain", None),
+    "GatedGraphConv": (lambda c, i, o: c(o, 2), "plain", HIDDEN),
+    "SSGConv": (lambda c, i, o: c(i, o, alpha=0.1, K=2), "plain", None),
+    "CGConv": (lambda c, i, o: c(i, dim=EDGE_DIM), "edge_attr", None),
+    "NNConv": (lambda c, i, o: c(i, o, _mlp(EDGE_DIM, 32, i * o)), "edge_attr", 16),
+    "GMMConv": (lambda c, i, o: c(i, o, dim=EDGE_DIM, kernel_size=4), "edge_attr", None),
+    "FiLMConv": (lambda c, i, o: c(i, o), "plain", None),
+    "LGConv": (lambda c, i, o: c(), "plain", None),
+    "MixHopConv": (lambda c, i, o: c(i, o, powers=[0, 1, 2]), "plain", None),
+    "SimpleConv": (lambda c, i, o: c(), "plain", None),
+    "WLConvContinuous": (lambda c, i, o: c(), "plain", None),
+    "AGNNConv": (lambda c, i, o: c(requires_grad=True), "plain", None),
+    "FAConv": (lambda c, i, o: c(o, eps=0.1), "x0", HIDDEN),
+    "GCN2Conv": (lambda c, i, o: c(o, alpha=0.1, theta=0.5, layer=1), "x0", HIDDEN),
+    "PointTransformerConv": (lambda c, i, o: c(i, o), "pos", None),
 }
 DATASETS = ("arxiv-like", "reddit2-like")
 
@@ -96,9 +102,13 @@ def run_cell(name: str, data: Any, args: argparse.Namespace, device: torch.devic
     x = data.x if width is None else data.x[:, :width].contiguous()
     ours, theirs = twins(name, x.shape[1], device)
     inputs: list[Any] = [x, data.edge_index]
-    if CONFIGS[name][1]:
-        inputs.append(torch.rand(data.edge_index.shape[1], EDGE_DIM, device=device,
-                                 generator=torch.Generator(device).manual_seed(2)))
+    generator, kind = torch.Generator(device).manual_seed(2), CONFIGS[name][1]
+    if kind == "edge_attr":
+        inputs.append(torch.rand(data.edge_index.shape[1], EDGE_DIM, device=device, generator=generator))
+    elif kind == "x0":
+        inputs.insert(1, torch.rand(x.shape, device=device, generator=generator))
+    elif kind == "pos":
+        inputs.insert(1, torch.rand(x.shape[0], 3, device=device, generator=generator))
     cell: dict[str, Any] = {}
     layers = {"gnnfuse": ours, "pyg": theirs}
     outputs = eval_outputs(layers, inputs, cell, device)
