@@ -34,7 +34,7 @@ from gnnfuse.distributed.partition import (contiguous_owners, greedy_owners, par
                                            partition_stats)
 from gnnfuse.data import load_node_dataset
 from gnnfuse.graph import Graph
-from gnnfuse.nn import GCNConv, GINConv
+from gnnfuse.nn import GCNConv, GINConv, SAGEConv
 from gnnfuse.nn.models import TwoLayerGNN, build_model, get_model
 from gnnfuse.training import PreparedData, make_config, train_run
 
@@ -347,6 +347,61 @@ def test_partitioned_model_refuses_what_it_cannot_partition_exactly():
                          HaloExchange(part))
     with pytest.raises(ValueError, match="APPNP|PropagatedMLP"):
         PartitionedModel(build_model("appnp", 4, 2), graph(), HaloExchange(part))
+
+
+def sorted_graph() -> Graph:
+    """`graph` with its edges grouped by destination, as PyG's sequence aggregations need."""
+    g = graph()
+    order = torch.argsort(g.dst, stable=True)
+    return Graph(g.src[order], g.dst[order], NUM_NODES)
+
+
+def graph_dependent_aggregations() -> dict:
+    pyg = pytest.importorskip("torch_geometric.nn.aggr")
+    return {"LSTMAggregation": lambda: "lstm", "GRUAggregation": lambda: pyg.GRUAggregation(3, 3),
+            "EquilibriumAggregation": lambda: pyg.EquilibriumAggregation(3, 3, [4])}
+
+
+@pytest.mark.filterwarnings("ignore:SAGEConv. aggregation")
+@pytest.mark.parametrize("name", ["LSTMAggregation", "GRUAggregation", "EquilibriumAggregation"])
+def test_partitioned_model_refuses_aggregations_that_read_the_whole_graph(name):
+    """LSTM and GRU run each vertex's neighbour list padded to the longest list of the
+    graph they get, Equilibrium optimises every vertex together: on a rank's block the
+    rows differ from the whole graph's (float64: LSTM up to 0.029 in a 2-layer model's
+    logits on 2 ranks, GRU 0.26 in one layer's output), and the partition ran them."""
+    aggr = graph_dependent_aggregations()[name]
+    g = sorted_graph()
+    owner = (g.in_degrees() == g.in_degrees().max()).long()      # rank 0's longest neighbour list is shorter
+    part = partition_graph(g, owner, 0, WORLD)
+    torch.manual_seed(0)
+    conv = SAGEConv(3, 3, aggr=aggr())
+    with torch.no_grad():     # the refusal is justified: the block's rows are not the whole graph's
+        x = integer_rows(NUM_NODES, 1)
+        whole = conv.double()(x, g)[part.owned]
+        assert not torch.allclose(conv((x[part.src_nodes], x[part.owned]), part.graph), whole, atol=1e-6)
+    with pytest.raises(ValueError, match=name):
+        PartitionedModel(TwoLayerGNN(SAGEConv(4, 4), conv, F.relu, 0.0), graph(), HaloExchange(part))
+
+
+@pytest.mark.filterwarnings("ignore:SAGEConv. aggregation")
+@pytest.mark.parametrize("aggr", ["median", "powermean", "attentional", "mlp"])
+def test_per_vertex_eager_aggregations_partition_exactly(aggr):
+    """The eager aggregations PartitionedModel accepts give the whole graph's rows on
+    each rank's block (what it relies on to accept them)."""
+    pyg = pytest.importorskip("torch_geometric.nn.aggr")
+    make = {"median": lambda: "median", "powermean": lambda: "powermean",
+            "attentional": lambda: pyg.AttentionalAggregation(torch.nn.Linear(3, 1)),
+            "mlp": lambda: pyg.MLPAggregation(3, 3, max_num_elements=4, num_layers=1)}[aggr]
+    torch.manual_seed(0)
+    conv = SAGEConv(3, 2, aggr=make()).double().eval()
+    x = integer_rows(NUM_NODES, 1)
+    with torch.no_grad():
+        whole = conv(x, sorted_graph())
+        for rank in range(WORLD):
+            part = partition_graph(sorted_graph(), owners("interleaved"), rank, WORLD)
+            PartitionedModel(TwoLayerGNN(SAGEConv(3, 3), conv, F.relu, 0.0), sorted_graph(), HaloExchange(part))
+            torch.testing.assert_close(conv((x[part.src_nodes], x[part.owned]), part.graph), whole[part.owned],
+                                       rtol=1e-12, atol=1e-12)
 
 
 def test_benchmark_smoke_run_trains_every_method_and_agrees(import_script, tmp_path):
