@@ -349,6 +349,17 @@ def test_partitioned_model_refuses_what_it_cannot_partition_exactly():
         PartitionedModel(build_model("appnp", 4, 2), graph(), HaloExchange(part))
 
 
+@pytest.mark.parametrize("lazy", [lambda: GCNConv(-1, 4), lambda: SAGEConv(-1, 4)])
+def test_partitioned_model_refuses_lazy_layers(lazy):
+    """A lazy layer draws its weights at its first call, on each rank from that rank's own
+    random stream (dropout on rows of another count, or train_full_graph_run's per-rank
+    seed before it): ranks started from different weights (0.83 apart on 2 ranks) and
+    stayed apart, their summed gradients never reconciling them."""
+    part = partition_graph(graph(), owners("contiguous"), 0, WORLD)
+    with pytest.raises(ValueError, match="lazy"):
+        PartitionedModel(TwoLayerGNN(lazy(), GCNConv(4, 2), F.relu, 0.0), graph(), HaloExchange(part))
+
+
 def sorted_graph() -> Graph:
     """`graph` with its edges grouped by destination, as PyG's sequence aggregations need."""
     g = graph()

@@ -122,6 +122,12 @@ class PartitionedModel:
     def __init__(self, model: nn.Module, graph: Graph, exchange: HaloExchange):
         self.model = model
         self.convs, self.activation, self.dropout = model_layers(model)
+        lazy = [name for name, p in model.named_parameters() if isinstance(p, nn.parameter.UninitializedParameter)]
+        if lazy:
+            # each rank would draw them at its first call from its own random stream
+            raise ValueError(f"partitioned full-graph training needs every weight before the first step, so that "
+                             f"all ranks hold the same ones; {', '.join(lazy)} are lazy (in_channels=-1): build the "
+                             "layers with their input widths")
         for conv in self.convs:
             if not isinstance(conv, SUPPORTED_LAYERS):
                 raise ValueError(f"partitioned full-graph training supports "
