@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from gnnfuse.distributed.gradients import all_reduce_gradients
+from gnnfuse.distributed.gradients import all_reduce_gradients, broadcast_parameters
 from gnnfuse.distributed.fullgraph import (PartitionedModel, shard_data,
                                            train_full_graph_run)
 from gnnfuse.distributed.halo import HaloExchange
@@ -157,6 +157,23 @@ def _worker(rank: int, port: int, out: str, world: int) -> None:
             for name in ("gcn", "sage"):
                 results[("triton", name)] = _step_case(rank, name, torch.float32, "interleaved")
         torch.save(results, os.path.join(out, f"rank{rank}.pt"))
+    finally:
+        leave_process_group()
+
+
+def _mismatch_worker(rank: int, port: int, out: str) -> None:
+    """Rank 1 builds its model for 5 input features where rank 0 has 6 (a rank-specific
+    data mistake); records what broadcasting rank 0's weights raised on each rank."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
+    try:
+        torch.manual_seed(0)
+        try:
+            broadcast_parameters(build_model("gcn", NUM_FEATURES - rank, NUM_CLASSES, hidden=4))
+            error = None
+        except ValueError as caught:
+            error = str(caught)
+        torch.save(error, os.path.join(out, f"rank{rank}.pt"))
     finally:
         leave_process_group()
 
@@ -327,6 +344,16 @@ def test_a_run_without_training_vertices_diverges_as_on_one_process(ranks):
         assert len(history["loss"]) == len(expected.history["loss"]) == 1
         assert all(value != value for value in history["loss"])       # NaN
         assert history["val_loss"] == pytest.approx(expected.history["val_loss"], rel=1e-6)
+
+
+def test_ranks_whose_models_differ_are_refused_naming_the_tensor(tmp_path):
+    """Broadcasting rank 0's weights to a rank whose model has other shapes aborted that
+    rank inside gloo ("terminate called ... Received data size doesn't match expected
+    size") and reset the other's connection; NCCL does not compare sizes at all."""
+    start_ranks(_mismatch_worker, (free_port(), str(tmp_path)), WORLD, "cpu")
+    for rank in range(WORLD):
+        error = torch.load(tmp_path / f"rank{rank}.pt")
+        assert error is not None and "conv1.lin.weight" in error and "rank 1" in error, error
 
 
 def test_full_graph_run_needs_a_process_group_and_a_partitioned_model():

@@ -39,6 +39,8 @@ from typing import Iterable
 import torch
 import torch.distributed as dist
 
+from .agreement import check_agreement, describe_tensors
+
 
 def average_gradients(parameters: Iterable[torch.Tensor], group: dist.ProcessGroup | None = None) -> None:
     """Replace each parameter's gradient by its mean over the ranks of ``group`` (default:
@@ -94,6 +96,11 @@ def all_reduce_gradients(parameters: Iterable[torch.nn.Parameter], group: dist.P
 def broadcast_parameters(model: torch.nn.Module, group: dist.ProcessGroup | None = None) -> None:
     """Rank 0's weights and buffers on every rank, as DDP gives them when it wraps a
     module: ranks that average their gradients must also start from the same weights
-    (the same seed already gives them; this makes it so whatever the initialisation path)."""
-    for tensor in model.state_dict().values():
+    (the same seed already gives them; this makes it so whatever the initialisation path).
+
+    Ranks whose state dicts differ in names, shapes or dtypes (a rank that built its model
+    for another feature width) are refused first, naming the tensor (`check_agreement`)."""
+    state = model.state_dict()
+    check_agreement(describe_tensors(state), "the model's parameters and buffers", group)
+    for tensor in state.values():
         dist.broadcast(tensor, src=0, group=group)
