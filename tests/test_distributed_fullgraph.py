@@ -29,6 +29,7 @@ from gnnfuse.distributed.fullgraph import (PartitionedModel, shard_data,
                                            train_full_graph_run)
 from gnnfuse.distributed.halo import HaloExchange
 from gnnfuse.distributed.launch import free_port, start_ranks
+from gnnfuse.distributed.minibatch import train_distributed_minibatch_run
 from gnnfuse.distributed.process_group import leave_process_group
 from gnnfuse.distributed.partition import (contiguous_owners, greedy_owners, partition_graph,
                                            partition_stats)
@@ -162,18 +163,33 @@ def _worker(rank: int, port: int, out: str, world: int) -> None:
 
 
 def _mismatch_worker(rank: int, port: int, out: str) -> None:
-    """Rank 1 builds its model for 5 input features where rank 0 has 6 (a rank-specific
-    data mistake); records what broadcasting rank 0's weights raised on each rank."""
+    """Rank-specific mistakes: rank 1 builds its model for 5 input features where rank 0
+    has 6, then trains on another split of as many vertices; records what each raised."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
     try:
         torch.manual_seed(0)
+        errors = {}
         try:
             broadcast_parameters(build_model("gcn", NUM_FEATURES - rank, NUM_CLASSES, hidden=4))
-            error = None
         except ValueError as caught:
-            error = str(caught)
-        torch.save(error, os.path.join(out, f"rank{rank}.pt"))
+            errors["model"] = str(caught)
+        prepared = data()
+        if rank == 1:         # as many training vertices, other ones (a split seeded per rank)
+            train, val, test = prepared.masks
+            prepared = dataclasses.replace(prepared, masks=(train.roll(1), val.roll(1), test.roll(1)))
+        try:
+            train_full_graph_run(make_config("sage", "tiny", dropout=0.0, epochs=1, hidden=4, patience=0),
+                                 get_model("sage"), prepared, seed=3, log_epochs=False)
+        except ValueError as caught:
+            errors["split"] = str(caught)
+        try:
+            train_distributed_minibatch_run(make_config("sage", "tiny", dropout=0.0, epochs=1, hidden=4, patience=0,
+                                                        fanout=(2, 2), batch_size=4),
+                                            get_model("sage"), prepared, seed=3, log_epochs=False)
+        except ValueError as caught:
+            errors["mini-batch split"] = str(caught)
+        torch.save(errors, os.path.join(out, f"rank{rank}.pt"))
     finally:
         leave_process_group()
 
@@ -346,14 +362,27 @@ def test_a_run_without_training_vertices_diverges_as_on_one_process(ranks):
         assert history["val_loss"] == pytest.approx(expected.history["val_loss"], rel=1e-6)
 
 
-def test_ranks_whose_models_differ_are_refused_naming_the_tensor(tmp_path):
+@pytest.fixture(scope="module")
+def mismatch(tmp_path_factory) -> list[dict]:
+    out = tmp_path_factory.mktemp("mismatch")
+    start_ranks(_mismatch_worker, (free_port(), str(out)), WORLD, "cpu")
+    return [torch.load(out / f"rank{rank}.pt") for rank in range(WORLD)]
+
+
+def test_ranks_whose_models_differ_are_refused_naming_the_tensor(mismatch):
     """Broadcasting rank 0's weights to a rank whose model has other shapes aborted that
     rank inside gloo ("terminate called ... Received data size doesn't match expected
     size") and reset the other's connection; NCCL does not compare sizes at all."""
-    start_ranks(_mismatch_worker, (free_port(), str(tmp_path)), WORLD, "cpu")
-    for rank in range(WORLD):
-        error = torch.load(tmp_path / f"rank{rank}.pt")
-        assert error is not None and "conv1.lin.weight" in error and "rank 1" in error, error
+    for error in mismatch:
+        assert "conv1.lin.weight" in error.get("model", "") and "rank 1" in error["model"], error
+
+
+def test_ranks_training_on_different_splits_are_refused(mismatch):
+    """Each rank's loss was divided by its own count of training vertices and its shard
+    cut from its own masks: ranks given other splits trained on a mix of both, silently."""
+    for error in mismatch:
+        for run in ("split", "mini-batch split"):        # partitioned full graph, data-parallel mini-batches
+            assert "train split" in error.get(run, "") and "rank 1" in error[run], (run, error)
 
 
 def test_full_graph_run_needs_a_process_group_and_a_partitioned_model():

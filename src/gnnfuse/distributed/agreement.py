@@ -16,10 +16,26 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..training.data import PreparedData
+
 
 def describe_tensors(tensors: dict[str, torch.Tensor]) -> list[str]:
     """One line per tensor: its name, shape and dtype."""
     return [f"{name} {list(t.shape)} {t.dtype}" for name, t in tensors.items()]
+
+
+def describe_data(data: PreparedData) -> list[str]:
+    """What every rank's copy of a data set must share: sizes, and fingerprints of the
+    labels and the split (a split drawn with another seed has the same sizes)."""
+    lines = [f"data set {data.name}: graph of {data.graph.num_nodes} vertices and {data.graph.num_edges} edges, "
+             f"features {list(data.x.shape)} {data.x.dtype}, {data.num_classes} classes, labels {_fingerprint(data.y)}"]
+    for split, mask in zip(("train", "validation", "test"), data.masks):
+        lines.append(f"{split} split: {int(mask.sum())} vertices {_fingerprint(mask)}")
+    return lines
+
+
+def _fingerprint(tensor: torch.Tensor) -> str:
+    return hashlib.sha256(tensor.detach().cpu().contiguous().numpy().tobytes()).hexdigest()[:12]
 
 
 def check_agreement(lines: list[str], what: str, group: Any = None) -> None:

@@ -56,6 +56,7 @@ from ..runtime.cuda_graph import CaptureFallbackWarning
 from ..training.captured_step import BlockStepCapture
 from ..training.minibatch import _fit_placement, classification_step, stage_split, table_fits_on_device
 from .features import PartitionedFeatures, row_ranges
+from .agreement import check_agreement, describe_data
 from .gradients import average_gradients, broadcast_parameters
 from .inference import layerwise_logits, range_block, summed_accuracies
 from .process_group import DistributedError, current
@@ -94,6 +95,7 @@ def train_distributed_minibatch_run(config: TrainConfig, spec: ModelSpec, data: 
                                "--features partitioned use replicated features or drop --dkp")
     if device.type == "cuda" and config.loader_workers and me.world_size > 1 and me.is_main:
         warnings.warn(LOADER_WORKERS_WITH_DDP, RuntimeWarning, stacklevel=2)
+    check_agreement(describe_data(data), "the data sets")     # each rank reads its own copy
     _check_seeds_per_rank(int(data.masks[0].sum()), me.world_size)
     captured = _captures(cuda_graph, device, config, me.is_main)
     torch.manual_seed(seed)                      # the same initial weights on every rank
