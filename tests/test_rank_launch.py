@@ -13,6 +13,7 @@ the suite.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -58,3 +59,45 @@ def test_ranks_of_a_launcher_that_ran_parallel_work_finish_and_see_its_launch_st
     second = (tmp_path / "second.log").read_text()
     assert "rank 0 summed" in second and "rank 1 summed" in second
     assert second not in done.stdout
+
+
+RANK_SCRIPT = """
+import sys
+import torch
+import torch.distributed as dist
+from gnnfuse.distributed.launch import launch_or_join
+
+launch_or_join(None, None, "cpu", None, [])        # joins as torchrun's ranks do (WORLD_SIZE is set)
+if dist.get_rank() == 1:
+    raise RuntimeError("rank 1 failed before its all-reduce")
+dist.all_reduce(torch.zeros(3))                    # rank 0 waits for rank 1 here
+"""
+
+
+def test_a_rank_that_raises_under_torchrun_ends_both_ranks_promptly(tmp_path):
+    """A rank's uncaught error ran the exit hook that leaves the process group, whose
+    barrier its peer -- waiting in an all-reduce for it -- never joined: the barrier's
+    60 s bound expired, then destroying the group waited for the barrier's worker thread
+    for gloo's 30-minute timeout, and the peer waited as long (torchrun ends the others
+    only once a rank has exited). Both now end in seconds, the failing rank first."""
+    from gnnfuse.distributed.launch import free_port
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_SCRIPT)
+    port = free_port()
+    ranks = []
+    for rank in range(2):
+        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
+               "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+               "OMP_NUM_THREADS": "1"}
+        ranks.append(subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    try:
+        outcomes = [rank.communicate(timeout=45) for rank in ranks]
+    except subprocess.TimeoutExpired:
+        for rank in ranks:
+            rank.kill()
+        raise AssertionError("the ranks were still running 45 s after rank 1 failed (hung in leaving the "
+                             "process group)") from None
+    assert [rank.returncode for rank in ranks] == [1, 1], outcomes
+    assert "rank 1 failed before its all-reduce" in outcomes[1][1]
+    assert "by peer" in outcomes[0][1], outcomes[0][1]       # gloo: connection closed (or reset) by peer

@@ -183,4 +183,12 @@ def _rank_main(local_rank: int, ranks: int, port: int, entry: Callable[[list[str
 
 
 def _leave() -> None:
+    """A torchrun rank's exit hook: leave the process group -- unless an uncaught error
+    is ending the process. Its peers may then wait in a collective for this rank, never
+    joining the leaving barrier: once its bound expired, destroying the group waited for
+    the barrier's gloo thread for the group's 30-minute timeout, and the peers as long.
+    Exiting without leaving closes the connections, which fails the peers' collectives
+    at once ("Connection closed by peer")."""
+    if getattr(sys, "last_exc", None) is not None or getattr(sys, "last_value", None) is not None:
+        return
     leave_process_group()
