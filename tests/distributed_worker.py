@@ -183,3 +183,24 @@ def parallel_work(rank: int, out_dir: str) -> None:
     print(f"rank {rank} summed {total:.0f}", flush=True)
     record = {"threads": torch.get_num_threads(), "probe": os.environ.get("GNNFUSE_LAUNCH_PROBE")}
     (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(record))
+
+
+def fail_before_a_collective(rank: int, port: int) -> None:
+    """Rank 1 raises while rank 0 waits for it in an all-reduce; both leave the process
+    group in ``finally``, as the test workers do."""
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
+    try:
+        if rank == 1:
+            raise RuntimeError("rank 1 failed before its all-reduce")
+        dist.all_reduce(torch.zeros(3))
+    finally:
+        leave_process_group()
+
+
+def leave_while_the_peer_waits(rank: int, port: int) -> None:
+    """Rank 0 is done and leaves while rank 1 waits in one more all-reduce (ranks that
+    disagree on the number of collectives)."""
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
+    if rank == 1:
+        dist.all_reduce(torch.zeros(3))
+    leave_process_group(timeout_s=2.0)

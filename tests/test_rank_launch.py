@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -101,3 +102,41 @@ def test_a_rank_that_raises_under_torchrun_ends_both_ranks_promptly(tmp_path):
     assert [rank.returncode for rank in ranks] == [1, 1], outcomes
     assert "rank 1 failed before its all-reduce" in outcomes[1][1]
     assert "by peer" in outcomes[0][1], outcomes[0][1]       # gloo: connection closed (or reset) by peer
+
+
+LEAVING = """
+import sys
+sys.path.insert(0, {tests!r})
+import distributed_worker
+from gnnfuse.distributed.launch import free_port, start_ranks
+
+for function in ("fail_before_a_collective", "leave_while_the_peer_waits"):
+    try:
+        start_ranks(getattr(distributed_worker, function), (free_port(),), 2, "cpu")
+    except Exception as error:
+        print(function, "failed:", str(error).strip().splitlines()[-1], flush=True)
+"""
+
+
+def test_leaving_the_process_group_ends_when_a_peer_never_joins(tmp_path):
+    """A rank leaving while its peer waits in a collective (an error passing through the
+    ``finally`` that leaves; ranks that disagree on the number of collectives): its
+    leaving barrier timed out, then destroying the group waited for the barrier's gloo
+    thread for the group's 30-minute timeout, and the peer waited as long -- the ranks
+    were still running after 60 s. The leaving rank now ends at once, or when
+    ``timeout_s`` expires; its peer's collective then fails ("Connection closed by peer")."""
+    script = tmp_path / "leave.py"
+    script.write_text(LEAVING.format(tests=str(TESTS)))
+    launcher = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, start_new_session=True)      # its ranks and fork server: one group
+    try:
+        out, err = launcher.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(launcher.pid, signal.SIGKILL)
+        out, err = launcher.communicate()
+        raise AssertionError(f"the ranks were still running after 60 s (hung leaving the process group): {out}") \
+            from None
+    lines = out.splitlines()
+    assert any(line.startswith("fail_before_a_collective failed") for line in lines), out + err[-3000:]
+    assert any(line.startswith("leave_while_the_peer_waits failed") and "by peer" in line for line in lines), \
+        out + err[-3000:]

@@ -141,15 +141,25 @@ def leave_process_group(timeout_s: float = 60.0) -> None:
     whose destructor joined that worker: a cold-cache CI run here hung so in
     test_the_distributed_benchmark_runs_1_and_2_cpu_ranks_in_one_invocation (~Reducer ->
     ~ProcessGroupGloo -> thread::join, against ~AsyncBarrierWork -> ~AsyncAllgatherWork
-    -> GIL), the test where the project's CI run of 0e9f523 stopped for 90 minutes."""
+    -> GIL), the test where the project's CI run of 0e9f523 stopped for 90 minutes.
+
+    A peer waiting in a collective for this rank never joins the barrier: once the wait
+    expires, the barrier still occupies gloo's thread, and destroying the group joined
+    that thread for the group's timeout (30 minutes), the peer waiting as long. So a
+    barrier that did not complete leaves the group as it is, and so does a call while an
+    error propagates (a ``finally``; such a rank's peers may be mid-collective): the
+    process ends, its connections close, and the peers' collectives fail at once."""
     if dist.is_available() and dist.is_initialized():
+        if sys.exc_info()[0] is not None:
+            return      # called in a `finally` that an error passes through: see below
         release_captures()      # a captured step's graph holds NCCL work past the group (StepCapture.release)
         work = dist.barrier(async_op=True)
         _FINAL_WORKS.append(work)
         try:     # bounded, so a rank whose peer died still leaves
             work.wait(timeout=datetime.timedelta(seconds=timeout_s))
         except RuntimeError:
-            pass
+            if not work.is_completed():
+                return      # see below
         dist.destroy_process_group()
 
 
