@@ -37,7 +37,7 @@ from gnnfuse.data import load_node_dataset
 from gnnfuse.graph import Graph
 from gnnfuse.nn import GCNConv, GINConv, SAGEConv
 from gnnfuse.nn.models import TwoLayerGNN, build_model, get_model
-from gnnfuse.training import PreparedData, make_config, train_run
+from gnnfuse.training import PreparedData, make_config, prepare_data, train_run
 
 WORLD = 2
 NUM_NODES, NUM_FEATURES, NUM_CLASSES = 14, 6, 3
@@ -383,6 +383,17 @@ def test_ranks_training_on_different_splits_are_refused(mismatch):
     for error in mismatch:
         for run in ("split", "mini-batch split"):        # partitioned full graph, data-parallel mini-batches
             assert "train split" in error.get(run, "") and "rank 1" in error[run], (run, error)
+
+
+def test_full_graph_ranks_keep_the_feature_table_on_the_host(monkeypatch):
+    """Without a fanout every rank moves only its own rows to its device (shard_data);
+    prepare_data had already moved the whole table there on every rank (cuda; a meta
+    device stands in for it here), where it stayed for the run."""
+    import gnnfuse.distributed
+    monkeypatch.setattr(gnnfuse.distributed, "world_size", lambda: 2)
+    config = dataclasses.replace(make_config("sage", "synthetic", epochs=1), device="meta")
+    prepared = prepare_data(config, get_model("sage"))
+    assert prepared.x.device.type == "cpu" and prepared.y.device.type == "meta"
 
 
 def test_full_graph_run_needs_a_process_group_and_a_partitioned_model():

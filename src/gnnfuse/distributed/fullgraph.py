@@ -3,7 +3,9 @@ activations do not fit on one GPU.
 
 What is split and what is replicated: every rank holds the whole model (the weights are
 small) and a full Adam state, but only its own vertices' features, labels and
-activations, and the in-edges of those vertices (`partition.Partition`). Each layer
+activations, and the in-edges of those vertices (`partition.Partition`); the whole
+graph's edge list (for the partition and GCN's global degrees) and label vector stay
+where ``data`` has them, the feature table on the host (`training.prepare_data`). Each layer
 first fetches the rows of the remote in-neighbours (`halo.HaloExchange`), then runs the
 layer's own compiled program on the rank's bipartite block -- the same call a sampled
 mini-batch makes (``conv((x_src, x_dst), block)``). GAT maps its rows first

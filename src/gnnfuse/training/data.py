@@ -39,9 +39,12 @@ def prepare_data(config: TrainConfig, spec: ModelSpec) -> PreparedData:
         dataset = random_split(dataset, seed=config.seed)
         print(f"{dataset.name} has no split: using random_split(seed={config.seed})")
     from ..distributed import world_size        # distributed builds on training: imported on use
-    # Partitioned features across several ranks: each rank moves only its own rows to its
-    # device (gnnfuse.distributed.minibatch), so the whole table stays in host memory here.
-    x = dataset.x if config.features == "partitioned" and world_size() > 1 else dataset.x.to(device)
+    # Features split across several ranks -- partitioned for mini-batches, and always for
+    # the partitioned full graph (no fanout): each rank moves only its own rows to its
+    # device (gnnfuse.distributed.minibatch, .fullgraph), so the whole table stays in host
+    # memory here.
+    split = config.features == "partitioned" or config.fanout is None
+    x = dataset.x if split and world_size() > 1 else dataset.x.to(device)
     if spec.sparse_input and x.count_nonzero() < SPARSE_FEATURES * x.numel():
         # bag-of-words features (cora: 1.3% non-zero): dropout and the first matmul then
         # touch only the non-zeros, ~8x less work in what dominated a dense cora epoch
