@@ -296,7 +296,7 @@ def train_full_graph_run(config: TrainConfig, spec: ModelSpec, data: PreparedDat
     model = build_model(config.model, data.num_features, data.num_classes, config.hidden,
                         config.dropout).to(device)
     broadcast_parameters(model)
-    torch.manual_seed(seed + 1_000_003 * rank)       # each rank its own dropout stream (rank 0: train_run's)
+    torch.manual_seed(seed + 1_000_003 * rank)       # each rank its own dropout stream
     optimizer = _optimizer(spec, model, config)
     shard = shard_data(data, rank, world_size, device, agreed_owners(data.graph, device))
     exchange = HaloExchange(shard.partition)
