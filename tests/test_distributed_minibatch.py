@@ -326,6 +326,22 @@ def test_a_failing_rank_ends_the_launch_with_status_1_naming_it(capsys):
     assert "rank 1 of 2 failed" in capsys.readouterr().err
 
 
+def _fails_on_both_ranks(argv: list[str]) -> int:
+    import torch.distributed as dist
+    init_process_group("cpu")
+    dist.barrier()
+    raise RuntimeError(f"rank {dist.get_rank()} broke after the barrier")
+
+
+def test_every_failing_rank_is_reported_not_only_the_first_seen(capsys):
+    """The launch showed one rank's error: whichever exit it saw first, often a peer's
+    "Connection closed by peer" that only followed from the real error, which was lost."""
+    from gnnfuse.distributed.launch import run_ranks
+    assert run_ranks(2, "cpu", _fails_on_both_ranks, []) == 1
+    err = capsys.readouterr().err
+    assert "rank 0 broke after the barrier" in err and "rank 1 broke after the barrier" in err, err
+
+
 @pytest.mark.parametrize("env, local_world, threads", [({}, 2, 4), ({}, 16, 1), ({"OMP_NUM_THREADS": "3"}, 2, None),
                                                        ({}, 1, None)])
 def test_ranks_share_the_cores_unless_omp_num_threads_is_set(monkeypatch, env, local_world, threads):

@@ -32,6 +32,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import pickle
 import socket
 import sys
 from multiprocessing import reduction
@@ -102,7 +103,8 @@ def start_ranks(function: Callable[..., None], args: tuple, ranks: int, device_t
     """``function(local_rank, *args)`` in ``ranks`` processes: spawned for CUDA, forked
     from the fork server for the CPU (the module docstring says why). Raises
     torch.multiprocessing's `ProcessRaisedException` or `ProcessExitedException` when a
-    rank fails."""
+    rank fails, once the others have ended (`FAILURE_GRACE_S`) and the error of every
+    other failed rank is printed to stderr."""
     start_method = rank_start_method(device_type)
     # A function of the main script needs the script imported in each rank (which then
     # needs its ``__main__`` guard); any other is found by module, and the script is not
@@ -114,7 +116,30 @@ def start_ranks(function: Callable[..., None], args: tuple, ranks: int, device_t
         function, args = _as_launched, (function, dict(os.environ), torch.get_num_threads(), streams, args)
     sys.stdout.flush(), sys.stderr.flush()
     with contextlib.nullcontext() if in_main else main_module_hidden():
-        mp.start_processes(function, args=args, nprocs=ranks, start_method=start_method)
+        context = mp.start_processes(function, args=args, nprocs=ranks, start_method=start_method, join=False)
+    try:
+        while not context.join(grace_period=FAILURE_GRACE_S):
+            pass
+    except (mp.ProcessRaisedException, mp.ProcessExitedException) as error:
+        _report_other_failures(context, error.error_index)
+        raise
+
+
+# Seconds the other ranks get to end by themselves once one has failed, before they are
+# terminated: a peer waiting in a collective fails as soon as the failed rank's
+# connections close, and its error, reported too, says where it was.
+FAILURE_GRACE_S = 3.0
+
+
+def _report_other_failures(context: mp.ProcessContext, reported: int) -> None:
+    """Print to stderr the error of every failed rank but ``reported`` (torch reports one:
+    the first exit it sees, which when several ended at once is the lowest rank's -- often
+    a peer's "Connection closed by peer" that only followed from another rank's error)."""
+    for index, path in enumerate(context.error_files):
+        if index != reported and os.access(path, os.R_OK):
+            with open(path, "rb") as file:
+                trace = pickle.load(file)
+            print(f"gnnfuse: rank {index} of {len(context.processes)} failed too:\n{trace}", file=sys.stderr)
 
 
 # What the fork server imports before it forks any rank: what every rank imports anyway.
