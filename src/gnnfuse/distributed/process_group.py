@@ -151,7 +151,7 @@ def leave_process_group(timeout_s: float = 60.0) -> None:
     process ends, its connections close, and the peers' collectives fail at once."""
     if dist.is_available() and dist.is_initialized():
         if sys.exc_info()[0] is not None:
-            return      # called in a `finally` that an error passes through: see below
+            return      # an error passes through the caller (a `finally`): the docstring says why
         release_captures()      # a captured step's graph holds NCCL work past the group (StepCapture.release)
         work = dist.barrier(async_op=True)
         _FINAL_WORKS.append(work)
@@ -159,7 +159,7 @@ def leave_process_group(timeout_s: float = 60.0) -> None:
             work.wait(timeout=datetime.timedelta(seconds=timeout_s))
         except RuntimeError:
             if not work.is_completed():
-                return      # see below
+                return      # gloo's thread still runs the barrier: the docstring says why
         dist.destroy_process_group()
 
 
