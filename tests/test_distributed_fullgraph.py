@@ -427,6 +427,23 @@ def test_partitioned_model_refuses_lazy_layers(lazy):
         PartitionedModel(TwoLayerGNN(lazy(), GCNConv(4, 2), F.relu, 0.0), graph(), HaloExchange(part))
 
 
+class ScaledOutput(TwoLayerGNN):
+    """A user's model built on TwoLayerGNN with a forward of its own."""
+
+    def forward(self, x, graph):
+        return 2 * super().forward(x, graph)
+
+
+def test_partitioned_model_refuses_a_model_with_a_forward_of_its_own():
+    """PartitionedModel runs dropout -> conv -> activation per layer; for a subclass of
+    TwoLayerGNN that computes something else it ran that instead, silently (here every
+    logit half the model's)."""
+    part = partition_graph(graph(), owners("contiguous"), 0, WORLD)
+    model = ScaledOutput(GCNConv(NUM_FEATURES, 4), GCNConv(4, NUM_CLASSES), F.relu, 0.0)
+    with pytest.raises(ValueError, match="ScaledOutput"):
+        PartitionedModel(model, graph(), HaloExchange(part))
+
+
 def sorted_graph() -> Graph:
     """`graph` with its edges grouped by destination, as PyG's sequence aggregations need."""
     g = graph()

@@ -77,12 +77,13 @@ PER_VERTEX_AGGREGATIONS = frozenset({"MedianAggregation", "QuantileAggregation",
 def model_layers(model: nn.Module) -> tuple[list[nn.Module], Callable[[torch.Tensor], torch.Tensor], float]:
     """(convolutions, activation, dropout) of a model whose forward is ``dropout -> conv ->
     activation`` per layer (the registry's two-layer models and `BlockGNN`)."""
-    if isinstance(model, TwoLayerGNN):
+    # a subclass with a forward of its own computes something else than these layers
+    if isinstance(model, TwoLayerGNN) and type(model).forward is TwoLayerGNN.forward:
         return [model.conv1, model.conv2], model.activation, model.dropout
-    if isinstance(model, BlockGNN):
+    if isinstance(model, BlockGNN) and type(model).forward is BlockGNN.forward:
         return list(model.convs), model.activation, model.dropout
     raise ValueError(f"partitioned full-graph training runs models made of dropout -> conv -> activation layers "
-                     f"(TwoLayerGNN, BlockGNN); got {type(model).__name__}")
+                     f"(TwoLayerGNN, BlockGNN, with their own forward); got {type(model).__name__}")
 
 
 def inv_sqrt_looped_degree(graph: Graph, dtype: torch.dtype = torch.float64) -> torch.Tensor:
