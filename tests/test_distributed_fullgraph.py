@@ -35,7 +35,7 @@ from gnnfuse.distributed.partition import (contiguous_owners, greedy_owners, par
                                            partition_stats)
 from gnnfuse.data import load_node_dataset
 from gnnfuse.graph import Graph
-from gnnfuse.nn import GCNConv, GINConv, SAGEConv
+from gnnfuse.nn import GATConv, GCNConv, GINConv, SAGEConv
 from gnnfuse.nn.models import TwoLayerGNN, build_model, get_model
 from gnnfuse.training import PreparedData, make_config, prepare_data, train_run
 
@@ -432,6 +432,41 @@ class ScaledOutput(TwoLayerGNN):
 
     def forward(self, x, graph):
         return 2 * super().forward(x, graph)
+
+
+class ScaledGCN(GCNConv):
+    def forward(self, x, edge_index):
+        return 2 * super().forward(x, edge_index)
+
+
+class ScaledGAT(GATConv):
+    def forward(self, x, edge_index):
+        return 2 * super().forward(x, edge_index)
+
+
+def test_partitioned_model_refuses_a_gcn_layer_with_a_forward_of_its_own():
+    """GCN's layer runs as partition code, not through the layer's forward: a subclass's
+    own forward was skipped, silently."""
+    part = partition_graph(graph(), owners("contiguous"), 0, WORLD)
+    model = TwoLayerGNN(ScaledGCN(NUM_FEATURES, 4), SAGEConv(4, NUM_CLASSES), F.relu, 0.0)
+    with pytest.raises(ValueError, match="ScaledGCN"):
+        PartitionedModel(model, graph(), HaloExchange(part))
+
+
+def test_a_gat_layer_with_a_forward_of_its_own_runs_it():
+    """A GAT layer whose projected rows move fewer bytes than its input (64 features ->
+    4) ran as forward_projected, skipping a subclass's own forward: logits up to 1.38
+    off. Such a layer now runs through its forward (one rank: the whole graph)."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        model = TwoLayerGNN(ScaledGAT(64, 4), SAGEConv(4, NUM_CLASSES), F.relu, 0.0).double()
+        x = torch.randn(NUM_NODES, 64, dtype=torch.float64)
+        part = partition_graph(graph(), torch.zeros(NUM_NODES, dtype=torch.int64), 0, 1)
+        got = PartitionedModel(model, graph(), HaloExchange(part))(x[part.owned])
+        torch.testing.assert_close(got, model(x, graph())[part.owned], rtol=1e-12, atol=1e-12)
+    finally:
+        dist.destroy_process_group()
 
 
 def test_partitioned_model_refuses_a_model_with_a_forward_of_its_own():
