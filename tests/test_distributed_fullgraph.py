@@ -469,6 +469,29 @@ def test_a_gat_layer_with_a_forward_of_its_own_runs_it():
         dist.destroy_process_group()
 
 
+def test_hooks_on_partitioned_gcn_and_gat_layers_are_not_skipped():
+    """A forward hook on GCNConv (computed as partition code) or on a GAT layer run as
+    forward_projected was skipped, silently: GCN is refused, GAT runs its forward."""
+    double = lambda module, inputs, output: 2 * output        # noqa: E731
+    part = partition_graph(graph(), owners("contiguous"), 0, WORLD)
+    gcn = GCNConv(NUM_FEATURES, 4)
+    gcn.register_forward_hook(double)
+    with pytest.raises(ValueError, match="hook"):
+        PartitionedModel(TwoLayerGNN(gcn, SAGEConv(4, NUM_CLASSES), F.relu, 0.0), graph(), HaloExchange(part))
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        gat = GATConv(64, 4)
+        gat.register_forward_hook(double)
+        model = TwoLayerGNN(gat, SAGEConv(4, NUM_CLASSES), F.relu, 0.0).double()
+        x = torch.randn(NUM_NODES, 64, dtype=torch.float64)
+        part = partition_graph(graph(), torch.zeros(NUM_NODES, dtype=torch.int64), 0, 1)
+        got = PartitionedModel(model, graph(), HaloExchange(part))(x[part.owned])
+        torch.testing.assert_close(got, model(x, graph())[part.owned], rtol=1e-12, atol=1e-12)
+    finally:
+        dist.destroy_process_group()
+
+
 def test_partitioned_model_refuses_a_model_with_a_forward_of_its_own():
     """PartitionedModel runs dropout -> conv -> activation per layer; for a subclass of
     TwoLayerGNN that computes something else it ran that instead, silently (here every

@@ -138,10 +138,10 @@ class PartitionedModel:
                                  f"{', '.join(c.__name__ for c in SUPPORTED_LAYERS)}; got {type(conv).__name__}")
             if isinstance(conv, GCNConv):
                 _check_gcn(conv)
-                if type(conv).forward is not GCNConv.forward:      # the layer runs as partition code
+                if _calls_more_than(conv, GCNConv):      # the layer runs as partition code
                     raise ValueError(f"partitioned full-graph training computes GCNConv's layer itself (with "
-                                     f"the whole graph's degrees), so {type(conv).__name__}'s own forward would "
-                                     "not run; train it on one process")
+                                     f"the whole graph's degrees), so {type(conv).__name__}'s own forward or "
+                                     "forward hooks would not run; train it on one process")
             if isinstance(conv, SAGEConv):
                 _check_sage(conv)
         self.exchange = exchange
@@ -194,11 +194,17 @@ def _exchange_projected(conv: GATConv, x: torch.Tensor) -> bool:
     needs one; the mapped rows cross forward and back (``lin``'s weight wants their
     gradient). The benchmark's first layer (F=512 -> 8 x 8, an input without gradient):
     512 against 128 values."""
-    if not conv.projects_first() or type(conv).forward is not GATConv.forward:     # a subclass's forward must run
+    if not conv.projects_first() or _calls_more_than(conv, GATConv):     # its forward must run
         return False
     width = conv.heads * conv.out_channels
     projected = width * (2 if x.requires_grad or conv.lin.weight.requires_grad else 1)
     return projected < x.shape[1] * (2 if x.requires_grad else 1)
+
+
+def _calls_more_than(conv: nn.Module, base: type) -> bool:
+    """Whether calling ``conv`` runs more than ``base.forward``: a subclass's own forward,
+    or forward hooks -- which the partition's own computation of the layer would skip."""
+    return type(conv).forward is not base.forward or bool(conv._forward_hooks or conv._forward_pre_hooks)
 
 
 def rank_device(device: str) -> torch.device:
