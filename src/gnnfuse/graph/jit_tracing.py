@@ -29,8 +29,11 @@ def refuse_jit_trace(what: str) -> None:
 
 
 def refuse_export(what: str) -> None:
-    """Raise if torch.export is capturing now, naming ``what`` read the ids' values."""
-    if torch.compiler.is_exporting():
+    """Raise if torch.export is capturing now, naming ``what`` read the ids' values. Only
+    non-strict export runs this code as Python (strict export and torch.compile trace it
+    with dynamo, which reads the ids as data-dependent values and breaks the graph there,
+    and whose torch 2.11 cannot trace ``is_exporting``)."""
+    if not torch.compiler.is_dynamo_compiling() and torch.compiler.is_exporting():
         raise NotImplementedError(
             f"{what} under torch.export: a gnnfuse Graph reads its ids' values, which export cannot capture. "
             "Export a model whose layers take the edge_index tensor (GCNConv, GATConv, SAGEConv, GINConv, "

@@ -29,7 +29,6 @@ import torch
 
 from ..graph.index_cache import functorch_interpreter
 from ..graph.jit_tracing import refuse_jit_trace
-from ..ir import CompileError
 from ..runtime.compile_op import graph_input_problem, run_eagerly
 from ..runtime.compiled import FunctorchTransformError, backend_name, functorch_backend_reason
 
@@ -46,9 +45,6 @@ def compile_path(why_not: Callable[..., str | None] | None = None) -> Callable[[
             if torch.compiler.is_compiling():
                 reason = "it has no torch.compile path yet" if why_not is None else why_not(self, *args, **kwargs)
                 if reason is not None:
-                    if torch.compiler.is_exporting():      # export allows no graph break to run it behind
-                        raise CompileError(f"torch.export cannot capture this {type(self).__name__} call: {reason} "
-                                           "(torch.compile runs such a call eagerly behind a graph break)")
                     return run_eagerly(f"{type(self).__name__}: {reason}", forward, self, *args, **kwargs)
             elif functorch_interpreter() is not None:     # one C call outside a transform
                 return _under_functorch(forward, self, args, kwargs)

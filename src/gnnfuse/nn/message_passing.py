@@ -40,7 +40,6 @@ except ImportError as exc:   # pragma: no cover - exercised only without PyG ins
                       "pip install torch_geometric (gnnfuse's other layers do not need it)") from exc
 
 from ..frontend.pyg_message_passing import NotCompilable, compiled_propagate
-from ..ir import CompileError
 from ..runtime.compile_op import run_eagerly
 from .torchscript import NotScriptable
 
@@ -63,9 +62,6 @@ class MessagePassing(NotScriptable, PyGMessagePassing):
             # dynamo would trace into the compiled program's autograd.Function, which it
             # cannot follow (training failed naming torch.func transforms; on Triton,
             # inference too): the compiled propagate runs behind a graph break instead
-            if torch.compiler.is_exporting():
-                raise CompileError(f"torch.export cannot capture {type(self).__name__}.propagate: gnnfuse's "
-                                   "MessagePassing runs behind a graph break under torch.compile")
             return run_eagerly(f"{type(self).__name__}.propagate runs behind a graph break",
                                type(self).propagate, self, edge_index, size, **kwargs)
         if not vars(self).get(_EAGER_FLAG):    # inside `eagerly(self)`

@@ -125,6 +125,10 @@ def run_eagerly(reason: str, fn: Callable, *args: Any, **kwargs: Any) -> Any:
 
 
 def _warned_call(reason: str, fn: Callable, *args: Any, **kwargs: Any) -> Any:
+    # asked here, outside dynamo: torch 2.11's dynamo cannot trace is_exporting() itself
+    if torch.compiler.is_exporting():       # export allows no graph break to run it behind
+        raise CompileError(f"torch.export cannot capture {reason} (torch.compile runs it eagerly behind a "
+                           "graph break)")
     if reason not in _WARNED:
         _WARNED.add(reason)
         warnings.warn(f"gnnfuse runs eagerly under torch.compile (a graph break): {reason}", stacklevel=3)
