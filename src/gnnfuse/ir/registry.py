@@ -83,18 +83,26 @@ class OpDef:
     bounded_derivative: bool = False
     row_aware: bool = False      # reference takes rows=(operand has a row dim, ...) as a keyword
     arity: int | None = None     # None: variadic
-    emit: Any = None             # kernel expression (`emit_steps`), or None: the op runs as a torch op
+    emit: Any = None             # kernel expression (`emit_steps`), a rule giving one per value, or None
     doc: str = ""
 
-    def emit_steps(self) -> tuple[str, ...]:
-        """The op's kernel expression, written against Triton's ``tl`` (the CPU backend
-        evaluates the same text): ``{0}``, ``{1}`` are the operands, ``{attr}`` the attrs.
-        ``emit`` is one expression, or a tuple of steps where a step names the values of
-        the steps before it as ``{s0}``, ``{s1}``, ...; the op's value is the last step's.
-        Each step becomes one temporary in every backend, so an op that needs a
-        subresult several times (tanh's ``exp(2|x|)`` and its correction) computes it
-        once and reads as a short recipe rather than one expression copied into itself."""
-        return (self.emit,) if isinstance(self.emit, str) else tuple(self.emit)
+    def emit_steps(self, value: "Value") -> tuple[str, ...] | None:
+        """The op's kernel expression for ``value`` (an application of it), written against
+        Triton's ``tl`` (the CPU backend evaluates the same text): ``{0}``, ``{1}`` are the
+        operands, ``{attr}`` the attrs. ``emit`` is one expression, or a tuple of steps
+        where a step names the values of the steps before it as ``{s0}``, ``{s1}``, ...;
+        the op's value is the last step's. Each step becomes one temporary in every
+        backend, so an op that needs a subresult several times (tanh's ``exp(2|x|)`` and
+        its correction) computes it once and reads as a short recipe rather than one
+        expression copied into itself. ``emit`` may instead be a function of the value
+        giving either: an op whose formula depends on its attrs and dtypes (a cast's
+        rounding, a power's exponent), which returns None for a value no kernel can
+        compute as torch does -- that value then runs as a torch op. None here: the op
+        runs as a torch op."""
+        emit = self.emit(value) if callable(self.emit) else self.emit
+        if emit is None:
+            return None
+        return (emit,) if isinstance(emit, str) else tuple(emit)
 
     def infer_residency(self, inputs: list[Residency], attrs: dict) -> Residency:
         if self.arity is not None and len(inputs) != self.arity:

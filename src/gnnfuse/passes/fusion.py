@@ -116,7 +116,7 @@ def _fusible_body(v: Value) -> bool:
     opdef = get_op(v.op)
     if v.residency not in (Residency.SRC, Residency.DST, Residency.EDGE, Residency.NODE):
         return False
-    return opdef.pure and ((opdef.elementwise and opdef.emit is not None) or v.op in COORDINATE_MAPS
+    return opdef.pure and ((opdef.elementwise and opdef.emit_steps(v) is not None) or v.op in COORDINATE_MAPS
                            or edge_feature_matmul(v))
 
 

@@ -149,13 +149,13 @@ class _Emitter:
             out = self.value(v.inputs[0], tuple(self.sliced(c, start, step)
                                                 for c, (start, step, _) in zip(coords, v.attrs["window"])), side)
         else:
-            opdef = get_op(v.op)
-            if not isinstance(opdef.emit, (str, tuple)):
+            steps = get_op(v.op).emit_steps(v)
+            if steps is None:
                 raise UnsupportedUnit(f"op {v.op!r} has no expression the CPU generator can use")
             args = [self.value(i, project(coords, v.shape, i.shape), side) for i in v.inputs]
             attrs = {k: self.tmp(f"ACC({_literal(a)})") for k, a in v.attrs.items()
                      if isinstance(a, (int, float)) and not isinstance(a, bool)}
-            for n, step in enumerate(opdef.emit_steps()):
+            for n, step in enumerate(steps):
                 expr = step.format(*args, **attrs)
                 missing = set(_TL_CALL.findall(expr)) - scalar.NAMES
                 if missing:

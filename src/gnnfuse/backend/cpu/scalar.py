@@ -18,10 +18,11 @@ import enum
 import math
 
 import numba
+import numpy as np
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 from numba.np.ufunc.parallel import _launch_threads
 
 
@@ -69,6 +70,24 @@ def abs(x):   # noqa: A001 -- mirrors tl.abs
     return math.fabs(x)
 
 
+# Triton's float dtypes, as ``tl.cast`` takes them: numpy's float classes.
+float32 = np.float32
+float64 = np.float64
+
+
+def cast(x, dtype):
+    """``tl.cast(x, dtype)`` in a CPU kernel (Numba-compiled only: `_cast`)."""
+    raise NotImplementedError("scalar.cast runs inside Numba kernels only")
+
+
+@overload(cast)
+def _cast(x, dtype):
+    """To a numpy float class (``ACC``, ``tl.float64``): that class's conversion."""
+    if isinstance(dtype, types.NumberClass):
+        return lambda x, dtype: dtype(x)
+    return None
+
+
 @intrinsic
 def prefetch(typingctx, array, index):
     """Ask the CPU to start loading ``array[index]``'s cache line (LLVM's ``prefetch``:
@@ -110,4 +129,5 @@ def use_threads(typingctx, count):
     return types.void(count), codegen
 
 
-NAMES = frozenset({"exp", "log", "sqrt", "maximum", "minimum", "where", "sigmoid", "abs", "PropagateNan"})
+NAMES = frozenset({"exp", "log", "sqrt", "maximum", "minimum", "where", "sigmoid", "abs", "PropagateNan", "cast",
+                   "float32", "float64"})

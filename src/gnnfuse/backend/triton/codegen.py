@@ -200,7 +200,7 @@ class _Emitter:
             args = [self.value(i, _project(coords, v.shape, i.shape), side) for i in v.inputs]
             attrs = {k: self.constant(a) for k, a in v.attrs.items()
                      if isinstance(a, (int, float)) and not isinstance(a, bool)}
-            for n, step in enumerate(get_op(v.op).emit_steps()):
+            for n, step in enumerate(get_op(v.op).emit_steps(v)):
                 out = attrs[f"s{n}"] = self.tmp(step.format(*args, **attrs))
         self.memo[key] = out
         return out
