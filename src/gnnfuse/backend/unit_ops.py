@@ -22,13 +22,15 @@ def mixed_floats(unit: Unit, leaves: dict[int, torch.Tensor], computed: bool = T
     it computes), sorted by name, when float64 is among them beside another (a kernel
     would compute them all in float64); else an empty list. The Triton backend passes
     ``computed=False``: its kernels and its launch cache take their accumulator from the
-    leaves' dtypes alone, so mixed leaves are what it cannot reproduce."""
+    leaves' dtypes alone, so mixed leaves -- and the dtypes casts make -- are what it
+    cannot reproduce."""
     floats = {t.dtype for t in leaves.values() if t.dtype.is_floating_point}
-    if computed:
-        values = [*unit.body, unit.root, *[v for v in unit.leaves if v.op != "const"]]
-        if isinstance(unit, AggregateUnit):
-            values.append(unit.reduce)
-        floats |= {v.dtype for v in values if v.dtype.is_floating_point}
+    values = [*unit.body, unit.root, *[v for v in unit.leaves if v.op != "const"]]
+    if isinstance(unit, AggregateUnit):
+        values.append(unit.reduce)
+    # A cast brings its dtype in whatever the leaves are: float32 leaves beside a float64
+    # table cast to float32 in the kernel would be computed in float64 otherwise.
+    floats |= {v.dtype for v in values if (computed or v.op == "cast") and v.dtype.is_floating_point}
     # float64 beside a narrower float: the kernel's float64 accumulator keeps the narrower
     # values unrounded. Without float64 the accumulator is float32, and bfloat16/float16
     # values rounded at each store are those kernels' documented tolerance (README), not this.

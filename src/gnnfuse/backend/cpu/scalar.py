@@ -70,9 +70,36 @@ def abs(x):   # noqa: A001 -- mirrors tl.abs
     return math.fabs(x)
 
 
-# Triton's float dtypes, as ``tl.cast`` takes them: numpy's float classes.
+# Triton's dtypes, as ``tl.cast`` takes them: numpy's float classes where Numba has them,
+# markers for the two it lacks (Numba has no float16 or bfloat16 scalars).
 float32 = np.float32
 float64 = np.float64
+
+
+class _Narrow(enum.IntEnum):
+    """A float format Numba cannot hold, by its significant bits: its values are float32s
+    rounded to it (`_rounded`)."""
+    FLOAT16 = 11
+    BFLOAT16 = 8
+
+
+float16 = _Narrow.FLOAT16
+bfloat16 = _Narrow.BFLOAT16
+
+
+@numba.njit(cache=True)
+def _rounded(x, bits, tiny_exponent, largest):
+    """``x`` (a float64 holding a float32 or a float64) rounded to nearest, ties to even, to a
+    format of ``bits`` significant bits whose subnormals are multiples of
+    ``2 ** tiny_exponent``, beyond ``largest`` infinite; NaN and zeros keep their sign. As
+    torch's float32-to-float16/bfloat16 conversions: ``ldexp`` scales exactly, and
+    ``rint`` rounds half to even. (Not inlined by Numba: its inliner mislaid a variable
+    of this function's branches; LLVM inlines it.)"""
+    exponent = max(math.frexp(x)[1], tiny_exponent + bits)
+    r = math.ldexp(np.rint(math.ldexp(x, bits - exponent)), exponent - bits)
+    if abs(r) > largest:
+        return math.copysign(math.inf, x)
+    return r
 
 
 def cast(x, dtype):
@@ -82,9 +109,17 @@ def cast(x, dtype):
 
 @overload(cast)
 def _cast(x, dtype):
-    """To a numpy float class (``ACC``, ``tl.float64``): that class's conversion."""
+    """To a numpy float class (``ACC``, ``tl.float64``): that class's conversion. To
+    float16 or bfloat16: ``x`` rounded to it as torch rounds a float32, held in a float32
+    (a kernel computes in its float32 accumulator)."""
     if isinstance(dtype, types.NumberClass):
         return lambda x, dtype: dtype(x)
+    if isinstance(dtype, types.IntEnumMember) and dtype.instance_class is _Narrow:
+        def narrowed(x, dtype):
+            if dtype == _Narrow.BFLOAT16:
+                return np.float32(_rounded(np.float64(np.float32(x)), 8, -133, 3.3895313892515355e38))
+            return np.float32(_rounded(np.float64(np.float32(x)), 11, -24, 65504.0))
+        return narrowed
     return None
 
 
@@ -130,4 +165,4 @@ def use_threads(typingctx, count):
 
 
 NAMES = frozenset({"exp", "log", "sqrt", "maximum", "minimum", "where", "sigmoid", "abs", "PropagateNan", "cast",
-                   "float32", "float64"})
+                   "float16", "bfloat16", "float32", "float64"})

@@ -114,9 +114,36 @@ def _cast_derivative(b, v, g):
     return [g if v.dtype.is_floating_point and v.inputs[0].dtype.is_floating_point else None]
 
 
+# The Triton names of the dtypes a kernel rounds its float32 values to.
+_NARROW = {torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16"}
+_KERNEL_FLOATS = (torch.float32, *_NARROW)
+
+
+def _cast_emit(v) -> tuple[str, ...] | None:
+    """A cast inside a kernel, which computes in float32 (its ``ACC``): ``x.to(dtype)``
+    rounds to nearest even as torch does, float16 and bfloat16 values being float32s
+    rounded to them (``tl.cast`` on the CPU backend: `scalar.cast`). A narrow input is
+    rounded to its own dtype first: computed in the kernel's float32, it is the value
+    torch holds rounded. Integer and boolean inputs are leaves, already converted to
+    ``ACC`` by their load as torch converts them (int64 to float32 to the narrow dtype).
+    Casts to or from float64 have none: a kernel computes in one accumulator dtype, so a
+    unit mixing float64 with other floats runs as torch ops anyway (`unit_ops`), and an
+    integer-to-float64 cast would need a float64 kernel its float64-free leaves do not
+    choose; nor do casts to integers (a kernel holds no integer values)."""
+    src, dst = v.inputs[0].dtype, v.dtype
+    if dst not in _KERNEL_FLOATS or src == torch.float64 or src.is_complex:
+        return None
+    steps, operand = [], "{0}"
+    for dtype in (src, dst):
+        if dtype in _NARROW:
+            steps.append(f"tl.cast(tl.cast({operand}, {_NARROW[dtype]}), ACC)")
+            operand = f"{{s{len(steps) - 1}}}"
+    return tuple(steps) or ("{0}",)
+
+
 register(OpDef("cast", Movement.DENSE, lambda ctx, x, dtype: x.to(dtype), bounded_derivative=True,
-               shape=lambda inputs, a, r: (inputs[0].shape, a["dtype"]), arity=1,
-               derivative=_cast_derivative,
+               shape=lambda inputs, a, r: (inputs[0].shape, a["dtype"]), arity=1, elementwise=True,
+               derivative=_cast_derivative, emit=_cast_emit,
                doc="x.to(dtype): a front end's cast to an integer dtype (idx.long(), idx.int()), whose data "
                    "carries no gradient; torch.autocast's cast of an op's operands (frontend/autocast.py); or "
                    "autodiff's cast of a gradient to its input's float dtype"))
