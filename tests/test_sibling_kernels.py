@@ -212,3 +212,31 @@ def test_hgt_walks_the_source_csr_once_backward_and_the_destination_csr_once_for
     forward = [g for g, _ in planned if g.by == "dst"]
     assert backward and all(len(g.members) == 2 for g in backward)
     assert forward and all(g.shifts == {1: 0, 2: 0} and g.normalizers == {2: 1} for g in forward)
+
+
+def test_members_of_float32_and_float64_leaves_run_apart(monkeypatch):
+    """One member sums float32 products, the other float64 ones: one kernel computes in
+    one accumulator dtype, and the group's was float64 whenever a leaf was, so the float32
+    member's products were never rounded to float32 -- 63 of its 200 sums differed from
+    torch's (by 1 ulp), silently, while the same unit alone runs in float32. Such a
+    group runs member by member, each in its own dtype (`unit_ops.mixed_floats`)."""
+    monkeypatch.setenv("GNNFUSE_SCHEDULE", "csr")
+    monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
+    gen = torch.Generator().manual_seed(0)
+    n = e = 50     # one in-edge per vertex: each sum is one product, whatever the order of additions
+    graph = gnnfuse.Graph(torch.arange(n), torch.randperm(n, generator=gen), n).to(DEVICE)
+    p = Program()
+    a = p.input("a", Residency.NODE, (4,), torch.float32)
+    w = p.input("w", Residency.EDGE, (4,), torch.float32)
+    b = p.input("b", Residency.NODE, (4,), torch.float64)
+    p.output("y1", p.add("reduce", p.add("mul", p.add("mul", p.add("broadcast", a, by="src"), w), w), op="sum", by="dst"))
+    p.output("y2", p.add("reduce", p.add("mul", p.add("broadcast", b, by="src"), p.add("broadcast", b, by="dst")),
+                         op="sum", by="dst"))
+    compiled = compiled_module.CompiledProgram(p)
+    assert any(isinstance(item, SiblingGroup) for item in group_siblings(partition(compiled.program)))
+    A, W = torch.randn(n, 4, generator=gen).to(DEVICE), torch.randn(e, 4, generator=gen).to(DEVICE)
+    B = torch.randn(n, 4, dtype=torch.float64, generator=gen).to(DEVICE)
+    out = compiled(graph, {"a": A, "w": W, "b": B})
+    s, d = graph.src.long(), graph.dst.long()
+    torch.testing.assert_close(out["y1"], torch.zeros_like(A).index_add(0, d, A[s] * W * W), rtol=0, atol=0)
+    torch.testing.assert_close(out["y2"], torch.zeros_like(B).index_add(0, d, B[s] * B[d]), rtol=1e-12, atol=1e-12)

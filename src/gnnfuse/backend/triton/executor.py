@@ -500,8 +500,13 @@ def _plan_siblings(group: SiblingGroup, ctx: GraphContext, leaves: dict[int, tor
     not all run in `generate`'s CSR schedule with their whole row in one feature block
     (a COO or tuned schedule, a forced feature tile, a head-blocked or wider-than-128
     row), or where ``GNNFUSE_SIBLING_KERNELS=0`` turns groups off; `_WITHOUT_RIDERS`
-    where the graph has too many edge types for a rider's tile (`rider_fits`)."""
+    where the graph has too many edge types for a rider's tile (`rider_fits`). None too
+    where the group's values mix float64 with another float (`mixed_floats`): one kernel
+    computes in one accumulator dtype, float64 if any leaf is, so a float32 member
+    beside a float64 one was computed unrounded; apart, each runs in its own."""
     if not _ENVIRONMENT.current()[3]:
+        return None
+    if any(mixed_floats(m, leaves, computed=False) for m in (*group.members, *group.riders)):
         return None
     if group.riders and not all(rider_fits(r, ctx.num_rows(TYPE_INDEX)) for r in group.riders):
         return _WITHOUT_RIDERS
