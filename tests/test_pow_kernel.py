@@ -9,7 +9,7 @@ agree bit for bit. Any other exponent is ``std::pow`` (a correctly rounded float
 a float64 pow on torch's scalar path, Sleef's 1-ulp powf on its vector path); the
 kernels take float32 powers from float64 ``exp(c * log|x|)``, correctly rounded but for
 ties within 2**-45 of the result, so they may differ from torch's vector path by 1 ulp
-(`ULPS`). Float64 powers of other exponents have no kernel expression accurate to a few
+(`ULPS`; on CUDA torch's powf and rsqrt are within 2 ulps: `GPU_ULPS`). Float64 powers of other exponents have no kernel expression accurate to a few
 ulps and still run as torch ops.
 """
 from __future__ import annotations
@@ -24,6 +24,7 @@ VALUES = [0.0, -0.0, 1.0, -1.0, 0.5, -0.5, 2.0, -3.0, 1.7, -2.3, 1e-3, -7e-4, 12
           1e-40, float("inf"), float("-inf"), float("nan")]
 EXPONENTS = [2, 3, -1, -2, 0.5, -0.5, 0, 1, 4, -3, 5, 1.5, -0.7, 2.5, 0.1]
 ULPS = 1
+GPU_ULPS = 2    # torch's CUDA powf and rsqrt are within 2 ulps, not correctly rounded
 
 
 def _ring(n: int, device: str) -> gnnfuse.Graph:
@@ -45,7 +46,9 @@ def test_power_in_a_kernel_is_torchs(exponent, backend, device, dtype):
     x = torch.tensor(VALUES, dtype=dtype, device=device).view(-1, 1)
     got, want = _powered(x, exponent, device), x ** exponent
     exact = exponent in (2, 3, -1, -2, 0.5, -0.5, 0, 1) or dtype == torch.float64
-    rtol = 0.0 if exact else ULPS * torch.finfo(dtype).eps
+    if x.is_cuda and exponent == -0.5:
+        exact = False       # CUDA's rsqrt, which torch calls, is itself 2 ulps off
+    rtol = 0.0 if exact else (GPU_ULPS if x.is_cuda else ULPS) * torch.finfo(dtype).eps
     torch.testing.assert_close(got, want, rtol=rtol, atol=0.0, equal_nan=True)
     # signs of zeros and infinities too (pow(-0.0, 3) is -0.0, pow(-0.0, -1) is -inf)
     finite_or_inf = ~want.isnan()

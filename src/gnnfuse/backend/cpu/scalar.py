@@ -46,6 +46,11 @@ def sqrt(x):
 
 
 @numba.njit(inline="always", cache=True)
+def sqrt_rn(x):
+    return math.sqrt(x)   # correctly rounded on the CPU, as Triton's sqrt_rn
+
+
+@numba.njit(inline="always", cache=True)
 def maximum(a, b, propagate_nan=PropagateNan.ALL):
     return a if (a > b or a != a) else b
 
@@ -164,5 +169,5 @@ def use_threads(typingctx, count):
     return types.void(count), codegen
 
 
-NAMES = frozenset({"exp", "log", "sqrt", "maximum", "minimum", "where", "sigmoid", "abs", "PropagateNan", "cast",
+NAMES = frozenset({"exp", "log", "sqrt", "sqrt_rn", "maximum", "minimum", "where", "sigmoid", "abs", "PropagateNan", "cast",
                    "float16", "bfloat16", "float32", "float64"})

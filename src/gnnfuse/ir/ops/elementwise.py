@@ -84,12 +84,15 @@ def _pow_derivative(b, v, g):
 
 
 # torch's own formulas for these exponents (ATen's pow_tensor_scalar kernels, CPU and
-# CUDA): the kernels agree with torch bit for bit. ``** 0`` is 1 even at NaN; ``** ±0.5``
-# is sqrt for every dtype but float16 on the CPU, which takes std::pow (+0.0 at -0.0 and
-# +inf at -inf where sqrt gives -0.0 and NaN), so a float16 square root has no kernel
-# expression that matches both devices.
+# CUDA): the kernels agree with torch bit for bit (but CUDA's rsqrt, an approximation of
+# 2 ulps). ``** 0`` is 1 even at NaN; ``** ±0.5`` is sqrt for every dtype but float16 on
+# the CPU, which takes std::pow (+0.0 at -0.0 and +inf at -inf where sqrt gives -0.0
+# and NaN), so a float16 square root has no kernel expression that matches both
+# devices. ``{sqrt}``: Triton's float32 ``tl.sqrt`` is the GPU's approximate square
+# root, so float32 (and narrower, computed in float32) values take ``tl.sqrt_rn``, which
+# takes float32 only; a float64 ``tl.sqrt`` is correctly rounded.
 _POW_FORMULAS = {0.0: "tl.where({0} == {0}, 1.0, 1.0)", 1.0: "{0}", 2.0: "{0} * {0}", 3.0: "{0} * {0} * {0}",
-                 -1.0: "1.0 / {0}", -2.0: "1.0 / ({0} * {0})", 0.5: "tl.sqrt({0})", -0.5: "1.0 / tl.sqrt({0})"}
+                 -1.0: "1.0 / {0}", -2.0: "1.0 / ({0} * {0})", 0.5: "{sqrt}({0})", -0.5: "1.0 / {sqrt}({0})"}
 
 
 def _pow_emit(v) -> tuple[str, ...] | str | None:
@@ -104,7 +107,7 @@ def _pow_emit(v) -> tuple[str, ...] | str | None:
     if not math.isfinite(exponent):
         return None
     if exponent in _POW_FORMULAS and not (v.dtype == torch.float16 and abs(exponent) == 0.5):
-        return _POW_FORMULAS[exponent]
+        return _POW_FORMULAS[exponent].replace("{sqrt}", "tl.sqrt" if v.dtype == torch.float64 else "tl.sqrt_rn")
     if v.dtype == torch.float64 or not v.dtype.is_floating_point or v.dtype == torch.float16 and abs(exponent) == 0.5:
         return None
     if v.dtype != torch.float32:
