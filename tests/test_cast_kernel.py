@@ -153,3 +153,27 @@ def test_integer_edge_data_cast_in_the_kernel_rounds_as_torch(backend, device):
         got = compiled(graph, {"x": xs, "k": ints.view(-1, 1).to(device)})["y"]
         want = xs[graph.src] * ints.view(-1, 1).to(device).to(narrow).float()
         assert got.dtype == want.dtype and torch.equal(got, want), (narrow, table, got.flatten(), want.flatten())
+
+
+@pytest.mark.parametrize("narrow", [torch.float16, torch.bfloat16])
+def test_cpu_kernels_read_float16_and_bfloat16_leaves(narrow, monkeypatch):
+    """The CPU backend's kernels read float16/bfloat16 tables (their bits, widened to the
+    float32 accumulator exactly): a unit with narrow leaves and a float32 result -- most
+    of an autocast program's, whose messages are products cast to the autocast dtype --
+    ran as torch ops (Numba has no float16 or bfloat16), and with it every cast that
+    unit held. Subnormals, infinities, NaN and signed zeros widen as torch widens them."""
+    from gnnfuse.backend.cpu import executor as cpu_executor
+    monkeypatch.setenv("GNNFUSE_BACKEND", "cpu")
+    by_ops = []
+    real = cpu_executor.run_by_ops
+    monkeypatch.setattr(cpu_executor, "run_by_ops", lambda *a: (by_ops.append(a[0]), real(*a))[1])
+    bits = torch.arange(-2 ** 15, 2 ** 15, dtype=torch.int32).to(torch.int16)
+    x = bits.view(narrow).view(-1, 8)            # every bit pattern of the format
+    n = x.shape[0]
+    graph = gnnfuse.Graph(torch.arange(n), torch.roll(torch.arange(n), 1), n)
+    w = torch.linspace(-2, 2, n).view(-1, 1)
+    got = gnnfuse.ops.gspmm(graph, lambda xs, e: xs * e, "sum", src=x, edge=w)
+    want = torch.zeros(n, 8).index_add(0, graph.dst, x[graph.src].float() * w)
+    assert by_ops == [] and got.dtype == torch.float32
+    assert torch.equal(got.isnan(), want.isnan())
+    assert torch.equal(got[~got.isnan()], want[~want.isnan()])

@@ -32,6 +32,8 @@ import math
 import re
 from pathlib import Path
 
+import torch
+
 from ...ir import Value, get_op
 from ...passes.fusion import AggregateUnit, EdgeUnit, Unit, feature_sum_terms, gather_side, leaf_kind
 from ..coords import project, strides, summed_coords
@@ -55,6 +57,16 @@ class UnsupportedUnit(Exception):
 
 # Names a constant expression may hold (`_Emitter.inline_constants`).
 _CONSTANT_NAMES = frozenset({"U", "ACC", "np", "inf", "nan"})
+
+
+# Numba has no float16 or bfloat16 arrays: the executor passes such tables as their int16
+# bits (`executor._flat`), which a load widens (`scalar.from_float16_bits`).
+_FROM_BITS = {torch.float16: "tl.from_float16_bits", torch.bfloat16: "tl.from_bfloat16_bits"}
+
+
+def widened(v: Value, element: str) -> str:
+    """The kernel expression reading ``element`` of leaf ``v``'s array as a number."""
+    return f"{_FROM_BITS[v.dtype]}({element})" if v.dtype in _FROM_BITS else element
 
 
 def _literal(value: float) -> str:
@@ -183,11 +195,11 @@ class _Emitter:
         ptr, width = f"L{self.leaf_index[v.id]}", math.prod(v.shape)
         off = self.offset(v.shape, coords)
         if kind == "shared":
-            return self.tmp(f"ACC({ptr}[{off}])")
+            return self.tmp(f"ACC({widened(v, f'{ptr}[{off}]')})")
         index = _ROW_INDEX[kind]
         self.gathered[(ptr, kind)] = (width, v.dtype.itemsize)
         row = index if width == 1 else f"{index} * {self.uint(width)}"
-        return self.tmp(f"ACC({ptr}[{row}{'' if off == '0' else ' + ' + off}])")
+        return self.tmp(f"ACC({widened(v, f'{ptr}[{row}' + ('' if off == '0' else ' + ' + off) + ']')})")
 
     def prefetches(self, ahead: dict[str, str], indent: int) -> str:
         """Lines prefetching every cache line of the rows read through the index kinds in
@@ -397,7 +409,7 @@ def _reduction(unit: AggregateUnit, em: _Emitter) -> tuple[str, str, str, str]:
         result = "{0}"
     # a per-row scale (passes.fusion._row_scaled, sums only) multiplies or divides the finished row
     scale = "" if unit.scale is None else \
-        f" {'*' if unit.scaled.op == 'mul' else '/'} ACC(L{em.leaf_index[unit.scale.id]}[row])"
+        f" {'*' if unit.scaled.op == 'mul' else '/'} ACC({widened(unit.scale, f'L{em.leaf_index[unit.scale.id]}[row]')})"
     return op, join, result, scale
 
 

@@ -17,8 +17,9 @@ work runs serial kernels, `schedule.parallel`); from the disk cache a process pa
 kernels, 16 s cold, 3 s warm). And the backend is opt-in (``GNNFUSE_BACKEND=cpu``): the
 torch reference stays the default for CPU tensors and the oracle.
 
-A unit the generator cannot express, a dtype Numba cannot read (bfloat16, float16), a
-unit mixing float32 and float64 values (`unit_ops.mixed_floats`) or a tensor off the CPU runs
+A unit the generator cannot express, a float16 or bfloat16 result (Numba has no such
+scalars; it reads such tables as their int16 bits, `codegen.widened`), a unit mixing
+float32 and float64 values (`unit_ops.mixed_floats`) or a tensor off the CPU runs
 through its ops' torch references instead, with a warning once per reason; without
 Numba the whole program runs on the reference executor, with one warning. Never a
 silent difference: the fallback computes the same values.
@@ -56,7 +57,9 @@ except ImportError:   # the optional 'cpu' extra is not installed: `execute` run
     numba = None
 
 _KERNEL_DTYPES = {torch.float32: "float32", torch.float64: "float64"}
-_READABLE = set(_KERNEL_DTYPES) | {torch.int32, torch.int64, torch.bool, torch.uint8, torch.int8}
+_READABLE = set(_KERNEL_DTYPES) | {torch.int32, torch.int64, torch.bool, torch.uint8, torch.int8, torch.float16,
+                                    torch.bfloat16}
+_AS_BITS = (torch.float16, torch.bfloat16)     # read through their int16 bits (codegen.widened)
 _PLANS: "weakref.WeakKeyDictionary[Program, dict]" = weakref.WeakKeyDictionary()
 _UNIT_KERNELS: "weakref.WeakKeyDictionary[Unit, dict]" = weakref.WeakKeyDictionary()
 _PER_EDGE: "weakref.WeakKeyDictionary[SharedReduceUnit, EdgeUnit]" = weakref.WeakKeyDictionary()
@@ -128,7 +131,10 @@ def _compile_vectorized(kernel: Callable, args: tuple) -> None:
 
 def _flat(tensor: torch.Tensor):
     """A CPU tensor's elements as a flat numpy array sharing its memory (copied only if
-    the tensor is not contiguous, or is a lazily negated view)."""
+    the tensor is not contiguous, or is a lazily negated view); a float16 or bfloat16
+    tensor's as their int16 bits, which Numba can read (and the kernel widens)."""
+    if tensor.dtype in _AS_BITS:
+        return tensor.resolve_neg().contiguous().view(torch.int16).numpy().ravel()
     return tensor.numpy(force=True).ravel()
 
 

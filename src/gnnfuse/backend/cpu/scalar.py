@@ -107,6 +107,35 @@ def _rounded(x, bits, tiny_exponent, largest):
     return r
 
 
+@numba.njit(inline="always", cache=True)
+def _widened(bits, fraction_bits, exponent_mask, bias):
+    """The float a float16/bfloat16 bit pattern (an int16 read from the tensor's memory)
+    holds, exactly, as a float64: sign, biased exponent and fraction decoded as IEEE 754
+    does, subnormals (exponent 0) scaled from the fraction, the top exponent infinite or
+    NaN."""
+    h = bits & 0xFFFF
+    fraction = h & ((1 << fraction_bits) - 1)
+    exponent = (h >> fraction_bits) & exponent_mask
+    magnitude = math.ldexp(fraction, 1 - bias - fraction_bits)
+    if exponent == exponent_mask:
+        magnitude = math.inf if fraction == 0 else math.nan
+    elif exponent:
+        magnitude = math.ldexp(fraction + (1 << fraction_bits), exponent - bias - fraction_bits)
+    return -magnitude if h >> 15 else magnitude
+
+
+@numba.njit(inline="always", cache=True)
+def from_float16_bits(bits):
+    """A float16 element read as int16 (Numba has no float16 arrays)."""
+    return _widened(bits, 10, 0x1F, 15)
+
+
+@numba.njit(inline="always", cache=True)
+def from_bfloat16_bits(bits):
+    """A bfloat16 element read as int16."""
+    return _widened(bits, 7, 0xFF, 127)
+
+
 def cast(x, dtype):
     """``tl.cast(x, dtype)`` in a CPU kernel (Numba-compiled only: `_cast`)."""
     raise NotImplementedError("scalar.cast runs inside Numba kernels only")
