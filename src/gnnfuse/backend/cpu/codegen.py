@@ -64,9 +64,18 @@ _CONSTANT_NAMES = frozenset({"U", "ACC", "np", "inf", "nan"})
 _FROM_BITS = {torch.float16: "tl.from_float16_bits", torch.bfloat16: "tl.from_bfloat16_bits"}
 
 
+_TO_BITS = {torch.float16: "tl.to_float16_bits", torch.bfloat16: "tl.to_bfloat16_bits"}
+
+
 def widened(v: Value, element: str) -> str:
     """The kernel expression reading ``element`` of leaf ``v``'s array as a number."""
     return f"{_FROM_BITS[v.dtype]}({element})" if v.dtype in _FROM_BITS else element
+
+
+def stored(root: Value, value: str) -> str:
+    """The kernel expression storing ``value`` into ``root``'s output array: a float16 or
+    bfloat16 output (passed as its int16 bits) takes the value rounded as torch rounds it."""
+    return f"{_TO_BITS[root.dtype]}({value})" if root.dtype in _TO_BITS else value
 
 
 def _literal(value: float) -> str:
@@ -327,6 +336,8 @@ def generate_aggregate(unit: AggregateUnit, name: str, acc: str, parallel: bool,
     registers instead and takes the whole width in one pass (``f_tile`` is unused)."""
     if register_row:
         return generate_register_row(unit, name, acc, parallel)
+    if partitioned and unit.root.dtype in _TO_BITS:     # ranges add their partial rows in ``out``
+        raise UnsupportedUnit(f"a partitioned walk accumulates in its {unit.root.dtype} output")
     width = math.prod(unit.reduce.shape)
     em = _Emitter(unit)
     val = em.value(unit.reduce.inputs[0], em.coords(unit.reduce.shape, "f"))
@@ -363,7 +374,7 @@ def generate_aggregate(unit: AggregateUnit, name: str, acc: str, parallel: bool,
                 row = U(r)
                 start = rowptr[row]
                 end = rowptr[row + U(1)]
-{reduction}                    out[base + U(fi)] = {result.format("acc[k]")}{scale}
+{reduction}                    out[base + U(fi)] = {stored(unit.root, result.format("acc[k]") + scale)}
 ''', em.leaf_args
     finish = "" if op == "sum" and not scale else f'''        for block in prange({blocks}):
             for r in {rows_of_block}:
@@ -441,7 +452,8 @@ def generate_register_row(unit: AggregateUnit, name: str, acc: str, parallel: bo
         raise UnsupportedUnit(f"a register-row kernel would drop feature-level code of {unit.describe()}")
     init = "".join(f"            a{c} = ACC({_IDENTITY[op]})\n" for c in range(width))
     step = "".join(f"                a{c} = ACC({join.format(f'a{c}', val)})\n" for c, val in enumerate(vals))
-    store = "".join(f"            out[base + U({c})] = {result.format(f'a{c}')}{scale}\n" for c in range(width))
+    store = "".join(f"            out[base + U({c})] = {stored(unit.root, result.format(f'a{c}') + scale)}\n"
+                    for c in range(width))
     params = f"rowptr, col, eid, prefetch_end, out, f_tile, {''.join(f'L{n}, ' for n in range(len(em.leaf_args)))}"
     source = _header(acc) + f'''{_definition(name, params, parallel, register_row_fastmath(unit))}    # {unit.describe()} (row in registers)
 {em.block(_KERNEL, 4)}    num_rows = rowptr.shape[0] - 1
@@ -490,6 +502,6 @@ def generate_edge(unit: EdgeUnit, name: str, acc: str, parallel: bool) -> tuple[
         base = edge * width
 {_prefetch_ahead(em, "edge", _EDGE_INDEXES, 8)}{em.block(_ROW, 8)}{em.block(_EDGE, 8)}        for fi in range({width}):
             f = U(fi)
-{em.block(_FEATURE, 12)}            out[base + f] = {val}
+{em.block(_FEATURE, 12)}            out[base + f] = {stored(root, val)}
 '''
     return source, em.leaf_args

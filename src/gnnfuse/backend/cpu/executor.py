@@ -17,9 +17,9 @@ work runs serial kernels, `schedule.parallel`); from the disk cache a process pa
 kernels, 16 s cold, 3 s warm). And the backend is opt-in (``GNNFUSE_BACKEND=cpu``): the
 torch reference stays the default for CPU tensors and the oracle.
 
-A unit the generator cannot express, a float16 or bfloat16 result (Numba has no such
-scalars; it reads such tables as their int16 bits, `codegen.widened`), a unit mixing
-float32 and float64 values (`unit_ops.mixed_floats`) or a tensor off the CPU runs
+Numba has no float16 or bfloat16: kernels read and write such tensors as their int16 bits
+(`codegen.widened`, `codegen.stored`) and compute in float32. A unit the generator
+cannot express, a unit mixing float32 and float64 values (`unit_ops.mixed_floats`) or a tensor off the CPU runs
 through its ops' torch references instead, with a warning once per reason; without
 Numba the whole program runs on the reference executor, with one warning. Never a
 silent difference: the fallback computes the same values.
@@ -59,7 +59,8 @@ except ImportError:   # the optional 'cpu' extra is not installed: `execute` run
 _KERNEL_DTYPES = {torch.float32: "float32", torch.float64: "float64"}
 _READABLE = set(_KERNEL_DTYPES) | {torch.int32, torch.int64, torch.bool, torch.uint8, torch.int8, torch.float16,
                                     torch.bfloat16}
-_AS_BITS = (torch.float16, torch.bfloat16)     # read through their int16 bits (codegen.widened)
+_AS_BITS = (torch.float16, torch.bfloat16)     # read and written as their int16 bits (codegen.widened, stored)
+_WRITABLE = (*_KERNEL_DTYPES, *_AS_BITS)
 _PLANS: "weakref.WeakKeyDictionary[Program, dict]" = weakref.WeakKeyDictionary()
 _UNIT_KERNELS: "weakref.WeakKeyDictionary[Unit, dict]" = weakref.WeakKeyDictionary()
 _PER_EDGE: "weakref.WeakKeyDictionary[SharedReduceUnit, EdgeUnit]" = weakref.WeakKeyDictionary()
@@ -202,7 +203,8 @@ def run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> 
     if kernel is None:
         return run_by_ops(unit, ctx, leaves)
     out = torch.empty(launch.out_shape, dtype=launch.out_dtype)
-    args = (*launch.head, out.numpy().ravel(), *launch.tail, *[_flat(leaves[i]) for i in launch.leaf_ids])
+    flat_out = (out.view(torch.int16) if launch.out_dtype in _AS_BITS else out).numpy().ravel()   # no call: host path
+    args = (*launch.head, flat_out, *launch.tail, *[_flat(leaves[i]) for i in launch.leaf_ids])
     if _FIRST_CALLS and id(kernel) in _FIRST_CALLS:       # this call compiles it
         _FIRST_CALLS.discard(id(kernel))
         kernel = functools.partial(call_compiling, kernel, kernel)
@@ -244,7 +246,7 @@ def _plan(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> _La
         _warn_once("device", "gnnfuse cpu backend: tensors are not on the CPU; fused units run as torch ops "
                              "(use the triton backend for GPU tensors)")
         return fallback
-    if root.dtype not in _KERNEL_DTYPES or any(dtype not in _READABLE for dtype, _ in metas):
+    if root.dtype not in _WRITABLE or any(dtype not in _READABLE for dtype, _ in metas):
         _warn_once(f"dtype:{root.dtype}", f"gnnfuse cpu backend: no kernels for {root.dtype} data; "
                                           "fused units run as torch ops")
         return fallback
@@ -254,7 +256,7 @@ def _plan(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> _La
         _warn_once(f"mixed:{names}", f"gnnfuse cpu backend: a fused unit mixes {names} values; it runs as torch "
                                      "ops (a kernel computes in one dtype, which rounds them unlike torch)")
         return fallback
-    acc = _KERNEL_DTYPES[root.dtype]
+    acc = _KERNEL_DTYPES.get(root.dtype, "float32")     # float16/bfloat16 results are computed in float32
     width = math.prod(root.shape)
     work = ctx.num_edges * width
     threads = schedule.threads(work, numba.config.NUMBA_NUM_THREADS)
@@ -263,7 +265,9 @@ def _plan(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> _La
     ranges = None
     if isinstance(unit, AggregateUnit):
         neighbours = ctx.num_rows("dst" if unit.by == "src" else "src")
-        ranges = schedule.range_rows(unit, choice.partition_bytes, tile, neighbours)
+        # a narrow output cannot hold the partial rows of source ranges (`generate_aggregate`)
+        ranges = None if root.dtype in _AS_BITS else schedule.range_rows(unit, choice.partition_bytes, tile,
+                                                                          neighbours)
     parallel = schedule.parallel(work, threads, root.shape)
     register_row = isinstance(unit, AggregateUnit) and schedule.register_row(width, tile, ranges is not None)
     compiled = _kernel_for(unit, acc, parallel, ranges is not None, register_row)
@@ -287,7 +291,7 @@ def _plan(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> _La
         head = (threads, *head)
     tail = (tile,) if isinstance(unit, AggregateUnit) else ()      # edge kernels take no tile
     if register_row:
-        example_out = torch.empty(0, dtype=root.dtype).numpy()
+        example_out = _flat(torch.empty(0, dtype=root.dtype))
         _compile_vectorized(kernel, (*head, example_out, *tail, *[_flat(leaves[v.id]) for v in leaf_args]))
     return _Launch(kernel, tuple(v.id for v in leaf_args), head, tail, (rows,) + root.shape, root.dtype,
                    threads if parallel else 0, choice.chunk)

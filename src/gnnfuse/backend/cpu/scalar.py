@@ -136,6 +136,42 @@ def from_bfloat16_bits(bits):
     return _widened(bits, 7, 0xFF, 127)
 
 
+@numba.njit(cache=True)
+def _narrowed_bits(x, fraction_bits, exponent_mask, bias, largest):
+    """The float16/bfloat16 bit pattern (as the int16 the output array holds) of ``x``
+    rounded to nearest even (`_rounded`), as torch stores a float32: the inverse of
+    `_widened`; NaN as torch's quiet NaN (the sign kept for float16, as c10 keeps it)."""
+    r = _rounded(np.float64(np.float32(x)), fraction_bits + 1, 1 - bias - fraction_bits, largest)
+    sign = 0x8000 if math.copysign(1.0, r) < 0 else 0
+    a = abs(r)
+    if a != a:
+        bits = 0x7FC0 if fraction_bits == 7 else sign | 0x7E00
+    elif a == math.inf:
+        bits = sign | (exponent_mask << fraction_bits)
+    elif a == 0.0:
+        bits = sign
+    else:
+        biased = math.frexp(a)[1] - 1 + bias
+        if biased >= 1:
+            fraction = int(math.ldexp(a, fraction_bits + bias - biased)) - (1 << fraction_bits)
+            bits = sign | (biased << fraction_bits) | fraction
+        else:       # subnormal: multiples of 2 ** (1 - bias - fraction_bits)
+            bits = sign | int(math.ldexp(a, bias - 1 + fraction_bits))
+    return np.int16(bits - 0x10000 if bits >= 0x8000 else bits)
+
+
+@numba.njit(inline="always", cache=True)
+def to_float16_bits(x):
+    """``x`` stored into a float16 output read as int16."""
+    return _narrowed_bits(x, 10, 0x1F, 15, 65504.0)
+
+
+@numba.njit(inline="always", cache=True)
+def to_bfloat16_bits(x):
+    """``x`` stored into a bfloat16 output read as int16."""
+    return _narrowed_bits(x, 7, 0xFF, 127, 3.3895313892515355e38)
+
+
 def cast(x, dtype):
     """``tl.cast(x, dtype)`` in a CPU kernel (Numba-compiled only: `_cast`)."""
     raise NotImplementedError("scalar.cast runs inside Numba kernels only")

@@ -38,7 +38,7 @@ for _name, _tl in (("stored_float16", "tl.float16"), ("stored_bfloat16", "tl.bfl
     _ew(_name, lambda x: x, None, 1,
         doc="x as its dtype stores it: a kernel computes float16/bfloat16 values in float32 (ACC), and a "
             "max's stored result is the rounded one; torch holds them rounded already",
-        emit="{0}.to(%s).to(ACC)" % _tl)
+        emit="tl.cast(tl.cast({0}, %s), ACC)" % _tl)
 
 def _passed(b, g, share):
     """``g * share`` where ``share`` is nonzero and an exact 0 elsewhere, as torch's
