@@ -155,6 +155,21 @@ def test_integer_edge_data_cast_in_the_kernel_rounds_as_torch(backend, device):
         assert got.dtype == want.dtype and torch.equal(got, want), (narrow, table, got.flatten(), want.flatten())
 
 
+def _counting_by_ops(monkeypatch) -> list:
+    """The units the CPU backend runs as torch ops from now on (GNNFUSE_BACKEND=cpu)."""
+    from gnnfuse.backend.cpu import executor as cpu_executor
+    monkeypatch.setenv("GNNFUSE_BACKEND", "cpu")
+    by_ops, real = [], cpu_executor.run_by_ops
+    monkeypatch.setattr(cpu_executor, "run_by_ops", lambda *a: (by_ops.append(a[0]), real(*a))[1])
+    return by_ops
+
+
+def _same_bits(got: torch.Tensor, want: torch.Tensor) -> None:
+    assert got.dtype == want.dtype and torch.equal(got.isnan(), want.isnan())
+    kept = ~want.isnan()
+    assert torch.equal(got[kept].view(torch.int16), want[kept].view(torch.int16))   # signed zeros too
+
+
 @pytest.mark.parametrize("narrow", [torch.float16, torch.bfloat16])
 def test_cpu_kernels_read_float16_and_bfloat16_leaves(narrow, monkeypatch):
     """The CPU backend's kernels read float16/bfloat16 tables (their bits, widened to the
@@ -162,11 +177,7 @@ def test_cpu_kernels_read_float16_and_bfloat16_leaves(narrow, monkeypatch):
     of an autocast program's, whose messages are products cast to the autocast dtype --
     ran as torch ops (Numba has no float16 or bfloat16), and with it every cast that
     unit held. Subnormals, infinities, NaN and signed zeros widen as torch widens them."""
-    from gnnfuse.backend.cpu import executor as cpu_executor
-    monkeypatch.setenv("GNNFUSE_BACKEND", "cpu")
-    by_ops = []
-    real = cpu_executor.run_by_ops
-    monkeypatch.setattr(cpu_executor, "run_by_ops", lambda *a: (by_ops.append(a[0]), real(*a))[1])
+    by_ops = _counting_by_ops(monkeypatch)
     bits = torch.arange(-2 ** 15, 2 ** 15, dtype=torch.int32).to(torch.int16)
     x = bits.view(narrow).view(-1, 8)            # every bit pattern of the format
     n = x.shape[0]
@@ -181,39 +192,37 @@ def test_cpu_kernels_read_float16_and_bfloat16_leaves(narrow, monkeypatch):
 
 @pytest.mark.parametrize("narrow", [torch.float16, torch.bfloat16])
 def test_cpu_kernels_write_float16_and_bfloat16_results(narrow, monkeypatch):
-    """The CPU backend's kernels write float16/bfloat16 results (rounded to nearest even
-    and stored as their bits): an edge unit ending in an autocast cast, and sums, maxima
-    and means of narrow messages, ran as torch ops. One in-edge per vertex makes each
-    aggregate one product, exact in float32 and rounded once as torch rounds it."""
-    from gnnfuse.backend.cpu import executor as cpu_executor
-    monkeypatch.setenv("GNNFUSE_BACKEND", "cpu")
-    by_ops = []
-    real = cpu_executor.run_by_ops
-    monkeypatch.setattr(cpu_executor, "run_by_ops", lambda *a: (by_ops.append(a[0]), real(*a))[1])
+    """The CPU backend's kernels write float16/bfloat16 results, rounded to nearest even
+    and stored as their bits: an edge unit ending in an autocast cast ran as torch ops."""
+    by_ops = _counting_by_ops(monkeypatch)
     values = _awkward_float32s(2000)
     rows = values.numel() // 8
     x = values[: rows * 8].view(rows, 8)
     graph = gnnfuse.Graph(torch.arange(rows), torch.roll(torch.arange(rows), 1), rows)
-    src, dst = graph.src, graph.dst
-
-    def same(got, want):
-        assert got.dtype == want.dtype == narrow and torch.equal(got.isnan(), want.isnan())
-        kept = ~want.isnan()
-        assert torch.equal(got[kept].view(torch.int16), want[kept].view(torch.int16))   # signed zeros too
-
     p = Program()
     xs = p.input("x", Residency.NODE, (8,), torch.float32)
     w = p.input("w", Residency.EDGE, (8,), torch.float32)
     p.output("y", p.add("cast", p.add("mul", p.add("broadcast", xs, by="src"), w), dtype=narrow))
     ones = torch.ones(rows, 8)
-    same(CompiledProgram(p)(graph, {"x": x, "w": ones})["y"], (x[src] * ones).to(narrow))
-    h, e = x.to(narrow), torch.linspace(-3, 3, rows, dtype=narrow).view(-1, 1)
-    product = torch.zeros(rows, 8, dtype=narrow).index_copy(0, dst, h[src] * e)
+    _same_bits(CompiledProgram(p)(graph, {"x": x, "w": ones})["y"], (x[graph.src] * ones).to(narrow))
+    assert by_ops == []
+
+
+def test_cpu_aggregate_kernels_write_bfloat16_rows(monkeypatch):
+    """Sums, maxima and means of bfloat16 messages (register-row and loop kernels) ran as
+    torch ops. One in-edge per vertex makes each row one product, exact in float32 and
+    rounded once as torch rounds it."""
+    by_ops = _counting_by_ops(monkeypatch)
+    values = _awkward_float32s(500)
+    rows = values.numel() // 8
+    h = values[: rows * 8].view(rows, 8).to(torch.bfloat16)
+    graph = gnnfuse.Graph(torch.arange(rows), torch.roll(torch.arange(rows), 1), rows)
+    e = torch.linspace(-3, 3, rows, dtype=torch.bfloat16).view(-1, 1)
+    product = torch.zeros(rows, 8, dtype=torch.bfloat16).index_copy(0, graph.dst, h[graph.src] * e)
     # a sum starts from +0.0, so -0.0 + 0.0 is +0.0 -- but a register-row kernel may drop
     # that addition (its fast-math ``nsz``, codegen.REGISTER_ROW_FASTMATH): + 0.0 on both
-    for reduce, zero in (("sum", 0.0), ("max", None), ("mean", 0.0)):
-        for tile in (None, 4):      # the register-row kernel, and the loop kernel over feature tiles
-            got = gnnfuse.ops.gspmm(graph, lambda a, b: a * b, reduce, src=h, edge=e,
-                                    schedule=gnnfuse.ops.Schedule(feature_tile=tile))
-            same(got if zero is None else got + zero, product if zero is None else product + zero)
+    for reduce, tile, zero in (("sum", None, 0.0), ("max", 4, None), ("mean", None, 0.0)):   # tile 4: loop kernel
+        got = gnnfuse.ops.gspmm(graph, lambda a, b: a * b, reduce, src=h, edge=e,
+                                schedule=gnnfuse.ops.Schedule(feature_tile=tile))
+        _same_bits(got if zero is None else got + zero, product if zero is None else product + zero)
     assert by_ops == []
