@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 from typing import Sequence
 
@@ -22,7 +23,8 @@ from .output_paths import unwritable_image, unwritable_output
 from .runtime.cuda_graph import MODES
 from .threads import THREADS_ENV, configure_threads
 from .tuning import command as tuning_command
-from .training import ConfigError, RunResult, TrainConfig, TrainSummary, make_config, train_runs
+from .training import (ConfigError, RunResult, TrainConfig, TrainingInterrupted, TrainSummary, make_config,
+                       train_runs)
 from .training.config import FEATURE_PLACEMENTS
 
 
@@ -104,6 +106,10 @@ def checked_config(args: argparse.Namespace) -> TrainConfig:
     problem = unwritable_output({"--save": args.save, "--plot": args.plot})
     if problem:
         raise UsageError(problem)
+    if args.resume and not args.save:
+        raise UsageError("--resume continues the --save checkpoint: give --save PT as well")
+    if args.resume and not os.path.isfile(args.save):
+        raise UsageError(f"--resume: {args.save} does not exist, so there is no checkpoint to resume")
     if args.plot and args.model and _task(args.model) == "link":
         raise UsageError(f"--plot draws node-classification curves; {args.model} is a link-prediction model")
     if args.plot:
@@ -156,6 +162,8 @@ def train(args: argparse.Namespace) -> TrainSummary:
         workers = f", {config.loader_workers} loader worker process(es)" if config.loader_workers else ""
         print(f"mini-batch: fanout {','.join(map(str, config.fanout))} (hop 1 first), batch size "
               f"{config.batch_size}{workers}; held-out accuracy by full-neighbourhood inference")
+    if args.save and not args.resume and os.path.exists(args.save):
+        print(f"note: {args.save} exists and is replaced once the first run finishes (--resume continues it)")
 
     def report(index: int, run: RunResult) -> None:
         stopped = (f", stopped early at epoch {run.epochs_run}" if run.epochs_run < config.epochs else "")
@@ -165,7 +173,7 @@ def train(args: argparse.Namespace) -> TrainSummary:
               f"{run.seconds:.2f} s{graph}")
 
     try:
-        return train_runs(config, on_run=report, cuda_graph=args.cuda_graph, save_to=args.save)
+        return train_runs(config, on_run=report, cuda_graph=args.cuda_graph, save_to=args.save, resume=args.resume)
     except ConfigError as error:           # data set kind or files, unavailable device
         raise UsageError(str(error)) from None
 
@@ -189,6 +197,8 @@ def run_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         summary = train(args)
     except UsageError as error:
         parser.error(str(error))                      # prints usage, exits with status 2
+    except TrainingInterrupted as stopped:
+        return interrupted(stopped, args) if rank.is_main else INTERRUPTED
     if not rank.is_main:                              # files are written once, by rank 0
         return 0
     if args.save:                                     # written after every run (`train_runs`)
@@ -204,6 +214,33 @@ def run_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     print(f"summary: test {metric} {test:.4f} ± {test_std:.4f} over {len(summary.runs)} run(s) "
           f"(at the best val epoch; best val {metric} {val:.4f} ± {val_std:.4f}), total time {total:.2f} s")
     return 0
+
+
+INTERRUPTED = 130          # a shell's status for a command stopped by SIGINT (128 + 2)
+
+
+def interrupted(stopped: TrainingInterrupted, args: argparse.Namespace) -> int:
+    """Ctrl-C during training: draw the finished runs' curves, say what was kept and how to
+    continue, and exit with `INTERRUPTED` -- not a KeyboardInterrupt traceback that left
+    the user to guess whether --save and --plot had been written."""
+    finished = stopped.summary.runs
+    if args.plot and finished:
+        from .curves import plot_curves
+        plot_curves(stopped.summary, args.plot)
+        print(f"saved learning curves of {len(finished)} finished run(s) to {args.plot}")
+    config = stopped.summary.config
+    lines = [f"gnnfuse train: interrupted in run {stopped.index + 1}/{config.runs} (seed "
+             f"{config.seed + stopped.index}); that run's epochs are not kept"]
+    if not args.save:
+        lines.append(f"{len(finished)} run(s) had finished; without --save their weights are not kept")
+    elif not finished:
+        lines.append(f"no run had finished, so {args.save} was not written")
+    else:
+        argv = [arg for arg in args.argv if arg != "--resume"]
+        lines.append(f"{args.save} holds the {len(finished)} finished run(s); continue with:\n"
+                     f"  gnnfuse {shlex.join(argv)} --resume")
+    print("\n".join(lines), file=sys.stderr)
+    return INTERRUPTED
 
 
 def _ranks_banner(rank: Rank, args: argparse.Namespace) -> str:
@@ -290,6 +327,9 @@ def _parser() -> argparse.ArgumentParser:
                        "also the per-epoch stage breakdown")
     train.add_argument("--save", metavar="PT", help="save each run's best-val state dict and the config "
                        "(torch.save; reload with gnnfuse.training.load_checkpoint)")
+    train.add_argument("--resume", action="store_true", help="continue the --save checkpoint of an interrupted "
+                       "train with the same options: its finished runs are kept and the rest trained, to the "
+                       "numbers an uninterrupted train gives; a checkpoint of another recipe is refused")
     train.add_argument("--root", help=ROOT_HELP)
     train.set_defaults(run=run_train, command_parser=train)
 
@@ -321,6 +361,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         status = args.run(args, args.command_parser)    # usage errors show the sub-command's usage
         sys.stdout.flush()          # a reader that left is met here, not in the interpreter's exit
         return status
+    except KeyboardInterrupt:       # Ctrl-C outside training's runs (loading, timing): no traceback
+        print(f"gnnfuse {args.command}: interrupted", file=sys.stderr)
+        return INTERRUPTED
     except BrokenPipeError:
         # The reader left (``gnnfuse info cora | head -3``): stop quietly, as shell tools do,
         # with stdout pointed at devnull so the interpreter's last flush does not raise again.

@@ -6,8 +6,9 @@ from .captured_step import BlockStepCapture
 from .checkpoint import CHECKPOINT_FORMAT, load_checkpoint, save_checkpoint
 from .config import ConfigError, TrainConfig, make_config
 from .data import SPARSE_FEATURES, PreparedData, prepare_data
-from .loop import EarlyStopping, RunResult, TrainSummary, accuracy, peak_memory_mib, train_run, train_runs
+from .loop import (EarlyStopping, RunResult, TrainingInterrupted, TrainSummary, accuracy, peak_memory_mib, train_run,
+                   train_runs)
 
 __all__ = ["BlockStepCapture", "CHECKPOINT_FORMAT", "ConfigError", "EarlyStopping", "PreparedData", "RunResult", "SPARSE_FEATURES",
-           "TrainConfig", "TrainSummary", "accuracy", "load_checkpoint", "make_config", "peak_memory_mib",
+           "TrainConfig", "TrainingInterrupted", "TrainSummary", "accuracy", "load_checkpoint", "make_config", "peak_memory_mib",
            "prepare_data", "save_checkpoint", "train_run", "train_runs"]

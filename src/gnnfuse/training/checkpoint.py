@@ -10,7 +10,8 @@ from torch import nn
 
 from ..nn.block_models import build_block_model
 from ..nn.models import build_model
-from .loop import TrainSummary
+from .config import ConfigError
+from .loop import RunResult, TrainSummary
 
 CHECKPOINT_FORMAT = "gnnfuse-train/1"
 
@@ -26,8 +27,46 @@ def save_checkpoint(summary: TrainSummary, path: str | os.PathLike) -> None:
                 "dataset": summary.dataset_name, "in_channels": summary.in_channels,
                 "out_channels": summary.out_channels,
                 "runs": [{"seed": r.seed, "best_epoch": r.best_epoch, "best_val_acc": r.best_val_acc,
-                          "test_acc": r.test_acc, "state_dict": r.state_dict} for r in summary.runs]}, partial)
+                          "test_acc": r.test_acc, "state_dict": r.state_dict, "epochs_run": r.epochs_run,
+                          "seconds": r.seconds, "history": r.history, "cuda_graph": r.cuda_graph,
+                          "metric": r.metric} for r in summary.runs]}, partial)
     os.replace(partial, path)
+
+
+# Fields that may differ between a checkpoint and the call resuming it: more runs extend
+# it, and the data may have moved to another folder (its size is checked instead).
+RESUMABLE_CHANGES = frozenset({"runs", "root"})
+
+
+def resumed_runs(path: str | os.PathLike, summary: TrainSummary) -> list[RunResult]:
+    """The finished runs of the checkpoint at ``path``, for `train_runs` to continue
+    ``summary`` (its config and data, no runs yet) with the rest.
+
+    A checkpoint of another recipe is refused with every differing field named: its runs
+    mixed into this summary would average two different experiments under one config."""
+    if not os.path.isfile(path):
+        raise ConfigError(f"{path} does not exist, so there is no checkpoint to resume")
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(checkpoint, dict) or checkpoint.get("format") != CHECKPOINT_FORMAT:
+        raise ConfigError(f"{path} is not a gnnfuse train checkpoint (format {CHECKPOINT_FORMAT})")
+    asked = dataclasses.asdict(summary.config)
+    saved = {**checkpoint["config"], "fanout": tuple(checkpoint["config"]["fanout"] or ()) or None}
+    saved_data = (checkpoint["dataset"], checkpoint["in_channels"], checkpoint["out_channels"])
+    changed = [f"{key} {saved.get(key)!r} in the checkpoint, {value!r} asked for" for key, value in asked.items()
+               if key not in RESUMABLE_CHANGES and saved.get(key) != value]
+    if saved_data != (summary.dataset_name, summary.in_channels, summary.out_channels):
+        changed.append(f"data (name, inputs, outputs) {saved_data} in the checkpoint, "
+                       f"{(summary.dataset_name, summary.in_channels, summary.out_channels)} loaded")
+    if changed:
+        raise ConfigError(f"cannot resume {path}: it was trained with another recipe: {'; '.join(changed)}")
+    if len(checkpoint["runs"]) > summary.config.runs:
+        raise ConfigError(f"cannot resume {path}: it holds {len(checkpoint['runs'])} finished runs, more than "
+                          f"the {summary.config.runs} asked for")
+    missing = [key for key in ("history", "epochs_run") if key not in (checkpoint["runs"] or [{}])[0]]
+    if checkpoint["runs"] and missing:
+        raise ConfigError(f"cannot resume {path}: it was written by an older gnnfuse without each run's "
+                          f"{' and '.join(missing)}")
+    return [RunResult(**run) for run in checkpoint["runs"]]
 
 
 def load_checkpoint(path: str | os.PathLike, run: int = 0) -> tuple[nn.Module, dict[str, Any]]:

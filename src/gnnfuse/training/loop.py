@@ -26,7 +26,7 @@ from ..nn.functional import cross_entropy
 from ..nn.models import ModelSpec, build_model, get_model
 from ..progress import progress_bar
 from ..runtime.cuda_graph import StepCapture
-from .config import TrainConfig
+from .config import ConfigError, TrainConfig
 from .data import PreparedData, prepare_data
 
 
@@ -219,14 +219,27 @@ def train_run(config: TrainConfig, spec: ModelSpec, data: PreparedData, seed: in
                      state_dict=best.state_dict, history=history, cuda_graph=step.status)
 
 
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C during `train_runs`: a KeyboardInterrupt (so ``except KeyboardInterrupt``
+    still stops on it) that carries the runs that finished before it (`summary`) and the
+    index of the run it stopped, whose epochs are not kept."""
+
+    def __init__(self, summary: TrainSummary, index: int):
+        super().__init__(f"interrupted in run {index + 1}/{summary.config.runs}")
+        self.summary, self.index = summary, index
+
+
 def train_runs(config: TrainConfig, *, log_epochs: bool = True,
                on_run: Callable[[int, RunResult], None] | None = None, cuda_graph: str = "auto",
-               save_to: str | None = None) -> TrainSummary:
+               save_to: str | None = None, resume: bool = False) -> TrainSummary:
     """`config.runs` runs with seeds ``config.seed, config.seed + 1, ...`` on one split;
     `on_run(index, result)` is called after each (for progress lines); ``cuda_graph`` is
     the training step's capture mode (`StepCapture`). With ``save_to`` the checkpoint of
     the runs so far is written after each run (by the main rank), so stopping a long
-    ``--runs`` loses at most the run in progress."""
+    ``--runs`` loses at most the run in progress; ``resume`` takes the finished runs from
+    that checkpoint (`checkpoint.resumed_runs` refuses one of another recipe) and trains
+    only the rest. Every run starts from its own seed, so a resumed summary is the one an
+    uninterrupted call gives. Ctrl-C raises `TrainingInterrupted` with the finished runs."""
     spec = get_model(config.model)
     if spec.task == "link":
         from .link_prediction import prepare_link_data, train_link_run as run_one     # imports this module
@@ -241,12 +254,22 @@ def train_runs(config: TrainConfig, *, log_epochs: bool = True,
             run_one = train_run
         elif run_one is None:
             from .minibatch import train_minibatch_run as run_one     # imports this module
-    for index in range(config.runs):
+    if resume:
+        if save_to is None:
+            raise ConfigError("resume continues the save_to checkpoint, and none was given")
+        from .checkpoint import resumed_runs                          # imports this module
+        summary.runs.extend(resumed_runs(save_to, summary))
+        print(f"resuming {save_to}: {len(summary.runs)} of {config.runs} run(s) already finished"
+              + (f" (seeds {', '.join(str(run.seed) for run in summary.runs)})" if summary.runs else ""))
+    for index in range(len(summary.runs), config.runs):
         label = f" run {index + 1}/{config.runs}" if config.runs > 1 else ""
         # one process captures its steps (full-graph; mini-batch on padded batches); data-parallel ranks
         # where asked (distributed.minibatch); link prediction does not
         extra = {"cuda_graph": cuda_graph} if spec.task != "link" else {}
-        result = run_one(config, spec, data, config.seed + index, label=label, log_epochs=log_epochs, **extra)
+        try:
+            result = run_one(config, spec, data, config.seed + index, label=label, log_epochs=log_epochs, **extra)
+        except KeyboardInterrupt:
+            raise TrainingInterrupted(summary, index) from None
         summary.runs.append(result)
         if save_to is not None:
             from ..distributed import current                         # imports this module

@@ -1,0 +1,126 @@
+"""``gnnfuse train`` stopped by Ctrl-C: what it keeps (checkpoint, curves), what it says,
+and `--resume` continuing it to the same numbers an uninterrupted run gives."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from gnnfuse.cli import main
+from gnnfuse.training import ConfigError, TrainingInterrupted, load_checkpoint, make_config, train_runs
+from gnnfuse.training import loop
+
+RUNS = ["--runs", "3", "--epochs", "3"]
+
+
+def interrupt_at_seed(monkeypatch, seed: int) -> None:
+    """Ctrl-C in the middle of the run of ``seed`` (the others train as usual)."""
+    real = loop.train_run
+
+    def run(config, spec, data, run_seed, **kw):
+        if run_seed == seed:
+            raise KeyboardInterrupt
+        return real(config, spec, data, run_seed, **kw)
+    monkeypatch.setattr(loop, "train_run", run)
+
+
+def same_runs(a: list, b: list) -> bool:
+    return len(a) == len(b) and all(
+        x["seed"] == y["seed"] and x["history"] == y["history"] and x["best_epoch"] == y["best_epoch"]
+        and x["state_dict"].keys() == y["state_dict"].keys()
+        and all(torch.equal(x["state_dict"][k], y["state_dict"][k]) for k in x["state_dict"])
+        for x, y in zip(a, b))
+
+
+def test_an_interrupted_train_keeps_its_runs_and_resumes_to_the_uninterrupted_numbers(tmp_path, monkeypatch,
+                                                                                     capsys):
+    """Ctrl-C in run 2 of 3 ended in a KeyboardInterrupt traceback (exit 1, no curves, no
+    word on what was kept), and there was no way to continue: runs were retrained."""
+    whole, cut = tmp_path / "whole.pt", tmp_path / "cut.pt"
+    assert main(["train", *RUNS, "--save", str(whole)]) == 0
+    with monkeypatch.context() as patch:
+        interrupt_at_seed(patch, 1)
+        assert main(["train", *RUNS, "--save", str(cut)]) == 130
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "interrupted in run 2/3 (seed 1)" in err
+    assert f"--save {cut} --resume" in err
+    assert len(torch.load(cut, weights_only=True)["runs"]) == 1
+    assert main(["train", *RUNS, "--save", str(cut), "--resume"]) == 0
+    assert "resuming" in capsys.readouterr().out
+    assert same_runs(torch.load(cut, weights_only=True)["runs"], torch.load(whole, weights_only=True)["runs"])
+
+
+def test_an_interrupted_train_still_draws_the_finished_runs_curves(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed (pip install 'gnnfuse[plot]')")
+    plot = tmp_path / "curves.png"
+    interrupt_at_seed(monkeypatch, 1)
+    assert main(["train", *RUNS, "--plot", str(plot)]) == 130
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"saved learning curves of 1 finished run(s) to {plot}" in capsys.readouterr().out
+
+
+def test_train_runs_raises_an_interrupt_that_carries_the_finished_runs(monkeypatch):
+    interrupt_at_seed(monkeypatch, 1)
+    with pytest.raises(TrainingInterrupted) as stopped:
+        train_runs(make_config("gcn", runs=2, epochs=2), log_epochs=False)
+    assert isinstance(stopped.value, KeyboardInterrupt)            # `except KeyboardInterrupt` still sees it
+    assert [run.seed for run in stopped.value.summary.runs] == [0] and stopped.value.index == 1
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(lr=0.02), "lr 0.01 in the checkpoint, 0.02 asked for"),
+    (dict(model="sage"), "model 'gcn' in the checkpoint, 'sage' asked for"),
+    (dict(dataset="sbm", seed=3), "dataset 'synthetic' in the checkpoint, 'sbm' asked for; seed 0"),
+])
+def test_resume_refuses_a_checkpoint_of_another_recipe_by_name(tmp_path, change, message):
+    path = tmp_path / "runs.pt"
+    base = dict(model="gcn", dataset="synthetic", epochs=2, lr=0.01, seed=0)
+    train_runs(make_config(**{k: v for k, v in base.items() if k not in ("model", "dataset")},
+                           model=base["model"], dataset=base["dataset"]), log_epochs=False, save_to=str(path))
+    asked = {**base, **change, "runs": 2}
+    config = make_config(asked.pop("model"), asked.pop("dataset"), **asked)
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+        train_runs(config, log_epochs=False, save_to=str(path), resume=True)
+    assert len(load_checkpoint(path)[1]["runs"]) == 1              # left as it was
+
+
+def test_resume_without_a_checkpoint_to_continue_is_a_usage_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        main(["train", "--epochs", "1", "--resume"])
+    assert stopped.value.code == 2 and "--resume continues the --save checkpoint" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stopped:
+        main(["train", "--epochs", "1", "--save", str(tmp_path / "none.pt"), "--resume"])
+    assert stopped.value.code == 2 and "there is no checkpoint to resume" in capsys.readouterr().err
+
+
+def test_resuming_a_finished_checkpoint_trains_nothing_and_reports_it(tmp_path, capsys):
+    path = tmp_path / "runs.pt"
+    assert main(["train", "--epochs", "2", "--save", str(path)]) == 0
+    before = path.stat().st_mtime_ns
+    capsys.readouterr()
+    assert main(["train", "--epochs", "2", "--save", str(path), "--resume"]) == 0
+    out = capsys.readouterr().out
+    assert "epoch    1" not in out and "summary: test acc" in out and path.stat().st_mtime_ns == before
+
+
+def test_ctrl_c_in_a_terminal_leaves_no_traceback_and_says_how_to_resume(tmp_path):
+    """A real SIGINT to the command, as a terminal's Ctrl-C sends it."""
+    src = Path(__file__).resolve().parent.parent / "src"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")])}
+    path = tmp_path / "runs.pt"
+    process = subprocess.Popen([sys.executable, "-m", "gnnfuse", "train", "--epochs", "100000", "--save", str(path)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                               # a background child inherits SIGINT ignored from a non-interactive shell
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    for line in process.stdout:
+        if "epoch    2 " in line:
+            break
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 130, err
+    assert "Traceback" not in err and "interrupted in run 1/1 (seed 0)" in err
