@@ -123,4 +123,41 @@ def test_ctrl_c_in_a_terminal_leaves_no_traceback_and_says_how_to_resume(tmp_pat
     process.send_signal(signal.SIGINT)
     _, err = process.communicate(timeout=120)
     assert process.returncode == 130, err
-    assert "Traceback" not in err and "interrupted in run 1/1 (seed 0)" in err
+    assert "Traceback" not in err and "interrupted in run 1/1 (seed 0) after epoch" in err
+    assert f"--save {path} --resume" in err
+    assert torch.load(path, weights_only=True)["interrupted"]["epoch"] >= 2
+
+
+def ctrl_c_after_epoch(monkeypatch, epoch: int) -> None:
+    """A real SIGINT to this process during epoch ``epoch`` (its per-epoch log line)."""
+    calls = []
+    real = loop.peak_memory_mib
+
+    def peak(device):
+        calls.append(device)
+        if len(calls) == epoch:
+            signal.raise_signal(signal.SIGINT)
+        return real(device)
+    monkeypatch.setattr(loop, "peak_memory_mib", peak)
+
+
+def test_ctrl_c_inside_a_run_keeps_its_epochs_and_resume_continues_them_bit_exactly(tmp_path, monkeypatch,
+                                                                                   capsys):
+    """The interrupted run's epochs were lost: a single 1000-epoch run stopped at epoch 900
+    started again from epoch 1. Ctrl-C now ends the run at the end of its epoch and saves
+    its whole state (weights, Adam, RNG, early stopping, best epoch, curves)."""
+    # lr 0.5 overshoots: the best epoch (5) comes before the Ctrl-C, and so do the
+    # early-stopping counters' last progress, which resume must carry over
+    argv = ["train", "--epochs", "12", "--patience", "3", "--lr", "0.5"]
+    whole, cut = tmp_path / "whole.pt", tmp_path / "cut.pt"
+    assert main([*argv, "--save", str(whole)]) == 0
+    assert load_checkpoint(whole)[1]["runs"][0]["best_epoch"] < 6 < load_checkpoint(whole)[1]["runs"][0]["epochs_run"]
+    with monkeypatch.context() as patch:
+        ctrl_c_after_epoch(patch, 6)
+        assert main([*argv, "--save", str(cut)]) == 130
+    err = capsys.readouterr().err
+    assert "after epoch 6" in err and f"--save {cut} --resume" in err, err
+    assert main([*argv, "--save", str(cut), "--resume"]) == 0
+    out = capsys.readouterr().out
+    assert "epoch    6 " not in out and "epoch    7 " in out
+    assert same_runs(torch.load(cut, weights_only=True)["runs"], torch.load(whole, weights_only=True)["runs"])

@@ -4,6 +4,7 @@ fastest schedule of each of its fused units (`tune`)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shlex
 import sys
@@ -25,6 +26,7 @@ from .threads import THREADS_ENV, configure_threads
 from .tuning import command as tuning_command
 from .training import (ConfigError, RunResult, TrainConfig, TrainingInterrupted, TrainSummary, make_config,
                        train_runs)
+from .training.loop import interrupted_result
 from .training.config import FEATURE_PLACEMENTS
 
 
@@ -220,24 +222,31 @@ INTERRUPTED = 130          # a shell's status for a command stopped by SIGINT (1
 
 
 def interrupted(stopped: TrainingInterrupted, args: argparse.Namespace) -> int:
-    """Ctrl-C during training: draw the finished runs' curves, say what was kept and how to
+    """Ctrl-C during training: draw the curves so far, say what was kept and how to
     continue, and exit with `INTERRUPTED` -- not a KeyboardInterrupt traceback that left
     the user to guess whether --save and --plot had been written."""
-    finished = stopped.summary.runs
-    if args.plot and finished:
+    config, finished = stopped.summary.config, stopped.summary.runs
+    seed = config.seed + stopped.index
+    curves = finished + ([interrupted_result(stopped.state, seed)] if stopped.state is not None else [])
+    if args.plot and curves:
         from .curves import plot_curves
-        plot_curves(stopped.summary, args.plot)
-        print(f"saved learning curves of {len(finished)} finished run(s) to {args.plot}")
-    config = stopped.summary.config
-    lines = [f"gnnfuse train: interrupted in run {stopped.index + 1}/{config.runs} (seed "
-             f"{config.seed + stopped.index}); that run's epochs are not kept"]
+        plot_curves(dataclasses.replace(stopped.summary, runs=curves), args.plot)
+        print(f"saved learning curves of {len(finished)} finished run(s)"
+              + (f" and of run {stopped.index + 1} up to its epoch {stopped.state['epoch']}" if stopped.state else "")
+              + f" to {args.plot}")
+    where = (f"after epoch {stopped.state['epoch']}" if stopped.state is not None
+             else "during an epoch; that run's epochs are not kept")
+    lines = [f"gnnfuse train: interrupted in run {stopped.index + 1}/{config.runs} (seed {seed}) {where}"]
+    kept = [f"the {len(finished)} finished run(s)"] if finished else []
+    if stopped.state is not None:
+        kept.append(f"run {stopped.index + 1}'s state after epoch {stopped.state['epoch']}")
     if not args.save:
-        lines.append(f"{len(finished)} run(s) had finished; without --save their weights are not kept")
-    elif not finished:
+        lines.append("nothing was saved (no --save); give --save PT to keep runs and continue them")
+    elif not kept:
         lines.append(f"no run had finished, so {args.save} was not written")
     else:
         argv = [arg for arg in args.argv if arg != "--resume"]
-        lines.append(f"{args.save} holds the {len(finished)} finished run(s); continue with:\n"
+        lines.append(f"{args.save} holds {' and '.join(kept)}; continue with:\n"
                      f"  gnnfuse {shlex.join(argv)} --resume")
     print("\n".join(lines), file=sys.stderr)
     return INTERRUPTED

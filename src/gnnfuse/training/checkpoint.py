@@ -16,8 +16,10 @@ from .loop import RunResult, TrainSummary
 CHECKPOINT_FORMAT = "gnnfuse-train/1"
 
 
-def save_checkpoint(summary: TrainSummary, path: str | os.PathLike) -> None:
-    """Write every run's best-validation state dict with the config that rebuilds the model.
+def save_checkpoint(summary: TrainSummary, path: str | os.PathLike, interrupted: dict[str, Any] | None = None
+                    ) -> None:
+    """Write every run's best-validation state dict with the config that rebuilds the model,
+    and the `loop.run_state` of the run Ctrl-C stopped inside (``interrupted``), if any.
 
     Into a temporary file beside ``path``, then renamed over it: `train_runs` saves after
     every run, and a write stopped halfway (Ctrl-C, a full disk) must leave the previous
@@ -29,7 +31,8 @@ def save_checkpoint(summary: TrainSummary, path: str | os.PathLike) -> None:
                 "runs": [{"seed": r.seed, "best_epoch": r.best_epoch, "best_val_acc": r.best_val_acc,
                           "test_acc": r.test_acc, "state_dict": r.state_dict, "epochs_run": r.epochs_run,
                           "seconds": r.seconds, "history": r.history, "cuda_graph": r.cuda_graph,
-                          "metric": r.metric} for r in summary.runs]}, partial)
+                          "metric": r.metric} for r in summary.runs],
+                "interrupted": interrupted}, partial)
     os.replace(partial, path)
 
 
@@ -38,9 +41,11 @@ def save_checkpoint(summary: TrainSummary, path: str | os.PathLike) -> None:
 RESUMABLE_CHANGES = frozenset({"runs", "root"})
 
 
-def resumed_runs(path: str | os.PathLike, summary: TrainSummary) -> list[RunResult]:
+def resumed_runs(path: str | os.PathLike, summary: TrainSummary
+                 ) -> tuple[list[RunResult], dict[str, Any] | None]:
     """The finished runs of the checkpoint at ``path``, for `train_runs` to continue
-    ``summary`` (its config and data, no runs yet) with the rest.
+    ``summary`` (its config and data, no runs yet) with the rest, and the state of the
+    run it stopped inside (None if it stopped between runs).
 
     A checkpoint of another recipe is refused with every differing field named: its runs
     mixed into this summary would average two different experiments under one config."""
@@ -66,7 +71,7 @@ def resumed_runs(path: str | os.PathLike, summary: TrainSummary) -> list[RunResu
     if checkpoint["runs"] and missing:
         raise ConfigError(f"cannot resume {path}: it was written by an older gnnfuse without each run's "
                           f"{' and '.join(missing)}")
-    return [RunResult(**run) for run in checkpoint["runs"]]
+    return [RunResult(**run) for run in checkpoint["runs"]], checkpoint.get("interrupted")
 
 
 def load_checkpoint(path: str | os.PathLike, run: int = 0) -> tuple[nn.Module, dict[str, Any]]:

@@ -14,7 +14,7 @@ import sys
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +28,7 @@ from ..progress import progress_bar
 from ..runtime.cuda_graph import StepCapture
 from .config import ConfigError, TrainConfig
 from .data import PreparedData, prepare_data
+from .interrupt import DeferredInterrupt, RunInterrupted
 
 
 @dataclass
@@ -162,12 +163,52 @@ class BestEpoch:
             self.state_dict = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
 
 
+def run_state(epoch: int, model: nn.Module, optimizer: torch.optim.Optimizer, best: BestEpoch,
+              seconds: float) -> dict[str, Any]:
+    """Everything a full-graph run needs to go on after ``epoch`` as if it had never
+    stopped: weights, Adam's moments, torch's RNG (dropout's masks), the early-stopping
+    counters, the best epoch's weights and the curves."""
+    device = next(model.parameters()).device
+    return {"epoch": epoch, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+            "rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+            "history": best.history, "stopping": dict(vars(best.stopping)), "best_test_acc": best.test_acc,
+            "best_state_dict": best.state_dict, "seconds": seconds}
+
+
+def restore_run(state: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer, best: BestEpoch) -> int:
+    """Put a `run_state` back into a freshly built run; returns the epoch it was taken after."""
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    for key, values in state["history"].items():
+        best.history[key][:] = values
+    vars(best.stopping).update(state["stopping"])
+    best.test_acc, best.state_dict = state["best_test_acc"], state["best_state_dict"]
+    torch.set_rng_state(state["rng"])
+    if state["cuda_rng"] is not None:
+        torch.cuda.set_rng_state(state["cuda_rng"], next(model.parameters()).device)
+    return state["epoch"]
+
+
+def interrupted_result(state: dict[str, Any], seed: int) -> RunResult:
+    """A `run_state` as the result of a run that stopped there (for its curves)."""
+    stopping = state["stopping"]
+    return RunResult(seed=seed, best_epoch=stopping["best_epoch"],
+                     best_val_acc=stopping["best_val_acc"] if stopping["best_epoch"] else float("nan"),
+                     test_acc=state["best_test_acc"], epochs_run=state["epoch"], seconds=state["seconds"],
+                     state_dict=state["best_state_dict"], history=state["history"])
+
+
 def train_run(config: TrainConfig, spec: ModelSpec, data: PreparedData, seed: int, *,
-              label: str = "", log_epochs: bool = True, cuda_graph: str = "auto") -> RunResult:
+              label: str = "", log_epochs: bool = True, cuda_graph: str = "auto",
+              resume_from: dict[str, Any] | None = None) -> RunResult:
     """Train one model from `seed`, keeping the weights and test accuracy of the best
     validation epoch and stopping by `config.patience` (see `EarlyStopping`). The
     training step is captured in a CUDA graph where `StepCapture` finds it replayable
-    (``cuda_graph`` is its mode); the evaluation forward stays eager."""
+    (``cuda_graph`` is its mode); the evaluation forward stays eager.
+
+    Ctrl-C ends the run at the end of its epoch with `RunInterrupted`, whose `run_state`
+    passed back as ``resume_from`` continues the run to the numbers it would have reached."""
     device = torch.device(config.device)
     torch.manual_seed(seed)
     if device.type == "cuda":
@@ -189,9 +230,9 @@ def train_run(config: TrainConfig, spec: ModelSpec, data: PreparedData, seed: in
     history: dict[str, list[float]] = {key: [] for key in ("loss", "val_loss", "train_acc", "val_acc", "test_acc")}
     stopping = EarlyStopping(config.patience)
     best = BestEpoch(history, stopping)
-    start = time.perf_counter()
-    progress = progress_bar(range(1, config.epochs + 1), desc=f"train{label}", unit="epoch")
-    for epoch in progress:
+
+    def run_epoch(epoch: int) -> bool:
+        """One epoch: the training step, evaluation, the record; True when the run should stop."""
         epoch_start, compiled_before = time.perf_counter(), compiled_so_far()
         model.train()
         loss = step()
@@ -210,8 +251,18 @@ def train_run(config: TrainConfig, spec: ModelSpec, data: PreparedData, seed: in
             tqdm.write(f"{label.strip() + ' | ' if label else ''}epoch {epoch:4d} | loss {loss.item():.4f} | "
                        f"train {train_acc:.4f} | val {val_acc:.4f} | test {test_acc:.4f} | {epoch_ms:7.1f} ms{compiling} | "
                        f"peak {peak_memory_mib(device):.0f} MiB", file=sys.stdout)
-        if stopping.should_stop:
-            break
+        return stopping.should_stop
+
+    done = 0 if resume_from is None else restore_run(resume_from, model, optimizer, best)
+    start = time.perf_counter() - (0.0 if resume_from is None else resume_from["seconds"])
+    progress = progress_bar(range(done + 1, config.epochs + 1), desc=f"train{label}", unit="epoch")
+    with DeferredInterrupt() as interrupt:
+        for epoch in progress:
+            if run_epoch(epoch):
+                break
+            if interrupt.requested and epoch < config.epochs:
+                progress.close()
+                raise RunInterrupted(run_state(epoch, model, optimizer, best, time.perf_counter() - start))
     progress.close()
     return RunResult(seed=seed, best_epoch=stopping.best_epoch, best_val_acc=stopping.reported_val_acc,
                      test_acc=best.test_acc,
@@ -221,12 +272,14 @@ def train_run(config: TrainConfig, spec: ModelSpec, data: PreparedData, seed: in
 
 class TrainingInterrupted(KeyboardInterrupt):
     """Ctrl-C during `train_runs`: a KeyboardInterrupt (so ``except KeyboardInterrupt``
-    still stops on it) that carries the runs that finished before it (`summary`) and the
-    index of the run it stopped, whose epochs are not kept."""
+    still stops on it) that carries the runs that finished before it (`summary`), the
+    index of the run it stopped, and that run's `run_state` at the end of its last epoch
+    (None where the run cannot be continued: a second Ctrl-C, a mini-batch, link or
+    multi-rank run, which start again when resumed)."""
 
-    def __init__(self, summary: TrainSummary, index: int):
+    def __init__(self, summary: TrainSummary, index: int, state: dict[str, Any] | None = None):
         super().__init__(f"interrupted in run {index + 1}/{summary.config.runs}")
-        self.summary, self.index = summary, index
+        self.summary, self.index, self.state = summary, index, state
 
 
 def train_runs(config: TrainConfig, *, log_epochs: bool = True,
@@ -254,28 +307,39 @@ def train_runs(config: TrainConfig, *, log_epochs: bool = True,
             run_one = train_run
         elif run_one is None:
             from .minibatch import train_minibatch_run as run_one     # imports this module
+    interrupted = None             # the state of the run a resumed checkpoint stopped inside
     if resume:
         if save_to is None:
             raise ConfigError("resume continues the save_to checkpoint, and none was given")
         from .checkpoint import resumed_runs                          # imports this module
-        summary.runs.extend(resumed_runs(save_to, summary))
+        finished, interrupted = resumed_runs(save_to, summary)
+        summary.runs.extend(finished)
         print(f"resuming {save_to}: {len(summary.runs)} of {config.runs} run(s) already finished"
-              + (f" (seeds {', '.join(str(run.seed) for run in summary.runs)})" if summary.runs else ""))
+              + (f" (seeds {', '.join(str(run.seed) for run in summary.runs)})" if summary.runs else "")
+              + (f"; run {len(summary.runs) + 1} goes on after its epoch {interrupted['epoch']}"
+                 if interrupted is not None and run_one is train_run else ""))
+    from ..distributed import current                                 # imports this module
     for index in range(len(summary.runs), config.runs):
         label = f" run {index + 1}/{config.runs}" if config.runs > 1 else ""
         # one process captures its steps (full-graph; mini-batch on padded batches); data-parallel ranks
         # where asked (distributed.minibatch); link prediction does not
-        extra = {"cuda_graph": cuda_graph} if spec.task != "link" else {}
+        extra: dict[str, Any] = {"cuda_graph": cuda_graph} if spec.task != "link" else {}
+        if interrupted is not None and run_one is train_run:          # only full-graph runs stop inside
+            extra["resume_from"] = interrupted
+        interrupted = None
+        saving = save_to is not None and current().is_main
+        if saving:
+            from .checkpoint import save_checkpoint                   # imports this module
         try:
             result = run_one(config, spec, data, config.seed + index, label=label, log_epochs=log_epochs, **extra)
-        except KeyboardInterrupt:
-            raise TrainingInterrupted(summary, index) from None
+        except KeyboardInterrupt as error:
+            state = error.state if isinstance(error, RunInterrupted) else None
+            if saving and state is not None:
+                save_checkpoint(summary, save_to, interrupted=state)
+            raise TrainingInterrupted(summary, index, state) from None
         summary.runs.append(result)
-        if save_to is not None:
-            from ..distributed import current                         # imports this module
-            if current().is_main:
-                from .checkpoint import save_checkpoint               # imports this module
-                save_checkpoint(summary, save_to)
+        if saving:
+            save_checkpoint(summary, save_to)
         if on_run is not None:
             on_run(index, result)
     return summary
