@@ -20,7 +20,7 @@ from .distributed.fullgraph import PARTITIONED_MODELS
 from .distributed.process_group import launched_by_torchrun
 from .graph import Graph
 from .nn.models import get_model, model_names
-from .output_paths import unwritable_image, unwritable_output
+from .output_paths import replaced_outputs, unwritable_image, unwritable_output
 from .runtime.cuda_graph import MODES
 from .threads import THREADS_ENV, configure_threads
 from .tuning import command as tuning_command
@@ -164,8 +164,10 @@ def train(args: argparse.Namespace) -> TrainSummary:
         workers = f", {config.loader_workers} loader worker process(es)" if config.loader_workers else ""
         print(f"mini-batch: fanout {','.join(map(str, config.fanout))} (hop 1 first), batch size "
               f"{config.batch_size}{workers}; held-out accuracy by full-neighbourhood inference")
-    if args.save and not args.resume and os.path.exists(args.save):
-        print(f"note: {args.save} exists and is replaced once the first run finishes (--resume continues it)")
+    note = replaced_outputs({"--save": None if args.resume else args.save, "--plot": args.plot})
+    if note:
+        print(f"{note} (a checkpoint once the first run finishes; --resume continues one instead)"
+              if args.save and not args.resume and os.path.isfile(args.save) else note)
 
     def report(index: int, run: RunResult) -> None:
         stopped = (f", stopped early at epoch {run.epochs_run}" if run.epochs_run < config.epochs else "")

@@ -14,7 +14,7 @@ import torch
 from .bench import MODELS, build_model
 from .data import DATASET_NAMES, LOAD_ERRORS, ROOT_HELP, load_node_dataset
 from .graph import Graph
-from .output_paths import unwritable_output
+from .output_paths import replaced_outputs, unwritable_output
 from .runtime import explain
 
 
@@ -53,6 +53,9 @@ def run_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
         parser.error(str(error))
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error(f"--device cuda, but CUDA is not available to this torch ({torch.__version__})")
+    note = replaced_outputs({"--dot": args.dot, "--graph": args.graph})
+    if note:
+        print(note)
     torch.manual_seed(0)
     model = build_model("gnnfuse", args.model, dataset.num_features, dataset.num_classes).train()
     try:

@@ -41,3 +41,13 @@ def unwritable_image(outputs: dict[str, str | Path | None]) -> str | None:
             return (f"{flag} {path}: the file type is taken from the name's ending, which must be one of "
                     f".{', .'.join(supported)}")
     return None
+
+
+def replaced_outputs(outputs: dict[str, str | Path | None]) -> str | None:
+    """A note naming the outputs (``{"--json": path, ...}``) that already exist, which the
+    command replaces, or None. Printed before the work, so a file of the same name from an
+    earlier command is never replaced without a word while there is still time to stop."""
+    existing = [f"{flag} {path}" for flag, path in outputs.items() if path is not None and Path(path).is_file()]
+    if not existing:
+        return None
+    return f"note: {', '.join(existing)} {'exists and is' if len(existing) == 1 else 'exist and are'} replaced"

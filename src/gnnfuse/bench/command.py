@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..data import DATASET_NAMES, ROOT_HELP
 from .compare import format_table, plot, run_bench
-from ..output_paths import unwritable_image, unwritable_output
+from ..output_paths import replaced_outputs, unwritable_image, unwritable_output
 from ..runtime.cuda_graph import MODES
 from .models import FRAMEWORKS, KNOWN_FRAMEWORKS, MODELS, MissingDependency
 
@@ -37,6 +37,9 @@ def run_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     problem = unwritable_output({"--json": args.json, "--plot": args.plot}) or unwritable_image({"--plot": args.plot})
     if problem:
         parser.error(problem)
+    note = replaced_outputs({"--json": args.json, "--plot": args.plot})
+    if note:
+        print(note, flush=True)
     try:
         report = run_bench(args.model, args.dataset, args.device, frameworks, args.steps, args.warmup,
                            args.root, log=lambda message: print(message, flush=True), cuda_graph=args.cuda_graph)
