@@ -161,3 +161,15 @@ def test_ctrl_c_inside_a_run_keeps_its_epochs_and_resume_continues_them_bit_exac
     out = capsys.readouterr().out
     assert "epoch    6 " not in out and "epoch    7 " in out
     assert same_runs(torch.load(cut, weights_only=True)["runs"], torch.load(whole, weights_only=True)["runs"])
+
+
+def test_resume_refuses_a_checkpoint_trained_on_another_number_of_ranks(tmp_path, monkeypatch):
+    """Ranks are no field of the config, and one process and two --cpu-ranks train the same
+    recipe to different numbers (synthetic, 5 epochs: test acc 0.5710 vs 0.5550): resuming
+    mixed the two experiments' runs into one summary."""
+    import gnnfuse.distributed
+    path = tmp_path / "runs.pt"
+    train_runs(make_config("gcn", epochs=1), log_epochs=False, save_to=str(path))
+    monkeypatch.setattr(gnnfuse.distributed, "world_size", lambda: 2)
+    with pytest.raises(ConfigError, match="ranks 1 in the checkpoint, 2 asked for"):
+        train_runs(make_config("gcn", epochs=1, runs=2), log_epochs=False, save_to=str(path), resume=True)

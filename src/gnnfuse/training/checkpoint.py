@@ -24,8 +24,9 @@ def save_checkpoint(summary: TrainSummary, path: str | os.PathLike, interrupted:
     Into a temporary file beside ``path``, then renamed over it: `train_runs` saves after
     every run, and a write stopped halfway (Ctrl-C, a full disk) must leave the previous
     checkpoint whole, not a truncated file."""
+    from ..distributed import world_size          # distributed builds on training: imported on use
     partial = f"{os.fspath(path)}.partial"
-    torch.save({"format": CHECKPOINT_FORMAT, "config": dataclasses.asdict(summary.config),
+    torch.save({"format": CHECKPOINT_FORMAT, "config": dataclasses.asdict(summary.config), "ranks": world_size(),
                 "dataset": summary.dataset_name, "in_channels": summary.in_channels,
                 "out_channels": summary.out_channels,
                 "runs": [{"seed": r.seed, "best_epoch": r.best_epoch, "best_val_acc": r.best_val_acc,
@@ -57,6 +58,10 @@ def resumed_runs(path: str | os.PathLike, summary: TrainSummary
     asked = dataclasses.asdict(summary.config)
     saved = {**checkpoint["config"], "fanout": tuple(checkpoint["config"]["fanout"] or ()) or None}
     saved_data = (checkpoint["dataset"], checkpoint["in_channels"], checkpoint["out_channels"])
+    # the number of ranks is no field of the config, but one process and two train the
+    # same recipe to different numbers (partitioned graph, per-rank dropout streams)
+    from ..distributed import world_size
+    asked["ranks"], saved["ranks"] = world_size(), checkpoint.get("ranks")
     changed = [f"{key} {saved.get(key)!r} in the checkpoint, {value!r} asked for" for key, value in asked.items()
                if key not in RESUMABLE_CHANGES and saved.get(key) != value]
     if saved_data != (summary.dataset_name, summary.in_channels, summary.out_channels):
