@@ -35,6 +35,15 @@ def test_train_logs_epochs_and_summary(capsys):
     assert out.strip().splitlines()[-1].startswith("summary: test acc")
 
 
+def test_quiet_train_writes_the_runs_and_summary_without_a_line_per_epoch(capsys):
+    """A 1000-epoch GAT over 10 seeds wrote 10,000 epoch lines and no option kept them out
+    of a log; --quiet keeps the first line, one line per run and the summary."""
+    assert main(["train", "--runs", "2", *FAST, "--quiet"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert not any(" epoch " in line or line.startswith("epoch ") for line in lines), lines
+    assert [line[:9] for line in lines[1:]] == ["run 1/2 (", "run 2/2 (", "summary: "]
+
+
 def test_runs_report_mean_and_std_over_seeds(capsys):
     assert main(["train", "--runs", "2", "--epochs", "5"]) == 0
     out = capsys.readouterr().out

@@ -177,7 +177,8 @@ def train(args: argparse.Namespace) -> TrainSummary:
               f"{run.seconds:.2f} s{graph}")
 
     try:
-        return train_runs(config, on_run=report, cuda_graph=args.cuda_graph, save_to=args.save, resume=args.resume)
+        return train_runs(config, on_run=report, cuda_graph=args.cuda_graph, save_to=args.save, resume=args.resume,
+                          log_epochs=not args.quiet)
     except ConfigError as error:           # data set kind or files, unavailable device
         raise UsageError(str(error)) from None
 
@@ -338,6 +339,8 @@ def _parser() -> argparse.ArgumentParser:
                        "also the per-epoch stage breakdown")
     train.add_argument("--save", metavar="PT", help="save each run's best-val state dict and the config "
                        "(torch.save; reload with gnnfuse.training.load_checkpoint)")
+    train.add_argument("--quiet", "-q", action="store_true", help="no line per epoch: only the first line, one "
+                       "line per run and the summary (warnings and, on a terminal, the progress bar still show)")
     train.add_argument("--resume", action="store_true", help="continue the --save checkpoint of an interrupted "
                        "train with the same options: its finished runs are kept and the rest trained, to the "
                        "numbers an uninterrupted train gives; a checkpoint of another recipe is refused")
