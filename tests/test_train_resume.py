@@ -173,3 +173,16 @@ def test_resume_refuses_a_checkpoint_trained_on_another_number_of_ranks(tmp_path
     monkeypatch.setattr(gnnfuse.distributed, "world_size", lambda: 2)
     with pytest.raises(ConfigError, match="ranks 1 in the checkpoint, 2 asked for"):
         train_runs(make_config("gcn", epochs=1, runs=2), log_epochs=False, save_to=str(path), resume=True)
+
+
+@pytest.mark.parametrize("content", [b"garbage\n", b""])
+def test_a_file_that_is_no_checkpoint_is_refused_by_name(tmp_path, capsys, content):
+    """torch.load's UnpicklingError (advising weights_only=False, which would run the
+    file's code) came out of load_checkpoint, and as a traceback out of --resume."""
+    path = tmp_path / "notes.pt"
+    path.write_bytes(content)
+    with pytest.raises(ValueError, match=f"{path} is not a gnnfuse train checkpoint"):
+        load_checkpoint(path)
+    with pytest.raises(SystemExit) as stopped:
+        main(["train", "--epochs", "1", "--save", str(path), "--resume"])
+    assert stopped.value.code == 2 and f"{path} is not a gnnfuse train checkpoint" in capsys.readouterr().err

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import pickle
+import zipfile
 from typing import Any
 
 import torch
@@ -52,9 +54,7 @@ def resumed_runs(path: str | os.PathLike, summary: TrainSummary
     mixed into this summary would average two different experiments under one config."""
     if not os.path.isfile(path):
         raise ConfigError(f"{path} does not exist, so there is no checkpoint to resume")
-    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    if not isinstance(checkpoint, dict) or checkpoint.get("format") != CHECKPOINT_FORMAT:
-        raise ConfigError(f"{path} is not a gnnfuse train checkpoint (format {CHECKPOINT_FORMAT})")
+    checkpoint = read_checkpoint(path)
     asked = dataclasses.asdict(summary.config)
     saved = {**checkpoint["config"], "fanout": tuple(checkpoint["config"]["fanout"] or ()) or None}
     saved_data = (checkpoint["dataset"], checkpoint["in_channels"], checkpoint["out_channels"])
@@ -79,12 +79,24 @@ def resumed_runs(path: str | os.PathLike, summary: TrainSummary
     return [RunResult(**run) for run in checkpoint["runs"]], checkpoint.get("interrupted")
 
 
+def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+    """The checkpoint at ``path`` as saved, or `ConfigError` (a ValueError) naming the file
+    when it is none: torch.load's own error for, say, a text file advises loading with
+    ``weights_only=False``, which would run whatever code the file holds."""
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, zipfile.BadZipFile, EOFError, RuntimeError) as error:
+        raise ConfigError(f"{path} is not a gnnfuse train checkpoint (format {CHECKPOINT_FORMAT}): "
+                          f"torch.load could not read it ({type(error).__name__})") from None
+    if not isinstance(checkpoint, dict) or checkpoint.get("format") != CHECKPOINT_FORMAT:
+        raise ConfigError(f"{path} is not a gnnfuse train checkpoint (format {CHECKPOINT_FORMAT})")
+    return checkpoint
+
+
 def load_checkpoint(path: str | os.PathLike, run: int = 0) -> tuple[nn.Module, dict[str, Any]]:
     """The model of run `run` from a `save_checkpoint` file, weights loaded, in eval mode,
     with the whole checkpoint (config, accuracies) alongside."""
-    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    if not isinstance(checkpoint, dict) or checkpoint.get("format") != CHECKPOINT_FORMAT:
-        raise ValueError(f"{path} is not a gnnfuse train checkpoint (format {CHECKPOINT_FORMAT})")
+    checkpoint = read_checkpoint(path)
     if not 0 <= run < len(checkpoint["runs"]):
         raise ValueError(f"{path} holds {len(checkpoint['runs'])} run(s); run {run} does not exist")
     saved = checkpoint["runs"][run]
