@@ -135,6 +135,9 @@ def test_plot_writes_a_png(tmp_path, capsys):
     # trained on synthetic; split a data set without a split (cora-npz) and numpy's
     # default_rng raised ValueError: expected non-negative integer, a traceback
     (["--seed", "-1"], "seed must be >= 0"),
+    # one process has nothing to partition the features over: the option was accepted and ignored
+    (["--model", "sage", "--fanout", "5", "--features", "partitioned"],
+     "--features partitioned splits the feature table over several ranks"),
 ])
 def test_bad_options_are_usage_errors(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:

@@ -137,6 +137,9 @@ def checked_config(args: argparse.Namespace) -> TrainConfig:
     if ranks is None and launched_by_torchrun():
         ranks = int(os.environ["WORLD_SIZE"])
         flag = f"{ranks} ranks (WORLD_SIZE)"
+    if config.features == "partitioned" and (ranks is None or ranks == 1):
+        raise UsageError("--features partitioned splits the feature table over several ranks; one process "
+                         "holds all of it (give --gpus N or --cpu-ranks N)")
     if ranks is not None and ranks > 1:
         if _task(config.model) == "link":
             raise UsageError(f"{flag}: link-prediction models ({config.model}) train in one process; every rank "
