@@ -274,8 +274,9 @@ class TrainingInterrupted(KeyboardInterrupt):
     """Ctrl-C during `train_runs`: a KeyboardInterrupt (so ``except KeyboardInterrupt``
     still stops on it) that carries the runs that finished before it (`summary`), the
     index of the run it stopped, and that run's `run_state` at the end of its last epoch
-    (None where the run cannot be continued: a second Ctrl-C, a mini-batch, link or
-    multi-rank run, which start again when resumed)."""
+    (None where the run cannot be continued: a second Ctrl-C; link prediction, multi-rank
+    runs and the mini-batch runs `minibatch.stops_between_epochs` rules out, which start
+    again when resumed)."""
 
     def __init__(self, summary: TrainSummary, index: int, state: dict[str, Any] | None = None):
         super().__init__(f"interrupted in run {index + 1}/{summary.config.runs}")
@@ -317,14 +318,14 @@ def train_runs(config: TrainConfig, *, log_epochs: bool = True,
         print(f"resuming {save_to}: {len(summary.runs)} of {config.runs} run(s) already finished"
               + (f" (seeds {', '.join(str(run.seed) for run in summary.runs)})" if summary.runs else "")
               + (f"; run {len(summary.runs) + 1} goes on after its epoch {interrupted['epoch']}"
-                 if interrupted is not None and run_one is train_run else ""))
+                 if interrupted is not None else ""))
     from ..distributed import current                                 # imports this module
     for index in range(len(summary.runs), config.runs):
         label = f" run {index + 1}/{config.runs}" if config.runs > 1 else ""
         # one process captures its steps (full-graph; mini-batch on padded batches); data-parallel ranks
         # where asked (distributed.minibatch); link prediction does not
         extra: dict[str, Any] = {"cuda_graph": cuda_graph} if spec.task != "link" else {}
-        if interrupted is not None and run_one is train_run:          # only full-graph runs stop inside
+        if interrupted is not None:       # saved by this kind of run: the config and the ranks are the same
             extra["resume_from"] = interrupted
         interrupted = None
         saving = save_to is not None and current().is_main

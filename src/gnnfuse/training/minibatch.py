@@ -10,9 +10,10 @@ Per epoch the history also records the seconds of each loader stage
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -29,15 +30,21 @@ from ..progress import progress_bar
 from .captured_step import BlockStepCapture
 from .config import TrainConfig
 from .data import PreparedData
-from .loop import BestEpoch, EarlyStopping, RunResult, _optimizer, accuracy, peak_memory_mib
+from .interrupt import DeferredInterrupt, RunInterrupted
+from .loop import BestEpoch, EarlyStopping, RunResult, _optimizer, accuracy, peak_memory_mib, restore_run, run_state
 
 
 def train_minibatch_run(config: TrainConfig, spec: ModelSpec, data: PreparedData, seed: int, *,
-                        label: str = "", log_epochs: bool = True, cuda_graph: str = "auto") -> RunResult:
+                        label: str = "", log_epochs: bool = True, cuda_graph: str = "auto",
+                        resume_from: dict[str, Any] | None = None) -> RunResult:
     """Train one model from `seed` on sampled mini-batches of the training vertices,
     keeping the weights and test accuracy of the best validation epoch. On a GPU (unless
     ``cuda_graph`` is ``"off"``) batches are padded to fixed shapes and the steps replayed
-    from a CUDA graph where `BlockStepCapture` finds that safe (``cuda_graph`` is its mode)."""
+    from a CUDA graph where `BlockStepCapture` finds that safe (``cuda_graph`` is its mode).
+
+    Where `stops_between_epochs`, Ctrl-C ends the run at the end of its epoch with
+    `RunInterrupted`, whose state passed back as ``resume_from`` continues it exactly
+    (as `loop.train_run`); elsewhere it stops at once."""
     device = torch.device(config.device)
     captured = device.type == "cuda" and cuda_graph != "off"
     torch.manual_seed(seed)
@@ -63,9 +70,9 @@ def train_minibatch_run(config: TrainConfig, spec: ModelSpec, data: PreparedData
                                                            "epoch_seconds", *(f"stage_{s}" for s in STAGES))}
     stopping = EarlyStopping(config.patience)
     best = BestEpoch(history, stopping)
-    start = time.perf_counter()
-    progress = progress_bar(total=config.epochs * len(loader), desc=f"train{label}", unit="batch")
-    for epoch in range(1, config.epochs + 1):
+
+    def run_epoch(epoch: int) -> bool:
+        """One epoch: its batches, full-neighbourhood evaluation, the record; True when the run should stop."""
         model.train()
         times.reset()
         epoch_start, compiled_before = time.perf_counter(), compiled_so_far()
@@ -95,8 +102,19 @@ def train_minibatch_run(config: TrainConfig, spec: ModelSpec, data: PreparedData
                        f"train {train_acc:.4f} | val {val_acc:.4f} | test {test_acc:.4f} | "
                        f"{epoch_seconds * 1e3:7.1f} ms{compiling}, {rate:.1f} batches/s ({split}) | "
                        f"peak {peak_memory_mib(device):.0f} MiB", file=sys.stdout)
-        if stopping.should_stop:
-            break
+        return stopping.should_stop
+
+    done = 0 if resume_from is None else restore_run(resume_from, model, optimizer, best)
+    start = time.perf_counter() - (0.0 if resume_from is None else resume_from["seconds"])
+    progress = progress_bar(total=(config.epochs - done) * len(loader), desc=f"train{label}", unit="batch")
+    interrupt = DeferredInterrupt() if stops_between_epochs(config, captured) else None
+    with interrupt or contextlib.nullcontext():
+        for epoch in range(done + 1, config.epochs + 1):
+            if run_epoch(epoch):
+                break
+            if interrupt is not None and interrupt.requested and epoch < config.epochs:
+                progress.close()
+                raise RunInterrupted(run_state(epoch, model, optimizer, best, time.perf_counter() - start))
     progress.close()
     if placement is not None and log_epochs:       # the fitted model and the decisions it took
         tqdm.write(f"{label.strip() + ' | ' if label else ''}{placement.describe()}", file=sys.stdout)
@@ -105,6 +123,14 @@ def train_minibatch_run(config: TrainConfig, spec: ModelSpec, data: PreparedData
                      state_dict=best.state_dict, history=history,
                      cuda_graph=f"{step.status} ({step.replayed} steps replayed)" if captured
                      else RunResult.cuda_graph)
+
+
+def stops_between_epochs(config: TrainConfig, captured: bool) -> bool:
+    """Whether Ctrl-C can wait for the end of the epoch and the run go on from there exactly.
+    Not with loader worker processes (the terminal's SIGINT reaches them too, and they
+    stop at once), dynamic kernel placement (refitted on resume from new kernel times) or
+    steps replayed from a CUDA graph (whose state would have to be captured anew)."""
+    return not (config.loader_workers or config.dkp or captured)
 
 
 def table_fits_on_device(x: torch.Tensor, device: torch.device) -> bool:
