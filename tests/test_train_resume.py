@@ -205,3 +205,14 @@ def test_a_file_that_is_no_checkpoint_is_refused_by_name(tmp_path, capsys, conte
     with pytest.raises(SystemExit) as stopped:
         main(["train", "--epochs", "1", "--save", str(path), "--resume"])
     assert stopped.value.code == 2 and f"{path} is not a gnnfuse train checkpoint" in capsys.readouterr().err
+
+
+def test_ctrl_c_in_a_runs_last_epoch_stops_before_the_next_run(tmp_path, monkeypatch, capsys):
+    """A Ctrl-C waiting for the end of the epoch was dropped when that epoch was the run's
+    last (its epoch limit, or early stopping): the next run started as if none came."""
+    path = tmp_path / "runs.pt"
+    ctrl_c_after_epoch(monkeypatch, loop, 3)
+    assert main(["train", "--runs", "2", "--epochs", "3", "--save", str(path)]) == 130
+    err = capsys.readouterr().err
+    assert "interrupted before run 2/2 (seed 1)" in err and f"--save {path} --resume" in err, err
+    assert len(torch.load(path, weights_only=True)["runs"]) == 1

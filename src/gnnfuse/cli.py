@@ -240,9 +240,13 @@ def interrupted(stopped: TrainingInterrupted, args: argparse.Namespace) -> int:
         print(f"saved learning curves of {len(finished)} finished run(s)"
               + (f" and of run {stopped.index + 1} up to its epoch {stopped.state['epoch']}" if stopped.state else "")
               + f" to {args.plot}")
-    where = (f"after epoch {stopped.state['epoch']}" if stopped.state is not None
-             else "during an epoch; that run's epochs are not kept")
-    lines = [f"gnnfuse train: interrupted in run {stopped.index + 1}/{config.runs} (seed {seed}) {where}"]
+    run = f"run {stopped.index + 1}/{config.runs} (seed {seed})"
+    if stopped.between_runs:
+        lines = [f"gnnfuse train: interrupted before {run}"]
+    elif stopped.state is not None:
+        lines = [f"gnnfuse train: interrupted in {run} after epoch {stopped.state['epoch']}"]
+    else:
+        lines = [f"gnnfuse train: interrupted in {run} during an epoch; that run's epochs are not kept"]
     kept = [f"the {len(finished)} finished run(s)"] if finished else []
     if stopped.state is not None:
         kept.append(f"run {stopped.index + 1}'s state after epoch {stopped.state['epoch']}")

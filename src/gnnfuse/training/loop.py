@@ -44,6 +44,7 @@ class RunResult:
     history: dict[str, list[float]] = field(default_factory=dict)
     cuda_graph: str = "eager: disabled (mode 'off')"   # StepCapture.status of the training step
     metric: str = "acc"       # what best_val_acc and test_acc hold: accuracy, or MRR for link prediction
+    interrupted: bool = False  # a Ctrl-C came in its last epoch: whoever runs more should stop
 
 
 @dataclass
@@ -267,7 +268,8 @@ def train_run(config: TrainConfig, spec: ModelSpec, data: PreparedData, seed: in
     return RunResult(seed=seed, best_epoch=stopping.best_epoch, best_val_acc=stopping.reported_val_acc,
                      test_acc=best.test_acc,
                      epochs_run=len(history["loss"]), seconds=time.perf_counter() - start,
-                     state_dict=best.state_dict, history=history, cuda_graph=step.status)
+                     state_dict=best.state_dict, history=history, cuda_graph=step.status,
+                     interrupted=interrupt.requested)
 
 
 class TrainingInterrupted(KeyboardInterrupt):
@@ -276,11 +278,13 @@ class TrainingInterrupted(KeyboardInterrupt):
     index of the run it stopped, and that run's `run_state` at the end of its last epoch
     (None where the run cannot be continued: a second Ctrl-C; link prediction, multi-rank
     runs and the mini-batch runs `minibatch.stops_between_epochs` rules out, which start
-    again when resumed)."""
+    again when resumed). `between_runs`: it came in the last epoch of the run before, so
+    run `index` had not started."""
 
-    def __init__(self, summary: TrainSummary, index: int, state: dict[str, Any] | None = None):
-        super().__init__(f"interrupted in run {index + 1}/{summary.config.runs}")
-        self.summary, self.index, self.state = summary, index, state
+    def __init__(self, summary: TrainSummary, index: int, state: dict[str, Any] | None = None,
+                 between_runs: bool = False):
+        super().__init__(f"interrupted {'before' if between_runs else 'in'} run {index + 1}/{summary.config.runs}")
+        self.summary, self.index, self.state, self.between_runs = summary, index, state, between_runs
 
 
 def train_runs(config: TrainConfig, *, log_epochs: bool = True,
@@ -343,4 +347,6 @@ def train_runs(config: TrainConfig, *, log_epochs: bool = True,
             save_checkpoint(summary, save_to)
         if on_run is not None:
             on_run(index, result)
+        if result.interrupted and index + 1 < config.runs:
+            raise TrainingInterrupted(summary, index + 1, between_runs=True)
     return summary

@@ -122,7 +122,7 @@ def train_minibatch_run(config: TrainConfig, spec: ModelSpec, data: PreparedData
                      test_acc=best.test_acc, epochs_run=len(history["loss"]), seconds=time.perf_counter() - start,
                      state_dict=best.state_dict, history=history,
                      cuda_graph=f"{step.status} ({step.replayed} steps replayed)" if captured
-                     else RunResult.cuda_graph)
+                     else RunResult.cuda_graph, interrupted=interrupt is not None and interrupt.requested)
 
 
 def stops_between_epochs(config: TrainConfig, captured: bool) -> bool:
