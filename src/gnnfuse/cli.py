@@ -233,7 +233,7 @@ def interrupted(stopped: TrainingInterrupted, args: argparse.Namespace) -> int:
     the user to guess whether --save and --plot had been written."""
     config, finished = stopped.summary.config, stopped.summary.runs
     seed = config.seed + stopped.index
-    curves = finished + ([interrupted_result(stopped.state, seed)] if stopped.state is not None else [])
+    curves = finished + ([interrupted_result(stopped.state, seed)] if args.plot and stopped.state else [])
     if args.plot and curves:
         from .curves import plot_curves
         plot_curves(dataclasses.replace(stopped.summary, runs=curves), args.plot)

@@ -25,6 +25,7 @@ import math
 import sys
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +37,7 @@ from ..nn.link_models import with_inverse_relations
 from ..nn.models import ModelSpec, build_model
 from ..progress import progress_bar
 from .config import ConfigError, TrainConfig
+from .interrupt import DeferredInterrupt, RunInterrupted
 from .loop import RunResult, _optimizer, peak_memory_mib, warn_diverged
 
 EVAL_EVERY = 5
@@ -123,10 +125,13 @@ def evaluate(model, data: LinkData, queries: torch.Tensor) -> tuple[float, float
 
 
 def train_link_run(config: TrainConfig, spec: ModelSpec, data: LinkData, seed: int, *, label: str = "",
-                   log_epochs: bool = True) -> RunResult:
+                   log_epochs: bool = True, resume_from: dict[str, Any] | None = None) -> RunResult:
     """One seed: train, validate every `EVAL_EVERY` epochs (and at the last), keep the
     best validation MRR's weights, stop after ``config.patience`` epochs without a better
-    one, and test those weights. Returns a `RunResult` whose metric is the MRR."""
+    one, and test those weights. Returns a `RunResult` whose metric is the MRR.
+
+    Ctrl-C ends the run at the end of its epoch with `RunInterrupted`, whose state passed
+    back as ``resume_from`` continues the run exactly (as `loop.train_run`)."""
     device = torch.device(config.device)
     torch.manual_seed(seed)
     generator = torch.Generator().manual_seed(seed)
@@ -135,41 +140,52 @@ def train_link_run(config: TrainConfig, spec: ModelSpec, data: LinkData, seed: i
     optimizer = _optimizer(spec, model, config)
     history: dict[str, list[float]] = {"loss": [], "val_mrr": [], "val_hits10": []}
     best = (-1.0, 0, {})
-    start = time.perf_counter()
-    progress = progress_bar(range(1, config.epochs + 1), desc=f"train{label}", unit="epoch")
-    for epoch in progress:
-        epoch_start = time.perf_counter()
-        model.train()
-        optimizer.zero_grad(set_to_none=True)
-        z = model(data.graph)
-        negative = corrupt(data.train, data.num_entities, generator)
-        scores = torch.cat([model.score(z, data.train), model.score(z, negative)])
-        targets = torch.cat([torch.ones(len(data.train)), torch.zeros(len(negative))]).to(scores)
-        loss = F.binary_cross_entropy_with_logits(scores, targets) + REGULARIZATION * (
-            z.pow(2).mean() + model.relation.pow(2).mean())
-        loss.backward()
-        optimizer.step()
-        epoch_ms = (time.perf_counter() - epoch_start) * 1e3
-        history["loss"].append(loss.item())
-        if not math.isfinite(history["loss"][-1]):
-            warn_diverged(epoch, f"loss {history['loss'][-1]}", best[1])
-            break
-        line = (f"epoch {epoch:4d} | loss {loss.item():.4f} | {epoch_ms:7.1f} ms | "
-                f"peak {peak_memory_mib(device):.0f} MiB")
-        validated = epoch % EVAL_EVERY == 0 or epoch == config.epochs
-        if validated:
-            mrr, hits = evaluate(model, data, data.valid)
-            history["val_mrr"].append(mrr)
-            history["val_hits10"].append(hits)
-            line += f" | val MRR {mrr:.4f} | val Hits@10 {hits:.4f}"
-            if mrr > best[0]:
-                best = (mrr, epoch, {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()})
-            progress.set_postfix(loss=f"{loss.item():.4f}", val_mrr=f"{mrr:.4f}")
-        if log_epochs:
-            tqdm.write(f"{label.strip() + ' | ' if label else ''}{line}", file=sys.stdout)
-        # patience counts epochs, but only a validated epoch can say nothing improved
-        if validated and config.patience is not None and epoch - best[1] >= config.patience and best[0] >= 0:
-            break
+    done = 0
+    if resume_from is not None:
+        done, best = restore_link_run(resume_from, model, optimizer, generator, history)
+    start = time.perf_counter() - (0.0 if resume_from is None else resume_from["seconds"])
+    progress = progress_bar(range(done + 1, config.epochs + 1), desc=f"train{label}", unit="epoch")
+    with DeferredInterrupt() as interrupt:
+        for epoch in progress:
+            epoch_start = time.perf_counter()
+            model.train()
+            optimizer.zero_grad(set_to_none=True)
+            z = model(data.graph)
+            negative = corrupt(data.train, data.num_entities, generator)
+            scores = torch.cat([model.score(z, data.train), model.score(z, negative)])
+            targets = torch.cat([torch.ones(len(data.train)), torch.zeros(len(negative))]).to(scores)
+            loss = F.binary_cross_entropy_with_logits(scores, targets) + REGULARIZATION * (
+                z.pow(2).mean() + model.relation.pow(2).mean())
+            loss.backward()
+            optimizer.step()
+            epoch_ms = (time.perf_counter() - epoch_start) * 1e3
+            history["loss"].append(loss.item())
+            if not math.isfinite(history["loss"][-1]):
+                warn_diverged(epoch, f"loss {history['loss'][-1]}", best[1])
+                break
+            line = (f"epoch {epoch:4d} | loss {loss.item():.4f} | {epoch_ms:7.1f} ms | "
+                    f"peak {peak_memory_mib(device):.0f} MiB")
+            validated = epoch % EVAL_EVERY == 0 or epoch == config.epochs
+            if validated:
+                mrr, hits = evaluate(model, data, data.valid)
+                history["val_mrr"].append(mrr)
+                history["val_hits10"].append(hits)
+                line += f" | val MRR {mrr:.4f} | val Hits@10 {hits:.4f}"
+                if mrr > best[0]:
+                    best = (mrr, epoch, {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()})
+                progress.set_postfix(loss=f"{loss.item():.4f}", val_mrr=f"{mrr:.4f}")
+            if log_epochs:
+                tqdm.write(f"{label.strip() + ' | ' if label else ''}{line}", file=sys.stdout)
+            # patience counts epochs, but only a validated epoch can say nothing improved
+            if validated and config.patience is not None and epoch - best[1] >= config.patience and best[0] >= 0:
+                break
+            if interrupt.requested and epoch < config.epochs:
+                progress.close()
+                raise RunInterrupted({"epoch": epoch, "model": model.state_dict(),
+                                      "optimizer": optimizer.state_dict(), "rng": torch.get_rng_state(),
+                                      "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+                                      "generator": generator.get_state(), "history": history, "best": best,
+                                      "seconds": time.perf_counter() - start})
     progress.close()
     best_mrr, best_epoch, state = best
     if state:
@@ -183,4 +199,21 @@ def train_link_run(config: TrainConfig, spec: ModelSpec, data: LinkData, seed: i
                    f"MRR {test_mrr:.4f} | Hits@10 {test_hits:.4f}", file=sys.stdout)
     return RunResult(seed=seed, best_epoch=best_epoch, best_val_acc=best_mrr, test_acc=test_mrr,
                      epochs_run=len(history["loss"]), seconds=time.perf_counter() - start, state_dict=state,
-                     history=history, cuda_graph="eager (link prediction)", metric="MRR")
+                     history=history, cuda_graph="eager (link prediction)", metric="MRR",
+                     interrupted=interrupt.requested)
+
+
+def restore_link_run(state: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                     generator: torch.Generator, history: dict[str, list[float]]
+                     ) -> tuple[int, tuple[float, int, dict[str, torch.Tensor]]]:
+    """Put a stopped link run's state back; returns its last epoch and its best
+    (validation MRR, epoch, weights)."""
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    generator.set_state(state["generator"])
+    torch.set_rng_state(state["rng"])
+    if state["cuda_rng"] is not None:
+        torch.cuda.set_rng_state(state["cuda_rng"], next(model.parameters()).device)
+    for key, values in state["history"].items():
+        history[key][:] = values
+    return state["epoch"], tuple(state["best"])
