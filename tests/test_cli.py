@@ -324,6 +324,21 @@ def test_a_plot_name_without_an_image_type_is_a_usage_error_before_any_work(argv
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("name", ["graph.xyz", "graph"])
+def test_an_explain_drawing_without_an_image_type_is_a_usage_error_before_any_work(name, tmp_path, capsys):
+    """``explain --graph graph.xyz`` drew through matplotlib (no Graphviz here) and ended
+    in its ValueError traceback after the work; ``--graph graph`` wrote graph.png and
+    printed 'wrote graph'."""
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed (pip install 'gnnfuse[plot]')")
+    from gnnfuse.runtime.explain import graphviz_renders
+    if graphviz_renders():
+        pytest.skip("Graphviz draws here, and takes its own formats")
+    with pytest.raises(SystemExit) as stopped:
+        main(["explain", "--graph", str(tmp_path / name)])
+    assert stopped.value.code == 2 and "--graph" in (err := capsys.readouterr().err) and "must be one of" in err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_two_outputs_on_one_file_are_a_usage_error_before_any_work(tmp_path, capsys):
     """``--save out --plot out`` saved the checkpoint, then drew the curves over it."""
     target = str(tmp_path / "out")

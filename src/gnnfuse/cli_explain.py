@@ -7,6 +7,7 @@ saved for them are those of real training, and prints the report.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 from pathlib import Path
 
 import torch
@@ -14,8 +15,9 @@ import torch
 from .bench import MODELS, build_model
 from .data import DATASET_NAMES, LOAD_ERRORS, ROOT_HELP, load_node_dataset
 from .graph import Graph
-from .output_paths import replaced_outputs, unwritable_output
+from .output_paths import replaced_outputs, unwritable_image, unwritable_output
 from .runtime import explain
+from .runtime.explain import graphviz_renders
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,8 +45,22 @@ def edge_count_note(name: str, graph: Graph, model: torch.nn.Module) -> str:
     return note
 
 
+def drawing_problem(path: Path | None) -> str | None:
+    """Why ``--graph path`` cannot be drawn, or None -- checked before the work, since the
+    drawing comes last. Without Graphviz, matplotlib draws it and takes the file type from
+    the name's ending: an unknown one raised its ValueError after the work, and none was
+    saved as ``path.png`` while the command said it wrote ``path``."""
+    if path is None or graphviz_renders():
+        return None
+    missing = [name for name in ("matplotlib", "networkx") if importlib.util.find_spec(name) is None]
+    if missing:
+        return (f"--graph needs Graphviz (the graphviz package and its dot binary), or matplotlib and networkx "
+                f"(missing: {', '.join(missing)})")
+    return unwritable_image({"--graph": path})
+
+
 def run_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    problem = unwritable_output({"--dot": args.dot, "--graph": args.graph})
+    problem = unwritable_output({"--dot": args.dot, "--graph": args.graph}) or drawing_problem(args.graph)
     if problem:
         parser.error(problem)
     try:

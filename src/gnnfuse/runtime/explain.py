@@ -51,6 +51,7 @@ from gathered vertex rows, see passes/io_rule.py) are marked so.
 """
 from __future__ import annotations
 
+import importlib.util
 import math
 import shutil
 from collections import Counter
@@ -477,11 +478,8 @@ class ExplainReport:
         package and the ``dot`` binary are both present (format from the suffix), else
         drawn with networkx and matplotlib (PNG, or any format matplotlib saves)."""
         path = Path(path)
-        try:
+        if graphviz_renders():
             import graphviz
-        except ImportError:
-            graphviz = None
-        if graphviz is not None and shutil.which("dot"):
             graphviz.Source(self.to_dot()).render(outfile=str(path), cleanup=True)
             return path
         try:
@@ -492,6 +490,12 @@ class ExplainReport:
                                "or 'matplotlib' and 'networkx' (pip install matplotlib networkx)") from exc
         _draw(self._sections(), path, networkx)
         return path
+
+
+def graphviz_renders() -> bool:
+    """Whether `ExplainReport.render` draws through Graphviz (the ``graphviz`` package and
+    the ``dot`` binary both present) rather than matplotlib, whose file types differ."""
+    return importlib.util.find_spec("graphviz") is not None and shutil.which("dot") is not None
 
 
 def _escape(text: str) -> str:
