@@ -126,7 +126,10 @@ def test_ctrl_c_in_a_terminal_leaves_no_traceback_and_says_how_to_resume(tmp_pat
         if "epoch    2 " in line:
             break
     process.send_signal(signal.SIGINT)
-    _, err = process.communicate(timeout=120)
+    try:
+        _, err = process.communicate(timeout=120)
+    finally:
+        process.kill()                # a command that ignored the Ctrl-C would train 100000 epochs
     assert process.returncode == 130, err
     assert "Traceback" not in err and "interrupted in run 1/1 (seed 0) after epoch" in err
     assert f"--save {path} --resume" in err
