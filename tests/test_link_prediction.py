@@ -153,3 +153,13 @@ def test_a_link_run_stopped_by_ctrl_c_resumes_bit_exactly(monkeypatch):
     assert resumed.history == whole.history and resumed.best_epoch == whole.best_epoch
     assert resumed.test_acc == whole.test_acc
     assert all(torch.equal(resumed.state_dict[k], v) for k, v in whole.state_dict.items())
+
+
+def test_cuda_graph_on_with_a_link_model_warns_that_its_steps_run_eagerly(monkeypatch):
+    """README: ``--cuda-graph on`` warns when it cannot capture; link runs dropped the mode
+    without a word."""
+    from gnnfuse.runtime.cuda_graph import CaptureFallbackWarning
+    from gnnfuse.training import link_prediction, train_runs
+    monkeypatch.setattr(link_prediction, "prepare_link_data", lambda config: _tiny_link_data())
+    with pytest.warns(CaptureFallbackWarning, match="link-prediction"):
+        train_runs(make_config("rgcn", "wn18rr", epochs=1, hidden=8), log_epochs=False, cuda_graph="on")

@@ -25,7 +25,7 @@ from ..backend.first_use import compiled_since, compiled_so_far
 from ..nn.functional import cross_entropy
 from ..nn.models import ModelSpec, build_model, get_model
 from ..progress import progress_bar
-from ..runtime.cuda_graph import StepCapture
+from ..runtime.cuda_graph import CaptureFallbackWarning, StepCapture
 from .config import ConfigError, TrainConfig
 from .data import PreparedData, prepare_data
 from .interrupt import DeferredInterrupt, RunInterrupted
@@ -301,6 +301,9 @@ def train_runs(config: TrainConfig, *, log_epochs: bool = True,
     spec = get_model(config.model)
     if spec.task == "link":
         from .link_prediction import prepare_link_data, train_link_run as run_one     # imports this module
+        if cuda_graph == "on":
+            warnings.warn(f"gnnfuse: {config.model} is a link-prediction model, whose steps are not captured in a "
+                          "CUDA graph: they run eagerly", CaptureFallbackWarning, stacklevel=2)
         data = prepare_link_data(config)
         summary = TrainSummary(config, data.name, data.num_entities, data.num_relations, [])
     else:
