@@ -103,3 +103,25 @@ def test_every_data_set_and_model_the_cli_accepts_is_named():
     text = README.read_text()
     missing = [name for name in (*DATASET_NAMES, *model_names(task=None)) if f"`{name}`" not in text]
     assert missing == []
+
+
+def test_each_commands_options_are_named_in_its_own_command_line_entry():
+    """The check above passes when an option's name appears anywhere in the README:
+    ``bench --cuda-graph`` and ``--root``, ``explain --dot`` and ``--root``, ``tune --root``
+    and ``train --gpus/--cpu-ranks/--features`` were missing from their commands' entries
+    under "Command line", where a reader of ``--help`` looks them up. (``--threads`` is
+    one entry for all commands.)"""
+    import argparse
+
+    from gnnfuse.cli import _parser
+    text = README.read_text()
+    section = text[text.index("## Command line"):text.index("## Examples")]
+    entries = re.split(r"\n(?=- `gnnfuse )", section)
+    commands = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction))
+    missing = []
+    for name, parser in commands.choices.items():
+        entry = next((e for e in entries if e.startswith(f"- `gnnfuse {name}")), "")
+        missing += [f"{name} {option}" for action in parser._actions for option in action.option_strings
+                    if option.startswith("--") and option not in ("--help", "--threads")
+                    and not re.search(rf"{option}\b", entry)]
+    assert missing == []
