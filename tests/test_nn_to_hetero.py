@@ -108,6 +108,38 @@ def test_layers_inside_sequential():
         torch.testing.assert_close(out[t], ref[t])
 
 
+@pytest.mark.parametrize("holder", ["ModuleList", "ModuleDict"])
+def test_layers_held_in_module_lists_and_dicts(holder):
+    """PyG's tracer calls a layer held in a ``ModuleList`` or ``ModuleDict`` as a module of
+    its own and copies it per edge type. Only children of the model and layers inside
+    ``Sequential`` were put in shells: a model looping over ``ModuleList([SAGEConv,
+    SAGEConv])`` returned a dict keyed by edge type, and on a four-type graph its rows
+    were off PyG's by up to 5.9."""
+    keys = (0, 1) if holder == "ModuleList" else ("first", "second")
+
+    def model(lib):
+        class GNN(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                layers = [lib.SAGEConv((-1, -1), 5), lib.SAGEConv((-1, -1), 4)]
+                self.convs = torch.nn.ModuleList(layers) if holder == "ModuleList" else \
+                    torch.nn.ModuleDict(dict(zip(keys, layers)))
+
+            def forward(self, x, edge_index):
+                x = self.convs[keys[0]](x, edge_index).relu()
+                return self.convs[keys[1]](x, edge_index)
+        return GNN()
+    x, edges = hetero_inputs("cpu")
+    theirs = pyg_nn.to_hetero(model(pyg_nn), METADATA).double()
+    ours = gnn.to_hetero(model(gnn), METADATA).double()
+    theirs(x, edges), ours(x, edges)
+    ours.load_state_dict(theirs.state_dict())
+    out, ref = ours(x, edges), theirs(x, edges)
+    assert set(out) == set(ref) == set(METADATA[0])
+    for t in METADATA[0]:
+        torch.testing.assert_close(out[t], ref[t], rtol=1e-10, atol=1e-10)
+
+
 def test_self_loops_on_bipartite_edge_types_are_refused_as_pyg_does():
     class GNN(torch.nn.Module):
         def __init__(self) -> None:

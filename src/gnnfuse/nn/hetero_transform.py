@@ -57,10 +57,17 @@ def _layer_classes() -> tuple[type, ...]:
     return tuple(classes)
 
 
+# The containers through which PyG's tracer reaches a layer as a call of its own: it traces
+# into ``Sequential``, and a layer taken from a ``ModuleList`` or ``ModuleDict`` is called
+# directly. (A layer inside any other submodule is part of that submodule's call.)
+_CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
+
+
 def _shell_layers(module: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
     """Put every gnnfuse layer that PyG's tracer will see as one call (a child of the model,
-    or inside nested ``Sequential``s, as PyG traces only those) into a shell; return where
-    each was, to put it back."""
+    or held in nested containers, `_CONTAINERS`) into a shell; return where each was, to
+    put it back. A layer left unshelled is a plain function to PyG: its outputs stay keyed
+    by edge type, and the next layer reads another type's rows."""
     classes, shell = _layer_classes(), _shell_class()
     placed: list[tuple[nn.Module, str, nn.Module]] = []
 
@@ -69,7 +76,7 @@ def _shell_layers(module: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
             if isinstance(child, classes):
                 setattr(parent, name, shell(child))
                 placed.append((parent, name, child))
-            elif isinstance(child, nn.Sequential):
+            elif isinstance(child, _CONTAINERS):
                 visit(child)
     visit(module)
     return placed
