@@ -245,6 +245,22 @@ def test_hgt_refuses_an_edge_index_dict_with_no_edge_type_of_its_metadata():
             torch.testing.assert_close(got[t], want[t], rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("change, message", [
+    (lambda x: {**x, "b": torch.randn(4, 5, dtype=f64)}, r"HGTConv: node type 'b' has features of width 5, but "
+                                                         r"the layer was built for width 3"),
+    (lambda x: {t: v for t, v in x.items() if t != "c"}, r"HGTConv: edge type \('c', 'w', 'a'\) reads node type "
+                                                         r"'c', which x_dict has no features for"),
+], ids=["width", "missing"])
+def test_hgt_errors_name_the_node_type(change, message):
+    """A feature table of the wrong width got torch's 'mat1 and mat2 shapes cannot be
+    multiplied (4x5 and 3x18)', naming no type; a missing one, that the node type 'has
+    no vertex count'."""
+    layer = gnn.HGTConv(IN_CHANNELS, 6, METADATA, heads=2).double()
+    x, edges = hetero_inputs(4)
+    with pytest.raises(ValueError, match=message):
+        layer(change(x), edges)
+
+
 @pytest.mark.parametrize("index, message", [
     (torch.tensor([[0.0, 1.0], [1.0, 0.0]]), "integer ids, got torch.float32"),
     (torch.tensor([[True, False], [False, True]]), "integer ids, got torch.bool"),

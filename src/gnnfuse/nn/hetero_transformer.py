@@ -40,6 +40,15 @@ class TypeLinears(nn.Module):
     def forward(self, x_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {t: self.lins[module_key(t)](x_dict[t]) for t in self.types if t in x_dict}
 
+    def check_widths(self, x_dict: Mapping[str, torch.Tensor], layer: str) -> None:
+        """Refuse a feature table whose width is not its type's map's, naming the type
+        (torch's matmul error names neither the type nor which width was expected)."""
+        for t in self.types:
+            lin = self.lins[module_key(t)]
+            if t in x_dict and not lazy_width.is_lazy(lin) and x_dict[t].shape[-1] != lin.in_features:
+                raise ValueError(f"{layer}: node type {t!r} has features of width {x_dict[t].shape[-1]}, but the "
+                                 f"layer was built for width {lin.in_features}")
+
 
 class RelationHeadWeight(nn.Module):
     """PyG's ``HeteroLinear`` without bias as HGT uses it: ``weight`` [types, in, out],
@@ -98,6 +107,11 @@ def hetero_graph_for(edge_index_dict: Any, x_dict: Mapping[str, torch.Tensor], e
         raise ValueError(f"{layer}: edge_index_dict holds no edge type, but the layer's metadata lists {edge_types}; "
                          "give the edge_index of at least one of them (an edge type without edges as a [2, 0] "
                          "tensor). An empty dict is most often the wrong dict: PyG's layer refuses it too")
+    for edge_type in edge_index_dict:     # (one outside the metadata is refused by HeteroGraph)
+        for t in (edge_type[0], edge_type[-1]) if tuple(edge_type) in edge_types else ():
+            if t not in x_dict:
+                raise ValueError(f"{layer}: edge type {tuple(edge_type)} reads node type {t!r}, which x_dict has no "
+                                 f"features for (x_dict holds {list(x_dict)})")
     return cached_hetero_graph(edge_index_dict, {t: x.shape[0] for t, x in x_dict.items()},
                                node_types=list(x_dict), edge_types=edge_types)
 
@@ -168,6 +182,7 @@ class HGTConv(NotScriptable, nn.Module):
 
     def forward(self, x_dict: Mapping[str, torch.Tensor], edge_index_dict: Any) -> dict[str, torch.Tensor]:
         x_dict = {t: x for t, x in x_dict.items() if t in self.kqv_lin.types}    # PyG skips unknown types
+        self.kqv_lin.check_widths(x_dict, "HGTConv")
         hetero = hetero_graph_for(edge_index_dict, x_dict, self.edge_types, "HGTConv")
         heads, relations = self.heads, len(self.edge_types)
         if not relations:                                  # no edge type: no node type has an output
