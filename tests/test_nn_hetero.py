@@ -415,6 +415,25 @@ def test_hetero_conv_errors():
         layer(*hetero_inputs(0), edge_weight={})
 
 
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="exception notes are Python 3.11's")
+@pytest.mark.parametrize("change, error, note", [
+    (lambda x: {t: v for t, v in x.items() if t != "a"}, TypeError,
+     "x_dict has no entry for node type 'a'"),
+    (lambda x: {**x, "b": torch.randn(4, 5, dtype=f64)}, RuntimeError, None),
+], ids=["missing", "width"])
+def test_hetero_conv_errors_name_the_edge_type(change, error, note):
+    """A relation's layer raised its own error ('SAGEConv: (x_src, x_dst) must be tensors
+    ..., got (NoneType, Tensor)', torch's 'mat1 and mat2 shapes cannot be multiplied (4x5
+    and 3x5)'), naming neither the edge type nor the node type that was wrong."""
+    layer = hetero_convs(gnn, "sum").double()
+    x, edges = hetero_inputs(0)
+    with pytest.raises(error) as info:
+        layer(change(x), edges)
+    notes = "\n".join(getattr(info.value, "__notes__", []))
+    assert "HeteroConv: raised by the SAGEConv of edge type ('a', 'r', 'b')" in notes
+    assert note is None or note in notes
+
+
 # --- FastRGCNConv ---------------------------------------------------------------------------
 @pytest.mark.parametrize("options", [{}, {"aggr": "add", "num_bases": 2}], ids=["mean", "add-bases"])
 def test_fast_rgcn_matches_pyg(options, backend, device):

@@ -97,8 +97,15 @@ class HeteroConv(NotScriptable, nn.Module):
                 used |= edge_level
                 if value is not _MISSING:
                     kwargs[name[:-len("_dict")]] = value
-            if used:     # PyG skips an edge type no dict has an entry for
-                outputs.setdefault(dst, []).append(self.convs[module_key(edge_type)](*args, **kwargs))
+            if not used:     # PyG skips an edge type no dict has an entry for
+                continue
+            conv = self.convs[module_key(edge_type)]
+            try:
+                out = conv(*args, **kwargs)
+            except Exception as exc:
+                _name_relation(exc, edge_type, conv, args_dict, kwargs_dict)
+                raise
+            outputs.setdefault(dst, []).append(out)
         return {t: group(outs, self.aggr) for t, outs in outputs.items()}
 
     def __repr__(self) -> str:
@@ -106,6 +113,23 @@ class HeteroConv(NotScriptable, nn.Module):
 
 
 _MISSING = object()
+
+
+def _name_relation(exc: Exception, edge_type: EdgeType, conv: nn.Module, args_dict: tuple[Mapping, ...],
+                   kwargs_dict: Mapping[str, Mapping]) -> None:
+    """Add to an error a relation's layer raised which edge type's layer it was, and which
+    node-level dict (keyed by node type) lacks one of its ends: the layer's own message
+    names neither (a ``(None, x_dst)`` pair it was handed, a matmul's shapes). A note
+    (Python 3.11+), so the error keeps its type and message."""
+    if not hasattr(exc, "add_note"):
+        return
+    exc.add_note(f"HeteroConv: raised by the {type(conv).__name__} of edge type {edge_type}")
+    named = [("x_dict" if i == 0 else f"dict argument {i}", d) for i, d in enumerate(args_dict)]
+    for name, values in named + list(kwargs_dict.items()):
+        if values and all(isinstance(key, str) for key in values):
+            for t in dict.fromkeys((edge_type[0], edge_type[-1])):
+                if t not in values:
+                    exc.add_note(f"HeteroConv: {name} has no entry for node type {t!r} (it holds {list(values)})")
 
 
 def _entry(values: Mapping, edge_type: EdgeType) -> tuple[Any, bool]:
