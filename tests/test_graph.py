@@ -447,3 +447,28 @@ def test_an_edit_inside_inference_mode_is_refused_or_does_not_reach_the_graph():
         deg[deg == 0] = 1
         with pytest.raises(GraphModifiedError, match="cached in_degrees layout"):
             gcn(x, graph)
+
+
+@pytest.mark.parametrize("layer", ["GCNConv", "SGConv", "APPNP", "TAGConv", "ChebConv"])
+def test_a_graph_first_used_inside_inference_mode_trains_afterwards(layer):
+    """Evaluating under ``torch.inference_mode()`` and then training on the same edges:
+    the graph's cached norms were built there as inference tensors, and a float64 layer
+    (whose ``.to(float64)`` of the norms is no copy) saved them for backward -- 'Inference
+    tensors cannot be saved for backward' on the training step (a HeteroConv with a
+    GCNConv relation too)."""
+    from gnnfuse import nn as gnn
+    torch.manual_seed(0)
+    make = {"GCNConv": lambda: gnn.GCNConv(3, 2), "SGConv": lambda: gnn.SGConv(3, 2, K=2),
+            "APPNP": lambda: gnn.APPNP(K=2, alpha=0.1), "TAGConv": lambda: gnn.TAGConv(3, 2),
+            "ChebConv": lambda: gnn.ChebConv(3, 2, K=2)}[layer]
+    conv = make().double()
+    x = torch.randn(6, 3, dtype=torch.float64)
+    edge_index = torch.tensor([[0, 1, 2, 3, 0, 5], [1, 2, 3, 3, 2, 4]])
+    with torch.inference_mode():
+        conv(x, edge_index)
+    grads = []
+    for edges in (edge_index, edge_index.clone()):           # the graph built in inference mode, a new one
+        leaf = x.clone().requires_grad_()
+        conv(leaf, edges).square().sum().backward()
+        grads.append(leaf.grad)
+    torch.testing.assert_close(grads[0], grads[1], rtol=0, atol=0)

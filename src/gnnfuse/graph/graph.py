@@ -523,17 +523,19 @@ class Graph:
         (e.g. ``"gcn_norm"``); two users with the same key must compute the same thing.
         A value built inside a ``torch.func`` transform is returned but not kept: its
         tensors are the transform's wrappers, unusable after it (`index_cache`).
+        Every value is built from the graph alone, so outside inference mode: one built
+        as an inference tensor (a GCN's norms, during an evaluation under
+        ``torch.inference_mode()``) could not be saved for backward by a later training
+        step on the same graph; and the layouts the graph hands out must be sealable.
         """
         self.check_unchanged()
         if key not in self._cache:
             if functorch_interpreter() is not None:
                 return self._builders.get(key, fn)(self)
-            if key in _HANDED_OUT:     # built from the graph alone: outside inference mode, so sealable
-                with torch.inference_mode(False):
-                    self._cache[key] = self._builders.pop(key, fn)(self)
-                self._seal_layout(key)
-            else:
+            with torch.inference_mode(False):
                 self._cache[key] = self._builders.pop(key, fn)(self)
+            if key in _HANDED_OUT:
+                self._seal_layout(key)
         return self._cache[key]
 
     def __getstate__(self) -> dict[str, Any]:
