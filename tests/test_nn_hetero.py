@@ -361,6 +361,8 @@ def test_rgat_gradcheck_within_relation():
         i, torch.ones(i.shape[1]), (8, 8)), t), NotImplementedError, "sparse adjacency"),
     (lambda: gnn.RGATConv(4, 2, 3), lambda layer, x, i, t: layer(x, i, t, torch.randn(22, 3)), ValueError,
      "no edge_dim"),
+    (lambda: gnn.RGATConv(5, 2, 3), lambda layer, x, i, t: layer(x, i, t), ValueError,
+     "RGATConv: x has 4 features per node, but the layer was built for in_channels=5"),
     (lambda: gnn.RGATConv(4, 2, 5), lambda layer, x, i, t: layer(x, gnnfuse.Graph(
         i[0], i[1], 8, edge_type=t, num_edge_types=3)), ValueError, "num_relations=5"),
     (lambda: gnn.RGATConv(4, 2, 3), lambda layer, x, i, t: layer(x, gnnfuse.Graph.bipartite(

@@ -79,6 +79,11 @@ def test_rgcn_gradcheck():
     (lambda: RGCNConv(3, 2, 4), lambda layer, g: layer(torch.randn(11, 3), g.edge_index), "needs edge types"),
     (lambda: RGCNConv(3, 2, 4), lambda layer, g: layer(torch.randn(7, 3), g), "x has 7 rows"),
     (lambda: RGCNConv(3, 2, 4), lambda layer, g: layer(None, g), "x=None"),
+    (lambda: RGCNConv(3, 2, 4), lambda layer, g: layer(torch.randn(11, 5), g),
+     r"RGCNConv: x has 5 features per node, but the layer was built for in_channels=3"),
+    (lambda: RGCNConv((3, 4), 2, 4), lambda layer, g: layer((torch.randn(11, 3), torch.randn(11, 5)), g.edge_index,
+                                                            g.edge_type),
+     r"RGCNConv: x_dst has 5 features per node, but the layer was built for in_channels\[1\]=4"),
 ])
 def test_rgcn_errors_say_what_is_wrong(build, call, message):
     with pytest.raises((ValueError, NotImplementedError), match=message):

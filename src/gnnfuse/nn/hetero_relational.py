@@ -169,6 +169,9 @@ class RGATConv(NotScriptable, nn.Module):
         if not x.is_floating_point() or x.dim() != 2:
             raise TypeError("RGATConv: x must be a float [num_nodes, in_channels] tensor (gnnfuse does not take "
                             "PyG's node-index input here)")
+        if x.shape[-1] != self.in_channels:
+            raise ValueError(f"RGATConv: x has {x.shape[-1]} features per node, but the layer was built for "
+                             f"in_channels={self.in_channels}")
         graph = typed_input_graph(x.shape[0], edge_index, edge_type, self.num_relations, "RGATConv")
         edge_feature = self._edge_scores(graph, edge_attr)
         heads, dim, channels = self.heads, self.dim, self.out_channels

@@ -157,8 +157,8 @@ class RGCNConv(NotScriptable, nn.Module):
         if x_src is None and isinstance(edge_index, Graph) and edge_index.num_src_nodes != self.in_channels_l:
             raise ValueError(f"RGCNConv(x=None) gives each of in_channels={self.in_channels_l} nodes its own "
                              f"embedding row, but the graph has {edge_index.num_src_nodes} source nodes")
-        x_src = self._input_features(x_src, self.in_channels_l)
-        x_dst = self._input_features(x_dst, self.root.shape[0] if self.root is not None else None) \
+        x_src = self._input_features(x_src, self.in_channels_l, "x_src" if bipartite else "x")
+        x_dst = self._input_features(x_dst, self.root.shape[0] if self.root is not None else None, "x_dst") \
             if bipartite else x_src
         graph = self._typed_graph(x_src, x_dst, edge_index, edge_type, bipartite)
         feeds = {"W": self.relation_weights()}
@@ -176,14 +176,20 @@ class RGCNConv(NotScriptable, nn.Module):
         # the bias rides on the root GEMM's epilogue: one pass over the [N, out] output fewer
         return out + (x_dst @ self.root if self.bias is None else torch.addmm(self.bias, x_dst, self.root))
 
-    def _input_features(self, x: torch.Tensor | None, width: int | None) -> torch.Tensor:
-        """``x`` as [N, width] features: a float matrix as given; None or integer node
+    def _input_features(self, x: torch.Tensor | None, width: int | None, name: str) -> torch.Tensor:
+        """``x`` as [N, width] features: a float matrix as given (of that width, checked
+        here so the error names the input and ``in_channels``); None or integer node
         indices (PyG's featureless input) as one-hot rows, so ``x @ W`` selects each node's
         row. (``width`` None: destination node indices without ``root``, whose rows only count.)"""
         if x is not None and not isinstance(x, torch.Tensor):
             raise TypeError(f"RGCNConv: x must be a tensor, node indices or None, got {type(x).__name__}")
         if x is not None and x.is_floating_point():
-            return node_features(x, "RGCNConv")
+            x = node_features(x, "RGCNConv")
+            if width is not None and x.shape[-1] != width:
+                channels = {"x_src": "in_channels[0]", "x_dst": "in_channels[1]"}.get(name, "in_channels")
+                raise ValueError(f"RGCNConv: {name} has {x.shape[-1]} features per node, but the layer was "
+                                 f"built for {channels}={width}")
+            return x
         if self.num_blocks is not None:
             raise ValueError("RGCNConv: block-diagonal decomposition (num_blocks) needs float node features, "
                              "not node indices or x=None (as in PyG)")
