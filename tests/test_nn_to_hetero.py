@@ -140,6 +140,37 @@ def test_layers_held_in_module_lists_and_dicts(holder):
         torch.testing.assert_close(out[t], ref[t], rtol=1e-10, atol=1e-10)
 
 
+def test_a_layer_held_under_two_names():
+    """One layer reached through two attributes (weights shared by two calls): only the
+    first name was put in a shell, and PyG's transformer failed on the second with
+    'conv.layer.author__writes__paper references nonexistent attribute layer of conv',
+    where PyG's to_hetero of PyG's layers converts the model."""
+    def model(lib):
+        class GNN(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.lin = pyg_nn.Linear(-1, 5)
+                self.conv = lib.SAGEConv(5, 5)
+                self.conv_again = self.conv
+
+            def forward(self, x, edge_index):
+                x = self.conv(self.lin(x), edge_index).relu()
+                return self.conv_again(x, edge_index)
+        return GNN()
+    x, edges = hetero_inputs("cpu")
+    theirs = pyg_nn.to_hetero(model(pyg_nn), METADATA).double()
+    plain = model(gnn)
+    ours = gnn.to_hetero(plain, METADATA).double()
+    assert plain.conv is plain.conv_again and type(plain.conv) is gnn.SAGEConv     # left as it was
+    theirs(x, edges), ours(x, edges)
+    assert set(ours.state_dict()) == set(theirs.state_dict())
+    ours.load_state_dict(theirs.state_dict())
+    out, ref = ours(x, edges), theirs(x, edges)
+    assert all(type(layer) is gnn.SAGEConv for layer in ours.conv.values())
+    for t in METADATA[0]:
+        torch.testing.assert_close(out[t], ref[t], rtol=1e-10, atol=1e-10)
+
+
 def test_self_loops_on_bipartite_edge_types_are_refused_as_pyg_does():
     class GNN(torch.nn.Module):
         def __init__(self) -> None:

@@ -67,14 +67,17 @@ def _shell_layers(module: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
     """Put every gnnfuse layer that PyG's tracer will see as one call (a child of the model,
     or held in nested containers, `_CONTAINERS`) into a shell; return where each was, to
     put it back. A layer left unshelled is a plain function to PyG: its outputs stay keyed
-    by edge type, and the next layer reads another type's rows."""
+    by edge type, and the next layer reads another type's rows. Every name a layer is held
+    under gets the layer's one shell (``named_children`` lists a module once, so a layer
+    held twice, its weights shared by two calls, kept its second name unshelled)."""
     classes, shell = _layer_classes(), _shell_class()
     placed: list[tuple[nn.Module, str, nn.Module]] = []
+    shells: dict[int, nn.Module] = {}
 
     def visit(parent: nn.Module) -> None:
-        for name, child in list(parent.named_children()):
+        for name, child in list(parent._modules.items()):
             if isinstance(child, classes):
-                setattr(parent, name, shell(child))
+                setattr(parent, name, shells.setdefault(id(child), shell(child)))
                 placed.append((parent, name, child))
             elif isinstance(child, _CONTAINERS):
                 visit(child)
@@ -87,7 +90,7 @@ def _unshell(converted: nn.Module) -> set[str]:
     ``ModuleDict``) by the layer it holds; return the layers' qualified names."""
     shell, names = _shell_class(), set()
     for prefix, parent in list(converted.named_modules()):
-        for name, child in list(parent.named_children()):
+        for name, child in list(parent._modules.items()):
             if isinstance(child, shell):
                 setattr(parent, name, child.layer)
                 names.add(f"{prefix}.{name}" if prefix else name)
