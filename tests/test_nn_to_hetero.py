@@ -171,6 +171,22 @@ def test_a_layer_held_under_two_names():
         torch.testing.assert_close(out[t], ref[t], rtol=1e-10, atol=1e-10)
 
 
+def test_an_edge_type_between_unlisted_node_types_is_refused():
+    """PyG's transformer drops an edge type whose node type metadata[0] does not list:
+    with (['a'], [('a', 'r', 'b')]) the converted model returned {'a': None}, silently
+    (PyG warns only that 'a' is never updated)."""
+    class GNN(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = gnn.SAGEConv((-1, -1), 4)
+
+        def forward(self, x, edge_index):
+            return self.conv(x, edge_index)
+    with pytest.raises(ValueError, match=r"edge type \('a', 'r', 'b'\) names node type\(s\) \['b'\], which "
+                                         r"metadata\[0\] \['a'\] does not list"):
+        gnn.to_hetero(GNN(), (["a"], [("a", "r", "b")]))
+
+
 def test_self_loops_on_bipartite_edge_types_are_refused_as_pyg_does():
     class GNN(torch.nn.Module):
         def __init__(self) -> None:
