@@ -245,6 +245,14 @@ def test_hgt_refuses_an_edge_index_dict_with_no_edge_type_of_its_metadata():
             torch.testing.assert_close(got[t], want[t], rtol=0, atol=0)
 
 
+def test_hgt_refuses_metadata_whose_edge_type_names_an_unlisted_node_type():
+    """The layer was built, and its call said x_dict had no features for 'b' even when
+    x_dict held them (they were dropped as outside the metadata); PyG's: a KeyError 'b'."""
+    with pytest.raises(ValueError, match=r"HGTConv: edge type \('a', 'r', 'b'\) names node type\(s\) \['b'\], "
+                                         r"which metadata\[0\] \['a'\] does not list"):
+        gnn.HGTConv(2, 4, (["a"], [("a", "r", "b")]))
+
+
 @pytest.mark.parametrize("change, message", [
     (lambda x: {**x, "b": torch.randn(4, 5, dtype=f64)}, r"HGTConv: node type 'b' has features of width 5, but "
                                                          r"the layer was built for width 3"),

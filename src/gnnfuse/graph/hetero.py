@@ -31,6 +31,20 @@ from .validate import integer_ids
 EdgeType = tuple[str, str, str]
 
 
+def check_metadata(metadata: tuple[Iterable[str], Iterable[EdgeType]], caller: str) -> None:
+    """Refuse PyG ``metadata`` (node types, edge types) with an edge type between node
+    types the node list leaves out: what a layer built for it does there is undefined
+    (PyG's ``to_hetero`` drops the edge type, its HGTConv fails on a KeyError at the call).
+    ``caller`` names the layer in the message."""
+    node_types = list(metadata[0])
+    for edge_type in metadata[1]:
+        unknown = [t for t in dict.fromkeys((edge_type[0], edge_type[-1])) if t not in node_types]
+        if unknown:
+            raise ValueError(f"{caller}: edge type {tuple(edge_type)} names node type(s) {unknown}, which "
+                             f"metadata[0] {node_types} does not list; list every node type (data.metadata() "
+                             "does)")
+
+
 class HeteroGraph:
     """One typed `Graph` holding every node and edge type of a PyG hetero graph, with the
     record (`offsets`, `counts`) that maps per-type tensors onto it and back.

@@ -22,6 +22,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..graph.hetero import check_metadata
+
+
 def to_hetero(module: nn.Module, metadata: tuple[list[str], list[tuple[str, str, str]]],
               aggr: str = "sum", input_map: dict[str, str] | None = None,
               debug: bool = False) -> torch.fx.GraphModule:
@@ -33,7 +36,7 @@ def to_hetero(module: nn.Module, metadata: tuple[list[str], list[tuple[str, str,
     except ImportError as exc:    # pragma: no cover - exercised only without PyG installed
         raise ImportError("gnnfuse.nn.to_hetero rewrites the model with PyG's to_hetero and needs "
                           "torch_geometric: pip install torch_geometric") from exc
-    _check_metadata(metadata)
+    check_metadata(metadata, "to_hetero")
     shells = _shell_layers(module)
     try:
         converted = pyg_to_hetero(module, metadata, aggr=aggr, input_map=input_map, debug=debug)
@@ -42,19 +45,6 @@ def to_hetero(module: nn.Module, metadata: tuple[list[str], list[tuple[str, str,
             setattr(parent, name, layer)
     _combine_early(converted, _unshell(converted))
     return converted
-
-
-def _check_metadata(metadata: tuple[list[str], list[tuple[str, str, str]]]) -> None:
-    """Refuse an edge type between node types ``metadata[0]`` does not list: PyG's
-    transformer drops it, and a model whose only relation it was returned its outputs as
-    None, silently."""
-    node_types = list(metadata[0])
-    for edge_type in metadata[1]:
-        unknown = [t for t in dict.fromkeys((edge_type[0], edge_type[-1])) if t not in node_types]
-        if unknown:
-            raise ValueError(f"to_hetero: edge type {tuple(edge_type)} names node type(s) {unknown}, which "
-                             f"metadata[0] {node_types} does not list; list every node type (data.metadata() "
-                             "does)")
 
 
 def _layer_classes() -> tuple[type, ...]:

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import frontend
-from ..graph.hetero import EdgeType, HeteroGraph
+from ..graph.hetero import EdgeType, HeteroGraph, check_metadata
 from ..graph.hetero_cache import cached_hetero_graph
 from . import lazy_width
 from .hetero_conv import module_key
@@ -160,6 +160,7 @@ class HGTConv(NotScriptable, nn.Module):
         if out_channels % heads != 0:
             raise ValueError(f"'out_channels' (got {out_channels}) must be divisible by the number of heads "
                              f"(got {heads})")
+        check_metadata(metadata, "HGTConv")
         node_types, edge_types = list(metadata[0]), [tuple(t) for t in metadata[1]]
         if not isinstance(in_channels, dict):
             in_channels = {t: in_channels for t in node_types}
