@@ -4,6 +4,7 @@ PyG's layers with copied parameters -- outputs and every gradient in float64, on
 backends -- then gradcheck and the errors they raise."""
 from __future__ import annotations
 
+import copy
 import importlib
 import sys
 
@@ -198,6 +199,36 @@ def test_hgt_takes_a_prebuilt_hetero_graph():
         torch.testing.assert_close(got[t], expected[t], rtol=0, atol=0)
     with pytest.raises(ValueError, match="edge_types=metadata"):
         layer(x, HeteroGraph(edges, {t: v.shape[0] for t, v in x.items()}))
+
+
+def test_hgt_parameters_come_in_pyg_s_order():
+    """An optimizer's state is matched to parameters by position, so a PyG checkpoint
+    (model and Adam state) resumed on gnnfuse's HGTConv needs PyG's parameter order.
+    ``p_rel`` was a torch ParameterDict built from a plain dict, which torch sorts by key,
+    where PyG keeps the metadata's order: two relations swapped their Adam moments and one
+    resumed step left p_rel.b__s__a 0.12 off PyG's."""
+    torch.manual_seed(0)
+    pyg = randomized(pyg_nn.HGTConv(IN_CHANNELS, 6, METADATA, heads=2).double(), 3)
+    ours = gnn.HGTConv(IN_CHANNELS, 6, METADATA, heads=2).double()
+    assert [n for n, _ in ours.named_parameters()] == [n for n, _ in pyg.named_parameters()]
+    x, edges = hetero_inputs(3, absent=())
+
+    def step(layer, optimizer):
+        optimizer.zero_grad()
+        out = layer(x, edges)
+        sum((o * torch.linspace(-1, 1, o.numel(), dtype=f64).view_as(o)).sum() for o in out.values()).backward()
+        optimizer.step()
+
+    adam = torch.optim.Adam(pyg.parameters(), lr=0.1)
+    step(pyg, adam)
+    ours.load_state_dict(pyg.state_dict())
+    resumed = torch.optim.Adam(ours.parameters(), lr=0.1)
+    resumed.load_state_dict(copy.deepcopy(adam.state_dict()))
+    step(pyg, adam)
+    step(ours, resumed)
+    expected = pyg.state_dict()
+    for name, value in ours.state_dict().items():
+        torch.testing.assert_close(value, expected[name], rtol=1e-10, atol=1e-12, msg=lambda m, n=name: f"{n}: {m}")
 
 
 def test_hgt_ignores_features_of_node_types_outside_its_metadata():

@@ -173,7 +173,9 @@ class HGTConv(NotScriptable, nn.Module):
         self.k_rel = RelationHeadWeight(heads * len(edge_types), dim, dim)
         self.v_rel = RelationHeadWeight(heads * len(edge_types), dim, dim)
         self.skip = nn.ParameterDict({_parameter_key(t): nn.Parameter(torch.ones(1)) for t in node_types})
-        self.p_rel = nn.ParameterDict({_key(t): nn.Parameter(torch.ones(1, heads)) for t in edge_types})
+        # pairs, not a dict: torch sorts a dict's keys, PyG keeps the metadata's order, and an
+        # optimizer's state (a PyG checkpoint's Adam moments) follows parameters by position
+        self.p_rel = nn.ParameterDict([(_key(t), nn.Parameter(torch.ones(1, heads))) for t in edge_types])
 
     def reset_parameters(self) -> None:
         for module in (*self.kqv_lin.lins.values(), *self.out_lin.lins.values(), self.k_rel, self.v_rel):
