@@ -448,6 +448,35 @@ def test_return_attention_weights_for_a_sparse_adjacency_matches_pyg(name):
     torch.testing.assert_close(adj.to_dense(), expected_adj.to_dense(), rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr], ids=str)
+@pytest.mark.parametrize("name", ["GATConv", "GATv2Conv"])
+def test_attention_weights_of_a_sparse_adjacency_line_up_with_its_entries(name, layout):
+    """PyG's ``alpha`` beside a sparse adjacency holds the weights in the order of the
+    adjacency's stored entries (``set_sparse_value(adj_t, alpha)``), row = target. It was
+    in gnnfuse's edge order instead -- the given entries, then the added self loops -- so
+    ``alpha[i]`` belonged to another edge than ``adj.values()[i]``: GAT's first row 0.32
+    off PyG's on this graph."""
+    torch.manual_seed(12)
+    ours, ref = copied(getattr(gnn, name)(F_IN, 4, heads=2), getattr(pyg, name)(F_IN, 4, heads=2))
+    edges = EDGE_INDEX.unique(dim=1)          # one self loop (1 -> 1): the other N - 1 are added
+    adj_t = torch.sparse_coo_tensor(edges.flip(0), torch.ones(edges.shape[1]), (N, N)).coalesce()
+    adj_t = adj_t.to_sparse_csr() if layout is torch.sparse_csr else adj_t
+    weights = torch.linspace(-1, 1, 2 * (edges.shape[1] + N - 1), dtype=torch.float64).view(-1, 2)
+    results = {}
+
+    def run(layer, xs):
+        out, (adj, alpha) = layer(xs, adj_t, return_attention_weights=True)
+        stored = adj.coalesce().values() if adj.layout is torch.sparse_coo else adj.values()
+        results[layer] = stored.detach(), alpha.detach()
+        return torch.cat([out.flatten(), (alpha * weights).sum(0)])
+
+    x = torch.randn(N, F_IN, dtype=torch.float64)
+    assert_same_outputs_and_grads(ours, ref, lambda xs: run(ours, xs), lambda xs: run(ref, xs), x)
+    stored, alpha = results[ours]
+    torch.testing.assert_close(alpha, stored, rtol=0, atol=0)
+    torch.testing.assert_close(alpha, results[ref][1], rtol=1e-9, atol=1e-12)
+
+
 @pytest.mark.parametrize("make", [lambda: gnn.GCNConv(F_IN, 3, cached=True), lambda: gnn.APPNP(2, 0.1, cached=True)])
 def test_cached_graph_is_cleared_by_pygs_idiom(make):
     """PyG users drop a ``cached=True`` layer's graph with ``conv._cached_edge_index = None``

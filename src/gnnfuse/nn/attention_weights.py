@@ -45,7 +45,10 @@ def attention_weights(graph: Graph, scores: torch.Tensor, given: object) -> tupl
 
     When the graph was ``given`` as a torch sparse ``adj_t``, the first element is, as in
     PyG, that adjacency (loops included) in the same layout with the weights as values,
-    [N, N, heads] (row = target); duplicate entries are summed, as PyG's coalescing does."""
+    [N, N, heads] (row = target); duplicate entries are summed, as PyG's coalescing does.
+    ``alpha`` then lines up with that adjacency's stored entries (row-major, the order of a
+    coalesced COO tensor's and of a CSR tensor's values), as PyG's ``set_sparse_value(adj_t,
+    alpha)`` pairs them, not with the graph's edge order."""
     index = graph.dst.to(torch.long).unsqueeze(-1).expand_as(scores)
     peak = scores.new_full((graph.num_nodes, scores.shape[1]), float("-inf")).scatter_reduce(
         0, index, scores, "amax")
@@ -56,8 +59,9 @@ def attention_weights(graph: Graph, scores: torch.Tensor, given: object) -> tupl
         return graph.edge_index, alpha
     adj = torch.sparse_coo_tensor(torch.stack([graph.dst, graph.src]).to(torch.long), alpha,
                                   (graph.num_nodes, graph.num_nodes, alpha.shape[1])).coalesce()
+    entries = adj.values()
     if given.layout is torch.sparse_csr:
         adj = adj.to_sparse_csr()
     elif given.layout is torch.sparse_csc:
         adj = adj.to_sparse_csc()
-    return adj, alpha
+    return adj, entries
