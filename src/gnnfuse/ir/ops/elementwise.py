@@ -1,8 +1,6 @@
 """Elementwise ops: per-element, per-row math with right-aligned feature broadcasting."""
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 
@@ -83,47 +81,10 @@ def _pow_derivative(b, v, g):
                                   b.const(exponent, g)))]
 
 
-# torch's own formulas for these exponents (ATen's pow_tensor_scalar kernels, CPU and
-# CUDA): the kernels agree with torch bit for bit (but CUDA's rsqrt, an approximation of
-# 2 ulps). ``** 0`` is 1 even at NaN; ``** ±0.5`` is sqrt for every dtype but float16 on
-# the CPU, which takes std::pow (+0.0 at -0.0 and +inf at -inf where sqrt gives -0.0
-# and NaN), so a float16 square root has no kernel expression that matches both
-# devices. ``{sqrt}``: Triton's float32 ``tl.sqrt`` is the GPU's approximate square
-# root, so float32 (and narrower, computed in float32) values take ``tl.sqrt_rn``, which
-# takes float32 only; a float64 ``tl.sqrt`` is correctly rounded.
-_POW_FORMULAS = {0.0: "tl.where({0} == {0}, 1.0, 1.0)", 1.0: "{0}", 2.0: "{0} * {0}", 3.0: "{0} * {0} * {0}",
-                 -1.0: "1.0 / {0}", -2.0: "1.0 / ({0} * {0})", 0.5: "{sqrt}({0})", -0.5: "1.0 / {sqrt}({0})"}
-
-
-def _pow_emit(v) -> tuple[str, ...] | str | None:
-    """``x ** c`` in a kernel. Other exponents are C's ``pow``: |x|^c as ``exp(c *
-    log|x|)`` in float64, whose error (|c log x| * 2**-52 at most 2**-45 relative for a
-    float32 result) leaves the float32 result correctly rounded but for near-ties, within
-    Sleef's 1 ulp of torch's vector path; then pow's signs: a negative base gives NaN for
-    a fractional c and keeps its sign for an odd c (-0.0 and -inf too). Float64 results
-    would be off by up to |c log x| ulps, so a float64 power of another exponent stays a
-    torch op. Torch rounds the exponent to a float16/bfloat16 base's dtype first."""
-    exponent = float(v.attrs["exponent"])
-    if not math.isfinite(exponent):
-        return None
-    if exponent in _POW_FORMULAS and not (v.dtype == torch.float16 and abs(exponent) == 0.5):
-        return _POW_FORMULAS[exponent].replace("{sqrt}", "tl.sqrt" if v.dtype == torch.float64 else "tl.sqrt_rn")
-    if v.dtype == torch.float64 or not v.dtype.is_floating_point or v.dtype == torch.float16 and abs(exponent) == 0.5:
-        return None
-    if v.dtype != torch.float32:
-        exponent = float(torch.tensor(exponent, dtype=v.dtype))
-    # one step: the CPU backend rounds each step to the accumulator type
-    power = (f"tl.cast(tl.exp({exponent!r} * tl.log(tl.cast(tl.abs({{0}}), tl.float64))), ACC)",)
-    if exponent != int(exponent):
-        # NaN (sqrt(-1)) at a finite negative base; -inf * 0.0 is NaN, so -inf keeps |x|^c
-        return power + ("tl.where(({0} < 0) & ({0} * 0.0 == 0.0), tl.sqrt({0} * 0.0 - 1.0), {s0})",)
-    if int(exponent) % 2 == 0:
-        return power
-    zero = "{0}" if exponent > 0 else "1.0 / {0}"     # ±0.0 or ±inf: the zero's sign kept
-    return power + (f"tl.where({{0}} == 0, {zero}, tl.where({{0}} < 0, -{{s0}}, {{s0}}))",)
-
-
-_ew("pow", lambda x, exponent: torch.pow(x, exponent), _pow_derivative, 1, emit=_pow_emit)
+# No kernel expression: on an H200 the emitted powers lost a zero's sign (fast-math nsz),
+# 1 / x was 1 ulp off in float32, and float32 x ** 4 through exp(4 log|x|) gave NaN, where
+# the interpreter and the CPU agreed with torch; a power runs as a torch op.
+_ew("pow", lambda x, exponent: torch.pow(x, exponent), _pow_derivative, 1)
 # NaN follows torch in both directions: the forward keeps it (tl.maximum would drop it),
 # and each slope takes the branch torch's backward kernel takes for NaN.
 _ew("relu", torch.relu, lambda b, v, g: [_passed(b, g, b.add("relu_slope", b.fwd(v.inputs[0])))], 1,
