@@ -98,14 +98,20 @@ def test_layers_inside_sequential():
             def forward(self, x, edge_index):
                 return self.convs[0](x, edge_index)
         return GNN()
+    out, ref = _converted_outputs(model)
+    for t in METADATA[0]:
+        torch.testing.assert_close(out[t], ref[t])
+
+
+def _converted_outputs(model) -> tuple[dict, dict]:
+    """``model(lib)`` through gnnfuse's and PyG's to_hetero, PyG's weights loaded into
+    gnnfuse's (after one call fixes the lazy widths): both outputs on the same inputs."""
     x, edges = hetero_inputs("cpu")
     theirs = pyg_nn.to_hetero(model(pyg_nn), METADATA).double()
     ours = gnn.to_hetero(model(gnn), METADATA).double()
     theirs(x, edges), ours(x, edges)
     ours.load_state_dict(theirs.state_dict())
-    out, ref = ours(x, edges), theirs(x, edges)
-    for t in METADATA[0]:
-        torch.testing.assert_close(out[t], ref[t])
+    return ours(x, edges), theirs(x, edges)
 
 
 @pytest.mark.parametrize("holder", ["ModuleList", "ModuleDict"])
@@ -129,12 +135,7 @@ def test_layers_held_in_module_lists_and_dicts(holder):
                 x = self.convs[keys[0]](x, edge_index).relu()
                 return self.convs[keys[1]](x, edge_index)
         return GNN()
-    x, edges = hetero_inputs("cpu")
-    theirs = pyg_nn.to_hetero(model(pyg_nn), METADATA).double()
-    ours = gnn.to_hetero(model(gnn), METADATA).double()
-    theirs(x, edges), ours(x, edges)
-    ours.load_state_dict(theirs.state_dict())
-    out, ref = ours(x, edges), theirs(x, edges)
+    out, ref = _converted_outputs(model)
     assert set(out) == set(ref) == set(METADATA[0])
     for t in METADATA[0]:
         torch.testing.assert_close(out[t], ref[t], rtol=1e-10, atol=1e-10)

@@ -660,6 +660,21 @@ def test_class_and_static_message_methods_compile_as_pyg_calls_them(monkeypatch)
     assert len(traced) == 3
 
 
+def _identity_class(base: type) -> type:
+    """A layer on ``base`` whose message is x_j, summed (the instance-attribute tests
+    replace one of its methods per instance)."""
+    class Identity(base):
+        def __init__(self):
+            super().__init__(aggr="add")
+
+        def forward(self, x, edge_index):
+            return self.propagate(edge_index, x=x)
+
+        def message(self, x_j):
+            return x_j
+    return Identity
+
+
 def test_a_message_set_on_the_instance_is_the_one_traced():
     """PyG's propagate calls self.message, so a message set on the instance (a bound
     method, or a plain function) replaces the class's; the trace read the class's: with
@@ -668,15 +683,7 @@ def test_a_message_set_on_the_instance_is_the_one_traced():
     edge_index, x = torch.tensor([[0, 1, 2], [1, 2, 0]]), torch.arange(3.0).view(-1, 1)
     layers = {}
     for base in (gnnfuse.nn.MessagePassing, pyg_nn.MessagePassing):
-        class Identity(base):
-            def __init__(self):
-                super().__init__(aggr="add")
-
-            def forward(self, x, edge_index):
-                return self.propagate(edge_index, x=x)
-
-            def message(self, x_j):
-                return x_j
+        Identity = _identity_class(base)
         bound, plain = Identity(), Identity()
         bound.message = types.MethodType(lambda self, x_j: 10 * x_j, bound)
         plain.message = lambda x_j: 5 * x_j
@@ -695,16 +702,7 @@ def test_an_aggregate_set_on_the_instance_runs_pyg_semantics():
     edge_index, x = torch.tensor([[0, 1, 2], [1, 2, 0]]), torch.arange(3.0).view(-1, 1)
     outs, caught = [], []
     for base in (gnnfuse.nn.MessagePassing, pyg_nn.MessagePassing):
-        class Sum(base):
-            def __init__(self):
-                super().__init__(aggr="add")
-
-            def forward(self, x, edge_index):
-                return self.propagate(edge_index, x=x)
-
-            def message(self, x_j):
-                return x_j
-        layer = Sum()
+        layer = _identity_class(base)()
         summed = layer.aggregate
         layer.aggregate = lambda inputs, index, ptr=None, dim_size=None: 3 * summed(inputs, index, ptr, dim_size)
         with warnings.catch_warnings(record=True) as seen:
