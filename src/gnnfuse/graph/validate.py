@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .jit_tracing import refuse_export, refuse_jit_trace
+from .capture_refusals import refuse_export, refuse_jit_trace
 
 _INT64_MAX = np.iinfo(np.int64).max
 

@@ -28,7 +28,7 @@ from typing import Any, Callable
 import torch
 
 from ..graph.index_cache import functorch_interpreter
-from ..graph.jit_tracing import refuse_jit_trace
+from ..graph.capture_refusals import refuse_jit_trace
 from ..runtime.compile_op import graph_input_problem, run_eagerly
 from ..runtime.compiled import FunctorchTransformError, backend_name, functorch_backend_reason
 

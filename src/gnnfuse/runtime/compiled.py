@@ -18,7 +18,7 @@ from ..backend.forced_schedule import ForcedSchedule, forced_schedule, forcing
 from ..backend.reference import GraphContext
 from ..graph import Graph, GraphModifiedError
 from ..graph.index_cache import functorch_interpreter
-from ..graph.jit_tracing import refuse_jit_trace
+from ..graph.capture_refusals import refuse_jit_trace
 from ..ir import CompileError, Program, Residency, Value, verify
 from ..ir.ops.movement import BROADCAST_FROM, TYPE_INDICES
 from ..ir.sides import declare_sides, sides_of
