@@ -51,8 +51,9 @@ def dict_outputs_and_grads(layer, x_dict, call):
     loss = sum((o * torch.linspace(-1, 1, o.numel(), dtype=o.dtype, device=o.device).view_as(o)).sum()
                for o in outs.values())
     loss.backward()
-    grads = {f"x[{t}]": leaf.grad for t, leaf in leaves.items() if leaf.grad is not None}
-    # a parameter the call did not use has no gradient in PyG and a zero one here: the same
+    # an input or parameter a call did not use has no gradient in one and a zero one in the
+    # other: the same
+    grads = {f"x[{t}]": torch.zeros_like(leaf) if leaf.grad is None else leaf.grad for t, leaf in leaves.items()}
     grads.update({n: torch.zeros_like(p) if p.grad is None else p.grad.clone() for n, p in layer.named_parameters()})
     return {k: o.detach() for k, o in outs.items()}, grads
 
@@ -199,6 +200,58 @@ def test_hgt_takes_a_prebuilt_hetero_graph():
         torch.testing.assert_close(got[t], expected[t], rtol=0, atol=0)
     with pytest.raises(ValueError, match="edge_types=metadata"):
         layer(x, HeteroGraph(edges, {t: v.shape[0] for t, v in x.items()}))
+
+
+def _without_b_edges(edges):
+    return {t: e for t, e in edges.items() if "b" not in (t[0], t[-1])}
+
+
+def test_hgt_on_a_hetero_graph_without_a_destination_type_gives_it_pyg_s_output():
+    """A HeteroGraph leaving out node type 'b' (no edge touches it), with x_dict holding
+    'b': PyG (and the edge_index_dict path) give 'b' the output of no messages
+    (``out_lin(gelu(0))`` gated with its input); the HeteroGraph path returned only 'a'."""
+    torch.manual_seed(0)
+    pyg = randomized(pyg_nn.HGTConv(IN_CHANNELS, 6, METADATA, heads=2).double(), 7)
+    ours = gnn.HGTConv(IN_CHANNELS, 6, METADATA, heads=2).double()
+    ours.load_state_dict(pyg.state_dict())
+    x, edges = hetero_inputs(7)
+    edges = _without_b_edges(edges)
+    hetero = HeteroGraph(edges, {t: x[t].shape[0] for t in ("a", "c")}, edge_types=METADATA[1])
+    assert_same(ours, pyg, x, lambda layer, xs: layer(xs, hetero), lambda layer, xs: layer(xs, edges))
+
+
+def test_hgt_on_a_hetero_graph_with_a_type_outside_the_metadata_ignores_it():
+    """A HeteroGraph holding node type 'z' (not in the metadata, so without edges): PyG
+    ignores 'z's features; the HeteroGraph path raised "no features for node type 'z'"
+    although x_dict held them."""
+    torch.manual_seed(0)
+    pyg = randomized(pyg_nn.HGTConv(IN_CHANNELS, 6, METADATA, heads=2).double(), 8)
+    ours = gnn.HGTConv(IN_CHANNELS, 6, METADATA, heads=2).double()
+    ours.load_state_dict(pyg.state_dict())
+    x, edges = hetero_inputs(8)
+    x["z"] = torch.randn(2, 6, dtype=f64)
+    hetero = HeteroGraph(edges, {t: v.shape[0] for t, v in x.items()}, node_types=["a", "z", "b", "c"],
+                         edge_types=METADATA[1])
+    assert_same(ours, pyg, x, lambda layer, xs: layer(xs, hetero), lambda layer, xs: layer(xs, edges))
+
+
+def test_hgt_on_a_hetero_graph_with_an_edgeless_type_x_dict_leaves_out():
+    """Node type 'b' in the HeteroGraph but not in x_dict, no edge touching it: no output
+    for 'b', as PyG gives on the dicts; with an edge reading 'b' the call is refused,
+    naming it."""
+    torch.manual_seed(0)
+    pyg = randomized(pyg_nn.HGTConv(IN_CHANNELS, 6, METADATA, heads=2).double(), 9)
+    ours = gnn.HGTConv(IN_CHANNELS, 6, METADATA, heads=2).double()
+    ours.load_state_dict(pyg.state_dict())
+    x, all_edges = hetero_inputs(9)
+    counts = {t: v.shape[0] for t, v in x.items()}
+    edges = _without_b_edges(all_edges)
+    hetero = HeteroGraph(edges, counts, edge_types=METADATA[1])
+    del x["b"]
+    assert_same(ours, pyg, x, lambda layer, xs: layer(xs, hetero), lambda layer, xs: layer(xs, edges))
+    with pytest.raises(ValueError, match=r"HGTConv: edge type \('a', 'r', 'b'\) of the HeteroGraph reads node "
+                                         r"type 'b', which x_dict has no features for"):
+        ours(x, HeteroGraph(all_edges, counts, edge_types=METADATA[1]))
 
 
 def test_hgt_parameters_come_in_pyg_s_order():

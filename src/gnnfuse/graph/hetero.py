@@ -81,6 +81,7 @@ class HeteroGraph:
         for t in self.node_types:
             self.offsets[t], total = total, total + self.counts[t]
         self.edge_offsets: dict[EdgeType, int] = {}
+        self.edge_counts: dict[EdgeType, int] = {}
         self.graph = self._build(edge_index_dict, total)
 
     @classmethod
@@ -121,6 +122,7 @@ class HeteroGraph:
                     raise ValueError(f"edge type {edge_type}: a {side} id is outside 0..{self.counts[t] - 1} "
                                      f"(node type {t!r} has {self.counts[t]} vertices)")
             self.edge_offsets[edge_type] = position
+            self.edge_counts[edge_type] = index.shape[1]
             position += index.shape[1]
             srcs.append(index[0] + self.offsets[src_type])
             dsts.append(index[1] + self.offsets[dst_type])
@@ -134,6 +136,10 @@ class HeteroGraph:
                      edge_type=torch.cat(types) if types else empty,
                      num_edge_types=max(len(self.edge_types), 1),
                      node_type=node_type, num_node_types=max(len(self.node_types), 1))
+
+    def edge_types_touching(self, node_type: str) -> list[EdgeType]:
+        """The edge types with at least one edge here that start or end at ``node_type``."""
+        return [t for t, n in self.edge_counts.items() if n and node_type in (t[0], t[-1])]
 
     @property
     def num_nodes(self) -> int:

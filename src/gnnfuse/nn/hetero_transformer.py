@@ -144,8 +144,10 @@ class HGTConv(NotScriptable, nn.Module):
     ``forward(x_dict, edge_index_dict)`` takes ``{node_type: x}`` and ``{(src, rel, dst):
     edge_index}`` (whose `HeteroGraph` is kept while its tensors are unchanged), or a
     `HeteroGraph` built with ``edge_types=metadata[1]``, and returns ``{node_type: out}``
-    for the node types some edge type of the metadata ends at (an edge type the dict
-    leaves out has no edges; an empty dict is refused). ``in_channels`` may be a
+    for the node types of x_dict some edge type of the metadata ends at (an edge type the
+    dict leaves out has no edges; an empty dict is refused). A `HeteroGraph` may leave out
+    a node type no edge touches (it gets no messages) and hold one x_dict has no features
+    for if no edge touches it, as the dicts may in PyG. ``in_channels`` may be a
     dict per node type, or -1 (lazy), as in PyG. The relation matrices of all heads are
     applied as one block-diagonal matrix per relation (`RelationHeadWeight.per_relation`),
     once per (source vertex, relation) pair (passes/compact.py).
@@ -191,12 +193,16 @@ class HGTConv(NotScriptable, nn.Module):
         if not relations:                                  # no edge type: no node type has an output
             return {}
         dim = self.out_channels // heads
-        k, q, v = _split_kqv(hetero, self.kqv_lin(x_dict))
+        kqv = _edgeless_rows_as_zeros(hetero, self.kqv_lin(x_dict), 3 * self.out_channels, self.k_rel.weight)
+        k, q, v = _split_kqv(hetero, kqv)
         p = torch.cat([self.p_rel[_key(t)] for t in self.edge_types]) / math.sqrt(dim)
         w_k, w_v = self.k_rel.per_relation(heads, relations), self.v_rel.per_relation(heads, relations)
         out = self.attention(hetero, k, q.view(-1, heads, dim), v, w_k, w_v, p, heads, dim)
         out = hetero.split(out.reshape(-1, self.out_channels),
-                           [t for t in hetero.node_types if t in self.dst_node_types])
+                           [t for t in hetero.node_types if t in self.dst_node_types and t in x_dict])
+        for t in self.dst_node_types.intersection(x_dict).difference(hetero.node_types):
+            # a destination type a given HeteroGraph leaves out has no edges: no messages, as in PyG
+            out[t] = x_dict[t].new_zeros(x_dict[t].shape[0], self.out_channels)
         mapped = self.out_lin({t: F.gelu(o) for t, o in out.items()})
         result = {}
         for t, o in mapped.items():
@@ -213,6 +219,23 @@ class HGTConv(NotScriptable, nn.Module):
     # by another formulation of the same maths (benchmarks/bench_hetero.py runs
     # Graphiler's message/reduce UDF through it)
     attention = staticmethod(_attend)
+
+
+def _edgeless_rows_as_zeros(hetero: HeteroGraph, kqv: dict[str, torch.Tensor], width: int,
+                            like: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``kqv`` with zero rows for the node types of a given `HeteroGraph` that x_dict has
+    no (metadata) features for. Such a type is fine when no edge touches it: its rows are
+    read by no edge and give no output (a type outside the metadata is one: PyG ignores
+    its features). With an edge reading it the call is refused, naming the edge type."""
+    for t in hetero.node_types:
+        if t in kqv:
+            continue
+        touching = hetero.edge_types_touching(t)
+        if touching:
+            raise ValueError(f"HGTConv: edge type {touching[0]} of the HeteroGraph reads node type {t!r}, which "
+                             f"x_dict has no features for (it holds {list(kqv)} of the metadata's node types)")
+        kqv[t] = like.new_zeros(hetero.counts[t], width)
+    return kqv
 
 
 def _split_kqv(hetero: HeteroGraph, kqv: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
