@@ -165,12 +165,26 @@ def test_bipartite_rgcn_counts_are_checked():
         ours((x_src, x_dst, x_dst), EDGE_INDEX, EDGE_TYPE)
     with pytest.raises(ValueError, match=r"RGCNConv: bipartite input needs x_dst"):
         ours((x_src, None), EDGE_INDEX, EDGE_TYPE)
-    with pytest.raises(ValueError, match="x_src and x_dst must both be float features or both node indices"):
-        ours((x_src, torch.arange(NUM_DST)), EDGE_INDEX, EDGE_TYPE)     # PyG fails here (a float index)
-    with pytest.raises(ValueError, match="x_src and x_dst must both be float features or both node indices"):
-        ours((None, x_dst), EDGE_INDEX, EDGE_TYPE)
+    with pytest.raises(ValueError, match="RGCNConv: x_src holds node indices and x_dst float features; PyG's "
+                                         "RGCNConv fails on this pair and its FastRGCNConv reads"):
+        ours((torch.arange(NUM_SRC), x_dst), EDGE_INDEX, EDGE_TYPE)
     with pytest.raises(ValueError, match="node ids .* out of range|num_src_nodes|source"):
         ours((x_src[:2], x_dst), EDGE_INDEX, EDGE_TYPE)
+
+
+@pytest.mark.parametrize("layer", [gnn.RGCNConv, gnn.FastRGCNConv])
+@pytest.mark.parametrize("src_kind, dst_kind", [(None, "float"), ("float", "index")], ids=["None-float", "float-index"])
+@pytest.mark.parametrize("aggr", ["mean", "add"])
+def test_rgcn_mixed_pairs_match_pyg_s_fast_rgcn(layer, src_kind, dst_kind, aggr):
+    """``(None, x_dst)`` with float destination features (one-hot sources, ``x_dst @
+    root``) and ``(x_src, node indices)`` (``root[x_dst]``): PyG's FastRGCNConv computes
+    both, its RGCNConv fails on both (an integer or float matmul). They were refused
+    ("x_src and x_dst must both be float features or both node indices (x_src may be
+    None)"), a message that even named the first as allowed."""
+    widths = (NUM_SRC if src_kind is None else F_SRC, F_DST if dst_kind == "float" else NUM_DST)
+    ref = pyg.FastRGCNConv(widths, F_OUT, RELATIONS, aggr=aggr).double()
+    compare(layer(widths, F_OUT, RELATIONS, aggr=aggr).double(), ref, rgcn_inputs(src_kind, dst_kind, "cpu"),
+            lambda layer, xs: layer(tuple(xs), EDGE_INDEX, EDGE_TYPE))
 
 
 @settings(max_examples=8, deadline=None, derandomize=True, database=None)

@@ -94,7 +94,10 @@ class RGCNConv(NotScriptable, nn.Module):
     Bipartite input (PyG's): ``in_channels=(a, b)`` (relation matrices read sources of width
     ``a``, ``root`` destinations of width ``b``) and ``forward((x_src, x_dst), edge_index,
     edge_type)`` on a graph from ``x_src``'s rows to ``x_dst``'s; either side may be node
-    indices, and ``x_src`` None (``arange(a)``), as above.
+    indices, and ``x_src`` None (``arange(a)``), as above; a pair of float features and node
+    indices reads each side so (as PyG's FastRGCNConv does; its RGCNConv fails on such pairs),
+    except node indices as ``x_src`` with float ``x_dst``, which PyG's layers read two
+    different ways and is refused.
     """
 
     def __init__(self, in_channels: int, out_channels: int, num_relations: int, num_bases: int | None = None,
@@ -151,9 +154,10 @@ class RGCNConv(NotScriptable, nn.Module):
         if bipartite and x_dst is None:
             raise ValueError("RGCNConv: bipartite input needs x_dst (destination features or node indices: they "
                              "give the destination count and feed root), as in PyG; got (x_src, None)")
-        if bipartite and _is_float(x_src) != _is_float(x_dst):
-            raise ValueError("RGCNConv: x_src and x_dst must both be float features or both node indices (x_src "
-                             "may be None); PyG reads the pair one way, chosen by x_dst")
+        if bipartite and x_src is not None and not _is_float(x_src) and _is_float(x_dst):
+            raise ValueError("RGCNConv: x_src holds node indices and x_dst float features; PyG's RGCNConv fails on "
+                             "this pair and its FastRGCNConv reads each source by its position, not by its index; "
+                             "pass x_src=None (source j has embedding row j) or float source features")
         if x_src is None and isinstance(edge_index, Graph) and edge_index.num_src_nodes != self.in_channels_l:
             raise ValueError(f"RGCNConv(x=None) gives each of in_channels={self.in_channels_l} nodes its own "
                              f"embedding row, but the graph has {edge_index.num_src_nodes} source nodes")
