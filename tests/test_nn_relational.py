@@ -91,6 +91,21 @@ def test_rgcn_errors_say_what_is_wrong(build, call, message):
         call(layer, typed_graph(2))
 
 
+@pytest.mark.parametrize("call, message", [
+    (lambda layer, g: layer(torch.arange(11) % 9, g), r"RGCNConv: x holds node index 8, outside 0\.\.7 "
+                                                      r"\(in_channels=8 embedding rows\)"),
+    (lambda layer, g: layer(torch.arange(11) - 1, g), r"RGCNConv: x holds node index -1, outside 0\.\.7"),
+    (lambda layer, g: layer((None, torch.tensor([0, 3, 12] + [1] * 8)), g.edge_index, g.edge_type),
+     r"RGCNConv: x_dst holds node index 12, outside 0\.\.7 \(in_channels\[1\]=8 root rows\)"),
+], ids=["x-too-large", "x-negative", "x_dst"])
+def test_rgcn_out_of_range_node_indices_are_named(call, message):
+    """A featureless input's node index past the embedding rows got torch's one_hot
+    "Class values must be smaller than num_classes" (or "must be non-negative"), naming
+    neither the argument nor the bound."""
+    with pytest.raises(ValueError, match=message):
+        call(RGCNConv(8, 2, 4), typed_graph(2))
+
+
 @pytest.mark.parametrize("backend, dtype", [("reference", torch.float64), ("triton", torch.float32)])
 @pytest.mark.parametrize("order", [None, "dense"], ids=["picked", "dense"])
 @pytest.mark.parametrize("in_channels, out_channels, options", [

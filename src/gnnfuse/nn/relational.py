@@ -66,6 +66,19 @@ def _is_float(x: object) -> bool:
     return isinstance(x, torch.Tensor) and x.is_floating_point()
 
 
+def _check_node_indices(x: torch.Tensor, width: int, name: str, channels: str, rows: str) -> None:
+    """Refuse a node index outside ``0..width-1``, naming the argument and the bound
+    (torch's one_hot says "Class values must be smaller than num_classes"). Checked on
+    the host only: on a GPU reading the bounds would stall every call for a sync, and
+    the one-hot's scatter fails there with a device assert rather than a wrong answer."""
+    if x.device.type != "cpu":
+        return
+    low, high = int(x.min()), int(x.max())
+    if low < 0 or high >= width:
+        raise ValueError(f"RGCNConv: {name} holds node index {low if low < 0 else high}, outside 0..{width - 1} "
+                         f"({channels}={width} {rows} rows)")
+
+
 def _glorot(weight: torch.Tensor) -> None:
     """PyG's ``glorot``: uniform in +-sqrt(6 / (fan_in + fan_out)) with the fans read from the
     last two dimensions, whatever the tensor's rank. (``xavier_uniform_`` multiplies the fans
@@ -187,10 +200,10 @@ class RGCNConv(NotScriptable, nn.Module):
         row. (``width`` None: destination node indices without ``root``, whose rows only count.)"""
         if x is not None and not isinstance(x, torch.Tensor):
             raise TypeError(f"RGCNConv: x must be a tensor, node indices or None, got {type(x).__name__}")
+        channels = {"x_src": "in_channels[0]", "x_dst": "in_channels[1]"}.get(name, "in_channels")
         if x is not None and x.is_floating_point():
             x = node_features(x, "RGCNConv")
             if width is not None and x.shape[-1] != width:
-                channels = {"x_src": "in_channels[0]", "x_dst": "in_channels[1]"}.get(name, "in_channels")
                 raise ValueError(f"RGCNConv: {name} has {x.shape[-1]} features per node, but the layer was "
                                  f"built for {channels}={width}")
             return x
@@ -203,6 +216,7 @@ class RGCNConv(NotScriptable, nn.Module):
             raise ValueError(f"RGCNConv: integer x must be a vector of node indices, got shape {list(x.shape)}")
         if width is None or x.numel() == 0:     # one_hot cannot size an empty input's classes
             return x.new_zeros((x.shape[0], width or 0), dtype=self.weight.dtype)
+        _check_node_indices(x, width, name, channels, "root" if name == "x_dst" else "embedding")
         return torch.nn.functional.one_hot(x, width).to(self.weight.dtype)
 
     def _typed_graph(self, x_src: torch.Tensor, x_dst: torch.Tensor, graph: Graph | torch.Tensor,
