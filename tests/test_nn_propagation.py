@@ -105,6 +105,28 @@ def test_chebyshev_with_explicit_lambda_max(normalization):
                                   lambda xs: ref(xs, edge_index, lambda_max=lam), x)
 
 
+@pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])
+@pytest.mark.parametrize("normalization", ["sym", "rw", None])
+def test_chebyshev_on_a_node_type_without_rows_in_a_hetero_batch(normalization, weighted):
+    """A mini-batch in which a HeteroConv relation's node type has no rows: the output has
+    no rows either, whatever lambda_max. The default lambda_max took the max of an empty
+    Laplacian diagonal -- torch's "max(): Expected reduction dim to be specified for
+    input.numel() == 0" even with lambda_max given, where PyG gives the [0, 6] output."""
+    edge_type = ("a", "r", "a")
+    torch.manual_seed(1)
+    ref = pyg.HeteroConv({edge_type: pyg.ChebConv(F_IN, 6, K=3, normalization=normalization)}).double()
+    ours = gnn.HeteroConv({edge_type: gnn.ChebConv(F_IN, 6, K=3, normalization=normalization)}).double()
+    ours.load_state_dict(ref.state_dict())
+    x = {"a": torch.zeros(0, F_IN, dtype=torch.float64)}
+    edges = {edge_type: torch.zeros(2, 0, dtype=torch.long)}
+    weights = {"edge_weight_dict": {edge_type: torch.zeros(0, dtype=torch.float64)}} if weighted else {}
+    lam = {edge_type: torch.tensor(2.0, dtype=torch.float64)}
+    assert ref(x, edges, lambda_max_dict=lam, **weights)["a"].shape == (0, 6)
+    for extra in ({"lambda_max_dict": lam}, {}):
+        out = ours(x, edges, **extra, **weights)
+        assert out.keys() == {"a"} and out["a"].shape == (0, 6) and out["a"].dtype == torch.float64
+
+
 def _cached_twins(name: str) -> tuple[torch.nn.Module, torch.nn.Module]:
     """gnnfuse's and PyG's ``cached=True`` layer of one kind."""
     return {

@@ -355,6 +355,10 @@ class TAGConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
 
 
 _LAPLACIANS = ("sym", "rw", None)
+# The default lambda_max of a graph without vertices (a node type with no rows in a
+# mini-batch): its Laplacian has no entries to take the largest of, and no vertex reads
+# the value -- the output has no rows whatever it is. Any positive number does.
+_NO_VERTICES_LAMBDA_MAX = 2.0
 
 
 def _laplacian(graph: Graph, normalization: str | None, dtype: torch.dtype
@@ -379,7 +383,7 @@ def _laplacian(graph: Graph, normalization: str | None, dtype: torch.dtype
             diag, left, right = ones, -ones, deg.reciprocal().masked_fill(deg == 0, 0.0)
         else:
             diag, left, right = deg, -ones, ones
-        return loop_free, 2.0 * float(diag.max()), diag, left, right
+        return loop_free, 2.0 * float(diag.max()) if diag.numel() else _NO_VERTICES_LAMBDA_MAX, diag, left, right
     loop_free, lambda_max, *factors = graph.cached(f"nn_laplacian_{normalization}", build)
     return (loop_free, lambda_max, *(f.to(dtype) for f in factors))
 
@@ -406,7 +410,9 @@ def _weighted_laplacian(graph: Graph, edge_weight: torch.Tensor, normalization: 
         diag, off = torch.ones_like(degree), -(inverse.masked_fill(torch.isinf(inverse), 0.0)[src] * weight)
     else:
         diag, off = degree, -weight
-    return loop_free, 2.0 * torch.cat([off, diag]).max(), diag.unsqueeze(-1), off.unsqueeze(-1)
+    entries = torch.cat([off, diag])
+    lambda_max = 2.0 * entries.max() if entries.numel() else entries.new_tensor(_NO_VERTICES_LAMBDA_MAX)
+    return loop_free, lambda_max, diag.unsqueeze(-1), off.unsqueeze(-1)
 
 
 def _per_vertex_lambda_max(lambda_max: float | torch.Tensor, batch: torch.Tensor | None,
