@@ -188,6 +188,23 @@ def test_an_edge_type_between_unlisted_node_types_is_refused():
         gnn.to_hetero(GNN(), (["a"], [("a", "r", "b")]))
 
 
+@pytest.mark.parametrize("conv", ["SAGEConv", "GATv2Conv"])
+def test_an_edge_type_left_out_of_the_call_is_named(conv):
+    """An edge type of the metadata missing from the edge_index_dict reached its layer as
+    None: "cannot make a Graph from NoneType", naming neither the edge type nor the dict
+    (PyG's layers fail as namelessly). An edge type without edges is a [2, 0] tensor."""
+    model = gnn.to_hetero(two_layer_model(gnn, conv, add_self_loops=False) if conv == "GATv2Conv"
+                          else two_layer_model(gnn, conv), METADATA).double()
+    x, edges = hetero_inputs("cpu")
+    del edges[("paper", "cites", "paper")]
+    with pytest.raises(ValueError, match=r"to_hetero: the model's conv1 got no edge_index for edge type "
+                                         r"\('paper', 'cites', 'paper'\), which metadata\[1\] lists: the "
+                                         r"edge_index_dict has no entry for it"):
+        model(x, edges)
+    edges[("paper", "cites", "paper")] = torch.zeros(2, 0, dtype=torch.long)
+    assert model(x, edges)["paper"].shape == (7, 6)
+
+
 def test_self_loops_on_bipartite_edge_types_are_refused_as_pyg_does():
     class GNN(torch.nn.Module):
         def __init__(self) -> None:

@@ -43,7 +43,9 @@ def to_hetero(module: nn.Module, metadata: tuple[list[str], list[tuple[str, str,
     finally:
         for parent, name, layer in shells:
             setattr(parent, name, layer)
-    _combine_early(converted, _unshell(converted))
+    layer_names = _unshell(converted)
+    _check_edge_indices(converted, layer_names, metadata[1])
+    _combine_early(converted, layer_names)
     return converted
 
 
@@ -99,6 +101,44 @@ def _unshell(converted: nn.Module) -> set[str]:
                 setattr(parent, name, child.layer)
                 names.add(f"{prefix}.{name}" if prefix else name)
     return names
+
+
+def _check_edge_indices(converted: torch.fx.GraphModule, layer_names: set[str],
+                        edge_types: list[tuple[str, str, str]]) -> None:
+    """Route each relation layer's edge_index through `_given_edge_index`, which names the
+    edge type when the call's edge_index_dict has no entry for it. PyG's forward reads
+    the dict with ``.get(edge_type, None)``, so a missing edge type reached the layer as
+    None ("cannot make a Graph from NoneType"). A graph edit, not a hook on the layer: the
+    layers stay as PyG's transformer left them (hooks change how some are run)."""
+    by_key = {"__".join(t): tuple(t) for t in edge_types}
+    for node in list(converted.graph.nodes):
+        if node.op != "call_module" or node.target not in layer_names:
+            continue
+        owner, _, key = node.target.rpartition(".")
+        edge_type = by_key.get(key)
+        in_args = len(node.args) > 1
+        edge_index = node.args[1] if in_args else node.kwargs.get("edge_index")
+        if edge_type is None or not isinstance(edge_index, torch.fx.Node):
+            continue
+        with converted.graph.inserting_before(node):
+            checked = converted.graph.call_function(_given_edge_index, (edge_index, edge_type, owner))
+        if in_args:
+            node.args = (node.args[0], checked, *node.args[2:])
+        else:
+            node.kwargs = {**node.kwargs, "edge_index": checked}
+    converted.graph.lint()
+    converted.recompile()
+
+
+def _given_edge_index(edge_index: Any, edge_type: tuple[str, str, str], layer: str) -> Any:
+    if edge_index is None:
+        raise ValueError(f"to_hetero: the model's {layer} got no edge_index for edge type {edge_type}, which "
+                         "metadata[1] lists: the edge_index_dict has no entry for it (an edge type without "
+                         "edges is a [2, 0] tensor)")
+    return edge_index
+
+
+torch.fx.wrap("_given_edge_index")
 
 
 # The functions PyG's to_hetero combines one destination type's per-relation outputs with
