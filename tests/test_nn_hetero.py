@@ -202,21 +202,22 @@ def test_hgt_takes_a_prebuilt_hetero_graph():
         layer(x, HeteroGraph(edges, {t: v.shape[0] for t, v in x.items()}))
 
 
-def _without_b_edges(edges):
-    return {t: e for t, e in edges.items() if "b" not in (t[0], t[-1])}
+def _without_b_edges(edges, left_out="b"):
+    return {t: e for t, e in edges.items() if left_out not in (t[0], t[-1])}
 
 
-def test_hgt_on_a_hetero_graph_without_a_destination_type_gives_it_pyg_s_output():
-    """A HeteroGraph leaving out node type 'b' (no edge touches it), with x_dict holding
-    'b': PyG (and the edge_index_dict path) give 'b' the output of no messages
-    (``out_lin(gelu(0))`` gated with its input); the HeteroGraph path returned only 'a'."""
+@pytest.mark.parametrize("left_out", ["b", "a"])
+def test_hgt_on_a_hetero_graph_without_a_destination_type_gives_it_pyg_s_output(left_out):
+    """A HeteroGraph leaving out a node type (no edge touches it), with x_dict holding it:
+    PyG (and the edge_index_dict path) give it the output of no messages (``out_lin(gelu(0))``,
+    for 'a', as wide as the output, gated with its input); the HeteroGraph path left it out."""
     torch.manual_seed(0)
     pyg = randomized(pyg_nn.HGTConv(IN_CHANNELS, 6, METADATA, heads=2).double(), 7)
     ours = gnn.HGTConv(IN_CHANNELS, 6, METADATA, heads=2).double()
     ours.load_state_dict(pyg.state_dict())
-    x, edges = hetero_inputs(7)
-    edges = _without_b_edges(edges)
-    hetero = HeteroGraph(edges, {t: x[t].shape[0] for t in ("a", "c")}, edge_types=METADATA[1])
+    x, edges = hetero_inputs(7, absent=())
+    edges = _without_b_edges(edges, left_out)
+    hetero = HeteroGraph(edges, {t: v.shape[0] for t, v in x.items() if t != left_out}, edge_types=METADATA[1])
     assert_same(ours, pyg, x, lambda layer, xs: layer(xs, hetero), lambda layer, xs: layer(xs, edges))
 
 
