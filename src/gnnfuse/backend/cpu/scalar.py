@@ -65,9 +65,9 @@ def where(condition, a, b):
     return a if condition else b
 
 
-@numba.njit(inline="always", cache=True)
-def sigmoid(x):
-    return 1.0 / (1.0 + math.exp(-x))
+@numba.njit(inline="always", cache=True, error_model="numpy")
+def div_rn(x, y):
+    return x / y   # correctly rounded on the CPU, as Triton's div_rn; x / 0 is inf or NaN
 
 
 @numba.njit(inline="always", cache=True)
@@ -234,5 +234,5 @@ def use_threads(typingctx, count):
     return types.void(count), codegen
 
 
-NAMES = frozenset({"exp", "log", "sqrt", "sqrt_rn", "maximum", "minimum", "where", "sigmoid", "abs", "PropagateNan", "cast",
+NAMES = frozenset({"exp", "log", "sqrt", "sqrt_rn", "div_rn", "maximum", "minimum", "where", "abs", "PropagateNan", "cast",
                    "float16", "bfloat16", "float32", "float64"})

@@ -34,6 +34,7 @@ import math
 import triton
 
 from ...ir import Residency, Value, get_op
+from ...ir.rounded import quotient
 from ...passes.fusion import (AggregateUnit, EdgeUnit, RowSum, SharedReduceUnit, Unit, feature_sum_terms,
                               gather_side, leaf_kind, row_sum_split)
 from ...passes.siblings import SiblingGroup
@@ -508,7 +509,7 @@ def generate(unit: AggregateUnit, name: str, acc_dtype: str, tuned: bool = False
     op = unit.reduce.attrs["op"]
     combine = {"sum": "acc + tl.sum(tile, axis=0)", "mean": "acc + tl.sum(tile, axis=0)",
                "max": "tl.maximum(acc, tl.max(tile, axis=0))", "min": "tl.minimum(acc, tl.min(tile, axis=0))"}[op]
-    finish = {"sum": "acc", "mean": "acc / tl.maximum(row_end - row_start, 1).to(ACC)",
+    finish = {"sum": "acc", "mean": quotient("acc", "tl.maximum(row_end - row_start, 1).to(ACC)", _wide(acc_dtype)),
               "max": "tl.where(end > start, acc, 0.0)", "min": "tl.where(end > start, acc, 0.0)"}[op]
     # tl.max / tl.min skip NaN (hardware fmax), but torch's amax and PyG propagate it, so
     # max and min count the NaN they meet and write NaN where there was any.
@@ -563,7 +564,7 @@ def {name}(rowptr, col, eid, seg_row, seg_start, seg_end, {split_params}num_segm
 {body}
                 tile = tl.where(emask[:, None], {_tile(root, "[BLOCK_E, BLOCK_F]")}, {_IDENTITY[op]})
                 acc = {combine}{nan_count}
-            acc = {finish}{nan_finish}{_row_scale(em, unit, "acc", " " * 12, per_edge=False)}{_row_addend(em, unit, width)}
+            acc = {finish}{nan_finish}{_row_scale(em, unit, "acc", " " * 12, False, acc_dtype)}{_row_addend(em, unit, width)}
             {store}
 '''
     return source, em.leaf_args
@@ -666,7 +667,7 @@ def generate_siblings(group: SiblingGroup, name: str, acc_dtype: str, tuned: boo
                 adds.append(f"                acc{n} += {summed}\n")
             partial = ""
         target = f"out{n} + row * {width} + f{n}, acc{n}.to(out{n}.dtype.element_ty), mask=f{n}mask"
-        finished = f"{_finish(group, n, 12)}{_row_scale(em, unit, f'acc{n}', ' ' * 12, per_edge=False)}"
+        finished = f"{_finish(group, n, 12, acc_dtype)}{_row_scale(em, unit, f'acc{n}', ' ' * 12, False, acc_dtype)}"
         if group.merges:     # a split row's segment leaves its partial result to `generate_sibling_merge`
             running = "".join(f"\n                tl.store({kept}{n}_part + slot * {block} + f{n}, {kept}{n})"
                               for kept, among in (("run", group.shifts), ("den", group.normalizers)) if n in among)
@@ -733,7 +734,7 @@ def partial_buffers(group: SiblingGroup) -> list[tuple[str, int]]:
             + [("den", n) for n in sorted(group.normalizers)])
 
 
-def _finish(group: SiblingGroup, n: int, indent: int) -> str:
+def _finish(group: SiblingGroup, n: int, indent: int, acc_dtype: str) -> str:
     """The lines turning member ``n``'s accumulator ``acc{n}`` over a whole row into its
     result (before any row scale): an empty row's max is 0 and a NaN seen makes it NaN
     (``nans{n}``, counted by the walk; a merged row has it folded into ``acc{n}``), a
@@ -745,11 +746,11 @@ def _finish(group: SiblingGroup, n: int, indent: int) -> str:
                 f"{pad}acc{n} = tl.where(nans{n} > 0, float('nan'), acc{n})")
     lines = ""
     if n in group.normalizers:     # rows without edges: 0 / 0, keep the 0
-        lines += f"{pad}acc{n} = tl.where(den{n} == 0.0, acc{n}, acc{n} / den{n})"
+        lines += f"{pad}acc{n} = tl.where(den{n} == 0.0, acc{n}, {quotient(f'acc{n}', f'den{n}', _wide(acc_dtype))})"
     if n in group.shifts:
         lines += f"{pad}acc{n} = tl.where((run{n} == float('-inf')) & (end > start), float('nan'), acc{n})"
     if op == "mean":
-        lines += f"{pad}acc{n} = acc{n} / tl.maximum(row_end - row_start, 1).to(ACC)"
+        lines += f"{pad}acc{n} = {quotient(f'acc{n}', 'tl.maximum(row_end - row_start, 1).to(ACC)', _wide(acc_dtype))}"
     return lines
 
 
@@ -788,7 +789,7 @@ def generate_sibling_merge(group: SiblingGroup, name: str, acc_dtype: str) -> st
         else:
             body.append(f"    acc{n} = tl.zeros([{block}], ACC)\n    for s in range(lo, hi):\n"
                         f"        acc{n} += tl.load(acc{n}_part + {at})")
-        body.append(f"{_finish(group, n, 4)}{_row_scale(em, unit, f'acc{n}', ' ' * 4, per_edge=False)}\n"
+        body.append(f"{_finish(group, n, 4, acc_dtype)}{_row_scale(em, unit, f'acc{n}', ' ' * 4, False, acc_dtype)}\n"
                     f"    tl.store(out{n} + row * {width} + f{n}, acc{n}.to(out{n}.dtype.element_ty), mask=f{n}mask)")
     outs = "".join(f"out{n}, " for n in range(len(group.members)))
     parts = "".join(f"{kept}{n}_part, " for kept, n in partial_buffers(group))
@@ -813,15 +814,25 @@ def {name}(merge_row, slot_ptr, rowptr, {outs}{parts}{leaves}):
 '''
 
 
-def _row_scale(em: _Emitter, unit: AggregateUnit, value: str, indent: str, per_edge: bool) -> str:
-    """The line multiplying (or dividing) ``value`` -- a finished row (CSR) or each edge's
-    term (COO, ``per_edge``: one scale per edge's row, masked edges divide by 1.0, never
-    0) -- by the unit's per-row scale (`passes.fusion._row_scaled`); nothing without one."""
+def _row_scale(em: _Emitter, unit: AggregateUnit, value: str, indent: str, per_edge: bool, acc_dtype: str) -> str:
+    """The line multiplying (or dividing, rounded as torch's: `rounded`) ``value`` -- a
+    finished row (CSR) or each edge's term (COO, ``per_edge``: one scale per edge's row,
+    masked edges divide by 1.0, never 0) -- by the unit's per-row scale
+    (`passes.fusion._row_scaled`); nothing without one."""
     if unit.scale is None:
         return ""
     load = f"tl.load(L{em.leaf_index[unit.scale.id]} + row{', mask=emask, other=1.0' if per_edge else ''}).to(ACC)"
-    by = "*" if unit.scaled.op == "mul" else "/"
-    return f"\n{indent}{value} = {value} {by} {load}{'[:, None]' if per_edge else ''}"
+    return f"\n{indent}{value} = {_scaled(unit, value, load + ('[:, None]' if per_edge else ''), acc_dtype)}"
+
+
+def _scaled(unit: AggregateUnit, value: str, scale: str, acc_dtype: str) -> str:
+    """``value`` times, or divided by, the row scale ``scale``, as the unit's ``scaled`` op."""
+    return f"{value} * {scale}" if unit.scaled.op == "mul" else quotient(value, scale, _wide(acc_dtype))
+
+
+def _wide(acc_dtype: str) -> bool:
+    """Whether a kernel of accumulator ``acc_dtype`` computes in float64 (`rounded`)."""
+    return acc_dtype == "tl.float64"
 
 
 def _row_addend(em: _Emitter, unit: AggregateUnit, width: int) -> str:
@@ -855,10 +866,10 @@ def generate_coo(unit: AggregateUnit, name: str, acc_dtype: str, tuned: bool = F
     em = _Emitter(unit, {"center": unit.by, "neighbour": other})
     coords = em.feature_coords(out_shape, head_block(unit))
     root = em.value(unit.reduce.inputs[0], coords)
-    mean = ("\n    val = val / tl.maximum(tl.load(degree + row, mask=emask, other=1), 1).to(ACC)[:, None]"
-            if op == "mean" else "")
+    degree = "tl.maximum(tl.load(degree + row, mask=emask, other=1), 1).to(ACC)[:, None]"
+    mean = f"\n    val = {quotient('val', degree, _wide(acc_dtype))}" if op == "mean" else ""
     tail = (f"    val = {root} + tl.zeros([BLOCK_E, BLOCK_F], ACC)\n"
-            f"    row = {unit.by}_id{mean}{_row_scale(em, unit, 'val', ' ' * 4, per_edge=True)}\n"
+            f"    row = {unit.by}_id{mean}{_row_scale(em, unit, 'val', ' ' * 4, True, acc_dtype)}\n"
             f"    tl.atomic_add(out + row[:, None] * {width} + f[None, :], val.to(out.dtype.element_ty),\n"
             f"                  mask=emask[:, None] & fmask[None, :])")
     source = _edge_parallel_source(name, f"{unit.describe()}, edge-parallel", acc_dtype, em, width, "degree, ",
@@ -930,12 +941,12 @@ def generate_rows(unit: AggregateUnit, name: str, acc_dtype: str, tuned: bool = 
     em = _Emitter(unit, {"center": unit.by, "neighbour": other})
     root = em.value(unit.reduce.inputs[0], em.feature_coords(unit.reduce.shape, None))
     body = "\n".join(f"        {line}" for line in em.lines)
-    finish = ("\n    acc = acc / tl.maximum(tl.load(rowptr + row + 1, mask=smask, other=1).to(tl.int64) - "
-              "tl.load(rowptr + row, mask=smask, other=0).to(tl.int64), 1).to(ACC)[:, None]" if op == "mean" else "")
+    degree = ("tl.maximum(tl.load(rowptr + row + 1, mask=smask, other=1).to(tl.int64) - "
+              "tl.load(rowptr + row, mask=smask, other=0).to(tl.int64), 1).to(ACC)[:, None]")
+    finish = f"\n    acc = {quotient('acc', degree, _wide(acc_dtype))}" if op == "mean" else ""
     if unit.scale is not None:
-        by = "*" if unit.scaled.op == "mul" else "/"
-        finish += (f"\n    acc = acc {by} tl.load(L{em.leaf_index[unit.scale.id]} + row, mask=smask, "
-                   "other=1.0).to(ACC)[:, None]")
+        scale = f"tl.load(L{em.leaf_index[unit.scale.id]} + row, mask=smask, other=1.0).to(ACC)[:, None]"
+        finish += f"\n    acc = {_scaled(unit, 'acc', scale, acc_dtype)}"
     decorator = _decorator(tuned, {"BLOCK_R": (), "K": ()}, "size_class", False,
                            pruned=[((r, k), w) for r, k, w in rows_space(width)])
     source = f'''import triton
@@ -1033,8 +1044,8 @@ def generate_scan(unit: AggregateUnit, name: str, acc_dtype: str, tuned: bool = 
     em = _Emitter(unit, {"center": unit.by, "neighbour": other})
     root = em.value(unit.reduce.inputs[0], em.feature_coords(unit.reduce.shape, None))
     body = "\n".join(f"    {line}" for line in em.lines)
-    mean = ("\n    val = val / tl.maximum(tl.load(degree + row, mask=emask, other=1), 1).to(ACC)"
-            if op == "mean" else "")
+    degree = "tl.maximum(tl.load(degree + row, mask=emask, other=1), 1).to(ACC)"
+    mean = f"\n    val = {quotient('val', degree, _wide(acc_dtype))}" if op == "mean" else ""
     source = f'''import triton
 import triton.language as tl
 

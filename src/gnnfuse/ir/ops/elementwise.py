@@ -6,6 +6,7 @@ import torch.nn.functional as F
 
 from ..registry import OpDef, register
 from ..residency import Movement
+from ..rounded import quotient, square_root
 
 
 def _ew(name: str, fn, derivative=None, arity: int | None = None, doc: str = "", emit: str | None = None,
@@ -15,6 +16,12 @@ def _ew(name: str, fn, derivative=None, arity: int | None = None, doc: str = "",
     return register(OpDef(name, Movement.DENSE, lambda ctx, *xs, **a: fn(*xs, **a),
                           derivative=derivative, elementwise=True, arity=arity, doc=doc, emit=emit,
                           bounded_derivative=bounded))
+
+
+def _wide(v) -> bool:
+    """Whether a kernel computes ``v`` in float64 (`rounded`): float32, float16 and bfloat16
+    values are computed in float32."""
+    return v.dtype == torch.float64
 
 
 # --- binary -------------------------------------------------------------------------
@@ -28,7 +35,7 @@ _ew("mul", torch.mul, lambda b, v, g: [b.add("mul", g, b.fwd(v.inputs[1])),
 _ew("div", torch.div, lambda b, v, g: [
     b.add("div", g, b.fwd(v.inputs[1])),
     b.add("neg", b.add("mul", g, b.add("div", b.fwd(v), b.fwd(v.inputs[1])))),
-], 2, emit="({0} / {1})")
+], 2, emit=lambda v: quotient("{0}", "{1}", _wide(v)))
 _ew("eq", lambda x, y: (x == y).to(torch.promote_types(x.dtype, y.dtype)), None, 2,
     doc="1 where equal else 0; not differentiable (used by max/min derivatives)", emit="tl.where({0} == {1}, 1.0, 0.0)")
 
@@ -60,17 +67,18 @@ def _expm1(u: str, y: str) -> str:
 # tanh(|x|) = expm1(2|x|) / (expm1(2|x|) + 2), with the sign put back (x itself at 0
 # and NaN): ``2 * sigmoid(2x) - 1`` cancelled near 0 -- 1.19e-7 for tanh(1e-7) in
 # float32, 0 for tanh(1e-30). |x| is clamped at 20, where tanh is 1 in float64 too.
-_TANH = ("tl.abs({0})",
-         "tl.where({s0} > 20.0, 40.0, {s0} + {s0})",
-         "tl.exp({s1})",
-         _expm1("{s2}", "{s1}"),
-         "{s3} / ({s3} + 2.0)",
-         "tl.where({0} < 0, -{s4}, tl.where({0} > 0, {s4}, {0}))")
+def _tanh(v) -> tuple[str, ...]:
+    return ("tl.abs({0})",
+            "tl.where({s0} > 20.0, 40.0, {s0} + {s0})",
+            "tl.exp({s1})",
+            _expm1("{s2}", "{s1}"),
+            quotient("{s3}", "({s3} + 2.0)", _wide(v)),
+            "tl.where({0} < 0, -{s4}, tl.where({0} > 0, {s4}, {0}))")
 _ew("neg", torch.neg, lambda b, v, g: [b.add("neg", g)], 1, emit="(-{0})", bounded=True)
 _ew("exp", torch.exp, lambda b, v, g: [b.add("mul", g, b.fwd(v))], 1, emit="tl.exp({0})")
 _ew("log", torch.log, lambda b, v, g: [b.add("div", g, b.fwd(v.inputs[0]))], 1, emit="tl.log({0})")
 _ew("sqrt", torch.sqrt, lambda b, v, g: [
-    b.add("div", g, b.add("mul", b.fwd(v), b.const(2.0, g)))], 1, emit="tl.sqrt({0})")
+    b.add("div", g, b.add("mul", b.fwd(v), b.const(2.0, g)))], 1, emit=lambda v: square_root("{0}", _wide(v)))
 def _pow_derivative(b, v, g):
     """``g * (c * x ** (c - 1))``, and none for ``x ** 0``, as torch's backward gives
     zeros there: the product made ``0 * 0 ** -1`` = NaN at x = 0 (and at NaN)."""
@@ -105,12 +113,12 @@ _ew("elu", lambda x, alpha: F.elu(x, alpha),
     emit=("tl.exp({0})", _expm1("{s0}", "{0}"), "tl.where({0} > 0, {0}, {alpha} * {s1})"), bounded=True)
 _ew("elu_slope", lambda x, alpha: torch.where(x <= 0, alpha * torch.exp(x), torch.ones_like(x)),
     None, 1, doc="derivative multiplier of elu", emit="tl.where({0} <= 0, {alpha} * tl.exp({0}), 1.0)")
-def _log1p(w: str, z: str) -> str:
+def _log1p(w: str, z: str, wide: bool) -> str:
     """``log(1 + z)`` from ``w = 1 + z`` (``tl`` has no log1p in Triton 3.6): Kahan's
     ``log(w) * z / (w - 1)``, which cancels the rounding of ``w``; ``log(w)`` itself
     where ``w - 1`` is exactly z (z = inf included), z where ``w`` rounds to 1."""
     return (f"tl.where({w} == 1.0, {z}, tl.where({w} - 1.0 == {z}, tl.log({w}), "
-            f"tl.log({w}) * ({z} / ({w} - 1.0))))")
+            f"tl.log({w}) * {quotient(z, f'({w} - 1.0)', wide)}))")
 
 
 # softplus as torch computes it: linear above the threshold, log1p(exp) below.
@@ -119,29 +127,31 @@ def _log1p(w: str, z: str) -> str:
 _ew("softplus", lambda x, beta, threshold: F.softplus(x, beta, threshold),
     lambda b, v, g: [b.add("softplus_backward", g, b.fwd(v.inputs[0]), beta=v.attrs["beta"],
                            threshold=v.attrs["threshold"])], 1,
-    emit=("{beta} * {0}", "tl.exp({s0})", "1.0 + {s1}", _log1p("{s2}", "{s1}"),
-          "tl.where({s0} > {threshold}, {0}, {s3} / {beta})"), bounded=True)
+    emit=lambda v: ("{beta} * {0}", "tl.exp({s0})", "1.0 + {s1}", _log1p("{s2}", "{s1}", _wide(v)),
+                    f"tl.where({{s0}} > {{threshold}}, {{0}}, {quotient('{s3}', '{beta}', _wide(v))})"), bounded=True)
 # Its backward is torch's formula, ``g * z / (z + 1)`` with ``z = exp(beta x)``, one
 # rounding per step: the slope written as ``sigmoid(beta x)`` is ``1 / (1 + exp(-beta
 # x))``, whose exp overflows below beta x = -88.7 in float32 (-709.8 in float64), so the
 # gradient was 0 at x = -100 where torch's is 3.78e-44 (a float32 subnormal).
 _ew("softplus_backward", lambda g, x, beta, threshold: torch.ops.aten.softplus_backward(g, x, beta, threshold),
     None, 2, doc="the gradient g of softplus's output times its derivative at x, as torch computes it",
-    emit=("{beta} * {1}", "tl.exp({s0})", "{0} * {s1}", "{s1} + 1.0", "tl.where({s0} > {threshold}, {0}, {s2} / {s3})"))
+    emit=lambda v: ("{beta} * {1}", "tl.exp({s0})", "{0} * {s1}", "{s1} + 1.0",
+                    f"tl.where({{s0}} > {{threshold}}, {{0}}, {quotient('{s2}', '{s3}', _wide(v))})"))
 # silu and its gradient as torch computes them, ``x / (1 + exp(-x))`` and ``g * s * (1 +
 # x * (1 - s))`` with ``s = 1 / (1 + exp(-x))``: traced as ``x * sigmoid(x)``, the product
 # rule's ``(g * x) * (s * (1 - s))`` overflowed to inf * 0 = NaN at x = -3e38 (float32, g
 # = -1.5) where torch's gradient is 0.
 _ew("silu", F.silu, lambda b, v, g: [b.add("silu_backward", g, b.fwd(v.inputs[0]))], 1,
-    emit=("tl.exp(-{0})", "1.0 + {s0}", "{0} / {s1}"), bounded=True)
+    emit=lambda v: ("tl.exp(-{0})", "1.0 + {s0}", quotient("{0}", "{s1}", _wide(v))), bounded=True)
 _ew("silu_backward", lambda g, x: torch.ops.aten.silu_backward(g, x), None, 2,
     doc="the gradient g of silu's output times its derivative at x, as torch computes it",
-    emit=("tl.exp(-{1})", "1.0 + {s0}", "1.0 / {s1}", "1.0 - {s2}", "{1} * {s3}", "1.0 + {s4}", "{0} * {s2}",
-          "{s6} * {s5}"))
+    emit=lambda v: ("tl.exp(-{1})", "1.0 + {s0}", quotient("1.0", "{s1}", _wide(v)), "1.0 - {s2}", "{1} * {s3}",
+                    "1.0 + {s4}", "{0} * {s2}", "{s6} * {s5}"))
 _ew("sigmoid", torch.sigmoid, lambda b, v, g: [
-    b.add("mul", g, b.add("mul", b.fwd(v), b.add("sub", b.const(1.0, g), b.fwd(v))))], 1, emit="tl.sigmoid({0})", bounded=True)
+    b.add("mul", g, b.add("mul", b.fwd(v), b.add("sub", b.const(1.0, g), b.fwd(v))))], 1,
+    emit=lambda v: ("tl.exp(-{0})", quotient("1.0", "(1.0 + {s0})", _wide(v))), bounded=True)
 _ew("tanh", torch.tanh, lambda b, v, g: [
-    b.add("mul", g, b.add("sub", b.const(1.0, g), b.add("mul", b.fwd(v), b.fwd(v))))], 1, emit=_TANH, bounded=True)
+    b.add("mul", g, b.add("sub", b.const(1.0, g), b.add("mul", b.fwd(v), b.fwd(v))))], 1, emit=_tanh, bounded=True)
 _ew("stop_gradient", lambda x: x, lambda b, v, g: [None], 1, emit="{0}",
     doc="identity whose gradient is zero: marks a value the result does not really depend on, such as "
         "the shift a softmax subtracts for stability, so autodiff spends no work on it", bounded=True)
