@@ -134,6 +134,34 @@ def test_gcn_norm_and_attention_float64_and_float32(kinds, monkeypatch):
     assert any(shape == (16,) and flag for shape, flag, _ in kinds)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("width", [1, 16])
+def test_a_row_of_negative_zero_products_sums_to_positive_zero(width, dtype, kinds, monkeypatch):
+    """Register-row kernels of products compile with ``nsz`` (`REGISTER_ROW_FASTMATH`),
+    which lets LLVM fold a row's first ``0.0 + x`` to ``x``: a row whose products are
+    all -0.0 would then sum to -0.0, where torch's sum (added into zeros) is +0.0 and a
+    later ``1 / x`` or ``atan2`` would see the sign. Not seen with Numba's LLVM (the
+    loop is not peeled); this keeps it so, GCN's per-row scale included, which turns
+    torch's +0.0 into -0.0 at a negative norm (and a folded -0.0 into +0.0)."""
+    graph = hub_graph()
+
+    @gnnfuse.vertex
+    def scaled(v):
+        return sum([u.h * u.norm for u in v.innbs]) * v.norm
+    gen = torch.Generator().manual_seed(5)
+    h = -torch.zeros(NUM_NODES, width, dtype=dtype)
+    h[3] = torch.randn(width, generator=gen).to(dtype)    # vertex 3's in-edges: 2 (zeros) and 3's own
+    norm = torch.where(torch.arange(NUM_NODES) % 2 == 0, 1.5, -0.5).to(dtype).view(-1, 1)
+    monkeypatch.setenv("GNNFUSE_BACKEND", "cpu")
+    with torch.no_grad():
+        out = scaled(graph, {"h": h, "norm": norm})
+    src, dst = graph.src.long(), graph.dst.long()
+    want = torch.zeros_like(h).index_add(0, dst, h[src] * norm[src]) * norm
+    torch.testing.assert_close(out, want, rtol=0.0, atol=0.0)
+    assert torch.equal(out.signbit(), want.signbit()), (out, want)
+    assert kinds and all(flag for _, flag, _ in kinds)
+
+
 def test_multi_head_rows(kinds, monkeypatch, fresh_compile):
     """Rows of shape (heads, D): per-head attention weights broadcast over D, written out
     once per head, not once per column (GAT's 8 x 8 kernels were a thousand lines and
