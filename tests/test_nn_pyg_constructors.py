@@ -113,7 +113,7 @@ def test_lazy_in_channels_matches_pyg(name, bipartite):
     """``in_channels=-1`` (or ``(-1, -1)``) reads the width from the first call; after it,
     PyG's weights load and the layer matches PyG. GAT and GATv2 read their map's weight
     before calling it, and the others decide the map's place by its width, so they fix the
-    width on entry (`nn.lazy_width`)."""
+    width on entry (`nn.pyg_init.materialize`)."""
     torch.manual_seed(1)
     x = torch.randn(N, F_IN, dtype=torch.float64)
     inputs = (x, torch.randn(N, F_IN + 2, dtype=torch.float64)) if bipartite else x

@@ -25,7 +25,7 @@ from ..graph import Graph
 from .aligned_linear import RowsRead, bias_added, rows_read
 from .arguments import node_features
 from .attention_weights import AttentionOutput, attention_weights, check_attention_request
-from . import lazy_width
+from . import pyg_init
 from .compiling import compile_path
 from .conv import (_sized_linear, GATConv, _as_graph, attention_adjacency, _bipartite_inputs, _channel_pair,
                    _check_dropout, _combine_heads, _head_bias, _head_residual, _inv_sqrt_degree, _normalized_sum,
@@ -45,11 +45,6 @@ def _run_vertex(fn: Callable, graph: Graph, v_feature: Mapping[str, torch.Tensor
 
 
 # --- GATv2 --------------------------------------------------------------------------------
-def _glorot_zero_bias(lin: nn.Linear) -> None:
-    nn.init.xavier_uniform_(lin.weight)   # PyG's glorot
-    if lin.bias is not None:
-        nn.init.zeros_(lin.bias)
-
 
 class GATv2Conv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
     r"""GATv2 (Brody et al., "How attentive are graph attention networks?"), PyG's layout.
@@ -79,8 +74,8 @@ class GATv2Conv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
         self.edge_dim, self.fill_value, self.residual = edge_dim, fill_value, residual
         self.share_weights = share_weights
         in_src, in_dst = _channel_pair(in_channels)
-        self.lin_l = lazy_width.linear(in_src, heads * out_channels, bias=bias)
-        self.lin_r = self.lin_l if share_weights else lazy_width.linear(in_dst, heads * out_channels, bias=bias)
+        self.lin_l = pyg_init.linear(in_src, heads * out_channels, bias, "glorot")
+        self.lin_r = self.lin_l if share_weights else pyg_init.linear(in_dst, heads * out_channels, bias, "glorot")
         self.att = nn.Parameter(torch.empty(1, heads, out_channels))
         self.lin_edge = edge_projection(edge_dim, heads * out_channels)
         self.res = _head_residual(residual, in_channels, heads, out_channels, concat)
@@ -91,12 +86,9 @@ class GATv2Conv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
         return f"{self.in_channels}, {self.out_channels}, heads={self.heads}"
 
     def reset_parameters(self) -> None:
-        for lin in (self.lin_l, self.lin_r):
-            lazy_width.reset(lin, _glorot_zero_bias)
-        nn.init.xavier_uniform_(self.att)
-        for lin in (self.lin_edge, self.res):
-            if lin is not None:
-                nn.init.xavier_uniform_(lin.weight)
+        for lin in (self.lin_l, self.lin_r, self.lin_edge, self.res):    # PyG's order (a shared map twice)
+            pyg_init.reset_linear(lin, "glorot")
+        pyg_init.glorot(self.att)
         if self.bias is not None:
             nn.init.zeros_(self.bias)
 
@@ -110,7 +102,7 @@ class GATv2Conv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
         if x_dst is None:
             raise ValueError("GATv2Conv: bipartite input needs x_dst (the destination features score "
                              "every edge), as in PyG; got (x_src, None)")
-        lazy_width.materialize([(self.lin_l, x), (self.lin_r, x_dst)], _glorot_zero_bias)
+        pyg_init.materialize([(self.lin_l, x), (self.lin_r, x_dst)], "glorot")
         rows = edge_rows(self, graph, edge_attr, "GATv2Conv")
         graph = _with_loops(graph, self.add_self_loops, rows is None and not return_attention_weights)
         shape = (-1, self.heads, self.out_channels)
@@ -272,14 +264,13 @@ class EdgeConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
             raise ValueError(f"EdgeConv: aggr must be one of {list(_EDGE_AGGREGATIONS)} (the reductions gnnfuse "
                              f"fuses for it), got {aggr!r}")
         self.nn, self.aggr = nn, aggr
+        self.reset_parameters()
 
     def extra_repr(self) -> str:
         return f"nn={self.nn}"
 
     def reset_parameters(self) -> None:
-        for module in self.nn.modules() if isinstance(self.nn, torch.nn.Module) else ():
-            if module is not self.nn and hasattr(module, "reset_parameters"):
-                module.reset_parameters()
+        pyg_init.reset_module(self.nn)
 
     @compile_path()
     def forward(self, x: torch.Tensor | tuple[torch.Tensor, torch.Tensor], edge_index: Graph | torch.Tensor

@@ -34,7 +34,7 @@ from .edge_features import FillValue, edge_projection, edge_rows, traced_edge_ma
 from .fixed_flow import FixedFlow
 from .padded_loops import padded_looped
 from .pyg_repr import OneLineRepr
-from . import lazy_width, recompute
+from . import pyg_init, recompute
 from .torchscript import NotScriptable
 
 
@@ -417,19 +417,14 @@ def _along_flow(graph: Graph, flow: str) -> Graph:
     return graph.derived("reversed") if isinstance(graph, GraphRef) else graph.cached("reversed", Graph.reverse)
 
 
-def _sized_linear(in_channels: int, out_channels: int, bias: bool = True) -> nn.Linear:
-    """``nn.Linear`` for a layer whose forward reads its weight before calling it (a
-    folded attention, a transform moved across the propagation), which a lazy
-    ``LazyLinear`` could not serve: PyG's ``in_channels=-1`` is refused by name here
-    instead of as torch's "negative dimension"."""
+def _sized_linear(in_channels: int, out_channels: int, bias: bool = True,
+                  weight_initializer: str | None = None) -> nn.Linear:
+    """PyG's ``Linear`` (`pyg_init.linear`) for a map that is never lazy here: PyG's
+    ``in_channels=-1`` is refused by name instead of as torch's "negative dimension"."""
     if isinstance(in_channels, int) and in_channels <= 0:
         raise NotImplementedError(f"in_channels={in_channels} (PyG's lazy initialisation) is not supported by "
                                   "this gnnfuse layer: give the input width")
-    return nn.Linear(in_channels, out_channels, bias=bias)
-
-
-def _glorot_weight(lin: nn.Linear) -> None:
-    nn.init.xavier_uniform_(lin.weight)   # PyG's glorot
+    return pyg_init.linear(in_channels, out_channels, bias=bias, weight_initializer=weight_initializer)
 
 
 def _channel_pair(in_channels: int | tuple[int, int]) -> tuple[int, int]:
@@ -467,7 +462,7 @@ def _head_residual(residual: bool, in_channels: int, heads: int, out_channels: i
     width ``in_channels[1]``) mapped to the output width without bias, added to the
     combined heads before the bias."""
     width = heads * out_channels if concat else out_channels
-    return _sized_linear(_channel_pair(in_channels)[1], width, bias=False) if residual else None
+    return _sized_linear(_channel_pair(in_channels)[1], width, False, "glorot") if residual else None
 
 
 class GCNConv(OneLineRepr, CachedGraph, NotScriptable, nn.Module):
@@ -498,12 +493,12 @@ class GCNConv(OneLineRepr, CachedGraph, NotScriptable, nn.Module):
         self.improved, self.cached, self.flow = improved, cached, flow
         self.add_self_loops, self.normalize = add_self_loops, normalize
         self._cached_graph: Graph | None = None
-        self.lin = lazy_width.linear(in_channels, out_channels, bias=False)
+        self.lin = pyg_init.linear(in_channels, out_channels, bias=False, weight_initializer="glorot")
         self.bias = nn.Parameter(torch.zeros(out_channels)) if bias else None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        lazy_width.reset(self.lin, _glorot_weight)
+        pyg_init.reset_linear(self.lin, "glorot")
         if self.bias is not None:
             nn.init.zeros_(self.bias)
         self._cached_graph = None
@@ -530,7 +525,7 @@ class GCNConv(OneLineRepr, CachedGraph, NotScriptable, nn.Module):
     def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor,
                 edge_weight: torch.Tensor | None = None) -> torch.Tensor:
         x, graph, edge_weight = _normalized_layer_inputs(self, "GCNConv", x, edge_index, edge_weight)
-        lazy_width.materialize([(self.lin, x)], _glorot_weight)
+        pyg_init.materialize([(self.lin, x)], "glorot")
         graph = _along_flow(graph, self.flow)
         if edge_weight is None and self.normalize and not self.improved and self._aggregates_first(x, graph):
             graph = _with_loops(graph, self.add_self_loops)
@@ -616,10 +611,9 @@ class SAGEConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
         self.in_channels, self.out_channels, self.aggr = in_channels, out_channels, pyg_aggr_name(aggr)
         self.normalize, self.project = normalize, project
         self.lin = _sized_linear(in_src, in_src, bias=True) if project else None   # PyG: the sources' width
-        is_multi = type(self.aggr_module).__name__ == "MultiAggregation"    # ours, or PyG's passed as a module
-        width = self.aggr_module.get_out_channels(in_src) if is_multi else in_src
-        self.lin_l = lazy_width.linear(width, out_channels, bias)
-        self.lin_r = lazy_width.linear(in_dst, out_channels, False) if root_weight else None
+        self.lin_l = pyg_init.linear(self._aggregated_width(in_src), out_channels, bias)
+        self.lin_r = pyg_init.linear(in_dst, out_channels, False) if root_weight else None
+        self.reset_parameters()
 
     @property
     def root_weight(self) -> bool:
@@ -657,14 +651,18 @@ class SAGEConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
         return (x_dst is not None and isinstance(self.lin_r, nn.Linear) and self.lin_r.bias is None
                 and not isinstance(self.lin_r.weight, nn.parameter.UninitializedParameter))
 
+    def _aggregated_width(self, width: int) -> int:
+        """The width of the aggregated rows ``lin_l`` maps, for messages ``width`` wide
+        (``MultiAggregation``: ours, or PyG's passed as a module)."""
+        if type(self.aggr_module).__name__ == "MultiAggregation":
+            return self.aggr_module.get_out_channels(width)
+        return width
+
     def reset_parameters(self) -> None:
         if hasattr(self.aggr_module, "reset_parameters"):
             self.aggr_module.reset_parameters()
-        if self.lin is not None:
-            self.lin.reset_parameters()
-        self.lin_l.reset_parameters()
-        if self.lin_r is not None:
-            self.lin_r.reset_parameters()
+        for lin in (self.lin, self.lin_l, self.lin_r):
+            pyg_init.reset_linear(lin)
 
     def _compile_problem(self, x: Any, edge_index: Any, size: Any = None) -> str | None:
         eager = eager_slots(self.aggr_module)
@@ -687,6 +685,7 @@ class SAGEConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
             edge_index = coalesced(edge_index)
         x, x_dst, graph = _bipartite_inputs(x, edge_index, size, "SAGEConv")
         messages = F.relu(self.lin(x)) if self.project else x     # PyG projects the sources only
+        pyg_init.materialize([(self.lin_l, self._aggregated_width(messages.shape[-1])), (self.lin_r, x_dst)])
         if kind in ("sum", "mean") and self._combine_first(graph, messages):
             if self._root_takes_bias(x_dst):
                 # the root term carries lin_l's bias in its GEMM's epilogue, and the
@@ -806,10 +805,10 @@ class GATConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
         self.edge_dim, self.fill_value, self.residual = edge_dim, fill_value, residual
         self.lin = self.lin_src = self.lin_dst = None
         if isinstance(in_channels, int):
-            self.lin = lazy_width.linear(in_channels, heads * out_channels, bias=False)
+            self.lin = pyg_init.linear(in_channels, heads * out_channels, False, "glorot")
         else:
-            self.lin_src = lazy_width.linear(in_channels[0], heads * out_channels, bias=False)
-            self.lin_dst = lazy_width.linear(in_channels[1], heads * out_channels, bias=False)
+            self.lin_src = pyg_init.linear(in_channels[0], heads * out_channels, False, "glorot")
+            self.lin_dst = pyg_init.linear(in_channels[1], heads * out_channels, False, "glorot")
         self.att_src = nn.Parameter(torch.empty(1, heads, out_channels))
         self.att_dst = nn.Parameter(torch.empty(1, heads, out_channels))
         self.lin_edge = edge_projection(edge_dim, heads * out_channels)
@@ -822,13 +821,10 @@ class GATConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
         return f"{self.in_channels}, {self.out_channels}, heads={self.heads}"
 
     def reset_parameters(self) -> None:
-        for lin in (self.lin, self.lin_src, self.lin_dst):
-            lazy_width.reset(lin, _glorot_weight)
-        nn.init.xavier_uniform_(self.att_src)
-        nn.init.xavier_uniform_(self.att_dst)
-        for p in (self.lin_edge, self.att_edge, self.res):
-            if p is not None:
-                nn.init.xavier_uniform_(p if isinstance(p, nn.Parameter) else p.weight)
+        for lin in (self.lin, self.lin_src, self.lin_dst, self.lin_edge, self.res):    # PyG's order
+            pyg_init.reset_linear(lin, "glorot")
+        for att in (self.att_src, self.att_dst, self.att_edge):
+            pyg_init.glorot(att)
         if self.bias is not None:
             nn.init.zeros_(self.bias)
 
@@ -904,7 +900,7 @@ class GATConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
         if return_attention_weights:                               # False: just the output, as in PyG
             check_attention_request(self, x, edge_index, "GATConv")
         x, x_dst, graph = _bipartite_inputs(x, edge_index, size, "GATConv")
-        lazy_width.materialize([(self.lin, x), (self.lin_src, x), (self.lin_dst, x_dst)], _glorot_weight)
+        pyg_init.materialize([(self.lin, x), (self.lin_src, x), (self.lin_dst, x_dst)], "glorot")
         rows = edge_rows(self, graph, edge_attr, "GATConv")
         # the edge logit <lin_edge(a), att_edge> per head is a @ w_edge, w_edge [edge_dim, heads] folded from
         # both parameters, so no [E, heads x channels] product exists; traced in (edge_dim <= the compiler's

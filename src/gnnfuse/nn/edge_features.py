@@ -16,6 +16,7 @@ from torch import nn
 
 from ..graph import Graph
 from ..passes.fusion import MAX_EDGE_FEATURES
+from . import pyg_init
 
 FillValue = Union[float, torch.Tensor, str]
 
@@ -70,8 +71,14 @@ def looped_edge_features(graph: Graph, rows: torch.Tensor, fill_value: FillValue
 
 
 def edge_projection(edge_dim: int | None, width: int) -> nn.Linear | None:
-    """PyG's ``lin_edge``: edge features to ``width`` (heads * out_channels), no bias."""
-    return None if edge_dim is None else nn.Linear(edge_dim, width, bias=False)
+    """PyG's ``lin_edge``: edge features to ``width`` (heads * out_channels), no bias,
+    drawn as PyG's. Its weight is read before it is called, so it cannot be lazy."""
+    if edge_dim is None:
+        return None
+    if edge_dim <= 0:
+        raise NotImplementedError(f"edge_dim={edge_dim} (PyG's lazy initialisation) is not supported by gnnfuse: "
+                                  "give the width of the edge features")
+    return pyg_init.linear(edge_dim, width, False, "glorot")
 
 
 def edge_rows(layer: nn.Module, graph: Graph, edge_attr: torch.Tensor | None, name: str) -> torch.Tensor | None:

@@ -25,7 +25,8 @@ from ..graph import Graph
 from ..graph.convert import is_sparse_adjacency
 from .arguments import node_features
 from .conv import _check_dropout, _neighbour_sum
-from .relational import RGCNConv, _glorot
+from .relational import RGCNConv
+from . import pyg_init
 from .torchscript import NotScriptable
 
 _MECHANISMS = ("across-relation", "within-relation")
@@ -119,7 +120,7 @@ class RGATConv(NotScriptable, nn.Module):
         self.q = nn.Parameter(torch.empty(width, heads * dim))
         self.k = nn.Parameter(torch.empty(width, heads * dim))
         self.bias = nn.Parameter(torch.empty((heads if concat else 1) * dim * out_channels)) if bias else None
-        self.lin_edge = nn.Linear(edge_dim, width, bias=False) if edge_dim is not None else None
+        self.lin_edge = pyg_init.linear(edge_dim, width, False, "glorot") if edge_dim is not None else None
         self.e = nn.Parameter(torch.empty(width, heads * dim)) if edge_dim is not None else None
         if num_bases is not None:
             self.att = nn.Parameter(torch.empty(num_relations, num_bases))
@@ -130,23 +131,24 @@ class RGATConv(NotScriptable, nn.Module):
         else:
             self.weight = nn.Parameter(torch.empty(num_relations, in_channels, width))
         # PyG creates these for its `mod` variants in every layer; kept so state dicts match.
+        # PyG leaves ``l2`` as ``torch.empty`` made it (its reset builds a filled tensor and
+        # drops it), and never resets it or ``w``; here ``l2`` starts filled as that tensor
+        # is, rather than with whatever memory held, and is not reset either
         self.w = nn.Parameter(torch.ones(out_channels))
         self.l1 = nn.Parameter(torch.empty(1, out_channels))
         self.b1 = nn.Parameter(torch.empty(1, out_channels))
-        self.l2 = nn.Parameter(torch.empty(out_channels, out_channels))
+        self.l2 = nn.Parameter(torch.full((out_channels, out_channels), 1.0 / out_channels))
         self.b2 = nn.Parameter(torch.empty(1, out_channels))
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         for p in (getattr(self, "basis", None), getattr(self, "att", None), getattr(self, "weight", None),
-                  self.q, self.k, self.e, None if self.lin_edge is None else self.lin_edge.weight):
-            if p is not None:
-                _glorot(p)
+                  self.q, self.k, None if self.lin_edge is None else self.lin_edge.weight, self.e):   # PyG's order
+            pyg_init.glorot(p)
         for p in (self.bias, self.b1, self.b2):
             if p is not None:
                 nn.init.zeros_(p)
         nn.init.ones_(self.l1)
-        nn.init.constant_(self.l2, 1.0 / self.out_channels)
 
     def relation_weights(self) -> torch.Tensor:
         """[num_relations, in, heads * out]: each relation's matrix (combined from the

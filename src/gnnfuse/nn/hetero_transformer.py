@@ -23,21 +23,29 @@ from torch import nn
 from .. import frontend
 from ..graph.hetero import EdgeType, HeteroGraph, check_metadata
 from ..graph.hetero_cache import cached_hetero_graph
-from . import lazy_width
+from . import pyg_init
 from .hetero_conv import module_key
 from .torchscript import NotScriptable
 
 
 class TypeLinears(nn.Module):
     """One linear map per node type, stored as PyG's ``HeteroDictLinear`` stores them
-    (``lins.<type>.weight``/``.bias``), so its state dict loads into this one."""
+    (``lins.<type>.weight``/``.bias``), so its state dict loads into this one, and drawn
+    as PyG draws them: each map at its construction and once more when all are built;
+    a lazy one (width -1) twice at the first call, in the order of that call's types."""
 
     def __init__(self, in_channels: Mapping[str, int], out_channels: int, bias: bool = True):
         super().__init__()
         self.types = list(in_channels)
-        self.lins = nn.ModuleDict({module_key(t): lazy_width.linear(c, out_channels, bias) for t, c in in_channels.items()})
+        self.lins = nn.ModuleDict({module_key(t): pyg_init.linear(c, out_channels, bias) for t, c in in_channels.items()})
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for lin in self.lins.values():
+            pyg_init.reset_linear(lin)
 
     def forward(self, x_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        pyg_init.materialize([(self.lins[module_key(t)], x) for t, x in x_dict.items() if t in self.types], times=2)
         return {t: self.lins[module_key(t)](x_dict[t]) for t in self.types if t in x_dict}
 
     def check_widths(self, x_dict: Mapping[str, torch.Tensor], layer: str) -> None:
@@ -45,7 +53,7 @@ class TypeLinears(nn.Module):
         (torch's matmul error names neither the type nor which width was expected)."""
         for t in self.types:
             lin = self.lins[module_key(t)]
-            if t in x_dict and not lazy_width.is_lazy(lin) and x_dict[t].shape[-1] != lin.in_features:
+            if t in x_dict and not pyg_init.is_lazy(lin) and x_dict[t].shape[-1] != lin.in_features:
                 raise ValueError(f"{layer}: node type {t!r} has features of width {x_dict[t].shape[-1]}, but the "
                                  f"layer was built for width {lin.in_features}")
 
@@ -60,9 +68,7 @@ class RelationHeadWeight(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        bound = 1.0 / math.sqrt(self.weight.shape[1])    # PyG: kaiming_uniform(fan=in, a=sqrt(5))
-        with torch.no_grad():
-            self.weight.uniform_(-bound, bound)
+        pyg_init.kaiming_uniform(self.weight, self.weight.shape[1], math.sqrt(5))    # PyG's default
 
     def per_relation(self, heads: int, relations: int) -> torch.Tensor:
         """[R, H*D, H*D]: each relation's heads as one block-diagonal matrix, so a row's
@@ -178,9 +184,10 @@ class HGTConv(NotScriptable, nn.Module):
         # pairs, not a dict: torch sorts a dict's keys, PyG keeps the metadata's order, and an
         # optimizer's state (a PyG checkpoint's Adam moments) follows parameters by position
         self.p_rel = nn.ParameterDict([(_key(t), nn.Parameter(torch.ones(1, heads))) for t in edge_types])
+        self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        for module in (*self.kqv_lin.lins.values(), *self.out_lin.lins.values(), self.k_rel, self.v_rel):
+        for module in (self.kqv_lin, self.out_lin, self.k_rel, self.v_rel):
             module.reset_parameters()
         for p in (*self.skip.values(), *self.p_rel.values()):
             nn.init.ones_(p)

@@ -25,23 +25,13 @@ from ..runtime.autocast import autocast_dtype
 from .aligned_linear import aligned_linear
 from .arguments import adjacency_weights, edge_weight_column, floating_node_features, over_feature_batches
 from .compiling import compile_path, graph_input_problem, propagation_problem
-from . import lazy_width
+from . import pyg_init
 from .fixed_flow import FixedFlow
 from .pyg_repr import OneLineRepr
-from .conv import (_glorot_weight, _AGGREGATORS, _AGGREGATORS_PLUS_ROOT, _WEIGHTED_AGGREGATORS, CachedGraph, _as_graph,
+from .conv import (_AGGREGATORS, _AGGREGATORS_PLUS_ROOT, _WEIGHTED_AGGREGATORS, CachedGraph, _as_graph,
                    _bipartite_inputs, _channel_pair, _gcn_edge_norm, _inv_sqrt_degree, _neighbour_sum,
                    _normalized_hop, _normalized_layer_inputs, _transform_first, _with_loops, maps_first)
 from .torchscript import NotScriptable
-
-
-def _reset(module: Callable) -> None:
-    """PyG's ``reset``: re-initialise a user-supplied network, recursing into children that
-    have no ``reset_parameters`` of their own (a ``Sequential``, say)."""
-    if hasattr(module, "reset_parameters"):
-        module.reset_parameters()
-    elif isinstance(module, nn.Module):
-        for child in module.children():
-            _reset(child)
 
 
 class GINConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
@@ -66,7 +56,7 @@ class GINConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
         return f"nn={self.nn}"
 
     def reset_parameters(self) -> None:
-        _reset(self.nn)
+        pyg_init.reset_module(self.nn)
         self.eps.data.fill_(self.initial_eps)
 
     def _compile_problem(self, x: Any, edge_index: Any, size: Any = None) -> str | None:
@@ -100,12 +90,13 @@ class GraphConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
                              f"fuses for it; SAGEConv takes PyG's other forms), got {aggr!r}")
         self.in_channels, self.out_channels, self.aggr = in_channels, out_channels, aggr
         in_src, in_dst = _channel_pair(in_channels)
-        self.lin_rel = lazy_width.linear(in_src, out_channels, bias=bias)
-        self.lin_root = lazy_width.linear(in_dst, out_channels, bias=False)
+        self.lin_rel = pyg_init.linear(in_src, out_channels, bias=bias)
+        self.lin_root = pyg_init.linear(in_dst, out_channels, bias=False)
+        self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        self.lin_rel.reset_parameters()
-        self.lin_root.reset_parameters()
+        pyg_init.reset_linear(self.lin_rel)
+        pyg_init.reset_linear(self.lin_root)
 
     def _compile_problem(self, x: Any, edge_index: Any, edge_weight: Any = None, size: Any = None) -> str | None:
         return "edge_weight" if edge_weight is not None else graph_input_problem(edge_index)
@@ -116,7 +107,7 @@ class GraphConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
                 edge_weight: torch.Tensor | None = None, size: tuple[int, int] | None = None) -> torch.Tensor:
         graph_input, edge_weight = adjacency_weights(edge_index, edge_weight, "GraphConv")
         x, x_dst, graph = _bipartite_inputs(x, graph_input, size, "GraphConv", weighted_adj_t=edge_index)
-        lazy_width.materialize([(self.lin_rel, x), (self.lin_root, x_dst)])
+        pyg_init.materialize([(self.lin_rel, x), (self.lin_root, x_dst)])
         if edge_weight is None:
             aggregate, edge_feature = _AGGREGATORS[self.aggr], None
         else:
@@ -254,10 +245,11 @@ class SGConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
         self.in_channels, self.out_channels, self.K = in_channels, out_channels, K
         self.cached, self.add_self_loops = cached, add_self_loops
         self._cached_x: torch.Tensor | None = None
-        self.lin = lazy_width.linear(in_channels, out_channels, bias=bias)
+        self.lin = pyg_init.linear(in_channels, out_channels, bias=bias)
+        self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        self.lin.reset_parameters()
+        pyg_init.reset_linear(self.lin)
         self._cached_x = None
 
     def _compile_problem(self, x: Any, edge_index: Any, edge_weight: Any = None) -> str | None:
@@ -268,7 +260,7 @@ class SGConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
                 edge_weight: torch.Tensor | None = None) -> torch.Tensor:
         if self._cached_x is not None:
             return self.lin(self._cached_x.detach())
-        lazy_width.materialize([(self.lin, x)])
+        pyg_init.materialize([(self.lin, x)])
         if not self.cached and self.out_channels < self.lin.in_features and not torch.compiler.is_compiling():
             return self._propagated(x, edge_index, edge_weight, mapped_first=True)
         h = self._propagated(x, edge_index, edge_weight)
@@ -316,12 +308,13 @@ class TAGConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
                  normalize: bool = True):
         super().__init__()
         self.in_channels, self.out_channels, self.K, self.normalize = in_channels, out_channels, K, normalize
-        self.lins = nn.ModuleList([lazy_width.linear(in_channels, out_channels, bias=False) for _ in range(K + 1)])
+        self.lins = nn.ModuleList([pyg_init.linear(in_channels, out_channels, bias=False) for _ in range(K + 1)])
         self.bias = nn.Parameter(torch.zeros(out_channels)) if bias else None
+        self.reset_parameters()
 
     def reset_parameters(self) -> None:
         for lin in self.lins:
-            lin.reset_parameters()
+            pyg_init.reset_linear(lin)
         if self.bias is not None:
             nn.init.zeros_(self.bias)
 
@@ -335,7 +328,7 @@ class TAGConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
         x = floating_node_features(x, "TAGConv")
         edge_index, edge_weight = adjacency_weights(edge_index, edge_weight, "TAGConv")
         graph, hop = _normalized_hop(_as_graph(edge_index, x.shape[0]), edge_weight, x.dtype, False, self.normalize)
-        lazy_width.materialize([(lin, x) for lin in self.lins])
+        pyg_init.materialize([(lin, x) for lin in self.lins])
         if self.out_channels < self.lins[0].in_features and not isinstance(graph, GraphRef):   # not under torch.compile
             skips = [_transform_first(x, lin.weight, graph, k) if k else lin(x) for k, lin in enumerate(self.lins)]
             norm = _inv_sqrt_degree(graph, x.dtype) if self.normalize else x.new_ones(graph.num_nodes, 1)
@@ -470,13 +463,13 @@ class ChebConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
         if normalization not in _LAPLACIANS:
             raise ValueError(f"normalization must be 'sym', 'rw' or None, got {normalization!r}")
         self.in_channels, self.out_channels, self.normalization = in_channels, out_channels, normalization
-        self.lins = nn.ModuleList([lazy_width.linear(in_channels, out_channels, bias=False) for _ in range(K)])
+        self.lins = nn.ModuleList([pyg_init.linear(in_channels, out_channels, False, "glorot") for _ in range(K)])
         self.bias = nn.Parameter(torch.zeros(out_channels)) if bias else None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         for lin in self.lins:
-            lazy_width.reset(lin, _glorot_weight)
+            pyg_init.reset_linear(lin, "glorot")
         if self.bias is not None:
             nn.init.zeros_(self.bias)
 
@@ -484,7 +477,7 @@ class ChebConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
     def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor, edge_weight: torch.Tensor | None = None,
                 batch: torch.Tensor | None = None, lambda_max: float | torch.Tensor | None = None) -> torch.Tensor:
         x = floating_node_features(x, "ChebConv")
-        lazy_width.materialize([(lin, x) for lin in self.lins], _glorot_weight)
+        pyg_init.materialize([(lin, x) for lin in self.lins], "glorot")
         edge_index, edge_weight = adjacency_weights(edge_index, edge_weight, "ChebConv")
         graph = _as_graph(edge_index, x.shape[0])
         if edge_weight is None:

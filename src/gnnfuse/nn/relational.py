@@ -12,6 +12,7 @@ from .. import frontend
 from ..graph import Graph
 from ..graph.convert import check_bipartite_adj_t, is_sparse_adjacency
 from .arguments import node_features
+from . import pyg_init
 from .torchscript import NotScriptable
 
 
@@ -79,15 +80,6 @@ def _check_node_indices(x: torch.Tensor, width: int, name: str, channels: str, r
                          f"({channels}={width} {rows} rows)")
 
 
-def _glorot(weight: torch.Tensor) -> None:
-    """PyG's ``glorot``: uniform in +-sqrt(6 / (fan_in + fan_out)) with the fans read from the
-    last two dimensions, whatever the tensor's rank. (``xavier_uniform_`` multiplies the fans
-    of a 3-D relation tensor by its last size, giving a different, smaller range.)"""
-    bound = (6.0 / (weight.size(-2) + weight.size(-1))) ** 0.5
-    with torch.no_grad():
-        weight.uniform_(-bound, bound)
-
-
 class RGCNConv(NotScriptable, nn.Module):
     """``x'_v = x_v Θ_root + Σ_r agg_{u ∈ N_r(v)} x_u Θ_r + b`` with ``agg`` the mean per
     relation (``aggr="mean"``, PyG's default) or the sum (``aggr="add"``/``"sum"``).
@@ -143,7 +135,7 @@ class RGCNConv(NotScriptable, nn.Module):
     def reset_parameters(self) -> None:
         for p in (self.weight, self.comp, self.root):
             if p is not None:
-                _glorot(p)
+                pyg_init.glorot(p)
         if self.bias is not None:
             nn.init.zeros_(self.bias)
 
