@@ -173,7 +173,8 @@ def test_row_major_adj_t_builds_its_csr_without_a_sort(layout, monkeypatch):
     (lambda ei: torch.sparse_coo_tensor(ei.flip(0), torch.full((ei.shape[1],), 0.5), (N, N)),
      "values other than 1, which PyG would use as edge weights"),
     (lambda ei: torch.sparse_coo_tensor(ei.flip(0), torch.ones(ei.shape[1]), (N, N + 1)), "must be square"),
-    (lambda ei: adjacencies(ei)["coo"].to_sparse_csc(), "sparse COO or CSR tensor, got layout torch.sparse_csc"),
+    (lambda ei: adjacencies(ei)["coo"].to_sparse_bsr((1, 1)),
+     "sparse COO, CSR or CSC tensor, got layout torch.sparse_bsr"),
 ])
 def test_unusable_adj_t_is_rejected(make, message):
     with pytest.raises(ValueError, match=message):

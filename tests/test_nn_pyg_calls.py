@@ -316,3 +316,40 @@ def test_edge_weight_beside_a_sparse_adj_t_is_refused(name, coalesce):
     adj_t = adj_t.coalesce() if coalesce else adj_t
     with pytest.raises(ValueError, match="edge_weight beside a sparse adj_t"):
         ours.double()(torch.randn(N, F_IN, dtype=torch.float64), adj_t, weight)
+
+
+# name -> factory of (ours, PyG) for the layers whose PyG forward takes a CSC adj_t
+CSC_LAYERS = {
+    "sage-mean": lambda: (gnn.SAGEConv(F_IN, 3), pyg.SAGEConv(F_IN, 3)),
+    "sage-max": lambda: (gnn.SAGEConv(F_IN, 3, aggr="max"), pyg.SAGEConv(F_IN, 3, aggr="max")),
+    "gin": lambda: (gnn.GINConv(torch.nn.Linear(F_IN, 3)), pyg.GINConv(torch.nn.Linear(F_IN, 3))),
+    "graphconv": lambda: (gnn.GraphConv(F_IN, 3, aggr="mean"), pyg.GraphConv(F_IN, 3, aggr="mean")),
+}
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("name", sorted(CSC_LAYERS))
+def test_a_csc_adj_t_is_read_as_its_matrix(name, weighted, device):
+    """A CSC tensor stores the same matrix as a CSR one, column by column, and PyG's SAGE,
+    GIN and GraphConv take it (their spmm reads the matrix); gnnfuse refused it ("must be
+    a sparse COO or CSR tensor"). Read as its matrix, it gives PyG's output and gradients;
+    its values, when not all 1, are weights as a CSR tensor's are (GraphConv weighs by
+    them, the pattern-only layers refuse them)."""
+    torch.manual_seed(0)
+    ours, ref = (m.double() for m in CSC_LAYERS[name]())
+    ours.load_state_dict(ref.state_dict())
+    ours = ours.to(device)
+    edge_index, _ = weighted_graph()
+    edge_index = torch.unique(edge_index, dim=1)                     # a CSC tensor stores each position once
+    values = (torch.linspace(0.5, 1.5, edge_index.shape[1], dtype=torch.float64) if weighted
+              else torch.ones(edge_index.shape[1], dtype=torch.float64))
+    adj_t = torch.sparse_coo_tensor(edge_index.flip(0), values, (N, N)).coalesce().to_sparse_csc()
+    x = torch.randn(N, F_IN, dtype=torch.float64)
+    if weighted and name != "graphconv":
+        with pytest.raises(ValueError, match="values other than 1"):
+            ours(x.to(device), adj_t.to(device))
+        return
+    if not weighted:                                                  # PyG reads it as the edge_index
+        torch.testing.assert_close(ref(x, adj_t), ref(x, edge_index), rtol=1e-12, atol=1e-12)
+    assert_same_outputs_and_grads(ours, ref, lambda inp: ours(inp.to(device), adj_t.to(device)).cpu(),
+                                  lambda inp: ref(inp, adj_t), x)

@@ -87,7 +87,9 @@ def index_tensors(obj: Any) -> list[torch.Tensor]:
         return [obj._indices(), obj._values()]
     if obj.layout is torch.sparse_csr:
         return [obj.crow_indices(), obj.col_indices(), obj.values()]
-    raise ValueError(f"a sparse adjacency must be a sparse COO or CSR tensor, got layout {obj.layout}")
+    if obj.layout is torch.sparse_csc:
+        return [obj.ccol_indices(), obj.row_indices(), obj.values()]
+    raise ValueError(f"a sparse adjacency must be a sparse COO, CSR or CSC tensor, got layout {obj.layout}")
 
 
 def declared_size(obj: Any) -> tuple[int, int] | None:
@@ -135,8 +137,10 @@ def adj_t_edges(adj_t: Any) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]
 
     One edge per stored entry, in storage order (duplicates of an uncoalesced COO tensor
     stay separate edges). "Grouped" says storage is row-major (CSR, SparseTensor or a
-    coalesced COO tensor), so the edges already come grouped by destination. The values
-    are for `check_unit_values`, once the caller has checked the shape.
+    coalesced COO tensor), so the edges already come grouped by destination; a CSC
+    tensor, the same matrix stored column by column (PyG's SAGE, GIN and GraphConv take
+    it), comes grouped by source. The values are for `check_unit_values`, once the
+    caller has checked the shape.
     """
     if isinstance(adj_t, torch.Tensor):
         if adj_t.dim() != 2 or adj_t.dense_dim() != 0:
@@ -146,6 +150,10 @@ def adj_t_edges(adj_t: Any) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]
             crow, col, value = adj_t.crow_indices(), adj_t.col_indices(), adj_t.values()
             row = torch.repeat_interleave(torch.arange(rows, device=crow.device), crow.diff())
             grouped = True
+        elif adj_t.layout is torch.sparse_csc:
+            ccol, row, value = index_tensors(adj_t)
+            col = torch.repeat_interleave(torch.arange(cols, device=ccol.device), ccol.diff())
+            grouped = False
         else:
             (row, col), value = index_tensors(adj_t)
             grouped = adj_t.is_coalesced()

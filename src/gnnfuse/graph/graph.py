@@ -261,8 +261,8 @@ class Graph:
 
     @classmethod
     def from_adj_t(cls, adj_t: Any, num_nodes: int | None = None, num_src_nodes: int | None = None) -> Graph:
-        """From PyG's transposed adjacency ``adj_t`` [N, N] -- a torch sparse COO or CSR
-        tensor, or a torch_sparse ``SparseTensor`` -- as PyG's layers read it: a stored
+        """From PyG's transposed adjacency ``adj_t`` [N, N] -- a torch sparse COO, CSR or
+        CSC tensor, or a torch_sparse ``SparseTensor`` -- as PyG's layers read it: a stored
         entry at (row i, column j) is the edge j -> i (row = target, column = source).
         With ``num_src_nodes`` the graph is bipartite and ``adj_t`` is
         [num_nodes, num_src_nodes] (destinations x sources, PyG's bipartite ``adj_t``;
