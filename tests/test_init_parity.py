@@ -218,3 +218,37 @@ def test_seeded_gat_trains_with_pygs_losses():
             return out
     ours, theirs = losses(ours_nn), losses(pyg_nn)
     assert ours == pytest.approx(theirs, abs=1e-12, rel=0)
+
+
+@pytest.mark.parametrize("conv", ["SAGEConv", "GATConv", "GraphConv"])
+def test_to_hetero_of_lazy_layers_draws_pygs_weights(conv):
+    """PyG's heterogeneous recipe, ``to_hetero`` of a model of lazy ``(-1, -1)`` layers:
+    the copies per edge type are reset and first called as PyG's are, so the model's
+    weights, the generator's state after the first call and its output are PyG's."""
+    metadata = (["a", "b"], [("a", "to", "b"), ("b", "rev", "a")])
+    kwargs = {"add_self_loops": False} if conv == "GATConv" else {}
+
+    class Net(nn.Module):
+        def __init__(self, module):
+            super().__init__()
+            self.conv1 = getattr(module, conv)((-1, -1), 8, **kwargs)
+            self.conv2 = getattr(module, conv)((-1, -1), 3, **kwargs)
+
+        def forward(self, x, edge_index):
+            return self.conv2(self.conv1(x, edge_index).relu(), edge_index)
+
+    torch.manual_seed(5)
+    x_dict = {"a": torch.randn(5, 4), "b": torch.randn(3, 6)}
+    edge_index_dict = {("a", "to", "b"): torch.tensor([[0, 1, 4, 2], [0, 2, 1, 1]]),
+                       ("b", "rev", "a"): torch.tensor([[0, 2, 1], [0, 1, 4]])}
+    runs = []
+    for module in (ours_nn, pyg_nn):
+        model, _ = seeded(lambda: module.to_hetero(Net(module), metadata))
+        torch.manual_seed(1)
+        out = model(x_dict, edge_index_dict)
+        runs.append((model, torch.get_rng_state(), out))
+    (ours, our_rng, our_out), (theirs, their_rng, their_out) = runs
+    assert_same_state(conv, ours, theirs)
+    assert torch.equal(our_rng, their_rng)
+    for node_type, expected in their_out.items():
+        torch.testing.assert_close(our_out[node_type], expected)
