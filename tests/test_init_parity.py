@@ -30,6 +30,11 @@ CASES = [
     ("SAGEConv", (5, 4), {"root_weight": False}),
     ("SAGEConv", (5, 4), {"project": True}),
     ("SAGEConv", (5, 4), {"bias": False, "aggr": "max"}),
+    ("SAGEConv", (5, 4), {"aggr": "lstm"}),
+    ("SAGEConv", (5, 4), {"aggr": ["mean", "max"],
+                          "aggr_kwargs": {"mode": "proj", "mode_kwargs": {"in_channels": 5, "out_channels": 9}}}),
+    ("SAGEConv", (5, 4), {"aggr": ["mean", "max"],
+                          "aggr_kwargs": {"mode": "attn", "mode_kwargs": {"in_channels": 5, "out_channels": 6}}}),
     ("GATConv", (5, 4), {}),
     ("GATConv", (5, 4), {"heads": 3, "concat": False}),
     ("GATConv", ((5, 3), 4), {"heads": 2}),
@@ -95,8 +100,8 @@ def assert_same_state(name: str, ours: nn.Module, theirs: nn.Module) -> None:
 
 def _case_id(case) -> str:
     name, args, kwargs = case
-    return f"{name}-{'bip' if isinstance(args[0], (tuple, dict)) else args[0]}-" + "-".join(
-        f"{k}={v}" for k, v in kwargs.items())
+    options = (f"{k}={v.get('mode', v) if isinstance(v, dict) else v}" for k, v in kwargs.items())
+    return f"{name}-{'bip' if isinstance(args[0], (tuple, dict)) else args[0]}-" + "-".join(options)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])

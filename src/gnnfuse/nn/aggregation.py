@@ -28,6 +28,7 @@ from torch import nn
 from .. import frontend
 from ..graph import Graph
 from ..runtime.compile_op import GraphRef
+from . import pyg_init
 
 # gnnfuse's fused reductions by PyG's name, and PyG's class of each.
 _FUSED_NAMES = {"sum": "sum", "add": "sum", "mean": "mean", "max": "max", "min": "min", "var": "var", "std": "std"}
@@ -70,11 +71,17 @@ class Reduction(nn.Module):
 
 class LinearHeads(nn.Module):
     """One linear map per aggregation output, held as PyG's ``HeteroDictLinear`` holds
-    them (``lins.<i>``), so the ``attn`` mode's state loads from PyG."""
+    them (``lins.<i>``), so the ``attn`` mode's state loads from PyG, and drawn as it
+    draws them: each at its construction, then all once more."""
 
     def __init__(self, in_channels: list[int], out_channels: int):
         super().__init__()
-        self.lins = nn.ModuleList(nn.Linear(width, out_channels) for width in in_channels)
+        self.lins = nn.ModuleList(pyg_init.linear(width, out_channels) for width in in_channels)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for lin in self.lins:
+            pyg_init.reset_linear(lin)
 
     def forward(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         return [lin(x) for lin, x in zip(self.lins, inputs)]
@@ -111,7 +118,7 @@ class MultiAggregation(nn.Module):
             if isinstance(self.in_channels, int):
                 self.in_channels = [self.in_channels] * len(aggrs)
             if mode == "proj":
-                self.lin = nn.Linear(sum(self.in_channels), self.out_channels, **mode_kwargs)
+                self.lin = nn.Linear(sum(self.in_channels), self.out_channels, **mode_kwargs)   # PyG: torch's
             else:
                 self.lin_heads = LinearHeads(self.in_channels, self.out_channels)
                 self.multihead_attn = nn.MultiheadAttention(self.out_channels, mode_kwargs.pop("num_heads", 1),
@@ -124,8 +131,7 @@ class MultiAggregation(nn.Module):
         if self.mode == "proj":
             self.lin.reset_parameters()
         elif self.mode == "attn":
-            for lin in self.lin_heads.lins:
-                lin.reset_parameters()
+            self.lin_heads.reset_parameters()
             self.multihead_attn._reset_parameters()
 
     def get_out_channels(self, in_channels: int) -> int:
