@@ -173,6 +173,7 @@ LAZY_CASES = [
     ("GATv2Conv", (-1, 4), {"heads": 2}, lambda m, x, y, e: m(x, e)),
     ("GATv2Conv", ((-1, -1), 4), {"heads": 2}, lambda m, x, y, e: m((x, y), e)),
     ("GraphConv", (-1, 4), {}, lambda m, x, y, e: m(x, e)),
+    ("GraphConv", ((-1, -1), 4), {}, lambda m, x, y, e: m((x, y), e)),
     ("SGConv", (-1, 4), {"K": 2}, lambda m, x, y, e: m(x, e)),
     ("ChebConv", (-1, 4), {"K": 2}, lambda m, x, y, e: m(x, e)),
     ("HGTConv", (-1, 4, _META), {"heads": 2},
@@ -200,6 +201,11 @@ def test_lazy_layer_draws_pygs_weights_at_its_first_call(case, dtype):
     if isinstance(our_out, dict):
         our_out, their_out = torch.cat(list(our_out.values())), torch.cat(list(their_out.values()))
     torch.testing.assert_close(our_out, their_out)
+    with default_dtype(dtype):                                  # materialized maps reset as PyG's
+        _, our_rng = seeded(ours.reset_parameters, seed=4)
+        _, their_rng = seeded(theirs.reset_parameters, seed=4)
+    assert_same_state(name, ours, theirs)
+    assert torch.equal(our_rng, their_rng)
 
 
 def test_seeded_gat_trains_with_pygs_losses():
