@@ -153,7 +153,9 @@ def cheb(draw, graph):
 
 def edge_conv(draw, graph):
     ref = pyg.EdgeConv(mlp(2 * F_IN), aggr=draw(st.sampled_from(["max", "mean", "add"])))
-    return Pair(gnn.EdgeConv(copy.deepcopy(ref.nn), aggr=ref.aggr), ref)
+    ours = gnn.EdgeConv(copy.deepcopy(ref.nn), aggr=ref.aggr)   # resets its nn when built, as PyG's does
+    ours.load_state_dict(ref.state_dict())
+    return Pair(ours, ref)
 
 
 def rgcn(draw, graph):

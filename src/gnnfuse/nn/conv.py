@@ -37,6 +37,8 @@ from .pyg_repr import OneLineRepr
 from . import pyg_init, recompute
 from .torchscript import NotScriptable
 
+_UNSIZED = nn.parameter.UninitializedParameter     # a lazy map's weight before its first call
+
 
 def _as_graph(graph: Graph | torch.Tensor, num_nodes: int) -> Graph:
     """Accept a PyG ``edge_index`` (or ``EdgeIndex``, or a sparse ``adj_t``) for drop-in
@@ -685,7 +687,9 @@ class SAGEConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
             edge_index = coalesced(edge_index)
         x, x_dst, graph = _bipartite_inputs(x, edge_index, size, "SAGEConv")
         messages = F.relu(self.lin(x)) if self.project else x     # PyG projects the sources only
-        pyg_init.materialize([(self.lin_l, self._aggregated_width(messages.shape[-1])), (self.lin_r, x_dst)])
+        if isinstance(self.lin_l.weight, _UNSIZED) or isinstance(getattr(self.lin_r, "weight", None), _UNSIZED):
+            # (inline: every call asks, tests/test_host_path.py)
+            pyg_init.materialize([(self.lin_l, self._aggregated_width(messages.shape[-1])), (self.lin_r, x_dst)])
         if kind in ("sum", "mean") and self._combine_first(graph, messages):
             if self._root_takes_bias(x_dst):
                 # the root term carries lin_l's bias in its GEMM's epilogue, and the
