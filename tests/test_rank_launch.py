@@ -12,12 +12,15 @@ the suite.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 TESTS = Path(__file__).resolve().parent
 
@@ -140,3 +143,62 @@ def test_leaving_the_process_group_ends_when_a_peer_never_joins(tmp_path):
     assert any(line.startswith("fail_before_a_collective failed") for line in lines), out + err[-3000:]
     assert any(line.startswith("leave_while_the_peer_waits failed") and "by peer" in line for line in lines), \
         out + err[-3000:]
+
+
+
+ENDING_RANK = """
+import os, sys
+import torch
+import torch.distributed as dist
+from gnnfuse.distributed import process_group
+from gnnfuse.distributed.launch import launch_or_join
+
+out = sys.argv[1]
+with open(os.path.join(out, "pid" + os.environ["RANK"]), "w") as pid:    # torchrun's ranks have their own sessions
+    pid.write(str(os.getpid()))
+process_group.LEAVE_TIMEOUT_S = 2.0                # the leaving barrier's bound (60 s by default)
+launch_or_join(None, None, "cpu", None, [])        # joins as the ranks of `torchrun -m gnnfuse train` do
+if dist.get_rank() == 1:
+    dist.all_reduce(torch.zeros(3))                # waits here for a rank that has left
+with open(os.path.join(out, "kept.txt"), "w") as kept:
+    kept.write("written before leaving")
+print("rank 0 is done", end="")                    # unflushed: must not be lost
+{ending}
+"""
+
+
+def _torchrun(script: Path, out: Path) -> tuple[int, str, str]:
+    """Run ``script out`` under torchrun with two CPU ranks; fail the test, killing
+    torchrun and its ranks, after 90 s instead of hanging the suite."""
+    from gnnfuse.distributed.launch import free_port
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
+               "127.0.0.1", "--master-port", str(free_port()), str(script), str(out)]
+    with open(out / "stdout", "w") as stdout, open(out / "stderr", "w") as stderr:
+        job = subprocess.Popen(command, stdout=stdout, stderr=stderr, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                               start_new_session=True)
+        try:
+            job.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            for pid in [job.pid] + [int(path.read_text()) for path in out.glob("pid*")]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            job.wait()
+            raise AssertionError("torchrun's ranks were still running after 90 s (hung at exit): "
+                                 f"{(out / 'stderr').read_text()[-3000:]}") from None
+    return job.returncode, (out / "stdout").read_text(), (out / "stderr").read_text()
+
+
+@pytest.mark.parametrize("ending", ["pass", "sys.exit(0)", "sys.exit(3)"])
+def test_a_rank_that_ends_while_its_peer_waits_under_torchrun_ends_the_job_promptly(tmp_path, ending):
+    """Rank 0 ends (normally, or by sys.exit) while rank 1 waits for it in an all-reduce:
+    its leaving barrier timed out and left the group alone, but the interpreter's shutdown
+    then destroyed the group, joining gloo's thread still in the barrier -- for the
+    group's 30-minute timeout, rank 1 waiting as long (still running after 12 minutes).
+    Rank 0 now says why and ends at once, its outputs flushed; rank 1's all-reduce fails."""
+    script = tmp_path / "rank.py"
+    script.write_text(ENDING_RANK.format(ending=ending))
+    status, out, err = _torchrun(script, tmp_path)
+    assert status != 0, (out, err[-3000:])
+    assert (tmp_path / "kept.txt").read_text() == "written before leaving"
+    assert "rank 0 is done" in out, out
+    assert "rank 0 of 2 left while a peer still waited in a collective" in err, err[-3000:]

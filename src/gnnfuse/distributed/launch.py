@@ -31,17 +31,20 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import logging
 import os
 import pickle
 import socket
 import sys
 from multiprocessing import reduction
-from typing import Callable, Sequence
+from typing import Callable, NoReturn, Sequence
 
 import torch
+import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from ..main_module import main_module_hidden
+from . import process_group
 from .process_group import (DistributedError, check_backend, init_process_group, launched_by_torchrun,
                             leave_process_group)
 
@@ -213,7 +216,33 @@ def _leave() -> None:
     joining the leaving barrier: once its bound expired, destroying the group waited for
     the barrier's gloo thread for the group's 30-minute timeout, and the peers as long.
     Exiting without leaving closes the connections, which fails the peers' collectives
-    at once ("Connection closed by peer")."""
+    at once ("Connection closed by peer"). A rank ending normally (or by ``sys.exit``)
+    while a peer waits fares the same once its barrier expires: the interpreter's
+    shutdown still destroys the group, so `abandon_process_group` ends it instead."""
     if getattr(sys, "last_exc", None) is not None or getattr(sys, "last_value", None) is not None:
         return
-    leave_process_group()
+    if not leave_process_group():
+        abandon_process_group()
+
+
+def abandon_process_group() -> NoReturn:
+    """End this rank now, after its leaving barrier expired: say so on stderr, flush what
+    Python still buffers (stdout, stderr, logging's handlers) and leave by ``os._exit(1)``.
+
+    The group's gloo (or NCCL) thread still runs the barrier, and the interpreter's
+    shutdown would destroy the group, joining that thread for the group's 30-minute
+    timeout while the peer waits as long. Files the rank wrote are closed by then (the
+    checkpoint and curves are written before training returns). Status 1 whatever the
+    rank meant to exit with (an exit hook cannot see a ``sys.exit`` status): the ranks
+    disagreed on their collectives, so the run did not end as one. Exit hooks
+    registered before the process group was joined (`launch_or_join`) do not run."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    print(f"gnnfuse: rank {rank} of {world} left while a peer still waited in a collective: the process group's "
+          f"leaving barrier did not complete in {process_group.LEAVE_TIMEOUT_S:g} s (the ranks ran different "
+          "numbers of collectives, or a peer is stuck); ending this rank now (status 1) instead of waiting for "
+          "the group's timeout", file=sys.stderr)
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):      # a closed or broken stream must not stop the exit
+            stream.flush()
+    os._exit(1)

@@ -129,8 +129,17 @@ def world_size() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
-def leave_process_group(timeout_s: float = 60.0) -> None:
-    """Leave the joined process group (no-op without one), after a barrier.
+# Seconds the leaving barrier waits for the peers (`leave_process_group`): long enough
+# for rank 0 to finish writing its files while the others wait.
+LEAVE_TIMEOUT_S = 60.0
+
+
+def leave_process_group(timeout_s: float | None = None) -> bool:
+    """Leave the joined process group (no-op without one), after a barrier bounded by
+    ``timeout_s`` (`LEAVE_TIMEOUT_S` when None). Returns False when that barrier did not
+    complete -- a peer still waits in a collective, and the group is left as it is (see
+    below; the caller must then end the process without the interpreter's shutdown,
+    `launch.abandon_process_group`) -- True otherwise.
 
     gloo's worker thread drops a finished collective's work object after the caller's
     wait returns, and dropping one that holds Python tensors (an ``all_gather_object``,
@@ -151,16 +160,17 @@ def leave_process_group(timeout_s: float = 60.0) -> None:
     process ends, its connections close, and the peers' collectives fail at once."""
     if dist.is_available() and dist.is_initialized():
         if sys.exc_info()[0] is not None:
-            return      # an error passes through the caller (a `finally`): the docstring says why
+            return True      # an error passes through the caller (a `finally`): the docstring says why
         release_captures()      # a captured step's graph holds NCCL work past the group (StepCapture.release)
         work = dist.barrier(async_op=True)
         _FINAL_WORKS.append(work)
         try:     # bounded, so a rank whose peer died still leaves
-            work.wait(timeout=datetime.timedelta(seconds=timeout_s))
+            work.wait(timeout=datetime.timedelta(seconds=LEAVE_TIMEOUT_S if timeout_s is None else timeout_s))
         except RuntimeError:
             if not work.is_completed():
-                return      # gloo's thread still runs the barrier: the docstring says why
+                return False      # gloo's thread still runs the barrier: the docstring says why
         dist.destroy_process_group()
+    return True
 
 
 _FINAL_WORKS: list = []     # see leave_process_group
