@@ -202,3 +202,18 @@ def test_a_rank_that_ends_while_its_peer_waits_under_torchrun_ends_the_job_promp
     assert (tmp_path / "kept.txt").read_text() == "written before leaving"
     assert "rank 0 is done" in out, out
     assert "rank 0 of 2 left while a peer still waited in a collective" in err, err[-3000:]
+
+
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_train_runs_under_torchrun_without_a_process_group_is_refused(tmp_path, monkeypatch, rank):
+    """`train_runs` called in a torchrun rank that joined no process group trained alone
+    in every process, each as rank 0, all writing ``save_to`` -- silently. It now refuses,
+    naming the variables it saw and what to call."""
+    from gnnfuse.distributed import DistributedError
+    from gnnfuse.training import make_config, train_runs
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", rank)
+    save = tmp_path / "runs.pt"
+    with pytest.raises(DistributedError, match=r"WORLD_SIZE=2.*RANK=" + rank + r".*init_process_group"):
+        train_runs(make_config("gcn", "synthetic", epochs=2), save_to=str(save), log_epochs=False)
+    assert not save.exists()

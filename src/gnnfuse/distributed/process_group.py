@@ -53,6 +53,20 @@ def launched_by_torchrun() -> bool:
     return "WORLD_SIZE" in os.environ
 
 
+def check_joined() -> None:
+    """Raise `DistributedError` in a process that a launcher started as one of several
+    ranks (``WORLD_SIZE`` > 1 or ``RANK`` > 0 in the environment) but that joined no
+    process group: each such process would train alone, every one of them as rank 0,
+    and all would write the same files."""
+    ranks, rank = os.environ.get("WORLD_SIZE", "1"), os.environ.get("RANK", "0")
+    if (ranks.isdigit() and int(ranks) > 1 or rank.isdigit() and int(rank) > 0) and not (
+            dist.is_available() and dist.is_initialized()):
+        raise DistributedError(f"this process was launched as one of several ranks (WORLD_SIZE={ranks}, RANK={rank}) "
+                               "but joined no process group, so every rank would train alone as rank 0 and write "
+                               "the same files; call gnnfuse.distributed.init_process_group('cpu' or 'cuda') first "
+                               "(gnnfuse train does), or unset WORLD_SIZE and RANK to train in this process alone")
+
+
 def backend_for(device_type: str) -> str:
     return "nccl" if device_type == "cuda" else "gloo"
 

@@ -297,7 +297,10 @@ def train_runs(config: TrainConfig, *, log_epochs: bool = True,
     ``--runs`` loses at most the run in progress; ``resume`` takes the finished runs from
     that checkpoint (`checkpoint.resumed_runs` refuses one of another recipe) and trains
     only the rest. Every run starts from its own seed, so a resumed summary is the one an
-    uninterrupted call gives. Ctrl-C raises `TrainingInterrupted` with the finished runs."""
+    uninterrupted call gives. Ctrl-C raises `TrainingInterrupted` with the finished runs.
+    Under torchrun, the process group must be joined first (`DistributedError` otherwise)."""
+    from ..distributed.process_group import check_joined     # imports this module
+    check_joined()          # a torchrun rank without a process group would train alone as rank 0
     spec = get_model(config.model)
     if spec.task == "link":
         from .link_prediction import prepare_link_data, train_link_run as run_one     # imports this module
