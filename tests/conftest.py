@@ -94,8 +94,8 @@ def fresh_compile(monkeypatch) -> None:
 
 @pytest.fixture(autouse=True)
 def _no_data_root_from_the_environment(monkeypatch):
-    """Tests see no $GNNFUSE_DATA unless they set it: the loaders search it beside any
-    explicit root, so a user's (or the GPU run's) setting would hand data to the tests of
+    """Tests see no $GNNFUSE_DATA unless they set it: the loaders search it when no root
+    is given, so a user's (or the GPU run's) setting would hand data to the tests of
     missing-data errors and downloads. `shared_data` reads it once, before this runs."""
     monkeypatch.delenv(DATA_ENV, raising=False)
 

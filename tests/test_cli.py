@@ -130,7 +130,7 @@ def test_plot_writes_a_png(tmp_path, capsys):
     (["--patience", "-1"], "patience must be >= 0"),
     (["--dataset", "wn18rr"], "not a node-classification data set"),
     (["--dataset", "nope"], "unknown data set 'nope'"),
-    (["--dataset", "cora-npz", "--root", "/nonexistent-gnnfuse-root"], "data file 'cora.npz' not found"),
+    (["--dataset", "cora-npz", "--root", "/nonexistent-gnnfuse-root"], "data file(s) cora.npz not found"),
     (["--hidden", "0"], "hidden must be >= 1"),
     # trained on synthetic; split a data set without a split (cora-npz) and numpy's
     # default_rng raised ValueError: expected non-negative integer, a traceback
@@ -212,7 +212,8 @@ def test_gcn_reaches_published_accuracy_on_cora(shared_data):
 @pytest.mark.parametrize("argv, message", [
     (["info", "nosuch"], "unknown data set 'nosuch'"),
     (["info", "cora-npz", "--root", "/nonexistent-gnnfuse-root"],
-     "data file 'cora.npz' not found; looked in:\n  /nonexistent-gnnfuse-root/gnn-benchmark/cora.npz"),
+     "data file(s) cora.npz not found together in one folder; looked in:\n"
+     "  /nonexistent-gnnfuse-root/gnn-benchmark: no such folder"),
     (["explain", "--dataset", "citeseer-npz", "--root", "/nonexistent-gnnfuse-root"], "citeseer.npz"),
 ])
 def test_unknown_or_missing_data_is_a_usage_error_not_a_traceback(argv, message, capsys):
@@ -380,7 +381,8 @@ def test_every_commands_help_names_where_data_is_looked_for_and_the_top_help_nam
     with pytest.raises(SystemExit):
         main([command, "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
-    assert "--root ROOT data folder (default: $GNNFUSE_DATA, then ../shared/data, then the download cache)" in help_text
+    assert ("--root ROOT data folder, the only one searched when given (default: $GNNFUSE_DATA, else "
+            "../shared/data, then the download cache)") in help_text
     with pytest.raises(SystemExit):
         main(["--help"])
     assert f"(`{command}`)" in " ".join(capsys.readouterr().out.split())

@@ -96,9 +96,10 @@ def test_missing_file_names_every_place_looked(tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError) as error:
         find_data_file("planetoid", "ind.nosuch.x", tmp_path / "explicit")
     message = str(error.value)
-    assert "ind.nosuch.x" in message and "GNNFUSE_DATA" in message
-    for looked in (tmp_path / "explicit" / "planetoid", tmp_path / "explicit", tmp_path / "env"):
-        assert str(looked / "ind.nosuch.x") in message
+    assert "ind.nosuch.x" in message and "is the only folder searched" in message
+    for looked in (tmp_path / "explicit" / "planetoid", tmp_path / "explicit"):
+        assert f"{looked}: no such folder" in message
+    assert str(tmp_path / "env") not in message         # an explicit root is the only one searched
 
 
 def test_root_from_environment_and_flat_layout(shared_data, tmp_path, monkeypatch):
@@ -180,3 +181,33 @@ def test_graph_from_pyg_data_keeps_isolated_nodes_types_and_layer_results():
         Graph.from_data(hetero)
     flat = Graph.from_data(hetero.to_homogeneous())
     assert (flat.num_nodes, flat.num_edges, flat.num_node_types) == (5, 2, 2)
+
+
+def test_a_data_set_is_read_from_one_folder_not_mixed_with_a_partial_copy(shared_data, tmp_path, monkeypatch):
+    """A partial copy of cora under one searched root (only ``ind.cora.x``, altered) and
+    the full set under $GNNFUSE_DATA: files were looked up one at a time, so ``x`` came
+    from the copy and everything else from the other folder, silently. Now the whole
+    data set comes from the first folder holding all its files, which its description
+    names."""
+    partial = tmp_path / "partial" / "planetoid"
+    partial.mkdir(parents=True)
+    (partial / "ind.cora.x").write_bytes(b"not a pickle")
+    monkeypatch.setenv("GNNFUSE_DATA", str(tmp_path / "partial"))
+    monkeypatch.setattr("gnnfuse.data.paths.candidate_roots",
+                        lambda root=None: [tmp_path / "partial", shared_data])     # two searched roots
+    cora = load_planetoid("cora")
+    assert cora.graph.num_nodes == 2708
+    assert str(shared_data / "planetoid") in cora.description
+
+
+def test_an_explicit_root_without_the_data_set_is_an_error_naming_it(shared_data, tmp_path, monkeypatch):
+    """``--root DIR`` holding no (or part of a) data set fell through to $GNNFUSE_DATA's copy."""
+    monkeypatch.setenv("GNNFUSE_DATA", str(shared_data))
+    given = tmp_path / "given" / "gnn-benchmark"
+    given.mkdir(parents=True)
+    with pytest.raises(FileNotFoundError, match=str(given)):
+        load_npz("cora", tmp_path / "given")
+    with pytest.raises(FileNotFoundError, match="test.txt"):
+        (tmp_path / "given" / "wn18rr").mkdir()
+        (tmp_path / "given" / "wn18rr" / "train.txt").write_text("")
+        load_wn18rr(tmp_path / "given")

@@ -2,7 +2,7 @@
 from .dataset import NodeDataset, RelationalDataset, random_split, row_normalize
 from .download import DownloadError
 from .npz import load_npz
-from .paths import ROOT_HELP, candidate_roots, download_root, find_data_file, user_cache_dir
+from .paths import ROOT_HELP, candidate_roots, download_root, find_data_file, find_data_folder, user_cache_dir
 from .planetoid import load_planetoid
 from .registry import (DATASET_NAMES, DEFAULT_DATASET, LOAD_ERRORS, POWER_LAW_PRESETS, load_dataset,
                        load_node_dataset)
@@ -11,6 +11,6 @@ from .wn18rr import load_wn18rr
 
 __all__ = [
     "DATASET_NAMES", "DEFAULT_DATASET", "DownloadError", "LOAD_ERRORS", "NodeDataset", "POWER_LAW_PRESETS", "ROOT_HELP", "RelationalDataset",
-    "candidate_roots", "download_root", "find_data_file", "load_dataset", "load_node_dataset", "load_npz", "load_planetoid", "load_wn18rr",
+    "candidate_roots", "download_root", "find_data_file", "find_data_folder", "load_dataset", "load_node_dataset", "load_npz", "load_planetoid", "load_wn18rr",
     "planted_partition", "power_law_graph", "random_split", "row_normalize", "user_cache_dir",
 ]

@@ -29,7 +29,8 @@ def load_npz(name: str, root: str | os.PathLike | None = None, *, undirected: bo
     `undirected=True` symmetrises instead (cora 10556 -- the Planetoid graph -- citeseer
     9072). Features are row-normalised; use `random_split` for a split.
     """
-    with np.load(find_data_file("gnn-benchmark", f"{name}.npz", root), allow_pickle=True) as parts:
+    path = find_data_file("gnn-benchmark", f"{name}.npz", root)
+    with np.load(path, allow_pickle=True) as parts:
         adjacency = _csr(parts, "adj")
         attributes = _csr(parts, "attr")
         labels = np.asarray(parts["labels"], dtype=np.int64)
@@ -42,7 +43,7 @@ def load_npz(name: str, root: str | os.PathLike | None = None, *, undirected: bo
         name=f"{name}-npz", graph=graph, x=x, y=torch.from_numpy(labels),
         train_mask=None, val_mask=None, test_mask=None, num_classes=int(labels.max()) + 1,
         description=f"gnn-benchmark {name}: raw {kind} citation graph, row-normalised "
-                    "binary features, no predefined split (see random_split)")
+                    f"binary features, no predefined split (see random_split); read from {path}")
 
 
 def _deduplicate(graph: Graph) -> Graph:

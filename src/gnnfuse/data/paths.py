@@ -10,11 +10,13 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Sequence
 
 DATA_ENV = "GNNFUSE_DATA"
 # Every command's ``--root`` help: they all load through `candidate_roots`, so one text
 # cannot leave a place out for some of them
-ROOT_HELP = f"data folder (default: ${DATA_ENV}, then ../shared/data, then the download cache)"
+ROOT_HELP = (f"data folder, the only one searched when given (default: ${DATA_ENV}, else ../shared/data, then "
+             "the download cache)")
 
 
 def user_cache_dir() -> Path:
@@ -38,18 +40,21 @@ def download_root(root: str | os.PathLike | None = None) -> Path:
 
 
 def candidate_roots(root: str | os.PathLike | None = None) -> list[Path]:
-    """Roots to search, in order: `root`, then $GNNFUSE_DATA; only when neither is set,
-    ``../shared/data`` from the working directory, ``shared/data`` beside any folder
-    above this package, then the download cache (`user_cache_dir`).
+    """Roots to search, in order: `root` alone when given; else $GNNFUSE_DATA alone when
+    set; only when neither is, ``../shared/data`` from the working directory,
+    ``shared/data`` beside any folder above this package, then the download cache
+    (`user_cache_dir`).
 
-    A location the user configured is never silently replaced by a discovered one, so a
-    mistyped root fails loudly instead of loading some other copy of the data.
+    A location the user configured is never silently replaced by a discovered one -- nor
+    an explicit root by $GNNFUSE_DATA -- so a mistyped root fails loudly instead of
+    loading some other copy of the data.
     """
-    roots = [Path(p) for p in (root, os.environ.get(DATA_ENV)) if p]
-    if not roots:
-        roots.append(Path.cwd().parent / "shared" / "data")
-        roots.extend(parent / "shared" / "data" for parent in Path(__file__).resolve().parents)
-        roots.append(user_cache_dir())
+    chosen = root or os.environ.get(DATA_ENV)
+    if chosen:
+        return [Path(chosen)]
+    roots = [Path.cwd().parent / "shared" / "data"]
+    roots.extend(parent / "shared" / "data" for parent in Path(__file__).resolve().parents)
+    roots.append(user_cache_dir())
     unique: list[Path] = []
     for path in roots:
         if path not in unique:
@@ -57,19 +62,30 @@ def candidate_roots(root: str | os.PathLike | None = None) -> list[Path]:
     return unique
 
 
-def find_data_file(subdir: str, filename: str, root: str | os.PathLike | None = None) -> Path:
-    """The first ``<root>/<subdir>/<filename>`` or ``<root>/<filename>`` that exists.
+def find_data_folder(subdir: str, filenames: Sequence[str], root: str | os.PathLike | None = None) -> Path:
+    """The first ``<root>/<subdir>`` or ``<root>`` holding every one of ``filenames``.
 
-    Raises `FileNotFoundError` listing every path tried, so a user can see at once
-    whether the root or the file name is wrong.
+    A data set's files are read from one folder: looked up one at a time, a partial copy
+    in one searched folder mixed with a full one in the next (``x`` of one copy, labels
+    and split of another). Raises `FileNotFoundError` naming every folder tried and the
+    files each lacks, so a user can see at once whether the root or a file is wrong.
     """
     tried = []
     for base in candidate_roots(root):
-        for path in (base / subdir / filename, base / filename):
-            if path.is_file():
-                return path
-            tried.append(path)
-    listing = "\n  ".join(str(p) for p in tried)
+        for folder in (base / subdir, base):
+            missing = [name for name in filenames if not (folder / name).is_file()]
+            if not missing:
+                return folder
+            tried.append(f"{folder}: lacks {' '.join(missing)}" if folder.is_dir() else f"{folder}: no such folder")
+    listing = "\n  ".join(tried)
+    hint = (f"the root given ({root}) is the only folder searched: point it at the one holding them" if root else
+            f"pass root=... (--root DIR), or set {DATA_ENV} to the folder holding them")
     raise FileNotFoundError(
-        f"data file {filename!r} not found; looked in:\n  {listing}\n"
-        f"pass root=..., or set {DATA_ENV} to the folder holding it")
+        f"data file(s) {' '.join(filenames)} not found together in one folder; looked in:\n  {listing}\n{hint}")
+
+
+def find_data_file(subdir: str, filename: str, root: str | os.PathLike | None = None) -> Path:
+    """The first ``<root>/<subdir>/<filename>`` or ``<root>/<filename>`` that exists
+    (`find_data_folder` for one file); a data set of several files takes their folder
+    from `find_data_folder` instead."""
+    return find_data_folder(subdir, [filename], root) / filename

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import pickle
 import warnings
+from pathlib import Path
 
 import numpy as np
 import scipy.sparse as sp
@@ -16,15 +17,14 @@ import torch
 
 from ..graph import Graph
 from .dataset import NodeDataset, index_mask, row_normalize
-from .paths import find_data_file
 from .planetoid_source import ensure_planetoid
 
 PLANETOID_NAMES = ("cora", "citeseer", "pubmed")
 NUM_VAL = 500
 
 
-def _read(name: str, part: str, root: str | os.PathLike | None):
-    path = find_data_file("planetoid", f"ind.{name}.{part}", root)
+def _read(folder: Path, name: str, part: str):
+    path = folder / f"ind.{name}.{part}"
     if part == "test.index":
         return np.loadtxt(path, dtype=np.int64).reshape(-1)
     with open(path, "rb") as f, warnings.catch_warnings():
@@ -51,16 +51,17 @@ def load_planetoid(name: str, root: str | os.PathLike | None = None) -> NodeData
     without a feature row (isolated papers) get zero features and label 0, as in PyG.
     pubmed's ``allx`` is not available here: its topology, labels and split are real, but
     `x` is seeded random (a warning says so) and the 1060 real rows are in `x_known`.
-    Files found under no searched root are downloaded first (`ensure_planetoid`).
+    All files are read from one folder; when no searched root holds them all, the
+    missing ones are downloaded first (`ensure_planetoid`).
     """
     name = name.lower()
     if name not in PLANETOID_NAMES:
         raise ValueError(f"unknown Planetoid data set {name!r}; expected one of {PLANETOID_NAMES}")
-    ensure_planetoid(name, root)
-    y_train, ty, ally = (_read(name, p, root) for p in ("y", "ty", "ally"))
-    x_train, tx = (_read(name, p, root) for p in ("x", "tx"))
-    test_index = _read(name, "test.index", root)
-    adjacency = _read(name, "graph", root)
+    folder = ensure_planetoid(name, root)       # every file from this one folder
+    y_train, ty, ally = (_read(folder, name, p) for p in ("y", "ty", "ally"))
+    x_train, tx = (_read(folder, name, p) for p in ("x", "tx"))
+    test_index = _read(folder, name, "test.index")
+    adjacency = _read(folder, name, "graph")
 
     first_test, last_test = int(test_index.min()), int(test_index.max())
     if first_test != len(ally):
@@ -77,12 +78,12 @@ def load_planetoid(name: str, root: str | os.PathLike | None = None) -> NodeData
     if name == "pubmed":
         x, x_known, known = _pubmed_features(x_train, x_test, first_test, num_nodes, test_index)
     else:
-        x = torch.from_numpy(np.concatenate([_dense(_read(name, "allx", root)), x_test]))
+        x = torch.from_numpy(np.concatenate([_dense(_read(folder, name, "allx")), x_test]))
         x, x_known, known = row_normalize(x), None, None
 
     num_train = len(y_train)
     description = (f"Planetoid {name}: public split ({num_train} train / {NUM_VAL} val / "
-                   f"{len(test_index)} test), row-normalised features, undirected graph")
+                   f"{len(test_index)} test), row-normalised features, undirected graph; read from {folder}")
     if known is not None:
         description += "; FEATURES ARE RANDOM (ind.pubmed.allx missing), real rows in x_known"
     return NodeDataset(

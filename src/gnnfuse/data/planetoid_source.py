@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from .download import DownloadError, fetch
-from .paths import download_root, find_data_file
+from .paths import download_root, find_data_folder
 
 URL_ENV = "GNNFUSE_PLANETOID_URL"
 DEFAULT_URL = ("https://raw.githubusercontent.com/kimiyoung/planetoid/"
@@ -57,19 +57,18 @@ def source_url() -> str:
     return (os.environ.get(URL_ENV) or DEFAULT_URL).rstrip("/")
 
 
-def ensure_planetoid(name: str, root: str | os.PathLike | None = None) -> None:
-    """Download those of `name`'s files that no searched root holds into
-    ``download_root(root)/planetoid``; a `DownloadError` says which files to put where
-    when that fails (no network, a bad mirror)."""
-    missing = []
-    for file in planetoid_files(name):
-        try:
-            find_data_file(SUBDIR, file, root)
-        except FileNotFoundError:
-            missing.append(file)
-    if not missing:
-        return
+def ensure_planetoid(name: str, root: str | os.PathLike | None = None) -> Path:
+    """The folder holding all of `name`'s files (`find_data_folder`: never some from one
+    folder and some from another). When no searched folder holds them all, those missing
+    from ``download_root(root)/planetoid`` are downloaded there; a `DownloadError` says
+    which files to put where when that fails (no network, a bad mirror)."""
+    files = planetoid_files(name)
+    try:
+        return find_data_folder(SUBDIR, files, root)
+    except FileNotFoundError:
+        pass
     folder, base = download_root(root) / SUBDIR, source_url()
+    missing = [file for file in files if not (folder / file).is_file()]
     print(f"gnnfuse: downloading {len(missing)} Planetoid {name} file(s) from {base} into {folder}",
           file=sys.stderr)
     for file in missing:
@@ -77,6 +76,7 @@ def ensure_planetoid(name: str, root: str | os.PathLike | None = None) -> None:
             fetch(f"{base}/{file}", folder / file, SHA256[file])
         except DownloadError as error:
             raise DownloadError(_unavailable_message(name, missing, folder, base, error)) from error
+    return folder
 
 
 def _unavailable_message(name: str, missing: list[str], folder: Path, base: str, error: DownloadError) -> str:

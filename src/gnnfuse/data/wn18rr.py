@@ -8,7 +8,7 @@ import torch
 
 from ..graph import Graph
 from .dataset import RelationalDataset
-from .paths import find_data_file
+from .paths import find_data_folder
 
 SPLITS = ("train", "valid", "test")
 
@@ -21,10 +21,9 @@ def load_wn18rr(root: str | os.PathLike | None = None) -> RelationalDataset:
     triples become edges (head -> tail, typed by relation), the usual setting for link
     prediction; every entity of every split is a vertex.
     """
-    raw = {}
-    for split in SPLITS:
-        path = find_data_file("wn18rr", f"{split}.txt", root)
-        raw[split] = np.loadtxt(path, dtype=str, delimiter="\t", comments=None).reshape(-1, 3)
+    folder = find_data_folder("wn18rr", [f"{split}.txt" for split in SPLITS], root)     # all splits from one
+    raw = {split: np.loadtxt(folder / f"{split}.txt", dtype=str, delimiter="\t", comments=None).reshape(-1, 3)
+           for split in SPLITS}
     everything = np.concatenate(list(raw.values()))
     entities = np.unique(np.concatenate([everything[:, 0], everything[:, 2]]))
     relations = np.unique(everything[:, 1])
@@ -41,4 +40,4 @@ def load_wn18rr(root: str | os.PathLike | None = None) -> RelationalDataset:
     return RelationalDataset(
         name="wn18rr", graph=graph, entity_ids=entities.tolist(), relation_names=relations.tolist(),
         train_triples=train, valid_triples=valid, test_triples=test,
-        description="WN18RR (WordNet): typed edges head -> tail from the training triples")
+        description=f"WN18RR (WordNet): typed edges head -> tail from the training triples; read from {folder}")
