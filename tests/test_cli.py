@@ -406,3 +406,12 @@ def test_a_reader_that_leaves_early_gets_no_traceback():
         os.close(write)
     assert "Traceback" not in done.stderr and "BrokenPipeError" not in done.stderr, done.stderr
     assert done.returncode == 1
+
+
+def test_info_says_the_npz_graphs_are_directed_unlike_pygs_reading_of_them(shared_data, capsys):
+    """cora-npz trains on the raw directed graph (5429 edges) where PyG's ``read_npz``
+    (``CitationFull``, ``Amazon``, ``Coauthor``) symmetrises the same file; only a code
+    comment said so. `gnnfuse info` now says it where users see the data set."""
+    assert main(["info", "cora-npz", "--root", str(shared_data)]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert "directed" in first and "PyG's read_npz" in first and "undirected=True" in first, first

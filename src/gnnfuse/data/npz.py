@@ -2,6 +2,9 @@
 
 Unlike Planetoid these are the raw *directed* citation graphs with no predefined split,
 which makes them a second, independent loader path and a real directed graph for tests.
+PyG's ``read_npz`` (behind ``CitationFull``, ``Amazon``, ``Coauthor``) symmetrises the
+same files, so numbers from it are not comparable; the data set's description (``gnnfuse
+info``) says so, and ``undirected=True`` gives PyG's graph.
 """
 from __future__ import annotations
 
@@ -38,11 +41,13 @@ def load_npz(name: str, root: str | os.PathLike | None = None, *, undirected: bo
     graph = graph.to_undirected() if undirected else _deduplicate(graph)
     graph = graph.remove_self_loops()
     x = row_normalize(torch.from_numpy(attributes.toarray().astype(np.float32)))
-    kind = "undirected" if undirected else "directed"
+    kind = ("undirected (symmetrised, as PyG's read_npz reads it)" if undirected else
+            f"directed, {graph.num_edges} citations (PyG's read_npz -- CitationFull, Amazon, Coauthor -- "
+            f"symmetrises this file; load_npz({name!r}, undirected=True) gives that graph)")
     return NodeDataset(
         name=f"{name}-npz", graph=graph, x=x, y=torch.from_numpy(labels),
         train_mask=None, val_mask=None, test_mask=None, num_classes=int(labels.max()) + 1,
-        description=f"gnn-benchmark {name}: raw {kind} citation graph, row-normalised "
+        description=f"gnn-benchmark {name}: raw citation graph, {kind}; row-normalised "
                     f"binary features, no predefined split (see random_split); read from {path}")
 
 
