@@ -37,6 +37,13 @@ def mixed_floats(unit: Unit, leaves: dict[int, torch.Tensor], computed: bool = T
     return sorted(floats, key=str) if torch.float64 in floats and len(floats) > 1 else []
 
 
+def mixed_floats_message(backend: str, floats: list[torch.dtype]) -> str:
+    """The warning a backend gives, once per mix, when `mixed_floats` sends a unit to
+    `run_by_ops`."""
+    return (f"gnnfuse {backend} backend: a fused unit mixes {' and '.join(map(str, floats))} values; it runs as "
+            "torch ops (a kernel computes in one dtype, which rounds them unlike torch)")
+
+
 def run_by_ops(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> torch.Tensor:
     """The unit's values evaluated one op at a time through their torch references. An
     aggregate unit's reduction, and its row scale and addend, are not in its body (a

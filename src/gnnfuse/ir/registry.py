@@ -96,7 +96,7 @@ class OpDef:
         its correction) computes it once and reads as a short recipe rather than one
         expression copied into itself. ``emit`` may instead be a function of the value
         giving either: an op whose formula depends on its attrs and dtypes (a cast's
-        rounding, a power's exponent), which returns None for a value no kernel can
+        rounding, a float32 division's), which returns None for a value no kernel can
         compute as torch does -- that value then runs as a torch op. None here: the op
         runs as a torch op."""
         emit = self.emit(value) if callable(self.emit) else self.emit

@@ -43,7 +43,7 @@ from ..reference import GraphContext
 from ..reference import execute as reference_execute
 from ..reference.executor import run_plan
 from ..first_use import call_compiling
-from ..unit_ops import mixed_floats, run_by_ops
+from ..unit_ops import mixed_floats, mixed_floats_message, run_by_ops
 from ..kernel_cache import first_call_compiles, load_kernel
 from . import schedule
 from .partition import Partitions, source_partitions
@@ -252,9 +252,7 @@ def _plan(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> _La
         return fallback
     floats = mixed_floats(unit, leaves)
     if floats:
-        names = " and ".join(map(str, floats))
-        _warn_once(f"mixed:{names}", f"gnnfuse cpu backend: a fused unit mixes {names} values; it runs as torch "
-                                     "ops (a kernel computes in one dtype, which rounds them unlike torch)")
+        _warn_once(f"mixed:{floats}", mixed_floats_message("cpu", floats))
         return fallback
     acc = _KERNEL_DTYPES.get(root.dtype, "float32")     # float16/bfloat16 results are computed in float32
     width = math.prod(root.shape)

@@ -19,7 +19,7 @@ from ..reference import GraphContext
 from ..kernel_cache import load_kernel as _load_kernel
 from ..launch_cache import CallSettings, LaunchCache
 from ..row_layout import has_row_stride
-from ..unit_ops import mixed_floats, run_by_ops
+from ..unit_ops import mixed_floats, mixed_floats_message, run_by_ops
 from ..reference.executor import run_plan
 from .codegen import (SHARED_REDUCE_BLOCK_E, SHARED_REDUCE_PROGRAMS, TYPE_LOAD, RowSum, generate, generate_coo, generate_edge,
                       generate_rows, generate_scan, generate_shared_reduce, generate_sibling_merge, generate_siblings, head_block,
@@ -592,11 +592,10 @@ def _plan(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> _La
     would round unlike torch (`unit_ops`)."""
     floats = mixed_floats(unit, leaves, computed=False)
     if floats:
-        names = " and ".join(map(str, floats))
-        if names not in _MIXED_WARNED:
-            _MIXED_WARNED.add(names)
-            warnings.warn(f"gnnfuse triton backend: a fused unit mixes {names} values; it runs as torch ops (a "
-                          "kernel computes in one dtype, which rounds them unlike torch)", RuntimeWarning, stacklevel=2)
+        message = mixed_floats_message("triton", floats)
+        if message not in _MIXED_WARNED:
+            _MIXED_WARNED.add(message)
+            warnings.warn(message, RuntimeWarning, stacklevel=2)
         return BY_OPS
     acc = "tl.float64" if any(t.dtype == torch.float64 for t in leaves.values()) else "tl.float32"
     rows = ctx.num_rows(unit.by) if isinstance(unit, AggregateUnit) else ctx.num_nodes  # what `out` holds
