@@ -74,6 +74,9 @@ class _Emitter:
         self.shift: tuple[Value, Value, int, int, Value | None] | None = None
         self.shift_coords: dict[int, tuple[str, ...]] = {}
         self.typed = False    # whether the chunk's edge types ``etp`` are loaded (`edge_types`)
+        # names standing for a normalizer read as 1 (`own_total`): a division by one is its
+        # numerator, exactly; emitted, it was a correctly rounded division per edge and lane
+        self.ones: set[str] = set()
 
     def use_lanes(self, unit: AggregateUnit | TypeSumUnit, lane: str) -> None:
         """Emit ``unit`` (a sibling group's member or rider) on feature lanes named ``lane``: its
@@ -97,7 +100,9 @@ class _Emitter:
         p = self.value(total.inputs[0], coords)
         self.lines.append(f"den{n} = den{n} * rescale{n} + tl.sum(tl.where(emask[:, None], {p} + "
                           f"tl.zeros([BLOCK_E, {block}], ACC), 0.0), axis=0)")
-        return self.constant(1.0)
+        one = self.constant(1.0)
+        self.ones.add(one)
+        return one
 
     def running_peak(self, coords: tuple[str, ...]) -> str:
         """The running maximum at ``coords`` (of the maximum's shape), [1, lanes]: this
@@ -199,6 +204,9 @@ class _Emitter:
                 for c, (start, step, _) in zip(coords, v.attrs["window"])), side)
         else:
             args = [self.value(i, _project(coords, v.shape, i.shape), side) for i in v.inputs]
+            if v.op == "div" and args[1] in self.ones:
+                self.memo[key] = args[0]
+                return args[0]
             attrs = {k: self.constant(a) for k, a in v.attrs.items()
                      if isinstance(a, (int, float)) and not isinstance(a, bool)}
             for n, step in enumerate(get_op(v.op).emit_steps(v)):
