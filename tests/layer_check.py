@@ -10,7 +10,9 @@ from gnnfuse.runtime import record_calls
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a - b).norm() / b.norm()).item()
+    """|a - b| / |b|, on ``b``'s device: a layer run on a GPU has its parameter gradients
+    there while the oracle's stay on the CPU."""
+    return ((a.to(b.device) - b).norm() / b.norm()).item()
 
 
 def assert_same_outputs_and_grads(ours: torch.nn.Module, ref: torch.nn.Module,
