@@ -14,6 +14,7 @@ hop instead.
 """
 from __future__ import annotations
 
+import functools
 import warnings
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -22,6 +23,7 @@ import torch
 
 from ..graph.fixed_shape import mark_padded
 from ..nn.conv import known_transform_first_rows, transform_first_rows
+from . import pyg_batch
 from .block import Block, block_graph
 from .hop_kernels import fused_hops, hop_seed, reindex_slots_fused, sample_slots_fused
 from .layouts import SourceSideDemand, prepare_layouts, tensors_in
@@ -56,7 +58,16 @@ class MiniBatch:
     the seeds, and the model's rows past ``batch_size`` are padding; ``input_id`` and
     ``batch_size`` stay the real seeds. A ``deferred`` one (``deferred=True`` too) has
     no ``x`` and its blocks no kernel layouts yet: `static_shapes.complete` builds them
-    (inside a captured step, `BlockStepCapture`)."""
+    (inside a captured step, `BlockStepCapture`).
+
+    PyG's batch attributes come too, built from the blocks on first use
+    (`loader.pyg_batch`, which says how PyG's subgraph sits in them): ``edge_index``,
+    ``num_sampled_nodes``, ``num_sampled_edges``, ``num_nodes``, and ``e_id``,
+    ``edge_attr``, ``edge_weight`` in ``edge_index``'s order; so does PyG's
+    ``model(batch.x, batch.edge_index)[:batch.batch_size]``. ``hop_edges`` holds what
+    they need of the sampler's counts (PyG's ``num_sampled_edges``; None when padded,
+    whose batches refuse them). ``y`` stays the seeds' labels: PyG's holds every
+    vertex's, and ``y[:batch_size]`` is the same in both."""
     blocks: list[Block]
     x: torch.Tensor | None
     y: torch.Tensor | None
@@ -64,10 +75,60 @@ class MiniBatch:
     input_id: torch.Tensor
     padded: bool = False
     deferred: bool = False
+    hop_edges: tuple[int, ...] | None = None
 
     @property
     def batch_size(self) -> int:
         return self.input_id.numel()
+
+    @property
+    def num_nodes(self) -> int:
+        """PyG's: the vertices of the sampled subgraph (``n_id``'s, ``x``'s rows)."""
+        self._pyg_counts("num_nodes")
+        return self.n_id.numel()
+
+    @property
+    def num_sampled_nodes(self) -> list[int]:
+        """PyG's: the seeds, then how many vertices each hop added."""
+        self._pyg_counts("num_sampled_nodes")
+        return pyg_batch.num_sampled_nodes(self.blocks)
+
+    @property
+    def num_sampled_edges(self) -> list[int]:
+        """PyG's: each hop's edges in ``edge_index`` (the in-edges of the vertices it expanded)."""
+        return list(self._pyg_counts("num_sampled_edges"))
+
+    @functools.cached_property
+    def edge_index(self) -> torch.Tensor:
+        """PyG's ``[2, E]`` subgraph over ``n_id`` (row 0 the sampled neighbour, row 1
+        the vertex it was sampled for), hop by hop, seeds' in-edges first."""
+        return pyg_batch.subgraph_edge_index(self.blocks, self._pyg_counts("edge_index"))
+
+    @functools.cached_property
+    def e_id(self) -> torch.Tensor:
+        """PyG's: each ``edge_index`` column's id in the full graph's ``edge_index``."""
+        rows = pyg_batch.subgraph_edge_rows(self.blocks, self._pyg_counts("e_id"), "e_id")
+        if rows is None:
+            raise AttributeError("batch.e_id: this loader keeps edge ids only with edge tables (a PyG Data's "
+                                 "edge_attr or edge_weight, or NeighborLoader(..., edge_attr=...)), whose rows "
+                                 "come as batch.edge_attr / batch.edge_weight")
+        return rows
+
+    @functools.cached_property
+    def edge_attr(self) -> torch.Tensor | None:
+        """PyG's: the edge table's rows in ``edge_index``'s order; None without one (as PyG's ``Data``)."""
+        return pyg_batch.subgraph_edge_rows(self.blocks, self._pyg_counts("edge_attr"), "edge_attr")
+
+    @functools.cached_property
+    def edge_weight(self) -> torch.Tensor | None:
+        """As `edge_attr`, for an ``edge_weight`` table."""
+        return pyg_batch.subgraph_edge_rows(self.blocks, self._pyg_counts("edge_weight"), "edge_weight")
+
+    def _pyg_counts(self, name: str) -> tuple[int, ...]:
+        """``hop_edges``, or PyG's attribute ``name`` refused on a padded batch."""
+        if self.hop_edges is None:
+            pyg_batch.refuse_padded(name)
+        return self.hop_edges
 
     def tensors(self) -> list[torch.Tensor]:
         out = [self.n_id, self.input_id] + [t for block in self.blocks for t in block.tensors()]
@@ -120,6 +181,7 @@ class BatchMaker:
         hops = self._sample(seeds, generator, times)
         nodes = hops[-1].nodes
         caps = self.capacities if self.capacities is not None and self.capacities.fits(seeds.numel(), hops) else None
+        hop_edges = None if caps is not None else tuple(hop.local_src.numel() - hop.earlier_edges for hop in hops)
         deferred = caps is not None and self.deferred
         on_device = device_stream(self.device)
         in_place = self.feature_device == "device" or (self.zero_copy and nodes.device.type == "cuda")
@@ -161,7 +223,7 @@ class BatchMaker:
                                               whole_rows=caps is not None,
                                               source_side_read=self.source_side.recipe_callback(position))
                 blocks.append(Block(graph, hop.nodes, layouts, *tables))
-        return MiniBatch(blocks, x, y, n_id, input_id, padded=caps is not None, deferred=deferred)
+        return MiniBatch(blocks, x, y, n_id, input_id, padded=caps is not None, deferred=deferred, hop_edges=hop_edges)
 
     def sizes(self, seeds: torch.Tensor, generator: torch.Generator) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """(rows per vertex level, edges per hop) of the batch ``seeds`` would give, sampled
@@ -177,8 +239,10 @@ class BatchMaker:
             with times.timing("sample", stream=on_sampler):
                 slots = (sample_slots_fused(self.rowptr, self.col, nodes, fanout, hop_seed(generator, index))
                          if fused else sample_slots(self.rowptr, self.col, nodes, fanout, self.replace, generator))
-            with times.timing("reindex", stream=on_sampler):
-                hops.append((reindex_slots_fused if fused else reindex_slots)(nodes, slots, self.num_nodes))
+            with times.timing("reindex", stream=on_sampler):      # hop i's first seeds are hop i - 1's
+                reached_before = hops[-1].rowptr.numel() - 1 if hops else 0
+                hops.append((reindex_slots_fused if fused else reindex_slots)(nodes, slots, self.num_nodes,
+                                                                              reached_before=reached_before))
             nodes = hops[-1].nodes
         return hops
 

@@ -153,15 +153,15 @@ def sample_slots_fused(rowptr: torch.Tensor, col: torch.Tensor, seeds: torch.Ten
     return Slots(src, eid, src != num_nodes, count, rowptr_out, fanout)
 
 
-def reindex_slots_fused(seeds: torch.Tensor, slots: Slots, num_nodes: int, engine: str | None = None
-                        ) -> SampledBlock:
+def reindex_slots_fused(seeds: torch.Tensor, slots: Slots, num_nodes: int, engine: str | None = None,
+                        reached_before: int = 0) -> SampledBlock:
     """`sampler.reindex_slots` by the hash-table kernels (``engine`` as in
     `sample_slots_fused`): the same block for the same ``slots`` (which must have a
     ``width``: one hop's fixed-width sample)."""
     if slots.width is None:
         raise ValueError("reindex_slots_fused needs fixed-width slots (a fanout >= 1)")
     if _engine(seeds.device, engine) == "numba":
-        return _reindex_numba(seeds, slots, num_nodes)
+        return _reindex_numba(seeds, slots, num_nodes, reached_before)
     import triton
 
     from ..backend.triton.launch import launch
@@ -192,12 +192,13 @@ def reindex_slots_fused(seeds: torch.Tensor, slots: Slots, num_nodes: int, engin
                                 slots.count, slots.rowptr, local_src, dst, eid, nodes, out_degrees),
                {"K": slots.width, "POSITIONS": _POSITIONS})
     distinct_now = numbered[-1] if num_all else numbered.new_zeros(())
-    edges, distinct, most, unread_dst = read_hop_counts(slots.rowptr, distinct_now, out_degrees, num_dst)
+    edges, distinct, most, earlier, unread_dst = read_hop_counts(slots.rowptr, distinct_now, out_degrees, num_dst,
+                                                                 reached_before)
     return SampledBlock(slots.rowptr, local_src[:edges], dst[:edges], eid[:edges], nodes[:distinct],
-                        out_degrees[:distinct], most, unread_dst)
+                        out_degrees[:distinct], most, unread_dst, earlier)
 
 
-def _reindex_numba(seeds: torch.Tensor, slots: Slots, num_nodes: int) -> SampledBlock:
+def _reindex_numba(seeds: torch.Tensor, slots: Slots, num_nodes: int, reached_before: int) -> SampledBlock:
     """`reindex_slots_fused` by `hop_numba.reindex`: one scan on the host."""
     from . import hop_numba
     num_dst, bound = seeds.numel(), slots.src.numel()
@@ -208,5 +209,7 @@ def _reindex_numba(seeds: torch.Tensor, slots: Slots, num_nodes: int) -> Sampled
     distinct = hop_numba.reindex(seeds.long().numpy(), slots.src.numpy(), slots.eid.numpy(), slots.count.numpy(),
                                  slots.rowptr.numpy(), slots.width, num_nodes, local_src.numpy(), dst.numpy(),
                                  eid.numpy(), nodes.numpy(), out_degrees.numpy())
-    _, _, most, unread_dst = read_hop_counts(slots.rowptr, torch.tensor(distinct), out_degrees[:distinct], num_dst)
-    return SampledBlock(slots.rowptr, local_src, dst, eid, nodes[:distinct], out_degrees[:distinct], most, unread_dst)
+    _, _, most, earlier, unread_dst = read_hop_counts(slots.rowptr, torch.tensor(distinct), out_degrees[:distinct],
+                                                      num_dst, reached_before)
+    return SampledBlock(slots.rowptr, local_src, dst, eid, nodes[:distinct], out_degrees[:distinct], most, unread_dst,
+                        earlier)

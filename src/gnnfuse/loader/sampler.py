@@ -21,10 +21,11 @@ GraphTensor §V-B spends its scheduler on does not arise).
 
 Host syncs: on a GPU every value read back to the host stalls the loader's stream. A hop
 with a fanout samples into a ``[num_dst, fanout]`` table (its upper bound), reindexes
-that table with its empty slots masked out, and reads back the four values it needs in
+that table with its empty slots masked out, and reads back the five values it needs in
 one transfer (`sample_block`): the edge count, the new frontier's size, how many
-destinations no edge reads, and the largest out-degree (which spares the Triton
-backend's segments of the reverse CSR a count of their own when no source is a hub).
+destinations no edge reads, the largest out-degree (which spares the Triton
+backend's segments of the reverse CSR a count of their own when no source is a hub), and
+how many edges go into the destinations an earlier hop expanded (`SampledBlock`).
 Only then are the tensors cut to size, from the counts it now knows. (A fanout of -1
 has no bound: it reads its edge count first.)
 """
@@ -63,7 +64,10 @@ class SampledBlock(NamedTuple):
     as in `Reindexed`, ``out_degrees`` the sampled edges leaving each of ``nodes``
     (``max_out_degree`` the largest), and ``unread_dst`` the destinations (ascending
     local ids) that no sampled edge leaves: the rows a layer that maps before
-    aggregating never reads."""
+    aggregating never reads. ``earlier_edges``: how many of the edges (the first ones, in
+    CSR order) go into the destinations an earlier hop expanded already (the first
+    ``reached_before`` of `reindex_slots`); the rest are the in-edges of the vertices
+    this hop expands first, which is PyG's hop (`loader.pyg_batch`)."""
     rowptr: torch.Tensor
     local_src: torch.Tensor
     dst: torch.Tensor
@@ -72,6 +76,7 @@ class SampledBlock(NamedTuple):
     out_degrees: torch.Tensor
     max_out_degree: int
     unread_dst: torch.Tensor
+    earlier_edges: int = 0
 
 
 class Slots(NamedTuple):
@@ -123,9 +128,11 @@ def sample_block(rowptr: torch.Tensor, col: torch.Tensor, seeds: torch.Tensor, f
     return reindex_slots(seeds, sample_slots(rowptr, col, seeds, fanout, replace, generator), rowptr.numel() - 1)
 
 
-def reindex_slots(seeds: torch.Tensor, slots: Slots, num_nodes: int) -> SampledBlock:
+def reindex_slots(seeds: torch.Tensor, slots: Slots, num_nodes: int, reached_before: int = 0) -> SampledBlock:
     """The reindexing half of `sample_block`: ``slots`` sampled for ``seeds`` from a
-    graph of ``num_nodes`` vertices, renumbered and cut to size after one read back."""
+    graph of ``num_nodes`` vertices, renumbered and cut to size after one read back.
+    ``reached_before``: how many of the first seeds an earlier hop expanded already
+    (`SampledBlock.earlier_edges` counts their edges)."""
     num_dst = seeds.numel()
     everything = torch.cat([seeds, slots.src])
     local, nodes, distinct = _first_occurrence_ids(everything, num_nodes)
@@ -133,22 +140,25 @@ def reindex_slots(seeds: torch.Tensor, slots: Slots, num_nodes: int) -> SampledB
     leaves = local_src if slots.valid is None else torch.where(slots.valid, local_src, everything.numel())
     out_degrees = torch.zeros(everything.numel() + 1, dtype=torch.int64, device=seeds.device).index_add_(
         0, leaves, torch.ones_like(leaves))[:-1]            # empty slots add to the last entry, cut off
-    edges, distinct, most, unread_dst = read_hop_counts(slots.rowptr, distinct, out_degrees, num_dst)
+    edges, distinct, most, earlier, unread_dst = read_hop_counts(slots.rowptr, distinct, out_degrees, num_dst,
+                                                                 reached_before)
     row, slot = _edge_slots(slots, edges)
     return SampledBlock(slots.rowptr, local_src[slot], row, slots.eid[slot], nodes[:distinct],
-                        out_degrees[:distinct], most, unread_dst)
+                        out_degrees[:distinct], most, unread_dst, earlier)
 
 
-def read_hop_counts(rowptr: torch.Tensor, distinct: torch.Tensor, out_degrees: torch.Tensor, num_dst: int
-                    ) -> tuple[int, int, int, torch.Tensor]:
+def read_hop_counts(rowptr: torch.Tensor, distinct: torch.Tensor, out_degrees: torch.Tensor, num_dst: int,
+                    reached_before: int = 0) -> tuple[int, int, int, int, torch.Tensor]:
     """A reindexed hop's one read back: (its edge count, its distinct ids, the largest
-    out-degree among them), and the destinations (ascending local ids) no edge leaves.
-    ``distinct`` is the count on the device, ``out_degrees`` per id (padded past it with
-    zeros, so its maximum is theirs)."""
+    out-degree among them, the edges into its first ``reached_before`` destinations), and
+    the destinations (ascending local ids) no edge leaves. ``distinct`` is the count on
+    the device, ``out_degrees`` per id (padded past it with zeros, so its maximum is
+    theirs)."""
     read = out_degrees[:num_dst] > 0
     most = out_degrees.max() if out_degrees.numel() else distinct
-    edges, distinct, unread, most = _read_back(torch.stack([rowptr[-1], distinct, num_dst - read.sum(), most]))
-    return edges, distinct, most, torch.sort(read.to(torch.uint8), stable=True).indices[:unread]   # False rows
+    edges, distinct, unread, most, earlier = _read_back(
+        torch.stack([rowptr[-1], distinct, num_dst - read.sum(), most, rowptr[reached_before]]))
+    return edges, distinct, most, earlier, torch.sort(read.to(torch.uint8), stable=True).indices[:unread]
 
 
 def _read_back(values: torch.Tensor) -> list[int]:

@@ -131,7 +131,7 @@ def pad_block(hop: SampledBlock, num_src: int, num_dst: int, num_edges: int, eng
     out_degrees = torch.cat([hop.out_degrees, ((extra - m + spare_src - 1) // spare_src).to(hop.out_degrees.dtype)])
     nodes = torch.cat([hop.nodes, hop.nodes.new_zeros(spare_src)])
     unread = torch.cat([hop.unread_dst, hop.unread_dst.new_full((num_dst - hop.unread_dst.numel(),), num_src - 1)])
-    return SampledBlock(rowptr, local_src, dst, hop.eid, nodes, out_degrees, most, unread)
+    return SampledBlock(rowptr, local_src, dst, hop.eid, nodes, out_degrees, most, unread, hop.earlier_edges)
 
 
 def _pad_block_triton(hop: SampledBlock, num_src: int, num_dst: int, num_edges: int) -> SampledBlock:
@@ -147,7 +147,8 @@ def _pad_block_triton(hop: SampledBlock, num_src: int, num_dst: int, num_edges: 
                               hop.rowptr.numel() - 1, hop.local_src.numel(), hop.nodes.numel(),
                               hop.unread_dst.numel(), num_dst, num_edges, num_src), {"BLOCK": BLOCK})
     rowptr, local_src, dst, out_degrees, nodes, unread = outs
-    return SampledBlock(rowptr, local_src, dst, hop.eid, nodes, out_degrees, hop.max_out_degree, unread)
+    return SampledBlock(rowptr, local_src, dst, hop.eid, nodes, out_degrees, hop.max_out_degree, unread,
+                        hop.earlier_edges)
 
 
 def pad_rows(table: torch.Tensor | None, rows: int, fill: float | int = 0) -> torch.Tensor | None:
