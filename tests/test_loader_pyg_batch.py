@@ -32,9 +32,9 @@ def pyg_data(edge_index: torch.Tensor, num_nodes: int, seed: int = 0, channels: 
                 num_nodes=num_nodes)
 
 
-def pyg_full_subgraph(edge_index: torch.Tensor, seeds: list[int], hops: int):
-    """PyG's batch for ``seeds`` with ``num_neighbors=[-1] * hops``: (n_id, edge_index,
-    e_id, num_sampled_nodes, num_sampled_edges)."""
+def pyg_full_subgraph(edge_index: torch.Tensor, seeds: list[int], hops: int | list[int]):
+    """PyG's batch for ``seeds`` with ``num_neighbors=[-1] * hops`` (or ``hops`` a list of
+    -1 and 0 entries): (n_id, edge_index, e_id, num_sampled_nodes, num_sampled_edges)."""
     src, dst = edge_index.tolist()
     in_edges: dict[int, list[int]] = {}
     for e, v in enumerate(dst):
@@ -42,8 +42,8 @@ def pyg_full_subgraph(edge_index: torch.Tensor, seeds: list[int], hops: int):
     nodes, local = list(seeds), {v: i for i, v in enumerate(seeds)}
     rows, cols, e_ids, counts_n, counts_e = [], [], [], [len(seeds)], []
     begin, end = 0, len(nodes)
-    for _ in range(hops):
-        for i in range(begin, end):
+    for fanout in [-1] * hops if isinstance(hops, int) else hops:
+        for i in range(begin, end if fanout else begin):
             for e in in_edges.get(nodes[i], []):
                 if src[e] not in local:
                     local[src[e]] = len(nodes)
@@ -246,14 +246,91 @@ def test_padded_batches_refuse_pygs_view(deferred):
             getattr(batch, name)
 
 
-def test_a_worker_process_sends_what_pygs_view_needs():
+def test_a_batch_sent_from_a_worker_process_keeps_pygs_view():
+    """Worker processes send batches through `loader.packing`; the counts must cross."""
+    from gnnfuse.loader.packing import pack, unpack
     data = pyg_data(_power_law(40, 200), 40)
-    batches = []
-    for workers in (0, 1):
-        loader = NeighborLoader(data, [3, 2], batch_size=8, prefetch=1, num_workers=workers)
-        torch.manual_seed(2)
-        batches.append(list(loader)[:2])
-        loader.close()
-    for ours, theirs in zip(*batches):
-        assert ours.num_sampled_edges == theirs.num_sampled_edges
-        assert torch.equal(ours.edge_index, theirs.edge_index) and torch.equal(ours.e_id, theirs.e_id)
+    batch = _batches(data, [3, 2], 8)[0]
+    sent = unpack(*pack(batch))
+    assert sent.num_sampled_edges == batch.num_sampled_edges and sent.num_sampled_nodes == batch.num_sampled_nodes
+    assert torch.equal(sent.edge_index, batch.edge_index) and torch.equal(sent.e_id, batch.e_id)
+
+
+@pytest.mark.parametrize("fanouts", [[-1, 0], [0, -1], [-1, 0, -1], [0, 0]])
+def test_a_hop_of_zero_samples_nothing_there_nor_after_it_as_in_pyg(fanouts):
+    """PyG's hop i samples for the vertices hop i - 1 added: after a 0, none. Its batch's
+    edges and counts are PyG's; a vertex only the blocks' re-sample reached (after a 0)
+    is in n_id but in no edge, and a PyG model's seed outputs are those of PyG's batch."""
+    data = pyg_data(_power_law(40, 200), 40)
+    net = _pyg_models(3)["sage"].eval()
+    for batch in _batches(data, fanouts, 6):
+        size = batch.batch_size
+        n_id, edge_index, e_id, nodes, edges = pyg_full_subgraph(data.edge_index, batch.n_id[:size].tolist(), fanouts)
+        assert torch.equal(batch.edge_index, edge_index) and torch.equal(batch.e_id, e_id)
+        assert batch.num_sampled_edges == edges
+        first_zero = fanouts.index(0)
+        assert batch.num_sampled_nodes[:first_zero + 2] == nodes[:first_zero + 2]
+        assert torch.equal(batch.n_id[:n_id.numel()], n_id)
+        torch.testing.assert_close(net(batch.x, batch.edge_index)[:size], net(data.x[n_id], edge_index)[:size],
+                                   rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("layer", ["sage", "gat", "gatv2", "graphconv"])
+def test_a_block_of_a_hop_of_zero_gives_pygs_layer_on_no_edges(layer, backend, device):
+    """``num_neighbors=[3, 0]``: the input layer's block has no edges, and a layer on it
+    gives what PyG's gives on an edgeless bipartite graph (the root term, a self loop),
+    gradients included."""
+    import torch_geometric.nn as pyg_nn
+    data = pyg_data(_power_law(40, 200), 40, channels=4)
+    ours, theirs, options = {"sage": (gnnfuse.nn.SAGEConv, pyg_nn.SAGEConv, {}),
+                             "gat": (gnnfuse.nn.GATConv, pyg_nn.GATConv, {"heads": 2}),
+                             "gatv2": (gnnfuse.nn.GATv2Conv, pyg_nn.GATv2Conv, {"heads": 2}),
+                             "graphconv": (gnnfuse.nn.GraphConv, pyg_nn.GraphConv, {})}[layer]
+    torch.manual_seed(0)
+    conv = ours(4, 5, **options).double().to(device)
+    reference = theirs(4, 5, **options).double()
+    reference.load_state_dict({k: v.cpu() for k, v in conv.state_dict().items()})
+    batch = _batches(data, [3, 0], 8, device=device)[0]
+    block = batch.blocks[0]
+    assert block.graph.num_edges == 0 and block.num_src == block.num_dst == batch.num_nodes
+    x = batch.x.clone().requires_grad_()
+    x_ref = batch.x.detach().cpu().clone().requires_grad_()
+    out = conv((x, x[:block.num_dst]), block.graph)
+    want = reference((x_ref, x_ref[:block.num_dst]), torch.empty(2, 0, dtype=torch.int64))
+    torch.testing.assert_close(out.cpu(), want, rtol=1e-12, atol=1e-12)
+    gen = torch.Generator().manual_seed(1)
+    weights = torch.randn(want.shape, dtype=torch.float64, generator=gen)
+    (out * weights.to(device)).sum().backward()
+    (want * weights).sum().backward()
+    torch.testing.assert_close(x.grad.cpu(), x_ref.grad, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("fanouts", [[3, 0], [0, 3]])
+def test_block_models_train_on_hops_of_zero_padded_or_not(fanouts, backend, device):
+    """A block model on a batch with an edgeless block, and on the same batch padded to
+    static shapes: the same loss and gradients."""
+    from gnnfuse.nn.block_models import build_block_model
+    data = pyg_data(_power_law(40, 200), 40, channels=4)
+    graph = gnnfuse.Graph.from_edge_index(data.edge_index, 40)
+    torch.manual_seed(0)
+    net = build_block_model("sage", 4, 3, 8, 0.0, 2).double().to(device)
+    results = []
+    for static in (False, True):
+        torch.manual_seed(3)
+        batch = next(iter(NeighborLoader(graph, fanouts, batch_size=8, x=data.x, y=data.y, prefetch=0,
+                                         static_shapes=static, device=device)))
+        assert batch.padded == static
+        net.zero_grad()
+        loss = F.cross_entropy(net(batch.x, batch.blocks)[:batch.batch_size], batch.y[:batch.batch_size])
+        loss.backward()
+        results.append([loss.detach()] + [p.grad.clone() for p in net.parameters()])
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_num_neighbors_are_whole_counts_of_zero_or_more_or_minus_one():
+    data = pyg_data(_power_law(20, 60), 20)
+    with pytest.raises(ValueError, match=r"fanouts >= 0 \(or -1 for all\), got \[2, -2\]"):
+        NeighborLoader(data, [2, -2])
+    with pytest.raises(ValueError, match="non-empty"):
+        NeighborLoader(data, [])

@@ -169,7 +169,7 @@ def test_no_seeds_is_no_batch(extra):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"num_neighbors": []}, "num_neighbors"), ({"num_neighbors": [0]}, "num_neighbors"),
+    ({"num_neighbors": []}, "num_neighbors"), ({"num_neighbors": [-2]}, "num_neighbors"),
     ({"batch_size": 0}, "batch_size"), ({"input_nodes": torch.tensor([0, 0])}, "repeated"),
     ({"input_nodes": torch.tensor([9])}, "outside"), ({"feature_device": "pinned"}, "CUDA"),
     ({"x": torch.zeros(2, 1)}, "rows")])

@@ -86,7 +86,9 @@ def _indexed(device: torch.device | str) -> torch.device:
 def _fanouts(num_neighbors: Any) -> list[int]:
     """``num_neighbors`` as a list of whole fanouts: ``int()`` had turned a fanout of 2.5
     into 2 without a word, a PyG per-edge-type dict failed on ``int('author')``, and a
-    bare int on "'int' object is not iterable"."""
+    bare int on "'int' object is not iterable". A fanout of 0 is PyG's too: that hop's
+    block has no edges (its layer's destinations keep their own terms: a root weight, a
+    self loop), and PyG's subgraph (`MiniBatch.edge_index`) adds nothing from it on."""
     if isinstance(num_neighbors, dict):
         raise TypeError("num_neighbors as a dict (a fanout list per edge type) is for PyG's heterogeneous "
                         "graphs; NeighborLoader samples a homogeneous graph: give one list of fanouts")
@@ -97,8 +99,8 @@ def _fanouts(num_neighbors: Any) -> list[int]:
     except TypeError:
         raise TypeError(f"num_neighbors must hold whole numbers (a fanout per hop, -1 for all), got "
                         f"{list(num_neighbors)}") from None
-    if not fanouts or any(k < -1 or k == 0 for k in fanouts):
-        raise ValueError(f"num_neighbors must be a non-empty list of fanouts >= 1 (or -1 for all), got {fanouts}")
+    if not fanouts or any(k < -1 for k in fanouts):
+        raise ValueError(f"num_neighbors must be a non-empty list of fanouts >= 0 (or -1 for all), got {fanouts}")
     return fanouts
 
 
@@ -219,7 +221,7 @@ def _check_pyg_options(options: dict[str, Any]) -> None:
 class NeighborLoader:
     """Mini-batches of sampled neighbourhoods (see the module docstring).
 
-    PyG's arguments: ``num_neighbors`` (a fanout per hop, ``-1`` for all in-edges),
+    PyG's arguments: ``num_neighbors`` (a fanout per hop, ``-1`` for all in-edges, 0 for none),
     ``batch_size``, ``input_nodes`` (ids or a mask; default all vertices), ``shuffle``,
     ``replace``, ``drop_last``, and torch ``DataLoader``'s ``sampler`` (an iterable of
     positions in ``input_nodes`` giving each epoch's seed order, each once, with ``len``; call its
