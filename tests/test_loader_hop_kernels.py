@@ -82,9 +82,13 @@ def test_sampled_slots_hold_distinct_in_edges_and_short_rows_whole(engine, drawn
 @RUNS
 @given(drawn=hops())
 def test_reindex_is_the_torch_paths_block_for_the_same_slots(engine, drawn):
+    """The same block, ``earlier_edges`` included (the edges into the first half of the
+    seeds, as if an earlier hop had expanded those: what PyG's ``edge_index`` is cut by)."""
     rowptr, _, seeds, _, slots = sampled(engine, drawn)
-    assert_same_block(reindex_slots_fused(seeds, slots, rowptr.numel() - 1, engine),
-                      reindex_slots(seeds, slots, rowptr.numel() - 1))
+    earlier = seeds.numel() // 2
+    block = reindex_slots_fused(seeds, slots, rowptr.numel() - 1, engine, reached_before=earlier)
+    assert_same_block(block, reindex_slots(seeds, slots, rowptr.numel() - 1, reached_before=earlier))
+    assert block.earlier_edges == int(slots.rowptr[earlier])
 
 
 @pytest.mark.parametrize("engine", ENGINES)
