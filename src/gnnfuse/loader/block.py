@@ -11,8 +11,9 @@ from ..graph.fixed_shape import mark_loader_block, prefill
 
 @dataclass(frozen=True)
 class Block:
-    """One layer's destination-centric block (DGL's name; PyG calls the same thing one
-    hop of a sampled subgraph).
+    """One layer's destination-centric block (DGL's name). PyG's sampled subgraph holds
+    per hop only the block's edges into the vertices that hop expands first
+    (`loader.pyg_batch`): a block samples the earlier hops' vertices again.
 
     ``graph`` is bipartite: ``num_src`` sources, ``num_dst`` destinations, an edge per
     sampled in-edge, sources numbered so that the first ``num_dst`` are the destinations

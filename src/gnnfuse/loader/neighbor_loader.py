@@ -5,7 +5,9 @@ each, then ``num_neighbors[1]`` of each vertex reached, and so on (PyG's order: 
 is hop i from the seeds), and hands back one `Block` per layer, input layer first:
 ``blocks[-1]``'s destinations are the seeds, ``blocks[0]``'s sources every vertex the
 batch reads features of. A model runs ``x = layer((x, x[:block.num_dst]), block.graph)``
-down the list (`gnnfuse.nn.block_models.BlockGNN`).
+down the list (`gnnfuse.nn.block_models.BlockGNN`). A batch also gives PyG's sampled
+subgraph, cut from the blocks on first use (``batch.edge_index``, ``num_sampled_nodes``,
+...: `loader.pyg_batch`), so PyG's ``model(batch.x, batch.edge_index)`` runs on it too.
 
 Where each stage runs (GraphTensor §V-B's S, R, K, T):
 
