@@ -229,7 +229,7 @@ def test_a_loader_without_edge_tables_has_no_edge_ids_to_give():
     assert batch.edge_attr is None and batch.edge_weight is None       # as PyG's Data without them
     assert batch.edge_index.shape == (2, batch.num_sampled_edges[0])
     with pytest.raises(AttributeError, match="edge ids only with edge tables"):
-        batch.e_id
+        _ = batch.e_id
 
 
 @pytest.mark.parametrize("deferred", [False, True])
