@@ -2,6 +2,7 @@
 and `--resume` continuing it to the same numbers an uninterrupted run gives."""
 from __future__ import annotations
 
+import io
 import os
 import signal
 import subprocess
@@ -150,10 +151,11 @@ def ctrl_c_after_epoch(monkeypatch, module, epoch: int) -> None:
     monkeypatch.setattr(module, "peak_memory_mib", peak)
 
 
-def check_stop_and_resume(argv, module, epoch, tmp_path, monkeypatch, capsys) -> None:
+def check_stop_and_resume(argv, module, epoch, tmp_path, monkeypatch, capsys, while_resuming=None) -> None:
     """``argv`` stopped by Ctrl-C in ``epoch`` and resumed ends as it does uninterrupted,
     where the run's best epoch comes before the Ctrl-C (so the early-stopping record must
-    carry over) and the run goes on after it."""
+    carry over) and the run goes on after it. ``while_resuming(monkeypatch)`` patches
+    what the resumed command must not do."""
     whole, cut = tmp_path / "whole.pt", tmp_path / "cut.pt"
     assert main([*argv, "--save", str(whole)]) == 0
     assert load_checkpoint(whole)[1]["runs"][0]["best_epoch"] < epoch < load_checkpoint(whole)[1]["runs"][0]["epochs_run"]
@@ -162,7 +164,10 @@ def check_stop_and_resume(argv, module, epoch, tmp_path, monkeypatch, capsys) ->
         assert main([*argv, "--save", str(cut)]) == 130
     err = capsys.readouterr().err
     assert f"after epoch {epoch}" in err and f"--save {cut} --resume" in err, err
-    assert main([*argv, "--save", str(cut), "--resume"]) == 0
+    with monkeypatch.context() as patch:
+        if while_resuming is not None:
+            while_resuming(patch)
+        assert main([*argv, "--save", str(cut), "--resume"]) == 0
     out = capsys.readouterr().out
     assert f"epoch {epoch:4d} " not in out and f"epoch {epoch + 1:4d} " in out
     assert same_runs(torch.load(cut, weights_only=True)["runs"], torch.load(whole, weights_only=True)["runs"])
@@ -184,6 +189,94 @@ def test_ctrl_c_inside_a_mini_batch_run_resumes_bit_exactly(tmp_path, monkeypatc
     # lr 0.2 overshoots: the best epoch (8) comes before the Ctrl-C
     check_stop_and_resume(["train", "--model", "sage", "--fanout", "5,5", "--batch-size", "64", "--epochs", "12",
                            "--lr", "0.2"], minibatch, 10, tmp_path, monkeypatch, capsys)
+
+
+def test_ctrl_c_in_a_mini_batch_run_with_loader_workers_resumes_bit_exactly(tmp_path, monkeypatch, capsys):
+    """With --num-workers, Ctrl-C stopped at once and the run started again from its seed;
+    the batches are drawn from torch's generator in this process, whoever prepares them,
+    so the run's state is the same as without workers."""
+    from gnnfuse.training import minibatch
+    check_stop_and_resume(["train", "--model", "sage", "--fanout", "5,5", "--batch-size", "64", "--epochs", "12",
+                           "--lr", "0.2", "--num-workers", "1"], minibatch, 10, tmp_path, monkeypatch, capsys)
+
+
+def timed_by_formula(graph, aggregate, f_in, f_out, input_grad, repeats=2):
+    """`placement.kernel_times` as a formula of the kernels' sizes: measured times differ
+    from run to run (on a busy machine, enough to fit other orders), these do not."""
+    from gnnfuse.nn.placement import KernelTime, _terms
+    n_src, n_dst, edges = graph.num_src_nodes, graph.num_dst_nodes, graph.num_edges
+    matmul = "matmul" if input_grad else "matmul-weight-only"
+    aggregate_x = "aggregate" if input_grad else "aggregate-forward-only"
+    kernels = ((matmul, n_dst, 0, f_in, f_out), (matmul, n_src, 0, f_in, f_out),
+               (aggregate_x, n_dst, edges, f_in, f_in), ("aggregate", n_dst, edges, f_out, f_out))
+    return [KernelTime(kind, rows, e, w_in, w_out, sum(c * t for c, t in zip((1e-9, 2e-8, 1e-5),
+                                                                            _terms(kind, rows, e, w_in, w_out))))
+            for kind, rows, e, w_in, w_out in kernels]
+
+
+def test_ctrl_c_in_a_dkp_run_keeps_its_fitted_placement_and_resumes_bit_exactly(tmp_path, monkeypatch, capsys):
+    """With --dkp, Ctrl-C stopped at once: a resumed run would have refitted the kernel
+    placement on new kernel times, which can choose other orders for the same batches
+    (other roundings). The state holds the fitted model; the resumed run does not refit.
+    Kernel times come from a formula, so that the uninterrupted run fits the same model."""
+    from gnnfuse.nn import placement
+    from gnnfuse.training import minibatch
+    monkeypatch.setattr(placement, "kernel_times", timed_by_formula)
+
+    def no_refit(patch):
+        def refit(*args):
+            raise AssertionError("a resumed --dkp run refitted its kernel placement")
+        patch.setattr(minibatch, "_fit_placement", refit)
+    # lr 1.0 overshoots: the best epoch (10) comes before the Ctrl-C
+    check_stop_and_resume(["train", "--model", "sage", "--fanout", "5,5", "--batch-size", "64", "--epochs", "12",
+                           "--lr", "1.0", "--dkp"], minibatch, 11, tmp_path, monkeypatch, capsys, no_refit)
+
+
+def test_a_kernel_placement_rebuilt_from_its_state_takes_the_same_decisions():
+    from gnnfuse.nn.placement import PlacementModel, KernelTime
+    samples = [KernelTime(kind, rows, edges, width, width if kind.startswith("aggregate") else 5, seconds)
+               for kind in ("matmul", "aggregate") for rows, edges, width, seconds in
+               ((10, 40, 64, 1e-4), (50, 200, 64, 4e-4), (200, 900, 16, 3e-4), (80, 300, 32, 2e-4))]
+    fitted = PlacementModel.fit(samples)
+    sizes = [(120, 40, 500, 64, 5), (40, 10, 90, 8, 64), (300, 100, 1200, 64, 64)]
+    for size in sizes:
+        fitted.choose(*size, True)
+    rebuilt = PlacementModel.from_state(torch.load(_saved(fitted.state()), weights_only=True))
+    assert rebuilt.coefficients == fitted.coefficients and rebuilt.decisions == fitted.decisions
+    assert [rebuilt.choose(*size, True) for size in sizes] == [fitted.choose(*size, True) for size in sizes]
+
+
+def _saved(value) -> io.BytesIO:
+    """``value`` as torch.save writes it (into memory), to be read back as a checkpoint is."""
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    buffer.seek(0)
+    return buffer
+
+
+def test_a_terminals_ctrl_c_leaves_loader_workers_running_until_the_epoch_ends(tmp_path):
+    """A real SIGINT to the whole process group, as a terminal sends it: the loader's
+    worker processes got it too and died with KeyboardInterrupt, failing the epoch."""
+    src = Path(__file__).resolve().parent.parent / "src"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")])}
+    path = tmp_path / "runs.pt"
+    process = subprocess.Popen([sys.executable, "-m", "gnnfuse", "train", "--model", "sage", "--fanout", "5,5",
+                                "--batch-size", "16", "--num-workers", "2", "--epochs", "100000", "--save", str(path)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                               start_new_session=True,        # its own process group, as a terminal's job
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        for line in process.stdout:
+            if "epoch    2 " in line:
+                break
+        os.killpg(process.pid, signal.SIGINT)
+        _, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 130, err
+    assert "Traceback" not in err and "interrupted in run 1/1 (seed 0) after epoch" in err, err
+    assert torch.load(path, weights_only=True)["interrupted"]["epoch"] >= 2
 
 
 def test_resume_refuses_a_checkpoint_trained_on_another_number_of_ranks(tmp_path, monkeypatch):

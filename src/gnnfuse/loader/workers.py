@@ -20,10 +20,18 @@ prepares batches ``w, w + n, ...`` in order, each from its own generator
 Workers are started with ``spawn`` (CUDA cannot be used in a forked child) on the first
 epoch, which therefore waits for their start-up (importing torch and gnnfuse), and kept
 for later epochs; each holds its own CUDA context on a GPU (a few hundred MB).
+
+Workers ignore SIGINT: a terminal's Ctrl-C reaches them too, and a worker it stopped
+ended the epoch under way with "worker exited" -- where ``gnnfuse train`` means to
+finish that epoch and stop after it. The training process decides; its exit (or
+`close`) stops them.
 """
 from __future__ import annotations
 
+import contextlib
 import queue
+import signal
+import threading
 import time
 import traceback
 import weakref
@@ -52,6 +60,7 @@ class _Failed:
 def _work(maker: BatchMaker, jobs: Any, results: Any, stop: Any, abandoned: Any) -> None:
     """A worker's loop: take an epoch's job list, prepare its batches in order, put each
     (with its stage seconds) on ``results``; leave an epoch the consumer abandoned."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)      # the training process decides (module doc)
     if maker.device.type == "cuda":
         torch.cuda.set_device(maker.device)
     maker.pin_shared_tables()
@@ -96,7 +105,7 @@ class WorkerPool:
                                            args=(maker, self._jobs[rank], self._results[rank], self._stop,
                                                  self._abandoned))
                            for rank in range(num_workers)]
-        with main_module_hidden():
+        with main_module_hidden(), _sigint_ignored():
             for process in self._processes:
                 process.start()
         self._epoch = 0
@@ -170,6 +179,21 @@ class WorkerPool:
     def close(self) -> None:
         """Stop the workers (also done when the pool is garbage-collected or at exit)."""
         self._finalizer()
+
+
+@contextlib.contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    """SIGINT ignored while the workers start, so that they start with it ignored (a
+    process keeps an ignored signal ignored through exec, and Python then installs no
+    KeyboardInterrupt handler): no window in which a Ctrl-C stops one while it imports."""
+    if threading.current_thread() is not threading.main_thread():
+        yield       # only the main thread may set handlers; `_work` ignores it from its start
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _shut_down(stop: Any, processes: list) -> None:

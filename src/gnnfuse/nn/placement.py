@@ -106,6 +106,19 @@ class PlacementModel:
         return self.choose(graph.num_src_nodes, graph.num_dst_nodes, graph.num_edges, f_in, f_out,
                            input_grad) == "combine-first"
 
+    def state(self) -> dict[str, Any]:
+        """The fitted coefficients and the decisions so far, as plain numbers (what a
+        training checkpoint holds: `from_state` rebuilds this model from it, where a
+        refit on new kernel times could choose other orders for the same batches)."""
+        return {"coefficients": {kind: list(c) for kind, c in self.coefficients.items()},
+                "decisions": [[f_in, f_out, order, count] for (f_in, f_out, order), count in self.decisions.items()]}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> PlacementModel:
+        model = cls({kind: tuple(c) for kind, c in state["coefficients"].items()})
+        model.decisions.update({(f_in, f_out, order): count for f_in, f_out, order, count in state["decisions"]})
+        return model
+
     def describe(self) -> str:
         lines = ["dynamic kernel placement (GraphTensor Table I), fitted by least squares:"]
         for kind in (k for k in KINDS if k in self.coefficients):    # a first layer alone has no "matmul"

@@ -276,9 +276,8 @@ class TrainingInterrupted(KeyboardInterrupt):
     """Ctrl-C during `train_runs`: a KeyboardInterrupt (so ``except KeyboardInterrupt``
     still stops on it) that carries the runs that finished before it (`summary`), the
     index of the run it stopped, and that run's `run_state` at the end of its last epoch
-    (None where the run cannot be continued: a second Ctrl-C; multi-rank runs and the
-    mini-batch runs `minibatch.stops_between_epochs` rules out, which start
-    again when resumed). `between_runs`: it came in the last epoch of the run before, so
+    (None where the run cannot be continued: a second Ctrl-C; multi-rank runs, which
+    start again when resumed). `between_runs`: it came in the last epoch of the run before, so
     run `index` had not started."""
 
     def __init__(self, summary: TrainSummary, index: int, state: dict[str, Any] | None = None,

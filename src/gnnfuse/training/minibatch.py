@@ -10,7 +10,6 @@ Per epoch the history also records the seconds of each loader stage
 """
 from __future__ import annotations
 
-import contextlib
 import sys
 import time
 from typing import Any, Callable, Iterable
@@ -25,7 +24,7 @@ from ..loader.stages import ComputeTimer
 from ..nn.block_models import build_block_model
 from ..nn.functional import cross_entropy
 from ..nn.models import ModelSpec
-from ..nn.placement import PlacementModel, calibrate
+from ..nn.placement import PlacementModel, calibrate, install
 from ..progress import progress_bar
 from .captured_step import BlockStepCapture
 from .config import TrainConfig
@@ -42,9 +41,11 @@ def train_minibatch_run(config: TrainConfig, spec: ModelSpec, data: PreparedData
     ``cuda_graph`` is ``"off"``) batches are padded to fixed shapes and the steps replayed
     from a CUDA graph where `BlockStepCapture` finds that safe (``cuda_graph`` is its mode).
 
-    Where `stops_between_epochs`, Ctrl-C ends the run at the end of its epoch with
-    `RunInterrupted`, whose state passed back as ``resume_from`` continues it exactly
-    (as `loop.train_run`); elsewhere it stops at once."""
+    Ctrl-C ends the run at the end of its epoch with `RunInterrupted`, whose state
+    passed back as ``resume_from`` continues it exactly (as `loop.train_run`): batches
+    are drawn from torch's generator, which the state holds, whether loader workers or
+    this process prepare them; the state also holds the fitted kernel placement
+    (``config.dkp``) and the number of steps replayed from a CUDA graph so far."""
     device = torch.device(config.device)
     captured = device.type == "cuda" and cuda_graph != "off"
     torch.manual_seed(seed)
@@ -65,7 +66,8 @@ def train_minibatch_run(config: TrainConfig, spec: ModelSpec, data: PreparedData
                             features=loader.features, short_batches="replay") if captured else train_step
     times = loader.stage_times
     compute = ComputeTimer(times, device)
-    placement = _fit_placement(model, loader) if config.dkp else None
+    # a resumed run takes the fitted placement from its state instead (below)
+    placement = _fit_placement(model, loader) if config.dkp and resume_from is None else None
     history: dict[str, list[float]] = {key: [] for key in ("loss", "val_loss", "train_acc", "val_acc", "test_acc",
                                                            "epoch_seconds", *(f"stage_{s}" for s in STAGES))}
     stopping = EarlyStopping(config.patience)
@@ -104,33 +106,40 @@ def train_minibatch_run(config: TrainConfig, spec: ModelSpec, data: PreparedData
                        f"peak {peak_memory_mib(device):.0f} MiB", file=sys.stdout)
         return stopping.should_stop
 
-    done = 0 if resume_from is None else restore_run(resume_from, model, optimizer, best)
+    done, replayed = 0, 0
+    if resume_from is not None:
+        done = restore_run(resume_from, model, optimizer, best)
+        placement = restored_placement(model, resume_from["placement"]) if config.dkp else None
+        replayed = resume_from.get("replayed", 0)       # not in the states of gnnfuse before it counted them
     start = time.perf_counter() - (0.0 if resume_from is None else resume_from["seconds"])
     progress = progress_bar(total=(config.epochs - done) * len(loader), desc=f"train{label}", unit="batch")
-    interrupt = DeferredInterrupt() if stops_between_epochs(config, captured) else None
-    with interrupt or contextlib.nullcontext():
+    with DeferredInterrupt() as interrupt:
         for epoch in range(done + 1, config.epochs + 1):
             if run_epoch(epoch):
                 break
-            if interrupt is not None and interrupt.requested and epoch < config.epochs:
+            if interrupt.requested and epoch < config.epochs:
                 progress.close()
-                raise RunInterrupted(run_state(epoch, model, optimizer, best, time.perf_counter() - start))
+                state = run_state(epoch, model, optimizer, best, time.perf_counter() - start)
+                state["placement"] = placement.state() if placement is not None else None
+                state["replayed"] = replayed + (step.replayed if captured else 0)
+                raise RunInterrupted(state)
     progress.close()
     if placement is not None and log_epochs:       # the fitted model and the decisions it took
         tqdm.write(f"{label.strip() + ' | ' if label else ''}{placement.describe()}", file=sys.stdout)
     return RunResult(seed=seed, best_epoch=stopping.best_epoch, best_val_acc=stopping.reported_val_acc,
                      test_acc=best.test_acc, epochs_run=len(history["loss"]), seconds=time.perf_counter() - start,
                      state_dict=best.state_dict, history=history,
-                     cuda_graph=f"{step.status} ({step.replayed} steps replayed)" if captured
-                     else RunResult.cuda_graph, interrupted=interrupt is not None and interrupt.requested)
+                     cuda_graph=f"{step.status} ({replayed + step.replayed} steps replayed)" if captured
+                     else RunResult.cuda_graph, interrupted=interrupt.requested)
 
 
-def stops_between_epochs(config: TrainConfig, captured: bool) -> bool:
-    """Whether Ctrl-C can wait for the end of the epoch and the run go on from there exactly.
-    Not with loader worker processes (the terminal's SIGINT reaches them too, and they
-    stop at once), dynamic kernel placement (refitted on resume from new kernel times) or
-    steps replayed from a CUDA graph (whose state would have to be captured anew)."""
-    return not (config.loader_workers or config.dkp or captured)
+def restored_placement(model: torch.nn.Module, state: dict[str, Any]) -> PlacementModel:
+    """The kernel placement a stopped run had fitted (`PlacementModel.state`), installed
+    in ``model``: refitted on new kernel times it could choose other orders for the same
+    batches, and so other roundings."""
+    placement = PlacementModel.from_state(state)
+    install(model, placement)
+    return placement
 
 
 def table_fits_on_device(x: torch.Tensor, device: torch.device) -> bool:
