@@ -123,7 +123,7 @@ def inference(rank: int) -> dict[str, Any]:
     masks = tuple(torch.rand(25, generator=torch.Generator().manual_seed(9 + i)) < 0.5 for i in range(3))
     return {"full": whole[mine], "replicated": layerwise_logits(model, block, lambda ids: x[ids], bounds, rank),
             "partitioned": partitioned,
-            "summed": summed_accuracies(partitioned, y[mine], tuple(m[mine] for m in masks), masks[1][mine]),
+            "summed": summed_accuracies(partitioned, y[mine], tuple(m[mine] for m in masks), masks[1][mine])[:2],
             "whole": ([accuracy(whole, y, m) for m in masks], F.cross_entropy(whole[masks[1]], y[masks[1]]).item())}
 
 

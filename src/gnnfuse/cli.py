@@ -15,7 +15,8 @@ import torch
 
 from . import bench, cli_explain
 from .data import DATASET_NAMES, DEFAULT_DATASET, LOAD_ERRORS, ROOT_HELP, NodeDataset, RelationalDataset, load_dataset
-from .distributed import DistributedError, Rank, current, launch_or_join
+from .distributed import DistributedError, Rank, current, launch_or_join, world_size
+from .distributed.launch import end_rank_now
 from .distributed.fullgraph import PARTITIONED_MODELS
 from .distributed.process_group import launched_by_torchrun
 from .graph import Graph
@@ -26,6 +27,8 @@ from .threads import THREADS_ENV, configure_threads
 from .tuning import command as tuning_command
 from .training import (ConfigError, RunResult, TrainConfig, TrainingInterrupted, TrainSummary, make_config,
                        train_runs)
+from .training.checkpoint import read_checkpoint
+from .training.interrupt import INTERRUPTED
 from .training.loop import interrupted_result
 from .training.config import FEATURE_PLACEMENTS
 
@@ -137,6 +140,8 @@ def checked_config(args: argparse.Namespace) -> TrainConfig:
     if ranks is None and launched_by_torchrun():
         ranks = int(os.environ["WORLD_SIZE"])
         flag = f"{ranks} ranks (WORLD_SIZE)"
+    if args.resume:
+        _check_resumed_ranks(args.save, ranks or 1, flag)
     if config.features == "partitioned" and (ranks is None or ranks == 1):
         raise UsageError("--features partitioned splits the feature table over several ranks; one process "
                          "holds all of it (give --gpus N or --cpu-ranks N)")
@@ -149,6 +154,23 @@ def checked_config(args: argparse.Namespace) -> TrainConfig:
                              f"{config.model!r} has no version of (partitioned models: "
                              f"{', '.join(PARTITIONED_MODELS)}); give a fanout for data-parallel mini-batches")
     return config
+
+
+def _check_resumed_ranks(path: str, ranks: int, flag: str) -> None:
+    """Refuse to resume a checkpoint trained on another number of ranks, before any rank
+    starts: the stopped run's state holds one random state per rank, and one process and
+    two train the same recipe to different numbers (partitioned graph, per-rank dropout
+    streams), so the finished runs would not belong to this command's experiment."""
+    try:
+        saved = read_checkpoint(path).get("ranks")
+    except ConfigError as error:
+        raise UsageError(f"--resume: {error}") from None
+    if saved is not None and saved != ranks:
+        asked = flag or "1 process"
+        again = (f" (--gpus {saved} or --cpu-ranks {saved}, or torchrun with {saved} processes)" if saved > 1
+                 else " (without --gpus or --cpu-ranks)")
+        raise UsageError(f"--resume: {path} was trained on {saved} rank(s), and {asked} would resume it on {ranks}; "
+                         f"resume it on {saved}{again}")
 
 
 def train(args: argparse.Namespace) -> TrainSummary:
@@ -206,7 +228,14 @@ def run_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     except UsageError as error:
         parser.error(str(error))                      # prints usage, exits with status 2
     except TrainingInterrupted as stopped:
-        return interrupted(stopped, args) if rank.is_main else INTERRUPTED
+        status = interrupted(stopped, args) if rank.is_main else INTERRUPTED
+        if rank.world_size > 1 and stopped.state is None and not stopped.between_runs:
+            if not rank.is_main:      # rank 0 may not know: the signal may have reached this rank alone
+                print(f"gnnfuse train: rank {rank.rank} of {rank.world_size} stopped at once by Ctrl-C in run "
+                      f"{stopped.index + 1}/{stopped.summary.config.runs}; the run is not kept"
+                      + (f": {stopped.reason}" if stopped.reason else ""), file=sys.stderr)
+            end_rank_now(status)      # peers may wait in a collective with this rank (`end_rank_now`)
+        return status
     if not rank.is_main:                              # files are written once, by rank 0
         return 0
     if args.save:                                     # written after every run (`train_runs`)
@@ -222,9 +251,6 @@ def run_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     print(f"summary: test {metric} {test:.4f} ± {test_std:.4f} over {len(summary.runs)} run(s) "
           f"(at the best val epoch; best val {metric} {val:.4f} ± {val_std:.4f}), total time {total:.2f} s")
     return 0
-
-
-INTERRUPTED = 130          # a shell's status for a command stopped by SIGINT (128 + 2)
 
 
 def interrupted(stopped: TrainingInterrupted, args: argparse.Namespace) -> int:
@@ -246,7 +272,8 @@ def interrupted(stopped: TrainingInterrupted, args: argparse.Namespace) -> int:
     elif stopped.state is not None:
         lines = [f"gnnfuse train: interrupted in {run} after epoch {stopped.state['epoch']}"]
     else:
-        lines = [f"gnnfuse train: interrupted in {run} during an epoch; that run's epochs are not kept"]
+        lines = [f"gnnfuse train: interrupted in {run} during an epoch; that run's epochs are not kept"
+                 + (f": {stopped.reason}" if stopped.reason else "")]
     kept = [f"the {len(finished)} finished run(s)"] if finished else []
     if stopped.state is not None:
         kept.append(f"run {stopped.index + 1}'s state after epoch {stopped.state['epoch']}")
@@ -256,8 +283,10 @@ def interrupted(stopped: TrainingInterrupted, args: argparse.Namespace) -> int:
         lines.append(f"no run had finished, so {args.save} was not written")
     else:
         argv = [arg for arg in args.argv if arg != "--resume"]
+        command = (f"torchrun <its options as now, {current().world_size} ranks> -m gnnfuse"
+                   if launched_by_torchrun() and args.gpus is None and args.cpu_ranks is None else "gnnfuse")
         lines.append(f"{args.save} holds {' and '.join(kept)}; continue with:\n"
-                     f"  gnnfuse {shlex.join(argv)} --resume")
+                     f"  {command} {shlex.join(argv)} --resume")
     print("\n".join(lines), file=sys.stderr)
     return INTERRUPTED
 
@@ -350,7 +379,8 @@ def _parser() -> argparse.ArgumentParser:
                        "line per run and the summary (warnings and, on a terminal, the progress bar still show)")
     train.add_argument("--resume", action="store_true", help="continue the --save checkpoint of an interrupted "
                        "train with the same options: its finished runs are kept and the rest trained, to the "
-                       "numbers an uninterrupted train gives; a checkpoint of another recipe is refused")
+                       "numbers an uninterrupted train gives; a checkpoint of another recipe or number of ranks is "
+                       "refused")
     train.add_argument("--root", help=ROOT_HELP)
     train.set_defaults(run=run_train, command_parser=train)
 
@@ -384,6 +414,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return status
     except KeyboardInterrupt:       # Ctrl-C outside training's runs (loading, timing): no traceback
         print(f"gnnfuse {args.command}: interrupted", file=sys.stderr)
+        if world_size() > 1:
+            end_rank_now(INTERRUPTED)     # peers may wait in a collective with this rank
         return INTERRUPTED
     except BrokenPipeError:
         # The reader left (``gnnfuse info cora | head -3``): stop quietly, as shell tools do,

@@ -56,11 +56,13 @@ from ..nn.functional import cross_entropy, dropout as sparse_dropout
 from ..progress import progress_bar
 from ..training.config import TrainConfig
 from ..training.data import PreparedData
+from ..training.interrupt import RunInterrupted
 from ..training.loop import BestEpoch, EarlyStopping, RunResult, _optimizer, peak_memory_mib
 from .agreement import check_agreement, describe_data
 from .gradients import all_reduce_gradients, broadcast_parameters
 from .halo import HaloExchange
 from .partition import Partition, contiguous_owners, greedy_owners, partition_graph
+from .stopping import rank_interrupt, ranks_run_state, restore_ranks_run
 
 SUPPORTED_LAYERS = (GCNConv, GATConv, SAGEConv)
 PARTITIONED_MODELS = ("gcn", "gat", "sage")      # registry models built from SUPPORTED_LAYERS only
@@ -266,29 +268,38 @@ class _EpochStats:
     def __init__(self, shard: Shard):
         self.shard = shard
 
-    def reduce(self, train_loss_sum: torch.Tensor, logits: torch.Tensor) -> tuple[float, ...]:
+    def reduce(self, train_loss_sum: torch.Tensor, logits: torch.Tensor, stop: bool = False
+               ) -> tuple[tuple[float, ...], bool]:
+        """((loss, val loss, train, val, test accuracy), whether any rank asked to
+        ``stop``: the `stopping` module's flag, carried in the same all-reduce)."""
         y, masks = self.shard.y, self.shard.masks
         val = masks[1]
         parts = [train_loss_sum.detach().double().reshape(1),
                  F.cross_entropy(logits[val], y[val], reduction="sum").double().reshape(1)]
         for mask in masks:
             parts.append((logits[mask].argmax(dim=1) == y[mask]).sum().double().reshape(1))
-        totals = torch.cat(parts)
-        dist.all_reduce(totals)
+        parts.append(torch.full((1,), float(stop), dtype=torch.float64, device=logits.device))
+        summed = torch.cat(parts)
+        dist.all_reduce(summed)
+        totals = summed.tolist()
         n_train, n_val, _ = self.shard.split_sizes
         counts = (n_train, n_val, *self.shard.split_sizes)
-        return tuple(total / n if n else float("nan") for total, n in zip(totals.tolist(), counts))
+        return tuple(total / n if n else float("nan") for total, n in zip(totals, counts)), totals[-1] > 0
 
 
 def train_full_graph_run(config: TrainConfig, spec: ModelSpec, data: PreparedData, seed: int, *,
-                         label: str = "", log_epochs: bool = True, cuda_graph: str = "auto") -> RunResult:
+                         label: str = "", log_epochs: bool = True, cuda_graph: str = "auto",
+                         resume_from: dict[str, Any] | None = None) -> RunResult:
     """`gnnfuse.training.train_run` on the ranks of the initialised default process group,
     each training on its partition of the graph (`shard_data`); every rank returns the
     same `RunResult` (rank 0 alone logs and draws the progress bar). The training step
     is never captured in a CUDA graph (its halo exchanges and all-reduce are collectives
     with host-side split sizes): ``cuda_graph="on"`` warns so, as `StepCapture` warns
     when it cannot capture. ``data`` may stay on the host: only the rank's shard moves to
-    its device."""
+    its device.
+
+    Ctrl-C on any rank ends the run on every rank at the end of the epoch (`stopping`)
+    with `RunInterrupted`, whose state passed back as ``resume_from`` continues it exactly."""
     if config.model not in PARTITIONED_MODELS:
         raise ValueError(f"model {config.model!r} has no partitioned full-graph version; partitioned models: "
                          f"{', '.join(PARTITIONED_MODELS)}")
@@ -322,36 +333,44 @@ def train_full_graph_run(config: TrainConfig, spec: ModelSpec, data: PreparedDat
     history: dict[str, list[float]] = {key: [] for key in ("loss", "val_loss", "train_acc", "val_acc", "test_acc")}
     stopping = EarlyStopping(config.patience)
     best = BestEpoch(history, stopping)
-    start = time.perf_counter()
-    epochs = range(1, config.epochs + 1)
+    done = 0 if resume_from is None else restore_ranks_run(resume_from, model, optimizer, best)[0]
+    start = time.perf_counter() - (0.0 if resume_from is None else resume_from["seconds"])
+    epochs = range(done + 1, config.epochs + 1)
     progress = progress_bar(epochs, desc=f"train{label}", unit="epoch") if rank == 0 else tqdm(epochs, disable=True)
-    for epoch in progress:
-        epoch_start = time.perf_counter()
-        model.train()
-        optimizer.zero_grad(set_to_none=True)
-        loss_sum = cross_entropy(net(shard.x), train_y, reduction="sum", rows=train_index)
-        (loss_sum / global_train).backward()
-        all_reduce_gradients(model.parameters())
-        optimizer.step()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        epoch_ms = (time.perf_counter() - epoch_start) * 1e3
-        model.eval()
-        with torch.no_grad():
-            loss, val_loss, train_acc, val_acc, test_acc = stats.reduce(loss_sum, net(shard.x))
-        best.record(epoch, (loss, val_loss, train_acc, val_acc, test_acc), model, val_acc, val_loss, test_acc)
-        progress.set_postfix(loss=f"{loss:.4f}", val=f"{val_acc:.4f}", test=f"{test_acc:.4f}")
-        if log_epochs and rank == 0:
-            tqdm.write(f"{label.strip() + ' | ' if label else ''}epoch {epoch:4d} | loss {loss:.4f} | "
-                       f"train {train_acc:.4f} | val {val_acc:.4f} | test {test_acc:.4f} | {epoch_ms:7.1f} ms | "
-                       f"peak {peak_memory_mib(device):.0f} MiB (rank 0) | halo sent by rank 0: "
-                       f"{exchange.forward_bytes / 2**20:.1f} MiB rows (training and evaluation forward), "
-                       f"{exchange.backward_bytes / 2**20:.1f} MiB gradients", file=sys.stdout)
-        exchange.reset_counts()
-        if stopping.should_stop:
-            break
+    stop = False
+    with rank_interrupt() as interrupt:
+        for epoch in progress:
+            epoch_start = time.perf_counter()
+            model.train()
+            optimizer.zero_grad(set_to_none=True)
+            loss_sum = cross_entropy(net(shard.x), train_y, reduction="sum", rows=train_index)
+            (loss_sum / global_train).backward()
+            all_reduce_gradients(model.parameters())
+            optimizer.step()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            epoch_ms = (time.perf_counter() - epoch_start) * 1e3
+            model.eval()
+            with torch.no_grad():
+                (loss, val_loss, train_acc, val_acc, test_acc), stop = stats.reduce(loss_sum, net(shard.x),
+                                                                                    interrupt.requested)
+            best.record(epoch, (loss, val_loss, train_acc, val_acc, test_acc), model, val_acc, val_loss, test_acc)
+            progress.set_postfix(loss=f"{loss:.4f}", val=f"{val_acc:.4f}", test=f"{test_acc:.4f}")
+            if log_epochs and rank == 0:
+                tqdm.write(f"{label.strip() + ' | ' if label else ''}epoch {epoch:4d} | loss {loss:.4f} | "
+                           f"train {train_acc:.4f} | val {val_acc:.4f} | test {test_acc:.4f} | {epoch_ms:7.1f} ms | "
+                           f"peak {peak_memory_mib(device):.0f} MiB (rank 0) | halo sent by rank 0: "
+                           f"{exchange.forward_bytes / 2**20:.1f} MiB rows (training and evaluation forward), "
+                           f"{exchange.backward_bytes / 2**20:.1f} MiB gradients", file=sys.stdout)
+            exchange.reset_counts()
+            if stopping.should_stop:
+                break
+            if stop and epoch < config.epochs:
+                progress.close()
+                raise RunInterrupted(ranks_run_state(epoch, model, optimizer, best, time.perf_counter() - start))
     progress.close()
     return RunResult(seed=seed, best_epoch=stopping.best_epoch, best_val_acc=stopping.reported_val_acc,
                      test_acc=best.test_acc, epochs_run=len(history["loss"]), seconds=time.perf_counter() - start,
                      state_dict=best.state_dict, history=history,
-                     cuda_graph=f"eager: partitioned full-graph training on {world_size} ranks (collectives per step)")
+                     cuda_graph=f"eager: partitioned full-graph training on {world_size} ranks (collectives per step)",
+                     interrupted=stop)

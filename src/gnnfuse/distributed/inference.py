@@ -50,15 +50,18 @@ def layerwise_logits(model: BlockGNN, block: Block, read_input: Callable[[torch.
 
 
 def summed_accuracies(logits: torch.Tensor, y: torch.Tensor, masks: tuple[torch.Tensor, ...],
-                      loss_mask: torch.Tensor) -> tuple[list[float], float]:
-    """(accuracy per mask, mean cross-entropy over ``loss_mask``) over every rank's rows:
-    each rank passes the logits, labels and masks of its own rows; NaN for an empty mask."""
+                      loss_mask: torch.Tensor, stop: bool = False) -> tuple[list[float], float, bool]:
+    """(accuracy per mask, mean cross-entropy over ``loss_mask``, whether any rank asked
+    to ``stop``) over every rank's rows: each rank passes the logits, labels and masks of
+    its own rows; NaN for an empty mask. The stop flag (`stopping`) rides in the same
+    all-reduce, the last of a training epoch."""
     stats = []
     for mask in masks:
         stats += [(logits[mask].argmax(1) == y[mask]).sum(), mask.sum()]
     stats += [F.cross_entropy(logits[loss_mask], y[loss_mask], reduction="sum"), loss_mask.sum()]
-    totals = torch.stack([s.double() for s in stats])
+    totals = torch.stack([s.double() for s in stats] + [torch.tensor(float(stop), dtype=torch.float64,
+                                                                     device=logits.device)])
     dist.all_reduce(totals)
     values = totals.tolist()
-    ratio = [a / b if b else float("nan") for a, b in zip(values[::2], values[1::2])]
-    return ratio[:-1], ratio[-1]
+    ratio = [a / b if b else float("nan") for a, b in zip(values[:-1:2], values[1:-1:2])]
+    return ratio[:-1], ratio[-1], values[-1] > 0

@@ -34,16 +34,19 @@ import contextlib
 import logging
 import os
 import pickle
+import signal
 import socket
 import sys
+import threading
 from multiprocessing import reduction
-from typing import Callable, NoReturn, Sequence
+from typing import Any, Callable, Iterator, NoReturn, Sequence
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from ..main_module import main_module_hidden
+from ..training.interrupt import INTERRUPTED
 from . import process_group
 from .process_group import (DistributedError, check_backend, init_process_group, launched_by_torchrun,
                             leave_process_group)
@@ -91,11 +94,18 @@ def launch_or_join(gpus: int | None, cpu_ranks: int | None, device: str, entry: 
     return run_ranks(ranks, device_type, entry, argv), device_type
 
 
+class RanksInterrupted(Exception):
+    """A launch in which a rank ended with `INTERRUPTED`: stopped by Ctrl-C."""
+
+
 def run_ranks(ranks: int, device_type: str, entry: Callable[[list[str]], int], argv: Sequence[str]) -> int:
     """Run ``entry(argv)`` in ``ranks`` processes with torchrun's environment (see the
-    module docstring); the exit status: 0, or 1 when a rank failed (its error printed)."""
+    module docstring); the exit status: 0, `INTERRUPTED` when the ranks were stopped by
+    Ctrl-C (rank 0 has said what it kept), or 1 when a rank failed (its error printed)."""
     try:
         start_ranks(_rank_main, (ranks, free_port(), entry, list(argv)), ranks, device_type)
+    except RanksInterrupted:
+        return INTERRUPTED
     except (mp.ProcessRaisedException, mp.ProcessExitedException) as error:
         print(f"gnnfuse: rank {error.error_index} of {ranks} failed: {error}", file=sys.stderr)
         return 1
@@ -107,7 +117,9 @@ def start_ranks(function: Callable[..., None], args: tuple, ranks: int, device_t
     from the fork server for the CPU (the module docstring says why). Raises
     torch.multiprocessing's `ProcessRaisedException` or `ProcessExitedException` when a
     rank fails, once the others have ended (`FAILURE_GRACE_S`) and the error of every
-    other failed rank is printed to stderr."""
+    other failed rank is printed to stderr; `RanksInterrupted` when a rank ended with
+    `INTERRUPTED` (a Ctrl-C; the ranks that failed only because a peer stopped at once
+    get one line each)."""
     start_method = rank_start_method(device_type)
     # A function of the main script needs the script imported in each rank (which then
     # needs its ``__main__`` guard); any other is found by module, and the script is not
@@ -121,11 +133,38 @@ def start_ranks(function: Callable[..., None], args: tuple, ranks: int, device_t
     with contextlib.nullcontext() if in_main else main_module_hidden():
         context = mp.start_processes(function, args=args, nprocs=ranks, start_method=start_method, join=False)
     try:
-        while not context.join(grace_period=FAILURE_GRACE_S):
-            pass
+        with _sigint_passed_on(context.processes):
+            while not context.join(grace_period=FAILURE_GRACE_S):
+                pass
     except (mp.ProcessRaisedException, mp.ProcessExitedException) as error:
+        if any(process.exitcode == INTERRUPTED for process in context.processes):
+            _report_failures_after_interrupt(context)
+            raise RanksInterrupted from None
         _report_other_failures(context, error.error_index)
         raise
+
+
+@contextlib.contextmanager
+def _sigint_passed_on(processes: Sequence[Any]) -> Iterator[None]:
+    """While the ranks run, a SIGINT to this process is sent on to every live rank
+    instead of raising here: the ranks decide when to stop (`distributed.stopping`) and
+    this process waits for them, whose status is the launch's. A terminal's Ctrl-C
+    reaches the ranks directly as well; they count the two as one Ctrl-C (they come
+    within `stopping.DUPLICATE_WINDOW_S`). torchrun's agent passes SIGINT on the same way."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def pass_on(signum: int, frame: Any) -> None:
+        for process in processes:
+            if process.is_alive():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process.pid, signal.SIGINT)
+    previous = signal.signal(signal.SIGINT, pass_on)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 # Seconds the other ranks get to end by themselves once one has failed, before they are
@@ -143,6 +182,17 @@ def _report_other_failures(context: mp.ProcessContext, reported: int) -> None:
             with open(path, "rb") as file:
                 trace = pickle.load(file)
             print(f"gnnfuse: rank {index} of {len(context.processes)} failed too:\n{trace}", file=sys.stderr)
+
+
+def _report_failures_after_interrupt(context: mp.ProcessContext) -> None:
+    """One line per rank that failed while another was stopped by Ctrl-C: its error's
+    last line (a peer stopped at once leaves the others' collectives without it)."""
+    for index, path in enumerate(context.error_files):
+        if os.access(path, os.R_OK):
+            with open(path, "rb") as file:
+                last = pickle.load(file).strip().splitlines()[-1]
+            print(f"gnnfuse: rank {index} of {len(context.processes)} ended with an error after a rank was stopped "
+                  f"at once by Ctrl-C: {last}", file=sys.stderr)
 
 
 # What the fork server imports before it forks any rank: what every rank imports anyway.
@@ -225,6 +275,21 @@ def _leave() -> None:
         abandon_process_group()
 
 
+def end_rank_now(status: int) -> NoReturn:
+    """End this rank with ``status`` without leaving its process group: what a rank
+    stopped at once by Ctrl-C does, while its peers may still be inside a collective
+    with it. The leaving barrier would wait for them for `process_group.LEAVE_TIMEOUT_S`
+    (they never join it); exiting closes this rank's connections, which fails their
+    collectives at once (gloo), or lets the launcher end them (NCCL: torchrun's agent,
+    `start_ranks`). Files the rank wrote are closed by then; stdout, stderr and
+    logging's handlers are flushed."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):      # a closed or broken stream must not stop the exit
+            stream.flush()
+    os._exit(status)
+
+
 def abandon_process_group() -> NoReturn:
     """End this rank now, after its leaving barrier expired: say so on stderr, flush what
     Python still buffers (stdout, stderr, logging's handlers) and leave by ``os._exit(1)``.
@@ -241,8 +306,4 @@ def abandon_process_group() -> NoReturn:
           f"leaving barrier did not complete in {process_group.LEAVE_TIMEOUT_S:g} s (the ranks ran different "
           "numbers of collectives, or a peer is stuck); ending this rank now (status 1) instead of waiting for "
           "the group's timeout", file=sys.stderr)
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):      # a closed or broken stream must not stop the exit
-            stream.flush()
-    os._exit(1)
+    end_rank_now(1)

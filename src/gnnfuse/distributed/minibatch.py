@@ -33,9 +33,11 @@ Only rank 0 logs and draws the progress bar; accuracies are summed over ranks
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 import warnings
+from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
@@ -54,12 +56,15 @@ from ..training.data import PreparedData
 from ..training.loop import BestEpoch, EarlyStopping, RunResult, _optimizer, peak_memory_mib
 from ..runtime.cuda_graph import CaptureFallbackWarning
 from ..training.captured_step import BlockStepCapture
-from ..training.minibatch import _fit_placement, classification_step, stage_split, table_fits_on_device
+from ..training.interrupt import RunInterrupted, StoppedAtOnce
+from ..training.minibatch import (_fit_placement, classification_step, restored_placement, stage_split,
+                                  table_fits_on_device)
 from .features import PartitionedFeatures, row_ranges
 from .agreement import check_agreement, describe_data
 from .gradients import average_gradients, broadcast_parameters
 from .inference import layerwise_logits, range_block, summed_accuracies
 from .process_group import DistributedError, current
+from .stopping import rank_interrupt, ranks_run_state, restore_ranks_run
 
 RANK_SEED_STRIDE = 1_000_003     # rank r draws dropout and neighbour samples from seed + r * stride
 
@@ -81,10 +86,14 @@ LOADER_WORKERS_WITH_DDP = (
 
 
 def train_distributed_minibatch_run(config: TrainConfig, spec: ModelSpec, data: PreparedData, seed: int, *,
-                                    label: str = "", log_epochs: bool = True, cuda_graph: str = "auto") -> RunResult:
+                                    label: str = "", log_epochs: bool = True, cuda_graph: str = "auto",
+                                    resume_from: dict[str, Any] | None = None) -> RunResult:
     """`training.minibatch.train_minibatch_run` on every rank of the joined process
     group, gradients averaged by DDP, or inside replayed steps (``cuda_graph``, see the
-    module doc); returns the same `RunResult` on every rank."""
+    module doc); returns the same `RunResult` on every rank. Ctrl-C on any rank ends the
+    run on every rank at the end of the epoch (`stopping`) with `RunInterrupted`, whose
+    state passed back as ``resume_from`` continues it exactly (the state holds each rank's
+    random state and fitted kernel placement)."""
     me = current()
     device = me.device
     if device.type != config.device:
@@ -129,7 +138,8 @@ def train_distributed_minibatch_run(config: TrainConfig, spec: ModelSpec, data: 
             if captured else None)
     times = loader.stage_times
     compute = ComputeTimer(times, device)
-    placement = _fit_placement(model, loader) if config.dkp else None
+    # a resumed run takes each rank's fitted placement from the checkpoint instead (below)
+    placement = _fit_placement(model, loader) if config.dkp and resume_from is None else None
     block = range_block(data.graph, bounds[me.rank], bounds[me.rank + 1])
     owned = slice(bounds[me.rank], bounds[me.rank + 1])
     # evaluation reads through its own view of the rows, so the bytes logged are training's
@@ -139,63 +149,111 @@ def train_distributed_minibatch_run(config: TrainConfig, spec: ModelSpec, data: 
                                                            "epoch_seconds", *(f"stage_{s}" for s in STAGES))}
     stopping = EarlyStopping(config.patience)
     best = BestEpoch(history, stopping)
-    start = time.perf_counter()
-    total = config.epochs * len(loader)
+    done, replayed = 0, 0
+    if resume_from is not None:
+        done, own = restore_ranks_run(resume_from, model, optimizer, best)
+        placement = restored_placement(model, own["placement"]) if config.dkp else None
+        replayed = own["replayed"]
+    start = time.perf_counter() - (0.0 if resume_from is None else resume_from["seconds"])
+    total = (config.epochs - done) * len(loader)
     progress = progress_bar(total=total, desc=f"train{label}", unit="batch") if me.is_main else tqdm(disable=True)
     prefix = f"{label.strip() + ' | ' if label else ''}"
-    for epoch in range(1, config.epochs + 1):
-        sampler.set_epoch(epoch)
-        model.train()
-        times.reset()
-        epoch_start = time.perf_counter()
-        loss_sum = torch.zeros(2, dtype=torch.float64, device=device)        # loss * seeds, seeds
-        for batch in loader:
-            x_batch = batch.x
-            if store is not None:
-                with times.timing("lookup", stream_sync(device)):
-                    x_batch = store.gather(batch.n_id)
-            with compute.step():
-                if step is not None:
-                    loss = step(batch)
-                else:
-                    optimizer.zero_grad()
-                    loss = cross_entropy(ddp(x_batch, batch.blocks), batch.y)
-                    loss.backward()
-                    optimizer.step()
-            loss_sum += torch.stack([loss.detach().double() * batch.batch_size,
-                                     torch.tensor(float(batch.batch_size), dtype=torch.float64, device=device)])
-            progress.update()
-        compute.flush()
-        epoch_seconds = time.perf_counter() - epoch_start
-        stages = times.totals()
-        dist.all_reduce(loss_sum)
-        train_loss = (loss_sum[0] / loss_sum[1].clamp_min(1)).item()
-        model.eval()
-        logits = layerwise_logits(model, block, read_input, bounds, me.rank)
-        local_masks = tuple(m[owned] for m in data.masks)
-        (train_acc, val_acc, test_acc), val_loss = summed_accuracies(logits, data.y[owned], local_masks,
-                                                                     val_mask[owned])
-        values = (train_loss, val_loss, train_acc, val_acc, test_acc, epoch_seconds, *stages.values())
-        best.record(epoch, values, model, val_acc, val_loss, test_acc)
-        split = stage_split(stages)
-        progress.set_postfix_str(f"epoch {epoch} loss {train_loss:.4f} val {val_acc:.4f} | {split}")
-        moved = _bytes_per_rank(store, device) if store is not None else ""
-        if log_epochs and me.is_main:
-            rate = times.batches / epoch_seconds if epoch_seconds > 0 else float("inf")
-            tqdm.write(f"{prefix}epoch {epoch:4d} | loss {train_loss:.4f} | train {train_acc:.4f} | val "
-                       f"{val_acc:.4f} | test {test_acc:.4f} | {epoch_seconds * 1e3:7.1f} ms, {rate:.1f} batches/s "
-                       f"per rank ({split}) | peak {peak_memory_mib(device):.0f} MiB{moved}", file=sys.stdout)
-        if stopping.should_stop:
-            break
+    stop, reason = False, inexact_resume(me.world_size, captured)
+
+    def stopped_state(epoch: int) -> dict[str, Any]:
+        """The run's state after ``epoch``, every rank's random state, placement and replay count."""
+        own = {"placement": placement.state() if placement is not None else None,
+               "replayed": replayed + (step.replayed if step is not None else 0)}
+        return ranks_run_state(epoch, model, optimizer, best, time.perf_counter() - start, own)
+
+    with rank_interrupt() if reason is None else stops_at_once(reason) as interrupt:
+        for epoch in range(done + 1, config.epochs + 1):
+            sampler.set_epoch(epoch)
+            model.train()
+            times.reset()
+            epoch_start = time.perf_counter()
+            loss_sum = torch.zeros(2, dtype=torch.float64, device=device)        # loss * seeds, seeds
+            for batch in loader:
+                x_batch = batch.x
+                if store is not None:
+                    with times.timing("lookup", stream_sync(device)):
+                        x_batch = store.gather(batch.n_id)
+                with compute.step():
+                    if step is not None:
+                        loss = step(batch)
+                    else:
+                        optimizer.zero_grad()
+                        loss = cross_entropy(ddp(x_batch, batch.blocks), batch.y)
+                        loss.backward()
+                        optimizer.step()
+                loss_sum += torch.stack([loss.detach().double() * batch.batch_size,
+                                         torch.tensor(float(batch.batch_size), dtype=torch.float64, device=device)])
+                progress.update()
+            compute.flush()
+            epoch_seconds = time.perf_counter() - epoch_start
+            stages = times.totals()
+            dist.all_reduce(loss_sum)
+            train_loss = (loss_sum[0] / loss_sum[1].clamp_min(1)).item()
+            model.eval()
+            logits = layerwise_logits(model, block, read_input, bounds, me.rank)
+            local_masks = tuple(m[owned] for m in data.masks)
+            (train_acc, val_acc, test_acc), val_loss, stop = summed_accuracies(
+                logits, data.y[owned], local_masks, val_mask[owned], interrupt is not None and interrupt.requested)
+            values = (train_loss, val_loss, train_acc, val_acc, test_acc, epoch_seconds, *stages.values())
+            best.record(epoch, values, model, val_acc, val_loss, test_acc)
+            split = stage_split(stages)
+            progress.set_postfix_str(f"epoch {epoch} loss {train_loss:.4f} val {val_acc:.4f} | {split}")
+            moved = _bytes_per_rank(store, device) if store is not None else ""
+            if log_epochs and me.is_main:
+                rate = times.batches / epoch_seconds if epoch_seconds > 0 else float("inf")
+                tqdm.write(f"{prefix}epoch {epoch:4d} | loss {train_loss:.4f} | train {train_acc:.4f} | val "
+                           f"{val_acc:.4f} | test {test_acc:.4f} | {epoch_seconds * 1e3:7.1f} ms, {rate:.1f} batches/s "
+                           f"per rank ({split}) | peak {peak_memory_mib(device):.0f} MiB{moved}", file=sys.stdout)
+            if stopping.should_stop:
+                break
+            if stop and epoch < config.epochs:
+                progress.close()
+                raise RunInterrupted(stopped_state(epoch))
     progress.close()
     if placement is not None and log_epochs and me.is_main:
         tqdm.write(f"{prefix}rank 0: {placement.describe()}", file=sys.stdout)
-    graph_status = f"{step.status} ({step.replayed} steps replayed)" if step is not None else RunResult.cuda_graph
+    graph_status = (f"{step.status} ({replayed + step.replayed} steps replayed)" if step is not None
+                    else RunResult.cuda_graph)
     if step is not None:
         step.release()       # its graph and pool go now, not at the process's last run (leave_process_group)
     return RunResult(seed=seed, best_epoch=stopping.best_epoch, best_val_acc=stopping.reported_val_acc,
                      test_acc=best.test_acc, epochs_run=len(history["loss"]), seconds=time.perf_counter() - start,
-                     state_dict=best.state_dict, history=history, cuda_graph=graph_status)
+                     state_dict=best.state_dict, history=history, cuda_graph=graph_status, interrupted=stop)
+
+
+def inexact_resume(world_size: int, captured: bool) -> str | None:
+    """Why a run on ``world_size`` ranks could not go on exactly from the end of an epoch
+    (None: it can), so that Ctrl-C stops it at once instead.
+
+    DDP all-reduces the gradients in buckets it lays out anew after a run's first step,
+    in the order that step's gradients came in, which depends on the batch (a layer
+    maps or aggregates first by its block's sizes). On 3 CPU ranks a resumed run's
+    first step after epoch 5 laid them out otherwise than the uninterrupted run's first
+    step had, the all-reduce added the ranks' gradients in another order, and the loss
+    of epoch 8 of 12 was 16.723311424 against 16.723310788. The sum of two ranks' values
+    is one addition, the same in any order; replayed steps average the gradients in
+    parameter order (`gradients.average_gradients`)."""
+    if captured or world_size <= 2:
+        return None
+    return (f"data-parallel steps through DDP on {world_size} ranks (more than 2) cannot go on exactly from the "
+            "end of an epoch, since DDP lays out its gradient buckets by the order of a run's first step's "
+            "gradients, and a resumed run's all-reduces would add up the ranks' gradients in another order")
+
+
+@contextlib.contextmanager
+def stops_at_once(reason: str) -> Iterator[None]:
+    """Ctrl-C where it lands, as `StoppedAtOnce` saying ``reason``."""
+    try:
+        yield None
+    except KeyboardInterrupt as error:
+        if isinstance(error, StoppedAtOnce):
+            raise
+        raise StoppedAtOnce(reason) from None
 
 
 def _check_seeds_per_rank(num_seeds: int, world_size: int) -> None:

@@ -5,14 +5,22 @@ two parameters' Adam steps), so the state at that moment is no epoch's: resuming
 could not give the numbers an uninterrupted run gives. `DeferredInterrupt` turns the
 first Ctrl-C into a request the loop honours once its epoch is recorded; a second one
 raises at once, for a user who will not wait.
+
+Several ranks each get a terminal's Ctrl-C themselves and also from their launcher
+(torchrun's agent passes a SIGINT on to its workers; so does ``gnnfuse train --gpus`` or
+``--cpu-ranks``, so that a signal to the launcher alone reaches them): a rank counts the
+SIGINTs of one ``duplicate_window_s`` as one Ctrl-C.
 """
 from __future__ import annotations
 
 import signal
 import sys
 import threading
+import time
 from types import FrameType, TracebackType
 from typing import Any
+
+INTERRUPTED = 130          # a shell's status for a command stopped by SIGINT (128 + 2)
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -24,13 +32,28 @@ class RunInterrupted(KeyboardInterrupt):
         self.state = state
 
 
+class StoppedAtOnce(KeyboardInterrupt):
+    """Ctrl-C in a run that could not go on exactly from the end of its epoch, which
+    therefore stopped where it landed; ``reason`` says why, for the message at the stop."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
 class DeferredInterrupt:
     """While entered, the first SIGINT sets `requested` instead of raising; the second
-    raises KeyboardInterrupt. Only where Python delivers signals -- the main thread, with
-    Python's own SIGINT handler in place -- elsewhere a Ctrl-C raises where it lands."""
+    raises KeyboardInterrupt -- unless it came within ``duplicate_window_s`` of the
+    first (the same Ctrl-C delivered twice, see the module doc). ``quiet``: say nothing
+    on stderr (ranks but the first, which says it for all); else say it stops ``when``.
+    Only where Python delivers signals -- the main thread, with Python's own SIGINT
+    handler in place -- elsewhere a Ctrl-C raises where it lands."""
 
-    def __init__(self) -> None:
+    def __init__(self, duplicate_window_s: float = 0.0, quiet: bool = False,
+                 when: str = "at the end of this epoch") -> None:
         self.requested = False
+        self.duplicate_window_s, self.quiet, self.when = duplicate_window_s, quiet, when
+        self._first = 0.0
         self._previous: Any = None
 
     def __enter__(self) -> DeferredInterrupt:
@@ -40,11 +63,15 @@ class DeferredInterrupt:
         return self
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        now = time.monotonic()
         if self.requested:
+            if now - self._first < self.duplicate_window_s:
+                return
             raise KeyboardInterrupt
-        self.requested = True
-        print("\nCtrl-C: stopping at the end of this epoch (Ctrl-C again stops at once, losing the epoch)",
-              file=sys.stderr, flush=True)
+        self.requested, self._first = True, now
+        if not self.quiet:
+            print(f"\nCtrl-C: stopping {self.when} (Ctrl-C again stops at once, losing the epoch)",
+                  file=sys.stderr, flush=True)
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  traceback: TracebackType | None) -> None:

@@ -28,7 +28,7 @@ from ..progress import progress_bar
 from ..runtime.cuda_graph import CaptureFallbackWarning, StepCapture
 from .config import ConfigError, TrainConfig
 from .data import PreparedData, prepare_data
-from .interrupt import DeferredInterrupt, RunInterrupted
+from .interrupt import DeferredInterrupt, RunInterrupted, StoppedAtOnce
 
 
 @dataclass
@@ -276,14 +276,15 @@ class TrainingInterrupted(KeyboardInterrupt):
     """Ctrl-C during `train_runs`: a KeyboardInterrupt (so ``except KeyboardInterrupt``
     still stops on it) that carries the runs that finished before it (`summary`), the
     index of the run it stopped, and that run's `run_state` at the end of its last epoch
-    (None where the run cannot be continued: a second Ctrl-C; multi-rank runs, which
-    start again when resumed). `between_runs`: it came in the last epoch of the run before, so
-    run `index` had not started."""
+    (None where the run cannot be continued: a second Ctrl-C, which stops at once, or a
+    run that stops at once, `reason` saying why: `interrupt.StoppedAtOnce`). `between_runs`:
+    it came in the last epoch of the run before, so run `index` had not started."""
 
     def __init__(self, summary: TrainSummary, index: int, state: dict[str, Any] | None = None,
-                 between_runs: bool = False):
+                 between_runs: bool = False, reason: str | None = None):
         super().__init__(f"interrupted {'before' if between_runs else 'in'} run {index + 1}/{summary.config.runs}")
         self.summary, self.index, self.state, self.between_runs = summary, index, state, between_runs
+        self.reason = reason
 
 
 def train_runs(config: TrainConfig, *, log_epochs: bool = True,
@@ -346,7 +347,8 @@ def train_runs(config: TrainConfig, *, log_epochs: bool = True,
             state = error.state if isinstance(error, RunInterrupted) else None
             if saving and state is not None:
                 save_checkpoint(summary, save_to, interrupted=state)
-            raise TrainingInterrupted(summary, index, state) from None
+            reason = error.reason if isinstance(error, StoppedAtOnce) else None
+            raise TrainingInterrupted(summary, index, state, reason=reason) from None
         summary.runs.append(result)
         if saving:
             save_checkpoint(summary, save_to)
