@@ -25,7 +25,7 @@ from gnnfuse.cli import main
 from gnnfuse.distributed.launch import run_ranks
 from gnnfuse.training import load_checkpoint
 
-from test_train_resume import same_runs
+from test_train_resume import same_runs, timed_by_formula
 
 LAUNCH_LIMIT_S = 120      # a launch of two CPU ranks on a few epochs takes seconds
 FULL_GRAPH = ["train", "--epochs", "12", "--patience", "3", "--lr", "0.5"]
@@ -34,11 +34,14 @@ MINI_BATCH = ["train", "--model", "sage", "--fanout", "5,5", "--batch-size", "64
 
 
 def _sigint_in_rank(rank: int, epoch: int, times: int, argv: list[str]) -> int:
-    """A rank's entry: ``gnnfuse`` on ``argv``, where rank ``rank`` alone gets ``times``
-    SIGINTs (as from ``kill -INT`` of its pid) in epoch ``epoch``, before the epoch's
-    last collective (the gradients' all-reduce of a full-graph epoch, the evaluation of
-    a mini-batch one; one call each per epoch)."""
+    """A rank's entry: ``gnnfuse`` on ``argv``, where rank ``rank`` alone (none for -1)
+    gets ``times`` SIGINTs (as from ``kill -INT`` of its pid) in epoch ``epoch``, before
+    the epoch's last collective (the gradients' all-reduce of a full-graph epoch, the
+    evaluation of a mini-batch one; one call each per epoch). Every rank's --dkp fits
+    kernel times from a formula (`timed_by_formula`), so that two runs fit alike."""
     from gnnfuse.distributed import fullgraph, minibatch, stopping
+    from gnnfuse.nn import placement
+    placement.kernel_times = timed_by_formula
     if int(os.environ["RANK"]) == rank:
         stopping.DUPLICATE_WINDOW_S = 0.0       # two SIGINTs a moment apart are two Ctrl-Cs here
         calls = []
@@ -68,8 +71,10 @@ def bounded_launch(entry, argv: list[str], ranks: int = 2) -> tuple[int, float]:
     return result[0], time.perf_counter() - start
 
 
-@pytest.mark.parametrize("argv, epoch, ranks", [(FULL_GRAPH, 7, 2), (MINI_BATCH, 10, 2), (FULL_GRAPH, 7, 3)],
-                         ids=["full-graph", "mini-batch", "full-graph-3-ranks"])
+@pytest.mark.parametrize("argv, epoch, ranks", [
+    (FULL_GRAPH, 7, 2), (MINI_BATCH, 10, 2), (FULL_GRAPH, 7, 3), ([*MINI_BATCH, "--dkp"], 10, 2),
+    ([*MINI_BATCH, "--features", "partitioned"], 10, 2)],
+    ids=["full-graph", "mini-batch", "full-graph-3-ranks", "mini-batch-dkp", "mini-batch-partitioned-features"])
 def test_ctrl_c_on_one_rank_stops_every_rank_after_the_epoch_and_resume_is_bit_exact(argv, epoch, ranks, tmp_path,
                                                                                     capfd):
     """Multi-rank runs stopped at once (a Ctrl-C on one rank only left its peer waiting in
@@ -78,7 +83,7 @@ def test_ctrl_c_on_one_rank_stops_every_rank_after_the_epoch_and_resume_is_bit_e
     each rank's random state (the ranks draw different dropout masks and samples)."""
     argv = [*argv, "--cpu-ranks", str(ranks)]
     whole, cut = tmp_path / "whole.pt", tmp_path / "cut.pt"
-    assert main([*argv, "--save", str(whole)]) == 0
+    assert bounded_launch(functools.partial(_sigint_in_rank, -1, 0, 0), [*argv, "--save", str(whole)], ranks)[0] == 0
     run = load_checkpoint(whole)[1]["runs"][0]
     assert run["best_epoch"] < epoch < run["epochs_run"]     # the early-stopping record must carry over
     capfd.readouterr()
@@ -90,7 +95,8 @@ def test_ctrl_c_on_one_rank_stops_every_rank_after_the_epoch_and_resume_is_bit_e
     state = torch.load(cut, weights_only=True)["interrupted"]
     assert state["epoch"] == epoch and len(state["ranks"]) == ranks
     assert not torch.equal(state["ranks"][0]["rng"], state["ranks"][1]["rng"])     # so both are needed
-    assert main([*argv, "--save", str(cut), "--resume"]) == 0
+    assert bounded_launch(functools.partial(_sigint_in_rank, -1, 0, 0), [*argv, "--save", str(cut), "--resume"],
+                          ranks)[0] == 0
     out = capfd.readouterr().out
     assert f"epoch {epoch:4d} " not in out and f"epoch {epoch + 1:4d} " in out
     assert same_runs(torch.load(cut, weights_only=True)["runs"], torch.load(whole, weights_only=True)["runs"])
