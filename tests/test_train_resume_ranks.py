@@ -33,12 +33,13 @@ MINI_BATCH = ["train", "--model", "sage", "--fanout", "5,5", "--batch-size", "64
               "--epochs", "12", "--patience", "3", "--lr", "0.3"]
 
 
-def _sigint_in_rank(rank: int, epoch: int, times: int, argv: list[str]) -> int:
+def _sigint_in_rank(rank: int, epoch: int, times: int, argv: list[str], after: bool = False) -> int:
     """A rank's entry: ``gnnfuse`` on ``argv``, where rank ``rank`` alone (none for -1)
-    gets ``times`` SIGINTs (as from ``kill -INT`` of its pid) in epoch ``epoch``, before
-    the epoch's last collective (the gradients' all-reduce of a full-graph epoch, the
-    evaluation of a mini-batch one; one call each per epoch). Every rank's --dkp fits
-    kernel times from a formula (`timed_by_formula`), so that two runs fit alike."""
+    gets ``times`` SIGINTs (as from ``kill -INT`` of its pid) in epoch ``epoch`` (counted
+    over runs), before the epoch's last collective (the gradients' all-reduce of a
+    full-graph epoch, the evaluation of a mini-batch one; one call each per epoch), or
+    ``after`` it (where the epoch is recorded). Every rank's --dkp fits kernel times from
+    a formula (`timed_by_formula`), so that two runs fit alike."""
     from gnnfuse.distributed import fullgraph, minibatch, stopping
     from gnnfuse.nn import placement
     placement.kernel_times = timed_by_formula
@@ -54,8 +55,12 @@ def _sigint_in_rank(rank: int, epoch: int, times: int, argv: list[str]) -> int:
                         signal.raise_signal(signal.SIGINT)
                 return function(*args, **kwargs)
             return call
-        fullgraph.all_reduce_gradients = counting(fullgraph.all_reduce_gradients)
-        minibatch.layerwise_logits = counting(minibatch.layerwise_logits)
+        if after:
+            from gnnfuse.training.loop import BestEpoch
+            BestEpoch.record = counting(BestEpoch.record)
+        else:
+            fullgraph.all_reduce_gradients = counting(fullgraph.all_reduce_gradients)
+            minibatch.layerwise_logits = counting(minibatch.layerwise_logits)
     return main(argv)
 
 
@@ -99,6 +104,19 @@ def test_ctrl_c_on_one_rank_stops_every_rank_after_the_epoch_and_resume_is_bit_e
                           ranks)[0] == 0
     out = capfd.readouterr().out
     assert f"epoch {epoch:4d} " not in out and f"epoch {epoch + 1:4d} " in out
+    assert same_runs(torch.load(cut, weights_only=True)["runs"], torch.load(whole, weights_only=True)["runs"])
+
+
+def test_a_ctrl_c_after_a_runs_last_agreement_stops_the_next_run_after_its_first_epoch(tmp_path, capfd):
+    """A request that came after the last epoch's all-reduce of a run was dropped with
+    that run's interrupt: the ranks trained every later run as if no Ctrl-C had come."""
+    argv = [*FULL_GRAPH, "--cpu-ranks", "2", "--epochs", "3", "--runs", "3"]
+    whole, cut = tmp_path / "whole.pt", tmp_path / "cut.pt"
+    assert bounded_launch(functools.partial(_sigint_in_rank, -1, 0, 0), [*argv, "--save", str(whole)])[0] == 0
+    status, _ = bounded_launch(functools.partial(_sigint_in_rank, 1, 3, 1, after=True), [*argv, "--save", str(cut)])
+    err = capfd.readouterr().err
+    assert status == 130 and "interrupted in run 2/3 (seed 1) after epoch 1" in err, err
+    assert bounded_launch(functools.partial(_sigint_in_rank, -1, 0, 0), [*argv, "--save", str(cut), "--resume"])[0] == 0
     assert same_runs(torch.load(cut, weights_only=True)["runs"], torch.load(whole, weights_only=True)["runs"])
 
 

@@ -62,7 +62,7 @@ from .agreement import check_agreement, describe_data
 from .gradients import all_reduce_gradients, broadcast_parameters
 from .halo import HaloExchange
 from .partition import Partition, contiguous_owners, greedy_owners, partition_graph
-from .stopping import rank_interrupt, ranks_run_state, restore_ranks_run
+from .stopping import carry_over, rank_interrupt, ranks_run_state, restore_ranks_run
 
 SUPPORTED_LAYERS = (GCNConv, GATConv, SAGEConv)
 PARTITIONED_MODELS = ("gcn", "gat", "sage")      # registry models built from SUPPORTED_LAYERS only
@@ -368,6 +368,7 @@ def train_full_graph_run(config: TrainConfig, spec: ModelSpec, data: PreparedDat
             if stop and epoch < config.epochs:
                 progress.close()
                 raise RunInterrupted(ranks_run_state(epoch, model, optimizer, best, time.perf_counter() - start))
+        carry_over(interrupt, stop)
     progress.close()
     return RunResult(seed=seed, best_epoch=stopping.best_epoch, best_val_acc=stopping.reported_val_acc,
                      test_acc=best.test_acc, epochs_run=len(history["loss"]), seconds=time.perf_counter() - start,

@@ -64,7 +64,7 @@ from .agreement import check_agreement, describe_data
 from .gradients import average_gradients, broadcast_parameters
 from .inference import layerwise_logits, range_block, summed_accuracies
 from .process_group import DistributedError, current
-from .stopping import rank_interrupt, ranks_run_state, restore_ranks_run
+from .stopping import carry_over, rank_interrupt, ranks_run_state, restore_ranks_run
 
 RANK_SEED_STRIDE = 1_000_003     # rank r draws dropout and neighbour samples from seed + r * stride
 
@@ -214,6 +214,8 @@ def train_distributed_minibatch_run(config: TrainConfig, spec: ModelSpec, data: 
             if stop and epoch < config.epochs:
                 progress.close()
                 raise RunInterrupted(stopped_state(epoch))
+        if interrupt is not None:
+            carry_over(interrupt, stop)
     progress.close()
     if placement is not None and log_epochs and me.is_main:
         tqdm.write(f"{prefix}rank 0: {placement.describe()}", file=sys.stdout)

@@ -34,12 +34,28 @@ from ..training.loop import BestEpoch, restore_run, run_state
 DUPLICATE_WINDOW_S = 1.0
 
 
+class _Carried:
+    """A request that came after a run's last agreement (`carry_over`), for the next run."""
+    requested = False
+
+
 def rank_interrupt() -> DeferredInterrupt:
     """The `DeferredInterrupt` a rank's epoch loop runs under (rank 0 alone says so on
-    stderr, where every rank's errors go)."""
-    return DeferredInterrupt(duplicate_window_s=DUPLICATE_WINDOW_S, quiet=dist.get_rank() != 0,
-                             when="every rank at the end of this epoch (of the next one if this one's last "
-                                  "all-reduce is past)")
+    stderr, where every rank's errors go), already requested when the run before left a
+    request over (`carry_over`)."""
+    interrupt = DeferredInterrupt(duplicate_window_s=DUPLICATE_WINDOW_S, quiet=dist.get_rank() != 0,
+                                  when="every rank at the end of this epoch, or of the next one if this one's "
+                                       "last all-reduce is past")
+    interrupt.requested, _Carried.requested = _Carried.requested, False
+    return interrupt
+
+
+def carry_over(interrupt: DeferredInterrupt, agreed: bool) -> None:
+    """Keep a request the ranks did not agree on -- it came after the run's last epoch's
+    all-reduce -- for the next run, whose first epoch's all-reduce carries it: dropped
+    with this run's interrupt, it was lost, and every later run trained as if no Ctrl-C
+    had come. (After a command's last run there is nothing left to stop.)"""
+    _Carried.requested = interrupt.requested and not agreed
 
 
 def ranks_run_state(epoch: int, model: nn.Module, optimizer: torch.optim.Optimizer, best: BestEpoch,
