@@ -191,3 +191,33 @@ def test_a_real_ctrl_c_stops_every_rank_after_an_epoch_and_keeps_their_state(tmp
     assert "Traceback" not in err and "interrupted in run 1/1 (seed 0) after epoch" in err, err
     state = torch.load(path, weights_only=True)["interrupted"]
     assert state["epoch"] >= 2 and len(state["ranks"]) == 2
+
+
+def _sleeping_rank(local_rank: int, folder: str, seconds: float) -> None:
+    Path(folder, str(local_rank)).touch()      # started: the launcher waits for it now
+    time.sleep(seconds)
+
+
+def _sigint_once_started(folder: Path, ranks: int) -> None:
+    """SIGINT to this process once ``ranks`` ranks have said they started."""
+    deadline = time.perf_counter() + LAUNCH_LIMIT_S
+    while len(list(folder.iterdir())) < ranks and time.perf_counter() < deadline:
+        time.sleep(0.05)
+    os.kill(os.getpid(), signal.SIGINT)
+
+
+@pytest.mark.parametrize("pass_sigint", [False, True])
+def test_only_gnnfuse_trains_launch_passes_sigint_on_to_its_ranks(pass_sigint, tmp_path):
+    """Every caller of start_ranks (the distributed benchmarks among them) had its SIGINT
+    sent on to ranks that do not defer it: torch.multiprocessing's wrapper swallows a
+    rank's KeyboardInterrupt (exit status 0), and the launch went on as if they had
+    finished. Only `run_ranks` (gnnfuse train) asks for that; others raise at once."""
+    from gnnfuse.distributed.launch import start_ranks
+    threading.Thread(target=_sigint_once_started, args=(tmp_path, 2), daemon=True).start()
+    start = time.perf_counter()
+    if pass_sigint:       # each rank stops on the SIGINT sent on, long before its 60 s
+        start_ranks(_sleeping_rank, (str(tmp_path), 60.0), 2, "cpu", pass_sigint=True)
+    else:
+        with pytest.raises(KeyboardInterrupt):
+            start_ranks(_sleeping_rank, (str(tmp_path), 4.0), 2, "cpu")
+    assert time.perf_counter() - start < LAUNCH_LIMIT_S / 4

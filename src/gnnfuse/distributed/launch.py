@@ -103,7 +103,7 @@ def run_ranks(ranks: int, device_type: str, entry: Callable[[list[str]], int], a
     module docstring); the exit status: 0, `INTERRUPTED` when the ranks were stopped by
     Ctrl-C (rank 0 has said what it kept), or 1 when a rank failed (its error printed)."""
     try:
-        start_ranks(_rank_main, (ranks, free_port(), entry, list(argv)), ranks, device_type)
+        start_ranks(_rank_main, (ranks, free_port(), entry, list(argv)), ranks, device_type, pass_sigint=True)
     except RanksInterrupted:
         return INTERRUPTED
     except (mp.ProcessRaisedException, mp.ProcessExitedException) as error:
@@ -112,14 +112,17 @@ def run_ranks(ranks: int, device_type: str, entry: Callable[[list[str]], int], a
     return 0
 
 
-def start_ranks(function: Callable[..., None], args: tuple, ranks: int, device_type: str) -> None:
+def start_ranks(function: Callable[..., None], args: tuple, ranks: int, device_type: str,
+                pass_sigint: bool = False) -> None:
     """``function(local_rank, *args)`` in ``ranks`` processes: spawned for CUDA, forked
     from the fork server for the CPU (the module docstring says why). Raises
     torch.multiprocessing's `ProcessRaisedException` or `ProcessExitedException` when a
     rank fails, once the others have ended (`FAILURE_GRACE_S`) and the error of every
     other failed rank is printed to stderr; `RanksInterrupted` when a rank ended with
     `INTERRUPTED` (a Ctrl-C; the ranks that failed only because a peer stopped at once
-    get one line each)."""
+    get one line each). ``pass_sigint``: a SIGINT to this process is sent on to the
+    ranks, which decide how to stop (`gnnfuse train`'s do, `run_ranks`), instead of
+    raising KeyboardInterrupt here."""
     start_method = rank_start_method(device_type)
     # A function of the main script needs the script imported in each rank (which then
     # needs its ``__main__`` guard); any other is found by module, and the script is not
@@ -133,7 +136,7 @@ def start_ranks(function: Callable[..., None], args: tuple, ranks: int, device_t
     with contextlib.nullcontext() if in_main else main_module_hidden():
         context = mp.start_processes(function, args=args, nprocs=ranks, start_method=start_method, join=False)
     try:
-        with _sigint_passed_on(context.processes):
+        with _sigint_passed_on(context.processes) if pass_sigint else contextlib.nullcontext():
             while not context.join(grace_period=FAILURE_GRACE_S):
                 pass
     except (mp.ProcessRaisedException, mp.ProcessExitedException) as error:

@@ -185,7 +185,8 @@ class WorkerPool:
 def _sigint_ignored() -> Iterator[None]:
     """SIGINT ignored while the workers start, so that they start with it ignored (a
     process keeps an ignored signal ignored through exec, and Python then installs no
-    KeyboardInterrupt handler): no window in which a Ctrl-C stops one while it imports."""
+    KeyboardInterrupt handler): no window in which a Ctrl-C stops one while it imports.
+    A Ctrl-C in the milliseconds the processes take to start is ignored here too."""
     if threading.current_thread() is not threading.main_thread():
         yield       # only the main thread may set handlers; `_work` ignores it from its start
         return
