@@ -36,8 +36,11 @@ def values(history: dict) -> dict:
 
 
 def same_runs(a: list, b: list) -> bool:
+    """Whether two checkpoints' runs are the same: seeds, curves, best epochs, the summary's
+    numbers (test and best validation accuracy, epochs run) and every weight, bit for bit."""
     return len(a) == len(b) and all(
         x["seed"] == y["seed"] and values(x["history"]) == values(y["history"]) and x["best_epoch"] == y["best_epoch"]
+        and (x["test_acc"], x["best_val_acc"], x["epochs_run"]) == (y["test_acc"], y["best_val_acc"], y["epochs_run"])
         and x["state_dict"].keys() == y["state_dict"].keys()
         and all(torch.equal(x["state_dict"][k], y["state_dict"][k]) for k in x["state_dict"])
         for x, y in zip(a, b))
