@@ -399,11 +399,13 @@ def _softmax_aggregate(tracer: Tracer, aggr: SoftmaxAggregation, x: SymTensor) -
     target's in-edges (the softmax held constant for gradients with ``semi_grad``)."""
     if aggr.channels != 1 and len(x.value.shape) != 1:
         raise NotCompilable(f"SoftmaxAggregation(channels={aggr.channels}) takes [E, channels] messages")
-    alpha = x if isinstance(aggr.t, (int, float)) and aggr.t == 1 else tracer.apply("mul", x, aggr.t)
+    # ``x * t`` as torch computes it: a Python float ``t`` takes the messages' dtype (applied
+    # to a bare constant it was a float32 one, 1.4e-8 off PyG's float64 output at t=0.3)
+    alpha = x if isinstance(aggr.t, (int, float)) and aggr.t == 1 else x * aggr.t
     alpha = tracer.program.add("edge_softmax", alpha.value, by="dst")
     if not aggr.learn and aggr.semi_grad:
         alpha = tracer.program.add("stop_gradient", alpha)
-    return tracer.apply("mul", x, SymTensor(tracer, alpha, 1))
+    return x * SymTensor(tracer, alpha, 1)
 
 
 def _aggregation_state(layer: PyGMessagePassing) -> Hashable:
