@@ -6,14 +6,20 @@ to differ from PyG without an error or warning, with the numbers it gave."""
 from __future__ import annotations
 
 import warnings
+from typing import Any, Callable, Optional
 
 import pytest
 import torch
+import torch.nn.functional as F
 import torch_geometric.nn as pyg_nn
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from torch_geometric.nn.aggr import SoftmaxAggregation
+from torch_geometric.utils import softmax
 
 import gnnfuse.nn
 from gnnfuse.runtime import record_calls
+from graph_strategies import features, graphs
 
 # 6 vertices (4 and 5 send nothing, 4 receives nothing), a self loop (3 -> 3) and a
 # duplicate edge (0 -> 1 twice)
@@ -35,13 +41,64 @@ def make_aggregating(Base: type) -> type:
     return Aggregating
 
 
-def run(layer: torch.nn.Module, *args: torch.Tensor, **kwargs):
+def make_reverse_pair(Base: type, call: str) -> type:
+    """``flow='target_to_source'`` with a pair ``x=(x, 2 * x)``, its ``propagate`` called
+    with keywords only (PyG generates its template propagate from the call it finds in
+    the class's source), with ``**kwargs`` or with ``size`` given positionally (PyG
+    cannot parse either call, so it runs its generic propagate), or a ``message`` taking
+    ``ptr`` without ``Optional[Tensor]`` (its template then fails on the type, generic
+    too). The two read the pair differently. One class per call: PyG parses the first
+    call in a class's source."""
+    class Keywords(Base):
+        def __init__(self):
+            super().__init__(aggr="add", flow="target_to_source")
+
+        def forward(self, x, edge_index):
+            return self.propagate(edge_index, x=(x, 2 * x))
+
+        def message(self, x_i, x_j):
+            return 3 * x_i + x_j
+
+    class StarKwargs(Base):
+        def __init__(self):
+            super().__init__(aggr="add", flow="target_to_source")
+
+        def forward(self, x, edge_index, **kwargs):
+            return self.propagate(edge_index, x=(x, 2 * x), **kwargs)
+
+        def message(self, x_i, x_j):
+            return 3 * x_i + x_j
+
+    class PositionalSize(Base):
+        def __init__(self):
+            super().__init__(aggr="add", flow="target_to_source")
+
+        def forward(self, x, edge_index):
+            return self.propagate(edge_index, None, x=(x, 2 * x))
+
+        def message(self, x_i, x_j):
+            return 3 * x_i + x_j
+    class UntypedPtr(Base):
+        def __init__(self):
+            super().__init__(aggr="add", flow="target_to_source")
+
+        def forward(self, x, edge_index):
+            return self.propagate(edge_index, x=(x, 2 * x))
+
+        def message(self, x_i, x_j, ptr):       # PyG's aggregate types it Optional[Tensor]
+            return 3 * x_i + x_j
+    return {"keywords": Keywords, "**kwargs": StarKwargs, "positional size": PositionalSize,
+            "untyped ptr": UntypedPtr}[call]
+
+
+def run(layer: torch.nn.Module, *args: Any, **kwargs: Any):
     """Output and the gradients of a fixed projection of it w.r.t. every float input and
     parameter."""
-    leaves = [a.clone().requires_grad_() if a.is_floating_point() else a for a in args]
+    leaves = [a.clone().requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+              for a in args]
     out = layer(*leaves, **kwargs)
     weight = torch.linspace(-1, 1, out.numel(), dtype=out.dtype, device=out.device).view_as(out)
-    inputs = [a for a in leaves if a.requires_grad] + list(layer.parameters())
+    inputs = [a for a in leaves if isinstance(a, torch.Tensor) and a.requires_grad] + list(layer.parameters())
     return out.detach(), torch.autograd.grad((out * weight).sum(), inputs, allow_unused=True)
 
 
@@ -55,7 +112,7 @@ def assert_same(ours, theirs) -> None:
             torch.testing.assert_close(g, r, rtol=1e-12, atol=1e-12)
 
 
-def compiled_run(layer: torch.nn.Module, *args: torch.Tensor, **kwargs):
+def compiled_run(layer: torch.nn.Module, *args: Any, **kwargs: Any):
     """`run`, checking that a compiled program ran and nothing fell back."""
     with warnings.catch_warnings(record=True) as caught, record_calls() as calls:
         warnings.simplefilter("always")
@@ -66,11 +123,11 @@ def compiled_run(layer: torch.nn.Module, *args: torch.Tensor, **kwargs):
     return result
 
 
-def twins(make: type, *args, **kwargs) -> tuple[torch.nn.Module, torch.nn.Module]:
-    """The layer ``make(Base)(*args, **kwargs)`` on gnnfuse's base and on PyG's, with the
+def twins(make: Callable[..., type], *args, **kwargs) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """The layer ``make(Base, *args)(**kwargs)`` on gnnfuse's base and on PyG's, with the
     same float64 weights."""
-    ours = make(gnnfuse.nn.MessagePassing)(*args, **kwargs).double()
-    theirs = make(pyg_nn.MessagePassing)(*args, **kwargs).double()
+    ours = make(gnnfuse.nn.MessagePassing, *args)(**kwargs).double()
+    theirs = make(pyg_nn.MessagePassing, *args)(**kwargs).double()
     theirs.load_state_dict(ours.state_dict())
     return ours, theirs
 
@@ -81,7 +138,7 @@ def twins(make: type, *args, **kwargs) -> tuple[torch.nn.Module, torch.nn.Module
 def test_a_softmax_temperature_scales_in_the_messages_dtype(aggr, aggr_kwargs, backend, device):
     """PyG multiplies the messages by the Python float ``t``; the trace took it as a
     float32 constant (0.30000001192...): 1.4e-8 off PyG's float64 output."""
-    ours, theirs = twins(make_aggregating, aggr(), aggr_kwargs)
+    ours, theirs = twins(make_aggregating, aggr=aggr(), aggr_kwargs=aggr_kwargs)
     x = torch.randn(6, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0)).to(device)
     edges = EDGES.to(device)
     assert_same(compiled_run(ours.to(device), x, edges), run(theirs.to(device), x, edges))
@@ -97,3 +154,85 @@ def test_genconv_with_a_fixed_temperature_matches_pyg(backend, device):
     x = torch.randn(6, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(0)).to(device)
     edges = EDGES.to(device)
     assert_same(compiled_run(ours, x, edges), run(theirs, x, edges))
+
+
+@pytest.mark.parametrize("call", ["keywords", "**kwargs", "positional size", "untyped ptr"])
+def test_a_pair_is_read_as_the_propagate_pyg_runs_reads_it(call, backend, device):
+    """PyG's template propagate reads ``x_j`` from ``x[0]`` under either flow; its generic
+    one, which PyG runs where it cannot build the template, from ``x[flow's j]``: ``x[1]``
+    under target_to_source. The trace always read ``x[0]``: the output was 18.1 off
+    PyG's where PyG ran its generic propagate."""
+    ours, theirs = twins(make_reverse_pair, call)
+    generic = type(theirs).propagate is pyg_nn.MessagePassing.propagate
+    assert generic == (call != "keywords")     # what PyG runs for each call
+    x = torch.randn(6, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0)).to(device)
+    edges = EDGES.to(device)
+    assert_same(compiled_run(ours.to(device), x, edges), run(theirs.to(device), x, edges))
+
+
+class FuzzedMessage:
+    """One of five messages (``self.variant``): the source row, a product of both ends
+    and the edge weight, a difference, an attention-weighted source row (PyG's softmax
+    over each target's in-edges), a gated one. A base of both classes below, before
+    PyG's or gnnfuse's ``MessagePassing``."""
+
+    def message(self, x_i: torch.Tensor, x_j: torch.Tensor, edge_weight: torch.Tensor, index: torch.Tensor,
+                ptr: Optional[torch.Tensor], size_i: Optional[int]) -> torch.Tensor:
+        w = edge_weight.view(-1, *[1] * (x_j.dim() - 1))
+        if self.variant == "src":
+            return x_j
+        if self.variant == "prod":
+            return x_i * x_j * w
+        if self.variant == "diff":
+            return F.leaky_relu(x_j - x_i, 0.2)
+        score = (x_i * x_j).sum(-1)
+        if self.variant == "att":
+            return softmax(score, index, ptr, size_i).unsqueeze(-1) * x_j
+        return torch.sigmoid(score).unsqueeze(-1) * x_j + w
+
+
+def make_fuzzed(Base: type, generic: bool) -> type:
+    """A layer of every combination drawn below: the message, ``aggr``, ``flow``, features
+    [N, F] or [N, heads, F / heads] (``node_dim=0``), ``x`` or a pair ``(x, 2 * x)``;
+    its ``propagate`` call is one PyG parses (template) or one it cannot (``generic``)."""
+    class Fuzzed(FuzzedMessage, Base):
+        def __init__(self, variant, aggr, flow, heads):
+            super().__init__(aggr=aggr, flow=flow, node_dim=0 if heads else -2)
+            self.variant, self.heads = variant, heads
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x, edge_index, edge_weight, pair):
+            h = self.lin(x).view(-1, 2, 2) if self.heads else self.lin(x)
+            return self.propagate(edge_index, x=(h, 2 * h) if pair else h, edge_weight=edge_weight)
+
+    class FuzzedGeneric(FuzzedMessage, Base):
+        def __init__(self, variant, aggr, flow, heads):
+            super().__init__(aggr=aggr, flow=flow, node_dim=0 if heads else -2)
+            self.variant, self.heads = variant, heads
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x, edge_index, edge_weight, pair, **kwargs):
+            h = self.lin(x).view(-1, 2, 2) if self.heads else self.lin(x)
+            return self.propagate(edge_index, x=(h, 2 * h) if pair else h, edge_weight=edge_weight, **kwargs)
+    return FuzzedGeneric if generic else Fuzzed
+
+
+@settings(max_examples=20, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=graphs(max_nodes=5, max_edges=12, hub_degrees=st.sampled_from([0, 0, 40])), data=st.data(),
+       variant=st.sampled_from(["src", "prod", "diff", "att", "gate"]),
+       aggr=st.sampled_from(["add", "mean", "max", "min", "softmax"]),
+       flow=st.sampled_from(["source_to_target", "target_to_source"]),
+       heads=st.booleans(), pair=st.booleans(), generic=st.booleans())
+def test_random_layers_on_random_graphs_match_pyg(backend, device, case, data, variant, aggr, flow, heads, pair,
+                                                  generic):
+    """Drawn graphs (isolated vertices, loops, repeated edges, a hub, int32 or strided
+    indices for gnnfuse; PyG gets the contiguous int64 copy, its scatter backward being
+    wrong through an int32 index) and drawn layers: outputs and every gradient equal."""
+    case = case.to(device)
+    x = data.draw(features(case.num_nodes, 4, non_finite=False)).to(device)
+    weight = torch.rand(case.edge_index.shape[1], dtype=torch.float64,
+                        generator=torch.Generator().manual_seed(1)).to(device)
+    ours, theirs = twins(make_fuzzed, generic, variant=variant, aggr=aggr, flow=flow, heads=heads)
+    ours, theirs = ours.to(device), theirs.to(device)
+    assert_same(compiled_run(ours, x, case.given, weight, pair), run(theirs, x, case.edge_index, weight, pair))

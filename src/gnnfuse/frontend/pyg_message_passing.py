@@ -238,9 +238,14 @@ def _set_size(layer: PyGMessagePassing, size: list[int | None], side: int, name:
 
 
 def _collect(layer: PyGMessagePassing, params: list[str], kwargs: Mapping[str, Any],
-             size: list[int | None], num_edges: int) -> _Arguments:
+             size: list[int | None], num_edges: int, pairs_by_flow: bool) -> _Arguments:
     """Which program input each ``message`` parameter reads, filling ``size`` from the
-    ``*_i``/``*_j`` tensors the way PyG's ``_collect`` does."""
+    ``*_i``/``*_j`` tensors the way the ``propagate`` PyG runs collects them. The two
+    read a pair differently: PyG's template-generated one (what it installs on a class
+    whose ``propagate`` call it can parse from the source) as (source rows, target rows)
+    whatever the flow; its generic one (``pairs_by_flow``: a call passing ``**kwargs`` or
+    a positional ``size``, a class without readable source) ``x_j`` from ``x[j]``, which
+    is ``x[1]`` under ``flow='target_to_source'``."""
     i, j = (1, 0) if layer.flow == "source_to_target" else (0, 1)
     args = _Arguments()
     for param in params:
@@ -261,11 +266,9 @@ def _collect(layer: PyGMessagePassing, params: list[str], kwargs: Mapping[str, A
             continue
         data, key, slot = kwargs[base], base, side
         if isinstance(data, (tuple, list)):
-            # PyG's template-generated collect (what its layers run) reads a pair as
-            # (source rows, target rows) whatever the flow: x_j from data[0], x_i from data[1]
             if len(data) != 2:
                 raise NotCompilable(f"`{base}` is a sequence of {len(data)}; PyG takes a (source, target) pair")
-            slot = 0 if param[-2:] == "_j" else 1
+            slot = side if pairs_by_flow else 0 if param[-2:] == "_j" else 1
             if isinstance(data[1 - slot], torch.Tensor):
                 _set_size(layer, size, 1 - slot, base, data[1 - slot])
             key, data = f"{base}/{slot}", data[slot]
@@ -456,9 +459,12 @@ def _trace_failure(layer: PyGMessagePassing, exc: Exception) -> NotCompilable:
 _TRACES = TraceCache()
 
 
-def compiled_propagate(layer: PyGMessagePassing, edge_index: Any, size: Any, kwargs: Mapping[str, Any]) -> Any:
+def compiled_propagate(layer: PyGMessagePassing, edge_index: Any, size: Any, kwargs: Mapping[str, Any],
+                       pairs_by_flow: bool = False) -> Any:
     """``layer.propagate(edge_index, size, **kwargs)`` with ``message`` and the aggregation
-    compiled; raises `NotCompilable` when it must run eagerly instead."""
+    compiled; raises `NotCompilable` when it must run eagerly instead. ``pairs_by_flow``:
+    PyG would run its generic ``propagate`` for this class, not a template-generated one
+    (they read an ``(x_src, x_dst)`` pair differently under target_to_source, `_collect`)."""
     if torch._C._get_tracing_state() is not None:
         raise NotCompilable("called under torch.jit.trace, which records only torch ops (gnnfuse's kernels run "
                             "outside it); PyG's eager propagate is what a traced replay can run")
@@ -468,7 +474,7 @@ def compiled_propagate(layer: PyGMessagePassing, edge_index: Any, size: Any, kwa
     num_edges = edge_index.shape[1]
     message, bound = _message(layer)
     params = layer.inspector.get_param_names("message")
-    args = _collect(layer, params, kwargs, mutable_size, num_edges)
+    args = _collect(layer, params, kwargs, mutable_size, num_edges, pairs_by_flow)
     known = [s for s in mutable_size if s is not None]
     if len(set(known)) > 1:
         raise NotCompilable(f"bipartite message passing (size {mutable_size})")

@@ -66,7 +66,8 @@ class MessagePassing(NotScriptable, PyGMessagePassing):
                                type(self).propagate, self, edge_index, size, **kwargs)
         if not vars(self).get(_EAGER_FLAG):    # inside `eagerly(self)`
             try:
-                return compiled_propagate(self, edge_index, size, kwargs)
+                return compiled_propagate(self, edge_index, size, kwargs,
+                                          type(self).__dict__.get("_gnnfuse_template_propagate") is None)
             except NotCompilable as reason:
                 _warn_once(type(self), str(reason))
         return _eager_propagate(self, edge_index, size, kwargs)
