@@ -5,6 +5,7 @@ and the Triton interpreter. Each test is a PyG feature a user's layer relies on,
 to differ from PyG without an error or warning, with the numbers it gave."""
 from __future__ import annotations
 
+import types
 import warnings
 from typing import Any, Callable, Optional
 
@@ -236,3 +237,46 @@ def test_random_layers_on_random_graphs_match_pyg(backend, device, case, data, v
     ours, theirs = twins(make_fuzzed, generic, variant=variant, aggr=aggr, flow=flow, heads=heads)
     ours, theirs = ours.to(device), theirs.to(device)
     assert_same(compiled_run(ours, x, case.given, weight, pair), run(theirs, x, case.edge_index, weight, pair))
+
+
+def make_keeping(Base: type, how: str) -> type:
+    """Attention whose ``message`` keeps the weights on the layer in a container it holds
+    (for a plot, a regulariser): appended to a list, stored under a dict key, or set on
+    an object's attribute."""
+    class Keeping(Base):
+        def __init__(self):
+            super().__init__(aggr="add")
+            self.kept_list, self.kept_dict, self.kept = [], {}, types.SimpleNamespace(alpha=None)
+
+        def forward(self, x, edge_index):
+            return self.propagate(edge_index, x=x)
+
+        def message(self, x_i, x_j, index):
+            alpha = softmax((x_i * x_j).sum(-1), index)
+            if how == "list":
+                self.kept_list.append(alpha)
+            elif how == "dict":
+                self.kept_dict["alpha"] = alpha
+            else:
+                self.kept.alpha = alpha
+            return alpha.unsqueeze(-1) * x_j
+    return Keeping
+
+
+@pytest.mark.parametrize("how", ["list", "dict", "object"])
+def test_a_message_keeping_values_in_a_container_on_the_layer_runs_pyg_semantics(how, backend, device):
+    """A compiled call runs ``message`` once, on symbolic rows, when it traces: the list,
+    dict or object the layer holds received the tracer's symbolic values (summing the
+    kept weights raised a CompileError naming message's line), every call. The call now
+    runs PyG's propagate, warning why, and the container holds PyG's weights."""
+    ours, theirs = twins(make_keeping, how)
+    x = torch.randn(6, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0)).to(device)
+    edges = EDGES.to(device)
+    gnnfuse.nn.message_passing._WARNED.discard(type(ours))
+    with pytest.warns(UserWarning, match=r"message\(\) writes into self\.kept"):
+        result = run(ours.to(device), x, edges)
+    assert_same(result, run(theirs.to(device), x, edges))
+    kept = {"list": lambda layer: layer.kept_list[-1], "dict": lambda layer: layer.kept_dict["alpha"],
+            "object": lambda layer: layer.kept.alpha}[how]
+    assert type(kept(ours)) is torch.Tensor
+    torch.testing.assert_close(kept(ours), kept(theirs))

@@ -375,13 +375,17 @@ def trace_message(layer: PyGMessagePassing, args: _Arguments, op: str, num_nodes
 @contextlib.contextmanager
 def _attribute_writes_checked(layer: PyGMessagePassing) -> Iterator[None]:
     """Refuse a ``message`` that stores anything on the layer (PyG's TransformerConv keeps
-    its attention weights in ``self._alpha`` for ``forward`` to return): a compiled call runs
-    ``message`` once, symbolically, when it traces, so the attribute would hold a traced
-    value and never follow later calls. The layer's attributes are restored either way.
-    A class may name attributes its ``message`` writes as scratch that ``forward`` does not
-    read on a compiled call (``_gnnfuse_scratch_attributes``); they are restored silently."""
+    its attention weights in ``self._alpha`` for ``forward`` to return), also into a list,
+    dict, set or plain object the layer holds (``self.kept.append(alpha)``): a compiled
+    call runs ``message`` once, symbolically, when it traces, so the layer would hold a
+    traced value and never follow later calls. The layer's attributes, and the contents
+    of those it holds, are restored either way. A class may name attributes its
+    ``message`` writes as scratch that ``forward`` does not read on a compiled call
+    (``_gnnfuse_scratch_attributes``); they are restored silently."""
     tables = (vars(layer), layer._parameters, layer._buffers, layer._modules)
     before = [dict(table) for table in tables]
+    held = {name: (value, contents) for name, value in before[0].items()
+            for contents in [_contents(value)] if contents is not None}
     try:
         yield
     finally:
@@ -391,10 +395,49 @@ def _attribute_writes_checked(layer: PyGMessagePassing) -> Iterator[None]:
             written += [name for name in old if name not in table]
             table.clear()
             table.update(old)
+        filled = []
+        for name, (value, contents) in held.items():
+            if not _same_contents(_contents(value), contents):
+                filled.append(name)
+                _restore(value, contents)
     unexpected = sorted(set(written) - set(getattr(type(layer), "_gnnfuse_scratch_attributes", ())))
-    if unexpected:
-        raise NotCompilable(f"message() sets {', '.join('self.' + name for name in unexpected)}; a compiled "
-                            "call runs message() once, when it traces, so the attribute would not follow later calls")
+    if unexpected or filled:
+        what = [f"sets {', '.join('self.' + name for name in unexpected)}"] if unexpected else []
+        what += [f"writes into {', '.join('self.' + name for name in filled)}"] if filled else []
+        raise NotCompilable(f"message() {' and '.join(what)}; a compiled call runs message() once, when it "
+                            "traces, so the attribute would not follow later calls")
+
+
+def _contents(value: Any) -> list | None:
+    """What writing into ``value`` changes, to compare by identity (`_same_contents`): a
+    list's items, a set's, a dict's keys and values, a plain object's attribute names and
+    values; None for anything else (a number, a tensor, a function: nothing ``message``
+    can write into)."""
+    if isinstance(value, (list, set)):
+        return list(value)
+    if isinstance(value, dict):
+        return [item for pair in value.items() for item in pair]
+    if isinstance(getattr(value, "__dict__", None), dict) and not isinstance(
+            value, (type, types.ModuleType, types.FunctionType, types.MethodType, torch.Tensor, torch.nn.Module)):
+        return [item for pair in vars(value).items() for item in pair]
+    return None
+
+
+def _same_contents(now: list | None, before: list) -> bool:
+    return now is not None and len(now) == len(before) and all(a is b for a, b in zip(now, before))
+
+
+def _restore(value: Any, contents: list) -> None:
+    """Put ``contents`` (from `_contents`) back into ``value``."""
+    if isinstance(value, list):
+        value[:] = contents
+    elif isinstance(value, set):
+        value.clear()
+        value.update(contents)
+    else:
+        table = value if isinstance(value, dict) else vars(value)
+        table.clear()
+        table.update(zip(contents[::2], contents[1::2]))
 
 
 def _softmax_aggregate(tracer: Tracer, aggr: SoftmaxAggregation, x: SymTensor) -> SymTensor:
