@@ -239,10 +239,15 @@ def test_random_layers_on_random_graphs_match_pyg(backend, device, case, data, v
     assert_same(compiled_run(ours, x, case.given, weight, pair), run(theirs, x, case.edge_index, weight, pair))
 
 
+KEPT: list = []      # `make_keeping`'s global list
+
+
 def make_keeping(Base: type, how: str) -> type:
-    """Attention whose ``message`` keeps the weights on the layer in a container it holds
-    (for a plot, a regulariser): appended to a list, stored under a dict key, or set on
-    an object's attribute."""
+    """Attention whose ``message`` keeps the weights (for a plot, a regulariser) in a
+    container the layer holds -- appended to a list, stored under a dict key, set on an
+    object's attribute -- or in a global or closure list."""
+    kept_here: list = []
+
     class Keeping(Base):
         def __init__(self):
             super().__init__(aggr="add")
@@ -257,26 +262,35 @@ def make_keeping(Base: type, how: str) -> type:
                 self.kept_list.append(alpha)
             elif how == "dict":
                 self.kept_dict["alpha"] = alpha
-            else:
+            elif how == "object":
                 self.kept.alpha = alpha
+            elif how == "global":
+                KEPT.append(alpha)
+            else:
+                kept_here.append(alpha)
             return alpha.unsqueeze(-1) * x_j
+    Keeping.kept_here = kept_here       # the test's handle on the closure's list
     return Keeping
 
 
-@pytest.mark.parametrize("how", ["list", "dict", "object"])
-def test_a_message_keeping_values_in_a_container_on_the_layer_runs_pyg_semantics(how, backend, device):
+@pytest.mark.parametrize("how", ["list", "dict", "object", "global", "closure"])
+def test_a_message_keeping_values_in_a_container_runs_pyg_semantics(how, backend, device):
     """A compiled call runs ``message`` once, on symbolic rows, when it traces: the list,
-    dict or object the layer holds received the tracer's symbolic values (summing the
-    kept weights raised a CompileError naming message's line), every call. The call now
+    dict or object the layer holds, or the global or closure list ``message`` appends to,
+    received the tracer's symbolic values (summing the kept weights raised a
+    CompileError naming message's line), on every call, with no warning. The call now
     runs PyG's propagate, warning why, and the container holds PyG's weights."""
     ours, theirs = twins(make_keeping, how)
     x = torch.randn(6, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0)).to(device)
     edges = EDGES.to(device)
     gnnfuse.nn.message_passing._WARNED.discard(type(ours))
-    with pytest.warns(UserWarning, match=r"message\(\) writes into self\.kept"):
+    KEPT.clear()
+    with pytest.warns(UserWarning, match=r"message\(\) writes into (self\.kept|KEPT|kept_here)"):
         result = run(ours.to(device), x, edges)
-    assert_same(result, run(theirs.to(device), x, edges))
     kept = {"list": lambda layer: layer.kept_list[-1], "dict": lambda layer: layer.kept_dict["alpha"],
-            "object": lambda layer: layer.kept.alpha}[how]
-    assert type(kept(ours)) is torch.Tensor
-    torch.testing.assert_close(kept(ours), kept(theirs))
+            "object": lambda layer: layer.kept.alpha, "global": lambda layer: KEPT[-1],
+            "closure": lambda layer: type(layer).kept_here[-1]}[how]
+    ours_kept = kept(ours)
+    assert_same(result, run(theirs.to(device), x, edges))
+    assert type(ours_kept) is torch.Tensor
+    torch.testing.assert_close(ours_kept, kept(theirs))

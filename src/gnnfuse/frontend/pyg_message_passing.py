@@ -346,7 +346,7 @@ def trace_message(layer: PyGMessagePassing, args: _Arguments, op: str, num_nodes
     # through Tracer.call, as the other front ends run user code: an error message() itself
     # catches, and a value traced under torch.no_grad() inside it, are refused (then PyG's
     # eager run takes over, with a warning) rather than compiled as the trace saw them
-    with _attribute_writes_checked(layer):
+    with _attribute_writes_checked(layer, message):
         out = tracer.call(lambda: traced(*bound, **call))
     if not isinstance(out, SymTensor) or out.value.residency not in EDGE_ROWED:
         what = out.value.residency.name if isinstance(out, SymTensor) else type(out).__name__
@@ -373,10 +373,11 @@ def trace_message(layer: PyGMessagePassing, args: _Arguments, op: str, num_nodes
 
 
 @contextlib.contextmanager
-def _attribute_writes_checked(layer: PyGMessagePassing) -> Iterator[None]:
+def _attribute_writes_checked(layer: PyGMessagePassing, message: types.FunctionType) -> Iterator[None]:
     """Refuse a ``message`` that stores anything on the layer (PyG's TransformerConv keeps
     its attention weights in ``self._alpha`` for ``forward`` to return), also into a list,
-    dict, set or plain object the layer holds (``self.kept.append(alpha)``): a compiled
+    dict, set or plain object the layer holds (``self.kept.append(alpha)``) or that
+    ``message`` reads as a global or closure variable (``KEPT.append(alpha)``): a compiled
     call runs ``message`` once, symbolically, when it traces, so the layer would hold a
     traced value and never follow later calls. The layer's attributes, and the contents
     of those it holds, are restored either way. A class may name attributes its
@@ -384,7 +385,12 @@ def _attribute_writes_checked(layer: PyGMessagePassing) -> Iterator[None]:
     (``_gnnfuse_scratch_attributes``); they are restored silently."""
     tables = (vars(layer), layer._parameters, layer._buffers, layer._modules)
     before = [dict(table) for table in tables]
-    held = {name: (value, contents) for name, value in before[0].items()
+    reachable = {f"self.{name}": value for name, value in before[0].items()}
+    reachable.update((name, message.__globals__[name]) for name in _global_names(message.__code__)
+                     if name in message.__globals__)
+    reachable.update((name, cell.cell_contents) for name, cell in
+                     zip(message.__code__.co_freevars, map(_filled, message.__closure__ or ())))
+    held = {name: (value, contents) for name, value in reachable.items()
             for contents in [_contents(value)] if contents is not None}
     try:
         yield
@@ -403,9 +409,9 @@ def _attribute_writes_checked(layer: PyGMessagePassing) -> Iterator[None]:
     unexpected = sorted(set(written) - set(getattr(type(layer), "_gnnfuse_scratch_attributes", ())))
     if unexpected or filled:
         what = [f"sets {', '.join('self.' + name for name in unexpected)}"] if unexpected else []
-        what += [f"writes into {', '.join('self.' + name for name in filled)}"] if filled else []
+        what += [f"writes into {', '.join(filled)}"] if filled else []
         raise NotCompilable(f"message() {' and '.join(what)}; a compiled call runs message() once, when it "
-                            "traces, so the attribute would not follow later calls")
+                            "traces, so what it stores would not follow later calls")
 
 
 def _contents(value: Any) -> list | None:
