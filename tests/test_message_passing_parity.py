@@ -294,3 +294,18 @@ def test_a_message_keeping_values_in_a_container_runs_pyg_semantics(how, backend
     assert_same(result, run(theirs.to(device), x, edges))
     assert type(ours_kept) is torch.Tensor
     torch.testing.assert_close(ours_kept, kept(theirs))
+
+
+@pytest.mark.parametrize("aggr", ["max", "min"])
+def test_a_tie_at_exactly_zero_splits_the_gradient_as_the_readme_says(aggr, backend, device):
+    """The one difference from PyG README lists for max and min: two edges tied at 0 get
+    1/2 of the gradient each here, 1/3 in PyG (torch's scatter_reduce backward counts its
+    zero initial value as a tie). If torch or gnnfuse changes, this fails and README with it."""
+    ours, theirs = twins(make_aggregating, aggr=aggr)
+    x = torch.tensor([[0.0], [-1.0 if aggr == "max" else 1.0], [0.0], [5.0]], dtype=torch.float64, device=device)
+    edges = torch.tensor([[0, 1, 2], [3, 3, 3]], device=device)
+    grads = []
+    for layer in (ours, theirs):
+        leaf = x.clone().requires_grad_()
+        grads.append(torch.autograd.grad(layer.to(device)(leaf, edges)[3].sum(), leaf)[0].view(-1).tolist())
+    assert grads == [[0.5, 0.0, 0.5, 0.0], [1 / 3, 0.0, 1 / 3, 0.0]]
