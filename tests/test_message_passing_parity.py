@@ -309,3 +309,25 @@ def test_a_tie_at_exactly_zero_splits_the_gradient_as_the_readme_says(aggr, back
         leaf = x.clone().requires_grad_()
         grads.append(torch.autograd.grad(layer.to(device)(leaf, edges)[3].sum(), leaf)[0].view(-1).tolist())
     assert grads == [[0.5, 0.0, 0.5, 0.0], [1 / 3, 0.0, 1 / 3, 0.0]]
+
+
+@pytest.mark.parametrize("transform", ["grad", "vmap"])
+def test_a_torch_func_transform_runs_pyg_semantics(transform, backend, device):
+    """Inside ``torch.func.grad`` or ``vmap`` the compiled program's kernels cannot follow
+    the transform's tensors: the call raised FunctorchTransformError, where PyG's eager
+    propagate, with the same class body, runs. It now runs that, with the fallback
+    warning naming the transform."""
+    ours, theirs = twins(make_aggregating, aggr="mean")
+    ours, theirs = ours.to(device), theirs.to(device)
+    x = torch.randn(6, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0)).to(device)
+    edges = EDGES.to(device)
+    if transform == "grad":
+        def apply(layer):
+            return torch.func.grad(lambda h: layer(h.tanh(), edges).pow(2).sum())(x)
+    else:
+        def apply(layer):
+            return torch.func.vmap(lambda h: layer(h, edges))(torch.stack([x, 2 * x]))
+    gnnfuse.nn.message_passing._WARNED.discard(type(ours))
+    with pytest.warns(UserWarning, match="torch.func transform"):
+        got = apply(ours)
+    torch.testing.assert_close(got, apply(theirs), rtol=1e-12, atol=1e-12)

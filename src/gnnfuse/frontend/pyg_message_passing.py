@@ -46,6 +46,7 @@ from torch_geometric.nn.aggr import (MaxAggregation, MeanAggregation, MinAggrega
                                     SumAggregation)
 
 from ..graph import Graph
+from ..graph.index_cache import functorch_interpreter
 from ..ir import CompileError, Residency
 from ..runtime.compiled import read_back_by_backward
 from .trace_cache import _SCALARS, TraceCache, _global_names, program_feeds
@@ -517,6 +518,12 @@ def compiled_propagate(layer: PyGMessagePassing, edge_index: Any, size: Any, kwa
     if torch._C._get_tracing_state() is not None:
         raise NotCompilable("called under torch.jit.trace, which records only torch ops (gnnfuse's kernels run "
                             "outside it); PyG's eager propagate is what a traced replay can run")
+    if functorch_interpreter() is not None:
+        # the program's kernels read raw memory and its backward is an autograd.Function,
+        # neither of which a transform's wrapped or batched tensors allow (it raised
+        # FunctorchTransformError); PyG's torch ops are what the transform can follow
+        raise NotCompilable("called inside a torch.func transform (grad, vmap, jacrev, ...), which gnnfuse's "
+                            "kernels cannot follow")
     _check_layer(layer, edge_index)
     op = _aggregation(layer)
     mutable_size = layer._check_input(edge_index, size)
