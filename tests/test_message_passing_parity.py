@@ -1,8 +1,9 @@
 """Differential tests of `gnnfuse.nn.MessagePassing` against PyG's eager base class:
 one user layer (a class body written once, built on either base), the same weights and
 inputs in float64, and every output and gradient compared -- on the reference backend
-and the Triton interpreter. Each test is a PyG feature a user's layer relies on, found
-to differ from PyG without an error or warning, with the numbers it gave."""
+and the Triton interpreter. Each test is a PyG feature a user's layer relies on that
+gave other numbers than PyG's without an error or warning (or failed where PyG runs)
+before its fix, with the numbers it gave; a hypothesis test draws graphs and layers."""
 from __future__ import annotations
 
 import types
@@ -40,56 +41,6 @@ def make_aggregating(Base: type) -> type:
         def message(self, x_j):
             return x_j
     return Aggregating
-
-
-def make_reverse_pair(Base: type, call: str) -> type:
-    """``flow='target_to_source'`` with a pair ``x=(x, 2 * x)``, its ``propagate`` called
-    with keywords only (PyG generates its template propagate from the call it finds in
-    the class's source), with ``**kwargs`` or with ``size`` given positionally (PyG
-    cannot parse either call, so it runs its generic propagate), or a ``message`` taking
-    ``ptr`` without ``Optional[Tensor]`` (its template then fails on the type, generic
-    too). The two read the pair differently. One class per call: PyG parses the first
-    call in a class's source."""
-    class Keywords(Base):
-        def __init__(self):
-            super().__init__(aggr="add", flow="target_to_source")
-
-        def forward(self, x, edge_index):
-            return self.propagate(edge_index, x=(x, 2 * x))
-
-        def message(self, x_i, x_j):
-            return 3 * x_i + x_j
-
-    class StarKwargs(Base):
-        def __init__(self):
-            super().__init__(aggr="add", flow="target_to_source")
-
-        def forward(self, x, edge_index, **kwargs):
-            return self.propagate(edge_index, x=(x, 2 * x), **kwargs)
-
-        def message(self, x_i, x_j):
-            return 3 * x_i + x_j
-
-    class PositionalSize(Base):
-        def __init__(self):
-            super().__init__(aggr="add", flow="target_to_source")
-
-        def forward(self, x, edge_index):
-            return self.propagate(edge_index, None, x=(x, 2 * x))
-
-        def message(self, x_i, x_j):
-            return 3 * x_i + x_j
-    class UntypedPtr(Base):
-        def __init__(self):
-            super().__init__(aggr="add", flow="target_to_source")
-
-        def forward(self, x, edge_index):
-            return self.propagate(edge_index, x=(x, 2 * x))
-
-        def message(self, x_i, x_j, ptr):       # PyG's aggregate types it Optional[Tensor]
-            return 3 * x_i + x_j
-    return {"keywords": Keywords, "**kwargs": StarKwargs, "positional size": PositionalSize,
-            "untyped ptr": UntypedPtr}[call]
 
 
 def run(layer: torch.nn.Module, *args: Any, **kwargs: Any):
@@ -155,6 +106,57 @@ def test_genconv_with_a_fixed_temperature_matches_pyg(backend, device):
     x = torch.randn(6, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(0)).to(device)
     edges = EDGES.to(device)
     assert_same(compiled_run(ours, x, edges), run(theirs, x, edges))
+
+
+def make_reverse_pair(Base: type, call: str) -> type:
+    """``flow='target_to_source'`` with a pair ``x=(x, 2 * x)``, its ``propagate`` called
+    with keywords only (PyG generates its template propagate from the call it finds in
+    the class's source), with ``**kwargs`` or with ``size`` given positionally (PyG
+    cannot parse either call, so it runs its generic propagate), or a ``message`` taking
+    ``ptr`` without ``Optional[Tensor]`` (its template then fails on the type, generic
+    too). The two read the pair differently. One class per call: PyG parses the first
+    call in a class's source."""
+    class Keywords(Base):
+        def __init__(self):
+            super().__init__(aggr="add", flow="target_to_source")
+
+        def forward(self, x, edge_index):
+            return self.propagate(edge_index, x=(x, 2 * x))
+
+        def message(self, x_i, x_j):
+            return 3 * x_i + x_j
+
+    class StarKwargs(Base):
+        def __init__(self):
+            super().__init__(aggr="add", flow="target_to_source")
+
+        def forward(self, x, edge_index, **kwargs):
+            return self.propagate(edge_index, x=(x, 2 * x), **kwargs)
+
+        def message(self, x_i, x_j):
+            return 3 * x_i + x_j
+
+    class PositionalSize(Base):
+        def __init__(self):
+            super().__init__(aggr="add", flow="target_to_source")
+
+        def forward(self, x, edge_index):
+            return self.propagate(edge_index, None, x=(x, 2 * x))
+
+        def message(self, x_i, x_j):
+            return 3 * x_i + x_j
+
+    class UntypedPtr(Base):
+        def __init__(self):
+            super().__init__(aggr="add", flow="target_to_source")
+
+        def forward(self, x, edge_index):
+            return self.propagate(edge_index, x=(x, 2 * x))
+
+        def message(self, x_i, x_j, ptr):       # PyG's aggregate types it Optional[Tensor]
+            return 3 * x_i + x_j
+    return {"keywords": Keywords, "**kwargs": StarKwargs, "positional size": PositionalSize,
+            "untyped ptr": UntypedPtr}[call]
 
 
 @pytest.mark.parametrize("call", ["keywords", "**kwargs", "positional size", "untyped ptr"])
