@@ -90,7 +90,12 @@ class MessagePassing(NotScriptable, PyGMessagePassing):
                 self.inspector._source_dict.setdefault(cls.__name__, inspect.getsource(source_class))
         super()._set_jittable_templates(raise_on_error)
         template = cls.__dict__.get("_jinja_propagate")
-        cls._gnnfuse_template_propagate = None if template is None or template is propagate else template
+        if template is None or template is propagate:
+            # PyG keeps the propagate a class inherits where it cannot build its own (its
+            # forward passes **kwargs, say): a base class's template if that base was
+            # instantiated first, PyG having installed it there then, else the generic one
+            template = getattr(cls, "_gnnfuse_template_propagate", None)
+        cls._gnnfuse_template_propagate = template
         cls.propagate = cls._orig_propagate = cls._jinja_propagate = propagate
         cls._gnnfuse_propagate_set = True
 
