@@ -20,6 +20,8 @@ from torch_geometric.nn.aggr import SoftmaxAggregation
 from torch_geometric.utils import softmax
 
 import gnnfuse.nn
+from gnnfuse.frontend import pyg_message_passing
+from gnnfuse.frontend.trace_cache import TraceCache
 from gnnfuse.runtime import record_calls
 from graph_strategies import features, graphs
 
@@ -361,3 +363,22 @@ def test_a_torch_func_transform_runs_pyg_semantics(transform, backend, device):
     with pytest.warns(UserWarning, match="torch.func transform"):
         got = apply(ours)
     torch.testing.assert_close(got, apply(theirs), rtol=1e-12, atol=1e-12)
+
+
+def test_a_learnt_softmax_temperature_reuses_the_trace_and_reads_the_current_value(monkeypatch):
+    """SoftmaxAggregation(learn=True) (GENConv's learn_t) was traced afresh on every call:
+    its temperature was captured from a place the trace cache did not know. One trace
+    now serves every call, each reading the temperature as it is then (a stale one would
+    give the first call's output)."""
+    traced = []
+    real = pyg_message_passing.trace_message
+    monkeypatch.setattr(pyg_message_passing, "trace_message", lambda *a, **k: traced.append(1) or real(*a, **k))
+    monkeypatch.setattr(pyg_message_passing, "_TRACES", TraceCache())
+    ours, theirs = twins(make_aggregating, aggr=SoftmaxAggregation(learn=True))
+    x = torch.randn(6, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    for t in (1.0, 0.2, 3.0):
+        with torch.no_grad():
+            ours.aggr_module.t.fill_(t)
+            theirs.aggr_module.t.fill_(t)
+        assert_same(compiled_run(ours, x, EDGES), run(theirs, x, EDGES))
+    assert len(traced) == 1

@@ -462,11 +462,13 @@ def _softmax_aggregate(tracer: Tracer, aggr: SoftmaxAggregation, x: SymTensor) -
 
 
 def _aggregation_state(layer: PyGMessagePassing) -> Hashable:
-    """The aggregation module's settings a trace bakes in (a learnt temperature is a
-    captured parameter instead)."""
+    """The aggregation module's settings a trace bakes in. A learnt temperature is a
+    captured parameter instead: it stays a tensor here, which the trace cache guards by
+    its metadata and feeds from this place of the next call's key (without it here the
+    cache could not find it, and every call traced afresh)."""
     aggr = layer.aggr_module
     if isinstance(aggr, SoftmaxAggregation):
-        return aggr.learn, aggr.semi_grad, aggr.channels, aggr.t if isinstance(aggr.t, (int, float)) else None
+        return aggr.learn, aggr.semi_grad, aggr.channels, aggr.t
     return ()
 
 
