@@ -17,7 +17,8 @@ on the aggregated rows with the arguments PyG would give it.
 `compiled_propagate` raises `NotCompilable` for anything it cannot reproduce exactly (the
 caller then runs PyG's own ``propagate``): sparse adjacency inputs, bipartite sizes,
 ``torch.autocast``, ``node_dim`` other than the row axis, a custom ``aggregate`` or
-aggregation module, hooks, ``explain`` and ``decomposed_layers``, a tensor with one row per edge or node that
+aggregation module, hooks, ``explain`` and ``decomposed_layers``, a ``torch.func`` transform, a ``message``
+that writes into the layer or into a container it reaches, a tensor with one row per edge or node that
 ``message`` reads from outside its arguments (graph data the tracer would take for one
 shared value), and any failure while tracing ``message`` (a `CompileError` names the
 construct and the line).
@@ -244,9 +245,10 @@ def _collect(layer: PyGMessagePassing, params: list[str], kwargs: Mapping[str, A
     ``*_i``/``*_j`` tensors the way the ``propagate`` PyG runs collects them. The two
     read a pair differently: PyG's template-generated one (what it installs on a class
     whose ``propagate`` call it can parse from the source) as (source rows, target rows)
-    whatever the flow; its generic one (``pairs_by_flow``: a call passing ``**kwargs`` or
-    a positional ``size``, a class without readable source) ``x_j`` from ``x[j]``, which
-    is ``x[1]`` under ``flow='target_to_source'``."""
+    whatever the flow; its generic one (``pairs_by_flow``: where PyG could not build the
+    template -- a call passing ``**kwargs`` or a positional ``size``, an unannotated
+    ``ptr``, a class without readable source) ``x_j`` from ``x[j]``, which is ``x[1]``
+    under ``flow='target_to_source'``."""
     i, j = (1, 0) if layer.flow == "source_to_target" else (0, 1)
     args = _Arguments()
     for param in params:
@@ -512,7 +514,7 @@ _TRACES = TraceCache()
 
 
 def compiled_propagate(layer: PyGMessagePassing, edge_index: Any, size: Any, kwargs: Mapping[str, Any],
-                       pairs_by_flow: bool = False) -> Any:
+                       pairs_by_flow: bool) -> Any:
     """``layer.propagate(edge_index, size, **kwargs)`` with ``message`` and the aggregation
     compiled; raises `NotCompilable` when it must run eagerly instead. ``pairs_by_flow``:
     PyG would run its generic ``propagate`` for this class, not a template-generated one
