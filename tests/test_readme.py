@@ -125,3 +125,28 @@ def test_each_commands_options_are_named_in_its_own_command_line_entry():
                     if option.startswith("--") and option not in ("--help", "--threads")
                     and not re.search(rf"{option}\b", entry)]
     assert missing == []
+
+
+def test_each_commands_synopsis_brackets_exactly_its_optional_options():
+    """An entry under "Command line" opens with the command's synopsis; an option shown
+    there is in brackets exactly when argparse does not require it (``tune --model`` was
+    shown bare, as if required, though it defaults to gcn; ``tune --dataset`` is required)."""
+    import argparse
+
+    from gnnfuse.cli import _parser
+    text = README.read_text()
+    section = text[text.index("## Command line"):text.index("## Examples")]
+    commands = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction))
+    wrong = []
+    for name, parser in commands.choices.items():
+        synopsis = re.search(rf"^- `gnnfuse {name}\b([^`]*)`", section, re.M)
+        assert synopsis, f"no entry for gnnfuse {name}"
+        words = synopsis.group(1)
+        bracketed = " ".join(re.findall(r"\[[^\]]*\]", words))
+        for action in parser._actions:
+            for option in (o for o in action.option_strings if o.startswith("--")):
+                if not re.search(rf"{option}\b", words):
+                    continue
+                if action.required == bool(re.search(rf"{option}\b", bracketed)):
+                    wrong.append(f"{name} {option} ({'required' if action.required else 'optional'})")
+    assert wrong == []
