@@ -150,3 +150,62 @@ def test_each_commands_synopsis_brackets_exactly_its_optional_options():
                 if action.required == bool(re.search(rf"{option}\b", bracketed)):
                     wrong.append(f"{name} {option} ({'required' if action.required else 'optional'})")
     assert wrong == []
+
+
+def _synopsis_options(words: str) -> dict[str, str]:
+    """``--option VALUE`` pairs of a synopsis (``[--model gcn|gat|sage]`` -> ``gcn|gat|sage``)."""
+    return dict(re.findall(r"(--[a-z][a-z-]*)[ =]([^\s\]]+)", words))
+
+
+def test_each_commands_synopsis_shows_its_choices_and_defaults():
+    """A synopsis value with ``|`` lists the option's choices (all of them, as argparse
+    has them); a lower-case value without ``|`` or a file ending is its default
+    (``explain [--dataset synthetic]``, ``bench [--dataset cora]``); upper-case values
+    (``DIR``, ``N``) are placeholders."""
+    import argparse
+
+    from gnnfuse.cli import _parser
+    text = README.read_text()
+    section = text[text.index("## Command line"):text.index("## Examples")]
+    commands = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction))
+    wrong, checked = [], 0
+    for name, parser in commands.choices.items():
+        words = re.search(rf"^- `gnnfuse {name}\b([^`]*)`", section, re.M).group(1)
+        actions = {o: a for a in parser._actions for o in a.option_strings}
+        for option, value in _synopsis_options(words).items():
+            action = actions[option]
+            if "|" in value:
+                checked += 1
+                if action.choices is not None and value.split("|") != list(action.choices):
+                    wrong.append(f"{name} {option} {value}: choices {list(action.choices)}")
+            elif value.islower() and "." not in value:
+                checked += 1
+                if value != str(action.default):
+                    wrong.append(f"{name} {option} {value}: default {action.default!r}")
+    assert checked >= 8
+    assert wrong == []
+
+
+def test_train_recipes_are_the_registry_defaults():
+    """``--epochs``, ``--hidden``, ... default to each model's paper recipe, which the
+    README spells out per model; the numbers it gives must be those of
+    ``gnnfuse.nn.get_model(name).defaults``."""
+    from gnnfuse.nn import get_model
+    text = README.read_text()
+    start = text.index("each defaults to the model's paper recipe (")
+    recipes = " ".join(text[start:text.index(").", start)].split())
+    fields = {"hidden": r"hidden (\S+?)[,;]|(\S+) hidden\b", "lr": r"\blr (\S+?)[,;]",
+              "weight_decay": r"weight decay (\S+?)[,; ]", "dropout": r"dropout (\S+?)[,; ]",
+              "epochs": r"(\d+) epochs", "patience": r"patience (\d+)"}
+    wrong, checked = [], 0
+    for name, recipe in re.findall(r"\b(GCN|GAT|SAGE|APPNP|SGC): (.*?)(?=; [A-Z]+:|$)", recipes):
+        defaults = get_model(name.lower()).defaults
+        for field, pattern in fields.items():
+            found = re.search(pattern, recipe)
+            if found:
+                checked += 1
+                stated = float(next(g for g in found.groups() if g))
+                if stated != getattr(defaults, field):
+                    wrong.append(f"{name} {field} {stated}: registry {getattr(defaults, field)}")
+    assert checked >= 20
+    assert wrong == []
