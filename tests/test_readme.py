@@ -209,3 +209,48 @@ def test_train_recipes_are_the_registry_defaults():
                     wrong.append(f"{name} {field} {stated}: registry {getattr(defaults, field)}")
     assert checked >= 20
     assert wrong == []
+
+
+def test_every_dotted_gnnfuse_name_resolves():
+    """Each ``gnnfuse.a.b`` the README names (a module, function, class or attribute),
+    and each ``Graph.x`` / ``HeteroGraph.x``, exists, so a reader can import what the
+    manual points to; a rename must update the text."""
+    import importlib
+
+    import gnnfuse
+    text = README.read_text()
+    names = set(re.findall(r"\bgnnfuse(?:\.[A-Za-z_]\w*)+", text))
+    names |= {f"gnnfuse.{m}" for m in re.findall(r"(?<![\w.])((?:Hetero)?Graph\.[A-Za-z_]\w*)", text)}
+    missing = []
+    for name in sorted(names):
+        parts = name.split(".")
+        for cut in range(len(parts), 0, -1):
+            try:
+                obj = importlib.import_module(".".join(parts[:cut]))
+                break
+            except ImportError:
+                continue
+        for part in parts[cut:]:
+            obj = getattr(obj, part, None)
+        if obj is None:
+            missing.append(name)
+    assert len(names) > 50 and gnnfuse.HeteroGraph.from_data
+    assert missing == []
+
+
+# paths the README quotes that are not this repository's files
+_NOT_OURS = {"examples/gcn.py", "examples/gat.py"}      # PyG's published examples
+
+
+def test_every_file_path_the_readme_names_exists():
+    """A quoted path with a folder in it (``passes/addmm.py``, ``tests/test_io_rule.py``,
+    ``results/loss.md``) names a file of the repository, looked up from the root, under
+    src/gnnfuse/ or under benchmarks/; shortened result names (``_run2.md``) and
+    placeholders (``$GNNFUSE_CACHE/...``, ``<folder>/...``) are not paths."""
+    text = README.read_text()
+    quoted = set(re.findall(r"`([\w.-]+(?:/[\w.-]+)+\.(?:py|md|sh|png|json))`", text))
+    quoted |= set(re.findall(r"\(([\w-]+(?:/[\w.-]+)+\.(?:py|md|sh|png|json))\)", text))
+    bases = (ROOT, ROOT / "src" / "gnnfuse", ROOT / "src", ROOT / "benchmarks")
+    missing = sorted(p for p in quoted - _NOT_OURS if not any((base / p).is_file() for base in bases))
+    assert len(quoted) > 30
+    assert missing == []
