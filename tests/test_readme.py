@@ -254,3 +254,46 @@ def test_every_file_path_the_readme_names_exists():
     missing = sorted(p for p in quoted - _NOT_OURS if not any((base / p).is_file() for base in bases))
     assert len(quoted) > 30
     assert missing == []
+
+
+_UNITS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
+          "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen"]
+_TENS = {"twenty": 20, "thirty": 30, "forty": 40, "fifty": 50}
+
+
+def _number(word: str) -> int:
+    """``"Twenty-nine"`` -> 29 (the README spells its counts of layers out)."""
+    tens, _, unit = word.lower().partition("-")
+    if tens in _TENS:
+        return _TENS[tens] + (_UNITS.index(unit) if unit else 0)
+    return _UNITS.index(tens)
+
+
+def test_readme_layer_lists_are_the_code_lists():
+    """"Coming from PyG" names the PyG layers gnnfuse.nn compiles, those it runs eagerly
+    and those it refuses with advice, each with a count in words; adding or moving a
+    layer in nn/pyg_layers.py must update the list and its count, and every layer the
+    README says gnnfuse.nn has must be importable from it."""
+    import gnnfuse.nn
+    from gnnfuse.nn.pyg_layers import COMPILED_PYG_LAYERS, EAGER_PYG_LAYERS, NOT_EXPORTED
+    text = README.read_text()
+
+    def quoted(start: str, end: str) -> tuple[str, list[str]]:
+        a = text.index(start)
+        return text[a:a + 40], re.findall(r"`(\w+)`", text[a:text.index(end, a)])
+
+    head, names = quoted("- Twenty-nine more of PyG's layers", "from `gnnfuse.nn` are PyG's own")
+    assert set(names) == set(COMPILED_PYG_LAYERS) and len(names) == len(set(names))
+    assert _number(head.split()[1]) == len(COMPILED_PYG_LAYERS)
+    head, names = quoted("Eight more import the same way", "Importing any other PyG convolution")
+    layers = [n for n in names if n.endswith("Conv")]
+    assert set(layers) == set(EAGER_PYG_LAYERS) and _number(head.split()[0]) == len(EAGER_PYG_LAYERS)
+    _, names = quoted("Importing any other PyG convolution", "cugraph and DGL layers")
+    named = {n for n in names if n.endswith("Conv")}
+    others = {n for n in NOT_EXPORTED if n.startswith("CuGraph") or n == "FusedGATConv"}  # "cugraph and DGL"
+    assert named | others == set(NOT_EXPORTED)
+    _, names = quoted("- `from torch_geometric.nn import GCNConv` (or", "becomes `from gnnfuse.nn import")
+    _, more = quoted("`gnnfuse.nn` has `GCNConv`", "`gnnfuse.nn.build_model")
+    assert set(names) <= set(more)       # the two lists of layers with PyG's arguments agree
+    assert [n for n in {*names, *more} if n.endswith("Conv") or n == "APPNP"
+            if n not in gnnfuse.nn.__all__] == []
