@@ -8,6 +8,7 @@ import torch
 from torch_geometric.nn import RGCNConv as PygRGCNConv
 
 import gnnfuse
+from gnnfuse import nn as gnn
 from gnnfuse.nn import RGCNConv
 from oracle_check import device_for
 
@@ -152,3 +153,14 @@ def test_rgcn_featureless_input_without_source_nodes_matches_pyg(x_src):
     torch.testing.assert_close(out, pyg((x_src, x_dst), edge_index, edge_type), rtol=1e-12, atol=1e-12)
     out.sum().backward()
     assert torch.equal(ours.root.grad.sum(-1), torch.tensor([1.0, 0, 1, 0, 1], dtype=torch.float64) * 3)
+
+
+@pytest.mark.parametrize("build", [lambda: gnn.RGCNConv(-1, 4, 3), lambda: gnn.RGCNConv((-1, 5), 4, 3),
+                                   lambda: gnn.FastRGCNConv(-1, 4, 3), lambda: gnn.RGATConv(-1, 4, 3)])
+def test_a_lazy_width_is_refused_by_name(build):
+    """PyG's lazy ``in_channels=-1`` cannot size a relational layer's per-relation weights
+    at construction (PyG's layers fail there too): it failed with torch's "Trying to
+    create tensor with negative dimension -1: [3, -1, 4]"; the error now names the layer
+    and says what to give."""
+    with pytest.raises(ValueError, match=r"in_channels=-1 .* give the input feature width"):
+        build()

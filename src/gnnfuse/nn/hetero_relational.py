@@ -25,7 +25,7 @@ from ..graph import Graph
 from ..graph.convert import is_sparse_adjacency
 from .arguments import node_features
 from .conv import _check_dropout, _neighbour_sum
-from .relational import RGCNConv
+from .relational import RGCNConv, refuse_lazy_width
 from . import pyg_init
 from .torchscript import NotScriptable
 
@@ -108,6 +108,7 @@ class RGATConv(NotScriptable, nn.Module):
         if num_bases is not None and num_blocks is not None:
             raise ValueError("Can not apply both basis-decomposition and block-diagonal-decomposition at the "
                              "same time.")
+        refuse_lazy_width("RGATConv", in_channels)
         width = heads * out_channels
         if num_blocks is not None and (num_blocks < 1 or in_channels % num_blocks or width % num_blocks):
             raise ValueError(f"RGATConv: num_blocks={num_blocks} must divide in_channels={in_channels} and "

@@ -80,6 +80,15 @@ def _check_node_indices(x: torch.Tensor, width: int, name: str, channels: str, r
                          f"({channels}={width} {rows} rows)")
 
 
+def refuse_lazy_width(layer: str, *widths: int) -> None:
+    """A ValueError for ``in_channels=-1`` (PyG's lazy width): a relational layer's
+    weights are one [in, out] matrix per relation, which PyG's layer allocates at
+    construction too, failing with torch's "negative dimension"; say what to give."""
+    if any(width < 0 for width in widths):
+        raise ValueError(f"{layer}: in_channels=-1 (a width found at the first call) is not supported, as in PyG: "
+                         f"its per-relation weights are made at construction; give the input feature width")
+
+
 class RGCNConv(NotScriptable, nn.Module):
     """``x'_v = x_v Θ_root + Σ_r agg_{u ∈ N_r(v)} x_u Θ_r + b`` with ``agg`` the mean per
     relation (``aggr="mean"``, PyG's default) or the sum (``aggr="add"``/``"sum"``).
@@ -110,6 +119,7 @@ class RGCNConv(NotScriptable, nn.Module):
                  is_sorted: bool = False, bias: bool = True):
         super().__init__()
         in_src, in_dst = (in_channels, in_channels) if isinstance(in_channels, int) else tuple(in_channels)
+        refuse_lazy_width(type(self).__name__, in_src, in_dst)
         if num_bases is not None and num_blocks is not None:
             raise ValueError("RGCNConv: num_bases and num_blocks cannot both be given (one decomposition at a time)")
         if num_blocks is not None and (num_blocks < 1 or in_src % num_blocks or out_channels % num_blocks):
