@@ -93,7 +93,7 @@ def _fanouts(num_neighbors: Any) -> list[int]:
     self loop), and PyG's subgraph (`MiniBatch.edge_index`) adds nothing from it on."""
     if isinstance(num_neighbors, dict):
         raise TypeError("num_neighbors as a dict (a fanout list per edge type) is for PyG's heterogeneous "
-                        "graphs; NeighborLoader samples a homogeneous graph: give one list of fanouts")
+                        "graphs (a HeteroData); this graph is homogeneous: give one list of fanouts")
     if isinstance(num_neighbors, (str, bytes)) or not hasattr(num_neighbors, "__iter__"):
         raise TypeError(f"num_neighbors must be a list of fanouts, one per hop, got {num_neighbors!r}")
     try:
@@ -129,8 +129,8 @@ def _seed_ids(input_nodes: Any, num_nodes: int) -> tuple[torch.Tensor, torch.Ten
     except (TypeError, ValueError, RuntimeError):
         hetero = isinstance(input_nodes, str) or (isinstance(input_nodes, tuple) and len(input_nodes) > 0
                                                   and isinstance(input_nodes[0], str))
-        why = (" (a node type, or a node type with its ids, is PyG's form for heterogeneous graphs; "
-               "NeighborLoader samples a homogeneous graph)" if hetero else "")
+        why = (" (a node type, or a node type with its ids, is PyG's form for heterogeneous graphs, a "
+               "HeteroData; this graph is homogeneous)" if hetero else "")
         raise TypeError(f"input_nodes must be node ids or a boolean mask, got {type(input_nodes).__name__} "
                         f"{input_nodes!r:.80}{why}") from None
     if ids.dim() == 1 and ids.numel() == 0:       # an empty list is a float tensor: no seeds, not a bad type
@@ -221,7 +221,8 @@ def _check_pyg_options(options: dict[str, Any]) -> None:
 
 
 class NeighborLoader:
-    """Mini-batches of sampled neighbourhoods (see the module docstring).
+    """Mini-batches of sampled neighbourhoods (see the module docstring). A PyG
+    ``HeteroData`` gets PyG's heterogeneous batches instead (`HeteroNeighborLoader`).
 
     PyG's arguments: ``num_neighbors`` (a fanout per hop, ``-1`` for all in-edges, 0 for none),
     ``batch_size``, ``input_nodes`` (ids or a mask; default all vertices), ``shuffle``,
@@ -254,6 +255,15 @@ class NeighborLoader:
     global generator when iteration starts, so ``torch.manual_seed`` fixes them; batch i
     samples from a generator seeded by that seed and i (`batch_generator`).
     """
+
+    def __new__(cls, data: Any = None, *args: Any, **kwargs: Any) -> Any:
+        """A PyG ``HeteroData`` gets the heterogeneous loader (`loader.hetero_loader`,
+        imported here: it reads this module's argument checks), so PyG's heterogeneous
+        idiom runs after the one import; any other graph this class."""
+        from .hetero_loader import HeteroNeighborLoader, is_hetero_data
+        if is_hetero_data(data):
+            return HeteroNeighborLoader(data, *args, **kwargs)
+        return super().__new__(cls)
 
     def __init__(self, data: Any, num_neighbors: Sequence[int], batch_size: int = 1, input_nodes: Any = None,
                  shuffle: bool = False, replace: bool = False, drop_last: bool = False, *,

@@ -1,0 +1,322 @@
+"""`NeighborLoader` on a PyG ``HeteroData``: PyG's heterogeneous mini-batches
+(`loader.hetero_loader`, `loader.hetero_sampler`, `loader.hetero_batch`).
+
+Oracles: with full neighbourhoods (-1, and 0 for none) a batch is PyG's, edge for edge,
+against a direct re-implementation of PyG's heterogeneous sampler (pyg-lib's
+``hetero_neighbor_sample``, which PyG's own loader needs and this machine lacks): per
+hop, for every edge type in the graph's order, each vertex of its destination type that
+the previous hop added takes its in-edges of that type in ``edge_index`` order, new
+vertices of each type numbered by first appearance after those already there. A
+``to_hetero`` model (PyG's layers and gnnfuse's) then gives the full graph's outputs at
+the seeds. With fanouts, the batch's structure is checked against the graph."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch_geometric.data import HeteroData
+
+from gnnfuse.loader import NeighborLoader
+
+RUNS = settings(max_examples=40, deadline=None, derandomize=True, database=None)
+f64 = torch.float64
+
+
+def pyg_hetero_subgraph(data: HeteroData, input_type: str, seeds: list[int], fanouts: dict) -> tuple:
+    """PyG's sample of ``seeds`` when every fanout is -1 or 0: (n_id, edge_index, e_id,
+    num_sampled_nodes, num_sampled_edges), dicts by node or edge type."""
+    node_types, edge_types = data.metadata()
+    in_edges = {et: {} for et in edge_types}
+    for et in edge_types:
+        for e, v in enumerate(data[et].edge_index[1].tolist()):
+            in_edges[et].setdefault(v, []).append(e)
+    nodes = {t: list(seeds) if t == input_type else [] for t in node_types}
+    local = {t: {v: i for i, v in enumerate(nodes[t])} for t in node_types}
+    slices = {t: (0, len(nodes[t])) for t in node_types}
+    rows, cols, e_ids = ({et: [] for et in edge_types} for _ in range(3))
+    counts_n, counts_e = {t: [len(nodes[t])] for t in node_types}, {et: [] for et in edge_types}
+    for hop in range(len(next(iter(fanouts.values()))) if fanouts else 0):
+        for et in edge_types:
+            src_type, _, dst_type = et
+            src = data[et].edge_index[0].tolist()
+            before = len(rows[et])
+            if fanouts[et][hop] != 0:
+                for i in range(*slices[dst_type]):
+                    for e in in_edges[et].get(nodes[dst_type][i], []):
+                        if src[e] not in local[src_type]:
+                            local[src_type][src[e]] = len(nodes[src_type])
+                            nodes[src_type].append(src[e])
+                        rows[et].append(local[src_type][src[e]])
+                        cols[et].append(i)
+                        e_ids[et].append(e)
+            counts_e[et].append(len(rows[et]) - before)
+        for t in node_types:
+            slices[t] = (slices[t][1], len(nodes[t]))
+            counts_n[t].append(slices[t][1] - slices[t][0])
+    return ({t: torch.tensor(nodes[t], dtype=torch.int64) for t in node_types},
+            {et: torch.tensor([rows[et], cols[et]], dtype=torch.int64).reshape(2, -1) for et in edge_types},
+            {et: torch.tensor(e_ids[et], dtype=torch.int64) for et in edge_types}, counts_n, counts_e)
+
+
+@st.composite
+def hetero_graphs(draw):
+    """Small HeteroData: 1-3 node types (some possibly with no in-edges, isolated
+    vertices), edge types among them including self relations, some with no edges."""
+    types = ["a", "b", "c"][:draw(st.integers(1, 3))]
+    counts = {t: draw(st.integers(1 if t == "a" else 0, 6)) for t in types}
+    pairs = draw(st.lists(st.sampled_from([(s, d) for s in types for d in types]), min_size=0, max_size=6,
+                          unique=True))
+    data = HeteroData()
+    seed = draw(st.integers(0, 2**16))
+    gen = torch.Generator().manual_seed(seed)
+    for t in types:
+        data[t].x = torch.randn(counts[t], 2, dtype=f64, generator=gen)
+        data[t].y = torch.randint(0, 3, (counts[t],), generator=gen)
+        data[t].num_nodes = counts[t]
+    for k, (s, d) in enumerate(pairs):
+        edges = draw(st.integers(0, 12)) if counts[s] and counts[d] else 0
+        data[s, f"r{k}", d].edge_index = torch.stack([torch.randint(0, max(counts[s], 1), (edges,), generator=gen),
+                                                      torch.randint(0, max(counts[d], 1), (edges,), generator=gen)])
+        data[s, f"r{k}", d].edge_attr = torch.randn(edges, 3, generator=gen)
+    return data
+
+
+def _input(draw_kind: int, data: HeteroData):
+    n = data["a"].num_nodes
+    if draw_kind == 0:
+        return "a"
+    if draw_kind == 1:
+        return ("a", torch.arange(n) % 2 == 0)
+    return ("a", torch.arange(n).flip(0)[: max(1, n - 1)])
+
+
+def _batches(data, fanouts, batch_size, input_nodes, **kwargs):
+    torch.manual_seed(0)
+    return list(NeighborLoader(data, fanouts, batch_size=batch_size, input_nodes=input_nodes, shuffle=True, **kwargs))
+
+
+def assert_pygs_sample(batch, data: HeteroData, input_type: str, fanouts: dict) -> list[int]:
+    """The batch is PyG's for its seeds, edge for edge (fanouts -1 or 0); its seeds."""
+    store = batch[input_type]
+    seeds = store.n_id[:store.batch_size].tolist()
+    n_id, edge_index, e_id, counts_n, counts_e = pyg_hetero_subgraph(data, input_type, seeds, fanouts)
+    for t in data.node_types:
+        assert torch.equal(batch[t].n_id, n_id[t])
+        assert batch[t].num_sampled_nodes == counts_n[t]
+        assert torch.equal(batch[t].x, data[t].x[n_id[t]])
+        assert "y" not in data[t] or torch.equal(batch[t].y, data[t].y[n_id[t]])
+        assert batch[t].num_nodes == n_id[t].numel()
+    for et in data.edge_types:
+        assert batch[et].edge_index.dtype == torch.int64 and torch.equal(batch[et].edge_index, edge_index[et])
+        assert torch.equal(batch[et].e_id, e_id[et])
+        assert "edge_attr" not in data[et] or torch.equal(batch[et].edge_attr, data[et].edge_attr[e_id[et]])
+        assert batch[et].num_sampled_edges == counts_e[et]
+    return seeds
+
+
+@RUNS
+@given(hetero_graphs(), st.integers(1, 3), st.integers(1, 4), st.integers(0, 2), st.data())
+def test_full_neighbourhood_batches_are_pygs_hetero_sample_edge_for_edge(data, hops, batch_size, kind, draw):
+    edge_types = data.metadata()[1]
+    fanouts = {et: draw.draw(st.lists(st.sampled_from([-1, -1, 0]), min_size=hops, max_size=hops))
+               for et in edge_types}
+    as_list = draw.draw(st.booleans())
+    num_neighbors = [-1] * hops if as_list else fanouts
+    fanouts = {et: [-1] * hops for et in edge_types} if as_list else fanouts
+    input_nodes = _input(kind, data)
+    seen = []
+    for batch in _batches(data, num_neighbors, batch_size, input_nodes):
+        seen += assert_pygs_sample(batch, data, "a", fanouts)
+    want = torch.arange(data["a"].num_nodes) if isinstance(input_nodes, str) else input_nodes[1]
+    want = want.nonzero().flatten() if want.dtype == torch.bool else want
+    assert sorted(seen) == sorted(want.tolist())
+
+
+def check_hetero_subgraph(batch, data, fanouts: dict, replace: bool) -> None:
+    """PyG's sample structure: every edge is a graph edge of its type (via ``n_id`` and
+    ``e_id``); hop k's edges of a type go into the vertices of its destination type that
+    hop k - 1 added, each of which got ``min(deg, fanout)`` (with replacement ``fanout``
+    when it has any) in-edges of that type; every vertex a hop added is a source of one
+    of that hop's edges."""
+    node_types, edge_types = data.metadata()
+    ends = {t: torch.tensor(batch[t].num_sampled_nodes).cumsum(0).tolist() for t in node_types}
+    for t in node_types:
+        n_id = batch[t].n_id
+        assert n_id.unique().numel() == n_id.numel() == sum(batch[t].num_sampled_nodes) == batch[t].x.shape[0]
+        assert torch.equal(batch[t].x, data[t].x[n_id])
+        assert "y" not in data[t] or torch.equal(batch[t].y, data[t].y[n_id])
+    reached = {t: [set() for _ in ends[t]] for t in node_types}
+    for et in edge_types:
+        src_type, _, dst_type = et
+        edge_index, e_id, counts = batch[et].edge_index, batch[et].e_id, batch[et].num_sampled_edges
+        assert edge_index.shape == (2, sum(counts)) and len(counts) == len(fanouts[et])
+        assert torch.equal(batch[src_type].n_id[edge_index[0]], data[et].edge_index[0, e_id])
+        assert torch.equal(batch[dst_type].n_id[edge_index[1]], data[et].edge_index[1, e_id])
+        assert "edge_attr" not in data[et] or torch.equal(batch[et].edge_attr, data[et].edge_attr[e_id])
+        degree = torch.bincount(data[et].edge_index[1], minlength=data[dst_type].num_nodes)
+        hop_end = torch.tensor(counts, dtype=torch.int64).cumsum(0).tolist()
+        for k, fanout in enumerate(fanouts[et]):
+            first, last = (ends[dst_type][k - 1] if k else 0), ends[dst_type][k]
+            hop = edge_index[:, hop_end[k] - counts[k]:hop_end[k]]
+            assert ((hop[1] >= first) & (hop[1] < last)).all() and (hop[0] < ends[src_type][k + 1]).all()
+            got = torch.bincount(hop[1] - first, minlength=last - first)
+            deg = degree[batch[dst_type].n_id[first:last]]
+            want = (torch.zeros_like(deg) if fanout == 0 else torch.where(deg > 0, fanout, 0) if replace and fanout > 0
+                    else deg if fanout < 0 else deg.clamp(max=fanout))
+            assert torch.equal(got, want)
+            reached[src_type][k + 1].update(hop[0].tolist())
+        if not replace:
+            assert e_id.unique().numel() == e_id.numel()
+    for t in node_types:
+        for k in range(1, len(ends[t])):
+            assert set(range(ends[t][k - 1], ends[t][k])) <= reached[t][k]
+
+
+@RUNS
+@given(hetero_graphs(), st.sampled_from([[2], [3, 1], [1, -1], [2, 0, 1]]), st.booleans(), st.integers(1, 4),
+       st.integers(0, 2))
+def test_sampled_batches_have_pygs_structure(data, fanouts, replace, batch_size, kind):
+    typed = {et: fanouts for et in data.edge_types}
+    for batch in _batches(data, fanouts, batch_size, _input(kind, data), replace=replace):
+        check_hetero_subgraph(batch, data, typed, replace)
+
+
+def mag_like(seed: int = 0) -> HeteroData:
+    """A small ogbn-mag shape: papers citing papers, authors writing them and the reverse,
+    papers with topics and the reverse; isolated papers among them."""
+    gen = torch.Generator().manual_seed(seed)
+    counts = {"paper": 40, "author": 25, "field": 6}
+    data = HeteroData()
+    for t, n in counts.items():
+        data[t].x = torch.randn(n, 5, dtype=f64, generator=gen)
+    data["paper"].y = torch.randint(0, 4, (counts["paper"],), generator=gen)
+    data["paper"].train_mask = torch.rand(counts["paper"], generator=gen) < 0.6
+
+    def edges(s, d, m):
+        return torch.stack([torch.randint(0, counts[s], (m,), generator=gen),
+                            torch.randint(0, counts[d] - 3, (m,), generator=gen)])
+    data["paper", "cites", "paper"].edge_index = edges("paper", "paper", 90)
+    data["author", "writes", "paper"].edge_index = edges("author", "paper", 70)
+    data["paper", "rev_writes", "author"].edge_index = data["author", "writes", "paper"].edge_index.flip(0)
+    data["paper", "has_topic", "field"].edge_index = edges("paper", "field", 50)
+    data["field", "rev_has_topic", "paper"].edge_index = data["paper", "has_topic", "field"].edge_index.flip(0)
+    return data
+
+
+def sage_model(lib, layers: int) -> torch.nn.Module:
+    class GNN(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.convs = torch.nn.ModuleList([lib.SAGEConv((-1, -1), 7 if i < layers - 1 else 4)
+                                              for i in range(layers)])
+
+        def forward(self, x, edge_index):
+            for i, conv in enumerate(self.convs):
+                x = conv(x, edge_index)
+                x = x.relu() if i < len(self.convs) - 1 else x
+            return x
+    return GNN()
+
+
+@pytest.mark.parametrize("library", ["pyg", "gnnfuse"])
+@pytest.mark.parametrize("layers", [1, 2])
+def test_to_hetero_model_on_full_neighbourhood_batches_gives_the_full_graph_output_at_the_seeds(library, layers):
+    """PyG's ogbn-mag idiom, unchanged: ``model(batch.x_dict, batch.edge_index_dict)``
+    read at the first ``batch_size`` papers, equal (float64, 1e-12) to the full-graph
+    model's output at those papers, for as many hops as layers."""
+    import torch_geometric.nn as pyg_nn
+
+    from gnnfuse import nn as gnn
+    lib, to_hetero = (pyg_nn, pyg_nn.to_hetero) if library == "pyg" else (gnn, gnn.to_hetero)
+    data = mag_like()
+    torch.manual_seed(1)
+    model = to_hetero(sage_model(lib, layers), data.metadata(), aggr="sum").double()
+    full = model(data.x_dict, data.edge_index_dict)["paper"]
+    loader = NeighborLoader(data, num_neighbors=[-1] * layers, batch_size=8, shuffle=True,
+                            input_nodes=("paper", data["paper"].train_mask))
+    seen = 0
+    for batch in loader:
+        size = batch["paper"].batch_size
+        out = model(batch.x_dict, batch.edge_index_dict)["paper"][:size]
+        torch.testing.assert_close(out, full[batch["paper"].n_id[:size]], rtol=0, atol=1e-12)
+        loss = F.cross_entropy(out, batch["paper"].y[:size])
+        assert torch.isfinite(loss)
+        assert torch.equal(batch["paper"].input_id, batch["paper"].n_id[:size])     # a mask: vertex ids
+        seen += size
+    assert seen == int(data["paper"].train_mask.sum())
+
+
+def test_three_hop_full_batches_of_a_mag_like_graph_are_pygs_sample():
+    """Hop 1 adds papers through three edge types (cites, rev_writes, has_topic): each
+    type's new vertices are numbered edge type by edge type, in the graph's order."""
+    data = mag_like(2)
+    fanouts = {et: [-1, -1, -1] for et in data.edge_types}
+    for batch in _batches(data, [-1, -1, -1], 3, ("paper", torch.tensor([4, 9, 33, 0, 21]))):
+        assert_pygs_sample(batch, data, "paper", fanouts)
+        assert all(count > 0 for count in batch["paper"].num_sampled_nodes[:3])
+
+
+def test_per_edge_type_fanouts_and_the_mag_idiom_with_fanouts():
+    """A dict ``num_neighbors`` (tuple or PyG's ``'src__rel__dst'`` keys) samples each edge
+    type by its own list; ids as input_nodes give PyG's ``input_id`` (positions)."""
+    data = mag_like(3)
+    fanouts = {("paper", "cites", "paper"): [3, 2], "author__writes__paper": [2, 0],
+               ("paper", "rev_writes", "author"): [1, 1], ("paper", "has_topic", "field"): [0, 2],
+               ("field", "rev_has_topic", "paper"): [-1, 1]}
+    typed = {tuple(k.split("__")) if isinstance(k, str) else k: v for k, v in fanouts.items()}
+    ids = torch.tensor([5, 17, 2, 30, 11])
+    batches = _batches(data, fanouts, 2, ("paper", ids))
+    assert [b["paper"].batch_size for b in batches] == [2, 2, 1]
+    positions = torch.cat([b["paper"].input_id for b in batches])
+    assert torch.equal(ids[positions], torch.cat([b["paper"].n_id[:b["paper"].batch_size] for b in batches]))
+    assert sorted(positions.tolist()) == [0, 1, 2, 3, 4]
+    for batch in batches:
+        check_hetero_subgraph(batch, data, typed, replace=False)
+
+
+def test_batches_are_reproducible_and_drop_last():
+    data = mag_like(5)
+
+    def epoch():
+        torch.manual_seed(7)
+        return [(b["paper"].n_id, b["author"].n_id, b["paper", "cites", "paper"].e_id)
+                for b in NeighborLoader(data, [2, 2], batch_size=6, input_nodes="paper", shuffle=True,
+                                        drop_last=True)]
+    first, second = epoch(), epoch()
+    assert len(first) == 40 // 6 == len(NeighborLoader(data, [2], batch_size=6, input_nodes="paper", drop_last=True))
+    assert all(torch.equal(a, b) for x, y in zip(first, second) for a, b in zip(x, y))
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    ({"num_workers": 2}, NotImplementedError, "num_workers=2 is not offered"),
+    ({"static_shapes": True}, NotImplementedError, "static_shapes=True is not offered"),
+    ({"feature_device": "pinned"}, NotImplementedError, "feature_device='pinned' is not offered"),
+    ({"prefetch": 2}, NotImplementedError, "prefetch=2 is not offered"),
+    ({"time_attr": "time"}, NotImplementedError, "PyG's time_attr="),
+    ({"fanout": 3}, TypeError, "unexpected keyword argument 'fanout'"),
+    ({"input_nodes": None}, ValueError, "needs input_nodes"),
+    ({"input_nodes": "venue"}, ValueError, "node type 'venue'"),
+    ({"input_nodes": ("paper", torch.tensor([99]))}, ValueError, "outside .* node type 'paper'"),
+    ({"input_nodes": torch.tensor([1])}, TypeError, "node type or"),
+    ({"num_neighbors": {("paper", "cites", "paper"): [2]}}, ValueError, r"no fanouts for edge type\(s\)"),
+    ({"num_neighbors": {("paper", "likes", "paper"): [2]}}, ValueError, "does not have"),
+    ({"num_neighbors": {et: [2] if et[1] == "cites" else [2, 2] for et in mag_like().edge_types}}, ValueError,
+     "different numbers of hops"),
+    ({"num_neighbors": [2.5]}, TypeError, "whole numbers"),
+    ({"batch_size": 0}, ValueError, "batch_size")])
+def test_what_is_not_offered_or_wrong_is_refused_by_name(kwargs, error, message):
+    arguments = {"num_neighbors": [2], "input_nodes": "paper", **kwargs}
+    with pytest.raises(error, match=message):
+        NeighborLoader(mag_like(), **arguments)
+
+
+def test_a_bad_edge_index_is_refused_naming_its_edge_type():
+    data = mag_like()
+    data["author", "writes", "paper"].edge_index = torch.tensor([[0, 25], [1, 2]])
+    with pytest.raises(ValueError, match=r"\('author', 'writes', 'paper'\)'s edge_index\[0\] holds ids outside 0..24"):
+        NeighborLoader(data, [2], input_nodes="paper")
+    data["author", "writes", "paper"].edge_index = torch.zeros(3, 2, dtype=torch.int64)
+    with pytest.raises(ValueError, match=r"must be an integer tensor of shape \[2, num_edges\]"):
+        NeighborLoader(data, [2], input_nodes="paper")
