@@ -183,6 +183,19 @@ def test_sampled_batches_have_pygs_structure(data, fanouts, replace, batch_size,
         check_hetero_subgraph(batch, data, typed, replace)
 
 
+@pytest.mark.parametrize("fanout", [1, 3, -1])
+def test_a_source_type_larger_than_the_destination_type_keeps_every_sampled_source(fanout):
+    """Source ids of ``b`` reach past ``a``'s count (2): the fused sampling kernels mark
+    an empty slot with the CSR's row count, here source 2 of ``b``, a real vertex."""
+    data = HeteroData()
+    data["a"].x, data["b"].x = torch.randn(2, 2, dtype=f64), torch.randn(5, 2, dtype=f64)
+    data["b", "to", "a"].edge_index = torch.tensor([[2, 4, 2, 3, 2], [0, 1, 1, 0, 0]])
+    batch = next(iter(NeighborLoader(data, [fanout], batch_size=2, input_nodes="a")))
+    check_hetero_subgraph(batch, data, {("b", "to", "a"): [fanout]}, replace=False)
+    if fanout != 1:       # every in-edge, in edge_index order: a's vertex 0 reads b's 2, 3, 2; vertex 1 b's 4, 2
+        assert batch["b"].n_id.tolist() == [2, 3, 4]
+
+
 def mag_like(seed: int = 0) -> HeteroData:
     """A small ogbn-mag shape: papers citing papers, authors writing them and the reverse,
     papers with topics and the reverse; isolated papers among them."""
@@ -274,6 +287,16 @@ def test_per_edge_type_fanouts_and_the_mag_idiom_with_fanouts():
     assert sorted(positions.tolist()) == [0, 1, 2, 3, 4]
     for batch in batches:
         check_hetero_subgraph(batch, data, typed, replace=False)
+
+
+@pytest.mark.parametrize("path", ["0", "1"])
+def test_the_torch_sampler_and_the_fused_kernels_both_give_pygs_structure(monkeypatch, path):
+    """``GNNFUSE_FUSED_HOPS``: 0 samples with `sample_slots`, 1 with the homogeneous
+    loader's fused kernels (Numba here), for every edge type with a fanout."""
+    monkeypatch.setenv("GNNFUSE_FUSED_HOPS", path)
+    data = mag_like(4)
+    for batch in _batches(data, [3, 2], 5, ("paper", data["paper"].train_mask)):
+        check_hetero_subgraph(batch, data, {et: [3, 2] for et in data.edge_types}, replace=False)
 
 
 def test_batches_are_reproducible_and_drop_last():
