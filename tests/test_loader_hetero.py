@@ -271,6 +271,34 @@ def test_three_hop_full_batches_of_a_mag_like_graph_are_pygs_sample():
         assert all(count > 0 for count in batch["paper"].num_sampled_nodes[:3])
 
 
+def test_gnnfuses_to_hetero_model_on_sampled_batches_is_pygs_with_its_state_dict():
+    """PyG's idiom with fanouts and a training step: gnnfuse's ``to_hetero`` model, PyG's
+    state dict loaded, gives PyG's model's output on every sampled batch (float64, 1e-12),
+    through a few SGD steps."""
+    import torch_geometric.nn as pyg_nn
+
+    from gnnfuse import nn as gnn
+    data = mag_like(6)
+    loader = NeighborLoader(data, num_neighbors=[4, 2], batch_size=6, shuffle=True,
+                            input_nodes=("paper", data["paper"].train_mask))
+    torch.manual_seed(2)
+    theirs = pyg_nn.to_hetero(sage_model(pyg_nn, 2), data.metadata(), aggr="sum").double()
+    ours = gnn.to_hetero(sage_model(gnn, 2), data.metadata(), aggr="sum").double()
+    theirs(data.x_dict, data.edge_index_dict), ours(data.x_dict, data.edge_index_dict)
+    ours.load_state_dict(theirs.state_dict())
+    optimizer = torch.optim.SGD(ours.parameters(), lr=0.1)
+    for batch in loader:
+        size = batch["paper"].batch_size
+        want = theirs(batch.x_dict, batch.edge_index_dict)["paper"][:size]
+        out = ours(batch.x_dict, batch.edge_index_dict)["paper"][:size]
+        torch.testing.assert_close(out, want, rtol=0, atol=1e-12)
+        loss = F.cross_entropy(out, batch["paper"].y[:size])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        theirs.load_state_dict(ours.state_dict())
+
+
 def test_per_edge_type_fanouts_and_the_mag_idiom_with_fanouts():
     """A dict ``num_neighbors`` (tuple or PyG's ``'src__rel__dst'`` keys) samples each edge
     type by its own list; ids as input_nodes give PyG's ``input_id`` (positions)."""
@@ -343,3 +371,15 @@ def test_a_bad_edge_index_is_refused_naming_its_edge_type():
     data["author", "writes", "paper"].edge_index = torch.zeros(3, 2, dtype=torch.int64)
     with pytest.raises(ValueError, match=r"must be an integer tensor of shape \[2, num_edges\]"):
         NeighborLoader(data, [2], input_nodes="paper")
+
+
+def test_an_edge_type_to_a_node_type_without_a_store_is_refused_and_data_left_as_it_was():
+    data = HeteroData()
+    data["paper"].x = torch.randn(3, 2)
+    data["venue", "hosts", "paper"].edge_index = torch.tensor([[0, 1], [1, 2]])
+    with pytest.raises(ValueError, match="node type 'venue', which the HeteroData has no node store for"):
+        NeighborLoader(data, [2], input_nodes="paper")
+    assert data.node_types == ["paper"]
+    data["venue"].num_nodes = 2
+    batch = next(iter(NeighborLoader(data, [-1], batch_size=3, input_nodes="paper")))
+    assert batch["venue"].n_id.tolist() == [0, 1] and batch["venue"].num_sampled_nodes == [0, 2]

@@ -71,6 +71,11 @@ def _node_counts(data: Any) -> dict[str, int]:
 def _edge_index(data: Any, edge_type: EdgeType, num_nodes: dict[str, int]) -> torch.Tensor:
     """Edge type ``edge_type``'s ``edge_index``, checked: ``[2, E]`` integer ids within
     its source and destination types' counts."""
+    for node_type in (edge_type[0], edge_type[2]):
+        if node_type not in num_nodes:
+            raise ValueError(f"NeighborLoader: edge type {edge_type} joins node type {node_type!r}, which the "
+                             f"HeteroData has no node store for (no x, no num_nodes): set "
+                             f"data[{node_type!r}].num_nodes")
     store = data[edge_type]
     edge_index = store.get("edge_index")
     if edge_index is None:
