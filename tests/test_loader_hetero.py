@@ -299,6 +299,31 @@ def test_gnnfuses_to_hetero_model_on_sampled_batches_is_pygs_with_its_state_dict
         theirs.load_state_dict(ours.state_dict())
 
 
+def test_pygs_trim_to_layer_on_the_per_hop_counts_keeps_the_seeds_outputs():
+    """``num_sampled_nodes_dict``/``num_sampled_edges_dict`` are what PyG's
+    ``trim_to_layer`` reads: trimming each layer's input to the vertices and edges it
+    still needs (which assumes PyG's hop-by-hop order) leaves the seeds' outputs as they
+    were, on batches sampled with fanouts."""
+    import torch_geometric.nn as pyg_nn
+    from torch_geometric.utils import trim_to_layer
+    data = mag_like(3)
+    torch.manual_seed(3)
+    convs = [pyg_nn.HeteroConv({et: pyg_nn.SAGEConv((-1, -1), 6) for et in data.edge_types}, aggr="sum").double()
+             for _ in range(2)]
+    for batch in _batches(data, [3, 2], 5, "paper"):
+        size = batch["paper"].batch_size
+        whole = batch.x_dict
+        for conv in convs:
+            whole = conv(whole, batch.edge_index_dict)
+        x, edge_index = batch.x_dict, batch.edge_index_dict
+        for layer, conv in enumerate(convs):
+            x, edge_index, _ = trim_to_layer(layer, batch.num_sampled_nodes_dict, batch.num_sampled_edges_dict, x,
+                                             edge_index)
+            x = conv(x, edge_index)
+        assert x["paper"].shape[0] == sum(batch["paper"].num_sampled_nodes[:2])     # the last level trimmed
+        torch.testing.assert_close(x["paper"][:size], whole["paper"][:size], rtol=0, atol=1e-12)
+
+
 def test_per_edge_type_fanouts_and_the_mag_idiom_with_fanouts():
     """A dict ``num_neighbors`` (tuple or PyG's ``'src__rel__dst'`` keys) samples each edge
     type by its own list; ids as input_nodes give PyG's ``input_id`` (positions)."""
