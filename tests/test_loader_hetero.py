@@ -370,6 +370,7 @@ def test_batches_are_reproducible_and_drop_last():
     ({"static_shapes": True}, NotImplementedError, "static_shapes=True is not offered"),
     ({"feature_device": "pinned"}, NotImplementedError, "feature_device='pinned' is not offered"),
     ({"prefetch": 2}, NotImplementedError, "prefetch=2 is not offered"),
+    ({"x": torch.zeros(40, 5)}, NotImplementedError, r"x=<a \[40, 5\] tensor> is not offered"),
     ({"time_attr": "time"}, NotImplementedError, "PyG's time_attr="),
     ({"fanout": 3}, TypeError, "unexpected keyword argument 'fanout'"),
     ({"input_nodes": None}, ValueError, "needs input_nodes"),

@@ -50,8 +50,9 @@ def _check_options(options: dict[str, Any]) -> None:
     for name in [name for name in options if name in _NOT_OFFERED]:
         value = options.pop(name)
         if value is not _NOT_OFFERED[name] and not (isinstance(value, (bool, int)) and value == _NOT_OFFERED[name]):
+            shown = f"<a {list(value.shape)} tensor>" if isinstance(value, torch.Tensor) else f"{value!r:.60}"
             raise NotImplementedError(
-                f"NeighborLoader on a HeteroData: {name}={value!r} is not offered yet (it prepares each batch "
+                f"NeighborLoader on a HeteroData: {name}={shown} is not offered yet (it prepares each batch "
                 f"when the loop asks for it, from the HeteroData's own tensors, with PyG's attributes); leave "
                 f"{name} out")
     _check_pyg_options(options)
