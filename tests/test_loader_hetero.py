@@ -83,11 +83,12 @@ def hetero_graphs(draw):
     return data
 
 
-def _input(draw_kind: int, data: HeteroData):
+def _input(kind: int, data: HeteroData):
+    """PyG's three forms of ``input_nodes`` for type ``a``: the type, a mask, ids."""
     n = data["a"].num_nodes
-    if draw_kind == 0:
+    if kind == 0:
         return "a"
-    if draw_kind == 1:
+    if kind == 1:
         return ("a", torch.arange(n) % 2 == 0)
     return ("a", torch.arange(n).flip(0)[: max(1, n - 1)])
 
