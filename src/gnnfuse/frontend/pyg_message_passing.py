@@ -25,9 +25,10 @@ construct and the line).
 
 Traces are reused through `TraceCache` keyed by ``message``'s code and guarded globals,
 the argument shapes, the non-tensor arguments and the values of the ``self.<attr>``
-scalars ``message`` reads (``self.training``, ``self.negative_slope``); a ``message`` that
-reads anything else of ``self`` (a submodule, a tensor) or captures tensors is traced on
-every call, which costs Python time but can never serve a stale program.
+scalars, tensors and torch or PyG modules ``message`` reads (``self.training``,
+``self.negative_slope``, ``self.lin``; see `trace_cache` for how a module is guarded); a
+``message`` that reads anything else of ``self`` or captures tensors it makes itself is
+traced on every call, which costs Python time but can never serve a stale program.
 """
 from __future__ import annotations
 
@@ -186,11 +187,13 @@ def _frozen(value: Any) -> Hashable:
     """A key part for a value ``message`` reads. A tensor (a parameter read as
     ``self.scale``) stays itself: the trace cache guards it by metadata and feeds the one
     found at the same place of the next call's key, so the trace is reused and reads the
-    current parameter."""
+    current parameter. So does a module (``self.lin(edge_attr)``): the trace cache
+    snapshots a torch or PyG module's settings and submodules and feeds its parameters
+    the same way (a module class of the user's own is not cached)."""
     if isinstance(value, _SCALARS):
         return type(value), value
-    if isinstance(value, torch.Tensor):
-        return value
+    if isinstance(value, (torch.Tensor, torch.nn.Module)):
+        return value        # a library module (``self.lin``) the trace cache snapshots, else refuses
     if isinstance(value, (tuple, list)):
         return type(value), tuple(_frozen(v) for v in value)
     return _Unguardable()

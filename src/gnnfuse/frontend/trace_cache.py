@@ -16,6 +16,11 @@ becomes part of the key, so a changed closure constant or a rebound global trace
 afresh. A function that can reach anything else (a list, a dict, an object with
 attributes, a module or class of the user's own) is never cached: such state can change
 without changing identity, and a stale program would compute the wrong thing silently.
+The exception is a torch or PyG ``nn.Module`` the code calls (EdgeConv's closed-over
+``nn``, a PyG layer's ``self.lin``): its class is trusted like a library function, and
+everything else it computes from -- its ``__dict__``: the training flag, settings such as
+``negative_slope``, parameters, buffers and submodules -- is snapshotted by value on
+every call, so an edited setting or a swapped submodule traces afresh (`_module_state`).
 
 Tensors it reaches (a layer's attention vector in a closure, a global weight) are
 guarded by their metadata -- shape, dtype, device, layout, requires_grad, and which of
@@ -100,7 +105,7 @@ def _impure_name(code: types.CodeType) -> str | None:
 
 # Where a guarded value was found, step by step from the traced functions: ("fn", i),
 # ("cell", k), ("global", name), ("default", i), ("kwdefault", name), ("item", i),
-# ("func",), ("arg", i), ("keyword", name).
+# ("func",), ("arg", i), ("keyword", name), ("attr", name) (of an nn.Module), ("key", k).
 Path = tuple[tuple[Any, ...], ...]
 
 
@@ -141,6 +146,9 @@ def _freeze(value: Any, walk: _Walk, path: Path) -> Hashable:
         return (functools.partial, _freeze(value.func, walk, path + (("func",),)),
                 tuple(_freeze(a, walk, path + (("arg", i),)) for i, a in enumerate(value.args)),
                 tuple((k, _freeze(a, walk, path + (("keyword", k),))) for k, a in value.keywords.items()))
+    if isinstance(value, torch.nn.Module):
+        walk.deep = True        # ``layer.p = 0.3`` changes it in place
+        return _module_state(value, walk, path)
     if isinstance(value, (types.ModuleType, type)):
         # A library's attributes are trusted; a user's module or class is a namespace whose
         # attributes (``settings.scale``) can be rebound without changing its identity.
@@ -155,6 +163,63 @@ def _freeze(value: Any, walk: _Walk, path: Path) -> Hashable:
         walk.deep = True
         return _function_state(value, walk, path)
     raise _Uncacheable(type(value).__name__)
+
+
+# nn.Module classes whose forward is trusted to compute from the module's own state alone
+_MODULE_LIBRARIES = ("torch", "torch_geometric")
+_GLOBAL_HOOKS = tuple(getattr(torch.nn.modules.module, name) for name in (
+    "_global_forward_pre_hooks", "_global_forward_hooks", "_global_backward_pre_hooks", "_global_backward_hooks")
+    if hasattr(torch.nn.modules.module, name))
+_STATE = ("_parameters", "_buffers", "_modules")
+
+
+def _module_state(module: torch.nn.Module, walk: _Walk, path: Path) -> Hashable:
+    """Snapshot of a library module (``torch.nn.Linear``, a ``Sequential`` of them, PyG's
+    ``Linear``) that traced code calls: its class by name, and every entry of its
+    ``__dict__`` -- the training flag, settings such as ``negative_slope`` or ``p``, and
+    its parameters, buffers and submodules, each found again by attribute name. A user's
+    module class (its ``forward`` may read anything), a hook (run at trace time only),
+    a module whose forward writes its own state (batch norm's running statistics while
+    training) and an uninitialised lazy parameter cannot be snapshotted."""
+    kind = type(module)
+    if (kind.__module__ or "").split(".")[0] not in _MODULE_LIBRARIES or "<locals>" in kind.__qualname__:
+        raise _Uncacheable(f"module {kind.__qualname__}")
+    if any(_GLOBAL_HOOKS) or module._forward_hooks or module._forward_pre_hooks or module._backward_hooks or \
+            getattr(module, "_backward_pre_hooks", None):
+        raise _Uncacheable(f"hooks on {kind.__qualname__}")
+    if isinstance(module, torch.nn.modules.batchnorm._NormBase) and module.training and module.track_running_stats:
+        raise _Uncacheable(f"{kind.__qualname__} updates its running statistics")
+    if id(module) in walk.seen:
+        return "recursive"
+    walk.seen.add(id(module))
+    state: list[Hashable] = [kind.__module__, kind.__qualname__]
+    for name, value in vars(module).items():
+        if "state_dict" in name:        # state_dict hooks: state_dict() runs them, never forward
+            continue
+        if name in _STATE:
+            for key, item in value.items():
+                if isinstance(item, torch.nn.parameter.UninitializedTensorMixin):
+                    raise _Uncacheable(f"uninitialised lazy parameter {key}")
+                state.append((key, _freeze(item, walk, path + (("attr", key),))))
+        else:
+            state.append((name, _freeze_plain(value, walk, path + (("attr", name),))))
+    return tuple(state)
+
+
+def _freeze_plain(value: Any, walk: _Walk, path: Path) -> Hashable:
+    """`_freeze` of a value in a library module's ``__dict__``, where its containers hold
+    settings (PyG's ``powers=[0, 1, 2]``, an empty hook dict): by value, walked on every call."""
+    if isinstance(value, list):
+        return list, tuple([_freeze_plain(v, walk, path + (("item", i),)) for i, v in enumerate(value)])
+    if isinstance(value, dict):
+        if not all(isinstance(k, _SCALARS) for k in value):
+            raise _Uncacheable("a dict keyed by other than str or numbers")
+        return dict, tuple([(k, _freeze_plain(v, walk, path + (("key", k),))) for k, v in value.items()])
+    if isinstance(value, (set, frozenset)):
+        if not all(isinstance(v, _SCALARS) for v in value):
+            raise _Uncacheable("a set of other than str or numbers")
+        return frozenset, frozenset(value)
+    return _freeze(value, walk, path)
 
 
 def _from_library(module_name: str | None) -> bool:
@@ -290,6 +355,10 @@ def _fetch(functions: tuple[Callable | None, ...], path: Path) -> Any:
             obj = obj.__kwdefaults__[arg[0]]
         elif step == "keyword":
             obj = obj.keywords[arg[0]]
+        elif step == "attr":
+            obj = getattr(obj, arg[0])
+        elif step == "key":
+            obj = obj[arg[0]]
         else:       # "func"
             obj = obj.func
     return obj
