@@ -156,10 +156,6 @@ RETRACES: dict[str, int] = {
     # every call rather than feed a stale view (trace_cache.py: "a tensor made inside the
     # function and captured")
     "pyg-GMMConv": 4,
-    # message() uses self other than by reading an attribute: hasattr(self, 'lin_edge')
-    # (GENConv), a store self._alpha = alpha (TransformerConv, FAConv), a call of its own
-    # method self.message_basic(...) (GeneralConv)
-    "pyg-GENConv": 4, "pyg-TransformerConv": 4, "pyg-FAConv": 4, "pyg-GeneralConv": 4,
 }
 
 
@@ -262,6 +258,23 @@ def test_a_submodule_read_in_message_follows_its_weights_and_settings(monkeypatc
     _assert_follows(ours, theirs, _with_edges, [_scale_weight, _new_weight, _set_slope], 2, monkeypatch)
 
 
+def _add_lin_edge(layer):
+    torch.manual_seed(4)
+    layer.lin_edge = pyg_nn.Linear(CHANNELS, CHANNELS).double()
+
+
+def test_an_attribute_message_probes_with_hasattr_follows_it(monkeypatch):
+    """GENConv's message asks hasattr(self, 'lin_edge'): the answer is part of the key,
+    so adding the attribute between calls runs the branch PyG's message runs."""
+    make = lambda c: c(F_IN, CHANNELS, edge_dim=CHANNELS)      # noqa: E731  (no lin_edge: widths agree)
+    ours, theirs = _twins(make, "GENConv")
+    assert not hasattr(ours, "lin_edge")
+
+    def forward(layer, t, ei):
+        return layer(t["x"], ei, torch.linspace(-1, 1, len(SRC) * CHANNELS, dtype=torch.float64).view(-1, CHANNELS))
+    _assert_follows(ours, theirs, forward, [_add_lin_edge], 2, monkeypatch)
+
+
 def test_edge_conv_follows_its_network(monkeypatch):
     """gnnfuse.nn.EdgeConv's vertex function closes over its nn (traced on every call
     before); swapping the activation or editing a weight between calls is followed."""
@@ -274,3 +287,44 @@ def test_edge_conv_follows_its_network(monkeypatch):
         layer.nn[1] = nn.Tanh()
     _assert_follows(ours, theirs, pyg_cases.PLAIN, [lambda layer: net[2].bias.add_(1.0), activation], 2,
                     monkeypatch)
+
+
+def _helper_layer(Base: type) -> type:
+    class Helper(Base):
+        """message() probes an attribute with hasattr and calls a method of its own, which
+        reads a setting with getattr."""
+
+        def __init__(self):
+            super().__init__(aggr="add")
+            self.scale = 2.0
+
+        def forward(self, x, edge_index):
+            return self.propagate(edge_index, x=x)
+
+        def message(self, x_j):
+            out = self.scaled(x_j)
+            if hasattr(self, "gate"):
+                out = out * (-1.0 if self.gate is None else self.gate)
+            return out
+
+        def scaled(self, x_j):
+            return x_j * getattr(self, "scale", 1.0)
+    return Helper
+
+
+def test_a_method_message_calls_and_an_attribute_it_probes_are_followed(monkeypatch):
+    """A setting read only in a helper method (self.scale), and an attribute that
+    hasattr(self, 'gate') finds once it is set -- to None first, which is not the same
+    as absent -- change between calls: each traces afresh and gives PyG's output, and one
+    trace serves the calls between."""
+    ours, theirs = _helper_layer(gnn.MessagePassing)(), _helper_layer(pyg_nn.MessagePassing)()
+
+    def set_scale(layer):
+        layer.scale = 0.5
+
+    def gate_none(layer):
+        layer.gate = None
+
+    def gate_three(layer):
+        layer.gate = 3.0
+    _assert_follows(ours, theirs, pyg_cases.PLAIN, [set_scale, gate_none, gate_three], 4, monkeypatch)

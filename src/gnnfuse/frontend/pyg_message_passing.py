@@ -26,9 +26,11 @@ construct and the line).
 Traces are reused through `TraceCache` keyed by ``message``'s code and guarded globals,
 the argument shapes, the non-tensor arguments and the values of the ``self.<attr>``
 scalars, tensors and torch or PyG modules ``message`` reads (``self.training``,
-``self.negative_slope``, ``self.lin``; see `trace_cache` for how a module is guarded); a
-``message`` that reads anything else of ``self`` or captures tensors it makes itself is
-traced on every call, which costs Python time but can never serve a stale program.
+``self.negative_slope``, ``self.lin``; see `trace_cache` for how a module is guarded),
+whether it has an attribute it asks ``hasattr``/``getattr`` about, and the same of a
+method of the layer it calls (``self.message_basic(...)``); a ``message`` that uses
+``self`` any other way or captures tensors it makes itself is traced on every call,
+which costs Python time but can never serve a stale program.
 """
 from __future__ import annotations
 
@@ -164,21 +166,33 @@ def _library_view(fn: types.FunctionType) -> types.FunctionType:
 
 @functools.lru_cache(maxsize=256)
 def _self_attributes(code: types.CodeType) -> tuple[str, ...] | None:
-    """The attribute names a method reads directly off ``self``, or None when ``self`` is
-    used any other way (passed on, captured by a nested function, or implicitly by a
-    zero-argument ``super()``): then what it reads cannot be listed and the trace is not
-    cached."""
+    """The attribute names a method reads off ``self`` -- ``self.name``, or a constant name
+    asked with ``hasattr(self, "name")`` / ``getattr(self, "name", ...)`` (GENConv's
+    message asks ``hasattr(self, 'lin_edge')``) -- or None when ``self`` is used any other
+    way (passed on, captured by a nested function, or implicitly by a zero-argument
+    ``super()``): then what it reads cannot be listed and the trace is not cached. A store
+    (``self._alpha = alpha``, TransformerConv's) reads nothing: `_attribute_writes_checked`
+    refuses it, or restores an attribute the class names as scratch, when tracing."""
     if not code.co_argcount or code.co_varnames[0] in code.co_cellvars or "__class__" in code.co_freevars:
         return None
     me = code.co_varnames[0]
     instructions = list(dis.get_instructions(code))
     names = []
-    for ins, after in zip(instructions, instructions[1:] + [None]):
-        if ins.opname == "LOAD_FAST" and ins.argval == me:
-            if after is None or after.opname not in ("LOAD_ATTR", "LOAD_METHOD"):
-                return None
+    for k, ins in enumerate(instructions):
+        if "FAST" not in ins.opname or me not in (ins.argval if isinstance(ins.argval, tuple) else (ins.argval,)):
+            continue
+        # one load of self (3.13's LOAD_FAST_LOAD_FAST of two names, or any store, is another use)
+        if ins.opname not in ("LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_BORROW") or k + 1 == len(instructions):
+            return None
+        after = instructions[k + 1]
+        if after.opname in ("LOAD_ATTR", "LOAD_METHOD"):
             names.append(after.argval)
-        elif ins.opname in ("STORE_FAST", "DELETE_FAST") and ins.argval == me:
+        elif after.opname == "STORE_ATTR":
+            continue
+        elif (k and instructions[k - 1].opname == "LOAD_GLOBAL" and instructions[k - 1].argval in ("hasattr", "getattr")
+              and after.opname == "LOAD_CONST" and isinstance(after.argval, str)):
+            names.append(after.argval)      # the builtin itself is guarded among message's globals
+        else:
             return None
     return tuple(dict.fromkeys(names))
 
@@ -199,15 +213,30 @@ def _frozen(value: Any) -> Hashable:
     return _Unguardable()
 
 
-def _layer_state(bound: tuple[Any, ...], message: types.FunctionType) -> Hashable:
-    """The values of the ``self.<attr>`` (``cls.<attr>`` for a classmethod) scalars
-    ``message`` reads (part of the key); nothing for a staticmethod."""
+def _layer_state(bound: tuple[Any, ...], message: types.FunctionType, depth: int = 0) -> Hashable:
+    """The values of the ``self.<attr>`` (``cls.<attr>`` for a classmethod) ``message``
+    reads (part of the key); nothing for a staticmethod. A method of the same object it
+    calls (GeneralConv's ``self.message_basic(...)``) counts by its code, guarded globals
+    and the attributes it reads in turn."""
     if not bound:
         return ()
     names = _self_attributes(message.__code__)
-    if names is None:
+    if names is None or depth > 8:
         return _Unguardable()
-    return tuple((name, _frozen(getattr(bound[0], name, None))) for name in names)
+    state = []
+    for name in names:
+        value = getattr(bound[0], name, _ABSENT)
+        if value is _ABSENT:
+            state.append((name, "absent"))      # ``hasattr`` False: not the same as an attribute set to None
+        elif isinstance(value, types.MethodType) and value.__self__ is bound[0] and \
+                type(value.__func__) is types.FunctionType:
+            state.append((name, _library_view(value.__func__), _layer_state(bound, value.__func__, depth + 1)))
+        else:
+            state.append((name, _frozen(value)))
+    return tuple(state)
+
+
+_ABSENT = object()
 
 
 # --- argument collection (PyG's ``_collect``, symbolically) ------------------------------
