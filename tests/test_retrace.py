@@ -328,3 +328,51 @@ def test_a_method_message_calls_and_an_attribute_it_probes_are_followed(monkeypa
     def gate_three(layer):
         layer.gate = 3.0
     _assert_follows(ours, theirs, pyg_cases.PLAIN, [set_scale, gate_none, gate_three], 4, monkeypatch)
+
+
+# --- graphs of many sizes (sampled mini-batches) ---------------------------------------------
+def _sized_layer(Base: type) -> type:
+    class Sized(Base):
+        """message() computes with size_i as a number: a trace bakes it in."""
+
+        def __init__(self):
+            super().__init__(aggr="add")
+
+        def forward(self, x, edge_index):
+            return self.propagate(edge_index, x=x)
+
+        def message(self, x_j, size_i):
+            return x_j / size_i
+    return Sized
+
+
+SIZED_CASES = {
+    # message takes no size: one trace serves every graph
+    "GENConv": (lambda c: c(F_IN, CHANNELS), 1),
+    # size_i only goes to softmax(alpha, index, ptr, size_i), which the trace does not read
+    "TransformerConv": (lambda c: c(F_IN, CHANNELS, heads=HEADS), 1),
+    # size_i read as a number: one trace per vertex count, each the right one (and the
+    # first call's trace with a symbolic size_i, which refuses the division)
+    "Sized": (lambda c: c(), 6),
+}
+
+
+@pytest.mark.parametrize("name", SIZED_CASES)
+def test_graphs_of_every_size_reuse_one_trace_unless_message_reads_the_size(name, monkeypatch):
+    make, traces = SIZED_CASES[name]
+    if name == "Sized":
+        ours, theirs = make(_sized_layer(gnn.MessagePassing)).double(), make(_sized_layer(pyg_nn.MessagePassing))
+    else:
+        ours, theirs = _twins(make, name)
+    traced = count_traces(monkeypatch)
+    gen = torch.Generator().manual_seed(6)
+    for rows in (10, 11, 12, 13, 14):
+        edge_index = torch.randint(0, rows, (2, 3 * rows), generator=gen)
+        x = torch.randn(rows, F_IN, dtype=torch.float64, generator=gen)
+        got, want = (pyg_cases.run(layer, pyg_cases.PLAIN, {"x": x}, edge_index) for layer in (ours, theirs))
+        torch.testing.assert_close(got[0], want[0], rtol=1e-10, atol=1e-10)
+        for a, b in zip(got[1], want[1], strict=True):
+            assert (a is None) == (b is None)
+            if b is not None:
+                torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+    assert len(traced) == traces

@@ -30,7 +30,9 @@ scalars, tensors and torch or PyG modules ``message`` reads (``self.training``,
 whether it has an attribute it asks ``hasattr``/``getattr`` about, and the same of a
 method of the layer it calls (``self.message_basic(...)``); a ``message`` that uses
 ``self`` any other way or captures tensors it makes itself is traced on every call,
-which costs Python time but can never serve a stale program.
+which costs Python time but can never serve a stale program. The vertex count is not
+part of the key unless ``message`` reads it as a number (see `compiled_propagate`), so the
+batches of a sampled mini-batch run reuse one trace.
 """
 from __future__ import annotations
 
@@ -54,7 +56,7 @@ from ..graph.index_cache import functorch_interpreter
 from ..ir import CompileError, Residency
 from ..runtime.compiled import read_back_by_backward
 from .trace_cache import _SCALARS, TraceCache, _global_names, program_feeds
-from .tracer import EDGE_ROWED, SymTensor, Tracer
+from .tracer import EDGE_ROWED, RowCount, SymTensor, Tracer
 
 # The aggregation modules PyG's ``aggr`` strings resolve to that the IR computes exactly
 # (empty neighbourhoods give 0 in both): a graph Reduce, or for 'softmax' the sum of the
@@ -356,10 +358,13 @@ def _graph(layer: PyGMessagePassing, edge_index: torch.Tensor, num_nodes: int) -
 
 
 # --- tracing -------------------------------------------------------------------------
-def trace_message(layer: PyGMessagePassing, args: _Arguments, op: str, num_nodes: int,
-                  num_edges: int, size: list[int | None]) -> Tracer:
+def trace_message(layer: PyGMessagePassing, args: _Arguments, op: str, size: list[int | None],
+                  symbolic: bool) -> Tracer:
     """Trace ``layer.message`` on symbolic rows into a program whose output ``out`` is the
-    messages reduced with ``op`` into each target vertex."""
+    messages reduced with ``op`` into each target vertex. ``symbolic``: the known counts
+    of ``size`` reach ``message`` (``size_i``, ``size_j``, ``dim_size``) as symbolic
+    vertex counts (`RowCount`), which the traced ``softmax`` ignores and any use as a
+    number refuses, so the trace serves graphs of every size."""
     message, bound = _message(layer)
     tracer = Tracer(message, "message")
     values: dict[str, Any] = dict(args.other)
@@ -372,6 +377,8 @@ def trace_message(layer: PyGMessagePassing, args: _Arguments, op: str, num_nodes
         # writes (the x_i/x_j gathers are copies): refused, so PyG's eager run does it
         values[param].caller_table = f"message()'s argument {param!r}"
     i = 1 if layer.flow == "source_to_target" else 0
+    if symbolic:        # None stays None: PyG passes size_i=None where no count is known
+        size = [None if s is None else RowCount(tracer, "vertex") for s in size]
     size_i = size[i] if size[i] is not None else size[1 - i]
     values.update(index=TARGET_INDEX, edge_index_i=TARGET_INDEX, edge_index_j=_Marker("edge_index_j"),
                   edge_index=_Marker("edge_index"), adj_t=None, ptr=None, size=list(size), size_i=size_i,
@@ -392,19 +399,26 @@ def trace_message(layer: PyGMessagePassing, args: _Arguments, op: str, num_nodes
         raise NotCompilable(f"aggr='mean' over {out.value.dtype} messages (PyG's mean of integers is a float)")
     if op == "softmax":
         out = _softmax_aggregate(tracer, layer.aggr_module, out)
-    for name, tensor in tracer.captured.values():
-        # a parameter is a weight, whatever its row count: TransformerConv's lin_edge weight
-        # [heads * out, edge_dim] on a graph of heads * out edges ran PyG's propagate
-        if tensor.dim() and tensor.shape[0] in (num_edges, num_nodes) and not isinstance(tensor, torch.nn.Parameter):
-            raise NotCompilable(f"message() reads a tensor of shape {list(tensor.shape)} that was not passed "
-                                "to propagate(); with one row per edge or node it may be graph data, which "
-                                "compiles only when passed to propagate() as a keyword argument")
     rank = len(out.value.shape) + 1
     if (layer.node_dim + rank if layer.node_dim < 0 else layer.node_dim) != 0:
         raise NotCompilable(f"node_dim={layer.node_dim} does not aggregate message's leading (edge) axis")
     reduce = "sum" if op == "softmax" else op
     tracer.program.output("out", tracer.program.add("reduce", out.value, op=reduce, by="dst"))
     return tracer
+
+
+def _check_captured(captured: Mapping[str, torch.Tensor], num_edges: int, num_nodes: int) -> None:
+    """Refuse a tensor ``message`` read from outside its arguments that may be graph data
+    (the tracer would take it for one value shared by every row). Checked on every call,
+    the trace serving graphs of every size: a tensor that was no graph's size when traced
+    may be this graph's."""
+    for tensor in captured.values():
+        # a parameter is a weight, whatever its row count: TransformerConv's lin_edge weight
+        # [heads * out, edge_dim] on a graph of heads * out edges ran PyG's propagate
+        if tensor.dim() and tensor.shape[0] in (num_edges, num_nodes) and not isinstance(tensor, torch.nn.Parameter):
+            raise NotCompilable(f"message() reads a tensor of shape {list(tensor.shape)} that was not passed "
+                                "to propagate(); with one row per edge or node it may be graph data, which "
+                                "compiles only when passed to propagate() as a keyword argument")
 
 
 @contextlib.contextmanager
@@ -545,6 +559,24 @@ def _trace_failure(layer: PyGMessagePassing, exc: Exception) -> NotCompilable:
 _TRACES = TraceCache()
 
 
+_SIZES = frozenset({"size", "size_i", "size_j", "dim_size"})
+# code of the messages whose trace needed the vertex counts as numbers (`compiled_propagate`)
+_NUMERIC_SIZES: set[types.CodeType] = set()
+
+
+def _trace(layer: PyGMessagePassing, args: _Arguments, op: str, guards: tuple, size: list[int | None],
+           symbolic: bool) -> tuple[Any, dict[str, torch.Tensor]]:
+    """The compiled program and captured tensors for ``message`` (`trace_message`), from
+    the trace cache where it holds them; any failure raised as `NotCompilable`."""
+    try:
+        return _TRACES.compiled(guards, (args.nodes, args.edges), lambda: trace_message(
+            layer, args, op, size, symbolic))
+    except NotCompilable:
+        raise
+    except Exception as exc:     # the eager run will raise the user's own error, if it is one
+        raise _trace_failure(layer, exc) from exc
+
+
 def compiled_propagate(layer: PyGMessagePassing, edge_index: Any, size: Any, kwargs: Mapping[str, Any],
                        pairs_by_flow: bool) -> Any:
     """``layer.propagate(edge_index, size, **kwargs)`` with ``message`` and the aggregation
@@ -578,15 +610,23 @@ def compiled_propagate(layer: PyGMessagePassing, edge_index: Any, size: Any, kwa
     other = tuple((k, _frozen(v) if not isinstance(v, torch.Tensor) else _Unguardable())
                   for k, v in args.other.items())
     guards = (_library_view(message), _layer_state(bound, message), other, op, _aggregation_state(layer),
-              layer.flow, layer.node_dim,
-              tuple(args.gathers.items()), num_nodes)
+              layer.flow, layer.node_dim, tuple(args.gathers.items()))
+    # The vertex count is part of the key only where message reads it as a number: a
+    # sampled mini-batch has another count every batch, and each traced afresh.
+    sized = not _SIZES.isdisjoint(params)
+    numeric = sized and ("size" in params or message.__code__ in _NUMERIC_SIZES)
+    guards += (tuple(s is not None for s in mutable_size),)      # which counts message gets as None
     try:
-        compiled, captured = _TRACES.compiled(guards, (args.nodes, args.edges), lambda: trace_message(
-            layer, args, op, num_nodes, num_edges, mutable_size))
+        compiled, captured = _trace(layer, args, op, guards + (num_nodes if numeric else None,),
+                                    mutable_size, not numeric)
     except NotCompilable:
-        raise
-    except Exception as exc:     # the eager run will raise the user's own error, if it is one
-        raise _trace_failure(layer, exc) from exc
+        if not sized or numeric:
+            raise
+        # size_i / size_j / dim_size used as a number (or the trace failed anyway): traced
+        # with the counts from now on, one trace per vertex count
+        _NUMERIC_SIZES.add(message.__code__)
+        compiled, captured = _trace(layer, args, op, guards + (num_nodes,), mutable_size, False)
+    _check_captured(captured, num_edges, num_nodes)
     graph = _graph(layer, edge_index, num_nodes)
     out = compiled(graph, program_feeds((args.nodes, args.edges), captured))["out"]
     own_update = type(layer).update is not PyGMessagePassing.update or "update" in vars(layer)
