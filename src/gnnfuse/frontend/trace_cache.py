@@ -41,10 +41,15 @@ namespace by name (``globals()['NAME']``, ``vars()``, ``eval``), which the guard
 cannot follow. A ``functools.partial`` UDF is guarded by its function and bound
 arguments; bound methods, ``nn.Module`` UDFs and other callable objects hold state
 of their own and are traced on every call.
+
+A trace that raised is remembered under its key like one that succeeded, and a later
+call of that key raises a copy of the error without tracing (`_remember_failure`): it
+would fail the same way.
 """
 from __future__ import annotations
 
 import builtins
+import copy
 import dis
 import enum
 import functools
@@ -425,6 +430,8 @@ class TraceCache:
     def __init__(self) -> None:
         # key -> (program, [(parameter name, path of the tensor fed to it)])
         self._entries: dict[Hashable, tuple[CompiledProgram, list[tuple[str, Path]]]] = {}
+        # key -> the error its trace raised, raised again (`_remember_failure`)
+        self._failures: dict[Hashable, Exception] = {}
         # counts the clears: a `repeat_call.RepeatCall` made before one is not reused after it
         self.generation = 0
         _ALL.add(self)
@@ -442,9 +449,17 @@ class TraceCache:
         if entry is not None:
             compiled, params = entry
             return compiled, {name: _fetch(functions, path) for name, path in params} if params else {}
+        failed = self._failures.get(key)
+        if failed is not None:
+            raise copy.copy(failed)
         reads = _ValueReads()
-        with reads:
-            tracer = trace()
+        try:
+            with reads:
+                tracer = trace()
+        except Exception as exc:
+            if key is not None and not (found[1] and reads.seen):
+                self._remember_failure(key, exc)
+            raise
         with outside_autocast(tracer.autocast):     # the passes' torch ops compute in the program's dtypes
             compiled = compiled_for(tracer.program)
         captured = dict(tracer.captured.values())
@@ -456,6 +471,22 @@ class TraceCache:
                     del self._entries[next(iter(self._entries))]
                 self._entries[key] = (compiled, params)
         return compiled, captured
+
+    def _remember_failure(self, key: Hashable, exc: Exception) -> None:
+        """Keep a copy of the error a trace raised (without its traceback, whose frames hold
+        the call's tensors) for the next call of this key: it would trace the same way and
+        fail the same way. PyG's layers that run eagerly (DNAConv's transpose) traced
+        ``message`` afresh on every call only to fall back again. Not for running out of
+        memory or stack, which depend on more than the key."""
+        if isinstance(exc, (MemoryError, RecursionError)):
+            return
+        try:
+            kept = copy.copy(exc)
+        except Exception:       # an exception class copy cannot rebuild: traced again next time
+            return
+        if len(self._failures) >= _LIMIT:
+            del self._failures[next(iter(self._failures))]
+        self._failures[key] = kept
 
     def holds(self, guard: Hashable, tables: tuple[Mapping[str, torch.Tensor], ...],
               compiled: CompiledProgram) -> bool:
@@ -478,6 +509,7 @@ def clear_trace_caches() -> None:
     trace is reused across graphs of any size."""
     for cache in list(_ALL):
         cache._entries.clear()
+        cache._failures.clear()
         cache.generation += 1
 
 
