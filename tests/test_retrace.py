@@ -7,7 +7,9 @@ called five times in training (forward + backward) and in evaluation (``no_grad`
 train and eval, or dropout on and off keeps one trace per distinct structure. Where a
 reused trace would bake in a value (a submodule's weight or setting, an attribute
 ``message`` probes with ``hasattr``), a test changes it between calls and checks that
-the output follows PyG's."""
+the output follows PyG's. Graphs of every vertex count (a sampled mini-batch's) reuse one
+trace, and a layer whose trace fails (it runs PyG's propagate instead) tries it once.
+Layers that must trace more often are listed with the reason (`RETRACES`)."""
 from __future__ import annotations
 
 from typing import Callable
@@ -183,11 +185,17 @@ def test_every_layer_is_audited():
     assert layers <= audited, f"not audited: {sorted(layers - audited)}"
 
 
+# on generated kernels too (Triton's interpreter here, slower): a few of each kind
+ON_TRITON = ("GCNConv", "GATConv-dropout", "EdgeConv", "pyg-NNConv", "pyg-GENConv", "pyg-TransformerConv",
+             "user-edge_mlp", "example-gat_vertex")
+
+
 @pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
-@pytest.mark.parametrize("name", LAYERS)
+@pytest.mark.parametrize("name, backend", [(name, "reference") for name in LAYERS]
+                         + [(name, "triton") for name in ON_TRITON])
 @pytest.mark.filterwarnings("ignore:.*(runs|running) PyG's")
-def test_repeat_calls_trace_nothing(name, training, monkeypatch):
-    monkeypatch.setenv("GNNFUSE_BACKEND", "reference")
+def test_repeat_calls_trace_nothing(name, backend, training, monkeypatch):
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
     make, forward = LAYERS[name]
     torch.manual_seed(0)
     layer = make()
@@ -269,7 +277,7 @@ def _add_lin_edge(layer):
 def test_an_attribute_message_probes_with_hasattr_follows_it(monkeypatch):
     """GENConv's message asks hasattr(self, 'lin_edge'): the answer is part of the key,
     so adding the attribute between calls runs the branch PyG's message runs."""
-    make = lambda c: c(F_IN, CHANNELS, edge_dim=CHANNELS)      # noqa: E731  (no lin_edge: widths agree)
+    make = lambda c: c(F_IN, CHANNELS, edge_dim=CHANNELS)
     ours, theirs = _twins(make, "GENConv")
     assert not hasattr(ours, "lin_edge")
 
@@ -379,3 +387,72 @@ def test_graphs_of_every_size_reuse_one_trace_unless_message_reads_the_size(name
             if b is not None:
                 torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
     assert len(traced) == traces
+
+
+# --- switching between structures ------------------------------------------------------------
+def _sizes(layer, forward):
+    """Two graphs of 9 and 14 vertices, in evaluation."""
+    gen = torch.Generator().manual_seed(7)
+    graphs = [(torch.randint(0, rows, (2, 2 * rows), generator=gen), rows) for rows in (N, 14)]
+
+    def call(edge_index, rows):
+        layer.eval()
+        with torch.no_grad():
+            forward(layer, torch.randn(rows, F_IN), edge_index)
+    return [lambda g=g: call(*g) for g in graphs]
+
+
+def _widths(layer, forward):
+    def call(width):
+        with torch.no_grad():
+            forward(layer, torch.randn(N, width), EDGE_INDEX)
+    return [lambda w=w: call(w) for w in (F_IN, 3)]
+
+
+def _modes(layer, forward):
+    """Training steps and evaluation calls in turn."""
+    return [lambda: _step(layer, lambda m, x: forward(m, x, EDGE_INDEX), _x(grad=True), True),
+            lambda: _step(layer, lambda m, x: forward(m, x, EDGE_INDEX), _x(), False)]
+
+
+def _dropout(layer, forward):
+    """Training steps with the layer's dropout off and on in turn."""
+    def call(p):
+        layer.dropout = p
+        _step(layer, lambda m, x: forward(m, x, EDGE_INDEX), _x(grad=True), True)
+    return [lambda p=p: call(p) for p in (0.0, 0.5)]
+
+
+def _on_edges(layer, x, edge_index):
+    return layer(x, edge_index)
+
+
+SWITCHING = {
+    "GATConv": (lambda: gnn.GATConv(F_IN, CHANNELS, heads=HEADS, dropout=0.5), (_sizes, _modes, _dropout)),
+    "EdgeConv": (lambda: gnn.EdgeConv(nn.Sequential(nn.Linear(2 * F_IN, 5), nn.Dropout(0.5))), (_sizes, _modes)),
+    "APPNP": (lambda: gnn.APPNP(K=2, alpha=0.1), (_sizes, _widths)),
+    "pyg-TransformerConv": (lambda: gnn.TransformerConv(F_IN, CHANNELS, heads=HEADS, dropout=0.5),
+                            (_sizes, _modes, _dropout)),
+    "pyg-GENConv": (lambda: gnn.GENConv(F_IN, CHANNELS), (_sizes, _modes)),
+    "pyg-SimpleConv": (lambda: gnn.SimpleConv(aggr="max"), (_sizes, _widths)),
+    "user-attention": (lambda: USER_CLASSES["attention"][0](F_IN, CHANNELS), (_sizes, _modes, _dropout)),
+}
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+@pytest.mark.parametrize("name, switch", [(name, switch) for name, (_, switches) in SWITCHING.items()
+                                          for switch in switches],
+                         ids=lambda v: v if isinstance(v, str) else v.__name__.strip("_"))
+def test_switching_keeps_one_trace_per_structure(name, switch, backend, monkeypatch):
+    """After one call of each state, calls that switch between them trace nothing."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    torch.manual_seed(0)
+    layer = SWITCHING[name][0]()
+    states = switch(layer, _on_edges)
+    for state in states:
+        state()
+    traced = count_traces(monkeypatch)
+    for _ in range(2):
+        for state in states:
+            state()
+    assert not traced, f"{len(traced)} traces in {2 * len(states)} calls switching between {len(states)} states"
