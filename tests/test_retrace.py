@@ -456,3 +456,33 @@ def test_switching_keeps_one_trace_per_structure(name, switch, backend, monkeypa
         for state in states:
             state()
     assert not traced, f"{len(traced)} traces in {2 * len(states)} calls switching between {len(states)} states"
+
+
+# a module whose own ``hasattr`` answers by another attribute than the one named: what it
+# reads of self is not in the key
+_PROBING = {"__name__": "probing"}
+exec("def hasattr(obj, name):\n    return obj.switch\n\n"
+     "def message(self, x_j):\n    return -x_j if hasattr(self, 'flip') else x_j\n", _PROBING)
+
+
+def _shadowed_probe_layer(Base: type) -> type:
+    class Probing(Base):
+        message = _PROBING["message"]
+
+        def __init__(self):
+            super().__init__(aggr="add")
+            self.switch = False
+
+        def forward(self, x, edge_index):
+            return self.propagate(edge_index, x=x)
+    return Probing
+
+
+def test_a_message_calling_its_own_hasattr_follows_what_it_reads(monkeypatch):
+    """``hasattr`` rebound in the message's module is not the builtin: what it reads of
+    self is unknown, so the trace is not reused (a reuse kept the first call's sign)."""
+    ours, theirs = _shadowed_probe_layer(gnn.MessagePassing)(), _shadowed_probe_layer(pyg_nn.MessagePassing)()
+
+    def switch_on(layer):
+        layer.switch = True
+    _assert_follows(ours, theirs, pyg_cases.PLAIN, [switch_on], 4, monkeypatch)     # every call traces

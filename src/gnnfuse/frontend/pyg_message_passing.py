@@ -166,6 +166,9 @@ def _library_view(fn: types.FunctionType) -> types.FunctionType:
     return _rebuilt(fn, name_of_pyg, {"__name__": fn.__globals__.get("__name__")})
 
 
+_PROBES = ("hasattr", "getattr")     # the builtins whose (self, "name") `_self_attributes` lists
+
+
 @functools.lru_cache(maxsize=256)
 def _self_attributes(code: types.CodeType) -> tuple[str, ...] | None:
     """The attribute names a method reads off ``self`` -- ``self.name``, or a constant name
@@ -191,7 +194,7 @@ def _self_attributes(code: types.CodeType) -> tuple[str, ...] | None:
             names.append(after.argval)
         elif after.opname == "STORE_ATTR":
             continue
-        elif (k and instructions[k - 1].opname == "LOAD_GLOBAL" and instructions[k - 1].argval in ("hasattr", "getattr")
+        elif (k and instructions[k - 1].opname == "LOAD_GLOBAL" and instructions[k - 1].argval in _PROBES
               and after.opname == "LOAD_CONST" and isinstance(after.argval, str)):
             names.append(after.argval)      # the builtin itself is guarded among message's globals
         else:
@@ -223,8 +226,9 @@ def _layer_state(bound: tuple[Any, ...], message: types.FunctionType, depth: int
     if not bound:
         return ()
     names = _self_attributes(message.__code__)
-    if names is None or depth > 8:
-        return _Unguardable()
+    if names is None or depth > 8 or any(name in message.__globals__ for name in _PROBES
+                                         if name in _global_names(message.__code__)):
+        return _Unguardable()       # a hasattr of the module's own could read anything of self
     state = []
     for name in names:
         value = getattr(bound[0], name, _ABSENT)
