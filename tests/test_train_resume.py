@@ -257,21 +257,28 @@ def _saved(value) -> io.BytesIO:
     return buffer
 
 
+def train_job(args: list[str]) -> subprocess.Popen:
+    """``gnnfuse train ARGS`` started in its own process group, as a terminal runs a job
+    (a Ctrl-C there reaches the whole group), with Python's SIGINT handling; returned
+    once it has printed its second epoch, its stdout and stderr still piped."""
+    src = Path(__file__).resolve().parent.parent / "src"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")])}
+    process = subprocess.Popen([sys.executable, "-m", "gnnfuse", "train", *args],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                               start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    for line in process.stdout:
+        if "epoch    2 " in line:
+            break
+    return process
+
+
 def test_a_terminals_ctrl_c_leaves_loader_workers_running_until_the_epoch_ends(tmp_path):
     """A real SIGINT to the whole process group, as a terminal sends it: the loader's
     worker processes got it too and died with KeyboardInterrupt, failing the epoch."""
-    src = Path(__file__).resolve().parent.parent / "src"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")])}
     path = tmp_path / "runs.pt"
-    process = subprocess.Popen([sys.executable, "-m", "gnnfuse", "train", "--model", "sage", "--fanout", "5,5",
-                                "--batch-size", "16", "--num-workers", "2", "--epochs", "100000", "--save", str(path)],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                               start_new_session=True,        # its own process group, as a terminal's job
-                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    process = train_job(["--model", "sage", "--fanout", "5,5", "--batch-size", "16", "--num-workers", "2",
+                         "--epochs", "100000", "--save", str(path)])
     try:
-        for line in process.stdout:
-            if "epoch    2 " in line:
-                break
         os.killpg(process.pid, signal.SIGINT)
         _, err = process.communicate(timeout=120)
     finally:

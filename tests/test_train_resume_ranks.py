@@ -12,8 +12,6 @@ from __future__ import annotations
 import functools
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -25,7 +23,7 @@ from gnnfuse.cli import main
 from gnnfuse.distributed.launch import run_ranks
 from gnnfuse.training import load_checkpoint
 
-from test_train_resume import same_runs, timed_by_formula
+from test_train_resume import same_runs, timed_by_formula, train_job
 
 LAUNCH_LIMIT_S = 120      # a launch of two CPU ranks on a few epochs takes seconds
 FULL_GRAPH = ["train", "--epochs", "12", "--patience", "3", "--lr", "0.5"]
@@ -167,18 +165,9 @@ def test_a_real_ctrl_c_stops_every_rank_after_an_epoch_and_keeps_their_state(tmp
     signal to the launcher alone is passed on. Both are one Ctrl-C to each rank, which
     stops after its epoch: the launcher's KeyboardInterrupt had ended the launch while the
     ranks still ran, and the ranks had stopped at once."""
-    src = Path(__file__).resolve().parent.parent / "src"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")])}
     path = tmp_path / "runs.pt"
-    process = subprocess.Popen([sys.executable, "-m", "gnnfuse", "train", "--cpu-ranks", "2", "--epochs", "100000",
-                                "--patience", "0", "--save", str(path)],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                               start_new_session=True,        # its own process group, as a terminal's job
-                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    process = train_job(["--cpu-ranks", "2", "--epochs", "100000", "--patience", "0", "--save", str(path)])
     try:
-        for line in process.stdout:
-            if "epoch    2 " in line:
-                break
         if to == "launcher":
             process.send_signal(signal.SIGINT)
         else:
