@@ -372,13 +372,13 @@ def test_the_sync_counter_sees_a_cpu_tensor_read_into_python():
 def test_first_occurrence_numbering_matches_a_python_walk(values, with_missing):
     """Distinct values numbered in order of first appearance, each entry mapped to its
     value's number; the ``missing`` value (6 here) gets no number and is not counted."""
-    from gnnfuse.loader.sampler import _first_occurrence_ids
+    from gnnfuse.loader.sampler import first_occurrence_ids
     missing = 6 if with_missing else None
     ids: dict[int, int] = {}
     for v in values:
         if v != missing and v not in ids:
             ids[v] = len(ids)
-    local, nodes, count = _first_occurrence_ids(torch.tensor(values, dtype=torch.int64), missing)
+    local, nodes, count = first_occurrence_ids(torch.tensor(values, dtype=torch.int64), missing)
     assert int(count) == len(ids)
     assert nodes[:len(ids)].tolist() == list(ids)
     assert [int(i) for i, v in zip(local, values) if v != missing] == [ids[v] for v in values if v != missing]

@@ -29,7 +29,7 @@ from typing import NamedTuple
 import torch
 
 from .hop_kernels import fused_hops, hop_seed, sample_slots_fused
-from .sampler import Slots, _edge_slots, _first_occurrence_ids, _read_back, sample_slots
+from .sampler import Slots, edge_slots, first_occurrence_ids, read_back, sample_slots
 
 EdgeType = tuple[str, str, str]
 
@@ -89,14 +89,14 @@ def sample_hetero(csrs: dict[EdgeType, TypedCSR], num_nodes: dict[str, int], inp
                                            generator, hop * len(csrs) + index)
         numbered = {t: _number_new(nodes[t], [(et, s) for et, s in slots.items() if et[0] == t], num_nodes[t])
                     for t in num_nodes}
-        counts = _read_back(torch.stack([count for _, _, count in numbered.values()]
+        counts = read_back(torch.stack([count for _, _, count in numbered.values()]
                                         + [s.rowptr[-1] for s in slots.values()]))
         distinct, edges = dict(zip(numbered, counts)), dict(zip(slots, counts[len(numbered):]))
         for edge_type in csrs:
             if edge_type not in slots:
                 sampled_edges[edge_type].append(0)
                 continue
-            row, slot = _edge_slots(slots[edge_type], edges[edge_type])
+            row, slot = edge_slots(slots[edge_type], edges[edge_type])
             local_src = numbered[edge_type[0]][1][edge_type][slot]
             local_dst = row + frontier[edge_type[2]][0]
             hop_edges[edge_type].append((local_src, local_dst, csrs[edge_type].eid[slots[edge_type].eid[slot]]))
@@ -134,7 +134,7 @@ def _number_new(known: torch.Tensor, sampled: list[tuple[EdgeType, Slots]], num_
     ``num_nodes``, which gets no id (`sample_slots` marks it with its CSR's row count,
     the destination type's size, a valid id of another type)."""
     sources = [s.src if s.valid is None else torch.where(s.valid, s.src, num_nodes) for _, s in sampled]
-    local, ids, count = _first_occurrence_ids(torch.cat([known, *sources]), num_nodes)
+    local, ids, count = first_occurrence_ids(torch.cat([known, *sources]), num_nodes)
     per_type, start = {}, known.numel()
     for (edge_type, _), src in zip(sampled, sources):
         per_type[edge_type] = local[start:start + src.numel()]

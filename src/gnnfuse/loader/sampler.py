@@ -104,9 +104,9 @@ def sample_hop(rowptr: torch.Tensor, col: torch.Tensor, seeds: torch.Tensor, fan
     """
     slots = sample_slots(rowptr, col, seeds, fanout, replace, generator)
     if slots.width is None:             # every in-edge: already cut to size, by the count it read
-        return SampledHop(slots.rowptr, slots.src, _edge_slots(slots, slots.src.numel())[0], slots.eid)
-    (edges,) = _read_back(slots.rowptr[-1:])
-    row, slot = _edge_slots(slots, edges)
+        return SampledHop(slots.rowptr, slots.src, edge_slots(slots, slots.src.numel())[0], slots.eid)
+    (edges,) = read_back(slots.rowptr[-1:])
+    row, slot = edge_slots(slots, edges)
     return SampledHop(slots.rowptr, slots.src[slot], row, slots.eid[slot])
 
 
@@ -115,8 +115,8 @@ def reindex(dst_nodes: torch.Tensor, sampled_src: torch.Tensor) -> Reindexed:
     and whose sampled edges start at ``sampled_src`` (global ids). Reads back one value
     (the number of distinct ids)."""
     everything = torch.cat([dst_nodes, sampled_src])
-    local, nodes, count = _first_occurrence_ids(everything, None)
-    (distinct,) = _read_back(count.unsqueeze(0))
+    local, nodes, count = first_occurrence_ids(everything, None)
+    (distinct,) = read_back(count.unsqueeze(0))
     return Reindexed(nodes[:distinct], local[dst_nodes.numel():])
 
 
@@ -135,14 +135,14 @@ def reindex_slots(seeds: torch.Tensor, slots: Slots, num_nodes: int, reached_bef
     (`SampledBlock.earlier_edges` counts their edges)."""
     num_dst = seeds.numel()
     everything = torch.cat([seeds, slots.src])
-    local, nodes, distinct = _first_occurrence_ids(everything, num_nodes)
+    local, nodes, distinct = first_occurrence_ids(everything, num_nodes)
     local_src = local[num_dst:]
     leaves = local_src if slots.valid is None else torch.where(slots.valid, local_src, everything.numel())
     out_degrees = torch.zeros(everything.numel() + 1, dtype=torch.int64, device=seeds.device).index_add_(
         0, leaves, torch.ones_like(leaves))[:-1]            # empty slots add to the last entry, cut off
     edges, distinct, most, earlier, unread_dst = read_hop_counts(slots.rowptr, distinct, out_degrees, num_dst,
                                                                  reached_before)
-    row, slot = _edge_slots(slots, edges)
+    row, slot = edge_slots(slots, edges)
     return SampledBlock(slots.rowptr, local_src[slot], row, slots.eid[slot], nodes[:distinct],
                         out_degrees[:distinct], most, unread_dst, earlier)
 
@@ -156,12 +156,12 @@ def read_hop_counts(rowptr: torch.Tensor, distinct: torch.Tensor, out_degrees: t
     theirs)."""
     read = out_degrees[:num_dst] > 0
     most = out_degrees.max() if out_degrees.numel() else distinct
-    edges, distinct, unread, most, earlier = _read_back(
+    edges, distinct, unread, most, earlier = read_back(
         torch.stack([rowptr[-1], distinct, num_dst - read.sum(), most, rowptr[reached_before]]))
     return edges, distinct, most, earlier, torch.sort(read.to(torch.uint8), stable=True).indices[:unread]
 
 
-def _read_back(values: torch.Tensor) -> list[int]:
+def read_back(values: torch.Tensor) -> list[int]:
     """``values`` on the host: the one transfer (and, on a GPU, the one wait for the
     queued work) a caller pays for all of them."""
     return values.tolist()
@@ -184,7 +184,7 @@ def sample_slots(rowptr: torch.Tensor, col: torch.Tensor, seeds: torch.Tensor, f
     out_ptr = torch.zeros(seeds.numel() + 1, dtype=torch.int64, device=device)
     torch.cumsum(count, 0, out=out_ptr[1:])
     if fanout < 0:
-        (total,) = _read_back(out_ptr[-1:])
+        (total,) = read_back(out_ptr[-1:])
         row = torch.repeat_interleave(torch.arange(seeds.numel(), device=device), count, output_size=total)
         eid = start[row] + torch.arange(total, device=device) - out_ptr[row]
         return Slots(col[eid], eid, None, count, out_ptr, None)
@@ -201,7 +201,7 @@ def sample_slots(rowptr: torch.Tensor, col: torch.Tensor, seeds: torch.Tensor, f
     return Slots(src.flatten(), eid.flatten(), valid.flatten(), count, out_ptr, fanout)
 
 
-def _edge_slots(slots: Slots, edges: int) -> tuple[torch.Tensor, torch.Tensor]:
+def edge_slots(slots: Slots, edges: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(each edge's destination row, its slot) for the hop's ``edges`` sampled edges in
     CSR order, sized by the count the caller read back (no sync)."""
     device = slots.rowptr.device
@@ -241,7 +241,7 @@ def _floyd_offsets(deg: torch.Tensor, fanout: int, generator: torch.Generator | 
     return torch.where(collided, top, t)
 
 
-def _first_occurrence_ids(values: torch.Tensor, missing: int | None
+def first_occurrence_ids(values: torch.Tensor, missing: int | None
                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Number the distinct ``values`` by first occurrence, without reading anything back:
     (each position's local id, the distinct values in that order padded to
