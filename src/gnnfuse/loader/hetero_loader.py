@@ -23,9 +23,10 @@ from typing import Any
 
 import torch
 
+from ..graph.graph import CSR
 from .batch_maker import batch_generator
 from .hetero_batch import hetero_batch
-from .hetero_sampler import EdgeType, TypedCSR, sample_hetero, typed_csr
+from .hetero_sampler import EdgeType, sample_hetero, typed_csr
 from .neighbor_loader import _check_batch_size, _check_pyg_options, _fanouts, _seed_ids
 
 # gnnfuse's own NeighborLoader arguments, each with the value that asks for nothing this
@@ -163,7 +164,7 @@ class HeteroNeighborLoader:
         self.input_type, self.seeds, self._input_ids = _input_seeds(input_nodes, self.num_nodes)
         edge_indices = {edge_type: _edge_index(data, edge_type, self.num_nodes) for edge_type in edge_types}
         self.sample_device = next(iter(edge_indices.values())).device if edge_indices else torch.device("cpu")
-        self._csrs: dict[EdgeType, TypedCSR] = {
+        self._csrs: dict[EdgeType, CSR] = {
             edge_type: typed_csr(edge_index.to(self.sample_device), self.num_nodes[edge_type[2]])
             for edge_type, edge_index in edge_indices.items()}
         self.data = data

@@ -28,20 +28,12 @@ from typing import NamedTuple
 
 import torch
 
+from ..graph.fixed_shape import grouped_csr
+from ..graph.graph import CSR
 from .hop_kernels import fused_hops, hop_seed, sample_slots_fused
 from .sampler import Slots, edge_slots, first_occurrence_ids, read_back, sample_slots
 
 EdgeType = tuple[str, str, str]
-
-
-class TypedCSR(NamedTuple):
-    """One edge type's in-edges grouped by destination: ``rowptr`` over the destination
-    type's vertices, ``col`` the sources (ids of the source type), ``eid`` each CSR
-    position's column in the edge type's ``edge_index`` (stable: a destination's edges
-    in ``edge_index`` order, as PyG's CSC)."""
-    rowptr: torch.Tensor
-    col: torch.Tensor
-    eid: torch.Tensor
 
 
 class HeteroSample(NamedTuple):
@@ -56,17 +48,16 @@ class HeteroSample(NamedTuple):
     num_sampled_edges: dict[EdgeType, list[int]]
 
 
-def typed_csr(edge_index: torch.Tensor, num_dst: int) -> TypedCSR:
-    """The CSR of an (already checked) ``[2, E]`` int64 edge index whose destinations
-    are ids below ``num_dst``."""
-    src, dst = edge_index[0], edge_index[1]
-    eid = torch.sort(dst, stable=True).indices
-    rowptr = torch.zeros(num_dst + 1, dtype=torch.int64, device=dst.device)
-    torch.cumsum(torch.bincount(dst, minlength=num_dst), 0, out=rowptr[1:])
-    return TypedCSR(rowptr, src[eid], eid)
+def typed_csr(edge_index: torch.Tensor, num_dst: int) -> CSR:
+    """One edge type's in-edges grouped by destination, from an (already checked)
+    ``[2, E]`` int64 edge index whose destinations are ids below ``num_dst``: ``rowptr``
+    over the destination type's vertices, ``col`` the sources (ids of the source type),
+    ``eid`` each position's column in ``edge_index`` (a stable sort: a destination's
+    edges in ``edge_index`` order, as PyG's CSC)."""
+    return grouped_csr(edge_index[1], edge_index[0], num_dst, torch.int64)
 
 
-def sample_hetero(csrs: dict[EdgeType, TypedCSR], num_nodes: dict[str, int], input_type: str, seeds: torch.Tensor,
+def sample_hetero(csrs: dict[EdgeType, CSR], num_nodes: dict[str, int], input_type: str, seeds: torch.Tensor,
                   fanouts: dict[EdgeType, Sequence[int]], num_hops: int, replace: bool,
                   generator: torch.Generator | None) -> HeteroSample:
     """The subgraph PyG samples for ``seeds`` (distinct ids of ``input_type``), every
@@ -112,7 +103,7 @@ def sample_hetero(csrs: dict[EdgeType, TypedCSR], num_nodes: dict[str, int], inp
     return HeteroSample(nodes, edge_index, e_id, sampled_nodes, sampled_edges)
 
 
-def _sample(csr: TypedCSR, dst: torch.Tensor, fanout: int, replace: bool, generator: torch.Generator | None,
+def _sample(csr: CSR, dst: torch.Tensor, fanout: int, replace: bool, generator: torch.Generator | None,
             stream: int) -> Slots:
     """One edge type's sample for the vertices ``dst``: by the homogeneous loader's fused
     kernels where they run (a fanout without replacement, on a GPU or with Numba:
