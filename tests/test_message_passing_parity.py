@@ -24,6 +24,7 @@ from gnnfuse.frontend import pyg_message_passing
 from gnnfuse.frontend.trace_cache import TraceCache
 from gnnfuse.runtime import record_calls
 from graph_strategies import features, graphs
+from test_pyg_message_passing import assert_same as close
 
 # 6 vertices (4 and 5 send nothing, 4 receives nothing), a self loop (3 -> 3) and a
 # duplicate edge (0 -> 1 twice)
@@ -57,13 +58,7 @@ def run(layer: torch.nn.Module, *args: Any, **kwargs: Any):
 
 
 def assert_same(ours, theirs) -> None:
-    (out, grads), (ref, ref_grads) = ours, theirs
-    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
-    assert len(grads) == len(ref_grads)
-    for g, r in zip(grads, ref_grads):
-        assert (g is None) == (r is None)
-        if r is not None:
-            torch.testing.assert_close(g, r, rtol=1e-12, atol=1e-12)
+    close(ours, theirs, rtol=1e-12, atol=1e-12)
 
 
 def compiled_run(layer: torch.nn.Module, *args: Any, **kwargs: Any):

@@ -59,14 +59,15 @@ def run(layer: torch.nn.Module, data: tuple[torch.Tensor, ...], edge_index: torc
     return out.detach(), grads
 
 
-def assert_same(ours, theirs) -> None:
+def assert_same(ours, theirs, rtol: float = 1e-9, atol: float = 1e-10) -> None:
+    """Two runs' (output, gradients) agree: each gradient, or both None."""
     (out, grads), (ref, ref_grads) = ours, theirs
-    torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-10)
+    torch.testing.assert_close(out, ref, rtol=rtol, atol=atol)
     assert len(grads) == len(ref_grads)
     for g, r in zip(grads, ref_grads):
         assert (g is None) == (r is None)
         if r is not None:
-            torch.testing.assert_close(g, r, rtol=1e-9, atol=1e-10)
+            torch.testing.assert_close(g, r, rtol=rtol, atol=atol)
 
 
 def fallback_warnings(caught) -> list[str]:

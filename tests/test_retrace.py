@@ -228,16 +228,6 @@ def _twins(make: Callable[[type], nn.Module], name: str) -> tuple[nn.Module, nn.
     return ours, theirs
 
 
-def _assert_same_run(got, want) -> None:
-    """``pyg_cases.run`` results of gnnfuse's layer and PyG's: the same output and the
-    same gradients (None where PyG's is)."""
-    torch.testing.assert_close(got[0], want[0], rtol=1e-10, atol=1e-10)
-    for a, b in zip(got[1], want[1], strict=True):
-        assert (a is None) == (b is None)
-        if b is not None:
-            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
-
-
 def _both(ours: nn.Module, theirs: nn.Module, edit: Callable[[nn.Module], None]) -> None:
     with torch.no_grad():
         edit(ours)
@@ -252,7 +242,8 @@ def _assert_follows(ours, theirs, forward, edits, traces: int, monkeypatch) -> N
     for edit in (lambda layer: None, *edits):
         _both(ours, theirs, edit)
         for _ in range(2):
-            _assert_same_run(*(pyg_cases.run(layer, forward, {"x": x}, EDGE_INDEX) for layer in (ours, theirs)))
+            user_cases.assert_same(*(pyg_cases.run(layer, forward, {"x": x}, EDGE_INDEX) for layer in (ours, theirs)),
+                                  rtol=1e-10, atol=1e-10)
     assert len(traced) == traces
 
 
@@ -395,7 +386,8 @@ def test_graphs_of_every_size_reuse_one_trace_unless_message_reads_the_size(name
     for rows in (10, 11, 12, 13, 14):
         edge_index = torch.randint(0, rows, (2, 3 * rows), generator=gen)
         x = torch.randn(rows, F_IN, dtype=torch.float64, generator=gen)
-        _assert_same_run(*(pyg_cases.run(layer, pyg_cases.PLAIN, {"x": x}, edge_index) for layer in (ours, theirs)))
+        runs = [pyg_cases.run(layer, pyg_cases.PLAIN, {"x": x}, edge_index) for layer in (ours, theirs)]
+        user_cases.assert_same(*runs, rtol=1e-10, atol=1e-10)
     assert len(traced) == traces
 
 
