@@ -202,6 +202,14 @@ def test_hgt_takes_a_prebuilt_hetero_graph():
         layer(x, HeteroGraph(edges, {t: v.shape[0] for t, v in x.items()}))
 
 
+def _hgt_pair(seed: int) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """gnnfuse's and PyG's float64 HGTConv (heads 2, width 6) with PyG's weights drawn from ``seed``."""
+    pyg = randomized(pyg_nn.HGTConv(IN_CHANNELS, 6, METADATA, heads=2).double(), seed)
+    ours = gnn.HGTConv(IN_CHANNELS, 6, METADATA, heads=2).double()
+    ours.load_state_dict(pyg.state_dict())
+    return ours, pyg
+
+
 def _without_b_edges(edges, left_out="b"):
     return {t: e for t, e in edges.items() if left_out not in (t[0], t[-1])}
 
@@ -212,9 +220,7 @@ def test_hgt_on_a_hetero_graph_without_a_destination_type_gives_it_pyg_s_output(
     PyG (and the edge_index_dict path) give it the output of no messages (``out_lin(gelu(0))``,
     for 'a', as wide as the output, gated with its input); the HeteroGraph path left it out."""
     torch.manual_seed(0)
-    pyg = randomized(pyg_nn.HGTConv(IN_CHANNELS, 6, METADATA, heads=2).double(), 7)
-    ours = gnn.HGTConv(IN_CHANNELS, 6, METADATA, heads=2).double()
-    ours.load_state_dict(pyg.state_dict())
+    ours, pyg = _hgt_pair(7)
     x, edges = hetero_inputs(7, absent=())
     edges = _without_b_edges(edges, left_out)
     hetero = HeteroGraph(edges, {t: v.shape[0] for t, v in x.items() if t != left_out}, edge_types=METADATA[1])
@@ -226,9 +232,7 @@ def test_hgt_on_a_hetero_graph_with_a_type_outside_the_metadata_ignores_it():
     ignores 'z's features; the HeteroGraph path raised "no features for node type 'z'"
     although x_dict held them."""
     torch.manual_seed(0)
-    pyg = randomized(pyg_nn.HGTConv(IN_CHANNELS, 6, METADATA, heads=2).double(), 8)
-    ours = gnn.HGTConv(IN_CHANNELS, 6, METADATA, heads=2).double()
-    ours.load_state_dict(pyg.state_dict())
+    ours, pyg = _hgt_pair(8)
     x, edges = hetero_inputs(8)
     x["z"] = torch.randn(2, 6, dtype=f64)
     hetero = HeteroGraph(edges, {t: v.shape[0] for t, v in x.items()}, node_types=["a", "z", "b", "c"],
@@ -241,9 +245,7 @@ def test_hgt_on_a_hetero_graph_with_an_edgeless_type_x_dict_leaves_out():
     for 'b', as PyG gives on the dicts; with an edge reading 'b' the call is refused,
     naming it."""
     torch.manual_seed(0)
-    pyg = randomized(pyg_nn.HGTConv(IN_CHANNELS, 6, METADATA, heads=2).double(), 9)
-    ours = gnn.HGTConv(IN_CHANNELS, 6, METADATA, heads=2).double()
-    ours.load_state_dict(pyg.state_dict())
+    ours, pyg = _hgt_pair(9)
     x, all_edges = hetero_inputs(9)
     counts = {t: v.shape[0] for t, v in x.items()}
     edges = _without_b_edges(all_edges)
@@ -287,9 +289,7 @@ def test_hgt_parameters_come_in_pyg_s_order():
 
 def test_hgt_ignores_features_of_node_types_outside_its_metadata():
     torch.manual_seed(0)
-    pyg = randomized(pyg_nn.HGTConv(IN_CHANNELS, 6, METADATA, heads=2).double(), 5)
-    ours = gnn.HGTConv(IN_CHANNELS, 6, METADATA, heads=2).double()
-    ours.load_state_dict(pyg.state_dict())
+    ours, pyg = _hgt_pair(5)
     x, edges = hetero_inputs(5)
     x["z"] = torch.randn(2, 6, dtype=f64)
     assert_same(ours, pyg, x, lambda layer, xs: layer(xs, edges))
