@@ -120,3 +120,45 @@ def test_without_ogb_the_error_says_how_to_install_it(tmp_path, monkeypatch, cap
     with pytest.raises(SystemExit) as exit_info:
         main(["info", "ogbn-products", "--root", str(tmp_path)])
     assert exit_info.value.code == 2 and "pip install ogb" in capsys.readouterr().err
+
+
+def test_a_cache_write_stopped_halfway_leaves_no_cache_to_misread(tmp_path, monkeypatch):
+    """The processed cache is written beside its name and renamed: a Ctrl-C (or a full
+    disk) in the middle of ``torch.save`` must not leave a truncated cache that every later
+    load trips over."""
+    folder = write_arxiv(tmp_path)
+    real_save = torch.save
+
+    def interrupted_save(obj, f, *args, **kwargs):
+        real_save(obj, f, *args, **kwargs)
+        if "gnnfuse" in Path(f).name:                   # gnnfuse's cache, not ogb's own file
+            with open(f, "r+b") as written:             # half of it reached the disk
+                written.truncate(Path(f).stat().st_size // 2)
+            raise KeyboardInterrupt
+    monkeypatch.setattr(torch, "save", interrupted_save)
+    with pytest.raises(KeyboardInterrupt):
+        load_dataset("ogbn-arxiv", tmp_path)
+    monkeypatch.setattr(torch, "save", real_save)
+    d = load_dataset("ogbn-arxiv", tmp_path)                # built again from the raw files
+    assert (d.graph.num_nodes, d.graph.num_edges) == (6, 5)
+    assert (folder / "processed" / "gnnfuse_node_dataset.pt").is_file()
+    assert load_dataset("ogbn-arxiv", tmp_path).y.tolist() == [3, 0, 39, 1, 3, 2]  # from the cache
+
+
+def test_ogbs_own_processed_file_without_gnnfuses_cache_is_rebuilt_from_raw(tmp_path, capsys):
+    """ogb (1.3.6) loads its processed pickle with torch's safe default, which torch >= 2.6
+    refuses; with gnnfuse's cache gone (ogb used on the folder directly, say) the load
+    rebuilds from the raw files instead of failing on every call."""
+    folder = write_arxiv(tmp_path)
+    load_dataset("ogbn-arxiv", tmp_path)
+    (folder / "processed" / "gnnfuse_node_dataset.pt").unlink()
+    assert (folder / "processed" / "data_processed").is_file()
+    d = load_dataset("ogbn-arxiv", tmp_path)
+    assert d.y.tolist() == [3, 0, 39, 1, 3, 2] and "removing" in capsys.readouterr().err
+
+    (folder / "processed" / "gnnfuse_node_dataset.pt").unlink()
+    for f in (folder / "raw").iterdir():                   # the pickle is then the only copy: kept
+        f.unlink()
+    with pytest.raises(ValueError, match="no raw files"):
+        load_dataset("ogbn-arxiv", tmp_path)
+    assert (folder / "processed" / "data_processed").is_file()

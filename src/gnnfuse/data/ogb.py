@@ -92,6 +92,7 @@ def load_ogb(name: str, root: str | os.PathLike | None = None) -> NodeDataset:
         return _from_cache(name, torch.load(cache, weights_only=True))
     if folder.is_dir():
         cache.parent.mkdir(exist_ok=True)               # ogb saves there without creating it
+        _drop_unreadable_ogb_cache(folder)
     try:
         with contextlib.redirect_stdout(sys.stderr):     # ogb's progress messages: not our output
             dataset = dataset_class(name, root=str(parent))
@@ -101,8 +102,32 @@ def load_ogb(name: str, root: str | os.PathLike | None = None) -> NodeDataset:
                             f"{meta['url']} elsewhere and unzip it into {parent}{os.sep}") from error
     result = (_flatten_hetero(name, dataset, split) if dataset.is_hetero
               else _homogeneous(name, dataset, split, meta["split"]))
-    torch.save(_to_cache(result), cache)
+    # beside its name, then renamed over it: a write stopped halfway (Ctrl-C, a full disk)
+    # must leave no truncated cache for every later load to fail on
+    partial = cache.with_name(cache.name + ".partial")
+    torch.save(_to_cache(result), partial)
+    os.replace(partial, cache)
     return result
+
+
+def _drop_unreadable_ogb_cache(folder: Path) -> None:
+    """Remove ogb's own processed pickle when gnnfuse's cache is missing beside it (a
+    load stopped between the two writes, or ogb used on the folder directly): ogb would
+    load it with torch's safe default and fail on it under torch >= 2.6 ("Unsupported
+    operand 149"), on every later load. It is derived from ``raw/``, from which ogb
+    rebuilds it; without raw files it is the only copy, so it stays and the error says why."""
+    processed = folder / "processed" / "data_processed"
+    if not processed.is_file():
+        return
+    raw = folder / "raw"
+    if not (raw.is_dir() and any(raw.iterdir())):
+        raise ValueError(f"{processed} is ogb's pickled copy of {folder.name}, which torch "
+                         f"{torch.__version__} cannot load safely (weights_only), and {raw} holds no raw "
+                         f"files to rebuild it from: put the raw files there, or remove {folder} to have ogb "
+                         f"download it again")
+    print(f"removing {processed}: torch {torch.__version__} cannot load ogb's pickle safely; ogb rebuilds it "
+          f"from {raw}", file=sys.stderr)
+    processed.unlink()
 
 
 def _homogeneous(name: str, dataset: Any, split: dict[str, np.ndarray], scheme: str) -> NodeDataset:
