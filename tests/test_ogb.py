@@ -162,3 +162,14 @@ def test_ogbs_own_processed_file_without_gnnfuses_cache_is_rebuilt_from_raw(tmp_
     with pytest.raises(ValueError, match="no raw files"):
         load_dataset("ogbn-arxiv", tmp_path)
     assert (folder / "processed" / "data_processed").is_file()
+
+
+def test_an_unreadable_gnnfuse_cache_is_rebuilt(tmp_path, capsys):
+    folder = write_arxiv(tmp_path)
+    load_dataset("ogbn-arxiv", tmp_path)
+    cache = folder / "processed" / "gnnfuse_node_dataset.pt"
+    with open(cache, "r+b") as f:                           # truncated, as an in-place write stopped halfway
+        f.truncate(cache.stat().st_size // 2)
+    assert load_dataset("ogbn-arxiv", tmp_path).y.tolist() == [3, 0, 39, 1, 3, 2]
+    assert "rebuilding" in capsys.readouterr().err
+    torch.load(cache, weights_only=True)                    # whole again

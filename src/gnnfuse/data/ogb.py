@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import sys
 import urllib.error
 from pathlib import Path
@@ -89,7 +90,13 @@ def load_ogb(name: str, root: str | os.PathLike | None = None) -> NodeDataset:
                          f"remove the folder to have ogb download it again, or put the release there")
     cache = folder / "processed" / CACHE
     if cache.is_file():
-        return _from_cache(name, torch.load(cache, weights_only=True))
+        try:
+            return _from_cache(name, torch.load(cache, weights_only=True))
+        except (RuntimeError, EOFError, pickle.UnpicklingError, KeyError) as error:
+            # a truncated cache (earlier versions wrote it in place; a write stopped halfway) is
+            # derived data: rebuilt below rather than failing every load
+            print(f"rebuilding {cache}, which could not be read ({type(error).__name__}: {error})"[:300],
+                  file=sys.stderr)
     if folder.is_dir():
         cache.parent.mkdir(exist_ok=True)               # ogb saves there without creating it
         _drop_unreadable_ogb_cache(folder)
