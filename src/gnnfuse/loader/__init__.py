@@ -3,11 +3,13 @@ sampling into per-layer blocks, with a pipelined prefetch (GraphTensor §V-B).""
 from .block import Block, block_graph
 from .batch_maker import MiniBatch
 from .hetero_loader import HeteroNeighborLoader
+from .link_batch import LinkMiniBatch
+from .link_loader import LinkNeighborLoader, NegativeSampling
 from .neighbor_loader import FEATURE_DEVICES, NeighborLoader
 from .sampler import Reindexed, SampledBlock, SampledHop, reindex, sample_block, sample_hop
 from .stages import STAGES, StageTimes
 from .static_shapes import IGNORE_LABEL, Capacities
 
-__all__ = ["Block", "Capacities", "FEATURE_DEVICES", "HeteroNeighborLoader", "IGNORE_LABEL", "MiniBatch",
-           "NeighborLoader", "Reindexed", "STAGES", "SampledBlock", "SampledHop", "StageTimes", "block_graph",
-           "reindex", "sample_block", "sample_hop"]
+__all__ = ["Block", "Capacities", "FEATURE_DEVICES", "HeteroNeighborLoader", "IGNORE_LABEL", "LinkMiniBatch",
+           "LinkNeighborLoader", "MiniBatch", "NegativeSampling", "NeighborLoader", "Reindexed", "STAGES",
+           "SampledBlock", "SampledHop", "StageTimes", "block_graph", "reindex", "sample_block", "sample_hop"]

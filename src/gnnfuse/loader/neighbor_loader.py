@@ -205,17 +205,19 @@ _PYG_OPTIONS: dict[str, Any] = {
 }
 
 
-def _check_pyg_options(options: dict[str, Any]) -> None:
+def _check_pyg_options(options: dict[str, Any], known: dict[str, Any] = _PYG_OPTIONS,
+                       loader: str = "NeighborLoader") -> None:
     """Accept PyG's arguments where their value asks for what gnnfuse does; refuse the
-    rest by name. Before, each failed as Python's bare "unexpected keyword argument"."""
+    rest by name. Before, each failed as Python's bare "unexpected keyword argument".
+    ``known`` maps the loader's PyG options to their accepted values (`_PYG_OPTIONS`'s form)."""
     for name, value in options.items():
-        if name not in _PYG_OPTIONS:
-            raise TypeError(f"NeighborLoader got an unexpected keyword argument {name!r}")
-        accepted = _PYG_OPTIONS[name]
+        if name not in known:
+            raise TypeError(f"{loader} got an unexpected keyword argument {name!r}")
+        accepted = known[name]
         if accepted is ... or value is accepted or (accepted is not None and getattr(value, "value", value) == accepted):
             continue
         raise NotImplementedError(
-            f"NeighborLoader: PyG's {name}={value!r} is not supported by gnnfuse's loader, which samples "
+            f"{loader}: PyG's {name}={value!r} is not supported by gnnfuse's loader, which samples "
             f"without time, per-edge weights, transforms or disjoint subgraphs (its blocks are PyG's "
             f"{name}={accepted!r}); leave it out")
 

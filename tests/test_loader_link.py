@@ -1,0 +1,273 @@
+"""`LinkNeighborLoader`: PyG's link-prediction batches from gnnfuse's sampler.
+
+Oracle: PyG's own ``LinkNeighborLoader`` (its negative sampling, seed numbering, label
+rule and batch assembly) with its neighbour sampler replaced by the direct
+re-implementation of PyG's full-neighbourhood sampler (`pyg_full_subgraph`; PyG's needs
+pyg-lib, which this machine lacks). With full neighbourhoods and no negatives the
+batches must be PyG's edge for edge; with negatives, whose draws differ, the counts,
+labels and positives must be PyG's, and a GAE scores the batch's pairs as the full
+graph does.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings, strategies as st
+
+import gnnfuse
+from gnnfuse.loader import LinkNeighborLoader, NegativeSampling
+from graph_strategies import graphs
+from test_loader_pyg_batch import _power_law, pyg_data, pyg_full_subgraph
+
+RUNS = settings(max_examples=20, deadline=None, derandomize=True, database=None)
+
+
+def pyg_link_loader(data, hops: int, **kwargs):
+    """PyG's ``LinkNeighborLoader`` on ``data`` with ``num_neighbors=[-1] * hops``,
+    sampling through `pyg_full_subgraph`."""
+    from torch_geometric.loader import LinkNeighborLoader as PyGLinkNeighborLoader
+    from torch_geometric.sampler import BaseSampler, SamplerOutput
+    from torch_geometric.sampler.neighbor_sampler import edge_sample
+
+    class FullNeighbourhoods(BaseSampler):
+        edge_permutation = None
+
+        def sample_from_nodes(self, index, **kwargs):
+            raise NotImplementedError
+
+        def sample_from_edges(self, inputs, neg_sampling=None):
+            return edge_sample(inputs, self.sample, data.num_nodes, False, None, neg_sampling)
+
+        def sample(self, seed, seed_time=None):
+            n_id, edge_index, e_id, nodes, edges = pyg_full_subgraph(data.edge_index, seed.tolist(), hops)
+            return SamplerOutput(node=n_id, row=edge_index[0], col=edge_index[1], edge=e_id,
+                                 num_sampled_nodes=nodes, num_sampled_edges=edges)
+
+    return PyGLinkNeighborLoader(data, [-1] * hops, neighbor_sampler=FullNeighbourhoods(), **kwargs)
+
+
+def _both(data, hops: int, ours_from=None, **kwargs):
+    """(gnnfuse's batches, PyG's batches) of the same arguments, unshuffled; gnnfuse's
+    from ``ours_from`` when given (the same graph as the user gave it)."""
+    ours = list(LinkNeighborLoader(data if ours_from is None else ours_from, [-1] * hops, **kwargs))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = list(pyg_link_loader(data, hops, **kwargs))
+    assert len(ours) == len(theirs)
+    return ours, theirs
+
+
+@st.composite
+def label_cases(draw):
+    """A random graph and label edges: its own edges (None) or random pairs, maybe labelled."""
+    case = draw(graphs(max_nodes=8, max_edges=20, hub_degrees=st.sampled_from([0, 6])))
+    if draw(st.booleans()):
+        index = None
+        count = case.edge_index.shape[1]
+    else:
+        count = draw(st.integers(1, 12))
+        gen = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
+        index = torch.randint(0, case.num_nodes, (2, count), generator=gen)
+    label = torch.arange(count) % 3 if draw(st.booleans()) else None
+    return case, index, label
+
+
+@RUNS
+@given(label_cases(), st.integers(1, 3), st.integers(1, 5))
+def test_full_neighbourhood_link_batches_are_pygs_edge_for_edge(case, hops, batch_size):
+    (graph, index, label) = case
+    given = pyg_data(graph.given, graph.num_nodes)           # int32 or a strided view, maybe
+    data = pyg_data(graph.edge_index, graph.num_nodes)
+    wanted = graph.edge_index if index is None else index
+    ours, theirs = _both(data, hops, given, edge_label_index=index, edge_label=label, batch_size=batch_size)
+    for mine, pyg in zip(ours, theirs):
+        assert torch.equal(mine.n_id, pyg.n_id)
+        assert torch.equal(mine.edge_index, pyg.edge_index) and torch.equal(mine.e_id, pyg.e_id)
+        assert mine.num_sampled_nodes == pyg.num_sampled_nodes and mine.num_sampled_edges == pyg.num_sampled_edges
+        assert torch.equal(mine.x, pyg.x) and torch.equal(mine.edge_attr, pyg.edge_attr)
+        assert torch.equal(mine.input_id, pyg.input_id)
+        assert torch.equal(mine.edge_label_index, pyg.edge_label_index)
+        if label is None:
+            assert mine.edge_label is None and getattr(pyg, "edge_label", None) is None
+        else:
+            assert torch.equal(mine.edge_label, pyg.edge_label)
+        # the brief's form: global-id edges as sets, label edges back in order
+        assert set(map(tuple, mine.n_id[mine.edge_index].t().tolist())) == \
+            set(map(tuple, data.edge_index[:, mine.e_id].t().tolist()))
+        assert torch.equal(mine.n_id[mine.edge_label_index], wanted[:, mine.input_id])
+        seeds = mine.n_id[:mine.num_sampled_nodes[0]]
+        assert torch.equal(seeds, wanted[:, mine.input_id].unique())
+        assert torch.equal(mine.y, data.y[seeds])
+        assert torch.equal(mine.y[mine.edge_label_index], pyg.y[pyg.edge_label_index])   # PyG's y, at the pairs
+    assert torch.equal(torch.cat([torch.empty(0, dtype=torch.long)] + [b.input_id for b in ours]),
+                       torch.arange(wanted.shape[1]))
+
+
+@pytest.mark.parametrize("labels", [None, "from_zero", "from_one"])
+@pytest.mark.parametrize("negatives", [{"neg_sampling_ratio": 1.5}, {"neg_sampling": ("binary", 0.5)}, {
+    "neg_sampling": {"mode": "binary", "amount": 2}}])
+def test_binary_negatives_count_and_labels_as_pygs(labels, negatives):
+    """Per batch ``ceil(amount * P)`` negatives after the P positives; labels PyG's: the
+    given ones plus one when they start at 0 (0 then means negative), default float
+    ones, then zeros. Negatives are random pairs of valid vertices."""
+    data = pyg_data(_power_law(30, 90), 30)
+    count = data.edge_index.shape[1]
+    edge_label = {None: None, "from_zero": torch.arange(count) % 3, "from_one": torch.arange(count) % 3 + 1}[labels]
+    torch.manual_seed(0)
+    ours, theirs = _both(data, 1, edge_label=edge_label, batch_size=7, **negatives)
+    amount = negatives.get("neg_sampling_ratio") or (negatives["neg_sampling"][1] if isinstance(
+        negatives["neg_sampling"], tuple) else negatives["neg_sampling"]["amount"])
+    for mine, pyg in zip(ours, theirs):
+        positives = mine.input_id.numel()
+        total = positives + math.ceil(amount * positives)
+        assert mine.edge_label_index.shape == pyg.edge_label_index.shape == (2, total)
+        assert mine.edge_label.dtype == pyg.edge_label.dtype and torch.equal(mine.edge_label, pyg.edge_label)
+        assert (mine.edge_label[:positives] > 0).all() and (mine.edge_label[positives:] == 0).all()
+        pairs = mine.n_id[mine.edge_label_index]
+        assert torch.equal(pairs[:, :positives], data.edge_index[:, mine.input_id])
+        assert ((pairs >= 0) & (pairs < data.num_nodes)).all()
+        seeds = mine.n_id[:mine.num_sampled_nodes[0]]
+        assert torch.equal(seeds, pairs.flatten().unique())
+        assert torch.equal(mine.y, data.y[seeds])
+
+
+@pytest.mark.parametrize("amount", [1, 2])
+def test_triplet_negatives_are_pygs_shape(amount):
+    data = pyg_data(_power_law(30, 90), 30)
+    ours, theirs = _both(data, 1, batch_size=8, neg_sampling=("triplet", amount))
+    for mine, pyg in zip(ours, theirs):
+        assert mine.edge_label_index is None and mine.edge_label is None
+        assert torch.equal(mine.n_id[mine.src_index], data.edge_index[0, mine.input_id])
+        assert torch.equal(mine.n_id[mine.dst_pos_index], data.edge_index[1, mine.input_id])
+        assert mine.dst_neg_index.shape == pyg.dst_neg_index.shape
+        assert (mine.dst_neg_index < mine.num_sampled_nodes[0]).all()
+    with pytest.raises(ValueError, match="edge_label must be None with 'triplet'"):
+        LinkNeighborLoader(data, [2], edge_label=torch.ones(data.edge_index.shape[1]), neg_sampling="triplet")
+
+
+def test_pygs_negative_sampling_object_and_weights_are_read():
+    from torch_geometric.sampler import NegativeSampling as PyGNegativeSampling
+    data = pyg_data(_power_law(20, 50), 20)
+    weight = torch.zeros(20)
+    weight[[3, 7]] = 1.0
+    loader = LinkNeighborLoader(data, [2], batch_size=10,
+                                neg_sampling=PyGNegativeSampling("binary", 1, src_weight=weight, dst_weight=weight))
+    for batch in loader:
+        negatives = batch.n_id[batch.edge_label_index[:, batch.input_id.numel():]]
+        assert negatives.numel() and set(negatives.flatten().tolist()) <= {3, 7}
+
+
+def _gae(channels: int, backend_device: str):
+    torch.manual_seed(0)
+    return torch.nn.ModuleList([gnnfuse.nn.SAGEConv(channels, 8), gnnfuse.nn.SAGEConv(8, 4)]).double().to(
+        backend_device)
+
+
+def _encode(convs, x, graph):
+    return convs[1](convs[0](x, graph).relu(), graph)
+
+
+def test_gae_scores_on_a_full_neighbourhood_batch_are_the_full_graphs(backend, device):
+    """A GAE (SAGE encoder, dot-product decoder on ``edge_label_index``): each batch's
+    scores, loss and weight gradients are the full graph's at the same pairs, through
+    PyG's ``edge_index`` and through the blocks."""
+    data = pyg_data(_power_law(30, 100), 30)
+    convs = _gae(3, device)
+    x, edge_index = data.x.to(device), data.edge_index.to(device)
+    loader = LinkNeighborLoader(data, [-1, -1], batch_size=12, shuffle=True, neg_sampling_ratio=1.0, device=device)
+    for batch in list(loader)[:2]:
+        pairs = batch.n_id[batch.edge_label_index]
+        full = _encode(convs, x, edge_index)
+        want = (full[pairs[0]] * full[pairs[1]]).sum(-1)
+        want_loss = F.binary_cross_entropy_with_logits(want, batch.edge_label.double())
+        want_grads = torch.autograd.grad(want_loss, list(convs.parameters()))
+        z = _encode(convs, batch.x, batch.edge_index)
+        scores = (z[batch.edge_label_index[0]] * z[batch.edge_label_index[1]]).sum(-1)
+        torch.testing.assert_close(scores, want, rtol=1e-9, atol=1e-12)
+        loss = F.binary_cross_entropy_with_logits(scores, batch.edge_label.double())
+        for got, wanted in zip(torch.autograd.grad(loss, list(convs.parameters())), want_grads):
+            torch.testing.assert_close(got, wanted, rtol=1e-9, atol=1e-12)
+        h = batch.x
+        for i, block in enumerate(batch.blocks):
+            h = convs[i]((h, h[:block.num_dst]), block.graph)
+            h = h.relu() if i == 0 else h
+        torch.testing.assert_close((h[batch.edge_label_index[0]] * h[batch.edge_label_index[1]]).sum(-1), want,
+                                   rtol=1e-9, atol=1e-12)
+
+
+def test_the_same_seed_gives_the_same_batches():
+    data = pyg_data(_power_law(30, 100), 30)
+    loader = LinkNeighborLoader(data, [3, 2], batch_size=16, shuffle=True, neg_sampling_ratio=2.0)
+
+    def epoch(seed):
+        torch.manual_seed(seed)
+        return [(b.n_id, b.edge_index, b.edge_label_index, b.edge_label, b.input_id) for b in loader]
+    first, again, other = epoch(1), epoch(1), epoch(2)
+    assert len(first) == len(loader) == math.ceil(100 / 16)
+    assert all(torch.equal(a, b) for x, y in zip(first, again) for a, b in zip(x, y))
+    assert not all(torch.equal(a, b) for x, y in zip(first, other) for a, b in zip(x, y))
+
+
+def test_drop_last_and_no_label_edges():
+    data = pyg_data(_power_law(20, 50), 20)
+    assert len(LinkNeighborLoader(data, [2], batch_size=16, drop_last=True)) == 3
+    assert [b.input_id.numel() for b in LinkNeighborLoader(data, [2], batch_size=16, drop_last=True)] == [16] * 3
+    empty = LinkNeighborLoader(data, [2], edge_label_index=torch.empty(2, 0, dtype=torch.long), batch_size=4)
+    assert len(empty) == 0 and list(empty) == []
+
+
+def test_a_link_batch_has_no_batch_size():
+    data = pyg_data(_power_law(20, 50), 20)
+    batch = next(iter(LinkNeighborLoader(data, [2], batch_size=4)))
+    with pytest.raises(AttributeError, match="a link batch has no batch_size"):
+        _ = batch.batch_size
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"edge_label_index": torch.tensor([[0, 20], [1, 2]])}, ValueError, r"outside 0\.\.19"),
+    ({"edge_label_index": torch.tensor([[0, -1], [1, 2]])}, ValueError, r"outside 0\.\.19"),
+    ({"edge_label_index": torch.tensor([[0, 1, 2]])}, ValueError, r"shape \[2, E\].*\[1, 3\]"),
+    ({"edge_label_index": torch.zeros(2, 3)}, ValueError, "integer vertex ids"),
+    ({"edge_label_index": ("a", "to", "b")}, TypeError, "heterogeneous"),
+    ({"edge_label": torch.ones(57)}, ValueError, r"a row per label edge \(58.*\[57\]"),
+    ({"edge_label_index": torch.tensor([[0], [1]]), "edge_label": torch.ones(2)}, ValueError, "a row per label edge"),
+    ({"neg_sampling_ratio": -1.0}, ValueError, "finite number > 0"),
+    ({"neg_sampling": "random"}, ValueError, "mode must be one of"),
+    ({"neg_sampling": ("triplet", 1.5)}, ValueError, "whole number in 'triplet'"),
+    ({"neg_sampling": "binary", "neg_sampling_ratio": 2.0}, ValueError, "not both"),
+    ({"neg_sampling": NegativeSampling("binary", 1, src_weight=torch.ones(3))}, ValueError, "src_weight"),
+    ({"disjoint": True}, NotImplementedError, "disjoint=True"),
+    ({"edge_label_time": torch.zeros(58)}, NotImplementedError, "edge_label_time"),
+    ({"num_workers": 2}, NotImplementedError, "num_workers=2 is NeighborLoader's"),
+    ({"static_shapes": True}, NotImplementedError, "static_shapes=True"),
+    ({"input_nodes": torch.tensor([1, 2])}, NotImplementedError, "input_nodes=tensor"),
+    ({"batch_sizes": 3}, TypeError, "unexpected keyword argument 'batch_sizes'"),
+    ({"batch_size": 0}, ValueError, "batch_size"),
+])
+def test_bad_arguments_are_refused_by_name(kwargs, error, match):
+    data = pyg_data(_power_law(20, 50), 20)
+    with pytest.raises(error, match=match):
+        LinkNeighborLoader(data, [2], **kwargs)
+
+
+def test_pygs_defaults_and_a_gnnfuse_graph_are_accepted():
+    data = pyg_data(_power_law(20, 50), 20)
+    graph = gnnfuse.Graph.from_edge_index(data.edge_index, 20)
+    loader = LinkNeighborLoader(graph, [2], x=data.x, batch_size=8, disjoint=False, time_attr=None,
+                                edge_label_time=None, num_workers=0, subgraph_type="directional", prefetch=0)
+    batch = next(iter(loader))
+    assert torch.equal(batch.x, data.x[batch.n_id]) and batch.y is None
+    assert torch.equal(batch.n_id[batch.edge_label_index], data.edge_index[:, :8])
+
+
+def test_a_hetero_data_is_refused():
+    from torch_geometric.data import HeteroData
+    data = HeteroData()
+    data["a"].x = torch.randn(3, 2)
+    data["a", "to", "a"].edge_index = torch.tensor([[0, 1], [1, 2]])
+    with pytest.raises(NotImplementedError, match="HeteroData"):
+        LinkNeighborLoader(data, [2])
