@@ -207,9 +207,12 @@ def test_the_same_seed_gives_the_same_batches():
         torch.manual_seed(seed)
         return [(b.n_id, b.edge_index, b.edge_label_index, b.edge_label, b.input_id) for b in loader]
     first, again, other = epoch(1), epoch(1), epoch(2)
-    assert len(first) == len(loader) == math.ceil(100 / 16)
+    assert len(first) == len(loader) == math.ceil(data.edge_index.shape[1] / 16)
     assert all(torch.equal(a, b) for x, y in zip(first, again) for a, b in zip(x, y))
     assert not all(torch.equal(a, b) for x, y in zip(first, other) for a, b in zip(x, y))
+    for n_id, _, pairs, _, input_id in first:         # shuffled: each label edge once, at its position
+        assert torch.equal(n_id[pairs[:, :input_id.numel()]], data.edge_index[:, input_id])
+    assert torch.equal(torch.cat([batch[4] for batch in first]).sort().values, torch.arange(data.edge_index.shape[1]))
 
 
 def test_drop_last_and_no_label_edges():
@@ -233,6 +236,7 @@ def test_a_link_batch_has_no_batch_size():
     ({"edge_label_index": torch.tensor([[0, 1, 2]])}, ValueError, r"shape \[2, E\].*\[1, 3\]"),
     ({"edge_label_index": torch.zeros(2, 3)}, ValueError, "integer vertex ids"),
     ({"edge_label_index": ("a", "to", "b")}, TypeError, "heterogeneous"),
+    ({"edge_label_index": (("a", "to", "b"), torch.tensor([[0], [1]]))}, TypeError, "heterogeneous"),
     ({"edge_label": torch.ones(57)}, ValueError, r"a row per label edge \(58.*\[57\]"),
     ({"edge_label_index": torch.tensor([[0], [1]]), "edge_label": torch.ones(2)}, ValueError, "a row per label edge"),
     ({"neg_sampling_ratio": -1.0}, ValueError, "finite number > 0"),
@@ -247,6 +251,7 @@ def test_a_link_batch_has_no_batch_size():
     ({"input_nodes": torch.tensor([1, 2])}, NotImplementedError, "input_nodes=tensor"),
     ({"batch_sizes": 3}, TypeError, "unexpected keyword argument 'batch_sizes'"),
     ({"batch_size": 0}, ValueError, "batch_size"),
+    ({"batch_size": 2.5}, ValueError, "batch_size"),
 ])
 def test_bad_arguments_are_refused_by_name(kwargs, error, match):
     data = pyg_data(_power_law(20, 50), 20)
@@ -262,6 +267,9 @@ def test_pygs_defaults_and_a_gnnfuse_graph_are_accepted():
     batch = next(iter(loader))
     assert torch.equal(batch.x, data.x[batch.n_id]) and batch.y is None
     assert torch.equal(batch.n_id[batch.edge_label_index], data.edge_index[:, :8])
+    rows = [(0, 5, 19), (1, 2, 3)]                         # a list of rows, not an edge type
+    batch = next(iter(LinkNeighborLoader(graph, [2], edge_label_index=rows, batch_size=8)))
+    assert batch.n_id[batch.edge_label_index].tolist() == [list(row) for row in rows]
 
 
 def test_a_hetero_data_is_refused():

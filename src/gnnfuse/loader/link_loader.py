@@ -19,6 +19,7 @@ then samples, from the generator `batch_generator` gives for that seed and i.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ from ..graph import Graph
 from .batch_maker import batch_generator
 from .hetero_loader import is_hetero_data
 from .link_batch import LinkMiniBatch
-from .neighbor_loader import _PYG_OPTIONS, NeighborLoader, _check_batch_size, _check_pyg_options, _graph_and_tables
+from .neighbor_loader import _PYG_OPTIONS, NeighborLoader, _check_pyg_options, _graph_and_tables
 from .stages import StageTimes
 
 NEGATIVE_MODES = ("binary", "triplet")
@@ -68,7 +69,7 @@ class NegativeSampling:
         weight = self.src_weight if endpoint == "src" else self.dst_weight
         if weight is None:
             return torch.randint(num_nodes, (count,), generator=generator, device=generator.device)
-        return torch.multinomial(weight.to(generator.device), count, replacement=True, generator=generator)
+        return torch.multinomial(weight, count, replacement=True, generator=generator)
 
 
 def negative_sampling(neg_sampling: Any, neg_sampling_ratio: float | None, num_nodes: int
@@ -118,16 +119,20 @@ def negative_sampling(neg_sampling: Any, neg_sampling_ratio: float | None, num_n
                             fields.get("src_weight"), fields.get("dst_weight"))
 
 
+def _is_edge_type(value: Any) -> bool:
+    """Whether ``value`` is a PyG edge type: a node type or a (source, relation, target) tuple of names."""
+    return isinstance(value, str) or (isinstance(value, tuple) and len(value) > 0
+                                      and all(isinstance(part, str) for part in value))
+
+
 def label_edges(edge_label_index: Any, edge_label: Any, graph: Graph) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The label edges as a ``[2, E]`` int64 tensor on the host (default every edge of
     ``graph``, in edge-id order: PyG's ``data.edge_index``), and their labels, checked."""
     if edge_label_index is None:
         index = graph.edge_index.cpu()
     else:
-        hetero = isinstance(edge_label_index, str) or (isinstance(edge_label_index, (tuple, list))
-                                                       and len(edge_label_index) > 0
-                                                       and isinstance(edge_label_index[0], (str, tuple)))
-        if hetero:
+        if _is_edge_type(edge_label_index) or (isinstance(edge_label_index, (tuple, list))
+                                               and len(edge_label_index) == 2 and _is_edge_type(edge_label_index[0])):
             raise TypeError("edge_label_index as an edge type (or an edge type with its edges) is PyG's form for "
                             "heterogeneous graphs; this graph is homogeneous: give a [2, E] tensor of vertex ids")
         try:
@@ -184,7 +189,8 @@ class LinkNeighborLoader:
         if is_hetero_data(data):
             raise NotImplementedError("LinkNeighborLoader samples homogeneous graphs; a HeteroData's link "
                                       "batches are not supported")
-        _check_batch_size(batch_size)
+        if not isinstance(batch_size, numbers.Integral) or batch_size < 1:
+            raise ValueError(f"batch_size (label edges per batch) must be a whole number >= 1, got {batch_size!r}")
         graph, features, labels, edge_tables = _graph_and_tables(data, x, y)
         edge_tables.update({name: table for name, table in (("edge_attr", edge_attr), ("edge_weight", edge_weight))
                             if table is not None})
@@ -195,6 +201,10 @@ class LinkNeighborLoader:
         self.num_neighbors, self.num_nodes = self._nodes.num_neighbors, graph.num_nodes
         self.device, self.sample_device = self._nodes.device, self._nodes.sample_device
         self.neg_sampling = negative_sampling(neg_sampling, neg_sampling_ratio, graph.num_nodes)
+        if self.neg_sampling is not None:     # weights where the draws run, moved once
+            self.neg_sampling = dataclasses.replace(self.neg_sampling, **{
+                name: getattr(self.neg_sampling, name).to(self.sample_device)
+                for name in ("src_weight", "dst_weight") if getattr(self.neg_sampling, name) is not None})
         index, edge_label = label_edges(edge_label_index, edge_label, graph)
         if self.neg_sampling is not None and self.neg_sampling.mode == "triplet" and edge_label is not None:
             raise ValueError("edge_label must be None with 'triplet' negative sampling (PyG's rule): the batch's "
