@@ -21,7 +21,7 @@ from hypothesis import given, settings, strategies as st
 import gnnfuse
 from gnnfuse.loader import LinkNeighborLoader, NegativeSampling
 from graph_strategies import graphs
-from test_loader_pyg_batch import _power_law, pyg_data, pyg_full_subgraph
+from test_loader_pyg_batch import _power_law, check_subgraph, pyg_data, pyg_full_subgraph
 
 RUNS = settings(max_examples=20, deadline=None, derandomize=True, database=None)
 
@@ -197,6 +197,20 @@ def test_gae_scores_on_a_full_neighbourhood_batch_are_the_full_graphs(backend, d
             h = h.relu() if i == 0 else h
         torch.testing.assert_close((h[batch.edge_label_index[0]] * h[batch.edge_label_index[1]]).sum(-1), want,
                                    rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("replace", [False, True])
+def test_sampled_link_batches_are_pyg_subgraphs_of_the_endpoints(replace):
+    """With fanouts: the node part is a PyG subgraph sampled from the endpoints (the
+    node loader's structural oracle), and the seeds are exactly the endpoints."""
+    data = pyg_data(_power_law(30, 100), 30)
+    torch.manual_seed(0)
+    for batch in LinkNeighborLoader(data, [3, 2], batch_size=16, shuffle=True, replace=replace,
+                                    neg_sampling_ratio=1.0):
+        check_subgraph(batch, data, [3, 2], replace)
+        seeds = batch.n_id[:batch.num_sampled_nodes[0]]
+        assert torch.equal(seeds, batch.n_id[batch.edge_label_index].unique())
+        assert torch.equal(batch.blocks[-1].src_nodes[:batch.blocks[-1].num_dst], seeds)
 
 
 def test_the_same_seed_gives_the_same_batches():
