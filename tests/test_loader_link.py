@@ -23,7 +23,7 @@ from gnnfuse.loader import LinkNeighborLoader, NegativeSampling
 from graph_strategies import graphs
 from test_loader_pyg_batch import _power_law, check_subgraph, pyg_data, pyg_full_subgraph
 
-RUNS = settings(max_examples=20, deadline=None, derandomize=True, database=None)
+RUNS = settings(max_examples=15, deadline=None, derandomize=True, database=None)
 
 
 def pyg_link_loader(data, hops: int, **kwargs):
