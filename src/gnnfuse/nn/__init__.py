@@ -21,14 +21,9 @@ __all__ = ["APPNP", "CGATConv", "ChebConv", "DotGATConv", "EdgeConv", "FastRGCNC
            "GINConv", "GraphConv", "HGTConv", "HeteroConv", "Hyperparameters", "MLPAggConv", "ModelSpec", "NGCFConv", "RGATConv", "RGCNConv", "SAGEConv", "SGConv",
            "TAGConv", "build_model", "get_model", "model_names", "to_hetero"]
 
-# PyG names whose gnnfuse namesakes take other arguments: exported here, ``GCN(16, 64, 2)``
-# would build the plain-PyTorch baseline 16 -> 64 -> 2 where PyG's builds two layers
-# 16 -> 64 -> 64, a different model without an error. They stay in `reference`.
+# A PyG name whose gnnfuse namesake takes other arguments: exported here, it would run
+# different code without an error. It stays in `reference`.
 _NOT_PYG = {
-    "GCN": "torch_geometric.nn.GCN (in_channels, hidden_channels, num_layers, out_channels, ...) "
-           "has no gnnfuse counterpart; build the model from gnnfuse.nn.GCNConv layers, or use "
-           "gnnfuse.nn.reference.GCN(in_dim, hidden, out_dim, dropout), a plain-PyTorch two-layer "
-           "baseline with other arguments",
     "gcn_norm": "torch_geometric's gcn_norm(edge_index, edge_weight, num_nodes, ...) has no gnnfuse "
                 "counterpart (gnnfuse.nn.GCNConv normalises inside its kernel); "
                 "gnnfuse.nn.reference.gcn_norm(graph) is the plain-PyTorch baseline's helper, "
@@ -52,6 +47,9 @@ def __getattr__(name: str):
         return compiled_class
     if name in COMPILED_PYG_LAYERS or name in EAGER_PYG_LAYERS:
         return layer_class(name)
+    from .pyg_models import PYG_MODELS, model_class
+    if name in PYG_MODELS:
+        return model_class(name)
     if name in NOT_EXPORTED:
         raise ImportError(f"gnnfuse.nn has no {name!r}: torch_geometric.nn.{name} {NOT_EXPORTED[name]}",
                           name=__name__)

@@ -1,0 +1,161 @@
+"""PyG's ready-made models from `gnnfuse.nn` (`gnnfuse.nn.pyg_models`): ``gnnfuse.nn.GCN``
+and its siblings are PyG's classes building gnnfuse's layers, so with PyG's weights they
+must give PyG's outputs and every parameter gradient in float64 (reference backend and a
+few cases on the Triton interpreter), start from PyG's weights under one seed, and run
+gnnfuse's compiled programs, not PyG's layers."""
+from __future__ import annotations
+
+import io
+import warnings
+
+import pytest
+import torch
+import torch_geometric.nn as pyg_nn
+from torch_geometric.data import Data
+from torch_geometric.utils import degree
+
+import gnnfuse.nn
+from gnnfuse.loader import NeighborLoader
+from gnnfuse.runtime import record_calls
+from oracle_check import device_for
+
+# 10 vertices (9 has no in-edges), a self loop (3 -> 3), a repeated edge (1 -> 2 twice)
+EDGES = torch.tensor([[0, 1, 2, 3, 4, 5, 1, 2, 2, 3, 0, 5, 1, 6, 7, 4, 8, 9, 9],
+                      [1, 2, 3, 4, 5, 0, 0, 0, 4, 3, 2, 1, 2, 0, 2, 6, 7, 8, 5]])
+NUM_NODES, F, HIDDEN, OUT, EDGE_DIM = 10, 5, 8, 3, 2
+PNA_DEG = torch.bincount(degree(EDGES[1], NUM_NODES, dtype=torch.long))
+
+# id -> (model name, constructor arguments after (F, HIDDEN, num_layers), the forward's extra inputs)
+CASES = {
+    "gcn": ("GCN", {"num_layers": 2}, ()),
+    "gcn-cat-batchnorm-weights": ("GCN", {"num_layers": 3, "out_channels": OUT, "jk": "cat", "norm": "batch_norm"},
+                                  ("edge_weight",)),
+    "sage-max-layernorm-project": ("GraphSAGE", {"num_layers": 3, "out_channels": OUT, "jk": "max",
+                                                 "norm": "layer_norm", "project": True}, ()),
+    "gin-lstm": ("GIN", {"num_layers": 3, "out_channels": OUT, "jk": "lstm", "train_eps": True}, ()),
+    "gat-heads": ("GAT", {"num_layers": 2, "out_channels": OUT, "heads": 2}, ()),
+    "gatv2-cat": ("GAT", {"num_layers": 2, "out_channels": OUT, "heads": 2, "v2": True, "jk": "cat"}, ()),
+    "gat-edge-attr": ("GAT", {"num_layers": 2, "out_channels": OUT, "heads": 2, "edge_dim": EDGE_DIM},
+                      ("edge_attr",)),
+    "pna": ("PNA", {"num_layers": 2, "out_channels": OUT, "aggregators": ["mean", "max", "std"],
+                    "scalers": ["identity", "amplification", "attenuation"], "deg": PNA_DEG, "edge_dim": EDGE_DIM},
+            ("edge_attr",)),
+    "edgecnn-last": ("EdgeCNN", {"num_layers": 2, "out_channels": OUT, "jk": "last", "aggr": "mean"}, ()),
+}
+TRITON_CASES = ["gcn-cat-batchnorm-weights", "gatv2-cat"]
+
+
+def build(case: str, module, seed: int) -> torch.nn.Module:
+    name, kwargs, _ = CASES[case]
+    kwargs = dict(kwargs)
+    torch.manual_seed(seed)
+    return getattr(module, name)(F, HIDDEN, kwargs.pop("num_layers"), **kwargs)
+
+
+def inputs(device: str) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(1)
+    tensors = {"x": torch.randn(NUM_NODES, F, dtype=torch.float64, generator=gen),
+               "edge_weight": torch.rand(EDGES.shape[1], dtype=torch.float64, generator=gen) + 0.1,
+               "edge_attr": torch.randn(EDGES.shape[1], EDGE_DIM, dtype=torch.float64, generator=gen)}
+    return {name: t.to(device) for name, t in tensors.items()}
+
+
+def run(model: torch.nn.Module, x: torch.Tensor, edge_index: torch.Tensor, **extra):
+    """Output and the gradients of a fixed projection of it w.r.t. x and every parameter."""
+    x = x.clone().requires_grad_()
+    out = model(x, edge_index, **extra)
+    weight = torch.linspace(-1, 1, out.numel(), dtype=out.dtype, device=out.device).view_as(out)
+    names, params = zip(*model.named_parameters())
+    grads = torch.autograd.grad((out * weight).sum(), [x, *params])
+    return out.detach(), dict(zip(("x", *names), grads))
+
+
+def assert_same(got, expected) -> None:
+    torch.testing.assert_close(got[0], expected[0], rtol=1e-9, atol=1e-10)
+    assert got[1].keys() == expected[1].keys()
+    for name, grad in expected[1].items():
+        torch.testing.assert_close(got[1][name], grad, rtol=1e-9, atol=1e-10, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def compare(case: str, device: str) -> None:
+    ours = build(case, gnnfuse.nn, seed=0).double().to(device)
+    theirs = build(case, pyg_nn, seed=1).double().to(device)
+    theirs.load_state_dict(ours.state_dict())
+    assert all(type(conv).__module__.startswith("gnnfuse.nn") for conv in ours.convs)
+    tensors = inputs(device)
+    extra = {key: tensors[key] for key in CASES[case][2]}
+    edge_index = EDGES.to(device)
+    expected = run(theirs, tensors["x"], edge_index, **extra)
+    with warnings.catch_warnings(), record_calls() as calls:
+        warnings.simplefilter("ignore")          # PNAConv's "runs PyG's propagate" warning
+        got = run(ours, tensors["x"], edge_index, **extra)
+    assert calls or CASES[case][0] == "PNA"       # gnnfuse's programs ran (PNAConv's propagate is PyG's)
+    assert_same(got, expected)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_model_matches_pyg_on_the_reference_backend(case, monkeypatch):
+    monkeypatch.setenv("GNNFUSE_BACKEND", "reference")
+    compare(case, "cpu")
+
+
+@pytest.mark.parametrize("case", TRITON_CASES)
+def test_model_matches_pyg_on_triton(case, monkeypatch):
+    monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
+    compare(case, device_for("triton"))
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_same_seed_gives_pyg_s_weights(case):
+    ours, theirs = build(case, gnnfuse.nn, seed=3), build(case, pyg_nn, seed=3)
+    ours_state, theirs_state = ours.state_dict(), theirs.state_dict()
+    assert list(ours_state) == list(theirs_state)
+    for key, value in theirs_state.items():
+        torch.testing.assert_close(ours_state[key], value, rtol=0, atol=0, msg=lambda m, k=key: f"{k}: {m}")
+    assert repr(ours) == repr(theirs) and repr(ours.convs) == repr(theirs.convs)
+
+
+def test_is_pyg_s_class_and_pickles():
+    model = gnnfuse.nn.GAT(F, HIDDEN, 2, out_channels=OUT, heads=2)
+    assert isinstance(model, pyg_nn.GAT) and type(model) is gnnfuse.nn.GAT
+    assert type(model).__module__ == "gnnfuse.nn" and type(model).__qualname__ == "GAT"
+    assert [type(c) for c in model.convs] == [gnnfuse.nn.GATConv] * 2
+    # PyG's init_conv: the last layer averages its heads (concat=False) when it maps to out_channels
+    assert (model.convs[0].concat, model.convs[1].concat) == (True, False)
+    assert type(gnnfuse.nn.GAT(F, HIDDEN, 2, v2=True).convs[0]) is gnnfuse.nn.GATv2Conv
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    assert type(loaded) is gnnfuse.nn.GAT
+    x = inputs("cpu")["x"].float()
+    torch.testing.assert_close(loaded(x, EDGES), model(x, EDGES))
+
+
+def test_an_argument_a_gnnfuse_layer_refuses_is_named():
+    with pytest.raises(TypeError, match="GINConv.*'aggr'"):
+        gnnfuse.nn.GIN(F, HIDDEN, 2, aggr="mean")
+    with pytest.raises(TypeError, match="GCNConv.*'decomposed_layers'"):
+        gnnfuse.nn.GCN(F, HIDDEN, 2, decomposed_layers=2)
+    with pytest.raises(ValueError, match="divisible by the number of heads"):      # PyG's own check
+        gnnfuse.nn.GAT(F, 7, 2, heads=2)
+
+
+@pytest.mark.parametrize("name", ["GraphSAGE", "GCN"])
+def test_trimmed_mini_batch_matches_pyg(name):
+    """``num_sampled_nodes_per_hop`` (PyG's trim_to_layer) on a gnnfuse NeighborLoader batch."""
+    gen = torch.Generator().manual_seed(2)
+    n = 40
+    edge_index = torch.randint(0, n, (2, 160), generator=gen)
+    data = Data(x=torch.randn(n, F, dtype=torch.float64, generator=gen), edge_index=edge_index, num_nodes=n)
+    batch = next(iter(NeighborLoader(data, num_neighbors=[3, 2], batch_size=4)))
+    assert len(batch.num_sampled_nodes) == 3
+    torch.manual_seed(0)
+    ours = getattr(gnnfuse.nn, name)(F, HIDDEN, 2, out_channels=OUT).double()
+    theirs = getattr(pyg_nn, name)(F, HIDDEN, 2, out_channels=OUT).double()
+    theirs.load_state_dict(ours.state_dict())
+    trim = {"num_sampled_nodes_per_hop": batch.num_sampled_nodes, "num_sampled_edges_per_hop": batch.num_sampled_edges}
+    expected = run(theirs, batch.x, batch.edge_index, **trim)
+    got = run(ours, batch.x, batch.edge_index, **trim)
+    assert got[0].shape[0] < batch.x.shape[0]          # trimmed: the last layer's output covers fewer vertices
+    assert_same(got, expected)
