@@ -36,12 +36,14 @@ def __getattr__(name: str):
     # it, so PyG stays optional: importing it is deferred to first use (an ImportError then
     # says what to install).
     if name in _NOT_PYG:
-        # ImportError, not AttributeError: ``from gnnfuse.nn import GCN`` would replace an
+        # ImportError, not AttributeError: ``from gnnfuse.nn import gcn_norm`` would replace an
         # AttributeError by a bare "cannot import name" and drop the advice
         raise ImportError(f"gnnfuse.nn has no {name!r}: {_NOT_PYG[name]}", name=__name__)
     if name == "MessagePassing":
         from .message_passing import MessagePassing
         return MessagePassing
+    if name.startswith("_"):      # no PyG name: a probe (copy, pickle, inspect) must not import PyG
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     from .pyg_layers import COMPILED_PYG_LAYERS, EAGER_PYG_LAYERS, NOT_EXPORTED, compiled_class, layer_class
     if name == "compiled_class":
         return compiled_class
@@ -50,7 +52,17 @@ def __getattr__(name: str):
     from .pyg_models import PYG_MODELS, model_class
     if name in PYG_MODELS:
         return model_class(name)
-    if name in NOT_EXPORTED:
-        raise ImportError(f"gnnfuse.nn has no {name!r}: torch_geometric.nn.{name} {NOT_EXPORTED[name]}",
-                          name=__name__)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from .pyg_reexports import NOT_REEXPORTED, reexport, reexported_names
+    for refused in (NOT_EXPORTED, NOT_REEXPORTED):
+        if name in refused:
+            raise ImportError(f"gnnfuse.nn has no {name!r}: torch_geometric.nn.{name} {refused[name]}",
+                              name=__name__)
+    try:
+        pyg_name = name in reexported_names()
+    except ImportError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r} (nor can it hand back "
+                             f"torch_geometric.nn's: torch_geometric is not installed)") from None
+    if pyg_name:
+        return reexport(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}: it is neither a gnnfuse.nn name "
+                         f"nor one of torch_geometric.nn's that gnnfuse.nn hands back")
