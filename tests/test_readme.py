@@ -52,15 +52,16 @@ def test_every_environment_variable_read_is_documented():
 
 
 def test_every_public_name_is_documented():
-    """What ``gnnfuse`` and ``gnnfuse.nn`` export (their ``__all__``, and the PyG layers
-    ``gnnfuse.nn`` compiles on first access) is importable and named in the README, so a
+    """What ``gnnfuse`` and ``gnnfuse.nn`` export (their ``__all__``, and the PyG layers and
+    models ``gnnfuse.nn`` builds on first access) is importable and named in the README, so a
     user can find each; `gnnfuse.compile` and the model registry's `get_model` were not."""
     import gnnfuse
     import gnnfuse.nn
     from gnnfuse.nn.pyg_layers import COMPILED_PYG_LAYERS, EAGER_PYG_LAYERS
+    from gnnfuse.nn.pyg_models import PYG_MODELS
     text = README.read_text()
     names = {("gnnfuse", name) for name in gnnfuse.__all__ if name != "__version__"}
-    names |= {("gnnfuse.nn", name) for name in (*gnnfuse.nn.__all__, *COMPILED_PYG_LAYERS, *EAGER_PYG_LAYERS,
+    names |= {("gnnfuse.nn", name) for name in (*gnnfuse.nn.__all__, *COMPILED_PYG_LAYERS, *EAGER_PYG_LAYERS, *PYG_MODELS,
                                                 "MessagePassing", "compiled_class")}
     for module, name in sorted(names):
         assert getattr(sys.modules[module], name) is not None

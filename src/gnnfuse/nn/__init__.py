@@ -6,7 +6,14 @@ HeteroConv wrapper; `hetero_transform`: PyG's ``to_hetero`` for gnnfuse layers; 
 ``return_attention_weights``; `pyg_repr`: PyG's printed form; `pyg_layers`: PyG's own
 TransformerConv, GINEConv, GENConv, CGConv and more with ``propagate`` compiled), plain-PyTorch
 baselines (`reference`) that the compiled layers are measured against, and a registry of
-standard node-classification models built from them (`models`)."""
+standard node-classification models built from them (`models`).
+
+What a PyG import line names beyond convolutions also comes from here, loaded on first
+access (PyG is optional): PyG's models ``GCN``, ``GraphSAGE``, ``GIN``, ``GAT``, ``PNA``,
+``EdgeCNN`` built from gnnfuse's layers (`pyg_models`), and PyG's own objects for its names
+without message passing -- pooling, norms, ``Linear``, ``MLP``, ``Sequential``, ... --
+(`pyg_reexports`). A PyG name that would run other code, or propagation gnnfuse does not
+compile, raises an ImportError saying why and what to use."""
 from .attention import CGATConv, DotGATConv, EdgeConv, GATv2Conv, MLPAggConv, NGCFConv
 from .conv import GATConv, GCNConv, SAGEConv
 from .propagation import APPNP, ChebConv, GINConv, GraphConv, SGConv, TAGConv
