@@ -352,3 +352,43 @@ def test_edgeconv_max_in_half_precision_gives_pyg_gradients(backend, monkeypatch
     for got, want in zip(*grads):
         assert got.isfinite().all()
         torch.testing.assert_close(got.float(), want.float(), rtol=1e-2, atol=1e-2)
+
+
+def _normed_mlp(in_channels: int, norm: str) -> nn.Module:
+    """PyG's MLP as PyG's EdgeCNN builds it with ``norm=``: a norm over all of its input's rows."""
+    return pyg.MLP([2 * in_channels, 5, 4], norm=norm)
+
+
+@pytest.mark.parametrize("aggr", ["max", "mean", "add"])
+@pytest.mark.parametrize("norm", ["batch_norm", "layer_norm", "graph_norm"])
+def test_edgeconv_with_a_norm_over_all_edges_runs_eagerly_as_pyg(norm, aggr, monkeypatch):
+    """EdgeConv traces ``nn`` per edge; a norm whose statistics span every edge's row
+    (PyG's EdgeCNN(norm=...) puts one in its MLP) cannot be traced that way. It failed with
+    torch's "expected 2D or 3D input (got 1D input)" (BatchNorm) or a CompileError; it now
+    runs PyG's formula eagerly, with a warning naming the module, and gives PyG's numbers."""
+    from gnnfuse.nn import edge_conv_eager
+    monkeypatch.setattr(edge_conv_eager, "_WARNED", set())
+    torch.manual_seed(0)
+    net = _normed_mlp(F_IN, norm).double()
+    ours, ref = gnn.EdgeConv(copy.deepcopy(net), aggr=aggr), pyg.EdgeConv(net, aggr=aggr)
+    ours.load_state_dict(ref.state_dict())
+    edge_index = _graph_edges()
+    x = torch.randn(N, F_IN, dtype=torch.float64)
+    with pytest.warns(UserWarning, match=r"EdgeConv runs eagerly \(not compiled\): nn\.norms\.0 \("):
+        assert_same_outputs_and_grads(ours, ref, lambda xs: ours(xs, edge_index), lambda xs: ref(xs, edge_index), x)
+    for key, value in ref.state_dict().items():           # a BatchNorm's running statistics too
+        torch.testing.assert_close(ours.state_dict()[key], value, rtol=1e-12, atol=1e-12)
+
+
+def test_edgeconv_eager_fallback_takes_bipartite_input(monkeypatch):
+    from gnnfuse.nn import edge_conv_eager
+    monkeypatch.setattr(edge_conv_eager, "_WARNED", set())
+    torch.manual_seed(0)
+    net = _normed_mlp(F_IN, "batch_norm").double()
+    ours, ref = gnn.EdgeConv(copy.deepcopy(net)), pyg.EdgeConv(net)
+    ours.load_state_dict(ref.state_dict())
+    x_src, x_dst = torch.randn(N, F_IN, dtype=torch.float64), torch.randn(5, F_IN, dtype=torch.float64)
+    edge_index = torch.stack([_graph_edges()[0], _graph_edges()[1] % 5])
+    with pytest.warns(UserWarning):
+        got = ours((x_src, x_dst), edge_index)
+    torch.testing.assert_close(got, ref((x_src, x_dst), edge_index), rtol=1e-12, atol=1e-12)

@@ -30,6 +30,7 @@ from .compiling import compile_path
 from .conv import (_sized_linear, GATConv, _as_graph, attention_adjacency, _bipartite_inputs, _channel_pair,
                    _check_dropout, _combine_heads, _head_bias, _head_residual, _inv_sqrt_degree, _normalized_sum,
                    _with_loops)
+from .edge_conv_eager import eager_edge_conv, rows_coupled_by
 from .edge_features import FillValue, edge_projection, edge_rows, traced_edge_matmul
 from .fixed_flow import FixedFlow
 from .pyg_repr import OneLineRepr
@@ -254,6 +255,8 @@ class EdgeConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
     with ``h_Theta = nn`` applied to every edge and aggregation ``aggr`` (max, mean, add).
     ``nn`` is traced inside the vertex function, so it may use what the tracer compiles
     (``nn.Linear``, elementwise activations, ``torch.cat``, ...); isolated vertices get 0.
+    An ``nn`` holding a norm over all edges' rows (BatchNorm, PyG's norms) runs eagerly
+    with a warning (`edge_conv_eager`).
     Bipartite input (PyG's): ``forward((x_src, x_dst), edge_index)``, ``x_v`` then read
     from ``x_dst`` and ``x_u`` from ``x_src`` (the same width, as ``nn`` takes both).
     """
@@ -280,6 +283,9 @@ class EdgeConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
             raise ValueError("EdgeConv: bipartite input needs x_dst (every message reads its destination's "
                              "features), as in PyG; got (x_src, None)")
         h = self.nn
+        coupled = rows_coupled_by(h)
+        if coupled is not None:
+            return eager_edge_conv(h, self.aggr, x_src, x_dst, graph, coupled)
 
         def edge_max(v):
             return max([h(torch.cat([v.x_dst, u.x_src - v.x_dst], -1)) for u in v.innbs])
