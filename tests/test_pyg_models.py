@@ -165,3 +165,31 @@ def test_trimmed_mini_batch_matches_pyg(name):
     got = run(ours, batch.x, batch.edge_index, **trim)
     assert got[0].shape[0] < batch.x.shape[0]          # trimmed: the last layer's output covers fewer vertices
     assert_same(got, expected)
+
+
+def test_to_hetero_of_a_lazy_graphsage_matches_pyg():
+    """PyG's heterogeneous recipe, ``to_hetero(GraphSAGE((-1, -1), ...), metadata)``, with
+    gnnfuse.nn's names: lazy bipartite layers per edge type, PyG's numbers."""
+    metadata = (["a", "b"], [("a", "to", "b"), ("b", "to", "a"), ("a", "self", "a")])
+    gen = torch.Generator().manual_seed(4)
+    x = {"a": torch.randn(5, 4, dtype=torch.float64, generator=gen),
+         "b": torch.randn(3, 6, dtype=torch.float64, generator=gen)}
+    edges = {("a", "to", "b"): torch.tensor([[0, 1, 2, 4], [0, 1, 2, 2]]),
+             ("b", "to", "a"): torch.tensor([[0, 1, 2], [3, 4, 0]]),
+             ("a", "self", "a"): torch.tensor([[0, 1, 2, 3], [1, 2, 3, 4]])}
+    models = []
+    for module in (gnnfuse.nn, pyg_nn):
+        torch.manual_seed(0)
+        model = module.to_hetero(module.GraphSAGE((-1, -1), HIDDEN, 2, out_channels=OUT), metadata).double()
+        model(x, edges)                                     # materialises the lazy weights
+        models.append(model)
+    ours, theirs = models
+    for key, value in theirs.state_dict().items():        # drawn as PyG draws them at the first call
+        torch.testing.assert_close(ours.state_dict()[key], value, rtol=0, atol=0)
+    got, want = ours(x, edges), theirs(x, edges)
+    assert got.keys() == want.keys()
+    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
+    sum(v.square().sum() for v in got.values()).backward()
+    sum(v.square().sum() for v in want.values()).backward()
+    for (name, p), q in zip(ours.named_parameters(), theirs.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-9, atol=1e-12, msg=lambda m, n=name: f"{n}: {m}")
