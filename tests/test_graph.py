@@ -235,6 +235,9 @@ def test_to_device_and_repr():
     meta = g.to("meta")
     assert meta.device.type == "meta" and meta.num_edges == 2
     assert repr(g) == "Graph(num_nodes=2, num_edges=2, device=cpu)"
+    copied = g.to("cpu", copy=True)          # as Tensor.to(copy=True): tensors of its own on the same device
+    assert copied is not g and torch.equal(copied.edge_index, g.edge_index)
+    assert copied.src.data_ptr() != g.src.data_ptr() and copied.dst.data_ptr() != g.dst.data_ptr()
 
 
 # --- validation ------------------------------------------------------------------------

@@ -629,12 +629,14 @@ class Graph:
             g.in_degrees(), descending=True, stable=True).indices)
 
     # --- transformations (each returns a new graph) -------------------------------------
-    def to(self, device: torch.device | str) -> Graph:
-        """This graph on `device` (itself if already there); caches are rebuilt lazily."""
+    def to(self, device: torch.device | str, *, non_blocking: bool = False, copy: bool = False) -> Graph:
+        """This graph on `device` (itself if already there, unless ``copy``: then a graph
+        with tensors of its own there, as ``Tensor.to(copy=True)``); caches are rebuilt
+        lazily. ``non_blocking`` as for ``Tensor.to``."""
         device = torch.device(device)
-        if device == self.device:
+        if device == self.device and not copy:
             return self
-        return self._copied(lambda t: t.to(device))
+        return self._copied(lambda t: t.to(device, non_blocking=non_blocking, copy=copy))
 
     def clone(self) -> Graph:
         """This graph with index tensors of its own (caches rebuilt lazily): an in-place
