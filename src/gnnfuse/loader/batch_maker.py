@@ -25,6 +25,7 @@ from ..graph.fixed_shape import mark_padded
 from ..nn.conv import known_transform_first_rows, transform_first_rows
 from . import pyg_batch
 from .block import Block, block_graph
+from .data_attributes import DataAttributes
 from .hop_kernels import fused_hops, hop_seed, reindex_slots_fused, sample_slots_fused
 from .layouts import SourceSideDemand, prepare_layouts, tensors_in
 from .sampler import SampledBlock, reindex_slots, sample_slots
@@ -67,7 +68,10 @@ class MiniBatch:
     ``model(batch.x, batch.edge_index)[:batch.batch_size]``. ``hop_edges`` holds what
     they need of the sampler's counts (PyG's ``num_sampled_edges``; None when padded,
     whose batches refuse them). ``y`` stays the seeds' labels: PyG's holds every
-    vertex's, and ``y[:batch_size]`` is the same in both."""
+    vertex's, and ``y[:batch_size]`` is the same in both. A PyG ``Data``'s other node-
+    and edge-level attributes (``batch.train_mask``) are read through ``attributes``,
+    which the loader attaches in the training process (`loader.data_attributes`), each
+    gathered on first read."""
     blocks: list[Block]
     x: torch.Tensor | None
     y: torch.Tensor | None
@@ -76,6 +80,7 @@ class MiniBatch:
     padded: bool = False
     deferred: bool = False
     hop_edges: tuple[int, ...] | None = None
+    attributes: DataAttributes | None = field(default=None, repr=False, compare=False)
 
     @property
     def batch_size(self) -> int:
@@ -123,6 +128,20 @@ class MiniBatch:
     def edge_weight(self) -> torch.Tensor | None:
         """As `edge_attr`, for an ``edge_weight`` table."""
         return pyg_batch.subgraph_edge_rows(self.blocks, self._pyg_counts("edge_weight"), "edge_weight")
+
+    def __getattr__(self, name: str) -> torch.Tensor:
+        """PyG's batch attributes cut from the loader's ``Data`` (``batch.train_mask``:
+        `loader.data_attributes`), gathered on first read; any other name is missing."""
+        if hasattr(type(self), name):
+            # a property that raised AttributeError (``e_id`` without edge ids), which
+            # Python then looks up here: raise its own error, not a bare "no attribute"
+            return object.__getattribute__(self, name)
+        attributes = self.__dict__.get("attributes")      # not self.attributes: unpickling asks before it is set
+        if attributes is None or name not in attributes:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        self._pyg_counts(name)
+        rows = self.__dict__[name] = attributes.rows(name, self.n_id, lambda: self.e_id)
+        return rows
 
     def _pyg_counts(self, name: str) -> tuple[int, ...]:
         """``hop_edges``, or PyG's attribute ``name`` refused on a padded batch."""

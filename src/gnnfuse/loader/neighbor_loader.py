@@ -36,6 +36,7 @@ training step on the blocks reads nothing back from the device.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import numbers
 import operator
 import warnings
@@ -45,6 +46,7 @@ import torch
 
 from ..graph import Graph
 from .batch_maker import BatchMaker, MiniBatch, batch_generator
+from .data_attributes import data_attributes
 from .prefetch import Prefetcher, side_stream
 from .stages import StageTimes
 from .static_shapes import Capacities
@@ -315,7 +317,11 @@ class NeighborLoader:
         self._maker = BatchMaker(csr.rowptr.long(), csr.col.long(), self._place(features), self._place(labels),
                                  tuple(self.num_neighbors), replace, self.device,
                                  self.sample_device, self.feature_device, self._zero_copy)
-        if edge_tables:     # read by edge id per batch, as PyG does: not a reordered copy made now
+        # the Data's other node- and edge-level attributes, attached to each batch here
+        # (never sent to worker processes) and read by id when a loop reads them
+        self._attributes = data_attributes(data)
+        if edge_tables or (self._attributes is not None and self._attributes.edge):
+            # read by edge id per batch, as PyG does: not a reordered copy made now
             self._maker.edge_ids = csr.eid.long()
             for name, table in edge_tables.items():
                 setattr(self._maker, name, self._place(table))
@@ -416,14 +422,14 @@ class NeighborLoader:
             if self._workers is None:
                 self._workers = WorkerPool(self._maker, self.num_workers, max(self.prefetch, 1))
             for batch in self._workers.epoch(batches, seed, self.stage_times):
-                yield batch
+                yield self._with_attributes(batch)
                 self.stage_times.count_batch()
             return
         prepare = lambda item: self._maker.prepare(      # noqa: E731
             item[1][0], batch_generator(self.sample_device, seed, item[0]), self.stage_times, item[1][1])
         if self.prefetch == 0:
             for item in enumerate(batches):
-                yield prepare(item)
+                yield self._with_attributes(prepare(item))
                 self.stage_times.count_batch()
             return
         # closed explicitly: an abandoned epoch (this generator closed) must stop the thread now,
@@ -434,8 +440,12 @@ class NeighborLoader:
                                                 MiniBatch.tensors, self.stage_times, self._side_streams,
                                                 self.prefetch_threads))) as prefetched:
             for batch in prefetched:
-                yield batch
+                yield self._with_attributes(batch)
                 self.stage_times.count_batch()
+
+    def _with_attributes(self, batch: MiniBatch) -> MiniBatch:
+        """``batch`` with the ``Data``'s other attributes to read (`loader.data_attributes`)."""
+        return batch if self._attributes is None else dataclasses.replace(batch, attributes=self._attributes)
 
     def close(self) -> None:
         """Stop the worker processes, if any (they also stop when the loader is freed)."""

@@ -1,0 +1,90 @@
+"""A PyG ``Data``'s other node- and edge-level attributes on the loader's batches.
+
+PyG's ``NeighborLoader`` hands out every node-level attribute of the ``Data`` cut to the
+sample by ``n_id`` (``batch.train_mask``, ``batch.node_year``, ...) and every edge-level
+one by ``e_id``; PyG code reads them (a loss masked by ``batch.train_mask``). The loader
+itself handles ``x``, ``y`` and the edge tables (`loader.batch_maker`); the rest are
+listed here once, by PyG's own rule (``Data.is_node_attr``/``is_edge_attr``, which tell
+node from edge attributes by their size along ``Data.__cat_dim__``, the name deciding
+when the graph has as many edges as vertices), and gathered on a batch only when read:
+a loop that never reads them pays nothing, and worker processes never see them (the
+loader attaches them to each batch in the training process).
+
+A table is gathered where the batch is. A table elsewhere is copied there once, on its
+first read, and that copy is kept while the table is unchanged (its version counter), so
+an in-place change to the ``Data``'s table reaches later batches, as in PyG, without a
+copy or a host sync per batch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from ..graph import Graph
+
+# what the loader or the batch handles itself (`NeighborLoader`, `MiniBatch`)
+HANDLED = frozenset({"x", "y", "edge_index", "edge_attr", "edge_weight", "num_nodes"})
+DATASET_MASKS = ("train_mask", "val_mask", "test_mask")      # a gnnfuse NodeDataset's node-level tensors
+
+
+@dataclass(eq=False)
+class DataAttributes:
+    """The tables (name -> (table, dimension its rows run along)) of the node-level
+    attributes, read by ``n_id``, and of the edge-level ones, read by ``e_id``;
+    ``refused`` names those that are not tensors (a list per vertex), with why."""
+    node: dict[str, tuple[torch.Tensor, int]]
+    edge: dict[str, tuple[torch.Tensor, int]]
+    refused: dict[str, str] = field(default_factory=dict)
+    _copies: dict[tuple[str, torch.device], tuple[int | None, torch.Tensor]] = field(default_factory=dict)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.node or name in self.edge or name in self.refused
+
+    def rows(self, name: str, n_id: torch.Tensor, e_id: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """Attribute ``name`` of the batch whose vertices are ``n_id`` (its edges ``e_id()``,
+        asked for only for an edge-level attribute), on ``n_id``'s device."""
+        if name in self.refused:
+            raise TypeError(f"batch.{name}: {self.refused[name]}")
+        table, dim = self.node[name] if name in self.node else self.edge[name]
+        ids = n_id if name in self.node else e_id()
+        return self._on(name, table, ids.device).index_select(dim, ids)
+
+    def _on(self, name: str, table: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """``table`` on ``device``: itself, or its copy there (made anew once it has changed)."""
+        if table.device == device:
+            return table
+        version = None if table.is_inference() else table._version
+        kept = self._copies.get((name, device))
+        if kept is None or kept[0] is None or kept[0] != version:
+            kept = self._copies[(name, device)] = (version, table.to(device))
+        return kept[1]
+
+
+def data_attributes(data: Any) -> DataAttributes | None:
+    """The node- and edge-level attributes of ``data`` beyond those the loader handles:
+    a PyG ``Data``'s (by PyG's rule), a gnnfuse ``NodeDataset``'s split masks; None for
+    anything else (a bare `Graph`) or when there are none."""
+    node: dict[str, tuple[torch.Tensor, int]] = {}
+    edge: dict[str, tuple[torch.Tensor, int]] = {}
+    refused: dict[str, str] = {}
+    if callable(getattr(data, "is_node_attr", None)) and callable(getattr(data, "is_edge_attr", None)):    # PyG Data
+        for name in data.keys():
+            if name in HANDLED:
+                continue
+            level = node if data.is_node_attr(name) else edge if data.is_edge_attr(name) else None
+            if level is None:
+                continue
+            value = data[name]
+            if isinstance(value, torch.Tensor):
+                level[name] = (value, data.__cat_dim__(name, value))
+            else:
+                refused[name] = (f"the Data's {name} is a {type(value).__name__} with an entry per "
+                                 f"{'vertex' if level is node else 'edge'}; the loader's batches cut tensors only")
+    elif isinstance(getattr(data, "graph", None), Graph):      # gnnfuse NodeDataset
+        node = {name: (mask, 0) for name in DATASET_MASKS
+                if isinstance(mask := getattr(data, name, None), torch.Tensor)}
+    if not (node or edge or refused):
+        return None
+    return DataAttributes(node, edge, refused)
