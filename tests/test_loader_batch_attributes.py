@@ -1,18 +1,23 @@
 """PyG's batch idioms on gnnfuse's loader batches: a PyG ``Data``'s other node- and
 edge-level attributes (``batch.train_mask``, ``batch.node_year``, ``batch.edge_time``)
-cut to the sample (`loader.data_attributes`).
+cut to the sample (`loader.data_attributes`), and ``batch = batch.to(device)``
+(`loader.batch_move`).
 
 Oracle for the attributes: PyG's own batch builder, ``torch_geometric.loader.utils.
 filter_data`` (what PyG's ``NeighborLoader`` runs on its sampler's output; the sampler
 itself needs pyg-lib, which this machine lacks), applied to PyG's full-neighbourhood
 sample (`pyg_full_subgraph`); values are compared keyed by ``n_id`` and ``e_id``, so the
-check does not rest on the two numberings agreeing."""
+check does not rest on the two numberings agreeing. The move is checked by copying a
+batch to its own device through the move path (every tensor then new memory, no layout
+left behind) and running block and PyG models on both; on a GPU machine also CPU -> CUDA."""
 from __future__ import annotations
 
 import pytest
 import torch
 
+import gnnfuse
 from gnnfuse.loader import NeighborLoader
+from gnnfuse.loader.batch_move import move_batch
 from test_loader_pyg_batch import pyg_data, pyg_full_subgraph
 
 
@@ -119,3 +124,136 @@ def test_worker_processes_batches_carry_the_attributes():
     for batch in batches:
         assert torch.equal(batch.train_mask, data.train_mask[batch.n_id])
         assert torch.equal(batch.edge_time, data.edge_time[batch.e_id])
+
+
+# --- batch.to(device) ---------------------------------------------------------------
+
+def _held(batch) -> list[torch.Tensor]:
+    """The batch's tensors but for the layouts prepared ahead (a moved block has none)."""
+    blocks = [t for b in batch.blocks for t in (b.graph.src, b.graph.dst, *b.graph.csr(), b.graph.in_degrees(),
+                                                b.graph.out_degrees(), b.src_nodes, b.e_id, b.edge_attr, b.edge_weight)]
+    return [t for t in [batch.n_id, batch.input_id, batch.x, batch.y] + blocks if t is not None]
+
+
+def _storages(batch) -> dict[int, torch.Tensor]:
+    """The memory of every tensor the batch holds, its graphs' cached layouts included
+    (the tensors kept, so that no later allocation reuses their memory)."""
+    from gnnfuse.loader.layouts import tensors_in
+    cached = [t for block in batch.blocks for value in block.graph._cache.values() for t in tensors_in(value)]
+    return {t.untyped_storage().data_ptr(): t for t in batch.tensors() + cached if t.numel()}
+
+
+def test_to_the_batch_s_own_device_is_the_batch_itself_without_a_copy():
+    data = attributed_data()
+    batch = _batches(data, [2, 2])[0]
+    before, edge_index = _storages(batch), batch.edge_index
+    for moved in (batch.to("cpu"), batch.to(torch.device("cpu")), batch.to("cpu", non_blocking=True), batch.cpu()):
+        assert moved is batch
+    assert _storages(batch).keys() == before.keys() and batch.edge_index is edge_index
+
+
+def test_to_refuses_pygs_per_attribute_form():
+    batch = _batches(attributed_data(), [2])[0]
+    with pytest.raises(TypeError, match="batch.to\\(device, 'x'\\)"):
+        batch.to("cpu", "x")
+
+
+def test_to_the_meta_device_moves_every_tensor_and_leaves_no_layout_behind():
+    data = attributed_data()
+    batch = _batches(data, [2, 2])[0]
+    shapes = [(t.shape, t.dtype) for t in _held(batch)]
+    batch.blocks[0].graph.reverse_csr()                          # a layout built on the CPU
+    moved = batch.to("meta")
+    assert moved is batch                                        # in place, as PyG's Data.to
+    assert all(t.device.type == "meta" for t in moved.tensors())
+    assert [(t.shape, t.dtype) for t in _held(moved)] == shapes
+    for block in moved.blocks:
+        graph = block.graph
+        assert "reverse_csr" not in graph._cache                 # left behind, rebuilt on the target when read
+        assert all(t.device.type == "meta" for t in (graph.src, graph.dst, *graph.csr(), graph.in_degrees()))
+        assert all(t.device.type == "meta" for value in graph._cache.values()
+                   for t in (value if isinstance(value, tuple) else (value,)) if isinstance(t, torch.Tensor))
+    assert moved.edge_index.device.type == "meta" and moved.train_mask.device.type == "meta"
+
+
+def _block_model(name, data, channels):
+    from gnnfuse.nn.block_models import build_block_model
+    torch.manual_seed(1)
+    return build_block_model(name, data.num_features, channels, hidden=8, dropout=0.0, num_layers=2).double()
+
+
+@pytest.mark.parametrize("model", ["sage", "gat"])
+def test_a_batch_moved_through_the_move_path_gives_the_same_outputs_and_gradients(model, backend, device):
+    """Every tensor copied (new memory) and every layout rebuilt on the target: block
+    models and a PyG model give the batch's own outputs."""
+    from torch_geometric.nn.models import GraphSAGE
+    data = attributed_data(50, 250)
+    data.x, data.y = data.x.to(device), data.y.to(device)
+    data.edge_index = data.edge_index.to(device)
+    batch = _batches(data, [3, 2], batch_size=8)[1]
+    block_model = _block_model(model, data, 3).to(device)
+    torch.manual_seed(2)
+    pyg_model = GraphSAGE(data.num_features, 8, num_layers=2, out_channels=3).double().to(device)
+
+    def outputs(b):
+        x = b.x.clone().requires_grad_()
+        out = block_model(x, b.blocks)
+        pyg_out = pyg_model(x, b.edge_index)[:b.batch_size]
+        (out.square().sum() + pyg_out.square().sum()).backward()
+        return out.detach(), pyg_out.detach(), x.grad, b.train_mask, b.edge_time
+
+    want, before = outputs(batch), _storages(batch)
+    moved = move_batch(batch, device, copy=True)
+    torch.testing.assert_close(outputs(moved), want, rtol=1e-12, atol=1e-12)
+    assert not _storages(moved).keys() & before.keys()       # nothing read through the old memory
+
+
+def test_a_padded_batch_moves_with_its_layouts_rebuilt_whole_rows():
+    data = attributed_data(50, 250)
+    loader = NeighborLoader(data, [3, 2], batch_size=8, prefetch=0, static_shapes=True)
+    batch = next(iter(loader))
+    model = _block_model("sage", data, 3)
+    want = model(batch.x, batch.blocks)
+    keys = [set(block.graph._cache) for block in batch.blocks]
+    moved = move_batch(batch, "cpu", copy=True)
+    assert moved.padded and [set(block.graph._cache) for block in moved.blocks] == keys
+    torch.testing.assert_close(model(moved.x, moved.blocks), want, rtol=1e-12, atol=1e-12)
+
+
+def test_a_deferred_batch_refuses_a_move_by_name():
+    graph = gnnfuse.Graph.from_edge_index(attributed_data().edge_index, 30)
+    loader = NeighborLoader(graph, [2], batch_size=4, x=torch.randn(30, 3), prefetch=0, static_shapes=True,
+                            deferred=True)
+    batch = next(iter(loader))
+    assert batch.deferred and batch.to("cpu") is batch
+    with pytest.raises(ValueError, match="deferred"):
+        batch.to("meta")
+
+
+def test_hetero_batches_keep_pygs_own_to():
+    from torch_geometric.data import HeteroData
+    mag = HeteroData()
+    mag["paper"].x, mag["paper"].train_mask = torch.randn(20, 4), torch.rand(20) < 0.5
+    mag["paper", "cites", "paper"].edge_index = torch.randint(0, 20, (2, 60))
+    batch = next(iter(NeighborLoader(mag, [2], batch_size=4, input_nodes="paper")))
+    assert batch.to("cpu") is batch and batch.cpu() is batch
+    assert torch.equal(batch["paper"].train_mask, mag["paper"].train_mask[batch["paper"].n_id])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_a_cpu_loader_s_batch_moved_to_cuda_gives_the_cpu_batch_s_outputs():
+    from torch_geometric.nn.models import GraphSAGE
+    data = attributed_data(50, 250)
+    batch = _batches(data, [3, 2], batch_size=8)[1]
+    models = [_block_model(name, data, 3) for name in ("sage", "gat")]
+    torch.manual_seed(2)
+    pyg_model = GraphSAGE(data.num_features, 8, num_layers=2, out_channels=3).double()
+    want = [m(batch.x, batch.blocks) for m in models] + [pyg_model(batch.x, batch.edge_index), batch.train_mask,
+                                                         batch.edge_time]
+    moved = batch.to("cuda")
+    assert moved is batch and all(t.is_cuda for t in moved.tensors())
+    got = [m.cuda()(moved.x, moved.blocks) for m in models] + [pyg_model.cuda()(moved.x, moved.edge_index),
+                                                               moved.train_mask, moved.edge_time]
+    assert all(t.is_cuda for t in got)
+    torch.testing.assert_close([t.cpu() for t in got], want, rtol=1e-9, atol=1e-9)
+    assert moved.to("cuda") is moved and moved.cuda() is moved

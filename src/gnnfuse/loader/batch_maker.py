@@ -23,7 +23,7 @@ import torch
 
 from ..graph.fixed_shape import mark_padded
 from ..nn.conv import known_transform_first_rows, transform_first_rows
-from . import pyg_batch
+from . import batch_move, pyg_batch
 from .block import Block, block_graph
 from .data_attributes import DataAttributes
 from .hop_kernels import fused_hops, hop_seed, reindex_slots_fused, sample_slots_fused
@@ -71,7 +71,7 @@ class MiniBatch:
     vertex's, and ``y[:batch_size]`` is the same in both. A PyG ``Data``'s other node-
     and edge-level attributes (``batch.train_mask``) are read through ``attributes``,
     which the loader attaches in the training process (`loader.data_attributes`), each
-    gathered on first read."""
+    gathered on first read; `to` moves the batch as PyG's ``Data.to`` (`loader.batch_move`)."""
     blocks: list[Block]
     x: torch.Tensor | None
     y: torch.Tensor | None
@@ -142,6 +142,27 @@ class MiniBatch:
         self._pyg_counts(name)
         rows = self.__dict__[name] = attributes.rows(name, self.n_id, lambda: self.e_id)
         return rows
+
+    def to(self, device: torch.device | str | int, *attrs: str, non_blocking: bool = False) -> MiniBatch:
+        """PyG's ``Data.to``: this batch on ``device``, moved in place and returned
+        (`loader.batch_move`); itself, untouched, when everything is there already (a
+        loader's batches arrive on its ``device``). PyG's form moving only the attributes
+        named is refused: a batch's blocks and ids share one device."""
+        if attrs:
+            raise TypeError(f"batch.to(device, {', '.join(map(repr, attrs))}): moving only some attributes is "
+                            f"not supported (a batch's blocks, ids and features share one device); move the whole "
+                            f"batch with batch.to(device)")
+        if batch_move.on_device(self, batch_move.target_device(device)):
+            return self
+        return batch_move.move_batch(self, device, non_blocking)
+
+    def cpu(self) -> MiniBatch:
+        """PyG's ``Data.cpu``: `to` the host."""
+        return self.to("cpu")
+
+    def cuda(self, device: torch.device | str | int | None = None, non_blocking: bool = False) -> MiniBatch:
+        """PyG's ``Data.cuda``: `to` a CUDA device (the current one by default)."""
+        return self.to("cuda" if device is None else device, non_blocking=non_blocking)
 
     def _pyg_counts(self, name: str) -> tuple[int, ...]:
         """``hop_edges``, or PyG's attribute ``name`` refused on a padded batch."""
