@@ -200,7 +200,7 @@ def test_a_batch_moved_through_the_move_path_gives_the_same_outputs_and_gradient
         out = block_model(x, b.blocks)
         pyg_out = pyg_model(x, b.edge_index)[:b.batch_size]
         (out.square().sum() + pyg_out.square().sum()).backward()
-        return out.detach(), pyg_out.detach(), x.grad, b.train_mask, b.edge_time
+        return out.detach(), pyg_out.detach(), x.grad, b.train_mask, b.edge_time, [blk.src_nodes for blk in b.blocks]
 
     want, before = outputs(batch), _storages(batch)
     moved = move_batch(batch, device, copy=True)
@@ -215,8 +215,11 @@ def test_a_padded_batch_moves_with_its_layouts_rebuilt_whole_rows():
     model = _block_model("sage", data, 3)
     want = model(batch.x, batch.blocks)
     keys = [set(block.graph._cache) for block in batch.blocks]
+    src_nodes = [block.src_nodes for block in batch.blocks]
     moved = move_batch(batch, "cpu", copy=True)
     assert moved.padded and [set(block.graph._cache) for block in moved.blocks] == keys
+    assert all(block.layouts for block in moved.blocks)          # built ahead, as the loader's
+    assert all(torch.equal(block.src_nodes, ids) for block, ids in zip(moved.blocks, src_nodes, strict=True))
     torch.testing.assert_close(model(moved.x, moved.blocks), want, rtol=1e-12, atol=1e-12)
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import warnings
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -129,7 +129,7 @@ class MiniBatch:
         """As `edge_attr`, for an ``edge_weight`` table."""
         return pyg_batch.subgraph_edge_rows(self.blocks, self._pyg_counts("edge_weight"), "edge_weight")
 
-    def __getattr__(self, name: str) -> torch.Tensor:
+    def __getattr__(self, name: str) -> Any:
         """PyG's batch attributes cut from the loader's ``Data`` (``batch.train_mask``:
         `loader.data_attributes`), gathered on first read; any other name is missing."""
         if hasattr(type(self), name):

@@ -69,9 +69,11 @@ def move_batch(batch: MiniBatch, device: torch.device | str | int, non_blocking:
 
     def moved(t: torch.Tensor | None) -> torch.Tensor | None:
         return None if t is None else t.to(device, non_blocking=non_blocking, copy=copy)
-    blocks = [Block(_moved_graph(block.graph, device, non_blocking, copy, batch.padded), moved(block.src_nodes), (),
-                    moved(block.e_id), moved(block.edge_attr), moved(block.edge_weight))
-              for block in batch.blocks]
+    blocks = []
+    for block in batch.blocks:
+        graph, layouts = _moved_graph(block.graph, device, non_blocking, copy, batch.padded)
+        blocks.append(Block(graph, moved(block.src_nodes), layouts, moved(block.e_id), moved(block.edge_attr),
+                            moved(block.edge_weight)))
     fields = {name: moved(getattr(batch, name)) for name in BATCH_TENSORS}
     built = [name for name in vars(batch) if name not in batch.__dataclass_fields__]     # cached PyG attributes
     for name in built:
@@ -81,8 +83,10 @@ def move_batch(batch: MiniBatch, device: torch.device | str | int, non_blocking:
     return batch
 
 
-def _moved_graph(graph: Graph, device: torch.device, non_blocking: bool, copy: bool, padded: bool) -> Graph:
-    """A block's graph on ``device``, with its CSR, degrees and marks carried (module doc)."""
+def _moved_graph(graph: Graph, device: torch.device, non_blocking: bool, copy: bool, padded: bool
+                 ) -> tuple[Graph, tuple[torch.Tensor, ...]]:
+    """A block's graph on ``device``, with its CSR, degrees and marks carried (module
+    doc), and the layouts built ahead for it there (a padded block's; none otherwise)."""
     def moved(t: torch.Tensor) -> torch.Tensor:
         return t.to(device, non_blocking=non_blocking, copy=copy)
     out = graph.to(device, non_blocking=non_blocking, copy=copy)
@@ -92,6 +96,4 @@ def _moved_graph(graph: Graph, device: torch.device, non_blocking: bool, copy: b
         mark_loader_block(out)
     if is_padded(graph):
         mark_padded(out)
-    if padded:
-        prepare_layouts(out, whole_rows=True)
-    return out
+    return out, prepare_layouts(out, whole_rows=True) if padded else ()
