@@ -34,7 +34,7 @@ def attributed_data(num_nodes: int = 30, num_edges: int = 120, seed: int = 0, ed
     data.node_year = torch.randint(2000, 2020, (num_nodes, 2), generator=gen)
     data.paper_index = torch.randint(0, 9, (3, num_nodes), generator=gen)
     data.edge_time = torch.rand(num_edges, generator=gen, dtype=torch.float64)
-    data.title = "graph-level: not sliced"
+    data.title, data.scale = "graph-level: not sliced", torch.tensor([2.5, 1.0, 4.0])
     return data
 
 
@@ -66,8 +66,7 @@ def test_node_and_edge_attributes_are_pygs_batch_keyed_by_n_id_and_e_id(edge_tab
             assert getattr(batch, name).dtype == getattr(data, name).dtype
             assert _keyed(batch.n_id, getattr(batch, name), dim) == _keyed(n_id, getattr(pyg, name), dim)
         assert _keyed(batch.e_id, batch.edge_time) == _keyed(e_id, pyg.edge_time)
-        with pytest.raises(AttributeError, match="'title'"):       # graph-level: PyG keeps it whole
-            batch.title
+        assert batch.title == pyg.title and torch.equal(batch.scale, pyg.scale)    # graph-level: kept whole
 
 
 def test_sampled_batches_read_every_vertex_s_attribute():
@@ -100,6 +99,14 @@ def test_a_gnnfuse_node_dataset_s_masks_come_too():
     assert batch.train_mask[:batch.batch_size].all()
     for name in ("train_mask", "val_mask", "test_mask"):
         assert torch.equal(getattr(batch, name), getattr(data, name)[batch.n_id])
+
+
+def test_a_node_level_list_is_refused_by_name():
+    data = attributed_data()
+    data.names = [f"v{i}" for i in range(data.num_nodes)]
+    batch = _batches(data, [2])[0]
+    with pytest.raises(TypeError, match="batch.names: the Data's names is a list with an entry per vertex"):
+        batch.names
 
 
 def test_padded_batches_refuse_the_attributes_by_name():

@@ -1,8 +1,9 @@
-"""A PyG ``Data``'s other node- and edge-level attributes on the loader's batches.
+"""A PyG ``Data``'s other attributes on the loader's batches.
 
 PyG's ``NeighborLoader`` hands out every node-level attribute of the ``Data`` cut to the
-sample by ``n_id`` (``batch.train_mask``, ``batch.node_year``, ...) and every edge-level
-one by ``e_id``; PyG code reads them (a loss masked by ``batch.train_mask``). The loader
+sample by ``n_id`` (``batch.train_mask``, ``batch.node_year``, ...), every edge-level
+one by ``e_id``, and the graph-level rest as it is (a copy of the ``Data`` with those
+replaced); PyG code reads them (a loss masked by ``batch.train_mask``). The loader
 itself handles ``x``, ``y`` and the edge tables (`loader.batch_maker`); the rest are
 listed here once, by PyG's own rule (``Data.is_node_attr``/``is_edge_attr``, which tell
 node from edge attributes by their size along ``Data.__cat_dim__``, the name deciding
@@ -32,21 +33,28 @@ DATASET_MASKS = ("train_mask", "val_mask", "test_mask")      # a gnnfuse NodeDat
 @dataclass(eq=False)
 class DataAttributes:
     """The tables (name -> (table, dimension its rows run along)) of the node-level
-    attributes, read by ``n_id``, and of the edge-level ones, read by ``e_id``;
-    ``refused`` names those that are not tensors (a list per vertex), with why."""
+    attributes, read by ``n_id``, and of the edge-level ones, read by ``e_id``; the
+    graph-level ones (``whole``: neither, a title or a class count), which PyG's batch
+    keeps as they are; ``refused`` names node- or edge-level ones that are not tensors
+    (a list per vertex), with why."""
     node: dict[str, tuple[torch.Tensor, int]]
     edge: dict[str, tuple[torch.Tensor, int]]
+    whole: dict[str, Any] = field(default_factory=dict)
     refused: dict[str, str] = field(default_factory=dict)
     _copies: dict[tuple[str, torch.device], tuple[int | None, torch.Tensor]] = field(default_factory=dict)
 
     def __contains__(self, name: str) -> bool:
-        return name in self.node or name in self.edge or name in self.refused
+        return any(name in names for names in (self.node, self.edge, self.whole, self.refused))
 
-    def rows(self, name: str, n_id: torch.Tensor, e_id: Callable[[], torch.Tensor]) -> torch.Tensor:
+    def rows(self, name: str, n_id: torch.Tensor, e_id: Callable[[], torch.Tensor]) -> Any:
         """Attribute ``name`` of the batch whose vertices are ``n_id`` (its edges ``e_id()``,
-        asked for only for an edge-level attribute), on ``n_id``'s device."""
+        asked for only for an edge-level attribute), on ``n_id``'s device (a graph-level
+        tensor too, as PyG's ``batch.to`` would move it; other values as they are)."""
         if name in self.refused:
             raise TypeError(f"batch.{name}: {self.refused[name]}")
+        if name in self.whole:
+            value = self.whole[name]
+            return self._on(name, value, n_id.device) if isinstance(value, torch.Tensor) else value
         table, dim = self.node[name] if name in self.node else self.edge[name]
         ids = n_id if name in self.node else e_id()
         return self._on(name, table, ids.device).index_select(dim, ids)
@@ -63,21 +71,23 @@ class DataAttributes:
 
 
 def data_attributes(data: Any) -> DataAttributes | None:
-    """The node- and edge-level attributes of ``data`` beyond those the loader handles:
-    a PyG ``Data``'s (by PyG's rule), a gnnfuse ``NodeDataset``'s split masks; None for
+    """The attributes of ``data`` beyond those the loader handles: a PyG ``Data``'s
+    (node- and edge-level ones by PyG's rule, the rest graph-level), a gnnfuse
+    ``NodeDataset``'s split masks; None for
     anything else (a bare `Graph`) or when there are none."""
     node: dict[str, tuple[torch.Tensor, int]] = {}
     edge: dict[str, tuple[torch.Tensor, int]] = {}
+    whole: dict[str, Any] = {}
     refused: dict[str, str] = {}
     if callable(getattr(data, "is_node_attr", None)) and callable(getattr(data, "is_edge_attr", None)):    # PyG Data
         for name in data.keys():
             if name in HANDLED:
                 continue
             level = node if data.is_node_attr(name) else edge if data.is_edge_attr(name) else None
-            if level is None:
-                continue
             value = data[name]
-            if isinstance(value, torch.Tensor):
+            if level is None:
+                whole[name] = value
+            elif isinstance(value, torch.Tensor):
                 level[name] = (value, data.__cat_dim__(name, value))
             else:
                 refused[name] = (f"the Data's {name} is a {type(value).__name__} with an entry per "
@@ -85,6 +95,6 @@ def data_attributes(data: Any) -> DataAttributes | None:
     elif isinstance(getattr(data, "graph", None), Graph):      # gnnfuse NodeDataset
         node = {name: (mask, 0) for name in DATASET_MASKS
                 if isinstance(mask := getattr(data, name, None), torch.Tensor)}
-    if not (node or edge or refused):
+    if not (node or edge or whole or refused):
         return None
-    return DataAttributes(node, edge, refused)
+    return DataAttributes(node, edge, whole, refused)
