@@ -7,7 +7,9 @@ is hop i from the seeds), and hands back one `Block` per layer, input layer firs
 batch reads features of. A model runs ``x = layer((x, x[:block.num_dst]), block.graph)``
 down the list (`gnnfuse.nn.block_models.BlockGNN`). A batch also gives PyG's sampled
 subgraph, cut from the blocks on first use (``batch.edge_index``, ``num_sampled_nodes``,
-...: `loader.pyg_batch`), so PyG's ``model(batch.x, batch.edge_index)`` runs on it too.
+...: `loader.pyg_batch`), so PyG's ``model(batch.x, batch.edge_index)`` runs on it too,
+with a PyG ``Data``'s other attributes (``batch.train_mask``: `loader.data_attributes`)
+and PyG's ``batch.to(device)`` (`loader.batch_move`).
 
 Where each stage runs (GraphTensor §V-B's S, R, K, T):
 
