@@ -170,6 +170,7 @@ def test_to_the_meta_device_moves_every_tensor_and_leaves_no_layout_behind():
     batch = _batches(data, [2, 2])[0]
     shapes = [(t.shape, t.dtype) for t in _held(batch)]
     batch.blocks[0].graph.reverse_csr()                          # a layout built on the CPU
+    assert batch.edge_index.device.type == batch.train_mask.device.type == "cpu"     # built there
     moved = batch.to("meta")
     assert moved is batch                                        # in place, as PyG's Data.to
     assert all(t.device.type == "meta" for t in moved.tensors())
