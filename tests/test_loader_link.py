@@ -293,3 +293,22 @@ def test_a_hetero_data_is_refused():
     data["a", "to", "a"].edge_index = torch.tensor([[0, 1], [1, 2]])
     with pytest.raises(NotImplementedError, match="HeteroData"):
         LinkNeighborLoader(data, [2])
+
+
+def test_link_batches_move_and_carry_the_datas_other_attributes():
+    """PyG's ``batch = batch.to(device)`` and ``batch.train_mask`` on a link batch, as on a
+    node batch (`loader.batch_move`, `loader.data_attributes`), the label edges kept."""
+    from test_loader_batch_attributes import attributed_data
+    data = attributed_data()
+    torch.manual_seed(0)
+    batch = next(iter(LinkNeighborLoader(data, [2, 2], batch_size=4, neg_sampling_ratio=1.0)))
+    assert torch.equal(batch.train_mask, data.train_mask[batch.n_id])
+    assert torch.equal(batch.edge_time, data.edge_time[batch.e_id])
+    assert batch.to("cpu") is batch and batch.cpu() is batch
+    label_index, label = batch.edge_label_index, batch.edge_label
+    moved = batch.to("meta")
+    assert moved is batch and all(t.device.type == "meta" for t in moved.tensors())
+    assert moved.edge_label_index.shape == label_index.shape and moved.edge_label.shape == label.shape
+    assert moved.train_mask.device.type == "meta" and moved.edge_index.device.type == "meta"
+    with pytest.raises(AttributeError, match="no attribute 'nothing_here'"):
+        batch.nothing_here

@@ -7,6 +7,10 @@ attributes by name rather than subclassing it: an operation on the node batch th
 rebuilds it (a copy to another device, say) would hand back a plain `MiniBatch` without
 the label edges, and a forwarded list makes each shared attribute a decision.
 
+The `Data`'s other attributes (``batch.train_mask``: `loader.data_attributes`) are the
+node batch's, forwarded; ``batch.to(device)`` moves the node batch (`loader.batch_move`)
+and the label edges in place, as PyG's ``Data.to`` does.
+
 Two attributes of the node batch change meaning here, so they are not forwarded as
 they are: ``input_id`` is PyG's link ``input_id`` (each label edge's position in the
 loader's ``edge_label_index``), and ``batch_size`` is refused (PyG's link batch has none;
@@ -14,7 +18,8 @@ the seeds are not a count of label edges).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 
@@ -99,6 +104,39 @@ class LinkMiniBatch:
     @property
     def edge_weight(self) -> torch.Tensor | None:
         return self.nodes.edge_weight
+
+    def __getattr__(self, name: str) -> Any:
+        """The `Data`'s other attributes, the node batch's (`MiniBatch.__getattr__`);
+        any other name is missing."""
+        if name.startswith("__") or name == "nodes":       # copy/pickle probes, and before ``nodes`` is set
+            raise AttributeError(name)
+        if hasattr(type(self), name):
+            # a property that raised AttributeError (``batch_size``), which Python then
+            # looks up here: raise its own error, not a bare "no attribute"
+            return object.__getattribute__(self, name)
+        attributes = self.nodes.__dict__.get("attributes")
+        if attributes is None or name not in attributes:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return getattr(self.nodes, name)
+
+    def to(self, device: torch.device | str | int, *attrs: str, non_blocking: bool = False) -> LinkMiniBatch:
+        """PyG's ``Data.to``: the node batch moved (`MiniBatch.to`) and the label edges
+        with it, in place; the batch is returned."""
+        self.nodes.to(device, *attrs, non_blocking=non_blocking)
+        device = self.nodes.n_id.device
+        for field in fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, torch.Tensor) and value.device != device:
+                object.__setattr__(self, field.name, value.to(device, non_blocking=non_blocking))
+        return self
+
+    def cpu(self) -> LinkMiniBatch:
+        """PyG's ``Data.cpu``: `to` the host."""
+        return self.to("cpu")
+
+    def cuda(self, device: torch.device | str | int | None = None, non_blocking: bool = False) -> LinkMiniBatch:
+        """PyG's ``Data.cuda``: `to` a CUDA device (the current one by default)."""
+        return self.to("cuda" if device is None else device, non_blocking=non_blocking)
 
     def tensors(self) -> list[torch.Tensor]:
         link = (self.input_id, self.edge_label_index, self.edge_label, self.src_index, self.dst_pos_index,

@@ -194,8 +194,9 @@ class LinkNeighborLoader:
         graph, features, labels, edge_tables = _graph_and_tables(data, x, y)
         edge_tables.update({name: table for name, table in (("edge_attr", edge_attr), ("edge_weight", edge_weight))
                             if table is not None})
-        # the node loader's checks, placement and sampler, for the endpoints' batches
-        self._nodes = NeighborLoader(graph, num_neighbors, 1, None, False, replace, x=features, y=labels,
+        # the node loader's checks, placement and sampler, for the endpoints' batches; it
+        # takes ``data`` itself for the Data's other attributes (`loader.data_attributes`)
+        self._nodes = NeighborLoader(data, num_neighbors, 1, None, False, replace, x=features, y=labels,
                                      device=device, sample_device=sample_device, feature_device=feature_device,
                                      prefetch=0, **edge_tables)
         self.num_neighbors, self.num_nodes = self._nodes.num_neighbors, graph.num_nodes
@@ -248,7 +249,7 @@ class LinkNeighborLoader:
             label = torch.ones(positives, device=src.device) if label is None else label
             label = torch.cat([label, label.new_zeros((count,) + label.shape[1:])])
         seeds, local = torch.unique(torch.cat([src, dst]), return_inverse=True)
-        nodes = self._nodes._maker.prepare(seeds, generator, self.stage_times)
+        nodes = self._nodes._with_attributes(self._nodes._maker.prepare(seeds, generator, self.stage_times))
         on = self.device
         if negatives is not None and negatives.mode == "triplet":
             return LinkMiniBatch(nodes, input_id.to(on), src_index=local[:positives].to(on),
