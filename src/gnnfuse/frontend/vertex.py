@@ -413,6 +413,24 @@ class VertexFunction:
         return self.traces.compiled(self.functions, tables, lambda: self.trace(*tables)[0])
 
 
+def as_table_rows(fn: Callable, row: Any) -> Any:
+    """``fn(row)`` for torch code written for a whole table, one row per edge or vertex
+    (PyG's ``EdgeConv`` nn, which PyG applies to the [E, 2F] table of every edge's
+    input), called inside a vertex function on one edge's row: ``fn`` sees the row with
+    its leading row axis, so ``x.shape[0]`` is the row count, a reduction or softmax over
+    dim 0 (which combines rows) is refused by name, and dim 1 is the first feature dim, as
+    in torch. A vertex function's own values show no row axis (``u.x`` is one row), and
+    ``fn`` read there had taken dim 0 for the first feature dim: a softmax over the
+    edges became one over each edge's features, silently. Outside a trace, ``fn(row)``."""
+    if not isinstance(row, SymTensor) or row.prefix:
+        return fn(row)
+    out = fn(SymTensor(row.tracer, row.value, 1))
+    if isinstance(out, SymTensor) and out.prefix == 1:
+        return SymTensor(out.tracer, out.value, 0)
+    raise row.tracer.error(f"a function applied to every row of a table must give one row per row, got "
+                           f"{out!r}")
+
+
 def _unwrapped(outputs: dict[str, torch.Tensor]) -> torch.Tensor | dict[str, torch.Tensor]:
     """A vertex function's result: its one output where it returned a value, else the dict."""
     return outputs["out"] if len(outputs) == 1 and "out" in outputs else outputs

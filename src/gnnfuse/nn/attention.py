@@ -255,6 +255,9 @@ class EdgeConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
     with ``h_Theta = nn`` applied to every edge and aggregation ``aggr`` (max, mean, add).
     ``nn`` is traced inside the vertex function, so it may use what the tracer compiles
     (``nn.Linear``, elementwise activations, ``torch.cat``, ...); isolated vertices get 0.
+    It sees each edge's row as PyG's ``nn`` sees the [E, 2F] table of all edges: dim 0 is
+    the edges, dim 1 the first feature dim, and an op combining edges' rows (a softmax
+    or mean over dim 0) is refused by name (`frontend.as_table_rows`).
     An ``nn`` holding a norm over all edges' rows (BatchNorm, PyG's norms) runs eagerly
     with a warning (`edge_conv_eager`).
     Bipartite input (PyG's): ``forward((x_src, x_dst), edge_index)``, ``x_v`` then read
@@ -287,14 +290,16 @@ class EdgeConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
         if coupled is not None:
             return eager_edge_conv(h, self.aggr, x_src, x_dst, graph, coupled)
 
+        # h sees each edge's row as PyG's nn sees the [E, 2F] table: dim 0 the edges
         def edge_max(v):
-            return max([h(torch.cat([v.x_dst, u.x_src - v.x_dst], -1)) for u in v.innbs])
+            return max([frontend.as_table_rows(h, torch.cat([v.x_dst, u.x_src - v.x_dst], -1)) for u in v.innbs])
 
         def edge_sum(v):
-            return sum([h(torch.cat([v.x_dst, u.x_src - v.x_dst], -1)) for u in v.innbs])
+            return sum([frontend.as_table_rows(h, torch.cat([v.x_dst, u.x_src - v.x_dst], -1)) for u in v.innbs])
 
         def edge_mean(v):
-            return sum([h(torch.cat([v.x_dst, u.x_src - v.x_dst], -1)) for u in v.innbs]) / len(v.innbs)
+            return sum([frontend.as_table_rows(h, torch.cat([v.x_dst, u.x_src - v.x_dst], -1))
+                        for u in v.innbs]) / len(v.innbs)
 
         fn = {"max": edge_max, "mean": edge_mean, "add": edge_sum, "sum": edge_sum}[self.aggr]
         return _run_vertex(fn, graph, {"x_src": x_src, "x_dst": x_dst})
