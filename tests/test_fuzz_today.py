@@ -30,37 +30,44 @@ class _RowSum(nn.Module):
         return h * h.sum(dim=1, keepdim=True)
 
 
-# nn -> whether it combines edges' rows (dim 0 of PyG's [E, 2F] input) or stays per row
+# nn -> the warning when it runs eagerly (it combines edges' rows: dim 0 of PyG's [E, 2F]
+# input; or it has an op the tracer lacks), None when it compiles
 EDGE_NNS = {
-    "softmax-over-edges": (lambda: nn.Sequential(nn.Linear(6, 4), nn.Softmax(dim=0)), True),
-    "centred-over-edges": (lambda: nn.Sequential(nn.Linear(6, 4), _Centred()), True),
-    "softmax-dim1": (lambda: nn.Sequential(nn.Linear(6, 4), nn.Softmax(dim=1)), False),
-    "row-sum-dim1": (lambda: nn.Sequential(nn.Linear(6, 4), _RowSum()), False),
+    "softmax-over-edges": (lambda: nn.Sequential(nn.Linear(6, 4), nn.Softmax(dim=0)), "dim 0 is the row axis"),
+    "centred-over-edges": (lambda: nn.Sequential(nn.Linear(6, 4), _Centred()), "dim 0 is the row axis"),
+    "gelu": (lambda: nn.Sequential(nn.Linear(6, 4), nn.GELU()), "gelu has no gnnfuse op"),
+    "softmax-dim1": (lambda: nn.Sequential(nn.Linear(6, 4), nn.Softmax(dim=1)), None),
+    "row-sum-dim1": (lambda: nn.Sequential(nn.Linear(6, 4), _RowSum()), None),
 }
 
 
 @pytest.mark.parametrize("case", EDGE_NNS)
-def test_edge_conv_nn_sees_pygs_edge_axis(case):
+def test_edge_conv_nn_sees_pygs_edge_axis(case, monkeypatch):
     """PyG's EdgeConv applies ``nn`` to the [E, 2F] table of all edges, so in ``nn`` dim 0
     is the edge axis and dim 1 the first feature dim. Traced per edge, ``nn`` had seen a
     row without that axis: ``Softmax(dim=0)`` and ``h - h.mean(0)`` ran over each edge's
     own features (a silently wrong answer), and ``dim=1`` was refused as out of range.
-    Now a per-row ``nn`` gives PyG's output and one combining rows is refused by name."""
-    make, combines_rows = EDGE_NNS[case]
+    Now a per-row ``nn`` compiles to PyG's output and one the tracer cannot compile per
+    edge (over dim 0; ``EdgeCNN(act='gelu')``'s GELU, which raised a CompileError) runs
+    PyG's formula eagerly with a warning saying why."""
+    from gnnfuse.nn import edge_conv_eager
+    monkeypatch.setattr(edge_conv_eager, "_WARNED", set())
+    make, eager_because = EDGE_NNS[case]
     torch.manual_seed(0)
     h = make().double()
-    ours, theirs = gnnfuse.nn.EdgeConv(h, aggr="add"), pyg_nn.EdgeConv(h, aggr="add")    # each resets h
     x = torch.randn(7, 3, dtype=torch.float64)
-    if combines_rows:
-        with pytest.raises(Exception, match="dim 0 is the row axis"):
-            ours(x, EDGES)
-        return
-    outputs = []
-    for layer in (ours, theirs):
-        xs = x.clone().requires_grad_()
-        out = layer(xs, EDGES)
-        outputs.append((out, torch.autograd.grad(out.square().sum(), [xs, *h.parameters()])))
-    torch.testing.assert_close(outputs[0], outputs[1], rtol=1e-9, atol=1e-12)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")           # compiled, not run eagerly
-        gnnfuse.nn.EdgeConv(h, aggr="max")(x, EDGES)
+    for aggr in ("add", "max"):
+        ours, theirs = gnnfuse.nn.EdgeConv(h, aggr=aggr), pyg_nn.EdgeConv(h, aggr=aggr)    # each resets h
+        outputs = []
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for layer in (ours, theirs):
+                xs = x.clone().requires_grad_()
+                out = layer(xs, EDGES)
+                outputs.append((out, torch.autograd.grad(out.square().sum(), [xs, *h.parameters()])))
+        torch.testing.assert_close(outputs[0], outputs[1], rtol=1e-9, atol=1e-12)
+        eager = [str(w.message) for w in caught if "EdgeConv runs eagerly" in str(w.message)]
+        if eager_because is None:
+            assert not eager
+        elif aggr == "add":                     # warned once
+            assert len(eager) == 1 and eager_because in eager[0]

@@ -44,10 +44,12 @@ CASES = {
     "edgecnn-batchnorm": ("EdgeCNN", {"num_layers": 2, "out_channels": OUT, "norm": "batch_norm", "act_first": True},
                           ()),
     "edgecnn-layernorm": ("EdgeCNN", {"num_layers": 3, "norm": "layer_norm", "jk": "cat"}, ()),
+    "edgecnn-gelu": ("EdgeCNN", {"num_layers": 2, "out_channels": OUT, "act": "gelu"}, ()),
 }
 # cases whose layers run PyG's formula eagerly, with a warning: PNAConv's propagate is PyG's;
-# EdgeConv's MLP holding a norm over all edges has no per-edge form (nn/edge_conv_eager.py)
-EAGER_CASES = {"pna", "edgecnn-batchnorm", "edgecnn-layernorm"}
+# EdgeConv's MLP holding a norm over all edges has no per-edge form, and GELU no gnnfuse op
+# (nn/edge_conv_eager.py)
+EAGER_CASES = {"pna", "edgecnn-batchnorm", "edgecnn-layernorm", "edgecnn-gelu"}
 TRITON_CASES = ["gcn-cat-batchnorm-weights", "gatv2-cat"]
 
 

@@ -22,6 +22,7 @@ from torch import nn
 
 from .. import frontend
 from ..graph import Graph
+from ..ir import CompileError
 from .aligned_linear import RowsRead, bias_added, rows_read
 from .arguments import node_features
 from .attention_weights import AttentionOutput, attention_weights, check_attention_request
@@ -30,7 +31,7 @@ from .compiling import compile_path
 from .conv import (_sized_linear, GATConv, _as_graph, attention_adjacency, _bipartite_inputs, _channel_pair,
                    _check_dropout, _combine_heads, _head_bias, _head_residual, _inv_sqrt_degree, _normalized_sum,
                    _with_loops)
-from .edge_conv_eager import eager_edge_conv, rows_coupled_by
+from .edge_conv_eager import coupled_reason, eager_edge_conv, rows_coupled_by
 from .edge_features import FillValue, edge_projection, edge_rows, traced_edge_matmul
 from .fixed_flow import FixedFlow
 from .pyg_repr import OneLineRepr
@@ -256,10 +257,10 @@ class EdgeConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
     ``nn`` is traced inside the vertex function, so it may use what the tracer compiles
     (``nn.Linear``, elementwise activations, ``torch.cat``, ...); isolated vertices get 0.
     It sees each edge's row as PyG's ``nn`` sees the [E, 2F] table of all edges: dim 0 is
-    the edges, dim 1 the first feature dim, and an op combining edges' rows (a softmax
-    or mean over dim 0) is refused by name (`frontend.as_table_rows`).
-    An ``nn`` holding a norm over all edges' rows (BatchNorm, PyG's norms) runs eagerly
-    with a warning (`edge_conv_eager`).
+    the edges, dim 1 the first feature dim (`frontend.as_table_rows`). An ``nn`` holding a
+    norm over all edges' rows (BatchNorm, PyG's norms) runs eagerly with a warning
+    (`edge_conv_eager`), and so does one the tracer cannot compile per edge (an op over
+    dim 0, combining edges' rows; an activation without a gnnfuse op), the warning saying why.
     Bipartite input (PyG's): ``forward((x_src, x_dst), edge_index)``, ``x_v`` then read
     from ``x_dst`` and ``x_u`` from ``x_src`` (the same width, as ``nn`` takes both).
     """
@@ -288,7 +289,7 @@ class EdgeConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
         h = self.nn
         coupled = rows_coupled_by(h)
         if coupled is not None:
-            return eager_edge_conv(h, self.aggr, x_src, x_dst, graph, coupled)
+            return eager_edge_conv(h, self.aggr, x_src, x_dst, graph, coupled_reason(coupled))
 
         # h sees each edge's row as PyG's nn sees the [E, 2F] table: dim 0 the edges
         def edge_max(v):
@@ -302,7 +303,10 @@ class EdgeConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
                         for u in v.innbs]) / len(v.innbs)
 
         fn = {"max": edge_max, "mean": edge_mean, "add": edge_sum, "sum": edge_sum}[self.aggr]
-        return _run_vertex(fn, graph, {"x_src": x_src, "x_dst": x_dst})
+        try:
+            return _run_vertex(fn, graph, {"x_src": x_src, "x_dst": x_dst})
+        except CompileError as error:       # raised by the trace, before anything ran
+            return eager_edge_conv(h, self.aggr, x_src, x_dst, graph, f"nn cannot be compiled per edge: {error}")
 
 
 def _with_edges(graph: Graph, direction: str) -> RowsRead | None:

@@ -7,7 +7,9 @@ whole graph, ...) -- has no per-row form: PyG applies it to the [E, 2F] table of
 edge's input at once. PyG's ``EdgeCNN(norm=...)`` puts one in each layer's MLP. Such an
 ``nn`` failed with torch's "expected 2D or 3D input" or a CompileError; it now runs the
 whole layer in PyG's order (gather, ``nn`` on every edge's row, scatter), with a warning,
-once per module class, naming the module.
+once per reason, naming the module. So does an ``nn`` the tracer cannot compile per edge
+(an activation without a gnnfuse op, as ``EdgeCNN(act='gelu')``'s MLP has, or an op over
+dim 0, the edges, which combines rows): it raised the CompileError, where PyG's layer runs.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from torch.nn.modules.batchnorm import _NormBase
 
 from ..graph import Graph
 
-_WARNED: set[type] = set()
+_WARNED: set[str] = set()
 
 
 def rows_coupled_by(module: Callable) -> tuple[str, type] | None:
@@ -36,17 +38,21 @@ def rows_coupled_by(module: Callable) -> tuple[str, type] | None:
     return None
 
 
+def coupled_reason(coupled: tuple[str, type]) -> str:
+    """Why an ``nn`` in which `rows_coupled_by` found ``coupled`` runs eagerly."""
+    name, module = coupled
+    return f"{name} ({module.__name__}) normalises over all edges' rows together, which has no per-edge form to trace"
+
+
 def eager_edge_conv(h: Callable, aggr: str, x_src: torch.Tensor, x_dst: torch.Tensor, graph: Graph,
-                    coupled: tuple[str, type]) -> torch.Tensor:
+                    reason: str) -> torch.Tensor:
     """PyG's EdgeConv: ``aggr`` over each destination's in-edges of
     ``h([x_dst[v], x_src[u] - x_dst[v]])``, every edge's row through ``h`` together; a
-    vertex without in-edges gets 0, as in PyG's scatter. ``coupled`` is what
-    `rows_coupled_by` found, for the warning."""
-    name, module = coupled
-    if module not in _WARNED:
-        _WARNED.add(module)
-        warnings.warn(f"EdgeConv runs eagerly (not compiled): {name} ({module.__name__}) normalises over all "
-                      f"edges' rows together, which has no per-edge form to trace", stacklevel=3)
+    vertex without in-edges gets 0, as in PyG's scatter. ``reason`` (why it is not
+    compiled) is warned once."""
+    if reason not in _WARNED:
+        _WARNED.add(reason)
+        warnings.warn(f"EdgeConv runs eagerly (not compiled): {reason}", stacklevel=3)
     src, dst = graph.src.to(x_src.device), graph.dst.to(x_src.device)
     x_i = x_dst.index_select(0, dst)
     messages = h(torch.cat([x_i, x_src.index_select(0, src) - x_i], dim=-1))
