@@ -71,3 +71,31 @@ def test_edge_conv_nn_sees_pygs_edge_axis(case, monkeypatch):
             assert not eager
         elif aggr == "add":                     # warned once
             assert len(eager) == 1 and eager_because in eager[0]
+
+
+def test_a_data_attribute_assigned_anew_reaches_later_batches():
+    """PyG's loader reads the ``Data``'s attributes at each batch, so ``data.train_mask =
+    new_mask`` between epochs (an active-learning loop) reaches the next batches. The
+    loader had kept the tensor it saw at construction: later batches read the old mask,
+    silently; a table moved to another device kept its stale copy too."""
+    from gnnfuse.loader import LinkNeighborLoader, NeighborLoader
+    from test_loader_batch_attributes import attributed_data
+    data = attributed_data(30, 120)
+    loaders = [NeighborLoader(data, [2, 2], batch_size=8, prefetch=0), LinkNeighborLoader(data, [2], batch_size=8)]
+    for loader in loaders:
+        batch = next(iter(loader))
+        assert torch.equal(batch.train_mask, data.train_mask[batch.n_id])
+    data.train_mask = ~data.train_mask                   # a new tensor, not an in-place change
+    data.edge_time = torch.rand(data.edge_time.shape, dtype=torch.float64)
+    data.title = "renamed"
+    for loader in loaders:
+        torch.manual_seed(0)
+        batch = next(iter(loader))
+        assert torch.equal(batch.train_mask, data.train_mask[batch.n_id])
+        assert torch.equal(batch.edge_time, data.edge_time[batch.e_id])
+        assert batch.title == "renamed"
+        batch.to("meta")                                  # copied to another device: the new table's copy
+        assert batch.train_mask.device.type == "meta"
+    import pickle
+    batch = pickle.loads(pickle.dumps(next(iter(loaders[0]))))     # a pickled batch keeps the tables it saw
+    assert torch.equal(batch.train_mask, data.train_mask[batch.n_id])

@@ -11,13 +11,20 @@ when the graph has as many edges as vertices), and gathered on a batch only when
 a loop that never reads them pays nothing, and worker processes never see them (the
 loader attaches them to each batch in the training process).
 
+Each read takes the ``Data``'s attribute as it is then, as PyG's loader, which reads the
+``Data`` at every batch: ``data.train_mask = new_mask`` between epochs reaches later
+batches (the table seen at construction had been kept, so they read the old mask). The
+``Data`` is held by a weak reference, which a pickled batch drops: it keeps the tables it
+was made with. A name's level stays the one decided at construction, as PyG caches it.
+
 A table is gathered where the batch is. A table elsewhere is copied there once, on its
-first read, and that copy is kept while the table is unchanged (its version counter), so
-an in-place change to the ``Data``'s table reaches later batches, as in PyG, without a
-copy or a host sync per batch.
+first read, and that copy is kept while the table is the same tensor, unchanged (its
+version counter), so an in-place change to the ``Data``'s table reaches later batches, as
+in PyG, without a copy or a host sync per batch.
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -36,12 +43,31 @@ class DataAttributes:
     attributes, read by ``n_id``, and of the edge-level ones, read by ``e_id``; the
     graph-level ones (``whole``: neither, a title or a class count), which PyG's batch
     keeps as they are; ``refused`` names node- or edge-level ones that are not tensors
-    (a list per vertex), with why."""
+    (a list per vertex), with why. ``source`` (a weak reference to the PyG ``Data``)
+    gives each attribute's current value; the tables above serve without it."""
     node: dict[str, tuple[torch.Tensor, int]]
     edge: dict[str, tuple[torch.Tensor, int]]
     whole: dict[str, Any] = field(default_factory=dict)
     refused: dict[str, str] = field(default_factory=dict)
-    _copies: dict[tuple[str, torch.device], tuple[int | None, torch.Tensor]] = field(default_factory=dict)
+    source: Callable[[], Any] | None = None
+    _copies: dict[tuple[str, torch.device], tuple[torch.Tensor, int | None, torch.Tensor]] = field(
+        default_factory=dict)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled without the weak reference (nor the device copies): the tables as they are now."""
+        return {**self.__dict__, "node": {name: (self._current(name, table), dim)
+                                          for name, (table, dim) in self.node.items()},
+                "edge": {name: (self._current(name, table), dim) for name, (table, dim) in self.edge.items()},
+                "whole": {name: self._current(name, value) for name, value in self.whole.items()},
+                "source": None, "_copies": {}}
+
+    def _current(self, name: str, kept: Any) -> Any:
+        """The ``Data``'s attribute ``name`` now, or ``kept`` (what construction saw) when
+        the ``Data`` is gone or no longer holds it."""
+        data = None if self.source is None else self.source()
+        if data is None or name not in data:
+            return kept
+        return data[name]
 
     def __contains__(self, name: str) -> bool:
         return any(name in names for names in (self.node, self.edge, self.whole, self.refused))
@@ -53,21 +79,23 @@ class DataAttributes:
         if name in self.refused:
             raise TypeError(f"batch.{name}: {self.refused[name]}")
         if name in self.whole:
-            value = self.whole[name]
+            value = self._current(name, self.whole[name])
             return self._on(name, value, n_id.device) if isinstance(value, torch.Tensor) else value
         table, dim = self.node[name] if name in self.node else self.edge[name]
+        table = self._current(name, table)
         ids = n_id if name in self.node else e_id()
         return self._on(name, table, ids.device).index_select(dim, ids)
 
     def _on(self, name: str, table: torch.Tensor, device: torch.device) -> torch.Tensor:
-        """``table`` on ``device``: itself, or its copy there (made anew once it has changed)."""
+        """``table`` on ``device``: itself, or its copy there (made anew once it has changed
+        or is another tensor)."""
         if table.device == device:
             return table
         version = None if table.is_inference() else table._version
         kept = self._copies.get((name, device))
-        if kept is None or kept[0] is None or kept[0] != version:
-            kept = self._copies[(name, device)] = (version, table.to(device))
-        return kept[1]
+        if kept is None or kept[0] is not table or kept[1] is None or kept[1] != version:
+            kept = self._copies[(name, device)] = (table, version, table.to(device))
+        return kept[2]
 
 
 def data_attributes(data: Any) -> DataAttributes | None:
@@ -79,7 +107,9 @@ def data_attributes(data: Any) -> DataAttributes | None:
     edge: dict[str, tuple[torch.Tensor, int]] = {}
     whole: dict[str, Any] = {}
     refused: dict[str, str] = {}
+    source = None
     if callable(getattr(data, "is_node_attr", None)) and callable(getattr(data, "is_edge_attr", None)):    # PyG Data
+        source = weakref.ref(data)
         for name in data.keys():
             if name in HANDLED:
                 continue
@@ -97,4 +127,4 @@ def data_attributes(data: Any) -> DataAttributes | None:
                 if isinstance(mask := getattr(data, name, None), torch.Tensor)}
     if not (node or edge or whole or refused):
         return None
-    return DataAttributes(node, edge, whole, refused)
+    return DataAttributes(node, edge, whole, refused, source)
