@@ -99,3 +99,24 @@ def test_a_data_attribute_assigned_anew_reaches_later_batches():
     import pickle
     batch = pickle.loads(pickle.dumps(next(iter(loaders[0]))))     # a pickled batch keeps the tables it saw
     assert torch.equal(batch.train_mask, data.train_mask[batch.n_id])
+
+
+@pytest.mark.parametrize("name", ["n_id", "e_id"])
+def test_a_datas_own_ids_other_than_positions_are_refused_by_name(name):
+    """PyG's loader keeps a ``Data``'s own ``n_id`` / ``e_id`` (``if 'n_id' not in data``),
+    cut to the sample: with ``data.n_id`` holding original ids (of a subgraph), PyG's
+    ``batch.n_id`` gives those. gnnfuse's ``batch.n_id`` / ``e_id`` are the sampled
+    positions, which hid the ``Data``'s: the batch gave other ids, silently. Ids equal
+    to the positions (PyG's ``data.n_id = torch.arange(num_nodes)`` idiom) mean the
+    same in both and are accepted."""
+    from gnnfuse.loader import LinkNeighborLoader, NeighborLoader
+    from test_loader_batch_attributes import attributed_data
+    data = attributed_data(30, 120)
+    count = data.num_nodes if name == "n_id" else data.num_edges
+    data[name] = torch.arange(count)
+    batch = next(iter(NeighborLoader(data, [2], batch_size=4, prefetch=0)))
+    assert torch.equal(getattr(batch, name), data[name][getattr(batch, name)])
+    data[name] = torch.arange(count) + 1000
+    for loader in (NeighborLoader, LinkNeighborLoader):
+        with pytest.raises(ValueError, match=f"the Data's own {name}"):
+            loader(data, [2], batch_size=4)

@@ -35,6 +35,21 @@ from ..graph import Graph
 # what the loader or the batch handles itself (`NeighborLoader`, `MiniBatch`)
 HANDLED = frozenset({"x", "y", "edge_index", "edge_attr", "edge_weight", "num_nodes"})
 DATASET_MASKS = ("train_mask", "val_mask", "test_mask")      # a gnnfuse NodeDataset's node-level tensors
+# a Data's own ids, which PyG's batch keeps (cut to the sample) where gnnfuse's batch has the sampled positions
+OWN_IDS = ("n_id", "e_id")
+
+
+def _check_own_ids(name: str, ids: Any, count: int) -> None:
+    """Refuse a ``Data``'s own ``n_id`` / ``e_id`` unless it holds the positions
+    ``0..count-1`` (PyG's ``data.n_id = torch.arange(num_nodes)`` idiom): PyG's batch
+    gives the ``Data``'s ids cut to the sample, gnnfuse's ``batch.n_id`` / ``batch.e_id``
+    the sampled positions, which would hide other ids without a word."""
+    if isinstance(ids, torch.Tensor) and ids.dim() == 1 and ids.numel() == count and bool(
+            (ids == torch.arange(count, device=ids.device)).all()):
+        return
+    raise ValueError(f"the Data's own {name} is not 0..{count - 1}: PyG's loader gives batch.{name} as the Data's "
+                     f"{name} cut to the sample, gnnfuse's batch.{name} are the sampled positions; store other ids "
+                     f"under another name (data.orig_{name} = ...), which batches cut as PyG's, and del data.{name}")
 
 
 @dataclass(eq=False)
@@ -113,6 +128,8 @@ def data_attributes(data: Any) -> DataAttributes | None:
         for name in data.keys():
             if name in HANDLED:
                 continue
+            if name in OWN_IDS:
+                _check_own_ids(name, data[name], data.num_nodes if name == "n_id" else data.num_edges)
             level = node if data.is_node_attr(name) else edge if data.is_edge_attr(name) else None
             value = data[name]
             if level is None:
