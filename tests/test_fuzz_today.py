@@ -30,6 +30,14 @@ class _RowSum(nn.Module):
         return h * h.sum(dim=1, keepdim=True)
 
 
+class _Pairs(nn.Module):
+    """PyG-style reshapes and indexing of the [E, 4] table: ``view(-1, 2, 2)`` keeps the
+    edge axis first; ``h[:, :2]`` slices features."""
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return h.view(-1, 2, 2).sum(-1) + h[:, :2] * h[:, 2:]
+
+
 # nn -> the warning when it runs eagerly (it combines edges' rows: dim 0 of PyG's [E, 2F]
 # input; or it has an op the tracer lacks), None when it compiles
 EDGE_NNS = {
@@ -38,6 +46,7 @@ EDGE_NNS = {
     "gelu": (lambda: nn.Sequential(nn.Linear(6, 4), nn.GELU()), "gelu has no gnnfuse op"),
     "softmax-dim1": (lambda: nn.Sequential(nn.Linear(6, 4), nn.Softmax(dim=1)), None),
     "row-sum-dim1": (lambda: nn.Sequential(nn.Linear(6, 4), _RowSum()), None),
+    "view-and-slices": (lambda: nn.Sequential(nn.Linear(6, 4), _Pairs()), None),     # was [N, 1, 2] for [N, 2]
 }
 
 
