@@ -52,7 +52,7 @@ from .data_attributes import data_attributes
 from .prefetch import Prefetcher, side_stream
 from .stages import StageTimes
 from .static_shapes import Capacities
-from .workers import WorkerPool
+from .workers import Batch, Maker, WorkerPool
 
 FEATURE_DEVICES = ("device", "pinned")
 PROBED_BATCHES = 8       # batches sampled to set the capacities of ``static_shapes=True``
@@ -418,31 +418,49 @@ class NeighborLoader:
 
     def __iter__(self) -> Iterator[MiniBatch]:
         seed = int(torch.randint(0, 2**62, (1,)))
-        on = torch.device("cpu") if self.num_workers else self.sample_device     # workers get host ids
-        batches = self._seed_batches(torch.Generator().manual_seed(seed), on)
-        if self.num_workers:
-            if self._workers is None:
-                self._workers = WorkerPool(self._maker, self.num_workers, max(self.prefetch, 1))
-            for batch in self._workers.epoch(batches, seed, self.stage_times):
-                yield self._with_attributes(batch)
-                self.stage_times.count_batch()
-            return
-        prepare = lambda item: self._maker.prepare(      # noqa: E731
-            item[1][0], batch_generator(self.sample_device, seed, item[0]), self.stage_times, item[1][1])
-        if self.prefetch == 0:
-            for item in enumerate(batches):
-                yield self._with_attributes(prepare(item))
-                self.stage_times.count_batch()
-            return
+        batches = self._seed_batches(torch.Generator().manual_seed(seed), self._ids_device)
         # closed explicitly: an abandoned epoch (this generator closed) must stop the thread now,
         # not when the collector reaches the inner generator (Python 3.12 keeps it alive longer)
+        with contextlib.closing(self._prepared(self._maker, batches, seed)) as prepared:
+            for batch in prepared:
+                yield self._with_attributes(batch)
+
+    @property
+    def _ids_device(self) -> torch.device:
+        """Where an epoch's per-batch ids are listed: the host for worker processes, else
+        where the batches are sampled."""
+        return torch.device("cpu") if self.num_workers else self.sample_device
+
+    def _prepared(self, maker: Maker, batches: list[tuple[torch.Tensor, ...]], seed: int) -> Iterator[Batch]:
+        """``maker``'s batches of the epoch seeded ``seed``, in order: batch i is
+        ``maker.prepare(batches[i][0], batch_generator(sample_device, seed, i), stage_times,
+        *batches[i][1:])``, prepared as this loader's settings say (by its worker processes,
+        by ``prefetch_threads`` threads ``prefetch`` batches ahead, or when asked), and
+        counted in ``stage_times`` when the next is asked for. The worker pool starts with
+        the first epoch's maker and keeps it: a loader passes the same maker every epoch
+        (`LinkNeighborLoader`, whose node loader this is, its `LinkBatchMaker`)."""
+        if self.num_workers:
+            if self._workers is None:
+                self._workers = WorkerPool(maker, self.num_workers, max(self.prefetch, 1))
+            with contextlib.closing(self._workers.epoch(batches, seed, self.stage_times)) as prepared:
+                for batch in prepared:
+                    yield batch
+                    self.stage_times.count_batch()
+            return
+        prepare = lambda item: maker.prepare(      # noqa: E731
+            item[1][0], batch_generator(self.sample_device, seed, item[0]), self.stage_times, *item[1][1:])
+        if self.prefetch == 0:
+            for item in enumerate(batches):
+                yield prepare(item)
+                self.stage_times.count_batch()
+            return
         if self._side_streams is None and self.device.type == "cuda":   # the same for every epoch (`side_stream`)
             self._side_streams = [side_stream(self.device) for _ in range(self.prefetch_threads)]
         with contextlib.closing(iter(Prefetcher(list(enumerate(batches)), prepare, self.prefetch, self.device,
-                                                MiniBatch.tensors, self.stage_times, self._side_streams,
-                                                self.prefetch_threads))) as prefetched:
+                                                operator.methodcaller("tensors"), self.stage_times,
+                                                self._side_streams, self.prefetch_threads))) as prefetched:
             for batch in prefetched:
-                yield self._with_attributes(batch)
+                yield batch
                 self.stage_times.count_batch()
 
     def _with_attributes(self, batch: MiniBatch) -> MiniBatch:

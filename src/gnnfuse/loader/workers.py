@@ -4,18 +4,21 @@ A prefetch thread (`loader.prefetch`) overlaps the loader's device work with the
 training step's, but not its host work: both threads run Python under one interpreter
 lock, and on a GPU both are host-bound (a products-sized batch costs the loader about
 15 ms of Python and torch dispatch, the step about 10), so an epoch took about the sum
-of the two. Worker processes (PyG's ``num_workers``) each run a `BatchMaker` under their
-own interpreter lock, so the two sides' host work overlaps too.
+of the two. Worker processes (PyG's ``num_workers``) each run a `BatchMaker` (a
+`LinkNeighborLoader`'s `LinkBatchMaker`) under their own interpreter lock, so the two
+sides' host work overlaps too.
 
-What crosses between the processes: at start, the `BatchMaker` (its CSR and feature
-tables shared, not copied: CUDA tensors through CUDA IPC, host tensors through shared
-memory); per epoch, each worker's list of (batch index, seeds, input ids); per batch, the
-`MiniBatch` with its blocks' graphs and their prepared layouts, its tensors packed into
-one buffer per device (`loader.packing`: one IPC handle to open instead of some forty;
-the receiving stream waits for the worker's kernels through the IPC event torch sends
-with it), and the worker's stage seconds for it. Worker ``w`` of ``n``
-prepares batches ``w, w + n, ...`` in order, each from its own generator
-(`batch_generator`), so the batches are the same for any number of workers.
+What crosses between the processes: at start, the maker (its CSR and feature tables
+shared, not copied: CUDA tensors through CUDA IPC, host tensors through shared memory);
+per epoch, each worker's list of (batch index, what the maker's ``prepare`` takes: a
+`BatchMaker`'s seeds and input ids, a `LinkBatchMaker`'s label-edge positions); per
+batch, the `MiniBatch` (or `LinkMiniBatch`) with its blocks' graphs and their prepared
+layouts, its tensors packed into one buffer per device (`loader.packing`: one IPC
+handle to open instead of some forty; the receiving stream waits for the worker's
+kernels through the IPC event torch sends with it), and the worker's stage seconds for
+it. Worker ``w`` of ``n`` prepares batches ``w, w + n, ...`` in order, each from its
+own generator (`batch_generator`), so the batches are the same for any number of
+workers.
 
 Workers are started with ``spawn`` (CUDA cannot be used in a forked child) on the first
 epoch, which therefore waits for their start-up (importing torch and gnnfuse), and kept
@@ -36,18 +39,34 @@ import time
 import traceback
 import weakref
 from multiprocessing.reduction import ForkingPickler
-from typing import Any, Iterator
+from typing import Any, Iterator, Protocol, Union
 
 import torch
 import torch.multiprocessing as mp     # also registers torch's tensor reducers with ForkingPickler
 
 from ..main_module import main_module_hidden
-from .batch_maker import BatchMaker, MiniBatch, batch_generator
+from .batch_maker import MiniBatch, batch_generator
+from .link_batch import LinkMiniBatch
 from .packing import pack, unpack
 from .stages import STAGES, StageTimes
 
 _POLL = 0.1              # seconds between checks for a stop while blocked on a queue
 _JOIN_TIMEOUT = 5.0
+
+
+Batch = Union[MiniBatch, LinkMiniBatch]
+
+
+class Maker(Protocol):
+    """What a worker runs (`BatchMaker`, `LinkBatchMaker`): batch ``i`` is
+    ``prepare(first, generator, times, *rest)`` for its listed arguments (``first``,
+    ``*rest``), ``generator`` `batch_generator` on ``sample_device``."""
+    device: torch.device
+    sample_device: torch.device
+
+    def pin_shared_tables(self) -> None: ...
+
+    def prepare(self, first: torch.Tensor, generator: torch.Generator, times: StageTimes, *rest: Any) -> Batch: ...
 
 
 class _Failed:
@@ -57,7 +76,7 @@ class _Failed:
         self.text = text
 
 
-def _work(maker: BatchMaker, jobs: Any, results: Any, stop: Any, abandoned: Any) -> None:
+def _work(maker: Maker, jobs: Any, results: Any, stop: Any, abandoned: Any) -> None:
     """A worker's loop: take an epoch's job list, prepare its batches in order, put each
     (with its stage seconds) on ``results``; leave an epoch the consumer abandoned."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)      # the training process decides (module doc)
@@ -69,12 +88,12 @@ def _work(maker: BatchMaker, jobs: Any, results: Any, stop: Any, abandoned: Any)
             epoch, epoch_seed, items = jobs.get(timeout=_POLL)
         except queue.Empty:
             continue
-        for index, seeds, input_id in items:
+        for index, first, *rest in items:
             if stop.is_set() or abandoned.value >= epoch:
                 break
             times = StageTimes()
             try:
-                batch = maker.prepare(seeds, batch_generator(maker.sample_device, epoch_seed, index), times, input_id)
+                batch = maker.prepare(first, batch_generator(maker.sample_device, epoch_seed, index), times, *rest)
                 if maker.device.type == "cuda" or maker.sample_device.type == "cuda":
                     torch.cuda.synchronize()          # its event-timed stages are read below
                 entry: tuple = (epoch, index, pack(batch), times.totals())
@@ -95,7 +114,7 @@ class WorkerPool:
     """``num_workers`` processes preparing the batches of `epoch` with ``maker``, up to
     ``depth`` batches ahead each."""
 
-    def __init__(self, maker: BatchMaker, num_workers: int, depth: int) -> None:
+    def __init__(self, maker: Maker, num_workers: int, depth: int) -> None:
         context = mp.get_context("spawn")
         self._jobs = [context.Queue() for _ in range(num_workers)]
         self._results = [context.Queue(maxsize=depth) for _ in range(num_workers)]
@@ -111,10 +130,11 @@ class WorkerPool:
         self._epoch = 0
         self._finalizer = weakref.finalize(self, _shut_down, self._stop, self._processes)
 
-    def epoch(self, batches: list[tuple[torch.Tensor, torch.Tensor]], epoch_seed: int, times: StageTimes
-              ) -> Iterator[MiniBatch]:
-        """The epoch's batches, given as (seeds, ``input_id``), in order; the workers'
-        stage seconds go into ``times``, the consumer's waits as ``wait``."""
+    def epoch(self, batches: list[tuple[torch.Tensor, ...]], epoch_seed: int, times: StageTimes
+              ) -> Iterator[Batch]:
+        """The epoch's batches, each given as what the maker's ``prepare`` takes around
+        the batch's generator and ``times`` (`Maker`), in order; the workers' stage
+        seconds go into ``times``, the consumer's waits as ``wait``."""
         self._epoch += 1
         epoch, workers = self._epoch, len(self._processes)
         # the workers serve one epoch at a time: one still iterated is superseded, its
@@ -146,7 +166,7 @@ class WorkerPool:
         workers prepare that later epoch's batches for nobody)."""
         self._abandoned.value = max(self._abandoned.value, epoch)
 
-    def _next(self, rank: int, epoch: int, index: int, times: StageTimes) -> tuple[MiniBatch, dict[str, float]]:
+    def _next(self, rank: int, epoch: int, index: int, times: StageTimes) -> tuple[Batch, dict[str, float]]:
         """Batch ``index`` from worker ``rank``: the time spent waiting for it counts as
         ``wait``, rebuilding it here (opening the shared memory, waiting on the worker's
         CUDA events) as ``transfer``."""
