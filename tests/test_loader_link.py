@@ -11,6 +11,8 @@ graph does.
 from __future__ import annotations
 
 import math
+import subprocess
+import threading
 import warnings
 
 import pytest
@@ -260,7 +262,10 @@ def test_a_link_batch_has_no_batch_size():
     ({"neg_sampling": NegativeSampling("binary", 1, src_weight=torch.ones(3))}, ValueError, "src_weight"),
     ({"disjoint": True}, NotImplementedError, "disjoint=True"),
     ({"edge_label_time": torch.zeros(58)}, NotImplementedError, "edge_label_time"),
-    ({"num_workers": 2}, NotImplementedError, "num_workers=2 is NeighborLoader's"),
+    ({"sampler": [0, 1]}, NotImplementedError, r"sampler=\[0, 1\]"),
+    ({"deferred": True}, NotImplementedError, "deferred=True"),
+    ({"prefetch": -1}, ValueError, "prefetch must be >= 0"),
+    ({"num_workers": -1}, ValueError, "num_workers must be >= 0"),
     ({"static_shapes": True}, NotImplementedError, "static_shapes=True"),
     ({"input_nodes": torch.tensor([1, 2])}, NotImplementedError, "input_nodes=tensor"),
     ({"batch_sizes": 3}, TypeError, "unexpected keyword argument 'batch_sizes'"),
@@ -312,3 +317,78 @@ def test_link_batches_move_and_carry_the_datas_other_attributes():
     assert moved.train_mask.device.type == "meta" and moved.edge_index.device.type == "meta"
     with pytest.raises(AttributeError, match="no attribute 'nothing_here'"):
         batch.nothing_here
+
+
+# --- batches prepared ahead: a prefetch thread, worker processes ---------------------
+
+def _link_fields(batch) -> list:
+    """Every field of a link batch, the blocks' and the Data's other attributes included."""
+    link = [getattr(batch, name) for name in ("input_id", "edge_label_index", "edge_label", "src_index",
+                                              "dst_pos_index", "dst_neg_index")]
+    nodes = [batch.n_id, batch.x, batch.y, batch.edge_index, batch.e_id, batch.edge_attr, batch.edge_weight,
+             batch.num_sampled_nodes, batch.num_sampled_edges, batch.train_mask, batch.edge_time]
+    blocks = [t for block in batch.blocks for t in (block.src_nodes, *block.graph.csr(), *block.graph.reverse_csr())]
+    return link + nodes + blocks
+
+
+def _same_batches(ours: list, theirs: list) -> None:
+    assert len(ours) == len(theirs)
+    for mine, other in zip(ours, theirs):
+        for a, b in zip(_link_fields(mine), _link_fields(other), strict=True):
+            if isinstance(a, torch.Tensor):
+                assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+            else:
+                assert a == b
+
+
+@pytest.mark.parametrize("negatives", [{"neg_sampling_ratio": 1.5}, {"neg_sampling": ("triplet", 2)}])
+def test_a_prefetch_thread_gives_the_batches_prepared_when_asked(negatives):
+    """``prefetch`` (default 2) prepares link batches in a background thread (NeighborLoader's
+    `Prefetcher`): each batch's negatives and samples come from its own generator, so the
+    batches are those of ``prefetch=0``, field for field, and the Data's other attributes
+    are attached as on a node batch; an abandoned epoch stops the thread."""
+    from test_loader_batch_attributes import attributed_data
+    data = attributed_data(40, 200)
+    make = lambda **kw: LinkNeighborLoader(data, [3, 2], batch_size=16, shuffle=True, **negatives, **kw)  # noqa: E731
+    torch.manual_seed(3)
+    plain = list(make(prefetch=0))
+    ahead = make()
+    assert ahead._nodes.prefetch == 2
+    torch.manual_seed(3)
+    _same_batches(plain, list(ahead))
+    assert ahead.stage_times.batches == len(plain) == 13 and ahead.stage_times.totals()["sample"] > 0
+    torch.manual_seed(3)
+    _same_batches(plain, list(make(prefetch=3, prefetch_threads=2)))
+    epoch = iter(ahead)
+    next(epoch)
+    epoch.close()                                       # the thread is stopped and joined
+    assert not any(t.name == "gnnfuse-prefetch" and t.is_alive() for t in threading.enumerate())
+
+
+def test_worker_processes_give_the_batches_prepared_when_asked():
+    """``num_workers`` processes prepare link batches from a pickled `LinkBatchMaker`; the
+    label edges travel packed with the node batch and come back a `LinkMiniBatch`, the
+    same as without workers for two epochs; ``close`` stops them, and they ignore SIGINT."""
+    from test_loader_batch_attributes import attributed_data
+    data = attributed_data(40, 200)
+    edge_label = torch.arange(200) % 2
+    make = lambda **kw: LinkNeighborLoader(data, [3, 2], edge_label=edge_label, batch_size=32,  # noqa: E731
+                                           shuffle=True, neg_sampling_ratio=1.0, **kw)
+    reference = make(prefetch=0)
+    torch.manual_seed(5)
+    plain = [list(reference), list(reference)]
+    loader = make(num_workers=2)
+    torch.manual_seed(5)
+    try:
+        first = list(loader)
+        processes = loader._nodes._workers._processes
+        ignores = [subprocess.run(["grep", "SigIgn", f"/proc/{p.pid}/status"], capture_output=True,
+                                  text=True).stdout for p in processes]
+        second = list(loader)
+    finally:
+        loader.close()
+    assert all(not p.is_alive() for p in processes)
+    assert all(int(line.split()[1], 16) & (1 << 1) for line in ignores)      # SIGINT (2) ignored
+    _same_batches(plain[0], first)
+    _same_batches(plain[1], second)
+    assert loader.stage_times.batches == 14 and loader.stage_times.totals()["sample"] > 0

@@ -16,9 +16,14 @@ so that 0 means "negative"; default ones, float) then zeros. Triplet mode draws
 Randomness: each epoch's order and each batch's negatives and samples come from one seed
 drawn from torch's global generator when iteration starts; batch i draws its negatives,
 then samples, from the generator `batch_generator` gives for that seed and i.
+
+Batches are prepared as `NeighborLoader`'s are, by the same machinery (its ``prefetch``
+thread, default 2 batches ahead, or ``num_workers`` processes), running a
+`LinkBatchMaker`; being drawn from their own generators, they are the same either way.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import numbers
@@ -28,11 +33,10 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from ..graph import Graph
-from .batch_maker import batch_generator
 from .hetero_loader import is_hetero_data
 from .link_batch import LinkMiniBatch
+from .link_batch_maker import LinkBatchMaker
 from .neighbor_loader import _PYG_OPTIONS, NeighborLoader, _check_pyg_options, _graph_and_tables
-from .stages import StageTimes
 
 NEGATIVE_MODES = ("binary", "triplet")
 
@@ -41,10 +45,9 @@ NEGATIVE_MODES = ("binary", "triplet")
 _LINK_PYG_OPTIONS: dict[str, Any] = {**{k: v for k, v in _PYG_OPTIONS.items() if k != "input_time"},
                                      "edge_label_time": None}
 
-# NeighborLoader's ways of preparing batches ahead or padded, which link batches lack:
+# NeighborLoader's options link batches lack (padding, a seed order, seed vertices):
 # each is accepted at the value that asks for none of it
-_NODE_LOADER_ONLY: dict[str, Any] = {"num_workers": 0, "prefetch": 0, "prefetch_threads": 1,
-                                     "static_shapes": False, "deferred": False, "sampler": None,
+_NODE_LOADER_ONLY: dict[str, Any] = {"static_shapes": False, "deferred": False, "sampler": None,
                                      "input_nodes": None}
 
 
@@ -168,8 +171,10 @@ class LinkNeighborLoader:
     ``edge_attr``, ``edge_weight`` (for a bare `Graph`), ``device``, ``sample_device``,
     ``feature_device``. PyG's options without a counterpart (``edge_label_time``,
     ``time_attr``, ``disjoint``, ``transform``, ...) are accepted at PyG's defaults and
-    refused by name otherwise; so are `NeighborLoader`'s workers, prefetch, sampler and
-    static shapes, which link batches do not have: each batch is prepared when asked.
+    refused by name otherwise; so are `NeighborLoader`'s ``sampler``, ``input_nodes`` and
+    static shapes, which link batches do not have. ``prefetch`` (default 2),
+    ``prefetch_threads`` and ``num_workers`` prepare batches ahead as `NeighborLoader`'s
+    do, the same batches; `close` stops the workers.
     """
 
     def __init__(self, data: Any, num_neighbors: Sequence[int], edge_label_index: Any = None,
@@ -178,13 +183,14 @@ class LinkNeighborLoader:
                  drop_last: bool = False, x: torch.Tensor | None = None, y: torch.Tensor | None = None,
                  device: torch.device | str | None = None, sample_device: torch.device | str | None = None,
                  feature_device: str | None = None, edge_attr: torch.Tensor | None = None,
-                 edge_weight: torch.Tensor | None = None, **options: Any) -> None:
+                 edge_weight: torch.Tensor | None = None, prefetch: int = 2, prefetch_threads: int = 1,
+                 num_workers: int = 0, **options: Any) -> None:
         for name in [name for name in options if name in _NODE_LOADER_ONLY]:
             value = options.pop(name)
             if not (value is _NODE_LOADER_ONLY[name] or (isinstance(value, int) and value == _NODE_LOADER_ONLY[name])):
                 raise NotImplementedError(
-                    f"LinkNeighborLoader: {name}={value!r} is NeighborLoader's; link batches are prepared when "
-                    f"asked, in this process, unpadded, from edge_label_index (leave {name} out)")
+                    f"LinkNeighborLoader: {name}={value!r} is NeighborLoader's; link batches are unpadded, "
+                    f"in edge_label_index's order or shuffled, from edge_label_index (leave {name} out)")
         _check_pyg_options(options, _LINK_PYG_OPTIONS, "LinkNeighborLoader")
         if is_hetero_data(data):
             raise NotImplementedError("LinkNeighborLoader samples homogeneous graphs; a HeteroData's link "
@@ -198,7 +204,8 @@ class LinkNeighborLoader:
         # takes ``data`` itself for the Data's other attributes (`loader.data_attributes`)
         self._nodes = NeighborLoader(data, num_neighbors, 1, None, False, replace, x=features, y=labels,
                                      device=device, sample_device=sample_device, feature_device=feature_device,
-                                     prefetch=0, **edge_tables)
+                                     prefetch=prefetch, prefetch_threads=prefetch_threads, num_workers=num_workers,
+                                     **edge_tables)
         self.num_neighbors, self.num_nodes = self._nodes.num_neighbors, graph.num_nodes
         self.device, self.sample_device = self._nodes.device, self._nodes.sample_device
         self.neg_sampling = negative_sampling(neg_sampling, neg_sampling_ratio, graph.num_nodes)
@@ -216,7 +223,8 @@ class LinkNeighborLoader:
         self.edge_label_index = index.to(self.sample_device)
         self.edge_label = None if edge_label is None else edge_label.to(self.sample_device)
         self.batch_size, self.shuffle, self.drop_last = int(batch_size), shuffle, drop_last
-        self.stage_times = StageTimes()
+        self._maker = LinkBatchMaker(self._nodes._maker, self.edge_label_index, self.edge_label, self.neg_sampling)
+        self.stage_times = self._nodes.stage_times
 
     def __len__(self) -> int:
         full, rest = divmod(self.edge_label_index.shape[1], self.batch_size)
@@ -226,40 +234,28 @@ class LinkNeighborLoader:
         seed = int(torch.randint(0, 2**62, (1,)))
         count = self.edge_label_index.shape[1]
         positions = (torch.randperm(count, generator=torch.Generator().manual_seed(seed)) if self.shuffle
-                     else torch.arange(count)).to(self.sample_device)
-        batches = list(positions.split(self.batch_size)) if count else []
-        if self.drop_last and batches and batches[-1].numel() < self.batch_size:
+                     else torch.arange(count)).to(self._nodes._ids_device)
+        batches = [(input_id,) for input_id in positions.split(self.batch_size)] if count else []
+        if self.drop_last and batches and batches[-1][0].numel() < self.batch_size:
             batches.pop()
-        for index, input_id in enumerate(batches):
-            yield self._batch(input_id, batch_generator(self.sample_device, seed, index))
-            self.stage_times.count_batch()
+        # closed explicitly, as NeighborLoader's: an abandoned epoch stops its thread now
+        with contextlib.closing(self._nodes._prepared(self._maker, batches, seed)) as prepared:
+            for batch in prepared:
+                yield self._with_attributes(batch)
 
-    def _batch(self, input_id: torch.Tensor, generator: torch.Generator) -> LinkMiniBatch:
-        """The batch of label edges at positions ``input_id``: negatives drawn, then the
-        endpoints' neighbourhoods sampled, from ``generator``."""
-        src, dst = self.edge_label_index[:, input_id]
-        positives, negatives = input_id.numel(), self.neg_sampling
-        label = None if self.edge_label is None else self.edge_label[input_id]
-        if negatives is not None and negatives.mode == "triplet":
-            dst = torch.cat([dst, negatives.draw(negatives.count(positives), "dst", self.num_nodes, generator)])
-        elif negatives is not None:
-            count = negatives.count(positives)
-            src = torch.cat([src, negatives.draw(count, "src", self.num_nodes, generator)])
-            dst = torch.cat([dst, negatives.draw(count, "dst", self.num_nodes, generator)])
-            label = torch.ones(positives, device=src.device) if label is None else label
-            label = torch.cat([label, label.new_zeros((count,) + label.shape[1:])])
-        seeds, local = torch.unique(torch.cat([src, dst]), return_inverse=True)
-        nodes = self._nodes._with_attributes(self._nodes._maker.prepare(seeds, generator, self.stage_times))
-        on = self.device
-        if negatives is not None and negatives.mode == "triplet":
-            return LinkMiniBatch(nodes, input_id.to(on), src_index=local[:positives].to(on),
-                                 dst_pos_index=local[positives:2 * positives].to(on),
-                                 dst_neg_index=local[2 * positives:].view(positives, -1).squeeze(-1).to(on))
-        return LinkMiniBatch(nodes, input_id.to(on), local.view(2, -1).to(on),
-                             None if label is None else label.to(on))
+    def _with_attributes(self, batch: LinkMiniBatch) -> LinkMiniBatch:
+        """``batch`` with the ``Data``'s other attributes attached to its node batch, here in
+        the training process (`NeighborLoader._with_attributes`)."""
+        nodes = self._nodes._with_attributes(batch.nodes)
+        return batch if nodes is batch.nodes else dataclasses.replace(batch, nodes=nodes)
+
+    def close(self) -> None:
+        """Stop the worker processes, if any (they also stop when the loader is freed)."""
+        self._nodes.close()
 
     def __repr__(self) -> str:
+        workers = f", num_workers={self._nodes.num_workers}" if self._nodes.num_workers else ""
         negatives = "" if self.neg_sampling is None else (f", neg_sampling=({self.neg_sampling.mode!r}, "
                                                           f"{self.neg_sampling.amount})")
         return (f"LinkNeighborLoader(num_neighbors={self.num_neighbors}, batch_size={self.batch_size}, "
-                f"label_edges={self.edge_label_index.shape[1]}{negatives}, device={self.device})")
+                f"label_edges={self.edge_label_index.shape[1]}{negatives}, device={self.device}{workers})")
