@@ -266,6 +266,7 @@ def test_a_link_batch_has_no_batch_size():
     ({"deferred": True}, NotImplementedError, "deferred=True"),
     ({"prefetch": -1}, ValueError, "prefetch must be >= 0"),
     ({"num_workers": -1}, ValueError, "num_workers must be >= 0"),
+    ({"x": torch.randn(20, 3, requires_grad=True)}, ValueError, "prefetch=2 would read its rows for batches ahead"),
     ({"static_shapes": True}, NotImplementedError, "static_shapes=True"),
     ({"input_nodes": torch.tensor([1, 2])}, NotImplementedError, "input_nodes=tensor"),
     ({"batch_sizes": 3}, TypeError, "unexpected keyword argument 'batch_sizes'"),
