@@ -369,15 +369,22 @@ def test_a_prefetch_thread_gives_the_batches_prepared_when_asked(negatives):
 def test_worker_processes_give_the_batches_prepared_when_asked():
     """``num_workers`` processes prepare link batches from a pickled `LinkBatchMaker`; the
     label edges travel packed with the node batch and come back a `LinkMiniBatch`, the
-    same as without workers for two epochs; ``close`` stops them, and they ignore SIGINT."""
+    same as without workers for two epochs, one interrupted between them; ``close`` stops
+    them, and they ignore SIGINT."""
     from test_loader_batch_attributes import attributed_data
     data = attributed_data(40, 200)
     edge_label = torch.arange(200) % 2
     make = lambda **kw: LinkNeighborLoader(data, [3, 2], edge_label=edge_label, batch_size=32,  # noqa: E731
                                            shuffle=True, neg_sampling_ratio=1.0, **kw)
+
+    def interrupted(loader) -> None:         # a Ctrl-C in the first step of an epoch
+        with pytest.raises(KeyboardInterrupt):
+            for _ in loader:
+                raise KeyboardInterrupt
+
     reference = make(prefetch=0)
     torch.manual_seed(5)
-    plain = [list(reference), list(reference)]
+    plain = [list(reference), interrupted(reference), list(reference)]
     loader = make(num_workers=2)
     torch.manual_seed(5)
     try:
@@ -385,11 +392,13 @@ def test_worker_processes_give_the_batches_prepared_when_asked():
         processes = loader._nodes._workers._processes
         ignores = [subprocess.run(["grep", "SigIgn", f"/proc/{p.pid}/status"], capture_output=True,
                                   text=True).stdout for p in processes]
+        interrupted(loader)                     # the epoch abandoned: the next one is whole
         second = list(loader)
     finally:
         loader.close()
     assert all(not p.is_alive() for p in processes)
     assert all(int(line.split()[1], 16) & (1 << 1) for line in ignores)      # SIGINT (2) ignored
     _same_batches(plain[0], first)
-    _same_batches(plain[1], second)
+    _same_batches(plain[2], second)
+    # the interrupted batch is not counted: a batch counts once the next one is asked for
     assert loader.stage_times.batches == 14 and loader.stage_times.totals()["sample"] > 0
