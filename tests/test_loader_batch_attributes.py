@@ -268,3 +268,30 @@ def test_a_cpu_loader_s_batch_moved_to_cuda_gives_the_cpu_batch_s_outputs():
     assert all(t.is_cuda for t in got)
     torch.testing.assert_close([t.cpu() for t in got], want, rtol=1e-9, atol=1e-9)
     assert moved.to("cuda") is moved and moved.cuda() is moved
+
+
+@pytest.mark.parametrize("name", ["x", "y", "edge_attr"])
+def test_a_data_table_replaced_after_the_loader_was_built_is_refused_by_name(name):
+    """PyG's loader reads data.x (y, edge tables) per batch, so a tensor assigned later
+    reaches its batches; gnnfuse's holds the one it took, so a replacement would be
+    silently ignored: refused by name instead. In-place changes are read, as before."""
+    from gnnfuse.loader import LinkNeighborLoader
+    data = attributed_data()
+    loaders = [NeighborLoader(data, [2], batch_size=4, prefetch=0),
+               LinkNeighborLoader(data, [2], batch_size=4, prefetch=0)]
+    for loader in loaders:
+        next(iter(loader))
+    getattr(data, name).mul_(2)                              # in place: read, no error
+    batch = next(iter(loaders[0]))
+    assert torch.equal(batch.x, data.x[batch.n_id])
+    setattr(data, name, getattr(data, name).clone())
+    for loader, called in zip(loaders, ("NeighborLoader", "LinkNeighborLoader")):
+        with pytest.raises(RuntimeError, match=f"data.{name} was replaced after this {called} was built"):
+            next(iter(loader))
+
+
+def test_tables_given_by_keyword_are_not_watched_on_the_data():
+    data = attributed_data()
+    loader = NeighborLoader(data, [2], batch_size=4, prefetch=0, x=data.x.clone())
+    data.x = torch.zeros_like(data.x)                        # the loader reads its own x, as given
+    next(iter(loader))

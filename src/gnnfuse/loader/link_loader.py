@@ -197,15 +197,15 @@ class LinkNeighborLoader:
                                       "batches are not supported")
         if not isinstance(batch_size, numbers.Integral) or batch_size < 1:
             raise ValueError(f"batch_size (label edges per batch) must be a whole number >= 1, got {batch_size!r}")
-        graph, features, labels, edge_tables = _graph_and_tables(data, x, y)
-        edge_tables.update({name: table for name, table in (("edge_attr", edge_attr), ("edge_weight", edge_weight))
-                            if table is not None})
+        graph = _graph_and_tables(data, x, y)[0]
         # the node loader's checks, placement and sampler, for the endpoints' batches; it
-        # takes ``data`` itself for the Data's other attributes (`loader.data_attributes`)
-        self._nodes = NeighborLoader(data, num_neighbors, 1, None, False, replace, x=features, y=labels,
+        # takes ``data`` itself and the tables as given, for the Data's other attributes
+        # (`loader.data_attributes`) and its replaced tables (`loader.held_tables`)
+        self._nodes = NeighborLoader(data, num_neighbors, 1, None, False, replace, x=x, y=y,
                                      device=device, sample_device=sample_device, feature_device=feature_device,
                                      prefetch=prefetch, prefetch_threads=prefetch_threads, num_workers=num_workers,
-                                     **edge_tables)
+                                     edge_attr=edge_attr, edge_weight=edge_weight)
+        self._nodes._name = "LinkNeighborLoader"        # what its errors call the loader the user made
         self.num_neighbors, self.num_nodes = self._nodes.num_neighbors, graph.num_nodes
         self.device, self.sample_device = self._nodes.device, self._nodes.sample_device
         self.neg_sampling = negative_sampling(neg_sampling, neg_sampling_ratio, graph.num_nodes)

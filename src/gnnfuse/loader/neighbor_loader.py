@@ -49,6 +49,7 @@ import torch
 from ..graph import Graph
 from .batch_maker import BatchMaker, MiniBatch, batch_generator
 from .data_attributes import data_attributes
+from .held_tables import held_tables
 from .prefetch import Prefetcher, side_stream
 from .stages import StageTimes
 from .static_shapes import Capacities
@@ -262,6 +263,8 @@ class NeighborLoader:
     samples from a generator seeded by that seed and i (`batch_generator`).
     """
 
+    _name = "NeighborLoader"       # in errors about the Data: a `LinkNeighborLoader`'s node loader says its own
+
     def __new__(cls, data: Any = None, *args: Any, **kwargs: Any) -> Any:
         """A PyG ``HeteroData`` gets the heterogeneous loader (`loader.hetero_loader`,
         imported here: it reads this module's argument checks), so PyG's heterogeneous
@@ -322,6 +325,7 @@ class NeighborLoader:
         # the Data's other node- and edge-level attributes, attached to each batch here
         # (never sent to worker processes) and read by id when a loop reads them
         self._attributes = data_attributes(data)
+        self._held = held_tables(data, {"x": x, "y": y, "edge_attr": edge_attr, "edge_weight": edge_weight})
         if edge_tables or (self._attributes is not None and self._attributes.edge):
             # read by edge id per batch, as PyG does: not a reordered copy made now
             self._maker.edge_ids = csr.eid.long()
@@ -438,7 +442,15 @@ class NeighborLoader:
         by ``prefetch_threads`` threads ``prefetch`` batches ahead, or when asked), and
         counted in ``stage_times`` when the next is asked for. The worker pool starts with
         the first epoch's maker and keeps it: a loader passes the same maker every epoch
-        (`LinkNeighborLoader`, whose node loader this is, its `LinkBatchMaker`)."""
+        (`LinkNeighborLoader`, whose node loader this is, its `LinkBatchMaker`). A table
+        of the ``Data`` replaced since the loader was built is refused (`held_tables`)."""
+        for batch in self._prepared_unchecked(maker, batches, seed):
+            if self._held is not None:
+                self._held.check(self._name)
+            yield batch
+
+    def _prepared_unchecked(self, maker: Maker, batches: list[tuple[torch.Tensor, ...]], seed: int
+                            ) -> Iterator[Batch]:
         if self.num_workers:
             if self._workers is None:
                 self._workers = WorkerPool(maker, self.num_workers, max(self.prefetch, 1))

@@ -1,0 +1,48 @@
+"""The tables a loader took from a PyG ``Data``, watched for replacement.
+
+PyG's loaders read ``data.x``, ``data.y`` and the edge tables when each batch is made,
+so ``data.x = new_x`` between epochs reaches PyG's next batches. gnnfuse's loader takes
+those tables when it is built (placed on the feature device, shared with worker
+processes, page-locked), so a tensor assigned afterwards would silently not be used. An
+in-place change is read, as in PyG (the loader holds the same tensor, or re-reads it);
+a replacement is refused by name when the next batch is asked for. Weak references
+throughout: watching keeps neither the ``Data`` nor its old tables alive.
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+
+WATCHED = ("x", "y", "edge_attr", "edge_weight")
+
+
+class HeldTables:
+    """The tensors ``data`` held under `WATCHED` names when the loader took them."""
+
+    def __init__(self, data: Any, names: tuple[str, ...]):
+        self._data = weakref.ref(data)
+        self._tables = {name: weakref.ref(table) for name in names
+                        if isinstance(table := getattr(data, name, None), torch.Tensor)}
+
+    def check(self, loader: str) -> None:
+        """Raise if the ``Data`` (still alive) now holds another tensor under a taken name."""
+        data = self._data()
+        if data is None:
+            return
+        for name, taken in self._tables.items():
+            if getattr(data, name, None) is not taken():
+                raise RuntimeError(
+                    f"data.{name} was replaced after this {loader} was built: the loader holds the tensor it was "
+                    f"given (placed for its batches), so the new one would reach no batch, where PyG's loader "
+                    f"would read it. Build a new {loader} on the Data, or change the table in place "
+                    f"(data.{name}.copy_(new), data.{name}[rows] = ...)")
+
+
+def held_tables(data: Any, given: dict[str, Any]) -> HeldTables | None:
+    """What to watch on ``data``: the `WATCHED` tables a PyG ``Data`` supplied (not those
+    given to the loader by keyword, in ``given``); None for anything but a PyG ``Data``."""
+    if not (callable(getattr(data, "is_node_attr", None)) and hasattr(data, "edge_index")):
+        return None
+    return HeldTables(data, tuple(name for name in WATCHED if given.get(name) is None))
