@@ -200,9 +200,7 @@ def growing_batches(count: int) -> list[list[tuple[int, list, int]]]:
     return batches
 
 
-@pytest.mark.parametrize("kind", [pytest.param(kind, marks=pytest.mark.xfail(
-    strict=True, reason="GATv2Conv's traced function closes over the [E, edge_dim] edge features: a guard on their shape"))
-    if kind == "gatv2_edge" else kind for kind in sorted(KINDS)])
+@pytest.mark.parametrize("kind", sorted(KINDS))
 def test_batches_of_other_sizes_reuse_the_first_steps_traces(kind, monkeypatch):
     """A data loader's batches differ in vertex and edge counts: after the first training
     step (and the first evaluation call) no batch traces the layers' Python again, which

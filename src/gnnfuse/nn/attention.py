@@ -118,10 +118,13 @@ class GATv2Conv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
         w_edge = self.lin_edge.weight.t() if in_kernel else None
         e_feature = None if rows is None else {"attr": rows} if in_kernel else {
             "x_e": self.lin_edge(rows).view(shape)}
+        # the traced functions read whether there are edge features, never ``rows`` itself: a
+        # tensor they reach is guarded by its whole shape, so every edge count traced afresh
+        with_edges = rows is not None
 
         def pair(e, v):
             both = e.src.x_l + v.x_r
-            if rows is None:
+            if not with_edges:
                 return both
             return both + ((e.attr @ w_edge).view(heads, channels) if in_kernel else e.x_e)
 
