@@ -265,6 +265,21 @@ def test_a_new_edge_index_per_call_with_the_same_contents_reuses_one_graph():
     assert Graph.coerce(edge_index().to(torch.int32), N) is not built[1]
 
 
+def test_new_views_of_one_edge_index_per_call_still_share_one_graph():
+    """A new tensor over a held one's memory is not matched by contents unless it is a
+    view of the same tensor (whose version counter the held stamp reads): ``view`` or a
+    slice per call is served as before, a ``torch.from_numpy`` of the same buffer is not
+    (tests/test_graph_batches.py: such a tensor always equals the held one)."""
+    ei = edge_index()
+    for make in (lambda: ei.view(2, -1), lambda: ei[:, :20]):
+        built = [Graph.coerce(make(), N) for _ in range(4)]
+        assert built[1] is built[2] is built[3]
+    clear_index_cache()                     # else the views' held graph is lent: equal, in other memory
+    buffer = ei.numpy().copy()
+    built = [Graph.coerce(torch.from_numpy(buffer), N) for _ in range(4)]
+    assert built[2] is not built[1] and built[3] is not built[1]
+
+
 def test_a_new_edge_index_with_other_contents_is_never_served_a_held_graph(monkeypatch):
     """Equal shapes, different contents: each gets its own graph, and once a comparison
     has failed that shape is not compared again (a loader's fixed-shape batches would

@@ -40,7 +40,9 @@ user's on every call, so every call sorted two CSRs and cut their segments again
 arxiv-sized graph (0.81x, 0.80x; H200). A plain ``edge_index`` missed by identity
 whose shape (with dtype, device and ``key``) missed recently too is held with its graph
 (`_held_for_contents`); a later miss of that shape compares its contents with
-``torch.equal`` (exact; one host sync) and takes the graph if they are equal. A
+``torch.equal`` (exact; one host sync) and takes the graph if they are equal and the
+two lie in separate memory (`_overlap`: a new tensor over the held one's memory equals
+it by construction, whatever was written there since). A
 comparison that fails marks the shape as one whose inputs change (a loader's
 fixed-shape batches) and it is not compared again. Nothing is compared while a CUDA
 graph is being captured or inside a ``torch.func`` transform. A graph taken so still
@@ -152,12 +154,28 @@ def _equal_contents(shape: Hashable, parts: list[torch.Tensor]) -> tuple[list[to
     if held is None:
         return None
     tensors, stamp, graph = held
-    if _stamp(tensors) == stamp and all(torch.equal(a, b) for a, b in zip(parts, tensors)):
+    if (_stamp(tensors) == stamp and not any(_overlap(a, b) for a, b in zip(parts, tensors))
+            and all(torch.equal(a, b) for a, b in zip(parts, tensors))):
         _HELD.move_to_end(shape)
         return held
     del _HELD[shape]
     put_recent(_CHANGING, shape, None, 16 * CONTENT_CAPACITY)
     return None
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` lie in overlapping memory without sharing a version counter.
+    A new tensor over the held one's memory (``torch.from_numpy`` of one buffer a loader
+    refills, a tensor ``set_`` on the same storage) always compares equal to it, yet was
+    filled by writes that moved no version counter of the held tensor, so the held
+    graph's layouts may describe contents that are gone: a SAGEConv on batches so made
+    got the second batch's graph for every later one, 0.2-1.2 off PyG's outputs. Views of
+    one tensor (``edge_index.view(2, -1)`` per call) share its counter, which the held
+    stamp reads, so they are compared as before."""
+    if a.device != b.device or (a if a._base is None else a._base) is (b if b._base is None else b._base):
+        return False
+    start_a, start_b = a.untyped_storage().data_ptr(), b.untyped_storage().data_ptr()
+    return start_a < start_b + b.untyped_storage().nbytes() and start_b < start_a + a.untyped_storage().nbytes()
 
 
 def _held_for_contents(shape: Hashable, parts: list[torch.Tensor], stamp: tuple, graph: Any) -> None:
