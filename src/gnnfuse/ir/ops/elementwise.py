@@ -97,7 +97,10 @@ _ew("pow", lambda x, exponent: torch.pow(x, exponent), _pow_derivative, 1)
 # and each slope takes the branch torch's backward kernel takes for NaN.
 _ew("relu", torch.relu, lambda b, v, g: [_passed(b, g, b.add("relu_slope", b.fwd(v.inputs[0])))], 1,
     emit="tl.where({0} < 0, 0.0, {0})", bounded=True)   # x itself at 0: torch's relu(-0.0) is -0.0
-_ew("relu_slope", lambda x: torch.where(x <= 0, torch.zeros_like(x), torch.ones_like(x)), None, 1,
+# threshold_backward is torch's own relu backward, ``x <= 0 ? 0 : 1`` here: torch's CPU ``where``
+# branches per element, and on a random sign pattern took 0.45 ms for [1900, 64] where this
+# takes 0.02 (a GINEConv training step on a batch of 32 small graphs: 2 of these per step)
+_ew("relu_slope", lambda x: torch.ops.aten.threshold_backward(torch.ones_like(x), x, 0), None, 1,
     doc="derivative multiplier of relu: 0 where x <= 0, else 1 (NaN included, as torch)",
     emit="tl.where({0} <= 0, 0.0, 1.0)")
 _ew("step", lambda x: (x > 0).to(x.dtype), None, 1, doc="1 where x > 0 else 0", emit="tl.where({0} > 0, 1.0, 0.0)")
