@@ -393,3 +393,32 @@ def test_a_data_loader_with_follow_batch(monkeypatch):
                 outs.append((out.detach(), [p.grad.clone() for p in model.parameters()]))
                 optimizer.step()
             torch.testing.assert_close(outs[0], outs[1], rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.parametrize("kind", ["gat", "gat_edge", "gatv2_edge"])
+@pytest.mark.parametrize("self_loops", [True, False])
+@pytest.mark.xfail(strict=True, raises=Exception, reason="the returned edge_index is the graph's cached layout")
+def test_attention_weights_returned_on_a_batch_are_the_callers_to_edit(kind, self_loops, monkeypatch):
+    """``return_attention_weights=True`` hands back ``(edge_index, alpha)``; code that
+    explains a batch per graph shifts that ``edge_index`` to each graph's own vertex ids
+    in place. In PyG it is a new tensor (or, without self loops to add, the caller's
+    own): the edit must not reach the layers' cached graph, whose next use raised
+    GraphModifiedError for that batch and every equal edge_index after it."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", "reference")
+    ours, theirs = twins(kind)
+    for model in (ours, theirs):
+        model.conv1.add_self_loops = self_loops
+        model.eval()
+    batch = make_batch(TRAILING)
+    extra = (batch.edge_attr,) if KINDS[kind][1] else ()
+    outputs = []
+    for model in (ours, theirs):
+        edge_index = batch.edge_index.clone()
+        out, (attended, alpha) = model.conv1(batch.x, edge_index, *extra, return_attention_weights=True)
+        outputs.append((out, attended.clone(), alpha))
+        attended -= batch.ptr[batch.batch[attended[0]]]           # each graph's own ids
+        with torch.no_grad():
+            outputs.append(model(batch.x, edge_index, batch.edge_attr, batch.batch, batch.num_graphs))
+            outputs.append(model(batch.x, edge_index.clone(), batch.edge_attr, batch.batch, batch.num_graphs))
+    half = len(outputs) // 2
+    torch.testing.assert_close(outputs[:half], outputs[half:], rtol=1e-9, atol=1e-11)
