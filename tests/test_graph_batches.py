@@ -397,7 +397,6 @@ def test_a_data_loader_with_follow_batch(monkeypatch):
 
 @pytest.mark.parametrize("kind", ["gat", "gat_edge", "gatv2_edge"])
 @pytest.mark.parametrize("self_loops", [True, False])
-@pytest.mark.xfail(strict=True, raises=Exception, reason="the returned edge_index is the graph's cached layout")
 def test_attention_weights_returned_on_a_batch_are_the_callers_to_edit(kind, self_loops, monkeypatch):
     """``return_attention_weights=True`` hands back ``(edge_index, alpha)``; code that
     explains a batch per graph shifts that ``edge_index`` to each graph's own vertex ids

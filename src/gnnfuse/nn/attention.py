@@ -141,7 +141,8 @@ class GATv2Conv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
             return out
         pair = x_l[graph.src.long()] + x_r[graph.dst.long()]
         pair = pair if rows is None else pair + self.lin_edge(rows).view(shape)
-        return out, attention_weights(graph, (F.leaky_relu(pair, slope) * att).sum(-1), edge_index)
+        return out, attention_weights(graph, (F.leaky_relu(pair, slope) * att).sum(-1), edge_index,
+                                     self.add_self_loops)
 
 
 # --- constrained GAT ----------------------------------------------------------------------

@@ -38,10 +38,16 @@ def check_attention_request(layer: nn.Module, x: object, edge_index: object, nam
                                   "is not supported by gnnfuse; pass an edge_index or a torch sparse adj_t")
 
 
-def attention_weights(graph: Graph, scores: torch.Tensor, given: object) -> tuple[torch.Tensor, torch.Tensor]:
+def attention_weights(graph: Graph, scores: torch.Tensor, given: object, looped: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """PyG's ``(edge_index, alpha)``: the edges attended over (self loops included) and the
     softmax of the per-edge ``scores`` [E, heads] over each vertex's in-edges. Computed in
     torch from the same scores the kernel normalises, and only when asked for.
+
+    The edges are, as in PyG, the caller's own ``edge_index`` where the layer added no
+    self loops (``looped`` False), else a new tensor: never the graph's cached layout,
+    which every later call on that ``edge_index`` reads (code that explains a batch per
+    graph shifts the returned ids in place, and the next call then raised
+    GraphModifiedError for that batch and for every equal edge_index).
 
     When the graph was ``given`` as a torch sparse ``adj_t``, the first element is, as in
     PyG, that adjacency (loops included) in the same layout with the weights as values,
@@ -56,7 +62,9 @@ def attention_weights(graph: Graph, scores: torch.Tensor, given: object) -> tupl
     total = scores.new_zeros(graph.num_nodes, scores.shape[1]).scatter_add(0, index, weight)
     alpha = weight / total.gather(0, index)
     if not is_sparse_adjacency(given):
-        return graph.edge_index, alpha
+        if isinstance(given, torch.Tensor) and not looped:
+            return given, alpha
+        return graph.edge_index.clone(), alpha
     adj = torch.sparse_coo_tensor(torch.stack([graph.dst, graph.src]).to(torch.long), alpha,
                                   (graph.num_nodes, graph.num_nodes, alpha.shape[1])).coalesce()
     entries = adj.values()

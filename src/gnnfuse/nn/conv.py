@@ -942,4 +942,5 @@ class GATConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
         score = alpha_src[graph.src.long()] + ndata["alpha_dst"][graph.dst.long()]   # one x: never bipartite
         if rows is not None:
             score = score + rows @ w_edge
-        return out, attention_weights(graph, F.leaky_relu(score, self.negative_slope), edge_index)
+        return out, attention_weights(graph, F.leaky_relu(score, self.negative_slope), edge_index,
+                                     self.add_self_loops)
