@@ -10,9 +10,12 @@ count, which is what exercises gnnfuse's caches (the `Graph` kept per index tens
 without nodes or edges, single vertices, self loops, repeated edges, vertices without
 in-edges, a last graph whose last vertices have no edges (so ``edge_index.max() + 1 <
 x.size(0)``), ``edge_attr``; the index as int64, int32, a transposed view or a strided
-slice. Then the cases one at a time: an index edited in place between steps, a freed
-index whose memory the next batch's reuses, a batch without edges, `SGConv(cached=True)`
-on changing graphs, eval mode under ``torch.no_grad()`` and PyG's ``follow_batch``."""
+slice; batches of other sizes trace nothing again. Then the cases one at a time: an
+index edited in place between steps, a new index over the memory of an earlier one (a
+loader refilling one buffer), a batch without edges, `SGConv`/`GCNConv(cached=True)` on
+changing graphs, evaluation under ``torch.no_grad()`` and ``torch.inference_mode()``,
+PyG's ``DataLoader`` with ``follow_batch``, and attention weights whose returned
+``edge_index`` the caller edits."""
 from __future__ import annotations
 
 import pytest
