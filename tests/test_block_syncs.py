@@ -190,3 +190,25 @@ def test_a_position_whose_source_side_a_step_read_gets_it_built_ahead(monkeypatc
     later = next(batches)
     assert "reverse_csr" in later.blocks[1].graph._cache and not later.blocks[1].graph._builders
     assert "reverse_csr" not in later.blocks[0].graph._cache and later.blocks[0].graph._builders
+
+
+def test_a_graph_of_short_rows_without_a_bound_keeps_order_after_one_read_back():
+    """A graph with no known bound on its rows (a new edge_index every step: batches of
+    molecules) reads its longest row back once; all short, its rows keep CSR order with
+    no sort, ``repeat_interleave`` or ``nonzero`` (each a read-back of its own), as a
+    sampled block's do. A row past `SHORT_ROWS` still gets the counted, longest-first
+    segments."""
+    from gnnfuse.backend.reference import GraphContext
+    from gnnfuse.backend.triton.schedule import SHORT_ROWS, segments
+    from gnnfuse.bench.host_syncs import HostSyncCounter
+    short = gnnfuse.Graph(torch.tensor([0, 1, 2, 3, 3]), torch.tensor([1, 2, 3, 0, 4]), 6)
+    short.csr()
+    with HostSyncCounter() as counter:
+        in_order = segments(GraphContext(short), "dst", 512)
+    assert sum(counter.syncs.values()) == 1 and "aten.sort.stable" not in counter.ops
+    assert torch.equal(in_order.row.long(), torch.arange(6)) and not len(in_order.split_rows)
+    assert torch.equal(in_order.start.long(), short.csr()[0][:-1].long())
+    dst = torch.cat([torch.arange(1, 6), torch.zeros(SHORT_ROWS + 1, dtype=torch.long)])
+    hub = gnnfuse.Graph(torch.arange(dst.numel()) % 6, dst, 6)
+    counted = segments(GraphContext(hub), "dst", 512)
+    assert int(counted.row[0]) == 0 and int((counted.end - counted.start)[0]) == SHORT_ROWS + 1

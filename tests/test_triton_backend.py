@@ -524,10 +524,15 @@ def test_segments_kept_in_csr_order_give_the_sorted_segments_results(case):
     from gnnfuse.backend.reference import GraphContext
     from gnnfuse.backend.triton.schedule import SEGMENT_EDGES, SHORT_ROWS, segments
     # the CSR schedule, which reads the segments (the cost rule picks COO on graphs this small)
+    from gnnfuse.backend.triton import schedule
     with mock.patch.dict("os.environ", {"GNNFUSE_BACKEND": "triton", "GNNFUSE_SCHEDULE": "csr"}):
         results = []
         for hinted in (False, True):
             graph = gnnfuse.Graph(case.given[0], case.given[1], case.num_nodes).to(DEVICE)
+            if not hinted:      # unhinted short rows keep order too (`_all_rows_short`): sorted here
+                for by in ("dst", "src"):
+                    graph.cached(f"triton_segments_{by}_{SEGMENT_EDGES}",
+                                 lambda _, by=by: schedule._build(graph.grouped(by)[0], SEGMENT_EDGES))
             if hinted:
                 for by, degrees in (("dst", graph.in_degrees()), ("src", graph.out_degrees())):
                     most = int(degrees.max()) if degrees.numel() else 0
