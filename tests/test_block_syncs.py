@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
 
 import gnnfuse
 from gnnfuse.bench.host_syncs import HostSyncCounter
 from gnnfuse.loader import NeighborLoader
 from gnnfuse.nn.block_models import build_block_model
+from graph_strategies import graphs
 
 
 def _graph_and_model(device: str, kind: str = "sage"):
@@ -212,3 +214,26 @@ def test_a_graph_of_short_rows_without_a_bound_keeps_order_after_one_read_back()
     hub = gnnfuse.Graph(torch.arange(dst.numel()) % 6, dst, 6)
     counted = segments(GraphContext(hub), "dst", 512)
     assert int(counted.row[0]) == 0 and int((counted.end - counted.start)[0]) == SHORT_ROWS + 1
+
+
+@settings(max_examples=15, deadline=None, derandomize=True)
+@given(case=graphs(max_nodes=9, max_edges=30))
+def test_a_new_graphs_degrees_and_row_pointers_read_nothing_back_on_a_gpu(case):
+    """Degrees and CSR row pointers of a graph built from a plain edge list: on a GPU by
+    the grouping's binary search (a ``bincount`` there reads its input's maximum back, a
+    sync for every new graph of a graph-classification step), on the host by
+    ``bincount``; both equal the host's counts, isolated vertices, loops and multi-edges
+    included."""
+    src, dst = case.given
+    expected_in = torch.bincount(torch.as_tensor(dst, dtype=torch.long), minlength=case.num_nodes)
+    expected_out = torch.bincount(torch.as_tensor(src, dtype=torch.long), minlength=case.num_nodes)
+    for device in ["cpu"] + (["cuda"] if torch.cuda.is_available() else []):
+        graph = gnnfuse.Graph(src, dst, case.num_nodes).to(device)
+        with HostSyncCounter() as counter:
+            built = (graph.in_degrees(), graph.out_degrees(), graph.csr().rowptr, graph.reverse_csr().rowptr)
+        if device == "cuda":
+            assert not counter.syncs, dict(counter.syncs)
+        in_deg, out_deg, rowptr, reverse_rowptr = (t.long().cpu() for t in built)
+        assert torch.equal(in_deg, expected_in) and torch.equal(out_deg, expected_out)
+        assert torch.equal(rowptr, torch.cat([torch.zeros(1, dtype=torch.long), expected_in.cumsum(0)]))
+        assert torch.equal(reverse_rowptr, torch.cat([torch.zeros(1, dtype=torch.long), expected_out.cumsum(0)]))

@@ -594,8 +594,12 @@ class Graph:
         src, dst = self._endpoints(keep=False)
         key, other, rows = (dst, src, self._num_nodes) if by == "dst" else (src, dst, self.num_src_nodes)
         dtype = self.index_dtype
-        col = other if by == "dst" and self._dst_grouped else other[torch.sort(key, stable=True).indices]
-        return row_pointers(key, rows).to(dtype), col.to(dtype).contiguous()
+        if by == "dst" and self._dst_grouped:
+            col, grouped_key = other, key
+        else:
+            grouped_key, order = torch.sort(key, stable=True)
+            col = other[order]
+        return sorted_row_pointers(grouped_key, rows).to(dtype), col.to(dtype).contiguous()
 
     def _grouping_order(self, by: str) -> torch.Tensor:
         """The permutation `_group_rows` sorted the edges by, as ``eid``: after regrouping,
@@ -613,11 +617,23 @@ class Graph:
 
     def in_degrees(self) -> torch.Tensor:
         """int64 [N]: number of edges into each vertex (multi-edges and loops count)."""
-        return self.cached("in_degrees", lambda g: torch.bincount(g._endpoints(keep=False)[1], minlength=g._num_nodes))
+        return self.cached("in_degrees", lambda g: g._degrees("dst"))
 
     def out_degrees(self) -> torch.Tensor:
         """int64 [num_src_nodes]: number of edges out of each (source) vertex."""
-        return self.cached("out_degrees", lambda g: torch.bincount(g._endpoints(keep=False)[0], minlength=g.num_src_nodes))
+        return self.cached("out_degrees", lambda g: g._degrees("src"))
+
+    def _degrees(self, by: str) -> torch.Tensor:
+        """int64 edges per ``by`` endpoint. On a GPU the row pointers' differences: a
+        ``bincount`` there reads its input's maximum back to the host, a sync for every new
+        graph (a graph-classification step builds one per batch), and the kernels need the
+        grouping anyway. On the host ``bincount``, cheaper than a sort."""
+        if self.device.type == "cpu":
+            src, dst = self._endpoints(keep=False)
+            return torch.bincount(dst if by == "dst" else src,
+                                  minlength=self._num_nodes if by == "dst" else self.num_src_nodes)
+        rowptr = self.grouped(by)[0].to(torch.int64)
+        return rowptr[1:] - rowptr[:-1]
 
     def degree_order(self) -> torch.Tensor:
         """Vertex ids by descending in-degree, ties by ascending id (Seastar §6.3.3).
@@ -785,6 +801,15 @@ def _layout_versions(key: str, value: Any) -> tuple[tuple[str, torch.Tensor, int
     """(key, tensor, version) for each tensor of a layout (a tensor or a tuple of them)."""
     tensors = value if isinstance(value, tuple) else (value,)
     return tuple((key, t, t._version) for t in tensors if isinstance(t, torch.Tensor) and not t.is_inference())
+
+
+def sorted_row_pointers(key: torch.Tensor, rows: int) -> torch.Tensor:
+    """`row_pointers` of ``key`` sorted ascending: on a GPU by a binary search per row,
+    which reads nothing back (``bincount`` reads its input's maximum: a sync per new
+    graph); on the host by `row_pointers`."""
+    if key.device.type == "cpu":
+        return row_pointers(key, rows)
+    return torch.searchsorted(key, torch.arange(rows + 1, dtype=key.dtype, device=key.device)).to(torch.int64)
 
 
 def row_pointers(key: torch.Tensor, rows: int) -> torch.Tensor:
