@@ -280,6 +280,34 @@ def test_new_views_of_one_edge_index_per_call_still_share_one_graph():
     assert built[2] is not built[1] and built[3] is not built[1]
 
 
+@pytest.mark.parametrize("write", ["numpy", "data"])
+@pytest.mark.parametrize("view", ["view", "slice"])
+@pytest.mark.xfail(strict=True, reason="a view of the held tensor's base is matched by contents, equal by construction")
+def test_views_of_one_buffer_refilled_without_torch_get_the_new_edges(view, write):
+    """A loader holding one tensor over its buffer (``torch.from_numpy`` once) and handing
+    out a view of it per batch, refilled through numpy or ``.data``: those writes move no
+    version counter, so a view always equals the held view of the batch before, and was
+    served that batch's graph (a SAGEConv 1-4 off PyG's from the third batch on). Each
+    call's graph must hold the edges the view holds then."""
+    buffer = edge_index().numpy().copy()
+    base = torch.from_numpy(buffer)
+    sage = gnn.SAGEConv(4, 3).double()
+    ref = pyg.SAGEConv(4, 3).double()
+    ref.load_state_dict(sage.state_dict())
+    x = torch.randn(N, 4, dtype=torch.float64)
+    gen = torch.Generator().manual_seed(7)
+    for _ in range(4):
+        fresh = torch.randint(0, N, base.shape, generator=gen)
+        if write == "numpy":
+            buffer[:] = fresh.numpy()
+        else:
+            base.data.copy_(fresh)
+        given = base.view(2, -1) if view == "view" else base[:, :]
+        graph = Graph.coerce(given, N)
+        assert torch.equal(graph.src.long(), fresh[0]) and torch.equal(graph.dst.long(), fresh[1])
+        torch.testing.assert_close(sage(x, given), ref(x, fresh))
+
+
 def test_a_new_edge_index_with_other_contents_is_never_served_a_held_graph(monkeypatch):
     """Equal shapes, different contents: each gets its own graph, and once a comparison
     has failed that shape is not compared again (a loader's fixed-shape batches would
