@@ -41,8 +41,8 @@ arxiv-sized graph (0.81x, 0.80x; H200). A plain ``edge_index`` missed by identit
 whose shape (with dtype, device and ``key``) missed recently too is held with its graph
 (`_held_for_contents`); a later miss of that shape compares its contents with
 ``torch.equal`` (exact; one host sync) and takes the graph if they are equal and the
-two lie in separate memory (`_overlap`: a new tensor over the held one's memory equals
-it by construction, whatever was written there since). A
+two lie in separate memory (`_overlap`: a new tensor over the held one's memory, a view
+of it included, equals it by construction, whatever was written there since). A
 comparison that fails marks the shape as one whose inputs change (a loader's
 fixed-shape batches) and it is not compared again. Nothing is compared while a CUDA
 graph is being captured or inside a ``torch.func`` transform. A graph taken so still
@@ -164,15 +164,16 @@ def _equal_contents(shape: Hashable, parts: list[torch.Tensor]) -> tuple[list[to
 
 
 def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether ``a`` and ``b`` lie in overlapping memory without sharing a version counter.
-    A new tensor over the held one's memory (``torch.from_numpy`` of one buffer a loader
-    refills, a tensor ``set_`` on the same storage) always compares equal to it, yet was
-    filled by writes that moved no version counter of the held tensor, so the held
-    graph's layouts may describe contents that are gone: a SAGEConv on batches so made
-    got the second batch's graph for every later one, 0.2-1.2 off PyG's outputs. Views of
-    one tensor (``edge_index.view(2, -1)`` per call) share its counter, which the held
-    stamp reads, so they are compared as before."""
-    if a.device != b.device or (a if a._base is None else a._base) is (b if b._base is None else b._base):
+    """Whether ``a`` and ``b`` lie in overlapping memory. A new tensor over the held one's
+    memory (``torch.from_numpy`` of one buffer a loader refills, a tensor ``set_`` on the
+    same storage, a view of one tensor per batch) always compares equal to it, yet may
+    have been filled by writes that moved no version counter (numpy, ``.data``, DLPack),
+    so the held graph's layouts may describe contents that are gone: a SAGEConv on
+    batches so made got the second batch's graph for every later one, 0.2-4 off PyG's
+    outputs. Views of one tensor are no exception: they share its version counter, but
+    those writes do not move it either (a loader holding ``torch.from_numpy(buffer)`` and
+    handing out a view of it per batch)."""
+    if a.device != b.device:
         return False
     start_a, start_b = a.untyped_storage().data_ptr(), b.untyped_storage().data_ptr()
     return start_a < start_b + b.untyped_storage().nbytes() and start_b < start_a + a.untyped_storage().nbytes()
