@@ -295,3 +295,24 @@ def test_tables_given_by_keyword_are_not_watched_on_the_data():
     loader = NeighborLoader(data, [2], batch_size=4, prefetch=0, x=data.x.clone())
     data.x = torch.zeros_like(data.x)                        # the loader reads its own x, as given
     next(iter(loader))
+
+
+@pytest.mark.parametrize("name", ["edge_attr", "edge_weight", "y"])
+@pytest.mark.xfail(strict=True, reason="a table absent when the loader was built is not watched")
+def test_a_data_table_added_after_the_loader_was_built_is_refused_by_name(name):
+    """A table the Data lacked when the loader was built and was given afterwards reaches
+    PyG's batches; gnnfuse's loader took none, so its batches said ``None`` for it, silently
+    (``GCNConv(x, edge_index, batch.edge_weight)`` then ran unweighted): refused by name,
+    as a replaced table is."""
+    from gnnfuse.loader import LinkNeighborLoader
+    data = attributed_data(edge_tables=False)
+    del data.y
+    loaders = [NeighborLoader(data, [2], batch_size=4, prefetch=0),
+               LinkNeighborLoader(data, [2], batch_size=4, prefetch=0)]
+    for loader in loaders:
+        next(iter(loader))
+    rows = data.num_nodes if name == "y" else data.num_edges
+    setattr(data, name, torch.rand(rows, dtype=torch.float64))
+    for loader, called in zip(loaders, ("NeighborLoader", "LinkNeighborLoader")):
+        with pytest.raises(RuntimeError, match=f"data.{name} was set after this {called} was built"):
+            next(iter(loader))
