@@ -298,7 +298,6 @@ def test_tables_given_by_keyword_are_not_watched_on_the_data():
 
 
 @pytest.mark.parametrize("name", ["edge_attr", "edge_weight", "y"])
-@pytest.mark.xfail(strict=True, reason="a table absent when the loader was built is not watched")
 def test_a_data_table_added_after_the_loader_was_built_is_refused_by_name(name):
     """A table the Data lacked when the loader was built and was given afterwards reaches
     PyG's batches; gnnfuse's loader took none, so its batches said ``None`` for it, silently

@@ -5,8 +5,11 @@ so ``data.x = new_x`` between epochs reaches PyG's next batches. gnnfuse's loade
 those tables when it is built (placed on the feature device, shared with worker
 processes, page-locked), so a tensor assigned afterwards would silently not be used. An
 in-place change is read, as in PyG (the loader holds the same tensor, or re-reads it);
-a replacement is refused by name when the next batch is asked for. Weak references
-throughout: watching keeps neither the ``Data`` nor its old tables alive.
+a replacement is refused by name when the next batch is asked for. So is a table the
+``Data`` lacked then and was given since (``data.edge_weight = w``): PyG's batches carry
+it, gnnfuse's said ``None`` for it, and a layer taking it as optional (GCNConv's
+``edge_weight``, GATConv's ``edge_attr``) ran without it. Weak references throughout:
+watching keeps neither the ``Data`` nor its old tables alive.
 """
 from __future__ import annotations
 
@@ -19,12 +22,13 @@ WATCHED = ("x", "y", "edge_attr", "edge_weight")
 
 
 class HeldTables:
-    """The tensors ``data`` held under `WATCHED` names when the loader took them."""
+    """The tensors ``data`` held under `WATCHED` names when the loader took them (None
+    for a name it held no tensor under)."""
 
     def __init__(self, data: Any, names: tuple[str, ...]):
         self._data = weakref.ref(data)
-        self._tables = {name: weakref.ref(table) for name in names
-                        if isinstance(table := getattr(data, name, None), torch.Tensor)}
+        self._tables = {name: weakref.ref(table) if isinstance(table := getattr(data, name, None), torch.Tensor)
+                        else None for name in names}
 
     def check(self, loader: str) -> None:
         """Raise if the ``Data`` (still alive) now holds another tensor under a taken name."""
@@ -32,7 +36,13 @@ class HeldTables:
         if data is None:
             return
         for name, taken in self._tables.items():
-            if getattr(data, name, None) is not taken():
+            now = getattr(data, name, None)
+            if taken is None and isinstance(now, torch.Tensor):
+                raise RuntimeError(
+                    f"data.{name} was set after this {loader} was built: the loader took no {name} (the Data had "
+                    f"none), so its batches would not carry it, where PyG's loader would read it. Build a new "
+                    f"{loader} on the Data")
+            if taken is not None and now is not taken():
                 raise RuntimeError(
                     f"data.{name} was replaced after this {loader} was built: the loader holds the tensor it was "
                     f"given (placed for its batches), so the new one would reach no batch, where PyG's loader "
