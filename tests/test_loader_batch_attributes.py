@@ -315,3 +315,33 @@ def test_a_data_table_added_after_the_loader_was_built_is_refused_by_name(name):
     for loader, called in zip(loaders, ("NeighborLoader", "LinkNeighborLoader")):
         with pytest.raises(RuntimeError, match=f"data.{name} was set after this {called} was built"):
             next(iter(loader))
+
+
+def test_an_in_place_change_to_a_table_the_loader_copied_is_refused_by_name(monkeypatch):
+    """A table the loader keeps as a copy (on a GPU one moved to the loader's device or
+    page-locked; here a copy forced through `_place`, since this machine's placements
+    read every table in place) would not see an in-place change the README promises
+    reaches later batches: refused at the next batch. A table read in place sees the
+    change, as before."""
+    shared = attributed_data()
+    in_place = NeighborLoader(shared, [2], batch_size=4, prefetch=0)
+    shared.x.mul_(2)
+    batch = next(iter(in_place))
+    assert torch.equal(batch.x, shared.x[batch.n_id])
+    monkeypatch.setattr(NeighborLoader, "_place", lambda self, table: None if table is None else table.clone())
+    data = attributed_data()
+    copied = NeighborLoader(data, [2], batch_size=4, prefetch=0)
+    next(iter(copied))
+    data.y[0] += 1
+    with pytest.raises(RuntimeError, match="the y table was changed in place after this NeighborLoader copied it"):
+        next(iter(copied))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a copy to the GPU needs one")
+def test_an_in_place_change_to_a_host_table_a_gpu_loader_copied_is_refused():
+    data = attributed_data()
+    loader = NeighborLoader(data, [2], batch_size=4, prefetch=0, device="cuda")
+    next(iter(loader))
+    data.x.add_(1)
+    with pytest.raises(RuntimeError, match="the x table was changed in place"):
+        next(iter(loader))

@@ -4,8 +4,9 @@ PyG's loaders read ``data.x``, ``data.y`` and the edge tables when each batch is
 so ``data.x = new_x`` between epochs reaches PyG's next batches. gnnfuse's loader takes
 those tables when it is built (placed on the feature device, shared with worker
 processes, page-locked), so a tensor assigned afterwards would silently not be used. An
-in-place change is read, as in PyG (the loader holds the same tensor, or re-reads it);
-a replacement is refused by name when the next batch is asked for. So is a table the
+in-place change is read, as in PyG, where the loader holds the same tensor; where it
+holds a copy, the change is refused (`CopiedTables`), and so is a replacement, by name
+when the next batch is asked for. So is a table the
 ``Data`` lacked then and was given since (``data.edge_weight = w``): PyG's batches carry
 it, gnnfuse's said ``None`` for it, and a layer taking it as optional (GCNConv's
 ``edge_weight``, GATConv's ``edge_attr``) ran without it. Weak references throughout:
@@ -56,3 +57,32 @@ def held_tables(data: Any, given: dict[str, Any]) -> HeldTables | None:
     if not (callable(getattr(data, "is_node_attr", None)) and hasattr(data, "edge_index")):
         return None
     return HeldTables(data, tuple(name for name in WATCHED if given.get(name) is None))
+
+
+class CopiedTables:
+    """The tables a loader keeps as copies of the ones it was given (moved to its
+    ``device``, page-locked for zero-copy reads), with each original's version counter
+    then. An in-place change to the original, which the README promises reaches later
+    batches, would reach no batch through a copy: refused by name at the next batch."""
+
+    def __init__(self) -> None:
+        self._watched: dict[str, tuple[weakref.ref, int]] = {}
+
+    def placed(self, name: str, original: torch.Tensor | None, placed: torch.Tensor | None
+               ) -> torch.Tensor | None:
+        """``placed`` (the loader's table for ``original``), watched if it is a copy."""
+        if original is not None and placed is not None and placed.untyped_storage().data_ptr() != \
+                original.untyped_storage().data_ptr() and not original.is_inference():
+            self._watched[name] = (weakref.ref(original), original._version)
+        return placed
+
+    def check(self, loader: str) -> None:
+        for name, (taken, version) in self._watched.items():
+            original = taken()
+            if original is not None and original._version != version:
+                raise RuntimeError(
+                    f"the {name} table was changed in place after this {loader} copied it (to "
+                    f"{'page-locked memory' if original.device.type == 'cpu' else 'another device'} for its "
+                    f"batches), so the change would reach no batch: build a new {loader} after changing it, or "
+                    f"keep the table where the loader reads it in place (on the loader's device, or "
+                    f"feature_device='pinned' with a page-locked table)")

@@ -49,7 +49,7 @@ import torch
 from ..graph import Graph
 from .batch_maker import BatchMaker, MiniBatch, batch_generator
 from .data_attributes import data_attributes
-from .held_tables import held_tables
+from .held_tables import CopiedTables, held_tables
 from .prefetch import Prefetcher, side_stream
 from .stages import StageTimes
 from .static_shapes import Capacities
@@ -319,7 +319,10 @@ class NeighborLoader:
         self.num_workers = num_workers
         # pinned tables are read in place by a kernel when batches are sampled on the GPU
         self._zero_copy = self.feature_device == "pinned" and self.sample_device.type == "cuda"
-        self._maker = BatchMaker(csr.rowptr.long(), csr.col.long(), self._place(features), self._place(labels),
+        self._copies = CopiedTables()      # tables kept as copies, whose in-place changes would reach no batch
+        x_table = self._copies.placed("x", features, self._place(features))
+        y_table = self._copies.placed("y", labels, self._place(labels))
+        self._maker = BatchMaker(csr.rowptr.long(), csr.col.long(), x_table, y_table,
                                  tuple(self.num_neighbors), replace, self.device,
                                  self.sample_device, self.feature_device, self._zero_copy)
         # the Data's other node- and edge-level attributes, attached to each batch here
@@ -330,7 +333,7 @@ class NeighborLoader:
             # read by edge id per batch, as PyG does: not a reordered copy made now
             self._maker.edge_ids = csr.eid.long()
             for name, table in edge_tables.items():
-                setattr(self._maker, name, self._place(table))
+                setattr(self._maker, name, self._copies.placed(name, table, self._place(table)))
         for name, table in (("x", features), ("y", labels), *edge_tables.items()):
             if table is not None and table.requires_grad:
                 _check_learnable(name, table, getattr(self._maker, name), prefetch, num_workers)
@@ -443,10 +446,12 @@ class NeighborLoader:
         counted in ``stage_times`` when the next is asked for. The worker pool starts with
         the first epoch's maker and keeps it: a loader passes the same maker every epoch
         (`LinkNeighborLoader`, whose node loader this is, its `LinkBatchMaker`). A table
-        of the ``Data`` replaced since the loader was built is refused (`held_tables`)."""
+        of the ``Data`` replaced since the loader was built, or one changed in place that
+        the loader holds a copy of, is refused (`held_tables`)."""
         for batch in self._prepared_unchecked(maker, batches, seed):
             if self._held is not None:
                 self._held.check(self._name)
+            self._copies.check(self._name)
             yield batch
 
     def _prepared_unchecked(self, maker: Maker, batches: list[tuple[torch.Tensor, ...]], seed: int
