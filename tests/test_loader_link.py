@@ -393,7 +393,7 @@ def test_worker_processes_give_the_batches_prepared_when_asked():
     torch.manual_seed(5)
     try:
         first = list(loader)
-        processes = loader._nodes._workers._processes
+        processes = loader._nodes._preparation.workers._processes
         ignores = [subprocess.run(["grep", "SigIgn", f"/proc/{p.pid}/status"], capture_output=True,
                                   text=True).stdout for p in processes]
         interrupted(loader)                     # the epoch abandoned: the next one is whole

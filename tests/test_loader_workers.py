@@ -107,7 +107,8 @@ def test_an_epoch_started_while_another_is_iterated_supersedes_it_and_the_first_
 
 
 def loader_processes(loader: NeighborLoader) -> list:
-    return [] if loader._workers is None else loader._workers._processes
+    workers = loader._preparation.workers
+    return [] if workers is None else workers._processes
 
 
 def test_bad_worker_counts_are_refused():

@@ -50,10 +50,9 @@ from ..graph import Graph
 from .batch_maker import BatchMaker, MiniBatch, batch_generator
 from .data_attributes import data_attributes
 from .held_tables import CopiedTables, held_tables
-from .prefetch import Prefetcher, side_stream
-from .stages import StageTimes
+from .preparation import BatchPreparation, check_settings
 from .static_shapes import Capacities
-from .workers import Batch, Maker, WorkerPool
+from .workers import Batch, Maker
 
 FEATURE_DEVICES = ("device", "pinned")
 PROBED_BATCHES = 8       # batches sampled to set the capacities of ``static_shapes=True``
@@ -295,12 +294,7 @@ class NeighborLoader:
         batch_size = int(batch_size)
         if sampler is not None and shuffle:
             raise ValueError("sampler is mutually exclusive with shuffle (the sampler orders the seeds)")
-        if prefetch < 0:
-            raise ValueError(f"prefetch must be >= 0, got {prefetch}")
-        if prefetch_threads < 1:
-            raise ValueError(f"prefetch_threads must be >= 1, got {prefetch_threads}")
-        if num_workers < 0:
-            raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+        check_settings(prefetch, prefetch_threads, num_workers)
         for name, table in (("x", features), ("y", labels)):
             if table is not None and table.shape[0] != graph.num_nodes:
                 raise ValueError(f"{name} has {table.shape[0]} rows but the graph has {graph.num_nodes} nodes")
@@ -340,9 +334,9 @@ class NeighborLoader:
         self.seeds, self._input_ids = _seed_ids(input_nodes, graph.num_nodes)
         self.batch_size, self.shuffle, self.replace, self.drop_last = batch_size, shuffle, replace, drop_last
         self.prefetch, self.prefetch_threads, self.sampler = prefetch, prefetch_threads, sampler
-        self.stage_times = StageTimes()
-        self._workers: WorkerPool | None = None
-        self._side_streams: list[torch.cuda.Stream] | None = None      # the prefetch threads', made once
+        self._preparation = BatchPreparation(self.device, self.sample_device, prefetch, prefetch_threads,
+                                             num_workers)
+        self.stage_times = self._preparation.stage_times
         if deferred and (static_shapes is False or self.feature_device != "device"):
             raise ValueError("deferred=True leaves padded batches' feature rows to the step, which gathers them "
                              "from a table on the device: it needs static_shapes and feature_device='device'")
@@ -441,44 +435,17 @@ class NeighborLoader:
     def _prepared(self, maker: Maker, batches: list[tuple[torch.Tensor, ...]], seed: int) -> Iterator[Batch]:
         """``maker``'s batches of the epoch seeded ``seed``, in order: batch i is
         ``maker.prepare(batches[i][0], batch_generator(sample_device, seed, i), stage_times,
-        *batches[i][1:])``, prepared as this loader's settings say (by its worker processes,
-        by ``prefetch_threads`` threads ``prefetch`` batches ahead, or when asked), and
-        counted in ``stage_times`` when the next is asked for. The worker pool starts with
-        the first epoch's maker and keeps it: a loader passes the same maker every epoch
-        (`LinkNeighborLoader`, whose node loader this is, its `LinkBatchMaker`). A table
-        of the ``Data`` replaced since the loader was built, or one changed in place that
-        the loader holds a copy of, is refused (`held_tables`)."""
-        for batch in self._prepared_unchecked(maker, batches, seed):
+        *batches[i][1:])``, prepared as this loader's settings say (`BatchPreparation`: by
+        its worker processes, by ``prefetch_threads`` threads ``prefetch`` batches ahead, or
+        when asked). The worker pool keeps the first epoch's maker: a loader passes the same
+        maker every epoch (`LinkNeighborLoader`, whose node loader this is, its
+        `LinkBatchMaker`). A table of the ``Data`` replaced since the loader was built, or
+        one changed in place that the loader holds a copy of, is refused (`held_tables`)."""
+        for batch in self._preparation.epoch(maker, batches, seed, operator.methodcaller("tensors")):
             if self._held is not None:
                 self._held.check(self._name)
             self._copies.check(self._name)
             yield batch
-
-    def _prepared_unchecked(self, maker: Maker, batches: list[tuple[torch.Tensor, ...]], seed: int
-                            ) -> Iterator[Batch]:
-        if self.num_workers:
-            if self._workers is None:
-                self._workers = WorkerPool(maker, self.num_workers, max(self.prefetch, 1))
-            with contextlib.closing(self._workers.epoch(batches, seed, self.stage_times)) as prepared:
-                for batch in prepared:
-                    yield batch
-                    self.stage_times.count_batch()
-            return
-        prepare = lambda item: maker.prepare(      # noqa: E731
-            item[1][0], batch_generator(self.sample_device, seed, item[0]), self.stage_times, *item[1][1:])
-        if self.prefetch == 0:
-            for item in enumerate(batches):
-                yield prepare(item)
-                self.stage_times.count_batch()
-            return
-        if self._side_streams is None and self.device.type == "cuda":   # the same for every epoch (`side_stream`)
-            self._side_streams = [side_stream(self.device) for _ in range(self.prefetch_threads)]
-        with contextlib.closing(iter(Prefetcher(list(enumerate(batches)), prepare, self.prefetch, self.device,
-                                                operator.methodcaller("tensors"), self.stage_times,
-                                                self._side_streams, self.prefetch_threads))) as prefetched:
-            for batch in prefetched:
-                yield batch
-                self.stage_times.count_batch()
 
     def _with_attributes(self, batch: MiniBatch) -> MiniBatch:
         """``batch`` with the ``Data``'s other attributes to read (`loader.data_attributes`)."""
@@ -486,9 +453,7 @@ class NeighborLoader:
 
     def close(self) -> None:
         """Stop the worker processes, if any (they also stop when the loader is freed)."""
-        if self._workers is not None:
-            self._workers.close()
-            self._workers = None
+        self._preparation.close()
 
     def __repr__(self) -> str:
         workers = f", num_workers={self.num_workers}" if self.num_workers else ""
