@@ -11,6 +11,9 @@ vertices of each type numbered by first appearance after those already there. A
 the seeds. With fanouts, the batch's structure is checked against the graph."""
 from __future__ import annotations
 
+import subprocess
+import threading
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -367,10 +370,12 @@ def test_batches_are_reproducible_and_drop_last():
 
 
 @pytest.mark.parametrize("kwargs, error, message", [
-    ({"num_workers": 2}, NotImplementedError, "num_workers=2 is not offered"),
     ({"static_shapes": True}, NotImplementedError, "static_shapes=True is not offered"),
     ({"feature_device": "pinned"}, NotImplementedError, "feature_device='pinned' is not offered"),
-    ({"prefetch": 2}, NotImplementedError, "prefetch=2 is not offered"),
+    ({"sampler": [0, 1]}, NotImplementedError, r"sampler=\[0, 1\] is not offered"),
+    ({"prefetch": -1}, ValueError, "prefetch must be >= 0"),
+    ({"num_workers": -1}, ValueError, "num_workers must be >= 0"),
+    ({"prefetch_threads": 0}, ValueError, "prefetch_threads must be >= 1"),
     ({"x": torch.zeros(40, 5)}, NotImplementedError, r"x=<a \[40, 5\] tensor> is not offered"),
     ({"time_attr": "time"}, NotImplementedError, "PyG's time_attr="),
     ({"fanout": 3}, TypeError, "unexpected keyword argument 'fanout'"),
@@ -410,3 +415,122 @@ def test_an_edge_type_to_a_node_type_without_a_store_is_refused_and_data_left_as
     data["venue"].num_nodes = 2
     batch = next(iter(NeighborLoader(data, [-1], batch_size=3, input_nodes="paper")))
     assert batch["venue"].n_id.tolist() == [0, 1] and batch["venue"].num_sampled_nodes == [0, 2]
+
+
+def _attributed_mag_like() -> HeteroData:
+    """`mag_like` with an edge-level attribute, a node-level one of another dtype and a
+    graph-level one: every kind of attribute a batch carries across processes."""
+    data = mag_like(6)
+    data["paper", "cites", "paper"].edge_attr = torch.randn(90, 3, dtype=f64)
+    data["author"].h_index = torch.arange(25, dtype=torch.int32)
+    data.name = "mag-like"
+    return data
+
+
+def assert_same_hetero_batches(expected: list, got: list) -> None:
+    """The same batches: every store with the same keys, each tensor equal with its dtype,
+    each other value (``num_sampled_nodes``, ``batch_size``, ...) equal."""
+    assert len(expected) == len(got) and expected
+    for a, b in zip(expected, got):
+        assert [s._key for s in a.stores] == [s._key for s in b.stores]
+        for store_a, store_b in zip(a.stores, b.stores):
+            assert sorted(store_a.keys()) == sorted(store_b.keys())
+            for key, value in store_a.items():
+                if isinstance(value, torch.Tensor):
+                    assert value.dtype == store_b[key].dtype and torch.equal(value, store_b[key]), (store_a._key, key)
+                else:
+                    assert value == store_b[key], (store_a._key, key)
+
+
+def _hetero_epochs(loader, epochs: int = 2) -> list[list]:
+    torch.manual_seed(11)
+    return [list(loader) for _ in range(epochs)]
+
+
+def _hetero_loader(data, **kwargs):
+    return NeighborLoader(data, [3, 2], batch_size=7, input_nodes=("paper", data["paper"].train_mask),
+                          shuffle=True, **kwargs)
+
+
+def test_a_prefetch_thread_gives_the_batches_prepared_when_asked():
+    """Batches prepared ahead by ``prefetch`` threads (default 2 ahead) are those prepared
+    when asked, attribute for attribute, for two epochs; the stages are timed."""
+    data = _attributed_mag_like()
+    plain = _hetero_epochs(_hetero_loader(data, prefetch=0))
+    assert len(plain[0]) == 4 and not all(torch.equal(a["paper"].n_id, b["paper"].n_id)
+                                          for a, b in zip(*plain))     # the epochs differ
+    ahead = _hetero_loader(data)
+    torch.manual_seed(11)
+    epochs, threads = [], set()
+    for _ in range(2):
+        epochs.append([])
+        for batch in ahead:                                 # prepared by a thread, not when asked
+            epochs[-1].append(batch)
+            threads |= {t.name for t in threading.enumerate() if t.is_alive()}
+    assert "gnnfuse-prefetch" in threads
+    for expected, got in zip(plain, epochs):
+        assert_same_hetero_batches(expected, got)
+    totals = ahead.stage_times.totals()
+    assert ahead.stage_times.batches == 8 and totals["sample"] > 0 and totals["lookup"] > 0
+    for expected, got in zip(plain, _hetero_epochs(_hetero_loader(data, prefetch=3, prefetch_threads=2))):
+        assert_same_hetero_batches(expected, got)
+    assert not any(t.name == "gnnfuse-prefetch" and t.is_alive() for t in threading.enumerate())
+
+
+def test_worker_processes_give_the_batches_prepared_when_asked():
+    """``num_workers`` processes prepare batches from a pickled `HeteroBatchMaker`; each
+    ``HeteroData`` comes back packed (`loader.packing`) and is the one prepared when asked,
+    store for store, for two epochs; an in-place change of a table reaches them, a replaced
+    table is refused; ``close`` stops the workers, which ignore SIGINT."""
+    data = _attributed_mag_like()
+    plain = _hetero_epochs(_hetero_loader(data, prefetch=0))
+    loader = _hetero_loader(data, num_workers=2)
+    try:
+        got = _hetero_epochs(loader)
+        processes = loader._preparation.workers._processes
+        data["author"].x.mul_(2)                    # read by the workers, as it is by PyG's
+        in_place = next(iter(loader))
+        data["paper"].x = data["paper"].x.clone()    # the workers hold the old one: refused
+        with pytest.raises(RuntimeError, match=r"data\['paper'\]\.x was replaced after .* num_workers processes"):
+            list(loader)
+        ignores = [subprocess.run(["grep", "SigIgn", f"/proc/{p.pid}/status"], capture_output=True,
+                                  text=True).stdout for p in processes]
+    finally:
+        loader.close()
+    assert len(processes) == 2 and all(not p.is_alive() for p in processes)
+    assert all(int(line.split()[1], 16) & (1 << 1) for line in ignores)      # SIGINT (2) ignored
+    for expected, batches in zip(plain, got):
+        assert_same_hetero_batches(expected, batches)
+    assert in_place["author"].x.equal(data["author"].x[in_place["author"].n_id])   # shared, not copied
+    assert set(got[0][0].x_dict) == {"paper", "author", "field"} and len(got[0][0].edge_index_dict) == 5
+    assert loader.stage_times.batches == 8 and loader.stage_times.totals()["sample"] > 0
+    assert "num_workers=2" in repr(loader)
+
+
+def test_a_learnable_table_is_refused_by_prefetch_and_workers_and_read_when_asked():
+    """A node table that requires grad (a learnable embedding) would be read ahead, before
+    the optimizer updates it, or sent to workers without its gradient: refused by name
+    unless batches are prepared when asked, whose rows then carry the gradient."""
+    data = mag_like()
+    data["author"].x = torch.nn.Parameter(torch.randn(25, 5, dtype=f64))
+    for kwargs, why in (({}, "prefetch=2 would read"), ({"num_workers": 1}, "num_workers=1 processes")):
+        with pytest.raises(ValueError, match=rf"data\['author'\]\.x requires grad .*{why}"):
+            NeighborLoader(data, [2], batch_size=4, input_nodes="paper", **kwargs)
+    batch = next(iter(NeighborLoader(data, [-1], batch_size=40, input_nodes="paper", prefetch=0)))
+    assert batch["author"].x.requires_grad and batch["author"].num_nodes > 0
+
+
+def test_a_replaced_table_is_read_and_a_replaced_edge_index_refused_by_name():
+    """As PyG's loader, a batch reads the ``HeteroData``'s tables as they are when it is
+    made (here, when asked); the loader samples CSRs built from each ``edge_index`` when
+    it was made, so a new ``edge_index`` would reach no batch: refused by name."""
+    data = mag_like()
+    loader = NeighborLoader(data, [2], batch_size=8, input_nodes="paper", prefetch=0)
+    assert len(list(loader)) == 5
+    data["author"].x = torch.randn(25, 5, dtype=f64)
+    batch = next(iter(loader))
+    assert torch.equal(batch["author"].x, data["author"].x[batch["author"].n_id])
+    data["author", "writes", "paper"].edge_index = data["author", "writes", "paper"].edge_index.clone()
+    with pytest.raises(RuntimeError, match=r"data\[\('author', 'writes', 'paper'\)\]\.edge_index was replaced "
+                                           r"after this NeighborLoader was built: its CSRs"):
+        next(iter(loader))

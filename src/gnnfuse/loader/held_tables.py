@@ -1,4 +1,4 @@
-"""The tables a loader took from a PyG ``Data``, watched for replacement.
+"""The tables a loader took from a PyG ``Data`` (or ``HeteroData``), watched for replacement.
 
 PyG's loaders read ``data.x``, ``data.y`` and the edge tables when each batch is made,
 so ``data.x = new_x`` between epochs reaches PyG's next batches. gnnfuse's loader takes
@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 WATCHED = ("x", "y", "edge_attr", "edge_weight")
+_ABSENT = object()       # a HeteroData attribute not there (`HeldHeteroData`)
 
 
 class HeldTables:
@@ -86,3 +87,57 @@ class CopiedTables:
                     f"batches), so the change would reach no batch: build a new {loader} after changing it, or "
                     f"keep the table where the loader reads it in place (on the loader's device, or "
                     f"feature_device='pinned' with a page-locked table)")
+
+
+class HeldHeteroData:
+    """What a `HeteroNeighborLoader` took from a ``HeteroData``, watched the same way: each
+    edge type's ``edge_index`` (the loader samples CSRs built from it when it was made,
+    so a new one would reach no batch) and, with worker processes (``every_attribute``),
+    every attribute of every store: the workers cut batches from the ``HeteroData`` as
+    it was pickled to them, so a tensor replaced, added or removed here would not reach
+    their batches, where batches made in this process (and PyG's) read it."""
+
+    def __init__(self, data: Any, every_attribute: bool):
+        self._data = weakref.ref(data)
+        self._every_attribute = every_attribute
+        self._held = self._attributes(data)
+
+    def _attributes(self, data: Any) -> dict[tuple[Any, str], Any]:
+        """(store key, name) -> a weak reference to each watched tensor, the value itself
+        for anything else (``num_nodes``, a graph-level string)."""
+        held = {}
+        for store in data.stores:
+            for name, value in store.items():
+                if self._every_attribute or name == "edge_index":
+                    held[store._key, name] = weakref.ref(value) if isinstance(value, torch.Tensor) else value
+        return held
+
+    def check(self, loader: str) -> None:
+        """Raise, naming the first, if the ``HeteroData`` (still alive) changed what it holds."""
+        data = self._data()
+        if data is None:
+            return
+        now = self._attributes(data)
+        for where in {**self._held, **now}:
+            before, after = self._held.get(where, _ABSENT), now.get(where, _ABSENT)
+            same = (before() is after() if isinstance(before, weakref.ref) and isinstance(after, weakref.ref)
+                    else not isinstance(before, weakref.ref) and not isinstance(after, weakref.ref)
+                    and _equal(before, after))
+            if not same:
+                store = "data" if where[0] is None else f"data[{where[0]!r}]"
+                what = "added" if before is _ABSENT else "removed" if after is _ABSENT else "replaced"
+                why = ("its CSRs are built from the edge_index it was given" if where[1] == "edge_index"
+                       else "its num_workers processes cut batches from the HeteroData as it was when they were "
+                            "given it")
+                raise RuntimeError(
+                    f"{store}.{where[1]} was {what} after this {loader} was built: {why}, so the change would reach "
+                    f"no batch, where PyG's loader would read it. Build a new {loader} on the HeteroData, or "
+                    f"change the tensor in place ({store}.{where[1]}.copy_(new), ...[rows] = ...)")
+
+
+def _equal(before: Any, after: Any) -> bool:
+    """Whether two non-tensor attribute values are the same (an int, a string, a list)."""
+    try:
+        return before is after or bool(before == after)
+    except Exception:      # noqa: BLE001 - a value without a plain == (a NumPy array): identity only
+        return False

@@ -6,10 +6,17 @@ PyG's idiom ``model(batch.x_dict, batch.edge_index_dict)["paper"][:batch["paper"
 runs unchanged. Sampling is PyG's rule (`loader.hetero_sampler`), each batch is a
 ``HeteroData`` with PyG's attributes (`loader.hetero_batch`).
 
-This first version prepares each batch when the loop asks for it, on the device the
-graph's ``edge_index`` tensors are on, and hands PyG's view only (no per-layer blocks):
-the homogeneous loader's prefetch threads, worker processes, static shapes, pinned
-feature staging and ``sampler`` are refused by name rather than ignored.
+Batches are sampled on the device the graph's ``edge_index`` tensors are on and cut from
+the ``HeteroData``'s own tensors where they are; they are prepared as the homogeneous
+loader's are, by the same machinery (`loader.preparation`: ``prefetch`` batches ahead,
+default 2, in ``prefetch_threads`` threads, or ``num_workers`` processes), running a
+`HeteroBatchMaker`. This loader hands PyG's view only (no per-layer blocks): the
+homogeneous loader's static shapes, pinned feature staging, ``sampler`` and separate
+feature tables are refused by name rather than ignored. Each ``edge_index`` is read when
+the loader is made (its CSRs), so one replaced afterwards is refused by name at the next
+batch; with worker processes, which hold the ``HeteroData`` as it was given them, so is
+any attribute replaced, added or removed (`held_tables.HeldHeteroData`). A table that
+requires grad is refused unless batches are made when asked (`_check_learnable`).
 
 Randomness: as the homogeneous loader's, an epoch's shuffle and samples come from one
 seed drawn from torch's global generator when iteration starts (so ``torch.manual_seed``
@@ -17,6 +24,7 @@ fixes them), batch i sampling from its own generator (`batch_generator`).
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -24,15 +32,16 @@ from typing import Any
 import torch
 
 from ..graph.graph import CSR
-from .batch_maker import batch_generator
-from .hetero_batch import hetero_batch
-from .hetero_sampler import EdgeType, sample_hetero, typed_csr
-from .neighbor_loader import _check_batch_size, _check_pyg_options, _fanouts, _seed_ids
+from .held_tables import HeldHeteroData
+from .hetero_batch_maker import HeteroBatchMaker, hetero_batch_tensors
+from .hetero_sampler import EdgeType, typed_csr
+from .neighbor_loader import _check_batch_size, _check_learnable, _check_pyg_options, _fanouts, _seed_ids
+from .preparation import BatchPreparation
 
 # gnnfuse's own NeighborLoader arguments, each with the value that asks for nothing this
 # loader lacks; another value is refused by name.
 _NOT_OFFERED: dict[str, Any] = {
-    "num_workers": 0, "prefetch": 0, "prefetch_threads": 1, "static_shapes": False, "deferred": False,
+    "static_shapes": False, "deferred": False,
     "feature_device": None, "sampler": None, "x": None, "y": None, "edge_attr": None, "edge_weight": None,
     "device": None, "sample_device": None,
 }
@@ -53,10 +62,14 @@ def _check_options(options: dict[str, Any]) -> None:
         if value is not _NOT_OFFERED[name] and not (isinstance(value, (bool, int)) and value == _NOT_OFFERED[name]):
             shown = f"<a {list(value.shape)} tensor>" if isinstance(value, torch.Tensor) else f"{value!r:.60}"
             raise NotImplementedError(
-                f"NeighborLoader on a HeteroData: {name}={shown} is not offered yet (it prepares each batch "
-                f"when the loop asks for it, from the HeteroData's own tensors, with PyG's attributes); leave "
-                f"{name} out")
+                f"NeighborLoader on a HeteroData: {name}={shown} is not offered yet (it cuts each batch from "
+                f"the HeteroData's own tensors, where they are, with PyG's attributes); leave {name} out")
     _check_pyg_options(options)
+
+
+def _store_name(store: Any) -> str:
+    """How PyG code names a store: ``data['paper']``, ``data[('paper', 'cites', 'paper')]``."""
+    return f"data[{store._key!r}]" if store._key is not None else "data"
 
 
 def _node_counts(data: Any) -> dict[str, int]:
@@ -152,10 +165,14 @@ class HeteroNeighborLoader:
     """Mini-batches of a PyG ``HeteroData`` (see the module docstring). Arguments are
     PyG's: ``num_neighbors`` (a list for every edge type, or a dict edge type -> list;
     -1 all in-edges, 0 none), ``batch_size``, ``input_nodes`` (a node type, or (node type,
-    ids or boolean mask)), ``shuffle``, ``replace``, ``drop_last``."""
+    ids or boolean mask)), ``shuffle``, ``replace``, ``drop_last``; gnnfuse's, as
+    `NeighborLoader`'s: ``prefetch`` (batches prepared ahead, default 2; 0 prepares each
+    when asked), ``prefetch_threads`` and ``num_workers`` (processes, started on the first
+    epoch and kept until `close`). The batches are the same whichever prepares them."""
 
     def __init__(self, data: Any, num_neighbors: Any, batch_size: int = 1, input_nodes: Any = None,
-                 shuffle: bool = False, replace: bool = False, drop_last: bool = False, **options: Any) -> None:
+                 shuffle: bool = False, replace: bool = False, drop_last: bool = False, *, prefetch: int = 2,
+                 prefetch_threads: int = 1, num_workers: int = 0, **options: Any) -> None:
         _check_options(options)
         _check_batch_size(batch_size)
         edge_types = data.metadata()[1]
@@ -169,6 +186,16 @@ class HeteroNeighborLoader:
             for edge_type, edge_index in edge_indices.items()}
         self.data = data
         self.batch_size, self.shuffle, self.replace, self.drop_last = int(batch_size), shuffle, replace, drop_last
+        self._preparation = BatchPreparation(self.sample_device, self.sample_device, prefetch, prefetch_threads,
+                                             num_workers)
+        self.stage_times = self._preparation.stage_times
+        for store in data.stores:
+            for key, value in store.items():
+                if isinstance(value, torch.Tensor) and value.requires_grad:
+                    _check_learnable(f"{_store_name(store)}.{key}", value, value, prefetch, num_workers)
+        self._held = HeldHeteroData(data, every_attribute=bool(num_workers))
+        self._maker = HeteroBatchMaker(data, self._csrs, self.num_nodes, self.input_type, self.num_neighbors,
+                                       self.num_hops, replace, self.sample_device)
 
     def __len__(self) -> int:
         full, rest = divmod(self.seeds.numel(), self.batch_size)
@@ -179,17 +206,21 @@ class HeteroNeighborLoader:
         count = self.seeds.numel()
         positions = torch.randperm(count, generator=torch.Generator().manual_seed(seed)) if self.shuffle \
             else torch.arange(count)
-        for index, chunk in enumerate(positions.split(self.batch_size)):
-            if self.drop_last and chunk.numel() < self.batch_size:
-                return
-            yield self._batch(self.seeds[chunk], self._input_ids[chunk],
-                              batch_generator(self.sample_device, seed, index))
+        batches = list(zip(self.seeds[positions].split(self.batch_size),
+                           self._input_ids[positions].split(self.batch_size))) if count else []
+        if self.drop_last and batches and batches[-1][0].numel() < self.batch_size:
+            batches.pop()
+        # closed explicitly, as NeighborLoader's: an abandoned epoch stops its thread now
+        with contextlib.closing(self._preparation.epoch(self._maker, batches, seed, hetero_batch_tensors)) as prepared:
+            for batch in prepared:
+                self._held.check("NeighborLoader")
+                yield batch
 
-    def _batch(self, seeds: torch.Tensor, input_id: torch.Tensor, generator: torch.Generator) -> Any:
-        sample = sample_hetero(self._csrs, self.num_nodes, self.input_type, seeds.to(self.sample_device),
-                               self.num_neighbors, self.num_hops, self.replace, generator)
-        return hetero_batch(self.data, sample, self.input_type, input_id)
+    def close(self) -> None:
+        """Stop the worker processes, if any (they also stop when the loader is freed)."""
+        self._preparation.close()
 
     def __repr__(self) -> str:
+        workers = f", num_workers={self._preparation.num_workers}" if self._preparation.num_workers else ""
         return (f"NeighborLoader(HeteroData, num_neighbors={self.num_neighbors}, batch_size={self.batch_size}, "
-                f"input_nodes=({self.input_type!r}, {self.seeds.numel()} seeds))")
+                f"input_nodes=({self.input_type!r}, {self.seeds.numel()} seeds){workers})")

@@ -5,14 +5,14 @@ training step's, but not its host work: both threads run Python under one interp
 lock, and on a GPU both are host-bound (a products-sized batch costs the loader about
 15 ms of Python and torch dispatch, the step about 10), so an epoch took about the sum
 of the two. Worker processes (PyG's ``num_workers``) each run a `BatchMaker` (a
-`LinkNeighborLoader`'s `LinkBatchMaker`) under their own interpreter lock, so the two
-sides' host work overlaps too.
+`LinkNeighborLoader`'s `LinkBatchMaker`, a `HeteroNeighborLoader`'s `HeteroBatchMaker`)
+under their own interpreter lock, so the two sides' host work overlaps too.
 
 What crosses between the processes: at start, the maker (its CSR and feature tables
 shared, not copied: CUDA tensors through CUDA IPC, host tensors through shared memory);
 per epoch, each worker's list of (batch index, what the maker's ``prepare`` takes: a
 `BatchMaker`'s seeds and input ids, a `LinkBatchMaker`'s label-edge positions); per
-batch, the `MiniBatch` (or `LinkMiniBatch`) with its blocks' graphs and their prepared
+batch, the `MiniBatch` (or `LinkMiniBatch`, or PyG ``HeteroData``) with its blocks' graphs and their prepared
 layouts, its tensors packed into one buffer per device (`loader.packing`: one IPC
 handle to open instead of some forty; the receiving stream waits for the worker's
 kernels through the IPC event torch sends with it), and the worker's stage seconds for
@@ -54,11 +54,13 @@ _POLL = 0.1              # seconds between checks for a stop while blocked on a 
 _JOIN_TIMEOUT = 5.0
 
 
-Batch = Union[MiniBatch, LinkMiniBatch]
+# a `HeteroBatchMaker`'s batches are PyG ``HeteroData``, not named here: torch_geometric
+# is imported only by those who pass one
+Batch = Union[MiniBatch, LinkMiniBatch, Any]
 
 
 class Maker(Protocol):
-    """What a worker runs (`BatchMaker`, `LinkBatchMaker`): batch ``i`` is
+    """What a worker runs (`BatchMaker`, `LinkBatchMaker`, `HeteroBatchMaker`): batch ``i`` is
     ``prepare(first, generator, times, *rest)`` for its listed arguments (``first``,
     ``*rest``), ``generator`` `batch_generator` on ``sample_device``."""
     device: torch.device
