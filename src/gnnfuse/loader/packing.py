@@ -10,6 +10,9 @@ offset aligned as the caching allocator aligns its blocks, so kernels see the sa
 pointer alignment) and pickles the rest of the batch with references to them; `unpack`
 rebuilds the tensors as views of the one received buffer. Tensors that appear several
 times (a CSR both in a graph's cache and in a block's layout list) stay one tensor.
+Nothing here is particular to a `MiniBatch`: a PyG ``HeteroData`` batch crosses the same
+way, its stores (and their ``num_sampled_nodes`` lists, ``batch_size``) pickled, their
+tensors packed.
 """
 from __future__ import annotations
 
