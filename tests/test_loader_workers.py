@@ -146,3 +146,13 @@ def test_workers_read_pinned_features_from_shared_memory():
         loader.close()
     for a, b in zip(plain[0], pinned[0], strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_workers_share_this_process_threads(monkeypatch):
+    """Each worker gets its share of the intra-op threads (workers and this process), at
+    least one: each with every core, their OpenMP pools oversubscribed the CPU."""
+    from gnnfuse.loader.workers import worker_threads
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 16)
+    assert [worker_threads(n) for n in (1, 2, 3, 15, 16)] == [8, 5, 4, 1, 1]
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    assert worker_threads(2) == 1
