@@ -68,18 +68,19 @@ def _recipe(ctx: GraphContext, by: str, max_edges: int | None, max_degree: int |
         rowptr = ctx.grouped(by)[0]
         if whole or in_order:
             return _build(rowptr, None if whole else max_edges, in_order)
-        return _build(rowptr, max_edges, _all_rows_short(rowptr))
+        return _build(rowptr, max_edges, _all_rows_short(rowptr, min(SHORT_ROWS, max_edges)))
     return f"triton_segments_{by}_{max_edges}", build
 
 
-def _all_rows_short(rowptr: torch.Tensor) -> bool:
-    """Whether no row of ``rowptr`` is longer than `SHORT_ROWS`, read back from the device
-    once. Asked where no bound is known and the segments would be counted, which reads
-    back twice (a ``repeat_interleave``'s size and the split rows' ``nonzero``) after a
-    sort: a graph of short rows (a batch of molecules, a mesh, a k-NN graph) then keeps
-    its rows in order instead, as a sampled block does, and every new graph of a
-    graph-classification step costs one read-back and no sort."""
-    return rowptr.numel() < 2 or int((rowptr[1:] - rowptr[:-1]).max()) <= SHORT_ROWS
+def _all_rows_short(rowptr: torch.Tensor, bound: int) -> bool:
+    """Whether no row of ``rowptr`` is longer than ``bound`` (`SHORT_ROWS`, or the
+    segment length where that is shorter, so that every row is one segment), read back
+    from the device once. Asked where no bound is known and the segments would be
+    counted, which reads back twice (a ``repeat_interleave``'s size and the split rows'
+    ``nonzero``) after a sort: a graph of short rows (a batch of molecules, a mesh, a
+    k-NN graph) then keeps its rows in order instead, as a sampled block does, and every
+    new graph of a graph-classification step costs one read-back and no sort."""
+    return rowptr.numel() < 2 or int((rowptr[1:] - rowptr[:-1]).max()) <= bound
 
 
 def whole_row_segments(graph: Graph) -> list[Any]:
