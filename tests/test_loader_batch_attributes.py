@@ -339,9 +339,17 @@ def test_an_in_place_change_to_a_table_the_loader_copied_is_refused_by_name(monk
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="a copy to the GPU needs one")
 def test_an_in_place_change_to_a_host_table_a_gpu_loader_copied_is_refused():
+    """Features moved to the GPU (``feature_device='device'``) are a copy; a loader
+    sampling on the host with pinned features (the default here) gathers from the
+    table itself, so there the change is read."""
     data = attributed_data()
-    loader = NeighborLoader(data, [2], batch_size=4, prefetch=0, device="cuda")
+    loader = NeighborLoader(data, [2], batch_size=4, prefetch=0, device="cuda", feature_device="device")
     next(iter(loader))
     data.x.add_(1)
     with pytest.raises(RuntimeError, match="the x table was changed in place"):
         next(iter(loader))
+    read = attributed_data()
+    pinned = NeighborLoader(read, [2], batch_size=4, prefetch=0, device="cuda")
+    read.x.add_(1)
+    batch = next(iter(pinned))
+    assert torch.equal(batch.x.cpu(), read.x[batch.n_id.cpu()])
