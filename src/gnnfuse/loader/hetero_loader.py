@@ -37,6 +37,7 @@ from .hetero_batch_maker import HeteroBatchMaker, hetero_batch_tensors
 from .hetero_sampler import EdgeType, typed_csr
 from .neighbor_loader import _check_batch_size, _check_learnable, _check_pyg_options, _fanouts, _seed_ids
 from .preparation import BatchPreparation
+from .stages import StageTimes
 
 # gnnfuse's own NeighborLoader arguments, each with the value that asks for nothing this
 # loader lacks; another value is refused by name.
@@ -188,7 +189,6 @@ class HeteroNeighborLoader:
         self.batch_size, self.shuffle, self.replace, self.drop_last = int(batch_size), shuffle, replace, drop_last
         self._preparation = BatchPreparation(self.sample_device, self.sample_device, prefetch, prefetch_threads,
                                              num_workers)
-        self.stage_times = self._preparation.stage_times
         for store in data.stores:
             for key, value in store.items():
                 if isinstance(value, torch.Tensor) and value.requires_grad:
@@ -196,6 +196,17 @@ class HeteroNeighborLoader:
         self._held = HeldHeteroData(data, every_attribute=bool(num_workers))
         self._maker = HeteroBatchMaker(data, self._csrs, self.num_nodes, self.input_type, self.num_neighbors,
                                        self.num_hops, replace, self.sample_device)
+
+    @property
+    def stage_times(self) -> StageTimes:
+        """Seconds per stage: the `BatchPreparation`'s, into which the batches are timed; assigning one
+        (a counting `StageTimes`, `benchmarks/minibatch_host.py`) times the next batches
+        into it."""
+        return self._preparation.stage_times
+
+    @stage_times.setter
+    def stage_times(self, times: StageTimes) -> None:
+        self._preparation.stage_times = times
 
     def __len__(self) -> int:
         full, rest = divmod(self.seeds.numel(), self.batch_size)

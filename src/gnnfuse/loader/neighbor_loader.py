@@ -51,6 +51,7 @@ from .batch_maker import BatchMaker, MiniBatch, batch_generator
 from .data_attributes import data_attributes
 from .held_tables import CopiedTables, held_tables
 from .preparation import BatchPreparation, check_settings
+from .stages import StageTimes
 from .static_shapes import Capacities
 from .workers import Batch, Maker
 
@@ -336,7 +337,6 @@ class NeighborLoader:
         self.prefetch, self.prefetch_threads, self.sampler = prefetch, prefetch_threads, sampler
         self._preparation = BatchPreparation(self.device, self.sample_device, prefetch, prefetch_threads,
                                              num_workers)
-        self.stage_times = self._preparation.stage_times
         if deferred and (static_shapes is False or self.feature_device != "device"):
             raise ValueError("deferred=True leaves padded batches' feature rows to the step, which gathers them "
                              "from a table on the device: it needs static_shapes and feature_device='device'")
@@ -394,6 +394,17 @@ class NeighborLoader:
                 warnings.warn(f"gnnfuse NeighborLoader: could not page-lock the {list(table.shape)} feature "
                               f"table ({exc}); its rows are gathered on the host", RuntimeWarning, stacklevel=3)
         return table
+
+    @property
+    def stage_times(self) -> StageTimes:
+        """Seconds per stage: the `BatchPreparation`'s, into which the batches are timed; assigning one
+        (a counting `StageTimes`, `benchmarks/minibatch_host.py`) times the next batches
+        into it."""
+        return self._preparation.stage_times
+
+    @stage_times.setter
+    def stage_times(self, times: StageTimes) -> None:
+        self._preparation.stage_times = times
 
     def __len__(self) -> int:
         full, rest = divmod(self.seeds.numel() if self.sampler is None else len(self.sampler), self.batch_size)
