@@ -353,3 +353,12 @@ def test_an_in_place_change_to_a_host_table_a_gpu_loader_copied_is_refused():
     read.x.add_(1)
     batch = next(iter(pinned))
     assert torch.equal(batch.x.cpu(), read.x[batch.n_id.cpu()])
+
+
+def test_a_zero_dim_label_is_refused_by_name():
+    """A graph-level label (a 0-dim ``y``) has no row per vertex to cut: it raised
+    ``IndexError: tuple index out of range`` from the row count check."""
+    data = attributed_data()
+    data.y = torch.tensor(3)
+    with pytest.raises(ValueError, match="y is a 0-dim tensor"):
+        NeighborLoader(data, [2], batch_size=4, prefetch=0)

@@ -297,6 +297,9 @@ class NeighborLoader:
             raise ValueError("sampler is mutually exclusive with shuffle (the sampler orders the seeds)")
         check_settings(prefetch, prefetch_threads, num_workers)
         for name, table in (("x", features), ("y", labels)):
+            if table is not None and table.dim() == 0:      # a graph-level value: no row to cut per vertex
+                raise ValueError(f"{name} is a 0-dim tensor (one value for the whole graph); the loader cuts {name} "
+                                 f"by vertex and needs a row per node ({graph.num_nodes})")
             if table is not None and table.shape[0] != graph.num_nodes:
                 raise ValueError(f"{name} has {table.shape[0]} rows but the graph has {graph.num_nodes} nodes")
         for name, table in edge_tables.items():
