@@ -92,6 +92,19 @@ def test_attributes_are_gathered_on_first_read_only_and_unknown_names_are_refuse
     assert torch.equal(later.train_mask, data.train_mask[later.n_id])
 
 
+def test_an_attribute_deleted_from_the_data_is_missing_on_later_batches():
+    """PyG's batch copies the ``Data`` as it is, so ``del data.train_mask`` leaves its
+    batches without one; the loader's kept table must not stand in for it (a stale mask)."""
+    data = attributed_data()
+    loader = NeighborLoader(data, [2], batch_size=4, prefetch=0)
+    del data.train_mask, data.edge_time, data.title
+    batch = next(iter(loader))
+    for name in ("train_mask", "edge_time", "title"):
+        with pytest.raises(AttributeError, match=f"data.{name} was deleted"):
+            getattr(batch, name)
+    assert torch.equal(batch.val_mask, data.val_mask[batch.n_id])
+
+
 def test_a_gnnfuse_node_dataset_s_masks_come_too():
     from gnnfuse.data import load_node_dataset
     data = load_node_dataset("synthetic")

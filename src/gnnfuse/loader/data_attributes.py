@@ -15,7 +15,8 @@ Each read takes the ``Data``'s attribute as it is then, as PyG's loader, which r
 ``Data`` at every batch: ``data.train_mask = new_mask`` between epochs reaches later
 batches (the table seen at construction had been kept, so they read the old mask). The
 ``Data`` is held by a weak reference, which a pickled batch drops: it keeps the tables it
-was made with. A name's level stays the one decided at construction, as PyG caches it.
+was made with. A name's level stays the one decided at construction, as PyG caches it; a name
+deleted from the ``Data`` since is missing on the batch, as on PyG's (not its old table).
 
 A table is gathered where the batch is. A table elsewhere is copied there once, on its
 first read, and that copy is kept while the table is the same tensor, unchanged (its
@@ -93,6 +94,10 @@ class DataAttributes:
         tensor too, as PyG's ``batch.to`` would move it; other values as they are)."""
         if name in self.refused:
             raise TypeError(f"batch.{name}: {self.refused[name]}")
+        data = None if self.source is None else self.source()
+        if data is not None and name not in data:       # PyG's batch, a copy of the Data now, lacks it too
+            raise AttributeError(f"batch.{name}: data.{name} was deleted after the loader was built, so the batch "
+                                 f"has none, as PyG's would not")
         if name in self.whole:
             value = self._current(name, self.whole[name])
             return self._on(name, value, n_id.device) if isinstance(value, torch.Tensor) else value
