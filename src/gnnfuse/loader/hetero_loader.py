@@ -36,8 +36,7 @@ from .held_tables import HeldHeteroData
 from .hetero_batch_maker import HeteroBatchMaker, hetero_batch_tensors
 from .hetero_sampler import EdgeType, typed_csr
 from .neighbor_loader import _check_batch_size, _check_learnable, _check_pyg_options, _fanouts, _seed_ids
-from .preparation import BatchPreparation
-from .stages import StageTimes
+from .preparation import STAGE_TIMES, BatchPreparation
 
 # gnnfuse's own NeighborLoader arguments, each with the value that asks for nothing this
 # loader lacks; another value is refused by name.
@@ -197,16 +196,7 @@ class HeteroNeighborLoader:
         self._maker = HeteroBatchMaker(data, self._csrs, self.num_nodes, self.input_type, self.num_neighbors,
                                        self.num_hops, replace, self.sample_device)
 
-    @property
-    def stage_times(self) -> StageTimes:
-        """Seconds per stage: the `BatchPreparation`'s, into which the batches are timed; assigning one
-        (a counting `StageTimes`, `benchmarks/minibatch_host.py`) times the next batches
-        into it."""
-        return self._preparation.stage_times
-
-    @stage_times.setter
-    def stage_times(self, times: StageTimes) -> None:
-        self._preparation.stage_times = times
+    stage_times = STAGE_TIMES
 
     def __len__(self) -> int:
         full, rest = divmod(self.seeds.numel(), self.batch_size)

@@ -37,7 +37,7 @@ from .hetero_loader import is_hetero_data
 from .link_batch import LinkMiniBatch
 from .link_batch_maker import LinkBatchMaker
 from .neighbor_loader import _PYG_OPTIONS, NeighborLoader, _check_pyg_options, _graph_and_tables
-from .stages import StageTimes
+from .preparation import STAGE_TIMES, BatchPreparation
 
 NEGATIVE_MODES = ("binary", "triplet")
 
@@ -226,16 +226,12 @@ class LinkNeighborLoader:
         self.batch_size, self.shuffle, self.drop_last = int(batch_size), shuffle, drop_last
         self._maker = LinkBatchMaker(self._nodes._maker, self.edge_label_index, self.edge_label, self.neg_sampling)
 
-    @property
-    def stage_times(self) -> StageTimes:
-        """Seconds per stage: the node loader's, into which the batches are timed; assigning one
-        (a counting `StageTimes`, `benchmarks/minibatch_host.py`) times the next batches
-        into it."""
-        return self._nodes.stage_times
+    stage_times = STAGE_TIMES
 
-    @stage_times.setter
-    def stage_times(self, times: StageTimes) -> None:
-        self._nodes.stage_times = times
+    @property
+    def _preparation(self) -> BatchPreparation:
+        """The node loader's, which prepares this loader's batches."""
+        return self._nodes._preparation
 
     def __len__(self) -> int:
         full, rest = divmod(self.edge_label_index.shape[1], self.batch_size)

@@ -50,8 +50,7 @@ from ..graph import Graph
 from .batch_maker import BatchMaker, MiniBatch, batch_generator
 from .data_attributes import data_attributes
 from .held_tables import CopiedTables, held_tables
-from .preparation import BatchPreparation, check_settings
-from .stages import StageTimes
+from .preparation import STAGE_TIMES, BatchPreparation, check_settings
 from .static_shapes import Capacities
 from .workers import Batch, Maker
 
@@ -398,16 +397,7 @@ class NeighborLoader:
                               f"table ({exc}); its rows are gathered on the host", RuntimeWarning, stacklevel=3)
         return table
 
-    @property
-    def stage_times(self) -> StageTimes:
-        """Seconds per stage: the `BatchPreparation`'s, into which the batches are timed; assigning one
-        (a counting `StageTimes`, `benchmarks/minibatch_host.py`) times the next batches
-        into it."""
-        return self._preparation.stage_times
-
-    @stage_times.setter
-    def stage_times(self, times: StageTimes) -> None:
-        self._preparation.stage_times = times
+    stage_times = STAGE_TIMES
 
     def __len__(self) -> int:
         full, rest = divmod(self.seeds.numel() if self.sampler is None else len(self.sampler), self.batch_size)

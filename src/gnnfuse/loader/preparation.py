@@ -83,3 +83,18 @@ class BatchPreparation:
         if self.workers is not None:
             self.workers.close()
             self.workers = None
+
+
+def _get_stage_times(loader: Any) -> StageTimes:
+    return loader._preparation.stage_times
+
+
+def _set_stage_times(loader: Any, times: StageTimes) -> None:
+    loader._preparation.stage_times = times
+
+
+# A loader's ``stage_times``: its `BatchPreparation`'s, into which the batches are timed.
+# A property rather than an alias, so that assigning one (a counting `StageTimes`,
+# `benchmarks/minibatch_host.py`) times the next batches into it.
+STAGE_TIMES = property(_get_stage_times, _set_stage_times,
+                       doc="Seconds per stage of this loader's batches (`BatchPreparation.stage_times`).")
