@@ -267,10 +267,10 @@ def test_a_sampler_that_repeats_a_seed_or_leaves_input_nodes_is_refused(position
 def test_an_unindexed_cuda_device_means_the_current_one(monkeypatch):
     # tensors report cuda:0, and torch.device("cuda") != torch.device("cuda:0"): features already
     # on the GPU were taken for host features and moved back to the host
-    from gnnfuse.loader.neighbor_loader import _indexed
+    from gnnfuse.loader.batch_move import target_device
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    assert _indexed("cuda") == torch.device("cuda:0") and _indexed("cuda:1") == torch.device("cuda:1")
-    assert _indexed("cpu") == torch.device("cpu")
+    assert target_device("cuda") == torch.device("cuda:0") and target_device("cuda:1") == torch.device("cuda:1")
+    assert target_device("cpu") == torch.device("cpu")
 
 
 def _counted(run):

@@ -48,6 +48,7 @@ import torch
 
 from ..graph import Graph
 from .batch_maker import BatchMaker, MiniBatch, batch_generator
+from .batch_move import target_device
 from .data_attributes import data_attributes
 from .held_tables import CopiedTables, held_tables
 from .preparation import STAGE_TIMES, BatchPreparation, check_settings
@@ -78,15 +79,6 @@ def _graph_and_tables(data: Any, x: torch.Tensor | None, y: torch.Tensor | None
         raise TypeError(f"NeighborLoader takes a gnnfuse Graph, a gnnfuse NodeDataset or a PyG Data with an "
                         f"edge_index, got {type(data).__name__}")
     return graph, getattr(data, "x", None) if x is None else x, getattr(data, "y", None) if y is None else y, edge_tables
-
-
-def _indexed(device: torch.device | str) -> torch.device:
-    """``cuda`` as the device it means now (``cuda:0``): tensors report an indexed device,
-    and ``torch.device('cuda') != torch.device('cuda:0')``."""
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        return torch.device("cuda", torch.cuda.current_device())
-    return device
 
 
 def _fanouts(num_neighbors: Any) -> list[int]:
@@ -308,8 +300,8 @@ class NeighborLoader:
         if deferred and edge_tables:
             raise ValueError(f"deferred=True leaves a padded batch's lookups to the step, which gathers feature "
                              f"rows only; the {' and '.join(edge_tables)} would not reach the blocks")
-        self.sample_device = _indexed(sample_device if sample_device is not None else graph.device)
-        self.device = _indexed(device) if device is not None else self.sample_device
+        self.sample_device = target_device(sample_device if sample_device is not None else graph.device)
+        self.device = target_device(device) if device is not None else self.sample_device
         csr = graph.to(self.sample_device).csr()
         self.num_nodes = graph.num_nodes
         self.feature_device = self._feature_device(feature_device, features)
