@@ -36,7 +36,7 @@ from .held_tables import HeldHeteroData
 from .hetero_batch_maker import HeteroBatchMaker, hetero_batch_tensors
 from .hetero_sampler import EdgeType, typed_csr
 from .neighbor_loader import _check_batch_size, _check_learnable, _check_pyg_options, _fanouts, _seed_ids
-from .preparation import STAGE_TIMES, BatchPreparation
+from .preparation import STAGE_TIMES, BatchPreparation, epoch_batches, epoch_order
 
 # gnnfuse's own NeighborLoader arguments, each with the value that asks for nothing this
 # loader lacks; another value is refused by name.
@@ -204,13 +204,8 @@ class HeteroNeighborLoader:
 
     def __iter__(self) -> Iterator[Any]:
         seed = int(torch.randint(0, 2**62, (1,)))
-        count = self.seeds.numel()
-        positions = torch.randperm(count, generator=torch.Generator().manual_seed(seed)) if self.shuffle \
-            else torch.arange(count)
-        batches = list(zip(self.seeds[positions].split(self.batch_size),
-                           self._input_ids[positions].split(self.batch_size))) if count else []
-        if self.drop_last and batches and batches[-1][0].numel() < self.batch_size:
-            batches.pop()
+        positions = epoch_order(self.seeds.numel(), self.shuffle, torch.Generator().manual_seed(seed))
+        batches = epoch_batches((self.seeds, self._input_ids), positions, self.batch_size, self.drop_last)
         # closed explicitly, as NeighborLoader's: an abandoned epoch stops its thread now
         with contextlib.closing(self._preparation.epoch(self._maker, batches, seed, hetero_batch_tensors)) as prepared:
             for batch in prepared:

@@ -37,7 +37,7 @@ from .hetero_loader import is_hetero_data
 from .link_batch import LinkMiniBatch
 from .link_batch_maker import LinkBatchMaker
 from .neighbor_loader import _PYG_OPTIONS, NeighborLoader, _check_pyg_options, _graph_and_tables
-from .preparation import STAGE_TIMES, BatchPreparation
+from .preparation import STAGE_TIMES, BatchPreparation, epoch_batches, epoch_order
 
 NEGATIVE_MODES = ("binary", "triplet")
 
@@ -239,12 +239,10 @@ class LinkNeighborLoader:
 
     def __iter__(self) -> Iterator[LinkMiniBatch]:
         seed = int(torch.randint(0, 2**62, (1,)))
-        count = self.edge_label_index.shape[1]
-        positions = (torch.randperm(count, generator=torch.Generator().manual_seed(seed)) if self.shuffle
-                     else torch.arange(count)).to(self._nodes._ids_device)
-        batches = [(input_id,) for input_id in positions.split(self.batch_size)] if count else []
-        if self.drop_last and batches and batches[-1][0].numel() < self.batch_size:
-            batches.pop()
+        count = self.edge_label_index.shape[1]       # a batch: columns of edge_label_index, in the epoch's order
+        order = epoch_order(count, self.shuffle, torch.Generator().manual_seed(seed))
+        batches = epoch_batches((torch.arange(count),), order, self.batch_size, self.drop_last,
+                                self._nodes._ids_device)
         # closed explicitly, as NeighborLoader's: an abandoned epoch stops its thread now
         with contextlib.closing(self._nodes._prepared(self._maker, batches, seed)) as prepared:
             for batch in prepared:

@@ -51,7 +51,7 @@ from .batch_maker import BatchMaker, MiniBatch, batch_generator
 from .batch_move import target_device
 from .data_attributes import data_attributes
 from .held_tables import CopiedTables, held_tables
-from .preparation import STAGE_TIMES, BatchPreparation, check_settings
+from .preparation import STAGE_TIMES, BatchPreparation, check_settings, epoch_batches, epoch_order
 from .static_shapes import Capacities
 from .workers import Batch, Maker
 
@@ -398,20 +398,9 @@ class NeighborLoader:
     def _seed_batches(self, generator: torch.Generator, device: torch.device
                       ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The epoch's (seeds, ``input_id``) per batch, on ``device``."""
-        if self.sampler is not None:
-            positions = _sampled_positions(self.sampler, self.seeds.numel())
-        elif self.shuffle:
-            positions = torch.randperm(self.seeds.numel(), generator=generator)
-        else:
-            positions = torch.arange(self.seeds.numel())
-        # where they are used, once per epoch, not copied there batch by batch; no seeds
-        # (an empty mask, a sampler's empty share) is no batch, not one empty batch
-        seeds, input_ids = (table[positions].to(device).split(self.batch_size) if positions.numel() else []
-                            for table in (self.seeds, self._input_ids))
-        batches = list(zip(seeds, input_ids))
-        if self.drop_last and batches and batches[-1][0].numel() < self.batch_size:
-            batches.pop()
-        return batches
+        positions = (_sampled_positions(self.sampler, self.seeds.numel()) if self.sampler is not None
+                     else epoch_order(self.seeds.numel(), self.shuffle, generator))
+        return epoch_batches((self.seeds, self._input_ids), positions, self.batch_size, self.drop_last, device)
 
     def __iter__(self) -> Iterator[MiniBatch]:
         seed = int(torch.randint(0, 2**62, (1,)))

@@ -32,6 +32,26 @@ def check_settings(prefetch: int, prefetch_threads: int, num_workers: int) -> No
         raise ValueError(f"num_workers must be >= 0, got {num_workers}")
 
 
+def epoch_order(count: int, shuffle: bool, generator: torch.Generator) -> torch.Tensor:
+    """The order an epoch takes ``count`` seeds (or label edges) in: a permutation drawn from
+    ``generator`` when ``shuffle``, else as given."""
+    return torch.randperm(count, generator=generator) if shuffle else torch.arange(count)
+
+
+def epoch_batches(tables: tuple[torch.Tensor, ...], positions: torch.Tensor, batch_size: int, drop_last: bool,
+                  device: torch.device | None = None) -> list[tuple[torch.Tensor, ...]]:
+    """Each table's rows at ``positions``, on ``device`` (where they are used, moved once
+    per epoch rather than batch by batch), cut into batches of ``batch_size``; a short last
+    batch is dropped under ``drop_last``. No positions (an empty mask, a sampler's empty
+    share) is no batch, not one empty batch."""
+    if not positions.numel():
+        return []
+    batches = list(zip(*(table[positions].to(device).split(batch_size) for table in tables)))
+    if drop_last and batches[-1][0].numel() < batch_size:
+        batches.pop()
+    return batches
+
+
 class BatchPreparation:
     """An epoch's batches prepared as ``prefetch``, ``prefetch_threads`` and
     ``num_workers`` say, batches going to ``device`` and sampled on ``sample_device``;
