@@ -66,6 +66,17 @@ def grouped_csr(keys: torch.Tensor, others: torch.Tensor, rows: int, dtype: torc
     return CSR(rowptr.to(dtype), others[by_key.indices].to(dtype), by_key.indices.to(dtype))
 
 
+def prefill_grouping(graph: Graph) -> None:
+    """Build ``graph``'s CSR and both degree vectors into its cache without a host sync
+    (a sort, a binary search and an ``index_add``), in fixed shapes: what a captured step
+    rebuilds on every replay for a graph whose edges change between batches."""
+    src, dst = graph.src, graph.dst
+    csr = grouped_csr(dst, src, graph.num_dst_nodes, graph.index_dtype)
+    out_degrees = torch.zeros(graph.num_src_nodes, dtype=torch.int64, device=src.device).index_add_(
+        0, src, torch.ones_like(src))
+    prefill(graph, csr=csr, in_degrees=csr.rowptr.long().diff(), out_degrees=out_degrees)
+
+
 def build_reverse_csr(graph: Graph) -> CSR:
     """The graph's out-edges grouped by source (what a backward pass reads), built into
     its cache without a host sync (`Graph.reverse_csr` would count rows with ``bincount``)."""

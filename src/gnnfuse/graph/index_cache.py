@@ -126,6 +126,22 @@ def cached_graph(obj: Any, parts: list[torch.Tensor], key: Hashable, build: Call
     return graph
 
 
+def remember(obj: torch.Tensor, key: Hashable, graph: Any) -> None:
+    """Serve ``graph`` for the plain index tensor ``obj`` (under ``key``, as
+    `cached_graph`'s) in the state it is in now. Only for an owner that rewrites ``obj``
+    in place together with every layout of ``graph`` and calls this after each rewrite:
+    a captured step's static batch (`training.static_graph_batch`), whose kernels read
+    the graph's layouts at fixed addresses, so a graph built anew per batch would not be
+    the one they read."""
+    stamp = _stamp([obj])
+    if stamp is None:
+        raise ValueError("an inference tensor has no version counter: its graph cannot be remembered")
+    slot = (id(obj), key)
+    ref = weakref.ref(obj, lambda dead: _forget(slot, dead))
+    with _LOCK:
+        put_recent(_ENTRIES, slot, (ref, stamp, graph, None), CAPACITY)
+
+
 def clear_index_cache() -> None:
     """Forget every remembered graph (and free its layouts)."""
     with _LOCK:

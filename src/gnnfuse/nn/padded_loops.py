@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from ..graph import Graph
-from ..graph.fixed_shape import build_reverse_csr, grouped_csr, mark_padded, prefill
+from ..graph.fixed_shape import build_reverse_csr, mark_padded, prefill_grouping
 from ..runtime.compiled import backend_name
 
 
@@ -35,10 +35,7 @@ def padded_looped(graph: Graph) -> Graph:
     src = torch.cat([torch.where(loop, num_src - 1, src), loops])
     dst = torch.cat([torch.where(loop, num_dst - 1, dst), loops])
     looped = Graph._of_valid_ids(src, dst, num_dst, num_src if graph.is_bipartite else None)
-    csr = grouped_csr(dst, src, num_dst, looped.index_dtype)
-    out_degrees = torch.zeros(num_src, dtype=torch.int64, device=src.device).index_add_(
-        0, src, torch.ones_like(src))
-    prefill(looped, csr=csr, in_degrees=csr.rowptr.long().diff(), out_degrees=out_degrees)
+    prefill_grouping(looped)
     backend = backend_name(src.is_cuda)
     if backend != "reference":     # the compiled backends' backward reads it
         build_reverse_csr(looped)
