@@ -1,0 +1,57 @@
+"""PyG's ``DataLoader`` for batches of whole graphs, optionally padded to fixed shapes.
+
+``from gnnfuse.loader import DataLoader`` is ``torch_geometric.loader.DataLoader``: the
+same arguments, the same collated ``Batch`` objects. With ``static_shapes=True`` every
+batch is also padded to capacities probed on a few random batches when the loader is
+made (`loader.padded_graph_batch`), so that `training.GraphStepCapture` can replay the
+training step from a CUDA graph instead of paying its Python and launches on every
+batch of small graphs (the graph-classification step is bound by the host).
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from torch_geometric.loader import DataLoader as PyGDataLoader
+
+from .padded_graph_batch import GraphCapacities, pad_graph_batch, probe_capacities
+
+
+class DataLoader(PyGDataLoader):
+    """``DataLoader(dataset, batch_size=1, shuffle=False, follow_batch=None,
+    exclude_keys=None, *, static_shapes=False, capacities=None, **kwargs)``.
+
+    Everything but the two keywords is PyG's ``DataLoader`` (and torch's: ``num_workers``,
+    ``drop_last``, ...). ``static_shapes=True`` pads each batch (`pad_graph_batch`) to
+    ``capacities`` (a `GraphCapacities`; by default probed on 16 random batches, 10%
+    above the largest, with ``batch_size + 1`` graphs: one of them padding); a batch
+    that does not fit comes unpadded. ``loader.capacities`` holds them.
+    """
+
+    def __init__(self, dataset: Any, batch_size: int = 1, shuffle: bool = False,
+                 follow_batch: Sequence[str] | None = None, exclude_keys: Sequence[str] | None = None, *,
+                 static_shapes: bool = False, capacities: GraphCapacities | None = None, **kwargs: Any) -> None:
+        if capacities is not None and not static_shapes:
+            raise ValueError("capacities are the padded batches' shapes: pass static_shapes=True with them")
+        if static_shapes and follow_batch:
+            raise ValueError(f"static_shapes cannot pad follow_batch's vectors ({', '.join(follow_batch)}): they "
+                             f"hold graph ids per row of their attribute; use static_shapes=False")
+        super().__init__(dataset, batch_size, shuffle, follow_batch, exclude_keys, **kwargs)
+        self.capacities = None
+        if static_shapes:
+            if capacities is None:
+                capacities = probe_capacities(dataset, batch_size)
+            elif capacities.graphs <= batch_size:
+                raise ValueError(f"capacities hold {capacities.graphs} graphs, but a batch of {batch_size} "
+                                 f"needs {batch_size + 1} (one is padding)")
+            self.capacities = capacities
+            self.collate_fn = _PaddedCollater(self.collate_fn, capacities)
+
+
+class _PaddedCollater:
+    """PyG's collater, then `pad_graph_batch`: picklable, for worker processes."""
+
+    def __init__(self, collate: Any, capacities: GraphCapacities) -> None:
+        self.collate, self.capacities = collate, capacities
+
+    def __call__(self, items: list[Any]) -> Any:
+        return pad_graph_batch(self.collate(items), self.capacities)
