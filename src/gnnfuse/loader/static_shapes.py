@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Sequence
 import torch
 
 from ..graph import Graph
+from ..graph.fixed_shape import prefill_grouping
 from .layouts import prepare_layouts, tensors_in
 from .sampler import SampledBlock
 
@@ -183,16 +184,20 @@ def complete(batch: "MiniBatch", features: torch.Tensor, x: torch.Tensor | None 
     return dataclasses.replace(batch, x=rows, deferred=False)
 
 
-def build_layouts(graph: Graph) -> None:
+def build_layouts(graph: Graph, grouping: bool = False) -> None:
     """Build `loader.layouts` for a padded block's graph (whole-row segments), and on a
     later call rebuild them *into the tensors of the first build*: kernels' launch plans
     and a captured CUDA graph hold those tensors, so a rebuild that put new ones in the
-    cache would leave them reading the first batch's layouts."""
+    cache would leave them reading the first batch's layouts. ``grouping``: build the
+    CSR and degrees too (a padded batch of whole graphs, whose loader builds none), and
+    read every vertex as a source (whether one sends no edge is the device's to know)."""
     derived = graph._cache.get(DERIVED_KEYS, ())
     scratch = copy.copy(graph)                    # the same ids and counts, a cache of the base entries
     scratch._cache = {key: value for key, value in graph._cache.items() if key not in derived and key != DERIVED_KEYS}
     before = set(scratch._cache)
-    prepare_layouts(scratch, whole_rows=True)
+    if grouping:
+        prefill_grouping(scratch)
+    prepare_layouts(scratch, unread=graph.src.new_empty(0) if grouping else None, whole_rows=True)
     for key, value in scratch._cache.items():
         if key in before:
             continue
@@ -212,4 +217,5 @@ def copy_into(targets: Sequence[torch.Tensor], sources: Sequence[torch.Tensor]) 
     once (a tensor reached twice -- a layout cached under two keys -- is one tensor)."""
     seen: set[int] = set()
     pairs = [(t, s) for t, s in zip(targets, sources) if id(t) not in seen and not seen.add(id(t))]
-    torch._foreach_copy_([t for t, _ in pairs], [s for _, s in pairs])
+    if pairs:       # a layout holding no tensor (None: every row read) has nothing to copy
+        torch._foreach_copy_([t for t, _ in pairs], [s for _, s in pairs])

@@ -46,8 +46,10 @@ import torch
 
 from ..graph import Graph
 from ..loader import MiniBatch
+from ..loader.padded_graph_batch import padded_capacities
 from ..loader.static_shapes import DERIVED_KEYS, complete, copy_into
 from ..runtime.cuda_graph import DEFAULT_WARMUP, CaptureFallbackWarning, StepCapture, check_mode
+from .static_graph_batch import StaticGraphBatch
 
 SHORT_BATCHES = ("eager", "replay")     # what BlockStepCapture does with a batch of fewer seeds
 
@@ -245,19 +247,30 @@ class BlockStepCapture:
         if self.reason is None:
             self.reason = "released (BlockStepCapture.release)"
 
-    def __call__(self, batch: MiniBatch) -> Any:
-        if self.reason is None and batch.padded:
+    _STEP = "mini-batch training step"      # how warnings and the capture name the step
+
+    def __call__(self, batch: Any) -> Any:
+        if self.reason is None and self._padded(batch):
             if self.static is None:
-                self.static = StaticBatch(batch, self.features)
+                self.static = self._static_batch(batch)
                 static = self.static
                 self._capture = StepCapture(lambda: self.step_fn(static.complete()), optimizers=self.optimizers,
                                             modules=self.modules, mode=self.mode, warmup=self.warmup,
-                                            name="mini-batch training step", _graph_factory=self._graph_factory)
+                                            name=self._STEP, _graph_factory=self._graph_factory)
             problem = self.static.load(batch, short=self.short_batches == "replay")
             if problem is None:
                 return self._run_captured()
             self._note_skip(problem)
         self.eager += 1
+        return self._eager_step(batch)
+
+    def _padded(self, batch: MiniBatch) -> bool:
+        return batch.padded
+
+    def _static_batch(self, batch: MiniBatch) -> StaticBatch:
+        return StaticBatch(batch, self.features)
+
+    def _eager_step(self, batch: MiniBatch) -> Any:
         if batch.deferred and self.features is None:
             raise ValueError("a deferred batch (NeighborLoader(deferred=True)) needs the feature table its rows come "
                              "from: BlockStepCapture(..., features=loader.features)")
@@ -282,17 +295,50 @@ class BlockStepCapture:
         added = self.static.added_cache_keys()
         if added and self.reason is None:
             self._capture = None
-            self._fall_back(f"the step cached {', '.join(added)} on a block's graph, which a replay would reuse "
+            self._fall_back(f"the step cached {', '.join(added)} on a batch's graph, which a replay would reuse "
                             "from the first batch; build it in the loader (loader.layouts) to capture this step")
 
     def _note_skip(self, problem: str) -> None:
         """A padded batch that runs eagerly (e.g. the epoch's smaller last batch): said once per reason."""
         if problem not in self._skipped and self.mode == "on":
-            warnings.warn(f"gnnfuse: a mini-batch step runs eagerly: {problem}", CaptureFallbackWarning, stacklevel=3)
+            warnings.warn(f"gnnfuse: a {self._STEP} runs eagerly: {problem}", CaptureFallbackWarning, stacklevel=3)
         self._skipped.add(problem)
 
     def _fall_back(self, reason: str) -> None:
         self.reason = reason
         if self.mode != "off":
-            warnings.warn(f"gnnfuse: the mini-batch training step is not captured in a CUDA graph and runs eagerly: "
+            warnings.warn(f"gnnfuse: the {self._STEP} is not captured in a CUDA graph and runs eagerly: "
                           f"{reason}", CaptureFallbackWarning, stacklevel=3)
+
+
+class GraphStepCapture(BlockStepCapture):
+    """``step = GraphStepCapture(step_fn, optimizers=[opt], modules=[model]); loss = step(batch)``.
+
+    `BlockStepCapture` for batches of whole graphs (graph classification): ``step_fn(batch)``
+    is one training step on a PyG ``Batch`` from ``gnnfuse.loader.DataLoader(...,
+    static_shapes=True)``, passing ``batch.edge_index`` to the model and
+    ``size=batch.num_graphs`` to PyG's pooling (without it the pooling reads the graph
+    count back from the device, which keeps the step eager). Padded batches are copied
+    into the captured one and replayed (`training.static_graph_batch`), every other one
+    runs ``step_fn`` eagerly; a batch of fewer graphs (the epoch's last) has the same
+    padded shapes and replays. ``mode``, ``warmup``, the optimizer rules (Adam with
+    ``capturable=True``) and the refusal of models normalising over all rows are
+    `BlockStepCapture`'s.
+    """
+
+    _STEP = "graph training step"
+
+    def __init__(self, step_fn: Callable[[Any], Any], *, optimizers: Sequence[torch.optim.Optimizer] = (),
+                 modules: Sequence[torch.nn.Module] = (), mode: str = "auto", warmup: int = DEFAULT_WARMUP,
+                 _graph_factory: Callable[[], Any] | None = None):
+        super().__init__(step_fn, optimizers=optimizers, modules=modules, mode=mode, warmup=warmup,
+                         _graph_factory=_graph_factory)
+
+    def _padded(self, batch: Any) -> bool:
+        return padded_capacities(batch) is not None
+
+    def _static_batch(self, batch: Any) -> StaticGraphBatch:
+        return StaticGraphBatch(batch)
+
+    def _eager_step(self, batch: Any) -> Any:
+        return self.step_fn(batch)

@@ -1,0 +1,178 @@
+"""Graph-classification steps replayed from a CUDA graph (`training.GraphStepCapture`,
+`training.static_graph_batch`) on batches padded by ``DataLoader(static_shapes=True)``.
+
+On the CPU the capture's bookkeeping runs with a stand-in graph that records without
+running the step and replays by running it (as test_static_shapes.py's), so the audit
+for host syncs, the sealed graph cache and the static batch's rewrites are all checked;
+the losses and weights of replayed steps equal eager steps on PyG's plain batches
+(float64). On a GPU machine a real CUDA graph replays them too (the last test)."""
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+import torch_geometric.nn as pyg_nn
+from torch_geometric.loader import DataLoader as PyGDataLoader
+
+import gnnfuse.nn
+from gnnfuse.graph import Graph
+from gnnfuse.loader import DataLoader
+from gnnfuse.runtime.cuda_graph import CaptureFallbackWarning
+from gnnfuse.training import GraphStepCapture
+from gnnfuse.training.static_graph_batch import StaticGraphBatch
+from oracle_check import device_for
+from test_padded_graph_batch import molecules
+
+
+class _Classifier(torch.nn.Module):
+    def __init__(self, name: str, norm: str | None = None):
+        super().__init__()
+        kw = {"heads": 2} if name == "GAT" else {}
+        self.body = getattr(gnnfuse.nn, name)(5, 6, 2, norm=norm, **kw)
+        self.head = torch.nn.Linear(6, 3)
+
+    def forward(self, x, edge_index, batch, graphs):
+        return self.head(pyg_nn.global_mean_pool(self.body(x, edge_index), batch, size=graphs))
+
+
+class _Recorder:
+    """Stands in for a CUDA graph: capture records the step without its effects (the
+    model and optimizer are put back, as recording runs no kernel); replay runs it and
+    writes the results into the captured outputs."""
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+
+    def capture(self, fn):
+        saved = copy.deepcopy(self.model.state_dict()), copy.deepcopy(self.optimizer.state_dict())
+        self.fn, self.out = fn, fn()
+        with torch.no_grad():
+            for value, kept in zip(self.model.state_dict().values(), saved[0].values()):
+                value.copy_(kept)
+        self.optimizer.load_state_dict(saved[1])
+        return self.out
+
+    def replay(self):
+        self.out.copy_(self.fn())
+
+
+def _training(name: str, captured: bool, device: str = "cpu", graphs: int = 45, norm: str | None = None,
+              pool_size: bool = True, step_extra=None, recorder: bool = True):
+    torch.manual_seed(0)
+    model = _Classifier(name, norm).double().to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    def step(batch):
+        optimizer.zero_grad()
+        size = batch.num_graphs if pool_size else None
+        loss = F.cross_entropy(model(batch.x, batch.edge_index, batch.batch, size), batch.y)
+        loss.backward()
+        optimizer.step()
+        if step_extra:
+            step_extra(batch)
+        return loss.detach()
+    data = molecules(graphs)
+    shuffle = {"shuffle": True, "generator": torch.Generator().manual_seed(1)}
+    if captured:
+        loader = DataLoader(data, batch_size=8, static_shapes=True, **shuffle)
+        factory = type("R", (_Recorder,), {"model": model, "optimizer": optimizer}) if recorder else None
+        run = GraphStepCapture(step, optimizers=[optimizer], modules=[model], _graph_factory=factory)
+    else:
+        loader, run = PyGDataLoader(data, batch_size=8, **shuffle), step
+    losses = [float(run(batch.to(device))) for batch in loader]
+    return losses, list(model.parameters()), run
+
+
+def _same_training(a, b):
+    torch.testing.assert_close(torch.tensor(a[0]), torch.tensor(b[0]), rtol=1e-9, atol=1e-12)
+    for x, y in zip(a[1], b[1]):
+        torch.testing.assert_close(x, y, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["GIN", "GraphSAGE", "GCN", "GAT"])
+def test_replayed_graph_steps_train_as_eager_steps_on_pygs_batches(name):
+    """Six batches: two eager warm-up steps, the audited one that captures, then
+    replays, the epoch's short last batch (5 graphs of 8) among them: its padded shapes
+    are the others'."""
+    eager = _training(name, False)
+    replayed = _training(name, True)
+    run = replayed[2]
+    assert run.status == "captured" and (run.eager, run.replayed) == (3, 3)
+    _same_training(replayed, eager)
+
+
+def test_steps_on_the_triton_backend_replay_and_train_as_eager_steps(monkeypatch):
+    """Whatever the Triton executor reads of the static graph (segments, split-row
+    slots, the reverse CSR) is rebuilt by the step, so nothing is left cached."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
+    device = device_for("triton")
+    eager = _training("GIN", False, device=device, graphs=28)
+    replayed = _training("GIN", True, device=device, graphs=28)
+    assert replayed[2].status == "captured" and replayed[2].replayed == 1
+    _same_training(replayed, eager)
+
+
+def test_a_model_normalising_over_all_rows_runs_eagerly_with_a_warning():
+    with pytest.warns(CaptureFallbackWarning, match="normalises over all rows"):
+        replayed = _training("GIN", True, norm="batch_norm")
+    assert replayed[2].replayed == 0 and "normalises over all rows" in replayed[2].status
+
+
+def test_pooling_that_reads_the_graph_count_back_keeps_the_step_eager():
+    """PyG's pooling without ``size`` reads ``batch.max()`` back: the audit refuses to
+    capture a step with a host sync, and the steps run eagerly with the same numbers."""
+    eager = _training("GraphSAGE", False, pool_size=False)
+    with pytest.warns(CaptureFallbackWarning, match="synchron|item|int"):
+        replayed = _training("GraphSAGE", True, pool_size=False)
+    assert replayed[2].replayed == 0
+    torch.testing.assert_close(torch.tensor(replayed[0]), torch.tensor(eager[0]), rtol=1e-9, atol=1e-12)
+
+
+def test_a_step_that_caches_on_the_batchs_graph_is_not_replayed():
+    """Anything cached on the static graph during warm-up would be replayed stale."""
+    def cache_something(batch):
+        Graph.coerce(batch.edge_index, batch.num_nodes).cached("user_norm", lambda g: g.in_degrees().double())
+    eager = _training("GIN", False)
+    with pytest.warns(CaptureFallbackWarning, match="user_norm"):
+        replayed = _training("GIN", True, step_extra=cache_something)
+    assert replayed[2].replayed == 0 and "user_norm" in replayed[2].status
+    _same_training(replayed, eager)
+
+
+def test_the_static_batch_serves_one_graph_rewritten_per_batch_and_refuses_other_shapes():
+    loader = DataLoader(molecules(24), batch_size=8, static_shapes=True)
+    first, second, third = list(loader)
+    static = StaticGraphBatch(first)
+    assert Graph.coerce(static.batch.edge_index, first.num_nodes) is static.graph
+    assert static.load(second) is None
+    assert torch.equal(static.batch.edge_index, second.edge_index) and torch.equal(static.batch.x, second.x)
+    batch = static.complete()
+    graph = Graph.coerce(batch.edge_index, first.num_nodes)
+    assert graph is static.graph            # the same graph after the rewrite, its layouts the new edges'
+    plain = Graph.from_edge_index(second.edge_index, first.num_nodes)
+    assert torch.equal(graph.in_degrees(), plain.in_degrees()) and torch.equal(graph.csr().col, plain.csr().col)
+    other = DataLoader(molecules(24, seed=5), batch_size=8, static_shapes=True, capacities=loader.capacities)
+    assert static.load(next(iter(other))) is None
+    wider = next(iter(DataLoader(molecules(8, features=6), batch_size=8, static_shapes=True,
+                                 capacities=loader.capacities)))
+    assert "x" in str(static.load(wider))
+    unpadded = next(iter(PyGDataLoader(molecules(8), batch_size=8)))
+    assert "not padded" in static.load(unpadded)
+    with pytest.raises(ValueError, match="padded batch"):
+        StaticGraphBatch(unpadded)
+    assert third is not None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a real CUDA graph needs a GPU")
+@pytest.mark.parametrize("name", ["GIN", "GAT"])
+def test_steps_replayed_from_a_cuda_graph_train_as_eager_steps(name):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CaptureFallbackWarning)
+        replayed = _training(name, True, device="cuda", recorder=False)
+    eager = _training(name, False, device="cuda")
+    assert replayed[2].status == "captured" and replayed[2].replayed == 3
+    torch.testing.assert_close(torch.tensor(replayed[0]), torch.tensor(eager[0]), rtol=1e-7, atol=1e-9)
+    for x, y in zip(replayed[1], eager[1]):
+        torch.testing.assert_close(x, y, rtol=1e-6, atol=1e-8)
