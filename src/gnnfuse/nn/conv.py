@@ -198,7 +198,7 @@ def _normalized_hop(graph: Graph, edge_weight: torch.Tensor | None, dtype: torch
     if edge_weight is not None:
         graph, weight = _gcn_edge_norm(graph, edge_weight, dtype, add_self_loops, normalize=normalize)
         return graph, lambda h: _weighted_sum(graph, {"h": h}, {"w": weight})
-    graph = _with_loops(graph, add_self_loops)
+    graph = _with_loops(graph, add_self_loops, vertex_data_only=True)     # per-vertex norms only
     norm = (_inv_sqrt_degree(graph, dtype) if normalize
             else torch.ones(graph.num_nodes, 1, dtype=dtype, device=graph.device))
     return graph, lambda h: _normalized_sum(graph, {"h": h, "norm": norm})
@@ -530,7 +530,7 @@ class GCNConv(OneLineRepr, CachedGraph, NotScriptable, nn.Module):
         pyg_init.materialize([(self.lin, x)], "glorot")
         graph = _along_flow(graph, self.flow)
         if edge_weight is None and self.normalize and not self.improved and self._aggregates_first(x, graph):
-            graph = _with_loops(graph, self.add_self_loops)
+            graph = _with_loops(graph, self.add_self_loops, vertex_data_only=True)
             # the bias in the GEMM's epilogue: one pass over the [N, out] output fewer
             return F.linear(_normalized_sum(graph, {"h": x, "norm": _inv_sqrt_degree(graph, x.dtype)}),
                             self.lin.weight, self.bias)
@@ -545,7 +545,7 @@ class GCNConv(OneLineRepr, CachedGraph, NotScriptable, nn.Module):
             loop_free, norm, fill = _improved_gcn_norm(graph, x.dtype)
             out = _normalized_sum_with_loops(loop_free, {"h": h, "norm": norm, "fill": fill})
         else:
-            graph = _with_loops(graph, self.add_self_loops)
+            graph = _with_loops(graph, self.add_self_loops, vertex_data_only=True)
             norm = _inv_sqrt_degree(graph, x.dtype)
             if self.bias is not None and not torch.compiler.is_compiling():
                 # added by the aggregation's kernel as it stores each row; a program built
