@@ -11,6 +11,12 @@ edges per vertex, ogbg-molhiv's scale), made ahead on the device; each step clon
 batch's tensors, so no cache keyed by the tensor outlives the step, as with a loader.
 Each cell first checks that both models give the same eval-mode output.
 
+A third column times gnnfuse's step replayed from a CUDA graph (`GraphStepCapture`) on the
+same batches padded to fixed shapes as ``gnnfuse.loader.DataLoader(static_shapes=True)``
+pads them (`loader.padded_graph_batch`), with capturable Adam; each step copies its
+batch into the captured one. Its cell checks first that a replayed step's loss equals
+an eager step's on the unpadded batch, from the same weights.
+
     python benchmarks/bench_graph_batches.py --device cuda --json benchmarks/results/graph_batches.json
     python benchmarks/bench_graph_batches.py --device cpu --steps 3 --warmup 1 --graphs 8 --json /tmp/g.json
 """
@@ -24,10 +30,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 import torch_geometric.nn as pyg_nn
+from torch_geometric.data import Batch, Data
 
 import gnnfuse.nn
 from gnnfuse.bench import max_rel_err
 from gnnfuse.bench.timing import failure_status, free_memory, summarize, time_calls
+from gnnfuse.loader.padded_graph_batch import GraphCapacities, pad_graph_batch
+from gnnfuse.training import GraphStepCapture
 
 from bench_training import comma_list
 from common import (add_step_arguments, environment, fmt, load_results, log, new_run_id, parse_step_arguments,
@@ -37,26 +46,38 @@ MODELS = ("GIN", "GCN", "GraphSAGE", "GAT")
 FEATURES, CLASSES = 32, 2
 
 
-def molecule_batches(count: int, graphs: int, device: torch.device, seed: int = 0) -> list[dict[str, torch.Tensor]]:
-    """``count`` batches of ``graphs`` random molecule-sized graphs each (both directions of
-    every edge, as PyG's molecule data sets store them): x, edge_index, batch vector, labels."""
+def molecule_graphs(count: int, graphs: int, seed: int = 0) -> list[list[Data]]:
+    """``count`` lists of ``graphs`` random molecule-sized graphs each (both directions of
+    every edge, as PyG's molecule data sets store them), on the host."""
     gen = torch.Generator().manual_seed(seed)
     out = []
     for _ in range(count):
-        xs, edges, owner, offset = [], [], [], 0
-        for g in range(graphs):
+        batch = []
+        for _ in range(graphs):
             n = int(torch.randint(10, 41, (1,), generator=gen))
             m = int(n * 1.1)
             src = torch.randint(0, n, (m,), generator=gen)
             dst = (src + torch.randint(1, n, (m,), generator=gen)) % n            # no self loops
-            edges.append(torch.stack([torch.cat([src, dst]), torch.cat([dst, src])]) + offset)
-            xs.append(torch.randn(n, FEATURES, generator=gen))
-            owner.append(torch.full((n,), g))
-            offset += n
-        out.append({"x": torch.cat(xs).to(device), "edge_index": torch.cat(edges, 1).to(device),
-                    "batch": torch.cat(owner).to(device),
-                    "y": torch.randint(0, CLASSES, (graphs,), generator=gen).to(device)})
+            batch.append(Data(x=torch.randn(n, FEATURES, generator=gen),
+                              edge_index=torch.stack([torch.cat([src, dst]), torch.cat([dst, src])]),
+                              y=torch.randint(0, CLASSES, (1,), generator=gen)))
+        out.append(batch)
     return out
+
+
+def molecule_batches(count: int, graphs: int, device: torch.device, seed: int = 0) -> list[dict[str, torch.Tensor]]:
+    """`molecule_graphs` collated as PyG's ``DataLoader`` collates them: x, edge_index,
+    batch vector, labels, on ``device``."""
+    return [{key: b[key].to(device) for key in ("x", "edge_index", "batch", "y")}
+            for b in map(Batch.from_data_list, molecule_graphs(count, graphs, seed))]
+
+
+def padded_batches(count: int, graphs: int, device: torch.device, seed: int = 0) -> list[Batch]:
+    """The same batches padded to one set of capacities covering them all (as
+    ``DataLoader(static_shapes=True)`` pads a data set's batches), on ``device``."""
+    collated = [Batch.from_data_list(g) for g in molecule_graphs(count, graphs, seed)]
+    capacities = GraphCapacities.covering([(b.num_nodes, b.num_edges) for b in collated], graphs + 1)
+    return [pad_graph_batch(b, capacities).to(device) for b in collated]
 
 
 class Classifier(torch.nn.Module):
@@ -93,7 +114,51 @@ def step_fn(model: torch.nn.Module, batches: list[dict[str, torch.Tensor]], grap
     return step
 
 
-def run_cell(name: str, args: argparse.Namespace, device: torch.device, batches) -> dict[str, Any]:
+def captured_step_fn(model: torch.nn.Module, batches: list[Batch]):
+    """`step_fn` for padded batches, replayed from a CUDA graph after the warm-up
+    (`GraphStepCapture`), with capturable Adam; returns (step, the capture)."""
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, capturable=True)
+    position = [0]
+
+    def train(batch: Batch) -> torch.Tensor:
+        optimizer.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(batch.x, batch.edge_index, batch.batch, batch.num_graphs), batch.y)
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+    capture = GraphStepCapture(train, optimizers=[optimizer], modules=[model], mode="on")
+
+    def step() -> torch.Tensor:
+        batch = batches[position[0] % len(batches)]
+        position[0] += 1
+        return capture(batch)
+    return step, capture
+
+
+def replayed_loss_error(name: str, args: argparse.Namespace, device: torch.device, plain, padded) -> float:
+    """|loss of a replayed step - loss of an eager step| on the first batch, from the same
+    weights: the captured step is warmed up and captured on the padded batches, then its
+    weights are reset and it replays the first one."""
+    torch.manual_seed(0)
+    model, _ = make_pair(name, args.hidden, args.layers, device)
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    step, capture = captured_step_fn(model.train(), padded)
+    for _ in range(4):              # warm-up, audit and capture
+        step()
+    if not capture.replayed and not capture.status == "captured":
+        raise RuntimeError(f"the step was not captured: {capture.status}")
+    model.load_state_dict(start)
+    for state in capture.optimizers[0].state.values():      # as new: moments and step count zero
+        for value in state.values():
+            value.zero_()
+    replayed = float(capture(padded[0]))
+    model.load_state_dict(start)
+    b = plain[0]
+    eager = float(F.cross_entropy(model(b["x"], b["edge_index"], b["batch"], args.graphs), b["y"]))
+    return abs(replayed - eager)
+
+
+def run_cell(name: str, args: argparse.Namespace, device: torch.device, batches, padded) -> dict[str, Any]:
     torch.manual_seed(0)
     ours, theirs = make_pair(name, args.hidden, args.layers, device)
     b = batches[0]
@@ -103,8 +168,15 @@ def run_cell(name: str, args: argparse.Namespace, device: torch.device, batches)
     cell: dict[str, Any] = {"model": name, "graphs": args.graphs, "hidden": args.hidden, "layers": args.layers,
                             "vertices_per_batch": sum(t["x"].shape[0] for t in batches) / len(batches),
                             "max_rel_err": err}
-    for label, model in (("gnnfuse", ours.train()), ("pyg", theirs.train())):
-        step = step_fn(model, batches, args.graphs)
+    runs = [("gnnfuse", lambda: step_fn(ours.train(), batches, args.graphs)),
+            ("pyg", lambda: step_fn(theirs.train(), batches, args.graphs))]
+    if padded is not None:
+        cell["captured_loss_error"] = replayed_loss_error(name, args, device, batches, padded)
+        torch.manual_seed(0)
+        replayed, _ = make_pair(name, args.hidden, args.layers, device)
+        runs.append(("gnnfuse_captured", lambda: captured_step_fn(replayed.train(), padded)[0]))
+    for label, make in runs:
+        step = make()
         try:
             start = time.perf_counter()
             for _ in range(args.warmup):
@@ -117,8 +189,12 @@ def run_cell(name: str, args: argparse.Namespace, device: torch.device, batches)
     ratio = (cell["pyg"].get("median_ms", 0) / cell["gnnfuse"]["median_ms"]
              if "median_ms" in cell["gnnfuse"] and "median_ms" in cell["pyg"] else None)
     cell["speedup"] = ratio
+    captured = cell.get("gnnfuse_captured", {}).get("median_ms")
+    cell["captured_speedup"] = (cell["pyg"]["median_ms"] / captured
+                                if captured and "median_ms" in cell["pyg"] else None)
     log(f"{name}: gnnfuse {fmt(cell['gnnfuse'].get('median_ms'), '.2f')} ms, PyG "
-        f"{fmt(cell['pyg'].get('median_ms'), '.2f')} ms ({fmt(ratio, '.2f')}x), rel err {err:.1e}")
+        f"{fmt(cell['pyg'].get('median_ms'), '.2f')} ms ({fmt(ratio, '.2f')}x), captured "
+        f"{fmt(captured, '.2f')} ms ({fmt(cell['captured_speedup'], '.2f')}x), rel err {err:.1e}")
     return cell
 
 
@@ -126,12 +202,20 @@ def markdown(results: dict[str, Any]) -> str:
     lines = ["# Graph classification: training step on batches of small graphs", "",
              "Median ms per step (Adam, cross-entropy over sum-pooled graphs); each step a new batch of "
              "molecule-sized graphs with cloned tensors. Speed-up is PyG's time over gnnfuse's.", "",
-             "| model | graphs/batch | vertices/batch | hidden x layers | gnnfuse ms | PyG ms | speed-up | rel err |",
-             "|---|---|---|---|---|---|---|---|"]
+             "Captured: gnnfuse's step replayed from a CUDA graph (`GraphStepCapture`) on the same batches "
+             "padded to fixed shapes (`DataLoader(static_shapes=True)`); its speed-up is PyG's time over its "
+             "time, and loss error |replayed - eager| on the first batch from the same weights.", "",
+             "| model | graphs/batch | vertices/batch | hidden x layers | gnnfuse ms | PyG ms | speed-up | rel err "
+             "| captured ms | captured speed-up | captured loss error |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in results["cells"].values():
+        captured = c.get("gnnfuse_captured", {})
+        error = c.get("captured_loss_error")
         lines.append(f"| {c['model']} | {c['graphs']} | {c['vertices_per_batch']:.0f} | {c['hidden']} x {c['layers']} "
                      f"| {fmt(c['gnnfuse'].get('median_ms'), '.2f')} | {fmt(c['pyg'].get('median_ms'), '.2f')} "
-                     f"| {fmt(c['speedup'], '.2f')} | {c['max_rel_err']:.1e} |")
+                     f"| {fmt(c['speedup'], '.2f')} | {c['max_rel_err']:.1e} "
+                     f"| {captured.get('status') or fmt(captured.get('median_ms'), '.2f')} "
+                     f"| {fmt(c.get('captured_speedup'), '.2f')} | {'-' if error is None else f'{error:.1e}'} |")
     return "\n".join(lines + ["", *runs_markdown(results), ""])
 
 
@@ -153,8 +237,9 @@ def main(argv: list[str] | None = None) -> None:
     results["runs"][run] = environment(device)
     save = results_saver(args.json, markdown)
     batches = molecule_batches(args.batches, args.graphs, device)
+    padded = padded_batches(args.batches, args.graphs, device) if device.type == "cuda" else None
     for name in args.models:
-        results["cells"][f"{name}/{args.graphs}"] = {**run_cell(name, args, device, batches), "run": run}
+        results["cells"][f"{name}/{args.graphs}"] = {**run_cell(name, args, device, batches, padded), "run": run}
         prune_runs(results)
         save(results)
 
