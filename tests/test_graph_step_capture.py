@@ -176,3 +176,33 @@ def test_steps_replayed_from_a_cuda_graph_train_as_eager_steps(name):
     torch.testing.assert_close(torch.tensor(replayed[0]), torch.tensor(eager[0]), rtol=1e-7, atol=1e-9)
     for x, y in zip(replayed[1], eager[1]):
         torch.testing.assert_close(x, y, rtol=1e-6, atol=1e-8)
+
+
+def test_a_steps_layers_share_one_self_looped_graph_built_again_in_the_next_step():
+    """GCN's and GAT's fixed-shape self loops on the static graph are built by the
+    step's first layer and read by the others (`fixed_shape.per_step`), and built anew
+    once the next batch is in: a replay rebuilds them, and no eager step reads the last
+    batch's."""
+    from gnnfuse.graph.fixed_shape import begin_step, per_step
+    from gnnfuse.nn.conv import _with_loops
+    loader = DataLoader(molecules(16), batch_size=8, static_shapes=True)
+    first, second = list(loader)
+    static = StaticGraphBatch(first)
+    graph = Graph.coerce(static.complete().edge_index, first.num_nodes)
+    looped = _with_loops(graph, True, vertex_data_only=True)
+    assert _with_loops(graph, True, vertex_data_only=True) is looped
+    static.load(second)
+    again = _with_loops(Graph.coerce(static.complete().edge_index, first.num_nodes), True, vertex_data_only=True)
+    assert again is not looped
+    real = int(second.batch.lt(second.num_graphs - 1).sum())
+    eager = Graph.from_edge_index(second.edge_index, first.num_nodes).remove_self_loops().add_self_loops()
+    assert torch.equal(again.in_degrees()[:real], eager.in_degrees()[:real])
+    assert static.added_cache_keys() == []
+    built = []
+    block = Graph.from_edge_index(torch.tensor([[0], [1]]), 2)       # no step begun: built on every call
+    assert per_step(block, "k", lambda g: built.append(1) or len(built)) == 1
+    assert per_step(block, "k", lambda g: built.append(1) or len(built)) == 2
+    begin_step(block)
+    assert per_step(block, "k", lambda g: 7) == 7 and per_step(block, "k", lambda g: 8) == 7
+    begin_step(block)
+    assert per_step(block, "k", lambda g: 9) == 9

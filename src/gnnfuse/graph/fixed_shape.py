@@ -37,6 +37,33 @@ def is_padded(graph: Graph) -> bool:
     return bool(graph._cache.get(PADDED, False))
 
 
+STEP_KEYS = "built_this_step"     # graph cache key: the keys `per_step` built since `begin_step`
+
+
+def begin_step(graph: Graph) -> None:
+    """Start a step on ``graph``: forget what `per_step` kept on it in the step before,
+    and keep what it builds from now on until the next call. For an owner that calls
+    this at the start of every step and rewrites the graph's edges only between steps
+    (a captured step's static graph, `training.static_graph_batch`): a value built from
+    the edges then serves every layer of one step, and is built again, inside the step,
+    in the next, so a CUDA graph of the step rebuilds it on every replay."""
+    for key in graph._cache.pop(STEP_KEYS, ()):
+        graph._cache.pop(key, None)
+    graph._cache[STEP_KEYS] = []
+
+
+def per_step(graph: Graph, key: str, build: Callable[[Graph], object]) -> object:
+    """``build(graph)``, kept on ``graph`` until its owner's next `begin_step`; on a graph
+    whose owner began no step (a loader's padded block), built anew on every call."""
+    keys = graph._cache.get(STEP_KEYS)
+    if keys is None:
+        return build(graph)
+    if key not in graph._cache:
+        graph._cache[key] = build(graph)
+        keys.append(key)
+    return graph._cache[key]
+
+
 def mark_loader_block(graph: Graph) -> Graph:
     """Mark ``graph`` as a block a loader built, whose layouts the loader prepares in
     its own thread (`loader.layouts`): a layer deriving another graph from it tells the

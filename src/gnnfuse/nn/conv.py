@@ -20,7 +20,7 @@ from torch import nn
 from .. import frontend
 from ..graph import Graph
 from ..graph.convert import check_bipartite_adj_t, coalesced, declared_size
-from ..graph.fixed_shape import is_loader_block, is_padded
+from ..graph.fixed_shape import is_loader_block, is_padded, per_step
 from ..runtime.compile_op import GRAPH_STEPS, GraphRef
 from ..runtime.compiled import backend_name
 from ..runtime.autocast import autocast_dtype
@@ -125,11 +125,13 @@ def _with_loops(graph: Graph, add_self_loops: bool, vertex_data_only: bool = Fal
     no per-edge tensor of the looped graph (no edge features, no attention weights
     returned), so on a padded block (`graph.fixed_shape`) the fixed-shape looped graph
     serves, whose edge ids differ from `_looped`'s (`nn.padded_loops`); it is built on
-    every call, not cached, so a captured step rebuilds it on every replay."""
+    every call, or once per step where the graph's owner marks its steps
+    (`fixed_shape.per_step`), never cached across them, so a captured step rebuilds it
+    on every replay."""
     if not add_self_loops:
         return graph
     if vertex_data_only and isinstance(graph, Graph) and is_padded(graph):
-        return padded_looped(graph)
+        return per_step(graph, "nn_padded_looped", padded_looped)
     return _looped(graph)
 
 

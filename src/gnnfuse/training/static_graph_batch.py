@@ -14,7 +14,8 @@ The layers find that graph the way they find any ``edge_index``'s, through the i
 cache (`graph.index_cache.remember`): the step passes ``batch.edge_index``, a plain
 tensor, as with PyG's ``DataLoader``. A layer that would derive a graph of data-dependent
 size from it builds a fixed-shape one instead (attention and GCN self loops,
-`nn.padded_loops`), uncached, so the graph replays that too; anything else a step caches
+`nn.padded_loops`), once per step (`fixed_shape.per_step`), so the graph replays that
+too; anything else a step caches
 on the graph is reported (`added_cache_keys`) and keeps the step eager, as a replay
 would reuse it from the first batch.
 """
@@ -26,7 +27,7 @@ from typing import Any
 import torch
 
 from ..graph import Graph
-from ..graph.fixed_shape import mark_padded
+from ..graph.fixed_shape import STEP_KEYS, begin_step, mark_padded
 from ..graph.index_cache import remember
 from ..loader.padded_graph_batch import padded_capacities
 from ..loader.static_shapes import DERIVED_KEYS, build_layouts, copy_into
@@ -65,7 +66,10 @@ class StaticGraphBatch:
         remember(edge_index, self._nodes, self.graph)
 
     def complete(self) -> Any:
-        """The static batch, its graph's layouts (re)built in place: what the step runs on."""
+        """The static batch, its graph's layouts (re)built in place: what the step runs on.
+        What layers derive from the graph per step (the self-looped graph of GCN's and
+        GAT's layers) is built once in the step, by its first layer (`fixed_shape.per_step`)."""
+        begin_step(self.graph)
         build_layouts(self.graph, grouping=True)
         return self.batch
 
@@ -87,6 +91,5 @@ class StaticGraphBatch:
     def added_cache_keys(self) -> list[str]:
         """Keys a step cached on the static graph beyond the layouts `complete` rebuilds."""
         cache = self.graph._cache
-        derived = cache.get(DERIVED_KEYS, ())
-        return [f"edge_index's graph: {key!r}" for key in cache
-                if key not in self._base_keys and key != DERIVED_KEYS and key not in derived]
+        ours = {DERIVED_KEYS, STEP_KEYS, *cache.get(DERIVED_KEYS, ()), *cache.get(STEP_KEYS, ())}
+        return [f"edge_index's graph: {key!r}" for key in cache if key not in self._base_keys and key not in ours]
