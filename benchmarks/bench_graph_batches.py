@@ -17,12 +17,20 @@ pads them (`loader.padded_graph_batch`), with capturable Adam; each step copies 
 batch into the captured one. Its cell checks first that a replayed step's loss equals
 an eager step's on the unpadded batch, from the same weights.
 
+``--epochs N`` also times whole epochs over the same graphs as a training loop sees them,
+the loader included: PyG's ``DataLoader`` collating on the host (``--epoch-workers``
+processes, or in the training process for 0) and each batch moved to the device, for
+PyG's model, gnnfuse's eager one, and gnnfuse's replayed one on
+``gnnfuse.loader.DataLoader(static_shapes=True)``'s padded batches; seconds per epoch,
+after one epoch of warm-up.
+
     python benchmarks/bench_graph_batches.py --device cuda --json benchmarks/results/graph_batches.json
     python benchmarks/bench_graph_batches.py --device cpu --steps 3 --warmup 1 --graphs 8 --json /tmp/g.json
 """
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -31,10 +39,12 @@ import torch
 import torch.nn.functional as F
 import torch_geometric.nn as pyg_nn
 from torch_geometric.data import Batch, Data
+from torch_geometric.loader import DataLoader as PyGDataLoader
 
+import gnnfuse.loader
 import gnnfuse.nn
 from gnnfuse.bench import max_rel_err
-from gnnfuse.bench.timing import failure_status, free_memory, summarize, time_calls
+from gnnfuse.bench.timing import failure_status, free_memory, summarize, synchronize, time_calls
 from gnnfuse.loader.padded_graph_batch import GraphCapacities, pad_graph_batch
 from gnnfuse.training import GraphStepCapture
 
@@ -198,6 +208,59 @@ def run_cell(name: str, args: argparse.Namespace, device: torch.device, batches,
     return cell
 
 
+def epoch_seconds(name: str, args: argparse.Namespace, device: torch.device, graphs: list[Data], kind: str,
+                  workers: int) -> float:
+    """Seconds per epoch over ``graphs`` (after one epoch of warm-up), loader included:
+    ``kind`` "pyg" and "gnnfuse" run eager steps on PyG's ``DataLoader``'s batches,
+    "gnnfuse_captured" replays its step on gnnfuse's padded ones."""
+    torch.manual_seed(0)
+    ours, theirs = make_pair(name, args.hidden, args.layers, device)
+    model = (theirs if kind == "pyg" else ours).train()
+    shared = {"batch_size": args.graphs, "shuffle": True, "num_workers": workers, "pin_memory": device.type == "cuda",
+              "persistent_workers": workers > 0}
+    if kind == "gnnfuse_captured":
+        loader = gnnfuse.loader.DataLoader(graphs, static_shapes=True, **shared)
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, capturable=device.type == "cuda")
+    else:
+        loader = PyGDataLoader(graphs, **shared)
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+    def train(batch: Batch) -> torch.Tensor:
+        optimizer.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(batch.x, batch.edge_index, batch.batch, batch.num_graphs), batch.y)
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+    step = (GraphStepCapture(train, optimizers=[optimizer], modules=[model], mode="on")
+            if kind == "gnnfuse_captured" else train)
+    times = []
+    for _ in range(1 + args.epochs):
+        synchronize(device)
+        start = time.perf_counter()
+        for batch in loader:
+            step(batch.to(device, non_blocking=True))
+        synchronize(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[1:])
+
+
+def epoch_cells(name: str, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    graphs = [g for batch in molecule_graphs(args.batches, args.graphs) for g in batch]
+    out: dict[str, Any] = {}
+    for workers in args.epoch_workers:
+        row = {}
+        for kind in ("pyg", "gnnfuse", "gnnfuse_captured"):
+            try:
+                row[kind] = epoch_seconds(name, args, device, graphs, kind, workers)
+            except Exception as exc:      # one failing cell must not end the run
+                row[kind] = failure_status(exc)
+            free_memory(device)
+        out[str(workers)] = row
+        log(f"{name} epochs, {workers} loader workers: " + ", ".join(
+            f"{k} {v:.3f} s" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()))
+    return out
+
+
 def markdown(results: dict[str, Any]) -> str:
     lines = ["# Graph classification: training step on batches of small graphs", "",
              "Median ms per step (Adam, cross-entropy over sum-pooled graphs); each step a new batch of "
@@ -216,6 +279,20 @@ def markdown(results: dict[str, Any]) -> str:
                      f"| {fmt(c['speedup'], '.2f')} | {c['max_rel_err']:.1e} "
                      f"| {captured.get('status') or fmt(captured.get('median_ms'), '.2f')} "
                      f"| {fmt(c.get('captured_speedup'), '.2f')} | {'-' if error is None else f'{error:.1e}'} |")
+    epochs = [(c, workers, row) for c in results["cells"].values() for workers, row in c.get("epochs", {}).items()]
+    if epochs:
+        lines += ["", "Whole epochs, the loader included (seconds per epoch over the cell's batches' graphs, "
+                  "shuffled; PyG's DataLoader for PyG and gnnfuse eager, gnnfuse's padded one for captured; "
+                  "speed-up is PyG's time over captured's):", "",
+                  "| model | loader workers | PyG s | gnnfuse eager s | gnnfuse captured s | captured speed-up |",
+                  "|---|---|---|---|---|---|"]
+        for c, workers, row in epochs:
+            def cell(value: Any) -> str:
+                return f"{value:.3f}" if isinstance(value, float) else str(value)
+            ratio = (row["pyg"] / row["gnnfuse_captured"] if all(isinstance(row.get(k), float)
+                                                                  for k in ("pyg", "gnnfuse_captured")) else None)
+            lines.append(f"| {c['model']} | {workers} | {cell(row.get('pyg'))} | {cell(row.get('gnnfuse'))} "
+                         f"| {cell(row.get('gnnfuse_captured'))} | {fmt(ratio, '.2f')} |")
     return "\n".join(lines + ["", *runs_markdown(results), ""])
 
 
@@ -228,6 +305,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batches", type=int, default=64,
                         help="distinct batches, cycled (default 64: more than any gnnfuse cache holds, so a "
                              "repeated batch is not served a kept graph, as in an epoch of a loader)")
+    parser.add_argument("--epochs", type=int, default=0,
+                        help="also time this many whole epochs per model, loader included (default 0: none)")
+    parser.add_argument("--epoch-workers", type=lambda text: [int(w) for w in text.split(",")], default=[0, 4],
+                        help="loader worker processes for the epochs, comma-separated (default 0,4)")
     parser.add_argument("--json", type=Path, required=True)
     add_step_arguments(parser)
     args = parse_step_arguments(parser, argv)
@@ -239,7 +320,10 @@ def main(argv: list[str] | None = None) -> None:
     batches = molecule_batches(args.batches, args.graphs, device)
     padded = padded_batches(args.batches, args.graphs, device) if device.type == "cuda" else None
     for name in args.models:
-        results["cells"][f"{name}/{args.graphs}"] = {**run_cell(name, args, device, batches, padded), "run": run}
+        cell = {**run_cell(name, args, device, batches, padded), "run": run}
+        if args.epochs:
+            cell["epochs"] = epoch_cells(name, args, device)
+        results["cells"][f"{name}/{args.graphs}"] = cell
         prune_runs(results)
         save(results)
 
