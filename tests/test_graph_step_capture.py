@@ -120,6 +120,15 @@ def test_a_model_normalising_over_all_rows_runs_eagerly_with_a_warning():
     assert replayed[2].replayed == 0 and "normalises over all rows" in replayed[2].status
 
 
+def test_pygs_layer_norm_over_whole_graphs_runs_eagerly_with_a_warning():
+    """PyG's ``LayerNorm`` (``mode="graph"``, what ``norm="layer_norm"`` makes) normalises
+    over all rows of a graph -- of the whole batch when it gets no ``batch`` vector, as in
+    GIN's MLPs -- so the padded rows would enter its statistics; it was replayed."""
+    with pytest.warns(CaptureFallbackWarning, match="LayerNorm.*normalises over all rows"):
+        replayed = _training("GIN", True, norm="layer_norm")
+    assert replayed[2].replayed == 0 and "LayerNorm" in replayed[2].status
+
+
 def test_pooling_that_reads_the_graph_count_back_keeps_the_step_eager():
     """PyG's pooling without ``size`` reads ``batch.max()`` back: the audit refuses to
     capture a step with a host sync, and the steps run eagerly with the same numbers."""

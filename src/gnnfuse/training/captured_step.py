@@ -29,8 +29,9 @@ What keeps a replay from computing something else than the eager step would:
   batch instead builds in fixed shapes inside the step, uncached, so each replay
   rebuilds it (attention layers' self loops on padded blocks, `nn.padded_loops`).
 - **Row-local models.** Padded rows only feed padded rows as long as every op computes a
-  row from its own row and in-edges; batch normalisation (and PyG's graph-wide norms)
-  would mix the padded rows into the real ones, so models holding one are refused.
+  row from its own row and in-edges; batch normalisation (and PyG's graph-wide norms,
+  its ``LayerNorm`` in ``mode="graph"`` included) would mix the padded rows into the
+  real ones, so models holding one are refused.
 
 Everything else -- warm-up, the audit for host syncs, optimizer checks, fallback on a
 failed capture, fresh dropout masks per replay -- is `StepCapture`'s.
@@ -56,6 +57,10 @@ SHORT_BATCHES = ("eager", "replay")     # what BlockStepCapture does with a batc
 # Normalisations over all rows of a batch: the padded rows would change their statistics.
 ROW_MIXING = ("BatchNorm", "InstanceNorm", "GraphNorm", "PairNorm", "MeanSubtractionNorm", "DiffGroupNorm",
               "GraphSizeNorm")
+# PyG's layer norms (LayerNorm, HeteroLayerNorm) mix rows in their default mode "graph":
+# they normalise over a graph's rows, over all rows where no batch vector is passed (as
+# in GIN's MLPs from norm="layer_norm"); mode "node", like torch's LayerNorm, does not.
+GRAPH_MODE_NORMS = ("LayerNorm",)
 
 
 def row_mixing_module(modules: Sequence[torch.nn.Module]) -> str | None:
@@ -63,7 +68,8 @@ def row_mixing_module(modules: Sequence[torch.nn.Module]) -> str | None:
     for top in modules:
         for name, module in top.named_modules():
             kind = type(module).__name__
-            if isinstance(module, torch.nn.modules.batchnorm._NormBase) or any(k in kind for k in ROW_MIXING):
+            if (isinstance(module, torch.nn.modules.batchnorm._NormBase) or any(k in kind for k in ROW_MIXING)
+                    or (any(k in kind for k in GRAPH_MODE_NORMS) and getattr(module, "mode", None) == "graph")):
                 return f"{name or type(top).__name__} ({kind})"
     return None
 
