@@ -129,6 +129,18 @@ def test_pygs_layer_norm_over_whole_graphs_runs_eagerly_with_a_warning():
     assert replayed[2].replayed == 0 and "LayerNorm" in replayed[2].status
 
 
+@pytest.mark.parametrize("norm", ["batch_norm", "graph_norm", "layer_norm"])
+def test_steps_refused_for_row_mixing_run_on_the_unpadded_batch(norm):
+    """The eager fallback of a model normalising over all rows gets the batch as PyG
+    collated it: run on the padded one, its statistics counted the padded rows (losses
+    0.3-0.6 off PyG's batches) under a warning that said they would not be."""
+    eager = _training("GIN", False, norm=norm)
+    with pytest.warns(CaptureFallbackWarning, match="normalises over all rows"):
+        replayed = _training("GIN", True, norm=norm)
+    assert replayed[2].replayed == 0
+    _same_training(replayed, eager)
+
+
 def test_pooling_that_reads_the_graph_count_back_keeps_the_step_eager():
     """PyG's pooling without ``size`` reads ``batch.max()`` back: the audit refuses to
     capture a step with a host sync, and the steps run eagerly with the same numbers."""

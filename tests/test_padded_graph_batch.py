@@ -16,7 +16,7 @@ from torch_geometric.loader import DataLoader as PyGDataLoader
 
 import gnnfuse.nn
 from gnnfuse.loader import IGNORE_LABEL, DataLoader, GraphCapacities
-from gnnfuse.loader.padded_graph_batch import pad_graph_batch, padded_capacities, probe_capacities
+from gnnfuse.loader.padded_graph_batch import pad_graph_batch, padded_capacities, probe_capacities, unpadded
 
 RUNS = settings(max_examples=25, deadline=None, derandomize=True, database=None)
 f64 = torch.float64
@@ -73,6 +73,13 @@ def test_padding_keeps_the_batch_and_joins_padded_vertices_only_to_padded_ones(g
     assert torch.equal(padded.y[:g], plain.y) and bool((padded.y[g:] == IGNORE_LABEL).all())
     assert padded.ptr.tolist() == plain.ptr.tolist() + [n] * (caps.graphs - g - 1) + [caps.nodes]
     assert "name" not in padded.keys()       # a string per graph: a replayed step would see the first batch's
+    again = unpadded(pickle.loads(pickle.dumps(padded)).to("cpu"))      # PyG's batch, for an eager step
+    assert padded_capacities(again) is None and unpadded(plain) is plain
+    assert sorted(again.keys()) == sorted(k for k in plain.keys() if k != "name")
+    assert all(torch.equal(again[k], plain[k]) for k in again.keys())
+    assert (again.num_nodes, again.num_edges, again.num_graphs) == (n, e, g)
+    assert [d.num_nodes for d in again.to_data_list()] == [d.num_nodes for d in graphs]
+    assert padded.num_graphs == caps.graphs and padded.x.shape[0] == caps.nodes     # left as it was
 
 
 def test_a_batch_over_the_capacities_comes_unpadded():

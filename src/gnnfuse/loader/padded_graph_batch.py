@@ -30,6 +30,7 @@ batch's. A batch over the capacities comes unpadded, and its step runs eagerly.
 """
 from __future__ import annotations
 
+import copy
 import math
 import random
 from dataclasses import dataclass
@@ -48,6 +49,7 @@ MARGIN = 64
 ROUND = 128
 PROBED_BATCHES = 16
 _MARK = "_gnnfuse_capacities"      # the instance attribute a padded batch carries
+_REAL = "_gnnfuse_real_counts"     # and its real counts (`unpadded`)
 
 
 @dataclass(frozen=True)
@@ -109,22 +111,64 @@ def pad_graph_batch(batch: Any, capacities: GraphCapacities) -> Any:
     # every key classified (PyG's is_node_attr reads the batch's counts) before any is padded
     padded = {key: _padded(batch, key, value, num_nodes, num_edges, num_graphs, capacities)
               for key, value in batch.items() if isinstance(value, torch.Tensor)}
+    store = batch._store.__dict__
+    real = _Real(num_nodes, num_edges, num_graphs, {key: rows for key, (_, rows) in padded.items()},
+                 batch._store._mapping.get("num_nodes"),
+                 {k: store[k] for k in ("_slice_dict", "_inc_dict") if k in store})
     for key in list(batch.keys()):
         if key not in padded:
             del batch[key]
-    for key, value in padded.items():
+    for key, (value, _) in padded.items():
         batch[key] = value
-    for private in ("_slice_dict", "_inc_dict"):     # describe the unpadded graphs: `to_data_list` would lie
-        if private in batch.__dict__:
-            del batch.__dict__[private]
+    for private in real.private:     # describe the unpadded graphs: `to_data_list` would lie
+        del store[private]
     batch._num_graphs = capacities.graphs
     batch.num_nodes = capacities.nodes
     object.__setattr__(batch, _MARK, capacities)
+    object.__setattr__(batch, _REAL, real)
     return batch
 
 
+@dataclass(frozen=True)
+class _Real:
+    """What `pad_graph_batch` changed: the real counts, each padded key's real rows (a
+    count of the batch's, or ``"edge_index"``/``"ptr"``), the batch's own ``num_nodes``
+    entry (None where it had none) and PyG's private slice tables."""
+    nodes: int
+    edges: int
+    graphs: int
+    rows: dict[str, str]
+    num_nodes: Any
+    private: dict[str, Any]
+
+
+def unpadded(batch: Any) -> Any:
+    """A padded batch as PyG's ``DataLoader`` collated it (views of its real rows, a new
+    ``Batch``: the padded one is unchanged); any other batch as it is. What a step that
+    cannot be captured runs on, so that it gives PyG's numbers whatever it computes
+    (batch normalisation over all rows, ``batch.num_graphs`` in a loss)."""
+    real = getattr(batch, _REAL, None) if padded_capacities(batch) is not None else None
+    if real is None:
+        return batch
+    out = copy.copy(batch)
+    for mark in (_MARK, _REAL):
+        del out.__dict__[mark]
+    counts = {"nodes": real.nodes, "edges": real.edges, "graphs": real.graphs}
+    for key, rows in real.rows.items():
+        value = out[key]
+        out[key] = (value[:, :real.edges] if rows == "edge_index" else value[:real.graphs + 1] if rows == "ptr"
+                    else value[:counts[rows]])
+    if real.num_nodes is None:
+        del out["num_nodes"]
+    else:
+        out.num_nodes = real.num_nodes
+    out._store.__dict__.update(real.private)
+    out._num_graphs = real.graphs
+    return out
+
+
 def _padded(batch: Any, key: str, value: torch.Tensor, num_nodes: int, num_edges: int, num_graphs: int,
-            caps: GraphCapacities) -> torch.Tensor:
+            caps: GraphCapacities) -> tuple[torch.Tensor, str]:
     spare_nodes, extra = caps.nodes - num_nodes, caps.edges - num_edges
     device = value.device
     if key == "edge_index":
@@ -134,12 +178,12 @@ def _padded(batch: Any, key: str, value: torch.Tensor, num_nodes: int, num_edges
             check_ids(f"the batch's edge_index {name}", value[row], num_nodes, "num_nodes")
         k = torch.arange(extra, device=device)          # a ring over the padded vertices: no loops where 2+
         padding = torch.stack([num_nodes + k % spare_nodes, num_nodes + (k + 1) % spare_nodes])
-        return torch.cat([value, padding.to(value.dtype)], 1)
+        return torch.cat([value, padding.to(value.dtype)], 1), "edge_index"
     if key == "batch":
-        return torch.cat([value, value.new_full((spare_nodes,), caps.graphs - 1)])
+        return torch.cat([value, value.new_full((spare_nodes,), caps.graphs - 1)]), "nodes"
     if key == "ptr":
         return torch.cat([value, value.new_full((caps.graphs - num_graphs - 1,), num_nodes),
-                          value.new_full((1,), caps.nodes)])
+                          value.new_full((1,), caps.nodes)]), "ptr"
     if _is_index(batch, key, value):
         raise ValueError(f"static_shapes cannot pad the batch's {key!r}: it holds vertex or graph ids (PyG "
                          f"increments it per graph), and only edge_index and batch are padded")
@@ -149,11 +193,11 @@ def _padded(batch: Any, key: str, value: torch.Tensor, num_nodes: int, num_edges
                          f"regression loss. Use a plain DataLoader (static_shapes=False)")
     fill = IGNORE_LABEL if label else 0
     if batch.is_node_attr(key) and value.shape[:1] == (num_nodes,):
-        return _rows(value, caps.nodes, fill)
+        return _rows(value, caps.nodes, fill), "nodes"
     if batch.is_edge_attr(key) and value.shape[:1] == (num_edges,):
-        return _rows(value, caps.edges, fill)
+        return _rows(value, caps.edges, fill), "edges"
     if value.dim() and value.shape[0] == num_graphs:
-        return _rows(value, caps.graphs, fill)
+        return _rows(value, caps.graphs, fill), "graphs"
     raise ValueError(f"static_shapes cannot tell whether the batch's {key!r} (shape {list(value.shape)}) is per "
                      f"vertex, edge or graph ({num_nodes} vertices, {num_edges} edges, {num_graphs} graphs)")
 

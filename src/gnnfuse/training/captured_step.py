@@ -47,7 +47,7 @@ import torch
 
 from ..graph import Graph
 from ..loader import MiniBatch
-from ..loader.padded_graph_batch import padded_capacities
+from ..loader.padded_graph_batch import padded_capacities, unpadded
 from ..loader.static_shapes import DERIVED_KEYS, complete, copy_into
 from ..runtime.cuda_graph import DEFAULT_WARMUP, CaptureFallbackWarning, StepCapture, check_mode
 from .static_graph_batch import StaticGraphBatch
@@ -326,8 +326,10 @@ class GraphStepCapture(BlockStepCapture):
     ``size=batch.num_graphs`` to PyG's pooling (without it the pooling reads the graph
     count back from the device, which keeps the step eager). Padded batches are copied
     into the captured one and replayed (`training.static_graph_batch`), every other one
-    runs ``step_fn`` eagerly; a batch of fewer graphs (the epoch's last) has the same
-    padded shapes and replays. ``mode``, ``warmup``, the optimizer rules (Adam with
+    runs ``step_fn`` eagerly, on the batch as PyG's ``DataLoader`` collated it (a padded
+    one `unpadded`: the step then gives PyG's numbers whatever it computes, a model
+    normalising over all rows included); a batch of fewer graphs (the epoch's last) has
+    the same padded shapes and replays. ``mode``, ``warmup``, the optimizer rules (Adam with
     ``capturable=True``) and the refusal of models normalising over all rows are
     `BlockStepCapture`'s.
     """
@@ -347,4 +349,5 @@ class GraphStepCapture(BlockStepCapture):
         return StaticGraphBatch(batch)
 
     def _eager_step(self, batch: Any) -> Any:
-        return self.step_fn(batch)
+        # as PyG collated it: a step refused for mixing rows would count the padded ones
+        return self.step_fn(unpadded(batch))
