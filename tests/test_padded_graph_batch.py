@@ -60,6 +60,9 @@ def test_padding_keeps_the_batch_and_joins_padded_vertices_only_to_padded_ones(g
     n, e, g = plain.num_nodes, plain.num_edges, plain.num_graphs
     caps = GraphCapacities(n + spare_nodes, e + spare_edges, g + spare_graphs)
     padded = pad_graph_batch(Batch.from_data_list(graphs), caps)
+    if g in (n, e):         # a row per graph is one per vertex or edge too: which is it?
+        assert padded_capacities(padded) is None and torch.equal(padded.y, plain.y)
+        return
     assert padded_capacities(padded) == caps and padded_capacities(plain) is None
     assert padded.num_graphs == caps.graphs and padded.num_nodes == caps.nodes
     assert torch.equal(padded.x[:n], plain.x) and not padded.x[n:].any() and padded.x.dtype == plain.x.dtype
@@ -89,6 +92,22 @@ def test_a_batch_over_the_capacities_comes_unpadded():
                  GraphCapacities(10**4, 10**4, plain.num_graphs)):
         batch = pad_graph_batch(Batch.from_data_list(graphs), caps)
         assert padded_capacities(batch) is None and torch.equal(batch.edge_index, plain.edge_index)
+
+
+def test_a_batch_whose_graph_rows_are_also_its_vertex_or_edge_rows_comes_unpadded():
+    """In a batch of one-vertex graphs a graph label has a row per vertex too, and PyG's
+    classification made it per vertex: padded to the vertex capacity, the loss met a
+    label per padded vertex (ValueError: batch_size 3 against 64). Which count such rows
+    follow is the data set's to know, not the batch's; the batch stays PyG's."""
+    single = [Data(x=torch.randn(1, 2), edge_index=torch.zeros(2, 0, dtype=torch.long), y=torch.tensor([k]))
+              for k in range(3)]
+    one_edge = [Data(x=torch.randn(2, 2), edge_index=torch.tensor([[0], [1]]), y=torch.tensor([k]))
+                for k in range(3)]
+    for graphs in (single, one_edge):
+        batch = pad_graph_batch(Batch.from_data_list(graphs), GraphCapacities(64, 64, 8))
+        assert padded_capacities(batch) is None and batch.y.shape == (3,)
+    mixed = pad_graph_batch(Batch.from_data_list(single + one_edge[:1]), GraphCapacities(64, 64, 8))
+    assert padded_capacities(mixed) is not None and mixed.y.shape == (8,)
 
 
 def test_the_loader_is_pygs_without_static_shapes_and_pads_with_them():

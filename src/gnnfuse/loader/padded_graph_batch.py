@@ -26,7 +26,9 @@ norm) would see the padded ones; the captured step refuses it
 graph label (a regression loss would count the padding graphs), index tensors other than
 ``edge_index`` and ``batch``, and ``follow_batch``. Attributes that are not tensors (a
 molecule's SMILES string) are left out: a replayed step could only ever see the first
-batch's. A batch over the capacities comes unpadded, and its step runs eagerly.
+batch's. A batch over the capacities comes unpadded, and its step runs eagerly; so does
+a batch whose graph count is also its vertex or edge count (one-vertex graphs), where a
+graph-level tensor cannot be told from a vertex- or edge-level one.
 """
 from __future__ import annotations
 
@@ -106,7 +108,7 @@ def pad_graph_batch(batch: Any, capacities: GraphCapacities) -> Any:
     """``batch`` (a PyG ``Batch`` as its ``DataLoader`` collates it) padded in place to
     ``capacities`` as the module doc says, or returned as it is where it does not fit."""
     num_nodes, num_edges, num_graphs = int(batch.num_nodes), int(batch.num_edges), int(batch.num_graphs)
-    if not capacities.fits(num_nodes, num_edges, num_graphs):
+    if not capacities.fits(num_nodes, num_edges, num_graphs) or _graph_rows_ambiguous(batch, num_graphs):
         return batch
     # every key classified (PyG's is_node_attr reads the batch's counts) before any is padded
     padded = {key: _padded(batch, key, value, num_nodes, num_edges, num_graphs, capacities)
@@ -165,6 +167,17 @@ def unpadded(batch: Any) -> Any:
     out._store.__dict__.update(real.private)
     out._num_graphs = real.graphs
     return out
+
+
+def _graph_rows_ambiguous(batch: Any, num_graphs: int) -> bool:
+    """Whether a tensor of the batch has a row per graph where that is also a row per
+    vertex or per edge (a batch of one-vertex graphs): PyG classifies such rows as the
+    vertices' or edges', which would pad a graph label to the vertex capacity. What they
+    are is the data set's to know, not the batch's, so such a batch stays PyG's."""
+    if num_graphs not in (int(batch.num_nodes), int(batch.num_edges)):
+        return False
+    return any(isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == num_graphs
+               for key, value in batch.items() if key not in ("edge_index", "batch", "ptr"))
 
 
 def _padded(batch: Any, key: str, value: torch.Tensor, num_nodes: int, num_edges: int, num_graphs: int,
