@@ -162,6 +162,19 @@ def test_a_step_that_caches_on_the_batchs_graph_is_not_replayed():
     _same_training(replayed, eager)
 
 
+def test_a_step_that_rebinds_its_batchs_attributes_reads_every_batch():
+    """A step assigning ``batch.x = ...`` (a cast, a rescaling) rebound the static batch's
+    attribute: every later step read the tensor the previous step made instead of the
+    batch copied into the static one (losses up to 1.0 off, silently)."""
+    def rebind(batch):
+        batch.x = batch.x * 2
+        batch.edge_index = batch.edge_index[:, :1]
+    eager = _training("GraphSAGE", False, step_extra=rebind)
+    replayed = _training("GraphSAGE", True, step_extra=rebind)
+    assert replayed[2].status == "captured" and replayed[2].replayed == 3
+    _same_training(replayed, eager)
+
+
 def test_the_static_batch_serves_one_graph_rewritten_per_batch_and_refuses_other_shapes():
     loader = DataLoader(molecules(24), batch_size=8, static_shapes=True)
     first, second, third = list(loader)

@@ -66,12 +66,15 @@ class StaticGraphBatch:
         remember(edge_index, self._nodes, self.graph)
 
     def complete(self) -> Any:
-        """The static batch, its graph's layouts (re)built in place: what the step runs on.
+        """The static batch, its graph's layouts (re)built in place: what the step runs
+        on. A shallow copy, its tensors the static ones: a step that assigns an attribute
+        (``batch.x = batch.x.float()``) rebinds the copy's, not the static batch's, whose
+        tensor would otherwise be the one the next step reads instead of its batch's.
         What layers derive from the graph per step (the self-looped graph of GCN's and
         GAT's layers) is built once in the step, by its first layer (`fixed_shape.per_step`)."""
         begin_step(self.graph)
         build_layouts(self.graph, grouping=True)
-        return self.batch
+        return copy.copy(self.batch)
 
     def load(self, batch: Any, short: bool = False) -> str | None:
         """Copy ``batch`` into the static one; or say why it cannot (then nothing is
