@@ -332,6 +332,12 @@ class GraphStepCapture(BlockStepCapture):
     the same padded shapes and replays. ``mode``, ``warmup``, the optimizer rules (Adam with
     ``capturable=True``) and the refusal of models normalising over all rows are
     `BlockStepCapture`'s.
+
+    What is not checked: the replayed step runs on padded batches, whose ``num_graphs``,
+    ``num_nodes`` and ``ptr`` count the padding, so a step using them as numbers (a summed
+    loss divided by ``batch.num_graphs``) or a float target under another name than ``y``
+    (padded with zeros; ``y`` is refused) gives other numbers than on PyG's batch. A loss
+    over integer labels that ignores `IGNORE_LABEL` (cross-entropy's default) is the same.
     """
 
     _STEP = "graph training step"
