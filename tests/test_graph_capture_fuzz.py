@@ -7,7 +7,7 @@ Small random data sets (isolated vertices, graphs without edges, one-vertex grap
 loops, repeated edges, integer features, edge features, graph or vertex labels), a layer
 of `gnnfuse.nn` drawn from the kinds a graph classifier uses, pooled by sum, mean or max
 with ``size=batch.num_graphs``, and loaders with or without shuffling, ``drop_last`` and
-capacities some batches exceed. On the CPU the capture records with test_graph_step_capture's
+capacities some batches exceed, steps that assign ``batch.x``. On the CPU the capture records with test_graph_step_capture's
 stand-in for a CUDA graph, whose replay runs the step on the static batch.
 """
 from __future__ import annotations
@@ -99,12 +99,14 @@ class _Model(torch.nn.Module):
 
 
 def _train(graphs, make_model, captured: bool, batch_size: int, loader_kw: dict, capacities=None,
-           device: str = "cpu", epochs: int = 1):
+           device: str = "cpu", epochs: int = 1, rebind: bool = False):
     torch.manual_seed(0)
     model = make_model().double().to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 
     def step(batch):
+        if rebind:          # as a step casting its features does: the batch's x is another tensor
+            batch.x = batch.x.clone()
         optimizer.zero_grad()
         loss = F.cross_entropy(model(batch), batch.y)
         loss.backward()
@@ -132,13 +134,13 @@ def _tight(graphs, batch_size: int, loader_kw: dict) -> GraphCapacities:
 
 @RUNS
 @given(datasets(), st.sampled_from(sorted(LAYERS)), st.sampled_from(["add", "mean", "max"]), NORMS,
-       st.integers(2, 4), st.booleans(), st.booleans(), st.booleans())
+       st.integers(2, 4), st.booleans(), st.booleans(), st.booleans(), st.booleans())
 def test_captured_training_is_eager_training_on_pygs_batches(data, layer, pool, norm, batch_size, shuffle, drop_last,
-                                                              tight):
+                                                              tight, rebind):
     graphs, int_x, node_y = data
     kw = {"drop_last": drop_last, "shuffle": shuffle}
     caps = _tight(graphs, batch_size, _seeded(kw)) if tight else None
-    _same_training(graphs, lambda: _Model(layer, int_x, node_y, pool, norm), batch_size, kw, caps)
+    _same_training(graphs, lambda: _Model(layer, int_x, node_y, pool, norm), batch_size, kw, caps, rebind=rebind)
 
 
 def _seeded(loader_kw: dict) -> dict:
