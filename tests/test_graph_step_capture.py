@@ -9,7 +9,9 @@ the losses and weights of replayed steps equal eager steps on PyG's plain batche
 from __future__ import annotations
 
 import copy
+import gc
 import warnings
+import weakref
 
 import pytest
 import torch
@@ -197,6 +199,17 @@ def test_the_static_batch_serves_one_graph_rewritten_per_batch_and_refuses_other
     with pytest.raises(ValueError, match="padded batch"):
         StaticGraphBatch(unpadded)
     assert third is not None
+
+
+def test_a_static_batchs_graph_and_edge_index_go_with_it():
+    """The index cache holds the static graph while the static ``edge_index`` lives; the
+    graph's endpoints were views of that tensor, which kept it alive: neither was ever
+    freed (each capture's graph and layouts held until 64 other inputs evicted them)."""
+    static = StaticGraphBatch(next(iter(DataLoader(molecules(8), batch_size=4, static_shapes=True))))
+    graph, edge_index = weakref.ref(static.graph), weakref.ref(static.batch.edge_index)
+    del static
+    gc.collect()
+    assert graph() is None and edge_index() is None
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="a real CUDA graph needs a GPU")

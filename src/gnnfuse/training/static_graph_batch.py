@@ -61,7 +61,10 @@ class StaticGraphBatch:
         if edge_index.dtype != torch.int64:
             raise ValueError(f"a captured step's edge_index must be int64 (PyG's), got {edge_index.dtype}")
         self._nodes = capacities.nodes
-        self.graph = mark_padded(Graph._of_valid_ids(edge_index[0], edge_index[1], capacities.nodes))
+        # endpoints over the tensor's memory, not views of the tensor object: the index
+        # cache keeps the graph while that object lives, which a view would keep alive
+        ends = edge_index.detach()
+        self.graph = mark_padded(Graph._of_valid_ids(ends[0], ends[1], capacities.nodes))
         self._base_keys = tuple(self.graph._cache)
         remember(edge_index, self._nodes, self.graph)
 
