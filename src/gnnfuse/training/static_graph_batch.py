@@ -84,7 +84,8 @@ class StaticGraphBatch:
         copied). A batch of fewer graphs (the epoch's last) has the same padded shapes,
         so ``short`` changes nothing here."""
         if padded_capacities(batch) is None:
-            return "the batch did not fit the loader's capacities (it is not padded)"
+            return ("the batch is not padded (over the loader's capacities, or its graph count is its vertex or edge "
+                    "count: loader.padded_graph_batch)")
         sources, layout = _structure(batch)
         if layout != self._layout:
             differs = next((a[0] for a, b in zip(layout, self._layout) if a != b), "its keys")
