@@ -171,6 +171,15 @@ def test_what_cannot_be_padded_safely_is_refused_by_name():
         pad_graph_batch(Batch.from_data_list(odd[:3]), caps)
 
 
+@pytest.mark.parametrize("dtype", [torch.bool, torch.uint8])
+def test_a_label_that_cannot_hold_the_ignored_label_is_refused(dtype):
+    """IGNORE_LABEL (-100) in a bool label is True, in a uint8 one 156: the padding
+    graphs were positives of a binary loss (``y.float()``), or a class past the last."""
+    graphs = [Data(x=d.x, edge_index=d.edge_index, y=d.y.to(dtype)) for d in molecules(3, seed=3)]
+    with pytest.raises(ValueError, match=f"{dtype} label y.*-100"):
+        pad_graph_batch(Batch.from_data_list(graphs), GraphCapacities(64, 64, 6))
+
+
 def test_ids_past_a_graphs_vertices_are_refused_not_joined_to_the_padding():
     bad = Data(x=torch.randn(3, 2), edge_index=torch.tensor([[0, 1], [1, 3]]), y=torch.tensor([0]))
     with pytest.raises(ValueError, match="edge_index targets has id 3 at position 1, but num_nodes=3"):

@@ -23,7 +23,8 @@ graph's output is the unpadded batch's, the loss (which ignores the padding grap
 labels) is the same, and so is every gradient. A model normalising over all rows (batch
 norm) would see the padded ones; the captured step refuses it
 (`training.captured_step`). What cannot be padded safely is refused by name: a float
-graph label (a regression loss would count the padding graphs), index tensors other than
+graph label (a regression loss would count the padding graphs), a bool or unsigned one
+(which cannot hold `IGNORE_LABEL`), index tensors other than
 ``edge_index`` and ``batch``, and ``follow_batch``. Attributes that are not tensors (a
 molecule's SMILES string) are left out: a replayed step could only ever see the first
 batch's. A batch over the capacities comes unpadded, and its step runs eagerly; so does
@@ -204,6 +205,11 @@ def _padded(batch: Any, key: str, value: torch.Tensor, num_nodes: int, num_edges
     if label and (value.dtype.is_floating_point or value.dtype.is_complex):
         raise ValueError(f"static_shapes cannot pad a {value.dtype} label y: the padded rows would enter a "
                          f"regression loss. Use a plain DataLoader (static_shapes=False)")
+    if label and (value.dtype == torch.bool or not value.dtype.is_signed):
+        raise ValueError(f"static_shapes cannot pad a {value.dtype} label y: its padded rows would hold "
+                         f"{IGNORE_LABEL} (IGNORE_LABEL, which the loss must ignore) as "
+                         f"{torch.tensor(IGNORE_LABEL).to(value.dtype).item()}. Use int64 labels, or a plain "
+                         f"DataLoader (static_shapes=False)")
     fill = IGNORE_LABEL if label else 0
     if batch.is_node_attr(key) and value.shape[:1] == (num_nodes,):
         return _rows(value, caps.nodes, fill), "nodes"
