@@ -61,7 +61,7 @@ class _Recorder:
 
 
 def _training(name: str, captured: bool, device: str = "cpu", graphs: int = 45, norm: str | None = None,
-              pool_size: bool = True, step_extra=None, recorder: bool = True):
+              pool_size: bool = True, step_extra=None, recorder: bool = True, loss_fn=F.cross_entropy):
     torch.manual_seed(0)
     model = _Classifier(name, norm).double().to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -69,7 +69,7 @@ def _training(name: str, captured: bool, device: str = "cpu", graphs: int = 45, 
     def step(batch):
         optimizer.zero_grad()
         size = batch.num_graphs if pool_size else None
-        loss = F.cross_entropy(model(batch.x, batch.edge_index, batch.batch, size), batch.y)
+        loss = loss_fn(model(batch.x, batch.edge_index, batch.batch, size), batch.y)
         loss.backward()
         optimizer.step()
         if step_extra:
@@ -95,13 +95,13 @@ def _same_training(a, b):
 
 @pytest.mark.parametrize("name", ["GIN", "GraphSAGE", "GCN", "GAT"])
 def test_replayed_graph_steps_train_as_eager_steps_on_pygs_batches(name):
-    """Six batches: two eager warm-up steps, the audited one that captures, then
-    replays, the epoch's short last batch (5 graphs of 8) among them: its padded shapes
-    are the others'."""
+    """Six batches: the first run on PyG's batch (its use of the labels watched), two
+    eager warm-up steps, the audited one that captures, then replays, the epoch's short
+    last batch (5 graphs of 8) among them: its padded shapes are the others'."""
     eager = _training(name, False)
     replayed = _training(name, True)
     run = replayed[2]
-    assert run.status == "captured" and (run.eager, run.replayed) == (3, 3)
+    assert run.status == "captured" and (run.eager, run.replayed) == (4, 2)
     _same_training(replayed, eager)
 
 
@@ -110,8 +110,8 @@ def test_steps_on_the_triton_backend_replay_and_train_as_eager_steps(monkeypatch
     slots, the reverse CSR) is rebuilt by the step, so nothing is left cached."""
     monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
     device = device_for("triton")
-    eager = _training("GIN", False, device=device, graphs=28)
-    replayed = _training("GIN", True, device=device, graphs=28)
+    eager = _training("GIN", False, device=device, graphs=36)
+    replayed = _training("GIN", True, device=device, graphs=36)
     assert replayed[2].status == "captured" and replayed[2].replayed == 1
     _same_training(replayed, eager)
 
@@ -139,6 +139,27 @@ def test_steps_refused_for_row_mixing_run_on_the_unpadded_batch(norm):
     eager = _training("GIN", False, norm=norm)
     with pytest.warns(CaptureFallbackWarning, match="normalises over all rows"):
         replayed = _training("GIN", True, norm=norm)
+    assert replayed[2].replayed == 0
+    _same_training(replayed, eager)
+
+
+def _binary(out, y):
+    return F.binary_cross_entropy_with_logits(out[:, 0], y.double().clamp(max=1))
+
+
+def _accuracy_weighted(out, y):
+    return F.cross_entropy(out, y) * (out.argmax(1) == y).double().mean()
+
+
+@pytest.mark.parametrize("loss_fn", [_binary, _accuracy_weighted])
+def test_a_loss_that_reads_the_padding_labels_runs_eagerly_with_a_warning(loss_fn):
+    """Only a loss ignoring IGNORE_LABEL (cross-entropy's and nll's ignore_index) is the
+    same on a padded batch: a binary loss over ``y.float()`` counted every padding graph
+    with target -100, a mean over ``y == pred`` every padding graph as wrong; replayed,
+    silently. Which the step does is watched on its first batch, run on PyG's batch."""
+    eager = _training("GIN", False, loss_fn=loss_fn)
+    with pytest.warns(CaptureFallbackWarning, match="of batch.y.*IGNORE_LABEL"):
+        replayed = _training("GIN", True, loss_fn=loss_fn)
     assert replayed[2].replayed == 0
     _same_training(replayed, eager)
 
@@ -173,7 +194,7 @@ def test_a_step_that_rebinds_its_batchs_attributes_reads_every_batch():
         batch.edge_index = batch.edge_index[:, :1]
     eager = _training("GraphSAGE", False, step_extra=rebind)
     replayed = _training("GraphSAGE", True, step_extra=rebind)
-    assert replayed[2].status == "captured" and replayed[2].replayed == 3
+    assert replayed[2].status == "captured" and replayed[2].replayed == 2
     _same_training(replayed, eager)
 
 
@@ -219,7 +240,7 @@ def test_steps_replayed_from_a_cuda_graph_train_as_eager_steps(name):
         warnings.simplefilter("error", CaptureFallbackWarning)
         replayed = _training(name, True, device="cuda", recorder=False)
     eager = _training(name, False, device="cuda")
-    assert replayed[2].status == "captured" and replayed[2].replayed == 3
+    assert replayed[2].status == "captured" and replayed[2].replayed == 2
     torch.testing.assert_close(torch.tensor(replayed[0]), torch.tensor(eager[0]), rtol=1e-7, atol=1e-9)
     for x, y in zip(replayed[1], eager[1]):
         torch.testing.assert_close(x, y, rtol=1e-6, atol=1e-8)

@@ -48,11 +48,13 @@ import torch
 from ..graph import Graph
 from ..loader import MiniBatch
 from ..loader.padded_graph_batch import padded_capacities, unpadded
-from ..loader.static_shapes import DERIVED_KEYS, complete, copy_into
+from ..loader.static_shapes import DERIVED_KEYS, IGNORE_LABEL, complete, copy_into
 from ..runtime.cuda_graph import DEFAULT_WARMUP, CaptureFallbackWarning, StepCapture, check_mode
+from .label_use import LabelWatch
 from .static_graph_batch import StaticGraphBatch
 
 SHORT_BATCHES = ("eager", "replay")     # what BlockStepCapture does with a batch of fewer seeds
+LABEL_KEYS = ("y",)       # a padded graph batch's labels: IGNORE_LABEL in its padding (GraphStepCapture)
 
 # Normalisations over all rows of a batch: the padded rows would change their statistics.
 ROW_MIXING = ("BatchNorm", "InstanceNorm", "GraphNorm", "PairNorm", "MeanSubtractionNorm", "DiffGroupNorm",
@@ -333,11 +335,16 @@ class GraphStepCapture(BlockStepCapture):
     ``capturable=True``) and the refusal of models normalising over all rows are
     `BlockStepCapture`'s.
 
+    The padding graphs' labels are `IGNORE_LABEL`, which only cross-entropy and nll (by
+    their default ``ignore_index``) ignore: the first padded batch runs eagerly on PyG's
+    batch while `training.label_use.LabelWatch` follows ``batch.y`` through the step, and
+    a step computing anything else from it (``y.float()`` for a binary loss, a mean of
+    ``pred == y``) runs eagerly from then on, with a warning naming the op.
+
     What is not checked: the replayed step runs on padded batches, whose ``num_graphs``,
     ``num_nodes`` and ``ptr`` count the padding, so a step using them as numbers (a summed
     loss divided by ``batch.num_graphs``) or a float target under another name than ``y``
-    (padded with zeros; ``y`` is refused) gives other numbers than on PyG's batch. A loss
-    over integer labels that ignores `IGNORE_LABEL` (cross-entropy's default) is the same.
+    (padded with zeros; ``y`` is refused) gives other numbers than on PyG's batch.
     """
 
     _STEP = "graph training step"
@@ -347,6 +354,23 @@ class GraphStepCapture(BlockStepCapture):
                  _graph_factory: Callable[[], Any] | None = None):
         super().__init__(step_fn, optimizers=optimizers, modules=modules, mode=mode, warmup=warmup,
                          _graph_factory=_graph_factory)
+        self._labels_watched = False
+
+    def __call__(self, batch: Any) -> Any:
+        if self.reason is None and not self._labels_watched and self._padded(batch):
+            # the first padded batch runs eagerly, unpadded, to see what the step makes of
+            # its labels: anything but a loss ignoring IGNORE_LABEL would count the padding
+            self._labels_watched = True
+            plain = unpadded(batch)
+            with LabelWatch([plain[key] for key in LABEL_KEYS if key in plain]) as watch:
+                result = self._eager_step(plain)
+            self.eager += 1
+            if watch.misuse is not None:
+                self._fall_back(f"the step computes {watch.misuse} of batch.y, which on a padded batch holds "
+                                f"IGNORE_LABEL ({IGNORE_LABEL}) for the padding: only cross_entropy and nll_loss "
+                                f"with ignore_index={IGNORE_LABEL} ignore it")
+            return result
+        return super().__call__(batch)
 
     def _padded(self, batch: Any) -> bool:
         return padded_capacities(batch) is not None

@@ -1,0 +1,66 @@
+"""What a training step computes from its batch's labels: whether a padded batch's step
+gives the unpadded batch's numbers.
+
+A batch padded to fixed shapes (`loader.padded_graph_batch`) labels its padding graphs
+and padded vertices `IGNORE_LABEL`. That changes nothing only where the labels reach the
+loss through cross-entropy or nll (whose ``ignore_index`` is that label): a binary loss
+over ``y.float()`` counts every padding graph with target -100, and a mean of
+``pred == y`` counts it as a miss. `LabelWatch` follows the label tensors through a step
+(views and integer casts keep them labels) and names the first op that computes anything
+else from them; `training.GraphStepCapture` runs its first batch, unpadded, under it.
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Any, Iterable
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_flatten
+
+from ..loader.static_shapes import IGNORE_LABEL
+
+# Ops whose result is still the labels, rows rearranged or not (an integer result only).
+_KEEP_LABELS = frozenset({
+    torch.Tensor.view, torch.Tensor.view_as, torch.Tensor.reshape, torch.Tensor.reshape_as, torch.Tensor.squeeze,
+    torch.Tensor.unsqueeze, torch.Tensor.flatten, torch.Tensor.contiguous, torch.Tensor.clone, torch.Tensor.detach,
+    torch.Tensor.to, torch.Tensor.long, torch.Tensor.__getitem__, torch.reshape, torch.squeeze, torch.unsqueeze,
+    torch.flatten})
+# Losses ignoring targets equal to their ``ignore_index`` argument.
+_IGNORING = (F.cross_entropy, F.nll_loss)
+
+
+class LabelWatch(TorchFunctionMode):
+    """``with LabelWatch([batch.y]) as watch: step(batch)``; then ``watch.misuse`` names
+    the first torch function that computed something from the labels other than a loss
+    ignoring `IGNORE_LABEL` (None: there was none)."""
+
+    def __init__(self, labels: Iterable[torch.Tensor]) -> None:
+        super().__init__()
+        self._labels = [t for t in labels if isinstance(t, torch.Tensor)]    # kept alive: ids stay theirs
+        self._ids = {id(t) for t in self._labels}
+        self.misuse: str | None = None
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if self.misuse is not None or not any(isinstance(t, torch.Tensor) and id(t) in self._ids
+                                              for t in tree_flatten((args, kwargs))[0]):
+            return out
+        results = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        if not results or (func in _IGNORING and _ignores_padding(func, args, kwargs)):
+            return out            # a count or a shape; or a loss that ignores the padding
+        if func in _KEEP_LABELS and not any(t.dtype.is_floating_point or t.dtype.is_complex
+                                            or t.dtype == torch.bool for t in results):
+            self._labels += results
+            self._ids.update(id(t) for t in results)
+            return out
+        self.misuse = getattr(func, "__qualname__", None) or getattr(func, "__name__", repr(func))
+        return out
+
+
+def _ignores_padding(loss: Any, args: tuple, kwargs: dict) -> bool:
+    bound = inspect.signature(loss).bind(*args, **kwargs)
+    bound.apply_defaults()
+    return bound.arguments.get("ignore_index") == IGNORE_LABEL
