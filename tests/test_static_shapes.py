@@ -321,6 +321,21 @@ def test_models_that_normalise_over_rows_are_refused():
     assert run.status.startswith("eager")
 
 
+def test_a_row_mixing_model_is_refused_on_padded_blocks_not_run_on_them(data):
+    """Its eager fallback ran on the padded blocks, whose padded rows entered the batch
+    norm's statistics: the loss differed from the unpadded batch's, under a warning that
+    said they would not be counted. (Graph batches are unpadded instead: GraphStepCapture.)"""
+    net = torch.nn.Sequential(torch.nn.BatchNorm1d(12)).double()
+
+    def step(batch):
+        return F.cross_entropy(net(batch.x)[:batch.batch_size, :5], batch.y[:batch.batch_size])
+    with pytest.warns(CaptureFallbackWarning, match="BatchNorm1d"):
+        run = BlockStepCapture(step, modules=[net])
+    assert torch.isfinite(run(next(iter(_loader(data)))))
+    with pytest.raises(ValueError, match="BatchNorm1d.*padded rows.*static_shapes=False"):
+        run(next(iter(_loader(data, static_shapes=True))))
+
+
 def test_a_static_batch_refuses_a_batch_of_another_shape(data):
     loader = _loader(data, shuffle=True, static_shapes=True)
     batches = list(loader)

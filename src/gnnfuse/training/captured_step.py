@@ -31,7 +31,8 @@ What keeps a replay from computing something else than the eager step would:
 - **Row-local models.** Padded rows only feed padded rows as long as every op computes a
   row from its own row and in-edges; batch normalisation (and PyG's graph-wide norms,
   its ``LayerNorm`` in ``mode="graph"`` included) would mix the padded rows into the
-  real ones, so models holding one are refused.
+  real ones, so models holding one are not captured, and a padded batch of blocks is
+  refused for them with an error (`GraphStepCapture` runs its batches unpadded).
 
 Everything else -- warm-up, the audit for host syncs, optimizer checks, fallback on a
 failed capture, fresh dropout masks per replay -- is `StepCapture`'s.
@@ -237,6 +238,7 @@ class BlockStepCapture:
         self.replayed = self.eager = 0
         self._skipped: set[str] = set()
         mixing = row_mixing_module(self.modules) if self.reason is None else None
+        self._row_mixing = mixing
         if mixing:
             self._fall_back(f"{mixing} normalises over all rows, which would count the padded ones")
 
@@ -279,6 +281,9 @@ class BlockStepCapture:
         return StaticBatch(batch, self.features)
 
     def _eager_step(self, batch: MiniBatch) -> Any:
+        if self._row_mixing and batch.padded:
+            raise ValueError(f"{self._row_mixing} normalises over all rows, which on a padded batch would count the "
+                             f"padded rows: train it on unpadded batches (NeighborLoader(static_shapes=False))")
         if batch.deferred and self.features is None:
             raise ValueError("a deferred batch (NeighborLoader(deferred=True)) needs the feature table its rows come "
                              "from: BlockStepCapture(..., features=loader.features)")
