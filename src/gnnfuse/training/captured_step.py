@@ -237,9 +237,8 @@ class BlockStepCapture:
         self._verified = False
         self.replayed = self.eager = 0
         self._skipped: set[str] = set()
-        mixing = row_mixing_module(self.modules) if self.reason is None else None
-        self._row_mixing = mixing
-        if mixing:
+        mixing = self._row_mixing = row_mixing_module(self.modules)     # mode "off" pads batches too
+        if mixing and self.reason is None:
             self._fall_back(f"{mixing} normalises over all rows, which would count the padded ones")
 
     @property
