@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gnnfuse import Graph
+from gnnfuse.bench.host_syncs import HostSyncCounter
 from gnnfuse.graph import choose_index_dtype
 
 INT32_MAX = 2**31 - 1
@@ -268,6 +269,47 @@ def test_to_device_and_repr():
 def test_bad_input_raises_value_error(make, message):
     with pytest.raises(ValueError, match=message):
         make()
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: Graph([0, -1], [1, 9], 3), "src has a negative id -1 at position 1"),      # src before dst
+    (lambda: Graph([0, 1], [4, 9], 3), "dst has id 4 at position 0, but num_nodes=3 (ids must be < num_nodes; "
+                                       "num_nodes is smaller than the largest id + 1 = 10)"),
+    (lambda: Graph([-1, 2], [0, 1]), "src has a negative id -1 at position 0"),
+    (lambda: Graph([2, 1], [0, -4]), "dst has a negative id -4 at position 1"),
+    (lambda: Graph([0, 5], [1, 0], 3, num_src_nodes=4),
+     "src has id 5 at position 1, but num_src_nodes=4 (ids must be < num_src_nodes; num_src_nodes is smaller than "
+     "the largest id + 1 = 6)"),
+    (lambda: Graph([0, 7], [1, 2], num_src_nodes=4), "src has id 7 at position 1, but num_src_nodes=4 (ids must be "
+                                                     "< num_src_nodes; num_src_nodes is smaller than the largest id "
+                                                     "+ 1 = 8)"),
+    (lambda: Graph([0, 1], [1, -2], num_src_nodes=3), "dst has a negative id -2 at position 1"),
+    (lambda: Graph([0, 1], [1, 2], 2, num_src_nodes=3), "dst has id 2 at position 1, but num_nodes=2 (ids must be "
+                                                        "< num_nodes; num_nodes is smaller than the largest id + 1 = 3)"),
+    (lambda: Graph([0], [1], 2, num_src_nodes=-1), "num_src_nodes must be >= 0, got -1"),
+])
+def test_a_bad_id_is_named_with_its_array_and_position(make, message):
+    with pytest.raises(ValueError) as raised:
+        make()
+    assert str(raised.value) == message
+
+
+@pytest.mark.parametrize("num_nodes, num_src_nodes", [(7, None), (None, None), (7, 5), (None, 5), (7, 0)])
+def test_a_new_graphs_ids_are_checked_in_one_read_back(num_nodes, num_src_nodes):
+    """A graph-classification step builds a graph per batch: the bounds of its src and dst
+    (and its vertex count, where inferred) come back to the host in one read, where a
+    min and a max of each were four (six with the count inferred), each a sync on a GPU."""
+    src, dst = torch.tensor([0, 4, 2, 1]), torch.tensor([3, 6, 0, 6])
+    if num_src_nodes == 0:
+        src, dst = src[:0], dst[:0]
+    with HostSyncCounter() as counter:
+        g = Graph(src, dst, num_nodes, num_src_nodes=num_src_nodes)
+    assert sum(counter.syncs.values()) == (0 if num_src_nodes == 0 else 1), counter.syncs
+    assert (g.num_nodes, g.num_src_nodes) == (7 if num_nodes or num_src_nodes != 0 else 0,
+                                              7 if num_src_nodes is None else num_src_nodes)
+    with HostSyncCounter() as counter:
+        Graph.coerce(torch.stack([src, dst]), num_nodes=7)
+    assert sum(counter.syncs.values()) == (0 if num_src_nodes == 0 else 1), counter.syncs
 
 
 def _eager_loop_free_then_looped(src, dst, n, num_src=None):

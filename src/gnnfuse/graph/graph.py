@@ -42,7 +42,7 @@ import torch
 from .convert import (adj_t_edges, check_bipartite_adj_t, check_unit_values, index_tensors, is_pyg_edge_index,
                       is_sparse_adjacency, networkx_edges, scipy_edges, scipy_weights)
 from .index_cache import cached_graph, functorch_interpreter
-from .validate import as_index_tensor, check_ids, choose_index_dtype, infer_count
+from .validate import as_index_tensor, check_ids, choose_index_dtype, edge_counts, infer_count
 
 
 class CSR(NamedTuple):
@@ -110,16 +110,9 @@ class Graph:
         dst = as_index_tensor("dst", dst, device)
         if src.numel() != dst.numel():
             raise ValueError(f"src and dst must have the same length, got {src.numel()} and {dst.numel()}")
-        if num_src_nodes is None:
-            n = infer_count(num_nodes, "num_nodes", src, dst)
-            check_ids("src", src, n, "num_nodes")
-        else:
-            if node_type is not None:
-                raise ValueError("node_type needs one vertex set; a bipartite graph (num_src_nodes given) "
-                                 "has two")
-            n = infer_count(num_nodes, "num_nodes", dst)
-            check_ids("src", src, infer_count(num_src_nodes, "num_src_nodes"), "num_src_nodes")
-        check_ids("dst", dst, n, "num_nodes")
+        if num_src_nodes is not None and node_type is not None:
+            raise ValueError("node_type needs one vertex set; a bipartite graph (num_src_nodes given) has two")
+        n = edge_counts(src, dst, num_nodes, num_src_nodes)
 
         etype, num_etypes = _types("edge", edge_type, num_edge_types, src.numel(), "edges", device)
         ntype, num_ntypes = _types("node", node_type, num_node_types, n, "nodes", device)

@@ -55,20 +55,62 @@ def as_index_tensor(name: str, value: Any, device: torch.device | None = None) -
     return tensor.to(torch.int64).contiguous()
 
 
+def id_bounds(*tensors: torch.Tensor) -> list[tuple[int, int] | None]:
+    """(smallest, largest) id of each tensor, None for an empty one, read back to the host
+    in one read. Why one: every read waits for the GPU's queue, and a graph-classification
+    step builds a graph per batch, whose src and dst bounds were four reads (a min and a
+    max each) before any kernel of the step could be queued behind them."""
+    present = [t for t in tensors if t.numel()]
+    if not present:
+        return [None] * len(tensors)
+    values = iter(torch.stack([v for t in present for v in torch.aminmax(t)]).tolist())
+    return [(next(values), next(values)) if t.numel() else None for t in tensors]
+
+
 def check_ids(name: str, ids: torch.Tensor, bound: int, bound_name: str) -> None:
     """Raise unless every id is in [0, bound); name the first offending position."""
     refuse_export(f"a gnnfuse graph checking its {name}")
-    if ids.numel() == 0:
+    within(name, ids, bound, bound_name, id_bounds(ids)[0])
+
+
+def within(name: str, ids: torch.Tensor, bound: int, bound_name: str, bounds: tuple[int, int] | None) -> None:
+    """`check_ids` of ``ids`` whose `id_bounds` are ``bounds``, read already: raise
+    unless they lie in [0, bound), naming the first offending position (found only then)."""
+    if bounds is None:
         return
-    if int(ids.min()) < 0:
+    low, high = bounds
+    if low < 0:
         pos = int(torch.nonzero(ids < 0)[0])
         raise ValueError(f"{name} has a negative id {int(ids[pos])} at position {pos}")
-    if int(ids.max()) >= bound:
+    if high >= bound:
         pos = int(torch.nonzero(ids >= bound)[0])
         raise ValueError(
             f"{name} has id {int(ids[pos])} at position {pos}, but {bound_name}={bound} "
             f"(ids must be < {bound_name}; {bound_name} is smaller than the largest id + 1 = "
-            f"{int(ids.max()) + 1})")
+            f"{high + 1})")
+
+
+def edge_counts(src: torch.Tensor, dst: torch.Tensor, num_nodes: int | None, num_src_nodes: int | None) -> int:
+    """A graph's ``num_nodes`` (given, else the largest id + 1: of ``src`` and ``dst``, or
+    of ``dst`` alone where ``num_src_nodes`` makes it bipartite), with every id of
+    ``src`` and ``dst`` checked in range, as `infer_count` and `check_ids` would -- the
+    same errors, in the same order -- from one host read of their bounds (`id_bounds`)."""
+    if num_nodes is None:
+        refuse_export("a gnnfuse graph inferring its num_nodes")
+    else:
+        num_nodes = infer_count(num_nodes, "num_nodes")
+    sources = None if num_src_nodes is None else infer_count(num_src_nodes, "num_src_nodes")
+    refuse_export("a gnnfuse graph checking its src")
+    src_bounds, dst_bounds = id_bounds(src, dst)
+    if num_nodes is None:
+        counted = (dst_bounds,) if sources is not None else (src_bounds, dst_bounds)
+        num_nodes = max((b[1] + 1 for b in counted if b is not None), default=0)
+    if sources is None:
+        within("src", src, num_nodes, "num_nodes", src_bounds)
+    else:
+        within("src", src, sources, "num_src_nodes", src_bounds)
+    within("dst", dst, num_nodes, "num_nodes", dst_bounds)
+    return num_nodes
 
 
 def infer_count(explicit: int | None, name: str, *tensors: torch.Tensor) -> int:
@@ -82,7 +124,7 @@ def infer_count(explicit: int | None, name: str, *tensors: torch.Tensor) -> int:
             raise ValueError(f"{name} must be >= 0, got {explicit}")
         return int(explicit)
     refuse_export(f"a gnnfuse graph inferring its {name}")
-    return max((int(t.max()) + 1 for t in tensors if t.numel()), default=0)
+    return max((high + 1 for _, high in filter(None, id_bounds(*tensors))), default=0)
 
 
 def choose_index_dtype(num_nodes: int, num_edges: int) -> torch.dtype:
