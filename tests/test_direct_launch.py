@@ -387,6 +387,35 @@ def test_a_launch_plan_binds_after_tritons_first_launches(fake_triton, monkeypat
     assert sent[5] is y and sent[6] == types.data_ptr() and sent[7] == 16
 
 
+def test_a_plans_first_launch_binds_nothing(fake_triton, monkeypatch):
+    """A new plan of a kernel whose specialization was launched already (the plan of the
+    same unit on the previous batch's graph) could bind on its first launch, but a plan
+    made for a graph used once never launches again: it binds from its second launch on."""
+    from gnnfuse.backend.triton import executor, launch
+
+    fn = JitFunction()
+    fn.params = [Param("rowptr"), Param("count"), Param("out"), Param("x"), Param("BLOCK", constexpr=True)]
+    kernel = _Tuner(fn)
+
+    def plan():
+        return executor._Launch(kernel=kernel, layouts=(), before=(torch.zeros(8, dtype=torch.int32), 40), after=(),
+                                out_shape=(40,), out_dtype=torch.float32, device=torch.device("cpu"), zeros=False,
+                                zero_rows=None, grid=lambda meta: (-(-40 // meta["BLOCK"]),), sizes=(1, 1),
+                                kwargs={}, signature="sig", bound=[None, 0])
+
+    def args(p):
+        return (*p.before, torch.zeros(40), torch.zeros(40))
+    first = plan()
+    assert _bind_plan(first, args(first), monkeypatch) is not None      # the kernel's specialization is recorded
+    binds = []
+    monkeypatch.setattr(executor, "bind", lambda *a, **k: binds.append(a) or launch.bind(*a, **k))
+    second = plan()
+    executor._launch_bound(second, args(second))
+    assert second.bound == [None, 1] and not binds
+    executor._launch_bound(second, args(second))
+    assert second.bound[0] is not None and len(binds) == 1
+
+
 def test_a_sibling_groups_plan_binds_its_outputs_partials_and_leaves(fake_triton, monkeypatch):
     from gnnfuse.backend.triton import executor
 

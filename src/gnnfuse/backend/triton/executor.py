@@ -404,6 +404,8 @@ def _keep_carried(plan: _Launch, following: torch.Tensor, stream: tuple | int | 
 
 # Launches a plan makes through `launch` before it stops trying to bind one: Triton's
 # first launch of a specialization (the autotuner's, then the JIT function's) comes first.
+# The first launch of every plan never binds (`_launch_bound`), so the attempts are its
+# second to this one.
 _BIND_ATTEMPTS = 4
 
 
@@ -416,11 +418,18 @@ def _launch_bound(plan: _Launch | _SiblingLaunch, args: tuple, made: int = 0) ->
     followed by its constant ``after`` arguments) or outputs and partial results (a
     sibling group's), then the leaves. The first ``made`` of them are tensors the caller
     makes itself for every launch, of the plan's dtypes on its device (`run_launch`'s
-    outputs, workspace and next output), which the bound launch need not check."""
+    outputs, workspace and next output), which the bound launch need not check.
+
+    A plan's first launch binds nothing: a plan made for a graph that is used once (a
+    graph-classification step's batch) never launches again, and building its bound
+    launch (a fingerprint of every argument, the grid, an address per fixed tensor) was
+    host work for nothing on every such plan -- GAT's step on a new batch makes 24."""
     launch(plan.kernel, plan.grid, plan.sizes, args, plan.kwargs, plan.signature)
     slot = plan.bound
     if slot[0] is None and slot[1] < _BIND_ATTEMPTS:
         slot[1] += 1
+        if slot[1] == 1:
+            return
         first, end, after = len(plan.before), len(args) - len(plan.types), getattr(plan, "after", ())
         # a plan with a workspace has no ``after``: its ``out``, workspace and counters vary together
         varying = (first, *range(first + 1 + len(after), end)) if after else tuple(range(first, end))
