@@ -9,6 +9,7 @@ from typing import Any, Callable, Hashable, Iterable, Mapping, NamedTuple
 import torch
 import triton
 
+from ...graph.index_cache import functorch_interpreter
 from ...ir import Program, Residency, Value, get_op
 from ...passes.fusion import AggregateUnit, EdgeUnit, SharedReduceUnit, Unit, gathered_leaves, leaf_kind
 from ...passes.siblings import SiblingGroup, fused_plan
@@ -26,7 +27,7 @@ from .codegen import (SHARED_REDUCE_BLOCK_E, SHARED_REDUCE_PROGRAMS, TYPE_LOAD, 
                       one_lane, partial_buffers, plain_sum, ROWS_WIDEST, row_stride, row_sum_split, shared_dot_rows,
                       shared_dot_tiles)
 from .context import TritonGraphContext
-from .direct_launch import Replays, current_stream, uncaptured_stream
+from .direct_launch import Replays, _capturing, current_stream, uncaptured_stream
 from .launch import bind, launch, signature
 from .schedule import SEGMENT_EDGES, partial_slots, segments, split_slots
 from .sorted_sources import sorted_sources, sorts_sources
@@ -671,8 +672,33 @@ def _split_workspace(slots, width: int, acc: str, programs: int, device: torch.d
     as constant arguments; else none, and the workspace comes per stream (`_workspace`)."""
     dtype = torch.float64 if acc == "tl.float64" else torch.float32     # the kernel's ACC
     if not len(slots):
-        return None, (torch.zeros(1, dtype=dtype, device=device), torch.zeros(1, dtype=torch.int32, device=device))
+        return None, (_one_element(dtype, device)[0], _one_element(torch.int32, device)[0])
     return (len(slots), width, dtype, programs), ()
+
+
+# (dtype, device) -> `_one_element`'s tensors
+_ONE_ELEMENT: dict[tuple[torch.dtype, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _one_element(dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(a one-element zero tensor of ``dtype`` on ``device``, its 0-d view), shared by
+    every launch plan: the stand-ins of `_split_workspace` and the base of a plan's
+    ``template``, which no kernel and no call writes (a kernel without split rows never
+    reaches its workspace: ``split_segments`` is 0 and every ``slot`` -1). Why shared:
+    they were three or four tensors made per plan, and every new graph makes its plans
+    anew (a graph-classification step's batch), at 6-13 us of host time per factory call
+    on the H200's host. Made fresh, and not kept, inside a ``torch.func`` transform (its
+    tensors are its own wrappers) and while a CUDA graph is being captured (its zeros
+    would be written only by a replay, into the graph's private pool)."""
+    key = (dtype, device)
+    found = _ONE_ELEMENT.get(key)
+    if found is None:
+        with torch.inference_mode(False):       # usable by plans made outside inference mode too
+            one = torch.zeros(1, dtype=dtype, device=device)
+        found = (one, one.view(()))
+        if functorch_interpreter() is None and not (device.type == "cuda" and _capturing()):
+            _ONE_ELEMENT[key] = found
+    return found
 
 
 def _plan_rows_unit(unit: AggregateUnit, ctx: GraphContext, kernel, csr: tuple, rows: int, acc: str,
@@ -737,7 +763,7 @@ def _launch_plan(kernel, grid, sizes: tuple[int, ...], before: tuple, after: tup
               *(a.dtype for a in after if isinstance(a, torch.Tensor)), *leaf_dtypes)
     if zero_rows is not None and math.prod(out_shape) * out_dtype.itemsize <= WHOLE_ZERO_BYTES:
         zeros, zero_rows = True, None
-    template = torch.empty((), dtype=out_dtype, device=rest["device"]).expand(out_shape)
+    template = _one_element(out_dtype, rest["device"])[1].expand(out_shape)
     return _Launch(kernel=kernel, before=before, after=after, out_shape=out_shape, out_dtype=out_dtype, zeros=zeros,
                    zero_rows=zero_rows, grid=grid, sizes=sizes, kwargs=kwargs,
                    signature=signature(sizes, kwargs, dtypes), bound=[None, 0], template=template, **rest)
