@@ -360,6 +360,24 @@ def test_an_execution_context_builds_looped_endpoints_only_when_an_op_indexes_by
     assert torch.equal(ctx.index("src"), looped.src)
 
 
+def test_a_self_looped_graphs_endpoints_read_back_only_the_loop_free_count():
+    """`remove_self_loops` reads how many edges it keeps, once; its endpoints are then
+    picked at that count. A boolean-mask index read the count back again, per array,
+    every time they were built (GAT built them twice per new graph: four syncs)."""
+    torch.manual_seed(0)
+    graph = Graph(torch.randint(0, 20, (100,)), torch.randint(0, 20, (100,)), 20)
+    with HostSyncCounter() as counter:
+        looped = graph.remove_self_loops().add_self_loops()
+        transient = looped._endpoints(keep=False)
+        kept = looped.src, looped.dst
+    assert dict(counter.syncs) == {"aten._local_scalar_dense.default": 1}
+    keep = graph.src != graph.dst
+    loops = torch.arange(20)
+    for built in (transient, kept):
+        assert torch.equal(built[0], torch.cat([graph.src[keep], loops]))
+        assert torch.equal(built[1], torch.cat([graph.dst[keep], loops]))
+
+
 @given(edge_lists(), st.sampled_from(["plain", "dst-grouped", "self-looped"]), st.booleans())
 @settings(max_examples=60, deadline=None)
 def test_layouts_without_edge_ids_are_the_full_layouts(edges, kind, ids_first):

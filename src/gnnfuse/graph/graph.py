@@ -180,10 +180,13 @@ class Graph:
         if self._edges is not None:
             return self._edges
         self.check_unchanged()     # built from the recipe's tensors: they must still hold its edges
-        src, dst, keep_mask, _, count = self._lazy
+        src, dst, keep_mask, kept, count = self._lazy
         with torch.inference_mode(False):       # kept arrays are sealed (`_sealable`)
             if keep_mask is not None:
-                src, dst = src[keep_mask], dst[keep_mask]
+                # the kept edges' ids at the count read when the mask was taken (`_lazily`): a
+                # boolean-mask index reads its count back again, a sync per array on a GPU
+                ids = torch.nonzero_static(keep_mask, size=kept).squeeze(1)
+                src, dst = src.index_select(0, ids), dst.index_select(0, ids)
             if count:
                 loops = torch.arange(count, device=src.device)
                 src, dst = torch.cat([src, loops]), torch.cat([dst, loops])
