@@ -312,6 +312,19 @@ def test_a_new_graphs_ids_are_checked_in_one_read_back(num_nodes, num_src_nodes)
     assert sum(counter.syncs.values()) == (0 if num_src_nodes == 0 else 1), counter.syncs
 
 
+@given(st.lists(st.integers(0, 9), max_size=40), st.integers(0, 3), st.sampled_from([torch.int32, torch.int64]))
+@settings(max_examples=40, deadline=None)
+def test_row_pointers_are_made_in_the_index_dtype_both_ways(keys, extra_rows, dtype):
+    """A CSR's row pointers by ``bincount`` (the host's way) and by binary search (a GPU's)
+    come out in the graph's index dtype, equal to the counts' running sum."""
+    from gnnfuse.graph.graph import row_pointers, searched_row_pointers
+    key = torch.tensor(sorted(keys), dtype=torch.int64)
+    rows = (max(keys) + 1 if keys else 0) + extra_rows
+    expected = torch.cat([torch.zeros(1, dtype=torch.int64), torch.bincount(key, minlength=rows).cumsum(0)])
+    for made in (row_pointers(key, rows, dtype), searched_row_pointers(key, rows, dtype)):
+        assert made.dtype == dtype and torch.equal(made.long(), expected)
+
+
 def _eager_loop_free_then_looped(src, dst, n, num_src=None):
     """What `remove_self_loops().add_self_loops()` means, computed without gnnfuse."""
     src, dst = torch.tensor(src, dtype=torch.int64), torch.tensor(dst, dtype=torch.int64)

@@ -595,7 +595,7 @@ class Graph:
         else:
             grouped_key, order = torch.sort(key, stable=True)
             col = other[order]
-        return sorted_row_pointers(grouped_key, rows).to(dtype), col.to(dtype).contiguous()
+        return sorted_row_pointers(grouped_key, rows, dtype), col.to(dtype)
 
     def _grouping_order(self, by: str) -> torch.Tensor:
         """The permutation `_group_rows` sorted the edges by, as ``eid``: after regrouping,
@@ -628,8 +628,7 @@ class Graph:
             src, dst = self._endpoints(keep=False)
             return torch.bincount(dst if by == "dst" else src,
                                   minlength=self._num_nodes if by == "dst" else self.num_src_nodes)
-        rowptr = self.grouped(by)[0].to(torch.int64)
-        return rowptr[1:] - rowptr[:-1]
+        return self.grouped(by)[0].diff().to(torch.int64)
 
     def degree_order(self) -> torch.Tensor:
         """Vertex ids by descending in-degree, ties by ascending id (Seastar §6.3.3).
@@ -799,20 +798,27 @@ def _layout_versions(key: str, value: Any) -> tuple[tuple[str, torch.Tensor, int
     return tuple((key, t, t._version) for t in tensors if isinstance(t, torch.Tensor) and not t.is_inference())
 
 
-def sorted_row_pointers(key: torch.Tensor, rows: int) -> torch.Tensor:
-    """`row_pointers` of ``key`` sorted ascending: on a GPU by a binary search per row,
-    which reads nothing back (``bincount`` reads its input's maximum: a sync per new
-    graph); on the host by `row_pointers`."""
+def sorted_row_pointers(key: torch.Tensor, rows: int, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    """`row_pointers` of ``key`` sorted ascending, in ``dtype`` (int64 or int32): on a GPU
+    by a binary search per row, which reads nothing back (``bincount`` reads its input's
+    maximum: a sync per new graph); on the host by `row_pointers`. Made in ``dtype``
+    directly: a cast after it was one more op per CSR of every new graph."""
     if key.device.type == "cpu":
-        return row_pointers(key, rows)
-    return torch.searchsorted(key, torch.arange(rows + 1, dtype=key.dtype, device=key.device)).to(torch.int64)
+        return row_pointers(key, rows, dtype)
+    return searched_row_pointers(key, rows, dtype)
 
 
-def row_pointers(key: torch.Tensor, rows: int) -> torch.Tensor:
-    """int64 row pointers (``rows + 1``) of edges grouped by ``key``, their row ids: row
-    ``r``'s edges are positions ``rowptr[r]:rowptr[r + 1]`` of the grouping."""
-    rowptr = torch.zeros(rows + 1, dtype=torch.int64, device=key.device)
-    torch.cumsum(torch.bincount(key, minlength=rows), 0, out=rowptr[1:])
+def searched_row_pointers(key: torch.Tensor, rows: int, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    """`sorted_row_pointers` by binary search (its GPU way), on any device."""
+    return torch.searchsorted(key, torch.arange(rows + 1, dtype=key.dtype, device=key.device),
+                              out_int32=dtype == torch.int32)
+
+
+def row_pointers(key: torch.Tensor, rows: int, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    """Row pointers (``rows + 1``, in ``dtype``) of edges grouped by ``key``, their row ids:
+    row ``r``'s edges are positions ``rowptr[r]:rowptr[r + 1]`` of the grouping."""
+    rowptr = torch.zeros(rows + 1, dtype=dtype, device=key.device)
+    torch.cumsum(torch.bincount(key, minlength=rows), 0, dtype=dtype, out=rowptr[1:])
     return rowptr
 
 

@@ -80,7 +80,7 @@ def _all_rows_short(rowptr: torch.Tensor, bound: int) -> bool:
     ``nonzero``) after a sort: a graph of short rows (a batch of molecules, a mesh, a
     k-NN graph) then keeps its rows in order instead, as a sampled block does, and every
     new graph of a graph-classification step costs one read-back and no sort."""
-    return rowptr.numel() < 2 or int((rowptr[1:] - rowptr[:-1]).max()) <= bound
+    return rowptr.numel() < 2 or int(rowptr.diff().max()) <= bound
 
 
 def whole_row_segments(graph: Graph) -> list[Any]:
