@@ -325,6 +325,19 @@ def test_row_pointers_are_made_in_the_index_dtype_both_ways(keys, extra_rows, dt
         assert made.dtype == dtype and torch.equal(made.long(), expected)
 
 
+@given(edge_lists())
+@settings(max_examples=30, deadline=None)
+def test_scatter_counts_are_bincounts(edges):
+    """A GPU counts out-degrees by `scatter_counts` where the reverse grouping is not
+    built (its sort would serve nothing else on a small graph, whose backward sums in
+    COO): the same int64 counts as ``bincount``, isolated vertices and multi-edges too."""
+    from gnnfuse.graph.graph import scatter_counts
+    src, _, n = edges
+    ids = torch.tensor(src, dtype=torch.int64)
+    counts = scatter_counts(ids, n + 1)
+    assert counts.dtype == torch.int64 and torch.equal(counts, torch.bincount(ids, minlength=n + 1))
+
+
 def _eager_loop_free_then_looped(src, dst, n, num_src=None):
     """What `remove_self_loops().add_self_loops()` means, computed without gnnfuse."""
     src, dst = torch.tensor(src, dtype=torch.int64), torch.tensor(dst, dtype=torch.int64)

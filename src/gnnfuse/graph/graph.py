@@ -620,15 +620,22 @@ class Graph:
         return self.cached("out_degrees", lambda g: g._degrees("src"))
 
     def _degrees(self, by: str) -> torch.Tensor:
-        """int64 edges per ``by`` endpoint. On a GPU the row pointers' differences: a
-        ``bincount`` there reads its input's maximum back to the host, a sync for every new
-        graph (a graph-classification step builds one per batch), and the kernels need the
-        grouping anyway. On the host ``bincount``, cheaper than a sort."""
-        if self.device.type == "cpu":
-            src, dst = self._endpoints(keep=False)
-            return torch.bincount(dst if by == "dst" else src,
-                                  minlength=self._num_nodes if by == "dst" else self.num_src_nodes)
-        return self.grouped(by)[0].diff().to(torch.int64)
+        """int64 edges per ``by`` endpoint. On the host ``bincount``, cheaper than a sort.
+        On a GPU ``bincount`` reads its input's maximum back to the host, a sync for every
+        new graph (a graph-classification step builds one per batch), so there: the row
+        pointers' differences where the grouping by ``by`` is built, or by destination
+        (every CSR kernel walks that grouping anyway); else `scatter_counts`. A small
+        graph's backward sums by source in COO and reads only the out-degrees of the
+        reverse grouping, whose sort, gather and binary search were built for them on
+        every new graph."""
+        if self.device.type != "cpu" and (by == "dst" or "reverse_csr" in self._cache
+                                          or "reverse_csr_rows" in self._cache):
+            return self.grouped(by)[0].diff().to(torch.int64)
+        src, dst = self._endpoints(keep=False)
+        if by == "dst":
+            return torch.bincount(dst, minlength=self._num_nodes)
+        count = torch.bincount if self.device.type == "cpu" else scatter_counts
+        return count(src, minlength=self.num_src_nodes)
 
     def degree_order(self) -> torch.Tensor:
         """Vertex ids by descending in-degree, ties by ascending id (Seastar §6.3.3).
@@ -820,6 +827,14 @@ def row_pointers(key: torch.Tensor, rows: int, dtype: torch.dtype = torch.int64)
     rowptr = torch.zeros(rows + 1, dtype=dtype, device=key.device)
     torch.cumsum(torch.bincount(key, minlength=rows), 0, dtype=dtype, out=rowptr[1:])
     return rowptr
+
+
+def scatter_counts(ids: torch.Tensor, minlength: int) -> torch.Tensor:
+    """``torch.bincount(ids, minlength=minlength)`` for ids below ``minlength``, by
+    ``index_add_``: no sort, and unlike ``bincount`` on a GPU nothing read back.
+    (Integers add exactly in any order, and a CUDA ``index_add_`` is deterministic
+    where torch is asked to be.)"""
+    return torch.zeros(minlength, dtype=torch.int64, device=ids.device).index_add_(0, ids, torch.ones_like(ids))
 
 
 def _types(kind: str, values: Any, count: int | None, length: int, unit: str,
