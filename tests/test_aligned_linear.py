@@ -177,6 +177,32 @@ def test_rows_read_zeroes_the_unread_rows_by_index():
     assert RowsRead.of(torch.ones(4, dtype=torch.bool)) is None
 
 
+@pytest.mark.parametrize("hops", [0, 1, 2])
+def test_a_new_graphs_walk_starts_read_back_one_count(hops):
+    """The rows a combine-first layer (SAGE's ``lin_l``, SGConv) reads, built for every new
+    graph: over one hop one read-back (the unread rows' ids), where a boolean mask of the
+    edges and an ``all()`` were two more; the same rows as walking the hops by masks."""
+    from gnnfuse.bench.host_syncs import HostSyncCounter
+    from gnnfuse.nn.conv import _walk_starts
+    src, dst = torch.tensor([0, 1, 2, 2, 5, 1]), torch.tensor([1, 2, 1, 3, 2, 0])
+    graph = gnnfuse.Graph(src, dst, 7)
+    with HostSyncCounter() as counter:
+        read = _walk_starts(graph, hops)
+    assert sum(counter.syncs.values()) == hops, dict(counter.syncs)    # a later hop picks its sources by a mask
+    starts = torch.ones(7, dtype=torch.bool)
+    for _ in range(hops):
+        reached, starts = starts, torch.zeros(7, dtype=torch.bool)
+        starts[src[reached[dst]]] = True
+    if bool(starts.all()):
+        assert read is None
+    else:
+        assert torch.equal(read.mask, starts) and torch.equal(read.unread, (~starts).nonzero().squeeze(1))
+    with HostSyncCounter() as counter:
+        every, some = RowsRead.of(torch.ones(3, dtype=torch.bool)), RowsRead.of(torch.tensor([True, False]))
+    assert sum(counter.syncs.values()) == 2, dict(counter.syncs)
+    assert every is None and torch.equal(some.unread, torch.tensor([1]))
+
+
 def test_padding_lanes_of_a_copied_leaf_never_reach_a_result(monkeypatch):
     """The executor's padded copy of an unaligned leaf (here GCN's plain [N, 47] output
     gradient) leaves its padding lanes unwritten: with NaN there, the layer still matches

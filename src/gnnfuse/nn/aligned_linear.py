@@ -43,11 +43,12 @@ class RowsRead(NamedTuple):
 
     @classmethod
     def of(cls, mask: torch.Tensor) -> "RowsRead | None":
-        """The rows ``mask`` marks, or None when it marks every row. Reads two counts
-        back from the device: build it where a sync is allowed (a layout cache, a loader)."""
-        if bool(mask.all()):
-            return None
-        return cls(mask, (~mask).nonzero().squeeze(1))
+        """The rows ``mask`` marks, or None when it marks every row. Reads one count back
+        from the device, the unmarked rows' (whose ids `rows_read` needs anyway; an
+        ``all()`` first was a second read): build it where a sync is allowed (a layout
+        cache, a loader)."""
+        unread = (~mask).nonzero().squeeze(1)
+        return cls(mask, unread) if unread.numel() else None
 
 
 def rows_read(x: torch.Tensor, read: RowsRead | None) -> torch.Tensor:

@@ -212,8 +212,12 @@ def _walk_starts(graph: Graph, hops: int) -> RowsRead | None:
     every vertex. Cached per graph. On a bipartite graph only ``hops=1`` is meaningful (a
     walk cannot continue from a destination)."""
     def build(g: Graph) -> RowsRead | None:
-        starts = torch.ones(g.num_nodes, dtype=torch.bool, device=g.device)
-        for _ in range(hops):
+        if not hops:
+            return None     # a walk of no edge leaves every vertex
+        # the first hop reaches every vertex, so it leaves every edge's source, marked by index
+        # (picked by a boolean mask of every edge, they were a read-back: a sync per graph on a GPU)
+        starts = torch.zeros(g.num_src_nodes, dtype=torch.bool, device=g.device).index_fill_(0, g.src, True)
+        for _ in range(hops - 1):
             reached, starts = starts, torch.zeros(g.num_src_nodes, dtype=torch.bool, device=g.device)
             starts[g.src[reached[g.dst]]] = True
         return RowsRead.of(starts)
