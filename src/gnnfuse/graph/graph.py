@@ -236,7 +236,9 @@ class Graph:
         shape = tuple(edge_index.shape)
         if len(shape) != 2 or shape[0] != 2:
             raise ValueError(f"edge_index must have shape [2, E], got {list(shape)}")
-        return cls(edge_index[0], edge_index[1], num_nodes, **kw)
+        # a tensor's rows in one call (two ``select``s were two: every new graph comes here)
+        src, dst = edge_index.unbind(0) if isinstance(edge_index, torch.Tensor) else edge_index
+        return cls(src, dst, num_nodes, **kw)
 
     @classmethod
     def from_data(cls, data: Any) -> Graph:
