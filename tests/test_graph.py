@@ -1,6 +1,8 @@
 """Graph: every input format against a scipy reference, kernel layouts, validation."""
 from __future__ import annotations
 
+from unittest import mock
+
 import networkx as nx
 import numpy as np
 import pytest
@@ -11,7 +13,8 @@ from hypothesis import strategies as st
 
 from gnnfuse import Graph
 from gnnfuse.bench.host_syncs import HostSyncCounter
-from gnnfuse.graph import choose_index_dtype, clear_index_cache
+from gnnfuse.graph import GraphModifiedError, choose_index_dtype, clear_index_cache
+from gnnfuse.graph import graph as graph_module
 
 INT32_MAX = 2**31 - 1
 
@@ -360,6 +363,11 @@ def test_self_looped_graph_builds_layouts_without_keeping_endpoints(edges, bipar
     src, dst, n = edges
     num_src = n + 2 if bipartite else None
     base = Graph(src, dst, n, num_src_nodes=num_src) if bipartite else Graph(src, dst, n)
+    with mock.patch.object(graph_module, "KEPT_ENDPOINTS_EDGES", -1):     # as a large graph does
+        _check_self_looped_layouts(base, src, dst, n, num_src, bipartite)
+
+
+def _check_self_looped_layouts(base, src, dst, n, num_src, bipartite):
     lazy = base.remove_self_loops().add_self_loops()
     exp_src, exp_dst = _eager_loop_free_then_looped(src, dst, n, num_src)
     eager = Graph(exp_src, exp_dst, n, num_src_nodes=num_src) if bipartite else Graph(exp_src, exp_dst, n)
@@ -376,6 +384,25 @@ def test_self_looped_graph_builds_layouts_without_keeping_endpoints(edges, bipar
     assert torch.equal(lazy.src, exp_src) and torch.equal(lazy.dst, exp_dst)
     assert lazy._edges is not None                  # read once: kept, not rebuilt per read
     assert torch.equal(lazy.add_self_loops().dst[-min(n, num_src or n):], torch.arange(min(n, num_src or n)))
+
+
+def test_a_small_self_looped_graph_builds_its_endpoints_once():
+    """A graph-classification step's self-looped batch (GCN, GAT) builds its CSR from its
+    endpoints, and a COO kernel reads them again: up to `KEPT_ENDPOINTS_EDGES` edges it
+    keeps them from the first build, where it made them a second time."""
+    torch.manual_seed(0)
+    graph = Graph(torch.randint(0, 30, (90,)), torch.randint(0, 30, (90,)), 30)
+    looped = graph.remove_self_loops().add_self_loops()
+    with HostSyncCounter() as counter:
+        looped.grouped("dst")
+        src, dst = looped.src, looped.dst
+    assert counter.ops["aten.nonzero_static.default"] == 1 and counter.ops["aten.cat.default"] == 2
+    keep = graph.src != graph.dst
+    assert torch.equal(src, torch.cat([graph.src[keep], torch.arange(30)]))
+    assert torch.equal(dst, torch.cat([graph.dst[keep], torch.arange(30)]))
+    with pytest.raises(GraphModifiedError):      # kept, they are sealed with the recipe's tensors
+        graph.src.add_(0)
+        looped.check_unchanged()
 
 
 def test_an_execution_context_builds_looped_endpoints_only_when_an_op_indexes_by_them():

@@ -55,6 +55,13 @@ class CSR(NamedTuple):
     eid: torch.Tensor
 
 
+# A lazy graph (`Graph._lazily`) of up to this many edges keeps the endpoint arrays it
+# builds for a layout: at most 1 MB, where a graph-classification step's self-looped batch
+# (GCN, GAT) built them for its CSR and again, kept, for a COO kernel's ``src``: seven
+# torch calls per new graph, each 10-20 us of host time on the H200's host.
+KEPT_ENDPOINTS_EDGES = 1 << 16
+
+
 class _LazyEdges(NamedTuple):
     """How a lazy graph's endpoints are made (`Graph._lazily`): the ``src``/``dst`` it was
     derived from, the ``keep`` mask over them (None: all), how many edges that keeps, and
@@ -157,6 +164,7 @@ class Graph:
         transient endpoints (`_endpoints`); for a 62M-edge graph the copy's arrays were
         1 GB resident for the whole training run. A lazy graph refers to the endpoint
         tensors it was derived from (and the mask), which its source graph holds anyway.
+        A small one keeps the arrays from their first build (`KEPT_ENDPOINTS_EDGES`).
         """
         self.check_unchanged()      # the recipe reads this graph's tensors: they must be its edges
         own = self._lazy
@@ -176,7 +184,8 @@ class Graph:
 
     def _endpoints(self, keep: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """(src, dst) int64 in edge-id order; a lazy graph (`_lazily`) builds them, and
-        keeps them only when `keep` (a layout builder uses them once and lets them go)."""
+        keeps them only when `keep` (a layout builder uses them once and lets them go) or
+        when it has at most `KEPT_ENDPOINTS_EDGES` edges."""
         if self._edges is not None:
             return self._edges
         self.check_unchanged()     # built from the recipe's tensors: they must still hold its edges
@@ -190,7 +199,7 @@ class Graph:
             if count:
                 loops = torch.arange(count, device=src.device)
                 src, dst = torch.cat([src, loops]), torch.cat([dst, loops])
-        if keep:
+        if keep or kept + count <= KEPT_ENDPOINTS_EDGES:
             recipe, self._edges, self._lazy = self._sealed, (src, dst), None
             # the arrays it reads from now on, and still those it was derived from: its
             # layouts may be theirs, so an edit there refuses it on every backend alike
