@@ -70,10 +70,10 @@ def id_bounds(*tensors: torch.Tensor) -> list[tuple[int, int] | None]:
 def check_ids(name: str, ids: torch.Tensor, bound: int, bound_name: str) -> None:
     """Raise unless every id is in [0, bound); name the first offending position."""
     refuse_export(f"a gnnfuse graph checking its {name}")
-    within(name, ids, bound, bound_name, id_bounds(ids)[0])
+    _within(name, ids, bound, bound_name, id_bounds(ids)[0])
 
 
-def within(name: str, ids: torch.Tensor, bound: int, bound_name: str, bounds: tuple[int, int] | None) -> None:
+def _within(name: str, ids: torch.Tensor, bound: int, bound_name: str, bounds: tuple[int, int] | None) -> None:
     """`check_ids` of ``ids`` whose `id_bounds` are ``bounds``, read already: raise
     unless they lie in [0, bound), naming the first offending position (found only then)."""
     if bounds is None:
@@ -106,10 +106,10 @@ def edge_counts(src: torch.Tensor, dst: torch.Tensor, num_nodes: int | None, num
         counted = (dst_bounds,) if sources is not None else (src_bounds, dst_bounds)
         num_nodes = max((b[1] + 1 for b in counted if b is not None), default=0)
     if sources is None:
-        within("src", src, num_nodes, "num_nodes", src_bounds)
+        _within("src", src, num_nodes, "num_nodes", src_bounds)
     else:
-        within("src", src, sources, "num_src_nodes", src_bounds)
-    within("dst", dst, num_nodes, "num_nodes", dst_bounds)
+        _within("src", src, sources, "num_src_nodes", src_bounds)
+    _within("dst", dst, num_nodes, "num_nodes", dst_bounds)
     return num_nodes
 
 
