@@ -276,19 +276,20 @@ def test_bad_input_raises_value_error(make, message):
 
 @pytest.mark.parametrize("make, message", [
     (lambda: Graph([0, -1], [1, 9], 3), "src has a negative id -1 at position 1"),      # src before dst
-    (lambda: Graph([0, 1], [4, 9], 3), "dst has id 4 at position 0, but num_nodes=3 (ids must be < num_nodes; "
-                                       "num_nodes is smaller than the largest id + 1 = 10)"),
+    (lambda: Graph([0, 1], [4, 9], 3), ("dst has id 4 at position 0, but num_nodes=3 (ids must be < num_nodes; "
+                                        "num_nodes is smaller than the largest id + 1 = 10)")),
     (lambda: Graph([-1, 2], [0, 1]), "src has a negative id -1 at position 0"),
     (lambda: Graph([2, 1], [0, -4]), "dst has a negative id -4 at position 1"),
     (lambda: Graph([0, 5], [1, 0], 3, num_src_nodes=4),
-     "src has id 5 at position 1, but num_src_nodes=4 (ids must be < num_src_nodes; num_src_nodes is smaller than "
-     "the largest id + 1 = 6)"),
-    (lambda: Graph([0, 7], [1, 2], num_src_nodes=4), "src has id 7 at position 1, but num_src_nodes=4 (ids must be "
-                                                     "< num_src_nodes; num_src_nodes is smaller than the largest id "
-                                                     "+ 1 = 8)"),
+     ("src has id 5 at position 1, but num_src_nodes=4 (ids must be < num_src_nodes; num_src_nodes is smaller than "
+      "the largest id + 1 = 6)")),
+    (lambda: Graph([0, 7], [1, 2], num_src_nodes=4),
+     ("src has id 7 at position 1, but num_src_nodes=4 (ids must be < num_src_nodes; num_src_nodes is smaller than "
+      "the largest id + 1 = 8)")),
     (lambda: Graph([0, 1], [1, -2], num_src_nodes=3), "dst has a negative id -2 at position 1"),
-    (lambda: Graph([0, 1], [1, 2], 2, num_src_nodes=3), "dst has id 2 at position 1, but num_nodes=2 (ids must be "
-                                                        "< num_nodes; num_nodes is smaller than the largest id + 1 = 3)"),
+    (lambda: Graph([0, 1], [1, 2], 2, num_src_nodes=3),
+     ("dst has id 2 at position 1, but num_nodes=2 (ids must be < num_nodes; num_nodes is smaller than the largest "
+      "id + 1 = 3)")),
     (lambda: Graph([0], [1], 2, num_src_nodes=-1), "num_src_nodes must be >= 0, got -1"),
 ])
 def test_a_bad_id_is_named_with_its_array_and_position(make, message):

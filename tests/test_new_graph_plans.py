@@ -4,11 +4,11 @@ every plan holds (`executor._one_element`) instead of making their own."""
 from __future__ import annotations
 
 import torch
+from oracle_check import device_for
 
 import gnnfuse
 from gnnfuse import nn as gnn
 from gnnfuse.backend.triton import executor as triton_executor
-from oracle_check import device_for
 
 
 def _molecules(seed: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:

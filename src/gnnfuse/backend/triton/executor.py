@@ -804,7 +804,7 @@ def _plan_coo_unit(unit: AggregateUnit, ctx: GraphContext, kernel, leaf_dtypes: 
     shape = (ctx.num_rows(unit.by),) + unit.reduce.shape
     # the kernel reads the endpoints (`_plan_over_edges`): a lazily self-looped graph makes
     # and keeps them here, and its degrees count from them rather than making them again
-    ctx.src
+    ctx.index("src")
     plan = _plan_over_edges(kernel, ctx, shape, unit.reduce.dtype, True, (ctx.degree(unit.by),), leaf_dtypes, common,
                             block_f=feature_block(unit, 64))
     return plan if unit.addend is None else plan._replace(added_after=unit.addend.id)
