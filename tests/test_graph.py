@@ -404,6 +404,13 @@ def test_a_small_self_looped_graph_builds_its_endpoints_once():
     with pytest.raises(GraphModifiedError):      # kept, they are sealed with the recipe's tensors
         graph.src.add_(0)
         looped.check_unchanged()
+    # arrays made inside a torch.func transform are its wrappers, unusable after it: not kept
+    graph = Graph(torch.randint(0, 30, (90,)), torch.randint(0, 30, (90,)), 30)
+    looped = graph.remove_self_loops().add_self_loops()
+    torch.func.grad(lambda x: (x * looped._endpoints(keep=False)[0].double()).sum())(torch.ones(looped.num_edges,
+                                                                                                 dtype=torch.float64))
+    assert looped._edges is None
+    assert torch.equal(looped.src, torch.cat([graph.src[graph.src != graph.dst], torch.arange(30)]))
 
 
 def test_an_execution_context_builds_looped_endpoints_only_when_an_op_indexes_by_them():

@@ -185,7 +185,7 @@ class Graph:
     def _endpoints(self, keep: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """(src, dst) int64 in edge-id order; a lazy graph (`_lazily`) builds them, and
         keeps them only when `keep` (a layout builder uses them once and lets them go) or
-        when it has at most `KEPT_ENDPOINTS_EDGES` edges."""
+        when it has at most `KEPT_ENDPOINTS_EDGES` edges (outside a ``torch.func`` transform)."""
         if self._edges is not None:
             return self._edges
         self.check_unchanged()     # built from the recipe's tensors: they must still hold its edges
@@ -199,7 +199,8 @@ class Graph:
             if count:
                 loops = torch.arange(count, device=src.device)
                 src, dst = torch.cat([src, loops]), torch.cat([dst, loops])
-        if keep or kept + count <= KEPT_ENDPOINTS_EDGES:
+        # (not kept unasked inside a torch.func transform: arrays made there are its wrappers)
+        if keep or (kept + count <= KEPT_ENDPOINTS_EDGES and functorch_interpreter() is None):
             recipe, self._edges, self._lazy = self._sealed, (src, dst), None
             # the arrays it reads from now on, and still those it was derived from: its
             # layouts may be theirs, so an edit there refuses it on every backend alike
