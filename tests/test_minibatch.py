@@ -88,15 +88,15 @@ def test_prefetch_reraises_a_failure_and_stops_when_abandoned(monkeypatch, threa
 def test_every_epoch_prefetches_on_the_loaders_one_side_stream(monkeypatch):
     """torch's allocator keeps freed blocks per stream: a new side stream per epoch left
     each epoch's blocks unusable to the next (0.6 GB more reserved per products-sized epoch)."""
-    from gnnfuse.loader import neighbor_loader
+    from gnnfuse.loader import preparation      # where the loaders make their prefetchers
     streams = []
 
     def recording(*args, **kwargs):
         prefetcher = real(*args, **kwargs)
         streams.append(prefetcher._streams[0])
         return prefetcher
-    real = neighbor_loader.Prefetcher
-    monkeypatch.setattr(neighbor_loader, "Prefetcher", recording)
+    real = preparation.Prefetcher
+    monkeypatch.setattr(preparation, "Prefetcher", recording)
     graph = gnnfuse.Graph(torch.tensor([0, 1, 2, 3]), torch.tensor([1, 2, 3, 0]), 4)
     loader = NeighborLoader(graph, [2], batch_size=2, x=torch.randn(4, 3), device="cuda", prefetch=2)
     for _ in range(3):
