@@ -151,12 +151,17 @@ def _accuracy_weighted(out, y):
     return F.cross_entropy(out, y) * (out.argmax(1) == y).double().mean()
 
 
-@pytest.mark.parametrize("loss_fn", [_binary, _accuracy_weighted])
+def _unreduced_mean(out, y):
+    return F.cross_entropy(out, y, reduction="none").mean()
+
+
+@pytest.mark.parametrize("loss_fn", [_binary, _accuracy_weighted, _unreduced_mean])
 def test_a_loss_that_reads_the_padding_labels_runs_eagerly_with_a_warning(loss_fn):
     """Only a loss ignoring IGNORE_LABEL (cross-entropy's and nll's ignore_index) is the
     same on a padded batch: a binary loss over ``y.float()`` counted every padding graph
     with target -100, a mean over ``y == pred`` every padding graph as wrong; replayed,
-    silently. Which the step does is watched on its first batch, run on PyG's batch."""
+    silently; and so a mean of cross-entropy's unreduced losses, whose padding graphs' zeros
+    it counted. Which the step does is watched on its first batch, run on PyG's batch."""
     eager = _training("GIN", False, loss_fn=loss_fn)
     with pytest.warns(CaptureFallbackWarning, match="of batch.y.*IGNORE_LABEL"):
         replayed = _training("GIN", True, loss_fn=loss_fn)

@@ -340,10 +340,11 @@ class GraphStepCapture(BlockStepCapture):
     `BlockStepCapture`'s.
 
     The padding graphs' labels are `IGNORE_LABEL`, which only cross-entropy and nll (by
-    their default ``ignore_index``) ignore: the first padded batch runs eagerly on PyG's
-    batch while `training.label_use.LabelWatch` follows ``batch.y`` through the step, and
-    a step computing anything else from it (``y.float()`` for a binary loss, a mean of
-    ``pred == y``) runs eagerly from then on, with a warning naming the op.
+    their default ``ignore_index``, reduced by ``"mean"`` or ``"sum"``) ignore: the first
+    padded batch runs eagerly on PyG's batch while `training.label_use.LabelWatch`
+    follows ``batch.y`` through the step, and a step computing anything else from it
+    (``y.float()`` for a binary loss, a mean of ``pred == y``, cross-entropy with
+    ``reduction="none"``) runs eagerly from then on, with a warning naming the op.
 
     What is not checked: the replayed step runs on padded batches, whose ``num_graphs``,
     ``num_nodes`` and ``ptr`` count the padding, so a step using them as numbers (a summed
@@ -372,7 +373,7 @@ class GraphStepCapture(BlockStepCapture):
             if watch.misuse is not None:
                 self._fall_back(f"the step computes {watch.misuse} of batch.y, which on a padded batch holds "
                                 f"IGNORE_LABEL ({IGNORE_LABEL}) for the padding: only cross_entropy and nll_loss "
-                                f"with ignore_index={IGNORE_LABEL} ignore it")
+                                f"with ignore_index={IGNORE_LABEL}, reduced by 'mean' or 'sum', ignore it")
             return result
         return super().__call__(batch)
 

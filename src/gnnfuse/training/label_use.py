@@ -3,11 +3,13 @@ gives the unpadded batch's numbers.
 
 A batch padded to fixed shapes (`loader.padded_graph_batch`) labels its padding graphs
 and padded vertices `IGNORE_LABEL`. That changes nothing only where the labels reach the
-loss through cross-entropy or nll (whose ``ignore_index`` is that label): a binary loss
-over ``y.float()`` counts every padding graph with target -100, and a mean of
-``pred == y`` counts it as a miss. `LabelWatch` follows the label tensors through a step
-(views and integer casts keep them labels) and names the first op that computes anything
-else from them; `training.GraphStepCapture` runs its first batch, unpadded, under it.
+loss through cross-entropy or nll (whose ``ignore_index`` is that label) reduced by
+``"mean"`` or ``"sum"``: a binary loss over ``y.float()`` counts every padding graph with
+target -100, a mean of ``pred == y`` counts it as a miss, and a mean of cross-entropy's
+``reduction="none"`` losses counts its zero. `LabelWatch` follows the label tensors
+through a step (views and integer casts keep them labels) and names the first op that
+computes anything else from them; `training.GraphStepCapture` runs its first batch,
+unpadded, under it.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from typing import Any, Iterable
 
 import torch
 import torch.nn.functional as F
+from torch.nn import _reduction
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
@@ -34,7 +37,7 @@ _IGNORING = (F.cross_entropy, F.nll_loss)
 class LabelWatch(TorchFunctionMode):
     """``with LabelWatch([batch.y]) as watch: step(batch)``; then ``watch.misuse`` names
     the first torch function that computed something from the labels other than a loss
-    ignoring `IGNORE_LABEL` (None: there was none)."""
+    ignoring `IGNORE_LABEL` and reduced over its rows (None: there was none)."""
 
     def __init__(self, labels: Iterable[torch.Tensor]) -> None:
         super().__init__()
@@ -49,7 +52,8 @@ class LabelWatch(TorchFunctionMode):
                                               for t in tree_flatten((args, kwargs))[0]):
             return out
         results = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
-        if not results or (func in _IGNORING and _ignores_padding(func, args, kwargs)):
+        ignoring = func in _IGNORING and _ignores_padding(func, args, kwargs)
+        if not results or ignoring is True:
             return out            # a count or a shape; or a loss that ignores the padding
         if func in _KEEP_LABELS and not any(t.dtype.is_floating_point or t.dtype.is_complex
                                             or t.dtype == torch.bool for t in results):
@@ -57,10 +61,22 @@ class LabelWatch(TorchFunctionMode):
             self._ids.update(id(t) for t in results)
             return out
         self.misuse = getattr(func, "__qualname__", None) or getattr(func, "__name__", repr(func))
+        if ignoring == "unreduced":
+            self.misuse += "(reduction='none')"
         return out
 
 
-def _ignores_padding(loss: Any, args: tuple, kwargs: dict) -> bool:
+def _ignores_padding(loss: Any, args: tuple, kwargs: dict) -> bool | str:
+    """True where the loss ignores `IGNORE_LABEL` and reduces over the rows it keeps;
+    ``"unreduced"`` where it ignores them but returns a loss per row, whose padding rows'
+    zeros a later mean would count (a step's ``.mean()`` of it divides by the padded
+    graph count); False where it does not ignore them."""
     bound = inspect.signature(loss).bind(*args, **kwargs)
     bound.apply_defaults()
-    return bound.arguments.get("ignore_index") == IGNORE_LABEL
+    arguments = bound.arguments
+    if arguments.get("ignore_index") != IGNORE_LABEL:
+        return False
+    reduction, legacy = arguments.get("reduction", "mean"), (arguments.get("size_average"), arguments.get("reduce"))
+    if legacy != (None, None):       # torch's older arguments, which override ``reduction``
+        reduction = _reduction.legacy_get_string(*legacy, emit_warning=False)
+    return True if reduction in ("mean", "sum") else "unreduced"
