@@ -60,9 +60,10 @@ LABEL_KEYS = ("y",)       # a padded graph batch's labels: IGNORE_LABEL in its p
 # Normalisations over all rows of a batch: the padded rows would change their statistics.
 ROW_MIXING = ("BatchNorm", "InstanceNorm", "GraphNorm", "PairNorm", "MeanSubtractionNorm", "DiffGroupNorm",
               "GraphSizeNorm")
-# PyG's layer norms (LayerNorm, HeteroLayerNorm) mix rows in their default mode "graph":
-# they normalise over a graph's rows, over all rows where no batch vector is passed (as
-# in GIN's MLPs from norm="layer_norm"); mode "node", like torch's LayerNorm, does not.
+# PyG's LayerNorm mixes rows in its default mode "graph": it normalises over a graph's
+# rows, over all rows where no batch vector is passed (as in GIN's MLPs from
+# norm="layer_norm"); mode "node" (HeteroLayerNorm's only one), like torch's LayerNorm,
+# does not.
 GRAPH_MODE_NORMS = ("LayerNorm",)
 
 
@@ -348,8 +349,10 @@ class GraphStepCapture(BlockStepCapture):
 
     What is not checked: the replayed step runs on padded batches, whose ``num_graphs``,
     ``num_nodes`` and ``ptr`` count the padding, so a step using them as numbers (a summed
-    loss divided by ``batch.num_graphs``) or a float target under another name than ``y``
-    (padded with zeros; ``y`` is refused) gives other numbers than on PyG's batch.
+    loss divided by ``batch.num_graphs``), a float target under another name than ``y``
+    (padded with zeros; ``y`` is refused) or a term reduced over all rows of the output
+    (a penalty on the pooled rows' mean, which counts the padding graphs') gives other
+    numbers than on PyG's batch.
     """
 
     _STEP = "graph training step"
