@@ -1,9 +1,10 @@
 """Graphs padded to fixed capacities, and layouts built without reading back to the host.
 
 A CUDA graph replays fixed shapes, so a captured mini-batch step runs on blocks padded to
-capacities (`loader.static_shapes`): the real vertices and edges first, then padding,
-with the last source row and the last destination row always padded ones (each level
-keeps at least one padded row). Such a graph is *marked* (`mark_padded`), so a layer
+capacities (`loader.static_shapes`), and a captured graph-classification step on a batch
+of whole graphs so padded (`loader.padded_graph_batch`): the real vertices and edges
+first, then padding, with the last source row and the last destination row always
+padded ones (each level keeps at least one padded row). Such a graph is *marked* (`mark_padded`), so a layer
 that would derive a graph of data-dependent size from it -- PyG's self-loop handling
 drops the loops it finds, a count only the device knows -- can derive one of fixed size
 instead (`nn.padded_loops`), which the step then rebuilds inside the graph on every

@@ -1,5 +1,7 @@
 """Mini-batch loading for graphs that do not fit (or need not run) whole: neighbour
-sampling into per-layer blocks, with a pipelined prefetch (GraphTensor §V-B)."""
+sampling into per-layer blocks, with a pipelined prefetch (GraphTensor §V-B); and PyG's
+``DataLoader`` for batches of whole graphs, optionally padded to fixed shapes
+(`data_loader`, `padded_graph_batch`)."""
 from .block import Block, block_graph
 from .batch_maker import MiniBatch
 from .hetero_loader import HeteroNeighborLoader

@@ -22,9 +22,11 @@ class DataLoader(PyGDataLoader):
 
     Everything but the two keywords is PyG's ``DataLoader`` (and torch's: ``num_workers``,
     ``drop_last``, ...). ``static_shapes=True`` pads each batch (`pad_graph_batch`) to
-    ``capacities`` (a `GraphCapacities`; by default probed on 16 random batches, 10%
-    above the largest, with ``batch_size + 1`` graphs: one of them padding); a batch
-    that does not fit comes unpadded. ``loader.capacities`` holds them.
+    ``capacities`` (a `GraphCapacities`; by default probed on 16 random batches: 10%
+    above the largest vertex and edge counts, plus 64, rounded up to a multiple of 128,
+    with ``batch_size + 1`` graphs, one of them padding); a batch that does not fit, or
+    whose graph count is also its vertex or edge count (one-vertex graphs), comes
+    unpadded. ``loader.capacities`` holds them (None without ``static_shapes``).
     """
 
     def __init__(self, dataset: Any, batch_size: int = 1, shuffle: bool = False,

@@ -21,10 +21,10 @@ No real edge touches a padded vertex, so in a model that computes each vertex's 
 its own row and its in-edges (every `gnnfuse.nn` conv) and pools per graph, a real
 graph's output is the unpadded batch's, the loss (which ignores the padding graphs'
 labels) is the same, and so is every gradient. A model normalising over all rows (batch
-norm) would see the padded ones; the captured step refuses it
-(`training.captured_step`). What cannot be padded safely is refused by name: a float
-graph label (a regression loss would count the padding graphs), a bool or unsigned one
-(which cannot hold `IGNORE_LABEL`), index tensors other than
+norm) would see the padded ones; the captured step runs it eagerly, on the batch
+`unpadded` (`training.captured_step`). What cannot be padded safely is refused by name: a
+float label ``y`` (a regression loss would count the padding rows), a bool or unsigned
+one (which cannot hold `IGNORE_LABEL`), index tensors other than
 ``edge_index`` and ``batch``, and ``follow_batch``. Attributes that are not tensors (a
 molecule's SMILES string) are left out: a replayed step could only ever see the first
 batch's. A batch over the capacities comes unpadded, and its step runs eagerly; so does
@@ -107,7 +107,8 @@ def padded_capacities(batch: Any) -> GraphCapacities | None:
 
 def pad_graph_batch(batch: Any, capacities: GraphCapacities) -> Any:
     """``batch`` (a PyG ``Batch`` as its ``DataLoader`` collates it) padded in place to
-    ``capacities`` as the module doc says, or returned as it is where it does not fit."""
+    ``capacities`` as the module doc says, or returned as it is where it does not fit or
+    its graph count is also its vertex or edge count (`_graph_rows_ambiguous`)."""
     num_nodes, num_edges, num_graphs = int(batch.num_nodes), int(batch.num_edges), int(batch.num_graphs)
     if not capacities.fits(num_nodes, num_edges, num_graphs) or _graph_rows_ambiguous(batch, num_graphs):
         return batch

@@ -13,8 +13,9 @@ A real destination's in-edges are then exactly the eager ones, in the same order
 other edges as sampled, then its loop), so its values and gradients are the eager ones;
 padded rows only ever feed padded rows, whatever edges they hold. The graph and the
 layouts its kernels read are built with sorts and binary searches (no host sync), and
-the layers build it on every call rather than caching it, so inside a CUDA graph it is
-rebuilt on every replay.
+the layers build it on every call (once per step where the graph's owner marks its
+steps, `graph.fixed_shape.per_step`) rather than caching it across steps, so inside a
+CUDA graph it is rebuilt on every replay.
 """
 from __future__ import annotations
 

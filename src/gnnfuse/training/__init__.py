@@ -1,4 +1,6 @@
-"""Node-classification training: configs, data preparation, the training loop, checkpoints.
+"""Node-classification training: configs, data preparation, the training loop, checkpoints;
+and training steps replayed from a CUDA graph on padded batches of blocks or of whole graphs
+(`BlockStepCapture`, `GraphStepCapture`).
 
 `make_config` + `train_runs` are what ``gnnfuse train`` and ``benchmarks/accuracy.py`` run.
 """
