@@ -96,8 +96,10 @@ def grouped_csr(keys: torch.Tensor, others: torch.Tensor, rows: int, dtype: torc
 
 def prefill_grouping(graph: Graph) -> None:
     """Build ``graph``'s CSR and both degree vectors into its cache without a host sync
-    (a sort, a binary search and an ``index_add``), in fixed shapes: what a captured step
-    rebuilds on every replay for a graph whose edges change between batches."""
+        (a sort, a binary search and an ``index_add``), in fixed shapes: what a captured step
+    rebuilds on every replay for a graph whose edges change between batches. A key
+    already in the cache keeps its value (`prefill`), so a rebuild runs on a graph
+    without them (`loader.static_shapes.build_layouts` builds on a scratch copy)."""
     src, dst = graph.src, graph.dst
     csr = grouped_csr(dst, src, graph.num_dst_nodes, graph.index_dtype)
     out_degrees = torch.zeros(graph.num_src_nodes, dtype=torch.int64, device=src.device).index_add_(
