@@ -349,8 +349,9 @@ class GraphStepCapture(BlockStepCapture):
 
     What is not checked: the replayed step runs on padded batches, whose ``num_graphs``,
     ``num_nodes`` and ``ptr`` count the padding, so a step using them as numbers (a summed
-    loss divided by ``batch.num_graphs``), a float target under another name than ``y``
-    (padded with zeros; ``y`` is refused) or a term reduced over all rows of the output
+    loss divided by ``batch.num_graphs``), a target under another name than ``y``
+    (padded with zeros, which a loss counts as class 0 or as a target; only ``y`` is
+    padded with `IGNORE_LABEL`) or a term reduced over all rows of the output
     (a penalty on the pooled rows' mean, which counts the padding graphs') gives other
     numbers than on PyG's batch.
     """
