@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 import torch_geometric.nn as pyg_nn
 from hypothesis import given, settings, strategies as st
-from torch_geometric.data import Batch, Data
+from torch_geometric.data import Batch, Data, HeteroData
 from torch_geometric.loader import DataLoader as PyGDataLoader
 
 import gnnfuse.nn
@@ -169,6 +169,20 @@ def test_what_cannot_be_padded_safely_is_refused_by_name():
     odd = [Data(x=d.x, edge_index=d.edge_index, table=torch.zeros(7, 2)) for d in data]
     with pytest.raises(ValueError, match="cannot tell whether the batch's 'table'"):
         pad_graph_batch(Batch.from_data_list(odd[:3]), caps)
+
+
+def test_a_batch_of_heterogeneous_graphs_is_refused_by_name():
+    """A ``HeteroData`` batch has no single vertex count to pad: it failed with
+    "'HeteroDataBatch' has no attribute 'is_node_attr'", naming nothing the user did."""
+    def typed(n):
+        graph = HeteroData()
+        graph["atom"].x = torch.randn(n, 2)
+        graph["atom", "bond", "atom"].edge_index = torch.tensor([[0, 1, 1], [1, 0, n - 1]])
+        graph.y = torch.tensor([n % 2])
+        return graph
+    loader = DataLoader([typed(n) for n in (2, 3, 4)], batch_size=2, static_shapes=True)
+    with pytest.raises(ValueError, match="HeteroData.*static_shapes=False"):
+        next(iter(loader))
 
 
 @pytest.mark.parametrize("dtype", [torch.bool, torch.uint8])

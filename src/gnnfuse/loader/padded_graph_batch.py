@@ -22,14 +22,14 @@ its own row and its in-edges (every `gnnfuse.nn` conv) and pools per graph, a re
 graph's output is the unpadded batch's, the loss (which ignores the padding graphs'
 labels) is the same, and so is every gradient. A model normalising over all rows (batch
 norm) would see the padded ones; the captured step runs it eagerly, on the batch
-`unpadded` (`training.captured_step`). What cannot be padded safely is refused by name: a
-float label ``y`` (a regression loss would count the padding rows), a bool or unsigned
-one (which cannot hold `IGNORE_LABEL`), index tensors other than
-``edge_index`` and ``batch``, and ``follow_batch``. Attributes that are not tensors (a
-molecule's SMILES string) are left out: a replayed step could only ever see the first
-batch's. A batch over the capacities comes unpadded, and its step runs eagerly; so does
-a batch whose graph count is also its vertex or edge count (one-vertex graphs), where a
-graph-level tensor cannot be told from a vertex- or edge-level one.
+`unpadded` (`training.captured_step`). What cannot be padded safely is refused by name:
+a float label ``y`` (a regression loss would count the padding rows), a bool or unsigned
+one (which cannot hold `IGNORE_LABEL`), index tensors other than ``edge_index`` and
+``batch``, ``follow_batch``, and a batch of ``HeteroData`` graphs. Attributes that are
+not tensors (a molecule's SMILES string) are left out: a replayed step could only ever
+see the first batch's. A batch over the capacities comes unpadded, and its step runs
+eagerly; so does a batch whose graph count is also its vertex or edge count (one-vertex
+graphs), where a graph-level tensor cannot be told from a vertex- or edge-level one.
 """
 from __future__ import annotations
 
@@ -109,6 +109,10 @@ def pad_graph_batch(batch: Any, capacities: GraphCapacities) -> Any:
     """``batch`` (a PyG ``Batch`` as its ``DataLoader`` collates it) padded in place to
     ``capacities`` as the module doc says, or returned as it is where it does not fit or
     its graph count is also its vertex or edge count (`_graph_rows_ambiguous`)."""
+    from torch_geometric.data import HeteroData     # PyG's batches only; gnnfuse.loader keeps PyG optional
+    if isinstance(batch, HeteroData):
+        raise ValueError("static_shapes pads batches of homogeneous graphs (Data): a HeteroData batch has a vertex "
+                         "and edge count per type, which it does not pad. Use static_shapes=False")
     num_nodes, num_edges, num_graphs = int(batch.num_nodes), int(batch.num_edges), int(batch.num_graphs)
     if not capacities.fits(num_nodes, num_edges, num_graphs) or _graph_rows_ambiguous(batch, num_graphs):
         return batch
