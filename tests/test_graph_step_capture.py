@@ -5,7 +5,8 @@ On the CPU the capture's bookkeeping runs with a stand-in graph that records wit
 running the step and replays by running it (as test_static_shapes.py's), so the audit
 for host syncs, the sealed graph cache and the static batch's rewrites are all checked;
 the losses and weights of replayed steps equal eager steps on PyG's plain batches
-(float64). On a GPU machine a real CUDA graph replays them too (the last test)."""
+(float64). On a GPU machine a real CUDA graph replays them too
+(`test_steps_replayed_from_a_cuda_graph_train_as_eager_steps`)."""
 from __future__ import annotations
 
 import copy
