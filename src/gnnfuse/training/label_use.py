@@ -4,12 +4,12 @@ gives the unpadded batch's numbers.
 A batch padded to fixed shapes (`loader.padded_graph_batch`) labels its padding graphs
 and padded vertices `IGNORE_LABEL`. That changes nothing only where the labels reach the
 loss through cross-entropy or nll (whose ``ignore_index`` is that label) reduced by
-``"mean"`` or ``"sum"``: a binary loss over ``y.float()`` counts every padding graph with
-target -100, a mean of ``pred == y`` counts it as a miss, and a mean of cross-entropy's
-``reduction="none"`` losses counts its zero. `LabelWatch` follows the label tensors
-through a step (views and integer casts keep them labels) and names the first op that
-computes anything else from them; `training.GraphStepCapture` runs its first batch,
-unpadded, under it.
+``"mean"`` or ``"sum"``: a binary loss over ``y.float()`` counts every padding graph
+with target -100, a mean of ``pred == y`` counts it as a miss, and a mean of
+cross-entropy's ``reduction="none"`` losses counts its zero. `LabelWatch` follows the
+label tensors through a step (views, ``long()`` and ``to()`` an integer dtype keep them
+labels) and names the first op that computes anything else from them;
+`training.GraphStepCapture` runs its first batch, unpadded, under it.
 """
 from __future__ import annotations
 
