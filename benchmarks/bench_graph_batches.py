@@ -124,19 +124,24 @@ def step_fn(model: torch.nn.Module, batches: list[dict[str, torch.Tensor]], grap
     return step
 
 
-def captured_step_fn(model: torch.nn.Module, batches: list[Batch]):
-    """`step_fn` for padded batches, replayed from a CUDA graph after the warm-up
-    (`GraphStepCapture`), with capturable Adam; returns (step, the capture)."""
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, capturable=True)
-    position = [0]
-
+def batch_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer):
+    """One training step on a PyG ``Batch`` (padded or not): pooled over its
+    ``num_graphs``, cross-entropy ignoring the padding graphs' labels; returns the loss."""
     def train(batch: Batch) -> torch.Tensor:
         optimizer.zero_grad(set_to_none=True)
         loss = F.cross_entropy(model(batch.x, batch.edge_index, batch.batch, batch.num_graphs), batch.y)
         loss.backward()
         optimizer.step()
         return loss.detach()
-    capture = GraphStepCapture(train, optimizers=[optimizer], modules=[model], mode="on")
+    return train
+
+
+def captured_step_fn(model: torch.nn.Module, batches: list[Batch]):
+    """`step_fn` for padded batches, replayed from a CUDA graph after the warm-up
+    (`GraphStepCapture`), with capturable Adam; returns (step, the capture)."""
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, capturable=True)
+    position = [0]
+    capture = GraphStepCapture(batch_step(model, optimizer), optimizers=[optimizer], modules=[model], mode="on")
 
     def step() -> torch.Tensor:
         batch = batches[position[0] % len(batches)]
@@ -224,13 +229,7 @@ def epoch_seconds(name: str, args: argparse.Namespace, device: torch.device, gra
     else:
         loader = PyGDataLoader(graphs, **shared)
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-
-    def train(batch: Batch) -> torch.Tensor:
-        optimizer.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(batch.x, batch.edge_index, batch.batch, batch.num_graphs), batch.y)
-        loss.backward()
-        optimizer.step()
-        return loss.detach()
+    train = batch_step(model, optimizer)
     step = (GraphStepCapture(train, optimizers=[optimizer], modules=[model], mode="on")
             if kind == "gnnfuse_captured" else train)
     times = []

@@ -9,7 +9,6 @@ the losses and weights of replayed steps equal eager steps on PyG's plain batche
 (`test_steps_replayed_from_a_cuda_graph_train_as_eager_steps`)."""
 from __future__ import annotations
 
-import copy
 import gc
 import warnings
 import weakref
@@ -28,6 +27,7 @@ from gnnfuse.training import GraphStepCapture
 from gnnfuse.training.static_graph_batch import StaticGraphBatch
 from oracle_check import device_for
 from test_padded_graph_batch import molecules
+from test_static_shapes import _Recorder
 
 
 class _Classifier(torch.nn.Module):
@@ -39,26 +39,6 @@ class _Classifier(torch.nn.Module):
 
     def forward(self, x, edge_index, batch, graphs):
         return self.head(pyg_nn.global_mean_pool(self.body(x, edge_index), batch, size=graphs))
-
-
-class _Recorder:
-    """Stands in for a CUDA graph: capture records the step without its effects (the
-    model and optimizer are put back, as recording runs no kernel); replay runs it and
-    writes the results into the captured outputs."""
-    model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
-
-    def capture(self, fn):
-        saved = copy.deepcopy(self.model.state_dict()), copy.deepcopy(self.optimizer.state_dict())
-        self.fn, self.out = fn, fn()
-        with torch.no_grad():
-            for value, kept in zip(self.model.state_dict().values(), saved[0].values()):
-                value.copy_(kept)
-        self.optimizer.load_state_dict(saved[1])
-        return self.out
-
-    def replay(self):
-        self.out.copy_(self.fn())
 
 
 def _training(name: str, captured: bool, device: str = "cpu", graphs: int = 45, norm: str | None = None,
