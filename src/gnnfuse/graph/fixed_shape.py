@@ -21,7 +21,7 @@ from typing import Callable
 
 import torch
 
-from .graph import CSR, Graph
+from .graph import CSR, Graph, scatter_counts
 
 PADDED = "padded_to_capacity"     # graph cache key: the graph is padded (see module doc)
 LOADER_BLOCK = "loader_block"     # graph cache key: a block a loader built, its layouts prepared ahead
@@ -96,15 +96,13 @@ def grouped_csr(keys: torch.Tensor, others: torch.Tensor, rows: int, dtype: torc
 
 def prefill_grouping(graph: Graph) -> None:
     """Build ``graph``'s CSR and both degree vectors into its cache without a host sync
-        (a sort, a binary search and an ``index_add``), in fixed shapes: what a captured step
-    rebuilds on every replay for a graph whose edges change between batches. A key
-    already in the cache keeps its value (`prefill`), so a rebuild runs on a graph
-    without them (`loader.static_shapes.build_layouts` builds on a scratch copy)."""
+    (a sort, a binary search and an ``index_add``, `scatter_counts`), in fixed shapes: what
+    a captured step rebuilds on every replay for a graph whose edges change between
+    batches. A key already in the cache keeps its value (`prefill`), so a rebuild runs on
+    a graph without them (`loader.static_shapes.build_layouts` builds on a scratch copy)."""
     src, dst = graph.src, graph.dst
     csr = grouped_csr(dst, src, graph.num_dst_nodes, graph.index_dtype)
-    out_degrees = torch.zeros(graph.num_src_nodes, dtype=torch.int64, device=src.device).index_add_(
-        0, src, torch.ones_like(src))
-    prefill(graph, csr=csr, in_degrees=csr.rowptr.long().diff(), out_degrees=out_degrees)
+    prefill(graph, csr=csr, in_degrees=csr.rowptr.long().diff(), out_degrees=scatter_counts(src, graph.num_src_nodes))
 
 
 def build_reverse_csr(graph: Graph) -> CSR:

@@ -42,7 +42,7 @@ from typing import Any, Sequence
 import torch
 
 from ..graph.validate import check_ids
-from .static_shapes import IGNORE_LABEL
+from .static_shapes import IGNORE_LABEL, pad_rows
 
 # Capacities above the largest batch probed: a batch of 128 molecules varies by some 4%
 # in its vertex count (ogbg-molhiv: 25.5 +- 12 vertices a graph), and a batch over the
@@ -217,11 +217,11 @@ def _padded(batch: Any, key: str, value: torch.Tensor, num_nodes: int, num_edges
                          f"DataLoader (static_shapes=False)")
     fill = IGNORE_LABEL if label else 0
     if batch.is_node_attr(key) and value.shape[:1] == (num_nodes,):
-        return _rows(value, caps.nodes, fill), "nodes"
+        return pad_rows(value, caps.nodes, fill), "nodes"
     if batch.is_edge_attr(key) and value.shape[:1] == (num_edges,):
-        return _rows(value, caps.edges, fill), "edges"
+        return pad_rows(value, caps.edges, fill), "edges"
     if value.dim() and value.shape[0] == num_graphs:
-        return _rows(value, caps.graphs, fill), "graphs"
+        return pad_rows(value, caps.graphs, fill), "graphs"
     raise ValueError(f"static_shapes cannot tell whether the batch's {key!r} (shape {list(value.shape)}) is per "
                      f"vertex, edge or graph ({num_nodes} vertices, {num_edges} edges, {num_graphs} graphs)")
 
@@ -232,9 +232,3 @@ def _is_index(batch: Any, key: str, value: torch.Tensor) -> bool:
     ``__inc__`` (a ``Data`` subclass's rule included)."""
     increment = batch.__inc__(key, value)
     return bool(increment.any()) if isinstance(increment, torch.Tensor) else bool(increment)
-
-
-def _rows(value: torch.Tensor, rows: int, fill: int) -> torch.Tensor:
-    padded = value.new_full((rows,) + tuple(value.shape[1:]), fill)
-    padded[:value.shape[0]] = value
-    return padded

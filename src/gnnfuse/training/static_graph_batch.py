@@ -60,13 +60,12 @@ class StaticGraphBatch:
         edge_index = self.batch.edge_index
         if edge_index.dtype != torch.int64:
             raise ValueError(f"a captured step's edge_index must be int64 (PyG's), got {edge_index.dtype}")
-        self._nodes = capacities.nodes
         # endpoints over the tensor's memory, not views of the tensor object: the index
         # cache keeps the graph while that object lives, which a view would keep alive
         ends = edge_index.detach()
         self.graph = mark_padded(Graph._of_valid_ids(ends[0], ends[1], capacities.nodes))
         self._base_keys = tuple(self.graph._cache)
-        remember(edge_index, self._nodes, self.graph)
+        remember(edge_index, self.graph.num_nodes, self.graph)
 
     def complete(self) -> Any:
         """The static batch, its graph's layouts (re)built in place: what the step runs
@@ -92,7 +91,7 @@ class StaticGraphBatch:
             return f"it differs from the captured batch at {differs}"
         copy_into(self._tensors, sources)
         self.graph._reseal()          # its layouts are rebuilt from the new edges by `complete`, in the step
-        remember(self.batch.edge_index, self._nodes, self.graph)
+        remember(self.batch.edge_index, self.graph.num_nodes, self.graph)
         return None
 
     def added_cache_keys(self) -> list[str]:
