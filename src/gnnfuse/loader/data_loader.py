@@ -6,6 +6,11 @@ batch is also padded to capacities probed on a few random batches when the loade
 made (`loader.padded_graph_batch`), so that `training.GraphStepCapture` can replay the
 training step from a CUDA graph instead of paying its Python and launches on every
 batch of small graphs (the graph-classification step is bound by the host).
+
+Either way the common batches -- plain ``Data`` graphs, from a list or an
+``InMemoryDataset`` -- are collated with one tensor operation per attribute
+(`loader.graph_collate`) rather than PyG's per-graph Python, into the same ``Batch``:
+with the replayed step, collation was most of an epoch's host time.
 """
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ from typing import Any, Sequence
 
 from torch_geometric.loader import DataLoader as PyGDataLoader
 
+from .graph_collate import GraphSelection, collate_graphs, gather_graphs, selecting_copy
 from .padded_graph_batch import GraphCapacities, pad_graph_batch, probe_capacities
 
 
@@ -27,6 +33,11 @@ class DataLoader(PyGDataLoader):
     with ``batch_size + 1`` graphs, one of them padding); a batch that does not fit, or
     whose graph count is also its vertex or edge count (one-vertex graphs), comes
     unpadded. ``loader.capacities`` holds them (None without ``static_shapes``).
+
+    Without ``follow_batch``, batches of plain ``Data`` graphs are collated by
+    `graph_collate` (the same ``Batch`` as PyG's, faster); over an ``InMemoryDataset``,
+    ``loader.dataset`` is then a shallow copy of it (same class and attributes) whose
+    ``__getitems__`` hands the collater the batch's positions rather than its graphs.
     """
 
     def __init__(self, dataset: Any, batch_size: int = 1, shuffle: bool = False,
@@ -37,7 +48,8 @@ class DataLoader(PyGDataLoader):
         if static_shapes and follow_batch:
             raise ValueError(f"static_shapes cannot pad follow_batch's vectors ({', '.join(follow_batch)}): they "
                              f"hold graph ids per row of their attribute; use static_shapes=False")
-        super().__init__(dataset, batch_size, shuffle, follow_batch, exclude_keys, **kwargs)
+        selecting = None if follow_batch else selecting_copy(dataset)
+        super().__init__(selecting or dataset, batch_size, shuffle, follow_batch, exclude_keys, **kwargs)
         self.capacities = None
         if static_shapes:
             if capacities is None:
@@ -46,14 +58,25 @@ class DataLoader(PyGDataLoader):
                 raise ValueError(f"capacities hold {capacities.graphs} graphs, but a batch of {batch_size} "
                                  f"needs {batch_size + 1} (one is padding)")
             self.capacities = capacities
-            self.collate_fn = _PaddedCollater(self.collate_fn, capacities)
+        if not follow_batch:        # (static_shapes refuses follow_batch)
+            self.collate_fn = _GraphCollater(self.collate_fn, frozenset(exclude_keys or ()), self.capacities)
 
 
-class _PaddedCollater:
-    """PyG's collater, then `pad_graph_batch`: picklable, for worker processes."""
+class _GraphCollater:
+    """`graph_collate`'s batch where it applies, else PyG's collater's; then
+    `pad_graph_batch` to ``capacities`` if any. Picklable, for worker processes."""
 
-    def __init__(self, collate: Any, capacities: GraphCapacities) -> None:
-        self.collate, self.capacities = collate, capacities
+    def __init__(self, collate: Any, exclude_keys: frozenset[str], capacities: GraphCapacities | None) -> None:
+        self.collate, self.exclude_keys, self.capacities = collate, exclude_keys, capacities
 
-    def __call__(self, items: list[Any]) -> Any:
-        return pad_graph_batch(self.collate(items), self.capacities)
+    def __call__(self, items: Any) -> Any:
+        batch = None
+        if isinstance(items, GraphSelection):
+            batch = gather_graphs(items, self.exclude_keys)
+            if batch is None:
+                items = items.graphs()
+        elif isinstance(items, list):
+            batch = collate_graphs(items, self.exclude_keys)
+        if batch is None:
+            batch = self.collate(items)
+        return batch if self.capacities is None else pad_graph_batch(batch, self.capacities)

@@ -1,0 +1,220 @@
+"""`loader.graph_collate` against PyG's ``Batch.from_data_list``: every attribute, the
+``batch``/``ptr`` vectors and the slice and increment tables, for graphs from a list
+and from an ``InMemoryDataset``; and `gnnfuse.loader.DataLoader` against PyG's loader."""
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+
+pyg_data = pytest.importorskip("torch_geometric.data")
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from torch_geometric.data import Batch, Data, InMemoryDataset  # noqa: E402
+from torch_geometric.loader import DataLoader as PyGDataLoader  # noqa: E402
+
+import gnnfuse.loader  # noqa: E402
+from gnnfuse.loader.graph_collate import GraphSelection, collate_graphs, gather_graphs, selecting_copy  # noqa: E402
+from gnnfuse.loader.padded_graph_batch import GraphCapacities, pad_graph_batch, unpadded  # noqa: E402
+
+
+def assert_same_batch(ours, theirs) -> None:
+    assert type(ours) is type(theirs)
+    assert list(ours.keys()) == list(theirs.keys())
+    for key in theirs.keys():
+        assert ours[key].dtype == theirs[key].dtype, key
+        assert torch.equal(ours[key], theirs[key]), key
+    assert ours.num_graphs == theirs.num_graphs and ours.num_nodes == theirs.num_nodes
+    assert ours.num_edges == theirs.num_edges
+    for table in ("_slice_dict", "_inc_dict"):
+        mine, pygs = getattr(ours, table), getattr(theirs, table)
+        assert list(mine) == list(pygs), table
+        for key in pygs:
+            assert mine[key].dtype == pygs[key].dtype and torch.equal(mine[key], pygs[key]), (table, key)
+    for a, b in zip(ours.to_data_list(), theirs.to_data_list()):
+        assert list(a.keys()) == list(b.keys())
+        for key in b.keys():
+            assert torch.equal(a[key], b[key]), key
+
+
+class Graphs(InMemoryDataset):
+    """An in-memory data set over a list of graphs, as PyG's data sets store them."""
+
+    def __init__(self, graphs, transform=None):
+        super().__init__(None, transform=transform)
+        self.data, self.slices = self.collate(graphs)
+
+
+@st.composite
+def graph_lists(draw):
+    """Lists of graphs with the same attributes: vertex features (or positions only),
+    edges (int64 or int32, some graphs without edges or vertices), edge features,
+    graph labels of several shapes, vertex labels."""
+    count = draw(st.integers(1, 7))
+    features = draw(st.sampled_from(["x", "pos", "x+pos"]))
+    edge_attr = draw(st.booleans())
+    label = draw(st.sampled_from(["none", "scalar", "one", "row", "vertex"]))
+    index_dtype = draw(st.sampled_from([torch.int64, torch.int32]))
+    gen = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
+    graphs = []
+    for _ in range(count):
+        n = draw(st.integers(0, 6))
+        m = draw(st.integers(0, 8)) if n else 0
+        attrs = {}
+        if "x" in features:
+            attrs["x"] = torch.randn(n, 3, generator=gen)
+        attrs["edge_index"] = torch.randint(0, max(n, 1), (2, m), generator=gen).to(index_dtype)
+        if "pos" in features:
+            attrs["pos"] = torch.randn(n, 2, generator=gen, dtype=torch.float64)
+        if edge_attr:
+            attrs["edge_attr"] = torch.randn(m, 4, generator=gen)
+        if label == "scalar":
+            attrs["y"] = torch.tensor(int(torch.randint(0, 3, (1,), generator=gen)))
+        elif label == "one":
+            attrs["y"] = torch.randint(0, 3, (1,), generator=gen)
+        elif label == "row":
+            attrs["y"] = torch.randn(1, 2, generator=gen)
+        elif label == "vertex":
+            attrs["y"] = torch.randint(0, 3, (n,), generator=gen)
+        graphs.append(Data(**attrs))
+    return graphs
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(graph_lists())
+def test_collated_graphs_are_pygs_batch(graphs):
+    ours = collate_graphs(graphs)
+    assert ours is not None, "plain Data graphs must take the fast path"
+    assert_same_batch(ours, Batch.from_data_list(graphs))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(graph_lists(), st.data())
+def test_gathered_graphs_are_pygs_batch(graphs, data):
+    dataset = Graphs(graphs)
+    if data.draw(st.booleans()):            # a subset in another order, as dataset[perm] or shuffle() make
+        perm = data.draw(st.permutations(range(len(graphs))))
+        dataset = dataset[torch.tensor(perm[:max(1, len(perm) - 1)])]
+    positions = data.draw(st.lists(st.integers(0, len(dataset) - 1), min_size=1, max_size=8))
+    ours = gather_graphs(GraphSelection(dataset, positions))
+    if len(graphs) == 1:        # PyG stores a lone graph whole, without slices: left to PyG
+        assert ours is None
+        return
+    assert ours is not None, "an InMemoryDataset of plain Data graphs must take the fast path"
+    assert_same_batch(ours, Batch.from_data_list([dataset[p] for p in positions]))
+
+
+def _molecules(count: int, seed: int = 0) -> list[Data]:
+    gen = torch.Generator().manual_seed(seed)
+    graphs = []
+    for _ in range(count):
+        n = int(torch.randint(3, 9, (1,), generator=gen))
+        m = int(torch.randint(1, 12, (1,), generator=gen))
+        graphs.append(Data(x=torch.randn(n, 4, generator=gen), edge_index=torch.randint(0, n, (2, m), generator=gen),
+                           edge_attr=torch.randn(m, 2, generator=gen), y=torch.randint(0, 2, (1,), generator=gen)))
+    return graphs
+
+
+def test_exclude_keys_match_pyg():
+    graphs = _molecules(5)
+    assert_same_batch(collate_graphs(graphs, frozenset({"edge_attr"})),
+                      Batch.from_data_list(graphs, exclude_keys=["edge_attr"]))
+    dataset = Graphs(graphs)
+    # the vertex count still comes from x when x is excluded, as PyG counts it per graph
+    assert_same_batch(gather_graphs(GraphSelection(dataset, [4, 0, 2]), frozenset({"x"})),
+                      Batch.from_data_list([dataset[i] for i in (4, 0, 2)], exclude_keys=["x"]))
+
+
+class Subclassed(Data):
+    def __inc__(self, key, value, *args, **kwargs):
+        return 2 * super().__inc__(key, value, *args, **kwargs)
+
+
+@pytest.mark.parametrize("make", [
+    lambda g: [Subclassed(**dict(d)) for d in g],                               # its own increments
+    lambda g: [Data(num_nodes=d.num_nodes, **dict(d)) for d in g],             # an explicit vertex count
+    lambda g: [Data(face=torch.zeros(3, 1, dtype=torch.long), **dict(d)) for d in g],  # another index key
+    lambda g: [Data(edge_index=d.edge_index, y=d.y) for d in g],               # no vertex rows to count
+    lambda g: g[:2] + [Data(x=g[2].x, edge_index=g[2].edge_index)],            # attributes that differ
+    lambda g: [Data(x=d.x, edge_index=d.edge_index, name="mol") for d in g],   # not a tensor
+])
+def test_other_graphs_are_left_to_pyg(make):
+    assert collate_graphs(make(_molecules(4))) is None
+
+
+def test_sizes_that_do_not_line_up_raise_pygs_error_through_the_loader():
+    graphs = _molecules(3)
+    graphs[1].x = torch.randn(graphs[1].num_nodes, 5)                # 5 features where the others have 4
+    assert collate_graphs(graphs) is None
+    with pytest.raises(RuntimeError) as theirs:
+        Batch.from_data_list(graphs)
+    with pytest.raises(RuntimeError) as ours:
+        next(iter(gnnfuse.loader.DataLoader(graphs, batch_size=3)))
+    assert str(ours.value) == str(theirs.value)
+
+
+def test_a_transform_or_a_subclass_takes_pygs_path_with_pygs_result():
+    graphs = _molecules(6)
+
+    def double(data):
+        data = data.clone()
+        data.x = 2 * data.x
+        return data
+    dataset = Graphs(graphs, transform=double)
+    assert gather_graphs(GraphSelection(dataset, [1, 2])) is None
+    ours = list(gnnfuse.loader.DataLoader(dataset, batch_size=4))
+    theirs = list(PyGDataLoader(dataset, batch_size=4))
+    for a, b in zip(ours, theirs, strict=True):
+        assert_same_batch(a, b)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("source", ["list", "in_memory"])
+def test_loader_batches_equal_pygs(source, workers):
+    graphs = _molecules(37, seed=1)
+    dataset = graphs if source == "list" else Graphs(graphs)
+    kwargs = {"batch_size": 8, "shuffle": True, "num_workers": workers}
+    torch.manual_seed(3)
+    ours = list(gnnfuse.loader.DataLoader(dataset, **kwargs))
+    torch.manual_seed(3)
+    theirs = list(PyGDataLoader(dataset, **kwargs))
+    assert len(ours) == len(theirs) == 5
+    for a, b in zip(ours, theirs):
+        assert_same_batch(a, b)
+
+
+def test_the_users_data_set_is_unchanged_and_the_loaders_copy_keeps_its_class():
+    dataset = Graphs(_molecules(9))
+    loader = gnnfuse.loader.DataLoader(dataset, batch_size=4)
+    assert not hasattr(dataset, "__getitems__")                   # another loader over it still gets graphs
+    assert isinstance(loader.dataset, Graphs) and len(loader.dataset) == 9
+    assert loader.dataset.num_features == dataset.num_features
+    assert_same_batch(next(iter(PyGDataLoader(dataset, batch_size=4))), next(iter(loader)))
+    assert isinstance(pickle.loads(pickle.dumps(loader.dataset)).__getitems__([0, 1]), GraphSelection)
+    assert selecting_copy(_molecules(3)) is None                  # a list is not copied
+    assert isinstance(gnnfuse.loader.DataLoader(dataset, follow_batch=["x"]).dataset, Graphs)
+
+
+def test_a_transform_set_after_the_loader_was_made_still_applies():
+    dataset = Graphs(_molecules(6))
+    loader = gnnfuse.loader.DataLoader(dataset, batch_size=3)
+    dataset.transform = lambda data: Data(x=data.x + 1, edge_index=data.edge_index, y=data.y)
+    ours, theirs = next(iter(loader)), next(iter(PyGDataLoader(dataset, batch_size=3)))
+    assert_same_batch(ours, theirs)
+
+
+@pytest.mark.parametrize("source", ["list", "in_memory"])
+def test_padded_batches_equal_padding_pygs_batch(source):
+    graphs = _molecules(24, seed=2)
+    dataset = graphs if source == "list" else Graphs(graphs)
+    capacities = GraphCapacities(nodes=128, edges=128, graphs=9)
+    loader = gnnfuse.loader.DataLoader(dataset, batch_size=8, static_shapes=True, capacities=capacities)
+    plain = PyGDataLoader(dataset, batch_size=8)
+    for ours, theirs in zip(loader, plain, strict=True):
+        expected = pad_graph_batch(theirs.clone(), capacities)
+        assert list(ours.keys()) == list(expected.keys())
+        for key in expected.keys():
+            value = expected[key]
+            assert torch.equal(ours[key], value) if isinstance(value, torch.Tensor) else ours[key] == value, key
+        assert_same_batch(unpadded(ours), theirs)
