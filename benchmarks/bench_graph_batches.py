@@ -18,11 +18,13 @@ batch into the captured one. Its cell checks first that a replayed step's loss e
 an eager step's on the unpadded batch, from the same weights.
 
 ``--epochs N`` also times whole epochs over the same graphs as a training loop sees them,
-the loader included: PyG's ``DataLoader`` collating on the host (``--epoch-workers``
-processes, or in the training process for 0) and each batch moved to the device, for
-PyG's model, gnnfuse's eager one, and gnnfuse's replayed one on
-``gnnfuse.loader.DataLoader(static_shapes=True)``'s padded batches; seconds per epoch,
-after one epoch of warm-up.
+the loader included: each model's loader collating on the host (``--epoch-workers``
+processes, or in the training process for 0) and each batch moved to the device --
+PyG's model on PyG's ``DataLoader``, gnnfuse's eager one on ``gnnfuse.loader.DataLoader``
+and its replayed one on that loader's padded batches (``static_shapes=True``) -- and the
+two loaders alone (PyG's, and gnnfuse's padded one, batches moved to the device), over
+the graphs as a list and as an ``InMemoryDataset`` (``--epoch-sources``, as PyG's data
+sets hold them); seconds per epoch, after one epoch of warm-up.
 
     python benchmarks/bench_graph_batches.py --device cuda --json benchmarks/results/graph_batches.json
     python benchmarks/bench_graph_batches.py --device cpu --steps 3 --warmup 1 --graphs 8 --json /tmp/g.json
@@ -38,7 +40,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 import torch_geometric.nn as pyg_nn
-from torch_geometric.data import Batch, Data
+from torch_geometric.data import Batch, Data, InMemoryDataset
 from torch_geometric.loader import DataLoader as PyGDataLoader
 
 import gnnfuse.loader
@@ -213,25 +215,46 @@ def run_cell(name: str, args: argparse.Namespace, device: torch.device, batches,
     return cell
 
 
-def epoch_seconds(name: str, args: argparse.Namespace, device: torch.device, graphs: list[Data], kind: str,
+class MoleculeSet(InMemoryDataset):
+    """Graphs held as PyG's data sets hold them (TU data sets, OGB's molecules): collated
+    once, each graph a slice of the shared tensors."""
+
+    def __init__(self, graphs: list[Data]):
+        super().__init__(None)
+        self.data, self.slices = self.collate(graphs)
+
+
+EPOCH_KINDS = ("pyg", "gnnfuse", "gnnfuse_captured", "loader_pyg", "loader_gnnfuse")
+
+
+def epoch_seconds(name: str, args: argparse.Namespace, device: torch.device, graphs: Any, kind: str,
                   workers: int) -> float:
     """Seconds per epoch over ``graphs`` (after one epoch of warm-up), loader included:
-    ``kind`` "pyg" and "gnnfuse" run eager steps on PyG's ``DataLoader``'s batches,
-    "gnnfuse_captured" replays its step on gnnfuse's padded ones."""
+    ``kind`` "pyg" runs PyG's eager steps on PyG's ``DataLoader``'s batches, "gnnfuse"
+    gnnfuse's on ``gnnfuse.loader.DataLoader``'s, "gnnfuse_captured" replays its step on
+    that loader's padded ones; "loader_pyg" and "loader_gnnfuse" only move PyG's and the
+    padded batches to the device."""
     torch.manual_seed(0)
     ours, theirs = make_pair(name, args.hidden, args.layers, device)
     model = (theirs if kind == "pyg" else ours).train()
     shared = {"batch_size": args.graphs, "shuffle": True, "num_workers": workers, "pin_memory": device.type == "cuda",
               "persistent_workers": workers > 0}
-    if kind == "gnnfuse_captured":
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, capturable=kind == "gnnfuse_captured"
+                                 and device.type == "cuda")
+    train = batch_step(model, optimizer)
+    if kind in ("gnnfuse_captured", "loader_gnnfuse"):
         loader = gnnfuse.loader.DataLoader(graphs, static_shapes=True, **shared)
-        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, capturable=device.type == "cuda")
+    elif kind == "gnnfuse":
+        loader = gnnfuse.loader.DataLoader(graphs, **shared)
     else:
         loader = PyGDataLoader(graphs, **shared)
-        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    train = batch_step(model, optimizer)
-    step = (GraphStepCapture(train, optimizers=[optimizer], modules=[model], mode="on")
-            if kind == "gnnfuse_captured" else train)
+    if kind.startswith("loader_"):
+        def step(batch: Batch) -> None:
+            del batch
+    elif kind == "gnnfuse_captured":
+        step = GraphStepCapture(train, optimizers=[optimizer], modules=[model], mode="on")
+    else:
+        step = train
     times = []
     for _ in range(1 + args.epochs):
         synchronize(device)
@@ -245,18 +268,20 @@ def epoch_seconds(name: str, args: argparse.Namespace, device: torch.device, gra
 
 def epoch_cells(name: str, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     graphs = [g for batch in molecule_graphs(args.batches, args.graphs) for g in batch]
+    sources = {"list": graphs, "in_memory": MoleculeSet(graphs)}
     out: dict[str, Any] = {}
-    for workers in args.epoch_workers:
-        row = {}
-        for kind in ("pyg", "gnnfuse", "gnnfuse_captured"):
-            try:
-                row[kind] = epoch_seconds(name, args, device, graphs, kind, workers)
-            except Exception as exc:      # one failing cell must not end the run
-                row[kind] = failure_status(exc)
-            free_memory(device)
-        out[str(workers)] = row
-        log(f"{name} epochs, {workers} loader workers: " + ", ".join(
-            f"{k} {v:.3f} s" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()))
+    for source in args.epoch_sources:
+        for workers in args.epoch_workers:
+            row = {}
+            for kind in EPOCH_KINDS:
+                try:
+                    row[kind] = epoch_seconds(name, args, device, sources[source], kind, workers)
+                except Exception as exc:      # one failing cell must not end the run
+                    row[kind] = failure_status(exc)
+                free_memory(device)
+            out[f"{source}/{workers}"] = row
+            log(f"{name} epochs, {source}, {workers} loader workers: " + ", ".join(
+                f"{k} {v:.3f} s" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()))
     return out
 
 
@@ -281,17 +306,22 @@ def markdown(results: dict[str, Any]) -> str:
     epochs = [(c, workers, row) for c in results["cells"].values() for workers, row in c.get("epochs", {}).items()]
     if epochs:
         lines += ["", "Whole epochs, the loader included (seconds per epoch over the cell's batches' graphs, "
-                  "shuffled; PyG's DataLoader for PyG and gnnfuse eager, gnnfuse's padded one for captured; "
+                  "shuffled, held as a list or an InMemoryDataset; PyG's DataLoader for PyG, "
+                  "gnnfuse.loader.DataLoader for gnnfuse eager, its padded batches for captured; the loader "
+                  "columns only move each loader's batches to the device, PyG's and gnnfuse's padded ones; "
                   "speed-up is PyG's time over captured's):", "",
-                  "| model | loader workers | PyG s | gnnfuse eager s | gnnfuse captured s | captured speed-up |",
-                  "|---|---|---|---|---|---|"]
-        for c, workers, row in epochs:
+                  "| model | graphs held as | loader workers | PyG s | gnnfuse eager s | gnnfuse captured s "
+                  "| captured speed-up | PyG loader s | gnnfuse padded loader s |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for c, key, row in epochs:
             def cell(value: Any) -> str:
-                return f"{value:.3f}" if isinstance(value, float) else str(value)
+                return "-" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value)
+            source, _, workers = key.rpartition("/")
             ratio = (row["pyg"] / row["gnnfuse_captured"] if all(isinstance(row.get(k), float)
                                                                   for k in ("pyg", "gnnfuse_captured")) else None)
-            lines.append(f"| {c['model']} | {workers} | {cell(row.get('pyg'))} | {cell(row.get('gnnfuse'))} "
-                         f"| {cell(row.get('gnnfuse_captured'))} | {fmt(ratio, '.2f')} |")
+            lines.append(f"| {c['model']} | {source or 'list'} | {workers} | {cell(row.get('pyg'))} "
+                         f"| {cell(row.get('gnnfuse'))} | {cell(row.get('gnnfuse_captured'))} | {fmt(ratio, '.2f')} "
+                         f"| {cell(row.get('loader_pyg'))} | {cell(row.get('loader_gnnfuse'))} |")
     return "\n".join(lines + ["", *runs_markdown(results), ""])
 
 
@@ -308,6 +338,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="also time this many whole epochs per model, loader included (default 0: none)")
     parser.add_argument("--epoch-workers", type=lambda text: [int(w) for w in text.split(",")], default=[0, 4],
                         help="loader worker processes for the epochs, comma-separated (default 0,4)")
+    parser.add_argument("--epoch-sources", type=comma_list(("list", "in_memory")), default=["list", "in_memory"],
+                        help="how the epochs' graphs are held: a list of Data, an InMemoryDataset, or both "
+                             "(default list,in_memory)")
     parser.add_argument("--json", type=Path, required=True)
     add_step_arguments(parser)
     args = parse_step_arguments(parser, argv)
