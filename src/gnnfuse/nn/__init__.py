@@ -13,7 +13,8 @@ access (PyG is optional): PyG's models ``GCN``, ``GraphSAGE``, ``GIN``, ``GAT``,
 ``EdgeCNN`` built from gnnfuse's layers (`pyg_models`), and PyG's own objects for its names
 without message passing -- pooling, norms, ``Linear``, ``MLP``, ``Sequential``, ... --
 (`pyg_reexports`). A PyG name that would run other code, or propagation gnnfuse does not
-compile, raises an ImportError saying why and what to use."""
+compile, is refused saying why and what to use: an ImportError on an import line, an
+AttributeError elsewhere, so ``hasattr`` finds it absent (`refused_names`)."""
 from .attention import CGATConv, DotGATConv, EdgeConv, GATv2Conv, MLPAggConv, NGCFConv
 from .conv import GATConv, GCNConv, SAGEConv
 from .propagation import APPNP, ChebConv, GINConv, GraphConv, SGConv, TAGConv
@@ -23,6 +24,7 @@ from .hetero_relational import FastRGCNConv, RGATConv
 from .hetero_transformer import HGTConv
 from .hetero_transform import to_hetero
 from .models import Hyperparameters, ModelSpec, build_model, get_model, model_names
+from .refused_names import refusal
 
 __all__ = ["APPNP", "CGATConv", "ChebConv", "DotGATConv", "EdgeConv", "FastRGCNConv", "GATConv", "GATv2Conv", "GCNConv",
            "GINConv", "GraphConv", "HGTConv", "HeteroConv", "Hyperparameters", "MLPAggConv", "ModelSpec", "NGCFConv", "RGATConv", "RGCNConv", "SAGEConv", "SGConv",
@@ -43,9 +45,7 @@ def __getattr__(name: str):
     # it, so PyG stays optional: importing it is deferred to first use (an ImportError then
     # says what to install).
     if name in _NOT_PYG:
-        # ImportError, not AttributeError: ``from gnnfuse.nn import gcn_norm`` would replace an
-        # AttributeError by a bare "cannot import name" and drop the advice
-        raise ImportError(f"gnnfuse.nn has no {name!r}: {_NOT_PYG[name]}", name=__name__)
+        raise refusal(__name__, name, f"gnnfuse.nn has no {name!r}: {_NOT_PYG[name]}")
     if name == "MessagePassing":
         from .message_passing import MessagePassing
         return MessagePassing
@@ -62,8 +62,7 @@ def __getattr__(name: str):
     from .pyg_reexports import NOT_REEXPORTED, reexport, reexported_names
     for refused in (NOT_EXPORTED, NOT_REEXPORTED):
         if name in refused:
-            raise ImportError(f"gnnfuse.nn has no {name!r}: torch_geometric.nn.{name} {refused[name]}",
-                              name=__name__)
+            raise refusal(__name__, name, f"gnnfuse.nn has no {name!r}: torch_geometric.nn.{name} {refused[name]}")
     try:
         pyg_name = name in reexported_names()
     except ImportError:
