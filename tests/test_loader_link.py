@@ -279,6 +279,30 @@ def test_bad_arguments_are_refused_by_name(kwargs, error, match):
         LinkNeighborLoader(data, [2], **kwargs)
 
 
+def test_what_the_node_loader_refuses_names_the_link_loader():
+    """A LinkNeighborLoader samples its endpoints with NeighborLoader's checks and
+    machinery; what those refuse named NeighborLoader, which the user never made."""
+    typed = gnnfuse.Graph(torch.tensor([0, 1]), torch.tensor([1, 2]), 3, edge_type=torch.tensor([0, 1]))
+    for data, error, match in [(object(), TypeError, "^LinkNeighborLoader takes a gnnfuse Graph"),
+                               (typed, ValueError, "^LinkNeighborLoader samples a homogeneous graph")]:
+        with pytest.raises(error, match=match):
+            LinkNeighborLoader(data, [2])
+    batch = next(iter(LinkNeighborLoader(gnnfuse.Graph.from_edge_index(_power_law(20, 50), 20), [2], batch_size=4)))
+    with pytest.raises(AttributeError, match="batch.e_id: .*edge_attr") as caught:
+        batch.e_id                              # no edge table: no edge ids kept
+    assert "NeighborLoader" not in str(caught.value)
+
+
+def test_a_failing_worker_names_the_link_loader():
+    loader = LinkNeighborLoader(pyg_data(_power_law(20, 50), 20), [2], batch_size=8, num_workers=1)
+    loader._nodes._maker.rowptr = loader._nodes._maker.rowptr * 100     # sampling reads past the columns
+    try:
+        with pytest.raises(RuntimeError, match=r"^gnnfuse LinkNeighborLoader: worker 0 failed on batch 0:\n"):
+            list(loader)
+    finally:
+        loader.close()
+
+
 def test_pygs_defaults_and_a_gnnfuse_graph_are_accepted():
     data = pyg_data(_power_law(20, 50), 20)
     graph = gnnfuse.Graph.from_edge_index(data.edge_index, 20)

@@ -115,7 +115,7 @@ class MiniBatch:
         rows = pyg_batch.subgraph_edge_rows(self.blocks, self._pyg_counts("e_id"), "e_id")
         if rows is None:
             raise AttributeError("batch.e_id: this loader keeps edge ids only with edge tables (a PyG Data's "
-                                 "edge_attr or edge_weight, or NeighborLoader(..., edge_attr=...)), whose rows "
+                                 "edge_attr or edge_weight, or the loader's edge_attr=... argument), whose rows "
                                  "come as batch.edge_attr / batch.edge_weight")
         return rows
 
@@ -211,7 +211,7 @@ class BatchMaker:
         for name in ("x", "y", "edge_attr", "edge_weight"):
             table = getattr(self, name)
             if self.zero_copy and table is not None and not register_host_memory(table):
-                warnings.warn(f"gnnfuse NeighborLoader worker: could not page-lock the shared {name} table "
+                warnings.warn(f"gnnfuse loader worker: could not page-lock the shared {name} table "
                               f"{list(table.shape)}; its rows are gathered on the host", RuntimeWarning, stacklevel=2)
 
     def prepare(self, seeds: torch.Tensor, generator: torch.Generator, times: StageTimes,

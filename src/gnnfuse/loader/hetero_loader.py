@@ -187,7 +187,7 @@ class HeteroNeighborLoader:
         self.data = data
         self.batch_size, self.shuffle, self.replace, self.drop_last = int(batch_size), shuffle, replace, drop_last
         self._preparation = BatchPreparation(self.sample_device, self.sample_device, prefetch, prefetch_threads,
-                                             num_workers)
+                                             num_workers, "HeteroNeighborLoader")
         for store in data.stores:
             for key, value in store.items():
                 if isinstance(value, torch.Tensor) and value.requires_grad:

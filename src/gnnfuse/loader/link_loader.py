@@ -162,6 +162,12 @@ def label_edges(edge_label_index: Any, edge_label: Any, graph: Graph) -> tuple[t
     return index, edge_label
 
 
+class _EndpointLoader(NeighborLoader):
+    """A `LinkNeighborLoader`'s node loader, whose errors and warnings (its checks while
+    built, its workers', the Data's tables replaced) name the loader the user made."""
+    _name = "LinkNeighborLoader"
+
+
 class LinkNeighborLoader:
     """Link-prediction mini-batches (see the module docstring), yielding `LinkMiniBatch`.
 
@@ -198,15 +204,14 @@ class LinkNeighborLoader:
                                       "batches are not supported")
         if not isinstance(batch_size, numbers.Integral) or batch_size < 1:
             raise ValueError(f"batch_size (label edges per batch) must be a whole number >= 1, got {batch_size!r}")
-        graph = _graph_and_tables(data, x, y)[0]
+        graph = _graph_and_tables(data, x, y, "LinkNeighborLoader")[0]
         # the node loader's checks, placement and sampler, for the endpoints' batches; it
         # takes ``data`` itself and the tables as given, for the Data's other attributes
         # (`loader.data_attributes`) and its replaced tables (`loader.held_tables`)
-        self._nodes = NeighborLoader(data, num_neighbors, 1, None, False, replace, x=x, y=y,
-                                     device=device, sample_device=sample_device, feature_device=feature_device,
-                                     prefetch=prefetch, prefetch_threads=prefetch_threads, num_workers=num_workers,
-                                     edge_attr=edge_attr, edge_weight=edge_weight)
-        self._nodes._name = "LinkNeighborLoader"        # what its errors call the loader the user made
+        self._nodes = _EndpointLoader(data, num_neighbors, 1, None, False, replace, x=x, y=y,
+                                      device=device, sample_device=sample_device, feature_device=feature_device,
+                                      prefetch=prefetch, prefetch_threads=prefetch_threads, num_workers=num_workers,
+                                      edge_attr=edge_attr, edge_weight=edge_weight)
         self.num_neighbors, self.num_nodes = self._nodes.num_neighbors, graph.num_nodes
         self.device, self.sample_device = self._nodes.device, self._nodes.sample_device
         self.neg_sampling = negative_sampling(neg_sampling, neg_sampling_ratio, graph.num_nodes)

@@ -62,11 +62,12 @@ PROBED_BATCHES = 8       # batches sampled to set the capacities of ``static_sha
 EDGE_TABLES = ("edge_attr", "edge_weight")     # a PyG Data's edge-level tensors a block carries
 
 
-def _graph_and_tables(data: Any, x: torch.Tensor | None, y: torch.Tensor | None
+def _graph_and_tables(data: Any, x: torch.Tensor | None, y: torch.Tensor | None, loader: str = "NeighborLoader"
                       ) -> tuple[Graph, torch.Tensor | None, torch.Tensor | None, dict[str, torch.Tensor]]:
     """(graph, features, labels, edge tables) of a gnnfuse `Graph` (tables by keyword), a
     gnnfuse `NodeDataset`, or a PyG ``Data`` (read by attribute name, torch_geometric not
-    imported; its ``edge_attr`` and ``edge_weight`` are the edge tables)."""
+    imported; its ``edge_attr`` and ``edge_weight`` are the edge tables). Anything else is
+    refused naming ``loader``, the loader the user made."""
     edge_tables: dict[str, torch.Tensor] = {}
     if isinstance(data, Graph):
         return data, x, y, edge_tables
@@ -76,7 +77,7 @@ def _graph_and_tables(data: Any, x: torch.Tensor | None, y: torch.Tensor | None
         graph = Graph.from_data(data)
         edge_tables = {name: getattr(data, name) for name in EDGE_TABLES if getattr(data, name, None) is not None}
     else:
-        raise TypeError(f"NeighborLoader takes a gnnfuse Graph, a gnnfuse NodeDataset or a PyG Data with an "
+        raise TypeError(f"{loader} takes a gnnfuse Graph, a gnnfuse NodeDataset or a PyG Data with an "
                         f"edge_index, got {type(data).__name__}")
     return graph, getattr(data, "x", None) if x is None else x, getattr(data, "y", None) if y is None else y, edge_tables
 
@@ -254,7 +255,7 @@ class NeighborLoader:
     samples from a generator seeded by that seed and i (`batch_generator`).
     """
 
-    _name = "NeighborLoader"       # in errors about the Data: a `LinkNeighborLoader`'s node loader says its own
+    _name = "NeighborLoader"       # in its errors and warnings: a `LinkNeighborLoader`'s node loader says its own
 
     def __new__(cls, data: Any = None, *args: Any, **kwargs: Any) -> Any:
         """A PyG ``HeteroData`` gets the heterogeneous loader (`loader.hetero_loader`,
@@ -273,13 +274,13 @@ class NeighborLoader:
                  num_workers: int = 0, static_shapes: bool | Capacities = False, deferred: bool = False,
                  prefetch_threads: int = 1, edge_attr: torch.Tensor | None = None,
                  edge_weight: torch.Tensor | None = None, **pyg_options: Any) -> None:
-        _check_pyg_options(pyg_options)
-        graph, features, labels, edge_tables = _graph_and_tables(data, x, y)
+        _check_pyg_options(pyg_options, loader=self._name)
+        graph, features, labels, edge_tables = _graph_and_tables(data, x, y, self._name)
         for name, table in (("edge_attr", edge_attr), ("edge_weight", edge_weight)):
             if table is not None:
                 edge_tables[name] = table
         if graph.is_bipartite or graph.edge_type is not None:
-            raise ValueError("NeighborLoader samples a homogeneous graph with one vertex set; this graph is "
+            raise ValueError(f"{self._name} samples a homogeneous graph with one vertex set; this graph is "
                              f"{'bipartite' if graph.is_bipartite else 'typed'}")
         self.num_neighbors = _fanouts(num_neighbors)
         _check_batch_size(batch_size)
@@ -330,7 +331,7 @@ class NeighborLoader:
         self.batch_size, self.shuffle, self.replace, self.drop_last = batch_size, shuffle, replace, drop_last
         self.prefetch, self.prefetch_threads, self.sampler = prefetch, prefetch_threads, sampler
         self._preparation = BatchPreparation(self.device, self.sample_device, prefetch, prefetch_threads,
-                                             num_workers)
+                                             num_workers, self._name)
         if deferred and (static_shapes is False or self.feature_device != "device"):
             raise ValueError("deferred=True leaves padded batches' feature rows to the step, which gathers them "
                              "from a table on the device: it needs static_shapes and feature_device='device'")
@@ -385,7 +386,7 @@ class NeighborLoader:
             try:    # page-locked once, so kernels read its rows in place (loader.zero_copy)
                 table = table.pin_memory()
             except RuntimeError as exc:
-                warnings.warn(f"gnnfuse NeighborLoader: could not page-lock the {list(table.shape)} feature "
+                warnings.warn(f"gnnfuse {self._name}: could not page-lock the {list(table.shape)} feature "
                               f"table ({exc}); its rows are gathered on the host", RuntimeWarning, stacklevel=3)
         return table
 

@@ -56,11 +56,13 @@ class BatchPreparation:
     """An epoch's batches prepared as ``prefetch``, ``prefetch_threads`` and
     ``num_workers`` say, batches going to ``device`` and sampled on ``sample_device``;
     stage seconds in ``stage_times``. The worker pool starts with the first epoch's maker
-    and keeps it (a loader passes the same maker every epoch) until `close`."""
+    and keeps it (a loader passes the same maker every epoch) until `close`. ``loader``
+    names the loader in the workers' errors."""
 
     def __init__(self, device: torch.device, sample_device: torch.device, prefetch: int, prefetch_threads: int,
-                 num_workers: int) -> None:
+                 num_workers: int, loader: str) -> None:
         check_settings(prefetch, prefetch_threads, num_workers)
+        self.loader = loader
         self.device, self.sample_device = device, sample_device
         self.prefetch, self.prefetch_threads, self.num_workers = prefetch, prefetch_threads, num_workers
         self.stage_times = StageTimes()
@@ -76,7 +78,7 @@ class BatchPreparation:
         hands to the consumer's on a GPU (`Prefetcher`)."""
         if self.num_workers:
             if self.workers is None:
-                self.workers = WorkerPool(maker, self.num_workers, max(self.prefetch, 1))
+                self.workers = WorkerPool(maker, self.num_workers, max(self.prefetch, 1), self.loader)
             with contextlib.closing(self.workers.epoch(batches, seed, self.stage_times)) as prepared:
                 for batch in prepared:
                     yield batch

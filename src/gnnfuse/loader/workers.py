@@ -129,9 +129,10 @@ def _work(maker: Maker, jobs: Any, results: Any, stop: Any, abandoned: Any, thre
 
 class WorkerPool:
     """``num_workers`` processes preparing the batches of `epoch` with ``maker``, up to
-    ``depth`` batches ahead each."""
+    ``depth`` batches ahead each; their errors name ``loader``, the loader the user made."""
 
-    def __init__(self, maker: Maker, num_workers: int, depth: int) -> None:
+    def __init__(self, maker: Maker, num_workers: int, depth: int, loader: str) -> None:
+        self._loader = loader
         context = mp.get_context("spawn")
         self._jobs = [context.Queue() for _ in range(num_workers)]
         self._results = [context.Queue(maxsize=depth) for _ in range(num_workers)]
@@ -163,7 +164,7 @@ class WorkerPool:
         try:
             for index in range(len(batches)):
                 if self._epoch != epoch:
-                    raise RuntimeError("gnnfuse NeighborLoader: this epoch was superseded by a later iteration "
+                    raise RuntimeError(f"gnnfuse {self._loader}: this epoch was superseded by a later iteration "
                                        "of the same loader (its num_workers processes serve one epoch at a time); "
                                        "finish or close an epoch's iterator before starting another")
                 batch, seconds = self._next(index % workers, epoch, index, times)
@@ -201,16 +202,16 @@ class WorkerPool:
                 times.add("wait", time.perf_counter() - start)
                 process = self._processes[rank]
                 if not process.is_alive():
-                    raise RuntimeError(f"gnnfuse NeighborLoader: worker {rank} exited (code {process.exitcode}) "
+                    raise RuntimeError(f"gnnfuse {self._loader}: worker {rank} exited (code {process.exitcode}) "
                                        f"before batch {index}") from None
                 continue
             if got_epoch != epoch:              # left over from an epoch the consumer abandoned
                 continue
             if isinstance(batch, _Failed):
-                raise RuntimeError(f"gnnfuse NeighborLoader: worker {rank} failed on batch {got_index}:\n"
+                raise RuntimeError(f"gnnfuse {self._loader}: worker {rank} failed on batch {got_index}:\n"
                                    f"{batch.text}")
             if got_index != index:
-                raise RuntimeError(f"gnnfuse NeighborLoader: worker {rank} sent batch {got_index}, expected {index}")
+                raise RuntimeError(f"gnnfuse {self._loader}: worker {rank} sent batch {got_index}, expected {index}")
             return batch, seconds
 
     def close(self) -> None:

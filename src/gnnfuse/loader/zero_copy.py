@@ -70,7 +70,7 @@ def zero_copy_rows(table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor | Non
         return gather_rows(table, ids, out)
     except (ValueError, RuntimeError) as exc:    # the driver did not map the pinned pages
         _REFUSED.add(str(ids.device))
-        warnings.warn(f"gnnfuse NeighborLoader: a kernel could not read the pinned feature table in place "
+        warnings.warn(f"gnnfuse loader: a kernel could not read the pinned feature table in place "
                       f"({exc}); gathering rows on the host instead, which is slower", RuntimeWarning,
                       stacklevel=3)
         return None
