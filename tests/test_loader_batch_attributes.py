@@ -105,6 +105,59 @@ def test_an_attribute_deleted_from_the_data_is_missing_on_later_batches():
     assert torch.equal(batch.val_mask, data.val_mask[batch.n_id])
 
 
+@pytest.mark.parametrize("others", [False, True])
+def test_attributes_added_after_the_loader_was_built_are_pygs_batch(others):
+    """PyG's loader cuts the ``Data`` as it is at each batch, so ``data.train_mask = ...``
+    after the loader was built reaches its batches; gnnfuse's listed the attributes once
+    and said "no attribute 'train_mask'" -- with (``others``) or without other attributes
+    then. Against PyG's ``filter_data``, keyed by ``n_id`` and ``e_id``; a link batch's
+    node batch carries them too."""
+    from torch_geometric.loader.utils import filter_data
+    from gnnfuse.loader import LinkNeighborLoader
+    data = attributed_data() if others else pyg_data(torch.randint(0, 30, (2, 120)), 30)
+    torch.manual_seed(0)
+    loader = NeighborLoader(data, [-1, -1], batch_size=4, shuffle=True, prefetch=0)
+    link = LinkNeighborLoader(data, [-1], batch_size=4, prefetch=0)
+    next(iter(loader))
+    gen = torch.Generator().manual_seed(1)
+    data.late_mask = torch.rand(data.num_nodes, generator=gen) < 0.5
+    data.late_index = torch.randint(0, 9, (2, data.num_nodes), generator=gen)     # cut along its last dimension
+    data.late_time = torch.rand(data.num_edges, generator=gen, dtype=torch.float64)
+    data.late_title, data.late_scale = "graph-level", torch.tensor([2.5, 1.0])
+    for batch in list(loader)[:3]:
+        n_id, edge_index, e_id, _, _ = pyg_full_subgraph(data.edge_index, batch.n_id[:batch.batch_size].tolist(), 2)
+        pyg = filter_data(data, n_id, edge_index[0], edge_index[1], e_id)
+        assert _keyed(batch.n_id, batch.late_mask) == _keyed(n_id, pyg.late_mask)
+        assert _keyed(batch.n_id, batch.late_index, -1) == _keyed(n_id, pyg.late_index, -1)
+        assert _keyed(batch.e_id, batch.late_time) == _keyed(e_id, pyg.late_time)
+        assert batch.late_title == pyg.late_title and torch.equal(batch.late_scale, pyg.late_scale)
+        assert not hasattr(batch, "never_set")
+    batch = next(iter(link))
+    assert torch.equal(batch.late_mask, data.late_mask[batch.n_id])
+    assert torch.equal(batch.late_time, data.late_time[batch.e_id])
+    data.late_names = [f"v{i}" for i in range(data.num_nodes)]      # refused by name, as when there at first
+    with pytest.raises(TypeError, match="batch.late_names: the Data's late_names is a list with an entry per vertex"):
+        next(iter(loader)).late_names
+
+
+def test_an_edge_attribute_added_where_the_loader_keeps_no_edge_ids_is_refused_by_name():
+    """Built on a Data without edge tables or edge-level attributes, the loader keeps no
+    edge ids to cut an edge-level attribute given later by: refused naming it, saying to
+    build the loader again (a node-level one still comes)."""
+    from gnnfuse.loader import LinkNeighborLoader
+    data = pyg_data(torch.randint(0, 30, (2, 120)), 30)
+    del data.edge_attr, data.edge_weight
+    loaders = [NeighborLoader(data, [2], batch_size=4, prefetch=0),
+               LinkNeighborLoader(data, [2], batch_size=4, prefetch=0)]
+    data.edge_time, data.late_mask = torch.rand(data.num_edges), torch.rand(data.num_nodes) < 0.5
+    for loader, called in zip(loaders, ("NeighborLoader", "LinkNeighborLoader")):
+        batch = next(iter(loader))
+        assert torch.equal(batch.late_mask, data.late_mask[batch.n_id])
+        with pytest.raises(RuntimeError, match=rf"batch.edge_time: data.edge_time .*set after this {called} was "
+                                               rf"built.*no edge ids.*Build a new {called}"):
+            batch.edge_time
+
+
 def test_a_gnnfuse_node_dataset_s_masks_come_too():
     from gnnfuse.data import load_node_dataset
     data = load_node_dataset("synthetic")

@@ -17,6 +17,11 @@ batches (the table seen at construction had been kept, so they read the old mask
 ``Data`` is held by a weak reference, which a pickled batch drops: it keeps the tables it
 was made with. A name's level stays the one decided at construction, as PyG caches it; a name
 deleted from the ``Data`` since is missing on the batch, as on PyG's (not its old table).
+A name the ``Data`` was given since (``data.train_mask = ...`` after the loader was built)
+comes too, as on PyG's: looked up on the ``Data`` when a batch is asked for a name it does
+not know, its level decided then, so a loop that adds nothing pays nothing. An edge-level
+one needs the edge ids the loader keeps only when it was built with edge tables or
+edge-level attributes: without, it is refused by name (the loader is to be built again).
 
 A table is gathered where the batch is. A table elsewhere is copied there once, on its
 first read, and that copy is kept while the table is the same tensor, unchanged (its
@@ -60,12 +65,14 @@ class DataAttributes:
     graph-level ones (``whole``: neither, a title or a class count), which PyG's batch
     keeps as they are; ``refused`` names node- or edge-level ones that are not tensors
     (a list per vertex), with why. ``source`` (a weak reference to the PyG ``Data``)
-    gives each attribute's current value; the tables above serve without it."""
+    gives each attribute's current value, and those it was given since; the tables above
+    serve without it. ``loader`` names the loader in errors."""
     node: dict[str, tuple[torch.Tensor, int]]
     edge: dict[str, tuple[torch.Tensor, int]]
     whole: dict[str, Any] = field(default_factory=dict)
     refused: dict[str, str] = field(default_factory=dict)
     source: Callable[[], Any] | None = None
+    loader: str = "NeighborLoader"
     _copies: dict[tuple[str, torch.device], tuple[torch.Tensor, int | None, torch.Tensor]] = field(
         default_factory=dict)
 
@@ -86,7 +93,16 @@ class DataAttributes:
         return data[name]
 
     def __contains__(self, name: str) -> bool:
-        return any(name in names for names in (self.node, self.edge, self.whole, self.refused))
+        return any(name in names for names in (self.node, self.edge, self.whole, self.refused)) or self._added(name)
+
+    def _added(self, name: str) -> bool:
+        """Whether the ``Data`` was given ``name`` since construction (PyG's batch, a copy
+        of the ``Data`` as it is, carries it); if so it is listed now, by the same rule."""
+        data = None if self.source is None else self.source()
+        if data is None or name in HANDLED or name in OWN_IDS or name not in data:
+            return False
+        _list(data, name, self.node, self.edge, self.whole, self.refused)
+        return True
 
     def rows(self, name: str, n_id: torch.Tensor, e_id: Callable[[], torch.Tensor]) -> Any:
         """Attribute ``name`` of the batch whose vertices are ``n_id`` (its edges ``e_id()``,
@@ -103,7 +119,12 @@ class DataAttributes:
             return self._on(name, value, n_id.device) if isinstance(value, torch.Tensor) else value
         table, dim = self.node[name] if name in self.node else self.edge[name]
         table = self._current(name, table)
-        ids = n_id if name in self.node else e_id()
+        try:
+            ids = n_id if name in self.node else e_id()
+        except AttributeError:      # edge-level, given since: the loader keeps no edge ids
+            raise RuntimeError(f"batch.{name}: data.{name} (an edge-level attribute) was set after this {self.loader} "
+                               f"was built, which then had no edge table nor edge-level attribute and so keeps no "
+                               f"edge ids to cut it by. Build a new {self.loader} on the Data") from None
         return self._on(name, table, ids.device).index_select(dim, ids)
 
     def _on(self, name: str, table: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -118,11 +139,26 @@ class DataAttributes:
         return kept[2]
 
 
-def data_attributes(data: Any) -> DataAttributes | None:
-    """The attributes of ``data`` beyond those the loader handles: a PyG ``Data``'s
-    (node- and edge-level ones by PyG's rule, the rest graph-level), a gnnfuse
-    ``NodeDataset``'s split masks; None for
-    anything else (a bare `Graph`) or when there are none."""
+def _list(data: Any, name: str, node: dict[str, tuple[torch.Tensor, int]], edge: dict[str, tuple[torch.Tensor, int]],
+          whole: dict[str, Any], refused: dict[str, str]) -> None:
+    """Put the PyG ``Data``'s attribute ``name`` where it belongs: node- or edge-level by
+    PyG's rule (a tensor, or refused with why), graph-level otherwise."""
+    level = node if data.is_node_attr(name) else edge if data.is_edge_attr(name) else None
+    value = data[name]
+    if level is None:
+        whole[name] = value
+    elif isinstance(value, torch.Tensor):
+        level[name] = (value, data.__cat_dim__(name, value))
+    else:
+        refused[name] = (f"the Data's {name} is a {type(value).__name__} with an entry per "
+                         f"{'vertex' if level is node else 'edge'}; the loader's batches cut tensors only")
+
+
+def data_attributes(data: Any, loader: str = "NeighborLoader") -> DataAttributes | None:
+    """The attributes of ``data`` beyond those the loader (named ``loader`` in errors)
+    handles: a PyG ``Data``'s (node- and edge-level ones by PyG's rule, the rest
+    graph-level, and any it is given later), a gnnfuse ``NodeDataset``'s split masks;
+    None for anything else (a bare `Graph`) or for a ``NodeDataset`` without masks."""
     node: dict[str, tuple[torch.Tensor, int]] = {}
     edge: dict[str, tuple[torch.Tensor, int]] = {}
     whole: dict[str, Any] = {}
@@ -135,18 +171,10 @@ def data_attributes(data: Any) -> DataAttributes | None:
                 continue
             if name in OWN_IDS:
                 _check_own_ids(name, data[name], data.num_nodes if name == "n_id" else data.num_edges)
-            level = node if data.is_node_attr(name) else edge if data.is_edge_attr(name) else None
-            value = data[name]
-            if level is None:
-                whole[name] = value
-            elif isinstance(value, torch.Tensor):
-                level[name] = (value, data.__cat_dim__(name, value))
-            else:
-                refused[name] = (f"the Data's {name} is a {type(value).__name__} with an entry per "
-                                 f"{'vertex' if level is node else 'edge'}; the loader's batches cut tensors only")
+            _list(data, name, node, edge, whole, refused)
     elif isinstance(getattr(data, "graph", None), Graph):      # gnnfuse NodeDataset
         node = {name: (mask, 0) for name in DATASET_MASKS
                 if isinstance(mask := getattr(data, name, None), torch.Tensor)}
-    if not (node or edge or whole or refused):
+    if source is None and not node:
         return None
-    return DataAttributes(node, edge, whole, refused, source)
+    return DataAttributes(node, edge, whole, refused, source, loader)

@@ -256,8 +256,8 @@ class LinkNeighborLoader:
     def _with_attributes(self, batch: LinkMiniBatch) -> LinkMiniBatch:
         """``batch`` with the ``Data``'s other attributes attached to its node batch, here in
         the training process (`NeighborLoader._with_attributes`)."""
-        nodes = self._nodes._with_attributes(batch.nodes)
-        return batch if nodes is batch.nodes else dataclasses.replace(batch, nodes=nodes)
+        self._nodes._with_attributes(batch.nodes)
+        return batch
 
     def close(self) -> None:
         """Stop the worker processes, if any (they also stop when the loader is freed)."""
