@@ -421,10 +421,25 @@ def test_an_in_place_change_to_a_host_table_a_gpu_loader_copied_is_refused():
     assert torch.equal(batch.x.cpu(), read.x[batch.n_id.cpu()])
 
 
-def test_a_zero_dim_label_is_refused_by_name():
-    """A graph-level label (a 0-dim ``y``) has no row per vertex to cut: it raised
-    ``IndexError: tuple index out of range`` from the row count check."""
+def test_a_zero_dim_label_is_pygs_graph_level_y_passed_whole():
+    """A graph-level label (a 0-dim ``y``) has no row per vertex to cut: PyG's batch keeps
+    it whole (``Data.is_node_attr`` is False for it), where gnnfuse's loader refused it
+    (and before that raised ``IndexError`` from the row count check). Against PyG's
+    ``filter_data``; an in-place change reaches later batches, as in PyG; padded batches,
+    whose ``y`` is padded per seed, refuse it by name, and so does a 0-dim ``x``."""
+    from torch_geometric.loader.utils import filter_data
+    from gnnfuse.loader import LinkNeighborLoader
     data = attributed_data()
     data.y = torch.tensor(3)
-    with pytest.raises(ValueError, match="y is a 0-dim tensor"):
+    for batch in _batches(data, [-1], num_workers=0)[:2] + [next(iter(LinkNeighborLoader(data, [2], batch_size=4)))]:
+        n_id, edge_index, e_id, _, _ = pyg_full_subgraph(data.edge_index, batch.n_id[:4].tolist(), 1)
+        pyg = filter_data(data, n_id, edge_index[0], edge_index[1], e_id)
+        assert batch.y.dim() == 0 and batch.y.dtype == pyg.y.dtype and torch.equal(batch.y, pyg.y)
+    loader = NeighborLoader(data, [2], batch_size=4, prefetch=0)
+    data.y.add_(1)
+    assert int(next(iter(loader)).y) == 4
+    with pytest.raises(ValueError, match="y is a 0-dim tensor .*static_shapes"):
+        NeighborLoader(data, [2], batch_size=4, prefetch=0, static_shapes=True)
+    data.x = torch.tensor(1.0)
+    with pytest.raises(ValueError, match="x is a 0-dim tensor"):
         NeighborLoader(data, [2], batch_size=4, prefetch=0)

@@ -68,7 +68,8 @@ class MiniBatch:
     ``model(batch.x, batch.edge_index)[:batch.batch_size]``. ``hop_edges`` holds what
     they need of the sampler's counts (PyG's ``num_sampled_edges``; None when padded,
     whose batches refuse them). ``y`` stays the seeds' labels: PyG's holds every
-    vertex's, and ``y[:batch_size]`` is the same in both. A PyG ``Data``'s other
+    vertex's, and ``y[:batch_size]`` is the same in both (a 0-dim, graph-level ``y`` comes
+    whole, as in PyG). A PyG ``Data``'s other
     attributes (``batch.train_mask``, cut by ``n_id``; edge-level ones by ``e_id``) are
     read through ``attributes``, which the loader attaches in the training process
     (`loader.data_attributes`), each gathered on first read; `to` moves the batch as PyG's ``Data.to`` (`loader.batch_move`)."""

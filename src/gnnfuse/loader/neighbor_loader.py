@@ -287,6 +287,12 @@ class NeighborLoader:
         if sampler is not None and shuffle:
             raise ValueError("sampler is mutually exclusive with shuffle (the sampler orders the seeds)")
         check_settings(prefetch, prefetch_threads, num_workers)
+        # a 0-dim y is PyG's graph-level label, no node attribute (`Data.is_node_attr`): PyG's
+        # batches carry it whole, and so do these (set on each, `_with_attributes`)
+        graph_y, labels = (labels, None) if labels is not None and labels.dim() == 0 else (None, labels)
+        if graph_y is not None and static_shapes is not False:
+            raise ValueError("y is a 0-dim tensor (one value for the whole graph), which batches carry whole; "
+                             "static_shapes pads y per seed: give a y per node, or leave static_shapes out")
         for name, table in (("x", features), ("y", labels)):
             if table is not None and table.dim() == 0:      # a graph-level value: no row to cut per vertex
                 raise ValueError(f"{name} is a 0-dim tensor (one value for the whole graph); the loader cuts {name} "
@@ -311,6 +317,7 @@ class NeighborLoader:
         self._copies = CopiedTables()      # tables kept as copies, whose in-place changes would reach no batch
         x_table = self._copies.placed("x", features, self._place(features))
         y_table = self._copies.placed("y", labels, self._place(labels))
+        self._graph_y = None if graph_y is None else self._copies.placed("y", graph_y, graph_y.to(self.device))
         self._maker = BatchMaker(csr.rowptr.long(), csr.col.long(), x_table, y_table,
                                  tuple(self.num_neighbors), replace, self.device,
                                  self.sample_device, self.feature_device, self._zero_copy)
@@ -433,11 +440,14 @@ class NeighborLoader:
             yield batch
 
     def _with_attributes(self, batch: MiniBatch) -> MiniBatch:
-        """``batch`` with the ``Data``'s other attributes to read (`loader.data_attributes`):
-        set on the batch, which is new and this loader's (a ``dataclasses.replace`` cost 2 µs
-        a batch, paid for every PyG ``Data``, which may be given attributes later)."""
+        """``batch`` with the ``Data``'s other attributes to read (`loader.data_attributes`)
+        and its graph-level (0-dim) ``y``, set on the batch, which is new and this loader's:
+        a ``dataclasses.replace`` cost 2 µs a batch, and every PyG ``Data``'s loader attaches
+        its attributes (the ``Data`` may be given more later)."""
         if self._attributes is not None:
             object.__setattr__(batch, "attributes", self._attributes)
+        if self._graph_y is not None:      # PyG's graph-level y, whole (the maker cut none)
+            object.__setattr__(batch, "y", self._graph_y)
         return batch
 
     def close(self) -> None:
