@@ -218,3 +218,30 @@ def test_padded_batches_equal_padding_pygs_batch(source):
             value = expected[key]
             assert torch.equal(ours[key], value) if isinstance(value, torch.Tensor) else ours[key] == value, key
         assert_same_batch(unpadded(ours), theirs)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(graph_lists(), st.booleans(), st.integers(0, 3))
+def test_batches_collated_with_room_pad_as_pygs(graphs, in_memory, spare):
+    """Collated into buffers as long as their padded form (guessing each attribute's
+    kind from its row count), the padded batch is PyG's batch padded: every attribute,
+    or the same refusal (a float label)."""
+    nodes, edges = sum(g.num_nodes for g in graphs), sum(g.num_edges for g in graphs)
+    capacities = GraphCapacities(nodes + 2 + spare, edges + spare, len(graphs) + 1 + spare)
+    if in_memory and len(graphs) > 1:
+        collated = gather_graphs(GraphSelection(Graphs(graphs), list(range(len(graphs)))), frozenset(), capacities)
+    else:
+        collated = collate_graphs(graphs, frozenset(), capacities)
+    try:
+        expected = pad_graph_batch(Batch.from_data_list(graphs), capacities)
+    except ValueError as refusal:
+        with pytest.raises(ValueError, match="static_shapes cannot pad") as ours:
+            pad_graph_batch(collated, capacities)
+        assert str(ours.value) == str(refusal)
+        return
+    padded = pad_graph_batch(collated, capacities)
+    assert list(padded.keys()) == list(expected.keys())
+    for key in expected.keys():
+        value = expected[key]
+        assert torch.equal(padded[key], value) if isinstance(value, torch.Tensor) else padded[key] == value, key
+    assert_same_batch(unpadded(padded), unpadded(expected))

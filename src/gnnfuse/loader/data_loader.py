@@ -72,11 +72,11 @@ class _GraphCollater:
     def __call__(self, items: Any) -> Any:
         batch = None
         if isinstance(items, GraphSelection):
-            batch = gather_graphs(items, self.exclude_keys)
+            batch = gather_graphs(items, self.exclude_keys, self.capacities)
             if batch is None:
                 items = items.graphs()
         elif isinstance(items, list):
-            batch = collate_graphs(items, self.exclude_keys)
+            batch = collate_graphs(items, self.exclude_keys, self.capacities)
         if batch is None:
             batch = self.collate(items)
         return batch if self.capacities is None else pad_graph_batch(batch, self.capacities)

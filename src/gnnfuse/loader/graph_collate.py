@@ -35,6 +35,8 @@ from typing import Any, Sequence
 
 import torch
 
+from .padded_graph_batch import ROOM
+
 # The attributes PyG infers a graph's vertex count from, first found in the graph's
 # order (``NodeStorage.num_nodes``'s ``N_KEYS``), and those of them taken here: the
 # others (``batch``, ``n_id``, ``node_type``, ``tf``) are rare enough to leave to PyG
@@ -73,11 +75,34 @@ def _with_zero(counts: torch.Tensor) -> torch.Tensor:
     return out
 
 
+class _Room:
+    """Where a batch that will be padded (`padded_graph_batch`) is collated: each
+    attribute into the first rows of a buffer as long as its padded form, guessing its
+    kind from its row count (the vertices', else the edges', else the graphs', as
+    `pad_graph_batch` classifies), so that padding fills the rest in place instead of
+    copying the batch once more. A guess padding disagrees with costs that copy only."""
+
+    def __init__(self, capacities: Any, nodes: int, edges: int, graphs: int) -> None:
+        fits = capacities is not None and capacities.fits(nodes, edges, graphs)
+        self.rows = {} if not fits else {graphs: capacities.graphs, edges: capacities.edges, nodes: capacities.nodes}
+        self.buffers: dict[str, torch.Tensor] = {}
+
+    def out(self, key: str, rows: int, like: torch.Tensor) -> torch.Tensor | None:
+        """Where ``key``'s ``rows`` rows shaped as ``like``'s go: a buffer's first rows,
+        or None (made as usual) for a batch that will not be padded."""
+        capacity = self.rows.get(rows)
+        if capacity is None:
+            return None
+        buffer = like.new_empty((capacity, *like.shape[1:]))
+        self.buffers[key] = buffer
+        return buffer[:rows]
+
+
 def _batch(keys: list[str], values: dict[str, torch.Tensor], slices: dict[str, torch.Tensor],
-           nodes: torch.Tensor, device: torch.device | None) -> Any:
+           nodes: torch.Tensor, device: torch.device | None, room: _Room) -> Any:
     """A PyG ``Batch`` of ``len(nodes)`` graphs holding ``values`` (collated, edge ids
     offset), with the ``batch`` and ``ptr`` vectors and the slice and increment tables
-    ``Batch.from_data_list`` would give it."""
+    ``Batch.from_data_list`` would give it; and ``room``'s buffers, for `pad_graph_batch`."""
     from torch_geometric.data import Batch, Data
     graphs = nodes.numel()
     out = Batch(_base_cls=Data)
@@ -85,8 +110,12 @@ def _batch(keys: list[str], values: dict[str, torch.Tensor], slices: dict[str, t
     for key in keys:
         store[key] = values[key]
     device = device or torch.device("cpu")
-    store.batch = _graph_of(nodes, device)
+    vector = _graph_of(nodes, device)
+    into = room.out("batch", vector.numel(), vector)
+    store.batch = vector if into is None else into.copy_(vector)
     store.ptr = _with_zero(nodes).to(device)
+    if room.buffers:
+        out.__dict__[ROOM] = room.buffers
     zeros = torch.zeros(graphs, dtype=torch.long)
     out._num_graphs = graphs
     out._slice_dict = slices
@@ -104,10 +133,12 @@ def _device_of(values: dict[str, torch.Tensor]) -> torch.device | None:
     return device
 
 
-def collate_graphs(graphs: Sequence[Any], exclude_keys: frozenset[str] = frozenset()) -> Any | None:
+def collate_graphs(graphs: Sequence[Any], exclude_keys: frozenset[str] = frozenset(),
+                   capacities: Any = None) -> Any | None:
     """``Batch.from_data_list(graphs, exclude_keys=exclude_keys)`` for plain ``Data``
     graphs with the same tensor attributes in the same order; None otherwise (the
-    caller then collates as PyG does, and raises its errors)."""
+    caller then collates as PyG does, and raises its errors). With ``capacities`` (a
+    `GraphCapacities`) the batch is collated with room to be padded to them (`_Room`)."""
     from torch_geometric.data import Data
     if not graphs or any(type(g) is not Data for g in graphs):
         return None
@@ -124,7 +155,11 @@ def collate_graphs(graphs: Sequence[Any], exclude_keys: frozenset[str] = frozens
            for column in columns.values()):
         return None
     try:
-        nodes = torch.tensor([v.shape[0] for v in columns[count_key]])
+        counts = {key: [1] * len(graphs) if column[0].dim() == 0 else
+                  [v.shape[1 if key == "edge_index" else 0] for v in column] for key, column in columns.items()}
+        nodes = torch.tensor(counts[count_key])
+        room = _Room(capacities, int(nodes.sum()), sum(counts["edge_index"]) if "edge_index" in counts else -1,
+                     len(graphs))
         values, slices = {}, {}
         for key in keys:
             column = columns[key]
@@ -132,19 +167,20 @@ def collate_graphs(graphs: Sequence[Any], exclude_keys: frozenset[str] = frozens
                 value = torch.cat(column, 1)
                 if value.dim() != 2 or value.shape[0] != 2 or value.dtype.is_floating_point:
                     return None
-                edges = torch.tensor([v.shape[1] for v in column])
+                edges = torch.tensor(counts[key])
                 value += _exclusive_cumsum(nodes).to(value.device, value.dtype)[_graph_of(edges, value.device)]
                 slices[key] = _with_zero(edges)
             elif column[0].dim() == 0:
-                value = torch.stack(column)
+                value = torch.stack(column, out=room.out(key, len(column), column[0].unsqueeze(0)))
                 slices[key] = torch.arange(len(column) + 1)
             else:
-                value = torch.cat(column)
-                slices[key] = _with_zero(torch.tensor([v.shape[0] for v in column]))
+                rows = sum(counts[key])
+                value = torch.cat(column, out=room.out(key, rows, column[0]))
+                slices[key] = _with_zero(torch.tensor(counts[key]))
             values[key] = value
     except (RuntimeError, IndexError):      # sizes that do not line up: PyG's error, raised by PyG
         return None
-    return _batch(keys, values, slices, nodes, _device_of(values))
+    return _batch(keys, values, slices, nodes, _device_of(values), room)
 
 
 def _graph_of(counts: torch.Tensor, device: torch.device | None = None) -> torch.Tensor:
@@ -198,11 +234,12 @@ def selecting_copy(dataset: Any) -> Any | None:
     return out
 
 
-def gather_graphs(selection: GraphSelection, exclude_keys: frozenset[str] = frozenset()) -> Any | None:
+def gather_graphs(selection: GraphSelection, exclude_keys: frozenset[str] = frozenset(),
+                  capacities: Any = None) -> Any | None:
     """``Batch.from_data_list(selection.graphs(), exclude_keys=exclude_keys)`` gathered
     from the data set's collated tensors; None where the data set has a transform, a
     graph of its own class or attributes `collate_graphs` would not take (the caller
-    then collates ``selection.graphs()``)."""
+    then collates ``selection.graphs()``). ``capacities`` as `collate_graphs` takes them."""
     from torch_geometric.data import Data
     dataset = selection.dataset
     data, table = getattr(dataset, "_data", None), getattr(dataset, "slices", None)
@@ -230,15 +267,15 @@ def gather_graphs(selection: GraphSelection, exclude_keys: frozenset[str] = froz
         bounds = table[key]
         counts[key] = bounds[ids + 1] - bounds[ids]
     nodes = counts[count_key]
+    totals = {key: int(rows.sum()) for key, rows in counts.items()}
+    room = _Room(capacities, totals[count_key], totals.get("edge_index", -1), ids.numel())
     values, slices = {}, {}
     for key in keys:
         value = store[key]
-        bounds = table[key]
         rows = counts[key]
-        starts = bounds[ids]
-        total = int(rows.sum())
+        total = totals[key]
         within = _graph_of(rows)
-        at = torch.arange(total) + (starts - _exclusive_cumsum(rows))[within]
+        at = torch.arange(total) + (table[key][ids] - _exclusive_cumsum(rows))[within]
         if key == "edge_index":
             if value.dim() != 2 or value.shape[0] != 2 or value.dtype.is_floating_point:
                 return None
@@ -247,7 +284,7 @@ def gather_graphs(selection: GraphSelection, exclude_keys: frozenset[str] = froz
         else:
             if value.dim() == 0:
                 return None
-            out = value.index_select(0, at.to(value.device))
+            out = torch.index_select(value, 0, at.to(value.device), out=room.out(key, total, value))
         values[key] = out
         slices[key] = _with_zero(rows)
-    return _batch(keys, values, slices, nodes, _device_of(values))
+    return _batch(keys, values, slices, nodes, _device_of(values), room)

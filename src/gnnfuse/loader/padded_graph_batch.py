@@ -53,6 +53,9 @@ ROUND = 128
 PROBED_BATCHES = 16
 _MARK = "_gnnfuse_capacities"      # the instance attribute a padded batch carries
 _REAL = "_gnnfuse_real_counts"     # and its real counts (`unpadded`)
+# A collated batch's tensors made with room for padding (`graph_collate`): key -> the
+# whole buffer whose first rows the batch's tensor is, which padding then fills in place
+ROOM = "_gnnfuse_padding_room"
 
 
 @dataclass(frozen=True)
@@ -113,11 +116,12 @@ def pad_graph_batch(batch: Any, capacities: GraphCapacities) -> Any:
     if isinstance(batch, HeteroData):
         raise ValueError("static_shapes pads batches of homogeneous graphs (Data): a HeteroData batch has a vertex "
                          "and edge count per type, which it does not pad. Use static_shapes=False")
+    room = batch.__dict__.pop(ROOM, {})
     num_nodes, num_edges, num_graphs = int(batch.num_nodes), int(batch.num_edges), int(batch.num_graphs)
     if not capacities.fits(num_nodes, num_edges, num_graphs) or _graph_rows_ambiguous(batch, num_graphs):
         return batch
     # every key classified (PyG's is_node_attr reads the batch's counts) before any is padded
-    padded = {key: _padded(batch, key, value, num_nodes, num_edges, num_graphs, capacities)
+    padded = {key: _padded(batch, key, value, num_nodes, num_edges, num_graphs, capacities, room.get(key))
               for key, value in batch.items() if isinstance(value, torch.Tensor)}
     store = batch._store.__dict__
     real = _Real(num_nodes, num_edges, num_graphs, {key: rows for key, (_, rows) in padded.items()},
@@ -186,8 +190,20 @@ def _graph_rows_ambiguous(batch: Any, num_graphs: int) -> bool:
                for key, value in batch.items() if key not in ("edge_index", "batch", "ptr"))
 
 
+def _grown(value: torch.Tensor, rows: int, fill: int, room: torch.Tensor | None) -> torch.Tensor:
+    """``value`` with rows of ``fill`` appended up to ``rows``: in place, in ``room``, where
+    ``value`` is its first rows and ``room`` has ``rows`` (`graph_collate` collated into
+    it, guessing the attribute's kind from its row count, as `_padded` classifies it);
+    else a copy (`pad_rows`)."""
+    if (room is not None and room.shape[0] == rows and room.shape[1:] == value.shape[1:]
+            and room.dtype == value.dtype and room.data_ptr() == value.data_ptr()):
+        room[value.shape[0]:] = fill
+        return room
+    return pad_rows(value, rows, fill)
+
+
 def _padded(batch: Any, key: str, value: torch.Tensor, num_nodes: int, num_edges: int, num_graphs: int,
-            caps: GraphCapacities) -> tuple[torch.Tensor, str]:
+            caps: GraphCapacities, room: torch.Tensor | None = None) -> tuple[torch.Tensor, str]:
     spare_nodes, extra = caps.nodes - num_nodes, caps.edges - num_edges
     device = value.device
     if key == "edge_index":
@@ -199,7 +215,7 @@ def _padded(batch: Any, key: str, value: torch.Tensor, num_nodes: int, num_edges
         padding = torch.stack([num_nodes + k % spare_nodes, num_nodes + (k + 1) % spare_nodes])
         return torch.cat([value, padding.to(value.dtype)], 1), "edge_index"
     if key == "batch":
-        return torch.cat([value, value.new_full((spare_nodes,), caps.graphs - 1)]), "nodes"
+        return _grown(value, caps.nodes, caps.graphs - 1, room), "nodes"
     if key == "ptr":
         return torch.cat([value, value.new_full((caps.graphs - num_graphs - 1,), num_nodes),
                           value.new_full((1,), caps.nodes)]), "ptr"
@@ -217,11 +233,11 @@ def _padded(batch: Any, key: str, value: torch.Tensor, num_nodes: int, num_edges
                          f"DataLoader (static_shapes=False)")
     fill = IGNORE_LABEL if label else 0
     if batch.is_node_attr(key) and value.shape[:1] == (num_nodes,):
-        return pad_rows(value, caps.nodes, fill), "nodes"
+        return _grown(value, caps.nodes, fill, room), "nodes"
     if batch.is_edge_attr(key) and value.shape[:1] == (num_edges,):
-        return pad_rows(value, caps.edges, fill), "edges"
+        return _grown(value, caps.edges, fill, room), "edges"
     if value.dim() and value.shape[0] == num_graphs:
-        return pad_rows(value, caps.graphs, fill), "graphs"
+        return _grown(value, caps.graphs, fill, room), "graphs"
     raise ValueError(f"static_shapes cannot tell whether the batch's {key!r} (shape {list(value.shape)}) is per "
                      f"vertex, edge or graph ({num_nodes} vertices, {num_edges} edges, {num_graphs} graphs)")
 
