@@ -168,7 +168,7 @@ def collate_graphs(graphs: Sequence[Any], exclude_keys: frozenset[str] = frozens
                 if value.dim() != 2 or value.shape[0] != 2 or value.dtype.is_floating_point:
                     return None
                 edges = torch.tensor(counts[key])
-                value += _exclusive_cumsum(nodes).to(value.device, value.dtype)[_graph_of(edges, value.device)]
+                value += _repeated(_exclusive_cumsum(nodes), edges, value.shape[1]).to(value.device, value.dtype)
                 slices[key] = _with_zero(edges)
             elif column[0].dim() == 0:
                 value = torch.stack(column, out=room.out(key, len(column), column[0].unsqueeze(0)))
@@ -193,6 +193,18 @@ def _graph_of(counts: torch.Tensor, device: torch.device | None = None) -> torch
     ends = counts.cumsum(0)
     marks = torch.zeros(int(ends[-1]) + 1, dtype=counts.dtype, device=counts.device)
     marks.index_add_(0, ends, torch.ones_like(counts))
+    return marks[:-1].cumsum(0)
+
+
+def _repeated(values: torch.Tensor, counts: torch.Tensor, total: int) -> torch.Tensor:
+    """``values[g]`` repeated ``counts[g]`` times (integer values; ``total`` rows in all):
+    each graph's change of value marked at its first row, then a running sum, as in
+    `_graph_of`. Indexing ``values`` by `_graph_of` gave the same, but its CPU kernel too
+    waited for a busy second thread: 2-3 ms a call on the shared CI machine."""
+    changes = values.clone()
+    changes[1:] -= values[:-1]
+    marks = torch.zeros(total + 1, dtype=values.dtype, device=values.device)
+    marks.index_add_(0, counts.cumsum(0) - counts, changes)
     return marks[:-1].cumsum(0)
 
 
@@ -274,13 +286,12 @@ def gather_graphs(selection: GraphSelection, exclude_keys: frozenset[str] = froz
         value = store[key]
         rows = counts[key]
         total = totals[key]
-        within = _graph_of(rows)
-        at = torch.arange(total) + (table[key][ids] - _exclusive_cumsum(rows))[within]
+        at = torch.arange(total) + _repeated(table[key][ids] - _exclusive_cumsum(rows), rows, total)
         if key == "edge_index":
             if value.dim() != 2 or value.shape[0] != 2 or value.dtype.is_floating_point:
                 return None
             out = value.index_select(1, at.to(value.device))
-            out += _exclusive_cumsum(nodes).to(out.device, out.dtype)[within.to(out.device)]
+            out += _repeated(_exclusive_cumsum(nodes), rows, total).to(out.device, out.dtype)
         else:
             if value.dim() == 0:
                 return None
