@@ -16,7 +16,8 @@ from torch_geometric.loader import DataLoader as PyGDataLoader  # noqa: E402
 
 import gnnfuse.loader  # noqa: E402
 from gnnfuse.loader.graph_collate import GraphSelection, collate_graphs, gather_graphs, selecting_copy  # noqa: E402
-from gnnfuse.loader.padded_graph_batch import GraphCapacities, pad_graph_batch, unpadded  # noqa: E402
+from gnnfuse.loader.packed_batch import for_transfer  # noqa: E402
+from gnnfuse.loader.padded_graph_batch import GraphCapacities, pad_graph_batch, padded_capacities, unpadded  # noqa: E402
 
 
 def assert_same_batch(ours, theirs) -> None:
@@ -245,3 +246,54 @@ def test_batches_collated_with_room_pad_as_pygs(graphs, in_memory, spare):
         value = expected[key]
         assert torch.equal(padded[key], value) if isinstance(value, torch.Tensor) else padded[key] == value, key
     assert_same_batch(unpadded(padded), unpadded(expected))
+
+
+def test_a_batch_from_a_worker_crosses_as_one_buffer_and_arrives_as_pygs():
+    """`packed_batch.for_transfer`: pickled as one buffer, unpickled as PyG's own class,
+    every attribute and table equal, a padded batch still unpadding to PyG's."""
+    graphs = _molecules(6, seed=4)
+    plain = Batch.from_data_list(graphs)
+    sent = pickle.loads(pickle.dumps(for_transfer(collate_graphs(graphs))))
+    assert type(sent) is type(plain)
+    assert_same_batch(sent, plain)
+    capacities = GraphCapacities(nodes=64, edges=96, graphs=8)
+    padded = pickle.loads(pickle.dumps(for_transfer(pad_graph_batch(collate_graphs(graphs), capacities))))
+    assert padded_capacities(padded) == capacities
+    assert_same_batch(unpadded(padded), plain)
+    storages = {t.untyped_storage().data_ptr() for t in padded.to_dict().values() if isinstance(t, torch.Tensor)}
+    assert len(storages) == 6           # x, edge_index, edge_attr, y, batch, ptr: each its own storage
+
+
+@pytest.mark.parametrize("static_shapes", [False, True])
+def test_worker_batches_equal_the_training_process_ones(static_shapes):
+    dataset = Graphs(_molecules(30, seed=5))
+    kwargs = {"batch_size": 8, "static_shapes": static_shapes}
+    here = list(gnnfuse.loader.DataLoader(dataset, **kwargs))
+    there = list(gnnfuse.loader.DataLoader(dataset, num_workers=2, **kwargs))
+    assert len(here) == len(there) == 4
+    for a, b in zip(here, there):
+        assert type(a) is type(b) and list(a.keys()) == list(b.keys())
+        for key in a.keys():
+            assert torch.equal(a[key], b[key]) if isinstance(a[key], torch.Tensor) else a[key] == b[key], key
+        if static_shapes:
+            assert padded_capacities(b) == padded_capacities(a)
+
+
+def test_heterogeneous_batches_from_workers_equal_pygs():
+    from torch_geometric.data import HeteroData
+    graphs = []
+    for seed in range(6):
+        gen = torch.Generator().manual_seed(seed)
+        data = HeteroData()
+        data["paper"].x = torch.randn(4 + seed, 3, generator=gen)
+        data["author"].x = torch.randn(3, 2, generator=gen)
+        data["author", "writes", "paper"].edge_index = torch.stack(
+            [torch.randint(0, 3, (5,), generator=gen), torch.randint(0, 4 + seed, (5,), generator=gen)])
+        graphs.append(data)
+    ours = list(gnnfuse.loader.DataLoader(graphs, batch_size=3, num_workers=2))
+    theirs = list(PyGDataLoader(graphs, batch_size=3))
+    for a, b in zip(ours, theirs, strict=True):
+        assert type(a) is type(b)
+        for store_a, store_b in zip(a.stores, b.stores):
+            for key, value in store_b.items():
+                assert torch.equal(store_a[key], value) if isinstance(value, torch.Tensor) else store_a[key] == value

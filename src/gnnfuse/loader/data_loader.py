@@ -10,15 +10,19 @@ batch of small graphs (the graph-classification step is bound by the host).
 Either way the common batches -- plain ``Data`` graphs, from a list or an
 ``InMemoryDataset`` -- are collated with one tensor operation per attribute
 (`loader.graph_collate`) rather than PyG's per-graph Python, into the same ``Batch``:
-with the replayed step, collation was most of an epoch's host time.
+with the replayed step, collation was most of an epoch's host time. A worker process
+sends its batch as one buffer (`loader.packed_batch`), not a file descriptor per tensor.
 """
 from __future__ import annotations
 
 from typing import Any, Sequence
 
+import torch.utils.data
+from torch_geometric.data import Batch
 from torch_geometric.loader import DataLoader as PyGDataLoader
 
 from .graph_collate import GraphSelection, collate_graphs, gather_graphs, selecting_copy
+from .packed_batch import for_transfer
 from .padded_graph_batch import GraphCapacities, pad_graph_batch, probe_capacities
 
 
@@ -79,4 +83,8 @@ class _GraphCollater:
             batch = collate_graphs(items, self.exclude_keys, self.capacities)
         if batch is None:
             batch = self.collate(items)
-        return batch if self.capacities is None else pad_graph_batch(batch, self.capacities)
+        if self.capacities is not None:
+            batch = pad_graph_batch(batch, self.capacities)
+        if isinstance(batch, Batch) and torch.utils.data.get_worker_info() is not None:   # sent as one buffer
+            batch = for_transfer(batch)
+        return batch
