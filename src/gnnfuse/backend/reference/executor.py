@@ -8,11 +8,15 @@ from typing import Callable, Iterable, Mapping, Sequence
 import torch
 
 from ...ir import CompileError, Program, Residency, Value, get_op
+from ...ir.registry import align_rows
 from ...ir.sides import BOTH, check_sides, sides_of
 from .context import GraphContext
+from .overwrite import overwritable, run_over
 
 
-_Schedule = tuple  # ((item, ids read, out id, ids freed after it, op, input ids, residencies), ...): `schedule_steps`
+# ((item, ids read, out id, ids freed after it, op, input ids, residencies, the input position
+# the op may write its result over or None), ...): `schedule_steps`
+_Schedule = tuple
 _SCHEDULES: "weakref.WeakKeyDictionary[Program, dict]" = weakref.WeakKeyDictionary()
 _VALUE_PLANS: "weakref.WeakKeyDictionary[Program, list[Value]]" = weakref.WeakKeyDictionary()
 _INPUTS: "weakref.WeakKeyDictionary[Program, weakref.WeakKeyDictionary]" = weakref.WeakKeyDictionary()
@@ -53,9 +57,11 @@ def run_steps(program: Program, steps: _Schedule, ctx: GraphContext, env: dict[i
               keep: frozenset[int], run_unit: Callable | None
               ) -> tuple[dict[str, torch.Tensor], dict[int, torch.Tensor]]:
     """`run_plan`'s steps (from `schedule_steps`) on ``env``, its inputs by value id, checked."""
-    for item, reads, out, frees, op, input_ids, residencies in steps:
+    for item, reads, out, frees, op, input_ids, residencies, over in steps:
         if op is not None:
-            env[out] = op.run(ctx, [env[i] for i in input_ids], residencies, item.attrs)
+            tensors = [env[i] for i in input_ids]
+            result = None if over is None else run_over(item.op, align_rows(tensors, residencies), over)
+            env[out] = op.run(ctx, tensors, residencies, item.attrs) if result is None else result
         elif type(out) is tuple:     # a step with several outputs (passes.siblings.SiblingGroup)
             env.update(zip(out, run_unit(item, ctx, {i: env[i] for i in reads})))
         else:
@@ -69,8 +75,8 @@ def run_steps(program: Program, steps: _Schedule, ctx: GraphContext, env: dict[i
 def schedule_steps(program: Program, plan: Sequence, keep: Iterable[int]) -> tuple[frozenset[int], _Schedule]:
     """The values a run keeps (``keep`` and the outputs), and each step of ``plan`` with
     what it reads and the values that die after it (read for the last time and not
-    kept), and for a value its op and operands' ids and residencies; built once per
-    (program, plan, keep)."""
+    kept), for a value its op and operands' ids and residencies, and which operand it
+    may overwrite (`overwrite.overwritable`); built once per (program, plan, keep)."""
     cache = _SCHEDULES.get(program)
     if cache is None:
         cache = _SCHEDULES[program] = {}
@@ -89,10 +95,11 @@ def schedule_steps(program: Program, plan: Sequence, keep: Iterable[int]) -> tup
     for value_id, position in last.items():
         if value_id not in keep:
             frees[position].append(value_id)
+    overwrites = overwritable(plan, reads, frees)
     steps = tuple((item, tuple(i.id for i in r), item.id, tuple(f), get_op(item.op), tuple(i.id for i in item.inputs),
-                   tuple(i.residency for i in item.inputs)) if isinstance(item, Value) else
-                  (item, tuple(i.id for i in r), _outputs(item), tuple(f), None, None, None)
-                  for item, r, f in zip(plan, reads, frees))
+                   tuple(i.residency for i in item.inputs), over) if isinstance(item, Value) else
+                  (item, tuple(i.id for i in r), _outputs(item), tuple(f), None, None, None, None)
+                  for item, r, f, over in zip(plan, reads, frees, overwrites))
     cache[lookup] = (plan, keep, steps)
     return keep, steps
 

@@ -118,7 +118,7 @@ class PreparedRun:
         program, or one whose unit reads other than exactly the inputs."""
         if len(self._steps) != 1:
             return None
-        (item, reads, out, _, op, _, _), = self._steps
+        (item, reads, out, _, op, _, _, _), = self._steps
         by_id = {value_id: (key, value_id, shape) for key, value_id, shape in self._inputs}
         if (item is None or op is not None or type(out) is tuple or len(self._outputs) != 1
                 or self._outputs[0][1] != out or sorted(reads) != sorted(by_id)):
