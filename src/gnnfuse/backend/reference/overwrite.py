@@ -68,6 +68,16 @@ def run_over(op: str, tensors: list[torch.Tensor], position: int) -> torch.Tenso
     if target.device.type != "cpu" or torch.is_grad_enabled() or target.requires_grad:
         return None
     a, b = tensors
-    if torch.broadcast_shapes(a.shape, b.shape) != target.shape or torch.result_type(a, b) != target.dtype:
+    if not _broadcasts_to(tensors[1 - position].shape, target.shape) or torch.result_type(a, b) != target.dtype:
         return None
     return OVERWRITING[op](a, b, out=target)
+
+
+def _broadcasts_to(shape: torch.Size, target: torch.Size) -> bool:
+    """Whether ``shape`` broadcasts to ``target`` without widening it (torch's own
+    ``broadcast_shapes`` took 30 us a call, more than the op on a small table)."""
+    if shape == target:
+        return True
+    if len(shape) > len(target):
+        return False
+    return all(n == t or n == 1 for n, t in zip(shape, target[len(target) - len(shape):]))
