@@ -367,6 +367,9 @@ class StepCapture:
         self._static_outputs: Any = None
         self._watched: list[tuple[str, torch.Tensor, int]] = []
         self._training: list[bool] = []
+        # every module under ``modules`` at capture, walked once: the replay checks their
+        # modes without walking the tree (0.2 ms of a GIN step's 0.8 on an H200's host)
+        self._submodules: list[torch.nn.Module] = []
         self._stream: torch.cuda.Stream | None = None   # warm-up and capture run on it (`_side_stream`)
 
     @property
@@ -482,7 +485,8 @@ class StepCapture:
         self._graph = graph
         _HOLDING.add(self)
         self._watched = [(name, p, p.data_ptr()) for name, p in self._parameters()]
-        self._training = [m.training for top in self.modules for m in top.modules()]
+        self._submodules = [m for top in self.modules for m in top.modules()]
+        self._training = [m.training for m in self._submodules]
 
     def _parameters(self) -> list[tuple[str, torch.Tensor]]:
         named = [(f"{type(m).__name__}.{n}", p) for m in self.modules for n, p in m.named_parameters()]
@@ -534,6 +538,6 @@ class StepCapture:
                 raise RuntimeError(f"{name} was given new storage since the {self.name} was captured (e.g. "
                                    "param.data = ...); the graph would update the old memory: load new values "
                                    "in place (load_state_dict, param.copy_) or build a new StepCapture")
-        if [m.training for top in self.modules for m in top.modules()] != self._training:
+        if [m.training for m in self._submodules] != self._training:
             raise RuntimeError(f"a module switched between train() and eval() since the {self.name} was "
                                "captured; the graph replays the mode it was captured in")
