@@ -260,6 +260,24 @@ def test_replay_refuses_replaced_parameters_and_a_switched_mode():
         capture()
 
 
+@pytest.mark.parametrize("change", ["replace", "add", "remove"])
+def test_replay_refuses_a_changed_submodule(change):
+    """The replay runs the modules it captured: one replaced, added or removed since
+    would be silently skipped or kept."""
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU())
+    capture = _captured(lambda: model(torch.ones(1, 3)), modules=[model])
+    capture()
+    capture()
+    if change == "replace":
+        model[1] = torch.nn.Tanh()
+    elif change == "add":
+        model.append(torch.nn.Identity())
+    else:
+        del model[1]
+    with pytest.raises(RuntimeError, match="added, removed or replaced"):
+        capture()
+
+
 def test_an_optimizer_without_capturable_runs_eagerly_with_a_reason():
     model, opt, step = _training(2)
     capture = StepCapture(step, optimizers=[opt], warmup=2, _graph_factory=_Rerun)
