@@ -297,3 +297,22 @@ def test_heterogeneous_batches_from_workers_equal_pygs():
         for store_a, store_b in zip(a.stores, b.stores):
             for key, value in store_b.items():
                 assert torch.equal(store_a[key], value) if isinstance(value, torch.Tensor) else store_a[key] == value
+
+
+def test_worker_batches_with_tensors_packing_cannot_carry_arrive_as_pygs():
+    """A batch holding a sparse tensor or a tensor subclass (PyG's ``EdgeIndex``)
+    crosses from a worker as PyG sends it: packing it failed in the worker's queue
+    thread (the loader then waited for ever) or arrived as a plain tensor."""
+    from torch_geometric import EdgeIndex
+    graphs = _molecules(6, seed=6)
+    sparse = [Data(x=g.x, edge_index=g.edge_index, s=torch.eye(3).to_sparse()) for g in graphs]
+    typed = [Data(x=g.x, edge_index=EdgeIndex(g.edge_index, sparse_size=(g.num_nodes, g.num_nodes)))
+             for g in graphs]
+    for data in (sparse, typed):
+        ours = list(gnnfuse.loader.DataLoader(data, batch_size=3, num_workers=1, timeout=20))
+        theirs = list(PyGDataLoader(data, batch_size=3))
+        for a, b in zip(ours, theirs, strict=True):
+            assert list(a.keys()) == list(b.keys())
+            for key in b.keys():
+                assert type(a[key]) is type(b[key]), key
+                assert torch.equal(a[key].to_dense(), b[key].to_dense()), key
