@@ -316,3 +316,26 @@ def test_worker_batches_with_tensors_packing_cannot_carry_arrive_as_pygs():
             for key in b.keys():
                 assert type(a[key]) is type(b[key]), key
                 assert torch.equal(a[key].to_dense(), b[key].to_dense()), key
+
+
+def test_a_data_set_with_its_own_get_or_getitem_is_read_through_them():
+    """An ``InMemoryDataset`` subclass that overrides ``get`` or ``__getitem__`` hands
+    out what they return; gathering from its collated tensors bypassed them."""
+    class Zeroed(Graphs):
+        def get(self, idx):
+            data = super().get(idx)
+            data.x = torch.zeros_like(data.x)
+            return data
+
+    class Shifted(Graphs):
+        def __getitem__(self, idx):
+            data = super().__getitem__(idx)
+            if isinstance(data, Data):
+                data.x = data.x + 100
+            return data
+    for cls in (Zeroed, Shifted):
+        dataset = cls(_molecules(7, seed=7))
+        for a, b in zip(gnnfuse.loader.DataLoader(dataset, batch_size=3), PyGDataLoader(dataset, batch_size=3),
+                        strict=True):
+            assert_same_batch(a, b)
+

@@ -233,11 +233,16 @@ class _SelectGraphs:
 
 def selecting_copy(dataset: Any) -> Any | None:
     """A shallow copy of ``dataset`` whose ``__getitems__`` returns a `GraphSelection`,
-    where ``dataset`` is an ``InMemoryDataset`` of plain ``Data`` graphs; None for any
-    other data set. A copy, so that the user's object is unchanged (another loader over
+    where ``dataset`` is an ``InMemoryDataset`` of plain ``Data`` graphs whose class
+    keeps PyG's ``get`` and ``__getitem__``; None for any other data set. A copy, so that the user's object is unchanged (another loader over
     it still gets graphs), while ``loader.dataset`` keeps its class and attributes."""
-    from torch_geometric.data import Data, InMemoryDataset
+    from torch_geometric.data import Data, Dataset, InMemoryDataset
     if not isinstance(dataset, InMemoryDataset) or type(getattr(dataset, "_data", None)) is not Data:
+        return None
+    # a graph is what its class's ``__getitem__`` and ``get`` make it: gathering reads
+    # the collated tensors as PyG's own two would
+    kind = type(dataset)
+    if kind.__getitem__ is not Dataset.__getitem__ or kind.get is not InMemoryDataset.get:
         return None
     if hasattr(dataset, "__getitems__"):
         return None
