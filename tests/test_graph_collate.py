@@ -339,3 +339,19 @@ def test_a_data_set_with_its_own_get_or_getitem_is_read_through_them():
                         strict=True):
             assert_same_batch(a, b)
 
+
+def test_graphs_whose_dtypes_differ_collate_as_pygs():
+    """torch.cat promotes a column of float32 and float64 rows; collated into a buffer
+    made for padding (``static_shapes``) the batch kept the first graph's dtype."""
+    graphs = [Data(x=g.x.double() if i % 2 else g.x, edge_index=g.edge_index, y=g.y)
+              for i, g in enumerate(_molecules(6, seed=8))]
+    capacities = GraphCapacities(nodes=128, edges=128, graphs=4)
+    ours = list(gnnfuse.loader.DataLoader(graphs, batch_size=3, static_shapes=True, capacities=capacities))
+    theirs = [pad_graph_batch(b, capacities) for b in PyGDataLoader(graphs, batch_size=3)]
+    for a, b in zip(ours, theirs, strict=True):
+        assert list(a.keys()) == list(b.keys())
+        for key in b.keys():
+            if isinstance(b[key], torch.Tensor):
+                assert a[key].dtype == b[key].dtype and torch.equal(a[key], b[key]), key
+            else:
+                assert a[key] == b[key], key

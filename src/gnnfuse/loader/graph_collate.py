@@ -136,7 +136,7 @@ def _device_of(values: dict[str, torch.Tensor]) -> torch.device | None:
 def collate_graphs(graphs: Sequence[Any], exclude_keys: frozenset[str] = frozenset(),
                    capacities: Any = None) -> Any | None:
     """``Batch.from_data_list(graphs, exclude_keys=exclude_keys)`` for plain ``Data``
-    graphs with the same tensor attributes in the same order; None otherwise (the
+    graphs with the same tensor attributes (and dtypes) in the same order; None otherwise (the
     caller then collates as PyG does, and raises its errors). With ``capacities`` (a
     `GraphCapacities`) the batch is collated with room to be padded to them (`_Room`)."""
     from torch_geometric.data import Data
@@ -150,9 +150,11 @@ def collate_graphs(graphs: Sequence[Any], exclude_keys: frozenset[str] = frozens
     keys = [k for k in keys if k not in exclude_keys]
     columns = {key: [g._store._mapping[key] for g in graphs] for key in set(keys) | {count_key}}
     # Index, EdgeIndex and sparse tensors have PyG's own rules; a sparse tensor after a
-    # strided one fails to concatenate, and goes to PyG that way
+    # strided one fails to concatenate, and goes to PyG that way. Rows of several dtypes
+    # too: torch.cat promotes them, but into a `_Room` buffer (or PyG's shared memory
+    # in a worker) they take the first graph's dtype
     if any(set(map(type, column)) != {torch.Tensor} or column[0].layout != torch.strided
-           for column in columns.values()):
+           or len({v.dtype for v in column}) != 1 for column in columns.values()):
         return None
     try:
         counts = {key: [1] * len(graphs) if column[0].dim() == 0 else
