@@ -355,3 +355,16 @@ def test_graphs_whose_dtypes_differ_collate_as_pygs():
                 assert a[key].dtype == b[key].dtype and torch.equal(a[key], b[key]), key
             else:
                 assert a[key] == b[key], key
+
+
+def test_a_transform_set_on_the_loaders_data_set_applies():
+    """``loader.dataset`` is PyG's data set itself; gnnfuse's is a copy, and a transform
+    set on it (rather than on the user's object) must apply as well."""
+    dataset = Graphs(_molecules(6, seed=9))
+    loader = gnnfuse.loader.DataLoader(dataset, batch_size=3)
+    _ = loader.dataset.num_features              # caches a graph on the copy: not a change of the data set
+    loader.dataset.transform = lambda data: Data(x=data.x + 1, edge_index=data.edge_index, y=data.y)
+    theirs = Graphs(_molecules(6, seed=9))
+    theirs.transform = loader.dataset.transform
+    for a, b in zip(loader, PyGDataLoader(theirs, batch_size=3), strict=True):
+        assert_same_batch(a, b)

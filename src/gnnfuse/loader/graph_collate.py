@@ -223,14 +223,28 @@ class GraphSelection:
 
 
 class _SelectGraphs:
-    """A data set copy's ``__getitems__``: the batch's positions as a `GraphSelection`
-    of the original data set (so a transform or indices set on it later still apply)."""
+    """A data set copy's ``__getitems__``: the batch's positions as a `GraphSelection`.
 
-    def __init__(self, dataset: Any) -> None:
-        self.dataset = dataset
+    PyG's ``loader.dataset`` is the user's data set itself; here it is a copy, and an
+    attribute (a transform) may be set on either afterwards. The selection reads the
+    copy where one of its attributes no longer is what it was copied with, else the
+    original, so that a change to either applies as it would under PyG."""
+
+    # attributes whose change is no change of the data set: the copy's own reader, and
+    # the graphs PyG's ``get`` caches (``loader.dataset[0]``, ``num_features``)
+    _OWN = frozenset({"__getitems__", "_data_list"})
+
+    def __init__(self, dataset: Any, copied: Any) -> None:
+        self.dataset, self.copied = dataset, copied
+        self.as_copied = dict(vars(dataset))
+
+    def _changed_copy(self) -> bool:
+        state, before = vars(self.copied), self.as_copied
+        return any(key not in self._OWN and (key not in before or before[key] is not value)
+                   for key, value in state.items()) or any(key not in state for key in before)
 
     def __call__(self, positions: list[int]) -> GraphSelection:
-        return GraphSelection(self.dataset, list(positions))
+        return GraphSelection(self.copied if self._changed_copy() else self.dataset, list(positions))
 
 
 def selecting_copy(dataset: Any) -> Any | None:
@@ -249,7 +263,7 @@ def selecting_copy(dataset: Any) -> Any | None:
     if hasattr(dataset, "__getitems__"):
         return None
     out = copy.copy(dataset)
-    out.__getitems__ = _SelectGraphs(dataset)
+    out.__getitems__ = _SelectGraphs(dataset, out)
     return out
 
 
