@@ -11,7 +11,8 @@ Either way the common batches -- plain ``Data`` graphs, from a list or an
 ``InMemoryDataset`` -- are collated with one tensor operation per attribute
 (`loader.graph_collate`) rather than PyG's per-graph Python, into the same ``Batch``:
 with the replayed step, collation was most of an epoch's host time. A worker process
-sends its batch as one buffer (`loader.packed_batch`), not a file descriptor per tensor.
+sends a batch of plain dense tensors as one buffer (`loader.packed_batch`), not a file
+descriptor per tensor.
 """
 from __future__ import annotations
 
