@@ -368,3 +368,23 @@ def test_a_transform_set_on_the_loaders_data_set_applies():
     theirs.transform = loader.dataset.transform
     for a, b in zip(loader, PyGDataLoader(theirs, batch_size=3), strict=True):
         assert_same_batch(a, b)
+
+
+@pytest.mark.parametrize("static_shapes", [False, True])
+@pytest.mark.parametrize("source", ["list", "in_memory"])
+def test_batches_share_no_memory_with_the_data_set_or_each_other(source, static_shapes):
+    """As PyG's: a batch written in place changes neither the data set nor another batch
+    (gathered rows are copies; `_Room` buffers are the batch's own)."""
+    graphs = _molecules(12, seed=10)
+    dataset = graphs if source == "list" else Graphs(graphs)
+    kwargs = {"batch_size": 4}
+    if static_shapes:
+        kwargs.update(static_shapes=True, capacities=GraphCapacities(nodes=128, edges=128, graphs=5))
+    loader = gnnfuse.loader.DataLoader(dataset, **kwargs)
+    first = list(loader)
+    for batch in first:
+        for value in batch.to_dict().values():
+            if isinstance(value, torch.Tensor):
+                value.fill_(7)
+    for a, b in zip(loader, PyGDataLoader(Graphs(_molecules(12, seed=10)), batch_size=4), strict=True):
+        assert_same_batch(unpadded(a), b)
