@@ -388,3 +388,21 @@ def test_batches_share_no_memory_with_the_data_set_or_each_other(source, static_
                 value.fill_(7)
     for a, b in zip(loader, PyGDataLoader(Graphs(_molecules(12, seed=10)), batch_size=4), strict=True):
         assert_same_batch(unpadded(a), b)
+
+
+@pytest.mark.parametrize("positions", [[-1, 0], [1.0, 2], [9, 10]])
+def test_positions_pyg_reads_its_own_way_are_read_as_pyg_reads_them(positions):
+    """A batch sampler's negative position is PyG's last graph, a float one PyG's
+    IndexError, one past the end its IndexError; gathering from the collated tensors
+    gave a RuntimeError, a graph and another error."""
+    dataset = Graphs(_molecules(10, seed=11))
+    try:
+        theirs = list(PyGDataLoader(dataset, batch_sampler=[positions]))
+    except IndexError as refusal:
+        with pytest.raises(IndexError) as ours:
+            list(gnnfuse.loader.DataLoader(dataset, batch_sampler=[positions]))
+        assert str(ours.value) == str(refusal)
+        return
+    ours = list(gnnfuse.loader.DataLoader(dataset, batch_sampler=[positions]))
+    for a, b in zip(ours, theirs, strict=True):
+        assert_same_batch(a, b)

@@ -291,10 +291,12 @@ def gather_graphs(selection: GraphSelection, exclude_keys: frozenset[str] = froz
         return None
     indices = dataset.indices()
     positions = selection.positions
+    # a negative position (the last graph), a float or one past the end: PyG's reading
+    if not positions or not all(type(p) is int for p in positions) or min(positions) < 0 \
+            or max(positions) >= len(indices):
+        return None
     ids = torch.as_tensor(positions if isinstance(indices, range) and indices.start == 0 and indices.step == 1
                           else [indices[p] for p in positions], dtype=torch.long)
-    if ids.numel() == 0:
-        return None
     counts = {}
     for key in wanted:
         bounds = table[key]
