@@ -390,7 +390,7 @@ def test_batches_share_no_memory_with_the_data_set_or_each_other(source, static_
         assert_same_batch(unpadded(a), b)
 
 
-@pytest.mark.parametrize("positions", [[-1, 0], [1.0, 2], [9, 10]])
+@pytest.mark.parametrize("positions", [[-1, 0], [1.0, 2], [9, 10], [torch.tensor(3), torch.tensor(1)]])
 def test_positions_pyg_reads_its_own_way_are_read_as_pyg_reads_them(positions):
     """A batch sampler's negative position is PyG's last graph, a float one PyG's
     IndexError, one past the end its IndexError; gathering from the collated tensors

@@ -210,6 +210,26 @@ def _repeated(values: torch.Tensor, counts: torch.Tensor, total: int) -> torch.T
     return marks[:-1].cumsum(0)
 
 
+def _positions(positions: list[Any], count: int) -> list[int] | None:
+    """A batch's positions as ints, where each is one PyG's ``Dataset.__getitem__``
+    reads as a graph's position in ``range(count)`` (an int, or a 0-dim integer tensor
+    as ``SubsetRandomSampler`` over a tensor yields); None for any other (a negative
+    position, PyG's last graph; a float, or one past the end, PyG's IndexError), which
+    PyG then reads its own way."""
+    if not positions:
+        return None
+    out = []
+    for p in positions:
+        if isinstance(p, torch.Tensor):
+            if p.dim() or p.dtype.is_floating_point or p.dtype.is_complex:
+                return None
+            p = int(p)
+        elif type(p) is not int:
+            return None
+        out.append(p)
+    return out if 0 <= min(out) and max(out) < count else None
+
+
 @dataclass(frozen=True)
 class GraphSelection:
     """The graphs of a batch as a loader's ``__getitems__`` picks them from an
@@ -290,10 +310,8 @@ def gather_graphs(selection: GraphSelection, exclude_keys: frozenset[str] = froz
            or type(table[k]) is not torch.Tensor for k in wanted):
         return None
     indices = dataset.indices()
-    positions = selection.positions
-    # a negative position (the last graph), a float or one past the end: PyG's reading
-    if not positions or not all(type(p) is int for p in positions) or min(positions) < 0 \
-            or max(positions) >= len(indices):
+    positions = _positions(selection.positions, len(indices))
+    if positions is None:
         return None
     ids = torch.as_tensor(positions if isinstance(indices, range) and indices.start == 0 and indices.step == 1
                           else [indices[p] for p in positions], dtype=torch.long)
