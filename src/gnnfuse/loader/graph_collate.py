@@ -291,8 +291,9 @@ def gather_graphs(selection: GraphSelection, exclude_keys: frozenset[str] = froz
                   capacities: Any = None) -> Any | None:
     """``Batch.from_data_list(selection.graphs(), exclude_keys=exclude_keys)`` gathered
     from the data set's collated tensors; None where the data set has a transform, a
-    graph of its own class or attributes `collate_graphs` would not take (the caller
-    then collates ``selection.graphs()``). ``capacities`` as `collate_graphs` takes them."""
+    graph of its own class or attributes `collate_graphs` would not take, or a position
+    is not one of its graphs' (`_positions`): the caller then collates
+    ``selection.graphs()``. ``capacities`` as `collate_graphs` takes them."""
     from torch_geometric.data import Data
     dataset = selection.dataset
     data, table = getattr(dataset, "_data", None), getattr(dataset, "slices", None)
