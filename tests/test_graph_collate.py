@@ -406,3 +406,13 @@ def test_positions_pyg_reads_its_own_way_are_read_as_pyg_reads_them(positions):
     ours = list(gnnfuse.loader.DataLoader(dataset, batch_sampler=[positions]))
     for a, b in zip(ours, theirs, strict=True):
         assert_same_batch(a, b)
+
+
+def test_a_data_set_whose_slices_are_not_int64_gives_pygs_batch():
+    """Slices stored as int32 (a data set collated by its own code): PyG's ``batch``,
+    ``ptr`` and slice tables are int64 whatever they are; gathered, they took int32."""
+    dataset = Graphs(_molecules(6, seed=12))
+    dataset.slices = {key: value.int() for key, value in dataset.slices.items()}
+    for a, b in zip(gnnfuse.loader.DataLoader(dataset, batch_size=4), PyGDataLoader(dataset, batch_size=4),
+                    strict=True):
+        assert_same_batch(a, b)

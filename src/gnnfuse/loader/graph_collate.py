@@ -307,8 +307,10 @@ def gather_graphs(selection: GraphSelection, exclude_keys: frozenset[str] = froz
     count_key, keys = plan
     keys = [k for k in keys if k not in exclude_keys]
     wanted = set(keys) | {count_key}
+    # slices of another dtype than int64 (a data set collated by its own code) would
+    # give ``batch``, ``ptr`` and the slice tables theirs; PyG's are int64 whatever
     if any(type(store[k]) is not torch.Tensor or store[k].layout != torch.strided
-           or type(table[k]) is not torch.Tensor for k in wanted):
+           or type(table[k]) is not torch.Tensor or table[k].dtype != torch.long for k in wanted):
         return None
     indices = dataset.indices()
     positions = _positions(selection.positions, len(indices))
