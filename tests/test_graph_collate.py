@@ -15,7 +15,7 @@ from torch_geometric.data import Batch, Data, InMemoryDataset  # noqa: E402
 from torch_geometric.loader import DataLoader as PyGDataLoader  # noqa: E402
 
 import gnnfuse.loader  # noqa: E402
-from gnnfuse.loader.graph_collate import GraphSelection, collate_graphs, gather_graphs, selecting_copy  # noqa: E402
+from gnnfuse.loader.graph_collate import GraphSelection, collate_graphs, gather_graphs, selecting_view  # noqa: E402
 from gnnfuse.loader.packed_batch import for_transfer  # noqa: E402
 from gnnfuse.loader.padded_graph_batch import GraphCapacities, pad_graph_batch, padded_capacities, unpadded  # noqa: E402
 
@@ -193,7 +193,7 @@ def test_the_users_data_set_is_unchanged_and_the_loaders_copy_keeps_its_class():
     assert loader.dataset.num_features == dataset.num_features
     assert_same_batch(next(iter(PyGDataLoader(dataset, batch_size=4))), next(iter(loader)))
     assert isinstance(pickle.loads(pickle.dumps(loader.dataset)).__getitems__([0, 1]), GraphSelection)
-    assert selecting_copy(_molecules(3)) is None                  # a list is not copied
+    assert selecting_view(_molecules(3)) is None                  # a list is not viewed
     assert isinstance(gnnfuse.loader.DataLoader(dataset, follow_batch=["x"]).dataset, Graphs)
 
 
@@ -362,7 +362,7 @@ def test_a_transform_set_on_the_loaders_data_set_applies():
     set on it (rather than on the user's object) must apply as well."""
     dataset = Graphs(_molecules(6, seed=9))
     loader = gnnfuse.loader.DataLoader(dataset, batch_size=3)
-    _ = loader.dataset.num_features              # caches a graph on the copy: not a change of the data set
+    _ = loader.dataset.num_features              # caches a graph on the data set
     loader.dataset.transform = lambda data: Data(x=data.x + 1, edge_index=data.edge_index, y=data.y)
     theirs = Graphs(_molecules(6, seed=9))
     theirs.transform = loader.dataset.transform
@@ -415,4 +415,22 @@ def test_a_data_set_whose_slices_are_not_int64_gives_pygs_batch():
     dataset.slices = {key: value.int() for key, value in dataset.slices.items()}
     for a, b in zip(gnnfuse.loader.DataLoader(dataset, batch_size=4), PyGDataLoader(dataset, batch_size=4),
                     strict=True):
+        assert_same_batch(a, b)
+
+
+def test_the_loaders_data_set_and_the_users_are_one_data_set():
+    """Attributes set on either, in any order, are set on both, as PyG's ``loader.dataset``
+    is the user's object: a transform set on the view, then one on the user's object."""
+    dataset = Graphs(_molecules(6, seed=11))
+    loader = gnnfuse.loader.DataLoader(dataset, batch_size=3)
+    loader.dataset.transform = lambda data: Data(x=data.x + 1, edge_index=data.edge_index, y=data.y)
+    assert dataset.transform is loader.dataset.transform
+    dataset.transform = lambda data: Data(x=data.x * 3, edge_index=data.edge_index, y=data.y)
+    for a, b in zip(loader, PyGDataLoader(dataset, batch_size=3), strict=True):
+        assert_same_batch(a, b)
+    dataset.transform = None
+    subset = dataset[torch.tensor([5, 1, 3])]
+    view = gnnfuse.loader.DataLoader(subset, batch_size=2).dataset
+    assert type(view).__name__ == "Graphs" and len(view) == 3
+    for a, b in zip(gnnfuse.loader.DataLoader(subset, batch_size=2), PyGDataLoader(subset, batch_size=2), strict=True):
         assert_same_batch(a, b)

@@ -22,7 +22,7 @@ import torch.utils.data
 from torch_geometric.data import Batch
 from torch_geometric.loader import DataLoader as PyGDataLoader
 
-from .graph_collate import GraphSelection, collate_graphs, gather_graphs, selecting_copy
+from .graph_collate import GraphSelection, collate_graphs, gather_graphs, selecting_view
 from .packed_batch import for_transfer
 from .padded_graph_batch import GraphCapacities, pad_graph_batch, probe_capacities
 
@@ -41,8 +41,9 @@ class DataLoader(PyGDataLoader):
 
     Without ``follow_batch``, batches of plain ``Data`` graphs are collated by
     `graph_collate` (the same ``Batch`` as PyG's, faster); over an ``InMemoryDataset``,
-    ``loader.dataset`` is then a shallow copy of it (same class and attributes) whose
-    ``__getitems__`` hands the collater the batch's positions rather than its graphs.
+    ``loader.dataset`` is then a view of it (`graph_collate.selecting_view`: a subclass
+    of its class over the same attributes) whose ``__getitems__`` hands the collater
+    the batch's positions rather than its graphs.
     """
 
     def __init__(self, dataset: Any, batch_size: int = 1, shuffle: bool = False,
@@ -53,7 +54,7 @@ class DataLoader(PyGDataLoader):
         if static_shapes and follow_batch:
             raise ValueError(f"static_shapes cannot pad follow_batch's vectors ({', '.join(follow_batch)}): they "
                              f"hold graph ids per row of their attribute; use static_shapes=False")
-        selecting = None if follow_batch else selecting_copy(dataset)
+        selecting = None if follow_batch else selecting_view(dataset)
         super().__init__(selecting or dataset, batch_size, shuffle, follow_batch, exclude_keys, **kwargs)
         self.capacities = None
         if static_shapes:

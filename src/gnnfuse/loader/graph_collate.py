@@ -15,7 +15,7 @@ cheaper:
 - `gather_graphs`: graphs of an ``InMemoryDataset`` without a transform, which holds
   them collated already: each attribute's rows of the batch's graphs gathered by one
   ``index_select`` from the data set's tensors, no ``Data`` made per graph.
-  `selecting_copy` gives a loader a shallow copy of the data set whose
+  `selecting_view` gives a loader a view of the data set (its attributes shared) whose
   ``__getitems__`` (which torch's loader calls once per batch) returns a
   `GraphSelection` instead of a list of graphs.
 
@@ -29,7 +29,7 @@ compares every one against ``Batch.from_data_list``).
 """
 from __future__ import annotations
 
-import copy
+import functools
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -233,7 +233,7 @@ def _positions(positions: list[Any], count: int) -> list[int] | None:
 @dataclass(frozen=True)
 class GraphSelection:
     """The graphs of a batch as a loader's ``__getitems__`` picks them from an
-    ``InMemoryDataset`` (`selecting_copy`): the data set and the positions drawn."""
+    ``InMemoryDataset`` (`selecting_view`): the data set and the positions drawn."""
     dataset: Any
     positions: list[int]
 
@@ -242,36 +242,41 @@ class GraphSelection:
         return [self.dataset[i] for i in self.positions]
 
 
-class _SelectGraphs:
-    """A data set copy's ``__getitems__``: the batch's positions as a `GraphSelection`.
-
-    PyG's ``loader.dataset`` is the user's data set itself; here it is a copy, and an
-    attribute (a transform) may be set on either afterwards. The selection reads the
-    copy where one of its attributes no longer is what it was copied with, else the
-    original, so that a change to either applies as it would under PyG."""
-
-    # attributes whose change is no change of the data set: the copy's own reader, and
-    # the graphs PyG's ``get`` caches (``loader.dataset[0]``, ``num_features``)
-    _OWN = frozenset({"__getitems__", "_data_list"})
-
-    def __init__(self, dataset: Any, copied: Any) -> None:
-        self.dataset, self.copied = dataset, copied
-        self.as_copied = dict(vars(dataset))
-
-    def _changed_copy(self) -> bool:
-        state, before = vars(self.copied), self.as_copied
-        return any(key not in self._OWN and (key not in before or before[key] is not value)
-                   for key, value in state.items()) or any(key not in state for key in before)
-
-    def __call__(self, positions: list[int]) -> GraphSelection:
-        return GraphSelection(self.copied if self._changed_copy() else self.dataset, list(positions))
+def _select(view: Any, positions: list[int]) -> GraphSelection:
+    """A selecting view's ``__getitems__``: the batch's positions as a `GraphSelection`."""
+    return GraphSelection(view, list(positions))
 
 
-def selecting_copy(dataset: Any) -> Any | None:
-    """A shallow copy of ``dataset`` whose ``__getitems__`` returns a `GraphSelection`,
-    where ``dataset`` is an ``InMemoryDataset`` of plain ``Data`` graphs whose class
-    keeps PyG's ``get`` and ``__getitem__``; None for any other data set. A copy, so that the user's object is unchanged (another loader over
-    it still gets graphs), while ``loader.dataset`` keeps its class and attributes."""
+def _rebuild(dataset: Any) -> Any:
+    """A selecting view unpickled (in a worker process started by ``spawn``): a view of
+    the data set pickled in its place."""
+    return selecting_view(dataset)
+
+
+def _reduce(view: Any) -> tuple:
+    """A selecting view pickles as a data set of the user's class over the same
+    attributes, and comes back as a view of it (`_rebuild`)."""
+    plain = object.__new__(type(view).__mro__[1])
+    plain.__dict__ = view.__dict__
+    return _rebuild, (plain,)
+
+
+@functools.lru_cache(maxsize=None)
+def _selecting_class(cls: type) -> type:
+    """``cls`` with a ``__getitems__`` (`_select`): what torch's loader calls once per
+    batch, where it would otherwise index the data set once per graph."""
+    return type(cls.__name__, (cls,), {"__getitems__": _select, "__reduce__": _reduce, "__module__": cls.__module__})
+
+
+def selecting_view(dataset: Any) -> Any | None:
+    """A view of ``dataset`` whose ``__getitems__`` returns a `GraphSelection`, where
+    ``dataset`` is an ``InMemoryDataset`` of plain ``Data`` graphs whose class keeps
+    PyG's ``get`` and ``__getitem__``; None for any other data set. The view is an
+    instance of a subclass of the data set's class over the very attribute dictionary
+    of ``dataset``: an attribute set on either afterwards (a transform, ``_indices``) is
+    set on both, as on PyG's ``loader.dataset``, which is the user's object; the user's
+    object itself gets no ``__getitems__`` (another loader over it still gets graphs),
+    and ``loader.dataset`` keeps its class's name, methods and attributes."""
     from torch_geometric.data import Data, Dataset, InMemoryDataset
     if not isinstance(dataset, InMemoryDataset) or type(getattr(dataset, "_data", None)) is not Data:
         return None
@@ -282,9 +287,9 @@ def selecting_copy(dataset: Any) -> Any | None:
         return None
     if hasattr(dataset, "__getitems__"):
         return None
-    out = copy.copy(dataset)
-    out.__getitems__ = _SelectGraphs(dataset, out)
-    return out
+    view = object.__new__(_selecting_class(kind))
+    view.__dict__ = dataset.__dict__
+    return view
 
 
 def gather_graphs(selection: GraphSelection, exclude_keys: frozenset[str] = frozenset(),
