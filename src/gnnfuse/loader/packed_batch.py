@@ -6,7 +6,7 @@ shared memory and passed as its own file descriptor, which the training process 
 one by one. A collated ``Batch`` of small graphs holds some fifteen tensors (its
 attributes, ``batch``, ``ptr``, and PyG's slice and increment tables), so moving it cost
 more than collating it: on an H200's host, gnnfuse's padded loader took 0.27-0.34 s an
-epoch with four workers against 0.11-0.20 s in the training process, and 0.095-0.143 s
+epoch with four workers against 0.11-0.20 s in the training process, and 0.089-0.119 s
 with four workers once batches crossed this way (`results/graph_batches.md`). `for_transfer` marks a batch to be pickled as
 `loader.packing` packs a sampled mini-batch -- its tensors copied into one buffer, the
 rest pickled with references to them -- and the training process gets the batch of

@@ -3,7 +3,7 @@
 Graph-level tasks (molecules, TU data sets) train on batches that PyG's ``DataLoader``
 collates from many small graphs: every step a new disjoint union, of other vertex and
 edge counts. Such a step is bound by the host -- on an H200, 4 layers of GIN on 128
-molecule-sized graphs took 7.56 ms eagerly and 0.93 ms replayed (`results/graph_batches.md`) -- and a CUDA graph
+molecule-sized graphs took 6.88 ms eagerly and 0.98 ms replayed (`results/graph_batches.md`) -- and a CUDA graph
 that would replay it needs the same shapes every time. `pad_graph_batch` pads a collated
 ``Batch`` to capacities fixed for a loader's lifetime (`GraphCapacities`), which
 ``DataLoader(..., static_shapes=True)`` probes on a few batches when it is made:
