@@ -443,3 +443,36 @@ def test_a_zero_dim_label_is_pygs_graph_level_y_passed_whole():
     data.x = torch.tensor(1.0)
     with pytest.raises(ValueError, match="x is a 0-dim tensor"):
         NeighborLoader(data, [2], batch_size=4, prefetch=0)
+
+
+def test_an_attribute_replaced_by_another_level_is_cut_by_its_new_level():
+    """PyG's loader decides each attribute's level on its copy of the ``Data`` at every
+    batch (the copy drops ``Data``'s cache of levels, and assigning a name drops its entry),
+    so ``data.late = <an edge-level tensor>`` after a node-level one is cut by ``e_id``.
+    The level gnnfuse's batches decided on the first read was kept: the edge-level table was
+    cut by ``n_id`` (a silent wrong batch), a node-level one that had been a title came
+    whole, and a mask replaced by a 0-dim flag raised index_select's error. Against PyG's
+    ``filter_data``, for an attribute there at construction and one given later; a pickled
+    batch keeps the levels of the tables it carries."""
+    import pickle
+    from torch_geometric.loader.utils import filter_data
+    data = attributed_data()
+    loader = NeighborLoader(data, [-1], batch_size=4, prefetch=0)
+    data.late = torch.rand(data.num_nodes)
+    first = next(iter(loader))
+    assert torch.equal(first.late, data.late[first.n_id]) and first.title == data.title
+    gen = torch.Generator().manual_seed(2)
+    data.late = torch.rand(data.num_edges, generator=gen)                  # node -> edge level
+    data.node_year = torch.rand(data.num_edges, generator=gen)             # node -> edge level
+    data.train_mask = torch.tensor(True)                                   # node -> graph level
+    data.title = torch.rand(data.num_nodes, generator=gen)                 # graph -> node level
+    data.edge_time = torch.rand(data.num_nodes, generator=gen)             # edge -> node level
+    batch = next(iter(loader))
+    for seen in (batch, pickle.loads(pickle.dumps(next(iter(loader))))):
+        n_id, edge_index, e_id, _, _ = pyg_full_subgraph(data.edge_index, seen.n_id[:seen.batch_size].tolist(), 1)
+        pyg = filter_data(data, n_id, edge_index[0], edge_index[1], e_id)
+        assert _keyed(seen.e_id, seen.late) == _keyed(e_id, pyg.late)
+        assert _keyed(seen.e_id, seen.node_year) == _keyed(e_id, pyg.node_year)
+        assert _keyed(seen.n_id, seen.title) == _keyed(n_id, pyg.title)
+        assert _keyed(seen.n_id, seen.edge_time) == _keyed(n_id, pyg.edge_time)
+        assert seen.train_mask.dim() == 0 and torch.equal(seen.train_mask, pyg.train_mask)

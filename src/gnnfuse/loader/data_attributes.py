@@ -15,8 +15,11 @@ Each read takes the ``Data``'s attribute as it is then, as PyG's loader, which r
 ``Data`` at every batch: ``data.train_mask = new_mask`` between epochs reaches later
 batches (the table seen at construction had been kept, so they read the old mask). The
 ``Data`` is held by a weak reference, which a pickled batch drops: it keeps the tables it
-was made with. A name's level stays the one decided at construction, as PyG caches it; a name
-deleted from the ``Data`` since is missing on the batch, as on PyG's (not its old table).
+was made with. A name's level is decided again once the ``Data`` holds another object under
+it, as PyG's loader decides it on its copy of the ``Data`` at every batch (``Data``'s cache
+of levels is dropped by the copy and, for a name, by assigning it): a node-level table
+replaced by an edge-level one is cut by ``e_id``. A name deleted from the ``Data`` since is
+missing on the batch, as on PyG's (not its old table).
 A name the ``Data`` was given since (``data.train_mask = ...`` after the loader was built)
 comes too, as on PyG's: looked up on the ``Data`` when a batch is asked for a name it does
 not know, its level decided then, so a loop that adds nothing pays nothing. An edge-level
@@ -66,18 +69,25 @@ class DataAttributes:
     keeps as they are; ``refused`` names node- or edge-level ones that are not tensors
     (a list per vertex), with why. ``source`` (a weak reference to the PyG ``Data``)
     gives each attribute's current value, and those it was given since; the tables above
-    serve without it. ``loader`` names the loader in errors."""
+    serve without it. ``loader`` names the loader in errors; ``listed`` holds the object
+    each name's level was decided from (a ``Data``'s only)."""
     node: dict[str, tuple[torch.Tensor, int]]
     edge: dict[str, tuple[torch.Tensor, int]]
     whole: dict[str, Any] = field(default_factory=dict)
     refused: dict[str, str] = field(default_factory=dict)
     source: Callable[[], Any] | None = None
     loader: str = "NeighborLoader"
+    listed: dict[str, Any] = field(default_factory=dict)
     _copies: dict[tuple[str, torch.device], tuple[torch.Tensor, int | None, torch.Tensor]] = field(
         default_factory=dict)
 
     def __getstate__(self) -> dict[str, Any]:
-        """Pickled without the weak reference (nor the device copies): the tables as they are now."""
+        """Pickled without the weak reference (nor the device copies): the tables as they
+        are now, each at its level now."""
+        data = None if self.source is None else self.source()
+        for name in list(self.listed) if data is not None else ():
+            if name in data:
+                self._relist(data, name)
         return {**self.__dict__, "node": {name: (self._current(name, table), dim)
                                           for name, (table, dim) in self.node.items()},
                 "edge": {name: (self._current(name, table), dim) for name, (table, dim) in self.edge.items()},
@@ -101,24 +111,33 @@ class DataAttributes:
         data = None if self.source is None else self.source()
         if data is None or name in HANDLED or name in OWN_IDS or name not in data:
             return False
-        _list(data, name, self.node, self.edge, self.whole, self.refused)
+        _list(data, name, self.node, self.edge, self.whole, self.refused, self.listed)
         return True
+
+    def _relist(self, data: Any, name: str) -> None:
+        """List ``name`` again where the ``Data`` holds another object under it than the one
+        its level was decided from (PyG's loader decides levels afresh at every batch)."""
+        if data[name] is not self.listed.get(name, self.listed):
+            for names in (self.node, self.edge, self.whole, self.refused):
+                names.pop(name, None)
+            _list(data, name, self.node, self.edge, self.whole, self.refused, self.listed)
 
     def rows(self, name: str, n_id: torch.Tensor, e_id: Callable[[], torch.Tensor]) -> Any:
         """Attribute ``name`` of the batch whose vertices are ``n_id`` (its edges ``e_id()``,
         asked for only for an edge-level attribute), on ``n_id``'s device (a graph-level
         tensor too, as PyG's ``batch.to`` would move it; other values as they are)."""
+        data = None if self.source is None else self.source()
+        if data is not None:
+            if name not in data:       # PyG's batch, a copy of the Data now, lacks it too
+                raise AttributeError(f"batch.{name}: data.{name} was deleted after the loader was built, so the "
+                                     f"batch has none, as PyG's would not")
+            self._relist(data, name)        # the tables below now hold the Data's current values
         if name in self.refused:
             raise TypeError(f"batch.{name}: {self.refused[name]}")
-        data = None if self.source is None else self.source()
-        if data is not None and name not in data:       # PyG's batch, a copy of the Data now, lacks it too
-            raise AttributeError(f"batch.{name}: data.{name} was deleted after the loader was built, so the batch "
-                                 f"has none, as PyG's would not")
         if name in self.whole:
-            value = self._current(name, self.whole[name])
+            value = self.whole[name]
             return self._on(name, value, n_id.device) if isinstance(value, torch.Tensor) else value
         table, dim = self.node[name] if name in self.node else self.edge[name]
-        table = self._current(name, table)
         try:
             ids = n_id if name in self.node else e_id()
         except AttributeError:      # edge-level, given since: the loader keeps no edge ids
@@ -140,11 +159,12 @@ class DataAttributes:
 
 
 def _list(data: Any, name: str, node: dict[str, tuple[torch.Tensor, int]], edge: dict[str, tuple[torch.Tensor, int]],
-          whole: dict[str, Any], refused: dict[str, str]) -> None:
+          whole: dict[str, Any], refused: dict[str, str], listed: dict[str, Any]) -> None:
     """Put the PyG ``Data``'s attribute ``name`` where it belongs: node- or edge-level by
-    PyG's rule (a tensor, or refused with why), graph-level otherwise."""
+    PyG's rule (a tensor, or refused with why), graph-level otherwise; ``listed`` records
+    the object decided on."""
     level = node if data.is_node_attr(name) else edge if data.is_edge_attr(name) else None
-    value = data[name]
+    value = listed[name] = data[name]
     if level is None:
         whole[name] = value
     elif isinstance(value, torch.Tensor):
@@ -163,6 +183,7 @@ def data_attributes(data: Any, loader: str = "NeighborLoader") -> DataAttributes
     edge: dict[str, tuple[torch.Tensor, int]] = {}
     whole: dict[str, Any] = {}
     refused: dict[str, str] = {}
+    listed: dict[str, Any] = {}
     source = None
     if callable(getattr(data, "is_node_attr", None)) and callable(getattr(data, "is_edge_attr", None)):    # PyG Data
         source = weakref.ref(data)
@@ -171,10 +192,10 @@ def data_attributes(data: Any, loader: str = "NeighborLoader") -> DataAttributes
                 continue
             if name in OWN_IDS:
                 _check_own_ids(name, data[name], data.num_nodes if name == "n_id" else data.num_edges)
-            _list(data, name, node, edge, whole, refused)
+            _list(data, name, node, edge, whole, refused, listed)
     elif isinstance(getattr(data, "graph", None), Graph):      # gnnfuse NodeDataset
         node = {name: (mask, 0) for name in DATASET_MASKS
                 if isinstance(mask := getattr(data, name, None), torch.Tensor)}
     if source is None and not node:
         return None
-    return DataAttributes(node, edge, whole, refused, source, loader)
+    return DataAttributes(node, edge, whole, refused, source, loader, listed)
