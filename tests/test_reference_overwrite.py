@@ -3,6 +3,7 @@ step (backend/reference/overwrite.py) only where nothing else can see that opera
 the numbers are the same as without it."""
 from __future__ import annotations
 
+import pytest
 import torch
 import torch_geometric.nn as pyg_nn
 
@@ -84,3 +85,71 @@ def test_gat_overwrites_and_matches_pyg_values_and_gradients(monkeypatch):
     torch.testing.assert_close(grads[0], grads[1])
     edges = edge_index.shape[1] + 5         # with self loops
     assert (edges, 2, 3) in written, written
+
+
+_F = 5
+
+
+def _mlp(width: int) -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Linear(width, _F), torch.nn.ReLU(), torch.nn.Linear(_F, _F))
+
+
+# layers whose compiled programs overwrite operands, with the extra inputs they take
+_LAYERS = {
+    "gatv2_edges": lambda: (gnnfuse.nn.GATv2Conv(_F, 3, heads=2, edge_dim=_F), ("edge_attr",)),
+    "transformer": lambda: (gnnfuse.nn.TransformerConv(_F, 3, heads=2, edge_dim=_F, beta=True), ("edge_attr",)),
+    "gine": lambda: (gnnfuse.nn.GINEConv(_mlp(_F), edge_dim=_F), ("edge_attr",)),
+    "edgeconv": lambda: (gnnfuse.nn.EdgeConv(_mlp(2 * _F)), ()),
+    "cheb": lambda: (gnnfuse.nn.ChebConv(_F, 4, K=3), ()),
+    "appnp": lambda: (gnnfuse.nn.APPNP(3, 0.1), ()),
+    "genconv": lambda: (gnnfuse.nn.GENConv(_F, _F, aggr="softmax", learn_t=True), ()),
+    "rgat": lambda: (gnnfuse.nn.RGATConv(_F, 4, 3), ("edge_type",)),
+}
+
+
+@pytest.mark.parametrize("layer", sorted(_LAYERS))
+def test_layers_give_the_same_bits_with_and_without_overwriting(layer, monkeypatch):
+    """Outputs and gradients (training, no_grad and inference_mode) of layers whose
+    programs overwrite operands are those of the same runs with no step overwriting
+    (`overwritable` answering None throughout), bit for bit, in float64; each layer does
+    overwrite, so the comparison is not of two identical runs."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", "reference")
+    edge_index = torch.tensor([[0, 1, 2, 3, 4, 5, 6, 1, 0, 2, 2], [1, 2, 3, 4, 5, 6, 0, 0, 3, 5, 5]])
+    gen = torch.Generator().manual_seed(0)
+    extra = {"edge_attr": torch.randn(11, _F, generator=gen, dtype=torch.float64),
+             "edge_type": torch.tensor([0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1])}
+    x = torch.randn(7, _F, generator=gen, dtype=torch.float64)
+    run_over, written = executor.run_over, []
+
+    def counted(*args):
+        out = run_over(*args)
+        if out is not None:
+            written.append(out.shape)
+        return out
+    monkeypatch.setattr(executor, "run_over", counted)
+
+    def run() -> list[torch.Tensor]:
+        executor._SCHEDULES.clear()
+        torch.manual_seed(1)
+        module, names = _LAYERS[layer]()
+        module = module.double()
+        kwargs = {name: extra[name] for name in names}
+        xi = x.clone().requires_grad_()
+        out = module(xi, edge_index, **kwargs)
+        grads = torch.autograd.grad((out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)).sum(),
+                                    [xi, *module.parameters()], allow_unused=True)
+        with torch.no_grad():
+            plain = module(x, edge_index, **kwargs)
+        with torch.inference_mode():
+            inferred = module(x, edge_index, **kwargs).clone()
+        return [out.detach(), *[g for g in grads if g is not None], plain, inferred]
+
+    overwriting = run()
+    assert written
+    monkeypatch.setattr(executor, "overwritable", lambda plan, reads, frees: [None] * len(plan))
+    written.clear()
+    plain = run()
+    assert not written
+    assert len(overwriting) == len(plain)
+    for a, b in zip(overwriting, plain):
+        assert torch.equal(a, b)
