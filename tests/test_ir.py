@@ -154,3 +154,18 @@ def test_reference_leaky_relu_slope_gives_torch_where_bits(dtype):
     slope = registered_ops()["leaky_relu_slope"].reference(None, x, negative_slope=0.2)
     assert slope.dtype == dtype
     assert torch.equal(slope, torch.where(x > 0, torch.ones_like(x), torch.full_like(x, 0.2)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, f64])
+@pytest.mark.parametrize("slope", [-0.3, 0.0, 1.5, 1e-30])
+def test_reference_leaky_relu_slope_is_torch_s_leaky_relu_gradient(dtype, slope):
+    """Negative slopes, a slope above 1, one that rounds to 0 in half precision: the
+    multiplier has the bits of torch's own gradient of ``leaky_relu`` (and of the
+    ``where`` it replaced, the slope rounded to the dtype) on every edge value."""
+    x = torch.tensor(EDGE_VALUES, dtype=dtype, requires_grad=True)
+    expected, = torch.autograd.grad(torch.nn.functional.leaky_relu(x, slope).sum(), x)
+    got = registered_ops()["leaky_relu_slope"].reference(None, x.detach(), negative_slope=slope)
+    bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}[dtype.itemsize]
+    assert got.dtype == dtype and torch.equal(got.view(bits), expected.view(bits))
+    old = torch.where(x.detach() > 0, torch.ones_like(x), torch.full_like(x, slope))
+    assert torch.equal(got.view(bits), old.view(bits))
