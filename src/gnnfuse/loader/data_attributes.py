@@ -87,20 +87,8 @@ class DataAttributes:
         data = None if self.source is None else self.source()
         for name in list(self.listed) if data is not None else ():
             if name in data:
-                self._relist(data, name)
-        return {**self.__dict__, "node": {name: (self._current(name, table), dim)
-                                          for name, (table, dim) in self.node.items()},
-                "edge": {name: (self._current(name, table), dim) for name, (table, dim) in self.edge.items()},
-                "whole": {name: self._current(name, value) for name, value in self.whole.items()},
-                "source": None, "_copies": {}}
-
-    def _current(self, name: str, kept: Any) -> Any:
-        """The ``Data``'s attribute ``name`` now, or ``kept`` (what construction saw) when
-        the ``Data`` is gone or no longer holds it."""
-        data = None if self.source is None else self.source()
-        if data is None or name not in data:
-            return kept
-        return data[name]
+                self._relist(data, name)        # each table now the Data's (a deleted one: as last seen)
+        return {**self.__dict__, "source": None, "_copies": {}}
 
     def __contains__(self, name: str) -> bool:
         return any(name in names for names in (self.node, self.edge, self.whole, self.refused)) or self._added(name)
@@ -111,7 +99,7 @@ class DataAttributes:
         data = None if self.source is None else self.source()
         if data is None or name in HANDLED or name in OWN_IDS or name not in data:
             return False
-        _list(data, name, self.node, self.edge, self.whole, self.refused, self.listed)
+        self._list(data, name)
         return True
 
     def _relist(self, data: Any, name: str) -> None:
@@ -120,7 +108,22 @@ class DataAttributes:
         if data[name] is not self.listed.get(name, self.listed):
             for names in (self.node, self.edge, self.whole, self.refused):
                 names.pop(name, None)
-            _list(data, name, self.node, self.edge, self.whole, self.refused, self.listed)
+            self._list(data, name)
+
+    def _list(self, data: Any, name: str) -> None:
+        """Put the PyG ``Data``'s attribute ``name`` where it belongs: node- or edge-level by
+        PyG's rule (a tensor, or refused with why), graph-level otherwise; ``listed``
+        records the object decided on."""
+        level = self.node if data.is_node_attr(name) else self.edge if data.is_edge_attr(name) else None
+        value = self.listed[name] = data[name]
+        if level is None:
+            self.whole[name] = value
+        elif isinstance(value, torch.Tensor):
+            level[name] = (value, data.__cat_dim__(name, value))
+        else:
+            self.refused[name] = (f"the Data's {name} is a {type(value).__name__} with an entry per "
+                                  f"{'vertex' if level is self.node else 'edge'}; the loader's batches cut tensors "
+                                  f"only")
 
     def rows(self, name: str, n_id: torch.Tensor, e_id: Callable[[], torch.Tensor]) -> Any:
         """Attribute ``name`` of the batch whose vertices are ``n_id`` (its edges ``e_id()``,
@@ -158,44 +161,22 @@ class DataAttributes:
         return kept[2]
 
 
-def _list(data: Any, name: str, node: dict[str, tuple[torch.Tensor, int]], edge: dict[str, tuple[torch.Tensor, int]],
-          whole: dict[str, Any], refused: dict[str, str], listed: dict[str, Any]) -> None:
-    """Put the PyG ``Data``'s attribute ``name`` where it belongs: node- or edge-level by
-    PyG's rule (a tensor, or refused with why), graph-level otherwise; ``listed`` records
-    the object decided on."""
-    level = node if data.is_node_attr(name) else edge if data.is_edge_attr(name) else None
-    value = listed[name] = data[name]
-    if level is None:
-        whole[name] = value
-    elif isinstance(value, torch.Tensor):
-        level[name] = (value, data.__cat_dim__(name, value))
-    else:
-        refused[name] = (f"the Data's {name} is a {type(value).__name__} with an entry per "
-                         f"{'vertex' if level is node else 'edge'}; the loader's batches cut tensors only")
-
-
 def data_attributes(data: Any, loader: str = "NeighborLoader") -> DataAttributes | None:
     """The attributes of ``data`` beyond those the loader (named ``loader`` in errors)
     handles: a PyG ``Data``'s (node- and edge-level ones by PyG's rule, the rest
     graph-level, and any it is given later), a gnnfuse ``NodeDataset``'s split masks;
     None for anything else (a bare `Graph`) or for a ``NodeDataset`` without masks."""
-    node: dict[str, tuple[torch.Tensor, int]] = {}
-    edge: dict[str, tuple[torch.Tensor, int]] = {}
-    whole: dict[str, Any] = {}
-    refused: dict[str, str] = {}
-    listed: dict[str, Any] = {}
-    source = None
     if callable(getattr(data, "is_node_attr", None)) and callable(getattr(data, "is_edge_attr", None)):    # PyG Data
-        source = weakref.ref(data)
+        attributes = DataAttributes({}, {}, source=weakref.ref(data), loader=loader)
         for name in data.keys():
             if name in HANDLED:
                 continue
             if name in OWN_IDS:
                 _check_own_ids(name, data[name], data.num_nodes if name == "n_id" else data.num_edges)
-            _list(data, name, node, edge, whole, refused, listed)
-    elif isinstance(getattr(data, "graph", None), Graph):      # gnnfuse NodeDataset
+            attributes._list(data, name)
+        return attributes
+    if isinstance(getattr(data, "graph", None), Graph):      # gnnfuse NodeDataset
         node = {name: (mask, 0) for name in DATASET_MASKS
                 if isinstance(mask := getattr(data, name, None), torch.Tensor)}
-    if source is None and not node:
-        return None
-    return DataAttributes(node, edge, whole, refused, source, loader, listed)
+        return DataAttributes(node, {}, loader=loader) if node else None
+    return None
