@@ -87,16 +87,6 @@ class _GraphCollater:
             batch = self.collate(items)
         if self.capacities is not None:
             batch = pad_graph_batch(batch, self.capacities)
-        if isinstance(batch, Batch) and torch.utils.data.get_worker_info() is not None and _packable(batch):
-            batch = for_transfer(batch)         # sent as one buffer
+        if isinstance(batch, Batch) and torch.utils.data.get_worker_info() is not None:
+            batch = for_transfer(batch)         # sent as one buffer where it can be
         return batch
-
-
-def _packable(batch: Batch) -> bool:
-    """Whether `packed_batch` can carry ``batch``: its tensors plain, dense and without
-    autograd. `packing` refuses the others (a sparse tensor, one requiring grad) and
-    would rebuild a tensor subclass (PyG's ``EdgeIndex``) as a plain tensor; refused in
-    the worker's queue thread, the loader waited for ever. Such a batch crosses as PyG's
-    does, and fails where PyG's fails."""
-    return all(type(value) is torch.Tensor and value.layout == torch.strided and not value.requires_grad
-               for store in batch.stores for value in store.values() if isinstance(value, torch.Tensor))

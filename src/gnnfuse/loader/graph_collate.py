@@ -110,7 +110,7 @@ def _batch(keys: list[str], values: dict[str, torch.Tensor], slices: dict[str, t
     for key in keys:
         store[key] = values[key]
     device = device or torch.device("cpu")
-    vector = _graph_of(nodes, device)
+    vector = _repeated(torch.arange(graphs), nodes, int(nodes.sum())).to(device)      # each vertex's graph
     into = room.out("batch", vector.numel(), vector)
     store.batch = vector if into is None else into.copy_(vector)
     store.ptr = _with_zero(nodes).to(device)
@@ -185,28 +185,17 @@ def collate_graphs(graphs: Sequence[Any], exclude_keys: frozenset[str] = frozens
     return _batch(keys, values, slices, nodes, _device_of(values), room)
 
 
-def _graph_of(counts: torch.Tensor, device: torch.device | None = None) -> torch.Tensor:
-    """Each row's graph, for graphs of ``counts`` rows each: ``repeat_interleave(counts)``,
-    as one mark per graph's end and a running sum. Why not that call: its CPU kernel
-    splits its loop over threads at a grain of one graph, and with the cores busy (the
-    CI machine's two, shared) it waited 9-12 ms a call for the other thread, where this
-    took 8 us; given values to repeat and no output size, it took 0.5 ms even idle."""
-    counts = counts.to(device)
-    ends = counts.cumsum(0)
-    marks = torch.zeros(int(ends[-1]) + 1, dtype=counts.dtype, device=counts.device)
-    marks.index_add_(0, ends, torch.ones_like(counts))
-    return marks[:-1].cumsum(0)
-
-
 def _repeated(values: torch.Tensor, counts: torch.Tensor, total: int) -> torch.Tensor:
     """``values[g]`` repeated ``counts[g]`` times (integer values; ``total`` rows in all):
-    each graph's change of value marked at its first row, then a running sum, as in
-    `_graph_of`. Indexing ``values`` by `_graph_of` gave the same, but its CPU kernel too
-    waited for a busy second thread: 2-3 ms a call on the shared CI machine."""
+    each graph's change of value marked at its first row, then a running sum. Why not
+    ``repeat_interleave`` or indexing: their CPU kernels split their loops over threads
+    finely, and with the cores busy (the CI machine's two, shared) ``repeat_interleave``
+    waited 9-12 ms a call for the other thread and indexing 2-3 ms, where this took
+    8 us; ``repeat_interleave`` given values and no output size took 0.5 ms even idle."""
     changes = values.clone()
     changes[1:] -= values[:-1]
     marks = torch.zeros(total + 1, dtype=values.dtype, device=values.device)
-    marks.index_add_(0, counts.cumsum(0) - counts, changes)
+    marks.index_add_(0, _exclusive_cumsum(counts), changes)
     return marks[:-1].cumsum(0)
 
 
@@ -307,7 +296,8 @@ def gather_graphs(selection: GraphSelection, exclude_keys: frozenset[str] = froz
     store = data._store
     order = tuple(k for k in table if k in store._mapping)      # `separate`'s order
     plan = _plain_keys(order)
-    if plan is None or hasattr(store, "_num_nodes") or len(dataset.indices()) != len(dataset):
+    indices = dataset.indices()
+    if plan is None or hasattr(store, "_num_nodes") or len(indices) != len(dataset):
         return None
     count_key, keys = plan
     keys = [k for k in keys if k not in exclude_keys]
@@ -317,7 +307,6 @@ def gather_graphs(selection: GraphSelection, exclude_keys: frozenset[str] = froz
     if any(type(store[k]) is not torch.Tensor or store[k].layout != torch.strided
            or type(table[k]) is not torch.Tensor or table[k].dtype != torch.long for k in wanted):
         return None
-    indices = dataset.indices()
     positions = _positions(selection.positions, len(indices))
     if positions is None:
         return None

@@ -17,14 +17,27 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+import torch
+
 from .packing import pack, unpack
 
 
 def for_transfer(batch: Any) -> Any:
-    """``batch``, pickled from now on as one buffer (`_reduce`): its class becomes a
-    subclass of its own whose only change is how it pickles."""
-    object.__setattr__(batch, "__class__", _packing_class(type(batch)))     # Data's own __setattr__ stores
+    """``batch``, pickled from now on as one buffer (`_reduce`) where `_packable`: its
+    class becomes a subclass of its own whose only change is how it pickles."""
+    if _packable(batch):
+        object.__setattr__(batch, "__class__", _packing_class(type(batch)))     # Data's own __setattr__ stores
     return batch
+
+
+def _packable(batch: Any) -> bool:
+    """Whether one buffer can carry ``batch``: its tensors plain, dense and without
+    autograd. `packing` refuses the others (a sparse tensor, one requiring grad) and
+    would rebuild a tensor subclass (PyG's ``EdgeIndex``) as a plain tensor; refused in
+    the worker's queue thread, the loader waited for ever. Such a batch crosses as PyG's
+    does, and fails where PyG's fails."""
+    return all(type(value) is torch.Tensor and value.layout == torch.strided and not value.requires_grad
+               for store in batch.stores for value in store.values() if isinstance(value, torch.Tensor))
 
 
 @functools.lru_cache(maxsize=None)
