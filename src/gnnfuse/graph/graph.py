@@ -101,6 +101,9 @@ class Graph:
     # a graph go with its input); a write through it moves its own version counter only
     _wrapper: weakref.ref | None = None
     _wrapper_version: int = 0      # its version counter when the graph was built
+    # made by a layer call from a raw index tensor (`coerce`) and no backward pass has run
+    # on it yet: a small such graph runs on the reference executor (runtime/first_pass.py)
+    first_pass: bool = False
 
     def __init__(self, src: Any, dst: Any, num_nodes: int | None = None, *,
                  edge_type: Any = None, num_edge_types: int | None = None,
@@ -152,6 +155,7 @@ class Graph:
                 self._num_edge_types if num_edge_types is None else num_edge_types,
                 self._node_type, self._num_node_types, self._num_src)
         g._dst_rows, g._wrapper, g._wrapper_version = self._dst_rows, self._wrapper, self._wrapper_version
+        g.first_pass = self.first_pass
         return g
 
     def _lazily(self, keep: torch.Tensor | None, loops: int) -> Graph:
@@ -178,7 +182,7 @@ class Graph:
         g = Graph.__new__(Graph)
         g._init(None, None, self._num_nodes, None, None, self._node_type, self._num_node_types, self._num_src)
         g._edges, g._lazy, g._dst_rows, g._wrapper = None, recipe, self._dst_rows, self._wrapper
-        g._wrapper_version = self._wrapper_version
+        g._wrapper_version, g.first_pass = self._wrapper_version, self.first_pass
         g._seal()
         return g
 
@@ -338,9 +342,10 @@ class Graph:
                 raise ValueError(f"a bipartite graph (num_src_nodes={num_src_nodes}) is made from a [2, E] "
                                  f"edge_index, a sparse adj_t or a Graph, got {type(obj).__name__}")
             return cached_graph(obj, index_tensors(obj), (num_nodes, num_src_nodes),
-                                lambda: cls._from_torch(obj, num_nodes, num_src_nodes))
+                                lambda: cls._from_torch(obj, num_nodes, num_src_nodes)._begin_first_pass())
         if isinstance(obj, torch.Tensor) or is_sparse_adjacency(obj):
-            return cached_graph(obj, index_tensors(obj), num_nodes, lambda: cls._from_torch(obj, num_nodes))
+            return cached_graph(obj, index_tensors(obj), num_nodes,
+                                lambda: cls._from_torch(obj, num_nodes)._begin_first_pass())
         if isinstance(obj, np.ndarray):
             return cls.from_edge_index(obj, num_nodes)
         import scipy.sparse as sp
@@ -358,6 +363,11 @@ class Graph:
             raise TypeError(f"cannot make a Graph from {type(obj).__name__}; pass a Graph, a [2, E] "
                             "edge_index, a scipy sparse matrix or a networkx graph")
         return cls.coerce(graph, num_nodes)
+
+    def _begin_first_pass(self) -> Graph:
+        """Mark this graph, just made for a layer's raw index input, as on its first pass."""
+        self.first_pass = True
+        return self
 
     @classmethod
     def _from_torch(cls, obj: Any, num_nodes: int | None, num_src_nodes: int | None = None) -> Graph:

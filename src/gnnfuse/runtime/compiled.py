@@ -26,6 +26,7 @@ from ..passes import optimize
 from ..passes.pair_sources import SourcePairRewrite, rewrite_for_source_pairs
 from ..environ import getenv
 from .autocast import AUTOCAST_DEVICE_TYPES
+from .first_pass import first_pass_executor
 from .interpreter import interpreter_lacks_bfloat16
 from .pair_graph import pair_graph, pair_matmul, pair_rows, reads_edge_types
 from .prepared_call import PreparedCall, preparer
@@ -157,7 +158,10 @@ class CompiledProgram:
             return      # a prepared call declines every call under autocast (`PreparedCall.__call__`)
         if self._pair_rewrite is not None and graph.edge_type is not None:
             return      # whether it runs on the pair graph depends on more than the prepared call checks
-        run = preparer(program_backend(graph.device, self._bfloat16))
+        backend = program_backend(graph.device, self._bfloat16)
+        if first_pass_executor(graph, backend) != backend:
+            return      # the same graph again within one forward (layers sharing a program): no reuse yet
+        run = preparer(backend)
         if run is not None:
             self.prepared = PreparedCall(graph, self._input_keys, tensors, run(self.program, graph), _RECORDERS)
 
@@ -339,14 +343,17 @@ def program_backend(device: torch.device, bfloat16: bool) -> str:
     return name
 
 
-def select_backend(device: torch.device, bfloat16: bool = False) -> Callable:
+def select_backend(device: torch.device, bfloat16: bool = False, graph: Graph | None = None) -> Callable:
     """The executor for a call on a graph on ``device`` (its inputs are there too:
     `CompiledProgram.checked_inputs`) of a program with (``bfloat16``) or without
     bfloat16 values: ``GNNFUSE_BACKEND`` if set, else Triton for CUDA and the torch
-    reference for everything else (`program_backend`). The Numba CPU backend is opt-in
+    reference for everything else (`program_backend`), except the reference for a small
+    ``graph`` on its first pass (`first_pass`). The Numba CPU backend is opt-in
     (``cpu``): its first call per kernel compiles for a second or two, which the
     reference, the oracle, never pays."""
     name = backend_name(device.type == "cuda")
+    if name == "triton" and getattr(graph, "first_pass", False):     # (inline: test_host_path counts calls)
+        name = first_pass_executor(graph, name)
     if name == "triton":
         _check_triton_can_read(device)
         if bfloat16:        # (asked only then: this runs on every call, test_host_path counts it)
@@ -358,6 +365,11 @@ def select_backend(device: torch.device, bfloat16: bool = False) -> Callable:
 
 
 _EXECUTORS: dict[str, Callable] = {}
+
+
+def _executor_name(execute: Callable) -> str:
+    """The backend name of an executor `select_backend` returned."""
+    return next(name for name, known in _EXECUTORS.items() if known is execute)
 
 
 def _import_executor(name: str) -> Callable:
@@ -383,6 +395,9 @@ class ProgramCall:
     graph: Graph
     wrt: tuple[str, ...]
     schedule: ForcedSchedule | None = None
+    # the backend that ran it: "triton", "cpu", "reference", or "reference (first pass)" for a
+    # small graph's first pass on a GPU (`first_pass`)
+    executor: str = ""
 
 
 _RECORDERS: list[list[ProgramCall]] = []
@@ -404,11 +419,16 @@ def _run_forward(compiled: CompiledProgram, graph_ctx: GraphContext, keys: tuple
                  tensors, backward: BackwardProgram | None):
     """Run the forward program, keeping what ``backward`` will read; returns the outputs
     (in output order), the kept values and the executor used."""
-    for calls in _RECORDERS:
-        calls.append(ProgramCall(compiled, graph_ctx.graph, backward.wrt if backward else (), forced_schedule()))
-    keep = compiled.backward_inputs(backward).saved_ids if backward else ()
     device = graph_ctx.graph.device
-    execute = select_backend(device, compiled._bfloat16)
+    execute = select_backend(device, compiled._bfloat16, graph_ctx.graph)
+    if _RECORDERS:
+        first = (backend_name(device.type == "cuda") == "triton"
+                 and first_pass_executor(graph_ctx.graph, "triton") == "reference")
+        call = ProgramCall(compiled, graph_ctx.graph, backward.wrt if backward else (), forced_schedule(),
+                           _executor_name(execute) + (" (first pass)" if first else ""))
+        for calls in _RECORDERS:
+            calls.append(call)
+    keep = compiled.backward_inputs(backward).saved_ids if backward else ()
     if device.type in AUTOCAST_DEVICE_TYPES and torch.is_autocast_enabled(device.type):
         with torch.autocast(device.type, enabled=False):      # the program states its dtypes (runtime/autocast.py)
             outputs, kept = execute(compiled.program, graph_ctx, dict(zip(keys, tensors)), keep)
@@ -453,7 +473,7 @@ class _ProgramFunction(torch.autograd.Function):
             except GraphModifiedError as edit:
                 raise _graph_changed(ctx.compiled, edit) from edit
         if torch.is_grad_enabled():     # create_graph=True: this backward is differentiated in turn
-            backend = next(name for name, execute in _EXECUTORS.items() if execute is ctx.execute)
+            backend = _executor_name(ctx.execute)
             _check_second_derivative(ctx.compiled, ctx.backward, backend)
         output_grads = [g if g is not None else torch.zeros(shape, dtype=dtype, device=device)
                         for g, (shape, dtype, device) in zip(output_grads, ctx.output_meta)]
@@ -474,6 +494,8 @@ class _ProgramFunction(torch.autograd.Function):
         else:
             with forcing(ctx.schedule):
                 grads, _ = ctx.execute(ctx.backward.program, ctx.graph_ctx, feeds)
+        if getattr(graph, "first_pass", False):      # a backward pass ran on it (runtime/first_pass.py)
+            graph.first_pass = False
         return (None, None, None, *[grads.get(key) for key in ctx.compiled._gradient_keys])
 
 

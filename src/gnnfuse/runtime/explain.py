@@ -386,7 +386,7 @@ class ExplainReport:
                         else f"N={g.num_nodes:,} nodes")
             lines += ["", f"=== program {n} of {len(self.programs)}: ran {rep.calls}x on a graph with "
                       f"{vertices}, E={g.num_edges:,} edges ({str(g.index_dtype).removeprefix('torch.')}"
-                      f" indices); gradients for: {grads} ===",
+                      f" indices); gradients for: {grads}; executor: {_executor_text(rep.call)} ===",
                       "--- traced ---", rep.call.compiled.traced,
                       "--- optimized ---", rep.forward.program.pretty(show_source=False)]
             pairs = [k for k in rep.forward.program.inputs if k.startswith(PAIR_PREFIX)]
@@ -582,6 +582,15 @@ def explain(fn: Callable[..., Any], *args: Any, source: bool = False, **kwargs: 
         reports[key] = ProgramReport(call, 1, forward, back)
     return ExplainReport(result, list(reports.values()), source,
                          [_placement_text(p, Counter(p.decisions) - old) for p, old in zip(placements, before)])
+
+
+def _executor_text(call: ProgramCall) -> str:
+    """The backend that ran ``call``, and why where it is not its device's default."""
+    if call.executor.endswith("(first pass)"):
+        return ("reference (the graph's first pass: a small graph runs on torch ops until a backward pass "
+                "has run on it, runtime/first_pass.py; the plans below are the Triton backend's, for later "
+                "passes)")
+    return call.executor
 
 
 def _placements(fn: Any) -> list[Any]:
