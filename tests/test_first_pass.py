@@ -16,6 +16,7 @@ import torch_geometric.nn as pyg_nn
 import gnnfuse
 import gnnfuse.nn
 from gnnfuse.graph import Graph
+from gnnfuse.graph.index_cache import clear_index_cache
 from gnnfuse.runtime import compiled, first_pass
 from gnnfuse.runtime.compiled import record_calls
 from oracle_check import device_for
@@ -26,7 +27,9 @@ DEVICE = device_for("triton")
 @pytest.fixture
 def ran(monkeypatch) -> Counter:
     """Triton as the device's default backend (as on a GPU), and a count of the
-    executors' runs by backend name (forward and backward programs alike)."""
+    executors' runs by backend name (forward and backward programs alike). The index
+    cache starts empty: a graph of equal contents kept from another test is no new one."""
+    clear_index_cache()
     monkeypatch.delenv("GNNFUSE_BACKEND", raising=False)
     if DEVICE == "cpu":
         monkeypatch.setattr(compiled, "backend_name", lambda on_cuda: "triton")
@@ -53,6 +56,8 @@ def _pair(kind: str) -> tuple[torch.nn.Module, torch.nn.Module]:
         def mlp():
             return torch.nn.Sequential(torch.nn.Linear(5, 6), torch.nn.ReLU(), torch.nn.Linear(6, 6))
         theirs, ours = pyg_nn.GINConv(mlp()), gnnfuse.nn.GINConv(mlp())
+    elif kind == "SAGE":
+        theirs, ours = pyg_nn.SAGEConv(5, 6), gnnfuse.nn.SAGEConv(5, 6)
     else:
         theirs, ours = pyg_nn.GCNConv(5, 6), gnnfuse.nn.GCNConv(5, 6)
     theirs, ours = theirs.to(DEVICE), ours.to(DEVICE)
@@ -77,14 +82,17 @@ def _assert_same(ours, theirs) -> None:
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("kind", ["GIN", "GCN"])
+@pytest.mark.parametrize("kind", ["GIN", "GCN", "SAGE"])
 def test_first_pass_on_reference_then_triton_on_the_kept_graph(ran, kind):
     ours, theirs = _pair(kind)
     x, edge_index = torch.randn(7, 5, device=DEVICE), _graph()
     graph = Graph.coerce(edge_index)
     assert graph.first_pass
-    _assert_same(_step(ours, x, edge_index), _step(theirs, x, edge_index))
+    with record_calls() as calls:
+        _assert_same(_step(ours, x, edge_index), _step(theirs, x, edge_index))
     assert ran == {"reference": 2}       # the forward and its backward (GCN: on the self-looped graph)
+    for g in {id(c.graph): c.graph for c in calls}.values():    # degrees (SAGE's mean, GCN's norm) need no sort
+        assert not {"csr", "csr_rows", "reverse_csr", "reverse_csr_rows"} & set(g._cache)
     assert Graph.coerce(edge_index) is graph
     _assert_same(_step(ours, x, edge_index), _step(theirs, x, edge_index))
     assert ran["reference"] == 2 and ran["triton"] == 2     # the graph a backward ran on: Triton

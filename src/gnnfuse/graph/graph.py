@@ -649,15 +649,16 @@ class Graph:
         (every CSR kernel walks that grouping anyway); else `scatter_counts`. A small
         graph's backward sums by source in COO and reads only the out-degrees of the
         reverse grouping, whose sort, gather and binary search were built for them on
-        every new graph."""
-        if self.device.type != "cpu" and (by == "dst" or "reverse_csr" in self._cache
-                                          or "reverse_csr_rows" in self._cache):
+        every new graph. A graph on its first pass may run on torch scatters, which walk no
+        grouping (runtime/first_pass.py): until a grouping by ``by`` is built, its
+        degrees are `scatter_counts` too, not a sort."""
+        if self.device.type != "cpu" and ((by == "dst" and not self.first_pass) or any(
+                key in self._cache for key in (("csr", "csr_rows") if by == "dst" else ("reverse_csr",
+                                                                                       "reverse_csr_rows")))):
             return self.grouped(by)[0].diff().to(torch.int64)
         src, dst = self._endpoints(keep=False)
-        if by == "dst":
-            return torch.bincount(dst, minlength=self._num_nodes)
         count = torch.bincount if self.device.type == "cpu" else scatter_counts
-        return count(src, minlength=self.num_src_nodes)
+        return count(dst, minlength=self._num_nodes) if by == "dst" else count(src, minlength=self.num_src_nodes)
 
     def degree_order(self) -> torch.Tensor:
         """Vertex ids by descending in-degree, ties by ascending id (Seastar §6.3.3).
