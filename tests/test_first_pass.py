@@ -86,14 +86,14 @@ def _assert_same(ours, theirs) -> None:
 def test_first_pass_on_reference_then_triton_on_the_kept_graph(ran, kind):
     ours, theirs = _pair(kind)
     x, edge_index = torch.randn(7, 5, device=DEVICE), _graph()
-    graph = Graph.coerce(edge_index)
-    assert graph.first_pass
     with record_calls() as calls:
         _assert_same(_step(ours, x, edge_index), _step(theirs, x, edge_index))
     assert ran == {"reference": 2}       # the forward and its backward (GCN: on the self-looped graph)
-    for g in {id(c.graph): c.graph for c in calls}.values():    # degrees (SAGE's mean, GCN's norm) need no sort
-        assert not {"csr", "csr_rows", "reverse_csr", "reverse_csr_rows"} & set(g._cache)
-    assert Graph.coerce(edge_index) is graph
+    assert [c.executor for c in calls] == ["reference (first pass)"]
+    graph = calls[0].graph
+    assert not graph.first_pass         # ended by the backward
+    # degrees (SAGE's mean, GCN's norm) came without a sort
+    assert not {"csr", "csr_rows", "reverse_csr", "reverse_csr_rows"} & set(graph._cache)
     _assert_same(_step(ours, x, edge_index), _step(theirs, x, edge_index))
     assert ran["reference"] == 2 and ran["triton"] == 2     # the graph a backward ran on: Triton
 
@@ -102,17 +102,13 @@ def test_only_the_backward_ends_a_first_pass(ran):
     ours, _ = _pair("GIN")
     x, edge_index = torch.randn(7, 5, device=DEVICE), _graph()
     with torch.no_grad():
-        for _ in range(3):      # inference only: the graph stays on its first pass
+        for _ in range(3):      # inference only, not recorded (a recorded call prepares nothing)
             ours(x, edge_index)
-    assert ran == {"reference": 3}
-    assert Graph.coerce(edge_index).first_pass
-    assert all(p.prepared is None for p in _programs(ours, x, edge_index))
-
-
-def _programs(layer, x, edge_index) -> list:
-    with torch.no_grad(), record_calls() as calls:
-        layer(x, edge_index)
-    return [c.compiled for c in calls]
+        with record_calls() as calls:
+            ours(x, edge_index)
+    assert ran == {"reference": 4}
+    assert calls[0].graph.first_pass      # the graph stays on its first pass
+    assert calls[0].compiled.prepared is None       # and no prepared Triton run was made for it
 
 
 def test_larger_and_explicit_graphs_and_a_forced_backend_run_triton(ran, monkeypatch):
@@ -145,3 +141,37 @@ def test_explain_names_the_first_pass_executor(ran):
     assert "executor: reference (the graph's first pass" in first
     _step(ours, x, edge_index)
     assert "executor: triton ===" in str(gnnfuse.explain(ours, x, edge_index))
+
+
+def test_a_captured_steps_warm_up_runs_on_each_devices_backend(ran):
+    ours, theirs = _pair("GIN")
+    x, edge_index = torch.randn(7, 5, device=DEVICE), _graph(seed=3)
+    with first_pass.steady_executor(), record_calls() as calls:
+        _assert_same(_step(ours, x, edge_index), _step(theirs, x, edge_index))
+    assert ran == {"triton": 2}
+    assert not calls[0].graph.first_pass     # its backward ran all the same
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="records a CUDA graph")
+def test_a_step_captured_after_one_warm_up_call_on_a_new_graph(ran):
+    """The audited warm-up call is the graph's first: it runs the kernels the capture
+    then records, and the replayed losses follow PyG's eager steps."""
+    from gnnfuse.runtime.cuda_graph import StepCapture
+    ours, theirs = _pair("GIN")
+    x, edge_index = torch.randn(7, 5, device=DEVICE), _graph(seed=4)
+    losses = {}
+    for label, layer in (("ours", ours), ("theirs", theirs)):
+        optimizer = torch.optim.Adam(layer.parameters(), lr=0.1, capturable=label == "ours")
+
+        def step(layer=layer, optimizer=optimizer):
+            optimizer.zero_grad(set_to_none=False)
+            loss = layer(x, edge_index).pow(2).mean()
+            loss.backward()
+            optimizer.step()
+            return loss.detach()
+        run = StepCapture(step, optimizers=[optimizer], modules=[layer], mode="on", warmup=1) if label == "ours" else step
+        losses[label] = torch.stack([run().clone() for _ in range(4)])
+        if label == "ours":
+            assert run.status == "captured"
+    assert ran["reference"] == 0
+    torch.testing.assert_close(losses["ours"], losses["theirs"], rtol=1e-4, atol=1e-5)

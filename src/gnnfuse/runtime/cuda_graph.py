@@ -44,6 +44,8 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.overrides import TorchFunctionMode
 
+from .first_pass import steady_executor
+
 MODES = ("auto", "on", "off")
 DEFAULT_WARMUP = 3   # eager calls before capture; the last one is audited
 
@@ -445,7 +447,7 @@ class StepCapture:
             return self.step_fn(*inputs)
         side = self._side_stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
+        with torch.cuda.stream(side), steady_executor():     # the kernels the capture will record
             result = self.step_fn(*inputs)
         torch.cuda.current_stream(device).wait_stream(side)
         return result

@@ -21,8 +21,11 @@ forward's executor). From the next step on, a graph kept by the index cache (the
 ``edge_index`` again: full-graph training) runs on Triton. Graphs built explicitly
 (`Graph(...)`, a loader's blocks with their layouts built ahead, a captured step's
 padded graph) never are on a first pass, nor is anything while a CUDA graph is being
-captured, under a forced schedule or with ``GNNFUSE_BACKEND`` set. A small graph used
-only for inference (no backward ever) stays on the reference executor.
+captured, under a forced schedule, inside a captured step's warm-up calls
+(`steady_executor`: the capture records the kernels its last warm-up call ran, and a
+Triton kernel must not compile while a capture records) or with ``GNNFUSE_BACKEND``
+set. A small graph used only for inference (no backward ever) stays on the reference
+executor.
 
 The reference executor writes each gathered edge table (|E| x width) where the fused
 kernels would not; at `FIRST_PASS_EDGES` edges that is at most 32 MB per table at 128
@@ -30,7 +33,9 @@ float32 lanes, and larger graphs keep the Triton backend's IO-aware kernels.
 """
 from __future__ import annotations
 
-from typing import Any
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any, Iterator
 
 import torch
 
@@ -42,12 +47,25 @@ from ..environ import getenv
 # it writes, not by speed.
 FIRST_PASS_EDGES = 65_536
 
+_STEADY: ContextVar[bool] = ContextVar("gnnfuse_steady_executor", default=False)
+
+
+@contextmanager
+def steady_executor() -> Iterator[None]:
+    """Run the block on each device's backend, first passes included (a captured
+    step's warm-up: `cuda_graph.StepCapture`)."""
+    token = _STEADY.set(True)
+    try:
+        yield
+    finally:
+        _STEADY.reset(token)
+
 
 def first_pass_executor(graph: Any, name: str) -> str:
     """``name`` (the backend `compiled.backend_name` chose), or "reference" where it is the
     Triton backend by default and ``graph`` is a small graph on its first pass (module doc)."""
     if (name != "triton" or not getattr(graph, "first_pass", False) or graph.num_edges > FIRST_PASS_EDGES
-            or getenv("GNNFUSE_BACKEND") or forced_schedule() is not None
+            or getenv("GNNFUSE_BACKEND") or forced_schedule() is not None or _STEADY.get()
             or (graph.device.type == "cuda" and torch.cuda.is_current_stream_capturing())):
         return name
     return "reference"
