@@ -26,13 +26,18 @@ LAYERS = {
 
 @pytest.mark.parametrize("name", LAYERS)
 @pytest.mark.parametrize("as_graph", [True, False], ids=["Graph", "edge_index"])
-@pytest.mark.parametrize("backend", ["reference", "triton"])
+@pytest.mark.parametrize("backend", ["reference", "triton", pytest.param("first-pass", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="a new small edge_index on a GPU runs on the reference backend "
+    "(runtime/first_pass.py); on a CPU that is the reference case"))])
 def test_layer_matches_pyg(name, as_graph, backend, monkeypatch):
-    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    if backend == "first-pass":      # the device's default: the reference backend's torch ops on CUDA tensors
+        monkeypatch.delenv("GNNFUSE_BACKEND", raising=False)
+    else:
+        monkeypatch.setenv("GNNFUSE_BACKEND", backend)
     torch.manual_seed(0)
     n = 40
     edge_index = torch.randint(0, n - 3, (2, 200))              # last three vertices isolated
-    device = "cuda" if backend == "triton" and torch.cuda.is_available() else "cpu"
+    device = "cuda" if backend != "reference" and torch.cuda.is_available() else "cpu"
     ours, ref = (m.double().to(device) for m in LAYERS[name]())
     ours.load_state_dict(ref.state_dict())
     edge_index = edge_index.to(device)

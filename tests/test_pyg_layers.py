@@ -189,11 +189,20 @@ def _eager_is_an_error(*args, **kwargs):
     raise AssertionError("PyG's eager propagate ran: the layer did not compile")
 
 
-@pytest.mark.parametrize("backend", ["reference", "triton"])
+FIRST_PASS = pytest.param("first-pass", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason=(
+    "a new small graph on a GPU runs on the reference backend (runtime/first_pass.py); on a CPU that is the "
+    "reference case")))
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton", FIRST_PASS])
 @pytest.mark.parametrize("name", COMPILED)
 def test_layer_compiles_and_matches_pyg(name, backend, monkeypatch):
-    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
-    device = device_for(backend)     # the Triton backend runs CUDA tensors on a GPU machine
+    if backend == "first-pass":      # the device's default: the reference backend's torch ops on CUDA tensors
+        monkeypatch.delenv("GNNFUSE_BACKEND", raising=False)
+        device = "cuda"
+    else:
+        monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+        device = device_for(backend)     # the Triton backend runs CUDA tensors on a GPU machine
     ours, theirs = twins(name, device)
     tensors, edge_index, forward = inputs(device), EDGES.to(device), CONFIGS[name].forward
     expected = run(theirs, forward, tensors, edge_index)
@@ -201,6 +210,8 @@ def test_layer_compiles_and_matches_pyg(name, backend, monkeypatch):
     with record_calls() as calls:
         got = run(ours, forward, tensors, edge_index)
     assert calls, "no compiled program ran"
+    if backend == "first-pass":
+        assert {c.executor for c in calls} == {"reference (first pass)"}
     _assert_same(got, expected)
 
 
