@@ -575,6 +575,11 @@ def _check_second_derivative(compiled: CompiledProgram, backward: BackwardProgra
     if backend != "reference":
         reason = (f"its backward runs the {backend} backend's generated kernels, whose work autograd "
                   "cannot see")
+        if backend == "triton" and not getenv("GNNFUSE_BACKEND"):
+            # a first pass ran the reference executor (runtime/first_pass.py): the same double
+            # backward worked on a graph's first step and stops on its second
+            reason += (" (a small graph's first pass, until its first backward, runs on the reference "
+                       "executor, where this may have worked: runtime/first_pass.py)")
     else:
         made = sorted({v.op + (f"[{v.attrs['op']}]" if "op" in v.attrs else "")
                        for v in backward.saved if v.op != "input" and _reads_an_input(v)})
