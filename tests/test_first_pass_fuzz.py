@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from torch_geometric import EdgeIndex
 
 import gnnfuse.nn as gnn
+from gnnfuse.graph import Graph
 from gnnfuse.graph.index_cache import clear_index_cache
 from gnnfuse.runtime import compiled
 from gnnfuse.runtime.compiled import record_calls
@@ -455,6 +456,34 @@ def test_to_hetero_model_steps(ran):
         torch.testing.assert_close(got[2], expected[2])
     if DEVICE == "cpu":
         assert ran["reference"] and ran["triton"]
+
+
+@pytest.mark.parametrize("case", ["random", "empty", "bipartite", "self-looped", "loops-removed", "grouped"])
+def test_first_pass_degrees_on_a_gpu_are_the_graphs_degrees(monkeypatch, case):
+    """`Graph._degrees` on a GPU counts a first-pass graph's degrees by scatter (no
+    sort) until a grouping is built, then reads the grouping; here its device is made
+    to read "cuda" to take that branch on CPU tensors. Both equal the edges' counts."""
+    edge_index = _edges(seed=30, edges=12)
+    nodes, sources = N, None
+    if case == "empty":
+        edge_index = edge_index[:, :0]
+    elif case == "bipartite":
+        nodes, sources = 5, N
+        edge_index = torch.stack([edge_index[0], edge_index[1] % nodes])
+    graph = Graph.coerce(edge_index, nodes) if sources is None else Graph.coerce(edge_index, nodes, sources)
+    if case == "self-looped":
+        graph = graph.add_self_loops()
+    elif case == "loops-removed":
+        graph = graph.remove_self_loops()
+    elif case == "grouped":
+        graph.csr(), graph.reverse_csr()
+    assert graph.first_pass
+    src, dst = graph._endpoints(keep=False)
+    expected = (torch.bincount(dst, minlength=graph.num_nodes), torch.bincount(src, minlength=graph.num_src_nodes))
+    cached = set(graph._cache)
+    monkeypatch.setattr(Graph, "device", property(lambda g: torch.device("cuda")))
+    assert torch.equal(graph._degrees("dst"), expected[0]) and torch.equal(graph._degrees("src"), expected[1])
+    assert set(graph._cache) == cached       # no grouping built for them
 
 
 @settings(max_examples=6, deadline=None, derandomize=True, database=None,
