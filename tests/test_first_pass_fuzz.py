@@ -458,6 +458,23 @@ def test_to_hetero_model_steps(ran):
         assert ran["reference"] and ran["triton"]
 
 
+@pytest.mark.parametrize("kind, bound, executors", [
+    ("GCN", 22, {"triton": 4}),               # 18 edges, 24 with the loops GCN adds: over the bound
+    ("GCN", 24, {"reference": 2, "triton": 2}),
+    ("Cheb", 17, {"reference": 4, "triton": 4}),   # over it, but not without its 2 loops
+    ("SAGE-mean", 17, {"triton": 4}),
+])
+def test_the_bound_applies_to_the_graph_a_program_runs_on(ran, monkeypatch, kind, bound, executors):
+    from gnnfuse.runtime import first_pass
+    monkeypatch.setattr(first_pass, "FIRST_PASS_EDGES", bound)
+    ours, theirs = _pair(kind)
+    x, edge_index = torch.randn(N, F, dtype=f64, device=DEVICE), _edges()
+    for step in (1, 2):
+        _assert_same(_step(ours, x, edge_index), _step(theirs, x, edge_index), f"step {step}")
+    if DEVICE == "cpu":
+        assert ran == executors
+
+
 @pytest.mark.parametrize("case", ["random", "empty", "bipartite", "self-looped", "loops-removed", "grouped"])
 def test_first_pass_degrees_on_a_gpu_are_the_graphs_degrees(monkeypatch, case):
     """`Graph._degrees` on a GPU counts a first-pass graph's degrees by scatter (no
