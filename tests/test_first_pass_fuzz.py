@@ -458,6 +458,22 @@ def test_to_hetero_model_steps(ran):
         assert ran["reference"] and ran["triton"]
 
 
+@pytest.mark.parametrize("kind", ["GIN", "GCN"])
+def test_a_torch_compiled_layer_ends_its_first_pass_with_its_backward(ran, kind):
+    """Under ``torch.compile`` a program runs as an opaque operator whose backward
+    re-runs the forward (runtime/compile_op.py): that backward ends the first pass too,
+    so the kept graph's next step runs Triton, as it does in eager mode."""
+    ours, theirs = _pair(kind)
+    compiled_layer = torch.compile(ours, backend="aot_eager", fullgraph=True)
+    x, edge_index = torch.randn(N, F, dtype=f64, device=DEVICE), _edges(seed=13)
+    for step in (1, 2):
+        _assert_same(_step(compiled_layer, x, edge_index), _step(theirs, x, edge_index), f"step {step}")
+        if DEVICE == "cpu":
+            assert set(ran) == ({"reference"} if step == 1 else {"reference", "triton"}), (step, ran)
+    if DEVICE == "cpu":
+        assert ran["reference"] == 3      # the forward, and the backward's forward and backward
+
+
 @pytest.mark.parametrize("kind, bound, executors", [
     ("GCN", 22, {"triton": 4}),               # 18 edges, 24 with the loops GCN adds: over the bound
     ("GCN", 24, {"reference": 2, "triton": 2}),
