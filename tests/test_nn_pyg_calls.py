@@ -355,3 +355,32 @@ def test_a_csc_adj_t_is_read_as_its_matrix(name, weighted, device):
     pyg_args = (edge_index, values) if weighted else (edge_index,)
     assert_same_outputs_and_grads(ours, ref, lambda inp: ours(inp.to(device), adj_t.to(device)).cpu(),
                                   lambda inp: ref(inp, *pyg_args), x)
+
+
+LOOP_ADDING = {"GCNConv": lambda m: m.GCNConv(5, 3), "APPNP": lambda m: m.APPNP(K=2, alpha=0.1),
+               "SGConv": lambda m: m.SGConv(5, 3, K=2)}
+
+
+@pytest.mark.parametrize("layout", ["coo", "csr"])
+@pytest.mark.parametrize("name", LOOP_ADDING)
+def test_a_torch_sparse_adj_t_with_stored_loops_is_refused_where_pyg_adds_more(name, layout):
+    """PyG's gcn_norm adds a loop to every vertex of a torch sparse adj_t on top of a
+    stored one, where gnnfuse (and PyG for an edge_index) keeps one: refused by name. The
+    same adj_t without its diagonal gives PyG's numbers."""
+    torch.manual_seed(0)
+    ours_layer, pyg_layer = LOOP_ADDING[name](gnn).double(), LOOP_ADDING[name](pyg).double()
+    pyg_layer.load_state_dict(ours_layer.state_dict())
+    x = torch.randn(4, 5, dtype=torch.float64)
+    edge_index = torch.tensor([[0, 2, 1, 3, 1], [1, 1, 0, 2, 1]])       # 1 -> 1 is a stored loop
+    as_layout = (lambda a: a) if layout == "coo" else (lambda a: a.to_sparse_csr())
+
+    def adj(ei):
+        return as_layout(torch.sparse_coo_tensor(ei.flip(0), torch.ones(ei.shape[1], dtype=torch.float64), (4, 4)).coalesce())
+    with pytest.raises(ValueError, match=f"{name}: the torch sparse adj_t stores self loops"):
+        ours_layer(x, adj(edge_index))
+    assert not torch.allclose(pyg_layer(x, adj(edge_index)), pyg_layer(x, edge_index))     # why it is refused
+    loop_free = edge_index[:, edge_index[0] != edge_index[1]]
+    torch.testing.assert_close(ours_layer(x, adj(loop_free)), pyg_layer(x, adj(loop_free)))
+    ours_layer.add_self_loops = False      # nothing added: the stored loop is an edge as any other
+    pyg_layer.add_self_loops = False
+    torch.testing.assert_close(ours_layer(x, adj(edge_index)), pyg_layer(x, adj(edge_index)))

@@ -117,6 +117,25 @@ def edge_weight_column(edge_weight: torch.Tensor, num_edges: int, dtype: torch.d
     return edge_weight.reshape(num_edges).to(dtype)
 
 
+def refuse_stored_loops(edge_index: Any, layer: str) -> None:
+    """Refuse a torch sparse ``adj_t`` that stores self loops, given to a layer that adds
+    self loops as PyG's ``gcn_norm`` does (GCNConv, APPNP, SGConv). For a torch sparse
+    input PyG's ``gcn_norm`` adds a loop to every vertex on top of a stored one (a stored
+    loop then weighs one more), where for an ``edge_index`` or a ``SparseTensor`` it keeps
+    one loop per vertex, as gnnfuse does for every input: the results would differ from
+    PyG's without a word. One host read per call with such an input."""
+    if not isinstance(edge_index, torch.Tensor) or edge_index.layout not in (torch.sparse_coo, torch.sparse_csr):
+        return
+    rows, cols = (edge_index if edge_index.layout is torch.sparse_coo else edge_index.to_sparse_coo())._indices()
+    if bool((rows == cols).any()):
+        raise ValueError(f"{layer}: the torch sparse adj_t stores self loops, and PyG's {layer} adds a second "
+                         "loop to each such vertex of a torch sparse input (gcn_norm's add_self_loops; for an "
+                         "edge_index or a SparseTensor it keeps one loop per vertex, as gnnfuse does for all "
+                         "three), so gnnfuse's results would differ from PyG's; drop the diagonal first (both then "
+                         "add one loop per vertex), pass an edge_index or a SparseTensor, or pass "
+                         "add_self_loops=False")
+
+
 def adjacency_weights(edge_index: Any, edge_weight: torch.Tensor | None, layer: str) -> tuple[Any, torch.Tensor | None]:
     """``(edge_index, edge_weight)`` for a layer that takes edge weights, given PyG's
     sparse ``adj_t`` whose stored values are not all 1: PyG multiplies each message by

@@ -26,7 +26,7 @@ from ..runtime.compiled import backend_name
 from ..runtime.autocast import autocast_dtype
 from .aligned_linear import RowsRead, aligned_linear, bias_added, flat_heads, kernel_row_stride, paired_linear
 from .aggregation import Reduction, aggregate, eager_slots, pyg_aggr_name, resolve_aggregation
-from .arguments import (adjacency_weights, edge_weight_column, floating_node_features, node_pair,
+from .arguments import (adjacency_weights, edge_weight_column, floating_node_features, node_pair, refuse_stored_loops,
                         over_feature_batches)
 from .attention_weights import AttentionOutput, attention_weights, check_attention_request
 from .compiling import compile_path, graph_input_problem, propagation_problem
@@ -300,7 +300,9 @@ def _normalized_layer_inputs(layer: nn.Module, name: str, x: torch.Tensor, edge_
     -- the normalisation lives in its cache -- so weights, which that normalisation ignores,
     are refused with it rather than silently reusing a normalisation computed without them."""
     x = floating_node_features(x, name)
-    edge_index, edge_weight = adjacency_weights(edge_index, edge_weight, name)
+    given, (edge_index, edge_weight) = edge_index, adjacency_weights(edge_index, edge_weight, name)
+    if layer.normalize and layer.add_self_loops:
+        refuse_stored_loops(given, name)
     caching = layer.cached and layer.normalize
     if caching and edge_weight is not None:
         raise NotImplementedError(f"{name}(cached=True) with edge_weight is not supported: the cache "

@@ -23,7 +23,8 @@ from ..graph import Graph
 from ..runtime.compile_op import GraphRef
 from ..runtime.autocast import autocast_dtype
 from .aligned_linear import aligned_linear
-from .arguments import adjacency_weights, edge_weight_column, floating_node_features, over_feature_batches
+from .arguments import (adjacency_weights, edge_weight_column, floating_node_features, over_feature_batches,
+                        refuse_stored_loops)
 from .compiling import compile_path, graph_input_problem, propagation_problem
 from . import pyg_init
 from .fixed_flow import FixedFlow
@@ -276,7 +277,9 @@ class SGConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
         torch.compile it stays after them, as in PyG). `forward` keeps the cache for the
         whole batch: kept here, per matrix, every matrix after the first got the first's."""
         x = floating_node_features(x, "SGConv")
-        edge_index, edge_weight = adjacency_weights(edge_index, edge_weight, "SGConv")
+        given, (edge_index, edge_weight) = edge_index, adjacency_weights(edge_index, edge_weight, "SGConv")
+        if self.add_self_loops:
+            refuse_stored_loops(given, "SGConv")
         graph, hop = _normalized_hop(_as_graph(edge_index, x.shape[0]), edge_weight, x.dtype, self.add_self_loops)
         h = _transform_first(x, self.lin.weight, graph, self.K) if mapped_first else x
         for _ in range(self.K):
