@@ -212,13 +212,18 @@ class Graph:
             self._sealed += recipe
         return src, dst
 
+    # `src`/`dst` read ``_edges`` first, inline: every gather and scatter of a program run
+    # reads one (backend contexts' ``index``), and going through `_endpoints` was two more
+    # Python calls per read for the arrays a graph almost always holds already
     @property
     def _src(self) -> torch.Tensor:
-        return self._endpoints(keep=True)[0]
+        edges = self._edges
+        return (edges if edges is not None else self._endpoints(keep=True))[0]
 
     @property
     def _dst(self) -> torch.Tensor:
-        return self._endpoints(keep=True)[1]
+        edges = self._edges
+        return (edges if edges is not None else self._endpoints(keep=True))[1]
 
     @classmethod
     def _of_valid_ids(cls, src: torch.Tensor, dst: torch.Tensor, num_nodes: int,
@@ -500,12 +505,14 @@ class Graph:
     @property
     def src(self) -> torch.Tensor:
         """Source of each edge, int64, in edge-id order."""
-        return self._src
+        edges = self._edges
+        return (edges if edges is not None else self._endpoints(keep=True))[0]
 
     @property
     def dst(self) -> torch.Tensor:
         """Target of each edge, int64, in edge-id order."""
-        return self._dst
+        edges = self._edges
+        return (edges if edges is not None else self._endpoints(keep=True))[1]
 
     @property
     def edge_type(self) -> torch.Tensor | None:

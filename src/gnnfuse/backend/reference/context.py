@@ -53,10 +53,10 @@ class GraphContext:
 
     def index(self, by: str) -> torch.Tensor:
         """int64 index ``by``: one entry per edge (per vertex for ``ntype``)."""
-        if by == "src":
-            return self.src
+        if by == "src":         # the graph's, not through the properties: read on every gather and scatter
+            return self.graph.src
         if by == "dst":
-            return self.dst
+            return self.graph.dst
         if by in EDGE_TYPE_INDICES:
             return self._edge_types()
         node_type = self._node_types()
