@@ -154,6 +154,14 @@ def test_feature_tables_must_be_dicts_of_tensors():
         return sum([u.h for u in v.innbs])
     with pytest.raises(TypeError, match=r"v_feature must be a dict of feature name -> tensor .* got Tensor"):
         f(graph(), h)
+    # a vertex function checks a plain node table inline (vertex._run); each other case
+    # still reaches `check_tables`, which names it
+    with pytest.raises(TypeError, match=r"v_feature must map str names to tensors; v_feature\['w'\] is list"):
+        f(graph(), {"h": h, "w": [1.0]})
+    with pytest.raises(TypeError, match=r"v_feature must map str names to tensors; v_feature\[0\] is Tensor"):
+        f(graph(), {"h": h, 0: h})
+    with pytest.raises(TypeError, match=r"e_feature must map str names to tensors; e_feature\['w'\] is float"):
+        f(graph(), {"h": h}, {"w": 1.0})
 
 
 def test_udf_output_that_is_not_traced_names_the_key_and_what_it_holds():

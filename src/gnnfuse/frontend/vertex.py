@@ -396,8 +396,18 @@ class VertexFunction:
 
     def _run(self, graph: Graph | Any, tables: tuple[Mapping[str, torch.Tensor], ...]) -> dict[str, torch.Tensor]:
         v_feature, e_feature, etype_feature, ntype_feature = tables
-        check_tables(v_feature=v_feature, e_feature=e_feature, etype_feature=etype_feature,
-                     ntype_feature=ntype_feature)
+        # the usual call, a dict of tensors by str alone, passes `check_tables`' checks here,
+        # without four tables to walk (a loop, not a comprehension: that is a call in 3.11);
+        # anything else goes to `check_tables`, which names what is wrong
+        plain = type(v_feature) is dict and not (e_feature or etype_feature or ntype_feature)
+        if plain:
+            for key, tensor in v_feature.items():
+                if type(key) is not str or not isinstance(tensor, torch.Tensor):
+                    plain = False
+                    break
+        if not plain:
+            check_tables(v_feature=v_feature, e_feature=e_feature, etype_feature=etype_feature,
+                         ntype_feature=ntype_feature)
         graph = call_graph(graph, (v_feature or {}).values())
         compiled, captured = self.compiled(tables)
         outputs = compiled(graph, program_feeds(tables, captured))
