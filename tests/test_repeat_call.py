@@ -60,9 +60,9 @@ def lookups(monkeypatch):
     found = []
     real = trace_cache.TraceCache.compiled
 
-    def counted(self, functions, tables, trace):
+    def counted(self, functions, tables, trace, guards=None):
         found.append(functions)
-        return real(self, functions, tables, trace)
+        return real(self, functions, tables, trace, guards)
     monkeypatch.setattr(trace_cache.TraceCache, "compiled", counted)
     return found
 

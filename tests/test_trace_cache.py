@@ -401,3 +401,47 @@ def test_gatv2_reused_trace_reads_the_current_attention_vector(graph, traces):
     ours.att = torch.nn.Parameter(torch.randn_like(ours.att))
     same()
     assert traces[0] == 1
+
+
+def test_a_remembered_guard_walk_is_redone_when_what_the_function_reads_changes(graph, traces, monkeypatch):
+    """A vertex function and a bound UpdateAll keep their guard walk (`GuardMemo`) from the
+    second call on; a rebound global, closure variable or default afterwards still
+    changes the result, and an unchanged call skips the walk."""
+    from gnnfuse.frontend import trace_cache
+    global SCALE
+    walks = [0]
+    real = trace_cache._guards
+    monkeypatch.setattr(trace_cache, "_guards", lambda functions: walks.__setitem__(0, walks[0] + 1) or real(functions))
+    factor = 3.0
+
+    @gnnfuse.vertex
+    def f(v, offset=0.0):
+        return sum([u.h * SCALE * factor + offset for u in v.innbs])
+
+    def message(edges):
+        return {"m": edges.src["h"] * factor}
+
+    def reduce(nodes):
+        return {"out": torch.sum(nodes.mailbox["m"], dim=1) * SCALE}
+    update_all = frontend.UpdateAll(message, reduce)
+    h = torch.randn(4, 3, dtype=torch.float64)
+    total = neighbour_sum(graph, h)
+    ones = neighbour_sum(graph, torch.ones_like(h))
+
+    def check(scale, times, offset=0.0):
+        torch.testing.assert_close(f(graph, {"h": h}), scale * times * total + offset * ones)
+        torch.testing.assert_close(update_all(graph, ndata={"h": h})["out"], scale * times * total)
+    try:
+        for _ in range(3):
+            check(2.0, 3.0)
+        walks[0] = 0
+        check(2.0, 3.0)
+        assert walks[0] == 0, "an unchanged call walked the guards again"
+        SCALE = 5.0
+        check(5.0, 3.0)
+        factor = 7.0
+        check(5.0, 7.0)
+        f.fn.__defaults__ = (1.0,)
+        check(5.0, 7.0, offset=1.0)
+    finally:
+        SCALE = 2.0

@@ -62,7 +62,7 @@ from . import pairwise
 from .compiled_call import call_compiled, register_udf
 from .graph_input import call_graph
 from .repeat_call import RepeatCall, RepeatCalls
-from .trace_cache import TraceCache, check_tables, program_feeds
+from .trace_cache import GuardMemo, TraceCache, check_tables, program_feeds
 from .tracer import EDGE_ROWED, SymTensor, Tracer, counts_in_edges
 
 
@@ -308,15 +308,17 @@ def message_passing(graph: Graph | object, message_fn: Callable, reduce_fn: Call
 def _run(graph: Graph | object, functions: tuple[Callable, Callable, Callable | None],
          ndata: Mapping[str, torch.Tensor], edata: Mapping[str, torch.Tensor] | None,
          etype_data: Mapping[str, torch.Tensor] | None, ntype_data: Mapping[str, torch.Tensor] | None,
-         return_edata: bool) -> tuple[dict[str, torch.Tensor], CompiledProgram, dict[str, torch.Tensor]]:
-    """`message_passing`'s run: its raw outputs, the compiled program and what its trace captured."""
+         return_edata: bool, guards: GuardMemo | None = None
+         ) -> tuple[dict[str, torch.Tensor], CompiledProgram, dict[str, torch.Tensor]]:
+    """`message_passing`'s run: its raw outputs, the compiled program and what its trace
+    captured. ``guards``: a bound `UpdateAll`'s memo of its functions' guard walk."""
     check_tables(ndata=ndata, edata=edata, etype_data=etype_data, ntype_data=ntype_data)
     graph = call_graph(graph, (ndata or {}).values())
     edata, etype_data, ntype_data = dict(edata or {}), dict(etype_data or {}), dict(ntype_data or {})
     tables = (ndata, edata, etype_data, ntype_data)
     traces = _TRACES_WITH_EDATA if return_edata else _TRACES
     compiled, captured = traces.compiled(functions, tables, lambda: trace_message_passing(
-        *functions, *tables, return_edata=return_edata))
+        *functions, *tables, return_edata=return_edata), guards)
     return compiled(graph, program_feeds(tables, captured)), compiled, captured
 
 
@@ -331,11 +333,13 @@ class UpdateAll:
         self.traces = _TRACES       # the cache `compiled` asks
         self.udf_key = register_udf(self)
         self._repeats = RepeatCalls()     # the last prepared calls, for the next (repeat_call.py)
+        self._guards = GuardMemo()        # the trace cache's guard walk of `functions`, reused while valid
 
     def compiled(self, tables: tuple[Mapping[str, torch.Tensor], ...]
                  ) -> tuple[CompiledProgram, dict[str, torch.Tensor]]:
         """The compiled program for a call on ``tables`` and the tensors its trace captured."""
-        return self.traces.compiled(self.functions, tables, lambda: trace_message_passing(*self.functions, *tables))
+        return self.traces.compiled(self.functions, tables, lambda: trace_message_passing(*self.functions, *tables),
+                                    self._guards)
 
     def __call__(self, graph: Graph | object, *, ndata: Mapping[str, torch.Tensor],
                  edata: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
@@ -347,7 +351,7 @@ class UpdateAll:
             outputs = self._repeats(graph, ndata)
             if outputs is not None:
                 return outputs
-        outputs, compiled, captured = _run(graph, self.functions, ndata, edata, None, None, False)
+        outputs, compiled, captured = _run(graph, self.functions, ndata, edata, None, None, False, self._guards)
         if compiled.prepared is not None and not edata:     # else there is nothing to repeat
             repeat = RepeatCall.after(_TRACES, self.functions, graph, ndata, compiled, captured)
             if repeat is not None:

@@ -68,7 +68,7 @@ from .compiled_call import call_compiled, register_udf
 from .counting import check_counting
 from .graph_input import call_graph
 from .repeat_call import RepeatCall, RepeatCalls
-from .trace_cache import TraceCache, check_tables, program_feeds
+from .trace_cache import GuardMemo, TraceCache, check_tables, program_feeds
 from .tracer import EDGE_ROWED, SymTensor, Tracer, is_library
 from .udf import unwrap
 
@@ -349,6 +349,7 @@ class VertexFunction:
         self.traces = _TRACES       # the cache `compiled` asks
         self.udf_key = register_udf(self)
         self._repeats = RepeatCalls()     # the last prepared calls, for the next (repeat_call.py)
+        self._guards = GuardMemo()        # the trace cache's guard walk of `functions`, reused while valid
 
     def trace(self, v_feature: Mapping[str, torch.Tensor],
               e_feature: Mapping[str, torch.Tensor] | None = None,
@@ -420,7 +421,7 @@ class VertexFunction:
     def compiled(self, tables: tuple[Mapping[str, torch.Tensor], ...]
                  ) -> tuple[CompiledProgram, dict[str, torch.Tensor]]:
         """The compiled program for a call on ``tables`` and the tensors its trace captured."""
-        return self.traces.compiled(self.functions, tables, lambda: self.trace(*tables)[0])
+        return self.traces.compiled(self.functions, tables, lambda: self.trace(*tables)[0], self._guards)
 
 
 def as_table_rows(fn: Callable, row: Any) -> Any:
