@@ -53,6 +53,8 @@ def test_input_shapes_are_checked_per_graph_on_every_call():
         program(small, {"h": feeds["h"], "w": torch.randn(3, 2)})
     with pytest.raises(ValueError, match=r"input 'h' \(NODE\) should have shape \[4, 2\], got \[3, 2\]"):
         program(large, feeds)
+    with pytest.raises(KeyError, match=r"missing inputs \['w'\]; the program reads"):
+        program(small, {"h": feeds["h"]})
     torch.testing.assert_close(program(large, {"h": torch.ones(4, 2), "w": torch.ones(4, 1)})["out"],
                                torch.full((4, 2), 2.0))
 
@@ -66,3 +68,21 @@ def test_a_bipartite_side_clash_is_refused_on_every_call():
     for _ in range(2):
         with pytest.raises(gnnfuse.CompileError, match="read both as a source-side table"):
             clash(graph, {"h": torch.randn(3, 2)})
+
+
+def test_each_pattern_of_inputs_needing_gradients_gets_its_own_backward():
+    """A program's backward is chosen once per pattern of inputs needing gradients
+    (`CompiledProgram._backward_by_needs`): calls alternating the pattern each get the
+    gradients of exactly their own inputs, the oracle's."""
+    graph = Graph(torch.tensor([0, 1, 2, 3, 1]), torch.tensor([1, 2, 3, 0, 0]), 4)
+    gen = torch.Generator().manual_seed(0)
+    h0 = torch.randn(4, 3, dtype=torch.float64, generator=gen)
+    w0 = torch.randn(4, 1, dtype=torch.float64, generator=gen)
+    for wants in ((True, False), (False, True), (True, True), (True, False), (False, True)):
+        h, w = h0.clone().requires_grad_(wants[0]), w0.clone().requires_grad_(wants[1])
+        out = _weighted_mean(graph, {"h": h, "w": w})
+        expected = _oracle(graph, h, w)
+        torch.testing.assert_close(out, expected)
+        needed = [t for t in (h, w) if t.requires_grad]
+        torch.testing.assert_close(torch.autograd.grad(out.square().sum(), needed),
+                                   torch.autograd.grad(expected.square().sum(), needed))

@@ -6,6 +6,7 @@ inputs), so every other intermediate is freed as soon as the forward is done wit
 """
 from __future__ import annotations
 
+import operator
 import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from .pair_graph import pair_graph, pair_matmul, pair_rows, reads_edge_types
 from .prepared_call import PreparedCall, preparer
 
 PAIR_SOURCES_ENV = "GNNFUSE_PAIR_SOURCES"     # "0": programs keep their compact products per edge
+_REQUIRES_GRAD = operator.attrgetter("requires_grad")
 
 
 class CompiledProgram:
@@ -44,6 +46,8 @@ class CompiledProgram:
         self.program = optimize(program) if optimize_program else program
         self._backward: dict[tuple[str, ...], BackwardProgram] = {}
         self._backward_inputs: dict[tuple[str, ...], BackwardInputs] = {}
+        # a call's ``needs_input_grad`` -> (its backward program or None,): `_ProgramFunction.forward`
+        self._backward_by_needs: dict[tuple[bool, ...], tuple[BackwardProgram | None]] = {}
         self._types_read = _types_read(self.program)
         self._bfloat16 = any(v.dtype == torch.bfloat16 for v in self.program.values)   # `program_backend`
         self._input_keys = tuple(self.program.inputs)
@@ -92,12 +96,13 @@ class CompiledProgram:
         """The program's inputs from ``feeds``, in program order, after checking each fits
         ``graph`` (types, device, layout)."""
         keys = self._input_keys
-        missing = [k for k in keys if k not in feeds]
-        if missing:
-            raise KeyError(f"missing inputs {missing}; the program reads {list(keys)}")
+        try:
+            tensors = [feeds[k] for k in keys]
+        except KeyError:
+            missing = [k for k in keys if k not in feeds]
+            raise KeyError(f"missing inputs {missing}; the program reads {list(keys)}") from None
         if self._types_read:
             _check_types(self.program, self._types_read, graph, feeds)
-        tensors = [feeds[k] for k in keys]
         device = graph.device
         for n, (key, tensor) in enumerate(zip(keys, tensors)):
             if tensor.device != device:
@@ -139,7 +144,7 @@ class CompiledProgram:
                     and all(reads_edge_types(graph, by_key[t.index], by_key[t.table].shape[0])
                             for t in self._pair_rewrite.lookups)):
                 return self._run_on_pairs(graph, by_key)
-        if torch.is_grad_enabled() and any([t.requires_grad for t in tensors]):
+        if torch.is_grad_enabled() and any(map(_REQUIRES_GRAD, tensors)):
             outputs = _ProgramFunction.apply(self, GraphContext(graph), keys, *tensors)
         else:   # inference: no backward program is built and nothing is saved for one
             outputs, _, _ = _run_forward(self, GraphContext(graph), keys, tensors, None)
@@ -441,8 +446,13 @@ class _ProgramFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, compiled: CompiledProgram, graph_ctx: GraphContext, keys: tuple[str, ...],
                 *tensors: torch.Tensor):
-        wrt = tuple([k for k, needs in zip(keys, ctx.needs_input_grad[3:]) if needs])
-        backward = compiled.backward_for(wrt) if wrt and compiled.differentiable else None
+        needs_grad = ctx.needs_input_grad
+        found = compiled._backward_by_needs.get(needs_grad)
+        if found is None:       # the inputs needing gradients decide the backward program: once per pattern
+            wrt = tuple([k for k, needs in zip(keys, needs_grad[3:]) if needs])
+            found = compiled._backward_by_needs[needs_grad] = (
+                compiled.backward_for(wrt) if wrt and compiled.differentiable else None,)
+        backward, = found
         ctx.input_meta = None
         if backward is not None and not backward.wrt:    # no gradient reaches an input (x ** 0)
             backward, ctx.input_meta = None, [(t.shape, t.dtype, t.device) for t in tensors]
@@ -475,8 +485,11 @@ class _ProgramFunction(torch.autograd.Function):
         if torch.is_grad_enabled():     # create_graph=True: this backward is differentiated in turn
             backend = _executor_name(ctx.execute)
             _check_second_derivative(ctx.compiled, ctx.backward, backend)
-        output_grads = [g if g is not None else torch.zeros(shape, dtype=dtype, device=device)
-                        for g, (shape, dtype, device) in zip(output_grads, ctx.output_meta)]
+        for g in output_grads:      # a loop, not a rebuilt list: every output usually has its gradient
+            if g is None:
+                output_grads = [g if g is not None else torch.zeros(shape, dtype=dtype, device=device)
+                                for g, (shape, dtype, device) in zip(output_grads, ctx.output_meta)]
+                break
         try:
             saved = ctx.saved_tensors
         except RuntimeError as exc:
@@ -496,7 +509,7 @@ class _ProgramFunction(torch.autograd.Function):
                 grads, _ = ctx.execute(ctx.backward.program, ctx.graph_ctx, feeds)
         if getattr(graph, "first_pass", False):      # a backward pass ran on it (runtime/first_pass.py)
             graph.first_pass = False
-        return (None, None, None, *[grads.get(key) for key in ctx.compiled._gradient_keys])
+        return (None, None, None, *map(grads.get, ctx.compiled._gradient_keys))
 
 
 def _unviewed(outputs: tuple[torch.Tensor, ...], inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
