@@ -25,9 +25,10 @@ _INPUTS: "weakref.WeakKeyDictionary[Program, weakref.WeakKeyDictionary]" = weakr
 def execute(program: Program, ctx: GraphContext, feeds: Mapping[str, torch.Tensor],
             keep: Iterable[int] = ()) -> tuple[dict[str, torch.Tensor], dict[int, torch.Tensor]]:
     """Run ``program`` on ``feeds``; return its outputs and the kept values by value id."""
-    if program not in _VALUE_PLANS:
-        _VALUE_PLANS[program] = [v for v in program.values if v.op != "input"]
-    return run_plan(program, _VALUE_PLANS[program], ctx, feeds, keep, None)
+    plan = _VALUE_PLANS.get(program)      # one weak lookup (``in`` then ``[]`` were two)
+    if plan is None:
+        plan = _VALUE_PLANS[program] = [v for v in program.values if v.op != "input"]
+    return run_plan(program, plan, ctx, feeds, keep, None)
 
 
 def run_plan(program: Program, plan: Sequence, ctx: GraphContext, feeds: Mapping[str, torch.Tensor],
@@ -56,20 +57,29 @@ def run_plan(program: Program, plan: Sequence, ctx: GraphContext, feeds: Mapping
 def run_steps(program: Program, steps: _Schedule, ctx: GraphContext, env: dict[int, torch.Tensor],
               keep: frozenset[int], run_unit: Callable | None
               ) -> tuple[dict[str, torch.Tensor], dict[int, torch.Tensor]]:
-    """`run_plan`'s steps (from `schedule_steps`) on ``env``, its inputs by value id, checked."""
+    """`run_plan`'s steps (from `schedule_steps`) on ``env``, its inputs by value id, checked.
+    Operands are read by ``map`` and the results gathered by loops, not comprehensions:
+    each of those is a Python call in 3.11, one per step and two per run."""
+    read = env.__getitem__
     for item, reads, out, frees, op, input_ids, residencies, over in steps:
         if op is not None:
-            tensors = [env[i] for i in input_ids]
+            tensors = list(map(read, input_ids))
             result = None if over is None else run_over(item.op, align_rows(tensors, residencies), over)
             env[out] = op.run(ctx, tensors, residencies, item.attrs) if result is None else result
         elif type(out) is tuple:     # a step with several outputs (passes.siblings.SiblingGroup)
-            env.update(zip(out, run_unit(item, ctx, {i: env[i] for i in reads})))
+            env.update(zip(out, run_unit(item, ctx, dict(zip(reads, map(read, reads))))))
         else:
-            env[out] = run_unit(item, ctx, {i: env[i] for i in reads})
+            env[out] = run_unit(item, ctx, dict(zip(reads, map(read, reads))))
         for i in frees:
             del env[i]
-    kept = {i: env[i] for i in keep if i in env}
-    return {k: env[v.id] for k, v in program.outputs.items()}, kept
+    kept = {}
+    for i in keep:
+        if i in env:
+            kept[i] = env[i]
+    outputs = {}
+    for k, v in program.outputs.items():
+        outputs[k] = env[v.id]
+    return outputs, kept
 
 
 def schedule_steps(program: Program, plan: Sequence, keep: Iterable[int]) -> tuple[frozenset[int], _Schedule]:
