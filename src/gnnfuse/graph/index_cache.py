@@ -226,6 +226,9 @@ def _forget(slot: tuple[int, Hashable], dead: weakref.ref) -> None:
 def _stamp(parts: list[torch.Tensor]) -> tuple | None:
     """What changes when a tensor's contents may have changed; None if not trackable."""
     try:
+        if len(parts) == 1:     # a plain edge_index (every layer call stamps it): no generator
+            t = parts[0]
+            return ((t._version, t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.device),)
         return tuple((t._version, t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.device) for t in parts)
     except RuntimeError:   # an inference tensor: no version counter
         return None
