@@ -439,18 +439,25 @@ def signature(tables: tuple[Mapping[str, torch.Tensor], ...]) -> Hashable:
     count (dim 0: vertices, edges or types) is left out: the tracer sees it only as a
     symbolic `RowCount`, so a trace never depends on it, and the batches of a sampled
     mini-batch run (a different vertex count each) reuse one trace."""
-    autocast = None     # (device type, dtype), inline: every cached call asks (test_host_path counts calls)
+    # loops, not comprehensions (each a Python call in 3.11): every cached call asks, and
+    # test_host_path counts calls
+    autocast = found = None     # (device type, dtype) of the first tensor's device
+    parts = []
     for table in tables:
-        if table:
-            kind = next(iter(table.values())).device.type
+        if not table:
+            parts.append(())
+            continue
+        entries = []
+        for key, t in table.items():
+            entries.append((key, t.dim(), tuple(t.shape[1:]), t.dtype))
+        parts.append(tuple(entries))
+        if found is None:
+            found = kind = next(iter(table.values())).device.type
             if kind == "meta":      # stand-ins under torch.compile: the state they stand in for
                 autocast = autocast_state(kind)
             elif kind in AUTOCAST_DEVICE_TYPES and torch.is_autocast_enabled(kind):
                 autocast = kind, torch.get_autocast_dtype(kind)
-            break
-    return torch.get_default_dtype(), autocast, tuple([
-        tuple([(key, t.dim(), tuple(t.shape[1:]), t.dtype) for key, t in table.items()]) if table else ()
-        for table in tables])
+    return torch.get_default_dtype(), autocast, tuple(parts)
 
 
 class TraceCache:
