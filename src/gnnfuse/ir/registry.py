@@ -148,12 +148,22 @@ class OpDef:
 _SHAPE_MEMO: dict[tuple, tuple[tuple[int, ...], torch.dtype]] = {}
 
 
-def align_rows(tensors: Sequence[torch.Tensor], residencies: Sequence[Residency]) -> list[torch.Tensor]:
+def align_rows(tensors: Sequence[torch.Tensor], residencies: Sequence[Residency]) -> Sequence[torch.Tensor]:
     """Broadcast per-element shapes right-aligned while keeping the row dim leading.
 
     Plain torch broadcasting would align a [rows] scalar-per-row with the *last* feature
     dim of a [rows, F] tensor; values here are per-element, so [rows] becomes [rows, 1].
+
+    One operand, or two of one per-element rank (most of a program's elementwise steps),
+    need nothing: they are returned as given (``tensors`` itself, which callers only read),
+    without the general pass, whose comprehension was a Python call per step in 3.11.
     """
+    if len(tensors) == 1:
+        return tensors
+    if len(tensors) == 2:
+        (a, b), (ra, rb) = tensors, residencies
+        if a.dim() - (ra is not Residency.SHARED) == b.dim() - (rb is not Residency.SHARED):
+            return tensors
     ranks = [t.dim() - (r is not Residency.SHARED) for t, r in zip(tensors, residencies)]
     k = max(ranks, default=0)
     out = []
