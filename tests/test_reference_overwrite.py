@@ -153,3 +153,19 @@ def test_layers_give_the_same_bits_with_and_without_overwriting(layer, monkeypat
     assert len(overwriting) == len(plain)
     for a, b in zip(overwriting, plain):
         assert torch.equal(a, b)
+
+
+def test_a_product_is_written_over_its_operand_only_where_that_holds_the_result_dtype():
+    """run_over decides by torch's promotion (operands all of the target's dtype skip
+    torch.result_type): a float32 buffer never takes a float64 product, a float64 one
+    takes a product with a float32 operand, as torch.mul's out= would."""
+    a32, a64 = torch.randn(4, 3), torch.randn(4, 3, dtype=torch.float64)
+    for a, b, position, writes in ((a32.clone(), a32.clone(), 0, True), (a32.clone(), a64.clone(), 0, False),
+                                   (a32.clone(), a64.clone(), 1, True), (a64.clone(), a64[:1].clone(), 0, True)):
+        expected = a * b
+        with torch.no_grad():       # as the executor runs: inside a program's forward or backward
+            out = overwrite.run_over("mul", [a, b], position)
+        assert (out is not None) == writes, (a.dtype, b.dtype, position)
+        if writes:
+            assert out.data_ptr() == (a, b)[position].data_ptr()
+            torch.testing.assert_close(out, expected, rtol=0, atol=0)

@@ -68,7 +68,10 @@ def run_over(op: str, tensors: list[torch.Tensor], position: int) -> torch.Tenso
     if target.device.type != "cpu" or torch.is_grad_enabled() or target.requires_grad:
         return None
     a, b = tensors
-    if not _broadcasts_to(tensors[1 - position].shape, target.shape) or torch.result_type(a, b) != target.dtype:
+    if not _broadcasts_to(tensors[1 - position].shape, target.shape):
+        return None
+    # operands of the target's dtype give it (torch.result_type, an op dispatch, only otherwise)
+    if (a.dtype is not b.dtype or a.dtype is not target.dtype) and torch.result_type(a, b) != target.dtype:
         return None
     return OVERWRITING[op](a, b, out=target)
 
