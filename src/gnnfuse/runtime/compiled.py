@@ -466,7 +466,7 @@ class _ProgramFunction(torch.autograd.Function):
         # Through save_for_backward, never as plain ctx attributes: a saved value may be an
         # output, and an output held by its own grad_fn's ctx is a cycle through C++ that
         # Python's collector cannot free -- every step's tensors would leak.
-        ctx.save_for_backward(*[kept[i] for i in compiled.backward_inputs(backward).saved_ids] if backward else ())
+        ctx.save_for_backward(*map(kept.__getitem__, compiled.backward_inputs(backward).saved_ids) if backward else ())
         ctx.output_meta = [(o.shape, o.dtype, o.device) for o in outputs]
         return outputs
 
