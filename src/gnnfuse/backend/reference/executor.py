@@ -19,7 +19,7 @@ from .overwrite import overwritable, run_over
 _Schedule = tuple
 _SCHEDULES: "weakref.WeakKeyDictionary[Program, dict]" = weakref.WeakKeyDictionary()
 _VALUE_PLANS: "weakref.WeakKeyDictionary[Program, list[Value]]" = weakref.WeakKeyDictionary()
-_INPUTS: "weakref.WeakKeyDictionary[Program, weakref.WeakKeyDictionary]" = weakref.WeakKeyDictionary()
+_INPUTS: "weakref.WeakKeyDictionary[Program, tuple[weakref.WeakKeyDictionary, tuple]]" = weakref.WeakKeyDictionary()
 
 
 def execute(program: Program, ctx: GraphContext, feeds: Mapping[str, torch.Tensor],
@@ -116,19 +116,38 @@ def schedule_steps(program: Program, plan: Sequence, keep: Iterable[int]) -> tup
 
 def input_shapes(program: Program, ctx: GraphContext) -> list[tuple[str, int, torch.Size, str]]:
     """(key, value id, expected shape, residency name) per program input on ``ctx``'s
-    graph; a bipartite graph's sides are checked here, once per (program, graph)."""
-    per_graph = _INPUTS.get(program)
-    if per_graph is None:
-        per_graph = _INPUTS[program] = weakref.WeakKeyDictionary()
-    found = per_graph.get(ctx.graph)
+    graph; a bipartite graph's sides are checked here, once per (program, graph). What
+    does not depend on the graph -- each input's key, id, residency and per-row shape --
+    is read from the program once (`_input_specs`): a loader's new graph per step meets
+    every program anew, and reading them per input (an enum's ``name`` is a Python
+    property) was most of that first call's work."""
+    per_graph, specs = _INPUTS.get(program) or _input_specs(program)
+    graph = ctx.graph
+    found = per_graph.get(graph)
     if found is None:
         sides: dict[int, str | None] = {}
-        if ctx.graph.is_bipartite:
-            check_sides(program, ctx.graph.num_src_nodes, ctx.num_nodes)
+        if graph.is_bipartite:
+            check_sides(program, graph.num_src_nodes, ctx.num_nodes)
             sides = sides_of(program)
-        found = per_graph[ctx.graph] = [(v.attrs["key"], v.id, torch.Size(_expected_shape(v, ctx, sides.get(v.id))),
-                                         v.residency.name) for v in program.inputs.values()]
+        found = []
+        for key, value_id, residency, shape, name in specs:
+            if residency is Residency.SHARED:
+                expected = torch.Size(shape)
+            else:       # a NODE input of a bipartite graph: a row per vertex of the set it is read as
+                side = sides.get(value_id)      # (undecided: destinations)
+                expected = torch.Size((ctx.rows(residency, "dst" if side in (None, BOTH) else side),) + shape)
+            found.append((key, value_id, expected, name))
+        per_graph[graph] = found
     return found
+
+
+def _input_specs(program: Program) -> tuple[weakref.WeakKeyDictionary, tuple]:
+    """`input_shapes`' entry for ``program``: its shapes by graph (empty), and (key, value
+    id, residency, per-row shape, residency name) per input."""
+    specs = tuple((v.attrs["key"], v.id, v.residency, tuple(v.shape), v.residency.name)
+                  for v in program.inputs.values())
+    entry = _INPUTS[program] = (weakref.WeakKeyDictionary(), specs)
+    return entry
 
 
 def _outputs(item) -> int | tuple[int, ...]:
@@ -141,10 +160,3 @@ def _reads(item) -> list[Value]:
     if isinstance(item, Value):
         return list(item.inputs)
     return [v for v in item.leaves if v.op != "const"]
-
-
-def _expected_shape(v: Value, ctx: GraphContext, side: str | None) -> tuple[int, ...]:
-    """The shape input ``v`` must have; a NODE input of a bipartite graph has one row
-    per vertex of the set it is read as (``side``; undecided means destinations)."""
-    side = "dst" if side in (None, BOTH) else side
-    return ((ctx.rows(v.residency, side),) if v.residency is not Residency.SHARED else ()) + v.shape
