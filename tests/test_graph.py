@@ -601,3 +601,13 @@ def test_a_graph_first_used_inside_inference_mode_trains_afterwards(layer):
         conv(leaf, edges).square().sum().backward()
         grads.append(leaf.grad)
     torch.testing.assert_close(grads[0], grads[1], rtol=0, atol=0)
+
+
+def test_graph_tensors_on_two_devices_are_refused_by_name():
+    """An edge_index's two rows on one device take `Graph.__init__`'s short path; rows,
+    or types, on another device are still refused, naming each tensor's device."""
+    cpu, meta = torch.tensor([0, 1]), torch.tensor([1, 0], device="meta")
+    with pytest.raises(ValueError, match=r"share one device, but src is on cpu, dst is on meta"):
+        Graph(cpu, meta, 2)
+    with pytest.raises(ValueError, match=r"share one device, but src is on cpu, dst is on cpu, edge_type is on meta"):
+        Graph(cpu, cpu.flip(0), 2, edge_type=meta)

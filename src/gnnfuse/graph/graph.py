@@ -109,13 +109,17 @@ class Graph:
                  edge_type: Any = None, num_edge_types: int | None = None,
                  node_type: Any = None, num_node_types: int | None = None,
                  num_src_nodes: int | None = None) -> None:
-        devices = {name: t.device for name, t in
-                   (("src", src), ("dst", dst), ("edge_type", edge_type), ("node_type", node_type))
-                   if isinstance(t, torch.Tensor)}
-        if len(set(devices.values())) > 1:
-            where = ", ".join(f"{name} is on {dev}" for name, dev in devices.items())
-            raise ValueError(f"graph tensors must share one device, but {where}")
-        device = next(iter(devices.values()), torch.device("cpu"))
+        if (edge_type is None and node_type is None and isinstance(src, torch.Tensor)
+                and isinstance(dst, torch.Tensor) and src.device == dst.device):
+            device = src.device       # an edge_index's rows (every new graph of a loader): nothing to compare
+        else:
+            devices = {name: t.device for name, t in
+                       (("src", src), ("dst", dst), ("edge_type", edge_type), ("node_type", node_type))
+                       if isinstance(t, torch.Tensor)}
+            if len(set(devices.values())) > 1:
+                where = ", ".join(f"{name} is on {dev}" for name, dev in devices.items())
+                raise ValueError(f"graph tensors must share one device, but {where}")
+            device = next(iter(devices.values()), torch.device("cpu"))
         src = as_index_tensor("src", src, device)
         dst = as_index_tensor("dst", dst, device)
         if src.numel() != dst.numel():

@@ -21,7 +21,8 @@ def integer_ids(name: str, tensor: torch.Tensor) -> torch.Tensor:
     tensor subclasses whose storage a kernel cannot address, so the plain tensor they hold
     is kept; float, complex or bool ids are refused (truncating them would be a silent
     wrong graph)."""
-    tensor = tensor.as_tensor() if hasattr(tensor, "as_tensor") else tensor
+    if type(tensor) is not torch.Tensor and hasattr(tensor, "as_tensor"):    # (a plain tensor has none)
+        tensor = tensor.as_tensor()
     if tensor.dtype.is_floating_point or tensor.dtype.is_complex or tensor.dtype == torch.bool:
         raise ValueError(f"{name} must hold integer ids, got {tensor.dtype}")
     return tensor
