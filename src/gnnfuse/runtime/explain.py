@@ -5,7 +5,10 @@ it runs (see `record_calls`), then reports for each one the program as traced, t
 after the rewrite passes, and the forward and backward plans: the fused units and plain
 torch ops the Triton backend executes (the reference backend, used for CPU tensors, runs
 the same programs op by op), what each step reads and writes to memory, and an estimate of
-the bytes it moves on the graph it ran on.
+the bytes it moves on the graph it ran on. Each program's header names the executor that
+ran it: on a GPU a small graph's first pass runs on the reference backend
+(`runtime/first_pass.py`), and the plans shown are then the Triton backend's, for the
+graph's later passes.
 
 Byte model (an estimate of DRAM traffic, not a measurement; caches are ignored):
 
