@@ -16,32 +16,16 @@ import torch_geometric.nn as pyg_nn
 import gnnfuse
 import gnnfuse.nn
 from gnnfuse.graph import Graph
-from gnnfuse.graph.index_cache import clear_index_cache
-from gnnfuse.runtime import compiled, first_pass
+from gnnfuse.runtime import first_pass
 from gnnfuse.runtime.compiled import record_calls
-from oracle_check import device_for
+from first_pass_check import DEVICE, triton_by_default
 
-DEVICE = device_for("triton")
 
 
 @pytest.fixture
 def ran(monkeypatch) -> Counter:
-    """Triton as the device's default backend (as on a GPU), and a count of the
-    executors' runs by backend name (forward and backward programs alike). The index
-    cache starts empty: a graph of equal contents kept from another test is no new one."""
-    clear_index_cache()
-    monkeypatch.delenv("GNNFUSE_BACKEND", raising=False)
-    if DEVICE == "cpu":
-        monkeypatch.setattr(compiled, "backend_name", lambda on_cuda: "triton")
-    counts: Counter = Counter()
-    for name in ("reference", "triton"):
-        real = compiled._EXECUTORS.get(name) or compiled._import_executor(name)
-
-        def counted(*args, _real=real, _name=name, **kwargs):
-            counts[_name] += 1
-            return _real(*args, **kwargs)
-        monkeypatch.setitem(compiled._EXECUTORS, name, counted)
-    return counts
+    """Triton as the default backend, simulated, and the executors' runs counted."""
+    return triton_by_default(monkeypatch)
 
 
 def _graph(nodes: int = 7, edges: int = 16, seed: int = 0) -> torch.Tensor:

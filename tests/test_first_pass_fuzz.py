@@ -28,63 +28,40 @@ from torch_geometric import EdgeIndex
 import gnnfuse.nn as gnn
 from gnnfuse.graph import Graph
 from gnnfuse.graph.index_cache import clear_index_cache
-from gnnfuse.runtime import compiled
 from gnnfuse.runtime.compiled import record_calls
 from graph_strategies import graphs
-from oracle_check import device_for
+from first_pass_check import DEVICE, triton_by_default
 
-DEVICE = device_for("triton")
 f64 = torch.float64
 N, F, H = 8, 4, 6      # vertices (6 and 7 isolated), input and output widths
 
 
 @pytest.fixture
 def ran(monkeypatch) -> Counter:
-    """Triton as the device's default backend (as on a GPU), and a count of the
-    executors' runs by backend name; the index cache starts empty (test_first_pass.py)."""
-    clear_index_cache()
-    monkeypatch.delenv("GNNFUSE_BACKEND", raising=False)
-    if DEVICE == "cpu":
-        monkeypatch.setattr(compiled, "backend_name", lambda on_cuda: "triton")
-    counts: Counter = Counter()
-    for name in ("reference", "triton"):
-        real = compiled._EXECUTORS.get(name) or compiled._import_executor(name)
-
-        def counted(*args, _real=real, _name=name, **kwargs):
-            counts[_name] += 1
-            return _real(*args, **kwargs)
-        monkeypatch.setitem(compiled._EXECUTORS, name, counted)
-    return counts
+    """Triton as the default backend, simulated, and the executors' runs counted."""
+    return triton_by_default(monkeypatch)
 
 
 def _mlp(i: int, o: int) -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(i, o), torch.nn.ReLU(), torch.nn.Linear(o, o))
 
 
-class _Message(gnn.MessagePassing):
-    """A user's own `MessagePassing` subclass (its PyG twin below, same code)."""
+def _message_class(base: type) -> type:
+    """A user's own ``MessagePassing`` subclass, written once for gnnfuse's base and PyG's."""
+    class Message(base):
+        def __init__(self) -> None:
+            super().__init__(aggr="add")
+            self.lin = torch.nn.Linear(F, H)
 
-    def __init__(self) -> None:
-        super().__init__(aggr="add")
-        self.lin = torch.nn.Linear(F, H)
+        def forward(self, x, edge_index, edge_weight):
+            return self.propagate(edge_index, x=self.lin(x), w=edge_weight)
 
-    def forward(self, x, edge_index, edge_weight):
-        return self.propagate(edge_index, x=self.lin(x), w=edge_weight)
-
-    def message(self, x_j, x_i, w):
-        return (x_j - x_i).tanh() * w.unsqueeze(-1)
+        def message(self, x_j, x_i, w):
+            return (x_j - x_i).tanh() * w.unsqueeze(-1)
+    return Message
 
 
-class _PygMessage(pyg_nn.MessagePassing):
-    def __init__(self) -> None:
-        super().__init__(aggr="add")
-        self.lin = torch.nn.Linear(F, H)
-
-    def forward(self, x, edge_index, edge_weight):
-        return self.propagate(edge_index, x=self.lin(x), w=edge_weight)
-
-    def message(self, x_j, x_i, w):
-        return (x_j - x_i).tanh() * w.unsqueeze(-1)
+_Message, _PygMessage = _message_class(gnn.MessagePassing), _message_class(pyg_nn.MessagePassing)
 
 
 # kind -> (layer from a module of layers, the edge inputs it takes: keyword -> width, 1 for a weight)

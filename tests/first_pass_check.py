@@ -1,0 +1,31 @@
+"""The first-pass tests' simulation of a GPU's default backend on any machine
+(runtime/first_pass.py): `backend_name` answers "triton" for CPU tensors too (Triton's
+interpreter runs them), and each executor's runs are counted by backend name."""
+from __future__ import annotations
+
+from collections import Counter
+
+from gnnfuse.graph.index_cache import clear_index_cache
+from gnnfuse.runtime import compiled
+from oracle_check import device_for
+
+DEVICE = device_for("triton")
+
+
+def triton_by_default(monkeypatch) -> Counter:
+    """Triton as the device's default backend (as on a GPU), and a count of the
+    executors' runs by backend name (forward and backward programs alike). The index
+    cache starts empty: a graph of equal contents kept from another test is no new one."""
+    clear_index_cache()
+    monkeypatch.delenv("GNNFUSE_BACKEND", raising=False)
+    if DEVICE == "cpu":
+        monkeypatch.setattr(compiled, "backend_name", lambda on_cuda: "triton")
+    counts: Counter = Counter()
+    for name in ("reference", "triton"):
+        real = compiled._EXECUTORS.get(name) or compiled._import_executor(name)
+
+        def counted(*args, _real=real, _name=name, **kwargs):
+            counts[_name] += 1
+            return _real(*args, **kwargs)
+        monkeypatch.setitem(compiled._EXECUTORS, name, counted)
+    return counts
