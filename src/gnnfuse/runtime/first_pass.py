@@ -42,7 +42,7 @@ import torch
 from ..backend.forced_schedule import forced_schedule
 from ..environ import getenv
 
-# At 55K edges (1,024 molecule-sized graphs a batch) the first pass was still 1.5-2.2 ms
+# At 55K edges (1,024 molecule-sized graphs a batch) the first pass was still 1.8-2.1 ms
 # a step faster on the reference executor (H200), so the bound is set by the edge tables
 # it writes, not by speed.
 FIRST_PASS_EDGES = 65_536
