@@ -216,19 +216,6 @@ class Graph:
             self._sealed += recipe
         return src, dst
 
-    # `src`/`dst` read ``_edges`` first, inline: every gather and scatter of a program run
-    # reads one (backend contexts' ``index``), and going through `_endpoints` was two more
-    # Python calls per read for the arrays a graph almost always holds already
-    @property
-    def _src(self) -> torch.Tensor:
-        edges = self._edges
-        return (edges if edges is not None else self._endpoints(keep=True))[0]
-
-    @property
-    def _dst(self) -> torch.Tensor:
-        edges = self._edges
-        return (edges if edges is not None else self._endpoints(keep=True))[1]
-
     @classmethod
     def _of_valid_ids(cls, src: torch.Tensor, dst: torch.Tensor, num_nodes: int,
                       num_src_nodes: int | None = None) -> Graph:
@@ -506,6 +493,9 @@ class Graph:
         if self._wrapper is not None and (wrapper := self._wrapper()) is not None:
             self._wrapper_version = wrapper._version
 
+    # `src`/`dst` read ``_edges`` first, inline: every gather and scatter of a program run
+    # reads one (backend contexts' ``index``), and going through `_endpoints` was two more
+    # Python calls per read for the arrays a graph almost always holds already
     @property
     def src(self) -> torch.Tensor:
         """Source of each edge, int64, in edge-id order."""
@@ -517,6 +507,8 @@ class Graph:
         """Target of each edge, int64, in edge-id order."""
         edges = self._edges
         return (edges if edges is not None else self._endpoints(keep=True))[1]
+
+    _src, _dst = src, dst       # the internal names of the same properties
 
     @property
     def edge_type(self) -> torch.Tensor | None:
