@@ -115,6 +115,27 @@ def test_audit_names_host_synchronisations(step, named):
     assert reason is not None and named in reason
 
 
+def test_audit_names_the_line_of_the_read():
+    def step(x):
+        return x.sum().item()
+    _, reason = audit_step(lambda: step(torch.randn(5, 3)), torch.device("cpu"))
+    line = step.__code__.co_firstlineno + 1
+    assert reason.endswith(f", at {__file__}:{line} (step)")
+
+
+def test_audit_names_gnnfuse_s_own_read_and_the_step_s_line_that_led_there():
+    """A new graph's ids are checked on the host on its first call: the reason names
+    gnnfuse's line, the step's, and the longer warm-up that avoids it."""
+    layer, x, edge_index = gnn_nn.GCNConv(3, 2), torch.randn(4, 3), torch.tensor([[0, 1, 2], [1, 2, 3]])
+
+    def step():
+        return layer(x, edge_index)
+    _, reason = audit_step(step, torch.device("cpu"))
+    assert "Tensor.tolist" in reason and ", in gnnfuse/graph/validate.py:" in reason
+    assert f"called from {__file__}:{step.__code__.co_firstlineno + 1} (step)" in reason
+    assert "warmup=2 or more" in reason
+
+
 def test_audit_reads_metadata_of_another_devices_tensors_without_objection():
     """Sizes and dtypes of a CPU tensor freeze no value: only calls that make or read a
     tensor's values count."""

@@ -16,7 +16,8 @@ the same memory. `StepCapture` makes that safe rather than assumed:
   torch call the step makes from Python: a host synchronisation (``.item()``,
   ``nonzero``, boolean-mask indexing, ``if tensor:``) or a tensor on another device (a
   CPU tensor would be read once at capture and then frozen) means the step cannot be
-  replayed, and it runs eagerly from then on with one warning saying which call did it.
+  replayed, and it runs eagerly from then on with one warning saying which call did it
+  and on which line.
   On CUDA, torch's sync debug mode also reports any synchronisation, the backward's
   included. An optimizer that keeps its step count on the host (``torch.optim.Adam``
   without ``capturable=True``) is refused too.
@@ -35,6 +36,8 @@ step as it is, with the same numbers.
 """
 from __future__ import annotations
 
+import os
+import sys
 import threading
 import warnings
 import weakref
@@ -105,8 +108,38 @@ class _Audit(TorchFunctionMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         if self.reason is None:
-            self.reason = _unreplayable(func, args, kwargs, out, self.device)
+            reason = _unreplayable(func, args, kwargs, out, self.device)
+            self.reason = reason and reason + _where_called(reads=func.__name__ in _SYNCING_CALLS)
         return out
+
+
+_GNNFUSE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_TORCH_ROOT = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+
+
+def _where_called(reads: bool) -> str:
+    """Where the step made the call an audit refuses: the innermost line outside torch and
+    this module, and, when that line is gnnfuse's, the step's own line that led there. A
+    reason naming only ``Tensor.tolist`` sent users hunting through their code for a read
+    that gnnfuse made (a new graph's ids are checked, and its Triton layouts built, on the
+    first calls on it: those reads are why a warm-up of one call cannot capture a step on
+    a new graph)."""
+    ours = theirs = None
+    frame = sys._getframe(1)
+    while frame is not None and theirs is None:
+        path = os.path.abspath(frame.f_code.co_filename)
+        if not path.startswith(_TORCH_ROOT) and path != os.path.abspath(__file__):
+            place = f"{path}:{frame.f_lineno} ({frame.f_code.co_name})"
+            if not path.startswith(_GNNFUSE_ROOT):
+                theirs = place
+            elif ours is None:
+                ours = "gnnfuse/" + path[len(_GNNFUSE_ROOT):] + place[len(path):]
+        frame = frame.f_back
+    if ours is None:
+        return f", at {theirs}" if theirs else ""
+    where = f", in {ours}" + (f", called from {theirs}" if theirs else "")
+    advice = "; if the step's graph is new, a longer warm-up (warmup=2 or more) lets the audited call find it read"
+    return where + advice if reads else where
 
 
 def _call_name(func) -> str:
