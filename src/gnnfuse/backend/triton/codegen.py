@@ -442,8 +442,21 @@ def _fit_tiles(block_e: tuple[int, ...], em: _Emitter, warps: int, acc_dtype: st
     return fitting or (min(block_e),)
 
 
+# The edge-parallel kernels' edge blocks, at most `EDGE_BLOCK_LIMIT` edges (below). Above
+# that, Triton 3.6 loads each operand in a layout of two edges per thread and moves it to
+# the tile's layout through shared memory, every operand through the same addresses; and
+# ptxas (12.8 to 13.0, sm_90) then takes two values loaded from one address across the
+# barrier for one value: ``x * w`` for a square, so the sign of the product "cannot" be
+# negative and ``|x * w|`` or ``where(x * w < 0, ...)`` lose their sign handling for the
+# first edge of each pair. On an H200, ``sqrt(|x * w|)`` at 256 edges a program came out
+# NaN for 1,007 of 4,096 edges (tests/test_gpu_rounding.py), with no error; at 64 or 128
+# no operand passes through shared memory (tests/test_edge_kernel_layouts.py checks).
+EDGE_BLOCKS = (64, 128)
+EDGE_BLOCK_LIMIT = 128
+
+
 def _edge_parallel_source(name: str, comment: str, acc_dtype: str, em: _Emitter, width: int, params: str,
-                          tail: str, tuned: bool, reset: bool, block_e: tuple[int, ...] = (64, 256)) -> str:
+                          tail: str, tuned: bool, reset: bool, block_e: tuple[int, ...] = EDGE_BLOCKS) -> str:
     """A kernel with one program per block of edges (in edge-id order) and features:
     the COO endpoints are loaded, the emitted per-edge expression evaluated, and
     ``tail`` writes the result. Edge units store it; edge-parallel reductions add it."""

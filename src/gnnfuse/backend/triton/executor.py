@@ -22,7 +22,7 @@ from ..launch_cache import CallSettings, LaunchCache
 from ..row_layout import has_row_stride
 from ..unit_ops import mixed_floats, mixed_floats_message, run_by_ops
 from ..reference.executor import run_plan
-from .codegen import (SHARED_REDUCE_BLOCK_E, SHARED_REDUCE_PROGRAMS, TYPE_LOAD, RowSum, generate, generate_coo, generate_edge,
+from .codegen import (EDGE_BLOCK_LIMIT, SHARED_REDUCE_BLOCK_E, SHARED_REDUCE_PROGRAMS, TYPE_LOAD, RowSum, generate, generate_coo, generate_edge,
                       generate_rows, generate_scan, generate_shared_reduce, generate_sibling_merge, generate_siblings, head_block,
                       one_lane, partial_buffers, plain_sum, ROWS_WIDEST, row_stride, row_sum_split, shared_dot_rows,
                       shared_dot_tiles)
@@ -52,6 +52,15 @@ def fixed_csr_blocks(block_f: int) -> dict[str, int]:
     for the smallest blocks of the autotuning space (`codegen.CSR_EDGE_BLOCKS`), which
     the interpreter would otherwise never run."""
     return {"BLOCK_E": max(16, min(128, 2048 // block_f)), "ROWS": 2}
+
+
+def fixed_edge_block(block_f: int) -> int:
+    """An edge-parallel kernel's edge block where nothing autotunes: 2048 lanes of edges
+    times features in the interpreter (few programs for numpy to step through), within
+    `codegen.EDGE_BLOCK_LIMIT` edges on a GPU (``GNNFUSE_AUTOTUNE=0``), whose compiled
+    kernels above it may lose a product's sign (see there)."""
+    block = max(16, 2048 // block_f)
+    return block if getenv("TRITON_INTERPRET", "0") == "1" else min(block, EDGE_BLOCK_LIMIT)
 
 
 def schedule_for(unit: Unit, num_nodes: int, num_edges: int) -> str:
@@ -853,7 +862,7 @@ def _plan_over_edges(kernel, ctx: GraphContext, out_shape: tuple[int, ...], out_
     width = math.prod(out_shape[1:])
     block_f = whole_row or block_f or _feature_tile() or min(triton.next_power_of_2(max(width, 1)), 64)
     width = whole_row or width
-    fixed = {} if _autotune() else {"BLOCK_E": max(16, 2048 // block_f)}
+    fixed = {} if _autotune() else {"BLOCK_E": fixed_edge_block(block_f)}
     edges = ctx.num_edges
 
     def grid(meta):
