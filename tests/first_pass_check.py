@@ -1,8 +1,11 @@
 """The first-pass tests' simulation of a GPU's default backend on any machine
 (runtime/first_pass.py): `backend_name` answers "triton" for CPU tensors too (Triton's
-interpreter runs them), and each executor's runs are counted by backend name."""
+interpreter runs them) -- in every module that imported it by name (the layers' order
+choices, the padded loops, the loader's layouts) -- and each executor's runs are counted
+by backend name."""
 from __future__ import annotations
 
+import sys
 from collections import Counter
 
 from gnnfuse.graph.index_cache import clear_index_cache
@@ -19,7 +22,10 @@ def triton_by_default(monkeypatch) -> Counter:
     clear_index_cache()
     monkeypatch.delenv("GNNFUSE_BACKEND", raising=False)
     if DEVICE == "cpu":
-        monkeypatch.setattr(compiled, "backend_name", lambda on_cuda: "triton")
+        real = compiled.backend_name
+        for module in list(sys.modules.values()):     # and the modules that imported it by name
+            if getattr(module, "backend_name", None) is real:
+                monkeypatch.setattr(module, "backend_name", lambda on_cuda: "triton")
     counts: Counter = Counter()
     for name in ("reference", "triton"):
         real = compiled._EXECUTORS.get(name) or compiled._import_executor(name)
