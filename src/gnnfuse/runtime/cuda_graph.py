@@ -115,11 +115,21 @@ class _Audit(TorchFunctionMode):
 
 _GNNFUSE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _TORCH_ROOT = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+_STDLIB_ROOT = os.path.dirname(os.path.abspath(os.__file__)) + os.sep     # contextlib, functools, ...
+
+
+def _skipped(path: str) -> bool:
+    """A frame of torch, of the standard library (not of the packages installed under it)
+    or of this module."""
+    if path.startswith(_TORCH_ROOT) or path == os.path.abspath(__file__):
+        return True
+    return path.startswith(_STDLIB_ROOT) and not any(d in path for d in ("site-packages", "dist-packages"))
 
 
 def _where_called(reads: bool) -> str:
-    """Where the step made the call an audit refuses: the innermost line outside torch and
-    this module, and, when that line is gnnfuse's, the step's own line that led there. A
+    """Where the step made the call an audit refuses: the innermost line outside torch, the
+    standard library and this module, and, when that line is gnnfuse's, the step's own
+    line that led there. A
     reason naming only ``Tensor.tolist`` sent users hunting through their code for a read
     that gnnfuse made (a new graph's ids are checked, and its Triton layouts built, on the
     first calls on it: those reads are why a warm-up of one call cannot capture a step on
@@ -128,7 +138,7 @@ def _where_called(reads: bool) -> str:
     frame = sys._getframe(1)
     while frame is not None and theirs is None:
         path = os.path.abspath(frame.f_code.co_filename)
-        if not path.startswith(_TORCH_ROOT) and path != os.path.abspath(__file__):
+        if not _skipped(path):
             place = f"{path}:{frame.f_lineno} ({frame.f_code.co_name})"
             if not path.startswith(_GNNFUSE_ROOT):
                 theirs = place

@@ -22,10 +22,10 @@ from ..launch_cache import CallSettings, LaunchCache
 from ..row_layout import has_row_stride
 from ..unit_ops import mixed_floats, mixed_floats_message, run_by_ops
 from ..reference.executor import run_plan
-from .codegen import (EDGE_BLOCK_LIMIT, SHARED_REDUCE_BLOCK_E, SHARED_REDUCE_PROGRAMS, TYPE_LOAD, RowSum, generate, generate_coo, generate_edge,
-                      generate_rows, generate_scan, generate_shared_reduce, generate_sibling_merge, generate_siblings, head_block,
-                      one_lane, partial_buffers, plain_sum, ROWS_WIDEST, row_stride, row_sum_split, shared_dot_rows,
-                      shared_dot_tiles)
+from .codegen import (EDGE_BLOCK_LIMIT, SHARED_REDUCE_BLOCK_E, SHARED_REDUCE_PROGRAMS, TYPE_LOAD, RowSum, generate,
+                      generate_coo, generate_edge, generate_rows, generate_scan, generate_shared_reduce,
+                      generate_sibling_merge, generate_siblings, head_block, one_lane, partial_buffers, plain_sum,
+                      ROWS_WIDEST, row_stride, row_sum_split, shared_dot_rows, shared_dot_tiles)
 from .context import TritonGraphContext
 from .direct_launch import Replays, _capturing, current_stream, uncaptured_stream
 from .launch import bind, launch, signature
