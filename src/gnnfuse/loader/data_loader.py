@@ -29,15 +29,18 @@ from .padded_graph_batch import GraphCapacities, pad_graph_batch, probe_capaciti
 
 class DataLoader(PyGDataLoader):
     """``DataLoader(dataset, batch_size=1, shuffle=False, follow_batch=None,
-    exclude_keys=None, *, static_shapes=False, capacities=None, **kwargs)``.
+    exclude_keys=None, *, static_shapes=False, capacities=None, label_mask=False, **kwargs)``.
 
-    Everything but the two keywords is PyG's ``DataLoader`` (and torch's: ``num_workers``,
+    Everything but the three keywords is PyG's ``DataLoader`` (and torch's: ``num_workers``,
     ``drop_last``, ...). ``static_shapes=True`` pads each batch (`pad_graph_batch`) to
     ``capacities`` (a `GraphCapacities`; by default probed on 16 random batches: 10%
     above the largest vertex and edge counts, plus 64, rounded up to a multiple of 128,
     with ``batch_size + 1`` graphs, one of them padding); a batch that does not fit, or
     whose graph count is also its vertex or edge count (one-vertex graphs), comes
     unpadded. ``loader.capacities`` holds them (None without ``static_shapes``).
+    ``label_mask=True`` (with ``static_shapes``) pads a float, bool or unsigned label
+    ``y`` too, and gives every batch ``y_mask`` for the loss to multiply in (regression:
+    `padded_graph_batch`'s module doc).
 
     Without ``follow_batch``, batches of plain ``Data`` graphs are collated by
     `graph_collate` (the same ``Batch`` as PyG's, faster); over an ``InMemoryDataset``,
@@ -48,9 +51,12 @@ class DataLoader(PyGDataLoader):
 
     def __init__(self, dataset: Any, batch_size: int = 1, shuffle: bool = False,
                  follow_batch: Sequence[str] | None = None, exclude_keys: Sequence[str] | None = None, *,
-                 static_shapes: bool = False, capacities: GraphCapacities | None = None, **kwargs: Any) -> None:
+                 static_shapes: bool = False, capacities: GraphCapacities | None = None, label_mask: bool = False,
+                 **kwargs: Any) -> None:
         if capacities is not None and not static_shapes:
             raise ValueError("capacities are the padded batches' shapes: pass static_shapes=True with them")
+        if label_mask and not static_shapes:
+            raise ValueError("label_mask masks the labels of padded batches: pass static_shapes=True with it")
         if static_shapes and follow_batch:
             raise ValueError(f"static_shapes cannot pad follow_batch's vectors ({', '.join(follow_batch)}): they "
                              f"hold graph ids per row of their attribute; use static_shapes=False")
@@ -65,15 +71,18 @@ class DataLoader(PyGDataLoader):
                                  f"needs {batch_size + 1} (one is padding)")
             self.capacities = capacities
         if not follow_batch:        # (static_shapes refuses follow_batch)
-            self.collate_fn = _GraphCollater(self.collate_fn, frozenset(exclude_keys or ()), self.capacities)
+            self.collate_fn = _GraphCollater(self.collate_fn, frozenset(exclude_keys or ()), self.capacities,
+                                             label_mask)
 
 
 class _GraphCollater:
     """`graph_collate`'s batch where it applies, else PyG's collater's; then
     `pad_graph_batch` to ``capacities`` if any. Picklable, for worker processes."""
 
-    def __init__(self, collate: Any, exclude_keys: frozenset[str], capacities: GraphCapacities | None) -> None:
+    def __init__(self, collate: Any, exclude_keys: frozenset[str], capacities: GraphCapacities | None,
+                 label_mask: bool = False) -> None:
         self.collate, self.exclude_keys, self.capacities = collate, exclude_keys, capacities
+        self.label_mask = label_mask
 
     def __call__(self, items: Any) -> Any:
         batch = None
@@ -86,7 +95,7 @@ class _GraphCollater:
         if batch is None:
             batch = self.collate(items)
         if self.capacities is not None:
-            batch = pad_graph_batch(batch, self.capacities)
+            batch = pad_graph_batch(batch, self.capacities, self.label_mask)
         if isinstance(batch, Batch) and torch.utils.data.get_worker_info() is not None:
             batch = for_transfer(batch)         # sent as one buffer where it can be
         return batch

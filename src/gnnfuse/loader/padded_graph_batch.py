@@ -23,13 +23,23 @@ graph's output is the unpadded batch's, the loss (which ignores the padding grap
 labels) is the same, and so is every gradient. A model normalising over all rows (batch
 norm) would see the padded ones; the captured step runs it eagerly, on the batch
 `unpadded` (`training.captured_step`). What cannot be padded safely is refused by name:
-a float label ``y`` (a regression loss would count the padding rows), a bool or unsigned
-one (which cannot hold `IGNORE_LABEL`), index tensors other than ``edge_index`` and
+a float label ``y`` (a regression loss would count the padding rows) and a bool or
+unsigned one (which cannot hold `IGNORE_LABEL`) unless the loss is masked (below), index
+tensors other than ``edge_index`` and
 ``batch``, ``follow_batch``, and a batch of ``HeteroData`` graphs. Attributes that are
 not tensors (a molecule's SMILES string) are left out: a replayed step could only ever
 see the first batch's. A batch over the capacities comes unpadded, and its step runs
 eagerly; so does a batch whose graph count is also its vertex or edge count (one-vertex
 graphs), where a graph-level tensor cannot be told from a vertex- or edge-level one.
+
+**Masked labels** (``label_mask=True``, for regression: ZINC, QM9): a float, bool or
+unsigned ``y`` is padded with 0, and every batch, padded or not, carries ``y_mask``, y's
+shape, 1 on the real rows and 0 on the padded ones (a signed integer ``y`` keeps
+`IGNORE_LABEL` there too), which the loss multiplies in:
+``(F.l1_loss(out, batch.y, reduction="none") * batch.y_mask).sum() / batch.y_mask.sum()``
+is the plain batch's ``F.l1_loss(out, y)``, and it replays: selecting the real rows by
+a boolean mask would read their count back to the host. The padding is 0, not NaN, so
+that the masked-out terms' gradients are 0 rather than NaN * 0.
 """
 from __future__ import annotations
 
@@ -108,21 +118,30 @@ def padded_capacities(batch: Any) -> GraphCapacities | None:
     return getattr(batch, _MARK, None) if not isinstance(batch, (torch.Tensor, dict)) else None
 
 
-def pad_graph_batch(batch: Any, capacities: GraphCapacities) -> Any:
+def pad_graph_batch(batch: Any, capacities: GraphCapacities, label_mask: bool = False) -> Any:
     """``batch`` (a PyG ``Batch`` as its ``DataLoader`` collates it) padded in place to
     ``capacities`` as the module doc says, or returned as it is where it does not fit or
-    its graph count is also its vertex or edge count (`_graph_rows_ambiguous`)."""
+    its graph count is also its vertex or edge count (`_graph_rows_ambiguous`); with
+    ``label_mask``, either way with ``y_mask`` (module doc)."""
     from torch_geometric.data import HeteroData     # PyG's batches only; gnnfuse.loader keeps PyG optional
     if isinstance(batch, HeteroData):
         raise ValueError("static_shapes pads batches of homogeneous graphs (Data): a HeteroData batch has a vertex "
                          "and edge count per type, which it does not pad. Use static_shapes=False")
     room = batch.__dict__.pop(ROOM, {})
     num_nodes, num_edges, num_graphs = int(batch.num_nodes), int(batch.num_edges), int(batch.num_graphs)
+    if label_mask and "y_mask" in batch:
+        raise ValueError("label_mask=True adds y_mask to each batch, but the graphs already have a 'y_mask'")
     if not capacities.fits(num_nodes, num_edges, num_graphs) or _graph_rows_ambiguous(batch, num_graphs):
+        if label_mask and isinstance(batch.get("y"), torch.Tensor):
+            batch.y_mask = _mask(batch.y, batch.y.shape[0])
         return batch
     # every key classified (PyG's is_node_attr reads the batch's counts) before any is padded
-    padded = {key: _padded(batch, key, value, num_nodes, num_edges, num_graphs, capacities, room.get(key))
+    padded = {key: _padded(batch, key, value, num_nodes, num_edges, num_graphs, capacities, room.get(key),
+                           label_mask)
               for key, value in batch.items() if isinstance(value, torch.Tensor)}
+    if label_mask and "y" in padded:
+        y, rows = padded["y"]
+        padded["y_mask"] = _mask(y, {"nodes": num_nodes, "edges": num_edges, "graphs": num_graphs}[rows]), rows
     store = batch._store.__dict__
     real = _Real(num_nodes, num_edges, num_graphs, {key: rows for key, (_, rows) in padded.items()},
                  batch._store._mapping.get("num_nodes"),
@@ -179,6 +198,16 @@ def unpadded(batch: Any) -> Any:
     return out
 
 
+def _mask(y: torch.Tensor, real: int) -> torch.Tensor:
+    """``y_mask`` for a label ``y`` whose first ``real`` rows are real: y's shape, 1 there
+    and 0 below, in y's dtype for a floating ``y`` (else the default float dtype), so the
+    masked loss keeps its dtype."""
+    mask = torch.zeros(y.shape, dtype=y.dtype if y.dtype.is_floating_point else torch.get_default_dtype(),
+                       device=y.device)
+    mask[:real] = 1
+    return mask
+
+
 def _graph_rows_ambiguous(batch: Any, num_graphs: int) -> bool:
     """Whether a tensor of the batch has a row per graph where that is also a row per
     vertex or per edge (a batch of one-vertex graphs): PyG classifies such rows as the
@@ -203,7 +232,8 @@ def _grown(value: torch.Tensor, rows: int, fill: int, room: torch.Tensor | None)
 
 
 def _padded(batch: Any, key: str, value: torch.Tensor, num_nodes: int, num_edges: int, num_graphs: int,
-            caps: GraphCapacities, room: torch.Tensor | None = None) -> tuple[torch.Tensor, str]:
+            caps: GraphCapacities, room: torch.Tensor | None = None,
+            label_mask: bool = False) -> tuple[torch.Tensor, str]:
     spare_nodes, extra = caps.nodes - num_nodes, caps.edges - num_edges
     device = value.device
     if key == "edge_index":
@@ -223,15 +253,19 @@ def _padded(batch: Any, key: str, value: torch.Tensor, num_nodes: int, num_edges
         raise ValueError(f"static_shapes cannot pad the batch's {key!r}: it holds vertex or graph ids (PyG "
                          f"increments it per graph), and only edge_index and batch are padded")
     label = key == "y"
-    if label and (value.dtype.is_floating_point or value.dtype.is_complex):
-        raise ValueError(f"static_shapes cannot pad a {value.dtype} label y: the padded rows would enter a "
-                         f"regression loss. Use a plain DataLoader (static_shapes=False)")
-    if label and (value.dtype == torch.bool or not value.dtype.is_signed):
+    unignorable = label and (value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool
+                             or not value.dtype.is_signed)
+    if unignorable and not label_mask:
+        masked = ("; or pass label_mask=True and multiply the loss by batch.y_mask (0 on the padded rows): "
+                  "(F.mse_loss(out, batch.y, reduction='none') * batch.y_mask).sum() / batch.y_mask.sum()")
+        if value.dtype.is_floating_point or value.dtype.is_complex:
+            raise ValueError(f"static_shapes cannot pad a {value.dtype} label y: the padded rows would enter a "
+                             f"regression loss. Use a plain DataLoader (static_shapes=False){masked}")
         raise ValueError(f"static_shapes cannot pad a {value.dtype} label y: its padded rows would hold "
                          f"{IGNORE_LABEL} (IGNORE_LABEL, which the loss must ignore) as "
                          f"{torch.tensor(IGNORE_LABEL).to(value.dtype).item()}. Use int64 labels, or a plain "
-                         f"DataLoader (static_shapes=False)")
-    fill = IGNORE_LABEL if label else 0
+                         f"DataLoader (static_shapes=False){masked}")
+    fill = 0 if unignorable or not label else IGNORE_LABEL
     if batch.is_node_attr(key) and value.shape[:1] == (num_nodes,):
         return _grown(value, caps.nodes, fill, room), "nodes"
     if batch.is_edge_attr(key) and value.shape[:1] == (num_edges,):

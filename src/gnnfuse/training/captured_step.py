@@ -56,6 +56,7 @@ from .static_graph_batch import StaticGraphBatch
 
 SHORT_BATCHES = ("eager", "replay")     # what BlockStepCapture does with a batch of fewer seeds
 LABEL_KEYS = ("y",)       # a padded graph batch's labels: IGNORE_LABEL in its padding (GraphStepCapture)
+MASK_KEYS = ("y_mask",)   # and their mask, 0 on the padding (DataLoader(label_mask=True))
 
 # Normalisations over all rows of a batch: the padded rows would change their statistics.
 ROW_MIXING = ("BatchNorm", "InstanceNorm", "GraphNorm", "PairNorm", "MeanSubtractionNorm", "DiffGroupNorm",
@@ -345,7 +346,10 @@ class GraphStepCapture(BlockStepCapture):
     padded batch runs eagerly on PyG's batch while `training.label_use.LabelWatch`
     follows ``batch.y`` through the step, and a step computing anything else from it
     (``y.float()`` for a binary loss, a mean of ``pred == y``, cross-entropy with
-    ``reduction="none"``) runs eagerly from then on, with a warning naming the op.
+    ``reduction="none"``) runs eagerly from then on, with a warning naming the op. With
+    masked labels (``DataLoader(static_shapes=True, label_mask=True)``: a regression's
+    float ``y``) the watch follows ``batch.y`` until the step multiplies it by
+    ``batch.y_mask`` instead (`training.label_use`).
 
     What is not checked: the replayed step runs on padded batches, whose ``num_graphs``,
     ``num_nodes`` and ``ptr`` count the padding, so a step using them as numbers (a summed
@@ -371,10 +375,16 @@ class GraphStepCapture(BlockStepCapture):
             # its labels: anything but a loss ignoring IGNORE_LABEL would count the padding
             self._labels_watched = True
             plain = unpadded(batch)
-            with LabelWatch([plain[key] for key in LABEL_KEYS if key in plain]) as watch:
+            masks = [plain[key] for key in MASK_KEYS if key in plain]
+            with LabelWatch([plain[key] for key in LABEL_KEYS if key in plain], masks) as watch:
                 result = self._eager_step(plain)
             self.eager += 1
-            if watch.misuse is not None:
+            if watch.misuse is not None and masks:
+                self._fall_back(f"the step computes {watch.misuse} of batch.y before multiplying it by batch.y_mask, "
+                                f"which is 0 on a padded batch's padding rows: multiply the loss terms by it before "
+                                f"reducing them, (F.mse_loss(out, batch.y, reduction='none') * batch.y_mask).sum() "
+                                f"/ batch.y_mask.sum()")
+            elif watch.misuse is not None:
                 self._fall_back(f"the step computes {watch.misuse} of batch.y, which on a padded batch holds "
                                 f"IGNORE_LABEL ({IGNORE_LABEL}) for the padding: only cross_entropy and nll_loss "
                                 f"with ignore_index={IGNORE_LABEL}, reduced by 'mean' or 'sum', ignore it")

@@ -10,6 +10,14 @@ cross-entropy's ``reduction="none"`` losses counts its zero. `LabelWatch` follow
 label tensors through a step (views, ``long()`` and ``to()`` an integer dtype keep them
 labels) and names the first op that computes anything else from them;
 `training.GraphStepCapture` runs its first batch, unpadded, under it.
+
+With masked labels (``DataLoader(static_shapes=True, label_mask=True)``: a regression's
+float ``y`` padded with 0, and ``y_mask`` 0 on the padded rows) the watch also follows
+``y_mask``: a value computed row by row from the labels (``y - out``, an unreduced loss)
+stays theirs until it is multiplied by the mask, or selected by ``torch.where`` on it,
+after which anything may be done with it; any other use of it, a reduction over its rows
+first of all, is named. So ``(F.l1_loss(out, y, reduction="none") * y_mask).sum()`` passes
+and ``F.l1_loss(out, y)`` does not.
 """
 from __future__ import annotations
 
@@ -32,6 +40,11 @@ _KEEP_LABELS = frozenset({
     torch.flatten})
 # Losses ignoring targets equal to their ``ignore_index`` argument.
 _IGNORING = (F.cross_entropy, F.nll_loss)
+# Products: a label's value times the mask (or a value of it) is 0 on the padded rows.
+_MASKING = frozenset({torch.mul, torch.Tensor.mul, torch.Tensor.__mul__, torch.Tensor.__rmul__, torch.Tensor.mul_})
+# Ops keeping each row's values in that row whose names nonetheless move values along
+# the rows (a cumulative sum over them, a sort): never row by row.
+_ROW_MIXING = ("cum", "sort", "flip", "roll", "gather", "scatter", "index", "take", "logcumsumexp", "diff")
 
 
 class LabelWatch(TorchFunctionMode):
@@ -39,22 +52,37 @@ class LabelWatch(TorchFunctionMode):
     the first torch function that computed something from the labels other than a loss
     ignoring `IGNORE_LABEL` and reduced over its rows (None: there was none)."""
 
-    def __init__(self, labels: Iterable[torch.Tensor]) -> None:
+    def __init__(self, labels: Iterable[torch.Tensor], masks: Iterable[torch.Tensor] = ()) -> None:
         super().__init__()
         self._labels = [t for t in labels if isinstance(t, torch.Tensor)]    # kept alive: ids stay theirs
         self._ids = {id(t) for t in self._labels}
+        self._masks = [t for t in masks if isinstance(t, torch.Tensor)]      # y_mask and values of it
+        self._mask_ids = {id(t) for t in self._masks}
         self.misuse: str | None = None
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        if self.misuse is not None or not any(isinstance(t, torch.Tensor) and id(t) in self._ids
-                                              for t in tree_flatten((args, kwargs))[0]):
+        if self.misuse is not None:
+            return out
+        inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        labelled = [t for t in inputs if id(t) in self._ids]
+        masked = any(id(t) in self._mask_ids for t in inputs)
+        if not labelled and not masked:
             return out
         results = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        if not labelled:          # the mask itself, converted or reshaped: still the mask
+            if _row_by_row(func, [t for t in inputs if id(t) in self._mask_ids], results):
+                self._keep(self._masks, self._mask_ids, results)
+            return out
+        if masked and (func in _MASKING or (func is torch.where and id(args[0]) in self._mask_ids)):
+            return out            # 0 on the padded rows: free of them
         ignoring = func in _IGNORING and _ignores_padding(func, args, kwargs)
         if not results or ignoring is True:
             return out            # a count or a shape; or a loss that ignores the padding
+        if self._mask_ids and _row_by_row(func, labelled, results):
+            self._keep(self._labels, self._ids, results)      # still the labels' rows: to be masked
+            return out
         if func in _KEEP_LABELS and not any(t.dtype.is_floating_point or t.dtype.is_complex
                                             or t.dtype == torch.bool for t in results):
             self._labels += results
@@ -64,6 +92,22 @@ class LabelWatch(TorchFunctionMode):
         if ignoring == "unreduced":
             self.misuse += "(reduction='none')"
         return out
+
+    @staticmethod
+    def _keep(kept: list, ids: set, results: list[torch.Tensor]) -> None:
+        kept += results
+        ids.update(id(t) for t in results)
+
+
+def _row_by_row(func: Any, sources: list[torch.Tensor], results: list[torch.Tensor]) -> bool:
+    """Whether ``func`` computed ``results`` from ``sources`` row by row: each result has
+    the rows of a source (the shape of one, or of them broadcast), and the op's name moves
+    nothing along the rows."""
+    name = getattr(func, "__name__", "")
+    if any(part in name for part in _ROW_MIXING):
+        return False
+    rows = {t.shape[0] for t in sources if t.dim()}
+    return bool(results) and all(t.dim() and t.shape[0] in rows for t in results)
 
 
 def _ignores_padding(loss: Any, args: tuple, kwargs: dict) -> bool | str:
