@@ -141,10 +141,15 @@ def test_a_masked_regression_step_replays_and_trains_as_pygs():
     (lambda out, b: F.l1_loss(out, b.y), "l1_loss"),
     (lambda out, b: (F.mse_loss(out, b.y, reduction="none").mean() * b.y_mask).sum(), "mean"),
     (lambda out, b: (torch.cumsum(out - b.y, 0) * b.y_mask).abs().sum(), "cumsum"),
+    (lambda out, b: (F.l1_loss(out, b.y, reduction="none") * b.y_mask).mean(), "mean"),
+    (lambda out, b: torch.where(b.y_mask.bool(), (out - b.y).abs(), torch.ones_like(out)).sum(), "sum"),
+    (lambda out, b: ((out - b.y) * b.y_mask + 1).sum(), "add"),
 ])
 def test_an_unmasked_use_of_the_labels_runs_eagerly_with_a_warning(loss_fn, named):
-    """Reduced before the mask (or mixed along the rows first), the padding rows would
-    count: the step falls back, naming the op, and trains on PyG's batches."""
+    """Reduced before the mask, mixed along the rows first, averaged after it (a mean
+    divides by the padded count), selected against non-zeros or shifted off zero after
+    it, the padding rows would count: the step falls back, naming the op, and trains on
+    PyG's batches."""
     eager = _training(False, loss_fn)
     with pytest.warns(CaptureFallbackWarning, match=f"{named}.*multiplying it by batch.y_mask"):
         replayed = _training(True, loss_fn)

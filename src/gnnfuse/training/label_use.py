@@ -13,11 +13,14 @@ labels) and names the first op that computes anything else from them;
 
 With masked labels (``DataLoader(static_shapes=True, label_mask=True)``: a regression's
 float ``y`` padded with 0, and ``y_mask`` 0 on the padded rows) the watch also follows
-``y_mask``: a value computed row by row from the labels (``y - out``, an unreduced loss)
-stays theirs until it is multiplied by the mask, or selected by ``torch.where`` on it,
-after which anything may be done with it; any other use of it, a reduction over its rows
-first of all, is named. So ``(F.l1_loss(out, y, reduction="none") * y_mask).sum()`` passes
-and ``F.l1_loss(out, y)`` does not.
+``y_mask``. A value computed row by row from the labels (``y - out``, an unreduced loss)
+stays theirs until it is multiplied by the mask, or selected by ``torch.where`` on it
+against zeros; the product is then 0 on the padded rows, and stays so through products,
+quotients, sign changes and reshapes, until a sum reduces it, which the zeros do not
+change. Anything else done with either -- a mean (which divides by the padded count),
+a reduction before the mask, an op moving values along the rows -- is named. So
+``(F.l1_loss(out, y, reduction="none") * y_mask).sum() / y_mask.sum()`` passes and
+``F.l1_loss(out, y)`` or ``(F.l1_loss(out, y, reduction="none") * y_mask).mean()`` do not.
 """
 from __future__ import annotations
 
@@ -42,6 +45,16 @@ _KEEP_LABELS = frozenset({
 _IGNORING = (F.cross_entropy, F.nll_loss)
 # Products: a label's value times the mask (or a value of it) is 0 on the padded rows.
 _MASKING = frozenset({torch.mul, torch.Tensor.mul, torch.Tensor.__mul__, torch.Tensor.__rmul__, torch.Tensor.mul_})
+# Ops that keep a value 0 where it was 0 (a quotient's numerator only), and sums, which
+# the zeros do not change.
+_ZERO_KEEPING = _MASKING | frozenset({
+    torch.neg, torch.Tensor.neg, torch.Tensor.__neg__, torch.abs, torch.Tensor.abs, torch.Tensor.__abs__,
+    torch.square, torch.Tensor.square, torch.Tensor.view, torch.Tensor.view_as, torch.Tensor.reshape,
+    torch.Tensor.reshape_as, torch.Tensor.squeeze, torch.Tensor.unsqueeze, torch.Tensor.flatten, torch.reshape,
+    torch.squeeze, torch.unsqueeze, torch.flatten, torch.Tensor.to, torch.Tensor.float, torch.Tensor.double,
+    torch.Tensor.type_as, torch.Tensor.contiguous, torch.Tensor.clone, torch.Tensor.detach})
+_DIVIDING = frozenset({torch.div, torch.true_divide, torch.Tensor.div, torch.Tensor.__truediv__, torch.Tensor.div_})
+_SUMS = frozenset({torch.sum, torch.Tensor.sum, torch.nansum, torch.Tensor.nansum})
 # Ops keeping each row's values in that row whose names nonetheless move values along
 # the rows (a cumulative sum over them, a sort): never row by row.
 _ROW_MIXING = ("cum", "sort", "flip", "roll", "gather", "scatter", "index", "take", "logcumsumexp", "diff")
@@ -58,6 +71,8 @@ class LabelWatch(TorchFunctionMode):
         self._ids = {id(t) for t in self._labels}
         self._masks = [t for t in masks if isinstance(t, torch.Tensor)]      # y_mask and values of it
         self._mask_ids = {id(t) for t in self._masks}
+        self._zeroed: list[torch.Tensor] = []    # label values times the mask: 0 on the padded rows
+        self._zeroed_ids: set[int] = set()
         self.misuse: str | None = None
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -68,15 +83,23 @@ class LabelWatch(TorchFunctionMode):
         inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
         labelled = [t for t in inputs if id(t) in self._ids]
         masked = any(id(t) in self._mask_ids for t in inputs)
-        if not labelled and not masked:
+        zeroed = [t for t in inputs if id(t) in self._zeroed_ids]
+        if not labelled and not masked and not zeroed:
             return out
         results = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
-        if not labelled:          # the mask itself, converted or reshaped: still the mask
+        if zeroed and not labelled:
+            if func in _SUMS or (func in _DIVIDING and args[0] is zeroed[0]) or func in _ZERO_KEEPING:
+                if not (func in _SUMS and all(t.dim() == 0 for t in results)):
+                    self._keep(self._zeroed, self._zeroed_ids, results)     # still 0 on the padded rows
+                return out
+        elif not labelled:        # the mask itself, converted or reshaped: still the mask
             if _row_by_row(func, [t for t in inputs if id(t) in self._mask_ids], results):
                 self._keep(self._masks, self._mask_ids, results)
             return out
-        if masked and (func in _MASKING or (func is torch.where and id(args[0]) in self._mask_ids)):
-            return out            # 0 on the padded rows: free of them
+        elif masked and (func in _MASKING or (func is torch.where and len(args) == 3 and id(args[0]) in self._mask_ids
+                                              and id(args[1]) in self._ids and _zero(args[2]))):
+            self._keep(self._zeroed, self._zeroed_ids, results)      # 0 on the padded rows
+            return out
         ignoring = func in _IGNORING and _ignores_padding(func, args, kwargs)
         if not results or ignoring is True:
             return out            # a count or a shape; or a loss that ignores the padding
@@ -97,6 +120,13 @@ class LabelWatch(TorchFunctionMode):
     def _keep(kept: list, ids: set, results: list[torch.Tensor]) -> None:
         kept += results
         ids.update(id(t) for t in results)
+
+
+def _zero(value: Any) -> bool:
+    """Whether ``value`` (the other branch of a ``torch.where``) is 0 everywhere."""
+    if isinstance(value, torch.Tensor):
+        return bool((value == 0).all())
+    return isinstance(value, (int, float)) and value == 0
 
 
 def _row_by_row(func: Any, sources: list[torch.Tensor], results: list[torch.Tensor]) -> bool:
