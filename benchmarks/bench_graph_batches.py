@@ -29,6 +29,11 @@ two loaders alone (PyG's, and gnnfuse's padded one, batches moved to the device)
 the graphs as a list and as an ``InMemoryDataset`` (``--epoch-sources``, as PyG's data
 sets hold them); seconds per epoch, after one epoch of warm-up.
 
+``--task regression`` trains a float target per graph instead (ZINC's task: L1 on the
+pooled output), PyG's steps on plain batches and gnnfuse's replayed one on batches
+padded with masked labels (``DataLoader(static_shapes=True, label_mask=True)``: the loss
+multiplied by ``batch.y_mask``).
+
     python benchmarks/bench_graph_batches.py --device cuda --json benchmarks/results/graph_batches.json
     python benchmarks/bench_graph_batches.py --device cpu --steps 3 --warmup 1 --graphs 8 --json /tmp/g.json
 """
@@ -59,11 +64,32 @@ from common import (add_step_arguments, environment, fmt, load_results, log, new
 
 MODELS = ("GIN", "GCN", "GraphSAGE", "GAT")
 FEATURES, CLASSES = 32, 2
+TASKS = ("classification", "regression")
+TASK = "classification"     # --task: what `molecule_graphs` labels and the steps' losses train
+
+
+def outputs() -> int:
+    """The head's width: a logit per class, or the one regressed value."""
+    return CLASSES if TASK == "classification" else 1
+
+
+def plain_loss(out: torch.Tensor, batch: Any) -> torch.Tensor:
+    """The loss on an unpadded batch: cross-entropy, or L1 of the one output (ZINC's)."""
+    return F.cross_entropy(out, batch["y"]) if TASK == "classification" else F.l1_loss(out[:, 0], batch["y"])
+
+
+def padded_loss(out: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """`plain_loss` on a padded batch: cross-entropy ignores the padding's labels; L1 is
+    multiplied by ``y_mask`` (0 on the padding) and divided by the real count."""
+    if TASK == "classification":
+        return F.cross_entropy(out, batch.y)
+    return (F.l1_loss(out[:, 0], batch.y, reduction="none") * batch.y_mask).sum() / batch.y_mask.sum()
 
 
 def molecule_graphs(count: int, graphs: int, seed: int = 0) -> list[list[Data]]:
     """``count`` lists of ``graphs`` random molecule-sized graphs each (both directions of
-    every edge, as PyG's molecule data sets store them), on the host."""
+    every edge, as PyG's molecule data sets store them), on the host; a class label each,
+    or a float target for ``--task regression``."""
     gen = torch.Generator().manual_seed(seed)
     out = []
     for _ in range(count):
@@ -75,7 +101,8 @@ def molecule_graphs(count: int, graphs: int, seed: int = 0) -> list[list[Data]]:
             dst = (src + torch.randint(1, n, (m,), generator=gen)) % n            # no self loops
             batch.append(Data(x=torch.randn(n, FEATURES, generator=gen),
                               edge_index=torch.stack([torch.cat([src, dst]), torch.cat([dst, src])]),
-                              y=torch.randint(0, CLASSES, (1,), generator=gen)))
+                              y=(torch.randint(0, CLASSES, (1,), generator=gen) if TASK == "classification"
+                                 else torch.randn(1, generator=gen))))
         out.append(batch)
     return out
 
@@ -92,7 +119,7 @@ def padded_batches(count: int, graphs: int, device: torch.device, seed: int = 0)
     ``DataLoader(static_shapes=True)`` pads a data set's batches), on ``device``."""
     collated = [Batch.from_data_list(g) for g in molecule_graphs(count, graphs, seed)]
     capacities = GraphCapacities.covering([(b.num_nodes, b.num_edges) for b in collated], graphs + 1)
-    return [pad_graph_batch(b, capacities).to(device) for b in collated]
+    return [pad_graph_batch(b, capacities, label_mask=TASK == "regression").to(device) for b in collated]
 
 
 class Classifier(torch.nn.Module):
@@ -100,7 +127,7 @@ class Classifier(torch.nn.Module):
 
     def __init__(self, body: torch.nn.Module, hidden: int):
         super().__init__()
-        self.body, self.head = body, torch.nn.Linear(hidden, CLASSES)
+        self.body, self.head = body, torch.nn.Linear(hidden, outputs())
 
     def forward(self, x, edge_index, batch, graphs: int):
         return self.head(pyg_nn.global_add_pool(self.body(x, edge_index), batch, size=graphs))
@@ -124,17 +151,29 @@ def step_fn(model: torch.nn.Module, batches: list[dict[str, torch.Tensor]], grap
         b = {k: v.clone() for k, v in batches[position[0] % len(batches)].items()}
         position[0] += 1
         optimizer.zero_grad(set_to_none=True)
-        F.cross_entropy(model(b["x"], b["edge_index"], b["batch"], graphs), b["y"]).backward()
+        plain_loss(model(b["x"], b["edge_index"], b["batch"], graphs), b).backward()
         optimizer.step()
     return step
 
 
 def batch_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer):
     """One training step on a PyG ``Batch`` (padded or not): pooled over its
-    ``num_graphs``, cross-entropy ignoring the padding graphs' labels; returns the loss."""
+    ``num_graphs``, the loss leaving out the padding graphs (`padded_loss`); returns it."""
     def train(batch: Batch) -> torch.Tensor:
         optimizer.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(batch.x, batch.edge_index, batch.batch, batch.num_graphs), batch.y)
+        loss = padded_loss(model(batch.x, batch.edge_index, batch.batch, batch.num_graphs), batch)
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+    return train
+
+
+def plain_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer):
+    """`batch_step` for unpadded batches (PyG's, or gnnfuse's loader's without
+    static_shapes), whose labels need no mask: `plain_loss`."""
+    def train(batch: Batch) -> torch.Tensor:
+        optimizer.zero_grad(set_to_none=True)
+        loss = plain_loss(model(batch.x, batch.edge_index, batch.batch, batch.num_graphs), batch)
         loss.backward()
         optimizer.step()
         return loss.detach()
@@ -174,7 +213,8 @@ def replayed_loss_error(name: str, args: argparse.Namespace, device: torch.devic
     replayed = float(capture(padded[0]))
     model.load_state_dict(start)
     b = plain[0]
-    eager = float(F.cross_entropy(model(b["x"], b["edge_index"], b["batch"], args.graphs), b["y"]))
+    with torch.no_grad():
+        eager = float(plain_loss(model(b["x"], b["edge_index"], b["batch"], args.graphs), b))
     return abs(replayed - eager)
 
 
@@ -185,7 +225,8 @@ def run_cell(name: str, args: argparse.Namespace, device: torch.device, batches,
     with torch.no_grad():
         err = max_rel_err(ours.eval()(b["x"], b["edge_index"], b["batch"], args.graphs),
                           theirs.eval()(b["x"], b["edge_index"], b["batch"], args.graphs))
-    cell: dict[str, Any] = {"model": name, "graphs": args.graphs, "hidden": args.hidden, "layers": args.layers,
+    cell: dict[str, Any] = {"model": name, "task": TASK, "graphs": args.graphs, "hidden": args.hidden,
+                            "layers": args.layers,
                             "vertices_per_batch": sum(t["x"].shape[0] for t in batches) / len(batches),
                             "max_rel_err": err}
     runs = [("gnnfuse", lambda: step_fn(ours.train(), batches, args.graphs)),
@@ -254,9 +295,9 @@ def epoch_seconds(name: str, args: argparse.Namespace, device: torch.device, gra
               "persistent_workers": workers > 0}
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, capturable=kind == "gnnfuse_captured"
                                  and device.type == "cuda")
-    train = batch_step(model, optimizer)
+    train = batch_step(model, optimizer) if kind == "gnnfuse_captured" else plain_step(model, optimizer)
     if kind in ("gnnfuse_captured", "loader_gnnfuse"):
-        loader = gnnfuse.loader.DataLoader(graphs, static_shapes=True, **shared)
+        loader = gnnfuse.loader.DataLoader(graphs, static_shapes=True, label_mask=TASK == "regression", **shared)
     elif kind == "gnnfuse":
         loader = gnnfuse.loader.DataLoader(graphs, **shared)
     else:
@@ -300,18 +341,20 @@ def epoch_cells(name: str, args: argparse.Namespace, device: torch.device) -> di
 
 def markdown(results: dict[str, Any]) -> str:
     lines = ["# Graph classification: training step on batches of small graphs", "",
-             "Median ms per step (Adam, cross-entropy over sum-pooled graphs); each step a new batch of "
+             "Median ms per step (Adam over sum-pooled graphs: cross-entropy for classification, L1 of one "
+             "output for regression, masked by y_mask on padded batches); each step a new batch of "
              "molecule-sized graphs with cloned tensors. Speed-up is PyG's time over gnnfuse's.", "",
              "Captured: gnnfuse's step replayed from a CUDA graph (`GraphStepCapture`) on the same batches "
              "padded to fixed shapes (`DataLoader(static_shapes=True)`); its speed-up is PyG's time over its "
              "time, and loss error |replayed - eager| on the first batch from the same weights.", "",
-             "| model | graphs/batch | vertices/batch | hidden x layers | gnnfuse ms | PyG ms | speed-up | rel err "
-             "| captured ms | captured speed-up | captured loss error |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| model | task | graphs/batch | vertices/batch | hidden x layers | gnnfuse ms | PyG ms | speed-up "
+             "| rel err | captured ms | captured speed-up | captured loss error |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in results["cells"].values():
         captured = c.get("gnnfuse_captured", {})
         error = c.get("captured_loss_error")
-        lines.append(f"| {c['model']} | {c['graphs']} | {c['vertices_per_batch']:.0f} | {c['hidden']} x {c['layers']} "
+        lines.append(f"| {c['model']} | {c.get('task', 'classification')} | {c['graphs']} "
+                     f"| {c['vertices_per_batch']:.0f} | {c['hidden']} x {c['layers']} "
                      f"| {fmt(c['gnnfuse'].get('median_ms'), '.2f')} | {fmt(c['pyg'].get('median_ms'), '.2f')} "
                      f"| {fmt(c['speedup'], '.2f')} | {c['max_rel_err']:.1e} "
                      f"| {captured.get('status') or fmt(captured.get('median_ms'), '.2f')} "
@@ -356,9 +399,13 @@ def main(argv: list[str] | None = None) -> None:
                              "(default list,in_memory)")
     parser.add_argument("--blocks", type=int, default=4,
                         help="rounds in which the cell's sides take turns, --steps // --blocks steps each (default 4)")
+    parser.add_argument("--task", choices=TASKS, default="classification",
+                        help="a class per graph (cross-entropy) or a float target (L1, masked labels when padded)")
     parser.add_argument("--json", type=Path, required=True)
     add_step_arguments(parser)
     args = parse_step_arguments(parser, argv)
+    global TASK
+    TASK = args.task
     device = resolve_device(args.device)
     results = load_results(args.json)
     run = new_run_id()
@@ -370,7 +417,8 @@ def main(argv: list[str] | None = None) -> None:
         cell = {**run_cell(name, args, device, batches, padded), "run": run}
         if args.epochs:
             cell["epochs"] = epoch_cells(name, args, device)
-        results["cells"][f"{name}/{args.graphs}"] = cell
+        key = f"{name}/{args.graphs}" if TASK == "classification" else f"{name}/{args.graphs}/{TASK}"
+        results["cells"][key] = cell
         prune_runs(results)
         save(results)
 
