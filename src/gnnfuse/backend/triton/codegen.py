@@ -1024,8 +1024,24 @@ def {name}(rowptr, col, eid, seg_row, seg_start, seg_end, seg_slot, slot_segment
 
 
 # The scan kernel's autotuning space: edges per program (256 was the fastest on both
-# graphs of the docstring's measurement, 512 slower on both), and warps.
+# graphs of the docstring's measurement, 512 slower on both), and warps, at most one edge
+# per thread (`scan_configs`).
 SCAN_BLOCKS = (64, 128, 256)
+SCAN_WARPS = (4, 8)
+
+
+def scan_configs(blocks: tuple[int, ...]) -> list[tuple[tuple[int], int]]:
+    """The (BLOCK_E,), warps configs `generate_scan` tunes over: ``blocks`` by
+    `SCAN_WARPS` where a program has at most one edge per thread. At 256 edges over four
+    warps Triton (3.6 and 3.9) loads each one-lane operand two edges per thread and moves
+    it into the tile's layout through shared memory, every operand through the same
+    addresses, and ptxas (12.8 to 13.0, sm_90) takes the two reads of one address for one
+    value: ``u.h * v.h`` is "a square", and ``relu(u.h * v.h)`` summed kept its
+    ``max(., 0)`` for the second edge of each pair only (the SASS of Triton 3.6's ptxas).
+    The edge-parallel kernels lost a sign so at 256 edges too (`EDGE_BLOCKS`);
+    tests/test_kernel_smem_staging.py checks every config compiled here. 256 edges over
+    eight warps, the measured best, stays."""
+    return [((block,), warps) for block in blocks for warps in SCAN_WARPS if block <= 32 * warps]
 
 
 def generate_scan(unit: AggregateUnit, name: str, acc_dtype: str, tuned: bool = False) -> tuple[str, list[Value]]:
@@ -1077,7 +1093,7 @@ def _segment_add(total_a, start_a, total_b, start_b):
     return tl.where(start_b != 0, total_b, total_a + total_b), start_a | start_b
 
 
-{_decorator(tuned, {"BLOCK_E": _fit_tiles(SCAN_BLOCKS, em, 4, acc_dtype)}, "size_class", True, warps=(4, 8))}
+{_decorator(tuned, {"BLOCK_E": ()}, "size_class", True, pruned=scan_configs(_fit_tiles(SCAN_BLOCKS, em, 4, acc_dtype)))}
 def {name}(col, rows, eid, degree, num_edges, size_class, out_numel, out, next_out, {em.params()}BLOCK_E: tl.constexpr):
     # {unit.describe()}, a segmented scan over CSR-ordered edges
     ACC: tl.constexpr = {acc_dtype}

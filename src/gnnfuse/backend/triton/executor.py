@@ -735,13 +735,18 @@ def _plan_scan_unit(unit: AggregateUnit, ctx: GraphContext, kernel, csr: tuple, 
     a zeroed ``out`` and zeroing the next call's (`_carried_outputs`)."""
     _, col, eid = csr
     count = ctx.num_edges
-    fixed = {} if _autotune() else {"BLOCK_E": 16}
+    fixed = {} if _autotune() else {"BLOCK_E": FIXED_SCAN_BLOCK}
     tuned_as = tuning_class(kernel, count)
     shape = (rows,) + unit.reduce.shape
     before = (col, rows_in_csr_order(ctx, unit.by), eid, ctx.degree(unit.by), count, tuned_as, math.prod(shape))
     return _launch_plan(kernel if count else None, lambda meta: (triton.cdiv(count, meta["BLOCK_E"]),),
                         (tuned_as, 1), before, (), fixed, leaf_dtypes, shape, unit.reduce.dtype, True, None,
                         carried={}, **common)
+
+
+# A scan kernel's edges per program where nothing autotunes (`fixed_csr_blocks` says where):
+# within one edge per thread, as `codegen.scan_configs` keeps the tuned ones
+FIXED_SCAN_BLOCK = 16
 
 
 def rows_in_csr_order(ctx: GraphContext, by: str) -> torch.Tensor:
