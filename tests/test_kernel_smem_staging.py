@@ -14,10 +14,13 @@ The scan kernel (`codegen.generate_scan`) did the same at 256 edges over four wa
 
 The check reads the PTX, compiled for sm_90 without a GPU: a ``mul``/``fma`` whose two
 operands come from ``ld.shared`` of the same address and element is the pattern ptxas
-mistook for a square. An audit of the CSR, rows, COO, edge, sibling and shared-reduce
-kernels (sum/mean/max of ``u.h * e.w``, ``relu(u.h * v.h)``, ``sqrt(|u.h * e.w|)`` at
-1-64 lanes, GAT/GATv2, float32/64, every autotuned config) found it nowhere else; they
-stage only edge ids, reductions or whole-tile results through shared memory.
+mistook for a square. An audit of the CSR, rows, COO, edge, scan, sibling and
+shared-reduce kernels (sum/mean/max of ``u.h * e.w``, ``relu(u.h * v.h)``,
+``sqrt(|u.h * e.w|)`` at 1-64 lanes, GAT/GATv2, float32/64, every tuned config and the
+untuned one, Triton 3.6) found such a product only in these two families; elsewhere
+shared memory carries edge ids, reductions and finished rows, except in GAT's tiled
+sibling kernel, whose untuned launch (128 edges, four warps) divides two per-edge values
+read from one address: its SASS divides two registers, and nothing after it tests a sign.
 """
 from __future__ import annotations
 
