@@ -156,24 +156,15 @@ def step_fn(model: torch.nn.Module, batches: list[dict[str, torch.Tensor]], grap
     return step
 
 
-def batch_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer):
-    """One training step on a PyG ``Batch`` (padded or not): pooled over its
-    ``num_graphs``, the loss leaving out the padding graphs (`padded_loss`); returns it."""
+def batch_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn=None):
+    """One training step on a PyG ``Batch``: pooled over its ``num_graphs``, ``loss_fn``
+    (default `padded_loss`, which leaves out a padded batch's padding graphs; `plain_loss`
+    for unpadded batches, whose labels need no mask); returns the loss."""
+    loss_fn = loss_fn or padded_loss
+
     def train(batch: Batch) -> torch.Tensor:
         optimizer.zero_grad(set_to_none=True)
-        loss = padded_loss(model(batch.x, batch.edge_index, batch.batch, batch.num_graphs), batch)
-        loss.backward()
-        optimizer.step()
-        return loss.detach()
-    return train
-
-
-def plain_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer):
-    """`batch_step` for unpadded batches (PyG's, or gnnfuse's loader's without
-    static_shapes), whose labels need no mask: `plain_loss`."""
-    def train(batch: Batch) -> torch.Tensor:
-        optimizer.zero_grad(set_to_none=True)
-        loss = plain_loss(model(batch.x, batch.edge_index, batch.batch, batch.num_graphs), batch)
+        loss = loss_fn(model(batch.x, batch.edge_index, batch.batch, batch.num_graphs), batch)
         loss.backward()
         optimizer.step()
         return loss.detach()
@@ -295,7 +286,7 @@ def epoch_seconds(name: str, args: argparse.Namespace, device: torch.device, gra
               "persistent_workers": workers > 0}
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, capturable=kind == "gnnfuse_captured"
                                  and device.type == "cuda")
-    train = batch_step(model, optimizer) if kind == "gnnfuse_captured" else plain_step(model, optimizer)
+    train = batch_step(model, optimizer, padded_loss if kind == "gnnfuse_captured" else plain_loss)
     if kind in ("gnnfuse_captured", "loader_gnnfuse"):
         loader = gnnfuse.loader.DataLoader(graphs, static_shapes=True, label_mask=TASK == "regression", **shared)
     elif kind == "gnnfuse":
