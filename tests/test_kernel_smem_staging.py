@@ -7,7 +7,8 @@ addresses; ptxas (12.8 to 13.0, sm_90) then takes the two reads of one address a
 the barrier for one value, so ``x * w`` is "a square" and the sign handling of
 ``|x * w|``, ``relu(x * w)`` or ``where(x * w < 0, ...)`` is dropped for the first
 element of each register pair: ``sqrt(|x * w|)`` came out NaN for 1,007 of 4,096 edges on
-an H200, without an error (tests/test_edge_kernel_layouts.py has the edge kernels).
+an H200, without an error. At the edge kernels' blocks (`codegen.EDGE_BLOCKS`, 128 at
+most) no one-lane operand passes through shared memory at all, which is checked too.
 The scan kernel (`codegen.generate_scan`) did the same at 256 edges over four warps:
 ``relu(u.h * v.h)`` summed over a sparse graph's one-lane rows, compiled with Triton
 3.6's ptxas, kept ``FSETP``/``FSEL`` for the second product of each pair only.
@@ -181,3 +182,5 @@ def test_one_lane_kernels_multiply_no_two_reads_of_one_shared_address(family, me
         assert re.search(r"mul\.f32|fma\.rn\.f32", ptx)
         assert not squares(ptx), (f"BLOCK_E={block_e}, num_warps={warps}: both factors of a product pass through "
                                   f"one shared-memory address: {squares(ptx)[:2]}")
+        if family == "edge":      # at its blocks an edge kernel moves no one-lane operand through shared memory
+            assert "st.shared" not in ptx, f"BLOCK_E={block_e}: an operand passes through shared memory"

@@ -450,9 +450,9 @@ def _fit_tiles(block_e: tuple[int, ...], em: _Emitter, warps: int, acc_dtype: st
 # negative and ``|x * w|`` or ``where(x * w < 0, ...)`` lose their sign handling for the
 # first edge of each pair. On an H200, ``sqrt(|x * w|)`` at 256 edges a program came out
 # NaN for 1,007 of 4,096 edges (tests/test_gpu_rounding.py), with no error; at 64 or 128
-# no operand passes through shared memory (tests/test_edge_kernel_layouts.py checks).
+# no operand passes through shared memory (tests/test_kernel_smem_staging.py checks).
 EDGE_BLOCKS = (64, 128)
-EDGE_BLOCK_LIMIT = 128
+EDGE_BLOCK_LIMIT = max(EDGE_BLOCKS)
 
 
 def _edge_parallel_source(name: str, comment: str, acc_dtype: str, em: _Emitter, width: int, params: str,
