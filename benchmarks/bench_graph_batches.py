@@ -156,12 +156,10 @@ def step_fn(model: torch.nn.Module, batches: list[dict[str, torch.Tensor]], grap
     return step
 
 
-def batch_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn=None):
+def batch_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn=padded_loss):
     """One training step on a PyG ``Batch``: pooled over its ``num_graphs``, ``loss_fn``
     (default `padded_loss`, which leaves out a padded batch's padding graphs; `plain_loss`
     for unpadded batches, whose labels need no mask); returns the loss."""
-    loss_fn = loss_fn or padded_loss
-
     def train(batch: Batch) -> torch.Tensor:
         optimizer.zero_grad(set_to_none=True)
         loss = loss_fn(model(batch.x, batch.edge_index, batch.batch, batch.num_graphs), batch)
