@@ -11,6 +11,11 @@
 # travel to the GPU machine: copy it into a git-ignored folder of the checkout, carry that
 # folder, and set GNNFUSE_DATA to it for this script (tests/conftest.py's `shared_data`).
 #
+# CHECK_CONFIGS=1 (the default) runs every autotuning config of each tuned kernel on its first
+# launch and fails on one that writes other values than the first
+# (src/gnnfuse/backend/triton/config_check.py): a miscompiled config then fails every run,
+# not only the runs where the timing picks it. CHECK_CONFIGS=0 tests the picked ones only.
+#
 # 14 workers share the GPU (addopts' -n auto would start one per core). Stopped with SIGINT
 # at LIMIT seconds, pytest still prints what failed so far and which tests ran (-v).
 set -uo pipefail
@@ -18,7 +23,7 @@ out=${1:?usage: gpu_suite.sh OUT_DIR [SHARD/SHARDS]}
 shard=${2:-1/1}
 index=${shard%/*} count=${shard#*/}
 mkdir -p "$out"
-export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
+export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 GNNFUSE_CHECK_CONFIGS=${CHECK_CONFIGS:-1}
 files=$(ls tests/test_*.py | sort | awk -v i="$index" -v n="$count" '(NR - 1) % n == i - 1')
 log="$out/tests_${index}_of_${count}.log"
 timeout -s INT -k 30 "${LIMIT:-540}" python -m pytest -o addopts="" -n "${WORKERS:-14}" --dist worksteal -v \

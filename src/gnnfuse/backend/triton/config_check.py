@@ -1,0 +1,137 @@
+"""Every autotuning config of a kernel run on the same inputs and compared
+(``GNNFUSE_CHECK_CONFIGS=1``).
+
+Why: the autotuner picks a kernel's config by timing, so which config runs differs from
+machine to machine and from one lease of a GPU to the next. A compiler bug that only one
+config triggers shows only where that config happens to win: Triton 3.6's edge kernels
+at 256 edges a program lost the sign handling of a product under ptxas (NaN on 1,007 of
+4,096 edges, no error; 722b6f3), and the test that found it passed or failed by which
+config the timing chose on that lease. With the variable set, the first launch of a tuned
+kernel under each call signature (`launch.launch`) first runs every config on copies of
+the same arguments and compares what each wrote with what the first config wrote; a
+disagreement raises `ConfigMismatch`, naming the kernel, both configs, the argument and
+the first differing element. The GPU suite runs with it (``benchmarks/gpu_suite.sh``), so
+every config of every tuned kernel the tests launch is checked, not only the fastest.
+
+The comparison allows what a different order of float additions gives (atomics, another
+block size): a relative tolerance per dtype against the larger magnitude in that output,
+with NaN and infinity positions required to match exactly and integers exactly. It
+copies every tensor argument once per launch checked, so it is a diagnostic mode for
+tests and bug reports, not for training runs.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+from triton.compiler.errors import CompileTimeAssertionFailure
+from triton.runtime.errors import OutOfResources, PTXASError
+
+from ...environ import getenv
+
+VARIABLE = "GNNFUSE_CHECK_CONFIGS"
+
+# Arguments a kernel uses as its own scratch (split rows' partial sums and arrival
+# counters): what is left in them may differ by config without any output differing.
+SCRATCH = frozenset({"work", "arrived"})
+
+# Relative tolerance per dtype, against the larger magnitude in the compared output.
+RTOL = {torch.float64: 1e-9, torch.float32: 1e-3, torch.float16: 1e-2, torch.bfloat16: 3e-2}
+
+# The failures the autotuner itself takes as "this config does not fit" (it times them as
+# infinitely slow); a config that fails so is skipped here too.
+_UNFIT = (OutOfResources, CompileTimeAssertionFailure, PTXASError)
+
+_COUNTS = {"launches": 0, "configs": 0}
+
+
+class ConfigMismatch(RuntimeError):
+    """Two autotuning configs of one kernel wrote different results from the same
+    arguments: one of them is miscompiled (or the kernel depends on its block size)."""
+
+
+def enabled() -> bool:
+    """Whether ``GNNFUSE_CHECK_CONFIGS`` asks for the check (read per first launch, so a
+    test's ``monkeypatch.setenv`` takes effect)."""
+    return getenv(VARIABLE, "0") not in ("", "0")
+
+
+def checked() -> dict[str, int]:
+    """Launches checked in this process and config runs compared in them (a test reads
+    them to see that the check ran)."""
+    return dict(_COUNTS)
+
+
+def check_configs(kernel: Any, grid: Callable[[dict], tuple], args: Sequence[Any], kwargs: dict[str, Any]) -> None:
+    """Run every config of autotuned ``kernel`` on ``args`` (restored before each run and
+    after the last) and raise `ConfigMismatch` where one wrote other values than the first
+    config that ran. Skipped while a CUDA graph is being captured (the copies would be
+    captured too)."""
+    positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+    if any(args[i].is_cuda for i in positions) and torch.cuda.is_current_stream_capturing():
+        return
+    names = list(getattr(kernel, "arg_names", ()))
+    compared = [i for i in positions if i >= len(names) or names[i] not in SCRATCH]
+    saved = [args[i].clone() for i in positions]
+    first: tuple[Any, list[torch.Tensor]] | None = None
+    try:
+        for config in kernel.configs:
+            for i, copy in zip(positions, saved):
+                args[i].copy_(copy)
+            if config.pre_hook is not None:
+                config.pre_hook({**dict(zip(names, args)), **kwargs, **config.all_kwargs()})
+            try:
+                kernel.fn.run(*args, grid=grid, warmup=False, **kwargs, **config.all_kwargs())
+            except _UNFIT:
+                continue
+            _COUNTS["configs"] += 1
+            written = [args[i].clone() for i in compared]
+            if first is None:
+                first = (config, written)
+                continue
+            for i, expected, got in zip(compared, first[1], written):
+                problem = _difference(expected, got)
+                if problem:
+                    name = names[i] if i < len(names) else f"argument {i}"
+                    raise ConfigMismatch(
+                        f"{_kernel_name(kernel)}: config ({_describe(config)}) wrote `{name}` differently from "
+                        f"config ({_describe(first[0])}) on the same arguments: {problem}. One of the two configs "
+                        f"is miscompiled or the kernel depends on its block size; GNNFUSE_AUTOTUNE=0 launches "
+                        f"fixed configs instead.")
+    finally:
+        for i, copy in zip(positions, saved):
+            args[i].copy_(copy)
+    _COUNTS["launches"] += 1
+
+
+def _difference(expected: torch.Tensor, got: torch.Tensor) -> str:
+    """Empty if ``got`` matches ``expected`` (`RTOL`; NaN and infinities in the same
+    places with the same signs; integers exactly), else how they differ."""
+    if expected.dtype.is_floating_point:
+        scale = torch.stack([_finite_max(expected), _finite_max(got)]).max()
+        rtol = RTOL.get(expected.dtype, 1e-3)
+        close = torch.isclose(got, expected, rtol=rtol, atol=float(scale) * rtol, equal_nan=True)
+    else:
+        close = got == expected
+    if bool(close.all()):
+        return ""
+    wrong = (~close).reshape(-1).nonzero()
+    at = int(wrong[0])
+    index = tuple(int(k) for k in torch.unravel_index(torch.tensor(at), expected.shape)) if expected.dim() else ()
+    return (f"{len(wrong)} of {expected.numel()} elements differ, the first at index {index}: "
+            f"{expected.reshape(-1)[at].item()} against {got.reshape(-1)[at].item()}")
+
+
+def _finite_max(t: torch.Tensor) -> torch.Tensor:
+    values = t.detach().abs().to(torch.float64)
+    values = values[torch.isfinite(values)]
+    return values.max() if values.numel() else torch.zeros((), dtype=torch.float64, device=t.device)
+
+
+def _kernel_name(kernel: Any) -> str:
+    fn = getattr(kernel, "base_fn", None) or getattr(kernel, "fn", kernel)
+    return getattr(fn, "__name__", type(kernel).__name__)
+
+
+def _describe(config: Any) -> str:
+    return ", ".join([*(f"{k}={v}" for k, v in config.kwargs.items()), f"num_warps={config.num_warps}"])
