@@ -119,6 +119,36 @@ def test_each_config_starts_from_the_arguments_as_given_and_they_are_left_so(che
     assert torch.equal(out, torch.ones(4))
 
 
+def _row_sums(x, out, n, B: tl.constexpr):
+    """Sums rows of 64 float32 values ``B`` at a time into a float64 output: another
+    block size adds in another order."""
+    row = tl.program_id(0)
+    acc = tl.zeros([B], tl.float32)
+    for start in range(0, 64, B):
+        acc += tl.load(x + row * 64 + start + tl.arange(0, B))
+    tl.store(out + row, tl.sum(acc, 0).to(tl.float64))
+
+
+def test_float32_inputs_set_the_tolerance_of_a_float64_output(checking):
+    kernel = _tuned(_row_sums)
+    x = torch.randn(N, 64, generator=torch.Generator().manual_seed(1)) * 1000
+    out = torch.zeros(N, dtype=torch.float64)
+    config_check.check_configs(kernel, lambda meta: (N,), (x, out, N), {})
+    launch(kernel, lambda meta: (N,), (N,), (x, out, N), {})
+    assert torch.allclose(out, x.double().sum(1), rtol=1e-5)
+
+
+def test_graph_tensors_keep_their_version_counters(checking):
+    """A graph's index and layout tensors are kernel arguments; an input whose version
+    changed would read as a graph edited after it was built, and an output restored
+    between configs is no in-place edit of the caller's either."""
+    kernel = _tuned(_atomic_sum)
+    x, out = torch.randn(N), torch.ones(4)
+    versions = (x._version, out._version)
+    config_check.check_configs(kernel, _grid, (x, out, N), {})
+    assert (x._version, out._version) == versions
+
+
 def test_scratch_arguments_are_not_compared(checking):
     kernel, x, out, work = _tuned(_with_scratch), torch.randn(N), torch.zeros(N), torch.zeros(N)
     _launch(kernel, x, out, work, N)
@@ -137,14 +167,15 @@ def test_the_tolerance_passes_reordered_sums_and_catches_a_lost_sign(dtype):
     terms = torch.randn(64, 16, generator=gen, dtype=torch.float64)
     forward = terms.to(dtype).sum(0)
     backward = terms.to(dtype).flip(0).sum(0)    # the same sums in another order
-    assert config_check._difference(forward, backward) == ""
+    rtol = config_check.RTOL[dtype]
+    assert config_check._difference(forward, backward, rtol) == ""
     flipped = forward.clone()
     flipped[3] = -flipped[3]
-    assert "1 of 16 elements differ, the first at index (3,)" in config_check._difference(forward, flipped)
+    assert "1 of 16 elements differ, the first at index (3,)" in config_check._difference(forward, flipped, rtol)
     with_nan = forward.clone()
     with_nan[5] = float("nan")
-    assert "index (5,)" in config_check._difference(forward, with_nan)
-    assert config_check._difference(with_nan, with_nan.clone()) == "", "NaN in the same place on both sides"
+    assert "index (5,)" in config_check._difference(forward, with_nan, rtol)
+    assert config_check._difference(with_nan, with_nan.clone(), rtol) == "", "NaN in the same place on both sides"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="gnnfuse's generated kernels are autotuned on a GPU only")
