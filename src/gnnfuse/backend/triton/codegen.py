@@ -1197,7 +1197,7 @@ import triton.language as tl
 
 
 {_decorator(tuned, {"BLOCK_E": _fit_tiles(SHARED_REDUCE_BLOCK_E, em, 4, acc_dtype)}, "size_class", reset=False)}
-def {name}(src, dst, num_edges, size_class, out, {em.params()}BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
+def {name}(src, dst, num_edges, size_class, partials, {em.params()}BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
     # {unit.describe()}, as a tile product over edge blocks
     ACC: tl.constexpr = {acc_dtype}
     f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
@@ -1210,8 +1210,8 @@ def {name}(src, dst, num_edges, size_class, out, {em.params()}BLOCK_E: tl.conste
         right = tl.where(emask[:, None] & fmask[None, :], {g_tile} + tl.zeros([BLOCK_E, BLOCK_F], ACC), 0.0)
         left = tl.where(emask[:, None] & (kk < {count})[None, :], {x_tile} + tl.zeros([BLOCK_E, {rows}], ACC), 0.0)
         acc = tl.dot(tl.trans(left), right, acc, input_precision="ieee")
-    tl.store(out + tl.program_id(0) * {count * width} + kk[:, None] * {width} + f[None, :],
-             acc.to(out.dtype.element_ty), mask=(kk < {count})[:, None] & fmask[None, :])
+    tl.store(partials + tl.program_id(0) * {count * width} + kk[:, None] * {width} + f[None, :],
+             acc.to(partials.dtype.element_ty), mask=(kk < {count})[:, None] & fmask[None, :])
 '''
     return source, em.leaf_args
 
@@ -1221,7 +1221,9 @@ def generate_shared_reduce(unit: SharedReduceUnit, name: str, acc_dtype: str,
     """Kernel source for a shared-reduce unit: a fixed number of programs (the launch's
     first grid dim) stride over blocks of edges, evaluate the unit's per-edge
     expression in registers, sum it over their edges and write one partial row each
-    into ``out[program, :]``; the executor adds the partials with one torch sum.
+    into ``partials[program, :]``; the executor adds them with one torch sum. (Which
+    edges a program takes depends on ``BLOCK_E``, so the partials do too; only their sum
+    is the kernel's result, which is what `config_check` compares.)
 
     Why partials and not atomics: every program's result goes to the same few hundred
     addresses, so atomic adds would serialize on them and make a parameter's gradient
@@ -1246,7 +1248,7 @@ import triton.language as tl
 
 
 {_decorator(tuned, {"BLOCK_E": _fit_tiles(SHARED_REDUCE_BLOCK_E, em, 4, acc_dtype)}, "size_class", reset=False)}
-def {name}(src, dst, num_edges, size_class, out, {leaf_params}BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
+def {name}(src, dst, num_edges, size_class, partials, {leaf_params}BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
     # {unit.describe()}
     ACC: tl.constexpr = {acc_dtype}
     f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
@@ -1256,6 +1258,6 @@ def {name}(src, dst, num_edges, size_class, out, {leaf_params}BLOCK_E: tl.conste
 {_SHARED_EDGE_LOOP}{body}
         acc += tl.where(emask[:, None], {terms} + tl.zeros([BLOCK_E, BLOCK_F], ACC), 0.0)
     partial = tl.sum(acc, axis=0)
-    tl.store(out + tl.program_id(0) * {width} + f, partial.to(out.dtype.element_ty), mask=fmask)
+    tl.store(partials + tl.program_id(0) * {width} + f, partial.to(partials.dtype.element_ty), mask=fmask)
 '''
     return source, em.leaf_args

@@ -35,6 +35,11 @@ VARIABLE = "GNNFUSE_CHECK_CONFIGS"
 # counters): what is left in them may differ by config without any output differing.
 SCRATCH = frozenset({"work", "arrived"})
 
+# Arguments holding one partial result per program, whose sum over programs (the first
+# dimension) is the result: which items a program takes depends on the block size
+# (`codegen.generate_shared_reduce`), so only the sum is compared.
+SUMMED = frozenset({"partials"})
+
 # Relative tolerance per dtype, against the larger magnitude in the compared output.
 RTOL = {torch.float64: 1e-9, torch.float32: 1e-3, torch.float16: 1e-2, torch.bfloat16: 3e-2}
 
@@ -85,7 +90,7 @@ def check_configs(kernel: Any, grid: Callable[[dict], tuple], args: Sequence[Any
             except _UNFIT:
                 continue
             _COUNTS["configs"] += 1
-            written = [args[i].clone() for i in compared]
+            written = [_result(args[i], names[i] if i < len(names) else "") for i in compared]
             if first is None:
                 first = (config, written)
                 continue
@@ -101,6 +106,13 @@ def check_configs(kernel: Any, grid: Callable[[dict], tuple], args: Sequence[Any
     finally:
         _restore(args, positions, saved)
     _COUNTS["launches"] += 1
+
+
+def _result(arg: torch.Tensor, name: str) -> torch.Tensor:
+    """What ``arg`` holds after a run, as compared: a copy, or the sum of `SUMMED` partials."""
+    if name in SUMMED:
+        return arg.sum(0, dtype=torch.float64 if arg.dtype.is_floating_point else None)
+    return arg.clone()
 
 
 def _restore(args: Sequence[Any], positions: list[int], saved: list[torch.Tensor]) -> None:
