@@ -17,18 +17,52 @@ from .overwrite import overwritable, run_over
 # ((item, ids read, out id, ids freed after it, op, input ids, residencies, the input position
 # the op may write its result over or None), ...): `schedule_steps`
 _Schedule = tuple
-_SCHEDULES: "weakref.WeakKeyDictionary[Program, dict]" = weakref.WeakKeyDictionary()
-_VALUE_PLANS: "weakref.WeakKeyDictionary[Program, list[Value]]" = weakref.WeakKeyDictionary()
-_INPUTS: "weakref.WeakKeyDictionary[Program, tuple[weakref.WeakKeyDictionary, tuple]]" = weakref.WeakKeyDictionary()
+
+
+class _ProgramRuns:
+    """What every run of one program reuses, in one record: the executor's own plan (its
+    values in order, `execute`), the schedules by plan and kept values (`schedule_steps`),
+    the inputs' specs and their expected shapes by graph
+    (`input_shapes`). One weak lookup per run finds them all; a run looked each up in a
+    weak dictionary of its own (three Python calls more per run, and a small graph's
+    training step runs a program per layer, forward and backward)."""
+    __slots__ = ("plan", "own", "schedules", "specs", "shapes")
+
+    def __init__(self, program: Program) -> None:
+        self.plan: list[Value] | None = None       # built on `execute`'s first run
+        self.own: dict[tuple, tuple] = {}          # kept values -> `plan`'s schedule
+        self.schedules: dict[tuple, tuple] = {}    # (id(plan), kept values) -> (plan, keep, steps)
+        # (key, value id, residency, per-row shape, residency name) per input
+        self.specs = tuple((v.attrs["key"], v.id, v.residency, tuple(v.shape), v.residency.name)
+                           for v in program.inputs.values())
+        self.shapes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()     # graph -> `input_shapes`
+
+
+_SCHEDULES: "weakref.WeakKeyDictionary[Program, _ProgramRuns]" = weakref.WeakKeyDictionary()
+
+
+def _runs(program: Program) -> _ProgramRuns:
+    """``program``'s record, made on its first run (not setdefault: a weak dictionary's
+    builds a weak reference per call)."""
+    runs = _SCHEDULES.get(program)
+    if runs is None:
+        runs = _SCHEDULES[program] = _ProgramRuns(program)
+    return runs
 
 
 def execute(program: Program, ctx: GraphContext, feeds: Mapping[str, torch.Tensor],
             keep: Iterable[int] = ()) -> tuple[dict[str, torch.Tensor], dict[int, torch.Tensor]]:
     """Run ``program`` on ``feeds``; return its outputs and the kept values by value id."""
-    plan = _VALUE_PLANS.get(program)      # one weak lookup (``in`` then ``[]`` were two)
-    if plan is None:
-        plan = _VALUE_PLANS[program] = [v for v in program.values if v.op != "input"]
-    return run_plan(program, plan, ctx, feeds, keep, None)
+    runs = _SCHEDULES.get(program)      # (inline `_runs`: one call per run)
+    if runs is None:
+        runs = _SCHEDULES[program] = _ProgramRuns(program)
+    keep = keep if type(keep) is tuple else tuple(keep)
+    found = runs.own.get(keep)
+    if found is None:
+        if runs.plan is None:
+            runs.plan = [v for v in program.values if v.op != "input"]
+        found = runs.own[keep] = _schedule(program, runs, runs.plan, keep)
+    return _run(program, runs, found[0], found[1], ctx, feeds, None)
 
 
 def run_plan(program: Program, plan: Sequence, ctx: GraphContext, feeds: Mapping[str, torch.Tensor],
@@ -42,9 +76,20 @@ def run_plan(program: Program, plan: Sequence, ctx: GraphContext, feeds: Mapping
     each dies, the inputs' expected shapes on this graph -- is worked out on the first
     call per (program, plan, kept values) and per (program, graph), not on every call:
     on small graphs that bookkeeping was a visible share of a training step."""
-    keep, steps = schedule_steps(program, plan, keep)
+    runs = _runs(program)
+    keep, steps = _schedule(program, runs, plan, keep)
+    return _run(program, runs, keep, steps, ctx, feeds, run_unit)
+
+
+def _run(program: Program, runs: _ProgramRuns, keep: frozenset[int], steps: _Schedule, ctx: GraphContext,
+         feeds: Mapping[str, torch.Tensor], run_unit: Callable | None
+         ) -> tuple[dict[str, torch.Tensor], dict[int, torch.Tensor]]:
+    """`run_plan` once its schedule is found: the inputs checked against ``ctx``'s graph, then the steps."""
     env: dict[int, torch.Tensor] = {}
-    for key, value_id, expected, residency in input_shapes(program, ctx):
+    shapes = runs.shapes.get(ctx.graph)     # (the usual hit inline: `_input_shapes` on a miss)
+    if shapes is None:
+        shapes = _input_shapes(program, runs, ctx)
+    for key, value_id, expected, residency in shapes:
         if key not in feeds:
             raise CompileError(f"no tensor was given for program input {key!r}")
         t = feeds[key]
@@ -59,12 +104,15 @@ def run_steps(program: Program, steps: _Schedule, ctx: GraphContext, env: dict[i
               ) -> tuple[dict[str, torch.Tensor], dict[int, torch.Tensor]]:
     """`run_plan`'s steps (from `schedule_steps`) on ``env``, its inputs by value id, checked.
     Operands are read by ``map`` and the results gathered by loops, not comprehensions:
-    each of those is a Python call in 3.11, one per step and two per run."""
+    each of those is a Python call in 3.11, one per step and two per run. A step is run
+    over an operand's buffer only on the CPU (`run_over` declines any other device's), so
+    elsewhere it is not asked."""
     read = env.__getitem__
+    on_cpu = ctx.device.type == "cpu"
     for item, reads, out, frees, op, input_ids, residencies, over in steps:
         if op is not None:
             tensors = list(map(read, input_ids))
-            result = None if over is None else run_over(item.op, align_rows(tensors, residencies), over)
+            result = None if over is None or not on_cpu else run_over(item.op, align_rows(tensors, residencies), over)
             env[out] = op.run(ctx, tensors, residencies, item.attrs) if result is None else result
         elif type(out) is tuple:     # a step with several outputs (passes.siblings.SiblingGroup)
             env.update(zip(out, run_unit(item, ctx, dict(zip(reads, map(read, reads))))))
@@ -87,9 +135,13 @@ def schedule_steps(program: Program, plan: Sequence, keep: Iterable[int]) -> tup
     what it reads and the values that die after it (read for the last time and not
     kept), for a value its op and operands' ids and residencies, and which operand it
     may overwrite (`overwrite.overwritable`); built once per (program, plan, keep)."""
-    cache = _SCHEDULES.get(program)
-    if cache is None:
-        cache = _SCHEDULES[program] = {}
+    return _schedule(program, _runs(program), plan, keep)
+
+
+def _schedule(program: Program, runs: _ProgramRuns, plan: Sequence, keep: Iterable[int]
+              ) -> tuple[frozenset[int], _Schedule]:
+    """`schedule_steps` with ``program``'s record found."""
+    cache = runs.schedules
     keep = keep if type(keep) is tuple else tuple(keep)
     lookup = (id(plan), keep)
     entry = cache.get(lookup)
@@ -118,11 +170,16 @@ def input_shapes(program: Program, ctx: GraphContext) -> list[tuple[str, int, to
     """(key, value id, expected shape, residency name) per program input on ``ctx``'s
     graph; a bipartite graph's sides are checked here, once per (program, graph). What
     does not depend on the graph -- each input's key, id, residency and per-row shape --
-    is read from the program once (`_input_specs`): a loader's new graph per step meets
-    every program anew, and reading them per input (an enum's ``name`` is a Python
+    is read from the program once (`_ProgramRuns.specs`): a loader's new graph per step
+    meets every program anew, and reading them per input (an enum's ``name`` is a Python
     property) was most of that first call's work."""
-    per_graph, specs = _INPUTS.get(program) or _input_specs(program)
+    return _input_shapes(program, _runs(program), ctx)
+
+
+def _input_shapes(program: Program, runs: _ProgramRuns, ctx: GraphContext) -> list[tuple[str, int, torch.Size, str]]:
+    """`input_shapes` with ``program``'s record found."""
     graph = ctx.graph
+    per_graph = runs.shapes
     found = per_graph.get(graph)
     if found is None:
         sides: dict[int, str | None] = {}
@@ -130,7 +187,7 @@ def input_shapes(program: Program, ctx: GraphContext) -> list[tuple[str, int, to
             check_sides(program, graph.num_src_nodes, ctx.num_nodes)
             sides = sides_of(program)
         found = []
-        for key, value_id, residency, shape, name in specs:
+        for key, value_id, residency, shape, name in runs.specs:
             if residency is Residency.SHARED:
                 expected = torch.Size(shape)
             else:       # a NODE input of a bipartite graph: a row per vertex of the set it is read as
@@ -139,15 +196,6 @@ def input_shapes(program: Program, ctx: GraphContext) -> list[tuple[str, int, to
             found.append((key, value_id, expected, name))
         per_graph[graph] = found
     return found
-
-
-def _input_specs(program: Program) -> tuple[weakref.WeakKeyDictionary, tuple]:
-    """`input_shapes`' entry for ``program``: its shapes by graph (empty), and (key, value
-    id, residency, per-row shape, residency name) per input."""
-    specs = tuple((v.attrs["key"], v.id, v.residency, tuple(v.shape), v.residency.name)
-                  for v in program.inputs.values())
-    entry = _INPUTS[program] = (weakref.WeakKeyDictionary(), specs)
-    return entry
 
 
 def _outputs(item) -> int | tuple[int, ...]:
