@@ -40,6 +40,13 @@ from .torchscript import NotScriptable
 _UNSIZED = nn.parameter.UninitializedParameter     # a lazy map's weight before its first call
 
 
+def _unsized(weight: Any) -> bool:
+    """Whether ``weight`` is a lazy map's, not materialized yet (`_UNSIZED`). A plain
+    ``Parameter`` is answered without ``isinstance``, which on a parameter class runs
+    torch's Python ``__instancecheck__`` (two calls; SAGEConv asks twice per call)."""
+    return type(weight) is not nn.Parameter and isinstance(weight, _UNSIZED)
+
+
 def _as_graph(graph: Graph | torch.Tensor, num_nodes: int) -> Graph:
     """Accept a PyG ``edge_index`` (or ``EdgeIndex``, or a sparse ``adj_t``) for drop-in
     use. `Graph.coerce` remembers the graph made for an unchanged index tensor, so a
@@ -641,25 +648,26 @@ class SAGEConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
 
     placement = None     # a `nn.placement.PlacementModel` choosing the order per call, or the static rule
 
-    def _combine_first(self, graph: Graph, messages: torch.Tensor) -> bool:
+    def _combine_first(self, graph: Graph, messages: torch.Tensor, lin_l: nn.Module, weight_l: torch.Tensor) -> bool:
         """Whether the linear map runs before the aggregation (mean/sum only): by the
         `placement` model when one is installed (GraphTensor's DKP), else by the static
-        rule `maps_first`."""
-        width = self.lin_l.in_features
+        rule `maps_first`. ``lin_l`` and its weight as `forward` read them (once a call)."""
+        width = lin_l.in_features
         if isinstance(graph, GraphRef):     # torch.compile: aggregating first needs no per-graph row masks
             return False
         if not width:     # lazy in_channels: not materialized yet
             return False
         if self.placement is None:
-            return maps_first(width, self.out_channels, messages, self.lin_l.weight)
+            return maps_first(width, self.out_channels, messages, weight_l)
         input_grad = torch.is_grad_enabled() and messages.requires_grad
         return self.placement.combine_first(graph, width, self.out_channels, input_grad)
 
-    def _root_takes_bias(self, x_dst: torch.Tensor | None) -> bool:
+    @staticmethod
+    def _root_takes_bias(x_dst: torch.Tensor | None, lin_r: Any, weight_r: torch.Tensor | None) -> bool:
         """Whether the root term can carry ``lin_l``'s bias into its GEMM's epilogue: a
-        root term with a materialized weight and no bias of its own."""
-        return (x_dst is not None and isinstance(self.lin_r, nn.Linear) and self.lin_r.bias is None
-                and not isinstance(self.lin_r.weight, nn.parameter.UninitializedParameter))
+        root term ``lin_r`` with a materialized weight ``weight_r`` and no bias of its own."""
+        return (x_dst is not None and isinstance(lin_r, nn.Linear) and lin_r.bias is None
+                and not _unsized(weight_r))
 
     def _aggregated_width(self, width: int) -> int:
         """The width of the aggregated rows ``lin_l`` maps, for messages ``width`` wide
@@ -687,7 +695,10 @@ class SAGEConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
     @compile_path(_compile_problem)
     def forward(self, x: torch.Tensor | tuple[torch.Tensor, torch.Tensor | None], edge_index: Graph | torch.Tensor,
                 size: tuple[int, int] | None = None) -> torch.Tensor:
-        kind = self.aggr_module.kind if isinstance(self.aggr_module, Reduction) else None
+        # the submodules and parameters read once, into locals: each read of one is a
+        # Module.__getattr__ call, and reading them where used was 21 per call
+        aggr_module, lin_l, lin_r = self.aggr_module, self.lin_l, self.lin_r
+        kind = aggr_module.kind if isinstance(aggr_module, Reduction) else None
         if kind != "sum":
             # PyG aggregates a sparse adj_t by spmm, which sums a COO tensor's repeated
             # entries into one neighbour (then refused as a weight): a mean or max over
@@ -695,31 +706,32 @@ class SAGEConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
             edge_index = coalesced(edge_index)
         x, x_dst, graph = _bipartite_inputs(x, edge_index, size, "SAGEConv")
         messages = F.relu(self.lin(x)) if self.project else x     # PyG projects the sources only
-        if isinstance(self.lin_l.weight, _UNSIZED) or isinstance(getattr(self.lin_r, "weight", None), _UNSIZED):
-            # (inline: every call asks, tests/test_host_path.py)
-            pyg_init.materialize([(self.lin_l, self._aggregated_width(messages.shape[-1])), (self.lin_r, x_dst)])
-        if kind in ("sum", "mean") and self._combine_first(graph, messages):
-            if self._root_takes_bias(x_dst):
+        weight_l, weight_r = lin_l.weight, getattr(lin_r, "weight", None)
+        if _unsized(weight_l) or _unsized(weight_r):
+            pyg_init.materialize([(lin_l, self._aggregated_width(messages.shape[-1])), (lin_r, x_dst)])
+            weight_l, weight_r = lin_l.weight, getattr(lin_r, "weight", None)
+        if kind in ("sum", "mean") and self._combine_first(graph, messages, lin_l, weight_l):
+            if self._root_takes_bias(x_dst, lin_r, weight_r):
                 # the root term carries lin_l's bias in its GEMM's epilogue, and the
                 # aggregation's kernel adds it to each row it stores (passes.fusion.
                 # _row_added), reading it where the GEMM wrote it (`aligned_linear`):
                 # no pass over the output of its own. Both maps of one input share a
                 # backward that sums their gradients for it inside a GEMM (`paired_linear`).
                 if x_dst is messages:
-                    h, root = paired_linear(messages, self.lin_l.weight, transform_first_rows(graph, 1),
-                                            self.lin_r.weight, self.lin_l.bias)
+                    h, root = paired_linear(messages, weight_l, transform_first_rows(graph, 1), weight_r, lin_l.bias)
                 else:
-                    h = _transform_first(messages, self.lin_l.weight, graph, 1)
-                    root = aligned_linear(x_dst, self.lin_r.weight, self.lin_l.bias)
+                    h = _transform_first(messages, weight_l, graph, 1)
+                    root = aligned_linear(x_dst, weight_r, lin_l.bias)
                 out = _AGGREGATORS_PLUS_ROOT[kind](graph, {"h": h, "root": root})
                 return F.normalize(out, p=2.0, dim=-1) if self.normalize else out
-            out = _AGGREGATORS[kind](graph, {"h": _transform_first(messages, self.lin_l.weight, graph, 1)})
-            if self.lin_l.bias is not None:
-                out = out + self.lin_l.bias
+            out = _AGGREGATORS[kind](graph, {"h": _transform_first(messages, weight_l, graph, 1)})
+            bias_l = lin_l.bias
+            if bias_l is not None:
+                out = out + bias_l
         else:
             aggregated = (_AGGREGATORS[kind](graph, {"h": messages}) if kind in _AGGREGATORS
-                          else aggregate("SAGEConv", self.aggr_module, graph, messages))
-            if self._root_takes_bias(x_dst) and _plain_linear(self.lin_l):
+                          else aggregate("SAGEConv", aggr_module, graph, messages))
+            if self._root_takes_bias(x_dst, lin_r, weight_r) and _plain_linear(lin_l):
                 # lin_l(aggregated) + lin_r(x_dst) as the root term (lin_l's bias in its
                 # epilogue, its gradient a matrix-vector product) plus one GEMM that adds
                 # onto it: no [N, out] addition and no bias reduction over the rows (on
@@ -729,15 +741,14 @@ class SAGEConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
                 # in the autocast dtype while the weight and the aggregation stay float32, and
                 # the in-place addmm_ is not cast by autocast ("self and mat2 must have the
                 # same dtype"); the out-of-place addmm is, giving PyG's autocast result.
-                root = aligned_linear(x_dst, self.lin_r.weight, self.lin_l.bias)
-                weight = self.lin_l.weight
+                root = aligned_linear(x_dst, weight_r, lin_l.bias)
                 in_place = (kernel_row_stride(x_dst, self.out_channels) == self.out_channels
-                            and root.dtype == aggregated.dtype == weight.dtype)
-                out = (root.addmm_(aggregated, weight.t()) if in_place
-                       else torch.addmm(root, aggregated, weight.t()))
+                            and root.dtype == aggregated.dtype == weight_l.dtype)
+                out = (root.addmm_(aggregated, weight_l.t()) if in_place
+                       else torch.addmm(root, aggregated, weight_l.t()))
                 return F.normalize(out, p=2.0, dim=-1) if self.normalize else out
-            out = self.lin_l(aggregated)
-        out = out if self.lin_r is None or x_dst is None else out + self.lin_r(x_dst)
+            out = lin_l(aggregated)
+        out = out if lin_r is None or x_dst is None else out + lin_r(x_dst)
         return F.normalize(out, p=2.0, dim=-1) if self.normalize else out
 
 
