@@ -440,24 +440,27 @@ def signature(tables: tuple[Mapping[str, torch.Tensor], ...]) -> Hashable:
     symbolic `RowCount`, so a trace never depends on it, and the batches of a sampled
     mini-batch run (a different vertex count each) reuse one trace."""
     # loops, not comprehensions (each a Python call in 3.11): every cached call asks, and
-    # test_host_path counts calls
-    autocast = found = None     # (device type, dtype) of the first tensor's device
-    parts = []
+    # test_host_path counts calls; tuples grown by ``+=`` and ``ndim`` (an attribute) rather
+    # than ``append`` and ``dim()``, a C call each per tensor and table
+    autocast = first = None     # the first tensor, whose device's autocast state is read
+    parts: tuple = ()
     for table in tables:
         if not table:
-            parts.append(())
+            parts += ((),)
             continue
-        entries = []
+        entries: tuple = ()
         for key, t in table.items():
-            entries.append((key, t.dim(), tuple(t.shape[1:]), t.dtype))
-        parts.append(tuple(entries))
-        if found is None:
-            found = kind = next(iter(table.values())).device.type
-            if kind == "meta":      # stand-ins under torch.compile: the state they stand in for
-                autocast = autocast_state(kind)
-            elif kind in AUTOCAST_DEVICE_TYPES and torch.is_autocast_enabled(kind):
-                autocast = kind, torch.get_autocast_dtype(kind)
-    return torch.get_default_dtype(), autocast, tuple(parts)
+            entries += ((key, t.ndim, tuple(t.shape[1:]), t.dtype),)
+            if first is None:
+                first = t
+        parts += (entries,)
+    if first is not None:
+        kind = first.device.type
+        if kind == "meta":      # stand-ins under torch.compile: the state they stand in for
+            autocast = autocast_state(kind)
+        elif kind in AUTOCAST_DEVICE_TYPES and torch.is_autocast_enabled(kind):
+            autocast = kind, torch.get_autocast_dtype(kind)
+    return torch.get_default_dtype(), autocast, parts
 
 
 class TraceCache:
