@@ -326,6 +326,12 @@ class Graph:
         ``edge_index`` every step reuses one graph and its cached layouts. With
         ``num_src_nodes`` an edge_index becomes a bipartite graph (PyG's ``size=``).
         """
+        if type(obj) is torch.Tensor and obj.layout is torch.strided:
+            # a plain edge_index, every layer call's input: the general path below asks
+            # `index_tensors` (three Python calls) for the [obj] it gives such a tensor
+            key = num_nodes if num_src_nodes is None else (num_nodes, num_src_nodes)
+            return cached_graph(obj, [obj], key,
+                                lambda: cls._from_torch(obj, num_nodes, num_src_nodes)._begin_first_pass())
         if isinstance(obj, Graph):
             if num_nodes is not None and num_nodes != obj.num_nodes:
                 raise ValueError(f"num_nodes={num_nodes} given but the graph has {obj.num_nodes} nodes")
