@@ -141,7 +141,10 @@ class OpDef:
         if self.elementwise:
             tensors = align_rows(tensors, residencies)
         if self.row_aware:
-            attrs = {**attrs, "rows": tuple(r is not Residency.SHARED for r in residencies)}
+            rows = ()
+            for r in residencies:       # a loop, not a generator: each of its steps was a Python call
+                rows += (r is not Residency.SHARED,)
+            attrs = {**attrs, "rows": rows}
         return self.reference(ctx, *tensors, **attrs)
 
 
@@ -158,11 +161,12 @@ def align_rows(tensors: Sequence[torch.Tensor], residencies: Sequence[Residency]
     need nothing: they are returned as given (``tensors`` itself, which callers only read),
     without the general pass, whose comprehension was a Python call per step in 3.11.
     """
-    if len(tensors) == 1:
+    count = len(tensors)      # (read once; ``ndim`` is an attribute, where ``dim()`` was a call per operand)
+    if count == 1:
         return tensors
-    if len(tensors) == 2:
+    if count == 2:
         (a, b), (ra, rb) = tensors, residencies
-        if a.dim() - (ra is not Residency.SHARED) == b.dim() - (rb is not Residency.SHARED):
+        if a.ndim - (ra is not Residency.SHARED) == b.ndim - (rb is not Residency.SHARED):
             return tensors
     ranks = [t.dim() - (r is not Residency.SHARED) for t, r in zip(tensors, residencies)]
     k = max(ranks, default=0)

@@ -39,6 +39,10 @@ class GraphContext:
         self.num_nodes = graph.num_nodes
         self.num_edges = graph.num_edges
         self.device = graph.device
+        # the graph's endpoint arrays once read (`index`): fixed for a graph once read (a lazy
+        # graph keeps those it builds for them), and every gather and scatter of a run reads one
+        self._src: torch.Tensor | None = None
+        self._dst: torch.Tensor | None = None
 
     @property
     def src(self) -> torch.Tensor:
@@ -53,10 +57,16 @@ class GraphContext:
 
     def index(self, by: str) -> torch.Tensor:
         """int64 index ``by``: one entry per edge (per vertex for ``ntype``)."""
-        if by == "src":         # the graph's, not through the properties: read on every gather and scatter
-            return self.graph.src
+        if by == "src":         # not through the properties: read on every gather and scatter
+            src = self._src
+            if src is None:
+                src = self._src = self.graph.src
+            return src
         if by == "dst":
-            return self.graph.dst
+            dst = self._dst
+            if dst is None:
+                dst = self._dst = self.graph.dst
+            return dst
         if by in EDGE_TYPE_INDICES:
             return self._edge_types()
         node_type = self._node_types()
