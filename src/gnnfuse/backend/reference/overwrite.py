@@ -81,6 +81,10 @@ def _broadcasts_to(shape: torch.Size, target: torch.Size) -> bool:
     ``broadcast_shapes`` took 30 us a call, more than the op on a small table)."""
     if shape == target:
         return True
-    if len(shape) > len(target):
+    offset = len(target) - len(shape)
+    if offset < 0:
         return False
-    return all(n == t or n == 1 for n, t in zip(shape, target[len(target) - len(shape):]))
+    for n, t in zip(shape, target[offset:]):     # a loop: a generator's every step was a Python call
+        if n != t and n != 1:
+            return False
+    return True
