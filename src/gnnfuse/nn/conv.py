@@ -861,8 +861,10 @@ class GATConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
             return "attention dropout in training (the backward re-runs the forward and would draw anew)"
         return graph_input_problem(edge_index)
 
-    def _remakes(self, x: torch.Tensor, x_dst: torch.Tensor | None, graph: Graph | GraphRef,
-                 ndata: dict[str, torch.Tensor]) -> list[recompute.Remake]:
+    @staticmethod
+    def _remakes(x: torch.Tensor, x_dst: torch.Tensor | None, graph: Graph | GraphRef,
+                 ndata: dict[str, torch.Tensor], lin: nn.Module | None,
+                 atts: tuple[torch.Tensor, torch.Tensor]) -> list[recompute.Remake]:
         """What the compiled attention may remake in its backward rather than keep
         (`nn.recompute`): ``h = lin(x)`` and the folded logits, one GEMM of ``x`` each,
         when ``lin``'s own backward keeps ``x`` anyway (its weight needs a gradient) and
@@ -873,8 +875,8 @@ class GATConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
         Every such layer remakes, the last one too, although its backward starts soon
         after its forward: measured on the products-sized GAT step (H100), remaking only
         the first layer's tables ran 2.3 ms faster but its captured step peaked at
-        8.24 GB against 7.93 GB with both layers remade."""
-        lin = self.lin
+        8.24 GB against 7.93 GB with both layers remade. ``lin`` and ``atts`` (the source and
+        destination attention vectors): the layer's, as `forward` read them."""
         if (lin is None or x_dst is not x or isinstance(graph, GraphRef)
                 or not torch.is_grad_enabled() or not lin.weight.requires_grad or type(lin) is not nn.Linear
                 or lin._forward_hooks or lin._forward_pre_hooks
@@ -884,7 +886,6 @@ class GATConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
         remakes = [recompute.Remake(ndata["h"], lambda: aligned_linear(x, weight, bias).view(-1, *shape),
                           (x, weight) if bias is None else (x, weight, bias))]
         if _folds(lin, x):
-            atts = (self.att_src, self.att_dst)
             makers = recompute.made_together(lambda: _folded_logits(lin, x, *atts), 2)
             remakes += [recompute.Remake(ndata[name], make, (x, weight, *atts))
                         for name, make in zip(("alpha_src", "alpha_dst"), makers)]
@@ -923,7 +924,10 @@ class GATConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
         if return_attention_weights:                               # False: just the output, as in PyG
             check_attention_request(self, x, edge_index, "GATConv")
         x, x_dst, graph = _bipartite_inputs(x, edge_index, size, "GATConv")
-        pyg_init.materialize([(self.lin, x), (self.lin_src, x), (self.lin_dst, x_dst)], "glorot")
+        # the maps and attention vectors read once, into locals: each read of a submodule or
+        # parameter is a Module.__getattr__ call, and reading them where used was 14 per call
+        lin, att_src, att_dst = self.lin, self.att_src, self.att_dst
+        pyg_init.materialize([(lin, x), (self.lin_src, x), (self.lin_dst, x_dst)], "glorot")
         rows = edge_rows(self, graph, edge_attr, "GATConv")
         # the edge logit <lin_edge(a), att_edge> per head is a @ w_edge, w_edge [edge_dim, heads] folded from
         # both parameters, so no [E, heads x channels] product exists; traced in (edge_dim <= the compiler's
@@ -934,18 +938,18 @@ class GATConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
         edata = None if rows is None else {"attr": rows} if in_kernel else {"alpha_edge": rows @ w_edge}
         graph = _with_loops(graph, self.add_self_loops, rows is None and not return_attention_weights)
         shape = (-1, self.heads, self.out_channels)
-        h = _aligned(self.lin or self.lin_src, x).view(shape)
-        if x_dst is x and self.lin is not None and _folds(self.lin, x):
-            alpha_src, alpha_dst = _folded_logits(self.lin, x, self.att_src, self.att_dst)
+        h = _aligned(lin or self.lin_src, x).view(shape)
+        if x_dst is x and lin is not None and _folds(lin, x):
+            alpha_src, alpha_dst = _folded_logits(lin, x, att_src, att_dst)
             ndata = {"h": h, "alpha_src": alpha_src, "alpha_dst": alpha_dst}
         else:
-            alpha_src = (h * self.att_src).sum(-1)
+            alpha_src = (h * att_src).sum(-1)
             ndata = {"h": h, "alpha_src": alpha_src}
         if x_dst is not None and "alpha_dst" not in ndata:
-            h_dst = h if x_dst is x and self.lin is not None else (self.lin or self.lin_dst)(x_dst).view(shape)
-            ndata["alpha_dst"] = (h_dst * self.att_dst).sum(-1)
+            h_dst = h if x_dst is x and lin is not None else (lin or self.lin_dst)(x_dst).view(shape)
+            ndata["alpha_dst"] = (h_dst * att_dst).sum(-1)
         setting = (self.negative_slope, self.dropout, self.training, x_dst is not None)
-        remakes = self._remakes(x, x_dst, graph, ndata)
+        remakes = self._remakes(x, x_dst, graph, ndata, lin, (att_src, att_dst))
         with recompute.remade_when_saved(remakes) if remakes else contextlib.nullcontext():
             if edata is None:
                 out = _gat_attention(*setting)(graph, ndata=ndata)["out"]
