@@ -13,7 +13,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 from ..environ import getenv
 
 SCHEDULES = ("auto", "csr", "coo", "rows")
@@ -48,9 +48,10 @@ class ForcedSchedule:
 _CURRENT: ContextVar[ForcedSchedule | None] = ContextVar("gnnfuse_forced_schedule", default=None)
 
 
-def forced_schedule() -> ForcedSchedule | None:
-    """The schedule forced for the code running now, or None."""
-    return _CURRENT.get()
+# ``forced_schedule()``: the schedule forced for the code running now, or None. The context
+# variable's own ``get`` (one C call), not a function wrapping it: every program run asks,
+# forward and backward, and the wrapper was a Python call more each time.
+forced_schedule: Callable[[], ForcedSchedule | None] = _CURRENT.get
 
 
 @contextmanager

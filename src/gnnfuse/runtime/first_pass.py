@@ -49,6 +49,10 @@ FIRST_PASS_EDGES = 65_536
 
 _STEADY: ContextVar[bool] = ContextVar("gnnfuse_steady_executor", default=False)
 
+# ``torch.cuda.is_current_stream_capturing`` without its Python wrapper (a call per
+# program run on a GPU); asked only of a graph on a CUDA device, so CUDA is set up
+_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None) or torch.cuda.is_current_stream_capturing
+
 
 @contextmanager
 def steady_executor() -> Iterator[None]:
@@ -66,7 +70,7 @@ def first_pass_executor(graph: Any, name: str) -> str:
     Triton backend by default and ``graph`` is a small graph on its first pass (module doc)."""
     if (name != "triton" or not getattr(graph, "first_pass", False) or graph.num_edges > FIRST_PASS_EDGES
             or getenv("GNNFUSE_BACKEND") or forced_schedule() is not None or _STEADY.get()
-            or (graph.device.type == "cuda" and torch.cuda.is_current_stream_capturing())):
+            or (graph.device.type == "cuda" and _capturing())):
         return name
     return "reference"
 
