@@ -134,7 +134,13 @@ class Graph:
 
     def _init(self, src, dst, num_nodes, edge_type, num_edge_types, node_type, num_node_types,
               num_src_nodes=None) -> None:
-        src, dst, edge_type, node_type = (_sealable(t) for t in (src, dst, edge_type, node_type))
+        # (`_sealable` called by name, not over a generator: a graph is made per layer call
+        # of a loader's step, and the generator was a Python call per tensor more)
+        src, dst = _sealable(src), _sealable(dst)
+        if edge_type is not None:
+            edge_type = _sealable(edge_type)
+        if node_type is not None:
+            node_type = _sealable(node_type)
         self._edges: tuple[torch.Tensor, torch.Tensor] | None = (src, dst)
         self._lazy: _LazyEdges | None = None
         self._num_nodes = num_nodes
@@ -441,30 +447,44 @@ class Graph:
     def device(self) -> torch.device:
         return (self._lazy.src if self._edges is None else self._edges[0]).device
 
-    def _sealed_tensors(self) -> list[tuple[str, torch.Tensor]]:
-        """(name, tensor) for each tensor this graph's edges are read from -- a caller's
-        own ``edge_index`` rows where they were kept without a copy (`Graph`'s doc), a
-        lazy graph's recipe's, and the edge and vertex types -- without building a lazy
-        graph's endpoints. (An `in_edges_block`'s ``rows`` only mark it: nothing is
-        computed from them.) Inference tensors have no version counter and are left out:
-        a graph copies those it is built from (`_sealable`), so only a graph unpickled in
-        inference mode holds any."""
+    def _sealed_tensors(self) -> tuple[tuple[str, torch.Tensor, int], ...]:
+        """(name, tensor, its version now) for each tensor this graph's edges are read
+        from -- a caller's own ``edge_index`` rows where they were kept without a copy
+        (`Graph`'s doc), a lazy graph's recipe's, and the edge and vertex types -- without
+        building a lazy graph's endpoints. (An `in_edges_block`'s ``rows`` only mark it:
+        nothing is computed from them.) Inference tensors have no version counter and are
+        left out: a graph copies those it is built from (`_sealable`), so only a graph
+        unpickled in inference mode holds any. (Built by a loop into a tuple: a graph is
+        made per layer call of a loader's step, and the comprehensions and generator
+        this was were a Python call per step of theirs.)"""
         src, dst = self._edges if self._edges is not None else self._lazy[:2]
         base = src._base
         # the rows of one [2, E] edge_index share its version counter: name the one edited
-        edges = [("edge_index", base)] if base is not None and base is dst._base else [("src", src), ("dst", dst)]
+        if base is not None and base is dst._base:
+            named: tuple = (("edge_index", base),)
+        else:
+            named = (("src", src), ("dst", dst))
         if self._edges is None:
-            edges.append(("self-loop mask", self._lazy.keep))
-        named = edges + [("edge_type", self._edge_type), ("node_type", self._node_type)]
-        return [(name, t) for name, t in named if t is not None and not t.is_inference()]
+            named += (("self-loop mask", self._lazy.keep),)
+        named += (("edge_type", self._edge_type), ("node_type", self._node_type))
+        sealed: tuple = ()
+        for name, t in named:
+            if t is not None and not t.is_inference():
+                sealed += ((name, t, t._version),)
+        return sealed
 
     def _seal(self) -> None:
         """Record the version counters of the tensors the graph is read from (see the
         module doc), and of the layouts it has handed out (`_seal_layout`);
         `check_unchanged` compares them. Called when a graph is built."""
-        self._sealed = tuple((name, t, t._version) for name, t in self._sealed_tensors())
-        self._sealed_layouts = tuple(entry for key in _HANDED_OUT if key in self._cache
-                                     for entry in _layout_versions(key, self._cache[key]))
+        self._sealed = self._sealed_tensors()
+        layouts: tuple = ()
+        cache = self._cache
+        if cache:       # (a graph just built has handed out nothing)
+            for key in _HANDED_OUT:
+                if key in cache:
+                    layouts += _layout_versions(key, cache[key])
+        self._sealed_layouts = layouts
 
     def _seal_layout(self, key: str) -> None:
         """Seal a layout the public methods hand out (``in_degrees()``, ``csr()``, ...):
