@@ -150,6 +150,8 @@ def adjacency_weights(edge_index: Any, edge_weight: torch.Tensor | None, layer: 
 
     An ``edge_weight`` beside a sparse adj_t is refused: PyG ignores it (the weights are
     the adj_t's values), and its rows would have no defined edge order to follow."""
+    if type(edge_index) is torch.Tensor and edge_index.layout is torch.strided:
+        return edge_index, edge_weight      # a plain edge_index, the usual call: no scipy or sparse check
     if sp.issparse(edge_index):
         weighted = scipy_weights(edge_index)
         if weighted is None:
