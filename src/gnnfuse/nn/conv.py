@@ -520,17 +520,18 @@ class GCNConv(OneLineRepr, CachedGraph, NotScriptable, nn.Module):
             nn.init.zeros_(self.bias)
         self._cached_graph = None
 
-    def _aggregates_first(self, x: torch.Tensor, graph: Graph) -> bool:
+    def _aggregates_first(self, x: torch.Tensor, graph: Graph, lin: nn.Module) -> bool:
         """PyG maps first; the normalized sum commutes with the map, so aggregate first
         where that moves fewer feature lanes over the step (`maps_first`: a first layer,
         whose input needs no gradient, narrowing by less than half).
         Under torch.compile (a GraphRef) the order stays PyG's, and so it does for sparse
         COO features (bag-of-words), which the compiled aggregation cannot read, and under
         torch.autocast: PyG's map gives the autocast dtype and its float32 normalisation
-        then promotes the sum to float32, where the map after the sum gave bfloat16."""
+        then promotes the sum to float32, where the map after the sum gave bfloat16.
+        ``lin``: the layer's, as `forward` read it."""
         if isinstance(graph, GraphRef) or x.is_sparse or autocast_dtype(x.device.type) is not None:
             return False
-        return not maps_first(self.lin.in_features, self.out_channels, x, self.lin.weight)
+        return not maps_first(lin.in_features, self.out_channels, x, lin.weight)
 
     def _compile_problem(self, x: Any, edge_index: Any, edge_weight: Any = None) -> str | None:
         if self.improved and self.add_self_loops and edge_weight is None:
@@ -542,14 +543,15 @@ class GCNConv(OneLineRepr, CachedGraph, NotScriptable, nn.Module):
     def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor,
                 edge_weight: torch.Tensor | None = None) -> torch.Tensor:
         x, graph, edge_weight = _normalized_layer_inputs(self, "GCNConv", x, edge_index, edge_weight)
-        pyg_init.materialize([(self.lin, x)], "glorot")
+        lin = self.lin      # read once (a Module.__getattr__ call per read)
+        pyg_init.materialize([(lin, x)], "glorot")
         graph = _along_flow(graph, self.flow)
-        if edge_weight is None and self.normalize and not self.improved and self._aggregates_first(x, graph):
+        if edge_weight is None and self.normalize and not self.improved and self._aggregates_first(x, graph, lin):
             graph = _with_loops(graph, self.add_self_loops, vertex_data_only=True)
             # the bias in the GEMM's epilogue: one pass over the [N, out] output fewer
             return F.linear(_normalized_sum(graph, {"h": x, "norm": _inv_sqrt_degree(graph, x.dtype)}),
-                            self.lin.weight, self.bias)
-        h = _aligned(self.lin, x)
+                            lin.weight, self.bias)
+        h = _aligned(lin, x)
         if edge_weight is not None:
             graph, weight = _gcn_edge_norm(graph, edge_weight, x.dtype, self.add_self_loops,
                                            2.0 if self.improved else 1.0, self.normalize)
