@@ -148,6 +148,20 @@ def test_feature_tables_must_be_dicts_of_tensors():
     with pytest.raises(TypeError, match=r"edata must map str names to tensors; edata\['w'\] is list"):
         gnnfuse.message_passing(graph(), lambda e: {"m": e.src["h"]},
                                 lambda n: {"o": torch.sum(n.mailbox["m"], dim=1)}, ndata={"h": h}, edata={"w": [1.0]})
+    # message passing checks a plain node table inline too (message._run); each other case,
+    # a falsy table that is no dict included, still reaches `check_tables`
+    attention = gnnfuse.frontend.UpdateAll(lambda e: {"m": e.src["h"]}, lambda n: {"o": torch.sum(n.mailbox["m"], dim=1)})
+    with pytest.raises(TypeError, match=r"ndata must map str names to tensors; ndata\['w'\] is list"):
+        attention(graph(), ndata={"h": h, "w": [1.0]})
+    with pytest.raises(TypeError, match=r"ndata must map str names to tensors; ndata\[0\] is Tensor"):
+        attention(graph(), ndata={"h": h, 0: h})
+    with pytest.raises(TypeError, match=r"edata must be a dict of feature name -> tensor .* got list"):
+        gnnfuse.message_passing(graph(), lambda e: {"m": e.src["h"]},
+                                lambda n: {"o": torch.sum(n.mailbox["m"], dim=1)}, ndata={"h": h}, edata=[])
+    torch.testing.assert_close(attention(graph(), ndata={"h": h})["o"],
+                               gnnfuse.message_passing(graph(), lambda e: {"m": e.src["h"]},
+                                                       lambda n: {"o": torch.sum(n.mailbox["m"], dim=1)},
+                                                       ndata={"h": h}, edata={})["o"])
 
     @gnnfuse.vertex
     def f(v):

@@ -402,8 +402,8 @@ class VertexFunction:
         # anything else goes to `check_tables`, which names what is wrong
         plain = type(v_feature) is dict and not (e_feature or etype_feature or ntype_feature)
         if plain:
-            for key, tensor in v_feature.items():
-                if type(key) is not str or not isinstance(tensor, torch.Tensor):
+            for key, tensor in v_feature.items():     # (a plain tensor without an isinstance call)
+                if type(key) is not str or (type(tensor) is not torch.Tensor and not isinstance(tensor, torch.Tensor)):
                     plain = False
                     break
         if not plain:
