@@ -97,7 +97,7 @@ class CompiledProgram:
         ``graph`` (types, device, layout)."""
         keys = self._input_keys
         try:
-            tensors = [feeds[k] for k in keys]
+            tensors = list(map(feeds.__getitem__, keys))    # (no comprehension: a Python call in 3.11)
         except KeyError:
             missing = [k for k in keys if k not in feeds]
             raise KeyError(f"missing inputs {missing}; the program reads {list(keys)}") from None
@@ -145,7 +145,10 @@ class CompiledProgram:
                             for t in self._pair_rewrite.lookups)):
                 return self._run_on_pairs(graph, by_key)
         if torch.is_grad_enabled() and any(map(_REQUIRES_GRAD, tensors)):
-            outputs = _ProgramFunction.apply(self, GraphContext(graph), keys, *tensors)
+            # the program, graph and keys as one argument: torch's apply walks every argument
+            # in Python before its C part (`unwrap_dead_wrappers`), a generator step and an
+            # isinstance call each
+            outputs = _ProgramFunction.apply((self, GraphContext(graph), keys), *tensors)
         else:   # inference: no backward program is built and nothing is saved for one
             outputs, _, _ = _run_forward(self, GraphContext(graph), keys, tensors, None)
             self._note_inference(graph, tensors)
@@ -424,7 +427,7 @@ def _run_forward(compiled: CompiledProgram, graph_ctx: GraphContext, keys: tuple
                  tensors, backward: BackwardProgram | None):
     """Run the forward program, keeping what ``backward`` will read; returns the outputs
     (in output order), the kept values and the executor used."""
-    device = graph_ctx.graph.device
+    device = graph_ctx.device
     execute = select_backend(device, compiled._bfloat16, graph_ctx.graph)
     if _RECORDERS:
         first = (backend_name(device.type == "cuda") == "triton"
@@ -444,12 +447,12 @@ def _run_forward(compiled: CompiledProgram, graph_ctx: GraphContext, keys: tuple
 
 class _ProgramFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, compiled: CompiledProgram, graph_ctx: GraphContext, keys: tuple[str, ...],
-                *tensors: torch.Tensor):
+    def forward(ctx, call: tuple[CompiledProgram, GraphContext, tuple[str, ...]], *tensors: torch.Tensor):
+        compiled, graph_ctx, keys = call
         needs_grad = ctx.needs_input_grad
         found = compiled._backward_by_needs.get(needs_grad)
         if found is None:       # the inputs needing gradients decide the backward program: once per pattern
-            wrt = tuple([k for k, needs in zip(keys, needs_grad[3:]) if needs])
+            wrt = tuple([k for k, needs in zip(keys, needs_grad[1:]) if needs])
             found = compiled._backward_by_needs[needs_grad] = (
                 compiled.backward_for(wrt) if wrt and compiled.differentiable else None,)
         backward, = found
@@ -473,9 +476,8 @@ class _ProgramFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *output_grads: torch.Tensor):
         if ctx.input_meta is not None:     # zeros, as torch's backward of ``x ** 0`` gives
-            return (None, None, None, *[torch.zeros(shape, dtype=dtype, device=device) if needs else None
-                                        for (shape, dtype, device), needs in zip(ctx.input_meta,
-                                                                                 ctx.needs_input_grad[3:])])
+            return (None, *[torch.zeros(shape, dtype=dtype, device=device) if needs else None
+                            for (shape, dtype, device), needs in zip(ctx.input_meta, ctx.needs_input_grad[1:])])
         graph = ctx.graph_ctx.graph
         if isinstance(graph, Graph):    # unchanged at the forward's call (`__call__`), so since it
             try:
@@ -498,7 +500,7 @@ class _ProgramFunction(torch.autograd.Function):
                 raise
             raise explained from exc
         feeds = backward_feeds(ctx.compiled, ctx.backward, saved, output_grads)
-        kind = graph.device.type
+        kind = ctx.graph_ctx.device.type
         if kind in AUTOCAST_DEVICE_TYPES and torch.is_autocast_enabled(kind):   # inside an autocast block
             with torch.autocast(kind, enabled=False), forcing(ctx.schedule):
                 grads, _ = ctx.execute(ctx.backward.program, ctx.graph_ctx, feeds)
@@ -509,7 +511,7 @@ class _ProgramFunction(torch.autograd.Function):
                 grads, _ = ctx.execute(ctx.backward.program, ctx.graph_ctx, feeds)
         if getattr(graph, "first_pass", False):      # a backward pass ran on it (runtime/first_pass.py)
             graph.first_pass = False
-        return (None, None, None, *map(grads.get, ctx.compiled._gradient_keys))
+        return (None, *map(grads.get, ctx.compiled._gradient_keys))
 
 
 def _unviewed(outputs: tuple[torch.Tensor, ...], inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
