@@ -168,13 +168,16 @@ def align_rows(tensors: Sequence[torch.Tensor], residencies: Sequence[Residency]
         (a, b), (ra, rb) = tensors, residencies
         if a.ndim - (ra is not Residency.SHARED) == b.ndim - (rb is not Residency.SHARED):
             return tensors
-    ranks = [t.dim() - (r is not Residency.SHARED) for t, r in zip(tensors, residencies)]
+    # loops into tuples, not a comprehension and appends (a Python or C call each)
+    ranks: tuple = ()
+    for t, r in zip(tensors, residencies):
+        ranks += (t.ndim - (r is not Residency.SHARED),)
     k = max(ranks, default=0)
-    out = []
+    out: tuple = ()
     for t, r, rank in zip(tensors, residencies, ranks):
         if r is not Residency.SHARED and rank < k:
             t = t.reshape((t.shape[0],) + (1,) * (k - rank) + tuple(t.shape[1:]))
-        out.append(t)
+        out += (t,)
     return out
 
 
