@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from gnnfuse.ir.ops.dense import column_sums
+from gnnfuse.nn import aligned_linear as aligned_linear_module
 from gnnfuse.nn.aligned_linear import aligned_linear
 
 CUDA = torch.cuda.is_available()
@@ -34,7 +35,12 @@ def test_keeps_float32_precision_when_tf32_is_allowed(monkeypatch):
 
 
 @pytest.mark.skipif(not CUDA, reason="the bias gradient's matrix-vector path runs on CUDA tensors only")
-def test_linear_bias_gradient_matches_torch_and_gradchecks():
+@pytest.mark.parametrize("from_rows", [1, aligned_linear_module.GEMV_BIAS_FROM_ROWS])
+def test_linear_bias_gradient_matches_torch_and_gradchecks(monkeypatch, from_rows):
+    """Both sides of `GEMV_BIAS_FROM_ROWS`: the Function summing the bias gradient as a
+    matrix-vector product (the bound lowered to 1) and, below it, torch's own map, whose
+    backward is autograd's (no Python Function for a small graph's map)."""
+    monkeypatch.setattr(aligned_linear_module, "GEMV_BIAS_FROM_ROWS", from_rows)
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(50, 6, dtype=torch.float64, generator=gen).cuda().requires_grad_()
     w = torch.randn(4, 6, dtype=torch.float64, generator=gen).cuda().requires_grad_()
@@ -44,3 +50,5 @@ def test_linear_bias_gradient_matches_torch_and_gradchecks():
     theirs = torch.autograd.grad(torch.nn.functional.linear(x, w, b).square().sum(), (x, w, b))
     for a, c in zip(ours, theirs):
         torch.testing.assert_close(a, c, rtol=1e-12, atol=1e-12)
+    took_function = isinstance(aligned_linear(x, w, b).grad_fn, aligned_linear_module._AlignedLinear._backward_cls)
+    assert took_function == (x.shape[0] >= from_rows)

@@ -12,8 +12,9 @@ Two details of a layer's ``x W^T`` matter to the compiled aggregation that reads
 
 One autograd Function does both; its backward works on the unpadded view's gradient
 (no [N, 48] gradient exists) and is written in differentiable ops, so double backward
-works. On a GPU it also takes every map whose bias wants a gradient, which it sums as
-a matrix-vector product (`column_sums`: half the time of torch's ``grad.sum(0)``).
+works. On a GPU it also takes every map of at least `GEMV_BIAS_FROM_ROWS` rows whose
+bias wants a gradient, which it sums as a matrix-vector product (`column_sums`: half the
+time of torch's ``grad.sum(0)``).
 
 The same holds the other way round for a compiled program's *output* at such a width:
 the gradient that reaches its backward is a plain [N, 47] tensor, which the executor
@@ -95,6 +96,15 @@ def product_with_rows_zeroed(grad: torch.Tensor, x: torch.Tensor, read: RowsRead
     return product
 
 
+# Rows from which a GPU map's bias gradient is summed by `column_sums` (the Function below)
+# rather than by autograd's own reduction. The matrix-vector product saved 34 us of 62 at
+# 169K rows on an H200, a saving that shrinks with the rows (about 13 us at this bound),
+# while the Python Function costs the host about 19 us per forward and backward (measured
+# on the CPU against F.linear, tiny tensors): a small graph's step, a molecule batch of
+# a few thousand vertices, is bound by that host time, and its kernels gain nothing.
+GEMV_BIAS_FROM_ROWS = 65_536
+
+
 def aligned_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                    read: RowsRead | None = None) -> torch.Tensor:
     """``x W^T + b`` -- on CUDA with its rows at the kernels' stride (a view into a
@@ -102,7 +112,8 @@ def aligned_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     the rows of ``read`` only (None: all)."""
     width = weight.shape[0]
     stride = kernel_row_stride(x, width)
-    if stride == width and read is None and not (x.is_cuda and bias is not None and bias.requires_grad):
+    if stride == width and read is None and not (x.is_cuda and bias is not None and bias.requires_grad
+                                                 and x.shape[0] >= GEMV_BIAS_FROM_ROWS):
         return F.linear(x, weight, bias)
     return _AlignedLinear.apply(x, weight, bias, read, stride)
 
