@@ -141,3 +141,14 @@ def import_script():
     for name in [n for n in set(sys.modules) - set(saved_modules) if from_folders(n)]:
         del sys.modules[name]
     sys.modules.update({n: m for n, m in saved_modules.items() if n in ("common",)})
+
+
+@pytest.fixture(autouse=True)
+def _every_config_when_asked(monkeypatch):
+    """``GNNFUSE_TEST_EVERY_CONFIG=1``: every test runs gnnfuse's kernels autotuned in the
+    interpreter, each config compared on first launch (tests/every_config.py); a kernel
+    whose result depends on its block size raises `ConfigMismatch`. Off by default."""
+    import every_config     # here, not at the top: it imports Triton, after the interpreter is chosen
+    if every_config.asked():
+        every_config.interpret_every_config(monkeypatch)
+    yield

@@ -16,13 +16,14 @@ import pytest
 import torch
 import triton
 import triton.language as tl
-from triton.runtime.autotuner import Autotuner
 
 import gnnfuse
 import gnnfuse.nn
-from gnnfuse.backend.triton import config_check, executor
+from gnnfuse.backend.triton import config_check
 from gnnfuse.backend.triton.config_check import ConfigMismatch
 from gnnfuse.backend.triton.launch import launch
+
+from every_config import interpret_every_config
 
 CONFIGS = [triton.Config({"B": 16}, num_warps=1), triton.Config({"B": 32}, num_warps=1)]
 N = 100
@@ -210,16 +211,10 @@ def test_the_tolerance_passes_reordered_sums_and_catches_a_lost_sign(dtype):
 @pytest.fixture
 def every_config_interpreted(monkeypatch):
     """gnnfuse's generated kernels built autotuned and run in the interpreter with the
-    check on: every config of each runs on the same arguments. The interpreter runs what
-    the kernel says, not what a compiler made of it, so this finds a kernel whose result
-    depends on its block size (a masked tail right at one block only, a per-program
-    output the check must sum), which CI's one fixed config per kernel never shows."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    check on, on the Triton backend: every config of each runs on the same arguments
+    (tests/every_config.py says why)."""
+    interpret_every_config(monkeypatch)
     monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
-    monkeypatch.setenv(config_check.VARIABLE, "1")
-    monkeypatch.setattr(executor, "_autotune", lambda: True)
-    monkeypatch.setattr(Autotuner, "do_bench", property(lambda self: lambda fn, quantiles=None: [1.0, 1.0, 1.0]))
-    monkeypatch.setattr(Autotuner, "check_disk_cache", lambda self, key, configs, bench: bench() and False)
 
 
 def _small_graph(gen: torch.Generator, hub: int = 0) -> gnnfuse.Graph:
