@@ -78,6 +78,12 @@ def _per_program_rows(x, rows, n, B: tl.constexpr):
     tl.atomic_add(rows + tl.program_id(0) % 4 + o * 0, tl.load(x + o, mask=o < n), mask=o < n)
 
 
+def _per_program_numbered(x, partials2, n, B: tl.constexpr):
+    """`_per_program` with its output numbered, as a sibling kernel numbers its riders'."""
+    o = tl.program_id(0) * B + tl.arange(0, B)
+    tl.atomic_add(partials2 + tl.program_id(0) % 4 + o * 0, tl.load(x + o, mask=o < n), mask=o < n)
+
+
 def _count_rows(x, counts, n, B: tl.constexpr):
     """An integer output off by one at 32 lanes."""
     o = tl.program_id(0) * B + tl.arange(0, B)
@@ -166,6 +172,9 @@ def test_partials_are_compared_by_their_total(checking):
     assert torch.allclose(partials.sum(), x.sum(), atol=1e-5)
     with pytest.raises(ConfigMismatch, match="`rows`"):
         _launch(_tuned(_per_program_rows, reset_to_zero=["rows"]), x, torch.zeros(4), N)
+    numbered = torch.zeros(4)
+    _launch(_tuned(_per_program_numbered, reset_to_zero=["partials2"]), x, numbered, N)
+    assert torch.allclose(numbered.sum(), x.sum(), atol=1e-5)
 
 
 def test_graph_tensors_keep_their_version_counters(checking):
@@ -217,13 +226,17 @@ def every_config_interpreted(monkeypatch):
     monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
 
 
-def _small_graph(gen: torch.Generator, hub: int = 0) -> gnnfuse.Graph:
+def _small_graph(gen: torch.Generator, hub: int = 0, types: int = 0) -> gnnfuse.Graph:
     """20 vertices and 90 random edges, plus ``hub`` edges into vertex 0 (past
-    `schedule.SEGMENT_EDGES` its row is split across programs that meet in a workspace)."""
+    `schedule.SEGMENT_EDGES` its row is split across programs that meet in a workspace),
+    of ``types`` edge types if any."""
     n = 20
     src = torch.cat([torch.randint(0, n, (90,), generator=gen), torch.arange(hub) % n])
     dst = torch.cat([torch.randint(0, n, (90,), generator=gen), torch.zeros(hub, dtype=torch.long)])
-    return gnnfuse.Graph(src, dst, n)
+    if not types:
+        return gnnfuse.Graph(src, dst, n)
+    return gnnfuse.Graph(src, dst, n, edge_type=torch.randint(0, types, (len(src),), generator=gen),
+                         num_edge_types=types)
 
 
 def _rows(gen: torch.Generator, graph: gnnfuse.Graph, width: int) -> torch.Tensor:
@@ -248,13 +261,22 @@ PROGRAMS = {
                                               edge=_per_edge(gen, g)),
     "split-csr-sum": lambda gen, g: gnnfuse.ops.gspmm(g, lambda s, w: torch.relu(s * w), "sum",
                                                       src=_rows(gen, g, 2), edge=_per_edge(gen, g), schedule="csr"),
+    # per-type weights: their gradient rides the backward's sibling kernel as per-program tiles
+    "typed-rider": lambda gen, g: gnnfuse.vertex(lambda v: sum([e.src.h * e.type.p for e in v.inedges]))(
+        g, {"h": _rows(gen, g, 2)}, None, etype_feature={"p": torch.randn(3, 2, generator=gen, requires_grad=True)}),
 }
+# What a program needs besides its graph: edge types, a schedule that walks rows
+SETTINGS = {"typed-rider": {"types": 3, "GNNFUSE_SCHEDULE": "rows"}}
 
 
 @pytest.mark.parametrize("name", list(PROGRAMS))
-def test_every_config_of_the_generated_kernels_computes_the_same(every_config_interpreted, name):
+def test_every_config_of_the_generated_kernels_computes_the_same(every_config_interpreted, monkeypatch, name):
+    settings = dict(SETTINGS.get(name, {}))
+    types = settings.pop("types", 0)
+    for variable, value in settings.items():
+        monkeypatch.setenv(variable, value)
     gen = torch.Generator().manual_seed(0)
-    graph = _small_graph(gen, hub=520 if name.startswith("split") else 0)
+    graph = _small_graph(gen, hub=520 if name.startswith("split") else 0, types=types)
     before = config_check.checked()
     PROGRAMS[name](gen, graph).sum().backward()
     launches, configs = (config_check.checked()[k] - before[k] for k in ("launches", "configs"))

@@ -628,7 +628,8 @@ def generate_siblings(group: SiblingGroup, name: str, acc_dtype: str, tuned: boo
     (``f0``, ``f1``, ...; each member's whole output row is one block, which the
     executor checks) and one accumulator per member. The walk, the index loads and the
     gathered rows are paid once for all members; rows and expressions they share are
-    emitted once. Outputs ``out0``, ``out1``, ... in member order.
+    emitted once. Outputs ``out0``, ``out1``, ... in member order, then each rider's
+    per-program tiles ``partials{n}`` (summed by the executor).
 
     A max member counts NaN as `generate` does. In a group with one (``group.merges``)
     the segments of a split row store partial results for `generate_sibling_merge`
@@ -702,13 +703,15 @@ def generate_siblings(group: SiblingGroup, name: str, acc_dtype: str, tuned: boo
     # (summed over edges per chunk, a first form cost the mag-sized HGT step's walk 1.3 ms
     # on an H200). The program sums the tile once, after its last segment, and stores it.
     rider_init = "".join(f"    acc{n} = tl.zeros([BLOCK_E, TYPES, {block}], ACC)\n" for n, _, block, _ in riders)
-    rider_store = "".join(f"\n    tl.store(out{n} + tl.program_id(0).to(tl.int64) * (TYPES * {block}) + types[:, None] * "
+    rider_store = "".join(f"\n    tl.store(partials{n} + tl.program_id(0).to(tl.int64) * (TYPES * {block}) + types[:, None] * "
                           f"{block} + f{n}[None, :], tl.sum(acc{n}, axis=0))" for n, _, block, _ in riders)
     if riders:
         adds.append(f"                hit = (({em.edge_types()}[:, None] == types[None, :]) & emask[:, None])[:, :, None]\n")
     for n, width, block, root in riders:
         adds.append(f"                acc{n} += tl.where(hit, ({root} + tl.zeros([BLOCK_E, {block}], ACC))[:, None, :], 0.0)\n")
-    outs = tuple(f"out{n}" for n, *_ in (*members, *riders))
+    # a rider's output holds one tile per program, which segments a program walks depending
+    # on ROWS: named `partials` as `config_check.SUMMED` expects, which compares their sum
+    outs = (*(f"out{n}" for n, *_ in members), *(f"partials{n}" for n, *_ in riders))
     body = "\n".join(f"                {line}" for line in em.lines)
     leaf_params = em.params()
     slot_param, slot_load, part_params = "", "", ""

@@ -37,7 +37,10 @@ SCRATCH = frozenset({"work", "arrived"})
 
 # Arguments holding one partial result per program, whose sum over programs (the first
 # dimension) is the result: which items a program takes depends on the block size
-# (`codegen.generate_shared_reduce`), so only the sum is compared.
+# (`codegen.generate_shared_reduce`'s edges per program, BLOCK_E; a sibling kernel's
+# rider tiles, `codegen.generate_siblings`, one per program of ROWS segments), so only
+# the sum is compared. A name followed by a number counts too (``partials2``: a kernel
+# with one such output per rider).
 SUMMED = frozenset({"partials"})
 
 # Relative tolerance per dtype, against the larger magnitude in the compared output.
@@ -110,7 +113,7 @@ def check_configs(kernel: Any, grid: Callable[[dict], tuple], args: Sequence[Any
 
 def _result(arg: torch.Tensor, name: str) -> torch.Tensor:
     """What ``arg`` holds after a run, as compared: a copy, or the sum of `SUMMED` partials."""
-    if name in SUMMED:
+    if name.rstrip("0123456789") in SUMMED:
         return arg.sum(0, dtype=torch.float64 if arg.dtype.is_floating_point else None)
     return arg.clone()
 
