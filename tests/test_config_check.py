@@ -286,15 +286,18 @@ def test_every_config_of_the_generated_kernels_computes_the_same(every_config_in
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="gnnfuse's generated kernels are autotuned on a GPU only")
 def test_generated_kernels_agree_across_every_config_on_a_gpu(monkeypatch):
-    """Programs of each kernel family (an edge unit, a COO and a CSR sum, a scan over one
-    lane, a max, their backward passes, and GATv2's shared reduce) launched for the first time with the check
-    on: every config of every tuned kernel must write what the first wrote."""
+    """Programs of each kernel family (an edge unit, COO and CSR sums with a split hub
+    row, a scan over one lane, a max, their backward passes, GATv2's shared reduce, GAT's
+    sibling kernels, R-GCN's typed kernels) launched for the first time with the check on:
+    every config of every tuned kernel must write what the first wrote."""
     monkeypatch.setenv(config_check.VARIABLE, "1")
     monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
     device = "cuda"
     gen = torch.Generator().manual_seed(3)
     n, e = 3001, 40_003      # sizes no other test launches, so these launches are first ones
-    graph = gnnfuse.Graph(torch.randint(0, n, (e,), generator=gen), torch.randint(0, n, (e,), generator=gen),
+    hub = 700                # edges into vertex 0: its row is split across programs
+    graph = gnnfuse.Graph(torch.cat([torch.randint(0, n, (e - hub,), generator=gen), torch.arange(hub) % n]),
+                          torch.cat([torch.randint(0, n, (e - hub,), generator=gen), torch.zeros(hub, dtype=torch.long)]),
                           n).to(device)
     before = config_check.checked()
     for width in (1, 8, 40):
@@ -307,8 +310,11 @@ def test_generated_kernels_agree_across_every_config_on_a_gpu(monkeypatch):
             gnnfuse.ops.gspmm(graph, lambda s, d: s * d, "max", src=x, dst=x),
         ]
         sum(p.sum() for p in parts).backward()
-    layer = gnnfuse.nn.GATv2Conv(8, 4, heads=2).to(device)    # its attention vector's gradient: a shared reduce
-    layer(torch.randn(n, 8, generator=gen).to(device), graph).sum().backward()
+    x = torch.randn(n, 8, generator=gen).to(device)
+    gnnfuse.nn.GATv2Conv(8, 4, heads=2).to(device)(x, graph).sum().backward()   # a shared reduce
+    gnnfuse.nn.GATConv(8, 4, heads=2).to(device)(x, graph).sum().backward()     # sibling kernels
+    relations = torch.randint(0, 3, (e,), generator=gen).to(device)
+    gnnfuse.nn.RGCNConv(8, 4, 3).to(device)(x, graph.edge_index, relations).sum().backward()   # typed kernels
     after = config_check.checked()
     launches, configs = (after[k] - before[k] for k in ("launches", "configs"))
     assert launches > 8
