@@ -296,9 +296,9 @@ def test_generated_kernels_agree_across_every_config_on_a_gpu(monkeypatch):
     gen = torch.Generator().manual_seed(3)
     n, e = 3001, 40_003      # sizes no other test launches, so these launches are first ones
     hub = 700                # edges into vertex 0: its row is split across programs
-    graph = gnnfuse.Graph(torch.cat([torch.randint(0, n, (e - hub,), generator=gen), torch.arange(hub) % n]),
-                          torch.cat([torch.randint(0, n, (e - hub,), generator=gen), torch.zeros(hub, dtype=torch.long)]),
-                          n).to(device)
+    src = torch.cat([torch.randint(0, n, (e - hub,), generator=gen), torch.arange(hub) % n])
+    dst = torch.cat([torch.randint(0, n, (e - hub,), generator=gen), torch.zeros(hub, dtype=torch.long)])
+    graph = gnnfuse.Graph(src, dst, n).to(device)
     before = config_check.checked()
     for width in (1, 8, 40):
         x = torch.randn(n, width, generator=gen).to(device).requires_grad_()
