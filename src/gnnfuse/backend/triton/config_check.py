@@ -71,10 +71,9 @@ def checked() -> dict[str, int]:
 
 
 def check_configs(kernel: Any, grid: Callable[[dict], tuple], args: Sequence[Any], kwargs: dict[str, Any]) -> None:
-    """Run every config of autotuned ``kernel`` on ``args`` (restored before each run and
-    after the last) and raise `ConfigMismatch` where one wrote other values than the first
-    config that ran. Skipped while a CUDA graph is being captured (the copies would be
-    captured too)."""
+    """Run every config of autotuned ``kernel`` on ``args`` (restored after each run) and
+    raise `ConfigMismatch` where one wrote other values than the first config that ran.
+    Skipped while a CUDA graph is being captured (the copies would be captured too)."""
     positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
     if any(args[i].is_cuda for i in positions) and torch.cuda.is_current_stream_capturing():
         return
@@ -83,31 +82,29 @@ def check_configs(kernel: Any, grid: Callable[[dict], tuple], args: Sequence[Any
     saved = [args[i].clone() for i in positions]
     rtol = max((RTOL.get(args[i].dtype, 1e-3) for i in positions if args[i].dtype.is_floating_point), default=0.0)
     first: tuple[Any, list[torch.Tensor]] | None = None
-    try:
-        for config in kernel.configs:
-            _restore(args, positions, saved)
+    for config in kernel.configs:
+        try:
             if config.pre_hook is not None:
                 config.pre_hook({**dict(zip(names, args)), **kwargs, **config.all_kwargs()})
-            try:
-                kernel.fn.run(*args, grid=grid, warmup=False, **kwargs, **config.all_kwargs())
-            except _UNFIT:
-                continue
-            _COUNTS["configs"] += 1
+            kernel.fn.run(*args, grid=grid, warmup=False, **kwargs, **config.all_kwargs())
             written = [_result(args[i], names[i] if i < len(names) else "") for i in compared]
-            if first is None:
-                first = (config, written)
-                continue
-            for i, expected, got in zip(compared, first[1], written):
-                problem = _difference(expected, got, rtol)
-                if problem:
-                    name = names[i] if i < len(names) else f"argument {i}"
-                    raise ConfigMismatch(
-                        f"{_kernel_name(kernel)}: config ({_describe(config)}) wrote `{name}` differently from "
-                        f"config ({_describe(first[0])}) on the same arguments: {problem}. One of the two configs "
-                        f"is miscompiled or the kernel depends on its block size; GNNFUSE_AUTOTUNE=0 launches "
-                        f"fixed configs instead.")
-    finally:
-        _restore(args, positions, saved)
+        except _UNFIT:
+            continue
+        finally:
+            _restore(args, positions, saved)
+        _COUNTS["configs"] += 1
+        if first is None:
+            first = (config, written)
+            continue
+        for i, expected, got in zip(compared, first[1], written):
+            problem = _difference(expected, got, rtol)
+            if problem:
+                name = names[i] if i < len(names) else f"argument {i}"
+                raise ConfigMismatch(
+                    f"{_kernel_name(kernel)}: config ({_describe(config)}) wrote `{name}` differently from "
+                    f"config ({_describe(first[0])}) on the same arguments: {problem}. One of the two configs "
+                    f"is miscompiled or the kernel depends on its block size; GNNFUSE_AUTOTUNE=0 launches "
+                    f"fixed configs instead.")
     _COUNTS["launches"] += 1
 
 
