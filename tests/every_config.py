@@ -33,7 +33,7 @@ def asked() -> bool:
     return os.environ.get(VARIABLE, "0") not in ("", "0")
 
 
-def _untimed(fn, quantiles=None):
+def untimed(fn, quantiles=None):
     """The autotuner's timer on a CPU: every config equally fast, none run (the check
     has run each already; the autotuner then takes the first)."""
     return [1.0, 1.0, 1.0]
@@ -51,5 +51,5 @@ def interpret_every_config(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setenv(config_check.VARIABLE, "1")
     monkeypatch.setattr(executor, "_autotune", lambda: True)
-    monkeypatch.setattr(Autotuner, "do_bench", property(lambda self: _untimed))
+    monkeypatch.setattr(Autotuner, "do_bench", property(lambda self: untimed))
     monkeypatch.setattr(Autotuner, "check_disk_cache", lambda self, key, configs, bench: bench() and False)

@@ -23,20 +23,14 @@ from gnnfuse.backend.triton import config_check, executor
 from gnnfuse.backend.triton.config_check import ConfigMismatch
 from gnnfuse.backend.triton.launch import launch
 
-from every_config import interpret_every_config
+from every_config import interpret_every_config, untimed
 
 CONFIGS = [triton.Config({"B": 16}, num_warps=1), triton.Config({"B": 32}, num_warps=1)]
 N = 100
 
 
-def _first(fn, quantiles):
-    """The autotuner's timer on a CPU: one run, every config equally fast."""
-    fn()
-    return [1.0, 1.0, 1.0]
-
-
 def _tuned(fn, **kw):
-    return triton.autotune(CONFIGS, key=["n"], do_bench=_first, **kw)(triton.jit(fn))
+    return triton.autotune(CONFIGS, key=["n"], do_bench=untimed, **kw)(triton.jit(fn))
 
 
 def _double(x, out, n, B: tl.constexpr):
