@@ -159,6 +159,20 @@ def test_float32_inputs_set_the_tolerance_of_a_float64_output(checking):
     assert torch.allclose(out, x.double().sum(1), atol=1e-2)
 
 
+def test_sums_that_cancel_are_compared_at_the_scale_of_their_terms(checking):
+    """Every output is a sum that cancels to (almost) zero, e.g. a softmax's gradient
+    summed over a row: another order of additions leaves another residue of the terms'
+    rounding (0.1 + 0.2 - 0.3 is 5.6e-17 one way and 2.8e-17 the other), so the
+    tolerance is taken against the kernel's inputs too, not the outputs alone (on an
+    H200, GNNFUSE_CHECK_CONFIGS=1 failed PointTransformerConv's and the pairwise UDFs'
+    gradients on such residues)."""
+    kernel = _tuned(_three_sums)
+    x = torch.tensor([0.1, 0.2, -0.3], dtype=torch.float64).repeat(N, 1)
+    out = torch.zeros(N, dtype=torch.float64)
+    _launch(kernel, x, out, N)
+    assert out.abs().max() < 1e-15
+
+
 def test_partials_are_compared_by_their_total(checking):
     x = torch.randn(N)
     partials = torch.zeros(4)

@@ -14,8 +14,8 @@ the first differing element. The GPU suite runs with it (``benchmarks/gpu_suite.
 every config of every tuned kernel the tests launch is checked, not only the fastest.
 
 The comparison allows what a different order of float additions gives (atomics, another
-block size): a relative tolerance per dtype against the larger magnitude in that output,
-with NaN and infinity positions required to match exactly and integers exactly. It
+block size): a relative tolerance per dtype against the largest magnitude in that output
+or in the kernel's inputs (the arguments a run leaves as they were), with NaN and infinity positions required to match exactly and integers exactly. It
 copies every tensor argument once per launch checked, so it is a diagnostic mode for
 tests and bug reports, not for training runs.
 """
@@ -43,7 +43,7 @@ SCRATCH = frozenset({"work", "arrived"})
 # with one such output per rider).
 SUMMED = frozenset({"partials"})
 
-# Relative tolerance per dtype, against the larger magnitude in the compared output.
+# Relative tolerance per dtype, against the largest magnitude in the compared output or the inputs.
 RTOL = {torch.float64: 1e-9, torch.float32: 1e-3, torch.float16: 1e-2, torch.bfloat16: 3e-2}
 
 # The failures the autotuner itself takes as "this config does not fit" (it times them as
@@ -82,7 +82,9 @@ def check_configs(kernel: Any, grid: Callable[[dict], tuple], args: Sequence[Any
     saved = [args[i].clone() for i in positions]
     rtol = max((RTOL.get(args[i].dtype, 1e-3) for i in positions if args[i].dtype.is_floating_point), default=0.0)
     first: tuple[Any, list[torch.Tensor]] | None = None
+    inputs_scale = 0.0
     for config in kernel.configs:
+        changed: set[int] = set()
         try:
             if config.pre_hook is not None:
                 config.pre_hook({**dict(zip(names, args)), **kwargs, **config.all_kwargs()})
@@ -91,13 +93,15 @@ def check_configs(kernel: Any, grid: Callable[[dict], tuple], args: Sequence[Any
         except _UNFIT:
             continue
         finally:
-            _restore(args, positions, saved)
+            changed = _restore(args, positions, saved)
         _COUNTS["configs"] += 1
+        inputs_scale = max([inputs_scale, *(float(_finite_max(copy)) for i, copy in zip(positions, saved)
+                                            if i not in changed and copy.dtype.is_floating_point)])
         if first is None:
             first = (config, written)
             continue
         for i, expected, got in zip(compared, first[1], written):
-            problem = _difference(expected, got, rtol)
+            problem = _difference(expected, got, rtol, inputs_scale)
             if problem:
                 name = names[i] if i < len(names) else f"argument {i}"
                 raise ConfigMismatch(
@@ -115,26 +119,33 @@ def _result(arg: torch.Tensor, name: str) -> torch.Tensor:
     return arg.clone()
 
 
-def _restore(args: Sequence[Any], positions: list[int], saved: list[torch.Tensor]) -> None:
+def _restore(args: Sequence[Any], positions: list[int], saved: list[torch.Tensor]) -> set[int]:
     """Put back the tensor arguments a config's run changed, keeping their version
     counters: a kernel's own writes do not count as in-place edits (Triton writes through
     pointers), and a bumped counter on a graph's index or layout tensor reads as a graph
-    edited after it was built (`GraphModifiedError`)."""
+    edited after it was built (`GraphModifiedError`). Returns the positions it put back:
+    the ones the run wrote."""
+    changed = set()
     for i, copy in zip(positions, saved):
         if not torch.equal(args[i], copy):
+            changed.add(i)
             with torch.autograd._unsafe_preserve_version_counter(args[i]):
                 args[i].copy_(copy)
+    return changed
 
 
-def _difference(expected: torch.Tensor, got: torch.Tensor, rtol: float) -> str:
+def _difference(expected: torch.Tensor, got: torch.Tensor, rtol: float, inputs_scale: float = 0.0) -> str:
     """Empty if ``got`` matches ``expected`` (float within ``rtol`` of the larger
-    magnitude in either; NaN and infinities in the same places with the same signs;
-    integers exactly), else how they differ. ``rtol`` is the loosest `RTOL` of the
-    kernel's float arguments: a float64 output of float32 inputs carries float32's
-    rounding, which the order of additions changes."""
+    magnitude in either or in the kernel's inputs, ``inputs_scale``; NaN and infinities
+    in the same places with the same signs; integers exactly), else how they differ.
+    ``rtol`` is the loosest `RTOL` of the kernel's float arguments: a float64 output of
+    float32 inputs carries float32's rounding, which the order of additions changes.
+    The inputs' magnitude counts because a sum that cancels (a softmax's gradient over a
+    row) leaves a residue of its terms' rounding, not of its own size, and which residue
+    depends on the order: 0.1 + 0.2 - 0.3 is 5.6e-17 one way and 2.8e-17 the other."""
     if expected.dtype.is_floating_point:
-        scale = torch.stack([_finite_max(expected), _finite_max(got)]).max()
-        close = torch.isclose(got, expected, rtol=rtol, atol=float(scale) * rtol, equal_nan=True)
+        scale = max(float(torch.stack([_finite_max(expected), _finite_max(got)]).max()), inputs_scale)
+        close = torch.isclose(got, expected, rtol=rtol, atol=scale * rtol, equal_nan=True)
     else:
         close = got == expected
     if bool(close.all()):
