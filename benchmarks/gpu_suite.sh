@@ -3,9 +3,9 @@
 # fixed config per kernel in Triton's interpreter. Differences the interpreter cannot show
 # (each kernel's own tile shape and so its own summation order; CUDA's unspecified choice
 # among duplicate indices) surfaced only here (2026-11-30: a max's gradient came out
-# infinite). A shard is every k-th test file, so each fits one device call (a quarter of the
-# files took 305 s on an H200 with the config check below, 2026-12-01; half took 460-577 s
-# without it, so three shards):
+# infinite). A shard is every k-th test file, so each fits one device call (with the config
+# check below, the three shards took 336, 464 and 251 s on an H200, 2026-12-02; half the
+# files took 460-577 s without it):
 #
 #   bash benchmarks/gpu_suite.sh OUT 1/3      then, in the next calls,      ... OUT 2/3   ... OUT 3/3
 #
