@@ -143,14 +143,21 @@ def _with_loops(graph: Graph, add_self_loops: bool, vertex_data_only: bool = Fal
 
 
 def _inv_sqrt_degree(graph: Graph | GraphRef, dtype: torch.dtype) -> torch.Tensor:
-    """deg^-1/2 by in-degree, 0 for isolated vertices (PyG's ``gcn_norm``). Cached per
-    graph; under torch.compile computed in the traced graph from the index tensors."""
+    """deg^-1/2 by in-degree, 0 for isolated vertices (PyG's ``gcn_norm``), computed in
+    float64 and cast to ``dtype``. Cached per graph and dtype, cast included: every layer
+    of a model runs on the same graph, and a cast per layer call was an op per layer;
+    under torch.compile computed in the traced graph from the index tensors."""
     def inv_sqrt(degree: torch.Tensor) -> torch.Tensor:
         norm = degree.to(torch.float64).pow(-0.5)
         return norm.masked_fill(torch.isinf(norm), 0.0).unsqueeze(-1)
     if isinstance(graph, GraphRef):
         return inv_sqrt(graph.in_degrees(torch.float64)).to(dtype)
-    return graph.cached("nn_inv_sqrt_degree", lambda g: inv_sqrt(g.in_degrees())).to(dtype)
+    key = _INV_SQRT_KEYS.get(dtype) or _INV_SQRT_KEYS.setdefault(dtype, f"nn_inv_sqrt_degree_{dtype}")
+    return graph.cached(key, lambda g: inv_sqrt(g.in_degrees()).to(dtype))
+
+
+# the graph cache's key of `_inv_sqrt_degree` per dtype (float64: the uncast norm's)
+_INV_SQRT_KEYS: dict[torch.dtype, str] = {torch.float64: "nn_inv_sqrt_degree"}
 
 
 def _improved_gcn_norm(graph: Graph, dtype: torch.dtype) -> tuple[Graph, torch.Tensor, torch.Tensor]:

@@ -1,0 +1,38 @@
+"""The aten ops a small graph's layers dispatch: on a GPU each one costs the host a
+dispatcher trip or a kernel launch, and a graph-classification step (a new batch of
+small graphs each step, benchmarks/bench_graph_batches.py) is bound by that host time.
+What a layer derives from the graph alone is built once per graph and shared by every
+layer that runs on it, not rebuilt per layer call; these tests count the ops of a layer
+call on a graph an earlier layer already ran on (benchmarks/count_step_ops.py counts a
+whole step)."""
+from __future__ import annotations
+
+import torch
+
+from gnnfuse import Graph
+from gnnfuse import nn as gnn
+from gnnfuse.bench.host_syncs import HostSyncCounter
+
+
+def _graph(nodes: int = 9, edges: int = 30, seed: int = 0) -> Graph:
+    gen = torch.Generator().manual_seed(seed)
+    return Graph(torch.randint(0, nodes, (edges,), generator=gen), torch.randint(0, nodes, (edges,), generator=gen),
+                 nodes)
+
+
+def _ops(fn) -> HostSyncCounter:
+    counter = HostSyncCounter()
+    with counter:
+        fn()
+    return counter
+
+
+def test_a_second_gcn_layer_on_a_graph_casts_no_degree_norm():
+    """GCN's deg^-1/2 is kept per graph in float64; its cast to the features' dtype was
+    redone by every layer call (an aten op per layer, forward)."""
+    graph, x = _graph(), torch.randn(9, 4)
+    first, second = gnn.GCNConv(4, 4), gnn.GCNConv(4, 4)
+    second(first(x, graph), graph)       # the graph's norms built by these calls
+    h = first(x, graph)
+    ops = _ops(lambda: second(h, graph)).ops
+    assert ops["aten._to_copy.default"] == 0, ops
