@@ -36,3 +36,16 @@ def test_a_second_gcn_layer_on_a_graph_casts_no_degree_norm():
     h = first(x, graph)
     ops = _ops(lambda: second(h, graph)).ops
     assert ops["aten._to_copy.default"] == 0, ops
+
+
+def test_a_gat_layers_backward_takes_leaky_relus_gradient_in_one_op():
+    """The attention scores' leaky_relu gradient is torch's leaky_relu_backward of the
+    incoming gradient, one op: its slope made from ones and multiplied in was three per
+    layer's backward (the numbers are the same: g * 1 is g)."""
+    graph, x = _graph(), torch.randn(9, 4, requires_grad=True)
+    layer = gnn.GATConv(4, 2, heads=2)
+    layer(x, graph).sum().backward()
+    out = layer(x, graph)
+    grad = torch.randn_like(out)
+    ops = _ops(lambda: out.backward(grad)).ops
+    assert ops["aten.leaky_relu_backward.default"] == 1 and ops["aten.ones_like.default"] == 0, ops

@@ -105,14 +105,19 @@ _ew("relu_slope", lambda x: torch.ops.aten.threshold_backward(torch.ones_like(x)
     emit="tl.where({0} <= 0, 0.0, 1.0)")
 _ew("step", lambda x: (x > 0).to(x.dtype), None, 1, doc="1 where x > 0 else 0", emit="tl.where({0} > 0, 1.0, 0.0)")
 _ew("leaky_relu", lambda x, negative_slope: F.leaky_relu(x, negative_slope),
-    lambda b, v, g: [b.add("mul", g, b.add("leaky_relu_slope", b.fwd(v.inputs[0]),
-                                           negative_slope=v.attrs["negative_slope"]))], 1, emit="tl.where({0} > 0, {0}, {0} * {negative_slope})", bounded=True)
-# leaky_relu_backward of ones, as relu_slope above: torch.where took 66 us for GAT's
-# [10K, 4] attention logits on a CPU thread, this 7 (4 calls a step of a 4-layer GAT)
-_ew("leaky_relu_slope", lambda x, negative_slope: torch.ops.aten.leaky_relu_backward(torch.ones_like(x), x,
-                                                                                      negative_slope, False),
-    None, 1, doc="derivative multiplier of leaky_relu: 1 where x > 0, else negative_slope (NaN included)",
-    emit="tl.where({0} > 0, 1.0, {negative_slope})")
+    lambda b, v, g: [b.add("leaky_relu_grad", g, b.fwd(v.inputs[0]), negative_slope=v.attrs["negative_slope"])],
+    1, emit="tl.where({0} > 0, {0}, {0} * {negative_slope})", bounded=True)
+# leaky_relu's backward as one op, torch's own: g where x > 0, else g * negative_slope (NaN
+# included, as torch). The same numbers as g times the slope (g * 1 is g): the reference
+# executor ran that as three ops (ones, leaky_relu_backward of them, the product) per
+# attention layer's backward, a dispatch each on a small graph's host-bound step; and
+# torch.where took 66 us for GAT's [10K, 4] attention logits on a CPU thread, this 7.
+# Its derivative in x is 0 wherever it has one, as torch's double backward gives it.
+_ew("leaky_relu_grad", lambda g, x, negative_slope: torch.ops.aten.leaky_relu_backward(g, x, negative_slope, False),
+    lambda b, v, gg: [b.add("leaky_relu_grad", gg, b.fwd(v.inputs[1]), negative_slope=v.attrs["negative_slope"]),
+                      None], 2,
+    doc="leaky_relu's backward of gradient g at x: g where x > 0, else g * negative_slope (NaN included)",
+    emit="tl.where({1} > 0, {0}, {0} * {negative_slope})", bounded=True)
 # elu's negative side is alpha * expm1(x), as torch computes it: ``exp(x) - 1`` gave
 # -5.96e-8 for elu(-1e-7) in float32 and 0 for elu(-1e-30)
 _ew("elu", lambda x, alpha: F.elu(x, alpha),
