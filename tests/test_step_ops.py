@@ -49,3 +49,15 @@ def test_a_gat_layers_backward_takes_leaky_relus_gradient_in_one_op():
     grad = torch.randn_like(out)
     ops = _ops(lambda: out.backward(grad)).ops
     assert ops["aten.leaky_relu_backward.default"] == 1 and ops["aten.ones_like.default"] == 0, ops
+
+
+def test_a_second_mean_aggregation_on_a_graph_clamps_no_degrees():
+    """A mean divides by ``clamp_min(degree, 1)``, a value of the graph alone: kept per
+    graph by the reference executor (backend/reference/per_graph.py), it was clamped
+    again by every layer's run (an op per layer)."""
+    graph, x = _graph(), torch.randn(9, 4)
+    first, second = gnn.SAGEConv(4, 4), gnn.SAGEConv(4, 4)
+    second(first(x, graph), graph)
+    h = first(x, graph)
+    ops = _ops(lambda: second(h, graph)).ops
+    assert ops["aten.clamp_min.default"] == 0, ops

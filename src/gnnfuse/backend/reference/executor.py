@@ -12,6 +12,7 @@ from ...ir.registry import align_rows
 from ...ir.sides import BOTH, check_sides, sides_of
 from .context import GraphContext
 from .overwrite import overwritable, run_over
+from .per_graph import per_graph_ops
 
 
 # ((item, ids read, out id, ids freed after it, op, input ids, residencies, the input position
@@ -158,7 +159,10 @@ def _schedule(program: Program, runs: _ProgramRuns, plan: Sequence, keep: Iterab
         if value_id not in keep:
             frees[position].append(value_id)
     overwrites = overwritable(plan, reads, frees)
-    steps = tuple((item, tuple(i.id for i in r), item.id, tuple(f), get_op(item.op), tuple(i.id for i in item.inputs),
+    # a value of the graph alone runs once per graph (per_graph.py)
+    per_graph = per_graph_ops(plan, {v.id for v in program.outputs.values()})
+    steps = tuple((item, tuple(i.id for i in r), item.id, tuple(f), per_graph.get(item.id) or get_op(item.op),
+                   tuple(i.id for i in item.inputs),
                    tuple(i.residency for i in item.inputs), over) if isinstance(item, Value) else
                   (item, tuple(i.id for i in r), _outputs(item), tuple(f), None, None, None, None)
                   for item, r, f, over in zip(plan, reads, frees, overwrites))
