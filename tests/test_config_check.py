@@ -173,6 +173,21 @@ def test_sums_that_cancel_are_compared_at_the_scale_of_their_terms(checking):
     assert out.abs().max() < 1e-15
 
 
+def test_only_the_configs_the_autotuner_keeps_are_compared(checking):
+    """A kernel's ``early_config_prune`` hook (segment matmul's `fitting_configs`) drops
+    configs the autotuner then never times; the check compares the kept ones only (here
+    the pruned config is the block-dependent one, which would otherwise raise)."""
+    def keep_16(configs, named_args, **kwargs):
+        assert named_args["n"] == N          # the hook sees the call's arguments by name
+        return [c for c in configs if c.kwargs["B"] == 16]
+    kernel = _tuned(_block_dependent, prune_configs_by={"early_config_prune": keep_16})
+    x, out = torch.randn(N), torch.zeros(N)
+    before = config_check.checked()
+    _launch(kernel, x, out, N)
+    assert torch.equal(out, x * 2)
+    assert config_check.checked()["configs"] == before["configs"] + 1
+
+
 def test_partials_are_compared_by_their_total(checking):
     x = torch.randn(N)
     partials = torch.zeros(4)

@@ -83,7 +83,7 @@ def check_configs(kernel: Any, grid: Callable[[dict], tuple], args: Sequence[Any
     rtol = max((RTOL.get(args[i].dtype, 1e-3) for i in positions if args[i].dtype.is_floating_point), default=0.0)
     first: tuple[Any, list[torch.Tensor]] | None = None
     inputs_scale = 0.0
-    for config in kernel.configs:
+    for config in _candidates(kernel, dict(zip(names, args)), kwargs):
         changed: set[int] = set()
         try:
             if config.pre_hook is not None:
@@ -110,6 +110,14 @@ def check_configs(kernel: Any, grid: Callable[[dict], tuple], args: Sequence[Any
                     f"is miscompiled or the kernel depends on its block size; GNNFUSE_AUTOTUNE=0 launches "
                     f"fixed configs instead.")
     _COUNTS["launches"] += 1
+
+
+def _candidates(kernel: Any, named: dict[str, Any], kwargs: dict[str, Any]) -> list[Any]:
+    """The configs the autotuner would time for this call: what its ``early_config_prune``
+    hook keeps (segment matmul's `fitting_configs` drops blocks wider than the matrices),
+    as Triton's `Autotuner.prune_configs` does; a config it never runs cannot be picked."""
+    prune = getattr(kernel, "early_config_prune", None)
+    return prune(kernel.configs, named, **kwargs) if prune else kernel.configs
 
 
 def _result(arg: torch.Tensor, name: str) -> torch.Tensor:
