@@ -15,9 +15,10 @@ every config of every tuned kernel the tests launch is checked, not only the fas
 
 The comparison allows what a different order of float additions gives (atomics, another
 block size): a relative tolerance per dtype against the largest magnitude in that output
-or in the kernel's inputs (the arguments a run leaves as they were), with NaN and infinity positions required to match exactly and integers exactly. It
-copies every tensor argument once per launch checked, so it is a diagnostic mode for
-tests and bug reports, not for training runs.
+or in the kernel's inputs (the arguments a run leaves as they were), with NaN and
+infinity positions required to match exactly and integers exactly. It copies every
+tensor argument once per launch checked, so it is a diagnostic mode for tests and bug
+reports, not for training runs.
 """
 from __future__ import annotations
 
