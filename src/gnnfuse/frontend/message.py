@@ -62,7 +62,7 @@ from . import pairwise
 from .compiled_call import call_compiled, register_udf
 from .graph_input import call_graph
 from .repeat_call import RepeatCall, RepeatCalls
-from .trace_cache import GuardMemo, TraceCache, check_tables, program_feeds
+from .trace_cache import GuardMemo, TraceCache, check_tables, plain_table, program_feeds
 from .tracer import EDGE_ROWED, SymTensor, Tracer, counts_in_edges
 
 
@@ -312,16 +312,9 @@ def _run(graph: Graph | object, functions: tuple[Callable, Callable, Callable | 
          ) -> tuple[dict[str, torch.Tensor], CompiledProgram, dict[str, torch.Tensor]]:
     """`message_passing`'s run: its raw outputs, the compiled program and what its trace
     captured. ``guards``: a bound `UpdateAll`'s memo of its functions' guard walk."""
-    # the usual call, a dict of tensors by str alone, passes `check_tables`' checks here (as
-    # in `vertex.VertexFunction._run`: a loop, each plain tensor without an isinstance call);
+    # the usual call, a dict of tensors by str alone, passes `check_tables`' checks here;
     # anything else goes to `check_tables`, which names what is wrong
-    plain = type(ndata) is dict and edata is None and etype_data is None and ntype_data is None
-    if plain:
-        for key, tensor in ndata.items():
-            if type(key) is not str or (type(tensor) is not torch.Tensor and not isinstance(tensor, torch.Tensor)):
-                plain = False
-                break
-    if not plain:
+    if edata is not None or etype_data is not None or ntype_data is not None or not plain_table(ndata):
         check_tables(ndata=ndata, edata=edata, etype_data=etype_data, ntype_data=ntype_data)
     graph = call_graph(graph, (ndata or {}).values())
     edata, etype_data, ntype_data = dict(edata or {}), dict(etype_data or {}), dict(ntype_data or {})

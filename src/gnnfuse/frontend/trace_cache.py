@@ -555,6 +555,19 @@ def clear_trace_caches() -> None:
         cache.generation += 1
 
 
+def plain_table(table: Any) -> bool:
+    """Whether ``table`` is a dict of tensors by str names, the usual call's, which then
+    passes `check_tables` without its walk over every table (a layer call's callers ask:
+    `vertex.VertexFunction._run`, `message._run`). A loop, not a comprehension (a Python
+    call in 3.11), and a plain tensor without an isinstance call."""
+    if type(table) is not dict:
+        return False
+    for key, tensor in table.items():
+        if type(key) is not str or (type(tensor) is not torch.Tensor and not isinstance(tensor, torch.Tensor)):
+            return False
+    return True
+
+
 def check_tables(**tables: Mapping[str, torch.Tensor] | None) -> None:
     """Each feature argument (``ndata=``, ``v_feature=``, ...) is a dict of name -> tensor;
     anything else would fail deep inside tracing with an unrelated message."""

@@ -68,7 +68,7 @@ from .compiled_call import call_compiled, register_udf
 from .counting import check_counting
 from .graph_input import call_graph
 from .repeat_call import RepeatCall, RepeatCalls
-from .trace_cache import GuardMemo, TraceCache, check_tables, program_feeds
+from .trace_cache import GuardMemo, TraceCache, check_tables, plain_table, program_feeds
 from .tracer import EDGE_ROWED, SymTensor, Tracer, is_library
 from .udf import unwrap
 
@@ -397,16 +397,9 @@ class VertexFunction:
 
     def _run(self, graph: Graph | Any, tables: tuple[Mapping[str, torch.Tensor], ...]) -> dict[str, torch.Tensor]:
         v_feature, e_feature, etype_feature, ntype_feature = tables
-        # the usual call, a dict of tensors by str alone, passes `check_tables`' checks here,
-        # without four tables to walk (a loop, not a comprehension: that is a call in 3.11);
+        # the usual call, a dict of tensors by str alone, passes `check_tables`' checks here;
         # anything else goes to `check_tables`, which names what is wrong
-        plain = type(v_feature) is dict and not (e_feature or etype_feature or ntype_feature)
-        if plain:
-            for key, tensor in v_feature.items():     # (a plain tensor without an isinstance call)
-                if type(key) is not str or (type(tensor) is not torch.Tensor and not isinstance(tensor, torch.Tensor)):
-                    plain = False
-                    break
-        if not plain:
+        if (e_feature or etype_feature or ntype_feature) or not plain_table(v_feature):
             check_tables(v_feature=v_feature, e_feature=e_feature, etype_feature=etype_feature,
                          ntype_feature=ntype_feature)
         graph = call_graph(graph, (v_feature or {}).values())
