@@ -31,9 +31,6 @@ from ...ir import Residency, Value
 from ...ir.registry import OpDef, get_op
 from .overwrite import FRESH, OVERWRITING
 
-_LEAVES = frozenset({"degree", "const"})
-
-
 class PerGraph:
     """An op whose value is kept per graph under ``key``: the executor calls its `run`
     in place of the op's own."""
@@ -63,7 +60,7 @@ def per_graph_ops(plan: Sequence, outputs: set[int]) -> dict[int, PerGraph]:
         if item.op == "const":
             recipes[item.id] = ("const", repr(item.attrs.get("value")), str(item.dtype))
             continue
-        if not (item.op in _LEAVES or (op.elementwise and op.pure and item.inputs
+        if not (item.op == "degree" or (op.elementwise and op.pure and item.inputs
                                        and all(i.id in recipes for i in item.inputs))):
             continue
         recipes[item.id] = (item.op, repr(sorted((k, v) for k, v in item.attrs.items() if k != "source")),
