@@ -39,7 +39,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import bench_graph_batches as graph_batches
-from gnnfuse.bench.host_syncs import HostSyncCounter, _syncs
+from gnnfuse.bench.host_syncs import HostSyncCounter, op_syncs
 from gnnfuse.graph.index_cache import clear_index_cache
 from gnnfuse.runtime import compiled
 
@@ -101,7 +101,7 @@ class StepOps(TorchDispatchMode):
             frame = frame.f_back
         in_optimizer = any(OPTIMIZER in f.f_code.co_filename for f in frames)
         self.optimizer += in_optimizer
-        if _syncs(str(func), args, kwargs) and not in_optimizer:
+        if op_syncs(str(func), args, kwargs) and not in_optimizer:
             self.syncs[name] += 1
         if self.sites is not None and not in_optimizer:
             self.sites[self._where(frames, name)] += 1

@@ -21,7 +21,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 # Ops whose CUDA implementations read a value back to the host before returning (and,
-# in `_syncs`, blocking copies from the device to host memory).
+# in `op_syncs`, blocking copies from the device to host memory).
 SYNCING_OPS = frozenset({
     "aten._local_scalar_dense.default",     # .item(), int(t), float(t), bool(t), .tolist()
     "aten.nonzero.default", "aten.masked_select.default", "aten.equal.default",
@@ -34,7 +34,10 @@ _MASK_INDEXING = ("aten.index.Tensor", "aten.index_put.default", "aten.index_put
 _HOST_READS = {torch.Tensor.tolist: "Tensor.tolist", torch.Tensor.numpy: "Tensor.numpy"}
 
 
-def _syncs(name: str, args: tuple, kwargs: dict) -> bool:
+def op_syncs(name: str, args: tuple, kwargs: dict) -> bool:
+    """Whether the aten op ``name`` (its overload's string) on these arguments makes the
+    host wait for the device (`HostSyncCounter`'s test, also used by
+    benchmarks/count_step_ops.py's own dispatch mode)."""
     if name in SYNCING_OPS:
         return True
     if name == "aten._to_copy.default":      # .cpu(), .to("cpu") of a GPU tensor
@@ -75,7 +78,7 @@ class HostSyncCounter(TorchDispatchMode):
         if not self._paused:
             name = str(func)
             self.ops[name] += 1
-            if _syncs(name, args, kwargs):
+            if op_syncs(name, args, kwargs):
                 self.syncs[name] += 1
         return func(*args, **kwargs)
 
