@@ -82,6 +82,11 @@ class OpDef:
     # those rows as 1s there, or sqrt'(0) * 0 = NaN would reach a vertex eager code skips.
     bounded_derivative: bool = False
     row_aware: bool = False      # reference takes rows=(operand has a row dim, ...) as a keyword
+    # True, or true of an application's attrs: torch's autograd through ``reference`` gives
+    # the gradients ``derivative`` gives (ties, zeros and all; tests/test_autograd_reference.py
+    # compares each such op), so a program of such ops may run its forward under autograd
+    # and leave the backward to torch: a small graph's first pass on a GPU (runtime/first_pass.py)
+    autograd_reference: bool | Callable[[dict], bool] = False
     arity: int | None = None     # None: variadic
     emit: Any = None             # kernel expression (`emit_steps`), a rule giving one per value, or None
     doc: str = ""
@@ -103,6 +108,12 @@ class OpDef:
         if emit is None:
             return None
         return (emit,) if isinstance(emit, str) else tuple(emit)
+
+    def differentiates_under_autograd(self, attrs: dict) -> bool:
+        """Whether torch's autograd through this application's reference gives its
+        derivative rule's gradients (``autograd_reference``)."""
+        rule = self.autograd_reference
+        return rule(attrs) if callable(rule) else rule
 
     def infer_residency(self, inputs: list[Residency], attrs: dict) -> Residency:
         if self.arity is not None and len(inputs) != self.arity:

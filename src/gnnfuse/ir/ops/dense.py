@@ -39,7 +39,7 @@ def _matmul_residency(rs, attrs):
 
 
 _dense("matmul", torch.matmul, _matmul_derivative, bounded_derivative=True, arity=2, residency=_matmul_residency,
-       doc="x @ W with W a parameter (the usual linear transform)")
+       doc="x @ W with W a parameter (the usual linear transform)", autograd_reference=True)
 
 
 def _addmm(x: torch.Tensor, w: torch.Tensor, addend: torch.Tensor) -> torch.Tensor:
@@ -62,7 +62,7 @@ def _addmm_residency(rs, attrs):
 _dense("addmm", _addmm, _addmm_derivative, bounded_derivative=True, arity=3, residency=_addmm_residency,
        doc="x @ W + c with W a parameter and c a bias row or a table of the product's shape, as one GEMM "
            "whose epilogue adds c (passes/addmm.py): the product and the sum as two ops wrote and reread "
-           "an output-sized table")
+           "an output-sized table", autograd_reference=True)
 _dense("transpose", lambda x: x.transpose(-1, -2), lambda b, v, g: [b.add("transpose", g)], bounded_derivative=True, arity=1)
 
 
@@ -154,11 +154,11 @@ register(OpDef("row_dot", Movement.DENSE,
 
 
 _dense("sum_dim", lambda x, dim, keepdim: x.sum(dim, keepdim=keepdim),
-       lambda b, v, g: [_expand_back(b, v, g)], bounded_derivative=True, arity=1)
+       lambda b, v, g: [_expand_back(b, v, g)], bounded_derivative=True, arity=1, autograd_reference=True)
 _dense("mean_dim", lambda x, dim, keepdim: x.mean(dim, keepdim=keepdim),
        lambda b, v, g: [b.add("mul", _expand_back(b, v, g),
                               b.const(1.0 / math.prod(v.inputs[0].shape[d] for d in v.attrs["dim"]), g))],
-       bounded_derivative=True, arity=1)
+       bounded_derivative=True, arity=1, autograd_reference=True)
 
 # --- shape changes --------------------------------------------------------------------
 def _reshape(x: torch.Tensor, shape, rows) -> torch.Tensor:
@@ -170,7 +170,7 @@ def _expand(x: torch.Tensor, shape, rows) -> torch.Tensor:
 
 
 _dense("reshape", _reshape, lambda b, v, g: [b.add("reshape", g, shape=v.inputs[0].shape)], bounded_derivative=True,
-       arity=1, row_aware=True)
+       arity=1, row_aware=True, autograd_reference=True)
 _dense("expand", _expand, None, arity=1, row_aware=True,
        doc="broadcast per-element dims to shape; its gradient is summed back by autodiff")
 
@@ -184,7 +184,8 @@ def _concat_derivative(b, v, g):
     return grads
 
 
-_dense("concat", lambda *xs, dim: torch.cat(xs, dim), _concat_derivative, bounded_derivative=True, elementwise=True)
+_dense("concat", lambda *xs, dim: torch.cat(xs, dim), _concat_derivative, bounded_derivative=True, elementwise=True,
+       autograd_reference=True)
 _dense("narrow", lambda x, dim, start, length: x.narrow(dim, start, length),
        lambda b, v, g: [b.add("unnarrow", g, dim=v.attrs["dim"], start=v.attrs["start"],
                               size=v.inputs[0].shape[v.attrs["dim"]])], bounded_derivative=True, arity=1)
@@ -213,7 +214,7 @@ def _const(ctx, value: float, dtype: torch.dtype) -> torch.Tensor:
 
 register(OpDef("const", Movement.DENSE, _const,
                residency=lambda rs, a: Residency.SHARED,
-               shape=lambda inputs, a, r: ((), a["dtype"]), arity=0))
+               shape=lambda inputs, a, r: ((), a["dtype"]), arity=0, autograd_reference=True))
 register(OpDef("dropout_mask", Movement.DENSE,
                lambda ctx, x, p: torch.bernoulli(torch.full_like(x, 1.0 - p)) / (1.0 - p),
                shape=lambda inputs, a, r: (inputs[0].shape, inputs[0].dtype),

@@ -50,7 +50,8 @@ register(OpDef("slice_features", Movement.DENSE, lambda ctx, x, window: x[_windo
                shape=_slice_shape, arity=1,
                derivative=lambda b, v, g: [b.add("unslice_features", g, window=v.attrs["window"],
                                                  size=v.inputs[0].shape)],
-               doc="x[..., start:start+step*count:step, ...] per feature dim (window of (start, step, count))"))
+               doc="x[..., start:start+step*count:step, ...] per feature dim (window of (start, step, count))",
+               autograd_reference=True))
 register(OpDef("unslice_features", Movement.DENSE, lambda ctx, g, window, size: _unslice(g, window, size), bounded_derivative=True,
                shape=lambda inputs, a, r: (tuple(a["size"]), inputs[0].dtype), arity=1,
                derivative=lambda b, v, g: [b.add("slice_features", g, window=v.attrs["window"])],

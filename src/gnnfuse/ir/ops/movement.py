@@ -72,7 +72,8 @@ register(OpDef("broadcast", Movement.BROADCAST,
                lambda ctx, x, by: ctx.gather_rows(x, ctx.index(by)),
                residency=_broadcast_residency, shape=_same_shape, arity=1,
                derivative=lambda b, v, g: [b.add("reduce", g, op="sum", by=v.attrs["by"])],
-               doc="gather vertex (or type) rows onto edges (or vertices) through one index (see module doc)"))
+               doc="gather vertex (or type) rows onto edges (or vertices) through one index (see module doc)",
+               autograd_reference=True))
 
 
 # --- reduce ---------------------------------------------------------------------------
@@ -182,7 +183,11 @@ def _reduce_shape(inputs, attrs, residency):
 register(OpDef("reduce", Movement.REDUCE, _reduce,
                residency=_reduce_residency, shape=_reduce_shape, arity=1,
                derivative=_reduce_derivative,
-               doc="aggregate edge rows into vertex (or type) rows with sum, mean, max or min"))
+               doc="aggregate edge rows into vertex (or type) rows with sum, mean, max or min",
+               # not max or min: torch's scatter_reduce backward (include_self=False) counts the
+               # zero its output starts from as one more tie where a row's extreme is 0, and
+               # gives each edge holding it half the gradient (or less) where this rule gives all
+               autograd_reference=lambda attrs: attrs["op"] in ("sum", "mean")))
 
 # --- norm -----------------------------------------------------------------------------
 
@@ -233,4 +238,5 @@ def _degree_residency(rs, attrs):
 register(OpDef("degree", Movement.REDUCE, lambda ctx, by, dtype: ctx.degree(by).to(dtype),
                residency=_degree_residency, shape=lambda inputs, a, r: ((), a["dtype"]), arity=0,
                doc="how many index entries each row owns: in-degree (by='dst'), out-degree "
-                   "(by='src'), edges per type (etype/srctype/dsttype), vertices per type (ntype)"))
+                   "(by='src'), edges per type (etype/srctype/dsttype), vertices per type (ntype)",
+                   autograd_reference=True))

@@ -38,4 +38,5 @@ def _select(ctx, mask: torch.Tensor, a: torch.Tensor, other: torch.Tensor) -> to
 register(OpDef("select", Movement.DENSE, _select, bounded_derivative=True,
                derivative=_select_derivative, elementwise=True, arity=3,
                emit="tl.where({0} != 0, {1}, {2})",
-               doc="a where mask != 0 else b, elementwise, without arithmetic on the branch not taken"))
+               doc="a where mask != 0 else b, elementwise, without arithmetic on the branch not taken",
+               autograd_reference=True))
