@@ -2,7 +2,8 @@
 (runtime/first_pass.py): `backend_name` answers "triton" for CPU tensors too (Triton's
 interpreter runs them) -- in every module that imported it by name (the layers' order
 choices, the padded loops, the loader's layouts) -- and each executor's runs are counted
-by backend name."""
+by backend name (a program whose first pass ran under autograd: its forward, and torch's
+backward of it when its gradient arrives)."""
 from __future__ import annotations
 
 import sys
@@ -34,4 +35,15 @@ def triton_by_default(monkeypatch) -> Counter:
             counts[_name] += 1
             return _real(*args, **kwargs)
         monkeypatch.setitem(compiled._EXECUTORS, name, counted)
+    under_autograd = compiled.CompiledProgram._run_under_autograd
+
+    def backward_counted(self, *args):
+        """A program run under autograd has torch run its backward: one reference run
+        more when its gradient arrives, as the executor's own backward run counts."""
+        outputs = under_autograd(self, *args)
+        out = next((t for t in outputs.values() if t.grad_fn is not None), None)
+        if out is not None:
+            out.register_hook(lambda grad: counts.update(["reference"]))
+        return outputs
+    monkeypatch.setattr(compiled.CompiledProgram, "_run_under_autograd", backward_counted)
     return counts

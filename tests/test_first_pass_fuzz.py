@@ -303,9 +303,9 @@ def test_an_edge_index_edited_in_place_is_a_new_graph_on_its_first_pass(ran, kin
 
 @pytest.mark.parametrize("kind", ["GCN", "SAGE-sum", "GIN", "GAT"])
 def test_double_backward_on_the_first_pass_and_the_next_step(ran, kind):
-    """create_graph=True: the first pass's backward runs torch ops that autograd follows
-    (exact for programs linear in their inputs; refused for GAT's softmax), the next
-    step's Triton kernels are refused, with an error that names the first pass."""
+    """create_graph=True: the first pass runs under torch's autograd (runtime/first_pass.py),
+    which differentiates its own backward, GAT's softmax too; the next step's Triton
+    kernels are refused, with an error that names the first pass."""
     ours, theirs = _pair(kind)
     x, edge_index = torch.randn(N, F, dtype=f64, device=DEVICE), _edges(seed=8)
 
@@ -313,17 +313,15 @@ def test_double_backward_on_the_first_pass_and_the_next_step(ran, kind):
         leaf = x.clone().requires_grad_()
         grad, = torch.autograd.grad(layer(leaf, edge_index).pow(2).sum(), leaf, create_graph=True)
         grad.pow(2).sum().backward()
-        result = (grad.detach(), leaf.grad, [p.grad.clone() for p in layer.parameters()])
+        # (a bias has no second derivative here: no gradient, in PyG's layers too)
+        result = (grad.detach(), leaf.grad, [p.grad for p in layer.parameters()])
         layer.zero_grad()
         return result
 
-    if kind == "GAT":
-        with pytest.raises(NotImplementedError, match="computed without autograd"):
-            penalty(ours)
-        return
     got, expected = penalty(ours), penalty(theirs)
     torch.testing.assert_close(got[:2], expected[:2])
-    torch.testing.assert_close(got[2], expected[2])
+    assert [g is None for g in got[2]] == [g is None for g in expected[2]]
+    torch.testing.assert_close([g for g in got[2] if g is not None], [g for g in expected[2] if g is not None])
     if DEVICE == "cpu":
         with pytest.raises(NotImplementedError, match="first pass"):
             penalty(ours)

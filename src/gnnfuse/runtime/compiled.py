@@ -20,14 +20,14 @@ from ..backend.reference import GraphContext
 from ..graph import Graph, GraphModifiedError
 from ..graph.index_cache import functorch_interpreter
 from ..graph.capture_refusals import refuse_jit_trace
-from ..ir import CompileError, Program, Residency, Value, verify
+from ..ir import CompileError, Program, Residency, Value, get_op, verify
 from ..ir.ops.movement import BROADCAST_FROM, TYPE_INDICES
 from ..ir.sides import declare_sides, sides_of
 from ..passes import optimize
 from ..passes.pair_sources import SourcePairRewrite, rewrite_for_source_pairs
 from ..environ import getenv
 from .autocast import AUTOCAST_DEVICE_TYPES
-from .first_pass import first_pass_executor
+from .first_pass import end_on_backward, first_pass_executor
 from .interpreter import interpreter_lacks_bfloat16
 from .pair_graph import pair_graph, pair_matmul, pair_rows, reads_edge_types
 from .prepared_call import PreparedCall, preparer
@@ -51,6 +51,9 @@ class CompiledProgram:
         self._types_read = _types_read(self.program)
         self._bfloat16 = any(v.dtype == torch.bfloat16 for v in self.program.values)   # `program_backend`
         self._input_keys = tuple(self.program.inputs)
+        # every op's torch reference differentiates as its derivative rule (public: `explain`
+        # says so): a small graph's first pass runs the forward under autograd (`_run_under_autograd`)
+        self.runs_under_autograd = runs_under_autograd(self.program)
         # a program whose every output is integer or boolean has no gradient to give: its
         # backward would be a program without outputs (and torch never calls it)
         self.differentiable = any(v.dtype.is_floating_point or v.dtype.is_complex
@@ -145,6 +148,10 @@ class CompiledProgram:
                             for t in self._pair_rewrite.lookups)):
                 return self._run_on_pairs(graph, by_key)
         if torch.is_grad_enabled() and any(map(_REQUIRES_GRAD, tensors)):
+            if (self.runs_under_autograd and getattr(graph, "first_pass", False)
+                    and backend_name(graph.device.type == "cuda") == "triton"
+                    and first_pass_executor(graph, "triton") == "reference"):
+                return self._run_under_autograd(graph, keys, tensors)
             # the program, graph and keys as one argument: torch's apply walks every argument
             # in Python before its C part (`unwrap_dead_wrappers`), a generator step and an
             # isinstance call each
@@ -152,6 +159,16 @@ class CompiledProgram:
         else:   # inference: no backward program is built and nothing is saved for one
             outputs, _, _ = _run_forward(self, GraphContext(graph), keys, tensors, None)
             self._note_inference(graph, tensors)
+        return dict(zip(self.program.outputs, outputs))
+
+    def _run_under_autograd(self, graph: Graph, keys: tuple[str, ...], tensors: list[torch.Tensor]
+                            ) -> dict[str, torch.Tensor]:
+        """A small graph's first pass (runtime/first_pass.py) of a program whose ops all
+        differentiate under torch's autograd as their rules say: the forward's torch ops
+        run under autograd, which then gives the backward itself, as for eager code."""
+        wrt = tuple([k for k, t in zip(keys, tensors) if t.requires_grad]) if _RECORDERS else ()
+        outputs, _, _ = _run_forward(self, GraphContext(graph), keys, tensors, None, wrt)
+        end_on_backward(graph, outputs)
         return dict(zip(self.program.outputs, outputs))
 
     def _note_inference(self, graph: Graph, tensors: list[torch.Tensor]) -> None:
@@ -188,6 +205,27 @@ class CompiledProgram:
         for lookup in rewrite.lookups:     # a table read by the graph's edge types is per-type data
             pair_feeds[lookup.key] = feeds[lookup.table]
         return self._on_pairs(pair_graph(graph).graph, pair_feeds)
+
+
+def runs_under_autograd(program: Program) -> bool:
+    """Whether torch's autograd through ``program``'s references gives the gradients its
+    backward program would: every op is marked ``autograd_reference``, and the mark holds
+    for the op's attrs wherever a gradient reaches it. A value read only through
+    ``stop_gradient`` (a softmax's maximum, which torch would count ties of differently:
+    ir/ops/movement.py) gets none."""
+    reached, stack = set(), [v for v in program.outputs.values()]
+    while stack:
+        v = stack.pop()
+        if v.id not in reached:
+            reached.add(v.id)
+            if v.op != "stop_gradient":
+                stack.extend(v.inputs)
+    for v in program.values:
+        if v.op != "input":
+            op = get_op(v.op)
+            if not op.autograd_reference or (v.id in reached and not op.differentiates_under_autograd(v.attrs)):
+                return False
+    return True
 
 
 def _drop_unread_saved(backward: BackwardProgram) -> None:
@@ -424,15 +462,17 @@ def record_calls() -> Iterator[list[ProgramCall]]:
 
 
 def _run_forward(compiled: CompiledProgram, graph_ctx: GraphContext, keys: tuple[str, ...],
-                 tensors, backward: BackwardProgram | None):
+                 tensors, backward: BackwardProgram | None, wrt: tuple[str, ...] = ()):
     """Run the forward program, keeping what ``backward`` will read; returns the outputs
-    (in output order), the kept values and the executor used."""
+    (in output order), the kept values and the executor used. ``wrt``: the inputs needing
+    gradients that torch's autograd differentiates for, where there is no ``backward``
+    (`CompiledProgram._run_under_autograd`), for `record_calls`."""
     device = graph_ctx.device
     execute = select_backend(device, compiled._bfloat16, graph_ctx.graph)
     if _RECORDERS:
         first = (backend_name(device.type == "cuda") == "triton"
                  and first_pass_executor(graph_ctx.graph, "triton") == "reference")
-        call = ProgramCall(compiled, graph_ctx.graph, backward.wrt if backward else (), forced_schedule(),
+        call = ProgramCall(compiled, graph_ctx.graph, backward.wrt if backward else wrt, forced_schedule(),
                            _executor_name(execute) + (" (first pass)" if first else ""))
         for calls in _RECORDERS:
             calls.append(call)

@@ -590,9 +590,11 @@ def explain(fn: Callable[..., Any], *args: Any, source: bool = False, **kwargs: 
 def _executor_text(call: ProgramCall) -> str:
     """The backend that ran ``call``, and why where it is not its device's default."""
     if call.executor.endswith("(first pass)"):
+        backward = ("torch's autograd differentiates the forward's torch ops" if call.compiled.runs_under_autograd
+                    else "the backward program below runs on the reference executor too")
         return ("reference (the graph's first pass: a small graph runs on torch ops until a backward pass "
-                "has run on it, runtime/first_pass.py; the plans below are the Triton backend's, for later "
-                "passes)")
+                f"has run on it, runtime/first_pass.py; {backward}; the plans below are the Triton backend's, "
+                "for later passes)")
     return call.executor
 
 

@@ -27,15 +27,24 @@ Triton kernel must not compile while a capture records) or with ``GNNFUSE_BACKEN
 set. A small graph used only for inference (no backward ever) stays on the reference
 executor.
 
+Where every op of a program has a reference that torch's autograd differentiates as its
+derivative rule does (`OpDef.autograd_reference`), a first pass that needs gradients runs
+the forward program's torch ops under autograd and leaves the backward to torch, as PyG's
+step does: no autograd Function, no backward program walked op by op in Python. On an
+H200 (the step above, 128 graphs a batch) that took GIN from 6.11 to 5.49 ms a step,
+GCN from 5.83 to 5.44, GraphSAGE from 6.19 to 5.57 and GAT from 10.07 to 9.53. A hook
+on the outputs marks the graph as past its first pass when their gradient arrives.
+
 The reference executor writes each gathered edge table (|E| x width) where the fused
 kernels would not; at `FIRST_PASS_EDGES` edges that is at most 32 MB per table at 128
 float32 lanes, and larger graphs keep the Triton backend's IO-aware kernels.
 """
 from __future__ import annotations
 
+import weakref
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import torch
 
@@ -74,3 +83,20 @@ def first_pass_executor(graph: Any, name: str) -> str:
         return name
     return "reference"
 
+
+
+def end_on_backward(graph: Any, outputs: Iterable[torch.Tensor]) -> None:
+    """Mark ``graph`` as past its first pass when the gradient of any of ``outputs`` (a
+    program's outputs computed under autograd) arrives, as `_ProgramFunction.backward`
+    does for a program run through it. Outputs without a ``grad_fn`` (an input handed back
+    as it was) get no hook: it would stay on the caller's tensor."""
+    ref = weakref.ref(graph)
+
+    def ended(grad: torch.Tensor) -> None:
+        found = ref()
+        if found is not None:
+            found.first_pass = False
+
+    for out in outputs:
+        if out.grad_fn is not None:
+            out.register_hook(ended)
