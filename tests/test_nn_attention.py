@@ -18,6 +18,7 @@ from torch_geometric.utils import softmax as pyg_softmax
 
 import gnnfuse
 from gnnfuse import nn as gnn
+from first_pass_check import triton_by_default
 from layer_check import assert_same_outputs_and_grads, rel_err
 from oracle_check import device_for
 
@@ -303,13 +304,20 @@ def test_unknown_edgeconv_aggregation_is_rejected():
         gnn.EdgeConv(_mlp(3), aggr=["max", "mean"])
 
 
-def test_gat_logits_fold_into_one_gemm_only_where_it_moves_fewer_bytes():
-    """Folded (x @ W_att^T) and as written ((lin(x) * att).sum(-1)) are the same sums."""
+def test_gat_logits_fold_into_one_gemm_only_where_it_moves_fewer_bytes(monkeypatch):
+    """Folded (x @ W_att^T) and as written ((lin(x) * att).sum(-1)) are the same sums; a
+    small graph's first pass on a GPU takes the form with fewer ops."""
     from gnnfuse.nn.conv import _folded_logits, _folds
     assert _folds(gnn.GATConv(6, 4, heads=2).lin, torch.zeros(1, 6))
     assert not _folds(gnn.GATConv(100, 4, heads=2).lin, torch.zeros(1, 100))
     with torch.autocast("cpu", dtype=torch.bfloat16):     # the folded GEMM would round PyG's float32 logits
         assert not _folds(gnn.GATConv(6, 4, heads=2).lin, torch.zeros(1, 6))
+    small = gnnfuse.Graph(torch.tensor([0, 1]), torch.tensor([1, 0]), 2)
+    small.first_pass = True
+    assert _folds(gnn.GATConv(6, 4, heads=2).lin, torch.zeros(1, 6), small)     # the CPU's own backend
+    with monkeypatch.context() as patched:     # a GPU's: a small graph's first pass is bound by host time
+        triton_by_default(patched)
+        assert not _folds(gnn.GATConv(6, 4, heads=2).lin, torch.zeros(1, 6), small)
     layer = gnn.GATConv(6, 4, heads=2).double()
     nn.init.normal_(layer.att_dst)
     x = torch.randn(N, 6, dtype=torch.float64)

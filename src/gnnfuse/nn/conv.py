@@ -22,7 +22,7 @@ from ..graph import Graph
 from ..graph.convert import check_bipartite_adj_t, coalesced, declared_size
 from ..graph.fixed_shape import is_loader_block, is_padded, per_step
 from ..runtime.compile_op import GRAPH_STEPS, GraphRef
-from ..runtime.compiled import backend_name
+from ..runtime.compiled import backend_name, on_first_pass
 from ..runtime.autocast import autocast_dtype
 from .aligned_linear import RowsRead, aligned_linear, bias_added, flat_heads, kernel_row_stride, paired_linear
 from .aggregation import Reduction, aggregate, eager_slots, pyg_aggr_name, resolve_aggregation
@@ -785,14 +785,20 @@ def _gat_attention(slope: float, p: float, training: bool, dst_term: bool) -> fr
     return frontend.UpdateAll(*_gat_udfs(slope, p, training, dst_term, None))
 
 
-def _folds(lin: nn.Linear, x: torch.Tensor) -> bool:
-    """Whether `_folded_logits` moves fewer bytes than ``(lin(x) * att).sum(-1)``: its
+def _folds(lin: nn.Linear, x: torch.Tensor, graph: Any = None) -> bool:
+    """Whether `_folded_logits` moves fewer bytes than ``(lin(x) * att).sum(-1)``, and
+    bytes are what counts: not on a small graph's first pass (`on_first_pass`), whose step
+    is bound by host time, where the folded form is seven ops forward (stack, batched
+    GEMM, GEMM, view, unbind, two copies) and as many autograd nodes backward against the
+    product's and sum's two per vector (a molecule batch's GAT step: 146 autograd nodes
+    against PyG's 118). Its
     GEMM reads x's ``in_features`` per vertex, the product and the sum read and write the
     ``heads x channels`` of lin(x) about three times per logit vector (and as much again
     in the backward). Never under torch.autocast: the folded GEMM gives the logits in the
     autocast dtype, where PyG's product of bfloat16 lin(x) and the float32 attention
     vector gives float32 (and the attention weights returned with them were bfloat16)."""
-    return lin.bias is None and lin.in_features <= 4 * lin.out_features and autocast_dtype(x.device.type) is None
+    return (lin.bias is None and lin.in_features <= 4 * lin.out_features and autocast_dtype(x.device.type) is None
+            and not (graph is not None and on_first_pass(graph)))
 
 
 def _folded_logits(lin: nn.Linear, x: torch.Tensor, *atts: torch.Tensor) -> list[torch.Tensor]:
@@ -948,7 +954,7 @@ class GATConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
         graph = _with_loops(graph, self.add_self_loops, rows is None and not return_attention_weights)
         shape = (-1, self.heads, self.out_channels)
         h = _aligned(lin or self.lin_src, x).view(shape)
-        if x_dst is x and lin is not None and _folds(lin, x):
+        if x_dst is x and lin is not None and _folds(lin, x, graph):
             alpha_src, alpha_dst = _folded_logits(lin, x, att_src, att_dst)
             ndata = {"h": h, "alpha_src": alpha_src, "alpha_dst": alpha_dst}
         else:

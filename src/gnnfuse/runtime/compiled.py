@@ -27,7 +27,7 @@ from ..passes import optimize
 from ..passes.pair_sources import SourcePairRewrite, rewrite_for_source_pairs
 from ..environ import getenv
 from .autocast import AUTOCAST_DEVICE_TYPES
-from .first_pass import end_on_backward, first_pass_executor
+from .first_pass import end_after_backward, end_on_backward, first_pass_executor
 from .interpreter import interpreter_lacks_bfloat16
 from .pair_graph import pair_graph, pair_matmul, pair_rows, reads_edge_types
 from .prepared_call import PreparedCall, preparer
@@ -148,9 +148,7 @@ class CompiledProgram:
                             for t in self._pair_rewrite.lookups)):
                 return self._run_on_pairs(graph, by_key)
         if torch.is_grad_enabled() and any(map(_REQUIRES_GRAD, tensors)):
-            if (self.runs_under_autograd and getattr(graph, "first_pass", False)
-                    and backend_name(graph.device.type == "cuda") == "triton"
-                    and first_pass_executor(graph, "triton") == "reference"):
+            if self.runs_under_autograd and on_first_pass(graph):
                 return self._run_under_autograd(graph, keys, tensors)
             # the program, graph and keys as one argument: torch's apply walks every argument
             # in Python before its C part (`unwrap_dead_wrappers`), a generator step and an
@@ -379,6 +377,15 @@ def backend_name(on_cuda: bool) -> str:
     return name
 
 
+def on_first_pass(graph: Graph) -> bool:
+    """Whether a program called on ``graph`` now runs as a small graph's first pass on
+    the reference executor, in place of its device's default Triton backend
+    (runtime/first_pass.py): the host-bound regime of a new small graph every step, where
+    a layer may prefer fewer ops to fewer bytes."""
+    return (getattr(graph, "first_pass", False) and backend_name(graph.device.type == "cuda") == "triton"
+            and first_pass_executor(graph, "triton") == "reference")
+
+
 def program_backend(device: torch.device, bfloat16: bool) -> str:
     """The backend that runs a program on a graph on ``device``: `backend_name`'s, except
     that a program with ``bfloat16`` values runs on the torch reference where Triton's CPU
@@ -549,8 +556,8 @@ class _ProgramFunction(torch.autograd.Function):
         else:
             with forcing(ctx.schedule):
                 grads, _ = ctx.execute(ctx.backward.program, ctx.graph_ctx, feeds)
-        if getattr(graph, "first_pass", False):      # a backward pass ran on it (runtime/first_pass.py)
-            graph.first_pass = False
+        if getattr(graph, "first_pass", False):      # a backward pass runs on it (runtime/first_pass.py)
+            end_after_backward(graph)
         return (None, *map(grads.get, ctx.compiled._gradient_keys))
 
 

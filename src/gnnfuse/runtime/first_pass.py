@@ -85,18 +85,33 @@ def first_pass_executor(graph: Any, name: str) -> str:
 
 
 
-def end_on_backward(graph: Any, outputs: Iterable[torch.Tensor]) -> None:
-    """Mark ``graph`` as past its first pass when the gradient of any of ``outputs`` (a
-    program's outputs computed under autograd) arrives, as `_ProgramFunction.backward`
-    does for a program run through it. Outputs without a ``grad_fn`` (an input handed back
-    as it was) get no hook: it would stay on the caller's tensor."""
+def end_after_backward(graph: Any) -> None:
+    """Mark ``graph`` as past its first pass once the backward pass now running finishes
+    (called from within it). Not at once: a checkpointed layer recomputed later in the
+    same backward must run as its forward did -- torch's checkpoint refuses recomputed
+    values of other shapes (GAT's unfolded logits, `nn.conv._folds`), and a program run
+    under autograd saves other values than its autograd Function does."""
     ref = weakref.ref(graph)
 
-    def ended(grad: torch.Tensor) -> None:
+    def ended() -> None:
         found = ref()
         if found is not None:
             found.first_pass = False
+    torch.autograd.Variable._execution_engine.queue_callback(ended)
+
+
+def end_on_backward(graph: Any, outputs: Iterable[torch.Tensor]) -> None:
+    """`end_after_backward` once the gradient of any of ``outputs`` (a program's outputs
+    computed under autograd) arrives, as `_ProgramFunction.backward` calls it for a
+    program run through it. Outputs without a ``grad_fn`` (an input handed back as it
+    was) get no hook: it would stay on the caller's tensor."""
+    ref = weakref.ref(graph)     # (a hook holding the graph would keep it while the output lives)
+
+    def arrived(grad: torch.Tensor) -> None:
+        found = ref()
+        if found is not None:
+            end_after_backward(found)
 
     for out in outputs:
         if out.grad_fn is not None:
-            out.register_hook(ended)
+            out.register_hook(arrived)
