@@ -211,7 +211,7 @@ def runs_under_autograd(program: Program) -> bool:
     for the op's attrs wherever a gradient reaches it. A value read only through
     ``stop_gradient`` (a softmax's maximum, which torch would count ties of differently:
     ir/ops/movement.py) gets none."""
-    reached, stack = set(), [v for v in program.outputs.values()]
+    reached, stack = set(), list(program.outputs.values())
     while stack:
         v = stack.pop()
         if v.id not in reached:
@@ -477,8 +477,7 @@ def _run_forward(compiled: CompiledProgram, graph_ctx: GraphContext, keys: tuple
     device = graph_ctx.device
     execute = select_backend(device, compiled._bfloat16, graph_ctx.graph)
     if _RECORDERS:
-        first = (backend_name(device.type == "cuda") == "triton"
-                 and first_pass_executor(graph_ctx.graph, "triton") == "reference")
+        first = on_first_pass(graph_ctx.graph)
         call = ProgramCall(compiled, graph_ctx.graph, backward.wrt if backward else wrt, forced_schedule(),
                            _executor_name(execute) + (" (first pass)" if first else ""))
         for calls in _RECORDERS:

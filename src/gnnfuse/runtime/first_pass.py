@@ -33,7 +33,8 @@ the forward program's torch ops under autograd and leaves the backward to torch,
 step does: no autograd Function, no backward program walked op by op in Python. On an
 H200 (the step above, 128 graphs a batch) that took GIN from 6.11 to 5.49 ms a step,
 GCN from 5.83 to 5.44, GraphSAGE from 6.19 to 5.57 and GAT from 10.07 to 9.53. A hook
-on the outputs marks the graph as past its first pass when their gradient arrives.
+on the outputs ends the graph's first pass once the backward pass their gradient arrives
+in has finished (`end_after_backward`).
 
 The reference executor writes each gathered edge table (|E| x width) where the fused
 kernels would not; at `FIRST_PASS_EDGES` edges that is at most 32 MB per table at 128
@@ -82,7 +83,6 @@ def first_pass_executor(graph: Any, name: str) -> str:
             or (graph.device.type == "cuda" and _capturing())):
         return name
     return "reference"
-
 
 
 def end_after_backward(graph: Any) -> None:
