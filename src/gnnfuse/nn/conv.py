@@ -798,7 +798,7 @@ def _folds(lin: nn.Linear, x: torch.Tensor, graph: Any = None) -> bool:
     autocast dtype, where PyG's product of bfloat16 lin(x) and the float32 attention
     vector gives float32 (and the attention weights returned with them were bfloat16)."""
     return (lin.bias is None and lin.in_features <= 4 * lin.out_features and autocast_dtype(x.device.type) is None
-            and not (graph is not None and on_first_pass(graph)))
+            and not on_first_pass(graph))
 
 
 def _folded_logits(lin: nn.Linear, x: torch.Tensor, *atts: torch.Tensor) -> list[torch.Tensor]:

@@ -252,7 +252,8 @@ def _backward_op(program: str, steps: str, num_nodes: int, num_src_nodes: int, e
     saved = [kept[i] for i in compiled.backward_inputs(backward).saved_ids]
     with autocast_off(graph.device):
         grads, _ = execute(backward.program, graph_ctx, backward_feeds(compiled, backward, saved, output_grads))
-    graph.first_pass = False    # a backward pass ran on it, as `_ProgramFunction.backward` marks (runtime/first_pass.py)
+    graph.first_pass = False    # a backward pass ran on it (runtime/first_pass.py; at once here, where
+    # `_ProgramFunction.backward` ends it after the whole backward: `end_after_backward`)
     by_key = {k.removeprefix("grad:"): g for k, g in grads.items()}
     return [by_key[keys[i]] if by_key.get(keys[i]) is not None else torch.zeros_like(tensors[i]) for i in wrt]
 

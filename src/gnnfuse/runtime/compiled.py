@@ -377,7 +377,7 @@ def backend_name(on_cuda: bool) -> str:
     return name
 
 
-def on_first_pass(graph: Graph) -> bool:
+def on_first_pass(graph: Graph | None) -> bool:
     """Whether a program called on ``graph`` now runs as a small graph's first pass on
     the reference executor, in place of its device's default Triton backend
     (runtime/first_pass.py): the host-bound regime of a new small graph every step, where

@@ -91,8 +91,11 @@ def end_after_backward(graph: Any) -> None:
     same backward must run as its forward did -- torch's checkpoint refuses recomputed
     values of other shapes (GAT's unfolded logits, `nn.conv._folds`), and a program run
     under autograd saves other values than its autograd Function does."""
-    ref = weakref.ref(graph)
+    _end_after_backward(weakref.ref(graph))
 
+
+def _end_after_backward(ref: weakref.ref) -> None:
+    """`end_after_backward` of the graph ``ref`` refers to, if it still lives then."""
     def ended() -> None:
         found = ref()
         if found is not None:
@@ -106,12 +109,6 @@ def end_on_backward(graph: Any, outputs: Iterable[torch.Tensor]) -> None:
     program run through it. Outputs without a ``grad_fn`` (an input handed back as it
     was) get no hook: it would stay on the caller's tensor."""
     ref = weakref.ref(graph)     # (a hook holding the graph would keep it while the output lives)
-
-    def arrived(grad: torch.Tensor) -> None:
-        found = ref()
-        if found is not None:
-            end_after_backward(found)
-
     for out in outputs:
         if out.grad_fn is not None:
-            out.register_hook(arrived)
+            out.register_hook(lambda grad: _end_after_backward(ref))

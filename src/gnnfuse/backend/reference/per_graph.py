@@ -31,6 +31,7 @@ from ...ir import Residency, Value
 from ...ir.registry import OpDef, get_op
 from .overwrite import FRESH, OVERWRITING
 
+
 class PerGraph:
     """An op whose value is kept per graph under ``key``: the executor calls its `run`
     in place of the op's own."""
