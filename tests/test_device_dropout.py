@@ -113,9 +113,28 @@ def test_dropout_takes_the_device_path_for_large_cuda_tensors_only(monkeypatch):
         assert random_mask not in seen
 
 
+def test_an_eager_step_takes_the_counter_kernel_from_a_larger_size_than_a_captured_one(monkeypatch):
+    """Eagerly the counter kernel's host time outweighs its device time saved below
+    `DEVICE_COUNTER_MIN_ELEMENTS`; a step being captured pays no host time per replay,
+    so there it runs from `CAPTURED_COUNTER_MIN_ELEMENTS`."""
+    monkeypatch.setattr(gF, "DEVICE_COUNTER_MIN_ELEMENTS", 1000)
+    monkeypatch.setattr(gF, "CAPTURED_COUNTER_MIN_ELEMENTS", 100)
+    capturing = [False]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    sizes = (99, 100, 999, 1000)
+    assert [gF._device_counter_applies(torch.zeros(n)) for n in sizes] == [False, False, False, True]
+    capturing[0] = True
+    assert [gF._device_counter_applies(torch.zeros(n)) for n in sizes] == [False, True, True, True]
+    assert not gF._device_counter_applies(torch.zeros(1000, dtype=torch.float16))     # torch's, captured or not
+
+
 @needs_gpu
 def test_a_captured_step_draws_a_new_mask_per_replay(monkeypatch):
-    monkeypatch.setattr(gF, "DEVICE_COUNTER_MIN_ELEMENTS", 1)
+    monkeypatch.setattr(gF, "DEVICE_COUNTER_MIN_ELEMENTS", 1 << 30)     # the captured bound decides
+    monkeypatch.setattr(gF, "CAPTURED_COUNTER_MIN_ELEMENTS", 1)
+    applied = []
+    apply = gF._CounterDropout.apply
+    monkeypatch.setattr(gF._CounterDropout, "apply", lambda *a: applied.append(a[-1]) or apply(*a))
     x = torch.randn(64, 33, device=DEVICE, requires_grad=True)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -137,6 +156,7 @@ def test_a_captured_step_draws_a_new_mask_per_replay(monkeypatch):
         torch.testing.assert_close(out[kept], 2 * x.detach()[kept])
         masks.append(kept.clone())
     assert not torch.equal(masks[0], masks[1]) and not torch.equal(masks[1], masks[2])
+    assert random_mask in applied, "the captured step did not run the counter kernel"
 
 
 @needs_gpu

@@ -29,10 +29,19 @@ __all__ = ["cross_entropy", "dropout", "linear_cross_entropy"]
 # Below this many elements torch's dropout costs well under a millisecond, and the
 # counter kernel's first use would cost a Numba import (about a second per process).
 COUNTER_MIN_ELEMENTS = 1 << 16
-# On a GPU the counter kernel takes about 0.7 of torch's kernel time (results/dropout.md):
-# below this many elements that saves a few microseconds, less than the host time of a
-# Triton launch and a seed draw on a step that is not captured.
-DEVICE_COUNTER_MIN_ELEMENTS = 1 << 22
+# On a GPU the counter kernel takes about 0.7 of torch's kernel time (results/dropout.md),
+# but each call costs the host more: a seed draw, a Triton launch and a Python autograd
+# Function each way. On an H200's host its forward took 88-117 us against torch's 16-38,
+# its backward 129 against 89, and in a mini-batch GraphSAGE step (products-like, fanouts
+# 15,10,5: dropout inputs of 50M and 38M elements), which the host binds, it cost 0.73 ms
+# of 5.58. So a step that runs eagerly takes the counter kernel from
+# DEVICE_COUNTER_MIN_ELEMENTS, where it saves more device time than that (about 47 us
+# forward and backward at 50M elements, 250 us at 245M) and torch's one-byte keep mask
+# starts to weigh on memory (157 MB for a products-sized [2.45M, 64] hidden table); a
+# step being captured into a CUDA graph, whose replays pay no host time, takes it from
+# CAPTURED_COUNTER_MIN_ELEMENTS, below which it saves a few microseconds.
+DEVICE_COUNTER_MIN_ELEMENTS = 1 << 26
+CAPTURED_COUNTER_MIN_ELEMENTS = 1 << 22
 _COUNTER_DTYPES = (torch.float32, torch.float64)
 _SEED_BOUND = 1 << 62
 
@@ -52,7 +61,8 @@ def dropout(input: torch.Tensor, p: float = 0.5, training: bool = True, inplace:
     - another CPU tensor: uniforms compared with ``p`` (`torch.rand_like`, 2-3x faster
       than torch's `bernoulli_`);
     - a dense float32/float64 CUDA tensor of at least `DEVICE_COUNTER_MIN_ELEMENTS`
-      elements, outside `torch.compile`: the same in Triton (`backend.triton.random_mask`;
+      elements (`CAPTURED_COUNTER_MIN_ELEMENTS` while a CUDA graph is being captured),
+      outside `torch.compile`: the same in Triton (`backend.triton.random_mask`;
       Philox numbers, its seed drawn on the device, so a step captured in a CUDA graph
       drops other elements in every replay). torch's fused kernel also writes a one-byte
       mask that its backward reads back;
@@ -89,8 +99,12 @@ def dropout(input: torch.Tensor, p: float = 0.5, training: bool = True, inplace:
 
 
 def _device_counter_applies(input: torch.Tensor) -> bool:
-    return (input.dtype in _COUNTER_DTYPES and input.numel() >= DEVICE_COUNTER_MIN_ELEMENTS
-            and input.layout == torch.strided)
+    if input.dtype not in _COUNTER_DTYPES or input.layout != torch.strided:
+        return False
+    count = input.numel()
+    if count >= DEVICE_COUNTER_MIN_ELEMENTS:
+        return True
+    return count >= CAPTURED_COUNTER_MIN_ELEMENTS and torch.cuda.is_current_stream_capturing()
 
 
 def _counter_applies(input: torch.Tensor) -> bool:
