@@ -194,6 +194,44 @@ def test_a_position_whose_source_side_a_step_read_gets_it_built_ahead(monkeypatc
     assert "reverse_csr" not in later.blocks[0].graph._cache and later.blocks[0].graph._builders
 
 
+def test_a_training_step_consumes_the_loaders_source_side_recipe_and_the_next_batches_come_with_it(monkeypatch):
+    """The step's backward walks the second block by source through `Graph.grouped`
+    (rows without edge ids): that read must take the loader's sync-free recipe and mark
+    the position, not sort the block's edges again in the step -- it did, for every
+    block of every batch, which cost the step its sort and kept the loader from ever
+    building the source side ahead."""
+    from oracle_check import device_for
+    monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
+    monkeypatch.setenv("GNNFUSE_SCHEDULE", "csr")    # walk by source, as products-sized blocks' backward does
+    device = device_for("triton")
+    graph, model = _graph_and_model(device)
+    loader = NeighborLoader(graph, [4, 3], batch_size=6, shuffle=True, x=torch.randn(50, 8, device=device),
+                            y=torch.randint(0, 3, (50,), device=device), prefetch=0)
+    batches = iter(loader)
+    first = next(batches)
+    F.cross_entropy(model(first.x, first.blocks), first.y).backward()
+    walked = first.blocks[1].graph
+    assert "reverse_csr" in walked._cache, "the step did not take the loader's recipe"
+    assert "reverse_csr_rows" not in walked._cache, "the step sorted the block's edges itself"
+    later = next(batches)
+    assert "reverse_csr" in later.blocks[1].graph._cache and not later.blocks[1].graph._builders
+    assert "reverse_csr" not in later.blocks[0].graph._cache      # the input layer's block: never walked by source
+
+
+def test_grouped_rows_take_a_deferred_full_layout():
+    """`Graph.grouped` serves from the full layout's recipe where one waits (`build_later`)."""
+    from gnnfuse.graph.fixed_shape import defer_reverse_csr
+    gen = torch.Generator().manual_seed(1)
+    built = []
+    graph = gnnfuse.Graph(torch.randint(0, 9, (40,), generator=gen), torch.randint(0, 9, (40,), generator=gen), 9)
+    defer_reverse_csr(graph, lambda: built.append(True))
+    rowptr, col = graph.grouped("src")
+    assert built == [True] and "reverse_csr_rows" not in graph._cache
+    plain = gnnfuse.Graph(graph.src.clone(), graph.dst.clone(), 9)
+    want_rowptr, want_col = plain.grouped("src")
+    assert torch.equal(rowptr.long(), want_rowptr.long()) and torch.equal(col.long(), want_col.long())
+
+
 def test_a_graph_of_short_rows_without_a_bound_keeps_order_after_one_read_back():
     """A graph with no known bound on its rows (a new edge_index every step: batches of
     molecules) reads its longest row back once; all short, its rows keep CSR order with

@@ -627,11 +627,14 @@ class Graph:
     def grouped(self, by: str) -> tuple[torch.Tensor, torch.Tensor]:
         """``(rowptr, col)`` of `csr` (``by="dst"``) or `reverse_csr` (``"src"``) without
         the edge ids, for kernels that read no edge-rowed tensor: a layout built here
-        never builds its ``eid`` (a full layout already built, or prefilled by a loader,
-        serves as it is)."""
+        never builds its ``eid`` (a full layout already built, prefilled by a loader or
+        left by one as a recipe, serves as it is)."""
         full_key = "csr" if by == "dst" else "reverse_csr"
-        if full_key in self._cache:
-            full = self._cache[full_key]
+        if full_key in self._cache or full_key in self._builders:
+            # a recipe waiting for the full layout (a loader's sync-free reverse CSR,
+            # `build_later`) is built and served: building the rows here instead would
+            # sort the edges again, and never tell the loader its recipe was wanted
+            full = self.cached(full_key, lambda g: CSR(*g.grouped(by), g._grouping_order(by)))
             return full.rowptr, full.col
         return self.cached(f"{full_key}_rows", lambda g: g._group_rows(by))
 
