@@ -218,6 +218,24 @@ def test_a_training_step_consumes_the_loaders_source_side_recipe_and_the_next_ba
     assert "reverse_csr" not in later.blocks[0].graph._cache      # the input layer's block: never walked by source
 
 
+def test_a_loader_block_comes_with_its_destination_sides_split_row_table(monkeypatch):
+    """A sum or mean over a block's destinations reads its segments' split-row table: the
+    loader builds it with the segments, so the step makes neither of its two tensors."""
+    from gnnfuse.backend.reference import GraphContext
+    from gnnfuse.backend.triton.schedule import SEGMENT_EDGES, split_slots
+    from oracle_check import device_for
+    monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
+    device = device_for("triton")
+    graph, _ = _graph_and_model(device)
+    loader = NeighborLoader(graph, [4, 3], batch_size=6, shuffle=True, x=torch.randn(50, 8, device=device),
+                            y=torch.randint(0, 3, (50,), device=device), prefetch=0)
+    batch = next(iter(loader))
+    for block in batch.blocks:
+        key = f"triton_split_slots_dst_{SEGMENT_EDGES}"
+        assert key in block.graph._cache
+        assert split_slots(GraphContext(block.graph), "dst", SEGMENT_EDGES) is block.graph._cache[key]
+
+
 def test_grouped_rows_take_a_deferred_full_layout():
     """`Graph.grouped` serves from the full layout's recipe where one waits (`build_later`)."""
     from gnnfuse.graph.fixed_shape import defer_reverse_csr

@@ -9,10 +9,10 @@ with the previous batch's compute, and the step finds them in the graph's cache
 (`Graph.cached`, the same entries the layers would have built: values cannot differ).
 
 What is built depends on the backend that will run the block (`runtime.backend_name`):
-the Triton kernels' edge segments of both CSRs, the tuned-schedule shape class the
-Triton and CPU backends key their lookups on, and for every backend the rows a
-combine-first SAGE layer reads (`nn.conv.transform_first_rows`). The CSR and the degree
-vectors come with the block itself (`block.block_graph`).
+the Triton kernels' edge segments of both CSRs and their split rows' tables, the
+tuned-schedule shape class the Triton and CPU backends key their lookups on, and for
+every backend the rows a combine-first SAGE layer reads (`nn.conv.transform_first_rows`).
+The CSR and the degree vectors come with the block itself (`block.block_graph`).
 
 What only a walk by source reads -- the reverse CSR (`graph.fixed_shape`) and the
 Triton segments of its rows -- is built here only for the block positions a step has
@@ -78,16 +78,19 @@ def _backend_layouts(graph: Graph, max_in_degree: int | None, max_out_degree: in
         if tuned_schedule.entries():     # the lookup's key; without stored choices it is never read
             tuned_schedule.shape_class(graph)
     if backend == "triton":
-        from ..backend.triton.schedule import SEGMENT_EDGES, defer_segments, segments, whole_row_segments
+        from ..backend.triton.schedule import SEGMENT_EDGES, defer_segments, segments, split_slots, whole_row_segments
         if whole_rows:
             built += whole_row_segments(graph)
         else:
+            # each side's segments with the table of its split rows, which a sum or mean
+            # over them reads (two allocations, and no read-back when the bound splits no row)
             context = GraphContext(graph)
-            built.append(segments(context, "dst", SEGMENT_EDGES, max_in_degree))
+            built += [segments(context, "dst", SEGMENT_EDGES, max_in_degree), split_slots(context, "dst", SEGMENT_EDGES)]
             if defer:
                 defer_segments(graph, "src", SEGMENT_EDGES, max_out_degree)
             else:
-                built.append(segments(context, "src", SEGMENT_EDGES, max_out_degree))
+                built += [segments(context, "src", SEGMENT_EDGES, max_out_degree),
+                          split_slots(context, "src", SEGMENT_EDGES)]
     return built
 
 
