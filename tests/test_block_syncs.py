@@ -7,6 +7,7 @@ of the step, once per layer and batch. The loader builds all of that in its own 
 counted here on the CPU with `HostSyncCounter`, on both backends."""
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
@@ -234,6 +235,38 @@ def test_a_loader_block_comes_with_its_destination_sides_split_row_table(monkeyp
         key = f"triton_split_slots_dst_{SEGMENT_EDGES}"
         assert key in block.graph._cache
         assert split_slots(GraphContext(block.graph), "dst", SEGMENT_EDGES) is block.graph._cache[key]
+
+
+@pytest.mark.parametrize("schedule", ["auto", "csr"])
+def test_a_step_on_fresh_loader_blocks_builds_no_layout_the_loader_could_have_built(schedule, monkeypatch):
+    """Once the loader has seen what a step reads (`SourceSideDemand`), a step on a new
+    batch finds every layout of its blocks built, and builds per graph only the values
+    the reference executor keeps per graph (a mean's clamped degrees). A layout built in
+    the step is host work on the critical path -- a sort of the block's edges ran in
+    every step's backward until the step took the loader's recipe."""
+    from oracle_check import device_for
+    monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
+    monkeypatch.setenv("GNNFUSE_SCHEDULE", schedule)
+    device = device_for("triton")
+    graph, model = _graph_and_model(device)
+    loader = NeighborLoader(graph, [4, 3], batch_size=6, shuffle=True, x=torch.randn(50, 8, device=device),
+                            y=torch.randint(0, 3, (50,), device=device), prefetch=0)
+    batches = iter(loader)
+    for _ in range(2):        # compiles, and shows the loader which blocks the step walks by source
+        batch = next(batches)
+        F.cross_entropy(model(batch.x, batch.blocks), batch.y).backward()
+    batch = next(batches)
+    built: list[str] = []
+    cached = gnnfuse.Graph.cached
+
+    def watched(self, key, fn):
+        if key not in self._cache:
+            built.append(key)
+        return cached(self, key, fn)
+    monkeypatch.setattr(gnnfuse.Graph, "cached", watched)
+    F.cross_entropy(model(batch.x, batch.blocks), batch.y).backward()
+    assert built, "the step asked its blocks for nothing: the watch saw no program run"
+    assert all(key.startswith("reference_per_graph:") for key in built), built
 
 
 def test_grouped_rows_take_a_deferred_full_layout():
