@@ -9,8 +9,15 @@ each from an idle device), cProfile's heaviest functions over 10 steps (by own t
 and cumulative) and, on a GPU, torch.profiler's tables of 5 steps by host time and by
 device time. PyG's model is skipped when torch_geometric is missing.
 
+``--live-loader`` profiles as training runs instead: each model steps through an epoch
+of batches the loader prepares in its prefetch thread meanwhile, under a sampling
+profiler (`gnnfuse.bench.stack_sampler`) that also reads the autograd thread's stack
+during the backward. What a step loses to the loader's thread, or builds per block that
+the loader could have, shows only there (an in-step sort of every block, 78144c8).
+
     python benchmarks/profile_minibatch.py --dataset products-like --device cuda
     python benchmarks/profile_minibatch.py --dataset cora --device cpu --hidden 16
+    python benchmarks/profile_minibatch.py --dataset products-like --device cuda --live-loader
 """
 from __future__ import annotations
 
@@ -24,6 +31,7 @@ import torch
 
 import bench_minibatch as bm
 from gnnfuse.bench import synchronize
+from gnnfuse.bench.stack_sampler import StackSampler
 from gnnfuse.loader import NeighborLoader
 from gnnfuse.nn.block_models import build_block_model
 
@@ -76,6 +84,28 @@ def profile(name: str, model: torch.nn.Module, batches: list, device: torch.devi
         print(traced.key_averages().table(sort_by="cuda_time_total", row_limit=top))
 
 
+def sample_live(name: str, model: torch.nn.Module, loader: NeighborLoader, device: torch.device, top: int) -> None:
+    """Sample ``model``'s steps over an epoch of ``loader`` with its prefetch thread
+    running, after an epoch that compiles and tunes every size class it reaches."""
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.003)
+
+    def step(batch) -> None:
+        bm.train_step(model, optimizer, batch.x, batch.blocks, batch.y, batch.batch_size)
+    for batch in loader:
+        step(batch)
+    synchronize(device)
+    host = []
+    with StackSampler(where="train_step") as sampler:
+        for batch in loader:
+            begin = time.perf_counter()
+            step(batch)
+            host.append((time.perf_counter() - begin) * 1e3)
+    synchronize(device)
+    print(f"== {name}, the loader's thread running: host ms per step, median {statistics.median(host):.2f} "
+          f"(min {min(host):.2f}), {len(host)} steps")
+    print(sampler.report(len(host), sum(host), top))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dataset", default="products-like")
@@ -85,12 +115,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=1024)
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--top", type=int, default=30, help="rows of each table (default 30)")
+    parser.add_argument("--live-loader", action="store_true",
+                        help="sample steps over an epoch with the loader's prefetch thread running (module doc)")
     args = parser.parse_args(argv)
     device = resolve_device(args.device)
     problem = argparse.Namespace(dataset=args.dataset, data_root=args.data_root, train_nodes=None, seed=0)
     dataset, train_idx, graph = bm.load_problem(problem, device)
     loader = NeighborLoader(graph, args.fanout, args.batch_size, input_nodes=train_idx, shuffle=True,
-                            x=dataset.x.to(device), y=dataset.y.to(device), device=device, prefetch=0)
+                            x=dataset.x.to(device), y=dataset.y.to(device), device=device,
+                            prefetch=2 if args.live_loader else 0)
+    if args.live_loader:
+        for name, model in models(dataset, args.hidden, len(args.fanout), device).items():
+            sample_live(name, model, loader, device, args.top)
+        return
     batches = bm.take(loader, WARMUP + TIMED + PROFILED)
     for name, model in models(dataset, args.hidden, len(args.fanout), device).items():
         profile(name, model, batches, device, args.top)
