@@ -634,7 +634,7 @@ class Graph:
             # a recipe waiting for the full layout (a loader's sync-free reverse CSR,
             # `build_later`) is built and served: building the rows here instead would
             # sort the edges again, and never tell the loader its recipe was wanted
-            full = self.cached(full_key, lambda g: CSR(*g.grouped(by), g._grouping_order(by)))
+            full = self.cached(full_key, self._builders.get(full_key))     # the recipe, if not built
             return full.rowptr, full.col
         return self.cached(f"{full_key}_rows", lambda g: g._group_rows(by))
 
