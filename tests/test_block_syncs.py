@@ -29,6 +29,18 @@ def _graph_and_model(device: str, kind: str = "sage"):
     return graph, model
 
 
+def _triton_loader(monkeypatch, kind: str = "sage"):
+    """(model, loader) on the Triton backend (the interpreter on a CPU-only machine),
+    the loader over `_graph_and_model`'s graph, no prefetch."""
+    from oracle_check import device_for
+    monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
+    device = device_for("triton")
+    graph, model = _graph_and_model(device, kind)
+    loader = NeighborLoader(graph, [4, 3], batch_size=6, shuffle=True, x=torch.randn(50, 8, device=device),
+                            y=torch.randint(0, 3, (50,), device=device), prefetch=0)
+    return model, loader
+
+
 def _counted_steps(model, batches, backend: str, monkeypatch) -> HostSyncCounter:
     counter = HostSyncCounter()
     if backend == "triton":     # the interpreter runs kernels on the host: leave the launch out
@@ -155,12 +167,7 @@ def test_a_loader_blocks_deferred_source_layouts_build_without_a_sync_and_equal_
     own, and segments covering every edge once."""
     from gnnfuse.backend.reference import GraphContext
     from gnnfuse.backend.triton.schedule import SEGMENT_EDGES, segments
-    from oracle_check import device_for
-    monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
-    device = device_for("triton")
-    graph, _ = _graph_and_model(device)
-    loader = NeighborLoader(graph, [4, 3], batch_size=6, shuffle=True, x=torch.randn(50, 8, device=device),
-                            y=torch.randint(0, 3, (50,), device=device), prefetch=0)
+    _, loader = _triton_loader(monkeypatch)
     batch = next(iter(loader))
     assert all("reverse_csr" not in block.graph._cache for block in batch.blocks)
     for block in batch.blocks:
@@ -177,37 +184,15 @@ def test_a_loader_blocks_deferred_source_layouts_build_without_a_sync_and_equal_
         assert int((built.end - built.start).sum()) == block.graph.num_edges
 
 
-def test_a_position_whose_source_side_a_step_read_gets_it_built_ahead(monkeypatch):
-    """`SourceSideDemand`: once a step has built the recipe of one block position, the
-    loader's later blocks at that position come with it built; the others keep recipes."""
-    from oracle_check import device_for
-    monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
-    device = device_for("triton")
-    graph, _ = _graph_and_model(device)
-    loader = NeighborLoader(graph, [4, 3], batch_size=6, shuffle=True, x=torch.randn(50, 8, device=device),
-                            y=torch.randint(0, 3, (50,), device=device), prefetch=0)
-    batches = iter(loader)
-    first = next(batches)
-    assert all("reverse_csr" not in block.graph._cache for block in first.blocks)
-    first.blocks[1].graph.reverse_csr()           # what a step walking the second block by source reads
-    later = next(batches)
-    assert "reverse_csr" in later.blocks[1].graph._cache and not later.blocks[1].graph._builders
-    assert "reverse_csr" not in later.blocks[0].graph._cache and later.blocks[0].graph._builders
-
-
 def test_a_training_step_consumes_the_loaders_source_side_recipe_and_the_next_batches_come_with_it(monkeypatch):
-    """The step's backward walks the second block by source through `Graph.grouped`
-    (rows without edge ids): that read must take the loader's sync-free recipe and mark
-    the position, not sort the block's edges again in the step -- it did, for every
-    block of every batch, which cost the step its sort and kept the loader from ever
-    building the source side ahead."""
-    from oracle_check import device_for
-    monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
+    """`SourceSideDemand`: the step's backward walks the second block by source through
+    `Graph.grouped` (rows without edge ids); that read must take the loader's sync-free
+    recipe and mark the position, so the loader's later blocks there come with it built
+    while the others keep recipes -- not sort the block's edges again in the step, as it
+    did for every block of every batch (a test calling ``reverse_csr()`` in the step's
+    place did not see it)."""
     monkeypatch.setenv("GNNFUSE_SCHEDULE", "csr")    # walk by source, as products-sized blocks' backward does
-    device = device_for("triton")
-    graph, model = _graph_and_model(device)
-    loader = NeighborLoader(graph, [4, 3], batch_size=6, shuffle=True, x=torch.randn(50, 8, device=device),
-                            y=torch.randint(0, 3, (50,), device=device), prefetch=0)
+    model, loader = _triton_loader(monkeypatch)
     batches = iter(loader)
     first = next(batches)
     F.cross_entropy(model(first.x, first.blocks), first.y).backward()
@@ -216,7 +201,8 @@ def test_a_training_step_consumes_the_loaders_source_side_recipe_and_the_next_ba
     assert "reverse_csr_rows" not in walked._cache, "the step sorted the block's edges itself"
     later = next(batches)
     assert "reverse_csr" in later.blocks[1].graph._cache and not later.blocks[1].graph._builders
-    assert "reverse_csr" not in later.blocks[0].graph._cache      # the input layer's block: never walked by source
+    # the input layer's block, never walked by source, keeps its recipes
+    assert "reverse_csr" not in later.blocks[0].graph._cache and later.blocks[0].graph._builders
 
 
 def test_a_loader_block_comes_with_its_destination_sides_split_row_table(monkeypatch):
@@ -224,12 +210,7 @@ def test_a_loader_block_comes_with_its_destination_sides_split_row_table(monkeyp
     loader builds it with the segments, so the step makes neither of its two tensors."""
     from gnnfuse.backend.reference import GraphContext
     from gnnfuse.backend.triton.schedule import SEGMENT_EDGES, split_slots
-    from oracle_check import device_for
-    monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
-    device = device_for("triton")
-    graph, _ = _graph_and_model(device)
-    loader = NeighborLoader(graph, [4, 3], batch_size=6, shuffle=True, x=torch.randn(50, 8, device=device),
-                            y=torch.randint(0, 3, (50,), device=device), prefetch=0)
+    _, loader = _triton_loader(monkeypatch)
     batch = next(iter(loader))
     for block in batch.blocks:
         key = f"triton_split_slots_dst_{SEGMENT_EDGES}"
@@ -246,13 +227,8 @@ def test_a_step_on_fresh_loader_blocks_builds_no_layout_the_loader_could_have_bu
     tables few layers read (below). A layout built in the step is host work on the
     critical path -- a sort of the block's edges ran in every step's backward until the
     step took the loader's recipe."""
-    from oracle_check import device_for
-    monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
     monkeypatch.setenv("GNNFUSE_SCHEDULE", schedule)
-    device = device_for("triton")
-    graph, model = _graph_and_model(device, kind)
-    loader = NeighborLoader(graph, [4, 3], batch_size=6, shuffle=True, x=torch.randn(50, 8, device=device),
-                            y=torch.randint(0, 3, (50,), device=device), prefetch=0)
+    model, loader = _triton_loader(monkeypatch, kind)
     batches = iter(loader)
     for _ in range(2):        # compiles, and shows the loader which blocks the step walks by source
         batch = next(batches)
