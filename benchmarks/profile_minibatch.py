@@ -26,6 +26,7 @@ import cProfile
 import pstats
 import statistics
 import time
+from typing import Any, Callable
 
 import torch
 
@@ -50,11 +51,14 @@ def models(dataset, hidden: int, layers: int, device: torch.device) -> dict[str,
     return {name: model.to(device) for name, model in built.items()}
 
 
-def profile(name: str, model: torch.nn.Module, batches: list, device: torch.device, top: int) -> None:
+def stepper(model: torch.nn.Module) -> Callable[[Any], None]:
+    """A training step of ``model`` (Adam) on a batch."""
     optimizer = torch.optim.Adam(model.parameters(), lr=0.003)
+    return lambda batch: bm.train_step(model, optimizer, batch.x, batch.blocks, batch.y, batch.batch_size)
 
-    def step(batch) -> None:
-        bm.train_step(model, optimizer, batch.x, batch.blocks, batch.y, batch.batch_size)
+
+def profile(name: str, model: torch.nn.Module, batches: list, device: torch.device, top: int) -> None:
+    step = stepper(model)
     for batch in batches[:WARMUP]:
         step(batch)
     synchronize(device)
@@ -87,10 +91,7 @@ def profile(name: str, model: torch.nn.Module, batches: list, device: torch.devi
 def sample_live(name: str, model: torch.nn.Module, loader: NeighborLoader, device: torch.device, top: int) -> None:
     """Sample ``model``'s steps over an epoch of ``loader`` with its prefetch thread
     running, after an epoch that compiles and tunes every size class it reaches."""
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.003)
-
-    def step(batch) -> None:
-        bm.train_step(model, optimizer, batch.x, batch.blocks, batch.y, batch.batch_size)
+    step = stepper(model)
     for batch in loader:
         step(batch)
     synchronize(device)
