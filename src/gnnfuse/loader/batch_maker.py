@@ -22,6 +22,7 @@ from typing import Any, Sequence
 import torch
 
 from ..graph.fixed_shape import mark_padded
+from ..graph.index_cache import remember
 from ..nn.conv import known_transform_first_rows, transform_first_rows
 from . import batch_move, pyg_batch
 from .block import Block, block_graph
@@ -34,6 +35,8 @@ from .static_shapes import IGNORE_LABEL, Capacities, batch_sizes, pad_block, pad
 from .zero_copy import register_host_memory, zero_copy_rows
 
 _GOLDEN = 0x9E3779B97F4A7C15      # Weyl increment: far-apart seeds for consecutive batches
+# `SourceSideDemand`'s position for the batch's PyG view (the blocks' are 0, 1, ...)
+PYG_VIEW_POSITION = -1
 
 
 def batch_generator(device: torch.device, epoch_seed: int, index: int) -> torch.Generator:
@@ -82,6 +85,11 @@ class MiniBatch:
     deferred: bool = False
     hop_edges: tuple[int, ...] | None = None
     attributes: DataAttributes | None = field(default=None, repr=False, compare=False)
+    # ``edge_index`` and its graph, built ahead once the loader has seen a step read it
+    # (`pyg_batch.PygViewDemand`, which ``pyg_demand`` tells of a read); None otherwise,
+    # and both None on a padded batch, which has no PyG view
+    pyg_view: pyg_batch.PygView | None = field(default=None, repr=False, compare=False)
+    pyg_demand: pyg_batch.PygViewDemand | None = field(default=None, repr=False, compare=False)
 
     @property
     def batch_size(self) -> int:
@@ -107,8 +115,20 @@ class MiniBatch:
     @functools.cached_property
     def edge_index(self) -> torch.Tensor:
         """PyG's ``[2, E]`` subgraph over ``n_id`` (row 0 the sampled neighbour, row 1
-        the vertex it was sampled for), hop by hop, seeds' in-edges first."""
-        return pyg_batch.subgraph_edge_index(self.blocks, self._pyg_counts("edge_index"))
+        the vertex it was sampled for), hop by hop, seeds' in-edges first.
+
+        Its `Graph` comes with it, remembered for it (`graph.index_cache`) under the
+        vertex count a layer given ``x`` asks for: a gnnfuse layer called on it finds
+        the graph instead of making one, which read its ids' range back to the host (a
+        sync on a GPU) and sorted its edges in the step (`pyg_batch.subgraph_graph`). Built
+        in the loader's thread, with its layouts, once a step has read an ``edge_index``."""
+        view = self.pyg_view
+        if view is None:
+            if self.pyg_demand is not None:
+                self.pyg_demand.mark()
+            view = pyg_batch.view_in_step(self.blocks, self._pyg_counts("edge_index"))
+        remember(view.edge_index, view.graph.num_nodes, view.graph)
+        return view.edge_index
 
     @functools.cached_property
     def e_id(self) -> torch.Tensor:
@@ -173,6 +193,8 @@ class MiniBatch:
 
     def tensors(self) -> list[torch.Tensor]:
         out = [self.n_id, self.input_id] + [t for block in self.blocks for t in block.tensors()]
+        if self.pyg_view is not None:
+            out += self.pyg_view.tensors()
         return out + [t for t in (self.x, self.y) if t is not None]
 
 
@@ -193,6 +215,7 @@ class BatchMaker:
     capacities: Capacities | None = None     # pad batches that fit to these (`static_shapes`)
     deferred: bool = False                   # padded batches leave x and the layouts to the step
     source_side: SourceSideDemand = field(default_factory=SourceSideDemand)   # what steps walk by source
+    pyg_view: pyg_batch.PygViewDemand = field(default_factory=pyg_batch.PygViewDemand)   # steps read edge_index
     # edge tables where their lookups run, a row per edge of ``edge_index`` in its order
     # (the caller's tensors when already there, so an in-place change reaches the next
     # batch, as for ``x`` and in PyG); ``edge_ids`` (on ``sample_device``) maps a CSR
@@ -264,7 +287,14 @@ class BatchMaker:
                                               whole_rows=caps is not None,
                                               source_side_read=self.source_side.recipe_callback(position))
                 blocks.append(Block(graph, hop.nodes, layouts, *tables))
-        return MiniBatch(blocks, x, y, n_id, input_id, padded=caps is not None, deferred=deferred, hop_edges=hop_edges)
+            view = None
+            if hop_edges is not None and self.pyg_view.wanted:
+                # a vertex's in-edges are one hop's sample; its out-edges, at most each block's most
+                view = pyg_batch.view_ahead(blocks, hop_edges, None if None in bounds else max(bounds, default=0),
+                                            sum(hop.max_out_degree for hop in hops),
+                                            self.source_side.recipe_callback(PYG_VIEW_POSITION))
+        return MiniBatch(blocks, x, y, n_id, input_id, padded=caps is not None, deferred=deferred, hop_edges=hop_edges,
+                         pyg_view=view, pyg_demand=None if hop_edges is None else self.pyg_view)
 
     def sizes(self, seeds: torch.Tensor, generator: torch.Generator) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """(rows per vertex level, edges per hop) of the batch ``seeds`` would give, sampled

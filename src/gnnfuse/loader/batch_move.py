@@ -78,7 +78,8 @@ def move_batch(batch: MiniBatch, device: torch.device | str | int, non_blocking:
     built = [name for name in vars(batch) if name not in batch.__dataclass_fields__]     # cached PyG attributes
     for name in built:
         del batch.__dict__[name]
-    for name, value in (*fields.items(), ("blocks", blocks)):
+    # the PyG view built ahead is the old device's: ``edge_index`` is cut again from the moved blocks
+    for name, value in (*fields.items(), ("blocks", blocks), ("pyg_view", None)):
         object.__setattr__(batch, name, value)          # frozen for the loader's code; moved as PyG's Data.to
     return batch
 

@@ -60,13 +60,17 @@ class Block:
 
 
 def block_graph(rowptr: torch.Tensor, local_src: torch.Tensor, local_dst: torch.Tensor, num_src: int, *,
-                sampled: bool = False, out_degrees: torch.Tensor | None = None) -> Graph:
+                sampled: bool = False, out_degrees: torch.Tensor | None = None,
+                one_vertex_set: bool = False) -> Graph:
     """The bipartite graph of a block whose edges come grouped by destination
     (``rowptr``, ``local_src``; ``local_dst`` is each edge's destination), with its CSR
     and both degree vectors already in the graph's cache. ``sampled``: the ids are the
     int64 local ids `loader.sampler` built, in range by construction, so their range
     is not checked (otherwise it is, as `Graph` checks any ids). ``out_degrees``: the
     sources' int64 out-degrees when the caller has counted them already.
+    ``one_vertex_set``: the sources are the destinations (``num_src`` of them, as many
+    as ``rowptr`` has rows), so the graph is not bipartite: PyG's subgraph of a batch
+    (`loader.pyg_batch.subgraph_graph`).
 
     Why here: built lazily they would run in the training step, once per block, and
     `Graph` builds them with a sort and ``bincount``, which on a GPU reads its input's
@@ -76,10 +80,14 @@ def block_graph(rowptr: torch.Tensor, local_src: torch.Tensor, local_dst: torch.
     out-degrees one scatter-add; nothing is read back to the host (nor, for sampled
     ids, by the four range checks).
     """
+    sources = None if one_vertex_set else num_src
+    if one_vertex_set and num_src != rowptr.numel() - 1:
+        raise ValueError(f"a graph of one vertex set has a row per vertex: {num_src} vertices, "
+                         f"{rowptr.numel() - 1} rows")
     if sampled:
-        graph = Graph._of_valid_ids(local_src, local_dst, rowptr.numel() - 1, num_src)
+        graph = Graph._of_valid_ids(local_src, local_dst, rowptr.numel() - 1, sources)
     else:
-        graph = Graph(local_src, local_dst, rowptr.numel() - 1, num_src_nodes=num_src)
+        graph = Graph(local_src, local_dst, rowptr.numel() - 1, num_src_nodes=sources)
     dtype, device = graph.index_dtype, local_src.device
     rowptr, local_src = rowptr.long(), local_src.long()
     edges = torch.arange(local_src.numel(), device=device, dtype=dtype)

@@ -19,14 +19,23 @@ vertex: ``n_id``, ``edge_index``, ``e_id`` and the counts are PyG's, edge for ed
 a fanout, a vertex the re-sample alone reached is in ``n_id`` (and ``x``) too, with its
 own sampled in-edges, but no edge of ``edge_index`` leads from it toward the seeds, so
 no seed's output depends on it.
+
+So PyG's subgraph comes grouped by destination too: hop k's edges go into
+``[blocks' num_dst of hop k - 1, num_dst of hop k)``, in the block's CSR order, after
+every earlier hop's. Its CSR is then the edge order itself and its row lengths the
+blocks' (`subgraph_graph`): the `Graph` a layer would make of ``edge_index`` is built
+without a sort and without reading a count or an id's range back to the host.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Callable, Sequence
 
 import torch
 
-from .block import Block
+from ..graph import Graph
+from .block import Block, block_graph
+from .layouts import prepare_layouts
 
 
 def refuse_padded(name: str) -> None:
@@ -64,3 +73,71 @@ def subgraph_edge_rows(blocks: Sequence[Block], hop_edges: Sequence[int], name: 
     ``edge_index``'s order; None where the blocks hold none."""
     tables = [getattr(block, name) for block in reversed(blocks)]
     return None if any(table is None for table in tables) else hop_tails(tables, hop_edges)
+
+
+def subgraph_graph(blocks: Sequence[Block], edge_index: torch.Tensor) -> Graph:
+    """The `Graph` of ``edge_index`` (`subgraph_edge_index`'s), with its CSR and degree
+    vectors in its cache, as ``Graph.coerce(edge_index, num_nodes)`` would build them
+    (module doc): its ids are the blocks' local ids, in range by construction, so they are
+    not checked, and its row lengths are each hop's block's in-degrees at the vertices
+    that hop expands first. Why: a layer given ``batch.edge_index`` made this graph in the
+    training step, reading its ids' range back (a sync on a GPU) and sorting its edges."""
+    num_nodes = blocks[0].num_src if blocks else 0
+    rows, begin = [], 0
+    for block in reversed(blocks):
+        rows.append(block.graph.in_degrees()[begin:block.num_dst])
+        begin = block.num_dst
+    device = edge_index.device
+    rows.append(torch.zeros(num_nodes - begin, dtype=torch.int64, device=device))
+    rowptr = torch.cat([torch.zeros(1, dtype=torch.int64, device=device), torch.cat(rows).cumsum(0)])
+    return block_graph(rowptr, edge_index[0], edge_index[1], num_nodes, sampled=True, one_vertex_set=True)
+
+
+@dataclass(frozen=True)
+class PygView:
+    """A batch's ``edge_index`` with its `Graph` (`subgraph_graph`) and the layouts the
+    loader built ahead for it (`loader.layouts`; none when built in the step)."""
+    edge_index: torch.Tensor
+    graph: Graph
+    layouts: tuple[torch.Tensor, ...] = ()
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every tensor the view holds (to tie their memory to a consumer's CUDA stream)."""
+        graph = self.graph
+        return [self.edge_index, *graph.csr(), graph.in_degrees(), graph.out_degrees(), *self.layouts]
+
+
+class PygViewDemand:
+    """Whether a step has read a batch's ``edge_index`` (PyG's idiom, ``model(batch.x,
+    batch.edge_index)``): from then on the loader builds each batch's `PygView` and its
+    layouts ahead, in its own thread, as it does the blocks' (which such a step never
+    reads). Before, a batch pays nothing for it. A worker process's loader never learns
+    it (its copy of this flag is its own); its batches' graphs are built in the step,
+    still without a host read (`subgraph_graph`)."""
+
+    def __init__(self) -> None:
+        self.wanted = False
+
+    def mark(self) -> None:
+        self.wanted = True
+
+
+def view_in_step(blocks: Sequence[Block], hop_edges: Sequence[int]) -> PygView:
+    """The batch's `PygView`, built where its ``edge_index`` is first read (the step): the
+    graph is on its first pass, as a layer's graph of a raw ``edge_index`` is
+    (`Graph.coerce`: a small one runs without the kernels' layouts)."""
+    edge_index = subgraph_edge_index(blocks, hop_edges)
+    return PygView(edge_index, subgraph_graph(blocks, edge_index)._begin_first_pass())
+
+
+def view_ahead(blocks: Sequence[Block], hop_edges: Sequence[int], max_in_degree: int | None,
+               max_out_degree: int | None, source_side_read: Callable[[], None] | None) -> PygView:
+    """The batch's `PygView` with the layouts the step's kernels read of its graph
+    (`prepare_layouts`), built in the loader's thread. ``max_in_degree`` and
+    ``max_out_degree`` bound the graph's rows (None: unknown): a vertex's in-edges are
+    one hop's sample of them, and its out-edges number at most the sum of each block's
+    largest out-degree."""
+    edge_index = subgraph_edge_index(blocks, hop_edges)
+    graph = subgraph_graph(blocks, edge_index)
+    return PygView(edge_index, graph, prepare_layouts(graph, max_in_degree, None, max_out_degree,
+                                                      source_side_read=source_side_read))
