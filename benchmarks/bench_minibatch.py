@@ -45,6 +45,7 @@ tool's README says how to install them there); the results name the sampler PyG 
 from __future__ import annotations
 
 import argparse
+import copy
 import itertools
 import json
 import math
@@ -214,12 +215,16 @@ def turn_order(names: list[str], index: int) -> list[str]:
     return list(orders[index % len(orders)])
 
 
-def host_syncs_per_step(model: nn.Module, batch: Any) -> dict[str, int]:
+def blocks_of(batch: Any) -> Any:
+    return batch.blocks
+
+
+def host_syncs_per_step(model: nn.Module, batch: Any, graph_of: Callable[[Any], Any] = blocks_of) -> dict[str, int]:
     """The syncing ops (`HostSyncCounter`) of one forward + backward of ``model`` on ``batch``
-    (no optimizer step: Adam reads its step counts on the host by design)."""
+    (its ``graph_of(batch)``; no optimizer step: Adam reads its step counts on the host by design)."""
     counter = HostSyncCounter()
     with counter:
-        F.cross_entropy(model(batch.x, batch.blocks)[:batch.batch_size], batch.y[:batch.batch_size]).backward()
+        F.cross_entropy(model(batch.x, graph_of(batch))[:batch.batch_size], batch.y[:batch.batch_size]).backward()
     model.zero_grad(set_to_none=True)
     return dict(counter.syncs)
 
@@ -322,19 +327,21 @@ def loader_alone(graph: Any, x: torch.Tensor, y: torch.Tensor, train_idx: torch.
     return cell
 
 
-def compute_only(loader: NeighborLoader, ours: nn.Module, pyg: nn.Module, device: torch.device, warmup: int,
-                 max_batches: int | None) -> dict[str, Any]:
-    """Training-step times of each model on the same batches of gnnfuse's loader: both
+def compute_only(loader: NeighborLoader, models: dict[str, nn.Module], device: torch.device, warmup: int,
+                 max_batches: int | None, graphs: dict[str, Callable[[Any], Any]] | None = None) -> dict[str, Any]:
+    """Training-step times of each model on the same batches of gnnfuse's loader, each
+    on its ``graphs[name](batch)`` (default the blocks): all
     warmed up on a whole epoch's batches, at least ``warmup`` (compilation, autotuning of
     every size class the epoch reaches, allocator growth: unpadded batches' sizes vary,
     and 20 batches left a size class to autotune inside the timed loop, 7.4 s for what
-    took 1.4 s after it), then each batch stepped by both, the
-    model going first alternating, each step timed from an idle device
+    took 1.4 s after it), then each batch stepped by each, every order
+    of the models in turn (`turn_order`), each step timed from an idle device
     (`IsolatedStepClock`: host, device and wall time apart). Also counts each model's
     host syncs in one forward + backward."""
-    models = {"gnnfuse": ours, "pyg": pyg}
+    graphs = {name: (graphs or {}).get(name, blocks_of) for name in models}
     optimizers = {name: torch.optim.Adam(m.parameters(), lr=0.003) for name, m in models.items()}
-    steps = {name: (lambda b, m=model, o=optimizers[name]: train_step(m, o, b.x, b.blocks, b.y, b.batch_size))
+    steps = {name: (lambda b, m=model, o=optimizers[name], g=graphs[name]: train_step(m, o, b.x, g(b), b.y,
+                                                                                       b.batch_size))
              for name, model in models.items()}
     for model in models.values():
         model.train()
@@ -344,13 +351,37 @@ def compute_only(loader: NeighborLoader, ours: nn.Module, pyg: nn.Module, device
     batches = 0
     for batch in loader:
         if not syncs:
-            syncs = {name: host_syncs_per_step(model, batch) for name, model in models.items()}
+            syncs = {name: host_syncs_per_step(model, batch, graphs[name]) for name, model in models.items()}
         for name in turn_order(list(models), batches):
             clocks[name].run(lambda: steps[name](batch))
         batches += 1
         if max_batches is not None and batches >= max_batches:
             break
     return {"batches": batches, "host_syncs_per_step": syncs} | {name: c.summary() for name, c in clocks.items()}
+
+
+# the PyG-idiom cell's models: gnnfuse on the batch's edge_index (its graph remembered for
+# it, built ahead once the loader has seen the idiom: `loader.pyg_batch`), gnnfuse on a
+# copy of it (a new tensor: the graph made in the step, as before the loader built it),
+# and PyG's SAGEConv on the edge_index
+IDIOM_MODELS = {"gnnfuse": "gnnfuse, the batch's graph", "gnnfuse_made_in_step": "gnnfuse, graph made in the step",
+                "pyg": "PyG SAGEConv"}
+
+
+def pyg_idiom_cell(dataset: Any, graph: Any, train_idx: torch.Tensor, ours: nn.Module, pyg: nn.Module,
+                   args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    """`compute_only` of PyG's idiom, ``model(batch.x, batch.edge_index)[:batch.batch_size]``,
+    the way a PyG script moved to gnnfuse's layers trains (`IDIOM_MODELS`), on a loader of
+    its own (which learns the idiom in the warm-up), from the models' current weights."""
+    loader = NeighborLoader(graph, args.fanout, args.batch_size, input_nodes=train_idx, shuffle=True,
+                            x=dataset.x.to(device), y=dataset.y.to(device), device=device, prefetch=args.prefetch)
+    models = {"gnnfuse": ours, "gnnfuse_made_in_step": copy.deepcopy(ours), "pyg": pyg}
+    graphs = {"gnnfuse": lambda b: b.edge_index, "gnnfuse_made_in_step": lambda b: b.edge_index.clone(),
+              "pyg": lambda b: b.edge_index}
+    try:
+        return compute_only(loader, models, device, args.warmup, args.max_batches, graphs)
+    finally:
+        loader.close()
 
 
 def take(loader: NeighborLoader, count: int) -> list[Any]:
@@ -564,13 +595,21 @@ def run(args: argparse.Namespace, save: Callable[[dict[str, Any]], None]) -> dic
     error = check_same_forward(ours, pyg, loader)
     if error > 1e-4:
         warn(f"gnnfuse and PyG SAGE forwards differ (max rel err {error:.2e}); compute times are not comparable")
-    cell = compute_only(loader, ours, pyg, device, args.warmup, args.max_batches) | {"max_rel_err": error}
+    cell = compute_only(loader, {"gnnfuse": ours, "pyg": pyg}, device, args.warmup, args.max_batches) | {
+        "max_rel_err": error}
     results["compute_only"] = cell
     save(results)
     log(f"compute only, same {cell['batches']} batches, each step from an idle device: gnnfuse "
         f"{step_times(cell['gnnfuse'])}; PyG SAGEConv {step_times(cell['pyg'])}; host syncs per forward + backward: "
         f"gnnfuse {sum(cell['host_syncs_per_step']['gnnfuse'].values())}, PyG "
         f"{sum(cell['host_syncs_per_step']['pyg'].values())}; forward max rel err {error:.1e}")
+    if args.pyg_idiom:
+        torch.manual_seed(args.seed)
+        cell = pyg_idiom_cell(dataset, graph, train_idx, ours, pyg, args, device)
+        results["pyg_idiom"] = cell
+        save(results)
+        log(f"PyG's idiom model(batch.x, batch.edge_index), same {cell['batches']} batches: " + "; ".join(
+            f"{name} {step_times(cell[name])}" for name in IDIOM_MODELS))
     if args.dkp_calibration:
         torch.manual_seed(args.seed)
         cell = dkp_cells(loader, ours, device, args)
@@ -680,6 +719,18 @@ def markdown(results: dict[str, Any]) -> str:
         for name, label in (("gnnfuse", "gnnfuse"), ("pyg", "PyG SAGEConv")):
             lines.append(f"| {label} | {step_row(compute[name])} | {sum(syncs[name].values())} |")
         lines += ["", f"Forward max rel err {compute['max_rel_err']:.1e}."]
+    idiom = results.get("pyg_idiom")
+    if idiom is not None:
+        syncs = idiom["host_syncs_per_step"]
+        lines += ["", f"## PyG's idiom: `model(batch.x, batch.edge_index)` (same {idiom['batches']} batches)", "",
+                  "Each model runs every layer on the batch's whole subgraph, as a PyG script does; gnnfuse's "
+                  "layers find the graph the loader built ahead for the batch's `edge_index`, or, given a copy "
+                  "of it, make the graph in the step (what they did before the loader built it). Taking turns "
+                  "as above.", "",
+                  "| model | " + " | ".join(STEP_COLUMNS) + " | host syncs per fwd+bwd |",
+                  "|---|" + "---|" * (len(STEP_COLUMNS) + 1)]
+        lines += [f"| {label} | {step_row(idiom[name])} | {sum(syncs[name].values())} |"
+                  for name, label in IDIOM_MODELS.items()]
     dkp = results.get("dkp")
     if dkp:
         errors = ", ".join(f"layer {i} {100 * e:.1f}%" for i, e in dkp["prediction_error_per_layer"].items())
@@ -733,6 +784,8 @@ def main(argv: list[str] | None = None) -> None:
                              "(default with features on the device: the replayed step does, loader.static_shapes)")
     parser.add_argument("--no-pyg-loader", dest="pyg_loader", action="store_false",
                         help="skip the epoch with PyG's NeighborLoader")
+    parser.add_argument("--no-pyg-idiom", dest="pyg_idiom", action="store_false",
+                        help="skip the compute-only cell of PyG's idiom, model(batch.x, batch.edge_index)")
     parser.add_argument("--dkp-calibration", type=int, default=4, help="batches whose kernel times fit the DKP "
                         "cost model (and as many to measure its error); 0 skips the DKP measurement (default 4)")
     parser.add_argument("--seed", type=int, default=0)

@@ -31,6 +31,10 @@ def test_bench_minibatch_times_both_models_and_every_policy_on_the_same_batches(
     for name in ("gnnfuse", "pyg"):
         assert compute[name]["steps"] == 2 and compute[name]["wall_s"] > 0 and compute[name]["device_s"] is None
     assert compute["host_syncs_per_step"]["gnnfuse"] == {}
+    idiom = results["pyg_idiom"]         # PyG's idiom: on the batch's graph, on one made in the step, PyG's
+    assert idiom["batches"] == 2 and all(idiom[name]["steps"] == 2 for name in bench.IDIOM_MODELS)
+    assert idiom["host_syncs_per_step"]["gnnfuse"] == {}
+    assert idiom["host_syncs_per_step"]["gnnfuse_made_in_step"], "the graph made in the step read nothing back"
     dkp = results["dkp"]
     assert set(dkp["steps"]) == {"aggregate-first", "combine-first", "dkp"}
     assert all(summary["steps"] == dkp["batches"] == 2 for summary in dkp["steps"].values())
@@ -41,6 +45,7 @@ def test_bench_minibatch_times_both_models_and_every_policy_on_the_same_batches(
     assert loader["per_batch"]["sample"]["host_syncs"] == 0 and loader["per_batch"]["sample"]["aten_ops"] > 0
     markdown = path.with_suffix(".md").read_text()
     assert "| PyG SAGEConv |" in markdown and "| dkp |" in markdown
+    assert "| gnnfuse, graph made in the step |" in markdown
 
 
 def test_every_policy_goes_first_against_every_other_on_half_the_batches(import_script):
