@@ -69,7 +69,8 @@ def test_outputs_and_gradients_on_the_batchs_graph_are_those_on_a_graph_made_ane
     loader = _loader(_random_graph(), [4, 3], 6, device)
     torch.manual_seed(0)
     net = (gnn.GraphSAGE(8, 8, 2, 3) if model == "sage" else gnn.GAT(8, 4, 2, 3, heads=2)).double().to(device)
-    for batch in list(loader)[:3]:       # the first batch's step shows the loader the idiom; then built ahead
+    for index, batch in zip(range(3), loader):     # the first step shows the loader the idiom: then built ahead
+        assert (batch.pyg_view is not None) == (index > 0)
         results = []
         for edge_index in (batch.edge_index, batch.edge_index.clone()):
             net.zero_grad()
@@ -168,3 +169,96 @@ def test_a_step_on_the_first_batches_makes_its_graph_without_a_read_back():
         graph.csr(), graph.in_degrees(), graph.out_degrees()
     assert counter.ops and not counter.syncs, dict(counter.syncs)
     assert not any("sort" in op for op in counter.ops), dict(counter.ops)
+
+
+def _trimmed_views(batch):
+    """The ``edge_index`` views PyG's ``trim_to_layer`` hands layers 1, 2, ... (its own code)."""
+    from torch_geometric.utils import trim_to_layer
+    x, edge_index, views = batch.x, batch.edge_index, []
+    for layer in range(1, len(batch.num_sampled_edges)):
+        x, edge_index, _ = trim_to_layer(layer, batch.num_sampled_nodes, batch.num_sampled_edges, x, edge_index)
+        views.append((x.shape[0], edge_index))
+    return views
+
+
+@RUNS
+@given(graphs(max_nodes=10, max_edges=40, hub_degrees=st.sampled_from([0, 12])),
+       st.lists(st.sampled_from([-1, 0, 1, 2, 5]), min_size=2, max_size=3), st.integers(1, 4))
+def test_each_trimmed_edge_index_gets_the_graph_a_layer_would_make_of_it(case, fanouts, batch_size):
+    pytest.importorskip("torch_geometric")
+    graph = gnnfuse.Graph.from_edge_index(case.edge_index, case.num_nodes)
+    for batch in _loader(graph, fanouts, batch_size):
+        for num_nodes, view in _trimmed_views(batch):
+            served = gnnfuse.Graph.coerce(view, num_nodes)
+            made = gnnfuse.Graph.from_edge_index(view.clone(), num_nodes)
+            assert served is not made and served.num_nodes == made.num_nodes == num_nodes
+            assert torch.equal(served.src, made.src) and torch.equal(served.dst, made.dst)
+            for ours, theirs in zip(served.csr(), made.csr()):
+                assert torch.equal(ours.long(), theirs.long())
+            assert torch.equal(served.in_degrees(), made.in_degrees())
+            assert torch.equal(served.out_degrees(), made.out_degrees())
+
+
+def test_a_trimmed_view_is_served_only_as_the_prefix_it_is():
+    """Another slice of the same memory (not a prefix of the columns, other rows, another
+    vertex count), or the tensor edited in place, gets a graph made for it."""
+    pytest.importorskip("torch_geometric")
+    batch = next(iter(_loader(_random_graph(), [4, 3, 2], 6)))
+    (nodes, view), _ = _trimmed_views(batch)
+    served = gnnfuse.Graph.coerce(view, nodes)
+    assert served is gnnfuse.Graph.coerce(batch.edge_index.narrow(1, 0, view.shape[1]), nodes)
+    assert gnnfuse.Graph.coerce(batch.edge_index.narrow(1, 1, view.shape[1]), nodes) is not served
+    assert gnnfuse.Graph.coerce(batch.edge_index.narrow(1, 0, view.shape[1]), nodes + 1) is not served
+    assert gnnfuse.Graph.coerce(batch.edge_index[:, :view.shape[1] - 1], nodes) is not served
+    edge_index = batch.edge_index
+    edge_index[0, 0] = edge_index[0, 0].item()          # an in-place write, same values: a new version
+    again = gnnfuse.Graph.coerce(edge_index.narrow(1, 0, view.shape[1]), nodes)
+    assert again is not served
+
+
+@pytest.mark.parametrize("model", ["GraphSAGE", "GCN", "GAT"])
+def test_pygs_trimmed_models_on_gnnfuses_layers_give_pygs_outputs(model, backend, device):
+    """``gnnfuse.nn.<model>(..., num_sampled_nodes_per_hop=, num_sampled_edges_per_hop=)``
+    (PyG's ``trim_to_layer``) on the served prefix graphs against PyG's own model from the
+    same weights, trimmed too: the seeds' outputs and every gradient, float64, before and
+    once the loader builds the prefixes ahead. (A trimmed GCN is not the untrimmed one: a
+    kept vertex of the last hop has lost its in-edges, and with them its degree.)"""
+    tg = pytest.importorskip("torch_geometric.nn")
+    loader = _loader(_random_graph(), [4, 3, 2], 6, device)
+    torch.manual_seed(0)
+    ours = getattr(gnn, model)(8, 8, num_layers=3, out_channels=3).double().to(device)
+    theirs = getattr(tg, model)(8, 8, num_layers=3, out_channels=3).double().to(device)
+    theirs.load_state_dict(ours.state_dict())
+    for index, batch in zip(range(3), loader):     # the first step shows the loader the idiom: then built ahead
+        assert (batch.pyg_view is not None and len(batch.pyg_view.trimmed) == 2) == (index > 0)
+        results = []
+        for net, edge_index in ((ours, batch.edge_index), (theirs, batch.edge_index.clone())):
+            net.zero_grad()
+            out = net(batch.x, edge_index, num_sampled_nodes_per_hop=batch.num_sampled_nodes,
+                      num_sampled_edges_per_hop=batch.num_sampled_edges)[:batch.batch_size]
+            F.cross_entropy(out, batch.y).backward()
+            results.append((out.detach(), [p.grad.clone() for p in net.parameters()]))
+        (out, grads), (want, want_grads) = results
+        torch.testing.assert_close(out, want, rtol=1e-9, atol=1e-12)
+        for grad, want_grad in zip(grads, want_grads):
+            torch.testing.assert_close(grad, want_grad, rtol=1e-9, atol=1e-12)
+
+
+def test_a_trimmed_step_on_views_built_ahead_reads_nothing_back(monkeypatch):
+    pytest.importorskip("torch_geometric")
+    loader = _loader(_random_graph(), [4, 3, 2], 6)
+    torch.manual_seed(0)
+    net = gnn.GraphSAGE(8, 8, num_layers=3, out_channels=3).double()
+    batches = iter(loader)
+
+    def step(batch):
+        out = net(batch.x, batch.edge_index, num_sampled_nodes_per_hop=batch.num_sampled_nodes,
+                  num_sampled_edges_per_hop=batch.num_sampled_edges)[:batch.batch_size]
+        F.cross_entropy(out, batch.y).backward()
+    for _ in range(3):
+        step(next(batches))
+    batch = next(batches)
+    assert len(batch.pyg_view.trimmed) == 2
+    with HostSyncCounter() as counter:
+        step(batch)
+    assert counter.ops and not counter.syncs, dict(counter.syncs)

@@ -32,6 +32,12 @@ storage). A failed ``torch.func.grad`` call kept such a graph for its ``edge_ind
 every later plain call on that ``edge_index`` failed with "Cannot access storage of
 TensorWrapper".
 
+An owner that knows the graph of an input can hand it over (`remember`: a loader batch's
+``edge_index``, whose graph it builds from its blocks), and the graphs of its column
+prefixes too (`remember_prefixes`): PyG's ``trim_to_layer`` gives each layer a view of the
+batch's first edges (``edge_index.narrow(1, 0, k)``), a new tensor per layer and step,
+which a view of that tensor's memory, strides and version is matched to.
+
 A new tensor with the contents of one seen before gets that one's graph too, where a
 layer evidently makes one per call: PyG's ``ClusterGCNConv`` and ``PDNConv`` (and any
 layer calling ``add_self_loops`` in its forward) derive a fresh ``edge_index`` from the
@@ -88,6 +94,9 @@ _CHANGING: OrderedDict[Hashable, None] = OrderedDict()
 # and its move_to_end, a KeyError out of Graph.coerce. Re-entrant: a weak reference's
 # callback (`_forget`) may run inside a locked section when the collector frees an input.
 _LOCK = threading.RLock()
+# `remember_prefixes`: id of a tensor's root -> (weak reference to the tensor, its stamp,
+# the builders by (columns, key), the graphs built so far)
+_PREFIXES: OrderedDict[int, tuple[weakref.ref, tuple, dict, dict]] = OrderedDict()
 
 
 def cached_graph(obj: Any, parts: list[torch.Tensor], key: Hashable, build: Callable[[], Any]) -> Any:
@@ -107,6 +116,13 @@ def cached_graph(obj: Any, parts: list[torch.Tensor], key: Hashable, build: Call
             return entry[2]
     if functorch_interpreter() is not None:     # its tensors are the transform's: see the module docstring
         return build()
+    if _PREFIXES and type(obj) is torch.Tensor and obj._base is not None:
+        found = _prefix_graph(obj, key)
+        if found is not None:       # kept for this view as a graph built for it would be
+            ref = weakref.ref(obj, lambda dead: _forget(slot, dead))
+            with _LOCK:
+                put_recent(_ENTRIES, slot, (ref, stamp, found, None), CAPACITY)
+            return found
     shape = _shape_key(obj, parts, key)
     with _LOCK:
         lender = _equal_contents(shape, parts) if shape is not None else None
@@ -124,6 +140,46 @@ def cached_graph(obj: Any, parts: list[torch.Tensor], key: Hashable, build: Call
         if ref is not None:
             put_recent(_ENTRIES, slot, (ref, stamp, graph, None if lender is None else tuple(lender)), CAPACITY)
     return graph
+
+
+def remember_prefixes(obj: torch.Tensor, prefixes: dict[tuple[int, Hashable], Callable[[], Any]]) -> None:
+    """Serve, for a view of ``obj``'s first ``k`` columns (``obj.narrow(1, 0, k)``, what
+    PyG's ``trim_to_layer`` hands each layer) under ``key``, the graph
+    ``prefixes[(k, key)]()`` builds (once), while ``obj`` is unchanged. Only for an owner
+    that knows those graphs, as `remember`'s: a loader batch's ``edge_index``, whose hops
+    come in order (`loader.pyg_batch`). A view matches by its root tensor, address,
+    strides and row count; it shares ``obj``'s version counter, so an edit through
+    either shows in the stamp."""
+    stamp = _stamp([obj])
+    if stamp is None:
+        raise ValueError("an inference tensor has no version counter: its graphs cannot be remembered")
+    root = obj if obj._base is None else obj._base
+    slot = id(root)
+    ref = weakref.ref(obj, lambda dead: _forget_prefixes(slot, dead))
+    with _LOCK:
+        put_recent(_PREFIXES, slot, (ref, stamp, dict(prefixes), {}), CAPACITY)
+
+
+def _prefix_graph(obj: torch.Tensor, key: Hashable) -> Any:
+    """The graph `remember_prefixes` holds for ``obj`` under ``key`` if ``obj`` is a
+    column prefix of a tensor it was given, that tensor unchanged; else None."""
+    root = obj._base
+    with _LOCK:
+        entry = _PREFIXES.get(id(root))
+    if entry is None:
+        return None
+    ref, stamp, builders, built = entry
+    base = ref()
+    if (base is None or (base._base if base._base is not None else base) is not root or _stamp([base]) != stamp
+            or obj.dim() != 2 or obj.shape[0] != base.shape[0] or obj.data_ptr() != base.data_ptr()
+            or obj.stride() != base.stride()):
+        return None
+    wanted = (obj.shape[1], key)
+    if wanted not in builders:
+        return None
+    if wanted not in built:
+        built[wanted] = builders[wanted]()
+    return built[wanted]
 
 
 def remember(obj: torch.Tensor, key: Hashable, graph: Any) -> None:
@@ -145,7 +201,7 @@ def remember(obj: torch.Tensor, key: Hashable, graph: Any) -> None:
 def clear_index_cache() -> None:
     """Forget every remembered graph (and free its layouts)."""
     with _LOCK:
-        for table in (_ENTRIES, _RECENT_MISSES, _HELD, _CHANGING):
+        for table in (_ENTRIES, _RECENT_MISSES, _HELD, _CHANGING, _PREFIXES):
             table.clear()
 
 
@@ -213,6 +269,14 @@ def put_recent(table: OrderedDict, key: Hashable, value: Any, capacity: int) -> 
     table.move_to_end(key)
     while len(table) > capacity:
         table.popitem(last=False)
+
+
+def _forget_prefixes(slot: int, dead: weakref.ref) -> None:
+    """Drop the prefixes of a tensor that was just freed (unless the slot was reused)."""
+    with _LOCK:
+        entry = _PREFIXES.get(slot)
+        if entry is not None and entry[0] is dead:
+            del _PREFIXES[slot]
 
 
 def _forget(slot: tuple[int, Hashable], dead: weakref.ref) -> None:

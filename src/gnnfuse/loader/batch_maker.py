@@ -22,7 +22,6 @@ from typing import Any, Sequence
 import torch
 
 from ..graph.fixed_shape import mark_padded
-from ..graph.index_cache import remember
 from ..nn.conv import known_transform_first_rows, transform_first_rows
 from . import batch_move, pyg_batch
 from .block import Block, block_graph
@@ -121,13 +120,15 @@ class MiniBatch:
         vertex count a layer given ``x`` asks for: a gnnfuse layer called on it finds
         the graph instead of making one, which read its ids' range back to the host (a
         sync on a GPU) and sorted its edges in the step (`pyg_batch.subgraph_graph`). Built
-        in the loader's thread, with its layouts, once a step has read an ``edge_index``."""
+        in the loader's thread, with its layouts, once a step has read an ``edge_index``.
+        So are the graphs of the prefixes PyG's ``trim_to_layer`` cuts from it
+        (``num_sampled_nodes_per_hop=``), once a step has run a layer on one."""
         view = self.pyg_view
         if view is None:
             if self.pyg_demand is not None:
                 self.pyg_demand.mark()
             view = pyg_batch.view_in_step(self.blocks, self._pyg_counts("edge_index"))
-        remember(view.edge_index, view.graph.num_nodes, view.graph)
+        pyg_batch.remember_view(view, self.blocks, self.hop_edges, self.pyg_demand)
         return view.edge_index
 
     @functools.cached_property
@@ -292,7 +293,8 @@ class BatchMaker:
                 # a vertex's in-edges are one hop's sample; its out-edges, at most each block's most
                 view = pyg_batch.view_ahead(blocks, hop_edges, None if None in bounds else max(bounds, default=0),
                                             sum(hop.max_out_degree for hop in hops),
-                                            self.source_side.recipe_callback(PYG_VIEW_POSITION))
+                                            self.source_side.recipe_callback(PYG_VIEW_POSITION),
+                                            self.pyg_view.trimmed)
         return MiniBatch(blocks, x, y, n_id, input_id, padded=caps is not None, deferred=deferred, hop_edges=hop_edges,
                          pyg_view=view, pyg_demand=None if hop_edges is None else self.pyg_view)
 

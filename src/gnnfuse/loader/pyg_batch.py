@@ -28,12 +28,13 @@ without a sort and without reading a count or an id's range back to the host.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import torch
 
 from ..graph import Graph
+from ..graph.index_cache import remember, remember_prefixes
 from .block import Block, block_graph
 from .layouts import prepare_layouts
 
@@ -93,18 +94,43 @@ def subgraph_graph(blocks: Sequence[Block], edge_index: torch.Tensor) -> Graph:
     return block_graph(rowptr, edge_index[0], edge_index[1], num_nodes, sampled=True, one_vertex_set=True)
 
 
+def prefix_graph(graph: Graph, edge_index: torch.Tensor, edges: int, num_nodes: int) -> Graph:
+    """The graph of ``edge_index``'s first ``edges`` edges over its first ``num_nodes``
+    vertices, from ``graph`` (`subgraph_graph`'s) without a host read: PyG's
+    ``trim_to_layer`` drops the last hops' edges and vertices layer by layer, and the
+    edges kept are exactly those into the vertices the kept hops expanded (module doc),
+    so its rows are ``graph``'s first ones, each cut at ``edges``."""
+    rowptr = graph.csr()[0][:num_nodes + 1].long().clamp(max=edges)
+    return block_graph(rowptr, edge_index[0, :edges], edge_index[1, :edges], num_nodes, sampled=True,
+                       one_vertex_set=True)
+
+
+def trimmed_sizes(hop_edges: Sequence[int], hop_nodes: Sequence[int]) -> list[tuple[int, int]]:
+    """(edges, vertices) of the subgraph PyG's ``trim_to_layer`` gives each layer past the
+    first of a model with a layer per hop: layer ``i`` drops the last ``i`` hops' edges
+    (``num_sampled_edges``) and the vertices they added (``num_sampled_nodes``)."""
+    edges, nodes = sum(hop_edges), sum(hop_nodes)
+    return [(edges - sum(hop_edges[len(hop_edges) - i:]), nodes - sum(hop_nodes[len(hop_nodes) - i:]))
+            for i in range(1, len(hop_edges))]
+
+
 @dataclass(frozen=True)
 class PygView:
-    """A batch's ``edge_index`` with its `Graph` (`subgraph_graph`) and the layouts the
-    loader built ahead for it (`loader.layouts`; none when built in the step)."""
+    """A batch's ``edge_index`` with its `Graph` (`subgraph_graph`), the graphs of the
+    prefixes PyG's ``trim_to_layer`` cuts from it by (edges, vertices) (`prefix_graph`),
+    and the layouts the loader built ahead for them (`loader.layouts`; none when built in
+    the step, where ``trimmed`` is empty and its graphs are built when first asked for)."""
     edge_index: torch.Tensor
     graph: Graph
     layouts: tuple[torch.Tensor, ...] = ()
+    trimmed: dict[tuple[int, int], Graph] = field(default_factory=dict)
 
     def tensors(self) -> list[torch.Tensor]:
         """Every tensor the view holds (to tie their memory to a consumer's CUDA stream)."""
-        graph = self.graph
-        return [self.edge_index, *graph.csr(), graph.in_degrees(), graph.out_degrees(), *self.layouts]
+        out = [self.edge_index]
+        for graph in (self.graph, *self.trimmed.values()):
+            out += [*graph.csr(), graph.in_degrees(), graph.out_degrees()]
+        return out + list(self.layouts)
 
 
 class PygViewDemand:
@@ -117,9 +143,13 @@ class PygViewDemand:
 
     def __init__(self) -> None:
         self.wanted = False
+        self.trimmed = False        # a step has run a layer on a prefix (`trim_to_layer`)
 
     def mark(self) -> None:
         self.wanted = True
+
+    def mark_trimmed(self) -> None:
+        self.trimmed = True
 
 
 def view_in_step(blocks: Sequence[Block], hop_edges: Sequence[int]) -> PygView:
@@ -131,13 +161,43 @@ def view_in_step(blocks: Sequence[Block], hop_edges: Sequence[int]) -> PygView:
 
 
 def view_ahead(blocks: Sequence[Block], hop_edges: Sequence[int], max_in_degree: int | None,
-               max_out_degree: int | None, source_side_read: Callable[[], None] | None) -> PygView:
+               max_out_degree: int | None, source_side_read: Callable[[], None] | None,
+               trimmed: bool = False) -> PygView:
     """The batch's `PygView` with the layouts the step's kernels read of its graph
-    (`prepare_layouts`), built in the loader's thread. ``max_in_degree`` and
-    ``max_out_degree`` bound the graph's rows (None: unknown): a vertex's in-edges are
+    (`prepare_layouts`), built in the loader's thread; with ``trimmed`` also those of
+    every prefix `trim_to_layer` cuts (`trimmed_sizes`). ``max_in_degree`` and
+    ``max_out_degree`` bound the graphs' rows (None: unknown): a vertex's in-edges are
     one hop's sample of them, and its out-edges number at most the sum of each block's
     largest out-degree."""
     edge_index = subgraph_edge_index(blocks, hop_edges)
     graph = subgraph_graph(blocks, edge_index)
-    return PygView(edge_index, graph, prepare_layouts(graph, max_in_degree, None, max_out_degree,
-                                                      source_side_read=source_side_read))
+    layouts = prepare_layouts(graph, max_in_degree, None, max_out_degree, source_side_read=source_side_read)
+    prefixes = {}
+    if trimmed:
+        for edges, nodes in trimmed_sizes(hop_edges, num_sampled_nodes(blocks)):
+            prefix = prefixes[(edges, nodes)] = prefix_graph(graph, edge_index, edges, nodes)
+            layouts += prepare_layouts(prefix, max_in_degree, None, max_out_degree)
+    return PygView(edge_index, graph, layouts, prefixes)
+
+
+def remember_view(view: PygView, blocks: Sequence[Block], hop_edges: Sequence[int],
+                  demand: PygViewDemand | None) -> None:
+    """Hand ``view``'s graphs to `graph.index_cache` for its ``edge_index`` and for the
+    prefixes of it PyG's ``trim_to_layer`` cuts (each under its vertex count, the key a
+    layer given ``x`` asks with); a prefix's graph not built ahead is built when a layer
+    first asks for it, on its first pass (as `view_in_step`'s), and tells ``demand``."""
+    remember(view.edge_index, view.graph.num_nodes, view.graph)
+    sizes = trimmed_sizes(hop_edges, num_sampled_nodes(blocks))
+    if not sizes:
+        return
+
+    def built(edges: int, nodes: int) -> Callable[[], Graph]:
+        def build() -> Graph:
+            found = view.trimmed.get((edges, nodes))
+            if found is not None:
+                return found
+            if demand is not None:
+                demand.mark_trimmed()
+            return prefix_graph(view.graph, view.edge_index, edges, nodes)._begin_first_pass()
+        return build
+    remember_prefixes(view.edge_index, {(edges, nodes): built(edges, nodes) for edges, nodes in sizes})
