@@ -363,9 +363,43 @@ def compute_only(loader: NeighborLoader, models: dict[str, nn.Module], device: t
 # the PyG-idiom cell's models: gnnfuse on the batch's edge_index (its graph remembered for
 # it, built ahead once the loader has seen the idiom: `loader.pyg_batch`), gnnfuse on a
 # copy of it (a new tensor: the graph made in the step, as before the loader built it),
-# and PyG's SAGEConv on the edge_index
+# and PyG's SAGEConv on the edge_index; then the same three as PyG's GraphSAGE model
+# trimming its layers (``num_sampled_nodes_per_hop=``: PyG's ``trim_to_layer``, `Trimmed`)
 IDIOM_MODELS = {"gnnfuse": "gnnfuse, the batch's graph", "gnnfuse_made_in_step": "gnnfuse, graph made in the step",
-                "pyg": "PyG SAGEConv"}
+                "pyg": "PyG SAGEConv",
+                "gnnfuse_trimmed": "trimmed: gnnfuse.nn.GraphSAGE, the batch's graphs",
+                "gnnfuse_trimmed_made_in_step": "trimmed: gnnfuse.nn.GraphSAGE, graphs made in the step",
+                "pyg_trimmed": "trimmed: PyG's GraphSAGE"}
+
+
+class Trimmed(nn.Module):
+    """A PyG ``BasicGNN`` run as PyG's hierarchical sampling tutorial runs it, on
+    ``(edge_index, batch)``: ``model(x, edge_index, num_sampled_nodes_per_hop=...,
+    num_sampled_edges_per_hop=...)``, each layer on the hops it still needs."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor, graph: tuple[torch.Tensor, Any]) -> torch.Tensor:
+        edge_index, batch = graph
+        return self.model(x, edge_index, num_sampled_nodes_per_hop=batch.num_sampled_nodes,
+                          num_sampled_edges_per_hop=batch.num_sampled_edges)
+
+
+def trimmed_models(ours: nn.Module, dataset: Any, args: argparse.Namespace, device: torch.device
+                   ) -> dict[str, nn.Module]:
+    """gnnfuse's and PyG's ``GraphSAGE`` models (mean aggregation, ``ours``' weights: the
+    same parameter names), each `Trimmed`."""
+    import gnnfuse.nn
+    import torch_geometric.nn
+    shape = (dataset.num_features, args.hidden, len(args.fanout), dataset.num_classes)
+    built = {"gnnfuse_trimmed": gnnfuse.nn.GraphSAGE(*shape, dropout=args.dropout),
+             "gnnfuse_trimmed_made_in_step": gnnfuse.nn.GraphSAGE(*shape, dropout=args.dropout),
+             "pyg_trimmed": torch_geometric.nn.GraphSAGE(*shape, dropout=args.dropout)}
+    for model in built.values():
+        model.load_state_dict(ours.state_dict())
+    return {name: Trimmed(model).to(device) for name, model in built.items()}
 
 
 def pyg_idiom_cell(dataset: Any, graph: Any, train_idx: torch.Tensor, ours: nn.Module, pyg: nn.Module,
@@ -375,9 +409,12 @@ def pyg_idiom_cell(dataset: Any, graph: Any, train_idx: torch.Tensor, ours: nn.M
     its own (which learns the idiom in the warm-up), from the models' current weights."""
     loader = NeighborLoader(graph, args.fanout, args.batch_size, input_nodes=train_idx, shuffle=True,
                             x=dataset.x.to(device), y=dataset.y.to(device), device=device, prefetch=args.prefetch)
-    models = {"gnnfuse": ours, "gnnfuse_made_in_step": copy.deepcopy(ours), "pyg": pyg}
+    models = {"gnnfuse": ours, "gnnfuse_made_in_step": copy.deepcopy(ours), "pyg": pyg,
+              **trimmed_models(ours, dataset, args, device)}
     graphs = {"gnnfuse": lambda b: b.edge_index, "gnnfuse_made_in_step": lambda b: b.edge_index.clone(),
-              "pyg": lambda b: b.edge_index}
+              "pyg": lambda b: b.edge_index, "gnnfuse_trimmed": lambda b: (b.edge_index, b),
+              "gnnfuse_trimmed_made_in_step": lambda b: (b.edge_index.clone(), b),
+              "pyg_trimmed": lambda b: (b.edge_index, b)}
     try:
         return compute_only(loader, models, device, args.warmup, args.max_batches, graphs)
     finally:
@@ -725,8 +762,10 @@ def markdown(results: dict[str, Any]) -> str:
         lines += ["", f"## PyG's idiom: `model(batch.x, batch.edge_index)` (same {idiom['batches']} batches)", "",
                   "Each model runs every layer on the batch's whole subgraph, as a PyG script does; gnnfuse's "
                   "layers find the graph the loader built ahead for the batch's `edge_index`, or, given a copy "
-                  "of it, make the graph in the step (what they did before the loader built it). Taking turns "
-                  "as above.", "",
+                  "of it, make the graph in the step (what they did before the loader built it). Trimmed: "
+                  "PyG's `GraphSAGE` model with `num_sampled_nodes_per_hop=` (`trim_to_layer`), each layer on "
+                  "the hops it still needs, gnnfuse's (`gnnfuse.nn.GraphSAGE`) on the prefix graphs the loader "
+                  "built ahead, or made in the step. Taking turns as above.", "",
                   "| model | " + " | ".join(STEP_COLUMNS) + " | host syncs per fwd+bwd |",
                   "|---|" + "---|" * (len(STEP_COLUMNS) + 1)]
         lines += [f"| {label} | {step_row(idiom[name])} | {sum(syncs[name].values())} |"
