@@ -262,3 +262,31 @@ def test_a_trimmed_step_on_views_built_ahead_reads_nothing_back(monkeypatch):
     with HostSyncCounter() as counter:
         step(batch)
     assert counter.ops and not counter.syncs, dict(counter.syncs)
+
+
+def test_worker_processes_build_the_view_once_the_training_process_has_seen_the_idiom():
+    """A worker's copy of the maker sees no step: what the training process's maker
+    learnt reaches the workers with the next epoch's jobs (`BatchMaker.learnt`). The
+    view crosses the processes (its tensors packed), and a trimmed step on it reads
+    nothing back and gives the outputs of a graph made anew."""
+    pytest.importorskip("torch_geometric")
+    loader = _loader(_random_graph(), [4, 3, 2], 6, num_workers=1)
+    torch.manual_seed(0)
+    net = gnn.GraphSAGE(8, 8, num_layers=3, out_channels=3).double()
+
+    def outputs(batch, edge_index):
+        return net(batch.x, edge_index, num_sampled_nodes_per_hop=batch.num_sampled_nodes,
+                   num_sampled_edges_per_hop=batch.num_sampled_edges)[:batch.batch_size]
+    try:
+        first = [batch for batch in loader]
+        assert all(batch.pyg_view is None for batch in first)
+        outputs(first[0], first[0].edge_index)            # the idiom, trimmed, in the training process
+        second = [batch for batch in loader]
+    finally:
+        loader.close()
+    assert all(batch.pyg_view is not None and len(batch.pyg_view.trimmed) == 2 for batch in second)
+    batch = second[0]
+    with HostSyncCounter() as counter:
+        out = outputs(batch, batch.edge_index)
+    assert counter.ops and not counter.syncs, dict(counter.syncs)
+    torch.testing.assert_close(out, outputs(batch, batch.edge_index.clone()), rtol=1e-12, atol=1e-12)

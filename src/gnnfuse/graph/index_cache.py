@@ -272,7 +272,10 @@ def put_recent(table: OrderedDict, key: Hashable, value: Any, capacity: int) -> 
 
 
 def _forget_prefixes(slot: int, dead: weakref.ref) -> None:
-    """Drop the prefixes of a tensor that was just freed (unless the slot was reused)."""
+    """Drop the prefixes of a tensor that was just freed (unless the slot was reused);
+    nothing at the interpreter's exit, whose teardown of this module may come first."""
+    if _LOCK is None:
+        return
     with _LOCK:
         entry = _PREFIXES.get(slot)
         if entry is not None and entry[0] is dead:
@@ -280,7 +283,10 @@ def _forget_prefixes(slot: int, dead: weakref.ref) -> None:
 
 
 def _forget(slot: tuple[int, Hashable], dead: weakref.ref) -> None:
-    """Drop the entry of an input that was just freed (unless the slot was reused)."""
+    """Drop the entry of an input that was just freed (unless the slot was reused);
+    nothing at the interpreter's exit, whose teardown of this module may come first."""
+    if _LOCK is None:
+        return
     with _LOCK:
         entry = _ENTRIES.get(slot)
         if entry is not None and entry[0] is dead:

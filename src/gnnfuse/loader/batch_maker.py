@@ -230,6 +230,15 @@ class BatchMaker:
     def num_nodes(self) -> int:
         return self.rowptr.numel() - 1
 
+    def learnt(self) -> tuple[bool, bool]:
+        """What this maker has learnt of the training steps that worker processes' copies
+        of it cannot see (`loader.workers`): whether steps read PyG's view, and trimmed it."""
+        return self.pyg_view.wanted, self.pyg_view.trimmed
+
+    def learn(self, learnt: tuple[bool, bool]) -> None:
+        """Take what the training process's maker has `learnt` (in a worker process)."""
+        self.pyg_view.wanted, self.pyg_view.trimmed = learnt
+
     def pin_shared_tables(self) -> None:
         """In a worker process: page-lock the host tables shared with it (`zero_copy`
         reads need pinned pages); where the driver refuses, rows are gathered on the host."""

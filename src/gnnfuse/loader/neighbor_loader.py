@@ -440,12 +440,15 @@ class NeighborLoader:
             yield batch
 
     def _with_attributes(self, batch: MiniBatch) -> MiniBatch:
-        """``batch`` with the ``Data``'s other attributes to read (`loader.data_attributes`)
-        and its graph-level (0-dim) ``y``, set on the batch, which is new and this loader's:
-        a ``dataclasses.replace`` cost 2 µs a batch, and every PyG ``Data``'s loader attaches
-        its attributes (the ``Data`` may be given more later)."""
+        """``batch`` with the ``Data``'s other attributes to read (`loader.data_attributes`),
+        its graph-level (0-dim) ``y`` and this loader's `PygViewDemand`, set on the batch,
+        which is new and this loader's: a ``dataclasses.replace`` cost 2 µs a batch, and
+        every PyG ``Data``'s loader attaches its attributes (the ``Data`` may be given more
+        later)."""
         if self._attributes is not None:
             object.__setattr__(batch, "attributes", self._attributes)
+        if batch.pyg_demand is not None:       # a worker's batch carries its copy: a read must reach this maker
+            object.__setattr__(batch, "pyg_demand", self._maker.pyg_view)
         if self._graph_y is not None:      # PyG's graph-level y, whole (the maker cut none)
             object.__setattr__(batch, "y", self._graph_y)
         return batch

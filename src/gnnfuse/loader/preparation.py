@@ -79,7 +79,8 @@ class BatchPreparation:
         if self.num_workers:
             if self.workers is None:
                 self.workers = WorkerPool(maker, self.num_workers, max(self.prefetch, 1), self.loader)
-            with contextlib.closing(self.workers.epoch(batches, seed, self.stage_times)) as prepared:
+            learnt = maker.learnt() if hasattr(maker, "learnt") else None
+            with contextlib.closing(self.workers.epoch(batches, seed, self.stage_times, learnt)) as prepared:
                 for batch in prepared:
                     yield batch
                     self.stage_times.count_batch()

@@ -137,9 +137,9 @@ class PygViewDemand:
     """Whether a step has read a batch's ``edge_index`` (PyG's idiom, ``model(batch.x,
     batch.edge_index)``): from then on the loader builds each batch's `PygView` and its
     layouts ahead, in its own thread, as it does the blocks' (which such a step never
-    reads). Before, a batch pays nothing for it. A worker process's loader never learns
-    it (its copy of this flag is its own); its batches' graphs are built in the step,
-    still without a host read (`subgraph_graph`)."""
+    reads). Before, a batch pays nothing for it. Worker processes learn it with the next
+    epoch's jobs (`BatchMaker.learnt`); until then their batches' graphs are built in the
+    step, still without a host read (`subgraph_graph`)."""
 
     def __init__(self) -> None:
         self.wanted = False

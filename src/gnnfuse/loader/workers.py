@@ -102,9 +102,11 @@ def _work(maker: Maker, jobs: Any, results: Any, stop: Any, abandoned: Any, thre
     maker.pin_shared_tables()
     while not stop.is_set():
         try:
-            epoch, epoch_seed, items = jobs.get(timeout=_POLL)
+            epoch, epoch_seed, items, learnt = jobs.get(timeout=_POLL)
         except queue.Empty:
             continue
+        if learnt is not None:
+            maker.learn(learnt)
         for index, first, *rest in items:
             if stop.is_set() or abandoned.value >= epoch:
                 break
@@ -148,18 +150,21 @@ class WorkerPool:
         self._epoch = 0
         self._finalizer = weakref.finalize(self, _shut_down, self._stop, self._processes)
 
-    def epoch(self, batches: list[tuple[torch.Tensor, ...]], epoch_seed: int, times: StageTimes
-              ) -> Iterator[Batch]:
+    def epoch(self, batches: list[tuple[torch.Tensor, ...]], epoch_seed: int, times: StageTimes,
+              learnt: Any = None) -> Iterator[Batch]:
         """The epoch's batches, each given as what the maker's ``prepare`` takes around
         the batch's generator and ``times`` (`Maker`), in order; the workers' stage
-        seconds go into ``times``, the consumer's waits as ``wait``."""
+        seconds go into ``times``, the consumer's waits as ``wait``. ``learnt``, if not
+        None, is what the training process's maker has learnt of the steps so far
+        (`BatchMaker.learnt`), which each worker's maker takes before the epoch
+        (``learn``): a worker's copy of the maker sees no step."""
         self._epoch += 1
         epoch, workers = self._epoch, len(self._processes)
         # the workers serve one epoch at a time: one still iterated is superseded, its
         # remaining batches skipped (it raises if resumed, rather than wait for them)
         self._abandon(epoch - 1)
         for rank, jobs in enumerate(self._jobs):
-            jobs.put((epoch, epoch_seed, [(i, *batches[i]) for i in range(rank, len(batches), workers)]))
+            jobs.put((epoch, epoch_seed, [(i, *batches[i]) for i in range(rank, len(batches), workers)], learnt))
         done = False
         try:
             for index in range(len(batches)):
