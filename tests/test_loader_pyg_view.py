@@ -264,15 +264,16 @@ def test_a_trimmed_step_on_views_built_ahead_reads_nothing_back(monkeypatch):
     assert counter.ops and not counter.syncs, dict(counter.syncs)
 
 
-def test_worker_processes_build_the_view_once_the_training_process_has_seen_the_idiom():
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
+def test_worker_processes_build_the_view_once_the_training_process_has_seen_the_idiom(device):
     """A worker's copy of the maker sees no step: what the training process's maker
     learnt reaches the workers with the next epoch's jobs (`BatchMaker.learnt`). The
-    view crosses the processes (its tensors packed), and a trimmed step on it reads
-    nothing back and gives the outputs of a graph made anew."""
+    view crosses the processes (its tensors packed; CUDA IPC on a GPU), and a trimmed
+    step on it reads nothing back and gives the outputs of a graph made anew."""
     pytest.importorskip("torch_geometric")
-    loader = _loader(_random_graph(), [4, 3, 2], 6, num_workers=1)
+    loader = _loader(_random_graph(), [4, 3, 2], 6, device, num_workers=1)
     torch.manual_seed(0)
-    net = gnn.GraphSAGE(8, 8, num_layers=3, out_channels=3).double()
+    net = gnn.GraphSAGE(8, 8, num_layers=3, out_channels=3).double().to(device)
 
     def outputs(batch, edge_index):
         return net(batch.x, edge_index, num_sampled_nodes_per_hop=batch.num_sampled_nodes,
