@@ -96,9 +96,9 @@ def _backend_layouts(graph: Graph, max_in_degree: int | None, max_out_degree: in
 
 class SourceSideDemand:
     """Which of a batch's blocks (by position in its list, the input layer's first; the
-    batch's PyG view at `batch_maker.PYG_VIEW_POSITION`) the step walks by source, learnt from the recipes it consumed: a block's source side is
-    left as a recipe until a step builds one at its position, and from then on built
-    ahead. In a worker process the recipes are built when the batch is pickled for the
+    batch's PyG view at `batch_maker.PYG_VIEW_POSITION`) the step walks by source,
+    learnt from the recipes it consumed: a block's source side is left as a recipe until
+    a step builds one at its position, and from then on built ahead. In a worker process the recipes are built when the batch is pickled for the
     consumer (`Graph.__getstate__`), which marks every position: its blocks come with
     everything built, as before recipes existed."""
 
