@@ -699,6 +699,15 @@ def step_times(summary: dict[str, Any]) -> str:
                      if summary[f"{k}_s"] is not None)
 
 
+def step_table(cell: dict[str, Any], labels: dict[str, str]) -> list[str]:
+    """A `compute_only` cell's models (``labels``: name -> row label) as a table of
+    `STEP_COLUMNS` and host syncs."""
+    syncs = cell["host_syncs_per_step"]
+    return (["| model | " + " | ".join(STEP_COLUMNS) + " | host syncs per fwd+bwd |",
+             "|---|" + "---|" * (len(STEP_COLUMNS) + 1)]
+            + [f"| {label} | {step_row(cell[name])} | {sum(syncs[name].values())} |" for name, label in labels.items()])
+
+
 def markdown(results: dict[str, Any]) -> str:
     config, env = results["config"], results["environment"]
     model = {"sage": "GraphSAGE", "gat": "GAT, 8 heads"}[config.get("model", "sage")]
@@ -746,30 +755,22 @@ def markdown(results: dict[str, Any]) -> str:
                   for stage, c in alone["per_batch"].items()]
     compute = results.get("compute_only")
     if compute is not None:
-        syncs = compute["host_syncs_per_step"]
         lines += ["", f"## Compute only (same {compute['batches']} batches of gnnfuse's loader, training step)", "",
                   "Both models warmed up on the first batches, then taking turns on each batch (who goes first "
                   "alternates); each step starts from an idle device. host = until the step's Python call returns, "
-                  "device = CUDA events around the step, wall = until the device finished it.", "",
-                  "| model | " + " | ".join(STEP_COLUMNS) + " | host syncs per fwd+bwd |",
-                  "|---|" + "---|" * (len(STEP_COLUMNS) + 1)]
-        for name, label in (("gnnfuse", "gnnfuse"), ("pyg", "PyG SAGEConv")):
-            lines.append(f"| {label} | {step_row(compute[name])} | {sum(syncs[name].values())} |")
+                  "device = CUDA events around the step, wall = until the device finished it.", ""]
+        lines += step_table(compute, {"gnnfuse": "gnnfuse", "pyg": "PyG SAGEConv"})
         lines += ["", f"Forward max rel err {compute['max_rel_err']:.1e}."]
     idiom = results.get("pyg_idiom")
     if idiom is not None:
-        syncs = idiom["host_syncs_per_step"]
         lines += ["", f"## PyG's idiom: `model(batch.x, batch.edge_index)` (same {idiom['batches']} batches)", "",
                   "Each model runs every layer on the batch's whole subgraph, as a PyG script does; gnnfuse's "
                   "layers find the graph the loader built ahead for the batch's `edge_index`, or, given a copy "
                   "of it, make the graph in the step (what they did before the loader built it). Trimmed: "
                   "PyG's `GraphSAGE` model with `num_sampled_nodes_per_hop=` (`trim_to_layer`), each layer on "
                   "the hops it still needs, gnnfuse's (`gnnfuse.nn.GraphSAGE`) on the prefix graphs the loader "
-                  "built ahead, or made in the step. Taking turns as above.", "",
-                  "| model | " + " | ".join(STEP_COLUMNS) + " | host syncs per fwd+bwd |",
-                  "|---|" + "---|" * (len(STEP_COLUMNS) + 1)]
-        lines += [f"| {label} | {step_row(idiom[name])} | {sum(syncs[name].values())} |"
-                  for name, label in IDIOM_MODELS.items()]
+                  "built ahead, or made in the step. Taking turns as above.", ""]
+        lines += step_table(idiom, IDIOM_MODELS)
     dkp = results.get("dkp")
     if dkp:
         errors = ", ".join(f"layer {i} {100 * e:.1f}%" for i, e in dkp["prediction_error_per_layer"].items())

@@ -17,6 +17,7 @@ from gnnfuse.bench.host_syncs import HostSyncCounter
 from gnnfuse.loader import NeighborLoader
 from gnnfuse.nn.block_models import build_block_model
 from graph_strategies import graphs
+from layout_builds import STEP_BUILDS, watch_builds
 
 
 def _graph_and_model(device: str, kind: str = "sage"):
@@ -234,21 +235,10 @@ def test_a_step_on_fresh_loader_blocks_builds_no_layout_the_loader_could_have_bu
         batch = next(batches)
         F.cross_entropy(model(batch.x, batch.blocks), batch.y).backward()
     batch = next(batches)
-    built: list[str] = []
-    cached = gnnfuse.Graph.cached
-
-    def watched(self, key, fn):
-        if key not in self._cache:
-            built.append(key)
-        return cached(self, key, fn)
-    monkeypatch.setattr(gnnfuse.Graph, "cached", watched)
+    built = watch_builds(monkeypatch)
     F.cross_entropy(model(batch.x, batch.blocks), batch.y).backward()
     assert built, "the step asked its blocks for nothing: the watch saw no program run"
-    # GAT's softmax merges split rows' partial maxima (`partial_slots`: with no split row
-    # one small allocation) and a scan walks rows in CSR order (one repeat_interleave of
-    # known size): sync-free and cheap, read by few layers, so the loader leaves them
-    per_block = ("reference_per_graph:", "triton_partial_slots_", "rows_in_")
-    assert all(key.startswith(per_block) for key in built), built
+    assert all(key.startswith(STEP_BUILDS) for key in built), built
 
 
 def test_grouped_rows_take_a_deferred_full_layout():

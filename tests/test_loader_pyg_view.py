@@ -19,6 +19,7 @@ from gnnfuse.bench.host_syncs import HostSyncCounter
 from gnnfuse.loader import NeighborLoader
 from gnnfuse.loader.pyg_batch import subgraph_graph
 from graph_strategies import graphs
+from layout_builds import STEP_BUILDS, watch_builds
 
 RUNS = settings(max_examples=25, deadline=None, derandomize=True, database=None)
 
@@ -36,6 +37,21 @@ def _random_graph(num_nodes: int = 50, num_edges: int = 400, seed: int = 0) -> g
     gen = torch.Generator().manual_seed(seed)
     return gnnfuse.Graph(torch.randint(0, num_nodes, (num_edges,), generator=gen),
                          torch.randint(0, num_nodes, (num_edges,), generator=gen), num_nodes)
+
+
+def _assert_same_step(ours, theirs, batch, rtol: float, **kwargs) -> None:
+    """A training step's seed outputs and every gradient of ``ours`` and ``theirs``,
+    each a (model, edge_index) run on ``batch.x`` (with ``kwargs``), are equal."""
+    results = []
+    for net, edge_index in (ours, theirs):
+        net.zero_grad()
+        out = net(batch.x, edge_index, **kwargs)[:batch.batch_size]
+        F.cross_entropy(out, batch.y).backward()
+        results.append((out.detach(), [p.grad.clone() for p in net.parameters()]))
+    (out, grads), (want, want_grads) = results
+    torch.testing.assert_close(out, want, rtol=rtol, atol=1e-12)
+    for grad, want_grad in zip(grads, want_grads, strict=True):
+        torch.testing.assert_close(grad, want_grad, rtol=rtol, atol=1e-12)
 
 
 @RUNS
@@ -71,16 +87,7 @@ def test_outputs_and_gradients_on_the_batchs_graph_are_those_on_a_graph_made_ane
     net = (gnn.GraphSAGE(8, 8, 2, 3) if model == "sage" else gnn.GAT(8, 4, 2, 3, heads=2)).double().to(device)
     for index, batch in zip(range(2), loader):     # the first step shows the loader the idiom: then built ahead
         assert (batch.pyg_view is not None) == (index > 0)
-        results = []
-        for edge_index in (batch.edge_index, batch.edge_index.clone()):
-            net.zero_grad()
-            out = net(batch.x, edge_index)[:batch.batch_size]
-            F.cross_entropy(out, batch.y).backward()
-            results.append((out.detach(), [p.grad.clone() for p in net.parameters()]))
-        (out, grads), (want, want_grads) = results
-        torch.testing.assert_close(out, want, rtol=1e-10, atol=1e-12)
-        for grad, want_grad in zip(grads, want_grads):
-            torch.testing.assert_close(grad, want_grad, rtol=1e-10, atol=1e-12)
+        _assert_same_step((net, batch.edge_index), (net, batch.edge_index.clone()), batch, rtol=1e-10)
 
 
 def test_the_loader_builds_the_view_ahead_only_once_a_step_has_read_an_edge_index():
@@ -107,18 +114,6 @@ def test_an_edge_index_edited_in_place_gets_a_graph_of_its_new_edges():
     made = gnnfuse.Graph.from_edge_index(edge_index.clone(), batch.num_nodes)
     assert torch.equal(after.in_degrees(), made.in_degrees()) and torch.equal(after.out_degrees(),
                                                                                made.out_degrees())
-
-
-def _watch_builds(monkeypatch) -> list[str]:
-    built: list[str] = []
-    cached = gnnfuse.Graph.cached
-
-    def watched(self, key, fn):
-        if key not in self._cache:
-            built.append(key)
-        return cached(self, key, fn)
-    monkeypatch.setattr(gnnfuse.Graph, "cached", watched)
-    return built
 
 
 @pytest.mark.parametrize("kind", ["sage", "gat"])
@@ -149,14 +144,13 @@ def test_an_idiom_step_on_a_view_built_ahead_reads_nothing_back_nor_builds_a_lay
         with counter.paused():
             launch(*args, **kwargs)
     monkeypatch.setattr(executor, "launch", paused_launch)
-    built = _watch_builds(monkeypatch)
+    built = watch_builds(monkeypatch)
     with counter:
         F.cross_entropy(net(batch.x, batch.edge_index)[:batch.batch_size], batch.y).backward()
     assert counter.ops, "the counter saw no op"
     assert not counter.syncs, f"host syncs: {dict(counter.syncs)}"
     assert built, "the step asked its graph for nothing: the watch saw no program run"
-    per_graph = ("reference_per_graph:", "triton_partial_slots_", "rows_in_", "nn_gcn_norm")
-    assert all(key.startswith(per_graph) for key in built), built
+    assert all(key.startswith(STEP_BUILDS) for key in built), built
 
 
 def test_a_step_on_the_first_batches_makes_its_graph_without_a_read_back():
@@ -231,17 +225,9 @@ def test_pygs_trimmed_models_on_gnnfuses_layers_give_pygs_outputs(model, backend
     theirs.load_state_dict(ours.state_dict())
     for index, batch in zip(range(3), loader):     # the first step shows the loader the idiom: then built ahead
         assert (batch.pyg_view is not None and len(batch.pyg_view.trimmed) == 2) == (index > 0)
-        results = []
-        for net, edge_index in ((ours, batch.edge_index), (theirs, batch.edge_index.clone())):
-            net.zero_grad()
-            out = net(batch.x, edge_index, num_sampled_nodes_per_hop=batch.num_sampled_nodes,
-                      num_sampled_edges_per_hop=batch.num_sampled_edges)[:batch.batch_size]
-            F.cross_entropy(out, batch.y).backward()
-            results.append((out.detach(), [p.grad.clone() for p in net.parameters()]))
-        (out, grads), (want, want_grads) = results
-        torch.testing.assert_close(out, want, rtol=1e-9, atol=1e-12)
-        for grad, want_grad in zip(grads, want_grads):
-            torch.testing.assert_close(grad, want_grad, rtol=1e-9, atol=1e-12)
+        _assert_same_step((ours, batch.edge_index), (theirs, batch.edge_index.clone()), batch, rtol=1e-9,
+                          num_sampled_nodes_per_hop=batch.num_sampled_nodes,
+                          num_sampled_edges_per_hop=batch.num_sampled_edges)
 
 
 def test_a_trimmed_step_on_views_built_ahead_reads_nothing_back(monkeypatch):

@@ -272,25 +272,21 @@ def put_recent(table: OrderedDict, key: Hashable, value: Any, capacity: int) -> 
 
 
 def _forget_prefixes(slot: int, dead: weakref.ref) -> None:
-    """Drop the prefixes of a tensor that was just freed (unless the slot was reused);
-    nothing at the interpreter's exit, whose teardown of this module may come first."""
-    if _LOCK is None:
-        return
-    with _LOCK:
-        entry = _PREFIXES.get(slot)
-        if entry is not None and entry[0] is dead:
-            del _PREFIXES[slot]
+    """Drop the prefixes of a tensor that was just freed (`_forget`)."""
+    _forget(slot, dead, _PREFIXES)
 
 
-def _forget(slot: tuple[int, Hashable], dead: weakref.ref) -> None:
-    """Drop the entry of an input that was just freed (unless the slot was reused);
-    nothing at the interpreter's exit, whose teardown of this module may come first."""
+def _forget(slot: Hashable, dead: weakref.ref, table: OrderedDict | None = None) -> None:
+    """Drop the entry of an input that was just freed from ``table`` (default the
+    entries), unless the slot was reused; nothing at the interpreter's exit, whose
+    teardown of this module may come first."""
     if _LOCK is None:
         return
+    table = _ENTRIES if table is None else table
     with _LOCK:
-        entry = _ENTRIES.get(slot)
+        entry = table.get(slot)
         if entry is not None and entry[0] is dead:
-            del _ENTRIES[slot]
+            del table[slot]
 
 
 def _stamp(parts: list[torch.Tensor]) -> tuple | None:
