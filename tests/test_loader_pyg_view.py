@@ -277,3 +277,22 @@ def test_worker_processes_build_the_view_once_the_training_process_has_seen_the_
         out = outputs(batch, batch.edge_index)
     assert counter.ops and not counter.syncs, dict(counter.syncs)
     torch.testing.assert_close(out, outputs(batch, batch.edge_index.clone()), rtol=1e-12, atol=1e-12)
+
+
+def test_a_batchs_edge_index_and_graphs_are_freed_with_the_batch():
+    """The index cache keeps a remembered graph while its ``edge_index`` lives, so the
+    graph (and a prefix's builder) must not hold ``edge_index`` itself: graphs over views
+    of it kept every batch's tensors alive until the cache evicted them (64 batches)."""
+    import gc
+    import weakref
+    pytest.importorskip("torch_geometric")
+    loader = _loader(_random_graph(), [4, 3, 2], 6)
+    net = gnn.GraphSAGE(8, 8, num_layers=3, out_channels=3).double()
+    freed = []
+    for _, batch in zip(range(4), loader):      # the later batches come with views built ahead
+        net(batch.x, batch.edge_index, num_sampled_nodes_per_hop=batch.num_sampled_nodes,
+            num_sampled_edges_per_hop=batch.num_sampled_edges)
+        freed.append(weakref.ref(batch.edge_index))
+        del batch
+    gc.collect()
+    assert not any(ref() is not None for ref in freed)

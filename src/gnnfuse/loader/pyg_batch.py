@@ -91,18 +91,22 @@ def subgraph_graph(blocks: Sequence[Block], edge_index: torch.Tensor) -> Graph:
     device = edge_index.device
     rows.append(torch.zeros(num_nodes - begin, dtype=torch.int64, device=device))
     rowptr = torch.cat([torch.zeros(1, dtype=torch.int64, device=device), torch.cat(rows).cumsum(0)])
-    return block_graph(rowptr, edge_index[0], edge_index[1], num_nodes, sampled=True, one_vertex_set=True)
+    # rows of a detached alias, not of ``edge_index``: a view keeps its base alive, and the
+    # index cache keeps this graph while ``edge_index`` lives, so views of ``edge_index``
+    # kept every batch's tensors alive until evicted (the alias shares its memory and its
+    # version counter, so an edit of ``edge_index`` still shows in the graph's seal)
+    src, dst = edge_index.detach().unbind(0)
+    return block_graph(rowptr, src, dst, num_nodes, sampled=True, one_vertex_set=True)
 
 
-def prefix_graph(graph: Graph, edge_index: torch.Tensor, edges: int, num_nodes: int) -> Graph:
-    """The graph of ``edge_index``'s first ``edges`` edges over its first ``num_nodes``
-    vertices, from ``graph`` (`subgraph_graph`'s) without a host read: PyG's
-    ``trim_to_layer`` drops the last hops' edges and vertices layer by layer, and the
-    edges kept are exactly those into the vertices the kept hops expanded (module doc),
-    so its rows are ``graph``'s first ones, each cut at ``edges``."""
+def prefix_graph(graph: Graph, edges: int, num_nodes: int) -> Graph:
+    """The graph of the first ``edges`` edges of ``graph`` (`subgraph_graph`'s) over its
+    first ``num_nodes`` vertices, without a host read: PyG's ``trim_to_layer`` drops the
+    last hops' edges and vertices layer by layer, and the edges kept are exactly those
+    into the vertices the kept hops expanded (module doc), so its rows are ``graph``'s
+    first ones, each cut at ``edges``."""
     rowptr = graph.csr()[0][:num_nodes + 1].long().clamp(max=edges)
-    return block_graph(rowptr, edge_index[0, :edges], edge_index[1, :edges], num_nodes, sampled=True,
-                       one_vertex_set=True)
+    return block_graph(rowptr, graph.src[:edges], graph.dst[:edges], num_nodes, sampled=True, one_vertex_set=True)
 
 
 def trimmed_sizes(hop_edges: Sequence[int], hop_nodes: Sequence[int]) -> list[tuple[int, int]]:
@@ -175,7 +179,7 @@ def view_ahead(blocks: Sequence[Block], hop_edges: Sequence[int], max_in_degree:
     prefixes = {}
     if trimmed:
         for edges, nodes in trimmed_sizes(hop_edges, num_sampled_nodes(blocks)):
-            prefix = prefixes[(edges, nodes)] = prefix_graph(graph, edge_index, edges, nodes)
+            prefix = prefixes[(edges, nodes)] = prefix_graph(graph, edges, nodes)
             layouts += prepare_layouts(prefix, max_in_degree, None, max_out_degree)
     return PygView(edge_index, graph, layouts, prefixes)
 
@@ -186,18 +190,20 @@ def remember_view(view: PygView, blocks: Sequence[Block], hop_edges: Sequence[in
     prefixes of it PyG's ``trim_to_layer`` cuts (each under its vertex count, the key a
     layer given ``x`` asks with); a prefix's graph not built ahead is built when a layer
     first asks for it, on its first pass (as `view_in_step`'s), and tells ``demand``."""
-    remember(view.edge_index, view.graph.num_nodes, view.graph)
+    graph, trimmed = view.graph, view.trimmed
+    remember(view.edge_index, graph.num_nodes, graph)
     sizes = trimmed_sizes(hop_edges, num_sampled_nodes(blocks))
     if not sizes:
         return
 
     def built(edges: int, nodes: int) -> Callable[[], Graph]:
+        # holds the graphs, never ``edge_index`` itself: the cache keeps these while it lives
         def build() -> Graph:
-            found = view.trimmed.get((edges, nodes))
+            found = trimmed.get((edges, nodes))
             if found is not None:
                 return found
             if demand is not None:
                 demand.mark_trimmed()
-            return prefix_graph(view.graph, view.edge_index, edges, nodes)._begin_first_pass()
+            return prefix_graph(graph, edges, nodes)._begin_first_pass()
         return build
     remember_prefixes(view.edge_index, {(edges, nodes): built(edges, nodes) for edges, nodes in sizes})
