@@ -582,7 +582,8 @@ def run(args: argparse.Namespace, save: Callable[[dict[str, Any]], None]) -> dic
         f"features, {train_idx.numel():,} training seeds; loaded and on {device} in "
         f"{time.perf_counter() - begin:.1f} s")
     widths = [dataset.num_features] + [args.hidden] * (len(args.fanout) - 1) + [dataset.num_classes]
-    hops = "fused Triton kernels" if fused_hops(device, max(args.fanout), False) else "vectorized torch ops"
+    fused = "Triton" if device.type == "cuda" else "Numba"
+    hops = f"fused {fused} kernels" if fused_hops(device, max(args.fanout), False) else "vectorized torch ops"
     results: dict[str, Any] = {"config": {**{k: v for k, v in vars(args).items() if k != "json"},
                                           "train_seeds": train_idx.numel(), "hops": hops},
                                "environment": environment(device), "gnnfuse": {}}
