@@ -153,24 +153,29 @@ def remember_prefixes(obj: torch.Tensor, prefixes: dict[tuple[int, Hashable], Ca
     stamp = _stamp([obj])
     if stamp is None:
         raise ValueError("an inference tensor has no version counter: its graphs cannot be remembered")
-    root = obj if obj._base is None else obj._base
-    slot = id(root)
+    slot = id(_root(obj))
     ref = weakref.ref(obj, lambda dead: _forget_prefixes(slot, dead))
     with _LOCK:
         put_recent(_PREFIXES, slot, (ref, stamp, dict(prefixes), {}), CAPACITY)
 
 
+def _root(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor whose memory ``tensor`` views (itself if it is no view): every view of
+    one tensor, a view of a view included, has that tensor as its ``_base``."""
+    return tensor if tensor._base is None else tensor._base
+
+
 def _prefix_graph(obj: torch.Tensor, key: Hashable) -> Any:
     """The graph `remember_prefixes` holds for ``obj`` under ``key`` if ``obj`` is a
     column prefix of a tensor it was given, that tensor unchanged; else None."""
-    root = obj._base
+    root = _root(obj)
     with _LOCK:
         entry = _PREFIXES.get(id(root))
     if entry is None:
         return None
     ref, stamp, builders, built = entry
     base = ref()
-    if (base is None or (base._base if base._base is not None else base) is not root or _stamp([base]) != stamp
+    if (base is None or _root(base) is not root or _stamp([base]) != stamp
             or obj.dim() != 2 or obj.shape[0] != base.shape[0] or obj.data_ptr() != base.data_ptr()
             or obj.stride() != base.stride()):
         return None

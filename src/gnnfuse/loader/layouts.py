@@ -85,7 +85,8 @@ def _backend_layouts(graph: Graph, max_in_degree: int | None, max_out_degree: in
             # each side's segments with the table of its split rows, which a sum or mean
             # over them reads (two allocations, and no read-back when the bound splits no row)
             context = GraphContext(graph)
-            built += [segments(context, "dst", SEGMENT_EDGES, max_in_degree), split_slots(context, "dst", SEGMENT_EDGES)]
+            built += [segments(context, "dst", SEGMENT_EDGES, max_in_degree),
+                      split_slots(context, "dst", SEGMENT_EDGES)]
             if defer:
                 defer_segments(graph, "src", SEGMENT_EDGES, max_out_degree)
             else:
@@ -98,9 +99,10 @@ class SourceSideDemand:
     """Which of a batch's blocks (by position in its list, the input layer's first; the
     batch's PyG view at `batch_maker.PYG_VIEW_POSITION`) the step walks by source,
     learnt from the recipes it consumed: a block's source side is left as a recipe until
-    a step builds one at its position, and from then on built ahead. In a worker process the recipes are built when the batch is pickled for the
-    consumer (`Graph.__getstate__`), which marks every position: its blocks come with
-    everything built, as before recipes existed."""
+    a step builds one at its position, and from then on built ahead. In a worker process
+    the recipes are built when the batch is pickled for the consumer
+    (`Graph.__getstate__`), which marks every position: its blocks come with everything
+    built, as before recipes existed."""
 
     def __init__(self) -> None:
         self._read: set[int] = set()
