@@ -18,7 +18,9 @@ buffers, copied asynchronously) it times one epoch after a warm-up and reports:
 ``--model gat`` times the epochs of a GAT of the same width instead (8 heads of
 ``hidden / 8`` channels, one averaged output head; eager and, with ``--cuda-graph``,
 replayed steps, whose self loops on padded blocks are built in fixed shapes,
-`nn.padded_loops`); the PyG comparisons below are SAGE's and are skipped for it.
+`nn.padded_loops`). Of the PyG comparisons below only PyG's idiom is run for it, with
+``gnnfuse.nn.GAT`` against PyG's ``GAT`` (8 heads, the same weights): its other
+comparisons run on blocks, for which PyG has no GAT of gnnfuse's block models' layout.
 
 PyG: when ``torch_geometric.loader.NeighborLoader`` can sample (it needs ``pyg-lib`` or
 ``torch-sparse``), a full epoch of PyG's loader (host sampling, ``--pyg-workers``
@@ -30,7 +32,10 @@ batch, each step timed from an idle device with its host time (until the Python 
 returns), device time (CUDA events) and wall time apart, and each model's host syncs in
 one forward + backward counted. DKP: the fitted model's prediction error per layer, then
 the three policies (always aggregate-first, always combine-first, DKP) warmed up and
-taking turns on the same batches, timed the same way.
+taking turns on the same batches, timed the same way. PyG's idiom (``--no-pyg-idiom``
+skips it): ``model(batch.x, batch.edge_index)`` with gnnfuse on the batch's graph, on a
+graph made in the step, and PyG's layer, whole and trimmed (`idiom_labels`), timed the
+same way after checking that the forwards agree.
 
 The GPU machine has neither library and no network. torch-sparse (and torch-scatter, which
 it imports) are sdists on PyPI; CPU-only wheels for its Python and torch build here
@@ -363,13 +368,20 @@ def compute_only(loader: NeighborLoader, models: dict[str, nn.Module], device: t
 # the PyG-idiom cell's models: gnnfuse on the batch's edge_index (its graph remembered for
 # it, built ahead once the loader has seen the idiom: `loader.pyg_batch`), gnnfuse on a
 # copy of it (a new tensor: the graph made in the step, as before the loader built it),
-# and PyG's SAGEConv on the edge_index; then the same three as PyG's GraphSAGE model
-# trimming its layers (``num_sampled_nodes_per_hop=``: PyG's ``trim_to_layer``, `Trimmed`)
-IDIOM_MODELS = {"gnnfuse": "gnnfuse, the batch's graph", "gnnfuse_made_in_step": "gnnfuse, graph made in the step",
-                "pyg": "PyG SAGEConv",
-                "gnnfuse_trimmed": "trimmed: gnnfuse.nn.GraphSAGE, the batch's graphs",
-                "gnnfuse_trimmed_made_in_step": "trimmed: gnnfuse.nn.GraphSAGE, graphs made in the step",
-                "pyg_trimmed": "trimmed: PyG's GraphSAGE"}
+# and PyG's layer on the edge_index; then the same three as PyG's model class trimming
+# its layers (``num_sampled_nodes_per_hop=``: PyG's ``trim_to_layer``, `Trimmed`)
+def idiom_labels(model: str) -> dict[str, str]:
+    """The idiom cell's model names and row labels, for ``--model`` ``model``."""
+    layer, net = IDIOM_CLASSES[model]
+    return {"gnnfuse": "gnnfuse, the batch's graph", "gnnfuse_made_in_step": "gnnfuse, graph made in the step",
+            "pyg": f"PyG {layer}",
+            "gnnfuse_trimmed": f"trimmed: gnnfuse.nn.{net}, the batch's graphs",
+            "gnnfuse_trimmed_made_in_step": f"trimmed: gnnfuse.nn.{net}, graphs made in the step",
+            "pyg_trimmed": f"trimmed: PyG's {net}"}
+
+
+# ``--model`` -> (PyG's layer, the PyG model class gnnfuse.nn mirrors by name and arguments)
+IDIOM_CLASSES = {"sage": ("SAGEConv", "GraphSAGE"), "gat": ("GATConv", "GAT")}
 
 
 class Trimmed(nn.Module):
@@ -387,16 +399,25 @@ class Trimmed(nn.Module):
                           num_sampled_edges_per_hop=batch.num_sampled_edges)
 
 
-def trimmed_models(ours: nn.Module, dataset: Any, args: argparse.Namespace, device: torch.device
-                   ) -> dict[str, nn.Module]:
-    """gnnfuse's and PyG's ``GraphSAGE`` models (mean aggregation, ``ours``' weights: the
-    same parameter names), each `Trimmed`."""
+def basic_models(dataset: Any, args: argparse.Namespace) -> tuple[nn.Module, nn.Module]:
+    """gnnfuse.nn's and PyG's model of ``args.model``'s class (`IDIOM_CLASSES`; GAT with
+    8 heads of ``hidden / 8`` channels, as the epochs' model), which share parameter
+    names and layout (`pyg_idiom_cell` gives PyG's gnnfuse's weights)."""
     import gnnfuse.nn
     import torch_geometric.nn
+    net = IDIOM_CLASSES[args.model][1]
     shape = (dataset.num_features, args.hidden, len(args.fanout), dataset.num_classes)
-    built = {"gnnfuse_trimmed": gnnfuse.nn.GraphSAGE(*shape, dropout=args.dropout),
-             "gnnfuse_trimmed_made_in_step": gnnfuse.nn.GraphSAGE(*shape, dropout=args.dropout),
-             "pyg_trimmed": torch_geometric.nn.GraphSAGE(*shape, dropout=args.dropout)}
+    extra = {"heads": 8} if args.model == "gat" else {}
+    ours = getattr(gnnfuse.nn, net)(*shape, dropout=args.dropout, **extra)
+    return ours, getattr(torch_geometric.nn, net)(*shape, dropout=args.dropout, **extra)
+
+
+def trimmed_models(ours: nn.Module, dataset: Any, args: argparse.Namespace, device: torch.device
+                   ) -> dict[str, nn.Module]:
+    """gnnfuse's and PyG's model of ``args.model``'s class (`basic_models`: SAGE with mean
+    aggregation), all from ``ours``' weights (the same parameter names), each `Trimmed`."""
+    first, pyg = basic_models(dataset, args)
+    built = {"gnnfuse_trimmed": first, "gnnfuse_trimmed_made_in_step": copy.deepcopy(first), "pyg_trimmed": pyg}
     for model in built.values():
         model.load_state_dict(ours.state_dict())
     return {name: Trimmed(model).to(device) for name, model in built.items()}
@@ -405,7 +426,7 @@ def trimmed_models(ours: nn.Module, dataset: Any, args: argparse.Namespace, devi
 def pyg_idiom_cell(dataset: Any, graph: Any, train_idx: torch.Tensor, ours: nn.Module, pyg: nn.Module,
                    args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     """`compute_only` of PyG's idiom, ``model(batch.x, batch.edge_index)[:batch.batch_size]``,
-    the way a PyG script moved to gnnfuse's layers trains (`IDIOM_MODELS`), on a loader of
+    the way a PyG script moved to gnnfuse's layers trains (`idiom_labels`), on a loader of
     its own (which learns the idiom in the warm-up), from the models' current weights."""
     loader = NeighborLoader(graph, args.fanout, args.batch_size, input_nodes=train_idx, shuffle=True,
                             x=dataset.x.to(device), y=dataset.y.to(device), device=device, prefetch=args.prefetch)
@@ -416,9 +437,23 @@ def pyg_idiom_cell(dataset: Any, graph: Any, train_idx: torch.Tensor, ours: nn.M
               "gnnfuse_trimmed_made_in_step": lambda b: (b.edge_index.clone(), b),
               "pyg_trimmed": lambda b: (b.edge_index, b)}
     try:
-        return compute_only(loader, models, device, args.warmup, args.max_batches, graphs)
+        error = idiom_forward_error(ours, pyg, loader)
+        if error > 1e-4:
+            warn(f"gnnfuse and PyG forwards on edge_index differ (max rel err {error:.2e}); compute times are "
+                 "not comparable")
+        return compute_only(loader, models, device, args.warmup, args.max_batches, graphs) | {"max_rel_err": error}
     finally:
         loader.close()
+
+
+def idiom_forward_error(ours: nn.Module, pyg: nn.Module, loader: NeighborLoader) -> float:
+    """`check_same_forward` on a batch's ``edge_index`` (PyG's idiom)."""
+    pyg.load_state_dict(ours.state_dict())
+    ours.eval(), pyg.eval()
+    batch = next(iter(loader))
+    with torch.no_grad():
+        a, b = ours(batch.x, batch.edge_index), pyg(batch.x, batch.edge_index)
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
 
 
 def take(loader: NeighborLoader, count: int) -> list[Any]:
@@ -562,6 +597,18 @@ def load_problem(args: argparse.Namespace, device: torch.device):
     return dataset, train_idx, graph
 
 
+def idiom_cell(dataset: Any, graph: Any, train_idx: torch.Tensor, ours: nn.Module, pyg: nn.Module,
+               args: argparse.Namespace, device: torch.device, results: dict[str, Any],
+               save: Callable[[dict[str, Any]], None]) -> None:
+    """`pyg_idiom_cell` into ``results``, saved and logged."""
+    cell = pyg_idiom_cell(dataset, graph, train_idx, ours, pyg, args, device)
+    results["pyg_idiom"] = cell
+    save(results)
+    log(f"PyG's idiom model(batch.x, batch.edge_index), same {cell['batches']} batches: " + "; ".join(
+        f"{name} {step_times(cell[name])}" for name in idiom_labels(args.model)) +
+        f"; forward max rel err {cell['max_rel_err']:.1e}")
+
+
 def epoch_model(args: argparse.Namespace, dataset: Any) -> nn.Module:
     """The model the epochs train: GraphSAGE, or GAT with 8 heads of ``hidden / 8``
     channels (the same hidden width) and one averaged output head."""
@@ -622,7 +669,11 @@ def run(args: argparse.Namespace, save: Callable[[dict[str, Any]], None]) -> dic
         loader.close()
         del x, loader
     if args.model != "sage":
-        log("PyG comparisons (compute only, DKP, PyG's loader) are SAGE's; skipped for " + args.model)
+        log("the comparisons on blocks (compute only, DKP) are SAGE's; skipped for " + args.model)
+        if args.pyg_idiom:
+            torch.manual_seed(args.seed)
+            ours, pyg = basic_models(dataset, args)
+            idiom_cell(dataset, graph, train_idx, ours.to(device), pyg.to(device), args, device, results, save)
         return results
     torch.manual_seed(args.seed)
     ours = build_block_model("sage", dataset.num_features, dataset.num_classes, args.hidden, args.dropout,
@@ -643,11 +694,7 @@ def run(args: argparse.Namespace, save: Callable[[dict[str, Any]], None]) -> dic
         f"{sum(cell['host_syncs_per_step']['pyg'].values())}; forward max rel err {error:.1e}")
     if args.pyg_idiom:
         torch.manual_seed(args.seed)
-        cell = pyg_idiom_cell(dataset, graph, train_idx, ours, pyg, args, device)
-        results["pyg_idiom"] = cell
-        save(results)
-        log(f"PyG's idiom model(batch.x, batch.edge_index), same {cell['batches']} batches: " + "; ".join(
-            f"{name} {step_times(cell[name])}" for name in IDIOM_MODELS))
+        idiom_cell(dataset, graph, train_idx, ours, pyg, args, device, results, save)
     if args.dkp_calibration:
         torch.manual_seed(args.seed)
         cell = dkp_cells(loader, ours, device, args)
@@ -764,14 +811,17 @@ def markdown(results: dict[str, Any]) -> str:
         lines += ["", f"Forward max rel err {compute['max_rel_err']:.1e}."]
     idiom = results.get("pyg_idiom")
     if idiom is not None:
+        layer, net = IDIOM_CLASSES[config.get("model", "sage")]
         lines += ["", f"## PyG's idiom: `model(batch.x, batch.edge_index)` (same {idiom['batches']} batches)", "",
                   "Each model runs every layer on the batch's whole subgraph, as a PyG script does; gnnfuse's "
                   "layers find the graph the loader built ahead for the batch's `edge_index`, or, given a copy "
                   "of it, make the graph in the step (what they did before the loader built it). Trimmed: "
-                  "PyG's `GraphSAGE` model with `num_sampled_nodes_per_hop=` (`trim_to_layer`), each layer on "
-                  "the hops it still needs, gnnfuse's (`gnnfuse.nn.GraphSAGE`) on the prefix graphs the loader "
+                  f"PyG's `{net}` model with `num_sampled_nodes_per_hop=` (`trim_to_layer`), each layer on "
+                  f"the hops it still needs, gnnfuse's (`gnnfuse.nn.{net}`) on the prefix graphs the loader "
                   "built ahead, or made in the step. Taking turns as above.", ""]
-        lines += step_table(idiom, IDIOM_MODELS)
+        lines += step_table(idiom, idiom_labels(config.get("model", "sage")))
+        if "max_rel_err" in idiom:
+            lines += ["", f"Forward on `edge_index` max rel err {idiom['max_rel_err']:.1e}."]
     dkp = results.get("dkp")
     if dkp:
         errors = ", ".join(f"layer {i} {100 * e:.1f}%" for i, e in dkp["prediction_error_per_layer"].items())
@@ -798,7 +848,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fanout", type=lambda s: [int(k) for k in s.split(",")], default=[15, 10, 5])
     parser.add_argument("--batch-size", type=int, default=1024)
     parser.add_argument("--model", choices=("sage", "gat"), default="sage",
-                        help="the epochs' model (gat: 8 heads of hidden/8 channels); PyG comparisons are SAGE's")
+                        help="the epochs' model (gat: 8 heads of hidden/8 channels); of the PyG comparisons gat runs PyG's "
+                             "idiom only")
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--dropout", type=float, default=0.5)
     parser.add_argument("--epochs", type=int, default=1, help="timed epochs per feature placement (default 1)")

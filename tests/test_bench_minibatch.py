@@ -32,8 +32,9 @@ def test_bench_minibatch_times_both_models_and_every_policy_on_the_same_batches(
         assert compute[name]["steps"] == 2 and compute[name]["wall_s"] > 0 and compute[name]["device_s"] is None
     assert compute["host_syncs_per_step"]["gnnfuse"] == {}
     idiom = results["pyg_idiom"]         # PyG's idiom: on the batch's graph, on one made in the step, PyG's
-    assert idiom["batches"] == 2 and all(idiom[name]["steps"] == 2 for name in bench.IDIOM_MODELS)
+    assert idiom["batches"] == 2 and all(idiom[name]["steps"] == 2 for name in bench.idiom_labels("sage"))
     assert idiom["host_syncs_per_step"]["gnnfuse"] == idiom["host_syncs_per_step"]["gnnfuse_trimmed"] == {}
+    assert idiom["max_rel_err"] < 1e-5
     assert idiom["host_syncs_per_step"]["gnnfuse_made_in_step"], "the graph made in the step read nothing back"
     dkp = results["dkp"]
     assert set(dkp["steps"]) == {"aggregate-first", "combine-first", "dkp"}
@@ -73,3 +74,21 @@ def test_bench_minibatch_times_gat_epochs_and_skips_the_sage_comparisons(tmp_pat
     (cells,) = results["gnnfuse"].values()
     assert cells[0]["batches"] == 2
     assert "(sampled, GAT, 8 heads)" in path.with_suffix(".md").read_text()
+
+
+def test_bench_minibatch_runs_pyg_idiom_for_gat_against_pygs_gat(tmp_path, import_script):
+    """``--model gat``: PyG's idiom with gnnfuse.nn.GAT against PyG's GAT from the same
+    weights (their forwards agree), every model stepped on the same batches, and
+    gnnfuse's steps on the batch's graphs reading nothing back."""
+    bench = import_script(BENCHMARKS, "bench_minibatch")
+    path = tmp_path / "minibatch_gat.json"
+    bench.main(["--device", "cpu", "--dataset", "synthetic", "--hidden", "16", "--fanout", "3,2", "--batch-size", "16",
+                "--train-nodes", "64", "--warmup", "1", "--max-batches", "2", "--dkp-calibration", "0", "--model", "gat",
+                "--no-pyg-loader", "--no-loader-thread", "--workers", "0", "--json", str(path)])
+    results = json.loads(path.read_text())
+    assert "compute_only" not in results and results["config"]["model"] == "gat"
+    idiom = results["pyg_idiom"]
+    assert idiom["batches"] == 2 and all(idiom[name]["steps"] == 2 for name in bench.idiom_labels("gat"))
+    assert idiom["max_rel_err"] < 1e-5
+    assert idiom["host_syncs_per_step"]["gnnfuse"] == idiom["host_syncs_per_step"]["gnnfuse_trimmed"] == {}
+    assert "PyG GATConv" in path.with_suffix(".md").read_text()
