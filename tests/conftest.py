@@ -57,10 +57,10 @@ def pytest_runtest_protocol(item):
 @pytest.fixture(autouse=True)
 def _loader_blocks_as_at_start():
     """A layer that asks for a loader block's self-looped graph makes the loader build
-    it for every later block of the process (`nn.conv.looped_blocks_wanted`); each test
+    it for every later block at that position (`nn.conv.looped_blocks_wanted`); each test
     starts as a fresh process would."""
     from gnnfuse.nn import conv
-    conv._LOOPED_BLOCKS["wanted"] = False
+    conv._LOOPED_POSITIONS.clear()
     yield
 
 

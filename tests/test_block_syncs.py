@@ -91,6 +91,51 @@ def test_gat_on_loader_blocks_makes_no_host_sync_once_the_loader_knows_it_wants_
     assert torch.allclose(model(batch.x, batch.blocks), model(batch.x, bare), atol=1e-6)
 
 
+def test_gat_on_worker_processes_blocks_makes_no_host_sync_from_the_epoch_after_the_first_step(backend, device,
+                                                                                               monkeypatch):
+    """A worker's copy of the loader sees no step: which positions' self-looped graphs
+    the training process's layers asked for reaches the workers with the next epoch's
+    jobs (`BatchMaker.learnt`). Before, worker batches never came with them, and every
+    GAT step built them, reading counts back."""
+    graph, model = _graph_and_model(device, "gat")
+    loader = NeighborLoader(graph, [4, 3], batch_size=6, shuffle=True, x=torch.randn(50, 8, device=device),
+                            y=torch.randint(0, 3, (50,), device=device), num_workers=1)
+    try:
+        for batch in loader:        # traces, compiles, asks for loops; the workers' blocks come without them
+            F.cross_entropy(model(batch.x, batch.blocks), batch.y).backward()
+        later = [batch for _, batch in zip(range(2), loader)]
+    finally:
+        loader.close()
+    counter = _counted_steps(model, later, backend, monkeypatch)
+    assert counter.ops, "the counter saw no op at all"
+    assert not counter.syncs, f"host syncs in the step: {dict(counter.syncs)}"
+
+
+def test_gat_on_pyg_edge_index_has_the_loader_loop_the_batchs_view_not_its_blocks():
+    """A GAT over PyG's ``batch.edge_index`` asks for the self-looped graph of the
+    batch's PyG view: later batches come with the view's built ahead (no sync in the
+    step), and their blocks, which such a step never reads, without theirs."""
+    pytest.importorskip("torch_geometric")
+    from gnnfuse.nn import GAT
+    graph, _ = _graph_and_model("cpu")
+    loader = NeighborLoader(graph, [4, 3], batch_size=6, shuffle=True, x=torch.randn(50, 8),
+                            y=torch.randint(0, 3, (50,)), prefetch=0)
+    torch.manual_seed(0)
+    model = GAT(8, 8, 2, 3, heads=2)
+
+    def step(batch):
+        F.cross_entropy(model(batch.x, batch.edge_index)[:batch.batch_size], batch.y).backward()
+    batches = iter(loader)
+    for _ in range(2):          # shows the loader the idiom, then asks for the view's loops
+        step(next(batches))
+    batch = next(batches)
+    assert all("nn_self_looped" not in block.graph._cache for block in batch.blocks)
+    assert "nn_self_looped" in batch.pyg_view.graph._cache
+    with HostSyncCounter() as counter:
+        step(batch)
+    assert counter.ops and not counter.syncs, dict(counter.syncs)
+
+
 def test_the_counter_sees_the_syncs_of_a_block_without_prepared_layouts(backend, device, monkeypatch):
     """The same step on the same edges, as a graph built by hand: its layouts are built
     in the step, and the counter must see that (or the test above could not fail)."""

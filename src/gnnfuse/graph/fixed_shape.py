@@ -25,6 +25,7 @@ from .graph import CSR, Graph, scatter_counts
 
 PADDED = "padded_to_capacity"     # graph cache key: the graph is padded (see module doc)
 LOADER_BLOCK = "loader_block"     # graph cache key: a block a loader built, its layouts prepared ahead
+LOADER_POSITION = "loader_block_position"     # graph cache key: where in its batch (`mark_loader_block`)
 
 
 def mark_padded(graph: Graph) -> Graph:
@@ -65,16 +66,25 @@ def per_step(graph: Graph, key: str, build: Callable[[Graph], object]) -> object
     return graph._cache[key]
 
 
-def mark_loader_block(graph: Graph) -> Graph:
+def mark_loader_block(graph: Graph, position: int | None = None) -> Graph:
     """Mark ``graph`` as a block a loader built, whose layouts the loader prepares in
-    its own thread (`loader.layouts`): a layer deriving another graph from it tells the
-    loader so (`nn.conv.self_looped`), and later blocks come with that graph too."""
+    its own thread (`loader.layouts`), at ``position`` in its batch if given (the loader's
+    numbering: a block's index, input layer first, or its PyG view's): a layer deriving
+    another graph from it tells the loader so (`nn.conv.self_looped`), and later blocks
+    at that position come with that graph too."""
     graph._cache[LOADER_BLOCK] = True
+    if position is not None:
+        graph._cache[LOADER_POSITION] = position
     return graph
 
 
 def is_loader_block(graph: Graph) -> bool:
     return bool(graph._cache.get(LOADER_BLOCK, False))
+
+
+def loader_position(graph: Graph) -> int | None:
+    """The position in its batch `mark_loader_block` gave ``graph``, if any."""
+    return graph._cache.get(LOADER_POSITION)
 
 
 def prefill(graph: Graph, **layouts: object) -> None:

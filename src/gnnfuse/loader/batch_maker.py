@@ -22,7 +22,7 @@ from typing import Any, Sequence
 import torch
 
 from ..graph.fixed_shape import mark_padded
-from ..nn.conv import known_transform_first_rows, transform_first_rows
+from ..nn.conv import known_transform_first_rows, looped_positions, transform_first_rows, want_looped
 from . import batch_move, pyg_batch
 from .block import Block, block_graph
 from .data_attributes import DataAttributes
@@ -34,8 +34,6 @@ from .static_shapes import IGNORE_LABEL, Capacities, batch_sizes, pad_block, pad
 from .zero_copy import register_host_memory, zero_copy_rows
 
 _GOLDEN = 0x9E3779B97F4A7C15      # Weyl increment: far-apart seeds for consecutive batches
-# `SourceSideDemand`'s position for the batch's PyG view (the blocks' are 0, 1, ...)
-PYG_VIEW_POSITION = -1
 
 
 def batch_generator(device: torch.device, epoch_seed: int, index: int) -> torch.Generator:
@@ -230,14 +228,18 @@ class BatchMaker:
     def num_nodes(self) -> int:
         return self.rowptr.numel() - 1
 
-    def learnt(self) -> tuple[bool, bool]:
+    def learnt(self) -> tuple[bool, bool, frozenset[int]]:
         """What this maker has learnt of the training steps that worker processes' copies
-        of it cannot see (`loader.workers`): whether steps read PyG's view, and trimmed it."""
-        return self.pyg_view.wanted, self.pyg_view.trimmed
+        of it cannot see (`loader.workers`): whether steps read PyG's view, and trimmed it,
+        and at which positions layers asked for a block's self-looped graph
+        (`nn.conv.looped_positions`: a worker's blocks came without it, and each GAT step
+        built it, reading counts back from the device)."""
+        return self.pyg_view.wanted, self.pyg_view.trimmed, looped_positions()
 
-    def learn(self, learnt: tuple[bool, bool]) -> None:
+    def learn(self, learnt: tuple[bool, bool, frozenset[int]]) -> None:
         """Take what the training process's maker has `learnt` (in a worker process)."""
-        self.pyg_view.wanted, self.pyg_view.trimmed = learnt
+        self.pyg_view.wanted, self.pyg_view.trimmed, looped = learnt
+        want_looped(looped)
 
     def pin_shared_tables(self) -> None:
         """In a worker process: page-lock the host tables shared with it (`zero_copy`
@@ -286,7 +288,7 @@ class BatchMaker:
             blocks = []
             for position, (hop, bound, tables) in enumerate(zip(hops, bounds, edges)):
                 graph = block_graph(hop.rowptr, hop.local_src, hop.dst, hop.nodes.numel(), sampled=True,
-                                    out_degrees=hop.out_degrees)
+                                    out_degrees=hop.out_degrees, position=position)
                 if caps is not None:
                     mark_padded(graph)       # layers derive fixed-shape graphs from it (graph.fixed_shape)
                 if deferred:       # the rows a combine-first layer reads: what only the sampler knows
@@ -295,14 +297,15 @@ class BatchMaker:
                 else:
                     layouts = prepare_layouts(graph, bound, hop.unread_dst, hop.max_out_degree,
                                               whole_rows=caps is not None,
-                                              source_side_read=self.source_side.recipe_callback(position))
+                                              source_side_read=self.source_side.recipe_callback(position),
+                                              position=position)
                 blocks.append(Block(graph, hop.nodes, layouts, *tables))
             view = None
             if hop_edges is not None and self.pyg_view.wanted:
                 # a vertex's in-edges are one hop's sample; its out-edges, at most each block's most
                 view = pyg_batch.view_ahead(blocks, hop_edges, None if None in bounds else max(bounds, default=0),
                                             sum(hop.max_out_degree for hop in hops),
-                                            self.source_side.recipe_callback(PYG_VIEW_POSITION),
+                                            self.source_side.recipe_callback(pyg_batch.PYG_VIEW_POSITION),
                                             self.pyg_view.trimmed)
         return MiniBatch(blocks, x, y, n_id, input_id, padded=caps is not None, deferred=deferred, hop_edges=hop_edges,
                          pyg_view=view, pyg_demand=None if hop_edges is None else self.pyg_view)

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..graph import CSR, Graph
-from ..graph.fixed_shape import is_loader_block, is_padded, mark_loader_block, mark_padded, prefill
+from ..graph.fixed_shape import is_loader_block, is_padded, loader_position, mark_loader_block, mark_padded, prefill
 from .block import Block
 from .layouts import prepare_layouts
 
@@ -94,7 +94,7 @@ def _moved_graph(graph: Graph, device: torch.device, non_blocking: bool, copy: b
     prefill(out, csr=CSR(*(moved(t) for t in graph.csr())), in_degrees=moved(graph.in_degrees()),
             out_degrees=moved(graph.out_degrees()))
     if is_loader_block(graph):
-        mark_loader_block(out)
+        mark_loader_block(out, loader_position(graph))
     if is_padded(graph):
         mark_padded(out)
     return out, prepare_layouts(out, whole_rows=True) if padded else ()

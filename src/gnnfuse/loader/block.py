@@ -61,7 +61,7 @@ class Block:
 
 def block_graph(rowptr: torch.Tensor, local_src: torch.Tensor, local_dst: torch.Tensor, num_src: int, *,
                 sampled: bool = False, out_degrees: torch.Tensor | None = None,
-                one_vertex_set: bool = False) -> Graph:
+                one_vertex_set: bool = False, position: int | None = None) -> Graph:
     """The bipartite graph of a block whose edges come grouped by destination
     (``rowptr``, ``local_src``; ``local_dst`` is each edge's destination), with its CSR
     and both degree vectors already in the graph's cache. ``sampled``: the ids are the
@@ -70,7 +70,8 @@ def block_graph(rowptr: torch.Tensor, local_src: torch.Tensor, local_dst: torch.
     sources' int64 out-degrees when the caller has counted them already.
     ``one_vertex_set``: the sources are the destinations (``num_src`` of them, as many
     as ``rowptr`` has rows), so the graph is not bipartite: PyG's subgraph of a batch
-    (`loader.pyg_batch.subgraph_graph`).
+    (`loader.pyg_batch.subgraph_graph`). ``position``: where in its batch the loader
+    placed it (`graph.fixed_shape.mark_loader_block`).
 
     Why here: built lazily they would run in the training step, once per block, and
     `Graph` builds them with a sort and ``bincount``, which on a GPU reads its input's
@@ -96,4 +97,4 @@ def block_graph(rowptr: torch.Tensor, local_src: torch.Tensor, local_dst: torch.
             0, local_src, torch.ones(local_src.numel(), dtype=torch.int64, device=device))
     prefill(graph, csr=CSR(rowptr.to(dtype), local_src.to(dtype), edges), in_degrees=rowptr.diff(),
              out_degrees=out_degrees)
-    return mark_loader_block(graph)
+    return mark_loader_block(graph, position)

@@ -24,8 +24,9 @@ position come with it. A first layer whose input needs no gradient (SAGE aggrega
 the input features first) never walks its block by source, and that block is the
 batch's largest: on products-sized fanouts (15, 10, 5), 568K of 708K edges. A padded
 batch (fixed shapes) gets everything built here. Once a layer has asked for a block's
-self-looped graph (`nn.conv.looped_blocks_wanted`), each block also comes with that
-graph and its layouts.
+self-looped graph (`nn.conv.looped_blocks_wanted`), each block at that position in its
+batch also comes with that graph and its layouts: a GAT on the blocks asks at every
+position, one on PyG's ``batch.edge_index`` at its view's only.
 """
 from __future__ import annotations
 
@@ -44,7 +45,8 @@ from ..runtime.compiled import backend_name
 
 def prepare_layouts(graph: Graph, max_in_degree: int | None = None, unread: torch.Tensor | None = None,
                     max_out_degree: int | None = None, whole_rows: bool = False,
-                    source_side_read: Callable[[], None] | None = None) -> tuple[torch.Tensor, ...]:
+                    source_side_read: Callable[[], None] | None = None,
+                    position: int | None = None) -> tuple[torch.Tensor, ...]:
     """Build the per-graph layouts the step will read on ``graph`` (see the module
     doc); returns the tensors built, which the consumer's stream must keep alive.
     ``max_in_degree`` and ``max_out_degree`` bound the destinations' sampled in-edges
@@ -54,11 +56,13 @@ def prepare_layouts(graph: Graph, max_in_degree: int | None = None, unread: torc
     spares the rows a combine-first layer reads theirs. ``whole_rows`` keeps the Triton
     segments one per row (a padded batch's fixed shapes: `triton.schedule.segments`).
     ``source_side_read``, if given, leaves the source side as recipes (see the module
-    doc) and is called when the step builds them."""
+    doc) and is called when the step builds them. ``position``: the graph's place in its
+    batch, where a layer may have asked for the self-looped graph (`looped_blocks_wanted`)."""
     if unread is not None:
         known_transform_first_rows(graph, unread)
     built: list[Any] = [transform_first_rows(graph, 1)]
-    if looped_blocks_wanted() and not whole_rows:     # a padded block's layers derive a fixed-shape one
+    # a padded block's layers derive a fixed-shape looped graph
+    if position is not None and looped_blocks_wanted(position) and not whole_rows:
         built += _looped_layouts(graph, max_in_degree, max_out_degree)
     return tuple(tensors_in(built + _backend_layouts(graph, max_in_degree, max_out_degree, whole_rows,
                                                      source_side_read)))
@@ -97,7 +101,7 @@ def _backend_layouts(graph: Graph, max_in_degree: int | None, max_out_degree: in
 
 class SourceSideDemand:
     """Which of a batch's blocks (by position in its list, the input layer's first; the
-    batch's PyG view at `batch_maker.PYG_VIEW_POSITION`) the step walks by source,
+    batch's PyG view at `pyg_batch.PYG_VIEW_POSITION`) the step walks by source,
     learnt from the recipes it consumed: a block's source side is left as a recipe until
     a step builds one at its position, and from then on built ahead. In a worker process
     the recipes are built when the batch is pickled for the consumer

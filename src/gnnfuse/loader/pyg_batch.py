@@ -38,6 +38,10 @@ from ..graph.index_cache import remember, remember_prefixes
 from .block import Block, block_graph
 from .layouts import prepare_layouts
 
+# the batch's PyG view's position among its graphs (the blocks' are 0, 1, ..., input layer
+# first), as the loader learns what steps read of each (`SourceSideDemand`,
+# `nn.conv.looped_blocks_wanted`); its graph and every trimmed prefix's share it
+PYG_VIEW_POSITION = -1
 
 def refuse_padded(name: str) -> None:
     """Refuse PyG's view of a padded batch (``static_shapes``), naming the attribute."""
@@ -96,7 +100,7 @@ def subgraph_graph(blocks: Sequence[Block], edge_index: torch.Tensor) -> Graph:
     # kept every batch's tensors alive until evicted (the alias shares its memory and its
     # version counter, so an edit of ``edge_index`` still shows in the graph's seal)
     src, dst = edge_index.detach().unbind(0)
-    return block_graph(rowptr, src, dst, num_nodes, sampled=True, one_vertex_set=True)
+    return block_graph(rowptr, src, dst, num_nodes, sampled=True, one_vertex_set=True, position=PYG_VIEW_POSITION)
 
 
 def prefix_graph(graph: Graph, edges: int, num_nodes: int) -> Graph:
@@ -106,7 +110,8 @@ def prefix_graph(graph: Graph, edges: int, num_nodes: int) -> Graph:
     into the vertices the kept hops expanded (module doc), so its rows are ``graph``'s
     first ones, each cut at ``edges``."""
     rowptr = graph.csr()[0][:num_nodes + 1].long().clamp(max=edges)
-    return block_graph(rowptr, graph.src[:edges], graph.dst[:edges], num_nodes, sampled=True, one_vertex_set=True)
+    return block_graph(rowptr, graph.src[:edges], graph.dst[:edges], num_nodes, sampled=True, one_vertex_set=True,
+                       position=PYG_VIEW_POSITION)
 
 
 def trimmed_sizes(hop_edges: Sequence[int], hop_nodes: Sequence[int]) -> list[tuple[int, int]]:
@@ -175,12 +180,13 @@ def view_ahead(blocks: Sequence[Block], hop_edges: Sequence[int], max_in_degree:
     largest out-degree."""
     edge_index = subgraph_edge_index(blocks, hop_edges)
     graph = subgraph_graph(blocks, edge_index)
-    layouts = prepare_layouts(graph, max_in_degree, None, max_out_degree, source_side_read=source_side_read)
+    layouts = prepare_layouts(graph, max_in_degree, None, max_out_degree, source_side_read=source_side_read,
+                              position=PYG_VIEW_POSITION)
     prefixes = {}
     if trimmed:
         for edges, nodes in trimmed_sizes(hop_edges, num_sampled_nodes(blocks)):
             prefix = prefixes[(edges, nodes)] = prefix_graph(graph, edges, nodes)
-            layouts += prepare_layouts(prefix, max_in_degree, None, max_out_degree)
+            layouts += prepare_layouts(prefix, max_in_degree, None, max_out_degree, position=PYG_VIEW_POSITION)
     return PygView(edge_index, graph, layouts, prefixes)
 
 

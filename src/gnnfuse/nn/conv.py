@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -20,7 +20,7 @@ from torch import nn
 from .. import frontend
 from ..graph import Graph
 from ..graph.convert import check_bipartite_adj_t, coalesced, declared_size
-from ..graph.fixed_shape import is_loader_block, is_padded, per_step
+from ..graph.fixed_shape import is_loader_block, is_padded, loader_position, per_step
 from ..runtime.compile_op import GRAPH_STEPS, GraphRef
 from ..runtime.compiled import backend_name, on_first_pass
 from ..runtime.autocast import autocast_dtype
@@ -100,15 +100,18 @@ def attention_adjacency(edge_index: Any, edge_attr: torch.Tensor | None, layer: 
     return merged
 
 
-_LOOPED_BLOCKS = {"wanted": False}    # set once a layer asked for a loader block's self-looped graph
+# the batch positions (`graph.fixed_shape.loader_position`) of the loader blocks whose
+# self-looped graph a layer of this process has asked for
+_LOOPED_POSITIONS: set[int] = set()
 
 
 def _looped(graph: Graph | GraphRef) -> Graph | GraphRef:
     """The graph with exactly one self loop per vertex, as PyG's ``add_self_loops`` does."""
     if isinstance(graph, GraphRef):
         return graph.derived("looped")
-    if is_loader_block(graph):
-        _LOOPED_BLOCKS["wanted"] = True
+    position = loader_position(graph) if is_loader_block(graph) else None
+    if position is not None:
+        _LOOPED_POSITIONS.add(position)
     return self_looped(graph)
 
 
@@ -117,13 +120,27 @@ def self_looped(graph: Graph) -> Graph:
     counts back from the device (the loops to drop, the new graph's rows), so a layer
     asking for it on a loader's block would sync in the training step once per layer and
     batch; the first such request makes the loader build it, and its layouts, for the
-    blocks that follow (`looped_blocks_wanted`, `loader.layouts`)."""
+    blocks at the same position in the batches that follow (`looped_blocks_wanted`,
+    `loader.layouts`): a GAT over PyG's ``batch.edge_index`` asks for the batch's
+    PyG view's, never for its blocks'."""
     return graph.cached("nn_self_looped", GRAPH_STEPS["looped"])
 
 
-def looped_blocks_wanted() -> bool:
-    """Whether a layer of this process has asked for a loader block's self-looped graph."""
-    return _LOOPED_BLOCKS["wanted"]
+def looped_blocks_wanted(position: int) -> bool:
+    """Whether a layer of this process has asked for the self-looped graph of a loader
+    block at ``position`` in its batch."""
+    return position in _LOOPED_POSITIONS
+
+
+def looped_positions() -> frozenset[int]:
+    """Every position `looped_blocks_wanted` answers yes for: what a loader's worker
+    processes, which never see a step, are told (`want_looped`)."""
+    return frozenset(_LOOPED_POSITIONS)
+
+
+def want_looped(positions: Iterable[int]) -> None:
+    """Mark ``positions`` as asked for (a worker process, told by the training process)."""
+    _LOOPED_POSITIONS.update(positions)
 
 
 def _with_loops(graph: Graph, add_self_loops: bool, vertex_data_only: bool = False) -> Graph:
