@@ -430,3 +430,27 @@ def test_worker_processes_give_the_batches_prepared_when_asked():
     _same_batches(plain[2], second)
     # the interrupted batch is not counted: a batch counts once the next one is asked for
     assert loader.stage_times.batches == 14 and loader.stage_times.totals()["sample"] > 0
+
+
+def test_worker_processes_learn_which_blocks_gat_loops():
+    """A GAT step on a link batch's blocks asks for their self-looped graphs; worker
+    processes learn it with the next epoch's jobs (`LinkBatchMaker.learnt`), and that
+    epoch's blocks come with the looped graphs built (before, they never did, and every
+    step built them, reading counts back from the device)."""
+    import torch.nn.functional as F
+
+    from gnnfuse.nn.block_models import build_block_model
+    from test_loader_batch_attributes import attributed_data
+    data = attributed_data(40, 200)
+    loader = LinkNeighborLoader(data, [3, 2], batch_size=32, shuffle=True, num_workers=1)
+    model = build_block_model("gat", data.x.shape[1], 4, 4, 0.0, 2).to(data.x.dtype)
+    try:
+        for batch in loader:
+            nodes = batch.nodes
+            out = model(nodes.x, nodes.blocks)
+            F.mse_loss((out[batch.edge_label_index[0]] * out[batch.edge_label_index[1]]).sum(-1),
+                       out.new_ones(batch.edge_label_index.shape[1])).backward()
+        later = next(iter(loader))
+    finally:
+        loader.close()
+    assert all("nn_self_looped" in block.graph._cache for block in later.nodes.blocks)

@@ -49,6 +49,15 @@ class LinkBatchMaker:
         """In a worker process: the node maker's (`BatchMaker.pin_shared_tables`)."""
         self.nodes.pin_shared_tables()
 
+    def learnt(self) -> tuple[bool, bool, frozenset[int]]:
+        """The node maker's (`BatchMaker.learnt`): what worker processes are told of the
+        training steps (without it, their blocks never came with GAT's self loops)."""
+        return self.nodes.learnt()
+
+    def learn(self, learnt: tuple[bool, bool, frozenset[int]]) -> None:
+        """In a worker process: the node maker's (`BatchMaker.learn`)."""
+        self.nodes.learn(learnt)
+
     def prepare(self, input_id: torch.Tensor, generator: torch.Generator, times: StageTimes) -> LinkMiniBatch:
         """The batch of the label edges at positions ``input_id``: negatives drawn (timed
         as ``sample``), then the endpoints' neighbourhoods sampled, from ``generator``."""
