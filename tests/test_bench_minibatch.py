@@ -83,8 +83,8 @@ def test_bench_minibatch_runs_pyg_idiom_for_gat_against_pygs_gat(tmp_path, impor
     bench = import_script(BENCHMARKS, "bench_minibatch")
     path = tmp_path / "minibatch_gat.json"
     bench.main(["--device", "cpu", "--dataset", "synthetic", "--hidden", "16", "--fanout", "3,2", "--batch-size", "16",
-                "--train-nodes", "64", "--warmup", "1", "--max-batches", "2", "--dkp-calibration", "0", "--model", "gat",
-                "--no-pyg-loader", "--no-loader-thread", "--workers", "0", "--json", str(path)])
+                "--train-nodes", "64", "--warmup", "1", "--max-batches", "2", "--dkp-calibration", "0",
+                "--model", "gat", "--no-pyg-loader", "--no-loader-thread", "--workers", "0", "--json", str(path)])
     results = json.loads(path.read_text())
     assert "compute_only" not in results and results["config"]["model"] == "gat"
     idiom = results["pyg_idiom"]
