@@ -43,6 +43,7 @@ from .layouts import prepare_layouts
 # `nn.conv.looped_blocks_wanted`); its graph and every trimmed prefix's share it
 PYG_VIEW_POSITION = -1
 
+
 def refuse_padded(name: str) -> None:
     """Refuse PyG's view of a padded batch (``static_shapes``), naming the attribute."""
     raise ValueError(

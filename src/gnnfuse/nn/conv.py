@@ -20,7 +20,7 @@ from torch import nn
 from .. import frontend
 from ..graph import Graph
 from ..graph.convert import check_bipartite_adj_t, coalesced, declared_size
-from ..graph.fixed_shape import is_loader_block, is_padded, loader_position, per_step
+from ..graph.fixed_shape import is_padded, loader_position, per_step
 from ..runtime.compile_op import GRAPH_STEPS, GraphRef
 from ..runtime.compiled import backend_name, on_first_pass
 from ..runtime.autocast import autocast_dtype
@@ -109,7 +109,7 @@ def _looped(graph: Graph | GraphRef) -> Graph | GraphRef:
     """The graph with exactly one self loop per vertex, as PyG's ``add_self_loops`` does."""
     if isinstance(graph, GraphRef):
         return graph.derived("looped")
-    position = loader_position(graph) if is_loader_block(graph) else None
+    position = loader_position(graph)       # a loader block's (None for any other graph)
     if position is not None:
         _LOOPED_POSITIONS.add(position)
     return self_looped(graph)
