@@ -297,8 +297,7 @@ class BatchMaker:
                 else:
                     layouts = prepare_layouts(graph, bound, hop.unread_dst, hop.max_out_degree,
                                               whole_rows=caps is not None,
-                                              source_side_read=self.source_side.recipe_callback(position),
-                                              position=position)
+                                              source_side_read=self.source_side.recipe_callback(position))
                 blocks.append(Block(graph, hop.nodes, layouts, *tables))
             view = None
             if hop_edges is not None and self.pyg_view.wanted:

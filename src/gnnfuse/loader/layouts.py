@@ -38,15 +38,14 @@ import torch
 from ..backend import tuned_schedule
 from ..backend.reference import GraphContext
 from ..graph import Graph
-from ..graph.fixed_shape import build_reverse_csr, defer_reverse_csr
+from ..graph.fixed_shape import build_reverse_csr, defer_reverse_csr, loader_position
 from ..nn.conv import known_transform_first_rows, looped_blocks_wanted, self_looped, transform_first_rows
 from ..runtime.compiled import backend_name
 
 
 def prepare_layouts(graph: Graph, max_in_degree: int | None = None, unread: torch.Tensor | None = None,
                     max_out_degree: int | None = None, whole_rows: bool = False,
-                    source_side_read: Callable[[], None] | None = None,
-                    position: int | None = None) -> tuple[torch.Tensor, ...]:
+                    source_side_read: Callable[[], None] | None = None) -> tuple[torch.Tensor, ...]:
     """Build the per-graph layouts the step will read on ``graph`` (see the module
     doc); returns the tensors built, which the consumer's stream must keep alive.
     ``max_in_degree`` and ``max_out_degree`` bound the destinations' sampled in-edges
@@ -56,11 +55,13 @@ def prepare_layouts(graph: Graph, max_in_degree: int | None = None, unread: torc
     spares the rows a combine-first layer reads theirs. ``whole_rows`` keeps the Triton
     segments one per row (a padded batch's fixed shapes: `triton.schedule.segments`).
     ``source_side_read``, if given, leaves the source side as recipes (see the module
-    doc) and is called when the step builds them. ``position``: the graph's place in its
-    batch, where a layer may have asked for the self-looped graph (`looped_blocks_wanted`)."""
+    doc) and is called when the step builds them. The self-looped graph is built where a
+    layer has asked for it at the graph's place in its batch (`loader_position`,
+    `looped_blocks_wanted`)."""
     if unread is not None:
         known_transform_first_rows(graph, unread)
     built: list[Any] = [transform_first_rows(graph, 1)]
+    position = loader_position(graph)
     # a padded block's layers derive a fixed-shape looped graph
     if position is not None and looped_blocks_wanted(position) and not whole_rows:
         built += _looped_layouts(graph, max_in_degree, max_out_degree)

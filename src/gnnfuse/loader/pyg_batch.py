@@ -181,13 +181,12 @@ def view_ahead(blocks: Sequence[Block], hop_edges: Sequence[int], max_in_degree:
     largest out-degree."""
     edge_index = subgraph_edge_index(blocks, hop_edges)
     graph = subgraph_graph(blocks, edge_index)
-    layouts = prepare_layouts(graph, max_in_degree, None, max_out_degree, source_side_read=source_side_read,
-                              position=PYG_VIEW_POSITION)
+    layouts = prepare_layouts(graph, max_in_degree, None, max_out_degree, source_side_read=source_side_read)
     prefixes = {}
     if trimmed:
         for edges, nodes in trimmed_sizes(hop_edges, num_sampled_nodes(blocks)):
             prefix = prefixes[(edges, nodes)] = prefix_graph(graph, edges, nodes)
-            layouts += prepare_layouts(prefix, max_in_degree, None, max_out_degree, position=PYG_VIEW_POSITION)
+            layouts += prepare_layouts(prefix, max_in_degree, None, max_out_degree)
     return PygView(edge_index, graph, layouts, prefixes)
 
 
