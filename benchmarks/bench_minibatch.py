@@ -803,7 +803,7 @@ def markdown(results: dict[str, Any]) -> str:
         lines += ["", f"Forward max rel err {compute['max_rel_err']:.1e}."]
     idiom = results.get("pyg_idiom")
     if idiom is not None:
-        layer, net = IDIOM_CLASSES[config.get("model", "sage")]
+        net = IDIOM_CLASSES[config.get("model", "sage")][1]
         lines += ["", f"## PyG's idiom: `model(batch.x, batch.edge_index)` (same {idiom['batches']} batches)", "",
                   "Each model runs every layer on the batch's whole subgraph, as a PyG script does; gnnfuse's "
                   "layers find the graph the loader built ahead for the batch's `edge_index`, or, given a copy "
