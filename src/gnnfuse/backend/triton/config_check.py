@@ -29,6 +29,7 @@ from triton.compiler.errors import CompileTimeAssertionFailure
 from triton.runtime.errors import OutOfResources, PTXASError
 
 from ...environ import getenv
+from . import parallel_compile
 
 VARIABLE = "GNNFUSE_CHECK_CONFIGS"
 
@@ -84,7 +85,9 @@ def check_configs(kernel: Any, grid: Callable[[dict], tuple], args: Sequence[Any
     rtol = max((RTOL.get(args[i].dtype, 1e-3) for i in positions if args[i].dtype.is_floating_point), default=0.0)
     first: tuple[Any, list[torch.Tensor]] | None = None
     inputs_scale = 0.0
-    for config in _candidates(kernel, dict(zip(names, args)), kwargs):
+    configs = _candidates(kernel, dict(zip(names, args)), kwargs)
+    parallel_compile.compile_configs(kernel, configs, tuple(args), {**kwargs, "grid": grid})
+    for config in configs:
         changed: set[int] = set()
         try:
             if config.pre_hook is not None:

@@ -21,7 +21,7 @@ import torch
 from triton.runtime.autotuner import Autotuner
 
 from ..first_use import first_launch
-from . import config_check
+from . import config_check, parallel_compile
 from .direct_launch import BoundLaunch, Replays
 
 _CHOSEN: "weakref.WeakKeyDictionary[Autotuner, dict]" = weakref.WeakKeyDictionary()
@@ -53,6 +53,7 @@ def launch(kernel: Any, grid: Callable[[dict], tuple], sizes: tuple[int, ...], a
         chosen = _CHOSEN[kernel] = {}
     entry = chosen.get(key)
     if entry is None:       # the autotuner compiles and times its configs, or finds them in Triton's caches
+        parallel_compile.install(kernel)
         if config_check.enabled():
             config_check.check_configs(kernel, grid, args, kwargs)
         first_launch(lambda: kernel[grid](*args, **kwargs))
