@@ -427,19 +427,44 @@ CSR_ROWS = (1, 4, 8, 16)
 TILE_VALUES_PER_THREAD = 64
 
 
-def _fit_tiles(block_e: tuple[int, ...], em: _Emitter, warps: int, acc_dtype: str) -> tuple[int, ...]:
+def _fit_tiles(block_e: tuple[int, ...], em: _Emitter, warps: int, acc_dtype: str, lanes: int = 0
+               ) -> tuple[int, ...]:
     """The edge blocks of ``block_e`` at which the row tiles of ``em``'s body (tiled
-    attention scores, `_Emitter.row_sum`) fit `TILE_VALUES_PER_THREAD` 32-bit values per
-    thread (a float64 value is two); at least the smallest. A [256, 128] score tile over
-    128 threads (256 values each) spilled registers and took 20 s of Triton 3.6's compile
-    for one config; the tile is a second [BLOCK_E, 128] live beside the feature block.
-    In float64, [64, 32] tiles over one warp were GATv2 4 x 32's slowest configs (3.5 s
-    each, against 1 s in float32)."""
-    if not em.tile_lanes:
+    attention scores, `_Emitter.row_sum`), or a feature block of ``lanes`` whose every
+    lane recomputes its head's values (`recomputed_lanes`), fit `TILE_VALUES_PER_THREAD`
+    32-bit values per thread (a float64 value is two); at least the smallest. A [256, 128]
+    score tile over 128 threads (256 values each) spilled registers and took 20 s of
+    Triton 3.6's compile for one config; the tile is a second [BLOCK_E, 128] live beside
+    the feature block. In float64, [64, 32] tiles over one warp were GATv2 4 x 32's
+    slowest configs (3.5 s each, against 1 s in float32)."""
+    tile = max(em.tile_lanes, lanes)
+    if not tile:
         return block_e
     words = 2 if acc_dtype == "tl.float64" else 1
-    fitting = tuple(b for b in block_e if b * em.tile_lanes * words <= TILE_VALUES_PER_THREAD * 32 * warps)
+    fitting = tuple(b for b in block_e if b * tile * words <= TILE_VALUES_PER_THREAD * 32 * warps)
     return fitting or (min(block_e),)
+
+
+# The widest feature block (BLOCK_F) of a CSR walk's launch (`executor.feature_block`)
+CSR_WIDEST_BLOCK = 128
+
+
+def recomputed_lanes(unit: AggregateUnit) -> int:
+    """The feature block of ``unit``'s CSR walk if each of its lanes recomputes per-head
+    values (attention scores and weights, [H] or [H, 1]) for its own head, else 0: a
+    multi-head output [H, D] whose D cannot hold a block within one head (`head_block`:
+    D not a power of two, as PyG's GAT's last layer, 8 heads x 47 classes averaged) is
+    walked in blocks of the whole row, and every lane gathers and evaluates its head's
+    terms. With 64-edge chunks over one warp, such a [64, 128] block held 256 values a
+    thread: Triton 3.6 took 11-16 s to compile each of those four configs on an H200 (the
+    PTX was eight times a 16-edge chunk's), and the autotuner picked 4-edge chunks."""
+    shape = unit.reduce.shape
+    width, last = math.prod(shape), shape[-1] if shape else 1
+    if len(shape) < 2 or width == last or head_block(unit) is not None:
+        return 0
+    if not any(1 < math.prod(v.shape) < width for v in (*unit.leaves, *unit.body)):
+        return 0
+    return min(1 << (width - 1).bit_length(), CSR_WIDEST_BLOCK)
 
 
 # The edge-parallel kernels' edge blocks, at most `EDGE_BLOCK_LIMIT` edges (below). Above
@@ -554,8 +579,8 @@ def generate(unit: AggregateUnit, name: str, acc_dtype: str, tuned: bool = False
 import triton.language as tl
 
 
-{_decorator(tuned, {"BLOCK_E": _fit_tiles(CSR_EDGE_BLOCKS, em, 1, acc_dtype), "ROWS": CSR_ROWS}, "size_class", False,
-            warps=(1,))}
+{_decorator(tuned, {"BLOCK_E": _fit_tiles(CSR_EDGE_BLOCKS, em, 1, acc_dtype, recomputed_lanes(unit)),
+                   "ROWS": CSR_ROWS}, "size_class", False, warps=(1,))}
 def {name}(rowptr, col, eid, seg_row, seg_start, seg_end, {split_params}num_segments, size_class, out, {"work, arrived, " if op in ("sum", "mean") else ""}{leaf_params}BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr, ROWS: tl.constexpr):
     # {unit.describe()}
     # Each program reduces ROWS consecutive segments (feature-adaptive grouping, Seastar

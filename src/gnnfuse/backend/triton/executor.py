@@ -22,10 +22,10 @@ from ..launch_cache import CallSettings, LaunchCache
 from ..row_layout import has_row_stride
 from ..unit_ops import mixed_floats, mixed_floats_message, run_by_ops
 from ..reference.executor import run_plan
-from .codegen import (EDGE_BLOCK_LIMIT, SHARED_REDUCE_BLOCK_E, SHARED_REDUCE_PROGRAMS, TYPE_LOAD, RowSum, generate,
-                      generate_coo, generate_edge, generate_rows, generate_scan, generate_shared_reduce,
-                      generate_sibling_merge, generate_siblings, head_block, one_lane, partial_buffers, plain_sum,
-                      ROWS_WIDEST, row_stride, row_sum_split, shared_dot_rows, shared_dot_tiles)
+from .codegen import (CSR_WIDEST_BLOCK, EDGE_BLOCK_LIMIT, SHARED_REDUCE_BLOCK_E, SHARED_REDUCE_PROGRAMS, TYPE_LOAD,
+                      ROWS_WIDEST, RowSum, generate, generate_coo, generate_edge, generate_rows, generate_scan,
+                      generate_shared_reduce, generate_sibling_merge, generate_siblings, head_block, one_lane,
+                      partial_buffers, plain_sum, row_stride, row_sum_split, shared_dot_rows, shared_dot_tiles)
 from .context import TritonGraphContext
 from .direct_launch import Replays, _capturing, current_stream, uncaptured_stream
 from .launch import bind, launch, signature
@@ -537,7 +537,7 @@ def _plan_siblings(group: SiblingGroup, ctx: GraphContext, leaves: dict[int, tor
         # a walk that finds a maximum is CSR anyway, so a sum taking it online runs there
         # too unless a schedule is forced: one walk beats any schedule of two
         chosen = "csr" if group.shifts and not _forced_schedule_kind() else schedule_for(unit, rows, ctx.num_edges)
-        if chosen not in ("csr", "rows") or feature_block(unit, 128) < triton.next_power_of_2(width):
+        if chosen not in ("csr", "rows") or feature_block(unit, CSR_WIDEST_BLOCK) < triton.next_power_of_2(width):
             return None
     wide = any(t.dtype == torch.float64 for t in leaves.values())
     acc = "tl.float64" if wide else "tl.float32"
@@ -653,7 +653,7 @@ def _plan_schedule(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor
     shape = (rows,) + unit.reduce.shape
     # Every row is covered by a segment, and split rows meet in a workspace whose last
     # segment stores them, so ``out`` needs no zeros first.
-    block_f = feature_block(unit, 128)
+    block_f = feature_block(unit, CSR_WIDEST_BLOCK)
     count = len(segs)
 
     def grid(meta):
