@@ -37,7 +37,8 @@ class _Config:
 class _JitFunction:
     """Compiles per ``BLOCK`` as Triton's JIT function does: under an active
     asynchronous compile mode it submits the compile (with the finalize step that puts
-    the kernel in its cache); otherwise it compiles in place. Records each compile's thread."""
+    the kernel in its cache, and the cleanup step where this Triton's mode takes one);
+    otherwise it compiles in place. Records each compile's thread."""
 
     def __init__(self) -> None:
         self.cache: dict[int, str] = {}
@@ -50,9 +51,10 @@ class _JitFunction:
         if kernel is None:
             mode = _async_compile.active_mode.get()
             if mode is not None:
-                kernel = self.cache[BLOCK] = mode.submit(
-                    ("kernel", BLOCK), lambda: self._compile(BLOCK),
-                    lambda done: self.cache.__setitem__(BLOCK, done), lambda failed: self.cache.pop(BLOCK, None))
+                steps = [lambda: self._compile(BLOCK), lambda done: self.cache.__setitem__(BLOCK, done),
+                         lambda failed: self.cache.pop(BLOCK, None)]    # compile, finalize, cleanup (3.7+)
+                taken = len(inspect.signature(mode.submit).parameters) - 1     # but the key
+                kernel = self.cache[BLOCK] = mode.submit(("kernel", BLOCK), *steps[:taken])
             else:
                 kernel = self.cache[BLOCK] = self._compile(BLOCK)
         if not warmup:
