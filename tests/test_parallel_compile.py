@@ -18,7 +18,6 @@ import time
 
 import pytest
 import torch
-import triton
 
 import gnnfuse
 from gnnfuse import nn as gnn
