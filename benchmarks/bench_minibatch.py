@@ -756,7 +756,13 @@ def markdown(results: dict[str, Any]) -> str:
              f"{','.join(map(str, config['fanout']))}, batch {config['batch_size']}, {config['train_seeds']:,} "
              f"training seeds; {env['device_name']}, torch {env['torch']}, commit "
              f"{(env['git_commit'] or 'unknown')[:12]}{' (dirty)' if env['git_dirty'] else ''}, {env['date']}; "
-             f"hops sampled and reindexed by {config.get('hops', 'vectorized torch ops')} (`loader.hop_kernels`).", "",
+             f"hops sampled and reindexed by {config.get('hops', 'vectorized torch ops')} (`loader.hop_kernels`).", ""]
+    pyg = results.get("pyg") or {}
+    epochs = bool(results["gnnfuse"]) or bool(pyg and "error" not in pyg and "skipped" not in pyg)
+    if not epochs:     # a run of the loader and the comparisons only (no loader thread, no workers)
+        lines.append("No training epochs were timed in this run.")
+    else:
+        lines += [
              "Stage seconds are summed over batches; sample/reindex/lookup/transfer run in the loader's "
              "background thread (or its worker processes, where the features column says so; there transfer is "
              "the training process rebuilding each batch from the shared memory), overlapped with "
@@ -773,7 +779,6 @@ def markdown(results: dict[str, Any]) -> str:
             stages = " | ".join(f"{cell['stages_s'][s]:.2f}" for s in STAGES)
             lines.append(f"| gnnfuse | {place} | {cell['epoch_s']:.2f} | {cell['batches_per_s']:.1f} | "
                          f"{100 * cell['busy_fraction']:.0f}% | {stages} | {cell['step_host_s']:.2f} |")
-    pyg = results.get("pyg") or {}
     if "error" in pyg:
         lines += ["", f"PyG's NeighborLoader epoch failed: {pyg['error']}"]
     elif "skipped" in pyg:
@@ -810,7 +815,9 @@ def markdown(results: dict[str, Any]) -> str:
                   "of it, make the graph in the step (what they did before the loader built it). Trimmed: "
                   f"PyG's `{net}` model with `num_sampled_nodes_per_hop=` (`trim_to_layer`), each layer on "
                   f"the hops it still needs, gnnfuse's (`gnnfuse.nn.{net}`) on the prefix graphs the loader "
-                  "built ahead, or made in the step. Taking turns as above.", ""]
+                  "built ahead, or made in the step. All warmed up on the first batches, then taking turns on "
+                  "each batch (every order in turn), each step from an idle device: host = until the step's "
+                  "Python call returns, device = CUDA events around it, wall = until the device finished it.", ""]
         lines += step_table(idiom, idiom_labels(config.get("model", "sage")))
         if "max_rel_err" in idiom:
             lines += ["", f"Forward on `edge_index` max rel err {idiom['max_rel_err']:.1e}."]
