@@ -113,6 +113,19 @@ def test_one_thread_leaves_compiling_to_the_timed_runs(monkeypatch):
     assert tuner.fn.compiles == [(4, threading.current_thread().name), (8, threading.current_thread().name)]
 
 
+def test_a_triton_without_the_async_mode_compiles_in_the_timed_runs(monkeypatch):
+    """Older Triton releases: nothing is wrapped and nothing compiled ahead, config
+    check included (it calls `compile_configs` directly), and the round still runs."""
+    monkeypatch.setattr(parallel_compile, "AsyncCompileMode", None)
+    monkeypatch.setenv(parallel_compile.VARIABLE, "4")
+    tuner = _Autotuner((4, 8))
+    parallel_compile.install(tuner)
+    parallel_compile.compile_configs(tuner, tuner.configs, ("x",), {"grid": (1,)})
+    assert tuner.fn.compiles == []
+    tuner.tuning_round("x", grid=(1,))
+    assert [name for _, name in tuner.fn.compiles] == [threading.current_thread().name] * 2
+
+
 @pytest.mark.parametrize("value", ["0", "-2", "many", "1.5"])
 def test_a_bad_thread_count_says_what_was_wrong(monkeypatch, value):
     monkeypatch.setenv(parallel_compile.VARIABLE, value)

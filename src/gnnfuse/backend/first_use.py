@@ -5,11 +5,12 @@ kernel on a laptop-class core; a two-layer GAT's forward, backward and evaluatio
 about twenty kernels, a minute on this project's 2-core machine -- and keeps the machine
 code on disk, where later processes load it in milliseconds. The Triton backend's first
 launch of an autotuned kernel per size class compiles and times every config (a GAT's
-first step on an arxiv-sized graph: 29 s on an H200, its configs compiled side by side,
-`triton.parallel_compile`), unless Triton's caches hold them. A first epoch that takes a minute for no visible reason looks like a hang, so the
-first such compile of a process prints one line when stderr is a terminal
-(`gnnfuse.progress`: nothing in logs and pipes), and the training loops add what
-`compiled_since` reports to their epoch lines.
+first step on an arxiv-sized graph: 29 s on an H200, each kernel's configs compiled side
+by side, backend/triton/parallel_compile.py), unless Triton's caches hold them. A first
+epoch that takes a minute for no visible reason looks like a hang, so the first such
+compile of a process prints one line when stderr is a terminal (`gnnfuse.progress`:
+nothing in logs and pipes), and the training loops add what `compiled_since` reports to
+their epoch lines.
 """
 from __future__ import annotations
 

@@ -10,16 +10,17 @@ LLVM, the ``ptxas`` process) and runs in parallel across threads (the project's 
 machine compiled that step's 92 configs in 70 s on two threads against 146 s on one).
 
 `install` wraps one autotuner's per-config benchmark (``Autotuner._bench``): the round's
-first benchmark (of its first config) first compiles every config the round times, concurrently,
-through Triton's own asynchronous compile mode (``triton.runtime._async_compile``), which
-puts each result in the JIT function's cache where the timed runs then find it. Nothing
+first benchmark (of its first config) first compiles every config the round times,
+concurrently, through Triton's own asynchronous compile mode
+(``triton.runtime._async_compile``), which puts each result in the JIT function's cache
+where the timed runs then find it (`config_check` compiles its candidates so too). Nothing
 else changes: the same configs, compiled with the same options, timed the same way, and
 a round that Triton's disk cache answers (``cache_results``) benchmarks nothing and so
 compiles nothing extra. A config that fails to compile (out of resources, a ptxas error)
 is left for the timed run, which fails it as the autotuner always has.
 ``GNNFUSE_COMPILE_THREADS`` caps the threads (default: the CPUs this process may use; 1
 compiles serially, as Triton does). Where Triton lacks the asynchronous mode or the
-benchmark method (before 3.4), configs compile serially as before.
+benchmark method (older releases), configs compile serially as before.
 """
 from __future__ import annotations
 
@@ -78,7 +79,7 @@ def compile_configs(tuner: Any, configs: list, args: tuple, meta: dict[str, Any]
     """Compile ``tuner``'s JIT function under each of ``configs`` for ``args`` and the
     call's keyword arguments ``meta`` (its grid among them), side by side."""
     workers = min(threads(), len(configs))
-    if workers < 2:
+    if AsyncCompileMode is None or workers < 2:
         return
     meta = {**meta, "warmup": True}
     with ThreadPoolExecutor(workers, thread_name_prefix="gnnfuse-compile") as pool, \
