@@ -58,17 +58,13 @@ def child(setup: str, dataset: str, steps: int, device: torch.device) -> None:
             batch = next(batches)
             bm.train_step(model, optimizer, batch.x, batch.edge_index, batch.y, batch.batch_size)
     else:
-        from gnnfuse.bench.models import build_model, load_data
+        from gnnfuse.bench.measure import training_step
+        from gnnfuse.bench.models import LR, build_model, load_data
         data = load_data(dataset, None, device)
         model = build_model("gnnfuse", setup, data.x.shape[1], data.num_classes).to(device)
         graph = data.gnnfuse_graph()
-        optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
-
-        def step() -> None:
-            optimizer.zero_grad()
-            out = model(data.x, graph)
-            F.cross_entropy(out[data.train_idx], data.y[data.train_idx]).backward()
-            optimizer.step()
+        step = training_step(model, lambda: F.cross_entropy(model(data.x, graph)[data.train_idx],
+                                                            data.y[data.train_idx]), device, "off", setup, lr=LR)
     model.train()
     for index in range(steps):
         synchronize(device)
