@@ -246,16 +246,19 @@ def test_cost_rule_counts_the_rows_coo_would_regather_per_edge(monkeypatch):
     assert triton_executor.prefers_coo(6, 1)       # what the reduced width alone would have picked
 
 
-@pytest.mark.parametrize("heads,channels", [(2, 3), (1, 5), (4, 2)])
+@pytest.mark.parametrize("heads,channels", [(2, 3), (1, 5), (4, 2), (8, 64), (3, 47), (8, 40)])
 def test_attention_gradient_row_sums_match_reference(heads, channels, monkeypatch, fresh_compile):
     """GATConv's backward sums ``h_src * grad`` over each head's channels per edge; the
     kernel reduces a padded [edges, heads, next_pow2(channels)] tile with the lanes past
-    ``channels`` masked, and node rows of odd width are read from a padded copy."""
+    ``channels`` masked, and node rows of odd width are read from a padded copy. A tile
+    wider than `EDGE_TILE_LANES` (8 x 64: 512 lanes) is walked in blocks of whole heads,
+    one program each, the last block's heads past ``heads`` unstored (3 x 47: 4 padded
+    heads of 64 lanes in two blocks)."""
     from gnnfuse.backend.triton import codegen
     from gnnfuse.nn import GATConv
     sums = []
-    real = codegen.row_sum_split
-    monkeypatch.setattr(codegen, "row_sum_split", lambda root: sums.append(real(root)) or real(root))
+    real = codegen.row_sum_tile
+    monkeypatch.setattr(codegen, "row_sum_tile", lambda root: sums.append(real(root)) or real(root))
     graph = hub_graph().to(DEVICE)
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(graph.num_nodes, 6, dtype=torch.float64, generator=gen).to(DEVICE)

@@ -161,8 +161,13 @@ class RowSum(NamedTuple):
 
     @property
     def tile(self) -> int:
-        """Elements per edge in the tile (an edge unit's BLOCK_F, in one feature block)."""
+        """Elements per edge in the whole tile, every head's lanes."""
         return self.heads * self.padded
+
+    def block(self, lanes: int) -> int:
+        """Lanes of one program's part of the tile: as many whole heads as ``lanes``
+        holds, at least one (an edge unit's BLOCK_F: `row_sum_tile`)."""
+        return min(self.tile, max(self.padded, lanes))
 
 
 def row_sum_split(root: Value) -> RowSum | None:
@@ -171,6 +176,14 @@ def row_sum_split(root: Value) -> RowSum | None:
     (attention scores ``(h * a).sum(-1)`` per head, a GAT attention gradient) is evaluated
     as one coalesced [edges, kept, summed] tile reduced in registers; unrolled, it loaded
     every term separately at a stride of ``summed`` elements."""
+    split = row_sum_tile(root)
+    return split if split is not None and split.tile <= 128 else None
+
+
+def row_sum_tile(root: Value) -> RowSum | None:
+    """`row_sum_split`'s tile at any width: an edge unit whose root is such a sum walks
+    it in blocks of whole heads (`RowSum.block`), one program each, where a unit body
+    recomputing it holds every head's tile at once and so is held to 128 lanes."""
     if feature_sum_terms(root) is None:
         return None
     in_shape = root.inputs[0].shape
@@ -185,8 +198,7 @@ def row_sum_split(root: Value) -> RowSum | None:
         return None
     kept = math.prod(root.shape)
     summed = math.prod(in_shape) // max(kept, 1)
-    split = RowSum(kept, summed, 1 << max(summed - 1, 0).bit_length())
-    return split if kept > 0 and split.tile <= 128 else None
+    return RowSum(kept, summed, 1 << max(summed - 1, 0).bit_length()) if kept > 0 else None
 
 
 # Heads whose scores a unit body may recompute: the Triton emitter evaluates each kept

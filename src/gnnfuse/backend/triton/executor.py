@@ -23,9 +23,10 @@ from ..row_layout import has_row_stride
 from ..unit_ops import mixed_floats, mixed_floats_message, run_by_ops
 from ..reference.executor import run_plan
 from .codegen import (CSR_WIDEST_BLOCK, EDGE_BLOCK_LIMIT, SHARED_REDUCE_BLOCK_E, SHARED_REDUCE_PROGRAMS, TYPE_LOAD,
-                      ROWS_WIDEST, RowSum, generate, generate_coo, generate_edge, generate_rows, generate_scan,
-                      generate_shared_reduce, generate_sibling_merge, generate_siblings, head_block, one_lane,
-                      partial_buffers, plain_sum, row_stride, row_sum_split, shared_dot_rows, shared_dot_tiles)
+                      ROWS_WIDEST, RowSum, edge_tile_block, generate, generate_coo, generate_edge, generate_rows,
+                      generate_scan, generate_shared_reduce, generate_sibling_merge, generate_siblings, head_block,
+                      one_lane, partial_buffers, plain_sum, row_stride, row_sum_tile, shared_dot_rows,
+                      shared_dot_tiles)
 from .context import TritonGraphContext
 from .direct_launch import Replays, _capturing, current_stream, uncaptured_stream
 from .launch import bind, launch, signature
@@ -166,7 +167,7 @@ def kernel_source(unit: Unit, acc: str, schedule: str) -> tuple[str, str, list[V
 
 class _Kernel(NamedTuple):
     """A unit's loaded kernel, its leaves in argument order with their row layouts (leaf
-    id, row width, row stride), its row tile (an edge unit's `row_sum_split`, which fixes
+    id, row width, row stride), its row tile (an edge unit's `row_sum_tile`, which fixes
     its launch's feature block; None elsewhere), whether it reads edge-rowed leaves
     (only then does a CSR walk need the layout's edge ids, `csr_arguments`) and whether
     it loads each edge's type (it then takes `types_at` last)."""
@@ -184,7 +185,7 @@ def _kernel_for(unit: Unit, acc: str, schedule: str) -> _Kernel:
     key = (acc, schedule, _autotune())   # an autotuned kernel takes no fixed block sizes
     if key not in per_unit:
         name, source, leaf_args = kernel_source(unit, acc, schedule)
-        row_tile = row_sum_split(unit.root) if schedule == "edge" else None
+        row_tile = row_sum_tile(unit.root) if schedule == "edge" else None
         layouts = [(v.id, math.prod(v.shape), row_stride(v)) for v in leaf_args]
         reads_edges = any(leaf_kind(v) == "edge" for v in leaf_args)
         per_unit[key] = _Kernel(_load_kernel(source, name), layouts, row_tile, reads_edges, TYPE_LOAD in source)
@@ -828,7 +829,7 @@ def _plan_edge_unit(unit: EdgeUnit, ctx: GraphContext, kernel, row_tile: RowSum 
                     common: dict[str, Any]) -> _Launch:
     root = unit.root
     return _plan_over_edges(kernel, ctx, (ctx.num_edges,) + root.shape, root.dtype, False, (), leaf_dtypes, common,
-                            row_tile and row_tile.tile)
+                            row_tile and row_tile.tile, row_tile and edge_tile_block(row_tile))
 
 
 def _plan_shared_reduce_unit(unit: SharedReduceUnit, ctx: GraphContext, kernel, acc: str, leaf_dtypes: tuple,
@@ -862,10 +863,11 @@ def _plan_over_edges(kernel, ctx: GraphContext, out_shape: tuple[int, ...], out_
                      after: tuple, leaf_dtypes: tuple, common: dict[str, Any], whole_row: int | None = None,
                      block_f: int | None = None) -> _Launch:
     """An edge-parallel kernel's launch (edge unit or COO reduction) writing ``out``; a
-    kernel that reduces a whole input row in registers (``whole_row`` elements, see
-    `row_sum_split`) gets it as one feature block, a COO reduction its `feature_block`."""
+    kernel that reduces an input row of ``whole_row`` tile lanes in registers (see
+    `row_sum_tile`) gets them in blocks of whole heads (``block_f``), a COO reduction its
+    `feature_block`."""
     width = math.prod(out_shape[1:])
-    block_f = whole_row or block_f or _feature_tile() or min(triton.next_power_of_2(max(width, 1)), 64)
+    block_f = block_f or _feature_tile() or min(triton.next_power_of_2(max(width, 1)), 64)
     width = whole_row or width
     fixed = {} if _autotune() else {"BLOCK_E": fixed_edge_block(block_f)}
     edges = ctx.num_edges
