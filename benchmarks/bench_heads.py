@@ -110,8 +110,8 @@ def markdown(results: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--datasets", type=comma_list(DATASETS + ("reddit2-like", "products-like", "cora", "pubmed", "synthetic")),
-                        default=list(DATASETS))
+    others = ("reddit2-like", "products-like", "cora", "pubmed", "synthetic")
+    parser.add_argument("--datasets", type=comma_list(DATASETS + others), default=list(DATASETS))
     parser.add_argument("--cells", type=comma_list(tuple(CELLS)), default=list(CELLS))
     parser.add_argument("--json", type=Path, default=Path("benchmarks/results/heads.json"))
     add_step_arguments(parser)
