@@ -273,6 +273,92 @@ def test_a_list_of_constants_built_from_the_neighbours_is_rejected():
         assert line_of(fn.fn, text) in str(info.value)
 
 
+def _centre_message(u, v):      # a message helper that, in an ablation, ignores the neighbour
+    return v.h * v.h
+
+
+def _one(u):
+    return 1.0
+
+
+def _helper_sum(v):
+    return sum([_centre_message(u, v) for u in v.innbs])
+
+
+def _helper_max(v):
+    return max([_centre_message(u, v) for u in v.innbs])
+
+
+def _helper_generator(v):
+    return sum(_centre_message(u, v) for u in v.innbs)
+
+
+def _centre_if_neighbour(v):
+    return sum([v.h if u is not None else 0 for u in v.innbs])
+
+
+def _helper_count(v):
+    return v.h * len([_one(u) for u in v.innbs])
+
+
+def _helper_constant_sum(v):
+    return v.h * sum([_one(u) for u in v.innbs])
+
+
+@pytest.mark.parametrize("fn, text, message", [
+    (_helper_sum, "sum([_centre_message(u, v)", "sum\\(\\) of a list built from v.innbs / v.inedges whose item"),
+    (_helper_max, "max([_centre_message(u, v)", "max\\(\\) of a list built from v.innbs"),
+    (_helper_generator, "sum(_centre_message(u, v)", "sum\\(\\) of a list built from v.innbs"),
+    (_centre_if_neighbour, "sum([v.h if u is not None", "sum\\(\\) of a list built from v.innbs"),
+    (_helper_count, "len([_one(u)", "len\\(\\) of a list built from v.innbs"),
+    (_helper_constant_sum, "sum([_one(u)", "sum\\(\\) of a list built from v.innbs"),
+], ids=lambda p: p.__name__ if callable(p) else "")
+def test_a_neighbour_list_whose_items_do_not_depend_on_the_neighbour_is_refused_at_run_time(fn, text, message):
+    """What the syntax check cannot see -- a helper that returns only v's values, a
+    conditional whose branch does not read the neighbour -- gives a one-item list of a
+    per-vertex value: Python's sum of it was f(v) where eager code sums deg(v) * f(v)
+    (vertex 3 of the test graph: 3 f(v)), a max gave f(v) to a vertex without in-edges
+    and len gave 1 for the in-degree. The builtins refuse it while tracing."""
+    assert_refused_at(fn, message, fn, text)
+
+
+def _without_self_loops(v):
+    return sum([u.h for u in v.innbs if u is not v])
+
+
+def _other_sources(v):
+    return sum([e.src.h for e in v.inedges if e.src != e.dst])
+
+
+def _self_only(v):
+    return sum([u.h for u in v.innbs if u == v]) + v.h
+
+
+def _is_self(u, v):
+    return u == v
+
+
+def _self_by_helper(v):
+    return sum([u.h for u in v.innbs if not _is_self(u, v)])
+
+
+@pytest.mark.parametrize("fn, at, text", [
+    (_without_self_loops, _without_self_loops, "if u is not v"),
+    (_other_sources, _other_sources, "if e.src != e.dst"),
+    (_self_only, _self_only, "if u == v"),
+    (_self_by_helper, _is_self, "return u == v"),
+], ids=lambda p: p.__name__ if callable(p) else "")
+def test_comparing_a_neighbour_with_a_vertex_is_refused_at_its_line(fn, at, text):
+    """``u is not v`` (leave out self loops) was answered by Python's object identity at
+    trace time: True for every edge, so every self loop was kept, silently; ``u == v``
+    kept none. ``is`` is refused by the syntax check, ``==``/``!=`` by the proxies, in a
+    helper too. ``u is not None`` stays legal: no neighbour is None, as in eager code."""
+    assert_refused_at(fn, "comparing a neighbour with a vertex", at, text)
+    g, h = graph(), features()
+    check_against(gnnfuse.vertex(lambda v: sum([u.h for u in v.innbs if u is not None]))(g, {"h": h}),
+                  lambda x: torch.zeros_like(x).index_add(0, g.dst, x[g.src]), h)
+
+
 WEIGHTS = [1.0, 2.0, 3.0]
 
 

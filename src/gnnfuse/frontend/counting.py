@@ -315,6 +315,8 @@ def _counting_lines(tree: ast.AST, lists: set[str]) -> list[tuple[int, str]]:
     for node in ast.walk(tree):
         if isinstance(node, ast.For) and _walks_neighbours(node.iter, lists):
             derived, rebound = _per_neighbour_names(node)
+            found += [(n.lineno, _IDENTITY) for stmt in node.body for n in ast.walk(stmt)
+                      if _compares_vertices(n, _names(node.target))]
             found += [(n.lineno, _LOOP) for stmt in node.body for n in ast.walk(stmt)
                       if _accumulates(n, derived, rebound)]
             found += [(n.lineno, _STOPS) for n in _statements(node.body) if isinstance(n, (ast.Break, ast.Return))]
@@ -326,6 +328,8 @@ def _counting_lines(tree: ast.AST, lists: set[str]) -> list[tuple[int, str]]:
             found += [(line, _LAST) for line in _read_after(node, derived, tree)]
         elif _is_comprehension(node) and any(_walks_neighbours(g.iter, lists) for g in node.generators):
             outer = set().union(*(_names(g.target) for g in node.generators))
+            found += [(n.lineno, _IDENTITY) for part in _comprehension_body(node) for n in ast.walk(part)
+                      if _compares_vertices(n, outer)]
             if hasattr(node, "elt") and not _reads(node.elt, outer):      # 1, ONE, -1, v.h: one per neighbour
                 found.append((node.lineno, _CONSTANTS))
             inner = [n for part in _comprehension_body(node) for n in ast.walk(part)
@@ -366,6 +370,23 @@ def _counting_lines(tree: ast.AST, lists: set[str]) -> list[tuple[int, str]]:
             if _built_from_neighbours(test, lists):
                 found.append((test.lineno, _TRUTH))
     return found
+
+
+def _compares_vertices(node: ast.AST, items: set[str]) -> bool:
+    """``u is v``, ``u is not v``, ``e.src == e.dst``: a comparison, by identity or
+    equality, of a loop's neighbour item (``u``, ``e``, ``e.src``, ``e.dst``) with anything
+    but None. The loop runs once, for one symbolic neighbour, so Python answers it for
+    every edge alike (``u is not v`` kept every self loop); ``==`` and ``!=`` the proxies
+    refuse while tracing, wherever written, but ``is`` cannot be intercepted."""
+    if not isinstance(node, ast.Compare) or not any(isinstance(op, (ast.Is, ast.IsNot, ast.Eq, ast.NotEq))
+                                                    for op in node.ops):
+        return False
+    operands = [node.left, *node.comparators]
+    if any(isinstance(o, ast.Constant) and o.value is None for o in operands):
+        return False
+    return any((isinstance(o, ast.Name) and o.id in items) or (
+        isinstance(o, ast.Attribute) and o.attr in ("src", "dst") and isinstance(o.value, ast.Name)
+        and o.value.id in items) for o in operands)
 
 
 def _packs_neighbours(node: ast.AST, lists: set[str], parents: dict[ast.AST, ast.AST]) -> bool:
@@ -750,3 +771,7 @@ _ONE_PASS_CALLS = {
 _CONSTANTS = ("a list of values that do not come from the neighbour (constants, v.h) built from v.innbs / "
               "v.inedges has one element at trace time, so its len() or sum() counts 1; use len(v.innbs), the "
               "per-vertex in-degree")
+_IDENTITY = ("comparing a neighbour with a vertex (u is v, u is not v, e.src == e.dst) is not compiled: the traced "
+             "loop holds one symbolic neighbour, so Python answers by object, the same for every edge; to leave out "
+             "self loops, remove them from the graph (torch_geometric.utils.remove_self_loops) or pass a per-edge "
+             "0/1 mask in e_feature")

@@ -73,14 +73,40 @@ from .tracer import EDGE_ROWED, SymTensor, Tracer, is_library
 from .udf import unwrap
 
 
+class _Walks:
+    """How many loops over ``v.innbs`` / ``v.inedges`` have ended whose lists no aggregate
+    or count has taken yet. Such a list holds the loop's one traced item; when that item
+    does not depend on the neighbour (a helper returning only ``v``'s values, a constant,
+    ``v.h if u is not None else 0``), Python's ``sum``/``max``/``len`` of it is the item
+    itself, one value per vertex where eager code has one per neighbour (a sum of ``f(v)``
+    came out ``f(v)``, not ``deg(v) * f(v)``, and a vertex without in-edges ``f(v)``, not
+    0). The syntax check refuses the spellings it can see (`counting`); the builtins refuse
+    a one-item list without neighbour values while a loop has ended untaken."""
+
+    def __init__(self):
+        self.ended = 0
+
+    def take(self) -> None:
+        """A list built from a loop was aggregated or counted."""
+        self.ended = max(self.ended - 1, 0)
+
+
+def _neighbour_free(tracer: Tracer, call: str) -> CompileError:
+    return tracer.error(f"{call} of a list built from v.innbs / v.inedges whose item does not depend on the "
+                        "neighbour (a helper returning only v's values, a constant) would give one value per "
+                        "vertex, not one per neighbour: read the neighbour (u.h, e.src.h) in each item, or "
+                        "multiply a per-vertex value by len(v.innbs)")
+
+
 class _Neighbours:
     """``v.innbs`` / ``v.inedges``: iterates once, yielding one symbolic neighbour."""
 
-    def __init__(self, tracer: Tracer, make: Callable[[], Any]):
-        self.tracer, self._make = tracer, make
+    def __init__(self, tracer: Tracer, make: Callable[[], Any], walks: _Walks):
+        self.tracer, self._make, self._walks = tracer, make, walks
 
     def __iter__(self):
         yield self._make()
+        self._walks.ended += 1       # the loop asked for the next neighbour: its list is complete
 
     def __getitem__(self, i):
         if i != 0:
@@ -97,14 +123,39 @@ class _LengthError(CompileError, TypeError):
     ignores a TypeError there, still builds the one-neighbour list."""
 
 
-class _Vertex:
+def _compared(tracer: Tracer) -> CompileError:
+    return tracer.error("comparing a neighbour with a vertex (u == v, u != v, e.src == e.dst) is not compiled: the "
+                        "traced loop holds one symbolic neighbour, so Python would answer by object, the same for "
+                        "every edge; to leave out self loops, remove them from the graph "
+                        "(torch_geometric.utils.remove_self_loops) or pass a per-edge 0/1 mask in e_feature")
+
+
+class _Proxy:
+    """What `_Vertex` and `_Edge` share: ``==`` and ``!=`` between them refused, as
+    Python would compare the objects, not which vertex each edge has (`_compared`)."""
+    _tracer: Tracer
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, _Proxy):
+            raise _compared(self._tracer)
+        return NotImplemented
+
+    def __ne__(self, other: object) -> bool:
+        if isinstance(other, _Proxy):
+            raise _compared(self._tracer)
+        return NotImplemented
+
+    __hash__ = object.__hash__     # a set of neighbours still reaches `len`'s refusal
+
+
+class _Vertex(_Proxy):
     def __init__(self, tracer: Tracer, side: str, features: Mapping[str, torch.Tensor]):
         self._tracer, self._side, self._features = tracer, side, features
 
     @property
     def innbs(self) -> _Neighbours:
         self._center_only("innbs")
-        return _Neighbours(self._tracer, lambda: _Vertex(self._tracer, "src", self._features))
+        return _Neighbours(self._tracer, lambda: _Vertex(self._tracer, "src", self._features), self._features["walks"])
 
     @property
     def type(self) -> "_TypeData":
@@ -115,7 +166,7 @@ class _Vertex:
     @property
     def inedges(self) -> _Neighbours:
         self._center_only("inedges")
-        return _Neighbours(self._tracer, lambda: _Edge(self._tracer, self._features))
+        return _Neighbours(self._tracer, lambda: _Edge(self._tracer, self._features), self._features["walks"])
 
     def update_allnode(self, features: Mapping[str, SymTensor]) -> None:
         """Seastar's multi-hop step: every vertex's ``key`` becomes ``features[key]`` for
@@ -180,7 +231,7 @@ class _TypeData:
                         f"{self._table[0]}.type.{key}")
 
 
-class _Edge:
+class _Edge(_Proxy):
     def __init__(self, tracer: Tracer, features):
         self._tracer, self._features = tracer, features
         self.src = _Vertex(tracer, "src", features)
@@ -210,7 +261,7 @@ def _callers(x: SymTensor, name: str) -> SymTensor:
     return x
 
 
-def _aggregate(tracer: Tracer, builtin: Callable, op: str):
+def _aggregate(tracer: Tracer, builtin: Callable, op: str, walks: _Walks):
     """``sum``/``max``/``min`` that aggregate a traced neighbour list per vertex."""
 
     def aggregate(iterable, *args, **kwargs):
@@ -220,10 +271,15 @@ def _aggregate(tracer: Tracer, builtin: Callable, op: str):
                                    f"meaning (eager PyTorch raises on multi-element tensors); use "
                                    f"torch.{op}imum(a, b)")
             return builtin(iterable, *args, **kwargs)
-        items = list(iterable) if not isinstance(iterable, SymTensor) else [iterable]
+        listed = not isinstance(iterable, SymTensor)
+        items = list(iterable) if listed else [iterable]
         syms = [x for x in items if isinstance(x, SymTensor)]
         if not syms or not any(x.value.residency in EDGE_ROWED for x in syms):
+            if listed and walks.ended and len(items) == 1 and not _from_neighbour(items[0]):
+                raise _neighbour_free(tracer, f"{op}()")
             return builtin(items, *args, **kwargs)
+        if listed:
+            walks.take()
         if len(items) != 1:
             raise tracer.error(f"{op}() over a neighbour list must take exactly the list built from "
                                "v.innbs / v.inedges")
@@ -237,7 +293,7 @@ def _aggregate(tracer: Tracer, builtin: Callable, op: str):
     return aggregate
 
 
-def _length(tracer: Tracer):
+def _length(tracer: Tracer, walks: _Walks):
     """``len`` that counts a neighbour list symbolically: ``len(v.innbs)``, and the one
     element of a list built from it (``len([u for u in v.innbs])``, ``len(list(v.innbs))``).
     Any other container holding traced neighbours -- a set or dict of them, a list with
@@ -246,13 +302,18 @@ def _length(tracer: Tracer):
     def length(obj):
         if isinstance(obj, SymTensor):      # not a probe: the user's code asked, and may catch the error
             raise tracer.error("len() of a symbolic feature value cannot be compiled")
-        if isinstance(obj, _Neighbours) or (isinstance(obj, (list, tuple)) and _BUILTINS["len"](obj) == 1
-                                            and _from_neighbour(obj[0])):
+        if isinstance(obj, _Neighbours):
+            return tracer.in_degree()
+        one = isinstance(obj, (list, tuple)) and _BUILTINS["len"](obj) == 1
+        if one and _from_neighbour(obj[0]):
+            walks.take()
             return tracer.in_degree()
         if _holds_neighbours(obj):
             raise tracer.error("len() of a container holding v.innbs / v.inedges items that is not a list built "
                                "from them one per neighbour (a set or dict of them, a list joined or repeated) "
                                "counts the one traced neighbour; use len(v.innbs), the per-vertex in-degree")
+        if one and walks.ended:
+            raise _neighbour_free(tracer, "len()")
         return _BUILTINS["len"](obj)
     return length
 
@@ -274,11 +335,11 @@ _BUILTINS = {name: getattr(builtins, name) for name in ("sum", "max", "min", "le
 _BUILTINS_SWAP = threading.RLock()   # re-entrant: a UDF may call another vertex function
 
 
-def _counting_builtins(tracer: Tracer) -> dict[str, Callable]:
+def _counting_builtins(tracer: Tracer, walks: _Walks) -> dict[str, Callable]:
     """``sum``, ``max``, ``min`` and ``len`` that aggregate or count a traced neighbour
     list, and ``zip`` that lines it up only with lists of the same neighbours."""
-    return {"sum": _aggregate(tracer, _BUILTINS["sum"], "sum"), "max": _aggregate(tracer, _BUILTINS["max"], "max"),
-            "min": _aggregate(tracer, _BUILTINS["min"], "min"), "len": _length(tracer), "zip": _zip(tracer)}
+    return {name: _aggregate(tracer, _BUILTINS[name], name, walks) for name in ("sum", "max", "min")} | {
+        "len": _length(tracer, walks), "zip": _zip(tracer)}
 
 
 @contextlib.contextmanager
@@ -360,10 +421,11 @@ class VertexFunction:
         feats = {"nodes": dict(v_feature), "edges": dict(e_feature or {}),
                  "etype": dict(etype_feature or {}), "ntype": dict(ntype_feature or {})}
         feats["updated"] = {}   # vertex features set by v.update_allnode, by key
+        feats["walks"] = walks = _Walks()
         tracer = Tracer(self.fn, "vertex")
         plain, args, keywords = unwrap(self.fn)
         check_counting(plain, args, keywords)
-        counting = _counting_builtins(tracer)
+        counting = _counting_builtins(tracer, walks)
         fn = types.FunctionType(plain.__code__, dict(plain.__globals__, **counting), plain.__name__,
                                 plain.__defaults__, plain.__closure__)
         fn.__kwdefaults__ = plain.__kwdefaults__
