@@ -104,7 +104,7 @@ class GATv2Conv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
         if x_dst is None:
             raise ValueError("GATv2Conv: bipartite input needs x_dst (the destination features score "
                              "every edge), as in PyG; got (x_src, None)")
-        pyg_init.materialize([(self.lin_l, x), (self.lin_r, x_dst)], "glorot")
+        pyg_init.materialize([(self.res, x_dst), (self.lin_l, x), (self.lin_r, x_dst)], "glorot")
         rows = edge_rows(self, graph, edge_attr, "GATv2Conv")
         graph = _with_loops(graph, self.add_self_loops, rows is None and not return_attention_weights)
         shape = (-1, self.heads, self.out_channels)

@@ -501,9 +501,11 @@ def _head_bias(heads: int, out_channels: int, concat: bool, bias: bool) -> nn.Pa
 def _head_residual(residual: bool, in_channels: int, heads: int, out_channels: int, concat: bool) -> nn.Linear | None:
     """PyG's ``res`` of the attention layers: ``x`` (``x_dst`` of bipartite input, so of
     width ``in_channels[1]``) mapped to the output width without bias, added to the
-    combined heads before the bias."""
+    combined heads before the bias. Lazy (``in_channels=-1``) as PyG's, drawn first at the
+    first call (PyG maps ``x_dst`` through ``res`` before its other maps): the layers put
+    it first in their `pyg_init.materialize`."""
     width = heads * out_channels if concat else out_channels
-    return _sized_linear(_channel_pair(in_channels)[1], width, False, "glorot") if residual else None
+    return pyg_init.linear(_channel_pair(in_channels)[1], width, False, "glorot") if residual else None
 
 
 class GCNConv(OneLineRepr, CachedGraph, NotScriptable, nn.Module):
@@ -959,7 +961,7 @@ class GATConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
         # the maps and attention vectors read once, into locals: each read of a submodule or
         # parameter is a Module.__getattr__ call, and reading them where used was 14 per call
         lin, att_src, att_dst = self.lin, self.att_src, self.att_dst
-        pyg_init.materialize([(lin, x), (self.lin_src, x), (self.lin_dst, x_dst)], "glorot")
+        pyg_init.materialize([(self.res, x_dst), (lin, x), (self.lin_src, x), (self.lin_dst, x_dst)], "glorot")
         rows = edge_rows(self, graph, edge_attr, "GATConv")
         # the edge logit <lin_edge(a), att_edge> per head is a @ w_edge, w_edge [edge_dim, heads] folded from
         # both parameters, so no [E, heads x channels] product exists; traced in (edge_dim <= the compiler's
