@@ -476,3 +476,23 @@ def test_an_attribute_replaced_by_another_level_is_cut_by_its_new_level():
         assert _keyed(seen.n_id, seen.title) == _keyed(n_id, pyg.title)
         assert _keyed(seen.n_id, seen.edge_time) == _keyed(n_id, pyg.edge_time)
         assert seen.train_mask.dim() == 0 and torch.equal(seen.train_mask, pyg.train_mask)
+
+
+def test_assigning_to_a_batch_is_refused_with_what_to_do_instead():
+    """PyG code writes to its batch (``batch.x = emb(batch.n_id)``); a gnnfuse batch's
+    blocks, PyG view and layouts are built from its tensors, so it is read-only, and the
+    refusal says so and names the way out (the dataclass's own message was "cannot
+    assign to field 'x'"), for node and link batches, new names and deletion alike."""
+    from dataclasses import FrozenInstanceError
+
+    from gnnfuse.loader import LinkNeighborLoader
+    data = attributed_data()
+    batch = next(iter(NeighborLoader(data, [3, 3], batch_size=4)))
+    link = next(iter(LinkNeighborLoader(data, [3], batch_size=4, edge_label_index=data.edge_index[:, :8])))
+    for target, name in ((batch, "x"), (batch, "train_mask"), (batch, "new_name"), (link, "x")):
+        with pytest.raises(FrozenInstanceError, match=f"cannot set batch.{name}: a gnnfuse .* is read-only") as info:
+            setattr(target, name, torch.zeros(1))
+        assert "x = emb(batch.n_id)" in str(info.value)
+    with pytest.raises(FrozenInstanceError, match="read-only"):
+        del batch.x
+    assert batch.train_mask.shape == (batch.num_nodes,)      # reads still cut the Data's table

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import FrozenInstanceError, dataclass, field
 from typing import Any, Sequence
 
 import torch
@@ -41,6 +41,25 @@ def batch_generator(device: torch.device, epoch_seed: int, index: int) -> torch.
     return torch.Generator(device).manual_seed((epoch_seed + (index + 1) * _GOLDEN) % 2**63)
 
 
+def read_only_batch(cls: type) -> type:
+    """``cls`` (a frozen dataclass of batches) with assignment refused by a message that
+    says why and what to do: PyG's batch is a ``Data`` a loop may write to (``batch.x =
+    emb(batch.n_id)``), and the dataclass's own "cannot assign to field 'x'" named
+    neither gnnfuse nor the way out. A batch's blocks, PyG view and kernel layouts are
+    built from its tensors, so a tensor replaced afterwards would be read beside stale
+    ones; the loader's own code writes through ``object.__setattr__``."""
+    def refuse(self: Any, name: str, value: Any = None) -> None:
+        raise FrozenInstanceError(
+            f"cannot set batch.{name}: a gnnfuse {type(self).__name__} is read-only, as its blocks, PyG view "
+            "(edge_index) and kernel layouts are built from its tensors; keep the new value in a name of your "
+            "own (x = emb(batch.n_id); model(x, batch.edge_index)), or give the loader the table it should "
+            "gather (NeighborLoader(data, ...) with the new column in data)")
+    cls.__setattr__ = refuse
+    cls.__delattr__ = refuse
+    return cls
+
+
+@read_only_batch
 @dataclass(frozen=True)
 class MiniBatch:
     """One batch: the blocks (input layer first), the input features of

@@ -23,10 +23,11 @@ from typing import Any
 
 import torch
 
-from .batch_maker import MiniBatch
+from .batch_maker import MiniBatch, read_only_batch
 from .block import Block
 
 
+@read_only_batch
 @dataclass(frozen=True)
 class LinkMiniBatch:
     """One link batch (`LinkNeighborLoader`).
