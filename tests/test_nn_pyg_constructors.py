@@ -440,6 +440,22 @@ def test_return_attention_weights_matches_pyg(name, conf, backend, monkeypatch):
 
 
 @pytest.mark.parametrize("name", ["GATConv", "GATv2Conv"])
+def test_return_attention_weights_for_an_edge_index_gives_an_edge_index_as_pyg(name):
+    """Given PyG's ``EdgeIndex``, PyG's self loops keep its type: so do the edges returned
+    here (they were a plain tensor of the same values)."""
+    from torch_geometric import EdgeIndex
+    torch.manual_seed(12)
+    ours, ref = copied(getattr(gnn, name)(F_IN, 4, heads=2), getattr(pyg, name)(F_IN, 4, heads=2))
+    edge_index = EdgeIndex(EDGE_INDEX, sparse_size=(N, N))
+    x = torch.randn(N, F_IN, dtype=torch.float64)
+    (out, (edges, alpha)), (expected, (expected_edges, expected_alpha)) = (
+        layer(x, edge_index, return_attention_weights=True) for layer in (ours, ref))
+    assert type(edges) is type(expected_edges) is EdgeIndex and edges.sparse_size() == expected_edges.sparse_size()
+    assert torch.equal(edges.as_tensor(), expected_edges.as_tensor())
+    torch.testing.assert_close(alpha, expected_alpha, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["GATConv", "GATv2Conv"])
 def test_return_attention_weights_for_a_sparse_adjacency_matches_pyg(name):
     """Given a torch sparse ``adj_t``, PyG returns the adjacency (loops added) in its layout
     with the weights as [N, N, heads] values; before, this was refused."""

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from ..graph import Graph
-from ..graph.convert import is_sparse_adjacency
+from ..graph.convert import is_pyg_edge_index, is_sparse_adjacency
 
 # What GAT/GATv2's forward returns: the output, or with return_attention_weights=True
 # ``(output, (edge_index, alpha))`` as in PyG.
@@ -44,7 +44,8 @@ def attention_weights(graph: Graph, scores: torch.Tensor, given: object, looped:
     torch from the same scores the kernel normalises, and only when asked for.
 
     The edges are, as in PyG, the caller's own ``edge_index`` where the layer added no
-    self loops (``looped`` False), else a new tensor: never the graph's cached layout,
+    self loops (``looped`` False), else a new tensor (an ``EdgeIndex`` for one, as PyG's
+    ``add_self_loops`` keeps the type): never the graph's cached layout,
     which every later call on that ``edge_index`` reads (code that explains a batch per
     graph shifts the returned ids in place, and the next call then raised
     GraphModifiedError for that batch and for every equal edge_index).
@@ -64,6 +65,8 @@ def attention_weights(graph: Graph, scores: torch.Tensor, given: object, looped:
     if not is_sparse_adjacency(given):
         if isinstance(given, torch.Tensor) and not looped:
             return given, alpha
+        if is_pyg_edge_index(given):      # PyG's self loops keep the EdgeIndex type (and its size)
+            return type(given)(graph.edge_index.clone(), sparse_size=(graph.num_nodes, graph.num_nodes)), alpha
         return graph.edge_index.clone(), alpha
     adj = torch.sparse_coo_tensor(torch.stack([graph.dst, graph.src]).to(torch.long), alpha,
                                   (graph.num_nodes, graph.num_nodes, alpha.shape[1])).coalesce()
