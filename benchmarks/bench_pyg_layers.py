@@ -109,6 +109,13 @@ def run_cell(name: str, data: Any, args: argparse.Namespace, device: torch.devic
         inputs.insert(1, torch.rand(x.shape, device=device, generator=generator))
     elif kind == "pos":
         inputs.insert(1, torch.rand(x.shape[0], 3, device=device, generator=generator))
+    return compare_layers(ours, theirs, inputs, args, device)
+
+
+def compare_layers(ours: torch.nn.Module, theirs: torch.nn.Module, inputs: list[Any], args: argparse.Namespace,
+                   device: torch.device) -> dict[str, Any]:
+    """One cell: both layers' eval-mode forwards compared (``rel_err``), then each timed
+    (`measure_layer`); a framework that fails gets its status instead."""
     cell: dict[str, Any] = {}
     layers = {"gnnfuse": ours, "pyg": theirs}
     outputs = eval_outputs(layers, inputs, cell, device)
@@ -146,17 +153,27 @@ def eval_outputs(layers: dict[str, torch.nn.Module], inputs: list[Any], cell: di
 
 
 def markdown(results: dict[str, Any]) -> str:
-    lines = ["# PyG's own layers compiled by gnnfuse (`gnnfuse.nn.<Layer>`) against PyG's",
-             "", f"One layer, forward + backward, {HIDDEN} output channels (CGConv, LGConv, SimpleConv and WLConvContinuous keep their input's 128, MixHopConv gives 3 x {HIDDEN}); median ms (extra peak GB); "
-             "speed-up = PyG / gnnfuse. `rel_err`: eval-mode forward, max |diff| / max |PyG|.", "",
-             "| data set | layer | gnnfuse ms (GB) | PyG ms (GB) | speed-up | memory ratio | rel_err |",
-             "|---|---|---|---|---|---|---|"]
+    return comparison_markdown(
+        results, "# PyG's own layers compiled by gnnfuse (`gnnfuse.nn.<Layer>`) against PyG's",
+        f"One layer, forward + backward, {HIDDEN} output channels (CGConv, LGConv, SimpleConv and "
+        f"WLConvContinuous keep their input's 128, MixHopConv gives 3 x {HIDDEN})", "layer")
+
+
+def comparison_markdown(results: dict[str, Any], title: str, setup: str, layer_column: str) -> str:
+    """The table of `compare_layers` cells keyed ``data set/layer``: median ms (extra peak
+    GB) of each, speed-up, memory ratio, gnnfuse's warm-up seconds and the forward's error."""
+    lines = [title, "", f"{setup}; median ms (extra peak GB); speed-up = PyG / gnnfuse; warm-up = seconds of "
+             "gnnfuse's untimed first calls (compiling and tuning). `rel_err`: eval-mode forward, max |diff| / "
+             "max |PyG|.", "",
+             f"| data set | {layer_column} | gnnfuse ms (GB) | PyG ms (GB) | speed-up | memory ratio | warm-up s "
+             "| rel_err |",
+             "|---|---|---|---|---|---|---|---|"]
     cells = results["cells"]
     for key in sorted(cells):
         cell = cells[key]
         dataset, layer = key.split("/")
         if "status" in cell:
-            lines.append(f"| {dataset} | {layer} | {cell['status']} | | | | |")
+            lines.append(f"| {dataset} | {layer} | {cell['status']} | | | | | |")
             continue
         ours, theirs = cell.get("gnnfuse", {}), cell.get("pyg", {})
 
@@ -167,7 +184,7 @@ def markdown(results: dict[str, Any]) -> str:
         memory = (f"{ours['peak_gb'] / theirs['peak_gb']:.2f}"
                   if ours.get("peak_gb") and theirs.get("peak_gb") else "–")
         lines.append(f"| {dataset} | {layer} | {shown(ours)} | {shown(theirs)} | {speed} | {memory} | "
-                     f"{fmt(cell.get('rel_err'), '.1e')} |")
+                     f"{fmt(ours.get('warmup_s'), '.1f')} | {fmt(cell.get('rel_err'), '.1e')} |")
     lines += ["", f"Devices: {', '.join(device_names(results, list(cells.values())))}", ""]
     return "\n".join(lines + runs_markdown(results)) + "\n"
 
@@ -181,6 +198,14 @@ def main(argv: list[str] | None = None) -> None:
     add_step_arguments(parser)
     args = parse_step_arguments(parser, argv)
     assert set(CONFIGS) <= set(COMPILED_PYG_LAYERS)
+    run_cells(args, args.layers, run_cell, markdown, args.budget_s)
+
+
+def run_cells(args: argparse.Namespace, names: list[str], run_cell: Callable[..., dict[str, Any]],
+              markdown: Callable[[dict[str, Any]], str], budget_s: float | None = None) -> None:
+    """``run_cell(name, data, args, device)`` for each data set of ``args.datasets`` and
+    each of ``names``, every cell merged into ``args.json`` (and its Markdown) as it ends,
+    a forward that differs from PyG's marked so; no new cell after ``budget_s`` seconds."""
     device = resolve_device(args.device)
     results = load_results(args.json)
     run_id = new_run_id()
@@ -190,21 +215,21 @@ def main(argv: list[str] | None = None) -> None:
     begin = time.perf_counter()
     for dataset in args.datasets:
         data = load_data_or_exit(dataset, args.data_root, device)
-        for name in args.layers:
-            if args.budget_s is not None and time.perf_counter() - begin > args.budget_s:
+        for name in names:
+            if budget_s is not None and time.perf_counter() - begin > budget_s:
                 log(f"budget reached; {dataset}/{name} and later cells not run")
                 break
             log(f"{dataset} {name}")
+            started = time.perf_counter()
             cell = run_cell(name, data, args, device)
             if cell.get("rel_err", 0) > REL_ERR_LIMIT:
                 cell["status"] = f"forward differs from PyG (rel_err {cell['rel_err']:.1e})"
             results["cells"][f"{dataset}/{name}"] = {"run": run_id, **cell}
             prune_runs(results)
             save(results)
-            log(f"  {cell}")
+            log(f"  {time.perf_counter() - started:.1f} s: {cell}")
         del data
         free_memory(device)
-
 
 if __name__ == "__main__":
     main()
