@@ -611,3 +611,19 @@ def test_graph_tensors_on_two_devices_are_refused_by_name():
         Graph(cpu, meta, 2)
     with pytest.raises(ValueError, match=r"share one device, but src is on cpu, dst is on cpu, edge_type is on meta"):
         Graph(cpu, cpu.flip(0), 2, edge_type=meta)
+
+
+def test_numpy_ids_are_copied_so_a_later_write_to_the_array_cannot_stale_the_graph():
+    """A contiguous int64 numpy array had been wrapped without a copy: an in-place write to
+    it changed ``g.dst`` while the degrees and layouts still described the old edges (and
+    numpy moves no version counter the graph could check). Non-tensor ids are copied."""
+    import gnnfuse
+    src, dst = np.array([0, 1, 2, 3]), np.array([1, 1, 3, 0])
+    h = torch.randn(4, 2, dtype=torch.float64)
+    for g in (Graph(src, dst, 4), Graph.from_edge_index(np.stack([src, dst]), 4)):
+        before = gnnfuse.vertex(lambda v: sum([u.h for u in v.innbs]))(g, {"h": h})
+        dst[0] = 2
+        assert not np.shares_memory(g.dst.numpy(), dst) and g.dst.tolist() == [1, 1, 3, 0]
+        torch.testing.assert_close(gnnfuse.vertex(lambda v: sum([u.h for u in v.innbs]))(g, {"h": h}), before)
+        assert g.in_degrees().tolist() == [1, 2, 0, 1]
+        dst[0] = 1

@@ -32,12 +32,15 @@ def scipy_edges(matrix: Any) -> tuple[np.ndarray, np.ndarray, int]:
 
 def scipy_weights(matrix: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(``[2, E]`` edge_index, ``[E]`` weights) of a scipy sparse matrix (row = source)
-    whose stored values are not all 1, one edge per stored entry as `scipy_edges` makes
-    them; None when every value is 1. Why: given to a layer, a matrix's values are its
-    edge weights, as a torch sparse ``adj_t``'s are (`adj_t_edges`), and reading only
-    its pattern would drop them without a word."""
+    whose values are not all 1, one edge per stored entry as `scipy_edges` makes them;
+    None when every value is 1. Why: given to a layer, a matrix's values are its edge
+    weights, as a torch sparse ``adj_t``'s are (`adj_t_edges`), and reading only its
+    pattern would drop them without a word. The values are the matrix's, duplicate
+    entries summed (as torch's coalescing sums an ``adj_t``'s): a COO matrix storing
+    (0, 1) twice holds a 2 there, which read as two edges of weight 1 had SAGE's mean
+    count the neighbour twice where the same matrix as CSR was refused."""
     coo = matrix.tocoo()
-    if not coo.nnz or bool((coo.data == 1).all()):
+    if not coo.nnz or bool((coo.tocsr().data == 1).all()):       # tocsr sums duplicates
         return None
     edge_index = torch.from_numpy(np.stack([coo.row.astype(np.int64), coo.col.astype(np.int64)]))
     return edge_index, torch.from_numpy(np.asarray(coo.data))

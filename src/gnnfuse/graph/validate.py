@@ -36,7 +36,8 @@ def as_index_tensor(name: str, value: Any, device: torch.device | None = None) -
     ``edge_index``) is copied here, once, instead of every kernel having to handle strides.
     Contiguous int64 tensors are used as they are (no copy), so a 62M-edge graph does not
     double its memory on construction; other integer types are widened, never narrowed.
-    Non-tensor input is placed on `device` (the device of the tensor it travels with).
+    Non-tensor input (a numpy array, a list) is copied and placed on `device` (the device
+    of the tensor it travels with).
     """
     if isinstance(value, torch.Tensor):
         tensor = integer_ids(name, value)
@@ -48,7 +49,9 @@ def as_index_tensor(name: str, value: Any, device: torch.device | None = None) -
             raise ValueError(f"{name} must hold integer ids, got numpy dtype {array.dtype}")
         if array.dtype == np.uint64 and array.size and int(array.max()) > _INT64_MAX:
             raise ValueError(f"{name} holds ids above the int64 range (largest {int(array.max())})")
-        tensor = torch.from_numpy(np.ascontiguousarray(array, dtype=np.int64))
+        # a copy, always: a graph sharing a numpy array's memory would miss the user's later
+        # writes to it (numpy moves no version counter), its layouts describing the old edges
+        tensor = torch.from_numpy(np.array(array, dtype=np.int64, copy=True))
         if device is not None:
             tensor = tensor.to(device)
     if tensor.dim() != 1:
