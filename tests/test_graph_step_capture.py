@@ -136,18 +136,49 @@ def _unreduced_mean(out, y):
     return F.cross_entropy(out, y, reduction="none").mean()
 
 
-@pytest.mark.parametrize("loss_fn", [_binary, _accuracy_weighted, _unreduced_mean])
+_REMAP = torch.arange(200).remainder(3).flip(0)     # 200 entries: a padding label's -100 is a valid index
+
+
+def _remapped(out, y):
+    return F.cross_entropy(out, _REMAP[y])
+
+
+def _summed_over_len(out, y):
+    return F.cross_entropy(out, y, reduction="sum") / len(y)
+
+
+def _summed_over_rows(out, y):
+    return F.cross_entropy(out, y, reduction="sum") / y.shape[0]
+
+
+@pytest.mark.parametrize("loss_fn", [_binary, _accuracy_weighted, _unreduced_mean, _remapped, _summed_over_len,
+                                     _summed_over_rows])
 def test_a_loss_that_reads_the_padding_labels_runs_eagerly_with_a_warning(loss_fn):
     """Only a loss ignoring IGNORE_LABEL (cross-entropy's and nll's ignore_index) is the
     same on a padded batch: a binary loss over ``y.float()`` counted every padding graph
     with target -100, a mean over ``y == pred`` every padding graph as wrong; replayed,
     silently; and so a mean of cross-entropy's unreduced losses, whose padding graphs' zeros
-    it counted. Which the step does is watched on its first batch, run on PyG's batch."""
+    it counted. So did labels remapped through a table (``table[y]``: -100 read a real
+    class) and a sum divided by ``len(y)`` or ``y.shape[0]`` (the padded count): plain
+    ints and an index, which the watch had let pass. Which the step does is watched on its
+    first batch, run on PyG's batch."""
     eager = _training("GIN", False, loss_fn=loss_fn)
     with pytest.warns(CaptureFallbackWarning, match="of batch.y.*IGNORE_LABEL"):
         replayed = _training("GIN", True, loss_fn=loss_fn)
     assert replayed[2].replayed == 0
     _same_training(replayed, eager)
+
+
+def test_off_a_cuda_device_every_batch_runs_on_pygs_batch():
+    """On a CPU no step is captured, so every batch runs as PyG collated it; the second
+    batch had run on its padded copy (loaded into the static batch before the capture found
+    the device), and a step reading ``batch.num_graphs`` gave other numbers for it alone."""
+    seen = []
+    eager = _training("GIN", False, step_extra=lambda batch: seen.append(batch.num_graphs))
+    expected, seen[:] = list(seen), []
+    run = _training("GIN", True, recorder=False, step_extra=lambda batch: seen.append(batch.num_graphs))
+    assert seen == expected and run[2].replayed == 0 and "need a CUDA device" in run[2].status
+    _same_training(run, eager)
 
 
 def test_pooling_that_reads_the_graph_count_back_keeps_the_step_eager():

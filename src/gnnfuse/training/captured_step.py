@@ -261,6 +261,8 @@ class BlockStepCapture:
     _STEP = "mini-batch training step"      # how warnings and the capture name the step
 
     def __call__(self, batch: Any) -> Any:
+        if self.reason is None and self._padded(batch) and self.static is None:
+            self._check_device(batch)
         if self.reason is None and self._padded(batch):
             if self.static is None:
                 self.static = self._static_batch(batch)
@@ -274,6 +276,25 @@ class BlockStepCapture:
             self._note_skip(problem)
         self.eager += 1
         return self._eager_step(batch)
+
+    def _check_device(self, batch: Any) -> None:
+        """Run every batch eagerly, as given, off a CUDA device: CUDA graphs need one.
+        Asked before the first padded batch is loaded into the static one, which would
+        otherwise run its step on that padded copy before `StepCapture` found the device
+        (on a CPU the second batch of a graph-classification epoch ran on its padded copy,
+        and a step counting ``batch.num_graphs`` gave other numbers for it alone)."""
+        if self._graph_factory is not None:      # a test's stand-in graph: no device needed
+            return
+        params = [p for opt in self.optimizers for group in opt.param_groups for p in group["params"]]
+        params += [p for module in self.modules for p in module.parameters()]
+        tensors = params or [t for t in (getattr(batch, name, None) for name in ("n_id", "x", "edge_index"))
+                             if isinstance(t, torch.Tensor)]
+        device = tensors[0].device if tensors else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if device.type != "cuda":
+            self.reason = f"CUDA graphs need a CUDA device; the step runs on {device}"
+            if self.mode == "on":
+                warnings.warn(f"gnnfuse: the {self._STEP} is not captured in a CUDA graph and runs eagerly: "
+                              f"{self.reason}", CaptureFallbackWarning, stacklevel=3)
 
     def _padded(self, batch: MiniBatch) -> bool:
         return batch.padded

@@ -18,7 +18,10 @@ stays theirs until it is multiplied by the mask, or selected by ``torch.where`` 
 against zeros; the product is then 0 on the padded rows, and stays so through products,
 quotients, sign changes and reshapes, until a sum reduces it, which the zeros do not
 change. Anything else done with either -- a mean (which divides by the padded count),
-a reduction before the mask, an op moving values along the rows -- is named. So
+a reduction before the mask, an op moving values along the rows -- is named. So is a
+row count read from the labels, the mask or a value of them (``len(y)``, ``y.numel()``,
+``y.shape[0]``: a padded batch's, padding included), and labels used to index a table
+(``table[y]``: a padding label reads entry -100). So
 ``(F.l1_loss(out, y, reduction="none") * y_mask).sum() / y_mask.sum()`` passes and
 ``F.l1_loss(out, y)`` or ``(F.l1_loss(out, y, reduction="none") * y_mask).mean()`` do not.
 """
@@ -86,6 +89,9 @@ class LabelWatch(TorchFunctionMode):
         zeroed = [t for t in inputs if id(t) in self._zeroed_ids]
         if not labelled and not masked and not zeroed:
             return out
+        if _counts_rows(func, args, kwargs):      # of the labels, the mask or a value of them
+            self.misuse = f"{_name(func)} (a row count, which includes the padding)"
+            return out
         results = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
         if zeroed and not labelled:
             if func in _SUMS or (func in _DIVIDING and args[0] is zeroed[0]) or func in _ZERO_KEEPING:
@@ -102,16 +108,18 @@ class LabelWatch(TorchFunctionMode):
             return out
         ignoring = func in _IGNORING and _ignores_padding(func, args, kwargs)
         if not results or ignoring is True:
-            return out            # a count or a shape; or a loss that ignores the padding
+            return out            # a dtype, a dimension count; or a loss that ignores the padding
         if self._mask_ids and _row_by_row(func, labelled, results):
             self._keep(self._labels, self._ids, results)      # still the labels' rows: to be masked
             return out
-        if func in _KEEP_LABELS and not any(t.dtype.is_floating_point or t.dtype.is_complex
-                                            or t.dtype == torch.bool for t in results):
+        if func in _KEEP_LABELS and id(args[0]) in self._ids and not any(
+                t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool for t in results):
             self._labels += results
             self._ids.update(id(t) for t in results)
             return out
-        self.misuse = getattr(func, "__qualname__", None) or getattr(func, "__name__", repr(func))
+        self.misuse = _name(func)
+        if func is torch.Tensor.__getitem__ and id(args[0]) not in self._ids:
+            self.misuse += " (the labels as an index: a padding label reads entry -100)"
         if ignoring == "unreduced":
             self.misuse += "(reduction='none')"
         return out
@@ -120,6 +128,30 @@ class LabelWatch(TorchFunctionMode):
     def _keep(kept: list, ids: set, results: list[torch.Tensor]) -> None:
         kept += results
         ids.update(id(t) for t in results)
+
+
+def _name(func: Any) -> str:
+    if getattr(func, "__self__", None) is torch.Tensor.shape:
+        return "Tensor.shape"
+    return getattr(func, "__qualname__", None) or getattr(func, "__name__", repr(func))
+
+
+# Reads of a tensor's row count: on a padded batch it includes the padding, so ``sum / len(y)``
+# divides by the padded count (the shape's getter comes as the descriptor's ``__get__``)
+_ROW_COUNTS = (torch.Tensor.__len__, torch.Tensor.numel, torch.Tensor.size)
+
+
+def _counts_rows(func: Any, args: tuple, kwargs: dict) -> bool:
+    """Whether ``func`` reads the row count of its tensor: ``len(y)``, ``y.numel()``,
+    ``y.shape``, ``y.size()`` or ``y.size(0)`` (not another dim's size)."""
+    if getattr(func, "__self__", None) is torch.Tensor.shape:
+        return True
+    if func not in _ROW_COUNTS:
+        return False
+    if func is torch.Tensor.size:
+        dim = args[1] if len(args) > 1 else kwargs.get("dim")
+        return dim is None or dim in (0, -args[0].dim())
+    return True
 
 
 def _zero(value: Any) -> bool:
