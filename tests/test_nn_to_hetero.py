@@ -260,3 +260,28 @@ def test_each_type_is_combined_as_soon_as_its_relations_have_run():
     out, expected = model(x, edges), reference(x, edges)
     for t in METADATA[0]:
         torch.testing.assert_close(out[t], expected[t])
+
+
+def test_a_combination_does_not_move_above_an_in_place_op_on_its_operands():
+    """``torch.div(h, 2)`` of a layer's output after the model's own ``h.relu_()``: moved to
+    just after the layer (to combine early), it read the values before the in-place ReLU
+    (PyG's to_hetero keeps the model's order), silently; it now stays after it."""
+    class Net(torch.nn.Module):
+        def __init__(self, lib) -> None:
+            super().__init__()
+            self.conv = lib.SAGEConv((-1, -1), 4)
+
+        def forward(self, x, edge_index):
+            h = self.conv(x, edge_index)
+            r = h.relu_()
+            return torch.div(h, 2) + r
+    x, edges = hetero_inputs("cpu")
+    x = {k: v.detach() for k, v in x.items()}
+    theirs = pyg_nn.to_hetero(Net(pyg_nn), METADATA, aggr="sum").double()
+    ours = gnn.to_hetero(Net(gnn), METADATA, aggr="sum").double()
+    theirs(x, edges), ours(x, edges)
+    ours.load_state_dict(theirs.state_dict())
+    out, expected = ours(x, edges), theirs(x, edges)
+    for t in METADATA[0]:
+        torch.testing.assert_close(out[t], expected[t])
+        assert bool((out[t] >= 0).all())

@@ -157,7 +157,9 @@ def _combine_early(converted: torch.fx.GraphModule, layer_names: set[str]) -> No
     10.55 GB of its own instead of 13.17 (H200; PyG's to_hetero 14.05). The moved nodes
     are the pure combining functions applied to layer outputs and earlier combinations
     only, so the result is the same; nothing else moves (a random op moved would draw in
-    another order)."""
+    another order). A combination does not move past another use of its operands (a
+    user's ``h.relu_()`` between the layer and ``torch.div(h, 2)``: moved above it, the
+    division read the values before the in-place ReLU, silently)."""
     graph = converted.graph
     combined: set[torch.fx.Node] = set()
     for node in list(graph.nodes):
@@ -168,7 +170,10 @@ def _combine_early(converted: torch.fx.GraphModule, layer_names: set[str]) -> No
             if operands and all(a in combined for a in operands) and not node.kwargs:
                 combined.add(node)
                 order = {n: i for i, n in enumerate(graph.nodes)}
-                max(operands, key=order.__getitem__).append(node)
+                last = max(operands, key=order.__getitem__)
+                between = list(graph.nodes)[order[last] + 1:order[node]]
+                if not any(a in n.all_input_nodes for n in between if n not in combined for a in operands):
+                    last.append(node)
     graph.lint()
     converted.recompile()
 
