@@ -932,9 +932,21 @@ def test_mailbox_shape_1_as_a_python_int_is_rejected():
     def as_float(nodes):
         m = nodes.mailbox["m"]
         return {"o": m.sum(1) / float(m.size(1))}
+
+    def merged(nodes):      # [N, D * F]: the neighbour axis folded into the features
+        m = nodes.mailbox["m"]
+        return {"o": m.reshape(m.shape[0], -1).sum(-1, keepdim=True)}
+
+    def as_tensor(nodes):
+        m = nodes.mailbox["m"]
+        return {"o": m.sum(1) / torch.tensor(m.shape[1])}
     cases = ((as_range, "range(m.shape[1])", "cannot be used as a Python int"),
              (as_size, "m.shape[1] * 3", "reshape size cannot depend on the in-degree"),
-             (as_float, "float(m.size(1))", "not a Python number"))
+             (as_float, "float(m.size(1))", "not a Python number"),
+             # these two were refused by "shape '[2]' is invalid for input of size 8" and "len() of a
+             # symbolic feature value", neither naming what was wrong
+             (merged, "m.reshape(m.shape[0], -1)", "merges its neighbour axis .* into the features"),
+             (as_tensor, "torch.tensor(m.shape[1])", "nor torch.tensor\\(\\) or list\\(\\) of one"))
     for reduce, text, message in cases:
         with pytest.raises(CompileError, match=message) as info:
             gnnfuse.message_passing(graph(), lambda e: {"m": e.src["h"]}, reduce, ndata={"h": features()})

@@ -9,6 +9,7 @@ and the line of the user's function that used it.
 from __future__ import annotations
 
 import linecache
+import math
 import operator
 import os
 import sys
@@ -255,7 +256,9 @@ class SymTensor:
         raise self.tracer.error("iterating over a symbolic graph value cannot be compiled", probe=True)
 
     def __len__(self):
-        raise self.tracer.error("len() of a symbolic feature value cannot be compiled", probe=True)
+        raise self.tracer.error("len() of a symbolic feature value cannot be compiled (nor torch.tensor() or "
+                                "list() of one, which take its length: a traced value, mailbox.shape[1] "
+                                "included, is a tensor already; use it as it is)", probe=True)
 
     def __repr__(self) -> str:
         return (f"SymTensor({self.value.residency.name}, {self.prefix} graph dims, "
@@ -673,6 +676,11 @@ def _reshape(tracer: Tracer, x, *shape):
         for s in x.value.shape:
             total *= s
         elem = tuple(total // known if s == -1 else s for s in elem)
+    if x.prefix == 2 and math.prod(elem) != math.prod(x.value.shape):
+        # mailbox.reshape(mailbox.shape[0], -1): the -1 would merge the neighbour axis into the features
+        raise tracer.error(f"reshape {list(shape)} of a mailbox merges its neighbour axis (the in-degree, which "
+                           "differs per vertex) into the features; keep the neighbour axis as its own dim "
+                           "(mailbox.reshape(mailbox.shape[0], mailbox.shape[1], -1)) or reduce over dim=1 first")
     return tracer.apply("reshape", x, shape=tuple(elem))
 
 
@@ -1164,7 +1172,8 @@ class RowCount:
         self.tracer, self.rows = tracer, rows
 
     def error(self, *args) -> CompileError:
-        return self.tracer.error(f"x.shape[0] / x.size(0), the number of {self.rows}s, is not known when the "
+        plural = "vertices" if self.rows == "vertex" else f"{self.rows}s"
+        return self.tracer.error(f"x.shape[0] / x.size(0), the number of {plural}, is not known when the "
                                  "function is traced; it can only be the first size of a reshape or view "
                                  "(x.view(x.shape[0], -1)); use -1 there, or per-row arithmetic")
 
