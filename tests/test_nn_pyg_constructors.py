@@ -412,14 +412,18 @@ def test_weighted_scipy_matrix_weights_the_edges_or_is_refused(name):
     with pytest.raises(ValueError, match="scipy sparse matrix holds values other than 1"):
         sage(x, matrix)
     torch.testing.assert_close(sage(x, ones), sage(x, EDGE_INDEX))
-    # an entry stored twice holds 2 (summed, as a torch adj_t's coalescing sums it): weights
-    # for GCN, refused by SAGE's mean, as the same matrix in CSR is (it counted the source twice)
+    # an entry stored twice holds 2, as a torch COO adj_t's does: weights for GCN; refused by
+    # SAGE's mean and GAT, as the same matrix in CSR is (SAGE counted the source twice); two
+    # edges for GIN's sum, which is the same either way
     doubled = sp.coo_matrix((np.ones(3), (np.array([0, 0, 2]), np.array([1, 1, 1]))), shape=(N, N))
     for adj in (doubled, doubled.tocsr()):
-        with pytest.raises(ValueError, match="scipy sparse matrix holds values other than 1"):
-            gnn.SAGEConv(F_IN, 3, aggr="mean").double()(x, adj)
+        for layer in (gnn.SAGEConv(F_IN, 3, aggr="mean"), gnn.GATConv(F_IN, 3, add_self_loops=False)):
+            with pytest.raises(ValueError, match="scipy sparse matrix holds values other than 1"):
+                layer.double()(x, adj)
     gcn = gnn.GCNConv(F_IN, 3).double()
     torch.testing.assert_close(gcn(x, doubled), gcn(x, doubled.tocsr()))
+    gin = gnn.GINConv(torch.nn.Linear(F_IN, 3)).double()
+    torch.testing.assert_close(gin(x, doubled), gin(x, torch.tensor([[0, 0, 2], [1, 1, 1]])))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

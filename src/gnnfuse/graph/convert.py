@@ -32,15 +32,12 @@ def scipy_edges(matrix: Any) -> tuple[np.ndarray, np.ndarray, int]:
 
 def scipy_weights(matrix: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(``[2, E]`` edge_index, ``[E]`` weights) of a scipy sparse matrix (row = source)
-    whose values are not all 1, one edge per stored entry as `scipy_edges` makes them;
-    None when every value is 1. Why: given to a layer, a matrix's values are its edge
-    weights, as a torch sparse ``adj_t``'s are (`adj_t_edges`), and reading only its
-    pattern would drop them without a word. The values are the matrix's, duplicate
-    entries summed (as torch's coalescing sums an ``adj_t``'s): a COO matrix storing
-    (0, 1) twice holds a 2 there, which read as two edges of weight 1 had SAGE's mean
-    count the neighbour twice where the same matrix as CSR was refused."""
+    whose stored values are not all 1, one edge per stored entry as `scipy_edges` makes
+    them; None when every value is 1. Why: given to a layer, a matrix's values are its
+    edge weights, as a torch sparse ``adj_t``'s are (`adj_t_edges`), and reading only
+    its pattern would drop them without a word."""
     coo = matrix.tocoo()
-    if not coo.nnz or bool((coo.tocsr().data == 1).all()):       # tocsr sums duplicates
+    if not coo.nnz or bool((coo.data == 1).all()):
         return None
     edge_index = torch.from_numpy(np.stack([coo.row.astype(np.int64), coo.col.astype(np.int64)]))
     return edge_index, torch.from_numpy(np.asarray(coo.data))
@@ -126,9 +123,19 @@ def coalesced(adj_t: Any) -> Any:
     counts once, not two edges. PyG's GAT and GATv2 read it so too (adding self loops
     coalesces it; without them PyG refuses it), one edge where gnnfuse's pattern-only
     layers see the value 2 and refuse it. GIN's sum, which is the same either way, keeps
-    the stored entries, as `adj_t_edges` does."""
+    the stored entries, as `adj_t_edges` does. A scipy matrix storing a position twice
+    (the README reads its values as a torch adj_t's) is summed so too, by scipy's own
+    ``sum_duplicates``: read as two edges, SAGE's mean counted that neighbour twice where
+    the same matrix converted to CSR (which sums them) was refused."""
     if isinstance(adj_t, torch.Tensor) and adj_t.layout is torch.sparse_coo and not adj_t.is_coalesced():
         return adj_t.coalesce()
+    if sp.issparse(adj_t) and adj_t.format in ("coo", "csr", "csc") and not adj_t.has_canonical_format:
+        coo = adj_t.tocoo()
+        keys = coo.row.astype(np.int64) * coo.shape[1] + coo.col
+        if np.unique(keys).size < keys.size:      # a position stored twice (unsorted alone keeps its order)
+            summed = adj_t.copy()      # the caller's matrix stays as it is
+            summed.sum_duplicates()
+            return summed
     return adj_t
 
 
