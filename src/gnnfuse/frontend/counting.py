@@ -315,7 +315,7 @@ def _counting_lines(tree: ast.AST, lists: set[str]) -> list[tuple[int, str]]:
     for node in ast.walk(tree):
         if isinstance(node, ast.For) and _walks_neighbours(node.iter, lists):
             derived, rebound = _per_neighbour_names(node)
-            found += [(n.lineno, _IDENTITY) for stmt in node.body for n in ast.walk(stmt)
+            found += [(n.lineno, IDENTITY) for stmt in node.body for n in ast.walk(stmt)
                       if _compares_vertices(n, _names(node.target))]
             found += [(n.lineno, _LOOP) for stmt in node.body for n in ast.walk(stmt)
                       if _accumulates(n, derived, rebound)]
@@ -328,7 +328,7 @@ def _counting_lines(tree: ast.AST, lists: set[str]) -> list[tuple[int, str]]:
             found += [(line, _LAST) for line in _read_after(node, derived, tree)]
         elif _is_comprehension(node) and any(_walks_neighbours(g.iter, lists) for g in node.generators):
             outer = set().union(*(_names(g.target) for g in node.generators))
-            found += [(n.lineno, _IDENTITY) for part in _comprehension_body(node) for n in ast.walk(part)
+            found += [(n.lineno, IDENTITY) for part in _comprehension_body(node) for n in ast.walk(part)
                       if _compares_vertices(n, outer)]
             if hasattr(node, "elt") and not _reads(node.elt, outer):      # 1, ONE, -1, v.h: one per neighbour
                 found.append((node.lineno, _CONSTANTS))
@@ -771,7 +771,8 @@ _ONE_PASS_CALLS = {
 _CONSTANTS = ("a list of values that do not come from the neighbour (constants, v.h) built from v.innbs / "
               "v.inedges has one element at trace time, so its len() or sum() counts 1; use len(v.innbs), the "
               "per-vertex in-degree")
-_IDENTITY = ("comparing a neighbour with a vertex (u is v, u is not v, e.src == e.dst) is not compiled: the traced "
-             "loop holds one symbolic neighbour, so Python answers by object, the same for every edge; to leave out "
-             "self loops, remove them from the graph (torch_geometric.utils.remove_self_loops) or pass a per-edge "
-             "0/1 mask in e_feature")
+# also the proxies' refusal of == and != (`vertex._Proxy`), which syntax cannot see in a helper
+IDENTITY = ("comparing a neighbour with a vertex (u is v, u is not v, u == v, e.src != e.dst) is not compiled: the "
+            "traced loop holds one symbolic neighbour, so Python answers by object, the same for every edge; to leave "
+            "out self loops, remove them from the graph (torch_geometric.utils.remove_self_loops) or pass a per-edge "
+            "0/1 mask in e_feature")

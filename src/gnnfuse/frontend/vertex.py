@@ -65,7 +65,7 @@ from ..graph import Graph
 from ..ir import CompileError, Residency
 from ..runtime import CompiledProgram
 from .compiled_call import call_compiled, register_udf
-from .counting import check_counting
+from .counting import IDENTITY, check_counting
 from .graph_input import call_graph
 from .repeat_call import RepeatCall, RepeatCalls
 from .trace_cache import GuardMemo, TraceCache, check_tables, plain_table, program_feeds
@@ -123,26 +123,19 @@ class _LengthError(CompileError, TypeError):
     ignores a TypeError there, still builds the one-neighbour list."""
 
 
-def _compared(tracer: Tracer) -> CompileError:
-    return tracer.error("comparing a neighbour with a vertex (u == v, u != v, e.src == e.dst) is not compiled: the "
-                        "traced loop holds one symbolic neighbour, so Python would answer by object, the same for "
-                        "every edge; to leave out self loops, remove them from the graph "
-                        "(torch_geometric.utils.remove_self_loops) or pass a per-edge 0/1 mask in e_feature")
-
-
 class _Proxy:
     """What `_Vertex` and `_Edge` share: ``==`` and ``!=`` between them refused, as
-    Python would compare the objects, not which vertex each edge has (`_compared`)."""
+    Python would compare the objects, not which vertex each edge has (`counting.IDENTITY`)."""
     _tracer: Tracer
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, _Proxy):
-            raise _compared(self._tracer)
+            raise self._tracer.error(IDENTITY)
         return NotImplemented
 
     def __ne__(self, other: object) -> bool:
         if isinstance(other, _Proxy):
-            raise _compared(self._tracer)
+            raise self._tracer.error(IDENTITY)
         return NotImplemented
 
     __hash__ = object.__hash__     # a set of neighbours still reaches `len`'s refusal

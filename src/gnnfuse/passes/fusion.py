@@ -164,11 +164,6 @@ class RowSum(NamedTuple):
         """Elements per edge in the whole tile, every head's lanes."""
         return self.heads * self.padded
 
-    def block(self, lanes: int) -> int:
-        """Lanes of one program's part of the tile: as many whole heads as ``lanes``
-        holds, at least one (an edge unit's BLOCK_F: `row_sum_tile`)."""
-        return min(self.tile, max(self.padded, lanes))
-
 
 def row_sum_split(root: Value) -> RowSum | None:
     """The tile for ``root`` when it sums the trailing feature dims of its input and the

@@ -36,6 +36,7 @@ step as it is, with the same numbers.
 """
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 import threading
@@ -373,6 +374,19 @@ def _gradient_hook_problem(modules: Sequence[torch.nn.Module]) -> str | None:
     return None
 
 
+def step_device(optimizers: Iterable[torch.optim.Optimizer], modules: Iterable[torch.nn.Module],
+                inputs: Iterable[Any]) -> torch.device:
+    """The device a training step runs on: its parameters', else its first tensor
+    input's (``inputs`` is read only that far: it may be a generator), else CUDA where
+    there is one."""
+    params = (p for opt in optimizers for g in opt.param_groups for p in g["params"])
+    owned = (p for m in modules for p in m.parameters())
+    for t in itertools.chain(params, owned, inputs):
+        if isinstance(t, torch.Tensor):
+            return t.device
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
 class StepCapture:
     """``step = StepCapture(step_fn, optimizers=[opt], modules=[model]); loss = step()``.
 
@@ -478,10 +492,7 @@ class StepCapture:
 
     # --- capture ---------------------------------------------------------------------
     def _device(self, inputs: Iterable[Any]) -> torch.device:
-        tensors = [p for opt in self.optimizers for g in opt.param_groups for p in g["params"]]
-        tensors += [p for m in self.modules for p in m.parameters()]
-        tensors += [t for t in inputs if isinstance(t, torch.Tensor)]
-        return tensors[0].device if tensors else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return step_device(self.optimizers, self.modules, inputs)
 
     def _eager_on_side_stream(self, inputs: tuple, device: torch.device) -> Any:
         """Warm-up as PyTorch's CUDA-graph recipe does it: on a side stream, so lazily

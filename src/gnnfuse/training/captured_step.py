@@ -50,7 +50,7 @@ from ..graph import Graph
 from ..loader import MiniBatch
 from ..loader.padded_graph_batch import padded_capacities, unpadded
 from ..loader.static_shapes import DERIVED_KEYS, IGNORE_LABEL, complete, copy_into
-from ..runtime.cuda_graph import DEFAULT_WARMUP, CaptureFallbackWarning, StepCapture, check_mode
+from ..runtime.cuda_graph import DEFAULT_WARMUP, CaptureFallbackWarning, StepCapture, check_mode, step_device
 from .label_use import LabelWatch
 from .static_graph_batch import StaticGraphBatch
 
@@ -285,11 +285,8 @@ class BlockStepCapture:
         and a step counting ``batch.num_graphs`` gave other numbers for it alone)."""
         if self._graph_factory is not None:      # a test's stand-in graph: no device needed
             return
-        params = [p for opt in self.optimizers for group in opt.param_groups for p in group["params"]]
-        params += [p for module in self.modules for p in module.parameters()]
-        tensors = params or [t for t in (getattr(batch, name, None) for name in ("n_id", "x", "edge_index"))
-                             if isinstance(t, torch.Tensor)]
-        device = tensors[0].device if tensors else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        device = step_device(self.optimizers, self.modules,      # (a MiniBatch's edge_index is built when read)
+                             (getattr(batch, name, None) for name in ("n_id", "x", "edge_index")))
         if device.type != "cuda":
             self.reason = f"CUDA graphs need a CUDA device; the step runs on {device}"
             if self.mode == "on":

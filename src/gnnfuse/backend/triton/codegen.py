@@ -356,12 +356,19 @@ def head_block(unit: Unit) -> int | None:
     a power of two (a block is), and at least 16 so a block still fills vector loads;
     the executor caps its launch's BLOCK_F at this value (`feature_block`)."""
     shape = unit.reduce.shape if isinstance(unit, AggregateUnit) else unit.root.shape
-    width, last = math.prod(shape), shape[-1] if shape else 1
-    if len(shape) < 2 or width == last or last < 16 or last & (last - 1):
-        return None
-    if not any(1 < math.prod(v.shape) < width for v in (*unit.leaves, *unit.body)):
+    last = shape[-1] if shape else 1
+    if last < 16 or last & (last - 1) or not _per_head_values(unit, shape):
         return None
     return min(last, 128)
+
+
+def _per_head_values(unit: Unit, shape: tuple[int, ...]) -> bool:
+    """Whether ``unit``'s output ``shape`` is multi-head (H, D) and the unit reads or
+    computes narrower per-head values beside it (attention scores and weights, [H] or
+    [H, 1]): what `head_block` and `recomputed_lanes` lay their lanes out for."""
+    width = math.prod(shape)
+    return (len(shape) >= 2 and width != shape[-1]
+            and any(1 < math.prod(v.shape) < width for v in (*unit.leaves, *unit.body)))
 
 
 def row_stride(v: Value) -> int:
@@ -459,12 +466,9 @@ def recomputed_lanes(unit: AggregateUnit) -> int:
     thread: Triton 3.6 took 11-16 s to compile each of those four configs on an H200 (the
     PTX was eight times a 16-edge chunk's), and the autotuner picked 4-edge chunks."""
     shape = unit.reduce.shape
-    width, last = math.prod(shape), shape[-1] if shape else 1
-    if len(shape) < 2 or width == last or head_block(unit) is not None:
+    if not _per_head_values(unit, shape) or head_block(unit) is not None:
         return 0
-    if not any(1 < math.prod(v.shape) < width for v in (*unit.leaves, *unit.body)):
-        return 0
-    return min(1 << (width - 1).bit_length(), CSR_WIDEST_BLOCK)
+    return min(1 << (math.prod(shape) - 1).bit_length(), CSR_WIDEST_BLOCK)
 
 
 # The edge-parallel kernels' edge blocks, at most `EDGE_BLOCK_LIMIT` edges (below). Above
@@ -518,8 +522,9 @@ def edge_tile_block(split: RowSum) -> int:
     program per block. GAT's attention gradient at 8 heads x 64 had been unrolled into 64
     loads of one element per head, 256 bytes apart, per edge: on an H200 at 2.2M edges
     that kernel took 52 ms of the layer's 62 ms forward and backward (8 x 40: 5.9 ms),
-    where each 2-head block of coalesced [edges, 2, 64] tiles reads the rows once."""
-    return split.block(EDGE_TILE_LANES)
+    where each 2-head block of coalesced [edges, 2, 64] tiles reads the rows once. At
+    least one head; the whole tile where it is narrower."""
+    return min(split.tile, max(split.padded, EDGE_TILE_LANES))
 
 
 def generate_edge(unit: EdgeUnit, name: str, acc_dtype: str, tuned: bool = False) -> tuple[str, list[Value]]:
