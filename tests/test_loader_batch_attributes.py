@@ -12,6 +12,8 @@ batch to its own device through the move path (every tensor then new memory, no 
 left behind) and running block and PyG models on both; on a GPU machine also CPU -> CUDA."""
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -496,3 +498,65 @@ def test_assigning_to_a_batch_is_refused_with_what_to_do_instead():
     with pytest.raises(FrozenInstanceError, match="read-only"):
         del batch.x
     assert batch.train_mask.shape == (batch.num_nodes,)      # reads still cut the Data's table
+
+
+def pyg_neighbor_loader(data, hops: int, **kwargs):
+    """PyG's ``NeighborLoader`` on ``data`` with ``num_neighbors=[-1] * hops``, sampling
+    through `pyg_full_subgraph` (PyG's own sampler needs pyg-lib)."""
+    from torch_geometric.loader import NeighborLoader as PyGNeighborLoader
+    from torch_geometric.sampler import BaseSampler, SamplerOutput
+
+    class FullNeighbourhoods(BaseSampler):
+        edge_permutation = None
+
+        def sample_from_nodes(self, inputs, **kwargs):
+            n_id, edge_index, e_id, nodes, edges = pyg_full_subgraph(data.edge_index, inputs.node.tolist(), hops)
+            return SamplerOutput(node=n_id, row=edge_index[0], col=edge_index[1], edge=e_id, num_sampled_nodes=nodes,
+                                 num_sampled_edges=edges, metadata=(inputs.input_id, None))
+
+        def sample_from_edges(self, inputs, neg_sampling=None):
+            raise NotImplementedError
+
+    return PyGNeighborLoader(data, [-1] * hops, neighbor_sampler=FullNeighbourhoods(), **kwargs)
+
+
+@pytest.mark.parametrize("edge_tables", [True, False])
+def test_data_accessors_are_pygs(edge_tables):
+    """``keys()``, ``in``, ``batch[name]``, iteration, ``num_edges`` and the feature
+    counts, against PyG's loader's batch of the same sample (they raised AttributeError
+    or TypeError)."""
+    data = attributed_data(edge_tables=edge_tables)
+    ours = list(NeighborLoader(data, [-1, -1], batch_size=8, prefetch=0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = list(pyg_neighbor_loader(data, 2, batch_size=8))
+    assert len(ours) == len(theirs) > 1
+    for batch, pyg in zip(ours, theirs):
+        assert torch.equal(batch.n_id, pyg.n_id)
+        assert set(batch.keys()) == set(pyg.keys())
+        for name in ("edge_attr", "e_id", "train_mask", "title", "not_there"):
+            assert (name in batch) == (name in pyg)
+        assert (batch.num_edges, batch.num_node_features, batch.num_features, batch.num_edge_features) == \
+            (pyg.num_edges, pyg.num_node_features, pyg.num_features, pyg.num_edge_features)
+        assert torch.equal(batch["edge_index"], pyg["edge_index"]) and torch.equal(batch["x"], pyg["x"])
+        pairs = dict(batch)
+        assert list(pairs) == batch.keys() and pairs["batch_size"] == pyg.batch_size
+        with pytest.raises(KeyError, match="'not_there': this MiniBatch holds x, y, n_id"):
+            batch["not_there"]
+
+
+def test_padded_and_link_batches_list_what_they_hold():
+    """A padded batch lists no PyG view (its ``num_edges`` is refused as its
+    ``edge_index`` is); a link batch lists its mode's link attributes and no ``batch_size``."""
+    from gnnfuse.loader import LinkNeighborLoader
+    data = attributed_data(60, 300)
+    padded = next(iter(NeighborLoader(data, [3, 2], batch_size=8, prefetch=0, static_shapes=True)))
+    assert padded.padded and "edge_index" not in padded and "x" in padded
+    with pytest.raises(ValueError, match="batch.edge_index: this batch is padded"):
+        padded.num_edges
+    binary = next(iter(LinkNeighborLoader(data, [2], batch_size=4, neg_sampling_ratio=1.0)))
+    assert {"edge_label_index", "edge_label", "input_id", "edge_index"} <= set(binary.keys())
+    assert "batch_size" not in binary and "src_index" not in binary
+    assert binary.num_edges == binary.edge_index.shape[1] and torch.equal(binary["edge_label"], binary.edge_label)
+    triplet = next(iter(LinkNeighborLoader(data, [2], batch_size=4, neg_sampling="triplet")))
+    assert {"src_index", "dst_pos_index", "dst_neg_index"} <= set(triplet.keys()) and "edge_label_index" not in triplet

@@ -26,6 +26,7 @@ from ..nn.conv import known_transform_first_rows, looped_positions, transform_fi
 from . import batch_move, pyg_batch
 from .block import Block, block_graph
 from .data_attributes import DataAttributes
+from .data_methods import PygDataMethods
 from .hop_kernels import fused_hops, hop_seed, reindex_slots_fused, sample_slots_fused
 from .layouts import SourceSideDemand, prepare_layouts, tensors_in
 from .sampler import SampledBlock, reindex_slots, sample_slots
@@ -61,7 +62,7 @@ def read_only_batch(cls: type) -> type:
 
 @read_only_batch
 @dataclass(frozen=True)
-class MiniBatch:
+class MiniBatch(PygDataMethods):
     """One batch: the blocks (input layer first), the input features of
     ``blocks[0]``'s sources, the seeds' labels, and ids.
 
@@ -91,7 +92,9 @@ class MiniBatch:
     whole, as in PyG). A PyG ``Data``'s other
     attributes (``batch.train_mask``, cut by ``n_id``; edge-level ones by ``e_id``) are
     read through ``attributes``, which the loader attaches in the training process
-    (`loader.data_attributes`), each gathered on first read; `to` moves the batch as PyG's ``Data.to`` (`loader.batch_move`)."""
+    (`loader.data_attributes`), each gathered on first read; `to` moves the batch as PyG's ``Data.to`` (`loader.batch_move`).
+    ``keys()``, ``'x' in batch``, ``batch['x']``, ``num_edges`` and the feature counts are
+    ``Data``'s (`loader.data_methods`)."""
     blocks: list[Block]
     x: torch.Tensor | None
     y: torch.Tensor | None
@@ -202,6 +205,19 @@ class MiniBatch:
     def cuda(self, device: torch.device | str | int | None = None, non_blocking: bool = False) -> MiniBatch:
         """PyG's ``Data.cuda``: `to` a CUDA device (the current one by default)."""
         return self.to("cuda" if device is None else device, non_blocking=non_blocking)
+
+    def _data_keys(self) -> list[str]:
+        """The names PyG's batch would hold: the PyG view's only where this batch has one
+        (not padded), the edge tables' where the loader was given them."""
+        keys = [name for name in ("x", "y") if getattr(self, name) is not None] + ["n_id", "input_id", "batch_size"]
+        if self.hop_edges is not None:
+            keys += ["num_nodes", "edge_index", "num_sampled_nodes", "num_sampled_edges"]
+            first = self.blocks[0] if self.blocks else None
+            keys += [name for name in ("e_id", "edge_attr", "edge_weight")
+                     if first is not None and getattr(first, name) is not None]
+        if self.attributes is not None:
+            keys += [*self.attributes.node, *self.attributes.edge, *self.attributes.whole]
+        return list(dict.fromkeys(keys))
 
     def _pyg_counts(self, name: str) -> tuple[int, ...]:
         """``hop_edges``, or PyG's attribute ``name`` refused on a padded batch."""

@@ -24,12 +24,13 @@ from typing import Any
 import torch
 
 from .batch_maker import MiniBatch, read_only_batch
+from .data_methods import PygDataMethods
 from .block import Block
 
 
 @read_only_batch
 @dataclass(frozen=True)
-class LinkMiniBatch:
+class LinkMiniBatch(PygDataMethods):
     """One link batch (`LinkNeighborLoader`).
 
     ``nodes`` is the sampled node batch of the seeds, which are the distinct endpoints of
@@ -138,6 +139,13 @@ class LinkMiniBatch:
     def cuda(self, device: torch.device | str | int | None = None, non_blocking: bool = False) -> LinkMiniBatch:
         """PyG's ``Data.cuda``: `to` a CUDA device (the current one by default)."""
         return self.to("cuda" if device is None else device, non_blocking=non_blocking)
+
+    def _data_keys(self) -> list[str]:
+        """The node batch's names (`MiniBatch._data_keys`) but ``batch_size``, and the
+        link attributes this batch's mode filled."""
+        link = [field.name for field in fields(self)
+                if field.name != "nodes" and getattr(self, field.name) is not None]
+        return [name for name in self.nodes._data_keys() if name not in ("batch_size", "input_id")] + link
 
     def tensors(self) -> list[torch.Tensor]:
         link = (self.input_id, self.edge_label_index, self.edge_label, self.src_index, self.dst_pos_index,
