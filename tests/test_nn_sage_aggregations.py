@@ -52,6 +52,14 @@ FUSED = [
     ("softmax-per-channel", lambda: pyg.SoftmaxAggregation(learn=True, channels=F_IN), None),
     ("softmax-fixed-t", lambda: pyg.SoftmaxAggregation(t=2.0), None),
     ("var-by-name-full-gradient", lambda: "var", {"semi_grad": False}),
+    # in a list PyG runs var and std together (FusedAggregation): one var's semi_grad gives
+    # every var and std of the list the squares' sum without gradient; a std's own is not read
+    ("semi-grad-var-in-a-list", lambda: ["mean", "var"], {"aggrs_kwargs": [{}, {"semi_grad": True}]}),
+    ("semi-grad-var-sets-the-list-s-std", lambda: ["std", "var"], {"aggrs_kwargs": [{}, {"semi_grad": True}]}),
+    ("semi-grad-std-in-a-list-is-not-read", lambda: ["std", "var"], {"aggrs_kwargs": [{"semi_grad": True}, {}]}),
+    ("semi-grad-var-alone-in-a-list", lambda: ["var"], {"aggrs_kwargs": [{"semi_grad": True}]}),
+    ("pyg-multi-module-semi-grad", lambda: pyg.MultiAggregation(["max", "var", "std"], [{}, {"semi_grad": True}, {}]),
+     None),
     ("pyg-multi-module", lambda: pyg.MultiAggregation(["sum", "min", "std"], mode="proj",
                                                       mode_kwargs={"in_channels": F_IN, "out_channels": 2}), None),
 ]
@@ -62,8 +70,6 @@ EAGER = [
     ("median", lambda: "median", None, "MedianAggregation"),
     ("semi-grad-std", lambda: pyg.StdAggregation(semi_grad=True), None, "StdAggregation"),
     ("semi-grad-std-by-name", lambda: "std", {"semi_grad": True}, "StdAggregation"),
-    ("semi-grad-var-in-a-list", lambda: ["mean", "var"], {"aggrs_kwargs": [{}, {"semi_grad": True}]},
-     "VarAggregation"),
 ]
 TRITON_FUSED = ("cat", "proj-moments", "softmax-per-channel")
 

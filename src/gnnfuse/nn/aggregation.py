@@ -194,14 +194,27 @@ def resolve_aggregation(layer: str, aggr: Any, aggr_kwargs: dict | None = None) 
     return aggregation_resolver(aggr, **aggr_kwargs)
 
 
-def _fusable_pyg_module(module: nn.Module) -> str | None:
-    """The `Reduction` kind of one of PyG's parameter-free basic aggregation modules
-    (var/std only with their default full gradient), else None."""
+def _fusable_pyg_module(module: nn.Module, in_list: bool = False) -> str | None:
+    """The `Reduction` kind of one of PyG's parameter-free basic aggregation modules, else
+    None. Alone, var/std fuse only with their default full gradient; in a list PyG's
+    ``MultiAggregation`` computes them together whatever their ``semi_grad``
+    (`_list_semi_grad` says which gradient they all get)."""
     if type(module).__module__ != "torch_geometric.nn.aggr.basic":
         return None
     kind = _KIND_OF_PYG_CLASS.get(type(module).__name__)
     semi_grad = getattr(getattr(module, "var_aggr", module), "semi_grad", False)
-    return None if semi_grad else kind
+    return None if semi_grad and not in_list else kind
+
+
+def _list_semi_grad(slots: list[nn.Module]) -> bool:
+    """Whether a list's var and std get PyG's semi-gradient: its ``MultiAggregation``
+    runs them in one ``FusedAggregation``, whose ``semi_grad`` is set by any
+    ``VarAggregation`` entry's and holds for every var and std of the list (a
+    ``StdAggregation``'s own ``semi_grad`` is not read there); the squares' sum then
+    takes no gradient (``x.detach() * x.detach()``), unlike one var aggregation's
+    semi-gradient (its mean under ``no_grad``)."""
+    return any(type(slot).__name__ == "VarAggregation" and type(slot).__module__.startswith("torch_geometric")
+               and slot.semi_grad for slot in slots)
 
 
 def aggregate(layer: str, module: nn.Module, graph: Graph, messages: torch.Tensor) -> torch.Tensor:
@@ -211,9 +224,9 @@ def aggregate(layer: str, module: nn.Module, graph: Graph, messages: torch.Tenso
     fuses its reductions and combines as it defines."""
     multi = type(module).__name__ == "MultiAggregation"
     slots = _slots(module)
-    kinds = [slot.kind if isinstance(slot, Reduction) else _fusable_pyg_module(slot) for slot in slots]
+    kinds = [slot.kind if isinstance(slot, Reduction) else _fusable_pyg_module(slot, multi) for slot in slots]
     moments = tuple(k for k in kinds if k is not None)
-    fused = _fused(graph, messages, moments) if moments else {}
+    fused = _fused(graph, messages, moments, multi and _list_semi_grad(slots)) if moments else {}
     outputs = [fused[kind] if kind is not None
                else _softmax(graph, messages, slot) if _is_fusable_softmax(slot)
                else _eager(layer, slot, graph, messages) for slot, kind in zip(slots, kinds)]
@@ -228,8 +241,9 @@ def _slots(module: nn.Module) -> list[nn.Module]:
 
 def eager_slots(module: nn.Module) -> list[str]:
     """The class names of ``module``'s aggregations that `aggregate` runs eagerly."""
+    multi = type(module).__name__ == "MultiAggregation"
     return [type(slot).__name__ for slot in _slots(module) if not isinstance(slot, Reduction)
-            and _fusable_pyg_module(slot) is None and not _is_fusable_softmax(slot)]
+            and _fusable_pyg_module(slot, multi) is None and not _is_fusable_softmax(slot)]
 
 
 def _is_fusable_softmax(module: nn.Module) -> bool:
@@ -273,17 +287,23 @@ def _unread_rows_as_ones(graph: Graph | GraphRef, messages: torch.Tensor) -> tor
     return torch.where(read, messages, 1.0)
 
 
-def _fused(graph: Graph, messages: torch.Tensor, kinds: tuple[str, ...]) -> dict[str, torch.Tensor]:
+def _fused(graph: Graph, messages: torch.Tensor, kinds: tuple[str, ...],
+           semi_grad: bool = False) -> dict[str, torch.Tensor]:
     """Each fused kind's result: the moments it needs from one compiled program, then the
     per-vertex arithmetic of var (E[x^2] - E[x]^2) and std (PyG's: sqrt of var clamped at
     1e-5, 0 where that clamp decided) in torch. The squares are computed once per source
     row, and a NaN on a row no edge reads would meet its zero gradient there (PyG squares
-    gathered rows only), so those rows are read as 1s."""
+    gathered rows only), so those rows are read as 1s. ``semi_grad`` (a list's, see
+    `_list_semi_grad`): E[x^2] of the detached messages, in a program of its own."""
     moments = tuple(sorted({m for kind in kinds for m in _MOMENTS[kind]}))
     if "square_mean" in moments:
         messages = _unread_rows_as_ones(graph, messages)
-    result = _reductions(moments)(graph, {"h": messages})
-    result = result if isinstance(result, dict) else {moments[0]: result}
+    own = tuple(m for m in moments if not (semi_grad and m == "square_mean"))
+    result = _reductions(own)(graph, {"h": messages}) if own else {}
+    result = result if isinstance(result, dict) else {own[0]: result}
+    if len(own) < len(moments):
+        squares = _reductions(("square_mean",))(graph, {"h": messages.detach()})
+        result["square_mean"] = squares["square_mean"] if isinstance(squares, dict) else squares
     out = {}
     for kind in kinds:
         if kind in ("var", "std"):
