@@ -34,7 +34,10 @@ def brute_force_ranks(scores: torch.Tensor, queries: torch.Tensor, known: torch.
     return torch.tensor(ranks, dtype=torch.float64)
 
 
-def test_filtered_ranks_match_a_brute_force_oracle():
+@pytest.mark.parametrize("overflowed", [False, True])
+def test_filtered_ranks_match_a_brute_force_oracle(overflowed):
+    """``overflowed``: the lowest scores are -inf (an overflow), true answers' among them;
+    filtering known answers by a -inf score counted them all as ties of such an answer."""
     g = torch.Generator().manual_seed(0)
     entities, relations = 9, 2
     known = _random_triples(entities, relations, 25, g)
@@ -42,6 +45,8 @@ def test_filtered_ranks_match_a_brute_force_oracle():
     # symmetric per-relation scores (as DistMult's are), rounded so that ties occur
     scores = torch.randint(0, 4, (entities, relations, entities), generator=g).double()
     scores = scores + scores.transpose(0, 2)
+    if overflowed:
+        scores[scores <= 2] = float("-inf")
     got = filtered_ranks(lambda a, r: scores[a, r], queries, known, relations)
     torch.testing.assert_close(got, brute_force_ranks(scores, queries, known, relations))
 

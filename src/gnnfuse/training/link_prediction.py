@@ -96,17 +96,19 @@ def filtered_ranks(scores_of, queries: torch.Tensor, known: torch.Tensor, num_re
         for start in range(0, len(queries), QUERY_BATCH):
             batch = queries[start:start + QUERY_BATCH]
             key, target = query_key[start:start + QUERY_BATCH], batch[:, target_col]
-            scores = scores_of(batch[:, anchor_col], batch[:, 1])      # a new tensor: filtered in place
+            scores = scores_of(batch[:, anchor_col], batch[:, 1])
             true_score = scores.gather(1, target[:, None])
-            # every known answer of each query, the true one included, leaves the ranking
+            # every known answer of each query, the true one included, leaves the ranking:
+            # by a mask, not a -inf score, which tied with a true score of -inf
             relevant = torch.isin(known_key, key)
             rows, cols = (key[:, None] == known_key[relevant][None, :]).nonzero(as_tuple=True)
-            scores[rows, known[relevant][cols, target_col]] = float("-inf")
-            above = (scores > true_score).sum(1)
-            ties = (scores == true_score).sum(1)
+            ranked = torch.ones_like(scores, dtype=torch.bool)
+            ranked[rows, known[relevant][cols, target_col]] = False
+            above = ((scores > true_score) & ranked).sum(1)
+            ties = ((scores == true_score) & ranked).sum(1)
             # a NaN score compares false with everything: it would rank first, and a
             # diverged model would report a perfect MRR; its rank is NaN instead
-            unranked = torch.isnan(scores).any(1) | torch.isnan(true_score[:, 0])
+            unranked = (torch.isnan(scores) & ranked).any(1) | torch.isnan(true_score[:, 0])
             ranks.append(torch.where(unranked, float("nan"), 1 + above + 0.5 * ties))
     return torch.cat(ranks).double()
 
