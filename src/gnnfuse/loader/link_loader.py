@@ -113,12 +113,18 @@ def negative_sampling(neg_sampling: Any, neg_sampling_ratio: float | None, num_n
                          f"per positive), got {amount!r}")
     for name in ("src_weight", "dst_weight"):
         weight = fields.get(name)
-        if weight is not None and (not isinstance(weight, torch.Tensor) or weight.shape != (num_nodes,)
-                                   or not weight.dtype.is_floating_point or bool((weight < 0).any())
-                                   or not bool(weight.sum() > 0)):
-            shape = list(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__
-            raise ValueError(f"neg_sampling {name} must be a float tensor of one non-negative weight per vertex "
-                             f"({num_nodes}), not all zero, got {shape}")
+        if weight is None:
+            continue
+        if not isinstance(weight, torch.Tensor) or weight.shape != (num_nodes,) or not weight.dtype.is_floating_point:
+            got = (f"a {weight.dtype} tensor of shape {list(weight.shape)}" if isinstance(weight, torch.Tensor)
+                   else type(weight).__name__)
+            raise ValueError(f"neg_sampling {name} must be a float tensor of one weight per vertex ({num_nodes}), "
+                             f"got {got}")
+        wrong = ("a negative weight" if bool((weight < 0).any()) else "a NaN or infinite weight"
+                 if not bool(weight.isfinite().all()) else "only zeros" if not bool(weight.sum() > 0) else None)
+        if wrong is not None:
+            raise ValueError(f"neg_sampling {name} must hold finite, non-negative weights, not all zero (they are "
+                             f"drawn from in proportion); it holds {wrong}")
     return NegativeSampling(mode, math.ceil(amount) if mode == "triplet" else amount,
                             fields.get("src_weight"), fields.get("dst_weight"))
 
