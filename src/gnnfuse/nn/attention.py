@@ -34,6 +34,7 @@ from .conv import (_sized_linear, GATConv, _as_graph, attention_adjacency, _bipa
 from .edge_conv_eager import coupled_reason, eager_edge_conv, rows_coupled_by
 from .edge_features import FillValue, edge_projection, edge_rows, traced_edge_matmul
 from .fixed_flow import FixedFlow
+from .plain_linear import plain_linear
 from .pyg_repr import OneLineRepr
 from .torchscript import NotScriptable
 
@@ -114,7 +115,7 @@ class GATv2Conv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
         p, training, heads, channels = self.dropout, self.training, self.heads, self.out_channels
         # lin_edge traced in (edge_dim <= the compiler's unroll limit): evaluated in registers, never
         # stored per edge; wider edge features are projected by torch and read as [E, heads, channels]
-        in_kernel = traced_edge_matmul(rows)
+        in_kernel = traced_edge_matmul(rows) and plain_linear(self.lin_edge, bias=False)
         w_edge = self.lin_edge.weight.t() if in_kernel else None
         e_feature = None if rows is None else {"attr": rows} if in_kernel else {
             "x_e": self.lin_edge(rows).view(shape)}
@@ -353,6 +354,10 @@ class MLPAggConv(NotScriptable, nn.Module):
     def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor) -> torch.Tensor:
         x = node_features(x, "MLPAggConv")
         graph = _as_graph(edge_index, x.shape[0])
+        if not plain_linear(self.lin):
+            raise TypeError(f"MLPAggConv.lin must be a plain torch.nn.Linear (no hooks, not a subclass or another "
+                            f"module): W (x_u + x_v) is computed as W x_u + W x_v from its weight, which a "
+                            f"{type(self.lin).__name__} with hooks or its own forward would not give")
         a = F.linear(rows_read(x, _with_edges(graph, "any")), self.lin.weight)
         return _mlp_max(graph, {"a": a, "b": a if self.lin.bias is None else a + self.lin.bias})
 

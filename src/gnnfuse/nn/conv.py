@@ -33,6 +33,7 @@ from .compiling import compile_path, graph_input_problem, propagation_problem
 from .edge_features import FillValue, edge_projection, edge_rows, traced_edge_matmul
 from .fixed_flow import FixedFlow
 from .padded_loops import padded_looped
+from .plain_linear import plain_linear
 from .pyg_repr import OneLineRepr
 from . import pyg_init, recompute
 from .torchscript import NotScriptable
@@ -258,15 +259,9 @@ def _walk_starts(graph: Graph, hops: int) -> RowsRead | None:
 def _aligned(lin: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """``lin(x)`` laid out for the kernels that aggregate it (`aligned_linear`) when
     ``lin`` is a plain, unhooked ``nn.Linear``; a replaced or hooked map runs as it is."""
-    if _plain_linear(lin):
+    if plain_linear(lin):
         return aligned_linear(x, lin.weight, lin.bias)
     return lin(x)
-
-
-def _plain_linear(lin: nn.Module) -> bool:
-    """Whether ``lin`` is an ``nn.Linear`` without hooks, so its map may be computed from
-    its parameters in another form (what a user's replacement or hook would not allow)."""
-    return type(lin) is nn.Linear and not lin._forward_hooks and not lin._forward_pre_hooks
 
 
 def _transform_first(x: torch.Tensor, weight: torch.Tensor, graph: Graph, hops: int) -> torch.Tensor:
@@ -555,7 +550,8 @@ class GCNConv(OneLineRepr, CachedGraph, NotScriptable, nn.Module):
         torch.autocast: PyG's map gives the autocast dtype and its float32 normalisation
         then promotes the sum to float32, where the map after the sum gave bfloat16.
         ``lin``: the layer's, as `forward` read it."""
-        if isinstance(graph, GraphRef) or x.is_sparse or autocast_dtype(x.device.type) is not None:
+        if (isinstance(graph, GraphRef) or x.is_sparse or autocast_dtype(x.device.type) is not None
+                or not plain_linear(lin)):
             return False
         return not maps_first(lin.in_features, self.out_channels, x, lin.weight)
 
@@ -680,9 +676,9 @@ class SAGEConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
         """Whether the linear map runs before the aggregation (mean/sum only): by the
         `placement` model when one is installed (GraphTensor's DKP), else by the static
         rule `maps_first`. ``lin_l`` and its weight as `forward` read them (once a call)."""
-        width = lin_l.in_features
-        if isinstance(graph, GraphRef):     # torch.compile: aggregating first needs no per-graph row masks
+        if isinstance(graph, GraphRef) or not plain_linear(lin_l):  # torch.compile: no per-graph row masks
             return False
+        width = lin_l.in_features
         if not width:     # lazy in_channels: not materialized yet
             return False
         if self.placement is None:
@@ -694,8 +690,7 @@ class SAGEConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
     def _root_takes_bias(x_dst: torch.Tensor | None, lin_r: Any, weight_r: torch.Tensor | None) -> bool:
         """Whether the root term can carry ``lin_l``'s bias into its GEMM's epilogue: a
         root term ``lin_r`` with a materialized weight ``weight_r`` and no bias of its own."""
-        return (x_dst is not None and isinstance(lin_r, nn.Linear) and lin_r.bias is None
-                and not _unsized(weight_r))
+        return x_dst is not None and plain_linear(lin_r, bias=False) and not _unsized(weight_r)
 
     def _aggregated_width(self, width: int) -> int:
         """The width of the aggregated rows ``lin_l`` maps, for messages ``width`` wide
@@ -734,7 +729,7 @@ class SAGEConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
             edge_index = coalesced(edge_index)
         x, x_dst, graph = _bipartite_inputs(x, edge_index, size, "SAGEConv")
         messages = F.relu(self.lin(x)) if self.project else x     # PyG projects the sources only
-        weight_l, weight_r = lin_l.weight, getattr(lin_r, "weight", None)
+        weight_l, weight_r = getattr(lin_l, "weight", None), getattr(lin_r, "weight", None)
         if _unsized(weight_l) or _unsized(weight_r):
             pyg_init.materialize([(lin_l, self._aggregated_width(messages.shape[-1])), (lin_r, x_dst)])
             weight_l, weight_r = lin_l.weight, getattr(lin_r, "weight", None)
@@ -759,7 +754,7 @@ class SAGEConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
         else:
             aggregated = (_AGGREGATORS[kind](graph, {"h": messages}) if kind in _AGGREGATORS
                           else aggregate("SAGEConv", aggr_module, graph, messages))
-            if self._root_takes_bias(x_dst, lin_r, weight_r) and _plain_linear(lin_l):
+            if self._root_takes_bias(x_dst, lin_r, weight_r) and plain_linear(lin_l):
                 # lin_l(aggregated) + lin_r(x_dst) as the root term (lin_l's bias in its
                 # epilogue, its gradient a matrix-vector product) plus one GEMM that adds
                 # onto it: no [N, out] addition and no bias reduction over the rows (on
@@ -816,8 +811,8 @@ def _folds(lin: nn.Linear, x: torch.Tensor, graph: Any = None) -> bool:
     in the backward). Never under torch.autocast: the folded GEMM gives the logits in the
     autocast dtype, where PyG's product of bfloat16 lin(x) and the float32 attention
     vector gives float32 (and the attention weights returned with them were bfloat16)."""
-    return (lin.bias is None and lin.in_features <= 4 * lin.out_features and autocast_dtype(x.device.type) is None
-            and not on_first_pass(graph))
+    return (plain_linear(lin, bias=False) and lin.in_features <= 4 * lin.out_features
+            and autocast_dtype(x.device.type) is None and not on_first_pass(graph))
 
 
 def _folded_logits(lin: nn.Linear, x: torch.Tensor, *atts: torch.Tensor) -> list[torch.Tensor]:
@@ -912,8 +907,7 @@ class GATConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
         8.24 GB against 7.93 GB with both layers remade. ``lin`` and ``atts`` (the source and
         destination attention vectors): the layer's, as `forward` read them."""
         if (lin is None or x_dst is not x or isinstance(graph, GraphRef)
-                or not torch.is_grad_enabled() or not lin.weight.requires_grad or type(lin) is not nn.Linear
-                or lin._forward_hooks or lin._forward_pre_hooks
+                or not torch.is_grad_enabled() or not plain_linear(lin) or not lin.weight.requires_grad
                 or ndata["h"].numel() * ndata["h"].element_size() < recompute.MIN_BYTES):
             return []
         weight, bias, shape = lin.weight, lin.bias, ndata["h"].shape[1:]
@@ -965,11 +959,16 @@ class GATConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
         rows = edge_rows(self, graph, edge_attr, "GATConv")
         # the edge logit <lin_edge(a), att_edge> per head is a @ w_edge, w_edge [edge_dim, heads] folded from
         # both parameters, so no [E, heads x channels] product exists; traced in (edge_dim <= the compiler's
-        # unroll limit) it is evaluated in registers, else torch computes the [E, heads] logits
-        w_edge = None if rows is None else (self.lin_edge.weight.view(self.heads, self.out_channels, -1)
-                                            * self.att_edge.view(self.heads, self.out_channels, 1)).sum(1).t()
-        in_kernel = traced_edge_matmul(rows)
-        edata = None if rows is None else {"attr": rows} if in_kernel else {"alpha_edge": rows @ w_edge}
+        # unroll limit) it is evaluated in registers, else torch computes the [E, heads] logits. A lin_edge
+        # that is not a plain map (`plain_linear`: a hook, a subclass) is called on the rows, as in PyG
+        lin_edge, att_edge = self.lin_edge, self.att_edge
+        folds_edge = rows is not None and plain_linear(lin_edge, bias=False)
+        w_edge = None if not folds_edge else (lin_edge.weight.view(self.heads, self.out_channels, -1)
+                                              * att_edge.view(self.heads, self.out_channels, 1)).sum(1).t()
+        in_kernel = folds_edge and traced_edge_matmul(rows)
+        edata = (None if rows is None else {"attr": rows} if in_kernel
+                 else {"alpha_edge": rows @ w_edge if folds_edge
+                       else (lin_edge(rows).view(-1, self.heads, self.out_channels) * att_edge).sum(-1)})
         graph = _with_loops(graph, self.add_self_loops, rows is None and not return_attention_weights)
         shape = (-1, self.heads, self.out_channels)
         h = _aligned(lin or self.lin_src, x).view(shape)
@@ -998,6 +997,6 @@ class GATConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
             return out
         score = alpha_src[graph.src.long()] + ndata["alpha_dst"][graph.dst.long()]   # one x: never bipartite
         if rows is not None:
-            score = score + rows @ w_edge
+            score = score + (rows @ w_edge if in_kernel else edata["alpha_edge"])
         return out, attention_weights(graph, F.leaky_relu(score, self.negative_slope), edge_index,
                                      self.add_self_loops)

@@ -91,7 +91,9 @@ def edge_rows(layer: nn.Module, graph: Graph, edge_attr: torch.Tensor | None, na
     if layer.lin_edge is None:
         raise NotImplementedError(f"{name}.forward(..., edge_attr=...) needs the layer built with edge_dim "
                                   f"(the width of the edge features): {name}(..., edge_dim=D)")
-    rows = edge_feature_rows(edge_attr, graph.num_edges, layer.edge_dim, name).to(layer.lin_edge.weight.dtype)
+    rows = edge_feature_rows(edge_attr, graph.num_edges, layer.edge_dim, name)
+    weight = getattr(layer.lin_edge, "weight", None)     # a module in lin_edge's place takes the rows as given
+    rows = rows if weight is None else rows.to(weight.dtype)
     return looped_edge_features(graph, rows, layer.fill_value, name) if layer.add_self_loops else rows
 
 

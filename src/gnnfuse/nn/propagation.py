@@ -28,6 +28,7 @@ from .arguments import (adjacency_weights, edge_weight_column, floating_node_fea
 from .compiling import compile_path, graph_input_problem, propagation_problem
 from . import pyg_init
 from .fixed_flow import FixedFlow
+from .plain_linear import plain_linear
 from .pyg_repr import OneLineRepr
 from .conv import (_AGGREGATORS, _AGGREGATORS_PLUS_ROOT, _WEIGHTED_AGGREGATORS, CachedGraph, _as_graph,
                    _bipartite_inputs, _channel_pair, _gcn_edge_norm, _inv_sqrt_degree, _neighbour_sum,
@@ -114,7 +115,9 @@ class GraphConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
         else:
             weight = edge_weight_column(edge_weight, graph.num_edges, x.dtype).unsqueeze(-1)
             aggregate, edge_feature = _WEIGHTED_AGGREGATORS[self.aggr], {"w": weight}
-        if edge_weight is not None and edge_weight.requires_grad and torch.is_grad_enabled():
+        if not plain_linear(self.lin_rel):
+            narrows = False                                           # called after the aggregation, as in PyG
+        elif edge_weight is not None and edge_weight.requires_grad and torch.is_grad_enabled():
             narrows = self.out_channels < self.lin_rel.in_features    # its gradient is an SDDMM of the mapped width
         else:
             narrows = maps_first(self.lin_rel.in_features, self.out_channels, x, self.lin_rel.weight)
@@ -123,7 +126,7 @@ class GraphConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
         # sum of its bfloat16 rows by float32 weights float32
         if self.aggr != "max" and narrows and not isinstance(graph, GraphRef) and autocast_dtype(x.device.type) is None:
             h = _transform_first(x, self.lin_rel.weight, graph, 1)
-            if edge_feature is None and x_dst is not None:
+            if edge_feature is None and x_dst is not None and plain_linear(self.lin_root, bias=False):
                 # as in SAGEConv: the root term carries lin_rel's bias and is added by the
                 # aggregation's kernel (passes.fusion._row_added)
                 root = aligned_linear(x_dst, self.lin_root.weight, self.lin_rel.bias)
@@ -262,7 +265,8 @@ class SGConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
         if self._cached_x is not None:
             return self.lin(self._cached_x.detach())
         pyg_init.materialize([(self.lin, x)])
-        if not self.cached and self.out_channels < self.lin.in_features and not torch.compiler.is_compiling():
+        if (not self.cached and plain_linear(self.lin) and self.out_channels < self.lin.in_features
+                and not torch.compiler.is_compiling()):
             return self._propagated(x, edge_index, edge_weight, mapped_first=True)
         h = self._propagated(x, edge_index, edge_weight)
         if self.cached and self.K > 0:     # as PyG, which caches inside its hop loop: K = 0 caches nothing
@@ -332,7 +336,10 @@ class TAGConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
         edge_index, edge_weight = adjacency_weights(edge_index, edge_weight, "TAGConv")
         graph, hop = _normalized_hop(_as_graph(edge_index, x.shape[0]), edge_weight, x.dtype, False, self.normalize)
         pyg_init.materialize([(lin, x) for lin in self.lins])
-        if self.out_channels < self.lins[0].in_features and not isinstance(graph, GraphRef):   # not under torch.compile
+        # PyG calls lins[1:] by their forward, hooks not run: a map is moved before the hops
+        # when its forward is nn.Linear's, without a bias (which moved, would be propagated)
+        if (all(type(lin) is nn.Linear and lin.bias is None for lin in self.lins[1:])
+                and self.out_channels < x.shape[-1] and not isinstance(graph, GraphRef)):   # not under torch.compile
             skips = [_transform_first(x, lin.weight, graph, k) if k else lin(x) for k, lin in enumerate(self.lins)]
             norm = _inv_sqrt_degree(graph, x.dtype) if self.normalize else x.new_ones(graph.num_nodes, 1)
             out = skips[-1]
@@ -343,7 +350,7 @@ class TAGConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
             out, h = self.lins[0](x), x
             for lin in self.lins[1:]:
                 h = hop(h)
-                out = out + lin(h)
+                out = out + lin.forward(h)
         return out if self.bias is None else out + self.bias
 
     def extra_repr(self) -> str:
