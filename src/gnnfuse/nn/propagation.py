@@ -265,8 +265,10 @@ class SGConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
         if self._cached_x is not None:
             return self.lin(self._cached_x.detach())
         pyg_init.materialize([(self.lin, x)])
+        # not under torch.autocast, as GCNConv: PyG's map last gives the autocast dtype, where the
+        # map first, propagated by float32 weights and given its bias after, gave float32
         if (not self.cached and plain_linear(self.lin) and self.out_channels < self.lin.in_features
-                and not torch.compiler.is_compiling()):
+                and not torch.compiler.is_compiling() and autocast_dtype(x.device.type) is None):
             return self._propagated(x, edge_index, edge_weight, mapped_first=True)
         h = self._propagated(x, edge_index, edge_weight)
         if self.cached and self.K > 0:     # as PyG, which caches inside its hop loop: K = 0 caches nothing
