@@ -2,6 +2,8 @@
 curves, the model registry) and reference accuracy."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch_geometric.nn as pyg
@@ -11,7 +13,7 @@ from gnnfuse.data import load_dataset
 from gnnfuse.nn import models
 from gnnfuse.training import EarlyStopping, load_checkpoint, make_config, train_runs
 from gnnfuse.training.checkpoint import save_checkpoint
-from gnnfuse.training.loop import BestEpoch, RunResult, TrainSummary
+from gnnfuse.training.loop import BestEpoch, RunResult, TrainSummary, accuracy
 
 FAST = ["--epochs", "3"]
 
@@ -92,6 +94,23 @@ def test_a_diverged_run_stops_and_never_reports_a_nan_models_accuracy():
     assert stopping.should_stop and (stopping.best_epoch, best.test_acc) == (1, 0.45)
     with pytest.raises(SystemExit):      # an infinite learning rate is a usage error
         main(["train", "--dataset", "synthetic", "--epochs", "1", "--lr", "inf"])
+
+
+def test_nan_logits_have_no_accuracy_and_a_diverged_run_makes_the_summary_nan(capsys):
+    """An argmax over NaN logits is class 0 (or the NaN's): the epoch line and curves of a
+    diverged run showed it as an accuracy. A run with no finite epoch (NaN results) made
+    the summary's statistics.stdev raise after every run had trained."""
+    y, mask = torch.tensor([0, 0, 1]), torch.tensor([True, True, False])
+    assert accuracy(torch.tensor([[1.0, 0.0], [2.0, 1.0], [0.0, 1.0]]), y, mask) == 1.0
+    assert math.isnan(accuracy(torch.tensor([[float("nan"), 0.0], [2.0, 1.0], [0.0, 1.0]]), y, mask))
+    config = make_config("gcn", epochs=1, runs=2)
+    runs = [RunResult(seed=seed, best_epoch=0 if seed else 1, best_val_acc=float("nan") if seed else 0.5,
+                      test_acc=float("nan") if seed else 0.4, epochs_run=1, seconds=0.0, state_dict={}, history={})
+            for seed in range(2)]
+    assert all(math.isnan(v) for v in TrainSummary(config, "synthetic", 4, 2, runs).mean_std("test_acc"))
+    assert TrainSummary(config, "synthetic", 4, 2, runs[:1]).mean_std("test_acc") == (0.4, 0.0)
+    assert main(["train", "--model", "gat", "--epochs", "3", "--lr", "1e12", "--runs", "2", "-q"]) == 0
+    assert "summary: test acc nan ± nan over 2 run(s)" in capsys.readouterr().out
 
 
 def test_test_accuracy_is_taken_at_the_best_validation_epoch():

@@ -301,10 +301,11 @@ def test_resume_refuses_a_checkpoint_trained_on_another_number_of_ranks(tmp_path
         train_runs(make_config("gcn", epochs=1, runs=2), log_epochs=False, save_to=str(path), resume=True)
 
 
-@pytest.mark.parametrize("content", [b"garbage\n", b""])
+@pytest.mark.parametrize("content", [b"garbage\n", b"", b"hello world\nline2\n", b"a"])
 def test_a_file_that_is_no_checkpoint_is_refused_by_name(tmp_path, capsys, content):
     """torch.load's UnpicklingError (advising weights_only=False, which would run the
-    file's code) came out of load_checkpoint, and as a traceback out of --resume."""
+    file's code) came out of load_checkpoint, and as a traceback out of --resume; so did
+    the KeyError and IndexError its legacy reader raises on other text."""
     path = tmp_path / "notes.pt"
     path.write_bytes(content)
     with pytest.raises(ValueError, match=f"{path} is not a gnnfuse train checkpoint"):

@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import pickle
-import zipfile
 from typing import Any
 
 import torch
@@ -85,7 +83,9 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     ``weights_only=False``, which would run whatever code the file holds."""
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, zipfile.BadZipFile, EOFError, RuntimeError) as error:
+    except OSError:
+        raise
+    except Exception as error:      # on arbitrary bytes its legacy reader also raises KeyError, IndexError, ...
         raise ConfigError(f"{path} is not a gnnfuse train checkpoint (format {CHECKPOINT_FORMAT}): "
                           f"torch.load could not read it ({type(error).__name__})") from None
     if not isinstance(checkpoint, dict) or checkpoint.get("format") != CHECKPOINT_FORMAT:

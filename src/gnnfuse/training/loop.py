@@ -56,8 +56,12 @@ class TrainSummary:
     runs: list[RunResult]
 
     def mean_std(self, key: str) -> tuple[float, float]:
-        """Mean and sample standard deviation (0 for one run) of a per-run number."""
+        """Mean and sample standard deviation (0 for one run) of a per-run number; both NaN
+        when a run's is (one that diverged before a finite epoch): `statistics.stdev`
+        raises on a NaN, and leaving the run out would report the others as every run's."""
         values = [getattr(run, key) for run in self.runs]
+        if any(math.isnan(value) for value in values):
+            return math.nan, math.nan
         return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
 
@@ -70,7 +74,13 @@ def peak_memory_mib(device: torch.device) -> float:
 
 
 def accuracy(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> float:
-    return (logits[mask].argmax(dim=1) == y[mask]).float().mean().item() if mask.any() else float("nan")
+    """The share of ``mask``'s rows whose argmax is the label; NaN without rows, and NaN
+    when a row's logits hold a NaN: an argmax over them (class 0, or wherever the NaN is)
+    looks like a result, and a diverged model's epoch lines and curves showed it."""
+    rows = logits[mask]
+    if not mask.any() or bool(rows.isnan().any()):
+        return float("nan")
+    return (rows.argmax(dim=1) == y[mask]).float().mean().item()
 
 
 def _optimizer(spec: ModelSpec, model: nn.Module, config: TrainConfig, capturable: bool = False
