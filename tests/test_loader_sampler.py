@@ -232,6 +232,22 @@ def test_whole_fanouts_come_as_any_integer_sequence_and_an_empty_seed_list_is_no
     assert len(loader) == 0 and list(loader) == []
 
 
+def test_a_fanout_above_every_in_degree_samples_every_in_edge_at_the_cost_of_the_edges():
+    """A hop lays its sample out in ``fanout`` slots per destination: ``[10**12]`` (PyG's
+    fine) asked for 8 TB, ``[10**6]`` took 5 GB for 87 seeds. Without replacement the
+    sampler gets the fanout bounded by the largest in-degree; the batches are the full
+    neighbourhoods', and the user's fanouts stay the loader's."""
+    gen = torch.Generator().manual_seed(0)
+    graph = gnnfuse.Graph(*torch.randint(0, 200, (2, 1000), generator=gen), 200)
+    huge = NeighborLoader(graph, [10**12, 10**9], batch_size=50, prefetch=0)
+    full = list(NeighborLoader(graph, [-1, -1], batch_size=50, prefetch=0))
+    assert huge.num_neighbors == [10**12, 10**9]
+    for ours, everything in zip(huge, full, strict=True):
+        assert torch.equal(ours.n_id, everything.n_id) and torch.equal(ours.edge_index, everything.edge_index)
+    most = int(graph.in_degrees().max())
+    assert huge._maker.num_neighbors == (most, most)
+
+
 def test_a_learnable_feature_table_is_read_fresh_on_demand_or_refused():
     """``x`` an ``nn.Parameter`` (a learnable embedding): with the default prefetch a
     batch's rows were read before the optimizer stepped on the batches before it (after
