@@ -560,3 +560,19 @@ def test_padded_and_link_batches_list_what_they_hold():
     assert binary.num_edges == binary.edge_index.shape[1] and torch.equal(binary["edge_label"], binary.edge_label)
     triplet = next(iter(LinkNeighborLoader(data, [2], batch_size=4, neg_sampling="triplet")))
     assert {"src_index", "dst_pos_index", "dst_neg_index"} <= set(triplet.keys()) and "edge_label_index" not in triplet
+
+
+def test_a_data_s_edge_and_node_types_are_attributes_cut_as_pyg_cuts_them():
+    """PyG's loaders take a homogeneous ``Data`` with ``edge_type`` (a knowledge graph an
+    R-GCN reads as ``batch.edge_type``) and cut it by ``e_id``; gnnfuse's refused the
+    graph as typed."""
+    from gnnfuse.loader import LinkNeighborLoader
+    data = attributed_data(60, 300)
+    gen = torch.Generator().manual_seed(5)
+    data.edge_type = torch.randint(0, 4, (300,), generator=gen)
+    data.node_type = torch.randint(0, 2, (60,), generator=gen)
+    for batch in _batches(data, [3, 2], batch_size=8)[:3]:
+        assert torch.equal(batch.edge_type, data.edge_type[batch.e_id])
+        assert torch.equal(batch.node_type, data.node_type[batch.n_id])
+    link = next(iter(LinkNeighborLoader(data, [3], batch_size=8)))
+    assert torch.equal(link.edge_type, data.edge_type[link.e_id])

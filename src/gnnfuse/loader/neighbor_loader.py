@@ -73,7 +73,9 @@ def _graph_and_tables(data: Any, x: torch.Tensor | None, y: torch.Tensor | None,
     if isinstance(getattr(data, "graph", None), Graph):       # gnnfuse NodeDataset
         graph = data.graph
     elif getattr(data, "edge_index", None) is not None:       # PyG Data
-        graph = Graph.from_data(data)
+        # its edge_type / node_type are attributes the batches cut by e_id / n_id, as PyG's
+        # loader cuts them (`loader.data_attributes`; an R-GCN reads batch.edge_type)
+        graph = Graph.from_edge_index(data.edge_index, getattr(data, "num_nodes", None))
         edge_tables = {name: getattr(data, name) for name in EDGE_TABLES if getattr(data, name, None) is not None}
     else:
         raise TypeError(f"{loader} takes a gnnfuse Graph, a gnnfuse NodeDataset or a PyG Data with an "
