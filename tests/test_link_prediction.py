@@ -168,3 +168,10 @@ def test_cuda_graph_on_with_a_link_model_warns_that_its_steps_run_eagerly(monkey
     monkeypatch.setattr(link_prediction, "prepare_link_data", lambda config: _tiny_link_data())
     with pytest.warns(CaptureFallbackWarning, match="link-prediction"):
         train_runs(make_config("rgcn", "wn18rr", epochs=1, hidden=8), log_epochs=False, cuda_graph="on")
+
+
+def test_inverse_relations_of_an_untyped_graph_are_refused_by_name():
+    """It failed on ``None + None`` (a TypeError about NoneType)."""
+    graph = Graph(torch.tensor([0, 1]), torch.tensor([1, 2]), 3)
+    with pytest.raises(ValueError, match="with_inverse_relations: the graph has no edge types"):
+        with_inverse_relations(graph)

@@ -22,6 +22,9 @@ from .relational import RGCNConv
 
 def with_inverse_relations(graph: Graph) -> Graph:
     """``graph`` plus every edge reversed, typed ``relation + num_edge_types``."""
+    if graph.edge_type is None:
+        raise ValueError("with_inverse_relations: the graph has no edge types (relations); build it with "
+                         "edge_type=... (Graph(src, dst, num_nodes, edge_type=relation))")
     r = graph.num_edge_types
     return Graph(torch.cat([graph.src, graph.dst]), torch.cat([graph.dst, graph.src]), graph.num_nodes,
                  edge_type=torch.cat([graph.edge_type, graph.edge_type + r]), num_edge_types=2 * r)
