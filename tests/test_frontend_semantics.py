@@ -1063,6 +1063,13 @@ def test_a_captured_tensor_broadcasts_over_the_feature_dims_as_torch_does():
     with pytest.raises(CompileError, match=r"a captured \[5, 3\] tensor next to a 2-dim graph value") as info:
         gnnfuse.message_passing(g, message, lambda n: {"o": torch.sum(n.mailbox["m"], dim=1)}, ndata={"h": h})
     assert line_of(message, "* per_row") in str(info.value)
+    # more dims than the graph value, all of size 1: torch gives [1, E, F], which the
+    # rows cannot hold (it came back [E, F] without a word)
+    for shape in ((1, 1, 3), (1, 1, 1)):
+        wide = torch.ones(shape, dtype=DOUBLE)
+        with pytest.raises(CompileError, match=rf"a captured \[{', '.join(map(str, shape))}\] tensor next to"):
+            gnnfuse.message_passing(g, lambda e: {"m": e.src["h"] * wide},
+                                    lambda n: {"o": torch.sum(n.mailbox["m"], dim=1)}, ndata={"h": h})
 
 
 # --- Python semantics inside a traced function --------------------------------------------

@@ -339,7 +339,9 @@ def _captured_in_feature_dims(tracer: Tracer, x: SymTensor, beside: SymTensor, a
     if x.prefix or len(x.value.shape) <= rank - axes:
         return x
     reach = len(x.value.shape) - (rank - axes)
-    if any(n != 1 for n in x.value.shape[:reach]):
+    # more dims than the graph value: torch's result gets them before the row axis ([1, E, F]
+    # for a [1, 1, F] tensor), a shape a compiled function's rows cannot give, even of size 1
+    if any(n != 1 for n in x.value.shape[:reach]) or len(x.value.shape) > rank:
         raise tracer.error(
             f"a captured {list(x.value.shape)} tensor next to a {rank}-dim graph value: torch lines its "
             f"leading dim(s) {list(x.value.shape[:reach])} up with the graph's row axes (or puts them before "
