@@ -126,7 +126,11 @@ def test_apply_is_a_dense_layer():
     (lambda g, x: Pull(g, x, None, "mul"), "weights each message by edge="),
     (lambda g, x: Pull(g, x, x[SRC], "copy"), "'copy' reads no edge="),
     (lambda g, x: Pull(g, x, None, "div"), "mode_g must be one of"),
-    (lambda g, x: Pull(g, x, None, "copy", "prod"), "reduce must be one of"),
+    (lambda g, x: Pull(g, x, None, "copy", "prod"), "Pull: mode_h must be one of"),
+    # these named gnnfuse's internals (gspmm, gsddmm, a line of napa.py) or the wrong problem
+    (lambda g, x: Pull(g, x, torch.rand(len(SRC)), "mul"), r"edge= must be \[E, 1\].*got \[\d+\]"),
+    (lambda g, x: NeighborApply(g, x[:, 0], "dot"), "mode 'dot' sums x_u \\* x_v over the feature dim"),
+    (lambda g, x: NeighborApply(g, None, lambda s, d: s * d), r"a function mode .* give the node embeddings"),
 ])
 def test_bad_modes_raise_value_errors(call, match):
     with pytest.raises(ValueError, match=match):

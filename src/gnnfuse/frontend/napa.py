@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from ..graph import Graph
-from .templates import Schedule, gsddmm, gspmm, operand_graph
+from .templates import REDUCERS, Schedule, gsddmm, gspmm, operand_graph
 
 
 def _in_degree_power(graph: Graph, exponent: float, dtype: torch.dtype) -> torch.Tensor:
@@ -87,6 +87,9 @@ def NeighborApply(graph: Graph | object, embed: torch.Tensor | None = None, mode
     graph = operand_graph(graph, embed, None)
     if callable(mode):
         _one_vertex_set("NeighborApply", graph, "a function mode")
+        if embed is None:
+            raise ValueError("NeighborApply: a function mode is called on each edge's (x_u, x_v): give the node "
+                             "embeddings (embed=)")
         return gsddmm(graph, mode, src=embed, dst=embed, edge=edge)
     if mode not in WEIGHTINGS:
         raise ValueError(f"NeighborApply: mode must be one of {WEIGHTINGS} or a function, got {mode!r}")
@@ -102,6 +105,9 @@ def NeighborApply(graph: Graph | object, embed: torch.Tensor | None = None, mode
         return gsddmm(graph, _mul, src=norm, dst=norm)
     if embed is None:
         raise ValueError(f"NeighborApply: mode {mode!r} needs the node embeddings (embed=)")
+    if mode == "dot" and embed.dim() < 2:
+        raise ValueError(f"NeighborApply: mode 'dot' sums x_u * x_v over the feature dim; embed is "
+                         f"{list(embed.shape)}, one value per vertex (give it as [N, 1], or use mode 'mul')")
     return gsddmm(graph, _dot if mode == "dot" else _mul, src=embed, dst=embed)
 
 
@@ -115,6 +121,8 @@ def Pull(graph: Graph | object, embed: torch.Tensor, edge: torch.Tensor | None =
     ``(x_u, x_v)`` without ``edge``), traced as a `gspmm` UDF. ``mode_h``: sum, mean, max
     or min. ``schedule`` is `gspmm`'s (FeatGraph's per-call schedule).
     """
+    if not isinstance(mode_h, str) or mode_h not in REDUCERS:
+        raise ValueError(f"Pull: mode_h must be one of {REDUCERS}, got {mode_h!r}")
     if callable(mode_g):
         graph = operand_graph(graph, embed, None)
         _one_vertex_set("Pull", graph, "a function mode_g")
@@ -124,6 +132,10 @@ def Pull(graph: Graph | object, embed: torch.Tensor, edge: torch.Tensor | None =
     if (mode_g == "mul") != (edge is not None):
         raise ValueError("Pull: mode_g='mul' weights each message by edge= (give it); 'copy' reads no edge= "
                          f"(got mode_g={mode_g!r} with edge={'a tensor' if edge is not None else 'None'})")
+    if mode_g == "mul" and isinstance(edge, torch.Tensor) and edge.dim() == 1 and embed.dim() > 1:
+        raise ValueError(f"Pull: mode_g='mul' multiplies each message [E, ...] by its edge weight, so edge= "
+                         f"must be [E, 1] (as NeighborApply gives it); got {list(edge.shape)}: pass "
+                         f"edge.unsqueeze(-1)")
     message = _weighted if mode_g == "mul" else None
     return gspmm(graph, message, mode_h, src=embed, edge=edge, schedule=schedule)
 
