@@ -236,6 +236,21 @@ def test_templates_run_on_bipartite_blocks(backend, monkeypatch):
         {"x": x, "y": y})
 
 
+def test_templates_read_a_raw_graph_as_bipartite_from_the_tables_row_counts():
+    """An edge_index or a rectangular [num_dst, num_src] adj_t with src= and dst= tables of
+    different row counts is PyG's bipartite ``size=(num_src, num_dst)``: the first table's
+    rows were taken for every vertex (the other refused), and the adj_t asked for a
+    num_src_nodes no template takes."""
+    src, dst = torch.tensor([0, 3, 4, 4, 1]), torch.tensor([0, 1, 1, 0, 1])
+    x, y = torch.randn(5, 3, dtype=torch.float64), torch.randn(2, 3, dtype=torch.float64)
+    expected = torch.zeros(2, 3, dtype=torch.float64).index_add(0, dst, x[src] * y[dst])
+    adj_t = torch.sparse_coo_tensor(torch.stack([dst, src]), torch.ones(5), (2, 5)).coalesce()
+    for graph in (torch.stack([src, dst]), adj_t):
+        torch.testing.assert_close(gspmm(graph, lambda xs, yd: xs * yd, "sum", src=x, dst=y), expected)
+    torch.testing.assert_close(gsddmm(torch.stack([src, dst]), lambda xs, yd: (xs * yd).sum(-1), src=x, dst=y),
+                               (x[src] * y[dst]).sum(-1))
+
+
 # --- errors --------------------------------------------------------------------------------
 def graph_and_x():
     return gnnfuse.Graph(SRC, DST, N), inputs("cpu", x=(N, F))["x"]

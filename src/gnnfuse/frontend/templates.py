@@ -54,7 +54,13 @@ def _copy(operand):
 
 def operand_graph(graph: Graph | object, src, dst) -> Graph:
     """The graph as a `Graph`; an edge_index gets its node count from the vertex operands,
-    so trailing vertices without edges are not lost (`graph_input.call_graph`)."""
+    so trailing vertices without edges are not lost (`graph_input.call_graph`). Source and
+    destination tables of different row counts make it bipartite (PyG's ``size=(num_src,
+    num_dst)``), where the first table's rows were taken for every vertex and the other
+    table was refused, or a rectangular adj_t asked for a ``num_src_nodes`` no template takes."""
+    sized = [t for t in (src, dst) if isinstance(t, torch.Tensor) and t.dim()]
+    if not isinstance(graph, Graph) and len(sized) == 2 and src.shape[0] != dst.shape[0]:
+        return Graph.coerce(graph, dst.shape[0], src.shape[0])
     return call_graph(graph, (src, dst))
 
 
