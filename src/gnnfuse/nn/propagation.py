@@ -268,7 +268,7 @@ class SGConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
         # not under torch.autocast, as GCNConv: PyG's map last gives the autocast dtype, where the
         # map first, propagated by float32 weights and given its bias after, gave float32
         if (not self.cached and plain_linear(self.lin) and self.out_channels < self.lin.in_features
-                and not torch.compiler.is_compiling() and autocast_dtype(x.device.type) is None):
+                and not torch.compiler.is_compiling() and autocast_dtype(self.lin.weight.device.type) is None):
             return self._propagated(x, edge_index, edge_weight, mapped_first=True)
         h = self._propagated(x, edge_index, edge_weight)
         if self.cached and self.K > 0:     # as PyG, which caches inside its hop loop: K = 0 caches nothing
