@@ -152,6 +152,10 @@ def _nonnegative_fit(samples: list[KernelTime]) -> tuple[float, float, float]:
     seconds = torch.tensor([s.seconds for s in samples], dtype=torch.float64)
     scale = terms.abs().amax(0).clamp_min(1e-300)               # conditioning: the terms differ by 1e6
     best, best_residual = (0.0, 0.0, 0.0), float(seconds.pow(2).sum())
+    # Fits whose residuals differ by rounding alone are ties, kept by the first found: with
+    # collinear terms (one width in every sample) several subsets fit exactly, and the one
+    # kept was decided by the last bits of LAPACK's residuals, which vary from call to call
+    tie = 1e-12 * best_residual
     for mask in itertools.product((False, True), repeat=terms.shape[1]):
         columns = [i for i, keep in enumerate(mask) if keep]
         if not columns:
@@ -161,7 +165,7 @@ def _nonnegative_fit(samples: list[KernelTime]) -> tuple[float, float, float]:
         if bool((solution < 0).any()):
             continue
         residual = float((a @ solution - seconds).pow(2).sum())
-        if residual < best_residual * (1 - 1e-12):
+        if residual < best_residual - tie:
             coefficients = [0.0] * terms.shape[1]
             for i, value in zip(columns, (solution / scale[columns]).tolist()):
                 coefficients[i] = value
