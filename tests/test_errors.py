@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import inspect
 
+import re
+
 import pytest
 import torch
 
@@ -40,6 +42,19 @@ def test_torch_function_without_registry_entry():
     with pytest.raises(CompileError, match="torch function sin has no gnnfuse op") as info:
         f(graph(), {"h": torch.randn(3, 2)})
     assert f":{line_of(f.fn, 'torch.sin')}:" in str(info.value)
+
+
+@pytest.mark.parametrize("expression, construct", [("u.h.ndim", "tensor attribute .ndim has"),
+                                                     ("u.h.requires_grad", "tensor attribute .requires_grad has"),
+                                                     ("u.h.cumsum(0)", "tensor method .cumsum() has"),
+                                                     ("u.h.no_such_name", "a tensor has no attribute .no_such_name")])
+def test_tensor_attributes_without_registry_entry_are_named_as_attributes(expression, construct):
+    """A property (``.ndim``) was called a method, ``.ndim()``, which the UDF never wrote."""
+    def message(u):
+        return eval(expression, {"u": u}) * u.h
+    f = gnnfuse.vertex(lambda v: sum([message(u) for u in v.innbs]))
+    with pytest.raises(CompileError, match=re.escape(construct)):
+        f(graph(), {"h": torch.randn(3, 2)})
 
 
 def test_missing_feature_key():

@@ -280,8 +280,11 @@ class SymTensor:
         if name.startswith("__"):
             raise AttributeError(name)
         method = getattr(torch.Tensor, name, None)
-        if method is None or method not in TORCH_HANDLERS:
-            raise self.tracer.error(f"tensor method .{name}() has no gnnfuse op (no registry entry)")
+        if method is None:
+            raise self.tracer.error(f"a tensor has no attribute .{name}")
+        if method not in TORCH_HANDLERS:    # a property (.ndim, .requires_grad) is no method to call
+            construct = f"tensor method .{name}()" if callable(method) else f"tensor attribute .{name}"
+            raise self.tracer.error(f"{construct} has no gnnfuse op (no registry entry)")
         return lambda *args, **kwargs: TORCH_HANDLERS[method](self.tracer, self, *args, **kwargs)
 
 
