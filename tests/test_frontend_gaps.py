@@ -154,6 +154,8 @@ def test_row_count_kept_in_its_own_position_of_a_reshape(device):
     (lambda x: x * int(x.shape[0]), "int"),
     (lambda x: sum(x for _ in range(x.size(0))), "range"),
     (lambda x: x.view(-1, x.shape[0]), "reshape"),
+    (lambda x: x * torch.ones(x.shape[0], 1), "torch.ones"),     # torch's parser swallowed the error
+    (lambda x: x + torch.zeros(x.size(0), x.shape[1]), "torch.zeros"),
 ])
 def test_row_count_anywhere_else_is_rejected_at_its_line(use, text):
     def message(edges):

@@ -67,6 +67,14 @@ class Tracer:
         raised = len(self._raised)
         try:
             result = fn(*args)
+        except CompileError:
+            raise
+        except Exception as error:
+            # torch's argument parser swallows our error and raises its own, which names no
+            # cause: torch.ones(x.shape[0]) says "ones() takes 1 positional argument"
+            if len(self._raised) > raised:
+                raise self._raised[raised] from error
+            raise
         finally:
             self._calls.pop()
         if len(self._raised) > raised:     # caught by the user's code (try/except): not compiled as written
