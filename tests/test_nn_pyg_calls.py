@@ -384,3 +384,38 @@ def test_a_torch_sparse_adj_t_with_stored_loops_is_refused_where_pyg_adds_more(n
     ours_layer.add_self_loops = False      # nothing added: the stored loop is an edge as any other
     pyg_layer.add_self_loops = False
     torch.testing.assert_close(ours_layer(x, adj(edge_index)), pyg_layer(x, adj(edge_index)))
+
+
+# PyG's layers build their aggregation at construction (``aggr_module``), so a later
+# ``layer.aggr = ...`` changes nothing -- except FastRGCNConv, whose ``aggregate`` reads
+# ``self.aggr`` at each call. GraphConv, EdgeConv and RGCNConv read the name at each call
+# here (RGCNConv summed for 'max'): outputs off by up to 2.0, without a word.
+REASSIGNED_AGGR = {
+    "GraphConv": (lambda m: m.GraphConv(4, 3), False, ("max", "mean")),
+    "EdgeConv": (lambda m: m.EdgeConv(torch.nn.Linear(8, 3)), False, ("mean", "add")),
+    "RGCNConv": (lambda m: m.RGCNConv(4, 3, 2), True, ("max", "add")),
+    "FastRGCNConv-mean": (lambda m: m.FastRGCNConv(4, 3, 2), True, ("add",)),
+    "FastRGCNConv-add": (lambda m: m.FastRGCNConv(4, 3, 2, aggr="add"), True, ("mean",)),
+    "SAGEConv": (lambda m: m.SAGEConv(4, 3, aggr="max"), False, ("mean",)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REASSIGNED_AGGR))
+def test_an_aggr_set_after_construction_does_what_it_does_in_pyg(name):
+    make, typed, names = REASSIGNED_AGGR[name]
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 4, dtype=torch.float64, generator=gen)
+    edge_index = torch.tensor([[0, 1, 2, 3, 4, 5, 1, 2], [1, 2, 3, 4, 5, 0, 0, 0]])
+    args = (x, edge_index, torch.tensor([0, 1, 0, 1, 0, 1, 0, 1])) if typed else (x, edge_index)
+    theirs, ours = make(pyg).double(), make(gnn).double()
+    ours.load_state_dict(theirs.state_dict())
+    for aggr in names:
+        theirs.aggr = ours.aggr = aggr
+        torch.testing.assert_close(ours(*args), theirs(*args), rtol=1e-12, atol=1e-12)
+
+
+def test_fast_rgcn_refuses_an_aggr_it_cannot_take_set_after_construction():
+    conv = gnn.FastRGCNConv(4, 3, 2)
+    conv.aggr = "max"       # PyG's fails on an assert without a message
+    with pytest.raises(ValueError, match="FastRGCNConv: aggr must be 'mean', 'add' or 'sum', got 'max'"):
+        conv(torch.randn(6, 4), torch.tensor([[0, 1], [1, 2]]), torch.tensor([0, 1]))

@@ -179,3 +179,15 @@ def test_explain_shows_the_fitted_model_and_this_calls_decisions():
     decided = text.split("decisions in this call:")[1]
     assert decided.count(" x1") == 2 and "layer 12->6" in decided and "layer 6->3" in decided
     assert sum(placement.decisions.values()) == 4
+
+
+def test_a_layer_is_placed_by_the_aggregation_it_runs_not_by_a_name_set_later():
+    """A max layer whose ``aggr`` a user set to 'mean' afterwards still runs max (as in
+    PyG); a placement model must not move its map across the max."""
+    from gnnfuse.nn.placement import placeable
+    conv = SAGEConv(4, 3, aggr="max")
+    conv.aggr = "mean"
+    assert not placeable(conv)
+    conv = SAGEConv(4, 3, aggr="mean")
+    conv.aggr = "max"
+    assert placeable(conv)

@@ -276,6 +276,7 @@ class EdgeConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
             raise ValueError(f"EdgeConv: aggr must be one of {list(_EDGE_AGGREGATIONS)} (the reductions gnnfuse "
                              f"fuses for it), got {aggr!r}")
         self.nn, self.aggr = nn, aggr
+        self._aggr = aggr      # PyG builds its aggregation here: a later layer.aggr = ... changes nothing
         self.reset_parameters()
 
     def extra_repr(self) -> str:
@@ -294,7 +295,7 @@ class EdgeConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
         h = self.nn
         coupled = rows_coupled_by(h)
         if coupled is not None:
-            return eager_edge_conv(h, self.aggr, x_src, x_dst, graph, coupled_reason(coupled))
+            return eager_edge_conv(h, self._aggr, x_src, x_dst, graph, coupled_reason(coupled))
 
         # h sees each edge's row as PyG's nn sees the [E, 2F] table: dim 0 the edges
         def edge_max(v):
@@ -307,11 +308,11 @@ class EdgeConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
             return sum([frontend.as_table_rows(h, torch.cat([v.x_dst, u.x_src - v.x_dst], -1))
                         for u in v.innbs]) / len(v.innbs)
 
-        fn = {"max": edge_max, "mean": edge_mean, "add": edge_sum, "sum": edge_sum}[self.aggr]
+        fn = {"max": edge_max, "mean": edge_mean, "add": edge_sum, "sum": edge_sum}[self._aggr]
         try:
             return _run_vertex(fn, graph, {"x_src": x_src, "x_dst": x_dst})
         except CompileError as error:       # raised by the trace, before anything ran
-            return eager_edge_conv(h, self.aggr, x_src, x_dst, graph, f"nn cannot be compiled per edge: {error}")
+            return eager_edge_conv(h, self._aggr, x_src, x_dst, graph, f"nn cannot be compiled per edge: {error}")
 
 
 def _with_edges(graph: Graph, direction: str) -> RowsRead | None:

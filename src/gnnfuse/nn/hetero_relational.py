@@ -44,6 +44,14 @@ class FastRGCNConv(RGCNConv):
     by ``x[source]``. This layer follows ``RGCNConv``, which reads the input it is given;
     with ``x=None`` or ``x=arange(N)`` all four agree."""
 
+    def _aggregation(self) -> str:
+        """``self.aggr`` as it is now: PyG's ``FastRGCNConv`` reads it at each call (its
+        ``aggregate`` normalizes when it is 'mean' and sums otherwise)."""
+        if self.aggr not in ("mean", "add", "sum"):
+            raise ValueError(f"FastRGCNConv: aggr must be 'mean', 'add' or 'sum', got {self.aggr!r} (set after "
+                             "construction)")
+        return self.aggr
+
 
 def typed_input_graph(rows: int, graph: Graph | torch.Tensor, edge_type: torch.Tensor | None, num_relations: int,
                       layer: str) -> Graph:

@@ -218,9 +218,15 @@ def kernel_times(graph: Any, aggregate: Callable, f_in: int, f_out: int, input_g
 
 # --- models ---------------------------------------------------------------------------
 def placeable(conv: Any) -> bool:
-    """Layers whose aggregation commutes with their linear map (a placement applies)."""
+    """Layers whose aggregation commutes with their linear map (a placement applies): by
+    the aggregation the layer runs (``aggr_module``), not its ``aggr`` name, which a user
+    may have set after construction."""
     from .conv import SAGEConv
-    return isinstance(conv, SAGEConv) and conv.aggr in ("mean", "sum", "add")
+    return isinstance(conv, SAGEConv) and _reduction(conv) in ("mean", "sum")
+
+
+def _reduction(conv: Any) -> str | None:
+    return getattr(conv.aggr_module, "kind", None)
 
 
 def install(model: Any, placement: PlacementModel | None) -> None:
@@ -240,7 +246,7 @@ def calibrate(model: Any, batches: Iterable[Any], repeats: int = 2) -> Placement
     for batch in batches:
         for index, conv in enumerate(model.convs):
             if placeable(conv):
-                samples += kernel_times(batch.blocks[index].graph, _AGGREGATORS[conv.aggr], conv.lin_l.in_features,
+                samples += kernel_times(batch.blocks[index].graph, _AGGREGATORS[_reduction(conv)], conv.lin_l.in_features,
                                         conv.out_channels, index > 0, repeats)
     placement = PlacementModel.fit(samples)
     install(model, placement)

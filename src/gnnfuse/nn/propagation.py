@@ -91,6 +91,7 @@ class GraphConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
             raise ValueError(f"GraphConv: aggr must be one of {sorted(_AGGREGATORS)} (the reductions gnnfuse "
                              f"fuses for it; SAGEConv takes PyG's other forms), got {aggr!r}")
         self.in_channels, self.out_channels, self.aggr = in_channels, out_channels, aggr
+        self._aggr = aggr      # PyG builds its aggregation here: a later layer.aggr = ... changes nothing
         in_src, in_dst = _channel_pair(in_channels)
         self.lin_rel = pyg_init.linear(in_src, out_channels, bias=bias)
         self.lin_root = pyg_init.linear(in_dst, out_channels, bias=False)
@@ -111,10 +112,10 @@ class GraphConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
         x, x_dst, graph = _bipartite_inputs(x, graph_input, size, "GraphConv", weighted_adj_t=edge_index)
         pyg_init.materialize([(self.lin_rel, x), (self.lin_root, x_dst)])
         if edge_weight is None:
-            aggregate, edge_feature = _AGGREGATORS[self.aggr], None
+            aggregate, edge_feature = _AGGREGATORS[self._aggr], None
         else:
             weight = edge_weight_column(edge_weight, graph.num_edges, x.dtype).unsqueeze(-1)
-            aggregate, edge_feature = _WEIGHTED_AGGREGATORS[self.aggr], {"w": weight}
+            aggregate, edge_feature = _WEIGHTED_AGGREGATORS[self._aggr], {"w": weight}
         if not plain_linear(self.lin_rel):
             narrows = False                                           # called after the aggregation, as in PyG
         elif edge_weight is not None and edge_weight.requires_grad and torch.is_grad_enabled():
@@ -124,13 +125,13 @@ class GraphConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
         # under torch.compile aggregate first, and under torch.autocast, as PyG: its weighted sum
         # of float32 data is float32 and the map after it bfloat16, where the map first made the
         # sum of its bfloat16 rows by float32 weights float32
-        if self.aggr != "max" and narrows and not isinstance(graph, GraphRef) and autocast_dtype(x.device.type) is None:
+        if self._aggr != "max" and narrows and not isinstance(graph, GraphRef) and autocast_dtype(x.device.type) is None:
             h = _transform_first(x, self.lin_rel.weight, graph, 1)
             if edge_feature is None and x_dst is not None and plain_linear(self.lin_root, bias=False):
                 # as in SAGEConv: the root term carries lin_rel's bias and is added by the
                 # aggregation's kernel (passes.fusion._row_added)
                 root = aligned_linear(x_dst, self.lin_root.weight, self.lin_rel.bias)
-                return _AGGREGATORS_PLUS_ROOT[self.aggr](graph, {"h": h, "root": root})
+                return _AGGREGATORS_PLUS_ROOT[self._aggr](graph, {"h": h, "root": root})
             out = aggregate(graph, {"h": h}, edge_feature)
             if self.lin_rel.bias is not None:
                 out = out + self.lin_rel.bias

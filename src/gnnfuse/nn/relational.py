@@ -131,6 +131,7 @@ class RGCNConv(NotScriptable, nn.Module):
             raise ValueError(f"num_relations and num_bases must be >= 1, got {num_relations} and {num_bases}")
         self.in_channels, self.out_channels = in_channels, out_channels
         self.num_relations, self.num_bases, self.num_blocks, self.aggr = num_relations, num_bases, num_blocks, aggr
+        self._aggr = aggr      # PyG builds its aggregation here: a later layer.aggr = ... changes nothing
         self.is_sorted, self.in_channels_l = is_sorted, in_src     # PyG's name for the sources' width
         if num_blocks is not None:
             shape = (num_relations, num_blocks, in_src // num_blocks, out_channels // num_blocks)
@@ -160,6 +161,12 @@ class RGCNConv(NotScriptable, nn.Module):
         return (self.comp @ self.weight.reshape(self.num_bases, -1)).reshape(
             self.num_relations, self.in_channels_l, self.out_channels)
 
+    def _aggregation(self) -> str:
+        """The reduction over each relation's messages: the one built with, as PyG's
+        ``RGCNConv`` keeps it in its ``aggr_module`` (a later ``layer.aggr = ...`` changes
+        nothing there)."""
+        return self._aggr
+
     def forward(self, x: torch.Tensor | None | tuple[torch.Tensor | None, torch.Tensor],
                 edge_index: Graph | torch.Tensor, edge_type: torch.Tensor | None = None) -> torch.Tensor:
         bipartite = isinstance(x, (tuple, list))
@@ -184,8 +191,8 @@ class RGCNConv(NotScriptable, nn.Module):
         # the root term and bias go into the program on one node set; on a bipartite graph
         # (whose destination rows are another table) and under torch.compile (which traces
         # no program built per call) the relation sums run alone (`_PLAIN`) and they follow
-        kind = "mean" if self.aggr == "mean" else "sum"
-        edges = {"norm": _relation_mean_norm(graph, x_src.dtype)} if self.aggr == "mean" else {}
+        kind = "mean" if self._aggregation() == "mean" else "sum"
+        edges = {"norm": _relation_mean_norm(graph, x_src.dtype)} if kind == "mean" else {}
         if not bipartite and not torch.compiler.is_compiling():
             program = frontend.vertex(functools.partial(_relational, kind, self.root, self.bias))
             return program(graph, {"h": x_src}, edges, etype_feature=feeds)
