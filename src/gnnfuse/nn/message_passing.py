@@ -66,8 +66,7 @@ class MessagePassing(NotScriptable, PyGMessagePassing):
                                type(self).propagate, self, edge_index, size, **kwargs)
         if not vars(self).get(_EAGER_FLAG):    # inside `eagerly(self)`
             try:
-                return compiled_propagate(self, edge_index, size, kwargs,
-                                          type(self).__dict__.get("_gnnfuse_template_propagate") is None)
+                return compiled_propagate(self, edge_index, size, kwargs, _template(type(self)) is None)
             except NotCompilable as reason:
                 _warn_once(type(self), str(reason))
         return _eager_propagate(self, edge_index, size, kwargs)
@@ -90,12 +89,11 @@ class MessagePassing(NotScriptable, PyGMessagePassing):
                 self.inspector._source_dict.setdefault(cls.__name__, inspect.getsource(source_class))
         super()._set_jittable_templates(raise_on_error)
         template = cls.__dict__.get("_jinja_propagate")
-        if template is None or template is propagate:
-            # PyG keeps the propagate a class inherits where it cannot build its own (its
-            # forward passes **kwargs, say): a base class's template if that base was
-            # instantiated first, PyG having installed it there then, else the generic one
-            template = getattr(cls, "_gnnfuse_template_propagate", None)
-        cls._gnnfuse_template_propagate = template
+        if template is not None and template is not propagate:
+            cls._gnnfuse_template_propagate = template
+        # else PyG keeps the propagate a class inherits where it cannot build its own (its
+        # forward passes **kwargs, say), found at each call: a base class's template once
+        # that base has been instantiated, else the generic one (`_template`)
         cls.propagate = cls._orig_propagate = cls._jinja_propagate = propagate
         cls._gnnfuse_propagate_set = True
 
@@ -123,10 +121,17 @@ def _eager_propagate(layer: MessagePassing, edge_index: Any, size: Any, kwargs: 
     backward gathers through such an int32 view wrongly (GENConv's powermean input gradient
     was 0.59 off), a wrong gradient PyG itself gives on int32."""
     edge_index = _int64_index(edge_index)
-    template = type(layer).__dict__.get("_gnnfuse_template_propagate")
+    template = _template(type(layer))
     if template is None or layer.explain or layer.decomposed_layers != 1:
         return _EAGER_PROPAGATE(layer, edge_index, size, **kwargs)
     return template(layer, edge_index, size=size, **kwargs)
+
+
+def _template(cls: type) -> Callable | None:
+    """The template-generated ``propagate`` PyG would call on ``cls`` now: its own, or
+    the nearest base class's (looked up at each call, as PyG's attribute lookup does: a
+    base instantiated after the subclass installs its template then), else None."""
+    return getattr(cls, "_gnnfuse_template_propagate", None)
 
 
 def _int64_index(edge_index: Any) -> Any:
