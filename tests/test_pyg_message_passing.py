@@ -238,13 +238,14 @@ def softmax_by_module(base, size=None, full_path=False):
     return ModuleSoftmax()
 
 
-@pytest.mark.parametrize("form", ["tensor", "size", "edge_index_class", "no_edges", "full_path"])
+@pytest.mark.parametrize("form", ["tensor", "size", "size_tensor", "edge_index_class", "no_edges", "full_path"])
 def test_pyg_input_forms_compile(form):
     """``utils.softmax`` through the module or the package (which fell back to eager with
-    a warning about a ``.detach()`` the user never wrote), ``size=(N, N)``, PyG's
+    a warning about a ``.detach()`` the user never wrote), ``size=(N, N)`` (as a tuple or
+    a tensor, which fell back as 'bipartite': its two 0-dim tensors are two objects), PyG's
     ``EdgeIndex`` and a graph without edges all run compiled and match PyG."""
     from torch_geometric import EdgeIndex
-    size = (NUM_NODES, NUM_NODES) if form == "size" else None
+    size = {"size": (NUM_NODES, NUM_NODES), "size_tensor": torch.tensor([NUM_NODES, NUM_NODES])}.get(form)
     full = form == "full_path"
     ours = softmax_by_module(gnnfuse.nn.MessagePassing, size, full)
     theirs = softmax_by_module(pyg_nn.MessagePassing, size, full)

@@ -603,7 +603,7 @@ def compiled_propagate(layer: PyGMessagePassing, edge_index: Any, size: Any, kwa
     message, bound = _message(layer)
     params = layer.inspector.get_param_names("message")
     args = _collect(layer, params, kwargs, mutable_size, num_edges, pairs_by_flow)
-    known = [s for s in mutable_size if s is not None]
+    known = [int(s) for s in mutable_size if s is not None]     # 0-dim tensors (size=torch.tensor([4, 4])) too
     if len(set(known)) > 1:
         raise NotCompilable(f"bipartite message passing (size {mutable_size})")
     i = 1 if layer.flow == "source_to_target" else 0
