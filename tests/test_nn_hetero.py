@@ -202,6 +202,24 @@ def test_hgt_takes_a_prebuilt_hetero_graph():
         layer(x, HeteroGraph(edges, {t: v.shape[0] for t, v in x.items()}))
 
 
+@pytest.mark.parametrize("in_channels", [-1, {"a": -1, "b": 3, "c": -1}])
+def test_a_lazy_hgt_runs_on_the_weights_load_state_dict_gives_it(in_channels):
+    """A lazy HGTConv given PyG's materialized weights refused its first call ('width 4,
+    but the layer was built for width 0'): torch's load fills a lazy map's weight but not
+    its in_features, which the width check read."""
+    x, edges = hetero_inputs(5)
+    pyg = pyg_nn.HGTConv(in_channels, 6, METADATA, heads=2).double()
+    pyg(x, edges)       # materialized by a first call
+    ours = gnn.HGTConv(in_channels, 6, METADATA, heads=2).double()
+    ours.load_state_dict(pyg.state_dict())
+    got, expected = ours(x, edges), pyg(x, edges)
+    assert got.keys() == expected.keys()
+    for t in got:
+        torch.testing.assert_close(got[t], expected[t], rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="node type 'a' has features of width 5, but the layer was built for width 6"):
+        ours({**x, "a": x["a"][:, :5]}, edges)
+
+
 def _hgt_pair(seed: int) -> tuple[torch.nn.Module, torch.nn.Module]:
     """gnnfuse's and PyG's float64 HGTConv (heads 2, width 6) with PyG's weights drawn from ``seed``."""
     pyg = randomized(pyg_nn.HGTConv(IN_CHANNELS, 6, METADATA, heads=2).double(), seed)

@@ -53,9 +53,11 @@ class TypeLinears(nn.Module):
         (torch's matmul error names neither the type nor which width was expected)."""
         for t in self.types:
             lin = self.lins[module_key(t)]
-            if t in x_dict and not pyg_init.is_lazy(lin) and x_dict[t].shape[-1] != lin.in_features:
+            # the weight's width, not in_features: a lazy map given its weight by
+            # load_state_dict keeps in_features 0 (torch sets it at a first call only)
+            if t in x_dict and not pyg_init.is_lazy(lin) and x_dict[t].shape[-1] != lin.weight.shape[1]:
                 raise ValueError(f"{layer}: node type {t!r} has features of width {x_dict[t].shape[-1]}, but the "
-                                 f"layer was built for width {lin.in_features}")
+                                 f"layer was built for width {lin.weight.shape[1]}")
 
 
 class RelationHeadWeight(nn.Module):
