@@ -154,6 +154,19 @@ def test_tune_command_line_errors(capsys):
     assert stop.value.code == 2
 
 
+def test_a_store_that_is_a_folder_is_refused_before_the_search(tmp_path, monkeypatch, capsys):
+    """The whole search ran, then os.replace failed with an IsADirectoryError traceback
+    and left a temporary file beside the folder."""
+    monkeypatch.setenv(tuned_schedule.PATH_ENV, str(tmp_path))
+    monkeypatch.setattr("gnnfuse.tuning.command.tune", lambda *args, **kwargs: pytest.fail("searched"))
+    with pytest.raises(SystemExit) as stop:
+        main(["tune", "--dataset", "synthetic", "--space", "small"])
+    assert stop.value.code == 2 and f"{tmp_path} " in capsys.readouterr().err
+    with pytest.raises(IsADirectoryError):
+        tuned_schedule.store({})
+    assert list(tmp_path.parent.glob("*.tmp")) == []
+
+
 def test_the_triton_backend_runs_a_tuned_choice(cache, monkeypatch):
     """A stored Triton choice (here the vertex-parallel CSR schedule with 2-wide feature
     blocks, where the cost rule picks the edge-parallel COO one for this sparse graph)

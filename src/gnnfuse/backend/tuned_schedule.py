@@ -262,6 +262,10 @@ def store(records: dict[str, dict[str, Any]]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
         json.dump({"stamp": STAMP, "entries": merged}, f, indent=1, sort_keys=True)
-    os.replace(f.name, path)
+    try:
+        os.replace(f.name, path)
+    except OSError:
+        os.unlink(f.name)      # no temporary file left beside the store
+        raise
     _loaded["path"] = None   # read back on the next lookup
     return path
