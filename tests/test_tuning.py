@@ -89,6 +89,12 @@ def test_the_backend_runs_the_tuned_choice_with_unchanged_values(cache, monkeypa
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
     report = str(gnnfuse.explain(model, x, graph))
     assert "tuned schedule, cpu backend: feature tile 2, source partitions of 8 B" in report
+    # explained on the cpu backend, every unit it runs with a stored choice is marked: the
+    # Triton plan it showed added the bias inside the forward sum, a unit of another key
+    monkeypatch.setenv("GNNFUSE_BACKEND", "cpu")
+    report = str(gnnfuse.explain(model, x.requires_grad_(), graph))
+    assert "executor: cpu (the plans below are its units" in report
+    assert report.count("[tuned schedule, cpu backend: ") == len(results) == 2, report
 
 
 @pytest.mark.parametrize("content, message", [

@@ -8,7 +8,8 @@ the same programs op by op), what each step reads and writes to memory, and an e
 the bytes it moves on the graph it ran on. Each program's header names the executor that
 ran it: on a GPU a small graph's first pass runs on the reference backend
 (`runtime/first_pass.py`), and the plans shown are then the Triton backend's, for the
-graph's later passes.
+graph's later passes. A call the Numba CPU backend ran shows that backend's units (no
+bias added inside a sum, no sibling kernels), so its stored tuned choices are marked.
 
 Byte model (an estimate of DRAM traffic, not a measurement; caches are ignored):
 
@@ -72,7 +73,7 @@ from ..ir import Program, Residency, Value, get_op
 from ..ir.ops.movement import contended
 from ..ir.ops.typed_aggregate import recorded_choice
 from ..ir.residency import Movement
-from ..passes.fusion import gathered_leaves, tiles_in_body
+from ..passes.fusion import gathered_leaves, partition, tiles_in_body
 from ..passes.io_rule import EdgeTensor, backward_reads_gathered_rows, edge_tensors, reads_gathered_rows
 from ..passes.pair_sources import PAIR_PREFIX
 from ..passes.siblings import fused_plan
@@ -308,11 +309,14 @@ def _kernel_source(unit: Any, sizes: _Sizes) -> str:
 
 
 def _plan(phase: str, program: Program, keep: list[int], sizes: _Sizes, source: bool,
-          tainted: set[int]) -> Plan:
+          tainted: set[int], cpu: bool = False) -> Plan:
+    """``cpu``: the units the Numba CPU backend runs (its executor's `partition`: no bias
+    added inside a sum, no sibling kernels), whose stored tuned choices are under their
+    own keys; else the Triton backend's plan."""
     names = _names(program)
     steps = []
     tiled = tiled_scores(sizes.num_edges)
-    for item in fused_plan(program, keep, tiled):
+    for item in partition(program, keep) if cpu else fused_plan(program, keep, tiled):
         if isinstance(item, Value):
             steps.append(_op_step(item, sizes, names))
             continue
@@ -579,9 +583,10 @@ def explain(fn: Callable[..., Any], *args: Any, source: bool = False, **kwargs: 
         program = call.compiled.program
         tainted = reads_gathered_rows(program)
         with forcing(call.schedule):   # a schedule= the call forced is the one reported
-            forward = _plan("forward", program, keep, sizes, source, tainted)
+            cpu = call.executor == "cpu"
+            forward = _plan("forward", program, keep, sizes, source, tainted, cpu)
             back = _plan("backward", backward.program, [], sizes, source,
-                         backward_reads_gathered_rows(backward.program, program, tainted)) if backward else None
+                         backward_reads_gathered_rows(backward.program, program, tainted), cpu) if backward else None
         reports[key] = ProgramReport(call, 1, forward, back)
     return ExplainReport(result, list(reports.values()), source,
                          [_placement_text(p, Counter(p.decisions) - old) for p, old in zip(placements, before)])
@@ -595,6 +600,8 @@ def _executor_text(call: ProgramCall) -> str:
         return ("reference (the graph's first pass: a small graph runs on torch ops until a backward pass "
                 f"has run on it, runtime/first_pass.py; {backward}; the plans below are the Triton backend's, "
                 "for later passes)")
+    if call.executor == "cpu":
+        return "cpu (the plans below are its units: no bias added inside a sum, no sibling kernels)"
     return call.executor
 
 
