@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import warnings
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 

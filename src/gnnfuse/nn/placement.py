@@ -246,8 +246,8 @@ def calibrate(model: Any, batches: Iterable[Any], repeats: int = 2) -> Placement
     for batch in batches:
         for index, conv in enumerate(model.convs):
             if placeable(conv):
-                samples += kernel_times(batch.blocks[index].graph, _AGGREGATORS[_reduction(conv)], conv.lin_l.in_features,
-                                        conv.out_channels, index > 0, repeats)
+                samples += kernel_times(batch.blocks[index].graph, _AGGREGATORS[_reduction(conv)],
+                                        conv.lin_l.in_features, conv.out_channels, index > 0, repeats)
     placement = PlacementModel.fit(samples)
     install(model, placement)
     return placement

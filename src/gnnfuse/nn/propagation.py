@@ -125,7 +125,8 @@ class GraphConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
         # under torch.compile aggregate first, and under torch.autocast, as PyG: its weighted sum
         # of float32 data is float32 and the map after it bfloat16, where the map first made the
         # sum of its bfloat16 rows by float32 weights float32
-        if self._aggr != "max" and narrows and not isinstance(graph, GraphRef) and autocast_dtype(x.device.type) is None:
+        if (self._aggr != "max" and narrows and not isinstance(graph, GraphRef)
+                and autocast_dtype(x.device.type) is None):
             h = _transform_first(x, self.lin_rel.weight, graph, 1)
             if edge_feature is None and x_dst is not None and plain_linear(self.lin_root, bias=False):
                 # as in SAGEConv: the root term carries lin_rel's bias and is added by the
