@@ -419,3 +419,33 @@ def test_fast_rgcn_refuses_an_aggr_it_cannot_take_set_after_construction():
     conv.aggr = "max"       # PyG's fails on an assert without a message
     with pytest.raises(ValueError, match="FastRGCNConv: aggr must be 'mean', 'add' or 'sum', got 'max'"):
         conv(torch.randn(6, 4), torch.tensor([[0, 1], [1, 2]]), torch.tensor([0, 1]))
+
+
+@pytest.mark.parametrize("layer", ["GCNConv", "GraphConv", "SGConv", "TAGConv"])
+def test_edge_weights_packed_into_an_adj_t_take_their_gradient(layer):
+    """Learnt weights given as a CSR adj_t's values got no gradient (left None, so an
+    optimizer never moved them): their values were read by ``_values()``, which autograd
+    does not follow. PyG's gradients are the oracle."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(5, 4, dtype=torch.float64, generator=gen)
+    edge_index = torch.tensor([[0, 1, 2, 3, 4, 1], [1, 2, 3, 4, 0, 0]])
+    grads = []
+    theirs = getattr(pyg, layer)(4, 3).double()
+    ours = getattr(gnn, layer)(4, 3).double()
+    ours.load_state_dict(theirs.state_dict())
+    for conv in (theirs, ours):
+        weight = torch.rand(6, dtype=torch.float64, generator=torch.Generator().manual_seed(4)).add(0.5)
+        weight.requires_grad_()
+        adj_t = torch.sparse_coo_tensor(edge_index.flip(0), weight, (5, 5)).coalesce().to_sparse_csr()
+        conv(x, adj_t).pow(2).sum().backward()
+        grads.append(weight.grad)
+    assert grads[1] is not None
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-10, atol=1e-12)
+
+
+def test_a_pattern_only_layer_refuses_an_adj_t_whose_values_take_a_gradient():
+    """All-1 values that require a gradient: a pattern-only layer would silently give none."""
+    adj_t = torch.sparse_coo_tensor(torch.tensor([[1, 2], [0, 1]]), torch.ones(2, dtype=torch.float64),
+                                    (3, 3)).coalesce().requires_grad_()
+    with pytest.raises(ValueError, match="values require a gradient"):
+        gnn.GATConv(4, 3).double()(torch.randn(3, 4, dtype=torch.float64), adj_t)

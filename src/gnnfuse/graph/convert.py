@@ -178,9 +178,13 @@ def adj_t_edges(adj_t: Any) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]
     return col, row, (rows, cols), grouped, value
 
 
-def check_unit_values(value: torch.Tensor | None) -> None:
+def check_unit_values(value: torch.Tensor | None, learnt: bool = False) -> None:
     """Every stored value of a pattern-only ``adj_t`` must be 1: PyG would use other values
-    as edge weights, and silently dropping them would change the result."""
+    as edge weights, and silently dropping them would change the result. ``learnt``: the
+    adj_t takes a gradient, which its pattern alone would silently never give."""
+    if learnt:
+        raise ValueError("the sparse adj_t's values require a gradient, but gnnfuse reads only its pattern here: "
+                         "pass the edges as edge_index and the weights as edge_weight to a layer that takes them")
     if value is not None and value.numel() and not bool((value == 1).all()):
         raise ValueError("the sparse adj_t holds values other than 1, which PyG would use as edge weights (a "
                          "COO entry stored twice counts as 2); gnnfuse reads only its pattern: pass the edges "

@@ -298,7 +298,7 @@ class Graph:
         else:
             check_bipartite_adj_t(adj_t, rows if num_nodes is None else num_nodes, num_src_nodes)
             graph = cls(src, dst, rows, num_src_nodes=cols)
-        check_unit_values(value)
+        check_unit_values(value, isinstance(adj_t, torch.Tensor) and adj_t.requires_grad)
         graph._trust_dst_order(grouped)
         return graph
 

@@ -169,9 +169,11 @@ def adjacency_weights(edge_index: Any, edge_weight: torch.Tensor | None, layer: 
     if isinstance(edge_index, torch.Tensor):
         edge_index = coalesced(edge_index)
         coo = edge_index if edge_index.layout is torch.sparse_coo else edge_index.to_sparse_coo()
-        (row, col), value = coo._indices(), coo._values()
+        # values() where they take a gradient (learnt edge weights packed into the adj_t,
+        # as PyG differentiates them): _values() is not differentiated, and they got none
+        (row, col), value = coo._indices(), coo.values() if coo.requires_grad else coo._values()
     else:                                             # torch_sparse.SparseTensor
         row, col, value = edge_index.coo()
-    if value is None or not value.numel() or bool((value == 1).all()):
+    if value is None or not value.numel() or (not value.requires_grad and bool((value == 1).all())):
         return edge_index, None
     return torch.stack([col, row]), value
