@@ -147,12 +147,14 @@ def test_rgcn_reads_edge_types_from_a_sparse_tensor_adj_t():
         ours(x, adj_t)
 
 
-def test_rgcn_refuses_a_torch_sparse_adj_t_by_name():
+@pytest.mark.parametrize("layer", ["RGCNConv", "FastRGCNConv"])
+def test_rgcn_refuses_a_torch_sparse_adj_t_by_name(layer):
     """A torch sparse adj_t holds no edge types (PyG's RGCNConv fails on it too); before,
-    its rows were taken for an edge_index ("src must hold integer ids")."""
+    its rows were taken for an edge_index ("src must hold integer ids"), and then
+    FastRGCNConv's refusal named RGCNConv."""
     adj_t = torch.sparse_coo_tensor(EDGE_INDEX.flip(0), torch.ones(EDGE_INDEX.shape[1]), (NUM_DST, NUM_SRC))
-    ours = gnn.RGCNConv((F_SRC, F_DST), F_OUT, RELATIONS).double()
-    with pytest.raises(ValueError, match="RGCNConv: a torch sparse adj_t carries no edge types"):
+    ours = getattr(gnn, layer)((F_SRC, F_DST), F_OUT, RELATIONS).double()
+    with pytest.raises(ValueError, match=f"^{layer}: a torch sparse adj_t carries no edge types"):
         ours(rgcn_inputs("float", "float", "cpu"), adj_t.coalesce(), EDGE_TYPE)
 
 

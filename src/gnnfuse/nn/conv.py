@@ -331,7 +331,8 @@ def _normalized_layer_inputs(layer: nn.Module, name: str, x: torch.Tensor, edge_
         refuse_stored_loops(given, name)
     caching = layer.cached and layer.normalize
     if caching and edge_weight is not None:
-        raise NotImplementedError(f"{name}(cached=True) with edge_weight is not supported: the cache "
+        raise NotImplementedError(f"{name}(cached=True) with edge weights (edge_weight, or a sparse adj_t's values "
+                                  "other than 1) is not supported: the cache "
                                   "holds the graph's normalisation, not the weights'")
     return x, _layer_graph(layer, x, edge_index, caching), edge_weight
 

@@ -45,20 +45,20 @@ def _relation_mean_norm(graph: Graph, dtype: torch.dtype) -> torch.Tensor:
     return graph.cached(f"nn_relation_mean_norm_{dtype}", build)
 
 
-def _typed_adj_t(adj_t, edge_type: torch.Tensor | None, num_src: int, num_dst: int
+def _typed_adj_t(adj_t, edge_type: torch.Tensor | None, num_src: int, num_dst: int, layer: str
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(edge_index, edge_type)`` of PyG's typed ``adj_t``: a ``torch_sparse.SparseTensor``
     of shape [destinations, sources] whose stored values are the edge types (PyG's only
     sparse form for R-GCN; a torch sparse tensor has no such reading there, and is refused)."""
     if isinstance(adj_t, torch.Tensor):
-        raise ValueError("RGCNConv: a torch sparse adj_t carries no edge types; pass edge_index and edge_type "
+        raise ValueError(f"{layer}: a torch sparse adj_t carries no edge types; pass edge_index and edge_type "
                          "(or a torch_sparse.SparseTensor whose values are the edge types, as PyG takes)")
     if edge_type is not None:
-        raise ValueError("RGCNConv: the SparseTensor adj_t holds the edge types as its values; edge_type was "
+        raise ValueError(f"{layer}: the SparseTensor adj_t holds the edge types as its values; edge_type was "
                          "given too, pass the types one way")
     row, col, value = adj_t.coo()
     if value is None:
-        raise ValueError("RGCNConv: the SparseTensor adj_t has no values; PyG reads them as the edge types")
+        raise ValueError(f"{layer}: the SparseTensor adj_t has no values; PyG reads them as the edge types")
     check_bipartite_adj_t(adj_t, num_dst, num_src)
     return torch.stack([col, row]), value
 
@@ -237,9 +237,9 @@ class RGCNConv(NotScriptable, nn.Module):
                                  "edge_index, not both")
         else:
             if is_sparse_adjacency(graph):
-                graph, edge_type = _typed_adj_t(graph, edge_type, num_src, num_dst)
+                graph, edge_type = _typed_adj_t(graph, edge_type, num_src, num_dst, type(self).__name__)
             if edge_type is None:
-                raise ValueError("RGCNConv needs edge types: a Graph built with edge_type=..., or "
+                raise ValueError(f"{type(self).__name__} needs edge types: a Graph built with edge_type=..., or "
                                  "forward(x, edge_index, edge_type)")
             graph = Graph(graph[0], graph[1], num_dst, edge_type=edge_type, num_edge_types=self.num_relations,
                           num_src_nodes=num_src if bipartite else None)
