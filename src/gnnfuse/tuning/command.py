@@ -36,8 +36,9 @@ def run_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
         parser.error("--repeats must be at least 1")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is available")
-    if cache_path().is_dir():      # found by the write, after the whole search
-        parser.error(f"the store of tuned choices, {cache_path()} (${PATH_ENV}, else $GNNFUSE_CACHE/"
+    store = cache_path()
+    if store.is_dir():      # found by the write, after the whole search
+        parser.error(f"the store of tuned choices, {store} (${PATH_ENV}, else $GNNFUSE_CACHE/"
                      f"tuned_schedules.json), is a folder; set ${PATH_ENV} to a file name")
     device = torch.device(args.device)
     try:
