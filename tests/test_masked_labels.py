@@ -155,3 +155,40 @@ def test_an_unmasked_use_of_the_labels_runs_eagerly_with_a_warning(loss_fn, name
         replayed = _training(True, loss_fn)
     assert replayed[2].replayed == 0
     torch.testing.assert_close(torch.tensor(replayed[0]), torch.tensor(eager[0]), rtol=1e-9, atol=1e-12)
+
+
+def _relative(out, b):
+    return (((out - b.y).abs() / b.y.abs()) * b.y_mask).sum() / b.y_mask.sum()
+
+
+@pytest.mark.parametrize("loss_fn, named", [
+    (_relative, "div"),
+    (lambda out, b: (F.mse_loss(out, b.y.abs().log(), reduction="none") * b.y_mask).sum() / b.y_mask.sum(), "log"),
+    (lambda out, b: ((out - b.y).abs().sqrt() * b.y_mask).sum() / b.y_mask.sum(), "sqrt"),
+    (lambda out, b: (F.mse_loss(out[:, None], b.y, reduction="none") * b.y_mask).sum() / b.y_mask.sum(), "mse_loss"),
+    (lambda out, b: (F.l1_loss(out, b.y, reduction="none")[:, None] * b.y_mask).sum() / b.y_mask.sum(), "mul"),
+])
+def test_a_masked_loss_the_mask_cannot_repair_runs_eagerly_with_a_warning(loss_fn, named):
+    """A quotient by the labels, their log or root (inf or NaN on a padding row's 0 label,
+    or in its gradient: inf * 0 is NaN) and a broadcast spreading the rows over columns
+    (a [G] label against a [G, 1] output: the mask zeroes the padding's rows, not its
+    columns) give other numbers on a padded batch however they are masked: the step
+    falls back, naming the op, and trains as on PyG's batches."""
+    eager = _training(False, loss_fn)
+    with pytest.warns(CaptureFallbackWarning, match=f"{named}.*from batch.y"):
+        replayed = _training(True, loss_fn)
+    assert replayed[2].replayed == 0
+    torch.testing.assert_close(torch.tensor(replayed[0]), torch.tensor(eager[0]), rtol=1e-9, atol=1e-12,
+                               equal_nan=True)
+
+
+@pytest.mark.parametrize("loss_fn", [
+    lambda out, b: ((((out - b.y) / 2.0) ** 2) * b.y_mask).sum() / b.y_mask.sum(),
+    lambda out, b: (F.smooth_l1_loss(out, b.y, reduction="none").sigmoid() * b.y_mask).sum() / b.y_mask.sum(),
+    lambda out, b: ((out[:, None] - b.y[:, None]).square().sum(dim=1) * b.y_mask).sum() / b.y_mask.sum(),
+])
+def test_masked_losses_finite_on_the_padding_still_replay(loss_fn):
+    eager = _training(False, loss_fn)
+    replayed = _training(True, loss_fn)
+    assert replayed[2].status == "captured" and replayed[2].replayed == 2
+    torch.testing.assert_close(torch.tensor(replayed[0]), torch.tensor(eager[0]), rtol=1e-9, atol=1e-12)

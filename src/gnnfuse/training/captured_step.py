@@ -397,7 +397,10 @@ class GraphStepCapture(BlockStepCapture):
             with LabelWatch([plain[key] for key in LABEL_KEYS if key in plain], masks) as watch:
                 result = self._eager_step(plain)
             self.eager += 1
-            if watch.misuse is not None and masks:
+            if watch.unmaskable is not None:
+                self._fall_back(f"the step computes {watch.misuse} from batch.y, {watch.unmaskable}; so a padded "
+                                f"batch's step would not give the plain batch's numbers")
+            elif watch.misuse is not None and masks:
                 self._fall_back(f"the step computes {watch.misuse} of batch.y before multiplying it by batch.y_mask, "
                                 f"which is 0 on a padded batch's padding rows: multiply the loss terms by it before "
                                 f"reducing them, (F.mse_loss(out, batch.y, reduction='none') * batch.y_mask).sum() "

@@ -21,7 +21,12 @@ change. Anything else done with either -- a mean (which divides by the padded co
 a reduction before the mask, an op moving values along the rows -- is named. So is a
 row count read from the labels, the mask or a value of them (``len(y)``, ``y.numel()``,
 ``y.shape[0]``: a padded batch's, padding included), and labels used to index a table
-(``table[y]``: a padding label reads entry -100). So
+(``table[y]``: a padding label reads entry -100). Before the mask, the labels' values
+may only go through ops that keep a padding row's finite values finite with a finite
+gradient (sums, differences, products, powers of at least 1, quotients by anything but
+the labels, the regression losses, `_FINITE_ON_ZEROS`), since the mask's 0 does not
+cancel an inf or a NaN (``y.log()``, ``(out - y) / y``), and through no broadcast
+spreading the rows over columns (a ``[G]`` label against a ``[G, 1]`` output). So
 ``(F.l1_loss(out, y, reduction="none") * y_mask).sum() / y_mask.sum()`` passes and
 ``F.l1_loss(out, y)`` or ``(F.l1_loss(out, y, reduction="none") * y_mask).mean()`` do not.
 """
@@ -61,12 +66,26 @@ _SUMS = frozenset({torch.sum, torch.Tensor.sum, torch.nansum, torch.Tensor.nansu
 # Ops keeping each row's values in that row whose names nonetheless move values along
 # the rows (a cumulative sum over them, a sort): never row by row.
 _ROW_MIXING = ("cum", "sort", "flip", "roll", "gather", "scatter", "index", "take", "logcumsumexp", "diff")
+# What a value of masked labels may go through before the mask: ops taking a padded
+# row's finite values (labels 0, outputs of a padding graph) to finite values with finite
+# gradients, since the mask multiplies them by 0 and ``inf * 0`` is NaN, in the forward
+# (``y.log()``, a quotient by ``y``) or in the backward (``sqrt``'s gradient at 0).
+_FINITE_ON_ZEROS = frozenset({
+    "add", "sub", "subtract", "mul", "multiply", "neg", "negative", "abs", "square", "sigmoid", "tanh", "relu",
+    "clamp", "clip", "exp", "float", "double", "half", "bfloat16", "to", "type_as", "view", "view_as", "reshape",
+    "reshape_as", "squeeze", "unsqueeze", "flatten", "contiguous", "clone", "detach", "__add__", "__radd__",
+    "__sub__", "__rsub__", "__mul__", "__rmul__", "__neg__", "__abs__", "mse_loss", "l1_loss", "smooth_l1_loss",
+    "huber_loss", "binary_cross_entropy_with_logits", "where"})
+_ROW_REDUCTIONS = frozenset({"sum", "mean", "amax", "amin", "nansum"})    # over the other dims only
+_POWERS = frozenset({"pow", "__pow__"})
 
 
 class LabelWatch(TorchFunctionMode):
     """``with LabelWatch([batch.y]) as watch: step(batch)``; then ``watch.misuse`` names
     the first torch function that computed something from the labels other than a loss
-    ignoring `IGNORE_LABEL` and reduced over its rows (None: there was none)."""
+    ignoring `IGNORE_LABEL` and reduced over its rows (None: there was none), and
+    ``watch.unmaskable`` says why, where it is an op on masked labels' values that
+    multiplying by the mask would not repair (a quotient by the labels, a broadcast)."""
 
     def __init__(self, labels: Iterable[torch.Tensor], masks: Iterable[torch.Tensor] = ()) -> None:
         super().__init__()
@@ -77,6 +96,7 @@ class LabelWatch(TorchFunctionMode):
         self._zeroed: list[torch.Tensor] = []    # label values times the mask: 0 on the padded rows
         self._zeroed_ids: set[int] = set()
         self.misuse: str | None = None
+        self.unmaskable: str | None = None    # why masking cannot repair `misuse`, when that is the reason
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -94,7 +114,8 @@ class LabelWatch(TorchFunctionMode):
             return out
         results = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
         if zeroed and not labelled:
-            if func in _SUMS or (func in _DIVIDING and args[0] is zeroed[0]) or func in _ZERO_KEEPING:
+            if func in _SUMS or (func in _DIVIDING and args[0] is zeroed[0] and _constant_rows(args[1])) or (
+                    func in _ZERO_KEEPING and _rows_aligned(zeroed, results)):
                 if not (func in _SUMS and all(t.dim() == 0 for t in results)):
                     self._keep(self._zeroed, self._zeroed_ids, results)     # still 0 on the padded rows
                 return out
@@ -102,15 +123,26 @@ class LabelWatch(TorchFunctionMode):
             if _row_by_row(func, [t for t in inputs if id(t) in self._mask_ids], results):
                 self._keep(self._masks, self._mask_ids, results)
             return out
-        elif masked and (func in _MASKING or (func is torch.where and len(args) == 3 and id(args[0]) in self._mask_ids
-                                              and id(args[1]) in self._ids and _zero(args[2]))):
+        elif masked and _rows_aligned(inputs, results) and (
+                func in _MASKING or (func is torch.where and len(args) == 3 and id(args[0]) in self._mask_ids
+                                     and id(args[1]) in self._ids and _zero(args[2]))):
             self._keep(self._zeroed, self._zeroed_ids, results)      # 0 on the padded rows
             return out
         ignoring = func in _IGNORING and _ignores_padding(func, args, kwargs)
         if not results or ignoring is True:
             return out            # a dtype, a dimension count; or a loss that ignores the padding
         if self._mask_ids and _row_by_row(func, labelled, results):
-            self._keep(self._labels, self._ids, results)      # still the labels' rows: to be masked
+            if not _rows_aligned(inputs, results):
+                self.misuse = _name(func)
+                self.unmaskable = (f"broadcasting shapes {[tuple(t.shape) for t in inputs]} to "
+                                   f"{tuple(results[0].shape)}, which spreads rows over columns that a mask of the "
+                                   f"rows does not zero")
+            elif not _finite_on_zeros(func, args, kwargs, self._ids):
+                self.misuse = _name(func)
+                self.unmaskable = ("which on a padding row (label 0) may be inf or NaN, or have an inf or NaN "
+                                   "gradient, and multiplying by the mask's 0 leaves NaN")
+            else:
+                self._keep(self._labels, self._ids, results)      # still the labels' rows: to be masked
             return out
         if func in _KEEP_LABELS and id(args[0]) in self._ids and not any(
                 t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool for t in results):
@@ -170,6 +202,48 @@ def _row_by_row(func: Any, sources: list[torch.Tensor], results: list[torch.Tens
         return False
     rows = {t.shape[0] for t in sources if t.dim()}
     return bool(results) and all(t.dim() and t.shape[0] in rows for t in results)
+
+
+def _rows_aligned(inputs: list[torch.Tensor], results: list[torch.Tensor]) -> bool:
+    """Whether every input with rows meets the result row for row: of the result's rank
+    and row count, or one value for all (a ``[G]`` label against a ``[G, 1]`` output
+    broadcasts to ``[G, G]``, its rows spread over the columns, which a mask of the rows
+    does not zero)."""
+    broadcast = [t for t in inputs if t.numel() != 1]
+    if len(broadcast) < 2:
+        return True       # a view or a reduction of one tensor: its rows are `_row_by_row`'s
+    ranked = [t for t in results if t.dim()]
+    return all(t.numel() == 1 or (t.dim() == r.dim() and t.shape[0] == r.shape[0])
+               for t in inputs for r in ranked)
+
+
+def _constant_rows(divisor: Any) -> bool:
+    """Whether ``divisor`` is the same for every row (a number, a tensor of one value or of
+    fewer dims than the rows'), so a masked row's 0 stays 0, not ``0 / 0``."""
+    return not isinstance(divisor, torch.Tensor) or divisor.numel() == 1 or divisor.dim() == 0
+
+
+def _finite_on_zeros(func: Any, args: tuple, kwargs: dict, label_ids: set[int]) -> bool:
+    """Whether ``func``, given label values, keeps a padded row finite with a finite
+    gradient (`_FINITE_ON_ZEROS`): a sum over the other dims, a non-negative whole power,
+    a quotient by something other than the labels, a view of whole rows."""
+    name = getattr(func, "__name__", "")
+    if name in _FINITE_ON_ZEROS:
+        return True
+    if name in _ROW_REDUCTIONS:
+        dims = args[1] if len(args) > 1 else kwargs.get("dim")
+        dims = (dims,) if isinstance(dims, int) else dims
+        return bool(dims) and all(isinstance(d, int) and d % args[0].dim() != 0 for d in dims)
+    if name in _POWERS:
+        exponent = args[1] if len(args) > 1 else kwargs.get("exponent")
+        return isinstance(args[0], torch.Tensor) and isinstance(exponent, (int, float)) and (
+            exponent >= 1 or exponent == 0)
+    if func in _DIVIDING:
+        return len(args) > 1 and id(args[1]) not in label_ids and _constant_rows(args[1])
+    if func is torch.Tensor.__getitem__:      # whole rows: y[:, 0]
+        index = args[1] if isinstance(args[1], tuple) else (args[1],)
+        return bool(index) and index[0] == slice(None)
+    return False
 
 
 def _ignores_padding(loss: Any, args: tuple, kwargs: dict) -> bool | str:
