@@ -127,7 +127,9 @@ def test_a_second_ctrl_c_on_one_rank_stops_the_launch_at_once_without_hanging(tm
                                       "--save", str(path)])
     err = capfd.readouterr().err
     assert status == 130, err
-    assert seconds < 30, seconds         # not the leaving barrier's 60 s
+    # not the leaving barrier's 60 s; the time includes starting both ranks, which took
+    # 32 s on a GPU machine running 14 test workers (2026-12-03)
+    assert seconds < 50, seconds
     assert not path.exists()             # nothing finished, and the run in progress is not kept
 
 
