@@ -504,3 +504,88 @@ def test_gpu_a_second_capture_makes_no_new_blas_workspace():
     keep.append(captured_step())
     torch.cuda.synchronize()
     assert torch.cuda.memory_allocated() - before < 8 * 2**20
+
+
+def _sgd_capture(**options):
+    layer = torch.nn.Linear(3, 2)
+    opt = torch.optim.SGD(layer.parameters(), **options)
+
+    def step():
+        opt.zero_grad()
+        loss = layer(torch.ones(1, 3)).sum()
+        loss.backward()
+        opt.step()
+        return loss
+    capture = _captured(step, optimizers=[opt], modules=[layer])
+    capture()
+    capture()
+    return layer, opt, capture
+
+
+def test_replay_refuses_a_learning_rate_a_scheduler_changed_and_names_the_tensor_fix():
+    """A float lr is a constant of the recorded kernels: a scheduler's new value would be
+    ignored by every replay."""
+    _, opt, capture = _sgd_capture(lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)    # adds initial_lr: no change
+    capture()
+    scheduler.step()
+    with pytest.raises(RuntimeError, match=r"param group 0 'lr' changed from 0.1 to 0.05.*tensor learning rate"):
+        capture()
+
+
+def test_replay_refuses_changed_optimizer_settings_and_groups_and_frozen_parameters():
+    layer, opt, capture = _sgd_capture(lr=0.1, momentum=0.9)
+    opt.param_groups[0]["momentum"] = 0.5
+    with pytest.raises(RuntimeError, match="'momentum' changed from 0.9 to 0.5"):
+        capture()
+    opt.param_groups[0]["momentum"] = 0.9
+    capture()
+    layer.bias.requires_grad_(False)
+    with pytest.raises(RuntimeError, match="Linear.bias's requires_grad changed to False"):
+        capture()
+    layer.bias.requires_grad_(True)
+    opt.add_param_group({"params": [torch.nn.Parameter(torch.ones(2))]})
+    with pytest.raises(RuntimeError, match="parameter groups changed"):
+        capture()
+
+
+def test_a_tensor_learning_rate_changed_in_place_replays():
+    _, opt, capture = _sgd_capture(lr=torch.tensor(0.1))
+    scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    scheduler.step()
+    capture()        # not refused: the same tensor, which a replay reads (on a GPU: the test below)
+    assert float(opt.param_groups[0]["lr"]) == pytest.approx(0.05)
+
+
+@needs_gpu
+@pytest.mark.parametrize("optimizer", ["Adam", "SGD"])
+def test_gpu_a_scheduled_tensor_learning_rate_replays_as_eager_and_a_float_one_is_refused(optimizer):
+    def run(mode: str, lr):
+        torch.manual_seed(0)
+        graph = _graph().to("cuda")
+        x, y = torch.randn(6, 5, device="cuda"), torch.tensor([0, 1, 0, 1, 1, 0], device="cuda")
+        model = torch.nn.ModuleList([gnn_nn.GCNConv(5, 8), gnn_nn.GCNConv(8, 2)]).cuda()
+        options = {"capturable": True} if optimizer == "Adam" else {"momentum": 0.9}
+        opt = getattr(torch.optim, optimizer)(model.parameters(), lr=lr, **options)
+        scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.7)
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(model[1](torch.relu(model[0](x, graph)), graph), y)
+            loss.backward()
+            opt.step()
+            return loss
+        capture = StepCapture(step, optimizers=[opt], modules=[model], mode=mode)
+        losses = []
+        for _ in range(6):
+            losses.append(capture())
+            scheduler.step()
+        return capture, torch.stack(losses), list(model.parameters())
+    captured, losses, weights = run("on", torch.tensor(0.05, device="cuda"))
+    _, eager_losses, eager_weights = run("off", torch.tensor(0.05, device="cuda"))
+    assert captured.status == "captured"
+    torch.testing.assert_close(losses, eager_losses, rtol=1e-5, atol=1e-6)
+    for mine, theirs in zip(weights, eager_weights):
+        torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-6)
+    with pytest.raises(RuntimeError, match="'lr' changed from 0.05"):
+        run("on", 0.05)

@@ -273,6 +273,38 @@ class GeneratorStuckError(RuntimeError):
     """A failed capture left the CUDA generator unusable; not something to fall back from."""
 
 
+def _optimizer_settings(opt: torch.optim.Optimizer) -> list[tuple[list[int], dict[str, Any]]]:
+    """Each parameter group's parameters (by id) and settings, as a capture records them:
+    a float ``lr`` is a constant of the recorded kernels, a tensor one is read on replay
+    (``initial_lr``, which an LR scheduler adds and no step reads, is not a setting)."""
+    return [([id(p) for p in group["params"]], {k: v for k, v in group.items() if k not in ("params", "initial_lr")})
+            for group in opt.param_groups]
+
+
+def _check_settings(opt: torch.optim.Optimizer, settings: list, step: str) -> None:
+    """Refuse a replay whose optimizer changed since capture: its graph would keep the old
+    learning rate (an LR scheduler sets a float ``lr`` the kernels do not read) or update
+    the parameters it had (``add_param_group``)."""
+    name = type(opt).__name__
+    now = _optimizer_settings(opt)
+    if [ids for ids, _ in now] != [ids for ids, _ in settings]:
+        raise RuntimeError(f"{name}'s parameter groups changed since the {step} was captured (add_param_group?); "
+                           "the graph replays the updates of the parameters it was captured with: build a new "
+                           "StepCapture")
+    for index, ((_, was), (_, given)) in enumerate(zip(settings, now)):
+        for key in sorted(was.keys() | given.keys()):
+            before, after = was.get(key), given.get(key)
+            same = before is after if isinstance(before, torch.Tensor) else _same_value(before, after)
+            if not same:
+                hint = (" (an LR scheduler?): give the optimizer a tensor learning rate, "
+                        "lr=torch.tensor(0.01, device='cuda'), which schedulers update in place and the graph "
+                        "reads on each replay, or build a new StepCapture" if key == "lr" and
+                        not isinstance(before, torch.Tensor) else ": build a new StepCapture")
+                raise RuntimeError(f"{name}'s param group {index} {key!r} changed from {before!r} to {after!r} "
+                                   f"since the {step} was captured; the graph replays the value it was captured "
+                                   f"with{hint}")
+
+
 def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:200]}"
 
@@ -542,7 +574,8 @@ class StepCapture:
             return
         self._graph = graph
         _HOLDING.add(self)
-        self._watched = [(name, p, p.data_ptr()) for name, p in self._parameters()]
+        self._watched = [(name, p, p.data_ptr(), p.requires_grad) for name, p in self._parameters()]
+        self._settings = [_optimizer_settings(opt) for opt in self.optimizers]
         self._submodules = [m for top in self.modules for m in top.modules()]
         self._training = [m.training for m in self._submodules]
         self._children = [tuple(m._modules.values()) for m in self._submodules]
@@ -592,11 +625,17 @@ class StepCapture:
             elif given is not static and not _same_value(given, static):
                 raise ValueError(f"argument {position} of the captured {self.name} changed from {static!r} to "
                                  f"{given!r}; the graph replays the value it was captured with")
-        for name, p, pointer in self._watched:
+        for name, p, pointer, requires_grad in self._watched:
             if p.data_ptr() != pointer:
                 raise RuntimeError(f"{name} was given new storage since the {self.name} was captured (e.g. "
                                    "param.data = ...); the graph would update the old memory: load new values "
                                    "in place (load_state_dict, param.copy_) or build a new StepCapture")
+            if p.requires_grad != requires_grad:
+                raise RuntimeError(f"{name}'s requires_grad changed to {p.requires_grad} since the {self.name} was "
+                                   f"captured; the graph replays the gradients and updates it was captured with: "
+                                   f"build a new StepCapture")
+        for opt, settings in zip(self.optimizers, self._settings):
+            _check_settings(opt, settings, self.name)
         if [tuple(m._modules.values()) for m in self._submodules] != self._children:
             raise RuntimeError(f"a submodule was added, removed or replaced since the {self.name} was captured; "
                                "the graph replays the modules it was captured with: build a new StepCapture")
