@@ -181,6 +181,16 @@ def test_off_a_cuda_device_every_batch_runs_on_pygs_batch():
     _same_training(run, eager)
 
 
+def test_off_a_cuda_device_mode_auto_says_nothing_about_the_labels():
+    """'auto' runs eagerly and silently on a CPU; the label check ran first there and
+    warned about a loss that no capture would have replayed."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CaptureFallbackWarning)
+        run = _training("GIN", True, recorder=False, loss_fn=_binary)
+    assert "need a CUDA device" in run[2].status
+    _same_training(run, _training("GIN", False, loss_fn=_binary))
+
+
 def test_pooling_that_reads_the_graph_count_back_keeps_the_step_eager():
     """PyG's pooling without ``size`` reads ``batch.max()`` back: the audit refuses to
     capture a step with a host sync, and the steps run eagerly with the same numbers."""

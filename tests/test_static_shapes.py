@@ -451,3 +451,30 @@ def test_worker_processes_send_the_same_deferred_batches(data):
             for key in block_a.graph._cache:
                 assert all(torch.equal(s, t) for s, t in zip(tensors_in(block_a.graph._cache[key]),
                                                               tensors_in(block_b.graph._cache[key])))
+
+
+def test_a_batch_that_is_not_a_mini_batch_runs_its_step_eagerly_as_given():
+    """The class doc's promise: a link batch, a PyG Data or any other object is not padded,
+    so the step runs on it as given (it read ``batch.padded`` and raised AttributeError)."""
+    from torch_geometric.data import Data
+    seen = []
+    step = BlockStepCapture(lambda batch: seen.append(batch) or torch.tensor(1.0), mode="auto")
+    for batch in (Data(x=torch.randn(3, 2), edge_index=torch.tensor([[0, 1], [1, 2]])), {"x": 1}, object()):
+        assert float(step(batch)) == 1.0 and seen[-1] is batch
+    assert step.eager == 3 and step.replayed == 0
+
+
+def test_mode_on_says_once_that_unpadded_batches_run_eagerly(data):
+    """Asked to capture, a loop over unpadded batches ran every step eagerly without a word,
+    its status 'warming up' forever."""
+    step = BlockStepCapture(lambda batch: torch.tensor(0.0), mode="on")
+    loader = _loader(data, static_shapes=False)
+    with pytest.warns(CaptureFallbackWarning, match="not padded.*static_shapes=True") as caught:
+        for batch in itertools.islice(loader, 3):
+            step(batch)
+    assert len([w for w in caught if issubclass(w.category, CaptureFallbackWarning)]) == 1
+    assert step.status.startswith("eager so far: its batch is not padded") and step.eager == 3
+    quiet = BlockStepCapture(lambda batch: torch.tensor(0.0), mode="auto")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CaptureFallbackWarning)
+        quiet(next(iter(loader)))

@@ -54,6 +54,7 @@ from ..nn.conv import GATConv, GCNConv, SAGEConv, _neighbour_sum
 from ..nn.models import ModelSpec, TwoLayerGNN, build_model
 from ..nn.functional import cross_entropy, dropout as sparse_dropout
 from ..progress import progress_bar
+from ..runtime.cuda_graph import CaptureFallbackWarning
 from ..training.config import TrainConfig
 from ..training.data import PreparedData
 from ..training.interrupt import RunInterrupted
@@ -310,8 +311,9 @@ def train_full_graph_run(config: TrainConfig, spec: ModelSpec, data: PreparedDat
     device = rank_device(config.device)
     check_agreement(describe_data(data), "the data sets")     # each rank reads its own copy
     if cuda_graph == "on" and rank == 0:
-        warnings.warn("--cuda-graph on: the partitioned full-graph step is not captured (it exchanges halo rows "
-                      "and all-reduces gradients between ranks every step); it runs eagerly", stacklevel=2)
+        warnings.warn("gnnfuse: --cuda-graph on: the partitioned full-graph step is not captured (it exchanges "
+                      "halo rows and all-reduces gradients between ranks every step); it runs eagerly",
+                      CaptureFallbackWarning, stacklevel=2)
     torch.manual_seed(seed)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)

@@ -87,6 +87,14 @@ def check_mode(mode: str) -> str:
     return mode
 
 
+def check_warmup(warmup: int) -> int:
+    """Checked where a capture is built, not at its first padded batch (a block or graph
+    capture makes its `StepCapture` there)."""
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 1:
+        raise ValueError(f"warmup must be a whole number of at least 1 (the audited call), got {warmup!r}")
+    return warmup
+
+
 class _Audit(TorchFunctionMode):
     """Records the first torch call that a CUDA graph could not replay faithfully.
 
@@ -446,8 +454,7 @@ class StepCapture:
                  modules: Sequence[torch.nn.Module] = (), mode: str = "auto", warmup: int = DEFAULT_WARMUP,
                  copy_outputs: bool = True, name: str = "training step",
                  _graph_factory: Callable[[], Any] | None = None):
-        if warmup < 1:
-            raise ValueError(f"warmup must be at least 1 (the audited call), got {warmup}")
+        check_warmup(warmup)
         self.step_fn, self.optimizers, self.modules = step_fn, list(optimizers), list(modules)
         self.mode, self.warmup, self.copy_outputs, self.name = check_mode(mode), warmup, copy_outputs, name
         self._graph_factory = _graph_factory or _CudaGraph

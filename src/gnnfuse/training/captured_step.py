@@ -50,7 +50,8 @@ from ..graph import Graph
 from ..loader import MiniBatch
 from ..loader.padded_graph_batch import padded_capacities, unpadded
 from ..loader.static_shapes import DERIVED_KEYS, IGNORE_LABEL, complete, copy_into
-from ..runtime.cuda_graph import DEFAULT_WARMUP, CaptureFallbackWarning, StepCapture, check_mode, step_device
+from ..runtime.cuda_graph import (DEFAULT_WARMUP, CaptureFallbackWarning, StepCapture, check_mode, check_warmup,
+                                  step_device)
 from .label_use import LabelWatch
 from .static_graph_batch import StaticGraphBatch
 
@@ -209,8 +210,8 @@ class BlockStepCapture:
     ``step_fn(batch)`` is one whole training step on a loader's `MiniBatch` (zero the
     gradients, forward over ``batch.blocks``, loss, backward, ``optimizer.step()``)
     returning tensors. Padded batches (a ``NeighborLoader(static_shapes=True)``) are
-    captured and replayed as the module doc says; any other batch runs ``step_fn``
-    eagerly. Deferred batches (``NeighborLoader(..., deferred=True)``) get their feature
+    captured and replayed as the module doc says; any other batch (unpadded, or not a
+    `MiniBatch`) runs ``step_fn`` eagerly, as given (``mode="on"`` says so once). Deferred batches (``NeighborLoader(..., deferred=True)``) get their feature
     rows from ``features`` (``loader.features``) and their layouts built inside the step
     (`loader.static_shapes.complete`), so the graph replays those too. ``mode``,
     ``warmup`` and the optimizer rules (Adam with ``capturable=True``) are
@@ -232,7 +233,7 @@ class BlockStepCapture:
         self.step_fn, self.optimizers, self.modules = step_fn, list(optimizers), list(modules)
         self.short_batches = short_batches
         self.features = features
-        self.mode, self.warmup, self._graph_factory = check_mode(mode), warmup, _graph_factory
+        self.mode, self.warmup, self._graph_factory = check_mode(mode), check_warmup(warmup), _graph_factory
         self.static: StaticBatch | None = None
         self._capture: StepCapture | None = None
         self.reason: str | None = "disabled (mode 'off')" if mode == "off" else None
@@ -247,6 +248,8 @@ class BlockStepCapture:
     def status(self) -> str:
         if self.reason:
             return f"eager: {self.reason}"
+        if self._capture is None and self._skipped:
+            return f"eager so far: {', '.join(sorted(self._skipped))}"
         return self._capture.status if self._capture is not None else "warming up"
 
     def release(self) -> None:
@@ -259,6 +262,7 @@ class BlockStepCapture:
             self.reason = "released (BlockStepCapture.release)"
 
     _STEP = "mini-batch training step"      # how warnings and the capture name the step
+    _UNPADDED = "its batch is not padded (NeighborLoader(..., static_shapes=True) pads them)"
 
     def __call__(self, batch: Any) -> Any:
         if self.reason is None and self._padded(batch) and self.static is None:
@@ -274,6 +278,8 @@ class BlockStepCapture:
             if problem is None:
                 return self._run_captured()
             self._note_skip(problem)
+        elif self.reason is None:
+            self._note_skip(self._UNPADDED)
         self.eager += 1
         return self._eager_step(batch)
 
@@ -294,12 +300,14 @@ class BlockStepCapture:
                               f"{self.reason}", CaptureFallbackWarning, stacklevel=3)
 
     def _padded(self, batch: MiniBatch) -> bool:
-        return batch.padded
+        return getattr(batch, "padded", False) is True     # a MiniBatch's; any other batch runs eagerly
 
     def _static_batch(self, batch: MiniBatch) -> StaticBatch:
         return StaticBatch(batch, self.features)
 
     def _eager_step(self, batch: MiniBatch) -> Any:
+        if not isinstance(batch, MiniBatch):
+            return self.step_fn(batch)
         if self._row_mixing and batch.padded:
             raise ValueError(f"{self._row_mixing} normalises over all rows, which on a padded batch would count the "
                              f"padded rows: train it on unpadded batches (NeighborLoader(static_shapes=False))")
@@ -379,6 +387,7 @@ class GraphStepCapture(BlockStepCapture):
     """
 
     _STEP = "graph training step"
+    _UNPADDED = "its batch is not a padded graph batch (DataLoader(..., static_shapes=True) pads them)"
 
     def __init__(self, step_fn: Callable[[Any], Any], *, optimizers: Sequence[torch.optim.Optimizer] = (),
                  modules: Sequence[torch.nn.Module] = (), mode: str = "auto", warmup: int = DEFAULT_WARMUP,
@@ -388,6 +397,8 @@ class GraphStepCapture(BlockStepCapture):
         self._labels_watched = False
 
     def __call__(self, batch: Any) -> Any:
+        if self.reason is None and not self._labels_watched and self._padded(batch):
+            self._check_device(batch)        # off a GPU, no capture: nothing to say about the labels
         if self.reason is None and not self._labels_watched and self._padded(batch):
             # the first padded batch runs eagerly, unpadded, to see what the step makes of
             # its labels: anything but a loss ignoring IGNORE_LABEL would count the padding

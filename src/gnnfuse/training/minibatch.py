@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sys
 import time
+import warnings
 from typing import Any, Callable, Iterable
 
 import torch
@@ -26,6 +27,7 @@ from ..nn.functional import cross_entropy
 from ..nn.models import ModelSpec
 from ..nn.placement import PlacementModel, calibrate, install
 from ..progress import progress_bar
+from ..runtime.cuda_graph import CaptureFallbackWarning
 from .captured_step import BlockStepCapture
 from .config import TrainConfig
 from .data import PreparedData
@@ -48,6 +50,11 @@ def train_minibatch_run(config: TrainConfig, spec: ModelSpec, data: PreparedData
     (``config.dkp``) and the number of steps replayed from a CUDA graph so far."""
     device = torch.device(config.device)
     captured = device.type == "cuda" and cuda_graph != "off"
+    uncaptured = RunResult.cuda_graph if cuda_graph == "off" else \
+        f"eager: CUDA graphs need a CUDA device; the step runs on {device}"
+    if cuda_graph == "on" and not captured:
+        warnings.warn(f"gnnfuse: the mini-batch training step is not captured in a CUDA graph and runs eagerly: "
+                      f"{uncaptured[len('eager: '):]}", CaptureFallbackWarning, stacklevel=2)
     torch.manual_seed(seed)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -130,7 +137,7 @@ def train_minibatch_run(config: TrainConfig, spec: ModelSpec, data: PreparedData
                      test_acc=best.test_acc, epochs_run=len(history["loss"]), seconds=time.perf_counter() - start,
                      state_dict=best.state_dict, history=history,
                      cuda_graph=f"{step.status} ({replayed + step.replayed} steps replayed)" if captured
-                     else RunResult.cuda_graph, interrupted=interrupt.requested)
+                     else uncaptured, interrupted=interrupt.requested)
 
 
 def restored_placement(model: torch.nn.Module, state: dict[str, Any]) -> PlacementModel:
