@@ -211,7 +211,8 @@ class BlockStepCapture:
     gradients, forward over ``batch.blocks``, loss, backward, ``optimizer.step()``)
     returning tensors. Padded batches (a ``NeighborLoader(static_shapes=True)``) are
     captured and replayed as the module doc says; any other batch (unpadded, or not a
-    `MiniBatch`) runs ``step_fn`` eagerly, as given (``mode="on"`` says so once). Deferred batches (``NeighborLoader(..., deferred=True)``) get their feature
+    `MiniBatch`) runs ``step_fn`` eagerly, as given (``mode="on"`` says so once).
+    Deferred batches (``NeighborLoader(..., deferred=True)``) get their feature
     rows from ``features`` (``loader.features``) and their layouts built inside the step
     (`loader.static_shapes.complete`), so the graph replays those too. ``mode``,
     ``warmup`` and the optimizer rules (Adam with ``capturable=True``) are
