@@ -211,3 +211,103 @@ def test_an_explicit_root_without_the_data_set_is_an_error_naming_it(shared_data
         (tmp_path / "given" / "wn18rr").mkdir()
         (tmp_path / "given" / "wn18rr" / "train.txt").write_text("")
         load_wn18rr(tmp_path / "given")
+
+
+def _copy(source, target, names):
+    target.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        (target / name).write_bytes((source / name).read_bytes())
+    return target
+
+
+_CORA = [f"ind.cora.{p}" for p in ("x", "tx", "allx", "y", "ty", "ally", "graph", "test.index")]
+
+
+@pytest.mark.parametrize("damage, named", [
+    (lambda d: (d / "ind.cora.x").write_bytes((d / "ind.cora.x").read_bytes()[:1000]), "ind.cora.x cannot be read"),
+    (lambda d: (d / "ind.cora.graph").write_bytes(b""), "ind.cora.graph cannot be read"),
+    (lambda d: (d / "ind.cora.test.index").write_text("1708\nabc\n"), "ind.cora.test.index cannot be read"),
+])
+def test_a_corrupted_planetoid_file_is_a_usage_error_naming_it(shared_data, tmp_path, damage, named, capsys):
+    """A truncated pickle gave pickle's UnpicklingError and the CLI a traceback (exit 1),
+    neither naming the file."""
+    from gnnfuse.cli import main
+    from gnnfuse.data.dataset import DataFileError
+    folder = _copy(shared_data / "planetoid", tmp_path / "planetoid", _CORA)
+    damage(folder)
+    with pytest.raises(DataFileError, match=named):
+        load_planetoid("cora", tmp_path)
+    with pytest.raises(SystemExit) as exit_:
+        main(["info", "cora", "--root", str(tmp_path)])
+    assert exit_.value.code == 2 and named in capsys.readouterr().err
+
+
+def test_planetoid_files_whose_rows_do_not_line_up_are_refused(shared_data, tmp_path):
+    """An allx ten rows short loaded without a word: x had 2698 rows for 2708 nodes, the
+    test features shifted onto other nodes' ids."""
+    import pickle
+    folder = _copy(shared_data / "planetoid", tmp_path / "planetoid", _CORA)
+    with open(folder / "ind.cora.allx", "rb") as f:
+        allx = pickle.load(f, encoding="latin1")
+    with open(folder / "ind.cora.allx", "wb") as f:
+        pickle.dump(allx[:-10], f, protocol=2)
+    with pytest.raises(ValueError, match="ind.cora.allx has 1698 rows but ind.cora.ally has 1708"):
+        load_planetoid("cora", tmp_path)
+
+
+def test_pubmed_reads_an_allx_its_folder_holds(shared_data, tmp_path):
+    """pubmed's allx is not among the published files, so x is a seeded stand-in; a copy
+    holding one was ignored with a warning that called the file missing."""
+    import pickle
+
+    import scipy.sparse as sp
+    names = [f"ind.pubmed.{p}" for p in ("x", "tx", "y", "ty", "ally", "graph", "test.index")]
+    folder = _copy(shared_data / "planetoid", tmp_path / "planetoid", names)
+    with open(folder / "ind.pubmed.ally", "rb") as f:
+        rows = len(pickle.load(f, encoding="latin1"))
+    allx = sp.random(rows, 500, density=0.01, format="csr", random_state=0, dtype="float32")
+    with open(folder / "ind.pubmed.allx", "wb") as f:
+        pickle.dump(allx, f, protocol=2)
+    pubmed = load_planetoid("pubmed", tmp_path)
+    assert not pubmed.features_partial and pubmed.x_known is None
+    sums = torch.from_numpy(allx.sum(axis=1).A1)
+    expected = torch.from_numpy(allx.toarray()) / torch.where(sums == 0, 1, sums)[:, None]
+    torch.testing.assert_close(pubmed.x[:rows], expected)
+
+
+def test_corrupted_npz_and_wn18rr_files_are_usage_errors_naming_them(shared_data, tmp_path):
+    from gnnfuse.data.dataset import DataFileError
+    npz = _copy(shared_data / "gnn-benchmark", tmp_path / "gnn-benchmark", ["cora.npz"]) / "cora.npz"
+    npz.write_bytes(npz.read_bytes()[:500])
+    with pytest.raises(DataFileError, match="cora.npz cannot be read"):
+        load_npz("cora", tmp_path)
+    wn = _copy(shared_data / "wn18rr", tmp_path / "wn18rr", ["train.txt", "valid.txt", "test.txt"])
+    lines = (wn / "valid.txt").read_text().splitlines()
+    (wn / "valid.txt").write_text("\n".join(line.replace("\t", " ") for line in lines[:3]) + "\n")
+    with pytest.raises(DataFileError, match="valid.txt: lines have 1 tab-separated column"):
+        load_wn18rr(tmp_path)   # three lines of one column each: a reshape made them one "triple"
+
+
+def test_an_empty_root_is_refused_not_taken_for_no_root(monkeypatch, tmp_path):
+    """``--root "$DATA"`` with $DATA unset searched the discovered folders instead."""
+    with pytest.raises(ValueError, match="data root given is empty"):
+        load_dataset("cora", root="")
+    monkeypatch.setenv("GNNFUSE_DATA", str(tmp_path / "typo"))
+    with pytest.raises(FileNotFoundError, match="GNNFUSE_DATA is set .*typo.*only folder searched"):
+        find_data_file("gnn-benchmark", "cora.npz")
+
+
+def test_planted_partition_splits_a_small_graph_and_refuses_a_tiny_one():
+    small = planted_partition(num_nodes=300)
+    assert split_sizes(small) == (100, 66, 134)
+    assert split_sizes(planted_partition(num_nodes=1000)) == (100, 250, 500)     # unchanged where it fitted
+    with pytest.raises(ValueError, match="num_nodes=102 with num_classes=5 leaves 2"):
+        planted_partition(num_nodes=102)
+
+
+def test_a_knowledge_graph_preset_with_an_odd_count_is_refused():
+    """101 edges gave 100 and 5 relations 4, silently."""
+    from gnnfuse.data.typed import TypedPreset
+    for edges, relations, named in ((101, 4, "num_edges=101"), (100, 5, "num_relations=5"), (100, 1, "num_rel")):
+        with pytest.raises(ValueError, match=named):
+            TypedPreset("x", (("entity", 40),), 3, 4, num_edges=edges, num_relations=relations)

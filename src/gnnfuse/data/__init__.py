@@ -1,5 +1,5 @@
 """Data sets: real graphs read in place (or downloaded when missing), and seeded synthetic ones."""
-from .dataset import NodeDataset, RelationalDataset, random_split, row_normalize
+from .dataset import DataFileError, NodeDataset, RelationalDataset, random_split, row_normalize
 from .download import DownloadError
 from .npz import load_npz
 from .paths import ROOT_HELP, candidate_roots, download_root, find_data_file, find_data_folder, user_cache_dir
@@ -10,7 +10,8 @@ from .synthetic import planted_partition, power_law_graph
 from .wn18rr import load_wn18rr
 
 __all__ = [
-    "DATASET_NAMES", "DEFAULT_DATASET", "DownloadError", "LOAD_ERRORS", "NodeDataset", "POWER_LAW_PRESETS", "ROOT_HELP", "RelationalDataset",
-    "candidate_roots", "download_root", "find_data_file", "find_data_folder", "load_dataset", "load_node_dataset", "load_npz", "load_planetoid", "load_wn18rr",
+    "DATASET_NAMES", "DEFAULT_DATASET", "DataFileError", "DownloadError", "LOAD_ERRORS", "NodeDataset",
+    "POWER_LAW_PRESETS", "ROOT_HELP", "RelationalDataset", "candidate_roots", "download_root", "find_data_file",
+    "find_data_folder", "load_dataset", "load_node_dataset", "load_npz", "load_planetoid", "load_wn18rr",
     "planted_partition", "power_law_graph", "random_split", "row_normalize", "user_cache_dir",
 ]

@@ -1,13 +1,35 @@
 """The small containers loaders return, and the split helper shared by them."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 from dataclasses import dataclass
+from typing import Iterator
 
 import numpy as np
 import torch
 
 from ..graph import Graph
+
+
+class DataFileError(ValueError):
+    """A data file that is there but cannot be read as what it should hold (truncated,
+    of another format, rows that do not line up): a usage error naming the file."""
+
+
+@contextlib.contextmanager
+def reading(path: str | os.PathLike, holds: str) -> Iterator[None]:
+    """Report any failure to parse ``path`` as a `DataFileError` naming it and what it
+    should hold: the parsers' own errors (a truncated pickle's UnpicklingError, a zip's
+    BadZipFile, numpy's reshape) name neither."""
+    try:
+        yield
+    except DataFileError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - whatever the parser raised, the file is the cause
+        raise DataFileError(f"{path} cannot be read as {holds} ({type(exc).__name__}: {exc}); the file may be "
+                            "truncated or corrupted: replace it with a fresh copy") from exc
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import scipy.sparse as sp
 import torch
 
 from ..graph import Graph
-from .dataset import NodeDataset, row_normalize
+from .dataset import DataFileError, NodeDataset, reading, row_normalize
 from .paths import find_data_file
 
 
@@ -33,10 +33,16 @@ def load_npz(name: str, root: str | os.PathLike | None = None, *, undirected: bo
     9072). Features are row-normalised; use `random_split` for a split.
     """
     path = find_data_file("gnn-benchmark", f"{name}.npz", root)
-    with np.load(path, allow_pickle=True) as parts:
+    with reading(path, "a gnn-benchmark graph (adj_*, attr_* and labels arrays)"), \
+            np.load(path, allow_pickle=True) as parts:
         adjacency = _csr(parts, "adj")
         attributes = _csr(parts, "attr")
         labels = np.asarray(parts["labels"], dtype=np.int64)
+        nodes = {"adj rows": adjacency.shape[0], "adj columns": adjacency.shape[1],
+                 "attr rows": attributes.shape[0], "labels": labels.shape[0]}
+        if len(set(nodes.values())) != 1 or labels.ndim != 1:
+            raise DataFileError(f"{path}: its arrays disagree on the node count ("
+                                + ", ".join(f"{k} {v}" for k, v in nodes.items()) + ")")
     graph = Graph.from_scipy(adjacency)
     graph = graph.to_undirected() if undirected else _deduplicate(graph)
     graph = graph.remove_self_loops()

@@ -32,10 +32,21 @@ def user_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gnnfuse" / "data"
 
 
+def _configured(root: str | os.PathLike | None) -> str | os.PathLike | None:
+    """`root` when given, else $GNNFUSE_DATA when set and not empty. An empty `root`
+    (``--root "$DATA"`` with ``$DATA`` unset) is refused: it would have been taken as no
+    root and searched the discovered folders, the silent replacement `candidate_roots`
+    promises never to make."""
+    if root is not None and not os.fspath(root):
+        raise ValueError("the data root given is empty (root='' or --root ''): pass the folder holding the data "
+                         "sets, or leave the root out to search the usual places")
+    return root or os.environ.get(DATA_ENV)
+
+
 def download_root(root: str | os.PathLike | None = None) -> Path:
     """Where missing files are downloaded: `root` if given, else $GNNFUSE_DATA, else the
     user cache folder -- always one of the places `candidate_roots` searches."""
-    chosen = root or os.environ.get(DATA_ENV)
+    chosen = _configured(root)
     return Path(chosen) if chosen else user_cache_dir()
 
 
@@ -49,7 +60,7 @@ def candidate_roots(root: str | os.PathLike | None = None) -> list[Path]:
     an explicit root by $GNNFUSE_DATA -- so a mistyped root fails loudly instead of
     loading some other copy of the data.
     """
-    chosen = root or os.environ.get(DATA_ENV)
+    chosen = _configured(root)
     if chosen:
         return [Path(chosen)]
     roots = [Path.cwd().parent / "shared" / "data"]
@@ -79,6 +90,8 @@ def find_data_folder(subdir: str, filenames: Sequence[str], root: str | os.PathL
             tried.append(f"{folder}: lacks {' '.join(missing)}" if folder.is_dir() else f"{folder}: no such folder")
     listing = "\n  ".join(tried)
     hint = (f"the root given ({root}) is the only folder searched: point it at the one holding them" if root else
+            f"{DATA_ENV} is set ({os.environ[DATA_ENV]}), so it is the only folder searched: point it at the one "
+            f"holding them, or unset it" if os.environ.get(DATA_ENV) else
             f"pass root=... (--root DIR), or set {DATA_ENV} to the folder holding them")
     raise FileNotFoundError(
         f"data file(s) {' '.join(filenames)} not found together in one folder; looked in:\n  {listing}\n{hint}")

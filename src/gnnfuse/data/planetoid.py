@@ -16,21 +16,49 @@ import scipy.sparse as sp
 import torch
 
 from ..graph import Graph
-from .dataset import NodeDataset, index_mask, row_normalize
+from .dataset import DataFileError, NodeDataset, index_mask, reading, row_normalize
 from .planetoid_source import ensure_planetoid
 
 PLANETOID_NAMES = ("cora", "citeseer", "pubmed")
 NUM_VAL = 500
 
 
+_HOLDS = {"x": "feature matrix", "tx": "feature matrix", "allx": "feature matrix", "y": "one-hot label array",
+          "ty": "one-hot label array", "ally": "one-hot label array", "graph": "adjacency dict",
+          "test.index": "test node ids, one per line"}
+
+
 def _read(folder: Path, name: str, part: str):
     path = folder / f"ind.{name}.{part}"
-    if part == "test.index":
-        return np.loadtxt(path, dtype=np.int64).reshape(-1)
-    with open(path, "rb") as f, warnings.catch_warnings():
-        # the pickles name scipy's long-deprecated `scipy.sparse.csr` module
-        warnings.simplefilter("ignore", DeprecationWarning)
-        return pickle.load(f, encoding="latin1")      # written by Python 2
+    with reading(path, f"Planetoid {name}'s {_HOLDS[part]}"):
+        if part == "test.index":
+            return np.loadtxt(path, dtype=np.int64).reshape(-1)
+        with open(path, "rb") as f, warnings.catch_warnings():
+            # the pickles name scipy's long-deprecated `scipy.sparse.csr` module
+            warnings.simplefilter("ignore", DeprecationWarning)
+            value = pickle.load(f, encoding="latin1")      # written by Python 2
+        wanted = dict if part == "graph" else (np.ndarray, sp.spmatrix)
+        if not isinstance(value, wanted) or (part != "graph" and len(value.shape) != 2):
+            raise DataFileError(f"{path} should hold a {_HOLDS[part]}, holds a {type(value).__name__}"
+                                f"{' of shape ' + str(value.shape) if hasattr(value, 'shape') else ''}")
+        return value
+
+
+def _check_rows(folder: Path, name: str, parts: dict[str, object]) -> None:
+    """The files' rows line up: features and labels of the same nodes, one width of
+    features and one of labels; a short ``allx`` would shift the test rows onto other
+    nodes' ids without a word."""
+    pairs = [("x", "y"), ("tx", "ty"), ("allx", "ally"), ("ty", "test.index")]
+    for a, b in pairs:
+        if a in parts and b in parts and parts[a].shape[0] != parts[b].shape[0]:
+            raise DataFileError(f"{folder}: ind.{name}.{a} has {parts[a].shape[0]} rows but ind.{name}.{b} has "
+                                f"{parts[b].shape[0]}; they describe the same nodes: one file is truncated or "
+                                "from another copy")
+    for kind in (("x", "tx", "allx"), ("y", "ty", "ally")):
+        widths = {p: parts[p].shape[1] for p in kind if p in parts}
+        if len(set(widths.values())) > 1:
+            raise DataFileError(f"{folder}: Planetoid {name}'s files disagree on the width: "
+                                + ", ".join(f"ind.{name}.{p} has {w} columns" for p, w in widths.items()))
 
 
 def _dense(m) -> np.ndarray:
@@ -49,8 +77,10 @@ def load_planetoid(name: str, root: str | os.PathLike | None = None) -> NodeData
 
     Test rows of ``tx``/``ty`` are put at the ids in ``test.index``; citeseer's test ids
     without a feature row (isolated papers) get zero features and label 0, as in PyG.
-    pubmed's ``allx`` is not available here: its topology, labels and split are real, but
-    `x` is seeded random (a warning says so) and the 1060 real rows are in `x_known`.
+    pubmed's ``allx`` is not among the files fetched here: without it, its topology, labels
+    and split are real, but `x` is seeded random (a warning says so) and the 1060 real
+    rows are in `x_known`; a folder that holds ``ind.pubmed.allx`` gives the real `x`.
+    Files that do not parse, or whose rows do not line up, raise `DataFileError`.
     All files are read from one folder; when no searched root holds them all, the
     missing ones are downloaded first (`ensure_planetoid`).
     """
@@ -62,6 +92,10 @@ def load_planetoid(name: str, root: str | os.PathLike | None = None) -> NodeData
     x_train, tx = (_read(folder, name, p) for p in ("x", "tx"))
     test_index = _read(folder, name, "test.index")
     adjacency = _read(folder, name, "graph")
+    # pubmed's allx is not among the published files we fetch; a copy holding it is read
+    allx = _read(folder, name, "allx") if name != "pubmed" or (folder / "ind.pubmed.allx").exists() else None
+    _check_rows(folder, name, {"x": x_train, "y": y_train, "tx": tx, "ty": ty, "ally": ally,
+                               "test.index": test_index[:, None], **({"allx": allx} if allx is not None else {})})
 
     first_test, last_test = int(test_index.min()), int(test_index.max())
     if first_test != len(ally):
@@ -75,10 +109,10 @@ def load_planetoid(name: str, root: str | os.PathLike | None = None) -> NodeData
 
     x_test = np.zeros((last_test - first_test + 1, tx.shape[1]), dtype=np.float32)
     x_test[test_index - first_test] = _dense(tx)
-    if name == "pubmed":
+    if allx is None:
         x, x_known, known = _pubmed_features(x_train, x_test, first_test, num_nodes, test_index)
     else:
-        x = torch.from_numpy(np.concatenate([_dense(_read(folder, name, "allx")), x_test]))
+        x = torch.from_numpy(np.concatenate([_dense(allx), x_test]))
         x, x_known, known = row_normalize(x), None, None
 
     num_train = len(y_train)
@@ -104,7 +138,7 @@ def _pubmed_features(x_train, x_test: np.ndarray, first_test: int, num_nodes: in
     x_known[first_test:] = torch.from_numpy(x_test)
     known = index_mask(num_nodes, np.concatenate([np.arange(x_train.shape[0]), test_index]))
     warnings.warn(
-        f"pubmed: ind.pubmed.allx is missing, so x holds SEEDED RANDOM features for all "
+        f"pubmed: ind.pubmed.allx is not in the folder read, so x holds SEEDED RANDOM features for all "
         f"{num_nodes} nodes (topology, labels and split are real; the {int(known.sum())} real "
         "feature rows are in dataset.x_known[dataset.x_known_mask]). Accuracies are not "
         "comparable with published pubmed results.", UserWarning, stacklevel=3)

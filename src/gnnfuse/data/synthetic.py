@@ -111,4 +111,11 @@ def planted_partition(num_nodes: int = 2000, num_classes: int = 5, num_features:
         num_classes=num_classes,
         description=f"planted partition (SBM, p_in={p_in:.4g}, p_out={p_out:.4g}, seed {seed}) with "
                     "class-correlated noisy features")
-    return random_split(dataset, 20, min(500, num_nodes // 4), min(1000, num_nodes // 2), seed)
+    left = num_nodes - 20 * num_classes      # after the training nodes: val and test share it 1 : 2
+    if left < 3:
+        raise ValueError(f"planted_partition needs more than 20 training nodes per class plus a validation and "
+                         f"test node: num_nodes={num_nodes} with num_classes={num_classes} leaves {left}")
+    num_val, num_test = min(500, num_nodes // 4), min(1000, num_nodes // 2)
+    if num_val + num_test > left:         # a small graph: what the training nodes leave, shared 1 : 2
+        num_val, num_test = left // 3, left - left // 3
+    return random_split(dataset, 20, num_val, num_test, seed)

@@ -49,6 +49,16 @@ class TypedPreset:
     num_relations: int = 0               # KG presets: relations, inverses included (even)
     edge_counts: tuple[tuple[EdgeType, int], ...] = ()    # heterogeneous presets
 
+    def __post_init__(self) -> None:
+        """A KG preset's edges are drawn half at a time, each with its inverse, and its
+        relations come in (r, rev_r) pairs: an odd count would silently lose one."""
+        if self.edge_counts:
+            return
+        for field, value in (("num_edges", self.num_edges), ("num_relations", self.num_relations)):
+            if value < 2 or value % 2:
+                raise ValueError(f"TypedPreset {self.mimics!r}: {field}={value}; a knowledge-graph preset counts "
+                                 f"every edge and relation with its inverse, so {field} must be even and at least 2")
+
     @property
     def node_types(self) -> list[str]:
         return [t for t, _ in self.node_counts]

@@ -2,15 +2,29 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from ..graph import Graph
-from .dataset import RelationalDataset
+from .dataset import DataFileError, RelationalDataset, reading
 from .paths import find_data_folder
 
 SPLITS = ("train", "valid", "test")
+
+
+def _triples(path: Path) -> np.ndarray:
+    """The file's ``head<TAB>relation<TAB>tail`` lines as an [n, 3] array of strings;
+    a line of another shape (spaces for tabs, a missing column) is refused, where a
+    reshape would have regrouped the columns into other triples whenever they counted a
+    multiple of 3."""
+    with reading(path, "WN18RR triples, head<TAB>relation<TAB>tail per line"):
+        table = np.loadtxt(path, dtype=str, delimiter="\t", comments=None, ndmin=2)
+        if table.size and table.shape[1] != 3:
+            raise DataFileError(f"{path}: lines have {table.shape[1]} tab-separated column(s), expected 3 "
+                                "(head<TAB>relation<TAB>tail)")
+    return table.reshape(-1, 3)
 
 
 def load_wn18rr(root: str | os.PathLike | None = None) -> RelationalDataset:
@@ -22,8 +36,7 @@ def load_wn18rr(root: str | os.PathLike | None = None) -> RelationalDataset:
     prediction; every entity of every split is a vertex.
     """
     folder = find_data_folder("wn18rr", [f"{split}.txt" for split in SPLITS], root)     # all splits from one
-    raw = {split: np.loadtxt(folder / f"{split}.txt", dtype=str, delimiter="\t", comments=None).reshape(-1, 3)
-           for split in SPLITS}
+    raw = {split: _triples(folder / f"{split}.txt") for split in SPLITS}
     everything = np.concatenate(list(raw.values()))
     entities = np.unique(np.concatenate([everything[:, 0], everything[:, 2]]))
     relations = np.unique(everything[:, 1])
