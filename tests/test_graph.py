@@ -267,6 +267,8 @@ def test_to_device_and_repr():
     (lambda: Graph.from_scipy(sp.coo_array((2, 3))), r"must be square"),
     (lambda: Graph.from_scipy(np.eye(2)), r"expected a scipy sparse matrix"),
     (lambda: Graph(np.array([2**63], dtype=np.uint64), [0]), r"above the int64 range"),
+    (lambda: Graph(torch.tensor([0, 2**64 - 1], dtype=torch.uint64), torch.tensor([1, 2])),
+     r"src holds ids above the int64 range"),      # was "a negative id -1", which the user never gave
     (lambda: Graph([0, 1], [1, 0]).add_self_loops(loop_type=0), r"loop_type given but the graph has no edge types"),
 ])
 def test_bad_input_raises_value_error(make, message):
@@ -627,3 +629,13 @@ def test_numpy_ids_are_copied_so_a_later_write_to_the_array_cannot_stale_the_gra
         torch.testing.assert_close(gnnfuse.vertex(lambda v: sum([u.h for u in v.innbs]))(g, {"h": h}), before)
         assert g.in_degrees().tolist() == [1, 2, 0, 1]
         dst[0] = 1
+
+
+def test_from_edge_index_counts_an_edge_index_s_declared_vertices():
+    """``Graph.coerce`` read a PyG EdgeIndex's sparse_size, ``from_edge_index`` dropped it:
+    9 declared vertices became 2."""
+    from torch_geometric import EdgeIndex
+    edge_index = EdgeIndex(torch.tensor([[0], [1]]), sparse_size=(9, 9))
+    assert Graph.from_edge_index(edge_index).num_nodes == Graph.coerce(edge_index).num_nodes == 9
+    typed = Graph.from_edge_index(edge_index, edge_type=torch.tensor([0]))
+    assert typed.num_nodes == 9 and typed.edge_type.tolist() == [0]

@@ -98,4 +98,23 @@ def test_layers_on_the_block_give_the_full_layers_rows_and_self_loops_are_refuse
     ours = gat((x, x[rows]), looped)
     gat.add_self_loops = True
     torch.testing.assert_close(ours, gat(x, graph)[rows])
-    assert block.reverse().add_self_loops().num_edges == block.num_edges + min(n, rows.numel())
+    with pytest.raises(ValueError, match="its source \\(of its reverse\\) i is vertex rows"):
+        block.reverse().add_self_loops()      # its source i is vertex rows[i]: loops i -> i join other vertices
+
+
+@settings(max_examples=40, deadline=None)
+@given(case=graphs(max_nodes=12), data=st.data())
+def test_a_blocks_self_loops_are_its_chosen_vertices_edges_to_themselves(case, data):
+    """Destination i of a block is vertex rows[i]: remove_self_loops compared source ids
+    with block positions, dropping an edge 0 -> rows[0] and keeping a real loop; and the
+    block's reverse let add_self_loops join positions to unrelated vertices."""
+    graph = gnnfuse.Graph(case.given[0], case.given[1], case.num_nodes)
+    rows = torch.tensor(data.draw(st.lists(st.integers(0, graph.num_nodes - 1), min_size=1, max_size=6,
+                                           unique=True)), dtype=torch.long)
+    block, edges = in_edges_block(graph, rows, return_edge_ids=True)
+    kept = block.remove_self_loops()
+    expected = [(int(graph.src[e]), int(graph.dst[e])) for e in edges.tolist() if graph.src[e] != graph.dst[e]]
+    assert list(zip(kept.src.tolist(), rows[kept.dst].tolist())) == expected
+    with pytest.raises(ValueError, match="would join the wrong vertices"):
+        block.reverse().add_self_loops()
+    assert block.reverse().reverse().remove_self_loops().num_edges == kept.num_edges

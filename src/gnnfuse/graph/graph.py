@@ -151,7 +151,9 @@ class Graph:
         self._builders: dict[str, Callable[[Graph], Any]] = {}   # `build_later`'s recipes
         self._dst_grouped = False   # edges already in destination order: the CSR needs no sort
         # an `in_edges_block`'s chosen rows: destination i is vertex rows[i], not source i
+        # (and source i in its `reverse`)
         self._dst_rows: torch.Tensor | None = None
+        self._src_rows: torch.Tensor | None = None
         if src is not None:     # a lazy graph (`_lazy_graph`) is sealed once it has its recipe
             self._seal()
 
@@ -164,7 +166,8 @@ class Graph:
         g._init(src, dst, self._num_nodes, edge_type,
                 self._num_edge_types if num_edge_types is None else num_edge_types,
                 self._node_type, self._num_node_types, self._num_src)
-        g._dst_rows, g._wrapper, g._wrapper_version = self._dst_rows, self._wrapper, self._wrapper_version
+        g._dst_rows, g._src_rows = self._dst_rows, self._src_rows
+        g._wrapper, g._wrapper_version = self._wrapper, self._wrapper_version
         g.first_pass = self.first_pass
         return g
 
@@ -191,7 +194,8 @@ class Graph:
     def _lazy_graph(self, recipe: _LazyEdges) -> Graph:
         g = Graph.__new__(Graph)
         g._init(None, None, self._num_nodes, None, None, self._node_type, self._num_node_types, self._num_src)
-        g._edges, g._lazy, g._dst_rows, g._wrapper = None, recipe, self._dst_rows, self._wrapper
+        g._edges, g._lazy, g._dst_rows, g._src_rows = None, recipe, self._dst_rows, self._src_rows
+        g._wrapper = self._wrapper
         g._wrapper_version, g.first_pass = self._wrapper_version, self.first_pass
         g._seal()
         return g
@@ -244,7 +248,16 @@ class Graph:
     # --- construction from other formats -------------------------------------------------
     @classmethod
     def from_edge_index(cls, edge_index: Any, num_nodes: int | None = None, **kw: Any) -> Graph:
-        """From a PyG-style ``[2, E]`` array: row 0 = sources, row 1 = targets."""
+        """From a PyG-style ``[2, E]`` array: row 0 = sources, row 1 = targets. A PyG
+        ``EdgeIndex`` brings its ``sparse_size`` (isolated trailing vertices count), as
+        `coerce` reads it."""
+        if is_pyg_edge_index(edge_index):
+            if set(kw) <= {"num_src_nodes"}:
+                return cls._from_torch(edge_index, num_nodes, kw.get("num_src_nodes"))
+            rows, cols = edge_index.sparse_size()
+            if num_nodes is None and rows is not None and rows == cols and "num_src_nodes" not in kw:
+                num_nodes = rows
+            edge_index = edge_index.as_tensor()
         if not isinstance(edge_index, torch.Tensor) and not isinstance(edge_index, np.ndarray):
             edge_index = np.asarray(edge_index)
             if edge_index.size == 0 and edge_index.dtype.kind == "f":
@@ -601,6 +614,7 @@ class Graph:
         self.__dict__.update(state)
         self.__dict__.setdefault("_builders", {})       # pickled before graphs had recipes
         self.__dict__.setdefault("_dst_rows", None)     # pickled before in_edges_block marked its blocks
+        self.__dict__.setdefault("_src_rows", None)
         self._seal()
 
     def build_later(self, key: str, fn: Callable[[Graph], Any]) -> None:
@@ -725,7 +739,7 @@ class Graph:
         g = Graph.__new__(Graph)
         g._init(each(self._src), each(self._dst), self._num_nodes, each(self._edge_type),
                 self._num_edge_types, each(self._node_type), self._num_node_types, self._num_src)
-        g._dst_rows = each(self._dst_rows)
+        g._dst_rows, g._src_rows = each(self._dst_rows), each(self._src_rows)
         return g
 
     def add_self_loops(self, loop_type: int | None = None) -> Graph:
@@ -737,10 +751,11 @@ class Graph:
         On a bipartite graph, as PyG's attention layers do there, source i gets an edge to
         destination i for every i below both vertex counts.
         """
-        if self._dst_rows is not None:
-            raise ValueError("add_self_loops on a graph from in_edges_block: its destination i is vertex rows[i], "
-                             "not source i, so a loop i -> i would join the wrong vertices. Add the loops to the whole "
-                             "graph first (in_edges_block(graph.add_self_loops(), rows)) and pass "
+        if self._dst_rows is not None or self._src_rows is not None:
+            side = "destination" if self._dst_rows is not None else "source (of its reverse)"
+            raise ValueError(f"add_self_loops on a graph from in_edges_block: its {side} i is vertex rows[i], "
+                             "not vertex i, so a loop i -> i would join the wrong vertices. Add the loops to the "
+                             "whole graph first (in_edges_block(graph.add_self_loops(), rows)) and pass "
                              "add_self_loops=False to the layer")
         count = min(self._num_nodes, self.num_src_nodes)
         if self._edge_type is None:
@@ -757,9 +772,12 @@ class Graph:
         return self._derive(torch.cat([self._src, loops]), torch.cat([self._dst, loops]), types, num_types)
 
     def remove_self_loops(self) -> Graph:
-        """Drop every ``v -> v`` edge; the others keep their relative order."""
-        keep = self._src != self._dst
-        return self._select(keep)
+        """Drop every ``v -> v`` edge; the others keep their relative order. In a block of
+        `in_edges_block`, destination i is vertex rows[i]: its loops are the edges from
+        that vertex, not from source i."""
+        src = self._src if self._src_rows is None else self._src_rows[self._src]
+        dst = self._dst if self._dst_rows is None else self._dst_rows[self._dst]
+        return self._select(src != dst)
 
     def _select(self, keep: torch.Tensor) -> Graph:
         if self._edge_type is None:
@@ -771,7 +789,7 @@ class Graph:
         """Every edge flipped; edge ids (and types) unchanged. A bipartite graph's
         vertex sets swap roles."""
         g = self._derive(self._dst, self._src, self._edge_type)
-        g._dst_rows = None          # its destinations are the sources, which keep their ids
+        g._dst_rows, g._src_rows = self._src_rows, self._dst_rows      # a block's chosen rows change sides
         if self.is_bipartite:
             g._num_nodes, g._num_src = self._num_src, self._num_nodes
         return g

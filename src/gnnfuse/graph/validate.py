@@ -41,6 +41,10 @@ def as_index_tensor(name: str, value: Any, device: torch.device | None = None) -
     """
     if isinstance(value, torch.Tensor):
         tensor = integer_ids(name, value)
+        if tensor.dtype == torch.uint64 and tensor.numel():
+            widened = tensor.to(torch.int64)        # wraps ids above the int64 range to negatives
+            if bool((widened < 0).any()):
+                raise ValueError(f"{name} holds ids above the int64 range (a torch.uint64 id of 2**63 or more)")
     else:
         array = np.asarray(value)
         if array.size == 0 and array.dtype.kind == "f" and not isinstance(value, np.ndarray):
