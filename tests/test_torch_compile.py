@@ -317,3 +317,19 @@ def test_a_compiled_pyg_layer_trains_under_torch_compile(name, backend, device):
     expected = outputs_and_grads(layer, lambda x: layer(x, edge_index), x)
     for key in expected:
         assert_same_values(got[key], expected[key], f"compiled {name} {key}")
+
+
+@pytest.mark.parametrize("edge_index, message", [
+    (torch.tensor([[0, 1, 2], [1, 2, 9]]), "dst has id 9 at position 2, but num_nodes=6"),
+    (torch.tensor([[0., 1, 2], [1, 2, 3]]), "must hold integer ids, got torch.float32"),
+    (torch.tensor([[0, 1, 2], [1, 2, 3], [0, 0, 0]]), r"edge_index must have shape \[2, E\], got \[3, 3\]"),
+])
+def test_compiled_gcn_names_a_bad_edge_index_as_eager_does(edge_index, message):
+    """GCN's degrees were computed in traced torch on the unchecked ids: an id out of range
+    gave torch's 'index out of range in self', float ids index_add's dtype error."""
+    torch._dynamo.reset()
+    conv = ours.GCNConv(4, 3)
+    with pytest.raises(ValueError, match=message):
+        conv(torch.randn(6, 4), edge_index)
+    with pytest.raises(ValueError, match=message):
+        torch.compile(conv, backend="eager")(torch.randn(6, 4), edge_index)

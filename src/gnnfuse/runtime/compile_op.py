@@ -82,21 +82,29 @@ class GraphRef(NamedTuple):
         return self.num_nodes if self.num_src_nodes < 0 else self.num_src_nodes
 
     def in_degrees(self, dtype: torch.dtype) -> torch.Tensor:
-        """[num_nodes] in-degrees of the transformed graph, in torch that dynamo traces
-        (static shapes: no loop removal by masking, loops counted instead)."""
-        src, dst = self.edges if len(self.edges) == 2 else self.edges[0].unbind(0)
-        num_dst, num_src, weight, looped = self.num_nodes, self.num_src, torch.ones_like(dst, dtype=dtype), False
-        for step in self.steps:
-            if looped:
+        """[num_nodes] in-degrees of the transformed graph, from an operator that builds
+        (and checks) the graph as the program's operator will: computed in traced torch
+        they indexed with the user's ids unchecked, an id out of range an IndexError (a
+        device assert on a GPU) instead of the error naming it."""
+        for n, step in enumerate(self.steps):
+            if step == "looped" and n != len(self.steps) - 1:
                 raise CompileError(f"graph steps {self.steps}: nothing may follow 'looped'")
-            if step == "reversed":
-                src, dst, num_dst, num_src = dst, src, num_src, num_dst
-            else:
-                weight, looped = (src != dst).to(dtype), True
-        degree = torch.zeros(num_dst, dtype=dtype, device=dst.device).index_add(0, dst, weight)
-        if looped:
-            degree = degree + (torch.arange(num_dst, device=dst.device) < min(num_dst, num_src)).to(dtype)
-        return degree
+        return _degree_op("+".join(self.steps), self.num_nodes, self.num_src_nodes, list(self.edges), dtype)
+
+
+@torch.library.custom_op("gnnfuse::in_degrees", mutates_args=())
+def _degree_op(steps: str, num_nodes: int, num_src_nodes: int, edges: list[torch.Tensor],
+               dtype: torch.dtype) -> torch.Tensor:
+    return _built_graph(edges, num_nodes, num_src_nodes, steps).in_degrees().to(dtype)
+
+
+@_degree_op.register_fake
+def _degree_fake(steps, num_nodes, num_src_nodes, edges, dtype):
+    num_dst, num_src = num_nodes, num_nodes if num_src_nodes < 0 else num_src_nodes
+    for step in steps.split("+") if steps else ():
+        if step == "reversed":
+            num_dst, num_src = num_src, num_dst
+    return torch.empty(num_dst, dtype=dtype, device=edges[0].device)
 
 
 def graph_input_problem(graph: object) -> str | None:
