@@ -77,3 +77,31 @@ def test_a_graph_built_in_exported_code_is_refused_by_name():
 
     with pytest.raises(NotImplementedError, match="under torch.export: a gnnfuse Graph reads its ids' values"):
         torch.export.export(Builds(), (torch.randn(6, 4), EDGE_INDEX))
+
+
+_SCALE = 2.0
+
+
+def test_an_exported_udf_whose_global_changed_is_refused_with_a_fix_that_works():
+    """The message told the user to call torch.compiler.reset(), which an exported program
+    ignores: every later call raised it again."""
+    global _SCALE
+    graph = gnnfuse.Graph.from_edge_index(EDGE_INDEX, 6)
+
+    @gnnfuse.vertex
+    def scaled(v):
+        return sum([u.h for u in v.innbs]) * _SCALE
+
+    class OnGraph(torch.nn.Module):
+        def forward(self, x):
+            return scaled(graph, {"h": x})
+    x = torch.randn(6, 4, dtype=torch.float64)
+    exported = torch.export.export(OnGraph(), (x,))
+    try:
+        _SCALE = 9.0
+        with pytest.raises(RuntimeError, match="exported program must be exported again"):
+            exported.module()(x)
+        again = torch.export.export(OnGraph(), (x,))
+        assert_same_values(again.module()(x), OnGraph()(x), "exported again")
+    finally:
+        _SCALE = 2.0

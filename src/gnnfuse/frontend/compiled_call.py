@@ -140,9 +140,10 @@ def _unchanged(udf_key: str, functions: tuple[Callable | None, ...], guard: Hash
         if (reads is None or not same_reads(live.functions, reads)) and guard_key(live.functions) != guard:
             names = ", ".join(fn.__qualname__ for fn in live.functions if fn is not None)
             raise RuntimeError(f"gnnfuse: {names} now read(s) a global or closure value other than when "
-                               "torch.compile traced the call, and the compiled graph still runs the program "
-                               "traced then (torch.compile does not watch what a gnnfuse UDF reads): call "
-                               "torch.compiler.reset() to trace again, or pass the value as a feature")
+                               "torch.compile or torch.export traced the call, and the compiled graph or exported "
+                               "program still runs the program traced then (neither watches what a gnnfuse UDF "
+                               "reads): under torch.compile call torch.compiler.reset() to trace again; an "
+                               "exported program must be exported again; or pass the value as a feature")
     return check
 
 
