@@ -157,6 +157,17 @@ def test_power_zero_has_a_zero_gradient_like_torch(backend, device):
     assert not leaf.grad.isnan().any()
 
 
+@pytest.mark.parametrize("backend", ["reference", "triton", "cpu"], indirect=True)
+def test_a_constant_beyond_the_dtypes_range_is_inf_as_in_torch(backend, device):
+    """``a + 1e40`` on float32 raised torch.full's "value cannot be converted to type float
+    without overflow", naming no construct; torch rounds the scalar to inf."""
+    ring = gnnfuse.Graph(torch.tensor([0, 1, 2]), torch.tensor([1, 2, 0]), 3).to(device)
+    h = torch.tensor([[1.0, -2.0], [0.5, 3.0], [-1.0, 0.0]], device=device)
+    for op in (lambda a: a + 1e40, lambda a: a * -1e40, lambda a: a * 1e-50):
+        out = gnnfuse.ops.gspmm(ring, op, "sum", src=h)
+        torch.testing.assert_close(out, torch.zeros_like(h).index_add(0, ring.dst, op(h[ring.src])), equal_nan=True)
+
+
 def test_power_zero_alone_compiles_with_a_zero_gradient(device):
     """With nothing else reading ``x``, no gradient reaches it: the backward program had
     no outputs and the call raised ``CompileError: program has no outputs`` where torch

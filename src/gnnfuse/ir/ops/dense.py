@@ -209,6 +209,10 @@ def _const(ctx, value: float, dtype: torch.dtype) -> torch.Tensor:
     operand, and a kernel cannot read a CPU scalar. Filled there (``torch.full``) rather
     than copied from the host (``torch.tensor``): that copy synchronises the host with the
     GPU on every call and cannot be captured in a CUDA graph."""
+    if dtype.is_floating_point and isinstance(value, float) and math.isfinite(value):
+        # rounded as torch rounds a Python scalar into a tensor's dtype: beyond its range
+        # to inf (``x + 1e40`` on float32), where `torch.full` raises an overflow error
+        value = torch.tensor(value, dtype=torch.float64).to(dtype).item()
     return torch.full((), value, dtype=dtype, device=None if ctx is None else ctx.device)
 
 
