@@ -217,6 +217,20 @@ def test_layer_compiles_and_matches_pyg(name, backend, monkeypatch):
     _assert_same(got, expected)
 
 
+@pytest.mark.parametrize("name", [n for n in COMPILED if n not in ("HANConv", "HEATConv", "SignedConv")])
+def test_layer_takes_a_gnnfuse_graph_as_gnnfuse_s_own_layers_do(name):      # (those cases compute from the index)
+    """A `Graph` for the edge_index reached PyG's checks, which refused it ("propagate only
+    supports integer tensors"); it now runs as its [2, E] tensor, compiled."""
+    ours, theirs = twins(name)
+    tensors, forward = inputs("cpu"), CONFIGS[name].forward
+    expected = run(theirs, forward, tensors, EDGES)
+    graph = gnnfuse.Graph.from_edge_index(EDGES, NUM_NODES)
+    with record_calls() as calls:
+        got = run(ours, forward, tensors, graph)
+    assert calls or name in EAGER, "no compiled program ran"
+    _assert_same(got, expected)
+
+
 @pytest.mark.parametrize("name", EAGER)
 def test_layer_runs_pyg_s_propagate_with_a_warning(name):
     """A layer of EAGER_PYG_LAYERS warns once, naming why, and gives PyG's numbers."""

@@ -89,10 +89,31 @@ def compiled_class(pyg_class: type) -> type:
     _refuse_own_propagate(pyg_class, PyGMessagePassing)
     namespace: dict[str, Any] = {"__module__": "gnnfuse.nn", "__qualname__": pyg_class.__name__,
                                  "__doc__": pyg_class.__doc__, "_gnnfuse_source_class": pyg_class}
-    if "return_attention_weights" in inspect.signature(pyg_class.forward).parameters:
-        namespace.update(forward=_weights_eager(pyg_class.forward),
-                         _gnnfuse_scratch_attributes=_WEIGHT_ATTRIBUTES.get(pyg_class.__name__, ()))
+    forward = pyg_class.forward
+    if "return_attention_weights" in inspect.signature(forward).parameters:
+        forward = _weights_eager(forward)
+        namespace.update(_gnnfuse_scratch_attributes=_WEIGHT_ATTRIBUTES.get(pyg_class.__name__, ()))
+    namespace.update(forward=_graphs_as_edge_index(forward))
     return type(pyg_class.__name__, (MessagePassing, pyg_class), namespace)
+
+
+def _graphs_as_edge_index(forward: Callable[..., Any]) -> Callable[..., Any]:
+    """PyG's ``forward``, given a gnnfuse `Graph` where PyG takes an ``edge_index``, as
+    gnnfuse's own layers are: it reaches PyG's code as its cached ``[2, E]`` tensor (PyG's
+    checks refused the Graph object with "`MessagePassing.propagate` only supports integer
+    tensors"). A bipartite graph's sizes come from its ``(x_src, x_dst)`` pair, as PyG reads them."""
+    from ..graph import Graph
+
+    def edges(value: Any) -> Any:
+        return value.edge_index if isinstance(value, Graph) else value
+
+    @functools.wraps(forward)
+    def graph_taking_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if any(isinstance(value, Graph) for value in (*args, *kwargs.values())):
+            args = tuple(edges(value) for value in args)
+            kwargs = {key: edges(value) for key, value in kwargs.items()}
+        return forward(self, *args, **kwargs)
+    return graph_taking_forward
 
 
 def _refuse_own_propagate(pyg_class: type, base: type) -> None:
