@@ -305,8 +305,9 @@ def _check_settings(opt: torch.optim.Optimizer, settings: list, step: str) -> No
             same = before is after if isinstance(before, torch.Tensor) else _same_value(before, after)
             if not same:
                 hint = (" (an LR scheduler?): give the optimizer a tensor learning rate, "
-                        "lr=torch.tensor(0.01, device='cuda'), which schedulers update in place and the graph "
-                        "reads on each replay, or build a new StepCapture" if key == "lr" and
+                        "lr=torch.tensor(0.01, device='cuda') (Adam or AdamW with capturable=True), which "
+                        "schedulers update in place and the graph reads on each replay, or build a new "
+                        "StepCapture" if key == "lr" and
                         not isinstance(before, torch.Tensor) else ": build a new StepCapture")
                 raise RuntimeError(f"{name}'s param group {index} {key!r} changed from {before!r} to {after!r} "
                                    f"since the {step} was captured; the graph replays the value it was captured "

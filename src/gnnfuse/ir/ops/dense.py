@@ -204,15 +204,25 @@ def _unnarrow(g: torch.Tensor, dim: int, start: int, size: int) -> torch.Tensor:
 
 
 # --- constants and randomness ---------------------------------------------------------
+def _rounded_into(value: float, dtype: torch.dtype) -> float:
+    """``value`` as torch rounds a Python scalar into ``dtype`` where it lies beyond the
+    dtype's range (``x + 1e40`` on float32: inf), which `torch.full` refuses with an
+    overflow error: inf from half a unit in the last place above the largest value, the
+    largest value below that. Worked out on the host, with no tensor op (no host copy)."""
+    info = torch.finfo(dtype)
+    if abs(value) <= info.max:
+        return value
+    last_place = info.eps * 2.0 ** math.floor(math.log2(info.max))
+    return math.copysign(math.inf if abs(value) >= info.max + last_place / 2 else info.max, value)
+
+
 def _const(ctx, value: float, dtype: torch.dtype) -> torch.Tensor:
     """On the graph's device: a value derived from constants alone can become a kernel
     operand, and a kernel cannot read a CPU scalar. Filled there (``torch.full``) rather
     than copied from the host (``torch.tensor``): that copy synchronises the host with the
     GPU on every call and cannot be captured in a CUDA graph."""
     if dtype.is_floating_point and isinstance(value, float) and math.isfinite(value):
-        # rounded as torch rounds a Python scalar into a tensor's dtype: beyond its range
-        # to inf (``x + 1e40`` on float32), where `torch.full` raises an overflow error
-        value = torch.tensor(value, dtype=torch.float64).to(dtype).item()
+        value = _rounded_into(value, dtype)
     return torch.full((), value, dtype=dtype, device=None if ctx is None else ctx.device)
 
 
