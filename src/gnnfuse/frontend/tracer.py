@@ -694,6 +694,13 @@ def _reshape(tracer: Tracer, x, *shape):
         raise tracer.error(f"reshape {list(shape)} of a mailbox merges its neighbour axis (the in-degree, which "
                            "differs per vertex) into the features; keep the neighbour axis as its own dim "
                            "(mailbox.reshape(mailbox.shape[0], mailbox.shape[1], -1)) or reduce over dim=1 first")
+    if math.prod(elem) != math.prod(x.value.shape):
+        # x.view(-1) or x.reshape(-1, 2) of a [rows, 4] value: its -1 is the graph axis, so
+        # the rest must hold each row's 4 elements; anything else moves rows into features
+        raise tracer.error(f"reshape {list(shape)} of a value of {list(x.value.shape)} per row moves elements "
+                           f"across dim 0, the graph axis (one row per vertex or edge); keep dim 0 as the first "
+                           f"size and reshape each row's {math.prod(x.value.shape)} elements, e.g. "
+                           f"x.reshape(-1, {', '.join(map(str, x.value.shape)) or 1})")
     return tracer.apply("reshape", x, shape=tuple(elem))
 
 
