@@ -30,7 +30,7 @@ import torch
 from ..graph.index_cache import functorch_interpreter
 from ..graph.capture_refusals import refuse_jit_trace
 from ..runtime.compile_op import graph_input_problem, run_eagerly
-from ..runtime.compiled import FunctorchTransformError, backend_name, functorch_backend_reason
+from ..runtime.compiled import ForwardADError, FunctorchTransformError, backend_name, functorch_backend_reason
 
 __all__ = ["compile_path", "graph_input_problem", "propagation_problem"]
 
@@ -50,7 +50,12 @@ def compile_path(why_not: Callable[..., str | None] | None = None) -> Callable[[
                 return _under_functorch(forward, self, args, kwargs)
             elif torch._C._get_tracing_state() is not None:    # before its custom autograd Functions
                 refuse_jit_trace(f"gnnfuse's {type(self).__name__} called")
-            return forward(self, *args, **kwargs)
+            try:
+                return forward(self, *args, **kwargs)
+            except ForwardADError as error:      # a program's refusal, named after the layer running it
+                if error.layer is not None:
+                    raise
+                raise ForwardADError(error.reason, type(self).__name__) from None
         return run
     return wrap
 

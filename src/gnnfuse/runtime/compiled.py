@@ -10,9 +10,10 @@ import operator
 import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Sequence
 
 import torch
+from torch.autograd import forward_ad
 
 from ..autodiff import BackwardProgram, build_backward
 from ..backend.forced_schedule import ForcedSchedule, forced_schedule, forcing
@@ -127,6 +128,9 @@ class CompiledProgram:
 
     def __call__(self, graph: Graph, feeds: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         prepared = self.prepared
+        if forward_ad._current_level >= 0 and _tangents(feeds.values()):     # one attribute read otherwise
+            _check_forward_ad(graph, feeds)
+            prepared = None       # the full path, whose torch ops carry the tangents
         if prepared is not None:
             outputs = prepared(graph, feeds)
             if outputs is not None:
@@ -333,6 +337,45 @@ def _check_functorch_transform(graph: Graph, keys: tuple[str, ...], tensors: lis
             return
         reason = functorch_backend_reason(backend)
     raise FunctorchTransformError(reason)
+
+
+def _tangents(values: Iterable[Any]) -> bool:
+    """Whether any tensor among ``values`` carries a forward-mode AD tangent (asked only
+    inside a ``forward_ad.dual_level``)."""
+    return any(isinstance(t, torch.Tensor) and forward_ad.unpack_dual(t).tangent is not None for t in values)
+
+
+def _check_forward_ad(graph: Graph, feeds: Mapping[str, torch.Tensor]) -> None:
+    """Refuse forward-mode AD where the program would drop its tangents: the Triton and
+    CPU kernels read raw memory (their outputs came back without a tangent, or with only
+    the part of it from torch ops around the program: a GIN layer's sum lost), the
+    reference backend writes into its outputs in place under no_grad (out= ops, which
+    forward AD refuses), and the autograd.Function that runs a program needing gradients
+    has no jvp. The reference backend's torch ops, with grad enabled and no input needing
+    a gradient, carry the tangents."""
+    backend = backend_name(graph.device.type == "cuda")
+    if backend != "reference":
+        reason = f"the {backend} backend's kernels read raw memory and carry no tangent"
+    elif not torch.is_grad_enabled():
+        reason = "under torch.no_grad the reference backend writes its outputs in place (out= ops)"
+    elif any(isinstance(t, torch.Tensor) and t.requires_grad for t in feeds.values()):
+        reason = "an input of the compiled program needs a gradient, and the autograd.Function running it has no jvp"
+    else:
+        return
+    raise ForwardADError(reason)
+
+
+class ForwardADError(NotImplementedError):
+    """Forward-mode AD (dual tensors) refused where gnnfuse would lose the tangents;
+    ``layer`` names the layer where one is known."""
+
+    def __init__(self, reason: str, layer: str | None = None) -> None:
+        self.reason, self.layer = reason, layer
+        where = f"{layer}: " if layer else ""
+        super().__init__(f"{where}gnnfuse cannot carry forward-mode AD tangents here (torch.autograd.forward_ad, "
+                         f"jacobian(strategy='forward-mode')): {reason}. Use reverse mode (loss.backward(), "
+                         "torch.autograd.grad, jacobian's default strategy), or GNNFUSE_BACKEND=reference with "
+                         "grad enabled and no input needing a gradient")
 
 
 def functorch_backend_reason(backend: str) -> str:
