@@ -188,6 +188,8 @@ def test_every_registered_model_trains_on_synthetic(name):
     assert out.shape == (data.graph.num_nodes, data.num_classes)
     if models.get_model(name).sparse_input:
         assert torch.allclose(model(data.x.to_sparse(), data.graph), out, atol=1e-5)
+    if models.get_model(name).task != "link":   # an edge_index as well ('gcn-reference' read graph.cached)
+        assert torch.allclose(model(data.x, data.graph.edge_index), out, atol=1e-5)
 
 
 def test_registry_builds_the_papers_architectures():

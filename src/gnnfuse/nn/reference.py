@@ -36,8 +36,9 @@ class GCNLayer(nn.Module):
         self.bias = nn.Parameter(torch.zeros(out_dim))
         nn.init.xavier_uniform_(self.weight)
 
-    def forward(self, x: torch.Tensor, graph: Graph) -> torch.Tensor:
-        looped, weight = gcn_norm(graph)
+    def forward(self, x: torch.Tensor, graph: Graph | torch.Tensor) -> torch.Tensor:
+        # an edge_index as the other registered models take it (its graph cached while unchanged)
+        looped, weight = gcn_norm(Graph.coerce(graph, num_nodes=x.shape[0]))
         h = x @ self.weight                            # transform first: fewer columns to move
                                                        # (x may be sparse COO: see `functional.dropout`)
         out = torch.zeros_like(h).index_add_(0, looped.dst, h[looped.src] * weight.unsqueeze(1))
