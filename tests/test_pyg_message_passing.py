@@ -731,3 +731,32 @@ def test_update_set_on_the_instance_writing_a_softmax_aggregate_in_place_matches
         layer.update = add_root_in_place
         results.append(run(layer, inputs("untraceable"), EDGES))
     assert_same(*results)
+
+
+def _attend(score, index, ptr, size_i):       # a helper of the user's, calling PyG's softmax
+    from torch_geometric.utils import softmax
+    return softmax(score, index, ptr, size_i)
+
+
+class _AttentionInAHelper(gnnfuse.nn.MessagePassing):
+    def forward(self, x, edge_index):
+        return self.propagate(edge_index, x=x)
+
+    def message(self, x_i, x_j, index, ptr, size_i):
+        return x_j * _attend((x_i * x_j).sum(-1, keepdim=True), index, ptr, size_i)
+
+
+def test_a_refusal_inside_pyg_code_names_the_users_line_that_called_it():
+    """PyG's softmax reached through a helper fell back naming a line of PyG's own code
+    (torch_geometric/utils/_scatter.py), not the user's call."""
+    layer = _AttentionInAHelper()
+    gnnfuse.nn.message_passing._WARNED.discard(type(layer))
+    x, edge_index = torch.randn(5, 3, dtype=torch.float64), torch.tensor([[0, 1, 2, 3, 4], [1, 2, 3, 4, 0]])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = layer(x, edge_index)
+    messages = fallback_warnings(caught)
+    assert len(messages) == 1 and "return softmax(score, index, ptr, size_i)" in messages[0], messages
+    assert "torch_geometric" not in messages[0]
+    with gnnfuse.nn.message_passing.eagerly(layer):
+        torch.testing.assert_close(out, layer(x, edge_index))

@@ -8,6 +8,7 @@ and the line of the user's function that used it.
 """
 from __future__ import annotations
 
+import importlib.util
 import linecache
 import math
 import operator
@@ -27,7 +28,11 @@ from .numbers import as_eager, is_number
 from .udf import unwrap
 
 EDGE_ROWED = (Residency.SRC, Residency.DST, Residency.EDGE)
-_LIBRARY_DIRS = tuple(os.path.dirname(path) + os.sep for path in (os.path.dirname(__file__), torch.__file__))
+# gnnfuse's, torch's and PyG's packages: an op refused inside PyG's code (its softmax
+# reached through a helper of the user's) is reported at the user's line that called it
+_PYG = importlib.util.find_spec("torch_geometric")
+_LIBRARY_DIRS = tuple(os.path.dirname(path) + os.sep for path in (
+    os.path.dirname(__file__), torch.__file__, *([_PYG.origin] if _PYG is not None and _PYG.origin else [])))
 
 
 def is_library(filename: str) -> bool:
