@@ -126,7 +126,12 @@ def test_offline_error_says_which_files_to_put_where(closed_port, monkeypatch, t
     assert " ".join(planetoid_files("citeseer")) in message
     assert f"put them in {root / 'planetoid'}" in message and "GNNFUSE_DATA" in message
     assert f"http://127.0.0.1:{closed_port}/data/" in message
-    assert files_in(root / "planetoid") == set()
+    assert not root.exists()         # a mistyped root is not left behind as empty folders
+    (root / "planetoid").mkdir(parents=True)
+    (root / "mine.txt").write_text("kept")
+    with pytest.raises(DownloadError):
+        load_planetoid("citeseer", root)
+    assert (root / "planetoid").is_dir() and (root / "mine.txt").exists()     # folders that were there stay
 
     with pytest.raises(SystemExit) as exit_info:                 # the CLI: a usage error, no traceback
         main(["info", "citeseer", "--root", str(root)])

@@ -8,6 +8,8 @@ uses stand-in pubmed features, see there), so it has no sum here.
 """
 from __future__ import annotations
 
+import contextlib
+
 import os
 import sys
 from pathlib import Path
@@ -71,10 +73,14 @@ def ensure_planetoid(name: str, root: str | os.PathLike | None = None) -> Path:
     missing = [file for file in files if not (folder / file).is_file()]
     print(f"gnnfuse: downloading {len(missing)} Planetoid {name} file(s) from {base} into {folder}",
           file=sys.stderr)
+    made = [path for path in (folder, *folder.parents) if not path.exists()]     # what a failure takes back
     for file in missing:
         try:
             fetch(f"{base}/{file}", folder / file, SHA256[file])
         except DownloadError as error:
+            for path in made:           # deepest first; a folder holding anything stays
+                with contextlib.suppress(OSError):
+                    path.rmdir()
             raise DownloadError(_unavailable_message(name, missing, folder, base, error)) from error
     return folder
 
