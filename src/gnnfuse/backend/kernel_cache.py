@@ -9,13 +9,20 @@ A source this process writes has no machine code cached yet, so its first call c
 """
 from __future__ import annotations
 
+import builtins
 import hashlib
 import importlib.util
 import os
 import sys
+import threading
 from pathlib import Path
 
 _KERNELS: dict[str, object] = {}
+_LOADING = threading.Lock()     # threads of one process loading kernels: one writes, imports and registers
+# The builtins as at import, bound in every kernel module: a vertex function's trace swaps
+# some for the whole process (frontend/vertex.py), and a Numba kernel compiled in another
+# thread meanwhile read the swapped ``min`` ("Untyped global name 'min'"), for good
+_BUILTINS = {name: getattr(builtins, name) for name in ("min", "max", "sum", "len", "zip", "abs", "range")}
 _NEW: set[int] = set()        # ids of loaded kernels whose source this process wrote, not yet called
 
 
@@ -29,24 +36,32 @@ def load_kernel(source: str, name: str):
     """The object ``name`` defined by ``source``, imported from its file in the cache."""
     digest = hashlib.sha1(source.encode()).hexdigest()[:16]
     if digest not in _KERNELS:
-        path = cache_dir() / f"{name}_{digest}.py"
-        written = not path.exists() or path.read_text() != source
-        if written:
-            # written aside and renamed into place: another process (a training rank
-            # compiling the same kernel) never imports a half-written file
-            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-            tmp.write_text(source)
-            os.replace(tmp, path)
-        spec = importlib.util.spec_from_file_location(f"gnnfuse_kernel_{digest}", path)
-        module = importlib.util.module_from_spec(spec)
-        # Registered before it runs: Numba's disk cache re-imports a kernel's module by
-        # name when it loads machine code compiled by an earlier process.
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-        _KERNELS[digest] = getattr(module, name)
-        if written:
-            _NEW.add(id(_KERNELS[digest]))
+        with _LOADING:
+            if digest not in _KERNELS:
+                _load(source, name, digest)
     return _KERNELS[digest]
+
+
+def _load(source: str, name: str, digest: str) -> None:
+    """Write (where new), import and register ``source``'s module; under `_LOADING`."""
+    path = cache_dir() / f"{name}_{digest}.py"
+    written = not path.exists() or path.read_text() != source
+    if written:
+        # written aside and renamed into place: another process (a training rank
+        # compiling the same kernel) never imports a half-written file
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp.write_text(source)
+        os.replace(tmp, path)
+    spec = importlib.util.spec_from_file_location(f"gnnfuse_kernel_{digest}", path)
+    module = importlib.util.module_from_spec(spec)
+    # Registered before it runs: Numba's disk cache re-imports a kernel's module by
+    # name when it loads machine code compiled by an earlier process.
+    sys.modules[spec.name] = module
+    module.__dict__.update(_BUILTINS)
+    spec.loader.exec_module(module)
+    _KERNELS[digest] = getattr(module, name)
+    if written:
+        _NEW.add(id(_KERNELS[digest]))
 
 
 def first_call_compiles(kernel: object) -> bool:

@@ -61,6 +61,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
+from ..backend import kernel_cache  # noqa: F401  (takes the builtins before any trace swaps them)
 from ..graph import Graph
 from ..ir import CompileError, Residency
 from ..runtime import CompiledProgram
@@ -342,13 +343,19 @@ def _in_helpers(counting: Mapping[str, Callable]):
     len(xs)``) aggregate and count too: a helper's globals cannot be patched, and there
     the list built from ``v.innbs`` holds one traced neighbour, so the builtin ``len``
     would count 1. The builtins are replaced for the trace only; a call reaches the
-    counting version only from code outside gnnfuse and torch and on a neighbour list
-    (``v.innbs`` or a container holding its items), every other call the original builtin."""
+    counting version only from the tracing thread's code outside gnnfuse and torch and on
+    a neighbour list (``v.innbs`` or a container holding its items), every other call the
+    original builtin."""
+    tracing = threading.get_ident()
+
     def user_only(name: str) -> Callable:
         original, patched = builtins.__dict__[name], counting[name]
 
         def call(*args, **kwargs):
-            if not args or is_library(sys._getframe(1).f_code.co_filename):
+            # another thread's code meets the swapped builtins too: it gets the original, as
+            # it is (its generator argument was drained into a list here: zip(gen, range(2))
+            # consumed the whole generator)
+            if not args or threading.get_ident() != tracing or is_library(sys._getframe(1).f_code.co_filename):
                 return original(*args, **kwargs)
             if name != "len" and isinstance(args[0], types.GeneratorType):
                 args = (list(args[0]),) + args[1:]

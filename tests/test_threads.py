@@ -1,0 +1,66 @@
+"""gnnfuse used from several threads of one process: a vertex function's trace swaps some
+builtins for the whole process (frontend/vertex.py), and kernel modules are written,
+imported and registered once (backend/kernel_cache.py)."""
+from __future__ import annotations
+
+import builtins
+import threading
+
+import torch
+
+import gnnfuse
+from gnnfuse.backend import kernel_cache
+
+
+def test_another_threads_zip_is_the_builtin_while_a_vertex_function_traces():
+    """The swapped zip drained a generator argument into a list in every thread:
+    ``zip(gen, range(2))`` consumed the whole generator, silently."""
+    seen = []
+
+    def other_thread():
+        gen = (i for i in range(10))
+        pairs = list(zip(gen, range(2)))
+        seen.append((pairs, list(gen), builtins.len([1, 2, 3])))
+
+    def neighbour_sum(v):
+        thread = threading.Thread(target=other_thread)      # runs while the builtins are swapped
+        thread.start()
+        thread.join()
+        return {"h": sum([u.h for u in v.innbs])}
+    graph = gnnfuse.Graph(torch.tensor([0, 1, 2]), torch.tensor([1, 2, 0]), 3)
+    x = torch.randn(3, 2)
+    out = gnnfuse.vertex(neighbour_sum)(graph, {"h": x})["h"]
+    torch.testing.assert_close(out, x[[2, 0, 1]])
+    assert seen and seen[0] == ([(0, 0), (1, 1)], list(range(3, 10)), 3)
+
+
+def test_kernel_modules_bind_the_builtins_as_at_import(tmp_path, monkeypatch):
+    """A Numba kernel compiled in another thread during a trace read the swapped ``min``
+    ("Untyped global name 'min'"), and kept failing afterwards."""
+    monkeypatch.setenv("GNNFUSE_CACHE", str(tmp_path))
+    real_min = builtins.min
+    monkeypatch.setattr(builtins, "min", lambda *args: real_min(*args))      # as a trace's swap does
+    kernel = kernel_cache.load_kernel("def smallest(a, b):\n    return min(a, b)\n", "smallest")
+    assert kernel.__globals__["min"] is real_min and kernel(3, 2) == 2
+
+
+def test_threads_loading_kernels_at_once_each_get_them(tmp_path, monkeypatch):
+    """Threads shared one temporary file name (the process id's): one's rename found it gone
+    (FileNotFoundError), or another imported a half-initialised module."""
+    monkeypatch.setenv("GNNFUSE_CACHE", str(tmp_path))
+    sources = [f"def kernel_{i}(a):\n    return a + {i}\n" for i in range(6)]
+    barrier, results, errors = threading.Barrier(8), [], []
+
+    def load():
+        barrier.wait()
+        try:
+            results.append([kernel_cache.load_kernel(src, f"kernel_{i}")(1) for i, src in enumerate(sources)])
+        except Exception as error:  # noqa: BLE001 - any failure is the finding
+            errors.append(repr(error))
+    threads = [threading.Thread(target=load) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors and results == [[1 + i for i in range(6)]] * 8
+    assert not list(tmp_path.rglob("*.tmp"))
