@@ -414,31 +414,43 @@ def test_bench_reports_how_gnnfuse_step_ran(tmp_path, capsys):
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="real CUDA-graph capture needs a GPU")
 
 
+def _gpu_gcn_training(mode: str, lr=0.05, schedule: bool = False):
+    """Six steps of a two-layer GCN with capturable Adam on the GPU, captured or not
+    (``mode``), its LR stepped after each (``schedule``): (capture, losses, weights)."""
+    torch.manual_seed(0)
+    graph = _graph().to("cuda")
+    x, y = torch.randn(6, 5, device="cuda"), torch.tensor([0, 1, 0, 1, 1, 0], device="cuda")
+    model = torch.nn.ModuleList([gnn_nn.GCNConv(5, 8), gnn_nn.GCNConv(8, 2)]).cuda()
+    opt = torch.optim.Adam(model.parameters(), lr=lr, capturable=True)
+    scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.7) if schedule else None
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model[1](torch.relu(model[0](x, graph)), graph), y)
+        loss.backward()
+        opt.step()
+        return loss
+    capture = StepCapture(step, optimizers=[opt], modules=[model], mode=mode)
+    losses = []
+    for _ in range(6):
+        losses.append(capture())
+        if scheduler is not None:
+            scheduler.step()
+    return capture, torch.stack(losses), list(model.parameters())
+
+
+def _same_training(a, b) -> None:
+    torch.testing.assert_close(a[1], b[1], rtol=1e-5, atol=1e-6)
+    for mine, theirs in zip(a[2], b[2]):
+        torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-6)
+
+
 @needs_gpu
 def test_gpu_captured_training_matches_eager():
     """Dropout-free GCN steps replayed from a CUDA graph give eager's losses and weights."""
-    def run(mode: str):
-        torch.manual_seed(0)
-        graph = _graph().to("cuda")
-        x, y = torch.randn(6, 5, device="cuda"), torch.tensor([0, 1, 0, 1, 1, 0], device="cuda")
-        model = torch.nn.ModuleList([gnn_nn.GCNConv(5, 8), gnn_nn.GCNConv(8, 2)]).cuda()
-        opt = torch.optim.Adam(model.parameters(), lr=0.05, capturable=True)
-
-        def step():
-            opt.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(model[1](torch.relu(model[0](x, graph)), graph), y)
-            loss.backward()
-            opt.step()
-            return loss
-        capture = StepCapture(step, optimizers=[opt], modules=[model], mode=mode)
-        losses = torch.stack([capture() for _ in range(6)])
-        return capture, losses, list(model.parameters())
-    captured, losses, weights = run("on")
-    _, eager_losses, eager_weights = run("off")
-    assert captured.status == "captured"
-    torch.testing.assert_close(losses, eager_losses, rtol=1e-5, atol=1e-6)
-    for mine, theirs in zip(weights, eager_weights):
-        torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-6)
+    captured = _gpu_gcn_training("on")
+    assert captured[0].status == "captured"
+    _same_training(captured, _gpu_gcn_training("off"))
 
 
 @needs_gpu
@@ -568,34 +580,10 @@ def test_a_tensor_learning_rate_changed_in_place_replays():
 
 
 @needs_gpu
-@pytest.mark.parametrize("optimizer", ["Adam"])     # SGD reads a tensor lr on the host: its step is not captured
-def test_gpu_a_scheduled_tensor_learning_rate_replays_as_eager_and_a_float_one_is_refused(optimizer):
-    def run(mode: str, lr):
-        torch.manual_seed(0)
-        graph = _graph().to("cuda")
-        x, y = torch.randn(6, 5, device="cuda"), torch.tensor([0, 1, 0, 1, 1, 0], device="cuda")
-        model = torch.nn.ModuleList([gnn_nn.GCNConv(5, 8), gnn_nn.GCNConv(8, 2)]).cuda()
-        options = {"capturable": True} if optimizer == "Adam" else {"momentum": 0.9}
-        opt = getattr(torch.optim, optimizer)(model.parameters(), lr=lr, **options)
-        scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.7)
-
-        def step():
-            opt.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(model[1](torch.relu(model[0](x, graph)), graph), y)
-            loss.backward()
-            opt.step()
-            return loss
-        capture = StepCapture(step, optimizers=[opt], modules=[model], mode=mode)
-        losses = []
-        for _ in range(6):
-            losses.append(capture())
-            scheduler.step()
-        return capture, torch.stack(losses), list(model.parameters())
-    captured, losses, weights = run("on", torch.tensor(0.05, device="cuda"))
-    _, eager_losses, eager_weights = run("off", torch.tensor(0.05, device="cuda"))
-    assert captured.status == "captured"
-    torch.testing.assert_close(losses, eager_losses, rtol=1e-5, atol=1e-6)
-    for mine, theirs in zip(weights, eager_weights):
-        torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-6)
+def test_gpu_a_scheduled_tensor_learning_rate_replays_as_eager_and_a_float_one_is_refused():
+    """(SGD reads a tensor lr on the host: its step is not captured.)"""
+    captured = _gpu_gcn_training("on", torch.tensor(0.05, device="cuda"), schedule=True)
+    assert captured[0].status == "captured"
+    _same_training(captured, _gpu_gcn_training("off", torch.tensor(0.05, device="cuda"), schedule=True))
     with pytest.raises(RuntimeError, match="'lr' changed from 0.0245"):     # 0.05 * 0.7 ** 2, as captured
-        run("on", 0.05)
+        _gpu_gcn_training("on", 0.05, schedule=True)
