@@ -398,9 +398,10 @@ class GraphStepCapture(BlockStepCapture):
         self._labels_watched = False
 
     def __call__(self, batch: Any) -> Any:
-        if self.reason is None and not self._labels_watched and self._padded(batch):
+        first = self.reason is None and not self._labels_watched and self._padded(batch)
+        if first:
             self._check_device(batch)        # off a GPU, no capture: nothing to say about the labels
-        if self.reason is None and not self._labels_watched and self._padded(batch):
+        if first and self.reason is None:
             # the first padded batch runs eagerly, unpadded, to see what the step makes of
             # its labels: anything but a loss ignoring IGNORE_LABEL would count the padding
             self._labels_watched = True

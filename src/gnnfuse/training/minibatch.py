@@ -50,11 +50,11 @@ def train_minibatch_run(config: TrainConfig, spec: ModelSpec, data: PreparedData
     (``config.dkp``) and the number of steps replayed from a CUDA graph so far."""
     device = torch.device(config.device)
     captured = device.type == "cuda" and cuda_graph != "off"
-    uncaptured = RunResult.cuda_graph if cuda_graph == "off" else \
-        f"eager: CUDA graphs need a CUDA device; the step runs on {device}"
+    off_device = f"CUDA graphs need a CUDA device; the step runs on {device}"
+    uncaptured = RunResult.cuda_graph if cuda_graph == "off" else f"eager: {off_device}"
     if cuda_graph == "on" and not captured:
         warnings.warn(f"gnnfuse: the mini-batch training step is not captured in a CUDA graph and runs eagerly: "
-                      f"{uncaptured[len('eager: '):]}", CaptureFallbackWarning, stacklevel=2)
+                      f"{off_device}", CaptureFallbackWarning, stacklevel=2)
     torch.manual_seed(seed)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
