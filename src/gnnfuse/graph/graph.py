@@ -252,12 +252,7 @@ class Graph:
         ``EdgeIndex`` brings its ``sparse_size`` (isolated trailing vertices count), as
         `coerce` reads it."""
         if is_pyg_edge_index(edge_index):
-            if set(kw) <= {"num_src_nodes"}:
-                return cls._from_torch(edge_index, num_nodes, kw.get("num_src_nodes"))
-            rows, cols = edge_index.sparse_size()
-            if num_nodes is None and rows is not None and rows == cols and "num_src_nodes" not in kw:
-                num_nodes = rows
-            edge_index = edge_index.as_tensor()
+            return cls._from_pyg_edge_index(edge_index, num_nodes, **kw)
         if not isinstance(edge_index, torch.Tensor) and not isinstance(edge_index, np.ndarray):
             edge_index = np.asarray(edge_index)
             if edge_index.size == 0 and edge_index.dtype.kind == "f":
@@ -398,9 +393,18 @@ class Graph:
         already grouped by destination, so its CSR needs no sort."""
         if is_sparse_adjacency(obj):
             return cls.from_adj_t(obj, num_nodes, num_src_nodes)
-        bipartite = {} if num_src_nodes is None else {"num_src_nodes": num_src_nodes}
         if not is_pyg_edge_index(obj):
+            bipartite = {} if num_src_nodes is None else {"num_src_nodes": num_src_nodes}
             return cls.from_edge_index(obj.detach(), num_nodes, **bipartite)
+        return cls._from_pyg_edge_index(obj, num_nodes, num_src_nodes)
+
+    @classmethod
+    def _from_pyg_edge_index(cls, obj: Any, num_nodes: int | None, num_src_nodes: int | None = None,
+                             **kw: Any) -> Graph:
+        """From a PyG ``EdgeIndex``: its ``sparse_size`` checked against the vertex counts
+        given and counted where none is (isolated trailing vertices); ``kw`` (edge and
+        node types) as `from_edge_index` takes them."""
+        bipartite = {} if num_src_nodes is None else {"num_src_nodes": num_src_nodes}
         rows, cols = obj.sparse_size()
         if num_src_nodes is not None and (rows not in (None, num_src_nodes)
                                           or (num_nodes is not None and cols not in (None, num_nodes))):
@@ -413,7 +417,7 @@ class Graph:
                              f"{num_nodes} rows (one vertex set: both sizes must be {num_nodes} or None)")
         if num_nodes is None and rows is not None and rows == cols:
             num_nodes = rows                              # isolated trailing vertices count
-        graph = cls.from_edge_index(obj.as_tensor(), num_nodes, **bipartite)
+        graph = cls.from_edge_index(obj.as_tensor(), num_nodes, **bipartite, **kw)
         graph._trust_dst_order(obj.is_sorted_by_col)
         graph._wrapper, graph._wrapper_version = weakref.ref(obj), obj._version
         return graph
