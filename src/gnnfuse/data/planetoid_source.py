@@ -9,7 +9,6 @@ uses stand-in pubmed features, see there), so it has no sum here.
 from __future__ import annotations
 
 import contextlib
-
 import os
 import sys
 from pathlib import Path

@@ -111,7 +111,7 @@ def planted_partition(num_nodes: int = 2000, num_classes: int = 5, num_features:
         num_classes=num_classes,
         description=f"planted partition (SBM, p_in={p_in:.4g}, p_out={p_out:.4g}, seed {seed}) with "
                     "class-correlated noisy features")
-    left = num_nodes - 20 * num_classes      # after the training nodes: val and test share it 1 : 2
+    left = num_nodes - 20 * num_classes      # the nodes the training nodes leave
     if left < 3:
         raise ValueError(f"planted_partition needs more than 20 training nodes per class plus a validation and "
                          f"test node: num_nodes={num_nodes} with num_classes={num_classes} leaves {left}")
