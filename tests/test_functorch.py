@@ -89,3 +89,30 @@ def test_grad_through_a_fused_program_is_refused_by_name(monkeypatch):
     assert not any(torch._C._functorch.is_functorch_wrapped_tensor(v) for v in graph._cache.values()
                    if isinstance(v, torch.Tensor))      # a layout built inside the transform is not kept
     layer(x, graph)
+
+
+BATCHED = r"a batched backward \(torch.autograd.grad\(\.\.\., is_grads_batched=True\).* is not supported"
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton", "cpu"])
+def test_a_batched_backward_is_refused_by_name_or_matches_row_by_row_gradients(backend, monkeypatch):
+    """``is_grads_batched=True`` (and ``jacobian(vectorize=True)``) runs a backward under
+    vmap: where its ops batch (the reference backend's GCN) it gives the row-by-row
+    gradients; where they do not, the refusal names the option, not only torch's "Batching
+    rule not implemented for aten::mul.out"."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    device = device_for(backend)
+    edge_index, x = _inputs(device)
+    x = x.double().requires_grad_()
+    for layer in (gnn.GCNConv(6, 2), gnn.GATConv(6, 2, heads=2)):
+        out = layer.double().to(device)(x, edge_index)
+        rows = torch.eye(out.numel(), dtype=out.dtype, device=device).view(-1, *out.shape)
+        if backend == "reference" and isinstance(layer, gnn.GCNConv):
+            (batched,) = torch.autograd.grad(out, x, rows, is_grads_batched=True, retain_graph=True)
+            for row, got in zip(rows, batched):
+                torch.testing.assert_close(got, torch.autograd.grad(out, x, row, retain_graph=True)[0])
+            continue
+        with pytest.raises(NotImplementedError, match=BATCHED):
+            torch.autograd.grad(out, x, rows, is_grads_batched=True)
+        with pytest.raises(NotImplementedError, match=BATCHED):
+            torch.autograd.functional.jacobian(lambda xs: layer(xs, edge_index), x, vectorize=True)

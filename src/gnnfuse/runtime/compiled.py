@@ -564,6 +564,15 @@ class _ProgramFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *output_grads: torch.Tensor):
+        try:
+            return _ProgramFunction._backward(ctx, output_grads)
+        except RuntimeError as exc:     # asked on the error path only: the usual one stays as it was
+            if any(_batched(g) for g in output_grads if g is not None):
+                raise _batched_backward_error(ctx.compiled, exc) from exc
+            raise
+
+    @staticmethod
+    def _backward(ctx, output_grads: tuple[torch.Tensor, ...]):
         if ctx.input_meta is not None:     # zeros, as torch's backward of ``x ** 0`` gives
             return (None, *[torch.zeros(shape, dtype=dtype, device=device) if needs else None
                             for (shape, dtype, device), needs in zip(ctx.input_meta, ctx.needs_input_grad[1:])])
@@ -601,6 +610,28 @@ class _ProgramFunction(torch.autograd.Function):
         if getattr(graph, "first_pass", False):      # a backward pass runs on it (runtime/first_pass.py)
             end_after_backward(graph)
         return (None, *map(grads.get, ctx.compiled._gradient_keys))
+
+
+def _batched(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is a vmap-batched tensor: ``is_grads_batched`` hands a backward
+    legacy ``Batched`` ones, ``torch.func.vmap`` functorch's ``FuncTorchBatched`` ones
+    (torch's Python ``DispatchKey`` enum names neither, so the key set's text is read)."""
+    return "Batched" in repr(torch._C._dispatch_keys(tensor))
+
+
+def _batched_backward_error(compiled: CompiledProgram, exc: RuntimeError) -> NotImplementedError:
+    """A backward run under vmap (``torch.autograd.grad(..., is_grads_batched=True)``,
+    ``jacobian``/``hessian`` with ``vectorize=True``) explained: its gradients came as
+    batched tensors, which the backends' kernels and out= ops have no batching rule for, and
+    torch's message ("Batching rule not implemented for aten::mul.out") named neither the
+    layer's program nor the option that set vmap going. Where the backward's ops do batch
+    (torch ops of the reference backend), it runs and nothing is raised."""
+    inputs = ", ".join(sorted(compiled.program.inputs))
+    return NotImplementedError(
+        f"a batched backward (torch.autograd.grad(..., is_grads_batched=True), or jacobian/hessian with "
+        f"vectorize=True) through the compiled gnnfuse program on ({inputs}) is not supported: its backward "
+        f"runs kernels or out= ops that have no vmap batching rule ({exc}). Compute one gradient row at a time "
+        "(is_grads_batched=False, vectorize=False)")
 
 
 def _unviewed(outputs: tuple[torch.Tensor, ...], inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
