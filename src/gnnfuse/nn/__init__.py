@@ -3,7 +3,8 @@ GAT; `propagation`: GIN, GraphConv, APPNP, SGC, TAG, Chebyshev; `attention`: GAT
 constrained GAT, dot-product GAT, EdgeConv, MLP aggregation, NGCF; `relational`:
 R-GCN; `hetero_relational`: RGAT, FastRGCN; `hetero_transformer`: HGT; `hetero_conv`: PyG's
 HeteroConv wrapper; `hetero_transform`: PyG's ``to_hetero`` for gnnfuse layers; `edge_features` and `attention_weights`: GAT/GATv2's PyG ``edge_attr`` and
-``return_attention_weights``; `pyg_repr`: PyG's printed form; `pyg_layers`: PyG's own
+``return_attention_weights``; `pyg_repr`: PyG's printed form; `pyg_explain`: PyG's explainers refused
+where their edge masks would miss gnnfuse's layers; `pyg_layers`: PyG's own
 TransformerConv, GINEConv, GENConv, CGConv and more with ``propagate`` compiled), plain-PyTorch
 baselines (`reference`) that the compiled layers are measured against, and a registry of
 standard node-classification models built from them (`models`).
@@ -25,10 +26,13 @@ from .hetero_transformer import HGTConv
 from .hetero_transform import to_hetero
 from .models import Hyperparameters, ModelSpec, build_model, get_model, model_names
 from .refused_names import refusal
+from . import pyg_explain
 
 __all__ = ["APPNP", "CGATConv", "ChebConv", "DotGATConv", "EdgeConv", "FastRGCNConv", "GATConv", "GATv2Conv", "GCNConv",
            "GINConv", "GraphConv", "HGTConv", "HeteroConv", "Hyperparameters", "MLPAggConv", "ModelSpec", "NGCFConv", "RGATConv", "RGCNConv", "SAGEConv", "SGConv",
            "TAGConv", "build_model", "get_model", "model_names", "to_hetero"]
+
+pyg_explain.install()      # PyG's explainers refuse models whose gnnfuse layers their edge masks miss
 
 # A PyG name whose gnnfuse namesake takes other arguments: exported here, it would run
 # different code without an error. It stays in `reference`.

@@ -1,0 +1,116 @@
+"""PyG's explainers (``torch_geometric.explain``) refused where their edge masks would
+miss gnnfuse's layers.
+
+An explainer with ``edge_mask_type`` set (GNNExplainer, PGExplainer, GraphMaskExplainer,
+AttentionExplainer, CaptumExplainer) puts its masks on -- or collects attention from --
+the ``torch_geometric.nn.MessagePassing`` modules of the model only. gnnfuse's own
+layers (`GCNConv`, `SAGEConv`, `GATConv`, ...) are not such modules: in a model of those
+alone PyG failed with messages blaming the model ("make sure that edges are used via
+message passing"), and in a model mixing them with PyG-class layers the explanation came
+back silently wrong (GNNExplainer's edge mask off by 0.75 against the same model built
+from PyG's layers). So the explainer's call is refused, naming the layers.
+
+PyG stays optional and its ``explain`` package costs seconds to import, so nothing is
+imported here: the guard is put on PyG's classes when that package is imported (an
+import hook), or at once when it already was."""
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import sys
+from typing import Any
+
+import torch
+
+from .hetero_conv import HeteroConv
+from .torchscript import NotScriptable
+
+_PACKAGE = "torch_geometric.explain"
+
+
+def unmasked_layers(model: torch.nn.Module) -> list[str]:
+    """gnnfuse layers of ``model`` that PyG's edge masks do not reach, as ``Class at
+    name``. `HeteroConv` only holds layers, which are listed themselves."""
+    from torch_geometric.nn import MessagePassing
+    return [f"{type(module).__name__} at {name or 'the model itself'}" for name, module in model.named_modules()
+            if isinstance(module, NotScriptable) and not isinstance(module, (MessagePassing, HeteroConv))]
+
+
+def refuse_edge_masks(model: Any, who: str) -> None:
+    """Raise if PyG's ``who`` would explain ``model``'s edges without seeing some of its layers."""
+    layers = unmasked_layers(model) if isinstance(model, torch.nn.Module) else []
+    if layers:
+        raise NotImplementedError(
+            f"{who} puts its edge masks on (or reads attention from) torch_geometric.nn.MessagePassing layers "
+            f"only, and gnnfuse's {', '.join(layers)} {'is' if len(layers) == 1 else 'are'} not one: those edges "
+            "would get no mask and the explanation would be wrong. Explain a copy built from torch_geometric.nn's "
+            "layers (gnnfuse's have PyG's parameter names: pyg_model.load_state_dict(model.state_dict())), or ask "
+            "for node masks only (edge_mask_type=None)")
+
+
+def guard(explain: Any) -> None:
+    """Put the refusal on the imported ``torch_geometric.explain`` package's classes
+    (once): every algorithm's call, and `Explainer.get_masked_prediction` (the fidelity
+    metrics' masked forward)."""
+    algorithm = getattr(sys.modules.get(f"{_PACKAGE}.algorithm.base"), "ExplainerAlgorithm", None)
+    if (algorithm is None or not hasattr(explain, "Explainer")     # another PyG layout: its import must still work
+            or getattr(algorithm, "_gnnfuse_guarded", False)):
+        return
+    call, masked = algorithm.__call__, explain.Explainer.get_masked_prediction
+
+    def guarded_call(self, *args, **kwargs):
+        config = getattr(self, "_explainer_config", None)
+        if config is not None and config.edge_mask_type is not None:
+            refuse_edge_masks(args[0] if args else kwargs.get("model"), f"torch_geometric.explain's "
+                              f"{type(self).__name__} (edge_mask_type={config.edge_mask_type.value!r})")
+        return call(self, *args, **kwargs)
+
+    def guarded_masked_prediction(self, *args, **kwargs):
+        edge_mask = args[3] if len(args) > 3 else kwargs.get("edge_mask")
+        if edge_mask is not None:
+            refuse_edge_masks(self.model, "torch_geometric.explain's Explainer.get_masked_prediction (fidelity)")
+        return masked(self, *args, **kwargs)
+
+    algorithm.__call__ = guarded_call
+    explain.Explainer.get_masked_prediction = guarded_masked_prediction
+    pg_explainer = getattr(sys.modules.get(f"{_PACKAGE}.algorithm.pg_explainer"), "PGExplainer", None)
+    if pg_explainer is not None:        # trained on its own before its call (PyG's IndexError on gnnfuse layers)
+        train = pg_explainer.train
+
+        def guarded_train(self, *args, **kwargs):
+            if args and not isinstance(args[0], bool):      # train(epoch, model, ...), not Module.train(mode)
+                refuse_edge_masks(args[1] if len(args) > 1 else kwargs.get("model"),
+                                  "torch_geometric.explain's PGExplainer.train")
+            return train(self, *args, **kwargs)
+
+        pg_explainer.train = guarded_train
+    algorithm._gnnfuse_guarded = True
+
+
+class _GuardOnImport(importlib.abc.MetaPathFinder):
+    """Finds ``torch_geometric.explain`` through the other finders and has its loader
+    call `guard` once the package has run."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname != _PACKAGE:
+            return None
+        spec = next((found for finder in sys.meta_path if finder is not self and hasattr(finder, "find_spec")
+                     for found in [finder.find_spec(fullname, path, target)] if found is not None), None)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        run = spec.loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            run(module)
+            guard(module)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def install() -> None:
+    """Guard PyG's explainers now if imported, else when they are."""
+    if _PACKAGE in sys.modules:
+        guard(sys.modules[_PACKAGE])
+    elif not any(isinstance(finder, _GuardOnImport) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _GuardOnImport())
