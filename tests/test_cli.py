@@ -3,6 +3,7 @@ curves, the model registry) and reference accuracy."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -320,6 +321,20 @@ def test_an_output_in_a_missing_folder_is_a_usage_error_before_any_work(argv, tm
         main([*argv, str(target)])
     assert stopped.value.code == 2 and "does not exist" in capsys.readouterr().err
     assert not target.parent.exists()
+
+
+@pytest.mark.parametrize("argv", [["train", "--save"], ["bench", "--json"], ["explain", "--dot"]],
+                         ids=lambda a: " ".join(a))
+@pytest.mark.parametrize("where", ["under a file", "in /proc"])
+def test_an_output_where_no_file_can_be_written_is_a_usage_error_naming_why(argv, where, tmp_path, capsys):
+    """A folder that is a file was said not to exist; one that cannot be written to
+    (``/proc`` here, a read-only folder for a user) failed only at the write, after the work."""
+    (tmp_path / "afile").write_text("x")
+    target = tmp_path / "afile" / "out.file" if where == "under a file" else Path("/proc/gnnfuse-out.file")
+    with pytest.raises(SystemExit) as stopped:
+        main([*argv, str(target)])
+    why = "is a file, not a folder" if where == "under a file" else "no file can be written in /proc"
+    assert stopped.value.code == 2 and why in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv", [["train", "--save"], ["train", "--plot"], ["bench", "--json"],

@@ -173,6 +173,22 @@ def test_a_store_that_is_a_folder_is_refused_before_the_search(tmp_path, monkeyp
     assert list(tmp_path.parent.glob("*.tmp")) == []
 
 
+def test_a_store_under_a_file_is_refused_before_the_search_and_a_missing_folder_is_not(tmp_path, monkeypatch,
+                                                                                       capsys):
+    """Under a file, the search ran, then the store's mkdir failed with FileExistsError and
+    the results were lost; a folder that does not exist yet is made by the store."""
+    (tmp_path / "afile").write_text("x")
+    monkeypatch.setenv(tuned_schedule.PATH_ENV, str(tmp_path / "afile" / "tuned.json"))
+    monkeypatch.setattr("gnnfuse.tuning.command.tune", lambda *args, **kwargs: pytest.fail("searched"))
+    with pytest.raises(SystemExit) as stop:
+        main(["tune", "--dataset", "synthetic", "--space", "small"])
+    assert stop.value.code == 2 and f"{tmp_path / 'afile'} is a file, not a folder" in capsys.readouterr().err
+    monkeypatch.setenv(tuned_schedule.PATH_ENV, str(tmp_path / "new" / "tuned.json"))
+    monkeypatch.setattr("gnnfuse.tuning.command.tune", lambda *args, **kwargs: [])
+    main(["tune", "--dataset", "synthetic", "--space", "small"])
+    assert "choices in" in capsys.readouterr().out
+
+
 def test_the_triton_backend_runs_a_tuned_choice(cache, monkeypatch):
     """A stored Triton choice (here the vertex-parallel CSR schedule with 2-wide feature
     blocks, where the cost rule picks the edge-parallel COO one for this sparse graph)

@@ -1,24 +1,49 @@
 """Checks on the files a command will write, made before its work starts."""
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
+
+
+def folder_problem(folder: Path, *, made: bool = False) -> str | None:
+    """Why no file can be written in ``folder`` (made with its missing parents first when
+    ``made``), or None. A missing folder whose nearest existing parent is a file is named
+    as such (it was called "does not exist"), and the folder is tried with a temporary
+    file, which nothing else tells reliably (``/proc``, a read-only mount, or a folder
+    without write permission all failed only at the write, after the work)."""
+    existing = next(p for p in (folder, *folder.parents) if p.exists())
+    if not existing.is_dir():
+        return f"{existing} is a file, not a folder"
+    if existing != folder and not made:
+        return f"the folder {folder} does not exist"
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as error:
+        return f"no file can be written in {existing} ({error.strerror or error})"
+    return None
 
 
 def unwritable_output(outputs: dict[str, str | Path | None]) -> str | None:
     """A usage error for the first output (``{"--save": path, ...}``) that cannot be
-    written as a file -- its folder does not exist, the path is a folder, or another
-    output names the same file -- or None. Why up front: the write comes after the
-    training or timing, so a mistyped path cost the whole run and then ended in a
-    traceback, or (two flags on one path) the second write replaced the first."""
+    written as a file -- its folder does not exist or cannot be written to, the path is a
+    folder or a file that cannot be written, or another output names the same file -- or
+    None. Why up front: the write comes after the training or timing, so a mistyped path
+    cost the whole run and then ended in a traceback, or (two flags on one path) the
+    second write replaced the first."""
     seen: dict[Path, str] = {}
     for flag, path in outputs.items():
         if path is None:
             continue
         resolved = Path(path).resolve()
-        if not resolved.parent.is_dir():
-            return f"{flag} {path}: the folder {resolved.parent} does not exist"
+        problem = folder_problem(resolved.parent)
+        if problem is not None:
+            return f"{flag} {path}: {problem}"
         if resolved.is_dir():
             return f"{flag} {path}: that is a folder; give a file name in it"
+        if resolved.exists() and not os.access(resolved, os.W_OK):
+            return f"{flag} {path}: the file exists and cannot be written"
         if resolved in seen:
             return f"{flag} {path}: {seen[resolved]} writes the same file; give each output its own"
         seen[resolved] = flag

@@ -9,6 +9,7 @@ import torch
 from ..backend.tuned_schedule import PATH_ENV, cache_path, describe
 from ..bench.models import MODELS, instantiate, load_data, reference_state
 from ..data import DATASET_NAMES, LOAD_ERRORS, ROOT_HELP
+from ..output_paths import folder_problem
 from .search import tune
 from .space import SPACES
 
@@ -37,9 +38,12 @@ def run_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is available")
     store = cache_path()
-    if store.is_dir():      # found by the write, after the whole search
+    # found by the write, after the whole search, whose results were then lost
+    problem = ("it is a folder" if store.is_dir() else folder_problem(store.parent, made=True))
+    if problem is not None:
         parser.error(f"the store of tuned choices, {store} (${PATH_ENV}, else $GNNFUSE_CACHE/"
-                     f"tuned_schedules.json), is a folder; set ${PATH_ENV} to a file name")
+                     f"tuned_schedules.json), cannot be written: {problem}; set ${PATH_ENV} to a file name "
+                     "in a folder you can write")
     device = torch.device(args.device)
     try:
         data = load_data(args.dataset, args.root, device, log=print)
