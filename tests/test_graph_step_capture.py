@@ -103,6 +103,21 @@ def test_a_model_normalising_over_all_rows_runs_eagerly_with_a_warning():
     assert replayed[2].replayed == 0 and "normalises over all rows" in replayed[2].status
 
 
+@pytest.mark.parametrize("mode", ["auto", "on"])
+def test_a_row_mixing_model_on_a_cpu_warns_only_in_mode_on(mode):
+    """Mode "auto" runs eagerly on a CPU without a word, as `StepCapture` does; with a
+    BatchNorm it warned at construction that the padded rows would count, on a CPU where
+    nothing is captured anyway. Its status still says why."""
+    model = _Classifier("GIN", "batch_norm").double()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run = GraphStepCapture(lambda batch: None, modules=[model], mode=mode)
+    assert [str(w.message) for w in caught if issubclass(w.category, CaptureFallbackWarning)] == (
+        [] if mode == "auto" else [f"gnnfuse: the {run._STEP} is not captured in a CUDA graph and runs eagerly: "
+                                   f"{run.reason}"])
+    assert "BatchNorm" in run.status and "normalises over all rows" in run.status
+
+
 def test_pygs_layer_norm_over_whole_graphs_runs_eagerly_with_a_warning():
     """PyG's ``LayerNorm`` (``mode="graph"``, what ``norm="layer_norm"`` makes) normalises
     over all rows of a graph -- of the whole batch when it gets no ``batch`` vector, as in

@@ -243,7 +243,12 @@ class BlockStepCapture:
         self._skipped: set[str] = set()
         mixing = self._row_mixing = row_mixing_module(self.modules)     # mode "off" pads batches too
         if mixing and self.reason is None:
-            self._fall_back(f"{mixing} normalises over all rows, which would count the padded ones")
+            reason = f"{mixing} normalises over all rows, which would count the padded ones"
+            if (mode == "auto" and _graph_factory is None      # (a test's stand-in graph needs no device)
+                    and step_device(self.optimizers, self.modules, ()).type != "cuda"):
+                self.reason = reason        # "auto" runs eagerly on a CPU without a word, as StepCapture does
+            else:
+                self._fall_back(reason)
 
     @property
     def status(self) -> str:
