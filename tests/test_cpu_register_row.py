@@ -162,6 +162,33 @@ def test_a_row_of_negative_zero_products_sums_to_positive_zero(width, dtype, kin
     assert kinds and all(flag for _, flag, _ in kinds)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_factor_the_same_on_every_edge_is_not_regrouped(dtype, kinds, monkeypatch):
+    """With ``reassoc``, LLVM multiplied two constants first (``h * c * c`` as ``h *
+    inf``: NaN at h = 0 and inf at h = 1/c, where eager code gives 0 and c) and took a
+    common factor out of a row's sum (``sum(x * -inf)`` as ``sum(x) * -inf``: +-inf where
+    eager code adds inf and -inf to NaN). Such units compile without fast-math; GCN's
+    per-edge products (`test_a_row_of_negative_zero_products_sums_to_positive_zero`)
+    keep it."""
+    big = 1e30 if dtype == torch.float32 else 1e200
+    graph = hub_graph()
+    gen = torch.Generator().manual_seed(2)
+    h = torch.randn(NUM_NODES, 4, generator=gen).to(dtype)
+    h[1], h[2] = 1 / big, 0.0
+    monkeypatch.setenv("GNNFUSE_BACKEND", "cpu")
+    src, dst = graph.src.long(), graph.dst.long()
+    for message in (lambda e: {"m": e.src["h"] * big * big}, lambda e: {"m": e.src["h"] * float("-inf")},
+                    lambda e: {"m": e.src["h"] * e.dst["s"]}):
+        s = torch.full((NUM_NODES, 1), float("inf"), dtype=dtype)
+        with torch.no_grad():
+            out = gnnfuse.message_passing(graph, message, lambda n: {"o": n.mailbox["m"].sum(1)},
+                                          ndata={"h": h, "s": s})["o"]
+        edges = message(type("E", (), {"src": {"h": h[src]}, "dst": {"s": s[dst]}}))["m"]
+        want = torch.zeros_like(h).index_add(0, dst, edges)
+        torch.testing.assert_close(out, want, equal_nan=True, rtol=1e-6, atol=0.0)
+    assert kinds and all(flag for _, flag, _ in kinds)      # the kernels under test are register-row ones
+
+
 def test_multi_head_rows(kinds, monkeypatch, fresh_compile):
     """Rows of shape (heads, D): per-head attention weights broadcast over D, written out
     once per head, not once per column (GAT's 8 x 8 kernels were a thousand lines and

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from ...ir import Value, get_op
+from ...ir import Residency, Value, get_op
 from ...passes.fusion import AggregateUnit, EdgeUnit, Unit, feature_sum_terms, gather_side, leaf_kind
 from ..coords import project, strides, summed_coords
 from . import scalar
@@ -268,16 +268,25 @@ REGISTER_ROW_FASTMATH = frozenset({"reassoc", "nsz"})
 # Body ops under which regrouping changes values in the last bits only, as a different
 # summation order of the row does.
 _REGROUPABLE = frozenset({"mul", "neg", "broadcast", "reshape", "expand", "slice_features"})
+# Operands the same on every edge of a row: constants and parameters, a destination's values
+_SAME_ON_A_ROW = frozenset({Residency.SHARED, Residency.DST})
 
 
 def register_row_fastmath(unit: AggregateUnit) -> frozenset[str]:
-    """`REGISTER_ROW_FASTMATH` for a unit whose per-edge body is products and moves,
-    none for any other. Regrouping is not harmless across a subtraction or inside an
-    op's kernel expression: LLVM turned log_softmax's ``(x - max) - log(total)`` into
-    ``x - (max + log(total))``, which rounds ``max + log(total)`` to the spacing of
-    ``max`` -- -0.4076080 for torch's -0.4076059 at logits [88, 89, 90] in float32 --
-    and undid the corrections that expressions such as tanh's expm1 are written for."""
-    return REGISTER_ROW_FASTMATH if all(v.op in _REGROUPABLE for v in unit.body) else frozenset()
+    """`REGISTER_ROW_FASTMATH` for a unit whose per-edge body is products and moves of
+    values that vary from edge to edge, none for any other. Regrouping is not harmless
+    across a subtraction or inside an op's kernel expression: LLVM turned log_softmax's
+    ``(x - max) - log(total)`` into ``x - (max + log(total))``, which rounds ``max +
+    log(total)`` to the spacing of ``max`` -- -0.4076080 for torch's -0.4076059 at
+    logits [88, 89, 90] in float32 -- and undid the corrections that expressions such as
+    tanh's expm1 are written for. Nor is it with a factor the same on every edge of a row
+    (a constant, a destination's value): LLVM multiplied constants first (``h * 1e30 *
+    1e30`` as ``h * inf``: NaN at h = 0 where eager code gives 1e30 at h = 1e-30) and
+    took a common factor out of the sum (``sum(x * -inf)`` as ``sum(x) * -inf``: inf
+    where eager code adds inf and -inf to NaN)."""
+    regroupable = all(v.op in _REGROUPABLE and not any(i.residency in _SAME_ON_A_ROW for i in v.inputs)
+                      for v in unit.body)
+    return REGISTER_ROW_FASTMATH if regroupable else frozenset()
 
 
 ROWS_PER_BLOCK = 64   # rows one prange iteration reduces, sharing one accumulator buffer
