@@ -1203,6 +1203,10 @@ def test_a_mean_or_softmax_of_integer_messages_is_refused_at_its_line():
         assert line_of(reduce, text) in str(info.value)
     out = gnnfuse.message_passing(g, lambda e: {"m": e.src["id"]}, mean, ndata={"id": ids.to(DOUBLE)})["o"]
     torch.testing.assert_close(out, torch.tensor([0.0, 7 / 3, 0.0], dtype=DOUBLE))
+    table = torch.tensor([[-7, 0, 3], [5, -6, 5], [1, 2, 3]])     # over a feature dim: float32 came back
+    for op, name in ((torch.softmax, "softmax"), (torch.log_softmax, "log_softmax")):
+        with pytest.raises(CompileError, match=f"a {name} of torch.int64 values is not compiled"):
+            gnnfuse.apply_edges(g, lambda e: {"m": op(e.src["h"], -1)}, ndata={"h": table})
 
 def test_mailbox_conveniences_and_unsupported_operators():
     """``edges.data.get`` works as on DGL's frames; ``%``, ``//``, ``2 ** x`` and the

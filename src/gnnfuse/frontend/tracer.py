@@ -820,7 +820,11 @@ def _feature_dim(tracer: Tracer, x: SymTensor, dim, what: str) -> int:
 def _feature_softmax(tracer: Tracer, x: SymTensor, dim: int, log: bool) -> SymTensor:
     """softmax / log_softmax over a feature dim, from exp, sum and div (each exact and
     differentiable), shifted by the max for stability as torch does."""
-    d = _feature_dim(tracer, x, dim, "log_softmax" if log else "softmax")
+    what = "log_softmax" if log else "softmax"
+    d = _feature_dim(tracer, x, dim, what)
+    if not x.dtype.is_floating_point:   # its exp and division made floats of them, where torch raises
+        raise tracer.error(f"a {what} of {x.dtype} values is not compiled ({what} rejects them); multiply "
+                           "by 1.0 or pass floats in")
     shift = tracer.apply("stop_gradient", tracer.apply("amax_dim", x, dim=(d,), keepdim=True))
     z = tracer.apply("sub", x, shift)
     e = tracer.apply("exp", z)
