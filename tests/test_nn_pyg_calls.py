@@ -422,6 +422,22 @@ def test_fast_rgcn_refuses_an_aggr_it_cannot_take_set_after_construction():
         conv(torch.randn(6, 4), torch.tensor([[0, 1], [1, 2]]), torch.tensor([0, 1]))
 
 
+def test_relational_layers_name_themselves_and_every_refused_argument():
+    """FastRGCNConv's refusals, inherited from RGCNConv, named RGCNConv (a ``flow`` gave
+    Python's "RGCNConv.__init__() got an unexpected keyword argument"), and RGATConv left
+    out an ``aggr`` it refused beside another argument."""
+    edge_index, edge_type = torch.tensor([[0], [1]]), torch.tensor([0])
+    with pytest.raises(TypeError, match=r"^FastRGCNConv: the arguments \['flow'\] are not supported"):
+        gnn.FastRGCNConv(5, 4, 3, flow="target_to_source")
+    with pytest.raises(ValueError, match="^FastRGCNConv: block-diagonal decomposition"):
+        gnn.FastRGCNConv(5, 4, 3, num_blocks=1)(None, edge_index, edge_type)
+    with pytest.raises(ValueError, match="^RGCNConv: aggr must be 'mean', 'add' or 'sum'"):
+        gnn.RGCNConv(5, 4, 3, aggr="max")
+    with pytest.raises(NotImplementedError, match=r"RGATConv: the MessagePassing arguments \['aggr', 'node_dim'\]"):
+        gnn.RGATConv(5, 4, 3, aggr="mean", node_dim=0)
+    gnn.RGATConv(5, 4, 3, aggr="sum")      # PyG's default, named
+
+
 @pytest.mark.parametrize("layer", ["GCNConv", "GraphConv", "SGConv", "TAGConv"])
 def test_edge_weights_packed_into_an_adj_t_take_their_gradient(layer):
     """Learnt weights given as a CSR adj_t's values got no gradient (left None, so an

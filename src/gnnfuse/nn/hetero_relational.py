@@ -100,9 +100,10 @@ class RGATConv(NotScriptable, nn.Module):
                  heads: int = 1, dim: int = 1, concat: bool = True, negative_slope: float = 0.2,
                  dropout: float = 0.0, edge_dim: int | None = None, bias: bool = True, **kwargs: Any):
         super().__init__()
-        if kwargs.pop("aggr", "add") not in ("add", "sum") or kwargs:
-            raise NotImplementedError(f"RGATConv: the MessagePassing arguments {sorted(kwargs) or ['aggr']} are "
-                                      "not supported by gnnfuse (its aggregation is the sum, PyG's default)")
+        refused = sorted(k for k, v in kwargs.items() if k != "aggr" or v not in ("add", "sum"))
+        if refused:
+            raise NotImplementedError(f"RGATConv: the MessagePassing arguments {refused} are not supported by "
+                                      "gnnfuse (its aggregation is the sum, PyG's default)")
         if attention_mechanism not in _MECHANISMS:
             raise ValueError('attention mechanism must either be "within-relation" or "across-relation"')
         if attention_mode not in _MODES:

@@ -4,6 +4,7 @@ relation matrices (``e.type.W``), as Graphiler's R-GCN is."""
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import torch
 from torch import nn
@@ -67,7 +68,7 @@ def _is_float(x: object) -> bool:
     return isinstance(x, torch.Tensor) and x.is_floating_point()
 
 
-def _check_node_indices(x: torch.Tensor, width: int, name: str, channels: str, rows: str) -> None:
+def _check_node_indices(x: torch.Tensor, width: int, name: str, channels: str, rows: str, layer: str) -> None:
     """Refuse a node index outside ``0..width-1``, naming the argument and the bound
     (torch's one_hot says "Class values must be smaller than num_classes"). Checked on
     the host only: on a GPU reading the bounds would stall every call for a sync, and
@@ -76,7 +77,7 @@ def _check_node_indices(x: torch.Tensor, width: int, name: str, channels: str, r
         return
     low, high = int(x.min()), int(x.max())
     if low < 0 or high >= width:
-        raise ValueError(f"RGCNConv: {name} holds node index {low if low < 0 else high}, outside 0..{width - 1} "
+        raise ValueError(f"{layer}: {name} holds node index {low if low < 0 else high}, outside 0..{width - 1} "
                          f"({channels}={width} {rows} rows)")
 
 
@@ -116,19 +117,23 @@ class RGCNConv(NotScriptable, nn.Module):
 
     def __init__(self, in_channels: int, out_channels: int, num_relations: int, num_bases: int | None = None,
                  num_blocks: int | None = None, aggr: str = "mean", root_weight: bool = True,
-                 is_sorted: bool = False, bias: bool = True):
+                 is_sorted: bool = False, bias: bool = True, **kwargs: Any):
         super().__init__()
+        if kwargs:      # PyG's MessagePassing arguments (flow, node_dim, ...): Python's TypeError named RGCNConv
+            raise TypeError(f"{type(self).__name__}: the arguments {sorted(kwargs)} are not supported by gnnfuse "
+                            "(PyG's MessagePassing options; R-GCN's flow is source_to_target)")
         in_src, in_dst = (in_channels, in_channels) if isinstance(in_channels, int) else tuple(in_channels)
         refuse_lazy_width(type(self).__name__, in_src, in_dst)
         if num_bases is not None and num_blocks is not None:
-            raise ValueError("RGCNConv: num_bases and num_blocks cannot both be given (one decomposition at a time)")
+            raise ValueError(f"{type(self).__name__}: num_bases and num_blocks cannot both be given (one decomposition at a time)")
         if num_blocks is not None and (num_blocks < 1 or in_src % num_blocks or out_channels % num_blocks):
-            raise ValueError(f"RGCNConv: num_blocks={num_blocks} must divide in_channels={in_src} and "
+            raise ValueError(f"{type(self).__name__}: num_blocks={num_blocks} must divide in_channels={in_src} and "
                              f"out_channels={out_channels}")
         if aggr not in ("mean", "add", "sum"):
-            raise ValueError(f"aggr must be 'mean', 'add' or 'sum', got {aggr!r}")
+            raise ValueError(f"{type(self).__name__}: aggr must be 'mean', 'add' or 'sum' (the aggregations "
+                             f"gnnfuse compiles for it), got {aggr!r}")
         if num_relations < 1 or (num_bases is not None and num_bases < 1):
-            raise ValueError(f"num_relations and num_bases must be >= 1, got {num_relations} and {num_bases}")
+            raise ValueError(f"{type(self).__name__}: num_relations and num_bases must be >= 1, got {num_relations} and {num_bases}")
         self.in_channels, self.out_channels = in_channels, out_channels
         self.num_relations, self.num_bases, self.num_blocks, self.aggr = num_relations, num_bases, num_blocks, aggr
         self._aggr = aggr      # PyG builds its aggregation here: a later layer.aggr = ... changes nothing
@@ -171,17 +176,17 @@ class RGCNConv(NotScriptable, nn.Module):
                 edge_index: Graph | torch.Tensor, edge_type: torch.Tensor | None = None) -> torch.Tensor:
         bipartite = isinstance(x, (tuple, list))
         if bipartite and len(x) != 2:
-            raise ValueError(f"RGCNConv: bipartite input is a pair (x_src, x_dst), got {len(x)} entries")
+            raise ValueError(f"{type(self).__name__}: bipartite input is a pair (x_src, x_dst), got {len(x)} entries")
         x_src, x_dst = x if bipartite else (x, None)
         if bipartite and x_dst is None:
-            raise ValueError("RGCNConv: bipartite input needs x_dst (destination features or node indices: they "
+            raise ValueError(f"{type(self).__name__}: bipartite input needs x_dst (destination features or node indices: they "
                              "give the destination count and feed root), as in PyG; got (x_src, None)")
         if bipartite and x_src is not None and not _is_float(x_src) and _is_float(x_dst):
-            raise ValueError("RGCNConv: x_src holds node indices and x_dst float features; PyG's RGCNConv fails on "
+            raise ValueError(f"{type(self).__name__}: x_src holds node indices and x_dst float features; PyG's RGCNConv fails on "
                              "this pair and its FastRGCNConv reads each source by its position, not by its index; "
                              "pass x_src=None (source j has embedding row j) or float source features")
         if x_src is None and isinstance(edge_index, Graph) and edge_index.num_src_nodes != self.in_channels_l:
-            raise ValueError(f"RGCNConv(x=None) gives each of in_channels={self.in_channels_l} nodes its own "
+            raise ValueError(f"{type(self).__name__}(x=None) gives each of in_channels={self.in_channels_l} nodes its own "
                              f"embedding row, but the graph has {edge_index.num_src_nodes} source nodes")
         x_src = self._input_features(x_src, self.in_channels_l, "x_src" if bipartite else "x")
         x_dst = self._input_features(x_dst, self.root.shape[0] if self.root is not None else None, "x_dst") \
@@ -208,24 +213,24 @@ class RGCNConv(NotScriptable, nn.Module):
         indices (PyG's featureless input) as one-hot rows, so ``x @ W`` selects each node's
         row. (``width`` None: destination node indices without ``root``, whose rows only count.)"""
         if x is not None and not isinstance(x, torch.Tensor):
-            raise TypeError(f"RGCNConv: x must be a tensor, node indices or None, got {type(x).__name__}")
+            raise TypeError(f"{type(self).__name__}: x must be a tensor, node indices or None, got {type(x).__name__}")
         channels = {"x_src": "in_channels[0]", "x_dst": "in_channels[1]"}.get(name, "in_channels")
         if x is not None and x.is_floating_point():
-            x = node_features(x, "RGCNConv")
+            x = node_features(x, type(self).__name__)
             if width is not None and x.shape[-1] != width:
-                raise ValueError(f"RGCNConv: {name} has {x.shape[-1]} features per node, but the layer was "
+                raise ValueError(f"{type(self).__name__}: {name} has {x.shape[-1]} features per node, but the layer was "
                                  f"built for {channels}={width}")
             return x
         if self.num_blocks is not None:
-            raise ValueError("RGCNConv: block-diagonal decomposition (num_blocks) needs float node features, "
+            raise ValueError(f"{type(self).__name__}: block-diagonal decomposition (num_blocks) needs float node features, "
                              "not node indices or x=None (as in PyG)")
         if x is None:
             x = torch.arange(width, device=self.weight.device)
         if x.dim() != 1:
-            raise ValueError(f"RGCNConv: integer x must be a vector of node indices, got shape {list(x.shape)}")
+            raise ValueError(f"{type(self).__name__}: integer x must be a vector of node indices, got shape {list(x.shape)}")
         if width is None or x.numel() == 0:     # one_hot cannot size an empty input's classes
             return x.new_zeros((x.shape[0], width or 0), dtype=self.weight.dtype)
-        _check_node_indices(x, width, name, channels, "root" if name == "x_dst" else "embedding")
+        _check_node_indices(x, width, name, channels, "root" if name == "x_dst" else "embedding", type(self).__name__)
         return torch.nn.functional.one_hot(x, width).to(self.weight.dtype)
 
     def _typed_graph(self, x_src: torch.Tensor, x_dst: torch.Tensor, graph: Graph | torch.Tensor,
