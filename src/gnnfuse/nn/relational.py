@@ -125,7 +125,8 @@ class RGCNConv(NotScriptable, nn.Module):
         in_src, in_dst = (in_channels, in_channels) if isinstance(in_channels, int) else tuple(in_channels)
         refuse_lazy_width(type(self).__name__, in_src, in_dst)
         if num_bases is not None and num_blocks is not None:
-            raise ValueError(f"{type(self).__name__}: num_bases and num_blocks cannot both be given (one decomposition at a time)")
+            raise ValueError(f"{type(self).__name__}: num_bases and num_blocks cannot both be given (one "
+                             "decomposition at a time)")
         if num_blocks is not None and (num_blocks < 1 or in_src % num_blocks or out_channels % num_blocks):
             raise ValueError(f"{type(self).__name__}: num_blocks={num_blocks} must divide in_channels={in_src} and "
                              f"out_channels={out_channels}")
@@ -133,7 +134,8 @@ class RGCNConv(NotScriptable, nn.Module):
             raise ValueError(f"{type(self).__name__}: aggr must be 'mean', 'add' or 'sum' (the aggregations "
                              f"gnnfuse compiles for it), got {aggr!r}")
         if num_relations < 1 or (num_bases is not None and num_bases < 1):
-            raise ValueError(f"{type(self).__name__}: num_relations and num_bases must be >= 1, got {num_relations} and {num_bases}")
+            raise ValueError(f"{type(self).__name__}: num_relations and num_bases must be >= 1, got "
+                             f"{num_relations} and {num_bases}")
         self.in_channels, self.out_channels = in_channels, out_channels
         self.num_relations, self.num_bases, self.num_blocks, self.aggr = num_relations, num_bases, num_blocks, aggr
         self._aggr = aggr      # PyG builds its aggregation here: a later layer.aggr = ... changes nothing
@@ -179,14 +181,17 @@ class RGCNConv(NotScriptable, nn.Module):
             raise ValueError(f"{type(self).__name__}: bipartite input is a pair (x_src, x_dst), got {len(x)} entries")
         x_src, x_dst = x if bipartite else (x, None)
         if bipartite and x_dst is None:
-            raise ValueError(f"{type(self).__name__}: bipartite input needs x_dst (destination features or node indices: they "
+            raise ValueError(f"{type(self).__name__}: bipartite input needs x_dst (destination features or node "
+                             "indices: they "
                              "give the destination count and feed root), as in PyG; got (x_src, None)")
         if bipartite and x_src is not None and not _is_float(x_src) and _is_float(x_dst):
-            raise ValueError(f"{type(self).__name__}: x_src holds node indices and x_dst float features; PyG's RGCNConv fails on "
+            raise ValueError(f"{type(self).__name__}: x_src holds node indices and x_dst float features; PyG's "
+                             "RGCNConv fails on "
                              "this pair and its FastRGCNConv reads each source by its position, not by its index; "
                              "pass x_src=None (source j has embedding row j) or float source features")
         if x_src is None and isinstance(edge_index, Graph) and edge_index.num_src_nodes != self.in_channels_l:
-            raise ValueError(f"{type(self).__name__}(x=None) gives each of in_channels={self.in_channels_l} nodes its own "
+            raise ValueError(f"{type(self).__name__}(x=None) gives each of in_channels={self.in_channels_l} "
+                             "nodes its own "
                              f"embedding row, but the graph has {edge_index.num_src_nodes} source nodes")
         x_src = self._input_features(x_src, self.in_channels_l, "x_src" if bipartite else "x")
         x_dst = self._input_features(x_dst, self.root.shape[0] if self.root is not None else None, "x_dst") \
@@ -218,16 +223,19 @@ class RGCNConv(NotScriptable, nn.Module):
         if x is not None and x.is_floating_point():
             x = node_features(x, type(self).__name__)
             if width is not None and x.shape[-1] != width:
-                raise ValueError(f"{type(self).__name__}: {name} has {x.shape[-1]} features per node, but the layer was "
+                raise ValueError(f"{type(self).__name__}: {name} has {x.shape[-1]} features per node, but the "
+                                 "layer was "
                                  f"built for {channels}={width}")
             return x
         if self.num_blocks is not None:
-            raise ValueError(f"{type(self).__name__}: block-diagonal decomposition (num_blocks) needs float node features, "
+            raise ValueError(f"{type(self).__name__}: block-diagonal decomposition (num_blocks) needs float "
+                             "node features, "
                              "not node indices or x=None (as in PyG)")
         if x is None:
             x = torch.arange(width, device=self.weight.device)
         if x.dim() != 1:
-            raise ValueError(f"{type(self).__name__}: integer x must be a vector of node indices, got shape {list(x.shape)}")
+            raise ValueError(f"{type(self).__name__}: integer x must be a vector of node indices, got shape "
+                             f"{list(x.shape)}")
         if width is None or x.numel() == 0:     # one_hot cannot size an empty input's classes
             return x.new_zeros((x.shape[0], width or 0), dtype=self.weight.dtype)
         _check_node_indices(x, width, name, channels, "root" if name == "x_dst" else "embedding", type(self).__name__)
