@@ -111,9 +111,58 @@ def test_a_zero_and_a_negative_zero_are_told_apart(graph, traces):
         def f(v):
             return sum([u.h for u in v.innbs]) / zero
         return f(graph, {"h": h})
-    for zero in (0.0, -0.0, 0.0):
-        torch.testing.assert_close(run(zero), neighbour_sum(graph, h) / zero)
+    for zero in (0.0, -0.0, 0.0, numpy.float64(-0.0)):      # numpy's float64 is a float: told apart too
+        torch.testing.assert_close(run(zero), neighbour_sum(graph, h) / float(zero))
     assert traces[0] == 2
+
+
+def test_attributes_set_on_a_function_are_part_of_the_key(graph, traces):
+    """``helper.k = ...`` (a function's "static variable") changes neither the function's
+    identity nor its code: the first call's program was reused for every later value."""
+    h = torch.randn(4, 3, dtype=torch.float64)
+
+    def helper(x):
+        return x * helper.k
+
+    def message(edges):
+        return {"m": helper(edges.src["h"]) * message.scale}
+    for k, scale in ((1.0, 2.0), (-3.0, 2.0), (1.0, 5.0), (1.0, 5.0)):
+        helper.k, message.scale = k, scale
+        out = frontend.message_passing(graph, message, lambda n: {"o": torch.sum(n.mailbox["m"], dim=1)},
+                                       ndata={"h": h})["o"]
+        torch.testing.assert_close(out, k * scale * neighbour_sum(graph, h))
+    assert traces[0] == 3
+
+
+def test_compiled_structures_are_bounded(graph, monkeypatch):
+    """A closure constant is part of a program's structure: an annealed temperature added
+    a compiled program per step, kept for good. The oldest are dropped; a program a
+    cached trace still holds keeps running."""
+    from gnnfuse.runtime import compiled as compiled_module
+    monkeypatch.setattr(compiled_module, "_STRUCTURE_LIMIT", 3)
+    h = torch.randn(4, 3, dtype=torch.float64)
+    for tau in (1.0, 0.9, 0.8, 0.7, 0.6, 1.0):
+        out = frontend.message_passing(graph, lambda e: {"m": e.src["h"] / tau},
+                                       lambda n: {"o": torch.sum(n.mailbox["m"], dim=1)}, ndata={"h": h})["o"]
+        torch.testing.assert_close(out, neighbour_sum(graph, h) / tau)
+        assert len(compiled_module._BY_STRUCTURE) <= 3
+
+
+def test_a_function_writing_a_closure_variable_traces_on_every_call(graph, traces):
+    """A cached program runs without the Python code, so ``nonlocal sign; sign = -sign``
+    stopped flipping once its values repeated a cached key: -1, 1, -1, -1, -1, ..."""
+    h = torch.randn(4, 3, dtype=torch.float64)
+    sign = 1.0
+
+    def message(edges):
+        nonlocal sign
+        sign = -sign
+        return {"m": edges.src["h"] * sign}
+    for expected in (-1.0, 1.0, -1.0, 1.0, -1.0):
+        out = frontend.message_passing(graph, message, lambda n: {"o": torch.sum(n.mailbox["m"], dim=1)},
+                                       ndata={"h": h})["o"]
+        torch.testing.assert_close(out, expected * neighbour_sum(graph, h))
+    assert traces[0] == 5
 
 
 def test_mutable_global_is_never_cached(graph, traces):
@@ -174,6 +223,7 @@ VALUE_BRANCHES = {
     "len(nonzero)": lambda flag: float(len(flag.nonzero())) - 1.0,
     "boolean mask": lambda flag: float(flag[flag > 0].shape[0]) - 1.0,
     "unique": lambda flag: float(flag.unique().numel() == 1) + 1.0,
+    "len(where(cond))": lambda flag: float(len(torch.where(flag > 0)[0])) - 1.0,
 }
 
 
@@ -321,8 +371,19 @@ def _imported_draw():
     return draw_uniform()
 
 
-@pytest.mark.parametrize("draw", [_torch_draw, _numpy_draw, _random_draw, _imported_draw],
-                         ids=["torch.rand.item", "numpy.random.rand", "random.random", "from-random-import"])
+def _library_draw():
+    """A draw inside library code: no name of `_IMPURE` in the user's code to find."""
+    return float(torch.distributions.Normal(0.0, 1.0).rsample())
+
+
+def _in_place_draw():
+    return float(torch.full((), 0.5).bernoulli_()) + 1.0
+
+
+@pytest.mark.parametrize("draw", [_torch_draw, _numpy_draw, _random_draw, _imported_draw, _library_draw,
+                                  _in_place_draw],
+                         ids=["torch.rand.item", "numpy.random.rand", "random.random", "from-random-import",
+                              "Normal.rsample", "bernoulli_"])
 @pytest.mark.parametrize("front_end", ["vertex", "message"])
 def test_a_random_draw_at_trace_time_is_drawn_on_every_call(graph, draw, front_end):
     """Each call must see its own draw, as eager code would; a cached trace would keep the

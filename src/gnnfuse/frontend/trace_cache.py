@@ -7,7 +7,7 @@ training step, and it almost always yields the same program again. A trace depen
 1. the keys, shapes and dtypes of the tensors passed (and the default dtype),
 2. the code of the traced functions,
 3. whatever else that code can read: closure variables, default arguments, globals,
-   and the same for any plain Python function it calls.
+   attributes set on the function, and the same for any plain Python function it calls.
 
 (1) and (2) are the cache key. (3) is *guarded*: every value the code can reach from
 outside its arguments is snapshotted on each call -- immutable scalars by value,
@@ -36,9 +36,12 @@ every call, as before.
 Some reads cannot be snapshotted at all. A random draw or a clock read at trace time
 (``torch.rand(()).item()``, ``numpy.random.rand()``, ``random.random()``) is baked into
 the program as a constant, so code that calls a function of that name (``_IMPURE``)
-is traced on every call and draws anew, as eager code would; so is code that reads its
-namespace by name (``globals()['NAME']``, ``vars()``, ``eval``), which the guard walk
-cannot follow. A ``functools.partial`` UDF is guarded by its function and bound
+is traced on every call and draws anew, as eager code would -- and so is any trace that
+moved a random generator's state (`random_states`: a draw inside library code); so is
+code that reads its namespace by name (``globals()['NAME']``, ``vars()``, ``eval``),
+which the guard walk cannot follow, and code that writes a global or closure variable
+(`_outside_write`), whose write a cached program would skip. A ``functools.partial``
+UDF is guarded by its function and bound
 arguments; bound methods, ``nn.Module`` UDFs and other callable objects hold state
 of their own and are traced on every call.
 
@@ -54,6 +57,8 @@ import dis
 import enum
 import functools
 import math
+import random
+import sys
 import types
 import weakref
 from typing import Any, Callable, Hashable, Mapping
@@ -98,6 +103,25 @@ def _global_names(code: types.CodeType) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
+_OUTSIDE_WRITES = ("STORE_GLOBAL", "DELETE_GLOBAL")
+
+
+@functools.lru_cache(maxsize=1024)
+def _outside_write(code: types.CodeType, free: frozenset[str] | None = None) -> str | None:
+    """A write the code makes to a variable that outlives the call -- a global, a closure
+    variable (``nonlocal``) -- or None. A cached program runs without the code, so the
+    write would stop: a ``nonlocal sign; sign = -sign`` stuck once its values repeated a
+    cached key. The function's own cell variables (a local a comprehension reads) are
+    local to the call. (Attribute writes are not refused: PyG's ``message`` methods keep
+    ``self._alpha``, which gnnfuse's attention-weight path handles.)"""
+    free = frozenset(code.co_freevars) if free is None else free
+    for ins in dis.get_instructions(code):
+        if ins.opname in _OUTSIDE_WRITES or (ins.opname in ("STORE_DEREF", "DELETE_DEREF") and ins.argval in free):
+            return f"{ins.opname} {ins.argval}"
+    return next((found for const in code.co_consts if isinstance(const, types.CodeType)
+                 for found in [_outside_write(const, free)] if found), None)
+
+
 @functools.lru_cache(maxsize=1024)
 def _impure_name(code: types.CodeType) -> str | None:
     """The first name in ``_IMPURE`` that ``code`` (or code nested in it) loads or calls."""
@@ -128,7 +152,7 @@ class _Walk:
 
 def _freeze(value: Any, walk: _Walk, path: Path) -> Hashable:
     if isinstance(value, (*_SCALARS, enum.Enum)):
-        if type(value) is float and value == 0.0:     # -0.0 == 0.0, but 1 / -0.0 is -inf
+        if isinstance(value, float) and value == 0.0:     # -0.0 == 0.0, but 1 / -0.0 is -inf (numpy's too)
             return float, value, math.copysign(1.0, value)
         return type(value), value
     if isinstance(value, torch.Tensor):
@@ -238,6 +262,14 @@ def _function_state(fn: types.FunctionType, walk: _Walk, path: Path) -> Hashable
     walk.seen.add(id(fn))
     if _impure_name(fn.__code__):
         raise _Uncacheable(f"{fn.__qualname__} calls {_impure_name(fn.__code__)}")
+    if _outside_write(fn.__code__):
+        raise _Uncacheable(f"{fn.__qualname__} writes {_outside_write(fn.__code__)}")
+    # attributes set on the function (``helper.k = 2.0``, the "static variable" idiom)
+    # change without changing its identity: snapshotted by value, and walked on every call
+    attributes = ()
+    if fn.__dict__:
+        walk.deep = True
+        attributes = tuple([(k, _freeze_plain(v, walk, path + (("attr", k),))) for k, v in fn.__dict__.items()])
     # List comprehensions, and none over an empty sequence: this walk runs on every call
     # of a traced function, and a generator per tuple cost a visible share of a cached call.
     env, closure, positional, keyword = fn.__globals__, fn.__closure__, fn.__defaults__, fn.__kwdefaults__
@@ -249,7 +281,7 @@ def _function_state(fn: types.FunctionType, walk: _Walk, path: Path) -> Hashable
                 if positional else (),
                 tuple([(k, _freeze(d, walk, path + (("kwdefault", k),))) for k, d in keyword.items()])
                 if keyword else ())
-    return fn.__code__, globals_, cells, defaults
+    return fn.__code__, globals_, cells, defaults, attributes
 
 
 def _guards(functions: tuple[Callable | None, ...]) -> tuple[Hashable, list[tuple[Path, torch.Tensor]]] | None:
@@ -355,6 +387,8 @@ def same_reads(functions: tuple[Callable | None, ...], reads: tuple) -> bool:
         code, defaults, kwdefaults, keywords, cells, names, values = before
         if fn.__code__ is not code or fn.__defaults__ is not defaults or fn.__kwdefaults__ is not kwdefaults:
             return False
+        if fn.__dict__:     # an attribute set since (one there before kept the walk: `shallow_reads`)
+            return False
         if keywords:        # a dict, which ``fn.__kwdefaults__["k"] = 3.0`` changes in place
             if len(kwdefaults) != len(keywords):
                 return False
@@ -410,6 +444,7 @@ _VALUE_READS = frozenset(getattr(owner, name) for owner, names in (
     (torch, ("equal", "allclose", "is_nonzero", "nonzero", "argwhere", "unique", "unique_consecutive",
              "masked_select", "bincount", "repeat_interleave"))) for name in names if hasattr(owner, name))
 _GETITEM = torch.Tensor.__getitem__
+_WHERE = torch.where
 
 
 class _ValueReads(torch.overrides.TorchFunctionMode):
@@ -421,7 +456,8 @@ class _ValueReads(torch.overrides.TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if args and isinstance(args[0], torch.Tensor) and (
-                func in _VALUE_READS or (func is _GETITEM and len(args) > 1 and _masks(args[1]))):
+                func in _VALUE_READS or (func is _GETITEM and len(args) > 1 and _masks(args[1]))
+                or (func is _WHERE and len(args) == 1 and not kwargs)):     # where(cond): nonzero's rows
             self.seen = True
         return func(*args, **(kwargs or {}))
 
@@ -463,6 +499,23 @@ def signature(tables: tuple[Mapping[str, torch.Tensor], ...]) -> Hashable:
     return torch.get_default_dtype(), autocast, parts
 
 
+def random_states() -> tuple:
+    """The states of the random generators a function may draw from in Python: torch's
+    (CPU, and each CUDA device's once CUDA is initialised), Python's ``random`` and
+    NumPy's global one. A trace that moved one drew a number it baked into the program
+    as a constant; `_IMPURE` catches such code by the names it calls, but not a draw
+    made inside library code (``Normal(0, 1).rsample()``, ``t.bernoulli_()``,
+    ``F.gumbel_softmax``), which then repeated one value on every cached call."""
+    states: tuple = (torch.default_generator.get_state().numpy().tobytes(), random.getstate())
+    if torch.cuda.is_initialized():
+        states += tuple(g.get_state().numpy().tobytes() for g in torch.cuda.default_generators)
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        _, keys, position, *_ = numpy.random.get_state()
+        states += (position, keys.tobytes())
+    return states
+
+
 class TraceCache:
     """Compiled programs by (guard key, argument signature), for traces that captured no
     tensors. A lookup costs a walk over the functions' globals and closure cells."""
@@ -494,14 +547,16 @@ class TraceCache:
         failed = self._failures.get(key)
         if failed is not None:
             raise copy.copy(failed)
-        reads = _ValueReads()
+        reads, before = _ValueReads(), random_states()
         try:
             with reads:
                 tracer = trace()
         except Exception as exc:
-            if key is not None and not (found[1] and reads.seen):
+            if key is not None and not (found[1] and reads.seen) and random_states() == before:
                 self._remember_failure(key, exc)
             raise
+        if random_states() != before:   # a draw `_IMPURE` does not name (a distribution's rsample, bernoulli_)
+            key = None
         with outside_autocast(tracer.autocast):     # the passes' torch ops compute in the program's dtypes
             compiled = compiled_for(tracer.program)
         captured = dict(tracer.captured.values())

@@ -54,7 +54,7 @@ def _freeze(obj: Any) -> Any:
         return tuple(sorted((k, _freeze(v)) for k, v in obj.items()))
     if isinstance(obj, (list, tuple)):
         return tuple(_freeze(v) for v in obj)
-    if type(obj) is float and obj == 0.0:
+    if isinstance(obj, float) and obj == 0.0:     # numpy's float64 too
         # -0.0 == 0.0 and hashes alike, yet x / -0.0 is -inf: one program must not get the other's kernels
         return float, math.copysign(1.0, obj)
     return obj

@@ -756,6 +756,10 @@ def backward_feeds(compiled: CompiledProgram, backward: BackwardProgram, saved: 
 
 
 _BY_STRUCTURE: dict[tuple, CompiledProgram] = {}
+# Structures kept; beyond that the oldest is dropped (its callers keep their own reference).
+# A constant is part of a structure, so a UDF whose closure constant changes every step
+# (an annealed temperature) added a program per step, for good.
+_STRUCTURE_LIMIT = 1024
 
 
 def compiled_for(program: Program) -> CompiledProgram:
@@ -766,6 +770,8 @@ def compiled_for(program: Program) -> CompiledProgram:
     per structure, shared by every function, decoration and layer that traces to it."""
     key = program.fingerprint()
     if key not in _BY_STRUCTURE:
+        if len(_BY_STRUCTURE) >= _STRUCTURE_LIMIT:
+            del _BY_STRUCTURE[next(iter(_BY_STRUCTURE))]
         _BY_STRUCTURE[key] = CompiledProgram(program)
     return _BY_STRUCTURE[key]
 
