@@ -140,6 +140,7 @@ def test_compiled_structures_are_bounded(graph, monkeypatch):
     cached trace still holds keeps running."""
     from gnnfuse.runtime import compiled as compiled_module
     monkeypatch.setattr(compiled_module, "_STRUCTURE_LIMIT", 3)
+    monkeypatch.setattr(compiled_module, "_BY_STRUCTURE", {})     # (other tests' programs)
     h = torch.randn(4, 3, dtype=torch.float64)
     for tau in (1.0, 0.9, 0.8, 0.7, 0.6, 1.0):
         out = frontend.message_passing(graph, lambda e: {"m": e.src["h"] / tau},

@@ -770,7 +770,7 @@ def compiled_for(program: Program) -> CompiledProgram:
     per structure, shared by every function, decoration and layer that traces to it."""
     key = program.fingerprint()
     if key not in _BY_STRUCTURE:
-        if len(_BY_STRUCTURE) >= _STRUCTURE_LIMIT:
+        while len(_BY_STRUCTURE) >= _STRUCTURE_LIMIT:
             del _BY_STRUCTURE[next(iter(_BY_STRUCTURE))]
         _BY_STRUCTURE[key] = CompiledProgram(program)
     return _BY_STRUCTURE[key]
