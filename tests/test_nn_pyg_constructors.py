@@ -544,3 +544,35 @@ def test_pyg_names_with_other_arguments_are_refused_by_name():
     assert name not in gnn.__all__
     from gnnfuse.nn import reference
     assert callable(getattr(reference, name))
+
+
+MESSAGE_PASSING_LAYERS = {
+    "GCNConv": lambda **kw: gnn.GCNConv(4, 3, **kw), "SAGEConv": lambda **kw: gnn.SAGEConv(4, 3, **kw),
+    "GATConv": lambda **kw: gnn.GATConv(4, 3, **kw), "GATv2Conv": lambda **kw: gnn.GATv2Conv(4, 3, **kw),
+    "GINConv": lambda **kw: gnn.GINConv(torch.nn.Linear(4, 3), **kw),
+    "GraphConv": lambda **kw: gnn.GraphConv(4, 3, **kw), "APPNP": lambda **kw: gnn.APPNP(2, 0.1, **kw),
+    "SGConv": lambda **kw: gnn.SGConv(4, 3, **kw), "TAGConv": lambda **kw: gnn.TAGConv(4, 3, **kw),
+    "ChebConv": lambda **kw: gnn.ChebConv(4, 3, 2, **kw), "EdgeConv": lambda **kw: gnn.EdgeConv(torch.nn.Linear(8, 3), **kw)}
+
+
+@pytest.mark.parametrize("name", MESSAGE_PASSING_LAYERS)
+def test_pyg_message_passing_options_at_the_layers_values_are_taken_and_others_refused_by_name(name):
+    """PyG's layers pass ``flow``, ``node_dim``, ``decomposed_layers`` (and ``aggr``) on to
+    MessagePassing; code spelling them out at their defaults got Python's bare
+    "unexpected keyword argument" here."""
+    make = MESSAGE_PASSING_LAYERS[name]
+    options = {"flow": "source_to_target", "node_dim": -2, "decomposed_layers": 1}
+    if name not in ("SAGEConv", "GraphConv", "EdgeConv"):       # (their aggr is an argument of their own)
+        options["aggr"] = "add"
+    x, edge_index = torch.randn(5, 4), torch.tensor([[0, 1, 2, 3], [1, 2, 3, 4]])
+    torch.manual_seed(0)
+    plain = make()
+    torch.manual_seed(0)
+    spelt = make(**options)
+    torch.testing.assert_close(spelt(x, edge_index), plain(x, edge_index))
+    for refused in ({"flow": "target_to_source"}, {"decomposed_layers": 2}, {"heeds": 2}):
+        if name == "GCNConv" and "flow" in refused:       # its flow is an argument of its own, both taken
+            continue
+        key, value = next(iter(refused.items()))
+        with pytest.raises(TypeError, match=rf"^{name}: {key}={value!r} is not taken"):
+            make(**refused)

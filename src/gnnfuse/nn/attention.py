@@ -14,7 +14,7 @@ as every framework's softmax does.
 from __future__ import annotations
 
 import math
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +35,7 @@ from .edge_conv_eager import coupled_reason, eager_edge_conv, rows_coupled_by
 from .edge_features import FillValue, edge_projection, edge_rows, traced_edge_matmul
 from .fixed_flow import FixedFlow
 from .plain_linear import plain_linear
+from .pyg_options import message_passing_options
 from .pyg_repr import OneLineRepr
 from .torchscript import NotScriptable
 
@@ -69,8 +70,9 @@ class GATv2Conv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
     def __init__(self, in_channels: int | tuple[int, int], out_channels: int, heads: int = 1,
                  concat: bool = True, negative_slope: float = 0.2, dropout: float = 0.0,
                  add_self_loops: bool = True, edge_dim: int | None = None, fill_value: FillValue = "mean",
-                 bias: bool = True, share_weights: bool = False, residual: bool = False):
+                 bias: bool = True, share_weights: bool = False, residual: bool = False, **kwargs: Any):
         super().__init__()
+        message_passing_options(type(self).__name__, kwargs)
         self.in_channels, self.out_channels, self.heads = in_channels, out_channels, heads
         self.concat, self.negative_slope = concat, negative_slope
         self.dropout, self.add_self_loops = _check_dropout(dropout), add_self_loops
@@ -270,8 +272,9 @@ class EdgeConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
     from ``x_dst`` and ``x_u`` from ``x_src`` (the same width, as ``nn`` takes both).
     """
 
-    def __init__(self, nn: Callable, aggr: str = "max"):
+    def __init__(self, nn: Callable, aggr: str = "max", **kwargs: Any):
         super().__init__()
+        message_passing_options(type(self).__name__, kwargs, aggr=())     # its aggr is its own argument
         if not isinstance(aggr, str) or aggr not in _EDGE_AGGREGATIONS:    # a list or module: PyG's other forms
             raise ValueError(f"EdgeConv: aggr must be one of {list(_EDGE_AGGREGATIONS)} (the reductions gnnfuse "
                              f"fuses for it), got {aggr!r}")

@@ -34,6 +34,7 @@ from .edge_features import FillValue, edge_projection, edge_rows, traced_edge_ma
 from .fixed_flow import FixedFlow
 from .padded_loops import padded_looped
 from .plain_linear import plain_linear
+from .pyg_options import message_passing_options
 from .pyg_repr import OneLineRepr
 from . import pyg_init, recompute
 from .torchscript import NotScriptable
@@ -520,8 +521,9 @@ class GCNConv(OneLineRepr, CachedGraph, NotScriptable, nn.Module):
 
     def __init__(self, in_channels: int, out_channels: int, improved: bool = False, cached: bool = False,
                  add_self_loops: bool | None = None, normalize: bool = True, bias: bool = True,
-                 flow: str = "source_to_target"):
+                 flow: str = "source_to_target", **kwargs: Any):
         super().__init__()
+        message_passing_options(type(self).__name__, kwargs)
         _check_flow(flow)
         if add_self_loops is None:
             add_self_loops = normalize
@@ -642,8 +644,9 @@ class SAGEConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
 
     def __init__(self, in_channels: int | tuple[int, int], out_channels: int, aggr: Any = "mean",
                  normalize: bool = False, root_weight: bool = True, project: bool = False, bias: bool = True,
-                 aggr_kwargs: dict | None = None):
+                 aggr_kwargs: dict | None = None, **kwargs: Any):
         super().__init__()
+        message_passing_options(type(self).__name__, kwargs, aggr=())     # its aggr is its own argument
         in_src, in_dst = _channel_pair(in_channels)
         if aggr == "lstm":      # PyG sizes the LSTM by the sources' width
             aggr_kwargs = {"in_channels": in_src, "out_channels": in_src, **(aggr_kwargs or {})}
@@ -850,8 +853,9 @@ class GATConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
     def __init__(self, in_channels: int | tuple[int, int], out_channels: int, heads: int = 1,
                  concat: bool = True, negative_slope: float = 0.2, dropout: float = 0.0,
                  add_self_loops: bool = True, edge_dim: int | None = None, fill_value: FillValue = "mean",
-                 bias: bool = True, residual: bool = False):
+                 bias: bool = True, residual: bool = False, **kwargs: Any):
         super().__init__()
+        message_passing_options(type(self).__name__, kwargs)
         self.in_channels, self.out_channels, self.heads = in_channels, out_channels, heads
         self.concat, self.negative_slope, self.add_self_loops = concat, negative_slope, add_self_loops
         self.dropout = _check_dropout(dropout)

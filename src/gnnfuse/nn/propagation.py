@@ -29,6 +29,7 @@ from .compiling import compile_path, graph_input_problem, propagation_problem
 from . import pyg_init
 from .fixed_flow import FixedFlow
 from .plain_linear import plain_linear
+from .pyg_options import message_passing_options
 from .pyg_repr import OneLineRepr
 from .conv import (_AGGREGATORS, _AGGREGATORS_PLUS_ROOT, _WEIGHTED_AGGREGATORS, CachedGraph, _as_graph,
                    _bipartite_inputs, _channel_pair, _gcn_edge_norm, _inv_sqrt_degree, _neighbour_sum,
@@ -44,8 +45,10 @@ class GINConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
     state dicts carry it either way.
     """
 
-    def __init__(self, nn: Callable[[torch.Tensor], torch.Tensor], eps: float = 0.0, train_eps: bool = False):
+    def __init__(self, nn: Callable[[torch.Tensor], torch.Tensor], eps: float = 0.0, train_eps: bool = False,
+                 **kwargs: Any):
         super().__init__()
+        message_passing_options(type(self).__name__, kwargs)
         self.nn = nn
         self.initial_eps = eps
         if train_eps:
@@ -85,8 +88,9 @@ class GraphConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
     """
 
     def __init__(self, in_channels: int | tuple[int, int], out_channels: int, aggr: str = "add",
-                 bias: bool = True):
+                 bias: bool = True, **kwargs: Any):
         super().__init__()
+        message_passing_options(type(self).__name__, kwargs, aggr=())     # its aggr is its own argument
         if not isinstance(aggr, str) or aggr not in _AGGREGATORS:    # a list or module: PyG's other forms
             raise ValueError(f"GraphConv: aggr must be one of {sorted(_AGGREGATORS)} (the reductions gnnfuse "
                              f"fuses for it; SAGEConv takes PyG's other forms), got {aggr!r}")
@@ -187,8 +191,9 @@ class APPNP(FixedFlow, OneLineRepr, CachedGraph, NotScriptable, nn.Module):
     """
 
     def __init__(self, K: int, alpha: float, dropout: float = 0.0, cached: bool = False,
-                 add_self_loops: bool = True, normalize: bool = True):
+                 add_self_loops: bool = True, normalize: bool = True, **kwargs: Any):
         super().__init__()
+        message_passing_options(type(self).__name__, kwargs)
         if not 0.0 <= dropout <= 1.0:      # 1 drops every edge: each hop gives alpha * x, as in PyG
             raise ValueError(f"dropout must be in [0, 1], got {dropout}")
         self.K, self.alpha, self.dropout = K, alpha, dropout
@@ -246,8 +251,9 @@ class SGConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
     """
 
     def __init__(self, in_channels: int, out_channels: int, K: int = 1, cached: bool = False,
-                 add_self_loops: bool = True, bias: bool = True):
+                 add_self_loops: bool = True, bias: bool = True, **kwargs: Any):
         super().__init__()
+        message_passing_options(type(self).__name__, kwargs)
         self.in_channels, self.out_channels, self.K = in_channels, out_channels, K
         self.cached, self.add_self_loops = cached, add_self_loops
         self._cached_x: torch.Tensor | None = None
@@ -316,8 +322,9 @@ class TAGConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
     """
 
     def __init__(self, in_channels: int, out_channels: int, K: int = 3, bias: bool = True,
-                 normalize: bool = True):
+                 normalize: bool = True, **kwargs: Any):
         super().__init__()
+        message_passing_options(type(self).__name__, kwargs)
         self.in_channels, self.out_channels, self.K, self.normalize = in_channels, out_channels, K, normalize
         self.lins = nn.ModuleList([pyg_init.linear(in_channels, out_channels, bias=False) for _ in range(K + 1)])
         self.bias = nn.Parameter(torch.zeros(out_channels)) if bias else None
@@ -470,8 +477,9 @@ class ChebConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
     """
 
     def __init__(self, in_channels: int, out_channels: int, K: int, normalization: str | None = "sym",
-                 bias: bool = True):
+                 bias: bool = True, **kwargs: Any):
         super().__init__()
+        message_passing_options(type(self).__name__, kwargs)
         if K < 1:
             raise ValueError(f"K must be at least 1, got {K}")
         if normalization not in _LAPLACIANS:
