@@ -438,6 +438,18 @@ def test_relational_layers_name_themselves_and_every_refused_argument():
     gnn.RGATConv(5, 4, 3, aggr="sum")      # PyG's default, named
 
 
+def test_relational_layers_on_a_graph_without_edge_types_say_so():
+    """Said "the graph has None edge types", advising num_edge_types=..., which a Graph
+    without edge_type refuses; with a forward edge_type, "not both"."""
+    x, edge_type = torch.randn(3, 3), torch.tensor([0, 1, 0, 1])
+    graph = gnnfuse.Graph(torch.tensor([0, 1, 2, 2]), torch.tensor([1, 2, 0, 1]), 3)
+    for layer in (gnn.RGCNConv(3, 2, 2), gnn.FastRGCNConv(3, 2, 2), gnn.RGATConv(3, 2, 2)):
+        for args in ((x, graph), (x, graph, edge_type)):
+            with pytest.raises(ValueError, match=f"^{type(layer).__name__}: the Graph has no edge types; build it "
+                                                 r"with Graph\(src, dst, edge_type="):
+                layer(*args)
+
+
 @pytest.mark.parametrize("layer", ["GCNConv", "GraphConv", "SGConv", "TAGConv"])
 def test_edge_weights_packed_into_an_adj_t_take_their_gradient(layer):
     """Learnt weights given as a CSR adj_t's values got no gradient (left None, so an

@@ -58,7 +58,7 @@ def typed_input_graph(rows: int, graph: Graph | torch.Tensor, edge_type: torch.T
     """The typed `Graph` of a relational layer's ``forward(x, edge_index, edge_type)``: a
     typed `Graph` as given, or a PyG ``edge_index`` with its ``edge_type``."""
     if isinstance(graph, Graph):
-        if edge_type is not None:
+        if edge_type is not None and graph.edge_type is not None:
             raise ValueError(f"{layer}: pass edge_type inside the Graph (Graph(..., edge_type=...)) or with an "
                              "edge_index, not both")
     else:
@@ -74,7 +74,10 @@ def typed_input_graph(rows: int, graph: Graph | torch.Tensor, edge_type: torch.T
                          f"sources, {graph.num_nodes} destinations); pass x and a graph on the same vertices")
     if graph.num_nodes != rows:
         raise ValueError(f"{layer}: x has {rows} rows but the graph has {graph.num_nodes} nodes")
-    if graph.edge_type is None or graph.num_edge_types != num_relations:
+    if graph.edge_type is None:
+        raise ValueError(f"{layer}: the Graph has no edge types; build it with Graph(src, dst, edge_type=..., "
+                         "num_edge_types=num_relations), or pass an edge_index and edge_type")
+    if graph.num_edge_types != num_relations:
         raise ValueError(f"{layer}: the graph has {graph.num_edge_types} edge types but the layer was built for "
                          f"num_relations={num_relations}; a Graph counts the types its edges hold unless told: "
                          f"build it with num_edge_types={num_relations}")

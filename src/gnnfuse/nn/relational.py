@@ -245,6 +245,10 @@ class RGCNConv(NotScriptable, nn.Module):
                      edge_type: torch.Tensor | None, bipartite: bool) -> Graph:
         num_src, num_dst = x_src.shape[0], x_dst.shape[0]
         if isinstance(graph, Graph):
+            if graph.edge_type is None:     # (its advice was num_edge_types=..., which needs edge_type too)
+                raise ValueError(f"{type(self).__name__}: the Graph has no edge types; build it with "
+                                 "Graph(src, dst, edge_type=..., num_edge_types=num_relations), or pass an edge_index "
+                                 "and forward(x, edge_index, edge_type)")
             if edge_type is not None:
                 raise ValueError("pass edge_type inside the Graph (Graph(..., edge_type=...)) or with an "
                                  "edge_index, not both")
