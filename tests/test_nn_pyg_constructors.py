@@ -552,7 +552,8 @@ MESSAGE_PASSING_LAYERS = {
     "GINConv": lambda **kw: gnn.GINConv(torch.nn.Linear(4, 3), **kw),
     "GraphConv": lambda **kw: gnn.GraphConv(4, 3, **kw), "APPNP": lambda **kw: gnn.APPNP(2, 0.1, **kw),
     "SGConv": lambda **kw: gnn.SGConv(4, 3, **kw), "TAGConv": lambda **kw: gnn.TAGConv(4, 3, **kw),
-    "ChebConv": lambda **kw: gnn.ChebConv(4, 3, 2, **kw), "EdgeConv": lambda **kw: gnn.EdgeConv(torch.nn.Linear(8, 3), **kw)}
+    "ChebConv": lambda **kw: gnn.ChebConv(4, 3, 2, **kw),
+    "EdgeConv": lambda **kw: gnn.EdgeConv(torch.nn.Linear(8, 3), **kw)}
 
 
 @pytest.mark.parametrize("name", MESSAGE_PASSING_LAYERS)
