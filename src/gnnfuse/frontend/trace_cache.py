@@ -64,6 +64,7 @@ import weakref
 from typing import Any, Callable, Hashable, Mapping
 
 import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from ..runtime import CompiledProgram, compiled_for
 from ..runtime.autocast import AUTOCAST_DEVICE_TYPES, outside_autocast
@@ -506,9 +507,10 @@ def random_states() -> tuple:
     as a constant; `_IMPURE` catches such code by the names it calls, but not a draw
     made inside library code (``Normal(0, 1).rsample()``, ``t.bernoulli_()``,
     ``F.gumbel_softmax``), which then repeated one value on every cached call."""
-    states: tuple = (torch.default_generator.get_state().numpy().tobytes(), random.getstate())
-    if torch.cuda.is_initialized():
-        states += tuple(g.get_state().numpy().tobytes() for g in torch.cuda.default_generators)
+    with unset_fake_temporarily():      # under torch.export the states came back as fake tensors
+        states: tuple = (torch.default_generator.get_state().numpy().tobytes(), random.getstate())
+        if torch.cuda.is_initialized():
+            states += tuple(g.get_state().numpy().tobytes() for g in torch.cuda.default_generators)
     numpy = sys.modules.get("numpy")
     if numpy is not None:
         _, keys, position, *_ = numpy.random.get_state()
