@@ -507,10 +507,13 @@ def random_states() -> tuple:
     as a constant; `_IMPURE` catches such code by the names it calls, but not a draw
     made inside library code (``Normal(0, 1).rsample()``, ``t.bernoulli_()``,
     ``F.gumbel_softmax``), which then repeated one value on every cached call."""
-    with unset_fake_temporarily():      # under torch.export the states came back as fake tensors
-        states: tuple = (torch.default_generator.get_state().numpy().tobytes(), random.getstate())
-        if torch.cuda.is_initialized():
-            states += tuple(g.get_state().numpy().tobytes() for g in torch.cuda.default_generators)
+    try:
+        with unset_fake_temporarily():      # under torch.export the states came back as fake tensors
+            states: tuple = (torch.default_generator.get_state().numpy().tobytes(), random.getstate())
+            if torch.cuda.is_initialized():
+                states += tuple(g.get_state().numpy().tobytes() for g in torch.cuda.default_generators)
+    except RuntimeError:    # unreadable (inside a torch.func transform on a GPU): unequal to any, so not cached
+        return (object(),)
     numpy = sys.modules.get("numpy")
     if numpy is not None:
         _, keys, position, *_ = numpy.random.get_state()
