@@ -25,7 +25,7 @@ from ..graph import Graph
 from ..graph.convert import is_sparse_adjacency
 from .arguments import node_features
 from .conv import _check_dropout, _neighbour_sum
-from .relational import RGCNConv, refuse_lazy_width
+from .relational import RGCNConv, check_edge_types, refuse_lazy_width
 from . import pyg_init
 from .torchscript import NotScriptable
 
@@ -74,13 +74,7 @@ def typed_input_graph(rows: int, graph: Graph | torch.Tensor, edge_type: torch.T
                          f"sources, {graph.num_nodes} destinations); pass x and a graph on the same vertices")
     if graph.num_nodes != rows:
         raise ValueError(f"{layer}: x has {rows} rows but the graph has {graph.num_nodes} nodes")
-    if graph.edge_type is None:
-        raise ValueError(f"{layer}: the Graph has no edge types; build it with Graph(src, dst, edge_type=..., "
-                         "num_edge_types=num_relations), or pass an edge_index and edge_type")
-    if graph.num_edge_types != num_relations:
-        raise ValueError(f"{layer}: the graph has {graph.num_edge_types} edge types but the layer was built for "
-                         f"num_relations={num_relations}; a Graph counts the types its edges hold unless told: "
-                         f"build it with num_edge_types={num_relations}")
+    check_edge_types(graph, num_relations, layer)
     return graph
 
 

@@ -90,6 +90,20 @@ def refuse_lazy_width(layer: str, *widths: int) -> None:
                          f"its per-relation weights are made at construction; give the input feature width")
 
 
+def check_edge_types(graph: Graph, num_relations: int, layer: str) -> None:
+    """Refuse a graph whose edge types are not the ``num_relations`` the relational
+    ``layer`` was built for: none at all (said as such: "the graph has None edge types"
+    advised ``num_edge_types=...``, which a Graph without ``edge_type`` refuses), or
+    another count."""
+    if graph.edge_type is None:
+        raise ValueError(f"{layer}: the Graph has no edge types; build it with Graph(src, dst, edge_type=..., "
+                         "num_edge_types=num_relations), or pass an edge_index and forward(x, edge_index, edge_type)")
+    if graph.num_edge_types != num_relations:
+        raise ValueError(f"{layer}: the graph has {graph.num_edge_types} edge types but the layer was built for "
+                         f"num_relations={num_relations}; a Graph counts the types its edges hold unless told: "
+                         f"build it with num_edge_types={num_relations}")
+
+
 class RGCNConv(NotScriptable, nn.Module):
     """``x'_v = x_v Θ_root + Σ_r agg_{u ∈ N_r(v)} x_u Θ_r + b`` with ``agg`` the mean per
     relation (``aggr="mean"``, PyG's default) or the sum (``aggr="add"``/``"sum"``).
@@ -245,11 +259,7 @@ class RGCNConv(NotScriptable, nn.Module):
                      edge_type: torch.Tensor | None, bipartite: bool) -> Graph:
         num_src, num_dst = x_src.shape[0], x_dst.shape[0]
         if isinstance(graph, Graph):
-            if graph.edge_type is None:     # (its advice was num_edge_types=..., which needs edge_type too)
-                raise ValueError(f"{type(self).__name__}: the Graph has no edge types; build it with "
-                                 "Graph(src, dst, edge_type=..., num_edge_types=num_relations), or pass an edge_index "
-                                 "and forward(x, edge_index, edge_type)")
-            if edge_type is not None:
+            if edge_type is not None and graph.edge_type is not None:
                 raise ValueError("pass edge_type inside the Graph (Graph(..., edge_type=...)) or with an "
                                  "edge_index, not both")
         else:
@@ -265,10 +275,7 @@ class RGCNConv(NotScriptable, nn.Module):
                 raise ValueError(f"x has {num_src} rows but the graph has {graph.num_nodes} nodes")
             raise ValueError(f"x has {num_src} source and {num_dst} destination rows but the graph has "
                              f"{graph.num_src_nodes} source and {graph.num_nodes} destination nodes")
-        if graph.num_edge_types != self.num_relations:
-            raise ValueError(f"the graph has {graph.num_edge_types} edge types but the layer was built for "
-                             f"num_relations={self.num_relations}; a Graph counts the types its edges hold "
-                             f"unless told: build it with num_edge_types={self.num_relations}")
+        check_edge_types(graph, self.num_relations, type(self).__name__)
         return graph
 
     def __repr__(self) -> str:
