@@ -19,7 +19,7 @@ def message_passing_options(layer: str, kwargs: dict[str, Any], aggr: tuple[str,
     ``aggr`` is an argument of its own) -- and raise a TypeError naming every other one,
     and any name that is no such option (a typo)."""
     taken = {**({"aggr": aggr} if aggr else {}), **_TAKEN}
-    refused = [f"{name}={value!r}" for name, value in kwargs.items() if taken.get(name, ()).count(value) == 0]
+    refused = [f"{name}={value!r}" for name, value in kwargs.items() if value not in taken.get(name, ())]
     if refused:
         options = ", ".join(f"{name}={values[0]!r}" for name, values in taken.items())
         raise TypeError(f"{layer}: {', '.join(refused)} {'is' if len(refused) == 1 else 'are'} not taken: "
