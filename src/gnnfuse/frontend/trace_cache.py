@@ -552,7 +552,9 @@ class TraceCache:
         failed = self._failures.get(key)
         if failed is not None:
             raise copy.copy(failed)
-        reads, before = _ValueReads(), random_states()
+        # the generators' states only where the trace may be kept: a function that cannot be
+        # cached (key None) traces on every call, and reading them would be its cost alone
+        reads, before = _ValueReads(), None if key is None else random_states()
         try:
             with reads:
                 tracer = trace()
@@ -560,7 +562,7 @@ class TraceCache:
             if key is not None and not (found[1] and reads.seen) and random_states() == before:
                 self._remember_failure(key, exc)
             raise
-        if random_states() != before:   # a draw `_IMPURE` does not name (a distribution's rsample, bernoulli_)
+        if key is not None and random_states() != before:   # a draw `_IMPURE` does not name (rsample, bernoulli_)
             key = None
         with outside_autocast(tracer.autocast):     # the passes' torch ops compute in the program's dtypes
             compiled = compiled_for(tracer.program)
