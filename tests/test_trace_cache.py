@@ -166,6 +166,34 @@ def test_a_function_writing_a_closure_variable_traces_on_every_call(graph, trace
     assert traces[0] == 5
 
 
+def test_a_function_writing_an_attribute_it_reads_traces_on_every_call(graph, traces):
+    """``message.sign = -message.sign`` is part of the key by value, but a cached program
+    skips the write: once the key cycled back to 1 its program (traced when the write gave
+    -1) ran for good, -1, 1, -1, -1, -1 where eager code alternates. The same for an
+    attribute written on a module the function calls."""
+    h = torch.randn(4, 3, dtype=torch.float64)
+
+    def message(edges):
+        message.sign = -message.sign
+        return {"m": edges.src["h"] * message.sign}
+    message.sign = 1.0
+    scale = torch.nn.Identity()
+    scale.factor = 1.0
+
+    def doubling(edges):
+        scale.factor = scale.factor * 2.0
+        return {"m": scale(edges.src["h"]) * scale.factor}
+    for step in range(5):
+        out = frontend.message_passing(graph, message, lambda n: {"o": torch.sum(n.mailbox["m"], dim=1)},
+                                       ndata={"h": h})["o"]
+        torch.testing.assert_close(out, (-1.0) ** (step + 1) * neighbour_sum(graph, h))
+    for step in range(3):
+        out = frontend.message_passing(graph, doubling, lambda n: {"o": torch.sum(n.mailbox["m"], dim=1)},
+                                       ndata={"h": h})["o"]
+        torch.testing.assert_close(out, 2.0 ** (step + 1) * neighbour_sum(graph, h))
+    assert traces[0] == 8
+
+
 def test_mutable_global_is_never_cached(graph, traces):
     @gnnfuse.vertex
     def f(v):

@@ -40,7 +40,8 @@ is traced on every call and draws anew, as eager code would -- and so is any tra
 moved a random generator's state (`random_states`: a draw inside library code); so is
 code that reads its namespace by name (``globals()['NAME']``, ``vars()``, ``eval``),
 which the guard walk cannot follow, and code that writes a global or closure variable
-(`_outside_write`), whose write a cached program would skip. A ``functools.partial``
+(`_outside_write`), whose write a cached program would skip, or whose trace changed an
+attribute its key snapshots (`_wrote_state`). A ``functools.partial``
 UDF is guarded by its function and bound
 arguments; bound methods, ``nn.Module`` UDFs and other callable objects hold state
 of their own and are traced on every call.
@@ -332,6 +333,16 @@ class GuardMemo:
         return found
 
 
+def _wrote_state(functions: tuple[Callable | None, ...], before: Hashable) -> bool:
+    """Whether tracing ``functions`` changed what their guard key snapshots: an attribute
+    written on a function (``msg.sign = -msg.sign``) or on a module it calls. A program
+    cached under the key read before the trace would skip that write on every later hit,
+    so a key that cycles (1, -1, 1, ...) served the first value for good where eager code
+    alternates. Such code traces on every call, as code writing a global does."""
+    after = _guards(functions)
+    return after is None or after[0] != before
+
+
 def guard_key(functions: tuple[Callable | None, ...]) -> Hashable | None:
     """The guard part of the key for tracing ``functions`` (see `_guards`), or None."""
     found = _guards(functions)
@@ -563,6 +574,8 @@ class TraceCache:
                 self._remember_failure(key, exc)
             raise
         if key is not None and random_states() != before:   # a draw `_IMPURE` does not name (rsample, bernoulli_)
+            key = None
+        if key is not None and _wrote_state(functions, found[0]):
             key = None
         with outside_autocast(tracer.autocast):     # the passes' torch ops compute in the program's dtypes
             compiled = compiled_for(tracer.program)
