@@ -3,8 +3,10 @@ curves, the model registry) and reference accuracy."""
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch_geometric.nn as pyg
@@ -12,7 +14,7 @@ import torch_geometric.nn as pyg
 from gnnfuse.cli import main
 from gnnfuse.data import load_dataset
 from gnnfuse.nn import models
-from gnnfuse.training import EarlyStopping, load_checkpoint, make_config, train_runs
+from gnnfuse.training import ConfigError, EarlyStopping, load_checkpoint, make_config, train_runs
 from gnnfuse.training.checkpoint import save_checkpoint
 from gnnfuse.training.loop import BestEpoch, RunResult, TrainSummary, accuracy
 
@@ -451,3 +453,21 @@ def test_info_says_the_npz_graphs_are_directed_unlike_pygs_reading_of_them(share
     assert main(["info", "cora-npz", "--root", str(shared_data)]) == 0
     first = capsys.readouterr().out.splitlines()[0]
     assert "directed" in first and "PyG's read_npz" in first and "undirected=True" in first, first
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"epochs": 2.5}, "epochs must be an integer, got 2.5"),
+    ({"runs": 1.5}, "runs must be an integer, got 1.5"),
+    ({"hidden": 4.5}, "hidden must be an integer, got 4.5"),
+    ({"seed": 0.5}, "seed must be an integer, got 0.5"),      # trained silently as seed 0
+    ({"lr": "0.1"}, "lr must be a number, got '0.1'"),
+    ({"model": "sage", "fanout": (5, 2.0)}, "fanout must be a sequence of integers"),
+])
+def test_make_config_refuses_values_of_the_wrong_type(overrides, message):
+    """The range checks only compared values, so a float count passed and failed inside
+    training with Python's "'float' object cannot be interpreted as an integer"."""
+    overrides = {"model": "gcn", **overrides}
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        make_config(overrides.pop("model"), **overrides)
+    config = make_config("gcn", epochs=np.int64(3), lr=np.float32(0.1), runs=1)     # numpy scalars are numbers
+    assert config.epochs == 3

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,6 +84,9 @@ def make_config(model: str, dataset: str = DEFAULT_DATASET, *, runs: int = 1, se
     if given.get("patience") == 0:
         given["patience"] = None
     values = {**dataclasses.asdict(spec.defaults), **given}
+    _check_types({"runs": runs, "seed": seed, "loader_workers": loader_workers, "batch_size": batch_size,
+                  **{key: values[key] for key in ("epochs", "patience", "hidden")}},
+                 {key: values[key] for key in ("lr", "weight_decay", "dropout")}, fanout)
     checks = [(runs >= 1, f"runs must be >= 1, got {runs}"),
               # numpy's generators (the split of a data set without one) take no negative seed
               (seed >= 0, f"seed must be >= 0, got {seed}"),
@@ -115,6 +120,24 @@ def make_config(model: str, dataset: str = DEFAULT_DATASET, *, runs: int = 1, se
                                           "loader_workers": loader_workers}
     return TrainConfig(model=model, dataset=dataset, runs=runs, seed=seed, device=device, features=features,
                        root=None if root is None else str(root), **values, **sampling)
+
+
+def _check_types(counts: dict[str, Any], rates: dict[str, Any], fanout: Any) -> None:
+    """Raise `ConfigError` for a count (epochs, runs, hidden, ...) that is not an integer or
+    a rate (lr, dropout) that is not a real number. The range checks compare them only,
+    so ``epochs=2.5`` passed and failed inside training with Python's "'float' object
+    cannot be interpreted as an integer", and ``seed=0.5`` trained silently as seed 0."""
+    def integer(value: Any) -> bool:
+        return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    for name, value in counts.items():
+        if value is not None and not integer(value):
+            raise ConfigError(f"{name.replace('_', ' ')} must be an integer, got {value!r}")
+    for name, value in rates.items():
+        if not isinstance(value, numbers.Real) or isinstance(value, bool):
+            raise ConfigError(f"{name.replace('_', ' ')} must be a number, got {value!r}")
+    if fanout is not None and (isinstance(fanout, (str, bytes)) or not isinstance(fanout, Iterable)
+                               or not all(integer(k) for k in fanout)):
+        raise ConfigError(f"fanout must be a sequence of integers (one per layer), got {fanout!r}")
 
 
 def minibatch_checks(model: str, fanout: tuple[int, ...] | None, batch_size: int | None
