@@ -69,6 +69,17 @@ def test_missing_feature_key():
                                 lambda n: {"o": torch.sum(n.mailbox["m"], dim=1)}, ndata={"h": torch.randn(3, 2)})
 
 
+def test_a_feature_named_type_is_refused_by_the_vertex_front_end():
+    """``type`` names the per-type rows (``v.type.W``), so a feature of that name could not
+    be read: ``v.type * 2`` failed on an internal class and ``u.type`` as "does not depend
+    on the neighbour"."""
+    h = torch.randn(3, 2)
+    with pytest.raises(ValueError, match="v_feature has a feature named 'type'"):
+        gnnfuse.vertex(lambda v: v.type * 2)(graph(), {"type": h})
+    with pytest.raises(ValueError, match="e_feature has a feature named 'type'"):
+        gnnfuse.vertex(lambda v: sum([e.type for e in v.inedges]))(graph(), {"h": h}, {"type": torch.randn(4, 2)})
+
+
 def test_shape_mismatch_names_op_and_line():
     w = torch.randn(5, 4)
 

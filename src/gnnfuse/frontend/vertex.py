@@ -418,6 +418,11 @@ class VertexFunction:
               ntype_feature: Mapping[str, torch.Tensor] | None = None
               ) -> tuple[Tracer, dict[str, torch.Tensor]]:
         """Trace the function into a program; returns the tracer and the captured tensors."""
+        for argument, table in (("v_feature", v_feature), ("e_feature", e_feature or {})):
+            if "type" in table:     # ``v.type`` / ``e.type`` read the per-type tables instead
+                raise ValueError(f"{argument} has a feature named 'type', which a vertex function cannot read: "
+                                 "v.type, u.type and e.type are the per-type rows (ntype_feature=, etype_feature=); "
+                                 "rename the feature")
         feats = {"nodes": dict(v_feature), "edges": dict(e_feature or {}),
                  "etype": dict(etype_feature or {}), "ntype": dict(ntype_feature or {})}
         feats["updated"] = {}   # vertex features set by v.update_allnode, by key
