@@ -23,8 +23,11 @@ SCHEDULES = ("auto", "csr", "coo", "rows")
 class ForcedSchedule:
     """``kind``: ``csr`` (vertex-parallel over destinations, edges in sequence), ``coo``
     (edge-parallel with atomic adds; sum and mean only), ``rows`` (many destinations side
-    by side per program; a sum or mean without a fused addend or head-blocked lanes,
-    others walk as ``csr``) or ``auto`` (the cost rule).
+    by side per program; a sum or mean without a fused addend or head-blocked lanes:
+    forced for every unit by ``GNNFUSE_SCHEDULE``, other units walk as ``csr``) or
+    ``auto`` (the cost rule). ``gnnfuse.ops.gspmm`` checks its ``schedule=`` against its
+    one reduction: ``coo`` and ``rows`` with max or min are refused there, as is an
+    unknown kind or a feature tile that is not a power of two.
     ``feature_tile``: features one program handles (a power of two), None for the
     backend's width-adaptive default.
 

@@ -845,9 +845,10 @@ class GATConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
     Bipartite input (PyG's): ``in_channels=(a, b)`` gives separate maps ``lin_src`` and
     ``lin_dst`` (and no ``lin``), and ``forward((x_src, x_dst), edge_index, size=...)``;
     self loops then join source i to destination i for i below both counts, as in PyG.
-    There ``residual`` maps ``x_dst`` (``res`` has width ``in_channels[1]``), and the loops'
-    edge features may only be a number or a tensor ``fill_value``; attention weights of
-    bipartite input are not returned (both refused by name).
+    There ``residual`` maps ``x_dst`` (``res`` has width ``in_channels[1]``); with more
+    destinations than sources the loops' edge features may only be a number or a tensor
+    ``fill_value`` (a reduction such as ``"mean"`` is taken otherwise); attention weights
+    of bipartite input are not returned (both refused by name).
     """
 
     def __init__(self, in_channels: int | tuple[int, int], out_channels: int, heads: int = 1,
