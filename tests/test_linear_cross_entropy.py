@@ -137,12 +137,14 @@ def test_refuses_mismatched_shapes_and_float_targets():
 
 def test_out_of_range_class_is_an_error_not_a_loss():
     h, w, b, y = _operands(4, 3, 5)
-    y[1] = 5
-    with pytest.raises(RuntimeError):
+    y[1] = 5        # named, as F.cross_entropy names it (gather's "index 5 is out of bounds" named neither)
+    with pytest.raises(IndexError, match=r"target 5 \(row 1\) is out of bounds for 5 classes"):
         linear_cross_entropy(h, w, b, y)
     y[1] = -3                                    # negative but not ignore_index
-    with pytest.raises(RuntimeError):
+    with pytest.raises(IndexError, match=r"target -3 \(row 1\)"):
         linear_cross_entropy(h, w, b, y)
+    y[1] = -100                                  # ignore_index is no class, and no error
+    linear_cross_entropy(h, w, b, y)
 
 
 def test_a_gradient_penalty_through_the_loss_is_refused_not_left_out():

@@ -39,6 +39,7 @@ def linear_cross_entropy(input: torch.Tensor, weight: torch.Tensor, bias: torch.
     gradient penalty) raises rather than give gradients without the second-order term.
     """
     _check(input, weight, bias, target, reduction, chunk_rows)
+    _check_classes(target, weight.shape[0], ignore_index)
     rows = chunk_rows or max(1, CHUNK_ELEMENTS // max(1, weight.shape[0]))
     # autograd.Function marks inputs needing a gradient under no_grad too, and inside
     # forward the grad mode is always off: whether a backward can come is read here
@@ -64,6 +65,20 @@ def _check(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                         f"got {target.dtype}; class probabilities are not supported")
     if chunk_rows is not None and chunk_rows < 1:
         raise ValueError(f"linear_cross_entropy: chunk_rows must be at least 1, got {chunk_rows}")
+
+
+def _check_classes(target: torch.Tensor, classes: int, ignore_index: int) -> None:
+    """Name a target outside [0, classes) as ``F.cross_entropy`` does, where reading it
+    costs no device sync (a CPU target); `gather` failed on it with "index 4 is out of
+    bounds for dimension 1 with size 4", which names neither the target nor the class
+    count. On a GPU an out-of-range class fails in `gather`'s device assert, as in torch."""
+    if target.device.type != "cpu" or target.numel() == 0:
+        return
+    bad = (target != ignore_index) & ((target < 0) | (target >= classes))
+    if bool(bad.any()):
+        row = int(bad.nonzero()[0, 0])
+        raise IndexError(f"linear_cross_entropy: target {int(target[row])} (row {row}) is out of bounds for "
+                         f"{classes} classes (weight has {classes} rows)")
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
