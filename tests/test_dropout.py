@@ -126,6 +126,14 @@ def test_a_probability_outside_0_1_is_refused(p):
         gF.dropout(torch.ones(3), p)
 
 
+def test_an_integer_input_is_refused_by_dtype():
+    """torch's uniforms failed on it with '"check_uniform_bounds" not implemented for
+    'Long''; in eval mode it passes through, as torch's does."""
+    with pytest.raises(TypeError, match="needs a floating-point input; got torch.int64"):
+        gF.dropout(torch.arange(6), 0.5)
+    torch.testing.assert_close(gF.dropout(torch.arange(6), 0.5, training=False), torch.arange(6))
+
+
 def test_sparse_features_drop_stored_values_only():
     dense = torch.zeros(6, 5)
     dense[0, 1], dense[3, 4], dense[5, 0] = 1.0, 2.0, 3.0

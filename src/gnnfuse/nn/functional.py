@@ -75,6 +75,9 @@ def dropout(input: torch.Tensor, p: float = 0.5, training: bool = True, inplace:
         raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
     if not training or p == 0.0:
         return input
+    if not (input.is_floating_point() or input.is_complex()):   # torch's rand_like: "check_uniform_bounds" for Long
+        raise TypeError(f"dropout scales the kept elements by 1 / (1 - p), so it needs a floating-point input; "
+                        f"got {input.dtype}")
     if input.is_sparse:
         # coalesced first: an element stored as several entries is one value to drop
         # (as a dense tensor's), and an uncoalesced tensor has no indices() to read
