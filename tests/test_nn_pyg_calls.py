@@ -362,7 +362,7 @@ LOOP_ADDING = {"GCNConv": lambda m: m.GCNConv(5, 3), "APPNP": lambda m: m.APPNP(
                "SGConv": lambda m: m.SGConv(5, 3, K=2)}
 
 
-@pytest.mark.parametrize("layout", ["coo", "csr"])
+@pytest.mark.parametrize("layout", ["coo", "csr", "csc"])     # csc: was accepted, silently
 @pytest.mark.parametrize("name", LOOP_ADDING)
 def test_a_torch_sparse_adj_t_with_stored_loops_is_refused_where_pyg_adds_more(name, layout):
     """PyG's gcn_norm adds a loop to every vertex of a torch sparse adj_t on top of a
@@ -373,18 +373,54 @@ def test_a_torch_sparse_adj_t_with_stored_loops_is_refused_where_pyg_adds_more(n
     pyg_layer.load_state_dict(ours_layer.state_dict())
     x = torch.randn(4, 5, dtype=torch.float64)
     edge_index = torch.tensor([[0, 2, 1, 3, 1], [1, 1, 0, 2, 1]])       # 1 -> 1 is a stored loop
-    as_layout = (lambda a: a) if layout == "coo" else (lambda a: a.to_sparse_csr())
+    as_layout = {"coo": lambda a: a, "csr": lambda a: a.to_sparse_csr(), "csc": lambda a: a.to_sparse_csc()}[layout]
 
     def adj(ei):
         return as_layout(torch.sparse_coo_tensor(ei.flip(0), torch.ones(ei.shape[1], dtype=torch.float64), (4, 4)).coalesce())
     with pytest.raises(ValueError, match=f"{name}: the torch sparse adj_t stores self loops"):
         ours_layer(x, adj(edge_index))
-    assert not torch.allclose(pyg_layer(x, adj(edge_index)), pyg_layer(x, edge_index))     # why it is refused
+    # PyG's gcn_norm refuses a CSC adj_t: the same matrix as CSR is its oracle
+    theirs = adj if layout != "csc" else (lambda ei: adj(ei).to_sparse_coo().coalesce().to_sparse_csr())
+    assert not torch.allclose(pyg_layer(x, theirs(edge_index)), pyg_layer(x, edge_index))     # why it is refused
     loop_free = edge_index[:, edge_index[0] != edge_index[1]]
-    torch.testing.assert_close(ours_layer(x, adj(loop_free)), pyg_layer(x, adj(loop_free)))
+    torch.testing.assert_close(ours_layer(x, adj(loop_free)), pyg_layer(x, theirs(loop_free)))
     ours_layer.add_self_loops = False      # nothing added: the stored loop is an edge as any other
     pyg_layer.add_self_loops = False
-    torch.testing.assert_close(ours_layer(x, adj(edge_index)), pyg_layer(x, adj(edge_index)))
+    torch.testing.assert_close(ours_layer(x, adj(edge_index)), pyg_layer(x, theirs(edge_index)))
+
+
+@pytest.mark.parametrize("name", ["GATConv", "GATv2Conv", "SAGEConv"])
+def test_a_coo_adj_t_flagged_coalesced_that_repeats_a_position_is_its_sum(name):
+    """PyG's ``to_edge_index`` and ``GATConv.forward`` flag a COO adj_t coalesced in place
+    without merging it (``adj._coalesced_(True)``); gnnfuse trusted the flag and read a
+    position stored twice as two edges (GAT 0.16, SAGE's mean 1.3 off PyG), where the
+    same tensor unflagged is the value 2, which these pattern-only layers refuse."""
+    edge_index, adj_t = uncoalesced_adj_t()
+    flagged = torch.sparse_coo_tensor(adj_t._indices(), adj_t._values(), adj_t.shape, is_coalesced=True)
+    assert flagged.is_coalesced()
+    layer, x = getattr(gnn, name)(F_IN, 3).double(), torch.randn(4, F_IN, dtype=torch.float64)
+    with pytest.raises(ValueError, match="edge weights .a COO entry stored twice counts as 2"):
+        layer(x, flagged)
+    ordered = torch.sparse_coo_tensor(edge_index[:, 1:].flip(0), torch.ones(4, dtype=torch.float64),
+                                      (4, 4)).coalesce()
+    flagged = torch.sparse_coo_tensor(ordered._indices().flip(1), ordered._values(), (4, 4), is_coalesced=True)
+    ref = getattr(pyg, name)(F_IN, 3).double()    # stored out of order, each position once: runs, as PyG
+    ref.load_state_dict(layer.state_dict())
+    torch.testing.assert_close(layer(x, flagged), ref(x, ordered), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("layer", ["GCNConv", "GraphConv", "SGConv", "APPNP", "SAGEConv", "GATConv"])
+@pytest.mark.parametrize("make", [lambda a: a.to_sparse_bsr((2, 2)), lambda a: a.to_sparse_bsc((2, 2)),
+                                  lambda a: torch.stack([a, a])], ids=["bsr", "bsc", "batched"])
+def test_a_blocked_or_batched_adj_t_is_refused(layer, make):
+    """A block layout stores the zeros of its blocks, which GCN, SGC and APPNP read as
+    edges (the diagonal's became loops of weight 0, so no unit loop was added: 1.66 off
+    PyG's output, without a word); a batched adj_t failed on 'too many values to unpack'."""
+    adj = torch.sparse_coo_tensor(torch.tensor([[1, 2, 3, 0], [0, 1, 2, 3]]), torch.ones(4, dtype=torch.float64),
+                                  (4, 4)).coalesce()
+    conv = gnn.APPNP(K=2, alpha=0.1) if layer == "APPNP" else getattr(gnn, layer)(F_IN, 3).double()
+    with pytest.raises(ValueError, match="a sparse adjacency must be (a sparse COO, CSR or CSC tensor|2-D)"):
+        conv(torch.randn(4, F_IN, dtype=torch.float64), make(adj))
 
 
 # PyG's layers build their aggregation at construction (``aggr_module``), so a later
@@ -450,8 +486,9 @@ def test_relational_layers_on_a_graph_without_edge_types_say_so():
                 layer(*args)
 
 
+@pytest.mark.parametrize("layout", ["csr", "csc"])
 @pytest.mark.parametrize("layer", ["GCNConv", "GraphConv", "SGConv", "TAGConv"])
-def test_edge_weights_packed_into_an_adj_t_take_their_gradient(layer):
+def test_edge_weights_packed_into_an_adj_t_take_their_gradient(layer, layout):
     """Learnt weights given as a CSR adj_t's values got no gradient (left None, so an
     optimizer never moved them): their values were read by ``_values()``, which autograd
     does not follow. PyG's gradients are the oracle."""
@@ -465,7 +502,10 @@ def test_edge_weights_packed_into_an_adj_t_take_their_gradient(layer):
     for conv in (theirs, ours):
         weight = torch.rand(6, dtype=torch.float64, generator=torch.Generator().manual_seed(4)).add(0.5)
         weight.requires_grad_()
-        adj_t = torch.sparse_coo_tensor(edge_index.flip(0), weight, (5, 5)).coalesce().to_sparse_csr()
+        adj_t = torch.sparse_coo_tensor(edge_index.flip(0), weight, (5, 5)).coalesce()
+        # csc: its COO form comes uncoalesced, and reading its values raised torch's
+        # "Cannot get values on an uncoalesced tensor" (PyG's forward takes it)
+        adj_t = adj_t.to_sparse_csc() if layout == "csc" and conv is ours else adj_t.to_sparse_csr()
         conv(x, adj_t).pow(2).sum().backward()
         grads.append(weight.grad)
     assert grads[1] is not None

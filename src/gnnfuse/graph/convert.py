@@ -92,6 +92,18 @@ def index_tensors(obj: Any) -> list[torch.Tensor]:
     raise ValueError(f"a sparse adjacency must be a sparse COO, CSR or CSC tensor, got layout {obj.layout}")
 
 
+def check_adjacency_shape(adj_t: torch.Tensor) -> None:
+    """A ValueError unless a torch sparse ``adj_t`` is a 2-D COO, CSR or CSC matrix with
+    scalar entries. A blocked layout (BSR, BSC) stores the zeros of every block, which a
+    read of its stored positions would take for edges (the diagonal blocks' zeros became
+    self loops of weight 0, and GCN then added no unit loop there); a batched one has no
+    single graph to read."""
+    if adj_t.layout not in (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc):
+        raise ValueError(f"a sparse adjacency must be a sparse COO, CSR or CSC tensor, got layout {adj_t.layout}")
+    if adj_t.dim() != 2 or adj_t.dense_dim() != 0:
+        raise ValueError(f"a sparse adjacency must be 2-D with scalar entries, got shape {list(adj_t.shape)}")
+
+
 def declared_size(obj: Any) -> tuple[int, int] | None:
     """(num_src, num_dst) that a sparse adj_t (its shape, transposed) or an ``EdgeIndex``
     with both sparse sizes set declares, as PyG infers a layer's ``size`` from them;
@@ -127,8 +139,13 @@ def coalesced(adj_t: Any) -> Any:
     (the README reads its values as a torch adj_t's) is summed so too, by scipy's own
     ``sum_duplicates``: read as two edges, SAGE's mean counted that neighbour twice where
     the same matrix converted to CSR (which sums them) was refused."""
-    if isinstance(adj_t, torch.Tensor) and adj_t.layout is torch.sparse_coo and not adj_t.is_coalesced():
-        return adj_t.coalesce()
+    if isinstance(adj_t, torch.Tensor) and adj_t.layout is not torch.strided:
+        check_adjacency_shape(adj_t)
+    if isinstance(adj_t, torch.Tensor) and adj_t.layout is torch.sparse_coo:
+        if not adj_t.is_coalesced():
+            return adj_t.coalesce()
+        if _repeats_positions(adj_t):   # flagged coalesced, but not: rebuilt unflagged and summed
+            return torch.sparse_coo_tensor(adj_t._indices(), adj_t._values(), adj_t.shape).coalesce()
     if sp.issparse(adj_t) and adj_t.format in ("coo", "csr", "csc") and not adj_t.has_canonical_format:
         coo = adj_t.tocoo()
         keys = coo.row.astype(np.int64) * coo.shape[1] + coo.col
@@ -137,6 +154,20 @@ def coalesced(adj_t: Any) -> Any:
             summed.sum_duplicates()
             return summed
     return adj_t
+
+
+def _repeats_positions(adj_t: torch.Tensor) -> bool:
+    """Whether a COO tensor flagged coalesced stores positions out of row-major order or
+    twice, as a coalesced one never does. PyG sets the flag in place without merging
+    anything (``to_edge_index`` and ``GATConv.forward`` call ``adj._coalesced_(True)``),
+    and ``sparse_coo_tensor(..., is_coalesced=True)`` takes the caller's word: a position
+    stored twice was then read as two edges (0.16 off PyG's GAT, 1.3 off SAGE's mean),
+    where the same tensor unflagged is summed, as PyG's ``spmm`` reads it. One host read."""
+    rows, cols = adj_t._indices()
+    if rows.numel() < 2:
+        return False
+    keys = rows * adj_t.shape[1] + cols
+    return not bool((keys[1:] > keys[:-1]).all())
 
 
 def adj_t_edges(adj_t: Any) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int], bool, torch.Tensor | None]:
@@ -153,8 +184,7 @@ def adj_t_edges(adj_t: Any) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]
     caller has checked the shape.
     """
     if isinstance(adj_t, torch.Tensor):
-        if adj_t.dim() != 2 or adj_t.dense_dim() != 0:
-            raise ValueError(f"a sparse adjacency must be 2-D with scalar entries, got shape {list(adj_t.shape)}")
+        check_adjacency_shape(adj_t)
         rows, cols = adj_t.shape
         if adj_t.layout is torch.sparse_csr:
             crow, col, value = adj_t.crow_indices(), adj_t.col_indices(), adj_t.values()
@@ -166,7 +196,7 @@ def adj_t_edges(adj_t: Any) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]
             grouped = False
         else:
             (row, col), value = index_tensors(adj_t)
-            grouped = adj_t.is_coalesced()
+            grouped = adj_t.is_coalesced() and not _repeats_positions(adj_t)
             # copied: the indices share the sparse tensor's version counter, which PyG's
             # own layers move (``adj_t._coalesced_(True)`` in ``to_edge_index``) without
             # changing an edge; a graph on them would then be refused as edited

@@ -14,7 +14,7 @@ from typing import Any, Callable
 import scipy.sparse as sp
 import torch
 
-from ..graph.convert import coalesced, is_sparse_adjacency, scipy_weights
+from ..graph.convert import check_adjacency_shape, coalesced, is_sparse_adjacency, scipy_weights
 
 
 def node_features(x: Any, layer: str) -> torch.Tensor:
@@ -124,8 +124,9 @@ def refuse_stored_loops(edge_index: Any, layer: str) -> None:
     loop then weighs one more), where for an ``edge_index`` or a ``SparseTensor`` it keeps
     one loop per vertex, as gnnfuse does for every input: the results would differ from
     PyG's without a word. One host read per call with such an input."""
-    if not isinstance(edge_index, torch.Tensor) or edge_index.layout not in (torch.sparse_coo, torch.sparse_csr):
+    if not isinstance(edge_index, torch.Tensor) or edge_index.layout is torch.strided:
         return
+    check_adjacency_shape(edge_index)
     rows, cols = (edge_index if edge_index.layout is torch.sparse_coo else edge_index.to_sparse_coo())._indices()
     if bool((rows == cols).any()):
         raise ValueError(f"{layer}: the torch sparse adj_t stores self loops, and PyG's {layer} adds a second "
@@ -167,8 +168,10 @@ def adjacency_weights(edge_index: Any, edge_weight: torch.Tensor | None, layer: 
                          "edges by the adj_t's values): put the weights in the adj_t's values, or pass an "
                          "edge_index with edge_weight")
     if isinstance(edge_index, torch.Tensor):
+        check_adjacency_shape(edge_index)
         edge_index = coalesced(edge_index)
-        coo = edge_index if edge_index.layout is torch.sparse_coo else edge_index.to_sparse_coo()
+        # a CSC matrix's COO form comes uncoalesced (column-major), whose values() refuses
+        coo = edge_index if edge_index.layout is torch.sparse_coo else edge_index.to_sparse_coo().coalesce()
         # values() where they take a gradient (learnt edge weights packed into the adj_t,
         # as PyG differentiates them): _values() is not differentiated, and they got none
         (row, col), value = coo._indices(), coo.values() if coo.requires_grad else coo._values()
