@@ -250,9 +250,10 @@ class Graph:
     def from_edge_index(cls, edge_index: Any, num_nodes: int | None = None, **kw: Any) -> Graph:
         """From a PyG-style ``[2, E]`` array: row 0 = sources, row 1 = targets. A PyG
         ``EdgeIndex`` brings its ``sparse_size`` (isolated trailing vertices count), as
-        `coerce` reads it."""
+        `coerce` reads it: two different sizes make a bipartite graph (sources,
+        destinations), one size set counts the vertices."""
         if is_pyg_edge_index(edge_index):
-            return cls._from_pyg_edge_index(edge_index, num_nodes, **kw)
+            return cls._from_pyg_edge_index(edge_index, num_nodes, given=f"num_nodes={num_nodes}", **kw)
         if not isinstance(edge_index, torch.Tensor) and not isinstance(edge_index, np.ndarray):
             edge_index = np.asarray(edge_index)
             if edge_index.size == 0 and edge_index.dtype.kind == "f":
@@ -277,9 +278,17 @@ class Graph:
                     else "")
             raise TypeError(f"Graph.from_data needs a PyG Data with an edge_index; got "
                             f"{type(data).__name__} without one{hint}")
-        return cls.from_edge_index(data.edge_index, getattr(data, "num_nodes", None),
-                                   edge_type=getattr(data, "edge_type", None),
-                                   node_type=getattr(data, "node_type", None))
+        edge_index, num_nodes = data.edge_index, getattr(data, "num_nodes", None)
+        types = {"edge_type": getattr(data, "edge_type", None), "node_type": getattr(data, "node_type", None)}
+        if is_pyg_edge_index(edge_index):
+            rows, cols = edge_index.sparse_size()
+            if rows is not None and cols is not None and rows != cols:
+                # a bipartite EdgeIndex: PyG's Data.num_nodes counts one side of it, which
+                # the one-set check below would refuse; the EdgeIndex gives both counts
+                num_nodes = None
+            return cls._from_pyg_edge_index(edge_index, num_nodes, given=f"the Data's num_nodes is {num_nodes}",
+                                            **types)
+        return cls.from_edge_index(edge_index, num_nodes, **types)
 
     @classmethod
     def from_adj_t(cls, adj_t: Any, num_nodes: int | None = None, num_src_nodes: int | None = None) -> Graph:
@@ -400,9 +409,11 @@ class Graph:
 
     @classmethod
     def _from_pyg_edge_index(cls, obj: Any, num_nodes: int | None, num_src_nodes: int | None = None,
-                             **kw: Any) -> Graph:
+                             given: str | None = None, **kw: Any) -> Graph:
         """From a PyG ``EdgeIndex``: its ``sparse_size`` checked against the vertex counts
-        given and counted where none is (isolated trailing vertices); ``kw`` (edge and
+        given and counted where none is (isolated trailing vertices; two different sizes
+        make a bipartite graph, as PyG's layers read them); ``given``: where ``num_nodes``
+        came from, for the error (a layer's node features by default); ``kw`` (edge and
         node types) as `from_edge_index` takes them."""
         bipartite = {} if num_src_nodes is None else {"num_src_nodes": num_src_nodes}
         rows, cols = obj.sparse_size()
@@ -413,10 +424,15 @@ class Graph:
         if num_src_nodes is None and num_nodes is not None and (rows not in (None, num_nodes)
                                                                 or cols not in (None, num_nodes)):
             # PyG refuses it too; running on num_nodes would drop the declared vertices
-            raise ValueError(f"the EdgeIndex has sparse_size=({rows}, {cols}) but the node features have "
-                             f"{num_nodes} rows (one vertex set: both sizes must be {num_nodes} or None)")
-        if num_nodes is None and rows is not None and rows == cols:
-            num_nodes = rows                              # isolated trailing vertices count
+            given = given or f"the node features have {num_nodes} rows"
+            raise ValueError(f"the EdgeIndex has sparse_size=({rows}, {cols}) but {given} (one vertex set: "
+                             f"both sizes must be {num_nodes} or None)")
+        if num_nodes is None and num_src_nodes is None and (rows, cols) != (None, None):
+            if rows is not None and cols is not None and rows != cols:
+                bipartite = {"num_src_nodes": rows}       # sources x destinations
+                num_nodes = cols
+            else:
+                num_nodes = rows if rows is not None else cols    # isolated trailing vertices count
         graph = cls.from_edge_index(obj.as_tensor(), num_nodes, **bipartite, **kw)
         graph._trust_dst_order(obj.is_sorted_by_col)
         graph._wrapper, graph._wrapper_version = weakref.ref(obj), obj._version
