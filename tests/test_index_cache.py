@@ -10,6 +10,7 @@ import threading
 import types
 import weakref
 
+import numpy as np
 import pytest
 import torch
 import torch_geometric.nn as pyg
@@ -258,24 +259,57 @@ def test_front_ends_take_the_same_inputs():
 
 def test_a_new_edge_index_per_call_with_the_same_contents_reuses_one_graph():
     """PyG's ClusterGCNConv and PDNConv make a fresh self-looped edge_index on every call:
-    from the third such call on, the graph (and its CSR) of the second is served."""
-    built = [Graph.coerce(edge_index(), N) for _ in range(4)]
-    assert built[0] is not built[1] and built[1] is built[2] is built[3]
-    assert Graph.coerce(edge_index(), N + 1) is not built[1]        # another vertex count
-    assert Graph.coerce(edge_index().to(torch.int32), N) is not built[1]
+    from the third such call on, one graph (and its CSR) is served, built over a private
+    copy of the contents, so it reads no caller's memory."""
+    inputs = [edge_index() for _ in range(5)]
+    built = [Graph.coerce(ei, N) for ei in inputs]
+    assert built[1] is not built[2] and built[2] is built[3] is built[4]
+    storages = {t.untyped_storage().data_ptr() for t in inputs}
+    assert built[2].src.untyped_storage().data_ptr() not in storages
+    assert Graph.coerce(edge_index(), N + 1) is not built[2]        # another vertex count
+    assert Graph.coerce(edge_index().to(torch.int32), N) is not built[2]
 
 
-def test_a_new_tensor_over_a_held_ones_memory_is_not_matched_by_contents():
-    """A new tensor over a held one's memory always equals it, whatever was written there
-    by means no version counter sees: a ``torch.from_numpy`` of the same buffer, and a
-    view or slice of the same tensor per call (their shared counter does not see those
-    writes either), each get a graph of their own."""
-    ei = edge_index()
-    buffer = ei.numpy().copy()
-    for make in (lambda: ei.view(2, -1), lambda: ei[:, :20], lambda: torch.from_numpy(buffer)):
-        clear_index_cache()
-        built = [Graph.coerce(make(), N) for _ in range(4)]
-        assert built[2] is not built[1] and built[3] is not built[1] and built[3] is not built[2]
+def test_a_graph_served_by_contents_survives_writes_to_the_buffer_it_was_matched_from():
+    """The graph lent by contents was the held input's own: a loader refilling its
+    ``torch.from_numpy`` buffer (a write no version counter sees) changed the edges under
+    every tensor that had borrowed it -- a validation edge_index never written got the
+    new batch's edges under the old CSR (SAGEConv 4.3, GAT 3.2 off PyG's)."""
+    sage, ref = gnn.SAGEConv(4, 3).double(), pyg.SAGEConv(4, 3).double()
+    ref.load_state_dict(sage.state_dict())
+    x = torch.randn(N, 4, dtype=torch.float64)
+    gen = torch.Generator().manual_seed(3)
+    c0, c1, c2 = (torch.randint(0, N, (2, 24), generator=gen) for _ in range(3))
+    fixed = c1.clone()
+    buffer = np.empty((2, 24), dtype=np.int64)
+    for contents in (c0, c1):
+        buffer[:] = contents.numpy()
+        sage(x, torch.from_numpy(buffer))       # the second is held: its shape missed before
+    torch.testing.assert_close(sage(x, fixed), ref(x, fixed))       # equal to it: served by contents
+    buffer[:] = c2.numpy()                      # the loader's next batch
+    torch.testing.assert_close(sage(x, fixed), ref(x, fixed))
+    torch.testing.assert_close(sage(x, torch.from_numpy(buffer)), ref(x, c2))
+
+
+def test_an_edit_to_a_held_input_does_not_reach_a_borrowers_backward():
+    """A borrower's graph watched the lender's tensors: editing the lender after a
+    borrower's forward failed that borrower's backward, naming a tensor it never used.
+    Now neither the lender's edit nor the borrower's own reaches it: the backward runs
+    on the edges of the forward that ran."""
+    sage, ref = gnn.SAGEConv(4, 3).double(), pyg.SAGEConv(4, 3).double()
+    ref.load_state_dict(sage.state_dict())
+    lender = edge_index()
+    sage(torch.randn(N, 4, dtype=torch.float64), edge_index())
+    sage(torch.randn(N, 4, dtype=torch.float64), lender)                # held
+    borrower, clean = edge_index(), edge_index()
+    for edited in (lender, borrower):
+        x = torch.randn(N, 4, dtype=torch.float64, requires_grad=True)
+        xr = x.detach().clone().requires_grad_()
+        out = sage(x, borrower)
+        edited[0, :5] = 0
+        out.pow(2).sum().backward()
+        ref(xr, clean).pow(2).sum().backward()
+        torch.testing.assert_close(x.grad, xr.grad)
 
 
 @pytest.mark.parametrize("write", ["numpy", "data"])

@@ -354,7 +354,7 @@ class Graph:
             # `index_tensors` (three Python calls) for the [obj] it gives such a tensor
             key = num_nodes if num_src_nodes is None else (num_nodes, num_src_nodes)
             return cached_graph(obj, [obj], key,
-                                lambda: cls._from_torch(obj, num_nodes, num_src_nodes)._begin_first_pass())
+                                lambda parts: cls._from_torch(parts[0], num_nodes, num_src_nodes)._begin_first_pass())
         if isinstance(obj, Graph):
             if num_nodes is not None and num_nodes != obj.num_nodes:
                 raise ValueError(f"num_nodes={num_nodes} given but the graph has {obj.num_nodes} nodes")
@@ -366,11 +366,12 @@ class Graph:
             if not isinstance(obj, torch.Tensor) and not is_sparse_adjacency(obj):
                 raise ValueError(f"a bipartite graph (num_src_nodes={num_src_nodes}) is made from a [2, E] "
                                  f"edge_index, a sparse adj_t or a Graph, got {type(obj).__name__}")
+            # (never a held copy here: only a plain dense tensor's are held, `index_cache._shape_key`)
             return cached_graph(obj, index_tensors(obj), (num_nodes, num_src_nodes),
-                                lambda: cls._from_torch(obj, num_nodes, num_src_nodes)._begin_first_pass())
+                                lambda _: cls._from_torch(obj, num_nodes, num_src_nodes)._begin_first_pass())
         if isinstance(obj, torch.Tensor) or is_sparse_adjacency(obj):
             return cached_graph(obj, index_tensors(obj), num_nodes,
-                                lambda: cls._from_torch(obj, num_nodes)._begin_first_pass())
+                                lambda _: cls._from_torch(obj, num_nodes)._begin_first_pass())
         if isinstance(obj, np.ndarray):
             return cls.from_edge_index(obj, num_nodes)
         import scipy.sparse as sp

@@ -44,18 +44,23 @@ layer calling ``add_self_loops`` in its forward) derive a fresh ``edge_index`` f
 user's on every call, so every call sorted two CSRs and cut their segments again, some
 240 launches and 19 host syncs, which made both layers slower than PyG on an
 arxiv-sized graph (0.81x, 0.80x; H200). A plain ``edge_index`` missed by identity
-whose shape (with dtype, device and ``key``) missed recently too is held with its graph
-(`_held_for_contents`); a later miss of that shape compares its contents with
-``torch.equal`` (exact; one host sync) and takes the graph if they are equal and the
-two lie in separate memory (`_overlap`: a new tensor over the held one's memory, a view
-of it included, equals it by construction, whatever was written there since). A
-comparison that fails marks the shape as one whose inputs change (a loader's
+whose shape (with dtype, device and ``key``) missed recently too has a private copy of
+its contents held (`_held_for_contents`); a later miss of that shape compares its
+contents with the copy by ``torch.equal`` (exact; one host sync) and, if they are
+equal, gets the graph built over the copy (built on the first such match, then shared).
+A comparison that fails marks the shape as one whose inputs change (a loader's
 fixed-shape batches) and it is not compared again. Nothing is compared while a CUDA
-graph is being captured or inside a ``torch.func`` transform. A graph taken so still
-reads the memory of the input it was built from (its lender), whose later in-place edit
-would change the graph's endpoints under layouts built before (a SAGEConv forward then
-gave 0.56 off PyG's): the entry of the input that borrowed it holds the lender's stamp
-too, and is served only while both are unchanged.
+graph is being captured or inside a ``torch.func`` transform.
+
+The copy is the point: no user tensor is ever shared between inputs. The graph lent
+was once the first input's own, reading that input's memory, which a write that moves
+no version counter could change under it (numpy's, into a ``torch.from_numpy`` buffer a
+loader refills): every tensor that had borrowed it, a validation ``edge_index`` never
+written included, then got the refilled batch's edges under layouts of the old ones
+(SAGEConv 4.3 and GAT 3.2 off PyG's outputs); and its edit checks watched the lender,
+so an edit to the lender raised at a borrower's backward, naming a tensor that
+borrower never used. A copy nobody else can reach cannot change, and it describes
+exactly the contents it is compared with.
 """
 from __future__ import annotations
 
@@ -78,16 +83,16 @@ CAPACITY = 64
 # call, cheap enough for a check on every program call (runtime/compiled.py).
 functorch_interpreter: Callable[[], Any] = torch._C._functorch.peek_interpreter_stack
 
-# slot -> (weak reference to the input, its stamp, its graph, the lender's (tensors, stamp)
-# where the graph was taken from a held input of equal contents, else None)
-_ENTRIES: OrderedDict[tuple[int, Hashable], tuple[weakref.ref, tuple, Any, tuple | None]] = OrderedDict()
+# slot -> (weak reference to the input, its stamp, its graph)
+_ENTRIES: OrderedDict[tuple[int, Hashable], tuple[weakref.ref, tuple, Any]] = OrderedDict()
 
 # Matching by contents (see the module docstring), keyed by `_shape_key`: the shapes that
-# missed lately, the inputs held with their stamps and graphs, and the shapes whose
-# inputs were found to change (never compared again).
+# missed lately, the private copies held with the graph built over them (a one-item
+# list, None until a match needs it), and the shapes whose inputs were found to change
+# (never compared again).
 CONTENT_CAPACITY = 4
 _RECENT_MISSES: OrderedDict[Hashable, None] = OrderedDict()
-_HELD: OrderedDict[Hashable, tuple[list[torch.Tensor], tuple, Any]] = OrderedDict()
+_HELD: OrderedDict[Hashable, tuple[list[torch.Tensor], list]] = OrderedDict()
 _CHANGING: OrderedDict[Hashable, None] = OrderedDict()
 # One thread at a time reads or changes the tables (never around a build): two threads
 # coercing their own edge_index tensors evicted each other's entries between a lookup
@@ -99,46 +104,51 @@ _LOCK = threading.RLock()
 _PREFIXES: OrderedDict[int, tuple[weakref.ref, tuple, dict, dict]] = OrderedDict()
 
 
-def cached_graph(obj: Any, parts: list[torch.Tensor], key: Hashable, build: Callable[[], Any]) -> Any:
-    """``build()`` for ``obj``, or the result of an earlier call for the same object in
-    the same state. ``parts`` are the tensors holding ``obj``'s indices (the tensor
-    itself, or a sparse tensor's components) whose stamps decide "the same state";
-    ``key`` adds what else the result depends on (the requested vertex count)."""
+def cached_graph(obj: Any, parts: list[torch.Tensor], key: Hashable,
+                 build_over: Callable[[list[torch.Tensor]], Any]) -> Any:
+    """``build_over(parts)`` for ``obj``, or the result of an earlier call for the same
+    object in the same state. ``parts`` are the tensors holding ``obj``'s indices (the
+    tensor itself, or a sparse tensor's components) whose stamps decide "the same state";
+    ``key`` adds what else the result depends on (the requested vertex count).
+    ``build_over`` builds the graph of any tensors laid out as ``parts`` (a held private
+    copy of them included: see the module docstring)."""
     stamp = _stamp(parts)
     if stamp is None:
-        return build()
+        return build_over(parts)
     slot = (id(obj), key)
     with _LOCK:
         entry = _ENTRIES.get(slot)
-        if (entry is not None and entry[0]() is obj and entry[1] == stamp
-                and (entry[3] is None or _stamp(entry[3][0]) == entry[3][1])):
+        if entry is not None and entry[0]() is obj and entry[1] == stamp:
             _ENTRIES.move_to_end(slot)
             return entry[2]
     if functorch_interpreter() is not None:     # its tensors are the transform's: see the module docstring
-        return build()
+        return build_over(parts)
     if _PREFIXES and type(obj) is torch.Tensor and obj._base is not None:
         found = _prefix_graph(obj, key)
         if found is not None:       # kept for this view as a graph built for it would be
             ref = weakref.ref(obj, lambda dead: _forget(slot, dead))
             with _LOCK:
-                put_recent(_ENTRIES, slot, (ref, stamp, found, None), CAPACITY)
+                put_recent(_ENTRIES, slot, (ref, stamp, found), CAPACITY)
             return found
     shape = _shape_key(obj, parts, key)
     with _LOCK:
-        lender = _equal_contents(shape, parts) if shape is not None else None
-    if lender is None:
-        graph = build()
+        held = _equal_contents(shape, parts) if shape is not None else None
+    if held is None:
+        graph = build_over(parts)
     else:
-        *lender, graph = lender
+        copies, lent = held
+        if lent[0] is None:         # the first match: the graph of the copy, shared from now on
+            lent[0] = build_over(copies)
+        graph = lent[0]
     try:
         ref = weakref.ref(obj, lambda dead: _forget(slot, dead))
     except TypeError:      # an object without weak references: not cached
         ref = None
     with _LOCK:
-        if lender is None and shape is not None:
-            _held_for_contents(shape, parts, stamp, graph)
+        if held is None and shape is not None:
+            _held_for_contents(shape, parts)
         if ref is not None:
-            put_recent(_ENTRIES, slot, (ref, stamp, graph, None if lender is None else tuple(lender)), CAPACITY)
+            put_recent(_ENTRIES, slot, (ref, stamp, graph), CAPACITY)
     return graph
 
 
@@ -200,7 +210,7 @@ def remember(obj: torch.Tensor, key: Hashable, graph: Any) -> None:
     slot = (id(obj), key)
     ref = weakref.ref(obj, lambda dead: _forget(slot, dead))
     with _LOCK:
-        put_recent(_ENTRIES, slot, (ref, stamp, graph, None), CAPACITY)
+        put_recent(_ENTRIES, slot, (ref, stamp, graph), CAPACITY)
 
 
 def clear_index_cache() -> None:
@@ -223,16 +233,13 @@ def _shape_key(obj: Any, parts: list[torch.Tensor], key: Hashable) -> Hashable |
     return key, tuple((tuple(t.shape), t.dtype, t.device) for t in parts)
 
 
-def _equal_contents(shape: Hashable, parts: list[torch.Tensor]) -> tuple[list[torch.Tensor], tuple, Any] | None:
-    """(tensors, stamp, graph) held for an input of ``shape`` whose contents equal
-    ``parts``', else None. A held input edited in place since (its stamp moved) no
-    longer describes its graph."""
+def _equal_contents(shape: Hashable, parts: list[torch.Tensor]) -> tuple[list[torch.Tensor], list] | None:
+    """(private copies, [their graph or None]) held for an input of ``shape`` whose
+    contents equal ``parts``', else None."""
     held = _HELD.get(shape)
     if held is None:
         return None
-    tensors, stamp, graph = held
-    if (_stamp(tensors) == stamp and not any(_overlap(a, b) for a, b in zip(parts, tensors))
-            and all(torch.equal(a, b) for a, b in zip(parts, tensors))):
+    if all(torch.equal(a, b) for a, b in zip(parts, held[0])):
         _HELD.move_to_end(shape)
         return held
     del _HELD[shape]
@@ -240,30 +247,16 @@ def _equal_contents(shape: Hashable, parts: list[torch.Tensor]) -> tuple[list[to
     return None
 
 
-def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether ``a`` and ``b`` lie in overlapping memory. A new tensor over the held one's
-    memory (``torch.from_numpy`` of one buffer a loader refills, a tensor ``set_`` on the
-    same storage, a view of one tensor per batch) always compares equal to it, yet may
-    have been filled by writes that moved no version counter (numpy, ``.data``, DLPack),
-    so the held graph's layouts may describe contents that are gone: a SAGEConv on
-    batches so made got the second batch's graph for every later one, 0.2-4 off PyG's
-    outputs. Views of one tensor are no exception: they share its version counter, but
-    those writes do not move it either (a loader holding ``torch.from_numpy(buffer)`` and
-    handing out a view of it per batch)."""
-    if a.device != b.device:
-        return False
-    start_a, start_b = a.untyped_storage().data_ptr(), b.untyped_storage().data_ptr()
-    return start_a < start_b + b.untyped_storage().nbytes() and start_b < start_a + a.untyped_storage().nbytes()
-
-
-def _held_for_contents(shape: Hashable, parts: list[torch.Tensor], stamp: tuple, graph: Any) -> None:
-    """Hold ``parts`` and their graph for comparison if their shape missed lately (a
+def _held_for_contents(shape: Hashable, parts: list[torch.Tensor]) -> None:
+    """Hold a private copy of ``parts`` for comparison if their shape missed lately (a
     layer making an ``edge_index`` per call misses on every call; a one-off input is not
-    held, so its graph goes with it as before)."""
+    copied). Copied outside inference mode, so a graph built over the copy can seal it."""
     if shape in _CHANGING:
         return
     if shape in _RECENT_MISSES:
-        put_recent(_HELD, shape, (list(parts), stamp, graph), CONTENT_CAPACITY)
+        with torch.inference_mode(False):
+            copies = [t.detach().clone() for t in parts]
+        put_recent(_HELD, shape, (copies, [None]), CONTENT_CAPACITY)
     put_recent(_RECENT_MISSES, shape, None, 16 * CONTENT_CAPACITY)
 
 

@@ -188,7 +188,7 @@ def _built_graph(edges: list[torch.Tensor], num_nodes: int, num_src_nodes: int, 
     else:
         src, dst = edges      # a Graph's own tensors: the rebuilt graph shares their memory, not the objects
         graph = cached_graph(src, edges, ("pair", num_nodes, bipartite),
-                             lambda: Graph(src.detach(), dst.detach(), num_nodes, num_src_nodes=bipartite))
+                             lambda pair: Graph(pair[0].detach(), pair[1].detach(), num_nodes, num_src_nodes=bipartite))
     done = []
     for step in steps.split("+") if steps else ():
         done.append(step)
