@@ -440,3 +440,22 @@ def test_threads_coercing_their_own_edge_indexes_never_fail():
     finally:
         sys.setswitchinterval(interval)
     assert errors == []
+
+
+def test_an_int32_edge_index_swapped_through_data_keeps_its_old_address_taken():
+    """A graph copies an int32 input, so the cache entry held nothing of its memory: after
+    ``ei.data = new`` the allocator could hand a later tensor the freed address, and a
+    stamp of equal version, address and shape served the old graph (1.9 off PyG's SAGE in
+    a plain script, where the block came back within 40 allocations). The entry keeps
+    the storages it stamped alive, so that address cannot come back while it lives."""
+    sage, ref = gnn.SAGEConv(4, 3).double(), pyg.SAGEConv(4, 3).double()
+    ref.load_state_dict(sage.state_dict())
+    x = torch.randn(N, 4, dtype=torch.float64)
+    gen = torch.Generator().manual_seed(11)
+    ei = torch.randint(0, N, (2, 40), generator=gen, dtype=torch.int32)
+    first = ei.data_ptr()
+    sage(x, ei)
+    ei.data = torch.randint(0, N, (2, 40), generator=gen, dtype=torch.int32)
+    pinned = [storage.data_ptr() for entry in index_cache._ENTRIES.values() if len(entry) > 3 for storage in entry[3]]
+    assert first in pinned
+    torch.testing.assert_close(sage(x, ei), ref(x, ei.long()))

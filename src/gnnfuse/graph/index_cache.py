@@ -83,8 +83,8 @@ CAPACITY = 64
 # call, cheap enough for a check on every program call (runtime/compiled.py).
 functorch_interpreter: Callable[[], Any] = torch._C._functorch.peek_interpreter_stack
 
-# slot -> (weak reference to the input, its stamp, its graph)
-_ENTRIES: OrderedDict[tuple[int, Hashable], tuple[weakref.ref, tuple, Any]] = OrderedDict()
+# slot -> (weak reference to the input, its stamp, its graph[, the storages its stamp read])
+_ENTRIES: OrderedDict[tuple[int, Hashable], tuple] = OrderedDict()
 
 # Matching by contents (see the module docstring), keyed by `_shape_key`: the shapes that
 # missed lately, the private copies held with the graph built over them (a one-item
@@ -148,7 +148,13 @@ def cached_graph(obj: Any, parts: list[torch.Tensor], key: Hashable,
         if held is None and shape is not None:
             _held_for_contents(shape, parts)
         if ref is not None:
-            put_recent(_ENTRIES, slot, (ref, stamp, graph), CAPACITY)
+            # the storages the stamp's addresses point into, kept while the entry lives: a
+            # graph that copied its input (int32, strided) no longer held them, so after
+            # ``edge_index.data = new`` the allocator could give ``new`` the freed address,
+            # and a stamp of equal version, address and shape served the old graph (1.9 off
+            # PyG's SAGEConv)
+            storages = tuple([t.untyped_storage() for t in parts])
+            put_recent(_ENTRIES, slot, (ref, stamp, graph, storages), CAPACITY)
     return graph
 
 
