@@ -168,8 +168,7 @@ def adjacency_weights(edge_index: Any, edge_weight: torch.Tensor | None, layer: 
                          "edges by the adj_t's values): put the weights in the adj_t's values, or pass an "
                          "edge_index with edge_weight")
     if isinstance(edge_index, torch.Tensor):
-        check_adjacency_shape(edge_index)
-        edge_index = coalesced(edge_index)
+        edge_index = coalesced(edge_index)         # (which checks the layout and shape)
         # a CSC matrix's COO form comes uncoalesced (column-major), whose values() refuses
         coo = edge_index if edge_index.layout is torch.sparse_coo else edge_index.to_sparse_coo().coalesce()
         # values() where they take a gradient (learnt edge weights packed into the adj_t,
