@@ -173,6 +173,21 @@ def test_hetero_graph_is_reused_while_the_edge_tensors_are_unchanged():
     assert len(hetero_cache._ENTRIES) == entries - 1
 
 
+def test_hetero_graph_sees_an_edit_through_the_tensor_an_edge_index_holds():
+    """An ``EdgeIndex``'s edit through ``ei.as_tensor()`` moves only the held tensor's
+    version, which the hetero cache did not stamp: HGTConv ran on the old edges (0.01-0.06
+    off the same call on a copy), where HeteroConv and to_hetero saw the edit."""
+    x, edges = hetero_inputs(2)
+    counts = {t: v.shape[0] for t, v in x.items()}
+    key = ("a", "r", "b")
+    edges[key] = EdgeIndex(edges[key], sparse_size=(counts["a"], counts["b"]))
+    make = lambda e: cached_hetero_graph(e, counts, node_types=list(counts), edge_types=METADATA[1])  # noqa: E731
+    first = make(edges)
+    edges[key].as_tensor()[1, 0] = 3 - edges[key].as_tensor()[1, 0]
+    second = make(edges)
+    assert second is not first and second.graph.dst[0] == edges[key].as_tensor()[1, 0] + second.offsets["b"]
+
+
 # --- HGTConv --------------------------------------------------------------------------------
 @pytest.mark.parametrize("heads", [1, 2])
 def test_hgt_matches_pyg(heads, backend, device):

@@ -389,22 +389,25 @@ def test_a_torch_sparse_adj_t_with_stored_loops_is_refused_where_pyg_adds_more(n
     torch.testing.assert_close(ours_layer(x, adj(edge_index)), pyg_layer(x, theirs(edge_index)))
 
 
-@pytest.mark.parametrize("name", ["GATConv", "GATv2Conv", "SAGEConv"])
-def test_a_coo_adj_t_flagged_coalesced_that_repeats_a_position_is_its_sum(name):
-    """PyG's ``to_edge_index`` and ``GATConv.forward`` flag a COO adj_t coalesced in place
-    without merging it (``adj._coalesced_(True)``); gnnfuse trusted the flag and read a
-    position stored twice as two edges (GAT 0.16, SAGE's mean 1.3 off PyG), where the
-    same tensor unflagged is the value 2, which these pattern-only layers refuse."""
+@pytest.mark.parametrize("name", ["GATConv", "GATv2Conv", "SAGEConv", "GraphConv"])
+def test_a_coo_adj_t_flagged_coalesced_that_repeats_a_position_is_refused(name):
+    """PyG's ``to_edge_index``, ``GCNConv`` and ``GATConv`` flag a COO adj_t coalesced in
+    place without merging it (``adj._coalesced_(True)``); gnnfuse trusted the flag and
+    read a position stored twice as two edges (GAT 0.16, SAGE's mean 1.3 off PyG, which
+    sums it), while PyG's GraphConv mean and max keep the two (summed, 0.5-2 off): PyG
+    disagrees with itself, so the input is refused. Stored out of order alone, it is the
+    same matrix and runs."""
     edge_index, adj_t = uncoalesced_adj_t()
     flagged = torch.sparse_coo_tensor(adj_t._indices(), adj_t._values(), adj_t.shape, is_coalesced=True)
     assert flagged.is_coalesced()
-    layer, x = getattr(gnn, name)(F_IN, 3).double(), torch.randn(4, F_IN, dtype=torch.float64)
-    with pytest.raises(ValueError, match="edge weights .a COO entry stored twice counts as 2"):
+    kwargs = {"aggr": "mean"} if name == "GraphConv" else {}
+    layer, x = getattr(gnn, name)(F_IN, 3, **kwargs).double(), torch.randn(4, F_IN, dtype=torch.float64)
+    with pytest.raises(ValueError, match="flagged coalesced but stores a position twice"):
         layer(x, flagged)
     ordered = torch.sparse_coo_tensor(edge_index[:, 1:].flip(0), torch.ones(4, dtype=torch.float64),
                                       (4, 4)).coalesce()
     flagged = torch.sparse_coo_tensor(ordered._indices().flip(1), ordered._values(), (4, 4), is_coalesced=True)
-    ref = getattr(pyg, name)(F_IN, 3).double()    # stored out of order, each position once: runs, as PyG
+    ref = getattr(pyg, name)(F_IN, 3, **kwargs).double()
     ref.load_state_dict(layer.state_dict())
     torch.testing.assert_close(layer(x, flagged), ref(x, ordered), rtol=1e-12, atol=1e-12)
 

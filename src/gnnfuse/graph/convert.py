@@ -144,8 +144,15 @@ def coalesced(adj_t: Any) -> Any:
     if isinstance(adj_t, torch.Tensor) and adj_t.layout is torch.sparse_coo:
         if not adj_t.is_coalesced():
             return adj_t.coalesce()
-        if _repeats_positions(adj_t):   # flagged coalesced, but not: rebuilt unflagged and summed
-            return torch.sparse_coo_tensor(adj_t._indices(), adj_t._values(), adj_t.shape).coalesce()
+        if not _row_major(adj_t):      # flagged coalesced, but not
+            merged = torch.sparse_coo_tensor(adj_t._indices(), adj_t._values(), adj_t.shape).coalesce()
+            if merged._nnz() < adj_t._nnz():
+                raise ValueError("the COO adj_t is flagged coalesced but stores a position twice (PyG's "
+                                 "to_edge_index, GCNConv and GATConv set the flag in place without merging): PyG "
+                                 "reads such a tensor as two edges in some layers (GraphConv's spmm) and as their "
+                                 "sum in others, so gnnfuse refuses it; merge it first (torch.sparse_coo_tensor("
+                                 "adj_t._indices(), adj_t._values(), adj_t.shape).coalesce()) or pass an edge_index")
+            return merged               # stored out of order alone: the same matrix
     if sp.issparse(adj_t) and adj_t.format in ("coo", "csr", "csc") and not adj_t.has_canonical_format:
         coo = adj_t.tocoo()
         keys = coo.row.astype(np.int64) * coo.shape[1] + coo.col
@@ -156,18 +163,19 @@ def coalesced(adj_t: Any) -> Any:
     return adj_t
 
 
-def _repeats_positions(adj_t: torch.Tensor) -> bool:
-    """Whether a COO tensor flagged coalesced stores positions out of row-major order or
-    twice, as a coalesced one never does. PyG sets the flag in place without merging
-    anything (``to_edge_index`` and ``GATConv.forward`` call ``adj._coalesced_(True)``),
-    and ``sparse_coo_tensor(..., is_coalesced=True)`` takes the caller's word: a position
-    stored twice was then read as two edges (0.16 off PyG's GAT, 1.3 off SAGE's mean),
-    where the same tensor unflagged is summed, as PyG's ``spmm`` reads it. One host read."""
+def _row_major(adj_t: torch.Tensor) -> bool:
+    """Whether a COO tensor flagged coalesced stores each position once in row-major
+    order, as a coalesced one does. PyG sets the flag in place without merging anything
+    (``to_edge_index``, ``GCNConv`` and ``GATConv`` call ``adj._coalesced_(True)``), and
+    ``sparse_coo_tensor(..., is_coalesced=True)`` takes the caller's word. A position
+    stored twice was read as two edges (0.16 off PyG's GAT, 1.3 off SAGE's mean, where
+    PyG sums it), and summed it was 0.5-2 off PyG's GraphConv mean and max (whose spmm
+    keeps the two): PyG disagrees with itself, so `coalesced` refuses it. One host read."""
     rows, cols = adj_t._indices()
     if rows.numel() < 2:
-        return False
+        return True
     keys = rows * adj_t.shape[1] + cols
-    return not bool((keys[1:] > keys[:-1]).all())
+    return bool((keys[1:] > keys[:-1]).all())
 
 
 def adj_t_edges(adj_t: Any) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int], bool, torch.Tensor | None]:
@@ -196,7 +204,7 @@ def adj_t_edges(adj_t: Any) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]
             grouped = False
         else:
             (row, col), value = index_tensors(adj_t)
-            grouped = adj_t.is_coalesced() and not _repeats_positions(adj_t)
+            grouped = adj_t.is_coalesced() and _row_major(adj_t)
             # copied: the indices share the sparse tensor's version counter, which PyG's
             # own layers move (``adj_t._coalesced_(True)`` in ``to_edge_index``) without
             # changing an edge; a graph on them would then be refused as edited

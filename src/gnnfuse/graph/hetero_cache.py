@@ -18,10 +18,12 @@ from typing import Any, Hashable, Iterable, Mapping
 
 import torch
 
+from .convert import index_tensors
 from .hetero import EdgeType, HeteroGraph
 from .index_cache import _LOCK, CAPACITY, _stamp, put_recent
 
-_ENTRIES: OrderedDict[Hashable, tuple[list[weakref.ref], tuple, HeteroGraph]] = OrderedDict()
+# key -> (weak references to the tensors, their stamp, the graph, the storages stamped)
+_ENTRIES: OrderedDict[Hashable, tuple[list[weakref.ref], tuple, HeteroGraph, tuple]] = OrderedDict()
 
 
 def cached_hetero_graph(edge_index_dict: Mapping[EdgeType, Any], num_nodes_dict: Mapping[str, int], *,
@@ -37,7 +39,10 @@ def cached_hetero_graph(edge_index_dict: Mapping[EdgeType, Any], num_nodes_dict:
     tensors = [index for _, index in items]
     if not all(isinstance(t, torch.Tensor) for t in tensors):
         return build()                        # refused there, with the reason
-    stamp = _stamp(tensors)
+    # an EdgeIndex counts with the plain tensor it holds (`index_tensors`): an edit through
+    # ``ei.as_tensor()`` moves only the latter's version, and HGTConv ran on the old edges
+    parts = [part for t in tensors for part in index_tensors(t)]
+    stamp = _stamp(parts)
     if stamp is None:
         return build()
     counts = tuple((t, int(num_nodes_dict[t])) if t in num_nodes_dict else (t, None) for t in node_types)
@@ -49,8 +54,10 @@ def cached_hetero_graph(edge_index_dict: Mapping[EdgeType, Any], num_nodes_dict:
             return entry[2]
     hetero = build()
     refs = [weakref.ref(t, lambda dead, key=key: _forget(key, dead)) for t in tensors]
+    # the storages stamped, kept so their addresses cannot come back (`index_cache`'s reason)
+    storages = tuple([part.untyped_storage() for part in parts])
     with _LOCK:
-        put_recent(_ENTRIES, key, (refs, stamp, hetero), CAPACITY)
+        put_recent(_ENTRIES, key, (refs, stamp, hetero, storages), CAPACITY)
     return hetero
 
 
