@@ -8,7 +8,8 @@ the logits without gathering them first.
 matrix with torch's default weighting (no class weights, no label smoothing) and a
 ``mean`` or ``sum`` reduction, it records `backend.triton.cross_entropy`'s two kernels in
 place of torch's gather, log-softmax, single-block NLL loss and their backwards (why:
-that module's doc). Anything else runs torch's, with the same result.
+that module's doc). Anything else runs torch's, with the same result, as does a selection
+by ``rows`` under ``torch.use_deterministic_algorithms(True)`` (backend/determinism.py).
 
 Launched from Python (an eager step) the kernels run only for selections of at least
 `LAUNCHED_ELEMENTS` logits. Why (`benchmarks/results/loss.md`, an H200): replayed, the
@@ -33,6 +34,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from ..backend.determinism import deterministic
 
 _REDUCTIONS = ("mean", "sum")
 # Selected logits (rows x classes) from which a launched call takes the kernels. Launched
@@ -80,6 +83,8 @@ def _kernels_apply(input: torch.Tensor, target: torch.Tensor, weight, size_avera
             and target.device == input.device and (rows is None or rows.device == input.device)
             and weight is None and size_average is None and reduce is None
             and reduction in _REDUCTIONS and label_smoothing == 0.0 and not torch.compiler.is_compiling()
+            # a row selected twice gets its two gradient terms added atomically, in either order
+            and (rows is None or not deterministic())
             and (torch.cuda.is_current_stream_capturing()
                  or (input.shape[0] if rows is None else rows.numel()) * input.shape[1] >= LAUNCHED_ELEMENTS))
 

@@ -14,7 +14,7 @@ from ...ir import Program, Residency, Value, get_op
 from ...passes.fusion import AggregateUnit, EdgeUnit, SharedReduceUnit, Unit, gathered_leaves, leaf_kind
 from ...passes.siblings import SiblingGroup, fused_plan
 from ...passes.type_sums import TYPE_INDEX, TypeSumUnit, rider_fits
-from .. import forced_schedule as overrides, tuned_schedule
+from .. import determinism, forced_schedule as overrides, tuned_schedule
 from ..forced_schedule import SCHEDULES, TILED_SCORES_ENV, forced_schedule, forcing, tiled_scores
 from ..reference import GraphContext
 from ..kernel_cache import load_kernel as _load_kernel
@@ -43,8 +43,20 @@ def _autotune() -> bool:
     """Autotune on real hardware; the interpreter would only time numpy.
     ``GNNFUSE_AUTOTUNE=0`` launches the fixed configs the interpreter uses: every
     autotuned kernel compiles and times each of its configs on first use, which made a
-    GPU run of the test suite spend most of its time tuning kernels it runs once."""
-    return getenv("TRITON_INTERPRET", "0") != "1" and getenv("GNNFUSE_AUTOTUNE", "1") != "0"
+    GPU run of the test suite spend most of its time tuning kernels it runs once.
+    Under ``torch.use_deterministic_algorithms(True)`` too: the autotuner picks blocks by
+    timing, so another process could pick another edge block and add a row's edges in
+    another order (backend/determinism.py)."""
+    return (getenv("TRITON_INTERPRET", "0") != "1" and getenv("GNNFUSE_AUTOTUNE", "1") != "0"
+            and not determinism.deterministic())
+
+
+def split_length() -> int | None:
+    """The longest segment a row is cut into (`schedule.segments`), or None to keep every
+    row whole: under ``torch.use_deterministic_algorithms(True)``, since the segments of
+    a split row add into their workspace atomically, in whatever order they finish
+    (backend/determinism.py). A hub row then runs in one program."""
+    return None if determinism.deterministic() else SEGMENT_EDGES
 
 
 def fixed_csr_blocks(block_f: int) -> dict[str, int]:
@@ -73,7 +85,10 @@ def schedule_for(unit: Unit, num_nodes: int, num_edges: int) -> str:
     schedule, ``edge``, and shared-reduce units one, ``shared``.
     ``GNNFUSE_SCHEDULE=csr|coo|rows`` forces one for every unit (``rows`` only on a
     `plain_sum`: any other walks as ``csr``); the default ``auto`` applies the rules; a
-    per-call `forced_schedule` wins over both."""
+    per-call `forced_schedule` wins over both. Under ``torch.use_deterministic_algorithms(True)``
+    ``auto`` never takes ``coo`` or ``scan``, which add into their rows atomically, and a
+    forced ``coo`` is refused as torch refuses its nondeterministic operations (a warning
+    under ``warn_only=True``); ``rows`` keeps its rows whole there (`split_length`)."""
     if isinstance(unit, SharedReduceUnit):
         return "shared"
     if not isinstance(unit, AggregateUnit):
@@ -92,10 +107,15 @@ def schedule_for(unit: Unit, num_nodes: int, num_edges: int) -> str:
         if prefers_coo(degree, lanes):
             # COO needs no CSR; rows takes its place only by destination, whose CSR the
             # forward walks anyway (a mini-batch block's CSR by source is a host sync)
-            return "scan" if narrow else "rows" if rows and unit.by == "dst" else "coo"
+            chosen = "scan" if narrow else "rows" if rows and unit.by == "dst" else "coo"
+            return "csr" if chosen != "rows" and determinism.deterministic() else chosen
         return "rows" if narrow or rows else "csr"
     if forced == "rows" and not plain_sum(unit):
         return "csr"    # the walk: rows has no addend or head-blocked lanes to fuse
+    if forced == "coo":
+        determinism.alert_not_deterministic(
+            "gnnfuse's edge-parallel (coo) schedule, which adds into its rows atomically,",
+            "Drop the forced schedule (GNNFUSE_SCHEDULE or schedule=) to run the CSR walk")
     return forced
 
 
@@ -259,8 +279,9 @@ class _Launch(NamedTuple):
 
 
 def _read_environment() -> tuple:
-    """The schedule override, the tuner's stored choices, whether kernels autotune and
-    whether sibling groups run as one kernel: read once per program run (`CallSettings`).
+    """The schedule override, the tuner's stored choices, whether kernels autotune,
+    whether sibling groups run as one kernel and torch's determinism switches
+    (`determinism.state`): read once per program run (`CallSettings`).
     The last read is kept with the raw values of every variable it depends on
     (`ENVIRONMENT_VARIABLES`) and returned again while they are unchanged and the
     tuner's table is the one `tuned_schedule.entries` would return: they change between
@@ -271,11 +292,11 @@ def _read_environment() -> tuple:
     global _LAST_READ
     raw = ENVIRONMENT_VARIABLES.raw()
     last_raw, where, settings = _LAST_READ
-    if raw == last_raw and tuned_schedule.still_current(settings[1], where):
+    if raw == last_raw and settings[4] == determinism.state() and tuned_schedule.still_current(settings[1], where):
         return settings
     where = tuned_schedule.path_settings()
     settings = (getenv("GNNFUSE_SCHEDULE"), tuned_schedule.entries(), _autotune(),
-                getenv("GNNFUSE_SIBLING_KERNELS", "1") != "0")
+                getenv("GNNFUSE_SIBLING_KERNELS", "1") != "0", determinism.state())
     if ENVIRONMENT_VARIABLES.raw() == raw:     # kept only if nothing changed while it was read
         _LAST_READ = (raw, where, settings)
     return settings
@@ -544,14 +565,15 @@ def _plan_siblings(group: SiblingGroup, ctx: GraphContext, leaves: dict[int, tor
     acc = "tl.float64" if wide else "tl.float32"
     kernel, layouts, _, reads_edges, reads_types = _kernel_for(group, acc, "siblings")
     rowptr, col, eid = csr_arguments(ctx, group.by, reads_edges)
-    segs = segments(ctx, group.by, SEGMENT_EDGES)
+    longest = split_length()
+    segs = segments(ctx, group.by, longest)
     count = len(segs)
     widths = tuple(math.prod(m.reduce.shape) for m in group.members)
     fixed = {} if _autotune() else fixed_csr_blocks(triton.next_power_of_2(max(widths)))
     before = (rowptr, col, eid, segs.row, segs.start, segs.end, segs.split)
     partials, merge, zero_rows = (), None, segs.split_rows if len(segs.split_rows) else None
     if group.merges:     # split rows leave partial results for a merge kernel instead of atomics
-        slots = partial_slots(ctx, group.by, SEGMENT_EDGES)
+        slots = partial_slots(ctx, group.by, longest)
         before, zero_rows = before + (slots.slot,), None
         partials = tuple(((slots.count, triton.next_power_of_2(widths[n])), torch.float64 if wide else torch.float32)
                          for _, n in partial_buffers(group))
@@ -597,9 +619,11 @@ _MIXED_WARNED: set[str] = set()
 
 def _plan_tuned(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> _Launch | object:
     """`_plan` under the tuner's stored choice for ``unit``, if any. Without one -- no
-    stored choice, or the call already forces a schedule -- nothing is re-forced."""
+    stored choice, or the call already forces a schedule -- nothing is re-forced. Nor
+    under ``torch.use_deterministic_algorithms(True)`` when the choice is the atomic
+    ``coo``: the tuner chose for speed, and the user's switch asks for determinism."""
     chosen = tuned_schedule.forced_or_tuned(unit, ctx.graph, "triton")
-    if chosen is forced_schedule():
+    if chosen is forced_schedule() or (chosen.kind == "coo" and determinism.deterministic()):
         return _plan(unit, ctx, leaves)
     with forcing(chosen):
         return _plan(unit, ctx, leaves)
@@ -649,7 +673,8 @@ def _plan_schedule(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor
         return _plan_scan_unit(unit, ctx, kernel, (rowptr, col, eid), rows, leaf_dtypes, common)
     op = unit.reduce.attrs["op"]
     splits = op in ("sum", "mean")
-    segs = segments(ctx, unit.by, SEGMENT_EDGES if splits else None)
+    longest = split_length() if splits else None
+    segs = segments(ctx, unit.by, longest)
     width = math.prod(unit.reduce.shape)
     shape = (rows,) + unit.reduce.shape
     # Every row is covered by a segment, and split rows meet in a workspace whose last
@@ -666,7 +691,7 @@ def _plan_schedule(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor
     if not splits:
         before, workspace, after = (rowptr, col, eid, segs.row, segs.start, segs.end, segs.split, count, tuned_as), None, ()
     else:
-        slots = split_slots(ctx, unit.by, SEGMENT_EDGES)
+        slots = split_slots(ctx, unit.by, longest)
         before = (rowptr, col, eid, segs.row, segs.start, segs.end, slots.slot, slots.segments, count, tuned_as)
         workspace, after = _split_workspace(slots, width, acc, triton.cdiv(width, block_f), ctx.device)
     return _launch_plan(kernel if count else None, grid, (tuned_as, width), before, after,
@@ -715,8 +740,8 @@ def _plan_rows_unit(unit: AggregateUnit, ctx: GraphContext, kernel, csr: tuple, 
                     leaf_dtypes: tuple, common: dict[str, Any]) -> _Launch:
     """`generate_rows`' launch: the unit's segments, BLOCK_R per program; split rows meet
     in a workspace (`_split_workspace`)."""
-    segs = segments(ctx, unit.by, SEGMENT_EDGES)
-    slots = split_slots(ctx, unit.by, SEGMENT_EDGES)
+    segs = segments(ctx, unit.by, split_length())
+    slots = split_slots(ctx, unit.by, split_length())
     count = len(segs)
     fixed = {} if _autotune() else {"BLOCK_R": 4, "K": 4}
     width = math.prod(unit.reduce.shape)
@@ -916,7 +941,7 @@ def run_settings(num_edges: int) -> Hashable:
     last_raw, last_forced, edges, segment, threshold, where, settings = _LAST_SETTINGS
     if (raw == last_raw and forced is last_forced and num_edges == edges and segment == SEGMENT_EDGES
             and threshold == overrides.TILED_SCORES_FROM_EDGES and _ENVIRONMENT.enclosing() is None
-            and tuned_schedule.still_current(settings[1][1], where)):
+            and settings[1][4] == determinism.state() and tuned_schedule.still_current(settings[1][1], where)):
         return settings
     settings = (forced, _ENVIRONMENT.current(), SEGMENT_EDGES, tiled_scores(num_edges),
                 tuple(map(getenv, SELECTION_VARIABLES)))

@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from ...ir.ops.compact import scatter_scaled_rows as torch_scatter_scaled_rows
+from ..determinism import deterministic
 from .launch import launch
 from .segment_matmul import kernel_applies
 
@@ -51,10 +52,12 @@ def scatter_scaled_rows(table: torch.Tensor, gather: torch.Tensor | None, scatte
     """``out[scatter[e]] += scale[e] * table[gather[e]]`` (``scale`` one value per edge, or
     None; ``gather`` None reads row ``e``), ``out`` of ``rows`` rows shaped like
     ``table``'s; one launch, nothing per edge written. The torch form where the kernel
-    does not apply."""
+    does not apply, and under ``torch.use_deterministic_algorithms(True)`` (its
+    ``index_add_`` is deterministic there; these atomics are not)."""
     operands = (table,) if scale is None else (table, scale)
     width = math.prod(table.shape[1:])
-    if not kernel_applies(*operands) or scatter.numel() == 0 or width == 0:    # (an empty table: no edges)
+    if (not kernel_applies(*operands) or scatter.numel() == 0 or width == 0    # (an empty table: no edges)
+            or deterministic()):
         return torch_scatter_scaled_rows(table, gather, scatter, scale, rows)
     flat = table.reshape(table.shape[0], width)
     flat = flat if flat.stride(1) == 1 else flat.contiguous()

@@ -151,7 +151,7 @@ class SplitSlots:
         return self.segments.numel()
 
 
-def split_slots(ctx: GraphContext, by: str, max_edges: int) -> SplitSlots:
+def split_slots(ctx: GraphContext, by: str, max_edges: int | None) -> SplitSlots:
     """The `SplitSlots` of ``segments(ctx, by, max_edges)``, cached on the graph. With no
     split row (a sampled block's rows under its fanout) it reads nothing from the device;
     else it reads how many segments they have, once."""
@@ -187,7 +187,7 @@ class PartialSlots:
         return self.merge_row.numel()
 
 
-def partial_slots(ctx: GraphContext, by: str, max_edges: int) -> PartialSlots:
+def partial_slots(ctx: GraphContext, by: str, max_edges: int | None) -> PartialSlots:
     """The `PartialSlots` of ``segments(ctx, by, max_edges)``, cached on the graph. A
     segment's CSR start orders the segments by row and, within a row, by position."""
     segs = segments(ctx, by, max_edges)

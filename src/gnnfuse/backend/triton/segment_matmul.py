@@ -40,6 +40,7 @@ import triton.language as tl
 
 from ...ir.ops.dense import row_matrix
 from ...ir.ops.typed import RowGroups, typed_matmul, typed_matmul_tn
+from ..determinism import deterministic
 from .launch import launch
 from ...environ import getenv
 
@@ -262,8 +263,10 @@ def segment_matmul_tn(x: torch.Tensor, g: torch.Tensor, groups: list[torch.Tenso
                       gather: torch.Tensor | None = None) -> torch.Tensor:
     """``out[t] = sum over rows i in groups[t] of outer(x[gather[i]], g[i])``
     (`typed_matmul_tn`'s contract: types without rows get zeros; ``gather`` None reads
-    ``x[i]``), accumulated in float32."""
-    if not groups or not dot_applies(x, g) or x.shape[0] == 0:
+    ``x[i]``), accumulated in float32; the torch loop under
+    ``torch.use_deterministic_algorithms(True)``, since chunks add into a type's matrix
+    atomically."""
+    if not groups or not dot_applies(x, g) or x.shape[0] == 0 or deterministic():
         return typed_matmul_tn(x, g, groups, gather)
     x, gather = _gathered(x, gather)
     rows, per_row = _rows(x)
