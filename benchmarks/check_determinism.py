@@ -82,14 +82,16 @@ def render_markdown(results: dict[str, Any]) -> str:
              "| graph | layer | library | differing calls, switch off | differing calls, switch on "
              "| ms off | ms on | on / off |", "|---|---|---|---|---|---|---|---|"]
 
-    def cell(m: dict[str, Any], key: str, spec: str) -> str:
-        return m["error"][:60] if "error" in m else format(m[key], spec)
+    def differing(m: dict[str, Any]) -> str:
+        return f"failed: {m['error'][:40]}" if "error" in m else f"{m['differing_calls']} of {m['calls']}"
+
+    def ms(m: dict[str, Any]) -> str:
+        return "–" if "error" in m else f"{m['median_ms']:.2f}"
     for c in results["cells"].values():
         off, on = c["off"], c["on"]
         ratio = (f"{on['median_ms'] / off['median_ms']:.2f}" if "median_ms" in on and "median_ms" in off else "–")
-        lines.append(f"| {c['graph']} | {c['layer']} | {c['library']} | {cell(off, 'differing_calls', 'd')} of "
-                     f"{off.get('calls', '–')} | {cell(on, 'differing_calls', 'd')} of {on.get('calls', '–')} | "
-                     f"{cell(off, 'median_ms', '.2f')} | {cell(on, 'median_ms', '.2f')} | {ratio} |")
+        lines.append(f"| {c['graph']} | {c['layer']} | {c['library']} | {differing(off)} | {differing(on)} | "
+                     f"{ms(off)} | {ms(on)} | {ratio} |")
     return "\n".join(lines) + "\n"
 
 
