@@ -21,7 +21,7 @@ from ..backend.reference import GraphContext
 from ..graph import Graph, GraphModifiedError
 from ..graph.index_cache import functorch_interpreter
 from ..graph.capture_refusals import refuse_jit_trace
-from ..ir import CompileError, Program, Residency, Value, get_op, verify
+from ..ir import CompileError, Movement, Program, Residency, Value, get_op, verify
 from ..ir.ops.movement import BROADCAST_FROM, TYPE_INDICES
 from ..ir.sides import declare_sides, sides_of
 from ..passes import optimize
@@ -69,6 +69,7 @@ class CompiledProgram:
         # inference call's (graph, input metadata) that decides when to keep one
         self.prepared: PreparedCall | None = None
         self._last_inference: tuple | None = None
+        self._may_alias = _may_alias_inputs(self.program)
 
     def backward_for(self, wrt: tuple[str, ...]) -> BackwardProgram:
         """The backward program giving the gradients of the inputs ``wrt``. Its ``wrt`` is
@@ -176,7 +177,10 @@ class CompiledProgram:
     def _note_inference(self, graph: Graph, tensors: list[torch.Tensor]) -> None:
         """After a full-path inference call: keep a `PreparedCall` when the one before was
         on the same graph with inputs of the same metadata (so a mini-batch loop, a new
-        graph per call, never pays to prepare one), where the backend has a prepared run."""
+        graph per call, never pays to prepare one), where the backend has a prepared run.
+        Never for a program whose outputs may share an input's memory (`_own_storage`)."""
+        if self._may_alias:
+            return
         seen = (weakref.ref(graph), tuple([(t.shape, t.dtype, t.device) for t in tensors]))
         last, self._last_inference = self._last_inference, seen
         if last is None or last[0]() is not graph or last[1] != seen[1] or _RECORDERS:
@@ -531,7 +535,44 @@ def _run_forward(compiled: CompiledProgram, graph_ctx: GraphContext, keys: tuple
             outputs, kept = execute(compiled.program, graph_ctx, dict(zip(keys, tensors)), keep)
     else:
         outputs, kept = execute(compiled.program, graph_ctx, dict(zip(keys, tensors)), keep)
+    if compiled._may_alias:
+        return _own_storage(tuple(outputs.values()), tensors), kept, execute
     return tuple(outputs.values()), kept, execute
+
+
+def _may_alias_inputs(program: Program) -> bool:
+    """Whether an output of ``program`` may share memory with an input or another output:
+    two outputs of one value, or an output computed from inputs by vertex- or edge-local
+    ops alone (no gather, scatter or aggregation), of which a backend may return the
+    input itself or a view of it (``return v.h``, a reshape, ``gsddmm(None, edge=e)``,
+    a cast to the same dtype). Such programs have their outputs checked (`_own_storage`)."""
+    outputs = list(program.outputs.values())
+    if len({id(v) for v in outputs}) < len(outputs):
+        return True
+    local: dict[int, bool] = {}
+    for value in program.values:       # in topological order
+        local[value.id] = value.op == "input" or (
+            value.movement is Movement.DENSE and all(local.get(i.id, False) for i in value.inputs))
+    return any(local.get(v.id, False) for v in outputs)
+
+
+def _own_storage(outputs: tuple[torch.Tensor, ...], inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """``outputs`` with a copy of each one sharing memory with an input or an earlier
+    output. Why: eager per-vertex code stacks fresh rows, and the README says a
+    template's ``None`` copies its operand; handing the input back made ``out += 5``
+    write the caller's features, and autograd refused an in-place edit of such an output
+    naming ``_ProgramFunction``."""
+    taken = {t.untyped_storage().data_ptr() for t in inputs if isinstance(t, torch.Tensor) and t.numel()}
+    owned = []
+    for out in outputs:
+        if out.numel():
+            where = out.untyped_storage().data_ptr()
+            if where in taken:
+                out = out.clone(memory_format=torch.contiguous_format)
+            else:
+                taken.add(where)
+        owned.append(out)
+    return tuple(owned)
 
 
 class _ProgramFunction(torch.autograd.Function):

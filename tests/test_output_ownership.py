@@ -1,0 +1,86 @@
+"""A compiled program's outputs never share memory with its inputs (runtime/compiled.py's
+`_own_storage`).
+
+A program whose output is an input, or a view of one (``return v.h``, a reshape,
+``gsddmm(g, None, edge=e)``, which the README says copies its operand), was handed back
+as the input itself: ``out += 5`` then wrote the caller's features, silently, and with an
+input needing a gradient autograd refused the edit naming ``_ProgramFunction``. Eager
+per-vertex code stacks fresh rows, so these outputs are copies now, on every backend
+(found by differential fuzzing of in-place edits)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import gnnfuse
+from gnnfuse.ops import gsddmm
+from gnnfuse.runtime.compiled import CompiledProgram
+
+BACKENDS = ["reference", "cpu"]
+
+
+def _graph() -> gnnfuse.Graph:
+    return gnnfuse.Graph(torch.tensor([0, 1, 2, 3, 3]), torch.tensor([1, 2, 3, 0, 0]), 4)
+
+
+@gnnfuse.vertex
+def _identity(v):
+    return v.h
+
+
+@gnnfuse.vertex
+def _reshaped(v):
+    return v.h.reshape(2, 1)
+
+
+CALLS = {
+    "identity": lambda g, x: _identity(g, {"h": x}),
+    "reshape": lambda g, x: _reshaped(g, {"h": x}),
+    "gsddmm None": lambda g, x: gsddmm(g, None, edge=torch.cat([x, x[:1]])[:5]),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", sorted(CALLS))
+@pytest.mark.parametrize("grad", [False, True])
+def test_an_output_computed_from_inputs_alone_is_a_copy(name, grad, backend, monkeypatch):
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    x = torch.arange(8, dtype=torch.float64).reshape(4, 2).requires_grad_(grad)
+    before = x.detach().clone()
+    for _ in range(2):     # the second call may run a prepared one
+        out = CALLS[name](_graph(), x)
+        with torch.no_grad():
+            out.mul_(10)
+        torch.testing.assert_close(x.detach(), before)
+    if grad:     # an edit of an output that is no view of an input is autograd's usual business
+        out = CALLS[name](_graph(), x)
+        out.relu_()
+        out.sum().backward()
+        assert x.grad is not None
+
+
+def test_an_edge_table_handed_to_gsddmm_is_not_written_through_its_output():
+    e = torch.ones(5, 2)
+    s = gsddmm(_graph(), None, edge=e)
+    s.mul_(10)
+    assert bool((e == 1).all())
+
+
+def test_layer_programs_do_not_pay_for_the_check():
+    """Only a program with an output reached from inputs through local ops alone (or two
+    outputs of one value) checks its outputs' memory; an aggregation's never does."""
+    import gnnfuse.nn as gnn
+    made: list[CompiledProgram] = []
+    real = CompiledProgram.__init__
+
+    def recording(self, *args, **kwargs):
+        real(self, *args, **kwargs)
+        made.append(self)
+    torch.manual_seed(0)
+    x, ei = torch.randn(9, 4, requires_grad=True), torch.randint(0, 9, (2, 30))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(CompiledProgram, "__init__", recording)
+        gnn.SAGEConv(4, 3)(x, ei).sum().backward()
+        gnnfuse.vertex(lambda v: v.h)(_graph(), {"h": torch.randn(4, 2)})     # a fresh trace
+    flags = [p._may_alias for p in made]
+    assert flags and flags[-1] and not any(flags[:-1]), flags
