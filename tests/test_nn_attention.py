@@ -401,3 +401,15 @@ def test_edgeconv_eager_fallback_takes_bipartite_input(monkeypatch):
     with pytest.warns(UserWarning):
         got = ours((x_src, x_dst), edge_index)
     torch.testing.assert_close(got, ref((x_src, x_dst), edge_index), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("make", [lambda: gnn.NGCFConv(3, 4), lambda: gnn.CGATConv(3, 4), lambda: gnn.DotGATConv(3, 4),
+                                  lambda: gnn.MLPAggConv(3, 4), lambda: gnn.GCNConv(3, 4), lambda: gnn.SAGEConv(3, 4)],
+                         ids=["ngcf", "cgat", "dotgat", "mlpagg", "gcn", "sage"])
+def test_one_dimensional_features_are_refused_by_name(make):
+    """A [N] ``x`` where the node count equals ``in_channels``: NGCF's ``x + s`` broadcast
+    it against an [N, 1] sum into an [N, N] matrix and returned [N, out], silently; the
+    other layers failed naming compiler inputs ('score_src', 'z', 'a')."""
+    ei = torch.tensor([[0, 1, 2, 2], [1, 2, 0, 2]])
+    with pytest.raises(ValueError, match=r"x must be a \[num_nodes, F\] tensor, got shape \[3\]"):
+        make()(torch.randn(3), ei)

@@ -28,6 +28,9 @@ def node_features(x: Any, layer: str) -> torch.Tensor:
             "destinations are the same vertices")
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{layer}: x must be a [num_nodes, F] tensor, got {type(x).__name__}")
+    if x.dim() < 2:     # NGCF's ``x + s`` broadcast a [N] x against [N, 1] into an [N, N] matrix, silently
+        raise ValueError(f"{layer}: x must be a [num_nodes, F] tensor, got shape {list(x.shape)}; a single "
+                         "feature per node is x.unsqueeze(-1)")
     if x.dim() > 2:
         raise NotImplementedError(f"{layer}: node features of shape {list(x.shape)} (a batch of feature "
                                   "matrices on one graph, PyG's static graphs) are not supported by this "
