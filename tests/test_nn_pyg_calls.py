@@ -521,3 +521,31 @@ def test_a_pattern_only_layer_refuses_an_adj_t_whose_values_take_a_gradient():
                                     (3, 3)).coalesce().requires_grad_()
     with pytest.raises(ValueError, match="values require a gradient"):
         gnn.GATConv(4, 3).double()(torch.randn(3, 4, dtype=torch.float64), adj_t)
+
+
+@pytest.mark.parametrize("name,kwargs", [("SAGEConv", {}), ("GraphConv", {}), ("SGConv", {}), ("GATv2Conv", {"heads": 2}),
+                                         ("GATConv", {"heads": 2}), ("GCNConv", {})])
+@pytest.mark.parametrize("in_channels", [-1, 0])
+def test_features_of_width_zero_give_the_bias_as_in_pyg(name, kwargs, in_channels):
+    """An [N, 0] x: PyG's layers return [N, out] (their bias alone). gnnfuse's failed in
+    PyG's weight initialiser (ZeroDivisionError at a fan of 0) or, for GAT, reshaping
+    the folded attention. PyG draws nothing for a map of no inputs and leaves its bias
+    uninitialised; gnnfuse draws nothing either (the other parameters are PyG's draws)
+    and zeroes that bias, as torch's Linear draws it."""
+    import torch_geometric.nn as pyg_nn
+    ei = torch.tensor([[0, 1, 2, 2], [1, 2, 0, 0]])
+    x = torch.randn(3, 0, dtype=torch.float64, requires_grad=True)
+    torch.manual_seed(0)
+    theirs = getattr(pyg_nn, name)(in_channels, 2, **kwargs).double()
+    expected_shape = theirs(x, ei).shape
+    torch.manual_seed(0)
+    ours = getattr(gnn, name)(in_channels, 2, **kwargs).double()
+    out = ours(x, ei)
+    out.sum().backward()
+    assert out.shape == expected_shape and x.grad.shape == x.shape
+    bias = ours.bias if getattr(ours, "bias", None) is not None else torch.zeros(())
+    lin_bias = [p for n, p in ours.named_parameters() if n.endswith(".bias")]
+    torch.testing.assert_close(out, (bias + sum(lin_bias, torch.zeros(()))).expand_as(out).to(out.dtype))
+    for key, value in theirs.state_dict().items():     # the same draws, the uninitialised maps' aside
+        if value.numel() and not (key.endswith(".bias") and "lin" in key):
+            torch.testing.assert_close(ours.state_dict()[key], value, msg=key)

@@ -815,7 +815,7 @@ def _folds(lin: nn.Linear, x: torch.Tensor, graph: Any = None) -> bool:
     in the backward). Never under torch.autocast: the folded GEMM gives the logits in the
     autocast dtype, where PyG's product of bfloat16 lin(x) and the float32 attention
     vector gives float32 (and the attention weights returned with them were bfloat16)."""
-    return (plain_linear(lin, bias=False) and lin.in_features <= 4 * lin.out_features
+    return (plain_linear(lin, bias=False) and 0 < lin.in_features <= 4 * lin.out_features   # (no view of 0 features)
             and autocast_dtype(x.device.type) is None and not on_first_pass(graph))
 
 

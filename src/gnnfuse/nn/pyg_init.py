@@ -57,6 +57,12 @@ def reset_linear(lin: nn.Linear | None, weight_initializer: str | None = None,
     if lin is None or is_lazy(lin):
         return
     fan = lin.in_features
+    if fan <= 0:
+        # no input features (an [N, 0] x): PyG draws nothing and leaves its bias as
+        # ``torch.empty`` made it; zeros here, as torch's own Linear draws it (+-0)
+        if lin.bias is not None:
+            lin.bias.data.zero_()
+        return
     if weight_initializer == "glorot":
         glorot(lin.weight)
     elif weight_initializer is None:
