@@ -173,8 +173,9 @@ class CGATConv(GATConv):
     split into a source and a destination half as PyG's GAT stores it. Instead of a
     softmax, each edge is weighted by how far its score clears each competing in-edge's;
     the weights are not normalized: the lowest-scoring in-edge of a vertex gets 0, and a
-    vertex whose only in-edge is its self loop outputs just the bias. Equal scores add 0
-    and pass no gradient to each other (as ReLU at 0). Graphiler's layer is ``heads=1,
+    vertex whose only in-edge is its self loop outputs just the bias. Equal scores add 0;
+    their gradient at the tie is ``clamp(min=0)``'s, which torch passes at 0 (ReLU's is 0
+    there). Graphiler's layer is ``heads=1,
     add_self_loops=False, bias=False`` (slope 0.01); there is no PyG counterpart, so the
     parameters follow PyG's GATConv layout.
 
