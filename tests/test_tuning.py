@@ -149,6 +149,12 @@ def test_spaces_start_with_the_cost_rule_and_grow_with_threads():
     assert len(set(one)) == len(one) and all(s.feature_tile is None or s.feature_tile < 4 for s in one)
     triton = candidates(unit, "triton", 1)
     assert {s.kind for s in triton} == {"auto", "csr", "coo", "rows"}
+    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    try:     # a forced coo is refused under the switch: the tuner (which forces each candidate) skips it
+        torch.use_deterministic_algorithms(True)
+        assert {s.kind for s in candidates(unit, "triton", 1)} == {"auto", "csr", "rows"}
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
 
 
 def test_tune_command_line_errors(capsys):

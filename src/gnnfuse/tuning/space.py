@@ -16,6 +16,7 @@ import itertools
 import math
 from pathlib import Path
 
+from ..backend.determinism import deterministic
 from ..backend.forced_schedule import ForcedSchedule
 from ..passes.fusion import AggregateUnit, Unit, gathered_leaves
 
@@ -40,7 +41,9 @@ def _gathers_neighbours(unit: AggregateUnit) -> bool:
 
 
 def candidates(unit: Unit, backend: str, threads: int, space: str = "full") -> list[ForcedSchedule]:
-    """Every schedule to time for ``unit``; the first is the cost rule (all defaults)."""
+    """Every schedule to time for ``unit``; the first is the cost rule (all defaults).
+    Under ``torch.use_deterministic_algorithms(True)`` no ``coo`` (its atomic adds have no
+    fixed order, and forcing it there is refused: backend/determinism.py)."""
     width = math.prod(unit.root.shape)
     aggregate = isinstance(unit, AggregateUnit)
     if backend == "cpu":
@@ -54,6 +57,8 @@ def candidates(unit: Unit, backend: str, threads: int, space: str = "full") -> l
                                  (None, *chunks))
         return [ForcedSchedule(feature_tile=t, partition_bytes=b, chunk=c) for t, b, c in grid]
     kinds = ("csr", "coo", "rows") if aggregate and unit.reduce.attrs["op"] in ("sum", "mean") else ("auto",)
+    if deterministic():
+        kinds = tuple(k for k in kinds if k != "coo")
     tiles = (16,) if space == "small" else TRITON_TILES
     return [ForcedSchedule()] + [ForcedSchedule(kind=k, feature_tile=t)
                                  for k, t in itertools.product(kinds, (None, *tiles))
