@@ -183,3 +183,27 @@ def test_a_loss_over_selected_rows_takes_torch_form(deterministic, monkeypatch):
     torch.testing.assert_close(logits.grad, expected.grad)
     torch.use_deterministic_algorithms(False)
     assert loss._kernels_apply(*arguments)
+
+
+def test_a_loss_forward_before_the_switch_takes_a_deterministic_backward_after_it(monkeypatch):
+    """The loss kernel ran (switch off); the switch goes on before ``backward()``: the
+    gradient is summed by torch's deterministic accumulation, not the kernel's atomics."""
+    from gnnfuse.nn import cross_entropy as loss
+    monkeypatch.setenv("TRITON_INTERPRET", "1")     # (ignored on a GPU's tensors)
+    monkeypatch.setattr("gnnfuse.backend.triton.cross_entropy.backward",
+                        lambda *a, **k: pytest.fail("the atomic backward kernel ran under the switch"))
+    g = torch.Generator().manual_seed(6)
+    logits = torch.randn(30, 7, dtype=f64, generator=g).to(DEVICE).requires_grad_()
+    rows = torch.tensor([3, 3, 8, 0, -1, 8], device=DEVICE)
+    target = torch.tensor([1, 1, 6, -100, 2, 0], device=DEVICE)
+    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    try:
+        torch.use_deterministic_algorithms(False)
+        out = loss._SelectedCrossEntropy.apply(logits, target, rows, -100, "mean")     # the kernel path
+        torch.use_deterministic_algorithms(True)
+        out.backward()
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+    expected = logits.detach().clone().requires_grad_()
+    torch.nn.functional.cross_entropy(expected[rows], target).backward()
+    torch.testing.assert_close(logits.grad, expected.grad)

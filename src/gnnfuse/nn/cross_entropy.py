@@ -125,5 +125,23 @@ class _SelectedCrossEntropy(torch.autograd.Function):
         from ..backend.triton import cross_entropy as kernels
         input, kept, target, rows, lse, count = ctx.saved_tensors
         scale = (grad / count if ctx.reduction == "mean" else grad).reshape(1).to(lse.dtype)
+        if rows is not None and deterministic():    # switched on since the forward: no atomic adds
+            grad_input = _selected_gradient(kept, target, rows, lse, scale, ctx.ignore_index, ctx.shape)
+            return grad_input, None, None, None, None
         grad_input = kernels.backward(input, kept, target, rows, lse, scale, ctx.ignore_index, ctx.shape)
         return grad_input, None, None, None, None
+
+
+def _selected_gradient(kept: torch.Tensor, target: torch.Tensor, rows: torch.Tensor, lse: torch.Tensor,
+                       scale: torch.Tensor, ignore_index: int, shape: torch.Size) -> torch.Tensor:
+    """The backward kernel's gradient, ``(softmax - one_hot(target)) * scale`` per selected
+    row added into its row, by torch ops whose accumulation ``use_deterministic_algorithms``
+    makes deterministic (the kernel adds a row selected twice atomically): for a forward
+    run before the switch was turned on, whose backward runs after."""
+    row_grad = torch.exp(kept - lse[:, None])
+    counted = target != ignore_index
+    picked = torch.nonzero(counted).squeeze(1)
+    row_grad[picked, target[picked]] -= 1
+    row_grad = row_grad * (scale * counted.to(row_grad.dtype))[:, None]
+    return torch.zeros(shape, dtype=row_grad.dtype, device=row_grad.device).index_put_(
+        (rows.long(),), row_grad, accumulate=True)
