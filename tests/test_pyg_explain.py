@@ -64,6 +64,26 @@ def test_pg_explainer_training_and_the_fidelity_forward_are_refused_too():
         explainer.get_masked_prediction(x, edge_index, edge_mask=torch.ones(edge_index.shape[1]))
 
 
+def test_set_masks_and_captum_models_are_refused_too():
+    """PyG's ``set_masks`` (a custom explainer's call) and ``to_captum_model``'s forward,
+    which calls it, skipped gnnfuse's layers silently: an edge mask's gradient 0.23 off
+    the same model of PyG's layers."""
+    from torch_geometric.explain.algorithm.utils import clear_masks, set_masks
+    from torch_geometric.nn import to_captum_model
+    x, edge_index = _inputs()
+    model = TwoLayers(gnn.GCNConv(5, 8), gnn.LEConv(8, 2)).double()       # LEConv: PyG's class
+    mask = torch.nn.Parameter(torch.zeros(edge_index.shape[1], dtype=torch.float64))
+    with pytest.raises(NotImplementedError, match=rf"set_masks.*{REFUSED}.*GCNConv at c1"):
+        set_masks(model, mask, edge_index, apply_sigmoid=True)
+    clear_masks(model)
+    captum = to_captum_model(model, mask_type="edge", output_idx=2)
+    with pytest.raises(NotImplementedError, match=rf"set_masks.*GCNConv at c1"):
+        captum(torch.full((1, edge_index.shape[1]), 0.5, dtype=torch.float64), x, edge_index)
+    pyg_only = TwoLayers(pyg_nn.GCNConv(5, 8), pyg_nn.LEConv(8, 2)).double()
+    set_masks(pyg_only, mask, edge_index, apply_sigmoid=True)     # a model PyG's masks reach: as before
+    clear_masks(pyg_only)
+
+
 def test_node_masks_and_pyg_class_layers_are_explained_as_pyg_explains_them():
     x, edge_index = _inputs()
     ours = TwoLayers(gnn.GCNConv(5, 8), gnn.GCNConv(8, 3))

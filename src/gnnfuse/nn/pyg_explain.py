@@ -50,8 +50,8 @@ def refuse_edge_masks(model: Any, who: str) -> None:
 
 def guard(explain: Any) -> None:
     """Put the refusal on the imported ``torch_geometric.explain`` package's classes
-    (once): every algorithm's call, and `Explainer.get_masked_prediction` (the fidelity
-    metrics' masked forward)."""
+    (once): every algorithm's call, `Explainer.get_masked_prediction` (the fidelity
+    metrics' masked forward) and ``set_masks``."""
     algorithm = getattr(sys.modules.get(f"{_PACKAGE}.algorithm.base"), "ExplainerAlgorithm", None)
     if (algorithm is None or not hasattr(explain, "Explainer")     # another PyG layout: its import must still work
             or getattr(algorithm, "_gnnfuse_guarded", False)):
@@ -84,7 +84,28 @@ def guard(explain: Any) -> None:
             return train(self, *args, **kwargs)
 
         pg_explainer.train = guarded_train
+    _guard_set_masks()
     algorithm._gnnfuse_guarded = True
+
+
+def _guard_set_masks() -> None:
+    """The refusal on PyG's ``set_masks``, wherever the loaded explain modules bound it:
+    a custom explainer calls it directly and ``to_captum_model``'s ``CaptumModel`` on
+    every forward, and both skipped gnnfuse's layers silently (an edge mask's gradient
+    0.23 off the same model of PyG's layers)."""
+    utils = sys.modules.get(f"{_PACKAGE}.algorithm.utils")
+    original = getattr(utils, "set_masks", None)
+    if original is None:
+        return
+
+    def guarded_set_masks(model, *args, **kwargs):
+        refuse_edge_masks(model, "torch_geometric.explain's set_masks (called by custom explainers and by "
+                                 "to_captum_model's CaptumModel)")
+        return original(model, *args, **kwargs)
+
+    for name, module in list(sys.modules.items()):
+        if name.startswith(_PACKAGE) and getattr(module, "set_masks", None) is original:
+            module.set_masks = guarded_set_masks
 
 
 class _GuardOnImport(importlib.abc.MetaPathFinder):
