@@ -760,3 +760,46 @@ def test_a_refusal_inside_pyg_code_names_the_users_line_that_called_it():
     assert "torch_geometric" not in messages[0]
     with gnnfuse.nn.message_passing.eagerly(layer):
         torch.testing.assert_close(out, layer(x, edge_index))
+
+
+def test_an_edge_index_sorted_by_target_runs_what_pyg_runs():
+    """PyG hands an ``EdgeIndex`` sorted by column to ``message_and_aggregate`` where the
+    class sets ``SUPPORTS_FUSED_EDGE_INDEX``, and passes ``message`` its pointer as
+    ``ptr``; the compiled layer took ``message`` with ``ptr=None`` (2x off for layers whose
+    paths differ, as these do to show which ran). Both run PyG's eager path now, with a
+    warning; an unsorted EdgeIndex still compiles."""
+    from torch_geometric import EdgeIndex
+
+    def make(base):
+        class Fused(base):
+            SUPPORTS_FUSED_EDGE_INDEX = True
+
+            def forward(self, x, edge_index):
+                return self.propagate(edge_index, x=x)
+
+            def message(self, x_j):
+                return x_j
+
+            def message_and_aggregate(self, edge_index, x):
+                return 2 * edge_index.matmul(x, transpose=True)
+
+        class Pointer(base):
+            def forward(self, x, edge_index):
+                return self.propagate(edge_index, x=x)
+
+            def message(self, x_j, ptr):
+                return x_j if ptr is None else 2 * x_j
+        return Fused(), Pointer()
+    g = torch.Generator().manual_seed(0)
+    ei = torch.randint(0, 6, (2, 15), generator=g)
+    x = torch.randn(6, 3, generator=g)     # float32: PyG's EdgeIndex.matmul multiplies float32 values
+    by_col = EdgeIndex(ei, sparse_size=(6, 6)).sort_by("col")[0]
+    for ours, theirs in zip(make(gnnfuse.nn.MessagePassing), make(pyg_nn.MessagePassing)):
+        with pytest.warns(UserWarning, match="eager message passing"):
+            got = ours(x, by_col)
+        torch.testing.assert_close(got, theirs(x, by_col))
+    unsorted = EdgeIndex(ei, sparse_size=(6, 6))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torch.testing.assert_close(make(gnnfuse.nn.MessagePassing)[1](x, unsorted),
+                                   make(pyg_nn.MessagePassing)[1](x, unsorted))

@@ -347,10 +347,31 @@ def _check_layer(layer: PyGMessagePassing, edge_index: Any) -> None:
     if not isinstance(edge_index, torch.Tensor) or edge_index.layout is not torch.strided:
         raise NotCompilable(f"edge_index given as {type(edge_index).__name__} "
                             f"({getattr(edge_index, 'layout', 'sparse')}); pass a [2, E] tensor to compile")
+    if isinstance(edge_index, EdgeIndex):
+        _check_sorted_edge_index(layer, edge_index)
     if torch.is_autocast_enabled(edge_index.device.type):
         # message's matmuls would be traced in the inputs' dtype: PyG's autocast run gives
         # other numbers, in another dtype (a Linear in message: float32 where PyG has bfloat16)
         raise NotCompilable(f"torch.autocast is enabled on {edge_index.device.type}")
+
+
+def _check_sorted_edge_index(layer: PyGMessagePassing, edge_index: EdgeIndex) -> None:
+    """Refuse what PyG does differently for an ``EdgeIndex`` sorted by its target side:
+    with ``SUPPORTS_FUSED_EDGE_INDEX`` it calls the layer's ``message_and_aggregate``
+    instead of ``message`` (sorted by column), and it passes ``message`` the sorted
+    side's pointer as ``ptr`` where the trace passes None -- either silently took the
+    other path (2x off for a layer whose two paths differ)."""
+    if layer.fuse and layer.SUPPORTS_FUSED_EDGE_INDEX and edge_index.is_sorted_by_col:
+        raise NotCompilable("an EdgeIndex sorted by column, which PyG hands to message_and_aggregate "
+                            "(SUPPORTS_FUSED_EDGE_INDEX)")
+    by_target = edge_index.is_sorted_by_col if layer.flow == "source_to_target" else edge_index.is_sorted_by_row
+    if by_target and _takes_ptr(_message(layer)[0]):
+        raise NotCompilable("message() takes ptr, which PyG sets from an EdgeIndex sorted by target")
+
+
+@functools.lru_cache(maxsize=256)
+def _takes_ptr(message: types.FunctionType) -> bool:
+    return "ptr" in inspect.signature(message).parameters
 
 
 def _graph(layer: PyGMessagePassing, edge_index: torch.Tensor, num_nodes: int) -> Graph:
