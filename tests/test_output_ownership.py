@@ -16,7 +16,7 @@ import gnnfuse
 from gnnfuse.ops import gsddmm
 from gnnfuse.runtime.compiled import CompiledProgram
 
-BACKENDS = ["reference", "cpu"]
+ON_HOST = ["reference", "cpu"]
 
 
 def _graph() -> gnnfuse.Graph:
@@ -40,7 +40,7 @@ CALLS = {
 }
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", ON_HOST)
 @pytest.mark.parametrize("name", sorted(CALLS))
 @pytest.mark.parametrize("grad", [False, True])
 def test_an_output_computed_from_inputs_alone_is_a_copy(name, grad, backend, monkeypatch):

@@ -174,7 +174,8 @@ class RGATConv(NotScriptable, nn.Module):
                 return_attention_weights: bool | None = None) -> torch.Tensor:
         if size is not None or return_attention_weights is not None:
             raise NotImplementedError("RGATConv: size= and return_attention_weights= are not supported by gnnfuse")
-        x = node_features(x, "RGATConv")                 # names a bipartite pair or a wrong type
+        if not (isinstance(x, torch.Tensor) and not x.is_floating_point()):
+            x = node_features(x, "RGATConv")             # names a bipartite pair or a wrong type
         if not x.is_floating_point() or x.dim() != 2:
             raise TypeError("RGATConv: x must be a float [num_nodes, in_channels] tensor (gnnfuse does not take "
                             "PyG's node-index input here)")
