@@ -523,8 +523,8 @@ def test_a_pattern_only_layer_refuses_an_adj_t_whose_values_take_a_gradient():
         gnn.GATConv(4, 3).double()(torch.randn(3, 4, dtype=torch.float64), adj_t)
 
 
-@pytest.mark.parametrize("name,kwargs", [("SAGEConv", {}), ("GraphConv", {}), ("SGConv", {}), ("GATv2Conv", {"heads": 2}),
-                                         ("GATConv", {"heads": 2}), ("GCNConv", {})])
+@pytest.mark.parametrize("name,kwargs", [("SAGEConv", {}), ("GraphConv", {}), ("SGConv", {}),
+                                         ("GATv2Conv", {"heads": 2}), ("GATConv", {"heads": 2}), ("GCNConv", {})])
 @pytest.mark.parametrize("in_channels", [-1, 0])
 def test_features_of_width_zero_give_the_bias_as_in_pyg(name, kwargs, in_channels):
     """An [N, 0] x: PyG's layers return [N, out] (their bias alone). gnnfuse's failed in
