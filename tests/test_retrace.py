@@ -489,3 +489,42 @@ def test_a_message_calling_its_own_hasattr_follows_what_it_reads(monkeypatch):
     def switch_on(layer):
         layer.switch = True
     _assert_follows(ours, theirs, pyg_cases.PLAIN, [switch_on], 4, monkeypatch)     # every call traces
+
+
+def test_a_number_changing_every_call_is_warned_about_once(monkeypatch):
+    """A Python number a trace reads is a constant of its program: one changed every step
+    (an annealed temperature) traced and compiled every step -- and on the cpu and Triton
+    backends built kernels kept for the process -- without a word. The cache warns once
+    when it has kept `RETRACE_WARNING` traces, naming the function and the fix; the
+    results stay right, and a tensor holding the number traces once."""
+    import warnings
+    from gnnfuse.frontend import trace_cache
+    monkeypatch.setattr(trace_cache, "RETRACE_WARNING", 5)
+
+    class Tempered(gnn.MessagePassing):
+        def __init__(self):
+            super().__init__(aggr="add")
+            self.temp = 1.0
+
+        def forward(self, x, edge_index):
+            return self.propagate(edge_index, x=x)
+
+        def message(self, x_j):
+            return x_j / self.temp
+
+    layer, x = Tempered(), torch.randn(6, 3, dtype=torch.float64)
+    ei = torch.tensor([[0, 1, 2, 3, 4, 5], [1, 2, 3, 4, 5, 0]])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(8):
+            layer.temp = 1.0 + step
+            expected = x.new_zeros(6, 3).index_add_(0, ei[1], x[ei[0]] / layer.temp)
+            torch.testing.assert_close(layer(x, ei), expected)
+    said = [str(w.message) for w in caught if "times: a value the trace reads keeps changing" in str(w.message)]
+    assert len(said) == 1 and "Tempered.message 5 times" in said[0] and "torch.tensor(t)" in said[0], said
+    kept = sum(sum(cache._kept.values()) for cache in list(trace_cache._ALL))
+    for step in range(8):      # a tensor: one trace, fed its value
+        layer.temp = torch.tensor(1.0 + step, dtype=torch.float64)
+        expected = x.new_zeros(6, 3).index_add_(0, ei[1], x[ei[0]] / layer.temp)
+        torch.testing.assert_close(layer(x, ei), expected)
+    assert sum(sum(cache._kept.values()) for cache in list(trace_cache._ALL)) - kept == 1

@@ -61,6 +61,7 @@ import math
 import random
 import sys
 import types
+import warnings
 import weakref
 from typing import Any, Callable, Hashable, Mapping
 
@@ -77,6 +78,8 @@ _SCALARS = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torc
 # Functions of these packages are trusted to behave the same while their identity holds.
 _LIBRARIES = ("torch", "math", "operator", "functools", "builtins", "numpy", "gnnfuse")
 _LIMIT = 256     # distinct structures kept per cache; beyond that the oldest is dropped
+# Traces kept by one cache after which it warns (once) that what they read keeps changing
+RETRACE_WARNING = 64
 # Functions whose result differs between calls (random draws, clocks) and builtins that
 # read a namespace by name: code that names one is never cached.
 _IMPURE = frozenset({
@@ -532,6 +535,20 @@ def random_states() -> tuple:
     return states
 
 
+def _warn_retraces(functions: tuple[Callable | None, ...]) -> None:
+    """Say, once per cache, that its functions were traced `RETRACE_WARNING` times. Why:
+    a Python number the trace reads (an annealed temperature in a closure, ``self.temp``
+    read in ``message``) is a constant of the program, so a value changing every step
+    traced and compiled every step, and on the cpu and Triton backends built kernels kept
+    for the process (about 1.75 MB and 0.8 s of Numba compiling a step), silently."""
+    names = ", ".join(f.__qualname__ for f in functions if callable(f) and hasattr(f, "__qualname__")) or "a function"
+    warnings.warn(f"gnnfuse has traced {names} {RETRACE_WARNING} times: a value the trace reads keeps changing "
+                  "between calls (a Python number in a closure, a global or an attribute, such as a temperature "
+                  "changed every step; or new feature shapes or dtypes). Every trace compiles a program, and on the "
+                  "cpu and Triton backends kernels kept for the process. Hold a number that changes in a tensor "
+                  "(torch.tensor(t)), which is fed to the same program.", UserWarning, stacklevel=2)
+
+
 class TraceCache:
     """Compiled programs by (guard key, argument signature), for traces that captured no
     tensors. A lookup costs a walk over the functions' globals and closure cells."""
@@ -543,6 +560,8 @@ class TraceCache:
         self._failures: dict[Hashable, Exception] = {}
         # counts the clears: a `repeat_call.RepeatCall` made before one is not reused after it
         self.generation = 0
+        # per function (its code), the traces kept so far (`RETRACE_WARNING`)
+        self._kept: dict[tuple, int] = {}
         _ALL.add(self)
 
     def compiled(self, functions: tuple[Callable | None, ...], tables: tuple[Mapping[str, torch.Tensor], ...],
@@ -587,7 +606,19 @@ class TraceCache:
                 if len(self._entries) >= _LIMIT:
                     del self._entries[next(iter(self._entries))]
                 self._entries[key] = (compiled, params)
+                self._count_trace(functions)
         return compiled, captured
+
+    def _count_trace(self, functions: tuple[Callable | None, ...]) -> None:
+        """Count a kept trace of ``functions`` (by their code: a lambda made anew each call
+        counts as one), warning at the `RETRACE_WARNING`-th (`_warn_retraces`)."""
+        code = tuple(f.__code__ for f in functions if hasattr(f, "__code__"))
+        count = self._kept.pop(code, 0) + 1
+        if len(self._kept) >= _LIMIT:
+            del self._kept[next(iter(self._kept))]
+        self._kept[code] = count
+        if count == RETRACE_WARNING:
+            _warn_retraces(functions)
 
     def _remember_failure(self, key: Hashable, exc: Exception) -> None:
         """Keep a copy of the error a trace raised (without its traceback, whose frames hold
