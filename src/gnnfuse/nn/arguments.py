@@ -177,10 +177,11 @@ def adjacency_weights(edge_index: Any, edge_weight: torch.Tensor | None, layer: 
         # values() where they take a gradient (learnt edge weights packed into the adj_t,
         # as PyG differentiates them): _values() is not differentiated, and they got none
         (row, col), value = coo._indices(), coo.values() if coo.requires_grad else coo._values()
-        if coo is not edge_index:
+        if edge_index.layout is torch.sparse_csr:
             # a CSR matrix's COO form holds the CSR's own values, under a version counter of
             # its own: an edit through ``adj_t.values()`` after the forward went unseen, and
-            # the backward read the edited weights (GraphConv's x.grad 2.5 off)
+            # the backward read the edited weights (GraphConv's x.grad 2.5 off). (A CSC
+            # matrix's ``coalesce`` above made new values already.)
             value = value.clone()
     else:                                             # torch_sparse.SparseTensor
         row, col, value = edge_index.coo()
