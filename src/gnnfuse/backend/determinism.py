@@ -43,12 +43,12 @@ def alert_not_deterministic(what: str, instead: str) -> None:
     raise a RuntimeError saying that ``what`` has no deterministic implementation (and
     ``instead``, what would run deterministically), or only warn under ``warn_only=True``;
     nothing when determinism is off."""
-    if not torch.are_deterministic_algorithms_enabled():
+    if not _ENABLED():
         return
     message = (f"{what} does not have a deterministic implementation, but you set "
                f"'torch.use_deterministic_algorithms(True)'. {instead}, or use the 'warn_only=True' option "
                "if nondeterminism is acceptable for your application.")
-    if torch.is_deterministic_algorithms_warn_only_enabled():
+    if _WARN_ONLY():
         warnings.warn(message, UserWarning, stacklevel=3)
         return
     raise RuntimeError(message)

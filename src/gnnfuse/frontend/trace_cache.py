@@ -78,7 +78,7 @@ _SCALARS = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torc
 # Functions of these packages are trusted to behave the same while their identity holds.
 _LIBRARIES = ("torch", "math", "operator", "functools", "builtins", "numpy", "gnnfuse")
 _LIMIT = 256     # distinct structures kept per cache; beyond that the oldest is dropped
-# Traces kept by one cache after which it warns (once) that what they read keeps changing
+# Traces kept of one function after which its cache warns (once) that what they read keeps changing
 RETRACE_WARNING = 64
 # Functions whose result differs between calls (random draws, clocks) and builtins that
 # read a namespace by name: code that names one is never cached.
@@ -536,7 +536,7 @@ def random_states() -> tuple:
 
 
 def _warn_retraces(functions: tuple[Callable | None, ...]) -> None:
-    """Say, once per cache, that its functions were traced `RETRACE_WARNING` times. Why:
+    """Say, once per function, that it was traced `RETRACE_WARNING` times. Why:
     a Python number the trace reads (an annealed temperature in a closure, ``self.temp``
     read in ``message``) is a constant of the program, so a value changing every step
     traced and compiled every step, and on the cpu and Triton backends built kernels kept

@@ -740,8 +740,9 @@ def _plan_rows_unit(unit: AggregateUnit, ctx: GraphContext, kernel, csr: tuple, 
                     leaf_dtypes: tuple, common: dict[str, Any]) -> _Launch:
     """`generate_rows`' launch: the unit's segments, BLOCK_R per program; split rows meet
     in a workspace (`_split_workspace`)."""
-    segs = segments(ctx, unit.by, split_length())
-    slots = split_slots(ctx, unit.by, split_length())
+    longest = split_length()
+    segs = segments(ctx, unit.by, longest)
+    slots = split_slots(ctx, unit.by, longest)
     count = len(segs)
     fixed = {} if _autotune() else {"BLOCK_R": 4, "K": 4}
     width = math.prod(unit.reduce.shape)
