@@ -1,11 +1,14 @@
 """``torch.use_deterministic_algorithms(True)`` reaches gnnfuse's Triton kernels
-(backend/determinism.py): no split hub rows (their segments add into a workspace
-atomically), no ``coo`` or ``scan`` schedule, no atomic row scatter or typed weight
-gradient, fixed block sizes instead of the autotuner's timed choice; a forced ``coo`` is
-refused as torch refuses its own nondeterministic operations, or warned about under
-``warn_only=True``. The interpreter runs atomics in order, so these tests check what
-runs (the segments asked for, the schedules, the kernels launched) and that the values
-equal the reference backend's; benchmarks/check_determinism.py compares bits on a GPU.
+(backend/determinism.py): split hub rows sum their segments' partial results in one
+order (`schedule.OrderedSlots`) instead of adding them into a workspace as they finish,
+no ``coo`` or ``scan`` schedule, no atomic row scatter or typed weight gradient, fixed
+block sizes instead of the autotuner's timed choice; a forced ``coo`` is refused as
+torch refuses its own nondeterministic operations, or warned about under
+``warn_only=True``. The interpreter runs atomics in program order, so these tests check
+what runs (the segments and slots asked for, the schedules, the kernels launched), that
+the values equal the reference backend's, and that a split row's bits do not change
+when its segments run in another order; benchmarks/check_determinism.py compares bits
+on a GPU.
 """
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ import gnnfuse
 import gnnfuse.nn as gnn
 from gnnfuse.backend import determinism
 from gnnfuse.backend.forced_schedule import ForcedSchedule, forcing
-from gnnfuse.backend.triton import executor as triton_executor, scatter_rows, segment_matmul
+from gnnfuse.backend.triton import executor as triton_executor, schedule, scatter_rows, segment_matmul
 from test_one_lane_schedules import hub_graph
 
 DEVICE = device_for("triton")
@@ -36,13 +39,15 @@ def deterministic():
 
 @pytest.fixture
 def spied(monkeypatch):
-    """Records the segment lengths the executor asks for and the schedules it plans."""
-    asked: dict[str, list] = {"segments": [], "schedules": []}
-    for name in ("segments", "split_slots", "partial_slots"):
+    """Records the segment lengths the executor asks for, the tables its split rows meet
+    by and the schedules it plans."""
+    asked: dict[str, list] = {"segments": [], "slots": [], "schedules": []}
+    for name in ("segments", "split_slots", "partial_slots", "ordered_slots"):
         real = getattr(triton_executor, name)
         monkeypatch.setattr(triton_executor, name,
-                            lambda ctx, by, max_edges, *rest, real=real, **kw:
-                            asked["segments"].append(max_edges) or real(ctx, by, max_edges, *rest, **kw))
+                            lambda ctx, by, max_edges, *rest, real=real, name=name, **kw:
+                            asked["segments"].append(max_edges) or (name != "segments" and asked["slots"].append(name))
+                            or real(ctx, by, max_edges, *rest, **kw))
     real_kernel = triton_executor._kernel_for
     monkeypatch.setattr(triton_executor, "_kernel_for",
                         lambda unit, acc, schedule: asked["schedules"].append(schedule) or
@@ -67,7 +72,7 @@ LAYERS = {"gcn": lambda: gnn.GCNConv(5, 4), "sage": lambda: gnn.SAGEConv(5, 4),
 
 
 @pytest.mark.parametrize("name", sorted(LAYERS))
-def test_hub_rows_stay_whole_and_values_match_the_reference(name, spied, deterministic, monkeypatch):
+def test_hub_rows_split_in_order_and_values_match_the_reference(name, spied, deterministic, monkeypatch):
     graph = hub_graph().to(DEVICE)
     layer = LAYERS[name]().double().to(DEVICE)
     monkeypatch.setenv("GNNFUSE_BACKEND", "reference")
@@ -76,13 +81,77 @@ def test_hub_rows_stay_whole_and_values_match_the_reference(name, spied, determi
     got = _layer_step(layer, graph)
     for a, b in zip(got, expected):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
-    assert spied["segments"] and set(spied["segments"]) == {None}, spied["segments"]
+    # the hub is split, and its segments meet in order or in a merge kernel, never as they finish
+    assert 16 in spied["segments"] and "split_slots" not in spied["slots"], spied
     assert spied["schedules"] and not {"coo", "scan"} & set(spied["schedules"]), spied["schedules"]
 
 
+def _reverse_split_segments(patch: pytest.MonkeyPatch) -> None:
+    """Segments built from now on run their split rows' segments in reverse order (they
+    stay ahead of the rest, as the ``rows`` kernel needs): in the interpreter, which runs
+    programs in order, another order of finishing."""
+    real = schedule._build
+
+    def build(rowptr, max_edges, in_order=False):
+        segs = real(rowptr, max_edges, in_order)
+        split = int((segs.split != 0).sum())
+
+        def flipped(t):
+            return torch.cat([t[:split].flip(0), t[split:]])
+        return schedule.Segments(flipped(segs.row), flipped(segs.start), flipped(segs.end), flipped(segs.split),
+                                 segs.split_rows)
+    patch.setattr(schedule, "_build", build)
+
+
+# (schedule, the tables split rows meet by with the switch off and on)
+SPLIT_SUMS = {"csr": ("csr", "split_slots", "ordered_slots"), "rows": ("rows", "split_slots", "ordered_slots"),
+              # two sums in one kernel add their split rows into ``out`` atomically; ordered, a merge kernel sums them
+              "siblings": ("csr", None, "partial_slots")}
+
+
+@pytest.mark.parametrize("kind", sorted(SPLIT_SUMS))
+def test_a_split_row_has_the_same_bits_whichever_segment_finishes_first(kind, spied, monkeypatch):
+    """The hub's 90 in-edges in 6 segments, over features of magnitudes 1e-4 to 1e8 in
+    float32, so that the order of the partial sums shows in the bits: with the switch on,
+    running the segments in reverse order gives the same bits; with it off the segments
+    add as they finish, which in the interpreter is program order, so the bits change
+    (on a GPU the order is the hardware's, and may or may not)."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
+    g = torch.Generator().manual_seed(7)
+    h = (torch.randn(12, 2, generator=g) * 10.0 ** torch.randint(-4, 9, (12, 1), generator=g)).to(DEVICE)
+    w = torch.rand(12, 1, generator=g).to(DEVICE)
+    if kind == "siblings":
+        layer = gnnfuse.vertex(lambda v: sum([u.h for u in v.innbs]) + sum([u.h * u.w for u in v.innbs]))
+    else:
+        layer = gnnfuse.vertex(lambda v: sum([u.h for u in v.innbs]))
+    schedule_kind, *tables = SPLIT_SUMS[kind]
+
+    def hub_row(reverse: bool) -> torch.Tensor:
+        with monkeypatch.context() as patch:
+            if reverse:
+                _reverse_split_segments(patch)
+            with forcing(ForcedSchedule(schedule_kind)):
+                return layer(hub_graph().to(DEVICE), {"h": h, "w": w} if kind == "siblings" else {"h": h})[0]
+    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    rows = {}
+    try:
+        for on in (False, True):
+            torch.use_deterministic_algorithms(on)
+            rows[on] = hub_row(False), hub_row(True)
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+    assert torch.equal(*rows[True]), rows[True]
+    torch.testing.assert_close(rows[True][0], rows[False][0], rtol=1e-5, atol=1e-3)
+    if torch.device(DEVICE).type == "cpu":
+        assert not torch.equal(*rows[False]), rows[False]
+    assert spied["slots"] == [t for t in tables for _ in range(2) if t], spied["slots"]
+    assert (kind == "siblings") == ("siblings" in spied["schedules"]), spied["schedules"]
+
+
 def test_switching_determinism_plans_the_graph_again(spied, monkeypatch):
-    """The launch plans are kept per settings: the same graph and layer split the hub
-    with the switch off, keep it whole with it on, and split it again after."""
+    """The launch plans are kept per settings: the same graph and layer meet the hub's
+    segments as they finish with the switch off, in order with it on, and as they finish
+    again after."""
     monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
     graph, layer = hub_graph().to(DEVICE), gnn.GCNConv(5, 4).double().to(DEVICE)
     before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
@@ -90,12 +159,12 @@ def test_switching_determinism_plans_the_graph_again(spied, monkeypatch):
     try:
         for on in (False, True, False):
             torch.use_deterministic_algorithms(on)
-            spied["segments"].clear()
+            spied["slots"].clear()
             _layer_step(layer, graph)
-            seen.append(set(spied["segments"]))
+            seen.append(set(spied["slots"]))
     finally:
         torch.use_deterministic_algorithms(before[0], warn_only=before[1])
-    assert seen == [{16}, {None}, {16}], seen
+    assert seen == [{"split_slots"}, {"ordered_slots"}, {"split_slots"}], seen
 
 
 def test_low_degree_sums_walk_the_csr_instead_of_adding_atomically(spied, deterministic, monkeypatch):

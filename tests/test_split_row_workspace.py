@@ -59,11 +59,23 @@ def _call(layer: str, graph: gnnfuse.Graph, feeds: dict[str, torch.Tensor]) -> N
     torch.testing.assert_close(out, oracle(graph, feeds), rtol=tol, atol=tol)
 
 
+@pytest.fixture
+def switch():
+    """Sets torch's determinism switch (``switch(on)``) for the test and restores it after."""
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    yield torch.use_deterministic_algorithms
+    torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
+@pytest.mark.parametrize("ordered", [False, True], ids=["as-finished", "ordered"])
 @pytest.mark.parametrize("tile", [None, 16])
 @pytest.mark.parametrize("width", [3, 40])
 @pytest.mark.parametrize("layer,schedule", [(layer, schedule) for layer in LAYERS for schedule in ("csr", "rows")
                                             if (layer, schedule) != ("addend", "rows")])   # rows: plain sums only
-def test_split_rows_meet_in_a_workspace_left_zero_after_every_call(layer, schedule, width, tile, monkeypatch):
+def test_split_rows_meet_in_a_workspace_left_zero_after_every_call(layer, schedule, width, tile, ordered, switch,
+                                                                   monkeypatch):
+    """Ordered (``torch.use_deterministic_algorithms(True)``): a slot per segment, six."""
+    switch(ordered)
     monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
     monkeypatch.setenv("GNNFUSE_SCHEDULE", schedule)
     monkeypatch.setattr(triton_executor, "SEGMENT_EDGES", 16)     # vertex 0's 90 in-edges: 6 segments
@@ -78,7 +90,8 @@ def test_split_rows_meet_in_a_workspace_left_zero_after_every_call(layer, schedu
             assert plans, "no plan took a workspace for the split hub row"
             for plan in plans:
                 rows, lanes, dtype, programs = plan.workspace
-                assert not plan.zeros and plan.zero_rows is None and (rows, lanes, dtype) == (1, width, f64)
+                assert not plan.zeros and plan.zero_rows is None
+                assert (rows, lanes, dtype) == (6 if ordered else 1, width, f64)
                 assert programs == -(-width // (tile or 128 if schedule == "csr" else tile or 64))
                 for work, arrived in plan.workspaces.values():
                     assert work.shape == (rows, lanes) and arrived.numel() == rows * programs
@@ -135,10 +148,12 @@ def test_gradients_through_split_rows_match_the_reference(monkeypatch):
 
 @settings(max_examples=20, deadline=None)
 @given(hub=st.integers(1, 120), segment=st.sampled_from([2, 3, 8, 16]), width=st.sampled_from([1, 2, 7]),
-       schedule=st.sampled_from(["csr", "rows"]), seed=st.integers(0, 2**16))
-def test_drawn_hub_graphs_match_on_repeated_calls(hub, segment, width, schedule, seed):
+       schedule=st.sampled_from(["csr", "rows"]), seed=st.integers(0, 2**16), ordered=st.booleans())
+def test_drawn_hub_graphs_match_on_repeated_calls(hub, segment, width, schedule, seed, ordered):
     mp = pytest.MonkeyPatch()
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
     try:
+        torch.use_deterministic_algorithms(ordered)
         mp.setenv("GNNFUSE_BACKEND", "triton")
         mp.setenv("GNNFUSE_SCHEDULE", schedule)
         mp.setattr(triton_executor, "SEGMENT_EDGES", segment)
@@ -153,6 +168,7 @@ def test_drawn_hub_graphs_match_on_repeated_calls(hub, segment, width, schedule,
             for work, arrived in (plan.workspaces or {}).values():
                 assert not work.any() and not arrived.any()
     finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
         mp.undo()
 
 

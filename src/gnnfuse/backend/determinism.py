@@ -8,9 +8,11 @@ schedules, the relation-typed row scatter, the typed weight gradient and the sel
 cross-entropy's gradient add floats atomically, whose order (and so whose last bits)
 changes from run to run; and the autotuner picks block sizes by timing, which changes
 the order of additions within a row between processes. With the switch on, the Triton
-backend keeps every row in one program, takes the CSR walk (or the torch form, whose
-determinism is torch's business) instead of an atomic schedule, and launches its fixed
-block sizes; a schedule the caller forces that adds atomically is refused as torch
+backend still splits hub rows, but their segments meet in a fixed order
+(`triton.executor.ordered_splits`: each segment's partial sum in a slot of its own,
+summed from the first by the row's last segment or by a merge kernel), takes the CSR
+walk (or the torch form, whose determinism is torch's business) instead of an atomic
+schedule, and launches its fixed block sizes; a schedule the caller forces that adds atomically is refused as torch
 refuses its own nondeterministic operations. The reference and CPU backends add in a
 fixed order already.
 """

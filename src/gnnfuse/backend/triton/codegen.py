@@ -565,8 +565,10 @@ def generate_edge(unit: EdgeUnit, name: str, acc_dtype: str, tuned: bool = False
     return source, em.leaf_args
 
 
-def generate(unit: AggregateUnit, name: str, acc_dtype: str, tuned: bool = False) -> tuple[str, list[Value]]:
-    """Kernel source for ``unit`` and the leaf values its pointer arguments take, in order."""
+def generate(unit: AggregateUnit, name: str, acc_dtype: str, tuned: bool = False,
+             ordered: bool = False) -> tuple[str, list[Value]]:
+    """Kernel source for ``unit`` and the leaf values its pointer arguments take, in order.
+    ``ordered``: split rows meet in a fixed order (`_split_row_fixup`)."""
     out_shape = unit.reduce.shape
     width = math.prod(out_shape)
     em = _Emitter(unit)
@@ -591,7 +593,7 @@ def generate(unit: AggregateUnit, name: str, acc_dtype: str, tuned: bool = False
     if op in ("sum", "mean"):
         split_params = "seg_slot, slot_segments, "
         store = (f"slot = tl.load(seg_slot + seg)\n"
-                 f"            if slot >= 0:{_split_row_fixup(width)}\n"
+                 f"            if slot >= 0:{_split_row_fixup(width, ordered)}\n"
                  f"            else:\n                {store}")
     body = "\n".join(f"                {line}" for line in em.lines)
     leaf_params = em.params()
@@ -636,7 +638,7 @@ def {name}(rowptr, col, eid, seg_row, seg_start, seg_end, {split_params}num_segm
     return source, em.leaf_args
 
 
-def _split_row_fixup(width: int) -> str:
+def _split_row_fixup(width: int, ordered: bool = False) -> str:
     """`generate`'s lines for a segment of a split row (scalar ``row`` and ``slot``, a
     finished ``acc`` of BLOCK_F lanes): add ``acc`` into the row's slot of the workspace
     ``work`` ([split rows, width], ACC), count the segment in ``arrived`` (one counter per
@@ -654,7 +656,30 @@ def _split_row_fixup(width: int) -> str:
     sees the count complete sees every add. It reads the sum by an atomic add of zero,
     at the L2 where the adds were made (Triton's interpreter has no float exchange),
     then zeroes the slot with plain stores: no segment of the row touches it again in
-    this run, and the next run is ordered after this one on the stream."""
+    this run, and the next run is ordered after this one on the stream.
+
+    ``ordered`` (``torch.use_deterministic_algorithms(True)``, `schedule.OrderedSlots`):
+    each segment has a slot of its own, which its add makes exactly its partial sum,
+    and counts in the counter of its row's first slot; the last to arrive sums the
+    row's slots from the first, reading each as above and zeroing it. The partial sums
+    are fixed by the segments, and the order they are added in by the slots, so the
+    row's bits no longer depend on the order the segments finish in."""
+    if ordered:
+        return f"""
+                part = work + slot.to(tl.int64) * {width} + f
+                tl.atomic_add(part, acc, mask=fmask)
+                tl.debug_barrier()
+                first = tl.load(slot_segments + 2 * slot).to(tl.int64)
+                pieces = tl.load(slot_segments + 2 * slot + 1)
+                counter = arrived + first * tl.num_programs(1) + tl.program_id(1)
+                if tl.atomic_add(counter, 1) == pieces - 1:
+                    total = tl.zeros([BLOCK_F], ACC)
+                    for s in range(first, first + pieces):
+                        piece = work + s * {width} + f
+                        total += tl.atomic_add(piece, tl.zeros([BLOCK_F], ACC), mask=fmask)
+                        tl.store(piece, tl.zeros([BLOCK_F], ACC), mask=fmask)
+                    tl.store(out + row * {width} + f, total.to(out.dtype.element_ty), mask=fmask)
+                    tl.atomic_xchg(counter, 0)"""
     return f"""
                 part = work + slot.to(tl.int64) * {width} + f
                 tl.atomic_add(part, acc, mask=fmask)
@@ -667,7 +692,8 @@ def _split_row_fixup(width: int) -> str:
                     tl.atomic_xchg(counter, 0)"""
 
 
-def generate_siblings(group: SiblingGroup, name: str, acc_dtype: str, tuned: bool = False) -> tuple[str, list[Value]]:
+def generate_siblings(group: SiblingGroup, name: str, acc_dtype: str, tuned: bool = False,
+                      ordered: bool = False) -> tuple[str, list[Value]]:
     """Kernel source for a `SiblingGroup`: `generate`'s CSR walk, with every member's
     per-edge expression evaluated in the same chunk loop on feature lanes of its own
     (``f0``, ``f1``, ...; each member's whole output row is one block, which the
@@ -676,9 +702,10 @@ def generate_siblings(group: SiblingGroup, name: str, acc_dtype: str, tuned: boo
     emitted once. Outputs ``out0``, ``out1``, ... in member order, then each rider's
     per-program tiles ``partials{n}`` (summed by the executor).
 
-    A max member counts NaN as `generate` does. In a group with one (``group.merges``)
-    the segments of a split row store partial results for `generate_sibling_merge`
-    instead of adding them atomically. A member that takes a max member's maximum as its softmax shift (``group.shifts``,
+    A max member counts NaN as `generate` does. In a group with one (``group.merges``),
+    and in every group where split rows must meet in a fixed order (``ordered``:
+    ``torch.use_deterministic_algorithms(True)``), the segments of a split row store
+    partial results for `generate_sibling_merge` instead of adding them atomically. A member that takes a max member's maximum as its softmax shift (``group.shifts``,
     `passes/online_softmax.py`) reads no stored maximum: on its own lanes it keeps a
     running maximum ``m`` of the scores, evaluates its expression with ``m`` in place
     of the maximum, and rescales what it summed by ``exp(m_old - m_new)`` whenever a
@@ -687,6 +714,7 @@ def generate_siblings(group: SiblingGroup, name: str, acc_dtype: str, tuned: boo
     (``group.normalizers``) keeps its own copy ``den{n}``, rescaled alike, and divides
     by it at the end."""
     em = _Emitter(group)
+    merging = group.merges or ordered
     members = []
     for n, unit in enumerate(group.members):
         em.use_lanes(unit, f"f{n}")
@@ -735,7 +763,7 @@ def generate_siblings(group: SiblingGroup, name: str, acc_dtype: str, tuned: boo
             partial = ""
         target = f"out{n} + row * {width} + f{n}, acc{n}.to(out{n}.dtype.element_ty), mask=f{n}mask"
         finished = f"{_finish(group, n, 12, acc_dtype)}{_row_scale(em, unit, f'acc{n}', ' ' * 12, False, acc_dtype)}"
-        if group.merges:     # a split row's segment leaves its partial result to `generate_sibling_merge`
+        if merging:     # a split row's segment leaves its partial result to `generate_sibling_merge`
             running = "".join(f"\n                tl.store({kept}{n}_part + slot * {block} + f{n}, {kept}{n})"
                               for kept, among in (("run", group.shifts), ("den", group.normalizers)) if n in among)
             stores.append(f"\n            if split:{partial}\n                tl.store(acc{n}_part + slot * {block} + f{n}, acc{n})"
@@ -761,7 +789,7 @@ def generate_siblings(group: SiblingGroup, name: str, acc_dtype: str, tuned: boo
     leaf_params = em.params()
     slot_param, slot_load, part_params = "", "", ""
     types = ", TYPES: tl.constexpr" if riders else ""
-    if group.merges:
+    if merging:
         slot_param = "seg_slot, "
         slot_load = "\n            slot = tl.load(seg_slot + seg).to(tl.int64)"
         part_params = "".join(f"{kept}{n}_part, " for kept, n in partial_buffers(group))
@@ -770,7 +798,7 @@ import triton.language as tl
 
 
 {_decorator(tuned, {"BLOCK_E": _fit_tiles(CSR_EDGE_BLOCKS, em, 1, acc_dtype), "ROWS": CSR_ROWS}, "size_class",
-            () if group.merges else outs, warps=(1,))}
+            () if merging else outs, warps=(1,))}
 def {name}(rowptr, col, eid, seg_row, seg_start, seg_end, seg_split, {slot_param}num_segments, size_class, {", ".join(outs)}, {part_params}{leaf_params}BLOCK_E: tl.constexpr, ROWS: tl.constexpr{types}):
     # {group.describe()}
     ACC: tl.constexpr = {acc_dtype}
@@ -986,7 +1014,8 @@ def rows_space(width: int) -> list[tuple[int, int, int]]:
             if r * k * block_f <= ROWS_TILE * w // 4]
 
 
-def generate_rows(unit: AggregateUnit, name: str, acc_dtype: str, tuned: bool = False) -> tuple[str, list[Value]]:
+def generate_rows(unit: AggregateUnit, name: str, acc_dtype: str, tuned: bool = False,
+                  ordered: bool = False) -> tuple[str, list[Value]]:
     """Kernel source for a `plain_sum` unit: a program reduces BLOCK_R segments side by
     side, K edges of each per step, evaluated as a [BLOCK_R x K, BLOCK_F] tile of edge
     and feature lanes (gathers by the edges' own endpoint ids, as in `generate_coo`) and
@@ -1059,16 +1088,38 @@ def {name}(rowptr, col, eid, seg_row, seg_start, seg_end, seg_slot, slot_segment
         part = work + at_slot[:, None] * {width} + f[None, :]
         tl.atomic_add(part, acc, mask=split[:, None] & fmask[None, :])
         tl.debug_barrier()
-        counter = arrived + at_slot * tl.num_programs(1) + tl.program_id(1)
+{_rows_fixup_tail(ordered, width)}
+'''
+    return source, em.leaf_args
+
+
+def _rows_fixup_tail(ordered: bool, width: int) -> str:
+    """`generate_rows`' lines after its split segments' adds: count each in its row's
+    counter and let the row's last segment store the row, as `_split_row_fixup` does one
+    segment at a time (``ordered`` as there: each segment's own slot, summed from the
+    row's first by its last segment)."""
+    if not ordered:
+        return """        counter = arrived + at_slot * tl.num_programs(1) + tl.program_id(1)
         seen = tl.atomic_add(counter, tl.full([BLOCK_R], 1, tl.int32), mask=split)
         last = split & (seen == tl.load(slot_segments + at_slot, mask=split, other=0) - 1)
         finished = last[:, None] & fmask[None, :]
         total = tl.atomic_add(part, tl.zeros([BLOCK_R, BLOCK_F], ACC), mask=finished)
         tl.store(at, total.to(out.dtype.element_ty), mask=finished)
         tl.store(part, tl.zeros([BLOCK_R, BLOCK_F], ACC), mask=finished)
-        tl.atomic_xchg(counter, tl.zeros([BLOCK_R], tl.int32), mask=last)
-'''
-    return source, em.leaf_args
+        tl.atomic_xchg(counter, tl.zeros([BLOCK_R], tl.int32), mask=last)"""
+    return f"""        first = tl.load(slot_segments + 2 * at_slot, mask=split, other=0).to(tl.int64)
+        pieces = tl.load(slot_segments + 2 * at_slot + 1, mask=split, other=0)
+        counter = arrived + first * tl.num_programs(1) + tl.program_id(1)
+        seen = tl.atomic_add(counter, tl.full([BLOCK_R], 1, tl.int32), mask=split)
+        last = split & (seen == pieces - 1)
+        total = tl.zeros([BLOCK_R, BLOCK_F], ACC)
+        for k in range(0, tl.max(tl.where(last, pieces, 0), axis=0)):
+            taken = (last & (k < pieces))[:, None] & fmask[None, :]
+            piece = work + (first + k)[:, None] * {width} + f[None, :]
+            total += tl.where(taken, tl.atomic_add(piece, tl.zeros([BLOCK_R, BLOCK_F], ACC), mask=taken), 0.0)
+            tl.store(piece, tl.zeros([BLOCK_R, BLOCK_F], ACC), mask=taken)
+        tl.store(at, total.to(out.dtype.element_ty), mask=last[:, None] & fmask[None, :])
+        tl.atomic_xchg(counter, tl.zeros([BLOCK_R], tl.int32), mask=last)"""
 
 
 # The scan kernel's autotuning space: edges per program (256 was the fastest on both

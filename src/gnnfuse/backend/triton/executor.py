@@ -30,7 +30,7 @@ from .codegen import (CSR_WIDEST_BLOCK, EDGE_BLOCK_LIMIT, SHARED_REDUCE_BLOCK_E,
 from .context import TritonGraphContext
 from .direct_launch import Replays, _capturing, current_stream, uncaptured_stream
 from .launch import bind, launch, signature
-from .schedule import SEGMENT_EDGES, partial_slots, segments, split_slots
+from .schedule import SEGMENT_EDGES, ordered_slots, partial_slots, segments, split_slots
 from .sorted_sources import sorted_sources, sorts_sources
 from .tuning_class import tuning_class
 from ...environ import Variables, getenv
@@ -51,12 +51,14 @@ def _autotune() -> bool:
             and not determinism.deterministic())
 
 
-def split_length() -> int | None:
-    """The longest segment a row is cut into (`schedule.segments`), or None to keep every
-    row whole: under ``torch.use_deterministic_algorithms(True)``, since the segments of
-    a split row add into their workspace atomically, in whatever order they finish
-    (backend/determinism.py). A hub row then runs in one program."""
-    return None if determinism.deterministic() else SEGMENT_EDGES
+def ordered_splits() -> bool:
+    """Whether the segments of split rows meet in a fixed order rather than in whatever
+    order they finish: under ``torch.use_deterministic_algorithms(True)``
+    (backend/determinism.py). A walk's or ``rows``' sum then adds each segment's partial
+    sum into a slot of its own, which the row's last segment sums from the first
+    (`schedule.OrderedSlots`), and a sibling group stores them for its merge kernel, as a
+    group with a max always does (`codegen.generate_siblings`)."""
+    return determinism.deterministic()
 
 
 def fixed_csr_blocks(block_f: int) -> dict[str, int]:
@@ -88,7 +90,7 @@ def schedule_for(unit: Unit, num_nodes: int, num_edges: int) -> str:
     per-call `forced_schedule` wins over both. Under ``torch.use_deterministic_algorithms(True)``
     ``auto`` never takes ``coo`` or ``scan``, which add into their rows atomically, and a
     forced ``coo`` is refused as torch refuses its nondeterministic operations (a warning
-    under ``warn_only=True``); ``rows`` keeps its rows whole there (`split_length`)."""
+    under ``warn_only=True``); split rows meet in a fixed order there (`ordered_splits`)."""
     if isinstance(unit, SharedReduceUnit):
         return "shared"
     if not isinstance(unit, AggregateUnit):
@@ -181,7 +183,8 @@ def kernel_source(unit: Unit, acc: str, schedule: str) -> tuple[str, str, list[V
     shared by the executor and by `gnnfuse.explain`, which prints the source without
     running it."""
     name, generator = _GENERATORS[schedule]
-    source, leaf_args = generator(unit, name, acc, tuned=_autotune())
+    ordered = {"ordered": ordered_splits()} if schedule in ("csr", "rows", "siblings") else {}
+    source, leaf_args = generator(unit, name, acc, tuned=_autotune(), **ordered)
     return name, source, leaf_args
 
 
@@ -202,7 +205,8 @@ def _kernel_for(unit: Unit, acc: str, schedule: str) -> _Kernel:
     """A unit's `_Kernel`, generated and loaded once per accumulator type and schedule;
     plans are cached per program, so steady-state training never regenerates source."""
     per_unit = _UNIT_KERNELS.setdefault(unit, {})
-    key = (acc, schedule, _autotune())   # an autotuned kernel takes no fixed block sizes
+    # an autotuned kernel takes no fixed block sizes; an ordered one another fixup
+    key = (acc, schedule, _autotune(), ordered_splits())
     if key not in per_unit:
         name, source, leaf_args = kernel_source(unit, acc, schedule)
         row_tile = row_sum_tile(unit.root) if schedule == "edge" else None
@@ -565,15 +569,15 @@ def _plan_siblings(group: SiblingGroup, ctx: GraphContext, leaves: dict[int, tor
     acc = "tl.float64" if wide else "tl.float32"
     kernel, layouts, _, reads_edges, reads_types = _kernel_for(group, acc, "siblings")
     rowptr, col, eid = csr_arguments(ctx, group.by, reads_edges)
-    longest = split_length()
-    segs = segments(ctx, group.by, longest)
+    merging = group.merges or ordered_splits()
+    segs = segments(ctx, group.by, SEGMENT_EDGES)
     count = len(segs)
     widths = tuple(math.prod(m.reduce.shape) for m in group.members)
     fixed = {} if _autotune() else fixed_csr_blocks(triton.next_power_of_2(max(widths)))
     before = (rowptr, col, eid, segs.row, segs.start, segs.end, segs.split)
     partials, merge, zero_rows = (), None, segs.split_rows if len(segs.split_rows) else None
-    if group.merges:     # split rows leave partial results for a merge kernel instead of atomics
-        slots = partial_slots(ctx, group.by, longest)
+    if merging:     # split rows leave partial results for a merge kernel instead of atomics
+        slots = partial_slots(ctx, group.by, SEGMENT_EDGES)
         before, zero_rows = before + (slots.slot,), None
         partials = tuple(((slots.count, triton.next_power_of_2(widths[n])), torch.float64 if wide else torch.float32)
                          for _, n in partial_buffers(group))
@@ -673,7 +677,7 @@ def _plan_schedule(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor
         return _plan_scan_unit(unit, ctx, kernel, (rowptr, col, eid), rows, leaf_dtypes, common)
     op = unit.reduce.attrs["op"]
     splits = op in ("sum", "mean")
-    longest = split_length() if splits else None
+    longest = SEGMENT_EDGES if splits else None
     segs = segments(ctx, unit.by, longest)
     width = math.prod(unit.reduce.shape)
     shape = (rows,) + unit.reduce.shape
@@ -691,8 +695,9 @@ def _plan_schedule(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor
     if not splits:
         before, workspace, after = (rowptr, col, eid, segs.row, segs.start, segs.end, segs.split, count, tuned_as), None, ()
     else:
-        slots = split_slots(ctx, unit.by, longest)
-        before = (rowptr, col, eid, segs.row, segs.start, segs.end, slots.slot, slots.segments, count, tuned_as)
+        slots = ordered_slots(ctx, unit.by, longest) if ordered_splits() else split_slots(ctx, unit.by, longest)
+        meeting = slots.ranges if ordered_splits() else slots.segments
+        before = (rowptr, col, eid, segs.row, segs.start, segs.end, slots.slot, meeting, count, tuned_as)
         workspace, after = _split_workspace(slots, width, acc, triton.cdiv(width, block_f), ctx.device)
     return _launch_plan(kernel if count else None, grid, (tuned_as, width), before, after,
                         {"BLOCK_F": block_f, **fixed}, leaf_dtypes, shape, unit.reduce.dtype, False, None,
@@ -740,15 +745,16 @@ def _plan_rows_unit(unit: AggregateUnit, ctx: GraphContext, kernel, csr: tuple, 
                     leaf_dtypes: tuple, common: dict[str, Any]) -> _Launch:
     """`generate_rows`' launch: the unit's segments, BLOCK_R per program; split rows meet
     in a workspace (`_split_workspace`)."""
-    longest = split_length()
-    segs = segments(ctx, unit.by, longest)
-    slots = split_slots(ctx, unit.by, longest)
+    segs = segments(ctx, unit.by, SEGMENT_EDGES)
+    ordered = ordered_splits()
+    slots = (ordered_slots if ordered else split_slots)(ctx, unit.by, SEGMENT_EDGES)
     count = len(segs)
     fixed = {} if _autotune() else {"BLOCK_R": 4, "K": 4}
     width = math.prod(unit.reduce.shape)
     block_f = min(feature_block(unit, ROWS_WIDEST), ROWS_WIDEST)   # a forced tile, within the configs' tiles
     tuned_as = tuning_class(kernel, count)
-    before = (*csr, segs.row, segs.start, segs.end, slots.slot, slots.segments, slots.split_segments, count, tuned_as)
+    before = (*csr, segs.row, segs.start, segs.end, slots.slot, slots.ranges if ordered else slots.segments,
+              slots.split_segments, count, tuned_as)
     workspace, after = _split_workspace(slots, width, acc, triton.cdiv(width, block_f) if width else 1, ctx.device)
     return _launch_plan(kernel if count and width else None,
                         lambda meta: (triton.cdiv(count, meta["BLOCK_R"]), triton.cdiv(width, block_f)),

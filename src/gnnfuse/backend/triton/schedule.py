@@ -88,7 +88,7 @@ def whole_row_segments(graph: Graph) -> list[Any]:
     the keys of every kernel that asks for them: a padded graph's fixed shapes
     (`loader.static_shapes`, `graph.fixed_shape`). The whole-row segments max and min
     reductions ask for (``max_edges=None``) are the same ones, and so are their split-row
-    tables (`split_slots`, `partial_slots`: no row is split, so they read nothing back):
+    tables (`split_slots`, `partial_slots`, `ordered_slots`: no row is split, so they read nothing back):
     a captured step that built one itself would replay the first batch's
     (`training.captured_step`). Returns them."""
     context = GraphContext(graph)
@@ -96,7 +96,8 @@ def whole_row_segments(graph: Graph) -> list[Any]:
     for by in ("dst", "src"):
         whole = segments(context, by, SEGMENT_EDGES, whole_rows=True)
         graph.cached(f"triton_segments_{by}_None", lambda _, w=whole: w)
-        built += [whole, split_slots(context, by, SEGMENT_EDGES), partial_slots(context, by, SEGMENT_EDGES)]
+        built += [whole, split_slots(context, by, SEGMENT_EDGES), partial_slots(context, by, SEGMENT_EDGES),
+                  ordered_slots(context, by, SEGMENT_EDGES)]
     return built
 
 
@@ -203,3 +204,40 @@ def partial_slots(ctx: GraphContext, by: str, max_edges: int | None) -> PartialS
         slot_ptr = torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)]).to(torch.int32)
         return PartialSlots(slot, rows.to(torch.int32), slot_ptr, ordered.numel())
     return ctx.graph.cached(f"triton_partial_slots_{by}_{max_edges}", build)
+
+
+@dataclass(frozen=True)
+class OrderedSlots:
+    """How the segments of split rows meet in a fixed order, for
+    ``torch.use_deterministic_algorithms(True)`` (`codegen._split_row_fixup` with
+    ``ordered``): ``slot`` per segment, its own slot of the workspace (-1 for a row's
+    only segment), a row's segments taking consecutive slots in the order of their
+    edges; ``ranges`` per slot, flat pairs (its row's first slot, the row's segment
+    count); ``split_segments``, the slots in all (split rows' segments come first,
+    `_build`). Each segment adds its partial sum into its own zeroed slot (exactly: one
+    add to zero), and the row's last to arrive sums the row's slots from the first, so
+    the row's bits do not depend on which segment finishes when."""
+    slot: torch.Tensor
+    ranges: torch.Tensor
+    split_segments: int
+
+    def __len__(self) -> int:
+        return self.split_segments
+
+
+def ordered_slots(ctx: GraphContext, by: str, max_edges: int | None) -> OrderedSlots:
+    """The `OrderedSlots` of ``segments(ctx, by, max_edges)``, cached on the graph, from
+    the same slot order as `partial_slots`; with no split row it reads nothing back."""
+    segs = segments(ctx, by, max_edges)
+    parts = partial_slots(ctx, by, max_edges)
+
+    def build(_) -> OrderedSlots:
+        device = segs.row.device
+        if not parts.count:
+            return OrderedSlots(torch.full((len(segs),), -1, dtype=torch.int32, device=device),
+                                torch.zeros(0, dtype=torch.int32, device=device), 0)
+        pieces = parts.slot_ptr.diff()
+        first = torch.repeat_interleave(parts.slot_ptr[:-1], pieces, output_size=parts.count)
+        count = torch.repeat_interleave(pieces, pieces, output_size=parts.count)
+        return OrderedSlots(parts.slot, torch.stack([first, count], 1).reshape(-1).contiguous(), parts.count)
+    return ctx.graph.cached(f"triton_ordered_slots_{by}_{max_edges}", build)
