@@ -279,12 +279,14 @@ def test_every_other_pyg_convolution_names_its_alternative():
             exec(f"from gnnfuse.nn import {name}", {})
 
 
-@pytest.mark.parametrize("name", ["AntiSymmetricConv", "DirGNNConv", "GPSConv"])
+@pytest.mark.parametrize("name", ["AntiSymmetricConv", "DirGNNConv", "DirGNNConv-SAGE", "GPSConv"])
 def test_pyg_wrappers_around_gnnfuse_layers_compile_and_match(name):
     """What the ImportError of PyG's wrapper layers advises: the PyG wrapper around a
-    gnnfuse.nn layer runs compiled and gives PyG's numbers."""
+    gnnfuse.nn layer runs compiled and gives PyG's numbers. DirGNNConv switches its
+    copies' ``root_weight`` off after construction, which SAGEConv refused."""
     wraps = {"AntiSymmetricConv": lambda m: pyg_nn.AntiSymmetricConv(F, phi=m.GCNConv(F, F, bias=False), num_iters=2),
              "DirGNNConv": lambda m: pyg_nn.DirGNNConv(m.GCNConv(F, OUT), alpha=0.3),
+             "DirGNNConv-SAGE": lambda m: pyg_nn.DirGNNConv(m.SAGEConv(F, OUT), alpha=0.3),
              "GPSConv": lambda m: pyg_nn.GPSConv(F, m.GCNConv(F, F), heads=2)}[name]
     torch.manual_seed(0)
     ours, theirs = wraps(gnnfuse.nn).double().eval(), wraps(pyg_nn).double().eval()
@@ -295,6 +297,19 @@ def test_pyg_wrappers_around_gnnfuse_layers_compile_and_match(name):
         got = run(ours, PLAIN, tensors, EDGES)
     assert calls
     _assert_same(got, expected)
+
+
+def test_sage_root_weight_switched_off_keeps_lin_r_unused_as_pyg_does():
+    ours, theirs = gnnfuse.nn.SAGEConv(F, OUT).double(), pyg_nn.SAGEConv(F, OUT).double()
+    theirs.load_state_dict(ours.state_dict())
+    ours.root_weight = theirs.root_weight = False
+    assert not ours.root_weight and set(ours.state_dict()) == set(theirs.state_dict())
+    tensors = inputs("cpu")
+    _assert_same(run(ours, PLAIN, tensors, EDGES), run(theirs, PLAIN, tensors, EDGES))
+    ours.root_weight = True
+    assert ours.root_weight
+    with pytest.raises(AttributeError, match="root_weight=True needs lin_r"):
+        gnnfuse.nn.SAGEConv(F, OUT, root_weight=False).root_weight = True
 
 
 def test_is_the_pyg_class_and_pickles():

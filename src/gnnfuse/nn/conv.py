@@ -662,14 +662,18 @@ class SAGEConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
 
     @property
     def root_weight(self) -> bool:
-        """PyG's attribute: whether the root term ``lin_r(x_v)`` is added (``lin_r`` exists)."""
-        return self.lin_r is not None
+        """PyG's attribute: whether the root term ``lin_r(x_v)`` is added. Set to False
+        after construction (PyG's ``DirGNNConv`` does so on its copies of the layer) it
+        keeps ``lin_r`` and its ``state_dict`` entry, unused, as PyG's does; a layer built
+        without ``lin_r`` cannot take the term back."""
+        return self.lin_r is not None and not self.__dict__.get("_root_dropped", False)
 
     @root_weight.setter
     def root_weight(self, value: bool) -> None:
-        if bool(value) != self.root_weight:
-            raise AttributeError(f"SAGEConv: root_weight is fixed at construction ({self.root_weight}); build the "
-                                 f"layer with root_weight={bool(value)} instead of setting it afterwards")
+        if value and self.lin_r is None:
+            raise AttributeError("SAGEConv: root_weight=True needs lin_r, which a layer built with "
+                                 "root_weight=False does not have; build the layer with root_weight=True")
+        self.__dict__["_root_dropped"] = not value
 
     def extra_repr(self) -> str:
         return f"{self.in_channels}, {self.out_channels}, aggr={self.aggr}"
@@ -724,7 +728,7 @@ class SAGEConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
                 size: tuple[int, int] | None = None) -> torch.Tensor:
         # the submodules and parameters read once, into locals: each read of one is a
         # Module.__getattr__ call, and reading them where used was 21 per call
-        aggr_module, lin_l, lin_r = self.aggr_module, self.lin_l, self.lin_r
+        aggr_module, lin_l, lin_r = self.aggr_module, self.lin_l, self.lin_r if self.root_weight else None
         kind = aggr_module.kind if isinstance(aggr_module, Reduction) else None
         if kind != "sum":
             # PyG aggregates a sparse adj_t by spmm, which sums a COO tensor's repeated
