@@ -171,6 +171,49 @@ def test_inductor_compiles_after_an_eager_call_in_a_fresh_process():
     assert result.returncode == 0, result.stderr[-2000:]
 
 
+# A fresh process whose first calls of these layers and of a message/reduce pair are the
+# compiled ones: dynamo traced gnnfuse's tracer itself there (under dynamic=True, where the
+# feature widths are symbolic; in message_passing and apply_edges always) and failed on its
+# symbolic values, with an error that the trace cache then gave every later eager call.
+_COMPILED_FIRST = """
+import warnings
+import torch, torch_geometric.nn as pyg
+import gnnfuse, gnnfuse.nn as ours
+torch.manual_seed(0)
+for make in (lambda m: m.SAGEConv(8, 6), lambda m: m.GATConv(8, 3, heads=2), lambda m: m.GINConv(torch.nn.Linear(8, 4))):
+    layer, oracle = make(ours).double(), make(pyg).double()
+    oracle.load_state_dict(layer.state_dict())
+    compiled = torch.compile(layer, backend="eager", dynamic=True)
+    for n in (7, 11):
+        x, edge_index = torch.randn(n, 8, dtype=torch.float64), torch.randint(0, n, (2, 3 * n))
+        torch.testing.assert_close(compiled(x, edge_index), oracle(x, edge_index))
+    torch.testing.assert_close(make(ours).double()(x, edge_index).shape, oracle(x, edge_index).shape)
+graph = gnnfuse.Graph(torch.tensor([0, 1, 2, 2]), torch.tensor([1, 2, 0, 1]))
+h = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+def step(h):
+    node = gnnfuse.message_passing(graph, lambda e: {"m": e.src["h"] * 2}, lambda n: {"h": n.mailbox["m"].sum(1)},
+                                   ndata={"h": h})["h"]
+    edge = gnnfuse.apply_edges(graph, lambda e: {"s": e.src["h"] * e.dst["h"]}, ndata={"h": h})["s"]
+    return node.sum() + edge.sum()
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    (grad,) = torch.autograd.grad(torch.compile(step, backend="aot_eager")(h), h)
+assert sum("gnnfuse runs eagerly under torch.compile" in str(w.message) for w in caught) == 2, caught
+plain = h.detach().requires_grad_()
+node = torch.zeros(3, 4, dtype=torch.float64).index_add(0, graph.dst, plain[graph.src] * 2)
+(expected,) = torch.autograd.grad(node.sum() + (plain[graph.src] * plain[graph.dst]).sum(), plain)
+torch.testing.assert_close(grad, expected)
+torch.testing.assert_close(step(h), node.sum() + (plain[graph.src] * plain[graph.dst]).sum())   # eager after
+"""
+
+
+def test_compiled_first_calls_under_dynamic_shapes_and_udfs_per_call_give_the_eager_results():
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [SRC, os.environ.get("PYTHONPATH")]))}
+    result = subprocess.run([sys.executable, "-c", _COMPILED_FIRST], capture_output=True, text=True, env=env,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
 _WEIGHT = torch.ones(3, dtype=torch.float64)
 
 

@@ -98,7 +98,12 @@ def program_at_compile_time(udf_key: str, table_signature: Hashable
     cannot run as the operator, why not."""
     default_dtype, autocast, tables = table_signature
     with stand_ins_under(autocast):     # the meta device has no autocast: traced under the call's
-        return _program_for(udf_key, tables)
+        # never traced by dynamo itself: where the signature is no constant (under
+        # torch.compile(dynamic=True) feature widths are symbolic) dynamo breaks the graph
+        # at this call and runs it as Python, and then traced its frames, the tracer's
+        # included, on symbolic values ('torch.Size' object has no attribute
+        # 'is_floating_point'), and the trace cache kept that failure for eager calls too
+        return torch.compiler.disable(_program_for)(udf_key, tables)
 
 
 def _program_for(udf_key: str, tables: Hashable) -> tuple[str, tuple[str, ...], tuple[str, ...]] | str:

@@ -58,6 +58,7 @@ import torch
 from ..graph import Graph
 from ..ir import Residency
 from ..runtime import CompiledProgram
+from ..runtime.compile_op import run_eagerly
 from . import pairwise
 from .compiled_call import call_compiled, register_udf
 from .graph_input import call_graph
@@ -297,7 +298,27 @@ def message_passing(graph: Graph | object, message_fn: Callable, reduce_fn: Call
     returns the node data that ``update_fn`` (or ``reduce_fn``) produces. ``etype_data`` /
     ``ntype_data`` hold per-edge-type / per-node-type tensors (see the module docstring).
     With ``return_edata=True`` it returns ``(node data, edge data)``, the edge data being
-    what ``message_fn`` wrote to ``edges.data`` ([E, ...] in edge-id order)."""
+    what ``message_fn`` wrote to ``edges.data`` ([E, ...] in edge-id order).
+
+    Under ``torch.compile`` it runs eagerly behind a graph break, with a warning: its
+    functions are often closures made per call, which dynamo would trace into gnnfuse's
+    tracer (failing on its symbolic values); a `UpdateAll` built once runs as one operator."""
+    if torch.compiler.is_compiling():
+        return run_eagerly(
+            "gnnfuse.message_passing (functions passed per call; build gnnfuse.frontend.UpdateAll(message_fn, "
+            "reduce_fn) once, outside the compiled code, to compile it as one operator)",
+            _message_passing, graph, message_fn, reduce_fn, update_fn, ndata, edata, etype_data, ntype_data,
+            return_edata)
+    return _message_passing(graph, message_fn, reduce_fn, update_fn, ndata, edata, etype_data, ntype_data,
+                            return_edata)
+
+
+def _message_passing(graph: Graph | object, message_fn: Callable, reduce_fn: Callable,
+                     update_fn: Callable | None, ndata: Mapping[str, torch.Tensor],
+                     edata: Mapping[str, torch.Tensor] | None, etype_data: Mapping[str, torch.Tensor] | None,
+                     ntype_data: Mapping[str, torch.Tensor] | None, return_edata: bool
+                     ) -> dict[str, torch.Tensor] | tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """`message_passing`'s eager run."""
     outputs, compiled, _ = _run(graph, (message_fn, reduce_fn, update_fn), ndata, edata, etype_data, ntype_data,
                                 return_edata)
     if not return_edata:
@@ -392,7 +413,18 @@ def apply_edges(graph: Graph | object, edge_fn: Callable, *, ndata: Mapping[str,
                 ntype_data: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """DGL's ``apply_edges(edge_fn)``, compiled: ``edge_fn(edges)`` returns a dict of
     per-edge values; the result maps each returned key, and each key ``edge_fn`` wrote to
-    ``edges.data``, to an [E, ...] tensor in edge-id order, differentiable."""
+    ``edges.data``, to an [E, ...] tensor in edge-id order, differentiable. Under
+    ``torch.compile`` it runs eagerly behind a graph break, with a warning (as
+    `message_passing` does)."""
+    if torch.compiler.is_compiling():
+        return run_eagerly("gnnfuse.apply_edges", _apply_edges, graph, edge_fn, ndata, edata, etype_data, ntype_data)
+    return _apply_edges(graph, edge_fn, ndata, edata, etype_data, ntype_data)
+
+
+def _apply_edges(graph: Graph | object, edge_fn: Callable, ndata: Mapping[str, torch.Tensor] | None,
+                 edata: Mapping[str, torch.Tensor] | None, etype_data: Mapping[str, torch.Tensor] | None,
+                 ntype_data: Mapping[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
+    """`apply_edges`' eager run."""
     check_tables(ndata=ndata, edata=edata, etype_data=etype_data, ntype_data=ntype_data)
     graph = call_graph(graph, (ndata or {}).values())
     tables = tuple(dict(table or {}) for table in (ndata, edata, etype_data, ntype_data))

@@ -589,7 +589,10 @@ class TraceCache:
             with reads:
                 tracer = trace()
         except Exception as exc:
-            if key is not None and not (found[1] and reads.seen) and random_states() == before:
+            # not while dynamo traces this code (whose symbolic values fail the tracer in ways
+            # of their own): the failure then answered every later eager call of the function
+            if (key is not None and not (found[1] and reads.seen) and random_states() == before
+                    and not torch.compiler.is_compiling()):
                 self._remember_failure(key, exc)
             raise
         if key is not None and random_states() != before:   # a draw `_IMPURE` does not name (rsample, bernoulli_)
