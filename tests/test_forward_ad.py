@@ -17,7 +17,9 @@ from gnnfuse.runtime.compiled import ForwardADError
 SRC = torch.tensor([0, 1, 2, 3, 4, 5, 0, 3])
 DST = torch.tensor([1, 2, 3, 4, 5, 0, 3, 3])
 LAYERS = {"gcn": lambda: gnn.GCNConv(3, 4), "gin": lambda: gnn.GINConv(torch.nn.Linear(3, 4)),
-          "sage-max": lambda: gnn.SAGEConv(3, 4, aggr="max"), "gat": lambda: gnn.GATConv(3, 2, heads=2)}
+          "sage-max": lambda: gnn.SAGEConv(3, 4, aggr="max"), "gat": lambda: gnn.GATConv(3, 2, heads=2),
+          # a PyG class compiled by gnnfuse (its propagate's refusal was not named)
+          "transformer": lambda: gnn.TransformerConv(3, 2, heads=2)}
 
 
 def _layer(name: str, device: str) -> torch.nn.Module:

@@ -41,6 +41,7 @@ except ImportError as exc:   # pragma: no cover - exercised only without PyG ins
 
 from ..frontend.pyg_message_passing import NotCompilable, compiled_propagate
 from ..runtime.compile_op import run_eagerly
+from ..runtime.compiled import ForwardADError
 from .torchscript import NotScriptable
 
 # PyG's generic propagate. PyG replaces a concrete class's ``propagate`` by one generated
@@ -69,6 +70,10 @@ class MessagePassing(NotScriptable, PyGMessagePassing):
                 return compiled_propagate(self, edge_index, size, kwargs, _template(type(self)) is None)
             except NotCompilable as reason:
                 _warn_once(type(self), str(reason))
+            except ForwardADError as error:     # a program's refusal, named after the layer, as gnnfuse's own
+                if error.layer is not None:
+                    raise
+                raise ForwardADError(error.reason, type(self).__name__) from None
         return _eager_propagate(self, edge_index, size, kwargs)
 
     def _set_jittable_templates(self, raise_on_error: bool = False) -> None:
