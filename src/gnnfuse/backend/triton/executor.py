@@ -63,10 +63,32 @@ def ordered_splits() -> bool:
 
 def fixed_csr_blocks(block_f: int) -> dict[str, int]:
     """The CSR kernels' edge chunk and segments per program where nothing autotunes (the
-    interpreter, ``GNNFUSE_AUTOTUNE=0``): one config that fits any width. A test swaps it
+    interpreter, ``GNNFUSE_AUTOTUNE=0``): one config that fits any width, on one warp
+    as the autotuner's (`deterministic_csr_blocks` says why). A test swaps it
     for the smallest blocks of the autotuning space (`codegen.CSR_EDGE_BLOCKS`), which
     the interpreter would otherwise never run."""
-    return {"BLOCK_E": max(16, min(128, 2048 // block_f)), "ROWS": 2}
+    return {"BLOCK_E": max(16, min(128, 2048 // block_f)), "ROWS": 2, "num_warps": 1}
+
+
+def csr_blocks(block_f: int) -> dict[str, int]:
+    """A CSR walk's launch sizes where nothing autotunes: `fixed_csr_blocks`, and under
+    ``torch.use_deterministic_algorithms(True)`` (where the autotuner is off on a GPU too,
+    `_autotune`) `deterministic_csr_blocks`."""
+    return deterministic_csr_blocks(block_f) if determinism.deterministic() else fixed_csr_blocks(block_f)
+
+
+def deterministic_csr_blocks(block_f: int) -> dict[str, int]:
+    """The CSR walks' launch sizes under ``torch.use_deterministic_algorithms(True)``: a
+    fixed rule, since the autotuner's timed pick could differ between processes, and the
+    edge block sets the order of a row's additions (the segments per program do not).
+    The rule follows what the autotuner picked on an H200 (GCN, SAGE, GAT 8x8 and GATv2
+    4x16 on arxiv- and Reddit2-sized graphs): one segment per program in all but two of
+    26 kernels, and edge blocks of 4-8 for 64-wide rows, 8-16 for narrow ones. The
+    interpreter's rule (`fixed_csr_blocks`, 32 edges of a 64-wide row, two segments a
+    program) made GAT's Reddit2-sized call 41 ms against the autotuner's 15. One warp, as
+    every config the autotuner tries (`codegen.generate`): a plain launch's default of
+    four made GCN's Reddit2-sized walk 4.2 ms against 0.77 at the same blocks."""
+    return {"BLOCK_E": max(4, min(16, 512 // block_f)), "ROWS": 1, "num_warps": 1}
 
 
 def fixed_edge_block(block_f: int) -> int:
@@ -573,7 +595,7 @@ def _plan_siblings(group: SiblingGroup, ctx: GraphContext, leaves: dict[int, tor
     segs = segments(ctx, group.by, SEGMENT_EDGES)
     count = len(segs)
     widths = tuple(math.prod(m.reduce.shape) for m in group.members)
-    fixed = {} if _autotune() else fixed_csr_blocks(triton.next_power_of_2(max(widths)))
+    fixed = {} if _autotune() else csr_blocks(triton.next_power_of_2(max(widths)))
     before = (rowptr, col, eid, segs.row, segs.start, segs.end, segs.split)
     partials, merge, zero_rows = (), None, segs.split_rows if len(segs.split_rows) else None
     if merging:     # split rows leave partial results for a merge kernel instead of atomics
@@ -690,7 +712,7 @@ def _plan_schedule(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor
         return triton.cdiv(count, meta["ROWS"]), triton.cdiv(width, block_f)
     # Feature-adaptive default for the interpreter (two rows per program, so the row loop
     # and its bound check run in tests); on a GPU the autotuner picks BLOCK_E and ROWS.
-    fixed = {} if _autotune() else fixed_csr_blocks(block_f)
+    fixed = {} if _autotune() else csr_blocks(block_f)
     tuned_as = tuning_class(kernel, count)
     if not splits:
         before, workspace, after = (rowptr, col, eid, segs.row, segs.start, segs.end, segs.split, count, tuned_as), None, ()
