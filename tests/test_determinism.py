@@ -232,6 +232,28 @@ def test_kernels_launch_fixed_blocks_instead_of_autotuning(monkeypatch):
         torch.use_deterministic_algorithms(before[0], warn_only=before[1])
 
 
+def test_walks_launch_the_deterministic_blocks_on_one_warp(deterministic, monkeypatch):
+    """Under the switch a walk's plan and a sibling group's take `deterministic_csr_blocks`
+    (one warp, one segment a program, an edge block by width: 8 for 40 lanes); with it
+    off the interpreter's fixed blocks, also on one warp (a plain launch defaults to four)."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
+    monkeypatch.setenv("GNNFUSE_SCHEDULE", "csr")
+    h = torch.randn(12, 40, dtype=f64).to(DEVICE)
+    walk = gnnfuse.vertex(lambda v: sum([u.h for u in v.innbs]))
+    group = gnnfuse.vertex(lambda v: sum([u.h for u in v.innbs]) + sum([u.h * 2 for u in v.innbs]) / len(v.innbs))
+    launched = []
+    real_plan, real_group = triton_executor._launch_plan, triton_executor._SiblingLaunch
+    monkeypatch.setattr(triton_executor, "_launch_plan", lambda *a, **k: launched.append(a[5]) or real_plan(*a, **k))
+    monkeypatch.setattr(triton_executor, "_SiblingLaunch", lambda *a: launched.append(a[12]) or real_group(*a))
+    for layer in (walk, group):
+        layer(hub_graph().to(DEVICE), {"h": h})
+    torch.use_deterministic_algorithms(False)
+    for layer in (walk, group):
+        layer(hub_graph().to(DEVICE), {"h": h})
+    ordered, fixed = {"BLOCK_E": 8, "ROWS": 1, "num_warps": 1}, {"BLOCK_E": 32, "ROWS": 2, "num_warps": 1}
+    assert launched == [{"BLOCK_F": 64, **ordered}, ordered, {"BLOCK_F": 64, **fixed}, fixed], launched
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the loss kernels take CUDA tensors only")
 def test_a_loss_over_selected_rows_takes_torch_form(deterministic, monkeypatch):
     """A row selected twice gets its two gradient terms added atomically by the loss
