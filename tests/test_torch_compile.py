@@ -180,7 +180,8 @@ import warnings
 import torch, torch_geometric.nn as pyg
 import gnnfuse, gnnfuse.nn as ours
 torch.manual_seed(0)
-for make in (lambda m: m.SAGEConv(8, 6), lambda m: m.GATConv(8, 3, heads=2), lambda m: m.GINConv(torch.nn.Linear(8, 4))):
+for make in (lambda m: m.SAGEConv(8, 6), lambda m: m.GATConv(8, 3, heads=2),
+             lambda m: m.GINConv(torch.nn.Linear(8, 4))):
     layer, oracle = make(ours).double(), make(pyg).double()
     oracle.load_state_dict(layer.state_dict())
     compiled = torch.compile(layer, backend="eager", dynamic=True)
