@@ -215,6 +215,30 @@ def test_compiled_first_calls_under_dynamic_shapes_and_udfs_per_call_give_the_ea
     assert result.returncode == 0, result.stderr[-3000:]
 
 
+@pytest.mark.parametrize("name", ["TransformerConv", "LEConv"])
+def test_a_layer_behind_a_graph_break_takes_sizes_marked_dynamic(name):
+    """These PyG classes run their propagate behind a graph break; its output's rows were
+    a constant after the break, and adding x's root term (marked dynamic by the user)
+    specialized them: dynamo refused with a ConstraintViolationError naming x."""
+    torch.manual_seed(0)
+    layer, oracle = getattr(ours, name)(8, 4).double(), getattr(pyg, name)(8, 4).double()
+    oracle.load_state_dict(layer.state_dict())
+    compiled = torch.compile(layer, backend="aot_eager")
+    for n in (7, 12):
+        x = torch.randn(n, 8, dtype=torch.float64, requires_grad=True)
+        edge_index = torch.randint(0, n, (2, 3 * n))
+        torch._dynamo.mark_dynamic(x, 0)        # the very tensors passed: a clone drops the marks
+        torch._dynamo.mark_dynamic(edge_index, 1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            got = compiled(x, edge_index)
+        expected = oracle(x, edge_index)
+        assert_same_values(got, expected, f"{name}, {n} vertices")
+        weight = torch.linspace(-1, 1, got.numel(), dtype=got.dtype).view_as(got)
+        assert_same_values(torch.autograd.grad((got * weight).sum(), x)[0],
+                           torch.autograd.grad((expected * weight).sum(), x)[0], f"{name} x.grad, {n} vertices")
+
+
 _WEIGHT = torch.ones(3, dtype=torch.float64)
 
 

@@ -140,7 +140,14 @@ def _warned_call(reason: str, fn: Callable, *args: Any, **kwargs: Any) -> Any:
     if reason not in _WARNED:
         _WARNED.add(reason)
         warnings.warn(f"gnnfuse runs eagerly under torch.compile (a graph break): {reason}", stacklevel=3)
-    return fn(*args, **kwargs)
+    result = fn(*args, **kwargs)
+    for out in (result if isinstance(result, (tuple, list)) else (result,)):
+        if isinstance(out, torch.Tensor) and out.dim():
+            # rows may vary: a static row count met an input the user marked dynamic
+            # (``mark_dynamic(x, 0)``) in the code after the break, and dynamo refused
+            # the specialization naming the input (ConstraintViolationError)
+            torch._dynamo.maybe_mark_dynamic(out, 0)
+    return result
 
 
 _PROGRAMS: dict[str, CompiledProgram] = {}
