@@ -205,6 +205,20 @@ node = torch.zeros(3, 4, dtype=torch.float64).index_add(0, graph.dst, plain[grap
 (expected,) = torch.autograd.grad(node.sum() + (plain[graph.src] * plain[graph.dst]).sum(), plain)
 torch.testing.assert_close(grad, expected)
 torch.testing.assert_close(step(h), node.sum() + (plain[graph.src] * plain[graph.dst]).sum())   # eager after
+from gnnfuse.ops import gspmm, gsddmm
+from gnnfuse.napa import NeighborApply, Pull
+def templates(h):
+    spmm = gspmm(graph, lambda s: s * 2, "sum", src=h)
+    sddmm = gsddmm(graph, lambda s, d: s * d, src=h, dst=h)
+    pulled = Pull(graph, h, NeighborApply(graph, h, "mean"), "mul", "sum")
+    return spmm.sum() + sddmm.sum() + pulled.sum()
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    (grad,) = torch.autograd.grad(torch.compile(templates, backend="aot_eager")(h), h)
+assert any("gnnfuse.ops.gspmm" in str(w.message) for w in caught), caught
+(expected,) = torch.autograd.grad(templates(plain), plain)
+torch.testing.assert_close(grad, expected)
+torch.testing.assert_close(templates(h), templates(plain))      # eager after
 """
 
 

@@ -29,7 +29,7 @@ backend has a single schedule and ignores it.
 from __future__ import annotations
 
 import inspect
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -37,6 +37,7 @@ from ..backend.forced_schedule import SCHEDULES, ForcedSchedule, forcing
 from ..graph import Graph
 from ..ir import Residency
 from ..ir.ops.movement import REDUCERS
+from ..runtime.compile_op import run_eagerly
 from .graph_input import call_graph
 from .message import _callers, _gather
 from .trace_cache import TraceCache, program_feeds
@@ -154,11 +155,25 @@ def _run(cache: TraceCache, graph, fn, operands, reduce, schedule) -> torch.Tens
         return compiled(graph, program_feeds(tables, captured))["out"]
 
 
+def _eagerly(name: str, template: Callable, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """``template(*args, **kwargs)`` eagerly behind a graph break, with a warning: a
+    template's user function is traced per call, and under ``torch.compile`` dynamo traced
+    gnnfuse's tracer itself, which failed on dynamo's symbolic values ('torch.Size' object
+    has no attribute 'is_floating_point', or a refusal naming torch.func) and left later
+    eager calls failing too. NAPA's primitives (`gnnfuse.napa`) come here through them."""
+    return run_eagerly(f"{name} (its user function is traced per call; NAPA's primitives call it)", template,
+                       *args, **kwargs)
+
+
 def gspmm(graph: Graph | object, message: Callable | None, reduce: str, *, src: torch.Tensor | None = None,
           dst: torch.Tensor | None = None, edge: torch.Tensor | None = None,
           schedule: str | ForcedSchedule | None = None) -> torch.Tensor:
     """Generalized SpMM: ``out[v] = reduce over edges (u, v) of message(src[u], dst[v], edge[e])``
-    (only the operands given are passed); [num_nodes, ...], differentiable. See the module doc."""
+    (only the operands given are passed); [num_nodes, ...], differentiable. See the module doc.
+    Under ``torch.compile`` it runs eagerly behind a graph break, with a warning (`_eagerly`)."""
+    if torch.compiler.is_compiling():
+        return _eagerly("gnnfuse.ops.gspmm", gspmm, graph, message, reduce, src=src, dst=dst, edge=edge,
+                        schedule=schedule)
     graph = operand_graph(graph, src, dst)
     if not isinstance(reduce, str):
         raise TypeError(f"gspmm: reduce must be one of {REDUCERS} (a string), got {type(reduce).__name__}")
@@ -174,7 +189,10 @@ def gsddmm(graph: Graph | object, edge_fn: Callable | None, *, src: torch.Tensor
            dst: torch.Tensor | None = None, edge: torch.Tensor | None = None) -> torch.Tensor:
     """Generalized SDDMM: ``out[e] = edge_fn(src[u], dst[v], edge[e])`` for every edge
     e = (u, v) (only the operands given are passed); [num_edges, ...] in edge-id order,
-    differentiable. It runs as one edge-parallel kernel, so it takes no ``schedule``."""
+    differentiable. It runs as one edge-parallel kernel, so it takes no ``schedule``.
+    Under ``torch.compile`` it runs eagerly behind a graph break, with a warning (`_eagerly`)."""
+    if torch.compiler.is_compiling():
+        return _eagerly("gnnfuse.ops.gsddmm", gsddmm, graph, edge_fn, src=src, dst=dst, edge=edge)
     graph = operand_graph(graph, src, dst)
     operands = _operands("gsddmm", graph, {"src": src, "dst": dst, "edge": edge})
     fn = _user_function("gsddmm", edge_fn, operands, "edge_fn")
