@@ -142,7 +142,9 @@ class OpDef:
         out = self.run(None, metas, [i.residency for i in inputs], attrs)
         shape = tuple(out.shape)
         result = (shape[1:] if residency is not Residency.SHARED else shape), out.dtype
-        if key is not None:
+        # not while dynamo traces this code: what its fake tensors answer (a torch.Size for a
+        # dtype) was kept and failed every later eager trace of the op on those shapes
+        if key is not None and not torch.compiler.is_compiling():
             _SHAPE_MEMO[key] = result
         return result
 
