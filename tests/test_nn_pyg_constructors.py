@@ -151,12 +151,18 @@ def test_sage_project_is_refused_lazily_as_pyg_does():
 
 def test_sage_root_weight_reads_as_pygs_and_is_not_silently_changed():
     """PyG reads ``conv.root_weight`` in its forward; ours was no attribute, so setting
-    it to False did nothing and the root term stayed."""
+    it to False did nothing and the root term stayed. Set to False it now drops the root
+    term and keeps ``lin_r``, as PyG's does (its DirGNNConv sets it so); True needs lin_r."""
     assert gnn.SAGEConv(F_IN, 3).root_weight and not gnn.SAGEConv(F_IN, 3, root_weight=False).root_weight
     conv = gnn.SAGEConv(F_IN, 3)
     conv.root_weight = True
-    with pytest.raises(AttributeError, match="root_weight=False"):
-        conv.root_weight = False
+    x, edge_index = torch.randn(5, F_IN), torch.tensor([[0, 1, 2, 3], [1, 2, 3, 4]])
+    with_root = conv(x, edge_index)
+    conv.root_weight = False
+    torch.testing.assert_close(conv(x, edge_index), with_root - conv.lin_r(x))
+    assert conv.lin_r is not None and not conv.root_weight
+    with pytest.raises(AttributeError, match="root_weight=True needs lin_r"):
+        gnn.SAGEConv(F_IN, 3, root_weight=False).root_weight = True
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
