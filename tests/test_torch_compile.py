@@ -229,6 +229,53 @@ def test_compiled_first_calls_under_dynamic_shapes_and_udfs_per_call_give_the_ea
     assert result.returncode == 0, result.stderr[-3000:]
 
 
+def _weighted_adj_t(n: int, seed: int) -> torch.Tensor:
+    """A coalesced COO adj_t of weights other than 1, without self loops."""
+    g = torch.Generator().manual_seed(seed)
+    edge_index = torch.unique(torch.randint(0, n, (2, 3 * n), generator=g), dim=1)
+    edge_index = edge_index[:, edge_index[0] != edge_index[1]]
+    values = torch.rand(edge_index.shape[1], dtype=torch.float64, generator=g) + 0.5
+    return torch.sparse_coo_tensor(edge_index.flip(0), values, (n, n)).coalesce()
+
+
+@pytest.mark.parametrize("name", ["GCNConv", "GraphConv", "SGConv", "TAGConv"])
+def test_a_weighted_sparse_adj_t_runs_eagerly_behind_a_graph_break(name):
+    """Dynamo cannot take a sparse tensor: it ran the layer's frame as Python and compiled
+    its helpers on their own, one of which returned the graph as a GraphRef to that
+    Python ('GraphRef' object has no attribute 'num_edges')."""
+    torch.manual_seed(0)
+    layer, oracle = getattr(ours, name)(8, 4).double(), getattr(pyg, name)(8, 4).double()
+    oracle.load_state_dict(layer.state_dict())
+    compiled = torch.compile(layer, backend="aot_eager")
+    for n in (9, 13):
+        adj_t, x = _weighted_adj_t(n, n), torch.randn(n, 8, dtype=torch.float64)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            got = outputs_and_grads(layer, lambda h: compiled(h, adj_t), x)
+        expected = outputs_and_grads(oracle, lambda h: oracle(h, adj_t), x)
+        for key in got:
+            assert_same_values(got[key], expected[key], f"{name} {key}, {n} vertices")
+
+
+def test_a_refused_adj_t_leaves_the_compiled_layer_working():
+    """GCNConv refuses a torch sparse adj_t storing self loops; afterwards the compiled
+    layer, and another compiled GCNConv, failed on a plain edge_index ('cannot make a
+    Graph from GraphRef') until torch.compiler.reset()."""
+    layer, oracle = _pair("gcn", "cpu")
+    x, edge_index = _inputs("cpu")
+    compiled = torch.compile(layer, backend="eager")
+    looped = torch.sparse_coo_tensor(torch.tensor([[0, 1], [0, 2]]), torch.ones(2, dtype=torch.float64),
+                                     (NUM_NODES, NUM_NODES)).coalesce()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(ValueError, match="stores self loops"):
+            compiled(x, looped)
+        assert_same_values(compiled(x, edge_index), oracle(x, edge_index), "GCN after the refusal")
+        other, other_oracle = _pair("gcn", "cpu")
+        assert_same_values(torch.compile(other, backend="eager")(x, edge_index), other_oracle(x, edge_index),
+                           "a fresh compiled GCN after the refusal")
+
+
 @pytest.mark.parametrize("name", ["TransformerConv", "LEConv"])
 def test_a_layer_behind_a_graph_break_takes_sizes_marked_dynamic(name):
     """These PyG classes run their propagate behind a graph break; its output's rows were

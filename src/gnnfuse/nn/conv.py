@@ -29,7 +29,7 @@ from .aggregation import Reduction, aggregate, eager_slots, pyg_aggr_name, resol
 from .arguments import (adjacency_weights, edge_weight_column, floating_node_features, node_pair, refuse_stored_loops,
                         over_feature_batches)
 from .attention_weights import AttentionOutput, attention_weights, check_attention_request
-from .compiling import compile_path, graph_input_problem, propagation_problem
+from .compiling import compile_path, graph_input_problem, propagation_problem, traced_layer
 from .edge_features import FillValue, edge_projection, edge_rows, traced_edge_matmul
 from .fixed_flow import FixedFlow
 from .padded_loops import padded_looped
@@ -59,8 +59,8 @@ def _as_graph(graph: Graph | torch.Tensor, num_nodes: int) -> Graph:
                              f"{graph.num_nodes} destination nodes; pass (x_src, x_dst)")
         if graph.num_nodes != num_nodes:
             raise ValueError(f"x has {num_nodes} rows but the graph has {graph.num_nodes} nodes")
-        return GraphRef.of(graph, num_nodes) if torch.compiler.is_compiling() else graph
-    if torch.compiler.is_compiling():     # a covered layer under torch.compile (nn.compiling)
+        return GraphRef.of(graph, num_nodes) if traced_layer() else graph
+    if traced_layer():     # a covered layer under torch.compile (nn.compiling)
         return GraphRef.of(graph, num_nodes)
     return Graph.coerce(graph, num_nodes=num_nodes)
 
@@ -83,7 +83,7 @@ def _bipartite_inputs(x, graph: Graph | torch.Tensor, size, layer: str, weighted
         return x_src, x_dst, _as_graph(graph, x_src.shape[0])
     if weighted_adj_t is not None and weighted_adj_t is not graph:
         check_bipartite_adj_t(weighted_adj_t, sizes[1], sizes[0])
-    if torch.compiler.is_compiling():
+    if traced_layer():
         checked = Graph.coerce(graph, num_nodes=sizes[1], num_src_nodes=sizes[0]) if isinstance(graph, Graph) else graph
         return x_src, x_dst, GraphRef.of(checked, sizes[1], sizes[0])
     return x_src, x_dst, Graph.coerce(graph, num_nodes=sizes[1], num_src_nodes=sizes[0])
