@@ -82,8 +82,8 @@ def deterministic_csr_blocks(block_f: int) -> dict[str, int]:
     fixed rule, since the autotuner's timed pick could differ between processes, and the
     edge block sets the order of a row's additions (the segments per program do not).
     The rule follows what the autotuner picked on an H200 (GCN, SAGE, GAT 8x8 and GATv2
-    4x16 on arxiv- and Reddit2-sized graphs): one segment per program in all but two of
-    26 kernels, and edge blocks of 4-8 for 64-wide rows, 8-16 for narrow ones. The
+    4x16 on arxiv- and Reddit2-sized graphs): one segment per program in 21 of 23 walks,
+    and edge blocks from 4 to 64, 4-8 in 13 of the 18 walks over 64-wide rows. The
     interpreter's rule (`fixed_csr_blocks`, 32 edges of a 64-wide row, two segments a
     program) made GAT's Reddit2-sized call 41 ms against the autotuner's 15. One warp, as
     every config the autotuner tries (`codegen.generate`): a plain launch's default of
