@@ -35,10 +35,10 @@ from ..runtime.compiled import ForwardADError, FunctorchTransformError, backend_
 __all__ = ["compile_path", "graph_input_problem", "propagation_problem", "traced_layer"]
 
 
-class _TracedLayers:
-    """How many covered layers' forwards dynamo is tracing at this point of its trace
-    (`compile_path`): a count dynamo follows as a side effect of the traced code."""
-    depth = 0
+# How many covered layers' forwards dynamo is tracing at this point of its trace
+# (`compile_path`): a count dynamo follows as a side effect of the traced code. A list:
+# torch 2.11's dynamo cannot trace setattr on a class, which a class attribute would need.
+_TRACED_DEPTH = [0]
 
 
 def traced_layer() -> bool:
@@ -49,7 +49,7 @@ def traced_layer() -> bool:
     as Python and compiles the helpers it calls on their own, and a GraphRef one of them
     returned to the Python caller failed there ('GraphRef' object has no attribute
     'num_edges'; 'cannot make a Graph from GraphRef')."""
-    return torch.compiler.is_compiling() and _TracedLayers.depth > 0
+    return torch.compiler.is_compiling() and _TRACED_DEPTH[0] > 0
 
 
 def compile_path(why_not: Callable[..., str | None] | None = None) -> Callable[[Callable], Callable]:
@@ -63,11 +63,11 @@ def compile_path(why_not: Callable[..., str | None] | None = None) -> Callable[[
                 reason = "it has no torch.compile path yet" if why_not is None else why_not(self, *args, **kwargs)
                 if reason is not None:
                     return run_eagerly(f"{type(self).__name__}: {reason}", forward, self, *args, **kwargs)
-                _TracedLayers.depth += 1
+                _TRACED_DEPTH[0] += 1
                 try:
                     return forward(self, *args, **kwargs)
                 finally:
-                    _TracedLayers.depth -= 1
+                    _TRACED_DEPTH[0] -= 1
             elif functorch_interpreter() is not None:     # one C call outside a transform
                 return _under_functorch(forward, self, args, kwargs)
             elif torch._C._get_tracing_state() is not None:    # before its custom autograd Functions
