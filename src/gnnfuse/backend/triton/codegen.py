@@ -664,11 +664,12 @@ def _split_row_fixup(width: int, ordered: bool = False) -> str:
     row's slots from the first, reading each as above and zeroing it. The partial sums
     are fixed by the segments, and the order they are added in by the slots, so the
     row's bits no longer depend on the order the segments finish in."""
-    if ordered:
-        return f"""
+    added = f"""
                 part = work + slot.to(tl.int64) * {width} + f
                 tl.atomic_add(part, acc, mask=fmask)
-                tl.debug_barrier()
+                tl.debug_barrier()"""
+    if ordered:
+        return added + f"""
                 first = tl.load(slot_segments + 2 * slot).to(tl.int64)
                 pieces = tl.load(slot_segments + 2 * slot + 1)
                 counter = arrived + first * tl.num_programs(1) + tl.program_id(1)
@@ -680,10 +681,7 @@ def _split_row_fixup(width: int, ordered: bool = False) -> str:
                         tl.store(piece, tl.zeros([BLOCK_F], ACC), mask=fmask)
                     tl.store(out + row * {width} + f, total.to(out.dtype.element_ty), mask=fmask)
                     tl.atomic_xchg(counter, 0)"""
-    return f"""
-                part = work + slot.to(tl.int64) * {width} + f
-                tl.atomic_add(part, acc, mask=fmask)
-                tl.debug_barrier()
+    return added + f"""
                 counter = arrived + slot.to(tl.int64) * tl.num_programs(1) + tl.program_id(1)
                 if tl.atomic_add(counter, 1) == tl.load(slot_segments + slot) - 1:
                     total = tl.atomic_add(part, tl.zeros([BLOCK_F], ACC), mask=fmask)

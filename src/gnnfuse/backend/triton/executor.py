@@ -30,7 +30,7 @@ from .codegen import (CSR_WIDEST_BLOCK, EDGE_BLOCK_LIMIT, SHARED_REDUCE_BLOCK_E,
 from .context import TritonGraphContext
 from .direct_launch import Replays, _capturing, current_stream, uncaptured_stream
 from .launch import bind, launch, signature
-from .schedule import SEGMENT_EDGES, ordered_slots, partial_slots, segments, split_slots
+from .schedule import SEGMENT_EDGES, OrderedSlots, SplitSlots, ordered_slots, partial_slots, segments, split_slots
 from .sorted_sources import sorted_sources, sorts_sources
 from .tuning_class import tuning_class
 from ...environ import Variables, getenv
@@ -717,13 +717,24 @@ def _plan_schedule(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor
     if not splits:
         before, workspace, after = (rowptr, col, eid, segs.row, segs.start, segs.end, segs.split, count, tuned_as), None, ()
     else:
-        slots = ordered_slots(ctx, unit.by, longest) if ordered_splits() else split_slots(ctx, unit.by, longest)
-        meeting = slots.ranges if ordered_splits() else slots.segments
+        slots, meeting = _split_tables(ctx, unit.by, longest)
         before = (rowptr, col, eid, segs.row, segs.start, segs.end, slots.slot, meeting, count, tuned_as)
         workspace, after = _split_workspace(slots, width, acc, triton.cdiv(width, block_f), ctx.device)
     return _launch_plan(kernel if count else None, grid, (tuned_as, width), before, after,
                         {"BLOCK_F": block_f, **fixed}, leaf_dtypes, shape, unit.reduce.dtype, False, None,
                         workspace=workspace, **common)
+
+
+def _split_tables(ctx: GraphContext, by: str, max_edges: int) -> tuple[SplitSlots | OrderedSlots, torch.Tensor]:
+    """The table a walk's or ``rows``' split rows meet by, and the tensor its kernel takes
+    as ``slot_segments``: `schedule.SplitSlots` and each split row's segment count, or
+    under ``torch.use_deterministic_algorithms(True)`` (`ordered_splits`)
+    `schedule.OrderedSlots` and each slot's (first slot, segment count) pair."""
+    if ordered_splits():
+        slots = ordered_slots(ctx, by, max_edges)
+        return slots, slots.ranges
+    slots = split_slots(ctx, by, max_edges)
+    return slots, slots.segments
 
 
 def _split_workspace(slots, width: int, acc: str, programs: int, device: torch.device) -> tuple[tuple | None, tuple]:
@@ -768,15 +779,13 @@ def _plan_rows_unit(unit: AggregateUnit, ctx: GraphContext, kernel, csr: tuple, 
     """`generate_rows`' launch: the unit's segments, BLOCK_R per program; split rows meet
     in a workspace (`_split_workspace`)."""
     segs = segments(ctx, unit.by, SEGMENT_EDGES)
-    ordered = ordered_splits()
-    slots = (ordered_slots if ordered else split_slots)(ctx, unit.by, SEGMENT_EDGES)
+    slots, meeting = _split_tables(ctx, unit.by, SEGMENT_EDGES)
     count = len(segs)
     fixed = {} if _autotune() else {"BLOCK_R": 4, "K": 4}
     width = math.prod(unit.reduce.shape)
     block_f = min(feature_block(unit, ROWS_WIDEST), ROWS_WIDEST)   # a forced tile, within the configs' tiles
     tuned_as = tuning_class(kernel, count)
-    before = (*csr, segs.row, segs.start, segs.end, slots.slot, slots.ranges if ordered else slots.segments,
-              slots.split_segments, count, tuned_as)
+    before = (*csr, segs.row, segs.start, segs.end, slots.slot, meeting, slots.split_segments, count, tuned_as)
     workspace, after = _split_workspace(slots, width, acc, triton.cdiv(width, block_f) if width else 1, ctx.device)
     return _launch_plan(kernel if count and width else None,
                         lambda meta: (triton.cdiv(count, meta["BLOCK_R"]), triton.cdiv(width, block_f)),
