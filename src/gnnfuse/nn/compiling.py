@@ -75,9 +75,7 @@ def compile_path(why_not: Callable[..., str | None] | None = None) -> Callable[[
             try:
                 return forward(self, *args, **kwargs)
             except ForwardADError as error:      # a program's refusal, named after the layer running it
-                if error.layer is not None:
-                    raise
-                raise ForwardADError(error.reason, type(self).__name__) from None
+                raise error.named(type(self).__name__) from None
         return run
     return wrap
 

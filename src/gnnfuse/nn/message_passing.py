@@ -71,9 +71,7 @@ class MessagePassing(NotScriptable, PyGMessagePassing):
             except NotCompilable as reason:
                 _warn_once(type(self), str(reason))
             except ForwardADError as error:     # a program's refusal, named after the layer, as gnnfuse's own
-                if error.layer is not None:
-                    raise
-                raise ForwardADError(error.reason, type(self).__name__) from None
+                raise error.named(type(self).__name__) from None
         return _eager_propagate(self, edge_index, size, kwargs)
 
     def _set_jittable_templates(self, raise_on_error: bool = False) -> None:

@@ -381,6 +381,11 @@ class ForwardADError(NotImplementedError):
                          "torch.autograd.grad, jacobian's default strategy), or GNNFUSE_BACKEND=reference with "
                          "grad enabled and no input needing a gradient")
 
+    def named(self, layer: str) -> ForwardADError:
+        """This refusal, named after ``layer`` (the layer running the program) unless it
+        names one already."""
+        return self if self.layer is not None else ForwardADError(self.reason, layer)
+
 
 def functorch_backend_reason(backend: str) -> str:
     """Why a ``torch.func`` transform cannot run the ``backend`` backend's kernels."""
