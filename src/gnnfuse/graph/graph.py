@@ -367,11 +367,9 @@ class Graph:
                 raise ValueError(f"a bipartite graph (num_src_nodes={num_src_nodes}) is made from a [2, E] "
                                  f"edge_index, a sparse adj_t or a Graph, got {type(obj).__name__}")
             # (never a held copy here: only a plain dense tensor's are held, `index_cache._shape_key`)
-            return cached_graph(obj, index_tensors(obj), (num_nodes, num_src_nodes),
-                                lambda _: cls._from_torch(obj, num_nodes, num_src_nodes)._begin_first_pass())
+            return _cached_index_graph(cls, obj, num_nodes, num_src_nodes)
         if isinstance(obj, torch.Tensor) or is_sparse_adjacency(obj):
-            return cached_graph(obj, index_tensors(obj), num_nodes,
-                                lambda _: cls._from_torch(obj, num_nodes)._begin_first_pass())
+            return _cached_index_graph(cls, obj, num_nodes)
         if isinstance(obj, np.ndarray):
             return cls.from_edge_index(obj, num_nodes)
         import scipy.sparse as sp
@@ -966,3 +964,17 @@ def _unique_rows(columns: list[torch.Tensor], sizes: list[int]) -> list[torch.Te
         out.append(key % max(size, 1))
         key = key // max(size, 1)
     return out[::-1]
+
+
+@torch.compiler.disable
+def _cached_index_graph(cls: type[Graph], obj: Any, num_nodes: int | None,
+                        num_src_nodes: int | None = None) -> Graph:
+    """`Graph.coerce` of a torch input other than a plain edge_index (a sparse adj_t, an
+    ``EdgeIndex``), cached by `index_cache`. Never traced by dynamo: a sparse input sends
+    a compiled layer's frame back to Python and dynamo compiles its helpers one by one, and
+    it fails wrapping a CSR's index tensors, views of a sparse base (an IndexError from its
+    stride bookkeeping). The graph is host work over index tensors; nothing to compile."""
+    key = num_nodes if num_src_nodes is None else (num_nodes, num_src_nodes)
+    return cached_graph(obj, index_tensors(obj), key,
+                        lambda _: cls._from_torch(obj, num_nodes, num_src_nodes)._begin_first_pass())
+

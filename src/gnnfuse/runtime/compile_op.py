@@ -270,7 +270,10 @@ def _backward_op(program: str, steps: str, num_nodes: int, num_src_nodes: int, e
     graph.first_pass = False    # a backward pass ran on it (runtime/first_pass.py; at once here, where
     # `_ProgramFunction.backward` ends it after the whole backward: `end_after_backward`)
     by_key = {k.removeprefix("grad:"): g for k, g in grads.items()}
-    return [by_key[keys[i]] if by_key.get(keys[i]) is not None else torch.zeros_like(tensors[i]) for i in wrt]
+    # a gradient may be an incoming output gradient itself (a program returning a
+    # linear map of an input passes it through), or one value for two inputs
+    return _unaliased([by_key[keys[i]] if by_key.get(keys[i]) is not None else torch.zeros_like(tensors[i])
+                       for i in wrt], [*edges, *feeds, *output_grads])
 
 
 @_backward_op.register_fake
