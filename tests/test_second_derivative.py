@@ -47,3 +47,38 @@ def test_other_second_derivatives_are_refused(backend, name, reason, monkeypatch
     assert torch.isfinite(first).all()
     with pytest.raises(NotImplementedError, match=f"second derivative.*{reason}"):
         torch.autograd.grad(out.pow(2).sum(), x, create_graph=True)
+
+
+def test_the_refusal_names_the_layer_that_ran_the_program(monkeypatch):
+    """The refusal comes in the backward, after the forwards returned; it named only the
+    program's inputs (``h``), so a model of several SAGE layers could not tell which one
+    refused. It names the layer that ran the program, also a PyG class run by gnnfuse and
+    a layer outside the compile path (RGAT)."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", "reference")
+    torch.manual_seed(0)
+    graph, edge_type = _graph("cpu"), torch.randint(0, 2, (20,))
+    edge_index = graph.edge_index
+    x = torch.randn(8, 4, dtype=torch.float64, requires_grad=True)
+    sums = torch.nn.Sequential(*[gnnfuse.nn.SAGEConv(4, 4) for _ in range(2)]).double()
+    calls = {"SAGEConv": lambda: gnnfuse.nn.SAGEConv(4, 3, aggr="max").double()(sums[1](sums[0](x, graph), graph),
+                                                                                  graph),
+             "TransformerConv": lambda: gnnfuse.nn.TransformerConv(4, 3).double()(x, graph),
+             "RGATConv": lambda: gnnfuse.nn.RGATConv(4, 3, 2).double()(x, edge_index, edge_type)}
+    for name, call in calls.items():
+        out = call()
+        with pytest.raises(NotImplementedError, match=f"^{name}: a second derivative .*reduce.*PyG counterpart"):
+            torch.autograd.grad(out.pow(2).sum(), x, create_graph=True)
+
+
+def test_the_refusal_of_a_vertex_function_names_the_line_that_made_the_value(monkeypatch):
+    monkeypatch.setenv("GNNFUSE_BACKEND", "reference")
+
+    @gnnfuse.vertex
+    def largest(v):
+        return max([u.h for u in v.innbs]) * 2
+
+    x = torch.randn(8, 4, dtype=torch.float64, requires_grad=True)
+    out = largest(_graph("cpu"), {"h": x})
+    with pytest.raises(NotImplementedError, match=r"program on \(h\).*reduce\[max\] at .*test_second_derivative"
+                                                  r".*max\(\[u\.h for u in v\.innbs\]\).*in plain torch"):
+        torch.autograd.grad(out.pow(2).sum(), x, create_graph=True)

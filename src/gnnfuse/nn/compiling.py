@@ -30,9 +30,10 @@ import torch
 from ..graph.index_cache import functorch_interpreter
 from ..graph.capture_refusals import refuse_jit_trace
 from ..runtime.compile_op import graph_input_problem, run_eagerly
-from ..runtime.compiled import ForwardADError, FunctorchTransformError, backend_name, functorch_backend_reason
+from ..runtime.compiled import (RUNNING_LAYERS, ForwardADError, FunctorchTransformError, backend_name,
+                                functorch_backend_reason, running_layer)
 
-__all__ = ["compile_path", "graph_input_problem", "propagation_problem", "traced_layer"]
+__all__ = ["compile_path", "graph_input_problem", "names_its_programs", "propagation_problem", "traced_layer"]
 
 
 # How many covered layers' forwards dynamo is tracing at this point of its trace
@@ -72,12 +73,29 @@ def compile_path(why_not: Callable[..., str | None] | None = None) -> Callable[[
                 return _under_functorch(forward, self, args, kwargs)
             elif torch._C._get_tracing_state() is not None:    # before its custom autograd Functions
                 refuse_jit_trace(f"gnnfuse's {type(self).__name__} called")
+            names = RUNNING_LAYERS.names     # (a backward's refusal names the layer: `running_layer`)
+            names.append(type(self).__name__)
             try:
                 return forward(self, *args, **kwargs)
             except ForwardADError as error:      # a program's refusal, named after the layer running it
                 raise error.named(type(self).__name__) from None
+            finally:
+                names.pop()
         return run
     return wrap
+
+
+def names_its_programs(forward: Callable) -> Callable:
+    """Decorator for the ``forward`` of a layer outside `compile_path` (which does the
+    same): the programs it runs name it in refusals raised later, in their backward
+    (`runtime.compiled.running_layer`)."""
+    @functools.wraps(forward)
+    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_compiling():
+            return forward(self, *args, **kwargs)
+        with running_layer(type(self).__name__):
+            return forward(self, *args, **kwargs)
+    return run
 
 
 # torch's message for an autograd.Function without setup_context inside a transform

@@ -27,6 +27,7 @@ from .arguments import node_features
 from .conv import _check_dropout, _neighbour_sum
 from .relational import RGCNConv, check_edge_types, refuse_lazy_width
 from . import pyg_init
+from .compiling import names_its_programs
 from .torchscript import NotScriptable
 
 _MECHANISMS = ("across-relation", "within-relation")
@@ -169,6 +170,7 @@ class RGATConv(NotScriptable, nn.Module):
                                                                            width)
         return self.weight
 
+    @names_its_programs
     def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor, edge_type: torch.Tensor | None = None,
                 edge_attr: torch.Tensor | None = None, size: Any = None,
                 return_attention_weights: bool | None = None) -> torch.Tensor:

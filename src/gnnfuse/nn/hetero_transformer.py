@@ -24,6 +24,7 @@ from .. import frontend
 from ..graph.hetero import EdgeType, HeteroGraph, check_metadata
 from ..graph.hetero_cache import cached_hetero_graph
 from . import pyg_init
+from .compiling import names_its_programs
 from .hetero_conv import module_key
 from .torchscript import NotScriptable
 
@@ -194,6 +195,7 @@ class HGTConv(NotScriptable, nn.Module):
         for p in (*self.skip.values(), *self.p_rel.values()):
             nn.init.ones_(p)
 
+    @names_its_programs
     def forward(self, x_dict: Mapping[str, torch.Tensor], edge_index_dict: Any) -> dict[str, torch.Tensor]:
         x_dict = {t: x for t, x in x_dict.items() if t in self.kqv_lin.types}    # PyG skips unknown types
         self.kqv_lin.check_widths(x_dict, "HGTConv")

@@ -41,7 +41,7 @@ except ImportError as exc:   # pragma: no cover - exercised only without PyG ins
 
 from ..frontend.pyg_message_passing import NotCompilable, compiled_propagate
 from ..runtime.compile_op import run_eagerly
-from ..runtime.compiled import ForwardADError
+from ..runtime.compiled import ForwardADError, running_layer
 from .torchscript import NotScriptable
 
 # PyG's generic propagate. PyG replaces a concrete class's ``propagate`` by one generated
@@ -67,7 +67,8 @@ class MessagePassing(NotScriptable, PyGMessagePassing):
                                type(self).propagate, self, edge_index, size, **kwargs)
         if not vars(self).get(_EAGER_FLAG):    # inside `eagerly(self)`
             try:
-                return compiled_propagate(self, edge_index, size, kwargs, _template(type(self)) is None)
+                with running_layer(type(self).__name__):
+                    return compiled_propagate(self, edge_index, size, kwargs, _template(type(self)) is None)
             except NotCompilable as reason:
                 _warn_once(type(self), str(reason))
             except ForwardADError as error:     # a program's refusal, named after the layer, as gnnfuse's own

@@ -14,6 +14,7 @@ from ..graph import Graph
 from ..graph.convert import check_bipartite_adj_t, is_sparse_adjacency
 from .arguments import node_features
 from . import pyg_init
+from .compiling import names_its_programs
 from .torchscript import NotScriptable
 
 
@@ -188,6 +189,7 @@ class RGCNConv(NotScriptable, nn.Module):
         nothing there)."""
         return self._aggr
 
+    @names_its_programs
     def forward(self, x: torch.Tensor | None | tuple[torch.Tensor | None, torch.Tensor],
                 edge_index: Graph | torch.Tensor, edge_type: torch.Tensor | None = None) -> torch.Tensor:
         bipartite = isinstance(x, (tuple, list))

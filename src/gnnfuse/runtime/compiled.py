@@ -7,6 +7,7 @@ inputs), so every other intermediate is freed as soon as the forward is done wit
 from __future__ import annotations
 
 import operator
+import threading
 import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -580,10 +581,36 @@ def _own_storage(outputs: tuple[torch.Tensor, ...], inputs: Sequence[torch.Tenso
     return tuple(owned)
 
 
+class _RunningLayers(threading.local):
+    """The names of the gnnfuse layers whose forwards run now in this thread, innermost
+    last (`running_layer`): a program's backward refuses after its layer's forward has
+    returned, and names that layer from what was running when the forward ran."""
+    names: list[str]
+
+    def __init__(self) -> None:
+        self.names = []
+
+
+RUNNING_LAYERS = _RunningLayers()
+
+
+@contextmanager
+def running_layer(name: str) -> Iterator[None]:
+    """Within this block programs run for layer ``name`` (its refusals name it)."""
+    names = RUNNING_LAYERS.names
+    names.append(name)
+    try:
+        yield
+    finally:
+        names.pop()
+
+
 class _ProgramFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, call: tuple[CompiledProgram, GraphContext, tuple[str, ...]], *tensors: torch.Tensor):
         compiled, graph_ctx, keys = call
+        names = RUNNING_LAYERS.names
+        ctx.layer = names[-1] if names else None
         needs_grad = ctx.needs_input_grad
         found = compiled._backward_by_needs.get(needs_grad)
         if found is None:       # the inputs needing gradients decide the backward program: once per pattern
@@ -630,7 +657,7 @@ class _ProgramFunction(torch.autograd.Function):
                 raise _graph_changed(ctx.compiled, edit) from edit
         if torch.is_grad_enabled():     # create_graph=True: this backward is differentiated in turn
             backend = _executor_name(ctx.execute)
-            _check_second_derivative(ctx.compiled, ctx.backward, backend)
+            _check_second_derivative(ctx.compiled, ctx.backward, backend, ctx.layer)
         for g in output_grads:      # a loop, not a rebuilt list: every output usually has its gradient
             if g is None:
                 output_grads = [g if g is not None else torch.zeros(shape, dtype=dtype, device=device)
@@ -746,13 +773,15 @@ def _graph_changed(compiled: CompiledProgram, edit: GraphModifiedError) -> Runti
         "backward().")
 
 
-def _check_second_derivative(compiled: CompiledProgram, backward: BackwardProgram, backend: str) -> None:
+def _check_second_derivative(compiled: CompiledProgram, backward: BackwardProgram, backend: str,
+                             layer: str | None = None) -> None:
     """Refuse a backward that autograd would differentiate wrongly. Its result is exact
     only where autograd sees every step of it: torch ops (the reference backend, not
     generated kernels) reading no forward value but the inputs themselves (an
     intermediate such as a softmax's maximum, sum or output was computed without autograd,
-    so its dependence on the inputs would drop out of the second derivative unnoticed)."""
-    inputs = ", ".join(sorted(compiled.program.inputs))
+    so its dependence on the inputs would drop out of the second derivative unnoticed).
+    The refusal names ``layer`` (the layer that ran the program), else the program's
+    inputs and where the user's code made the values at fault."""
     if backend != "reference":
         reason = (f"its backward runs the {backend} backend's generated kernels, whose work autograd "
                   "cannot see")
@@ -761,18 +790,22 @@ def _check_second_derivative(compiled: CompiledProgram, backward: BackwardProgra
             # backward worked on a graph's first step and stops on its second
             reason += (" (a small graph's first pass, until its first backward, runs on the reference "
                        "executor, where this may have worked: runtime/first_pass.py)")
+        remedy = "it works on GNNFUSE_BACKEND=reference for programs linear in their inputs (GCN's, SAGE's sums)"
     else:
-        made = sorted({v.op + (f"[{v.attrs['op']}]" if "op" in v.attrs else "")
-                       for v in backward.saved if v.op != "input" and _reads_an_input(v)})
+        made = {v.op + (f"[{v.attrs['op']}]" if "op" in v.attrs else ""): v.source
+                for v in backward.saved if v.op != "input" and _reads_an_input(v)}
         if not made:
             return
-        reason = (f"its backward reads values the forward computed without autograd ({', '.join(made)}), "
+        shown = sorted(op if layer is not None or not where else f"{op} at {where}" for op, where in made.items())
+        reason = (f"its backward reads values the forward computed without autograd ({', '.join(shown)}), "
                   "whose dependence on the inputs would be missing")
-    raise NotImplementedError(
-        f"a second derivative (backward with create_graph=True) through the compiled program on ({inputs}) "
-        f"is not supported: {reason}. Double backward works on GNNFUSE_BACKEND=reference for programs "
-        "linear in their inputs (GCN's, SAGE's sums); for others, compute that term with the layer's "
-        "eager PyG counterpart")
+        remedy = "it works only for programs linear in their inputs (GCN's, SAGE's sums)"
+    where = (f"{layer}: a second derivative (backward with create_graph=True) through its compiled program"
+             if layer is not None else "a second derivative (backward with create_graph=True) through the "
+             f"compiled program on ({', '.join(sorted(compiled.program.inputs))})")
+    instead = ("compute that term with the layer's eager PyG counterpart" if layer is not None
+               else "compute that term in plain torch")
+    raise NotImplementedError(f"{where} is not supported: {reason}. Double backward: {remedy}; otherwise {instead}")
 
 
 def _reads_an_input(value: Value) -> bool:
