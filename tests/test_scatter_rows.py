@@ -86,3 +86,48 @@ def test_without_a_gather_each_row_is_its_own(dtype, scaled, monkeypatch):
     torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5)
     assert torch.equal(table, before)
     assert names == (["_scatter_scaled_rows"] if dtype == torch.float32 else [])
+
+
+@pytest.fixture
+def deterministic():
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    torch.use_deterministic_algorithms(True)
+    yield
+    torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("gathered, scaled", [(True, True), (False, False), (True, False)])
+def test_under_the_switch_each_target_walks_its_edges_in_order(dtype, tol, gathered, scaled, deterministic,
+                                                               monkeypatch):
+    """torch.use_deterministic_algorithms(True): no atomics (whose arrival order sets the
+    last bits) but one program per target row summing its edges in a fixed order; rows
+    without edges are zero (targets 0 and 7 have none here), a row of more edges than a
+    block (target 3) sums over several."""
+    names = launched(monkeypatch)
+    g = torch.Generator().manual_seed(3)
+    edges, sources, rows = 90, 9, 8
+    table = torch.randn((sources if gathered else edges, 2, 3), generator=g).to(DEVICE, dtype)
+    gather = torch.randint(0, sources, (edges,), generator=g).to(DEVICE) if gathered else None
+    scatter = torch.cat([torch.full((40,), 3), torch.randint(1, 7, (50,), generator=g)])
+    scatter = scatter[torch.randperm(edges, generator=g)].to(DEVICE)
+    scatter[scatter == 0] = 1
+    scale = torch.rand(edges, generator=g).to(DEVICE, dtype) if scaled else None
+    got = scatter_rows.scatter_scaled_rows(table, gather, scatter, scale, rows)
+    read = gather if gathered else torch.arange(edges, device=DEVICE)
+    torch.testing.assert_close(got.double(), oracle(table, read, scatter, scale, rows), rtol=tol, atol=tol)
+    assert torch.equal(got[0], torch.zeros_like(got[0])) and torch.equal(got[7], torch.zeros_like(got[7]))
+    assert names == ["_scatter_rows_in_order"]
+
+
+def test_the_target_order_is_remembered_while_the_index_is_unchanged(deterministic):
+    """The order is a sort of the scatter index, made once per index tensor: an in-place
+    edit of the index, or another row count, orders anew."""
+    scatter = torch.tensor([2, 0, 2, 1, 0], device=DEVICE)
+    first = scatter_rows.target_order(scatter, 3)
+    assert scatter_rows.target_order(scatter, 3) is first
+    assert first.edges.tolist() == [1, 4, 3, 0, 2] and first.offsets.tolist() == [0, 2, 3, 5]
+    assert scatter_rows.target_order(scatter, 4).offsets.tolist() == [0, 2, 3, 5, 5]
+    scatter[0] = 1
+    again = scatter_rows.target_order(scatter, 3)
+    assert again.edges.tolist() == [1, 4, 0, 3, 2] and again.offsets.tolist() == [0, 2, 4, 5]
