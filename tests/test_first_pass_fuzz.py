@@ -408,6 +408,34 @@ def test_checkpointed_layers_recompute_as_their_forward_ran_within_one_backward(
     torch.testing.assert_close(got, expected)
 
 
+@pytest.mark.parametrize("name", ["SAGE-max", "GAT-no-loops"])
+def test_a_checkpointed_output_waiting_for_its_backward_keeps_the_first_pass(ran, name):
+    """A checkpointed layer's output waits while another output on the same new graph is
+    backpropagated first (two views of a graph, one loss each): that backward ended the
+    first pass, and the waiting output's recompute ran on Triton where its forward had run
+    on the reference executor -- torch's CheckpointError (other tensors saved). The first
+    pass now ends once no first-pass output waits for its backward."""
+    from torch.utils.checkpoint import checkpoint
+    ours, theirs = _pair(name)
+    x = torch.randn(N, F, dtype=f64, device=DEVICE)
+    clear_index_cache()
+    edge_index = _edges(seed=31)
+    inputs = [x.clone().requires_grad_() for _ in range(2)]
+    waiting = checkpoint(ours, inputs[0], edge_index, use_reentrant=False)
+    ours(inputs[1] * 2, edge_index).sum().backward()
+    waiting.pow(2).sum().backward()
+    expected = [x.clone().requires_grad_() for _ in range(2)]
+    theirs(expected[1] * 2, edge_index).sum().backward()
+    theirs(expected[0], edge_index).pow(2).sum().backward()
+    for got, want in zip(inputs, expected):
+        torch.testing.assert_close(got.grad, want.grad)
+    ran.clear()
+    with torch.no_grad():
+        ours(x, edge_index)
+    if DEVICE == "cpu":
+        assert ran == {"triton": 1}     # past its first pass once nothing waits
+
+
 def test_graphs_of_edge_index_tensors_let_go_are_freed(ran):
     """A new graph every step (a mini-batch loop), with inference between: none is kept."""
     ours, theirs = _pair("SAGE-max")

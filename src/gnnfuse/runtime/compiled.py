@@ -29,7 +29,7 @@ from ..passes import optimize
 from ..passes.pair_sources import SourcePairRewrite, rewrite_for_source_pairs
 from ..environ import getenv
 from .autocast import AUTOCAST_DEVICE_TYPES
-from .first_pass import end_after_backward, end_on_backward, first_pass_executor
+from .first_pass import Waiting, end_on_backward, first_pass_executor
 from .interpreter import interpreter_lacks_bfloat16
 from .pair_graph import pair_graph, pair_matmul, pair_rows, reads_edge_types
 from .prepared_call import PreparedCall, preparer
@@ -633,6 +633,8 @@ class _ProgramFunction(torch.autograd.Function):
         # Python's collector cannot free -- every step's tensors would leak.
         ctx.save_for_backward(*map(kept.__getitem__, compiled.backward_inputs(backward).saved_ids) if backward else ())
         ctx.output_meta = [(o.shape, o.dtype, o.device) for o in outputs]
+        # a first-pass run waits for its backward (runtime/first_pass.py)
+        ctx.waiting = Waiting(graph_ctx.graph) if getattr(graph_ctx.graph, "first_pass", False) else None
         return outputs
 
     @staticmethod
@@ -680,8 +682,8 @@ class _ProgramFunction(torch.autograd.Function):
         else:
             with forcing(ctx.schedule):
                 grads, _ = ctx.execute(ctx.backward.program, ctx.graph_ctx, feeds)
-        if getattr(graph, "first_pass", False):      # a backward pass runs on it (runtime/first_pass.py)
-            end_after_backward(graph)
+        if ctx.waiting is not None:      # a backward pass runs on a first pass (runtime/first_pass.py)
+            ctx.waiting.arrived()
         return (None, *map(grads.get, ctx.compiled._gradient_keys))
 
 

@@ -85,30 +85,69 @@ def first_pass_executor(graph: Any, name: str) -> str:
     return "reference"
 
 
-def end_after_backward(graph: Any) -> None:
-    """Mark ``graph`` as past its first pass once the backward pass now running finishes
-    (called from within it). Not at once: a checkpointed layer recomputed later in the
-    same backward must run as its forward did -- torch's checkpoint refuses recomputed
-    values of other shapes (GAT's unfolded logits, `nn.conv._folds`), and a program run
-    under autograd saves other values than its autograd Function does."""
-    _end_after_backward(weakref.ref(graph))
+class Waiting:
+    """A program run of ``graph``'s first pass whose outputs wait for their backward.
 
+    The first pass ends after a backward pass only where no such run waits on the graph:
+    a checkpointed layer (``use_reentrant=False``) recomputes its forward when its own
+    backward comes, and must run as that forward did -- torch's checkpoint refuses
+    recomputed values of other shapes (GAT's unfolded logits, `nn.conv._folds`), and a
+    program run under autograd saves other values than its autograd Function does. A
+    backward of another output on the same graph (a second view of it, a second loss)
+    ended the first pass before the waiting output's recompute, which then ran on Triton
+    and failed with torch's CheckpointError. A run stops waiting when its backward
+    arrives (`arrived`) or when the autograd graph holding it (the autograd Function's
+    context, or the hooks on its outputs, which their grad_fn keeps) is freed without one
+    -- not its output tensors, which a layer often lets go at once (a reshape, a bias
+    added) while their backward is still to come."""
+    __slots__ = ("ref", "open")
 
-def _end_after_backward(ref: weakref.ref) -> None:
-    """`end_after_backward` of the graph ``ref`` refers to, if it still lives then."""
-    def ended() -> None:
-        found = ref()
-        if found is not None:
-            found.first_pass = False
-    torch.autograd.Variable._execution_engine.queue_callback(ended)
+    def __init__(self, graph: Any) -> None:
+        self.ref, self.open = weakref.ref(graph), True   # (not the graph: the autograd graph lives longer)
+        graph.first_pass_waiting = getattr(graph, "first_pass_waiting", 0) + 1
+
+    def __del__(self) -> None:
+        self._let_go()
+
+    def arrived(self) -> None:
+        """This run's backward arrived (called from within the backward pass): the graph's
+        first pass ends once that pass finishes, if no other run waits then."""
+        self._close()
+        ref = self.ref
+        def ended() -> None:
+            graph = ref()
+            if graph is not None:
+                graph.first_pass_backward = True
+                if not getattr(graph, "first_pass_waiting", 0):
+                    graph.first_pass = False
+        torch.autograd.Variable._execution_engine.queue_callback(ended)
+
+    def _let_go(self) -> None:
+        """Freed: this run waits no more, and the graph's first pass ends here if a
+        backward pass ran on it and nothing else waits."""
+        if self.open:
+            self._close()
+            graph = self.ref()
+            if (graph is not None and getattr(graph, "first_pass_backward", False)
+                    and not graph.first_pass_waiting):
+                graph.first_pass = False
+
+    def _close(self) -> None:
+        if self.open:
+            self.open = False
+            graph = self.ref()
+            if graph is not None:
+                graph.first_pass_waiting -= 1
 
 
 def end_on_backward(graph: Any, outputs: Iterable[torch.Tensor]) -> None:
-    """`end_after_backward` once the gradient of any of ``outputs`` (a program's outputs
-    computed under autograd) arrives, as `_ProgramFunction.backward` calls it for a
-    program run through it. Outputs without a ``grad_fn`` (an input handed back as it
-    was) get no hook: it would stay on the caller's tensor."""
-    ref = weakref.ref(graph)     # (a hook holding the graph would keep it while the output lives)
-    for out in outputs:
-        if out.grad_fn is not None:
-            out.register_hook(lambda grad: _end_after_backward(ref))
+    """A `Waiting` run of ``outputs`` (a program's outputs computed under autograd), which
+    arrives with the gradient of any of them, as `_ProgramFunction.backward` calls
+    `Waiting.arrived` for a program run through it. Outputs without a ``grad_fn`` (an
+    input handed back as it was) get no hook: it would stay on the caller's tensor."""
+    graded = [out for out in outputs if out.grad_fn is not None]
+    if not graded:
+        return
+    waiting = Waiting(graph)
+    for out in graded:
+        out.register_hook(lambda grad: waiting.arrived())
