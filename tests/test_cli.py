@@ -293,7 +293,11 @@ def test_thread_count_defaults_to_half_the_usable_cpus_and_yields_to_the_user(re
     assert "on cpu (2 CPU thread(s))" in capsys.readouterr().out
     with pytest.raises(SystemExit) as exit_info:
         main(["train", "--threads", "0"])
-    assert exit_info.value.code == 2 and "thread count must be >= 1" in capsys.readouterr().err
+    assert exit_info.value.code == 2 and "thread count (--threads) must be >= 1" in capsys.readouterr().err
+    monkeypatch.setenv("GNNFUSE_NUM_THREADS", "0")      # the message said "the thread count" for this too
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--epochs", "1"])
+    assert exit_info.value.code == 2 and "$GNNFUSE_NUM_THREADS must be >= 1, got 0" in capsys.readouterr().err
 
 
 def test_explain_says_why_its_edge_count_differs_from_info(capsys):

@@ -124,3 +124,47 @@ def test_a_prepared_runs_settings_hold_the_variables_that_chose_its_backend(monk
     before = executor.run_settings(100)
     monkeypatch.setenv("GNNFUSE_BACKEND", "reference")
     assert executor.run_settings(100) != before
+
+
+@pytest.mark.parametrize("name", ["GNNFUSE_AUTOTUNE", "GNNFUSE_SIBLING_KERNELS", "GNNFUSE_PAIR_SOURCES",
+                                  "GNNFUSE_CHECK_CONFIGS"])
+def test_an_on_off_variable_refuses_other_values_by_name(name, monkeypatch):
+    """These read ``!= "0"`` (or ``not in ("", "0")``): "false" or "off" meant on, and
+    GNNFUSE_CHECK_CONFIGS=false turned the slow check on, silently."""
+    from gnnfuse.environ import flag
+    for value, expected in (("1", True), ("0", False), ("", "default")):
+        monkeypatch.setenv(name, value)
+        assert flag(name, True) is (True if expected == "default" else expected)
+        assert flag(name, False) is (False if expected == "default" else expected)
+    monkeypatch.delenv(name)
+    assert flag(name, True) is True
+    for bad in ("false", "off", "yes", "2", " 1"):
+        monkeypatch.setenv(name, bad)
+        with pytest.raises(ValueError, match=f"{name} must be 0 or 1 .*{bad!r}"):
+            flag(name, True)
+
+
+def test_the_readers_of_on_off_variables_refuse_other_values(monkeypatch):
+    from gnnfuse.backend.triton import config_check, executor
+    monkeypatch.setenv("GNNFUSE_CHECK_CONFIGS", "false")
+    with pytest.raises(ValueError, match="GNNFUSE_CHECK_CONFIGS"):
+        config_check.enabled()
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setenv("GNNFUSE_AUTOTUNE", "off")
+    with pytest.raises(ValueError, match="GNNFUSE_AUTOTUNE"):
+        executor._autotune()
+
+
+def test_empty_path_and_mode_variables_read_as_unset(monkeypatch, tmp_path):
+    """GNNFUSE_CACHE="" put the kernel cache and the tuned-schedule file in the working
+    directory; GNNFUSE_TILED_SCORES="" was refused where every other variable takes an
+    empty value as unset."""
+    from gnnfuse.backend import forced_schedule, kernel_cache, tuned_schedule
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("GNNFUSE_TUNED_SCHEDULES", raising=False)
+    monkeypatch.setenv("GNNFUSE_CACHE", "")
+    assert tuned_schedule.cache_path() == tmp_path / ".cache" / "gnnfuse" / "tuned_schedules.json"
+    assert kernel_cache.cache_dir() == tmp_path / ".cache" / "gnnfuse" / "kernels"
+    monkeypatch.setenv("GNNFUSE_TILED_SCORES", "")
+    monkeypatch.setattr(forced_schedule, "TILED_SCORES_FROM_EDGES", 10)
+    assert forced_schedule.tiled_scores(10) and not forced_schedule.tiled_scores(9)

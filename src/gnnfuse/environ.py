@@ -43,6 +43,17 @@ def getenv(name: str, default: str | None = None) -> str | None:
     return value
 
 
+def flag(name: str, default: bool) -> bool:
+    """An on/off variable: "1" on, "0" off, unset or empty ``default``. Anything else is
+    refused by name: ``!= "0"`` tests read "false", "off" or "no" as on, silently."""
+    value = getenv(name)
+    if not value:
+        return default
+    if value == "1" or value == "0":
+        return value == "1"
+    raise ValueError(f"{name} must be 0 or 1 (or unset), got {value!r}")
+
+
 class Variables:
     """Several variables whose raw values are read in one lookup (`raw`): two reads give
     equal tuples exactly when none of them was set, unset or changed in between. Why: a

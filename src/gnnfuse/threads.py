@@ -47,8 +47,9 @@ def configure_threads(requested: int | None = None) -> int | None:
     `requested` (the ``--threads`` option) wins, then ``$GNNFUSE_NUM_THREADS``; a value
     below 1 is a `ValueError`.
     """
-    chosen = requested
+    chosen, source = requested, "the thread count (--threads)"
     if chosen is None and os.environ.get(THREADS_ENV):
+        source = f"${THREADS_ENV}"
         try:
             chosen = int(os.environ[THREADS_ENV])
         except ValueError:
@@ -58,6 +59,6 @@ def configure_threads(requested: int | None = None) -> int | None:
             return None
         chosen = default_num_threads()
     if chosen < 1:
-        raise ValueError(f"the thread count must be >= 1, got {chosen}")
+        raise ValueError(f"{source} must be >= 1, got {chosen}")
     torch.set_num_threads(chosen)
     return chosen

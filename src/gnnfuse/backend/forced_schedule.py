@@ -91,7 +91,7 @@ def tiled_scores(num_edges: int) -> bool:
     at 2 heads x 3 channels, a 40 s compile at 4 x 32), and [256, 128] score tiles
     spilled registers. ``benchmarks/compile_tiled_scores.py`` compiles every tiled kernel
     for sm_90 with a given Triton, without a GPU."""
-    value = getenv(TILED_SCORES_ENV, "auto")
+    value = getenv(TILED_SCORES_ENV) or "auto"     # (empty: unset, as for every variable)
     if value not in ("0", "1", "auto"):
         raise ValueError(f"GNNFUSE_TILED_SCORES must be auto, 0 or 1, got {value!r}")
     return num_edges >= TILED_SCORES_FROM_EDGES if value == "auto" else value == "1"

@@ -27,7 +27,7 @@ _NEW: set[int] = set()        # ids of loaded kernels whose source this process 
 
 
 def cache_dir() -> Path:
-    path = Path(os.environ.get("GNNFUSE_CACHE", Path.home() / ".cache" / "gnnfuse")) / "kernels"
+    path = Path(os.environ.get("GNNFUSE_CACHE") or Path.home() / ".cache" / "gnnfuse") / "kernels"   # (empty: unset)
     path.mkdir(parents=True, exist_ok=True)
     return path
 

@@ -86,7 +86,7 @@ def still_current(table: dict[str, ForcedSchedule], where: tuple) -> bool:
 def _cache_path(explicit: str | None, cache_root: str | None, home: str | None) -> Path:
     if explicit:
         return Path(explicit)
-    root = Path(cache_root) if cache_root is not None else Path.home() / ".cache" / "gnnfuse"
+    root = Path(cache_root) if cache_root else Path.home() / ".cache" / "gnnfuse"    # (empty: unset)
     return root / "tuned_schedules.json"
 
 

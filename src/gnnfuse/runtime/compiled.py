@@ -27,7 +27,7 @@ from ..ir.ops.movement import BROADCAST_FROM, TYPE_INDICES
 from ..ir.sides import declare_sides, sides_of
 from ..passes import optimize
 from ..passes.pair_sources import SourcePairRewrite, rewrite_for_source_pairs
-from ..environ import getenv
+from ..environ import flag, getenv
 from .autocast import AUTOCAST_DEVICE_TYPES
 from .first_pass import Waiting, end_on_backward, first_pass_executor
 from .interpreter import interpreter_lacks_bfloat16
@@ -146,7 +146,7 @@ class CompiledProgram:
         if functorch_interpreter() is not None:     # inside torch.func.grad/vmap/...: one C call otherwise
             _check_functorch_transform(graph, keys, tensors)
         if (self._pair_rewrite is not None and isinstance(graph, Graph) and graph.edge_type is not None
-                and getenv(PAIR_SOURCES_ENV, "1") != "0"):
+                and flag(PAIR_SOURCES_ENV, True)):
             by_key = dict(zip(keys, tensors))
             if (all(p.index is None or reads_edge_types(graph, by_key[p.index], by_key[p.w].shape[0])
                     for p in self._pair_rewrite.products)

@@ -28,7 +28,7 @@ import torch
 from triton.compiler.errors import CompileTimeAssertionFailure
 from triton.runtime.errors import OutOfResources, PTXASError
 
-from ...environ import getenv
+from ...environ import flag
 from . import parallel_compile
 
 VARIABLE = "GNNFUSE_CHECK_CONFIGS"
@@ -63,7 +63,7 @@ class ConfigMismatch(RuntimeError):
 def enabled() -> bool:
     """Whether ``GNNFUSE_CHECK_CONFIGS`` asks for the check (read per first launch, so a
     test's ``monkeypatch.setenv`` takes effect)."""
-    return getenv(VARIABLE, "0") not in ("", "0")
+    return flag(VARIABLE, False)
 
 
 def checked() -> dict[str, int]:

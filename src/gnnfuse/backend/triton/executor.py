@@ -33,7 +33,7 @@ from .launch import bind, launch, signature
 from .schedule import SEGMENT_EDGES, OrderedSlots, SplitSlots, ordered_slots, partial_slots, segments, split_slots
 from .sorted_sources import sorted_sources, sorts_sources
 from .tuning_class import tuning_class
-from ...environ import Variables, getenv
+from ...environ import Variables, flag, getenv
 
 _PLANS: "weakref.WeakKeyDictionary[Program, dict]" = weakref.WeakKeyDictionary()
 _UNIT_KERNELS: "weakref.WeakKeyDictionary[AggregateUnit, dict]" = weakref.WeakKeyDictionary()
@@ -47,7 +47,7 @@ def _autotune() -> bool:
     Under ``torch.use_deterministic_algorithms(True)`` too: the autotuner picks blocks by
     timing, so another process could pick another edge block and add a row's edges in
     another order (backend/determinism.py)."""
-    return (getenv("TRITON_INTERPRET", "0") != "1" and getenv("GNNFUSE_AUTOTUNE", "1") != "0"
+    return (getenv("TRITON_INTERPRET", "0") != "1" and flag("GNNFUSE_AUTOTUNE", True)
             and not determinism.deterministic())
 
 
@@ -322,7 +322,7 @@ def _read_environment() -> tuple:
         return settings
     where = tuned_schedule.path_settings()
     settings = (getenv("GNNFUSE_SCHEDULE"), tuned_schedule.entries(), _autotune(),
-                getenv("GNNFUSE_SIBLING_KERNELS", "1") != "0", determinism.state())
+                flag("GNNFUSE_SIBLING_KERNELS", True), determinism.state())
     if ENVIRONMENT_VARIABLES.raw() == raw:     # kept only if nothing changed while it was read
         _LAST_READ = (raw, where, settings)
     return settings
