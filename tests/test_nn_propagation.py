@@ -260,6 +260,10 @@ def test_bad_arguments_are_rejected():
         gnn.ChebConv(4, 4, K=2, normalization=None)(torch.randn(3, 4), torch.zeros(2, 0, dtype=torch.long))
     with pytest.raises(ValueError, match="lambda_max has 2 values .* no batch"):
         gnn.ChebConv(4, 4, K=2)(torch.randn(3, 4), edge_index, lambda_max=torch.tensor([2.0, 3.0]))
+    for batch, named in (([0, 1, 2], 2), ([0, -1, 1], -1)):     # an IndexError from the lookup, as in PyG
+        with pytest.raises(ValueError, match=f"batch names graph {named} but lambda_max has 2 values"):
+            gnn.ChebConv(4, 4, K=2)(torch.randn(3, 4), edge_index, batch=torch.tensor(batch),
+                                    lambda_max=torch.tensor([2.0, 3.0]))
     layer = gnn.APPNP(1, 0.1, cached=True)
     layer(torch.randn(3, 4), edge_index)
     with pytest.raises(ValueError, match="x has 5 rows but the cached graph has 3 nodes"):

@@ -440,6 +440,10 @@ def _per_vertex_lambda_max(lambda_max: float | torch.Tensor, batch: torch.Tensor
                              "vector was given; pass batch=... (graph id per vertex) or one number")
         if batch.shape != (x.shape[0],):
             raise ValueError(f"batch must hold one graph id per vertex, shape [{x.shape[0]}], got {list(batch.shape)}")
+        low, high = (int(batch.min()), int(batch.max())) if batch.numel() else (0, 0)
+        if low < 0 or high >= lam.numel():     # (PyG's lookup raised an IndexError naming neither argument)
+            raise ValueError(f"ChebConv: batch names graph {low if low < 0 else high} but lambda_max has "
+                             f"{lam.numel()} values, one per graph 0..{lam.numel() - 1} (or pass one number for all)")
         return lam.reshape(-1)[batch].unsqueeze(-1)
     return lam.reshape(())
 
