@@ -139,9 +139,20 @@ class Subclassed(Data):
     lambda g: [Data(edge_index=d.edge_index, y=d.y) for d in g],               # no vertex rows to count
     lambda g: g[:2] + [Data(x=g[2].x, edge_index=g[2].edge_index)],            # attributes that differ
     lambda g: [Data(x=d.x, edge_index=d.edge_index, name="mol") for d in g],   # not a tensor
+    lambda g: [Data(x=d.x, edge_index=d.edge_index.bool()) for d in g],        # a bool edge_index (stayed bool)
 ])
 def test_other_graphs_are_left_to_pyg(make):
     assert collate_graphs(make(_molecules(4))) is None
+
+
+def test_a_bool_edge_index_batches_as_pygs():
+    """PyG's sum promotes a bool edge_index with the offsets; added in place here, they
+    kept it bool (every entry True past the first graph)."""
+    graphs = [Data(x=torch.randn(4, 2), edge_index=torch.tensor([[True, False], [False, True]])) for _ in range(3)]
+    ours = next(iter(gnnfuse.loader.DataLoader(graphs, batch_size=3)))
+    theirs = next(iter(PyGDataLoader(graphs, batch_size=3)))
+    assert ours.edge_index.dtype == theirs.edge_index.dtype == torch.int64
+    assert torch.equal(ours.edge_index, theirs.edge_index)
 
 
 def test_sizes_that_do_not_line_up_raise_pygs_error_through_the_loader():

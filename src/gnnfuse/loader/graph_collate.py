@@ -61,6 +61,13 @@ def _plain_keys(keys: Sequence[str]) -> tuple[str, list[str]] | None:
     return count_key, list(keys)
 
 
+def _integral(dtype: torch.dtype) -> bool:
+    """Whether an ``edge_index`` of ``dtype`` is offset here; any other (float, complex,
+    bool: offsets added in place kept a bool ``edge_index`` bool, where PyG's sum
+    promotes it) goes to PyG's collation, whose batch is the one to match."""
+    return not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
+
+
 def _exclusive_cumsum(counts: torch.Tensor) -> torch.Tensor:
     """Each entry's offset: the sum of the counts before it (PyG's ``cumsum(x)[:-1]``)."""
     out = counts.new_zeros(counts.numel())
@@ -167,7 +174,7 @@ def collate_graphs(graphs: Sequence[Any], exclude_keys: frozenset[str] = frozens
             column = columns[key]
             if key == "edge_index":
                 value = torch.cat(column, 1)
-                if value.dim() != 2 or value.shape[0] != 2 or value.dtype.is_floating_point:
+                if value.dim() != 2 or value.shape[0] != 2 or not _integral(value.dtype):
                     return None
                 edges = torch.tensor(counts[key])
                 value += _repeated(_exclusive_cumsum(nodes), edges, value.shape[1]).to(value.device, value.dtype)
@@ -326,7 +333,7 @@ def gather_graphs(selection: GraphSelection, exclude_keys: frozenset[str] = froz
         total = totals[key]
         at = torch.arange(total) + _repeated(table[key][ids] - _exclusive_cumsum(rows), rows, total)
         if key == "edge_index":
-            if value.dim() != 2 or value.shape[0] != 2 or value.dtype.is_floating_point:
+            if value.dim() != 2 or value.shape[0] != 2 or not _integral(value.dtype):
                 return None
             out = value.index_select(1, at.to(value.device))
             out += _repeated(_exclusive_cumsum(nodes), rows, total).to(out.device, out.dtype)
