@@ -201,3 +201,21 @@ def test_matches_torch_dropout_in_distribution():
     ours, theirs = gF.dropout(x, 0.3), F.dropout(x, 0.3)
     for stat in (lambda t: t.mean(), lambda t: (t * t).mean()):
         torch.testing.assert_close(stat(ours), stat(theirs), atol=0.02, rtol=0.02)
+
+
+def test_a_udfs_dropout_of_one_is_torchs_times_zero_and_above_one_is_refused():
+    """torch's F.dropout(p=1) multiplies by zero (NaN stays where the input is infinite);
+    a compiled UDF refused it ("zeroes everything"), which made PyG's GATConv(dropout=1.0)
+    fail to compile."""
+    import gnnfuse
+    graph = gnnfuse.Graph(torch.tensor([0, 1, 2, 2]), torch.tensor([1, 2, 0, 1]), 3)
+    h = torch.tensor([[1.0, 2.0], [float("inf"), 3.0], [4.0, 5.0]], requires_grad=True)
+
+    def reduce(nodes):
+        return {"h": nodes.mailbox["m"].sum(1)}
+    out = gnnfuse.message_passing(graph, lambda e: {"m": F.dropout(e.src["h"], 1.0, True)}, reduce, ndata={"h": h})
+    expected = torch.zeros(3, 2)
+    expected[2, 0] = float("nan")      # the edge 1 -> 2 carries vertex 1's infinity times zero
+    torch.testing.assert_close(out["h"], expected, equal_nan=True)
+    with pytest.raises(Exception, match="dropout probability has to be between 0 and 1, but got 1.5"):
+        gnnfuse.message_passing(graph, lambda e: {"m": F.dropout(e.src["h"], 1.5, True)}, reduce, ndata={"h": h})

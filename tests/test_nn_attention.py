@@ -291,10 +291,37 @@ def test_attention_dropout_gradient(make):
 
 
 def test_dropout_argument_is_checked():
-    with pytest.raises(ValueError, match=r"dropout must be in \[0, 1\)"):
-        gnn.GATConv(4, 4, dropout=1.0)
-    with pytest.raises(ValueError, match=r"dropout must be in \[0, 1\)"):
+    with pytest.raises(ValueError, match=r"dropout must be in \[0, 1\]"):
+        gnn.GATConv(4, 4, dropout=1.5)
+    with pytest.raises(ValueError, match=r"dropout must be in \[0, 1\]"):
         gnn.GATv2Conv(4, 4, dropout=-0.1)
+
+
+@pytest.mark.parametrize("name", ["GATConv", "GATv2Conv", "RGATConv"])
+def test_dropout_of_one_drops_every_attention_weight_as_pygs(name):
+    """PyG takes dropout=1.0 (every attention weight zero while training: the output is
+    the bias); it was refused, and set after construction it failed to compile."""
+    edge_index, edge_type = torch.randint(0, 10, (2, 30)), torch.randint(0, 2, (30,))
+    extra = (edge_type,) if name == "RGATConv" else ()
+    make = {"GATConv": lambda m: m.GATConv(4, 3, heads=2, dropout=1.0),
+            "GATv2Conv": lambda m: m.GATv2Conv(4, 3, heads=2, dropout=1.0),
+            "RGATConv": lambda m: m.RGATConv(4, 3, 2, dropout=1.0)}[name]
+    torch.manual_seed(0)
+    theirs = make(pyg).double()
+    ours = make(gnn).double()
+    ours.load_state_dict(theirs.state_dict())
+    for training in (True, False):
+        results = []
+        for layer in (ours, theirs):
+            layer.train(training)
+            layer.zero_grad()
+            x = torch.randn(10, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(1)).requires_grad_()
+            out = layer(x, edge_index, *extra)
+            out.pow(2).sum().backward()
+            results.append([out, x.grad, *(p.grad if p.grad is not None else torch.zeros_like(p)
+                                           for p in layer.parameters())])
+        for got, expected in zip(*results):
+            torch.testing.assert_close(got, expected)
 
 
 def test_unknown_edgeconv_aggregation_is_rejected():

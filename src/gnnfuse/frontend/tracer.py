@@ -724,10 +724,13 @@ def _unsqueeze(tracer: Tracer, x, dim):
 def _dropout(tracer: Tracer, x, p=0.5, training=True, inplace=False):
     if not training or p == 0:
         return tracer.lift(x)
-    if p >= 1:
-        raise tracer.error("dropout with p >= 1 zeroes everything; use p < 1")
+    if not 0 <= p <= 1:
+        raise tracer.error(f"dropout probability has to be between 0 and 1, but got {p}")
     lifted = tracer.lift(x)
-    result = tracer.apply("mul", lifted, tracer.apply("dropout_mask", lifted, p=float(p)))
+    if p == 1:      # torch's ``input * 0``: every element dropped (NaN where the input is infinite)
+        result = tracer.apply("mul", lifted, 0.0)
+    else:
+        result = tracer.apply("mul", lifted, tracer.apply("dropout_mask", lifted, p=float(p)))
     return _in_place(x, result) if inplace else result
 
 

@@ -471,8 +471,8 @@ def _channel_pair(in_channels: int | tuple[int, int]) -> tuple[int, int]:
 
 
 def _check_dropout(dropout: float) -> float:
-    if not 0.0 <= dropout < 1.0:
-        raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+    if not 0.0 <= dropout <= 1.0:     # (1: every attention weight dropped while training, as in PyG)
+        raise ValueError(f"dropout must be in [0, 1], got {dropout}")
     return dropout
 
 
