@@ -737,15 +737,17 @@ def _explained_inplace_error(ctx, exc: RuntimeError) -> RuntimeError | None:
     the error path only: the backward's usual path stays one attribute read,
     test_host_path counts its calls.)"""
     message = str(exc)
-    inputs = ", ".join(sorted(ctx.compiled.program.inputs))
+    # the layer that ran the program where one did (`running_layer`), else the program's inputs
+    program = (f"{ctx.layer}'s gnnfuse program" if ctx.layer is not None
+               else f"the gnnfuse program on ({', '.join(sorted(ctx.compiled.program.inputs))})")
     if "modified by an inplace operation" in message and "of _ProgramFunction" in message:
         return RuntimeError(
-            f"an output of the gnnfuse program on ({inputs}) was modified in place after the call (e.g. "
+            f"an output of {program} was modified in place after the call (e.g. "
             "`out += x`, `out.add_(...)`), but its backward reads that output back (a softmax-weighted sum or "
             "a max/min aggregation keeps its result). Write it out of place instead (`out = out + x`)")
     if "modified by an inplace operation" in message or "A view was created in no_grad mode" in message:
         return RuntimeError(
-            f"a tensor that the backward of the gnnfuse program on ({inputs}) reads was modified in place after "
+            f"a tensor that the backward of {program} reads was modified in place after "
             "the call: one of its inputs (e.g. `x += 1` or an optimizer step before `backward()`; the compiled "
             "backward recomputes per-edge values from the inputs, where eager code may keep those values), or an "
             "output the forward kept a reshape of. Modify a copy instead (`x = x + 1`), or call backward() first")
