@@ -268,7 +268,7 @@ def _backward_op(program: str, steps: str, num_nodes: int, num_src_nodes: int, e
     with autocast_off(graph.device):
         grads, _ = execute(backward.program, graph_ctx, backward_feeds(compiled, backward, saved, output_grads))
     graph.first_pass = False    # a backward pass ran on it (runtime/first_pass.py; at once here, where
-    # `_ProgramFunction.backward` ends it after the whole backward: `first_pass.Waiting`)
+    # `_ProgramFunction.backward` ends it after the whole backward: `end_after_backward`)
     by_key = {k.removeprefix("grad:"): g for k, g in grads.items()}
     # a gradient may be an incoming output gradient itself (a program returning a
     # linear map of an input passes it through), or one value for two inputs

@@ -29,7 +29,7 @@ from ..passes import optimize
 from ..passes.pair_sources import SourcePairRewrite, rewrite_for_source_pairs
 from ..environ import flag, getenv
 from .autocast import AUTOCAST_DEVICE_TYPES
-from .first_pass import Waiting, end_on_backward, first_pass_executor
+from .first_pass import Waiting, checkpointed, end_after_backward, end_on_backward, first_pass_executor
 from .interpreter import interpreter_lacks_bfloat16
 from .pair_graph import pair_graph, pair_matmul, pair_rows, reads_edge_types
 from .prepared_call import PreparedCall, preparer
@@ -633,8 +633,9 @@ class _ProgramFunction(torch.autograd.Function):
         # Python's collector cannot free -- every step's tensors would leak.
         ctx.save_for_backward(*map(kept.__getitem__, compiled.backward_inputs(backward).saved_ids) if backward else ())
         ctx.output_meta = [(o.shape, o.dtype, o.device) for o in outputs]
-        # a first-pass run waits for its backward (runtime/first_pass.py)
-        ctx.waiting = Waiting(graph_ctx.graph) if getattr(graph_ctx.graph, "first_pass", False) else None
+        # a checkpointed first-pass run waits for its backward (runtime/first_pass.py)
+        ctx.waiting = (Waiting(graph_ctx.graph) if getattr(graph_ctx.graph, "first_pass", False) and checkpointed()
+                       else None)
         return outputs
 
     @staticmethod
@@ -684,6 +685,8 @@ class _ProgramFunction(torch.autograd.Function):
                 grads, _ = ctx.execute(ctx.backward.program, ctx.graph_ctx, feeds)
         if ctx.waiting is not None:      # a backward pass runs on a first pass (runtime/first_pass.py)
             ctx.waiting.arrived()
+        elif getattr(graph, "first_pass", False):
+            end_after_backward(graph)
         return (None, *map(grads.get, ctx.compiled._gradient_keys))
 
 

@@ -85,21 +85,55 @@ def first_pass_executor(graph: Any, name: str) -> str:
     return "reference"
 
 
-class Waiting:
-    """A program run of ``graph``'s first pass whose outputs wait for their backward.
+def end_after_backward(graph: Any) -> None:
+    """Mark ``graph`` as past its first pass once the backward pass now running finishes
+    (called from within it), unless a checkpointed run on it still waits for its own
+    backward then (`Waiting`). Not at once: a checkpointed layer recomputed later in the
+    same backward must run as its forward did -- torch's checkpoint refuses recomputed
+    values of other shapes (GAT's unfolded logits, `nn.conv._folds`), and a program run
+    under autograd saves other values than its autograd Function does."""
+    _end_after_backward(weakref.ref(graph))
 
-    The first pass ends after a backward pass only where no such run waits on the graph:
-    a checkpointed layer (``use_reentrant=False``) recomputes its forward when its own
-    backward comes, and must run as that forward did -- torch's checkpoint refuses
-    recomputed values of other shapes (GAT's unfolded logits, `nn.conv._folds`), and a
-    program run under autograd saves other values than its autograd Function does. A
+
+def _end_after_backward(ref: weakref.ref) -> None:
+    """`end_after_backward` of the graph ``ref`` refers to, if it still lives then."""
+    def ended() -> None:
+        graph = ref()
+        if graph is not None:
+            graph.first_pass_backward = True
+            if not getattr(graph, "first_pass_waiting", 0):
+                graph.first_pass = False
+    torch.autograd.Variable._execution_engine.queue_callback(ended)
+
+
+# torch's innermost saved-tensor hooks, as its checkpoint reads them (None where this
+# torch has no such call: no run then counts as checkpointed)
+_top_hooks = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+
+
+def checkpointed() -> bool:
+    """Whether the forward running now is inside torch's non-reentrant checkpoint (its
+    saved-tensor hooks are the innermost), whose backward will recompute it."""
+    hooks = _top_hooks(False) if _top_hooks is not None else None
+    return hooks is not None and "_checkpoint_hook" in getattr(hooks[0], "__qualname__", "")
+
+
+
+class Waiting:
+    """A checkpointed program run of ``graph``'s first pass (``use_reentrant=False``),
+    whose backward will recompute its forward.
+
+    The recompute must run as that forward did -- on the reference executor, saving the
+    same values -- so the graph's first pass does not end while such a run waits: a
     backward of another output on the same graph (a second view of it, a second loss)
     ended the first pass before the waiting output's recompute, which then ran on Triton
-    and failed with torch's CheckpointError. A run stops waiting when its backward
-    arrives (`arrived`) or when the autograd graph holding it (the autograd Function's
-    context, or the hooks on its outputs, which their grad_fn keeps) is freed without one
-    -- not its output tensors, which a layer often lets go at once (a reshape, a bias
-    added) while their backward is still to come."""
+    and failed with torch's CheckpointError. Only checkpointed runs wait: an output kept
+    without a backward (an evaluation run with grad enabled, kept until the next one)
+    would otherwise keep every later step on the first pass. A run stops waiting when its
+    backward arrives (`arrived`) or when the autograd graph holding it (the autograd
+    Function's context, or the hooks on its outputs, which their grad_fn keeps) is freed
+    without one -- not its output tensors, which a layer often lets go at once (a
+    reshape, a bias added) while their backward is still to come."""
     __slots__ = ("ref", "open")
 
     def __init__(self, graph: Any) -> None:
@@ -110,17 +144,9 @@ class Waiting:
         self._let_go()
 
     def arrived(self) -> None:
-        """This run's backward arrived (called from within the backward pass): the graph's
-        first pass ends once that pass finishes, if no other run waits then."""
+        """This run's backward arrived (called from within the backward pass)."""
         self._close()
-        ref = self.ref
-        def ended() -> None:
-            graph = ref()
-            if graph is not None:
-                graph.first_pass_backward = True
-                if not getattr(graph, "first_pass_waiting", 0):
-                    graph.first_pass = False
-        torch.autograd.Variable._execution_engine.queue_callback(ended)
+        _end_after_backward(self.ref)
 
     def _let_go(self) -> None:
         """Freed: this run waits no more, and the graph's first pass ends here if a
@@ -141,13 +167,19 @@ class Waiting:
 
 
 def end_on_backward(graph: Any, outputs: Iterable[torch.Tensor]) -> None:
-    """A `Waiting` run of ``outputs`` (a program's outputs computed under autograd), which
-    arrives with the gradient of any of them, as `_ProgramFunction.backward` calls
-    `Waiting.arrived` for a program run through it. Outputs without a ``grad_fn`` (an
-    input handed back as it was) get no hook: it would stay on the caller's tensor."""
+    """`end_after_backward` once the gradient of any of ``outputs`` (a program's outputs
+    computed under autograd) arrives -- through a `Waiting` run inside a checkpoint --,
+    as `_ProgramFunction.backward` does for a program run through it. Outputs without a
+    ``grad_fn`` (an input handed back as it was) get no hook: it would stay on the
+    caller's tensor."""
     graded = [out for out in outputs if out.grad_fn is not None]
     if not graded:
         return
-    waiting = Waiting(graph)
+    if checkpointed():
+        waiting = Waiting(graph)
+        for out in graded:
+            out.register_hook(lambda grad: waiting.arrived())
+        return
+    ref = weakref.ref(graph)     # (a hook holding the graph would keep it while the output lives)
     for out in graded:
-        out.register_hook(lambda grad: waiting.arrived())
+        out.register_hook(lambda grad: _end_after_backward(ref))
