@@ -13,8 +13,9 @@ backend still splits hub rows, but their segments meet in a fixed order
 summed from the first by the row's last segment or by a merge kernel), takes the CSR
 walk (or the torch form, whose determinism is torch's business) instead of an atomic
 schedule, sums the typed row scatter per target row in a sorted order
-(`triton.scatter_rows.target_order`), and launches its fixed block sizes; a schedule the caller forces that adds atomically is refused as torch
-refuses its own nondeterministic operations. The reference and CPU backends add in a
+(`triton.scatter_rows.target_order`), and launches its fixed block sizes; a schedule
+the caller forces that adds atomically is refused as torch refuses its own
+nondeterministic operations. The reference and CPU backends add in a
 fixed order already.
 """
 from __future__ import annotations
