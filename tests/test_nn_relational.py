@@ -164,3 +164,39 @@ def test_a_lazy_width_is_refused_by_name(build):
     and says what to give."""
     with pytest.raises(ValueError, match=r"in_channels=-1 .* give the input feature width"):
         build()
+
+
+def test_the_typed_graph_of_raw_tensors_is_built_once_while_they_are_unchanged(monkeypatch):
+    """PyG's R-GCN takes edge_index and edge_type raw every step; the typed graph (ids
+    validated, CSR sorted, relation pairs found) was built anew on every call. It is kept
+    while both tensors are the same and unchanged: an in-place edit of either, or another
+    edge_type tensor, gives the new graph's answer (PyG's, weights copied)."""
+    torch.manual_seed(0)
+    theirs = PygRGCNConv(6, 4, 3).double()
+    ours = RGCNConv(6, 4, 3).double()
+    ours.load_state_dict(theirs.state_dict())
+    x = torch.randn(12, 6, dtype=torch.float64)
+    edge_index, edge_type = torch.randint(0, 12, (2, 40)), torch.randint(0, 3, (40,))
+    built = []
+    real = gnnfuse.Graph.__init__
+
+    def counted(self, *args, **kwargs):
+        built.append(kwargs.get("edge_type") is not None)
+        real(self, *args, **kwargs)
+    monkeypatch.setattr(gnnfuse.Graph, "__init__", counted)
+
+    def check(message):
+        torch.testing.assert_close(ours(x, edge_index, edge_type), theirs(x, edge_index, edge_type), msg=message)
+    check("first call")
+    check("same tensors")
+    assert built.count(True) == 1
+    edge_type[:5] = (edge_type[:5] + 1) % 3
+    check("edge_type edited in place")
+    edge_type = edge_type.clone()
+    edge_type[-3:] = (edge_type[-3:] + 2) % 3
+    check("another edge_type tensor")
+    edge_index[0, :4] = (edge_index[0, :4] + 1) % 12
+    check("edge_index edited in place")
+    assert built.count(True) == 4
+    check("same tensors again")
+    assert built.count(True) == 4

@@ -12,6 +12,7 @@ from torch import nn
 from .. import frontend
 from ..graph import Graph
 from ..graph.convert import check_bipartite_adj_t, is_sparse_adjacency
+from ..graph.index_cache import _stamp, cached_graph
 from .arguments import node_features
 from . import pyg_init
 from .compiling import names_its_programs
@@ -270,14 +271,37 @@ class RGCNConv(NotScriptable, nn.Module):
             if edge_type is None:
                 raise ValueError(f"{type(self).__name__} needs edge types: a Graph built with edge_type=..., or "
                                  "forward(x, edge_index, edge_type)")
-            graph = Graph(graph[0], graph[1], num_dst, edge_type=edge_type, num_edge_types=self.num_relations,
-                          num_src_nodes=num_src if bipartite else None)
+            graph = self._typed_graph_of(graph, edge_type, num_dst, num_src if bipartite else None)
         if (graph.num_src_nodes, graph.num_nodes) != (num_src, num_dst):
             if not (bipartite or graph.is_bipartite):
                 raise ValueError(f"x has {num_src} rows but the graph has {graph.num_nodes} nodes")
             raise ValueError(f"x has {num_src} source and {num_dst} destination rows but the graph has "
                              f"{graph.num_src_nodes} source and {graph.num_nodes} destination nodes")
         check_edge_types(graph, self.num_relations, type(self).__name__)
+        return graph
+
+    def _typed_graph_of(self, edge_index: torch.Tensor, edge_type: Any, num_dst: int, num_src: int | None) -> Graph:
+        """The typed graph of ``edge_index`` and ``edge_type``, built once while both are
+        the same tensors, unchanged. PyG's R-GCN takes them raw every step, and building
+        the graph anew each call -- validating ids, sorting the CSR, finding the
+        (vertex, relation) pairs (two ``unique`` sorts) -- took about 7 ms of a 45 ms
+        R-GCN call on reddit2-like (H200). Remembered per ``edge_index`` by the index
+        cache (a weak reference and a stamp), and per ``edge_type`` by identity (held by
+        the memo, so its id cannot be reused) and stamp (torch's version counter)."""
+        def build() -> Graph:
+            return Graph(edge_index[0], edge_index[1], num_dst, edge_type=edge_type,
+                         num_edge_types=self.num_relations, num_src_nodes=num_src)
+        if (torch.compiler.is_compiling() or type(edge_index) is not torch.Tensor or edge_index.layout != torch.strided
+                or not isinstance(edge_type, torch.Tensor)):
+            return build()
+        types = _stamp([edge_type])
+        memo = cached_graph(edge_index, [edge_index], ("typed_graphs", num_dst, num_src), lambda parts: {})
+        kept = memo.get(self.num_relations)
+        if types is not None and kept is not None and kept[0] is edge_type and kept[1] == types:
+            return kept[2]
+        graph = build()
+        if types is not None and _stamp([edge_type]) == types:     # (not written while it was read)
+            memo[self.num_relations] = (edge_type, types, graph)
         return graph
 
     def __repr__(self) -> str:
