@@ -295,14 +295,13 @@ class RGCNConv(NotScriptable, nn.Module):
                 or not isinstance(edge_type, torch.Tensor)):
             return build()
         types = _stamp([edge_type])
+        if types is None:       # an inference tensor: no version counter to tell an edit by
+            return build()
         memo = cached_graph(edge_index, [edge_index], ("typed_graphs", num_dst, num_src), lambda parts: {})
         kept = memo.get(self.num_relations)
-        if types is not None and kept is not None and kept[0] is edge_type and kept[1] == types:
-            return kept[2]
-        graph = build()
-        if types is not None and _stamp([edge_type]) == types:     # (not written while it was read)
-            memo[self.num_relations] = (edge_type, types, graph)
-        return graph
+        if kept is None or kept[0] is not edge_type or kept[1] != types:
+            kept = memo[self.num_relations] = (edge_type, types, build())
+        return kept[2]
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}({self.in_channels}, {self.out_channels}, "

@@ -42,6 +42,7 @@ float32 lanes, and larger graphs keep the Triton backend's IO-aware kernels.
 """
 from __future__ import annotations
 
+import functools
 import weakref
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -101,9 +102,15 @@ def _end_after_backward(ref: weakref.ref) -> None:
         graph = ref()
         if graph is not None:
             graph.first_pass_backward = True
-            if not getattr(graph, "first_pass_waiting", 0):
-                graph.first_pass = False
+            _end_unless_waiting(graph)
     torch.autograd.Variable._execution_engine.queue_callback(ended)
+
+
+def _end_unless_waiting(graph: Any) -> None:
+    """End ``graph``'s first pass if a backward pass has run on it and no checkpointed
+    run waits for its own (`Waiting`)."""
+    if getattr(graph, "first_pass_backward", False) and not getattr(graph, "first_pass_waiting", 0):
+        graph.first_pass = False
 
 
 # torch's innermost saved-tensor hooks, as its checkpoint reads them (None where this
@@ -116,7 +123,6 @@ def checkpointed() -> bool:
     saved-tensor hooks are the innermost), whose backward will recompute it."""
     hooks = _top_hooks(False) if _top_hooks is not None else None
     return hooks is not None and "_checkpoint_hook" in getattr(hooks[0], "__qualname__", "")
-
 
 
 class Waiting:
@@ -154,9 +160,8 @@ class Waiting:
         if self.open:
             self._close()
             graph = self.ref()
-            if (graph is not None and getattr(graph, "first_pass_backward", False)
-                    and not graph.first_pass_waiting):
-                graph.first_pass = False
+            if graph is not None:
+                _end_unless_waiting(graph)
 
     def _close(self) -> None:
         if self.open:
@@ -175,11 +180,7 @@ def end_on_backward(graph: Any, outputs: Iterable[torch.Tensor]) -> None:
     graded = [out for out in outputs if out.grad_fn is not None]
     if not graded:
         return
-    if checkpointed():
-        waiting = Waiting(graph)
-        for out in graded:
-            out.register_hook(lambda grad: waiting.arrived())
-        return
-    ref = weakref.ref(graph)     # (a hook holding the graph would keep it while the output lives)
+    # (a hook holding the graph would keep it while the output lives: a weak reference)
+    arrived = Waiting(graph).arrived if checkpointed() else functools.partial(_end_after_backward, weakref.ref(graph))
     for out in graded:
-        out.register_hook(lambda grad: _end_after_backward(ref))
+        out.register_hook(lambda grad: arrived())
