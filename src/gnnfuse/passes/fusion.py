@@ -51,9 +51,12 @@ class AggregateUnit:
         return self.scaled if self.scaled is not None else self.reduce
 
     def describe(self) -> str:
+        """The unit in words, as its leaves are named (op and shape, never a value's id):
+        it heads the kernel's source, which programs of one structure -- one for each value
+        of a changing constant -- then share (backend/constant_args.py)."""
         times = "" if self.scale is None else \
-            f" {'times' if self.scaled.op == 'mul' else 'over'} {self.scale.name} per row"
-        plus = "" if self.addend is None else f" plus {self.addend.name} per row"
+            f" {'times' if self.scaled.op == 'mul' else 'over'} {_reads([self.scale])} per row"
+        plus = "" if self.addend is None else f" plus {_reads([self.addend])} per row"
         return (f"unit reduce[{self.reduce.attrs['op']} by {self.by}]{times}{plus} fuses "
                 f"{[v.op for v in self.body]} reading ({_reads(self.leaves)})")
 
