@@ -36,6 +36,7 @@ import torch
 
 from ...ir import Residency, Value, get_op
 from ...passes.fusion import AggregateUnit, EdgeUnit, Unit, feature_sum_terms, gather_side, leaf_kind
+from ..constant_args import constant_leaves
 from ..coords import project, strides, summed_coords
 from . import scalar
 
@@ -96,6 +97,8 @@ class _Emitter:
         self.memo: dict[tuple, str] = {}
         self.leaf_args: list[Value] = [v for v in unit.leaves if leaf_kind(v) != "const"]
         self.leaf_index = {v.id: n for n, v in enumerate(self.leaf_args)}
+        # constants the kernel reads from its ``K`` arguments, not as literals (constant_args.py)
+        self.constant_index = {v.id: n for n, v in enumerate(constant_leaves(unit))}
         # (argument, row index kind) -> (row width, bytes per element) of every row read
         self.gathered: dict[tuple[str, str], tuple[int, int]] = {}
 
@@ -113,6 +116,12 @@ class _Emitter:
             self.names[expr], self.level[name] = name, level
             self.lines[level].append(f"{name} = {expr}")
         return self.names[expr]
+
+    def params(self) -> str:
+        """The leaves' array parameters, then the constants' (`constant_args`), each
+        followed by a comma."""
+        return "".join(f"L{n}, " for n in range(len(self.leaf_args))) + "".join(
+            f"K{n}, " for n in range(len(self.constant_index)))
 
     def uint(self, n: int) -> str:
         """An index constant as an unsigned 64-bit value (see `generate_aggregate` on why
@@ -200,6 +209,8 @@ class _Emitter:
 
     def load(self, v: Value, coords: tuple[str, ...], kind: str) -> str:
         if kind == "const":
+            if v.id in self.constant_index:
+                return self.tmp(f"ACC(K{self.constant_index[v.id]}[0])")
             return self.tmp(f"ACC({_literal(v.attrs['value'])})")
         ptr, width = f"L{self.leaf_index[v.id]}", math.prod(v.shape)
         off = self.offset(v.shape, coords)
@@ -352,7 +363,7 @@ def generate_aggregate(unit: AggregateUnit, name: str, acc: str, parallel: bool,
     val = em.value(unit.reduce.inputs[0], em.coords(unit.reduce.shape, "f"))
     op, join, result, scale = _reduction(unit, em)
     combine = "{0} += {1}" if op in ("sum", "mean") else f"{{0}} = {join}"
-    leaves = "".join(f"L{n}, " for n in range(len(em.leaf_args)))
+    leaves = em.params()
     reduction = f'''{em.block(_ROW, 16)}                for k in range(f_hi - f_lo):
                     acc[k] = {_IDENTITY[op]}
                 for p in range(start, end):
@@ -463,7 +474,7 @@ def generate_register_row(unit: AggregateUnit, name: str, acc: str, parallel: bo
     step = "".join(f"                a{c} = ACC({join.format(f'a{c}', val)})\n" for c, val in enumerate(vals))
     store = "".join(f"            out[base + U({c})] = {stored(unit.root, result.format(f'a{c}') + scale)}\n"
                     for c in range(width))
-    params = f"rowptr, col, eid, prefetch_end, out, f_tile, {''.join(f'L{n}, ' for n in range(len(em.leaf_args)))}"
+    params = f"rowptr, col, eid, prefetch_end, out, f_tile, {em.params()}"
     source = _header(acc) + f'''{_definition(name, params, parallel, register_row_fastmath(unit))}    # {unit.describe()} (row in registers)
 {em.block(_KERNEL, 4)}    num_rows = rowptr.shape[0] - 1
     links = U(prefetch_end)
@@ -500,7 +511,7 @@ def generate_edge(unit: EdgeUnit, name: str, acc: str, parallel: bool) -> tuple[
         val = " + ".join(em.value(root.inputs[0], c) for c in summed_coords(root, coords))
     else:
         val = em.value(root, coords)
-    params = f"src, dst, prefetch_end, out, {''.join(f'L{n}, ' for n in range(len(em.leaf_args)))}"
+    params = f"src, dst, prefetch_end, out, {em.params()}"
     source = _header(acc) + f'''{_definition(name, params, parallel)}    # {unit.describe()}
 {em.block(_KERNEL, 4)}    width = U({width})
     links = U(prefetch_end)

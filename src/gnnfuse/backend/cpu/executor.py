@@ -45,6 +45,7 @@ from ..reference.executor import run_plan
 from ..first_use import call_compiling
 from ..unit_ops import mixed_floats, mixed_floats_message, run_by_ops
 from ..kernel_cache import first_call_compiles, load_kernel
+from ..constant_args import constant_tensors
 from . import schedule
 from .partition import Partitions, source_partitions
 from ...environ import getenv
@@ -166,6 +167,7 @@ class _Launch(NamedTuple):
     out_dtype: torch.dtype
     threads: int
     chunk: int | None
+    constants: tuple = ()   # the arrays of the unit's constants, taken after the leaves (`constant_args`)
 
 
 def _read_environment() -> tuple:
@@ -204,7 +206,7 @@ def run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> 
         return run_by_ops(unit, ctx, leaves)
     out = torch.empty(launch.out_shape, dtype=launch.out_dtype)
     flat_out = (out.view(torch.int16) if launch.out_dtype in _AS_BITS else out).numpy().ravel()   # no call: host path
-    args = (*launch.head, flat_out, *launch.tail, *[_flat(leaves[i]) for i in launch.leaf_ids])
+    args = (*launch.head, flat_out, *launch.tail, *[_flat(leaves[i]) for i in launch.leaf_ids], *launch.constants)
     if _FIRST_CALLS and id(kernel) in _FIRST_CALLS:       # this call compiles it
         _FIRST_CALLS.discard(id(kernel))
         kernel = functools.partial(call_compiling, kernel, kernel)
@@ -288,11 +290,12 @@ def _plan(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> _La
     if parallel:
         head = (threads, *head)
     tail = (tile,) if isinstance(unit, AggregateUnit) else ()      # edge kernels take no tile
+    constants = tuple(t.numpy() for t in constant_tensors(unit, "cpu"))
     if register_row:
         example_out = _flat(torch.empty(0, dtype=root.dtype))
-        _compile_vectorized(kernel, (*head, example_out, *tail, *[_flat(leaves[v.id]) for v in leaf_args]))
+        _compile_vectorized(kernel, (*head, example_out, *tail, *[_flat(leaves[v.id]) for v in leaf_args], *constants))
     return _Launch(kernel, tuple(v.id for v in leaf_args), head, tail, (rows,) + root.shape, root.dtype,
-                   threads if parallel else 0, choice.chunk)
+                   threads if parallel else 0, choice.chunk, constants)
 
 
 def _partitioned(rowptr: torch.Tensor, parts: Partitions) -> tuple:

@@ -38,6 +38,7 @@ from ...ir.rounded import quotient
 from ...passes.fusion import (AggregateUnit, EdgeUnit, RowSum, SharedReduceUnit, Unit, feature_sum_terms,
                               gather_side, leaf_kind, row_sum_split, row_sum_tile)
 from ...passes.siblings import SiblingGroup
+from ..constant_args import constant_leaves
 from ...passes.type_sums import MAX_RIDER_TILE, TypeSumUnit
 from ..row_layout import aligned_row_width
 from ..coords import project as _project, strides as _strides, summed_coords as _summed_coords
@@ -61,6 +62,8 @@ class _Emitter:
         self.names: dict[str, str] = {}
         self.leaf_args: list[Value] = [v for v in unit.leaves if leaf_kind(v) != "const"]
         self.leaf_index = {v.id: n for n, v in enumerate(self.leaf_args)}
+        # constants the kernel reads from its ``K`` arguments, not as literals (constant_args.py)
+        self.constant_index = {v.id: n for n, v in enumerate(constant_leaves(unit))}
         # the feature lanes values are evaluated on: the kernel's [BLOCK_F] block, or a
         # row tile's lanes while a feature sum in the body is evaluated (`row_sum`)
         self.lane, self.zero, self.lanes = "f", "fzero", "BLOCK_F"
@@ -266,9 +269,15 @@ class _Emitter:
         return self.memo[key]
 
     def params(self) -> str:
-        """The kernel's leaf pointer parameters, then ``etype`` where it loads each edge's
-        type (`edge_types`): the types, one per position ``e`` it walks."""
-        return "".join(f"L{n}, " for n in range(len(self.leaf_args))) + ("etype, " if self.typed else "")
+        """The kernel's leaf pointer parameters, its constants' (`constant_args`), then
+        ``etype`` where it loads each edge's type (`edge_types`): the types, one per
+        position ``e`` it walks."""
+        return self.leaf_params() + ("etype, " if self.typed else "")
+
+    def leaf_params(self) -> str:
+        """The leaves' and the constants' pointer parameters, each followed by a comma."""
+        return "".join(f"L{n}, " for n in range(len(self.leaf_args))) + "".join(
+            f"K{n}, " for n in range(len(self.constant_index)))
 
     def edge_types(self) -> str:
         """``etp``, the types of the chunk's edges (loaded once per chunk): position ``e``
@@ -282,6 +291,8 @@ class _Emitter:
 
     def load(self, v: Value, coords: tuple[str, ...], kind: str) -> str:
         if kind == "const":
+            if v.id in self.constant_index:     # read as [1] like the literal it stands for
+                return self.tmp(f"tl.load(K{self.constant_index[v.id]} + tl.zeros([1], tl.int32)).to(ACC)")
             return self.constant(v.attrs["value"])
         if kind == "type":
             self.edge_types()
@@ -888,7 +899,7 @@ def generate_sibling_merge(group: SiblingGroup, name: str, acc_dtype: str) -> st
                     f"    tl.store(out{n} + row * {width} + f{n}, acc{n}.to(out{n}.dtype.element_ty), mask=f{n}mask)")
     outs = "".join(f"out{n}, " for n in range(len(group.members)))
     parts = "".join(f"{kept}{n}_part, " for kept, n in partial_buffers(group))
-    leaves = ", ".join(f"L{n}" for n in range(len(em.leaf_args)))
+    leaves = em.leaf_params().removesuffix(", ")
     newline = "\n"
     return f'''import triton
 import triton.language as tl

@@ -17,6 +17,7 @@ from ...passes.type_sums import TYPE_INDEX, TypeSumUnit, rider_fits
 from .. import determinism, forced_schedule as overrides, tuned_schedule
 from ..forced_schedule import SCHEDULES, TILED_SCORES_ENV, forced_schedule, forcing, tiled_scores
 from ..reference import GraphContext
+from ..constant_args import constant_tensors
 from ..kernel_cache import load_kernel as _load_kernel
 from ..launch_cache import CallSettings, LaunchCache
 from ..row_layout import has_row_stride
@@ -285,7 +286,9 @@ class _Launch(NamedTuple):
     signature: Hashable
     summed_to: tuple[torch.dtype, tuple[int, ...]] | None = None
     added_after: int | None = None
-    types: tuple = ()       # the edge types the kernel takes last (`types_at`), if it reads them
+    # what the kernel takes last: its constants (`constant_args`), then the edge types
+    # (`types_at`) if it reads them
+    types: tuple = ()
     # [the plan's `BoundLaunch` or None, launches made without one]: see `_launch_bound`
     bound: list | None = None
     # (split rows, width, dtype, feature programs) of the workspace where split rows'
@@ -522,6 +525,7 @@ class _SiblingLaunch(NamedTuple):
     kwargs: dict[str, Any]
     signature: Hashable
     bound: list     # as `_Launch.bound`
+    constants: tuple = ()   # the constants' arguments (`constant_args`), first of ``types``; the merge takes them too
 
 
 def _run_siblings(group: SiblingGroup, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> tuple[torch.Tensor, ...]:
@@ -557,7 +561,7 @@ def _run_siblings(group: SiblingGroup, ctx: GraphContext, leaves: dict[int, torc
             _launch_bound(plan, (*plan.before, *outs, *parts, *args, *plan.types))
         if plan.merge is not None:
             merge, count, before = plan.merge
-            merge((count,), (*before, *outs[:members], *parts, *args))
+            merge((count,), (*before, *outs[:members], *parts, *args, *plan.constants))
     return (*outs[:members], *(tiles.sum(0)[:types, :width].to(r.reduce.dtype).reshape(types, *r.reduce.shape)
                                for tiles, (_, _, types, width), r in zip(outs[members:], plan.riders, group.riders)))
 
@@ -617,12 +621,14 @@ def _plan_siblings(group: SiblingGroup, ctx: GraphContext, leaves: dict[int, tor
     outs = tuple(((rows,) + m.reduce.shape, m.reduce.dtype) for m in group.members)
     sizes = (tuned_as, *widths)
     edge_types = (types_at(ctx, group.by),) if reads_types else ()
+    constants = constant_tensors(group, ctx.device)
     dtypes = (*(a.dtype for a in before if isinstance(a, torch.Tensor)), *(d for _, d in outs),
               *(r[1] for r in riders), *(d for _, d in partials), *(leaves[leaf].dtype for leaf, _, _ in layouts),
               *(t.dtype for t in edge_types))
     return _SiblingLaunch(kernel if count else None, tuple(layouts), before, outs, partials, merge, riders,
-                          edge_types, ctx.device, zero_rows, lambda meta: (triton.cdiv(count, meta["ROWS"]),), sizes,
-                          fixed, signature(sizes, fixed, dtypes), [None, 0])
+                          (*constants, *edge_types), ctx.device, zero_rows,
+                          lambda meta: (triton.cdiv(count, meta["ROWS"]),), sizes, fixed, signature(sizes, fixed, dtypes),
+                          [None, 0], constants)
 
 
 # `_plan_siblings`' answer for a group whose riders do not fit this graph's edge types
@@ -672,10 +678,12 @@ def _plan(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> _La
     schedule = schedule_for(unit, rows, ctx.num_edges)
     kernel = _kernel_for(unit, acc, schedule)
     plan = _plan_schedule(unit, ctx, leaves, kernel, acc, rows, schedule)
+    # the constants' arguments, and the types, go last and are the plan's own (fixed in a bound launch)
+    constants = constant_tensors(unit, ctx.device)
     if not kernel.reads_types:
-        return plan
+        return plan._replace(types=constants) if constants else plan
     types = types_at(ctx, unit.by if schedule in ("csr", "rows", "scan") else None)
-    return plan._replace(types=(types,), signature=(plan.signature, types.dtype))
+    return plan._replace(types=(*constants, types), signature=(plan.signature, types.dtype))
 
 
 def _plan_schedule(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor], loaded: _Kernel, acc: str,

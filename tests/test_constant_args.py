@@ -1,0 +1,83 @@
+"""A constant that changes between calls (an annealed temperature) reuses the kernels.
+
+A Python number a UDF reads is a constant of its traced program; the code generators
+pass it to the kernel as an argument (backend/constant_args.py), so a new value traces
+and plans a new program but compiles no new kernel. Before, every value wrote new kernel
+source: a Triton or Numba compile per step, and kernels kept for the process.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gnnfuse import frontend
+from gnnfuse.backend import kernel_cache
+from gnnfuse.graph import Graph
+
+_EDGES = torch.tensor([[0, 1, 2, 3, 4, 5, 0, 2, 4, 6, 6, 1],
+                       [1, 2, 3, 4, 5, 0, 3, 5, 1, 0, 2, 6]])
+
+
+def _tempered_step(graph: Graph, h: torch.Tensor, tau: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """A softmax over in-edges at temperature ``tau``, scaled and shifted by it too: the
+    constant sits in an edge score, a division, an addition and a maximum."""
+    h = h.detach().requires_grad_(True)
+
+    def message(edges):
+        return {"s": (edges.src["h"] * edges.dst["h"]).sum(-1, keepdim=True) / tau, "m": edges.src["h"] * tau + 0.5}
+
+    def reduce(nodes):
+        alpha = torch.softmax(nodes.mailbox["s"], dim=1)
+        return {"o": torch.maximum(torch.sum(alpha * nodes.mailbox["m"], dim=1), nodes.data["h"] * 0.0 - tau)}
+    out = frontend.message_passing(graph, message, reduce, ndata={"h": h})["o"]
+    out.pow(2).sum().backward()
+    return out.detach(), h.grad
+
+
+def _eager(h: torch.Tensor, tau: float) -> tuple[torch.Tensor, torch.Tensor]:
+    h = h.detach().requires_grad_(True)
+    src, dst = _EDGES
+    score = (h[src] * h[dst]).sum(-1, keepdim=True) / tau
+    peak = torch.full((h.shape[0], 1), float("-inf"), dtype=h.dtype).scatter_reduce(
+        0, dst[:, None], score, "amax")
+    weight = (score - peak[dst]).exp()
+    total = torch.zeros(h.shape[0], 1, dtype=h.dtype).index_add_(0, dst, weight)
+    summed = torch.zeros_like(h).index_add_(0, dst, weight / total[dst] * (h[src] * tau + 0.5))
+    out = torch.maximum(summed, h * 0.0 - tau)
+    out.pow(2).sum().backward()
+    return out.detach(), h.grad
+
+
+@pytest.mark.parametrize("backend_name", ["cpu", "triton"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_constant_changing_every_step_compiles_no_new_kernels(backend_name, dtype, monkeypatch, fresh_compile):
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend_name)
+    graph = Graph(_EDGES[0], _EDGES[1], num_nodes=7)
+    h = torch.randn(7, 4, dtype=dtype, generator=torch.Generator().manual_seed(3))
+    kernels = []
+    for tau in (0.9, 0.8, 0.7, 0.3, 2, -1.5):
+        out, grad = _tempered_step(graph, h, tau)
+        expected, expected_grad = _eager(h, tau)
+        torch.testing.assert_close(out, expected)
+        torch.testing.assert_close(grad, expected_grad)
+        kernels.append(len(kernel_cache._KERNELS))
+    # the graph's first pass runs the reference executor; its second step builds the kernels
+    assert kernels[2:] == [kernels[1]] * 4, kernels
+
+
+@pytest.mark.parametrize("tau", [1e39, float("inf"), float("nan"), -0.0, 1e-45, 3.4028235677973366e38])
+def test_a_constant_argument_rounds_as_the_literal_did(tau, monkeypatch):
+    """The argument is float64 and the kernel converts it to float32 as the literal was:
+    beyond float32's range to inf, a subnormal to its nearest float32, as torch rounds
+    the Python number (`_eager`'s ``x * tau``)."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
+    graph = Graph(_EDGES[0], _EDGES[1], num_nodes=7)
+    h = torch.randn(7, 4, generator=torch.Generator().manual_seed(5))
+    src, dst = _EDGES
+    expected = torch.zeros_like(h).index_add_(0, dst, h[src] * tau)
+    for _ in range(2):     # the second call runs the kernel (the first pass, to a backward, the reference's)
+        x = h.clone().requires_grad_(True)
+        out = frontend.message_passing(graph, lambda e: {"m": e.src["h"] * tau},
+                                       lambda n: {"o": torch.sum(n.mailbox["m"], dim=1)}, ndata={"h": x})["o"]
+        out.sum().backward()
+        torch.testing.assert_close(out.detach(), expected, equal_nan=True)
