@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from oracle_check import device_for
 
 from gnnfuse import frontend
 from gnnfuse.backend import kernel_cache
@@ -52,14 +53,15 @@ def _eager(h: torch.Tensor, tau: float) -> tuple[torch.Tensor, torch.Tensor]:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_a_constant_changing_every_step_compiles_no_new_kernels(backend_name, dtype, monkeypatch, fresh_compile):
     monkeypatch.setenv("GNNFUSE_BACKEND", backend_name)
-    graph = Graph(_EDGES[0], _EDGES[1], num_nodes=7)
+    device = device_for(backend_name)
+    graph = Graph(_EDGES[0], _EDGES[1], num_nodes=7).to(device)
     h = torch.randn(7, 4, dtype=dtype, generator=torch.Generator().manual_seed(3))
     kernels = []
     for tau in (0.9, 0.8, 0.7, 0.3, 2, -1.5):
-        out, grad = _tempered_step(graph, h, tau)
+        out, grad = _tempered_step(graph, h.to(device), tau)
         expected, expected_grad = _eager(h, tau)
-        torch.testing.assert_close(out, expected)
-        torch.testing.assert_close(grad, expected_grad)
+        torch.testing.assert_close(out.cpu(), expected)
+        torch.testing.assert_close(grad.cpu(), expected_grad)
         kernels.append(len(kernel_cache._KERNELS))
     # the graph's first pass runs the reference executor; its second step builds the kernels
     assert kernels[2:] == [kernels[1]] * 4, kernels
@@ -71,13 +73,14 @@ def test_a_constant_argument_rounds_as_the_literal_did(tau, monkeypatch):
     beyond float32's range to inf, a subnormal to its nearest float32, as torch rounds
     the Python number (`_eager`'s ``x * tau``)."""
     monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
-    graph = Graph(_EDGES[0], _EDGES[1], num_nodes=7)
+    device = device_for("triton")
+    graph = Graph(_EDGES[0], _EDGES[1], num_nodes=7).to(device)
     h = torch.randn(7, 4, generator=torch.Generator().manual_seed(5))
     src, dst = _EDGES
     expected = torch.zeros_like(h).index_add_(0, dst, h[src] * tau)
     for _ in range(2):     # the second call runs the kernel (the first pass, to a backward, the reference's)
-        x = h.clone().requires_grad_(True)
+        x = h.to(device).requires_grad_(True)
         out = frontend.message_passing(graph, lambda e: {"m": e.src["h"] * tau},
                                        lambda n: {"o": torch.sum(n.mailbox["m"], dim=1)}, ndata={"h": x})["o"]
         out.sum().backward()
-        torch.testing.assert_close(out.detach(), expected, equal_nan=True)
+        torch.testing.assert_close(out.detach().cpu(), expected, equal_nan=True)

@@ -66,6 +66,8 @@ _FROM_BITS = {torch.float16: "tl.from_float16_bits", torch.bfloat16: "tl.from_bf
 
 
 _TO_BITS = {torch.float16: "tl.to_float16_bits", torch.bfloat16: "tl.to_bfloat16_bits"}
+# An op's result of these dtypes is rounded to them (`_Emitter.narrowed`).
+_NARROW = {torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16"}
 
 
 def widened(v: Value, element: str) -> str:
@@ -173,8 +175,9 @@ class _Emitter:
             out = self.value(v.inputs[0], project(coords, v.shape, v.inputs[0].shape), side)
         elif v.op == "matmul":   # an edge-feature matmul, unrolled (see the Triton emitter)
             x, w = v.inputs
-            out = self.tmp(" + ".join(f"{self.value(x, (str(k),), side)} * {self.value(w, (str(k), coords[-1]), side)}"
-                                      for k in range(x.shape[0])))
+            out = self.narrowed(v, self.tmp(" + ".join(
+                f"{self.value(x, (str(k),), side)} * {self.value(w, (str(k), coords[-1]), side)}"
+                for k in range(x.shape[0]))))
         elif v.op == "slice_features":   # output coordinate c reads input start + step * c
             out = self.value(v.inputs[0], tuple(self.sliced(c, start, step)
                                                 for c, (start, step, _) in zip(coords, v.attrs["window"])), side)
@@ -196,8 +199,20 @@ class _Emitter:
                 # float32, and a backward kernel comparing the recomputed value with
                 # that max found no edge equal to it (NaN gradients).
                 out = attrs[f"s{n}"] = self.tmp(f"ACC({expr})")
+            out = self.narrowed(v, out)
         self.memo[key] = out
         return out
+
+    def narrowed(self, v: Value, out: str) -> str:
+        """``out``, the value of op ``v``, rounded to ``v``'s dtype where that is float16 or
+        bfloat16, as torch rounds each op's result (and the reference executor, running
+        those ops). Carried unrounded in the float32 accumulator, a recomputed score
+        exceeded the maximum a unit before had stored rounded to bfloat16 -- by up to half
+        a unit in its last place, 2048 at 1e6 -- and ``exp(score - max)`` overflowed: a
+        bfloat16 edge softmax of large scores came out inf and NaN."""
+        if v.dtype not in _NARROW:
+            return out
+        return self.tmp(f"ACC(tl.cast({out}, {_NARROW[v.dtype]}))")
 
     def sliced(self, c: str, start: int, step: int) -> str:
         """The input coordinate a slice window ``start::step`` reads at output coordinate ``c``."""

@@ -31,6 +31,7 @@ import inspect
 import itertools
 import math
 
+import torch
 import triton
 
 from ...ir import Residency, Value, get_op
@@ -43,6 +44,8 @@ from ...passes.type_sums import MAX_RIDER_TILE, TypeSumUnit
 from ..row_layout import aligned_row_width
 from ..coords import project as _project, strides as _strides, summed_coords as _summed_coords
 
+# An op's result of these dtypes is rounded to them (`_Emitter.narrowed`).
+_NARROW = {torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16"}
 _IDENTITY = {"sum": "0.0", "mean": "0.0", "max": "float('-inf')", "min": "float('inf')"}
 # The kernel variable holding the row id of each edge's gathered row, by gather kind.
 _ROW_INDEX = {"neighbour": "nbr", "edge": "edge", "src": "src_id", "dst": "dst_id", "type": "etp"}
@@ -186,7 +189,7 @@ class _Emitter:
             kind = leaf_kind(v)
             out = self.load(v, coords, side if kind == "node" and side else kind)
         elif feature_sum_terms(v) is not None:   # a per-edge feature sum in the body (scores)
-            out = self.row_sum(v, coords)
+            out = self.narrowed(v, self.row_sum(v, coords))
         elif v.op == "broadcast":
             side = gather_side(v, self.unit, self.walk)
             out = self.value(v.inputs[0], coords, self.sides.get(side, side))
@@ -199,8 +202,9 @@ class _Emitter:
             out = self.value(v.inputs[0], _project(coords, v.shape, v.inputs[0].shape), side)
         elif v.op == "matmul":   # an edge-feature matmul (passes.fusion.edge_feature_matmul), unrolled
             x, w = v.inputs
-            out = self.tmp(" + ".join(f"{self.value(x, (str(k),), side)} * {self.value(w, (str(k), coords[-1]), side)}"
-                                      for k in range(x.shape[0])))
+            out = self.narrowed(v, self.tmp(" + ".join(
+                f"{self.value(x, (str(k),), side)} * {self.value(w, (str(k), coords[-1]), side)}"
+                for k in range(x.shape[0]))))
         elif v.op == "slice_features":   # output coordinate c reads input start + step * c
             out = self.value(v.inputs[0], tuple(
                 str(start) if c == "0" else c if (start, step) == (0, 1) else self.derived(f"{start} + {step} * {c}", c)
@@ -214,8 +218,21 @@ class _Emitter:
                      if isinstance(a, (int, float)) and not isinstance(a, bool)}
             for n, step in enumerate(get_op(v.op).emit_steps(v)):
                 out = attrs[f"s{n}"] = self.tmp(step.format(*args, **attrs))
+            out = self.narrowed(v, out)
         self.memo[key] = out
         return out
+
+    def narrowed(self, v: Value, out: str) -> str:
+        """``out``, the value of op ``v``, rounded to ``v``'s dtype where that is float16 or
+        bfloat16, as torch rounds each op's result (and the reference executor, running
+        those ops). Carried unrounded in the float32 accumulator, a recomputed score
+        could exceed the maximum a unit before had stored rounded to bfloat16 -- by up
+        to half a unit in its last place, 2048 at 1e6 -- and ``exp(score - max)``
+        overflowed: an edge softmax of large bfloat16 scores came out inf and NaN (found
+        on the CPU backend, whose kernels computed the same way)."""
+        if v.dtype not in _NARROW:
+            return out
+        return self.tmp(f"{out}.to({_NARROW[v.dtype]}).to(ACC)")
 
     def row_sum(self, v: Value, coords: tuple[str, ...]) -> str:
         """A per-edge feature sum at ``coords`` (an attention score per head), [BLOCK_E, 1]
