@@ -627,8 +627,8 @@ def _plan_siblings(group: SiblingGroup, ctx: GraphContext, leaves: dict[int, tor
               *(t.dtype for t in edge_types))
     return _SiblingLaunch(kernel if count else None, tuple(layouts), before, outs, partials, merge, riders,
                           (*constants, *edge_types), ctx.device, zero_rows,
-                          lambda meta: (triton.cdiv(count, meta["ROWS"]),), sizes, fixed, signature(sizes, fixed, dtypes),
-                          [None, 0], constants)
+                          lambda meta: (triton.cdiv(count, meta["ROWS"]),), sizes, fixed,
+                          signature(sizes, fixed, dtypes), [None, 0], constants)
 
 
 # `_plan_siblings`' answer for a group whose riders do not fit this graph's edge types
