@@ -5,6 +5,8 @@ backward, on the reference backend and the Triton kernels (on device_for(backend
 CUDA on a GPU machine, Triton's CPU interpreter elsewhere)."""
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -162,3 +164,14 @@ def test_explain_sizes_a_reduce_by_src_by_the_source_set(monkeypatch):
     assert "[coo schedule on CUDA]" in backward_unit().label      # average out-degree 1, as the executor sees it
     monkeypatch.setenv("GNNFUSE_SCHEDULE", "csr")
     assert backward_unit().traffic.writes == num_src * 4 * 4
+
+
+@pytest.mark.parametrize("dst, count, said", [
+    ([0, 1], 1, "dst has id 1 at position 1, but num_dst_nodes=1"),
+    ([0, 0], -1, "num_dst_nodes must be >= 0, got -1"),
+])
+def test_a_destination_count_refused_by_bipartite_is_named_as_given(dst, count, said):
+    """``Graph.bipartite(src, dst, 2, 1)`` with a destination id of 1 named ``num_nodes``,
+    the constructor's name for the count the caller passed as ``num_dst_nodes``."""
+    with pytest.raises(ValueError, match=re.escape(said)):
+        Graph.bipartite(torch.tensor([0, 1]), torch.tensor(dst), 2, count)

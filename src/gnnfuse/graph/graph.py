@@ -243,6 +243,8 @@ class Graph:
         destinations ``0..num_dst_nodes-1`` (each count defaults to its largest id + 1)."""
         if num_src_nodes is None:
             num_src_nodes = infer_count(None, "num_src_nodes", as_index_tensor("src", src))
+        if num_dst_nodes is not None:   # checked here to name it as given (the constructor calls it num_nodes)
+            check_ids("dst", as_index_tensor("dst", dst), infer_count(num_dst_nodes, "num_dst_nodes"), "num_dst_nodes")
         return cls(src, dst, num_dst_nodes, num_src_nodes=num_src_nodes, **kw)
 
     # --- construction from other formats -------------------------------------------------
