@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import gnnfuse
+from gnnfuse import frontend
 from gnnfuse.cli import main
 from gnnfuse.nn import GATConv
 
@@ -143,3 +144,17 @@ def test_explain_counts_the_edge_parallel_schedule_by_its_own_byte_model(monkeyp
     assert steps["coo"].index == 2 * e * idx
     assert steps["coo"].reads == e * row + e * 4     # h and s both gathered per edge
     assert steps["csr"].reads == e * row + n * 4     # s read once per vertex
+
+
+def test_a_kernel_printed_says_the_constants_it_runs_with():
+    """A program's constants reach its kernels as arguments (backend/constant_args.py), so
+    the source no longer shows them: the listing ends with their values."""
+    tau = 0.37
+
+    def layer(h, graph):
+        return frontend.message_passing(graph, lambda e: {"m": e.src["h"] / tau + 0.25},
+                                        lambda n: {"o": torch.sum(n.mailbox["m"], 1)}, ndata={"h": h})["o"]
+    report = gnnfuse.explain(layer, torch.randn(5, 6), _graph(), source=True)
+    [kernel] = [s.source for p in report.programs for s in p.forward.steps if s.fused]
+    assert "0.37" not in kernel.split("# run with")[0] and "K0" in kernel
+    assert "K0 = 0.37" in kernel and "K1 = 0.25" in kernel, kernel[-300:]
