@@ -79,8 +79,37 @@ def test_a_constant_argument_rounds_as_the_literal_did(tau, monkeypatch):
     src, dst = _EDGES
     expected = torch.zeros_like(h).index_add_(0, dst, h[src] * tau)
     for _ in range(2):     # the second call runs the kernel (the first pass, to a backward, the reference's)
-        x = h.to(device).requires_grad_(True)
+        x = h.detach().to(device).requires_grad_(True)
         out = frontend.message_passing(graph, lambda e: {"m": e.src["h"] * tau},
                                        lambda n: {"o": torch.sum(n.mailbox["m"], dim=1)}, ndata={"h": x})["o"]
         out.sum().backward()
         torch.testing.assert_close(out.detach().cpu(), expected, equal_nan=True)
+
+
+@pytest.mark.parametrize("backend_name", ["cpu", "triton"])
+@pytest.mark.parametrize("setting", ["leaky_relu", "clamp", "elu"])
+def test_an_op_setting_changing_every_step_compiles_no_new_kernels(backend_name, setting, monkeypatch, fresh_compile):
+    """An op's numeric setting its kernel expression reads (``leaky_relu``'s slope,
+    ``clamp``'s bound, ``elu``'s alpha) is an argument too, in the forward and backward."""
+    import torch.nn.functional as F
+    ops = {"leaky_relu": lambda x, c: F.leaky_relu(x, c), "clamp": lambda x, c: torch.clamp(x, min=c),
+           "elu": lambda x, c: F.elu(x, c)}
+    op = ops[setting]
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend_name)
+    device = device_for(backend_name)
+    graph = Graph(_EDGES[0], _EDGES[1], num_nodes=7).to(device)
+    h = torch.randn(7, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
+    src, dst = _EDGES
+    kernels = []
+    for c in (0.1, 0.2, 0.3, -0.4, 0.55):
+        x = h.detach().to(device).requires_grad_(True)
+        out = frontend.message_passing(graph, lambda e: {"m": op(e.src["h"], c)},
+                                       lambda n: {"o": torch.sum(n.mailbox["m"], 1)}, ndata={"h": x})["o"]
+        out.pow(2).sum().backward()
+        y = h.clone().requires_grad_(True)
+        expected = torch.zeros_like(h).index_add_(0, dst, op(y[src], c))
+        expected.pow(2).sum().backward()
+        torch.testing.assert_close(out.detach().cpu(), expected.detach())
+        torch.testing.assert_close(x.grad.cpu(), y.grad)
+        kernels.append(len(kernel_cache._KERNELS))
+    assert kernels[2:] == [kernels[1]] * 3, kernels

@@ -539,17 +539,15 @@ def _warn_retraces(functions: tuple[Callable | None, ...]) -> None:
     """Say, once per function, that it was traced `RETRACE_WARNING` times. Why:
     a Python number the trace reads (an annealed temperature in a closure, ``self.temp``
     read in ``message``) is a constant of the program, so a value changing every step
-    traces and plans a program every step, silently. The kernels read such a number as
-    an argument and are shared (backend/constant_args.py), but a number that is an op's
-    setting -- a ``clamp`` bound, ``leaky_relu``'s slope, a ``pow`` exponent -- is
-    written into the kernel, and each value compiles kernels kept for the process."""
+    traces and plans a program every step, silently: milliseconds of host work a step,
+    and programs kept (the kernels read such a number as an argument and are shared,
+    backend/constant_args.py; they were compiled anew for every value before)."""
     names = ", ".join(f.__qualname__ for f in functions if callable(f) and hasattr(f, "__qualname__")) or "a function"
     warnings.warn(f"gnnfuse has traced {names} {RETRACE_WARNING} times: a value the trace reads keeps changing "
                   "between calls (a Python number in a closure, a global or an attribute, such as a temperature "
-                  "changed every step; or new feature shapes or dtypes). Every trace compiles a program, and on the "
-                  "cpu and Triton backends a number that sets an op (a clamp bound, leaky_relu's slope, a pow "
-                  "exponent) compiles kernels kept for the process. Hold a number that changes in a tensor "
-                  "(torch.tensor(t)), which is fed to the same program.", UserWarning, stacklevel=2)
+                  "changed every step; or new feature shapes or dtypes). Every trace compiles and keeps a program. "
+                  "Hold a number that changes in a tensor (torch.tensor(t)), which is fed to the same program.",
+                  UserWarning, stacklevel=2)
 
 
 class TraceCache:

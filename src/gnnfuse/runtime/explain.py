@@ -66,7 +66,7 @@ from typing import Any, Callable
 import torch
 
 from ..backend import tuned_schedule
-from ..backend.constant_args import constant_leaves
+from ..backend.constant_args import constant_slots
 from ..backend.forced_schedule import TILED_SCORES_FROM_EDGES, forcing, tiled_scores
 from ..environ import getenv
 from ..graph import Graph
@@ -307,11 +307,11 @@ def _kernel_source(unit: Any, sizes: _Sizes) -> str:
     wide = any(leaf.dtype == torch.float64 for leaf in unit.leaves if leaf.op != "const")
     schedule = "siblings" if hasattr(unit, "members") else schedule_for(unit, sizes.group_rows(unit), sizes.num_edges)
     source = kernel_source(unit, "tl.float64" if wide else "tl.float32", schedule)[1]
-    constants = constant_leaves(unit)
-    if not constants:
+    numbers = constant_slots(unit)
+    if not numbers:
         return source
     # the values are not in the source (one kernel serves every value: backend/constant_args.py)
-    return source + "# run with " + ", ".join(f"K{n} = {v.attrs['value']!r}" for n, v in enumerate(constants)) + "\n"
+    return source + "# run with " + ", ".join(f"K{n} = {v.attrs[key]!r}" for n, (v, key) in enumerate(numbers)) + "\n"
 
 
 def _plan(phase: str, program: Program, keep: list[int], sizes: _Sizes, source: bool,

@@ -36,7 +36,7 @@ import torch
 
 from ...ir import Residency, Value, get_op
 from ...passes.fusion import AggregateUnit, EdgeUnit, Unit, feature_sum_terms, gather_side, leaf_kind
-from ..constant_args import constant_leaves
+from ..constant_args import constant_slots
 from ..coords import project, strides, summed_coords
 from . import scalar
 
@@ -99,8 +99,8 @@ class _Emitter:
         self.memo: dict[tuple, str] = {}
         self.leaf_args: list[Value] = [v for v in unit.leaves if leaf_kind(v) != "const"]
         self.leaf_index = {v.id: n for n, v in enumerate(self.leaf_args)}
-        # constants the kernel reads from its ``K`` arguments, not as literals (constant_args.py)
-        self.constant_index = {v.id: n for n, v in enumerate(constant_leaves(unit))}
+        # numbers the kernel reads from its ``K`` arguments, not as literals (constant_args.py)
+        self.constant_index = {(v.id, key): n for n, (v, key) in enumerate(constant_slots(unit))}
         # (argument, row index kind) -> (row width, bytes per element) of every row read
         self.gathered: dict[tuple[str, str], tuple[int, int]] = {}
 
@@ -124,6 +124,13 @@ class _Emitter:
         followed by a comma."""
         return "".join(f"L{n}, " for n in range(len(self.leaf_args))) + "".join(
             f"K{n}, " for n in range(len(self.constant_index)))
+
+    def number(self, v: Value, key: str) -> str:
+        """``v.attrs[key]`` (a constant's value, an op's numeric setting) in the accumulator
+        type: read from its ``K`` argument where the kernel takes one (`constant_args`),
+        else as a literal."""
+        n = self.constant_index.get((v.id, key))
+        return self.tmp(f"ACC({_literal(v.attrs[key])})" if n is None else f"ACC(K{n}[0])")
 
     def uint(self, n: int) -> str:
         """An index constant as an unsigned 64-bit value (see `generate_aggregate` on why
@@ -186,7 +193,7 @@ class _Emitter:
             if steps is None:
                 raise UnsupportedUnit(f"op {v.op!r} has no expression the CPU generator can use")
             args = [self.value(i, project(coords, v.shape, i.shape), side) for i in v.inputs]
-            attrs = {k: self.tmp(f"ACC({_literal(a)})") for k, a in v.attrs.items()
+            attrs = {k: self.number(v, k) for k, a in v.attrs.items()
                      if isinstance(a, (int, float)) and not isinstance(a, bool)}
             for n, step in enumerate(steps):
                 expr = step.format(*args, **attrs)
@@ -224,9 +231,7 @@ class _Emitter:
 
     def load(self, v: Value, coords: tuple[str, ...], kind: str) -> str:
         if kind == "const":
-            if v.id in self.constant_index:
-                return self.tmp(f"ACC(K{self.constant_index[v.id]}[0])")
-            return self.tmp(f"ACC({_literal(v.attrs['value'])})")
+            return self.number(v, "value")
         ptr, width = f"L{self.leaf_index[v.id]}", math.prod(v.shape)
         off = self.offset(v.shape, coords)
         if kind == "shared":

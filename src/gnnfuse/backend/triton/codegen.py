@@ -39,7 +39,7 @@ from ...ir.rounded import quotient
 from ...passes.fusion import (AggregateUnit, EdgeUnit, RowSum, SharedReduceUnit, Unit, feature_sum_terms,
                               gather_side, leaf_kind, row_sum_split, row_sum_tile)
 from ...passes.siblings import SiblingGroup
-from ..constant_args import constant_leaves
+from ..constant_args import constant_slots
 from ...passes.type_sums import MAX_RIDER_TILE, TypeSumUnit
 from ..row_layout import aligned_row_width
 from ..coords import project as _project, strides as _strides, summed_coords as _summed_coords
@@ -65,8 +65,8 @@ class _Emitter:
         self.names: dict[str, str] = {}
         self.leaf_args: list[Value] = [v for v in unit.leaves if leaf_kind(v) != "const"]
         self.leaf_index = {v.id: n for n, v in enumerate(self.leaf_args)}
-        # constants the kernel reads from its ``K`` arguments, not as literals (constant_args.py)
-        self.constant_index = {v.id: n for n, v in enumerate(constant_leaves(unit))}
+        # numbers the kernel reads from its ``K`` arguments, not as literals (constant_args.py)
+        self.constant_index = {(v.id, key): n for n, (v, key) in enumerate(constant_slots(unit))}
         # the feature lanes values are evaluated on: the kernel's [BLOCK_F] block, or a
         # row tile's lanes while a feature sum in the body is evaluated (`row_sum`)
         self.lane, self.zero, self.lanes = "f", "fzero", "BLOCK_F"
@@ -153,6 +153,15 @@ class _Emitter:
                      for st, n in zip(_strides(shape)[:-1], shape[:-1]))
         return lead + (self.tmp(f"f % {shape[-1]}"),)
 
+    def number(self, v: Value, key: str) -> str:
+        """``v.attrs[key]`` (a constant's value, an op's numeric setting) in the accumulator
+        type: read from its ``K`` argument, [1] like the literal it stands for, where the
+        kernel takes one (`constant_args`), else that literal."""
+        n = self.constant_index.get((v.id, key))
+        if n is None:
+            return self.constant(v.attrs[key])
+        return self.tmp(f"tl.load(K{n} + tl.zeros([1], tl.int32)).to(ACC)")
+
     def constant(self, value: float) -> str:
         """A constant in the accumulator type: a bare literal would be float32 in Triton
         and round, e.g., a 0.2 slope by 1.5e-8 in a float64 kernel."""
@@ -214,7 +223,7 @@ class _Emitter:
             if v.op == "div" and args[1] in self.ones:
                 self.memo[key] = args[0]
                 return args[0]
-            attrs = {k: self.constant(a) for k, a in v.attrs.items()
+            attrs = {k: self.number(v, k) for k, a in v.attrs.items()
                      if isinstance(a, (int, float)) and not isinstance(a, bool)}
             for n, step in enumerate(get_op(v.op).emit_steps(v)):
                 out = attrs[f"s{n}"] = self.tmp(step.format(*args, **attrs))
@@ -308,9 +317,7 @@ class _Emitter:
 
     def load(self, v: Value, coords: tuple[str, ...], kind: str) -> str:
         if kind == "const":
-            if v.id in self.constant_index:     # read as [1] like the literal it stands for
-                return self.tmp(f"tl.load(K{self.constant_index[v.id]} + tl.zeros([1], tl.int32)).to(ACC)")
-            return self.constant(v.attrs["value"])
+            return self.number(v, "value")
         if kind == "type":
             self.edge_types()
         ptr, width = f"L{self.leaf_index[v.id]}", math.prod(v.shape)
