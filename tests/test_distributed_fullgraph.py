@@ -189,9 +189,35 @@ def _mismatch_worker(rank: int, port: int, out: str) -> None:
                                             get_model("sage"), prepared, seed=3, log_epochs=False)
         except ValueError as caught:
             errors["mini-batch split"] = str(caught)
+        prepared = data()
+        for case, config, rank_data in (
+                ("lr", make_config("sage", "tiny", dropout=0.0, epochs=1, hidden=4, patience=0, lr=0.01 * (1 + rank)),
+                 prepared),
+                ("epochs", make_config("sage", "tiny", dropout=0.0, epochs=1 + rank, hidden=4, patience=0), prepared),
+                ("edges", make_config("sage", "tiny", dropout=0.0, epochs=1, hidden=4, patience=0),
+                 _one_edge_moved(prepared) if rank == 1 else prepared),
+                ("features", make_config("sage", "tiny", dropout=0.0, epochs=1, hidden=4, patience=0),
+                 dataclasses.replace(prepared, x=prepared.x + rank))):
+            try:
+                train_full_graph_run(config, get_model("sage"), rank_data, seed=3, log_epochs=False)
+            except ValueError as caught:
+                errors[case] = str(caught)
+        try:
+            train_distributed_minibatch_run(make_config("sage", "tiny", dropout=0.0, epochs=1, hidden=4, patience=0,
+                                                        fanout=(2, 2), batch_size=4 + rank),
+                                            get_model("sage"), prepared, seed=3, log_epochs=False)
+        except ValueError as caught:
+            errors["mini-batch batch_size"] = str(caught)
         torch.save(errors, os.path.join(out, f"rank{rank}.pt"))
     finally:
         leave_process_group()
+
+
+def _one_edge_moved(prepared: PreparedData) -> PreparedData:
+    """The data set with its first edge pointing at the next vertex: the same sizes."""
+    dst = prepared.graph.dst.clone()
+    dst[0] = (dst[0] + 1) % prepared.graph.num_nodes
+    return dataclasses.replace(prepared, graph=Graph(prepared.graph.src, dst, prepared.graph.num_nodes))
 
 
 def run_ranks(out, world: int) -> list[dict]:
@@ -383,6 +409,20 @@ def test_ranks_training_on_different_splits_are_refused(mismatch):
     for error in mismatch:
         for run in ("split", "mini-batch split"):        # partitioned full graph, data-parallel mini-batches
             assert "train split" in error.get(run, "") and "rank 1" in error[run], (run, error)
+
+
+@pytest.mark.parametrize("run, said", [("lr", "lr 0.02 where rank 0 has lr 0.01"),
+                                       ("epochs", "epochs 2 where rank 0 has epochs 1"),
+                                       ("edges", "edges "), ("features", "features "),
+                                       ("mini-batch batch_size", "batch_size 5 where rank 0 has batch_size 4")])
+def test_ranks_given_other_settings_or_data_are_refused(mismatch, run, said):
+    """Ranks started apart (torchrun, processes of the user's own) with another learning
+    rate each applied their own updates and their weights drifted apart silently; another
+    epoch count or batch size left a rank waiting in a collective the others had left
+    (gloo's "Connection closed by peer" a minute later, or an abort); another graph of the
+    same sizes, or other features, trained on a mix of both. Each is refused on every rank."""
+    for error in mismatch:
+        assert said in error.get(run, "") and "rank 1" in error[run], (run, error)
 
 
 def test_full_graph_ranks_keep_the_feature_table_on_the_host(monkeypatch):

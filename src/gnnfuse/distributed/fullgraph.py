@@ -59,7 +59,7 @@ from ..training.config import TrainConfig
 from ..training.data import PreparedData
 from ..training.interrupt import RunInterrupted
 from ..training.loop import BestEpoch, EarlyStopping, RunResult, _optimizer, peak_memory_mib
-from .agreement import check_agreement, describe_data
+from .agreement import check_agreement, describe_data, describe_settings
 from .gradients import all_reduce_gradients, broadcast_parameters
 from .halo import HaloExchange
 from .partition import Partition, contiguous_owners, greedy_owners, partition_graph
@@ -309,7 +309,8 @@ def train_full_graph_run(config: TrainConfig, spec: ModelSpec, data: PreparedDat
                            "(launch with torchrun or gnnfuse train --gpus N)")
     rank, world_size = dist.get_rank(), dist.get_world_size()
     device = rank_device(config.device)
-    check_agreement(describe_data(data), "the data sets")     # each rank reads its own copy
+    # each rank reads its own copy of the data set, and may be started with settings of its own
+    check_agreement(describe_settings(config, seed) + describe_data(data), "the training settings and data sets")
     if cuda_graph == "on" and rank == 0:
         warnings.warn("gnnfuse: --cuda-graph on: the partitioned full-graph step is not captured (it exchanges "
                       "halo rows and all-reduces gradients between ranks every step); it runs eagerly",

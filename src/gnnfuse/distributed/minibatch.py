@@ -60,7 +60,7 @@ from ..training.interrupt import RunInterrupted, StoppedAtOnce
 from ..training.minibatch import (_fit_placement, classification_step, restored_placement, stage_split,
                                   table_fits_on_device)
 from .features import PartitionedFeatures, row_ranges
-from .agreement import check_agreement, describe_data
+from .agreement import check_agreement, describe_data, describe_settings
 from .gradients import average_gradients, broadcast_parameters
 from .inference import layerwise_logits, range_block, summed_accuracies
 from .process_group import DistributedError, current
@@ -104,7 +104,8 @@ def train_distributed_minibatch_run(config: TrainConfig, spec: ModelSpec, data: 
                                "--features partitioned use replicated features or drop --dkp")
     if device.type == "cuda" and config.loader_workers and me.world_size > 1 and me.is_main:
         warnings.warn(LOADER_WORKERS_WITH_DDP, RuntimeWarning, stacklevel=2)
-    check_agreement(describe_data(data), "the data sets")     # each rank reads its own copy
+    # each rank reads its own copy of the data set, and may be started with settings of its own
+    check_agreement(describe_settings(config, seed) + describe_data(data), "the training settings and data sets")
     _check_seeds_per_rank(int(data.masks[0].sum()), me.world_size)
     captured = _captures(cuda_graph, device, config, me.is_main)
     torch.manual_seed(seed)                      # the same initial weights on every rank
