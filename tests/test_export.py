@@ -72,11 +72,28 @@ def test_a_call_without_a_compile_path_is_refused_by_name():
 
 def test_a_graph_built_in_exported_code_is_refused_by_name():
     class Builds(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = ours.GCNConv(4, 3)
+
         def forward(self, x, edge_index):
-            return ours.RGCNConv(4, 3, 2)(x, edge_index, torch.zeros(7, dtype=torch.long))
+            return self.conv(x, gnnfuse.Graph.from_edge_index(edge_index, 6))
 
     with pytest.raises(NotImplementedError, match="under torch.export: a gnnfuse Graph reads its ids' values"):
         torch.export.export(Builds(), (torch.randn(6, 4), EDGE_INDEX))
+
+
+def test_a_typed_graph_layer_is_refused_by_name():
+    class Typed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = ours.RGCNConv(4, 3, 2)
+
+        def forward(self, x, edge_index, edge_type):
+            return self.conv(x, edge_index, edge_type)
+
+    with pytest.raises(CompileError, match="torch.export cannot capture RGCNConv: a typed graph"):
+        torch.export.export(Typed(), (torch.randn(6, 4), EDGE_INDEX, torch.zeros(7, dtype=torch.long)))
 
 
 _SCALE = 2.0

@@ -180,10 +180,8 @@ import warnings
 import torch, torch_geometric.nn as pyg
 import gnnfuse, gnnfuse.nn as ours
 torch.manual_seed(0)
-# torch 2.11's dynamo raises on a constant function given symbolic sizes (2.13's breaks the graph)
-DYNAMIC = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 13)
 for make in (lambda m: m.SAGEConv(8, 6), lambda m: m.GATConv(8, 3, heads=2),
-             lambda m: m.GINConv(torch.nn.Linear(8, 4))) if DYNAMIC else ():
+             lambda m: m.GINConv(torch.nn.Linear(8, 4))):
     layer, oracle = make(ours).double(), make(pyg).double()
     oracle.load_state_dict(layer.state_dict())
     compiled = torch.compile(layer, backend="eager", dynamic=True)
@@ -229,6 +227,61 @@ def test_compiled_first_calls_under_dynamic_shapes_and_udfs_per_call_give_the_ea
     result = subprocess.run([sys.executable, "-c", _COMPILED_FIRST], capture_output=True, text=True, env=env,
                             timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
+
+
+_DYNAMIC_LAYERS = {"SAGEConv": lambda m: m.SAGEConv(8, 6), "GATConv": lambda m: m.GATConv(8, 3, heads=2),
+                   "GINConv": lambda m: m.GINConv(torch.nn.Linear(8, 4))}
+
+
+@pytest.mark.parametrize("name", sorted(_DYNAMIC_LAYERS))
+def test_dynamic_shapes_compile_to_one_graph_and_trace_no_new_graphs_per_call(name):
+    # Under dynamic=True the program lookup got symbolic widths (and GAT's factory a
+    # symbolic slope), could not be a constant, and broke the graph (fullgraph=True
+    # refused); dynamo then called it on every call, registering a check of its own each
+    # time, kept for the process, under a new operator name that recompiled the graph after
+    # the break until dynamo's recompile limit
+    from torch._dynamo.utils import counters
+    from gnnfuse.runtime import compile_op
+    torch.manual_seed(0)
+    layer, oracle = _DYNAMIC_LAYERS[name](ours).double(), _DYNAMIC_LAYERS[name](pyg).double()
+    oracle.load_state_dict(layer.state_dict())
+    compiled = torch.compile(layer, backend="eager", dynamic=True, fullgraph=True)
+
+    def call(n: int) -> None:
+        x, edge_index = torch.randn(n, 8, dtype=torch.float64), torch.randint(0, n, (2, 3 * n))
+        torch.testing.assert_close(compiled(x, edge_index), oracle(x, edge_index))
+    for n in (7, 11, 13):
+        call(n)
+    checks, graphs = len(compile_op._CHECKS), counters["stats"]["unique_graphs"]
+    for n in (17, 19, 23):
+        call(n)
+    assert (len(compile_op._CHECKS), counters["stats"]["unique_graphs"]) == (checks, graphs)
+    if name == "GATConv":       # a setting changed between calls is guarded, not baked in
+        layer.negative_slope = oracle.negative_slope = 0.5
+        call(29)
+
+
+def test_fullgraph_refusal_of_an_eager_call_names_gnnfuses_reason():
+    layer = ours.GATv2Conv(8, 3, heads=2)
+    x, edge_index = torch.randn(7, 8), torch.randint(0, 7, (2, 21))
+    with pytest.raises(Exception, match="GATv2Conv: it has no torch.compile path yet"):
+        torch.compile(layer, backend="eager", fullgraph=True)(x, edge_index)
+
+
+@pytest.mark.parametrize("name", ["RGCNConv", "RGATConv"])
+def test_a_typed_graph_layer_runs_eagerly_behind_one_break(name):
+    # dynamo traced the forward up to the typed graph's (untraceable) call, breaking the
+    # graph at each data-dependent step of its build: 9 graphs for one R-GCN call
+    from torch._dynamo.utils import counters
+    torch.manual_seed(0)
+    layer = getattr(ours, name)(8, 4, num_relations=3).double()
+    x, edge_index = torch.randn(7, 8, dtype=torch.float64), torch.randint(0, 7, (2, 21))
+    edge_type = torch.randint(0, 3, (21,))
+    graphs = counters["stats"]["unique_graphs"]
+    with pytest.warns(UserWarning, match=f"{name}: a typed graph has no torch.compile path yet"):
+        out = torch.compile(lambda *a: layer(*a).relu(), backend="eager")(x, edge_index, edge_type)
+    assert counters["stats"]["unique_graphs"] - graphs <= 2       # before and after the break
+    torch.testing.assert_close(out, layer(x, edge_index, edge_type).relu())
 
 
 def _weighted_adj_t(n: int, seed: int) -> torch.Tensor:

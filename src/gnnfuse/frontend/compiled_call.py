@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import operator
 import weakref
 from typing import Any, Callable, Hashable, Mapping
 
@@ -72,8 +73,26 @@ def udf_factory(build: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(build)
     def make(*args: Hashable) -> Any:
+        if torch.compiler.is_compiling():
+            args = tuple(_specialized(arg) for arg in args)
         return _MADE[_made(name, args)]
     return make
+
+
+def _specialized(value: Hashable) -> Hashable:
+    """``value`` as a constant to dynamo. Under torch.compile(dynamic=True) a module's
+    float and int attributes (GAT's slope and dropout) are symbolic, and `_made` could not
+    be a constant: fullgraph=True refused GATConv. ``as_integer_ratio`` and
+    ``operator.index`` specialize them (a guard on the value; ``float()`` and ``int()``
+    keep them symbolic), and the ratio gives the float back exactly."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        return operator.index(value)
+    if isinstance(value, float):
+        numerator, denominator = value.as_integer_ratio()
+        return numerator / denominator
+    return value
 
 
 _BUILDERS: dict[str, Callable[..., Any]] = {}
@@ -124,11 +143,20 @@ def _program_for(udf_key: str, tables: Hashable) -> tuple[str, tuple[str, ...], 
         # the first value (2x the sum after the tensor said 4x), and the guard sees no change
         return ("a UDF reads a tensor's value in Python (.item(), float(t), if t:), which a compiled graph "
                 "would read once")
-    try:
-        name = register_program(compiled, _unchanged(udf_key, udf.functions, guard))
-    except CompileError as exc:
-        return str(exc)
-    return name, tuple(compiled.program.inputs), tuple(compiled.program.outputs)
+    named = (udf_key, guard, id(compiled))      # compiled programs stay registered: their ids stay theirs
+    if named not in _CHECKED_NAMES:
+        try:
+            _CHECKED_NAMES[named] = register_program(compiled, _unchanged(udf_key, udf.functions, guard))
+        except CompileError as exc:
+            return str(exc)
+    return _CHECKED_NAMES[named], tuple(compiled.program.inputs), tuple(compiled.program.outputs)
+
+
+# One operator name per UDF, guard and program. Under torch.compile(dynamic=True) the
+# signature is symbolic, so dynamo calls `program_at_compile_time` on every call: a fresh
+# name each time registered a check per call (kept for the process) and, being a constant
+# of the graph after the break, recompiled that graph every call until dynamo's limit.
+_CHECKED_NAMES: dict[tuple[str, Hashable, int], str] = {}
 
 
 def _unchanged(udf_key: str, functions: tuple[Callable | None, ...], guard: Hashable) -> Callable[[], None]:
@@ -152,6 +180,18 @@ def _unchanged(udf_key: str, functions: tuple[Callable | None, ...], guard: Hash
     return check
 
 
+def _widths_fixed(table_signature: Hashable) -> Hashable:
+    """``table_signature`` with its per-row sizes as plain ints. Under
+    torch.compile(dynamic=True) they are symbolic, so the program lookup could not be a
+    constant: dynamo broke the graph there and retraced the frames after it on every call
+    with a new edge_index (65-76 ms a call until its recompile limit, then a warning).
+    ``operator.index`` specializes each (``int()`` keeps it symbolic): a program is traced
+    for its per-row shapes anyway, so the guard on them costs nothing."""
+    default_dtype, autocast, tables = table_signature
+    return default_dtype, autocast, tuple(tuple((key, dim, tuple(operator.index(size) for size in rest), dtype)
+                                                for key, dim, rest, dtype in table) for table in tables)
+
+
 def call_compiled(udf_key: str, graph: Any, tables: tuple[Mapping[str, torch.Tensor], ...],
                   eager: Callable[[], dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     """A UDF call as torch.compile traces it, or ``eager()`` behind a graph break when it
@@ -161,7 +201,7 @@ def call_compiled(udf_key: str, graph: Any, tables: tuple[Mapping[str, torch.Ten
     rows = next((t.shape[0] for t in tables[0].values()), None)
     if problem is None and rows is None and not isinstance(graph, (Graph, GraphRef)):
         problem = "a UDF called on an edge_index without node features (whose rows give the vertex count)"
-    found = program_at_compile_time(udf_key, signature(tables)) if problem is None else problem
+    found = program_at_compile_time(udf_key, _widths_fixed(signature(tables))) if problem is None else problem
     if isinstance(found, str):
         return run_eagerly(found, eager)
     program, inputs, outputs = found

@@ -86,13 +86,17 @@ def compile_path(why_not: Callable[..., str | None] | None = None) -> Callable[[
 
 
 def names_its_programs(forward: Callable) -> Callable:
-    """Decorator for the ``forward`` of a layer outside `compile_path` (which does the
-    same): the programs it runs name it in refusals raised later, in their backward
-    (`runtime.compiled.running_layer`)."""
+    """Decorator for the ``forward`` of a typed-graph layer (R-GCN, RGAT, HGT), outside
+    `compile_path`: the programs it runs name it in refusals raised later, in their
+    backward (`runtime.compiled.running_layer`). Under torch.compile the whole forward
+    runs eagerly behind one graph break: its typed graph has no traced path, and dynamo
+    tracing the forward up to there broke the graph at each data-dependent step of the
+    graph's build (27 breaks for one R-GCN call; fullgraph=True refused it naming none)."""
     @functools.wraps(forward)
     def run(self: Any, *args: Any, **kwargs: Any) -> Any:
         if torch.compiler.is_compiling():
-            return forward(self, *args, **kwargs)
+            return run_eagerly(f"{type(self).__name__}: a typed graph has no torch.compile path yet", run, self,
+                               *args, **kwargs)
         with running_layer(type(self).__name__):
             return forward(self, *args, **kwargs)
     return run

@@ -128,7 +128,11 @@ _WARNED: set[str] = set()
 def run_eagerly(reason: str, fn: Callable, *args: Any, **kwargs: Any) -> Any:
     """``fn(*args, **kwargs)`` outside the traced graph (one graph break) when a call has
     no traced path, with a warning once per reason: the eager result, never a silently
-    different one."""
+    different one. Under torch.compile the break is asked for by name first: with
+    fullgraph=True dynamo's refusal then gives gnnfuse's reason (it said only that
+    ``torch.compiler.disable`` is marked as skipped)."""
+    if torch.compiler.is_compiling():
+        torch._dynamo.graph_break(msg=f"gnnfuse runs this call eagerly: {reason}")
     return torch.compiler.disable(_warned_call)(reason, fn, *args, **kwargs)
 
 
