@@ -135,6 +135,21 @@ def test_other_aggregations_run_pyg_modules_with_one_warning(case, fresh_warning
                                       features())
 
 
+@pytest.mark.parametrize("aggr", [lambda: "median", lambda: pyg.QuantileAggregation(0.5, interpolation="linear"),
+                                  lambda: pyg.QuantileAggregation(0.3, interpolation="higher")],
+                         ids=["median", "linear", "higher"])
+def test_quantiles_run_where_vertex_0_has_no_in_edges(aggr, fresh_warnings):
+    # PyG's quantile aggregation indexes row -0.5 of the sorted messages for vertex 0
+    # without in-edges and raises IndexError (PyG 2.8); here the oracle is PyG on the same
+    # graph with vertices 0 and 2 swapped (vertex 2 has in-edges), its output swapped back
+    ours, ref = layers(aggr, None)
+    edge_index = EDGE_INDEX[:, EDGE_INDEX[1] != 0]      # vertices 0 and 5 read nothing
+    swap = torch.tensor([2, 1, 0, 3, 4, 5])
+    with pytest.warns(UserWarning, match="not fused by gnnfuse"):
+        assert_same_outputs_and_grads(ours, ref, lambda x: ours(x, edge_index),
+                                      lambda x: ref(x[swap], swap[edge_index])[swap], features())
+
+
 def test_lstm_refuses_an_unsorted_index_as_pyg_does(fresh_warnings):
     ours, _ = layers(lambda: "lstm", None)
     with pytest.warns(UserWarning), pytest.raises(ValueError, match="'index' tensor is not sorted"):
