@@ -424,7 +424,8 @@ def test_every_commands_help_names_where_data_is_looked_for_and_the_top_help_nam
         main([command, "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
     assert ("--root ROOT data folder, the only one searched when given (default: $GNNFUSE_DATA, else "
-            "../shared/data, then the download cache)") in help_text
+            "../shared/data, then shared/data beside a folder above the gnnfuse package, then the download "
+            "cache)") in help_text
     with pytest.raises(SystemExit):
         main(["--help"])
     assert f"(`{command}`)" in " ".join(capsys.readouterr().out.split())

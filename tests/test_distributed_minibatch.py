@@ -342,15 +342,22 @@ def test_every_failing_rank_is_reported_not_only_the_first_seen(capsys):
     assert "rank 0 broke after the barrier" in err and "rank 1 broke after the barrier" in err, err
 
 
-@pytest.mark.parametrize("env, local_world, threads", [({}, 2, 4), ({}, 16, 1), ({"OMP_NUM_THREADS": "3"}, 2, None),
-                                                       ({}, 1, None)])
-def test_ranks_share_the_cores_unless_omp_num_threads_is_set(monkeypatch, env, local_world, threads):
+@pytest.mark.parametrize("env, requested, local_world, threads", [
+    ({}, None, 2, 4), ({}, None, 16, 1), ({"OMP_NUM_THREADS": "3"}, None, 2, None), ({}, None, 1, None),
+    ({"GNNFUSE_NUM_THREADS": "2"}, None, 2, None), ({"MKL_NUM_THREADS": "2"}, None, 2, None), ({}, 2, 2, None)])
+def test_ranks_share_the_cores_unless_the_user_chose_a_count(monkeypatch, env, requested, local_world, threads):
     """Before: every rank kept one intra-op thread per core, so two GPU ranks on one
-    machine ran twice the machine's spinning OpenMP workers against each other."""
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    machine ran twice the machine's spinning OpenMP workers against each other. A count
+    the user chose (--threads, $GNNFUSE_NUM_THREADS) was replaced by the share, silently;
+    the share is of the CPUs the process may use (8 here), not of os.cpu_count()."""
+    from gnnfuse import threads as thread_settings
+    for key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "GNNFUSE_NUM_THREADS"):
+        monkeypatch.delenv(key, raising=False)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(thread_settings, "_REQUESTED", [requested])
+    monkeypatch.setattr(process_group, "usable_cpus", lambda: 8)
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
     set_to = []
     monkeypatch.setattr(torch, "set_num_threads", set_to.append)
     process_group.share_cores(local_world)

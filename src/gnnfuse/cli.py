@@ -314,8 +314,8 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     threads = argparse.ArgumentParser(add_help=False)
     threads.add_argument("--threads", type=int, metavar="N",
-                         help=f"torch CPU threads (default: ${THREADS_ENV}, else $OMP_NUM_THREADS, else half "
-                              "the CPUs this process may use)")
+                         help=f"torch CPU threads (default: ${THREADS_ENV}, else $OMP_NUM_THREADS or "
+                              "$MKL_NUM_THREADS, else half the CPUs this process may use)")
 
     info = commands.add_parser("info", help="print size, split and degree statistics of a data set")
     info.add_argument("dataset", help=f"one of: {', '.join(DATASET_NAMES)}")

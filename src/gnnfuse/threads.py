@@ -61,4 +61,17 @@ def configure_threads(requested: int | None = None) -> int | None:
     if chosen < 1:
         raise ValueError(f"{source} must be >= 1, got {chosen}")
     torch.set_num_threads(chosen)
+    _REQUESTED[0] = requested
     return chosen
+
+
+# ``--threads`` as the last `configure_threads` got it: a rank started by the launcher
+# parses its own command line, and `explicitly_chosen` must see the option there too
+_REQUESTED: list[int | None] = [None]
+
+
+def explicitly_chosen() -> bool:
+    """Whether the user chose the thread count (``--threads``, ``$GNNFUSE_NUM_THREADS``,
+    ``$OMP_NUM_THREADS`` or ``$MKL_NUM_THREADS``), which a rank's share of the cores
+    (`distributed.process_group.share_cores`) must not replace."""
+    return _REQUESTED[0] is not None or any(os.environ.get(name) for name in (THREADS_ENV, *TORCH_THREAD_ENVS))

@@ -16,7 +16,7 @@ DATA_ENV = "GNNFUSE_DATA"
 # Every command's ``--root`` help: they all load through `candidate_roots`, so one text
 # cannot leave a place out for some of them
 ROOT_HELP = (f"data folder, the only one searched when given (default: ${DATA_ENV}, else ../shared/data, then "
-             "the download cache)")
+             "shared/data beside a folder above the gnnfuse package, then the download cache)")
 
 
 def user_cache_dir() -> Path:

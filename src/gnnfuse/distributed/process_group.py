@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from ..runtime.cuda_graph import release_captures
+from ..threads import explicitly_chosen, usable_cpus
 from ..training.config import ConfigError
 
 LAUNCH_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -121,12 +122,14 @@ def init_process_group(device_type: str) -> Rank:
 
 
 def share_cores(local_world: int) -> None:
-    """Give each of the machine's ``local_world`` ranks its share of the CPU cores for
-    torch's intra-op threads, unless OMP_NUM_THREADS says otherwise (torchrun sets it to
-    1). Each rank otherwise starts one thread per core, and the ranks' spinning OpenMP
-    workers compete with every rank's Python thread, which issues the GPU's work."""
-    if "OMP_NUM_THREADS" not in os.environ and local_world > 1:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+    """Give each of the machine's ``local_world`` ranks its share of the CPUs this process
+    may use (affinity and cgroup quota) for torch's intra-op threads, unless the user chose
+    the count (``--threads``, ``$GNNFUSE_NUM_THREADS``, ``$OMP_NUM_THREADS``, which torchrun
+    sets to 1, or ``$MKL_NUM_THREADS``): each rank otherwise starts one thread per core,
+    and the ranks' spinning OpenMP workers compete with every rank's Python thread, which
+    issues the GPU's work. (``--threads 2 --cpu-ranks 2`` gave each rank 1 thread.)"""
+    if local_world > 1 and not explicitly_chosen():
+        torch.set_num_threads(max(1, usable_cpus() // local_world))
 
 
 def current() -> Rank:
