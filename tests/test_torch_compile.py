@@ -261,6 +261,28 @@ def test_dynamic_shapes_compile_to_one_graph_and_trace_no_new_graphs_per_call(na
         call(29)
 
 
+# (layer maker, the change made to ours and PyG's between compiled calls)
+_SETTING_CHANGES = {
+    "sage-root_weight": (lambda m: m.SAGEConv(4, 3), lambda layer: setattr(layer, "root_weight", False)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_SETTING_CHANGES))
+def test_a_setting_changed_between_compiled_calls_is_followed(name):
+    # SAGEConv kept root_weight in a __dict__ read dynamo did not guard: after
+    # ``root_weight = False`` (PyG's DirGNNConv sets it) the compiled layer still added lin_r(x)
+    make, change = _SETTING_CHANGES[name]
+    torch.manual_seed(0)
+    layer, oracle = make(ours).double(), make(pyg).double()
+    oracle.load_state_dict(layer.state_dict())
+    x, edge_index = torch.randn(6, 4, dtype=torch.float64), torch.tensor([[0, 1, 2, 3, 4], [1, 2, 3, 4, 5]])
+    compiled = torch.compile(layer, backend="eager")
+    torch.testing.assert_close(compiled(x, edge_index), oracle(x, edge_index))
+    change(layer)
+    change(oracle)
+    torch.testing.assert_close(compiled(x, edge_index), oracle(x, edge_index))
+
+
 def test_fullgraph_refusal_of_an_eager_call_names_gnnfuses_reason():
     layer = ours.GATv2Conv(8, 3, heads=2)
     x, edge_index = torch.randn(7, 8), torch.randint(0, 7, (2, 21))

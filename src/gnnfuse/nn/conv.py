@@ -666,14 +666,18 @@ class SAGEConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
         after construction (PyG's ``DirGNNConv`` does so on its copies of the layer) it
         keeps ``lin_r`` and its ``state_dict`` entry, unused, as PyG's does; a layer built
         without ``lin_r`` cannot take the term back."""
-        return self.lin_r is not None and not self.__dict__.get("_root_dropped", False)
+        return self.lin_r is not None and not self._root_dropped
 
     @root_weight.setter
     def root_weight(self, value: bool) -> None:
         if value and self.lin_r is None:
             raise AttributeError("SAGEConv: root_weight=True needs lin_r, which a layer built with "
                                  "root_weight=False does not have; build the layer with root_weight=True")
-        self.__dict__["_root_dropped"] = not value
+        self._root_dropped = not value
+
+    # A plain attribute, not read through ``self.__dict__.get``: dynamo guarded no such
+    # read, and a compiled layer kept adding lin_r(x) after root_weight was set to False
+    _root_dropped = False
 
     def extra_repr(self) -> str:
         return f"{self.in_channels}, {self.out_channels}, aggr={self.aggr}"
