@@ -283,6 +283,19 @@ def test_a_setting_changed_between_compiled_calls_is_followed(name):
     torch.testing.assert_close(compiled(x, edge_index), oracle(x, edge_index))
 
 
+@pytest.mark.parametrize("make", [lambda m: m.TAGConv(4, 3, K=2, normalize=False),
+                                  lambda m: m.SGConv(4, 3, K=2)], ids=["tag-unnormalized", "sgc"])
+def test_more_layer_settings_compile_to_one_graph(make):
+    # TAGConv(normalize=False) made its ones on graph.device, which a GraphRef lacked: the
+    # frame failed, ran uncompiled without a warning, and fullgraph=True refused it
+    torch.manual_seed(0)
+    layer, oracle = make(ours).double(), make(pyg).double()
+    oracle.load_state_dict(layer.state_dict())
+    x, edge_index = torch.randn(6, 4, dtype=torch.float64), torch.tensor([[0, 1, 2, 3, 4], [1, 2, 3, 4, 5]])
+    compiled = torch.compile(layer, backend="eager", fullgraph=True)
+    torch.testing.assert_close(compiled(x, edge_index), oracle(x, edge_index))
+
+
 def test_fullgraph_refusal_of_an_eager_call_names_gnnfuses_reason():
     layer = ours.GATv2Conv(8, 3, heads=2)
     x, edge_index = torch.randn(7, 8), torch.randint(0, 7, (2, 21))

@@ -81,6 +81,13 @@ class GraphRef(NamedTuple):
     def num_src(self) -> int:
         return self.num_nodes if self.num_src_nodes < 0 else self.num_src_nodes
 
+    @property
+    def device(self) -> torch.device:
+        """The edges' device, as `Graph.device` (TAGConv's ``normalize=False`` ones are
+        made there: without it the layer's frame failed under compile, refused by
+        ``fullgraph=True`` as "'GraphRef' object has no attribute 'device'")."""
+        return self.edges[0].device
+
     def in_degrees(self, dtype: torch.dtype) -> torch.Tensor:
         """[num_nodes] in-degrees of the transformed graph, from an operator that builds
         (and checks) the graph as the program's operator will: computed in traced torch
