@@ -349,16 +349,16 @@ def _eager(layer: str, module: nn.Module, graph: Graph, messages: torch.Tensor) 
         reason = _UNFUSED_REASONS.get(name, _FUSED_DESCRIPTION)
         warnings.warn(f"{layer}: aggregation {module} runs eagerly through its module, not fused by gnnfuse: "
                       f"{reason}", stacklevel=4)
+    rows = messages[graph.src]
     if _first_vertex_unread(module, graph):
         # PyG's quantiles index row ``q * (count - 1) + start`` of each vertex's sorted
         # messages before masking the empty ones: -0.5 for vertex 0 without in-edges, an
         # IndexError (a directed graph's source, a rank's partition, a sampled block). A
         # zero row for a stand-in vertex in front gives every real vertex a start >= 1.
-        rows = messages[graph.src]
         rows = torch.cat([rows.new_zeros((1, *rows.shape[1:])), rows])
         index = torch.cat([graph.dst.new_zeros(1), graph.dst + 1])
         return module(rows, index, dim_size=graph.num_nodes + 1)[1:]
-    return module(messages[graph.src], graph.dst, dim_size=graph.num_nodes)
+    return module(rows, graph.dst, dim_size=graph.num_nodes)
 
 
 def _first_vertex_unread(module: nn.Module, graph: Graph) -> bool:
@@ -366,4 +366,4 @@ def _first_vertex_unread(module: nn.Module, graph: Graph) -> bool:
     has no in-edges, where PyG's own call fails (`_eager`)."""
     quantile = any(klass.__name__ == "QuantileAggregation" and klass.__module__.startswith("torch_geometric")
                    for klass in type(module).__mro__)
-    return quantile and graph.num_nodes > 0 and (graph.num_edges == 0 or bool((graph.dst == 0).logical_not().all()))
+    return quantile and graph.num_nodes > 0 and not bool((graph.dst == 0).any())
