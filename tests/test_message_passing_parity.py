@@ -327,6 +327,48 @@ def test_a_message_keeping_values_in_a_container_runs_pyg_semantics(how, backend
     torch.testing.assert_close(ours_kept, kept(theirs))
 
 
+CALLS = 0      # `make_counting`'s global counter
+
+
+def make_counting(Base: type, how: str) -> type:
+    """Messages scaled by how many times ``message`` has run, counted in a global
+    (``global CALLS``) or in a variable of the enclosing function (``nonlocal``)."""
+    calls = 0
+
+    class CountingGlobally(Base):
+        def forward(self, x, edge_index):
+            return self.propagate(edge_index, x=x)
+
+        def message(self, x_j):
+            global CALLS
+            CALLS += 1
+            return CALLS * x_j
+
+    class CountingInAClosure(CountingGlobally):
+        def message(self, x_j):
+            nonlocal calls
+            calls += 1
+            return calls * x_j
+    return CountingGlobally if how == "global" else CountingInAClosure
+
+
+@pytest.mark.parametrize("how", ["global", "nonlocal"])
+def test_a_message_rebinding_a_global_or_closure_variable_runs_pyg_semantics(how):
+    """``message`` was traced with copies of its globals and closure cells, so a counter
+    it rebinds never moved: three calls gave 1x, 1x, 1x the messages where PyG gave 1x,
+    2x, 3x, with no warning. The call now runs PyG's propagate, warning with the line."""
+    global CALLS
+    ours, theirs = twins(make_counting, how)
+    x = torch.randn(6, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    gnnfuse.nn.message_passing._WARNED.discard(type(ours))
+    with pytest.warns(UserWarning, match=f"rebinds {how} '(CALLS|calls)'.*\\n  at .*(CALLS|calls) \\+= 1"):
+        CALLS = 0
+        got = [run(ours, x, EDGES) for _ in range(3)]
+    CALLS = 0
+    for result in got:
+        assert_same(result, run(theirs, x, EDGES))
+
+
 @pytest.mark.parametrize("aggr", ["max", "min"])
 def test_a_tie_at_exactly_zero_splits_the_gradient_as_the_readme_says(aggr, backend, device):
     """The one difference from PyG README lists for max and min: two edges tied at 0 get

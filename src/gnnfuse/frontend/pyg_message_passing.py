@@ -18,7 +18,8 @@ on the aggregated rows with the arguments PyG would give it.
 caller then runs PyG's own ``propagate``): sparse adjacency inputs, bipartite sizes,
 ``torch.autocast``, ``node_dim`` other than the row axis, a custom ``aggregate`` or
 aggregation module, hooks, ``explain`` and ``decomposed_layers``, a ``torch.func`` transform, a ``message``
-that writes into the layer or into a container it reaches, a tensor with one row per edge or node that
+that writes into the layer or into a container it reaches or rebinds a global or closure variable,
+a tensor with one row per edge or node that
 ``message`` reads from outside its arguments (graph data the tracer would take for one
 shared value), and any failure while tracing ``message`` (a `CompileError` names the
 construct and the line).
@@ -40,6 +41,7 @@ import contextlib
 import dis
 import functools
 import inspect
+import linecache
 import traceback
 import types
 from typing import Any, Callable, Hashable, Iterator, Mapping
@@ -446,6 +448,35 @@ def _check_captured(captured: Mapping[str, torch.Tensor], num_edges: int, num_no
                                 "compiles only when passed to propagate() as a keyword argument")
 
 
+def _refuse_rebinding(message: types.FunctionType) -> None:
+    """Refuse a ``message`` that rebinds a global (``global step; step += 1``) or a
+    variable of an enclosing function (``nonlocal``), naming the line: it is traced with
+    copies of its globals and closure cells (`_with_softmax`), so the write never reached
+    the variable, and every call computed with its first value (a counter's 1x, 1x, 1x of
+    the messages where PyG gave 1x, 2x, 3x)."""
+    found = _rebinding(message.__code__, frozenset(message.__code__.co_freevars))
+    if found:
+        name, line = found
+        text = linecache.getline(message.__code__.co_filename, line).strip()
+        raise NotCompilable(f"message() rebinds {name}, which a compiled call would not update (its trace "
+                            f"runs with a copy)\n  at {message.__code__.co_filename}:{line}: {text}")
+
+
+@functools.lru_cache(maxsize=256)
+def _rebinding(code: types.CodeType, free: frozenset[str]) -> tuple[str, int] | None:
+    """The first global, or closure variable of ``free`` (the enclosing function's, not
+    one ``code`` itself keeps for a comprehension), that ``code`` or code nested in it
+    rebinds or deletes, with its line; None if none."""
+    starts = list(dis.findlinestarts(code))
+    for ins in dis.get_instructions(code):
+        if ins.opname in ("STORE_GLOBAL", "DELETE_GLOBAL") or (
+                ins.opname in ("STORE_DEREF", "DELETE_DEREF") and ins.argval in free):
+            line = max((line for offset, line in starts if offset <= ins.offset and line), default=0)
+            return f"{'global' if 'GLOBAL' in ins.opname else 'nonlocal'} {ins.argval!r}", line
+    return next((found for const in code.co_consts if isinstance(const, types.CodeType)
+                 for found in [_rebinding(const, free)] if found), None)
+
+
 @contextlib.contextmanager
 def _attribute_writes_checked(layer: PyGMessagePassing, message: types.FunctionType) -> Iterator[None]:
     """Refuse a ``message`` that stores anything on the layer (PyG's TransformerConv keeps
@@ -622,6 +653,7 @@ def compiled_propagate(layer: PyGMessagePassing, edge_index: Any, size: Any, kwa
     mutable_size = layer._check_input(edge_index, size)
     num_edges = edge_index.shape[1]
     message, bound = _message(layer)
+    _refuse_rebinding(message)
     params = layer.inspector.get_param_names("message")
     args = _collect(layer, params, kwargs, mutable_size, num_edges, pairs_by_flow)
     known = [int(s) for s in mutable_size if s is not None]     # 0-dim tensors (size=torch.tensor([4, 4])) too
