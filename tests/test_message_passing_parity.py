@@ -276,13 +276,16 @@ KEPT: list = []      # `make_keeping`'s global list
 def make_keeping(Base: type, how: str) -> type:
     """Attention whose ``message`` keeps the weights (for a plot, a regulariser) in a
     container the layer holds -- appended to a list, stored under a dict key, set on an
-    object's attribute -- or in a global or closure list."""
+    object's attribute -- or on a submodule (an attribute, a list it holds), or in a
+    global or closure list."""
     kept_here: list = []
 
     class Keeping(Base):
         def __init__(self):
             super().__init__(aggr="add")
             self.kept_list, self.kept_dict, self.kept = [], {}, types.SimpleNamespace(alpha=None)
+            self.store = torch.nn.Module()
+            self.store.kept = []
 
         def forward(self, x, edge_index):
             return self.propagate(edge_index, x=x)
@@ -295,6 +298,10 @@ def make_keeping(Base: type, how: str) -> type:
                 self.kept_dict["alpha"] = alpha
             elif how == "object":
                 self.kept.alpha = alpha
+            elif how == "module":
+                self.store.alpha = alpha
+            elif how == "module list":
+                self.store.kept.append(alpha)
             elif how == "global":
                 KEPT.append(alpha)
             else:
@@ -304,27 +311,57 @@ def make_keeping(Base: type, how: str) -> type:
     return Keeping
 
 
-@pytest.mark.parametrize("how", ["list", "dict", "object", "global", "closure"])
+@pytest.mark.parametrize("how", ["list", "dict", "object", "module", "module list", "global", "closure"])
 def test_a_message_keeping_values_in_a_container_runs_pyg_semantics(how, backend, device):
     """A compiled call runs ``message`` once, on symbolic rows, when it traces: the list,
     dict or object the layer holds, or the global or closure list ``message`` appends to,
     received the tracer's symbolic values (summing the kept weights raised a
-    CompileError naming message's line), on every call, with no warning. The call now
-    runs PyG's propagate, warning why, and the container holds PyG's weights."""
+    CompileError naming message's line), on every call, with no warning; a submodule's
+    attribute or list too (``self.store.alpha = alpha``, ``self.store.kept.append``). The
+    call now runs PyG's propagate, warning why, and the container holds PyG's weights."""
     ours, theirs = twins(make_keeping, how)
     x = torch.randn(6, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0)).to(device)
     edges = EDGES.to(device)
     gnnfuse.nn.message_passing._WARNED.discard(type(ours))
     KEPT.clear()
-    with pytest.warns(UserWarning, match=r"message\(\) writes into (self\.kept|KEPT|kept_here)"):
+    with pytest.warns(UserWarning, match=r"message\(\) (writes into|sets) (self\.kept|self\.store|KEPT|kept_here)"):
         result = run(ours.to(device), x, edges)
     kept = {"list": lambda layer: layer.kept_list[-1], "dict": lambda layer: layer.kept_dict["alpha"],
-            "object": lambda layer: layer.kept.alpha, "global": lambda layer: KEPT[-1],
+            "object": lambda layer: layer.kept.alpha, "module": lambda layer: layer.store.alpha,
+            "module list": lambda layer: layer.store.kept[-1], "global": lambda layer: KEPT[-1],
             "closure": lambda layer: type(layer).kept_here[-1]}[how]
     ours_kept = kept(ours)
     assert_same(result, run(theirs.to(device), x, edges))
     assert type(ours_kept) is torch.Tensor
     torch.testing.assert_close(ours_kept, kept(theirs))
+
+
+def test_a_lazy_module_in_message_initialises_and_compiles(backend, device):
+    """A LazyLinear's first call writes its module's hook tables (it drops its
+    initialising hook); checking a submodule's containers for writes (the test above)
+    put the hook back on the Linear it had become, and PyG's run then failed naming
+    initialize_parameters. torch's own tables are not checked: the layer compiles."""
+    def make(Base):
+        class Lazy(Base):
+            def __init__(self):
+                super().__init__(aggr="add")
+                self.lin = torch.nn.LazyLinear(3)
+
+            def forward(self, x, edge_index):
+                return self.propagate(edge_index, x=x)
+
+            def message(self, x_j):
+                return self.lin(x_j)
+        return Lazy
+    x = torch.randn(6, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0)).to(device)
+    edges = EDGES.to(device)
+    ours, theirs = make(gnnfuse.nn.MessagePassing)().double().to(device), make(pyg_nn.MessagePassing)().double()
+    first = compiled_run(ours, x, edges)
+    theirs = theirs.to(device)
+    theirs(x, edges)
+    theirs.load_state_dict(ours.state_dict())
+    assert_same(first, run(theirs, x, edges))
+    assert_same(compiled_run(ours, x, edges), run(theirs, x, edges))
 
 
 CALLS = 0      # `make_counting`'s global counter

@@ -487,10 +487,17 @@ def _attribute_writes_checked(layer: PyGMessagePassing, message: types.FunctionT
     traced value and never follow later calls. The layer's attributes, and the contents
     of those it holds, are restored either way. A class may name attributes its
     ``message`` writes as scratch that ``forward`` does not read on a compiled call
-    (``_gnnfuse_scratch_attributes``); they are restored silently."""
+    (``_gnnfuse_scratch_attributes``); they are restored silently. Of a submodule, the
+    containers it holds are checked so too, and its attributes for a traced value
+    (``self.store.alpha = alpha`` left the tracer's symbolic value there, with no warning):
+    a torch hook rebinding one to a tensor (the deprecated ``weight_norm``'s ``weight``)
+    is no write of ``message``'s."""
     tables = (vars(layer), layer._parameters, layer._buffers, layer._modules)
     before = [dict(table) for table in tables]
     reachable = {f"self.{name}": value for name, value in before[0].items()}
+    submodules = {f"self.{path}": dict(vars(module)) for path, module in layer.named_modules() if path}
+    reachable.update((f"{path}.{name}", value) for path, attributes in submodules.items()
+                     for name, value in attributes.items() if name not in _MODULE_TABLES)
     reachable.update((name, message.__globals__[name]) for name in _global_names(message.__code__)
                      if name in message.__globals__)
     reachable.update((name, cell.cell_contents) for name, cell in
@@ -511,12 +518,41 @@ def _attribute_writes_checked(layer: PyGMessagePassing, message: types.FunctionT
             if not _same_contents(_contents(value), contents):
                 filled.append(name)
                 _restore(value, contents)
+        leaked = _traced_attributes_restored(layer, submodules)
     unexpected = sorted(set(written) - set(getattr(type(layer), "_gnnfuse_scratch_attributes", ())))
-    if unexpected or filled:
-        what = [f"sets {', '.join('self.' + name for name in unexpected)}"] if unexpected else []
+    if unexpected or filled or leaked:
+        what = [f"sets {', '.join('self.' + name for name in unexpected + leaked)}"] if unexpected or leaked else []
         what += [f"writes into {', '.join(filled)}"] if filled else []
         raise NotCompilable(f"message() {' and '.join(what)}; a compiled call runs message() once, when it "
                             "traces, so what it stores would not follow later calls")
+
+
+# torch's own tables of a module (parameters, buffers, submodules, hooks): a lazy module's
+# first call writes them (LazyLinear drops its initialising hook), and restoring them broke it
+_MODULE_TABLES = frozenset(vars(torch.nn.Module()))
+
+
+def _traced_attributes_restored(layer: PyGMessagePassing, before: Mapping[str, dict[str, Any]]) -> list[str]:
+    """The attributes of ``layer``'s submodules (``before``: each one's ``vars`` by path)
+    rebound to a traced value or a container of them, each put back as it was."""
+    leaked = []
+    for path, module in layer.named_modules():
+        if f"self.{path}" not in before:
+            continue
+        attributes, old = vars(module), before[f"self.{path}"]
+        for name in [name for name, value in attributes.items() if old.get(name, _ABSENT) is not value
+                     and _traced(value)]:
+            leaked.append(f"{path}.{name}")
+            if name in old:
+                attributes[name] = old[name]
+            else:
+                del attributes[name]
+    return leaked
+
+
+def _traced(value: Any) -> bool:
+    """Whether ``value`` is a traced value or holds one (`_contents`)."""
+    return isinstance(value, SymTensor) or any(isinstance(item, SymTensor) for item in _contents(value) or ())
 
 
 def _contents(value: Any) -> list | None:
