@@ -271,13 +271,19 @@ def test_random_layers_on_random_graphs_match_pyg(backend, device, case, data, v
 
 
 KEPT: list = []      # `make_keeping`'s global list
+KEPT_LAST = None     # and the global `_keep_last` rebinds
+
+
+def _keep_last(alpha: torch.Tensor) -> None:
+    global KEPT_LAST
+    KEPT_LAST = alpha
 
 
 def make_keeping(Base: type, how: str) -> type:
     """Attention whose ``message`` keeps the weights (for a plot, a regulariser) in a
     container the layer holds -- appended to a list, stored under a dict key, set on an
-    object's attribute -- or on a submodule (an attribute, a list it holds), or in a
-    global or closure list."""
+    object's attribute -- or on a submodule (an attribute, a list it holds), in a
+    global or closure list, or in a global a helper rebinds."""
     kept_here: list = []
 
     class Keeping(Base):
@@ -304,6 +310,8 @@ def make_keeping(Base: type, how: str) -> type:
                 self.store.kept.append(alpha)
             elif how == "global":
                 KEPT.append(alpha)
+            elif how == "helper global":
+                _keep_last(alpha)
             else:
                 kept_here.append(alpha)
             return alpha.unsqueeze(-1) * x_j
@@ -311,24 +319,28 @@ def make_keeping(Base: type, how: str) -> type:
     return Keeping
 
 
-@pytest.mark.parametrize("how", ["list", "dict", "object", "module", "module list", "global", "closure"])
+@pytest.mark.parametrize("how", ["list", "dict", "object", "module", "module list", "global", "helper global",
+                                 "closure"])
 def test_a_message_keeping_values_in_a_container_runs_pyg_semantics(how, backend, device):
     """A compiled call runs ``message`` once, on symbolic rows, when it traces: the list,
     dict or object the layer holds, or the global or closure list ``message`` appends to,
     received the tracer's symbolic values (summing the kept weights raised a
     CompileError naming message's line), on every call, with no warning; a submodule's
-    attribute or list too (``self.store.alpha = alpha``, ``self.store.kept.append``). The
+    attribute or list too (``self.store.alpha = alpha``, ``self.store.kept.append``), and
+    a global a helper rebinds (``global last; last = alpha``). The
     call now runs PyG's propagate, warning why, and the container holds PyG's weights."""
     ours, theirs = twins(make_keeping, how)
     x = torch.randn(6, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0)).to(device)
     edges = EDGES.to(device)
     gnnfuse.nn.message_passing._WARNED.discard(type(ours))
     KEPT.clear()
-    with pytest.warns(UserWarning, match=r"message\(\) (writes into|sets) (self\.kept|self\.store|KEPT|kept_here)"):
+    stored = r"(self\.kept|self\.store|KEPT|kept_here|global .*KEPT_LAST)"
+    with pytest.warns(UserWarning, match=r"message\(\) (writes into|sets) " + stored):
         result = run(ours.to(device), x, edges)
     kept = {"list": lambda layer: layer.kept_list[-1], "dict": lambda layer: layer.kept_dict["alpha"],
             "object": lambda layer: layer.kept.alpha, "module": lambda layer: layer.store.alpha,
             "module list": lambda layer: layer.store.kept[-1], "global": lambda layer: KEPT[-1],
+            "helper global": lambda layer: KEPT_LAST,
             "closure": lambda layer: type(layer).kept_here[-1]}[how]
     ours_kept = kept(ours)
     assert_same(result, run(theirs.to(device), x, edges))

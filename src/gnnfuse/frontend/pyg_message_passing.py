@@ -57,7 +57,7 @@ from ..graph import Graph
 from ..graph.index_cache import functorch_interpreter
 from ..ir import CompileError, Residency
 from ..runtime.compiled import read_back_by_backward
-from .trace_cache import _SCALARS, TraceCache, _global_names, program_feeds
+from .trace_cache import _SCALARS, TraceCache, _from_library, _global_names, program_feeds
 from .tracer import EDGE_ROWED, RowCount, SymTensor, Tracer
 
 # The aggregation modules PyG's ``aggr`` strings resolve to that the IR computes exactly
@@ -488,16 +488,15 @@ def _attribute_writes_checked(layer: PyGMessagePassing, message: types.FunctionT
     of those it holds, are restored either way. A class may name attributes its
     ``message`` writes as scratch that ``forward`` does not read on a compiled call
     (``_gnnfuse_scratch_attributes``); they are restored silently. Of a submodule, the
-    containers it holds are checked so too, and its attributes for a traced value
-    (``self.store.alpha = alpha`` left the tracer's symbolic value there, with no warning):
-    a torch hook rebinding one to a tensor (the deprecated ``weight_norm``'s ``weight``)
-    is no write of ``message``'s."""
+    containers it holds are checked so too, and its attributes for a traced value, as are
+    the globals ``message``'s helpers may rebind (`_traced_write_tables`): there the
+    tracer's symbolic value was left, with no warning."""
     tables = (vars(layer), layer._parameters, layer._buffers, layer._modules)
     before = [dict(table) for table in tables]
     reachable = {f"self.{name}": value for name, value in before[0].items()}
-    submodules = {f"self.{path}": dict(vars(module)) for path, module in layer.named_modules() if path}
-    reachable.update((f"{path}.{name}", value) for path, attributes in submodules.items()
-                     for name, value in attributes.items() if name not in _MODULE_TABLES)
+    watched = _traced_write_tables(layer, message)
+    reachable.update((f"{prefix}{name}", value) for prefix, table, _ in watched if prefix.startswith("self.")
+                     for name, value in table.items() if name not in _MODULE_TABLES)
     reachable.update((name, message.__globals__[name]) for name in _global_names(message.__code__)
                      if name in message.__globals__)
     reachable.update((name, cell.cell_contents) for name, cell in
@@ -518,10 +517,11 @@ def _attribute_writes_checked(layer: PyGMessagePassing, message: types.FunctionT
             if not _same_contents(_contents(value), contents):
                 filled.append(name)
                 _restore(value, contents)
-        leaked = _traced_attributes_restored(layer, submodules)
-    unexpected = sorted(set(written) - set(getattr(type(layer), "_gnnfuse_scratch_attributes", ())))
-    if unexpected or filled or leaked:
-        what = [f"sets {', '.join('self.' + name for name in unexpected + leaked)}"] if unexpected or leaked else []
+        leaked = _traced_writes_restored(watched)
+    scratch = set(getattr(type(layer), "_gnnfuse_scratch_attributes", ()))
+    unexpected = [f"self.{name}" for name in sorted(set(written) - scratch)] + leaked
+    if unexpected or filled:
+        what = [f"sets {', '.join(unexpected)}"] if unexpected else []
         what += [f"writes into {', '.join(filled)}"] if filled else []
         raise NotCompilable(f"message() {' and '.join(what)}; a compiled call runs message() once, when it "
                             "traces, so what it stores would not follow later calls")
@@ -532,21 +532,49 @@ def _attribute_writes_checked(layer: PyGMessagePassing, message: types.FunctionT
 _MODULE_TABLES = frozenset(vars(torch.nn.Module()))
 
 
-def _traced_attributes_restored(layer: PyGMessagePassing, before: Mapping[str, dict[str, Any]]) -> list[str]:
-    """The attributes of ``layer``'s submodules (``before``: each one's ``vars`` by path)
-    rebound to a traced value or a container of them, each put back as it was."""
+def _traced_write_tables(layer: PyGMessagePassing, message: types.FunctionType
+                         ) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """Where ``message`` may store a traced value that the layer check of
+    `_attribute_writes_checked` does not see, each as (the prefix naming its entries, the
+    table, a copy of it now): a submodule's attributes (``self.store.alpha = alpha``) and
+    the globals of ``message``'s module and of the user's functions and modules it reads
+    by a global name (a helper's ``global last; last = alpha``, called as ``keep(alpha)``
+    or ``helpers.keep(alpha)``; not torch's or PyG's, whose namespaces are large)."""
+    tables = [(f"self.{path}.", vars(module)) for path, module in layer.named_modules() if path]
+    values = [message.__globals__.get(name) for name in _global_names(message.__code__)]
+    namespaces = {id(namespace): namespace for namespace in [message.__globals__] + [
+        namespace for value in values for namespace in [_user_namespace(value)] if namespace is not None]}
+    tables += [(f"global {namespace.get('__name__')}.", namespace) for namespace in namespaces.values()]
+    return [(prefix, table, dict(table)) for prefix, table in tables]
+
+
+def _user_namespace(value: Any) -> dict[str, Any] | None:
+    """The globals a user's function or module writes to; None for anything else, and
+    for torch's, PyG's and the other libraries' (large, and no user state)."""
+    if isinstance(value, types.FunctionType):
+        owner, namespace = value.__module__, value.__globals__
+    elif isinstance(value, types.ModuleType):
+        owner, namespace = value.__name__, vars(value)
+    else:
+        return None
+    return None if _from_library(owner) or (owner or "").split(".")[0] == "torch_geometric" else namespace
+
+
+def _traced_writes_restored(tables: list[tuple[str, dict[str, Any], dict[str, Any]]]) -> list[str]:
+    """The entries of each table (`_traced_write_tables`) rebound to a traced value or a
+    container holding one, each put back as it was (or removed). A rebinding to anything
+    else is left: a torch hook's (the deprecated ``weight_norm`` sets its module's
+    ``weight`` tensor), a helper's counter (called on every call, as the trace of such a
+    ``message`` is not kept)."""
     leaked = []
-    for path, module in layer.named_modules():
-        if f"self.{path}" not in before:
-            continue
-        attributes, old = vars(module), before[f"self.{path}"]
-        for name in [name for name, value in attributes.items() if old.get(name, _ABSENT) is not value
+    for prefix, table, old in tables:
+        for name in [name for name, value in table.items() if old.get(name, _ABSENT) is not value
                      and _traced(value)]:
-            leaked.append(f"{path}.{name}")
+            leaked.append(prefix + name)
             if name in old:
-                attributes[name] = old[name]
+                table[name] = old[name]
             else:
-                del attributes[name]
+                del table[name]
     return leaked
 
 
