@@ -183,6 +183,32 @@ def test_graph_from_pyg_data_keeps_isolated_nodes_types_and_layer_results():
     assert (flat.num_nodes, flat.num_edges, flat.num_node_types) == (5, 2, 2)
 
 
+
+def test_graph_from_to_homogeneous_counts_the_types_it_names_without_edges_or_vertices():
+    """The last relation (and node type) of a HeteroData had no edges (vertices): counted
+    from the ids, `Graph.from_data` of its ``to_homogeneous()`` lost them, and an R-GCN
+    built for the metadata's relations refused the graph, advising ``num_edge_types=``,
+    which from_data has no argument for. The counts are the names the Data records."""
+    from torch_geometric.data import HeteroData
+    from torch_geometric.nn import RGCNConv
+
+    from gnnfuse import Graph
+    from gnnfuse.nn import RGCNConv as FusedRGCNConv
+
+    hetero = HeteroData()
+    hetero["paper"].x = torch.zeros(3, 2)
+    hetero["venue"].x = torch.zeros(0, 2)
+    hetero["paper", "cites", "paper"].edge_index = torch.tensor([[0, 1], [1, 2]])
+    hetero["paper", "in", "venue"].edge_index = torch.zeros(2, 0, dtype=torch.long)
+    data = hetero.to_homogeneous()
+    graph = Graph.from_data(data)
+    assert (graph.num_edge_types, graph.num_node_types) == (2, 2)
+    pyg = RGCNConv(2, 3, num_relations=2).double()
+    fused = FusedRGCNConv(2, 3, num_relations=2).double()
+    fused.load_state_dict(pyg.state_dict())
+    x = torch.randn(3, 2, dtype=torch.float64)
+    torch.testing.assert_close(fused(x, graph), pyg(x, data.edge_index, data.edge_type))
+
 def test_a_data_set_is_read_from_one_folder_not_mixed_with_a_partial_copy(shared_data, tmp_path, monkeypatch):
     """A partial copy of cora under one searched root (only ``ind.cora.x``, altered) and
     the full set under $GNNFUSE_DATA: files were looked up one at a time, so ``x`` came

@@ -73,6 +73,22 @@ class _LazyEdges(NamedTuple):
     loops: int
 
 
+def _recorded_type_counts(data: Any, types: dict[str, Any]) -> dict[str, int]:
+    """``num_edge_types`` / ``num_node_types`` of a ``HeteroData.to_homogeneous()``
+    result: the lengths of the type names it records (``_edge_type_names``,
+    ``_node_type_names``), where the matching type tensor is present. Counted from the
+    ids instead, a relation (or node type) numbered last that has no edges (vertices)
+    was lost: ``RGCNConv(num_relations=len(metadata[1]))`` refused the graph, advising
+    ``num_edge_types=``, which from_data has no argument for."""
+    counts = {}
+    for key, names, tensor in (("num_edge_types", "_edge_type_names", "edge_type"),
+                               ("num_node_types", "_node_type_names", "node_type")):
+        recorded = getattr(data, names, None)
+        if types[tensor] is not None and isinstance(recorded, (list, tuple)) and recorded:
+            counts[key] = len(recorded)
+    return counts
+
+
 class Graph:
     """A directed graph on vertices ``0..num_nodes-1``, optionally with edge/vertex types.
 
@@ -274,6 +290,7 @@ class Graph:
 
         Read by attribute name, so torch_geometric is not imported here. A ``HeteroData``
         is refused rather than flattened silently: its type numbering is the caller's choice.
+        The type counts are the ones ``to_homogeneous()`` records (`_recorded_type_counts`).
         """
         if getattr(data, "edge_index", None) is None:
             hint = (" (a HeteroData: call data.to_homogeneous() first)" if hasattr(data, "to_homogeneous")
@@ -282,6 +299,7 @@ class Graph:
                             f"{type(data).__name__} without one{hint}")
         edge_index, num_nodes = data.edge_index, getattr(data, "num_nodes", None)
         types = {"edge_type": getattr(data, "edge_type", None), "node_type": getattr(data, "node_type", None)}
+        types.update(_recorded_type_counts(data, types))
         if is_pyg_edge_index(edge_index):
             rows, cols = edge_index.sparse_size()
             if rows is not None and cols is not None and rows != cols:
