@@ -343,6 +343,28 @@ def test_hgt_takes_dotted_relation_names_and_edge_index_objects_as_pyg_does(back
     assert "p_rel.a__r#v2__b" in grads
 
 
+
+def test_hgt_takes_a_node_type_named_after_a_module_attribute():
+    """A node type 'training' (an nn.Module instance attribute, which PyG's key mangling
+    misses) failed HGTConv's construction with torch's "attribute 'training' already
+    exists", as PyG's does. Its maps are stored under '<training>', and the layer gives
+    what it gives with the type named 'a'."""
+    named = {"a": "training"}
+    metadata = ([named.get(t, t) for t in METADATA[0]],
+                [(named.get(s, s), r, named.get(d, d)) for s, r, d in METADATA[1]])
+    torch.manual_seed(0)
+    plain = randomized(gnn.HGTConv(IN_CHANNELS, 6, METADATA, heads=2).double(), 8)
+    layer = gnn.HGTConv({named.get(t, t): c for t, c in IN_CHANNELS.items()}, 6, metadata, heads=2).double()
+    layer.load_state_dict({k.replace("lins.a.", "lins.<training>.").replace("skip.a", "skip.<training>")
+                           .replace("a__", "training__").replace("__a", "__training"): v
+                           for k, v in plain.state_dict().items()})
+    assert "kqv_lin.lins.<training>.weight" in layer.state_dict()
+    x, edges = hetero_inputs(8)
+    out = layer({named.get(t, t): v for t, v in x.items()},
+                {(named.get(s, s), r, named.get(d, d)): e for (s, r, d), e in edges.items()})
+    for t, expected in plain(x, edges).items():
+        torch.testing.assert_close(out[named.get(t, t)], expected, rtol=0, atol=0)
+
 def test_hgt_refuses_an_edge_index_dict_with_no_edge_type_of_its_metadata():
     """An empty dict returned outputs for every destination type, computed without a
     single edge, where PyG's HGTConv raises (torch.cat of an empty list); a dict of types

@@ -9,6 +9,7 @@ copies a PyG model whose layers have gnnfuse counterparts.
 """
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Any, Mapping
 
@@ -27,9 +28,18 @@ def module_key(key: str | EdgeType, container: type = nn.ModuleDict) -> str:
     container reserves wrapped in ``<>``, and dots as ``#`` (torch refuses them)."""
     if isinstance(key, tuple):
         key = f"<{'___'.join(key)}>"
-    if key in dir(container):
+    if key in _reserved_names(container):
         key = f"<{key}>"
     return key.replace(".", "#")
+
+
+@functools.cache
+def _reserved_names(container: type) -> frozenset[str]:
+    """The attribute names of a torch container, its instances' own included: PyG reserves
+    the class's only, so a node type named after an instance attribute (``training``)
+    failed HGTConv's construction with torch's "attribute 'training' already exists"
+    (PyG's HGTConv fails so too). Such a name gets ``<>`` as the class's names do."""
+    return frozenset(dir(container()))
 
 
 def group(outputs: list[torch.Tensor], aggr: str | None) -> torch.Tensor:
