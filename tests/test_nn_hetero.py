@@ -365,6 +365,32 @@ def test_hgt_takes_a_node_type_named_after_a_module_attribute():
     for t, expected in plain(x, edges).items():
         torch.testing.assert_close(out[named.get(t, t)], expected, rtol=0, atol=0)
 
+
+class _OneSage(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = gnn.SAGEConv((3, 3), 4)
+
+    def forward(self, x, edge_index):
+        return self.conv(x, edge_index)
+
+
+SHARED_KEY = [("a", "r_", "b"), ("a", "r", "_b")]      # both '<a___r____b>' / 'a__r___b'
+
+
+@pytest.mark.parametrize("build", [
+    lambda: gnn.HeteroConv({t: gnn.SAGEConv((3, 3), 4) for t in SHARED_KEY}),
+    lambda: gnn.HGTConv(3, 4, (["a", "b", "_b"], SHARED_KEY)),
+    lambda: gnn.HGTConv(3, 4, (["a.b", "a#b"], [("a.b", "r", "a#b")])),
+    lambda: gnn.to_hetero(_OneSage(), (["a", "b", "_b"], SHARED_KEY + [("b", "s", "a"), ("_b", "s", "a")])),
+], ids=["HeteroConv", "HGTConv-relations", "HGTConv-node-types", "to_hetero"])
+def test_types_stored_under_one_key_are_refused(build):
+    """Two types PyG's naming stores under one key had one entry: HeteroConv ran the
+    second relation's layer for both (PyG's dropped the first relation), HGTConv's two
+    relations shared one p_rel and to_hetero's one layer copy, silently."""
+    with pytest.raises(ValueError, match="are both stored under the key"):
+        build()
+
 def test_hgt_refuses_an_edge_index_dict_with_no_edge_type_of_its_metadata():
     """An empty dict returned outputs for every destination type, computed without a
     single edge, where PyG's HGTConv raises (torch.cat of an empty list); a dict of types

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import warnings
-from typing import Any, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import torch
 from torch import nn
@@ -31,6 +31,22 @@ def module_key(key: str | EdgeType, container: type = nn.ModuleDict) -> str:
     if key in _reserved_names(container):
         key = f"<{key}>"
     return key.replace(".", "#")
+
+
+def refuse_shared_keys(types: Iterable[str | EdgeType], key: Callable[[Any], str], layer: str) -> None:
+    """Refuse two node or edge types that ``key`` stores under one container key (``('a',
+    'r_', 'b')`` and ``('a', 'r', '_b')`` are both ``<a___r____b>``; ``'a.b'`` and ``'a#b'``
+    both ``a#b``): the container would keep one entry for both, so HeteroConv ran the
+    second relation's layer for the first one too and HGTConv shared one ``p_rel``
+    between them, silently (PyG's HeteroConv dropped the first relation; its HGTConv
+    shares too)."""
+    seen: dict[str, Any] = {}
+    for t in types:
+        other = seen.setdefault(key(t), t)
+        if other != t:
+            raise ValueError(f"{layer}: the types {other!r} and {t!r} are both stored under the key {key(t)!r} "
+                             "(PyG's naming joins a type's names with underscores and turns '.' into '#'), so "
+                             "their parameters would be one; rename one of them")
 
 
 @functools.cache
@@ -81,6 +97,7 @@ class HeteroConv(NotScriptable, nn.Module):
                           "message passing as they do not occur as destination type in any edge type. This may "
                           "lead to unexpected behavior.", stacklevel=2)
         self.edge_types = [tuple(t) for t in convs]
+        refuse_shared_keys(self.edge_types, module_key, "HeteroConv")
         self.convs = nn.ModuleDict({module_key(t): conv for t, conv in convs.items()})
         self.aggr = aggr
 

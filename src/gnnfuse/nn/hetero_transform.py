@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from ..graph.hetero import check_metadata
+from .hetero_conv import refuse_shared_keys
 
 
 def to_hetero(module: nn.Module, metadata: tuple[list[str], list[tuple[str, str, str]]],
@@ -37,6 +38,7 @@ def to_hetero(module: nn.Module, metadata: tuple[list[str], list[tuple[str, str,
         raise ImportError("gnnfuse.nn.to_hetero rewrites the model with PyG's to_hetero and needs "
                           "torch_geometric: pip install torch_geometric") from exc
     check_metadata(metadata, "to_hetero")
+    refuse_shared_keys([tuple(t) for t in metadata[1]], "__".join, "to_hetero")   # PyG's per-relation key
     shells = _shell_layers(module)
     try:
         converted = pyg_to_hetero(module, metadata, aggr=aggr, input_map=input_map, debug=debug)

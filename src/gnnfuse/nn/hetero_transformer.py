@@ -25,7 +25,7 @@ from ..graph.hetero import EdgeType, HeteroGraph, check_metadata
 from ..graph.hetero_cache import cached_hetero_graph
 from . import pyg_init
 from .compiling import names_its_programs
-from .hetero_conv import module_key
+from .hetero_conv import module_key, refuse_shared_keys
 from .torchscript import NotScriptable
 
 
@@ -38,7 +38,8 @@ class TypeLinears(nn.Module):
     def __init__(self, in_channels: Mapping[str, int], out_channels: int, bias: bool = True):
         super().__init__()
         self.types = list(in_channels)
-        self.lins = nn.ModuleDict({module_key(t): pyg_init.linear(c, out_channels, bias) for t, c in in_channels.items()})
+        self.lins = nn.ModuleDict({module_key(t): pyg_init.linear(c, out_channels, bias)
+                                   for t, c in in_channels.items()})
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -175,6 +176,8 @@ class HGTConv(NotScriptable, nn.Module):
         node_types, edge_types = list(metadata[0]), [tuple(t) for t in metadata[1]]
         if not isinstance(in_channels, dict):
             in_channels = {t: in_channels for t in node_types}
+        for types, key in ((node_types, module_key), (node_types, _parameter_key), (edge_types, _key)):
+            refuse_shared_keys(types, key, "HGTConv")
         self.in_channels, self.out_channels, self.heads = in_channels, out_channels, heads
         self.node_types, self.edge_types = node_types, edge_types
         self.dst_node_types = {t[-1] for t in edge_types}
