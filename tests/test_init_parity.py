@@ -213,6 +213,31 @@ def test_lazy_layer_draws_pygs_weights_at_its_first_call(case, dtype):
     assert torch.equal(our_rng, their_rng)
 
 
+
+def test_lazy_hgt_draws_a_type_its_first_call_left_out_as_pyg_does():
+    """PyG's HeteroDictLinear draws the maps of its first call twice and then drops its
+    hook: a type that call left out is drawn once, by its own lazy Linear, when a later
+    call gives it. HGTConv drew it twice then too: other weights than PyG's, and every
+    later draw shifted."""
+    metadata = (["a", "b", "c"], [("a", "to", "b"), ("b", "rev", "a"), ("c", "in", "a")])
+    with default_dtype(torch.float64):
+        torch.manual_seed(2)
+        x = {"a": torch.randn(4, 5), "b": torch.randn(3, 2), "c": torch.randn(2, 3)}
+        edges = {("a", "to", "b"): torch.tensor([[0, 1, 3], [0, 2, 2]]),
+                 ("b", "rev", "a"): torch.tensor([[0, 2], [1, 3]]), ("c", "in", "a"): torch.tensor([[0, 1], [3, 3]])}
+        states = []
+        for module in (ours_nn, pyg_nn):
+            layer, _ = seeded(lambda: module.HGTConv(-1, 4, metadata, heads=2))
+            torch.manual_seed(3)
+            layer({t: x[t] for t in "ab"}, {t: e for t, e in edges.items() if "c" not in t})
+            torch.manual_seed(4)
+            out = layer(x, edges)
+            states.append((layer, torch.get_rng_state(), out))
+    (ours, our_rng, our_out), (theirs, their_rng, their_out) = states
+    assert_same_state("HGTConv", ours, theirs)
+    assert torch.equal(our_rng, their_rng)
+    torch.testing.assert_close(our_out, their_out)
+
 def test_seeded_gat_trains_with_pygs_losses():
     """PyG's two-layer GAT script with only the import changed: the same losses (float64)."""
     def losses(module) -> list[float]:

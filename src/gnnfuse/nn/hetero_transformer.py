@@ -33,13 +33,15 @@ class TypeLinears(nn.Module):
     """One linear map per node type, stored as PyG's ``HeteroDictLinear`` stores them
     (``lins.<type>.weight``/``.bias``), so its state dict loads into this one, and drawn
     as PyG draws them: each map at its construction and once more when all are built;
-    a lazy one (width -1) twice at the first call, in the order of that call's types."""
+    a lazy one (width -1) twice at the first call, in the order of that call's types,
+    and a lazy one that call left out once, at the first call giving its type."""
 
     def __init__(self, in_channels: Mapping[str, int], out_channels: int, bias: bool = True):
         super().__init__()
         self.types = list(in_channels)
         self.lins = nn.ModuleDict({module_key(t): pyg_init.linear(c, out_channels, bias)
                                    for t, c in in_channels.items()})
+        self._called = False
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -47,8 +49,22 @@ class TypeLinears(nn.Module):
             pyg_init.reset_linear(lin)
 
     def forward(self, x_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        pyg_init.materialize([(self.lins[module_key(t)], x) for t, x in x_dict.items() if t in self.types], times=2)
+        self._materialize(x_dict)
         return {t: self.lins[module_key(t)](x_dict[t]) for t in self.types if t in x_dict}
+
+    def _materialize(self, x_dict: Mapping[str, torch.Tensor]) -> None:
+        """Draw the lazy maps ``x_dict`` sizes as PyG does. Its ``HeteroDictLinear`` draws
+        each map of its first call twice (the map's own lazy hook, then its reset), in that
+        call's order, and then drops that hook; a map that call left out is drawn later by
+        its own lazy ``Linear``, once, in the maps' order. Drawn twice then too,
+        such a map got other weights than PyG's under the same seed, and every later draw
+        (dropout, the next layer) shifted."""
+        if self._called:
+            pairs = [(self.lins[module_key(t)], x_dict[t]) for t in self.types if t in x_dict]
+        else:
+            pairs = [(self.lins[module_key(t)], x) for t, x in x_dict.items() if t in self.types]
+        pyg_init.materialize(pairs, times=1 if self._called else 2)
+        self._called = True
 
     def check_widths(self, x_dict: Mapping[str, torch.Tensor], layer: str) -> None:
         """Refuse a feature table whose width is not its type's map's, naming the type
