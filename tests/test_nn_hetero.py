@@ -529,6 +529,8 @@ def test_rgat_gradcheck_within_relation():
     (lambda: gnn.RGATConv(4, 2, 3), lambda layer, x, i, t: layer(torch.arange(8), i, t), TypeError, "float"),
     (lambda: gnn.RGATConv(4, 2, 3), lambda layer, x, i, t: layer(x, i, t, return_attention_weights=True),
      NotImplementedError, "return_attention_weights"),
+    (lambda: gnn.RGATConv(4, 2, 3), lambda layer, x, i, t: layer(x.double(), i, t), TypeError,
+     "x is torch.float64 but the layer's parameters are torch.float32"),
     (lambda: gnn.RGATConv(4, 2, 3), lambda layer, x, i, t: layer(x, i), ValueError, "needs edge types"),
     (lambda: gnn.RGATConv(4, 2, 3), lambda layer, x, i, t: layer(x, i.t(), t), ValueError, r"shape \[2, E\]"),
     (lambda: gnn.RGATConv(4, 2, 3), lambda layer, x, i, t: layer(x, torch.sparse_coo_tensor(

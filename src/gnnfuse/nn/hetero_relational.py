@@ -23,6 +23,7 @@ from torch import nn
 from .. import frontend
 from ..graph import Graph
 from ..graph.convert import is_sparse_adjacency
+from ..runtime.autocast import autocast_dtype
 from .arguments import node_features
 from .conv import _check_dropout, _neighbour_sum
 from .relational import RGCNConv, check_edge_types, refuse_lazy_width
@@ -184,6 +185,11 @@ class RGATConv(NotScriptable, nn.Module):
         if x.shape[-1] != self.in_channels:
             raise ValueError(f"RGATConv: x has {x.shape[-1]} features per node, but the layer was built for "
                              f"in_channels={self.in_channels}")
+        if x.dtype != self.q.dtype and autocast_dtype(x.device.type) is None:
+            # PyG's matmuls refuse it; here part of the step ran in the parameters' dtype and
+            # the output came back in x's, rounded to the narrower one without a word
+            raise TypeError(f"RGATConv: x is {x.dtype} but the layer's parameters are {self.q.dtype}; convert one "
+                            f"(layer.to({x.dtype}) or x.to({self.q.dtype})), or run under torch.autocast")
         graph = typed_input_graph(x.shape[0], edge_index, edge_type, self.num_relations, "RGATConv")
         edge_feature = self._edge_scores(graph, edge_attr)
         heads, dim, channels = self.heads, self.dim, self.out_channels
