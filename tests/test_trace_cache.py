@@ -166,6 +166,40 @@ def test_a_function_writing_a_closure_variable_traces_on_every_call(graph, trace
     assert traces[0] == 5
 
 
+FLIPS = 0
+
+
+@frontend.vertex
+def _flipping_vertex_sum(v):
+    global FLIPS
+    FLIPS += 1
+    return sum([u.h for u in v.innbs]) * (-1.0) ** FLIPS
+
+
+@frontend.vertex
+def _keeping_vertex_sum(v):
+    global KEPT
+    KEPT = [u.h for u in v.innbs]
+    return sum(KEPT)
+
+
+def test_a_vertex_function_rebinding_a_global_rebinds_its_modules(graph, traces):
+    """A vertex function runs on a copy of its globals (holding the counting builtins), so
+    ``global FLIPS; FLIPS += 1`` never reached the module: every call traced with FLIPS = 1
+    and gave -1, -1, -1 where eager code alternates. A traced value set there is refused,
+    naming the line."""
+    global FLIPS
+    FLIPS = 0
+    h = torch.randn(4, 3, dtype=torch.float64)
+    for step in range(4):
+        expected = (-1.0) ** (step + 1) * neighbour_sum(graph, h)
+        torch.testing.assert_close(_flipping_vertex_sum(graph, {"h": h}), expected)
+    assert FLIPS == 4 and traces[0] == 4
+    with pytest.raises(gnnfuse.CompileError, match=r"sets the global 'KEPT' to a traced value(.|\n)*KEPT = \["):
+        _keeping_vertex_sum(graph, {"h": h})
+    assert "KEPT" not in globals()
+
+
 def test_a_function_writing_an_attribute_it_reads_traces_on_every_call(graph, traces):
     """``message.sign = -message.sign`` is part of the key by value, but a cached program
     skips the write: once the key cycled back to 1 its program (traced when the write gave

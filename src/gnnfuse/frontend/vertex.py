@@ -53,7 +53,9 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import dis
 import functools
+import linecache
 import sys
 import threading
 import types
@@ -400,6 +402,59 @@ def _from_neighbour(item) -> bool:
     return isinstance(item, _Edge) or (isinstance(item, _Vertex) and item._side == "src")
 
 
+_UNSET = object()
+
+
+@functools.lru_cache(maxsize=256)
+def _rebound_globals(code: types.CodeType) -> dict[str, int]:
+    """The globals ``code`` (or code nested in it) rebinds or deletes (``global step;
+    step += 1``), each with the line of its first such write."""
+    found: dict[str, int] = {}
+    line = code.co_firstlineno
+    for ins in dis.get_instructions(code):
+        line = ins.positions.lineno if ins.positions and ins.positions.lineno else line
+        if ins.opname in ("STORE_GLOBAL", "DELETE_GLOBAL"):
+            found.setdefault(ins.argval, line)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            for name, at in _rebound_globals(const).items():
+                found.setdefault(name, at)
+    return found
+
+
+def _write_back_globals(plain: types.FunctionType, env: dict[str, Any], before: dict[str, Any]) -> None:
+    """Carry the globals the traced function rebound in ``env`` (the copy of its globals
+    it runs with, holding the counting builtins) over to its module, as the eager call
+    would have: a ``global step; step += 1`` counter stayed 0 in the module, and every
+    call traced with step 1 (the messages times 1, 1, 1 where eager code gave 1, 2, 3).
+    Such a function is traced on every call (`trace_cache._outside_write`), so the
+    counter advances once a call. A traced value is refused: it means nothing outside
+    the trace."""
+    for name, old in before.items():
+        new = env.get(name, _UNSET)
+        if new is old:
+            continue
+        if _holds_traced(new):
+            line = _rebound_globals(plain.__code__)[name]
+            text = linecache.getline(plain.__code__.co_filename, line).strip()
+            raise CompileError(f"the vertex function sets the global {name!r} to a traced value, which means "
+                               "nothing outside the trace: return it as an output instead",
+                               f"{plain.__code__.co_filename}:{line}: {text}")
+        if new is _UNSET:
+            plain.__globals__.pop(name, None)
+        else:
+            plain.__globals__[name] = new
+
+
+def _holds_traced(value: Any) -> bool:
+    """Whether ``value`` is a traced value or a list, tuple, set or dict holding one."""
+    if isinstance(value, dict):
+        return any(_holds_traced(item) for item in (*value.keys(), *value.values()))
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return any(_holds_traced(item) for item in value)
+    return isinstance(value, SymTensor)
+
+
 class VertexFunction:
     """A vertex-centric function, compiled on first use for each traced structure."""
 
@@ -431,11 +486,13 @@ class VertexFunction:
         plain, args, keywords = unwrap(self.fn)
         check_counting(plain, args, keywords)
         counting = _counting_builtins(tracer, walks)
-        fn = types.FunctionType(plain.__code__, dict(plain.__globals__, **counting), plain.__name__,
-                                plain.__defaults__, plain.__closure__)
+        env = dict(plain.__globals__, **counting)
+        rebound = {name: env.get(name, _UNSET) for name in _rebound_globals(plain.__code__)}
+        fn = types.FunctionType(plain.__code__, env, plain.__name__, plain.__defaults__, plain.__closure__)
         fn.__kwdefaults__ = plain.__kwdefaults__
         with _in_helpers(counting):
             result = tracer.call(lambda v: fn(*args, v, **keywords), _Vertex(tracer, "center", feats))
+        _write_back_globals(plain, env, rebound)
         outputs = result if isinstance(result, dict) else {"out": result}
         for key, out in outputs.items():
             if not isinstance(out, SymTensor) or out.value.residency is not Residency.NODE:
