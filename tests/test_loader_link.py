@@ -351,6 +351,22 @@ def test_link_batches_move_and_carry_the_datas_other_attributes():
         batch.nothing_here
 
 
+@pytest.mark.parametrize("negatives", [{}, {"neg_sampling_ratio": 1.0}, {"neg_sampling": "triplet"}])
+def test_a_link_splits_own_labels_are_listed_once_as_the_batchs(negatives):
+    """A link split's ``Data`` holds ``edge_label`` and ``edge_label_index`` itself (an
+    edge-level pair when they are the graph's edges); the batch's keys name each once,
+    for the value the batch gives (PyG's loader sets its labels over the ``Data``'s,
+    removing one that is None): they named both twice, and ``edge_label`` where it was None."""
+    edge_index = torch.tensor([[0, 1, 2, 3, 1], [1, 2, 3, 0, 3]])
+    data = pyg_data(edge_index, 4)
+    data.edge_label, data.edge_label_index = torch.ones(5), edge_index.clone()
+    batch = next(iter(LinkNeighborLoader(data, [-1], batch_size=2, prefetch=0, **negatives)))
+    keys = batch.keys()
+    assert len(keys) == len(set(keys)) and [k for k, _ in batch] == keys
+    for name in ("edge_label", "edge_label_index", "src_index", "dst_pos_index", "dst_neg_index"):
+        assert (name in batch) == (getattr(batch, name) is not None)
+
+
 # --- batches prepared ahead: a prefetch thread, worker processes ---------------------
 
 def _link_fields(batch) -> list:

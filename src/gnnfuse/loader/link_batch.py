@@ -142,10 +142,14 @@ class LinkMiniBatch(PygDataMethods):
 
     def _data_keys(self) -> list[str]:
         """The node batch's names (`MiniBatch._data_keys`) but ``batch_size``, and the
-        link attributes this batch's mode filled."""
-        link = [field.name for field in fields(self)
-                if field.name != "nodes" and getattr(self, field.name) is not None]
-        return [name for name in self.nodes._data_keys() if name not in ("batch_size", "input_id")] + link
+        link attributes this batch's mode filled. A ``Data``'s own attribute under a link
+        attribute's name (``edge_label``, ``edge_label_index``: a link split's ``Data`` holds
+        both) is not listed from the node batch: the link field is what the batch gives
+        under that name, as PyG's loader sets it over the ``Data``'s (removing it when None),
+        so listing both named it twice, and listed it where the field is None."""
+        link = [field.name for field in fields(self) if field.name != "nodes"]
+        filled = [name for name in link if getattr(self, name) is not None]
+        return [name for name in self.nodes._data_keys() if name not in ("batch_size", *link)] + filled
 
     def tensors(self) -> list[torch.Tensor]:
         link = (self.input_id, self.edge_label_index, self.edge_label, self.src_index, self.dst_pos_index,
