@@ -405,6 +405,17 @@ def test_deferred_batches_need_static_shapes_on_the_device(data):
         _loader(data, deferred=True)
 
 
+@pytest.mark.parametrize("dtype", [torch.bool, torch.uint8])
+def test_labels_that_cannot_hold_the_ignored_label_are_refused(dtype):
+    """A padded batch's labels past its seeds are IGNORE_LABEL (-100): a bool ``y`` held
+    True there and a uint8 one 156, labels a replayed short batch's loss read as real."""
+    edge_index = torch.tensor([[0, 1, 2, 3], [1, 2, 3, 0]])
+    y = torch.tensor([0, 1, 1, 0]).to(dtype)
+    with pytest.raises(ValueError, match=f"cannot pad a {dtype} y: .* a real label; give int64 labels"):
+        NeighborLoader(gnnfuse.Graph.from_edge_index(edge_index, 4), [1], 2, y=y, prefetch=0, static_shapes=True)
+    NeighborLoader(gnnfuse.Graph.from_edge_index(edge_index, 4), [1], 2, y=y, prefetch=0)     # unpadded: as given
+
+
 def test_given_capacities_must_have_one_entry_per_hop(data):
     with pytest.raises(ValueError, match="2 hops but num_neighbors samples 3"):
         _loader(data, static_shapes=Capacities((64, 512, 2048), (256, 4096)))

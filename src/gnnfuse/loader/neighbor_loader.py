@@ -51,7 +51,7 @@ from .batch_move import target_device
 from .data_attributes import data_attributes
 from .held_tables import CopiedTables, held_tables
 from .preparation import STAGE_TIMES, BatchPreparation, check_settings, epoch_batches, epoch_order
-from .static_shapes import Capacities
+from .static_shapes import IGNORE_LABEL, Capacities
 from .workers import Batch, Maker
 
 FEATURE_DEVICES = ("device", "pinned")
@@ -159,6 +159,21 @@ def _seed_ids(input_nodes: Any, num_nodes: int) -> tuple[torch.Tensor, torch.Ten
     if torch.unique(ids).numel() != ids.numel():
         raise ValueError("input_nodes holds repeated ids; a seed must appear once per epoch")
     return ids, torch.arange(ids.numel())
+
+
+def _check_paddable_labels(labels: torch.Tensor | None) -> None:
+    """Refuse labels whose dtype cannot hold `IGNORE_LABEL`, which ``static_shapes`` writes
+    past a padded batch's seeds (the rows a short batch's replayed step reads as ignored,
+    `BlockStepCapture(short_batches="replay")`): a bool ``y`` was padded with True and a
+    uint8 one with 156, real labels no loss can tell from the seeds' (the graph
+    `DataLoader`'s ``static_shapes`` refuses them too)."""
+    if labels is None or labels.dtype.is_floating_point or labels.dtype.is_complex:
+        return
+    if labels.dtype == torch.bool or not labels.dtype.is_signed:
+        raise ValueError(f"static_shapes cannot pad a {labels.dtype} y: its padded rows would hold {IGNORE_LABEL} "
+                         f"(IGNORE_LABEL, which the loss must ignore) as "
+                         f"{torch.tensor(IGNORE_LABEL).to(labels.dtype).item()}, a real label; give int64 labels "
+                         f"(y.long()), or leave static_shapes out")
 
 
 def _check_learnable(name: str, table: torch.Tensor, placed: torch.Tensor, prefetch: int, num_workers: int) -> None:
@@ -307,6 +322,8 @@ class NeighborLoader:
         if graph_y is not None and static_shapes is not False:
             raise ValueError("y is a 0-dim tensor (one value for the whole graph), which batches carry whole; "
                              "static_shapes pads y per seed: give a y per node, or leave static_shapes out")
+        if static_shapes is not False:
+            _check_paddable_labels(labels)
         for name, table in (("x", features), ("y", labels)):
             if table is not None and table.dim() == 0:      # a graph-level value: no row to cut per vertex
                 raise ValueError(f"{name} is a 0-dim tensor (one value for the whole graph); the loader cuts {name} "
