@@ -132,6 +132,31 @@ def test_a_script_without_a_main_guard_starts_its_workers(tmp_path):
     assert done.stdout.strip() == "batches 6 and 6"
 
 
+def test_a_hetero_data_referring_to_the_scripts_own_class_is_refused_naming_it(tmp_path):
+    """The workers do not import the script, so a HeteroData (sent whole) holding an
+    object of a class the script defines killed each at start, and the loader said only
+    "worker 0 exited (code 1) before batch 0"; now it names the class before starting any."""
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch\n"
+        "from torch_geometric.data import HeteroData\n"
+        "from gnnfuse.loader import NeighborLoader\n"
+        "class Vocabulary:\n"
+        "    pass\n"
+        "data = HeteroData()\n"
+        "data['paper'].x = torch.randn(6, 2)\n"
+        "data['paper', 'cites', 'paper'].edge_index = torch.tensor([[1, 2, 3], [0, 0, 3]])\n"
+        "data.vocabulary = Vocabulary()\n"
+        "loader = NeighborLoader(data, [2], batch_size=3, input_nodes='paper', num_workers=1)\n"
+        "try:\n"
+        "    next(iter(loader))\n"
+        "except TypeError as exc:\n"
+        "    print(exc)\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "refer to 'Vocabulary', defined in it" in done.stdout and "num_workers=0" in done.stdout
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="pinned features are read by a CUDA kernel")
 def test_workers_read_pinned_features_from_shared_memory():
     """With features in host memory the workers share one shared-memory table, each

@@ -39,11 +39,13 @@ finish that epoch and stop after it. The training process decides; its exit (or
 from __future__ import annotations
 
 import contextlib
+import pickle
 import queue
 import signal
 import threading
 import time
 import traceback
+import types
 import weakref
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, Iterator, Protocol, Union
@@ -129,12 +131,57 @@ def _work(maker: Maker, jobs: Any, results: Any, stop: Any, abandoned: Any, thre
                     continue
 
 
+class _Discarded:
+    """A file that keeps nothing written to it."""
+
+    def write(self, data: Any) -> int:
+        return len(memoryview(data))
+
+
+class _ScriptReferences(ForkingPickler):
+    """A pickler that keeps nothing and notes the first class or function of the training
+    script (``__main__``) that what it pickles refers to. Tensors and storages are left
+    out (a worker gets them as shared memory; pickled whole here they would be copied)."""
+
+    def __init__(self) -> None:
+        super().__init__(_Discarded(), pickle.HIGHEST_PROTOCOL)
+        self.found: Any = None
+
+    def persistent_id(self, obj: Any) -> Any:
+        if isinstance(obj, (torch.Tensor, torch.UntypedStorage, torch.TypedStorage)):
+            return 0
+        if self.found is None and isinstance(obj, (type, types.FunctionType)) and obj.__module__ == "__main__":
+            self.found = obj
+        return None
+
+
+def _check_spawnable(maker: Maker, loader: str, num_workers: int) -> None:
+    """Refuse a maker that refers to a class or function of the training script: workers
+    are spawned without importing it (`main_module_hidden`), so each died unpickling it
+    and the loader said only "worker 0 exited (code 1) before batch 0" (a ``HeteroData``,
+    which crosses whole, holding an object of a class the script defines); a lambda
+    failed here with pickle's bare error. Anything else that does not pickle is left to
+    the workers' start, as before."""
+    references = _ScriptReferences()
+    try:
+        references.dump(maker)
+    except Exception:     # noqa: BLE001 - only a reference to the script is reported
+        pass
+    if references.found is not None:
+        name = getattr(references.found, "__qualname__", repr(references.found))
+        raise TypeError(f"gnnfuse {loader}: num_workers={num_workers} sends the loader's graph and tables (a "
+                        f"HeteroData whole, with its other attributes) to worker processes, which do not import "
+                        f"your script, and they refer to {name!r}, defined in it: define it in a module the "
+                        f"workers can import, remove what refers to it, or pass num_workers=0")
+
+
 class WorkerPool:
     """``num_workers`` processes preparing the batches of `epoch` with ``maker``, up to
     ``depth`` batches ahead each; their errors name ``loader``, the loader the user made."""
 
     def __init__(self, maker: Maker, num_workers: int, depth: int, loader: str) -> None:
         self._loader = loader
+        _check_spawnable(maker, loader, num_workers)
         context = mp.get_context("spawn")
         self._jobs = [context.Queue() for _ in range(num_workers)]
         self._results = [context.Queue(maxsize=depth) for _ in range(num_workers)]
