@@ -356,6 +356,25 @@ def test_the_torch_sampler_and_the_fused_kernels_both_give_pygs_structure(monkey
         check_hetero_subgraph(batch, data, {et: [3, 2] for et in data.edge_types}, replace=False)
 
 
+def test_a_fanout_above_every_in_degree_samples_every_in_edge_at_the_cost_of_the_edges():
+    """As the homogeneous loader's: a hop lays its sample out in ``fanout`` slots per
+    destination, so ``[10**5]`` (PyG's "every in-edge") took 1.7 GB for 100 seeds and
+    ``[10**7]`` was killed. Each edge type's fanout is bounded by its largest in-degree;
+    the batches are the full neighbourhoods', and the user's fanouts stay the loader's."""
+    data = mag_like()
+    huge = NeighborLoader(data, [10**12, 10**9], batch_size=16, input_nodes="paper", prefetch=0)
+    assert all(fanouts == [10**12, 10**9] for fanouts in huge.num_neighbors.values())
+    for edge_type in data.edge_types:
+        most = int(torch.bincount(data[edge_type].edge_index[1]).max())
+        assert huge._maker.num_neighbors[edge_type] == [most, most]
+    full = NeighborLoader(data, [-1, -1], batch_size=16, input_nodes="paper", prefetch=0)
+    for ours, everything in zip(huge, full, strict=True):
+        for node_type in data.node_types:
+            assert torch.equal(ours[node_type].n_id, everything[node_type].n_id)
+        for edge_type in data.edge_types:
+            assert torch.equal(ours[edge_type].e_id.sort().values, everything[edge_type].e_id.sort().values)
+
+
 def test_batches_are_reproducible_and_drop_last():
     data = mag_like(5)
 
