@@ -3,6 +3,7 @@ them: properties on random small multigraphs (self loops, repeated edges, a hub)
 against the graph itself rather than against a second sampler."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
@@ -196,6 +197,16 @@ def test_fanouts_and_batch_sizes_that_are_not_whole_numbers_are_refused_by_name(
         NeighborLoader(graph, **{"num_neighbors": [2], **kwargs})
 
 
+@pytest.mark.parametrize("name, value", [("x", np.ones((3, 2))), ("y", [0, 1, 2]), ("y", np.arange(3))])
+def test_a_data_s_features_or_labels_that_are_not_tensors_are_refused_by_name(name, value):
+    """A PyG ``Data`` may hold NumPy arrays or lists; as ``x`` or ``y`` they failed on
+    "'numpy.ndarray' object has no attribute 'dim'", naming neither."""
+    from torch_geometric.data import Data
+    data = Data(edge_index=torch.tensor([[0, 1], [1, 2]]), num_nodes=3, **{name: value})
+    with pytest.raises(TypeError, match=f"{name} must be a tensor with a row per node, got {type(value).__name__}"):
+        NeighborLoader(data, [2])
+
+
 @pytest.mark.parametrize("option, value", [("disjoint", True), ("time_attr", "time"), ("subgraph_type", "induced"),
                                            ("directed", False), ("transform", abs)])
 def test_pygs_other_sampling_options_are_refused_by_name(option, value):
@@ -224,7 +235,6 @@ def test_input_nodes_that_are_not_ids_or_a_mask_are_refused_by_name(input_nodes)
 
 
 def test_whole_fanouts_come_as_any_integer_sequence_and_an_empty_seed_list_is_no_batch():
-    import numpy as np
     graph = gnnfuse.Graph(torch.tensor([0, 1]), torch.tensor([1, 2]), 3)
     for fanouts in ([2, -1], (2, -1), np.array([2, -1]), torch.tensor([2, -1])):
         assert NeighborLoader(graph, fanouts, batch_size=np.int64(2)).num_neighbors == [2, -1]

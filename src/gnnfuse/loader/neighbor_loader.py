@@ -161,6 +161,16 @@ def _seed_ids(input_nodes: Any, num_nodes: int) -> tuple[torch.Tensor, torch.Ten
     return ids, torch.arange(ids.numel())
 
 
+def _check_tensor_tables(features: Any, labels: Any) -> None:
+    """Refuse an ``x`` or ``y`` that is not a tensor (a NumPy array, a list: PyG's ``Data``
+    holds either), which failed on "'numpy.ndarray' object has no attribute 'dim'"; the
+    batches gather tensor rows (PyG's would be the array's, not a tensor)."""
+    for name, table in (("x", features), ("y", labels)):
+        if table is not None and not isinstance(table, torch.Tensor):
+            raise TypeError(f"{name} must be a tensor with a row per node, got {type(table).__name__}: give "
+                            f"torch.as_tensor({name}) (data.{name} = torch.as_tensor(data.{name}))")
+
+
 def _check_paddable_labels(labels: torch.Tensor | None) -> None:
     """Refuse labels whose dtype cannot hold `IGNORE_LABEL`, which ``static_shapes`` writes
     past a padded batch's seeds (the rows a short batch's replayed step reads as ignored,
@@ -304,6 +314,7 @@ class NeighborLoader:
                  edge_weight: torch.Tensor | None = None, **pyg_options: Any) -> None:
         _check_pyg_options(pyg_options, loader=self._name)
         graph, features, labels, edge_tables = _graph_and_tables(data, x, y, self._name)
+        _check_tensor_tables(features, labels)
         for name, table in (("edge_attr", edge_attr), ("edge_weight", edge_weight)):
             if table is not None:
                 edge_tables[name] = table
