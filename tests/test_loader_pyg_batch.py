@@ -256,13 +256,16 @@ def test_a_batch_sent_from_a_worker_process_keeps_pygs_view():
     assert torch.equal(sent.edge_index, batch.edge_index) and torch.equal(sent.e_id, batch.e_id)
 
 
-@pytest.mark.parametrize("fanouts", [[-1, 0], [0, -1], [-1, 0, -1], [0, 0]])
+@pytest.mark.parametrize("fanouts", [[-1, 0], [0, -1], [-1, 0, -1], [0, 0], [0, -1, -1], [-1, 0, 2, -1]])
 def test_a_hop_of_zero_samples_nothing_there_nor_after_it_as_in_pyg(fanouts):
     """PyG's hop i samples for the vertices hop i - 1 added: after a 0, none. Its batch's
     edges and counts are PyG's; a vertex only the blocks' re-sample reached (after a 0)
-    is in n_id but in no edge, and a PyG model's seed outputs are those of PyG's batch."""
+    is in n_id but in no edge (two hops after a 0, a later hop's edges into one were in
+    edge_index), and a PyG model's seed outputs are those of PyG's batch; the graph the
+    batch hands a gnnfuse layer with its edge_index is that edge_index's."""
     data = pyg_data(_power_law(40, 200), 40)
     net = _pyg_models(3)["sage"].eval()
+    conv = gnnfuse.nn.SAGEConv(3, 2).double()
     for batch in _batches(data, fanouts, 6):
         size = batch.batch_size
         n_id, edge_index, e_id, nodes, edges = pyg_full_subgraph(data.edge_index, batch.n_id[:size].tolist(), fanouts)
@@ -272,6 +275,8 @@ def test_a_hop_of_zero_samples_nothing_there_nor_after_it_as_in_pyg(fanouts):
         assert batch.num_sampled_nodes[:first_zero + 2] == nodes[:first_zero + 2]
         assert torch.equal(batch.n_id[:n_id.numel()], n_id)
         torch.testing.assert_close(net(batch.x, batch.edge_index)[:size], net(data.x[n_id], edge_index)[:size],
+                                   rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(conv(batch.x, batch.edge_index), conv(batch.x, batch.edge_index.clone()),
                                    rtol=1e-12, atol=1e-12)
 
 

@@ -61,7 +61,7 @@ def test_the_subgraphs_graph_is_the_one_a_layer_would_make_of_its_edge_index(cas
     graph = gnnfuse.Graph.from_edge_index(case.edge_index, case.num_nodes)
     for batch in _loader(graph, fanouts, batch_size):
         made = gnnfuse.Graph.from_edge_index(batch.edge_index.clone(), batch.num_nodes)
-        built = subgraph_graph(batch.blocks, batch.edge_index)
+        built = subgraph_graph(batch.blocks, batch.edge_index, batch.num_sampled_edges)
         assert built.num_nodes == made.num_nodes and not built.is_bipartite
         for ours, theirs in zip(built.csr(), made.csr()):
             assert torch.equal(ours.long(), theirs.long())

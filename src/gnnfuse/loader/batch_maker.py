@@ -292,7 +292,8 @@ class BatchMaker:
         hops = self._sample(seeds, generator, times)
         nodes = hops[-1].nodes
         caps = self.capacities if self.capacities is not None and self.capacities.fits(seeds.numel(), hops) else None
-        hop_edges = None if caps is not None else tuple(hop.local_src.numel() - hop.earlier_edges for hop in hops)
+        hop_edges = None if caps is not None else pyg_batch.pyg_hop_edges(
+            [hop.local_src.numel() - hop.earlier_edges for hop in hops], self.num_neighbors)
         deferred = caps is not None and self.deferred
         on_device = device_stream(self.device)
         in_place = self.feature_device == "device" or (self.zero_copy and nodes.device.type == "cuda")

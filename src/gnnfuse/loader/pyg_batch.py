@@ -59,6 +59,17 @@ def num_sampled_nodes(blocks: Sequence[Block]) -> list[int]:
     return [blocks[-1].num_dst] + [block.num_src - block.num_dst for block in reversed(blocks)]
 
 
+def pyg_hop_edges(counts: Sequence[int], fanouts: Sequence[int]) -> tuple[int, ...]:
+    """PyG's ``num_sampled_edges`` from each hop's count of block edges into the vertices
+    that hop expands first (``counts``, seeds outward): none from the first hop of fanout 0
+    on. PyG's hop k expands the vertices hop k - 1 added, none after a 0; a block samples
+    every vertex reached so far again, so after a 0 a re-sample added vertices that a later
+    hop expanded first, and ``[0, -1, -1]`` gave an ``edge_index`` edge (and a count) that
+    PyG's batch does not have, into a vertex none of PyG's hops reached."""
+    stop = next((k for k, fanout in enumerate(fanouts) if fanout == 0), len(counts))
+    return tuple(count if k < stop else 0 for k, count in enumerate(counts))
+
+
 def hop_tails(tables: Sequence[torch.Tensor], hop_edges: Sequence[int]) -> torch.Tensor:
     """Rows of PyG's hops from per-edge tables, one per hop seeds outward: each table's
     last ``hop_edges[k]`` rows (its block's edges into the vertices hop k expands first),
@@ -81,17 +92,19 @@ def subgraph_edge_rows(blocks: Sequence[Block], hop_edges: Sequence[int], name: 
     return None if any(table is None for table in tables) else hop_tails(tables, hop_edges)
 
 
-def subgraph_graph(blocks: Sequence[Block], edge_index: torch.Tensor) -> Graph:
+def subgraph_graph(blocks: Sequence[Block], edge_index: torch.Tensor, hop_edges: Sequence[int]) -> Graph:
     """The `Graph` of ``edge_index`` (`subgraph_edge_index`'s), with its CSR and degree
     vectors in its cache, as ``Graph.coerce(edge_index, num_nodes)`` would build them
     (module doc): its ids are the blocks' local ids, in range by construction, so they are
     not checked, and its row lengths are each hop's block's in-degrees at the vertices
-    that hop expands first. Why: a layer given ``batch.edge_index`` made this graph in the
-    training step, reading its ids' range back (a sync on a GPU) and sorting its edges."""
+    that hop expands first (zeros for a hop PyG's batch takes no edge of, `pyg_hop_edges`).
+    Why: a layer given ``batch.edge_index`` made this graph in the training step, reading
+    its ids' range back (a sync on a GPU) and sorting its edges."""
     num_nodes = blocks[0].num_src if blocks else 0
     rows, begin = [], 0
-    for block in reversed(blocks):
-        rows.append(block.graph.in_degrees()[begin:block.num_dst])
+    for block, count in zip(reversed(blocks), hop_edges):
+        degrees = block.graph.in_degrees()[begin:block.num_dst]
+        rows.append(degrees if count else torch.zeros_like(degrees))
         begin = block.num_dst
     device = edge_index.device
     rows.append(torch.zeros(num_nodes - begin, dtype=torch.int64, device=device))
@@ -167,7 +180,7 @@ def view_in_step(blocks: Sequence[Block], hop_edges: Sequence[int]) -> PygView:
     graph is on its first pass, as a layer's graph of a raw ``edge_index`` is
     (`Graph.coerce`: a small one runs without the kernels' layouts)."""
     edge_index = subgraph_edge_index(blocks, hop_edges)
-    return PygView(edge_index, subgraph_graph(blocks, edge_index)._begin_first_pass())
+    return PygView(edge_index, subgraph_graph(blocks, edge_index, hop_edges)._begin_first_pass())
 
 
 def view_ahead(blocks: Sequence[Block], hop_edges: Sequence[int], max_in_degree: int | None,
@@ -180,7 +193,7 @@ def view_ahead(blocks: Sequence[Block], hop_edges: Sequence[int], max_in_degree:
     one hop's sample of them, and its out-edges number at most the sum of each block's
     largest out-degree."""
     edge_index = subgraph_edge_index(blocks, hop_edges)
-    graph = subgraph_graph(blocks, edge_index)
+    graph = subgraph_graph(blocks, edge_index, hop_edges)
     layouts = prepare_layouts(graph, max_in_degree, None, max_out_degree, source_side_read=source_side_read)
     prefixes = {}
     if trimmed:
