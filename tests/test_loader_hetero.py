@@ -346,6 +346,23 @@ def test_per_edge_type_fanouts_and_the_mag_idiom_with_fanouts():
         check_hetero_subgraph(batch, data, typed, replace=False)
 
 
+def test_pygs_num_neighbors_object_and_its_default_are_read():
+    """PyG's loaders take a ``NumNeighbors`` in place of a list or dict (its ``default``
+    for the edge types a dict leaves out); it was refused as "not a list of fanouts"."""
+    from torch_geometric.sampler.base import NumNeighbors
+    data = mag_like(3)
+    given = NumNeighbors({("paper", "cites", "paper"): [3, 2], "author__writes__paper": [2, 0]}, default=[1, 1])
+    loader = NeighborLoader(data, given, batch_size=4, input_nodes="paper")
+    assert loader.num_neighbors == {et: [3, 2] if et[1] == "cites" else [2, 0] if et[1] == "writes" else [1, 1]
+                                    for et in data.edge_types}
+    for batch in loader:
+        check_hetero_subgraph(batch, data, loader.num_neighbors, replace=False)
+    assert NeighborLoader(data, NumNeighbors([2]), input_nodes="paper").num_neighbors == {
+        et: [2] for et in data.edge_types}
+    with pytest.raises(ValueError, match="no fanouts for edge type"):
+        NeighborLoader(data, NumNeighbors({("paper", "cites", "paper"): [3]}), input_nodes="paper")
+
+
 @pytest.mark.parametrize("path", ["0", "1"])
 def test_the_torch_sampler_and_the_fused_kernels_both_give_pygs_structure(monkeypatch, path):
     """``GNNFUSE_FUSED_HOPS``: 0 samples with `sample_slots`, 1 with the homogeneous

@@ -236,7 +236,8 @@ def test_input_nodes_that_are_not_ids_or_a_mask_are_refused_by_name(input_nodes)
 
 def test_whole_fanouts_come_as_any_integer_sequence_and_an_empty_seed_list_is_no_batch():
     graph = gnnfuse.Graph(torch.tensor([0, 1]), torch.tensor([1, 2]), 3)
-    for fanouts in ([2, -1], (2, -1), np.array([2, -1]), torch.tensor([2, -1])):
+    from torch_geometric.sampler.base import NumNeighbors      # PyG's loaders take one too
+    for fanouts in ([2, -1], (2, -1), np.array([2, -1]), torch.tensor([2, -1]), NumNeighbors([2, -1])):
         assert NeighborLoader(graph, fanouts, batch_size=np.int64(2)).num_neighbors == [2, -1]
     loader = NeighborLoader(graph, [2], input_nodes=[], prefetch=0)     # was "got torch.float32 of shape [0]"
     assert len(loader) == 0 and list(loader) == []

@@ -36,7 +36,7 @@ from .held_tables import HeldHeteroData
 from .hetero_batch_maker import HeteroBatchMaker, hetero_batch_tensors
 from .hetero_sampler import EdgeType, typed_csr
 from .neighbor_loader import (_check_batch_size, _check_learnable, _check_pyg_options, _fanouts, _sampled_fanouts,
-                              _seed_ids)
+                              _seed_ids, pyg_num_neighbors)
 from .preparation import STAGE_TIMES, BatchPreparation, epoch_batches, epoch_order
 
 # gnnfuse's own NeighborLoader arguments, each with the value that asks for nothing this
@@ -116,8 +116,10 @@ def _edge_index(data: Any, edge_type: EdgeType, num_nodes: dict[str, int]) -> to
 def _typed_fanouts(num_neighbors: Any, edge_types: Sequence[EdgeType]) -> tuple[dict[EdgeType, list[int]], int]:
     """(fanouts per edge type, hops) from PyG's forms: one list for every edge type, or a
     dict edge type (a tuple, or PyG's ``'src__rel__dst'``) -> list covering every edge
-    type with lists of one length (PyG refuses a missing edge type or unequal hops too).
-    A graph without edge types has no hops (pyg-lib's count: the longest list)."""
+    type with lists of one length (PyG refuses a missing edge type or unequal hops too),
+    or PyG's ``NumNeighbors`` of either, whose ``default`` covers the edge types its dict
+    leaves out. A graph without edge types has no hops (pyg-lib's count: the longest list)."""
+    num_neighbors, default = pyg_num_neighbors(num_neighbors)
     if not isinstance(num_neighbors, dict):
         fanouts = _fanouts(num_neighbors)
         return {edge_type: fanouts for edge_type in edge_types}, len(fanouts) if edge_types else 0
@@ -129,7 +131,9 @@ def _typed_fanouts(num_neighbors: Any, edge_types: Sequence[EdgeType]) -> tuple[
                              f"(its edge types: {list(edge_types)})")
         given[edge_type] = _fanouts(value)
     missing = [edge_type for edge_type in edge_types if edge_type not in given]
-    if missing:
+    if missing and default is not None:     # a NumNeighbors' default, for the edge types it does not name
+        given.update({edge_type: _fanouts(default) for edge_type in missing})
+    elif missing:
         raise ValueError(f"num_neighbors has no fanouts for edge type(s) {missing}: a dict needs a list for every "
                          f"edge type (as PyG's)")
     hops = {len(fanouts) for fanouts in given.values()}

@@ -40,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import numbers
 import operator
+import sys
 import warnings
 from typing import Any, Iterator, Sequence, Sized
 
@@ -81,6 +82,16 @@ def _graph_and_tables(data: Any, x: torch.Tensor | None, y: torch.Tensor | None,
         raise TypeError(f"{loader} takes a gnnfuse Graph, a gnnfuse NodeDataset or a PyG Data with an "
                         f"edge_index, got {type(data).__name__}")
     return graph, getattr(data, "x", None) if x is None else x, getattr(data, "y", None) if y is None else y, edge_tables
+
+
+def pyg_num_neighbors(num_neighbors: Any) -> tuple[Any, Any]:
+    """(values, default) of PyG's ``NumNeighbors`` (which PyG's loaders take in place of a
+    list or a dict; it was refused as "not a list of fanouts"), else (``num_neighbors``,
+    None). torch_geometric is not imported for it: a ``NumNeighbors`` exists only once it is."""
+    module = sys.modules.get("torch_geometric.sampler.base")
+    if module is not None and isinstance(num_neighbors, module.NumNeighbors):
+        return num_neighbors.values, num_neighbors.default
+    return num_neighbors, None
 
 
 def _fanouts(num_neighbors: Any) -> list[int]:
@@ -321,7 +332,7 @@ class NeighborLoader:
         if graph.is_bipartite or graph.edge_type is not None:
             raise ValueError(f"{self._name} samples a homogeneous graph with one vertex set; this graph is "
                              f"{'bipartite' if graph.is_bipartite else 'typed'}")
-        self.num_neighbors = _fanouts(num_neighbors)
+        self.num_neighbors = _fanouts(pyg_num_neighbors(num_neighbors)[0])
         _check_batch_size(batch_size)
         batch_size = int(batch_size)
         if sampler is not None and shuffle:
