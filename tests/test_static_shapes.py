@@ -250,6 +250,10 @@ def test_a_short_batch_is_loaded_only_where_nothing_but_its_seed_count_differs(d
     assert torch.equal(static.batch.y, last.y) and bool((last.y[last.batch_size:] == IGNORE_LABEL).all())
     other = dataclasses.replace(last, y=last.y[:-1])                     # another difference as well
     assert "y" in str(static.load(other, short=True))
+    # a float y's padded seeds hold -100.0, which a regression loss reads: eager
+    regression = StaticBatch(dataclasses.replace(batches[0], y=batches[0].y.double()))
+    assert "float y" in str(regression.load(dataclasses.replace(last, y=last.y.double()), short=True))
+    assert regression.load(dataclasses.replace(batches[1], y=batches[1].y.double()), short=True) is None
     # captured on a short batch, a fuller one would have its later seeds cut off: refused
     assert "input_id" in str(StaticBatch(last).load(batches[0], short=True))
     with pytest.raises(ValueError, match="short_batches must be one of 'eager', 'replay'"):

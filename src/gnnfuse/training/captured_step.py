@@ -19,7 +19,8 @@ What keeps a replay from computing something else than the eager step would:
   the output and of ``batch.y`` and ignores ``IGNORE_LABEL`` (`classification_step`'s
   does). A short batch's labels past its seeds are ``IGNORE_LABEL`` (the padding), so
   the static batch's ``batch_size`` rows give the short batch's loss and gradients, and
-  it replays. On four data-parallel ranks each epoch's last batch (one seed of 196,615
+  it replays. A short batch with a float ``y`` runs eagerly still: its padded labels
+  are ``-100.0``, which a regression loss reads. On four data-parallel ranks each epoch's last batch (one seed of 196,615
   split four ways) ran eagerly for 14-37 ms, 5-10% of a 0.3 s epoch.
 - **Sealed graph caches.** Anything a layer derives from a block and caches on its graph
   during the eager warm-up would be replayed from the first batch. The static graphs'
@@ -172,6 +173,12 @@ class StaticBatch:
             differs = next((a[0] for a, b in zip(layout, self._layout) if a != b), "length")
             if not (short and self._only_fewer_seeds(layout)):
                 return f"it differs from the captured batch at {differs}"
+            labels = getattr(batch, "y", None)
+            if isinstance(labels, torch.Tensor) and labels.is_floating_point():
+                # its padded seeds' labels are IGNORE_LABEL as a float, which a regression
+                # loss (mse_loss over rows [:batch_size] of the static batch) reads as targets
+                return (f"it has fewer seeds and a float y, whose padded seeds' labels ({float(IGNORE_LABEL)}) "
+                        "a replayed loss would read (short_batches='replay' is for losses that ignore them)")
             # the static seeds past the short batch's stay: the step reads none of them
             sources = [torch.cat([s, t[s.numel():]]) if s is batch.input_id else s
                        for s, t in zip(sources, self._tensors)]
