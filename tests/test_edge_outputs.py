@@ -237,3 +237,20 @@ def test_apply_edges_rejects_a_tensor_where_a_dict_belongs():
     graph = gnnfuse.Graph(SRC, DST, N)
     with pytest.raises(TypeError, match="ndata must be a dict of feature name -> tensor"):
         gnnfuse.apply_edges(graph, lambda edges: {"x": edges.src["h"]}, ndata=torch.randn(N, 2))
+
+
+def test_a_message_keeping_edge_data_in_a_closure_list_is_refused():
+    """A message that stores its per-edge value in a list it closes over left gnnfuse's
+    symbolic value there, not the [E, F] tensor DGL's eager call keeps; it is refused."""
+    g = gnnfuse.Graph(SRC, DST, N)
+    h = inputs("cpu", h=(N, F))["h"]
+    kept = []
+
+    def message(edges):
+        kept.append(edges.src["h"] * 2.0)
+        return {"m": edges.src["h"]}
+    with pytest.raises(gnnfuse.CompileError, match=r"(?s)closure variable 'kept'.*kept.append"):
+        gnnfuse.apply_edges(g, message, ndata={"h": h})
+    with pytest.raises(gnnfuse.CompileError, match=r"(?s)closure variable 'kept'.*kept.append"):
+        gnnfuse.message_passing(g, message, lambda nodes: {"h": nodes.mailbox["m"].sum(1)}, ndata={"h": h})
+    assert kept == []

@@ -316,3 +316,31 @@ def test_an_in_place_op_on_the_edge_operand_is_refused_and_on_gathered_rows_is_n
         gspmm(g, doubled_weight, "sum", src=x, edge=w)
     assert "e *= 2.0" in str(info.value)
     torch.testing.assert_close(gsddmm(g, doubled_rows, src=x, edge=w), 2 * x[SRC] * w)
+
+
+KEPT: list = []
+LAST = None
+
+
+def test_a_function_keeping_its_traced_rows_outside_the_call_is_refused_at_its_line():
+    """``KEPT.append(xs)`` (or ``global LAST; LAST = xs``) keeps a tensor in eager code;
+    the function runs once, on symbolic rows, so the list was left holding gnnfuse's
+    SymTensor, silently. It is refused, naming the variable and its line, and the list
+    or global is put back; a value that is not traced is kept as eager code keeps it."""
+    g, x = graph_and_x()
+    calls = []
+
+    def appends(xs):
+        calls.append(1)
+        KEPT.append(xs)
+        return xs * 2.0
+
+    def rebinds(xs, xd):
+        global LAST
+        LAST = xs * xd
+        return LAST
+    with pytest.raises(gnnfuse.CompileError, match=r"(?s)traced value in the global 'KEPT'.*KEPT.append\(xs\)"):
+        gsddmm(g, appends, src=x)
+    with pytest.raises(gnnfuse.CompileError, match=r"(?s)sets the global 'LAST'.*LAST = xs \* xd"):
+        gspmm(g, rebinds, "sum", src=x, dst=x)
+    assert KEPT == [] and LAST is None and calls == [1]

@@ -57,6 +57,7 @@ from ..graph import Graph
 from ..graph.index_cache import functorch_interpreter
 from ..ir import CompileError, Residency
 from ..runtime.compiled import read_back_by_backward
+from .kept_traced import contents, holds_traced, restore, same_contents
 from .trace_cache import _SCALARS, TraceCache, _from_library, _global_names, program_feeds
 from .tracer import EDGE_ROWED, RowCount, SymTensor, Tracer
 
@@ -501,8 +502,8 @@ def _attribute_writes_checked(layer: PyGMessagePassing, message: types.FunctionT
                      if name in message.__globals__)
     reachable.update((name, cell.cell_contents) for name, cell in
                      zip(message.__code__.co_freevars, map(_filled, message.__closure__ or ())))
-    held = {name: (value, contents) for name, value in reachable.items()
-            for contents in [_contents(value)] if contents is not None}
+    held = {name: (value, kept) for name, value in reachable.items()
+            for kept in [contents(value)] if kept is not None}
     try:
         yield
     finally:
@@ -513,10 +514,10 @@ def _attribute_writes_checked(layer: PyGMessagePassing, message: types.FunctionT
             table.clear()
             table.update(old)
         filled = []
-        for name, (value, contents) in held.items():
-            if not _same_contents(_contents(value), contents):
+        for name, (value, kept) in held.items():
+            if not same_contents(contents(value), kept):
                 filled.append(name)
-                _restore(value, contents)
+                restore(value, kept)
         leaked = _traced_writes_restored(watched)
     scratch = set(getattr(type(layer), "_gnnfuse_scratch_attributes", ()))
     unexpected = [f"self.{name}" for name in sorted(set(written) - scratch)] + leaked
@@ -569,50 +570,13 @@ def _traced_writes_restored(tables: list[tuple[str, dict[str, Any], dict[str, An
     leaked = []
     for prefix, table, old in tables:
         for name in [name for name, value in table.items() if old.get(name, _ABSENT) is not value
-                     and _traced(value)]:
+                     and holds_traced(value)]:
             leaked.append(prefix + name)
             if name in old:
                 table[name] = old[name]
             else:
                 del table[name]
     return leaked
-
-
-def _traced(value: Any) -> bool:
-    """Whether ``value`` is a traced value or holds one (`_contents`)."""
-    return isinstance(value, SymTensor) or any(isinstance(item, SymTensor) for item in _contents(value) or ())
-
-
-def _contents(value: Any) -> list | None:
-    """What writing into ``value`` changes, to compare by identity (`_same_contents`): a
-    list's items, a set's, a dict's keys and values, a plain object's attribute names and
-    values; None for anything else (a number, a tensor, a function: nothing ``message``
-    can write into)."""
-    if isinstance(value, (list, set)):
-        return list(value)
-    if isinstance(value, dict):
-        return [item for pair in value.items() for item in pair]
-    if isinstance(getattr(value, "__dict__", None), dict) and not isinstance(
-            value, (type, types.ModuleType, types.FunctionType, types.MethodType, torch.Tensor, torch.nn.Module)):
-        return [item for pair in vars(value).items() for item in pair]
-    return None
-
-
-def _same_contents(now: list | None, before: list) -> bool:
-    return now is not None and len(now) == len(before) and all(a is b for a, b in zip(now, before))
-
-
-def _restore(value: Any, contents: list) -> None:
-    """Put ``contents`` (from `_contents`) back into ``value``."""
-    if isinstance(value, list):
-        value[:] = contents
-    elif isinstance(value, set):
-        value.clear()
-        value.update(contents)
-    else:
-        table = value if isinstance(value, dict) else vars(value)
-        table.clear()
-        table.update(zip(contents[::2], contents[1::2]))
 
 
 def _softmax_aggregate(tracer: Tracer, aggr: SoftmaxAggregation, x: SymTensor) -> SymTensor:

@@ -71,6 +71,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from ..runtime import CompiledProgram, compiled_for
 from ..runtime.autocast import AUTOCAST_DEVICE_TYPES, outside_autocast
 from .autocast import autocast_state
+from .kept_traced import KeptTraced
 from .tracer import Tracer
 
 _MISSING = object()
@@ -586,9 +587,14 @@ class TraceCache:
         # the generators' states only where the trace may be kept: a function that cannot be
         # cached (key None) traces on every call, and reading them would be its cost alone
         reads, before = _ValueReads(), None if key is None else random_states()
+        # only code reaching a container or writing a variable can keep a traced value there,
+        # and such code is never cached (key None)
+        kept = KeptTraced(functions) if key is None else None
         try:
             with reads:
                 tracer = trace()
+            if kept is not None:
+                kept.check()
         except Exception as exc:
             # not while dynamo traces this code (whose symbolic values fail the tracer in ways
             # of their own): the failure then answered every later eager call of the function
