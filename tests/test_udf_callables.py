@@ -192,3 +192,26 @@ def test_errors_inside_module_and_method_udfs_name_their_line():
 def test_a_udf_that_is_not_callable_python_is_a_type_error():
     with pytest.raises(TypeError, match="a UDF must be a Python function, .* got builtin_function_or_method"):
         gnnfuse.message_passing(graph(), lambda e: {"m": e.src["h"]}, torch.sum, ndata={"h": torch.randn(4, 2)})
+
+
+def test_a_callable_keeping_a_traced_value_on_its_self_or_partial_argument_is_refused():
+    """A method, module or partial that stores its traced rows on ``self`` or in a list it
+    is bound to left gnnfuse's SymTensor there (eager code keeps the tensor); refused,
+    naming the attribute, and put back."""
+    g = gnnfuse.Graph(torch.tensor([0, 1, 2]), torch.tensor([1, 2, 0]), 3)
+    x = torch.randn(3, 2, dtype=torch.float64)
+
+    class Keeps(torch.nn.Module):
+        def forward(self, xs):
+            self.last = xs
+            return xs * 2.0
+
+    def store(xs, kept):
+        kept.append(xs)
+        return xs
+    module, kept = Keeps(), []
+    with pytest.raises(gnnfuse.CompileError, match=r"(?s)sets self.last.*self.last = xs"):
+        gnnfuse.ops.gsddmm(g, module, src=x)
+    with pytest.raises(gnnfuse.CompileError, match=r"partial's argument 'kept'"):
+        gnnfuse.ops.gsddmm(g, functools.partial(store, kept=kept), src=x)
+    assert not hasattr(module, "last") and kept == []

@@ -2,12 +2,14 @@
 
 A traced function runs once, on gnnfuse's symbolic `SymTensor` rows. Code that keeps one
 of them -- ``KEPT.append(x)`` into a list it reaches, ``LOG["m"] = m``, ``global LAST;
-LAST = x``, ``nonlocal`` -- left that symbolic value behind where eager code keeps a
-tensor: the list held a ``SymTensor``, and using it later failed with an error about
-the traced line, or computed another symbolic value, silently. `KeptTraced` watches what
-the traced functions reach by name (their globals and closure variables, and those of
-the user's functions they name) and refuses such a store, naming the variable and its
-line, after putting the container or variable back as it was.
+LAST = x``, ``nonlocal``, ``self.last = x`` in a method or module -- left that symbolic
+value behind where eager code keeps a tensor: the list held a ``SymTensor``, and using
+it later failed with an error about the traced line, or computed another symbolic value,
+silently. `KeptTraced` watches what the traced functions reach by name (their globals
+and closure variables, and those of the user's functions they name), their ``self`` and
+a partial's bound arguments, and refuses such a store, naming the variable and its line,
+after putting the container or variable back as it was. Only functions the trace cache
+cannot key are watched: no other can reach a container or write a variable.
 """
 from __future__ import annotations
 
@@ -84,37 +86,51 @@ def _outside_names(code: types.CodeType) -> dict[tuple[str, str], int]:
     return found
 
 
-def _plain(fn: Callable | None) -> types.FunctionType | None:
+def _plain(fn: Callable | None) -> tuple[types.FunctionType | None, Any, tuple]:
     """The Python function whose code a call of ``fn`` runs (a partial's, a method's, an
-    ``nn.Module``'s ``forward``, a callable object's ``__call__``)."""
+    ``nn.Module``'s ``forward``, a callable object's ``__call__``), the object it runs on
+    (its ``self``) or None, and the (position or keyword, value) pairs a partial binds."""
+    bound: tuple = ()
     while isinstance(fn, functools.partial):
+        bound += (*enumerate(fn.args), *fn.keywords.items())
         fn = fn.func
+    holder = None
     if isinstance(fn, types.MethodType):
-        fn = fn.__func__
-    elif isinstance(fn, torch.nn.Module):
-        fn = type(fn).forward
+        fn, holder = fn.__func__, fn.__self__
     elif fn is not None and not isinstance(fn, types.FunctionType):
-        fn = getattr(type(fn), "__call__", None)
-    return fn if isinstance(fn, types.FunctionType) else None
+        holder = fn
+        fn = type(fn).forward if isinstance(fn, torch.nn.Module) else getattr(type(fn), "__call__", None)
+    return (fn if isinstance(fn, types.FunctionType) else None), holder, bound
 
 
 class KeptTraced:
-    """What ``functions`` reach by name, snapshotted before a trace; `check` after it."""
+    """What ``functions`` reach by name or through their ``self``, snapshotted before a
+    trace; `check` after it."""
 
     def __init__(self, functions: tuple[Callable | None, ...]):
-        # (function, ("global" | "cell", name), the value bound there, its contents)
-        self._watched: list[tuple[types.FunctionType, tuple[str, str], Any, list | None]] = []
+        # (function, (kind, name, holder), the value bound there, its contents); kind is
+        # "global", "cell", "attr" (of holder, the function's self) or "bound" (a partial's)
+        self._watched: list[tuple[types.FunctionType, tuple[str, str, Any], Any, list | None]] = []
         seen: set[int] = set()
-        for fn in functions:
-            self._watch(_plain(fn), seen)
+        for function in functions:
+            fn, holder, bound = _plain(function)
+            if fn is None:
+                continue
+            for name, value in bound:
+                self._watched.append((fn, ("bound", name, value), value, contents(value)))
+            if isinstance(getattr(holder, "__dict__", None), dict):
+                for name, value in vars(holder).items():
+                    self._watched.append((fn, ("attr", name, holder), value, contents(value)))
+                self._watched.append((fn, ("attr", None, holder), set(vars(holder)), None))
+            self._watch(fn, seen)
 
     def _watch(self, fn: types.FunctionType | None, seen: set[int]) -> None:
         if fn is None or id(fn) in seen or (fn.__module__ or "").split(".")[0] in _LIBRARIES:
             return
         seen.add(id(fn))
-        for where in _outside_names(fn.__code__):
-            value = _bound(fn, where)
-            self._watched.append((fn, where, value, contents(value)))
+        for kind, name in _outside_names(fn.__code__):
+            value = _bound(fn, (kind, name, None))
+            self._watched.append((fn, (kind, name, None), value, contents(value)))
             self._watch(value if isinstance(value, types.FunctionType) else None, seen)
 
     def check(self) -> None:
@@ -122,18 +138,20 @@ class KeptTraced:
         traced value in; every one is put back as it was first."""
         leaked = []
         for fn, where, before, kept in self._watched:
+            if where[0] == "attr" and where[1] is None:     # attributes the trace added
+                leaked += [(fn, ("attr", name, where[2]), "sets") for name in _added_traced(where[2], before)]
+                continue
             now = _bound(fn, where)
-            if now is not before and holds_traced(now):
+            if where[0] != "bound" and now is not before and holds_traced(now):
                 leaked.append((fn, where, "sets"))
                 _rebind(fn, where, before)
             elif kept is not None and not same_contents(contents(now), kept) and holds_traced(now):
                 leaked.append((fn, where, "stores a traced value in"))
                 restore(now, kept)
         if leaked:
-            fn, (kind, name), verb = leaked[0]
-            line = _outside_names(fn.__code__)[(kind, name)]
-            what = "the global" if kind == "global" else "the closure variable"
-            verb = f"{verb} {what} {name!r}" + (" to a traced value" if verb == "sets" else "")
+            fn, where, verb = leaked[0]
+            verb = f"{verb} {_named(where)}" + (" to a traced value" if verb == "sets" else "")
+            line = _line(fn, where)
             raise CompileError(
                 f"{fn.__qualname__} {verb}, which outlives the trace: the function runs once, on symbolic "
                 "values, so it would keep gnnfuse's SymTensor there, not a tensor, and not follow later calls; "
@@ -141,10 +159,49 @@ class KeptTraced:
                 f"{fn.__code__.co_filename}:{line}: {linecache.getline(fn.__code__.co_filename, line).strip()}")
 
 
-def _bound(fn: types.FunctionType, where: tuple[str, str]) -> Any:
-    kind, name = where
+def _added_traced(holder: Any, names: set[str]) -> list[str]:
+    """The attributes of ``holder`` not among ``names`` that hold a traced value, removed."""
+    added = [name for name, value in vars(holder).items() if name not in names and holds_traced(value)]
+    for name in added:
+        del vars(holder)[name]
+    return added
+
+
+def _named(where: tuple[str, str | None, Any]) -> str:
+    kind, name, _ = where
+    return {"global": f"the global {name!r}", "cell": f"the closure variable {name!r}",
+            "bound": f"the functools.partial's argument {name!r}",
+            "attr": f"self.{name}"}[kind]
+
+
+def _line(fn: types.FunctionType, where: tuple[str, str | None, Any]) -> int:
+    """The line of ``where``'s first use in ``fn``: of the name, or of the attribute."""
+    kind, name, _ = where
+    if kind in ("global", "cell"):
+        return _outside_names(fn.__code__)[(kind, name)]
+    return _attribute_lines(fn.__code__).get(name, fn.__code__.co_firstlineno)
+
+
+@functools.lru_cache(maxsize=1024)
+def _attribute_lines(code: types.CodeType) -> dict[str, int]:
+    """Each attribute name ``code`` reads or writes, with the line of its first use."""
+    found: dict[str, int] = {}
+    line = code.co_firstlineno
+    for ins in dis.get_instructions(code):
+        line = ins.positions.lineno if ins.positions and ins.positions.lineno else line
+        if ins.opname in ("LOAD_ATTR", "STORE_ATTR", "LOAD_METHOD", "DELETE_ATTR"):
+            found.setdefault(ins.argval, line)
+    return found
+
+
+def _bound(fn: types.FunctionType, where: tuple[str, str | None, Any]) -> Any:
+    kind, name, holder = where
+    if kind == "attr":
+        return vars(holder).get(name, _ABSENT)
     if kind == "global":
         return fn.__globals__.get(name, _ABSENT)
+    if kind == "bound":
+        return holder
     cell = fn.__closure__[fn.__code__.co_freevars.index(name)]
     try:
         return cell.cell_contents
@@ -152,15 +209,17 @@ def _bound(fn: types.FunctionType, where: tuple[str, str]) -> Any:
         return _ABSENT
 
 
-def _rebind(fn: types.FunctionType, where: tuple[str, str], value: Any) -> None:
-    kind, name = where
+def _rebind(fn: types.FunctionType, where: tuple[str, str | None, Any], value: Any) -> None:
+    kind, name, holder = where
     if kind == "cell":
         cell = fn.__closure__[fn.__code__.co_freevars.index(name)]
         if value is _ABSENT:
             del cell.cell_contents
         else:
             cell.cell_contents = value
-    elif value is _ABSENT:
-        fn.__globals__.pop(name, None)
+        return
+    table = vars(holder) if kind == "attr" else fn.__globals__
+    if value is _ABSENT:
+        table.pop(name, None)
     else:
-        fn.__globals__[name] = value
+        table[name] = value
