@@ -215,3 +215,19 @@ def test_a_callable_keeping_a_traced_value_on_its_self_or_partial_argument_is_re
     with pytest.raises(gnnfuse.CompileError, match=r"partial's argument 'kept'"):
         gnnfuse.ops.gsddmm(g, functools.partial(store, kept=kept), src=x)
     assert not hasattr(module, "last") and kept == []
+
+
+LINEAR = nn.Linear(2, 2).double()
+
+
+def test_a_traced_value_set_on_a_torch_module_the_function_names_is_refused():
+    """A function whose trace the cache keeps (it reads only a torch module) and that sets
+    ``LINEAR.last = xs`` left the SymTensor on the module; refused, and removed."""
+    g = gnnfuse.Graph(torch.tensor([0, 1, 2]), torch.tensor([1, 2, 0]), 3)
+
+    def keeps_on_module(xs):
+        LINEAR.last = xs
+        return LINEAR(xs)
+    with pytest.raises(gnnfuse.CompileError, match=r"(?s)sets LINEAR.last.*LINEAR.last = xs"):
+        gnnfuse.ops.gsddmm(g, keeps_on_module, src=torch.randn(3, 2, dtype=torch.float64))
+    assert not hasattr(LINEAR, "last")

@@ -8,8 +8,7 @@ it later failed with an error about the traced line, or computed another symboli
 silently. `KeptTraced` watches what the traced functions reach by name (their globals
 and closure variables, and those of the user's functions they name), their ``self`` and
 a partial's bound arguments, and refuses such a store, naming the variable and its line,
-after putting the container or variable back as it was. Only functions the trace cache
-cannot key are watched: no other can reach a container or write a variable.
+after putting the container or variable back as it was.
 """
 from __future__ import annotations
 
@@ -111,6 +110,7 @@ class KeptTraced:
         # (function, (kind, name, holder), the value bound there, its contents); kind is
         # "global", "cell", "attr" (of holder, the function's self) or "bound" (a partial's)
         self._watched: list[tuple[types.FunctionType, tuple[str, str, Any], Any, list | None]] = []
+        self._labels: dict[int, str] = {}     # id(holder) -> how the function names it
         seen: set[int] = set()
         for function in functions:
             fn, holder, bound = _plain(function)
@@ -118,11 +118,17 @@ class KeptTraced:
                 continue
             for name, value in bound:
                 self._watched.append((fn, ("bound", name, value), value, contents(value)))
-            if isinstance(getattr(holder, "__dict__", None), dict):
-                for name, value in vars(holder).items():
-                    self._watched.append((fn, ("attr", name, holder), value, contents(value)))
-                self._watched.append((fn, ("attr", None, holder), set(vars(holder)), None))
+            self._watch_attributes(fn, holder, "self")
             self._watch(fn, seen)
+
+    def _watch_attributes(self, fn: types.FunctionType, holder: Any, label: str) -> None:
+        """The attributes of ``holder``, ``fn``'s self or an ``nn.Module`` it names (whose
+        attributes `contents` leaves out), and which of them there are."""
+        if isinstance(getattr(holder, "__dict__", None), dict):
+            self._labels[id(holder)] = label
+            for name, value in vars(holder).items():
+                self._watched.append((fn, ("attr", name, holder), value, contents(value)))
+            self._watched.append((fn, ("attr", None, holder), set(vars(holder)), None))
 
     def _watch(self, fn: types.FunctionType | None, seen: set[int]) -> None:
         if fn is None or id(fn) in seen or (fn.__module__ or "").split(".")[0] in _LIBRARIES:
@@ -131,6 +137,8 @@ class KeptTraced:
         for kind, name in _outside_names(fn.__code__):
             value = _bound(fn, (kind, name, None))
             self._watched.append((fn, (kind, name, None), value, contents(value)))
+            if isinstance(value, torch.nn.Module):
+                self._watch_attributes(fn, value, name)
             self._watch(value if isinstance(value, types.FunctionType) else None, seen)
 
     def check(self) -> None:
@@ -150,7 +158,7 @@ class KeptTraced:
                 restore(now, kept)
         if leaked:
             fn, where, verb = leaked[0]
-            verb = f"{verb} {_named(where)}" + (" to a traced value" if verb == "sets" else "")
+            verb = f"{verb} {_named(where, self._labels)}" + (" to a traced value" if verb == "sets" else "")
             line = _line(fn, where)
             raise CompileError(
                 f"{fn.__qualname__} {verb}, which outlives the trace: the function runs once, on symbolic "
@@ -167,11 +175,11 @@ def _added_traced(holder: Any, names: set[str]) -> list[str]:
     return added
 
 
-def _named(where: tuple[str, str | None, Any]) -> str:
-    kind, name, _ = where
+def _named(where: tuple[str, str | None, Any], labels: dict[int, str]) -> str:
+    kind, name, holder = where
     return {"global": f"the global {name!r}", "cell": f"the closure variable {name!r}",
             "bound": f"the functools.partial's argument {name!r}",
-            "attr": f"self.{name}"}[kind]
+            "attr": f"{labels.get(id(holder))}.{name}"}[kind]
 
 
 def _line(fn: types.FunctionType, where: tuple[str, str | None, Any]) -> int:

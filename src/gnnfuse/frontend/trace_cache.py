@@ -587,14 +587,11 @@ class TraceCache:
         # the generators' states only where the trace may be kept: a function that cannot be
         # cached (key None) traces on every call, and reading them would be its cost alone
         reads, before = _ValueReads(), None if key is None else random_states()
-        # only code reaching a container or writing a variable can keep a traced value there,
-        # and such code is never cached (key None)
-        kept = KeptTraced(functions) if key is None else None
+        kept = KeptTraced(functions)    # what the trace may leave a traced value in
         try:
             with reads:
                 tracer = trace()
-            if kept is not None:
-                kept.check()
+            kept.check()
         except Exception as exc:
             # not while dynamo traces this code (whose symbolic values fail the tracer in ways
             # of their own): the failure then answered every later eager call of the function
