@@ -286,6 +286,9 @@ def test_untraceable_functions_raise_compile_errors_naming_their_line():
         gspmm(g, lambda xs: xs.numpy(), "sum", src=x)
     with pytest.raises(gnnfuse.CompileError, match=r"(?s)(edge|row) axis.*test_templates.py:\d+: .*xs.sum\(0\)"):
         gsddmm(g, lambda xs: xs.sum(0), src=x)
+    with pytest.raises(gnnfuse.CompileError, match=r"(?s)unsqueeze\(0\) adds an axis among the graph dims \(dim 0.*"
+                                                   r"xs.unsqueeze\(0\)"):
+        gsddmm(g, lambda xs: xs.unsqueeze(0).squeeze(0), src=x)
 
     def helper(rows):
         return rows.numpy()

@@ -715,6 +715,11 @@ def _unsqueeze(tracer: Tracer, x, dim):
         return tracer.pair_view(x)  # mailbox.unsqueeze(1): a pairwise term (frontend/pairwise.py)
     rank = len(x.value.shape)
     pos = dim - x.prefix if dim >= 0 else rank + 1 + dim
+    if 0 <= dim < x.prefix:     # a valid dim in torch, which the old message called out of range
+        graph = "dim 0" if x.prefix == 1 else f"dims 0-{x.prefix - 1}"
+        raise tracer.error(f"unsqueeze({dim}) adds an axis among the graph dims ({graph}: one row per vertex or "
+                           f"edge, and a mailbox's neighbour axis), which a compiled function keeps in place; "
+                           f"unsqueeze a feature dim (>= {x.prefix}, or negative)")
     if not 0 <= pos <= rank:
         raise tracer.error(f"unsqueeze dim {dim} is out of range")
     shape = x.value.shape[:pos] + (1,) + x.value.shape[pos:]
