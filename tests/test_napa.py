@@ -128,7 +128,8 @@ def test_apply_is_a_dense_layer():
     (lambda g, x: Pull(g, x, None, "div"), "mode_g must be one of"),
     (lambda g, x: Pull(g, x, None, "copy", "prod"), "Pull: mode_h must be one of"),
     # these named gnnfuse's internals (gspmm, gsddmm, a line of napa.py) or the wrong problem
-    (lambda g, x: Pull(g, x, torch.rand(len(SRC)), "mul"), r"edge= must be \[E, 1\].*got \[\d+\]"),
+    (lambda g, x: Pull(g, x, torch.rand(len(SRC)), "mul"), r"edge= must have as many dims.*got edge \[\d+\]"),
+    (lambda g, x: Pull(g, x[:, 0], torch.rand(len(SRC), 1), "mul"), r"got edge \[\d+, 1\] and embed \[\d+\]"),
     (lambda g, x: NeighborApply(g, x[:, 0], "dot"), "mode 'dot' sums x_u \\* x_v over the feature dim"),
     (lambda g, x: NeighborApply(g, None, lambda s, d: s * d), r"a function mode .* give the node embeddings"),
 ])

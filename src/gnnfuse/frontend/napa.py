@@ -132,10 +132,14 @@ def Pull(graph: Graph | object, embed: torch.Tensor, edge: torch.Tensor | None =
     if (mode_g == "mul") != (edge is not None):
         raise ValueError("Pull: mode_g='mul' weights each message by edge= (give it); 'copy' reads no edge= "
                          f"(got mode_g={mode_g!r} with edge={'a tensor' if edge is not None else 'None'})")
-    if mode_g == "mul" and isinstance(edge, torch.Tensor) and edge.dim() == 1 and embed.dim() > 1:
-        raise ValueError(f"Pull: mode_g='mul' multiplies each message [E, ...] by its edge weight, so edge= "
-                         f"must be [E, 1] (as NeighborApply gives it); got {list(edge.shape)}: pass "
-                         f"edge.unsqueeze(-1)")
+    if (mode_g == "mul" and isinstance(edge, torch.Tensor) and isinstance(embed, torch.Tensor)
+            and edge.dim() != embed.dim()):
+        # else torch's right-aligned broadcasting pairs the edge axis of one with a feature axis of
+        # the other, which the tracer refuses at the line of `_weighted`, gnnfuse's own code
+        fix = "edge.unsqueeze(-1)" if edge.dim() < embed.dim() else "edge.squeeze(-1), or embed.unsqueeze(-1)"
+        raise ValueError(f"Pull: mode_g='mul' multiplies each message x_u by its edge weight, so edge= must have "
+                         f"as many dims as embed ([E, 1], as NeighborApply gives it, for a [N, F] embed); got "
+                         f"edge {list(edge.shape)} and embed {list(embed.shape)}: pass {fix}")
     message = _weighted if mode_g == "mul" else None
     return gspmm(graph, message, mode_h, src=embed, edge=edge, schedule=schedule)
 
