@@ -15,6 +15,7 @@ from __future__ import annotations
 import dis
 import functools
 import linecache
+import operator
 import types
 from typing import Any, Callable
 
@@ -49,7 +50,8 @@ def contents(value: Any) -> list | None:
 
 
 def same_contents(now: list | None, before: list) -> bool:
-    return now is not None and len(now) == len(before) and all(a is b for a, b in zip(now, before))
+    # map over operator.is_ runs in C: this compares every list a traced function reaches, each trace
+    return now is not None and len(now) == len(before) and all(map(operator.is_, now, before))
 
 
 def restore(value: Any, kept: list) -> None:
