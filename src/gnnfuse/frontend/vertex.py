@@ -55,7 +55,6 @@ import builtins
 import contextlib
 import dis
 import functools
-import linecache
 import sys
 import threading
 import types
@@ -406,20 +405,14 @@ _UNSET = object()
 
 
 @functools.lru_cache(maxsize=256)
-def _rebound_globals(code: types.CodeType) -> dict[str, int]:
+def _rebound_globals(code: types.CodeType) -> tuple[str, ...]:
     """The globals ``code`` (or code nested in it) rebinds or deletes (``global step;
-    step += 1``), each with the line of its first such write."""
-    found: dict[str, int] = {}
-    line = code.co_firstlineno
-    for ins in dis.get_instructions(code):
-        line = ins.positions.lineno if ins.positions and ins.positions.lineno else line
-        if ins.opname in ("STORE_GLOBAL", "DELETE_GLOBAL"):
-            found.setdefault(ins.argval, line)
+    step += 1``)."""
+    names = [ins.argval for ins in dis.get_instructions(code) if ins.opname in ("STORE_GLOBAL", "DELETE_GLOBAL")]
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
-            for name, at in _rebound_globals(const).items():
-                found.setdefault(name, at)
-    return found
+            names.extend(_rebound_globals(const))
+    return tuple(dict.fromkeys(names))
 
 
 def _write_back_globals(plain: types.FunctionType, env: dict[str, Any], before: dict[str, Any]) -> None:
@@ -428,31 +421,16 @@ def _write_back_globals(plain: types.FunctionType, env: dict[str, Any], before: 
     would have: a ``global step; step += 1`` counter stayed 0 in the module, and every
     call traced with step 1 (the messages times 1, 1, 1 where eager code gave 1, 2, 3).
     Such a function is traced on every call (`trace_cache._outside_write`), so the
-    counter advances once a call. A traced value is refused: it means nothing outside
-    the trace."""
+    counter advances once a call; a traced value carried over is refused, and put back,
+    by the trace cache's check (`kept_traced.KeptTraced`)."""
     for name, old in before.items():
         new = env.get(name, _UNSET)
         if new is old:
             continue
-        if _holds_traced(new):
-            line = _rebound_globals(plain.__code__)[name]
-            text = linecache.getline(plain.__code__.co_filename, line).strip()
-            raise CompileError(f"the vertex function sets the global {name!r} to a traced value, which means "
-                               "nothing outside the trace: return it as an output instead",
-                               f"{plain.__code__.co_filename}:{line}: {text}")
         if new is _UNSET:
             plain.__globals__.pop(name, None)
         else:
             plain.__globals__[name] = new
-
-
-def _holds_traced(value: Any) -> bool:
-    """Whether ``value`` is a traced value or a list, tuple, set or dict holding one."""
-    if isinstance(value, dict):
-        return any(_holds_traced(item) for item in (*value.keys(), *value.values()))
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return any(_holds_traced(item) for item in value)
-    return isinstance(value, SymTensor)
 
 
 class VertexFunction:
