@@ -324,3 +324,21 @@ def test_ctrl_c_in_a_runs_last_epoch_stops_before_the_next_run(tmp_path, monkeyp
     err = capsys.readouterr().err
     assert "interrupted before run 2/2 (seed 1)" in err and f"--save {path} --resume" in err, err
     assert len(torch.load(path, weights_only=True)["runs"]) == 1
+
+
+def test_ctrl_c_before_the_first_run_finishes_keeps_the_file_the_save_path_held(tmp_path, monkeypatch, capsys):
+    """The note promised an existing --save file is replaced only once the first run
+    finishes, but a Ctrl-C in that run -- the user stopping the command on reading the
+    note -- replaced it with the stopped run's state. Both are kept now."""
+    path = tmp_path / "runs.pt"
+    assert main(["train", "--epochs", "2", "--runs", "2", "--save", str(path)]) == 0
+    before = path.read_bytes()
+    capsys.readouterr()
+    with monkeypatch.context() as patch:
+        ctrl_c_after_epoch(patch, loop, 1)
+        assert main(["train", "--epochs", "3", "--save", str(path)]) == 130
+    err = capsys.readouterr().err
+    assert f"it is kept as {path}.previous" in err, err
+    assert Path(f"{path}.previous").read_bytes() == before
+    assert torch.load(path, weights_only=True)["interrupted"]["epoch"] == 1
+    assert main(["train", "--epochs", "3", "--save", str(path), "--resume"]) == 0

@@ -191,7 +191,8 @@ def train(args: argparse.Namespace) -> TrainSummary:
               f"{config.batch_size}{workers}; held-out accuracy by full-neighbourhood inference")
     note = replaced_outputs({"--save": None if args.resume else args.save, "--plot": args.plot})
     if note:
-        print(f"{note} (a checkpoint once the first run finishes; --resume continues one instead)"
+        print(f"{note} (by a checkpoint once the first run finishes; a Ctrl-C before that keeps it as "
+              f"{args.save}.previous; --resume continues one instead)"
               if args.save and not args.resume and os.path.isfile(args.save) else note)
 
     def report(index: int, run: RunResult) -> None:

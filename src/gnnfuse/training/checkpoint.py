@@ -37,6 +37,20 @@ def save_checkpoint(summary: TrainSummary, path: str | os.PathLike, interrupted:
     os.replace(partial, path)
 
 
+def set_aside(path: str | os.PathLike) -> str:
+    """Rename the file at ``path`` to ``<path>.previous`` (``.previous2``, ... when taken)
+    and return the new name. For a Ctrl-C in the first run of a command whose checkpoint
+    path held a file before it: the command's note promised that file is replaced only
+    once a run finishes, and a user who stopped the command on reading that note lost it
+    to the stopped run's state; now both are kept."""
+    aside, count = f"{os.fspath(path)}.previous", 1
+    while os.path.lexists(aside):
+        count += 1
+        aside = f"{os.fspath(path)}.previous{count}"
+    os.replace(path, aside)
+    return aside
+
+
 # Fields that may differ between a checkpoint and the call resuming it: more runs extend
 # it, and the data may have moved to another folder (its size is checked instead).
 RESUMABLE_CHANGES = frozenset({"runs", "root"})

@@ -8,6 +8,7 @@ runs differ only in the seed of initialisation and dropout, never in the split.
 from __future__ import annotations
 
 import math
+import os
 import resource
 import statistics
 import sys
@@ -356,6 +357,10 @@ def train_runs(config: TrainConfig, *, log_epochs: bool = True,
         except KeyboardInterrupt as error:
             state = error.state if isinstance(error, RunInterrupted) else None
             if saving and state is not None:
+                if not resume and not summary.runs and os.path.lexists(save_to):    # there before this call
+                    from .checkpoint import set_aside                 # imports this module
+                    print(f"{save_to} held a file before this command, replaced only once a run finishes: it is "
+                          f"kept as {set_aside(save_to)}", file=sys.stderr)
                 save_checkpoint(summary, save_to, interrupted=state)
             reason = error.reason if isinstance(error, StoppedAtOnce) else None
             raise TrainingInterrupted(summary, index, state, reason=reason) from None
