@@ -342,3 +342,22 @@ def test_ctrl_c_before_the_first_run_finishes_keeps_the_file_the_save_path_held(
     assert Path(f"{path}.previous").read_bytes() == before
     assert torch.load(path, weights_only=True)["interrupted"]["epoch"] == 1
     assert main(["train", "--epochs", "3", "--save", str(path), "--resume"]) == 0
+
+
+def test_resuming_on_another_number_of_cpu_threads_warns_that_the_numbers_differ(tmp_path, monkeypatch):
+    """torch's CPU kernels split their work by thread count, so a run continued on another
+    count rounds differently from the uninterrupted one -- and the count is the machine's
+    (half its CPUs by default), no field of the recipe: a resume on another machine gave
+    other numbers than --resume promises, without a word."""
+    path, config, before = tmp_path / "runs.pt", make_config("gcn", epochs=3), torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        with monkeypatch.context() as patch:
+            ctrl_c_after_epoch(patch, loop, 1)
+            with pytest.raises(TrainingInterrupted):
+                train_runs(config, save_to=str(path))      # logs its epochs: the Ctrl-C comes in the first line
+        torch.set_num_threads(2)
+        with pytest.warns(RuntimeWarning, match="trained on 1 CPU thread.* this command uses 2.*--threads 1 gives"):
+            train_runs(config, save_to=str(path), resume=True, log_epochs=False)
+    finally:
+        torch.set_num_threads(before)
