@@ -361,3 +361,24 @@ def test_resuming_on_another_number_of_cpu_threads_warns_that_the_numbers_differ
             train_runs(config, save_to=str(path), resume=True, log_epochs=False)
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_sigterm_stops_one_process_after_its_epoch_and_keeps_the_run(tmp_path):
+    """``kill``, ``timeout`` and batch schedulers stop a command with SIGTERM, which ended
+    it at once: the run in progress lost every epoch that a Ctrl-C keeps."""
+    src = Path(__file__).resolve().parent.parent / "src"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")])}
+    path = tmp_path / "runs.pt"
+    process = subprocess.Popen([sys.executable, "-m", "gnnfuse", "train", "--epochs", "100000", "--save", str(path)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    for line in process.stdout:
+        if "epoch    2 " in line:
+            break
+    process.terminate()
+    try:
+        _, err = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    assert process.returncode == 130, err
+    assert "SIGTERM: stopping at the end of this epoch" in err and "interrupted in run 1/1 (seed 0) after epoch" in err
+    assert torch.load(path, weights_only=True)["interrupted"]["epoch"] >= 2

@@ -47,19 +47,28 @@ class DeferredInterrupt:
     first (the same Ctrl-C delivered twice, see the module doc). ``quiet``: say nothing
     on stderr (ranks but the first, which says it for all); else say it stops ``when``.
     Only where Python delivers signals -- the main thread, with Python's own SIGINT
-    handler in place -- elsewhere a Ctrl-C raises where it lands."""
+    handler in place -- elsewhere a Ctrl-C raises where it lands.
+
+    ``terminate``: a SIGTERM (``kill``, ``timeout``, a batch scheduler's stop, which
+    sends SIGKILL only after a grace period) is taken the same way where nothing else
+    handles it: it ended the process at once, losing the epochs of the run in progress
+    that a Ctrl-C keeps. One process only: ranks get a SIGTERM from their launcher when
+    a peer failed, and one that waited for its epoch's end would wait on that peer."""
 
     def __init__(self, duplicate_window_s: float = 0.0, quiet: bool = False,
-                 when: str = "at the end of this epoch") -> None:
+                 when: str = "at the end of this epoch", terminate: bool = False) -> None:
         self.requested = False
-        self.duplicate_window_s, self.quiet, self.when = duplicate_window_s, quiet, when
+        self.duplicate_window_s, self.quiet, self.when, self.terminate = duplicate_window_s, quiet, when, terminate
         self._first = 0.0
-        self._previous: Any = None
+        self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> DeferredInterrupt:
-        if (threading.current_thread() is threading.main_thread()
-                and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
-            self._previous = signal.signal(signal.SIGINT, self._handle)
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            self._previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._handle)
+        if self.terminate and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+            self._previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._handle)
         return self
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
@@ -70,10 +79,11 @@ class DeferredInterrupt:
             raise KeyboardInterrupt
         self.requested, self._first = True, now
         if not self.quiet:
-            print(f"\nCtrl-C: stopping {self.when} (Ctrl-C again stops at once, losing the epoch)",
+            name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+            print(f"\n{name}: stopping {self.when} ({name} again stops at once, losing the epoch)",
                   file=sys.stderr, flush=True)
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  traceback: TracebackType | None) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)

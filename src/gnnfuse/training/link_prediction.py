@@ -147,7 +147,7 @@ def train_link_run(config: TrainConfig, spec: ModelSpec, data: LinkData, seed: i
         done, best = restore_link_run(resume_from, model, optimizer, generator, history)
     start = time.perf_counter() - (0.0 if resume_from is None else resume_from["seconds"])
     progress = progress_bar(range(done + 1, config.epochs + 1), desc=f"train{label}", unit="epoch")
-    with DeferredInterrupt() as interrupt:
+    with DeferredInterrupt(terminate=True) as interrupt:
         for epoch in progress:
             epoch_start = time.perf_counter()
             model.train()

@@ -268,7 +268,7 @@ def train_run(config: TrainConfig, spec: ModelSpec, data: PreparedData, seed: in
     done = 0 if resume_from is None else restore_run(resume_from, model, optimizer, best)
     start = time.perf_counter() - (0.0 if resume_from is None else resume_from["seconds"])
     progress = progress_bar(range(done + 1, config.epochs + 1), desc=f"train{label}", unit="epoch")
-    with DeferredInterrupt() as interrupt:
+    with DeferredInterrupt(terminate=True) as interrupt:
         for epoch in progress:
             if run_epoch(epoch):
                 break

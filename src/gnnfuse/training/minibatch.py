@@ -120,7 +120,7 @@ def train_minibatch_run(config: TrainConfig, spec: ModelSpec, data: PreparedData
         replayed = resume_from.get("replayed", 0)       # not in the states of gnnfuse before it counted them
     start = time.perf_counter() - (0.0 if resume_from is None else resume_from["seconds"])
     progress = progress_bar(total=(config.epochs - done) * len(loader), desc=f"train{label}", unit="batch")
-    with DeferredInterrupt() as interrupt:
+    with DeferredInterrupt(terminate=True) as interrupt:
         for epoch in range(done + 1, config.epochs + 1):
             if run_epoch(epoch):
                 break
