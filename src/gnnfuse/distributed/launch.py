@@ -153,21 +153,30 @@ def _sigint_passed_on(processes: Sequence[Any]) -> Iterator[None]:
     instead of raising here: the ranks decide when to stop (`distributed.stopping`) and
     this process waits for them, whose status is the launch's. A terminal's Ctrl-C
     reaches the ranks directly as well; they count the two as one Ctrl-C (they come
-    within `stopping.DUPLICATE_WINDOW_S`). torchrun's agent passes SIGINT on the same way."""
+    within `stopping.DUPLICATE_WINDOW_S`). torchrun's agent passes SIGINT on the same way.
+
+    A SIGTERM to this process (``kill``, ``timeout``, a batch scheduler's stop) is sent on
+    as a SIGINT too, where nothing else handles it: it ended this process alone, and the
+    ranks, orphaned, trained on to their last epoch with no one reading their output."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def pass_on(signum: int, frame: Any) -> None:
+        if signum == signal.SIGTERM:
+            print("gnnfuse: SIGTERM, passed on to the ranks as a Ctrl-C", file=sys.stderr, flush=True)
         for process in processes:
             if process.is_alive():
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(process.pid, signal.SIGINT)
-    previous = signal.signal(signal.SIGINT, pass_on)
+    previous = {signal.SIGINT: signal.signal(signal.SIGINT, pass_on)}
+    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, pass_on)
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 # Seconds the other ranks get to end by themselves once one has failed, before they are
