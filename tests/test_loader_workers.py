@@ -3,9 +3,13 @@ workers, in order, over several epochs; an abandoned epoch leaves nothing behind
 worker's failure reaches the training loop with its traceback."""
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import threading
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -181,3 +185,30 @@ def test_workers_share_this_process_threads(monkeypatch):
     assert [worker_threads(n) for n in (1, 2, 3, 15, 16)] == [8, 5, 4, 1, 1]
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     assert worker_threads(2) == 1
+
+
+def test_workers_end_once_the_training_process_is_killed(tmp_path):
+    """A training process ended by SIGKILL (or a crash) never tells its workers to stop:
+    they polled for jobs for good, orphaned, each holding the graph and using CPU."""
+    script, pids_file = tmp_path / "train.py", tmp_path / "pids"
+    script.write_text(
+        "import multiprocessing, os, sys, torch, gnnfuse\n"
+        "from gnnfuse.loader import NeighborLoader\n"
+        "g = gnnfuse.Graph(torch.randint(0, 30, (100,)), torch.randint(0, 30, (100,)), 30)\n"
+        "loader = NeighborLoader(g, [3], batch_size=5, x=torch.randn(30, 2), num_workers=1)\n"
+        "next(iter(loader))\n"
+        "open(sys.argv[1], 'w').write(' '.join(str(p.pid) for p in multiprocessing.active_children()))\n"
+        "os._exit(0)\n")         # no finalizer runs, as under SIGKILL
+    # not piped: an orphaned worker would hold the pipe open
+    done = subprocess.run([sys.executable, str(script), str(pids_file)], stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL, timeout=120)
+    assert done.returncode == 0
+    pids = [int(pid) for pid in pids_file.read_text().split()]
+    assert pids
+    deadline = time.monotonic() + 20
+    while any(Path(f"/proc/{pid}").exists() for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [pid for pid in pids if Path(f"/proc/{pid}").exists()]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert left == []

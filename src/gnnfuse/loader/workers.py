@@ -102,6 +102,7 @@ def _work(maker: Maker, jobs: Any, results: Any, stop: Any, abandoned: Any, thre
     if maker.device.type == "cuda":
         torch.cuda.set_device(maker.device)
     maker.pin_shared_tables()
+    stop = _StopOrOrphaned(stop)
     while not stop.is_set():
         try:
             epoch, epoch_seed, items, learnt = jobs.get(timeout=_POLL)
@@ -129,6 +130,18 @@ def _work(maker: Maker, jobs: Any, results: Any, stop: Any, abandoned: Any, thre
                     break
                 except queue.Full:
                     continue
+
+
+class _StopOrOrphaned:
+    """The workers' stop event, set also once the training process is gone: one ended
+    by SIGKILL or a crash never sets it, and its workers, orphaned, polled for jobs for
+    good (each a process holding the graph and feature tables, using CPU)."""
+
+    def __init__(self, stop: Any):
+        self._stop, self._parent = stop, mp.parent_process()
+
+    def is_set(self) -> bool:
+        return self._stop.is_set() or (self._parent is not None and not self._parent.is_alive())
 
 
 class _Discarded:
