@@ -382,3 +382,21 @@ def test_a_sigterm_stops_one_process_after_its_epoch_and_keeps_the_run(tmp_path)
     assert process.returncode == 130, err
     assert "SIGTERM: stopping at the end of this epoch" in err and "interrupted in run 1/1 (seed 0) after epoch" in err
     assert torch.load(path, weights_only=True)["interrupted"]["epoch"] >= 2
+
+
+def test_a_sigterm_to_the_whole_job_with_loader_workers_stops_after_the_epoch(tmp_path):
+    """A batch scheduler sends SIGTERM to every process of the job: the loader's workers
+    died of it, and the training process, finishing its epoch, ended in a traceback
+    ("Connection reset by peer"), losing the run's epochs."""
+    path = tmp_path / "runs.pt"
+    process = train_job(["--model", "sage", "--fanout", "5,5", "--batch-size", "16", "--num-workers", "1",
+                         "--epochs", "100000", "--save", str(path)])
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+        _, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 130, err
+    assert "Traceback" not in err and "interrupted in run 1/1 (seed 0) after epoch" in err, err
+    assert torch.load(path, weights_only=True)["interrupted"]["epoch"] >= 2

@@ -33,8 +33,9 @@ of 1024 papers of a tenth of ogbn-mag sampled [10, 10]; the thread about 37).
 
 Workers ignore SIGINT: a terminal's Ctrl-C reaches them too, and a worker it stopped
 ended the epoch under way with "worker exited" -- where ``gnnfuse train`` means to
-finish that epoch and stop after it. The training process decides; its exit (or
-`close`) stops them.
+finish that epoch and stop after it. So they do SIGTERM, which a batch scheduler sends
+to every process of the job, and which ``gnnfuse train`` takes as a Ctrl-C. The
+training process decides; its exit (or `close`) stops them, and so does its death.
 """
 from __future__ import annotations
 
@@ -97,7 +98,8 @@ def worker_threads(num_workers: int) -> int:
 def _work(maker: Maker, jobs: Any, results: Any, stop: Any, abandoned: Any, threads: int) -> None:
     """A worker's loop: take an epoch's job list, prepare its batches in order, put each
     (with its stage seconds) on ``results``; leave an epoch the consumer abandoned."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)      # the training process decides (module doc)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)         # the training process decides (module doc)
     torch.set_num_threads(threads)
     if maker.device.type == "cuda":
         torch.cuda.set_device(maker.device)
@@ -305,5 +307,5 @@ def _shut_down(stop: Any, processes: list) -> None:
     for process in processes:
         process.join(_JOIN_TIMEOUT)
         if process.is_alive():
-            process.terminate()
+            process.kill()                            # it ignores SIGTERM (module doc)
             process.join(_JOIN_TIMEOUT)
