@@ -20,8 +20,8 @@ What keeps a replay from computing something else than the eager step would:
   does). A short batch's labels past its seeds are ``IGNORE_LABEL`` (the padding), so
   the static batch's ``batch_size`` rows give the short batch's loss and gradients, and
   it replays. A short batch with a float ``y`` runs eagerly still: its padded labels
-  are ``-100.0``, which a regression loss reads. On four data-parallel ranks each epoch's last batch (one seed of 196,615
-  split four ways) ran eagerly for 14-37 ms, 5-10% of a 0.3 s epoch.
+  are ``-100.0``, which a regression loss reads. On four data-parallel ranks each
+  epoch's last batch (one seed of 196,615 split four ways) ran eagerly for 14-37 ms, 5-10% of a 0.3 s epoch.
 - **Sealed graph caches.** Anything a layer derives from a block and caches on its graph
   during the eager warm-up would be replayed from the first batch. The static graphs'
   cache keys are recorded when the static batch is made (the loader prebuilds what the
