@@ -385,3 +385,21 @@ def test_a_sigterm_stops_one_process_after_its_epoch_and_keeps_the_run(tmp_path)
     assert process.returncode == 130, err
     assert "SIGTERM: stopping at the end of this epoch" in err and "interrupted in run 1/1 (seed 0) after epoch" in err
     assert torch.load(path, weights_only=True)["interrupted"]["epoch"] >= 2
+
+
+def test_ctrl_c_while_a_finished_run_is_saved_keeps_it_and_stops_before_the_next(tmp_path, monkeypatch, capsys):
+    """A Ctrl-C between a run's end and its checkpoint raised in the save: the finished
+    run was lost (the file kept the runs before it) and the command said only
+    "interrupted", with no resume hint. It is held until the run is saved now."""
+    from gnnfuse.training import checkpoint
+    path, real = tmp_path / "runs.pt", checkpoint.save_checkpoint
+
+    def save(summary, to, **kw):
+        if len(summary.runs) == 1 and not kw:
+            signal.raise_signal(signal.SIGINT)
+        return real(summary, to, **kw)
+    monkeypatch.setattr(checkpoint, "save_checkpoint", save)
+    assert main(["train", "--runs", "2", "--epochs", "2", "--save", str(path)]) == 130
+    err = capsys.readouterr().err
+    assert "interrupted before run 2/2 (seed 1)" in err and f"--save {path} --resume" in err, err
+    assert len(torch.load(path, weights_only=True)["runs"]) == 1

@@ -7,6 +7,7 @@ runs differ only in the seed of initialisation and dropout, never in the split.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import resource
@@ -364,11 +365,22 @@ def train_runs(config: TrainConfig, *, log_epochs: bool = True,
                 save_checkpoint(summary, save_to, interrupted=state)
             reason = error.reason if isinstance(error, StoppedAtOnce) else None
             raise TrainingInterrupted(summary, index, state, reason=reason) from None
-        summary.runs.append(result)
-        if saving:
-            save_checkpoint(summary, save_to)
-        if on_run is not None:
-            on_run(index, result)
-        if result.interrupted and index + 1 < config.runs:
+        with _held_while_saving(current().world_size) as held:
+            summary.runs.append(result)
+            if saving:
+                save_checkpoint(summary, save_to)
+            if on_run is not None:
+                on_run(index, result)
+        if (result.interrupted or held.requested) and index + 1 < config.runs:
             raise TrainingInterrupted(summary, index + 1, between_runs=True)
     return summary
+
+
+def _held_while_saving(world_size: int) -> contextlib.AbstractContextManager[DeferredInterrupt]:
+    """What a Ctrl-C or SIGTERM does between a finished run and its checkpoint: held
+    until the run is saved and reported, then it stops before the next run. It raised
+    in the save, losing the finished run (the file kept the runs before it) and the
+    resume hint. One process only: ranks stop together (`distributed.stopping`), and a
+    rank holding it while the others start the next run would leave them waiting."""
+    interrupt = DeferredInterrupt(when="before the next run, once this run is saved", terminate=True)
+    return interrupt if world_size == 1 else contextlib.nullcontext(interrupt)     # never entered: hears none
