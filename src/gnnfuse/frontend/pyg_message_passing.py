@@ -58,7 +58,7 @@ from ..graph.index_cache import functorch_interpreter
 from ..ir import CompileError, Residency
 from ..runtime.compiled import read_back_by_backward
 from .kept_traced import contents, holds_traced, restore, same_contents
-from .trace_cache import _SCALARS, TraceCache, _from_library, _global_names, program_feeds
+from .trace_cache import _SCALARS, TraceCache, _from_library, _global_names, outside_writes, program_feeds
 from .tracer import EDGE_ROWED, RowCount, SymTensor, Tracer
 
 # The aggregation modules PyG's ``aggr`` strings resolve to that the IR computes exactly
@@ -455,27 +455,12 @@ def _refuse_rebinding(message: types.FunctionType) -> None:
     copies of its globals and closure cells (`_with_softmax`), so the write never reached
     the variable, and every call computed with its first value (a counter's 1x, 1x, 1x of
     the messages where PyG gave 1x, 2x, 3x)."""
-    found = _rebinding(message.__code__, frozenset(message.__code__.co_freevars))
-    if found:
-        name, line = found
+    written = outside_writes(message.__code__)
+    if written:
+        kind, name, line = written[0]
         text = linecache.getline(message.__code__.co_filename, line).strip()
-        raise NotCompilable(f"message() rebinds {name}, which a compiled call would not update (its trace "
-                            f"runs with a copy)\n  at {message.__code__.co_filename}:{line}: {text}")
-
-
-@functools.lru_cache(maxsize=256)
-def _rebinding(code: types.CodeType, free: frozenset[str]) -> tuple[str, int] | None:
-    """The first global, or closure variable of ``free`` (the enclosing function's, not
-    one ``code`` itself keeps for a comprehension), that ``code`` or code nested in it
-    rebinds or deletes, with its line; None if none."""
-    starts = list(dis.findlinestarts(code))
-    for ins in dis.get_instructions(code):
-        if ins.opname in ("STORE_GLOBAL", "DELETE_GLOBAL") or (
-                ins.opname in ("STORE_DEREF", "DELETE_DEREF") and ins.argval in free):
-            line = max((line for offset, line in starts if offset <= ins.offset and line), default=0)
-            return f"{'global' if 'GLOBAL' in ins.opname else 'nonlocal'} {ins.argval!r}", line
-    return next((found for const in code.co_consts if isinstance(const, types.CodeType)
-                 for found in [_rebinding(const, free)] if found), None)
+        raise NotCompilable(f"message() rebinds {kind} {name!r}, which a compiled call would not update (its "
+                            f"trace runs with a copy)\n  at {message.__code__.co_filename}:{line}: {text}")
 
 
 @contextlib.contextmanager

@@ -40,7 +40,7 @@ is traced on every call and draws anew, as eager code would -- and so is any tra
 moved a random generator's state (`random_states`: a draw inside library code); so is
 code that reads its namespace by name (``globals()['NAME']``, ``vars()``, ``eval``),
 which the guard walk cannot follow, and code that writes a global or closure variable
-(`_outside_write`), whose write a cached program would skip, or whose trace changed an
+(`outside_writes`), whose write a cached program would skip, or whose trace changed an
 attribute its key snapshots (`_wrote_state`). A ``functools.partial``
 UDF is guarded by its function and bound
 arguments; bound methods, ``nn.Module`` UDFs and other callable objects hold state
@@ -113,19 +113,24 @@ _OUTSIDE_WRITES = ("STORE_GLOBAL", "DELETE_GLOBAL")
 
 
 @functools.lru_cache(maxsize=1024)
-def _outside_write(code: types.CodeType, free: frozenset[str] | None = None) -> str | None:
-    """A write the code makes to a variable that outlives the call -- a global, a closure
-    variable (``nonlocal``) -- or None. A cached program runs without the code, so the
+def outside_writes(code: types.CodeType, free: frozenset[str] | None = None) -> tuple[tuple[str, str, int], ...]:
+    """The writes the code makes to variables that outlive the call -- a global, a closure
+    variable (``nonlocal``) -- each as ("global" or "nonlocal", name, line), in code
+    order, those of nested code after. A cached program runs without the code, so the
     write would stop: a ``nonlocal sign; sign = -sign`` stuck once its values repeated a
     cached key. The function's own cell variables (a local a comprehension reads) are
     local to the call. (Attribute writes are not refused: PyG's ``message`` methods keep
     ``self._alpha``, which gnnfuse's attention-weight path handles.)"""
     free = frozenset(code.co_freevars) if free is None else free
+    found, line = [], code.co_firstlineno
     for ins in dis.get_instructions(code):
+        line = ins.positions.lineno if ins.positions and ins.positions.lineno else line
         if ins.opname in _OUTSIDE_WRITES or (ins.opname in ("STORE_DEREF", "DELETE_DEREF") and ins.argval in free):
-            return f"{ins.opname} {ins.argval}"
-    return next((found for const in code.co_consts if isinstance(const, types.CodeType)
-                 for found in [_outside_write(const, free)] if found), None)
+            found.append(("global" if "GLOBAL" in ins.opname else "nonlocal", ins.argval, line))
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            found.extend(outside_writes(const, free))
+    return tuple(found)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -268,8 +273,9 @@ def _function_state(fn: types.FunctionType, walk: _Walk, path: Path) -> Hashable
     walk.seen.add(id(fn))
     if _impure_name(fn.__code__):
         raise _Uncacheable(f"{fn.__qualname__} calls {_impure_name(fn.__code__)}")
-    if _outside_write(fn.__code__):
-        raise _Uncacheable(f"{fn.__qualname__} writes {_outside_write(fn.__code__)}")
+    written = outside_writes(fn.__code__)
+    if written:
+        raise _Uncacheable(f"{fn.__qualname__} writes the {written[0][0]} {written[0][1]!r}")
     # attributes set on the function (``helper.k = 2.0``, the "static variable" idiom)
     # change without changing its identity: snapshotted by value, and walked on every call
     attributes = ()

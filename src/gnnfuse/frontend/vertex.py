@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-import dis
 import functools
 import sys
 import threading
@@ -70,7 +69,7 @@ from .compiled_call import call_compiled, register_udf
 from .counting import IDENTITY, check_counting
 from .graph_input import call_graph
 from .repeat_call import RepeatCall, RepeatCalls
-from .trace_cache import GuardMemo, TraceCache, check_tables, plain_table, program_feeds
+from .trace_cache import GuardMemo, TraceCache, check_tables, outside_writes, plain_table, program_feeds
 from .tracer import EDGE_ROWED, SymTensor, Tracer, is_library
 from .udf import unwrap
 
@@ -404,23 +403,12 @@ def _from_neighbour(item) -> bool:
 _UNSET = object()
 
 
-@functools.lru_cache(maxsize=256)
-def _rebound_globals(code: types.CodeType) -> tuple[str, ...]:
-    """The globals ``code`` (or code nested in it) rebinds or deletes (``global step;
-    step += 1``)."""
-    names = [ins.argval for ins in dis.get_instructions(code) if ins.opname in ("STORE_GLOBAL", "DELETE_GLOBAL")]
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            names.extend(_rebound_globals(const))
-    return tuple(dict.fromkeys(names))
-
-
 def _write_back_globals(plain: types.FunctionType, env: dict[str, Any], before: dict[str, Any]) -> None:
     """Carry the globals the traced function rebound in ``env`` (the copy of its globals
     it runs with, holding the counting builtins) over to its module, as the eager call
     would have: a ``global step; step += 1`` counter stayed 0 in the module, and every
     call traced with step 1 (the messages times 1, 1, 1 where eager code gave 1, 2, 3).
-    Such a function is traced on every call (`trace_cache._outside_write`), so the
+    Such a function is traced on every call (`trace_cache.outside_writes`), so the
     counter advances once a call; a traced value carried over is refused, and put back,
     by the trace cache's check (`kept_traced.KeptTraced`)."""
     for name, old in before.items():
@@ -465,7 +453,7 @@ class VertexFunction:
         check_counting(plain, args, keywords)
         counting = _counting_builtins(tracer, walks)
         env = dict(plain.__globals__, **counting)
-        rebound = {name: env.get(name, _UNSET) for name in _rebound_globals(plain.__code__)}
+        rebound = {name: env.get(name, _UNSET) for kind, name, _ in outside_writes(plain.__code__) if kind == "global"}
         fn = types.FunctionType(plain.__code__, env, plain.__name__, plain.__defaults__, plain.__closure__)
         fn.__kwdefaults__ = plain.__kwdefaults__
         with _in_helpers(counting):
