@@ -121,6 +121,13 @@ def test_bad_worker_counts_are_refused():
         NeighborLoader(graph, [3], x=x, num_workers=-1)
 
 
+def run_script(script) -> str:
+    """What the training script ``script`` printed, run as a user runs it; it must exit 0."""
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.strip()
+
+
 def test_a_script_without_a_main_guard_starts_its_workers(tmp_path):
     """Spawned workers do not import the training script: one without ``if __name__ ==
     "__main__":`` would otherwise run again in every worker and fail there."""
@@ -131,9 +138,7 @@ def test_a_script_without_a_main_guard_starts_its_workers(tmp_path):
         "g = gnnfuse.Graph(torch.randint(0, 30, (100,)), torch.randint(0, 30, (100,)), 30)\n"
         "loader = NeighborLoader(g, [3], batch_size=5, x=torch.randn(30, 2), num_workers=1)\n"
         "print('batches', sum(1 for _ in loader), 'and', sum(1 for _ in loader))\n")
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip() == "batches 6 and 6"
+    assert run_script(script) == "batches 6 and 6"
 
 
 def test_a_hetero_data_referring_to_the_scripts_own_class_is_refused_naming_it(tmp_path):
@@ -156,9 +161,8 @@ def test_a_hetero_data_referring_to_the_scripts_own_class_is_refused_naming_it(t
         "    next(iter(loader))\n"
         "except TypeError as exc:\n"
         "    print(exc)\n")
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "refer to 'Vocabulary', defined in it" in done.stdout and "num_workers=0" in done.stdout
+    out = run_script(script)
+    assert "refer to 'Vocabulary', defined in it" in out and "num_workers=0" in out
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="pinned features are read by a CUDA kernel")
