@@ -26,7 +26,13 @@ from .tracer import SymTensor
 
 _ABSENT = object()
 # whose functions keep nothing of a caller's: not walked
-_LIBRARIES = ("torch", "torch_geometric", "gnnfuse", "numpy", "functools")
+_LIBRARIES = ("torch", "torch_geometric", "gnnfuse", "numpy", "functools", "math", "operator", "builtins")
+
+
+def from_library(module_name: str | None) -> bool:
+    """Whether code of the module ``module_name`` is a library's, which keeps nothing of
+    a caller's traced values (its namespace is not watched)."""
+    return (module_name or "").split(".")[0] in _LIBRARIES
 
 
 def holds_traced(value: Any) -> bool:
@@ -133,7 +139,7 @@ class KeptTraced:
             self._watched.append((fn, ("attr", None, holder), set(vars(holder)), None))
 
     def _watch(self, fn: types.FunctionType | None, seen: set[int]) -> None:
-        if fn is None or id(fn) in seen or (fn.__module__ or "").split(".")[0] in _LIBRARIES:
+        if fn is None or id(fn) in seen or from_library(fn.__module__):
             return
         seen.add(id(fn))
         for kind, name in _outside_names(fn.__code__):

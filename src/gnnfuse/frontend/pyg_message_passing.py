@@ -57,8 +57,8 @@ from ..graph import Graph
 from ..graph.index_cache import functorch_interpreter
 from ..ir import CompileError, Residency
 from ..runtime.compiled import read_back_by_backward
-from .kept_traced import contents, holds_traced, restore, same_contents
-from .trace_cache import _SCALARS, TraceCache, _from_library, _global_names, outside_writes, program_feeds
+from .kept_traced import contents, from_library, holds_traced, restore, same_contents
+from .trace_cache import _SCALARS, TraceCache, _global_names, outside_writes, program_feeds
 from .tracer import EDGE_ROWED, RowCount, SymTensor, Tracer
 
 # The aggregation modules PyG's ``aggr`` strings resolve to that the IR computes exactly
@@ -543,7 +543,7 @@ def _user_namespace(value: Any) -> dict[str, Any] | None:
         owner, namespace = value.__name__, vars(value)
     else:
         return None
-    return None if _from_library(owner) or (owner or "").split(".")[0] == "torch_geometric" else namespace
+    return None if from_library(owner) else namespace
 
 
 def _traced_writes_restored(tables: list[tuple[str, dict[str, Any], dict[str, Any]]]) -> list[str]:
