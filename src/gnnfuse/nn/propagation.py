@@ -527,9 +527,9 @@ class ChebConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
         if len(self.lins) > 1:
             tx1 = first(loop_free, {"h": x, **vertex}, edge)
             out = out + self.lins[1](tx1)
-            for lin in self.lins[2:]:
+            for lin in self.lins[2:]:      # by forward, as PyG calls them: their hooks do not run
                 tx0, tx1 = tx1, step(loop_free, {"h": tx1, "prev": tx0, **vertex}, edge)
-                out = out + lin(tx1)
+                out = out + lin.forward(tx1)
         return out if self.bias is None else out + self.bias
 
     def extra_repr(self) -> str:
