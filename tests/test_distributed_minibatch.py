@@ -298,6 +298,8 @@ def test_a_rank_without_torchrun_environment_names_the_missing_variables(monkeyp
     (["--cpu-ranks", "2", "--model", "sgc"], "model 'sgc' has no version of .* give a fanout"),
     (["--cpu-ranks", "2", "--model", "nope"], "unknown model 'nope'"),
     (["--gpus", "2", "--model", "rgcn", "--dataset", "wn18rr"], "--gpus 2: link-prediction models"),
+    (["--cpu-ranks", "2", "--model", "sage", "--fanout", "5,5", "--features", "partitioned", "--dkp"],
+     "dynamic kernel placement .* with --features partitioned"),
 ])
 def test_bad_launch_options_are_usage_errors(argv, message, capsys, monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)

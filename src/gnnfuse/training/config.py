@@ -105,6 +105,11 @@ def make_config(model: str, dataset: str = DEFAULT_DATASET, *, runs: int = 1, se
                    "partitioned features are fetched per mini-batch: they need a fanout"))
     checks.append((not dkp or (fanout is not None and model == "sage"),
                    "dynamic kernel placement needs mini-batch training (a fanout) of sage"))
+    # here, not only in the ranks' loop: there each rank printed the usage error after loading
+    # the data, and the launch ended with status 1 ("rank 0 of 2 failed")
+    checks.append((not (dkp and features == "partitioned"),
+                   "dynamic kernel placement calibrates on batches with their features; with --features "
+                   "partitioned use replicated features or drop --dkp"))
     checks.append((spec.task != "link" or fanout is None, f"model {model!r} (link prediction) trains on the full "
                    "graph; --fanout does not apply"))
     checks.append((spec.task != "link" or dataset.lower() in RELATIONAL_DATASETS,
