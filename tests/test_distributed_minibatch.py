@@ -328,6 +328,21 @@ def test_a_failing_rank_ends_the_launch_with_status_1_naming_it(capsys):
     assert "rank 1 of 2 failed" in capsys.readouterr().err
 
 
+def _usage_error_on_every_rank(argv: list[str]) -> int:
+    import argparse
+    argparse.ArgumentParser(prog="gnnfuse train").error("cora is not in /nowhere")
+    return 0
+
+
+def test_a_usage_error_found_by_the_ranks_ends_the_launch_with_status_2_as_in_one_process(capfd):
+    """Data files missing where the ranks look are found only there: the launch ended with
+    status 1 and "rank 0 of 2 failed: process 0 terminated with exit code 2"."""
+    from gnnfuse.distributed.launch import run_ranks
+    assert run_ranks(2, "cpu", _usage_error_on_every_rank, []) == 2
+    err = capfd.readouterr().err
+    assert "error: cora is not in /nowhere" in err and "failed" not in err, err
+
+
 def _fails_on_both_ranks(argv: list[str]) -> int:
     import torch.distributed as dist
     init_process_group("cpu")

@@ -98,15 +98,25 @@ class RanksInterrupted(Exception):
     """A launch in which a rank ended with `INTERRUPTED`: stopped by Ctrl-C."""
 
 
+# argparse's exit status for a usage error, which the rank has printed with the usage line
+USAGE_ERROR = 2
+
+
 def run_ranks(ranks: int, device_type: str, entry: Callable[[list[str]], int], argv: Sequence[str]) -> int:
     """Run ``entry(argv)`` in ``ranks`` processes with torchrun's environment (see the
     module docstring); the exit status: 0, `INTERRUPTED` when the ranks were stopped by
-    Ctrl-C (rank 0 has said what it kept), or 1 when a rank failed (its error printed)."""
+    Ctrl-C (rank 0 has said what it kept), `USAGE_ERROR` when a rank stopped on a usage
+    error only a rank can find (data files missing where the ranks look; the error is
+    printed), or 1 when a rank failed (its error printed). A usage error ended the launch
+    with status 1 and "rank 0 of 2 failed: process 0 terminated with exit code 2", where
+    one process exits with 2, as the README promises of every bad option."""
     try:
         start_ranks(_rank_main, (ranks, free_port(), entry, list(argv)), ranks, device_type, pass_sigint=True)
     except RanksInterrupted:
         return INTERRUPTED
     except (mp.ProcessRaisedException, mp.ProcessExitedException) as error:
+        if getattr(error, "exit_code", None) == USAGE_ERROR:
+            return USAGE_ERROR
         print(f"gnnfuse: rank {error.error_index} of {ranks} failed: {error}", file=sys.stderr)
         return 1
     return 0
