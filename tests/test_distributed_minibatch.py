@@ -297,6 +297,8 @@ def test_a_rank_without_torchrun_environment_names_the_missing_variables(monkeyp
     # refused before the ranks start (each rank failed alike after loading the data)
     (["--cpu-ranks", "2", "--model", "sgc"], "model 'sgc' has no version of .* give a fanout"),
     (["--cpu-ranks", "2", "--model", "nope"], "unknown model 'nope'"),
+    (["--cpu-ranks", "2", "--dataset", "nope"], "unknown data set 'nope'"),
+    (["--cpu-ranks", "2", "--dataset", "wn18rr"], "wn18rr is not a node-classification data set"),
     (["--gpus", "2", "--model", "rgcn", "--dataset", "wn18rr"], "--gpus 2: link-prediction models"),
     (["--cpu-ranks", "2", "--model", "sage", "--fanout", "5,5", "--features", "partitioned", "--dkp"],
      "dynamic kernel placement .* with --features partitioned"),

@@ -14,7 +14,8 @@ import numpy as np
 import torch
 
 from . import bench, cli_explain
-from .data import DATASET_NAMES, DEFAULT_DATASET, LOAD_ERRORS, ROOT_HELP, NodeDataset, RelationalDataset, load_dataset
+from .data import (DATASET_NAMES, DEFAULT_DATASET, LOAD_ERRORS, ROOT_HELP, NodeDataset, RelationalDataset,
+                   check_node_dataset_name, load_dataset)
 from .distributed import DistributedError, Rank, current, launch_or_join, world_size
 from .distributed.launch import end_rank_now
 from .distributed.fullgraph import PARTITIONED_MODELS
@@ -134,6 +135,11 @@ def checked_config(args: argparse.Namespace) -> TrainConfig:
                              loader_workers=args.num_workers)
     except ConfigError as error:
         raise UsageError(str(error)) from None
+    if _task(config.model) != "link":        # a link model's data set is checked by make_config
+        try:
+            check_node_dataset_name(config.dataset)
+        except ValueError as error:
+            raise UsageError(str(error)) from None
     ranks, flag = next(((count, f"{name} {count}") for name, count in (("--gpus", args.gpus),
                                                                       ("--cpu-ranks", args.cpu_ranks))
                         if count is not None), (None, ""))

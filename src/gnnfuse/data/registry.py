@@ -51,10 +51,23 @@ def load_dataset(name: str, root: str | os.PathLike | None = None,
     Real data sets are searched for as described in `gnnfuse.data.paths`; synthetic ones
     ("synthetic"/"sbm", the power-law presets and the typed ones) ignore `root`.
     """
-    key = name.lower()
-    if key not in _LOADERS:
+    _check_known(name)
+    return _LOADERS[name.lower()](root, **kw)
+
+
+def _check_known(name: str) -> None:
+    if name.lower() not in _LOADERS:
         raise ValueError(f"unknown data set {name!r}; known: {', '.join(DATASET_NAMES)}")
-    return _LOADERS[key](root, **kw)
+
+
+def check_node_dataset_name(name: str) -> None:
+    """Raise the `ValueError` `load_node_dataset` raises for a name it refuses whatever
+    the files hold (an unknown name, a relational data set), without reading any: for a
+    launcher to refuse it before its ranks start and each fails alike."""
+    _check_known(name)
+    if name.lower() in RELATIONAL_DATASETS:
+        raise ValueError(f"{name} is not a node-classification data set (it is a relational one: typed "
+                         "edges, no node labels)")
 
 
 def load_node_dataset(name: str, root: str | os.PathLike | None = None, **kw: Any) -> NodeDataset:
@@ -62,9 +75,7 @@ def load_node_dataset(name: str, root: str | os.PathLike | None = None, **kw: An
 
     A relational data set is refused by name before anything is read, so the error does
     not depend on whether its files happen to be present."""
-    if name.lower() in RELATIONAL_DATASETS:
-        raise ValueError(f"{name} is not a node-classification data set (it is a relational one: typed "
-                         "edges, no node labels)")
+    check_node_dataset_name(name)
     dataset = load_dataset(name, root, **kw)
     if not isinstance(dataset, NodeDataset):
         raise ValueError(f"{name} is not a node-classification data set")
