@@ -57,6 +57,17 @@ def test_bad_options_are_usage_errors(capsys):
     assert "warmup must be at least 0, got -1" in capsys.readouterr().err
 
 
+def test_plot_without_matplotlib_is_a_usage_error_before_any_timing(monkeypatch, capsys, tmp_path):
+    """It raised MissingDependency as a traceback after every framework was timed."""
+    import sys
+    for name in ("matplotlib", "matplotlib.figure", "matplotlib.backend_bases"):
+        monkeypatch.setitem(sys.modules, name, None)              # makes the imports fail
+    monkeypatch.setattr(bench.command, "run_bench", lambda *a, **k: pytest.fail("timed before refusing --plot"))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "--dataset", "synthetic", "--frameworks", "gnnfuse", "--plot", str(tmp_path / "b.png")])
+    assert exit_info.value.code == 2 and "--plot needs matplotlib" in capsys.readouterr().err
+
+
 def test_missing_torch_geometric_is_reported(monkeypatch):
     import sys
     monkeypatch.setitem(sys.modules, "torch_geometric.nn", None)   # makes the import fail

@@ -7,7 +7,7 @@ from pathlib import Path
 
 
 from ..data import DATASET_NAMES, ROOT_HELP
-from .compare import format_table, plot, run_bench
+from .compare import figure_class, format_table, plot, run_bench
 from ..output_paths import replaced_outputs, unwritable_image, unwritable_output
 from ..runtime.cuda_graph import MODES
 from .models import FRAMEWORKS, KNOWN_FRAMEWORKS, MODELS, MissingDependency
@@ -38,6 +38,11 @@ def run_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     problem = unwritable_output({"--json": args.json, "--plot": args.plot}) or unwritable_image({"--plot": args.plot})
     if problem:
         parser.error(problem)
+    if args.plot:
+        try:
+            figure_class()
+        except MissingDependency as error:
+            parser.error(str(error))
     note = replaced_outputs({"--json": args.json, "--plot": args.plot})
     if note:
         print(note, flush=True)

@@ -89,12 +89,20 @@ def _ratio(value: float | None, name: str) -> str:
     return "-" if name == "gnnfuse" else ("n/a" if value is None else f"{value:.2f}x")
 
 
-def plot(report: dict[str, Any], path: str | Path) -> Path:
-    """A bar chart of median step time per framework (and peak memory where measured)."""
+def figure_class() -> Any:
+    """matplotlib's `Figure`, or `MissingDependency` saying how to get it: `plot` needs it,
+    and ``gnnfuse bench --plot`` asks before timing, since a missing matplotlib surfaced
+    only after every framework was timed, as a traceback."""
     try:
         from matplotlib.figure import Figure
     except ImportError as exc:
         raise MissingDependency("--plot needs matplotlib: pip install matplotlib") from exc
+    return Figure
+
+
+def plot(report: dict[str, Any], path: str | Path) -> Path:
+    """A bar chart of median step time per framework (and peak memory where measured)."""
+    Figure = figure_class()
     ok = {name: cell for name, cell in report["results"].items() if cell["status"] == "ok"}
     with_memory = {name: cell["peak_gb"] for name, cell in ok.items() if cell["peak_gb"] is not None}
     fig = Figure(figsize=(9 if with_memory else 5, 3.5))
