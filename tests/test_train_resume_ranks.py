@@ -161,20 +161,23 @@ def test_resuming_on_another_number_of_ranks_is_refused_naming_both_before_any_r
     assert f"{path} was trained on 1 rank(s), and --cpu-ranks 2 would resume it on 2" in err, err
 
 
-@pytest.mark.parametrize("to", ["process group", "launcher", "launcher by SIGTERM"])
+@pytest.mark.parametrize("to", ["process group", "launcher", "launcher by SIGTERM", "process group by SIGTERM"])
 def test_a_real_ctrl_c_stops_every_rank_after_an_epoch_and_keeps_their_state(tmp_path, to):
     """A terminal's Ctrl-C reaches the launcher and every rank (the process group); a
     signal to the launcher alone is passed on. Both are one Ctrl-C to each rank, which
     stops after its epoch: the launcher's KeyboardInterrupt had ended the launch while the
     ranks still ran, and the ranks had stopped at once. A SIGTERM to the launcher (kill,
-    a scheduler's stop) ended it alone, and the orphaned ranks trained on."""
+    a scheduler's stop) ended it alone, and the orphaned ranks trained on. A SIGTERM to
+    the whole job (``timeout``, a scheduler's stop of every process) killed the ranks at
+    once: the launch ended with status 1 and nothing saved."""
     path = tmp_path / "runs.pt"
     process = train_job(["--cpu-ranks", "2", "--epochs", "100000", "--patience", "0", "--save", str(path)])
+    signum = signal.SIGTERM if to.endswith("SIGTERM") else signal.SIGINT
     try:
         if to.startswith("launcher"):
-            process.send_signal(signal.SIGTERM if to.endswith("SIGTERM") else signal.SIGINT)
+            process.send_signal(signum)
         else:
-            os.killpg(process.pid, signal.SIGINT)
+            os.killpg(process.pid, signum)
         _, err = process.communicate(timeout=LAUNCH_LIMIT_S)
     finally:
         if process.poll() is None:

@@ -140,6 +140,7 @@ def start_ranks(function: Callable[..., None], args: tuple, ranks: int, device_t
     in_main = getattr(function, "__module__", None) == "__main__"
     if start_method == "forkserver":
         mp.get_context("forkserver").set_forkserver_preload(FORK_SERVER_PRELOAD)
+        _start_fork_server()
         streams = tuple(_LauncherFd(fd) if _is_open(fd) else None for fd in (1, 2))
         function, args = _as_launched, (function, dict(os.environ), torch.get_num_threads(), streams, args)
     sys.stdout.flush(), sys.stderr.flush()
@@ -226,12 +227,33 @@ def rank_start_method(device_type: str) -> str:
     return "spawn" if device_type == "cuda" else "forkserver"
 
 
+def _start_fork_server() -> None:
+    """Start the fork server (unless it runs already) with SIGTERM ignored, which it keeps
+    across its exec: ``timeout`` and a batch scheduler's stop send SIGTERM to every process
+    of the job, and the server died of it; the launcher then read every rank's exit status
+    from the server's closed pipe as 255 and reported a rank failed (status 1) while the
+    ranks, which take a SIGTERM as a Ctrl-C, stopped after their epoch and saved it. The
+    server still ends with its launcher (it watches a pipe from it); each rank takes
+    SIGTERM's default action back (`_as_launched`). From the main thread only, where
+    Python sets signal handlers; elsewhere the server starts with the launch, as before."""
+    from multiprocessing import forkserver
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) is None:
+        return          # None: a handler not set from Python, which could not be put back
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        forkserver.ensure_running()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _as_launched(local_rank: int, function: Callable[..., None], environ: dict[str, str], threads: int,
                  streams: tuple[int | None, int | None], args: tuple) -> None:
     """A fork-server rank: ``function(local_rank, *args)`` with what a forked rank would
     have inherited from the launcher -- its environment at the launch (``GNNFUSE_*``
-    settings, ``OMP_NUM_THREADS``), not the server's, its torch thread count, and its
-    stdout and stderr as they are now (`_LauncherFd`; the server holds those of its start)."""
+    settings, ``OMP_NUM_THREADS``), not the server's, its torch thread count, its stdout
+    and stderr as they are now (`_LauncherFd`; the server holds those of its start), and
+    SIGTERM's default action (the server ignores it: `_start_fork_server`)."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.environ.clear()
     os.environ.update(environ)
     torch.set_num_threads(threads)

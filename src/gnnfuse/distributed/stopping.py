@@ -42,10 +42,18 @@ class _Carried:
 def rank_interrupt() -> DeferredInterrupt:
     """The `DeferredInterrupt` a rank's epoch loop runs under (rank 0 alone says so on
     stderr, where every rank's errors go), already requested when the run before left a
-    request over (`carry_over`)."""
+    request over (`carry_over`).
+
+    A SIGTERM is taken as a Ctrl-C too: ``timeout`` and a batch scheduler's stop send it to
+    every process of the job, ranks included, and the ranks died of it at once while their
+    launcher passed it on as a Ctrl-C -- the run in progress was lost, nothing saved. A
+    launcher that ends the ranks after a peer failed still does: torch.multiprocessing
+    sends SIGKILL one grace period (`launch.FAILURE_GRACE_S`) after its SIGTERM, torchrun's
+    agent after its shutdown timeout, and a rank waiting in a collective with a failed gloo
+    peer fails at once anyway."""
     interrupt = DeferredInterrupt(duplicate_window_s=DUPLICATE_WINDOW_S, quiet=dist.get_rank() != 0,
                                   when="every rank at the end of this epoch, or of the next one if this one's "
-                                       "last all-reduce is past")
+                                       "last all-reduce is past", terminate=True)
     interrupt.requested, _Carried.requested = _Carried.requested, False
     return interrupt
 

@@ -52,8 +52,8 @@ class DeferredInterrupt:
     ``terminate``: a SIGTERM (``kill``, ``timeout``, a batch scheduler's stop, which
     sends SIGKILL only after a grace period) is taken the same way where nothing else
     handles it: it ended the process at once, losing the epochs of the run in progress
-    that a Ctrl-C keeps. One process only: ranks get a SIGTERM from their launcher when
-    a peer failed, and one that waited for its epoch's end would wait on that peer."""
+    that a Ctrl-C keeps. Ranks take it so as well (`distributed.stopping.rank_interrupt`
+    says why a launcher ending them after a peer failed still can)."""
 
     def __init__(self, duplicate_window_s: float = 0.0, quiet: bool = False,
                  when: str = "at the end of this epoch", terminate: bool = False) -> None:
