@@ -451,6 +451,30 @@ def test_a_reader_that_leaves_early_gets_no_traceback():
     assert done.returncode == 1
 
 
+def test_a_reader_that_leaves_a_multi_rank_train_early_gets_no_traceback():
+    """``gnnfuse train --cpu-ranks 2 | head -3``: rank 0 stopped quietly, but rank 1 then
+    failed in its next collective, and the launch printed rank 1's gloo traceback
+    ("Connection reset by peer") and "rank 0 of 2 failed: ... exit code 1"."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    src = Path(__file__).resolve().parent.parent / "src"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")])}
+    process = subprocess.Popen([sys.executable, "-m", "gnnfuse", "train", "--cpu-ranks", "2", "--epochs", "100000"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        process.stdout.readline()
+        process.stdout.close()          # the reader leaves while the ranks train
+        err = process.stderr.read()
+        process.wait(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert "Traceback" not in err and "failed" not in err, err
+    assert process.returncode == 1
+
+
 def test_info_says_the_npz_graphs_are_directed_unlike_pygs_reading_of_them(shared_data, capsys):
     """cora-npz trains on the raw directed graph (5429 edges) where PyG's ``read_npz``
     (``CitationFull``, ``Amazon``, ``Coauthor``) symmetrises the same file; only a code

@@ -17,7 +17,7 @@ from . import bench, cli_explain
 from .data import (DATASET_NAMES, DEFAULT_DATASET, LOAD_ERRORS, ROOT_HELP, NodeDataset, RelationalDataset,
                    check_node_dataset_name, load_dataset)
 from .distributed import DistributedError, Rank, current, launch_or_join, world_size
-from .distributed.launch import end_rank_now
+from .distributed.launch import READER_LEFT, end_rank_now
 from .distributed.fullgraph import PARTITIONED_MODELS
 from .distributed.process_group import launched_by_torchrun
 from .graph import Graph
@@ -428,4 +428,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The reader left (``gnnfuse info cora | head -3``): stop quietly, as shell tools do,
         # with stdout pointed at devnull so the interpreter's last flush does not raise again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        if world_size() > 1:      # peers may wait in a collective with this rank; the launcher stays quiet
+            end_rank_now(READER_LEFT)
         return 1

@@ -98,6 +98,15 @@ class RanksInterrupted(Exception):
     """A launch in which a rank ended with `INTERRUPTED`: stopped by Ctrl-C."""
 
 
+# A rank's exit status when the reader of its stdout left (``gnnfuse train ... | head``):
+# 128 + SIGPIPE, as a shell reports a process that SIGPIPE ended. `cli.main` exits so.
+READER_LEFT = 128 + signal.SIGPIPE
+
+
+class ReaderLeft(Exception):
+    """A launch in which a rank ended with `READER_LEFT`: its output has no reader."""
+
+
 # argparse's exit status for a usage error, which the rank has printed with the usage line
 USAGE_ERROR = 2
 
@@ -114,6 +123,8 @@ def run_ranks(ranks: int, device_type: str, entry: Callable[[list[str]], int], a
         start_ranks(_rank_main, (ranks, free_port(), entry, list(argv)), ranks, device_type, pass_sigint=True)
     except RanksInterrupted:
         return INTERRUPTED
+    except ReaderLeft:          # stopped quietly, as one process does (`cli.main`)
+        return 1
     except (mp.ProcessRaisedException, mp.ProcessExitedException) as error:
         if getattr(error, "exit_code", None) == USAGE_ERROR:
             return USAGE_ERROR
@@ -130,7 +141,8 @@ def start_ranks(function: Callable[..., None], args: tuple, ranks: int, device_t
     rank fails, once the others have ended (`FAILURE_GRACE_S`) and the error of every
     other failed rank is printed to stderr; `RanksInterrupted` when a rank ended with
     `INTERRUPTED` (a Ctrl-C; the ranks that failed only because a peer stopped at once
-    get one line each). ``pass_sigint``: a SIGINT to this process is sent on to the
+    get one line each); `ReaderLeft` when a rank ended with `READER_LEFT` (the other
+    ranks' failures, which followed from it, are not printed). ``pass_sigint``: a SIGINT to this process is sent on to the
     ranks, which decide how to stop (`gnnfuse train`'s do, `run_ranks`), instead of
     raising KeyboardInterrupt here."""
     start_method = rank_start_method(device_type)
@@ -154,6 +166,10 @@ def start_ranks(function: Callable[..., None], args: tuple, ranks: int, device_t
         if any(process.exitcode == INTERRUPTED for process in context.processes):
             _report_failures_after_interrupt(context)
             raise RanksInterrupted from None
+        if any(process.exitcode == READER_LEFT for process in context.processes):
+            # the others failed only in collectives with it ("Connection reset by peer"):
+            # their tracebacks were all the launch printed for ``| head``
+            raise ReaderLeft from None
         _report_other_failures(context, error.error_index)
         raise
 
