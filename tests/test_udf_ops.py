@@ -700,6 +700,34 @@ def test_message_op_misuse_is_a_compile_error(expr, match):
     assert ":2:" in str(info.value)
 
 
+def test_operands_by_torch_keyword_names_trace_as_positional(device):
+    """Torch takes each operand by its documented name (``input=``, ``other=``,
+    ``shape=``, ``weight=``) and NumPy's ``axis=`` for ``dim=``; such calls raised a bare
+    TypeError naming gnnfuse's handler (``_binary.<locals>.handler() got an unexpected
+    keyword argument 'input'``), without the line."""
+    h, W = features(device, N, FEAT, integer=False), features(device, 3, FEAT, integer=False, seed=1)
+
+    def message(edges):
+        x = torch.add(input=edges.src["h"], other=edges.dst["h"], alpha=2)
+        y = torch.mul(x, other=0.5).sub(other=edges.src["h"]) + torch.maximum(input=x, other=edges.dst["h"])
+        z = torch.reshape(input=y, shape=(-1, 2, 2)).sum(axis=-1)
+        return {"m": torch.cat([z, F.linear(input=x, weight=W)], axis=-1)}
+
+    def oracle():
+        x = h[SRC] + 2 * h[DST]
+        y = x * 0.5 - h[SRC] + torch.maximum(x, h[DST])
+        return aggregate(torch.cat([y.reshape(-1, 2, 2).sum(-1), x @ W.t()], -1))
+    assert_matches(lambda: gnnfuse.message_passing(graph(device), message, lambda n: {"o": n.mailbox["m"].sum(1)},
+                                                   ndata={"h": h})["o"], oracle, [h, W])
+
+
+def test_a_keyword_the_op_does_not_take_is_a_compile_error_at_its_line():
+    def message(edges):
+        return {"m": torch.mm(edges.src["h"], torch.ones(FEAT, 2), out_dtype=torch.float32)}
+    _message_error(message, lambda n: {"o": n.mailbox["m"].sum(1)}, "torch function mm .*'out_dtype'",
+                   message, "out_dtype")
+
+
 def test_log_softmax_over_the_neighbour_axis_is_a_compile_error():
     def reduce(nodes):
         return {"o": torch.sum(F.log_softmax(nodes.mailbox["m"], dim=1), dim=1)}

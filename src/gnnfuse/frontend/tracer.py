@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from ..ir import CompileError, Program, Residency, Value
 from ..ir.ops.movement import TYPE_INDICES
 from .autocast import applies, autocast_handler, autocast_state
+from .call_arguments import misused, positional
 from .numbers import as_eager, is_number
 from .udf import unwrap
 
@@ -286,7 +287,7 @@ class SymTensor:
         if handler is None:
             raise tracer.error(f"torch function {name} has no gnnfuse op (no registry entry)")
         out = kwargs.pop("out", None)
-        result = handler(tracer, *args, **kwargs)
+        result = _call(tracer, f"torch function {name}", handler, *positional(func, args, kwargs))
         return result if out is None else _written_out(tracer, name, out, result)
 
     def __getattr__(self, name: str):
@@ -298,7 +299,21 @@ class SymTensor:
         if method not in TORCH_HANDLERS:    # a property (.ndim, .requires_grad) is no method to call
             construct = f"tensor method .{name}()" if callable(method) else f"tensor attribute .{name}"
             raise self.tracer.error(f"{construct} has no gnnfuse op (no registry entry)")
-        return lambda *args, **kwargs: TORCH_HANDLERS[method](self.tracer, self, *args, **kwargs)
+        return lambda *args, **kwargs: _call(self.tracer, f"tensor method .{name}()", TORCH_HANDLERS[method],
+                                             *positional(method, (self, *args), kwargs))
+
+
+def _call(tracer: Tracer, construct: str, handler: Callable, args: tuple, kwargs: dict[str, Any]) -> Any:
+    """``handler(tracer, *args, **kwargs)``; arguments it has no parameter for (a setting
+    torch takes that gnnfuse's op does not) are refused at the user's line, not left to a
+    bare TypeError naming the handler."""
+    try:
+        return handler(tracer, *args, **kwargs)
+    except TypeError as exc:
+        if not misused(exc):
+            raise
+        detail = str(exc).split("() ", 1)[-1]
+        raise tracer.error(f"{construct} cannot be compiled with these arguments: gnnfuse's op {detail}") from None
 
 
 def _flatten(args, kwargs):
