@@ -728,6 +728,45 @@ def test_a_keyword_the_op_does_not_take_is_a_compile_error_at_its_line():
                    message, "out_dtype")
 
 
+def test_dtype_conversions_match_torch(device):
+    """``mask.float()``, ``idx.double()``, ``x.to(dtype)``, ``x.type_as(y)``, ``.half()``:
+    DGL and PyG code converts dtypes this way, and each was a CompileError ("tensor method
+    .float() has no gnnfuse op"). A conversion to the value's own dtype is the value itself,
+    as in torch, and ``copy=True`` a value of its own."""
+    h = features(device, N, FEAT, integer=False)
+    ids = torch.arange(N, device=device).view(-1, 1) - 2
+    kept = (torch.arange(len(SRC), device=device) % 3 == 0).view(-1, 1)
+
+    def message(edges):
+        x = (edges.src["h"] * edges.dst["h"]).float().double() + edges.src["i"].double() * edges.data["b"].float()
+        y = x.to(torch.float64)          # x itself: the in-place op below writes both
+        y.mul_(2)
+        z = x.to(dtype=torch.float64, copy=True)
+        z.add_(1)
+        return {"m": x + z + edges.data["b"].type_as(x) * edges.dst["h"].half().to(edges.src["h"])}
+
+    def oracle():
+        x = ((h[SRC] * h[DST]).float().double() + ids[SRC].double() * kept.float()) * 2
+        return aggregate(x + (x + 1) + kept.double() * h[DST].half().double())
+    assert_matches(lambda: gnnfuse.message_passing(graph(device), message, lambda n: {"o": n.mailbox["m"].sum(1)},
+                                                   ndata={"h": h, "i": ids}, edata={"b": kept})["o"], oracle, [h])
+
+
+@pytest.mark.parametrize("expr, match", [
+    ('edges.src["h"].to("cpu")', "names a device"),
+    ('edges.src["h"].to(W)', "names a device"),
+    ('edges.src["h"].type("torch.DoubleTensor")', "takes a torch.dtype"),
+])
+def test_a_conversion_to_a_device_is_a_compile_error(expr, match):
+    def reduce(nodes):
+        return {"o": torch.sum(nodes.mailbox["m"], dim=1)}
+    namespace = {"torch": torch, "W": torch.ones(1)}
+    exec(f"def message(edges):\n    return {{'m': {expr}}}\n", namespace)
+    with pytest.raises(CompileError, match=match) as info:
+        gnnfuse.message_passing(graph("cpu"), namespace["message"], reduce, ndata={"h": torch.randn(N, FEAT)})
+    assert ":2:" in str(info.value)
+
+
 def test_log_softmax_over_the_neighbour_axis_is_a_compile_error():
     def reduce(nodes):
         return {"o": torch.sum(F.log_softmax(nodes.mailbox["m"], dim=1), dim=1)}

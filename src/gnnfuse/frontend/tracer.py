@@ -1054,12 +1054,54 @@ def _index_select(tracer: Tracer, table, dim, index):
     return _index_table(tracer, table, index)
 
 
-def _to_integer(dtype: torch.dtype):
-    """``idx.long()`` / ``.int()``: integer data feeding a table lookup; no gradient flows."""
+def _cast(tracer: Tracer, x, dtype: torch.dtype) -> SymTensor:
+    """``x`` in ``dtype``: ``x`` itself where it already has it, as torch returns ``self``
+    (an in-place op then writes both names), else a cast, whose gradient comes back in
+    ``x``'s dtype (none to or from integers: `_cast_derivative`)."""
+    x = tracer.lift(x)
+    return x if x.dtype == dtype else tracer.apply("cast", x, dtype=dtype)
+
+
+def _conversion(dtype: torch.dtype):
+    """``idx.long()`` / ``.int()`` (integer data feeding a table lookup; no gradient
+    flows), ``mask.float()``, ``x.double()``, ``.half()``, ``.bfloat16()``."""
     def handler(tracer: Tracer, x, memory_format=None):
-        x = tracer.lift(x)
-        return x if x.dtype == dtype else tracer.apply("cast", x, dtype=dtype)
+        return _cast(tracer, x, dtype)
     return handler
+
+
+def _to(tracer: Tracer, x, *args, dtype=None, non_blocking=False, copy=False, memory_format=None, device=None):
+    """``x.to(dtype)`` (also ``x.to(dtype=...)``, ``x.to(y)`` with ``y`` a graph value);
+    ``copy=True`` gives a value of its own. A device, or a captured tensor's, is refused:
+    the trace runs on stand-ins whose device it cannot compare with the one asked for."""
+    for arg in args:
+        if isinstance(arg, torch.dtype):
+            dtype = arg
+        elif isinstance(arg, SymTensor):    # another graph value: on the graph's device too
+            dtype = arg.dtype
+        else:
+            device = arg
+    if device is not None:
+        raise tracer.error(f"x.to({device!r}) names a device (or a tensor on one), which a compiled function "
+                           "cannot move graph values to; pass the data in on the graph's device and give .to() "
+                           "a dtype only")
+    if dtype is None:
+        raise tracer.error("x.to() without a dtype has no gnnfuse op; give it one (x.to(torch.float32))")
+    x = tracer.lift(x)
+    return _clone(tracer, x) if copy and x.dtype == dtype else _cast(tracer, x, dtype)
+
+
+def _type(tracer: Tracer, x, dtype=None, non_blocking=False):
+    """``x.type(torch.float64)``; ``x.type()`` (a type's name) and type strings are refused."""
+    if not isinstance(dtype, torch.dtype):
+        raise tracer.error("x.type() of a graph value takes a torch.dtype (x.type(torch.float64)); its type "
+                           "name, or a type given by name, has no gnnfuse op")
+    return _cast(tracer, x, dtype)
+
+
+def _type_as(tracer: Tracer, x, other):
+    """``x.type_as(y)``: ``x`` in ``y``'s dtype (a graph value's or a captured tensor's)."""
+    return _cast(tracer, x, other.dtype)
 
 
 def _scalar_conversion(self: SymTensor, *args):
@@ -1130,7 +1172,10 @@ for _fns, _h in [
     ((torch.bmm, T.bmm), _bmm),
     ((T.__getitem__,), _viewing(_getitem)), ((torch.index_select, T.index_select), _index_select),
     ((F.embedding,), _embedding),
-    ((T.long,), _to_integer(torch.int64)), ((T.int,), _to_integer(torch.int32)),
+    ((T.long,), _conversion(torch.int64)), ((T.int,), _conversion(torch.int32)),
+    ((T.float,), _conversion(torch.float32)), ((T.double,), _conversion(torch.float64)),
+    ((T.half,), _conversion(torch.float16)), ((T.bfloat16,), _conversion(torch.bfloat16)),
+    ((T.to,), _to), ((T.type,), _type), ((T.type_as,), _type_as),
 ]:
     for _f in _fns:
         TORCH_HANDLERS[_f] = _h
