@@ -516,6 +516,62 @@ def _local_helper_slices(v):
     return first([u.h for u in v.innbs])
 
 
+def _running_total_appended(v):
+    acc, totals = v.h * 0.0, []
+    for u in v.innbs:
+        acc = acc + u.h
+        totals.append(acc)
+    return sum(totals)
+
+
+def _previous_neighbour(v):
+    prev, steps = v.h, []
+    for u in v.innbs:
+        steps.append(u.h - prev)
+        prev = u.h
+    return sum(steps)
+
+
+def _running_total_in_a_dict(v):
+    state, totals = {"acc": v.h * 0.0}, []
+    for u in v.innbs:
+        state["acc"] = state["acc"] + u.h
+        totals.append(state["acc"] * 1.0)
+    return sum(totals)
+
+
+def _running_walrus(v):
+    acc = v.h * 0.0
+    return sum([(acc := acc + u.h) for u in v.innbs])
+
+
+def _stepped_counter(v):
+    position = itertools.count()
+    return sum([u.h * next(position) for u in v.innbs])
+
+
+def _appended_in_a_comprehension(v):
+    seen = []
+    return sum([u.h * len(seen.append(1.0) or seen) for u in v.innbs])
+
+
+@pytest.mark.parametrize("fn, text, message", [
+    (_running_total_appended, "totals.append(acc)", "an earlier pass of a loop"),
+    (_previous_neighbour, "steps.append(u.h - prev)", "an earlier pass of a loop"),
+    (_running_total_in_a_dict, "totals.append(state", "an earlier pass of a loop"),
+    (_running_walrus, "(acc := acc + u.h)", "an earlier pass of a loop"),
+    (_stepped_counter, "next(position)", "next\\(\\) in a loop"),
+    (_appended_in_a_comprehension, "seen.append(1.0)", "counting in a Python loop"),
+], ids=lambda p: p.__name__ if callable(p) else "")
+def test_state_carried_from_one_neighbour_to_the_next_is_rejected_at_its_line(fn, text, message):
+    """The traced loop runs its body once, so a value one neighbour's pass leaves for the
+    next -- a running total, the previous neighbour, a stepped counter -- holds what it held
+    before the loop. These compiled silently: on vertex 1 (in-edges from 0, 2, 2 in that
+    order; h = 1, 5, 2, ...) a running total's sum came out as the plain sum, 5, for eager
+    code's 9, and the previous-neighbour steps as -10 for eager code's h2 - h1 = -3."""
+    assert_refused_at(fn, message, fn, text)
+
+
 @pytest.mark.parametrize("fn, text, message", [
     (_numbered_pairs, "enumerate(zip(", "enumerate"),
     (_first_pair, "pairs[0]", "slicing a list built from v.innbs"),

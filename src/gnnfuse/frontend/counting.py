@@ -5,8 +5,9 @@ from that neighbour stay symbolic, but Python's own bookkeeping does not: ``n +=
 the loop, or a list of constants built from it (``len([1 for u in v.innbs])``, ``sum(1
 for u in v.innbs)``), ends up as 1 for every vertex -- a mean silently becomes a sum.
 So do a position (``enumerate``), a pair of neighbours (two loops over ``v.innbs``), a
-prefix (slicing the list, ``break``, ``islice``) and the list's truth (``if nb:`` is true
-at trace time for a vertex with no neighbour). Nothing at run time distinguishes that 1,
+prefix (slicing the list, ``break``, ``islice``), the list's truth (``if nb:`` is true
+at trace time for a vertex with no neighbour) and a value one neighbour's pass of a loop
+leaves for the next (a running total used in the loop, the previous neighbour's value). Nothing at run time distinguishes that 1,
 0 or one-element list from a real one, so the function's syntax is checked before it is
 traced; ``len(v.innbs)`` is the symbolic count. Names bound to such a list (an alias
 ``nbs = v.innbs``, a list a loop over it fills) are followed, and so are the helpers the
@@ -326,6 +327,8 @@ def _counting_lines(tree: ast.AST, lists: set[str]) -> list[tuple[int, str]]:
                       for message in _fills(n, derived)]
             found += [(n.lineno, _INNER) for stmt in node.body for n in ast.walk(stmt) if _inner_reduction(n, derived, lists)]
             found += [(line, _LAST) for line in _read_after(node, derived, tree)]
+            found += [(line, _CARRIED) for line in _carried(node, derived)]
+            found += [(n.lineno, _STATEFUL) for stmt in node.body for n in ast.walk(stmt) if _steps_outside(n, node)]
         elif _is_comprehension(node) and any(_walks_neighbours(g.iter, lists) for g in node.generators):
             outer = set().union(*(_names(g.target) for g in node.generators))
             found += [(n.lineno, IDENTITY) for part in _comprehension_body(node) for n in ast.walk(part)
@@ -343,6 +346,12 @@ def _counting_lines(tree: ast.AST, lists: set[str]) -> list[tuple[int, str]]:
             walrus = {n.target.id for part in _comprehension_body(node) for n in ast.walk(part)
                       if isinstance(n, ast.NamedExpr) and _reads(n.value, outer)}
             found += [(line, _LAST) for line in _read_after(node, walrus, tree)]
+            found += [(n.lineno, _CARRIED) for part in _comprehension_body(node) for n in ast.walk(part)
+                      if _carries(n, outer)]
+            found += [(n.lineno, message) for part in _comprehension_body(node) for n in ast.walk(part)
+                      for message in _fills(n, outer)]
+            found += [(n.lineno, _STATEFUL) for part in _comprehension_body(node) for n in ast.walk(part)
+                      if _steps_outside(n, node)]
         elif isinstance(node, ast.Call) and any(_passes_neighbours(a, lists) for a in node.args):
             name = _called_name(node.func)
             if name == "enumerate" and _positions_only_index(node, parents):
@@ -614,6 +623,93 @@ def _read_after(scope: ast.AST, names: set[str], tree: ast.AST) -> list[int]:
     return [n.lineno for n in after if isinstance(n.ctx, ast.Load) and n.id in names - again]
 
 
+def _carried(loop: ast.For, derived: set[str]) -> list[int]:
+    """Lines of a loop over the neighbours that use a value an earlier iteration left in a
+    name, or in a container's item or an attribute (``st["a"]``, ``box.a``): a running total
+    appended (``acc = acc + u.h; hs.append(acc)``), the previous neighbour's value (``hs.append(
+    u.h - prev); prev = u.h``), a walrus carrying one. Eager code reads the earlier neighbours'
+    values there, the trace -- one pass of the body -- the value from before the loop. The
+    carrying assignment itself (``acc = acc + u.h``) is no such use: read after the loop,
+    `_read_after` refuses it, and a count is `_accumulates`'."""
+    parents = {child: parent for parent in ast.walk(loop) for child in ast.iter_child_nodes(parent)}
+    writes: dict[str, list[tuple[tuple[int, int], ast.AST]]] = {}
+    reads: list[tuple[str, tuple[int, int], ast.AST]] = []
+    for node in _own_scope(loop.body):
+        if isinstance(node, ast.NamedExpr):
+            writes.setdefault(node.target.id, []).append(((node.end_lineno, node.end_col_offset), node))
+        elif isinstance(node, (ast.Name, ast.Subscript, ast.Attribute)) and isinstance(node.ctx, ast.Store):
+            writer, base = _statement_of(node, parents), _base_name(node)
+            if base is not None and not isinstance(parents.get(node), (ast.comprehension, ast.NamedExpr)):
+                writes.setdefault(base, []).append(((writer.end_lineno, writer.end_col_offset), writer))
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and not _written_place(node, parents):
+            reads.append((node.id, (node.lineno, node.col_offset), node))
+        if isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name):
+            reads.append((node.target.id, (node.target.lineno, node.target.col_offset), node.target))
+    carried = {name for name, at, _ in reads if name in writes and at < min(p for p, _ in writes[name])}
+    lines = []
+    for name, _, node in reads:
+        writers = {id(w) for _, w in writes.get(name, [])}
+        chain = [node]
+        while chain[-1] in parents and chain[-1] is not loop:
+            chain.append(parents[chain[-1]])
+        if name in carried and not any(id(a) in writers and not isinstance(a, ast.NamedExpr) for a in chain):
+            lines.append(node.lineno)
+    return lines + [n.lineno for n in _own_scope(loop.body) if _carries(n, derived)]
+
+
+def _carries(node: ast.AST, derived: set[str]) -> bool:
+    """A walrus that reads its own target, ``(acc := acc + u.h)``: its value is a running
+    one (a count, ``(n := n + 1)``, is `_accumulates`')."""
+    return (isinstance(node, ast.NamedExpr) and _reads(node.value, {node.target.id})
+            and not _accumulates(node, derived, set()))
+
+
+def _own_scope(body: list[ast.stmt]):
+    """The nodes of ``body``, not into the functions, lambdas and classes it defines (their
+    names are theirs)."""
+    stack = list(reversed(body))
+    while stack:
+        node = stack.pop()
+        yield node
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            stack.extend(reversed(list(ast.iter_child_nodes(node))))
+
+
+def _statement_of(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> ast.AST:
+    while not isinstance(node, ast.stmt) and node in parents:
+        node = parents[node]
+    return node
+
+
+def _base_name(node: ast.expr) -> str | None:
+    """``st`` of ``st``, ``st["a"]``, ``st.a[0]``: the name whose value a store writes."""
+    while isinstance(node, (ast.Subscript, ast.Attribute)):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _written_place(node: ast.Name, parents: dict[ast.AST, ast.AST]) -> bool:
+    """Whether ``node`` is the container an item or attribute store writes into (``st`` in
+    ``st["a"] = x``), which the store does not read."""
+    child, parent = node, parents.get(node)
+    while isinstance(parent, (ast.Subscript, ast.Attribute)) and parent.value is child:
+        if isinstance(parent.ctx, ast.Store):
+            return True
+        child, parent = parent, parents.get(parent)
+    return False
+
+
+def _steps_outside(node: ast.AST, scope: ast.AST) -> bool:
+    """``next(it)`` in a loop or comprehension over the neighbours, of an iterator made
+    outside it (``itertools.count()``, ``iter(weights)``): eager code steps it once per
+    neighbour, the trace once."""
+    if not (isinstance(node, ast.Call) and _called_name(node.func) == "next" and node.args
+            and isinstance(node.args[0], ast.Name)):
+        return False
+    name = node.args[0].id
+    return not any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Store) for n in ast.walk(scope))
+
+
 def _inner_reduction(node: ast.AST, derived: set[str], lists: set[str]) -> bool:
     """``sum([u.h * k for k in ks])`` or ``max([a, b])`` in the per-neighbour part of a
     loop or comprehension over the neighbours: a Python reduction of each neighbour's own
@@ -749,6 +845,13 @@ _LAST = ("a name bound in a loop or comprehension over v.innbs / v.inedges to a 
          "variable, m = u.h @ W, acc = acc + u.h), read after it: the traced loop runs once, so it holds one "
          "symbolic neighbour's value where eager code has the last neighbour's or a running total; aggregate "
          "every neighbour with sum/max/min over a list built from v.innbs")
+_CARRIED = ("a value an earlier pass of a loop over v.innbs / v.inedges left (a running total, the previous "
+            "neighbour's value, a walrus carried from one neighbour to the next) used in the loop: the traced loop "
+            "runs once, for one symbolic neighbour, so it holds the value from before the loop where eager code "
+            "has the earlier neighbours'; aggregate every neighbour with sum/max/min over a list built from v.innbs")
+_STATEFUL = ("next() in a loop or comprehension over v.innbs / v.inedges of an iterator made outside it steps it "
+             "once at trace time, once per neighbour in eager code; a neighbour's position is not known -- "
+             "aggregate every neighbour (sum, max, min)")
 _REORDERS = ("pop, remove, reverse, sort, insert, index or count on a list built from v.innbs / v.inedges: at "
              "trace time it holds one symbolic neighbour, so a position or an order is not known; aggregate "
              "every neighbour (sum, max, min)")
