@@ -555,7 +555,31 @@ def _appended_in_a_comprehension(v):
     return sum([u.h * len(seen.append(1.0) or seen) for u in v.innbs])
 
 
+def _local_counter(v):
+    n = 0
+
+    def numbered(x):
+        nonlocal n
+        n += 1
+        return x * n
+    return sum([numbered(u.h) for u in v.innbs])
+
+
+_CALLS = [0]
+
+
+def _numbered_by_a_global_list(x):
+    _CALLS[0] += 1
+    return x * _CALLS[0]
+
+
+def _global_counter(v):
+    return sum([_numbered_by_a_global_list(u.h) for u in v.innbs])
+
+
 @pytest.mark.parametrize("fn, text, message", [
+    (_local_counter, "numbered(u.h) for u", "keeps state between calls"),
+    (_global_counter, "_numbered_by_a_global_list(u.h) for u", "keeps state between calls"),
     (_running_total_appended, "totals.append(acc)", "an earlier pass of a loop"),
     (_previous_neighbour, "steps.append(u.h - prev)", "an earlier pass of a loop"),
     (_running_total_in_a_dict, "totals.append(state", "an earlier pass of a loop"),
@@ -568,7 +592,9 @@ def test_state_carried_from_one_neighbour_to_the_next_is_rejected_at_its_line(fn
     next -- a running total, the previous neighbour, a stepped counter -- holds what it held
     before the loop. These compiled silently: on vertex 1 (in-edges from 0, 2, 2 in that
     order; h = 1, 5, 2, ...) a running total's sum came out as the plain sum, 5, for eager
-    code's 9, and the previous-neighbour steps as -10 for eager code's h2 - h1 = -3."""
+    code's 9, and the previous-neighbour steps as -10 for eager code's h2 - h1 = -3; a
+    helper numbering its calls (a nonlocal count or a global list's item) numbered every
+    neighbour 1: 5 for eager code's 1 h0 + 2 h2 + 3 h2 = 11."""
     assert_refused_at(fn, message, fn, text)
 
 

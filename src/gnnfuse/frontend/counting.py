@@ -27,6 +27,7 @@ import types
 from typing import Any, Mapping
 
 from ..ir import CompileError
+from .trace_cache import outside_writes
 from .tracer import is_library
 from .udf import unwrap
 
@@ -86,10 +87,12 @@ def _found_in(fn: types.FunctionType, given: frozenset[str], known: dict[str, An
     while True:
         lines, calls, returns = _analysis(fn.__code__, given, listing)
         found, giving = [(fn.__code__.co_filename, line, message) for line, message in lines], set()
-        for line, written, path, positions, keywords, passed in calls:
+        for line, written, path, positions, keywords, passed, per_neighbour in calls:
             for helper, leading, bound in _resolve(fn, path, known):
                 if is_library(helper.__code__.co_filename):     # torch's and gnnfuse's own
                     continue
+                if per_neighbour and _helper_keeps_state(helper.__code__):
+                    found.append((fn.__code__.co_filename, line, _HELPER_STATE))
                 shifted = tuple(i + len(leading) for i in positions)
                 given_to = _listed_parameters(helper.__code__, shifted, keywords)
                 if len(given_to) < len(shifted) + len(keywords) and not hasattr(helper, "__wrapped__"):
@@ -180,9 +183,10 @@ def _listed_parameters(code: types.CodeType, positions: tuple[int, ...], keyword
     return frozenset([names[i] for i in positions if i < code.co_argcount] + [k for k in keywords if k in names])
 
 
-_Call = tuple[int, tuple, tuple, tuple[int, ...], tuple[str, ...], "tuple[int, tuple[str, ...]] | None"]
+_Call = tuple[int, tuple, tuple, tuple[int, ...], tuple[str, ...], "tuple[int, tuple[str, ...]] | None", bool]
 """A call: its line, its callee as written and as resolved (`_dotted`), the positions and
-the keywords given a neighbour list, and what it passes (`_passed`)."""
+the keywords given a neighbour list, what it passes (`_passed`), and whether it is made
+once per neighbour (in a loop or comprehension over a neighbour list)."""
 
 
 @functools.lru_cache(maxsize=1024)
@@ -198,9 +202,11 @@ def _analysis(code: types.CodeType, given: frozenset[str], listing: frozenset[st
     lists = _names_of_neighbour_lists(tree, given, listing)
     found = _counting_lines(tree, lists)
     aliases = _aliases(tree)
+    per_neighbour = {id(n) for scope in _neighbour_scopes(tree, lists) for part in scope for n in ast.walk(part)}
     calls = tuple((node.lineno + first - 1, written, aliases.get(written[0], written[:1]) + written[1:],
                    _listed_positions(node, lists),
-                   tuple(k.arg for k in node.keywords if k.arg and _passes_neighbours(k.value, lists)), _passed(node))
+                   tuple(k.arg for k in node.keywords if k.arg and _passes_neighbours(k.value, lists)), _passed(node),
+                   id(node) in per_neighbour)
                   for node in ast.walk(tree) if isinstance(node, ast.Call) and (written := _dotted(node.func)))
     returns = any(isinstance(node, ast.Return) and node.value is not None and _built_from_neighbours(node.value, lists)
                   for node in ast.walk(tree)) or (
@@ -372,6 +378,8 @@ def _counting_lines(tree: ast.AST, lists: set[str]) -> list[tuple[int, str]]:
             found.append((node.lineno, _REORDERS))
         if _degree_as_a_number(node, lists, parents):
             found.append((node.lineno, _DEGREE_NUMBER))
+        if node is tree:
+            found += [(line, _HELPER_STATE) for line in _stateful_local_calls(tree, lists)]
         if (isinstance(node, (ast.For, ast.comprehension)) and _over_degree_range(node.iter, lists)
                 and not _positions_only_index(node.iter, parents, whole_target=True)):
             found.append((getattr(node, "lineno", node.iter.lineno), _POSITIONS))
@@ -699,6 +707,65 @@ def _written_place(node: ast.Name, parents: dict[ast.AST, ast.AST]) -> bool:
     return False
 
 
+def _neighbour_scopes(tree: ast.AST, lists: set[str]) -> list[list[ast.AST]]:
+    """The bodies of the loops and comprehensions over a neighbour list: what runs once
+    per neighbour in eager code, once at trace time."""
+    scopes = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.For) and _walks_neighbours(node.iter, lists):
+            scopes.append(list(node.body))
+        elif _is_comprehension(node) and any(_walks_neighbours(g.iter, lists) for g in node.generators):
+            scopes.append(_comprehension_body(node))
+    return scopes
+
+
+def _stateful_local_calls(tree: ast.AST, lists: set[str]) -> list[int]:
+    """Lines calling, once per neighbour, a function defined in the traced one that keeps
+    state (`_keeps_state`: ``def bump(x): nonlocal n; n += 1``): eager code changes it once
+    per neighbour, the trace once. A helper defined elsewhere is `_found_in`'s."""
+    stateful = {node.name for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                and _keeps_state(node)}
+    return [n.lineno for scope in _neighbour_scopes(tree, lists) for part in scope for n in ast.walk(part)
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in stateful]
+
+
+def _helper_keeps_state(code: types.CodeType) -> bool:
+    """`_keeps_state` of a helper's definition; without source, its bytecode's writes to
+    globals and closure variables."""
+    try:
+        tree, _ = _source(code)
+    except (OSError, TypeError, SyntaxError):
+        return bool(outside_writes(code))
+    definition = next((n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))),
+                      None)
+    return definition is not None and _keeps_state(definition)
+
+
+# methods that change the list, dict or set they are called on
+_MUTATORS = frozenset({"append", "extend", "insert", "pop", "remove", "clear", "update", "add", "discard",
+                       "setdefault", "popitem", "sort", "reverse"})
+
+
+def _keeps_state(definition: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda) -> bool:
+    """Whether a function writes state that outlives its call: a ``nonlocal`` or ``global``
+    name, or an item or attribute of (or a mutating method on) a container it neither takes
+    nor makes -- a closure's or a module's (``COUNT[0] += 1``, ``seen.append(1)``)."""
+    body = list(ast.walk(definition))
+    if any(isinstance(n, (ast.Nonlocal, ast.Global)) for n in body):
+        return True
+    local = set(_parameters(definition)) | {n.id for n in body if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    for node in body:
+        if isinstance(node, (ast.Subscript, ast.Attribute)) and isinstance(node.ctx, ast.Store):
+            base = _base_name(node)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _MUTATORS:
+            base = _base_name(node.func.value)
+        else:
+            continue
+        if base is not None and base not in local:
+            return True
+    return False
+
+
 def _steps_outside(node: ast.AST, scope: ast.AST) -> bool:
     """``next(it)`` in a loop or comprehension over the neighbours, of an iterator made
     outside it (``itertools.count()``, ``iter(weights)``): eager code steps it once per
@@ -852,6 +919,10 @@ _CARRIED = ("a value an earlier pass of a loop over v.innbs / v.inedges left (a 
 _STATEFUL = ("next() in a loop or comprehension over v.innbs / v.inedges of an iterator made outside it steps it "
              "once at trace time, once per neighbour in eager code; a neighbour's position is not known -- "
              "aggregate every neighbour (sum, max, min)")
+_HELPER_STATE = ("a function called once per neighbour (in a loop or comprehension over v.innbs / v.inedges) "
+                 "keeps state between calls (writes a nonlocal or global name, or changes a container it neither takes "
+                 "nor makes): eager code changes it once per neighbour, the trace once, for one symbolic neighbour; "
+                 "compute per-neighbour values without state and aggregate them (sum, max, min)")
 _REORDERS = ("pop, remove, reverse, sort, insert, index or count on a list built from v.innbs / v.inedges: at "
              "trace time it holds one symbolic neighbour, so a position or an order is not known; aggregate "
              "every neighbour (sum, max, min)")
