@@ -577,9 +577,26 @@ def _global_counter(v):
     return sum([_numbered_by_a_global_list(u.h) for u in v.innbs])
 
 
+class _Numberer:
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, x):
+        self.calls += 1
+        return x * self.calls
+
+
+_NUMBERER = _Numberer()
+
+
+def _object_counter(v):
+    return sum([_NUMBERER(u.h) for u in v.innbs])
+
+
 @pytest.mark.parametrize("fn, text, message", [
     (_local_counter, "numbered(u.h) for u", "keeps state between calls"),
     (_global_counter, "_numbered_by_a_global_list(u.h) for u", "keeps state between calls"),
+    (_object_counter, "_NUMBERER(u.h) for u", "keeps state between calls"),
     (_running_total_appended, "totals.append(acc)", "an earlier pass of a loop"),
     (_previous_neighbour, "steps.append(u.h - prev)", "an earlier pass of a loop"),
     (_running_total_in_a_dict, "totals.append(state", "an earlier pass of a loop"),
@@ -593,8 +610,8 @@ def test_state_carried_from_one_neighbour_to_the_next_is_rejected_at_its_line(fn
     before the loop. These compiled silently: on vertex 1 (in-edges from 0, 2, 2 in that
     order; h = 1, 5, 2, ...) a running total's sum came out as the plain sum, 5, for eager
     code's 9, and the previous-neighbour steps as -10 for eager code's h2 - h1 = -3; a
-    helper numbering its calls (a nonlocal count or a global list's item) numbered every
-    neighbour 1: 5 for eager code's 1 h0 + 2 h2 + 3 h2 = 11."""
+    helper numbering its calls (a nonlocal count, a global list's item, its object's
+    attribute) numbered every neighbour 1: 5 for eager code's 1 h0 + 2 h2 + 3 h2 = 11."""
     assert_refused_at(fn, message, fn, text)
 
 

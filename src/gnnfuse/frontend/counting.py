@@ -91,7 +91,7 @@ def _found_in(fn: types.FunctionType, given: frozenset[str], known: dict[str, An
             for helper, leading, bound in _resolve(fn, path, known):
                 if is_library(helper.__code__.co_filename):     # torch's and gnnfuse's own
                     continue
-                if per_neighbour and _helper_keeps_state(helper.__code__):
+                if per_neighbour and _helper_keeps_state(helper.__code__, len(leading)):
                     found.append((fn.__code__.co_filename, line, _HELPER_STATE))
                 shifted = tuple(i + len(leading) for i in positions)
                 given_to = _listed_parameters(helper.__code__, shifted, keywords)
@@ -729,16 +729,17 @@ def _stateful_local_calls(tree: ast.AST, lists: set[str]) -> list[int]:
             if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in stateful]
 
 
-def _helper_keeps_state(code: types.CodeType) -> bool:
-    """`_keeps_state` of a helper's definition; without source, its bytecode's writes to
-    globals and closure variables."""
+def _helper_keeps_state(code: types.CodeType, bound: int) -> bool:
+    """`_keeps_state` of a helper's definition whose first ``bound`` parameters are bound
+    before the call (a method's ``self``, a partial's arguments): those are state too;
+    without source, its bytecode's writes to globals and closure variables."""
     try:
         tree, _ = _source(code)
     except (OSError, TypeError, SyntaxError):
         return bool(outside_writes(code))
     definition = next((n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))),
                       None)
-    return definition is not None and _keeps_state(definition)
+    return definition is not None and _keeps_state(definition, bound)
 
 
 # methods that change the list, dict or set they are called on
@@ -746,14 +747,17 @@ _MUTATORS = frozenset({"append", "extend", "insert", "pop", "remove", "clear", "
                        "setdefault", "popitem", "sort", "reverse"})
 
 
-def _keeps_state(definition: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda) -> bool:
+def _keeps_state(definition: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda, bound: int = 0) -> bool:
     """Whether a function writes state that outlives its call: a ``nonlocal`` or ``global``
     name, or an item or attribute of (or a mutating method on) a container it neither takes
-    nor makes -- a closure's or a module's (``COUNT[0] += 1``, ``seen.append(1)``)."""
+    per call nor makes -- a closure's, a module's or the bound object's (``COUNT[0] += 1``,
+    ``seen.append(1)``, ``self.calls += 1`` with ``self`` among the first ``bound``
+    parameters)."""
     body = list(ast.walk(definition))
     if any(isinstance(n, (ast.Nonlocal, ast.Global)) for n in body):
         return True
-    local = set(_parameters(definition)) | {n.id for n in body if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    local = set(_parameters(definition)[bound:]) | {n.id for n in body
+                                                    if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
     for node in body:
         if isinstance(node, (ast.Subscript, ast.Attribute)) and isinstance(node.ctx, ast.Store):
             base = _base_name(node)
