@@ -447,31 +447,48 @@ def _in_place_draw():
                                   _in_place_draw],
                          ids=["torch.rand.item", "numpy.random.rand", "random.random", "from-random-import",
                               "Normal.rsample", "bernoulli_"])
-@pytest.mark.parametrize("front_end", ["vertex", "message"])
-def test_a_random_draw_at_trace_time_is_drawn_on_every_call(graph, draw, front_end):
+def test_a_random_draw_at_trace_time_is_drawn_on_every_call(graph, draw):
     """Each call must see its own draw, as eager code would; a cached trace would keep the
-    first. The draw is in a helper, so the guard must follow calls to find it."""
+    first. The draw is in a helper, so the guard must follow calls to find it. (A message
+    function runs once per call in eager code too, so one draw per call is its meaning.)"""
     h = torch.randn(4, 3, dtype=torch.float64)
-
-    @gnnfuse.vertex
-    def scaled(v):
-        return sum([u.h * draw() for u in v.innbs])
 
     def message(edges):
         return {"m": edges.src["h"] * draw()}
-
-    def run():
-        if front_end == "vertex":
-            return scaled(graph, {"h": h})
-        return frontend.message_passing(graph, message, lambda n: {"o": torch.sum(n.mailbox["m"], dim=1)},
-                                        ndata={"h": h})["o"]
     for seed in (1, 2, 3):
         for seed_all in (torch.manual_seed, numpy.random.seed, random.seed):
             seed_all(seed)
         expected = draw() * neighbour_sum(graph, h)
         for seed_all in (torch.manual_seed, numpy.random.seed, random.seed):
             seed_all(seed)
-        torch.testing.assert_close(run(), expected)
+        torch.testing.assert_close(frontend.message_passing(
+            graph, message, lambda n: {"o": torch.sum(n.mailbox["m"], dim=1)}, ndata={"h": h})["o"], expected)
+
+
+@pytest.mark.parametrize("draw", [_torch_draw, _numpy_draw, _random_draw, _imported_draw, _library_draw,
+                                  _in_place_draw],
+                         ids=["torch.rand.item", "numpy.random.rand", "random.random", "from-random-import",
+                              "Normal.rsample", "bernoulli_"])
+def test_a_random_draw_in_a_vertex_function_is_refused(graph, draw):
+    """Eager code runs a vertex function once per vertex and its neighbour loop once per
+    in-edge, each drawing anew; the trace drew once, and every edge of every vertex shared
+    that number (``u.h * random.random()`` on 200 vertices and 4,000 edges: one scale for
+    all of them), silently."""
+    @gnnfuse.vertex
+    def scaled(v):
+        return sum([u.h * draw() for u in v.innbs])
+    for _ in range(2):      # refused again, not served from a cache
+        with pytest.raises(gnnfuse.CompileError, match="draws a random number"):
+            scaled(graph, {"h": torch.randn(4, 3, dtype=torch.float64)})
+
+
+def test_dropout_in_a_vertex_function_draws_per_element(graph):
+    """F.dropout on graph values draws its masks at run time, per element: no trace-time draw."""
+    @gnnfuse.vertex
+    def dropped(v):
+        return sum([torch.nn.functional.dropout(u.h, 0.5) for u in v.innbs])
+    out = dropped(graph, {"h": torch.ones(4, 64, dtype=torch.float64)})
+    assert (out == 0).any() and (out != 0).any()
 
 
 def test_globals_lookup_by_name_is_never_cached(graph, traces):

@@ -134,13 +134,13 @@ def outside_writes(code: types.CodeType, free: frozenset[str] | None = None) -> 
 
 
 @functools.lru_cache(maxsize=1024)
-def _impure_name(code: types.CodeType) -> str | None:
+def impure_name(code: types.CodeType) -> str | None:
     """The first name in ``_IMPURE`` that ``code`` (or code nested in it) loads or calls."""
     for ins in dis.get_instructions(code):
         if ins.opname in _NAME_LOADS and ins.argval in _IMPURE:
             return ins.argval
     return next((name for const in code.co_consts if isinstance(const, types.CodeType)
-                 for name in [_impure_name(const)] if name), None)
+                 for name in [impure_name(const)] if name), None)
 
 
 # Where a guarded value was found, step by step from the traced functions: ("fn", i),
@@ -271,8 +271,8 @@ def _function_state(fn: types.FunctionType, walk: _Walk, path: Path) -> Hashable
     if id(fn) in walk.seen:          # recursion: the function is already being snapshotted
         return "recursive"
     walk.seen.add(id(fn))
-    if _impure_name(fn.__code__):
-        raise _Uncacheable(f"{fn.__qualname__} calls {_impure_name(fn.__code__)}")
+    if impure_name(fn.__code__):
+        raise _Uncacheable(f"{fn.__qualname__} calls {impure_name(fn.__code__)}")
     written = outside_writes(fn.__code__)
     if written:
         raise _Uncacheable(f"{fn.__qualname__} writes the {written[0][0]} {written[0][1]!r}")
@@ -527,12 +527,14 @@ def random_states() -> tuple:
     NumPy's global one. A trace that moved one drew a number it baked into the program
     as a constant; `_IMPURE` catches such code by the names it calls, but not a draw
     made inside library code (``Normal(0, 1).rsample()``, ``t.bernoulli_()``,
-    ``F.gumbel_softmax``), which then repeated one value on every cached call."""
+    ``F.gumbel_softmax``), which then repeated one value on every cached call. The torch
+    states are read as their storage's bytes, which is no value read `_ValueReads` notes:
+    a vertex function's trace reads them (`vertex._random_draw`) and stays cacheable."""
     try:
         with unset_fake_temporarily():      # under torch.export the states came back as fake tensors
-            states: tuple = (torch.default_generator.get_state().numpy().tobytes(), random.getstate())
+            states: tuple = (bytes(torch.default_generator.get_state().untyped_storage()), random.getstate())
             if torch.cuda.is_initialized():
-                states += tuple(g.get_state().numpy().tobytes() for g in torch.cuda.default_generators)
+                states += tuple(bytes(g.get_state().untyped_storage()) for g in torch.cuda.default_generators)
     except RuntimeError:    # unreadable (inside a torch.func transform on a GPU): unequal to any, so not cached
         return (object(),)
     numpy = sys.modules.get("numpy")

@@ -54,6 +54,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import functools
+import linecache
 import sys
 import threading
 import types
@@ -69,7 +70,8 @@ from .compiled_call import call_compiled, register_udf
 from .counting import IDENTITY, check_counting
 from .graph_input import call_graph
 from .repeat_call import RepeatCall, RepeatCalls
-from .trace_cache import GuardMemo, TraceCache, check_tables, outside_writes, plain_table, program_feeds
+from .trace_cache import (GuardMemo, TraceCache, check_tables, impure_name, outside_writes, plain_table,
+                          program_feeds, random_states)
 from .tracer import EDGE_ROWED, SymTensor, Tracer, is_library
 from .udf import unwrap
 
@@ -403,6 +405,22 @@ def _from_neighbour(item) -> bool:
 _UNSET = object()
 
 
+def _random_draw(plain: types.FunctionType) -> CompileError:
+    """The refusal of a vertex function that drew a random number while traced (torch's,
+    Python's or NumPy's generators, also inside library code): eager code runs the function
+    once per vertex and its neighbour loop once per in-edge, drawing anew each time, but the
+    trace drew once, a constant every vertex and edge of the program would share (a
+    per-neighbour ``u.h * random.random()`` scaled every edge alike). F.dropout on graph
+    values draws per element at run time and is no such draw."""
+    code = plain.__code__
+    name = impure_name(code)
+    return CompileError(
+        f"{plain.__qualname__} draws a random number{f' ({name})' if name else ''} while traced: eager code draws "
+        "once per vertex (per in-edge in a loop over v.innbs), the trace once, a constant every vertex and edge "
+        "would share; pass random values in as vertex or edge features, or use F.dropout on graph values",
+        f"{code.co_filename}:{code.co_firstlineno}: {linecache.getline(code.co_filename, code.co_firstlineno).strip()}")
+
+
 def _write_back_globals(plain: types.FunctionType, env: dict[str, Any], before: dict[str, Any]) -> None:
     """Carry the globals the traced function rebound in ``env`` (the copy of its globals
     it runs with, holding the counting builtins) over to its module, as the eager call
@@ -456,9 +474,12 @@ class VertexFunction:
         rebound = {name: env.get(name, _UNSET) for kind, name, _ in outside_writes(plain.__code__) if kind == "global"}
         fn = types.FunctionType(plain.__code__, env, plain.__name__, plain.__defaults__, plain.__closure__)
         fn.__kwdefaults__ = plain.__kwdefaults__
+        drawn = random_states()
         with _in_helpers(counting):
             result = tracer.call(lambda v: fn(*args, v, **keywords), _Vertex(tracer, "center", feats))
         _write_back_globals(plain, env, rebound)
+        if random_states() != drawn:
+            raise _random_draw(plain)
         outputs = result if isinstance(result, dict) else {"out": result}
         for key, out in outputs.items():
             if not isinstance(out, SymTensor) or out.value.residency is not Residency.NODE:
