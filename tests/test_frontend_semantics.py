@@ -540,6 +540,14 @@ def _running_total_in_a_dict(v):
     return sum(totals)
 
 
+def _running_total_added_into_an_item(v):
+    state, totals = {"acc": v.h * 0.0}, []
+    for u in v.innbs:
+        state["acc"] += u.h
+        totals.append(state["acc"] * 1.0)
+    return sum(totals)
+
+
 def _running_walrus(v):
     acc = v.h * 0.0
     return sum([(acc := acc + u.h) for u in v.innbs])
@@ -600,6 +608,7 @@ def _object_counter(v):
     (_running_total_appended, "totals.append(acc)", "an earlier pass of a loop"),
     (_previous_neighbour, "steps.append(u.h - prev)", "an earlier pass of a loop"),
     (_running_total_in_a_dict, "totals.append(state", "an earlier pass of a loop"),
+    (_running_total_added_into_an_item, "totals.append(state", "an earlier pass of a loop"),
     (_running_walrus, "(acc := acc + u.h)", "an earlier pass of a loop"),
     (_stepped_counter, "next(position)", "next\\(\\) in a loop"),
     (_appended_in_a_comprehension, "seen.append(1.0)", "counting in a Python loop"),

@@ -651,8 +651,8 @@ def _carried(loop: ast.For, derived: set[str]) -> list[int]:
                 writes.setdefault(base, []).append(((writer.end_lineno, writer.end_col_offset), writer))
         elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and not _written_place(node, parents):
             reads.append((node.id, (node.lineno, node.col_offset), node))
-        if isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name):
-            reads.append((node.target.id, (node.target.lineno, node.target.col_offset), node.target))
+        if isinstance(node, ast.AugAssign) and _base_name(node.target) is not None:    # reads the old value
+            reads.append((_base_name(node.target), (node.target.lineno, node.target.col_offset), node.target))
     carried = {name for name, at, _ in reads if name in writes and at < min(p for p, _ in writes[name])}
     lines = []
     for name, _, node in reads:
