@@ -601,6 +601,23 @@ def _object_counter(v):
     return sum([_NUMBERER(u.h) for u in v.innbs])
 
 
+def test_a_helper_filling_a_list_per_neighbour_still_compiles():
+    """Only state read back counts: a helper appending each neighbour's value to a list
+    the function then aggregates fills a neighbour list, which the traced sum aggregates."""
+    @gnnfuse.vertex
+    def filled(v):
+        messages = []
+
+        def add(m):
+            messages.append(m)
+        for u in v.innbs:
+            add(u.h * 2.0)
+        return sum(messages)
+    h = features()
+    torch.testing.assert_close(filled(graph(), {"h": h}), gnnfuse.vertex(lambda v: sum([u.h * 2.0 for u in v.innbs]))(
+        graph(), {"h": h}))
+
+
 @pytest.mark.parametrize("fn, text, message", [
     (_local_counter, "numbered(u.h) for u", "keeps state between calls"),
     (_global_counter, "_numbered_by_a_global_list(u.h) for u", "keeps state between calls"),

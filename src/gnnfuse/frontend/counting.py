@@ -748,26 +748,38 @@ _MUTATORS = frozenset({"append", "extend", "insert", "pop", "remove", "clear", "
 
 
 def _keeps_state(definition: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda, bound: int = 0) -> bool:
-    """Whether a function writes state that outlives its call: a ``nonlocal`` or ``global``
-    name, or an item or attribute of (or a mutating method on) a container it neither takes
-    per call nor makes -- a closure's, a module's or the bound object's (``COUNT[0] += 1``,
-    ``seen.append(1)``, ``self.calls += 1`` with ``self`` among the first ``bound``
-    parameters)."""
+    """Whether a function reads back state it changes that outlives its call -- a
+    ``nonlocal`` or ``global`` name, or a container it neither takes per call nor makes (a
+    closure's, a module's, or among the first ``bound`` parameters, the object a method is
+    bound to): ``n += 1``, ``COUNT[0] += 1``, ``self.calls += 1``, ``seen.append(1)`` then
+    ``len(seen)``. Only writing it -- ``msgs.append(m)`` filling a list with per-neighbour
+    values, which the traced builtins aggregate as a neighbour list -- is no such state."""
     body = list(ast.walk(definition))
-    if any(isinstance(n, (ast.Nonlocal, ast.Global)) for n in body):
-        return True
-    local = set(_parameters(definition)[bound:]) | {n.id for n in body
-                                                    if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    parents = {child: parent for parent in body for child in ast.iter_child_nodes(parent)}
+    declared = {name for n in body if isinstance(n, (ast.Nonlocal, ast.Global)) for name in n.names}
+    local = (set(_parameters(definition)[bound:]) | {n.id for n in body if isinstance(n, ast.Name)
+                                                     and isinstance(n.ctx, ast.Store)}) - declared
+    changed, read = set(), set()
     for node in body:
-        if isinstance(node, (ast.Subscript, ast.Attribute)) and isinstance(node.ctx, ast.Store):
-            base = _base_name(node)
+        if isinstance(node, ast.AugAssign) and _base_name(node.target) is not None:
+            changed.add(_base_name(node.target))
+            read.add(_base_name(node.target))
+        elif isinstance(node, (ast.Name, ast.Subscript, ast.Attribute)) and isinstance(node.ctx, ast.Store):
+            changed.add(_base_name(node))
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _MUTATORS:
-            base = _base_name(node.func.value)
-        else:
-            continue
-        if base is not None and base not in local:
-            return True
-    return False
+            changed.add(_base_name(node.func.value))
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and not _written_place(node, parents) \
+                and not _mutated_receiver(node, parents):
+            read.add(node.id)
+    return bool((changed & read) - local - {None})
+
+
+def _mutated_receiver(node: ast.Name, parents: dict[ast.AST, ast.AST]) -> bool:
+    """Whether ``node`` is what a mutating method is called on (``msgs`` in ``msgs.append(m)``)."""
+    attribute = parents.get(node)
+    call = parents.get(attribute)
+    return (isinstance(attribute, ast.Attribute) and attribute.value is node and attribute.attr in _MUTATORS
+            and isinstance(call, ast.Call) and call.func is attribute)
 
 
 def _steps_outside(node: ast.AST, scope: ast.AST) -> bool:
@@ -924,9 +936,9 @@ _STATEFUL = ("next() in a loop or comprehension over v.innbs / v.inedges of an i
              "once at trace time, once per neighbour in eager code; a neighbour's position is not known -- "
              "aggregate every neighbour (sum, max, min)")
 _HELPER_STATE = ("a function called once per neighbour (in a loop or comprehension over v.innbs / v.inedges) "
-                 "keeps state between calls (writes a nonlocal or global name, or changes a container it neither takes "
-                 "nor makes): eager code changes it once per neighbour, the trace once, for one symbolic neighbour; "
-                 "compute per-neighbour values without state and aggregate them (sum, max, min)")
+                 "keeps state between calls (changes and reads back a nonlocal or global name, or a container it "
+                 "neither takes nor makes: a count): eager code changes it once per neighbour, the trace once, for one "
+                 "symbolic neighbour; compute per-neighbour values without state and aggregate them (sum, max, min)")
 _REORDERS = ("pop, remove, reverse, sort, insert, index or count on a list built from v.innbs / v.inedges: at "
              "trace time it holds one symbolic neighbour, so a position or an order is not known; aggregate "
              "every neighbour (sum, max, min)")
