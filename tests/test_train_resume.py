@@ -98,6 +98,18 @@ def test_resume_refuses_a_checkpoint_of_another_recipe_by_name(tmp_path, change,
     assert len(load_checkpoint(path)[1]["runs"]) == 1              # left as it was
 
 
+def test_resume_takes_another_loader_worker_count_which_draws_the_same_batches(tmp_path):
+    """--num-workers changes who prepares the batches, not which (the loader docs; resumed
+    bit-exactly with workers below), yet a resume with another count was refused as
+    "another recipe: loader_workers 0 in the checkpoint, 2 asked for"."""
+    path = tmp_path / "runs.pt"
+    sampled = dict(fanout=(3, 3), batch_size=64, epochs=1)
+    train_runs(make_config("sage", "synthetic", **sampled), log_epochs=False, save_to=str(path))
+    summary = train_runs(make_config("sage", "synthetic", loader_workers=2, **sampled), log_epochs=False,
+                         save_to=str(path), resume=True)
+    assert len(summary.runs) == 1 and summary.config.loader_workers == 2
+
+
 def test_resume_without_a_checkpoint_to_continue_is_a_usage_error(tmp_path, capsys):
     with pytest.raises(SystemExit) as stopped:
         main(["train", "--epochs", "1", "--resume"])

@@ -54,8 +54,10 @@ def set_aside(path: str | os.PathLike) -> str:
 
 
 # Fields that may differ between a checkpoint and the call resuming it: more runs extend
-# it, and the data may have moved to another folder (its size is checked instead).
-RESUMABLE_CHANGES = frozenset({"runs", "root"})
+# it, the data may have moved to another folder (its size is checked instead), and the
+# loader's worker processes prepare the same batches as its thread, each drawn from its
+# own generator (`loader`): resuming on a machine with other cores was refused for them.
+RESUMABLE_CHANGES = frozenset({"runs", "root", "loader_workers"})
 
 
 def resumed_runs(path: str | os.PathLike, summary: TrainSummary
