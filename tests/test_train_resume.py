@@ -152,6 +152,27 @@ def test_ctrl_c_in_a_terminal_leaves_no_traceback_and_says_how_to_resume(tmp_pat
     assert torch.load(path, weights_only=True)["interrupted"]["epoch"] >= 2
 
 
+def test_a_signal_delivered_twice_at_once_as_timeout_sends_it_stops_after_the_epoch(tmp_path):
+    """``timeout`` signals the command, then its whole process group: the command gets
+    the signal twice within microseconds. Where the first was handled before the second
+    came, the second counted as "SIGTERM again stops at once": the run in progress was
+    lost ("during an epoch; that run's epochs are not kept"), nothing saved."""
+    path = tmp_path / "runs.pt"
+    process = train_job(["--epochs", "100000", "--save", str(path)])
+    try:
+        process.send_signal(signal.SIGTERM)
+        for line in process.stderr:                    # the first is handled ...
+            if "stopping" in line:
+                break
+        process.send_signal(signal.SIGTERM)            # ... before its duplicate comes
+        _, err = process.communicate(timeout=120)
+    finally:
+        process.kill()                # a command that ignored the signal would train 100000 epochs
+    assert process.returncode == 130, err
+    assert "interrupted in run 1/1 (seed 0) after epoch" in err, err
+    assert torch.load(path, weights_only=True)["interrupted"]["epoch"] >= 2
+
+
 def ctrl_c_after_epoch(monkeypatch, module, epoch: int) -> None:
     """A real SIGINT to this process during epoch ``epoch`` (at its log line) of a run
     of ``module`` (`loop`, `minibatch`)."""

@@ -26,12 +26,8 @@ import torch.distributed as dist
 from torch import nn
 
 from ..training.config import ConfigError
-from ..training.interrupt import DeferredInterrupt
+from ..training.interrupt import DUPLICATE_WINDOW_S, DeferredInterrupt
 from ..training.loop import BestEpoch, restore_run, run_state
-
-# SIGINTs closer together than this are one Ctrl-C delivered twice (`training.interrupt`):
-# the launcher passes a terminal's on within milliseconds; a person's second takes longer.
-DUPLICATE_WINDOW_S = 1.0
 
 
 class _Carried:

@@ -8,8 +8,8 @@ raises at once, for a user who will not wait.
 
 Several ranks each get a terminal's Ctrl-C themselves and also from their launcher
 (torchrun's agent passes a SIGINT on to its workers; so does ``gnnfuse train --gpus`` or
-``--cpu-ranks``, so that a signal to the launcher alone reaches them): a rank counts the
-SIGINTs of one ``duplicate_window_s`` as one Ctrl-C.
+``--cpu-ranks``, so that a signal to the launcher alone reaches them), and ``timeout``
+signals its command twice: the signals of one ``duplicate_window_s`` count as one Ctrl-C.
 """
 from __future__ import annotations
 
@@ -21,6 +21,13 @@ from types import FrameType, TracebackType
 from typing import Any
 
 INTERRUPTED = 130          # a shell's status for a command stopped by SIGINT (128 + 2)
+
+# Signals closer together than this are one request to stop delivered twice: a terminal's
+# Ctrl-C reaches ranks directly and through their launcher within milliseconds, and
+# ``timeout`` signals the command and then its whole process group, the command again --
+# a one-process run took the second as "stop at once" and lost its epochs. A person's
+# second Ctrl-C takes longer.
+DUPLICATE_WINDOW_S = 1.0
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -55,7 +62,7 @@ class DeferredInterrupt:
     that a Ctrl-C keeps. Ranks take it so as well (`distributed.stopping.rank_interrupt`
     says why a launcher ending them after a peer failed still can)."""
 
-    def __init__(self, duplicate_window_s: float = 0.0, quiet: bool = False,
+    def __init__(self, duplicate_window_s: float = DUPLICATE_WINDOW_S, quiet: bool = False,
                  when: str = "at the end of this epoch", terminate: bool = False) -> None:
         self.requested = False
         self.duplicate_window_s, self.quiet, self.when, self.terminate = duplicate_window_s, quiet, when, terminate
