@@ -454,6 +454,47 @@ def test_an_aggr_set_after_construction_does_what_it_does_in_pyg(name):
         torch.testing.assert_close(ours(*args), theirs(*args), rtol=1e-12, atol=1e-12)
 
 
+# Layers whose PyG namesake's aggregate() calls aggr_module, while gnnfuse's fuses the
+# reduction it was built with (SAGEConv runs its aggr_module, as PyG's does)
+FUSED_AGGREGATION = {
+    "GCNConv": lambda m: m.GCNConv(4, 3), "GATConv": lambda m: m.GATConv(4, 3), "GATv2Conv": lambda m: m.GATv2Conv(4, 3),
+    "GINConv": lambda m: m.GINConv(torch.nn.Linear(4, 3)), "GraphConv": lambda m: m.GraphConv(4, 3),
+    "APPNP": lambda m: m.APPNP(2, 0.1), "SGConv": lambda m: m.SGConv(4, 3), "TAGConv": lambda m: m.TAGConv(4, 3),
+    "ChebConv": lambda m: m.ChebConv(4, 3, 2), "EdgeConv": lambda m: m.EdgeConv(torch.nn.Linear(8, 3)),
+    "RGCNConv": lambda m: m.RGCNConv(4, 3, 2), "RGATConv": lambda m: m.RGATConv(4, 3, 2),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FUSED_AGGREGATION))
+def test_an_aggr_module_set_after_construction_is_refused_where_pyg_would_use_it(name):
+    """PyG's layer aggregates with an ``aggr_module`` assigned after construction; torch
+    stored one assigned to gnnfuse's layer as a submodule nothing read, and the layer kept
+    its own reduction silently (GraphConv 0.95, GINConv 0.63, EdgeConv 0.48 off PyG's
+    output for a max or softmax aggregation)."""
+    from torch_geometric.nn.aggr import MaxAggregation
+    theirs, ours = FUSED_AGGREGATION[name](pyg), FUSED_AGGREGATION[name](gnn)
+    theirs.aggr_module = MaxAggregation()          # PyG takes it
+    with pytest.raises(AttributeError, match=f"{name} fuses the aggregation it was built with .* SAGEConv"):
+        ours.aggr_module = MaxAggregation()
+    assert "aggr_module" not in dict(ours.named_children())
+
+
+def test_an_aggr_module_set_after_construction_is_taken_where_pyg_ignores_it_or_runs_it():
+    """PyG's FastRGCNConv overrides aggregate() and never calls aggr_module; SAGEConv runs it."""
+    from torch_geometric.nn.aggr import MaxAggregation
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 4, dtype=torch.float64, generator=gen)
+    edge_index = torch.tensor([[0, 1, 2, 3, 4, 5, 1, 2], [1, 2, 3, 4, 5, 0, 0, 0]])
+    edge_type = torch.tensor([0, 1, 0, 1, 0, 1, 0, 1])
+    for make, args in ((lambda m: m.FastRGCNConv(4, 3, 2), (x, edge_index, edge_type)),
+                       (lambda m: m.SAGEConv(4, 3), (x, edge_index))):
+        theirs, ours = make(pyg).double(), make(gnn).double()
+        ours.load_state_dict(theirs.state_dict())
+        theirs.aggr_module = MaxAggregation()
+        ours.aggr_module = MaxAggregation()
+        torch.testing.assert_close(ours(*args), theirs(*args), rtol=1e-12, atol=1e-12)
+
+
 def test_fast_rgcn_refuses_an_aggr_it_cannot_take_set_after_construction():
     conv = gnn.FastRGCNConv(4, 3, 2)
     conv.aggr = "max"       # PyG's fails on an assert without a message

@@ -33,6 +33,7 @@ from .conv import (_sized_linear, GATConv, _as_graph, attention_adjacency, _bipa
                    _with_loops)
 from .edge_conv_eager import coupled_reason, eager_edge_conv, rows_coupled_by
 from .edge_features import FillValue, edge_projection, edge_rows, traced_edge_matmul
+from .fixed_aggregation import FixedAggregation
 from .fixed_flow import FixedFlow
 from .plain_linear import plain_linear
 from .pyg_options import message_passing_options
@@ -50,7 +51,7 @@ def _run_vertex(fn: Callable, graph: Graph, v_feature: Mapping[str, torch.Tensor
 
 # --- GATv2 --------------------------------------------------------------------------------
 
-class GATv2Conv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
+class GATv2Conv(FixedAggregation, FixedFlow, OneLineRepr, NotScriptable, nn.Module):
     r"""GATv2 (Brody et al., "How attentive are graph attention networks?"), PyG's layout.
 
     .. math::
@@ -255,7 +256,7 @@ class DotGATConv(NotScriptable, nn.Module):
 _EDGE_AGGREGATIONS = ("max", "mean", "add", "sum")
 
 
-class EdgeConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
+class EdgeConv(FixedAggregation, FixedFlow, OneLineRepr, NotScriptable, nn.Module):
     r"""EdgeConv (Wang et al., DGCNN) with PyG's arguments.
 
     .. math::

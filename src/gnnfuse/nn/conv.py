@@ -31,6 +31,7 @@ from .arguments import (adjacency_weights, edge_weight_column, floating_node_fea
 from .attention_weights import AttentionOutput, attention_weights, check_attention_request
 from .compiling import compile_path, graph_input_problem, propagation_problem, traced_layer
 from .edge_features import FillValue, edge_projection, edge_rows, traced_edge_matmul
+from .fixed_aggregation import FixedAggregation
 from .fixed_flow import FixedFlow
 from .padded_loops import padded_looped
 from .plain_linear import plain_linear
@@ -505,7 +506,7 @@ def _head_residual(residual: bool, in_channels: int, heads: int, out_channels: i
     return pyg_init.linear(_channel_pair(in_channels)[1], width, False, "glorot") if residual else None
 
 
-class GCNConv(OneLineRepr, CachedGraph, NotScriptable, nn.Module):
+class GCNConv(FixedAggregation, OneLineRepr, CachedGraph, NotScriptable, nn.Module):
     """Kipf & Welling's graph convolution, ``D^-1/2 (A + I) D^-1/2 X W + b``.
 
     ``improved=True`` uses ``A + 2I`` (a vertex that already has a self loop keeps it at
@@ -841,7 +842,7 @@ def _folded_logits(lin: nn.Linear, x: torch.Tensor, *atts: torch.Tensor) -> list
     return [alpha.contiguous() for alpha in logits.unbind(-1)]
 
 
-class GATConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
+class GATConv(FixedAggregation, FixedFlow, OneLineRepr, NotScriptable, nn.Module):
     """Graph attention (Veličković et al.), multi-head, with PyG's parameter layout.
 
     Per-vertex attention logits ``<h_u, a_src>`` and ``<h_v, a_dst>`` are computed densely;

@@ -26,6 +26,7 @@ from ..graph.convert import is_sparse_adjacency
 from ..runtime.autocast import autocast_dtype
 from .arguments import node_features
 from .conv import _check_dropout, _neighbour_sum
+from .fixed_aggregation import FixedAggregation
 from .relational import RGCNConv, check_edge_types, refuse_lazy_width
 from . import pyg_init
 from .compiling import names_its_programs
@@ -45,6 +46,8 @@ class FastRGCNConv(RGCNConv):
     source's *position* and ignores the values of ``x``, while PyG's ``RGCNConv`` picks it
     by ``x[source]``. This layer follows ``RGCNConv``, which reads the input it is given;
     with ``x=None`` or ``x=arange(N)`` all four agree."""
+
+    _pyg_reads_aggr_module = False      # PyG's own aggregate() sums by relation, never calling aggr_module
 
     def _aggregation(self) -> str:
         """``self.aggr`` as it is now: PyG's ``FastRGCNConv`` reads it at each call (its
@@ -80,7 +83,7 @@ def typed_input_graph(rows: int, graph: Graph | torch.Tensor, edge_type: torch.T
     return graph
 
 
-class RGATConv(NotScriptable, nn.Module):
+class RGATConv(FixedAggregation, NotScriptable, nn.Module):
     r"""PyG's ``RGATConv``: same arguments and parameters (``weight`` or ``basis``/``att``,
     ``q``, ``k``, ``e``/``lin_edge``, ``bias``, and the unused ``w``, ``l1``, ``b1``,
     ``l2``, ``b2`` PyG keeps for its ``mod`` variants), so ``load_state_dict`` copies a

@@ -27,6 +27,7 @@ from .arguments import (adjacency_weights, edge_weight_column, floating_node_fea
                         refuse_stored_loops)
 from .compiling import compile_path, graph_input_problem, propagation_problem
 from . import pyg_init
+from .fixed_aggregation import FixedAggregation
 from .fixed_flow import FixedFlow
 from .plain_linear import plain_linear
 from .pyg_options import message_passing_options
@@ -37,7 +38,7 @@ from .conv import (_AGGREGATORS, _AGGREGATORS_PLUS_ROOT, _WEIGHTED_AGGREGATORS, 
 from .torchscript import NotScriptable
 
 
-class GINConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
+class GINConv(FixedAggregation, FixedFlow, OneLineRepr, NotScriptable, nn.Module):
     """Graph isomorphism network layer (Xu et al.):
     ``x'_v = nn((1 + eps) * x_v + sum_{u in N(v)} x_u)``.
 
@@ -76,7 +77,7 @@ class GINConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
         return self.nn(out if x_dst is None else out + (1 + self.eps) * x_dst)
 
 
-class GraphConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
+class GraphConv(FixedAggregation, FixedFlow, OneLineRepr, NotScriptable, nn.Module):
     """Morris et al.'s higher-order GNN layer:
     ``x'_v = lin_rel(aggr_{u in N(v)} x_u) + lin_root(x_v)``, ``aggr`` in add/sum/mean/max.
 
@@ -175,7 +176,7 @@ def _edge_weights(graph: Graph, dtype: torch.dtype) -> torch.Tensor:
     return graph.cached("nn_gcn_edge_weight", build).to(dtype)
 
 
-class APPNP(FixedFlow, OneLineRepr, CachedGraph, NotScriptable, nn.Module):
+class APPNP(FixedAggregation, FixedFlow, OneLineRepr, CachedGraph, NotScriptable, nn.Module):
     """Approximate personalised propagation of neural predictions (Klicpera et al.):
     ``X^0 = X``, ``X^{k+1} = (1 - alpha) Â X^k + alpha X`` for K hops, where
     ``Â = D^-1/2 (A + I) D^-1/2`` (``A`` with ``add_self_loops=False``, plain ``A`` with
@@ -240,7 +241,7 @@ class APPNP(FixedFlow, OneLineRepr, CachedGraph, NotScriptable, nn.Module):
         return f"K={self.K}, alpha={self.alpha}"
 
 
-class SGConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
+class SGConv(FixedAggregation, FixedFlow, OneLineRepr, NotScriptable, nn.Module):
     """Simplified graph convolution (Wu et al.): ``lin(Â^K X)``,
     ``Â = D^-1/2 (A + I) D^-1/2``.
 
@@ -309,7 +310,7 @@ def _tag_step(v):
     return sum([u.h * u.norm for u in v.innbs]) * v.norm + v.skip
 
 
-class TAGConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
+class TAGConv(FixedAggregation, FixedFlow, OneLineRepr, NotScriptable, nn.Module):
     """Topology adaptive graph convolution (Du et al.):
     ``sum_{k=0..K} Â^k X W_k + b``, ``Â = D^-1/2 A D^-1/2`` (no self loops; plain ``A``
     with ``normalize=False``).
@@ -468,7 +469,7 @@ def _weighted_chebyshev_next(v):
     return 2 * (v.h * v.diag + sum([e.src.h * e.off for e in v.inedges])) - v.prev
 
 
-class ChebConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
+class ChebConv(FixedAggregation, FixedFlow, OneLineRepr, NotScriptable, nn.Module):
     """Chebyshev spectral graph convolution (Defferrard et al.):
     ``sum_{k<K} T_k(L̂) X W_k + b`` with ``L̂ = 2 L / lambda_max - I``, ``T_0 = I``,
     ``T_1 = L̂``, ``T_k = 2 L̂ T_{k-1} - T_{k-2}``.
