@@ -26,7 +26,7 @@ norm) would see the padded ones; the captured step runs it eagerly, on the batch
 a float label ``y`` (a regression loss would count the padding rows) and a bool or
 unsigned one (which cannot hold `IGNORE_LABEL`) unless the loss is masked (below), index
 tensors other than ``edge_index`` and
-``batch``, ``follow_batch``, and a batch of ``HeteroData`` graphs. Attributes that are
+``batch``, an ``edge_index`` dtype too narrow for the padded vertices' ids (uint8), ``follow_batch``, and a batch of ``HeteroData`` graphs. Attributes that are
 not tensors (a molecule's SMILES string) are left out: a replayed step could only ever
 see the first batch's. A batch over the capacities comes unpadded, and its step runs
 eagerly; so does a batch whose graph count is also its vertex or edge count (one-vertex
@@ -241,6 +241,7 @@ def _padded(batch: Any, key: str, value: torch.Tensor, num_nodes: int, num_edges
         # Graph refuses on the unpadded batch is refused here too
         for row, name in ((0, "sources"), (1, "targets")):
             check_ids(f"the batch's edge_index {name}", value[row], num_nodes, "num_nodes")
+        _check_id_range(value.dtype, caps.nodes - 1)
         k = torch.arange(extra, device=device)          # a ring over the padded vertices: no loops where 2+
         padding = torch.stack([num_nodes + k % spare_nodes, num_nodes + (k + 1) % spare_nodes])
         return torch.cat([value, padding.to(value.dtype)], 1), "edge_index"
@@ -274,6 +275,21 @@ def _padded(batch: Any, key: str, value: torch.Tensor, num_nodes: int, num_edges
         return _grown(value, caps.graphs, fill, room), "graphs"
     raise ValueError(f"static_shapes cannot tell whether the batch's {key!r} (shape {list(value.shape)}) is per "
                      f"vertex, edge or graph ({num_nodes} vertices, {num_edges} edges, {num_graphs} graphs)")
+
+
+def _check_id_range(dtype: torch.dtype, largest: int) -> None:
+    """Refuse an ``edge_index`` dtype that cannot hold the padded vertices' ids (up to
+    ``largest``): cast into it, a uint8 batch of 200 vertices padded to 384 wrapped ids
+    256..383 round to 0..127, and padded edges joined real vertices, changing the loss
+    without a word. The real ids fit (PyG collated them); the capacities may not. (A
+    float or bool ``edge_index`` is no id table, and is left to the layers' own checks.)"""
+    if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
+        return
+    top = torch.iinfo(dtype).max
+    if largest > top:
+        raise ValueError(f"static_shapes cannot pad the batch's {dtype} edge_index: its padded vertices' ids reach "
+                         f"{largest} (the capacities' {largest + 1} vertices), past {dtype}'s largest {top}, and "
+                         f"would wrap round onto real vertices. Store edge_index as int64 (or int32)")
 
 
 def _is_index(batch: Any, key: str, value: torch.Tensor) -> bool:
