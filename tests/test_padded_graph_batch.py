@@ -215,6 +215,22 @@ def test_an_edge_index_dtype_too_narrow_for_the_padded_ids_is_refused_not_wrappe
     padded = pad_graph_batch(Batch.from_data_list(graphs), GraphCapacities(256, 384, 21))    # ids up to 255 fit
     assert padded.edge_index.dtype == torch.uint8 and int(padded.edge_index[:, 240:].min()) == 200
 
+
+def test_a_batch_sampler_is_probed_for_its_own_batch_size():
+    """With ``batch_sampler=`` torch's ``batch_size`` is 1, and the capacities were probed
+    for batches of 1 graph (2 with the padding one): no batch of 4 fitted, and every
+    batch came unpadded, every step eager, without a word."""
+    from torch.utils.data import BatchSampler, SequentialSampler
+    data = molecules(12)
+    loader = DataLoader(data, batch_sampler=BatchSampler(SequentialSampler(data), 4, False), static_shapes=True)
+    assert loader.capacities.graphs == 5
+    assert all(padded_capacities(batch) == loader.capacities for batch in loader)
+    with pytest.raises(ValueError, match="list has no batch_size: pass capacities="):
+        DataLoader(data, batch_sampler=[[0, 1], [2, 3, 4]], static_shapes=True)
+    caps = GraphCapacities(128, 128, 4)
+    loader = DataLoader(data, batch_sampler=[[0, 1], [2, 3, 4]], static_shapes=True, capacities=caps)
+    assert [padded_capacities(batch) for batch in loader] == [caps, caps]
+
 class _Classifier(torch.nn.Module):
     def __init__(self, name: str):
         super().__init__()

@@ -35,7 +35,8 @@ class DataLoader(PyGDataLoader):
     ``drop_last``, ...). ``static_shapes=True`` pads each batch (`pad_graph_batch`) to
     ``capacities`` (a `GraphCapacities`; by default probed on 16 random batches: 10%
     above the largest vertex and edge counts, plus 64, rounded up to a multiple of 128,
-    with ``batch_size + 1`` graphs, one of them padding); a batch that does not fit, or
+    with ``batch_size + 1`` graphs, one of them padding; with a ``batch_sampler``, its own
+    ``batch_size``, and one without needs ``capacities``); a batch that does not fit, or
     whose graph count is also its vertex or edge count (one-vertex graphs), comes
     unpadded. ``loader.capacities`` holds them (None without ``static_shapes``).
     ``label_mask=True`` (with ``static_shapes``) pads a float, bool or unsigned label
@@ -64,6 +65,7 @@ class DataLoader(PyGDataLoader):
         super().__init__(selecting or dataset, batch_size, shuffle, follow_batch, exclude_keys, **kwargs)
         self.capacities = None
         if static_shapes:
+            batch_size = _batch_graphs(batch_size, kwargs.get("batch_sampler"), capacities)
             if capacities is None:
                 capacities = probe_capacities(dataset, batch_size)
             elif capacities.graphs <= batch_size:
@@ -73,6 +75,25 @@ class DataLoader(PyGDataLoader):
         if not follow_batch:        # (static_shapes refuses follow_batch)
             self.collate_fn = _GraphCollater(self.collate_fn, frozenset(exclude_keys or ()), self.capacities,
                                              label_mask)
+
+
+def _batch_graphs(batch_size: int, batch_sampler: Any, capacities: GraphCapacities | None) -> int:
+    """The graphs a batch holds, which the padded capacities are probed for: with a
+    ``batch_sampler`` (torch then takes ``batch_size`` as 1) its own ``batch_size``, as
+    torch's ``BatchSampler`` has. Why: probed for ``batch_size=1`` the capacities held 2
+    graphs, no batch of 4 fitted, and every batch came unpadded (and every step ran
+    eagerly) without a word. A sampler without one is refused unless ``capacities`` are
+    given, which hold their own graph count."""
+    if batch_sampler is None:
+        return batch_size
+    size = getattr(batch_sampler, "batch_size", None)
+    if isinstance(size, int) and size > 0:
+        return size
+    if capacities is not None:
+        return capacities.graphs - 1
+    raise ValueError(f"static_shapes probes the padded shapes on batches of the batch sampler's size, but "
+                     f"{type(batch_sampler).__name__} has no batch_size: pass capacities=GraphCapacities(nodes, "
+                     f"edges, graphs) with graphs one above its largest batch")
 
 
 class _GraphCollater:
