@@ -310,8 +310,26 @@ def test_corrupted_npz_and_wn18rr_files_are_usage_errors_naming_them(shared_data
     wn = _copy(shared_data / "wn18rr", tmp_path / "wn18rr", ["train.txt", "valid.txt", "test.txt"])
     lines = (wn / "valid.txt").read_text().splitlines()
     (wn / "valid.txt").write_text("\n".join(line.replace("\t", " ") for line in lines[:3]) + "\n")
-    with pytest.raises(DataFileError, match="valid.txt: lines have 1 tab-separated column"):
+    with pytest.raises(DataFileError, match="valid.txt, line 1: .* has 1 tab-separated column"):
         load_wn18rr(tmp_path)   # three lines of one column each: a reshape made them one "triple"
+
+
+def test_wn18rr_whitespace_around_an_id_does_not_make_another_entity(tmp_path):
+    """A trailing space (or CR) kept in ``"00000002 "`` made it an entity of its own beside
+    ``"00000002"``: 4 entities and a train edge to a vertex no other split knew, where
+    PyG's WordNet18RR reads 3; an empty relation field was taken for a relation ``""``."""
+    from gnnfuse.data.dataset import DataFileError
+    folder = tmp_path / "wn18rr"
+    folder.mkdir()
+    (folder / "train.txt").write_bytes(b"00000001\t_r\t00000002 \r\n00000002\t_s\t00000003\r\n\n")
+    (folder / "valid.txt").write_text("00000002\t_r\t00000003\n")
+    (folder / "test.txt").write_text("00000003\t_s\t00000001\n")
+    d = load_wn18rr(tmp_path)
+    assert d.entity_ids == ["00000001", "00000002", "00000003"] and d.relation_names == ["_r", "_s"]
+    assert d.train_triples.tolist() == [[0, 0, 1], [1, 1, 2]] and d.valid_triples.tolist() == [[1, 0, 2]]
+    (folder / "test.txt").write_text("00000003\t\t00000001\n")
+    with pytest.raises(DataFileError, match="test.txt, line 1: .*with an empty one"):
+        load_wn18rr(tmp_path)
 
 
 def test_an_empty_root_is_refused_not_taken_for_no_root(monkeypatch, tmp_path):

@@ -15,16 +15,28 @@ SPLITS = ("train", "valid", "test")
 
 
 def _triples(path: Path) -> np.ndarray:
-    """The file's ``head<TAB>relation<TAB>tail`` lines as an [n, 3] array of strings;
-    a line of another shape (spaces for tabs, a missing column) is refused, where a
-    reshape would have regrouped the columns into other triples whenever they counted a
-    multiple of 3."""
+    """The file's ``head<TAB>relation<TAB>tail`` lines as an [n, 3] array of strings.
+
+    Fields are stripped of surrounding whitespace (a trailing space or a CRLF line end
+    kept in an id would make ``"00001740 "`` an entity of its own beside ``"00001740"``,
+    silently splitting one synset in two, where PyG's loader splits on whitespace) and
+    blank lines are skipped. A line of another shape (spaces for tabs, a missing
+    column) or with an empty field is refused by its number: regrouping the columns
+    into other triples, or taking ``""`` for a relation, would be a silently wrong graph.
+    """
     with reading(path, "WN18RR triples, head<TAB>relation<TAB>tail per line"):
-        table = np.loadtxt(path, dtype=str, delimiter="\t", comments=None, ndmin=2)
-        if table.size and table.shape[1] != 3:
-            raise DataFileError(f"{path}: lines have {table.shape[1]} tab-separated column(s), expected 3 "
-                                "(head<TAB>relation<TAB>tail)")
-    return table.reshape(-1, 3)
+        lines = path.read_text(encoding="utf-8").splitlines()
+    rows = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        fields = [field.strip() for field in line.split("\t")]
+        if len(fields) != 3 or not all(fields):
+            raise DataFileError(f"{path}, line {number}: {line[:120]!r} has {len(fields)} tab-separated "
+                                f"column(s){' with an empty one' if len(fields) == 3 else ''}; expected "
+                                "head<TAB>relation<TAB>tail")
+        rows.append(fields)
+    return np.array(rows, dtype=str).reshape(-1, 3)
 
 
 def load_wn18rr(root: str | os.PathLike | None = None) -> RelationalDataset:
