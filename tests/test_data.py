@@ -253,6 +253,9 @@ _CORA = [f"ind.cora.{p}" for p in ("x", "tx", "allx", "y", "ty", "ally", "graph"
     (lambda d: (d / "ind.cora.x").write_bytes((d / "ind.cora.x").read_bytes()[:1000]), "ind.cora.x cannot be read"),
     (lambda d: (d / "ind.cora.graph").write_bytes(b""), "ind.cora.graph cannot be read"),
     (lambda d: (d / "ind.cora.test.index").write_text("1708\nabc\n"), "ind.cora.test.index cannot be read"),
+    # another data set's graph (ids up to 3326 of 2708 nodes): Graph's ValueError named no file
+    (lambda d: (d / "ind.cora.graph").write_bytes((d.parent / "other" / "ind.citeseer.graph").read_bytes()),
+     "ind.cora.graph cannot be read as Planetoid cora's adjacency dict over the 2708 nodes"),
 ])
 def test_a_corrupted_planetoid_file_is_a_usage_error_naming_it(shared_data, tmp_path, damage, named, capsys):
     """A truncated pickle gave pickle's UnpicklingError and the CLI a traceback (exit 1),
@@ -260,6 +263,7 @@ def test_a_corrupted_planetoid_file_is_a_usage_error_naming_it(shared_data, tmp_
     from gnnfuse.cli import main
     from gnnfuse.data.dataset import DataFileError
     folder = _copy(shared_data / "planetoid", tmp_path / "planetoid", _CORA)
+    _copy(shared_data / "planetoid", tmp_path / "other", ["ind.citeseer.graph"])
     damage(folder)
     with pytest.raises(DataFileError, match=named):
         load_planetoid("cora", tmp_path)

@@ -65,7 +65,15 @@ def _dense(m) -> np.ndarray:
     return np.asarray(m.todense() if sp.issparse(m) else m, dtype=np.float32)
 
 
-def _graph_from_dict(adjacency: dict, num_nodes: int) -> Graph:
+def _graph_from_dict(path: Path, name: str, adjacency: dict, num_nodes: int) -> Graph:
+    """The symmetrised simple graph of the adjacency dict; a dict naming a node the other
+    files do not have (an id past the test ids: a graph file of another data set or copy)
+    is a `DataFileError` naming the file, not `Graph`'s bare ValueError."""
+    with reading(path, f"Planetoid {name}'s adjacency dict over the {num_nodes} nodes its other files hold"):
+        return _symmetrised(adjacency, num_nodes)
+
+
+def _symmetrised(adjacency: dict, num_nodes: int) -> Graph:
     src = np.repeat(np.fromiter(adjacency.keys(), dtype=np.int64),
                     [len(v) for v in adjacency.values()])
     dst = np.fromiter((u for v in adjacency.values() for u in v), dtype=np.int64, count=len(src))
@@ -121,7 +129,7 @@ def load_planetoid(name: str, root: str | os.PathLike | None = None) -> NodeData
     if known is not None:
         description += "; FEATURES ARE RANDOM (ind.pubmed.allx missing), real rows in x_known"
     return NodeDataset(
-        name=name, graph=_graph_from_dict(adjacency, num_nodes), x=x, y=y,
+        name=name, graph=_graph_from_dict(folder / f"ind.{name}.graph", name, adjacency, num_nodes), x=x, y=y,
         train_mask=index_mask(num_nodes, np.arange(num_train)),
         val_mask=index_mask(num_nodes, np.arange(num_train, num_train + NUM_VAL)),
         test_mask=index_mask(num_nodes, test_index),
