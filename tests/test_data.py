@@ -110,6 +110,21 @@ def test_root_from_environment_and_flat_layout(shared_data, tmp_path, monkeypatc
     assert load_dataset("citeseer").graph.num_edges == 9104
 
 
+def test_a_root_under_home_is_expanded_as_pyg_expands_it(shared_data, tmp_path, monkeypatch):
+    """``root="~/data"`` (as PyG's ``Planetoid(root="~/data", ...)`` takes it) searched a
+    folder literally named ``~`` under the working directory: the data set there was not
+    found, and a missing Planetoid would have been downloaded into ``./~/data``."""
+    from gnnfuse.data import download_root
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    _copy(shared_data / "planetoid", tmp_path / "data" / "planetoid", _CORA)
+    assert load_dataset("cora", "~/data").graph.num_nodes == 2708
+    assert download_root("~/data") == tmp_path / "data"
+    monkeypatch.setenv("GNNFUSE_DATA", "~/data")
+    assert load_dataset("cora").graph.num_nodes == 2708
+    assert not (tmp_path / "~").exists()
+
+
 def test_unknown_name_lists_known_ones():
     with pytest.raises(ValueError, match="cora.*products-like"):
         load_dataset("imagenet")

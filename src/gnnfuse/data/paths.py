@@ -32,15 +32,18 @@ def user_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gnnfuse" / "data"
 
 
-def _configured(root: str | os.PathLike | None) -> str | os.PathLike | None:
-    """`root` when given, else $GNNFUSE_DATA when set and not empty. An empty `root`
-    (``--root "$DATA"`` with ``$DATA`` unset) is refused: it would have been taken as no
-    root and searched the discovered folders, the silent replacement `candidate_roots`
-    promises never to make."""
+def _configured(root: str | os.PathLike | None) -> str | None:
+    """`root` when given, else $GNNFUSE_DATA when set and not empty, with a leading ``~``
+    expanded as PyG's datasets expand their root: taken literally, ``root="~/data"``
+    searched a folder named ``~`` under the working directory (not finding the data set
+    there) and downloaded Planetoid into it. An empty `root` (``--root "$DATA"`` with
+    ``$DATA`` unset) is refused: it would have been taken as no root and searched the
+    discovered folders, the silent replacement `candidate_roots` promises never to make."""
     if root is not None and not os.fspath(root):
         raise ValueError("the data root given is empty (root='' or --root ''): pass the folder holding the data "
                          "sets, or leave the root out to search the usual places")
-    return root or os.environ.get(DATA_ENV)
+    chosen = root or os.environ.get(DATA_ENV)
+    return os.path.expanduser(chosen) if chosen else None
 
 
 def download_root(root: str | os.PathLike | None = None) -> Path:
