@@ -145,6 +145,26 @@ def test_a_cache_write_stopped_halfway_leaves_no_cache_to_misread(tmp_path, monk
     assert load_dataset("ogbn-arxiv", tmp_path).y.tolist() == [3, 0, 39, 1, 3, 2]  # from the cache
 
 
+def test_ranks_writing_the_cache_at_once_do_not_take_each_others_file(tmp_path, monkeypatch):
+    """Every rank of a distributed run loads the data set: with one shared ``.partial``
+    name, a second rank finishing its write and rename between the first's ``torch.save``
+    and its rename left the first renaming a file that was gone (FileNotFoundError)."""
+    folder = write_arxiv(tmp_path)
+    real_save = torch.save
+    other_ranks = [1]
+
+    def save_then_another_rank_loads(obj, f, *args, **kwargs):
+        real_save(obj, f, *args, **kwargs)
+        if "gnnfuse" in Path(f).name and other_ranks:
+            other_ranks.pop()
+            load_dataset("ogbn-arxiv", tmp_path)       # writes and renames its own copy
+    monkeypatch.setattr(torch, "save", save_then_another_rank_loads)
+    assert load_dataset("ogbn-arxiv", tmp_path).y.tolist() == [3, 0, 39, 1, 3, 2]
+    assert not other_ranks
+    assert sorted(p.name for p in (folder / "processed").iterdir() if "gnnfuse" in p.name) == \
+        ["gnnfuse_node_dataset.pt"]                    # no partial file left behind
+
+
 def test_ogbs_own_processed_file_without_gnnfuses_cache_is_rebuilt_from_raw(tmp_path, capsys):
     """ogb (1.3.6) loads its processed pickle with torch's safe default, which torch >= 2.6
     refuses; with gnnfuse's cache gone (ogb used on the folder directly, say) the load

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
+import secrets
 import sys
 import urllib.error
 from pathlib import Path
@@ -110,10 +111,16 @@ def load_ogb(name: str, root: str | os.PathLike | None = None) -> NodeDataset:
     result = (_flatten_hetero(name, dataset, split) if dataset.is_hetero
               else _homogeneous(name, dataset, split, meta["split"]))
     # beside its name, then renamed over it: a write stopped halfway (Ctrl-C, a full disk)
-    # must leave no truncated cache for every later load to fail on
-    partial = cache.with_name(cache.name + ".partial")
-    torch.save(_to_cache(result), partial)
-    os.replace(partial, cache)
+    # must leave no truncated cache for every later load to fail on. The name is fresh per
+    # call: the ranks of a distributed run all load the data set at once, and with one
+    # shared name a rank's rename took away the file another was about to rename
+    # (FileNotFoundError, reported as a data set error)
+    partial = cache.with_name(f".{cache.name}.{secrets.token_hex(4)}.partial")
+    try:
+        torch.save(_to_cache(result), partial)
+        os.replace(partial, cache)
+    finally:
+        partial.unlink(missing_ok=True)         # already gone after the rename into place
     return result
 
 
