@@ -4,7 +4,9 @@ Unlike Planetoid these are the raw *directed* citation graphs with no predefined
 which makes them a second, independent loader path and a real directed graph for tests.
 PyG's ``read_npz`` (behind ``CitationFull``, ``Amazon``, ``Coauthor``) symmetrises the
 same files, so numbers from it are not comparable; the data set's description (``gnnfuse
-info``) says so, and ``undirected=True`` gives PyG's graph.
+info``) says so, and ``undirected=True`` gives PyG's graph. ``CitationFull`` itself reads
+other files (graph2gauss's: its "Cora" is the 19,793-node Cora-Full), so it is no oracle
+for these.
 """
 from __future__ import annotations
 
