@@ -326,6 +326,16 @@ def test_corrupted_npz_and_wn18rr_files_are_usage_errors_naming_them(shared_data
     npz.write_bytes(npz.read_bytes()[:500])
     with pytest.raises(DataFileError, match="cora.npz cannot be read"):
         load_npz("cora", tmp_path)
+    # an out-of-range column id: scipy's constructor let it through, and converting the
+    # matrix later raised a bare "ValueError: axis 1 index 9999 exceeds matrix dimension"
+    import numpy as np
+    with np.load(shared_data / "gnn-benchmark" / "cora.npz", allow_pickle=True) as original:
+        parts = dict(original)
+    parts["adj_indices"] = parts["adj_indices"].copy()
+    parts["adj_indices"][3] = 9999
+    np.savez(npz, **parts)
+    with pytest.raises(DataFileError, match="cora.npz cannot be read.*adj_.* arrays are not a valid CSR matrix"):
+        load_npz("cora", tmp_path)
     wn = _copy(shared_data / "wn18rr", tmp_path / "wn18rr", ["train.txt", "valid.txt", "test.txt"])
     lines = (wn / "valid.txt").read_text().splitlines()
     (wn / "valid.txt").write_text("\n".join(line.replace("\t", " ") for line in lines[:3]) + "\n")

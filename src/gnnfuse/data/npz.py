@@ -22,8 +22,16 @@ from .paths import find_data_file
 
 
 def _csr(parts, prefix: str) -> sp.csr_matrix:
-    return sp.csr_matrix((parts[f"{prefix}_data"], parts[f"{prefix}_indices"],
-                          parts[f"{prefix}_indptr"]), shape=tuple(parts[f"{prefix}_shape"]))
+    """The CSR matrix stored as ``<prefix>_data/_indices/_indptr/_shape``, fully checked:
+    scipy's constructor does not look at the column ids, so one out of range surfaced
+    later, converting the matrix, as a bare ValueError naming neither file nor array."""
+    matrix = sp.csr_matrix((parts[f"{prefix}_data"], parts[f"{prefix}_indices"],
+                            parts[f"{prefix}_indptr"]), shape=tuple(parts[f"{prefix}_shape"]))
+    try:
+        matrix.check_format(full_check=True)
+    except ValueError as error:
+        raise ValueError(f"the {prefix}_* arrays are not a valid CSR matrix: {error}") from error
+    return matrix
 
 
 def load_npz(name: str, root: str | os.PathLike | None = None, *, undirected: bool = False) -> NodeDataset:
