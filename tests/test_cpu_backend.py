@@ -305,6 +305,30 @@ def test_half_precision_runs_as_a_kernel(dtype, monkeypatch):
     torch.testing.assert_close(out, expected)
 
 
+@pytest.mark.parametrize("dtype, count", [(torch.float16, 2051), (torch.bfloat16, 259)])
+def test_integer_operand_of_a_half_precision_op_is_rounded_to_it_first(dtype, count, launched, monkeypatch):
+    """torch casts an integer operand to a float16/bfloat16 op's dtype before the op:
+    3 * 2051 in float16 is 3 * 2052 = 6156 (and 3 * 259 in bfloat16 3 * 260 = 780). The
+    kernels read the integer straight into their float32 accumulator and gave 6152 and
+    776 (3 * 2051 = 6153, rounded once), in an edge unit and in a sum alike."""
+    graph = small_graph()
+    h = torch.full((graph.num_nodes, 2), 3.0, dtype=dtype)
+    counts = torch.full((graph.num_nodes, 2), count)
+
+    def per_edge():
+        return gnnfuse.ops.gsddmm(graph, lambda hs, c: hs * c, src=h, dst=counts)
+
+    def summed():
+        return gnnfuse.ops.gspmm(graph, lambda hs, c: hs * c, "sum", src=h, dst=counts)
+    for model in (per_edge, summed):
+        monkeypatch.setenv("GNNFUSE_BACKEND", "reference")
+        expected = model()
+        monkeypatch.setenv("GNNFUSE_BACKEND", "cpu")
+        assert torch.equal(model(), expected)
+    assert torch.equal(per_edge()[0], (h[0] * counts[0]))     # torch's 6156 / 780
+    assert len(launched) == 2, "a unit ran as torch ops"
+
+
 @pytest.mark.parametrize("case", MIXED_CASES)
 def test_units_mixing_float_dtypes_compute_float32_values_in_float32(case, monkeypatch):
     """torch computes each op in its result dtype: the float32 part of

@@ -192,7 +192,7 @@ class _Emitter:
             steps = get_op(v.op).emit_steps(v)
             if steps is None:
                 raise UnsupportedUnit(f"op {v.op!r} has no expression the CPU generator can use")
-            args = [self.value(i, project(coords, v.shape, i.shape), side) for i in v.inputs]
+            args = [self.promoted(i, self.value(i, project(coords, v.shape, i.shape), side), v) for i in v.inputs]
             attrs = {k: self.number(v, k) for k, a in v.attrs.items()
                      if isinstance(a, (int, float)) and not isinstance(a, bool)}
             for n, step in enumerate(steps):
@@ -220,6 +220,16 @@ class _Emitter:
         if v.dtype not in _NARROW:
             return out
         return self.tmp(f"ACC(tl.cast({out}, {_NARROW[v.dtype]}))")
+
+    def promoted(self, i: Value, arg: str, v: Value) -> str:
+        """``arg``, the value of ``v``'s input ``i``, as torch's type promotion hands it to
+        ``v``: an integer or bool input of a float16/bfloat16 op rounded to that dtype
+        first, as torch casts every operand to the op's dtype. Read straight into the
+        float32 accumulator, 2051 * 3 in float16 came out 6152 (6153 rounded) where torch
+        gives 6156 (2052 * 3), and a bfloat16 259 * 3 776 for 780."""
+        if v.dtype not in _NARROW or i.dtype.is_floating_point:
+            return arg
+        return self.tmp(f"ACC(tl.cast({arg}, {_NARROW[v.dtype]}))")
 
     def sliced(self, c: str, start: int, step: int) -> str:
         """The input coordinate a slice window ``start::step`` reads at output coordinate ``c``."""
