@@ -56,3 +56,27 @@ def test_an_edge_softmax_of_large_narrow_scores_is_torchs(backend_name, dtype, s
     finite = expected.isfinite()
     assert finite.sum() > 20
     torch.testing.assert_close(out[finite].float(), expected[finite].float(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("dtype, count", [
+    (torch.float16, 2051),
+    pytest.param(torch.bfloat16, 259, marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                reason="Triton's interpreter has no bfloat16")),
+])
+def test_an_integer_operand_of_a_narrow_op_is_rounded_to_its_dtype_first(dtype, count, monkeypatch):
+    """torch casts an integer operand of a float16/bfloat16 op to that dtype before the op:
+    3 * 2051 in float16 is 3 * 2052 = 6156 (3 * 259 in bfloat16, 3 * 260 = 780). The Triton
+    kernels read the integer straight into their float32 accumulator and gave 6152 (6153
+    rounded once), per edge and in a sum; the CPU backend's test is in test_cpu_backend."""
+    from gnnfuse.ops import gsddmm, gspmm
+    monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
+    device = device_for("triton")
+    graph = Graph(torch.tensor([0, 1, 2, 0]), torch.tensor([1, 2, 0, 2]), 3).to(device)
+    h = torch.full((3, 2), 3.0, dtype=dtype, device=device)
+    counts = torch.full((3, 2), count, device=device)
+    per_edge = gsddmm(graph, lambda hs, c: hs * c, src=h, dst=counts).cpu()
+    summed = gspmm(graph, lambda hs, c: hs * c, "sum", src=h, dst=counts).cpu()
+    product = (h.cpu() * counts.cpu())[0, 0]          # an int64 tensor is cast first (a Python int is not)
+    assert product.item() == 3 * (count + 1)           # torch's rounding, the oracle
+    assert torch.equal(per_edge, torch.full((4, 2), product.item(), dtype=dtype))
+    assert torch.equal(summed, (torch.tensor([[1.0], [1.0], [2.0]], dtype=dtype) * product).expand(3, 2))

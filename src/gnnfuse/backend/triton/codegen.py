@@ -219,7 +219,7 @@ class _Emitter:
                 str(start) if c == "0" else c if (start, step) == (0, 1) else self.derived(f"{start} + {step} * {c}", c)
                 for c, (start, step, _) in zip(coords, v.attrs["window"])), side)
         else:
-            args = [self.value(i, _project(coords, v.shape, i.shape), side) for i in v.inputs]
+            args = [self.promoted(i, self.value(i, _project(coords, v.shape, i.shape), side), v) for i in v.inputs]
             if v.op == "div" and args[1] in self.ones:
                 self.memo[key] = args[0]
                 return args[0]
@@ -230,6 +230,16 @@ class _Emitter:
             out = self.narrowed(v, out)
         self.memo[key] = out
         return out
+
+    def promoted(self, i: Value, arg: str, v: Value) -> str:
+        """``arg``, the value of ``v``'s input ``i``, as torch's type promotion hands it to
+        ``v``: an integer or bool input of a float16/bfloat16 op rounded to that dtype
+        first, as torch casts every operand to the op's dtype. Read straight into the
+        float32 accumulator, 2051 * 3 in float16 came out 6152 (6153 rounded) where torch
+        gives 6156 (2052 * 3); the CPU generator does the same (`backend.cpu.codegen`)."""
+        if v.dtype not in _NARROW or i.dtype.is_floating_point:
+            return arg
+        return self.tmp(f"{arg}.to({_NARROW[v.dtype]}).to(ACC)")
 
     def narrowed(self, v: Value, out: str) -> str:
         """``out``, the value of op ``v``, rounded to ``v``'s dtype where that is float16 or
