@@ -78,3 +78,30 @@ def test_a_udf_on_a_raw_kernel_backend_is_refused(backend, device):
     x = torch.randn(6, 3, dtype=torch.float64, device=device)
     with fwAD.dual_level(), pytest.raises(ForwardADError, match=f"the {backend} backend's kernels"):
         gnnfuse.ops.gspmm(graph, lambda s: s * 3, "sum", src=fwAD.make_dual(x, torch.ones_like(x)))
+
+
+@pytest.mark.parametrize("weights_need_grad", [False, True])
+@pytest.mark.parametrize("make", [lambda: gnn.SAGEConv(4, 3), lambda: gnn.GraphConv(4, 3), lambda: gnn.TAGConv(4, 3)],
+                         ids=["sage", "graph", "tag"])
+def test_layers_mapping_through_gnnfuses_linear_functions_carry_tangents(make, weights_need_grad, monkeypatch):
+    """SAGEConv (mean), GraphConv and TAGConv map their input through gnnfuse's own
+    autograd Functions (`nn.aligned_linear`: a paired map, a map before the hops), which
+    had no jvp: a dual input stopped in torch's "You must implement the jvp function",
+    naming no layer, where PyG's layers carry the tangent. (Narrowing maps, 4 -> 3, on a
+    path whose last vertex no edge leaves: these layers then map before they aggregate,
+    the weight's gradient summed over the rows read.) They carry it now (or the program
+    after them refuses by name, as for the other layers)."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", "reference")
+    torch.manual_seed(0)
+    layer, edge_index = make().double(), torch.stack([SRC[:5], DST[:5]])     # 0 -> 1 -> ... -> 5
+    layer.requires_grad_(weights_need_grad)
+    gen = torch.Generator().manual_seed(1)
+    x, tangent = (torch.randn(6, 4, dtype=torch.float64, generator=gen) for _ in range(2))
+    try:
+        with fwAD.dual_level():
+            out = fwAD.unpack_dual(layer(fwAD.make_dual(x, tangent), edge_index))
+    except ForwardADError as error:
+        assert weights_need_grad and str(error).startswith(f"{type(layer).__name__}: ")
+        return
+    torch.testing.assert_close(out.tangent, _finite_difference(lambda v: layer(v, edge_index), x, tangent),
+                               rtol=1e-6, atol=1e-7)

@@ -27,6 +27,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import torch
+import torch.autograd.forward_ad as forward_ad
 import torch.nn.functional as F
 
 from ..backend.row_layout import aligned_row_width
@@ -115,7 +116,7 @@ def aligned_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     if stride == width and read is None and not (x.is_cuda and bias is not None and bias.requires_grad
                                                  and x.shape[0] >= GEMV_BIAS_FROM_ROWS):
         return F.linear(x, weight, bias)
-    return _AlignedLinear.apply(x, weight, bias, read, stride)
+    return (_AlignedLinearJvp if _dual_level() else _AlignedLinear).apply(x, weight, bias, read, stride)
 
 
 def kernel_row_stride(x: torch.Tensor, width: int) -> int:
@@ -131,7 +132,7 @@ def paired_linear(x: torch.Tensor, weight_a: torch.Tensor, read_a: RowsRead | No
     forms ``x``'s gradient as one GEMM plus one that accumulates onto it, where autograd
     would add the two maps' gradients in a pass of its own (an [N, in] addition, 29 us on
     the arxiv-sized SAGE step's second layer on an H200)."""
-    return _PairedLinear.apply(x, weight_a, read_a, weight_b, bias_b)
+    return (_PairedLinearJvp if _dual_level() else _PairedLinear).apply(x, weight_a, read_a, weight_b, bias_b)
 
 
 def _mapped(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride: int) -> torch.Tensor:
@@ -228,7 +229,7 @@ def bias_added(out: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     if (not (out.is_cuda and bias.requires_grad and torch.is_grad_enabled()) or out.shape[1:] != bias.shape
             or out.shape[0] < GEMV_BIAS_FROM_ROWS):
         return out + bias
-    return _BiasAdded.apply(out, bias)
+    return (_BiasAddedJvp if _dual_level() else _BiasAdded).apply(out, bias)
 
 
 class _BiasAdded(torch.autograd.Function):
@@ -256,7 +257,7 @@ def flat_heads(out: torch.Tensor) -> torch.Tensor:
     stride = kernel_row_stride(flat, flat.shape[1])
     if stride == flat.shape[1] or not (torch.is_grad_enabled() and out.requires_grad):
         return flat
-    return _PaddedGradient.apply(out, stride)
+    return (_PaddedGradientJvp if _dual_level() else _PaddedGradient).apply(out, stride)
 
 
 class _PaddedGradient(torch.autograd.Function):
@@ -273,3 +274,77 @@ class _PaddedGradient(torch.autograd.Function):
         padded = grad.new_empty(rows, ctx.stride)[:, :width]    # the kernels never read the padding lanes
         padded.copy_(grad)
         return padded.view(ctx.shape), None
+
+
+# Forward-mode AD. Each Function above, without a jvp, stopped a dual input (forward_ad,
+# ``jacobian(strategy="forward-mode")``) in torch's "You must implement the jvp function",
+# naming no layer, where PyG's layers carry the tangent: SAGEConv's paired maps, and the
+# map GraphConv, TAGConv and SAGEConv make before aggregating with a row mask. Dynamo
+# cannot trace a Function that defines a jvp, so these variants, which do, run only inside
+# a forward-AD level (where torch.compile does not trace).
+
+
+def _dual_level() -> bool:
+    """Whether a ``forward_ad.dual_level()`` is open (torch keeps no public flag)."""
+    return forward_ad._current_level >= 0
+
+
+def _linear_tangent(x: torch.Tensor, weight: torch.Tensor, x_t: torch.Tensor | None, weight_t: torch.Tensor | None,
+                    bias_t: torch.Tensor | None) -> torch.Tensor:
+    """The tangent of ``x W^T + b`` by the product rule (a missing tangent is 0)."""
+    tangent = x.new_zeros(*x.shape[:-1], weight.shape[0])
+    if x_t is not None:
+        tangent = tangent + F.linear(x_t, weight)
+    if weight_t is not None:
+        tangent = tangent + F.linear(x, weight_t)
+    return tangent if bias_t is None else tangent + bias_t
+
+
+class _PairedLinearJvp(_PairedLinear):
+    """`_PairedLinear` with a jvp (see `_dual_level`)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight_a: torch.Tensor, read_a: RowsRead | None,
+                weight_b: torch.Tensor, bias_b: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        ctx.save_for_forward(x, weight_a, weight_b)
+        return _PairedLinear.forward(ctx, x, weight_a, read_a, weight_b, bias_b)
+
+    @staticmethod
+    def jvp(ctx: Any, x_t: torch.Tensor | None, weight_a_t: torch.Tensor | None, _read: None,
+            weight_b_t: torch.Tensor | None, bias_b_t: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        x, weight_a, weight_b = ctx.saved_tensors
+        return (_linear_tangent(x, weight_a, x_t, weight_a_t, None),
+                _linear_tangent(x, weight_b, x_t, weight_b_t, bias_b_t))
+
+
+class _AlignedLinearJvp(_AlignedLinear):
+    """`_AlignedLinear` with a jvp (see `_dual_level`)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                read: RowsRead | None, stride: int) -> torch.Tensor:
+        ctx.save_for_forward(x, weight)
+        return _AlignedLinear.forward(ctx, x, weight, bias, read, stride)
+
+    @staticmethod
+    def jvp(ctx: Any, x_t: torch.Tensor | None, weight_t: torch.Tensor | None, bias_t: torch.Tensor | None,
+            _read: None, _stride: None) -> torch.Tensor:
+        x, weight = ctx.saved_tensors
+        return _linear_tangent(x, weight, x_t, weight_t, bias_t)
+
+
+class _BiasAddedJvp(_BiasAdded):
+    """`_BiasAdded` with a jvp (see `_dual_level`)."""
+
+    @staticmethod
+    def jvp(ctx: Any, out_t: torch.Tensor | None, bias_t: torch.Tensor | None) -> torch.Tensor:
+        zero = torch.zeros((), dtype=torch.promote_types(*ctx.dtypes))
+        return (zero if out_t is None else out_t) + (zero if bias_t is None else bias_t)
+
+
+class _PaddedGradientJvp(_PaddedGradient):
+    """`_PaddedGradient` with a jvp (see `_dual_level`)."""
+
+    @staticmethod
+    def jvp(ctx: Any, out_t: torch.Tensor, _stride: None) -> torch.Tensor:
+        return out_t.flatten(1)
