@@ -7,6 +7,7 @@ Graph built in the exported code in "Could not extract specialized integer from
 data-dependent expression u0"."""
 from __future__ import annotations
 
+import random
 import warnings
 
 import pytest
@@ -55,6 +56,35 @@ def test_strict_export_and_a_udf_on_a_graph_built_outside():
     x = torch.randn(6, 4, dtype=torch.float64)
     exported = torch.export.export(OnGraph(), (x,), strict=True)
     assert_same_values(exported.module()(x * 2), OnGraph()(x * 2), "strictly exported UDF")
+
+
+@pytest.mark.parametrize("draws", [False, True])
+def test_non_strict_export_of_a_vertex_function_reads_the_random_states(draws):
+    """Non-strict export (the default) runs the trace under its tracing mode, where the
+    random generators' states could not be read: each read gave a new marker, and every
+    vertex function -- GCNConv's too -- was refused as drawing a random number. A real
+    draw is still refused."""
+    graph = gnnfuse.Graph.from_edge_index(EDGE_INDEX, 6)
+
+    @gnnfuse.vertex
+    def neighbour_sum(v):
+        return sum([u.h * 2.0 for u in v.innbs])
+
+    @gnnfuse.vertex
+    def noisy_sum(v):
+        return sum([u.h * random.random() for u in v.innbs])
+
+    class OnGraph(torch.nn.Module):
+        def forward(self, x):
+            return (noisy_sum if draws else neighbour_sum)(graph, {"h": x})
+
+    x = torch.randn(6, 4, dtype=torch.float64)
+    if draws:
+        with pytest.raises(CompileError, match="random"):
+            torch.export.export(OnGraph(), (x,))
+        return
+    exported = torch.export.export(OnGraph(), (x,))
+    assert_same_values(exported.module()(x * 2), OnGraph()(x * 2), "exported UDF")
 
 
 def test_a_call_without_a_compile_path_is_refused_by_name():

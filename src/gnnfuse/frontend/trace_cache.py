@@ -67,6 +67,7 @@ from typing import Any, Callable, Hashable, Mapping
 
 import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch.utils._python_dispatch import _disable_current_modes
 
 from ..runtime import CompiledProgram, compiled_for
 from ..runtime.autocast import AUTOCAST_DEVICE_TYPES, outside_autocast
@@ -531,7 +532,10 @@ def random_states() -> tuple:
     states are read as their storage's bytes, which is no value read `_ValueReads` notes:
     a vertex function's trace reads them (`vertex._random_draw`) and stays cacheable."""
     try:
-        with unset_fake_temporarily():      # under torch.export the states came back as fake tensors
+        # under torch.export the states came back as fake tensors, and their storage's bytes
+        # could not be read under its tracing mode (NotImplementedError: a new object each
+        # call, so every vertex function's trace was refused as drawing a random number)
+        with unset_fake_temporarily(), _disable_current_modes():
             states: tuple = (bytes(torch.default_generator.get_state().untyped_storage()), random.getstate())
             if torch.cuda.is_initialized():
                 states += tuple(bytes(g.get_state().untyped_storage()) for g in torch.cuda.default_generators)
