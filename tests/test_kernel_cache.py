@@ -15,3 +15,23 @@ def test_a_kernel_file_another_process_is_still_writing_is_not_imported_half_wri
     digest = hashlib.sha1(source.encode()).hexdigest()[:16]
     (kernel_cache.cache_dir() / f"kernel_under_test_{digest}.py").write_text("")   # mid-write
     assert kernel_cache.load_kernel(source, "kernel_under_test")() == 42
+
+
+def test_a_damaged_kernel_file_that_is_not_utf8_is_rewritten(tmp_path, monkeypatch):
+    """A kernel file holding bytes that are not UTF-8 (a disk error, a crash mid-copy)
+    raised a raw ``UnicodeDecodeError`` from the cache's comparison with the source."""
+    monkeypatch.setenv("GNNFUSE_CACHE", str(tmp_path))
+    source = "def damaged_kernel_under_test():\n    return 7\n"
+    digest = hashlib.sha1(source.encode()).hexdigest()[:16]
+    (kernel_cache.cache_dir() / f"damaged_kernel_under_test_{digest}.py").write_bytes(b"\xff\xfe\x00junk")
+    assert kernel_cache.load_kernel(source, "damaged_kernel_under_test")() == 7
+
+
+def test_a_cache_folder_that_cannot_be_made_names_the_variable(tmp_path, monkeypatch):
+    """$GNNFUSE_CACHE naming a file gave a bare ``NotADirectoryError`` on a path inside it."""
+    import pytest
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    monkeypatch.setenv("GNNFUSE_CACHE", str(blocker))
+    with pytest.raises(kernel_cache.KernelCacheError, match=r"GNNFUSE_CACHE.*a_file"):
+        kernel_cache.load_kernel("def unwritable_kernel():\n    return 1\n", "unwritable_kernel")

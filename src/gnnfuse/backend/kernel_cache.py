@@ -26,9 +26,23 @@ _BUILTINS = {name: getattr(builtins, name) for name in ("min", "max", "sum", "le
 _NEW: set[int] = set()        # ids of loaded kernels whose source this process wrote, not yet called
 
 
+class KernelCacheError(OSError):
+    """The kernel cache folder cannot be made or written; names ``$GNNFUSE_CACHE``."""
+
+
+def _refuse(path: Path, error: OSError) -> KernelCacheError:
+    return KernelCacheError(
+        f"gnnfuse cannot write its generated kernels under {path} ({error.strerror or error}); "
+        f"set $GNNFUSE_CACHE to a writable folder (default ~/.cache/gnnfuse; now "
+        f"{os.environ.get('GNNFUSE_CACHE') or 'unset'!r})")
+
+
 def cache_dir() -> Path:
     path = Path(os.environ.get("GNNFUSE_CACHE") or Path.home() / ".cache" / "gnnfuse") / "kernels"   # (empty: unset)
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as error:     # $GNNFUSE_CACHE a file, read-only, ...: say which variable
+        raise _refuse(path, error) from error
     return path
 
 
@@ -45,13 +59,17 @@ def load_kernel(source: str, name: str):
 def _load(source: str, name: str, digest: str) -> None:
     """Write (where new), import and register ``source``'s module; under `_LOADING`."""
     path = cache_dir() / f"{name}_{digest}.py"
-    written = not path.exists() or path.read_text() != source
+    # compared as bytes: a damaged file (not UTF-8) is rewritten, not a UnicodeDecodeError
+    written = not path.exists() or path.read_bytes() != source.encode()
     if written:
         # written aside and renamed into place: another process (a training rank
         # compiling the same kernel) never imports a half-written file
         tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        tmp.write_text(source)
-        os.replace(tmp, path)
+        try:
+            tmp.write_bytes(source.encode())
+            os.replace(tmp, path)
+        except OSError as error:
+            raise _refuse(path.parent, error) from error
     spec = importlib.util.spec_from_file_location(f"gnnfuse_kernel_{digest}", path)
     module = importlib.util.module_from_spec(spec)
     # Registered before it runs: Numba's disk cache re-imports a kernel's module by
