@@ -242,3 +242,17 @@ def test_tune_command_tunes_then_reuses(cache, capsys, monkeypatch):
     assert main(["tune", "--dataset", "synthetic", "--model", "gcn", "--space", "small"]) == 0
     second = capsys.readouterr().out
     assert "0 unit(s) tuned" in second and "reused:" in second
+
+
+def test_a_store_keeps_the_choices_another_process_stored_since_the_last_lookup(cache):
+    """`store` merged into `entries`' table, which a lookup had read up to a second
+    before: another `gnnfuse tune` run's choices written in between were dropped."""
+    tuned_schedule.store({"mine-1": {"schedule": {"feature_tile": 2}}})
+    tuned_schedule.entries()                     # a launch's lookup, cached for a second
+    data = json.loads(cache.read_text())         # another process's store, now
+    data["entries"]["other"] = {"schedule": {"feature_tile": 4}}
+    aside = cache.with_name("other.json")
+    aside.write_text(json.dumps(data))
+    aside.replace(cache)
+    tuned_schedule.store({"mine-2": {"schedule": {"feature_tile": 8}}})
+    assert sorted(json.loads(cache.read_text())["entries"]) == ["mine-1", "mine-2", "other"]

@@ -18,10 +18,13 @@ File: JSON at ``$GNNFUSE_TUNED_SCHEDULES`` (default ``$GNNFUSE_CACHE/tuned_sched
 ``~/.cache/gnnfuse``), stamped with a format number and a digest of the kernel
 generators. A file that does not parse, or whose stamp differs (written for other
 kernels), is ignored with one warning and the cost rules apply: a tuned choice only
-changes speed, never values, so ignoring one is always safe.
+changes speed, never values, so ignoring one is always safe. `store` merges into the
+file as it is at that moment, under a lock beside it, so concurrent tuning runs keep each
+other's choices.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -32,7 +35,12 @@ import time
 import warnings
 import weakref
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
+
+try:
+    import fcntl
+except ImportError:     # not POSIX
+    fcntl = None
 
 import torch
 
@@ -248,24 +256,57 @@ def describe(schedule: ForcedSchedule) -> str:
     return ", ".join(parts) or "the cost rule"
 
 
+def _stored_records(path: Path) -> dict[str, Any]:
+    """The file's entries as stored, read now (not `entries`' table, which may be up to
+    `RECHECK_SECONDS` old): those of the current stamp that hold a schedule; {} for a
+    missing, unreadable or stale file."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict) or data.get("stamp") != STAMP or not isinstance(data.get("entries"), dict):
+        return {}
+    kept = {}
+    for k, record in data["entries"].items():
+        try:
+            _schedule(record)
+        except (TypeError, ValueError, KeyError):
+            continue
+        kept[k] = record
+    return kept
+
+
+@contextlib.contextmanager
+def _exclusive(path: Path) -> Iterator[None]:
+    """Holds a lock beside ``path`` (POSIX ``flock``) so that two processes storing at
+    once (two `gnnfuse tune` runs) merge in turn instead of each writing the file it read
+    before the other's write, dropping the other's choices. Without ``fcntl`` (Windows)
+    the stores are not serialized."""
+    if fcntl is None:
+        yield
+        return
+    with open(path.with_name(f".{path.name}.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def store(records: dict[str, dict[str, Any]]) -> Path:
-    """Merge ``records`` (key -> {"schedule": fields, ...}) into the cache file, written
-    atomically; an unreadable or stale file is replaced."""
+    """Merge ``records`` (key -> {"schedule": fields, ...}) into the cache file as it is
+    now, under a lock and written atomically; an unreadable or stale file is replaced."""
     path = cache_path()
-    current = entries()   # the readable, current-stamp entries only
-    try:
-        old = json.loads(path.read_text())["entries"] if current else {}
-    except (OSError, ValueError, KeyError, TypeError):
-        old = {}
-    merged = {k: v for k, v in old.items() if k in current}
-    merged.update(records)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
-        json.dump({"stamp": STAMP, "entries": merged}, f, indent=1, sort_keys=True)
-    try:
-        os.replace(f.name, path)
-    except OSError:
-        os.unlink(f.name)      # no temporary file left beside the store
-        raise
+    with _exclusive(path):
+        merged = _stored_records(path)
+        merged.update(records)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
+            json.dump({"stamp": STAMP, "entries": merged}, f, indent=1, sort_keys=True)
+        try:
+            os.replace(f.name, path)
+        except OSError:
+            os.unlink(f.name)      # no temporary file left beside the store
+            raise
     _loaded["path"] = None   # read back on the next lookup
     return path
