@@ -168,3 +168,24 @@ def test_empty_path_and_mode_variables_read_as_unset(monkeypatch, tmp_path):
     monkeypatch.setenv("GNNFUSE_TILED_SCORES", "")
     monkeypatch.setattr(forced_schedule, "TILED_SCORES_FROM_EDGES", 10)
     assert forced_schedule.tiled_scores(10) and not forced_schedule.tiled_scores(9)
+
+
+@pytest.mark.parametrize("name,value", [
+    ("GNNFUSE_SCHEDULE", "CSR"), ("GNNFUSE_CPU_FEATURE_TILE", "-1"), ("GNNFUSE_TILED_SCORES", "yes"),
+    ("GNNFUSE_TYPED_ORDER", "x"), ("GNNFUSE_COMPILE_THREADS", "0"), ("GNNFUSE_AUTOTUNE", "yes"),
+    ("GNNFUSE_SIBLING_KERNELS", "off"), ("GNNFUSE_PAIR_SOURCES", "no"), ("GNNFUSE_CHECK_CONFIGS", "yes")])
+def test_a_bad_setting_is_refused_on_the_reference_backend_too(name, value, monkeypatch):
+    """Each variable was read only by the code it steers, so on the default CPU path (the
+    torch reference) these values were silently ignored and the layer ran."""
+    import torch
+
+    import gnnfuse.nn as gnn
+    monkeypatch.delenv("GNNFUSE_BACKEND", raising=False)
+    layer = gnn.GCNConv(3, 2)
+    x, edge_index = torch.randn(4, 3), torch.tensor([[0, 1, 2, 3], [1, 2, 3, 0]])
+    layer(x, edge_index)
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=name):
+        layer(x, edge_index)
+    monkeypatch.delenv(name)
+    layer(x, edge_index)

@@ -33,6 +33,7 @@ from .first_pass import Waiting, checkpointed, end_after_backward, end_on_backwa
 from .interpreter import interpreter_lacks_bfloat16
 from .pair_graph import pair_graph, pair_matmul, pair_rows, reads_edge_types
 from .prepared_call import PreparedCall, preparer
+from .settings_check import check_settings
 
 PAIR_SOURCES_ENV = "GNNFUSE_PAIR_SOURCES"     # "0": programs keep their compact products per edge
 _REQUIRES_GRAD = operator.attrgetter("requires_grad")
@@ -137,6 +138,7 @@ class CompiledProgram:
             outputs = prepared(graph, feeds)
             if outputs is not None:
                 return outputs
+        check_settings()
         if isinstance(graph, Graph):
             graph.check_unchanged()     # its layouts (and the backends' plans) describe the edges it was built with
         if torch._C._get_tracing_state() is not None:

@@ -1,0 +1,42 @@
+"""Every gnnfuse setting variable's value checked when a program runs, on whichever
+backend. Why: each variable is read only by the code it steers, so on a path that does
+not reach that code -- the torch reference, the default off the GPU -- a mistyped value
+(``GNNFUSE_SCHEDULE=CSR``, ``GNNFUSE_AUTOTUNE=yes``, ``GNNFUSE_CPU_FEATURE_TILE=-1``) was
+never read and silently ignored, where README promises such values are refused by name.
+The values are checked again only when one of the variables changes
+(`environ.Variables`), so a run costs one tuple comparison.
+"""
+from __future__ import annotations
+
+from ..backend.cpu.schedule import FEATURE_TILE_ENV, feature_tile
+from ..backend.forced_schedule import SCHEDULES, TILED_SCORES_ENV, tiled_scores
+from ..environ import Variables, flag, getenv
+from ..ir.ops.typed_aggregate import ORDER_ENV, forced_order
+
+SWITCHES = ("GNNFUSE_AUTOTUNE", "GNNFUSE_SIBLING_KERNELS", "GNNFUSE_PAIR_SOURCES", "GNNFUSE_CHECK_CONFIGS")
+SCHEDULE_ENV = "GNNFUSE_SCHEDULE"
+COMPILE_THREADS_ENV = "GNNFUSE_COMPILE_THREADS"     # backend/triton/parallel_compile.py's; not imported:
+# that package imports triton, which gnnfuse imports only when a Triton run needs it
+CHECKED = Variables((SCHEDULE_ENV, FEATURE_TILE_ENV, TILED_SCORES_ENV, ORDER_ENV, COMPILE_THREADS_ENV,
+                     *SWITCHES))
+_LAST: list[tuple | None] = [None]     # the raw values last found good
+
+
+def check_settings() -> None:
+    """ValueError naming the variable and the values it takes, for the first variable
+    of `CHECKED` set to a value its reader would refuse; nothing when all are good."""
+    raw = CHECKED.raw()
+    if raw == _LAST[0]:
+        return
+    schedule = getenv(SCHEDULE_ENV) or "auto"
+    if schedule not in SCHEDULES:
+        raise ValueError(f"{SCHEDULE_ENV} must be one of {SCHEDULES}, got {schedule!r}")
+    feature_tile(1)
+    tiled_scores(0)
+    forced_order()
+    threads = getenv(COMPILE_THREADS_ENV)
+    if threads and not (threads.strip().isdigit() and int(threads) >= 1):
+        raise ValueError(f"{COMPILE_THREADS_ENV}={threads!r}: expected a whole number of threads, at least 1")
+    for name in SWITCHES:
+        flag(name, True)
+    _LAST[0] = raw
