@@ -189,3 +189,17 @@ def test_a_bad_setting_is_refused_on_the_reference_backend_too(name, value, monk
         layer(x, edge_index)
     monkeypatch.delenv(name)
     layer(x, edge_index)
+
+
+@pytest.mark.parametrize("name", ["GNNFUSE_BACKNED", "gnnfuse_backend", "GNNFUSE_AUTO_TUNE"])
+def test_a_misspelled_variable_name_is_warned_about(name, monkeypatch):
+    """A setting under a mistyped name was silently never read (GNNFUSE_BACKNED=cpu ran
+    the reference backend)."""
+    import torch
+
+    import gnnfuse.nn as gnn
+    from gnnfuse.runtime import settings_check
+    monkeypatch.setattr(settings_check, "_LAST", [None])
+    monkeypatch.setenv(name, "1")
+    with pytest.warns(RuntimeWarning, match=f"{name}.*did you mean"):
+        gnn.GCNConv(3, 2)(torch.randn(4, 3), torch.tensor([[0, 1], [1, 2]]))

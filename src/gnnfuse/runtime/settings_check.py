@@ -4,9 +4,14 @@ not reach that code -- the torch reference, the default off the GPU -- a mistype
 (``GNNFUSE_SCHEDULE=CSR``, ``GNNFUSE_AUTOTUNE=yes``, ``GNNFUSE_CPU_FEATURE_TILE=-1``) was
 never read and silently ignored, where README promises such values are refused by name.
 The values are checked again only when one of the variables changes
-(`environ.Variables`), so a run costs one tuple comparison.
+(`environ.Variables`), so a run costs one tuple comparison. A set name close to a known
+one is warned about at the first check (`_warn_misspelled`).
 """
 from __future__ import annotations
+
+import difflib
+import os
+import warnings
 
 from ..backend.cpu.schedule import FEATURE_TILE_ENV, feature_tile
 from ..backend.forced_schedule import SCHEDULES, TILED_SCORES_ENV, tiled_scores
@@ -20,6 +25,12 @@ COMPILE_THREADS_ENV = "GNNFUSE_COMPILE_THREADS"     # backend/triton/parallel_co
 CHECKED = Variables((SCHEDULE_ENV, FEATURE_TILE_ENV, TILED_SCORES_ENV, ORDER_ENV, COMPILE_THREADS_ENV,
                      *SWITCHES))
 _LAST: list[tuple | None] = [None]     # the raw values last found good
+# Every variable gnnfuse reads (README's list): a set name one letter off one of these is a
+# typo whose setting silently never applies (``GNNFUSE_BACKNED=triton`` ran the reference)
+KNOWN = ("GNNFUSE_BACKEND", "GNNFUSE_SCHEDULE", "GNNFUSE_CPU_FEATURE_TILE", "GNNFUSE_TILED_SCORES",
+         "GNNFUSE_TYPED_ORDER", "GNNFUSE_COMPILE_THREADS", *SWITCHES, "GNNFUSE_CACHE",
+         "GNNFUSE_TUNED_SCHEDULES", "GNNFUSE_NUM_THREADS", "GNNFUSE_DATA", "GNNFUSE_PLANETOID_URL",
+         "GNNFUSE_FUSED_HOPS")
 
 
 def check_settings() -> None:
@@ -28,6 +39,8 @@ def check_settings() -> None:
     raw = CHECKED.raw()
     if raw == _LAST[0]:
         return
+    if _LAST[0] is None:
+        _warn_misspelled()
     schedule = getenv(SCHEDULE_ENV) or "auto"
     if schedule not in SCHEDULES:
         raise ValueError(f"{SCHEDULE_ENV} must be one of {SCHEDULES}, got {schedule!r}")
@@ -40,3 +53,15 @@ def check_settings() -> None:
     for name in SWITCHES:
         flag(name, True)
     _LAST[0] = raw
+
+
+def _warn_misspelled() -> None:
+    """One warning per set ``GNNFUSE_*`` name that is not one gnnfuse reads but is close
+    to one (names far from every known one, a script's own, are left alone)."""
+    for name in os.environ:
+        upper = name.upper()       # gnnfuse_backend: names are case-sensitive on POSIX
+        if upper.startswith("GNNFUSE_") and name not in KNOWN:
+            close = [upper] if upper in KNOWN else difflib.get_close_matches(upper, KNOWN, n=1, cutoff=0.85)
+            if close:
+                warnings.warn(f"gnnfuse reads no variable {name}; did you mean {close[0]}? "
+                              f"({name} is ignored)", RuntimeWarning, stacklevel=4)
