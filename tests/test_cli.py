@@ -500,3 +500,13 @@ def test_make_config_refuses_values_of_the_wrong_type(overrides, message):
         make_config(overrides.pop("model"), **overrides)
     config = make_config("gcn", epochs=np.int64(3), lr=np.float32(0.1), runs=1)     # numpy scalars are numbers
     assert config.epochs == 3
+
+
+@pytest.mark.parametrize("name,value", [("GNNFUSE_BACKEND", "tritn"), ("GNNFUSE_AUTOTUNE", "yes")])
+def test_a_bad_setting_variable_is_a_usage_error_not_a_traceback(name, value, monkeypatch, capsys):
+    """A bad GNNFUSE_* value surfaced as a ValueError traceback from inside the first
+    layer call, after the data set was loaded."""
+    monkeypatch.setenv(name, value)
+    with pytest.raises(SystemExit) as stop:
+        main(["train", "--epochs", "1"])
+    assert stop.value.code == 2 and name in capsys.readouterr().err

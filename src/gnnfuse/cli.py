@@ -23,7 +23,9 @@ from .distributed.process_group import launched_by_torchrun
 from .graph import Graph
 from .nn.models import get_model, model_names
 from .output_paths import replaced_outputs, unwritable_image, unwritable_output
+from .runtime.compiled import backend_name
 from .runtime.cuda_graph import MODES
+from .runtime.settings_check import check_settings
 from .threads import THREADS_ENV, configure_threads
 from .tuning import command as tuning_command
 from .training import (ConfigError, RunResult, TrainConfig, TrainingInterrupted, TrainSummary, make_config,
@@ -413,6 +415,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.argv = list(sys.argv[1:] if argv is None else argv)     # what --gpus/--cpu-ranks hand to each rank
     try:
         configure_threads(getattr(args, "threads", None))
+        backend_name(False)     # a bad GNNFUSE_* value: a usage error now, not a traceback mid-run
+        check_settings()
     except ValueError as error:
         args.command_parser.error(str(error))
     try:
