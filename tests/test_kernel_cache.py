@@ -35,3 +35,18 @@ def test_a_cache_folder_that_cannot_be_made_names_the_variable(tmp_path, monkeyp
     monkeypatch.setenv("GNNFUSE_CACHE", str(blocker))
     with pytest.raises(kernel_cache.KernelCacheError, match=r"GNNFUSE_CACHE.*a_file"):
         kernel_cache.load_kernel("def unwritable_kernel():\n    return 1\n", "unwritable_kernel")
+
+
+def test_a_leading_tilde_in_the_cache_variables_is_the_home_folder(tmp_path, monkeypatch):
+    """``GNNFUSE_CACHE="~/c"`` (quoted: the shell leaves ~ alone) made a folder named ``~``
+    in the working directory, as ``$GNNFUSE_DATA`` no longer does."""
+    from gnnfuse.backend import tuned_schedule
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("GNNFUSE_CACHE", "~/c")
+    monkeypatch.delenv(tuned_schedule.PATH_ENV, raising=False)
+    assert kernel_cache.cache_dir() == tmp_path / "c" / "kernels"
+    assert tuned_schedule.cache_path() == tmp_path / "c" / "tuned_schedules.json"
+    monkeypatch.setenv(tuned_schedule.PATH_ENV, "~/t.json")
+    assert tuned_schedule.cache_path() == tmp_path / "t.json"
+    assert not (tmp_path / "~").exists()

@@ -38,7 +38,8 @@ def _refuse(path: Path, error: OSError) -> KernelCacheError:
 
 
 def cache_dir() -> Path:
-    path = Path(os.environ.get("GNNFUSE_CACHE") or Path.home() / ".cache" / "gnnfuse") / "kernels"   # (empty: unset)
+    # a leading ~ expanded, as for $GNNFUSE_DATA: a quoted "~/cache" made a folder named ~
+    path = Path(os.environ.get("GNNFUSE_CACHE") or Path.home() / ".cache" / "gnnfuse").expanduser() / "kernels"
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as error:     # $GNNFUSE_CACHE a file, read-only, ...: say which variable

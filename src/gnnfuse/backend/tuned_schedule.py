@@ -92,9 +92,9 @@ def still_current(table: dict[str, ForcedSchedule], where: tuple) -> bool:
 
 @functools.lru_cache(maxsize=16)
 def _cache_path(explicit: str | None, cache_root: str | None, home: str | None) -> Path:
-    if explicit:
-        return Path(explicit)
-    root = Path(cache_root) if cache_root else Path.home() / ".cache" / "gnnfuse"    # (empty: unset)
+    if explicit:     # a leading ~ expanded, as for $GNNFUSE_DATA (not a folder named ~)
+        return Path(explicit).expanduser()
+    root = Path(cache_root).expanduser() if cache_root else Path.home() / ".cache" / "gnnfuse"    # (empty: unset)
     return root / "tuned_schedules.json"
 
 
