@@ -11,7 +11,8 @@ from .wn18rr import load_wn18rr
 
 __all__ = [
     "DATASET_NAMES", "DEFAULT_DATASET", "DataFileError", "DownloadError", "LOAD_ERRORS", "NodeDataset",
-    "POWER_LAW_PRESETS", "ROOT_HELP", "RelationalDataset", "candidate_roots", "check_node_dataset_name", "download_root", "find_data_file",
+    "POWER_LAW_PRESETS", "ROOT_HELP", "RelationalDataset", "candidate_roots", "check_node_dataset_name",
+    "download_root", "find_data_file",
     "find_data_folder", "load_dataset", "load_node_dataset", "load_npz", "load_planetoid", "load_wn18rr",
     "planted_partition", "power_law_graph", "random_split", "row_normalize", "user_cache_dir",
 ]

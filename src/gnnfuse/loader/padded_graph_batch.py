@@ -26,7 +26,8 @@ norm) would see the padded ones; the captured step runs it eagerly, on the batch
 a float label ``y`` (a regression loss would count the padding rows) and a bool or
 unsigned one (which cannot hold `IGNORE_LABEL`) unless the loss is masked (below), index
 tensors other than ``edge_index`` and
-``batch``, an ``edge_index`` dtype too narrow for the padded vertices' ids (uint8), ``follow_batch``, and a batch of ``HeteroData`` graphs. Attributes that are
+``batch``, an ``edge_index`` dtype too narrow for the padded vertices' ids (uint8),
+``follow_batch``, and a batch of ``HeteroData`` graphs. Attributes that are
 not tensors (a molecule's SMILES string) are left out: a replayed step could only ever
 see the first batch's. A batch over the capacities comes unpadded, and its step runs
 eagerly; so does a batch whose graph count is also its vertex or edge count (one-vertex
