@@ -319,6 +319,22 @@ def test_hinge_sum_and_its_gradient_against_all_pairs(special, hinge):
         assert torch.isfinite(hinge_sum(x, dst, 5)[dst != dst[0]]).all()
 
 
+def test_hinge_sum_keeps_one_vertexs_large_scores_out_of_anothers_sums():
+    """Sums of one vertex's scores (and gradients) are scanned within its own group: a
+    running sum over all groups once rounded vertex 1's O(1) sums to the ulp of vertex
+    0's 1e17 total: vertex 1's hinge sums off by up to 3.0 (1.5x), silently."""
+    dst = torch.tensor([0, 0, 1, 1, 1, 2])
+    x = torch.tensor([[1e17], [3e16], [1.0], [2.5], [2.0], [7.0]], dtype=torch.float64)
+    g = torch.tensor([[4e17], [1e17], [0.5], [-1.5], [2.0], [1.0]], dtype=torch.float64)
+    xs = x.clone().requires_grad_()
+    same = (dst.unsqueeze(0) == dst.unsqueeze(1)).view(6, 6, 1)
+    gap = torch.relu(xs.unsqueeze(1) - xs.unsqueeze(0))
+    pairs = torch.where(same, gap, torch.zeros_like(gap)).sum(1)
+    (expected_grad,) = torch.autograd.grad((pairs * g).sum(), xs)
+    torch.testing.assert_close(hinge_sum(x, dst, 3), pairs.detach(), rtol=1e-12, atol=0.0)
+    torch.testing.assert_close(hinge_sum_grad(x, g, dst, 3), expected_grad, rtol=1e-12, atol=0.0)
+
+
 def test_in_edge_pairs_are_every_ordered_pair_per_destination():
     dst = torch.tensor([2, 0, 2, 2, 1, 0])
     i, j = in_edge_pairs(dst, 4)

@@ -125,10 +125,21 @@ class _SortedRuns:
         self.run_first = firsts[run]
         self.run_last = (torch.cat([firsts[1:], firsts.new_full((1,), len(self.perm))]) - 1)[run]
 
-    def prefix(self, sorted_values: torch.Tensor) -> torch.Tensor:
-        """Exclusive prefix sums in float64 (small cancellation between large partial sums)."""
-        return torch.cat([sorted_values.new_zeros(1, dtype=torch.float64),
-                          torch.cumsum(sorted_values.double(), 0)])
+    def before(self, sorted_values: torch.Tensor, upto: torch.Tensor) -> torch.Tensor:
+        """Per element, the float64 sum of its group's sorted values at positions
+        ``group_start .. upto - 1``. Scanned within each group only: one running sum over
+        all groups (a cumsum, then differences) rounded every later group's sums to the
+        ulp of the earlier groups' total, so one vertex's large scores (1e17) made another
+        vertex's O(1) hinge sums wrong by a factor of 2."""
+        scan = sorted_values.double()
+        offset = self.position - self.group_start
+        step, longest = 1, int(offset.max()) + 1 if len(offset) else 0
+        while step < longest:               # Hillis-Steele: log2(largest group) passes
+            shifted = torch.cat([scan.new_zeros(step), scan[:-step]])
+            scan = scan + torch.where(offset >= step, shifted, torch.zeros_like(shifted))
+            step *= 2
+        inclusive = torch.cat([scan.new_zeros(1), scan])          # inclusive[p + 1]: through p
+        return torch.where(upto > self.group_start, inclusive[upto], torch.zeros_like(inclusive[upto]))
 
     def unsort(self, sorted_values: torch.Tensor) -> torch.Tensor:
         out = torch.empty_like(sorted_values)
@@ -167,8 +178,7 @@ def hinge_sum(x: torch.Tensor, dst: torch.Tensor, num_nodes: int) -> torch.Tenso
     if not torch.isfinite(x).all():
         return _pairwise_hinge(x, None, dst, num_nodes)
     runs = _SortedRuns(x, dst, num_nodes)
-    prefix = runs.prefix(runs.value)
-    smaller = (prefix[runs.run_first] - prefix[runs.group_start]).to(x.dtype)
+    smaller = runs.before(runs.value, runs.run_first).to(x.dtype)
     return runs.unsort((runs.run_first - runs.group_start).to(x.dtype) * runs.value - smaller)
 
 
@@ -185,12 +195,11 @@ def hinge_sum_grad(x: torch.Tensor, g: torch.Tensor, dst: torch.Tensor, num_node
         return _pairwise_hinge(x, g, dst, num_nodes, inclusive)
     runs = _SortedRuns(x, dst, num_nodes)
     g_sorted = runs.gather(g)
-    prefix = runs.prefix(g_sorted)
     if inclusive:
         count, larger_from = runs.run_last + 1, runs.run_first
     else:
         count, larger_from = runs.run_first, runs.run_last + 1
-    larger = (prefix[runs.group_end] - prefix[larger_from]).to(g.dtype)
+    larger = (runs.before(g_sorted, runs.group_end) - runs.before(g_sorted, larger_from)).to(g.dtype)
     return runs.unsort((count - runs.group_start).to(g.dtype) * g_sorted - larger)
 
 
