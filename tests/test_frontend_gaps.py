@@ -235,6 +235,20 @@ def test_builtin_max_of_numbers_in_a_vertex_function(device):
     check(scaled_max(g, {"h": h}), lambda: per_vertex(lambda v: h[in_edges(v, h.device)].amax(0) * 3) + 0.5 * h, [h])
 
 
+def test_builtin_max_of_an_in_degree_and_numbers_compares_per_vertex(device):
+    """``sum(...) / max(len(v.inedges), 1)`` compares two Python numbers per vertex in
+    eager code; it was refused as a comparison of tensors."""
+    @gnnfuse.vertex
+    def clamped_mean(v):
+        return sum([u.h for u in v.innbs]) / max(len(v.inedges), 1) + min(len(v.innbs), 2, 3.5) * v.h
+
+    def oracle(v):
+        ins = in_edges(v, h.device)
+        return h[ins].sum(0) / max(len(ins), 1) + min(len(ins), 2, 3.5) * h[v]
+    g, h = graph(device), features(device)
+    check(clamped_mean(g, {"h": h}), lambda: per_vertex(oracle), [h])
+
+
 # --- 6: mailbox[k][:, i], the i-th message of each vertex (in-edges in edge-id order) -----
 def test_mailbox_message_at_a_constant_position(device):
     """Vertex 1 has four in-edges (ids 0, 1, 2, 6: a multi-edge), the others one or none:

@@ -72,7 +72,7 @@ from .graph_input import call_graph
 from .repeat_call import RepeatCall, RepeatCalls
 from .trace_cache import (GuardMemo, TraceCache, check_tables, impure_name, outside_writes, plain_table,
                           program_feeds, random_states)
-from .tracer import EDGE_ROWED, SymTensor, Tracer, is_library
+from .tracer import EDGE_ROWED, Degree, SymTensor, Tracer, is_library
 from .udf import unwrap
 
 
@@ -257,12 +257,32 @@ def _callers(x: SymTensor, name: str) -> SymTensor:
     return x
 
 
+def _counts_and_numbers(operands: tuple) -> bool:
+    """Whether Python's ``max``/``min`` compares in-degrees (``len(v.innbs)``) with numbers
+    only, as ``max(len(v.inedges), 1)`` does: per vertex, eager code compares two Python
+    numbers, which `_counts_compared` computes elementwise, exactly."""
+    return (any(isinstance(x, Degree) for x in operands)
+            and all(isinstance(x, Degree) or (isinstance(x, (int, float)) and not isinstance(x, bool))
+                    for x in operands))
+
+
+def _counts_compared(tracer: Tracer, op: str, operands: tuple) -> SymTensor:
+    """``max``/``min`` of in-degrees and numbers, per vertex (no gradient: a count has none)."""
+    result = operands[0]
+    for other in operands[1:]:
+        result = tracer.apply(f"{op}imum", result, other)
+    return result
+
+
 def _aggregate(tracer: Tracer, builtin: Callable, op: str, walks: _Walks):
     """``sum``/``max``/``min`` that aggregate a traced neighbour list per vertex."""
 
     def aggregate(iterable, *args, **kwargs):
         if op != "sum" and args:   # max(a, b, ...): Python compares the operands
-            if any(isinstance(x, SymTensor) for x in (iterable, *args)):
+            operands = (iterable, *args)
+            if _counts_and_numbers(operands) and not kwargs:
+                return _counts_compared(tracer, op, operands)
+            if any(isinstance(x, SymTensor) for x in operands):
                 raise tracer.error(f"Python's {op}(a, b) compares tensors with < / >, which has no per-element "
                                    f"meaning (eager PyTorch raises on multi-element tensors); use "
                                    f"torch.{op}imum(a, b)")
