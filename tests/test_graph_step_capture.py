@@ -184,6 +184,27 @@ def test_a_loss_that_reads_the_padding_labels_runs_eagerly_with_a_warning(loss_f
     _same_training(replayed, eager)
 
 
+def _gnnfuse_rows(out, y):
+    return gnnfuse.nn.functional.cross_entropy(out, y, rows=torch.arange(out.shape[0]))
+
+
+def _gnnfuse_linear(out, y):
+    return gnnfuse.nn.functional.linear_cross_entropy(out, torch.eye(3, dtype=out.dtype), None, y)
+
+
+@pytest.mark.parametrize("loss_fn", [_gnnfuse_rows, _gnnfuse_linear])
+def test_gnnfuses_own_losses_ignore_the_padding_labels_and_replay(loss_fn):
+    """gnnfuse's cross_entropy (with rows) and linear_cross_entropy ignore IGNORE_LABEL as
+    torch's losses do, but the watch saw them op by op, took their checks of the target's
+    shape for a row count of the labels, and ran every step eagerly with a warning."""
+    eager = _training("GIN", False, loss_fn=loss_fn)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CaptureFallbackWarning)
+        replayed = _training("GIN", True, loss_fn=loss_fn)
+    assert replayed[2].status == "captured" and replayed[2].replayed == 2
+    _same_training(replayed, eager)
+
+
 def test_off_a_cuda_device_every_batch_runs_on_pygs_batch():
     """On a CPU no step is captured, so every batch runs as PyG collated it; the second
     batch had run on its padded copy (loaded into the static batch before the capture found

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.overrides import handle_torch_function, has_torch_function_variadic
 
 from ..backend.determinism import deterministic
 
@@ -51,7 +52,15 @@ def cross_entropy(input: torch.Tensor, target: torch.Tensor, weight: torch.Tenso
     """`torch.nn.functional.cross_entropy` over ``input[rows]`` (all rows when ``rows`` is
     None); ``rows`` holds row indices (negative ones count from the end) or a boolean
     mask over the rows (a tensor, or a list as ``input[rows]`` takes), and ``target`` one
-    class per selected row."""
+    class per selected row.
+
+    Under a `TorchFunctionMode` the call is one op, as torch's own losses are: a mode
+    sees ``cross_entropy`` and its arguments, not the checks below (which read
+    ``target.shape`` and would look like a use of the labels' row count to
+    `training.label_use.LabelWatch`)."""
+    if has_torch_function_variadic(input, target, weight, rows):
+        return handle_torch_function(cross_entropy, (input, target, weight, rows), input, target, weight,
+                                     size_average, ignore_index, reduce, reduction, label_smoothing, rows=rows)
     if rows is not None and not isinstance(rows, torch.Tensor):
         rows = torch.as_tensor(rows, device=input.device)
     if rows is not None and rows.dtype == torch.bool:

@@ -18,6 +18,7 @@ this can be captured in a CUDA graph.
 from __future__ import annotations
 
 import torch
+from torch.overrides import handle_torch_function, has_torch_function_variadic
 
 # Each chunk's logits take at most this many elements (64 MiB in float32).
 CHUNK_ELEMENTS = 1 << 24
@@ -37,7 +38,12 @@ def linear_cross_entropy(input: torch.Tensor, weight: torch.Tensor, bias: torch.
     The gradients are computed in the forward when any input needs one, so the result
     cannot be differentiated twice: a backward with ``create_graph=True`` through it (a
     gradient penalty) raises rather than give gradients without the second-order term.
+    Under a `TorchFunctionMode` the call is one op, as torch's losses are (so
+    `training.label_use.LabelWatch` sees the loss, not its shape checks).
     """
+    if has_torch_function_variadic(input, weight, bias, target):
+        return handle_torch_function(linear_cross_entropy, (input, weight, bias, target), input, weight, bias,
+                                     target, reduction, ignore_index, chunk_rows)
     _check(input, weight, bias, target, reduction, chunk_rows)
     _check_classes(target, weight.shape[0], ignore_index)
     rows = chunk_rows or max(1, CHUNK_ELEMENTS // max(1, weight.shape[0]))

@@ -42,6 +42,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
 from ..loader.static_shapes import IGNORE_LABEL
+from ..nn import functional as gF
 
 # Ops whose result is still the labels, rows rearranged or not (an integer result only).
 _KEEP_LABELS = frozenset({
@@ -49,8 +50,10 @@ _KEEP_LABELS = frozenset({
     torch.Tensor.unsqueeze, torch.Tensor.flatten, torch.Tensor.contiguous, torch.Tensor.clone, torch.Tensor.detach,
     torch.Tensor.to, torch.Tensor.long, torch.Tensor.__getitem__, torch.reshape, torch.squeeze, torch.unsqueeze,
     torch.flatten})
-# Losses ignoring targets equal to their ``ignore_index`` argument.
-_IGNORING = (F.cross_entropy, F.nll_loss)
+# Losses ignoring targets equal to their ``ignore_index`` argument (gnnfuse's two are
+# single ops to a torch-function mode, as torch's are; seen op by op, their checks of the
+# target's shape were taken for a row count, and their steps ran eagerly).
+_IGNORING = (F.cross_entropy, F.nll_loss, gF.cross_entropy, gF.linear_cross_entropy)
 # Products: a label's value times the mask (or a value of it) is 0 on the padded rows.
 _MASKING = frozenset({torch.mul, torch.Tensor.mul, torch.Tensor.__mul__, torch.Tensor.__rmul__, torch.Tensor.mul_})
 # Ops that keep a value 0 where it was 0 (a quotient's numerator only), and sums, which
