@@ -169,3 +169,15 @@ def test_keeps_nothing_logit_sized_for_the_backward():
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
         _torch(h, w, b, y)
     assert max(saved) >= 64 * 40                   # the check can fail: torch's chain does keep them
+
+
+def test_a_uint8_target_is_read_as_torchs_loss_reads_it():
+    """torch takes a uint8 (Byte) target; here `gather` refused it ("Expected dtype
+    int32/int64 for index"), and ``target != -100`` on uint8 wraps -100 to 156, which
+    would have left class 156's rows out as ignored."""
+    h, w, b, _ = _operands(4, 3, 200, dtype=torch.float64)
+    y = torch.tensor([156, 3, 156, 199], dtype=torch.uint8)
+    ours = _loss_and_grads(linear_cross_entropy, h, w, b, y)
+    theirs = _loss_and_grads(_torch, h, w, b, y)
+    for a, e in zip(ours, theirs):
+        torch.testing.assert_close(a, e)

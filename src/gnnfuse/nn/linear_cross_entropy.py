@@ -45,6 +45,9 @@ def linear_cross_entropy(input: torch.Tensor, weight: torch.Tensor, bias: torch.
         return handle_torch_function(linear_cross_entropy, (input, weight, bias, target), input, weight, bias,
                                      target, reduction, ignore_index, chunk_rows)
     _check(input, weight, bias, target, reduction, chunk_rows)
+    # as torch's loss reads them: int64 class ids (a uint8 target compared with -100 wraps it
+    # to 156, which would drop class 156's rows as ignored; `gather` refused uint8 besides)
+    target = target.to(torch.int64)
     _check_classes(target, weight.shape[0], ignore_index)
     rows = chunk_rows or max(1, CHUNK_ELEMENTS // max(1, weight.shape[0]))
     # autograd.Function marks inputs needing a gradient under no_grad too, and inside
