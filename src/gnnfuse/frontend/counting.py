@@ -200,9 +200,9 @@ def _analysis(code: types.CodeType, given: frozenset[str], listing: frozenset[st
     except (OSError, TypeError, SyntaxError):   # no source (exec'd code)
         return (), (), False
     lists = _names_of_neighbour_lists(tree, given, listing)
-    found = _counting_lines(tree, lists)
+    per_neighbour = _per_neighbour_nodes(tree, lists)
+    found = _counting_lines(tree, lists) + [(line, _HELPER_STATE) for line in _stateful_local_calls(tree, per_neighbour)]
     aliases = _aliases(tree)
-    per_neighbour = {id(n) for scope in _neighbour_scopes(tree, lists) for part in scope for n in ast.walk(part)}
     calls = tuple((node.lineno + first - 1, written, aliases.get(written[0], written[:1]) + written[1:],
                    _listed_positions(node, lists),
                    tuple(k.arg for k in node.keywords if k.arg and _passes_neighbours(k.value, lists)), _passed(node),
@@ -378,8 +378,6 @@ def _counting_lines(tree: ast.AST, lists: set[str]) -> list[tuple[int, str]]:
             found.append((node.lineno, _REORDERS))
         if _degree_as_a_number(node, lists, parents):
             found.append((node.lineno, _DEGREE_NUMBER))
-        if node is tree:
-            found += [(line, _HELPER_STATE) for line in _stateful_local_calls(tree, lists)]
         if (isinstance(node, (ast.For, ast.comprehension)) and _over_degree_range(node.iter, lists)
                 and not _positions_only_index(node.iter, parents, whole_target=True)):
             found.append((getattr(node, "lineno", node.iter.lineno), _POSITIONS))
@@ -707,26 +705,23 @@ def _written_place(node: ast.Name, parents: dict[ast.AST, ast.AST]) -> bool:
     return False
 
 
-def _neighbour_scopes(tree: ast.AST, lists: set[str]) -> list[list[ast.AST]]:
-    """The bodies of the loops and comprehensions over a neighbour list: what runs once
-    per neighbour in eager code, once at trace time."""
-    scopes = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.For) and _walks_neighbours(node.iter, lists):
-            scopes.append(list(node.body))
-        elif _is_comprehension(node) and any(_walks_neighbours(g.iter, lists) for g in node.generators):
-            scopes.append(_comprehension_body(node))
-    return scopes
+def _per_neighbour_nodes(tree: ast.AST, lists: set[str]) -> set[int]:
+    """The ids of the nodes in the bodies of the loops and comprehensions over a neighbour
+    list: what runs once per neighbour in eager code, once at trace time."""
+    return {id(n) for node in ast.walk(tree) if _iterates_neighbours(node, lists)
+            for part in (node.body if isinstance(node, (ast.For, ast.AsyncFor)) else _comprehension_body(node))
+            for n in ast.walk(part)}
 
 
-def _stateful_local_calls(tree: ast.AST, lists: set[str]) -> list[int]:
-    """Lines calling, once per neighbour, a function defined in the traced one that keeps
-    state (`_keeps_state`: ``def bump(x): nonlocal n; n += 1``): eager code changes it once
-    per neighbour, the trace once. A helper defined elsewhere is `_found_in`'s."""
+def _stateful_local_calls(tree: ast.AST, per_neighbour: set[int]) -> list[int]:
+    """Lines calling, once per neighbour (``per_neighbour``: `_per_neighbour_nodes`), a
+    function defined in the traced one that keeps state (`_keeps_state`: ``def bump(x):
+    nonlocal n; n += 1``): eager code changes it once per neighbour, the trace once. A
+    helper defined elsewhere is `_found_in`'s."""
     stateful = {node.name for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
                 and _keeps_state(node)}
-    return [n.lineno for scope in _neighbour_scopes(tree, lists) for part in scope for n in ast.walk(part)
-            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in stateful]
+    return [n.lineno for n in ast.walk(tree) if id(n) in per_neighbour
+            and isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in stateful]
 
 
 def _helper_keeps_state(code: types.CodeType, bound: int) -> bool:
