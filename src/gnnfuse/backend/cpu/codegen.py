@@ -227,9 +227,7 @@ class _Emitter:
         first, as torch casts every operand to the op's dtype. Read straight into the
         float32 accumulator, 2051 * 3 in float16 came out 6152 (6153 rounded) where torch
         gives 6156 (2052 * 3), and a bfloat16 259 * 3 776 for 780."""
-        if v.dtype not in _NARROW or i.dtype.is_floating_point:
-            return arg
-        return self.tmp(f"ACC(tl.cast({arg}, {_NARROW[v.dtype]}))")
+        return arg if i.dtype.is_floating_point else self.narrowed(v, arg)
 
     def sliced(self, c: str, start: int, step: int) -> str:
         """The input coordinate a slice window ``start::step`` reads at output coordinate ``c``."""

@@ -237,9 +237,7 @@ class _Emitter:
         first, as torch casts every operand to the op's dtype. Read straight into the
         float32 accumulator, 2051 * 3 in float16 came out 6152 (6153 rounded) where torch
         gives 6156 (2052 * 3); the CPU generator does the same (`backend.cpu.codegen`)."""
-        if v.dtype not in _NARROW or i.dtype.is_floating_point:
-            return arg
-        return self.tmp(f"{arg}.to({_NARROW[v.dtype]}).to(ACC)")
+        return arg if i.dtype.is_floating_point else self.narrowed(v, arg)
 
     def narrowed(self, v: Value, out: str) -> str:
         """``out``, the value of op ``v``, rounded to ``v``'s dtype where that is float16 or
