@@ -54,6 +54,21 @@ def flag(name: str, default: bool) -> bool:
     raise ValueError(f"{name} must be 0 or 1 (or unset), got {value!r}")
 
 
+def count(name: str, what: str) -> int | None:
+    """A count variable: a whole number, at least 1, of ``what`` ("threads"); None where
+    unset or empty. Anything else is refused by name."""
+    value = getenv(name)
+    if not value:
+        return None
+    try:
+        number = int(value)
+    except ValueError:
+        raise ValueError(f"{name}={value!r}: expected a whole number of {what}") from None
+    if number < 1:
+        raise ValueError(f"{name}={value!r}: expected at least 1")
+    return number
+
+
 class Variables:
     """Several variables whose raw values are read in one lookup (`raw`): two reads give
     equal tuples exactly when none of them was set, unset or changed in between. Why: a

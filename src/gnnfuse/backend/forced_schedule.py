@@ -57,6 +57,18 @@ _CURRENT: ContextVar[ForcedSchedule | None] = ContextVar("gnnfuse_forced_schedul
 forced_schedule: Callable[[], ForcedSchedule | None] = _CURRENT.get
 
 
+SCHEDULE_ENV = "GNNFUSE_SCHEDULE"
+
+
+def schedule_variable() -> str:
+    """The kind ``GNNFUSE_SCHEDULE`` forces on every unit ("auto" where unset or empty),
+    refused by name if it is none of `SCHEDULES`."""
+    kind = getenv(SCHEDULE_ENV) or "auto"
+    if kind not in SCHEDULES:
+        raise ValueError(f"{SCHEDULE_ENV} must be one of {SCHEDULES}, got {kind!r}")
+    return kind
+
+
 @contextmanager
 def forcing(schedule: ForcedSchedule | None) -> Iterator[None]:
     """Run the block under ``schedule`` (None: no override)."""

@@ -14,12 +14,11 @@ import os
 import warnings
 
 from ..backend.cpu.schedule import FEATURE_TILE_ENV, feature_tile
-from ..backend.forced_schedule import SCHEDULES, TILED_SCORES_ENV, tiled_scores
-from ..environ import Variables, flag, getenv
+from ..backend.forced_schedule import SCHEDULE_ENV, TILED_SCORES_ENV, schedule_variable, tiled_scores
+from ..environ import Variables, count, flag
 from ..ir.ops.typed_aggregate import ORDER_ENV, forced_order
 
 SWITCHES = ("GNNFUSE_AUTOTUNE", "GNNFUSE_SIBLING_KERNELS", "GNNFUSE_PAIR_SOURCES", "GNNFUSE_CHECK_CONFIGS")
-SCHEDULE_ENV = "GNNFUSE_SCHEDULE"
 COMPILE_THREADS_ENV = "GNNFUSE_COMPILE_THREADS"     # backend/triton/parallel_compile.py's; not imported:
 # that package imports triton, which gnnfuse imports only when a Triton run needs it
 CHECKED = Variables((SCHEDULE_ENV, FEATURE_TILE_ENV, TILED_SCORES_ENV, ORDER_ENV, COMPILE_THREADS_ENV,
@@ -41,15 +40,11 @@ def check_settings() -> None:
         return
     if _LAST[0] is None:
         _warn_misspelled()
-    schedule = getenv(SCHEDULE_ENV) or "auto"
-    if schedule not in SCHEDULES:
-        raise ValueError(f"{SCHEDULE_ENV} must be one of {SCHEDULES}, got {schedule!r}")
+    schedule_variable()
     feature_tile(1)
     tiled_scores(0)
     forced_order()
-    threads = getenv(COMPILE_THREADS_ENV)
-    if threads and not (threads.strip().isdigit() and int(threads) >= 1):
-        raise ValueError(f"{COMPILE_THREADS_ENV}={threads!r}: expected a whole number of threads, at least 1")
+    count(COMPILE_THREADS_ENV, "threads (1 compiles serially)")
     for name in SWITCHES:
         flag(name, True)
     _LAST[0] = raw

@@ -15,7 +15,7 @@ from ...passes.fusion import AggregateUnit, EdgeUnit, SharedReduceUnit, Unit, ga
 from ...passes.siblings import SiblingGroup, fused_plan
 from ...passes.type_sums import TYPE_INDEX, TypeSumUnit, rider_fits
 from .. import determinism, forced_schedule as overrides, tuned_schedule
-from ..forced_schedule import SCHEDULES, TILED_SCORES_ENV, forced_schedule, forcing, tiled_scores
+from ..forced_schedule import SCHEDULES, TILED_SCORES_ENV, forced_schedule, forcing, schedule_variable, tiled_scores
 from ..reference import GraphContext
 from ..constant_args import constant_tensors
 from ..kernel_cache import load_kernel as _load_kernel
@@ -165,7 +165,7 @@ ROWS_DEGREE_LANES = 448
 def _forced_schedule_kind() -> str | None:
     """The schedule a call or ``GNNFUSE_SCHEDULE`` forces on every unit, or None (auto)."""
     call = forced_schedule()
-    forced = call.kind if call and call.kind != "auto" else getenv("GNNFUSE_SCHEDULE", "auto")
+    forced = call.kind if call and call.kind != "auto" else schedule_variable()
     return None if forced == "auto" else forced
 
 

@@ -28,7 +28,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ...environ import getenv
+from ...environ import count
 
 try:
     from triton.runtime._async_compile import AsyncCompileMode
@@ -42,16 +42,9 @@ _COUNTS = {"rounds": 0, "configs": 0}
 
 def threads() -> int:
     """Compile threads: ``GNNFUSE_COMPILE_THREADS`` if set, else the CPUs this process may use."""
-    value = getenv(VARIABLE)
-    if value:
-        try:
-            count = int(value)
-        except ValueError:
-            raise ValueError(f"{VARIABLE}={value!r}: expected a whole number of threads (1 compiles "
-                             f"serially)") from None
-        if count < 1:
-            raise ValueError(f"{VARIABLE}={value!r}: expected at least 1 thread")
-        return count
+    count_set = count(VARIABLE, "threads (1 compiles serially)")
+    if count_set is not None:
+        return count_set
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:      # not on Linux
