@@ -34,6 +34,24 @@ def _finite_difference(fn, x: torch.Tensor, tangent: torch.Tensor, step: float =
         return (fn(x + step * tangent) - fn(x - step * tangent)) / (2 * step)
 
 
+def _tangent_matches_or_is_refused(layer: torch.nn.Module, edge_index: torch.Tensor, width: int,
+                                   weights_need_grad: bool) -> None:
+    """``layer``'s tangent on a dual input equals the finite difference, or the call is
+    refused naming the layer, only where its weights need a gradient."""
+    gen = torch.Generator().manual_seed(1)
+    x, tangent = (torch.randn(6, width, dtype=torch.float64, generator=gen) for _ in range(2))
+    try:
+        with fwAD.dual_level():
+            out = fwAD.unpack_dual(layer(fwAD.make_dual(x, tangent), edge_index))
+    except ForwardADError as error:
+        assert weights_need_grad and str(error).startswith(f"{type(layer).__name__}: ")
+        assert "needs a gradient" in str(error)
+        return
+    assert out.tangent is not None
+    torch.testing.assert_close(out.tangent, _finite_difference(lambda v: layer(v, edge_index), x, tangent),
+                               rtol=1e-6, atol=1e-7)
+
+
 @pytest.mark.parametrize("weights_need_grad", [False, True])
 @pytest.mark.parametrize("name", sorted(LAYERS))
 def test_reference_tangents_equal_finite_differences_or_are_refused_by_name(name, weights_need_grad,
@@ -45,18 +63,7 @@ def test_reference_tangents_equal_finite_differences_or_are_refused_by_name(name
     monkeypatch.setenv("GNNFUSE_BACKEND", "reference")
     layer, edge_index = _layer(name, "cpu"), torch.stack([SRC, DST])
     layer.requires_grad_(weights_need_grad)
-    gen = torch.Generator().manual_seed(1)
-    x, tangent = (torch.randn(6, 3, dtype=torch.float64, generator=gen) for _ in range(2))
-    try:
-        with fwAD.dual_level():
-            out = fwAD.unpack_dual(layer(fwAD.make_dual(x, tangent), edge_index))
-    except ForwardADError as error:
-        assert weights_need_grad and str(error).startswith(f"{type(layer).__name__}: ")
-        assert "needs a gradient" in str(error)
-        return
-    assert out.tangent is not None
-    torch.testing.assert_close(out.tangent, _finite_difference(lambda v: layer(v, edge_index), x, tangent),
-                               rtol=1e-6, atol=1e-7)
+    _tangent_matches_or_is_refused(layer, edge_index, 3, weights_need_grad)
 
 
 @pytest.mark.parametrize("backend", ["reference", "triton", "cpu"], indirect=True)
@@ -95,13 +102,4 @@ def test_layers_mapping_through_gnnfuses_linear_functions_carry_tangents(make, w
     torch.manual_seed(0)
     layer, edge_index = make().double(), torch.stack([SRC[:5], DST[:5]])     # 0 -> 1 -> ... -> 5
     layer.requires_grad_(weights_need_grad)
-    gen = torch.Generator().manual_seed(1)
-    x, tangent = (torch.randn(6, 4, dtype=torch.float64, generator=gen) for _ in range(2))
-    try:
-        with fwAD.dual_level():
-            out = fwAD.unpack_dual(layer(fwAD.make_dual(x, tangent), edge_index))
-    except ForwardADError as error:
-        assert weights_need_grad and str(error).startswith(f"{type(layer).__name__}: ")
-        return
-    torch.testing.assert_close(out.tangent, _finite_difference(lambda v: layer(v, edge_index), x, tangent),
-                               rtol=1e-6, atol=1e-7)
+    _tangent_matches_or_is_refused(layer, edge_index, 4, weights_need_grad)
