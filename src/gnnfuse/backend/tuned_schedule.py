@@ -35,7 +35,7 @@ import time
 import warnings
 import weakref
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 try:
     import fcntl
@@ -172,26 +172,33 @@ def _schedule(record: Any) -> ForcedSchedule:
     return schedule
 
 
-def _read(path: Path) -> dict[str, ForcedSchedule]:
+def _parsed(path: Path, warn: Callable[[str], None]) -> dict[str, tuple[Any, ForcedSchedule]]:
+    """The file's entries of the current stamp that hold a schedule, each as (its record,
+    its schedule); {} for an unreadable or stale file. ``warn`` is told why a file or an
+    entry is ignored (`_read` warns; `store`, merging into the file, need not)."""
     try:
         data = json.loads(path.read_text())
         if not isinstance(data, dict) or not isinstance(data.get("entries"), dict):
             raise ValueError("no 'entries' table")
     except (OSError, ValueError) as error:
-        _warn_once(f"gnnfuse: ignoring the tuned-schedule cache {path} ({error}); the backends use their "
-                   "cost rules (run `gnnfuse tune` to rebuild it)")
+        warn(f"gnnfuse: ignoring the tuned-schedule cache {path} ({error}); the backends use their "
+             "cost rules (run `gnnfuse tune` to rebuild it)")
         return {}
     if data.get("stamp") != STAMP:
-        _warn_once(f"gnnfuse: ignoring the tuned-schedule cache {path}: it was written for other kernels "
-                   f"(stamp {data.get('stamp')!r}, these are {STAMP!r}); run `gnnfuse tune` again")
+        warn(f"gnnfuse: ignoring the tuned-schedule cache {path}: it was written for other kernels "
+             f"(stamp {data.get('stamp')!r}, these are {STAMP!r}); run `gnnfuse tune` again")
         return {}
     entries = {}
     for k, record in data["entries"].items():
         try:
-            entries[k] = _schedule(record)
+            entries[k] = (record, _schedule(record))
         except (TypeError, ValueError, KeyError) as error:
-            _warn_once(f"gnnfuse: ignoring a corrupt entry of the tuned-schedule cache {path} ({error})")
+            warn(f"gnnfuse: ignoring a corrupt entry of the tuned-schedule cache {path} ({error})")
     return entries
+
+
+def _read(path: Path) -> dict[str, ForcedSchedule]:
+    return {k: schedule for k, (_, schedule) in _parsed(path, _warn_once).items()}
 
 
 def entries() -> dict[str, ForcedSchedule]:
@@ -256,26 +263,6 @@ def describe(schedule: ForcedSchedule) -> str:
     return ", ".join(parts) or "the cost rule"
 
 
-def _stored_records(path: Path) -> dict[str, Any]:
-    """The file's entries as stored, read now (not `entries`' table, which may be up to
-    `RECHECK_SECONDS` old): those of the current stamp that hold a schedule; {} for a
-    missing, unreadable or stale file."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(data, dict) or data.get("stamp") != STAMP or not isinstance(data.get("entries"), dict):
-        return {}
-    kept = {}
-    for k, record in data["entries"].items():
-        try:
-            _schedule(record)
-        except (TypeError, ValueError, KeyError):
-            continue
-        kept[k] = record
-    return kept
-
-
 @contextlib.contextmanager
 def _exclusive(path: Path) -> Iterator[None]:
     """Holds a lock beside ``path`` (POSIX ``flock``) so that two processes storing at
@@ -299,7 +286,8 @@ def store(records: dict[str, dict[str, Any]]) -> Path:
     path = cache_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     with _exclusive(path):
-        merged = _stored_records(path)
+        # the file as it is now, not `entries`' table, which may be up to `RECHECK_SECONDS` old
+        merged = {k: record for k, (record, _) in _parsed(path, lambda message: None).items()}
         merged.update(records)
         with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
             json.dump({"stamp": STAMP, "entries": merged}, f, indent=1, sort_keys=True)
