@@ -41,6 +41,12 @@ def is_library(filename: str) -> bool:
     return filename.startswith(_LIBRARY_DIRS)
 
 
+def definition_site(code: types.CodeType) -> str:
+    """Where ``code`` is defined, as a `CompileError` names a place: file, first line and its text."""
+    line = code.co_firstlineno
+    return f"{code.co_filename}:{line}: {linecache.getline(code.co_filename, line).strip()}"
+
+
 class Tracer:
     """Holds the program being built and knows where the user's code is."""
 
@@ -126,8 +132,7 @@ class Tracer:
         return error
 
     def _definition(self) -> str:
-        line = self._code.co_firstlineno
-        return f"{self._code.co_filename}:{line}: {linecache.getline(self._code.co_filename, line).strip()}"
+        return definition_site(self._code)
 
     # -- values ---------------------------------------------------------------------
     def input(self, key: str, residency: Residency, tensor: torch.Tensor, prefix: int) -> "SymTensor":

@@ -54,7 +54,6 @@ from __future__ import annotations
 import builtins
 import contextlib
 import functools
-import linecache
 import sys
 import threading
 import types
@@ -72,7 +71,7 @@ from .graph_input import call_graph
 from .repeat_call import RepeatCall, RepeatCalls
 from .trace_cache import (GuardMemo, TraceCache, check_tables, impure_name, outside_writes, plain_table,
                           program_feeds, random_states)
-from .tracer import EDGE_ROWED, Degree, SymTensor, Tracer, is_library
+from .tracer import EDGE_ROWED, Degree, SymTensor, Tracer, definition_site, is_library
 from .udf import unwrap
 
 
@@ -438,7 +437,7 @@ def _random_draw(plain: types.FunctionType) -> CompileError:
         f"{plain.__qualname__} draws a random number{f' ({name})' if name else ''} while traced: eager code draws "
         "once per vertex (per in-edge in a loop over v.innbs), the trace once, a constant every vertex and edge "
         "would share; pass random values in as vertex or edge features, or use F.dropout on graph values",
-        f"{code.co_filename}:{code.co_firstlineno}: {linecache.getline(code.co_filename, code.co_firstlineno).strip()}")
+        definition_site(code))
 
 
 def _write_back_globals(plain: types.FunctionType, env: dict[str, Any], before: dict[str, Any]) -> None:
