@@ -180,7 +180,7 @@ def _sigint_passed_on(processes: Sequence[Any]) -> Iterator[None]:
     instead of raising here: the ranks decide when to stop (`distributed.stopping`) and
     this process waits for them, whose status is the launch's. A terminal's Ctrl-C
     reaches the ranks directly as well; they count the two as one Ctrl-C (they come
-    within `training.interrupt.DUPLICATE_WINDOW_S`). torchrun's agent passes SIGINT on the same way.
+    within `stopping.DUPLICATE_WINDOW_S`). torchrun's agent passes SIGINT on the same way.
 
     A SIGTERM to this process (``kill``, ``timeout``, a batch scheduler's stop) is sent on
     as a SIGINT too, where nothing else handles it: it ended this process alone, and the

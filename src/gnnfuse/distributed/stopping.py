@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..training.config import ConfigError
-from ..training.interrupt import DeferredInterrupt
+from ..training.interrupt import DUPLICATE_WINDOW_S, DeferredInterrupt
 from ..training.loop import BestEpoch, restore_run, run_state
 
 
@@ -47,7 +47,7 @@ def rank_interrupt() -> DeferredInterrupt:
     sends SIGKILL one grace period (`launch.FAILURE_GRACE_S`) after its SIGTERM, torchrun's
     agent after its shutdown timeout, and a rank waiting in a collective with a failed gloo
     peer fails at once anyway."""
-    interrupt = DeferredInterrupt(quiet=dist.get_rank() != 0,
+    interrupt = DeferredInterrupt(duplicate_window_s=DUPLICATE_WINDOW_S, quiet=dist.get_rank() != 0,
                                   when="every rank at the end of this epoch, or of the next one if this one's "
                                        "last all-reduce is past", terminate=True)
     interrupt.requested, _Carried.requested = _Carried.requested, False
