@@ -99,6 +99,16 @@ def test_a_diverged_run_stops_and_never_reports_a_nan_models_accuracy():
         main(["train", "--dataset", "synthetic", "--epochs", "1", "--lr", "inf"])
 
 
+def test_accuracy_takes_an_index_mask_as_pyg_users_pass_it():
+    """`accuracy` asked `mask.any()` whether rows were selected: for the index mask [0]
+    (vertex 0 only) that is False, so a correct prediction came out NaN; [0, 2] counted."""
+    logits, y = torch.tensor([[2.0, 0.0], [0.0, 1.0], [1.0, 0.0]]), torch.tensor([0, 0, 1])
+    assert accuracy(logits, y, torch.tensor([0])) == 1.0
+    assert accuracy(logits, y, torch.tensor([0, 2])) == 0.5
+    assert math.isnan(accuracy(logits, y, torch.tensor([], dtype=torch.long)))
+    assert math.isnan(accuracy(logits, y, torch.zeros(3, dtype=torch.bool)))
+
+
 def test_nan_logits_have_no_accuracy_and_a_diverged_run_makes_the_summary_nan(capsys):
     """An argmax over NaN logits is class 0 (or the NaN's): the epoch line and curves of a
     diverged run showed it as an accuracy. A run with no finite epoch (NaN results) made

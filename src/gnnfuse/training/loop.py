@@ -76,11 +76,13 @@ def peak_memory_mib(device: torch.device) -> float:
 
 
 def accuracy(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> float:
-    """The share of ``mask``'s rows whose argmax is the label; NaN without rows, and NaN
-    when a row's logits hold a NaN: an argmax over them (class 0, or wherever the NaN is)
-    looks like a result, and a diverged model's epoch lines and curves showed it."""
+    """The share of ``mask``'s rows whose argmax is the label; ``mask`` is a boolean mask
+    or an index tensor, as PyG users pass either. NaN without rows (counted after
+    indexing: ``mask.any()`` read the index [0] as no rows), and NaN when a row's logits
+    hold a NaN: an argmax over them (class 0, or wherever the NaN is) looks like a
+    result, and a diverged model's epoch lines and curves showed it."""
     rows = logits[mask]
-    if not mask.any() or bool(rows.isnan().any()):
+    if rows.shape[0] == 0 or bool(rows.isnan().any()):
         return float("nan")
     return (rows.argmax(dim=1) == y[mask]).float().mean().item()
 
