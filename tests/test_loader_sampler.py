@@ -86,6 +86,19 @@ def test_sampling_without_replacement_is_uniform():
     torch.testing.assert_close(share, torch.full((6,), 1 / 3, dtype=torch.float64), atol=0.04, rtol=0)
 
 
+@pytest.mark.parametrize("replace", [False, True])
+def test_every_in_edge_of_a_hub_past_float32s_resolution_can_be_drawn(replace):
+    # one vertex with 2**25 in-edges (its column a stride-0 view: nothing materialised).
+    # Offsets drawn as float32 uniforms times the degree were all even there (a float32
+    # in [0, 1) holds 24 random bits), so half the in-edges were never sampled, with or
+    # without replacement; at 10**7 in-edges some were drawn twice as often as others
+    degree = 2**25
+    rowptr, col = torch.tensor([0, degree]), torch.zeros(1, dtype=torch.int64).expand(degree)
+    hop = sample_hop(rowptr, col, torch.zeros(4096, dtype=torch.int64), 1, replace, torch.Generator().manual_seed(0))
+    odd = int((hop.eid % 2).sum())
+    assert 1800 < odd < 2300, f"{odd} of 4096 draws took an odd in-edge, where half of them should"
+
+
 @RUNS
 @given(graphs(max_nodes=8, max_edges=24, hub_degrees=st.sampled_from([0, 7])), st.integers(1, 4),
        st.integers(0, 99))
@@ -350,12 +363,12 @@ def test_floyd_resolved_at_once_picks_what_the_sequential_algorithm_picks():
     deg = torch.randint(0, 30, (300,), generator=torch.Generator().manual_seed(1))
     for fanout in (1, 2, 5, 8, 13):
         ours = _floyd_offsets(deg, fanout, torch.Generator().manual_seed(fanout))
-        draws = torch.rand(deg.numel(), fanout, generator=torch.Generator().manual_seed(fanout))
+        draws = torch.randint(2**62, (deg.numel(), fanout), generator=torch.Generator().manual_seed(fanout))
         for row in torch.nonzero(deg > fanout).flatten().tolist():
             taken = []
             for i in range(fanout):
                 j = int(deg[row]) - fanout + i
-                t = min(int(draws[row, i] * (j + 1)), j)
+                t = int(draws[row, i]) % (j + 1)
                 taken.append(j if t in taken else t)
             assert ours[row].tolist() == taken
 

@@ -190,8 +190,7 @@ def sample_slots(rowptr: torch.Tensor, col: torch.Tensor, seeds: torch.Tensor, f
         return Slots(col[eid], eid, None, count, out_ptr, None)
     position = torch.arange(fanout, device=device)
     if replace:
-        draw = torch.rand(seeds.numel(), fanout, device=device, generator=generator)
-        offset = (draw * deg.unsqueeze(1)).long().clamp_(max=(deg - 1).clamp(min=0).unsqueeze(1))
+        offset = uniform_below(deg.clamp(min=1).unsqueeze(1), (seeds.numel(), fanout), generator)
     else:
         offset = torch.where((deg > fanout).unsqueeze(1), _floyd_offsets(deg, fanout, generator), position)
     valid = position < count.unsqueeze(1)
@@ -227,8 +226,7 @@ def _floyd_offsets(deg: torch.Tensor, fanout: int, generator: torch.Generator | 
     step = torch.arange(fanout, device=deg.device)
     first = (deg - fanout).clamp(min=0).unsqueeze(1)                      # j_0
     top = first + step                                                    # j_i
-    draw = torch.rand(rows, fanout, device=deg.device, generator=generator)
-    t = torch.minimum((draw * (top + 1)).long(), top)                     # float rounding at the top edge
+    t = uniform_below(top + 1, (rows, fanout), generator)
     # t_i repeats an earlier draw: not the first of its run after a stable sort of the row
     ordered, order = torch.sort(t, dim=1, stable=True)
     later = torch.cat([torch.zeros_like(ordered[:, :1], dtype=torch.bool), ordered[:, 1:] == ordered[:, :-1]], 1)
@@ -239,6 +237,16 @@ def _floyd_offsets(deg: torch.Tensor, fanout: int, generator: torch.Generator | 
         collided = collided | collided.gather(1, pointer)
         pointer = pointer.gather(1, pointer)
     return torch.where(collided, top, t)
+
+
+def uniform_below(bound: torch.Tensor, shape: tuple[int, ...], generator: torch.Generator | None) -> torch.Tensor:
+    """Integers uniform in ``[0, bound)`` (``bound`` >= 1, broadcast to ``shape``), on
+    ``bound``'s device: 62-bit integer draws reduced modulo ``bound`` (a bias below
+    ``bound / 2**62``). Offsets had been float32 uniforms times the degree, and a float32
+    in [0, 1) holds 24 random bits: a vertex of 2**25 in-edges drew only even offsets
+    (half its in-edges never sampled), and one of 10**7 some edges twice as often as
+    others, where PyG's sampler draws integers."""
+    return torch.randint(2**62, shape, device=bound.device, generator=generator) % bound
 
 
 def first_occurrence_ids(values: torch.Tensor, missing: int | None
