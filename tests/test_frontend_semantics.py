@@ -601,6 +601,72 @@ def _object_counter(v):
     return sum([_NUMBERER(u.h) for u in v.innbs])
 
 
+def _numbered_by_its_list(acc, x):
+    acc.append(x)
+    return x * len(acc)
+
+
+def _numbered_through_an_argument(v):
+    acc = []
+    return sum([_numbered_by_its_list(acc, u.h) for u in v.innbs])
+
+
+def _numbered_through_a_keyword(v):
+    acc = []
+    return sum([_numbered_by_its_list(x=u.h, acc=acc) for u in v.innbs])
+
+
+def _local_helper_numbered_through_an_argument(v):
+    def running(seen, x):
+        seen.append(x)
+        return sum(seen)
+    seen = []
+    return sum([running(seen, u.h) for u in v.innbs])
+
+
+def _counted_in_its_pass(v):
+    messages = []
+    for u in v.innbs:
+        box = []
+        box.append(u.h)
+        messages.append(u.h * len(box))
+    return sum(messages)
+
+
+def _counted_by_a_helper_given_a_new_list(v):
+    return sum([_numbered_by_its_list([], u.h) for u in v.innbs])
+
+
+def _summed_in_its_pass(v):
+    messages = []
+    for u in v.innbs:
+        box = [u.h]
+        messages.append(u.h * sum(box))
+    return sum(messages)
+
+
+def _largest_so_far(acc, x):
+    acc.append(x)
+    return max(acc)
+
+
+def _maximum_by_a_helper_given_a_new_list(v):
+    return sum([u.h * _largest_so_far([], u.h) for u in v.innbs])
+
+
+@pytest.mark.parametrize("fn, call", [(_counted_in_its_pass, "len"), (_counted_by_a_helper_given_a_new_list, "len"),
+                                      (_summed_in_its_pass, "sum"), (_maximum_by_a_helper_given_a_new_list, "max")])
+def test_a_list_made_in_a_neighbours_pass_is_not_taken_as_the_neighbour_list(fn, call):
+    """``len``/``sum``/``max`` of a one-item list of neighbour values counts or aggregates
+    every neighbour once its loop has ended; inside the pass that filled it (a list made
+    in the pass, or ``[]`` handed to a helper there) eager code takes that pass's items,
+    and it silently took every neighbour's: on vertex 1 (in-degree 3) ``u.h * len(box)``
+    summed to 3 (h0 + h2 + h2) for eager code's h0 + h2 + h2, and ``u.h * sum([u.h])``
+    to (h0 + h2 + h2)^2 for eager code's h0^2 + 2 h2^2 (7.3 off on these features)."""
+    with pytest.raises(CompileError, match=rf"{call}\(\) of a list holding a neighbour's value, inside the loop"):
+        gnnfuse.vertex(fn)(graph(), {"h": features()})
+
+
 def test_a_helper_filling_a_list_per_neighbour_still_compiles():
     """Only state read back counts: a helper appending each neighbour's value to a list
     the function then aggregates fills a neighbour list, which the traced sum aggregates."""
@@ -622,6 +688,9 @@ def test_a_helper_filling_a_list_per_neighbour_still_compiles():
     (_local_counter, "numbered(u.h) for u", "keeps state between calls"),
     (_global_counter, "_numbered_by_a_global_list(u.h) for u", "keeps state between calls"),
     (_object_counter, "_NUMBERER(u.h) for u", "keeps state between calls"),
+    (_numbered_through_an_argument, "_numbered_by_its_list(acc, u.h)", "keeps state between calls"),
+    (_numbered_through_a_keyword, "_numbered_by_its_list(x=u.h, acc=acc)", "keeps state between calls"),
+    (_local_helper_numbered_through_an_argument, "running(seen, u.h)", "keeps state between calls"),
     (_running_total_appended, "totals.append(acc)", "an earlier pass of a loop"),
     (_previous_neighbour, "steps.append(u.h - prev)", "an earlier pass of a loop"),
     (_running_total_in_a_dict, "totals.append(state", "an earlier pass of a loop"),
@@ -637,7 +706,8 @@ def test_state_carried_from_one_neighbour_to_the_next_is_rejected_at_its_line(fn
     order; h = 1, 5, 2, ...) a running total's sum came out as the plain sum, 5, for eager
     code's 9, and the previous-neighbour steps as -10 for eager code's h2 - h1 = -3; a
     helper numbering its calls (a nonlocal count, a global list's item, its object's
-    attribute) numbered every neighbour 1: 5 for eager code's 1 h0 + 2 h2 + 3 h2 = 11."""
+    attribute, a list made before the loop and passed to it) numbered every neighbour 1:
+    5 for eager code's 1 h0 + 2 h2 + 3 h2 = 11."""
     assert_refused_at(fn, message, fn, text)
 
 

@@ -87,11 +87,12 @@ def _found_in(fn: types.FunctionType, given: frozenset[str], known: dict[str, An
     while True:
         lines, calls, returns = _analysis(fn.__code__, given, listing)
         found, giving = [(fn.__code__.co_filename, line, message) for line, message in lines], set()
-        for line, written, path, positions, keywords, passed, per_neighbour in calls:
+        for line, written, path, positions, keywords, passed, shared in calls:
             for helper, leading, bound in _resolve(fn, path, known):
                 if is_library(helper.__code__.co_filename):     # torch's and gnnfuse's own
                     continue
-                if per_neighbour and _helper_keeps_state(helper.__code__, len(leading)):
+                if shared is not None and _helper_keeps_state(helper.__code__, len(leading), _listed_parameters(
+                        helper.__code__, tuple(i + len(leading) for i in shared[0]), shared[1])):
                     found.append((fn.__code__.co_filename, line, _HELPER_STATE))
                 shifted = tuple(i + len(leading) for i in positions)
                 given_to = _listed_parameters(helper.__code__, shifted, keywords)
@@ -183,10 +184,12 @@ def _listed_parameters(code: types.CodeType, positions: tuple[int, ...], keyword
     return frozenset([names[i] for i in positions if i < code.co_argcount] + [k for k in keywords if k in names])
 
 
-_Call = tuple[int, tuple, tuple, tuple[int, ...], tuple[str, ...], "tuple[int, tuple[str, ...]] | None", bool]
+_Call = tuple[int, tuple, tuple, tuple[int, ...], tuple[str, ...], "tuple[int, tuple[str, ...]] | None",
+              "tuple[tuple[int, ...], tuple[str, ...]] | None"]
 """A call: its line, its callee as written and as resolved (`_dotted`), the positions and
-the keywords given a neighbour list, what it passes (`_passed`), and whether it is made
-once per neighbour (in a loop or comprehension over a neighbour list)."""
+the keywords given a neighbour list, what it passes (`_passed`), and -- where it is made
+once per neighbour (in a loop or comprehension over a neighbour list), else None -- the
+positions and keywords given an object every neighbour's call shares (`_shared_arguments`)."""
 
 
 @functools.lru_cache(maxsize=1024)
@@ -201,12 +204,14 @@ def _analysis(code: types.CodeType, given: frozenset[str], listing: frozenset[st
         return (), (), False
     lists = _names_of_neighbour_lists(tree, given, listing)
     per_neighbour = _per_neighbour_nodes(tree, lists)
-    found = _counting_lines(tree, lists) + [(line, _HELPER_STATE) for line in _stateful_local_calls(tree, per_neighbour)]
+    fresh = _bound_per_neighbour(tree, lists)
+    found = _counting_lines(tree, lists) + [(line, _HELPER_STATE)
+                                            for line in _stateful_local_calls(tree, per_neighbour, fresh)]
     aliases = _aliases(tree)
     calls = tuple((node.lineno + first - 1, written, aliases.get(written[0], written[:1]) + written[1:],
                    _listed_positions(node, lists),
                    tuple(k.arg for k in node.keywords if k.arg and _passes_neighbours(k.value, lists)), _passed(node),
-                   id(node) in per_neighbour)
+                   _shared_arguments(node, fresh) if id(node) in per_neighbour else None)
                   for node in ast.walk(tree) if isinstance(node, ast.Call) and (written := _dotted(node.func)))
     returns = any(isinstance(node, ast.Return) and node.value is not None and _built_from_neighbours(node.value, lists)
                   for node in ast.walk(tree)) or (
@@ -713,28 +718,63 @@ def _per_neighbour_nodes(tree: ast.AST, lists: set[str]) -> set[int]:
             for n in ast.walk(part)}
 
 
-def _stateful_local_calls(tree: ast.AST, per_neighbour: set[int]) -> list[int]:
+def _stateful_local_calls(tree: ast.AST, per_neighbour: set[int], fresh: set[str]) -> list[int]:
     """Lines calling, once per neighbour (``per_neighbour``: `_per_neighbour_nodes`), a
     function defined in the traced one that keeps state (`_keeps_state`: ``def bump(x):
-    nonlocal n; n += 1``): eager code changes it once per neighbour, the trace once. A
-    helper defined elsewhere is `_found_in`'s."""
-    stateful = {node.name for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-                and _keeps_state(node)}
-    return [n.lineno for n in ast.walk(tree) if id(n) in per_neighbour
-            and isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in stateful]
+    nonlocal n; n += 1``, or ``def push(acc, h): acc.append(h); return len(acc)`` given a
+    list made before the loop: `_shared_arguments` of the names not ``fresh``): eager code
+    changes it once per neighbour, the trace once. A helper defined elsewhere is
+    `_found_in`'s."""
+    local = {node.name: node for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    found = []
+    for n in ast.walk(tree):
+        if id(n) in per_neighbour and isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in local:
+            definition = local[n.func.id]
+            positions, keywords = _shared_arguments(n, fresh)
+            names = _parameters(definition)
+            shared = {names[i] for i in positions if i < len(names)} | set(keywords)
+            if _keeps_state(definition, shared=frozenset(shared)):
+                found.append(n.lineno)
+    return found
 
 
-def _helper_keeps_state(code: types.CodeType, bound: int) -> bool:
+def _bound_per_neighbour(tree: ast.AST, lists: set[str]) -> set[str]:
+    """The names bound in the loops and comprehensions over a neighbour list, their
+    targets included: a fresh object each neighbour, where a name bound only outside
+    holds one object every neighbour's pass shares."""
+    return {n.id for node in ast.walk(tree) if _iterates_neighbours(node, lists)
+            for n in ast.walk(node) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
+
+
+def _shared_arguments(call: ast.Call, fresh: set[str]) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """The positions and keywords at which a per-neighbour ``call`` passes an object made
+    outside the loop (a name not ``fresh``, or its attribute or item: ``acc``,
+    ``self.seen``), which a helper changing it carries from one neighbour's call to the
+    next. ``[]`` or ``u.h`` written in the call is made anew each time."""
+    def shared(arg: ast.expr) -> bool:
+        name = _base_name(arg)
+        return name is not None and name not in fresh
+    positions = []
+    for i, arg in enumerate(call.args):
+        if isinstance(arg, ast.Starred):        # later positions are not known
+            break
+        if shared(arg):
+            positions.append(i)
+    return tuple(positions), tuple(k.arg for k in call.keywords if k.arg and shared(k.value))
+
+
+def _helper_keeps_state(code: types.CodeType, bound: int, shared: frozenset[str] = frozenset()) -> bool:
     """`_keeps_state` of a helper's definition whose first ``bound`` parameters are bound
-    before the call (a method's ``self``, a partial's arguments): those are state too;
-    without source, its bytecode's writes to globals and closure variables."""
+    before the call (a method's ``self``, a partial's arguments) and whose parameters
+    ``shared`` are given an object made outside the loop: those are state too; without
+    source, its bytecode's writes to globals and closure variables."""
     try:
         tree, _ = _source(code)
     except (OSError, TypeError, SyntaxError):
         return bool(outside_writes(code))
     definition = next((n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))),
                       None)
-    return definition is not None and _keeps_state(definition, bound)
+    return definition is not None and _keeps_state(definition, bound, shared)
 
 
 # methods that change the list, dict or set they are called on
@@ -742,18 +782,20 @@ _MUTATORS = frozenset({"append", "extend", "insert", "pop", "remove", "clear", "
                        "setdefault", "popitem", "sort", "reverse"})
 
 
-def _keeps_state(definition: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda, bound: int = 0) -> bool:
+def _keeps_state(definition: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda, bound: int = 0,
+                 shared: frozenset[str] = frozenset()) -> bool:
     """Whether a function reads back state it changes that outlives its call -- a
     ``nonlocal`` or ``global`` name, or a container it neither takes per call nor makes (a
-    closure's, a module's, or among the first ``bound`` parameters, the object a method is
-    bound to): ``n += 1``, ``COUNT[0] += 1``, ``self.calls += 1``, ``seen.append(1)`` then
-    ``len(seen)``. Only writing it -- ``msgs.append(m)`` filling a list with per-neighbour
-    values, which the traced builtins aggregate as a neighbour list -- is no such state."""
+    closure's, a module's, among the first ``bound`` parameters, the object a method is
+    bound to, or a parameter in ``shared``, given one object on every call): ``n += 1``,
+    ``COUNT[0] += 1``, ``self.calls += 1``, ``seen.append(1)`` then ``len(seen)``. Only
+    writing it -- ``msgs.append(m)`` filling a list with per-neighbour values, which the
+    traced builtins aggregate as a neighbour list -- is no such state."""
     body = list(ast.walk(definition))
     parents = {child: parent for parent in body for child in ast.iter_child_nodes(parent)}
     declared = {name for n in body if isinstance(n, (ast.Nonlocal, ast.Global)) for name in n.names}
-    local = (set(_parameters(definition)[bound:]) | {n.id for n in body if isinstance(n, ast.Name)
-                                                     and isinstance(n.ctx, ast.Store)}) - declared
+    local = ((set(_parameters(definition)[bound:]) - shared) | {n.id for n in body if isinstance(n, ast.Name)
+                                                                and isinstance(n.ctx, ast.Store)}) - declared
     changed, read = set(), set()
     for node in body:
         if isinstance(node, ast.AugAssign) and _base_name(node.target) is not None:
@@ -932,7 +974,8 @@ _STATEFUL = ("next() in a loop or comprehension over v.innbs / v.inedges of an i
              "aggregate every neighbour (sum, max, min)")
 _HELPER_STATE = ("a function called once per neighbour (in a loop or comprehension over v.innbs / v.inedges) "
                  "keeps state between calls (changes and reads back a nonlocal or global name, or a container it "
-                 "neither takes nor makes: a count): eager code changes it once per neighbour, the trace once, for one "
+                 "does not make anew each call -- a closure's, a module's, or one made before the loop and passed "
+                 "in: a count): eager code changes it once per neighbour, the trace once, for one "
                  "symbolic neighbour; compute per-neighbour values without state and aggregate them (sum, max, min)")
 _REORDERS = ("pop, remove, reverse, sort, insert, index or count on a list built from v.innbs / v.inedges: at "
              "trace time it holds one symbolic neighbour, so a position or an order is not known; aggregate "

@@ -83,10 +83,35 @@ class _Walks:
     itself, one value per vertex where eager code has one per neighbour (a sum of ``f(v)``
     came out ``f(v)``, not ``deg(v) * f(v)``, and a vertex without in-edges ``f(v)``, not
     0). The syntax check refuses the spellings it can see (`counting`); the builtins refuse
-    a one-item list without neighbour values while a loop has ended untaken."""
+    a one-item list without neighbour values while a loop has ended untaken.
+
+    ``passes`` holds, for each loop whose one pass is running now, the id of the last IR
+    value made before it and the neighbour it yielded: a one-item list whose item was made
+    after that (``box = [u.h]``, a helper appending ``u.h`` to ``[]`` or to a list from
+    before the loop) is a list of that pass, where eager code takes one pass's items or
+    the passes so far -- never the in-degree or the sum over every neighbour, which
+    Python's ``len`` or ``sum`` of a finished list gives (`_in_its_pass`). A list from an
+    earlier loop, counted in this one (``w / sum(weights)``), holds older values, and one
+    from an inner loop that has ended (``sum([w.s for w in v.innbs])`` inside the pass)
+    values made between that loop's first and last (``finished``)."""
 
     def __init__(self):
         self.ended = 0
+        self.passes: list[tuple[int, Any]] = []
+        self.finished: list[tuple[int, int]] = []
+
+    def made_in_a_pass(self, item: Any) -> bool:
+        """Whether ``item`` (a list's one item) was built in a loop pass running now,
+        not by an inner loop that has ended."""
+        if not self.passes:
+            return False
+        if isinstance(item, SymTensor):
+            start, made = self.passes[-1][0], item.value.id
+            return made > start and not any(first >= start and first < made <= last for first, last in self.finished)
+        if isinstance(item, (list, tuple)):
+            return any(self.made_in_a_pass(x) for x in item)
+        return any(item is made or (isinstance(made, _Edge) and (item is made.src or item is made.dst))
+                   for _, made in self.passes)
 
     def take(self) -> None:
         """A list built from a loop was aggregated or counted."""
@@ -100,6 +125,13 @@ def _neighbour_free(tracer: Tracer, call: str) -> CompileError:
                         "multiply a per-vertex value by len(v.innbs)")
 
 
+def _in_its_pass(tracer: Tracer, call: str) -> CompileError:
+    return tracer.error(f"{call} of a list holding a neighbour's value, inside the loop over v.innbs / v.inedges "
+                        "that made it (a list filled in the loop's pass, or by a helper called there): eager code "
+                        "takes what that pass, or the passes so far, put in it, where the traced loop runs once and "
+                        "would take every neighbour's; aggregate after the loop, or use len(v.innbs) for the in-degree")
+
+
 class _Neighbours:
     """``v.innbs`` / ``v.inedges``: iterates once, yielding one symbolic neighbour."""
 
@@ -107,7 +139,14 @@ class _Neighbours:
         self.tracer, self._make, self._walks = tracer, make, walks
 
     def __iter__(self):
-        yield self._make()
+        values = self.tracer.program.values
+        running = (values[-1].id if values else -1, self._make())
+        self._walks.passes.append(running)
+        try:
+            yield running[1]
+        finally:        # also when the loop is abandoned (an error in its pass)
+            self._walks.passes.remove(running)
+        self._walks.finished.append((running[0], values[-1].id if values else -1))
         self._walks.ended += 1       # the loop asked for the next neighbour: its list is complete
 
     def __getitem__(self, i):
@@ -294,6 +333,8 @@ def _aggregate(tracer: Tracer, builtin: Callable, op: str, walks: _Walks):
                 raise _neighbour_free(tracer, f"{op}()")
             return builtin(items, *args, **kwargs)
         if listed:
+            if len(items) == 1 and walks.made_in_a_pass(items[0]):
+                raise _in_its_pass(tracer, f"{op}()")
             walks.take()
         if len(items) != 1:
             raise tracer.error(f"{op}() over a neighbour list must take exactly the list built from "
@@ -321,6 +362,8 @@ def _length(tracer: Tracer, walks: _Walks):
             return tracer.in_degree()
         one = isinstance(obj, (list, tuple)) and _BUILTINS["len"](obj) == 1
         if one and _from_neighbour(obj[0]):
+            if walks.made_in_a_pass(obj[0]):
+                raise _in_its_pass(tracer, "len()")
             walks.take()
             return tracer.in_degree()
         if _holds_neighbours(obj):
