@@ -155,6 +155,36 @@ def test_rgcn_featureless_input_without_source_nodes_matches_pyg(x_src):
     assert torch.equal(ours.root.grad.sum(-1), torch.tensor([1.0, 0, 1, 0, 1], dtype=torch.float64) * 3)
 
 
+@pytest.mark.parametrize("layer", [gnn.RGCNConv, gnn.FastRGCNConv])
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int16])
+def test_rgcn_node_indices_of_any_integer_dtype_match_pyg(layer, dtype):
+    """PyG reads int32 node indices as it reads int64 ones; here torch's one_hot, which
+    takes int64 only, raised 'one_hot is only applicable to index tensor of type
+    LongTensor' (int16 as well, which PyG's indexing refuses)."""
+    graph = typed_graph(4)
+    torch.manual_seed(0)
+    # PyG's RGCNConv, whose reading of node indices both follow (FastRGCNConv's docstring)
+    pyg = PygRGCNConv(graph.num_nodes, 3, RELATIONS).double()
+    torch.nn.init.normal_(pyg.bias)
+    ours = layer(graph.num_nodes, 3, RELATIONS).double()
+    ours.load_state_dict(pyg.state_dict())
+    x = torch.randperm(graph.num_nodes, generator=torch.Generator().manual_seed(1))
+    ref, ref_grads = outputs_and_grads(pyg, x.double(), lambda l, _: l(x, graph.edge_index, graph.edge_type))
+    out, grads = outputs_and_grads(ours, x.double(), lambda l, _: l(x.to(dtype), graph.edge_index, graph.edge_type))
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-12)
+    for name in ("weight", "root", "bias"):
+        torch.testing.assert_close(grads[name], ref_grads[name], rtol=1e-10, atol=1e-12, msg=name)
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.uint8])
+def test_rgcn_refuses_mask_typed_node_input_by_name(dtype):
+    """torch indexes by a bool or uint8 tensor as a mask (PyG's layers then fail on a
+    shape, or worse), and one_hot refuses them: named instead."""
+    with pytest.raises(TypeError, match=f"RGCNConv: x is a {dtype} tensor"):
+        RGCNConv(4, 3, RELATIONS)(torch.ones(4, dtype=dtype), torch.zeros(2, 0, dtype=torch.long),
+                                  torch.zeros(0, dtype=torch.long))
+
+
 @pytest.mark.parametrize("build", [lambda: gnn.RGCNConv(-1, 4, 3), lambda: gnn.RGCNConv((-1, 5), 4, 3),
                                    lambda: gnn.FastRGCNConv(-1, 4, 3), lambda: gnn.RGATConv(-1, 4, 3)])
 def test_a_lazy_width_is_refused_by_name(build):

@@ -251,9 +251,13 @@ class RGCNConv(FixedAggregation, NotScriptable, nn.Module):
                              "not node indices or x=None (as in PyG)")
         if x is None:
             x = torch.arange(width, device=self.weight.device)
+        if x.dtype in (torch.bool, torch.uint8):     # torch would index by it as by a mask
+            raise TypeError(f"{type(self).__name__}: {name} is a {x.dtype} tensor; give float node features or "
+                            "integer node indices (int64 or int32)")
         if x.dim() != 1:
             raise ValueError(f"{type(self).__name__}: integer x must be a vector of node indices, got shape "
                              f"{list(x.shape)}")
+        x = x.long()        # one_hot takes int64 only; PyG indexes by int32 indices as well
         if width is None or x.numel() == 0:     # one_hot cannot size an empty input's classes
             return x.new_zeros((x.shape[0], width or 0), dtype=self.weight.dtype)
         _check_node_indices(x, width, name, channels, "root" if name == "x_dst" else "embedding", type(self).__name__)
