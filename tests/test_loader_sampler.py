@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 import gnnfuse
-from gnnfuse.loader import NeighborLoader, block_graph, reindex, sample_block, sample_hop
+from gnnfuse.loader import LinkNeighborLoader, NeighborLoader, block_graph, reindex, sample_block, sample_hop
 from gnnfuse.graph.fixed_shape import build_reverse_csr
 from gnnfuse.loader.batch_maker import rows_of
 from graph_strategies import graphs
@@ -235,6 +235,34 @@ def test_pygs_other_sampling_options_are_refused_by_name(option, value):
     assert sum(batch.batch_size for batch in loader) == 3
     with pytest.raises(TypeError, match="unexpected keyword argument 'fanout'"):
         NeighborLoader(graph, [2], fanout=3)
+
+
+def test_pygs_generator_fixes_the_epochs_and_dataloader_arguments_are_refused_by_name():
+    """PyG's loaders pass torch DataLoader's arguments on: ``generator=`` (a reproducible
+    shuffle) and ``worker_init_fn``/``timeout``/... failed as Python's bare "unexpected
+    keyword argument". A generator now draws the epoch's seed (order and samples);
+    the DataLoader's own arguments are refused naming the DataLoader."""
+    from torch_geometric.data import Data
+    graph = gnnfuse.Graph(torch.randint(0, 40, (300,)), torch.randint(0, 40, (300,)), 40)
+    data = Data(edge_index=torch.stack([graph.src, graph.dst]), num_nodes=40)
+
+    def epoch(loader):
+        return [(b.n_id.tolist(), b.edge_index.tolist()) for b in loader]
+    for make in (lambda g: NeighborLoader(graph, [3, 2], batch_size=8, shuffle=True, generator=g),
+                 lambda g: LinkNeighborLoader(data, [3], batch_size=16, shuffle=True, neg_sampling="binary",
+                                              generator=g)):
+        torch.manual_seed(0)
+        first = epoch(make(torch.Generator().manual_seed(7)))
+        torch.manual_seed(1)        # the global generator no longer decides
+        assert epoch(make(torch.Generator().manual_seed(7))) == first
+        assert epoch(make(torch.Generator().manual_seed(8))) != first
+    with pytest.raises(TypeError, match="generator must be a torch.Generator, got int"):
+        NeighborLoader(graph, [2], generator=7)
+    for name, value in (("worker_init_fn", print), ("timeout", 5), ("prefetch_factor", 4)):
+        with pytest.raises(TypeError, match=f"torch DataLoader's {name}= has no counterpart here"):
+            NeighborLoader(graph, [2], **{name: value})
+        with pytest.raises(TypeError, match=f"torch DataLoader's {name}= has no counterpart here"):
+            LinkNeighborLoader(data, [2], **{name: value})
 
 
 @pytest.mark.parametrize("input_nodes", ["paper", ("paper", torch.tensor([0, 1])), ("paper", None), {"paper": 1}])

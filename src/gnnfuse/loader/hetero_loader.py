@@ -19,8 +19,9 @@ any attribute replaced, added or removed (`held_tables.HeldHeteroData`). A table
 requires grad is refused unless batches are made when asked (`_check_learnable`).
 
 Randomness: as the homogeneous loader's, an epoch's shuffle and samples come from one
-seed drawn from torch's global generator when iteration starts (so ``torch.manual_seed``
-fixes them), batch i sampling from its own generator (`batch_generator`).
+seed drawn when iteration starts, from ``generator=`` where given, else from torch's
+global generator (so ``torch.manual_seed`` fixes them), batch i sampling from its own
+generator (`batch_generator`).
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ from .held_tables import HeldHeteroData
 from .hetero_batch_maker import HeteroBatchMaker, hetero_batch_tensors
 from .hetero_sampler import EdgeType, typed_csr
 from .neighbor_loader import (_check_batch_size, _check_learnable, _check_pyg_options, _fanouts, _sampled_fanouts,
-                              _seed_ids, pyg_num_neighbors)
+                              _seed_ids, epoch_seed, pyg_num_neighbors, take_generator)
 from .preparation import STAGE_TIMES, BatchPreparation, epoch_batches, epoch_order
 
 # gnnfuse's own NeighborLoader arguments, each with the value that asks for nothing this
@@ -178,6 +179,7 @@ class HeteroNeighborLoader:
     def __init__(self, data: Any, num_neighbors: Any, batch_size: int = 1, input_nodes: Any = None,
                  shuffle: bool = False, replace: bool = False, drop_last: bool = False, *, prefetch: int = 2,
                  prefetch_threads: int = 1, num_workers: int = 0, **options: Any) -> None:
+        self.generator = take_generator(options, "NeighborLoader")
         _check_options(options)
         _check_batch_size(batch_size)
         edge_types = data.metadata()[1]
@@ -213,7 +215,7 @@ class HeteroNeighborLoader:
         return full + (rest > 0 and not self.drop_last)
 
     def __iter__(self) -> Iterator[Any]:
-        seed = int(torch.randint(0, 2**62, (1,)))
+        seed = epoch_seed(self.generator)
         positions = epoch_order(self.seeds.numel(), self.shuffle, torch.Generator().manual_seed(seed))
         batches = epoch_batches((self.seeds, self._input_ids), positions, self.batch_size, self.drop_last)
         # closed explicitly, as NeighborLoader's: an abandoned epoch stops its thread now

@@ -36,7 +36,8 @@ from ..graph import Graph
 from .hetero_loader import is_hetero_data
 from .link_batch import LinkMiniBatch
 from .link_batch_maker import LinkBatchMaker
-from .neighbor_loader import _PYG_OPTIONS, NeighborLoader, _check_pyg_options, _graph_and_tables
+from .neighbor_loader import (_PYG_OPTIONS, NeighborLoader, _check_pyg_options, _graph_and_tables, epoch_seed,
+                              take_generator)
 from .preparation import STAGE_TIMES, BatchPreparation, epoch_batches, epoch_order
 
 NEGATIVE_MODES = ("binary", "triplet")
@@ -204,6 +205,7 @@ class LinkNeighborLoader:
                 raise NotImplementedError(
                     f"LinkNeighborLoader: {name}={value!r} is NeighborLoader's; link batches are unpadded, "
                     f"in edge_label_index's order or shuffled, from edge_label_index (leave {name} out)")
+        self.generator = take_generator(options, "LinkNeighborLoader")
         _check_pyg_options(options, _LINK_PYG_OPTIONS, "LinkNeighborLoader")
         if is_hetero_data(data):
             raise NotImplementedError("LinkNeighborLoader samples homogeneous graphs; a HeteroData's link "
@@ -249,7 +251,7 @@ class LinkNeighborLoader:
         return full + (rest > 0 and not self.drop_last)
 
     def __iter__(self) -> Iterator[LinkMiniBatch]:
-        seed = int(torch.randint(0, 2**62, (1,)))
+        seed = epoch_seed(self.generator)
         count = self.edge_label_index.shape[1]       # a batch: columns of edge_label_index, in the epoch's order
         order = epoch_order(count, self.shuffle, torch.Generator().manual_seed(seed))
         batches = epoch_batches((torch.arange(count),), order, self.batch_size, self.drop_last,

@@ -251,12 +251,22 @@ _PYG_OPTIONS: dict[str, Any] = {
 }
 
 
+# torch DataLoader's arguments, which PyG's loaders pass on to it, for the processes and
+# batches of a DataLoader that gnnfuse's loaders do not run (`generator` they take)
+_DATALOADER_ONLY = frozenset({"worker_init_fn", "timeout", "prefetch_factor", "multiprocessing_context",
+                              "pin_memory_device", "in_order", "batch_sampler"})
+
+
 def _check_pyg_options(options: dict[str, Any], known: dict[str, Any] = _PYG_OPTIONS,
                        loader: str = "NeighborLoader") -> None:
     """Accept PyG's arguments where their value asks for what gnnfuse does; refuse the
     rest by name. Before, each failed as Python's bare "unexpected keyword argument".
     ``known`` maps the loader's PyG options to their accepted values (`_PYG_OPTIONS`'s form)."""
     for name, value in options.items():
+        if name in _DATALOADER_ONLY:
+            raise TypeError(f"{loader}: torch DataLoader's {name}= has no counterpart here: gnnfuse's loader runs "
+                            "no DataLoader (it prepares batches in its own threads, prefetch_threads, or worker "
+                            "processes, num_workers); leave it out")
         if name not in known:
             raise TypeError(f"{loader} got an unexpected keyword argument {name!r}")
         accepted = known[name]
@@ -266,6 +276,24 @@ def _check_pyg_options(options: dict[str, Any], known: dict[str, Any] = _PYG_OPT
             f"{loader}: PyG's {name}={value!r} is not supported by gnnfuse's loader, which samples "
             f"without time, per-edge weights, transforms or disjoint subgraphs (its blocks are PyG's "
             f"{name}={accepted!r}); leave it out")
+
+
+def take_generator(options: dict[str, Any], loader: str) -> torch.Generator | None:
+    """PyG's (torch DataLoader's) ``generator=`` taken out of ``options``: the epochs'
+    seeds (`epoch_seed`) come from it. It had been refused as an unexpected argument."""
+    generator = options.pop("generator", None)
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"{loader}: generator must be a torch.Generator, got {type(generator).__name__}")
+    return generator
+
+
+def epoch_seed(generator: torch.Generator | None) -> int:
+    """The one seed an epoch's order and samples come from: drawn from ``generator``
+    where the loader was given one (PyG's argument for a reproducible shuffle; here it
+    fixes the samples too), else from torch's global generator (``torch.manual_seed``)."""
+    if generator is None:
+        return int(torch.randint(0, 2**62, (1,)))
+    return int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device))
 
 
 class NeighborLoader:
@@ -299,8 +327,9 @@ class NeighborLoader:
     ``time_attr``, ``subgraph_type``, ``transform``, ...: `_PYG_OPTIONS`) are accepted at
     the value under which PyG samples as this loader does, and refused by name otherwise.
 
-    Randomness: each epoch's shuffle and samples come from one seed drawn from torch's
-    global generator when iteration starts, so ``torch.manual_seed`` fixes them; batch i
+    Randomness: each epoch's shuffle and samples come from one seed drawn when iteration
+    starts, from ``generator`` (PyG's argument) where given, else from torch's global
+    generator, so ``torch.manual_seed`` fixes them; batch i
     samples from a generator seeded by that seed and i (`batch_generator`).
     """
 
@@ -323,6 +352,7 @@ class NeighborLoader:
                  num_workers: int = 0, static_shapes: bool | Capacities = False, deferred: bool = False,
                  prefetch_threads: int = 1, edge_attr: torch.Tensor | None = None,
                  edge_weight: torch.Tensor | None = None, **pyg_options: Any) -> None:
+        self.generator = take_generator(pyg_options, self._name)
         _check_pyg_options(pyg_options, loader=self._name)
         graph, features, labels, edge_tables = _graph_and_tables(data, x, y, self._name)
         _check_tensor_tables(features, labels)
@@ -463,7 +493,7 @@ class NeighborLoader:
         return epoch_batches((self.seeds, self._input_ids), positions, self.batch_size, self.drop_last, device)
 
     def __iter__(self) -> Iterator[MiniBatch]:
-        seed = int(torch.randint(0, 2**62, (1,)))
+        seed = epoch_seed(self.generator)
         batches = self._seed_batches(torch.Generator().manual_seed(seed), self._ids_device)
         # closed explicitly: an abandoned epoch (this generator closed) must stop the thread now,
         # not when the collector reaches the inner generator (Python 3.12 keeps it alive longer)
