@@ -17,6 +17,7 @@ import torch_geometric.nn as pyg
 
 import gnnfuse.nn as ours
 from gnnfuse import vertex
+from gnnfuse.frontend.compiled_call import udf_factory
 from gnnfuse.graph import Graph
 from layer_check import assert_same_values, outputs_and_grads
 
@@ -139,6 +140,28 @@ def test_a_graph_object_runs_in_the_compiled_graph():
     graph = Graph.from_edge_index(edge_index, NUM_NODES)
     compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)
     assert_same_values(compiled(x, graph), oracle(x, edge_index), "GCN on a Graph")
+
+
+@udf_factory
+def _scaled_sum(k: float):
+    def scaled(v):
+        return sum([u.h * k for u in v.innbs])
+    return vertex(scaled)
+
+
+def test_two_udfs_first_built_in_one_trace_compile_to_one_graph():
+    """A UDF `udf_factory` builds on first use (SAGEConv's per-aggr-list reductions, a
+    slope's) was kept in a dict, whose items dynamo copies where its trace first reads
+    it: the second one built in the same trace -- a model with two SAGEConvs of other
+    aggr lists -- was a KeyError there, so fullgraph=True refused the model and without
+    it the whole forward ran eagerly."""
+    graph = Graph(torch.tensor([0, 1, 2, 2]), torch.tensor([1, 2, 0, 1]), 3)
+    x = torch.randn(3, 4, dtype=torch.float64)
+
+    def both(x, graph):
+        return _scaled_sum(2.0)(graph, {"h": x}) + _scaled_sum(3.0)(graph, {"h": x})
+    compiled = torch.compile(both, backend="aot_eager", fullgraph=True)
+    torch.testing.assert_close(compiled(x, graph), 5.0 * vertex(lambda v: sum([u.h for u in v.innbs]))(graph, {"h": x}))
 
 
 def test_an_uncovered_call_runs_eagerly_with_a_warning():

@@ -75,7 +75,7 @@ def udf_factory(build: Callable[..., Any]) -> Callable[..., Any]:
     def make(*args: Hashable) -> Any:
         if torch.compiler.is_compiling():
             args = tuple(_specialized(arg) for arg in args)
-        return _MADE[_made(name, args)]
+        return getattr(_MADE, _made(name, args))
     return make
 
 
@@ -95,18 +95,28 @@ def _specialized(value: Hashable) -> Hashable:
     return value
 
 
+class _Made:
+    """The UDFs `udf_factory` built, one attribute each (`_made` names them). Not a
+    dict: dynamo copies a global dict's items where its trace first reads it, so a UDF
+    built later in the same trace -- a model's second SAGEConv with another aggr list --
+    was a KeyError there (fullgraph=True refused the model; without it the model's
+    whole forward ran eagerly). An object's attributes it reads when asked."""
+
+
 _BUILDERS: dict[str, Callable[..., Any]] = {}
-_MADE: dict[tuple[str, tuple], Any] = {}
+_MADE = _Made()
+_NAMES: dict[tuple[str, tuple], str] = {}
 
 
 @_constant_result
-def _made(name: str, args: tuple) -> tuple[str, tuple]:
-    """The `_MADE` key of ``name(*args)``, built on first use. A constant to dynamo,
-    which then reads the UDF from the module's table, a lookup it can guard."""
+def _made(name: str, args: tuple) -> str:
+    """The `_MADE` attribute holding ``name(*args)``, built on first use. A constant to
+    dynamo, which then reads the UDF from the module's table, a lookup it can guard."""
     key = (name, args)
-    if key not in _MADE:
-        _MADE[key] = _BUILDERS[name](*args)
-    return key
+    if key not in _NAMES:
+        setattr(_MADE, f"udf_{len(_NAMES)}", _BUILDERS[name](*args))
+        _NAMES[key] = f"udf_{len(_NAMES)}"
+    return _NAMES[key]
 
 
 @_constant_result
