@@ -87,6 +87,21 @@ def test_an_edge_index_written_through_either_handle_is_never_served_stale():
         torch.testing.assert_close(conv(x, wrapped), ref(x, wrapped.as_tensor().clone()), rtol=1e-12, atol=1e-12)
 
 
+def test_an_edge_index_resized_in_place_is_never_served_its_old_size():
+    """``EdgeIndex.sparse_resize_`` changes the vertex count the graph reads from it
+    without moving a version counter: a gspmm over edge data alone (the count from the
+    EdgeIndex) once came back with the old 3 rows after a resize to 5."""
+    wrapped = EdgeIndex(torch.tensor([[0, 1], [1, 2]]), sparse_size=(3, 3))
+    w = torch.ones(2, 1, dtype=torch.float64)
+    assert gnnfuse.ops.gspmm(wrapped, None, "sum", edge=w).shape == (3, 1)
+    wrapped.sparse_resize_(5, 5)
+    assert Graph.coerce(wrapped).num_nodes == 5
+    assert gnnfuse.ops.gspmm(wrapped, None, "sum", edge=w).shape == (5, 1)
+    wrapped.sparse_resize_(2, 5)          # sources x destinations: bipartite now
+    graph = Graph.coerce(wrapped)
+    assert (graph.num_src_nodes, graph.num_nodes) == (2, 5)
+
+
 def test_new_tensors_are_never_mistaken_for_freed_ones():
     """Each temporary below gets the id of the one freed before it, and int32 input is
     copied into the graph, so the freed tensor's memory (and version 0) may come back

@@ -993,8 +993,14 @@ def _cached_index_graph(cls: type[Graph], obj: Any, num_nodes: int | None,
     ``EdgeIndex``), cached by `index_cache`. Never traced by dynamo: a sparse input sends
     a compiled layer's frame back to Python and dynamo compiles its helpers one by one, and
     it fails wrapping a CSR's index tensors, views of a sparse base (an IndexError from its
-    stride bookkeeping). The graph is host work over index tensors; nothing to compile."""
+    stride bookkeeping). The graph is host work over index tensors; nothing to compile.
+
+    An ``EdgeIndex``'s ``sparse_size`` is part of the key: ``sparse_resize_`` changes it in
+    place without moving a version counter, and the graph counts its vertices from it (a
+    graph of the old size was served: a [3, F] `gspmm` output after a resize to 5)."""
     key = num_nodes if num_src_nodes is None else (num_nodes, num_src_nodes)
+    if is_pyg_edge_index(obj):
+        key = (key, tuple(obj.sparse_size()))
     return cached_graph(obj, index_tensors(obj), key,
                         lambda _: cls._from_torch(obj, num_nodes, num_src_nodes)._begin_first_pass())
 
