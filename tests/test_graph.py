@@ -631,6 +631,22 @@ def test_numpy_ids_are_copied_so_a_later_write_to_the_array_cannot_stale_the_gra
         dst[0] = 1
 
 
+def test_to_scipy_hands_out_coordinates_of_its_own():
+    """``to_scipy`` gave scipy the numpy views of the graph's own ``src``/``dst`` (the
+    caller's ``edge_index`` rows): a write to the matrix's ``row``/``col`` rewrote the
+    edge_index and the graph without moving a version counter, and a mean over
+    in-edges came out [100, 100, 10] on the reference backend and [100, 50.5, 10] on the
+    cpu one (its CSR built before). The matrix's coordinates are copies."""
+    edge_index = torch.tensor([[0, 1, 2, 2], [1, 2, 0, 1]])
+    g = Graph.from_edge_index(edge_index)
+    g.csr()
+    matrix = g.to_scipy()
+    assert not np.shares_memory(matrix.row, g.src.numpy()) and not np.shares_memory(matrix.col, g.dst.numpy())
+    matrix.row[0], matrix.col[0] = 2, 0
+    assert edge_index.tolist() == [[0, 1, 2, 2], [1, 2, 0, 1]] and g.edge_index.tolist() == edge_index.tolist()
+    g.check_unchanged()
+
+
 def test_from_edge_index_counts_an_edge_index_s_declared_vertices():
     """``Graph.coerce`` read a PyG EdgeIndex's sparse_size, ``from_edge_index`` dropped it:
     9 declared vertices became 2."""

@@ -854,9 +854,12 @@ class Graph:
 
         Duplicate edges stay separate entries (scipy sums them into counts on conversion
         to CSR), so ``Graph.from_scipy(g.to_scipy())`` gives back the same edges and ids.
+        The matrix's coordinates are copies: numpy views of a CPU graph's ``src``/``dst``
+        (often the caller's ``edge_index``) let a write to ``matrix.row`` rewrite the
+        graph's edges without moving a version counter, its cached layouts left stale.
         """
         import scipy.sparse as sp
-        src, dst = self._src.cpu().numpy(), self._dst.cpu().numpy()
+        src, dst = (t.cpu().numpy().copy() for t in (self._src, self._dst))
         return sp.coo_array((np.ones(len(src), dtype=np.float32), (src, dst)),
                             shape=(self.num_src_nodes, self._num_nodes))
 
