@@ -131,6 +131,11 @@ def test_hetero_modules_import_without_torch_geometric(module, monkeypatch):
     ({("a", "r", "b"): torch.tensor([[2], [0]])}, {"a": 2, "b": 4}, "source id is outside 0..1"),
     ({("a", "r", "z"): torch.tensor([[0], [0]])}, {"a": 2, "b": 4}, "node type 'z'"),
     ({("a", "r", "b"): torch.tensor([0, 1])}, {"a": 2, "b": 4}, "expected a [2, E] edge_index"),
+    # a count that is no vertex count: int() raised about NoneType, -1 gave "outside 0..-2",
+    # and 2.5 was read as 2 without a word
+    ({("a", "r", "b"): torch.tensor([[0], [0]])}, {"a": None, "b": 4}, "node type 'a'.*non-negative int, got None"),
+    ({("a", "r", "b"): torch.tensor([[0], [0]])}, {"a": -1, "b": 4}, "node type 'a'.*non-negative int, got -1"),
+    ({("a", "r", "b"): torch.tensor([[0], [0]])}, {"a": 2.5, "b": 4}, "node type 'a'.*non-negative int, got 2.5"),
 ])
 def test_hetero_graph_errors(edges, counts, message):
     with pytest.raises((ValueError, TypeError), match=message.replace("[", r"\[").replace("]", r"\]")):

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
+import numpy as np
 import torch
 
 from .graph import Graph
@@ -75,7 +76,7 @@ class HeteroGraph:
         missing = [t for t in self.node_types if t not in num_nodes_dict]
         if missing:
             raise ValueError(f"no vertex count for node type(s) {missing}")
-        self.counts: dict[str, int] = {t: int(num_nodes_dict[t]) for t in self.node_types}
+        self.counts: dict[str, int] = {t: _vertex_count(t, num_nodes_dict[t]) for t in self.node_types}
         self.offsets: dict[str, int] = {}
         total = 0
         for t in self.node_types:
@@ -180,6 +181,18 @@ class HeteroGraph:
     def __repr__(self) -> str:
         return (f"HeteroGraph(node_types={self.node_types}, edge_types={self.edge_types}, "
                 f"num_nodes={self.num_nodes}, num_edges={self.graph.num_edges})")
+
+
+def _vertex_count(node_type: str, count: Any) -> int:
+    """``count`` as node type ``node_type``'s vertex count: an int (a numpy integer or a
+    one-element integer tensor, as PyG may store ``num_nodes``), never negative. ``int()``
+    had read 2.5 as 2 without a word, raised about ``NoneType`` for a type PyG could not
+    count, and took -1, whose edges were then said to lie "outside 0..-2"."""
+    if isinstance(count, torch.Tensor) and count.numel() == 1 and not count.is_floating_point():
+        count = count.item()
+    if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 0:
+        raise ValueError(f"node type {node_type!r}: its vertex count must be a non-negative int, got {count!r}")
+    return int(count)
 
 
 def _describe(value: Any) -> str:
