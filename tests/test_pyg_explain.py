@@ -123,3 +123,20 @@ except NotImplementedError as exc:
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert "refused: torch_geometric.explain's GNNExplainer" in done.stdout, done.stderr[-2000:]
+
+
+def test_graph_mask_explainer_is_refused_even_for_node_masks_only():
+    """GraphMaskExplainer gates the messages of ``MessagePassing`` layers whatever masks it
+    is asked for: with node masks only (``edge_mask_type=None``) it crashed on gnnfuse's
+    layers with PyG's bare ``IndexError: index 4 is out of range``, where the same model of
+    PyG's layers is explained."""
+    from torch_geometric.explain.algorithm import GraphMaskExplainer
+    x, edge_index = _inputs()
+    model = TwoLayers(gnn.GCNConv(5, 5), pyg_nn.GCNConv(5, 5))
+    with pytest.raises(NotImplementedError, match=r"GraphMaskExplainer gates the messages of "
+                                                  r"torch_geometric.nn.MessagePassing layers.*GCNConv at c1"):
+        _explain(model, GraphMaskExplainer(2, epochs=1, log=False), x.float(), edge_index,
+                 node_mask_type="attributes")
+    pyg_only = TwoLayers(pyg_nn.GCNConv(5, 5), pyg_nn.GCNConv(5, 5))     # PyG's layers: explained as before
+    assert _explain(pyg_only, GraphMaskExplainer(2, epochs=1, log=False), x.float(), edge_index,
+                    node_mask_type="attributes").node_mask.shape == (12, 5)

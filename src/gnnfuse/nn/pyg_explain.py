@@ -9,6 +9,8 @@ alone PyG failed with messages blaming the model ("make sure that edges are used
 message passing"), and in a model mixing them with PyG-class layers the explanation came
 back silently wrong (GNNExplainer's edge mask off by 0.75 against the same model built
 from PyG's layers). So the explainer's call is refused, naming the layers.
+GraphMaskExplainer is refused for node masks too: it learns them through gates on the
+MessagePassing layers' messages, and on gnnfuse's layers crashed with a bare IndexError.
 
 PyG stays optional and its ``explain`` package costs seconds to import, so nothing is
 imported here: the guard is put on PyG's classes when that package is imported (an
@@ -36,16 +38,33 @@ def unmasked_layers(model: torch.nn.Module) -> list[str]:
             if isinstance(module, NotScriptable) and not isinstance(module, (MessagePassing, HeteroConv))]
 
 
+# PyG's explainers that work through the model's MessagePassing layers whatever masks they
+# are asked for: GraphMaskExplainer gates those layers' messages (``explain_message``) and
+# learns its node mask through the gates, so node masks alone do not make it safe.
+_LAYER_GATING = ("GraphMaskExplainer",)
+
+
 def refuse_edge_masks(model: Any, who: str) -> None:
     """Raise if PyG's ``who`` would explain ``model``'s edges without seeing some of its layers."""
+    _refuse(model, f"{who} puts its edge masks on (or reads attention from) torch_geometric.nn.MessagePassing "
+                   "layers only", "those edges would get no mask and the explanation would be wrong",
+            "or ask for node masks only (edge_mask_type=None)")
+
+
+def _refuse(model: Any, what: str, consequence: str, alternative: str) -> None:
+    """Raise, naming ``model``'s gnnfuse layers, if it has any that PyG's explain code misses."""
     layers = unmasked_layers(model) if isinstance(model, torch.nn.Module) else []
     if layers:
         raise NotImplementedError(
-            f"{who} puts its edge masks on (or reads attention from) torch_geometric.nn.MessagePassing layers "
-            f"only, and gnnfuse's {', '.join(layers)} {'is' if len(layers) == 1 else 'are'} not one: those edges "
-            "would get no mask and the explanation would be wrong. Explain a copy built from torch_geometric.nn's "
-            "layers (gnnfuse's have PyG's parameter names: pyg_model.load_state_dict(model.state_dict())), or ask "
-            "for node masks only (edge_mask_type=None)")
+            f"{what}, and gnnfuse's {', '.join(layers)} {'is' if len(layers) == 1 else 'are'} not one: "
+            f"{consequence}. Explain a copy built from torch_geometric.nn's layers (gnnfuse's have PyG's parameter "
+            f"names: pyg_model.load_state_dict(model.state_dict())), {alternative}")
+
+
+def _gates_layers(algorithm: Any) -> bool:
+    """Whether ``algorithm`` is one of PyG's `_LAYER_GATING` explainers (or a subclass)."""
+    return any(cls.__name__ in _LAYER_GATING and cls.__module__.startswith(_PACKAGE)
+               for cls in type(algorithm).__mro__)
 
 
 def guard(explain: Any) -> None:
@@ -60,6 +79,11 @@ def guard(explain: Any) -> None:
 
     def guarded_call(self, *args, **kwargs):
         config = getattr(self, "_explainer_config", None)
+        if _gates_layers(self):     # before its training: PyG's bare IndexError on gnnfuse's layers
+            _refuse(args[0] if args else kwargs.get("model"), f"torch_geometric.explain's {type(self).__name__} "
+                    "gates the messages of torch_geometric.nn.MessagePassing layers only, node masks included",
+                    "their messages would be ungated and the explanation wrong",
+                    "or use GNNExplainer for node masks (node_mask_type set, edge_mask_type=None)")
         if config is not None and config.edge_mask_type is not None:
             refuse_edge_masks(args[0] if args else kwargs.get("model"), f"torch_geometric.explain's "
                               f"{type(self).__name__} (edge_mask_type={config.edge_mask_type.value!r})")
