@@ -140,3 +140,16 @@ def test_graph_mask_explainer_is_refused_even_for_node_masks_only():
     pyg_only = TwoLayers(pyg_nn.GCNConv(5, 5), pyg_nn.GCNConv(5, 5))     # PyG's layers: explained as before
     assert _explain(pyg_only, GraphMaskExplainer(2, epochs=1, log=False), x.float(), edge_index,
                     node_mask_type="attributes").node_mask.shape == (12, 5)
+
+
+def test_pg_explainer_training_called_with_keywords_is_refused_too():
+    """``PGExplainer.train(epoch=..., model=..., ...)``, its arguments by keyword, passed
+    the guard and failed inside PyG with a bare ``IndexError: list index out of range``."""
+    x, edge_index = _inputs()
+    model = TwoLayers(gnn.SAGEConv(5, 8), gnn.SAGEConv(8, 3))
+    algorithm = PGExplainer(epochs=1)
+    Explainer(model, algorithm=algorithm, explanation_type="phenomenon", edge_mask_type="object",
+              model_config=CONFIG)
+    target = model(x.float(), edge_index).argmax(-1)
+    with pytest.raises(NotImplementedError, match=rf"PGExplainer.train.*SAGEConv at c1, SAGEConv at c2"):
+        algorithm.train(epoch=0, model=model, x=x.float(), edge_index=edge_index, target=target, index=3)

@@ -102,7 +102,8 @@ def guard(explain: Any) -> None:
         train = pg_explainer.train
 
         def guarded_train(self, *args, **kwargs):
-            if args and not isinstance(args[0], bool):      # train(epoch, model, ...), not Module.train(mode)
+            # train(epoch, model, ...) with its arguments by position or keyword, not Module.train(mode)
+            if not (args and isinstance(args[0], bool)):
                 refuse_edge_masks(args[1] if len(args) > 1 else kwargs.get("model"),
                                   "torch_geometric.explain's PGExplainer.train")
             return train(self, *args, **kwargs)
