@@ -153,3 +153,33 @@ def test_pg_explainer_training_called_with_keywords_is_refused_too():
     target = model(x.float(), edge_index).argmax(-1)
     with pytest.raises(NotImplementedError, match=rf"PGExplainer.train.*SAGEConv at c1, SAGEConv at c2"):
         algorithm.train(epoch=0, model=model, x=x.float(), edge_index=edge_index, target=target, index=3)
+
+
+def _hetero_inputs():
+    gen = torch.Generator().manual_seed(4)
+    x = {"a": torch.randn(5, 4, dtype=torch.float64, generator=gen),
+         "b": torch.randn(3, 4, dtype=torch.float64, generator=gen)}
+    edges = {("a", "to", "b"): torch.tensor([[0, 1, 2, 4], [0, 1, 2, 2]]),
+             ("b", "to", "a"): torch.tensor([[0, 1, 2], [3, 4, 0]])}
+    masks = {key: torch.rand(value.shape[1], dtype=torch.float64, generator=gen) for key, value in edges.items()}
+    return x, edges, masks
+
+
+def test_hetero_masks_reach_the_layers_of_a_gnnfuse_hetero_conv():
+    """PyG's ``set_hetero_masks`` (to_captum_model's CaptumHeteroModel, custom explainers)
+    finds a relation's layer by ``edge_type in module_dict``, which PyG's ModuleDict answers
+    for a tuple; gnnfuse's HeteroConv held a torch ModuleDict, so its layers got no mask and
+    no refusal: PyG's LEConvs inside came out unmasked (0.91 off PyG's HeteroConv)."""
+    from torch_geometric.explain.algorithm.utils import clear_masks, set_hetero_masks
+    x, edges, masks = _hetero_inputs()
+    outputs = []
+    for hetero_conv in (gnn.HeteroConv, pyg_nn.HeteroConv):
+        torch.manual_seed(0)
+        model = hetero_conv({key: pyg_nn.LEConv(4, 3) for key in edges}).double()
+        set_hetero_masks(model, masks, edges, apply_sigmoid=False)
+        outputs.append(model(x, edges))
+        clear_masks(model)
+    torch.testing.assert_close(outputs[0], outputs[1])
+    ours = gnn.HeteroConv({("a", "to", "b"): gnn.SAGEConv((4, 4), 3), ("b", "to", "a"): pyg_nn.LEConv(4, 3)}).double()
+    with pytest.raises(NotImplementedError, match=rf"set_masks.*{REFUSED}.*SAGEConv at the model itself"):
+        set_hetero_masks(ours, masks, edges, apply_sigmoid=False)

@@ -71,6 +71,20 @@ def group(outputs: list[torch.Tensor], aggr: str | None) -> torch.Tensor:
     return out[0] if isinstance(out, tuple) else out
 
 
+class EdgeTypeModuleDict(nn.ModuleDict):
+    """A torch ``ModuleDict`` under PyG's keys (`module_key`) that also answers an edge type
+    tuple, as PyG's ``ModuleDict`` does. PyG's ``set_hetero_masks`` (``to_captum_model``'s
+    CaptumHeteroModel, custom explainers) finds a relation's layer by ``edge_type in convs``
+    and ``convs[edge_type]``; a plain ``ModuleDict`` answered no, so the layers got no edge
+    mask -- and gnnfuse's layers no refusal -- without an error."""
+
+    def __getitem__(self, key: str | EdgeType) -> nn.Module:
+        return super().__getitem__(module_key(key) if isinstance(key, tuple) else key)
+
+    def __contains__(self, key: object) -> bool:
+        return super().__contains__(module_key(key) if isinstance(key, tuple) else key)
+
+
 class HeteroConv(NotScriptable, nn.Module):
     """``HeteroConv({(src, rel, dst): layer}, aggr="sum")`` with PyG's semantics.
 
@@ -98,7 +112,7 @@ class HeteroConv(NotScriptable, nn.Module):
                           "lead to unexpected behavior.", stacklevel=2)
         self.edge_types = [tuple(t) for t in convs]
         refuse_shared_keys(self.edge_types, module_key, "HeteroConv")
-        self.convs = nn.ModuleDict({module_key(t): conv for t, conv in convs.items()})
+        self.convs = EdgeTypeModuleDict({module_key(t): conv for t, conv in convs.items()})
         self.aggr = aggr
 
     def reset_parameters(self) -> None:
