@@ -114,8 +114,9 @@ def _made(name: str, args: tuple) -> str:
     dynamo, which then reads the UDF from the module's table, a lookup it can guard."""
     key = (name, args)
     if key not in _NAMES:
-        setattr(_MADE, f"udf_{len(_NAMES)}", _BUILDERS[name](*args))
-        _NAMES[key] = f"udf_{len(_NAMES)}"
+        made = _BUILDERS[name](*args)       # first: a builder may itself make another UDF
+        _NAMES[key] = attribute = f"udf_{len(_NAMES)}"
+        setattr(_MADE, attribute, made)
     return _NAMES[key]
 
 
