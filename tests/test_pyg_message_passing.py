@@ -804,3 +804,40 @@ def test_an_edge_index_sorted_by_target_runs_what_pyg_runs():
         warnings.simplefilter("error")
         torch.testing.assert_close(make(gnnfuse.nn.MessagePassing)[1](x, unsorted),
                                    make(pyg_nn.MessagePassing)[1](x, unsorted))
+
+
+@pytest.mark.parametrize("hook, reason", [
+    ("forward", "SumAggregation (the layer's aggr_module) has forward_hooks registered"),
+    ("pre", "SumAggregation (the layer's aggr_module) has forward_pre_hooks registered"),
+    ("every module", "global module forward_hooks are registered"),
+])
+def test_a_hook_pyg_runs_on_the_aggregation_module_runs_pyg_propagate(hook, reason, backend, monkeypatch):
+    """PyG's propagate calls ``self.aggr_module(...)``, running its hooks (and those on
+    every module); the compiled call never calls the module, so a forward hook tripling
+    the aggregate left the output 14.1 off PyG's (a pre-hook doubling the messages 2.3
+    off), with no warning. They now run PyG's propagate, warning why."""
+    from torch.nn.modules import module as torch_module
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    device = device_for(backend)
+    ours, theirs = (layer.to(device) for layer in twins("gin_like"))
+    data, edges = tuple(t.to(device) for t in inputs("gin_like")), EDGES.to(device)
+    register = {"forward": lambda layer: layer.aggr_module.register_forward_hook(lambda m, args, out: out * 3),
+                "pre": lambda layer: layer.aggr_module.register_forward_pre_hook(
+                    lambda m, args: (args[0] * 2,) + args[1:]),
+                "every module": lambda layer: torch_module.register_module_forward_hook(
+                    lambda m, args, out: out * 3 if isinstance(m, pyg_nn.aggr.Aggregation) else None)}[hook]
+    gnnfuse.nn.message_passing._WARNED.discard(type(ours))
+    handles = [register(ours)] + ([register(theirs)] if hook != "every module" else [])
+    try:
+        with warnings.catch_warnings(record=True) as caught, record_calls() as calls:
+            warnings.simplefilter("always")
+            result = run(ours, data, edges)
+        expected = run(theirs, data, edges)
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert not calls and reason in fallback_warnings(caught)[0], fallback_warnings(caught)
+    assert_same(result, expected)
+    with record_calls() as calls:       # the hooks removed: compiled again
+        assert_same(run(ours, data, edges), run(theirs, data, edges))
+    assert calls

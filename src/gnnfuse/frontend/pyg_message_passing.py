@@ -17,7 +17,8 @@ on the aggregated rows with the arguments PyG would give it.
 `compiled_propagate` raises `NotCompilable` for anything it cannot reproduce exactly (the
 caller then runs PyG's own ``propagate``): sparse adjacency inputs, bipartite sizes,
 ``torch.autocast``, ``node_dim`` other than the row axis, a custom ``aggregate`` or
-aggregation module, hooks, ``explain`` and ``decomposed_layers``, a ``torch.func`` transform, a ``message``
+aggregation module, hooks (PyG's propagate/message/aggregate hooks, torch's on the aggregation module or
+on every module), ``explain`` and ``decomposed_layers``, a ``torch.func`` transform, a ``message``
 that writes into the layer or into a container it reaches or rebinds a global or closure variable,
 a tensor with one row per edge or node that
 ``message`` reads from outside its arguments (graph data the tracer would take for one
@@ -335,7 +336,32 @@ def _aggregation(layer: PyGMessagePassing) -> str:
     op = AGGREGATIONS.get(type(layer.aggr_module))
     if op is None:
         raise NotCompilable(f"aggr={layer.aggr!r} (only 'add'/'sum', 'mean', 'max', 'min' and 'softmax' compile)")
+    _check_aggregation_call(layer.aggr_module)
     return op
+
+
+_MODULE_HOOKS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
+_GLOBAL_MODULE_HOOKS = {name: getattr(torch.nn.modules.module, f"_global{name}") for name in _MODULE_HOOKS
+                        if hasattr(torch.nn.modules.module, f"_global{name}")}
+
+
+def _check_aggregation_call(aggr: torch.nn.Module) -> None:
+    """Refuse what PyG's ``self.aggr_module(inputs, index, ...)`` call would run beside
+    the aggregation the program computes: a hook registered on the module (or on every
+    module, ``torch.nn.modules.module.register_module_forward_hook``) or a ``forward`` set
+    on the instance. The compiled call never calls the module, so a hook that scales or
+    records its output ran in PyG alone (3x off, with no warning)."""
+    own = [name.lstrip("_") for name in _MODULE_HOOKS if getattr(aggr, name, None)]
+    if own:
+        raise NotCompilable(f"{type(aggr).__name__} (the layer's aggr_module) has {', '.join(own)} registered, "
+                            "which PyG's call of it runs and the compiled aggregation would not")
+    every = [name.lstrip("_") for name, table in _GLOBAL_MODULE_HOOKS.items() if table]
+    if every:
+        raise NotCompilable(f"global module {', '.join(every)} are registered (torch.nn.modules.module."
+                            "register_module_*_hook), which PyG's call of the aggregation module runs and the "
+                            "compiled aggregation would not")
+    if "forward" in vars(aggr):
+        raise NotCompilable(f"{type(aggr).__name__} (the layer's aggr_module) has a forward set on the instance")
 
 
 def _check_layer(layer: PyGMessagePassing, edge_index: Any) -> None:
