@@ -841,3 +841,23 @@ def test_a_hook_pyg_runs_on_the_aggregation_module_runs_pyg_propagate(hook, reas
     with record_calls() as calls:       # the hooks removed: compiled again
         assert_same(run(ours, data, edges), run(theirs, data, edges))
     assert calls
+
+
+def test_a_backward_hook_on_a_module_message_calls_runs_pyg_propagate(backend, monkeypatch):
+    """A full backward hook on ``self.edge_mlp``'s first Linear, scaling its input's
+    gradient by 5, never ran on the compiled gradients (torch attaches it to the call's
+    tensors, which a traced call does not have): the edge features' gradient was 1.46 off
+    PyG's, silently. It now runs PyG's propagate, warning why."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    device = device_for(backend)
+    ours, theirs = (layer.to(device) for layer in twins("edge_mlp"))
+    data, edges = tuple(t.to(device) for t in inputs("edge_mlp")), EDGES.to(device)
+    gnnfuse.nn.message_passing._WARNED.discard(type(ours))
+    for layer in (ours, theirs):
+        layer.edge_mlp[0].register_full_backward_hook(lambda m, grad_in, grad_out: (grad_in[0] * 5,))
+    with warnings.catch_warnings(record=True) as caught, record_calls() as calls:
+        warnings.simplefilter("always")
+        result = run(ours, data, edges)
+    assert not calls and "Linear has a backward hook (register_full_backward_hook" in fallback_warnings(caught)[0]
+    assert "self.edge_mlp(edge_attr)" in fallback_warnings(caught)[0]
+    assert_same(result, run(theirs, data, edges))

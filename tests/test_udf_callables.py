@@ -231,3 +231,36 @@ def test_a_traced_value_set_on_a_torch_module_the_function_names_is_refused():
     with pytest.raises(gnnfuse.CompileError, match=r"(?s)sets LINEAR.last.*LINEAR.last = xs"):
         gnnfuse.ops.gsddmm(g, keeps_on_module, src=torch.randn(3, 2, dtype=torch.float64))
     assert not hasattr(LINEAR, "last")
+
+
+@pytest.mark.parametrize("register", ["full", "pre", "legacy", "every module"])
+def test_a_module_with_a_backward_hook_called_in_a_udf_is_refused(register):
+    """torch attaches a module's backward hooks to its call's tensors; a traced call has
+    none, so a hook scaling the input's gradient by 5 never ran on the compiled gradients
+    (only torch's own warning about a SymTensor output said anything). A forward hook
+    still runs on the traced call."""
+    from torch.nn.modules import module as torch_module
+    lin = nn.Linear(3, 3).double()
+
+    def scaled(module, grad_in, grad_out=None):
+        return (grad_in[0] * 5,)
+    handle = {"full": lambda: lin.register_full_backward_hook(scaled),
+              "pre": lambda: lin.register_full_backward_pre_hook(scaled),
+              "legacy": lambda: lin.register_backward_hook(scaled),
+              "every module": lambda: torch_module.register_module_full_backward_hook(scaled)}[register]()
+    g, x = graph(), torch.randn(4, 3, dtype=DOUBLE)
+
+    def message(edges):
+        return {"m": lin(edges.src["h"])}
+
+    def reduce(nodes):
+        return {"h": nodes.mailbox["m"].sum(1)}
+    try:
+        with pytest.raises(CompileError, match=r"Linear has a backward hook \(register_full_backward") as caught:
+            gnnfuse.message_passing(g, message, reduce, ndata={"h": x})
+    finally:
+        handle.remove()
+    assert 'lin(edges.src["h"])' in caught.value.source
+    lin.register_forward_hook(lambda module, args, out: out * 2)
+    out = gnnfuse.message_passing(g, message, reduce, ndata={"h": x})["h"]
+    torch.testing.assert_close(out, neighbour(g, lin(x[g.src])), rtol=1e-12, atol=1e-12)

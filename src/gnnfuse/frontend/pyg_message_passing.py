@@ -18,7 +18,8 @@ on the aggregated rows with the arguments PyG would give it.
 caller then runs PyG's own ``propagate``): sparse adjacency inputs, bipartite sizes,
 ``torch.autocast``, ``node_dim`` other than the row axis, a custom ``aggregate`` or
 aggregation module, hooks (PyG's propagate/message/aggregate hooks, torch's on the aggregation module or
-on every module), ``explain`` and ``decomposed_layers``, a ``torch.func`` transform, a ``message``
+on every module, a backward hook on a module ``message`` calls), ``explain`` and ``decomposed_layers``, a
+``torch.func`` transform, a ``message``
 that writes into the layer or into a container it reaches or rebinds a global or closure variable,
 a tensor with one row per edge or node that
 ``message`` reads from outside its arguments (graph data the tracer would take for one

@@ -47,6 +47,13 @@ def definition_site(code: types.CodeType) -> str:
     return f"{code.co_filename}:{line}: {linecache.getline(code.co_filename, line).strip()}"
 
 
+# the frame of a module's call (``module(x)``), whose ``self`` is the module called, and
+# the backward hooks torch attaches to such a call's tensors
+_MODULE_CALL = torch.nn.Module._call_impl.__code__
+_BACKWARD_HOOKS = (("_backward_hooks", "register_full_backward_hook"),
+                   ("_backward_pre_hooks", "register_full_backward_pre_hook"))
+
+
 class Tracer:
     """Holds the program being built and knows where the user's code is."""
 
@@ -108,7 +115,29 @@ class Tracer:
             raise self.error("torch.no_grad() / torch.enable_grad() inside a traced function: its program has "
                              "one backward, which would differentiate these ops anyway; compute the value "
                              "outside the function and pass it in (a feature or a captured tensor)")
+        self._refuse_backward_hooks()
         return self._location()
+
+    def _refuse_backward_hooks(self) -> None:
+        """Refuse an op traced inside a module call (``self.lin(x_j)``) whose module has a
+        backward hook (``register_full_backward_hook`` or its pre-hook, its own or one on
+        every module): torch attaches it to the call's tensors, which a traced call does not
+        have, so it never ran on the compiled call's gradients (a hook scaling its input's
+        gradient by 5 was silently skipped). Forward hooks run while tracing, and a module
+        with hooks is traced on every call (`trace_cache`)."""
+        every = torch.nn.modules.module
+        frame, entry = sys._getframe(2), self._calls[-1] if self._calls else None
+        while frame is not None and frame is not entry:
+            if frame.f_code is _MODULE_CALL:
+                module = frame.f_locals.get("self")
+                hooked = [what for name, what in _BACKWARD_HOOKS
+                          if getattr(module, name, None) or getattr(every, f"_global{name}", None)]
+                if hooked:
+                    raise self.error(f"{type(module).__name__} has a backward hook ({' and '.join(hooked)}, on it or "
+                                     "on every module), which torch attaches to the call's tensors: a traced call "
+                                     "has none, so it would never run on the compiled gradients; remove it, or call "
+                                     "this module outside the traced function")
+            frame = frame.f_back
 
     def _location(self) -> str | None:
         frame, entry = sys._getframe(2), self._calls[-1] if self._calls else None
