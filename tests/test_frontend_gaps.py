@@ -344,3 +344,44 @@ def test_a_raw_edge_index_counts_the_node_table_rows_as_a_compiled_call_does():
                  lambda graph: UpdateAll(copy_src, reduce)(graph, ndata={"h": h}),
                  lambda graph: gnnfuse.apply_edges(graph, copy_src, ndata={"h": h})):
         torch.testing.assert_close(call(edge_index), call(g))
+
+
+def _summed(nodes):
+    return {"h": nodes.mailbox["m"].sum(1)}
+
+
+@pytest.mark.parametrize("message, reduce, text, instead", [
+    (lambda edges: {"m": edges.src["h"] * edges.edges()[2].unsqueeze(-1)}, _summed, "edges.edges()",
+     "edata={'eid': torch.arange(E)}"),
+    (lambda edges: {"m": edges.src["h"] * edges.batch_size()}, _summed, "edges.batch_size()", "all edges at once"),
+    (lambda edges: {"m": edges.src["h"]}, lambda nodes: {"h": nodes.mailbox["m"].sum(1) / nodes.batch_size()},
+     "nodes.batch_size()", "all vertices at once"),
+    (lambda edges: {"m": edges.src["h"]}, lambda nodes: {"h": nodes.mailbox["m"].sum(1) * nodes.nodes()[:, None]},
+     "nodes.nodes()", "nodes.data['id']"),
+    (lambda edges: {"m": edges.src["h"] * (edges.canonical_etype is None)}, _summed, "edges.canonical_etype",
+     "etype_data"),
+])
+def test_dgl_batch_members_a_compiled_udf_lacks_are_refused_at_their_line(message, reduce, text, instead):
+    """DGL's EdgeBatch/NodeBatch methods were a bare AttributeError on '_Edges' naming no
+    line, and ``hasattr`` called them missing where DGL has them."""
+    with pytest.raises(CompileError) as caught:
+        gnnfuse.message_passing(graph("cpu"), message, reduce, ndata={"h": features("cpu")})
+    assert text in caught.value.message and instead in caught.value.message
+    assert "test_frontend_gaps.py" in caught.value.source
+
+
+def test_ids_passed_as_data_stand_in_for_dgl_batch_methods_and_other_names_stay_missing():
+    """What the refusal advises gives DGL's numbers; a name DGL lacks too is an
+    AttributeError (``hasattr`` False), as before."""
+    h, ids, eids = features("cpu").detach(), torch.arange(N), torch.arange(len(SRC))
+
+    def message(edges):
+        scale = 2.0 if hasattr(edges, "no_such_member") else 1.0
+        return {"m": scale * edges.src["h"] * edges.data["eid"][:, None] + (edges.src["id"] - edges.dst["id"])[:, None]}
+    out = gnnfuse.message_passing(graph("cpu"), message, lambda nodes: {"h": nodes.mailbox["m"].sum(1)
+                                                                        * nodes.data["id"][:, None]},
+                                  ndata={"h": h, "id": ids}, edata={"eid": eids})["h"]
+    rows = h[SRC] * eids[:, None] + (SRC - DST)[:, None]
+    torch.testing.assert_close(out, torch.zeros(N, 3, dtype=DOUBLE).index_add(0, DST, rows) * ids[:, None])
+    with pytest.raises(AttributeError, match=r"edges.no_such_member does not exist \(a compiled UDF's edges"):
+        gnnfuse.message_passing(graph("cpu"), lambda edges: {"m": edges.no_such_member}, _summed, ndata={"h": h})

@@ -861,3 +861,44 @@ def test_a_backward_hook_on_a_module_message_calls_runs_pyg_propagate(backend, m
     assert not calls and "Linear has a backward hook (register_full_backward_hook" in fallback_warnings(caught)[0]
     assert "self.edge_mlp(edge_attr)" in fallback_warnings(caught)[0]
     assert_same(result, run(theirs, data, edges))
+
+
+def make_index_users(base):
+    from torch_geometric.utils import degree
+
+    class IndexAsTensor(base):
+        def forward(self, x, edge_index):
+            return self.propagate(edge_index, x=x)
+
+        def message(self, x_j, index):
+            return x_j * (index.view(-1, 1).to(x_j.dtype) + 1)
+
+    class SourceDegree(base):
+        def forward(self, x, edge_index):
+            return self.propagate(edge_index, x=x)
+
+        def message(self, x_j, edge_index_j, size_j):
+            return x_j / degree(edge_index_j, size_j, dtype=x_j.dtype)[edge_index_j].view(-1, 1)
+    return {"index": IndexAsTensor, "edge_index_j": SourceDegree}
+
+
+INDEX_USERS = make_index_users(gnnfuse.nn.MessagePassing), make_index_users(pyg_nn.MessagePassing)
+
+
+@pytest.mark.parametrize("name, reason", [
+    ("index", "message()'s `index` argument (edge indices) is used as a tensor (.view); a compiled message takes "
+              "it only as the index of torch_geometric.utils.softmax"),
+    ("edge_index_j", "message()'s `edge_index_j` argument (edge indices) is used as a tensor (.device); a compiled "
+                     "message takes no edge indices but its target's"),
+])
+def test_edge_indices_used_as_tensors_name_the_argument_when_falling_back(name, reason):
+    """The fallback warning said "'_Marker' object has no attribute 'view'", naming
+    neither the argument nor what compiles."""
+    ours, theirs = INDEX_USERS[0][name](), INDEX_USERS[1][name]()
+    x = inputs("untraceable")
+    with warnings.catch_warnings(record=True) as caught, record_calls() as calls:
+        warnings.simplefilter("always")
+        result = run(ours, x)
+    assert not calls and reason in fallback_warnings(caught)[0], fallback_warnings(caught)
+    assert "test_pyg_message_passing.py" in fallback_warnings(caught)[0]
+    assert_same(result, run(theirs, x))

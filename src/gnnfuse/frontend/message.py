@@ -189,8 +189,46 @@ def _gather(tracer: Tracer, key: str, residency: Residency, tensor: torch.Tensor
     return SymTensor(tracer, tracer.program.add("broadcast", x.value, by=by, source=tracer.source()), 1)
 
 
+# DGL's EdgeBatch / NodeBatch members a compiled UDF does not have, and what to use instead
+_BATCH_MEMBERS = {
+    "edges": ("edges.edges() (each edge's source, destination and id)", "pass the ids as data: "
+              "ndata={'id': torch.arange(N)}, edata={'eid': torch.arange(E)}, read as edges.src['id'], "
+              "edges.dst['id'] and edges.data['eid']"),
+    "nodes": ("nodes.nodes() (each vertex's id)", "pass the ids as node data: ndata={'id': torch.arange(N)}, "
+              "read as nodes.data['id']"),
+    "batch_size": ("<what>.batch_size() (the number of <rows> DGL hands this call)", "a compiled UDF runs on all "
+                   "<rows> at once: use the tensors' own shapes (x.shape[0] only as a reshape's first size)"),
+    "canonical_etype": ("edges.canonical_etype", "on a typed graph, per-relation data comes as etype_data and is "
+                        "read as edges.type[key]"),
+    "etype": ("edges.etype", "on a typed graph, per-relation data comes as etype_data and is read as "
+              "edges.type[key]"),
+    "ntype": ("nodes.ntype", "on a typed graph, per-node-type data comes as ntype_data and is read as "
+              "nodes.type[key]"),
+}
+
+
+def _missing_member(tracer: Tracer, what: str, name: str) -> Exception:
+    """The error for ``edges.<name>`` / ``nodes.<name>`` that the UDF's argument lacks. A
+    member of DGL's EdgeBatch / NodeBatch is a CompileError at the user's line naming what
+    to use instead (a bare AttributeError named no line, and ``hasattr`` took it for
+    False where DGL has the member); any other name is an AttributeError, as in DGL."""
+    known = _BATCH_MEMBERS.get(name)
+    if known is None:
+        members = "src, dst, data, type, srctype, dsttype" if what == "edges" else "data, mailbox, type"
+        return AttributeError(f"{what}.{name} does not exist (a compiled UDF's {what} argument has {members})")
+    rows = "edges" if what == "edges" else "vertices"
+    construct, instead = (part.replace("<what>", what).replace("<rows>", rows) for part in known)
+    return tracer.error(f"{construct} is not available in a compiled UDF; {instead}")
+
+
 class _Edges:
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise _missing_member(self.__dict__["_tracer"], "edges", name)
+
     def __init__(self, tracer: Tracer, ndata, edata, etype_data, ntype_data):
+        self._tracer = tracer
         def node(by):
             return lambda key: _gather(tracer, key, Residency.NODE, ndata[key], by)
 
@@ -215,7 +253,13 @@ def _callers(x: SymTensor, name: str) -> SymTensor:
 
 
 class _Nodes:
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise _missing_member(self.__dict__["_tracer"], "nodes", name)
+
     def __init__(self, tracer: Tracer, ndata, ntype_data, mailbox: Mapping[str, SymTensor], computed):
+        self._tracer = tracer
         def data(key):
             if key in computed:
                 return computed[key]

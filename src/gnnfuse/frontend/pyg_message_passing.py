@@ -80,14 +80,26 @@ class _Marker:
     ``torch_geometric.utils.softmax`` accepts it; any other use fails the trace, so the
     call runs eagerly rather than computing with a wrong value."""
 
-    def __init__(self, name: str):
-        self.name = name
+    def __init__(self, name: str, target: bool = False):
+        self.name, self.target = name, target     # target: each edge's target vertex (softmax's index)
 
     def __repr__(self) -> str:
         return f"<traced {self.name}>"
 
+    def __getattr__(self, attribute: str):
+        """A tensor attribute (``index.view``, ``edge_index_j.device``) is a TypeError
+        naming the argument, which the fallback warning quotes with the line: a bare
+        AttributeError on '_Marker' said neither what the value was nor what compiles. Any
+        other name is an AttributeError, as on a tensor."""
+        if attribute.startswith("__") or not hasattr(torch.Tensor, attribute):
+            raise AttributeError(attribute)
+        takes = ("it only as the index of torch_geometric.utils.softmax(src, index, ptr, size_i)" if self.target
+                 else "no edge indices but its target's (index, as softmax's index)")
+        raise TypeError(f"message()'s `{self.name}` argument (edge indices) is used as a tensor (.{attribute}); "
+                        f"a compiled message takes {takes}")
 
-TARGET_INDEX = _Marker("index")
+
+TARGET_INDEX = _Marker("index", target=True)
 
 
 def _softmax(tracer: Tracer) -> Callable:
@@ -96,7 +108,7 @@ def _softmax(tracer: Tracer) -> Callable:
     def softmax(src, index=None, ptr=None, num_nodes=None, dim=0):
         if not isinstance(src, SymTensor):
             return _PYG_SOFTMAX(src, index, ptr, num_nodes, dim)
-        if index is not TARGET_INDEX or ptr is not None or dim not in (0, -src.dim()):
+        if not (isinstance(index, _Marker) and index.target) or ptr is not None or dim not in (0, -src.dim()):
             raise tracer.error("torch_geometric.utils.softmax compiles only as softmax(alpha, index, ptr, "
                                "size_i) over message's `index` argument (each edge's target), dim=0")
         if src.value.residency not in EDGE_ROWED:
@@ -435,7 +447,8 @@ def trace_message(layer: PyGMessagePassing, args: _Arguments, op: str, size: lis
     if symbolic:        # None stays None: PyG passes size_i=None where no count is known
         size = [None if s is None else RowCount(tracer, "vertex") for s in size]
     size_i = size[i] if size[i] is not None else size[1 - i]
-    values.update(index=TARGET_INDEX, edge_index_i=TARGET_INDEX, edge_index_j=_Marker("edge_index_j"),
+    values.update(index=TARGET_INDEX, edge_index_i=_Marker("edge_index_i", target=True),
+                  edge_index_j=_Marker("edge_index_j"),
                   edge_index=_Marker("edge_index"), adj_t=None, ptr=None, size=list(size), size_i=size_i,
                   size_j=size[1 - i] if size[1 - i] is not None else size[i], dim_size=size_i)
     call = layer.inspector.collect_param_data("message", values)
