@@ -142,6 +142,24 @@ def test_a_graph_object_runs_in_the_compiled_graph():
     assert_same_values(compiled(x, graph), oracle(x, edge_index), "GCN on a Graph")
 
 
+
+def test_a_graph_built_inside_compiled_code_breaks_the_graph_by_name():
+    """A `Graph` built in the compiled code reads its ids' range (`id_bounds`), which
+    dynamo traced as data-dependent values: fullgraph=True refused it with dynamo's
+    "Could not guard on data-dependent expression u0 < 0 ... if low < 0", a gnnfuse line
+    naming neither the Graph nor what to do. It now breaks the graph naming why; without
+    fullgraph the layer still gives PyG's answer."""
+    layer, oracle = _pair("gcn", "cpu")
+    x, edge_index = _inputs("cpu")
+
+    def on_a_graph_built_here(x, edge_index):
+        return layer(x, Graph(edge_index[0], edge_index[1], NUM_NODES))
+    with pytest.raises(Exception, match="a gnnfuse Graph built inside torch.compile'd code"):
+        torch.compile(on_a_graph_built_here, backend="aot_eager", fullgraph=True)(x, edge_index)
+    torch._dynamo.reset()
+    got = torch.compile(on_a_graph_built_here, backend="aot_eager")(x, edge_index)
+    assert_same_values(got, oracle(x, edge_index), "GCN on a Graph built in the compiled code")
+
 @udf_factory
 def _scaled_sum(k: float):
     def scaled(v):

@@ -67,7 +67,16 @@ def id_bounds(*tensors: torch.Tensor) -> list[tuple[int, int] | None]:
     """(smallest, largest) id of each tensor, None for an empty one, read back to the host
     in one read. Why one: every read waits for the GPU's queue, and a graph-classification
     step builds a graph per batch, whose src and dst bounds were four reads (a min and a
-    max each) before any kernel of the step could be queued behind them."""
+    max each) before any kernel of the step could be queued behind them.
+
+    Under torch.compile (a `Graph` built in the compiled code) the read breaks the graph
+    by name: dynamo traced it as data-dependent values, and fullgraph=True refused the
+    model with "Could not guard on data-dependent expression u0 < 0" at a gnnfuse line."""
+    if torch.compiler.is_dynamo_compiling():
+        torch._dynamo.graph_break(msg="a gnnfuse Graph built inside torch.compile'd code reads its ids' values "
+                                      "(their range, checked when it is built), which a compiled graph cannot: "
+                                      "build the Graph outside the compiled code, or pass the edge_index tensor "
+                                      "to the layer")
     present = [t for t in tensors if t.numel()]
     if not present:
         return [None] * len(tensors)
