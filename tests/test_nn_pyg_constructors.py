@@ -239,6 +239,29 @@ def test_an_empty_batch_of_features_is_refused_by_name(name):
         STATIC[name]()[0](torch.randn(0, N, F_IN), EDGE_INDEX)
 
 
+NODE_DIM_0 = {
+    "gcn": lambda: gnn.GCNConv(F_IN, 3, node_dim=0),
+    "gin": lambda: gnn.GINConv(torch.nn.Linear(F_IN, 3), node_dim=0),
+    "tag": lambda: gnn.TAGConv(F_IN, 3, node_dim=0),
+    "sgc": lambda: gnn.SGConv(F_IN, 3, node_dim=0),
+    "graphconv": lambda: gnn.GraphConv(F_IN, 3, node_dim=0),
+    "sage": lambda: gnn.SAGEConv(F_IN, 3, node_dim=0),
+    "appnp": lambda: gnn.APPNP(K=2, alpha=0.3, node_dim=0),
+}
+
+
+@pytest.mark.parametrize("name", NODE_DIM_0)
+def test_node_dim_0_refuses_batched_features(name):
+    """``node_dim=0`` is PyG's node axis of [N, F] features, so it is taken; but PyG's layer
+    built with it propagates over dim 0 of [B, N, F] features, where gnnfuse's ran each of
+    the B matrices over its N vertices: GINConv, SAGEConv and GraphConv gave 1.4-2.6 off
+    PyG's output without an error."""
+    layer = NODE_DIM_0[name]()
+    assert layer(torch.randn(N, F_IN), EDGE_INDEX).shape[0] == N      # [N, F]: the same node axis
+    with pytest.raises(ValueError, match=rf"{type(layer).__name__}: built with node_dim=0"):
+        layer(torch.randn(3, N, F_IN), EDGE_INDEX)
+
+
 EDGE_TYPE = torch.tensor([0, 1, 1, 0, 2, 2, 1, 0])
 RGCN_CONFS = [dict(), dict(num_bases=2), dict(num_blocks=1), dict(num_blocks=2)]   # widths 4 -> 6
 

@@ -60,11 +60,18 @@ def over_feature_batches(forward: Callable) -> Callable:
     the per-matrix result, whatever the layer computes. Only for layers whose PyG
     counterpart accepts such input; the others refuse it in `node_features`. An empty
     batch (B = 0) is refused by name: there is no matrix to run, so no output width
-    (torch's "stack expects a non-empty TensorList" said nothing of the input).
+    (torch's "stack expects a non-empty TensorList" said nothing of the input). So is any
+    batch of a layer built with ``node_dim=0``: PyG's such layer propagates over dim 0 of
+    [B, N, F], not over each matrix's N vertices, so running the matrices would be a
+    silently different answer.
     """
     @functools.wraps(forward)
     def run(self: Any, x: Any, *args: Any, **kwargs: Any) -> Any:
         if isinstance(x, torch.Tensor) and x.dim() == 3:
+            if getattr(self, "node_dim", -2) == 0:
+                raise ValueError(f"{type(self).__name__}: built with node_dim=0, which makes dim 0 of node features "
+                                 f"of shape {list(x.shape)} the node axis in PyG; gnnfuse takes [B, N, F] as B feature "
+                                 "matrices (nodes on dim -2): build the layer with node_dim=-2 (the default)")
             if not x.shape[0]:
                 raise ValueError(f"{type(self).__name__}: node features of shape {list(x.shape)} are a batch of no "
                                  "feature matrices (B = 0); pass at least one [N, F] matrix")

@@ -524,7 +524,7 @@ class GCNConv(FixedAggregation, OneLineRepr, CachedGraph, NotScriptable, nn.Modu
                  add_self_loops: bool | None = None, normalize: bool = True, bias: bool = True,
                  flow: str = "source_to_target", **kwargs: Any):
         super().__init__()
-        message_passing_options(type(self).__name__, kwargs)
+        self.node_dim = message_passing_options(type(self).__name__, kwargs)
         _check_flow(flow)
         if add_self_loops is None:
             add_self_loops = normalize
@@ -647,7 +647,7 @@ class SAGEConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
                  normalize: bool = False, root_weight: bool = True, project: bool = False, bias: bool = True,
                  aggr_kwargs: dict | None = None, **kwargs: Any):
         super().__init__()
-        message_passing_options(type(self).__name__, kwargs, aggr=())     # its aggr is its own argument
+        self.node_dim = message_passing_options(type(self).__name__, kwargs, aggr=())     # its aggr is its own argument
         in_src, in_dst = _channel_pair(in_channels)
         if aggr == "lstm":      # PyG sizes the LSTM by the sources' width
             aggr_kwargs = {"in_channels": in_src, "out_channels": in_src, **(aggr_kwargs or {})}

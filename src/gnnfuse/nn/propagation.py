@@ -49,7 +49,7 @@ class GINConv(FixedAggregation, FixedFlow, OneLineRepr, NotScriptable, nn.Module
     def __init__(self, nn: Callable[[torch.Tensor], torch.Tensor], eps: float = 0.0, train_eps: bool = False,
                  **kwargs: Any):
         super().__init__()
-        message_passing_options(type(self).__name__, kwargs)
+        self.node_dim = message_passing_options(type(self).__name__, kwargs)
         self.nn = nn
         self.initial_eps = eps
         if train_eps:
@@ -91,7 +91,7 @@ class GraphConv(FixedAggregation, FixedFlow, OneLineRepr, NotScriptable, nn.Modu
     def __init__(self, in_channels: int | tuple[int, int], out_channels: int, aggr: str = "add",
                  bias: bool = True, **kwargs: Any):
         super().__init__()
-        message_passing_options(type(self).__name__, kwargs, aggr=())     # its aggr is its own argument
+        self.node_dim = message_passing_options(type(self).__name__, kwargs, aggr=())     # its aggr is its own argument
         if not isinstance(aggr, str) or aggr not in _AGGREGATORS:    # a list or module: PyG's other forms
             raise ValueError(f"GraphConv: aggr must be one of {sorted(_AGGREGATORS)} (the reductions gnnfuse "
                              f"fuses for it; SAGEConv takes PyG's other forms), got {aggr!r}")
@@ -194,7 +194,7 @@ class APPNP(FixedAggregation, FixedFlow, OneLineRepr, CachedGraph, NotScriptable
     def __init__(self, K: int, alpha: float, dropout: float = 0.0, cached: bool = False,
                  add_self_loops: bool = True, normalize: bool = True, **kwargs: Any):
         super().__init__()
-        message_passing_options(type(self).__name__, kwargs)
+        self.node_dim = message_passing_options(type(self).__name__, kwargs)
         if not 0.0 <= dropout <= 1.0:      # 1 drops every edge: each hop gives alpha * x, as in PyG
             raise ValueError(f"dropout must be in [0, 1], got {dropout}")
         self.K, self.alpha, self.dropout = K, alpha, dropout
@@ -254,7 +254,7 @@ class SGConv(FixedAggregation, FixedFlow, OneLineRepr, NotScriptable, nn.Module)
     def __init__(self, in_channels: int, out_channels: int, K: int = 1, cached: bool = False,
                  add_self_loops: bool = True, bias: bool = True, **kwargs: Any):
         super().__init__()
-        message_passing_options(type(self).__name__, kwargs)
+        self.node_dim = message_passing_options(type(self).__name__, kwargs)
         self.in_channels, self.out_channels, self.K = in_channels, out_channels, K
         self.cached, self.add_self_loops = cached, add_self_loops
         self._cached_x: torch.Tensor | None = None
@@ -325,7 +325,7 @@ class TAGConv(FixedAggregation, FixedFlow, OneLineRepr, NotScriptable, nn.Module
     def __init__(self, in_channels: int, out_channels: int, K: int = 3, bias: bool = True,
                  normalize: bool = True, **kwargs: Any):
         super().__init__()
-        message_passing_options(type(self).__name__, kwargs)
+        self.node_dim = message_passing_options(type(self).__name__, kwargs)
         self.in_channels, self.out_channels, self.K, self.normalize = in_channels, out_channels, K, normalize
         self.lins = nn.ModuleList([pyg_init.linear(in_channels, out_channels, bias=False) for _ in range(K + 1)])
         self.bias = nn.Parameter(torch.zeros(out_channels)) if bias else None

@@ -13,11 +13,13 @@ from typing import Any
 _TAKEN = {"flow": ("source_to_target",), "node_dim": (-2, 0), "decomposed_layers": (1,)}
 
 
-def message_passing_options(layer: str, kwargs: dict[str, Any], aggr: tuple[str, ...] = ("add", "sum")) -> None:
+def message_passing_options(layer: str, kwargs: dict[str, Any], aggr: tuple[str, ...] = ("add", "sum")) -> int:
     """Accept ``kwargs`` (PyG ``MessagePassing`` options given to ``layer``) where they
     name what the layer computes -- ``aggr`` among ``aggr`` (empty for a layer whose
     ``aggr`` is an argument of its own) -- and raise a TypeError naming every other one,
-    and any name that is no such option (a typo)."""
+    and any name that is no such option (a typo). Returns the ``node_dim`` given (-2 by
+    default), as PyG keeps it on the layer: 0 names the node axis of [N, F] features
+    only, and a layer taking [B, N, F] features refuses them with it."""
     taken = {**({"aggr": aggr} if aggr else {}), **_TAKEN}
     refused = [f"{name}={value!r}" for name, value in kwargs.items() if value not in taken.get(name, ())]
     if refused:
@@ -25,3 +27,4 @@ def message_passing_options(layer: str, kwargs: dict[str, Any], aggr: tuple[str,
         raise TypeError(f"{layer}: {', '.join(refused)} {'is' if len(refused) == 1 else 'are'} not taken: "
                         f"gnnfuse's {layer} takes PyG's MessagePassing options only at the values it computes "
                         f"with ({options}), and has no other argument of that name")
+    return kwargs.get("node_dim", -2)
