@@ -10,8 +10,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
-import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -19,10 +17,10 @@ from typing import Any, Callable
 
 import torch
 
-import gnnfuse
 # Timing, memory and failure handling live in the package (one implementation, also
 # behind `gnnfuse bench`); re-exported for bench_aggregate.py.
 from gnnfuse.bench import failure_status, free_memory, guarded, summarize, synchronize, time_calls  # noqa: F401
+from gnnfuse.bench.environment import environment  # noqa: F401 - the scripts' run records
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -61,52 +59,6 @@ def resolve_device(name: str) -> torch.device:
 
 
 
-
-
-def _git(*args: str) -> str | None:
-    try:
-        done = subprocess.run(["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True,
-                              timeout=10, check=True)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout.strip()
-
-
-def environment(device: torch.device) -> dict[str, Any]:
-    """What a number depends on besides the code: hardware, library versions, commit.
-
-    ``git_dirty`` says whether tracked files differed from the commit, since a
-    benchmark of uncommitted changes is not reproducible from the commit alone.
-    """
-    try:
-        import triton
-        triton_version = triton.__version__
-    except ImportError:
-        triton_version = None
-    try:
-        import torch_geometric
-        pyg_version = torch_geometric.__version__
-    except ImportError:
-        pyg_version = None
-    # A copy of the tree on another machine may carry a stale .git (the device machine's
-    # did, recording the seed commit for every run): GNNFUSE_COMMIT, set by whoever
-    # knows what was sent, takes precedence over what git says there.
-    sent = os.environ.get("GNNFUSE_COMMIT")
-    status = None if sent else _git("status", "--porcelain", "--untracked-files=no")
-    return {
-        "device": device.type,
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda"
-        else (platform.processor() or platform.machine() or "cpu"),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "triton": triton_version,
-        "torch_geometric": pyg_version,
-        "gnnfuse": gnnfuse.__version__,
-        "python": platform.python_version(),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "git_commit": sent or _git("rev-parse", "HEAD"),
-        "git_dirty": None if status is None else bool(status),
-    }
 
 
 def new_run_id() -> str:

@@ -114,3 +114,16 @@ def test_an_oom_cell_records_what_earlier_cells_left_allocated(monkeypatch, impo
     assert cell == {"status": "oom", "held_gb": 70.2}
     assert time_cell(cell) == "oom (70.2 GB held before)"
     assert time_cell({"status": "oom", "held_gb": 0.4}) == "oom"
+
+
+def test_bench_json_names_the_machine_versions_and_commit(tmp_path, capsys):
+    """A --json result that said only "cpu" or "cuda" could not tell one GPU's numbers
+    from another's, nor which commit made them."""
+    out = tmp_path / "bench.json"
+    assert main(["bench", "--dataset", "synthetic", "--frameworks", "gnnfuse", "--steps", "1", "--warmup", "0",
+                 "--json", str(out)]) == 0
+    env = json.loads(out.read_text())["environment"]
+    assert env["device"] == "cpu" and env["device_name"] and env["torch"] == torch.__version__
+    assert {"git_commit", "git_dirty", "gnnfuse", "torch_geometric", "date"} <= set(env)
+    commit = (env["git_commit"] or "unknown")[:12]
+    assert f"machine: {env['device_name']}" in capsys.readouterr().out and commit

@@ -6,6 +6,7 @@ from typing import Any, Callable
 
 import torch
 
+from .environment import environment
 from .measure import REL_ERR_LIMIT, check_forward, guarded, measure
 from .models import FRAMEWORKS, KNOWN_FRAMEWORKS, MissingDependency, load_data, reference_state, require_pyg
 
@@ -15,8 +16,9 @@ def run_bench(model: str = "gcn", dataset: str = "cora", device: str | torch.dev
               root: str | None = None, log: Callable[[str], None] = print,
               cuda_graph: str = "auto") -> dict[str, Any]:
     """Compare `frameworks` on one model and data set; returns a JSON-ready dict with the
-    forward check (``check``), one entry per framework (``results``) and gnnfuse's
-    speedup and memory ratio against each other framework (``ratios``). ``cuda_graph``
+    forward check (``check``), one entry per framework (``results``), gnnfuse's
+    speedup and memory ratio against each other framework (``ratios``) and the machine,
+    versions and commit the numbers came from (``environment``). ``cuda_graph``
     is the capture mode of gnnfuse's training step (`measure`)."""
     device = torch.device(device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -40,7 +42,7 @@ def run_bench(model: str = "gcn", dataset: str = "cora", device: str | torch.dev
         log(f"[{dataset}] {model} {framework}: {results[framework]['status']}")
     return {"model": model, "dataset": dataset, "device": str(device), "num_nodes": data.num_nodes,
             "num_edges": data.edge_index.shape[1], "steps": steps, "rel_err_limit": REL_ERR_LIMIT,
-            "check": check, "results": results, "ratios": ratios(results)}
+            "check": check, "results": results, "ratios": ratios(results), "environment": environment(device)}
 
 
 def ratios(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, float | None]]:
@@ -66,6 +68,7 @@ def format_table(report: dict[str, Any]) -> str:
                f"{report['rel_err_limit']:g})" if err is not None else check["status"])
     lines = [f"{report['model']} on {report['dataset']} ({report['num_nodes']:,} nodes, {report['num_edges']:,} "
              f"edges), {report['device']}, median of {report['steps']} training steps",
+             _machine_line(report.get("environment")),
              f"forward check gnnfuse vs pyg: {verdict}", "",
              f"{'framework':<12} {'status':<8} {'median ms':>10} {'peak memory':>12} "
              f"{'speedup':>9} {'mem ratio':>10}"]
@@ -83,6 +86,15 @@ def format_table(report: dict[str, Any]) -> str:
     if "cuda_graph" in report["results"].get("gnnfuse", {}):
         notes.append(f"CUDA graph of gnnfuse's training step: {report['results']['gnnfuse']['cuda_graph']}")
     return "\n".join(lines + notes + failures) + "\n"
+
+
+def _machine_line(env: dict[str, Any] | None) -> str:
+    """Where the numbers came from: device, torch and the commit (``dirty``: tracked files
+    differed from it)."""
+    if env is None:
+        return "machine: not recorded"
+    commit = (env["git_commit"] or "unknown")[:12] + (" (dirty)" if env["git_dirty"] else "")
+    return f"machine: {env['device_name']}; torch {env['torch']}; gnnfuse {env['gnnfuse']}, commit {commit}"
 
 
 def _ratio(value: float | None, name: str) -> str:
