@@ -127,3 +127,20 @@ def test_bench_json_names_the_machine_versions_and_commit(tmp_path, capsys):
     assert {"git_commit", "git_dirty", "gnnfuse", "torch_geometric", "date"} <= set(env)
     commit = (env["git_commit"] or "unknown")[:12]
     assert f"machine: {env['device_name']}" in capsys.readouterr().out and commit
+
+
+def test_the_table_keeps_its_columns_with_pyg_compile_ro():
+    """pyg-compile-ro is longer than the framework column was wide: its row's numbers ran
+    one column to the right of the header's."""
+    cell = {"status": "ok", "median_ms": 2.0, "peak_gb": None}
+    report = {"model": "gcn", "dataset": "cora", "num_nodes": 1, "num_edges": 1, "device": "cpu", "steps": 1,
+              "rel_err_limit": 1e-3, "check": {"status": "ok", "max_rel_err": 0.0, "agrees": True},
+              "results": {"gnnfuse": cell, "pyg-compile-ro": cell},
+              "ratios": {"pyg-compile-ro": {"speedup": 1.0, "memory": None}}}
+    lines = bench.format_table(report).splitlines()
+    header = next(line for line in lines if line.startswith("framework"))
+    rows = [line for line in lines if line.startswith(("gnnfuse ", "pyg-compile-ro "))]
+    assert len(rows) == 2
+    for row in rows:
+        assert row.index(" ok ") + 1 == header.index("status")
+        assert len(row) == len(header)

@@ -66,17 +66,18 @@ def format_table(report: dict[str, Any]) -> str:
     err = check.get("max_rel_err")
     verdict = (f"max rel err {err:.2e} ({'agree' if check['agrees'] else 'DISAGREE'}, limit "
                f"{report['rel_err_limit']:g})" if err is not None else check["status"])
+    width = max(12, *map(len, report["results"]))     # pyg-compile-ro is 14 characters long
     lines = [f"{report['model']} on {report['dataset']} ({report['num_nodes']:,} nodes, {report['num_edges']:,} "
              f"edges), {report['device']}, median of {report['steps']} training steps",
              _machine_line(report.get("environment")),
              f"forward check gnnfuse vs pyg: {verdict}", "",
-             f"{'framework':<12} {'status':<8} {'median ms':>10} {'peak memory':>12} "
+             f"{'framework':<{width}} {'status':<8} {'median ms':>10} {'peak memory':>12} "
              f"{'speedup':>9} {'mem ratio':>10}"]
     for name, cell in report["results"].items():
         ok = cell["status"] == "ok"
         ratio = report["ratios"].get(name, {})
         peak = "n/a" if not ok or cell["peak_gb"] is None else f"{cell['peak_gb']:.3f} GB"
-        lines.append(f"{name:<12} {cell['status'] if ok else 'failed':<8} "
+        lines.append(f"{name:<{width}} {cell['status'] if ok else 'failed':<8} "
                      f"{cell['median_ms'] if ok else float('nan'):>10.2f} {peak:>12} "
                      f"{_ratio(ratio.get('speedup'), name):>9} {_ratio(ratio.get('memory'), name):>10}")
     failures = [f"{name}: {cell['status']}" for name, cell in report["results"].items() if cell["status"] != "ok"]
