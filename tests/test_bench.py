@@ -144,3 +144,23 @@ def test_the_table_keeps_its_columns_with_pyg_compile_ro():
     for row in rows:
         assert row.index(" ok ") + 1 == header.index("status")
         assert len(row) == len(header)
+
+
+def test_a_json_write_stopped_midway_leaves_the_earlier_file_whole(tmp_path, monkeypatch, capsys):
+    """--json was written in place: a Ctrl-C (or a full disk) during the write left half a
+    JSON file where the previous result had been."""
+    from pathlib import Path
+    out = tmp_path / "bench.json"
+    out.write_text('{"earlier": true}\n')
+    write_text = Path.write_text
+
+    def stopped_midway(self, text, *args, **kwargs):
+        write_text(self, text[:len(text) // 2], *args, **kwargs)
+        raise KeyboardInterrupt
+    monkeypatch.setattr(Path, "write_text", stopped_midway)
+    status = main(["bench", "--dataset", "synthetic", "--frameworks", "gnnfuse", "--steps", "1", "--warmup", "0",
+                   "--json", str(out)])
+    monkeypatch.undo()
+    assert status != 0 and "interrupted" in capsys.readouterr().err
+    assert json.loads(out.read_text()) == {"earlier": True}
+    assert [p.name for p in tmp_path.iterdir()] == ["bench.json"]

@@ -15,7 +15,7 @@ import torch
 from .bench import MODELS, build_model
 from .data import DATASET_NAMES, LOAD_ERRORS, ROOT_HELP, load_node_dataset
 from .graph import Graph
-from .output_paths import replaced_outputs, unwritable_image, unwritable_output
+from .output_paths import replaced_outputs, unwritable_image, unwritable_output, write_atomically
 from .runtime import explain
 from .runtime.explain import graphviz_renders
 
@@ -82,8 +82,9 @@ def run_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     print(edge_count_note(args.dataset, dataset.graph, model))
     print(report)
     if args.dot:
-        args.dot.write_text(report.to_dot())
+        dot = report.to_dot()
+        write_atomically(args.dot, lambda tmp: tmp.write_text(dot))
         print(f"wrote {args.dot}")
     if args.graph:
-        print(f"wrote {report.render(args.graph)}")
+        print(f"wrote {write_atomically(args.graph, report.render)}")
     return 0

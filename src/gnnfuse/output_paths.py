@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+from typing import Any, Callable
 
 
 def folder_problem(folder: Path, *, made: bool = False) -> str | None:
@@ -76,3 +77,21 @@ def replaced_outputs(outputs: dict[str, str | Path | None]) -> str | None:
     if not existing:
         return None
     return f"note: {', '.join(existing)} {'exists and is' if len(existing) == 1 else 'exist and are'} replaced"
+
+
+def write_atomically(path: str | Path, write: Callable[[Path], Any]) -> Path:
+    """``write(tmp)`` to a temporary file beside ``path``, then rename it over ``path``.
+
+    Written in place, a command stopped mid-write (Ctrl-C, a full disk, an error in the
+    writer) left a truncated file where the previous result was, which read as a result.
+    Now the previous file stays whole and the temporary one is removed. The temporary
+    name keeps ``path``'s suffix, since image writers take the file type from it."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp{path.suffix}")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..data import DATASET_NAMES, ROOT_HELP
 from .compare import figure_class, format_table, plot, run_bench
-from ..output_paths import replaced_outputs, unwritable_image, unwritable_output
+from ..output_paths import replaced_outputs, unwritable_image, unwritable_output, write_atomically
 from ..runtime.cuda_graph import MODES
 from .models import FRAMEWORKS, KNOWN_FRAMEWORKS, MODELS, MissingDependency
 
@@ -53,9 +53,10 @@ def run_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
         parser.error(str(error))
     print(format_table(report), end="")
     if args.json:
-        args.json.write_text(json.dumps(report, indent=1) + "\n")
+        text = json.dumps(report, indent=1) + "\n"
+        write_atomically(args.json, lambda tmp: tmp.write_text(text))
         print(f"wrote {args.json}")
     if args.plot:
-        print(f"wrote {plot(report, args.plot)}")
+        print(f"wrote {write_atomically(args.plot, lambda tmp: plot(report, tmp))}")
     ours = report["results"].get("gnnfuse", {"status": "ok"})
     return 0 if report["check"]["agrees"] and ours["status"] == "ok" else 1
