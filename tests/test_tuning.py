@@ -256,3 +256,16 @@ def test_a_store_keeps_the_choices_another_process_stored_since_the_last_lookup(
     aside.replace(cache)
     tuned_schedule.store({"mine-2": {"schedule": {"feature_tile": 8}}})
     assert sorted(json.loads(cache.read_text())["entries"]) == ["mine-1", "mine-2", "other"]
+
+
+def test_the_store_gets_a_new_files_permissions_not_a_private_temporary_files(cache):
+    """The store was renamed from a 0600 temporary file: a store shared by several users
+    became unreadable to all but the last one to tune."""
+    import os
+    mask = os.umask(0o022)
+    try:
+        tuned_schedule.store({"mine": {"schedule": {"feature_tile": 2}}})
+    finally:
+        os.umask(mask)
+    assert cache.stat().st_mode & 0o777 == 0o644
+    assert [p.name for p in cache.parent.iterdir() if p.name.endswith(".tmp")] == []

@@ -30,7 +30,6 @@ import hashlib
 import json
 import math
 import os
-import tempfile
 import time
 import warnings
 import weakref
@@ -282,19 +281,28 @@ def _exclusive(path: Path) -> Iterator[None]:
 
 def store(records: dict[str, dict[str, Any]]) -> Path:
     """Merge ``records`` (key -> {"schedule": fields, ...}) into the cache file as it is
-    now, under a lock and written atomically; an unreadable or stale file is replaced."""
+    now, under a lock and written atomically; an unreadable or stale file is replaced.
+
+    The file gets the permissions any new file gets (the umask's), not the temporary
+    file's private 0600: a store shared by several users (``$GNNFUSE_TUNED_SCHEDULES``)
+    became unreadable to all but the last one to tune, whose choices the others' runs
+    then ignored. A write stopped midway (Ctrl-C) leaves no temporary file behind."""
     path = cache_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     with _exclusive(path):
         # the file as it is now, not `entries`' table, which may be up to `RECHECK_SECONDS` old
         merged = {k: record for k, (record, _) in _parsed(path, lambda message: None).items()}
         merged.update(records)
-        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
-            json.dump({"stamp": STAMP, "entries": merged}, f, indent=1, sort_keys=True)
+        # created as any new file is (mode 0o666 less the umask); under the lock, so the
+        # name is this process's alone
+        name = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
         try:
-            os.replace(f.name, path)
-        except OSError:
-            os.unlink(f.name)      # no temporary file left beside the store
+            with os.fdopen(fd, "w") as f:
+                json.dump({"stamp": STAMP, "entries": merged}, f, indent=1, sort_keys=True)
+            os.replace(name, path)
+        except BaseException:
+            os.unlink(name)        # no temporary file left beside the store
             raise
     _loaded["path"] = None   # read back on the next lookup
     return path
