@@ -36,7 +36,6 @@ from torch_geometric.utils import softmax as pyg_softmax
 
 import gnnfuse
 from gnnfuse import bench
-from gnnfuse.backend.tuned_schedule import cpu_name
 from gnnfuse.data import load_dataset
 from gnnfuse.tuning import SPACES, tune
 
@@ -255,7 +254,7 @@ def main(argv: list[str] | None = None) -> None:
     results.setdefault("kernels", {})
     results.setdefault("training", {})
     run_id = new_run_id()
-    results["runs"][run_id] = {**environment(torch.device("cpu")), "device_name": cpu_name()}
+    results["runs"][run_id] = environment(torch.device("cpu"))     # names the CPU model
     begin = time.perf_counter()
     for threads in args.threads:
         torch.set_num_threads(threads)    # the CPU backend's kernels follow torch's count

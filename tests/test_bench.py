@@ -123,7 +123,7 @@ def test_bench_json_names_the_machine_versions_and_commit(tmp_path, capsys):
     assert main(["bench", "--dataset", "synthetic", "--frameworks", "gnnfuse", "--steps", "1", "--warmup", "0",
                  "--json", str(out)]) == 0
     env = json.loads(out.read_text())["environment"]
-    assert env["device"] == "cpu" and env["device_name"] and env["torch"] == torch.__version__
+    assert env["device"] == "cpu" and env["torch"] == torch.__version__
     assert {"git_commit", "git_dirty", "gnnfuse", "torch_geometric", "date"} <= set(env)
     commit = (env["git_commit"] or "unknown")[:12]
     assert f"machine: {env['device_name']}" in capsys.readouterr().out and commit
@@ -164,3 +164,10 @@ def test_a_json_write_stopped_midway_leaves_the_earlier_file_whole(tmp_path, mon
     assert status != 0 and "interrupted" in capsys.readouterr().err
     assert json.loads(out.read_text()) == {"earlier": True}
     assert [p.name for p in tmp_path.iterdir()] == ["bench.json"]
+
+
+def test_a_cpu_bench_names_the_cpu_model_not_the_isa():
+    """On Linux platform.processor() is '' or 'x86_64', which was recorded as the machine."""
+    from gnnfuse.backend.tuned_schedule import cpu_name
+    from gnnfuse.bench.environment import environment
+    assert environment(torch.device("cpu"))["device_name"] == cpu_name()

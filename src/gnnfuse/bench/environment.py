@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from ..backend.tuned_schedule import cpu_name
+
 # src/gnnfuse/bench/environment.py -> the repository root of a source checkout
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
@@ -61,7 +63,7 @@ def environment(device: torch.device) -> dict[str, Any]:
     return {
         "device": device.type,
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda"
-        else (platform.processor() or platform.machine() or "cpu"),
+        else cpu_name(),          # platform.processor() is '' or 'x86_64' on Linux
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "triton": triton_version,
