@@ -171,3 +171,14 @@ def test_a_cpu_bench_names_the_cpu_model_not_the_isa():
     from gnnfuse.backend.tuned_schedule import cpu_name
     from gnnfuse.bench.environment import environment
     assert environment(torch.device("cpu"))["device_name"] == cpu_name()
+
+
+def test_a_json_output_that_is_a_link_is_written_through_it(tmp_path, capsys):
+    """The atomic write renames a new file into place: over a link it writes the file the
+    link points at, as writing in place did, and keeps the link."""
+    real, link = tmp_path / "real.json", tmp_path / "latest.json"
+    real.write_text("{}\n")
+    link.symlink_to(real)
+    assert main(["bench", "--dataset", "synthetic", "--frameworks", "gnnfuse", "--steps", "1", "--warmup", "0",
+                 "--json", str(link)]) == 0
+    assert link.is_symlink() and json.loads(real.read_text())["dataset"] == "synthetic"

@@ -85,12 +85,14 @@ def write_atomically(path: str | Path, write: Callable[[Path], Any]) -> Path:
     Written in place, a command stopped mid-write (Ctrl-C, a full disk, an error in the
     writer) left a truncated file where the previous result was, which read as a result.
     Now the previous file stays whole and the temporary one is removed. The temporary
-    name keeps ``path``'s suffix, since image writers take the file type from it."""
+    name keeps ``path``'s suffix, since image writers take the file type from it. A
+    symbolic link is written through, as an in-place write did, not replaced by a file."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp{path.suffix}")
+    target = Path(os.path.realpath(path))
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp{target.suffix}")
     try:
         write(tmp)
-        os.replace(tmp, path)
+        os.replace(tmp, target)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
