@@ -60,6 +60,7 @@ from ..graph.index_cache import functorch_interpreter
 from ..ir import CompileError, Residency
 from ..runtime.compiled import read_back_by_backward
 from .kept_traced import contents, from_library, holds_traced, restore, same_contents
+from .module_hooks import registered_hooks
 from .trace_cache import _SCALARS, TraceCache, _global_names, outside_writes, program_feeds
 from .tracer import EDGE_ROWED, RowCount, SymTensor, Tracer
 
@@ -353,22 +354,16 @@ def _aggregation(layer: PyGMessagePassing) -> str:
     return op
 
 
-_MODULE_HOOKS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
-_GLOBAL_MODULE_HOOKS = {name: getattr(torch.nn.modules.module, f"_global{name}") for name in _MODULE_HOOKS
-                        if hasattr(torch.nn.modules.module, f"_global{name}")}
-
-
 def _check_aggregation_call(aggr: torch.nn.Module) -> None:
     """Refuse what PyG's ``self.aggr_module(inputs, index, ...)`` call would run beside
     the aggregation the program computes: a hook registered on the module (or on every
     module, ``torch.nn.modules.module.register_module_forward_hook``) or a ``forward`` set
     on the instance. The compiled call never calls the module, so a hook that scales or
     records its output ran in PyG alone (3x off, with no warning)."""
-    own = [name.lstrip("_") for name in _MODULE_HOOKS if getattr(aggr, name, None)]
+    own, every = registered_hooks(aggr)
     if own:
         raise NotCompilable(f"{type(aggr).__name__} (the layer's aggr_module) has {', '.join(own)} registered, "
                             "which PyG's call of it runs and the compiled aggregation would not")
-    every = [name.lstrip("_") for name, table in _GLOBAL_MODULE_HOOKS.items() if table]
     if every:
         raise NotCompilable(f"global module {', '.join(every)} are registered (torch.nn.modules.module."
                             "register_module_*_hook), which PyG's call of the aggregation module runs and the "

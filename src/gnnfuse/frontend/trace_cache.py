@@ -72,6 +72,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from ..runtime import CompiledProgram, compiled_for
 from ..runtime.autocast import AUTOCAST_DEVICE_TYPES, outside_autocast
 from .autocast import autocast_state
+from .module_hooks import registered_hooks
 from .kept_traced import KeptTraced
 from .tracer import Tracer
 
@@ -208,9 +209,6 @@ def _freeze(value: Any, walk: _Walk, path: Path) -> Hashable:
 
 # nn.Module classes whose forward is trusted to compute from the module's own state alone
 _MODULE_LIBRARIES = ("torch", "torch_geometric")
-_GLOBAL_HOOKS = tuple(getattr(torch.nn.modules.module, name) for name in (
-    "_global_forward_pre_hooks", "_global_forward_hooks", "_global_backward_pre_hooks", "_global_backward_hooks")
-    if hasattr(torch.nn.modules.module, name))
 _STATE = ("_parameters", "_buffers", "_modules")
 
 
@@ -225,8 +223,7 @@ def _module_state(module: torch.nn.Module, walk: _Walk, path: Path) -> Hashable:
     kind = type(module)
     if (kind.__module__ or "").split(".")[0] not in _MODULE_LIBRARIES or "<locals>" in kind.__qualname__:
         raise _Uncacheable(f"module {kind.__qualname__}")
-    if any(_GLOBAL_HOOKS) or module._forward_hooks or module._forward_pre_hooks or module._backward_hooks or \
-            getattr(module, "_backward_pre_hooks", None):
+    if any(registered_hooks(module)):
         raise _Uncacheable(f"hooks on {kind.__qualname__}")
     if isinstance(module, torch.nn.modules.batchnorm._NormBase) and module.training and module.track_running_stats:
         raise _Uncacheable(f"{kind.__qualname__} updates its running statistics")

@@ -25,6 +25,7 @@ from ..ir import CompileError, Program, Residency, Value
 from ..ir.ops.movement import TYPE_INDICES
 from .autocast import applies, autocast_handler, autocast_state
 from .call_arguments import misused, positional
+from .module_hooks import registered_hooks
 from .numbers import as_eager, is_number
 from .udf import unwrap
 
@@ -50,8 +51,8 @@ def definition_site(code: types.CodeType) -> str:
 # the frame of a module's call (``module(x)``), whose ``self`` is the module called, and
 # the backward hooks torch attaches to such a call's tensors
 _MODULE_CALL = torch.nn.Module._call_impl.__code__
-_BACKWARD_HOOKS = (("_backward_hooks", "register_full_backward_hook"),
-                   ("_backward_pre_hooks", "register_full_backward_pre_hook"))
+_BACKWARD_HOOKS = {"backward_hooks": "register_full_backward_hook",
+                   "backward_pre_hooks": "register_full_backward_pre_hook"}
 
 
 class Tracer:
@@ -125,13 +126,12 @@ class Tracer:
         have, so it never ran on the compiled call's gradients (a hook scaling its input's
         gradient by 5 was silently skipped). Forward hooks run while tracing, and a module
         with hooks is traced on every call (`trace_cache`)."""
-        every = torch.nn.modules.module
         frame, entry = sys._getframe(2), self._calls[-1] if self._calls else None
         while frame is not None and frame is not entry:
             if frame.f_code is _MODULE_CALL:
                 module = frame.f_locals.get("self")
-                hooked = [what for name, what in _BACKWARD_HOOKS
-                          if getattr(module, name, None) or getattr(every, f"_global{name}", None)]
+                own, every = registered_hooks(module, ("_backward_hooks", "_backward_pre_hooks"))
+                hooked = [what for name, what in _BACKWARD_HOOKS.items() if name in own or name in every]
                 if hooked:
                     raise self.error(f"{type(module).__name__} has a backward hook ({' and '.join(hooked)}, on it or "
                                      "on every module), which torch attaches to the call's tensors: a traced call "

@@ -19,10 +19,7 @@ from typing import Any
 
 from torch import nn
 
-# torch's hooks for every module: dicts it fills in place (register_module_forward_hook, ...)
-_GLOBAL_HOOKS = tuple(getattr(nn.modules.module, name) for name in (
-    "_global_forward_pre_hooks", "_global_forward_hooks", "_global_backward_pre_hooks", "_global_backward_hooks")
-    if hasattr(nn.modules.module, name))
+from ..frontend.module_hooks import registered_hooks
 
 
 def plain_linear(lin: Any, bias: bool = True) -> bool:
@@ -30,6 +27,4 @@ def plain_linear(lin: Any, bias: bool = True) -> bool:
     weight makes one) with no hook of its own and none for every module, so its call is
     ``x W^T + b`` and nothing else; with ``bias=False``, also without a bias (a path that
     has no place for one)."""
-    return (type(lin) is nn.Linear and not (lin._forward_hooks or lin._forward_pre_hooks or lin._backward_hooks
-                                            or getattr(lin, "_backward_pre_hooks", None))
-            and not any(_GLOBAL_HOOKS) and (bias or lin.bias is None))
+    return type(lin) is nn.Linear and not any(registered_hooks(lin)) and (bias or lin.bias is None)
