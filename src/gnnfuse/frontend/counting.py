@@ -24,7 +24,7 @@ import inspect
 import linecache
 import textwrap
 import types
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from ..ir import CompileError
 from .trace_cache import outside_writes
@@ -189,7 +189,7 @@ _Call = tuple[int, tuple, tuple, tuple[int, ...], tuple[str, ...], "tuple[int, t
 """A call: its line, its callee as written and as resolved (`_dotted`), the positions and
 the keywords given a neighbour list, what it passes (`_passed`), and -- where it is made
 once per neighbour (in a loop or comprehension over a neighbour list), else None -- the
-positions and keywords given an object every neighbour's call shares (`_shared_arguments`)."""
+positions and keywords given an object every neighbour's call shares (`_made_outside`)."""
 
 
 @functools.lru_cache(maxsize=1024)
@@ -209,9 +209,9 @@ def _analysis(code: types.CodeType, given: frozenset[str], listing: frozenset[st
                                             for line in _stateful_local_calls(tree, per_neighbour, fresh)]
     aliases = _aliases(tree)
     calls = tuple((node.lineno + first - 1, written, aliases.get(written[0], written[:1]) + written[1:],
-                   _listed_positions(node, lists),
-                   tuple(k.arg for k in node.keywords if k.arg and _passes_neighbours(k.value, lists)), _passed(node),
-                   _shared_arguments(node, fresh) if id(node) in per_neighbour else None)
+                   *_arguments_where(node, lambda arg: _passes_neighbours(arg, lists)), _passed(node),
+                   _arguments_where(node, lambda arg: _made_outside(arg, fresh)) if id(node) in per_neighbour
+                   else None)
                   for node in ast.walk(tree) if isinstance(node, ast.Call) and (written := _dotted(node.func)))
     returns = any(isinstance(node, ast.Return) and node.value is not None and _built_from_neighbours(node.value, lists)
                   for node in ast.walk(tree)) or (
@@ -305,14 +305,26 @@ def _instance(value: ast.expr) -> tuple:
     return (("new", value.func.id),) if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) else ()
 
 
-def _listed_positions(call: ast.Call, lists: set[str]) -> tuple[int, ...]:
+def _arguments_where(call: ast.Call, test: Callable[[ast.expr], bool]) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """The positions (up to a ``*args``, after which they are not known) and the keywords
+    at which ``call`` passes an argument that passes ``test``."""
     positions = []
     for i, arg in enumerate(call.args):
         if isinstance(arg, ast.Starred):        # later positions are not known
             break
-        if _passes_neighbours(arg, lists):
+        if test(arg):
             positions.append(i)
-    return tuple(positions)
+    return tuple(positions), tuple(k.arg for k in call.keywords if k.arg and test(k.value))
+
+
+def _given_parameters(definition: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda, call: ast.Call,
+                      test: Callable[[ast.expr], bool]) -> list[str]:
+    """The parameters of ``definition`` to which ``call`` passes an argument that passes
+    ``test`` (`_arguments_where`), by position or by keyword."""
+    arguments = definition.args
+    positional = [a.arg for a in arguments.posonlyargs + arguments.args]
+    positions, keywords = _arguments_where(call, test)
+    return [positional[i] for i in positions if i < len(positional)] + list(keywords)
 
 
 def _passes_neighbours(expr: ast.expr, lists: set[str]) -> bool:
@@ -576,10 +588,7 @@ def _local_lists(tree: ast.AST, local: dict[str, ast.FunctionDef | ast.Lambda], 
             definition = local[call.func.id]
         else:
             continue
-        arguments = definition.args
-        params = [a.arg for a in arguments.posonlyargs + arguments.args]
-        yield from (params[i] for i in _listed_positions(call, lists) if i < len(params))
-        yield from (k.arg for k in call.keywords if k.arg and _passes_neighbours(k.value, lists))
+        yield from _given_parameters(definition, call, lambda arg: _passes_neighbours(arg, lists))
 
 
 def _bound_items(target: ast.expr, value: ast.expr | None, inner: bool = False
@@ -722,7 +731,7 @@ def _stateful_local_calls(tree: ast.AST, per_neighbour: set[int], fresh: set[str
     """Lines calling, once per neighbour (``per_neighbour``: `_per_neighbour_nodes`), a
     function defined in the traced one that keeps state (`_keeps_state`: ``def bump(x):
     nonlocal n; n += 1``, or ``def push(acc, h): acc.append(h); return len(acc)`` given a
-    list made before the loop: `_shared_arguments` of the names not ``fresh``): eager code
+    list made before the loop: `_made_outside`, a name not ``fresh``): eager code
     changes it once per neighbour, the trace once. A helper defined elsewhere is
     `_found_in`'s."""
     local = {node.name: node for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
@@ -730,10 +739,8 @@ def _stateful_local_calls(tree: ast.AST, per_neighbour: set[int], fresh: set[str
     for n in ast.walk(tree):
         if id(n) in per_neighbour and isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in local:
             definition = local[n.func.id]
-            positions, keywords = _shared_arguments(n, fresh)
-            names = _parameters(definition)
-            shared = {names[i] for i in positions if i < len(names)} | set(keywords)
-            if _keeps_state(definition, shared=frozenset(shared)):
+            shared = frozenset(_given_parameters(definition, n, lambda arg: _made_outside(arg, fresh)))
+            if _keeps_state(definition, shared=shared):
                 found.append(n.lineno)
     return found
 
@@ -746,21 +753,13 @@ def _bound_per_neighbour(tree: ast.AST, lists: set[str]) -> set[str]:
             for n in ast.walk(node) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
 
 
-def _shared_arguments(call: ast.Call, fresh: set[str]) -> tuple[tuple[int, ...], tuple[str, ...]]:
-    """The positions and keywords at which a per-neighbour ``call`` passes an object made
-    outside the loop (a name not ``fresh``, or its attribute or item: ``acc``,
-    ``self.seen``), which a helper changing it carries from one neighbour's call to the
-    next. ``[]`` or ``u.h`` written in the call is made anew each time."""
-    def shared(arg: ast.expr) -> bool:
-        name = _base_name(arg)
-        return name is not None and name not in fresh
-    positions = []
-    for i, arg in enumerate(call.args):
-        if isinstance(arg, ast.Starred):        # later positions are not known
-            break
-        if shared(arg):
-            positions.append(i)
-    return tuple(positions), tuple(k.arg for k in call.keywords if k.arg and shared(k.value))
+def _made_outside(arg: ast.expr, fresh: set[str]) -> bool:
+    """Whether an argument of a per-neighbour call is an object made outside the loop (a
+    name not ``fresh``, or its attribute or item: ``acc``, ``self.seen``), which a helper
+    changing it carries from one neighbour's call to the next. ``[]`` or ``u.h`` written in
+    the call is made anew each time."""
+    name = _base_name(arg)
+    return name is not None and name not in fresh
 
 
 def _helper_keeps_state(code: types.CodeType, bound: int, shared: frozenset[str] = frozenset()) -> bool:
