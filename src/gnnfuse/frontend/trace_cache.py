@@ -72,7 +72,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from ..runtime import CompiledProgram, compiled_for
 from ..runtime.autocast import AUTOCAST_DEVICE_TYPES, outside_autocast
 from .autocast import autocast_state
-from .module_hooks import registered_hooks
+from .module_hooks import GLOBAL_HOOK_TABLES
 from .kept_traced import KeptTraced
 from .tracer import Tracer
 
@@ -223,7 +223,8 @@ def _module_state(module: torch.nn.Module, walk: _Walk, path: Path) -> Hashable:
     kind = type(module)
     if (kind.__module__ or "").split(".")[0] not in _MODULE_LIBRARIES or "<locals>" in kind.__qualname__:
         raise _Uncacheable(f"module {kind.__qualname__}")
-    if any(registered_hooks(module)):
+    if any(GLOBAL_HOOK_TABLES) or module._forward_hooks or module._forward_pre_hooks or module._backward_hooks or \
+            getattr(module, "_backward_pre_hooks", None):
         raise _Uncacheable(f"hooks on {kind.__qualname__}")
     if isinstance(module, torch.nn.modules.batchnorm._NormBase) and module.training and module.track_running_stats:
         raise _Uncacheable(f"{kind.__qualname__} updates its running statistics")

@@ -19,7 +19,7 @@ from typing import Any
 
 from torch import nn
 
-from ..frontend.module_hooks import registered_hooks
+from ..frontend.module_hooks import GLOBAL_HOOK_TABLES
 
 
 def plain_linear(lin: Any, bias: bool = True) -> bool:
@@ -27,4 +27,6 @@ def plain_linear(lin: Any, bias: bool = True) -> bool:
     weight makes one) with no hook of its own and none for every module, so its call is
     ``x W^T + b`` and nothing else; with ``bias=False``, also without a bias (a path that
     has no place for one)."""
-    return type(lin) is nn.Linear and not any(registered_hooks(lin)) and (bias or lin.bias is None)
+    return (type(lin) is nn.Linear and not (lin._forward_hooks or lin._forward_pre_hooks or lin._backward_hooks
+                                            or getattr(lin, "_backward_pre_hooks", None))
+            and not any(GLOBAL_HOOK_TABLES) and (bias or lin.bias is None))
