@@ -205,6 +205,23 @@ def test_an_edge_type_left_out_of_the_call_is_named(conv):
     assert model(x, edges)["paper"].shape == (7, 6)
 
 
+@pytest.mark.parametrize("conv", ["SAGEConv", "GATv2Conv"])
+def test_a_source_node_type_left_out_of_the_call_is_named(conv):
+    """A node type missing from the x_dict reached the layers of the edge types it is the
+    source of as a None source: "(x_src, x_dst) must be tensors, got (NoneType, Tensor)",
+    naming neither the node type nor the dict (PyG's layers fail with "'NoneType' object
+    has no attribute 'dim'")."""
+    model = gnn.to_hetero(two_layer_model(gnn, conv, add_self_loops=False) if conv == "GATv2Conv"
+                          else two_layer_model(gnn, conv), METADATA).double()
+    x, edges = hetero_inputs("cpu")
+    source = next(t for t in METADATA[1] if t[0] != t[2])[0]
+    del x[source]
+    with pytest.raises(ValueError, match=rf"to_hetero: the model's conv1 got no features for node type "
+                                         rf"'{source}', the source of edge type \('{source}', .* the x_dict "
+                                         r"has no entry for it"):
+        model(x, edges)
+
+
 def test_self_loops_on_bipartite_edge_types_are_refused_as_pyg_does():
     class GNN(torch.nn.Module):
         def __init__(self) -> None:

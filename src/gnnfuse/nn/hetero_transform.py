@@ -46,7 +46,7 @@ def to_hetero(module: nn.Module, metadata: tuple[list[str], list[tuple[str, str,
         for parent, name, layer in shells:
             setattr(parent, name, layer)
     layer_names = _unshell(converted)
-    _check_edge_indices(converted, layer_names, metadata[1])
+    _check_inputs(converted, layer_names, metadata[1])
     _combine_early(converted, layer_names)
     return converted
 
@@ -105,30 +105,43 @@ def _unshell(converted: nn.Module) -> set[str]:
     return names
 
 
-def _check_edge_indices(converted: torch.fx.GraphModule, layer_names: set[str],
-                        edge_types: list[tuple[str, str, str]]) -> None:
-    """Route each relation layer's edge_index through `_given_edge_index`, which names the
-    edge type when the call's edge_index_dict has no entry for it. PyG's forward reads
-    the dict with ``.get(edge_type, None)``, so a missing edge type reached the layer as
-    None ("cannot make a Graph from NoneType"). A graph edit, not a hook on the layer: the
-    layers stay as PyG's transformer left them (hooks change how some are run)."""
+def _check_inputs(converted: torch.fx.GraphModule, layer_names: set[str],
+                  edge_types: list[tuple[str, str, str]]) -> None:
+    """Route each relation layer's edge_index through `_given_edge_index` and its source
+    rows through `_given_source_rows`, which name the edge type when the call's
+    edge_index_dict or x_dict has no entry for it. PyG's forward reads the dicts with
+    ``.get(key, None)``, so a missing entry reached the layer as None ("cannot make a Graph
+    from NoneType", "(x_src, x_dst) must be tensors"), naming neither the type nor the dict.
+    A graph edit, not a hook on the layer: the layers stay as PyG's transformer left them
+    (hooks change how some are run)."""
     by_key = {"__".join(t): tuple(t) for t in edge_types}
-    for node in list(converted.graph.nodes):
+    graph = converted.graph
+    for node in list(graph.nodes):
         if node.op != "call_module" or node.target not in layer_names:
             continue
         owner, _, key = node.target.rpartition(".")
         edge_type = by_key.get(key)
-        in_args = len(node.args) > 1
-        edge_index = node.args[1] if in_args else node.kwargs.get("edge_index")
-        if edge_type is None or not isinstance(edge_index, torch.fx.Node):
+        if edge_type is None:
             continue
-        with converted.graph.inserting_before(node):
-            checked = converted.graph.call_function(_given_edge_index, (edge_index, edge_type, owner))
-        if in_args:
-            node.args = (node.args[0], checked, *node.args[2:])
-        else:
-            node.kwargs = {**node.kwargs, "edge_index": checked}
-    converted.graph.lint()
+        args, kwargs = list(node.args), dict(node.kwargs)
+        edge_index = args[1] if len(args) > 1 else kwargs.get("edge_index")
+        if isinstance(edge_index, torch.fx.Node):
+            with graph.inserting_before(node):
+                checked = graph.call_function(_given_edge_index, (edge_index, edge_type, owner))
+            if len(args) > 1:
+                args[1] = checked
+            else:
+                kwargs["edge_index"] = checked
+        x = args[0] if args else kwargs.get("x")
+        if isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], torch.fx.Node):
+            with graph.inserting_before(node):
+                rows = graph.call_function(_given_source_rows, (x[0], edge_type, owner))
+            if args:
+                args[0] = (rows, x[1])
+            else:
+                kwargs["x"] = (rows, x[1])
+        node.args, node.kwargs = tuple(args), kwargs
+    graph.lint()
     converted.recompile()
 
 
@@ -204,3 +217,11 @@ def _shell_class() -> type:
             return repr(self.layer)
 
     return GnnfuseLayerShell
+
+
+def _given_source_rows(x_src: Any, edge_type: tuple[str, str, str], layer: str) -> Any:
+    if x_src is None:
+        raise ValueError(f"to_hetero: the model's {layer} got no features for node type {edge_type[0]!r}, the "
+                         f"source of edge type {edge_type}, which metadata[1] lists: the x_dict has no entry "
+                         "for it")
+    return x_src
