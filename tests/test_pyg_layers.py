@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import io
+import pickle
 import warnings
 from typing import Callable, NamedTuple
 
@@ -322,6 +323,30 @@ def test_is_the_pyg_class_and_pickles():
     assert type(torch.load(buffer, weights_only=False)) is gnnfuse.nn.TransformerConv
     with pytest.raises(AttributeError):
         gnnfuse.nn.NotALayer
+
+
+class SumOfNeighbours(pyg_nn.MessagePassing):
+    """A user's layer, which gnnfuse.nn does not export."""
+
+    def forward(self, x, edge_index):
+        return self.propagate(edge_index, x=x)
+
+
+@pytest.mark.parametrize("pyg_class", [pyg_nn.GATConv, SumOfNeighbours])
+def test_layers_of_a_compiled_class_gnnfuse_nn_does_not_export_pickle(pyg_class):
+    """A compiled class was named gnnfuse.nn.<name>, which for PyG's GATConv is gnnfuse's own
+    GATConv and for a user's layer nothing: torch.save(model) failed with "Can't pickle
+    <class 'gnnfuse.nn.GATConv'>: it's not the same object as gnnfuse.nn.GATConv"."""
+    conv = gnnfuse.nn.compiled_class(pyg_class)(*((F, OUT) if pyg_class is pyg_nn.GATConv else ()))
+    x, edge_index = torch.randn(5, F), torch.tensor([[0, 1, 2, 3, 4], [1, 2, 3, 4, 0]])
+    expected = conv(x, edge_index)
+    buffer = io.BytesIO()
+    torch.save(torch.nn.Sequential(conv), buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)[0]
+    assert type(loaded) is type(conv) and type(pickle.loads(pickle.dumps(conv))) is type(conv)
+    torch.testing.assert_close(loaded(x, edge_index), expected, rtol=0, atol=0)
+    assert repr(loaded) == repr(conv)
 
 
 def test_compiled_class_takes_other_message_passing_classes():

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import inspect
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -71,9 +72,8 @@ NOT_EXPORTED = {
 @functools.cache
 def compiled_class(pyg_class: type) -> type:
     """``pyg_class`` (a subclass of PyG's ``MessagePassing``) with gnnfuse's compiling
-    ``propagate``; one class per ``pyg_class``. The class is named ``gnnfuse.nn.<name>``,
-    so a pickled model holding a layer of `COMPILED_PYG_LAYERS` loads again; for any
-    other class save the ``state_dict``."""
+    ``propagate``; one class per ``pyg_class``. Its layers pickle (`_pickled_name`) where
+    layers of ``pyg_class`` do."""
     import torch_geometric.nn
     from torch_geometric.nn import MessagePassing as PyGMessagePassing
 
@@ -87,14 +87,40 @@ def compiled_class(pyg_class: type) -> type:
     if issubclass(pyg_class, MessagePassing):
         return pyg_class
     _refuse_own_propagate(pyg_class, PyGMessagePassing)
-    namespace: dict[str, Any] = {"__module__": "gnnfuse.nn", "__qualname__": pyg_class.__name__,
-                                 "__doc__": pyg_class.__doc__, "_gnnfuse_source_class": pyg_class}
+    namespace: dict[str, Any] = {**_pickled_name(pyg_class), "__doc__": pyg_class.__doc__,
+                                 "_gnnfuse_source_class": pyg_class}
     forward = pyg_class.forward
     if "return_attention_weights" in inspect.signature(forward).parameters:
         forward = _weights_eager(forward)
         namespace.update(_gnnfuse_scratch_attributes=_WEIGHT_ATTRIBUTES.get(pyg_class.__name__, ()))
     namespace.update(forward=_graphs_as_edge_index(forward))
     return type(pyg_class.__name__, (MessagePassing, pyg_class), namespace)
+
+
+_COMPILED_PREFIX = "compiled:"
+
+
+def _pickled_name(pyg_class: type) -> dict[str, str]:
+    """The module and qualified name pickle finds the compiled class of ``pyg_class`` by.
+    A class gnnfuse.nn exports is ``gnnfuse.nn.<name>``. Any other (a user's layer, or
+    PyG's ``GATConv``, whose name gnnfuse.nn gives its own layer) is named after the class it
+    was made from, which this module's `__getattr__` compiles again on loading: under
+    ``gnnfuse.nn.<name>`` ``torch.save(model)`` failed ("Can't pickle <class
+    'gnnfuse.nn.GATConv'>: it's not the same object as gnnfuse.nn.GATConv")."""
+    import torch_geometric.nn
+    name = pyg_class.__name__
+    if name in COMPILED_PYG_LAYERS + EAGER_PYG_LAYERS and getattr(torch_geometric.nn, name, None) is pyg_class:
+        return {"__module__": "gnnfuse.nn", "__qualname__": name}
+    source = f"{pyg_class.__module__}:{pyg_class.__qualname__}".replace(".", "/")   # pickle splits names at dots
+    return {"__module__": __name__, "__qualname__": _COMPILED_PREFIX + source}
+
+
+def __getattr__(name: str) -> type:
+    """The compiled class `_pickled_name` named ``name``, compiled again from its source class."""
+    if not name.startswith(_COMPILED_PREFIX):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module, _, qualname = name[len(_COMPILED_PREFIX):].replace("/", ".").partition(":")
+    return compiled_class(functools.reduce(getattr, qualname.split("."), importlib.import_module(module)))
 
 
 def _graphs_as_edge_index(forward: Callable[..., Any]) -> Callable[..., Any]:
