@@ -269,3 +269,25 @@ def test_the_store_gets_a_new_files_permissions_not_a_private_temporary_files(ca
         os.umask(mask)
     assert cache.stat().st_mode & 0o777 == 0o644
     assert [p.name for p in cache.parent.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_a_shared_store_keeps_its_permissions_and_its_symbolic_link(cache, tmp_path):
+    """A store that was a symbolic link to a shared file was replaced by a file of this
+    user's own (the others never saw the choices), and a group-writable store became the
+    umask's 0644 on the first store, locking the group out."""
+    import os
+    shared = tmp_path / "shared" / "tuned.json"
+    shared.parent.mkdir()
+    tuned_schedule.store({"first": {"schedule": {"feature_tile": 2}}})
+    cache.replace(shared)
+    cache.symlink_to(shared)
+    shared.chmod(0o664)
+    mask = os.umask(0o022)
+    try:
+        tuned_schedule.store({"mine": {"schedule": {"feature_tile": 4}}})
+    finally:
+        os.umask(mask)
+    assert cache.is_symlink() and cache.resolve() == shared.resolve()
+    assert sorted(json.loads(shared.read_text())["entries"]) == ["first", "mine"]
+    assert shared.stat().st_mode & 0o777 == 0o664
+

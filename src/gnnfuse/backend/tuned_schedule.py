@@ -286,8 +286,12 @@ def store(records: dict[str, dict[str, Any]]) -> Path:
     The file gets the permissions any new file gets (the umask's), not the temporary
     file's private 0600: a store shared by several users (``$GNNFUSE_TUNED_SCHEDULES``)
     became unreadable to all but the last one to tune, whose choices the others' runs
-    then ignored. A write stopped midway (Ctrl-C) leaves no temporary file behind."""
-    path = cache_path()
+    then ignored; a store that exists keeps its own (a group-writable shared store stayed
+    writable only until another user's first store). A store that is a symbolic link (to a
+    shared file) is written where it points: the link was replaced by a file of this user's
+    own, which the others never read. A write stopped midway (Ctrl-C) leaves no temporary
+    file behind."""
+    path = cache_path().resolve()
     path.parent.mkdir(parents=True, exist_ok=True)
     with _exclusive(path):
         # the file as it is now, not `entries`' table, which may be up to `RECHECK_SECONDS` old
@@ -298,6 +302,8 @@ def store(records: dict[str, dict[str, Any]]) -> Path:
         name = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
         try:
+            with contextlib.suppress(FileNotFoundError):
+                os.chmod(name, path.stat().st_mode & 0o7777)
             with os.fdopen(fd, "w") as f:
                 json.dump({"stamp": STAMP, "entries": merged}, f, indent=1, sort_keys=True)
             os.replace(name, path)
