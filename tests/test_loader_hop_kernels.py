@@ -21,6 +21,10 @@ from gnnfuse.loader.sampler import reindex_slots
 from graph_strategies import graphs
 
 pytest.importorskip("triton")
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from gnnfuse.loader.hop_triton import uniform_below  # noqa: E402
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 RUNS = settings(max_examples=12, deadline=None, derandomize=True, database=None)
 ENGINES = ["triton", pytest.param("numba", marks=pytest.mark.skipif(
@@ -131,6 +135,26 @@ def test_sampling_draws_uniform_subsets(engine):
     assert chi2 < 43.8, counts
     again = sample_slots_fused(rowptr, col, seeds, fanout, 12, engine).eid.view(rows, fanout).cpu()
     assert not torch.equal(picked, again)
+
+
+@triton.jit
+def draws(out, bound, N: tl.constexpr):
+    """``N`` draws of `uniform_below`, to read its range."""
+    offsets = tl.arange(0, N)
+    tl.store(out + offsets, uniform_below(5, offsets, bound))
+
+
+def test_triton_draws_reach_offsets_past_32_bits():
+    """A hop's in-edge offsets were one 32-bit Philox word modulo the degree: a hub's
+    in-edges past 2^32 were never drawn, and at 10^8 in-edges some had 43/42 of the
+    others' chance (what the torch path's `sampler.uniform_below` fixed on its side)."""
+    out = torch.empty(1024, dtype=torch.int64, device=DEVICE)
+    for bound in (2**40 + 3, 2**61 + 1, 7):
+        draws[(1,)](out, bound, N=1024)
+        assert 0 <= out.min() and out.max() < bound, bound
+        assert out.unique().numel() > 1000 if bound > 2**32 else out.unique().numel() == bound
+    draws[(1,)](out, 2**40 + 3, N=1024)
+    assert (out >= 2**32).float().mean() > 0.9      # 255/256 of the range lies past 2^32
 
 
 @pytest.mark.skipif(importlib.util.find_spec("numba") is None, reason="numba is not installed")
