@@ -51,6 +51,23 @@ def test_filtered_ranks_match_a_brute_force_oracle(overflowed):
     torch.testing.assert_close(got, brute_force_ranks(scores, queries, known, relations))
 
 
+def test_a_query_missing_from_the_filter_does_not_tie_with_itself():
+    """Filtering by the training triples alone leaves the validation queries out of
+    ``known``: each true answer then counted as a tie of itself, rank 1.5 for a
+    query whose answer scores highest (MRR 0.67, not 1.0)."""
+    g = torch.Generator().manual_seed(1)
+    entities, relations = 8, 2
+    known = _random_triples(entities, relations, 20, g)
+    queries = torch.tensor([[0, 0, 1], [3, 1, 5], [7, 0, 7]])
+    scores = torch.randint(0, 3, (entities, relations, entities), generator=g).double()
+    scores = scores + scores.transpose(0, 2)
+    got = filtered_ranks(lambda a, r: scores[a, r], queries, known, relations)
+    torch.testing.assert_close(got, brute_force_ranks(scores, queries, known, relations))
+    best = filtered_ranks(lambda a, r: torch.nn.functional.one_hot(1 - a, 4).double(),
+                          torch.tensor([[0, 0, 1]]), torch.tensor([[2, 0, 3]]), 1)
+    assert best.tolist() == [1.0, 1.0]
+
+
 def test_scoring_everything_alike_ranks_in_the_middle_not_first():
     known = torch.tensor([[0, 0, 1], [2, 0, 3]])
     ranks = filtered_ranks(lambda a, r: torch.zeros(len(a), 11), known, known, 1)

@@ -104,6 +104,9 @@ def filtered_ranks(scores_of, queries: torch.Tensor, known: torch.Tensor, num_re
             rows, cols = (key[:, None] == known_key[relevant][None, :]).nonzero(as_tuple=True)
             ranked = torch.ones_like(scores, dtype=torch.bool)
             ranked[rows, known[relevant][cols, target_col]] = False
+            # and the true answer itself, known or not: a query missing from `known` (the
+            # training triples alone passed as the filter) tied with itself, rank + 0.5
+            ranked[torch.arange(len(batch), device=scores.device), target] = False
             above = ((scores > true_score) & ranked).sum(1)
             ties = ((scores == true_score) & ranked).sum(1)
             # a NaN score compares false with everything: it would rank first, and a
