@@ -21,8 +21,9 @@ No real edge touches a padded vertex, so in a model that computes each vertex's 
 its own row and its in-edges (every `gnnfuse.nn` conv) and pools per graph, a real
 graph's output is the unpadded batch's, the loss (which ignores the padding graphs'
 labels) is the same, and so is every gradient. A model normalising over all rows (batch
-norm) would see the padded ones; the captured step runs it eagerly, on the batch
-`unpadded` (`training.captured_step`). What cannot be padded safely is refused by name:
+norm, or `nn.ChebConv` without normalization, whose default lambda_max is the largest
+degree of all rows) would see the padded ones; the captured step runs it eagerly, on the
+batch `unpadded` (`training.captured_step`). What cannot be padded safely is refused by name:
 a float label ``y`` (a regression loss would count the padding rows) and a bool or
 unsigned one (which cannot hold `IGNORE_LABEL`) unless the loss is masked (below), index
 tensors other than ``edge_index`` and

@@ -533,5 +533,18 @@ class ChebConv(FixedAggregation, FixedFlow, OneLineRepr, NotScriptable, nn.Modul
                 out = out + lin.forward(tx1)
         return out if self.bias is None else out + self.bias
 
+    @property
+    def row_mixing(self) -> str | None:
+        """Why an output row can depend on rows it has no edge from, or None: with
+        ``normalization=None`` the default lambda_max is twice the largest degree over
+        the whole graph, so a padded batch's spare vertices (2+ out-edges each where its
+        spare edges outnumber them) changed the real graphs' outputs. A step replayed on
+        padded batches reads this (`training.captured_step.row_mixing_module`) and runs
+        eagerly on the plain batches instead; a lambda_max passed to forward is not
+        known then, so that step runs eagerly too."""
+        if self.normalization is None:
+            return "normalization=None: its default lambda_max is twice the largest degree of all rows"
+        return None
+
     def extra_repr(self) -> str:
         return f"{self.in_channels}, {self.out_channels}, K={len(self.lins)}, normalization={self.normalization}"

@@ -71,10 +71,15 @@ GRAPH_MODE_NORMS = ("LayerNorm",)
 
 
 def row_mixing_module(modules: Sequence[torch.nn.Module]) -> str | None:
-    """The name of the first submodule whose output rows depend on other rows' values."""
+    """The name of the first submodule whose output rows depend on other rows' values:
+    a norm over all rows, or a layer saying so by its ``row_mixing`` reason
+    (`nn.ChebConv` without normalization)."""
     for top in modules:
         for name, module in top.named_modules():
             kind = type(module).__name__
+            reason = getattr(module, "row_mixing", None)
+            if isinstance(reason, str):
+                return f"{name or kind} ({kind}, {reason})"
             if (isinstance(module, torch.nn.modules.batchnorm._NormBase) or any(k in kind for k in ROW_MIXING)
                     or (any(k in kind for k in GRAPH_MODE_NORMS) and getattr(module, "mode", None) == "graph")):
                 return f"{name or type(top).__name__} ({kind})"
