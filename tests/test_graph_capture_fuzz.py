@@ -229,3 +229,23 @@ def test_chebconv_without_normalization_is_not_replayed_on_padded_batches():
     run = _same_training(graphs, lambda: _Model("Cheb-none", False, False, "add"), 2, {},
                          GraphCapacities(8, 12, 3))
     assert run.replayed == 0 and "ChebConv" in run.reason
+
+
+@pytest.mark.parametrize("readout", ["LSTMAggregation", "GRUAggregation"])
+def test_sequence_readouts_are_not_run_on_padded_batches(readout):
+    """PyG's LSTM and GRU aggregations read each graph as a sequence as long as the
+    batch's largest, and the padding graph is longer: the audited step ran on the padded
+    batch, and its loss (0.023 off PyG's for the LSTM) and update went into the run
+    reported as eager. Such a model now runs every step on PyG's batches."""
+    class Readout(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = G.GINConv(torch.nn.Linear(WIDTH, WIDTH))
+            self.pool = getattr(pyg_nn.aggr, readout)(WIDTH, WIDTH)
+            self.head = torch.nn.Linear(WIDTH, CLASSES)
+
+        def forward(self, batch):
+            return self.head(self.pool(self.conv(batch.x, batch.edge_index).relu(), batch.batch,
+                                       dim_size=batch.num_graphs))
+    run = _same_training(_hubs(8, 0), Readout, 2, {})
+    assert run.replayed == 0 and readout in run.reason
