@@ -68,17 +68,21 @@ ROW_MIXING = ("BatchNorm", "InstanceNorm", "GraphNorm", "PairNorm", "MeanSubtrac
 # norm="layer_norm"); mode "node" (HeteroLayerNorm's only one), like torch's LayerNorm,
 # does not.
 GRAPH_MODE_NORMS = ("LayerNorm",)
-# PyG's aggregations that read each group (a graph of a readout, a vertex's in-edges) as a
-# sequence as long as the batch's largest group, trailing zeros included, and keep its
-# last step: the padding graph, usually the largest, lengthened every real graph's
-# sequence (a GIN + LSTMAggregation readout's losses moved by up to 0.023)
-SEQUENCE_AGGREGATIONS = ("LSTMAggregation", "GRUAggregation")
+# PyG's aggregations whose result for a group (a graph of a readout, a vertex's in-edges)
+# depends on the batch's other groups, and why: the padding graph, usually the largest,
+# lengthened every real graph's sequence (a GIN + LSTMAggregation readout's losses moved
+# by up to 0.023; LCM's by 0.016), and the padding graphs changed Equilibrium's (0.11)
+_SEQUENCE = "which reads each group padded to the batch's largest"
+BATCH_DEPENDENT_AGGREGATIONS = {
+    "LSTMAggregation": _SEQUENCE, "GRUAggregation": _SEQUENCE,
+    "LCMAggregation": "which reduces each group in a tree as wide as the batch's largest",
+    "EquilibriumAggregation": "whose regulariser is a mean over all groups, which scales each group's steps"}
 
 
 def row_mixing_module(modules: Sequence[torch.nn.Module]) -> str | None:
     """The name of the first submodule whose output rows depend on other rows' values:
-    a norm over all rows, an aggregation over sequences as long as the batch's largest
-    group, or a layer saying so by its ``row_mixing`` reason (`nn.ChebConv` without
+    a norm over all rows, an aggregation whose groups depend on the batch's other groups
+    (`BATCH_DEPENDENT_AGGREGATIONS`), or a layer saying so by its ``row_mixing`` reason (`nn.ChebConv` without
     normalization)."""
     for top in modules:
         for name, module in top.named_modules():
@@ -86,8 +90,8 @@ def row_mixing_module(modules: Sequence[torch.nn.Module]) -> str | None:
             reason = getattr(module, "row_mixing", None)
             if isinstance(reason, str):
                 return f"{name or kind} ({kind}, {reason})"
-            if kind in SEQUENCE_AGGREGATIONS:
-                return f"{name or kind} ({kind}, which reads each group padded to the batch's largest)"
+            if kind in BATCH_DEPENDENT_AGGREGATIONS:
+                return f"{name or kind} ({kind}, {BATCH_DEPENDENT_AGGREGATIONS[kind]})"
             if (isinstance(module, torch.nn.modules.batchnorm._NormBase) or any(k in kind for k in ROW_MIXING)
                     or (any(k in kind for k in GRAPH_MODE_NORMS) and getattr(module, "mode", None) == "graph")):
                 return f"{name or type(top).__name__} ({kind})"
