@@ -79,7 +79,8 @@ BATCH_DEPENDENT_AGGREGATIONS = {
     "EquilibriumAggregation": "whose regulariser is a mean over all groups, which scales each group's steps",
     # tied keys (ReLU's zeros) are ordered by torch's unstable sort of rows as wide as the
     # largest group: a DGCNN-style readout's loss moved by 0.52
-    "SortAggregation": "whose sort orders tied rows differently in rows as wide as the batch's largest group"}
+    "SortAggregation": "whose sort orders tied rows differently in rows as wide as the batch's largest group",
+    "PatchTransformerAggregation": "which attends over patches as many as the batch's largest group fills"}
 
 
 def row_mixing_module(modules: Sequence[torch.nn.Module]) -> str | None:
