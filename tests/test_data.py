@@ -359,6 +359,10 @@ def test_wn18rr_whitespace_around_an_id_does_not_make_another_entity(tmp_path):
     (folder / "test.txt").write_text("00000003\t\t00000001\n")
     with pytest.raises(DataFileError, match="test.txt, line 1: .*with an empty one"):
         load_wn18rr(tmp_path)
+    # a byte-order mark made the first head "\ufeff00000003", an entity of its own
+    (folder / "test.txt").write_text("\ufeff00000003\t_s\t00000001\n", encoding="utf-8")
+    d = load_wn18rr(tmp_path)
+    assert d.entity_ids == ["00000001", "00000002", "00000003"] and d.test_triples.tolist() == [[2, 1, 0]]
 
 
 def test_an_empty_root_is_refused_not_taken_for_no_root(monkeypatch, tmp_path):

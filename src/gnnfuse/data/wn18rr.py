@@ -25,7 +25,9 @@ def _triples(path: Path) -> np.ndarray:
     into other triples, or taking ``""`` for a relation, would be a silently wrong graph.
     """
     with reading(path, "WN18RR triples, head<TAB>relation<TAB>tail per line"):
-        lines = path.read_text(encoding="utf-8").splitlines()
+        # utf-8-sig: a byte-order mark (a file saved by a Windows editor) is not whitespace
+        # to strip(), and would have made the first head id an entity of its own
+        lines = path.read_text(encoding="utf-8-sig").splitlines()
     rows = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
