@@ -181,6 +181,52 @@ def test_cached_layers_ignore_an_edit_of_their_first_edge_index_like_pyg(name, b
     assert rel_err(*outputs) < 1e-9
 
 
+@pytest.mark.parametrize("name", ["gcn", "appnp"])
+def test_cached_layers_without_normalisation_propagate_over_the_graph_given_like_pyg(name):
+    """PyG's GCN and APPNP read (and fill) their cache only when normalising: with
+    ``normalize = False`` set after a cached call, PyG sums over the graph it is given. The
+    kept first graph served that call (GCN 3.4 off PyG on a 9-vertex graph), and a call
+    with another row count was refused."""
+    torch.manual_seed(2)
+    ours, ref = (layer.double() for layer in _cached_twins(name))
+    ours.load_state_dict(ref.state_dict())
+    x = torch.randn(N, F_IN, dtype=torch.float64)
+    ours(x, graph_edges()), ref(x, graph_edges())
+    for layer in (ours, ref):
+        layer.normalize = layer.add_self_loops = False
+    second = torch.randint(0, N, (2, 30))
+    assert_same_outputs_and_grads(ours, ref, lambda xs: ours(xs, second), lambda xs: ref(xs, second), x)
+    fewer = torch.randn(N - 4, F_IN, dtype=torch.float64)
+    third = torch.randint(0, N - 4, (2, 20))
+    assert_same_outputs_and_grads(ours, ref, lambda xs: ours(xs, third), lambda xs: ref(xs, third), fewer)
+
+
+@pytest.mark.parametrize("name, setting, value", [("gcn", "add_self_loops", False), ("gcn", "improved", True),
+                                                  ("gcn", "flow", "target_to_source"),
+                                                  ("appnp", "add_self_loops", False)])
+def test_cached_layers_refuse_a_normalisation_setting_changed_after_caching(name, setting, value):
+    """PyG keeps the *normalised* adjacency of the first call, so a setting that
+    normalisation read, changed afterwards, does not reach it there; gnnfuse keeps the
+    graph and normalised it anew with the new setting (GCN 1.2 off PyG after
+    ``add_self_loops = False``), silently. That is refused, naming the setting; once the
+    cache is dropped the setting applies, as in PyG."""
+    torch.manual_seed(2)
+    ours, ref = (layer.double() for layer in _cached_twins(name))
+    ours.load_state_dict(ref.state_dict())
+    x = torch.randn(N, F_IN, dtype=torch.float64)
+    ours(x, graph_edges())
+    setattr(ours, setting, value)
+    with pytest.raises(ValueError, match=rf"cached=True\) normalised the graph of its first call with "
+                                         rf"{setting}=.* would not apply {setting}={value!r}"):
+        ours(x, graph_edges())
+    ours._cached_edge_index = None
+    setattr(ref, setting, value)
+    # PyG 2.8 fills improved's loops with 2 only given edge weights (see LAYERS)
+    weights = (ones(graph_edges()),) if setting == "improved" else ()
+    assert_same_outputs_and_grads(ours, ref, lambda xs: ours(xs, graph_edges()),
+                                  lambda xs: ref(xs, graph_edges(), *weights), x)
+
+
 @pytest.mark.parametrize("normalize", [True, False])
 @pytest.mark.parametrize("backend", ["reference", "triton"])
 def test_appnp_edge_dropout_matches_pyg(normalize, backend, monkeypatch):

@@ -298,7 +298,7 @@ def known_transform_first_rows(graph: Graph, unread: torch.Tensor) -> None:
     graph.cached("nn_walk_starts_1", lambda _: read)
 
 
-def _layer_graph(layer: nn.Module, x: torch.Tensor, graph: Graph | torch.Tensor, cache: bool) -> Graph:
+def _layer_graph(layer: nn.Module, name: str, x: torch.Tensor, graph: Graph | torch.Tensor, cache: bool) -> Graph:
     """The graph a layer with PyG's ``cached`` flag propagates over.
 
     With ``cache`` the first graph is kept on the layer and reused on every later call,
@@ -308,16 +308,34 @@ def _layer_graph(layer: nn.Module, x: torch.Tensor, graph: Graph | torch.Tensor,
     layers caching it): PyG keeps a normalised copy, so an ``edge_index`` edited in place
     after the first call leaves its result unchanged, where a graph sharing the edited
     memory is refused (`Graph.check_unchanged`).
+
+    As PyG's, the kept graph serves only a normalising call (PyG's layers neither read nor
+    fill their cache with ``normalize=False``: the kept graph served such a call, 3.4 off
+    PyG's GCN given another graph), and whether or not ``cached`` is still set. PyG keeps
+    the *normalised* adjacency, so a setting that normalisation read (`CachedGraph`'s
+    ``_normalised_by``: self loops, GCN's ``improved`` and ``flow``) changed after the first
+    call does not reach it there, where the kept graph was normalised anew with the new
+    setting (GCN 1.2 off PyG after ``add_self_loops = False``): that is refused, naming it.
     """
+    if not layer.normalize:
+        return _as_graph(graph, x.shape[0])
     kept = layer._cached_graph
     if kept is not None:
         if kept.num_nodes != x.shape[0]:
             raise ValueError(f"x has {x.shape[0]} rows but the cached graph has {kept.num_nodes} nodes "
                              "(cached=True reuses the first graph; call reset_parameters() to drop it)")
+        for setting, then in zip(layer._normalised_by, layer._cached_settings):
+            now = getattr(layer, setting)
+            if now != then:
+                raise ValueError(f"{name}(cached=True) normalised the graph of its first call with {setting}={then!r} "
+                                 f"and keeps that normalisation, as PyG's layer does, which would not apply "
+                                 f"{setting}={now!r}: set it back, or drop the cache first (reset_parameters(), or "
+                                 "_cached_edge_index = None)")
         return kept
     graph = _as_graph(graph, x.shape[0])
     if cache:
         graph = layer._cached_graph = graph.cached("cached_layer_graph", Graph.clone)
+        layer._cached_settings = tuple(getattr(layer, setting) for setting in layer._normalised_by)
     return graph
 
 
@@ -326,17 +344,17 @@ def _normalized_layer_inputs(layer: nn.Module, name: str, x: torch.Tensor, edge_
     """``(x, graph, edge_weight)`` for a normalising layer with PyG's ``cached`` flag (GCN,
     APPNP): a weighted sparse ``adj_t`` becomes ``edge_weight``, and caching keeps the graph
     -- the normalisation lives in its cache -- so weights, which that normalisation ignores,
-    are refused with it rather than silently reusing a normalisation computed without them."""
+    are refused with it (or with a kept graph, ``cached`` since unset) rather than silently
+    reusing a normalisation computed without them."""
     x = floating_node_features(x, name)
     given, (edge_index, edge_weight) = edge_index, adjacency_weights(edge_index, edge_weight, name)
     if layer.normalize and layer.add_self_loops:
         refuse_stored_loops(given, name)
-    caching = layer.cached and layer.normalize
-    if caching and edge_weight is not None:
+    if edge_weight is not None and layer.normalize and (layer.cached or layer._cached_graph is not None):
         raise NotImplementedError(f"{name}(cached=True) with edge weights (edge_weight, or a sparse adj_t's values "
                                   "other than 1) is not supported: the cache "
                                   "holds the graph's normalisation, not the weights'")
-    return x, _layer_graph(layer, x, edge_index, caching), edge_weight
+    return x, _layer_graph(layer, name, x, edge_index, layer.cached), edge_weight
 
 
 class CachedGraph:
@@ -346,6 +364,10 @@ class CachedGraph:
     to None; here both name the one kept `Graph`, so setting either to None drops it."""
 
     _cached_graph: Graph | None
+    # the attributes besides the graph that the layer's normalisation reads, and their
+    # values when the kept graph was cached (`_layer_graph` refuses a later change)
+    _normalised_by: tuple[str, ...] = ("add_self_loops",)
+    _cached_settings: tuple[Any, ...] = ()
 
     @property
     def _cached_edge_index(self) -> Graph | None:
@@ -519,6 +541,8 @@ class GCNConv(FixedAggregation, OneLineRepr, CachedGraph, NotScriptable, nn.Modu
     the degrees; with it, ``improved`` fills loops with 2 as PyG's does.
     ``flow="target_to_source"`` (PyG's) sends messages from ``edge_index[1]`` to ``edge_index[0]``.
     """
+
+    _normalised_by = ("improved", "add_self_loops", "flow")
 
     def __init__(self, in_channels: int, out_channels: int, improved: bool = False, cached: bool = False,
                  add_self_loops: bool | None = None, normalize: bool = True, bias: bool = True,
