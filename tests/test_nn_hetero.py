@@ -588,6 +588,33 @@ def test_hetero_conv_routes_edge_level_keyword_dicts():
     assert_same(ours, pyg, x, lambda layer, xs: layer(xs, edges, edge_attr_dict=attrs))
 
 
+@pytest.mark.parametrize("edit", ["add-by-type", "add-by-key", "replace", "delete-by-type", "delete-by-key"])
+def test_hetero_conv_runs_the_layers_it_holds_at_the_call(edit):
+    """PyG's HeteroConv runs the layers in ``convs`` at each call, so a relation set or
+    deleted after construction is run or left out. gnnfuse's ran the edge types it was
+    built with: a layer added afterwards by its key was ignored, silently (2.0 off PyG on
+    'b'), one set or deleted by its edge type raised torch's "module name should be a
+    string. Got tuple", and one deleted by its key a KeyError."""
+    torch.manual_seed(0)
+    pyg, ours = hetero_convs(pyg_nn, "sum").double(), hetero_convs(gnn, "sum").double()
+    ours.load_state_dict(pyg.state_dict())
+    x, edges = hetero_inputs(8)
+    edges = {**edges, ("c", "v", "b"): edges[("c", "w", "a")].flip(0)[:, :4] % 3}
+    ours(x, edges)
+    widths = (6, 3) if edit == "replace" else (2, 3)
+    added = {module: module.GraphConv(widths, 5).double() for module in (pyg_nn, gnn)}
+    added[gnn].load_state_dict(added[pyg_nn].state_dict())
+    for module, layer in ((pyg_nn, pyg), (gnn, ours)):
+        change = {"add-by-type": lambda: layer.convs.__setitem__(("c", "v", "b"), added[module]),
+                  "add-by-key": lambda: layer.convs.__setitem__("<c___v___b>", added[module]),
+                  "replace": lambda: layer.convs.__setitem__(("a", "r", "b"), added[module]),
+                  "delete-by-type": lambda: layer.convs.__delitem__(("a", "r", "b")),
+                  "delete-by-key": lambda: layer.convs.__delitem__("<a___r___b>")}[edit]
+        change()
+    assert_same(ours, pyg, x, lambda layer, xs: layer(xs, edges))
+    assert ours.edge_types == list(pyg.convs.keys())
+
+
 def test_hetero_conv_errors():
     with pytest.raises(ValueError, match="add_self_loops"):
         gnn.HeteroConv({("a", "r", "b"): gnn.GATConv((6, 3), 5)})

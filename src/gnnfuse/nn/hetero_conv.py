@@ -76,13 +76,49 @@ class EdgeTypeModuleDict(nn.ModuleDict):
     tuple, as PyG's ``ModuleDict`` does. PyG's ``set_hetero_masks`` (``to_captum_model``'s
     CaptumHeteroModel, custom explainers) finds a relation's layer by ``edge_type in convs``
     and ``convs[edge_type]``; a plain ``ModuleDict`` answered no, so the layers got no edge
-    mask -- and gnnfuse's layers no refusal -- without an error."""
+    mask -- and gnnfuse's layers no refusal -- without an error. An entry may be set or
+    deleted by its edge type too (``convs[("a", "r", "b")] = layer``), as in PyG, where
+    torch refused the tuple; `edge_type` gives each key's edge type back."""
+
+    def __init__(self, modules: Mapping[str | EdgeType, nn.Module] | None = None):
+        super().__init__()
+        self._edge_types: dict[str, EdgeType] = {}     # a key set from a tuple -> that tuple
+        for key, module in (modules or {}).items():
+            self[key] = module
 
     def __getitem__(self, key: str | EdgeType) -> nn.Module:
         return super().__getitem__(module_key(key) if isinstance(key, tuple) else key)
 
+    def __setitem__(self, key: str | EdgeType, module: nn.Module) -> None:
+        if isinstance(key, tuple):
+            stored, key = module_key(key), tuple(key)
+            refuse_shared_keys([self._edge_types.get(stored, key), key], module_key, "HeteroConv")
+            self._edge_types[stored] = key
+            key = stored
+        super().__setitem__(key, module)
+
+    def __delitem__(self, key: str | EdgeType) -> None:
+        key = module_key(key) if isinstance(key, tuple) else key
+        super().__delitem__(key)
+        self._edge_types.pop(key, None)
+
     def __contains__(self, key: object) -> bool:
         return super().__contains__(module_key(key) if isinstance(key, tuple) else key)
+
+    def edge_type(self, key: str) -> EdgeType:
+        """The edge type stored under ``key``: the tuple it was set by, else read back from
+        the key as PyG's ``ModuleDict.to_external_key`` reads it (a key set as a string)."""
+        known = self._edge_types.get(key)
+        if known is not None:
+            return known
+        name = key.replace("#", ".")
+        if name[:1] == "<" and name[-1:] == ">" and name[1:-1] in _reserved_names(nn.ModuleDict):
+            name = name[1:-1]
+        parts = tuple(name[1:-1].split("___")) if name[:1] == "<" and name[-1:] == ">" else ()
+        if len(parts) != 3:
+            raise ValueError(f"HeteroConv: the layer stored under the key {key!r} names no edge type (PyG's "
+                             "form is '<src___rel___dst>'); set it as convs[(src, rel, dst)] = layer")
+        return parts
 
 
 class HeteroConv(NotScriptable, nn.Module):
@@ -110,10 +146,16 @@ class HeteroConv(NotScriptable, nn.Module):
             warnings.warn(f"There exist node types ({unchanged}) whose representations do not get updated during "
                           "message passing as they do not occur as destination type in any edge type. This may "
                           "lead to unexpected behavior.", stacklevel=2)
-        self.edge_types = [tuple(t) for t in convs]
-        refuse_shared_keys(self.edge_types, module_key, "HeteroConv")
-        self.convs = EdgeTypeModuleDict({module_key(t): conv for t, conv in convs.items()})
+        refuse_shared_keys([tuple(t) for t in convs], module_key, "HeteroConv")
+        self.convs = EdgeTypeModuleDict({tuple(t): conv for t, conv in convs.items()})
         self.aggr = aggr
+
+    @property
+    def edge_types(self) -> list[EdgeType]:
+        """The edge types of the layers held now: as PyG's, a call runs the layers in
+        ``convs`` when it is made, so one set or deleted after construction is run or
+        left out (a relation added afterwards was ignored, silently: 2.0 off PyG)."""
+        return [self.convs.edge_type(key) for key in self.convs.keys()]
 
     def reset_parameters(self) -> None:
         for conv in self.convs.values():
@@ -124,7 +166,9 @@ class HeteroConv(NotScriptable, nn.Module):
             if not name.endswith("_dict"):
                 raise ValueError(f"Keyword arguments in 'HeteroConv' need to end with '_dict' (got '{name}')")
         outputs: dict[str, list[torch.Tensor]] = {}
-        for edge_type in self.edge_types:
+        convs = self.convs
+        for key, conv in convs.items():
+            edge_type = convs.edge_type(key)
             src, _, dst = edge_type
             args, used = [], False
             for values in args_dict:
@@ -140,7 +184,6 @@ class HeteroConv(NotScriptable, nn.Module):
                     kwargs[name[:-len("_dict")]] = value
             if not used:     # PyG skips an edge type no dict has an entry for
                 continue
-            conv = self.convs[module_key(edge_type)]
             try:
                 out = conv(*args, **kwargs)
             except Exception as exc:
