@@ -3,6 +3,9 @@ transformer, checked against PyG's ``to_hetero`` of the same model built from Py
 with PyG's state dict loaded -- outputs and every gradient in float64, on both backends."""
 from __future__ import annotations
 
+import io
+import pickle
+
 import pytest
 import torch
 import torch_geometric.nn as pyg_nn
@@ -220,6 +223,32 @@ def test_a_source_node_type_left_out_of_the_call_is_named(conv):
                                          rf"'{source}', the source of edge type \('{source}', .* the x_dict "
                                          r"has no entry for it"):
         model(x, edges)
+
+
+@pytest.mark.parametrize("round_trip", ["pickle", "torch.save"])
+def test_a_saved_model_still_names_an_edge_type_left_out(round_trip):
+    """A pickled or saved converted model is rebuilt by tracing its generated code anew,
+    where the check of `test_an_edge_type_left_out_of_the_call_is_named` ran on the trace's
+    Proxy and dropped out of the graph: the loaded model failed namelessly again."""
+    model = gnn.to_hetero(two_layer_model(gnn, "SAGEConv"), METADATA).double()
+    x, edges = hetero_inputs("cpu")
+    expected = model(x, edges)
+    buffer = io.BytesIO()
+    if round_trip == "pickle":
+        loaded = pickle.loads(pickle.dumps(model))
+    else:
+        torch.save(model, buffer)
+        buffer.seek(0)
+        loaded = torch.load(buffer, weights_only=False)
+    out = loaded(x, edges)
+    for t in METADATA[0]:
+        torch.testing.assert_close(out[t], expected[t], rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"to_hetero: the model's conv1 got no features for node type 'author'"):
+        loaded({"paper": x["paper"]}, edges)
+    del edges[("paper", "cites", "paper")]
+    with pytest.raises(ValueError, match=r"to_hetero: the model's conv1 got no edge_index for edge type "
+                                         r"\('paper', 'cites', 'paper'\)"):
+        loaded(x, edges)
 
 
 def test_self_loops_on_bipartite_edge_types_are_refused_as_pyg_does():

@@ -146,6 +146,14 @@ def _check_inputs(converted: torch.fx.GraphModule, layer_names: set[str],
 
 
 def _given_edge_index(edge_index: Any, edge_type: tuple[str, str, str], layer: str) -> Any:
+    """``edge_index``, or the error naming the edge type it is missing for. Traced (a
+    Proxy), it records its own call: a pickled or ``torch.save``d model (a GraphModule)
+    is rebuilt by tracing the code generated from its graph, with globals of its own,
+    which ``torch.fx.wrap``'s patch of this module's does not reach -- the call then ran
+    on the Proxy and left the graph, and a missing edge type failed as "cannot make a
+    Graph from NoneType" again."""
+    if isinstance(edge_index, torch.fx.Proxy):
+        return edge_index.tracer.create_proxy("call_function", _given_edge_index, (edge_index, edge_type, layer), {})
     if edge_index is None:
         raise ValueError(f"to_hetero: the model's {layer} got no edge_index for edge type {edge_type}, which "
                          "metadata[1] lists: the edge_index_dict has no entry for it (an edge type without "
