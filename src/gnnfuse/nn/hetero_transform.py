@@ -228,6 +228,10 @@ def _shell_class() -> type:
 
 
 def _given_source_rows(x_src: Any, edge_type: tuple[str, str, str], layer: str) -> Any:
+    """``x_src``, or the error naming the node type it is missing for; traced, it records
+    its own call, as `_given_edge_index` does."""
+    if isinstance(x_src, torch.fx.Proxy):
+        return x_src.tracer.create_proxy("call_function", _given_source_rows, (x_src, edge_type, layer), {})
     if x_src is None:
         raise ValueError(f"to_hetero: the model's {layer} got no features for node type {edge_type[0]!r}, the "
                          f"source of edge type {edge_type}, which metadata[1] lists: the x_dict has no entry "
