@@ -20,6 +20,7 @@ The functions here take the formulas from PyG's ``nn/inits.py`` and ``nn/dense/l
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from typing import Any, Iterable, Iterator
 
@@ -83,12 +84,20 @@ def linear(in_channels: int, out_channels: int, bias: bool = True, weight_initia
            bias_initializer: str | None = None) -> nn.Linear:
     """PyG's ``Linear(in_channels, out_channels, bias, ...)`` as an ``nn.Linear``: drawn as
     PyG's constructor draws it (torch's own draw is not made), or for PyG's lazy
-    ``in_channels <= 0`` an ``nn.LazyLinear``, which draws nothing until `materialize`."""
+    ``in_channels <= 0`` an ``nn.LazyLinear``, which draws nothing until `materialize`.
+
+    Its ``reset_parameters`` is PyG's ``Linear``'s (`reset_linear` with these
+    initializers), an attribute of the map itself, so that the class stays torch's
+    ``nn.Linear`` (`plain_linear`): a loop resetting every module (``for m in
+    model.modules()``) drew torch's kaiming bound where PyG's GCN, GAT, GATv2 and Cheb
+    maps draw glorot's (GCN's weights 0.34 off PyG's under one seed)."""
     if isinstance(in_channels, int) and in_channels <= 0:
-        return nn.LazyLinear(out_channels, bias=bias)
-    lin = nn.Linear(in_channels, out_channels, bias=bias, device="meta")
-    lin = lin.to_empty(device=torch.empty(0).device)       # torch's default device, as PyG's torch.empty
-    reset_linear(lin, weight_initializer, bias_initializer)
+        lin = nn.LazyLinear(out_channels, bias=bias)
+    else:
+        lin = nn.Linear(in_channels, out_channels, bias=bias, device="meta")
+        lin = lin.to_empty(device=torch.empty(0).device)       # torch's default device, as PyG's torch.empty
+        reset_linear(lin, weight_initializer, bias_initializer)
+    lin.reset_parameters = functools.partial(reset_linear, lin, weight_initializer, bias_initializer)
     return lin
 
 
