@@ -192,3 +192,16 @@ def test_inverse_relations_of_an_untyped_graph_are_refused_by_name():
     graph = Graph(torch.tensor([0, 1]), torch.tensor([1, 2]), 3)
     with pytest.raises(ValueError, match="with_inverse_relations: the graph has no edge types"):
         with_inverse_relations(graph)
+
+
+
+def test_inverse_relations_keep_node_types_and_refuse_a_bipartite_graph():
+    """Node types were dropped, and a bipartite graph failed in Graph's constructor with an
+    edge count error that named neither the function nor the cause."""
+    src, dst, etype = torch.tensor([0, 1]), torch.tensor([1, 2]), torch.tensor([0, 1])
+    typed = Graph(src, dst, 3, edge_type=etype, node_type=torch.tensor([0, 1, 1]), num_node_types=2)
+    both = with_inverse_relations(typed)
+    assert both.node_type.tolist() == [0, 1, 1] and both.num_node_types == 2 and both.num_edge_types == 4
+    assert both.src.tolist() == [0, 1, 1, 2] and both.edge_type.tolist() == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match=r"with_inverse_relations: the graph is bipartite \(2 sources, 3 dest"):
+        with_inverse_relations(Graph(src, dst, 3, edge_type=etype, num_src_nodes=2))

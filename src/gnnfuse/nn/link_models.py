@@ -21,13 +21,19 @@ from .relational import RGCNConv
 
 
 def with_inverse_relations(graph: Graph) -> Graph:
-    """``graph`` plus every edge reversed, typed ``relation + num_edge_types``."""
+    """``graph`` plus every edge reversed, typed ``relation + num_edge_types``; its node
+    types kept (they were dropped)."""
     if graph.edge_type is None:
         raise ValueError("with_inverse_relations: the graph has no edge types (relations); build it with "
                          "edge_type=... (Graph(src, dst, num_nodes, edge_type=relation))")
+    if graph.is_bipartite:
+        raise ValueError(f"with_inverse_relations: the graph is bipartite ({graph.num_src_nodes} sources, "
+                         f"{graph.num_nodes} destinations), whose edges cannot be reversed onto one vertex set; "
+                         "build it over one vertex set (no num_src_nodes)")
     r = graph.num_edge_types
     return Graph(torch.cat([graph.src, graph.dst]), torch.cat([graph.dst, graph.src]), graph.num_nodes,
-                 edge_type=torch.cat([graph.edge_type, graph.edge_type + r]), num_edge_types=2 * r)
+                 edge_type=torch.cat([graph.edge_type, graph.edge_type + r]), num_edge_types=2 * r,
+                 node_type=graph.node_type, num_node_types=graph.num_node_types)
 
 
 class DistMultLinkModel(nn.Module):
