@@ -540,6 +540,22 @@ def test_partitioned_model_refuses_a_model_with_a_forward_of_its_own():
         PartitionedModel(model, graph(), HaloExchange(part))
 
 
+@pytest.mark.parametrize("hook", ["forward", "forward_pre"])
+def test_partitioned_model_refuses_a_model_with_hooks(hook):
+    """PartitionedModel runs the model's layers itself, never the model's own call: a
+    forward hook doubling the logits (or a pre-hook scaling the input) on a TwoLayerGNN
+    was skipped, silently -- on one rank holding the whole graph the logits were up to
+    4.4 off those of ``model(x, graph)`` in float64."""
+    part = partition_graph(graph(), owners("contiguous"), 0, WORLD)
+    model = TwoLayerGNN(GCNConv(NUM_FEATURES, 4), SAGEConv(4, NUM_CLASSES), F.relu, 0.0)
+    if hook == "forward":
+        model.register_forward_hook(lambda module, inputs, output: 2 * output)
+    else:
+        model.register_forward_pre_hook(lambda module, inputs: (3 * inputs[0], *inputs[1:]))
+    with pytest.raises(ValueError, match="TwoLayerGNN.*hook"):
+        PartitionedModel(model, graph(), HaloExchange(part))
+
+
 def sorted_graph() -> Graph:
     """`graph` with its edges grouped by destination, as PyG's sequence aggregations need."""
     g = graph()

@@ -80,6 +80,11 @@ PER_VERTEX_AGGREGATIONS = frozenset({"MedianAggregation", "QuantileAggregation",
 def model_layers(model: nn.Module) -> tuple[list[nn.Module], Callable[[torch.Tensor], torch.Tensor], float]:
     """(convolutions, activation, dropout) of a model whose forward is ``dropout -> conv ->
     activation`` per layer (the registry's two-layer models and `BlockGNN`)."""
+    if model._forward_hooks or model._forward_pre_hooks:
+        # the partition runs the layers, never the model's own call, so its hooks would not run
+        raise ValueError(f"partitioned full-graph training runs the layers of {type(model).__name__} itself, not "
+                         "the model's call, so its forward hooks or forward pre-hooks would not run; remove them "
+                         "or train the model on one process")
     # a subclass with a forward of its own computes something else than these layers
     if isinstance(model, TwoLayerGNN) and type(model).forward is TwoLayerGNN.forward:
         return [model.conv1, model.conv2], model.activation, model.dropout
