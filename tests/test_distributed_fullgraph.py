@@ -556,6 +556,39 @@ def test_partitioned_model_refuses_a_model_with_hooks(hook):
         PartitionedModel(model, graph(), HaloExchange(part))
 
 
+def batch_norm_activation() -> TwoLayerGNN:
+    norm_relu = torch.nn.Sequential(torch.nn.BatchNorm1d(4), torch.nn.ReLU())
+    return TwoLayerGNN(GCNConv(NUM_FEATURES, 4), SAGEConv(4, NUM_CLASSES), norm_relu, 0.0)
+
+
+def batch_norm_aggregation() -> TwoLayerGNN:
+    pyg = pytest.importorskip("torch_geometric.nn.aggr")
+    aggr = pyg.MLPAggregation(4, 4, max_num_elements=4, num_layers=2, hidden_channels=5)   # PyG's MLP: batch norm
+    return TwoLayerGNN(GCNConv(NUM_FEATURES, 4), SAGEConv(4, NUM_CLASSES, aggr=aggr), F.relu, 0.0)
+
+
+@pytest.mark.filterwarnings("ignore:SAGEConv. aggregation")
+@pytest.mark.parametrize("make, named", [(batch_norm_activation, "BatchNorm1d"), (batch_norm_aggregation, "BatchNorm")],
+                         ids=["activation", "aggregation"])
+def test_partitioned_model_refuses_norms_over_all_rows(make, named):
+    """A batch norm's training statistics are over all the vertices it gets; on a rank's
+    partition they were over the rank's rows, silently: a BatchNorm1d in the activation
+    moved the 2-rank logits by 0.50 in float64, one in an MLPAggregation's MLP a layer's
+    output by 0.09."""
+    torch.manual_seed(0)
+    model = make().double()
+    x = integer_rows(NUM_NODES, 1).repeat(1, 2)[:, :NUM_FEATURES]
+    part = partition_graph(sorted_graph(), owners("interleaved"), 0, WORLD)
+    with torch.no_grad():     # the refusal is justified: the activation or aggregation of the rank's rows differs
+        hidden = model.conv1(x, sorted_graph())
+        first = model.activation(hidden)
+        assert not (torch.allclose(model.activation(hidden[part.owned]), first[part.owned], atol=1e-6)
+                    and torch.allclose(model.conv2((first[part.src_nodes], first[part.owned]), part.graph),
+                                       model.conv2(first, sorted_graph())[part.owned], atol=1e-6))
+    with pytest.raises(ValueError, match=named):
+        PartitionedModel(model, sorted_graph(), HaloExchange(part))
+
+
 def sorted_graph() -> Graph:
     """`graph` with its edges grouped by destination, as PyG's sequence aggregations need."""
     g = graph()
