@@ -200,3 +200,28 @@ def test_a_gradient_takes_its_inputs_dtype(backend, device):
     for g, e in zip(grads, torch.autograd.grad((eager * weight).sum(), [h, w, b])):
         assert g.dtype == e.dtype
         torch.testing.assert_close(g, e)
+
+
+def test_a_trace_under_another_default_dtype_takes_that_dtype(backend, device):
+    """Integer data made float (``t / 3``, ``torch.sigmoid(t)``) is the default dtype, as in
+    torch. The op's inferred dtype was memoized by its operands alone, so once a trace had
+    run under float32 a later trace under ``torch.set_default_dtype(torch.float64)`` was
+    given float32 again: its kernels returned float32 (exp of ints off by 2e-6) where torch,
+    and a first trace under float64, give float64."""
+    graph = gnnfuse.Graph(torch.tensor(SRC), torch.tensor(DST), 4).to(device)
+    t = torch.randint(1, 9, (len(SRC), 3), generator=torch.Generator().manual_seed(0)).to(device)
+
+    def floats(edges):
+        return {"third": edges.data["t"] / 3, "gate": torch.sigmoid(edges.data["t"]),
+                "grown": torch.exp(edges.data["t"])}
+
+    previous = torch.get_default_dtype()
+    try:
+        for default in (torch.float32, torch.float64):
+            torch.set_default_dtype(default)
+            got = gnnfuse.apply_edges(graph, floats, edata={"t": t})
+            expected = {"third": t / 3, "gate": torch.sigmoid(t), "grown": torch.exp(t)}
+            assert {k: x.dtype for k, x in got.items()} == {k: default for k in expected}
+            torch.testing.assert_close(got, expected)
+    finally:
+        torch.set_default_dtype(previous)

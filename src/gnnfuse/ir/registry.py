@@ -127,10 +127,12 @@ class OpDef:
         # Shape inference by running the reference on meta tensors with two rows, the way
         # Seastar's tracer reuses the DL framework's own type inference. Meta kernels cost
         # tens of microseconds each and layers are traced on every call, so results are
-        # memoized by everything they depend on.
+        # memoized by everything they depend on -- the default dtype too: integer data made
+        # float (``t / 3``, ``exp(t)``) takes it, and a result memoized under float32 gave
+        # a later float64 trace float32 kernels.
         signature = tuple((i.residency is Residency.SHARED, i.shape, i.dtype) for i in inputs)
         try:
-            key = (self.name, signature, residency is Residency.SHARED,
+            key = (self.name, signature, residency is Residency.SHARED, torch.get_default_dtype(),
                    tuple(sorted((k, a) for k, a in attrs.items() if k != "source")))
             hash(key)
         except TypeError:
