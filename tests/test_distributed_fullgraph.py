@@ -25,7 +25,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from gnnfuse.distributed.gradients import all_reduce_gradients, broadcast_parameters
-from gnnfuse.distributed.fullgraph import (PartitionedModel, shard_data,
+from gnnfuse.distributed.fullgraph import (PartitionedModel, Shard, shard_data,
                                            train_full_graph_run)
 from gnnfuse.distributed.halo import HaloExchange
 from gnnfuse.distributed.launch import free_port, start_ranks
@@ -668,3 +668,24 @@ def test_benchmark_features_of_some_rows_are_those_rows_of_the_table(import_scri
     assert table.shape == (30, 3)
     for rows in (torch.tensor([29, 4, 15, 3, 22, 5]), torch.randperm(30, generator=torch.Generator().manual_seed(0))):
         torch.testing.assert_close(bench.features(args, torch.device("cpu"), rows), table[rows], rtol=0, atol=0)
+
+
+def test_epoch_accuracies_of_nan_logits_are_nan_as_on_one_process():
+    """A diverged epoch's accuracies, an argmax over NaN logits, were counted as
+    predictions by the ranks (`gnnfuse train --cpu-ranks 2 --model sage --lr 1e20`:
+    "train 0.2000 | val 0.1900 | test 0.2110"), where one process reports NaN."""
+    from gnnfuse.distributed.fullgraph import _EpochStats
+    from gnnfuse.training.loop import accuracy
+    logits = torch.tensor([[0.0, 1.0], [2.0, 0.0], [float("nan"), 0.0], [1.0, 0.0]])
+    y = torch.tensor([1, 0, 0, 1])
+    masks = tuple(torch.tensor(m) for m in ([True, True, False, False], [False, False, True, False],
+                                            [False, True, False, True]))
+    shard = Shard(None, None, y, masks, tuple(int(m.sum()) for m in masks))
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        (loss, val_loss, *accuracies), _ = _EpochStats(shard).reduce(torch.tensor(0.5), logits)
+    finally:
+        dist.destroy_process_group()
+    expected = [accuracy(logits, y, mask) for mask in masks]
+    assert expected[0] == 1.0 and expected[1] != expected[1] and expected[2] == 0.5
+    assert accuracies[0] == 1.0 and accuracies[1] != accuracies[1] and accuracies[2] == 0.5

@@ -418,3 +418,24 @@ def test_leaving_the_process_group_releases_the_graphs_first():
     assert step.captured
     process_group.leave_process_group()
     assert not dist.is_initialized() and not step.captured and "released" in step.status
+
+
+def test_summed_accuracies_of_nan_logits_are_nan_as_on_one_process():
+    """A diverged epoch's accuracies, an argmax over NaN logits, were counted as
+    predictions by the ranks (`gnnfuse train --cpu-ranks 2 --model sage --fanout 5,5
+    --lr 1e20`: "train 0.2000 | val 0.1900 | test 0.2110"), where one process reports NaN."""
+    import torch.distributed as dist
+    from gnnfuse.distributed.inference import summed_accuracies
+    from gnnfuse.training.loop import accuracy
+    logits = torch.tensor([[0.0, 1.0], [2.0, 0.0], [float("nan"), 0.0], [1.0, 0.0]])
+    y = torch.tensor([1, 0, 0, 1])
+    masks = tuple(torch.tensor(m) for m in ([True, True, False, False], [False, False, True, False],
+                                            [False, True, False, True]))
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        accuracies, _, _ = summed_accuracies(logits, y, masks, masks[0])
+    finally:
+        dist.destroy_process_group()
+    expected = [accuracy(logits, y, mask) for mask in masks]
+    assert expected[0] == 1.0 and expected[1] != expected[1] and expected[2] == 0.5
+    assert accuracies[0] == 1.0 and accuracies[1] != accuracies[1] and accuracies[2] == 0.5

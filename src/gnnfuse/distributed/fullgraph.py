@@ -63,6 +63,7 @@ from ..training.loop import BestEpoch, EarlyStopping, RunResult, _optimizer, pea
 from .agreement import check_agreement, describe_data, describe_settings
 from .gradients import all_reduce_gradients, broadcast_parameters
 from .halo import HaloExchange
+from .inference import correct_predictions
 from .partition import Partition, contiguous_owners, greedy_owners, partition_graph
 from .stopping import carry_over, rank_interrupt, ranks_run_state, restore_ranks_run
 
@@ -291,7 +292,7 @@ class _EpochStats:
         parts = [train_loss_sum.detach().double().reshape(1),
                  F.cross_entropy(logits[val], y[val], reduction="sum").double().reshape(1)]
         for mask in masks:
-            parts.append((logits[mask].argmax(dim=1) == y[mask]).sum().double().reshape(1))
+            parts.append(correct_predictions(logits[mask], y[mask]).reshape(1))
         parts.append(torch.full((1,), float(stop), dtype=torch.float64, device=logits.device))
         summed = torch.cat(parts)
         dist.all_reduce(summed)

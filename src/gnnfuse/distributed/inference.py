@@ -49,6 +49,15 @@ def layerwise_logits(model: BlockGNN, block: Block, read_input: Callable[[torch.
     raise ValueError("the model has no layers")
 
 
+def correct_predictions(rows: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """How many of ``rows``' argmaxes are their ``labels``, as a float64 scalar to be summed
+    over ranks; NaN when a row holds a NaN, so the summed accuracy is NaN, as one
+    process's (`training.loop.accuracy`): the argmax over a diverged model's NaN logits
+    counted as predictions, and the ranks' epoch lines and curves showed accuracies for it."""
+    correct = (rows.argmax(dim=1) == labels).sum().double()
+    return torch.where(rows.isnan().any(), torch.full_like(correct, float("nan")), correct)
+
+
 def summed_accuracies(logits: torch.Tensor, y: torch.Tensor, masks: tuple[torch.Tensor, ...],
                       loss_mask: torch.Tensor, stop: bool = False) -> tuple[list[float], float, bool]:
     """(accuracy per mask, mean cross-entropy over ``loss_mask``, whether any rank asked
@@ -57,7 +66,7 @@ def summed_accuracies(logits: torch.Tensor, y: torch.Tensor, masks: tuple[torch.
     all-reduce, the last of a training epoch."""
     stats = []
     for mask in masks:
-        stats += [(logits[mask].argmax(1) == y[mask]).sum(), mask.sum()]
+        stats += [correct_predictions(logits[mask], y[mask]), mask.sum()]
     stats += [F.cross_entropy(logits[loss_mask], y[loss_mask], reduction="sum"), loss_mask.sum()]
     totals = torch.stack([s.double() for s in stats] + [torch.tensor(float(stop), dtype=torch.float64,
                                                                      device=logits.device)])
