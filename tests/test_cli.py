@@ -167,6 +167,9 @@ def test_plot_writes_a_png(tmp_path, capsys):
     # trained on synthetic; split a data set without a split (cora-npz) and numpy's
     # default_rng raised ValueError: expected non-negative integer, a traceback
     (["--seed", "-1"], "seed must be >= 0"),
+    # torch.manual_seed raised "ValueError: Overflow when unpacking long long", a traceback
+    (["--seed", str(2**64)], "seed must be below 2**63"),
+    (["--seed", str(2**63 - 1), "--runs", "2"], "got 9223372036854775808"),
     # one process has nothing to partition the features over: the option was accepted and ignored
     (["--model", "sage", "--fanout", "5", "--features", "partitioned"],
      "--features partitioned splits the feature table over several ranks"),

@@ -17,6 +17,7 @@ from ..nn.models import get_model
 
 
 FEATURE_PLACEMENTS = ("replicated", "partitioned")     # where data-parallel ranks keep the features
+MAX_SEED = 2**63     # a run's seed is below it, leaving room below torch's 2**64 for the ranks' seed strides
 
 
 class ConfigError(ValueError):
@@ -90,6 +91,10 @@ def make_config(model: str, dataset: str = DEFAULT_DATASET, *, runs: int = 1, se
     checks = [(runs >= 1, f"runs must be >= 1, got {runs}"),
               # numpy's generators (the split of a data set without one) take no negative seed
               (seed >= 0, f"seed must be >= 0, got {seed}"),
+              # run i seeds torch's generator with seed + i (ranks add a stride to it), which takes
+              # no seed of 2**64 or more: a larger one failed inside training, a traceback
+              (seed + runs - 1 < MAX_SEED, f"seed must be below 2**63, and so must the last run's seed "
+               f"(seed + runs - 1); got {seed + runs - 1}"),
               (values["epochs"] >= 1, f"epochs must be >= 1, got {values['epochs']}"),
               (values["patience"] is None or values["patience"] >= 1,
                f"patience must be >= 0, got {values['patience']}"),
