@@ -344,17 +344,20 @@ def _edge_row_counts(graph: gnnfuse.Graph, hetero: dict[tuple[str, str, str], to
 
 class _EdgeRowedAllocations(TorchDispatchMode):
     """Floating tensors with one of ``rows`` rows and more than ``limit`` elements per row
-    that any op makes, in torch or around a Triton kernel (its output buffer)."""
+    that any op makes, in torch or around a kernel (its output buffer), and their bytes
+    per phase."""
 
     def __init__(self, rows: set[int], limit: int):
         super().__init__()
         self.rows, self.limit, self.phase, self.found = rows, limit, "forward", []
+        self.bytes = {"forward": 0, "backward": 0}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         if not any(view in str(func) for view in VIEW_OPS):
-            self.found += [f"{self.phase}: {func} {list(t.shape)}" for t in tree_flatten(out)[0]
-                           if _wide_edge_rowed(t, self.rows, self.limit)]
+            made = [t for t in tree_flatten(out)[0] if _wide_edge_rowed(t, self.rows, self.limit)]
+            self.found += [f"{self.phase}: {func} {list(t.shape)}" for t in made]
+            self.bytes[self.phase] += sum(t.numel() * t.element_size() for t in made)
         return out
 
 
@@ -398,3 +401,26 @@ def test_measured_tensors_respect_the_rule(name, monkeypatch):
             made.phase = "backward"
             out.sum().backward()
     assert (saved, made.found) == ([], []), f"{name} holds per-edge tensors wider than H={heads}"
+
+
+def test_cpu_backend_report_lists_what_its_kernels_write(monkeypatch):
+    """The CPU backend has no shared-reduce kernel: it writes the per-edge operand of a
+    sum over every edge (GATv2's attention-vector gradient, [E, H, D]) and sums it with a
+    torch op (backend/cpu/executor.py `_per_edge_part`). `explain` reports the units that
+    backend runs, so it lists that tensor: the per-edge bytes it reports for each program
+    are the bytes the run allocates per edge."""
+    pytest.importorskip("numba")
+    monkeypatch.setenv("GNNFUSE_BACKEND", "cpu")
+    heads, run = LAYERS["GATv2Conv"]
+    graph = _measured_graph(typed=False)
+    torch.manual_seed(0)
+    x = torch.randn(N, F_IN, requires_grad=True)
+    [program] = gnnfuse.explain(run, x, graph).programs
+    made = _EdgeRowedAllocations(_edge_row_counts(graph, None), 0)
+    with made:
+        out = run(x, graph)
+        made.phase = "backward"
+        out.sum().backward()
+    assert program.backward.largest_edge_tensor.width == HEADS * CHANNELS
+    assert (program.forward.edge_tensor_bytes, program.backward.edge_tensor_bytes) == \
+        (made.bytes["forward"], made.bytes["backward"])

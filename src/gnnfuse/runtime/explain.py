@@ -74,7 +74,7 @@ from ..ir import Program, Residency, Value, get_op
 from ..ir.ops.movement import contended
 from ..ir.ops.typed_aggregate import recorded_choice
 from ..ir.residency import Movement
-from ..passes.fusion import gathered_leaves, partition, tiles_in_body
+from ..passes.fusion import EdgeUnit, SharedReduceUnit, gathered_leaves, partition, summed_operand, tiles_in_body
 from ..passes.io_rule import EdgeTensor, backward_reads_gathered_rows, edge_tensors, reads_gathered_rows
 from ..passes.pair_sources import PAIR_PREFIX
 from ..passes.siblings import fused_plan
@@ -329,6 +329,9 @@ def _plan(phase: str, program: Program, keep: list[int], sizes: _Sizes, source: 
         if isinstance(item, TypeSumUnit):
             steps.extend(_type_sum_alone(item, sizes, names, source))
             continue
+        if cpu and isinstance(item, SharedReduceUnit):
+            steps.extend(_shared_reduce_on_cpu(item, sizes, names, source))
+            continue
         one_kernel = hasattr(item, "members") and _one_kernel(item, sizes)
         for n, unit in enumerate(getattr(item, "members", [item])):
             online = [item.shifts[n], *([item.normalizers[n]] if n in item.normalizers else [])] \
@@ -372,6 +375,20 @@ def _type_sum_alone(unit: TypeSumUnit, sizes: _Sizes, names: dict[int, str], sou
     edge.label += f"\n    the operand of a sum by edge type, written per edge: {why} (passes/type_sums.py)"
     edge.source = _kernel_source(unit.edge, sizes) if source else None
     return [edge, _op_step(unit.reduce, sizes, names)]
+
+
+def _shared_reduce_on_cpu(unit: SharedReduceUnit, sizes: _Sizes, names: dict[int, str], source: bool) -> list[Step]:
+    """A sum over every edge as the CPU backend runs it (backend/cpu/executor.py
+    `_per_edge_part`; it has no shared-reduce kernel): an edge kernel writes the per-edge
+    operand, [E, H x D] for GATv2's attention vector, and a torch op sums it. Listed so,
+    the report's per-edge tensors are the ones that run allocates, not the Triton plan's."""
+    per_edge = summed_operand(unit.root)
+    edge_unit = EdgeUnit(per_edge, [v for v in unit.body if v is not per_edge], unit.leaves)
+    edge = _unit_step(edge_unit, sizes)
+    edge.label += ("\n    the operand of a sum over every edge, written per edge: the cpu backend has no kernel "
+                   "that sums it")
+    edge.source = _kernel_source(edge_unit, sizes) if source else None
+    return [edge, _op_step(unit.root, sizes, names)]
 
 
 def _mb(n: int) -> str:
