@@ -424,3 +424,21 @@ def test_cpu_backend_report_lists_what_its_kernels_write(monkeypatch):
     assert program.backward.largest_edge_tensor.width == HEADS * CHANNELS
     assert (program.forward.edge_tensor_bytes, program.backward.edge_tensor_bytes) == \
         (made.bytes["forward"], made.bytes["backward"])
+
+
+def test_reference_report_says_its_plans_are_the_triton_backends(monkeypatch):
+    """The torch reference executor runs a program op by op and writes every per-edge
+    value (GATv2Conv's forward: [E, H, D] sums and products); the plans `explain` prints
+    for such a call are the Triton backend's, whose per-edge bytes are not what this run
+    allocated, so the executor line says whose they are."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", "reference")
+    heads, run = LAYERS["GATv2Conv"]
+    graph = _measured_graph(typed=False)
+    torch.manual_seed(0)
+    x = torch.randn(N, F_IN, requires_grad=True)
+    report = gnnfuse.explain(run, x, graph)
+    made = _EdgeRowedAllocations(_edge_row_counts(graph, None), heads)
+    with made:
+        run(x, graph)
+    assert made.found and report.programs[0].forward.edge_tensor_bytes < made.bytes["forward"]
+    assert "executor: reference (" in str(report) and "the plans below are the Triton backend's" in str(report)

@@ -625,6 +625,9 @@ def _executor_text(call: ProgramCall) -> str:
                 "for later passes)")
     if call.executor == "cpu":
         return "cpu (the plans below are its units: no bias added inside a sum, no sibling kernels)"
+    if call.executor == "reference":   # it writes every per-edge value the plans keep in registers
+        return ("reference (torch ops one at a time, each per-edge value written in full; the plans below are the "
+                "Triton backend's)")
     return call.executor
 
 
