@@ -130,6 +130,8 @@ def test_apply_is_a_dense_layer():
     # these named gnnfuse's internals (gspmm, gsddmm, a line of napa.py) or the wrong problem
     (lambda g, x: Pull(g, x, torch.rand(len(SRC)), "mul"), r"edge= must have as many dims.*got edge \[\d+\]"),
     (lambda g, x: Pull(g, x[:, 0], torch.rand(len(SRC), 1), "mul"), r"got edge \[\d+, 1\] and embed \[\d+\]"),
+    (lambda g, x: Pull(g, x, torch.rand(len(SRC), F_IN - 1), "mul"),
+     rf"per-edge shape \[{F_IN - 1}\], which does not broadcast with embed's per-vertex shape \[{F_IN}\]"),
     (lambda g, x: NeighborApply(g, x[:, 0], "dot"), "mode 'dot' sums x_u \\* x_v over the feature dim"),
     (lambda g, x: NeighborApply(g, None, lambda s, d: s * d), r"a function mode .* give the node embeddings"),
 ])

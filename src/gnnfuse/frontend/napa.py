@@ -111,6 +111,25 @@ def NeighborApply(graph: Graph | object, embed: torch.Tensor | None = None, mode
     return gsddmm(graph, _dot if mode == "dot" else _mul, src=embed, dst=embed)
 
 
+def _check_weight_shape(edge: torch.Tensor, embed: torch.Tensor) -> None:
+    """Refuse edge weights that cannot multiply the messages row by row, naming both shapes:
+    else the tracer refused ``w * s`` at the line of `_weighted`, gnnfuse's own code, with
+    a broadcast error on its probe shapes that named neither ``edge=`` nor ``embed``."""
+    if edge.dim() != embed.dim():
+        # torch's right-aligned broadcasting would pair the edge axis of one with a feature axis of the other
+        fix = "edge.unsqueeze(-1)" if edge.dim() < embed.dim() else "edge.squeeze(-1), or embed.unsqueeze(-1)"
+        raise ValueError(f"Pull: mode_g='mul' multiplies each message x_u by its edge weight, so edge= must have "
+                         f"as many dims as embed ([E, 1], as NeighborApply gives it, for a [N, F] embed); got "
+                         f"edge {list(edge.shape)} and embed {list(embed.shape)}: pass {fix}")
+    try:
+        torch.broadcast_shapes(edge.shape[1:], embed.shape[1:])
+    except RuntimeError:
+        raise ValueError(f"Pull: mode_g='mul' multiplies each message x_u by its edge weight, but edge= has "
+                         f"per-edge shape {list(edge.shape[1:])}, which does not broadcast with embed's per-vertex "
+                         f"shape {list(embed.shape[1:])} (edge {list(edge.shape)}, embed {list(embed.shape)}); "
+                         "give each edge one weight per row ([E, 1]) or one per feature") from None
+
+
 def Pull(graph: Graph | object, embed: torch.Tensor, edge: torch.Tensor | None = None,
          mode_g: str | Callable = "mul", mode_h: str = "sum", *,
          schedule: str | Schedule | None = None) -> torch.Tensor:
@@ -132,14 +151,8 @@ def Pull(graph: Graph | object, embed: torch.Tensor, edge: torch.Tensor | None =
     if (mode_g == "mul") != (edge is not None):
         raise ValueError("Pull: mode_g='mul' weights each message by edge= (give it); 'copy' reads no edge= "
                          f"(got mode_g={mode_g!r} with edge={'a tensor' if edge is not None else 'None'})")
-    if (mode_g == "mul" and isinstance(edge, torch.Tensor) and isinstance(embed, torch.Tensor)
-            and edge.dim() != embed.dim()):
-        # else torch's right-aligned broadcasting pairs the edge axis of one with a feature axis of
-        # the other, which the tracer refuses at the line of `_weighted`, gnnfuse's own code
-        fix = "edge.unsqueeze(-1)" if edge.dim() < embed.dim() else "edge.squeeze(-1), or embed.unsqueeze(-1)"
-        raise ValueError(f"Pull: mode_g='mul' multiplies each message x_u by its edge weight, so edge= must have "
-                         f"as many dims as embed ([E, 1], as NeighborApply gives it, for a [N, F] embed); got "
-                         f"edge {list(edge.shape)} and embed {list(embed.shape)}: pass {fix}")
+    if mode_g == "mul" and isinstance(edge, torch.Tensor) and isinstance(embed, torch.Tensor):
+        _check_weight_shape(edge, embed)
     message = _weighted if mode_g == "mul" else None
     return gspmm(graph, message, mode_h, src=embed, edge=edge, schedule=schedule)
 
