@@ -121,6 +121,8 @@ def test_apply_is_a_dense_layer():
 
 @pytest.mark.parametrize("call,match", [
     (lambda g, x: NeighborApply(g, x, "softmax"), "mode must be one of"),
+    # a tensor of per-edge weights as mode: the message listed its values
+    (lambda g, x: NeighborApply(g, x, torch.ones(len(SRC))), r"got a tensor of shape \[\d+\]: per-edge weights are "),
     (lambda g, x: NeighborApply(g, None, "dot"), r"needs the node embeddings \(embed=\)"),
     (lambda g, x: NeighborApply(g, x, "gcn", edge=x[SRC]), "reads no edge="),
     (lambda g, x: Pull(g, x, None, "mul"), "weights each message by edge="),

@@ -91,6 +91,9 @@ def NeighborApply(graph: Graph | object, embed: torch.Tensor | None = None, mode
             raise ValueError("NeighborApply: a function mode is called on each edge's (x_u, x_v): give the node "
                              "embeddings (embed=)")
         return gsddmm(graph, mode, src=embed, dst=embed, edge=edge)
+    if isinstance(mode, torch.Tensor):     # `in` would compare it with each name; its repr lists its values
+        raise ValueError(f"NeighborApply: mode must be one of {WEIGHTINGS} or a function, got a tensor of shape "
+                         f"{list(mode.shape)}: per-edge weights are Pull's edge= (mode_g='mul')")
     if mode not in WEIGHTINGS:
         raise ValueError(f"NeighborApply: mode must be one of {WEIGHTINGS} or a function, got {mode!r}")
     if edge is not None:
