@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -182,3 +183,12 @@ def test_a_json_output_that_is_a_link_is_written_through_it(tmp_path, capsys):
     assert main(["bench", "--dataset", "synthetic", "--frameworks", "gnnfuse", "--steps", "1", "--warmup", "0",
                  "--json", str(link)]) == 0
     assert link.is_symlink() and json.loads(real.read_text())["dataset"] == "synthetic"
+    # and the file keeps its permissions, as it did written in place (the renamed one had the umask's)
+    real.chmod(0o664)
+    mask = os.umask(0o022)
+    try:
+        assert main(["bench", "--dataset", "synthetic", "--frameworks", "gnnfuse", "--steps", "1", "--warmup", "0",
+                     "--json", str(link)]) == 0
+    finally:
+        os.umask(mask)
+    assert real.stat().st_mode & 0o777 == 0o664

@@ -1,6 +1,7 @@
 """Checks on the files a command will write, made before its work starts."""
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from pathlib import Path
@@ -86,12 +87,16 @@ def write_atomically(path: str | Path, write: Callable[[Path], Any]) -> Path:
     writer) left a truncated file where the previous result was, which read as a result.
     Now the previous file stays whole and the temporary one is removed. The temporary
     name keeps ``path``'s suffix, since image writers take the file type from it. A
-    symbolic link is written through, as an in-place write did, not replaced by a file."""
+    symbolic link is written through, and a file that exists keeps its permissions, as
+    an in-place write did: not replaced by a file of the umask's mode (a group-writable
+    shared file, such as the tuned-schedule store, locked the group out)."""
     path = Path(path)
     target = Path(os.path.realpath(path))
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp{target.suffix}")
     try:
         write(tmp)
+        with contextlib.suppress(FileNotFoundError):
+            os.chmod(tmp, target.stat().st_mode & 0o7777)
         os.replace(tmp, target)
     except BaseException:
         tmp.unlink(missing_ok=True)

@@ -29,7 +29,6 @@ import functools
 import hashlib
 import json
 import math
-import os
 import time
 import warnings
 import weakref
@@ -47,6 +46,7 @@ from ..graph import Graph
 from ..passes.fusion import AggregateUnit, Unit
 from .forced_schedule import SCHEDULES, ForcedSchedule, forced_schedule
 from ..environ import getenv
+from ..output_paths import write_atomically
 
 PATH_ENV = "GNNFUSE_TUNED_SCHEDULES"
 FORMAT = 1
@@ -283,32 +283,20 @@ def store(records: dict[str, dict[str, Any]]) -> Path:
     """Merge ``records`` (key -> {"schedule": fields, ...}) into the cache file as it is
     now, under a lock and written atomically; an unreadable or stale file is replaced.
 
-    The file gets the permissions any new file gets (the umask's), not the temporary
-    file's private 0600: a store shared by several users (``$GNNFUSE_TUNED_SCHEDULES``)
-    became unreadable to all but the last one to tune, whose choices the others' runs
-    then ignored; a store that exists keeps its own (a group-writable shared store stayed
-    writable only until another user's first store). A store that is a symbolic link (to a
-    shared file) is written where it points: the link was replaced by a file of this user's
-    own, which the others never read. A write stopped midway (Ctrl-C) leaves no temporary
-    file behind."""
+    Written by `output_paths.write_atomically`: a new store gets any new file's
+    permissions (the umask's), not a temporary file's private 0600, which made a store
+    shared by several users (``$GNNFUSE_TUNED_SCHEDULES``) unreadable to all but the last
+    one to tune; a store that exists keeps its own, and one that is a symbolic link (to a
+    shared file) is written where it points, not replaced by a file of this user's own.
+    A write stopped midway (Ctrl-C) leaves no temporary file behind. The lock is taken
+    beside the file the link points to, so every user's store takes the same one."""
     path = cache_path().resolve()
     path.parent.mkdir(parents=True, exist_ok=True)
     with _exclusive(path):
         # the file as it is now, not `entries`' table, which may be up to `RECHECK_SECONDS` old
         merged = {k: record for k, (record, _) in _parsed(path, lambda message: None).items()}
         merged.update(records)
-        # created as any new file is (mode 0o666 less the umask); under the lock, so the
-        # name is this process's alone
-        name = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
-        try:
-            with contextlib.suppress(FileNotFoundError):
-                os.chmod(name, path.stat().st_mode & 0o7777)
-            with os.fdopen(fd, "w") as f:
-                json.dump({"stamp": STAMP, "entries": merged}, f, indent=1, sort_keys=True)
-            os.replace(name, path)
-        except BaseException:
-            os.unlink(name)        # no temporary file left beside the store
-            raise
+        text = json.dumps({"stamp": STAMP, "entries": merged}, indent=1, sort_keys=True)
+        write_atomically(path, lambda tmp: tmp.write_text(text))
     _loaded["path"] = None   # read back on the next lookup
     return path
