@@ -116,38 +116,40 @@ class Tracer:
             raise self.error("torch.no_grad() / torch.enable_grad() inside a traced function: its program has "
                              "one backward, which would differentiate these ops anyway; compute the value "
                              "outside the function and pass it in (a feature or a captured tensor)")
-        self._refuse_backward_hooks()
-        return self._location()
+        return self._location(module_calls=True)
 
-    def _refuse_backward_hooks(self) -> None:
-        """Refuse an op traced inside a module call (``self.lin(x_j)``) whose module has a
+    def _refuse_backward_hooks(self, module: torch.nn.Module) -> None:
+        """Refuse an op traced inside a call of ``module`` (``self.lin(x_j)``) when it has a
         backward hook (``register_full_backward_hook`` or its pre-hook, its own or one on
         every module): torch attaches it to the call's tensors, which a traced call does not
         have, so it never ran on the compiled call's gradients (a hook scaling its input's
         gradient by 5 was silently skipped). Forward hooks run while tracing, and a module
         with hooks is traced on every call (`trace_cache`)."""
-        frame, entry = sys._getframe(2), self._calls[-1] if self._calls else None
-        while frame is not None and frame is not entry:
-            if frame.f_code is _MODULE_CALL:
-                module = frame.f_locals.get("self")
-                own, every = registered_hooks(module, ("_backward_hooks", "_backward_pre_hooks"))
-                hooked = [what for name, what in _BACKWARD_HOOKS.items() if name in own or name in every]
-                if hooked:
-                    raise self.error(f"{type(module).__name__} has a backward hook ({' and '.join(hooked)}, on it or "
-                                     "on every module), which torch attaches to the call's tensors: a traced call "
-                                     "has none, so it would never run on the compiled gradients; remove it, or call "
-                                     "this module outside the traced function")
-            frame = frame.f_back
+        own, every = registered_hooks(module, ("_backward_hooks", "_backward_pre_hooks"))
+        hooked = [what for name, what in _BACKWARD_HOOKS.items() if name in own or name in every]
+        if hooked:
+            raise self.error(f"{type(module).__name__} has a backward hook ({' and '.join(hooked)}, on it or "
+                             "on every module), which torch attaches to the call's tensors: a traced call "
+                             "has none, so it would never run on the compiled gradients; remove it, or call "
+                             "this module outside the traced function")
 
-    def _location(self) -> str | None:
+    def _location(self, module_calls: bool = False) -> str | None:
+        """The user's innermost line between the caller's caller and the running call;
+        with ``module_calls``, in the same walk, `_refuse_backward_hooks` of each module
+        call an op is traced inside, which may lie further out than that line."""
         frame, entry = sys._getframe(2), self._calls[-1] if self._calls else None
+        location = None
         while frame is not None and frame is not entry:
             code = frame.f_code
-            if code is self._code or (entry is not None and not is_library(code.co_filename)):
+            if location is None and (code is self._code or (entry is not None and not is_library(code.co_filename))):
                 text = linecache.getline(code.co_filename, frame.f_lineno).strip()
-                return f"{code.co_filename}:{frame.f_lineno}: {text}"
+                location = f"{code.co_filename}:{frame.f_lineno}: {text}"
+                if not module_calls:
+                    break
+            if module_calls and code is _MODULE_CALL:
+                self._refuse_backward_hooks(frame.f_locals.get("self"))
             frame = frame.f_back
-        return None
+        return location
 
     def error(self, message: str, *, probe: bool = False) -> CompileError:
         """An error at the user's line; outside a running UDF (checking what it returned),
