@@ -65,6 +65,12 @@ _ZERO_KEEPING = _MASKING | frozenset({
     torch.squeeze, torch.unsqueeze, torch.flatten, torch.Tensor.to, torch.Tensor.float, torch.Tensor.double,
     torch.Tensor.type_as, torch.Tensor.contiguous, torch.Tensor.clone, torch.Tensor.detach})
 _DIVIDING = frozenset({torch.div, torch.true_divide, torch.Tensor.div, torch.Tensor.__truediv__, torch.Tensor.div_})
+# Ops on the mask whose result is still 0 on the padded rows, so it still masks: those
+# keeping zeros, and conversions and views of it. Not ``1 - y_mask``, ``y_mask + 1``,
+# ``y_mask.clamp(min=0.5)`` or ``ones_like(y_mask)``: a label value times one of those
+# keeps the padded rows (taken for the mask, their sum counted the padding silently).
+_MASK_KEEPING = _ZERO_KEEPING | frozenset({
+    torch.Tensor.bool, torch.Tensor.half, torch.Tensor.bfloat16, torch.Tensor.expand, torch.Tensor.expand_as})
 _SUMS = frozenset({torch.sum, torch.Tensor.sum, torch.nansum, torch.Tensor.nansum})
 # Ops keeping each row's values in that row whose names nonetheless move values along
 # the rows (a cumulative sum over them, a sort): never row by row.
@@ -122,8 +128,9 @@ class LabelWatch(TorchFunctionMode):
                 if not (func in _SUMS and all(t.dim() == 0 for t in results)):
                     self._keep(self._zeroed, self._zeroed_ids, results)     # still 0 on the padded rows
                 return out
-        elif not labelled:        # the mask itself, converted or reshaped: still the mask
-            if _row_by_row(func, [t for t in inputs if id(t) in self._mask_ids], results):
+        elif not labelled:        # the mask itself, converted, reshaped or scaled: still the mask
+            mask_inputs = [t for t in inputs if id(t) in self._mask_ids]
+            if _keeps_mask(func, args, mask_inputs) and _row_by_row(func, mask_inputs, results):
                 self._keep(self._masks, self._mask_ids, results)
             return out
         elif masked and _rows_aligned(inputs, results) and (
@@ -218,6 +225,20 @@ def _rows_aligned(inputs: list[torch.Tensor], results: list[torch.Tensor]) -> bo
     ranked = [t for t in results if t.dim()]
     return all(t.numel() == 1 or (t.dim() == r.dim() and t.shape[0] == r.shape[0])
                for t in inputs for r in ranked)
+
+
+def _keeps_mask(func: Any, args: tuple, masks: list[torch.Tensor]) -> bool:
+    """Whether ``func`` of the mask ``masks`` is 0 where the mask is (`_MASK_KEEPING`, a
+    quotient of the mask by the same value for every row, whole rows of it: ``y_mask[:,
+    None]``), so that a label value multiplied by it is 0 on the padded rows."""
+    if func in _MASK_KEEPING:
+        return True
+    if func in _DIVIDING:
+        return len(args) > 1 and any(args[0] is mask for mask in masks) and _constant_rows(args[1])
+    if func is torch.Tensor.__getitem__:
+        index = args[1] if isinstance(args[1], tuple) else (args[1],)
+        return any(args[0] is mask for mask in masks) and bool(index) and index[0] == slice(None)
+    return False
 
 
 def _constant_rows(divisor: Any) -> bool:
