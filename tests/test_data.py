@@ -1,6 +1,7 @@
 """Data loaders against the real files (exact published counts) and the synthetic generators."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -72,6 +73,12 @@ def test_npz_directed_counts_and_random_split(shared_data):
     assert (citeseer.graph.num_nodes, citeseer.graph.num_edges, citeseer.num_classes) == (3312, 4591, 6)
     assert cora.train_mask is None
     assert load_npz("cora", shared_data, undirected=True).graph.num_edges == 10556
+    # a row is the cited paper (Cora's .cites is "cited citing"): paper "35", cited 166
+    # times, is the source of 166 edges; a paper cites at most 5 others within cora
+    names = list(np.load(shared_data / "gnn-benchmark" / "cora.npz")["node_names"])
+    out_degree = torch.bincount(cora.graph.src, minlength=2708)
+    assert out_degree[names.index("35")] == 166 == out_degree.max()
+    assert torch.bincount(cora.graph.dst, minlength=2708).max() == 5
 
     split = random_split(cora, seed=3)
     assert split_sizes(split) == (140, 500, 1000)

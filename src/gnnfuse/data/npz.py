@@ -37,8 +37,11 @@ def _csr(parts, prefix: str) -> sp.csr_matrix:
 def load_npz(name: str, root: str | os.PathLike | None = None, *, undirected: bool = False) -> NodeDataset:
     """Load ``gnn-benchmark/<name>.npz`` (e.g. "cora", "citeseer"); masks are None.
 
-    The graph keeps citation direction (row = citing = source) with duplicates and self
-    loops removed: cora has 5429 edges, citeseer 4591 (it stores 124 self loops).
+    The graph keeps the file's direction (row = source) with duplicates and self loops
+    removed: cora has 5429 edges, citeseer 4591 (it stores 124 self loops). A row is the
+    *cited* paper, as in Cora's ``.cites`` file ("cited citing"): cora's paper "35", cited
+    166 times, is the source of 166 edges, and no paper is the target of more than 5 (its
+    references within cora): messages flow from a paper to the papers citing it.
     `undirected=True` symmetrises instead (cora 10556 -- the Planetoid graph -- citeseer
     9072). Features are row-normalised; use `random_split` for a split.
     """
