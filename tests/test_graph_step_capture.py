@@ -166,15 +166,19 @@ def _summed_over_rows(out, y):
     return F.cross_entropy(out, y, reduction="sum") / y.shape[0]
 
 
+def _summed_over_numel(out, y):
+    return F.cross_entropy(out, y, reduction="sum") / torch.numel(y)
+
+
 @pytest.mark.parametrize("loss_fn", [_binary, _accuracy_weighted, _unreduced_mean, _remapped, _summed_over_len,
-                                     _summed_over_rows])
+                                     _summed_over_rows, _summed_over_numel])
 def test_a_loss_that_reads_the_padding_labels_runs_eagerly_with_a_warning(loss_fn):
     """Only a loss ignoring IGNORE_LABEL (cross-entropy's and nll's ignore_index) is the
     same on a padded batch: a binary loss over ``y.float()`` counted every padding graph
     with target -100, a mean over ``y == pred`` every padding graph as wrong; replayed,
     silently; and so a mean of cross-entropy's unreduced losses, whose padding graphs' zeros
     it counted. So did labels remapped through a table (``table[y]``: -100 read a real
-    class) and a sum divided by ``len(y)`` or ``y.shape[0]`` (the padded count): plain
+    class) and a sum divided by ``len(y)``, ``y.shape[0]`` or ``torch.numel(y)`` (the padded count): plain
     ints and an index, which the watch had let pass. Which the step does is watched on its
     first batch, run on PyG's batch."""
     eager = _training("GIN", False, loss_fn=loss_fn)

@@ -179,13 +179,14 @@ def _name(func: Any) -> str:
 
 
 # Reads of a tensor's row count: on a padded batch it includes the padding, so ``sum / len(y)``
-# divides by the padded count (the shape's getter comes as the descriptor's ``__get__``)
-_ROW_COUNTS = (torch.Tensor.__len__, torch.Tensor.numel, torch.Tensor.size)
+# divides by the padded count (the shape's getter comes as the descriptor's ``__get__``;
+# ``torch.numel(y)`` comes as itself, not as the method)
+_ROW_COUNTS = (torch.Tensor.__len__, torch.Tensor.numel, torch.numel, torch.Tensor.size)
 
 
 def _counts_rows(func: Any, args: tuple, kwargs: dict) -> bool:
     """Whether ``func`` reads the row count of its tensor: ``len(y)``, ``y.numel()``,
-    ``y.shape``, ``y.size()`` or ``y.size(0)`` (not another dim's size)."""
+    ``torch.numel(y)``, ``y.shape``, ``y.size()`` or ``y.size(0)`` (not another dim's size)."""
     if getattr(func, "__self__", None) is torch.Tensor.shape:
         return True
     if func not in _ROW_COUNTS:
