@@ -147,6 +147,7 @@ def test_a_masked_regression_step_replays_and_trains_as_pygs():
     (lambda out, b: (F.mse_loss(out, b.y, reduction="none") * (b.y_mask + 1) / 2).sum(), "sum"),
     (lambda out, b: (F.l1_loss(out, b.y, reduction="none") * b.y_mask.clamp(min=0.5)).sum(), "sum"),
     (lambda out, b: ((out - b.y).abs() * torch.ones_like(b.y_mask)).sum() / b.y_mask.sum(), "sum"),
+    (lambda out, b: torch.where(b.y_mask < 1, 0.0, (out - b.y) ** 2).sum() / b.y_mask.sum(), "sum"),
 ])
 def test_an_unmasked_use_of_the_labels_runs_eagerly_with_a_warning(loss_fn, named):
     """Reduced before the mask, mixed along the rows first, averaged after it (a mean
@@ -191,6 +192,7 @@ def test_a_masked_loss_the_mask_cannot_repair_runs_eagerly_with_a_warning(loss_f
     lambda out, b: ((out[:, None] - b.y[:, None]).square().sum(dim=1) * b.y_mask).sum() / b.y_mask.sum(),
     lambda out, b: (F.l1_loss(out, b.y, reduction="none") * (b.y_mask / b.y_mask.sum())).sum(),
     lambda out, b: ((out - b.y)[:, None].abs() * b.y_mask.bool()[:, None].double()).sum() / b.y_mask.sum(),
+    lambda out, b: torch.where(b.y_mask > 0, (out - b.y) ** 2, 0.0).sum() / b.y_mask.sum(),
 ])
 def test_masked_losses_finite_on_the_padding_still_replay(loss_fn):
     eager = _training(False, loss_fn)

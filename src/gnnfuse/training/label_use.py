@@ -33,6 +33,7 @@ spreading the rows over columns (a ``[G]`` label against a ``[G, 1]`` output). S
 from __future__ import annotations
 
 import inspect
+import operator
 from typing import Any, Iterable
 
 import torch
@@ -71,6 +72,10 @@ _DIVIDING = frozenset({torch.div, torch.true_divide, torch.Tensor.div, torch.Ten
 # keeps the padded rows (taken for the mask, their sum counted the padding silently).
 _MASK_KEEPING = _ZERO_KEEPING | frozenset({
     torch.Tensor.bool, torch.Tensor.half, torch.Tensor.bfloat16, torch.Tensor.expand, torch.Tensor.expand_as})
+# A comparison of the mask with a number is False where the mask is 0 when the number
+# compares so with 0 (``y_mask > 0``, ``y_mask != 0``, ``y_mask == 1``; not ``y_mask < 1``).
+_COMPARISONS = {"gt": operator.gt, "ge": operator.ge, "lt": operator.lt, "le": operator.le, "eq": operator.eq,
+                "ne": operator.ne}
 _SUMS = frozenset({torch.sum, torch.Tensor.sum, torch.nansum, torch.Tensor.nansum})
 # Ops keeping each row's values in that row whose names nonetheless move values along
 # the rows (a cumulative sum over them, a sort): never row by row.
@@ -239,6 +244,9 @@ def _keeps_mask(func: Any, args: tuple, masks: list[torch.Tensor]) -> bool:
     if func is torch.Tensor.__getitem__:
         index = args[1] if isinstance(args[1], tuple) else (args[1],)
         return any(args[0] is mask for mask in masks) and bool(index) and index[0] == slice(None)
+    compare = _COMPARISONS.get(getattr(func, "__name__", "").strip("_"))
+    if compare is not None and len(args) > 1 and isinstance(args[1], (int, float)):
+        return any(args[0] is mask for mask in masks) and not compare(0, args[1])    # y_mask > 0: False at 0
     return False
 
 
