@@ -193,6 +193,7 @@ def test_a_masked_loss_the_mask_cannot_repair_runs_eagerly_with_a_warning(loss_f
     lambda out, b: (F.l1_loss(out, b.y, reduction="none") * (b.y_mask / b.y_mask.sum())).sum(),
     lambda out, b: ((out - b.y)[:, None].abs() * b.y_mask.bool()[:, None].double()).sum() / b.y_mask.sum(),
     lambda out, b: torch.where(b.y_mask > 0, (out - b.y) ** 2, 0.0).sum() / b.y_mask.sum(),
+    lambda out, b: ((out - b.y) ** 2 * (b.y_mask[:, None] > 0).any(dim=1)).sum() / b.y_mask.sum(),
 ])
 def test_masked_losses_finite_on_the_padding_still_replay(loss_fn):
     eager = _training(False, loss_fn)

@@ -71,7 +71,10 @@ _DIVIDING = frozenset({torch.div, torch.true_divide, torch.Tensor.div, torch.Ten
 # ``y_mask.clamp(min=0.5)`` or ``ones_like(y_mask)``: a label value times one of those
 # keeps the padded rows (taken for the mask, their sum counted the padding silently).
 _MASK_KEEPING = _ZERO_KEEPING | frozenset({
-    torch.Tensor.bool, torch.Tensor.half, torch.Tensor.bfloat16, torch.Tensor.expand, torch.Tensor.expand_as})
+    torch.Tensor.bool, torch.Tensor.half, torch.Tensor.bfloat16, torch.Tensor.type, torch.Tensor.expand,
+    torch.Tensor.expand_as, torch.logical_and, torch.Tensor.logical_and, torch.Tensor.__and__,
+    torch.bitwise_and, torch.Tensor.bitwise_and})
+_MASK_ROW_REDUCTIONS = frozenset({"sum", "nansum", "mean", "amax", "amin", "any", "all", "prod"})
 # A comparison of the mask with a number is False where the mask is 0 when the number
 # compares so with 0 (``y_mask > 0``, ``y_mask != 0``, ``y_mask == 1``; not ``y_mask < 1``).
 _COMPARISONS = {"gt": operator.gt, "ge": operator.ge, "lt": operator.lt, "le": operator.le, "eq": operator.eq,
@@ -135,7 +138,7 @@ class LabelWatch(TorchFunctionMode):
                 return out
         elif not labelled:        # the mask itself, converted, reshaped or scaled: still the mask
             mask_inputs = [t for t in inputs if id(t) in self._mask_ids]
-            if _keeps_mask(func, args, mask_inputs) and _row_by_row(func, mask_inputs, results):
+            if _keeps_mask(func, args, kwargs, mask_inputs) and _row_by_row(func, mask_inputs, results):
                 self._keep(self._masks, self._mask_ids, results)
             return out
         elif masked and _rows_aligned(inputs, results) and (
@@ -233,12 +236,15 @@ def _rows_aligned(inputs: list[torch.Tensor], results: list[torch.Tensor]) -> bo
                for t in inputs for r in ranked)
 
 
-def _keeps_mask(func: Any, args: tuple, masks: list[torch.Tensor]) -> bool:
+def _keeps_mask(func: Any, args: tuple, kwargs: dict, masks: list[torch.Tensor]) -> bool:
     """Whether ``func`` of the mask ``masks`` is 0 where the mask is (`_MASK_KEEPING`, a
     quotient of the mask by the same value for every row, whole rows of it: ``y_mask[:,
-    None]``), so that a label value multiplied by it is 0 on the padded rows."""
+    None]``, a reduction of each row: ``y_mask.any(dim=1)``), so that a label value
+    multiplied by it is 0 on the padded rows."""
     if func in _MASK_KEEPING:
         return True
+    if getattr(func, "__name__", "") in _MASK_ROW_REDUCTIONS:     # a padded row is all 0: so is its reduction
+        return any(args[0] is mask for mask in masks) and _over_other_dims(args, kwargs)
     if func in _DIVIDING:
         return len(args) > 1 and any(args[0] is mask for mask in masks) and _constant_rows(args[1])
     if func is torch.Tensor.__getitem__:
@@ -264,9 +270,7 @@ def _finite_on_zeros(func: Any, args: tuple, kwargs: dict, label_ids: set[int]) 
     if name in _FINITE_ON_ZEROS:
         return True
     if name in _ROW_REDUCTIONS:
-        dims = args[1] if len(args) > 1 else kwargs.get("dim")
-        dims = (dims,) if isinstance(dims, int) else dims
-        return bool(dims) and all(isinstance(d, int) and d % args[0].dim() != 0 for d in dims)
+        return _over_other_dims(args, kwargs)
     if name in _POWERS:
         exponent = args[1] if len(args) > 1 else kwargs.get("exponent")
         return isinstance(args[0], torch.Tensor) and isinstance(exponent, (int, float)) and (
@@ -277,6 +281,14 @@ def _finite_on_zeros(func: Any, args: tuple, kwargs: dict, label_ids: set[int]) 
         index = args[1] if isinstance(args[1], tuple) else (args[1],)
         return bool(index) and index[0] == slice(None)
     return False
+
+
+def _over_other_dims(args: tuple, kwargs: dict) -> bool:
+    """Whether a reduction of ``args[0]`` is over dims other than the rows only (``dim``
+    given, not 0), so that each row reduces to its own value."""
+    dims = args[1] if len(args) > 1 else kwargs.get("dim")
+    dims = (dims,) if isinstance(dims, int) else dims
+    return bool(dims) and all(isinstance(d, int) and d % args[0].dim() != 0 for d in dims)
 
 
 def _ignores_padding(loss: Any, args: tuple, kwargs: dict) -> bool | str:
