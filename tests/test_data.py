@@ -343,6 +343,13 @@ def test_corrupted_npz_and_wn18rr_files_are_usage_errors_naming_them(shared_data
     np.savez(npz, **parts)
     with pytest.raises(DataFileError, match="cora.npz cannot be read.*adj_.* arrays are not a valid CSR matrix"):
         load_npz("cora", tmp_path)
+    # a valid archive of the format's dense-attribute variant: named as lacking the arrays, not as corrupted
+    with np.load(shared_data / "gnn-benchmark" / "cora.npz", allow_pickle=True) as original:
+        dense = {key: value for key, value in original.items() if not key.startswith("attr_")}
+    np.savez(npz, attr_matrix=np.eye(2708, 3, dtype=np.float32), **dense)
+    with pytest.raises(DataFileError, match=r"cora.npz lacks the array\(s\) attr_data, attr_indices, attr_indptr, "
+                                            r"attr_shape \(it holds .*attr_matrix"):
+        load_npz("cora", tmp_path)
     wn = _copy(shared_data / "wn18rr", tmp_path / "wn18rr", ["train.txt", "valid.txt", "test.txt"])
     lines = (wn / "valid.txt").read_text().splitlines()
     (wn / "valid.txt").write_text("\n".join(line.replace("\t", " ") for line in lines[:3]) + "\n")

@@ -21,6 +21,10 @@ from .dataset import DataFileError, NodeDataset, reading, row_normalize
 from .paths import find_data_file
 
 
+REQUIRED_ARRAYS = tuple(f"{prefix}_{part}" for prefix in ("adj", "attr") for part in ("data", "indices", "indptr",
+                                                                                        "shape")) + ("labels",)
+
+
 def _csr(parts, prefix: str) -> sp.csr_matrix:
     """The CSR matrix stored as ``<prefix>_data/_indices/_indptr/_shape``, fully checked:
     scipy's constructor does not look at the column ids, so one out of range surfaced
@@ -48,6 +52,7 @@ def load_npz(name: str, root: str | os.PathLike | None = None, *, undirected: bo
     path = find_data_file("gnn-benchmark", f"{name}.npz", root)
     with reading(path, "a gnn-benchmark graph (adj_*, attr_* and labels arrays)"), \
             np.load(path, allow_pickle=True) as parts:
+        _check_arrays(path, parts.files)
         adjacency = _csr(parts, "adj")
         attributes = _csr(parts, "attr")
         labels = np.asarray(parts["labels"], dtype=np.int64)
@@ -68,6 +73,17 @@ def load_npz(name: str, root: str | os.PathLike | None = None, *, undirected: bo
         train_mask=None, val_mask=None, test_mask=None, num_classes=int(labels.max()) + 1,
         description=f"gnn-benchmark {name}: raw citation graph, {kind}; row-normalised "
                     f"binary features, no predefined split (see random_split); read from {path}")
+
+
+def _check_arrays(path: os.PathLike, present: list[str]) -> None:
+    """Refuse a readable archive lacking arrays this loader reads, naming them: the
+    format's variants (dense ``attr_matrix``, multi-label ``labels_*`` CSR parts, no
+    attributes at all) are valid files, which the parsers' KeyError made look corrupted."""
+    missing = [key for key in REQUIRED_ARRAYS if key not in present]
+    if missing:
+        raise DataFileError(f"{path} lacks the array(s) {', '.join(missing)} (it holds {', '.join(present)}): "
+                            "load_npz reads a CSR adjacency (adj_*), CSR attributes (attr_*) and one integer "
+                            "label per node (labels); dense attr_matrix or multi-label labels_* are not read")
 
 
 def _deduplicate(graph: Graph) -> Graph:
