@@ -350,7 +350,7 @@ def test_gat_logits_fold_into_one_gemm_only_where_it_moves_fewer_bytes(monkeypat
     nn.init.normal_(layer.att_dst)
     x = torch.randn(N, 6, dtype=torch.float64)
     h = layer.lin(x).view(-1, 2, 4)
-    folded = _folded_logits(layer.lin, x, layer.att_src, layer.att_dst)
+    folded = _folded_logits(layer.lin.weight, x, layer.att_src, layer.att_dst)
     torch.testing.assert_close(folded, [(h * layer.att_src).sum(-1), (h * layer.att_dst).sum(-1)], rtol=1e-12, atol=1e-12)
 
 

@@ -852,17 +852,23 @@ def _folds(lin: nn.Linear, x: torch.Tensor, graph: Any = None) -> bool:
             and autocast_dtype(x.device.type) is None and not on_first_pass(graph))
 
 
-def _folded_logits(lin: nn.Linear, x: torch.Tensor, *atts: torch.Tensor) -> list[torch.Tensor]:
+def _folded_logits(weight: torch.Tensor, x: torch.Tensor, *atts: torch.Tensor) -> list[torch.Tensor]:
     """GAT's per-head logits ``<lin(x)_h, a_h>`` for each attention vector ``a`` ([1, H, C]),
-    as one skinny GEMM ``x @ [W_a]^T`` with ``W_a[h] = W_h^T a_h`` ([H, in_features]):
-    the same sums, reassociated, without the [N, H x C] product and its reduction forward
-    and backward (about 4 ms of a products-sized GAT step's elementwise kernels)."""
-    heads = atts[0].shape[-2]
-    weight = lin.weight.view(heads, -1, lin.in_features)                            # [H, C, F]
+    ``weight`` being ``lin``'s [H x C, in_features], as one skinny GEMM ``x @ [W_a]^T``
+    with ``W_a[h] = W_h^T a_h`` ([H, in_features]): the same sums, reassociated, without
+    the [N, H x C] product and its reduction forward and backward (about 4 ms of a
+    products-sized GAT step's elementwise kernels).
+
+    Takes the weight tensor, not the module: a backward remaking the logits
+    (`GATConv._remakes`) must use the weight the forward read, and ``lin.weight`` read
+    then may be another tensor (``torch.func.functional_call`` puts the module's own
+    parameters back when the forward returns)."""
+    heads, in_features = atts[0].shape[-2], weight.shape[-1]
+    per_head = weight.view(heads, -1, in_features)                                   # [H, C, F]
     # every W_h^T a_h at once: one batched GEMM over heads, forward and backward, where a
     # product and a sum per vector were 16 small launches a step on a two-layer GAT
-    folded = torch.bmm(torch.stack([a.view(heads, -1) for a in atts], 1), weight)   # [H, len(atts), F]
-    logits = (x @ folded.view(-1, lin.in_features).t()).view(-1, heads, len(atts))
+    folded = torch.bmm(torch.stack([a.view(heads, -1) for a in atts], 1), per_head)  # [H, len(atts), F]
+    logits = (x @ folded.view(-1, in_features).t()).view(-1, heads, len(atts))
     return [alpha.contiguous() for alpha in logits.unbind(-1)]
 
 
@@ -953,7 +959,7 @@ class GATConv(FixedAggregation, FixedFlow, OneLineRepr, NotScriptable, nn.Module
         remakes = [recompute.Remake(ndata["h"], lambda: aligned_linear(x, weight, bias).view(-1, *shape),
                           (x, weight) if bias is None else (x, weight, bias))]
         if _folds(lin, x):
-            makers = recompute.made_together(lambda: _folded_logits(lin, x, *atts), 2)
+            makers = recompute.made_together(lambda: _folded_logits(weight, x, *atts), 2)
             remakes += [recompute.Remake(ndata[name], make, (x, weight, *atts))
                         for name, make in zip(("alpha_src", "alpha_dst"), makers)]
         return remakes
@@ -1012,7 +1018,7 @@ class GATConv(FixedAggregation, FixedFlow, OneLineRepr, NotScriptable, nn.Module
         shape = (-1, self.heads, self.out_channels)
         h = _aligned(lin or self.lin_src, x).view(shape)
         if x_dst is x and lin is not None and _folds(lin, x, graph):
-            alpha_src, alpha_dst = _folded_logits(lin, x, att_src, att_dst)
+            alpha_src, alpha_dst = _folded_logits(lin.weight, x, att_src, att_dst)
             ndata = {"h": h, "alpha_src": alpha_src, "alpha_dst": alpha_dst}
         else:
             alpha_src = (h * att_src).sum(-1)
