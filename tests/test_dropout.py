@@ -184,6 +184,27 @@ def test_torch_compile_traces_torch_dropout():
     assert _within_binomial(int((out != 1.0).sum()), out.numel(), 0.5)
 
 
+@pytest.mark.parametrize("shape", [(512, 256), (8, 4)], ids=["counter", "uniform"])
+def test_torch_jit_trace_draws_a_new_mask_per_call(shape):
+    """The counter path read its seed with ``.item()``, which torch.jit.trace records as a
+    constant: every call of the traced module dropped the same elements (512 x 256 ones:
+    two calls gave identical outputs), where torch's traced dropout draws anew."""
+    import warnings
+
+    class Dropout(torch.nn.Module):
+        def forward(self, x):
+            return gF.dropout(x, 0.5)
+    x = torch.ones(shape)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        traced = torch.jit.trace(Dropout(), (x,), check_trace=False)
+    torch.manual_seed(0)
+    outputs = [traced(x) for _ in range(4)]
+    assert any(not torch.equal(outputs[0], out) for out in outputs[1:])
+    bigger = traced(torch.ones(shape[0] + 8, shape[1]))
+    assert bigger.shape == (shape[0] + 8, shape[1]) and set(bigger.unique().tolist()) <= {0.0, 2.0}
+
+
 def test_torch_thread_count_is_left_as_the_user_set_it():
     before = torch.get_num_threads()
     try:

@@ -55,14 +55,14 @@ def dropout(input: torch.Tensor, p: float = 0.5, training: bool = True, inplace:
     repeatable as it does with torch's dropout. Which path runs:
 
     - a dense float32/float64 CPU tensor of at least `COUNTER_MIN_ELEMENTS` elements,
-      with Numba installed and outside `torch.compile`: a counter-based mask
+      with Numba installed and outside `torch.compile` and `torch.jit.trace`: a counter-based mask
       (`backend.cpu.random_mask`), one parallel pass forward and one backward, and no
       mask kept between them (the backward regenerates it from the seed);
     - another CPU tensor: uniforms compared with ``p`` (`torch.rand_like`, 2-3x faster
       than torch's `bernoulli_`);
     - a dense float32/float64 CUDA tensor of at least `DEVICE_COUNTER_MIN_ELEMENTS`
       elements (`CAPTURED_COUNTER_MIN_ELEMENTS` while a CUDA graph is being captured),
-      outside `torch.compile`: the same in Triton (`backend.triton.random_mask`;
+      outside `torch.compile` and `torch.jit.trace`: the same in Triton (`backend.triton.random_mask`;
       Philox numbers, its seed drawn on the device, so a step captured in a CUDA graph
       drops other elements in every replay). torch's fused kernel also writes a one-byte
       mask that its backward reads back;
@@ -84,7 +84,10 @@ def dropout(input: torch.Tensor, p: float = 0.5, training: bool = True, inplace:
         input = input.coalesce()
         return torch.sparse_coo_tensor(input.indices(), dropout(input.values(), p, training), input.shape,
                                        is_coalesced=True, check_invariants=False)
-    if torch.compiler.is_compiling():
+    # torch.jit.trace records the counter path's seed, read with ``.item()``, as a constant:
+    # every call of the traced module would drop the same elements. torch's op is traced
+    # as one that draws anew, as it is compiled.
+    if torch.compiler.is_compiling() or torch._C._get_tracing_state() is not None:
         return F.dropout(input, p, training, inplace)
     if input.is_cuda and p < 1.0 and _device_counter_applies(input):
         from ..backend.triton import random_mask
