@@ -28,6 +28,20 @@ def test_cli_bench_writes_table_json_and_plot(tmp_path, capsys):
     assert png.read_bytes()[:4] == b"\x89PNG"
 
 
+def test_a_data_set_that_cannot_be_fetched_is_a_usage_error(monkeypatch, capsys):
+    """`gnnfuse train` and `tune` turn a data set that is missing and cannot be downloaded
+    (`DownloadError`, an OSError) into a usage error; `bench` caught only ValueError and
+    FileNotFoundError, so ``bench --dataset ogbn-arxiv`` offline ended in a traceback."""
+    from gnnfuse.data.download import DownloadError
+
+    def offline(name, root=None, **kw):
+        raise DownloadError(f"{name} is not in /nowhere and ogb could not download it")
+    monkeypatch.setattr(bench.models, "load_node_dataset", offline)
+    with pytest.raises(SystemExit) as stopped:
+        main(["bench", "--dataset", "ogbn-arxiv", "--frameworks", "gnnfuse", "--steps", "1"])
+    assert stopped.value.code == 2
+    assert "gnnfuse bench: error: ogbn-arxiv is not in /nowhere" in capsys.readouterr().err
+
 def test_a_failing_framework_becomes_a_status(monkeypatch):
     real = bench.measure
 

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 
-from ..data import DATASET_NAMES, ROOT_HELP
+from ..data import DATASET_NAMES, LOAD_ERRORS, ROOT_HELP
 from .compare import figure_class, format_table, plot, run_bench
 from ..output_paths import replaced_outputs, unwritable_image, unwritable_output, write_atomically
 from ..runtime.cuda_graph import MODES
@@ -49,7 +49,7 @@ def run_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     try:
         report = run_bench(args.model, args.dataset, args.device, frameworks, args.steps, args.warmup,
                            args.root, log=lambda message: print(message, flush=True), cuda_graph=args.cuda_graph)
-    except (ValueError, FileNotFoundError, MissingDependency) as error:
+    except (*LOAD_ERRORS, MissingDependency) as error:     # a data set missing and not downloadable, too
         parser.error(str(error))
     print(format_table(report), end="")
     if args.json:
