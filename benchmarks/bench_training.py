@@ -37,13 +37,16 @@ DATASETS = ("cora", "citeseer", "pubmed", "arxiv-like", "reddit2-like", "product
 def ratios(results: dict[str, Any], dataset: str, model: str) -> dict[str, float | None]:
     """gnnfuse's speedup (other time / gnnfuse time) and memory ratio (gnnfuse peak /
     other peak) against each PyG variant; None where a cell is missing, failed, or was
-    measured on a different device than gnnfuse's."""
+    measured on a different device than gnnfuse's, or where the forward check did not
+    pass (the module doc's promise: no speedup for a layer that computes something else)."""
     cells = results["cells"]
     ours = cells.get(f"{dataset}/{model}/gnnfuse")
+    err = results["checks"].get(f"{dataset}/{model}", {}).get("max_rel_err")
+    agrees = err is not None and err <= REL_ERR_LIMIT
     out: dict[str, float | None] = {}
     for other in FRAMEWORKS[1:]:
         theirs = cells.get(f"{dataset}/{model}/{other}")
-        usable = (ours and theirs and ours["status"] == theirs["status"] == "ok"
+        usable = (agrees and ours and theirs and ours["status"] == theirs["status"] == "ok"
                   and len(device_names(results, [ours, theirs])) == 1)
         out[f"speedup_vs_{other}"] = theirs["median_ms"] / ours["median_ms"] if usable else None
         out[f"memory_ratio_vs_{other}"] = (ours["peak_gb"] / theirs["peak_gb"]

@@ -58,6 +58,31 @@ def test_a_failing_framework_becomes_a_status(monkeypatch):
     assert "failed" in bench.format_table(report)
 
 
+
+def test_no_speedup_is_reported_when_the_forward_check_fails(monkeypatch, import_script):
+    """A forward that disagreed with PyG's (max rel err 0.5, limit 1e-3) still got a
+    speedup in the report's ``ratios``, the table and bench_training's summary, whose doc
+    promises "a speedup is never reported for a layer that computes something else"."""
+    from pathlib import Path
+
+    monkeypatch.setattr(bench.compare, "check_forward", lambda *args: 0.5)
+    report = bench.run_bench("gcn", "synthetic", "cpu", ("gnnfuse", "pyg"), steps=1, warmup=0, log=lambda m: None)
+    assert not report["check"]["agrees"] and report["results"]["pyg"]["status"] == "ok"
+    assert report["ratios"]["pyg"] == {"speedup": None, "memory": None}
+    table = bench.format_table(report)
+    assert "DISAGREE" in table and "the forward check did not pass" in table
+    pyg_row = next(line for line in table.splitlines() if line.startswith("pyg "))
+    assert pyg_row.split()[-2:] == ["n/a", "n/a"]
+
+    ratios = import_script(Path(__file__).resolve().parent.parent / "benchmarks", "bench_training").ratios
+    cells = {f"cora/gcn/{fw}": {"status": "ok", "median_ms": ms, "peak_gb": 1.0, "run": "r1"}
+             for fw, ms in (("gnnfuse", 1.0), ("pyg", 3.0), ("pyg-compile", 2.0))}
+    results = {"cells": cells, "checks": {"cora/gcn": {"status": "ok", "max_rel_err": 0.5}},
+               "runs": {"r1": {"device_name": "GPU"}}}
+    assert ratios(results, "cora", "gcn")["speedup_vs_pyg"] is None
+    results["checks"]["cora/gcn"]["max_rel_err"] = 1e-6
+    assert ratios(results, "cora", "gcn")["speedup_vs_pyg"] == 3.0
+
 def test_bad_options_are_usage_errors(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["bench", "--dataset", "synthetic", "--frameworks", "gnnfuse,dgl"])

@@ -42,18 +42,21 @@ def run_bench(model: str = "gcn", dataset: str = "cora", device: str | torch.dev
         log(f"[{dataset}] {model} {framework}: {results[framework]['status']}")
     return {"model": model, "dataset": dataset, "device": str(device), "num_nodes": data.num_nodes,
             "num_edges": data.edge_index.shape[1], "steps": steps, "rel_err_limit": REL_ERR_LIMIT,
-            "check": check, "results": results, "ratios": ratios(results), "environment": environment(device)}
+            "check": check, "results": results, "ratios": ratios(results, check["agrees"]),
+            "environment": environment(device)}
 
 
-def ratios(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, float | None]]:
+def ratios(results: dict[str, dict[str, Any]], agrees: bool = True) -> dict[str, dict[str, float | None]]:
     """Per other framework: ``speedup`` (its median / gnnfuse's) and ``memory`` (gnnfuse's
-    peak / its peak); None where either failed or memory was not measured."""
+    peak / its peak); None where either failed, memory was not measured, or the forward
+    check did not pass (``agrees`` False): a step that computes something else, or one
+    whose agreement is unknown, is no speedup to report."""
     ours = results.get("gnnfuse", {})
     out = {}
     for name, theirs in results.items():
         if name == "gnnfuse":
             continue
-        ok = ours.get("status") == theirs.get("status") == "ok"
+        ok = agrees and ours.get("status") == theirs.get("status") == "ok"
         out[name] = {"speedup": theirs["median_ms"] / ours["median_ms"] if ok else None,
                      "memory": ours["peak_gb"] / theirs["peak_gb"]
                      if ok and ours.get("peak_gb") and theirs.get("peak_gb") else None}
@@ -82,6 +85,8 @@ def format_table(report: dict[str, Any]) -> str:
                      f"{_ratio(ratio.get('speedup'), name):>9} {_ratio(ratio.get('memory'), name):>10}")
     failures = [f"{name}: {cell['status']}" for name, cell in report["results"].items() if cell["status"] != "ok"]
     notes = ["", "speedup = framework median / gnnfuse median; mem ratio = gnnfuse peak / framework peak"]
+    if not check["agrees"]:
+        notes.append("speedup and mem ratio: n/a, the forward check did not pass")
     if report["device"].startswith("cpu"):
         notes.append("peak memory: n/a on CPU (only the CUDA allocator tracks the timed steps alone)")
     if "cuda_graph" in report["results"].get("gnnfuse", {}):
