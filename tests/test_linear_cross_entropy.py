@@ -181,3 +181,37 @@ def test_a_uint8_target_is_read_as_torchs_loss_reads_it():
     theirs = _loss_and_grads(_torch, h, w, b, y)
     for a, e in zip(ours, theirs):
         torch.testing.assert_close(a, e)
+
+
+@pytest.mark.parametrize("traced_without_grad", [True, False], ids=["traced_under_no_grad", "traced_with_grad"])
+def test_a_traced_module_gives_torchs_loss_and_gradients(traced_without_grad):
+    """torch.jit.trace recorded the grad mode the function reads as a constant: a module
+    traced under no_grad, then trained, gave the input and weight no gradient (an encoder
+    below the loss got only its weight-decay term, 0.002 where torch's traced module gave
+    0.236; the classifier's weight gradient was None)."""
+    import contextlib
+    import warnings
+
+    class Model(torch.nn.Module):
+        def __init__(self, ours: bool):
+            super().__init__()
+            self.enc, self.lin, self.ours = torch.nn.Linear(3, 5), torch.nn.Linear(5, 4), ours
+
+        def forward(self, x, y):
+            h = self.enc(x)
+            if self.ours:
+                return linear_cross_entropy(h, self.lin.weight, self.lin.bias, y, chunk_rows=3)
+            return F.cross_entropy(self.lin(h), y)
+    x, y = torch.randn(7, 3, dtype=torch.float64), torch.randint(0, 4, (7,))
+    grads = []
+    for ours in (True, False):
+        torch.manual_seed(0)
+        model = Model(ours).double()
+        with warnings.catch_warnings(), (torch.no_grad() if traced_without_grad else contextlib.nullcontext()):
+            warnings.simplefilter("ignore", torch.jit.TracerWarning)
+            traced = torch.jit.trace(model, (x, y), check_trace=False)
+        other_x, other_y = torch.randn(11, 3, dtype=torch.float64), torch.tensor([0, 1, 2, 3, -100, 1, 2, 3, 0, 1, 2])
+        loss = traced(other_x, other_y)
+        grads.append((loss.detach(), *torch.autograd.grad(loss, list(model.parameters()))))
+    for ours, theirs in zip(*grads):
+        torch.testing.assert_close(ours, theirs)

@@ -18,6 +18,7 @@ this can be captured in a CUDA graph.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch.overrides import handle_torch_function, has_torch_function_variadic
 
 # Each chunk's logits take at most this many elements (64 MiB in float32).
@@ -39,7 +40,8 @@ def linear_cross_entropy(input: torch.Tensor, weight: torch.Tensor, bias: torch.
     cannot be differentiated twice: a backward with ``create_graph=True`` through it (a
     gradient penalty) raises rather than give gradients without the second-order term.
     Under a `TorchFunctionMode` the call is one op, as torch's losses are (so
-    `training.label_use.LabelWatch` sees the loss, not its shape checks).
+    `training.label_use.LabelWatch` sees the loss, not its shape checks). Under
+    ``torch.jit.trace`` it is torch's linear and cross-entropy (logits held).
     """
     if has_torch_function_variadic(input, weight, bias, target):
         return handle_torch_function(linear_cross_entropy, (input, weight, bias, target), input, weight, bias,
@@ -48,6 +50,11 @@ def linear_cross_entropy(input: torch.Tensor, weight: torch.Tensor, bias: torch.
     # as torch's loss reads them: int64 class ids (a uint8 target compared with -100 wraps it
     # to 156, which would drop class 156's rows as ignored; `gather` refused uint8 besides)
     target = target.to(torch.int64)
+    if torch._C._get_tracing_state() is not None:
+        # torch.jit.trace would record the grad mode read below as a constant: a module traced
+        # under no_grad and then trained would never make the input's and weight's gradients.
+        # torch's ops are traced as ops, and give the same loss
+        return F.cross_entropy(F.linear(input, weight, bias), target, reduction=reduction, ignore_index=ignore_index)
     _check_classes(target, weight.shape[0], ignore_index)
     rows = chunk_rows or max(1, CHUNK_ELEMENTS // max(1, weight.shape[0]))
     # autograd.Function marks inputs needing a gradient under no_grad too, and inside
