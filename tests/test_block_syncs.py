@@ -343,3 +343,16 @@ def test_a_new_graphs_degrees_and_row_pointers_read_nothing_back_on_a_gpu(case):
         assert torch.equal(in_deg, expected_in) and torch.equal(out_deg, expected_out)
         assert torch.equal(rowptr, torch.cat([torch.zeros(1, dtype=torch.long), expected_in.cumsum(0)]))
         assert torch.equal(reverse_rowptr, torch.cat([torch.zeros(1, dtype=torch.long), expected_out.cumsum(0)]))
+
+
+def test_the_counter_counts_each_op_that_returns_a_value_to_the_host():
+    """``torch.allclose`` returns a Python bool, a host read of the device's result like
+    ``torch.equal`` (runtime/cuda_graph.py refuses both in a captured step), but it is one
+    aten op on the CPU: the counter saw no sync in it."""
+    x = torch.ones(4)
+    reads = {"allclose": lambda: torch.allclose(x, x), "equal": lambda: torch.equal(x, x),
+             "item": lambda: x.sum().item(), "is_nonzero": lambda: torch.is_nonzero(x[:1])}
+    for name, read in reads.items():
+        with HostSyncCounter() as counter:
+            read()
+        assert sum(counter.syncs.values()) == 1, (name, dict(counter.syncs))

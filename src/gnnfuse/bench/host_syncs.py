@@ -1,7 +1,7 @@
 """Counting the ops that would stop the host until the GPU catches up, on any device.
 
 On a GPU, an op whose result size or value the host must know -- ``.item()``,
-``int(t)``, ``bool(t)``, ``.tolist()``, ``nonzero``, boolean-mask indexing, ``unique``,
+``int(t)``, ``bool(t)``, ``.tolist()``, ``equal``, ``allclose``, ``nonzero``, boolean-mask indexing, ``unique``,
 ``bincount``, ``repeat_interleave`` without ``output_size`` -- waits for every queued
 kernel. In a training step each one empties the device's queue, and the step's time
 becomes the host's time plus the device's instead of the larger of the two.
@@ -25,6 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 SYNCING_OPS = frozenset({
     "aten._local_scalar_dense.default",     # .item(), int(t), float(t), bool(t), .tolist()
     "aten.nonzero.default", "aten.masked_select.default", "aten.equal.default",
+    "aten.allclose.default",                # a bool, as equal's (one op on the CPU, not isclose + item)
     "aten._unique2.default", "aten.unique_dim.default", "aten.unique_consecutive.default",
     "aten.bincount.default",
 })
