@@ -457,12 +457,14 @@ def step_profile(step: Callable[[], None], device: torch.device) -> dict[str, An
 def ratios(results: dict[str, Any], dataset: str, model: str) -> dict[str, Any]:
     """gnnfuse's speedup over and memory share of the fastest PyG variant that ran, and
     the Graphiler UDF's time relative to gnnfuse.nn's; None where a cell is missing,
-    failed, or ran on another device."""
+    failed, or ran on another device, or whose forward check did not pass (`agrees`):
+    a step computing something else than PyG's is no speedup to report."""
     cells = results["cells"]
     ours = cells.get(f"{dataset}/{model}/gnnfuse")
-    if not ours or ours["status"] != "ok":
+    agreed = agrees(results, dataset, model)
+    if not ours or ours["status"] != "ok" or not agreed("gnnfuse"):
         return {"fastest_pyg": None, "speedup": None, "memory_ratio": None, "udf_vs_nn": None}
-    theirs = [(fw, cells.get(f"{dataset}/{model}/{fw}")) for fw in PYG[model]]
+    theirs = [(fw, cells.get(f"{dataset}/{model}/{fw}")) for fw in PYG[model] if agreed(fw)]
     ran = [(fw, c) for fw, c in theirs if c and c["status"] == "ok" and len(device_names(results, [ours, c])) == 1]
     out: dict[str, Any] = {"fastest_pyg": None, "speedup": None, "memory_ratio": None, "own_memory_ratio": None}
     if ran:
@@ -471,16 +473,31 @@ def ratios(results: dict[str, Any], dataset: str, model: str) -> dict[str, Any]:
                "memory_ratio": _ratio(ours.get("peak_gb"), best.get("peak_gb")),
                "own_memory_ratio": _ratio(ours.get("own_peak_gb"), best.get("own_peak_gb"))}
         plain = cells.get(f"{dataset}/{model}/gnnfuse-linear-head")
-        if plain and plain["status"] == "ok" and len(device_names(results, [plain, best])) == 1:
+        if plain and agreed("gnnfuse-linear-head") and plain["status"] == "ok" and len(device_names(results, [plain, best])) == 1:
             out["linear_head_own_memory_ratio"] = _ratio(plain.get("own_peak_gb"), best.get("own_peak_gb"))
         rows = cells.get(f"{dataset}/{model}/{TRAIN_ROWS}")
-        if rows and rows["status"] == "ok" and len(device_names(results, [rows, best])) == 1:
+        if rows and agreed(TRAIN_ROWS) and rows["status"] == "ok" and len(device_names(results, [rows, best])) == 1:
             out["train_rows_speedup"] = best["median_ms"] / rows["median_ms"]
             out["train_rows_own_memory_ratio"] = _ratio(rows.get("own_peak_gb"), best.get("own_peak_gb"))
     udf = cells.get(f"{dataset}/{model}/graphiler-udf")
     out["udf_vs_nn"] = (udf["median_ms"] / ours["median_ms"]
-                        if udf and udf["status"] == "ok" and len(device_names(results, [ours, udf])) == 1 else None)
+                        if udf and udf["status"] == "ok" and agreed("graphiler-udf") and len(device_names(results, [ours, udf])) == 1 else None)
     return out
+
+
+def agrees(results: dict[str, Any], dataset: str, model: str) -> Callable[[str], bool]:
+    """Whether a framework's forward passed the check of ``dataset``/``model``: within
+    `REL_ERR_LIMIT` of PyG's first variant (the reference itself, where that ran). A
+    check that failed or is missing leaves agreement unknown: not passed."""
+    checked = results.get("checks", {}).get(f"{dataset}/{model}", {})
+    errors = checked.get("max_rel_err", {})
+
+    def agreed(framework: str) -> bool:
+        if framework == PYG[model][0]:
+            return checked.get("status") == "ok"
+        error = errors.get(framework)
+        return isinstance(error, float) and error <= REL_ERR_LIMIT
+    return agreed
 
 
 def _ratio(ours: float | None, theirs: float | None) -> float | None:

@@ -73,6 +73,18 @@ def test_cells_are_checked_timed_and_stored(bench_hetero, tmp_path, monkeypatch)
     assert "| aifb-like | rgcn |" in markdown and "| oom |" in markdown
     ratios = results["ratios"]["aifb-like/rgcn"]
     assert ratios["fastest_pyg"] == "pyg-rgcn" and ratios["speedup"] == pytest.approx(3.0)
+    # a forward that failed its check is no speedup: gnnfuse's, or the PyG variant's it is timed against
+    errors = results["checks"]["aifb-like/rgcn"]["max_rel_err"]
+    errors["gnnfuse"] = 0.5
+    bench_hetero.store(results, tmp_path)
+    assert results["ratios"]["aifb-like/rgcn"]["speedup"] is None
+    results["checks"]["aifb-like/rgcn"]["max_rel_err"] = {**errors, "gnnfuse": 0.0}
+    results["cells"]["aifb-like/rgcn/pyg-fastrgcn"] = {**ours, "median_ms": 2 * ours["median_ms"]}
+    bench_hetero.store(results, tmp_path)
+    assert results["ratios"]["aifb-like/rgcn"]["fastest_pyg"] == "pyg-fastrgcn"
+    results["checks"]["aifb-like/rgcn"]["max_rel_err"]["pyg-fastrgcn"] = 0.5
+    bench_hetero.store(results, tmp_path)
+    assert results["ratios"]["aifb-like/rgcn"]["fastest_pyg"] == "pyg-rgcn"
 
 
 def test_each_cell_builds_its_own_graph_layouts_and_profile_counts_a_step(bench_hetero, tmp_path, monkeypatch):
