@@ -570,3 +570,23 @@ def test_a_replaced_table_is_read_and_a_replaced_edge_index_refused_by_name():
     with pytest.raises(RuntimeError, match=r"data\[\('author', 'writes', 'paper'\)\]\.edge_index was replaced "
                                            r"after this NeighborLoader was built: its CSRs"):
         next(iter(loader))
+
+
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_a_node_or_edge_type_added_after_the_loader_was_built_is_refused_by_name(prefetch):
+    """The loader samples the node and edge types the ``HeteroData`` had when it was made;
+    a type added since has no sample to cut. Cutting the batch failed on a bare
+    ``KeyError: ('field', 'has', 'field')`` (or ``'venue'``) before the check that refuses
+    an added ``edge_index`` by name could run: now refused by name, as that is."""
+    data = mag_like()
+    loader = NeighborLoader(data, [2], batch_size=8, input_nodes="paper", prefetch=prefetch)
+    data["field", "has", "field"].edge_index = torch.tensor([[0, 1], [1, 2]])
+    with pytest.raises(RuntimeError, match=r"data\[\('field', 'has', 'field'\)\] was added after this "
+                                           r"NeighborLoader was built"):
+        next(iter(loader))
+    del data["field", "has", "field"]
+    data["venue"].x = torch.randn(3, 2, dtype=f64)
+    with pytest.raises(RuntimeError, match=r"data\['venue'\] was added after this NeighborLoader was built"):
+        next(iter(loader))
+    del data["venue"]
+    assert len(list(loader)) == 5

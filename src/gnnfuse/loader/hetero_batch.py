@@ -20,6 +20,7 @@ from .hetero_sampler import HeteroSample
 
 def hetero_batch(data: Any, sample: HeteroSample, input_type: str, input_id: torch.Tensor) -> Any:
     """``data`` (a PyG ``HeteroData``) restricted to ``sample``, with PyG's batch attributes."""
+    _check_types(data, sample)
     out = copy.copy(data)
     for node_type in data.node_types:
         store, out_store, n_id = data[node_type], out[node_type], sample.n_id[node_type]
@@ -43,6 +44,19 @@ def hetero_batch(data: Any, sample: HeteroSample, input_type: str, input_id: tor
     out[input_type].input_id = input_id
     out[input_type].batch_size = input_id.numel()
     return out
+
+
+def _check_types(data: Any, sample: HeteroSample) -> None:
+    """Refuse a node or edge type ``data`` gained after the loader was built: the loader
+    samples the types it had then, so the new one has nothing to be cut to (it failed as
+    a bare ``KeyError`` here, before `HeldHeteroData` could name an added ``edge_index``)."""
+    added = ([t for t in data.node_types if t not in sample.n_id]
+             + [t for t in data.edge_types if t not in sample.e_id])
+    if added:
+        raise RuntimeError(
+            f"data[{added[0]!r}] was added after this NeighborLoader was built: it samples the node and edge "
+            f"types the HeteroData had then, so the new one has no sample to cut a batch to. Build a new "
+            f"NeighborLoader on the HeteroData")
 
 
 def _rows(value: Any, index: torch.Tensor, dim: int) -> Any:
