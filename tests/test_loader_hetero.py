@@ -581,7 +581,7 @@ def test_a_node_or_edge_type_added_after_the_loader_was_built_is_refused_by_name
     data = mag_like()
     loader = NeighborLoader(data, [2], batch_size=8, input_nodes="paper", prefetch=prefetch)
     data["field", "has", "field"].edge_index = torch.tensor([[0, 1], [1, 2]])
-    with pytest.raises(RuntimeError, match=r"data\[\('field', 'has', 'field'\)\] was added after this "
+    with pytest.raises(RuntimeError, match=r"data\[\('field', 'has', 'field'\)\](\.edge_index)? was added after this "
                                            r"NeighborLoader was built"):
         next(iter(loader))
     del data["field", "has", "field"]
@@ -590,3 +590,21 @@ def test_a_node_or_edge_type_added_after_the_loader_was_built_is_refused_by_name
         next(iter(loader))
     del data["venue"]
     assert len(list(loader)) == 5
+
+
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_an_edge_type_replaced_by_fewer_edges_is_refused_by_name_not_an_index_error(prefetch):
+    """A batch cuts edge attributes from the ``HeteroData`` as it is when the batch is
+    made, by ids sampled from the CSRs built when the loader was; an edge type replaced by
+    a subset of its edges (``edge_index`` and ``edge_attr`` both) failed in that cut as a
+    bare ``IndexError: index out of range in self``, before the check that refuses a
+    replaced ``edge_index`` by name could run: now that check names it."""
+    data = mag_like()
+    data["author", "writes", "paper"].edge_attr = torch.randn(data["author", "writes", "paper"].num_edges, 2)
+    loader = NeighborLoader(data, [-1], batch_size=40, input_nodes="paper", prefetch=prefetch)
+    store = data["author", "writes", "paper"]
+    keep = torch.arange(0, store.num_edges, 4)
+    store.edge_index, store.edge_attr = store.edge_index[:, keep], store.edge_attr[keep]
+    with pytest.raises(RuntimeError, match=r"data\[\('author', 'writes', 'paper'\)\]\.edge_index was replaced "
+                                           r"after this NeighborLoader was built"):
+        next(iter(loader))

@@ -49,7 +49,8 @@ def hetero_batch(data: Any, sample: HeteroSample, input_type: str, input_id: tor
 def _check_types(data: Any, sample: HeteroSample) -> None:
     """Refuse a node or edge type ``data`` gained after the loader was built: the loader
     samples the types it had then, so the new one has nothing to be cut to (it failed as
-    a bare ``KeyError`` here, before `HeldHeteroData` could name an added ``edge_index``)."""
+    a bare ``KeyError`` here; `HeldHeteroData` watches edge types, by their
+    ``edge_index``, but not node types unless there are worker processes)."""
     added = ([t for t in data.node_types if t not in sample.n_id]
              + [t for t in data.edge_types if t not in sample.e_id])
     if added:

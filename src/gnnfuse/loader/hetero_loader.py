@@ -220,7 +220,16 @@ class HeteroNeighborLoader:
         batches = epoch_batches((self.seeds, self._input_ids), positions, self.batch_size, self.drop_last)
         # closed explicitly, as NeighborLoader's: an abandoned epoch stops its thread now
         with contextlib.closing(self._preparation.epoch(self._maker, batches, seed, hetero_batch_tensors)) as prepared:
-            for batch in prepared:
+            while True:
+                try:
+                    batch = next(prepared)
+                except StopIteration:
+                    return
+                except Exception:
+                    # a batch cut from a HeteroData whose edge type was replaced (fewer
+                    # edges) fails on the sampled ids: name the replacement, not the IndexError
+                    self._held.check("NeighborLoader")
+                    raise
                 self._held.check("NeighborLoader")
                 yield batch
 
