@@ -608,3 +608,26 @@ def test_an_edge_type_replaced_by_fewer_edges_is_refused_by_name_not_an_index_er
     with pytest.raises(RuntimeError, match=r"data\[\('author', 'writes', 'paper'\)\]\.edge_index was replaced "
                                            r"after this NeighborLoader was built"):
         next(iter(loader))
+
+
+def test_an_edge_index_changed_in_place_is_refused_by_name():
+    """The loader samples CSRs built from each ``edge_index`` when it was made; an
+    ``edge_index`` changed in place (the edges permuted, ``edge_attr`` with them: what the
+    replaced-``edge_index`` error advised) reached no CSR, and the batch cut its edges'
+    attributes and ``e_id`` by the old ids, silently: ``n_id[edge_index]`` was no longer
+    ``data.edge_index[:, e_id]``. Now refused by name, and the advice is gone."""
+    data = mag_like()
+    store = data["author", "writes", "paper"]
+    store.edge_attr = torch.randn(store.num_edges, 2)
+    loader = NeighborLoader(data, [-1], batch_size=40, input_nodes="paper", prefetch=0)
+    perm = torch.randperm(store.num_edges, generator=torch.Generator().manual_seed(0))
+    store.edge_index.copy_(store.edge_index[:, perm].clone())
+    store.edge_attr.copy_(store.edge_attr[perm].clone())
+    with pytest.raises(RuntimeError, match=r"data\[\('author', 'writes', 'paper'\)\]\.edge_index was changed in "
+                                           r"place after this NeighborLoader was built"):
+        next(iter(loader))
+    loader = NeighborLoader(data, [-1], batch_size=40, input_nodes="paper", prefetch=0)
+    batch = next(iter(loader))
+    edge_index, e_id = batch["author", "writes", "paper"].edge_index, batch["author", "writes", "paper"].e_id
+    assert torch.equal(batch["author"].n_id[edge_index[0]], store.edge_index[0, e_id])
+    assert torch.equal(batch["author", "writes", "paper"].edge_attr, store.edge_attr[e_id])

@@ -92,7 +92,7 @@ class CopiedTables:
 class HeldHeteroData:
     """What a `HeteroNeighborLoader` took from a ``HeteroData``, watched the same way: each
     edge type's ``edge_index`` (the loader samples CSRs built from it when it was made,
-    so a new one would reach no batch) and, with worker processes (``every_attribute``),
+    so a new one, or one changed in place, would reach no batch) and, with worker processes (``every_attribute``),
     every attribute of every store: the workers cut batches from the ``HeteroData`` as
     it was pickled to them, so a tensor replaced, added or removed here would not reach
     their batches, where batches made in this process (and PyG's) read it."""
@@ -101,6 +101,10 @@ class HeldHeteroData:
         self._data = weakref.ref(data)
         self._every_attribute = every_attribute
         self._held = self._attributes(data)
+        # each edge_index's version counter: an in-place change (edge_index.copy_(new))
+        # reaches no CSR either, and the batches cut its edges' attributes by the old ids
+        self._versions = {(store._key, "edge_index"): store.edge_index._version for store in data.edge_stores
+                          if isinstance(store.get("edge_index"), torch.Tensor) and not store.edge_index.is_inference()}
 
     def _attributes(self, data: Any) -> dict[tuple[Any, str], Any]:
         """(store key, name) -> a weak reference to each watched tensor, the value itself
@@ -126,13 +130,23 @@ class HeldHeteroData:
             if not same:
                 store = "data" if where[0] is None else f"data[{where[0]!r}]"
                 what = "added" if before is _ABSENT else "removed" if after is _ABSENT else "replaced"
-                why = ("its CSRs are built from the edge_index it was given" if where[1] == "edge_index"
-                       else "its num_workers processes cut batches from the HeteroData as it was when they were "
-                            "given it")
+                if where[1] == "edge_index":
+                    raise RuntimeError(
+                        f"{store}.edge_index was {what} after this {loader} was built: its CSRs are built from the "
+                        f"edge_index it was given, so the change would reach no batch. Build a new {loader} on the "
+                        f"HeteroData")
                 raise RuntimeError(
-                    f"{store}.{where[1]} was {what} after this {loader} was built: {why}, so the change would reach "
-                    f"no batch, where PyG's loader would read it. Build a new {loader} on the HeteroData, or "
-                    f"change the tensor in place ({store}.{where[1]}.copy_(new), ...[rows] = ...)")
+                    f"{store}.{where[1]} was {what} after this {loader} was built: its num_workers processes cut "
+                    f"batches from the HeteroData as it was when they were given it, so the change would reach no "
+                    f"batch, where PyG's loader would read it. Build a new {loader} on the HeteroData, or change "
+                    f"the tensor in place ({store}.{where[1]}.copy_(new), ...[rows] = ...)")
+        for (key, name), version in self._versions.items():
+            if data[key][name]._version != version:
+                raise RuntimeError(
+                    f"data[{key!r}].edge_index was changed in place after this {loader} was built: its CSRs are "
+                    f"built from the edge_index as it was, so the change would reach no batch (whose edge "
+                    f"attributes would be cut from the changed edges by the old ids). Build a new {loader} on the "
+                    f"HeteroData")
 
 
 def _equal(before: Any, after: Any) -> bool:

@@ -13,8 +13,8 @@ default 2, in ``prefetch_threads`` threads, or ``num_workers`` processes), runni
 `HeteroBatchMaker`. This loader hands PyG's view only (no per-layer blocks): the
 homogeneous loader's static shapes, pinned feature staging, ``sampler`` and separate
 feature tables are refused by name rather than ignored. Each ``edge_index`` is read when
-the loader is made (its CSRs), so one replaced afterwards is refused by name at the next
-batch; with worker processes, which hold the ``HeteroData`` as it was given them, so is
+the loader is made (its CSRs), so one replaced or changed in place afterwards is refused
+by name at the next batch; with worker processes, which hold the ``HeteroData`` as it was given them, so is
 any attribute replaced, added or removed (`held_tables.HeldHeteroData`). A table that
 requires grad is refused unless batches are made when asked (`_check_learnable`).
 
