@@ -358,6 +358,29 @@ def test_a_data_table_replaced_after_the_loader_was_built_is_refused_by_name(nam
             next(iter(loader))
 
 
+@pytest.mark.parametrize("how", ["replaced", "changed in place"])
+def test_an_edge_index_changed_after_the_loader_was_built_is_refused_by_name(how):
+    """The loader samples the CSR of the edge_index it was given, as PyG's does, but cuts
+    the edge tables by e_id when each batch is made: an edge_index permuted with its
+    edge_attr after the loader was built gave batches whose edge_attr rows belonged to
+    other edges than their edge_index's. Refused by name, replaced or changed in place."""
+    from gnnfuse.loader import LinkNeighborLoader
+    data = attributed_data()
+    loaders = [NeighborLoader(data, [-1], batch_size=4, prefetch=0),
+               LinkNeighborLoader(data, [-1], batch_size=4, prefetch=0)]
+    for loader in loaders:
+        batch = next(iter(loader))
+    order = torch.randperm(data.num_edges, generator=torch.Generator().manual_seed(0))
+    if how == "replaced":
+        data.edge_index = data.edge_index[:, order]
+    else:
+        data.edge_index.copy_(data.edge_index[:, order])
+    data.edge_attr.copy_(data.edge_attr[order])
+    for loader, called in zip(loaders, ("NeighborLoader", "LinkNeighborLoader")):
+        with pytest.raises(RuntimeError, match=f"data.edge_index was {how} after this {called} was built"):
+            next(iter(loader))
+
+
 def test_tables_given_by_keyword_are_not_watched_on_the_data():
     data = attributed_data()
     loader = NeighborLoader(data, [2], batch_size=4, prefetch=0, x=data.x.clone())

@@ -9,8 +9,12 @@ holds a copy, the change is refused (`CopiedTables`), and so is a replacement, b
 when the next batch is asked for. So is a table the
 ``Data`` lacked then and was given since (``data.edge_weight = w``): PyG's batches carry
 it, gnnfuse's said ``None`` for it, and a layer taking it as optional (GCNConv's
-``edge_weight``, GATConv's ``edge_attr``) ran without it. Weak references throughout:
-watching keeps neither the ``Data`` nor its old tables alive.
+``edge_weight``, GATConv's ``edge_attr``) ran without it. The ``edge_index`` is watched
+for both: the loader samples a CSR built from it when it was made (as PyG's sampler
+does), so a new or edited one reaches no batch, while the edge tables its batches cut
+by ``e_id`` are read now -- an ``edge_attr`` permuted with its edges would be cut by
+the old edge ids, belonging to other edges. Weak references throughout: watching keeps
+neither the ``Data`` nor its old tables alive.
 """
 from __future__ import annotations
 
@@ -31,6 +35,9 @@ class HeldTables:
         self._data = weakref.ref(data)
         self._tables = {name: weakref.ref(table) if isinstance(table := getattr(data, name, None), torch.Tensor)
                         else None for name in names}
+        edge_index = data.edge_index        # a tensor: the loader built its graph from it
+        self._edge_index = weakref.ref(edge_index)
+        self._edge_version = None if edge_index.is_inference() else edge_index._version
 
     def check(self, loader: str) -> None:
         """Raise if the ``Data`` (still alive) now holds another tensor under a taken name."""
@@ -50,6 +57,14 @@ class HeldTables:
                     f"given (placed for its batches), so the new one would reach no batch, where PyG's loader "
                     f"would read it. Build a new {loader} on the Data, or change the table in place "
                     f"(data.{name}.copy_(new), data.{name}[rows] = ...)")
+        edge_index = self._edge_index()
+        if data.edge_index is not edge_index or (self._edge_version is not None
+                                                 and edge_index._version != self._edge_version):
+            how = "replaced" if data.edge_index is not edge_index else "changed in place"
+            raise RuntimeError(
+                f"data.edge_index was {how} after this {loader} was built: the loader samples a CSR built from "
+                f"the edge_index it was given, so the change would reach no batch (whose edge tables would be cut "
+                f"from the new edges by the old edge ids). Build a new {loader} on the Data")
 
 
 def held_tables(data: Any, given: dict[str, Any]) -> HeldTables | None:
