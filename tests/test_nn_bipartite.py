@@ -146,6 +146,38 @@ def test_a_bipartite_graph_object_and_size_are_checked_against_the_features():
         gnn.SAGEConv(F_SRC, 4).double()(x_src, graph)
 
 
+@pytest.mark.parametrize("with_dst, size", [(False, (NUM_SRC, None)), (False, (None, None)), (False, (None, NUM_DST)),
+                                            (True, (None, NUM_DST)), (True, (NUM_SRC, None)),
+                                            (True, torch.tensor([NUM_SRC, NUM_DST]))])
+@pytest.mark.parametrize("name", ["SAGEConv", "GraphConv"])
+def test_size_entries_left_none_are_read_from_the_features_as_in_pyg(name, with_dst, size):
+    """PyG's ``propagate`` fills a None entry of ``size`` from that side's features (a
+    missing x_dst's count from the sources'): ``((x_src, None), edge_index, size=(6,
+    None))`` gave 3 rows here -- the None taken as the count, inferred from the largest
+    destination id -- where PyG gives 6; a size with a None beside a pair was refused."""
+    torch.manual_seed(0)
+    ref = getattr(pyg, name)((F_SRC, F_DST), 4).double()
+    ours = getattr(gnn, name)((F_SRC, F_DST), 4).double()
+    ours.load_state_dict(ref.state_dict())
+    x_src = torch.randn(NUM_SRC, F_SRC, dtype=torch.float64)
+    x = (x_src, torch.randn(NUM_DST, F_DST, dtype=torch.float64) if with_dst else None)
+    expected = ref(x, EDGE_INDEX, size=size)
+    assert_same_values(ours(x, EDGE_INDEX, size=size), expected, "out")
+    ref, ours = getattr(pyg, name)(F_SRC, 4).double(), getattr(gnn, name)(F_SRC, 4).double()
+    ours.load_state_dict(ref.state_dict())
+    torch.testing.assert_close(ours(x_src, EDGE_INDEX, size=(None, NUM_SRC)), ref(x_src, EDGE_INDEX, size=(None, NUM_SRC)))
+
+
+def test_a_size_that_is_no_pair_is_refused_by_name():
+    layer = gnn.SAGEConv(F_SRC, 4)
+    x = torch.randn(NUM_SRC, F_SRC)
+    with pytest.raises(ValueError, match=r"SAGEConv: size must be a pair \(num_src, num_dst\), got 3 entries"):
+        layer(x, EDGE_INDEX, size=(NUM_SRC, NUM_SRC, NUM_SRC))
+    with pytest.raises(TypeError, match=r"SAGEConv: size entries must be ints or None, got \(float, int\)"):
+        layer((x, None), EDGE_INDEX, size=(6.0, 4))
+    with pytest.raises(ValueError, match=r"size=\(None, 4\) does not fit x with 6 rows"):
+        layer(x, EDGE_INDEX, size=(None, NUM_DST))
+
 def test_gatv2_needs_x_dst():
     layer = gnn.GATv2Conv((F_SRC, F_DST), 3)
     with pytest.raises(ValueError, match="GATv2Conv: bipartite input needs x_dst"):

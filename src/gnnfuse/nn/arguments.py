@@ -9,6 +9,7 @@ place, and a value it cannot honour fails, naming it, instead of being ignored.
 from __future__ import annotations
 
 import functools
+import operator
 from typing import Any, Callable
 
 import scipy.sparse as sp
@@ -91,7 +92,7 @@ def node_pair(x: Any, size: Any, layer: str) -> tuple[torch.Tensor, torch.Tensor
     """
     if not isinstance(x, (tuple, list)):
         x = node_features(x, layer)
-        if size is not None and tuple(size) != (x.shape[0], x.shape[0]):
+        if size is not None and any(n is not None and n != x.shape[0] for n in size_entries(size, layer)):
             raise ValueError(f"{layer}: size={tuple(size)} does not fit x with {x.shape[0]} rows; pass "
                              "(x_src, x_dst) for a bipartite graph")
         return x, x, None
@@ -108,11 +109,35 @@ def node_pair(x: Any, size: Any, layer: str) -> tuple[torch.Tensor, torch.Tensor
     num_src = x_src.shape[0]
     num_dst = num_src if x_dst is None else x_dst.shape[0]
     if size is not None:
-        if size[0] != num_src or (x_dst is not None and size[1] != num_dst):
+        given_src, given_dst = size_entries(size, layer)
+        if (given_src is not None and given_src != num_src) or (
+                x_dst is not None and given_dst is not None and given_dst != num_dst):
             raise ValueError(f"{layer}: size={tuple(size)} does not fit x_src with {num_src} rows and "
                              f"x_dst with {None if x_dst is None else num_dst} rows")
-        num_dst = size[1]
+        if given_dst is not None:
+            num_dst = given_dst
     return x_src, x_dst, (num_src, num_dst)
+
+
+def size_entries(size: Any, layer: str) -> tuple[int | None, int | None]:
+    """PyG's ``size`` argument as ``(num_src, num_dst)``, each an int or None. PyG's
+    ``propagate`` reads a None entry as "the count of that side's features" (a missing
+    ``x_dst``'s count defaulting to the sources'), so ``size=(num_src, None)`` is a PyG
+    call: taken as the destination count itself, that None let the graph infer it from
+    the largest destination id, and ``((x_src, None), edge_index, size=(5, None))`` gave 3
+    output rows where PyG gives 5. An entry may be a 0-d integer tensor, as PyG takes it."""
+    try:
+        entries = tuple(size)
+    except TypeError:
+        raise TypeError(f"{layer}: size must be a pair (num_src, num_dst) of ints or None, got "
+                        f"{type(size).__name__}") from None
+    if len(entries) != 2:
+        raise ValueError(f"{layer}: size must be a pair (num_src, num_dst), got {len(entries)} entries: {size!r}")
+    try:
+        return tuple(None if n is None else operator.index(n) for n in entries)
+    except TypeError:
+        raise TypeError(f"{layer}: size entries must be ints or None, got "
+                        f"({', '.join(type(n).__name__ for n in entries)})") from None
 
 
 
