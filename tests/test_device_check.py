@@ -43,3 +43,16 @@ def test_forced_triton_backend_on_host_tensors_names_the_fix(monkeypatch):
     if not torch.cuda.is_available():   # conftest chose the interpreter before triton's import
         monkeypatch.setenv("TRITON_INTERPRET", "1")
         assert torch.equal(neighbour_sum(graph, {"h": h}), h.flip(0))
+
+
+@pytest.mark.parametrize("make", [lambda: gnnfuse.nn.GCNConv(2, 3), lambda: gnnfuse.nn.GraphConv(2, 3),
+                                  lambda: gnnfuse.nn.SGConv(2, 3), lambda: gnnfuse.nn.TAGConv(2, 3),
+                                  lambda: gnnfuse.nn.APPNP(2, 0.1), lambda: gnnfuse.nn.ChebConv(2, 3, 2)],
+                         ids=["gcn", "graph", "sgc", "tag", "appnp", "cheb"])
+def test_edge_weight_on_another_device_than_the_edge_index_is_named(make):
+    """A weighted layer's edge_weight on another device than its edge_index failed in
+    torch's ``index_add`` ("self, index and source expected to be in the same device"),
+    naming neither argument, or (GraphConv) named the program's input 'e.w'."""
+    edge_index = torch.tensor([[0, 1, 2], [1, 2, 0]])
+    with pytest.raises(ValueError, match=r"edge_weight is on meta but the graph \(edge_index\) is on cpu"):
+        make()(torch.randn(3, 2), edge_index, torch.rand(3, device="meta"))

@@ -141,11 +141,18 @@ def size_entries(size: Any, layer: str) -> tuple[int | None, int | None]:
 
 
 
-def edge_weight_column(edge_weight: torch.Tensor, num_edges: int, dtype: torch.dtype) -> torch.Tensor:
-    """PyG's ``edge_weight`` (one number per edge, shape [E] or [E, 1], in edge-id order)
-    as an [E] tensor of the features' dtype, still attached to autograd."""
+def edge_weight_column(edge_weight: torch.Tensor, graph: Any, dtype: torch.dtype) -> torch.Tensor:
+    """PyG's ``edge_weight`` (one number per edge of ``graph``, shape [E] or [E, 1], in
+    edge-id order) as an [E] tensor of the features' dtype, still attached to autograd.
+    Refused, naming both devices, where it is not on the graph's: the normalising layers'
+    torch ops then failed in an ``index_add`` naming neither edge_weight nor edge_index,
+    and GraphConv named its program's input ``'e.w'``."""
     if not isinstance(edge_weight, torch.Tensor):
         raise TypeError(f"edge_weight must be a tensor of one number per edge, got {type(edge_weight).__name__}")
+    if edge_weight.device != graph.device:
+        raise ValueError(f"edge_weight is on {edge_weight.device} but the graph (edge_index) is on {graph.device}; "
+                         "move one of them (edge_weight.to(edge_index.device))")
+    num_edges = graph.num_edges
     if edge_weight.dim() not in (1, 2) or edge_weight.shape[0] != num_edges or edge_weight.numel() != num_edges:
         raise ValueError(f"edge_weight must have shape [{num_edges}] (one number per edge of the graph), "
                          f"got {list(edge_weight.shape)}")

@@ -211,7 +211,7 @@ def _gcn_edge_norm(graph: Graph, edge_weight: torch.Tensor, dtype: torch.dtype, 
     Computed in torch on every call: the weights may change between calls and carry
     gradients, which flow through this normalisation as they do in PyG.
     """
-    weight = edge_weight_column(edge_weight, graph.num_edges, dtype)
+    weight = edge_weight_column(edge_weight, graph, dtype)
     if add_self_loops:
         is_loop = graph.src == graph.dst
         loop_weight = weight.new_full((graph.num_nodes,), fill).index_put((graph.src[is_loop],), weight[is_loop])

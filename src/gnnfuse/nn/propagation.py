@@ -119,7 +119,7 @@ class GraphConv(FixedAggregation, FixedFlow, OneLineRepr, NotScriptable, nn.Modu
         if edge_weight is None:
             aggregate, edge_feature = _AGGREGATORS[self._aggr], None
         else:
-            weight = edge_weight_column(edge_weight, graph.num_edges, x.dtype).unsqueeze(-1)
+            weight = edge_weight_column(edge_weight, graph, x.dtype).unsqueeze(-1)
             aggregate, edge_feature = _WEIGHTED_AGGREGATORS[self._aggr], {"w": weight}
         if not plain_linear(self.lin_rel):
             narrows = False                                           # called after the aggregation, as in PyG
@@ -412,7 +412,7 @@ def _weighted_laplacian(graph: Graph, edge_weight: torch.Tensor, normalization: 
     or not, a tensor through which gradients reach the weights as in PyG.
     """
     is_loop = graph.src == graph.dst
-    weight = edge_weight_column(edge_weight, graph.num_edges, dtype)[~is_loop]
+    weight = edge_weight_column(edge_weight, graph, dtype)[~is_loop]
     loop_free = graph.remove_self_loops()
     src, dst = loop_free.src, loop_free.dst
     degree = weight.new_zeros(graph.num_nodes).index_add(0, src, weight)
