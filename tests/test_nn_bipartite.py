@@ -168,6 +168,22 @@ def test_size_entries_left_none_are_read_from_the_features_as_in_pyg(name, with_
     torch.testing.assert_close(ours(x_src, EDGE_INDEX, size=(None, NUM_SRC)), ref(x_src, EDGE_INDEX, size=(None, NUM_SRC)))
 
 
+@pytest.mark.parametrize("name", ["SAGEConv", "GraphConv"])
+def test_an_edge_index_declaring_only_its_destination_count_sizes_the_output_as_in_pyg(name):
+    """``EdgeIndex(..., sparse_size=(None, num_dst))`` beside ``(x_src, None)``: PyG takes
+    the destination count from it and the source count from x_src; it was refused ("the
+    EdgeIndex has sparse_size=(None, 4) ... but the bipartite graph has 6 source and 6
+    destination nodes"), only a fully declared sparse size being read."""
+    from torch_geometric import EdgeIndex
+    torch.manual_seed(0)
+    ref = getattr(pyg, name)((F_SRC, F_DST), 4).double()
+    ours = getattr(gnn, name)((F_SRC, F_DST), 4).double()
+    ours.load_state_dict(ref.state_dict())
+    x = (torch.randn(NUM_SRC, F_SRC, dtype=torch.float64), None)
+    for sparse_size in [(None, NUM_DST + 1), (NUM_SRC, None)]:
+        expected = ref(x, EdgeIndex(EDGE_INDEX, sparse_size=sparse_size))
+        assert_same_values(ours(x, EdgeIndex(EDGE_INDEX, sparse_size=sparse_size)), expected, str(sparse_size))
+
 def test_a_size_that_is_no_pair_is_refused_by_name():
     layer = gnn.SAGEConv(F_SRC, 4)
     x = torch.randn(NUM_SRC, F_SRC)

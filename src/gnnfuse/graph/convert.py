@@ -104,14 +104,17 @@ def check_adjacency_shape(adj_t: torch.Tensor) -> None:
         raise ValueError(f"a sparse adjacency must be 2-D with scalar entries, got shape {list(adj_t.shape)}")
 
 
-def declared_size(obj: Any) -> tuple[int, int] | None:
+def declared_size(obj: Any) -> tuple[int | None, int | None] | None:
     """(num_src, num_dst) that a sparse adj_t (its shape, transposed) or an ``EdgeIndex``
-    with both sparse sizes set declares, as PyG infers a layer's ``size`` from them;
-    None for an input that declares no counts."""
+    declares, as PyG infers a layer's ``size`` from them; None for an input that declares
+    no counts. An ``EdgeIndex`` may set one of its sparse sizes only: the other entry is
+    None, which the layer reads from the features as PyG does (`arguments.size_entries`);
+    an ``EdgeIndex(..., sparse_size=(None, 4))`` beside ``(x_src, None)`` was refused,
+    its 4 destinations met with the 5 of x_src, where PyG gives 4 rows."""
     if is_sparse_adjacency(obj):
         shape = tuple(obj.shape) if isinstance(obj, torch.Tensor) else tuple(obj.sparse_sizes())
         return (shape[1], shape[0]) if len(shape) == 2 else None     # adj_t_edges names a wrong rank
-    if is_pyg_edge_index(obj) and None not in obj.sparse_size():
+    if is_pyg_edge_index(obj) and obj.sparse_size() != (None, None):
         return tuple(obj.sparse_size())
     return None
 
