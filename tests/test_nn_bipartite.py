@@ -194,6 +194,19 @@ def test_a_size_that_is_no_pair_is_refused_by_name():
     with pytest.raises(ValueError, match=r"size=\(None, 4\) does not fit x with 6 rows"):
         layer(x, EDGE_INDEX, size=(None, NUM_DST))
 
+@pytest.mark.parametrize("name", ["GINConv", "SAGEConv", "GraphConv", "GATConv"])
+def test_boolean_node_features_are_refused_naming_the_layer(name):
+    """PyG's GINConv sums boolean features as their logical or (its scatter), where a
+    count would be torch's sum; gnnfuse refused them only inside the compiled program,
+    at its own line ("op 'reduce' cannot take operands (SRC[4]:bool) ... at
+    gnnfuse/nn/conv.py: return sum([u.h for u in v.innbs])"), naming neither the layer nor x."""
+    layer = gnn.GINConv(torch.nn.Linear(F_SRC, 2)) if name == "GINConv" else getattr(gnn, name)(F_SRC, 2)
+    flags = torch.rand(NUM_SRC, F_SRC) > 0.5
+    with pytest.raises(TypeError, match=rf"{name}: x has dtype torch.bool; .* convert them first, e.g. x.float\(\)"):
+        layer(flags, EDGE_INDEX)
+    with pytest.raises(TypeError, match=rf"{name}: x_src has dtype torch.bool"):
+        layer((flags, None), EDGE_INDEX)
+
 def test_gatv2_needs_x_dst():
     layer = gnn.GATv2Conv((F_SRC, F_DST), 3)
     with pytest.raises(ValueError, match="GATv2Conv: bipartite input needs x_dst"):

@@ -39,6 +39,14 @@ def node_features(x: Any, layer: str) -> torch.Tensor:
     return x
 
 
+# A neighbour sum of boolean features is their logical or in PyG's scatter (GINConv gives
+# a result from it) and their count in torch's sum: a compiled layer refused it only deep
+# in its program, naming gnnfuse's own line (conv.py's ``sum([u.h for u in v.innbs])``).
+_BOOL_FEATURES = ("{layer}: {name} has dtype torch.bool; a sum of boolean features over neighbours is their logical "
+                  "or in PyG's scatter and their count in torch, so gnnfuse takes no boolean features: convert "
+                  "them first, e.g. {name}.float()")
+
+
 def floating_node_features(x: Any, layer: str) -> torch.Tensor:
     """`node_features`, refusing a tensor that is not floating-point. The normalising
     layers (GCN, APPNP, SGC, TAG, Cheb) build their coefficients (``deg^-1/2``, Laplacian
@@ -92,6 +100,8 @@ def node_pair(x: Any, size: Any, layer: str) -> tuple[torch.Tensor, torch.Tensor
     """
     if not isinstance(x, (tuple, list)):
         x = node_features(x, layer)
+        if x.dtype == torch.bool:
+            raise TypeError(_BOOL_FEATURES.format(layer=layer, name="x"))
         if size is not None and any(n is not None and n != x.shape[0] for n in size_entries(size, layer)):
             raise ValueError(f"{layer}: size={tuple(size)} does not fit x with {x.shape[0]} rows; pass "
                              "(x_src, x_dst) for a bipartite graph")
@@ -102,6 +112,9 @@ def node_pair(x: Any, size: Any, layer: str) -> tuple[torch.Tensor, torch.Tensor
     if not isinstance(x_src, torch.Tensor) or not (x_dst is None or isinstance(x_dst, torch.Tensor)):
         raise TypeError(f"{layer}: (x_src, x_dst) must be tensors (x_dst may be None), got "
                         f"({type(x_src).__name__}, {type(x_dst).__name__})")
+    for name, t in (("x_src", x_src), ("x_dst", x_dst)):
+        if t is not None and t.dtype == torch.bool:
+            raise TypeError(_BOOL_FEATURES.format(layer=layer, name=name))
     if any(t is not None and t.dim() > 2 for t in (x_src, x_dst)):
         raise NotImplementedError(f"{layer}: bipartite input with batched node features ([B, N, F] in "
                                   "(x_src, x_dst)) is not supported by gnnfuse; [B, N, F] is taken as one "
