@@ -430,11 +430,16 @@ def test_hgt_refuses_metadata_whose_edge_type_names_an_unlisted_node_type():
                                                          r"the layer was built for width 3"),
     (lambda x: {t: v for t, v in x.items() if t != "c"}, r"HGTConv: edge type \('c', 'w', 'a'\) reads node type "
                                                          r"'c', which x_dict has no features for"),
-], ids=["width", "missing"])
+    (lambda x: {**x, "b": x["b"][:, 0].contiguous()}, r"HGTConv: the features of node type 'b' must be a "
+                                                      r"\[num_nodes, F\] tensor, got shape \[4\]"),
+    (lambda x: {**x, "b": x["b"].unsqueeze(0)}, r"HGTConv: the features of node type 'b' must be a \[num_nodes, F\] "
+                                                r"tensor, got shape \[1, 4, 3\]"),
+], ids=["width", "missing", "1-D", "3-D"])
 def test_hgt_errors_name_the_node_type(change, message):
     """A feature table of the wrong width got torch's 'mat1 and mat2 shapes cannot be
     multiplied (4x5 and 3x18)', naming no type; a missing one, that the node type 'has
-    no vertex count'."""
+    no vertex count'. A [4] table was refused as 'features of width 4', a [1, 4, 3] one
+    as 'a destination id is outside 0..0 (node type 'b' has 1 vertices)'."""
     layer = gnn.HGTConv(IN_CHANNELS, 6, METADATA, heads=2).double()
     x, edges = hetero_inputs(4)
     with pytest.raises(ValueError, match=message):

@@ -68,8 +68,15 @@ class TypeLinears(nn.Module):
 
     def check_widths(self, x_dict: Mapping[str, torch.Tensor], layer: str) -> None:
         """Refuse a feature table whose width is not its type's map's, naming the type
-        (torch's matmul error names neither the type nor which width was expected)."""
+        (torch's matmul error names neither the type nor which width was expected), and
+        one that is not [num_nodes, F]: a [3] table was refused as "features of width 3",
+        and a [1, 3, F] one as "a destination id is outside 0..0 (node type 'b' has 1
+        vertices)" (PyG's HGTConv ran the [1, 3, F] table, mixing its rows)."""
         for t in self.types:
+            if t in x_dict and (not isinstance(x_dict[t], torch.Tensor) or x_dict[t].dim() != 2):
+                got = (f"shape {list(x_dict[t].shape)}" if isinstance(x_dict[t], torch.Tensor)
+                       else type(x_dict[t]).__name__)
+                raise ValueError(f"{layer}: the features of node type {t!r} must be a [num_nodes, F] tensor, got {got}")
             lin = self.lins[module_key(t)]
             # the weight's width, not in_features: a lazy map given its weight by
             # load_state_dict keeps in_features 0 (torch sets it at a first call only)
