@@ -8,6 +8,7 @@ Graphs are tiny and kernels are compiled serially (one torch thread, see conftes
 cached on disk, so a warm run of this module costs a few seconds."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import warnings
@@ -243,6 +244,48 @@ def test_parallel_kernels_and_feature_tiles_match_reference(launched, monkeypatc
     torch.testing.assert_close(out, model(h), rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(partitioned, model(h), rtol=1e-12, atol=1e-12)
     assert launched and all(parallel_flags), "the prange kernel did not run"
+
+
+def test_parallel_kernels_called_from_several_threads_under_the_workqueue_layer():
+    """Numba's workqueue pool (its threading layer where neither OpenMP nor TBB is
+    installed) aborts the whole process when two Python threads launch parallel kernels
+    at once ("Concurrent access has been detected"): a model served from a thread pool
+    with GNNFUSE_BACKEND=cpu died. Launches on that pool take turns, and every thread's
+    result matches the reference."""
+    script = """
+import os, sys, threading
+os.environ["GNNFUSE_BACKEND"] = "cpu"
+import torch, gnnfuse
+from gnnfuse.backend.cpu import schedule
+schedule.PARALLEL_MIN_WORK = 0
+torch.set_num_threads(2)
+sys.setswitchinterval(1e-6)
+def model(graph, h):
+    return gnnfuse.message_passing(graph, lambda e: {"m": e.src["h"]},
+                                   lambda n: {"o": n.mailbox["m"].sum(dim=1)}, ndata={"h": h})["o"]
+cases = []
+for seed in range(4):
+    gen = torch.Generator().manual_seed(seed)
+    edges = torch.randint(0, 3000, (2, 30000), generator=gen)
+    cases.append((gnnfuse.Graph(edges[0], edges[1], 3000), torch.randn(3000, 4, dtype=torch.float64, generator=gen)))
+model(*cases[0])     # compiled (or loaded) once, before the threads start
+outs = {}
+def serve(k):
+    for _ in range(40):
+        outs[k] = model(*cases[k])
+threads = [threading.Thread(target=serve, args=(k,)) for k in range(4)]
+for t in threads: t.start()
+for t in threads: t.join()
+import numba
+assert numba.threading_layer() == "workqueue", numba.threading_layer()
+os.environ["GNNFUSE_BACKEND"] = "reference"
+for k, (graph, h) in enumerate(cases):
+    torch.testing.assert_close(outs[k], model(graph, h), rtol=1e-12, atol=1e-12)
+print("ok")
+"""
+    env = {**os.environ, "NUMBA_THREADING_LAYER": "workqueue"}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]
 
 
 def test_without_numba_the_reference_runs_with_one_warning(monkeypatch):

@@ -46,7 +46,7 @@ from ..first_use import call_compiling
 from ..unit_ops import mixed_floats, mixed_floats_message, run_by_ops
 from ..kernel_cache import first_call_compiles, load_kernel
 from ..constant_args import constant_tensors
-from . import schedule
+from . import pool, schedule
 from .partition import Partitions, source_partitions
 from ...environ import getenv
 
@@ -124,9 +124,9 @@ def _compile_vectorized(kernel: Callable, args: tuple) -> None:
     try:
         if id(kernel) in _FIRST_CALLS:      # this compile is the kernel's first
             _FIRST_CALLS.discard(id(kernel))
-            call_compiling(kernel, _keeping_torch_threads, kernel.compile, signature)
+            call_compiling(kernel, pool.launch, kernel.compile, signature)
         else:
-            _keeping_torch_threads(kernel.compile, signature)
+            pool.launch(kernel.compile, signature)
     finally:
         numba.config.SLP_VECTORIZE = before
 
@@ -213,23 +213,10 @@ def run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> 
     if not launch.threads:
         kernel(*args)
     elif launch.chunk and launch.threads > 1:
-        _keeping_torch_threads(_call_chunked, kernel, launch.chunk, args)
+        pool.launch(_call_chunked, kernel, launch.chunk, args)
     else:
-        _keeping_torch_threads(kernel, *args)
+        pool.launch(kernel, *args)
     return out
-
-
-def _keeping_torch_threads(call: Callable, *args) -> None:
-    """``call(*args)``, then torch's thread count put back if it changed: starting
-    Numba's pool (the first parallel kernel a process compiles, loads or calls) resets
-    OpenMP's thread count -- torch's too -- to every core; torch's count is the budget
-    both share, so it is restored (a user's torch.set_num_threads(1) stays 1)."""
-    torch_threads = torch.get_num_threads()
-    try:
-        call(*args)
-    finally:
-        if torch.get_num_threads() != torch_threads:
-            torch.set_num_threads(torch_threads)
 
 
 def _call_chunked(kernel: Callable, chunk: int, args: tuple) -> None:

@@ -24,6 +24,8 @@ try:
 except ImportError:     # the optional 'cpu' extra is not installed: callers take torch's dropout
     numba = None
 
+from . import pool
+
 GOLDEN = np.uint64(0x9E3779B97F4A7C15)     # SplitMix64's increment between states
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
@@ -40,16 +42,13 @@ def apply_mask(source: torch.Tensor, out: torch.Tensor, seed: int, p: float) -> 
     ``seed`` and its flat position) and scaled by ``1 / (1 - p)`` into ``out`` (contiguous
     CPU tensors of one float dtype; ``out`` may be ``source``), and return ``out``.
 
-    Runs on as many threads as torch uses; starting Numba's pool resets OpenMP's thread
-    count, torch's too, so torch's count is put back afterwards."""
+    Runs on as many threads as torch uses, launched as every parallel kernel is
+    (`pool.launch`: torch's thread count kept, turns taken on a pool that needs them)."""
     threshold = np.uint64(min(round(p * 2.0 ** 32), 2 ** 32))
     scale = np.dtype(str(source.dtype).removeprefix("torch.")).type(1.0 / (1.0 - p))
-    torch_threads = torch.get_num_threads()
-    numba.set_num_threads(max(1, min(torch_threads, numba.config.NUMBA_NUM_THREADS)))
-    _masked_scale(source.detach().numpy().reshape(-1), out.detach().numpy().reshape(-1), np.uint64(seed),
-                  threshold, scale)
-    if torch.get_num_threads() != torch_threads:
-        torch.set_num_threads(torch_threads)
+    numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
+    pool.launch(_masked_scale, source.detach().numpy().reshape(-1), out.detach().numpy().reshape(-1),
+                np.uint64(seed), threshold, scale)
     return out
 
 
