@@ -288,6 +288,49 @@ print("ok")
     assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]
 
 
+def test_a_process_forked_after_a_parallel_kernel_runs_layers_and_dropout():
+    """GNU OpenMP cannot run in a fork of a process that started its threads: Numba
+    terminated the child at its first parallel launch ("fork() called from a process
+    already using GNU OpenMP"), so a DataLoader worker (forked on Linux) calling a layer
+    was killed once the training process had run one parallel kernel. The child runs
+    serial kernels (the launches it inherited too) and torch's dropout mask."""
+    script = """
+import os, sys, torch, faulthandler
+os.environ["GNNFUSE_BACKEND"] = "cpu"
+import gnnfuse, numba
+from gnnfuse.backend.cpu import schedule
+from gnnfuse.nn import functional
+schedule.PARALLEL_MIN_WORK = 0
+torch.set_num_threads(2)
+def model(graph, h):
+    return gnnfuse.message_passing(graph, lambda e: {"m": e.src["h"]},
+                                   lambda n: {"o": n.mailbox["m"].sum(dim=1)}, ndata={"h": h})["o"]
+gen = torch.Generator().manual_seed(0)
+edges = torch.randint(0, 3000, (2, 30000), generator=gen)
+graph, h = gnnfuse.Graph(edges[0], edges[1], 3000), torch.randn(3000, 4, dtype=torch.float64, generator=gen)
+out = model(graph, h)
+functional.dropout(torch.ones(1 << 20), 0.5, True)
+from numba.np.ufunc import omppool
+if numba.threading_layer() != "omp" or omppool.openmp_vendor != "GNU":
+    print("skip: Numba's pool is not GNU OpenMP's")
+    sys.exit(0)
+pid = os.fork()
+if pid == 0:
+    faulthandler.dump_traceback_later(60, exit=True)
+    same = torch.equal(model(graph, h), out)      # the launch planned before the fork
+    torch.set_num_threads(1)     # torch's own OpenMP ops hang in the child otherwise (as DataLoader does)
+    kept = functional.dropout(torch.ones(1 << 20), 0.5, True).mean().item()
+    os._exit(0 if same and abs(kept - 1) < 0.01 else 3)
+_, status = os.waitpid(pid, 0)
+print("child", os.waitstatus_to_exitcode(status))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    if done.stdout.startswith("skip"):
+        pytest.skip(done.stdout.strip())
+    assert "child 0" in done.stdout, (done.stdout, done.stderr[-2000:])
+
+
 def test_without_numba_the_reference_runs_with_one_warning(monkeypatch):
     monkeypatch.setattr(cpu_executor, "numba", None)
     monkeypatch.setattr(cpu_executor, "_WARNED", set())

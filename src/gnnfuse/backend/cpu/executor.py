@@ -183,10 +183,11 @@ _LAUNCHES = LaunchCache()
 def _settings(tensors: Iterable[torch.Tensor]) -> tuple:
     """Everything a unit's launch on a given graph depends on that can change between
     calls: a schedule the call forces, the environment (`_read_environment`), torch's
-    thread count and the work below which one thread runs, and each leaf's dtype and
-    whether it is on the CPU."""
+    thread count and the work below which one thread runs, whether parallel kernels can
+    run (`pool.USABLE`: false in a forked child, whose parent's launches it inherits), and
+    each leaf's dtype and whether it is on the CPU."""
     return (forced_schedule(), _ENVIRONMENT.current(), torch.get_num_threads(), schedule.PARALLEL_MIN_WORK,
-            tuple([(t.dtype, t.is_cpu) for t in tensors]))
+            pool.USABLE[0], tuple([(t.dtype, t.is_cpu) for t in tensors]))
 
 
 def run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> torch.Tensor:

@@ -33,8 +33,9 @@ _LOW32 = np.uint64(0xFFFFFFFF)
 
 
 def available() -> bool:
-    """Whether the counter kernel can run (Numba is installed)."""
-    return numba is not None
+    """Whether the counter kernel can run: Numba is installed, and its pool can start
+    here (`pool.USABLE`: not in a fork of a process whose pool was GNU OpenMP's)."""
+    return numba is not None and pool.USABLE[0]
 
 
 def apply_mask(source: torch.Tensor, out: torch.Tensor, seed: int, p: float) -> torch.Tensor:

@@ -30,6 +30,7 @@ from ...passes.fusion import AggregateUnit, Unit, gathered_leaves
 from .. import tuned_schedule
 from ..forced_schedule import ForcedSchedule
 from ..reference import GraphContext
+from . import pool
 from ...environ import getenv
 
 FEATURE_TILE_ENV = tuned_schedule.OVERRIDES["cpu"]
@@ -109,8 +110,9 @@ def parallel(work: int, threads: int, row_shape: tuple[int, ...]) -> bool:
     body into a function LLVM vectorizes. Not for multi-head rows (H, D), whose parallel
     build ran 2x slower on one thread (pubmed GAT, 8 heads x 8: the weighted sums took 64
     against 32 ms a step). Small work keeps the serial build, which compiles in a third
-    of the time (the test suite's graphs)."""
-    return work >= PARALLEL_MIN_WORK and (threads > 1 or len(row_shape) < 2)
+    of the time (the test suite's graphs). Never in a process that cannot start Numba's
+    pool (`pool.USABLE`: a fork of one whose pool was GNU OpenMP's)."""
+    return pool.USABLE[0] and work >= PARALLEL_MIN_WORK and (threads > 1 or len(row_shape) < 2)
 
 
 def threads(work: int, limit: int) -> int:
