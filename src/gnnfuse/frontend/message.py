@@ -403,6 +403,12 @@ class UpdateAll:
         self._repeats = RepeatCalls()     # the last prepared calls, for the next (repeat_call.py)
         self._guards = GuardMemo()        # the trace cache's guard walk of `functions`, reused while valid
 
+    def __reduce__(self) -> tuple:
+        """Pickled (sent to a spawned worker) as its functions, rebuilt there: with its
+        ``__dict__``, after a call the caches' programs held code objects, which pickle
+        refused ("cannot pickle code objects")."""
+        return UpdateAll, self.functions
+
     def compiled(self, tables: tuple[Mapping[str, torch.Tensor], ...]
                  ) -> tuple[CompiledProgram, dict[str, torch.Tensor]]:
         """The compiled program for a call on ``tables`` and the tensors its trace captured."""

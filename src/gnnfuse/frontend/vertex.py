@@ -513,6 +513,17 @@ class VertexFunction:
         self._repeats = RepeatCalls()     # the last prepared calls, for the next (repeat_call.py)
         self._guards = GuardMemo()        # the trace cache's guard walk of `functions`, reused while valid
 
+    def __reduce__(self) -> str | tuple:
+        """Pickled (sent to a spawned worker) as its function: by name where the decorator
+        bound it at module level, as pickle sends a function, else rebuilt around ``fn``.
+        Pickled with its ``__dict__``, the function under ``fn`` was looked up by its name
+        and found to be this wrapper ("it's not the same object as ..."), and after a call
+        the caches' programs held code objects, which pickle refuses."""
+        module = sys.modules.get(self.__module__)
+        if module is not None and _attribute_path(module, self.__qualname__) is self:
+            return self.__qualname__
+        return VertexFunction, (self.fn,)
+
     def trace(self, v_feature: Mapping[str, torch.Tensor],
               e_feature: Mapping[str, torch.Tensor] | None = None,
               etype_feature: Mapping[str, torch.Tensor] | None = None,
@@ -616,6 +627,13 @@ def _unwrapped(outputs: dict[str, torch.Tensor]) -> torch.Tensor | dict[str, tor
 # Keyed by the function's code and guarded state, not by the decorated object, so a
 # function decorated anew on every call (Seastar's Figure 3 style, `compile`) reuses it.
 _TRACES = TraceCache()
+
+
+def _attribute_path(owner: Any, qualname: str) -> Any:
+    """``owner.a.b`` for ``qualname`` "a.b", or None where a part is missing."""
+    for part in qualname.split("."):
+        owner = getattr(owner, part, None)
+    return owner
 
 
 def vertex(fn: Callable) -> VertexFunction:
