@@ -331,6 +331,28 @@ print("child", os.waitstatus_to_exitcode(status))
     assert "child 0" in done.stdout, (done.stdout, done.stderr[-2000:])
 
 
+def test_numba_functions_outside_generated_kernels_compile_while_a_trace_swaps_builtins(monkeypatch):
+    """A vertex function's trace replaces ``sum``/``max``/``min``/``len``/``zip`` in the
+    builtins for the whole process (frontend/vertex.py). Generated kernels bind their own
+    (kernel_cache), but the loader's hop sampler (``min``) and the float16/bfloat16
+    rounding helper (``max``) read the process's: compiled in another thread during such a
+    trace (a loader thread's first hop beside the model's first call), Numba failed with
+    "Untyped global name 'min'". Fresh compiles under stand-ins like the trace's work."""
+    import builtins
+    import numba
+    import numpy as np
+    from gnnfuse.backend.cpu import scalar
+    from gnnfuse.loader import hop_numba
+    for name in ("sum", "max", "min", "len", "zip"):
+        original = getattr(builtins, name)
+        monkeypatch.setattr(builtins, name, lambda *args, _original=original, **kw: _original(*args, **kw))
+    rowptr, col, seeds = np.array([0, 2, 4]), np.array([0, 1, 1, 0]), np.array([0, 1])
+    slots = [np.zeros(2, np.int64) for _ in range(3)]
+    assert numba.njit(hop_numba.sample.py_func)(rowptr, col, seeds, 1, 7, *slots, 2) == -1
+    assert slots[2].tolist() == [1, 1]
+    assert numba.njit(scalar._rounded.py_func)(1.0 / 3.0, 11, -24, 65504.0) == float(torch.tensor(1 / 3).half())
+
+
 def test_without_numba_the_reference_runs_with_one_warning(monkeypatch):
     monkeypatch.setattr(cpu_executor, "numba", None)
     monkeypatch.setattr(cpu_executor, "_WARNED", set())

@@ -40,7 +40,7 @@ def sample(rowptr, col, seeds, fanout, seed, slot_src, slot_eid, count, num_node
         if start < 0 or deg < 0 or start + deg > col.shape[0]:
             return r
         base = r * fanout
-        taken = min(deg, fanout)
+        taken = deg if deg < fanout else fanout     # not ``min``: a trace swaps that builtin (frontend/vertex.py)
         if deg <= fanout:
             for i in range(deg):
                 slot_eid[base + i] = start + i

@@ -99,8 +99,12 @@ def _rounded(x, bits, tiny_exponent, largest):
     ``2 ** tiny_exponent``, beyond ``largest`` infinite; NaN and zeros keep their sign. As
     torch's float32-to-float16/bfloat16 conversions: ``ldexp`` scales exactly, and
     ``rint`` rounds half to even. (Not inlined by Numba: its inliner mislaid a variable
-    of this function's branches; LLVM inlines it.)"""
-    exponent = max(math.frexp(x)[1], tiny_exponent + bits)
+    of this function's branches; LLVM inlines it.) No builtin ``max``: a vertex function's
+    trace swaps it process-wide, and a compile in another thread meanwhile failed
+    (`backend.kernel_cache._BUILTINS`)."""
+    exponent = math.frexp(x)[1]
+    if exponent < tiny_exponent + bits:
+        exponent = tiny_exponent + bits
     r = math.ldexp(np.rint(math.ldexp(x, bits - exponent)), exponent - bits)
     if abs(r) > largest:
         return math.copysign(math.inf, x)
