@@ -3,6 +3,8 @@ mask on the CPU that the backward regenerates, and torch's own path everywhere e
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -240,3 +242,20 @@ def test_a_udfs_dropout_of_one_is_torchs_times_zero_and_above_one_is_refused():
     torch.testing.assert_close(out["h"], expected, equal_nan=True)
     with pytest.raises(Exception, match="dropout probability has to be between 0 and 1, but got 1.5"):
         gnnfuse.message_passing(graph, lambda e: {"m": F.dropout(e.src["h"], 1.5, True)}, reduce, ndata={"h": h})
+
+
+def test_the_first_mask_keeps_torchs_thread_count():
+    """Setting Numba's thread count starts its pool, which resets OpenMP's -- torch's
+    too -- to every core: done outside the launch that puts torch's count back, a process
+    with torch.set_num_threads(1) ran on every core after its first dropout (and `gnnfuse
+    tune` stored its choices for that count, so a second run reused none)."""
+    script = """
+import torch
+torch.set_num_threads(1)
+from gnnfuse.nn.functional import dropout
+dropout(torch.ones(4096), p=0.5, training=True)
+print(torch.get_num_threads())
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-1] == "1"

@@ -47,10 +47,18 @@ def apply_mask(source: torch.Tensor, out: torch.Tensor, seed: int, p: float) -> 
     (`pool.launch`: torch's thread count kept, turns taken on a pool that needs them)."""
     threshold = np.uint64(min(round(p * 2.0 ** 32), 2 ** 32))
     scale = np.dtype(str(source.dtype).removeprefix("torch.")).type(1.0 / (1.0 - p))
-    numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
-    pool.launch(_masked_scale, source.detach().numpy().reshape(-1), out.detach().numpy().reshape(-1),
-                np.uint64(seed), threshold, scale)
+    pool.launch(_on_torch_threads, torch.get_num_threads(), source.detach().numpy().reshape(-1),
+                out.detach().numpy().reshape(-1), np.uint64(seed), threshold, scale)
     return out
+
+
+def _on_torch_threads(threads: int, *args) -> None:
+    """`_masked_scale` on ``threads`` of Numba's pool. Setting the count starts the pool,
+    which resets torch's count: done inside `pool.launch`, which puts torch's back (set
+    before it, a tuning run's torch count went from 1 to every core after its first
+    dropout, and its choices were stored for the wrong thread count)."""
+    numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
+    _masked_scale(*args)
 
 
 def _njit(**options):
