@@ -234,6 +234,30 @@ def test_lazy_layer_draws_pygs_weights_at_its_first_call(case, dtype):
 
 
 
+def _lazy_state(layer: nn.Module) -> dict[str, tuple[str, tuple[int, ...] | None]]:
+    """Each state-dict entry's kind and, where it has one yet, its shape."""
+    return {k: ("lazy", None) if isinstance(v, nn.parameter.UninitializedParameter) else ("tensor", tuple(v.shape))
+            for k, v in layer.state_dict().items()}
+
+
+@pytest.mark.parametrize("case", LAZY_CASES, ids=[_case_id(c[:3]) for c in LAZY_CASES])
+def test_a_lazy_layer_s_state_dict_before_its_first_call_is_pygs(case):
+    """PyG's lazy ``Linear`` leaves only its weight lazy (its bias is ``[out]`` from the
+    start); the lazy maps here left the bias lazy too. A lazy PyG SAGEConv's state dict
+    loaded into ours then failed at the first call ("'Parameter' object has no attribute
+    'materialize'"), and ours loaded into PyG's failed on the bias's shape."""
+    name, args, kwargs, call = case
+    torch.manual_seed(2)
+    x, y, edge_index = _graph()
+    ours, theirs = getattr(ours_nn, name)(*args, **kwargs), getattr(pyg_nn, name)(*args, **kwargs)
+    assert _lazy_state(ours) == _lazy_state(theirs)
+    for source, target in ((theirs, getattr(ours_nn, name)(*args, **kwargs)),
+                           (ours, getattr(pyg_nn, name)(*args, **kwargs))):
+        target.load_state_dict(source.state_dict())
+        call(target, x, y, edge_index)      # its non-lazy tensors are torch.empty's: no values to compare
+        assert "lazy" not in {kind for kind, _ in _lazy_state(target).values()}
+
+
 def test_lazy_hgt_draws_a_type_its_first_call_left_out_as_pyg_does():
     """PyG's HeteroDictLinear draws the maps of its first call twice and then drops its
     hook: a type that call left out is drawn once, by its own lazy Linear, when a later

@@ -84,7 +84,7 @@ def linear(in_channels: int, out_channels: int, bias: bool = True, weight_initia
            bias_initializer: str | None = None) -> nn.Linear:
     """PyG's ``Linear(in_channels, out_channels, bias, ...)`` as an ``nn.Linear``: drawn as
     PyG's constructor draws it (torch's own draw is not made), or for PyG's lazy
-    ``in_channels <= 0`` an ``nn.LazyLinear``, which draws nothing until `materialize`.
+    ``in_channels <= 0`` a `_LazyWeightLinear`, which draws nothing until `materialize`.
 
     Its ``reset_parameters`` is PyG's ``Linear``'s (`reset_linear` with these
     initializers), an attribute of the map itself, so that the class stays torch's
@@ -92,13 +92,38 @@ def linear(in_channels: int, out_channels: int, bias: bool = True, weight_initia
     model.modules()``) drew torch's kaiming bound where PyG's GCN, GAT, GATv2 and Cheb
     maps draw glorot's (GCN's weights 0.34 off PyG's under one seed)."""
     if isinstance(in_channels, int) and in_channels <= 0:
-        lin = nn.LazyLinear(out_channels, bias=bias)
+        lin = _LazyWeightLinear(out_channels, bias=bias)
     else:
         lin = nn.Linear(in_channels, out_channels, bias=bias, device="meta")
         lin = lin.to_empty(device=torch.empty(0).device)       # torch's default device, as PyG's torch.empty
         reset_linear(lin, weight_initializer, bias_initializer)
     lin.reset_parameters = functools.partial(reset_linear, lin, weight_initializer, bias_initializer)
     return lin
+
+
+class _LazyWeightLinear(nn.LazyLinear):
+    """torch's ``LazyLinear`` with PyG's lazy ``Linear``'s parameters: only the weight
+    waits for the first call; the bias is an ``[out_features]`` parameter from the start
+    (PyG's ``torch.empty(out_channels)``), so the two layers' ``state_dict`` hold the same
+    tensors before that call. With torch's lazy bias a lazy PyG layer's state dict loaded
+    here made the bias a plain parameter beside a lazy weight, and the first call failed
+    ("'Parameter' object has no attribute 'materialize'"); ours loaded into PyG's failed
+    on the bias's shape. Becomes an ``nn.Linear`` once its width is known, as torch's does."""
+
+    cls_to_become = nn.Linear
+
+    def __init__(self, out_features: int, bias: bool = True) -> None:
+        super().__init__(out_features, bias=bias)
+        if bias:
+            self.bias = nn.Parameter(torch.empty(out_features))
+
+    def initialize_parameters(self, input: torch.Tensor) -> None:   # noqa: A002 (torch's name)
+        """torch's ``LazyLinear.initialize_parameters`` for the weight alone."""
+        if self.has_uninitialized_params():
+            with torch.no_grad():
+                self.in_features = input.shape[-1]
+                self.weight.materialize((self.out_features, self.in_features))
+                self.reset_parameters()
 
 
 def reset_module(module: Any) -> None:
