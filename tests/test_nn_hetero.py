@@ -536,7 +536,7 @@ def test_rgat_gradcheck_within_relation():
     (lambda: gnn.RGATConv(4, 2, 3, attention_mode="x"), None, ValueError, "attention mode"),
     (lambda: gnn.RGATConv(4, 2, 3, attention_mechanism="x"), None, ValueError, "attention mechanism"),
     (lambda: gnn.RGATConv(4, 2, 3, dim=2), None, ValueError, "cannot be applied when value of d"),
-    (lambda: gnn.RGATConv(4, 2, 3, aggr="mean"), None, NotImplementedError, "aggr"),
+    (lambda: gnn.RGATConv(4, 2, 3, aggr="mean"), None, TypeError, "aggr='mean' is not taken"),
     (lambda: gnn.RGATConv(4, 2, 3), lambda layer, x, i, t: layer(torch.arange(8), i, t), TypeError, "float"),
     (lambda: gnn.RGATConv(4, 2, 3), lambda layer, x, i, t: layer(x, i, t, return_attention_weights=True),
      NotImplementedError, "return_attention_weights"),

@@ -585,6 +585,35 @@ MESSAGE_PASSING_LAYERS = {
     "EdgeConv": lambda **kw: gnn.EdgeConv(torch.nn.Linear(8, 3), **kw)}
 
 
+# the layers whose PyG forms pass their own aggr (or have it as an argument of their own);
+# each a (layer, call on x and edge_index) pair
+OWN_AGGR_LAYERS = {
+    "RGCNConv": (lambda **kw: gnn.RGCNConv(4, 3, 2, **kw), lambda m, x, e: m(x, e, e[0] % 2)),
+    "FastRGCNConv": (lambda **kw: gnn.FastRGCNConv(4, 3, 2, **kw), lambda m, x, e: m(x, e, e[0] % 2)),
+    "RGATConv": (lambda **kw: gnn.RGATConv(4, 3, 2, **kw), lambda m, x, e: m(x, e, e[0] % 2)),
+    "HGTConv": (lambda **kw: gnn.HGTConv(4, 4, (["a"], [("a", "to", "a")]), **kw),
+                lambda m, x, e: m({"a": x}, {("a", "to", "a"): e})["a"])}
+
+
+@pytest.mark.parametrize("name", OWN_AGGR_LAYERS)
+def test_relational_and_hgt_layers_take_pygs_message_passing_options_as_the_others_do(name):
+    """R-GCN, RGAT and HGT refused PyG's MessagePassing options even at the values they
+    compute with (RGCNConv(flow='source_to_target'): "not supported ... R-GCN's flow is
+    source_to_target"), and RGAT and HGT refused a misspelt keyword with a
+    NotImplementedError calling it a MessagePassing argument, where PyG's TypeError is
+    what code catches."""
+    make, call = OWN_AGGR_LAYERS[name]
+    x, edge_index = torch.randn(5, 4), torch.tensor([[0, 1, 2, 3], [1, 2, 3, 4]])
+    torch.manual_seed(0)
+    plain = make()
+    torch.manual_seed(0)
+    spelt = make(flow="source_to_target", decomposed_layers=1)
+    torch.testing.assert_close(call(spelt, x, edge_index), call(plain, x, edge_index))
+    for key, value in (("flow", "target_to_source"), ("decomposed_layers", 2), ("heeds", 2)):
+        with pytest.raises(TypeError, match=rf"^{name}: {key}={value!r} is not taken"):
+            make(**{key: value})
+
+
 @pytest.mark.parametrize("name", MESSAGE_PASSING_LAYERS)
 def test_pyg_message_passing_options_at_the_layers_values_are_taken_and_others_refused_by_name(name):
     """PyG's layers pass ``flow``, ``node_dim``, ``decomposed_layers`` (and ``aggr``) on to

@@ -27,6 +27,7 @@ from ..runtime.autocast import autocast_dtype
 from .arguments import node_features
 from .conv import _check_dropout, _neighbour_sum
 from .fixed_aggregation import FixedAggregation
+from .pyg_options import message_passing_options
 from .relational import RGCNConv, check_edge_types, refuse_lazy_width
 from . import pyg_init
 from .compiling import names_its_programs
@@ -102,10 +103,7 @@ class RGATConv(FixedAggregation, NotScriptable, nn.Module):
                  heads: int = 1, dim: int = 1, concat: bool = True, negative_slope: float = 0.2,
                  dropout: float = 0.0, edge_dim: int | None = None, bias: bool = True, **kwargs: Any):
         super().__init__()
-        refused = sorted(k for k, v in kwargs.items() if k != "aggr" or v not in ("add", "sum"))
-        if refused:
-            raise NotImplementedError(f"RGATConv: the MessagePassing arguments {refused} are not supported by "
-                                      "gnnfuse (its aggregation is the sum, PyG's default)")
+        message_passing_options("RGATConv", kwargs)
         if attention_mechanism not in _MECHANISMS:
             raise ValueError('attention mechanism must either be "within-relation" or "across-relation"')
         if attention_mode not in _MODES:

@@ -26,6 +26,7 @@ from ..graph.hetero_cache import cached_hetero_graph
 from . import pyg_init
 from .compiling import names_its_programs
 from .hetero_conv import module_key, refuse_shared_keys
+from .pyg_options import message_passing_options
 from .torchscript import NotScriptable
 
 
@@ -189,9 +190,7 @@ class HGTConv(NotScriptable, nn.Module):
     def __init__(self, in_channels: int | dict[str, int], out_channels: int, metadata: tuple[list, list],
                  heads: int = 1, **kwargs: Any):
         super().__init__()
-        if kwargs:
-            raise NotImplementedError(f"HGTConv: the MessagePassing arguments {sorted(kwargs)} are not supported "
-                                      "by gnnfuse")
+        message_passing_options("HGTConv", kwargs, aggr=())      # PyG's HGTConv sets aggr itself
         if out_channels % heads != 0:
             raise ValueError(f"'out_channels' (got {out_channels}) must be divisible by the number of heads "
                              f"(got {heads})")

@@ -17,6 +17,7 @@ from .arguments import node_features
 from . import pyg_init
 from .compiling import names_its_programs
 from .fixed_aggregation import FixedAggregation
+from .pyg_options import message_passing_options
 from .torchscript import NotScriptable
 
 
@@ -136,9 +137,7 @@ class RGCNConv(FixedAggregation, NotScriptable, nn.Module):
                  num_blocks: int | None = None, aggr: str = "mean", root_weight: bool = True,
                  is_sorted: bool = False, bias: bool = True, **kwargs: Any):
         super().__init__()
-        if kwargs:      # PyG's MessagePassing arguments (flow, node_dim, ...): Python's TypeError named RGCNConv
-            raise TypeError(f"{type(self).__name__}: the arguments {sorted(kwargs)} are not supported by gnnfuse "
-                            "(PyG's MessagePassing options; R-GCN's flow is source_to_target)")
+        message_passing_options(type(self).__name__, kwargs, aggr=())     # (its aggr is an argument of its own)
         in_src, in_dst = (in_channels, in_channels) if isinstance(in_channels, int) else tuple(in_channels)
         refuse_lazy_width(type(self).__name__, in_src, in_dst)
         if num_bases is not None and num_blocks is not None:
