@@ -119,6 +119,49 @@ def test_bipartite_graph_matches_the_oracle_in_both_orders(order, backend, devic
                           inputs(graph, device))
 
 
+def test_a_weight_row_no_edge_reads_does_not_reach_the_output_in_any_order(order, backend, device):
+    """Relation 2 of a 3-row table occurs on no edge and holds NaN (a spare row of a table
+    sized for more relations): eager torch never reads it. The dense order multiplied
+    its all-zero table block by it, 0 * NaN, and every output and the input gradient
+    came out NaN."""
+    graph = gnnfuse.Graph(torch.tensor([0, 1, 2, 0]), torch.tensor([1, 2, 0, 2]), edge_type=torch.tensor([0, 1, 0, 1]),
+                          num_edge_types=RELATIONS).to(device)
+    values = inputs(graph, device)
+    values["w"][2] = float("nan")
+    leaves = {k: t.clone().requires_grad_() for k, t in values.items()}
+    got = typed_bmm("sum")(graph, **leaves)["out"]
+    torch.testing.assert_close(got, oracle(graph, **values)["out"], rtol=1e-9, atol=1e-12)
+    got.sum().backward()
+    assert torch.isfinite(leaves["h"].grad).all() and torch.isfinite(leaves["w"].grad).all()
+
+
+def test_a_weighted_mean_over_a_graph_with_isolated_vertices_in_every_order(order, backend, device):
+    """``sum(m * s) / sum(s)`` in reduce_fn: a vertex without in-edges gets DGL's 0 by a
+    selection, behind which the division's gradient is 0/0 = NaN on its row. The pair
+    orders never read that row; the dense weight gradient multiplied it by the vertex's
+    all-zero table row and the whole gradient of W came out NaN (vertices 3 and 4 have no
+    in-edges here)."""
+    graph = gnnfuse.Graph(torch.tensor([0, 1, 2, 0, 1]), torch.tensor([1, 2, 0, 2, 1]), 5,
+                          edge_type=torch.tensor([0, 1, 0, 1, 2])).to(device)
+
+    def weighted_mean(h, w, s):
+        def message(edges):
+            m = torch.bmm(edges.src["h"].unsqueeze(1), edges.type["W"]).squeeze(1)
+            return {"m": m * edges.data["s"], "s": edges.data["s"]}
+
+        def reduce(nodes):
+            return {"out": nodes.mailbox["m"].sum(1) / nodes.mailbox["s"].sum(1)}
+        return gnnfuse.message_passing(graph, message, reduce, ndata={"h": h}, edata={"s": s.unsqueeze(-1)},
+                                       etype_data={"W": w})
+
+    def expected(h, w, s):
+        messages = torch.einsum("ei,eio->eo", h[graph.src], w[graph.edge_type]) * s.unsqueeze(-1)
+        total = torch.zeros(graph.num_nodes, w.shape[-1], dtype=f64, device=h.device).index_add(0, graph.dst, messages)
+        weights = torch.zeros(graph.num_nodes, dtype=f64, device=h.device).index_add(0, graph.dst, s)
+        return {"out": total / weights.where(weights > 0, 1).unsqueeze(-1)}
+    assert_matches_oracle(weighted_mean, expected, inputs(graph, device))
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_flat_typed_programs_are_rewritten_forward_and_backward(case):
     graph = typed_graph()

@@ -208,6 +208,29 @@ def _dense_rows(ctx, table: torch.Tensor, side: str, s: torch.Tensor | None, by:
     return ctx.scatter_rows(table, ctx.index(side), target, s, rows * count).reshape(rows, count * table.shape[-1])
 
 
+def _without_absent_relations(w: torch.Tensor, pairs) -> torch.Tensor:
+    """``w`` with the matrices of relations that no edge has set to 0 (``pairs``' host
+    group sizes say which). The dense order multiplies their all-zero table blocks by
+    them, and 0 * NaN is NaN: a NaN or inf in a weight-table row no edge reads (spare rows
+    of a table sized for more relations) made every output NaN, where the pair orders and
+    eager torch never read that row."""
+    absent = [r for r, count in enumerate(pairs.groups.counts) if count == 0]
+    if not absent:
+        return w
+    return w.index_fill(0, torch.tensor(absent, device=w.device), 0)
+
+
+def _rows_with_edges(g: torch.Tensor, pairs, rows: int) -> torch.Tensor:
+    """``g`` with the rows of vertices that have no edge (no pair in ``pairs``) set to 0.
+    The dense weight gradient multiplies their all-zero table rows by ``g``'s rows, and
+    0 * NaN is NaN: message/reduce gives a vertex without in-edges DGL's zero output by a
+    selection, and the gradient of a reduce_fn that divides by a sum over its mailbox
+    (``sum(m * s) / sum(s)``) is NaN on those rows behind it, which the pair orders and
+    eager torch never read; the dense order made the whole weight gradient NaN."""
+    has_edges = torch.zeros(rows, dtype=torch.bool, device=g.device).index_fill_(0, pairs.vertex.long(), True)
+    return torch.where(has_edges.unsqueeze(-1), g, 0)
+
+
 def _decide(ctx, op: str, by: str, idx, count: int, width_in: int, width_out: int, dtype: torch.dtype,
             rows_out: int, weight_grad: bool = False):
     gather = OTHER_SIDE[by]
@@ -236,7 +259,7 @@ def _typed_sum(ctx, x: torch.Tensor, w: torch.Tensor, rest: tuple, by: str, scal
                                           dtype, rows)
     if order == "dense":      # one GEMM: [rows, R x in] @ the relations' matrices stacked
         table = _dense_rows(ctx, x, gather, s, by, idx, w.shape[0]).to(dtype)
-        weights = row_matrix(w).to(dtype)
+        weights = row_matrix(_without_absent_relations(w, gathered)).to(dtype)
         if root is None:
             return table @ weights
         # the root's product added into the output in place (the bias the first GEMM's
@@ -377,6 +400,7 @@ def _weight_grad(ctx, x: torch.Tensor, g: torch.Tensor, *rest: torch.Tensor, by:
     if order == "dense":      # per relation r, table[:, r]^T @ g: one GEMM over the stacked blocks
         dtype = torch.promote_types(x.dtype, g.dtype)
         table = _dense_rows(ctx, x, gather, s, by, idx, count)
+        g = _rows_with_edges(g, aggregated, ctx.num_rows(by))
         return (table.to(dtype).t() @ g.to(dtype)).reshape(count, x.shape[-1], g.shape[-1])
     return pair_weight_grad(ctx, g, _pair_rows(ctx, x, gather, s, aggregated), aggregated).transpose(-1, -2)
 
