@@ -1741,3 +1741,54 @@ def test_detach_stops_the_gradient_and_is_a_view():
         return {"m": edges.src["h"]}
     with pytest.raises(CompileError, match="an in-place op on a view"):
         gnnfuse.message_passing(g, written, _sum_mailbox, ndata={"h": h})
+
+
+def _weighted_mean(n, c):
+    return (n.mailbox["m"] * n.mailbox["s"]).sum(1) / n.mailbox["s"].sum(1) * c
+
+
+def _mean_by_count(n, c):
+    return n.mailbox["m"].sum(1) / n.mailbox["m"].shape[1] * c
+
+
+def _log_of_sum(n, c):
+    return torch.log(n.mailbox["s"].sum(1)) * n.mailbox["m"].max(1)[0] * c
+
+
+def _root_of_sum(n, c):
+    return torch.sqrt(n.mailbox["s"].sum(1)) * n.data["h"] * c
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu", "triton"])
+@pytest.mark.parametrize("reduce", [_weighted_mean, _mean_by_count, _log_of_sum, _root_of_sum],
+                         ids=lambda f: f.__name__)
+def test_a_reduce_singular_at_an_empty_mailbox_has_dgls_gradients(reduce, backend, monkeypatch):
+    """DGL runs reduce_fn only on vertices with in-edges (zero elsewhere); the compiled
+    reduce runs on every vertex and selects the result away there. The forward was
+    right, but ``sum(m * s) / sum(s)`` is 0 / 0 on an isolated vertex, and the selected-away
+    NaN reached the backward: the gradient of a parameter the reduce multiplies by (and of
+    those vertices' node data) was NaN, where DGL's is finite."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    g = graph()
+    h = features()
+    s = (torch.rand(g.num_edges, 1, dtype=DOUBLE, generator=torch.Generator().manual_seed(1)) + 0.5)
+    c = torch.randn(3, dtype=DOUBLE, generator=torch.Generator().manual_seed(2), requires_grad=True)
+    out = gnnfuse.message_passing(g, lambda e: {"m": e.src["h"], "s": e.data["s"]},
+                                  lambda n: {"o": reduce(n, c)}, ndata={"h": h}, edata={"s": s})["o"]
+    got = torch.autograd.grad(out.square().sum(), (h, c))
+    h2, c2 = h.detach().clone().requires_grad_(), c.detach().clone().requires_grad_()
+    rows = []
+    for vertex in range(g.num_nodes):       # DGL's update_all, one vertex's mailbox at a time
+        into = (g.dst == vertex).nonzero().flatten()
+        if len(into) == 0:
+            rows.append(torch.zeros(3, dtype=DOUBLE))
+            continue
+        nodes = types.SimpleNamespace(mailbox={"m": h2[g.src[into]][None], "s": s[into][None]},
+                                      data={"h": h2[vertex][None]})
+        rows.append(reduce(nodes, c2)[0])
+    want_out = torch.stack(rows)
+    want = torch.autograd.grad(want_out.square().sum(), (h2, c2))
+    torch.testing.assert_close(out, want_out)
+    for name, a, b in zip(("h", "c"), got, want):
+        assert torch.isfinite(a).all(), f"{name}'s gradient: {a}"
+        torch.testing.assert_close(a, b, msg=lambda m: f"{name}'s gradient: {m}")

@@ -292,8 +292,44 @@ def _zero_without_in_edges(tracer: Tracer, out: SymTensor) -> SymTensor:
     ``m.max(1)[0] + 1``) to a float, rounding integers above 2**24 or 2**53."""
     if out.value.op == "reduce":
         return out
+    _finite_without_in_edges(tracer, out)
     zero = 0.0 if out.dtype.is_floating_point else 0
     return tracer.apply("select", tracer.in_degree(prefix=1), out, zero)
+
+
+# node-wise ops whose value or derivative is not finite at an empty mailbox's 0 (``0 / 0``,
+# ``log(0)``, ``sqrt``'s slope at 0, a negative power of 0)
+_SINGULAR_AT_ZERO = frozenset({"div", "log", "sqrt", "pow"})
+
+
+def _finite_without_in_edges(tracer: Tracer, out: SymTensor) -> None:
+    """Feed ``out``'s node-wise computation 1, not the empty mailbox's 0, on vertices
+    without in-edges, where it reads a mailbox reduction (or the in-degree) through an op
+    singular at 0. Selecting the result away there (`_zero_without_in_edges`) leaves the
+    forward right but not the backward: a weighted mean ``sum(m * s) / sum(s)`` is 0 / 0
+    = NaN on such a vertex, and its zero gradient times that NaN made the gradient of every
+    parameter the reduce_fn multiplies it by NaN (and those rows of node data), where
+    DGL, which never runs reduce_fn there, gives finite ones. The vertex's own value is
+    discarded either way; only its derivative changes, to the 0 DGL's is."""
+    program = out.value
+    ancestors, stack = {}, [program]
+    while stack:
+        value = stack.pop()
+        if value.id not in ancestors:
+            ancestors[value.id] = value
+            stack.extend(value.inputs)
+    node_wise = [v for v in ancestors.values() if v.residency is Residency.NODE]
+    if not any(v.op in _SINGULAR_AT_ZERO for v in node_wise):
+        return
+    # what a vertex reads of its in-edges: reductions of the mailbox, and its in-degree
+    reads = [v for v in node_wise if v.op == "degree" or any(i.residency in EDGE_ROWED for i in v.inputs)]
+    for read in reads:
+        one = 1.0 if read.dtype.is_floating_point else 1
+        safe = tracer.apply("select", tracer.in_degree(prefix=1), SymTensor(tracer, read, 1), one).value
+        for user in node_wise:
+            if read in user.inputs:
+                user.inputs = tuple(safe if i is read else i for i in user.inputs)
+    tracer.program.toposort()
 
 
 def trace_message_passing(message_fn: Callable, reduce_fn: Callable, update_fn: Callable | None,
