@@ -473,7 +473,8 @@ def ratios(results: dict[str, Any], dataset: str, model: str) -> dict[str, Any]:
                "memory_ratio": _ratio(ours.get("peak_gb"), best.get("peak_gb")),
                "own_memory_ratio": _ratio(ours.get("own_peak_gb"), best.get("own_peak_gb"))}
         plain = cells.get(f"{dataset}/{model}/gnnfuse-linear-head")
-        if plain and agreed("gnnfuse-linear-head") and plain["status"] == "ok" and len(device_names(results, [plain, best])) == 1:
+        if (plain and agreed("gnnfuse-linear-head") and plain["status"] == "ok"
+                and len(device_names(results, [plain, best])) == 1):
             out["linear_head_own_memory_ratio"] = _ratio(plain.get("own_peak_gb"), best.get("own_peak_gb"))
         rows = cells.get(f"{dataset}/{model}/{TRAIN_ROWS}")
         if rows and agreed(TRAIN_ROWS) and rows["status"] == "ok" and len(device_names(results, [rows, best])) == 1:
@@ -481,7 +482,8 @@ def ratios(results: dict[str, Any], dataset: str, model: str) -> dict[str, Any]:
             out["train_rows_own_memory_ratio"] = _ratio(rows.get("own_peak_gb"), best.get("own_peak_gb"))
     udf = cells.get(f"{dataset}/{model}/graphiler-udf")
     out["udf_vs_nn"] = (udf["median_ms"] / ours["median_ms"]
-                        if udf and udf["status"] == "ok" and agreed("graphiler-udf") and len(device_names(results, [ours, udf])) == 1 else None)
+                        if udf and udf["status"] == "ok" and agreed("graphiler-udf")
+                        and len(device_names(results, [ours, udf])) == 1 else None)
     return out
 
 

@@ -369,7 +369,7 @@ def test_an_edge_index_changed_after_the_loader_was_built_is_refused_by_name(how
     loaders = [NeighborLoader(data, [-1], batch_size=4, prefetch=0),
                LinkNeighborLoader(data, [-1], batch_size=4, prefetch=0)]
     for loader in loaders:
-        batch = next(iter(loader))
+        next(iter(loader))
     order = torch.randperm(data.num_edges, generator=torch.Generator().manual_seed(0))
     if how == "replaced":
         data.edge_index = data.edge_index[:, order]

@@ -165,7 +165,8 @@ def test_size_entries_left_none_are_read_from_the_features_as_in_pyg(name, with_
     assert_same_values(ours(x, EDGE_INDEX, size=size), expected, "out")
     ref, ours = getattr(pyg, name)(F_SRC, 4).double(), getattr(gnn, name)(F_SRC, 4).double()
     ours.load_state_dict(ref.state_dict())
-    torch.testing.assert_close(ours(x_src, EDGE_INDEX, size=(None, NUM_SRC)), ref(x_src, EDGE_INDEX, size=(None, NUM_SRC)))
+    torch.testing.assert_close(ours(x_src, EDGE_INDEX, size=(None, NUM_SRC)),
+                               ref(x_src, EDGE_INDEX, size=(None, NUM_SRC)))
 
 
 @pytest.mark.parametrize("name", ["SAGEConv", "GraphConv"])
