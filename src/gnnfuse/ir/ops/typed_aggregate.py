@@ -213,11 +213,20 @@ def _without_absent_relations(w: torch.Tensor, pairs) -> torch.Tensor:
     group sizes say which). The dense order multiplies their all-zero table blocks by
     them, and 0 * NaN is NaN: a NaN or inf in a weight-table row no edge reads (spare rows
     of a table sized for more relations) made every output NaN, where the pair orders and
-    eager torch never read that row."""
-    absent = [r for r, count in enumerate(pairs.groups.counts) if count == 0]
-    if not absent:
+    eager torch never read that row. Filled run by run, from the host's counts: an index
+    tensor would be a host-to-device copy, which a captured step cannot hold."""
+    counts = pairs.groups.counts
+    if all(counts):
         return w
-    return w.index_fill(0, torch.tensor(absent, device=w.device), 0)
+    w = w.clone()
+    start = None
+    for r, count in enumerate([*counts, 1]):
+        if count == 0 and start is None:
+            start = r
+        elif count and start is not None:
+            w[start:r] = 0
+            start = None
+    return w
 
 
 def _rows_with_edges(g: torch.Tensor, pairs, rows: int) -> torch.Tensor:
