@@ -1792,3 +1792,50 @@ def test_a_reduce_singular_at_an_empty_mailbox_has_dgls_gradients(reduce, backen
     for name, a, b in zip(("h", "c"), got, want):
         assert torch.isfinite(a).all(), f"{name}'s gradient: {a}"
         torch.testing.assert_close(a, b, msg=lambda m: f"{name}'s gradient: {m}")
+
+
+def _sum_by_degree_data(n, c):
+    return n.mailbox["m"].sum(1) * c / n.data["deg"]
+
+
+def _log_of_degree_data(n, c):
+    return torch.log(n.data["deg"]) * n.mailbox["m"].max(1)[0] * c
+
+
+def _sum_by_root_degree_data(n, c):
+    return n.mailbox["m"].sum(1) * c * n.data["deg"] ** -0.5
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu", "triton"])
+@pytest.mark.parametrize("reduce", [_sum_by_degree_data, _log_of_degree_data, _sum_by_root_degree_data],
+                         ids=lambda f: f.__name__)
+def test_a_reduce_singular_at_node_data_of_a_vertex_without_in_edges_has_dgls_gradients(reduce, backend,
+                                                                                       monkeypatch):
+    """The in-degree passed as node data (``g.in_degrees()`` in DGL code) is 0 exactly on
+    the vertices reduce_fn does not run on; ``sum(m) / nodes.data['deg']`` there was 0 / 0,
+    selected away in the forward but not in the backward: the gradients of ``c`` and of
+    ``deg`` were NaN where DGL's are finite. The message_fn's read of ``h`` keeps the
+    isolated vertex's row."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    g = graph()
+    h = features()
+    deg = torch.bincount(g.dst, minlength=g.num_nodes).to(DOUBLE).unsqueeze(-1).requires_grad_()
+    c = torch.randn(3, dtype=DOUBLE, generator=torch.Generator().manual_seed(2), requires_grad=True)
+    out = gnnfuse.message_passing(g, lambda e: {"m": e.src["h"]}, lambda n: {"o": reduce(n, c)},
+                                  ndata={"h": h, "deg": deg})["o"]
+    got = torch.autograd.grad(out.square().sum(), (h, c, deg))
+    h2, c2, deg2 = (t.detach().clone().requires_grad_() for t in (h, c, deg))
+    rows = []
+    for vertex in range(g.num_nodes):       # DGL's update_all, one vertex's mailbox at a time
+        into = (g.dst == vertex).nonzero().flatten()
+        if len(into) == 0:
+            rows.append(torch.zeros(3, dtype=DOUBLE))
+            continue
+        nodes = types.SimpleNamespace(mailbox={"m": h2[g.src[into]][None]}, data={"deg": deg2[vertex][None]})
+        rows.append(reduce(nodes, c2)[0])
+    want_out = torch.stack(rows)
+    want = torch.autograd.grad(want_out.square().sum(), (h2, c2, deg2))
+    torch.testing.assert_close(out, want_out)
+    for name, a, b in zip(("h", "c", "deg"), got, want):
+        assert torch.isfinite(a).all(), f"{name}'s gradient: {a}"
+        torch.testing.assert_close(a, b, msg=lambda m: f"{name}'s gradient: {m}")

@@ -304,29 +304,33 @@ _SINGULAR_AT_ZERO = frozenset({"div", "log", "sqrt", "pow"})
 
 def _finite_without_in_edges(tracer: Tracer, out: SymTensor) -> None:
     """Feed ``out``'s node-wise computation 1, not the empty mailbox's 0, on vertices
-    without in-edges, where it reads a mailbox reduction (or the in-degree) through an op
-    singular at 0. Selecting the result away there (`_zero_without_in_edges`) leaves the
-    forward right but not the backward: a weighted mean ``sum(m * s) / sum(s)`` is 0 / 0
-    = NaN on such a vertex, and its zero gradient times that NaN made the gradient of every
-    parameter the reduce_fn multiplies it by NaN (and those rows of node data), where
-    DGL, which never runs reduce_fn there, gives finite ones. The vertex's own value is
-    discarded either way; only its derivative changes, to the 0 DGL's is."""
-    program = out.value
-    ancestors, stack = {}, [program]
+    without in-edges, where it reads a mailbox reduction, the in-degree or node data
+    through an op singular at 0. Selecting the result away there (`_zero_without_in_edges`)
+    leaves the forward right but not the backward: a weighted mean ``sum(m * s) / sum(s)``
+    is 0 / 0 = NaN on such a vertex, and so is ``sum(m) / nodes.data['deg']`` with the
+    in-degree passed as node data (0 exactly there); the zero gradient times that NaN made
+    the gradient of every parameter the reduce_fn multiplies it by NaN (and those rows of
+    node data), where DGL, which never runs reduce_fn there, gives finite ones. The
+    vertex's own value is discarded either way; only its derivative changes, to the 0
+    DGL's is. The walk stops at the mailbox reductions, so a node-data table the
+    message_fn also reads (``edges.src['h']``) keeps its rows there."""
+    node_wise, stack = {}, [out.value]
     while stack:
         value = stack.pop()
-        if value.id not in ancestors:
-            ancestors[value.id] = value
+        if value.id in node_wise or value.residency is not Residency.NODE:
+            continue
+        node_wise[value.id] = value
+        if not any(i.residency in EDGE_ROWED for i in value.inputs):
             stack.extend(value.inputs)
-    node_wise = [v for v in ancestors.values() if v.residency is Residency.NODE]
-    if not any(v.op in _SINGULAR_AT_ZERO for v in node_wise):
+    if not any(v.op in _SINGULAR_AT_ZERO for v in node_wise.values()):
         return
-    # what a vertex reads of its in-edges: reductions of the mailbox, and its in-degree
-    reads = [v for v in node_wise if v.op == "degree" or any(i.residency in EDGE_ROWED for i in v.inputs)]
+    # what a vertex reads of its in-edges (reductions of the mailbox, its in-degree) and its node data
+    reads = [v for v in node_wise.values()
+             if v.op in ("degree", "input") or any(i.residency in EDGE_ROWED for i in v.inputs)]
     for read in reads:
         one = 1.0 if read.dtype.is_floating_point else 1
         safe = tracer.apply("select", tracer.in_degree(prefix=1), SymTensor(tracer, read, 1), one).value
-        for user in node_wise:
+        for user in node_wise.values():
             if read in user.inputs:
                 user.inputs = tuple(safe if i is read else i for i in user.inputs)
     tracer.program.toposort()
