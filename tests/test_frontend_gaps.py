@@ -360,6 +360,9 @@ def _summed(nodes):
      "nodes.nodes()", "nodes.data['id']"),
     (lambda edges: {"m": edges.src["h"] * (edges.canonical_etype is None)}, _summed, "edges.canonical_etype",
      "etype_data"),
+    (lambda edges: {"m": edges.src["h"] / len(edges)}, _summed, "len(edges)", "all edges at once"),
+    (lambda edges: {"m": edges.src["h"]}, lambda nodes: {"h": nodes.mailbox["m"].sum(1) / len(nodes)},
+     "len(nodes)", "all vertices at once"),
 ])
 def test_dgl_batch_members_a_compiled_udf_lacks_are_refused_at_their_line(message, reduce, text, instead):
     """DGL's EdgeBatch/NodeBatch methods were a bare AttributeError on '_Edges' naming no

@@ -198,6 +198,8 @@ _BATCH_MEMBERS = {
               "read as nodes.data['id']"),
     "batch_size": ("<what>.batch_size() (the number of <rows> DGL hands this call)", "a compiled UDF runs on all "
                    "<rows> at once: use the tensors' own shapes (x.shape[0] only as a reshape's first size)"),
+    "__len__": ("len(<what>) (the number of <rows> DGL hands this call)", "a compiled UDF runs on all "
+                "<rows> at once: use the tensors' own shapes (x.shape[0] only as a reshape's first size)"),
     "canonical_etype": ("edges.canonical_etype", "on a typed graph, per-relation data comes as etype_data and is "
                         "read as edges.type[key]"),
     "etype": ("edges.etype", "on a typed graph, per-relation data comes as etype_data and is read as "
@@ -226,6 +228,11 @@ class _Edges:
         if name.startswith("__"):
             raise AttributeError(name)
         raise _missing_member(self.__dict__["_tracer"], "edges", name)
+
+    def __len__(self) -> int:
+        """DGL's batches have a length (``len(edges)`` is their ``batch_size()``); without
+        this method ``len(edges)`` was a bare TypeError naming no line."""
+        raise _missing_member(self._tracer, "edges", "__len__")
 
     def __init__(self, tracer: Tracer, ndata, edata, etype_data, ntype_data):
         self._tracer = tracer
@@ -257,6 +264,11 @@ class _Nodes:
         if name.startswith("__"):
             raise AttributeError(name)
         raise _missing_member(self.__dict__["_tracer"], "nodes", name)
+
+    def __len__(self) -> int:
+        """DGL's batches have a length (``len(nodes)`` is their ``batch_size()``); without
+        this method ``len(nodes)`` was a bare TypeError naming no line."""
+        raise _missing_member(self._tracer, "nodes", "__len__")
 
     def __init__(self, tracer: Tracer, ndata, ntype_data, mailbox: Mapping[str, SymTensor], computed):
         self._tracer = tracer
