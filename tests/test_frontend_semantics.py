@@ -1839,3 +1839,29 @@ def test_a_reduce_singular_at_node_data_of_a_vertex_without_in_edges_has_dgls_gr
     for name, a, b in zip(("h", "c", "deg"), got, want):
         assert torch.isfinite(a).all(), f"{name}'s gradient: {a}"
         torch.testing.assert_close(a, b, msg=lambda m: f"{name}'s gradient: {m}")
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu", "triton"])
+def test_a_reduce_singular_at_the_node_type_row_of_a_vertex_without_in_edges_has_dgls_gradients(backend,
+                                                                                               monkeypatch):
+    """A per-node-type count of in-edges (``ntype_data``) is 0 for a type that only sends
+    (vertices 0, 1 here); ``sum(m) * c / nodes.type['cnt']`` was 0 / 0 on them, selected away
+    in the forward, but ``c.grad`` was NaN (and ``cnt``'s row of that type) where DGL, which
+    runs reduce_fn only on vertices with in-edges, gives finite gradients."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    src, dst, node_type = torch.tensor([0, 1, 0]), torch.tensor([2, 2, 3]), torch.tensor([0, 0, 1, 1])
+    g = gnnfuse.Graph(src, dst, 4, node_type=node_type, edge_type=torch.zeros(3, dtype=torch.long))
+    h = torch.randn(4, 2, dtype=DOUBLE, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    c = torch.randn(2, dtype=DOUBLE, generator=torch.Generator().manual_seed(1), requires_grad=True)
+    cnt = torch.tensor([[0.0], [3.0]], dtype=DOUBLE, requires_grad=True)
+    out = gnnfuse.message_passing(g, lambda e: {"m": e.src["h"]},
+                                  lambda n: {"o": n.mailbox["m"].sum(1) * c / n.type["cnt"]},
+                                  ndata={"h": h}, ntype_data={"cnt": cnt})["o"]
+    got = torch.autograd.grad(out.square().sum(), (h, c, cnt))
+    zero = torch.zeros(2, dtype=DOUBLE)
+    want_out = torch.stack([zero, zero, (h[0] + h[1]) * c / cnt[1], h[0] * c / cnt[1]])
+    want = torch.autograd.grad(want_out.square().sum(), (h, c, cnt))
+    torch.testing.assert_close(out, want_out)
+    for name, a, b in zip(("h", "c", "cnt"), got, want):
+        assert torch.isfinite(a).all(), f"{name}'s gradient: {a}"
+        torch.testing.assert_close(a, b, msg=lambda m: f"{name}'s gradient: {m}")

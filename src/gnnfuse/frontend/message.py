@@ -316,8 +316,8 @@ _SINGULAR_AT_ZERO = frozenset({"div", "log", "sqrt", "pow"})
 
 def _finite_without_in_edges(tracer: Tracer, out: SymTensor) -> None:
     """Feed ``out``'s node-wise computation 1, not the empty mailbox's 0, on vertices
-    without in-edges, where it reads a mailbox reduction, the in-degree or node data
-    through an op singular at 0. Selecting the result away there (`_zero_without_in_edges`)
+    without in-edges, where it reads a mailbox reduction, the in-degree, node data or a
+    node type's row through an op singular at 0. Selecting the result away there (`_zero_without_in_edges`)
     leaves the forward right but not the backward: a weighted mean ``sum(m * s) / sum(s)``
     is 0 / 0 = NaN on such a vertex, and so is ``sum(m) / nodes.data['deg']`` with the
     in-degree passed as node data (0 exactly there); the zero gradient times that NaN made
@@ -336,9 +336,10 @@ def _finite_without_in_edges(tracer: Tracer, out: SymTensor) -> None:
             stack.extend(value.inputs)
     if not any(v.op in _SINGULAR_AT_ZERO for v in node_wise.values()):
         return
-    # what a vertex reads of its in-edges (reductions of the mailbox, its in-degree) and its node data
-    reads = [v for v in node_wise.values()
-             if v.op in ("degree", "input") or any(i.residency in EDGE_ROWED for i in v.inputs)]
+    # what a vertex reads of its in-edges (reductions of the mailbox, its in-degree), its node
+    # data and its node type's row (nodes.type[k])
+    reads = [v for v in node_wise.values() if v.op in ("degree", "input")
+             or any(i.residency in EDGE_ROWED or i.residency is Residency.NODE_TYPE for i in v.inputs)]
     for read in reads:
         one = 1.0 if read.dtype.is_floating_point else 1
         safe = tracer.apply("select", tracer.in_degree(prefix=1), SymTensor(tracer, read, 1), one).value
