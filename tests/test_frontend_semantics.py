@@ -1865,3 +1865,21 @@ def test_a_reduce_singular_at_the_node_type_row_of_a_vertex_without_in_edges_has
     for name, a, b in zip(("h", "c", "cnt"), got, want):
         assert torch.isfinite(a).all(), f"{name}'s gradient: {a}"
         torch.testing.assert_close(a, b, msg=lambda m: f"{name}'s gradient: {m}")
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+def test_node_data_a_singular_reduce_reads_only_through_other_ops_keeps_its_rows(backend, monkeypatch):
+    """Only the node data a singular op takes itself reads 1 on vertices without in-edges:
+    ``mean * log(1 - p)`` with p = 0.3 read as 1 there would be 0 * log(0), and its NaN
+    would reach ``c``'s gradient where DGL's (and the data's own 0.3) give a finite one."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    g = graph()
+    h = features()
+    c = torch.randn(3, dtype=DOUBLE, generator=torch.Generator().manual_seed(2), requires_grad=True)
+    p = torch.full((g.num_nodes, 1), 0.3, dtype=DOUBLE)
+    out = gnnfuse.message_passing(g, lambda e: {"m": e.src["h"]}, lambda n: {
+        "o": n.mailbox["m"].sum(1) / n.mailbox["m"].shape[1] * torch.log(1 - n.data["p"]) * c},
+        ndata={"h": h, "p": p})["o"]
+    got = torch.autograd.grad(out.sum(), c)[0]
+    mean = neighbour_mean(g, h.detach())
+    torch.testing.assert_close(got, (mean * torch.log(1 - p)).sum(0))

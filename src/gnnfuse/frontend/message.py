@@ -336,16 +336,23 @@ def _finite_without_in_edges(tracer: Tracer, out: SymTensor) -> None:
             stack.extend(value.inputs)
     if not any(v.op in _SINGULAR_AT_ZERO for v in node_wise.values()):
         return
-    # what a vertex reads of its in-edges (reductions of the mailbox, its in-degree), its node
-    # data and its node type's row (nodes.type[k])
-    reads = [v for v in node_wise.values() if v.op in ("degree", "input")
-             or any(i.residency in EDGE_ROWED or i.residency is Residency.NODE_TYPE for i in v.inputs)]
-    for read in reads:
-        one = 1.0 if read.dtype.is_floating_point else 1
-        safe = tracer.apply("select", tracer.in_degree(prefix=1), SymTensor(tracer, read, 1), one).value
-        for user in node_wise.values():
-            if read in user.inputs:
-                user.inputs = tuple(safe if i is read else i for i in user.inputs)
+    # what a vertex reads of its in-edges (reductions of the mailbox, its in-degree), read as 1
+    # by every user; its node data and its node type's row (nodes.type[k]), only by the
+    # singular ops themselves: fed to another op (``log(1 - nodes.data['p'])``) a 1 could
+    # make the singularity a finite row never had
+    in_edges = [v for v in node_wise.values() if v.op == "degree" or any(i.residency in EDGE_ROWED for i in v.inputs)]
+    own_rows = [v for v in node_wise.values() if v.op == "input" or any(
+        i.residency is Residency.NODE_TYPE for i in v.inputs)]
+    singular = [v for v in node_wise.values() if v.op in _SINGULAR_AT_ZERO]
+    for reads, users in ((in_edges, list(node_wise.values())), (own_rows, singular)):
+        for read in reads:
+            if not any(read in user.inputs for user in users):
+                continue
+            one = 1.0 if read.dtype.is_floating_point else 1
+            safe = tracer.apply("select", tracer.in_degree(prefix=1), SymTensor(tracer, read, 1), one).value
+            for user in users:
+                if read in user.inputs:
+                    user.inputs = tuple(safe if i is read else i for i in user.inputs)
     tracer.program.toposort()
 
 
