@@ -1883,3 +1883,22 @@ def test_node_data_a_singular_reduce_reads_only_through_other_ops_keeps_its_rows
     got = torch.autograd.grad(out.sum(), c)[0]
     mean = neighbour_mean(g, h.detach())
     torch.testing.assert_close(got, (mean * torch.log(1 - p)).sum(0))
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu", "triton"])
+def test_a_mailbox_reduction_a_singular_op_reads_through_other_ops_keeps_its_empty_value(backend, monkeypatch):
+    """``log(1 - max(s))`` is log(1) = 0 on a vertex without in-edges; reading the empty
+    max as 1 there (to keep ``sum(m * s) / sum(s)`` finite) made it log(0) and ``c``'s
+    gradient NaN where DGL's is finite. Only the singular op's own operands read 1."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    g = graph()
+    h = features()
+    c = torch.randn(3, dtype=DOUBLE, generator=torch.Generator().manual_seed(2), requires_grad=True)
+    out = gnnfuse.message_passing(g, lambda e: {"m": e.src["h"], "s": e.src["h"][:, :1].sigmoid() * 0.5},
+                                  lambda n: {"o": n.mailbox["m"].mean(1) * torch.log(1 - n.mailbox["s"].max(1)[0]) * c},
+                                  ndata={"h": h})["o"]
+    got = torch.autograd.grad(out.sum(), c)[0]
+    hd = h.detach()
+    s = (hd[:, :1].sigmoid() * 0.5)[g.src]
+    top = torch.zeros(g.num_nodes, 1, dtype=DOUBLE).index_reduce(0, g.dst, s, "amax", include_self=False)
+    torch.testing.assert_close(got, (neighbour_mean(g, hd) * torch.log(1 - top)).sum(0))

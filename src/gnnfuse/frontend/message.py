@@ -315,17 +315,16 @@ _SINGULAR_AT_ZERO = frozenset({"div", "log", "sqrt", "pow"})
 
 
 def _finite_without_in_edges(tracer: Tracer, out: SymTensor) -> None:
-    """Feed ``out``'s node-wise computation 1, not the empty mailbox's 0, on vertices
-    without in-edges, where it reads a mailbox reduction, the in-degree, node data or a
-    node type's row through an op singular at 0. Selecting the result away there (`_zero_without_in_edges`)
-    leaves the forward right but not the backward: a weighted mean ``sum(m * s) / sum(s)``
-    is 0 / 0 = NaN on such a vertex, and so is ``sum(m) / nodes.data['deg']`` with the
-    in-degree passed as node data (0 exactly there); the zero gradient times that NaN made
-    the gradient of every parameter the reduce_fn multiplies it by NaN (and those rows of
-    node data), where DGL, which never runs reduce_fn there, gives finite ones. The
-    vertex's own value is discarded either way; only its derivative changes, to the 0
-    DGL's is. The walk stops at the mailbox reductions, so a node-data table the
-    message_fn also reads (``edges.src['h']``) keeps its rows there."""
+    """On vertices without in-edges, feed each op of ``out``'s node-wise computation that is
+    singular at 0 (div, log, sqrt, pow) 1 for its node-wise operands. Selecting the result
+    away there (`_zero_without_in_edges`) leaves the forward right but not the backward: a
+    weighted mean ``sum(m * s) / sum(s)`` is 0 / 0 = NaN on such a vertex, and so is
+    ``sum(m) / nodes.data['deg']`` with the in-degree passed as node data (0 exactly there)
+    or a node type's row that is 0; the zero gradient times that NaN made the gradient of
+    every parameter the reduce_fn multiplies it by NaN (and those rows of node data), where
+    DGL, which never runs reduce_fn there, gives finite ones. The vertex's own value is
+    discarded either way; only its derivative changes, to the 0 DGL's is. The walk stops at
+    the mailbox reductions, so the message_fn's own node-wise work keeps its rows there."""
     node_wise, stack = {}, [out.value]
     while stack:
         value = stack.pop()
@@ -334,25 +333,17 @@ def _finite_without_in_edges(tracer: Tracer, out: SymTensor) -> None:
         node_wise[value.id] = value
         if not any(i.residency in EDGE_ROWED for i in value.inputs):
             stack.extend(value.inputs)
-    if not any(v.op in _SINGULAR_AT_ZERO for v in node_wise.values()):
-        return
-    # what a vertex reads of its in-edges (reductions of the mailbox, its in-degree), read as 1
-    # by every user; its node data and its node type's row (nodes.type[k]), only by the
-    # singular ops themselves: fed to another op (``log(1 - nodes.data['p'])``) a 1 could
-    # make the singularity a finite row never had
-    in_edges = [v for v in node_wise.values() if v.op == "degree" or any(i.residency in EDGE_ROWED for i in v.inputs)]
-    own_rows = [v for v in node_wise.values() if v.op == "input" or any(
-        i.residency is Residency.NODE_TYPE for i in v.inputs)]
-    singular = [v for v in node_wise.values() if v.op in _SINGULAR_AT_ZERO]
-    for reads, users in ((in_edges, list(node_wise.values())), (own_rows, singular)):
-        for read in reads:
-            if not any(read in user.inputs for user in users):
-                continue
-            one = 1.0 if read.dtype.is_floating_point else 1
-            safe = tracer.apply("select", tracer.in_degree(prefix=1), SymTensor(tracer, read, 1), one).value
-            for user in users:
-                if read in user.inputs:
-                    user.inputs = tuple(safe if i is read else i for i in user.inputs)
+    # each singular op reads 1 for each of its node-wise operands there: a read replaced
+    # further up (the mailbox reduction in ``log(1 - max(s))``, or ``nodes.data['p']`` in
+    # ``log(1 - p)``) could make a singularity the row's own values never had
+    for user in [v for v in node_wise.values() if v.op in _SINGULAR_AT_ZERO]:
+        operands = []
+        for read in user.inputs:
+            if read.residency is Residency.NODE:
+                one = 1.0 if read.dtype.is_floating_point else 1
+                read = tracer.apply("select", tracer.in_degree(prefix=1), SymTensor(tracer, read, 1), one).value
+            operands.append(read)
+        user.inputs = tuple(operands)
     tracer.program.toposort()
 
 
