@@ -1894,9 +1894,10 @@ def test_a_mailbox_reduction_a_singular_op_reads_through_other_ops_keeps_its_emp
     g = graph()
     h = features()
     c = torch.randn(3, dtype=DOUBLE, generator=torch.Generator().manual_seed(2), requires_grad=True)
+    def reduce(n):
+        return {"o": n.mailbox["m"].mean(1) * torch.log(1 - n.mailbox["s"].max(1)[0]) * c}
     out = gnnfuse.message_passing(g, lambda e: {"m": e.src["h"], "s": e.src["h"][:, :1].sigmoid() * 0.5},
-                                  lambda n: {"o": n.mailbox["m"].mean(1) * torch.log(1 - n.mailbox["s"].max(1)[0]) * c},
-                                  ndata={"h": h})["o"]
+                                  reduce, ndata={"h": h})["o"]
     got = torch.autograd.grad(out.sum(), c)[0]
     hd = h.detach()
     s = (hd[:, :1].sigmoid() * 0.5)[g.src]
