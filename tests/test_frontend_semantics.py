@@ -1903,3 +1903,31 @@ def test_a_mailbox_reduction_a_singular_op_reads_through_other_ops_keeps_its_emp
     s = (hd[:, :1].sigmoid() * 0.5)[g.src]
     top = torch.zeros(g.num_nodes, 1, dtype=DOUBLE).index_reduce(0, g.dst, s, "amax", include_self=False)
     torch.testing.assert_close(got, (neighbour_mean(g, hd) * torch.log(1 - top)).sum(0))
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu", "triton"])
+@pytest.mark.parametrize("scale", [torch.sqrt, torch.log, lambda d: d ** -0.5, lambda d: 1 / d],
+                         ids=["sqrt", "log", "pow", "div"])
+def test_a_vertex_op_read_only_in_the_neighbour_loop_has_eagers_gradient_on_an_isolated_vertex(
+        scale, backend, monkeypatch):
+    """``scale(v.d)`` inside the loop over ``v.innbs`` is a per-vertex op gathered onto the
+    in-edges; eager code never evaluates it on vertex 3 (no in-edges), so d's gradient there
+    is 0. The compiled op ran on every vertex and its backward made it sqrt'(0) * 0 = NaN."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    g = graph()
+    h = features()
+    d = torch.tensor([[1.0], [2.0], [3.0], [0.0], [0.5]], dtype=DOUBLE, requires_grad=True)
+    c = torch.randn(3, dtype=DOUBLE, generator=torch.Generator().manual_seed(2), requires_grad=True)
+    out = gnnfuse.vertex(lambda v: sum([u.h * scale(v.d) for u in v.innbs]) * c)(g, {"h": h, "d": d})
+    got = torch.autograd.grad(out.square().sum(), (h, d, c))
+    h2, d2, c2 = (t.detach().clone().requires_grad_() for t in (h, d, c))
+    rows = []
+    for vertex in range(g.num_nodes):       # eager: the vertex function on one vertex at a time
+        into = (g.dst == vertex).nonzero().flatten()
+        rows.append(sum([h2[u] * scale(d2[vertex]) for u in g.src[into]]) * c2)
+    want_out = torch.stack(rows)
+    want = torch.autograd.grad(want_out.square().sum(), (h2, d2, c2))
+    torch.testing.assert_close(out, want_out)
+    for name, a, b in zip(("h", "d", "c"), got, want):
+        assert torch.isfinite(a).all(), f"{name}'s gradient: {a}"
+        torch.testing.assert_close(a, b, msg=lambda m: f"{name}'s gradient: {m}")

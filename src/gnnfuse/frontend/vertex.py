@@ -64,6 +64,7 @@ import torch
 from ..backend import kernel_cache  # noqa: F401  (takes the builtins before any trace swaps them)
 from ..graph import Graph
 from ..ir import CompileError, Residency
+from ..passes.reorder import mask_rows_only_gathers_read
 from ..runtime import CompiledProgram
 from .compiled_call import call_compiled, register_udf
 from .counting import IDENTITY, check_counting
@@ -562,6 +563,8 @@ class VertexFunction:
                     f"{where.residency.name if where is not None else type(out).__name__} — aggregate "
                     "neighbour values with sum/max/min over the list built from v.innbs")
             tracer.program.output(key, out.value)
+        # ``scale(v.d)`` in the loop over v.innbs: eager code skips it on vertices without in-edges
+        mask_rows_only_gathers_read(tracer.program)
         return tracer, {name: t for name, t in tracer.captured.values()}
 
     def __call__(self, graph: Graph | Any, v_feature: Mapping[str, torch.Tensor],

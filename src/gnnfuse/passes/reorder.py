@@ -59,6 +59,44 @@ def reorder_broadcasts(program: Program) -> Program:
     return program
 
 
+def mask_rows_only_gathers_read(program: Program) -> None:
+    """Vertex values computed before any move whose every use is a gather (``broadcast``,
+    directly or through row-wise ops) get the moved ops' treatment: an op whose
+    derivative can be infinite reads its rowed floating-point operands as 1s on the rows
+    the gather never reads. A vertex function builds such values itself: ``torch.sqrt(v.d)``
+    inside the loop over ``v.innbs`` is a per-vertex op gathered onto in-edges, which eager
+    code (one vertex at a time) never evaluates, or never connects to the output, on a vertex
+    without in-edges -- its gradient there is 0, where the compiled backward gave
+    ``sqrt'(0) * 0 = NaN`` (d.grad NaN on an isolated vertex with d = 0). The rows the gather
+    reads keep their values, and the rows it does not read reach nothing. The vertex front
+    end runs it on its trace (other front ends gather before computing, so
+    `reorder_broadcasts` masks what it moves; running it on every program would also add
+    selects to backward programs, e.g. SAGE's gradient divided by the clamped degree)."""
+    users = program.live_users()
+    outputs = {v.id for v in program.outputs.values()}
+    gathered_by: dict[int, str] = {}        # value id -> the one gather its rows reach only through
+    for v in reversed(program.values):
+        if v.residency is not Residency.NODE or v.id in outputs or not users.get(v.id):
+            continue
+        reached = {u.attrs["by"] if u.op == "broadcast"
+                   else gathered_by.get(u.id) if u.residency is Residency.NODE and u.movement is Movement.DENSE
+                   else None for u in users[v.id]}
+        if len(reached) == 1 and (by := reached.pop()) in ("src", "dst"):
+            gathered_by[v.id] = by
+    for v in list(program.values):
+        by = gathered_by.get(v.id)
+        if by is None or v.op == "input" or v.movement is not Movement.DENSE:
+            continue
+        opdef = get_op(v.op)
+        if opdef.derivative is None or opdef.bounded_derivative:
+            continue
+        masked = tuple(_read_rows_only(program, i, by, v.source)
+                       if i.residency is Residency.NODE and i.dtype.is_floating_point else i for i in v.inputs)
+        if masked != v.inputs:
+            v.inputs = masked
+            program.toposort()
+
+
 def _constants_commute(v) -> bool:
     """Whether ``v``'s constant operands let it move: each is finite, and a divisor is
     nonzero. Moved, the backward of ``x * c`` scales the sum of a vertex's out-edge
