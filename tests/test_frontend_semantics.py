@@ -1806,8 +1806,13 @@ def _sum_by_root_degree_data(n, c):
     return n.mailbox["m"].sum(1) * c * n.data["deg"] ** -0.5
 
 
+def _exp_of_degree_data(n, c):
+    return n.mailbox["m"].sum(1) * c * torch.exp(1000 * (1 - n.data["deg"]))     # exp(1000): inf
+
+
 @pytest.mark.parametrize("backend", ["reference", "cpu", "triton"])
-@pytest.mark.parametrize("reduce", [_sum_by_degree_data, _log_of_degree_data, _sum_by_root_degree_data],
+@pytest.mark.parametrize("reduce", [_sum_by_degree_data, _log_of_degree_data, _sum_by_root_degree_data,
+                                    _exp_of_degree_data],
                          ids=lambda f: f.__name__)
 def test_a_reduce_singular_at_node_data_of_a_vertex_without_in_edges_has_dgls_gradients(reduce, backend,
                                                                                        monkeypatch):

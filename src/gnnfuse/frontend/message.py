@@ -310,8 +310,10 @@ def _zero_without_in_edges(tracer: Tracer, out: SymTensor) -> SymTensor:
 
 
 # node-wise ops whose value or derivative is not finite at an empty mailbox's 0 (``0 / 0``,
-# ``log(0)``, ``sqrt``'s slope at 0, a negative power of 0)
-_SINGULAR_AT_ZERO = frozenset({"div", "log", "sqrt", "pow"})
+# ``log(0)``, ``sqrt``'s slope at 0, a negative power of 0), or at node data a reduce never
+# reads in DGL (``exp`` past overflow: exp(d) * sum(m) * c with d = 1000 made c's gradient
+# NaN): the node-wise ops whose derivative is unbounded (OpDef.bounded_derivative False)
+_SINGULAR_AT_ZERO = frozenset({"div", "exp", "log", "sqrt", "pow"})
 
 
 def _finite_without_in_edges(tracer: Tracer, out: SymTensor) -> None:
