@@ -1743,6 +1743,22 @@ def test_detach_stops_the_gradient_and_is_a_view():
         gnnfuse.message_passing(g, written, _sum_mailbox, ndata={"h": h})
 
 
+def dgl_reduce(g: gnnfuse.Graph, reduce_fn, mailbox: dict, data: dict, width: int) -> torch.Tensor:
+    """DGL's update_all, one vertex's mailbox at a time: ``reduce_fn`` runs on each vertex
+    with in-edges, on its in-edges' rows of the edge tables ``mailbox`` (edge-id order)
+    and its rows of the node tables ``data``; a vertex without in-edges gets zeros."""
+    rows = []
+    for vertex in range(g.num_nodes):
+        into = (g.dst == vertex).nonzero().flatten()
+        if len(into) == 0:
+            rows.append(torch.zeros(width, dtype=DOUBLE))
+            continue
+        nodes = types.SimpleNamespace(mailbox={k: t[into][None] for k, t in mailbox.items()},
+                                      data={k: t[vertex][None] for k, t in data.items()})
+        rows.append(reduce_fn(nodes)[0])
+    return torch.stack(rows)
+
+
 def _weighted_mean(n, c):
     return (n.mailbox["m"] * n.mailbox["s"]).sum(1) / n.mailbox["s"].sum(1) * c
 
@@ -1777,16 +1793,7 @@ def test_a_reduce_singular_at_an_empty_mailbox_has_dgls_gradients(reduce, backen
                                   lambda n: {"o": reduce(n, c)}, ndata={"h": h}, edata={"s": s})["o"]
     got = torch.autograd.grad(out.square().sum(), (h, c))
     h2, c2 = h.detach().clone().requires_grad_(), c.detach().clone().requires_grad_()
-    rows = []
-    for vertex in range(g.num_nodes):       # DGL's update_all, one vertex's mailbox at a time
-        into = (g.dst == vertex).nonzero().flatten()
-        if len(into) == 0:
-            rows.append(torch.zeros(3, dtype=DOUBLE))
-            continue
-        nodes = types.SimpleNamespace(mailbox={"m": h2[g.src[into]][None], "s": s[into][None]},
-                                      data={"h": h2[vertex][None]})
-        rows.append(reduce(nodes, c2)[0])
-    want_out = torch.stack(rows)
+    want_out = dgl_reduce(g, lambda n: reduce(n, c2), {"m": h2[g.src], "s": s}, {"h": h2}, width=3)
     want = torch.autograd.grad(want_out.square().sum(), (h2, c2))
     torch.testing.assert_close(out, want_out)
     for name, a, b in zip(("h", "c"), got, want):
@@ -1830,15 +1837,7 @@ def test_a_reduce_singular_at_node_data_of_a_vertex_without_in_edges_has_dgls_gr
                                   ndata={"h": h, "deg": deg})["o"]
     got = torch.autograd.grad(out.square().sum(), (h, c, deg))
     h2, c2, deg2 = (t.detach().clone().requires_grad_() for t in (h, c, deg))
-    rows = []
-    for vertex in range(g.num_nodes):       # DGL's update_all, one vertex's mailbox at a time
-        into = (g.dst == vertex).nonzero().flatten()
-        if len(into) == 0:
-            rows.append(torch.zeros(3, dtype=DOUBLE))
-            continue
-        nodes = types.SimpleNamespace(mailbox={"m": h2[g.src[into]][None]}, data={"deg": deg2[vertex][None]})
-        rows.append(reduce(nodes, c2)[0])
-    want_out = torch.stack(rows)
+    want_out = dgl_reduce(g, lambda n: reduce(n, c2), {"m": h2[g.src]}, {"deg": deg2}, width=3)
     want = torch.autograd.grad(want_out.square().sum(), (h2, c2, deg2))
     torch.testing.assert_close(out, want_out)
     for name, a, b in zip(("h", "c", "deg"), got, want):

@@ -318,7 +318,7 @@ _SINGULAR_AT_ZERO = frozenset({"div", "exp", "log", "sqrt", "pow"})
 
 def _finite_without_in_edges(tracer: Tracer, out: SymTensor) -> None:
     """On vertices without in-edges, feed each op of ``out``'s node-wise computation that is
-    singular at 0 (div, log, sqrt, pow) 1 for its node-wise operands. Selecting the result
+    singular at 0 (div, exp, log, sqrt, pow) 1 for its node-wise operands. Selecting the result
     away there (`_zero_without_in_edges`) leaves the forward right but not the backward: a
     weighted mean ``sum(m * s) / sum(s)`` is 0 / 0 = NaN on such a vertex, and so is
     ``sum(m) / nodes.data['deg']`` with the in-degree passed as node data (0 exactly there)
