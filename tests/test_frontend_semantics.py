@@ -19,6 +19,7 @@ import torch
 
 import gnnfuse
 from gnnfuse import CompileError
+from oracle_check import device_for
 
 DOUBLE = torch.float64
 
@@ -1743,6 +1744,14 @@ def test_detach_stops_the_gradient_and_is_a_view():
         gnnfuse.message_passing(g, written, _sum_mailbox, ndata={"h": h})
 
 
+def placed(backend: str, *tensors: torch.Tensor) -> list[torch.Tensor]:
+    """Copies of ``tensors`` on the backend's device (`device_for`), leaves needing a
+    gradient where the originals do: what the compiled side runs on, the originals (CPU)
+    feeding the eager oracle."""
+    device = device_for(backend)
+    return [t.detach().to(device).requires_grad_(t.requires_grad) for t in tensors]
+
+
 def dgl_reduce(g: gnnfuse.Graph, reduce_fn, mailbox: dict, data: dict, width: int) -> torch.Tensor:
     """DGL's update_all, one vertex's mailbox at a time: ``reduce_fn`` runs on each vertex
     with in-edges, on its in-edges' rows of the edge tables ``mailbox`` (edge-id order)
@@ -1789,13 +1798,13 @@ def test_a_reduce_singular_at_an_empty_mailbox_has_dgls_gradients(reduce, backen
     h = features()
     s = (torch.rand(g.num_edges, 1, dtype=DOUBLE, generator=torch.Generator().manual_seed(1)) + 0.5)
     c = torch.randn(3, dtype=DOUBLE, generator=torch.Generator().manual_seed(2), requires_grad=True)
-    out = gnnfuse.message_passing(g, lambda e: {"m": e.src["h"], "s": e.data["s"]},
-                                  lambda n: {"o": reduce(n, c)}, ndata={"h": h}, edata={"s": s})["o"]
-    got = torch.autograd.grad(out.square().sum(), (h, c))
-    h2, c2 = h.detach().clone().requires_grad_(), c.detach().clone().requires_grad_()
-    want_out = dgl_reduce(g, lambda n: reduce(n, c2), {"m": h2[g.src], "s": s}, {"h": h2}, width=3)
-    want = torch.autograd.grad(want_out.square().sum(), (h2, c2))
-    torch.testing.assert_close(out, want_out)
+    hd, cd, sd = placed(backend, h, c, s)
+    out = gnnfuse.message_passing(g.to(sd.device), lambda e: {"m": e.src["h"], "s": e.data["s"]},
+                                  lambda n: {"o": reduce(n, cd)}, ndata={"h": hd}, edata={"s": sd})["o"]
+    got = [t.cpu() for t in torch.autograd.grad(out.square().sum(), (hd, cd))]
+    want_out = dgl_reduce(g, lambda n: reduce(n, c), {"m": h[g.src], "s": s}, {"h": h}, width=3)
+    want = torch.autograd.grad(want_out.square().sum(), (h, c))
+    torch.testing.assert_close(out.cpu(), want_out)
     for name, a, b in zip(("h", "c"), got, want):
         assert torch.isfinite(a).all(), f"{name}'s gradient: {a}"
         torch.testing.assert_close(a, b, msg=lambda m: f"{name}'s gradient: {m}")
@@ -1833,13 +1842,13 @@ def test_a_reduce_singular_at_node_data_of_a_vertex_without_in_edges_has_dgls_gr
     h = features()
     deg = torch.bincount(g.dst, minlength=g.num_nodes).to(DOUBLE).unsqueeze(-1).requires_grad_()
     c = torch.randn(3, dtype=DOUBLE, generator=torch.Generator().manual_seed(2), requires_grad=True)
-    out = gnnfuse.message_passing(g, lambda e: {"m": e.src["h"]}, lambda n: {"o": reduce(n, c)},
-                                  ndata={"h": h, "deg": deg})["o"]
-    got = torch.autograd.grad(out.square().sum(), (h, c, deg))
-    h2, c2, deg2 = (t.detach().clone().requires_grad_() for t in (h, c, deg))
-    want_out = dgl_reduce(g, lambda n: reduce(n, c2), {"m": h2[g.src]}, {"deg": deg2}, width=3)
-    want = torch.autograd.grad(want_out.square().sum(), (h2, c2, deg2))
-    torch.testing.assert_close(out, want_out)
+    hd, cd, degd = placed(backend, h, c, deg)
+    out = gnnfuse.message_passing(g.to(hd.device), lambda e: {"m": e.src["h"]}, lambda n: {"o": reduce(n, cd)},
+                                  ndata={"h": hd, "deg": degd})["o"]
+    got = [t.cpu() for t in torch.autograd.grad(out.square().sum(), (hd, cd, degd))]
+    want_out = dgl_reduce(g, lambda n: reduce(n, c), {"m": h[g.src]}, {"deg": deg}, width=3)
+    want = torch.autograd.grad(want_out.square().sum(), (h, c, deg))
+    torch.testing.assert_close(out.cpu(), want_out)
     for name, a, b in zip(("h", "c", "deg"), got, want):
         assert torch.isfinite(a).all(), f"{name}'s gradient: {a}"
         torch.testing.assert_close(a, b, msg=lambda m: f"{name}'s gradient: {m}")
@@ -1858,14 +1867,15 @@ def test_a_reduce_singular_at_the_node_type_row_of_a_vertex_without_in_edges_has
     h = torch.randn(4, 2, dtype=DOUBLE, generator=torch.Generator().manual_seed(0), requires_grad=True)
     c = torch.randn(2, dtype=DOUBLE, generator=torch.Generator().manual_seed(1), requires_grad=True)
     cnt = torch.tensor([[0.0], [3.0]], dtype=DOUBLE, requires_grad=True)
-    out = gnnfuse.message_passing(g, lambda e: {"m": e.src["h"]},
-                                  lambda n: {"o": n.mailbox["m"].sum(1) * c / n.type["cnt"]},
-                                  ndata={"h": h}, ntype_data={"cnt": cnt})["o"]
-    got = torch.autograd.grad(out.square().sum(), (h, c, cnt))
+    hd, cd, cntd = placed(backend, h, c, cnt)
+    out = gnnfuse.message_passing(g.to(hd.device), lambda e: {"m": e.src["h"]},
+                                  lambda n: {"o": n.mailbox["m"].sum(1) * cd / n.type["cnt"]},
+                                  ndata={"h": hd}, ntype_data={"cnt": cntd})["o"]
+    got = [t.cpu() for t in torch.autograd.grad(out.square().sum(), (hd, cd, cntd))]
     zero = torch.zeros(2, dtype=DOUBLE)
     want_out = torch.stack([zero, zero, (h[0] + h[1]) * c / cnt[1], h[0] * c / cnt[1]])
     want = torch.autograd.grad(want_out.square().sum(), (h, c, cnt))
-    torch.testing.assert_close(out, want_out)
+    torch.testing.assert_close(out.cpu(), want_out)
     for name, a, b in zip(("h", "c", "cnt"), got, want):
         assert torch.isfinite(a).all(), f"{name}'s gradient: {a}"
         torch.testing.assert_close(a, b, msg=lambda m: f"{name}'s gradient: {m}")
@@ -1881,10 +1891,11 @@ def test_node_data_a_singular_reduce_reads_only_through_other_ops_keeps_its_rows
     h = features()
     c = torch.randn(3, dtype=DOUBLE, generator=torch.Generator().manual_seed(2), requires_grad=True)
     p = torch.full((g.num_nodes, 1), 0.3, dtype=DOUBLE)
-    out = gnnfuse.message_passing(g, lambda e: {"m": e.src["h"]}, lambda n: {
-        "o": n.mailbox["m"].sum(1) / n.mailbox["m"].shape[1] * torch.log(1 - n.data["p"]) * c},
-        ndata={"h": h, "p": p})["o"]
-    got = torch.autograd.grad(out.sum(), c)[0]
+    hd, cd, pd = placed(backend, h, c, p)
+    out = gnnfuse.message_passing(g.to(hd.device), lambda e: {"m": e.src["h"]}, lambda n: {
+        "o": n.mailbox["m"].sum(1) / n.mailbox["m"].shape[1] * torch.log(1 - n.data["p"]) * cd},
+        ndata={"h": hd, "p": pd})["o"]
+    got = torch.autograd.grad(out.sum(), cd)[0].cpu()
     mean = neighbour_mean(g, h.detach())
     torch.testing.assert_close(got, (mean * torch.log(1 - p)).sum(0))
 
@@ -1898,11 +1909,12 @@ def test_a_mailbox_reduction_a_singular_op_reads_through_other_ops_keeps_its_emp
     g = graph()
     h = features()
     c = torch.randn(3, dtype=DOUBLE, generator=torch.Generator().manual_seed(2), requires_grad=True)
+    hd, cd = placed(backend, h, c)
     def reduce(n):
-        return {"o": n.mailbox["m"].mean(1) * torch.log(1 - n.mailbox["s"].max(1)[0]) * c}
-    out = gnnfuse.message_passing(g, lambda e: {"m": e.src["h"], "s": e.src["h"][:, :1].sigmoid() * 0.5},
-                                  reduce, ndata={"h": h})["o"]
-    got = torch.autograd.grad(out.sum(), c)[0]
+        return {"o": n.mailbox["m"].mean(1) * torch.log(1 - n.mailbox["s"].max(1)[0]) * cd}
+    out = gnnfuse.message_passing(g.to(hd.device), lambda e: {"m": e.src["h"], "s": e.src["h"][:, :1].sigmoid() * 0.5},
+                                  reduce, ndata={"h": hd})["o"]
+    got = torch.autograd.grad(out.sum(), cd)[0].cpu()
     hd = h.detach()
     s = (hd[:, :1].sigmoid() * 0.5)[g.src]
     top = torch.zeros(g.num_nodes, 1, dtype=DOUBLE).index_reduce(0, g.dst, s, "amax", include_self=False)
@@ -1922,16 +1934,16 @@ def test_a_vertex_op_read_only_in_the_neighbour_loop_has_eagers_gradient_on_an_i
     h = features()
     d = torch.tensor([[1.0], [2.0], [3.0], [0.0], [0.5]], dtype=DOUBLE, requires_grad=True)
     c = torch.randn(3, dtype=DOUBLE, generator=torch.Generator().manual_seed(2), requires_grad=True)
-    out = gnnfuse.vertex(lambda v: sum([u.h * scale(v.d) for u in v.innbs]) * c)(g, {"h": h, "d": d})
-    got = torch.autograd.grad(out.square().sum(), (h, d, c))
-    h2, d2, c2 = (t.detach().clone().requires_grad_() for t in (h, d, c))
+    hd, dd, cd = placed(backend, h, d, c)
+    out = gnnfuse.vertex(lambda v: sum([u.h * scale(v.d) for u in v.innbs]) * cd)(g.to(hd.device), {"h": hd, "d": dd})
+    got = [t.cpu() for t in torch.autograd.grad(out.square().sum(), (hd, dd, cd))]
     rows = []
     for vertex in range(g.num_nodes):       # eager: the vertex function on one vertex at a time
         into = (g.dst == vertex).nonzero().flatten()
-        rows.append(sum([h2[u] * scale(d2[vertex]) for u in g.src[into]]) * c2)
+        rows.append(sum([h[u] * scale(d[vertex]) for u in g.src[into]]) * c)
     want_out = torch.stack(rows)
-    want = torch.autograd.grad(want_out.square().sum(), (h2, d2, c2))
-    torch.testing.assert_close(out, want_out)
+    want = torch.autograd.grad(want_out.square().sum(), (h, d, c))
+    torch.testing.assert_close(out.cpu(), want_out)
     for name, a, b in zip(("h", "d", "c"), got, want):
         assert torch.isfinite(a).all(), f"{name}'s gradient: {a}"
         torch.testing.assert_close(a, b, msg=lambda m: f"{name}'s gradient: {m}")
