@@ -56,7 +56,8 @@ from typing import Callable, Mapping
 import torch
 
 from ..graph import Graph
-from ..ir import Residency
+from ..ir import Movement, Residency
+from ..passes.reorder import read_rows_only, unbounded_derivative
 from ..runtime import CompiledProgram
 from ..runtime.compile_op import run_eagerly
 from . import pairwise
@@ -309,16 +310,11 @@ def _zero_without_in_edges(tracer: Tracer, out: SymTensor) -> SymTensor:
     return tracer.apply("select", tracer.in_degree(prefix=1), out, zero)
 
 
-# node-wise ops whose value or derivative is not finite at an empty mailbox's 0 (``0 / 0``,
-# ``log(0)``, ``sqrt``'s slope at 0, a negative power of 0), or at node data a reduce never
-# reads in DGL (``exp`` past overflow: exp(d) * sum(m) * c with d = 1000 made c's gradient
-# NaN): the node-wise ops whose derivative is unbounded (OpDef.bounded_derivative False)
-_SINGULAR_AT_ZERO = frozenset({"div", "exp", "log", "sqrt", "pow"})
-
-
 def _finite_without_in_edges(tracer: Tracer, out: SymTensor) -> None:
-    """On vertices without in-edges, feed each op of ``out``'s node-wise computation that is
-    singular at 0 (div, exp, log, sqrt, pow) 1 for its node-wise operands. Selecting the result
+    """On vertices without in-edges, feed each op of ``out``'s node-wise computation whose
+    derivative can be infinite (`passes.reorder.unbounded_derivative`: div, exp, log,
+    sqrt, pow) 1 for its node-wise operands, as `passes.reorder` does for the ops it
+    moves (``exp`` past overflow: exp(d) * sum(m) * c with d = 1000). Selecting the result
     away there (`_zero_without_in_edges`) leaves the forward right but not the backward: a
     weighted mean ``sum(m * s) / sum(s)`` is 0 / 0 = NaN on such a vertex, and so is
     ``sum(m) / nodes.data['deg']`` with the in-degree passed as node data (0 exactly there)
@@ -338,15 +334,12 @@ def _finite_without_in_edges(tracer: Tracer, out: SymTensor) -> None:
     # each singular op reads 1 for each of its node-wise operands there: a read replaced
     # further up (the mailbox reduction in ``log(1 - max(s))``, or ``nodes.data['p']`` in
     # ``log(1 - p)``) could make a singularity the row's own values never had
-    for user in [v for v in node_wise.values() if v.op in _SINGULAR_AT_ZERO]:
-        operands = []
-        for read in user.inputs:
-            if read.residency is Residency.NODE:
-                one = 1.0 if read.dtype.is_floating_point else 1
-                read = tracer.apply("select", tracer.in_degree(prefix=1), SymTensor(tracer, read, 1), one).value
-            operands.append(read)
-        user.inputs = tuple(operands)
-    tracer.program.toposort()
+    program = tracer.program
+    for user in node_wise.values():
+        if user.op != "input" and user.movement is Movement.DENSE and unbounded_derivative(user.op):
+            user.inputs = tuple(read_rows_only(program, read, "dst", user.source)
+                                if read.residency is Residency.NODE else read for read in user.inputs)
+    program.toposort()
 
 
 def trace_message_passing(message_fn: Callable, reduce_fn: Callable, update_fn: Callable | None,

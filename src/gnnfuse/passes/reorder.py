@@ -47,9 +47,8 @@ def reorder_broadcasts(program: Program) -> Program:
                 continue
             by = by.pop()
             inner = [i.inputs[0] if i.op == "broadcast" else i for i in v.inputs]
-            opdef = get_op(v.op)
-            if opdef.derivative is not None and not opdef.bounded_derivative:
-                inner = [_read_rows_only(program, i, by, v.source)
+            if unbounded_derivative(v.op):
+                inner = [read_rows_only(program, i, by, v.source)
                          if i.residency is not Residency.SHARED and i.dtype.is_floating_point else i
                          for i in inner]
             moved = program.add(v.op, *inner, source=v.source, **v.attrs)
@@ -87,10 +86,9 @@ def mask_rows_only_gathers_read(program: Program) -> None:
         by = gathered_by.get(v.id)
         if by is None or v.op == "input" or v.movement is not Movement.DENSE:
             continue
-        opdef = get_op(v.op)
-        if opdef.derivative is None or opdef.bounded_derivative:
+        if not unbounded_derivative(v.op):
             continue
-        masked = tuple(_read_rows_only(program, i, by, v.source)
+        masked = tuple(read_rows_only(program, i, by, v.source)
                        if i.residency is Residency.NODE and i.dtype.is_floating_point else i for i in v.inputs)
         if masked != v.inputs:
             v.inputs = masked
@@ -114,9 +112,18 @@ def _constants_commute(v) -> bool:
     return True
 
 
-def _read_rows_only(program: Program, x, by: str, source: str | None):
+def unbounded_derivative(op: str) -> bool:
+    """Whether ``op``'s derivative can be infinite at finite operands (a differentiable op
+    whose `OpDef.bounded_derivative` is False): the ops whose operands read 1 on rows eager
+    code never evaluates (see the module docstring)."""
+    opdef = get_op(op)
+    return opdef.derivative is not None and not opdef.bounded_derivative
+
+
+def read_rows_only(program: Program, x, by: str, source: str | None):
     """``x`` with the rows the broadcast by ``by`` never reads set to 1 (see the module
-    docstring): ``select(degree, x, 1)``."""
+    docstring): ``select(degree, x, 1)``; ``by="dst"`` reads the rows of vertices with
+    in-edges, those a message/reduce ``reduce_fn`` runs on."""
     read = program.add("degree", source=source, by=by, dtype=x.dtype)
     one = program.add("const", source=source, value=1.0, dtype=x.dtype)
     return program.add("select", read, x, one, source=source)
