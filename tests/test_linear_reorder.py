@@ -162,6 +162,23 @@ def test_a_weighted_mean_over_a_graph_with_isolated_vertices_in_every_order(orde
     assert_matches_oracle(weighted_mean, expected, inputs(graph, device))
 
 
+def test_a_nan_gradient_on_a_row_without_edges_does_not_reach_the_weights_in_any_order(order, backend, device):
+    """A loss that is finite on a zero output row but not differentiable there (the
+    row's length, ``sqrt(sum(out ** 2))``) sends NaN back on the rows of vertices
+    without in-edges (3 and 4 here). Eager torch and the pair orders never read those
+    rows for the weight gradient; the dense order's GEMM multiplied them by the vertices'
+    all-zero table rows, 0 * NaN, and W's whole gradient came out NaN."""
+    graph = gnnfuse.Graph(torch.tensor([0, 1, 2, 0, 1]), torch.tensor([1, 2, 0, 2, 1]), 5,
+                          edge_type=torch.tensor([0, 1, 0, 1, 2])).to(device)
+    values = inputs(graph, device)
+    leaves = {k: t.clone().requires_grad_() for k, t in values.items()}
+    typed_bmm("sum")(graph, **leaves)["out"].square().sum(-1).sqrt().sum().backward()
+    expected = {k: t.clone().requires_grad_() for k, t in values.items()}
+    oracle(graph, **expected)["out"].square().sum(-1).sqrt().sum().backward()
+    for name in ("h", "w"):
+        torch.testing.assert_close(leaves[name].grad, expected[name].grad, rtol=1e-9, atol=1e-12)
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_flat_typed_programs_are_rewritten_forward_and_backward(case):
     graph = typed_graph()

@@ -229,15 +229,13 @@ def _without_absent_relations(w: torch.Tensor, pairs) -> torch.Tensor:
     return w
 
 
-def _rows_with_edges(g: torch.Tensor, pairs, rows: int) -> torch.Tensor:
-    """``g`` with the rows of vertices that have no edge (no pair in ``pairs``) set to 0.
-    The dense weight gradient multiplies their all-zero table rows by ``g``'s rows, and
-    0 * NaN is NaN: message/reduce gives a vertex without in-edges DGL's zero output by a
-    selection, and the gradient of a reduce_fn that divides by a sum over its mailbox
-    (``sum(m * s) / sum(s)``) is NaN on those rows behind it, which the pair orders and
-    eager torch never read; the dense order made the whole weight gradient NaN."""
-    has_edges = torch.zeros(rows, dtype=torch.bool, device=g.device).index_fill_(0, pairs.vertex.long(), True)
-    return torch.where(has_edges.unsqueeze(-1), g, 0)
+def _rows_with_edges(ctx, g: torch.Tensor, by: str) -> torch.Tensor:
+    """``g`` with the rows of vertices that have no edge by ``by`` (degree 0, the graph's
+    cached count) set to 0. The dense weight gradient multiplies their all-zero table rows
+    by ``g``'s rows, and 0 * NaN is NaN: a loss not differentiable at a zero output row
+    (its length, ``sqrt(sum(out ** 2))``) sends NaN back on those rows, which the pair
+    orders and eager torch never read; the dense order made the whole weight gradient NaN."""
+    return torch.where((ctx.degree(by) > 0).unsqueeze(-1), g, 0)
 
 
 def _decide(ctx, op: str, by: str, idx, count: int, width_in: int, width_out: int, dtype: torch.dtype,
@@ -409,7 +407,7 @@ def _weight_grad(ctx, x: torch.Tensor, g: torch.Tensor, *rest: torch.Tensor, by:
     if order == "dense":      # per relation r, table[:, r]^T @ g: one GEMM over the stacked blocks
         dtype = torch.promote_types(x.dtype, g.dtype)
         table = _dense_rows(ctx, x, gather, s, by, idx, count)
-        g = _rows_with_edges(g, aggregated, ctx.num_rows(by))
+        g = _rows_with_edges(ctx, g, by)
         return (table.to(dtype).t() @ g.to(dtype)).reshape(count, x.shape[-1], g.shape[-1])
     return pair_weight_grad(ctx, g, _pair_rows(ctx, x, gather, s, aggregated), aggregated).transpose(-1, -2)
 
