@@ -153,7 +153,6 @@ def size_entries(size: Any, layer: str) -> tuple[int | None, int | None]:
                         f"({', '.join(type(n).__name__ for n in entries)})") from None
 
 
-
 def edge_weight_column(edge_weight: torch.Tensor, graph: Any, dtype: torch.dtype) -> torch.Tensor:
     """PyG's ``edge_weight`` (one number per edge of ``graph``, shape [E] or [E, 1], in
     edge-id order) as an [E] tensor of the features' dtype, still attached to autograd.
