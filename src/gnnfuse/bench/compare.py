@@ -46,7 +46,7 @@ def run_bench(model: str = "gcn", dataset: str = "cora", device: str | torch.dev
             "environment": environment(device)}
 
 
-def ratios(results: dict[str, dict[str, Any]], agrees: bool = True) -> dict[str, dict[str, float | None]]:
+def ratios(results: dict[str, dict[str, Any]], agrees: bool) -> dict[str, dict[str, float | None]]:
     """Per other framework: ``speedup`` (its median / gnnfuse's) and ``memory`` (gnnfuse's
     peak / its peak); None where either failed, memory was not measured, or the forward
     check did not pass (``agrees`` False): a step that computes something else, or one
