@@ -173,6 +173,36 @@ def test_a_signal_delivered_twice_at_once_as_timeout_sends_it_stops_after_the_ep
     assert torch.load(path, weights_only=True)["interrupted"]["epoch"] >= 2
 
 
+# loaded by the training process (a sitecustomize on its path): the duplicate of the
+# stopping signal arrives while the interrupted run's checkpoint is being written
+_SIGNAL_WHILE_SAVING = """
+import os, signal
+import gnnfuse.training.checkpoint as checkpoint
+real = checkpoint.save_checkpoint
+def save_checkpoint(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGTERM)
+    return real(*args, **kwargs)
+checkpoint.save_checkpoint = save_checkpoint
+"""
+
+
+def test_a_duplicate_signal_while_the_stopped_run_is_saved_is_held(tmp_path):
+    """The epoch's hold on SIGTERM ends with the epoch; the checkpoint of the stopped run
+    is written after it. A duplicate arriving then (``timeout``'s second, read late on a
+    busy machine) ended the process by SIGTERM's default action (status -15), before the
+    checkpoint was written. It is held while saving, as between finished runs."""
+    (tmp_path / "sitecustomize.py").write_text(_SIGNAL_WHILE_SAVING)
+    path = tmp_path / "runs.pt"
+    process = train_job(["--epochs", "100000", "--save", str(path)], path_first=tmp_path)
+    try:
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    assert process.returncode == 130, err
+    assert torch.load(path, weights_only=True)["interrupted"]["epoch"] >= 2
+
+
 def ctrl_c_after_epoch(monkeypatch, module, epoch: int) -> None:
     """A real SIGINT to this process during epoch ``epoch`` (at its log line) of a run
     of ``module`` (`loop`, `minibatch`)."""
@@ -290,12 +320,14 @@ def _saved(value) -> io.BytesIO:
     return buffer
 
 
-def train_job(args: list[str]) -> subprocess.Popen:
+def train_job(args: list[str], path_first: Path | None = None) -> subprocess.Popen:
     """``gnnfuse train ARGS`` started in its own process group, as a terminal runs a job
     (a Ctrl-C there reaches the whole group), with Python's SIGINT handling; returned
-    once it has printed its second epoch, its stdout and stderr still piped."""
+    once it has printed its second epoch, its stdout and stderr still piped. ``path_first``:
+    a folder put first on its path (a sitecustomize there runs at its start)."""
     src = Path(__file__).resolve().parent.parent / "src"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")])}
+    first = [str(path_first)] if path_first is not None else []
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*first, str(src), os.environ.get("PYTHONPATH", "")])}
     process = subprocess.Popen([sys.executable, "-m", "gnnfuse", "train", *args],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                                start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
