@@ -35,8 +35,8 @@ from torch_geometric.utils import scatter
 import gnnfuse
 from gnnfuse.data import load_dataset
 
-from common import (add_device_arguments, check_methods, environment, failure_status, fmt, free_memory, guarded,
-                    load_results, log, new_run_id, prune_runs, replayed_calls, resolve_device, runs_markdown,
+from common import (add_device_arguments, check_failed, check_methods, environment, failure_status, fmt, free_memory,
+                    guarded, load_results, log, new_run_id, prune_runs, replayed_calls, resolve_device, runs_markdown,
                     save_json, summarize, synchronize, time_calls, warn, write_atomically)
 
 FEATURES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -263,11 +263,13 @@ def table_row(results: dict[str, Any], features: int, row: list[dict[str, Any] |
     times = [fmt(c["median_ms"], ".3f") if c else (r["status"] if r else "–") for c, r in zip(ok, row)]
     bandwidths = [fmt(c["gb_per_s"] if c else None, ".0f") for c in ok]
     copy = (100 * ours["gb_per_s"] / results["runs"][ours["run"]]["copy_bandwidth_gbs"]) if ours else None
-    speedups = [fmt(c["median_ms"] / ours["median_ms"] if c and ours and same_device(results, c, ours) else None,
-                    ".2f") for c in ok[1:]]
+    right = [c if c and not check_failed(c["rel_err"], REL_ERR_LIMIT) else None for c in ok]
+    speedups = [fmt(c["median_ms"] / right[0]["median_ms"] if c and right[0] and same_device(results, c, ours)
+                    else None, ".2f") for c in right[1:]]
     errors = [c["rel_err"] for c in ok if c and c["rel_err"] is not None]
-    err = fmt(max(errors) if errors else None, ".1e")
-    if errors and max(errors) > REL_ERR_LIMIT:
+    failed = [e for e in errors if check_failed(e, REL_ERR_LIMIT)]
+    err = fmt(max(failed or errors) if errors else None, ".1e")
+    if failed:
         err += " **FAIL**"
     return [str(features), *times, *bandwidths, fmt(copy, ".0f"), *speedups, err]
 

@@ -43,9 +43,9 @@ import gnnfuse
 from gnnfuse.bench import extra_peak_gb, max_rel_err
 from gnnfuse.data import load_dataset
 
-from common import (add_device_arguments, check_methods, environment, failure_status, free_memory, guarded,
-                    load_results, log, new_run_id, prune_runs, resolve_device, runs_markdown, save_json, summarize,
-                    synchronize, time_calls, warn, write_atomically)
+from common import (add_device_arguments, check_failed, check_methods, environment, failure_status, free_memory,
+                    guarded, load_results, log, new_run_id, prune_runs, resolve_device, runs_markdown, save_json,
+                    summarize, synchronize, time_calls, warn, write_atomically)
 
 METHODS = ("gnnfuse", "turbo-gnn", "torch")
 TURBO_MIN_DIM = 16      # narrower heads are not run: a crash would end the whole run
@@ -287,7 +287,7 @@ def error_text(cell: dict[str, Any] | None) -> str:
     worst = None if cell is None else max_error(cell)
     if worst is None:
         return "oracle" if cell and cell["status"] == "ok" else "–"
-    flag = " **FAIL**" if worst > REL_ERR_LIMIT else ""
+    flag = " **FAIL**" if check_failed(worst, REL_ERR_LIMIT) else ""
     return f"{worst:.1e} vs {cell['checked_against']}{flag}"
 
 
@@ -306,7 +306,8 @@ def target_rows(results: dict[str, Any]) -> list[list[str]]:
     """Issue 13's targets per cell: gnnfuse's median time and extra peak memory at most
     turbo-gnn's. ``met``/``missed`` where both ran on one device; where turbo-gnn ran out
     of memory and gnnfuse did not, both are met; any other turbo-gnn failure leaves no
-    number to meet (``n/a``), and a gnnfuse failure misses both."""
+    number to meet (``n/a``), and a gnnfuse failure misses both. A failed numerical check
+    counts as a failure: gnnfuse's misses both, turbo-gnn's leaves no number to meet."""
     rows = []
     for name, shape in cell_rows(results):
         ours = results["cells"].get(f"{name}/{shape}/gnnfuse")
@@ -315,10 +316,14 @@ def target_rows(results: dict[str, Any]) -> list[list[str]]:
             continue
         if ours["status"] != "ok":
             verdicts = [("–", f"missed (gnnfuse: {ours['status']})")] * 2
+        elif check_failed(max_error(ours), REL_ERR_LIMIT):
+            verdicts = [("–", "missed (gnnfuse's check failed)")] * 2
         elif theirs["status"] == "oom":
             verdicts = [("–", "met (turbo-gnn: oom)")] * 2
         elif theirs["status"] != "ok":
             verdicts = [("–", f"n/a (turbo-gnn: {theirs['status']})")] * 2
+        elif check_failed(max_error(theirs), REL_ERR_LIMIT):
+            verdicts = [("–", "n/a (turbo-gnn's check failed)")] * 2
         elif results["runs"][ours["run"]]["device_name"] != results["runs"][theirs["run"]]["device_name"]:
             verdicts = [("–", "n/a (measured on different devices)")] * 2
         else:

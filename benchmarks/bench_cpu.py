@@ -40,8 +40,8 @@ from gnnfuse.data import load_dataset
 from gnnfuse.tuning import SPACES, tune
 
 from bench_aggregate import build_operands, max_rel_err, neighbour_sum
-from common import (environment, fmt, guarded, load_results, log, new_run_id, prune_runs, runs_markdown,
-                    save_json, summarize, time_calls, warn, write_atomically)
+from common import (check_failed, environment, fmt, guarded, load_results, log, new_run_id, prune_runs,
+                    runs_markdown, save_json, summarize, time_calls, warn, write_atomically)
 
 KERNELS = ("sum", "gcn", "gat")
 METHODS = ("gnnfuse-cpu", "pyg-scatter", "sparse-mm")
@@ -174,9 +174,13 @@ def run_training(name: str, threads: int, args, results: dict[str, Any], run_id:
 
 
 def ratio(results: dict[str, Any], section: str, key: str, ours: str, theirs: str) -> str:
+    """Their time over ours; none beside a kernel whose output failed its check against PyG's
+    (a faster kernel computing something else is no speedup)."""
     a, b = results[section].get(f"{key}/{ours}", {}), results[section].get(f"{key}/{theirs}", {})
     if a.get("status") != "ok" or b.get("status") != "ok":
         return "–"
+    if any(check_failed(cell.get("rel_err"), REL_ERR_LIMIT) for cell in (a, b)):
+        return "check failed"
     return f"{b['median_ms'] / a['median_ms']:.2f}x"
 
 

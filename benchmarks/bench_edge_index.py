@@ -28,7 +28,7 @@ from gnnfuse.bench import MODELS, REL_ERR_LIMIT, guarded, instantiate, max_rel_e
 from gnnfuse.graph import clear_index_cache
 
 from bench_training import comma_list, describe
-from common import (add_step_arguments, device_names, environment, fmt, free_memory, load_data_or_exit,
+from common import (add_step_arguments, check_failed, device_names, environment, fmt, free_memory, load_data_or_exit,
                     load_results, log, new_run_id, parse_step_arguments, prune_runs, resolve_device,
                     runs_markdown, save_json, warn, write_atomically)
 
@@ -55,9 +55,12 @@ def check_same_forward(model: str, data, state: dict[str, torch.Tensor], device:
 
 # --- results ---------------------------------------------------------------------------
 def ratio(results: dict[str, Any], dataset: str, model: str) -> float | None:
-    """edge_index time / Graph time; None unless both cells are ok on one device."""
+    """edge_index time / Graph time; None unless both cells are ok on one device and the
+    two inputs' forwards agreed (a ratio between two different results means nothing)."""
     graph, raw = (results["cells"].get(f"{dataset}/{model}/{kind}") for kind in INPUTS)
+    check = results["checks"].get(f"{dataset}/{model}", {})
     usable = (graph and raw and graph["status"] == raw["status"] == "ok"
+              and not check_failed(check.get("max_rel_err"), REL_ERR_LIMIT)
               and len(device_names(results, [graph, raw])) == 1)
     return raw["median_ms"] / graph["median_ms"] if usable else None
 
@@ -79,7 +82,8 @@ def render_markdown(results: dict[str, Any]) -> str:
                  for c in cells]
         check = results["checks"].get(f"{dataset}/{model}", {})
         err = check.get("max_rel_err")
-        err_text = check.get("status", "–") if err is None else f"{err:.1e}" + (" **FAIL**" if err > REL_ERR_LIMIT else "")
+        flag = " **FAIL**" if check_failed(err, REL_ERR_LIMIT) else ""
+        err_text = check.get("status", "–") if err is None else f"{err:.1e}{flag}"
         lines.append(f"| {dataset} | {model} | {times[0]} | {times[1]} | {fmt(ratio(results, dataset, model), '.3f')} "
                      f"| {err_text} |")
     return "\n".join(lines) + "\n"

@@ -53,14 +53,14 @@ from torch_geometric.loader import DataLoader as PyGDataLoader
 
 import gnnfuse.loader
 import gnnfuse.nn
-from gnnfuse.bench import max_rel_err
+from gnnfuse.bench import REL_ERR_LIMIT, max_rel_err
 from gnnfuse.bench.timing import failure_status, free_memory, summarize, synchronize, time_calls
 from gnnfuse.loader.padded_graph_batch import GraphCapacities, pad_graph_batch
 from gnnfuse.training import GraphStepCapture
 
 from bench_training import comma_list
-from common import (add_step_arguments, environment, fmt, load_results, log, new_run_id, parse_step_arguments,
-                    prune_runs, resolve_device, results_saver, runs_markdown)
+from common import (add_step_arguments, check_failed, environment, fmt, load_results, log, new_run_id,
+                    parse_step_arguments, prune_runs, resolve_device, results_saver, runs_markdown)
 
 MODELS = ("GIN", "GCN", "GraphSAGE", "GAT")
 FEATURES, CLASSES = 32, 2
@@ -246,12 +246,8 @@ def run_cell(name: str, args: argparse.Namespace, device: torch.device, batches,
     for label in steps:
         cell[label] = summarize(times[label])
     free_memory(device)
-    ratio = (cell["pyg"].get("median_ms", 0) / cell["gnnfuse"]["median_ms"]
-             if "median_ms" in cell["gnnfuse"] and "median_ms" in cell["pyg"] else None)
-    cell["speedup"] = ratio
-    captured = cell.get("gnnfuse_captured", {}).get("median_ms")
-    cell["captured_speedup"] = (cell["pyg"]["median_ms"] / captured
-                                if captured and "median_ms" in cell["pyg"] else None)
+    cell["speedup"], cell["captured_speedup"] = speedups(cell)
+    ratio, captured = cell["speedup"], cell.get("gnnfuse_captured", {}).get("median_ms")
     log(f"{name}: gnnfuse {fmt(cell['gnnfuse'].get('median_ms'), '.2f')} ms, PyG "
         f"{fmt(cell['pyg'].get('median_ms'), '.2f')} ms ({fmt(ratio, '.2f')}x), captured "
         f"{fmt(captured, '.2f')} ms ({fmt(cell['captured_speedup'], '.2f')}x), rel err {err:.1e}")
@@ -328,6 +324,22 @@ def epoch_cells(name: str, args: argparse.Namespace, device: torch.device) -> di
     return out
 
 
+def speedups(cell: dict[str, Any]) -> tuple[float | None, float | None]:
+    """PyG's time over gnnfuse's eager step and over its replayed one; None where a side
+    failed or its check did (the eager forward beyond REL_ERR_LIMIT of PyG's, or the
+    replayed loss beyond it of the eager loss): a faster step computing something else is
+    no speed-up."""
+    pyg, eager, captured = (cell.get(k, {}).get("median_ms") for k in ("pyg", "gnnfuse", "gnnfuse_captured"))
+    agrees = not check_failed(cell["max_rel_err"], REL_ERR_LIMIT)
+    replays = agrees and not check_failed(cell.get("captured_loss_error"), REL_ERR_LIMIT)
+    return (pyg / eager if pyg and eager and agrees else None,
+            pyg / captured if pyg and captured and replays else None)
+
+
+def failure_flag(err: float | None) -> str:
+    return " **FAIL**" if check_failed(err, REL_ERR_LIMIT) else ""
+
+
 def markdown(results: dict[str, Any]) -> str:
     lines = ["# Graph classification: training step on batches of small graphs", "",
              "Median ms per step (Adam over sum-pooled graphs: cross-entropy for classification, L1 of one "
@@ -342,12 +354,14 @@ def markdown(results: dict[str, Any]) -> str:
     for c in results["cells"].values():
         captured = c.get("gnnfuse_captured", {})
         error = c.get("captured_loss_error")
+        speedup, captured_speedup = speedups(c)
         lines.append(f"| {c['model']} | {c.get('task', 'classification')} | {c['graphs']} "
                      f"| {c['vertices_per_batch']:.0f} | {c['hidden']} x {c['layers']} "
                      f"| {fmt(c['gnnfuse'].get('median_ms'), '.2f')} | {fmt(c['pyg'].get('median_ms'), '.2f')} "
-                     f"| {fmt(c['speedup'], '.2f')} | {c['max_rel_err']:.1e} "
+                     f"| {fmt(speedup, '.2f')} | {c['max_rel_err']:.1e}{failure_flag(c['max_rel_err'])} "
                      f"| {captured.get('status') or fmt(captured.get('median_ms'), '.2f')} "
-                     f"| {fmt(c.get('captured_speedup'), '.2f')} | {'-' if error is None else f'{error:.1e}'} |")
+                     f"| {fmt(captured_speedup, '.2f')} "
+                     f"| {'-' if error is None else f'{error:.1e}'}{failure_flag(error)} |")
     epochs = [(c, workers, row) for c in results["cells"].values() for workers, row in c.get("epochs", {}).items()]
     if epochs:
         lines += ["", "Whole epochs, the loader included (seconds per epoch over the cell's batches' graphs, "

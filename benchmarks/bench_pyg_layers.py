@@ -27,8 +27,8 @@ from gnnfuse.bench.timing import extra_peak_gb, failure_status, free_memory, sum
 from gnnfuse.nn.pyg_layers import COMPILED_PYG_LAYERS
 
 from bench_training import comma_list
-from common import (add_step_arguments, device_names, environment, fmt, load_data_or_exit, load_results, log,
-                    new_run_id, parse_step_arguments, prune_runs, resolve_device, results_saver, runs_markdown)
+from common import (add_step_arguments, check_failed, device_names, environment, fmt, load_data_or_exit, load_results,
+                    log, new_run_id, parse_step_arguments, prune_runs, resolve_device, results_saver, runs_markdown)
 
 HIDDEN, EDGE_DIM = 64, 8
 
@@ -161,10 +161,12 @@ def markdown(results: dict[str, Any]) -> str:
 
 def comparison_markdown(results: dict[str, Any], title: str, setup: str, layer_column: str) -> str:
     """The table of `compare_layers` cells keyed ``data set/layer``: median ms (extra peak
-    GB) of each, speed-up, memory ratio, gnnfuse's warm-up seconds and the forward's error."""
+    GB) of each, speed-up, memory ratio, gnnfuse's warm-up seconds and the forward's error
+    (**FAIL** beyond REL_ERR_LIMIT, and then no speed-up or memory ratio: a layer computing
+    something else than PyG's is no speed-up)."""
     lines = [title, "", f"{setup}; median ms (extra peak GB); speed-up = PyG / gnnfuse; warm-up = seconds of "
              "gnnfuse's untimed first calls (compiling and tuning). `rel_err`: eval-mode forward, max |diff| / "
-             "max |PyG|.", "",
+             f"max |PyG|; **FAIL** above {REL_ERR_LIMIT:g} (no speed-up or memory ratio then).", "",
              f"| data set | {layer_column} | gnnfuse ms (GB) | PyG ms (GB) | speed-up | memory ratio | warm-up s "
              "| rel_err |",
              "|---|---|---|---|---|---|---|---|"]
@@ -179,12 +181,14 @@ def comparison_markdown(results: dict[str, Any], title: str, setup: str, layer_c
 
         def shown(m: dict[str, Any]) -> str:
             return m.get("status") or f"{fmt(m.get('median_ms'), '.2f')} ({fmt(m.get('peak_gb'), '.2f')})"
+        failed = check_failed(cell.get("rel_err"), REL_ERR_LIMIT)
         speed = (f"{theirs['median_ms'] / ours['median_ms']:.2f}x"
-                 if "median_ms" in ours and "median_ms" in theirs else "–")
+                 if "median_ms" in ours and "median_ms" in theirs and not failed else "–")
         memory = (f"{ours['peak_gb'] / theirs['peak_gb']:.2f}"
-                  if ours.get("peak_gb") and theirs.get("peak_gb") else "–")
+                  if ours.get("peak_gb") and theirs.get("peak_gb") and not failed else "–")
         lines.append(f"| {dataset} | {layer} | {shown(ours)} | {shown(theirs)} | {speed} | {memory} | "
-                     f"{fmt(ours.get('warmup_s'), '.1f')} | {fmt(cell.get('rel_err'), '.1e')} |")
+                     f"{fmt(ours.get('warmup_s'), '.1f')} | {fmt(cell.get('rel_err'), '.1e')}"
+                     f"{' **FAIL**' if failed else ''} |")
     lines += ["", f"Devices: {', '.join(device_names(results, list(cells.values())))}", ""]
     return "\n".join(lines + runs_markdown(results)) + "\n"
 

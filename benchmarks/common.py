@@ -127,6 +127,14 @@ def runs_markdown(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+def check_failed(err: float | None, limit: float) -> bool:
+    """Whether a measured error shows the result wrong: above ``limit``, or NaN (which no
+    ``err > limit`` catches). None (not checked, or the oracle itself) is not a failure.
+    A speed-up beside a failed check times something else than the peer computes, so the
+    tables give none there."""
+    return err is not None and not err <= limit
+
+
 def fmt(value: float | None, spec: str) -> str:
     return "–" if value is None else format(value, spec)
 

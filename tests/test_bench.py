@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -63,7 +64,6 @@ def test_no_speedup_is_reported_when_the_forward_check_fails(monkeypatch, import
     """A forward that disagreed with PyG's (max rel err 0.5, limit 1e-3) still got a
     speedup in the report's ``ratios``, the table and bench_training's summary, whose doc
     promises "a speedup is never reported for a layer that computes something else"."""
-    from pathlib import Path
 
     monkeypatch.setattr(bench.compare, "check_forward", lambda *args: 0.5)
     report = bench.run_bench("gcn", "synthetic", "cpu", ("gnnfuse", "pyg"), steps=1, warmup=0, log=lambda m: None)
@@ -142,7 +142,6 @@ def test_an_oom_cell_records_what_earlier_cells_left_allocated(monkeypatch, impo
     table shows it: after a timed-out compiled-PyG cell held ~70 GB, the next framework's
     OOM was not its own."""
     import importlib
-    from pathlib import Path
 
     from gnnfuse.bench import guarded
     time_cell = import_script(Path(__file__).resolve().parent.parent / "benchmarks", "bench_training").time_cell
@@ -189,7 +188,6 @@ def test_the_table_keeps_its_columns_with_pyg_compile_ro():
 def test_a_json_write_stopped_midway_leaves_the_earlier_file_whole(tmp_path, monkeypatch, capsys):
     """--json was written in place: a Ctrl-C (or a full disk) during the write left half a
     JSON file where the previous result had been."""
-    from pathlib import Path
     out = tmp_path / "bench.json"
     out.write_text('{"earlier": true}\n')
     write_text = Path.write_text
@@ -231,3 +229,33 @@ def test_a_json_output_that_is_a_link_is_written_through_it(tmp_path, capsys):
     finally:
         os.umask(mask)
     assert real.stat().st_mode & 0o777 == 0o664
+
+
+def test_bench_edge_index_gives_no_ratio_beside_a_failed_check(import_script):
+    """bench_edge_index: the Graph and edge_index forwards that disagree (or give NaN) get
+    **FAIL** and no ratio."""
+    bench = import_script(Path(__file__).resolve().parent.parent / "benchmarks", "bench_edge_index")
+    cells = {f"cora/gcn/{kind}": {"status": "ok", "median_ms": ms, "run": "r"}
+             for kind, ms in zip(bench.INPUTS, (1.0, 2.0))}
+    results = {"runs": {"r": {"device_name": "H100"}}, "cells": cells, "checks": {"cora/gcn": {"max_rel_err": 0.0}}}
+    assert bench.ratio(results, "cora", "gcn") == 2.0
+    for err in (0.5, float("nan")):
+        results["checks"]["cora/gcn"]["max_rel_err"] = err
+        assert bench.ratio(results, "cora", "gcn") is None
+    results["runs"]["r"].update(torch="2.11", triton="3.6", torch_geometric="2.8", git_commit=None, git_dirty=None,
+                                date="2026-12-05")
+    assert "| 1.00 | 2.00 | – | nan **FAIL** |" in bench.render_markdown(results)
+
+
+def test_bench_cpu_gives_no_speedup_beside_a_kernel_that_failed_its_check(import_script):
+    """bench_cpu's kernel table: a method whose output differs from PyG's (or is NaN) gets no
+    speedup, only the reason."""
+    bench = import_script(Path(__file__).resolve().parent.parent / "benchmarks", "bench_cpu")
+    key = "cora/sum/64/2"
+
+    def results(err):
+        return {"kernels": {f"{key}/gnnfuse-cpu": {"status": "ok", "median_ms": 1.0, "rel_err": err},
+                            f"{key}/pyg-scatter": {"status": "ok", "median_ms": 3.0, "rel_err": None}}}
+    assert bench.ratio(results(1e-7), "kernels", key, "gnnfuse-cpu", "pyg-scatter") == "3.00x"
+    for err in (0.5, float("nan")):
+        assert bench.ratio(results(err), "kernels", key, "gnnfuse-cpu", "pyg-scatter") == "check failed"

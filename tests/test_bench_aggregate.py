@@ -36,3 +36,18 @@ def test_launched_calls_take_turns_and_a_failure_stays_its_methods(bench_aggrega
     assert cells["a"]["repeats"] == 6 and cells["a"]["blocks"] == 2 and cells["a"]["rel_err"] == 0
     assert cells["b"]["rel_err"] is None and cells["b"]["median_ms"] >= 0
     assert cells["c"]["status"] != "ok" and "median_ms" not in cells["c"]
+
+
+def test_no_speedup_beside_a_failed_check(bench_aggregate):
+    """A method whose output failed its check gets no speedup (gnnfuse's: none at all), and
+    NaN fails the check too."""
+    results = {"runs": {"gpu": {"device_name": "H100", "copy_bandwidth_gbs": 100.0}}}
+
+    def cell(ms, err):
+        return {"status": "ok", "median_ms": ms, "gb_per_s": 10.0, "rel_err": err, "run": "gpu"}
+    row = bench_aggregate.table_row(results, 64, [cell(1.0, 0.5), cell(2.0, None), cell(3.0, 0.0)])
+    assert row[-3:] == ["–", "–", "5.0e-01 **FAIL**"]
+    row = bench_aggregate.table_row(results, 64, [cell(1.0, 0.0), cell(2.0, None), cell(3.0, float("nan"))])
+    assert row[-3:] == ["2.00", "–", "nan **FAIL**"]
+    assert bench_aggregate.table_row(results, 64, [cell(1.0, 0.0), cell(2.0, None), cell(3.0, 0.0)])[-3:] == [
+        "2.00", "3.00", "0.0e+00"]

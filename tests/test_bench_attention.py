@@ -48,3 +48,24 @@ def test_targets_compare_time_and_memory_per_cell_and_name_what_failed(bench_att
     assert rows[("products-like", "1x64")][1::2] == ["met (turbo-gnn: oom)"] * 2
     markdown = bench_attention.render_markdown(results)
     assert "| products-like | 4 × 32 | – | missed (gnnfuse: oom) |" in markdown
+
+
+def test_a_failed_check_meets_no_target(bench_attention):
+    """A faster kernel computing something else meets nothing: gnnfuse's failed check misses
+    both targets, turbo-gnn's leaves no number to meet, and NaN is a failure (no ``> limit``
+    catches it)."""
+    ok = {"rel_err": {"out": 1e-6}, "checked_against": "torch"}
+    results = {"runs": {"gpu": _run("H100")}, "graphs": {"a": {}, "b": {}, "c": {}},
+               "cells": {"a/4x32/gnnfuse": {**_cell(ms=1.0, gb=0.1), "rel_err": {"out": 0.5},
+                                            "checked_against": "torch"},
+                         "a/4x32/turbo-gnn": {**_cell(ms=9.0, gb=0.5), **ok},
+                         "b/4x32/gnnfuse": {**_cell(ms=1.0, gb=0.1), "rel_err": {"out": float("nan")},
+                                            "checked_against": "torch"},
+                         "b/4x32/turbo-gnn": {**_cell(ms=9.0, gb=0.5), **ok},
+                         "c/4x32/gnnfuse": {**_cell(ms=1.0, gb=0.1), **ok},
+                         "c/4x32/turbo-gnn": {**_cell(ms=9.0, gb=0.5), "rel_err": {"out": 0.5},
+                                              "checked_against": "torch"}}}
+    rows = {name: rest for name, _, *rest in bench_attention.target_rows(results)}
+    assert rows["a"][1::2] == rows["b"][1::2] == ["missed (gnnfuse's check failed)"] * 2
+    assert rows["c"][1::2] == ["n/a (turbo-gnn's check failed)"] * 2
+    assert "nan vs torch **FAIL**" in bench_attention.render_markdown(results)
