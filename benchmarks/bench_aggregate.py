@@ -37,7 +37,7 @@ from gnnfuse.data import load_dataset
 
 from common import (add_device_arguments, check_failed, check_methods, environment, failure_status, fmt, free_memory,
                     guarded, load_results, log, new_run_id, prune_runs, replayed_calls, resolve_device, runs_markdown,
-                    save_json, summarize, synchronize, time_calls, warn, write_atomically)
+                    save_json, summarize, synchronize, time_calls, warn, worst_error, write_atomically)
 
 FEATURES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 METHODS = ("gnnfuse", "sparse-mm", "pyg-scatter")
@@ -197,7 +197,7 @@ def run_width(name: str, ops: Operands, features: int, args: argparse.Namespace,
         results["cells"][f"{name}/{features}/{method}{suffix}"] = {**cell, "run": run_id}
         log(f"[{name}] F={features:4d} {method + suffix:18s} {describe(cell)}")
         err = cell.get("rel_err")
-        if err is not None and err > REL_ERR_LIMIT:
+        if check_failed(err, REL_ERR_LIMIT):
             warn(f"{name} F={features} {method}{suffix}: output differs from {REFERENCE} by {err:.2e} "
                  f"(> {REL_ERR_LIMIT:g})")
     del x, expected
@@ -267,9 +267,9 @@ def table_row(results: dict[str, Any], features: int, row: list[dict[str, Any] |
     speedups = [fmt(c["median_ms"] / right[0]["median_ms"] if c and right[0] and same_device(results, c, ours)
                     else None, ".2f") for c in right[1:]]
     errors = [c["rel_err"] for c in ok if c and c["rel_err"] is not None]
-    failed = [e for e in errors if check_failed(e, REL_ERR_LIMIT)]
-    err = fmt(max(failed or errors) if errors else None, ".1e")
-    if failed:
+    worst = worst_error(errors)
+    err = fmt(worst, ".1e")
+    if check_failed(worst, REL_ERR_LIMIT):
         err += " **FAIL**"
     return [str(features), *times, *bandwidths, fmt(copy, ".0f"), *speedups, err]
 

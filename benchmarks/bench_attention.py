@@ -45,7 +45,7 @@ from gnnfuse.data import load_dataset
 
 from common import (add_device_arguments, check_failed, check_methods, environment, failure_status, free_memory,
                     guarded, load_results, log, new_run_id, prune_runs, resolve_device, runs_markdown, save_json,
-                    summarize, synchronize, time_calls, warn, write_atomically)
+                    summarize, synchronize, time_calls, warn, worst_error, write_atomically)
 
 METHODS = ("gnnfuse", "turbo-gnn", "torch")
 TURBO_MIN_DIM = 16      # narrower heads are not run: a crash would end the whole run
@@ -215,15 +215,14 @@ def run_cell(problem: Problem, heads: int, dim: int, turbo: Any, turbo_status: s
         results["cells"][key] = {**cell, "run": run_id}
         log(f"[{problem.name}] {heads}x{dim} {method:9s} {describe(cell)}")
         worst = max_error(cell)
-        if worst is not None and worst > REL_ERR_LIMIT:
+        if check_failed(worst, REL_ERR_LIMIT):
             warn(f"{key}: differs from {cell['checked_against']} by {worst:.2e} (> {REL_ERR_LIMIT:g}): "
                  f"{cell['rel_err']}")
         store(results, args.out)
 
 
 def max_error(cell: dict[str, Any]) -> float | None:
-    errors = cell.get("rel_err")
-    return max(errors.values()) if errors else None
+    return worst_error((cell.get("rel_err") or {}).values())
 
 
 def describe(cell: dict[str, Any]) -> str:

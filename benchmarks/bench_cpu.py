@@ -152,7 +152,7 @@ def run_kernels(name: str, threads: int, args, results: dict[str, Any], run_id: 
                 err = cell.get("rel_err")
                 log(f"[{name}] {kernel} F={features} threads={threads} {method}: "
                     f"{fmt(cell.get('median_ms'), '.2f')} ms ({cell['status']}, rel err {fmt(err, '.1e')})")
-                if err is not None and err > REL_ERR_LIMIT:
+                if check_failed(err, REL_ERR_LIMIT):
                     warn(f"{name} {kernel} F={features} {method} differs from PyG by {err:.2e}")
         store(results, args.out)
 

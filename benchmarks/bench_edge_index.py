@@ -105,7 +105,7 @@ def run_dataset(name: str, args: argparse.Namespace, device: torch.device, resul
                         device)
         results["checks"][f"{name}/{model}"] = {**check, "run": run_id}
         err = check.get("max_rel_err")
-        if err is not None and err > REL_ERR_LIMIT:
+        if check_failed(err, REL_ERR_LIMIT):
             warn(f"{name}/{model}: the edge_index forward differs from the Graph forward by {err:.2e}")
         for kind in INPUTS:
             begin = time.perf_counter()

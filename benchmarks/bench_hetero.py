@@ -95,8 +95,9 @@ from gnnfuse.nn.functional import cross_entropy, linear_cross_entropy
 
 from bench_attention import kernel_profile
 from bench_training import comma_list
-from common import (device_names, environment, fmt, free_memory, load_results, log, new_run_id, prune_runs,
-                    resolve_device, runs_markdown, save_json, summarize, time_calls, warn, write_atomically)
+from common import (check_failed, device_names, environment, fmt, free_memory, load_results, log, new_run_id,
+                    prune_runs, resolve_device, runs_markdown, save_json, summarize, time_calls, warn, worst_error,
+                    write_atomically)
 
 DATASETS = tuple(TYPED_PRESETS)          # smallest first
 MODELS = ("rgcn", "hgt", "sage")
@@ -553,9 +554,9 @@ def render_markdown(results: dict[str, Any]) -> str:
                  for fw in frameworks]
         r = results["ratios"][f"{dataset}/{model}"]
         errors = results["checks"].get(f"{dataset}/{model}", {})
-        worst = max(_numbers(errors.get("max_rel_err", {})), default=None)
+        worst = worst_error(_numbers(errors.get("max_rel_err", {})))
         err = errors.get("status", "–") if worst is None else f"{worst:.1e}" + (
-            " **FAIL**" if worst > REL_ERR_LIMIT else "")
+            " **FAIL**" if check_failed(worst, REL_ERR_LIMIT) else "")
         lines.append("| " + " | ".join([dataset, model, *(cell_text(c) if fw in FRAMEWORKS[model] else "n/a"
                                                              for fw, c in zip(frameworks, cells)),
                                           r["fastest_pyg"] or "–", fmt(r["speedup"], ".2f"),
@@ -592,8 +593,8 @@ def run_dataset(name: str, args: argparse.Namespace, device: torch.device, resul
         checked = guarded(lambda: check(model, data, args.hidden, state, device), device, args.cell_timeout)
         results["checks"][f"{name}/{model}"] = {**checked, "run": run_id}
         log(f"[{name}] {model} forward check: {checked.get('max_rel_err', checked['status'])}")
-        worst = max(_numbers(checked.get("max_rel_err", {})), default=0.0)
-        if worst > REL_ERR_LIMIT:
+        worst = worst_error(_numbers(checked.get("max_rel_err", {})))
+        if check_failed(worst, REL_ERR_LIMIT):
             warn(f"{name}/{model}: a framework's forward differs from PyG's by {worst:.2e} (> {REL_ERR_LIMIT:g})")
         for framework in (f for f in FRAMEWORKS[model] if f in args.frameworks):
             begin = time.perf_counter()

@@ -226,7 +226,7 @@ def run_cells(args: argparse.Namespace, names: list[str], run_cell: Callable[...
             log(f"{dataset} {name}")
             started = time.perf_counter()
             cell = run_cell(name, data, args, device)
-            if cell.get("rel_err", 0) > REL_ERR_LIMIT:
+            if check_failed(cell.get("rel_err"), REL_ERR_LIMIT):
                 cell["status"] = f"forward differs from PyG (rel_err {cell['rel_err']:.1e})"
             results["cells"][f"{dataset}/{name}"] = {"run": run_id, **cell}
             prune_runs(results)

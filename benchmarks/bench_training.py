@@ -26,9 +26,9 @@ import torch
 from gnnfuse.bench import (COMPILE_EXTRA_WARMUP, FRAMEWORKS, MODELS, REL_ERR_LIMIT, check_forward, free_memory,
                            guarded, measure, reference_state)
 
-from common import (add_step_arguments, device_names, environment, fmt, load_data_or_exit, load_results, log,
-                    new_run_id, parse_step_arguments, prune_runs, resolve_device, runs_markdown, save_json,
-                    warn, write_atomically)
+from common import (add_step_arguments, check_failed, device_names, environment, fmt, load_data_or_exit, load_results,
+                    log, new_run_id, parse_step_arguments, prune_runs, resolve_device, runs_markdown, save_json, warn,
+                    write_atomically)
 
 DATASETS = ("cora", "citeseer", "pubmed", "arxiv-like", "reddit2-like", "products-like")
 
@@ -94,7 +94,7 @@ def render_markdown(results: dict[str, Any]) -> str:
         check = results["checks"].get(f"{dataset}/{model}", {})
         err = check.get("max_rel_err")
         err_text = check.get("status", "–") if err is None else (
-            f"{err:.1e}" + (" **FAIL**" if err > REL_ERR_LIMIT else ""))
+            f"{err:.1e}" + (" **FAIL**" if check_failed(err, REL_ERR_LIMIT) else ""))
         row = [dataset, model, *(time_cell(c) for c in cells),
                fmt(r["speedup_vs_pyg"], ".2f"), fmt(r["speedup_vs_pyg-compile"], ".2f"),
                *(fmt(c.get("peak_gb") if c else None, ".3f") for c in cells),
@@ -125,7 +125,7 @@ def run_dataset(name: str, args: argparse.Namespace, device: torch.device, resul
         results["checks"][f"{name}/{model}"] = {**check, "run": run_id}
         err = check.get("max_rel_err")
         log(f"[{name}] {model} forward check: " + (f"max rel err {err:.2e}" if err is not None else check["status"]))
-        if err is not None and err > REL_ERR_LIMIT:
+        if check_failed(err, REL_ERR_LIMIT):
             warn(f"{name}/{model}: gnnfuse forward differs from PyG by {err:.2e} (> {REL_ERR_LIMIT:g})")
         for framework in args.frameworks:
             begin = time.perf_counter()

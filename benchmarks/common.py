@@ -13,7 +13,7 @@ import os
 import sys
 import warnings
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -133,6 +133,13 @@ def check_failed(err: float | None, limit: float) -> bool:
     A speed-up beside a failed check times something else than the peer computes, so the
     tables give none there."""
     return err is not None and not err <= limit
+
+
+def worst_error(errors: Iterable[float]) -> float | None:
+    """The largest error, NaN before any number (``max`` keeps whichever of NaN and a
+    number comes first, so a NaN gradient beside a good output would pass); None if none."""
+    errors = list(errors)
+    return next((e for e in errors if e != e), max(errors, default=None))
 
 
 def fmt(value: float | None, spec: str) -> str:

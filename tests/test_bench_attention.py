@@ -69,3 +69,11 @@ def test_a_failed_check_meets_no_target(bench_attention):
     assert rows["a"][1::2] == rows["b"][1::2] == ["missed (gnnfuse's check failed)"] * 2
     assert rows["c"][1::2] == ["n/a (turbo-gnn's check failed)"] * 2
     assert "nan vs torch **FAIL**" in bench_attention.render_markdown(results)
+
+
+def test_a_nan_gradient_beside_a_good_output_fails_the_check(bench_attention):
+    """The worst of a cell's errors is NaN when any is: ``max`` keeps whichever of NaN and a
+    number comes first, so a NaN gradient listed after a good output passed."""
+    cell = {**_cell(ms=1.0, gb=0.1), "rel_err": {"out": 1e-7, "x_l": float("nan")}, "checked_against": "torch"}
+    assert bench_attention.max_error(cell) != bench_attention.max_error(cell)
+    assert bench_attention.error_text(cell).endswith("**FAIL**")
