@@ -12,29 +12,40 @@ from __future__ import annotations
 
 import torch
 
-from ..ir import get_op
+from ..ir import Value, get_op
 from ..passes.fusion import AggregateUnit, Unit
 from .reference import GraphContext
 
 
-def mixed_floats(unit: Unit, leaves: dict[int, torch.Tensor], computed: bool = True) -> list[torch.dtype]:
-    """The floating dtypes ``unit`` reads (and, with ``computed``, the dtypes of the values
-    it computes), sorted by name, when float64 is among them beside another (a kernel
-    would compute them all in float64); else an empty list. The Triton backend passes
-    ``computed=False``: its kernels and its launch cache take their accumulator from the
-    leaves' dtypes alone, so mixed leaves -- and the dtypes casts make -- are what it
-    cannot reproduce."""
+def mixed_floats(unit: Unit, leaves: dict[int, torch.Tensor]) -> list[torch.dtype]:
+    """The floating dtypes ``unit`` reads and computes, sorted by name, when float64 is
+    among them beside another (a kernel would compute them all in float64); else an empty
+    list."""
+    # Computed values count as well as leaves: a cast brings its dtype in whatever the
+    # leaves are, and integer leaves made float take the default dtype (`computes_float64`).
     floats = {t.dtype for t in leaves.values() if t.dtype.is_floating_point}
-    values = [*unit.body, unit.root, *[v for v in unit.leaves if v.op != "const"]]
-    if isinstance(unit, AggregateUnit):
-        values.append(unit.reduce)
-    # A cast brings its dtype in whatever the leaves are: float32 leaves beside a float64
-    # table cast to float32 in the kernel would be computed in float64 otherwise.
-    floats |= {v.dtype for v in values if (computed or v.op == "cast") and v.dtype.is_floating_point}
+    floats |= {v.dtype for v in _values(unit) if v.dtype.is_floating_point}
     # float64 beside a narrower float: the kernel's float64 accumulator keeps the narrower
     # values unrounded. Without float64 the accumulator is float32, and bfloat16/float16
     # values rounded at each store are those kernels' documented tolerance (README), not this.
     return sorted(floats, key=str) if torch.float64 in floats and len(floats) > 1 else []
+
+
+def computes_float64(unit: Unit, leaves: dict[int, torch.Tensor]) -> bool:
+    """Whether a kernel of ``unit`` must compute in float64: a leaf is float64, or the unit
+    makes float64 values of integer leaves (``t / 3``, ``exp(t)`` under
+    ``torch.set_default_dtype(torch.float64)``, as torch does). Chosen by the leaves alone,
+    such a unit computed in float32 and stored the rounded values as float64 (exp of
+    integers 2.4e-7 off torch's on an H200)."""
+    return (any(t.dtype == torch.float64 for t in leaves.values())
+            or any(v.dtype == torch.float64 for v in _values(unit)))
+
+
+def _values(unit: Unit) -> list[Value]:
+    values = [*unit.body, unit.root, *[v for v in unit.leaves if v.op != "const"]]
+    if isinstance(unit, AggregateUnit):
+        values.append(unit.reduce)
+    return values
 
 
 def mixed_floats_message(backend: str, floats: list[torch.dtype]) -> str:

@@ -21,7 +21,7 @@ from ..constant_args import constant_tensors
 from ..kernel_cache import load_kernel as _load_kernel
 from ..launch_cache import CallSettings, LaunchCache
 from ..row_layout import has_row_stride
-from ..unit_ops import mixed_floats, mixed_floats_message, run_by_ops
+from ..unit_ops import computes_float64, mixed_floats, mixed_floats_message, run_by_ops
 from ..reference.executor import run_plan
 from .codegen import (CSR_WIDEST_BLOCK, EDGE_BLOCK_LIMIT, SHARED_REDUCE_BLOCK_E, SHARED_REDUCE_PROGRAMS, TYPE_LOAD,
                       ROWS_WIDEST, RowSum, edge_tile_block, generate, generate_coo, generate_edge, generate_rows,
@@ -573,11 +573,11 @@ def _plan_siblings(group: SiblingGroup, ctx: GraphContext, leaves: dict[int, tor
     row), or where ``GNNFUSE_SIBLING_KERNELS=0`` turns groups off; `_WITHOUT_RIDERS`
     where the graph has too many edge types for a rider's tile (`rider_fits`). None too
     where the group's values mix float64 with another float (`mixed_floats`): one kernel
-    computes in one accumulator dtype, float64 if any leaf is, so a float32 member
+    computes in one accumulator dtype, float64 if any value is, so a float32 member
     beside a float64 one was computed unrounded; apart, each runs in its own."""
     if not _ENVIRONMENT.current()[3]:
         return None
-    if any(mixed_floats(m, leaves, computed=False) for m in (*group.members, *group.riders)):
+    if any(mixed_floats(m, leaves) for m in (*group.members, *group.riders)):
         return None
     if group.riders and not all(rider_fits(r, ctx.num_rows(TYPE_INDEX)) for r in group.riders):
         return _WITHOUT_RIDERS
@@ -591,7 +591,7 @@ def _plan_siblings(group: SiblingGroup, ctx: GraphContext, leaves: dict[int, tor
         chosen = "csr" if group.shifts and not _forced_schedule_kind() else schedule_for(unit, rows, ctx.num_edges)
         if chosen not in ("csr", "rows") or feature_block(unit, CSR_WIDEST_BLOCK) < triton.next_power_of_2(width):
             return None
-    wide = any(t.dtype == torch.float64 for t in leaves.values())
+    wide = any(computes_float64(m, leaves) for m in (*group.members, *group.riders))
     acc = "tl.float64" if wide else "tl.float32"
     kernel, layouts, _, reads_edges, reads_types = _kernel_for(group, acc, "siblings")
     rowptr, col, eid = csr_arguments(ctx, group.by, reads_edges)
@@ -666,14 +666,14 @@ def _plan(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> _La
     with the edge types in the order it reads them where it does (`types_at`); `BY_OPS`
     for a unit mixing float32 and float64 values, which a kernel's one accumulator dtype
     would round unlike torch (`unit_ops`)."""
-    floats = mixed_floats(unit, leaves, computed=False)
+    floats = mixed_floats(unit, leaves)
     if floats:
         message = mixed_floats_message("triton", floats)
         if message not in _MIXED_WARNED:
             _MIXED_WARNED.add(message)
             warnings.warn(message, RuntimeWarning, stacklevel=2)
         return BY_OPS
-    acc = "tl.float64" if any(t.dtype == torch.float64 for t in leaves.values()) else "tl.float32"
+    acc = "tl.float64" if computes_float64(unit, leaves) else "tl.float32"
     rows = ctx.num_rows(unit.by) if isinstance(unit, AggregateUnit) else ctx.num_nodes  # what `out` holds
     schedule = schedule_for(unit, rows, ctx.num_edges)
     kernel = _kernel_for(unit, acc, schedule)
