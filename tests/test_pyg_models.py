@@ -195,3 +195,26 @@ def test_to_hetero_of_a_lazy_graphsage_matches_pyg():
     sum(v.square().sum() for v in want.values()).backward()
     for (name, p), q in zip(ours.named_parameters(), theirs.parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-9, atol=1e-12, msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.mark.parametrize("name", ["GraphSAGE", "GAT", "GIN"])
+def test_layerwise_inference_takes_a_gnnfuse_loader(name):
+    """PyG's ``model.inference(subgraph_loader)`` with gnnfuse's NeighborLoader: PyG's method
+    asserts its own loader class (a bare AssertionError); each layer over every vertex in
+    one-hop batches gives the full graph's output, and a loader whose batches would not
+    line up with the vertices is refused by name."""
+    gen = torch.Generator().manual_seed(5)
+    data = Data(x=torch.randn(NUM_NODES, F, dtype=torch.float64, generator=gen), edge_index=EDGES,
+                num_nodes=NUM_NODES)
+    torch.manual_seed(0)
+    model = getattr(gnnfuse.nn, name)(F, HIDDEN, 2, out_channels=OUT, norm="batch_norm").double().eval()
+    expected = model(data.x, data.edge_index)
+    for cache in (False, True):
+        got = model.inference(NeighborLoader(data, num_neighbors=[-1], batch_size=3), cache=cache)
+        torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-12)
+    with pytest.raises(ValueError, match="every vertex in id order"):
+        model.inference(NeighborLoader(data, num_neighbors=[-1], batch_size=3, shuffle=True))
+    with pytest.raises(ValueError, match="samples 2 hops"):
+        model.inference(NeighborLoader(data, num_neighbors=[-1, -1], batch_size=3))
+    with pytest.raises(ValueError, match="model.eval"):
+        model.train().inference(NeighborLoader(data, num_neighbors=[-1], batch_size=3))

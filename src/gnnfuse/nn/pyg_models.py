@@ -10,6 +10,8 @@ it is PyG's own ``init_conv`` code, run with the convolution classes it names
 Running PyG's code rather than a copy keeps every argument it passes -- GAT's heads and
 ``concat`` of the last layer, its dropout, GIN's and EdgeCNN's ``MLP``, the ``**kwargs`` --
 PyG's by construction; a ``kwarg`` a gnnfuse layer refuses raises its own error naming it.
+``inference`` (PyG's layer-wise inference) also takes gnnfuse's ``NeighborLoader``
+(`basic_gnn_inference`).
 gnnfuse's layers draw PyG's initial weights, so under one ``torch.manual_seed`` both models
 start equal. ``PNAConv`` is PyG's own layer with gnnfuse's ``propagate``, which runs PyG's
 (``pyg_layers.EAGER_PYG_LAYERS`` says why).
@@ -20,6 +22,7 @@ import functools
 import types
 
 from .attention import EdgeConv, GATv2Conv
+from .basic_gnn_inference import inference_method
 from .conv import GATConv, GCNConv, SAGEConv
 from .propagation import GINConv
 from .pyg_layers import layer_class
@@ -57,5 +60,8 @@ def model_class(name: str) -> type:
                                    pyg_init_conv.__closure__)
     init_conv.__kwdefaults__ = pyg_init_conv.__kwdefaults__
     init_conv.__qualname__ = f"{name}.init_conv"
+    inference = inference_method(pyg_class.inference)
+    inference.__qualname__ = f"{name}.inference"
     return type(name, (pyg_class,), {"__module__": "gnnfuse.nn", "__qualname__": name,
-                                     "__doc__": pyg_class.__doc__, "init_conv": init_conv})
+                                     "__doc__": pyg_class.__doc__, "init_conv": init_conv,
+                                     "inference": inference})
