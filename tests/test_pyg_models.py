@@ -218,3 +218,11 @@ def test_layerwise_inference_takes_a_gnnfuse_loader(name):
         model.inference(NeighborLoader(data, num_neighbors=[-1, -1], batch_size=3))
     with pytest.raises(ValueError, match="model.eval"):
         model.train().inference(NeighborLoader(data, num_neighbors=[-1], batch_size=3))
+
+
+def test_layerwise_inference_names_a_loader_it_cannot_take():
+    """Neither PyG's nor gnnfuse's NeighborLoader: a TypeError naming the loader, where
+    PyG's method gave a bare AssertionError."""
+    model = gnnfuse.nn.GraphSAGE(F, HIDDEN, 2).eval()
+    with pytest.raises(TypeError, match="takes a NeighborLoader .* not list"):
+        model.inference([])

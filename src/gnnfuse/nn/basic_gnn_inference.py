@@ -23,15 +23,20 @@ from torch import nn
 
 
 def inference_method(pyg_inference: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-    """``inference`` for gnnfuse's model classes: `_gnnfuse_loader_inference` for a
-    gnnfuse `NeighborLoader`, PyG's ``pyg_inference`` for any other loader."""
+    """``inference`` for gnnfuse's model classes: PyG's ``pyg_inference`` for PyG's
+    ``NeighborLoader``, `_gnnfuse_loader_inference` for gnnfuse's. gnnfuse's loader is
+    known by what it holds (``seeds``, ``num_neighbors``), not by its class: ``loader/``
+    builds on ``nn/``, so ``nn/`` does not import it."""
 
     def inference(self: nn.Module, loader: Any, device: torch.device | str | None = None,
                   embedding_device: torch.device | str = "cpu", progress_bar: bool = False,
                   cache: bool = False) -> torch.Tensor:
-        from ..loader import NeighborLoader
-        if not isinstance(loader, NeighborLoader):
+        from torch_geometric.loader import NeighborLoader as PyGNeighborLoader
+        if isinstance(loader, PyGNeighborLoader):
             return pyg_inference(self, loader, device, embedding_device, progress_bar, cache)
+        if not all(hasattr(loader, name) for name in ("seeds", "num_neighbors", "features")):
+            raise TypeError(f"{type(self).__name__}.inference takes a NeighborLoader (PyG's or gnnfuse's) "
+                            f"with num_neighbors=[-1] over every vertex, not {type(loader).__name__}")
         with torch.no_grad():
             return _gnnfuse_loader_inference(self, loader, device, embedding_device, progress_bar, cache)
 
