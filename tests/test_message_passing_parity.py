@@ -348,6 +348,120 @@ def test_a_message_keeping_values_in_a_container_runs_pyg_semantics(how, backend
     torch.testing.assert_close(ours_kept, kept(theirs))
 
 
+COUNT = torch.zeros(())     # `make_writing_in_place`'s global counter
+
+
+def make_writing_in_place(Base: type, how: str) -> type:
+    """``message`` writes a tensor it reaches in place, counting its calls: a buffer, a
+    tensor in a list the layer holds, a global or a closure tensor; or it halves a
+    parameter under ``torch.no_grad()``, or (in training) calls an MLP whose BatchNorm
+    counts ``num_batches_tracked`` before its batch_norm fails the trace ("reading":
+    writes nothing). One class per way, each ``message`` reading only what it writes (as
+    a user's would)."""
+    count = torch.zeros(())
+
+    class WritingInPlace(Base):
+        def __init__(self):
+            super().__init__(aggr="add")
+            self.register_buffer("count", torch.zeros(()))
+            self.kept = [torch.zeros(())]
+            self.w = torch.nn.Parameter(torch.linspace(-2, 2, 4))
+            self.mlp = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+
+        def forward(self, x, edge_index):
+            return self.propagate(edge_index, x=x)
+
+    class Buffer(WritingInPlace):
+        def message(self, x_j):
+            self.count.add_(1)
+            return x_j * self.count
+
+    class InAList(WritingInPlace):
+        def message(self, x_j):
+            self.kept[0].add_(1)
+            return x_j * self.kept[0]
+
+    class Global(WritingInPlace):
+        def message(self, x_j):
+            COUNT.add_(1)
+            return x_j * COUNT
+
+    class Closure(WritingInPlace):
+        def message(self, x_j):
+            count.add_(1)
+            return x_j * count
+
+    class Parameter(WritingInPlace):
+        def message(self, x_j):
+            with torch.no_grad():
+                self.w.mul_(0.5)
+            return x_j * self.w
+
+    class BatchNorm(WritingInPlace):
+        def message(self, x_j):
+            return self.mlp(x_j)
+
+    class Reading(WritingInPlace):      # writes nothing
+        def message(self, x_j):
+            return x_j * self.w + self.count
+    return {"buffer": Buffer, "list": InAList, "global": Global, "closure": Closure, "parameter": Parameter,
+            "batch norm": BatchNorm, "reading": Reading}[how]
+
+
+@pytest.mark.parametrize("how, written", [
+    ("buffer", "self.count"), ("list", "a tensor in self.kept"), ("global", "COUNT"), ("closure", "count"),
+    ("parameter", "self.w"), ("batch norm", None)])
+def test_a_message_writing_a_tensor_in_place_runs_pyg_semantics(how, written, backend, device):
+    """A compiled call runs ``message`` once, when it traces, so its in-place write to a
+    buffer, a parameter, a tensor in a list the layer holds or a global or closure tensor
+    happened once and never again: a call counter gave 1x, 1x, 1x of the messages where
+    PyG gave 1x, 2x, 3x (output 7.4 then 14.8 off on the second and third calls, with no
+    warning), a halved weight stayed halved once. Where the trace failed for another
+    reason (a BatchNorm in ``message``), PyG's eager run then wrote the tensor a second
+    time on the same call (``num_batches_tracked`` 2 after one call). The tensors are put
+    back after the trace and the call runs PyG's propagate, warning which."""
+    ours, theirs = twins(make_writing_in_place, how)
+    ours, theirs = ours.to(device), theirs.to(device)
+    x = torch.randn(6, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0)).to(device)
+    edges = EDGES.to(device)
+    gnnfuse.nn.message_passing._WARNED.discard(type(ours))
+    COUNT.zero_()
+    reason = rf"message\(\) writes {written} in place" if written else "batch_norm"
+    with pytest.warns(UserWarning, match=reason):
+        results = [run(ours, x, edges)]
+    results += [run(ours, x, edges) for _ in range(2)]
+    COUNT.zero_()
+    for result in results:
+        assert_same(result, run(theirs, x, edges))
+    for name, tensor in theirs.state_dict().items():
+        assert torch.equal(ours.state_dict()[name], tensor), name
+    assert torch.equal(ours.kept[0], theirs.kept[0])
+
+
+def test_a_layer_made_under_inference_mode_compiles_and_its_in_place_writes_are_refused(backend, device):
+    """Tensors made under ``torch.inference_mode`` have no version counter, which the
+    in-place write check read: every layer built and called there fell back to PyG's
+    propagate ("tracing message() raised RuntimeError: Inference tensors do not track
+    version counter"). Their values are compared instead: a layer that writes nothing
+    compiles, and a buffer counter is still refused and gives PyG's numbers."""
+    x = torch.randn(6, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0)).to(device)
+    edges = EDGES.to(device)
+    with torch.inference_mode():
+        ours, theirs = twins(make_writing_in_place, "buffer")
+        ours, theirs = ours.to(device), theirs.to(device)
+        gnnfuse.nn.message_passing._WARNED.discard(type(ours))
+        with pytest.warns(UserWarning, match=r"message\(\) writes self\.count in place"):
+            got = [ours(x, edges) for _ in range(3)]
+        for result in got:
+            torch.testing.assert_close(result, theirs(x, edges), rtol=1e-12, atol=1e-12)
+        plain, pyg_plain = twins(make_writing_in_place, "reading")
+        plain, pyg_plain = plain.to(device), pyg_plain.to(device)
+        with warnings.catch_warnings(), record_calls() as calls:
+            warnings.simplefilter("error")
+            torch.testing.assert_close(plain(x, edges), pyg_plain(x, edges), rtol=1e-12, atol=1e-12)
+        assert calls
+
+
 def test_a_lazy_module_in_message_initialises_and_compiles(backend, device):
     """A LazyLinear's first call writes its module's hook tables (it drops its
     initialising hook); checking a submodule's containers for writes (the test above)

@@ -20,7 +20,8 @@ caller then runs PyG's own ``propagate``): sparse adjacency inputs, bipartite si
 aggregation module, hooks (PyG's propagate/message/aggregate hooks, torch's on the aggregation module or
 on every module, a backward hook on a module ``message`` calls), ``explain`` and ``decomposed_layers``, a
 ``torch.func`` transform, a ``message``
-that writes into the layer or into a container it reaches or rebinds a global or closure variable,
+that writes into the layer or into a container it reaches, writes a tensor it reaches in place
+or rebinds a global or closure variable,
 a tensor with one row per edge or node that
 ``message`` reads from outside its arguments (graph data the tracer would take for one
 shared value), and any failure while tracing ``message`` (a `CompileError` names the
@@ -451,7 +452,7 @@ def trace_message(layer: PyGMessagePassing, args: _Arguments, op: str, size: lis
     # through Tracer.call, as the other front ends run user code: an error message() itself
     # catches, and a value traced under torch.no_grad() inside it, are refused (then PyG's
     # eager run takes over, with a warning) rather than compiled as the trace saw them
-    with _attribute_writes_checked(layer, message):
+    with _attribute_writes_checked(layer, message), _in_place_writes_checked(layer, message):
         out = tracer.call(lambda: traced(*bound, **call))
     if not isinstance(out, SymTensor) or out.value.residency not in EDGE_ROWED:
         what = out.value.residency.name if isinstance(out, SymTensor) else type(out).__name__
@@ -546,6 +547,70 @@ def _attribute_writes_checked(layer: PyGMessagePassing, message: types.FunctionT
         what += [f"writes into {', '.join(filled)}"] if filled else []
         raise NotCompilable(f"message() {' and '.join(what)}; a compiled call runs message() once, when it "
                             "traces, so what it stores would not follow later calls")
+
+
+@contextlib.contextmanager
+def _in_place_writes_checked(layer: PyGMessagePassing, message: types.FunctionType) -> Iterator[None]:
+    """Refuse a ``message`` that writes a tensor it reaches in place -- a buffer of the
+    layer (``self.count.add_(1)``, a BatchNorm's ``num_batches_tracked`` in training), a
+    parameter under ``torch.no_grad()``, a tensor in a list the layer holds
+    (``self.stats[0].add_(1)``) or a global or closure tensor -- and put the tensor back
+    as it was. The compiled call runs ``message`` once, when it traces, so the write
+    happened once and never again (a counter's messages 1x, 1x, 1x where PyG's were 1x,
+    2x, 3x); and where the trace failed for another reason, PyG's eager run then made the
+    write a second time on the same call. Found by torch's version counter, which every
+    in-place op bumps (a write through ``.data`` is not seen), or for an inference tensor
+    (made under ``torch.inference_mode``), which has none, by its values. Tensors are
+    copied only here, at trace time."""
+    held: dict[int, tuple[str, torch.Tensor, int | None, torch.Tensor]] = {}
+    with torch.no_grad():
+        for name, tensor in _tensors_reached(layer, message):
+            if id(tensor) not in held and not isinstance(tensor, torch.nn.parameter.UninitializedTensorMixin):
+                version = None if tensor.is_inference() else tensor._version
+                held[id(tensor)] = (name, tensor, version, tensor.clone())
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            written = [(name, tensor, copy) for name, tensor, version, copy in held.values()
+                       if (tensor._version != version if version is not None else _changed(tensor, copy))]
+            for _, tensor, copy in written:
+                tensor.copy_(copy)
+    if written:
+        raise NotCompilable(f"message() writes {', '.join(name for name, _, _ in written)} in place; a compiled call "
+                            "runs message() once, when it traces, so the write would not follow later calls")
+
+
+def _changed(tensor: torch.Tensor, copy: torch.Tensor) -> bool:
+    """Whether ``tensor`` no longer holds ``copy``'s values (a NaN kept in place is unchanged)."""
+    if torch.equal(tensor, copy):
+        return False
+    return not (tensor.is_floating_point() and bool(torch.isclose(tensor, copy, rtol=0, atol=0, equal_nan=True).all()))
+
+
+def _tensors_reached(layer: PyGMessagePassing, message: types.FunctionType) -> Iterator[tuple[str, torch.Tensor]]:
+    """The tensors ``message`` may write in place, each with a name for the refusal: the
+    parameters, buffers and tensor attributes of the layer and its submodules, the
+    globals and closure variables ``message`` reads, and the tensors directly inside a
+    list, tuple, dict or plain object held in any of those places."""
+    for path, module in layer.named_modules():
+        prefix = f"self.{path}." if path else "self."
+        for name, value in (*module._parameters.items(), *module._buffers.items(), *vars(module).items()):
+            if name not in _MODULE_TABLES:      # torch's own tables (their tensors are listed first)
+                yield from _tensors_in(prefix + name, value)
+    for name in _global_names(message.__code__):
+        if name in message.__globals__:
+            yield from _tensors_in(name, message.__globals__[name])
+    for name, cell in zip(message.__code__.co_freevars, map(_filled, message.__closure__ or ())):
+        yield from _tensors_in(name, cell.cell_contents)
+
+
+def _tensors_in(name: str, value: Any) -> list[tuple[str, torch.Tensor]]:
+    """``value`` if it is a tensor, else the tensors directly inside it (`contents`, or a tuple's items)."""
+    if isinstance(value, torch.Tensor):
+        return [(name, value)]
+    items = list(value) if isinstance(value, tuple) else contents(value) or ()
+    return [(f"a tensor in {name}", item) for item in items if isinstance(item, torch.Tensor)]
 
 
 # torch's own tables of a module (parameters, buffers, submodules, hooks): a lazy module's
