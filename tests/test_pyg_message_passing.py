@@ -843,6 +843,33 @@ def test_a_hook_pyg_runs_on_the_aggregation_module_runs_pyg_propagate(hook, reas
     assert calls
 
 
+@pytest.mark.parametrize("method", ["reduce", "forward"])
+def test_a_method_set_on_the_aggregation_module_runs_pyg_propagate(method, backend, monkeypatch):
+    """PyG's propagate calls ``self.aggr_module(...)``, whose forward calls its
+    ``reduce``: either set on the instance replaces the class's for that call. The
+    compiled call never calls the module, so a ``reduce`` tripling its result left the
+    output 18.8 off PyG's (a 9-vertex repro), with no warning (a forward set there was
+    refused already). It now runs PyG's propagate, warning which method."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    device = device_for(backend)
+    ours, theirs = (layer.to(device) for layer in twins("gin_like"))
+    data, edges = tuple(t.to(device) for t in inputs("gin_like")), EDGES.to(device)
+    for layer in (ours, theirs):
+        own = getattr(layer.aggr_module, method)
+        setattr(layer.aggr_module, method, lambda *args, own=own, **kwargs: own(*args, **kwargs) * 3)
+    gnnfuse.nn.message_passing._WARNED.discard(type(ours))
+    with warnings.catch_warnings(record=True) as caught, record_calls() as calls:
+        warnings.simplefilter("always")
+        result = run(ours, data, edges)
+    assert not calls and f"has {method} set on the instance" in fallback_warnings(caught)[0]
+    assert_same(result, run(theirs, data, edges))
+    for layer in (ours, theirs):
+        delattr(layer.aggr_module, method)
+    with record_calls() as calls:       # the class's method again: compiled again
+        assert_same(run(ours, data, edges), run(theirs, data, edges))
+    assert calls
+
+
 def test_a_backward_hook_on_a_module_message_calls_runs_pyg_propagate(backend, monkeypatch):
     """A full backward hook on ``self.edge_mlp``'s first Linear, scaling its input's
     gradient by 5, never ran on the compiled gradients (torch attaches it to the call's

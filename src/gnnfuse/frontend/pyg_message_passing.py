@@ -358,8 +358,8 @@ def _aggregation(layer: PyGMessagePassing) -> str:
 def _check_aggregation_call(aggr: torch.nn.Module) -> None:
     """Refuse what PyG's ``self.aggr_module(inputs, index, ...)`` call would run beside
     the aggregation the program computes: a hook registered on the module (or on every
-    module, ``torch.nn.modules.module.register_module_forward_hook``) or a ``forward`` set
-    on the instance. The compiled call never calls the module, so a hook that scales or
+    module, ``torch.nn.modules.module.register_module_forward_hook``) or a method set on
+    the instance (``forward``, ``reduce``). The compiled call never calls the module, so a hook that scales or
     records its output ran in PyG alone (3x off, with no warning)."""
     own, every = registered_hooks(aggr)
     if own:
@@ -369,8 +369,13 @@ def _check_aggregation_call(aggr: torch.nn.Module) -> None:
         raise NotCompilable(f"global module {', '.join(every)} are registered (torch.nn.modules.module."
                             "register_module_*_hook), which PyG's call of the aggregation module runs and the "
                             "compiled aggregation would not")
-    if "forward" in vars(aggr):
-        raise NotCompilable(f"{type(aggr).__name__} (the layer's aggr_module) has a forward set on the instance")
+    # a method set on the instance replaces its class's for PyG's call (forward, or the
+    # reduce that Sum/Mean/Max/Min/SoftmaxAggregation.forward calls: one tripling its
+    # result left the output 18.8 off PyG's, with no warning)
+    shadowing = [name for name, value in vars(aggr).items() if callable(value) and hasattr(type(aggr), name)]
+    if shadowing:
+        raise NotCompilable(f"{type(aggr).__name__} (the layer's aggr_module) has {', '.join(shadowing)} set on "
+                            "the instance")
 
 
 def _check_layer(layer: PyGMessagePassing, edge_index: Any) -> None:
