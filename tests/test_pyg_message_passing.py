@@ -890,6 +890,37 @@ def test_a_backward_hook_on_a_module_message_calls_runs_pyg_propagate(backend, m
     assert_same(result, run(theirs, data, edges))
 
 
+def test_a_forward_hook_recording_a_module_message_calls_runs_pyg_propagate(backend, monkeypatch):
+    """A forward hook keeping the outputs of ``self.edge_mlp``'s first Linear (for
+    feature extraction: ``recorded.append(out)``) runs while ``message`` is traced, on
+    the tracer's symbolic values: the compiled call left gnnfuse's SymTensor in the list,
+    where PyG's holds the Linear's [E, hidden] output, with no warning. The call now runs
+    PyG's propagate, warning why, and the list holds PyG's tensors; a hook that only
+    scales the output still compiles."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    device = device_for(backend)
+    ours, theirs = (layer.to(device) for layer in twins("edge_mlp"))
+    data, edges = tuple(t.to(device) for t in inputs("edge_mlp")), EDGES.to(device)
+    gnnfuse.nn.message_passing._WARNED.discard(type(ours))
+    recorded_ours, recorded_theirs = [], []
+    handles = [ours.edge_mlp[0].register_forward_hook(lambda module, args, out: recorded_ours.append(out.detach())),
+               theirs.edge_mlp[0].register_forward_hook(lambda module, args, out: recorded_theirs.append(out))]
+    with warnings.catch_warnings(record=True) as caught, record_calls() as calls:
+        warnings.simplefilter("always")
+        result = run(ours, data, edges)
+    assert not calls and "a forward hook of a module message() calls" in fallback_warnings(caught)[0]
+    assert_same(result, run(theirs, data, edges))
+    assert [type(t) for t in recorded_ours] == [torch.Tensor]
+    torch.testing.assert_close(recorded_ours[0], recorded_theirs[0])
+    for handle in handles:
+        handle.remove()
+    for layer in (ours, theirs):
+        layer.edge_mlp[0].register_forward_hook(lambda module, args, out: out * 2)
+    with record_calls() as calls:
+        assert_same(run(ours, data, edges), run(theirs, data, edges))
+    assert calls
+
+
 def make_index_users(base):
     from torch_geometric.utils import degree
 

@@ -60,7 +60,7 @@ from ..graph import Graph
 from ..graph.index_cache import functorch_interpreter
 from ..ir import CompileError, Residency
 from ..runtime.compiled import read_back_by_backward
-from .kept_traced import contents, from_library, holds_traced, restore, same_contents
+from .kept_traced import KeptTraced, contents, from_library, holds_traced, restore, same_contents
 from .module_hooks import registered_hooks
 from .trace_cache import _SCALARS, TraceCache, _global_names, outside_writes, program_feeds
 from .tracer import EDGE_ROWED, RowCount, SymTensor, Tracer
@@ -457,7 +457,8 @@ def trace_message(layer: PyGMessagePassing, args: _Arguments, op: str, size: lis
     # through Tracer.call, as the other front ends run user code: an error message() itself
     # catches, and a value traced under torch.no_grad() inside it, are refused (then PyG's
     # eager run takes over, with a warning) rather than compiled as the trace saw them
-    with _attribute_writes_checked(layer, message), _in_place_writes_checked(layer, message):
+    with _attribute_writes_checked(layer, message), _in_place_writes_checked(layer, message), \
+            _hook_writes_checked(layer):
         out = tracer.call(lambda: traced(*bound, **call))
     if not isinstance(out, SymTensor) or out.value.residency not in EDGE_ROWED:
         what = out.value.residency.name if isinstance(out, SymTensor) else type(out).__name__
@@ -584,6 +585,31 @@ def _in_place_writes_checked(layer: PyGMessagePassing, message: types.FunctionTy
     if written:
         raise NotCompilable(f"message() writes {', '.join(name for name, _, _ in written)} in place; a compiled call "
                             "runs message() once, when it traces, so the write would not follow later calls")
+
+
+@contextlib.contextmanager
+def _hook_writes_checked(layer: PyGMessagePassing) -> Iterator[None]:
+    """Refuse a trace in which a forward hook (or pre-hook) of a module ``message`` calls
+    stored what it was given where it outlives the trace (``rec.append(out)`` into a list
+    it closes over, a global): the hook runs while tracing, on the tracer's symbolic
+    values, so the compiled call left gnnfuse's SymTensor there, not PyG's tensor, with no
+    warning. Hooks that only compute (scaling the output) trace as they run. Those of the
+    layer's submodules are watched (one registered for every module is refused earlier,
+    `_check_aggregation_call`); what they wrote is put back either way (`KeptTraced`)."""
+    hooks = [hook for path, module in layer.named_modules() if path
+             for table in (module._forward_pre_hooks, module._forward_hooks) for hook in table.values()]
+    kept = KeptTraced(tuple(hooks)) if hooks else None
+    stored = None
+    try:
+        yield
+    finally:
+        if kept is not None:
+            try:
+                kept.check()
+            except CompileError as error:
+                stored = error
+    if stored is not None:
+        raise NotCompilable(f"a forward hook of a module message() calls: {stored}")
 
 
 def _changed(tensor: torch.Tensor, copy: torch.Tensor) -> bool:
