@@ -272,6 +272,7 @@ def test_random_layers_on_random_graphs_match_pyg(backend, device, case, data, v
 
 KEPT: list = []      # `make_keeping`'s global list
 KEPT_LAST = None     # and the global `_keep_last` rebinds
+KEPT_LISTS: dict = {"alpha": []}     # and the global dict of lists
 
 
 def _keep_last(alpha: torch.Tensor) -> None:
@@ -290,6 +291,7 @@ def make_keeping(Base: type, how: str) -> type:
         def __init__(self):
             super().__init__(aggr="add")
             self.kept_list, self.kept_dict, self.kept = [], {}, types.SimpleNamespace(alpha=None)
+            self.kept_lists = {"alpha": []}
             self.store = torch.nn.Module()
             self.store.kept = []
 
@@ -302,6 +304,10 @@ def make_keeping(Base: type, how: str) -> type:
                 self.kept_list.append(alpha)
             elif how == "dict":
                 self.kept_dict["alpha"] = alpha
+            elif how == "dict of lists":
+                self.kept_lists["alpha"].append(alpha)
+            elif how == "global dict of lists":
+                KEPT_LISTS["alpha"].append(alpha)
             elif how == "object":
                 self.kept.alpha = alpha
             elif how == "module":
@@ -320,28 +326,33 @@ def make_keeping(Base: type, how: str) -> type:
 
 
 @pytest.mark.parametrize("how", ["list", "dict", "object", "module", "module list", "global", "helper global",
-                                 "closure"])
+                                 "closure", "dict of lists", "global dict of lists"])
 def test_a_message_keeping_values_in_a_container_runs_pyg_semantics(how, backend, device):
     """A compiled call runs ``message`` once, on symbolic rows, when it traces: the list,
     dict or object the layer holds, or the global or closure list ``message`` appends to,
     received the tracer's symbolic values (summing the kept weights raised a
     CompileError naming message's line), on every call, with no warning; a submodule's
     attribute or list too (``self.store.alpha = alpha``, ``self.store.kept.append``), and
-    a global a helper rebinds (``global last; last = alpha``). The
+    a global a helper rebinds (``global last; last = alpha``), and a list inside a dict the
+    layer holds or a global dict (``self.kept_lists["alpha"].append(alpha)``: the dict
+    kept its items, so only its list changed). The
     call now runs PyG's propagate, warning why, and the container holds PyG's weights."""
     ours, theirs = twins(make_keeping, how)
     x = torch.randn(6, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0)).to(device)
     edges = EDGES.to(device)
     gnnfuse.nn.message_passing._WARNED.discard(type(ours))
     KEPT.clear()
-    stored = r"(self\.kept|self\.store|KEPT|kept_here|global .*KEPT_LAST)"
+    KEPT_LISTS["alpha"].clear()
+    stored = r"(self\.kept|self\.store|KEPT|kept_here|global .*KEPT_LAST|a container in (self\.kept_lists|KEPT_LISTS))"
     with pytest.warns(UserWarning, match=r"message\(\) (writes into|sets) " + stored):
         result = run(ours.to(device), x, edges)
     kept = {"list": lambda layer: layer.kept_list[-1], "dict": lambda layer: layer.kept_dict["alpha"],
             "object": lambda layer: layer.kept.alpha, "module": lambda layer: layer.store.alpha,
             "module list": lambda layer: layer.store.kept[-1], "global": lambda layer: KEPT[-1],
             "helper global": lambda layer: KEPT_LAST,
-            "closure": lambda layer: type(layer).kept_here[-1]}[how]
+            "closure": lambda layer: type(layer).kept_here[-1],
+            "dict of lists": lambda layer: layer.kept_lists["alpha"][-1],
+            "global dict of lists": lambda layer: KEPT_LISTS["alpha"][-1]}[how]
     ours_kept = kept(ours)
     assert_same(result, run(theirs.to(device), x, edges))
     assert type(ours_kept) is torch.Tensor

@@ -509,7 +509,8 @@ def _refuse_rebinding(message: types.FunctionType) -> None:
 def _attribute_writes_checked(layer: PyGMessagePassing, message: types.FunctionType) -> Iterator[None]:
     """Refuse a ``message`` that stores anything on the layer (PyG's TransformerConv keeps
     its attention weights in ``self._alpha`` for ``forward`` to return), also into a list,
-    dict, set or plain object the layer holds (``self.kept.append(alpha)``) or that
+    dict, set or plain object the layer holds (``self.kept.append(alpha)``; also one nested
+    in another, `_containers_within`) or that
     ``message`` reads as a global or closure variable (``KEPT.append(alpha)``): a compiled
     call runs ``message`` once, symbolically, when it traces, so the layer would hold a
     traced value and never follow later calls. The layer's attributes, and the contents
@@ -529,8 +530,7 @@ def _attribute_writes_checked(layer: PyGMessagePassing, message: types.FunctionT
                      if name in message.__globals__)
     reachable.update((name, cell.cell_contents) for name, cell in
                      zip(message.__code__.co_freevars, map(_filled, message.__closure__ or ())))
-    held = {name: (value, kept) for name, value in reachable.items()
-            for kept in [contents(value)] if kept is not None}
+    held = _containers_within(reachable)
     try:
         yield
     finally:
@@ -541,7 +541,7 @@ def _attribute_writes_checked(layer: PyGMessagePassing, message: types.FunctionT
             table.clear()
             table.update(old)
         filled = []
-        for name, (value, kept) in held.items():
+        for name, value, kept in held.values():
             if not same_contents(contents(value), kept):
                 filled.append(name)
                 restore(value, kept)
@@ -642,6 +642,24 @@ def _tensors_in(name: str, value: Any) -> list[tuple[str, torch.Tensor]]:
         return [(name, value)]
     items = list(value) if isinstance(value, tuple) else contents(value) or ()
     return [(f"a tensor in {name}", item) for item in items if isinstance(item, torch.Tensor)]
+
+
+def _containers_within(reachable: Mapping[str, Any], depth: int = 3) -> dict[int, tuple[str, Any, list]]:
+    """Each container among ``reachable``'s values and those nested in them (``depth``
+    levels down: ``self.log["alpha"]``, a dict's list, which ``self.log["alpha"].append(alpha)``
+    writes into while ``self.log`` keeps its items), by identity: (a name for the
+    refusal, the container, its `contents` now)."""
+    found: dict[int, tuple[str, Any, list]] = {}
+    level = list(reachable.items())
+    for _ in range(depth + 1):
+        nested = []
+        for name, value in level:
+            kept = contents(value)
+            if kept is not None and id(value) not in found:
+                found[id(value)] = (name, value, kept)
+                nested += [(f"a container in {name}", item) for item in kept]
+        level = nested
+    return found
 
 
 # torch's own tables of a module (parameters, buffers, submodules, hooks): a lazy module's
