@@ -412,35 +412,45 @@ def make_writing_in_place(Base: type, how: str) -> type:
         def message(self, x_j):
             return self.mlp(x_j)
 
+    class SpectralNorm(WritingInPlace):     # its power iteration writes the Linear's _u, _v
+        def __init__(self):
+            super().__init__()
+            self.normed = torch.nn.utils.parametrizations.spectral_norm(torch.nn.Linear(4, 4))
+
+        def message(self, x_j):
+            return self.normed(x_j)
+
     class Reading(WritingInPlace):      # writes nothing
         def message(self, x_j):
             return x_j * self.w + self.count
     return {"buffer": Buffer, "list": InAList, "global": Global, "closure": Closure, "parameter": Parameter,
-            "batch norm": BatchNorm, "reading": Reading}[how]
+            "batch norm": BatchNorm, "spectral norm": SpectralNorm, "reading": Reading}[how]
 
 
-@pytest.mark.parametrize("how, written", [
-    ("buffer", "self.count"), ("list", "a tensor in self.kept"), ("global", "COUNT"), ("closure", "count"),
-    ("parameter", "self.w"), ("batch norm", None)])
-def test_a_message_writing_a_tensor_in_place_runs_pyg_semantics(how, written, backend, device):
-    """A compiled call runs ``message`` once, when it traces, so its in-place write to a
+@pytest.mark.parametrize("how", ["buffer", "list", "global", "closure", "parameter", "spectral norm", "batch norm"])
+def test_a_message_writing_a_tensor_in_place_matches_pyg_on_every_call(how, backend, device):
+    """A kept trace runs ``message`` once, when it traces, so its in-place write to a
     buffer, a parameter, a tensor in a list the layer holds or a global or closure tensor
     happened once and never again: a call counter gave 1x, 1x, 1x of the messages where
     PyG gave 1x, 2x, 3x (output 7.4 then 14.8 off on the second and third calls, with no
-    warning), a halved weight stayed halved once. Where the trace failed for another
-    reason (a BatchNorm in ``message``), PyG's eager run then wrote the tensor a second
-    time on the same call (``num_batches_tracked`` 2 after one call). The tensors are put
-    back after the trace and the call runs PyG's propagate, warning which."""
+    warning), a halved weight stayed halved once. Such a ``message`` now traces on every
+    call, writing once per call as PyG does, and compiles. Where the trace fails for
+    another reason (a BatchNorm in ``message``), PyG's eager run wrote the tensor a second
+    time on the same call (``num_batches_tracked`` 2 after one call): the tensors the
+    failed trace wrote are put back first. (Refusing every such trace instead made a
+    spectral-normed Linear in ``message`` fall back, which compiled before.)"""
     ours, theirs = twins(make_writing_in_place, how)
     ours, theirs = ours.to(device), theirs.to(device)
     x = torch.randn(6, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0)).to(device)
     edges = EDGES.to(device)
     gnnfuse.nn.message_passing._WARNED.discard(type(ours))
     COUNT.zero_()
-    reason = rf"message\(\) writes {written} in place" if written else "batch_norm"
-    with pytest.warns(UserWarning, match=reason):
-        results = [run(ours, x, edges)]
-    results += [run(ours, x, edges) for _ in range(2)]
+    if how == "batch norm":
+        with pytest.warns(UserWarning, match="batch_norm"):
+            results = [run(ours, x, edges)]
+        results += [run(ours, x, edges) for _ in range(2)]
+    else:
+        results = [compiled_run(ours, x, edges) for _ in range(3)]
     COUNT.zero_()
     for result in results:
         assert_same(result, run(theirs, x, edges))
@@ -449,28 +459,24 @@ def test_a_message_writing_a_tensor_in_place_runs_pyg_semantics(how, written, ba
     assert torch.equal(ours.kept[0], theirs.kept[0])
 
 
-def test_a_layer_made_under_inference_mode_compiles_and_its_in_place_writes_are_refused(backend, device):
+def test_a_layer_made_under_inference_mode_compiles_and_its_in_place_writes_recur(backend, device):
     """Tensors made under ``torch.inference_mode`` have no version counter, which the
-    in-place write check read: every layer built and called there fell back to PyG's
+    in-place write check reads: every layer built and called there fell back to PyG's
     propagate ("tracing message() raised RuntimeError: Inference tensors do not track
     version counter"). Their values are compared instead: a layer that writes nothing
-    compiles, and a buffer counter is still refused and gives PyG's numbers."""
+    compiles, and a buffer counter compiles and counts as PyG's does."""
     x = torch.randn(6, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0)).to(device)
     edges = EDGES.to(device)
     with torch.inference_mode():
-        ours, theirs = twins(make_writing_in_place, "buffer")
-        ours, theirs = ours.to(device), theirs.to(device)
-        gnnfuse.nn.message_passing._WARNED.discard(type(ours))
-        with pytest.warns(UserWarning, match=r"message\(\) writes self\.count in place"):
-            got = [ours(x, edges) for _ in range(3)]
-        for result in got:
-            torch.testing.assert_close(result, theirs(x, edges), rtol=1e-12, atol=1e-12)
-        plain, pyg_plain = twins(make_writing_in_place, "reading")
-        plain, pyg_plain = plain.to(device), pyg_plain.to(device)
-        with warnings.catch_warnings(), record_calls() as calls:
-            warnings.simplefilter("error")
-            torch.testing.assert_close(plain(x, edges), pyg_plain(x, edges), rtol=1e-12, atol=1e-12)
-        assert calls
+        for how in ("buffer", "reading"):
+            ours, theirs = twins(make_writing_in_place, how)
+            ours, theirs = ours.to(device), theirs.to(device)
+            for _ in range(3):
+                with warnings.catch_warnings(), record_calls() as calls:
+                    warnings.simplefilter("error")
+                    torch.testing.assert_close(ours(x, edges), theirs(x, edges), rtol=1e-12, atol=1e-12)
+                assert calls
+            assert ours.count.item() == theirs.count.item() == (3 if how == "buffer" else 0)
 
 
 def test_a_lazy_module_in_message_initialises_and_compiles(backend, device):

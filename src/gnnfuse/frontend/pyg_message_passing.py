@@ -20,8 +20,7 @@ caller then runs PyG's own ``propagate``): sparse adjacency inputs, bipartite si
 aggregation module, hooks (PyG's propagate/message/aggregate hooks, torch's on the aggregation module or
 on every module, a backward hook on a module ``message`` calls), ``explain`` and ``decomposed_layers``, a
 ``torch.func`` transform, a ``message``
-that writes into the layer or into a container it reaches, writes a tensor it reaches in place
-or rebinds a global or closure variable,
+that writes into the layer or into a container it reaches or rebinds a global or closure variable,
 a tensor with one row per edge or node that
 ``message`` reads from outside its arguments (graph data the tracer would take for one
 shared value), and any failure while tracing ``message`` (a `CompileError` names the
@@ -34,7 +33,8 @@ scalars, tensors and torch or PyG modules ``message`` reads (``self.training``,
 whether it has an attribute it asks ``hasattr``/``getattr`` about, and the same of a
 method of the layer it calls (``self.message_basic(...)``); a ``message`` that uses
 ``self`` any other way or captures tensors it makes itself is traced on every call,
-which costs Python time but can never serve a stale program. The vertex count is not
+which costs Python time but can never serve a stale program (so is one that writes a
+tensor it reaches in place, `_in_place_writes_checked`). The vertex count is not
 part of the key unless ``message`` reads it as a number (see `compiled_propagate`), so the
 batches of a sampled mini-batch run reuse one trace.
 """
@@ -359,8 +359,8 @@ def _check_aggregation_call(aggr: torch.nn.Module) -> None:
     """Refuse what PyG's ``self.aggr_module(inputs, index, ...)`` call would run beside
     the aggregation the program computes: a hook registered on the module (or on every
     module, ``torch.nn.modules.module.register_module_forward_hook``) or a method set on
-    the instance (``forward``, ``reduce``). The compiled call never calls the module, so a hook that scales or
-    records its output ran in PyG alone (3x off, with no warning)."""
+    the instance (``forward``, ``reduce``). The compiled call never calls the module, so
+    a hook that scales or records its output ran in PyG alone (3x off, with no warning)."""
     own, every = registered_hooks(aggr)
     if own:
         raise NotCompilable(f"{type(aggr).__name__} (the layer's aggr_module) has {', '.join(own)} registered, "
@@ -557,34 +557,38 @@ def _attribute_writes_checked(layer: PyGMessagePassing, message: types.FunctionT
 
 @contextlib.contextmanager
 def _in_place_writes_checked(layer: PyGMessagePassing, message: types.FunctionType) -> Iterator[None]:
-    """Refuse a ``message`` that writes a tensor it reaches in place -- a buffer of the
-    layer (``self.count.add_(1)``, a BatchNorm's ``num_batches_tracked`` in training), a
-    parameter under ``torch.no_grad()``, a tensor in a list the layer holds
-    (``self.stats[0].add_(1)``) or a global or closure tensor -- and put the tensor back
-    as it was. The compiled call runs ``message`` once, when it traces, so the write
+    """Keep the trace of a ``message`` that writes a tensor it reaches in place -- a
+    buffer of the layer (``self.count.add_(1)``), a parameter under ``torch.no_grad()``, a
+    tensor in a list the layer holds (``self.stats[0].add_(1)``), a global or closure
+    tensor, a spectral-normed Linear's power-iteration vectors -- from serving later
+    calls (`TraceCache.side_effects`): a kept trace ran ``message`` once, so the write
     happened once and never again (a counter's messages 1x, 1x, 1x where PyG's were 1x,
-    2x, 3x); and where the trace failed for another reason, PyG's eager run then made the
-    write a second time on the same call. Found by torch's version counter, which every
-    in-place op bumps (a write through ``.data`` is not seen), or for an inference tensor
-    (made under ``torch.inference_mode``), which has none, by its values. Tensors are
-    copied only here, at trace time."""
-    held: dict[int, tuple[str, torch.Tensor, int | None, torch.Tensor]] = {}
+    2x, 3x). Traced on every call, the write happens once per call, as in PyG, and the
+    program reads the tensor as written. Where the trace fails, every tensor written is
+    put back, or PyG's eager run would write it a second time on the same call (a
+    BatchNorm in ``message``: ``num_batches_tracked`` counts before its batch_norm fails
+    the trace). Found by torch's version counter, which every in-place op bumps (a write
+    through ``.data`` is not seen), or for an inference tensor (made under
+    ``torch.inference_mode``), which has none, by its values. Tensors are copied only
+    here, at trace time."""
+    held: dict[int, tuple[torch.Tensor, int | None, torch.Tensor]] = {}
     with torch.no_grad():
-        for name, tensor in _tensors_reached(layer, message):
+        for tensor in _tensors_reached(layer, message):
             if id(tensor) not in held and not isinstance(tensor, torch.nn.parameter.UninitializedTensorMixin):
-                version = None if tensor.is_inference() else tensor._version
-                held[id(tensor)] = (name, tensor, version, tensor.clone())
+                held[id(tensor)] = (tensor, None if tensor.is_inference() else tensor._version, tensor.clone())
+    traced = False
     try:
         yield
+        traced = True
     finally:
-        with torch.no_grad():
-            written = [(name, tensor, copy) for name, tensor, version, copy in held.values()
-                       if (tensor._version != version if version is not None else _changed(tensor, copy))]
-            for _, tensor, copy in written:
-                tensor.copy_(copy)
+        written = [(tensor, copy) for tensor, version, copy in held.values()
+                   if (tensor._version != version if version is not None else _changed(tensor, copy))]
+        if written and not traced:
+            with torch.no_grad():
+                for tensor, copy in written:
+                    tensor.copy_(copy)
     if written:
-        raise NotCompilable(f"message() writes {', '.join(name for name, _, _ in written)} in place; a compiled call "
-                            "runs message() once, when it traces, so the write would not follow later calls")
+        _TRACES.side_effects = True
 
 
 @contextlib.contextmanager
@@ -619,29 +623,28 @@ def _changed(tensor: torch.Tensor, copy: torch.Tensor) -> bool:
     return not (tensor.is_floating_point() and bool(torch.isclose(tensor, copy, rtol=0, atol=0, equal_nan=True).all()))
 
 
-def _tensors_reached(layer: PyGMessagePassing, message: types.FunctionType) -> Iterator[tuple[str, torch.Tensor]]:
-    """The tensors ``message`` may write in place, each with a name for the refusal: the
-    parameters, buffers and tensor attributes of the layer and its submodules, the
-    globals and closure variables ``message`` reads, and the tensors directly inside a
-    list, tuple, dict or plain object held in any of those places."""
-    for path, module in layer.named_modules():
-        prefix = f"self.{path}." if path else "self."
+def _tensors_reached(layer: PyGMessagePassing, message: types.FunctionType) -> Iterator[torch.Tensor]:
+    """The tensors ``message`` may write in place: the parameters, buffers and tensor
+    attributes of the layer and its submodules, the globals and closure variables
+    ``message`` reads, and the tensors directly inside a list, tuple, dict or plain
+    object held in any of those places."""
+    for _, module in layer.named_modules():
         for name, value in (*module._parameters.items(), *module._buffers.items(), *vars(module).items()):
             if name not in _MODULE_TABLES:      # torch's own tables (their tensors are listed first)
-                yield from _tensors_in(prefix + name, value)
+                yield from _tensors_in(value)
     for name in _global_names(message.__code__):
         if name in message.__globals__:
-            yield from _tensors_in(name, message.__globals__[name])
-    for name, cell in zip(message.__code__.co_freevars, map(_filled, message.__closure__ or ())):
-        yield from _tensors_in(name, cell.cell_contents)
+            yield from _tensors_in(message.__globals__[name])
+    for cell in map(_filled, message.__closure__ or ()):
+        yield from _tensors_in(cell.cell_contents)
 
 
-def _tensors_in(name: str, value: Any) -> list[tuple[str, torch.Tensor]]:
+def _tensors_in(value: Any) -> list[torch.Tensor]:
     """``value`` if it is a tensor, else the tensors directly inside it (`contents`, or a tuple's items)."""
     if isinstance(value, torch.Tensor):
-        return [(name, value)]
+        return [value]
     items = list(value) if isinstance(value, tuple) else contents(value) or ()
-    return [(f"a tensor in {name}", item) for item in items if isinstance(item, torch.Tensor)]
+    return [item for item in items if isinstance(item, torch.Tensor)]
 
 
 def _containers_within(reachable: Mapping[str, Any], depth: int = 3) -> dict[int, tuple[str, Any, list]]:

@@ -574,6 +574,10 @@ class TraceCache:
         self.generation = 0
         # per function (its code), the traces kept so far (`RETRACE_WARNING`)
         self._kept: dict[tuple, int] = {}
+        # set by a trace that wrote state its key does not see (a tensor written in place,
+        # `pyg_message_passing`): such a trace is not kept, so the code traces on every call
+        # and the write recurs once per call, as in eager code
+        self.side_effects = False
         _ALL.add(self)
 
     def compiled(self, functions: tuple[Callable | None, ...], tables: tuple[Mapping[str, torch.Tensor], ...],
@@ -598,6 +602,7 @@ class TraceCache:
         # cached (key None) traces on every call, and reading them would be its cost alone
         reads, before = _ValueReads(), None if key is None else random_states()
         kept = KeptTraced(functions)    # what the trace may leave a traced value in
+        outer, self.side_effects = self.side_effects, False
         try:
             with reads:
                 tracer = trace()
@@ -609,6 +614,10 @@ class TraceCache:
                     and not torch.compiler.is_compiling()):
                 self._remember_failure(key, exc)
             raise
+        finally:
+            wrote, self.side_effects = self.side_effects, outer
+        if wrote:
+            key = None
         if key is not None and random_states() != before:   # a draw `_IMPURE` does not name (rsample, bernoulli_)
             key = None
         if key is not None and _wrote_state(functions, found[0]):
