@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import gc
 import sys
+import warnings
 
 import pytest
 import torch
@@ -208,25 +209,34 @@ def test_triton_a_schedule_set_between_calls_runs_on_the_next_call(monkeypatch):
 
 
 def test_triton_a_launch_planned_for_float32_leaves_is_not_reused_for_float64(monkeypatch):
-    """One unit run on one graph with float32 and then float64 leaves: the second run
-    plans a float64 accumulator (a stale float32 plan would lose digits)."""
+    """One program's unit run on one graph with float32 and then float64 leaves: each run
+    plans its own accumulator (a stale float32 plan would lose digits). The unit traced for
+    float32 runs float32 leaves in a float32 kernel; the unit traced for float64 runs float64
+    leaves in a float64 kernel and float32 leaves (which it never gets from a trace, keyed
+    by dtype) op by op, in their own dtype, as torch would."""
     from gnnfuse.backend.reference import GraphContext
     from gnnfuse.passes.fusion import AggregateUnit, partition
     graph, _ = _tiny(device_for("triton"))
     h, w = _inputs(graph)
-    compiled, _ = _weighted_sum.compiled(({"h": h, "w": w}, {}, {}, {}))
-    (unit,) = [u for u in partition(compiled.program) if isinstance(u, AggregateUnit)]
-    ids = [leaf.id for leaf in unit.leaves]
-    names = [leaf.attrs.get("key") for leaf in unit.leaves]
     ctx = GraphContext(graph)
     accumulators = []
     real = triton_executor._kernel_for
     monkeypatch.setattr(triton_executor, "_kernel_for", lambda u, acc, kind: accumulators.append(acc) or real(u, acc, kind))
-    feeds = {"h": h, "w": w}
-    single = triton_executor.run_unit(unit, ctx, {i: feeds[k].float() for i, k in zip(ids, names)})
-    double = triton_executor.run_unit(unit, ctx, {i: feeds[k] for i, k in zip(ids, names)})
+
+    def run(traced: dict, feeds: dict) -> torch.Tensor:
+        compiled, _ = _weighted_sum.compiled((traced, {}, {}, {}))
+        (unit,) = [u for u in partition(compiled.program) if isinstance(u, AggregateUnit)]
+        return triton_executor.run_unit(unit, ctx, {leaf.id: feeds[leaf.attrs.get("key")] for leaf in unit.leaves})
+    narrow = {"h": h.float(), "w": w.float()}
+    single = run(narrow, narrow)
+    double = run({"h": h, "w": w}, {"h": h, "w": w})
     assert accumulators == ["tl.float32", "tl.float64"]
+    with warnings.catch_warnings():      # the mix's warning comes once per process
+        warnings.simplefilter("ignore", RuntimeWarning)
+        by_ops = run({"h": h, "w": w}, narrow)
+    assert accumulators == ["tl.float32", "tl.float64"] and by_ops.dtype == torch.float32
     torch.testing.assert_close(single.double(), _oracle(graph, h, w), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(by_ops, _oracle(graph, h.float(), w.float()))
     torch.testing.assert_close(double.double(), _oracle(graph, h, w), rtol=1e-12, atol=1e-12)
 
 
