@@ -264,3 +264,30 @@ def test_a_module_with_a_backward_hook_called_in_a_udf_is_refused(register):
     lin.register_forward_hook(lambda module, args, out: out * 2)
     out = gnnfuse.message_passing(g, message, reduce, ndata={"h": x})["h"]
     torch.testing.assert_close(out, neighbour(g, lin(x[g.src])), rtol=1e-12, atol=1e-12)
+
+
+LOGGED: dict[str, list] = {"m": []}
+
+
+def test_a_traced_value_stored_in_a_container_inside_a_global_is_refused():
+    """``LOGGED["m"].append(xs)`` writes into a dict's list and leaves the dict's own items
+    as they were: the one-level check let the SymTensor stay in the user's list. A forward
+    hook recording into a dict of lists it closes over the same (PyG's front end's hook
+    check uses this one). Refused, naming the container, and put back."""
+    g = gnnfuse.Graph(torch.tensor([0, 1, 2]), torch.tensor([1, 2, 0]), 3)
+
+    def logs(xs):
+        LOGGED["m"].append(xs)
+        return xs * 2.0
+    with pytest.raises(gnnfuse.CompileError, match=r"(?s)a container inside the global 'LOGGED'.*LOGGED"):
+        gnnfuse.ops.gsddmm(g, logs, src=torch.randn(3, 2, dtype=torch.float64))
+    assert LOGGED == {"m": []}
+    lin, acts = nn.Linear(2, 2).double(), {"lin": [[]]}
+    lin.register_forward_hook(lambda module, args, out: acts["lin"][0].append(out))
+
+    def message(edges):
+        return {"m": lin(edges.src["h"])}
+    with pytest.raises(CompileError, match="a container inside"):
+        gnnfuse.message_passing(g, message, lambda nodes: {"h": nodes.mailbox["m"].sum(1)},
+                                ndata={"h": torch.randn(3, 2, dtype=DOUBLE)})
+    assert acts == {"lin": [[]]}

@@ -127,7 +127,28 @@ class KeptTraced:
             for name, value in bound:
                 self._watched.append((fn, ("bound", name, value), value, contents(value)))
             self._watch_attributes(fn, holder, "self")
+            self._watch_hooks(holder, seen)
             self._watch(fn, seen)
+        self._watch_nested()
+
+    def _watch_nested(self, depth: int = 2) -> None:
+        """The lists, dicts and sets inside the watched containers, ``depth`` levels down:
+        ``ACTS["lin"].append(out)`` writes into a dict's list and leaves the dict's own
+        contents as they were (a forward hook recording into a dict of lists kept
+        gnnfuse's SymTensor there). Plain containers only: walking every object a global
+        holds would cost each trace the size of the user's data."""
+        level = [(fn, where, kept) for fn, where, _, kept in self._watched if kept]
+        seen = {id(value) for _, _, value, kept in self._watched if kept is not None}
+        for _ in range(depth):
+            nested = []
+            for fn, where, kept in level:
+                for item in kept:
+                    if isinstance(item, (list, dict, set)) and id(item) not in seen:
+                        seen.add(id(item))
+                        inner = contents(item)
+                        self._watched.append((fn, ("item", where, item), item, inner))
+                        nested.append((fn, where, inner))
+            level = nested
 
     def _watch_attributes(self, fn: types.FunctionType, holder: Any, label: str) -> None:
         """The attributes of ``holder``, ``fn``'s self or an ``nn.Module`` it names (whose
@@ -147,7 +168,17 @@ class KeptTraced:
             self._watched.append((fn, (kind, name, None), value, contents(value)))
             if isinstance(value, torch.nn.Module):
                 self._watch_attributes(fn, value, name)
+            self._watch_hooks(value, seen)
             self._watch(value if isinstance(value, types.FunctionType) else None, seen)
+
+    def _watch_hooks(self, module: Any, seen: set[int]) -> None:
+        """The forward (pre-)hooks of ``module`` and its submodules: a call of the module
+        runs them on the traced values, so a hook recording what it is given
+        (``acts.append(out)``) kept gnnfuse's SymTensor in the user's list, each trace."""
+        if isinstance(module, torch.nn.Module):
+            for sub in module.modules():
+                for hook in (*sub._forward_pre_hooks.values(), *sub._forward_hooks.values()):
+                    self._watch(_plain(hook)[0], seen)
 
     def check(self) -> None:
         """Raise a `CompileError` at the first variable or container the trace left a
@@ -185,6 +216,8 @@ def _added_traced(holder: Any, names: set[str]) -> list[str]:
 
 def _named(where: tuple[str, str | None, Any], labels: dict[int, str]) -> str:
     kind, name, holder = where
+    if kind == "item":
+        return f"a container inside {_named(name, labels)}"
     return {"global": f"the global {name!r}", "cell": f"the closure variable {name!r}",
             "bound": f"the functools.partial's argument {name!r}",
             "attr": f"{labels.get(id(holder))}.{name}"}[kind]
@@ -193,6 +226,8 @@ def _named(where: tuple[str, str | None, Any], labels: dict[int, str]) -> str:
 def _line(fn: types.FunctionType, where: tuple[str, str | None, Any]) -> int:
     """The line of ``where``'s first use in ``fn``: of the name, or of the attribute."""
     kind, name, _ = where
+    if kind == "item":
+        return _line(fn, name)
     if kind in ("global", "cell"):
         return _outside_names(fn.__code__)[(kind, name)]
     return _attribute_lines(fn.__code__).get(name, fn.__code__.co_firstlineno)
@@ -212,6 +247,8 @@ def _attribute_lines(code: types.CodeType) -> dict[str, int]:
 
 def _bound(fn: types.FunctionType, where: tuple[str, str | None, Any]) -> Any:
     kind, name, holder = where
+    if kind == "item":       # a container inside a watched one, held by identity
+        return holder
     if kind == "attr":
         return vars(holder).get(name, _ABSENT)
     if kind == "global":
