@@ -668,6 +668,37 @@ def test_a_list_made_in_a_neighbours_pass_is_not_taken_as_the_neighbour_list(fn,
         gnnfuse.vertex(fn)(graph(), {"h": features()})
 
 
+def _sum_of_a_vertex_row(v):
+    return sum([u.h for u in v.innbs]) + sum(v.h)
+
+
+def _sum_of_a_neighbour_row(v):
+    return sum([u.h * sum(u.h) for u in v.innbs])
+
+
+def _max_of_a_vertex_row(v):
+    return max(v.h)
+
+
+def _sum_of_the_aggregate(v):
+    return sum(sum([u.h for u in v.innbs]))
+
+
+@pytest.mark.parametrize("fn, call, text", [(_sum_of_a_vertex_row, "sum", "sum(v.h)"),
+                                            (_sum_of_a_neighbour_row, "sum", "sum(u.h)"),
+                                            (_max_of_a_vertex_row, "max", "max(v.h)"),
+                                            (_sum_of_the_aggregate, "sum", "sum(sum(")])
+def test_python_sum_or_max_of_a_tensor_is_refused(fn, call, text):
+    """Python's ``sum``/``max`` of a tensor iterates over its first dim: eager code's
+    ``sum(v.h)`` adds the elements of each vertex's row, ``sum(u.h)`` those of one
+    neighbour's. The traced builtins took the tensor as a one-item list: ``sum(v.h)`` gave
+    ``v.h`` back ([5, 3] where eager code gives one number per vertex) and ``sum(u.h)``
+    summed ``u.h`` over the neighbours (``sum([u.h * sum(u.h) ...])``: vertex 0 of a
+    4-vertex graph with rows 0..11 got 36, 49, 64 for eager code's 126, 147,
+    168), silently."""
+    assert_refused_at(fn, rf"Python's {call}\(\) of a tensor iterates over its first dim", fn, text)
+
+
 def test_a_helper_filling_a_list_per_neighbour_still_compiles():
     """Only state read back counts: a helper appending each neighbour's value to a list
     the function then aggregates fills a neighbour list, which the traced sum aggregates."""

@@ -326,17 +326,24 @@ def _aggregate(tracer: Tracer, builtin: Callable, op: str, walks: _Walks):
                                    f"meaning (eager PyTorch raises on multi-element tensors); use "
                                    f"torch.{op}imum(a, b)")
             return builtin(iterable, *args, **kwargs)
-        listed = not isinstance(iterable, SymTensor)
-        items = list(iterable) if listed else [iterable]
+        if isinstance(iterable, SymTensor):
+            # Python iterates a tensor over its first dim: eager code's sum(v.h) adds the
+            # elements of each vertex's row, and sum(u.h) in the loop those of the neighbour's;
+            # taken as a one-item list, the first gave v.h back and the second summed u.h over
+            # the neighbours, silently
+            raise tracer.error(f"Python's {op}() of a tensor iterates over its first dim (each vertex's or "
+                               f"neighbour's row), which cannot be compiled; {op}() aggregates a list built from "
+                               f"v.innbs / v.inedges, and x.{'sum' if op == 'sum' else 'a' + op}(dim) reduces "
+                               "feature dims")
+        items = list(iterable)
         syms = [x for x in items if isinstance(x, SymTensor)]
         if not syms or not any(x.value.residency in EDGE_ROWED for x in syms):
-            if listed and walks.ended and len(items) == 1 and not _from_neighbour(items[0]):
+            if walks.ended and len(items) == 1 and not _from_neighbour(items[0]):
                 raise _neighbour_free(tracer, f"{op}()")
             return builtin(items, *args, **kwargs)
-        if listed:
-            if len(items) == 1 and walks.made_in_a_pass(items[0]):
-                raise _in_its_pass(tracer, f"{op}()")
-            walks.take()
+        if len(items) == 1 and walks.made_in_a_pass(items[0]):
+            raise _in_its_pass(tracer, f"{op}()")
+        walks.take()
         if len(items) != 1:
             raise tracer.error(f"{op}() over a neighbour list must take exactly the list built from "
                                "v.innbs / v.inedges")
