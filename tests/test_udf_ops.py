@@ -657,6 +657,25 @@ def test_math_function_on_a_graph_value_is_a_compile_error():
     assert f":{line_of(f.fn, 'math.exp')}:" in str(info.value)
 
 
+def _rounded_degree(v):
+    return sum([u.h * round(len(v.innbs) / 2) for u in v.innbs])
+
+
+def _truncated_row(v):
+    return sum([math.trunc(u.h) for u in v.innbs])
+
+
+@pytest.mark.parametrize("fn, text", [(_rounded_degree, "round(len(v.innbs) / 2)"), (_truncated_row, "math.trunc(u.h)")])
+def test_round_or_trunc_of_a_graph_value_is_a_compile_error(fn, text):
+    """``round`` and ``math.trunc`` call ``__round__``/``__trunc__``, with no ``__float__``
+    fallback: eager code rounds the in-degree as a Python number (and raises on a tensor),
+    and the traced value raised a bare TypeError ("type SymTensor doesn't define __round__
+    method") naming neither the construct nor the user's line."""
+    with pytest.raises(CompileError, match="cannot become a Python number") as info:
+        gnnfuse.vertex(fn)(graph("cpu"), {"h": torch.randn(N, FEAT)})
+    assert f":{line_of(fn, text)}:" in str(info.value)
+
+
 def test_indexing_a_graph_axis_is_a_compile_error():
     """An edge's row or a slice of the mailbox's neighbour axis is not a feature: the
     graph axis can only be taken whole (one message by position, ``mailbox['m'][:, 0]``,

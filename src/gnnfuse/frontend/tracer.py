@@ -1240,6 +1240,8 @@ for _f in [f for f in TORCH_HANDLERS if applies(f)]:
 SymTensor.__abs__ = lambda self: TORCH_HANDLERS[T.__abs__](self.tracer, self)
 SymTensor.__getitem__ = lambda self, index: TORCH_HANDLERS[T.__getitem__](self.tracer, self, index)
 SymTensor.__float__ = SymTensor.__int__ = SymTensor.__complex__ = _scalar_conversion
+# round() and math.trunc() have no __float__ fallback: without these they raised a bare TypeError
+SymTensor.__round__ = SymTensor.__trunc__ = _scalar_conversion
 
 
 def _item_assignment(self: SymTensor, index: Any, value: Any) -> None:
