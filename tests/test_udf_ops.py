@@ -676,6 +676,23 @@ def test_round_or_trunc_of_a_graph_value_is_a_compile_error(fn, text):
     assert f":{line_of(fn, text)}:" in str(info.value)
 
 
+def test_unary_plus_is_the_value_itself():
+    """``+x`` is torch's ``positive``, the tensor itself; on a traced value it raised a
+    bare TypeError ("bad operand type for unary +: 'SymTensor'") naming neither the
+    construct nor the line, in vertex functions and message UDFs alike."""
+    h = torch.randn(N, FEAT, dtype=torch.float64)
+
+    @gnnfuse.vertex
+    def vertex_fn(v):
+        return sum([+u.h * +v.h for u in v.innbs])
+    message = lambda edges: {"m": +(edges.src["h"] * edges.dst["h"])}      # noqa: E731
+    g = graph("cpu")
+    expected = torch.zeros_like(h).index_add(0, g.dst, h[g.src] * h[g.dst])
+    torch.testing.assert_close(vertex_fn(g, {"h": h}), expected)
+    torch.testing.assert_close(gnnfuse.message_passing(g, message, lambda n: {"o": n.mailbox["m"].sum(1)},
+                                                       ndata={"h": h})["o"], expected)
+
+
 def test_indexing_a_graph_axis_is_a_compile_error():
     """An edge's row or a slice of the mailbox's neighbour axis is not a feature: the
     graph axis can only be taken whole (one message by position, ``mailbox['m'][:, 0]``,

@@ -1257,6 +1257,17 @@ for _name in ("add", "radd", "sub", "rsub", "mul", "rmul", "truediv", "rtruediv"
     setattr(SymTensor, f"__{_name}__",
             (lambda m: lambda self, *a: TORCH_HANDLERS[m](self.tracer, self, *a))(_method))
 SymTensor.__rmatmul__ = lambda self, other: TORCH_HANDLERS[T.__rmatmul__](self.tracer, self, other)
+
+
+def _positive(self: SymTensor) -> SymTensor:
+    """``+x``: torch's ``positive``, the tensor itself (it raises on bool tensors). Without
+    it Python raised a bare TypeError naming neither the construct nor the line."""
+    if self.value.dtype == torch.bool:
+        raise self.tracer.error("unary + of a bool graph value is an error in torch (torch.positive)")
+    return self
+
+
+SymTensor.__pos__ = _positive
 # Python operators with no gnnfuse op: refused by name at their line (Python raised a bare TypeError)
 for _name, _symbol in (("mod", "%"), ("rmod", "%"), ("floordiv", "//"), ("rfloordiv", "//"), ("rpow", "**"),
                        ("and", "&"), ("rand", "&"), ("or", "|"), ("ror", "|"), ("xor", "^"), ("rxor", "^"),
