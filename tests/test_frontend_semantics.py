@@ -501,6 +501,27 @@ def _list_repeated_by_the_degree(v):
     return sum([v.h] * len(v.innbs))
 
 
+def _degree_range_summed(v):
+    return sum([u.h for u in v.innbs]) * sum(range(len(v.innbs)))
+
+
+def _degree_range_counted(v):
+    return sum([u.h for u in v.innbs]) * len(range(len(v.innbs)))
+
+
+def _row_cut_at_the_degree(v):
+    return sum([u.h[:len(v.innbs)] for u in v.innbs])
+
+
+def _degree_as_an_index(v):
+    return sum([u.h for u in v.innbs]) * operator.index(len(v.innbs))
+
+
+def _degree_alias_in_a_range(v):
+    d = len(v.innbs)
+    return sum([u.h for u in v.innbs]) * sum(range(d))
+
+
 def _numbered_pairs(v):
     return sum([u.h * (i + 1) for i, (u, e) in enumerate(zip(v.innbs, v.inedges))])
 
@@ -753,6 +774,11 @@ def test_state_carried_from_one_neighbour_to_the_next_is_rejected_at_its_line(fn
     (_enumerated_from_one, "enumerate(v.innbs, 1)", "enumerate"),
     (_range_short_of_the_degree, "range(1, len(v.innbs))", "taken as a Python int"),
     (_list_repeated_by_the_degree, "[v.h] * len(v.innbs)", "taken as a Python int"),
+    (_degree_range_summed, "sum(range(len(v.innbs)))", "taken as a Python int"),
+    (_degree_range_counted, "len(range(len(v.innbs)))", "taken as a Python int"),
+    (_row_cut_at_the_degree, "u.h[:len(v.innbs)]", "taken as a Python int"),
+    (_degree_as_an_index, "operator.index(len(v.innbs))", "taken as a Python int"),
+    (_degree_alias_in_a_range, "sum(range(d))", "taken as a Python int"),
     (_alias_counted, "n += 1", "counting in a Python loop"),
     (_alias_sliced, "sum(hs[:2])", "slicing a list built from v.innbs"),
     (_helper_slices, "return sum(xs[:2])", "slicing a list built from v.innbs"),
@@ -777,7 +803,10 @@ def test_python_over_aliases_helpers_and_other_containers_is_rejected_at_its_lin
     joined list, a Python sum inside the per-neighbour part, a walrus, a name read after
     its loop: each compiled silently before (vertex 1, in-degree 3: a mean through an
     alias or a helper's count was the sum, 3x; zip with [1, 2, 3] weighted every
-    neighbour 1; a 2-prefix in a helper summed all three)."""
+    neighbour 1; a 2-prefix in a helper summed all three; len(v.innbs) in a range that is
+    not a loop's (also through a name, d = len(v.innbs)), a slice bound or operator.index
+    counted 1: sum(range(len(v.innbs))) scaled vertex 1's sum by 0 for eager code's 3,
+    len(range(...)) by 1 for 3)."""
     target = _first_two if fn is _helper_slices else _count if fn is _helper_counts else fn
     assert_refused_at(fn, message, target, text)
 

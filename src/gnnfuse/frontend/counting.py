@@ -336,6 +336,7 @@ def _passes_neighbours(expr: ast.expr, lists: set[str]) -> bool:
 def _counting_lines(tree: ast.AST, lists: set[str]) -> list[tuple[int, str]]:
     found = []
     parents = {child: parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)}
+    degrees = _degree_names(tree, lists)
     for node in ast.walk(tree):
         if isinstance(node, ast.For) and _walks_neighbours(node.iter, lists):
             derived, rebound = _per_neighbour_names(node)
@@ -393,7 +394,7 @@ def _counting_lines(tree: ast.AST, lists: set[str]) -> list[tuple[int, str]]:
         if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _REORDERING
                 and _built_from_neighbours(node.func.value, lists)):
             found.append((node.lineno, _REORDERS))
-        if _degree_as_a_number(node, lists, parents):
+        if _degree_as_a_number(node, lists, parents, degrees):
             found.append((node.lineno, _DEGREE_NUMBER))
         if (isinstance(node, (ast.For, ast.comprehension)) and _over_degree_range(node.iter, lists)
                 and not _positions_only_index(node.iter, parents, whole_target=True)):
@@ -889,20 +890,54 @@ def _positions_only_index(call: ast.Call, parents: dict[ast.AST, ast.AST], whole
     return all(isinstance(parents.get(n), ast.Subscript) and parents[n].slice is n for n in uses)
 
 
-def _degree_as_a_number(node: ast.AST, lists: set[str], parents: dict[ast.AST, ast.AST]) -> bool:
+# functions that take an int argument through ``__index__`` (a size, a position, a digit
+# string), where the traced count is 1: operator.index(len(nb)), np.zeros(len(nb)), bin(...)
+_TAKES_AN_INT = frozenset({"index", "bin", "hex", "oct", "chr", "zeros", "ones", "empty", "full", "arange",
+                           "linspace", "eye", "tile", "repeat", "islice"})
+
+
+def _degree_names(tree: ast.AST, lists: set[str]) -> set[str]:
+    """Names only ever assigned ``len(v.innbs)`` (``d = len(v.innbs)``): `_degree_as_a_number`
+    checks their reads as it checks the call (``sum(range(d))`` counted 1 silently)."""
+    assigned: dict[str, list[ast.expr]] = {}
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign, ast.NamedExpr, ast.For)) else []
+        for target in targets:
+            for name in _names(target):
+                assigned.setdefault(name, []).append(node.value if isinstance(node, ast.Assign) else None)
+    return {name for name, values in assigned.items()
+            if all(v is not None and _is_degree_call(v, lists) for v in values)}
+
+
+def _is_degree_call(node: ast.AST, lists: set[str]) -> bool:
+    """``len(v.innbs)``, or of a list built from it."""
+    return (isinstance(node, ast.Call) and _called_name(node.func) == "len" and len(node.args) == 1
+            and _built_from_neighbours(node.args[0], lists))
+
+
+def _degree_as_a_number(node: ast.AST, lists: set[str], parents: dict[ast.AST, ast.AST],
+                        degrees: set[str] = frozenset()) -> bool:
     """``len(v.innbs)`` where Python takes it as an int other than ``range(len(v.innbs))``
     (which lines up lists of the same neighbours): a range from or to another bound, a
     list repeated, an index. The traced count is 1 there; arithmetic on it (``len(nb) -
     1``) is a graph value, which ``range`` cannot take either."""
-    if not (isinstance(node, ast.Call) and _called_name(node.func) == "len" and len(node.args) == 1
-            and _built_from_neighbours(node.args[0], lists)):
+    if not (_is_degree_call(node, lists)
+            or (isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id in degrees)):
         return False
     user, inside = parents.get(node), node
     while isinstance(user, (ast.BinOp, ast.UnaryOp)):      # len(nb) - 1: still a count
         inside, user = user, parents.get(user)
     if isinstance(user, ast.Call) and _called_name(user.func) == "range":
-        return user.args != [node]
+        # only a loop's range lines lists up: sum(range(len(nb))), len(range(...)) or
+        # list(range(...)) count the one traced position (0 for eager code's d (d - 1) / 2)
+        owner = parents.get(user)
+        return user.args != [node] or not (isinstance(owner, (ast.For, ast.comprehension)) and owner.iter is user)
     if isinstance(user, ast.Subscript) and user.slice is inside:
+        return True
+    if isinstance(user, ast.Slice):         # x[:len(nb)]: a bound of 1
+        return True
+    if isinstance(user, ast.Call) and inside in user.args and _called_name(user.func) in _TAKES_AN_INT:
         return True
     parent = parents.get(node)
     return (isinstance(parent, ast.BinOp) and isinstance(parent.op, ast.Mult)
