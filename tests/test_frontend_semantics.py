@@ -466,6 +466,12 @@ def _position_in_a_loop(v):
     return sum(acc)
 
 
+def _position_through_a_degree_name(v):
+    d = len(v.innbs)
+    hs = [u.h for u in v.innbs]
+    return sum([hs[i] * (i + 1) for i in range(d)])
+
+
 def _messages(v):
     return [u.h for u in v.innbs]
 
@@ -796,6 +802,7 @@ def test_state_carried_from_one_neighbour_to_the_next_is_rejected_at_its_line(fn
     (_reduced, "functools.reduce", "reduce"),
     (_reversed_list, "reversed(hs)", "reversed"),
     (_position_in_a_loop, "for i in range", "a position from range"),
+    (_position_through_a_degree_name, "for i in range(d)", "a position from range"),
 ], ids=lambda p: p.__name__ if callable(p) else "")
 def test_python_over_aliases_helpers_and_other_containers_is_rejected_at_its_line(fn, text, message):
     """The same one-pass limits through an alias of v.innbs, a helper given the list,
@@ -806,7 +813,8 @@ def test_python_over_aliases_helpers_and_other_containers_is_rejected_at_its_lin
     neighbour 1; a 2-prefix in a helper summed all three; len(v.innbs) in a range that is
     not a loop's (also through a name, d = len(v.innbs)), a slice bound or operator.index
     counted 1: sum(range(len(v.innbs))) scaled vertex 1's sum by 0 for eager code's 3,
-    len(range(...)) by 1 for 3)."""
+    len(range(...)) by 1 for 3; a position from range(d), d = len(v.innbs), was 0 for
+    every neighbour: 1 h0 + 1 h2 + 1 h2 for eager code's 1 h0 + 2 h2 + 3 h2)."""
     target = _first_two if fn is _helper_slices else _count if fn is _helper_counts else fn
     assert_refused_at(fn, message, target, text)
 

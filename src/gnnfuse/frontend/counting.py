@@ -396,7 +396,7 @@ def _counting_lines(tree: ast.AST, lists: set[str]) -> list[tuple[int, str]]:
             found.append((node.lineno, _REORDERS))
         if _degree_as_a_number(node, lists, parents, degrees):
             found.append((node.lineno, _DEGREE_NUMBER))
-        if (isinstance(node, (ast.For, ast.comprehension)) and _over_degree_range(node.iter, lists)
+        if (isinstance(node, (ast.For, ast.comprehension)) and _over_degree_range(node.iter, lists, degrees)
                 and not _positions_only_index(node.iter, parents, whole_target=True)):
             found.append((getattr(node, "lineno", node.iter.lineno), _POSITIONS))
         for test in _truth_tests(node):
@@ -859,11 +859,13 @@ def _built_from_neighbours(expr: ast.expr, names: set[str]) -> bool:
             and len(expr.args) == 1 and _built_from_neighbours(expr.args[0], names))
 
 
-def _over_degree_range(expr: ast.expr, lists: set[str]) -> bool:
-    """``range(len(v.innbs))``, or of a list built from it."""
-    return (isinstance(expr, ast.Call) and _called_name(expr.func) == "range" and len(expr.args) == 1
-            and isinstance(expr.args[0], ast.Call) and _called_name(expr.args[0].func) == "len"
-            and len(expr.args[0].args) == 1 and _built_from_neighbours(expr.args[0].args[0], lists))
+def _over_degree_range(expr: ast.expr, lists: set[str], degrees: set[str] = frozenset()) -> bool:
+    """``range(len(v.innbs))``, or of a list built from it, or of a name only ever bound to
+    one (`_degree_names`: ``d = len(v.innbs)``, then ``range(d)``)."""
+    if not (isinstance(expr, ast.Call) and _called_name(expr.func) == "range" and len(expr.args) == 1):
+        return False
+    bound = expr.args[0]
+    return _is_degree_call(bound, lists) or (isinstance(bound, ast.Name) and bound.id in degrees)
 
 
 def _positions_only_index(call: ast.Call, parents: dict[ast.AST, ast.AST], whole_target: bool = False) -> bool:
