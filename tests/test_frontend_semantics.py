@@ -528,6 +528,15 @@ def _degree_alias_in_a_range(v):
     return sum([u.h for u in v.innbs]) * sum(range(d))
 
 
+def _degree_unpacked_into_a_range(v):
+    d, k = len(v.innbs), 2
+    return sum([u.h for u in v.innbs]) * sum(range(d)) * k
+
+
+def _degree_walrus_in_a_range(v):
+    return sum([u.h for u in v.innbs]) * sum(range((d := len(v.innbs)))) + d
+
+
 def _numbered_pairs(v):
     return sum([u.h * (i + 1) for i, (u, e) in enumerate(zip(v.innbs, v.inedges))])
 
@@ -785,6 +794,8 @@ def test_state_carried_from_one_neighbour_to_the_next_is_rejected_at_its_line(fn
     (_row_cut_at_the_degree, "u.h[:len(v.innbs)]", "taken as a Python int"),
     (_degree_as_an_index, "operator.index(len(v.innbs))", "taken as a Python int"),
     (_degree_alias_in_a_range, "sum(range(d))", "taken as a Python int"),
+    (_degree_unpacked_into_a_range, "sum(range(d))", "taken as a Python int"),
+    (_degree_walrus_in_a_range, "sum(range((d := len(v.innbs))))", "taken as a Python int"),
     (_alias_counted, "n += 1", "counting in a Python loop"),
     (_alias_sliced, "sum(hs[:2])", "slicing a list built from v.innbs"),
     (_helper_slices, "return sum(xs[:2])", "slicing a list built from v.innbs"),
@@ -811,9 +822,9 @@ def test_python_over_aliases_helpers_and_other_containers_is_rejected_at_its_lin
     its loop: each compiled silently before (vertex 1, in-degree 3: a mean through an
     alias or a helper's count was the sum, 3x; zip with [1, 2, 3] weighted every
     neighbour 1; a 2-prefix in a helper summed all three; len(v.innbs) in a range that is
-    not a loop's (also through a name, d = len(v.innbs)), a slice bound or operator.index
-    counted 1: sum(range(len(v.innbs))) scaled vertex 1's sum by 0 for eager code's 3,
-    len(range(...)) by 1 for 3; a position from range(d), d = len(v.innbs), was 0 for
+    not a loop's (also through a name: d = len(v.innbs), d, k = len(v.innbs), 2, a walrus),
+    a slice bound or operator.index counted 1: sum(range(len(v.innbs))) scaled vertex 1's
+    sum by 0 for eager code's 3, len(range(...)) by 1 for 3; a position from range(d), d = len(v.innbs), was 0 for
     every neighbour: 1 h0 + 1 h2 + 1 h2 for eager code's 1 h0 + 2 h2 + 3 h2)."""
     target = _first_two if fn is _helper_slices else _count if fn is _helper_counts else fn
     assert_refused_at(fn, message, target, text)

@@ -901,15 +901,30 @@ _TAKES_AN_INT = frozenset({"index", "bin", "hex", "oct", "chr", "zeros", "ones",
 def _degree_names(tree: ast.AST, lists: set[str]) -> set[str]:
     """Names only ever assigned ``len(v.innbs)`` (``d = len(v.innbs)``): `_degree_as_a_number`
     checks their reads as it checks the call (``sum(range(d))`` counted 1 silently)."""
-    assigned: dict[str, list[ast.expr]] = {}
+    assigned: dict[str, list[ast.expr | None]] = {}
     for node in ast.walk(tree):
-        targets = node.targets if isinstance(node, ast.Assign) else \
-            [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign, ast.NamedExpr, ast.For)) else []
-        for target in targets:
-            for name in _names(target):
-                assigned.setdefault(name, []).append(node.value if isinstance(node, ast.Assign) else None)
+        if isinstance(node, (ast.Assign, ast.NamedExpr)):
+            for target in (node.targets if isinstance(node, ast.Assign) else [node.target]):
+                for name, value in _bindings(target, node.value):
+                    assigned.setdefault(name, []).append(value)
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign, ast.For, ast.comprehension, ast.With)):
+            for target in ([i.optional_vars for i in node.items if i.optional_vars] if isinstance(node, ast.With)
+                           else [node.target]):
+                for name in _names(target):
+                    assigned.setdefault(name, []).append(None)
     return {name for name, values in assigned.items()
             if all(v is not None and _is_degree_call(v, lists) for v in values)}
+
+
+def _bindings(target: ast.expr, value: ast.expr) -> list[tuple[str, ast.expr | None]]:
+    """(name, the expression bound to it, or None where it is not one of ``value``'s
+    items): ``d, k = len(v.innbs), 2`` binds ``d`` to ``len(v.innbs)``."""
+    if isinstance(target, ast.Name):
+        return [(target.id, value)]
+    if (isinstance(target, (ast.Tuple, ast.List)) and isinstance(value, (ast.Tuple, ast.List))
+            and len(target.elts) == len(value.elts) and not any(isinstance(t, ast.Starred) for t in target.elts)):
+        return [pair for t, v in zip(target.elts, value.elts) for pair in _bindings(t, v)]
+    return [(name, None) for name in _names(target)]
 
 
 def _is_degree_call(node: ast.AST, lists: set[str]) -> bool:
@@ -928,7 +943,7 @@ def _degree_as_a_number(node: ast.AST, lists: set[str], parents: dict[ast.AST, a
             or (isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id in degrees)):
         return False
     user, inside = parents.get(node), node
-    while isinstance(user, (ast.BinOp, ast.UnaryOp)):      # len(nb) - 1: still a count
+    while isinstance(user, (ast.BinOp, ast.UnaryOp, ast.NamedExpr)):      # len(nb) - 1: still a count
         inside, user = user, parents.get(user)
     if isinstance(user, ast.Call) and _called_name(user.func) == "range":
         # only a loop's range lines lists up: sum(range(len(nb))), len(range(...)) or
