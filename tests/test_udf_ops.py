@@ -676,6 +676,27 @@ def test_round_or_trunc_of_a_graph_value_is_a_compile_error(fn, text):
     assert f":{line_of(fn, text)}:" in str(info.value)
 
 
+def _range_short_of_the_degree(v):
+    d = len(v.innbs) - 1
+    return sum([u.h for u in v.innbs]) * len(range(d))
+
+
+def _rows_cut_at_a_clamped_degree(v):
+    return sum([u.h[:max(len(v.innbs), 1)] for u in v.innbs])
+
+
+@pytest.mark.parametrize("fn, text", [(_range_short_of_the_degree, "len(range(d))"),
+                                      (_rows_cut_at_a_clamped_degree, "u.h[:max(len(v.innbs), 1)]")])
+def test_a_graph_value_taken_as_a_python_int_is_a_compile_error(fn, text):
+    """``range(d)`` with ``d = len(v.innbs) - 1``, or a slice bound computed from the
+    in-degree, asks a graph value for ``__index__``: eager code has a Python int per
+    vertex, and the traced value raised a bare TypeError ("'SymTensor' object cannot be interpreted as an
+    integer") naming neither the construct nor the user's line."""
+    with pytest.raises(CompileError, match="cannot be taken as a Python int") as info:
+        gnnfuse.vertex(fn)(graph("cpu"), {"h": torch.randn(N, FEAT)})
+    assert f":{line_of(fn, text)}:" in str(info.value)
+
+
 def test_unary_plus_is_the_value_itself():
     """``+x`` is torch's ``positive``, the tensor itself; on a traced value it raised a
     bare TypeError ("bad operand type for unary +: 'SymTensor'") naming neither the

@@ -1244,6 +1244,24 @@ SymTensor.__float__ = SymTensor.__int__ = SymTensor.__complex__ = _scalar_conver
 SymTensor.__round__ = SymTensor.__trunc__ = _scalar_conversion
 
 
+class _NotAnInt(CompileError, TypeError):
+    """A graph value asked for as a Python int: a `CompileError` at the user's line, and a
+    TypeError for the callers that try ``operator.index`` to tell ints from other values."""
+
+
+def _as_an_int(self: SymTensor) -> int:
+    """``range(len(v.innbs) - 1)``, ``[0] * n``, ``x[:n]`` with ``n`` a graph value:
+    eager code has a Python int per vertex; Python raised a bare TypeError ("'SymTensor'
+    object cannot be interpreted as an integer") naming neither the construct nor the line."""
+    error = self.tracer.error("a graph value (the in-degree in arithmetic, len(v.innbs) - 1, ...) cannot be "
+                              "taken as a Python int (range(), a repeat count, an index or size): it differs "
+                              "per vertex; use it in tensor arithmetic")
+    raise _NotAnInt(error.message, error.source)
+
+
+SymTensor.__index__ = _as_an_int
+
+
 def _item_assignment(self: SymTensor, index: Any, value: Any) -> None:
     raise self.tracer.error("x[...] = value writes part of a graph value in place, which cannot be compiled; "
                             "build the value out of place (torch.cat of its pieces, or arithmetic)")
