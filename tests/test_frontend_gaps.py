@@ -388,3 +388,24 @@ def test_ids_passed_as_data_stand_in_for_dgl_batch_methods_and_other_names_stay_
     torch.testing.assert_close(out, torch.zeros(N, 3, dtype=DOUBLE).index_add(0, DST, rows) * ids[:, None])
     with pytest.raises(AttributeError, match=r"edges.no_such_member does not exist \(a compiled UDF's edges"):
         gnnfuse.message_passing(graph("cpu"), lambda edges: {"m": edges.no_such_member}, _summed, ndata={"h": h})
+
+
+def test_udf_frames_are_dicts():
+    """DGL hands a UDF its frames as dicts: ``edges.src.items()``, ``len(edges.src)``,
+    ``dict(edges.src)`` and ``edges.data.items()`` (a written key included) work as on
+    them. They raised a bare AttributeError or TypeError, and ``for k in edges.src``
+    probed ``edges.src[0]`` ("does not exist")."""
+    g = gnnfuse.Graph(torch.tensor([0, 1, 2, 2]), torch.tensor([1, 2, 0, 1]))
+    a, b, w = torch.randn(3, 2), torch.randn(3, 2), torch.randn(4, 1)
+
+    def edge_fn(edges):
+        edges.data["e"] = edges.data["w"] * 2.0
+        out = {"s_" + k: v * len(edges.src) for k, v in edges.src.items()}
+        out.update({"c_" + k: v for k, v in dict(edges.dst).items()})
+        out.update({"d_" + k: edges.data[k] + 1.0 for k in edges.data.keys()})
+        return out | {"total": sum(edges.src.values())}
+    out = gnnfuse.apply_edges(g, edge_fn, ndata={"a": a, "b": b}, edata={"w": w})
+    s, d = g.src, g.dst
+    expected = {"s_a": a[s] * 2, "s_b": b[s] * 2, "c_a": a[d], "c_b": b[d], "d_w": w + 1.0,
+                "d_e": w * 2.0 + 1.0, "total": a[s] + b[s], "e": w * 2.0}
+    torch.testing.assert_close(out, expected)

@@ -151,6 +151,24 @@ class _Lookup:
         """``edges.data.get("w", 1.0)``: as on DGL's frames (a dict's ``get``)."""
         return self[key] if key in self else default
 
+    # DGL's frames are dicts to a UDF: without these, ``edges.src.items()`` and
+    # ``len(edges.src)`` raised a bare AttributeError or TypeError, and ``for k in
+    # edges.src`` (``dict(edges.src)``) probed ``edges.src[0]``, "does not exist"
+    def keys(self) -> list[str]:
+        return sorted(self._keys) if isinstance(self._keys, (set, frozenset)) else list(self._keys)
+
+    def __iter__(self):
+        return iter(self.keys())
+
+    def __len__(self) -> int:
+        return len(self.keys())
+
+    def values(self) -> list[SymTensor]:
+        return [self[key] for key in self.keys()]
+
+    def items(self) -> list[tuple[str, SymTensor]]:
+        return [(key, self[key]) for key in self.keys()]
+
     def __setitem__(self, key: str, value) -> None:
         raise self._tracer.error(f"{self._what} is read-only: only edges.data can be written in a UDF; "
                                  f"return {key!r} in the UDF's result dict instead")
@@ -173,6 +191,9 @@ class _EdgeData(_Lookup):
 
     def __contains__(self, key: str) -> bool:
         return key in self.written or super().__contains__(key)
+
+    def keys(self) -> list[str]:
+        return [*self._keys, *(key for key in self.written if key not in self._keys)]
 
     def __setitem__(self, key: str, value: SymTensor) -> None:
         if not isinstance(key, str):
