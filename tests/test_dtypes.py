@@ -228,3 +228,27 @@ def test_a_trace_under_another_default_dtype_takes_that_dtype(backend, device):
             torch.testing.assert_close(got, expected, **tight)
     finally:
         torch.set_default_dtype(previous)
+
+
+def test_a_feature_sum_of_integer_edge_data_stays_exact(backend, device):
+    """``t.sum(-1)`` of integer edge data is an exact int64 in torch. On Triton the per-edge
+    feature sum became an edge unit (and a body term of units reading it) summed in the
+    kernel's float32 accumulator: int64 values near 2**53 came back 1e8 off, and an int32
+    row (2**31 - 1, -2**31, 2**30) summed to 2**30 instead of 2**30 - 1; recomputed in the
+    body of a float unit, (2**24 + 1, 2**24 + 1, -2**24) * 0.5 gave 2**23, not 2**23 + 1."""
+    graph = gnnfuse.Graph(torch.tensor(SRC), torch.tensor(DST), 4).to(device)
+    big = torch.tensor([2 ** 53 + 1, 2 ** 40 + 3, -(2 ** 53) - 3, 2 ** 24 + 1, 2 ** 31 - 1, -(2 ** 31), 2 ** 62 + 7])
+    t = torch.stack([big, big // 3, -big // 7], 1).to(device)
+    k = torch.tensor([[2 ** 31 - 1, -(2 ** 31), 2 ** 30]] * len(SRC), dtype=torch.int32, device=device)
+    m = torch.tensor([[2 ** 24 + 1, 2 ** 24 + 1, -(2 ** 24)]] * len(SRC), device=device)
+    h = torch.randn(4, 3, generator=torch.Generator().manual_seed(0)).to(device)
+
+    def sums(edges):
+        return {"wide": edges.data["t"].sum(-1), "narrow": edges.data["k"].sum(1),
+                "scaled": edges.src["h"] * (edges.data["m"].sum(-1, keepdim=True) * 0.5)}
+
+    got = gnnfuse.apply_edges(graph, sums, edata={"t": t, "k": k, "m": m}, ndata={"h": h})
+    expected = {"wide": t.sum(-1), "narrow": k.sum(1), "scaled": h[graph.src] * (m.sum(-1, keepdim=True) * 0.5)}
+    assert {n: x.dtype for n, x in got.items()} == {n: x.dtype for n, x in expected.items()}
+    assert torch.equal(got["wide"], expected["wide"]) and torch.equal(got["narrow"], expected["narrow"])
+    torch.testing.assert_close(got["scaled"], expected["scaled"], rtol=0, atol=0)

@@ -141,8 +141,12 @@ def edge_feature_matmul(v: Value) -> bool:
 
 def feature_sum_terms(v: Value) -> int | None:
     """How many input elements one output element of a feature-dim sum adds up, or None
-    if ``v`` is not a per-edge sum over feature dims."""
-    if not v.inputs or not v.inputs[0].residency.is_edge_rowed or not v.residency.is_edge_rowed:
+    if ``v`` is not a per-edge float sum over feature dims. An integer sum (``t.sum(-1)``
+    of integer edge data, exact in torch) stays a torch op, as integer bodies do
+    (`_fusible_body`): a kernel adds in its float accumulator, which rounded int64 terms
+    near 2**53 (1e8 off) and an int32 row summing to 2**30 - 1 (2**30)."""
+    if (not v.inputs or not v.inputs[0].residency.is_edge_rowed or not v.residency.is_edge_rowed
+            or not v.dtype.is_floating_point):
         return None
     if v.op in ("sum_to", "sum_dim"):
         return math.prod(v.inputs[0].shape) // max(math.prod(v.shape), 1)
