@@ -252,3 +252,18 @@ def test_a_feature_sum_of_integer_edge_data_stays_exact(backend, device):
     assert {n: x.dtype for n, x in got.items()} == {n: x.dtype for n, x in expected.items()}
     assert torch.equal(got["wide"], expected["wide"]) and torch.equal(got["narrow"], expected["narrow"])
     torch.testing.assert_close(got["scaled"], expected["scaled"], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("subtract", [lambda e: 1.0 - e.data["b"], lambda e: e.data["f"] - e.data["b"],
+                                      lambda e: e.data["b"] - e.src["h"]], ids=["constant", "edge", "gathered"])
+def test_subtracting_a_bool_mask_is_refused_as_in_torch(backend, device, subtract):
+    """torch refuses ``-`` with a bool operand; its meta function, gnnfuse's dtype
+    inference, lets ``bool - float`` through: the Triton and Numba kernels computed
+    ``1.0 - mask`` (0.0 where True) and the reference backend raised torch's RuntimeError
+    only at run time."""
+    graph = gnnfuse.Graph(torch.tensor(SRC), torch.tensor(DST), 4).to(device)
+    mask = (torch.arange(len(SRC)) % 2 == 0).view(-1, 1).to(device)
+    with pytest.raises(gnnfuse.CompileError, match="Subtraction, the `-` operator, with a bool tensor"):
+        gnnfuse.apply_edges(graph, lambda edges: {"o": subtract(edges)},
+                            edata={"b": mask, "f": torch.rand(len(SRC), 1, device=device)},
+                            ndata={"h": torch.rand(4, 1, device=device)})

@@ -27,7 +27,18 @@ def _wide(v) -> bool:
 
 # --- binary -------------------------------------------------------------------------
 _ew("add", torch.add, lambda b, v, g: [g, g], 2, emit="({0} + {1})", bounded=True, autograd=True)
-_ew("sub", torch.sub, lambda b, v, g: [g, b.add("neg", g)], 2, emit="({0} - {1})", bounded=True, autograd=True)
+def _sub(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """``torch.sub``, refusing a bool operand as torch's CPU and CUDA kernels do: its meta
+    function, which infers the op's dtype at trace time, lets ``bool - float`` through, so
+    ``1.0 - mask`` of a bool mask ran in the Triton and Numba kernels (1.0 - True = 0.0)
+    where torch, and the reference backend at run time, raise."""
+    if torch.bool in (x.dtype, y.dtype):
+        raise RuntimeError("Subtraction, the `-` operator, with a bool tensor is not supported. If you are trying "
+                           "to invert a mask, use the `~` or `logical_not()` operator instead.")
+    return torch.sub(x, y)
+
+
+_ew("sub", _sub, lambda b, v, g: [g, b.add("neg", g)], 2, emit="({0} - {1})", bounded=True, autograd=True)
 _ew("mul", torch.mul, lambda b, v, g: [b.add("mul", g, b.fwd(v.inputs[1])),
                                         b.add("mul", g, b.fwd(v.inputs[0]))], 2, emit="({0} * {1})", bounded=True,
                                         autograd=True)
