@@ -267,3 +267,16 @@ def test_subtracting_a_bool_mask_is_refused_as_in_torch(backend, device, subtrac
         gnnfuse.apply_edges(graph, lambda edges: {"o": subtract(edges)},
                             edata={"b": mask, "f": torch.rand(len(SRC), 1, device=device)},
                             ndata={"h": torch.rand(4, 1, device=device)})
+
+
+@pytest.mark.parametrize("weight", [torch.int64, torch.float64], ids=["int64", "float64"])
+def test_a_product_of_two_dtypes_is_refused_as_in_torch(backend, device, weight):
+    """torch's matmul refuses operands of two dtypes; its meta function, gnnfuse's dtype
+    inference, takes them and answers the left one's: float32 edge features @ an int64
+    weight ran in the Triton and Numba kernels' unrolled edge-feature dot (float32 out),
+    and the reference backend raised torch's RuntimeError only at run time."""
+    graph = gnnfuse.Graph(torch.tensor(SRC), torch.tensor(DST), 4).to(device)
+    w = torch.arange(12, device=device).view(3, 4).to(weight)
+    with pytest.raises(gnnfuse.CompileError, match=f"got torch.float32 @ {weight}"):
+        gnnfuse.apply_edges(graph, lambda edges: {"o": edges.data["f"] @ w},
+                            edata={"f": torch.rand(len(SRC), 3, device=device)})

@@ -38,7 +38,19 @@ def _matmul_residency(rs, attrs):
     return join(rs)
 
 
-_dense("matmul", torch.matmul, _matmul_derivative, bounded_derivative=True, arity=2, residency=_matmul_residency,
+def _matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``torch.matmul``, refusing operands of two dtypes as torch's CPU and CUDA kernels
+    do: its meta function, which infers the op's dtype at trace time, takes any pair and
+    answers the left operand's dtype, so float32 edge features @ an int64 weight ran in
+    the Triton and Numba kernels (an unrolled dot of edge features, `edge_feature_matmul`)
+    where torch, and the reference backend at run time, raise."""
+    if x.dtype != w.dtype:
+        raise RuntimeError(f"x @ W takes operands of one dtype, as torch's matmul does; got {x.dtype} @ {w.dtype} "
+                           "(convert one of them)")
+    return torch.matmul(x, w)
+
+
+_dense("matmul", _matmul, _matmul_derivative, bounded_derivative=True, arity=2, residency=_matmul_residency,
        doc="x @ W with W a parameter (the usual linear transform)", autograd_reference=True)
 
 
