@@ -155,6 +155,24 @@ def test_plot_writes_a_png(tmp_path, capsys):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
 
 
+def test_a_plot_that_fails_midway_keeps_the_existing_file_whole(tmp_path, monkeypatch, capsys):
+    """The curves were drawn straight onto --plot's path: a write stopped halfway (Ctrl-C
+    after the training, a full disk) left a truncated image where the previous one was,
+    as ``bench --plot`` no longer does (`output_paths.write_atomically`)."""
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed (pip install 'gnnfuse[plot]')")
+    from matplotlib.figure import Figure
+    path = tmp_path / "curves.png"
+    path.write_bytes(b"earlier curves")
+
+    def stopped_savefig(self, target, **kwargs):
+        Path(target).write_bytes(b"\x89PNG half")
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(Figure, "savefig", stopped_savefig)
+    with pytest.raises(OSError, match="No space left"):
+        main(["train", *FAST, "--quiet", "--plot", str(path)])
+    assert path.read_bytes() == b"earlier curves" and [p.name for p in tmp_path.iterdir()] == ["curves.png"]
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--model", "gat2"], "unknown model 'gat2'; known: gcn, gat, sage, gcn-reference"),
     (["--runs", "0"], "runs must be >= 1"),

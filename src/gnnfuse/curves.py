@@ -9,6 +9,7 @@ import os
 from typing import Any
 
 from .loader import STAGES
+from .output_paths import write_atomically
 from .training import TrainSummary
 
 
@@ -31,6 +32,9 @@ def plot_curves(summary: TrainSummary, path: str | os.PathLike) -> None:
     per epoch, one colour per run, with each run's best-validation epoch marked.
 
     Uses `Figure` directly rather than pyplot, so no GUI backend or global state is involved.
+    Written by `output_paths.write_atomically`: drawn straight onto ``path``, a write
+    stopped halfway (Ctrl-C after the training, a full disk) left a truncated image where
+    the previous one was.
     """
     figure_class = require_matplotlib()
     staged = bool(summary.runs) and "epoch_seconds" in summary.runs[0].history
@@ -55,7 +59,7 @@ def plot_curves(summary: TrainSummary, path: str | os.PathLike) -> None:
     config = summary.config
     figure.suptitle(f"{config.model} on {summary.dataset_name}: {len(summary.runs)} run(s), "
                     f"lr {config.lr:g}, weight decay {config.weight_decay:g}, dropout {config.dropout:g}")
-    figure.savefig(path, dpi=110)
+    write_atomically(path, lambda tmp: figure.savefig(tmp, dpi=110))
 
 
 def plot_stage_breakdown(axes: Any, history: dict[str, list[float]], seed: int) -> None:
