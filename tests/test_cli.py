@@ -435,6 +435,33 @@ def test_a_checkpoint_is_written_after_every_run(tmp_path):
     assert checkpoint["runs"][1]["seed"] == 1
 
 
+def test_a_checkpoint_through_a_link_updates_the_linked_file_and_a_failed_save_leaves_no_litter(tmp_path,
+                                                                                                monkeypatch):
+    """save_checkpoint renamed its ``.partial`` file over --save's path: a symbolic link
+    there (latest.pt -> runs/exp.pt) became a plain file while runs/exp.pt kept the old
+    checkpoint, a shared group-writable file took the umask's mode, and a failed write
+    (a full disk) left ``.partial`` beside it -- unlike every other output
+    (`output_paths.write_atomically`)."""
+    target = tmp_path / "exp.pt"
+    target.write_bytes(b"old checkpoint")
+    target.chmod(0o664)
+    link = tmp_path / "latest.pt"
+    link.symlink_to(target)
+    train_runs(make_config("gcn", runs=1, epochs=2), save_to=str(link), log_epochs=False)
+    assert link.is_symlink() and torch.load(target, weights_only=True)["runs"][0]["seed"] == 0
+    assert target.stat().st_mode & 0o777 == 0o664
+
+    def full_disk(obj, file, *args, **kwargs):
+        Path(file).write_bytes(b"half")
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(torch, "save", full_disk)
+    summary = TrainSummary(make_config("gcn"), "synthetic", 1, 1, [])
+    with pytest.raises(OSError, match="No space left"):
+        save_checkpoint(summary, link)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["exp.pt", "latest.pt"]
+    assert torch.load(target, weights_only=True)["runs"][0]["seed"] == 0
+
+
 def test_loading_a_run_that_kept_no_weights_names_why(tmp_path):
     """A run that diverged at its first epoch is saved with an empty state dict; loading
     it failed in load_state_dict's 'Missing key(s)' RuntimeError."""

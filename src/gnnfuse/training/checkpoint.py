@@ -11,6 +11,7 @@ from torch import nn
 
 from ..nn.block_models import build_block_model
 from ..nn.models import build_model
+from ..output_paths import write_atomically
 from .config import ConfigError
 from .loop import RunResult, TrainSummary
 
@@ -22,12 +23,13 @@ def save_checkpoint(summary: TrainSummary, path: str | os.PathLike, interrupted:
     """Write every run's best-validation state dict with the config that rebuilds the model,
     and the `loop.run_state` of the run Ctrl-C stopped inside (``interrupted``), if any.
 
-    Into a temporary file beside ``path``, then renamed over it: `train_runs` saves after
-    every run, and a write stopped halfway (Ctrl-C, a full disk) must leave the previous
-    checkpoint whole, not a truncated file."""
+    Through `output_paths.write_atomically`: `train_runs` saves after every run, and a
+    write stopped halfway (Ctrl-C, a full disk) must leave the previous checkpoint whole,
+    not a truncated file, nor a temporary one beside it. Its own ``.partial`` rename left
+    one there after a failed write, replaced a symbolic link at ``path`` by a plain file
+    (the linked file kept the old checkpoint) and gave a shared file the umask's mode."""
     from ..distributed import world_size          # distributed builds on training: imported on use
-    partial = f"{os.fspath(path)}.partial"
-    torch.save({"format": CHECKPOINT_FORMAT, "config": dataclasses.asdict(summary.config), "ranks": world_size(),
+    contents = {"format": CHECKPOINT_FORMAT, "config": dataclasses.asdict(summary.config), "ranks": world_size(),
                 "threads": torch.get_num_threads(),
                 "dataset": summary.dataset_name, "in_channels": summary.in_channels,
                 "out_channels": summary.out_channels,
@@ -35,8 +37,8 @@ def save_checkpoint(summary: TrainSummary, path: str | os.PathLike, interrupted:
                           "test_acc": r.test_acc, "state_dict": r.state_dict, "epochs_run": r.epochs_run,
                           "seconds": r.seconds, "history": r.history, "cuda_graph": r.cuda_graph,
                           "metric": r.metric} for r in summary.runs],
-                "interrupted": interrupted}, partial)
-    os.replace(partial, path)
+                "interrupted": interrupted}
+    write_atomically(path, lambda partial: torch.save(contents, partial))
 
 
 def set_aside(path: str | os.PathLike) -> str:
