@@ -614,3 +614,17 @@ def test_sum_times_row_scalar_runs_as_one_scaled_kernel(monkeypatch):
                 torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
         assert scaled_units[0], "the scaled sum did not run as one unit"
         assert all(scaled_units) or fn is mean
+
+
+def test_the_fallback_warning_names_the_dtype_without_kernels(monkeypatch):
+    """An int16 leaf beside a float32 result runs as torch ops; the warning named the
+    result's dtype ("no kernels for torch.float32 data"), which has kernels."""
+    pytest.importorskip("numba")
+    monkeypatch.setenv("GNNFUSE_BACKEND", "cpu")
+    monkeypatch.setattr(cpu_executor, "_WARNED", set())
+    graph = gnnfuse.Graph(torch.tensor([0, 1, 2]), torch.tensor([1, 2, 0]), 3)
+    t, h = torch.tensor([[1], [2], [3]], dtype=torch.int16), torch.randn(3, 2)
+    with pytest.warns(RuntimeWarning, match=r"no kernels for torch\.int16 data"):
+        got = gnnfuse.apply_edges(graph, lambda edges: {"m": edges.src["h"] * edges.data["t"]},
+                                  ndata={"h": h}, edata={"t": t})["m"]
+    torch.testing.assert_close(got, h[graph.src] * t)

@@ -236,9 +236,12 @@ def _plan(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> _La
         _warn_once("device", "gnnfuse cpu backend: tensors are not on the CPU; fused units run as torch ops "
                              "(use the triton backend for GPU tensors)")
         return fallback
-    if root.dtype not in _WRITABLE or any(dtype not in _READABLE for dtype, _ in metas):
-        _warn_once(f"dtype:{root.dtype}", f"gnnfuse cpu backend: no kernels for {root.dtype} data; "
-                                          "fused units run as torch ops")
+    # named by the dtype without kernels: an int16 leaf beside a float32 result was
+    # reported as "no kernels for torch.float32 data"
+    missing = sorted({dtype for dtype, _ in metas if dtype not in _READABLE} | ({root.dtype} - set(_WRITABLE)), key=str)
+    if missing:
+        names = " and ".join(map(str, missing))
+        _warn_once(f"dtype:{names}", f"gnnfuse cpu backend: no kernels for {names} data; fused units run as torch ops")
         return fallback
     floats = mixed_floats(unit, leaves)
     if floats:
