@@ -55,6 +55,24 @@ def contents(value: Any) -> list | None:
     return None
 
 
+def containers_within(roots: list[tuple[Any, Any]], depth: int = 3) -> list[tuple[Any, Any, list, bool]]:
+    """(label, container, its `contents` now, whether it is nested) for each container
+    among ``roots``' (label, value) pairs and those nested in them, ``depth`` levels down,
+    each once by identity, labelled by the root it was reached from: ``LOG["m"].append(x)``
+    writes into a dict's list and leaves the dict's own contents as they were."""
+    found: dict[int, tuple[Any, Any, list, bool]] = {}
+    level = [(label, value, False) for label, value in roots]
+    for _ in range(depth + 1):
+        nested = []
+        for label, value, inner in level:
+            kept = contents(value)
+            if kept is not None and id(value) not in found:
+                found[id(value)] = (label, value, kept, inner)
+                nested += [(label, item, True) for item in kept]
+        level = nested
+    return list(found.values())
+
+
 def same_contents(now: list | None, before: list) -> bool:
     # map over operator.is_ runs in C: this compares every list a traced function reaches, each trace
     return now is not None and len(now) == len(before) and all(map(operator.is_, now, before))
@@ -131,24 +149,14 @@ class KeptTraced:
             self._watch(fn, seen)
         self._watch_nested()
 
-    def _watch_nested(self, depth: int = 2) -> None:
-        """The lists, dicts and sets inside the watched containers, ``depth`` levels down:
-        ``ACTS["lin"].append(out)`` writes into a dict's list and leaves the dict's own
-        contents as they were (a forward hook recording into a dict of lists kept
-        gnnfuse's SymTensor there). Plain containers only: walking every object a global
-        holds would cost each trace the size of the user's data."""
-        level = [(fn, where, kept) for fn, where, _, kept in self._watched if kept]
-        seen = {id(value) for _, _, value, kept in self._watched if kept is not None}
-        for _ in range(depth):
-            nested = []
-            for fn, where, kept in level:
-                for item in kept:
-                    if isinstance(item, (list, dict, set)) and id(item) not in seen:
-                        seen.add(id(item))
-                        inner = contents(item)
-                        self._watched.append((fn, ("item", where, item), item, inner))
-                        nested.append((fn, where, inner))
-            level = nested
+    def _watch_nested(self) -> None:
+        """The containers inside the watched ones (`containers_within`): a forward hook
+        recording into a dict of lists (``ACTS["lin"].append(out)``) kept gnnfuse's
+        SymTensor there."""
+        roots = [((fn, where), value) for fn, where, value, kept in self._watched if kept is not None]
+        for (fn, where), item, kept, nested in containers_within(roots):
+            if nested:
+                self._watched.append((fn, ("item", where, item), item, kept))
 
     def _watch_attributes(self, fn: types.FunctionType, holder: Any, label: str) -> None:
         """The attributes of ``holder``, ``fn``'s self or an ``nn.Module`` it names (whose

@@ -60,7 +60,7 @@ from ..graph import Graph
 from ..graph.index_cache import functorch_interpreter
 from ..ir import CompileError, Residency
 from ..runtime.compiled import read_back_by_backward
-from .kept_traced import KeptTraced, contents, from_library, holds_traced, restore, same_contents
+from .kept_traced import KeptTraced, containers_within, contents, from_library, holds_traced, restore, same_contents
 from .module_hooks import registered_hooks
 from .trace_cache import _SCALARS, TraceCache, _global_names, outside_writes, program_feeds
 from .tracer import EDGE_ROWED, RowCount, SymTensor, Tracer
@@ -510,7 +510,7 @@ def _attribute_writes_checked(layer: PyGMessagePassing, message: types.FunctionT
     """Refuse a ``message`` that stores anything on the layer (PyG's TransformerConv keeps
     its attention weights in ``self._alpha`` for ``forward`` to return), also into a list,
     dict, set or plain object the layer holds (``self.kept.append(alpha)``; also one nested
-    in another, `_containers_within`) or that
+    in another, `kept_traced.containers_within`) or that
     ``message`` reads as a global or closure variable (``KEPT.append(alpha)``): a compiled
     call runs ``message`` once, symbolically, when it traces, so the layer would hold a
     traced value and never follow later calls. The layer's attributes, and the contents
@@ -530,7 +530,7 @@ def _attribute_writes_checked(layer: PyGMessagePassing, message: types.FunctionT
                      if name in message.__globals__)
     reachable.update((name, cell.cell_contents) for name, cell in
                      zip(message.__code__.co_freevars, map(_filled, message.__closure__ or ())))
-    held = _containers_within(reachable)
+    held = containers_within(list(reachable.items()))
     try:
         yield
     finally:
@@ -541,9 +541,9 @@ def _attribute_writes_checked(layer: PyGMessagePassing, message: types.FunctionT
             table.clear()
             table.update(old)
         filled = []
-        for name, value, kept in held.values():
+        for name, value, kept, nested in held:
             if not same_contents(contents(value), kept):
-                filled.append(name)
+                filled.append(f"a container in {name}" if nested else name)
                 restore(value, kept)
         leaked = _traced_writes_restored(watched)
     scratch = set(getattr(type(layer), "_gnnfuse_scratch_attributes", ()))
@@ -645,24 +645,6 @@ def _tensors_in(value: Any) -> list[torch.Tensor]:
         return [value]
     items = list(value) if isinstance(value, tuple) else contents(value) or ()
     return [item for item in items if isinstance(item, torch.Tensor)]
-
-
-def _containers_within(reachable: Mapping[str, Any], depth: int = 3) -> dict[int, tuple[str, Any, list]]:
-    """Each container among ``reachable``'s values and those nested in them (``depth``
-    levels down: ``self.log["alpha"]``, a dict's list, which ``self.log["alpha"].append(alpha)``
-    writes into while ``self.log`` keeps its items), by identity: (a name for the
-    refusal, the container, its `contents` now)."""
-    found: dict[int, tuple[str, Any, list]] = {}
-    level = list(reachable.items())
-    for _ in range(depth + 1):
-        nested = []
-        for name, value in level:
-            kept = contents(value)
-            if kept is not None and id(value) not in found:
-                found[id(value)] = (name, value, kept)
-                nested += [(f"a container in {name}", item) for item in kept]
-        level = nested
-    return found
 
 
 # torch's own tables of a module (parameters, buffers, submodules, hooks): a lazy module's
