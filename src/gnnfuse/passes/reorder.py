@@ -82,17 +82,17 @@ def mask_rows_only_gathers_read(program: Program) -> None:
                    else None for u in users[v.id]}
         if len(reached) == 1 and (by := reached.pop()) in ("src", "dst"):
             gathered_by[v.id] = by
+    changed = False
     for v in list(program.values):
         by = gathered_by.get(v.id)
-        if by is None or v.op == "input" or v.movement is not Movement.DENSE:
-            continue
-        if not unbounded_derivative(v.op):
+        if by is None or v.op == "input" or v.movement is not Movement.DENSE or not unbounded_derivative(v.op):
             continue
         masked = tuple(read_rows_only(program, i, by, v.source)
                        if i.residency is Residency.NODE and i.dtype.is_floating_point else i for i in v.inputs)
         if masked != v.inputs:
-            v.inputs = masked
-            program.toposort()
+            v.inputs, changed = masked, True
+    if changed:         # once: the loop walks a copy of the values, and the masks are new values
+        program.toposort()
 
 
 def _constants_commute(v) -> bool:
