@@ -526,10 +526,7 @@ def _attribute_writes_checked(layer: PyGMessagePassing, message: types.FunctionT
     watched = _traced_write_tables(layer, message)
     reachable.update((f"{prefix}{name}", value) for prefix, table, _ in watched if prefix.startswith("self.")
                      for name, value in table.items() if name not in _MODULE_TABLES)
-    reachable.update((name, message.__globals__[name]) for name in _global_names(message.__code__)
-                     if name in message.__globals__)
-    reachable.update((name, cell.cell_contents) for name, cell in
-                     zip(message.__code__.co_freevars, map(_filled, message.__closure__ or ())))
+    reachable.update(_outside_values(message))
     held = containers_within(list(reachable.items()))
     try:
         yield
@@ -632,11 +629,16 @@ def _tensors_reached(layer: PyGMessagePassing, message: types.FunctionType) -> I
         for name, value in (*module._parameters.items(), *module._buffers.items(), *vars(module).items()):
             if name not in _MODULE_TABLES:      # torch's own tables (their tensors are listed first)
                 yield from _tensors_in(value)
-    for name in _global_names(message.__code__):
-        if name in message.__globals__:
-            yield from _tensors_in(message.__globals__[name])
-    for cell in map(_filled, message.__closure__ or ()):
-        yield from _tensors_in(cell.cell_contents)
+    for _, value in _outside_values(message):
+        yield from _tensors_in(value)
+
+
+def _outside_values(message: types.FunctionType) -> list[tuple[str, Any]]:
+    """(name, value) of each global ``message`` reads and each of its closure variables."""
+    code, names = message.__code__, message.__globals__
+    cells = map(_filled, message.__closure__ or ())
+    return [*((name, names[name]) for name in _global_names(code) if name in names),
+            *((name, cell.cell_contents) for name, cell in zip(code.co_freevars, cells))]
 
 
 def _tensors_in(value: Any) -> list[torch.Tensor]:
