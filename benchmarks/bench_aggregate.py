@@ -35,9 +35,9 @@ from torch_geometric.utils import scatter
 import gnnfuse
 from gnnfuse.data import load_dataset
 
-from common import (add_device_arguments, check_failed, check_methods, environment, failure_status, fmt, free_memory,
-                    guarded, load_results, log, new_run_id, prune_runs, replayed_calls, resolve_device, runs_markdown,
-                    save_json, summarize, synchronize, time_calls, warn, worst_error, write_atomically)
+from common import (add_device_arguments, check_failed, check_methods, environment, fail_mark, failure_status, fmt,
+                    free_memory, guarded, load_results, log, new_run_id, prune_runs, replayed_calls, resolve_device,
+                    runs_markdown, save_json, summarize, synchronize, time_calls, warn, worst_error, write_atomically)
 
 FEATURES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 METHODS = ("gnnfuse", "sparse-mm", "pyg-scatter")
@@ -268,9 +268,7 @@ def table_row(results: dict[str, Any], features: int, row: list[dict[str, Any] |
                     else None, ".2f") for c in right[1:]]
     errors = [c["rel_err"] for c in ok if c and c["rel_err"] is not None]
     worst = worst_error(errors)
-    err = fmt(worst, ".1e")
-    if check_failed(worst, REL_ERR_LIMIT):
-        err += " **FAIL**"
+    err = fmt(worst, ".1e") + fail_mark(worst, REL_ERR_LIMIT)
     return [str(features), *times, *bandwidths, fmt(copy, ".0f"), *speedups, err]
 
 

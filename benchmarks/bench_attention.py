@@ -43,9 +43,9 @@ import gnnfuse
 from gnnfuse.bench import extra_peak_gb, max_rel_err
 from gnnfuse.data import load_dataset
 
-from common import (add_device_arguments, check_failed, check_methods, environment, failure_status, free_memory,
-                    guarded, load_results, log, new_run_id, prune_runs, resolve_device, runs_markdown, save_json,
-                    summarize, synchronize, time_calls, warn, worst_error, write_atomically)
+from common import (add_device_arguments, check_failed, check_methods, environment, fail_mark, failure_status,
+                    free_memory, guarded, load_results, log, new_run_id, prune_runs, resolve_device, runs_markdown,
+                    save_json, summarize, synchronize, time_calls, warn, worst_error, write_atomically)
 
 METHODS = ("gnnfuse", "turbo-gnn", "torch")
 TURBO_MIN_DIM = 16      # narrower heads are not run: a crash would end the whole run
@@ -286,8 +286,7 @@ def error_text(cell: dict[str, Any] | None) -> str:
     worst = None if cell is None else max_error(cell)
     if worst is None:
         return "oracle" if cell and cell["status"] == "ok" else "–"
-    flag = " **FAIL**" if check_failed(worst, REL_ERR_LIMIT) else ""
-    return f"{worst:.1e} vs {cell['checked_against']}{flag}"
+    return f"{worst:.1e} vs {cell['checked_against']}{fail_mark(worst, REL_ERR_LIMIT)}"
 
 
 def cell_rows(results: dict[str, Any]) -> list[tuple[str, str]]:

@@ -28,8 +28,8 @@ from gnnfuse.bench import MODELS, REL_ERR_LIMIT, guarded, instantiate, max_rel_e
 from gnnfuse.graph import clear_index_cache
 
 from bench_training import comma_list, describe
-from common import (add_step_arguments, check_failed, device_names, environment, fmt, free_memory, load_data_or_exit,
-                    load_results, log, new_run_id, parse_step_arguments, prune_runs, resolve_device,
+from common import (add_step_arguments, check_failed, device_names, environment, fail_mark, fmt, free_memory,
+                    load_data_or_exit, load_results, log, new_run_id, parse_step_arguments, prune_runs, resolve_device,
                     runs_markdown, save_json, warn, write_atomically)
 
 DATASETS = ("cora", "pubmed", "arxiv-like", "reddit2-like", "products-like")
@@ -82,8 +82,7 @@ def render_markdown(results: dict[str, Any]) -> str:
                  for c in cells]
         check = results["checks"].get(f"{dataset}/{model}", {})
         err = check.get("max_rel_err")
-        flag = " **FAIL**" if check_failed(err, REL_ERR_LIMIT) else ""
-        err_text = check.get("status", "–") if err is None else f"{err:.1e}{flag}"
+        err_text = check.get("status", "–") if err is None else f"{err:.1e}{fail_mark(err, REL_ERR_LIMIT)}"
         lines.append(f"| {dataset} | {model} | {times[0]} | {times[1]} | {fmt(ratio(results, dataset, model), '.3f')} "
                      f"| {err_text} |")
     return "\n".join(lines) + "\n"

@@ -59,7 +59,7 @@ from gnnfuse.loader.padded_graph_batch import GraphCapacities, pad_graph_batch
 from gnnfuse.training import GraphStepCapture
 
 from bench_training import comma_list
-from common import (add_step_arguments, check_failed, environment, fmt, load_results, log, new_run_id,
+from common import (add_step_arguments, check_failed, environment, fail_mark, fmt, load_results, log, new_run_id,
                     parse_step_arguments, prune_runs, resolve_device, results_saver, runs_markdown)
 
 MODELS = ("GIN", "GCN", "GraphSAGE", "GAT")
@@ -336,10 +336,6 @@ def speedups(cell: dict[str, Any]) -> tuple[float | None, float | None]:
             pyg / captured if pyg and captured and replays else None)
 
 
-def failure_flag(err: float | None) -> str:
-    return " **FAIL**" if check_failed(err, REL_ERR_LIMIT) else ""
-
-
 def markdown(results: dict[str, Any]) -> str:
     lines = ["# Graph classification: training step on batches of small graphs", "",
              "Median ms per step (Adam over sum-pooled graphs: cross-entropy for classification, L1 of one "
@@ -358,10 +354,10 @@ def markdown(results: dict[str, Any]) -> str:
         lines.append(f"| {c['model']} | {c.get('task', 'classification')} | {c['graphs']} "
                      f"| {c['vertices_per_batch']:.0f} | {c['hidden']} x {c['layers']} "
                      f"| {fmt(c['gnnfuse'].get('median_ms'), '.2f')} | {fmt(c['pyg'].get('median_ms'), '.2f')} "
-                     f"| {fmt(speedup, '.2f')} | {c['max_rel_err']:.1e}{failure_flag(c['max_rel_err'])} "
+                     f"| {fmt(speedup, '.2f')} | {c['max_rel_err']:.1e}{fail_mark(c['max_rel_err'], REL_ERR_LIMIT)} "
                      f"| {captured.get('status') or fmt(captured.get('median_ms'), '.2f')} "
                      f"| {fmt(captured_speedup, '.2f')} "
-                     f"| {'-' if error is None else f'{error:.1e}'}{failure_flag(error)} |")
+                     f"| {'-' if error is None else f'{error:.1e}'}{fail_mark(error, REL_ERR_LIMIT)} |")
     epochs = [(c, workers, row) for c in results["cells"].values() for workers, row in c.get("epochs", {}).items()]
     if epochs:
         lines += ["", "Whole epochs, the loader included (seconds per epoch over the cell's batches' graphs, "

@@ -95,9 +95,9 @@ from gnnfuse.nn.functional import cross_entropy, linear_cross_entropy
 
 from bench_attention import kernel_profile
 from bench_training import comma_list
-from common import (check_failed, device_names, environment, fmt, free_memory, load_results, log, new_run_id,
-                    prune_runs, resolve_device, runs_markdown, save_json, summarize, time_calls, warn, worst_error,
-                    write_atomically)
+from common import (check_failed, device_names, environment, fail_mark, fmt, free_memory, load_results, log,
+                    new_run_id, prune_runs, resolve_device, runs_markdown, save_json, summarize, time_calls, warn,
+                    worst_error, write_atomically)
 
 DATASETS = tuple(TYPED_PRESETS)          # smallest first
 MODELS = ("rgcn", "hgt", "sage")
@@ -555,8 +555,7 @@ def render_markdown(results: dict[str, Any]) -> str:
         r = results["ratios"][f"{dataset}/{model}"]
         errors = results["checks"].get(f"{dataset}/{model}", {})
         worst = worst_error(_numbers(errors.get("max_rel_err", {})))
-        err = errors.get("status", "–") if worst is None else f"{worst:.1e}" + (
-            " **FAIL**" if check_failed(worst, REL_ERR_LIMIT) else "")
+        err = errors.get("status", "–") if worst is None else f"{worst:.1e}{fail_mark(worst, REL_ERR_LIMIT)}"
         lines.append("| " + " | ".join([dataset, model, *(cell_text(c) if fw in FRAMEWORKS[model] else "n/a"
                                                              for fw, c in zip(frameworks, cells)),
                                           r["fastest_pyg"] or "–", fmt(r["speedup"], ".2f"),

@@ -26,9 +26,9 @@ import torch
 from gnnfuse.bench import (COMPILE_EXTRA_WARMUP, FRAMEWORKS, MODELS, REL_ERR_LIMIT, check_forward, free_memory,
                            guarded, measure, reference_state)
 
-from common import (add_step_arguments, check_failed, device_names, environment, fmt, load_data_or_exit, load_results,
-                    log, new_run_id, parse_step_arguments, prune_runs, resolve_device, runs_markdown, save_json, warn,
-                    write_atomically)
+from common import (add_step_arguments, check_failed, device_names, environment, fail_mark, fmt, load_data_or_exit,
+                    load_results, log, new_run_id, parse_step_arguments, prune_runs, resolve_device, runs_markdown,
+                    save_json, warn, write_atomically)
 
 DATASETS = ("cora", "citeseer", "pubmed", "arxiv-like", "reddit2-like", "products-like")
 
@@ -93,8 +93,7 @@ def render_markdown(results: dict[str, Any]) -> str:
         r = results["ratios"][f"{dataset}/{model}"]
         check = results["checks"].get(f"{dataset}/{model}", {})
         err = check.get("max_rel_err")
-        err_text = check.get("status", "–") if err is None else (
-            f"{err:.1e}" + (" **FAIL**" if check_failed(err, REL_ERR_LIMIT) else ""))
+        err_text = check.get("status", "–") if err is None else f"{err:.1e}{fail_mark(err, REL_ERR_LIMIT)}"
         row = [dataset, model, *(time_cell(c) for c in cells),
                fmt(r["speedup_vs_pyg"], ".2f"), fmt(r["speedup_vs_pyg-compile"], ".2f"),
                *(fmt(c.get("peak_gb") if c else None, ".3f") for c in cells),

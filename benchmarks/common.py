@@ -135,6 +135,11 @@ def check_failed(err: float | None, limit: float) -> bool:
     return err is not None and not err <= limit
 
 
+def fail_mark(err: float | None, limit: float) -> str:
+    """The tables' `` **FAIL**`` after an error that `check_failed`, else nothing."""
+    return " **FAIL**" if check_failed(err, limit) else ""
+
+
 def worst_error(errors: Iterable[float]) -> float | None:
     """The largest error, NaN before any number (``max`` keeps whichever of NaN and a
     number comes first, so a NaN gradient beside a good output would pass); None if none."""
