@@ -451,6 +451,13 @@ def test_weighted_scipy_matrix_weights_the_edges_or_is_refused(name):
                 layer.double()(x, adj)
     gcn = gnn.GCNConv(F_IN, 3).double()
     torch.testing.assert_close(gcn(x, doubled), gcn(x, doubled.tocsr()))
+    # the weighted layers sum it too, in COO as in CSR: GraphConv's mean and max read the
+    # COO one as two edges of weight 1 (up to 0.9 off the CSR one's single edge of weight 2)
+    for aggr in ("mean", "max"):
+        conv = gnn.GraphConv(F_IN, 3, aggr=aggr).double()
+        weighted = sp.coo_matrix((np.array([0.5, 1.0, 2.0]), (np.array([0, 0, 2]), np.array([1, 1, 1]))), shape=(N, N))
+        for adj in (doubled, weighted):
+            torch.testing.assert_close(conv(x, adj), conv(x, adj.tocsr()))
     gin = gnn.GINConv(torch.nn.Linear(F_IN, 3)).double()
     torch.testing.assert_close(gin(x, doubled), gin(x, torch.tensor([[0, 0, 2], [1, 1, 1]])))
 

@@ -201,13 +201,16 @@ def adjacency_weights(edge_index: Any, edge_weight: torch.Tensor | None, layer: 
     (The index made here is new on every call, so such a graph's layout is rebuilt per
     call; a pattern-only ``adj_t`` or a plain edge_index keeps the cached layout.) A scipy
     sparse matrix (row = source) with values other than 1 gives its entries as
-    ``edge_weight`` the same way.
+    ``edge_weight`` the same way, also one per entry of its `coalesced` form: a COO one
+    storing a position twice was read as two edges where the same matrix in CSR (whose
+    conversion sums them) is one, and GraphConv's mean and max differed between the two.
 
     An ``edge_weight`` beside a sparse adj_t is refused: PyG ignores it (the weights are
     the adj_t's values), and its rows would have no defined edge order to follow."""
     if type(edge_index) is torch.Tensor and edge_index.layout is torch.strided:
         return edge_index, edge_weight      # a plain edge_index, the usual call: no scipy or sparse check
     if sp.issparse(edge_index):
+        edge_index = coalesced(edge_index)
         weighted = scipy_weights(edge_index)
         if weighted is None:
             return edge_index, edge_weight
