@@ -158,3 +158,20 @@ def test_a_kernel_printed_says_the_constants_it_runs_with():
     [kernel] = [s.source for p in report.programs for s in p.forward.steps if s.fused]
     assert "0.37" not in kernel.split("# run with")[0] and "K0" in kernel
     assert "K0 = 0.37" in kernel and "K1 = 0.25" in kernel, kernel[-300:]
+
+
+def test_an_online_softmax_group_is_one_kernel_where_the_executor_runs_one(monkeypatch):
+    """GAT's forward max, normalizer and weighted sum walk the dst CSR in one sibling
+    kernel wherever the group takes its maximum online: the executor runs every member in
+    the CSR schedule then, whatever the cost rule picks for the sums alone. On a 30-vertex,
+    144-edge graph the rule picks COO for the sums, and explain said each unit "runs on its
+    own here" (three kernels' bytes) where the Triton backend launched one
+    ``fused_siblings`` kernel (counted under Triton's interpreter)."""
+    monkeypatch.delenv("GNNFUSE_SCHEDULE")
+    torch.manual_seed(0)
+    graph = gnnfuse.Graph.from_edge_index(torch.randint(0, 30, (2, 120)), 30)
+    report = gnnfuse.explain(GATConv(8, 4, heads=2), torch.randn(30, 8), graph)
+    [program] = report.programs
+    units = [s for s in program.forward.steps if s.fused]
+    assert len(units) == 3
+    assert all("shares one kernel with the 2 other unit(s)" in s.label for s in units), units[1].label

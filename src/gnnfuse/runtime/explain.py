@@ -293,9 +293,15 @@ def _op_step(v: Value, sizes: _Sizes, names: dict[int, str]) -> Step:
 
 
 def _one_kernel(group: Any, sizes: _Sizes) -> bool:
-    """Whether the Triton backend runs sibling ``group`` as one kernel on this graph:
-    every member in the CSR schedule (its other conditions are the executor's)."""
-    return all(_schedule(unit, sizes) in ("csr", "rows") for unit in group.members)
+    """Whether the Triton backend runs sibling ``group`` as one kernel on this graph: the
+    executor's own rule for its members (`members_walk_together`; its other conditions,
+    the tensors' dtypes and ``GNNFUSE_SIBLING_KERNELS``, are the call's). False without
+    Triton, as `_schedule` names no schedule then."""
+    try:
+        from ..backend.triton.executor import members_walk_together
+    except ImportError:
+        return False
+    return members_walk_together(group, sizes.graph, sizes.group_rows(group), sizes.num_edges)
 
 
 def _kernel_source(unit: Any, sizes: _Sizes) -> str:

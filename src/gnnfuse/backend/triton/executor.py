@@ -582,15 +582,8 @@ def _plan_siblings(group: SiblingGroup, ctx: GraphContext, leaves: dict[int, tor
     if group.riders and not all(rider_fits(r, ctx.num_rows(TYPE_INDEX)) for r in group.riders):
         return _WITHOUT_RIDERS
     rows = ctx.num_rows(group.by)
-    for unit in group.members:
-        if tuned_schedule.forced_or_tuned(unit, ctx.graph, "triton") is not forced_schedule():
-            return None
-        width = math.prod(unit.reduce.shape)
-        # a walk that finds a maximum is CSR anyway, so a sum taking it online runs there
-        # too unless a schedule is forced: one walk beats any schedule of two
-        chosen = "csr" if group.shifts and not _forced_schedule_kind() else schedule_for(unit, rows, ctx.num_edges)
-        if chosen not in ("csr", "rows") or feature_block(unit, CSR_WIDEST_BLOCK) < triton.next_power_of_2(width):
-            return None
+    if not members_walk_together(group, ctx.graph, rows, ctx.num_edges):
+        return None
     wide = any(computes_float64(m, leaves) for m in (*group.members, *group.riders))
     acc = "tl.float64" if wide else "tl.float32"
     kernel, layouts, _, reads_edges, reads_types = _kernel_for(group, acc, "siblings")
@@ -629,6 +622,24 @@ def _plan_siblings(group: SiblingGroup, ctx: GraphContext, leaves: dict[int, tor
                           (*constants, *edge_types), ctx.device, zero_rows,
                           lambda meta: (triton.cdiv(count, meta["ROWS"]),), sizes, fixed,
                           signature(sizes, fixed, dtypes), [None, 0], constants)
+
+
+def members_walk_together(group: SiblingGroup, graph: Any, rows: int, num_edges: int) -> bool:
+    """Whether every member of ``group`` runs in `generate`'s CSR schedule with its whole
+    row in one feature block on a graph of ``rows`` grouping rows and ``num_edges`` edges,
+    none under a tuned schedule of its own: `_plan_siblings`' rule for one kernel, which
+    `gnnfuse.explain` reports by (its copy of the rule missed the online maximum below,
+    and called a GAT's softmax group three kernels where one ran)."""
+    for unit in group.members:
+        if tuned_schedule.forced_or_tuned(unit, graph, "triton") is not forced_schedule():
+            return False
+        width = math.prod(unit.reduce.shape)
+        # a walk that finds a maximum is CSR anyway, so a sum taking it online runs there
+        # too unless a schedule is forced: one walk beats any schedule of two
+        chosen = "csr" if group.shifts and not _forced_schedule_kind() else schedule_for(unit, rows, num_edges)
+        if chosen not in ("csr", "rows") or feature_block(unit, CSR_WIDEST_BLOCK) < triton.next_power_of_2(width):
+            return False
+    return True
 
 
 # `_plan_siblings`' answer for a group whose riders do not fit this graph's edge types
