@@ -175,3 +175,22 @@ def test_an_online_softmax_group_is_one_kernel_where_the_executor_runs_one(monke
     units = [s for s in program.forward.steps if s.fused]
     assert len(units) == 3
     assert all("shares one kernel with the 2 other unit(s)" in s.label for s in units), units[1].label
+
+
+def test_one_program_on_two_graphs_of_one_size_is_reported_per_graph():
+    """A program's report is of one graph: one SAGEConv called on two bipartite blocks of
+    10 destinations and 500 edges, from 1,000 and from 20 sources, was reported once, "ran
+    2x on a graph with 1,000 sources", its backward writing 32,000 B of source rows where
+    the second call wrote 640 B (the report's key left the source count out)."""
+    torch.manual_seed(0)
+    conv = gnnfuse.nn.SAGEConv((16, 16), 8)
+    graphs = [gnnfuse.Graph.bipartite(torch.randint(0, n, (500,)), torch.randint(0, 10, (500,)), n, 10)
+              for n in (1000, 20)]
+    xs = [torch.randn(g.num_src_nodes, 16, requires_grad=True) for g in graphs]
+    x_dst = torch.randn(10, 16)
+    report = gnnfuse.explain(lambda: sum(conv((x, x_dst), g).sum() for x, g in zip(xs, graphs)))
+    assert [p.calls for p in report.programs] == [1, 1]
+    assert [p.call.graph for p in report.programs] == graphs
+    for program, graph in zip(report.programs, graphs):
+        [unit] = [s for s in program.backward.steps if s.fused]
+        assert unit.traffic.writes == graph.num_src_nodes * 8 * 4     # one row per source (the CSR schedule)

@@ -602,7 +602,10 @@ def explain(fn: Callable[..., Any], *args: Any, source: bool = False, **kwargs: 
         result = fn(*args, **kwargs)
     reports: dict[tuple, ProgramReport] = {}
     for call in calls:
-        key = (id(call.compiled), call.wrt, call.graph.num_nodes, call.graph.num_edges, call.schedule)
+        # one report per graph (and executor): keyed by N and E, two graphs of one size
+        # shared one, whose sources, degrees and typed orders were the first graph's
+        # (the calls hold their graphs, so no id is reused among them)
+        key = (id(call.compiled), call.wrt, id(call.graph), call.schedule, call.executor)
         if key in reports:
             reports[key].calls += 1
             continue
