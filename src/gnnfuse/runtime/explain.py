@@ -13,9 +13,10 @@ bias added inside a sum, no sibling kernels), so its stored tuned choices are ma
 
 Byte model (an estimate of DRAM traffic, not a measurement; caches are ignored):
 
-* A value of residency NODE has N rows, SRC/DST/EDGE values have E rows (N and E of the
-  graph the program ran on), SHARED values (parameters, constants) one; a row is the
-  product of the value's per-element shape times its dtype's size.
+* A value of residency NODE has N rows (on a bipartite graph, a source-side table, as
+  `ir.sides` tells them apart, has the source count), SRC/DST/EDGE values have E rows (N
+  and E of the graph the program ran on), SHARED values (parameters, constants) one; a
+  row is the product of the value's per-element shape times its dtype's size.
 * A plain torch op reads each input in full once and writes its output in full, except
   a reshape, transpose or narrow, counted as a view of its input (no bytes: torch copies
   only a reshape of a non-contiguous table, and a kernel reading a strided view as a
@@ -55,6 +56,7 @@ from gathered vertex rows, see passes/io_rule.py) are marked so.
 """
 from __future__ import annotations
 
+import copy
 import importlib.util
 import math
 import shutil
@@ -74,6 +76,7 @@ from ..ir import Program, Residency, Value, get_op
 from ..ir.ops.movement import contended
 from ..ir.ops.typed_aggregate import recorded_choice
 from ..ir.residency import Movement
+from ..ir.sides import sides_of
 from ..passes.fusion import EdgeUnit, SharedReduceUnit, gathered_leaves, partition, summed_operand, tiles_in_body
 from ..passes.io_rule import EdgeTensor, backward_reads_gathered_rows, edge_tensors, reads_gathered_rows
 from ..passes.pair_sources import PAIR_PREFIX
@@ -150,7 +153,8 @@ class ProgramReport:
 
 
 class _Sizes:
-    """Row counts and index width of the graph a program ran on."""
+    """Row counts and index width of the graph a program ran on; with `of`, of the
+    values of one of its programs."""
 
     def __init__(self, graph: Graph):
         self.graph, self.num_nodes, self.num_edges = graph, graph.num_nodes, graph.num_edges
@@ -159,6 +163,22 @@ class _Sizes:
         self.types = {Residency.NODE_TYPE: graph.num_node_types or 0,
                       Residency.EDGE_TYPE: graph.num_edge_types or 0}
         self.num_pairs = int((graph.in_degrees() ** 2).sum())   # PAIR rows: in-edge pairs per vertex
+        self.sides: dict[int, str | None] = {}
+
+    def of(self, program: Program) -> _Sizes:
+        """These sizes for ``program``'s values: on a bipartite graph a per-vertex value
+        is a table of sources or of destinations (`ir.sides`), as the executors size it.
+        Counted with the destinations' rows, a source-side table of 1,000 rows beside 10
+        destinations was read as 10."""
+        sized = copy.copy(self)
+        sized.sides = sides_of(program) if self.graph.is_bipartite else {}
+        return sized
+
+    def value_rows(self, v: Value) -> int:
+        """The rows of ``v``: `rows` of its residency, the sources' for a source-side table."""
+        if v.residency is Residency.NODE and self.sides.get(v.id) == "src":
+            return self.num_src_nodes
+        return self.rows(v.residency)
 
     def group_rows(self, unit: Any) -> int:
         """Rows a unit's reduce writes: sources when it groups by src (a bipartite
@@ -224,7 +244,7 @@ def _unit_step(unit: Any, sizes: _Sizes, computed: frozenset[int] = frozenset(),
                     index_names.add("col" if grouped else side)
         else:
             reads.append((leaf, "in full"))
-            read_bytes += sizes.rows(leaf.residency) * _row_bytes(leaf)
+            read_bytes += sizes.value_rows(leaf) * _row_bytes(leaf)
     index = sizes.num_edges * len(index_names) + (sizes.group_rows(unit) + 1 if grouped else 0)
     root = unit.root
     if schedule == "coo":   # both endpoint ids, one atomic read-modify-write per edge
@@ -264,7 +284,7 @@ def _op_step(v: Value, sizes: _Sizes, names: dict[int, str]) -> Step:
         label = f"torch op {names[v.id]} = {v.op}({args}) -> {v.residency.name}{list(v.shape)}, a view (no copy)"
         return Step(v, label, False, [], [(v.inputs[0], "as a view")], [], Traffic(0, 0, 0))
     movement = get_op(v.op).movement
-    rows_out = sizes.rows(v.residency)
+    rows_out = sizes.value_rows(v)
     reads, read_bytes = [], 0
     for i in v.inputs:
         if movement is Movement.BROADCAST:
@@ -272,15 +292,15 @@ def _op_step(v: Value, sizes: _Sizes, names: dict[int, str]) -> Step:
             read_bytes += rows_out * _row_bytes(i)
         else:
             reads.append((i, "in full"))
-            read_bytes += sizes.rows(i.residency) * _row_bytes(i)
+            read_bytes += sizes.value_rows(i) * _row_bytes(i)
     moves = v.attrs.get("by") in ("src", "dst")
     index = sizes.num_edges * sizes.index_bytes if moves else 0
     args = ", ".join(names[i.id] for i in v.inputs)
     label = f"torch op {names[v.id]} = {v.op}({args}) -> {v.residency.name}{list(v.shape)}"
     if v.op in GPU_KERNEL_OPS:
         label += f"\n    on CUDA: {GPU_KERNEL_OPS[v.op]}"
-    elif v.op == "reduce" and v.attrs.get("op") == "sum" and contended(sizes.rows(v.inputs[0].residency),
-                                                                        sizes.rows(v.residency)):
+    elif v.op == "reduce" and v.attrs.get("op") == "sum" and contended(sizes.value_rows(v.inputs[0]),
+                                                                        rows_out):
         label += ("\n    on CUDA: many entries into few rows, one Triton kernel summing in registers "
                   "(backend/triton/few_rows_sum.py) where rows x width is small")
     traffic = Traffic(read_bytes, index, rows_out * _row_bytes(v))
@@ -326,6 +346,7 @@ def _plan(phase: str, program: Program, keep: list[int], sizes: _Sizes, source: 
     added inside a sum, no sibling kernels), whose stored tuned choices are under their
     own keys; else the Triton backend's plan."""
     names = _names(program)
+    sizes = sizes.of(program)
     steps = []
     tiled = tiled_scores(sizes.num_edges)
     for item in partition(program, keep) if cpu else fused_plan(program, keep, tiled):
