@@ -426,6 +426,23 @@ def test_a_blocked_or_batched_adj_t_is_refused(layer, make):
         conv(torch.randn(4, F_IN, dtype=torch.float64), make(adj))
 
 
+@pytest.mark.parametrize("layer", ["GCNConv", "GraphConv", "SGConv", "APPNP", "SAGEConv", "GATConv"])
+def test_a_blocked_scipy_matrix_is_refused(layer):
+    """A scipy BSR matrix stores the zeros of its blocks too, and its ``tocoo()`` lists
+    them: GCNConv read the diagonal block's zeros as loops of weight 0 and added no unit
+    loop there (1.13 off the same matrix in CSR, without a word), as a torch BSR adj_t
+    did; the graph constructors took them for edges."""
+    import scipy.sparse as sp
+    dense = torch.zeros(4, 4, dtype=torch.float64)
+    dense[0, 1] = dense[1, 0] = dense[2, 3] = 1
+    blocked = sp.bsr_matrix(dense.numpy(), blocksize=(2, 2))
+    conv = gnn.APPNP(K=2, alpha=0.1) if layer == "APPNP" else getattr(gnn, layer)(F_IN, 3).double()
+    with pytest.raises(ValueError, match="scipy BSR matrix stores the zeros of its blocks"):
+        conv(torch.randn(4, F_IN, dtype=torch.float64), blocked)
+    with pytest.raises(ValueError, match="scipy BSR matrix stores the zeros of its blocks"):
+        gnnfuse.Graph.from_scipy(blocked)
+
+
 # PyG's layers build their aggregation at construction (``aggr_module``), so a later
 # ``layer.aggr = ...`` changes nothing -- except FastRGCNConv, whose ``aggregate`` reads
 # ``self.aggr`` at each call. GraphConv, EdgeConv and RGCNConv read the name at each call

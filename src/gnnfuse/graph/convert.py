@@ -26,8 +26,20 @@ def scipy_edges(matrix: Any) -> tuple[np.ndarray, np.ndarray, int]:
     rows, cols = matrix.shape
     if rows != cols:
         raise ValueError(f"adjacency matrix must be square (row = source, column = target), got shape {matrix.shape}")
-    coo = matrix.tocoo()
+    coo = stored_entries(matrix)
     return coo.row.astype(np.int64), coo.col.astype(np.int64), rows
+
+
+def stored_entries(matrix: Any) -> Any:
+    """``matrix.tocoo()``: its stored entries, each an edge. A ValueError for a BSR
+    matrix, which stores the zeros of every block it keeps, and lists them: read as
+    edges, the diagonal blocks' zeros became self loops of weight 0 and GCNConv added no
+    unit loop there (1.13 off the same matrix in CSR), as a torch BSR adj_t's did before
+    `check_adjacency_shape` refused those."""
+    if matrix.format == "bsr":
+        raise ValueError("a scipy BSR matrix stores the zeros of its blocks, which would read as edges: pass "
+                         "matrix.tocsr() after dropping them (csr.eliminate_zeros()), or a COO/CSR/CSC matrix")
+    return matrix.tocoo()
 
 
 def scipy_weights(matrix: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -36,7 +48,7 @@ def scipy_weights(matrix: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
     them; None when every value is 1. Why: given to a layer, a matrix's values are its
     edge weights, as a torch sparse ``adj_t``'s are (`adj_t_edges`), and reading only
     its pattern would drop them without a word."""
-    coo = matrix.tocoo()
+    coo = stored_entries(matrix)
     if not coo.nnz or bool((coo.data == 1).all()):
         return None
     edge_index = torch.from_numpy(np.stack([coo.row.astype(np.int64), coo.col.astype(np.int64)]))
