@@ -166,6 +166,24 @@ def test_sizes_that_do_not_line_up_raise_pygs_error_through_the_loader():
     assert str(ours.value) == str(theirs.value)
 
 
+def test_graphs_whose_vertices_pyg_does_not_count_batch_as_pygs():
+    """PyG adds ``batch`` and ``ptr`` only where a graph's keys let it count vertices
+    (``can_infer_num_nodes``: x, pos, edge_index, a 'node' key; not ``feat``), and
+    cannot count a 0-dim ``x``'s rows: collated here, graphs of ``feat`` rows alone got
+    ``batch`` and ``ptr`` vectors PyG's batch has not, and scalar ``x`` graphs a batch
+    where PyG raises."""
+    feats = [Data(feat=torch.randn(n, 2), y=torch.tensor([n])) for n in (2, 3, 1)]
+    assert_same_batch(next(iter(gnnfuse.loader.DataLoader(feats, batch_size=3))), Batch.from_data_list(feats))
+    assert_same_batch(next(iter(gnnfuse.loader.DataLoader(Graphs(feats), batch_size=3))),
+                      Batch.from_data_list(feats))
+    scalars = [Data(x=torch.tensor(float(n)), y=torch.tensor([n])) for n in range(3)]
+    with pytest.raises(IndexError) as theirs:
+        Batch.from_data_list(scalars)
+    with pytest.raises(IndexError) as ours:
+        next(iter(gnnfuse.loader.DataLoader(scalars, batch_size=3)))
+    assert str(ours.value) == str(theirs.value)
+
+
 def test_a_transform_or_a_subclass_takes_pygs_path_with_pygs_result():
     graphs = _molecules(6)
 

@@ -21,7 +21,8 @@ cheaper:
 
 Each returns None where its case does not hold (a ``Data`` subclass, which may define
 its own increments; an index attribute other than ``edge_index``; an explicit
-``num_nodes``; attributes that are not plain tensors or differ between graphs), and the
+``num_nodes``; vertices PyG does not count, a 0-dim ``x`` or ``feat`` rows without
+edges; attributes that are not plain tensors or differ between graphs), and the
 loader then collates as PyG does. The result is PyG's batch: the same attributes,
 values and dtypes, the ``batch`` and ``ptr`` vectors, and the slice and increment
 tables that ``get_example`` and ``to_data_list`` read (tests/test_graph_collate.py
@@ -52,6 +53,11 @@ def _plain_keys(keys: Sequence[str]) -> tuple[str, list[str]] | None:
     keys, ``adj`` keys (which may be sparse)."""
     count_key = next((k for k in keys if k in _VERTEX_COUNT_KEYS), None)
     if count_key not in _COUNTED_BY:
+        return None
+    # PyG adds ``batch`` and ``ptr`` only where ``can_infer_num_nodes``: ``feat`` (which
+    # it counts vertices by) is not among its keys, so graphs of ``feat`` rows without
+    # edges or a 'node' key get no batch vector from PyG
+    if count_key == "feat" and "edge_index" not in keys and not any("node" in k for k in keys):
         return None
     for key in keys:
         if key == "edge_index":
@@ -162,6 +168,8 @@ def collate_graphs(graphs: Sequence[Any], exclude_keys: frozenset[str] = frozens
     # in a worker) they take the first graph's dtype
     if any(set(map(type, column)) != {torch.Tensor} or column[0].layout != torch.strided
            or len({v.dtype for v in column}) != 1 for column in columns.values()):
+        return None
+    if any(v.dim() == 0 for v in columns[count_key]):     # no rows to count: PyG raises its error
         return None
     try:
         counts = {key: [1] * len(graphs) if column[0].dim() == 0 else
