@@ -263,3 +263,14 @@ def test_padded_batches_give_the_plain_batchs_loss_and_gradients(name):
     torch.testing.assert_close(padded_loss, plain_loss, rtol=1e-12, atol=1e-12)
     for a, b in zip(padded_grads, plain_grads):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_pnas_degree_histogram_over_padded_batches_is_pygs():
+    """PNAConv.get_degree_histogram(loader) reads every batch; over padded ones it
+    counted the padded vertices and edges (439 vertices of degree 2 where PyG's loader
+    gives 46), and a PNAConv built with that histogram scaled by another degree."""
+    data = molecules(40)
+    theirs = pyg_nn.PNAConv.get_degree_histogram(PyGDataLoader(data, batch_size=8))
+    ours = gnnfuse.nn.PNAConv.get_degree_histogram(DataLoader(data, batch_size=8, static_shapes=True))
+    assert torch.equal(ours, theirs)
+    assert torch.equal(gnnfuse.nn.PNAConv.get_degree_histogram(data), pyg_nn.PNAConv.get_degree_histogram(data))

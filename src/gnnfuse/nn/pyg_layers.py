@@ -94,7 +94,24 @@ def compiled_class(pyg_class: type) -> type:
         forward = _weights_eager(forward)
         namespace.update(_gnnfuse_scratch_attributes=_WEIGHT_ATTRIBUTES.get(pyg_class.__name__, ()))
     namespace.update(forward=_graphs_as_edge_index(forward))
+    if isinstance(inspect.getattr_static(pyg_class, "get_degree_histogram", None), staticmethod):
+        namespace.update(get_degree_histogram=_unpadded_histogram(pyg_class.get_degree_histogram))
     return type(pyg_class.__name__, (MessagePassing, pyg_class), namespace)
+
+
+def _unpadded_histogram(histogram: Callable[[Any], Any]) -> staticmethod:
+    """PyG's ``get_degree_histogram(loader)`` (PNAConv's), reading each batch as PyG's
+    ``DataLoader`` collated it (`loader.padded_graph_batch.unpadded`). Why: over
+    ``gnnfuse.loader.DataLoader(..., static_shapes=True)`` it counted the padded vertices
+    and their ring of padded edges too (40 molecules in batches of 8: 439 vertices of
+    degree 2 where PyG's loader gives 46), and the layer built with that ``deg`` scaled
+    its aggregations by another average degree than PyG's, without a word."""
+    from ..loader.padded_graph_batch import unpadded
+
+    @functools.wraps(histogram)
+    def get_degree_histogram(loader: Any) -> Any:
+        return histogram(unpadded(batch) for batch in loader)
+    return staticmethod(get_degree_histogram)
 
 
 _COMPILED_PREFIX = "compiled:"
