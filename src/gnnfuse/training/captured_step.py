@@ -40,10 +40,11 @@ failed capture, fresh dropout masks per replay -- is `StepCapture`'s.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import warnings
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
@@ -100,6 +101,25 @@ def row_mixing_module(modules: Sequence[torch.nn.Module]) -> str | None:
                     or (any(k in kind for k in GRAPH_MODE_NORMS) and getattr(module, "mode", None) == "graph")):
                 return f"{name or type(top).__name__} ({kind})"
     return None
+
+
+@contextlib.contextmanager
+def modules_called() -> Iterator[list[torch.nn.Module]]:
+    """Every module called (through ``__call__``) inside the block, in call order, each
+    once. Why: the row-mixing check reads ``modules=``, and a model left out of it (or a
+    norm built outside it) was replayed over the padded rows without a word; the modules
+    a step calls are the ones that can mix them."""
+    called: dict[int, torch.nn.Module] = {}
+
+    def note(module: torch.nn.Module, args: Any) -> None:
+        called.setdefault(id(module), module)
+    out: list[torch.nn.Module] = []
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(note)
+    try:
+        yield out
+    finally:
+        handle.remove()
+        out.extend(called.values())
 
 
 # A graph's seal (`Graph.check_unchanged`): the version counters of its index tensors,
@@ -399,7 +419,8 @@ class GraphStepCapture(BlockStepCapture):
     normalising over all rows included); a batch of fewer graphs (the epoch's last) has
     the same padded shapes and replays. ``mode``, ``warmup``, the optimizer rules (Adam with
     ``capturable=True``) and the refusal of models normalising over all rows are
-    `BlockStepCapture`'s.
+    `BlockStepCapture`'s; the first padded batch's step (below) also looks for such a
+    module among every module it calls (`modules_called`), ``modules=`` or not.
 
     The padding graphs' labels are `IGNORE_LABEL`, which only cross-entropy and nll (by
     their default ``ignore_index``, reduced by ``"mean"`` or ``"sum"``) ignore: the first
@@ -440,10 +461,16 @@ class GraphStepCapture(BlockStepCapture):
             self._labels_watched = True
             plain = unpadded(batch)
             masks = [plain[key] for key in MASK_KEYS if key in plain]
-            with LabelWatch([plain[key] for key in LABEL_KEYS if key in plain], masks) as watch:
+            with LabelWatch([plain[key] for key in LABEL_KEYS if key in plain], masks) as watch, \
+                    modules_called() as called:
                 result = self._eager_step(plain)
             self.eager += 1
-            if watch.unmaskable is not None:
+            mixing = row_mixing_module(called)      # those ``modules=`` left out (its own were checked)
+            if mixing is not None:
+                self._fall_back(f"{mixing} normalises over all rows, which would count the padded ones (a module "
+                                f"the step calls; pass the model as modules=[...] to have it seen when the "
+                                f"capture is made)")
+            elif watch.unmaskable is not None:
                 self._fall_back(f"the step computes {watch.misuse} from batch.y, {watch.unmaskable}; so a padded "
                                 f"batch's step would not give the plain batch's numbers")
             elif watch.misuse is not None and masks:
