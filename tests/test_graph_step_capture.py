@@ -154,6 +154,20 @@ def test_a_row_mixing_module_left_out_of_modules_is_found_by_the_first_step(norm
     _same_training(replayed, eager)
 
 
+def _batch_normalised(out, y):
+    return F.cross_entropy(F.batch_norm(out, None, None, training=True), y)
+
+
+def test_a_functional_batch_norm_in_the_step_is_found_by_the_first_step():
+    """``F.batch_norm`` with batch statistics, written in the step rather than held by a
+    module, normalised over the padding graphs' rows too and was replayed without a word."""
+    eager = _training("GIN", False, loss_fn=_batch_normalised)
+    with pytest.warns(CaptureFallbackWarning, match="batch_norm.*normalises over all rows"):
+        replayed = _training("GIN", True, loss_fn=_batch_normalised)
+    assert replayed[2].replayed == 0
+    _same_training(replayed, eager)
+
+
 def _binary(out, y):
     return F.binary_cross_entropy_with_logits(out[:, 0], y.double().clamp(max=1))
 

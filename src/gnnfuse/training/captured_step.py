@@ -40,13 +40,15 @@ failed capture, fresh dropout masks per replay -- is `StepCapture`'s.
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
+import inspect
 import warnings
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 from ..graph import Graph
 from ..loader import MiniBatch
@@ -103,23 +105,43 @@ def row_mixing_module(modules: Sequence[torch.nn.Module]) -> str | None:
     return None
 
 
-@contextlib.contextmanager
-def modules_called() -> Iterator[list[torch.nn.Module]]:
-    """Every module called (through ``__call__``) inside the block, in call order, each
-    once. Why: the row-mixing check reads ``modules=``, and a model left out of it (or a
-    norm built outside it) was replayed over the padded rows without a word; the modules
-    a step calls are the ones that can mix them."""
-    called: dict[int, torch.nn.Module] = {}
+class RowMixingWatch(TorchFunctionMode):
+    """``with RowMixingWatch() as watch: step(batch)``; then ``watch.found`` names the
+    first thing the step called that mixes rows: a module `row_mixing_module` names
+    (every module called through ``__call__``, whether ``modules=`` holds it or not), or
+    ``F.batch_norm`` with batch statistics written in the step itself. Why: the check of
+    ``modules=`` alone missed a model left out of it and a functional batch norm, and
+    their steps replayed over the padded rows without a word."""
 
-    def note(module: torch.nn.Module, args: Any) -> None:
-        called.setdefault(id(module), module)
-    out: list[torch.nn.Module] = []
-    handle = torch.nn.modules.module.register_module_forward_pre_hook(note)
-    try:
-        yield out
-    finally:
-        handle.remove()
-        out.extend(called.values())
+    def __init__(self) -> None:
+        super().__init__()
+        self._called: dict[int, torch.nn.Module] = {}
+        self._hook: Any = None
+        self._functional: str | None = None
+
+    def __enter__(self) -> "RowMixingWatch":
+        self._hook = torch.nn.modules.module.register_module_forward_pre_hook(self._note)
+        return super().__enter__()
+
+    def _note(self, module: torch.nn.Module, args: Any) -> None:
+        self._called.setdefault(id(module), module)
+
+    def __exit__(self, *exc: Any) -> None:
+        self._hook.remove()
+        super().__exit__(*exc)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.batch_norm and self._functional is None:
+            bound = inspect.signature(F.batch_norm).bind(*args, **kwargs)
+            bound.apply_defaults()
+            if bound.arguments["training"] or bound.arguments["running_mean"] is None:
+                self._functional = "torch.nn.functional.batch_norm (with batch statistics)"
+        return func(*args, **kwargs)
+
+    @property
+    def found(self) -> str | None:
+        return row_mixing_module(list(self._called.values())) or self._functional
 
 
 # A graph's seal (`Graph.check_unchanged`): the version counters of its index tensors,
@@ -420,7 +442,8 @@ class GraphStepCapture(BlockStepCapture):
     the same padded shapes and replays. ``mode``, ``warmup``, the optimizer rules (Adam with
     ``capturable=True``) and the refusal of models normalising over all rows are
     `BlockStepCapture`'s; the first padded batch's step (below) also looks for such a
-    module among every module it calls (`modules_called`), ``modules=`` or not.
+    module among every module it calls, ``modules=`` or not, and for a functional batch
+    norm (`RowMixingWatch`).
 
     The padding graphs' labels are `IGNORE_LABEL`, which only cross-entropy and nll (by
     their default ``ignore_index``, reduced by ``"mean"`` or ``"sum"``) ignore: the first
@@ -462,14 +485,12 @@ class GraphStepCapture(BlockStepCapture):
             plain = unpadded(batch)
             masks = [plain[key] for key in MASK_KEYS if key in plain]
             with LabelWatch([plain[key] for key in LABEL_KEYS if key in plain], masks) as watch, \
-                    modules_called() as called:
+                    RowMixingWatch() as mixing:
                 result = self._eager_step(plain)
             self.eager += 1
-            mixing = row_mixing_module(called)      # those ``modules=`` left out (its own were checked)
-            if mixing is not None:
-                self._fall_back(f"{mixing} normalises over all rows, which would count the padded ones (a module "
-                                f"the step calls; pass the model as modules=[...] to have it seen when the "
-                                f"capture is made)")
+            if mixing.found is not None:       # what ``modules=`` left out (its own were checked)
+                self._fall_back(f"{mixing.found} normalises over all rows, which would count the padded ones (the "
+                                f"step calls it; a module passed as modules=[...] is seen when the capture is made)")
             elif watch.unmaskable is not None:
                 self._fall_back(f"the step computes {watch.misuse} from batch.y, {watch.unmaskable}; so a padded "
                                 f"batch's step would not give the plain batch's numbers")
