@@ -278,6 +278,7 @@ def test_a_step_that_caches_on_the_batchs_graph_is_not_replayed():
     with pytest.warns(CaptureFallbackWarning, match="user_norm"):
         replayed = _training("GIN", True, step_extra=cache_something)
     assert replayed[2].replayed == 0 and "user_norm" in replayed[2].status
+    assert "loader.layouts" not in replayed[2].status      # NeighborLoader's remedy: no graph loader has it
     _same_training(replayed, eager)
 
 

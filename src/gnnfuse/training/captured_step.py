@@ -338,6 +338,7 @@ class BlockStepCapture:
             self.reason = "released (BlockStepCapture.release)"
 
     _STEP = "mini-batch training step"      # how warnings and the capture name the step
+    _CACHED_REMEDY = "build it in the loader (loader.layouts) to capture this step"
     _UNPADDED = "its batch is not padded (NeighborLoader(..., static_shapes=True) pads them)"
 
     def __call__(self, batch: Any) -> Any:
@@ -412,7 +413,7 @@ class BlockStepCapture:
         if added and self.reason is None:
             self._capture = None
             self._fall_back(f"the step cached {', '.join(added)} on a batch's graph, which a replay would reuse "
-                            "from the first batch; build it in the loader (loader.layouts) to capture this step")
+                            f"from the first batch; {self._CACHED_REMEDY}")
 
     def _note_skip(self, problem: str) -> None:
         """A padded batch that runs eagerly (e.g. the epoch's smaller last batch): said once per reason."""
@@ -465,6 +466,10 @@ class GraphStepCapture(BlockStepCapture):
     """
 
     _STEP = "graph training step"
+    # a graph DataLoader builds no layouts: what layers rebuild per step is padded_loops'
+    _CACHED_REMEDY = ("a replayed step rebuilds in fixed shapes only the self loops of GCN's normalisation and of "
+                      "GATConv, without edge weights or edge features (nn.padded_loops); a step deriving anything "
+                      "else from the batch's graph runs eagerly")
     _UNPADDED = "its batch is not a padded graph batch (DataLoader(..., static_shapes=True) pads them)"
 
     def __init__(self, step_fn: Callable[[Any], Any], *, optimizers: Sequence[torch.optim.Optimizer] = (),
