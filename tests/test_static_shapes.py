@@ -341,6 +341,27 @@ def test_a_row_mixing_model_is_refused_on_padded_blocks_not_run_on_them(data):
             run(next(iter(_loader(data, static_shapes=True))))
 
 
+@pytest.mark.parametrize("mode", ["auto", "off"])
+def test_a_row_mixing_model_left_out_of_modules_is_refused_on_padded_blocks(data, mode):
+    """The refusal read only ``modules=``: a step whose BatchNorm was not passed there
+    ran (eagerly here, replayed on a GPU) with the padded rows in its statistics and no
+    word. The first padded batch's step now refuses it as its first call reaches it,
+    before any weight moves; ``F.batch_norm`` with batch statistics likewise."""
+    net = torch.nn.Sequential(torch.nn.BatchNorm1d(12)).double()
+
+    def step(batch):
+        return F.cross_entropy(net(batch.x)[:batch.batch_size, :5], batch.y[:batch.batch_size])
+
+    def functional(batch):
+        return F.cross_entropy(F.batch_norm(batch.x, None, None, training=True)[:batch.batch_size, :5],
+                               batch.y[:batch.batch_size])
+    for fn, name in ((step, "BatchNorm1d"), (functional, "batch_norm")):
+        run = BlockStepCapture(fn, mode=mode)
+        with pytest.raises(ValueError, match=f"{name}.*padded rows.*static_shapes=False"):
+            run(next(iter(_loader(data, static_shapes=True))))
+        assert torch.isfinite(run(next(iter(_loader(data)))))      # unpadded batches still run
+
+
 def test_a_static_batch_refuses_a_batch_of_another_shape(data):
     loader = _loader(data, shuffle=True, static_shapes=True)
     batches = list(loader)

@@ -33,7 +33,9 @@ What keeps a replay from computing something else than the eager step would:
   row from its own row and in-edges; batch normalisation (and PyG's graph-wide norms,
   its ``LayerNorm`` in ``mode="graph"`` included) would mix the padded rows into the
   real ones, so models holding one are not captured, and a padded batch of blocks is
-  refused for them with an error (`GraphStepCapture` runs its batches unpadded).
+  refused for them with an error (`GraphStepCapture` runs its batches unpadded). Such
+  a module left out of ``modules=``, or ``F.batch_norm`` in the step, is found when the
+  first padded batch's step calls it (`RowMixingWatch`).
 
 Everything else -- warm-up, the audit for host syncs, optimizer checks, fallback on a
 failed capture, fresh dropout masks per replay -- is `StepCapture`'s.
@@ -111,20 +113,31 @@ class RowMixingWatch(TorchFunctionMode):
     (every module called through ``__call__``, whether ``modules=`` holds it or not), or
     ``F.batch_norm`` with batch statistics written in the step itself. Why: the check of
     ``modules=`` alone missed a model left out of it and a functional batch norm, and
-    their steps replayed over the padded rows without a word."""
+    their steps replayed over the padded rows without a word. With ``refuse`` (what to
+    do instead) the first such call raises a ValueError saying so, before it runs: a
+    padded batch of blocks has no unpadded form to fall back to."""
 
-    def __init__(self) -> None:
+    def __init__(self, refuse: str | None = None) -> None:
         super().__init__()
         self._called: dict[int, torch.nn.Module] = {}
         self._hook: Any = None
         self._functional: str | None = None
+        self._refuse = refuse
 
     def __enter__(self) -> "RowMixingWatch":
         self._hook = torch.nn.modules.module.register_module_forward_pre_hook(self._note)
         return super().__enter__()
 
     def _note(self, module: torch.nn.Module, args: Any) -> None:
-        self._called.setdefault(id(module), module)
+        if id(module) in self._called:
+            return
+        self._called[id(module)] = module
+        if self._refuse is not None:
+            self._refused(row_mixing_module([module]))
+
+    def _refused(self, found: str | None) -> None:
+        if found is not None and self._refuse is not None:
+            raise ValueError(f"{found} normalises over all rows, {self._refuse}")
 
     def __exit__(self, *exc: Any) -> None:
         self._hook.remove()
@@ -137,11 +150,17 @@ class RowMixingWatch(TorchFunctionMode):
             bound.apply_defaults()
             if bound.arguments["training"] or bound.arguments["running_mean"] is None:
                 self._functional = "torch.nn.functional.batch_norm (with batch statistics)"
+                self._refused(self._functional)
         return func(*args, **kwargs)
 
     @property
     def found(self) -> str | None:
         return row_mixing_module(list(self._called.values())) or self._functional
+
+
+# What a row-mixing model on a padded batch of blocks is told (it has no unpadded form)
+PADDED_BLOCKS_REMEDY = ("which on a padded batch would count the padded rows: train it on unpadded batches "
+                        "(NeighborLoader(static_shapes=False))")
 
 
 # A graph's seal (`Graph.check_unchanged`): the version counters of its index tensors,
@@ -311,6 +330,7 @@ class BlockStepCapture:
         self._verified = False
         self.replayed = self.eager = 0
         self._skipped: set[str] = set()
+        self._rows_unwatched = True       # the first padded batch of blocks' step runs under RowMixingWatch
         mixing = self._row_mixing = row_mixing_module(self.modules)     # mode "off" pads batches too
         if mixing and self.reason is None:
             reason = f"{mixing} normalises over all rows, which would count the padded ones"
@@ -342,6 +362,14 @@ class BlockStepCapture:
     _UNPADDED = "its batch is not padded (NeighborLoader(..., static_shapes=True) pads them)"
 
     def __call__(self, batch: Any) -> Any:
+        if self._rows_unwatched and isinstance(batch, MiniBatch) and batch.padded:
+            # ``modules=`` may leave out what mixes rows: the first padded step refuses it as it calls it
+            self._rows_unwatched = False
+            with RowMixingWatch(refuse=PADDED_BLOCKS_REMEDY):
+                return self._step(batch)
+        return self._step(batch)
+
+    def _step(self, batch: Any) -> Any:
         if self.reason is None and self._padded(batch) and self.static is None:
             self._check_device(batch)
         if self.reason is None and self._padded(batch):
@@ -386,8 +414,7 @@ class BlockStepCapture:
         if not isinstance(batch, MiniBatch):
             return self.step_fn(batch)
         if self._row_mixing and batch.padded:
-            raise ValueError(f"{self._row_mixing} normalises over all rows, which on a padded batch would count the "
-                             f"padded rows: train it on unpadded batches (NeighborLoader(static_shapes=False))")
+            raise ValueError(f"{self._row_mixing} normalises over all rows, {PADDED_BLOCKS_REMEDY}")
         if batch.deferred and self.features is None:
             raise ValueError("a deferred batch (NeighborLoader(deferred=True)) needs the feature table its rows come "
                              "from: BlockStepCapture(..., features=loader.features)")
