@@ -274,3 +274,19 @@ def test_pnas_degree_histogram_over_padded_batches_is_pygs():
     ours = gnnfuse.nn.PNAConv.get_degree_histogram(DataLoader(data, batch_size=8, static_shapes=True))
     assert torch.equal(ours, theirs)
     assert torch.equal(gnnfuse.nn.PNAConv.get_degree_histogram(data), pyg_nn.PNAConv.get_degree_histogram(data))
+
+
+def test_plain_batches_are_pygs_batches():
+    """``loader.plain_batches()`` holds PyG's collated batches, padded ones unpadded."""
+    torch.manual_seed(3)
+    graphs = [Data(x=torch.randn(n, 3), edge_index=torch.randint(0, n, (2, 2 * n)), y=torch.tensor([n % 2]))
+              for n in torch.randint(3, 12, (20,)).tolist()]
+    loader = DataLoader(graphs, batch_size=6, static_shapes=True)
+    plain = list(loader.plain_batches())
+    expected = list(PyGDataLoader(graphs, batch_size=6))
+    assert len(plain) == len(expected) == 4
+    assert any(b.num_nodes != p.num_nodes for b, p in zip(loader, plain))       # the loader's batches are padded
+    for got, want in zip(plain, expected):
+        assert sorted(got.keys()) == sorted(want.keys())
+        for key in want.keys():
+            assert torch.equal(got[key], want[key]), key

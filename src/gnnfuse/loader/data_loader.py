@@ -16,7 +16,7 @@ descriptor per tensor.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch.utils.data
 from torch_geometric.data import Batch
@@ -24,7 +24,7 @@ from torch_geometric.loader import DataLoader as PyGDataLoader
 
 from .graph_collate import GraphSelection, collate_graphs, gather_graphs, selecting_view
 from .packed_batch import for_transfer
-from .padded_graph_batch import GraphCapacities, pad_graph_batch, probe_capacities
+from .padded_graph_batch import GraphCapacities, pad_graph_batch, probe_capacities, unpadded
 
 
 class DataLoader(PyGDataLoader):
@@ -75,6 +75,13 @@ class DataLoader(PyGDataLoader):
         if not follow_batch:        # (static_shapes refuses follow_batch)
             self.collate_fn = _GraphCollater(self.collate_fn, frozenset(exclude_keys or ()), self.capacities,
                                              label_mask)
+
+    def plain_batches(self) -> Iterator[Any]:
+        """One epoch of batches as PyG's ``DataLoader`` collates them: padded ones as
+        `unpadded` views. What a statistic over the data set's graphs reads (gnnfuse.nn's
+        ``PNAConv.get_degree_histogram(loader)``), which padded vertices and edges would
+        change."""
+        return (unpadded(batch) for batch in self)
 
 
 def _batch_graphs(batch_size: int, batch_sampler: Any, capacities: GraphCapacities | None) -> int:

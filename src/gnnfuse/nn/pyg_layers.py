@@ -100,17 +100,19 @@ def compiled_class(pyg_class: type) -> type:
 
 
 def _unpadded_histogram(histogram: Callable[[Any], Any]) -> staticmethod:
-    """PyG's ``get_degree_histogram(loader)`` (PNAConv's), reading each batch as PyG's
-    ``DataLoader`` collated it (`loader.padded_graph_batch.unpadded`). Why: over
-    ``gnnfuse.loader.DataLoader(..., static_shapes=True)`` it counted the padded vertices
-    and their ring of padded edges too (40 molecules in batches of 8: 439 vertices of
-    degree 2 where PyG's loader gives 46), and the layer built with that ``deg`` scaled
-    its aggregations by another average degree than PyG's, without a word."""
-    from ..loader.padded_graph_batch import unpadded
+    """PyG's ``get_degree_histogram(loader)`` (PNAConv's), reading a gnnfuse
+    ``DataLoader``'s batches as PyG's ``DataLoader`` collates them (its
+    ``plain_batches``). Why: over ``DataLoader(..., static_shapes=True)`` it counted the
+    padded vertices and their ring of padded edges too (40 molecules in batches of 8: 439
+    vertices of degree 2 where PyG's loader gives 46), and the layer built with that
+    ``deg`` scaled its aggregations by another average degree than PyG's, without a
+    word. The loader is known by that method, not its class: ``loader/`` builds on
+    ``nn/``."""
 
     @functools.wraps(histogram)
     def get_degree_histogram(loader: Any) -> Any:
-        return histogram(unpadded(batch) for batch in loader)
+        plain_batches = getattr(loader, "plain_batches", None)
+        return histogram(plain_batches() if callable(plain_batches) else loader)
     return staticmethod(get_degree_histogram)
 
 
