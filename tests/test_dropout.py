@@ -170,6 +170,20 @@ def test_half_precision_takes_the_uniform_path(dtype):
     assert _within_binomial(int((out != 0).sum()), x.numel(), 0.75)
 
 
+@pytest.mark.parametrize("p", [0.1, 0.9, 0.999])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_keeps_one_minus_p_as_torch_does(p, dtype):
+    """The uniform path compared ``torch.rand_like`` of the input's dtype with ``p``: a
+    bfloat16 uniform takes one of 256 values per binade and ``p`` rounds to bfloat16 for
+    the comparison, so a bfloat16 dropout of 0.999 dropped every element (torch's keeps
+    0.1%), of 0.9 kept 10.17% (over 10 standard deviations off 10% on 4M draws) and of
+    0.1 kept 89.8%. The uniforms are now float32 for half-precision inputs."""
+    torch.manual_seed(0)
+    n = 1 << 22
+    out = gF.dropout(torch.ones(n, dtype=dtype), p)
+    assert _within_binomial(int((out != 0).sum()), n, 1 - p)
+
+
 def test_without_numba_the_uniform_path_runs(monkeypatch):
     monkeypatch.setattr(random_mask, "available", lambda: False)
     calls = []

@@ -43,6 +43,7 @@ COUNTER_MIN_ELEMENTS = 1 << 16
 DEVICE_COUNTER_MIN_ELEMENTS = 1 << 26
 CAPTURED_COUNTER_MIN_ELEMENTS = 1 << 22
 _COUNTER_DTYPES = (torch.float32, torch.float64)
+_HALF_DTYPES = (torch.float16, torch.bfloat16)
 _SEED_BOUND = 1 << 62
 
 
@@ -59,7 +60,7 @@ def dropout(input: torch.Tensor, p: float = 0.5, training: bool = True, inplace:
       (`backend.cpu.random_mask`), one parallel pass forward and one backward, and no
       mask kept between them (the backward regenerates it from the seed);
     - another CPU tensor: uniforms compared with ``p`` (`torch.rand_like`, 2-3x faster
-      than torch's `bernoulli_`);
+      than torch's `bernoulli_`; float32 uniforms for a half-precision input);
     - a dense float32/float64 CUDA tensor of at least `DEVICE_COUNTER_MIN_ELEMENTS`
       elements (`CAPTURED_COUNTER_MIN_ELEMENTS` while a CUDA graph is being captured),
       outside `torch.compile` and `torch.jit.trace`: the same in Triton (`backend.triton.random_mask`;
@@ -100,7 +101,9 @@ def dropout(input: torch.Tensor, p: float = 0.5, training: bool = True, inplace:
         from ..backend.cpu import random_mask
         seed = int(torch.randint(_SEED_BOUND, ()).item())     # torch's generator: manual_seed repeats it
         return _CounterDropout.apply(input, seed, p, inplace, random_mask)
-    keep = torch.rand_like(input) >= p
+    # half-precision uniforms are too coarse to compare with p (a bfloat16 one takes 256
+    # values per binade, and p is rounded to bfloat16: p = 0.999 dropped every element)
+    keep = torch.rand_like(input, dtype=torch.float32 if input.dtype in _HALF_DTYPES else None) >= p
     return input.mul_(keep).mul_(1.0 / (1.0 - p)) if inplace else input * keep * (1.0 / (1.0 - p))
 
 
