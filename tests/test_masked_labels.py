@@ -161,6 +161,26 @@ def test_an_unmasked_use_of_the_labels_runs_eagerly_with_a_warning(loss_fn, name
     torch.testing.assert_close(torch.tensor(replayed[0]), torch.tensor(eager[0]), rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.parametrize("loss_fn, named", [
+    (lambda out, b: (F.l1_loss(out, b.y, reduction="none") * b.y_mask).sum() / (b.y_mask.mean() * 8), "mean of batch.y_mask"),
+    (lambda out, b: (F.l1_loss(out, b.y, reduction="none") * b.y_mask).sum() / (8 - (1 - b.y_mask).sum()),
+     "sum of a value computed row by row from batch.y_mask"),
+    (lambda out, b: (F.l1_loss(out, b.y, reduction="none") * b.y_mask).sum() * b.y_mask.prod(), "prod of batch.y_mask"),
+])
+def test_a_reduction_of_the_mask_the_padding_changes_runs_eagerly_with_a_warning(loss_fn, named):
+    """The watch followed the labels and the mask's masking values, but a reduction of
+    ``y_mask`` itself over its rows went unseen: ``y_mask.mean()`` is 1 on the plain
+    batch and the real rows' share on a padded one, ``(1 - y_mask).sum()`` counts the
+    padding rows, ``y_mask.prod()`` is 0 there. Such a step replayed (the first: the
+    second batch's loss 1.2597 replayed against 1.1197 on PyG's batches); it now falls
+    back, naming the op."""
+    eager = _training(False, loss_fn)
+    with pytest.warns(CaptureFallbackWarning, match=f"{named}.*, which a padded batch's padding rows"):
+        replayed = _training(True, loss_fn)
+    assert replayed[2].replayed == 0
+    torch.testing.assert_close(torch.tensor(replayed[0]), torch.tensor(eager[0]), rtol=1e-9, atol=1e-12)
+
+
 def _relative(out, b):
     return (((out - b.y).abs() / b.y.abs()) * b.y_mask).sum() / b.y_mask.sum()
 

@@ -523,6 +523,10 @@ class GraphStepCapture(BlockStepCapture):
             if mixing.found is not None:       # what ``modules=`` left out (its own were checked)
                 self._fall_back(f"{mixing.found} normalises over all rows, which would count the padded ones (the "
                                 f"step calls it; a module passed as modules=[...] is seen when the capture is made)")
+            elif watch.mask_use is not None:
+                self._fall_back(f"the step computes {watch.mask_use}, which a padded batch's padding rows (0 in "
+                                f"batch.y_mask) change; so a padded batch's step would not give the plain batch's "
+                                f"numbers: reduce the mask by a sum, (loss * batch.y_mask).sum() / batch.y_mask.sum()")
             elif watch.unmaskable is not None:
                 self._fall_back(f"the step computes {watch.misuse} from batch.y, {watch.unmaskable}; so a padded "
                                 f"batch's step would not give the plain batch's numbers")

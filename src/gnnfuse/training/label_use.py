@@ -75,6 +75,11 @@ _MASK_KEEPING = _ZERO_KEEPING | frozenset({
     torch.Tensor.expand_as, torch.logical_and, torch.Tensor.logical_and, torch.Tensor.__and__,
     torch.bitwise_and, torch.Tensor.bitwise_and})
 _MASK_ROW_REDUCTIONS = frozenset({"sum", "nansum", "mean", "amax", "amin", "any", "all", "prod"})
+# Reductions over the rows whose value a padded batch's mask gives as the plain one's
+# does: padding rows add 0s, which a sum, a count of non-zeros, a maximum of a 0/1 mask,
+# an ``any`` and the non-zero rows' indices leave as they were (not a mean, which divides
+# by the padded count, a product, a minimum or an ``all``, which the 0s turn to 0/False).
+_PADDING_BLIND = frozenset({"sum", "nansum", "count_nonzero", "amax", "max", "any", "nonzero", "argwhere"})
 # A comparison of the mask with a number is False where the mask is 0 when the number
 # compares so with 0 (``y_mask > 0``, ``y_mask != 0``, ``y_mask == 1``; not ``y_mask < 1``).
 _COMPARISONS = {"gt": operator.gt, "ge": operator.ge, "lt": operator.lt, "le": operator.le, "eq": operator.eq,
@@ -102,7 +107,9 @@ class LabelWatch(TorchFunctionMode):
     the first torch function that computed something from the labels other than a loss
     ignoring `IGNORE_LABEL` and reduced over its rows (None: there was none), and
     ``watch.unmaskable`` says why, where it is an op on masked labels' values that
-    multiplying by the mask would not repair (a quotient by the labels, a broadcast)."""
+    multiplying by the mask would not repair (a quotient by the labels, a broadcast);
+    ``watch.mask_use`` says what, where it is a reduction of the mask itself over its
+    rows whose value the padded rows change (``y_mask.mean()``, ``(1 - y_mask).sum()``)."""
 
     def __init__(self, labels: Iterable[torch.Tensor], masks: Iterable[torch.Tensor] = ()) -> None:
         super().__init__()
@@ -112,8 +119,12 @@ class LabelWatch(TorchFunctionMode):
         self._mask_ids = {id(t) for t in self._masks}
         self._zeroed: list[torch.Tensor] = []    # label values times the mask: 0 on the padded rows
         self._zeroed_ids: set[int] = set()
+        # row by row from the mask alone, but no longer 0 on the padded rows (``1 - y_mask``)
+        self._derived: list[torch.Tensor] = []
+        self._derived_ids: set[int] = set()
         self.misuse: str | None = None
         self.unmaskable: str | None = None    # why masking cannot repair `misuse`, when that is the reason
+        self.mask_use: str | None = None      # `misuse` read the mask itself, counting the padded rows
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -124,7 +135,8 @@ class LabelWatch(TorchFunctionMode):
         labelled = [t for t in inputs if id(t) in self._ids]
         masked = any(id(t) in self._mask_ids for t in inputs)
         zeroed = [t for t in inputs if id(t) in self._zeroed_ids]
-        if not labelled and not masked and not zeroed:
+        derived = [t for t in inputs if id(t) in self._derived_ids]
+        if not labelled and not masked and not zeroed and not derived:
             return out
         if _counts_rows(func, args, kwargs):      # of the labels, the mask or a value of them
             self.misuse = f"{_name(func)} (a row count, which includes the padding)"
@@ -136,10 +148,22 @@ class LabelWatch(TorchFunctionMode):
                 if not (func in _SUMS and all(t.dim() == 0 for t in results)):
                     self._keep(self._zeroed, self._zeroed_ids, results)     # still 0 on the padded rows
                 return out
-        elif not labelled:        # the mask itself, converted, reshaped or scaled: still the mask
+        elif masked and not labelled:        # the mask itself, converted, reshaped or scaled: still the mask
             mask_inputs = [t for t in inputs if id(t) in self._mask_ids]
             if _keeps_mask(func, args, kwargs, mask_inputs) and _row_by_row(func, mask_inputs, results):
                 self._keep(self._masks, self._mask_ids, results)
+            elif getattr(func, "__name__", "") in _PADDING_BLIND:
+                pass          # y_mask.sum(), y_mask.nonzero(): the plain batch's (its G rows may look row by row)
+            elif results and _row_by_row(func, mask_inputs, results):
+                self._keep(self._derived, self._derived_ids, results)
+            elif results:
+                self._mask_misuse(func, "batch.y_mask (or a value multiplied by it)")
+            return out
+        elif derived and not labelled:        # a reduction of ``1 - y_mask`` counts the padded rows' 1s
+            if results and _row_by_row(func, derived, results):
+                self._keep(self._derived, self._derived_ids, results)
+            elif results:
+                self._mask_misuse(func, "a value computed row by row from batch.y_mask")
             return out
         elif masked and _rows_aligned(inputs, results) and (
                 func in _MASKING or (func is torch.where and len(args) == 3 and id(args[0]) in self._mask_ids
@@ -173,6 +197,12 @@ class LabelWatch(TorchFunctionMode):
         if ignoring == "unreduced":
             self.misuse += "(reduction='none')"
         return out
+
+    def _mask_misuse(self, func: Any, what: str) -> None:
+        """``func`` reduced the mask (or ``what`` else came of it) over its rows to a value
+        that a padded batch's 0 rows change: ``y_mask.mean()``, ``(1 - y_mask).sum()``."""
+        self.misuse = _name(func)
+        self.mask_use = f"{self.misuse} of {what}"
 
     @staticmethod
     def _keep(kept: list, ids: set, results: list[torch.Tensor]) -> None:
