@@ -258,6 +258,26 @@ def test_a_udfs_dropout_of_one_is_torchs_times_zero_and_above_one_is_refused():
         gnnfuse.message_passing(graph, lambda e: {"m": F.dropout(e.src["h"], 1.5, True)}, reduce, ndata={"h": h})
 
 
+def test_gnnfuses_dropout_inside_a_udf_is_the_compiled_mask():
+    """The README offers gnnfuse.nn.functional.dropout for F.dropout; inside a compiled
+    message function it failed to trace ("tensor method .is_floating_point() has no
+    gnnfuse op"), so a MessagePassing layer using it ran eagerly and gnnfuse.message_passing
+    raised. A traced value now goes to F.dropout, which the tracer compiles to its mask."""
+    import gnnfuse
+    graph = gnnfuse.Graph(torch.tensor([0, 1, 2, 2]), torch.tensor([1, 2, 0, 1]), 3)
+    h = torch.randn(3, 64, dtype=torch.float64, requires_grad=True)
+
+    def reduce(nodes):
+        return {"h": nodes.mailbox["m"].sum(1)}
+    outs = []
+    for drop in (gF.dropout, F.dropout):
+        torch.manual_seed(3)
+        outs.append(gnnfuse.message_passing(graph, lambda e: {"m": drop(e.src["h"], 0.5, True)}, reduce,
+                                            ndata={"h": h})["h"])
+    torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=0)
+    assert 0 < int((outs[0] == 0).sum()) < outs[0].numel()
+
+
 def test_the_first_mask_keeps_torchs_thread_count():
     """Setting Numba's thread count starts its pool, which resets OpenMP's -- torch's
     too -- to every core: done outside the launch that puts torch's count back, a process

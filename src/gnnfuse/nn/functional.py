@@ -76,6 +76,10 @@ def dropout(input: torch.Tensor, p: float = 0.5, training: bool = True, inplace:
         raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
     if not training or p == 0.0:
         return input
+    if not isinstance(input, torch.Tensor):
+        # a traced value inside a compiled function (not a Tensor): torch's dropout, which
+        # the tracer compiles to its mask op (the checks below are no ops it has)
+        return F.dropout(input, p, training, inplace)
     if not (input.is_floating_point() or input.is_complex()):   # torch's rand_like: "check_uniform_bounds" for Long
         raise TypeError(f"dropout scales the kept elements by 1 / (1 - p), so it needs a floating-point input; "
                         f"got {input.dtype}")
