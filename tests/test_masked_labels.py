@@ -181,6 +181,21 @@ def test_a_reduction_of_the_mask_the_padding_changes_runs_eagerly_with_a_warning
     torch.testing.assert_close(torch.tensor(replayed[0]), torch.tensor(eager[0]), rtol=1e-9, atol=1e-12)
 
 
+def test_a_row_picked_from_masked_values_is_not_called_the_labels_as_an_index():
+    """``(loss * y_mask)[-1]`` picks a padded batch's last row, a padding one: named, but
+    the reason given was "the labels as an index: a padding label reads entry -100" --
+    no label indexed anything (the values indexed were the masked loss terms)."""
+    from gnnfuse.training.label_use import LabelWatch
+    y, y_mask, out = torch.randn(4), torch.ones(4), torch.randn(4)
+    with LabelWatch([y], [y_mask]) as watch:
+        (F.l1_loss(out, y, reduction="none") * y_mask)[-1].sum()
+    assert watch.misuse is not None and "__getitem__" in watch.misuse and "as an index" not in watch.misuse
+    classes = torch.tensor([0, 2, 1, 1])
+    with LabelWatch([classes]) as watch:          # a table read at the labels: that reason stands
+        torch.randn(3, 2)[classes].sum()
+    assert "the labels as an index" in watch.misuse
+
+
 def _relative(out, b):
     return (((out - b.y).abs() / b.y.abs()) * b.y_mask).sum() / b.y_mask.sum()
 

@@ -192,7 +192,7 @@ class LabelWatch(TorchFunctionMode):
             self._ids.update(id(t) for t in results)
             return out
         self.misuse = _name(func)
-        if func is torch.Tensor.__getitem__ and id(args[0]) not in self._ids:
+        if func is torch.Tensor.__getitem__ and id(args[0]) not in self._ids and id(args[0]) not in self._zeroed_ids:
             self.misuse += " (the labels as an index: a padding label reads entry -100)"
         if ignoring == "unreduced":
             self.misuse += "(reduction='none')"
