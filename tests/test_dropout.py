@@ -278,6 +278,20 @@ def test_gnnfuses_dropout_inside_a_udf_is_the_compiled_mask():
     assert 0 < int((outs[0] == 0).sum()) < outs[0].numel()
 
 
+def test_a_compiled_half_precision_mask_keeps_one_minus_p_as_torch_does():
+    """A compiled function's dropout mask (the ``dropout_mask`` op) drew
+    ``bernoulli(full_like(x, 1 - p))``: the keep probability rounded to x's dtype, so a
+    bfloat16 mask with 1 - p = 0.501953125 (halfway between two bfloat16 numbers) kept
+    each element with probability 0.5 (15 standard deviations off on 16M draws), where
+    torch's dropout draws with the exact probability."""
+    from gnnfuse.ir.registry import get_op
+    keep = 0.501953125
+    torch.manual_seed(0)
+    mask = get_op("dropout_mask").reference(None, torch.zeros(1 << 24, dtype=torch.bfloat16), p=1.0 - keep)
+    assert mask.dtype == torch.bfloat16
+    assert _within_binomial(int((mask != 0).sum()), mask.numel(), keep)
+
+
 def test_the_first_mask_keeps_torchs_thread_count():
     """Setting Numba's thread count starts its pool, which resets OpenMP's -- torch's
     too -- to every core: done outside the launch that puts torch's count back, a process

@@ -241,8 +241,17 @@ def _const(ctx, value: float, dtype: torch.dtype) -> torch.Tensor:
 register(OpDef("const", Movement.DENSE, _const,
                residency=lambda rs, a: Residency.SHARED,
                shape=lambda inputs, a, r: ((), a["dtype"]), arity=0, autograd_reference=True))
-register(OpDef("dropout_mask", Movement.DENSE,
-               lambda ctx, x, p: torch.bernoulli(torch.full_like(x, 1.0 - p)) / (1.0 - p),
+
+
+def _dropout_mask(ctx, x: torch.Tensor, p: float) -> torch.Tensor:
+    """``bernoulli(1 - p) / (1 - p)`` shaped like ``x``, in its dtype. The probabilities are
+    at least float32, as torch's dropout draws with the exact ``1 - p``: in bfloat16 they
+    rounded (1 - p = 0.501953125 kept half the elements)."""
+    keep = torch.full(x.shape, 1.0 - p, dtype=torch.promote_types(x.dtype, torch.float32), device=x.device)
+    return torch.bernoulli(keep).to(x.dtype) / (1.0 - p)
+
+
+register(OpDef("dropout_mask", Movement.DENSE, _dropout_mask,
                shape=lambda inputs, a, r: (inputs[0].shape, inputs[0].dtype),
                bounded_derivative=True, arity=1, pure=False, derivative=lambda b, v, g: [None],
                doc="a fresh keep-mask scaled by 1/(1-p), shaped like x; dropout is x * mask; the mask "
