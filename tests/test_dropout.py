@@ -122,6 +122,17 @@ def test_every_element_is_dropped_or_scaled(shape, p, training):
         torch.testing.assert_close(out[kept], x[kept] / (1.0 - p))
 
 
+@pytest.mark.parametrize("shape", [(512, 256), (8, 4)], ids=["counter", "uniform"])
+def test_a_tensor_probability_is_taken_as_torch_takes_it(shape):
+    """torch's dropout takes p as a 0-dim tensor (a scheduled rate kept in a buffer); the
+    counter path raised "type Tensor doesn't define __round__ method"."""
+    p = torch.tensor(0.25)
+    out = gF.dropout(torch.ones(shape), p)
+    kept = out != 0
+    assert _within_binomial(int(kept.sum()), out.numel(), 0.75)
+    assert torch.equal(out[kept], torch.full_like(out[kept], 1.0 / 0.75))
+
+
 @pytest.mark.parametrize("p", [-0.1, 1.5])
 def test_a_probability_outside_0_1_is_refused(p):
     with pytest.raises(ValueError, match="between 0 and 1"):

@@ -94,6 +94,7 @@ def dropout(input: torch.Tensor, p: float = 0.5, training: bool = True, inplace:
     # as one that draws anew, as it is compiled.
     if torch.compiler.is_compiling() or torch._C._get_tracing_state() is not None:
         return F.dropout(input, p, training, inplace)
+    p = float(p)      # a 0-dim tensor or NumPy number, as torch's dropout takes: the kernels take a number
     if input.is_cuda and p < 1.0 and _device_counter_applies(input):
         from ..backend.triton import random_mask
         return _CounterDropout.apply(input, random_mask.new_seed(input.device), p, inplace, random_mask)
