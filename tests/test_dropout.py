@@ -173,6 +173,27 @@ def test_uncoalesced_sparse_features_drop_each_element_whole():
         assert torch.equal(grads, 2.0 * (values != 0))
 
 
+def test_sparse_features_dropped_in_place_are_the_input():
+    """inplace=True on sparse features returned a dropped copy and left the input as it
+    was: code using the input afterwards (``dropout(x, inplace=True)`` as a statement)
+    trained with no dropout. The coalesced input's stored values are now dropped where
+    they are; where that cannot be done it is refused by name."""
+    torch.manual_seed(0)
+    x = torch.rand(40, 30).add(0.5).to_sparse().coalesce()
+    before = x.values().clone()
+    out = gF.dropout(x, 0.5, inplace=True)
+    assert out is x
+    kept = x.values() != 0
+    assert 0 < int(kept.sum()) < kept.numel()
+    assert torch.equal(x.values()[kept], before[kept] * 2.0)
+    uncoalesced = torch.sparse_coo_tensor(torch.tensor([[0, 0], [1, 1]]), torch.tensor([1.0, 2.0]), (2, 2))
+    with pytest.raises(ValueError, match="uncoalesced sparse tensor"):
+        gF.dropout(uncoalesced, 0.5, inplace=True)
+    recorded = torch.rand(4, 4).to_sparse().requires_grad_()
+    with pytest.raises(ValueError, match="requires grad"):
+        gF.dropout(recorded, 0.5, inplace=True)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_precision_takes_the_uniform_path(dtype):
     x = torch.ones(300, 300, dtype=dtype)

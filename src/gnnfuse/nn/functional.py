@@ -69,7 +69,7 @@ def dropout(input: torch.Tensor, p: float = 0.5, training: bool = True, inplace:
       mask that its backward reads back;
     - a sparse COO tensor (bag-of-words features): only its stored values are dropped
       (after coalescing), since the zeros stay zero anyway, so the cost scales with the
-      non-zeros;
+      non-zeros (in place: a coalesced input's values, where they are);
     - anything else (a small, half-precision or other-device tensor): torch's.
     """
     if not 0.0 <= p <= 1.0:
@@ -84,6 +84,8 @@ def dropout(input: torch.Tensor, p: float = 0.5, training: bool = True, inplace:
         raise TypeError(f"dropout scales the kept elements by 1 / (1 - p), so it needs a floating-point input; "
                         f"got {input.dtype}")
     if input.is_sparse:
+        if inplace:
+            return _sparse_in_place(input, p)
         # coalesced first: an element stored as several entries is one value to drop
         # (as a dense tensor's), and an uncoalesced tensor has no indices() to read
         input = input.coalesce()
@@ -110,6 +112,25 @@ def dropout(input: torch.Tensor, p: float = 0.5, training: bool = True, inplace:
     # values per binade, and p is rounded to bfloat16: p = 0.999 dropped every element)
     keep = torch.rand_like(input, dtype=torch.float32 if input.dtype in _HALF_DTYPES else None) >= p
     return input.mul_(keep).mul_(1.0 / (1.0 - p)) if inplace else input * keep * (1.0 / (1.0 - p))
+
+
+def _sparse_in_place(input: torch.Tensor, p: float) -> torch.Tensor:
+    """``dropout(input, p, inplace=True)`` of a sparse COO tensor: its stored values,
+    dropped where they are (a new tensor, the input left as it was, read as a dropout
+    that never happened where the caller kept using ``input``). Refused where writing
+    in place cannot be done: an uncoalesced tensor (coalescing makes a new one), or one
+    whose gradient is being recorded (autograd does not follow writes into a sparse
+    tensor's values)."""
+    if not input.is_coalesced():
+        raise ValueError("dropout(..., inplace=True) of an uncoalesced sparse tensor: an element stored as several "
+                         "entries is one value to drop, which needs coalesce(), a new tensor; pass "
+                         "inplace=False or coalesce it first")
+    if input.requires_grad and torch.is_grad_enabled():
+        raise ValueError("dropout(..., inplace=True) of a sparse tensor that requires grad: autograd does not follow "
+                         "a write into its values; pass inplace=False")
+    values = input.values()
+    values.copy_(dropout(values, p, True))
+    return input
 
 
 def _device_counter_applies(input: torch.Tensor) -> bool:
