@@ -358,23 +358,32 @@ def _expect_error(reduce, text: str, match: str):
 
 
 def test_misaligned_operands_are_rejected():
+    """Each error names the misaligned operand by the shape the UDF sees ([N, D, ...] a
+    mailbox value, [N, 1, D, ...] its unsqueeze(1)); a mailbox's neighbour axis was shown
+    as a SymTensor repr, and an unsqueeze(1) view as [E, 1, 1]."""
     def rank_mismatch(nodes):
         e = nodes.mailbox["e"]
         bad = e.unsqueeze(1) - e            # [N, 1, D, 1] - [N, D, 1]: N meets D
         return {"h": torch.sum(bad.sum(1) * nodes.mailbox["z"], dim=1)}
-    _expect_error(rank_mismatch, "bad = ", "does not line up")
+    _expect_error(rank_mismatch, "bad = ", r"a \[N, D, 1\] value \(\w+\) does not line up")
 
     def not_singleton(nodes):
         z = nodes.mailbox["z"]
         bad = z.unsqueeze(1) - z.unsqueeze(3)   # [N, 1, D, F] - [N, D, F, 1]: D meets F
         return {"h": torch.sum(bad.sum(1).sum(-1) * z, dim=1)}
-    _expect_error(not_singleton, "bad = ", "does not line up")
+    _expect_error(not_singleton, "bad = ", rf"a \[N, D, {F_OUT}, 1\] value \(\w+\) does not line up")
 
     def node_data(nodes):
         e = nodes.mailbox["e"]
         bad = e.unsqueeze(1) - nodes.data["h"]
         return {"h": torch.sum(bad.sum(1) * nodes.mailbox["z"], dim=1)}
-    _expect_error(node_data, "bad = ", "does not line up")
+    _expect_error(node_data, "bad = ", rf"a \[N, {F_IN}\] value \(NODE\) does not line up")
+
+    def low_rank_view(nodes):
+        e = nodes.mailbox["e"]
+        bad = e.squeeze(-1).unsqueeze(1) - e.unsqueeze(2)   # [N, 1, D] - [N, D, 1, 1]: N meets D
+        return {"h": torch.sum(bad.sum(1).sum(1) * nodes.mailbox["z"], dim=1)}
+    _expect_error(low_rank_view, "bad = ", r"a \[N, 1, D\] value \(\w+\) does not line up")
 
 
 def test_softmax_over_a_pair_axis_is_rejected():

@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..ir import Residency, Value
-from .tracer import EDGE_ROWED, SymTensor, Tracer
+from .tracer import EDGE_ROWED, SymTensor, Tracer, shown
 
 PAIR_PREFIX = 3   # [N, D, D]: the vertex, the pair's edge i, its edge j
 
@@ -67,7 +67,7 @@ def line_up(tracer: Tracer, operands: Sequence[SymTensor]) -> list[SymTensor]:
             sides.append("node")
         else:
             raise tracer.error(
-                f"a {list(x.shape)} value ({residency.name}) does not line up with a pairwise "
+                f"a {shown(x)} value ({residency.name}) does not line up with a pairwise "
                 f"[N, D, D, ...] term of rank {rank}: its graph dims would broadcast against other "
                 "axes; give mailbox values as m.unsqueeze(1) ([N, 1, D, ...]) or m.unsqueeze(2) "
                 "([N, D, 1, ...]) of the same rank")

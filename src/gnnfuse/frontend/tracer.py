@@ -389,7 +389,7 @@ def torch_broadcast(tracer: Tracer, a, b) -> tuple[SymTensor, SymTensor]:
         return a, b
     if len(graph) == 2 and a.dim() != b.dim():
         raise tracer.error(
-            f"a {_shown(a)} and a {_shown(b)} graph value: torch (as DGL and PyG run this function) aligns "
+            f"a {shown(a)} and a {shown(b)} graph value: torch (as DGL and PyG run this function) aligns "
             "their last axes, pairing a graph axis of one with a feature axis of the other (a [N, 1] and a [N] make "
             "[N, N]); give both the same number of dims (unsqueeze(-1) or squeeze(-1) one of them)")
     axes = max(x.prefix for x in graph)
@@ -418,7 +418,7 @@ def _captured_in_feature_dims(tracer: Tracer, x: SymTensor, beside: SymTensor, a
     eager, held = torch.promote_types(x.dtype, beside.dtype), _scalar_dtype(x.dtype, beside.dtype)
     if reach == len(x.value.shape) and held != eager:
         raise tracer.error(
-            f"a captured {list(x.value.shape)} {x.dtype} tensor next to a {_shown(beside)} {beside.dtype} graph "
+            f"a captured {list(x.value.shape)} {x.dtype} tensor next to a {shown(beside)} {beside.dtype} graph "
             f"value: torch gives {eager}, which a compiled function cannot (it holds the tensor as a 0-dim one, "
             f"which gives {held}); pass the graph data as {eager}, or the tensor as a 0-dim one (t.reshape(())) "
             f"for {held}")
@@ -431,9 +431,19 @@ def _scalar_dtype(scalar: torch.dtype, tensor: torch.dtype) -> torch.dtype:
                              torch.empty((), dtype=scalar, device="meta"))
 
 
-def _shown(x: SymTensor) -> str:
-    """The shape the UDF sees: [E, ...] per edge, [N, ...] per vertex, [N, D, ...] a mailbox."""
-    names = ["N", "D"] if x.prefix == 2 else ["E" if x.value.residency in EDGE_ROWED else "N"]
+def shown(x: SymTensor) -> str:
+    """The shape the UDF sees: [E, ...] per edge, [N, ...] per vertex, [N, D, ...] a
+    mailbox, [N, 1, D, ...] a mailbox's ``unsqueeze(1)`` and [N, D, D, ...] a pairwise
+    term (frontend/pairwise.py). Not ``x.shape``, whose graph dims are trace objects
+    (an error message showed a mailbox's neighbour axis as a SymTensor repr)."""
+    if not x.prefix:            # a captured tensor: no graph dims
+        return str(list(x.value.shape))
+    if x.prefix == 3:
+        names = ["N", "D", "D"] if x.value.residency is Residency.PAIR else ["N", "1", "D"]
+    elif x.prefix == 2:
+        names = ["N", "D"]
+    else:
+        names = ["E" if x.value.residency in EDGE_ROWED else "N"]
     return "[" + ", ".join(names + [str(n) for n in x.value.shape]) + "]"
 
 
