@@ -122,9 +122,21 @@ def node_view_reduce(nodes):
     return {"h": torch.sum(near.sum(2) * z, dim=1) + total.squeeze(1) * hd.sum(1).sum(-1, keepdim=True)}
 
 
+def counted_mean_reduce(nodes):
+    """Means divided by the pair axes' sizes: ``x.shape[2]`` / ``x.size(1)`` of a pair term
+    and ``x.shape[2]`` of an [N, 1, D, F] view are the in-degree D (they read as 1, a
+    silently wrong divisor), and a reshape to a pair term's own shape keeps it."""
+    z, e = nodes.mailbox["z"], nodes.mailbox["e"]
+    sim = z.unsqueeze(1) * z.unsqueeze(2)                                   # [N, D, D, F]
+    sim = sim.reshape(sim.shape)
+    gap = (e.unsqueeze(1) - e.unsqueeze(2)).abs()                           # [N, D, D, 1]
+    scaled = gap * z.unsqueeze(1).shape[2]
+    return {"h": torch.sum(sim.sum(2) / sim.shape[2] + scaled.sum(1) / gap.size(1) * z, dim=1)}
+
+
 REDUCES = {"cgat": cgat_reduce, "weighted-cgat": weighted_cgat_reduce, "flipped-hinge": flipped_hinge_reduce,
            "spread": spread_reduce, "similarity": similarity_reduce, "view": view_reduce,
-           "node-view": node_view_reduce}
+           "node-view": node_view_reduce, "counted-mean": counted_mean_reduce}
 SORTED, PER_EDGE = {"cgat", "weighted-cgat", "flipped-hinge"}, {"view"}   # hinge_sum; no pair rows; the rest: pairs
 
 

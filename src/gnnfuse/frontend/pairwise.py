@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..ir import Residency, Value
-from .tracer import EDGE_ROWED, SymTensor, Tracer, shown
+from .tracer import EDGE_ROWED, SymTensor, Tracer, counts_in_edges, shown
 
 PAIR_PREFIX = 3   # [N, D, D]: the vertex, the pair's edge i, its edge j
 
@@ -63,8 +63,9 @@ def line_up(tracer: Tracer, operands: Sequence[SymTensor]) -> list[SymTensor]:
             sides.append("pair" if residency is Residency.PAIR else "j")
         elif residency in EDGE_ROWED and x.prefix == 2 and x.dim() == rank and x.value.shape[0] == 1:
             sides.append("i")
-        elif residency is Residency.NODE and x.prefix == 1 and x.dim() == rank and x.value.shape[:2] == (1, 1):
-            sides.append("node")
+        elif residency is Residency.NODE and x.prefix == 1 and (
+                counts_in_edges(x.value) or (x.dim() == rank and x.value.shape[:2] == (1, 1))):
+            sides.append("node")     # a count of in-edges (x.shape[2]) scales every pair, as DGL's int does
         else:
             raise tracer.error(
                 f"a {shown(x)} value ({residency.name}) does not line up with a pairwise "

@@ -247,14 +247,25 @@ class SymTensor:
         """Feature dims are numbers; graph dims are not known at trace time. The row axis
         (dim 0: edges or vertices) is a `RowCount`, which only a reshape takes back in its
         own position; a mailbox's neighbour axis is the in-degree, a symbolic value
-        (``nodes.mailbox['m'].shape[1]`` in arithmetic is the degree); the size-1 axes of
-        a pairwise view read as 1 (reshape takes them back as -1 or 1)."""
+        (``nodes.mailbox['m'].shape[1]`` in arithmetic is the degree), and so is each
+        neighbour axis of a pairwise value: [N, 1, D, ...] for ``m.unsqueeze(1)``, [N, D,
+        D, ...] for a pair term (`neighbour_axes`; reading them all as 1 made
+        ``x.shape[2]`` of a pair term 1, a silently wrong divisor)."""
         if not self.prefix:
             return torch.Size(self.value.shape)
         rows = RowCount(self.tracer, self._row_name())
+        axes = self.neighbour_axes()
+        return (rows,) + tuple(self.tracer.neighbour_count() if n else 1 for n in axes) + self.value.shape
+
+    def neighbour_axes(self) -> tuple[bool, ...]:
+        """For each graph dim after the row axis, whether it is a neighbour axis (the
+        in-degree long) rather than a size-1 axis: a mailbox [N, D], a pairwise view
+        [N, 1, D], a pair term [N, D, D] (frontend/pairwise.py)."""
+        if self.prefix < 2:
+            return ()
         if self.prefix == 2:
-            return (rows, self.tracer.neighbour_count()) + self.value.shape
-        return (rows,) + (1,) * (self.prefix - 1) + self.value.shape
+            return (True,)
+        return (self.value.residency is Residency.PAIR, True)
 
     def size(self, dim: int | None = None):
         return self.shape if dim is None else self.shape[dim]
@@ -740,12 +751,19 @@ def _reshape(tracer: Tracer, x, *shape):
     lead, elem = shape[: x.prefix], shape[x.prefix:]
     if any(isinstance(s, RowCount) for s in shape[1:]):
         raise next(s for s in shape[1:] if isinstance(s, RowCount)).error()
-    kept = [isinstance(s, (RowCount, NeighbourCount)[i]) if i < 2 else False for i, s in enumerate(lead)]
+    # the row axis takes back its RowCount, a neighbour axis its in-degree, a pairwise
+    # view's size-1 axis 1 (below); -1 keeps any of them
+    kept = [isinstance(s, RowCount) if i == 0 else isinstance(s, NeighbourCount) and x.neighbour_axes()[i - 1]
+            for i, s in enumerate(lead)]
     if any(isinstance(s, SymTensor) for s in elem) or any(
             isinstance(s, SymTensor) and not keep for s, keep in zip(lead, kept)):
         raise tracer.error("a reshape size cannot depend on the in-degree (mailbox.shape[1]): it differs "
                            "per vertex; keep the neighbour axis as its own dim")
-    if any(not keep and s not in (-1, 1) for s, keep in zip(lead, kept)):
+    if x.prefix == 3 and any(isinstance(s, int) and s == 1 and neighbours
+                             for s, neighbours in zip(lead[1:], x.neighbour_axes())):
+        raise tracer.error(f"reshape {list(shape)} of a pairwise {shown(x)} value sets a neighbour axis (the "
+                           "in-degree long) to 1; keep it as x.shape[...] or -1")
+    if any(not keep and not (isinstance(s, int) and s in (-1, 1)) for s, keep in zip(lead, kept)):
         raise tracer.error(f"reshape {list(shape)} must keep the leading graph dims as -1")
     if -1 in elem:
         known = 1
