@@ -265,6 +265,33 @@ def test_tied_scores_get_torchs_gradient(name, backend, monkeypatch):
             assert rel_err(got, want) < 1e-12, ("sorted" if sort else "pair rows")
 
 
+def squeezed_view_reduce(nodes):
+    """torch always drops axis 1 of an [N, 1, D, ...] pairwise view (m.unsqueeze(1), or
+    a keepdim reduction over a pair term's axis 1): squeeze() of the view is [N, D], and
+    its sum over dim -1 the per-vertex [N, 1] (gnnfuse kept the axis: [N, 1, 1])."""
+    e, z = nodes.mailbox["e"], nodes.mailbox["z"]
+    hinge = (e.unsqueeze(1) - e.unsqueeze(2)).clamp(min=0).sum(1, keepdim=True)    # [N, 1, D, 1]
+    spread = (e.unsqueeze(1) * e.unsqueeze(2)).mean(1, keepdim=True).squeeze(1)    # [N, D, 1]
+    return {"h": hinge.squeeze().sum(-1, keepdim=True) * torch.sum(spread * z.unsqueeze(-3).squeeze(-3), dim=1)}
+
+
+def test_squeezing_a_pairwise_views_size_1_axis_drops_it():
+    """On a graph whose in-degree buckets each hold several vertices (torch's squeeze()
+    of a bucket of one would drop its vertex axis too)."""
+    src = torch.tensor([0, 1, 2, 3, 4, 5, 6, 7, 0, 2, 4, 6, 1, 3, 5, 7])
+    dst = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 5, 6, 6, 6])
+    h = torch.randn(N, F_IN, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    edata = _edata(len(src))
+    ours = _run(lambda h, p: gnnfuse.message_passing(gnnfuse.Graph(src, dst, N), make_message(p), squeezed_view_reduce,
+                                                     ndata={"h": h}, edata=edata)["h"], h, _params())
+    expected = _run(lambda h, p: dgl_update_all(src, dst, N, make_message(p), squeezed_view_reduce, {"h": h},
+                                                edata)["h"], h, _params())
+    assert ours[0].shape == expected[0].shape == (N, F_OUT)
+    assert rel_err(ours[0], expected[0]) < 1e-12
+    for got, want in zip(ours[1], expected[1]):
+        assert rel_err(got, want) < 1e-12
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_graph_without_edges(backend, monkeypatch):
     """No in-edges anywhere: no pairs, zeros out, zero gradients (DGL fills zeros)."""

@@ -969,8 +969,20 @@ def _normalize(tracer: Tracer, x, p=2.0, dim=1, eps=1e-12):
 
 def _squeeze(tracer: Tracer, x, dim=None):
     """Drops size-1 feature dims (all of them, or those named), never a graph axis: the
-    row count is the graph's, and a one-edge graph must not lose its edge axis."""
+    row count is the graph's, and a one-edge graph must not lose its edge axis. The one
+    exception is axis 1 of an [N, 1, D, ...] pairwise view (``m.unsqueeze(1)``, or a
+    keepdim reduction over a pair term's axis 1): size 1 for every vertex, so torch's
+    ``squeeze()`` / ``squeeze(1)`` always drops it, giving the [N, D, ...] mailbox value
+    (kept, the view's later reductions went over the wrong axes)."""
     x = tracer.lift(x)
+    if x.prefix == 3 and x.value.residency is not Residency.PAIR:
+        rank, named = x.dim(), None if dim is None else [dim] if isinstance(dim, int) else list(dim)
+        if named is None or any(isinstance(d, int) and -rank <= d < rank and d % rank == 1 for d in named):
+            x = SymTensor(tracer, x.value, 2)
+            if named is not None:
+                dim = [d % rank - (d % rank > 1) for d in named if d % rank != 1]
+                if not dim:
+                    return x
     shape = x.value.shape
     if dim is None:
         drop = {d for d, n in enumerate(shape) if n == 1}
