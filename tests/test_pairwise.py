@@ -425,6 +425,21 @@ def test_misaligned_operands_are_rejected():
     _expect_error(low_rank_view, "bad = ", r"a \[N, 1, D\] value \(\w+\) does not line up")
 
 
+def test_shape_errors_show_the_neighbour_axes_as_d():
+    """A mailbox's and a pairwise view's shapes in an error read [N, D, ...] and [N, 1, D,
+    ...]; the in-degree showed as 'SymTensor(NODE, 1 graph dims, feature shape=[])'."""
+    def bmm_of_views(nodes):
+        z = nodes.mailbox["z"]
+        bad = torch.bmm(z.unsqueeze(1), z.unsqueeze(2))
+        return {"h": bad.sum(1).sum(1)}
+    _expect_error(bmm_of_views, "bad = ", rf"got \[N, 1, D, {F_OUT}\] and \[N, D, 1, {F_OUT}\]")
+
+    def bmm_of_mailbox(nodes):
+        bad = torch.bmm(nodes.mailbox["z"].unsqueeze(-1), torch.ones(2, 2, 2, dtype=torch.float64))
+        return {"h": bad.sum(1)}
+    _expect_error(bmm_of_mailbox, "bad = ", rf"got \[N, D, {F_OUT}, 1\] and \[2, 2, 2\]")
+
+
 def test_softmax_over_a_pair_axis_is_rejected():
     def pair_softmax(nodes):
         e = nodes.mailbox["e"]

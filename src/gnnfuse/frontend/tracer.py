@@ -298,7 +298,7 @@ class SymTensor:
                                 "function computes within each row and cannot combine rows")
 
     def _row_name(self) -> str:
-        return "vertex" if self.value.residency is Residency.NODE or self.prefix == 2 else "edge"
+        return "vertex" if self.value.residency is Residency.NODE or self.prefix >= 2 else "edge"
 
     def __bool__(self):
         raise self.tracer.error("Python control flow (if/while/and/or/not) on a symbolic graph value "
@@ -1364,6 +1364,9 @@ class NeighbourCount(Degree):
     def __index__(self) -> int:
         raise self.tracer.error("mailbox.shape[1] (the in-degree) differs per vertex and cannot be used "
                                 "as a Python int; use it in tensor arithmetic, or reduce over dim=1")
+
+    def __repr__(self) -> str:
+        return "D"      # as errors show a mailbox's shape: [N, D, ...]
 
 
 class RowCount:
