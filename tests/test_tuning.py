@@ -123,6 +123,17 @@ def test_a_corrupt_entry_is_skipped_and_the_others_kept(cache, monkeypatch):
     assert set(table) == {"a"} and table["a"].feature_tile == 2
 
 
+
+@pytest.mark.parametrize("tile", [1 << 40, 2048, True])
+def test_an_entry_naming_a_tile_gspmm_would_refuse_is_skipped(tile, cache):
+    """A stored tile of 2**40 was taken, and the Triton backend then failed in its kernel
+    (Scalar 1099511627776 is out of range for type int32) instead of running its cost rule."""
+    cache.write_text(json.dumps({"stamp": tuned_schedule.STAMP, "entries": {
+        "a": {"schedule": {"feature_tile": 1024}}, "b": {"schedule": {"feature_tile": tile}}}}))
+    with pytest.warns(RuntimeWarning, match="corrupt entry"):
+        table = tuned_schedule.entries()
+    assert set(table) == {"a"}
+
 def test_a_chunk_on_a_serial_kernel_leaves_torch_threads_alone(monkeypatch):
     """Setting Numba's chunk size starts its thread pool, which resets OpenMP's (and so
     torch's) thread count to every core: serial kernels must not set it. (Checked on

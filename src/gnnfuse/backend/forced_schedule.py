@@ -17,6 +17,16 @@ from typing import Callable, Iterator
 from ..environ import getenv
 
 SCHEDULES = ("auto", "csr", "coo", "rows")
+MAX_FEATURE_TILE = 1024   # widest feature tile a schedule may name: Triton's BLOCK_F lanes
+
+
+def valid_feature_tile(tile: object) -> bool:
+    """Whether ``tile`` is a feature tile a schedule may name: None (the backend's
+    default) or a power of two from 1 to `MAX_FEATURE_TILE`. ``gspmm(schedule=)`` and
+    the tuned-schedule file share it: a file naming a tile of 2**40 was taken, and the
+    Triton backend then failed inside its kernel (Scalar ... out of range for int32)."""
+    return tile is None or (isinstance(tile, int) and not isinstance(tile, bool)
+                            and 1 <= tile <= MAX_FEATURE_TILE and not tile & (tile - 1))
 
 
 @dataclass(frozen=True)

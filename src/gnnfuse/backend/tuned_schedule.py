@@ -44,7 +44,7 @@ import torch
 
 from ..graph import Graph
 from ..passes.fusion import AggregateUnit, Unit
-from .forced_schedule import SCHEDULES, ForcedSchedule, forced_schedule
+from .forced_schedule import SCHEDULES, ForcedSchedule, forced_schedule, valid_feature_tile
 from ..environ import getenv
 from ..output_paths import write_atomically
 
@@ -161,12 +161,11 @@ def _warn_once(message: str) -> None:
 
 
 def _schedule(record: Any) -> ForcedSchedule:
-    """The schedule of a stored entry; ValueError if it is not one."""
+    """The schedule of a stored entry; ValueError if it is not one (by the rule
+    ``gspmm(schedule=)`` applies to a feature tile)."""
     fields = record["schedule"]
     schedule = ForcedSchedule(**fields)
-    tile = schedule.feature_tile
-    if schedule.kind not in SCHEDULES or (tile is not None and (not isinstance(tile, int) or tile < 1
-                                                                 or tile & (tile - 1))):   # Triton's blocks
+    if schedule.kind not in SCHEDULES or not valid_feature_tile(schedule.feature_tile):
         raise ValueError(f"not a schedule: {fields!r}")
     return schedule
 

@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..backend.forced_schedule import SCHEDULES, ForcedSchedule, forcing
+from ..backend.forced_schedule import MAX_FEATURE_TILE, SCHEDULES, ForcedSchedule, forcing, valid_feature_tile
 from ..graph import Graph
 from ..ir import Residency
 from ..ir.ops.movement import REDUCERS
@@ -44,7 +44,6 @@ from .trace_cache import TraceCache, program_feeds
 from .tracer import EDGE_ROWED, SymTensor, Tracer
 
 Schedule = ForcedSchedule
-_MAX_TILE = 1024
 OPERANDS = ("src", "dst", "edge")   # the order the user function receives them in
 
 
@@ -141,9 +140,9 @@ def _schedule(schedule: str | ForcedSchedule | None, reduce: str) -> ForcedSched
         raise ValueError(f"gspmm: schedule={schedule.kind!r} ({what}) supports reduce 'sum' and "
                          f"'mean' only, got reduce={reduce!r}; use 'csr'")
     tile = schedule.feature_tile
-    if tile is not None and (isinstance(tile, bool) or not isinstance(tile, int) or not 1 <= tile <= _MAX_TILE
-                             or tile & (tile - 1)):
-        raise ValueError(f"gspmm: schedule feature_tile must be a power of two from 1 to {_MAX_TILE}, got {tile!r}")
+    if not valid_feature_tile(tile):
+        raise ValueError(f"gspmm: schedule feature_tile must be a power of two from 1 to {MAX_FEATURE_TILE}, "
+                         f"got {tile!r}")
     return schedule
 
 
