@@ -100,6 +100,7 @@ def test_the_backend_runs_the_tuned_choice_with_unchanged_values(cache, monkeypa
 @pytest.mark.parametrize("content, message", [
     ("{not json", "ignoring the tuned-schedule cache"),
     (json.dumps({"stamp": {"format": 0}, "entries": {}}), "written for other kernels"),
+    pytest.param("[" * 100_000 + "]" * 100_000, "ignoring the tuned-schedule cache", id="nested too deep"),
 ])
 def test_a_corrupt_or_stale_cache_is_ignored_with_a_warning(content, message, cache, monkeypatch):
     model, graph, x = tiny()

@@ -178,7 +178,7 @@ def _parsed(path: Path, warn: Callable[[str], None]) -> dict[str, tuple[Any, For
         data = json.loads(path.read_text())
         if not isinstance(data, dict) or not isinstance(data.get("entries"), dict):
             raise ValueError("no 'entries' table")
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, RecursionError) as error:    # (json's, for arrays nested too deep)
         warn(f"gnnfuse: ignoring the tuned-schedule cache {path} ({error}); the backends use their "
              "cost rules (run `gnnfuse tune` to rebuild it)")
         return {}
