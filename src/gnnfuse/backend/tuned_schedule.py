@@ -18,7 +18,8 @@ File: JSON at ``$GNNFUSE_TUNED_SCHEDULES`` (default ``$GNNFUSE_CACHE/tuned_sched
 ``~/.cache/gnnfuse``), stamped with a format number and a digest of the kernel
 generators. A file that does not parse, or whose stamp differs (written for other
 kernels), is ignored with one warning and the cost rules apply: a tuned choice only
-changes speed, never values, so ignoring one is always safe. `store` merges into the
+changes speed, never values (at most the rounding of a float sum, whose edges a partitioned
+or edge-parallel schedule adds in another order), so ignoring one is always safe. `store` merges into the
 file as it is at that moment, under a lock beside it, so concurrent tuning runs keep each
 other's choices.
 """
