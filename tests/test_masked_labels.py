@@ -162,7 +162,8 @@ def test_an_unmasked_use_of_the_labels_runs_eagerly_with_a_warning(loss_fn, name
 
 
 @pytest.mark.parametrize("loss_fn, named", [
-    (lambda out, b: (F.l1_loss(out, b.y, reduction="none") * b.y_mask).sum() / (b.y_mask.mean() * 8), "mean of batch.y_mask"),
+    (lambda out, b: (F.l1_loss(out, b.y, reduction="none") * b.y_mask).sum() / (b.y_mask.mean() * 8),
+     "mean of batch.y_mask"),
     (lambda out, b: (F.l1_loss(out, b.y, reduction="none") * b.y_mask).sum() / (8 - (1 - b.y_mask).sum()),
      "sum of a value computed row by row from batch.y_mask"),
     (lambda out, b: (F.l1_loss(out, b.y, reduction="none") * b.y_mask).sum() * b.y_mask.prod(), "prod of batch.y_mask"),
