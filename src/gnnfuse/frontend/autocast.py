@@ -15,8 +15,11 @@ Here the traced handlers of those torch functions cast their operands as autocas
 and runs with autocast off (`runtime.autocast`); the cast's derivative gives each input
 its gradient in its own dtype, as torch's does. Which device type's autocast applies is
 the tables' (`Tracer.input`), and its state is part of the trace cache's key
-(`trace_cache.signature`). Only CPU's and CUDA's op lists are known here: a traced op on either
-list under autocast on another device type is refused by name rather than guessed.
+(`trace_cache.signature`); each op's casts follow the state in force when the UDF calls it
+(`in_force`), so a ``torch.autocast`` block the UDF enters itself (``enabled=False`` around
+a product, or autocast turned on inside) casts as in eager code. Only CPU's and CUDA's op
+lists are known here: a traced op on either list under autocast on another device type is
+refused by name rather than guessed.
 """
 from __future__ import annotations
 
@@ -28,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from ..ir import Residency
-from ..runtime.autocast import autocast_dtype
+from ..runtime.autocast import AUTOCAST_DEVICE_TYPES, autocast_dtype
 
 T = torch.Tensor
 # Cast to the autocast dtype, on every device type autocast runs on (torch's
@@ -72,6 +75,32 @@ def stand_ins_under(state: tuple[str, torch.dtype] | None) -> Iterator[None]:
         _STAND_INS.reset(token)
 
 
+def live_states() -> tuple[tuple[bool, torch.dtype], ...]:
+    """torch's autocast state (enabled, dtype) of every device type autocast serves, now."""
+    return tuple((torch.is_autocast_enabled(kind), torch.get_autocast_dtype(kind)) for kind in AUTOCAST_DEVICE_TYPES)
+
+
+def in_force(tracer) -> tuple[str, torch.dtype] | None:
+    """The autocast state a traced op is cast under: the one in force now for the tables'
+    device, read at the op and not only at the first input read, since a UDF may enter its
+    own ``torch.autocast`` block after reading an input (the trace cache keys on the
+    caller's state; what the UDF does inside is the same on every call). On meta
+    stand-ins (under torch.compile) the call's state names the tables' device type, whose
+    live state is then read; a block the UDF enters in a call made outside autocast is
+    refused there: which device type's block applies to the tables is not known."""
+    kind = tracer.autocast_device
+    if kind is None or (kind == "meta" and live_states() == tracer.autocast_live):
+        return tracer.autocast
+    if kind != "meta":
+        return autocast_state(kind)
+    if tracer.autocast is None:
+        raise tracer.error("a torch.autocast block entered inside a function traced under torch.compile, called "
+                           "outside autocast: gnnfuse traces it on stand-ins of no device, so which device's "
+                           "block applies is not known; enter the block around the call, or call the function "
+                           "outside torch.compile")
+    return autocast_state(tracer.autocast[0])
+
+
 def applies(func: Any) -> bool:
     """Whether autocast may cast the operands of the torch callable ``func``."""
     return func in _LOWER or func in _FP32 or func in _FP32_FIRST
@@ -81,7 +110,7 @@ def autocast_handler(func: Any, handler: Callable) -> Callable:
     """``handler`` (a traced torch function's) with its operands first cast as autocast
     casts ``func``'s, when the trace runs under autocast (`Tracer.autocast`)."""
     def handle(tracer, *args, **kwargs):
-        state = tracer.autocast
+        state = in_force(tracer)
         if state is None:
             return handler(tracer, *args, **kwargs)
         device_type, dtype = state
