@@ -210,6 +210,31 @@ def test_a_backward_called_inside_the_autocast_block(device):
     torch.testing.assert_close(grad, wanted, rtol=5e-2, atol=5e-2)
 
 
+def test_a_sage_backward_called_in_an_autocast_block_after_a_plain_forward(device):
+    """SAGEConv's paired linear computed its backward under the caller's autocast, whose
+    cast ``grad @ W`` then met a float32 in-place ``addmm_``: "self and mat2 must have the
+    same dtype, but got BFloat16 and Float". The backward computes in the forward's dtypes,
+    as a compiled program's does: float64's gradients to float32 rounding. (6 -> 4
+    channels: the paired linear maps before aggregating.)"""
+    from gnnfuse import nn as gnn
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(12, 6, generator=gen).to(device)
+    edge_index = torch.randint(0, 12, (2, 40), generator=gen).to(device)
+    torch.manual_seed(1)
+    layer = gnn.SAGEConv(6, 4).to(device)
+    grads = {}
+    for dtype in (torch.float64, torch.float32):
+        xs = x.to(dtype).requires_grad_()
+        layer.to(dtype).zero_grad()
+        out = layer(xs, edge_index)
+        with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=dtype == torch.float32):
+            out.square().sum().backward()
+        grads[dtype] = [xs.grad] + [p.grad.clone() for p in layer.parameters()]
+    for got, exact in zip(grads[torch.float32], grads[torch.float64]):
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got.double(), exact, rtol=1e-5, atol=1e-5 * exact.abs().max().item())
+
+
 def test_per_type_and_indexed_matrices_follow_autocast(device):
     """``x @ e.type.W`` and ``bmm(x, T[idx])`` are cast as the tables they read (not
     edge by edge), and stay the per-type and grouped products they compile to."""

@@ -31,7 +31,7 @@ import torch.autograd.forward_ad as forward_ad
 import torch.nn.functional as F
 
 from ..backend.row_layout import aligned_row_width
-from ..runtime.autocast import autocast_dtype
+from ..runtime.autocast import AUTOCAST_DEVICE_TYPES, autocast_dtype
 from ..ir.ops.dense import column_sums
 
 
@@ -180,12 +180,19 @@ class _PairedLinear(torch.autograd.Function):
     def forward(ctx: Any, x: torch.Tensor, weight_a: torch.Tensor, read_a: RowsRead | None,
                 weight_b: torch.Tensor, bias_b: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         ctx.save_for_backward(x, weight_a, weight_b)
-        ctx.read_a, ctx.autocast = read_a, autocast_dtype(x.device.type)
+        ctx.read_a, ctx.autocast, ctx.kind = read_a, autocast_dtype(x.device.type), x.device.type
         return (_mapped(x, weight_a, None, kernel_row_stride(x, weight_a.shape[0])),
                 _mapped(x, weight_b, bias_b, kernel_row_stride(x, weight_b.shape[0])))
 
     @staticmethod
     def backward(ctx: Any, grad_a: torch.Tensor | None, grad_b: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+        if ctx.kind in AUTOCAST_DEVICE_TYPES and torch.is_autocast_enabled(ctx.kind):
+            # a backward called inside an autocast block (after a forward outside it, or
+            # inside): the products compute in the forward's dtypes (`as_computed`), not
+            # cast again, where the cast ``grad_a @ weight_a`` met the float32 in-place
+            # addmm_: "self and mat2 must have the same dtype"
+            with torch.autocast(ctx.kind, enabled=False):
+                return _PairedLinear.backward(ctx, grad_a, grad_b)
         x, weight_a, weight_b = as_computed(ctx.autocast, *ctx.saved_tensors)
         grad_a, grad_b = as_computed(ctx.autocast, grad_a, grad_b)
         grad_a = x.new_zeros(x.shape[0], weight_a.shape[0]) if grad_a is None else grad_a
@@ -204,11 +211,14 @@ class _AlignedLinear(torch.autograd.Function):
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                 read: RowsRead | None, stride: int) -> torch.Tensor:
         ctx.save_for_backward(x, weight)
-        ctx.read, ctx.autocast = read, autocast_dtype(x.device.type)
+        ctx.read, ctx.autocast, ctx.kind = read, autocast_dtype(x.device.type), x.device.type
         return _mapped(x, weight, bias, stride)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        if ctx.kind in AUTOCAST_DEVICE_TYPES and torch.is_autocast_enabled(ctx.kind):
+            with torch.autocast(ctx.kind, enabled=False):      # as `_PairedLinear.backward`
+                return _AlignedLinear.backward(ctx, grad)
         x, weight, grad = as_computed(ctx.autocast, *ctx.saved_tensors, grad)
         grad_x = grad @ weight if ctx.needs_input_grad[0] else None
         grad_weight = weight_gradient(grad, x, ctx.read) if ctx.needs_input_grad[1] else None
