@@ -313,6 +313,27 @@ def test_torch_compile_follows_an_autocast_block_inside_the_udf():
     torch.testing.assert_close(got, expected, rtol=1e-2, atol=1e-2)
 
 
+@gnnfuse.vertex
+def _product_under_its_own_autocast(v):
+    h = v.h
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        own = h @ v.M
+    return own + sum([u.h @ u.M for u in v.innbs])
+
+
+def test_torch_compile_refuses_an_autocast_block_it_cannot_place():
+    """Called outside autocast, a block the vertex function enters names no device the
+    meta stand-ins can tie it to: the product was computed in float32 (0.01 off eager's
+    bfloat16 one); now the trace is refused by name."""
+    graph = gnnfuse.Graph(torch.tensor(SRC), torch.tensor(DST), 4)
+    gen = torch.Generator().manual_seed(3)
+    h, M = torch.randn(4, 1, 8, generator=gen), torch.randn(4, 8, 5, generator=gen)
+    compiled = torch.compile(lambda h, M: _product_under_its_own_autocast(graph, {"h": h, "M": M}),
+                             backend="aot_eager")
+    with pytest.raises(Exception, match="torch.autocast block entered inside a function traced under torch.compile"):
+        compiled(h, M)
+
+
 @pytest.mark.parametrize("name", ["RGCNConv", "FastRGCNConv", "RGATConv", "EdgeConv", "SGConv"])
 def test_traced_layers_under_autocast_match_pyg(device, name):
     """gnnfuse.nn layers whose aggregation traces products: before the UDF casts were
