@@ -343,7 +343,10 @@ def _check_functorch_transform(graph: Graph, keys: tuple[str, ...], tensors: lis
         if backend == "reference":
             return
         reason = functorch_backend_reason(backend)
-    raise FunctorchTransformError(reason)
+    # named after the typed-graph layer running it (R-GCN, RGAT, HGT: `running_layer`), whose
+    # forward no transform-aware wrapper names (nn.compiling); None elsewhere: that wrapper does
+    names = RUNNING_LAYERS.names
+    raise FunctorchTransformError(reason, names[-1] if names else None)
 
 
 def _tangents(values: Iterable[Any]) -> bool:
