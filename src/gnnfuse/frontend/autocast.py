@@ -83,22 +83,25 @@ def live_states() -> tuple[tuple[bool, torch.dtype], ...]:
 def in_force(tracer) -> tuple[str, torch.dtype] | None:
     """The autocast state a traced op is cast under: the one in force now for the tables'
     device, read at the op and not only at the first input read, since a UDF may enter its
-    own ``torch.autocast`` block after reading an input (the trace cache keys on the
-    caller's state; what the UDF does inside is the same on every call). On meta
-    stand-ins (under torch.compile) the call's state names the tables' device type, whose
-    live state is then read; a block the UDF enters in a call made outside autocast is
-    refused there: which device type's block applies to the tables is not known."""
+    own ``torch.autocast`` block (the trace cache keys on the caller's state; what the UDF
+    does inside is the same on every call). On meta stand-ins (under torch.compile) the
+    call's state names the tables' device type, whose state is then read as well; a block
+    the UDF enters in a call made outside autocast is refused there: which device type's
+    block applies to the tables is not known (`Tracer.autocast_live`, taken at the trace's
+    start, tells that one was entered)."""
     kind = tracer.autocast_device
-    if kind is None or (kind == "meta" and live_states() == tracer.autocast_live):
+    if kind is None:
         return tracer.autocast
     if kind != "meta":
         return autocast_state(kind)
-    if tracer.autocast is None:
+    if tracer.autocast is not None:
+        return autocast_state(tracer.autocast[0])
+    if live_states() != tracer.autocast_live:
         raise tracer.error("a torch.autocast block entered inside a function traced under torch.compile, called "
                            "outside autocast: gnnfuse traces it on stand-ins of no device, so which device's "
                            "block applies is not known; enter the block around the call, or call the function "
                            "outside torch.compile")
-    return autocast_state(tracer.autocast[0])
+    return None
 
 
 def applies(func: Any) -> bool:

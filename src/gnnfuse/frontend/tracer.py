@@ -69,12 +69,12 @@ class Tracer:
         # program of the other branch, silently unlike the eager run (`call` re-raises it)
         self._raised: list[CompileError] = []
         # (device type, dtype) of the torch.autocast in force for the tables' device, set at
-        # the first input read: the casts autocast makes are traced as ops (`autocast`); the
-        # device type and every device's live state then, which an op's casts follow
-        # (`frontend.autocast.in_force`: a UDF's own ``torch.autocast`` block)
+        # the first input read: the casts autocast makes are traced as ops (`autocast`); that
+        # device type, and every device's state at the trace's start, which an op's casts
+        # follow (`frontend.autocast.in_force`: a UDF's own ``torch.autocast`` block)
         self.autocast: tuple[str, torch.dtype] | None = None
         self.autocast_device: str | None = None
-        self.autocast_live: tuple = ()
+        self.autocast_live = live_states()
         self.rebind(fn, mode)
 
     def rebind(self, fn: Callable, mode: str) -> None:
@@ -175,7 +175,6 @@ class Tracer:
             return SymTensor(self, self.program.inputs[key], prefix)
         if not self.program.inputs:
             self.autocast, self.autocast_device = autocast_state(tensor.device.type), tensor.device.type
-            self.autocast_live = live_states()
         rows = 0 if residency is Residency.SHARED else 1
         value = self.program.input(key, residency, tuple(tensor.shape[rows:]), tensor.dtype, self.source())
         return SymTensor(self, value, prefix)
