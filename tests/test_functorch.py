@@ -123,16 +123,17 @@ def test_typed_graph_layers_name_themselves_when_refused(backend, monkeypatch):
     """RGCNConv and HGTConv run their programs outside the wrapper that names a layer in a
     transform's refusal: "gnnfuse layers do not support torch.func transforms" named no layer."""
     monkeypatch.setenv("GNNFUSE_BACKEND", backend)
-    edge_index, x = _inputs()
-    edge_type = torch.arange(40) % 3
-    rgcn = gnn.RGCNConv(6, 5, 3)
+    device = device_for(backend)
+    edge_index, x = _inputs(device)
+    edge_type = (torch.arange(40) % 3).to(device)
+    rgcn = gnn.RGCNConv(6, 5, 3).to(device)
     params = {k: v.detach() for k, v in rgcn.named_parameters()}
     with pytest.raises(NotImplementedError, match=f"^RGCNConv: {REFUSED}"):
         grad(lambda p: functional_call(rgcn, p, (x, edge_index, edge_type)).sum())(params)
     xs = {"a": x[:8], "b": x[8:]}
-    edges = {("a", "to", "b"): torch.stack([torch.arange(8), torch.arange(8) % 4]),
-             ("b", "to", "a"): torch.stack([torch.arange(4), torch.arange(4)])}
-    hgt = gnn.HGTConv(6, 4, (["a", "b"], list(edges)), heads=2)
+    edges = {("a", "to", "b"): torch.stack([torch.arange(8), torch.arange(8) % 4]).to(device),
+             ("b", "to", "a"): torch.stack([torch.arange(4), torch.arange(4)]).to(device)}
+    hgt = gnn.HGTConv(6, 4, (["a", "b"], list(edges)), heads=2).to(device)
     params = {k: v.detach() for k, v in hgt.named_parameters()}
     with pytest.raises(NotImplementedError, match=f"^HGTConv: {REFUSED}"):
         grad(lambda p: sum(o.sum() for o in functional_call(hgt, p, (xs, edges)).values()))(params)
