@@ -116,8 +116,8 @@ def dropout(input: torch.Tensor, p: float = 0.5, training: bool = True, inplace:
 
 def _sparse_in_place(input: torch.Tensor, p: float) -> torch.Tensor:
     """``dropout(input, p, inplace=True)`` of a sparse COO tensor: its stored values,
-    dropped where they are (a new tensor, the input left as it was, read as a dropout
-    that never happened where the caller kept using ``input``). Refused where writing
+    dropped where they are. Why: a new tensor left ``input`` as it was, which a caller
+    that kept using ``input`` read as a dropout that never happened. Refused where writing
     in place cannot be done: an uncoalesced tensor (coalescing makes a new one), or one
     whose gradient is being recorded (autograd does not follow writes into a sparse
     tensor's values)."""
