@@ -178,3 +178,27 @@ def test_remade_logits_use_the_weights_of_the_forward(monkeypatch):
     expected_grads = torch.autograd.grad((expected * weights).sum(), [x_theirs, *given_theirs.values()])
     for name, a, b in zip(["x", *given], grads, expected_grads):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12, msg=name)
+
+
+def test_logits_kept_unfolded_are_remade_unfolded(monkeypatch):
+    """On a small graph's first pass GAT computes its logits as ``(lin(x) * att).sum(-1)``
+    (`_folds` is False there), but the remake asked `_folds` without the graph and remade
+    them by the folded GEMM: the same sums reassociated, so the backward read logits
+    other than the forward's (float32 gradients up to 4.3e-6 off those of the kept
+    tables). A remade table must be the forward's own, bit for bit."""
+    monkeypatch.setattr(conv_module, "on_first_pass", lambda graph: graph is not None)
+
+    def gradients(min_bytes: int) -> list[torch.Tensor]:
+        monkeypatch.setattr(recompute, "MIN_BYTES", min_bytes)
+        torch.manual_seed(0)
+        layer = gnnfuse.nn.GATConv(6, 4, heads=2)
+        gen = torch.Generator().manual_seed(3)
+        src, dst = torch.randint(0, 40, (2, 200), generator=gen)
+        graph = gnnfuse.Graph(src, dst, 40)
+        x = torch.randn(40, 6, generator=gen).requires_grad_()
+        out = layer(x, graph)
+        (out * torch.randn(out.shape, generator=gen)).sum().backward()
+        return [x.grad, *(p.grad for p in layer.parameters())]
+
+    for kept, remade in zip(gradients(1 << 40), gradients(0)):
+        torch.testing.assert_close(remade, kept, rtol=0, atol=0)

@@ -958,7 +958,7 @@ class GATConv(FixedAggregation, FixedFlow, OneLineRepr, NotScriptable, nn.Module
         weight, bias, shape = lin.weight, lin.bias, ndata["h"].shape[1:]
         remakes = [recompute.Remake(ndata["h"], lambda: aligned_linear(x, weight, bias).view(-1, *shape),
                           (x, weight) if bias is None else (x, weight, bias))]
-        if _folds(lin, x):
+        if _folds(lin, x, graph):     # as the forward asked: a table is remade as it was made
             makers = recompute.made_together(lambda: _folded_logits(weight, x, *atts), 2)
             remakes += [recompute.Remake(ndata[name], make, (x, weight, *atts))
                         for name, make in zip(("alpha_src", "alpha_dst"), makers)]
