@@ -152,25 +152,67 @@ def test_ctrl_c_in_a_terminal_leaves_no_traceback_and_says_how_to_resume(tmp_pat
     assert torch.load(path, weights_only=True)["interrupted"]["epoch"] >= 2
 
 
+# loaded by the training process (a sitecustomize on its path): the stopping signal's
+# duplicate arrives just after the first was handled, as ``timeout``'s second can
+_DUPLICATE_AFTER_THE_FIRST = """
+import os
+import gnnfuse.training.interrupt as interrupt
+real = interrupt.DeferredInterrupt._handle
+def _handle(self, signum, frame):
+    first = not self.requested
+    real(self, signum, frame)
+    if first:
+        os.kill(os.getpid(), signum)
+interrupt.DeferredInterrupt._handle = _handle
+"""
+
+
 def test_a_signal_delivered_twice_at_once_as_timeout_sends_it_stops_after_the_epoch(tmp_path):
     """``timeout`` signals the command, then its whole process group: the command gets
     the signal twice within microseconds. Where the first was handled before the second
     came, the second counted as "SIGTERM again stops at once": the run in progress was
-    lost ("during an epoch; that run's epochs are not kept"), nothing saved."""
+    lost ("during an epoch; that run's epochs are not kept"), nothing saved. (The
+    duplicate is sent by the handler itself once the first is handled: sent from here
+    after reading "stopping", a busy machine delivered it after the process had stopped.)"""
+    (tmp_path / "sitecustomize.py").write_text(_DUPLICATE_AFTER_THE_FIRST)
     path = tmp_path / "runs.pt"
-    process = train_job(["--epochs", "100000", "--save", str(path)])
+    process = train_job(["--epochs", "100000", "--save", str(path)], path_first=tmp_path)
     try:
         process.send_signal(signal.SIGTERM)
-        for line in process.stderr:                    # the first is handled ...
-            if "stopping" in line:
-                break
-        process.send_signal(signal.SIGTERM)            # ... before its duplicate comes
         _, err = process.communicate(timeout=120)
     finally:
         process.kill()                # a command that ignored the signal would train 100000 epochs
     assert process.returncode == 130, err
     assert "interrupted in run 1/1 (seed 0) after epoch" in err, err
     assert torch.load(path, weights_only=True)["interrupted"]["epoch"] >= 2
+
+
+# loaded by the training process: the duplicate arrives while the interruption is reported
+_SIGNAL_WHILE_REPORTING = """
+import os, signal
+import gnnfuse.cli as cli
+real = cli.interrupted
+def interrupted(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGTERM)
+    return real(*args, **kwargs)
+cli.interrupted = interrupted
+"""
+
+
+def test_a_duplicate_signal_while_the_stop_is_reported_is_held(tmp_path):
+    """After the stopped run is saved, the command writes its curves and the resume
+    hint. A duplicate of the signal arriving then ended the process by SIGTERM's default
+    action (status -15) without them; it is held there too."""
+    (tmp_path / "sitecustomize.py").write_text(_SIGNAL_WHILE_REPORTING)
+    path = tmp_path / "runs.pt"
+    process = train_job(["--epochs", "100000", "--save", str(path)], path_first=tmp_path)
+    try:
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    assert process.returncode == 130, err
+    assert "continue with:" in err, err
 
 
 # loaded by the training process (a sitecustomize on its path): the duplicate of the

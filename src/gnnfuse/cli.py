@@ -4,6 +4,7 @@ fastest schedule of each of its fused units (`tune`)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import shlex
@@ -31,7 +32,7 @@ from .tuning import command as tuning_command
 from .training import (ConfigError, RunResult, TrainConfig, TrainingInterrupted, TrainSummary, make_config,
                        train_runs)
 from .training.checkpoint import read_checkpoint
-from .training.interrupt import INTERRUPTED
+from .training.interrupt import INTERRUPTED, DeferredInterrupt
 from .training.loop import interrupted_result
 from .training.config import FEATURE_PLACEMENTS
 
@@ -237,7 +238,11 @@ def run_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     except UsageError as error:
         parser.error(str(error))                      # prints usage, exits with status 2
     except TrainingInterrupted as stopped:
-        status = interrupted(stopped, args) if rank.is_main else INTERRUPTED
+        # a duplicate of the stopping signal (``timeout`` sends two; a busy machine reads
+        # the second late) arriving while the curves and the resume hint are written ended
+        # the process by SIGTERM's default action, without them: held, as while saving
+        with DeferredInterrupt(terminate=True, quiet=True) if rank.world_size == 1 else contextlib.nullcontext():
+            status = interrupted(stopped, args) if rank.is_main else INTERRUPTED
         if rank.world_size > 1 and stopped.state is None and not stopped.between_runs:
             if not rank.is_main:      # rank 0 may not know: the signal may have reached this rank alone
                 print(f"gnnfuse train: rank {rank.rank} of {rank.world_size} stopped at once by Ctrl-C in run "
