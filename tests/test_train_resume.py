@@ -174,28 +174,24 @@ def test_a_signal_delivered_twice_at_once_as_timeout_sends_it_stops_after_the_ep
     lost ("during an epoch; that run's epochs are not kept"), nothing saved. (The
     duplicate is sent by the handler itself once the first is handled: sent from here
     after reading "stopping", a busy machine delivered it after the process had stopped.)"""
-    (tmp_path / "sitecustomize.py").write_text(_DUPLICATE_AFTER_THE_FIRST)
     path = tmp_path / "runs.pt"
-    process = train_job(["--epochs", "100000", "--save", str(path)], path_first=tmp_path)
-    try:
-        process.send_signal(signal.SIGTERM)
-        _, err = process.communicate(timeout=120)
-    finally:
-        process.kill()                # a command that ignored the signal would train 100000 epochs
-    assert process.returncode == 130, err
+    err = stopped_by_sigterm(tmp_path, _DUPLICATE_AFTER_THE_FIRST, path)
     assert "interrupted in run 1/1 (seed 0) after epoch" in err, err
     assert torch.load(path, weights_only=True)["interrupted"]["epoch"] >= 2
 
 
-# loaded by the training process: the duplicate arrives while the interruption is reported
-_SIGNAL_WHILE_REPORTING = """
+def signal_first(module: str, function: str) -> str:
+    """A sitecustomize (loaded by the training process: `train_job`'s ``path_first``)
+    that makes ``module.function`` send its process a SIGTERM first: the stopping
+    signal's duplicate, arriving while that function runs."""
+    return f"""
 import os, signal
-import gnnfuse.cli as cli
-real = cli.interrupted
-def interrupted(*args, **kwargs):
+import {module} as module
+real = module.{function}
+def {function}(*args, **kwargs):
     os.kill(os.getpid(), signal.SIGTERM)
     return real(*args, **kwargs)
-cli.interrupted = interrupted
+module.{function} = {function}
 """
 
 
@@ -203,29 +199,8 @@ def test_a_duplicate_signal_while_the_stop_is_reported_is_held(tmp_path):
     """After the stopped run is saved, the command writes its curves and the resume
     hint. A duplicate of the signal arriving then ended the process by SIGTERM's default
     action (status -15) without them; it is held there too."""
-    (tmp_path / "sitecustomize.py").write_text(_SIGNAL_WHILE_REPORTING)
-    path = tmp_path / "runs.pt"
-    process = train_job(["--epochs", "100000", "--save", str(path)], path_first=tmp_path)
-    try:
-        process.send_signal(signal.SIGTERM)
-        _, err = process.communicate(timeout=120)
-    finally:
-        process.kill()
-    assert process.returncode == 130, err
+    err = stopped_by_sigterm(tmp_path, signal_first("gnnfuse.cli", "interrupted"), tmp_path / "runs.pt")
     assert "continue with:" in err, err
-
-
-# loaded by the training process (a sitecustomize on its path): the duplicate of the
-# stopping signal arrives while the interrupted run's checkpoint is being written
-_SIGNAL_WHILE_SAVING = """
-import os, signal
-import gnnfuse.training.checkpoint as checkpoint
-real = checkpoint.save_checkpoint
-def save_checkpoint(*args, **kwargs):
-    os.kill(os.getpid(), signal.SIGTERM)
-    return real(*args, **kwargs)
-checkpoint.save_checkpoint = save_checkpoint
-"""
 
 
 def test_a_duplicate_signal_while_the_stopped_run_is_saved_is_held(tmp_path):
@@ -233,15 +208,8 @@ def test_a_duplicate_signal_while_the_stopped_run_is_saved_is_held(tmp_path):
     is written after it. A duplicate arriving then (``timeout``'s second, read late on a
     busy machine) ended the process by SIGTERM's default action (status -15), before the
     checkpoint was written. It is held while saving, as between finished runs."""
-    (tmp_path / "sitecustomize.py").write_text(_SIGNAL_WHILE_SAVING)
     path = tmp_path / "runs.pt"
-    process = train_job(["--epochs", "100000", "--save", str(path)], path_first=tmp_path)
-    try:
-        process.send_signal(signal.SIGTERM)
-        _, err = process.communicate(timeout=120)
-    finally:
-        process.kill()
-    assert process.returncode == 130, err
+    stopped_by_sigterm(tmp_path, signal_first("gnnfuse.training.checkpoint", "save_checkpoint"), path)
     assert torch.load(path, weights_only=True)["interrupted"]["epoch"] >= 2
 
 
@@ -360,6 +328,21 @@ def _saved(value) -> io.BytesIO:
     torch.save(value, buffer)
     buffer.seek(0)
     return buffer
+
+
+def stopped_by_sigterm(tmp_path: Path, sitecustomize: str, path: Path) -> str:
+    """Stderr of ``gnnfuse train --epochs 100000 --save PATH`` with ``sitecustomize``
+    loaded at its start, sent one SIGTERM after its second epoch; asserts it exited
+    with 130 (a command that ignored the signal would train 100000 epochs: killed)."""
+    (tmp_path / "sitecustomize.py").write_text(sitecustomize)
+    process = train_job(["--epochs", "100000", "--save", str(path)], path_first=tmp_path)
+    try:
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    assert process.returncode == 130, err
+    return err
 
 
 def train_job(args: list[str], path_first: Path | None = None) -> subprocess.Popen:
