@@ -4,7 +4,6 @@ fastest schedule of each of its fused units (`tune`)."""
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import os
 import shlex
@@ -32,8 +31,8 @@ from .tuning import command as tuning_command
 from .training import (ConfigError, RunResult, TrainConfig, TrainingInterrupted, TrainSummary, make_config,
                        train_runs)
 from .training.checkpoint import read_checkpoint
-from .training.interrupt import INTERRUPTED, DeferredInterrupt
-from .training.loop import interrupted_result
+from .training.interrupt import INTERRUPTED
+from .training.loop import held_while_saving, interrupted_result
 from .training.config import FEATURE_PLACEMENTS
 
 
@@ -241,7 +240,7 @@ def run_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         # a duplicate of the stopping signal (``timeout`` sends two; a busy machine reads
         # the second late) arriving while the curves and the resume hint are written ended
         # the process by SIGTERM's default action, without them: held, as while saving
-        with DeferredInterrupt(terminate=True, quiet=True) if rank.world_size == 1 else contextlib.nullcontext():
+        with held_while_saving(rank.world_size, quiet=True):
             status = interrupted(stopped, args) if rank.is_main else INTERRUPTED
         if rank.world_size > 1 and stopped.state is None and not stopped.between_runs:
             if not rank.is_main:      # rank 0 may not know: the signal may have reached this rank alone

@@ -453,12 +453,8 @@ def shown(x: SymTensor) -> str:
     (an error message showed a mailbox's neighbour axis as a SymTensor repr)."""
     if not x.prefix:            # a captured tensor: no graph dims
         return str(list(x.value.shape))
-    if x.prefix == 3:
-        names = ["N", "D", "D"] if x.value.residency is Residency.PAIR else ["N", "1", "D"]
-    elif x.prefix == 2:
-        names = ["N", "D"]
-    else:
-        names = ["E" if x.value.residency in EDGE_ROWED else "N"]
+    row = "E" if x.prefix == 1 and x.value.residency in EDGE_ROWED else "N"
+    names = [row] + ["D" if neighbours else "1" for neighbours in x.neighbour_axes()]
     return "[" + ", ".join(names + [str(n) for n in x.value.shape]) + "]"
 
 
@@ -757,14 +753,15 @@ def _reshape(tracer: Tracer, x, *shape):
         raise next(s for s in shape[1:] if isinstance(s, RowCount)).error()
     # the row axis takes back its RowCount, a neighbour axis its in-degree, a pairwise
     # view's size-1 axis 1 (below); -1 keeps any of them
-    kept = [isinstance(s, RowCount) if i == 0 else isinstance(s, NeighbourCount) and x.neighbour_axes()[i - 1]
+    axes = x.neighbour_axes()
+    kept = [isinstance(s, RowCount) if i == 0 else isinstance(s, NeighbourCount) and axes[i - 1]
             for i, s in enumerate(lead)]
     if any(isinstance(s, SymTensor) for s in elem) or any(
             isinstance(s, SymTensor) and not keep for s, keep in zip(lead, kept)):
         raise tracer.error("a reshape size cannot depend on the in-degree (mailbox.shape[1]): it differs "
                            "per vertex; keep the neighbour axis as its own dim")
     if x.prefix == 3 and any(isinstance(s, int) and s == 1 and neighbours
-                             for s, neighbours in zip(lead[1:], x.neighbour_axes())):
+                             for s, neighbours in zip(lead[1:], axes)):
         raise tracer.error(f"reshape {list(shape)} of a pairwise {shown(x)} value sets a neighbour axis (the "
                            "in-degree long) to 1; keep it as x.shape[...] or -1")
     if any(not keep and not (isinstance(s, int) and s in (-1, 1)) for s, keep in zip(lead, kept)):

@@ -364,11 +364,11 @@ def train_runs(config: TrainConfig, *, log_epochs: bool = True,
                     from .checkpoint import set_aside                 # imports this module
                     print(f"{save_to} held a file before this command, replaced only once a run finishes: it is "
                           f"kept as {set_aside(save_to)}", file=sys.stderr)
-                with _held_while_saving(current().world_size, quiet=True):
+                with held_while_saving(current().world_size, quiet=True):
                     save_checkpoint(summary, save_to, interrupted=state)
             reason = error.reason if isinstance(error, StoppedAtOnce) else None
             raise TrainingInterrupted(summary, index, state, reason=reason) from None
-        with _held_while_saving(current().world_size) as held:
+        with held_while_saving(current().world_size) as held:
             summary.runs.append(result)
             if saving:
                 save_checkpoint(summary, save_to)
@@ -379,14 +379,15 @@ def train_runs(config: TrainConfig, *, log_epochs: bool = True,
     return summary
 
 
-def _held_while_saving(world_size: int, quiet: bool = False) -> contextlib.AbstractContextManager[DeferredInterrupt]:
+def held_while_saving(world_size: int, quiet: bool = False) -> contextlib.AbstractContextManager[DeferredInterrupt]:
     """What a Ctrl-C or SIGTERM does between a finished run and its checkpoint: held
     until the run is saved and reported, then it stops before the next run. It raised
     in the save, losing the finished run (the file kept the runs before it) and the
     resume hint. ``quiet`` while saving a run stopped by a signal, which said so: the
     run's own hold has ended with its epoch, and a duplicate of that signal (``timeout``
     sends two) arriving then ended the process by SIGTERM's default action, before the
-    checkpoint was written. One process only: ranks stop together (`distributed.stopping`),
+    checkpoint was written (and, quiet, while the command reports the stop: `cli.run_train`).
+    One process only: ranks stop together (`distributed.stopping`),
     and a rank holding it while the others start the next run would leave them waiting."""
     interrupt = DeferredInterrupt(when="before the next run, once this run is saved", terminate=True, quiet=quiet)
     return interrupt if world_size == 1 else contextlib.nullcontext(interrupt)     # never entered: hears none
