@@ -209,10 +209,19 @@ class APPNP(FixedAggregation, FixedFlow, OneLineRepr, CachedGraph, NotScriptable
             return "edge dropout in training"
         return propagation_problem(edge_index, edge_weight, self.cached and self.normalize)
 
-    @over_feature_batches
     @compile_path(_compile_problem)
     def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor,
                 edge_weight: torch.Tensor | None = None) -> torch.Tensor:
+        return self._propagated(x, edge_index, edge_weight, [])
+
+    @over_feature_batches
+    def _propagated(self, x: torch.Tensor, edge_index: Graph | torch.Tensor, edge_weight: torch.Tensor | None,
+                    dropped: list[torch.Tensor]) -> torch.Tensor:
+        """`forward` for one feature matrix (each of a [B, N, F] batch in turn). ``dropped``
+        holds each hop's edge-dropped weights, drawn for the first matrix and read by the
+        others: PyG drops the edges once per hop for the whole batch, so every matrix
+        propagates over the same dropped adjacency (drawn per matrix, a seeded batch was
+        1.3 off PyG's, and its matrices saw different graphs)."""
         x, graph, edge_weight = _normalized_layer_inputs(self, "APPNP", x, edge_index, edge_weight)
         add_self_loops = self.normalize and self.add_self_loops
         dropping = self.dropout > 0 and self.training
@@ -226,9 +235,11 @@ class APPNP(FixedAggregation, FixedFlow, OneLineRepr, CachedGraph, NotScriptable
                 weight = (_edge_weights(graph, x.dtype) if self.normalize
                           else x.new_ones(graph.num_edges))
             step = _appnp_dropped_step(float(self.alpha))
-            for _ in range(self.K):
+            for k in range(self.K):
                 if dropping:
-                    weight = F.dropout(weight, p=self.dropout)
+                    if len(dropped) == k:
+                        dropped.append(F.dropout(weight, p=self.dropout))
+                    weight = dropped[k]
                 h = step(graph, {"h": h, "h0": x}, {"w": weight})
             return h
         norm = _inv_sqrt_degree(graph, x.dtype) if self.normalize else x.new_ones(graph.num_nodes, 1)
