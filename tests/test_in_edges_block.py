@@ -102,6 +102,31 @@ def test_layers_on_the_block_give_the_full_layers_rows_and_self_loops_are_refuse
         block.reverse().add_self_loops()      # its source i is vertex rows[i]: loops i -> i join other vertices
 
 
+def test_under_torch_compile_a_block_runs_as_its_eager_call():
+    """Traced, a block was passed on as its src/dst arrays alone, which do not say that
+    destination i is vertex rows[i]: a compiled GATConv added loops i -> i on it without
+    a word (0.10 off the full layer's rows), where its eager call refuses them. A block
+    now runs eagerly under torch.compile (with a warning naming it): the loops refused
+    as there, and layers without loops give the full layer's rows."""
+    g = torch.Generator().manual_seed(2)
+    n, e = 16, 60
+    graph = gnnfuse.Graph(torch.randint(0, n, (e,), generator=g), torch.randint(0, n, (e,), generator=g), n)
+    rows = torch.tensor([5, 2, 7])
+    x = torch.randn(n, 6, dtype=f64, generator=g)
+    gat = gnnfuse.nn.GATConv(6, 4).double()
+    block = in_edges_block(graph, rows)
+    compiled = torch.compile(lambda layer, blk: layer((x, x[rows]), blk), backend="eager")
+    with pytest.warns(UserWarning, match="in_edges_block"), \
+            pytest.raises(ValueError, match="in_edges_block: its destination i is vertex rows"):
+        compiled(gat, block)
+    looped = in_edges_block(graph.remove_self_loops().add_self_loops(), rows)
+    expected = gat(x, graph)[rows]
+    gat.add_self_loops = False
+    torch.testing.assert_close(compiled(gat, looped), expected)
+    sage = gnnfuse.nn.SAGEConv(6, 5).double()
+    torch.testing.assert_close(compiled(sage, block), sage(x, graph)[rows])
+
+
 @settings(max_examples=40, deadline=None)
 @given(case=graphs(max_nodes=12), data=st.data())
 def test_a_blocks_self_loops_are_its_chosen_vertices_edges_to_themselves(case, data):

@@ -484,6 +484,13 @@ class Graph:
         """Whether sources and destinations are separate vertex sets (see the class doc)."""
         return self._num_src is not None
 
+    @property
+    def is_block(self) -> bool:
+        """Whether this is an `in_edges_block` (or a graph derived from one): its
+        destination i (source i, once reversed) stands for vertex ``rows[i]``, which its
+        ``src``/``dst`` arrays alone do not say."""
+        return self._dst_rows is not None or self._src_rows is not None
+
     def _one_vertex_set(self, what: str) -> None:
         if self.is_bipartite:
             raise ValueError(f"{what} needs one vertex set, but this graph is bipartite "

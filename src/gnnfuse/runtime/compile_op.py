@@ -117,12 +117,16 @@ def _degree_fake(steps, num_nodes, num_src_nodes, edges, dtype):
 def graph_input_problem(graph: object) -> str | None:
     """Why a graph argument cannot be traced into a `GraphRef`, or None: a plain [2, E]
     index tensor (not PyG's EdgeIndex subclass, not a sparse adjacency) or a `Graph`
-    without edge or node types can."""
+    without edge or node types that is no `in_edges_block` can."""
     if isinstance(graph, GraphRef):
         return None
     if isinstance(graph, Graph):
-        return "a Graph with edge or node types" if graph.edge_type is not None or graph.node_type is not None \
-            else None
+        if graph.edge_type is not None or graph.node_type is not None:
+            return "a Graph with edge or node types"
+        # traced as its src/dst alone, a block lost which vertex each destination is: the
+        # traced GATConv joined destination i to source i by its self loop, where the
+        # eager call refuses the loops (`Graph.add_self_loops`)
+        return "a Graph from in_edges_block" if graph.is_block else None
     # torch.export's non-strict tracing runs this code on FakeTensors (dynamo on plain ones)
     if (type(graph) is torch.Tensor or type(graph) is FakeTensor) and graph.layout is torch.strided and graph.dim() == 2:
         return None
