@@ -143,6 +143,27 @@ def test_a_graph_object_runs_in_the_compiled_graph():
 
 
 
+def test_a_graph_read_from_an_edge_index_object_is_refused_after_its_edit_as_eagerly():
+    """A Graph built from PyG's ``EdgeIndex``: a write through the EdgeIndex moves its own
+    version counter, not its tensor's, and only the graph's seal reads it. Traced as its
+    src/dst alone, the compiled layer kept the graph's layouts of the old edges under the
+    edited ids (SAGEConv 0.058 off a fresh graph's output) where the eager call refuses the
+    graph; it runs eagerly now, the edit refused as there."""
+    from torch_geometric import EdgeIndex
+
+    from gnnfuse.graph import GraphModifiedError
+    layer, _ = _pair("sage_aggr_list", "cpu")
+    x, edge_index = _inputs("cpu")
+    wrapped = EdgeIndex(edge_index, sparse_size=(NUM_NODES, NUM_NODES))
+    graph = Graph.from_edge_index(wrapped)
+    compiled = torch.compile(lambda features: layer(features, graph), backend="aot_eager")
+    with pytest.warns(UserWarning, match="a Graph read from a PyG EdgeIndex"):
+        assert_same_values(compiled(x), layer(x, graph), "before the edit")
+    wrapped[1, 0] = 4
+    with pytest.raises(GraphModifiedError, match="a PyG EdgeIndex"):
+        compiled(x)
+
+
 def test_a_graph_built_inside_compiled_code_breaks_the_graph_by_name():
     """A `Graph` built in the compiled code reads its ids' range (`id_bounds`), which
     dynamo traced as data-dependent values: fullgraph=True refused it with dynamo's

@@ -491,6 +491,13 @@ class Graph:
         ``src``/``dst`` arrays alone do not say."""
         return self._dst_rows is not None or self._src_rows is not None
 
+    @property
+    def reads_edge_index(self) -> bool:
+        """Whether this graph's edges are read from a PyG ``EdgeIndex`` that is still
+        alive: a write through it moves its own version counter only, not its tensor's,
+        so only this graph's `check_unchanged` sees it."""
+        return self._wrapper is not None and self._wrapper() is not None
+
     def _one_vertex_set(self, what: str) -> None:
         if self.is_bipartite:
             raise ValueError(f"{what} needs one vertex set, but this graph is bipartite "

@@ -117,7 +117,7 @@ def _degree_fake(steps, num_nodes, num_src_nodes, edges, dtype):
 def graph_input_problem(graph: object) -> str | None:
     """Why a graph argument cannot be traced into a `GraphRef`, or None: a plain [2, E]
     index tensor (not PyG's EdgeIndex subclass, not a sparse adjacency) or a `Graph`
-    without edge or node types that is no `in_edges_block` can."""
+    without edge or node types, neither an `in_edges_block` nor read from an EdgeIndex, can."""
     if isinstance(graph, GraphRef):
         return None
     if isinstance(graph, Graph):
@@ -126,7 +126,12 @@ def graph_input_problem(graph: object) -> str | None:
         # traced as its src/dst alone, a block lost which vertex each destination is: the
         # traced GATConv joined destination i to source i by its self loop, where the
         # eager call refuses the loops (`Graph.add_self_loops`)
-        return "a Graph from in_edges_block" if graph.is_block else None
+        if graph.is_block:
+            return "a Graph from in_edges_block"
+        # and a graph read from an EdgeIndex lost the EdgeIndex, whose in-place edits move
+        # no counter of src/dst: the traced graph kept its layouts of the old edges under
+        # the edited ids (a SAGEConv 0.058 off a fresh graph's), where eager calls refuse it
+        return "a Graph read from a PyG EdgeIndex" if graph.reads_edge_index else None
     # torch.export's non-strict tracing runs this code on FakeTensors (dynamo on plain ones)
     if (type(graph) is torch.Tensor or type(graph) is FakeTensor) and graph.layout is torch.strided and graph.dim() == 2:
         return None
