@@ -311,6 +311,20 @@ def test_gradcheck(make):
     assert torch.autograd.gradcheck(run, (x, *params), eps=1e-6, atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("make", [lambda: gnn.GCNConv(4, 2), lambda: gnn.APPNP(2, 0.1), lambda: gnn.SGConv(4, 2),
+                                  lambda: gnn.TAGConv(4, 2), lambda: gnn.ChebConv(4, 2, K=2)],
+                         ids=["GCNConv", "APPNP", "SGConv", "TAGConv", "ChebConv"])
+def test_a_bipartite_graph_is_refused_without_advising_a_pair_these_layers_refuse(make):
+    """These layers take no (x_src, x_dst) pair, yet given a bipartite Graph they advised
+    passing one, which they then refused as unsupported bipartite input."""
+    graph = gnnfuse.Graph.bipartite([0, 1, 2], [1, 0, 1], 3, 2)
+    layer = make()
+    with pytest.raises(ValueError, match=r"3 source and 2 destination nodes; pass \(x_src, x_dst\) to a layer that "
+                                         r"takes bipartite input \(GCNConv, APPNP, SGConv, TAGConv and ChebConv need "
+                                         r"a graph with one vertex set\)"):
+        layer(torch.randn(3, 4), graph)
+
+
 def test_bad_arguments_are_rejected():
     with pytest.raises(ValueError, match="normalization must be 'sym', 'rw' or None, got 'lap'"):
         gnn.ChebConv(4, 4, K=2, normalization="lap")

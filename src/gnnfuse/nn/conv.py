@@ -56,8 +56,11 @@ def _as_graph(graph: Graph | torch.Tensor, num_nodes: int) -> Graph:
     loop passing the same ``edge_index`` reuses its cached CSR as a `Graph` would."""
     if isinstance(graph, Graph):
         if graph.is_bipartite and graph.num_src_nodes != graph.num_nodes:
+            # (the layers without bipartite input come here too: the advice names them)
             raise ValueError(f"x has {num_nodes} rows but the graph has {graph.num_src_nodes} source and "
-                             f"{graph.num_nodes} destination nodes; pass (x_src, x_dst)")
+                             f"{graph.num_nodes} destination nodes; pass (x_src, x_dst) to a layer that takes "
+                             "bipartite input (GCNConv, APPNP, SGConv, TAGConv and ChebConv need a graph with "
+                             "one vertex set)")
         if graph.num_nodes != num_nodes:
             raise ValueError(f"x has {num_nodes} rows but the graph has {graph.num_nodes} nodes")
         return GraphRef.of(graph, num_nodes) if traced_layer() else graph
