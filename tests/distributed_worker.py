@@ -64,7 +64,19 @@ def feature_fetch(rank: int) -> dict[str, Any]:
     table = torch.arange(FEATURE_ROWS * 3, dtype=torch.float32).reshape(FEATURE_ROWS, 3) * 1.5
     store = PartitionedFeatures.from_full(table, rank, WORLD, torch.device("cpu"))
     rows = [store.gather(torch.tensor(ids, dtype=torch.int64)) for ids in FEATURE_IDS[rank]]
-    return {"rows": rows, "table": table, "bytes": store.bytes_moved()}
+    return {"rows": rows, "table": table, "bytes": store.bytes_moved(), "mismatched": mismatched_tables(rank)}
+
+
+def mismatched_tables(rank: int) -> torch.Tensor | str:
+    """A gather between ranks whose tables differ: rank 1 holds its rows as 2 float64 values
+    where rank 0 holds 4 float32, rows of the same 16 bytes (the refusal, or the rows)."""
+    table = torch.arange(FEATURE_ROWS * 4, dtype=torch.float32).reshape(FEATURE_ROWS, 4)
+    store = PartitionedFeatures.from_full(table if rank == 0 else table[:, :2].double(), rank, WORLD,
+                                          torch.device("cpu"))
+    try:
+        return store.gather(torch.tensor([0, FEATURE_ROWS - 1]))       # a row of each rank's
+    except ValueError as error:
+        return str(error)
 
 
 def ddp_gradients(rank: int) -> dict[str, Any]:

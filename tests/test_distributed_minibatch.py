@@ -78,8 +78,9 @@ def test_partitioned_fetch_equals_the_replicated_gather_and_counts_its_bytes(ran
             assert torch.equal(rows, table[torch.tensor(ids, dtype=torch.int64)])
     # By hand: rank 0 owns rows 0..4, rank 1 rows 5..10; rows are 3 float32 = 12 bytes.
     # Rank 0 asks [10, 0, 7, 3, 4] (10 and 7 from rank 1), then [2] (its own); rank 1
-    # asks [1, 9, 5, 6] (1 from rank 0), then nothing. Each gather also swaps one count.
-    counts = 2 * 8
+    # asks [1, 9, 5, 6] (1 from rank 0), then nothing. Each gather also swaps one count and
+    # the table's fingerprint (int64 each).
+    counts = 2 * 16
     assert ranks[0]["features"]["bytes"] == {
         "sent": counts + 2 * 8 + 1 * 12, "received": counts + 1 * 8 + 2 * 12,
         "sent_counts": counts, "sent_ids": 2 * 8, "sent_rows": 1 * 12,
@@ -88,6 +89,17 @@ def test_partitioned_fetch_equals_the_replicated_gather_and_counts_its_bytes(ran
         "sent": counts + 1 * 8 + 2 * 12, "received": counts + 2 * 8 + 1 * 12,
         "sent_counts": counts, "sent_ids": 1 * 8, "sent_rows": 2 * 12,
         "received_counts": counts, "received_ids": 2 * 8, "received_rows": 1 * 12}
+
+
+def test_partitioned_fetch_between_tables_of_other_row_shapes_or_dtypes_is_refused_on_every_rank(ranks):
+    """Rank 1 held 2 float64 values per row where rank 0 held 4 float32: rows of the same
+    16 bytes, so the all-to-all moved them without a word and rank 0 read row 10 from rank 1
+    as [0.0, 3.0625, 0.0, 3.0703] instead of [40, 41, 42, 43] (bytes of another size
+    aborted the process inside gloo: "Received data size doesn't match expected size")."""
+    for result in ranks:
+        said = result["features"]["mismatched"]
+        assert isinstance(said, str), said
+        assert "rank 1" in said and "[2] torch.float64" in said and "[4] torch.float32" in said, said
 
 
 @pytest.mark.parametrize("ids", [[3, 11], [-1, 2]])

@@ -4,7 +4,8 @@ With ``--features partitioned`` each rank keeps only rows ``[start, end)`` of th
 feature table (1/world of it), so a table larger than one GPU's memory fits across
 several. A batch names the rows it needs (``n_id``); each rank asks every owner for its
 rows and answers the others' requests, in three ``all_to_all_single`` exchanges: the
-request counts, the requested ids, the rows. gloo (CPU, torch >= 2.0) and NCCL both
+request counts (each with a fingerprint of the rank's table, `PartitionedFeatures`), the
+requested ids, the rows. gloo (CPU, torch >= 2.0) and NCCL both
 implement ``all_to_all_single`` with uneven split sizes, so one code path serves both.
 
 Contiguous ranges, not a hash or a METIS partition: ownership is a ``searchsorted``
@@ -16,11 +17,14 @@ locally by the collective and are not counted.
 """
 from __future__ import annotations
 
+import hashlib
 import math
 from collections import Counter
 
 import torch
 import torch.distributed as dist
+
+from .agreement import check_agreement
 
 ID_BYTES = 8        # the requested ids travel as int64
 
@@ -34,7 +38,13 @@ def row_ranges(num_rows: int, world_size: int) -> list[int]:
 class PartitionedFeatures:
     """This rank's rows of a table split by `row_ranges`, and the collective that reads
     any rows of the whole table (`gather`). Every rank must call `gather` the same
-    number of times in the same order (it is a collective), each with its own ids."""
+    number of times in the same order (it is a collective), each with its own ids.
+
+    Every rank's table must have the same row count, split and row shape and dtype
+    (`layout`): the rows cross as bytes, and where two ranks' rows had the same size in
+    bytes (4 float32 values against 2 float64) one read the other's as garbage, silently.
+    Each rank's request counts travel with a fingerprint of its layout, so a `gather`
+    between tables that differ raises `ValueError` on every rank before any row moves."""
 
     def __init__(self, local: torch.Tensor, bounds: list[int], rank: int, group: dist.ProcessGroup | None = None):
         if local.shape[0] != bounds[rank + 1] - bounds[rank]:
@@ -43,6 +53,9 @@ class PartitionedFeatures:
         self.local, self.rank, self.group = local, rank, group
         self.bounds = torch.tensor(bounds, dtype=torch.int64, device=local.device)
         self.world_size = len(bounds) - 1
+        self.layout = (f"a table of {bounds[-1]} rows split at {list(bounds)}, each row "
+                       f"{list(local.shape[1:])} {local.dtype}")
+        self._fingerprint = int.from_bytes(hashlib.sha256(self.layout.encode()).digest()[:8], "little", signed=True)
         self.bytes: Counter[str] = Counter()   # {sent,received}_{counts,ids,rows}
 
     @classmethod
@@ -68,9 +81,13 @@ class PartitionedFeatures:
         order = torch.argsort(owners, stable=True)
         wanted = ids[order]                                   # grouped by owner
         send_counts = torch.bincount(owners, minlength=self.world_size)
-        recv_counts = torch.empty_like(send_counts)
-        dist.all_to_all_single(recv_counts, send_counts, group=self.group)
-        send, recv = send_counts.tolist(), recv_counts.tolist()
+        header = torch.stack([send_counts, torch.full_like(send_counts, self._fingerprint)], dim=1)
+        received = torch.empty_like(header)
+        dist.all_to_all_single(received, header, group=self.group)       # a [count, fingerprint] per peer
+        send, (recv, fingerprints) = send_counts.tolist(), received.t().tolist()
+        if any(f != self._fingerprint for f in fingerprints):
+            # every rank got every peer's fingerprint, so all of them are here, in step
+            check_agreement([self.layout], "the feature tables the ranks gather rows from", self.group)
         asked = torch.empty(sum(recv), dtype=torch.int64, device=ids.device)
         dist.all_to_all_single(asked, wanted, recv, send, group=self.group)
         answer = self.local.index_select(0, asked - self.bounds[self.rank])
@@ -94,8 +111,8 @@ class PartitionedFeatures:
         row_bytes = math.prod(self.local.shape[1:]) * self.local.element_size()
         asked_of_others = sum(send) - send[self.rank]       # their rows come back to us
         asked_of_us = sum(recv) - recv[self.rank]           # our rows go out
-        self.bytes["sent_counts"] += ID_BYTES * (self.world_size - 1)
-        self.bytes["received_counts"] += ID_BYTES * (self.world_size - 1)
+        self.bytes["sent_counts"] += 2 * ID_BYTES * (self.world_size - 1)        # each with the fingerprint
+        self.bytes["received_counts"] += 2 * ID_BYTES * (self.world_size - 1)
         self.bytes["sent_ids"] += ID_BYTES * asked_of_others
         self.bytes["received_ids"] += ID_BYTES * asked_of_us
         self.bytes["sent_rows"] += row_bytes * asked_of_us
