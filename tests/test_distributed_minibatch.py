@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 
 import distributed_worker as worker
 from gnnfuse.cli import main
@@ -110,6 +111,23 @@ def test_partitioned_fetch_refuses_ids_outside_the_table_before_any_collective(i
     store = PartitionedFeatures(table[:5], row_ranges(11, 2), 0)
     with pytest.raises(ValueError, match=r"row ids must lie in \[0, 11\)"):
         store.gather(torch.tensor(ids))
+
+
+def test_partitioned_fetch_from_a_learnable_table_is_refused_unless_gradients_are_off():
+    """gather moves rows by collectives outside autograd: rows of a table that requires
+    grad (an embedding trained across ranks) came back with requires_grad False, so the
+    table never trained and nothing said so, where ``table[ids]`` on one process trains
+    it. Refused before any collective; under no_grad (inference) it reads as before."""
+    table = torch.arange(11 * 3, dtype=torch.float32).reshape(11, 3)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        store = PartitionedFeatures(table.clone().requires_grad_(), row_ranges(11, 1), 0)
+        with pytest.raises(ValueError, match="requires grad"):
+            store.gather(torch.tensor([4, 0]))
+        with torch.no_grad():
+            assert torch.equal(store.gather(torch.tensor([4, 0])), table[[4, 0]])
+    finally:
+        dist.destroy_process_group()
 
 
 def test_ddp_gradients_are_the_average_of_each_ranks_own(ranks):

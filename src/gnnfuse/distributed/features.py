@@ -75,6 +75,11 @@ class PartitionedFeatures:
 
     def gather(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows ``ids`` (global, on this rank's device) of the whole table, in order."""
+        if self.local.requires_grad and torch.is_grad_enabled():
+            # the rows cross by collectives outside autograd: they would come back detached
+            raise ValueError("gather reads rows without autograd, so a table that requires grad (a learnt "
+                             "embedding) would get no gradient from them; gather under torch.no_grad(), or keep "
+                             "a learnt table replicated")
         ids = ids.to(self.local.device, torch.int64)
         self._check_ids(ids)
         owners = self.owner(ids)
