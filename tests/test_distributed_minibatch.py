@@ -113,6 +113,19 @@ def test_partitioned_fetch_refuses_ids_outside_the_table_before_any_collective(i
         store.gather(torch.tensor(ids))
 
 
+@pytest.mark.parametrize("ids", [[True, False, True, False], [2.0, 0.0]], ids=["mask", "float"])
+def test_partitioned_fetch_refuses_ids_that_are_not_integers(ids):
+    """A boolean mask went in as ids 1 and 0 (``ids.to(int64)``): gather(mask) returned
+    rows [1, 0, 1, 0] of the table where ``table[mask]`` selects rows [0, 2], silently."""
+    table = torch.arange(11 * 3, dtype=torch.float32).reshape(11, 3)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        with pytest.raises(ValueError, match="integer row ids"):
+            PartitionedFeatures(table, row_ranges(11, 1), 0).gather(torch.tensor(ids))
+    finally:
+        dist.destroy_process_group()
+
+
 def test_partitioned_fetch_from_a_learnable_table_is_refused_unless_gradients_are_off():
     """gather moves rows by collectives outside autograd: rows of a table that requires
     grad (an embedding trained across ranks) came back with requires_grad False, so the

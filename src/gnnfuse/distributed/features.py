@@ -80,6 +80,10 @@ class PartitionedFeatures:
             raise ValueError("gather reads rows without autograd, so a table that requires grad (a learnt "
                              "embedding) would get no gradient from them; gather under torch.no_grad(), or keep "
                              "a learnt table replicated")
+        if ids.dtype == torch.bool or ids.is_floating_point() or ids.is_complex():
+            # converted to int64, a mask read rows 1 and 0 where table[mask] selects rows
+            raise ValueError(f"gather takes integer row ids, got a {ids.dtype} tensor; for a boolean mask pass "
+                             "mask.nonzero().squeeze(1)")
         ids = ids.to(self.local.device, torch.int64)
         self._check_ids(ids)
         owners = self.owner(ids)
