@@ -2,6 +2,7 @@
 curves, the model registry) and reference accuracy."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from pathlib import Path
@@ -558,6 +559,20 @@ def test_make_config_refuses_values_of_the_wrong_type(overrides, message):
         make_config(overrides.pop("model"), **overrides)
     config = make_config("gcn", epochs=np.int64(3), lr=np.float32(0.1), runs=1)     # numpy scalars are numbers
     assert config.epochs == 3
+
+
+def test_numpy_scalars_in_a_config_leave_a_checkpoint_that_reloads(tmp_path):
+    """make_config took numpy scalars as numbers and kept them: a run trained and saved,
+    but its checkpoint held numpy objects, which torch.load(weights_only=True) refuses,
+    so load_checkpoint and --resume called the file "not a gnnfuse train checkpoint"."""
+    config = make_config("gcn", epochs=np.int64(1), seed=np.int64(2), lr=np.float64(0.01), dropout=np.float32(0.5))
+    path = tmp_path / "run.pt"
+    summary = train_runs(config, log_epochs=False, save_to=str(path))
+    model, checkpoint = load_checkpoint(path)
+    assert checkpoint["runs"][0]["test_acc"] == summary.runs[0].test_acc and checkpoint["config"]["seed"] == 2
+    sampled = make_config("sage", fanout=np.array([3, 2]), batch_size=np.int64(64), runs=np.int64(1))
+    for value in (*dataclasses.astuple(config), *dataclasses.astuple(sampled), *sampled.fanout):
+        assert type(value) in (int, float, str, bool, tuple, type(None)), (value, type(value))
 
 
 @pytest.mark.parametrize("name,value", [("GNNFUSE_BACKEND", "tritn"), ("GNNFUSE_AUTOTUNE", "yes")])

@@ -88,6 +88,14 @@ def make_config(model: str, dataset: str = DEFAULT_DATASET, *, runs: int = 1, se
     _check_types({"runs": runs, "seed": seed, "loader_workers": loader_workers, "batch_size": batch_size,
                   **{key: values[key] for key in ("epochs", "patience", "hidden")}},
                  {key: values[key] for key in ("lr", "weight_decay", "dropout")}, fanout)
+    # numpy scalars pass as numbers, but the config is saved in checkpoints, which
+    # torch.load(weights_only=True) reads: a numpy object there made load_checkpoint and
+    # --resume refuse the file as "not a gnnfuse train checkpoint"
+    runs, seed, loader_workers = int(runs), int(seed), int(loader_workers)
+    batch_size = None if batch_size is None else int(batch_size)
+    fanout = None if fanout is None else tuple(int(k) for k in fanout)
+    values.update({key: int(values[key]) for key in ("epochs", "patience", "hidden") if values[key] is not None})
+    values.update({key: float(values[key]) for key in ("lr", "weight_decay", "dropout")})
     checks = [(runs >= 1, f"runs must be >= 1, got {runs}"),
               # numpy's generators (the split of a data set without one) take no negative seed
               (seed >= 0, f"seed must be >= 0, got {seed}"),
