@@ -550,6 +550,12 @@ def test_info_says_the_npz_graphs_are_directed_unlike_pygs_reading_of_them(share
     ({"seed": 0.5}, "seed must be an integer, got 0.5"),      # trained silently as seed 0
     ({"lr": "0.1"}, "lr must be a number, got '0.1'"),
     ({"model": "sage", "fanout": (5, 2.0)}, "fanout must be a sequence of integers"),
+    # PyG's per-edge-type num_neighbors: trained silently on its keys, here fanout (5,)
+    ({"model": "sage", "fanout": {5: [10, 10]}}, "fanout must be a sequence of integers"),
+    ({"model": "sage", "fanout": {10, 5}}, "fanout must be a sequence of integers"),     # in no set order
+    ({"model": "sage", "fanout": (5, 5), "dkp": "no"}, "dkp must be True or False, got 'no'"),   # trained with dkp
+    ({"patience": False}, "patience must be an integer, got False"),        # trained without early stopping
+    ({"dataset": 123}, "dataset must be a data set's name, got 123"),       # an AttributeError once training
 ])
 def test_make_config_refuses_values_of_the_wrong_type(overrides, message):
     """The range checks only compared values, so a float count passed and failed inside

@@ -6,7 +6,7 @@ import dataclasses
 import math
 import numbers
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,12 +82,17 @@ def make_config(model: str, dataset: str = DEFAULT_DATASET, *, runs: int = 1, se
     if given.get("dropout") and spec.defaults.hidden is None:     # sgc: one linear map, nothing to drop
         raise ConfigError(f"model {model!r} has no hidden layer and no dropout, so dropout does not apply "
                           "(it was accepted and ignored)")
-    if given.get("patience") == 0:
-        given["patience"] = None
     values = {**dataclasses.asdict(spec.defaults), **given}
     _check_types({"runs": runs, "seed": seed, "loader_workers": loader_workers, "batch_size": batch_size,
                   **{key: values[key] for key in ("epochs", "patience", "hidden")}},
                  {key: values[key] for key in ("lr", "weight_decay", "dropout")}, fanout)
+    # after the type check: False (== 0) and 0.0 became "never stop early" unchecked
+    if values["patience"] == 0:
+        values["patience"] = None
+    if not isinstance(dataset, str):      # failed inside loading, with "'int' object has no attribute 'lower'"
+        raise ConfigError(f"dataset must be a data set's name, got {dataset!r}")
+    if not isinstance(dkp, bool):         # a string such as "no" is true: it trained with dkp on
+        raise ConfigError(f"dkp must be True or False, got {dkp!r}")
     # numpy scalars pass as numbers, but the config is saved in checkpoints, which
     # torch.load(weights_only=True) reads: a numpy object there made load_checkpoint and
     # --resume refuse the file as "not a gnnfuse train checkpoint"
@@ -153,7 +158,9 @@ def _check_types(counts: dict[str, Any], rates: dict[str, Any], fanout: Any) -> 
     for name, value in rates.items():
         if not isinstance(value, numbers.Real) or isinstance(value, bool):
             raise ConfigError(f"{name.replace('_', ' ')} must be a number, got {value!r}")
-    if fanout is not None and (isinstance(fanout, (str, bytes)) or not isinstance(fanout, Iterable)
+    # a mapping (PyG's per-edge-type num_neighbors) iterates its keys, and a set in no
+    # order of layers: both trained silently on a fanout made of whatever came out
+    if fanout is not None and (isinstance(fanout, (str, bytes, Mapping, Set)) or not isinstance(fanout, Iterable)
                                or not all(integer(k) for k in fanout)):
         raise ConfigError(f"fanout must be a sequence of integers (one per layer), got {fanout!r}")
 
