@@ -581,6 +581,21 @@ def test_numpy_scalars_in_a_config_leave_a_checkpoint_that_reloads(tmp_path):
         assert type(value) in (int, float, str, bool, tuple, type(None)), (value, type(value))
 
 
+@pytest.mark.parametrize("options, message", [
+    (["--lr", "1e38"], "lr must be finite, >= 0 and at most 3.4e+37"),            # Adam's first step, lr / 0.1
+    (["--weight-decay", "1e300"], "weight decay must be finite, >= 0 and at most 3.4e+37"),
+    (["--epochs", str(2**63)], "epochs must be below 2**63"),                     # range()'s length
+    (["--model", "sage", "--fanout", "2", "--batch-size", str(2**63)], "batch size must be below 2**63"),
+])
+def test_a_value_too_large_to_train_with_is_a_usage_error(options, message, capsys):
+    """Finite values past what training holds: a float32 step size (RuntimeError: value
+    cannot be converted to type float without overflow, from inside Adam's first step)
+    or a 64-bit count (OverflowError, ValueError) ended the command with a traceback."""
+    with pytest.raises(SystemExit) as stop:
+        main(["train", "--epochs", "1", *options])
+    assert stop.value.code == 2 and message in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("name,value", [("GNNFUSE_BACKEND", "tritn"), ("GNNFUSE_AUTOTUNE", "yes")])
 def test_a_bad_setting_variable_is_a_usage_error_not_a_traceback(name, value, monkeypatch, capsys):
     """A bad GNNFUSE_* value surfaced as a ValueError traceback from inside the first

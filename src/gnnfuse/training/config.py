@@ -3,12 +3,13 @@ defaults by `make_config`, and `ConfigError` for a request that cannot run as gi
 from __future__ import annotations
 
 import dataclasses
-import math
 import numbers
 import os
 from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass
 from typing import Any
+
+import torch
 
 from ..data import DEFAULT_DATASET
 from ..data.registry import RELATIONAL_DATASETS
@@ -18,6 +19,11 @@ from ..nn.models import get_model
 
 FEATURE_PLACEMENTS = ("replicated", "partitioned")     # where data-parallel ranks keep the features
 MAX_SEED = 2**63     # a run's seed is below it, leaving room below torch's 2**64 for the ranks' seed strides
+MAX_COUNT = 2**63    # epochs and batch sizes are 64-bit integers to range() and torch
+# Adam's first step scales by lr / (1 - beta1) = 10 lr and its weight decay by the rate,
+# as float32 numbers (the parameters' dtype): a larger rate failed inside that step with
+# "value cannot be converted to type float without overflow"
+MAX_RATE = float(torch.finfo(torch.float32).max) * (1 - 0.9)
 
 
 class ConfigError(ValueError):
@@ -109,12 +115,14 @@ def make_config(model: str, dataset: str = DEFAULT_DATASET, *, runs: int = 1, se
               (seed + runs - 1 < MAX_SEED, f"seed must be below 2**63, and so must the last run's seed "
                f"(seed + runs - 1); got {seed + runs - 1}"),
               (values["epochs"] >= 1, f"epochs must be >= 1, got {values['epochs']}"),
+              (values["epochs"] < MAX_COUNT, f"epochs must be below 2**63, got {values['epochs']}"),
               (values["patience"] is None or values["patience"] >= 1,
                f"patience must be >= 0, got {values['patience']}"),
               (values["hidden"] is None or values["hidden"] >= 1, f"hidden must be >= 1, got {values['hidden']}"),
-              (0 <= values["lr"] < math.inf, f"lr must be finite and >= 0, got {values['lr']}"),
-              (0 <= values["weight_decay"] < math.inf,
-               f"weight decay must be finite and >= 0, got {values['weight_decay']}"),
+              (0 <= values["lr"] <= MAX_RATE,
+               f"lr must be finite, >= 0 and at most {MAX_RATE:.2g}, got {values['lr']}"),
+              (0 <= values["weight_decay"] <= MAX_RATE,
+               f"weight decay must be finite, >= 0 and at most {MAX_RATE:.2g}, got {values['weight_decay']}"),
               (0 <= values["dropout"] < 1, f"dropout must be in [0, 1), got {values['dropout']}"),
               (device in ("cpu", "cuda"), f"device must be cpu or cuda, got {device!r}")]
     checks.append((features in FEATURE_PLACEMENTS,
@@ -174,4 +182,5 @@ def minibatch_checks(model: str, fanout: tuple[int, ...] | None, batch_size: int
                                      f"{', '.join(BLOCK_MODELS)}"),
             (len(fanout) >= 1 and all(k >= 1 or k == -1 for k in fanout),
              f"fanout must be one count >= 1 (or -1 for all) per layer, got {list(fanout)}"),
-            (batch_size is None or batch_size >= 1, f"batch size must be >= 1, got {batch_size}")]
+            (batch_size is None or batch_size >= 1, f"batch size must be >= 1, got {batch_size}"),
+            (batch_size is None or batch_size < MAX_COUNT, f"batch size must be below 2**63, got {batch_size}")]
