@@ -596,6 +596,16 @@ def test_a_value_too_large_to_train_with_is_a_usage_error(options, message, caps
     assert stop.value.code == 2 and message in capsys.readouterr().err
 
 
+def test_mini_batches_of_a_typed_data_set_are_a_usage_error(capsys):
+    """--fanout on a data set with typed edges (the *-like relational presets) ended with
+    the loader's "ValueError: NeighborLoader samples a homogeneous graph ..." traceback,
+    after the data set was loaded."""
+    with pytest.raises(SystemExit) as stop:
+        main(["train", "--model", "sage", "--dataset", "aifb-like", "--fanout", "2", "--epochs", "1"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "--fanout" in err and "aifb-like" in err and "Traceback" not in err, err
+
+
 @pytest.mark.parametrize("name,value", [("GNNFUSE_BACKEND", "tritn"), ("GNNFUSE_AUTOTUNE", "yes")])
 def test_a_bad_setting_variable_is_a_usage_error_not_a_traceback(name, value, monkeypatch, capsys):
     """A bad GNNFUSE_* value surfaced as a ValueError traceback from inside the first

@@ -35,6 +35,11 @@ def prepare_data(config: TrainConfig, spec: ModelSpec) -> PreparedData:
         dataset = load_node_dataset(config.dataset, config.root)
     except LOAD_ERRORS as error:
         raise ConfigError(str(error)) from None
+    if config.fanout is not None and dataset.graph.edge_type is not None:
+        # the loader refuses it, but only once a run starts, as a traceback
+        raise ConfigError(f"--fanout samples mini-batches of a homogeneous graph, and {config.dataset}'s edges are "
+                          f"typed ({dataset.graph.num_edge_types} relations): train it on the full graph "
+                          "(without --fanout)")
     if dataset.train_mask is None:
         dataset = random_split(dataset, seed=config.seed)
         print(f"{dataset.name} has no split: using random_split(seed={config.seed})")
