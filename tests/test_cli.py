@@ -332,6 +332,21 @@ def test_thread_count_defaults_to_half_the_usable_cpus_and_yields_to_the_user(re
     assert exit_info.value.code == 2 and "$GNNFUSE_NUM_THREADS must be >= 1, got 0" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("count", [100_000, 2**70])
+def test_a_thread_count_past_any_machine_is_a_usage_error(count, restore_threads, monkeypatch, capsys):
+    """--threads 100000 reached torch.set_num_threads: the OpenMP runtime, creating them
+    at the first parallel op past the OS's thread limit, ended gnnfuse train with a
+    segmentation fault (exit 139) or libgomp's "Thread creation failed" abort, after the
+    first output line; --threads 2**70 was "error: Overflow when unpacking long long"."""
+    def guarded(n: int) -> None:
+        assert n < count, f"torch.set_num_threads({n}) was called"
+    monkeypatch.setattr(torch, "set_num_threads", guarded)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--threads", str(count), "--epochs", "1"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "thread count (--threads) must be at most" in err and str(count) in err, err
+
+
 def test_explain_says_why_its_edge_count_differs_from_info(capsys):
     assert main(["info", "synthetic"]) == 0
     edges = int(next(line for line in capsys.readouterr().out.splitlines() if line.startswith("edges")).split()[1])

@@ -20,6 +20,11 @@ import torch
 THREADS_ENV = "GNNFUSE_NUM_THREADS"
 TORCH_THREAD_ENVS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
+# The OpenMP runtime creates every thread asked for at the first parallel op, and past
+# the OS's thread limit it crashes: 100000 on a 2-CPU machine was a segmentation fault
+# (exit 139) after the command's first output line. Far more than any machine's cores,
+# and never fewer than one thread per CPU of this one.
+MAX_THREADS = max(1024, os.cpu_count() or 1)
 
 
 def usable_cpus() -> int:
@@ -45,7 +50,7 @@ def configure_threads(requested: int | None = None) -> int | None:
     or None where the user's $OMP_NUM_THREADS / $MKL_NUM_THREADS already chose it.
 
     `requested` (the ``--threads`` option) wins, then ``$GNNFUSE_NUM_THREADS``; a value
-    below 1 is a `ValueError`.
+    below 1 or above `MAX_THREADS` is a `ValueError`.
     """
     chosen, source = requested, "the thread count (--threads)"
     if chosen is None and os.environ.get(THREADS_ENV):
@@ -60,6 +65,8 @@ def configure_threads(requested: int | None = None) -> int | None:
         chosen = default_num_threads()
     if chosen < 1:
         raise ValueError(f"{source} must be >= 1, got {chosen}")
+    if chosen > MAX_THREADS:
+        raise ValueError(f"{source} must be at most {MAX_THREADS}, got {chosen}")
     torch.set_num_threads(chosen)
     _REQUESTED[0] = requested
     return chosen
