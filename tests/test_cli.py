@@ -621,6 +621,18 @@ def test_mini_batches_of_a_typed_data_set_are_a_usage_error(capsys):
     assert stop.value.code == 2 and "--fanout" in err and "aifb-like" in err and "Traceback" not in err, err
 
 
+def test_more_loader_workers_than_can_start_is_a_usage_error(monkeypatch, capsys):
+    """--num-workers 10**20 spawned worker processes until "OSError: [Errno 24] Too many
+    open files" ended the command with a traceback."""
+    import gnnfuse.loader.workers as workers
+    def spawned(*args, **kwargs):
+        raise AssertionError("a loader worker was started")
+    monkeypatch.setattr(workers, "_check_spawnable", spawned)
+    with pytest.raises(SystemExit) as stop:
+        main(["train", "--model", "sage", "--fanout", "2", "--epochs", "1", "--num-workers", str(10**20)])
+    assert stop.value.code == 2 and "loader workers must be at most" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("name,value", [("GNNFUSE_BACKEND", "tritn"), ("GNNFUSE_AUTOTUNE", "yes")])
 def test_a_bad_setting_variable_is_a_usage_error_not_a_traceback(name, value, monkeypatch, capsys):
     """A bad GNNFUSE_* value surfaced as a ValueError traceback from inside the first

@@ -24,6 +24,10 @@ MAX_COUNT = 2**63    # epochs and batch sizes are 64-bit integers to range() and
 # as float32 numbers (the parameters' dtype): a larger rate failed inside that step with
 # "value cannot be converted to type float without overflow"
 MAX_RATE = float(torch.finfo(torch.float32).max) * (1 - 0.9)
+# Loader worker processes each hold pipes to this one: --num-workers 10**20 spawned
+# processes until "OSError: Too many open files" (a traceback, hundreds of processes on).
+# More workers than CPUs prepare no batch sooner; a few dozen always pass.
+MAX_LOADER_WORKERS = max(64, os.cpu_count() or 1)
 
 
 class ConfigError(ValueError):
@@ -142,6 +146,8 @@ def make_config(model: str, dataset: str = DEFAULT_DATASET, *, runs: int = 1, se
                    f"model {model!r} predicts links of a relational data set "
                    f"({', '.join(sorted(RELATIONAL_DATASETS))}), not {dataset}"))
     checks.append((loader_workers >= 0, f"loader workers must be >= 0, got {loader_workers}"))
+    checks.append((loader_workers <= MAX_LOADER_WORKERS,
+                   f"loader workers must be at most {MAX_LOADER_WORKERS}, got {loader_workers}"))
     checks.append((not loader_workers or fanout is not None,
                    "loader workers prepare sampled mini-batches: they need a fanout"))
     for ok, message in checks + minibatch_checks(model, fanout, batch_size):
