@@ -580,6 +580,9 @@ def test_make_config_refuses_values_of_the_wrong_type(overrides, message):
         make_config(overrides.pop("model"), **overrides)
     config = make_config("gcn", epochs=np.int64(3), lr=np.float32(0.1), runs=1)     # numpy scalars are numbers
     assert config.epochs == 3
+    # an iterator is read once: the type check emptied it, and the range check then
+    # reported "fanout must be one count >= 1 ... per layer, got []"
+    assert make_config("sage", fanout=map(int, "5,3".split(","))).fanout == (5, 3)
 
 
 def test_numpy_scalars_in_a_config_leave_a_checkpoint_that_reloads(tmp_path):

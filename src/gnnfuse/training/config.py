@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import numbers
 import os
-from collections.abc import Iterable, Mapping, Set
+from collections.abc import Iterable, Iterator, Mapping, Set
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,6 +93,8 @@ def make_config(model: str, dataset: str = DEFAULT_DATASET, *, runs: int = 1, se
         raise ConfigError(f"model {model!r} has no hidden layer and no dropout, so dropout does not apply "
                           "(it was accepted and ignored)")
     values = {**dataclasses.asdict(spec.defaults), **given}
+    if isinstance(fanout, Iterator):    # map(int, text.split(",")): read once, not emptied by the type check
+        fanout = tuple(fanout)
     _check_types({"runs": runs, "seed": seed, "loader_workers": loader_workers, "batch_size": batch_size,
                   **{key: values[key] for key in ("epochs", "patience", "hidden")}},
                  {key: values[key] for key in ("lr", "weight_decay", "dropout")}, fanout)
