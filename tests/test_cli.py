@@ -147,6 +147,10 @@ def test_save_writes_loadable_best_val_weights(tmp_path, capsys):
     assert test_acc == pytest.approx(checkpoint["runs"][1]["test_acc"], abs=1e-6)
     with pytest.raises(ValueError, match="run 2 does not exist"):
         load_checkpoint(path, run=2)
+    # True (== 1) rebuilt run 1's model, 1.0 raised "list indices must be integers"
+    for run in (True, 1.0):
+        with pytest.raises(ValueError, match=re.escape(f"run must be the index of a run (0 to 1), got {run!r}")):
+            load_checkpoint(path, run=run)
 
 
 def test_plot_writes_a_png(tmp_path, capsys):

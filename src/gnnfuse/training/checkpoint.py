@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import os
 import warnings
 from typing import Any
@@ -134,6 +135,8 @@ def load_checkpoint(path: str | os.PathLike, run: int = 0) -> tuple[nn.Module, d
     """The model of run `run` from a `save_checkpoint` file, weights loaded, in eval mode,
     with the whole checkpoint (config, accuracies) alongside."""
     checkpoint = read_checkpoint(path)
+    if isinstance(run, bool) or not isinstance(run, numbers.Integral):   # True indexed run 1
+        raise ValueError(f"run must be the index of a run (0 to {len(checkpoint['runs']) - 1}), got {run!r}")
     if not 0 <= run < len(checkpoint["runs"]):
         raise ValueError(f"{path} holds {len(checkpoint['runs'])} run(s); run {run} does not exist")
     saved = checkpoint["runs"][run]
