@@ -225,6 +225,37 @@ def test_a_source_node_type_left_out_of_the_call_is_named(conv):
         model(x, edges)
 
 
+@pytest.mark.parametrize("conv", ["GraphConv", "RGCNConv"])
+def test_a_layer_reading_a_node_type_no_earlier_layer_updated_is_refused_at_conversion(conv):
+    """A node type no edge type ends at ('inst', only a source) has no representation after
+    the first layer, so PyG's transformer hands the second layer of ('inst', 'hosts',
+    'author') the literal pair (None, x_author): the converted model failed at every call
+    with "GraphConv: (x_src, x_dst) must be tensors (x_dst may be None), got (NoneType,
+    Tensor)", naming neither the edge type nor the node type nor why (PyG's fails with
+    "'NoneType' object has no attribute 'dim'"), and RGCNConv, which reads a None source
+    as featureless input, ran on one-hot rows in place of 'inst''s features, silently
+    (PyG's RGCNConv fails there). Refused at conversion, naming all three."""
+    class GNN(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            if conv == "GraphConv":
+                self.conv1, self.conv2 = gnn.SAGEConv((-1, -1), 4), gnn.GraphConv((-1, -1), 3)
+            else:
+                self.conv1, self.conv2 = gnn.RGCNConv((3, 3), 3, 2), gnn.RGCNConv((3, 3), 3, 2)
+
+        def forward(self, x, edge_index, edge_type):
+            if conv == "GraphConv":
+                return self.conv2(self.conv1(x, edge_index), edge_index)
+            return self.conv2(self.conv1(x, edge_index, edge_type), edge_index, edge_type)
+    metadata = (["paper", "author", "inst"], [("author", "writes", "paper"), ("paper", "rev_writes", "author"),
+                                             ("inst", "hosts", "author")])
+    with pytest.warns(UserWarning, match="do not get updated"):
+        with pytest.raises(ValueError, match=r"to_hetero: the model's conv2 reads node type 'inst', the source of "
+                                             r"edge type \('inst', 'hosts', 'author'\), but no earlier layer gives "
+                                             r"'inst' a representation: no edge type of metadata\[1\] ends at it"):
+            gnn.to_hetero(GNN(), metadata)
+
+
 @pytest.mark.parametrize("round_trip", ["pickle", "torch.save"])
 def test_a_saved_model_still_names_an_edge_type_left_out(round_trip):
     """A pickled or saved converted model is rebuilt by tracing its generated code anew,

@@ -115,6 +115,7 @@ def _check_inputs(converted: torch.fx.GraphModule, layer_names: set[str],
     A graph edit, not a hook on the layer: the layers stay as PyG's transformer left them
     (hooks change how some are run)."""
     by_key = {"__".join(t): tuple(t) for t in edge_types}
+    destinations = {t[-1] for t in edge_types}
     graph = converted.graph
     for node in list(graph.nodes):
         if node.op != "call_module" or node.target not in layer_names:
@@ -133,6 +134,8 @@ def _check_inputs(converted: torch.fx.GraphModule, layer_names: set[str],
             else:
                 kwargs["edge_index"] = checked
         x = args[0] if args else kwargs.get("x")
+        if isinstance(x, tuple) and len(x) == 2 and x[0] is None and edge_type[0] not in destinations:
+            _refuse_unrepresented_source(edge_type, owner)
         if isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], torch.fx.Node):
             with graph.inserting_before(node):
                 rows = graph.call_function(_given_source_rows, (x[0], edge_type, owner))
@@ -143,6 +146,24 @@ def _check_inputs(converted: torch.fx.GraphModule, layer_names: set[str],
         node.args, node.kwargs = tuple(args), kwargs
     graph.lint()
     converted.recompile()
+
+
+def _refuse_unrepresented_source(edge_type: tuple[str, str, str], layer: str) -> None:
+    """Refuse a relation layer whose source rows PyG's transformer wrote as a literal None:
+    its source node type has no representation there, because no edge type ends at it and
+    an earlier layer dropped it from its output (PyG's transformer only warns that it is
+    "not updated"). Every call then failed inside the layer, naming neither the edge type
+    nor the node type ("(x_src, x_dst) must be tensors ..., got (NoneType, Tensor)"), or,
+    in RGCNConv, which reads a None source as featureless input, ran on one-hot rows in
+    place of the features the x_dict gave that type (PyG's RGCNConv fails there). Called
+    only for a source type no edge type ends at: a None source of any other type can only
+    be the model's own ``(None, x)``, which RGCNConv reads as featureless input."""
+    src = edge_type[0]
+    raise ValueError(f"to_hetero: the model's {layer} reads node type {src!r}, the source of edge type "
+                     f"{edge_type}, but no earlier layer gives {src!r} a representation: no edge type of "
+                     f"metadata[1] ends at it, so the layer before leaves it out of its output. Add an edge type "
+                     f"ending at {src!r} (a reverse edge type, as torch_geometric.transforms.ToUndirected adds), "
+                     f"or leave {edge_type} out of the metadata")
 
 
 def _given_edge_index(edge_index: Any, edge_type: tuple[str, str, str], layer: str) -> Any:
