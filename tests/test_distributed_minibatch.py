@@ -334,6 +334,8 @@ def test_a_rank_without_torchrun_environment_names_the_missing_variables(monkeyp
 @pytest.mark.parametrize("argv, message", [
     (["--gpus", "2", "--cpu-ranks", "2"], "give one"),
     (["--cpu-ranks", "0"], "--cpu-ranks must be >= 1"),
+    # an OverflowError traceback from inside torch.multiprocessing before
+    (["--cpu-ranks", str(10**20)], "--cpu-ranks 10+ starts a process per rank, but this machine lets a user run"),
     (["--cpu-ranks", "2", "--device", "cuda"], "for GPU ranks use --gpus N"),
     (["--gpus", "2"], "sees no GPU|NCCL|visible"),
     (["--features", "partitioned"], "partitioned features .* need a fanout"),

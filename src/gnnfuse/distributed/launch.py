@@ -65,8 +65,19 @@ def ranks_and_device(gpus: int | None, cpu_ranks: int | None, device: str) -> tu
     if cpu_ranks is not None:
         if device == "cuda":
             raise DistributedError("--cpu-ranks N starts CPU ranks (gloo); for GPU ranks use --gpus N")
+        if cpu_ranks > (most := _most_processes()):   # 10**20 overflowed inside torch.multiprocessing
+            raise DistributedError(f"--cpu-ranks {cpu_ranks} starts a process per rank, but this machine lets a "
+                                   f"user run at most {most} processes")
         return cpu_ranks, "cpu"
     return None, device
+
+
+def _most_processes() -> int:
+    """The processes one user may run here (RLIMIT_NPROC), or Linux's largest process id
+    where that is unlimited: more CPU ranks than that cannot start (more than the CPUs
+    can, oversubscribed, as the tests do)."""
+    limit = os.sysconf("SC_CHILD_MAX") if "SC_CHILD_MAX" in os.sysconf_names else -1
+    return limit if limit > 0 else 2**22
 
 
 def launch_or_join(gpus: int | None, cpu_ranks: int | None, device: str, entry: Callable[[list[str]], int],
