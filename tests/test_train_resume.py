@@ -110,6 +110,23 @@ def test_resume_takes_another_loader_worker_count_which_draws_the_same_batches(t
     assert len(summary.runs) == 1 and summary.config.loader_workers == 2
 
 
+def test_resume_takes_the_data_set_name_in_another_case(tmp_path):
+    """Data set names are case-blind (--dataset CORA loads cora), yet a run saved as CORA
+    was refused on resume as cora: "another recipe: dataset 'CORA' in the checkpoint,
+    'cora' asked for"."""
+    path = tmp_path / "runs.pt"
+    train_runs(make_config("sgc", "synthetic", epochs=1), log_epochs=False, save_to=str(path))
+    summary = train_runs(make_config("sgc", "SYNTHETIC", epochs=1, runs=2), log_epochs=False,
+                         save_to=str(path), resume=True)
+    assert len(summary.runs) == 2 and summary.config.dataset == "synthetic"
+    saved = torch.load(path, weights_only=True)     # a checkpoint saved before names were lowered
+    saved["config"]["dataset"] = "Synthetic"
+    torch.save(saved, path)
+    summary = train_runs(make_config("sgc", "synthetic", epochs=1, runs=3), log_epochs=False,
+                         save_to=str(path), resume=True)
+    assert len(summary.runs) == 3
+
+
 def test_resume_without_a_checkpoint_to_continue_is_a_usage_error(tmp_path, capsys):
     with pytest.raises(SystemExit) as stopped:
         main(["train", "--epochs", "1", "--resume"])

@@ -75,7 +75,8 @@ def resumed_runs(path: str | os.PathLike, summary: TrainSummary
         raise ConfigError(f"{path} does not exist, so there is no checkpoint to resume")
     checkpoint = read_checkpoint(path)
     asked = dataclasses.asdict(summary.config)
-    saved = {**checkpoint["config"], "fanout": tuple(checkpoint["config"]["fanout"] or ()) or None}
+    saved = {**checkpoint["config"], "fanout": tuple(checkpoint["config"]["fanout"] or ()) or None,
+             "dataset": checkpoint["config"]["dataset"].lower()}     # saved as typed before make_config lowered it
     saved_data = (checkpoint["dataset"], checkpoint["in_channels"], checkpoint["out_channels"])
     # the number of ranks is no field of the config, but one process and two train the
     # same recipe to different numbers (partitioned graph, per-rank dropout streams)

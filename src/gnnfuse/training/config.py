@@ -103,6 +103,7 @@ def make_config(model: str, dataset: str = DEFAULT_DATASET, *, runs: int = 1, se
         values["patience"] = None
     if not isinstance(dataset, str):      # failed inside loading, with "'int' object has no attribute 'lower'"
         raise ConfigError(f"dataset must be a data set's name, got {dataset!r}")
+    dataset = dataset.lower()     # names are case-blind: --dataset CORA then cora is one recipe, resumable
     if not isinstance(dkp, bool):         # a string such as "no" is true: it trained with dkp on
         raise ConfigError(f"dkp must be True or False, got {dkp!r}")
     # numpy scalars pass as numbers, but the config is saved in checkpoints, which
