@@ -496,3 +496,19 @@ def test_eager_fallback_on_an_int32_edge_index_has_int64_gradients():
             layer(xs, index).square().sum().backward()
         grads.append(xs.grad)
     torch.testing.assert_close(grads[1], grads[0], rtol=1e-12, atol=1e-12)
+
+
+def test_a_module_converted_between_forward_and_backward_is_named():
+    """GINEConv's compiled backward reads its edge linear's bias itself (it recomputes
+    the ReLU's argument), and autograd saves a parameter by reference, so ``.double()``
+    between the call and ``backward()`` handed the float32 backward a float64 bias:
+    'expected m1 and m2 to have the same dtype, but got: float != double', naming no
+    layer and no conversion. The error now names the layer, the dtypes and the fix."""
+    torch.manual_seed(0)
+    layer = gnnfuse.nn.GINEConv(LINEAR(F, OUT), edge_dim=EDGE_DIM)
+    x = torch.randn(NUM_NODES, F, requires_grad=True)
+    out = layer(x, EDGES, torch.randn(EDGES.size(1), EDGE_DIM))
+    layer.double()
+    with pytest.raises(RuntimeError, match=r"GINEConv.*float32 in the forward but is torch.float64.*"
+                                           r"between the call and backward"):
+        out.sum().backward()

@@ -650,6 +650,9 @@ class _ProgramFunction(torch.autograd.Function):
         except RuntimeError as exc:     # asked on the error path only: the usual one stays as it was
             if any(_batched(g) for g in output_grads if g is not None):
                 raise _batched_backward_error(ctx.compiled, exc) from exc
+            converted = _converted_saved_error(ctx)
+            if converted is not None:
+                raise converted from exc
             raise
 
     @staticmethod
@@ -759,6 +762,31 @@ def _explained_inplace_error(ctx, exc: RuntimeError) -> RuntimeError | None:
             "the call: one of its inputs (e.g. `x += 1` or an optimizer step before `backward()`; the compiled "
             "backward recomputes per-edge values from the inputs, where eager code may keep those values), or an "
             "output the forward kept a reshape of. Modify a copy instead (`x = x + 1`), or call backward() first")
+    return None
+
+
+def _converted_saved_error(ctx) -> RuntimeError | None:
+    """A backward that failed because a tensor it reads changed dtype after the forward,
+    explained. Autograd saves a parameter by reference, so ``layer.double()`` (or
+    ``.half()``, ``.to(dtype)``) between the call and ``backward()`` hands the backward,
+    compiled for the forward's dtypes, the converted parameter (GINEConv's backward reads
+    its edge linear's bias), and torch's message ("expected m1 and m2 to have the same
+    dtype, but got: float != double") named neither the layer nor the conversion. The
+    backward program's saved values carry the dtypes the forward ran with. (Called on the
+    error path only.)"""
+    try:
+        saved = ctx.saved_tensors
+    except RuntimeError:        # an in-place edit: `_explained_inplace_error` has said so
+        return None
+    for tensor, value in zip(saved, ctx.backward.saved if ctx.backward is not None else ()):
+        if tensor.dtype != value.dtype:
+            program = (f"{ctx.layer}'s gnnfuse program" if ctx.layer is not None
+                       else f"the gnnfuse program on ({', '.join(sorted(ctx.compiled.program.inputs))})")
+            return RuntimeError(
+                f"a tensor that the backward of {program} reads (of shape {tuple(tensor.shape)}, a parameter or "
+                f"input) was {value.dtype} in the forward but is {tensor.dtype} now: the module was converted "
+                "(.double(), .half(), .to(dtype)) between the call and backward(). Call backward() before "
+                "converting the module, or run the forward again after converting it")
     return None
 
 
