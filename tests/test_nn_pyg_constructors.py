@@ -165,6 +165,22 @@ def test_sage_root_weight_reads_as_pygs_and_is_not_silently_changed():
         gnn.SAGEConv(F_IN, 3, root_weight=False).root_weight = True
 
 
+def test_sage_project_set_on_a_layer_without_lin_is_named():
+    """``conv.project = True`` on a SAGEConv built with project=False failed in forward with
+    "TypeError: 'NoneType' object is not callable" (its ``lin`` is None), naming neither
+    the layer nor the setting; it is refused as root_weight=True without lin_r is. Set to
+    False on a projecting layer, the projection is skipped as in PyG."""
+    x, edge_index = torch.randn(5, F_IN, dtype=torch.float64), torch.tensor([[0, 1, 2, 3], [1, 2, 3, 4]])
+    conv = gnn.SAGEConv(F_IN, 3).double()
+    conv.project = True
+    with pytest.raises(AttributeError, match="SAGEConv: project=True needs lin"):
+        conv(x, edge_index)
+    torch.manual_seed(0)
+    ours, ref = copied(gnn.SAGEConv(F_IN, 3, project=True), pyg.SAGEConv(F_IN, 3, project=True), "cpu")
+    ours.project = ref.project = False
+    torch.testing.assert_close(ours(x, edge_index), ref(x, edge_index), rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_gcn_target_to_source_flow_matches_pyg(backend, monkeypatch):
     """``flow="target_to_source"`` sends along edge_index[1] -> edge_index[0]; setting the

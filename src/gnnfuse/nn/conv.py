@@ -768,7 +768,12 @@ class SAGEConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
             # the stored entries would count it twice
             edge_index = coalesced(edge_index)
         x, x_dst, graph = _bipartite_inputs(x, edge_index, size, "SAGEConv")
-        messages = F.relu(self.lin(x)) if self.project else x     # PyG projects the sources only
+        messages = x
+        if self.project:      # PyG projects the sources only
+            if self.lin is None:    # project=True set on a layer built without its lin
+                raise AttributeError("SAGEConv: project=True needs lin, which a layer built with project=False "
+                                     "lacks (PyG's skips the projection then); build it with project=True")
+            messages = F.relu(self.lin(x))
         weight_l, weight_r = getattr(lin_l, "weight", None), getattr(lin_r, "weight", None)
         if _unsized(weight_l) or _unsized(weight_r):
             pyg_init.materialize([(lin_l, self._aggregated_width(messages.shape[-1])), (lin_r, x_dst)])
