@@ -960,3 +960,30 @@ def test_edge_indices_used_as_tensors_name_the_argument_when_falling_back(name, 
     assert not calls and reason in fallback_warnings(caught)[0], fallback_warnings(caught)
     assert "test_pyg_message_passing.py" in fallback_warnings(caught)[0]
     assert_same(result, run(theirs, x))
+
+
+def test_a_gnnfuse_graph_as_edge_index_runs_as_its_edges():
+    """A gnnfuse `Graph` where ``propagate`` takes an ``edge_index`` (a loader block's
+    ``block.graph``, which gnnfuse's own layers take, with its ``edge_attr`` rows) fell back
+    to PyG's propagate with a warning, which then failed on "`MessagePassing.propagate`
+    only supports integer tensors of shape `[2, num_messages]`". A whole graph now
+    compiles; a block (bipartite) runs as PyG's layer on the block's edges."""
+    from torch_geometric.data import Data
+
+    import gnnfuse
+    from gnnfuse.loader import NeighborLoader
+    ours, theirs = twins("edge_mlp")
+    x, edge_attr = inputs("edge_mlp")
+    with warnings.catch_warnings(record=True) as caught, record_calls() as calls:
+        warnings.simplefilter("always")
+        result = run(ours, (x, edge_attr), gnnfuse.Graph.from_edge_index(EDGES, NUM_NODES))
+    assert calls and not fallback_warnings(caught), fallback_warnings(caught)
+    assert_same(result, run(theirs, (x, edge_attr)))
+    data = Data(x=x, edge_index=EDGES, edge_attr=edge_attr, num_nodes=NUM_NODES)
+    for batch in NeighborLoader(data, [-1], batch_size=3, prefetch=0):
+        block = batch.blocks[0]
+        pair = (batch.x, batch.x[:block.num_dst])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")      # bipartite: PyG's propagate, with a warning
+            out = ours(pair, block.graph, block.edge_attr)
+        torch.testing.assert_close(out, theirs(pair, block.edge_index.long(), block.edge_attr))

@@ -40,6 +40,7 @@ except ImportError as exc:   # pragma: no cover - exercised only without PyG ins
                       "pip install torch_geometric (gnnfuse's other layers do not need it)") from exc
 
 from ..frontend.pyg_message_passing import NotCompilable, compiled_propagate
+from ..graph import Graph
 from ..runtime.compile_op import run_eagerly
 from ..runtime.compiled import ForwardADError, running_layer
 from .torchscript import NotScriptable
@@ -59,6 +60,13 @@ class MessagePassing(NotScriptable, PyGMessagePassing):
     one-time warning per class, where it cannot)."""
 
     def propagate(self, edge_index: Any, size: Any = None, **kwargs: Any) -> Any:
+        if isinstance(edge_index, Graph):
+            # a gnnfuse `Graph` (a loader block's ``block.graph``, which gnnfuse's own layers
+            # take) as its ``[2, E]`` edges, whose columns are the block's ``edge_attr`` rows,
+            # as `pyg_layers` hands it to PyG's layers: it fell back to PyG's propagate with a
+            # warning, which then failed on "only supports integer tensors of shape [2, ...]".
+            # A bipartite graph's sizes come from the (x_src, x_dst) pair, as PyG reads them.
+            edge_index = edge_index.edge_index
         if torch.compiler.is_compiling():
             # dynamo would trace into the compiled program's autograd.Function, which it
             # cannot follow (training failed naming torch.func transforms; on Triton,
