@@ -643,3 +643,22 @@ def test_compiled_gcn_names_a_bad_edge_index_as_eager_does(edge_index, message):
         conv(torch.randn(6, 4), edge_index)
     with pytest.raises(ValueError, match=message):
         torch.compile(conv, backend="eager")(torch.randn(6, 4), edge_index)
+
+
+def test_a_second_derivative_through_a_compiled_layer_is_refused_by_name():
+    """A gradient penalty (create_graph=True, then a backward through the gradient) under
+    backend="eager" reached the backward operator, which has no derivative: torch refused
+    it in words for the operator's author ("no autograd formula was registered. Please use
+    register_autograd to add one"). It is refused naming the second derivative and what
+    to do instead; the first derivative with create_graph=True is still the eager one."""
+    layer, _ = _pair("gcn", "cpu")
+    x, edge_index = _inputs("cpu")
+    compiled = torch.compile(layer, backend="eager")
+    xs = x.clone().requires_grad_()
+    (grad,) = torch.autograd.grad(torch.tanh(compiled(xs, edge_index)).pow(2).sum(), xs, create_graph=True)
+    plain = x.clone().requires_grad_()
+    (expected,) = torch.autograd.grad(torch.tanh(layer(plain, edge_index)).pow(2).sum(), plain)
+    assert_same_values(grad.detach(), expected, "first derivative")
+    with pytest.raises(NotImplementedError, match=r"a second derivative \(backward with create_graph=True\).*"
+                                                  r"under torch.compile is not supported"):
+        grad.pow(2).sum().backward()

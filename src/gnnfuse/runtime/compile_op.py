@@ -325,3 +325,23 @@ def _backward(ctx, output_grads):
 
 
 _run_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _no_second_derivative(ctx, *output_grads):
+    """A second derivative (``create_graph=True``, then a backward through the gradient:
+    a gradient penalty) reaches the backward operator, which has no derivative of its
+    own. Without this torch refused it in words for the operator's author ("no autograd
+    formula was registered. Please use register_autograd to add one"), under
+    ``backend="eager"``; aot_autograd's backends refuse double backward themselves."""
+    raise NotImplementedError(
+        "a second derivative (backward with create_graph=True) through the compiled gnnfuse program on "
+        f"({', '.join(sorted(_program(ctx.program).program.inputs))}) under torch.compile is not supported: its backward runs as one operator, which has no derivative. Run the "
+        "layers of that term uncompiled (gnnfuse's eager GCN and SAGE sums take a second derivative), or compute "
+        "the term in plain torch")
+
+
+def _setup_backward_context(ctx, inputs, output) -> None:
+    ctx.program = inputs[0]
+
+
+_backward_op.register_autograd(_no_second_derivative, setup_context=_setup_backward_context)
