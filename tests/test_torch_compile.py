@@ -164,6 +164,30 @@ def test_a_graph_read_from_an_edge_index_object_is_refused_after_its_edit_as_eag
         compiled(x)
 
 
+@pytest.mark.parametrize("derive", ["add_self_loops", "remove_self_loops"])
+def test_a_graph_made_by_a_self_loop_step_is_refused_after_its_edge_index_edit_as_eagerly(derive, monkeypatch):
+    """``Graph.from_edge_index(edge_index).add_self_loops()`` reads its edges from the
+    caller's edge_index, whose in-place edit refuses it eagerly. Traced as its own src/dst
+    arrays, built from the old edges, the compiled layer ran the old graph after the edit
+    (SAGEConv 1.3-3.5 off a fresh graph's output); it runs eagerly now, the edit refused
+    as there."""
+    from gnnfuse.graph import GraphModifiedError
+    from gnnfuse.runtime import compile_op
+    monkeypatch.setattr(compile_op, "_WARNED", set())      # warned once per reason: each case warns
+    layer, _ = _pair("sage_narrowing_mean", "cpu")
+    x, edge_index = _inputs("cpu")
+    graph = getattr(Graph.from_edge_index(edge_index, NUM_NODES), derive)()
+    compiled = torch.compile(lambda features: layer(features, graph), backend="aot_eager")
+    with pytest.warns(UserWarning, match="a Graph made by add_self_loops or remove_self_loops"):
+        assert_same_values(compiled(x), layer(x, graph), "before the edit")
+    assert_same_values(compiled(x), layer(x, graph), "again")
+    edge_index[0, 0] = 4
+    with pytest.raises(GraphModifiedError, match="edge_index"):
+        layer(x, graph)
+    with pytest.raises(GraphModifiedError, match="edge_index"):
+        compiled(x)
+
+
 def test_a_graph_built_inside_compiled_code_breaks_the_graph_by_name():
     """A `Graph` built in the compiled code reads its ids' range (`id_bounds`), which
     dynamo traced as data-dependent values: fullgraph=True refused it with dynamo's

@@ -117,6 +117,8 @@ class Graph:
     # a graph go with its input); a write through it moves its own version counter only
     _wrapper: weakref.ref | None = None
     _wrapper_version: int = 0      # its version counter when the graph was built
+    # its edges are read from another graph's tensors (`_lazy_graph`), sealed with it
+    _reads_recipe: bool = False
     # made by a layer call from a raw index tensor (`coerce`) and no backward pass has run
     # on it yet: a small such graph runs on the reference executor (runtime/first_pass.py)
     first_pass: bool = False
@@ -211,6 +213,7 @@ class Graph:
         g = Graph.__new__(Graph)
         g._init(None, None, self._num_nodes, None, None, self._node_type, self._num_node_types, self._num_src)
         g._edges, g._lazy, g._dst_rows, g._src_rows = None, recipe, self._dst_rows, self._src_rows
+        g._reads_recipe = True
         g._wrapper = self._wrapper
         g._wrapper_version, g.first_pass = self._wrapper_version, self.first_pass
         g._seal()
@@ -497,6 +500,14 @@ class Graph:
         alive: a write through it moves its own version counter only, not its tensor's,
         so only this graph's `check_unchanged` sees it."""
         return self._wrapper is not None and self._wrapper() is not None
+
+    @property
+    def reads_other_edges(self) -> bool:
+        """Whether this graph's edges are read from another graph's tensors (an untyped
+        graph's `add_self_loops` or `remove_self_loops`): an in-place edit of those refuses
+        it (`check_unchanged`), though its own ``src``/``dst`` arrays, once built, do not
+        change."""
+        return self._reads_recipe
 
     def _one_vertex_set(self, what: str) -> None:
         if self.is_bipartite:
@@ -886,7 +897,7 @@ class Graph:
         return f"Graph(num_nodes={self._num_nodes}, num_edges={self.num_edges}{typed}, device={self.device})"
 
 
-_UNPICKLED = ("_wrapper", "_wrapper_version", "_sealed", "_sealed_layouts")
+_UNPICKLED = ("_wrapper", "_wrapper_version", "_sealed", "_sealed_layouts", "_reads_recipe")
 # the cache keys of the layouts `Graph`'s public methods return (`_seal_layout`)
 _HANDED_OUT = ("csr", "reverse_csr", "csr_rows", "reverse_csr_rows", "coo", "in_degrees", "out_degrees",
                "degree_order", "edge_index")

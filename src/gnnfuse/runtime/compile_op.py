@@ -117,7 +117,8 @@ def _degree_fake(steps, num_nodes, num_src_nodes, edges, dtype):
 def graph_input_problem(graph: object) -> str | None:
     """Why a graph argument cannot be traced into a `GraphRef`, or None: a plain [2, E]
     index tensor (not PyG's EdgeIndex subclass, not a sparse adjacency) or a `Graph`
-    without edge or node types, neither an `in_edges_block` nor read from an EdgeIndex, can."""
+    without edge or node types, neither an `in_edges_block` nor read from an EdgeIndex or
+    from another graph's edges, can."""
     if isinstance(graph, GraphRef):
         return None
     if isinstance(graph, Graph):
@@ -131,7 +132,14 @@ def graph_input_problem(graph: object) -> str | None:
         # and a graph read from an EdgeIndex lost the EdgeIndex, whose in-place edits move
         # no counter of src/dst: the traced graph kept its layouts of the old edges under
         # the edited ids (a SAGEConv 0.058 off a fresh graph's), where eager calls refuse it
-        return "a Graph read from a PyG EdgeIndex" if graph.reads_edge_index else None
+        if graph.reads_edge_index:
+            return "a Graph read from a PyG EdgeIndex"
+        # likewise a graph made by add/remove_self_loops lost the edge_index its edges are
+        # read from: after an edit there the traced graph ran its own arrays, built from the
+        # old edges (a SAGEConv 1.3-3.5 off a fresh graph's), where eager calls refuse it
+        if graph.reads_other_edges:
+            return "a Graph made by add_self_loops or remove_self_loops (its clone() compiles)"
+        return None
     # torch.export's non-strict tracing runs this code on FakeTensors (dynamo on plain ones)
     if (type(graph) is torch.Tensor or type(graph) is FakeTensor) and graph.layout is torch.strided and graph.dim() == 2:
         return None
