@@ -686,3 +686,29 @@ def test_a_second_derivative_through_a_compiled_layer_is_refused_by_name():
     with pytest.raises(NotImplementedError, match=r"a second derivative \(backward with create_graph=True\).*"
                                                   r"under torch.compile is not supported"):
         grad.pow(2).sum().backward()
+
+
+@vertex
+def _in_degree_and_h(v):
+    return {"d": len(v.innbs), "h": v.h}      # the in-degree alone: the graph's cached count
+
+
+@pytest.mark.parametrize("backend", ["eager", "inductor"])
+def test_a_compiled_udf_output_written_in_place_leaves_the_graph_unchanged(backend):
+    """A vertex function returning ``len(v.innbs)`` ran as an operator whose output was the
+    graph's cached in-degrees itself. Inductor writes in place without moving a version
+    counter: ``d.add_(1)`` raised the cached degrees by 1 per call (2, then 3 where the
+    degree was 1); eager dynamo's write raised GraphModifiedError, blaming a write to
+    ``Graph.in_degrees`` the user never made. The output is now a copy."""
+    graph = Graph.from_edge_index(torch.tensor([[0, 1, 2, 3, 1], [1, 2, 3, 0, 3]]), 4)
+    h = torch.randn(4, 2)
+
+    def degree_plus_one(graph, h):
+        d = _in_degree_and_h(graph, {"h": h})["d"]
+        d.add_(1)
+        return d
+    compiled = torch.compile(degree_plus_one, backend=backend)
+    expected = torch.tensor([2, 2, 2, 3])
+    for call in range(3):
+        assert torch.equal(compiled(graph, h), expected), f"call {call}"
+    assert torch.equal(_in_degree_and_h(graph, {"h": h})["d"], expected - 1)
