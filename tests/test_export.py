@@ -7,8 +7,12 @@ Graph built in the exported code in "Could not extract specialized integer from
 data-dependent expression u0"."""
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -152,3 +156,38 @@ def test_an_exported_udf_whose_global_changed_is_refused_with_a_fix_that_works()
         assert_same_values(again.module()(x), OnGraph()(x), "exported again")
     finally:
         _SCALE = 2.0
+
+
+_SAVE = """
+import sys, torch, gnnfuse.nn as ours
+torch.manual_seed(0)
+layer = ours.GCNConv(4, 3)
+x, edge_index = torch.randn(6, 4), torch.tensor([[0, 1, 2, 3, 4, 5, 1], [1, 2, 3, 4, 5, 0, 3]])
+torch.export.save(torch.export.export(layer, (x, edge_index)), sys.argv[1] + "/gcn.pt2")
+torch.save((x, edge_index, layer(x, edge_index)), sys.argv[1] + "/io.pt")
+"""
+_LOAD = """
+import sys, torch, gnnfuse.nn as ours
+x, edge_index, expected = torch.load(sys.argv[1] + "/io.pt")
+torch.compile(ours.GCNConv(4, 3, normalize=False), backend="eager")(x, edge_index)     # this process's first program
+try:
+    got = torch.export.load(sys.argv[1] + "/gcn.pt2").module()(x, edge_index)
+except RuntimeError as error:
+    assert "is not one this process has built" in str(error), error
+else:
+    raise AssertionError(f"ran another program: {(got - expected).abs().max().item()} off the export's output")
+"""
+
+
+def test_a_saved_export_loaded_in_another_process_refuses_that_process_programs(tmp_path):
+    """Programs were named by their count in the process ("p0"): an exported GCNConv saved
+    with torch.export.save and loaded in a process whose first program was a
+    GCNConv(normalize=False)'s ran that one, 2.1 off the export's output (in a fresh process
+    a KeyError 'p0'). The name now carries the program's digest, and a name this process
+    has not built is refused by name."""
+    src = str(Path(__file__).resolve().parent.parent / "src")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")]))}
+    for script in (_SAVE, _LOAD):
+        result = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True,
+                                env=env, timeout=300)
+        assert result.returncode == 0, result.stderr[-3000:]

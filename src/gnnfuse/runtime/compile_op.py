@@ -26,6 +26,7 @@ different mask.
 """
 from __future__ import annotations
 
+import hashlib
 import itertools
 import warnings
 from typing import Any, Callable, NamedTuple
@@ -188,14 +189,14 @@ _COUNTER = itertools.count()
 def register_program(compiled: CompiledProgram, check: Callable[[], None] | None = None) -> str:
     """The operator's name for ``compiled`` (registered once; programs live as long as
     `compiled_for`'s table keeps them: the process). With ``check``, a name of its own
-    (``p<n>.<m>``) under which every forward run calls ``check()`` first: it raises where
+    (``p<n>-<digest>.<m>``) under which every forward run calls ``check()`` first: it raises where
     the program is no longer what the traced call would run (frontend/compiled_call.py)."""
     if id(compiled) not in _IDS:
         random = sorted({v.op for v in compiled.program.values if v.op in _RANDOM_OPS})
         if random:
             raise CompileError(f"the program draws random numbers ({', '.join(random)}); under torch.compile "
                                "its backward re-runs the forward and would draw anew: use eval mode or p=0")
-        name = f"p{next(_COUNTER)}"
+        name = f"p{next(_COUNTER)}-{_digest(compiled)}"
         _IDS[id(compiled)], _PROGRAMS[name] = name, compiled
     if check is None:
         return _IDS[id(compiled)]
@@ -204,9 +205,25 @@ def register_program(compiled: CompiledProgram, check: Callable[[], None] | None
     return name
 
 
+def _digest(compiled: CompiledProgram) -> str:
+    """A digest of the program's structure for its name. A name is this process's: an
+    exported program saved with ``torch.export.save`` and loaded in another process names
+    the exporting process's programs, and by its count alone ("p0") it ran whatever
+    program had that count there -- a GCNConv's export loaded after a
+    ``GCNConv(normalize=False)`` had compiled ran the unnormalised sum, 2.1 off. With the
+    digest another program's name never matches (`_program` refuses it)."""
+    return hashlib.sha1(repr(compiled.program.fingerprint()).encode()).hexdigest()[:12]
+
+
 def _program(name: str) -> CompiledProgram:
     """The program registered under ``name`` (see `register_program`)."""
-    return _PROGRAMS[name.partition(".")[0]]
+    found = _PROGRAMS.get(name.partition(".")[0])
+    if found is None:
+        raise RuntimeError(f"gnnfuse program {name!r} is not one this process has built: an exported program saved "
+                           "with torch.export.save names the programs of the process that exported it, which are not "
+                           "saved with it. Export the model again in this process (torch.export.export) instead of "
+                           "loading the saved one")
+    return found
 
 
 def run_program(program: str, graph: GraphRef, feeds: list[torch.Tensor]) -> list[torch.Tensor]:
