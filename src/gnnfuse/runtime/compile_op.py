@@ -376,7 +376,8 @@ def _no_second_derivative(ctx, *output_grads):
     ``backend="eager"``; aot_autograd's backends refuse double backward themselves."""
     raise NotImplementedError(
         "a second derivative (backward with create_graph=True) through the compiled gnnfuse program on "
-        f"({', '.join(sorted(_program(ctx.program).program.inputs))}) under torch.compile is not supported: its backward runs as one operator, which has no derivative. Run the "
+        f"({', '.join(sorted(_program(ctx.program).program.inputs))}) under torch.compile is not supported: its "
+        "backward runs as one operator, which has no derivative. Run the "
         "layers of that term uncompiled (gnnfuse's eager GCN and SAGE sums take a second derivative), or compute "
         "the term in plain torch")
 
