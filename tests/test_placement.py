@@ -191,3 +191,22 @@ def test_a_layer_is_placed_by_the_aggregation_it_runs_not_by_a_name_set_later():
     conv = SAGEConv(4, 3, aggr="mean")
     conv.aggr = "max"
     assert placeable(conv)
+
+
+@pytest.mark.parametrize("seconds", [float("nan"), float("inf"), -1e-3])
+def test_fit_refuses_a_kernel_time_that_is_not_a_finite_non_negative_number(seconds):
+    """A NaN time crashed inside LAPACK ('INTERNAL ASSERT FAILED ... Argument 6 has
+    illegal value'); an infinite or negative one fitted all-zero coefficients, a model
+    that silently always aggregates first."""
+    samples = [KernelTime("matmul", 10, 0, 4, 4, seconds), KernelTime("matmul", 100, 0, 4, 4, 1e-3)]
+    with pytest.raises(ValueError, match="matmul kernel .* must be finite numbers of seconds >= 0"):
+        PlacementModel.fit(samples)
+
+
+def test_calibration_refuses_zero_repeats():
+    """No timed run left every time infinite and the fit all zeros, without a word."""
+    graph = gnnfuse.Graph(torch.tensor([0, 1, 2, 3]), torch.tensor([1, 2, 3, 0]), 4)
+    model = build_block_model("sage", 5, 2, 4, 0.0, 2)
+    batches = list(NeighborLoader(graph, [2, 2], batch_size=2, x=torch.randn(4, 5), prefetch=0))
+    with pytest.raises(ValueError, match="repeats must be at least 1"):
+        calibrate(model, batches, repeats=0)

@@ -28,6 +28,7 @@ feature lanes forward and backward).
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -71,9 +72,17 @@ class PlacementModel:
 
     @classmethod
     def fit(cls, samples: Iterable[KernelTime]) -> PlacementModel:
-        """Least squares per kernel kind, constrained to non-negative coefficients."""
+        """Least squares per kernel kind, constrained to non-negative coefficients.
+        A time that is not a finite number of seconds >= 0 is refused: a NaN crashed
+        LAPACK with an internal assertion, and an infinite or negative one left every
+        coefficient 0 (no subset fits better than nothing), a model that silently always
+        aggregates first."""
         by_kind: dict[str, list[KernelTime]] = {}
         for sample in samples:
+            if not (math.isfinite(sample.seconds) and sample.seconds >= 0):
+                raise ValueError(f"kernel time {sample.seconds!r} s of a {sample.kind} kernel ({sample.rows} rows, "
+                                 f"{sample.edges} edges, width {sample.width_in} -> {sample.width_out}) cannot be "
+                                 f"fitted: kernel times must be finite numbers of seconds >= 0")
             by_kind.setdefault(sample.kind, []).append(sample)
         if not by_kind:
             raise ValueError("no kernel times to fit: calibrate on at least one batch of a model with a "
@@ -193,7 +202,10 @@ def kernel_times(graph: Any, aggregate: Callable, f_in: int, f_out: int, input_g
     """Forward + backward seconds of the four kernels of one layer's two orders on
     ``graph`` (a block): the matmul on the destinations and on the sources, the
     aggregation at width ``f_in`` and at ``f_out``. ``aggregate(graph, {"h": x})`` is the
-    layer's compiled aggregation."""
+    layer's compiled aggregation. ``repeats`` must be at least 1: with none, every time
+    was infinite and the fit silently gave an all-zero model."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1 to time a kernel, got {repeats!r}")
     device = graph.device
     n_src, n_dst, edges = graph.num_src_nodes, graph.num_dst_nodes, graph.num_edges
     weight = torch.randn(f_out, f_in, device=device, requires_grad=True)
