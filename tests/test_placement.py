@@ -210,3 +210,21 @@ def test_calibration_refuses_zero_repeats():
     batches = list(NeighborLoader(graph, [2, 2], batch_size=2, x=torch.randn(4, 5), prefetch=0))
     with pytest.raises(ValueError, match="repeats must be at least 1"):
         calibrate(model, batches, repeats=0)
+
+
+def test_a_one_layer_calibration_places_a_call_whose_input_needs_a_gradient():
+    """Calibrating a one-layer model times only kernels without an input gradient; a
+    call on features that need one then failed with KeyError: 'matmul'. It takes the
+    kernels' other-gradient fits, and both orders still give one answer; a model with
+    no matmul fit at all is refused by name."""
+    graph = gnnfuse.Graph(torch.tensor([0, 1, 2, 3]), torch.tensor([1, 2, 3, 0]), 4)
+    model = build_block_model("sage", 5, 2, 4, 0.0, 1)
+    batches = list(NeighborLoader(graph, [2], batch_size=2, x=torch.randn(4, 5), prefetch=0))
+    placement = calibrate(model, batches, repeats=1)
+    assert "matmul" not in placement.coefficients
+    x = batches[0].x.clone().requires_grad_()
+    model(x, batches[0].blocks).sum().backward()
+    assert x.grad is not None and sum(placement.decisions.values()) == 1
+    aggregate_only = PlacementModel.fit([KernelTime("aggregate", 10, 20, 4, 4, 1e-3)])
+    with pytest.raises(ValueError, match="no fitted times of a matmul kernel"):
+        aggregate_only.choose(10, 5, 20, 4, 3, input_grad=True)

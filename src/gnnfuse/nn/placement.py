@@ -39,6 +39,9 @@ import torch.nn.functional as F
 
 ORDERS = ("aggregate-first", "combine-first")
 KINDS = ("matmul", "matmul-weight-only", "aggregate", "aggregate-forward-only")
+# the same kernel timed with and without its input's gradient, each the other's stand-in
+SIBLING = {"matmul": "matmul-weight-only", "matmul-weight-only": "matmul",
+           "aggregate": "aggregate-forward-only", "aggregate-forward-only": "aggregate"}
 
 
 class KernelTime(NamedTuple):
@@ -90,7 +93,15 @@ class PlacementModel:
         return cls({kind: _nonnegative_fit(rows) for kind, rows in by_kind.items()})
 
     def predict(self, kind: str, rows: int, edges: int, width_in: int, width_out: int) -> float:
-        a, b, c = self.coefficients[kind]
+        """Predicted seconds of one kernel. A kind calibration never timed takes the
+        coefficients of the same kernel with the other input-gradient setting (`SIBLING`):
+        a model calibrated on one layer times only kernels without an input gradient,
+        and calling it on an input that needs one failed with KeyError: 'matmul'."""
+        coefficients = self.coefficients.get(kind) or self.coefficients.get(SIBLING[kind])
+        if coefficients is None:
+            raise ValueError(f"this placement model has no fitted times of a {kind} kernel (nor of "
+                             f"{SIBLING[kind]}): fit it on samples of both a matmul and an aggregation")
+        a, b, c = coefficients
         first, second, _ = _terms(kind, rows, edges, width_in, width_out)
         return a * first + b * second + c
 
